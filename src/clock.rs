@@ -1,0 +1,87 @@
+//! [`Clock`]: where the in-memory backend reads "now".
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A monotonic source of time in nanoseconds since an arbitrary, fixed origin.
+///
+/// The GCRA never reads a clock itself: backends pass `now` in, which is what makes
+/// [`ManualClock`] tests exact.
+pub trait Clock: Send + Sync + 'static {
+    /// Nanoseconds since this clock's origin. Must never go backwards.
+    fn now_nanos(&self) -> u64;
+}
+
+/// The process's monotonic clock ([`Instant`]), with its origin when the clock was created.
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now_nanos(&self) -> u64 {
+        // u64 nanoseconds last 584 years of process uptime.
+        self.origin.elapsed().as_nanos() as u64
+    }
+}
+
+/// A clock that moves only when told to; clones share the same time. For deterministic tests.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::clock::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// let shared = clock.clone();
+/// clock.advance(Duration::from_millis(1500));
+/// assert_eq!(shared.now_nanos(), 1_500_000_000);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    nanos: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock at time zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let _ = self
+            .nanos
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_add(by))
+            });
+    }
+
+    /// Sets the clock to `at` since its origin; ignored if that would move it backwards.
+    pub fn set(&self, at: Duration) {
+        let at = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_max(at, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_nanos(&self) -> u64 {
+        self.nanos.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,93 @@
+//! [`Decision`]: the answer of a backend, with the meaning of `CL.THROTTLE`'s reply.
+
+use std::time::Duration;
+
+/// Whether a request is admitted, and the state of its key afterwards.
+///
+/// The fields mean what the five values of `CL.THROTTLE`'s reply mean, with exact durations instead
+/// of whole seconds:
+///
+/// | `CL.THROTTLE` | here |
+/// |---|---|
+/// | `limited` (0/1) | [`allowed`](Self::allowed) (`!limited`) |
+/// | `limit` | [`limit`](Self::limit): `max_burst + 1` |
+/// | `remaining` | [`remaining`](Self::remaining): requests the key could make right now |
+/// | `retry_after` (-1 if allowed) | [`retry_after`](Self::retry_after): `None` if allowed, or if the request can never pass |
+/// | `reset_after` | [`reset_after`](Self::reset_after): until the key is back to its full limit |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// The request is admitted.
+    pub allowed: bool,
+    /// The most requests the key can make at once (`max_burst + 1`).
+    pub limit: u64,
+    /// How many more requests (of cost 1) the key could make right now.
+    pub remaining: u64,
+    /// When the same request would be admitted. `None` when it was admitted, and when it costs more
+    /// than the whole limit, so that it can never be admitted.
+    pub retry_after: Option<Duration>,
+    /// How long until the key is back to its full limit.
+    pub reset_after: Duration,
+}
+
+impl Decision {
+    /// An admitted request.
+    pub const fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
+        Decision {
+            allowed: true,
+            limit,
+            remaining,
+            retry_after: None,
+            reset_after,
+        }
+    }
+
+    /// A rejected request.
+    pub const fn limited(
+        limit: u64,
+        remaining: u64,
+        retry_after: Option<Duration>,
+        reset_after: Duration,
+    ) -> Self {
+        Decision {
+            allowed: false,
+            limit,
+            remaining,
+            retry_after,
+            reset_after,
+        }
+    }
+
+    /// `retry_after` in whole seconds for a `Retry-After` header: rounded **up**, and at least 1, so
+    /// that a client is never told to retry at once. A request that can never pass gets `reset_after`.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after.unwrap_or(self.reset_after)).max(1)
+    }
+
+    /// `reset_after` rounded up to whole seconds.
+    pub fn reset_after_secs(&self) -> u64 {
+        ceil_secs(self.reset_after)
+    }
+}
+
+/// Rounds a duration up to whole seconds.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        let d = |ms| Decision::limited(5, 0, Some(Duration::from_millis(ms)), Duration::ZERO);
+        assert_eq!(d(0).retry_after_secs(), 1);
+        assert_eq!(d(1).retry_after_secs(), 1);
+        assert_eq!(d(999).retry_after_secs(), 1);
+        assert_eq!(d(1000).retry_after_secs(), 1);
+        assert_eq!(d(1001).retry_after_secs(), 2);
+        let never = Decision::limited(5, 5, None, Duration::from_millis(2500));
+        assert_eq!(never.retry_after_secs(), 3);
+    }
+}

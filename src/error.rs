@@ -1,0 +1,115 @@
+//! Errors.
+
+use std::fmt;
+
+use crate::QuotaError;
+
+/// Invalid configuration, reported when a policy, layer or backend is built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A policy name is not usable.
+    InvalidName {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A policy's quota is invalid.
+    Quota {
+        /// The policy.
+        policy: String,
+        /// Why.
+        source: QuotaError,
+    },
+    /// A policy's cost is zero, or larger than its limit (such requests could never pass).
+    Cost {
+        /// The policy.
+        policy: String,
+        /// The cost.
+        cost: u64,
+        /// The policy's limit (`max_burst + 1`).
+        limit: u64,
+    },
+    /// Anything else, described.
+    Invalid(String),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::InvalidName { name, reason } => {
+                write!(f, "policy name {name:?} {reason}")
+            }
+            BuildError::Quota { policy, source } => write!(f, "policy {policy:?}: {source}"),
+            BuildError::Cost {
+                policy,
+                cost: 0,
+                ..
+            } => write!(f, "policy {policy:?}: cost must be at least 1"),
+            BuildError::Cost {
+                policy,
+                cost,
+                limit,
+            } => write!(
+                f,
+                "policy {policy:?}: cost {cost} exceeds the limit {limit} (max_burst + 1), so no request could pass"
+            ),
+            BuildError::Invalid(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::Quota { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// A backend could not decide (Redis unreachable, a timeout, a protocol error).
+#[derive(Debug)]
+pub struct BackendError {
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl BackendError {
+    /// An error described by `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        BackendError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error described by `message`, caused by `source`.
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        BackendError {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(source) => write!(f, "{}: {source}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -1,0 +1,216 @@
+//! The GCRA as `CL.THROTTLE` defines it, as a pure function: no I/O, no clock.
+//!
+//! Every backend of this crate computes the same function, so a key gets the same decisions in memory,
+//! in the Lua script and from redis-cell. The only state per key is its *theoretical arrival time*
+//! (TAT), in nanoseconds on the backend's clock.
+//!
+//! ```
+//! use tower_throttle::{gcra, Quota};
+//!
+//! let params = Quota::per_second(2).validate().unwrap(); // limit 2, one every 500 ms
+//! let first = gcra::decide(None, 0, &params, 1);
+//! assert!(first.decision.allowed);
+//! assert_eq!(first.decision.remaining, 1);
+//! let second = gcra::decide(first.new_tat, 0, &params, 1);
+//! let third = gcra::decide(second.new_tat, 0, &params, 1);
+//! assert!(!third.decision.allowed);
+//! assert_eq!(third.new_tat, second.new_tat); // a rejection writes nothing
+//! assert_eq!(third.decision.retry_after, Some(std::time::Duration::from_millis(500)));
+//! ```
+
+use std::time::Duration;
+
+use crate::Decision;
+
+/// Validated GCRA parameters in nanoseconds, from [`Quota::validate`](crate::Quota::validate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Params {
+    /// `T = period / count`: the steady spacing of requests, at least 1 ns.
+    pub emission_interval: u64,
+    /// `tau = T × (max_burst + 1)`: how far ahead of schedule a key may run.
+    pub tolerance: u64,
+    /// `max_burst + 1`.
+    pub limit: u64,
+}
+
+/// The result of [`decide`]: the decision and the state to store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The decision.
+    pub decision: Decision,
+    /// The TAT to store, unchanged from the input when the request was limited. A stored TAT that is not
+    /// after `now` is equivalent to no state at all, so a backend may delete the key instead; a TAT may
+    /// always be dropped once the clock passes it (it expires after [`Decision::reset_after`]).
+    pub new_tat: Option<u64>,
+}
+
+/// Decides whether `quantity` units may pass now, given the key's stored TAT.
+///
+/// `tat` is the stored state (`None` for a new or expired key), `now` the backend's clock in
+/// nanoseconds. A `quantity` of 0 peeks without consuming. A `quantity` whose cost exceeds the
+/// tolerance is limited with `retry_after = None`: it can never pass.
+///
+/// One deliberate difference from redis-cell 0.2.2: when a stored TAT lies in the past (a key not yet
+/// expired), redis-cell reports a negative `reset_after` and a `remaining` above the limit for an
+/// oversized request; here both are clamped (`reset_after` ≥ 0, `remaining` ≤ `limit`).
+pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Outcome {
+    let Params {
+        emission_interval: t,
+        tolerance: tau,
+        limit,
+    } = *params;
+    let tat_or_now = tat.unwrap_or(now);
+    let increment = t.checked_mul(quantity);
+    // new_tat = max(tat, now) + T × quantity; the request passes when new_tat - tau <= now.
+    let new_tat = increment.and_then(|inc| tat_or_now.max(now).checked_add(inc));
+    let allowed_tat = new_tat.filter(|n| *n <= now.saturating_add(tau));
+
+    let (decision, stored) = match allowed_tat {
+        Some(new_tat) => {
+            let ttl = new_tat - now;
+            let remaining = (tau - ttl) / t;
+            (
+                Decision::allowed(limit, remaining, Duration::from_nanos(ttl)),
+                Some(new_tat),
+            )
+        }
+        None => {
+            let ttl = tat_or_now.saturating_sub(now);
+            let remaining = (tau.saturating_sub(ttl) / t).min(limit);
+            let retry_after = match (increment, new_tat) {
+                (Some(inc), Some(new_tat)) if inc <= tau => {
+                    Some(Duration::from_nanos(new_tat - tau - now))
+                }
+                _ => None,
+            };
+            (
+                Decision::limited(limit, remaining, retry_after, Duration::from_nanos(ttl)),
+                tat,
+            )
+        }
+    };
+    Outcome {
+        decision,
+        new_tat: stored,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    /// redis-cell 0.2.2, `src/cell/mod.rs`, `it_rate_limits`: the same quota and the same 15 cases
+    /// (number, now since start, volume, remaining, reset_after, retry_after, limited), where
+    /// retry_after -1 means "none".
+    #[test]
+    fn reproduces_redis_cell_test_table() {
+        let limit = 5;
+        let params = Quota::per_second(1)
+            .with_max_burst(limit - 1)
+            .validate()
+            .unwrap();
+        #[rustfmt::skip]
+        let cases: [(u32, u64, u64, u64, u64, i64, bool); 15] = [
+            (0, 0, 6, 5, 0, -1, true),
+            (1, 0, 1, 4, S, -1, false),
+            (2, 0, 1, 3, 2 * S, -1, false),
+            (3, 0, 1, 2, 3 * S, -1, false),
+            (4, 0, 1, 1, 4 * S, -1, false),
+            (5, 0, 1, 0, 5 * S, -1, false),
+            (6, 0, 1, 0, 5 * S, S as i64, true),
+            (7, 3000 * MS, 1, 2, 3000 * MS, -1, false),
+            (8, 3100 * MS, 1, 1, 3900 * MS, -1, false),
+            (9, 4000 * MS, 1, 1, 4000 * MS, -1, false),
+            (10, 8000 * MS, 1, 4, 1000 * MS, -1, false),
+            (11, 9500 * MS, 1, 4, 1000 * MS, -1, false),
+            (12, 9500 * MS, 0, 4, S, -1, false),
+            (13, 9500 * MS, 2, 2, 3 * S, -1, false),
+            (14, 9500 * MS, 5, 2, 3 * S, 3 * S as i64, true),
+        ];
+        // redis-cell's clock is wall time; any origin works for a pure function.
+        let start = 1_700_000_000 * S;
+        let mut tat = None;
+        for (num, at, volume, remaining, reset_after, retry_after, limited) in cases {
+            let out = decide(tat, start + at, &params, volume);
+            let d = out.decision;
+            assert_eq!(d.allowed, !limited, "case {num}");
+            assert_eq!(d.limit, limit, "case {num}");
+            assert_eq!(d.remaining, remaining, "case {num}");
+            assert_eq!(d.reset_after, Duration::from_nanos(reset_after), "case {num}");
+            let expected_retry = (retry_after >= 0).then(|| Duration::from_nanos(retry_after as u64));
+            assert_eq!(d.retry_after, expected_retry, "case {num}");
+            if limited {
+                assert_eq!(out.new_tat, tat, "case {num}: a rejection must not write");
+            }
+            tat = out.new_tat;
+        }
+    }
+
+    #[test]
+    fn a_burst_then_the_steady_rate() {
+        // The README's route: max_burst 15, 30 per minute → 16 at once, then one every 2 s.
+        let params = Quota::per_minute(30).with_max_burst(15).validate().unwrap();
+        let mut tat = None;
+        for i in 0..16 {
+            let out = decide(tat, 0, &params, 1);
+            assert!(out.decision.allowed, "request {i}");
+            assert_eq!(out.decision.remaining, 15 - i);
+            tat = out.new_tat;
+        }
+        let out = decide(tat, 0, &params, 1);
+        assert!(!out.decision.allowed);
+        assert_eq!(out.decision.retry_after, Some(Duration::from_secs(2)));
+        assert_eq!(out.decision.reset_after, Duration::from_secs(32));
+        // One emission interval later exactly one more passes.
+        let out = decide(tat, 2 * S, &params, 1);
+        assert!(out.decision.allowed);
+        assert!(!decide(out.new_tat, 2 * S, &params, 1).decision.allowed);
+    }
+
+    #[test]
+    fn high_rates_admit_exactly() {
+        // 100,000 a second: in one simulated second at 1 µs steps, exactly limit + 100,000 pass
+        // (the burst plus the refill), not 0 and not everything.
+        let params = Quota::per_second(100_000).validate().unwrap();
+        let mut tat = None;
+        let mut passed = 0u64;
+        for us in 0..1_000_000u64 {
+            let out = decide(tat, us * 1_000, &params, 1);
+            passed += u64::from(out.decision.allowed);
+            tat = out.new_tat;
+        }
+        // The burst of 100,000 at t=0, then one each 10 µs during the following 999,999 µs.
+        assert_eq!(passed, 100_000 + 99_999);
+    }
+
+    #[test]
+    fn oversized_and_overflowing_quantities_never_pass_and_never_panic() {
+        let params = Quota::per_second(10).validate().unwrap();
+        for q in [11, 1_000, u64::MAX / 2, u64::MAX] {
+            let out = decide(None, 5 * S, &params, q);
+            assert!(!out.decision.allowed);
+            assert_eq!(out.decision.retry_after, None);
+            assert_eq!(out.new_tat, None);
+            assert_eq!(out.decision.remaining, 10);
+        }
+        // A clock far in the future does not overflow either.
+        let out = decide(Some(u64::MAX - 1), u64::MAX - 10, &params, 1);
+        assert!(!out.decision.allowed);
+    }
+
+    #[test]
+    fn a_stale_tat_is_clamped() {
+        let params = Quota::per_second(5).validate().unwrap();
+        // A TAT 3 s in the past (a key not yet expired): same as a new key.
+        let out = decide(Some(2 * S), 5 * S, &params, 6);
+        assert_eq!(out.decision.reset_after, Duration::ZERO);
+        assert_eq!(out.decision.remaining, 5);
+        let fresh = decide(None, 5 * S, &params, 1);
+        let stale = decide(Some(2 * S), 5 * S, &params, 1);
+        assert_eq!(fresh, stale);
+    }
+}

@@ -1,0 +1,217 @@
+//! The responses: `429` with `Retry-After`, and the rate-limit header fields.
+//!
+//! * `Retry-After` (RFC 9110) on a 429: [`Decision::retry_after`] rounded **up** to whole seconds, at
+//!   least 1.
+//! * `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10, as Structured Field
+//!   lists) on admitted and rejected responses, unless switched off:
+//!   `RateLimit-Policy: "reply";q=16;w=32` — the policy admits bursts of `q` = `max_burst + 1`
+//!   requests and refills completely in `w` seconds (`emission interval × q`), and
+//!   `RateLimit: "reply";r=15;t=2` — `r` requests remain, the quota is full again in `t` seconds.
+//!   Several layers append several list members.
+//! * `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until full), opt in,
+//!   for older clients.
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use sfv::{RefBareItem, RefListSerializer};
+
+use crate::decision::ceil_secs;
+use crate::{Decision, Limit};
+
+/// `RateLimit-Policy`.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Structured Field integers have at most 15 digits.
+const SF_INT_MAX: u64 = 999_999_999_999_999;
+
+/// A request that a policy rejected, as given to a custom rejection function
+/// ([`ThrottleLayerBuilder::rejection_response`](crate::ThrottleLayerBuilder::rejection_response)).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Rejected<'a> {
+    /// The name of the policy that rejected the request.
+    pub policy: &'a str,
+    /// The decision.
+    pub decision: &'a Decision,
+}
+
+impl Rejected<'_> {
+    /// The default rejection: `429 Too Many Requests` with an RFC 9457 `application/problem+json` body.
+    pub fn default_response(&self) -> Response<Bytes> {
+        let detail = match self.decision.retry_after {
+            Some(_) => format!(
+                "rate limit of policy '{}' exceeded; retry in {} s",
+                self.policy,
+                self.decision.retry_after_secs()
+            ),
+            None => format!(
+                "the request costs more than the whole limit ({}) of policy '{}'",
+                self.decision.limit, self.policy
+            ),
+        };
+        problem(StatusCode::TOO_MANY_REQUESTS, &detail)
+    }
+}
+
+/// An RFC 9457 problem response. `detail` must not need JSON escaping beyond quotes and backslashes.
+pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<Bytes> {
+    let mut escaped = String::with_capacity(detail.len());
+    for c in detail.chars() {
+        match c {
+            '"' => escaped.push_str("\\\""),
+            '\\' => escaped.push_str("\\\\"),
+            c if c.is_control() => escaped.push(' '),
+            c => escaped.push(c),
+        }
+    }
+    let body = format!(
+        r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{}"}}"#,
+        status.canonical_reason().unwrap_or(""),
+        status.as_u16(),
+        escaped
+    );
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// Which header fields to send.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeaderOptions {
+    pub(crate) ratelimit: bool,
+    pub(crate) legacy: bool,
+}
+
+/// The header values of one decision, rendered when the decision is made.
+#[derive(Debug, Default)]
+pub(crate) struct RateHeaders {
+    policy: Option<HeaderValue>,
+    ratelimit: Option<HeaderValue>,
+    legacy: Option<[HeaderValue; 3]>,
+}
+
+/// The `RateLimit-Policy` value of a limit: rendered once, when the layer is built.
+pub(crate) fn policy_field(limit: &Limit) -> HeaderValue {
+    let gcra = limit.gcra();
+    let window = ceil_secs(std::time::Duration::from_nanos(gcra.tolerance)).max(1);
+    let mut out = String::new();
+    RefListSerializer::new(&mut out)
+        .bare_item(&RefBareItem::String(limit.name()))
+        .and_then(|s| s.parameter("q", &RefBareItem::Integer(sf_int(gcra.limit))))
+        .and_then(|s| s.parameter("w", &RefBareItem::Integer(sf_int(window))))
+        .expect("policy names are validated printable ASCII");
+    HeaderValue::try_from(out).expect("a structured field is a valid header value")
+}
+
+fn sf_int(n: u64) -> i64 {
+    n.min(SF_INT_MAX) as i64
+}
+
+impl RateHeaders {
+    pub(crate) fn new(
+        options: HeaderOptions,
+        name: &str,
+        policy: &HeaderValue,
+        decision: &Decision,
+    ) -> Self {
+        let mut headers = RateHeaders::default();
+        let reset = decision.reset_after_secs();
+        if options.ratelimit {
+            let mut out = String::with_capacity(name.len() + 24);
+            let rendered = RefListSerializer::new(&mut out)
+                .bare_item(&RefBareItem::String(name))
+                .and_then(|s| s.parameter("r", &RefBareItem::Integer(sf_int(decision.remaining))))
+                .and_then(|s| s.parameter("t", &RefBareItem::Integer(sf_int(reset))));
+            if rendered.is_ok() {
+                headers.ratelimit = HeaderValue::try_from(out).ok();
+                headers.policy = Some(policy.clone());
+            }
+        }
+        if options.legacy {
+            headers.legacy = Some([
+                HeaderValue::from(decision.limit),
+                HeaderValue::from(decision.remaining),
+                HeaderValue::from(reset),
+            ]);
+        }
+        headers
+    }
+
+    /// Adds the fields to a response's headers. RateLimit fields are appended (each layer adds its
+    /// list member); the legacy fields are set only if an inner layer has not set them.
+    pub(crate) fn apply(self, map: &mut HeaderMap) {
+        if let Some(policy) = self.policy {
+            map.append(RATELIMIT_POLICY.clone(), policy);
+        }
+        if let Some(ratelimit) = self.ratelimit {
+            map.append(RATELIMIT.clone(), ratelimit);
+        }
+        if let Some([limit, remaining, reset]) = self.legacy {
+            if !map.contains_key(&X_RATELIMIT_LIMIT) {
+                map.insert(X_RATELIMIT_LIMIT.clone(), limit);
+                map.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+                map.insert(X_RATELIMIT_RESET.clone(), reset);
+            }
+        }
+    }
+}
+
+/// Sets `Retry-After` on a rejection unless the response already has one.
+pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
+    if !map.contains_key(RETRY_AFTER) {
+        map.insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+    use std::time::Duration;
+
+    #[test]
+    fn fields_are_structured_field_lists() {
+        let limit = Limit::new("reply", Quota::per_minute(30).with_max_burst(15)).unwrap();
+        let policy = policy_field(&limit);
+        assert_eq!(policy, r#""reply";q=16;w=32"#);
+        let d = Decision::allowed(16, 15, Duration::from_millis(2001));
+        let h = RateHeaders::new(
+            HeaderOptions {
+                ratelimit: true,
+                legacy: true,
+            },
+            "reply",
+            &policy,
+            &d,
+        );
+        let mut map = HeaderMap::new();
+        h.apply(&mut map);
+        assert_eq!(map[&RATELIMIT], r#""reply";r=15;t=3"#);
+        let parsed = sfv::Parser::parse_list(map[&RATELIMIT].as_bytes()).unwrap();
+        assert_eq!(parsed.len(), 1);
+        assert_eq!(map[&X_RATELIMIT_LIMIT], "16");
+        assert_eq!(map[&X_RATELIMIT_REMAINING], "15");
+        assert_eq!(map[&X_RATELIMIT_RESET], "3");
+    }
+
+    #[test]
+    fn problem_bodies_are_json() {
+        let r = problem(StatusCode::BAD_REQUEST, "no \"key\"\n\\");
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["status"], 400);
+        assert_eq!(v["detail"], "no \"key\" \\");
+    }
+}

@@ -1,0 +1,353 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use http::{HeaderName, Request};
+
+use super::Key;
+
+/// Turns a request into the [`Key`] it counts against, or `None` when it carries none.
+///
+/// Implemented by the built-in extractors for every body type, by `Arc<dyn KeyExtractor<B>>`, and by
+/// every closure `Fn(&Request<B>) -> Option<K>` with `K: Into<Key>`:
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Key, KeyExtractor};
+///
+/// // A key per tenant, from the first path segment of /t/{tenant}/...
+/// let tenant = |req: &Request<()>| {
+///     let mut parts = req.uri().path().split('/').skip(1);
+///     (parts.next() == Some("t")).then(|| parts.next()).flatten().map(str::to_owned)
+/// };
+/// let req = Request::get("/t/acme/orders").body(()).unwrap();
+/// assert_eq!(tenant.extract(&req), Some(Key::from("acme")));
+/// assert_eq!(tenant.extract(&Request::get("/health").body(()).unwrap()), None);
+/// ```
+pub trait KeyExtractor<B>: Send + Sync + 'static {
+    /// The key of `request`, or `None`.
+    fn extract(&self, request: &Request<B>) -> Option<Key>;
+
+    /// Says what the extractor reads, for logs and error bodies ("peer IP", "header x-api-key").
+    fn describe(&self) -> String {
+        "a custom key extractor".to_owned()
+    }
+}
+
+impl<B, F, K> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Option<K> + Send + Sync + 'static,
+    K: Into<Key>,
+{
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        self(request).map(Into::into)
+    }
+}
+
+impl<B: 'static> KeyExtractor<B> for Arc<dyn KeyExtractor<B>> {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        (**self).extract(request)
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+/// The TCP peer's IP address, with IPv6 addresses grouped by prefix.
+///
+/// Reads axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`) or a plain `SocketAddr` request extension
+/// (insert it yourself when serving with hyper). IPv4-mapped IPv6 peers count as their IPv4 address.
+///
+/// A single host usually owns a whole IPv6 /64, so by default every address in one /64 is one key;
+/// otherwise one client could rotate through 2^64 addresses to escape the limit.
+///
+/// It never reads `Forwarded`, `X-Forwarded-For` or `X-Real-IP`: behind a reverse proxy every request
+/// would come from the proxy's address, and those headers are written by the client unless a trusted
+/// proxy overwrites them.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use http::Request;
+/// use tower_throttle::key::{Key, KeyExtractor, PeerIp};
+///
+/// let mut req = Request::new(());
+/// req.extensions_mut().insert("[2001:db8:1:2:aaaa::1]:443".parse::<SocketAddr>().unwrap());
+/// let key = PeerIp::new().extract(&req).unwrap();
+/// assert_eq!(key.to_string(), "!2001:db8:1:2::");
+/// assert_eq!(PeerIp::new().with_ipv6_prefix(128).unwrap().extract(&req).unwrap().to_string(), "!2001:db8:1:2:aaaa::1");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+impl PeerIp {
+    /// The peer IP, IPv6 grouped by /64.
+    pub const fn new() -> Self {
+        PeerIp { ipv6_prefix: 64 }
+    }
+
+    /// Groups IPv6 peers by the first `prefix` bits (1 to 128; 128 = one key per address).
+    pub fn with_ipv6_prefix(self, prefix: u8) -> Result<Self, InvalidPrefix> {
+        if (1..=128).contains(&prefix) {
+            Ok(PeerIp {
+                ipv6_prefix: prefix,
+            })
+        } else {
+            Err(InvalidPrefix(prefix))
+        }
+    }
+
+    /// The IPv6 prefix length.
+    pub const fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
+    }
+
+    /// The key for a peer address.
+    pub fn key_for(&self, ip: IpAddr) -> Key {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => Key::from_ip(IpAddr::V4(v4)),
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix));
+                Key::from_ip(IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask)))
+            }
+        }
+    }
+
+    fn peer(request_extensions: &http::Extensions) -> Option<SocketAddr> {
+        #[cfg(feature = "axum")]
+        if let Some(info) = request_extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+            return Some(info.0);
+        }
+        request_extensions.get::<SocketAddr>().copied()
+    }
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B> KeyExtractor<B> for PeerIp {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        Self::peer(request.extensions()).map(|addr| self.key_for(addr.ip()))
+    }
+
+    fn describe(&self) -> String {
+        "the peer IP address (serve with into_make_service_with_connect_info::<SocketAddr>(), \
+         or insert a SocketAddr extension)"
+            .to_owned()
+    }
+}
+
+/// An IPv6 prefix length outside 1..=128.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InvalidPrefix(pub u8);
+
+impl fmt::Display for InvalidPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ipv6_prefix {} is not between 1 and 128", self.0)
+    }
+}
+
+impl std::error::Error for InvalidPrefix {}
+
+/// The value of a request header (an API key, a user id). Missing or empty: no key.
+///
+/// The raw bytes are the key, so non-UTF-8 values work; values longer than
+/// [`MAX_KEY_LEN`](super::MAX_KEY_LEN) are hashed. With several headers of the name, the first counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// The header called `name`.
+    ///
+    /// # Panics
+    /// If `name` is not a valid header name; use [`Header::try_new`] for names from configuration.
+    pub fn new(name: &'static str) -> Self {
+        Header {
+            name: HeaderName::from_static(name),
+        }
+    }
+
+    /// The header called `name`, or an error if it is not a valid header name.
+    pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
+        Ok(Header {
+            name: HeaderName::try_from(name)?,
+        })
+    }
+
+    /// The header's name.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl From<HeaderName> for Header {
+    fn from(name: HeaderName) -> Self {
+        Header { name }
+    }
+}
+
+impl<B> KeyExtractor<B> for Header {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        request
+            .headers()
+            .get(&self.name)
+            .filter(|v| !v.is_empty())
+            .map(Key::from)
+    }
+
+    fn describe(&self) -> String {
+        format!("header {}", self.name)
+    }
+}
+
+/// A value of type `T` in the request's extensions, put there by earlier middleware (for example the
+/// authenticated user's id).
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Extension, Key, KeyExtractor};
+///
+/// #[derive(Clone)]
+/// struct UserId(u64);
+/// impl From<UserId> for Key {
+///     fn from(u: UserId) -> Key { Key::from(u.0) }
+/// }
+///
+/// let mut req = Request::new(());
+/// req.extensions_mut().insert(UserId(7));
+/// assert_eq!(Extension::<UserId>::new().extract(&req), Some(Key::from(7u64)));
+/// ```
+pub struct Extension<T> {
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> Extension<T> {
+    /// The extension of type `T`.
+    pub const fn new() -> Self {
+        Extension { _type: PhantomData }
+    }
+}
+
+impl<T> Default for Extension<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for Extension<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Extension<T> {}
+
+impl<T> fmt::Debug for Extension<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Extension<{}>", std::any::type_name::<T>())
+    }
+}
+
+impl<B, T> KeyExtractor<B> for Extension<T>
+where
+    T: Clone + Into<Key> + Send + Sync + 'static,
+{
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        request.extensions().get::<T>().cloned().map(Into::into)
+    }
+
+    fn describe(&self) -> String {
+        format!("the request extension {}", std::any::type_name::<T>())
+    }
+}
+
+/// One key shared by every request: a limit on the whole route or service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Global;
+
+impl<B> KeyExtractor<B> for Global {
+    fn extract(&self, _: &Request<B>) -> Option<Key> {
+        Some(Key::global())
+    }
+
+    fn describe(&self) -> String {
+        "the global key".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_peer(addr: &str) -> Request<()> {
+        let mut req = Request::new(());
+        req.extensions_mut().insert(addr.parse::<SocketAddr>().unwrap());
+        req
+    }
+
+    #[test]
+    fn ipv6_peers_in_one_prefix_share_a_key() {
+        let ip = PeerIp::new();
+        let a = ip.extract(&with_peer("[2001:db8:0:1::1]:1")).unwrap();
+        let b = ip.extract(&with_peer("[2001:db8:0:1:ffff:ffff:ffff:ffff]:2")).unwrap();
+        let c = ip.extract(&with_peer("[2001:db8:0:2::1]:1")).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let p48 = PeerIp::new().with_ipv6_prefix(48).unwrap();
+        assert_eq!(
+            p48.extract(&with_peer("[2001:db8:0:1::1]:1")),
+            p48.extract(&with_peer("[2001:db8:0:2::1]:1"))
+        );
+        assert!(PeerIp::new().with_ipv6_prefix(0).is_err());
+        assert!(PeerIp::new().with_ipv6_prefix(129).is_err());
+    }
+
+    #[test]
+    fn ipv4_peers_and_mapped_peers_agree() {
+        let ip = PeerIp::new();
+        assert_eq!(
+            ip.extract(&with_peer("192.0.2.1:80")),
+            ip.extract(&with_peer("[::ffff:192.0.2.1]:80"))
+        );
+        assert_ne!(
+            ip.extract(&with_peer("192.0.2.1:80")),
+            ip.extract(&with_peer("192.0.2.2:80"))
+        );
+    }
+
+    #[test]
+    fn forwarded_headers_are_ignored() {
+        let mut req = with_peer("192.0.2.1:80");
+        req.headers_mut().insert("x-forwarded-for", "203.0.113.9".parse().unwrap());
+        req.headers_mut().insert("x-real-ip", "203.0.113.9".parse().unwrap());
+        req.headers_mut().insert("forwarded", "for=203.0.113.9".parse().unwrap());
+        assert_eq!(PeerIp::new().extract(&req), Some(Key::from_ip("192.0.2.1".parse().unwrap())));
+        // No peer address: no key, whatever the headers say.
+        let (parts, ()) = req.into_parts();
+        let mut bare = Request::new(());
+        *bare.headers_mut() = parts.headers;
+        assert_eq!(PeerIp::new().extract(&bare), None);
+    }
+
+    #[test]
+    fn header_keys() {
+        let h = Header::new("x-api-key");
+        let req = Request::builder().header("x-api-key", "").body(()).unwrap();
+        assert_eq!(h.extract(&req), None);
+        let req = Request::builder()
+            .header("x-api-key", &b"\xffbin"[..])
+            .body(())
+            .unwrap();
+        assert_eq!(h.extract(&req), Some(Key::from_bytes(b"\xffbin")));
+        assert!(Header::try_new("bad header").is_err());
+    }
+}

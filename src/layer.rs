@@ -1,0 +1,339 @@
+//! [`ThrottleLayer`] and its builder.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+use tower_layer::Layer;
+
+use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
+use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
+
+#[cfg(feature = "memory")]
+use crate::MemoryBackend;
+
+type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
+
+/// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnBackendError {
+    /// Let the request through (fail open). The default: a limiter outage should not be an API outage.
+    #[default]
+    Allow,
+    /// Reject with `503 Service Unavailable` and `Retry-After: 1` (fail closed).
+    Deny,
+}
+
+/// A tower [`Layer`] that rate-limits requests with one or more [`Policy`]s.
+///
+/// The layer is configuration only: it is cheap to clone, and every service it makes (and every clone
+/// of those) shares the same backend, so a server with many connections has one limiter.
+///
+/// For each request the first policy whose route and methods match decides; a request that no policy
+/// matches passes untouched. Admitted responses get `RateLimit-Policy` / `RateLimit` fields; rejected
+/// requests get `429 Too Many Requests` with `Retry-After` (see [`headers`](crate::headers)). The inner
+/// service is called only once the backend has admitted the request, and it is always the service that
+/// `poll_ready` readied.
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+///
+/// let policy = Policy::builder("api")
+///     .quota(Quota::per_second(5))
+///     .key(Header::new("x-api-key"))
+///     .build()
+///     .unwrap();
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(ThrottleLayer::new(policy));
+/// ```
+#[must_use]
+pub struct ThrottleLayer<K, B> {
+    shared: Arc<Shared<K, B>>,
+}
+
+pub(crate) struct Shared<K, B> {
+    pub(crate) backend: B,
+    pub(crate) policies: Box<[Policy<K>]>,
+    pub(crate) responder: Arc<Responder>,
+}
+
+/// The part of the configuration that a pending decision needs after `call` has returned.
+pub(crate) struct Responder {
+    headers: HeaderOptions,
+    /// Per policy, in the order of `Shared::policies`.
+    policies: Box<[PolicyInfo]>,
+    rejection: Option<Arc<RejectionFn>>,
+    on_error: OnBackendError,
+}
+
+struct PolicyInfo {
+    name: Box<str>,
+    policy_field: HeaderValue,
+    warned_missing_key: AtomicBool,
+}
+
+/// What the middleware does with a request once its policy has decided.
+pub(crate) enum Verdict {
+    /// Call the inner service, then add these fields to its response.
+    Admit(Option<RateHeaders>),
+    /// Answer with this response instead.
+    Reject(Response<Bytes>),
+}
+
+impl Responder {
+    pub(crate) fn verdict(
+        &self,
+        index: usize,
+        key: &Key,
+        result: Result<Decision, BackendError>,
+    ) -> Verdict {
+        let info = &self.policies[index];
+        let decision = match result {
+            Ok(decision) => decision,
+            Err(error) => {
+                tracing::warn!(policy = %info.name, %error, on_error = ?self.on_error, "rate-limit backend failed");
+                return match self.on_error {
+                    OnBackendError::Allow => Verdict::Admit(None),
+                    OnBackendError::Deny => {
+                        let mut response = headers::problem(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the rate limiter is unavailable; retry shortly",
+                        );
+                        headers::set_retry_after(response.headers_mut(), 1);
+                        Verdict::Reject(response)
+                    }
+                };
+            }
+        };
+        tracing::debug!(
+            policy = %info.name,
+            %key,
+            allowed = decision.allowed,
+            remaining = decision.remaining,
+            "rate-limit decision"
+        );
+        let fields = RateHeaders::new(self.headers, &info.name, &info.policy_field, &decision);
+        if decision.allowed {
+            return Verdict::Admit(Some(fields));
+        }
+        let rejected = Rejected {
+            policy: &info.name,
+            decision: &decision,
+        };
+        let mut response = match &self.rejection {
+            Some(custom) => custom(&rejected),
+            None => rejected.default_response(),
+        };
+        headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
+        fields.apply(response.headers_mut());
+        Verdict::Reject(response)
+    }
+
+    pub(crate) fn missing_key(&self, index: usize, what: impl FnOnce() -> String, status: StatusCode) -> Response<Bytes> {
+        let info = &self.policies[index];
+        let what = what();
+        if !info.warned_missing_key.swap(true, Ordering::Relaxed) {
+            tracing::warn!(policy = %info.name, source = %what, "request without a rate-limit key (further ones are logged at debug level)");
+        } else {
+            tracing::debug!(policy = %info.name, source = %what, "request without a rate-limit key");
+        }
+        headers::problem(
+            status,
+            &format!("no rate-limit key for policy '{}': expected {what}", info.name),
+        )
+    }
+}
+
+#[cfg(feature = "memory")]
+impl<K> ThrottleLayer<K, MemoryBackend> {
+    /// A layer enforcing one policy with a new in-memory backend and the default options.
+    pub fn new(policy: Policy<K>) -> Self {
+        Self::builder()
+            .policy(policy)
+            .build()
+            .expect("one policy is a valid configuration")
+    }
+
+    /// A builder for several policies, a shared backend or other options; the backend is a new
+    /// in-memory one unless [`backend`](ThrottleLayerBuilder::backend) replaces it.
+    pub fn builder() -> ThrottleLayerBuilder<K, MemoryBackend> {
+        ThrottleLayerBuilder::with_backend(MemoryBackend::new())
+    }
+}
+
+impl<K, B> ThrottleLayer<K, B> {
+    /// The policies, in the order they are tried.
+    pub fn policies(&self) -> &[Policy<K>] {
+        &self.shared.policies
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.shared.backend
+    }
+}
+
+impl<K, B> Clone for ThrottleLayer<K, B> {
+    fn clone(&self) -> Self {
+        ThrottleLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K, B> fmt::Debug for ThrottleLayer<K, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.shared.policies.iter().map(|p| p.limit().name()).collect();
+        f.debug_struct("ThrottleLayer")
+            .field("policies", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, B> Layer<S> for ThrottleLayer<K, B> {
+    type Service = Throttle<S, K, B>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Throttle::from_shared(inner, self.shared.clone())
+    }
+}
+
+/// Builds a [`ThrottleLayer`].
+#[must_use]
+pub struct ThrottleLayerBuilder<K, B> {
+    backend: B,
+    policies: Vec<Policy<K>>,
+    headers: HeaderOptions,
+    rejection: Option<Arc<RejectionFn>>,
+    on_error: OnBackendError,
+}
+
+impl<K, B> ThrottleLayerBuilder<K, B> {
+    /// A builder using `backend` (share one backend between layers by cloning it).
+    pub fn with_backend(backend: B) -> Self {
+        ThrottleLayerBuilder {
+            backend,
+            policies: Vec::new(),
+            headers: HeaderOptions {
+                ratelimit: true,
+                legacy: false,
+            },
+            rejection: None,
+            on_error: OnBackendError::default(),
+        }
+    }
+
+    /// Replaces the backend.
+    pub fn backend<B2>(self, backend: B2) -> ThrottleLayerBuilder<K, B2> {
+        ThrottleLayerBuilder {
+            backend,
+            policies: self.policies,
+            headers: self.headers,
+            rejection: self.rejection,
+            on_error: self.on_error,
+        }
+    }
+
+    /// Adds a policy. Policies are tried in the order they are added; the first that matches a request
+    /// decides.
+    pub fn policy(mut self, policy: Policy<K>) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Adds several policies.
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy<K>>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// Sends `RateLimit-Policy` and `RateLimit` fields (default: on).
+    pub fn ratelimit_headers(mut self, on: bool) -> Self {
+        self.headers.ratelimit = on;
+        self
+    }
+
+    /// Sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (default: off).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.headers.legacy = on;
+        self
+    }
+
+    /// Replaces the default 429 response. The middleware adds `Retry-After` (unless the function set
+    /// one) and the rate-limit fields.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use tower_throttle::{headers::Rejected, Policy, Quota, ThrottleLayer};
+    ///
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+    ///     .rejection_response(|r: &Rejected<'_>| {
+    ///         let mut res = Response::new(Bytes::from(format!("slow down ({})", r.policy)));
+    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    ///         res
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn rejection_response<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.rejection = Some(Arc::new(f));
+        self
+    }
+
+    /// What to do when the backend fails (default: [`OnBackendError::Allow`]).
+    pub fn on_backend_error(mut self, on_error: OnBackendError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// Builds the layer; at least one policy is required.
+    pub fn build(self) -> Result<ThrottleLayer<K, B>, BuildError>
+    where
+        B: Backend,
+    {
+        if self.policies.is_empty() {
+            return Err(BuildError::Invalid(
+                "a throttle layer needs at least one policy".into(),
+            ));
+        }
+        let policies: Box<[Policy<K>]> = self.policies.into();
+        let responder = Responder {
+            headers: self.headers,
+            policies: policies
+                .iter()
+                .map(|p| PolicyInfo {
+                    name: p.limit().name().into(),
+                    policy_field: headers::policy_field(p.limit()),
+                    warned_missing_key: AtomicBool::new(false),
+                })
+                .collect(),
+            rejection: self.rejection,
+            on_error: self.on_error,
+        };
+        Ok(ThrottleLayer {
+            shared: Arc::new(Shared {
+                backend: self.backend,
+                policies,
+                responder: Arc::new(responder),
+            }),
+        })
+    }
+}
+
+impl<K, B> fmt::Debug for ThrottleLayerBuilder<K, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottleLayerBuilder")
+            .field("policies", &self.policies.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,82 @@
+//! Rate-limiting [tower] middleware for HTTP: a key per request, a GCRA decision with the exact
+//! semantics of redis-cell's `CL.THROTTLE`, and `429 Too Many Requests` with `Retry-After` and
+//! `RateLimit` fields for requests over the limit.
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::{body::Body, routing::post, Router};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! // Each user may post bursts of 16 replies, then 30 a minute.
+//! let reply = Policy::builder("reply")
+//!     .quota(Quota::per_minute(30).with_max_burst(15))
+//!     .key(Header::new("x-user-id"))
+//!     .build()
+//!     .unwrap();
+//! let app = Router::new()
+//!     .route("/reply", post(|| async { "replied" }))
+//!     .route_layer(ThrottleLayer::new(reply));
+//!
+//! let request = || Request::post("/reply").header("x-user-id", "42").body(Body::empty()).unwrap();
+//! for _ in 0..16 {
+//!     assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), StatusCode::OK);
+//! }
+//! let limited = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(limited.headers()["retry-after"], "2");
+//! assert_eq!(limited.headers()["ratelimit-policy"], r#""reply";q=16;w=32"#);
+//! # });
+//! ```
+//!
+//! # Pieces
+//!
+//! * [`Quota`]: `CL.THROTTLE`'s `max_burst`, `count`, `period`; [`Limit`]: a named quota.
+//! * [`gcra::decide`]: the algorithm as a pure function; [`Decision`]: its answer.
+//! * [`key`]: what a request counts against ([`key::PeerIp`], [`key::Header`], [`key::Extension`],
+//!   [`key::Global`], closures).
+//! * [`Policy`]: a limit, a key, and optionally a route, methods and a cost.
+//! * [`Backend`]: where state lives; [`MemoryBackend`] for one process.
+//! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers.
+//! * [`config`] (feature `config`): per-route policies from TOML.
+//!
+//! # Features
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `memory` | yes | [`MemoryBackend`] |
+//! | `axum` | no | peer addresses from `ConnectInfo`, routes from `MatchedPath` |
+//! | `config` | no | serde + TOML configuration |
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod backend;
+pub mod body;
+pub mod clock;
+#[cfg(feature = "config")]
+pub mod config;
+mod decision;
+mod error;
+pub mod gcra;
+pub mod headers;
+pub mod key;
+mod layer;
+mod limit;
+mod policy;
+mod quota;
+mod service;
+
+pub use backend::Backend;
+#[cfg(feature = "memory")]
+pub use backend::{MemoryBackend, MemoryBackendBuilder};
+pub use decision::Decision;
+pub use error::{BackendError, BuildError};
+pub use key::Key;
+pub use layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
+pub use limit::{Algorithm, Limit};
+pub use policy::{MissingKey, Policy, PolicyBuilder};
+pub use quota::{Quota, QuotaError};
+pub use service::{ResponseFuture, Throttle};

@@ -1,0 +1,266 @@
+//! [`Quota`]: how many requests a key may make, with `CL.THROTTLE`'s parameters.
+
+use std::fmt;
+use std::time::Duration;
+
+/// The largest tolerance (`emission interval × (max_burst + 1)`) a quota may have, in nanoseconds.
+///
+/// 2^62 ns is about 146 years. The bound leaves headroom so that `now + tolerance` never overflows a
+/// 64-bit nanosecond clock, including a Unix-epoch clock such as Redis' `TIME`.
+const MAX_TOLERANCE_NANOS: u64 = 1 << 62;
+
+/// How many requests a key may make: `count` per `period`, with bursts of up to `max_burst + 1`.
+///
+/// The parameters are exactly those of redis-cell's `CL.THROTTLE key max_burst count period`:
+///
+/// * the **emission interval** `T = period / count` is the steady spacing between requests;
+/// * the **limit** is `max_burst + 1`: how many requests a fresh key may make at once;
+/// * a key that stops sending refills one request every `T`, up to the limit.
+///
+/// The constructors say what they mean and default `max_burst` to `count - 1`, so that
+/// `Quota::per_second(5)` admits five requests at once and then five a second:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::Quota;
+///
+/// let q = Quota::per_second(5);
+/// assert_eq!((q.count(), q.period(), q.limit()), (5, Duration::from_secs(1), 5));
+///
+/// // The `[[route]]` of the README: bursts of 16, then 30 a minute (one every 2 s).
+/// let q = Quota::per_minute(30).with_max_burst(15);
+/// assert_eq!(q.limit(), 16);
+/// assert_eq!(q.emission_interval().unwrap(), Duration::from_secs(2));
+///
+/// // Invalid quotas are errors when a layer is built, naming the field:
+/// assert_eq!(Quota::per_second(0).validate().unwrap_err().to_string(), "quota count must be at least 1");
+/// ```
+///
+/// Constructing a `Quota` never fails; [`Quota::validate`] (which every builder of this crate calls)
+/// rejects zero counts, zero periods, overflow and rates finer than one nanosecond. High rates are exact:
+/// `Quota::per_second(100_000)` has an emission interval of exactly 10 µs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    max_burst: u64,
+    count: u64,
+    period: Duration,
+}
+
+impl Quota {
+    /// `count` requests per `period`, with `max_burst` = `count - 1` (a limit of `count`).
+    pub const fn per_period(count: u64, period: Duration) -> Self {
+        Quota {
+            max_burst: count.saturating_sub(1),
+            count,
+            period,
+        }
+    }
+
+    /// `CL.THROTTLE`'s three parameters, in its argument order.
+    pub const fn new(max_burst: u64, count: u64, period: Duration) -> Self {
+        Quota {
+            max_burst,
+            count,
+            period,
+        }
+    }
+
+    /// `count` requests a second.
+    pub const fn per_second(count: u64) -> Self {
+        Self::per_period(count, Duration::from_secs(1))
+    }
+
+    /// `count` requests a minute.
+    pub const fn per_minute(count: u64) -> Self {
+        Self::per_period(count, Duration::from_secs(60))
+    }
+
+    /// `count` requests an hour.
+    pub const fn per_hour(count: u64) -> Self {
+        Self::per_period(count, Duration::from_secs(3600))
+    }
+
+    /// `count` requests a day.
+    pub const fn per_day(count: u64) -> Self {
+        Self::per_period(count, Duration::from_secs(86_400))
+    }
+
+    /// Replaces `max_burst`: a fresh key may then make `max_burst + 1` requests at once.
+    #[must_use]
+    pub const fn with_max_burst(self, max_burst: u64) -> Self {
+        Quota { max_burst, ..self }
+    }
+
+    /// `CL.THROTTLE`'s `max_burst`.
+    pub const fn max_burst(&self) -> u64 {
+        self.max_burst
+    }
+
+    /// Requests per [`period`](Self::period).
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period over which [`count`](Self::count) requests are allowed.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// `max_burst + 1`: the most requests a key can make at once (saturating at `u64::MAX`).
+    pub const fn limit(&self) -> u64 {
+        self.max_burst.saturating_add(1)
+    }
+
+    /// `period / count`, truncated to whole nanoseconds as `CL.THROTTLE` does.
+    pub fn emission_interval(&self) -> Result<Duration, QuotaError> {
+        self.validate().map(|p| Duration::from_nanos(p.emission_interval))
+    }
+
+    /// Checks the quota and derives the GCRA parameters (in nanoseconds).
+    pub fn validate(&self) -> Result<crate::gcra::Params, QuotaError> {
+        if self.count == 0 {
+            return Err(QuotaError::ZeroCount);
+        }
+        if self.period.is_zero() {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        let period = u64::try_from(self.period.as_nanos())
+            .ok()
+            .filter(|p| *p <= MAX_TOLERANCE_NANOS)
+            .ok_or(QuotaError::PeriodTooLong(self.period))?;
+        let emission_interval = period / self.count;
+        if emission_interval == 0 {
+            return Err(QuotaError::RateTooFine {
+                count: self.count,
+                period: self.period,
+            });
+        }
+        let tolerance = self
+            .max_burst
+            .checked_add(1)
+            .and_then(|limit| emission_interval.checked_mul(limit))
+            .filter(|t| *t <= MAX_TOLERANCE_NANOS)
+            .ok_or(QuotaError::BurstTooLarge {
+                max_burst: self.max_burst,
+            })?;
+        Ok(crate::gcra::Params {
+            emission_interval,
+            tolerance,
+            limit: self.max_burst + 1,
+        })
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} per {:?} (max_burst {})",
+            self.count, self.period, self.max_burst
+        )
+    }
+}
+
+/// Why a [`Quota`] is invalid. The message names the offending field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// `count` is zero (`CL.THROTTLE` 0.2.2 crashes Redis on it).
+    ZeroCount,
+    /// `period` is zero.
+    ZeroPeriod,
+    /// `period` is longer than about 146 years.
+    PeriodTooLong(Duration),
+    /// `period / count` is less than one nanosecond.
+    RateTooFine {
+        /// The count.
+        count: u64,
+        /// The period.
+        period: Duration,
+    },
+    /// `emission interval × (max_burst + 1)` overflows (more than about 146 years).
+    BurstTooLarge {
+        /// The max_burst.
+        max_burst: u64,
+    },
+}
+
+impl fmt::Display for QuotaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuotaError::ZeroCount => f.write_str("quota count must be at least 1"),
+            QuotaError::ZeroPeriod => f.write_str("quota period must be longer than zero"),
+            QuotaError::PeriodTooLong(p) => {
+                write!(f, "quota period {p:?} is too long (at most about 146 years)")
+            }
+            QuotaError::RateTooFine { count, period } => write!(
+                f,
+                "quota count {count} per period {period:?} is finer than the clock (1 ns between requests at most)"
+            ),
+            QuotaError::BurstTooLarge { max_burst } => write!(
+                f,
+                "quota max_burst {max_burst} is too large (emission interval × (max_burst + 1) overflows)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QuotaError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_say_what_they_mean() {
+        let q = Quota::per_second(5);
+        assert_eq!(q.count(), 5);
+        assert_eq!(q.limit(), 5);
+        assert_eq!(q.emission_interval().unwrap(), Duration::from_millis(200));
+        assert_eq!(
+            Quota::per_minute(6).emission_interval().unwrap(),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            Quota::per_hour(6).emission_interval().unwrap(),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            Quota::per_day(24).emission_interval().unwrap(),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            Quota::per_period(6, Duration::from_secs(120))
+                .emission_interval()
+                .unwrap(),
+            Duration::from_secs(20)
+        );
+    }
+
+    #[test]
+    fn high_rates_are_exact() {
+        let q = Quota::per_second(100_000);
+        assert_eq!(q.emission_interval().unwrap(), Duration::from_micros(10));
+        let q = Quota::per_second(1_000_000_000);
+        assert_eq!(q.emission_interval().unwrap(), Duration::from_nanos(1));
+    }
+
+    #[test]
+    fn invalid_quotas_name_the_field() {
+        let cases = [
+            (Quota::per_second(0), "count"),
+            (Quota::per_period(1, Duration::ZERO), "period"),
+            (Quota::per_second(1_000_000_001), "count"),
+            (Quota::per_period(1, Duration::from_secs(u64::MAX)), "period"),
+            (Quota::per_second(1).with_max_burst(u64::MAX), "max_burst"),
+            (
+                Quota::per_day(1).with_max_burst(1_000_000_000),
+                "max_burst",
+            ),
+        ];
+        for (q, field) in cases {
+            let msg = q.validate().unwrap_err().to_string();
+            assert!(msg.contains(field), "{q}: {msg:?} should name {field}");
+        }
+    }
+}
