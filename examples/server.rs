@@ -1,1 +1,162 @@
-fn main(){}
+//! The example server: per-route policies from TOML on the in-memory backend.
+//!
+//! ```text
+//! cargo run --example server                       # built-in config, 127.0.0.1:3000
+//! cargo run --example server -- --config my.toml   # your config
+//! cargo run --example server -- --listen 127.0.0.1:8080
+//! ```
+//!
+//! Every configured route answers 200 to any method with a body naming the route; other paths 404.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use axum::{routing::any, Router};
+use tower_throttle::config::Config;
+
+const DEFAULT_CONFIG: &str = r#"
+listen = "127.0.0.1:3000"
+
+[backend]
+kind = "memory"
+
+# Every client IP: bursts of 20, then 10 a second.
+[[route]]
+name = "index"
+path = "/"
+key = "ip"
+max_burst = 19
+count = 10
+period = "1s"
+
+# Each user (x-user-id) may post bursts of 16 replies, then 30 a minute.
+[[route]]
+name = "reply"
+path = "/reply"
+methods = ["POST"]
+key = "header:x-user-id"
+max_burst = 15
+count = 30
+period = "60s"
+cost = 1
+
+# Five login attempts a minute per client IP, no burst beyond that.
+[[route]]
+name = "login"
+path = "/login"
+methods = ["POST"]
+key = "ip"
+count = 5
+period = "1m"
+"#;
+
+struct Args {
+    config: Option<String>,
+    listen: Option<SocketAddr>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        config: None,
+        listen: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--config" => args.config = Some(it.next().ok_or("--config needs a file")?),
+            "--listen" => {
+                let addr = it.next().ok_or("--listen needs an address")?;
+                args.listen = Some(
+                    addr.parse()
+                        .map_err(|e| format!("--listen {addr:?}: {e}"))?,
+                );
+            }
+            "-h" | "--help" => {
+                println!("usage: server [--config FILE] [--listen ADDR]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(args)
+}
+
+fn app(config: &Config) -> Result<Router, String> {
+    let layer = config.memory_layer().map_err(|e| e.to_string())?;
+    let mut added = HashSet::new();
+    let mut router = Router::new();
+    for route in &config.routes {
+        let Some(path) = route.path.as_deref() else { continue };
+        // Several policies may share a path (one per method); the path is served once.
+        if !added.insert(path) {
+            continue;
+        }
+        let body = format!("route {} ({path})\n", route.name);
+        // axum panics on routes it cannot accept (conflicting patterns); report them as errors.
+        let with_route = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            router.clone().route(path, any(move || async move { body }))
+        }))
+        .map_err(|_| format!("route {path:?} is not a valid axum route or conflicts with another"))?;
+        router = with_route;
+    }
+    // Router::layer runs after routing, so policies see axum's MatchedPath.
+    Ok(router.layer(layer))
+}
+
+async fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
+        }
+        None => Config::from_toml(DEFAULT_CONFIG).map_err(|e| e.to_string())?,
+    };
+    let listen = args
+        .listen
+        .or(config.listen)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000)));
+    let app = app(&config)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let routes: Vec<String> = config
+        .routes
+        .iter()
+        .map(|r| format!("{} {}", r.name, r.path.as_deref().unwrap_or("*")))
+        .collect();
+    println!(
+        "tower-throttle example listening on http://{local}; backend: {}; policies: {}",
+        config.backend,
+        routes.join(", ")
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -351,3 +351,71 @@ mod tests {
         assert!(Header::try_new("bad header").is_err());
     }
 }
+
+/// A built-in key extractor chosen at run time, as configuration names it: `"ip"`, `"global"` or
+/// `"header:<name>"`.
+///
+/// ```
+/// use tower_throttle::key::KeySpec;
+///
+/// let key: KeySpec = "header:x-user-id".parse().unwrap();
+/// assert_eq!(key.to_string(), "header:x-user-id");
+/// assert!("cookie:session".parse::<KeySpec>().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySpec {
+    /// [`PeerIp`].
+    PeerIp(PeerIp),
+    /// [`Header`].
+    Header(Header),
+    /// [`Global`].
+    Global,
+}
+
+impl std::str::FromStr for KeySpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ip" => Ok(KeySpec::PeerIp(PeerIp::new())),
+            "global" => Ok(KeySpec::Global),
+            _ => match s.strip_prefix("header:") {
+                Some(name) => Header::try_new(name)
+                    .map(KeySpec::Header)
+                    .map_err(|_| format!("key {s:?}: {name:?} is not a valid header name")),
+                None => Err(format!(
+                    "key {s:?} is not one of \"ip\", \"global\", \"header:<name>\""
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySpec::PeerIp(_) => f.write_str("ip"),
+            KeySpec::Header(h) => write!(f, "header:{}", h.name()),
+            KeySpec::Global => f.write_str("global"),
+        }
+    }
+}
+
+impl<B> KeyExtractor<B> for KeySpec {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        match self {
+            KeySpec::PeerIp(ip) => ip.extract(request),
+            KeySpec::Header(h) => h.extract(request),
+            KeySpec::Global => Some(Key::global()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            KeySpec::PeerIp(ip) => KeyExtractor::<B>::describe(ip),
+            KeySpec::Header(h) => KeyExtractor::<B>::describe(h),
+            KeySpec::Global => KeyExtractor::<B>::describe(&Global),
+        }
+    }
+}

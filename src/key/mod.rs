@@ -24,7 +24,7 @@
 
 mod extract;
 
-pub use extract::{Extension, Global, Header, KeyExtractor, PeerIp};
+pub use extract::{Extension, Global, Header, InvalidPrefix, KeyExtractor, KeySpec, PeerIp};
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
