@@ -58,8 +58,8 @@ impl<B: 'static> KeyExtractor<B> for Arc<dyn KeyExtractor<B>> {
 /// The TCP peer's IP address, with IPv6 addresses grouped by prefix.
 ///
 /// Reads axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
-/// `into_make_service_with_connect_info::<SocketAddr>()`) or a plain `SocketAddr` request extension
-/// (insert it yourself when serving with hyper). IPv4-mapped IPv6 peers count as their IPv4 address.
+/// `into_make_service_with_connect_info::<SocketAddr>()`, or use `MockConnectInfo` in tests) or a plain
+/// `SocketAddr` request extension (insert it yourself when serving with hyper). IPv4-mapped IPv6 peers count as their IPv4 address.
 ///
 /// A single host usually owns a whole IPv6 /64, so by default every address in one /64 is one key;
 /// otherwise one client could rotate through 2^64 addresses to escape the limit.
@@ -121,6 +121,12 @@ impl PeerIp {
         #[cfg(feature = "axum")]
         if let Some(info) = request_extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
             return Some(info.0);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(mock) =
+            request_extensions.get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
+        {
+            return Some(mock.0);
         }
         request_extensions.get::<SocketAddr>().copied()
     }

@@ -1,0 +1,42 @@
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use tower_throttle::clock::ManualClock;
+use tower_throttle::MemoryBackend;
+
+pub fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    // Start well after zero, as a real clock would be.
+    clock.advance(Duration::from_secs(1000));
+    let backend = MemoryBackend::builder().clock(clock.clone()).build().unwrap();
+    (backend, clock)
+}
+
+pub fn request(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+pub fn from_peer(mut req: Request<Body>, peer: &str) -> Request<Body> {
+    let addr: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(addr));
+    req
+}
+
+pub fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+pub async fn body_string<B>(res: Response<B>) -> String
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}

@@ -1,0 +1,182 @@
+//! tower's contract: the service that `poll_ready` readied is the one called, and the inner service is
+//! not called before (or unless) the backend admits the request. Checked for a backend that decides at
+//! once (memory) and for one that decides later (as Redis does).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tokio::sync::oneshot;
+use tower::{Service, ServiceExt};
+use tower_throttle::key::Global;
+use tower_throttle::{
+    Backend, BackendError, Decision, Key, Limit, MemoryBackend, Policy, Quota, ThrottleLayer,
+    ThrottleLayerBuilder,
+};
+
+/// An inner service that records every call made without a preceding `poll_ready` on the same instance.
+#[derive(Default)]
+struct Strict {
+    ready: bool,
+    calls: Arc<AtomicUsize>,
+    violations: Arc<AtomicUsize>,
+}
+
+impl Clone for Strict {
+    fn clone(&self) -> Self {
+        // A clone has not been polled ready.
+        Strict {
+            ready: false,
+            calls: self.calls.clone(),
+            violations: self.violations.clone(),
+        }
+    }
+}
+
+impl Service<Request<()>> for Strict {
+    type Response = Response<Full<Bytes>>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.ready = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        if !std::mem::take(&mut self.ready) {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok")))))
+    }
+}
+
+/// A backend whose decisions arrive only when the test sends them.
+#[derive(Clone, Default)]
+struct Remote {
+    waiting: Arc<Mutex<Vec<oneshot::Sender<Result<Decision, BackendError>>>>>,
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+
+impl Backend for Remote {
+    type Future = Pending;
+
+    fn check(&self, _: &Limit, _: &Key, _: u64) -> Pending {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().unwrap().push(tx);
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(BackendError::new("dropped"))) })
+    }
+}
+
+impl Remote {
+    fn answer(&self, decision: Decision) {
+        let tx = self.waiting.lock().unwrap().remove(0);
+        tx.send(Ok(decision)).unwrap();
+    }
+}
+
+fn policy() -> Policy<Global> {
+    Policy::builder("p").quota(Quota::per_second(2)).key(Global).build().unwrap()
+}
+
+#[tokio::test]
+async fn the_readied_service_is_called_with_a_synchronous_backend() {
+    let inner = Strict::default();
+    let (calls, violations) = (inner.calls.clone(), inner.violations.clone());
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(ThrottleLayer::new(policy()))
+        .service(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let res = svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
+        statuses.push(res.status());
+    }
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS]);
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "rejected requests never reach the inner service");
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_inner_service_waits_for_a_remote_decision() {
+    let inner = Strict::default();
+    let (calls, violations) = (inner.calls.clone(), inner.violations.clone());
+    let remote = Remote::default();
+    let layer = ThrottleLayerBuilder::with_backend(remote.clone())
+        .policy(policy())
+        .build()
+        .unwrap();
+    let mut svc = tower::ServiceBuilder::new().layer(layer).service(inner);
+
+    // Admitted: nothing is called until the decision arrives, then the readied service is.
+    let fut = svc.ready().await.unwrap().call(Request::new(()));
+    let task = tokio::spawn(fut);
+    tokio::task::yield_now().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    remote.answer(Decision::allowed(2, 1, std::time::Duration::from_millis(500)));
+    let res = task.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["ratelimit"], r#""p";r=1;t=1"#);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Rejected: never called.
+    let fut = svc.ready().await.unwrap().call(Request::new(()));
+    let task = tokio::spawn(fut);
+    tokio::task::yield_now().await;
+    remote.answer(Decision::limited(2, 0, Some(std::time::Duration::from_millis(1200)), std::time::Duration::from_secs(1)));
+    let res = task.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["retry-after"], "2");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Several in flight at once, answered out of the order they were made in: each is called on a
+    // service that was readied for it.
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let fut = svc.ready().await.unwrap().call(Request::new(()));
+        tasks.push(tokio::spawn(fut));
+    }
+    tokio::task::yield_now().await;
+    for _ in 0..5 {
+        remote.answer(Decision::allowed(2, 0, std::time::Duration::ZERO));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    assert_eq!(violations.load(Ordering::SeqCst), 0, "a call reached a service that poll_ready had not readied");
+}
+
+#[tokio::test]
+async fn dropping_a_pending_request_calls_nothing() {
+    let inner = Strict::default();
+    let calls = inner.calls.clone();
+    let remote = Remote::default();
+    let layer = ThrottleLayerBuilder::with_backend(remote.clone()).policy(policy()).build().unwrap();
+    let mut svc = tower::ServiceBuilder::new().layer(layer).service(inner);
+    let fut = svc.ready().await.unwrap().call(Request::new(()));
+    drop(fut);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // The dropped decision's channel is closed; nothing panics.
+    let tx = remote.waiting.lock().unwrap().remove(0);
+    assert!(tx.send(Ok(Decision::allowed(1, 0, std::time::Duration::ZERO))).is_err());
+}
+
+#[tokio::test]
+async fn clones_share_one_limiter() {
+    let backend = MemoryBackend::new();
+    let layer = ThrottleLayer::builder().backend(backend).policy(policy()).build().unwrap();
+    let svc = tower::ServiceBuilder::new().layer(layer).service(Strict::default());
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        admitted += usize::from(res.status() == StatusCode::OK);
+    }
+    assert_eq!(admitted, 2);
+}
