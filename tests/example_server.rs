@@ -1,0 +1,166 @@
+//! The example server over real TCP: `cargo run --example server` as a user runs it.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The example binary that `cargo test` built next to this test.
+fn example_binary() -> PathBuf {
+    let mut dir = std::env::current_exe().unwrap();
+    dir.pop(); // the test binary
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("examples").join("server");
+    assert!(bin.exists(), "{} is missing: run the tests with `cargo test --all-features`", bin.display());
+    bin
+}
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(example_binary())
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    assert!(line.contains("backend: memory"), "{line}");
+    Server { child, addr }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n");
+    for (n, v) in headers {
+        req.push_str(&format!("{n}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.trim().to_owned(), v.trim().to_owned())
+        })
+        .collect();
+    Reply { status, headers, body: body.to_owned() }
+}
+
+#[tokio::test]
+async fn sixteen_replies_then_429_over_tcp() {
+    let server = start(&[]);
+    let user = [("x-user-id", "alice")];
+    for i in 0..16 {
+        let r = send(server.addr, "POST", "/reply", &user).await;
+        assert_eq!(r.status, 200, "request {i}");
+        assert_eq!(r.body, "route reply (/reply)\n");
+    }
+    let r = send(server.addr, "POST", "/reply", &user).await;
+    assert_eq!(r.status, 429);
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry >= 1);
+    for field in ["ratelimit", "ratelimit-policy"] {
+        let list = sfv::Parser::parse_list(r.header(field).unwrap().as_bytes()).unwrap();
+        assert_eq!(list.len(), 1, "{field}");
+    }
+    assert_eq!(r.header("ratelimit-policy"), Some(r#""reply";q=16;w=32"#));
+    // GET /reply is not limited (the policy is for POST), other paths 404, and / is per IP.
+    assert_eq!(send(server.addr, "GET", "/reply", &user).await.status, 200);
+    assert_eq!(send(server.addr, "GET", "/nope", &[]).await.status, 404);
+    let index = send(server.addr, "GET", "/", &[]).await;
+    assert_eq!(index.status, 200);
+    assert_eq!(index.header("ratelimit-policy"), Some(r#""index";q=20;w=2"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_over_tcp_admit_exactly_the_limit() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let tasks: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(async move { send(addr, "POST", "/reply", &[("x-user-id", "bob")]).await.status }))
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(status == 200 || status == 429, "{status}");
+        ok += usize::from(status == 200);
+    }
+    assert_eq!(ok, 16);
+}
+
+#[test]
+fn a_bad_config_exits_non_zero_with_the_error() {
+    let dir = std::env::temp_dir().join(format!("tower-throttle-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "[[route]]\nname = \"r\"\npath = \"/r\"\nkey = \"ip\"\ncount = 0\nperiod = \"1s\"\n").unwrap();
+    let out = Command::new(example_binary())
+        .args(["--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("quota count must be at least 1"), "{stderr}");
+}
+
+#[test]
+fn a_config_file_is_loaded() {
+    let dir = std::env::temp_dir().join(format!("tower-throttle-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ok.toml");
+    std::fs::write(
+        &file,
+        "[[route]]\nname = \"items\"\npath = \"/items/{id}\"\nkey = \"global\"\ncount = 1\nperiod = \"1h\"\n",
+    )
+    .unwrap();
+    let server = start(&["--config", file.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        assert_eq!(send(server.addr, "DELETE", "/items/1", &[]).await.status, 200);
+        let r = send(server.addr, "GET", "/items/2", &[]).await;
+        assert_eq!(r.status, 429);
+        assert_eq!(r.header("retry-after"), Some("3600"));
+    });
+}

@@ -1,0 +1,114 @@
+//! The in-memory backend: eviction, the cap, exactness under concurrency, parity with governor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_throttle::clock::ManualClock;
+use tower_throttle::{Key, Limit, MemoryBackend, Quota};
+
+fn backend(max_keys: usize) -> (MemoryBackend<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .shards(1)
+        .build()
+        .unwrap();
+    (backend, clock)
+}
+
+#[test]
+fn idle_keys_are_evicted_without_any_call() {
+    let (backend, clock) = backend(1_000_000);
+    let limit = Limit::new("evict", Quota::per_second(10)).unwrap();
+    for i in 0..10_000u32 {
+        assert!(backend.decide(&limit, &Key::from(i), 1).allowed);
+    }
+    assert_eq!(backend.len(), 10_000);
+    // Every key refills within 1 s; 2 s later, the next decisions sweep the shard.
+    clock.advance(Duration::from_secs(2));
+    assert!(backend.decide(&limit, &Key::from("new"), 1).allowed);
+    assert_eq!(backend.len(), 1);
+    // And a key whose state expired decides like a new key.
+    assert_eq!(backend.decide(&limit, &Key::from(5u32), 1).remaining, 9);
+}
+
+#[test]
+fn memory_is_bounded_by_the_cap_and_heavy_users_stay_limited() {
+    let (backend, clock) = backend(1_000);
+    let limit = Limit::new("cap", Quota::per_minute(10)).unwrap();
+    // A legitimate heavy user exhausts their quota.
+    let heavy = Key::from("heavy");
+    for _ in 0..10 {
+        assert!(backend.decide(&limit, &heavy, 1).allowed);
+    }
+    assert!(!backend.decide(&limit, &heavy, 1).allowed);
+    // A flood of 100,000 distinct keys within one refill period.
+    for i in 0..100_000u32 {
+        clock.advance(Duration::from_micros(1));
+        backend.decide(&limit, &Key::from(i), 1);
+        assert!(backend.len() <= 1_000);
+    }
+    // The heavy user's state was kept: still limited.
+    assert!(!backend.decide(&limit, &heavy, 1).allowed);
+    // Keys forgotten at the cap start over with a full burst (documented behaviour).
+    assert_eq!(backend.decide(&limit, &Key::from(0u32), 1).remaining, 9);
+}
+
+#[test]
+fn exact_under_concurrency() {
+    // A frozen clock: exactly the limit passes, however the threads interleave.
+    let (backend, _clock) = backend(1_000);
+    let backend = Arc::new(backend);
+    let limit = Arc::new(Limit::new("race", Quota::per_minute(16).with_max_burst(15)).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (backend, limit) = (backend.clone(), limit.clone());
+            std::thread::spawn(move || {
+                (0..5_000)
+                    .filter(|_| backend.decide(&limit, &Key::from("k"), 1).allowed)
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(admitted, 16);
+}
+
+#[test]
+fn same_decisions_as_governor() {
+    use governor::clock::FakeRelativeClock;
+    use governor::{Quota as GQuota, RateLimiter};
+    use std::num::NonZeroU32;
+
+    // Quotas of several shapes; a deterministic pseudo-random arrival pattern with bursts and gaps.
+    for (count, period_ms, max_burst) in [(5u64, 1_000u64, 4u64), (30, 60_000, 15), (100, 1_000, 0), (3, 1_000, 9)] {
+        let quota = Quota::per_period(count, Duration::from_millis(period_ms)).with_max_burst(max_burst);
+        let limit = Limit::new("gov", quota).unwrap();
+        let (ours, clock) = backend(1_000);
+        let gclock = FakeRelativeClock::default();
+        let gquota = GQuota::with_period(quota.emission_interval().unwrap())
+            .unwrap()
+            .allow_burst(NonZeroU32::new(quota.limit() as u32).unwrap());
+        let theirs = RateLimiter::direct_with_clock(gquota, gclock.clone());
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut agreed = 0;
+        for step in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let gap = match seed % 10 {
+                0..=5 => 0,
+                6..=8 => seed % (quota.emission_interval().unwrap().as_micros() as u64 + 1),
+                _ => seed % (period_ms * 1_000 * 2),
+            };
+            clock.advance(Duration::from_micros(gap));
+            gclock.advance(Duration::from_micros(gap));
+            let a = ours.decide(&limit, &Key::from("k"), 1).allowed;
+            let b = theirs.check().is_ok();
+            assert_eq!(a, b, "quota {quota}, step {step}");
+            agreed += usize::from(a);
+        }
+        assert!(agreed > 100, "the pattern must exercise admissions too");
+    }
+}
