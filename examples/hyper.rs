@@ -35,7 +35,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?,
     );
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    println!("hyper example listening on http://{}", listener.local_addr()?);
+    println!(
+        "hyper example listening on http://{}",
+        listener.local_addr()?
+    );
     loop {
         let (stream, peer) = listener.accept().await?;
         // hyper has no ConnectInfo: put the peer address in each request's extensions for PeerIp.

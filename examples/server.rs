@@ -87,7 +87,9 @@ fn app(config: &Config) -> Result<Router, String> {
     let mut added = HashSet::new();
     let mut router = Router::new();
     for route in &config.routes {
-        let Some(path) = route.path.as_deref() else { continue };
+        let Some(path) = route.path.as_deref() else {
+            continue;
+        };
         // Several policies may share a path (one per method); the path is served once.
         if !added.insert(path) {
             continue;
@@ -97,7 +99,9 @@ fn app(config: &Config) -> Result<Router, String> {
         let with_route = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             router.clone().route(path, any(move || async move { body }))
         }))
-        .map_err(|_| format!("route {path:?} is not a valid axum route or conflicts with another"))?;
+        .map_err(|_| {
+            format!("route {path:?} is not a valid axum route or conflicts with another")
+        })?;
         router = with_route;
     }
     // Router::layer runs after routing, so policies see axum's MatchedPath.
@@ -147,8 +151,7 @@ async fn run() -> Result<(), String> {
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

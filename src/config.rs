@@ -92,11 +92,9 @@ impl Default for BackendConfig {
 impl fmt::Display for BackendConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BackendConfig::Memory { max_keys } => write!(
-                f,
-                "memory (max_keys {})",
-                max_keys.unwrap_or(1_000_000)
-            ),
+            BackendConfig::Memory { max_keys } => {
+                write!(f, "memory (max_keys {})", max_keys.unwrap_or(1_000_000))
+            }
         }
     }
 }
@@ -177,7 +175,10 @@ impl Config {
     }
 
     /// A layer builder with the configured policies and options, on `backend`.
-    pub fn layer_builder<B>(&self, backend: B) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
+    pub fn layer_builder<B>(
+        &self,
+        backend: B,
+    ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
         Ok(ThrottleLayerBuilder::with_backend(backend)
             .policies(self.policies()?)
             .ratelimit_headers(self.ratelimit_headers)
@@ -252,8 +253,11 @@ fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Error> {
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    humantime::parse_duration(&s)
-        .map_err(|e| serde::de::Error::custom(format!("period {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")")))
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "period {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
+        ))
+    })
 }
 
 fn on_backend_error<'de, D: Deserializer<'de>>(d: D) -> Result<OnBackendError, D::Error> {
@@ -285,7 +289,10 @@ mod tests {
         assert!(err(&format!("{route}ipv6_prefix = 200")).contains("ipv6_prefix 200"));
         assert!(err(&format!("{route}{}", route.replace("5", "6"))).contains("configured twice"));
         assert!(err("[backend]\nkind = \"memcached\"").contains("memcached"));
-        assert!(err(&format!("[backend]\nkind = \"memory\"\nmax_keys = 0\n{route}")).contains("max_keys"));
+        assert!(err(&format!(
+            "[backend]\nkind = \"memory\"\nmax_keys = 0\n{route}"
+        ))
+        .contains("max_keys"));
         assert!(err("").contains("at least one policy"));
     }
 }

@@ -140,8 +140,13 @@ mod tests {
             assert_eq!(d.allowed, !limited, "case {num}");
             assert_eq!(d.limit, limit, "case {num}");
             assert_eq!(d.remaining, remaining, "case {num}");
-            assert_eq!(d.reset_after, Duration::from_nanos(reset_after), "case {num}");
-            let expected_retry = (retry_after >= 0).then(|| Duration::from_nanos(retry_after as u64));
+            assert_eq!(
+                d.reset_after,
+                Duration::from_nanos(reset_after),
+                "case {num}"
+            );
+            let expected_retry =
+                (retry_after >= 0).then(|| Duration::from_nanos(retry_after as u64));
             assert_eq!(d.retry_after, expected_retry, "case {num}");
             if limited {
                 assert_eq!(out.new_tat, tat, "case {num}: a rejection must not write");

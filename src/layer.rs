@@ -134,7 +134,12 @@ impl Responder {
         Verdict::Reject(response)
     }
 
-    pub(crate) fn missing_key(&self, index: usize, what: impl FnOnce() -> String, status: StatusCode) -> Response<Bytes> {
+    pub(crate) fn missing_key(
+        &self,
+        index: usize,
+        what: impl FnOnce() -> String,
+        status: StatusCode,
+    ) -> Response<Bytes> {
         let info = &self.policies[index];
         let what = what();
         if !info.warned_missing_key.swap(true, Ordering::Relaxed) {
@@ -144,7 +149,10 @@ impl Responder {
         }
         headers::problem(
             status,
-            &format!("no rate-limit key for policy '{}': expected {what}", info.name),
+            &format!(
+                "no rate-limit key for policy '{}': expected {what}",
+                info.name
+            ),
         )
     }
 }
@@ -188,7 +196,12 @@ impl<K, B> Clone for ThrottleLayer<K, B> {
 
 impl<K, B> fmt::Debug for ThrottleLayer<K, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.shared.policies.iter().map(|p| p.limit().name()).collect();
+        let names: Vec<&str> = self
+            .shared
+            .policies
+            .iter()
+            .map(|p| p.limit().name())
+            .collect();
         f.debug_struct("ThrottleLayer")
             .field("policies", &names)
             .finish_non_exhaustive()

@@ -1,4 +1,4 @@
-//! Rate-limiting [tower] middleware for HTTP: a key per request, a GCRA decision with the exact
+//! Rate-limiting [tower](https://docs.rs/tower) middleware for HTTP: a key per request, a GCRA decision with the exact
 //! semantics of redis-cell's `CL.THROTTLE`, and `429 Too Many Requests` with `Retry-After` and
 //! `RateLimit` fields for requests over the limit.
 //!

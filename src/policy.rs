@@ -242,26 +242,27 @@ impl Route {
         let parts: Vec<&str> = pattern[1..].split('/').collect();
         let mut segments = Vec::with_capacity(parts.len());
         for (i, part) in parts.iter().enumerate() {
-            let segment = if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
-                if let Some(name) = inner.strip_prefix('*') {
-                    if i + 1 != parts.len() || name.is_empty() {
-                        return Err(format!(
-                            "route {pattern:?}: a wildcard {{*name}} must be the last segment"
-                        ));
+            let segment =
+                if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                    if let Some(name) = inner.strip_prefix('*') {
+                        if i + 1 != parts.len() || name.is_empty() {
+                            return Err(format!(
+                                "route {pattern:?}: a wildcard {{*name}} must be the last segment"
+                            ));
+                        }
+                        Segment::Rest
+                    } else if inner.is_empty() || inner.contains(['{', '}']) {
+                        return Err(format!("route {pattern:?}: bad parameter {part:?}"));
+                    } else {
+                        Segment::Param
                     }
-                    Segment::Rest
-                } else if inner.is_empty() || inner.contains(['{', '}']) {
-                    return Err(format!("route {pattern:?}: bad parameter {part:?}"));
+                } else if part.contains(['{', '}']) {
+                    return Err(format!(
+                        "route {pattern:?}: parameters must be whole segments ({part:?})"
+                    ));
                 } else {
-                    Segment::Param
-                }
-            } else if part.contains(['{', '}']) {
-                return Err(format!(
-                    "route {pattern:?}: parameters must be whole segments ({part:?})"
-                ));
-            } else {
-                Segment::Literal((*part).to_owned())
-            };
+                    Segment::Literal((*part).to_owned())
+                };
             segments.push(segment);
         }
         Ok(Route {

@@ -113,7 +113,8 @@ impl Quota {
 
     /// `period / count`, truncated to whole nanoseconds as `CL.THROTTLE` does.
     pub fn emission_interval(&self) -> Result<Duration, QuotaError> {
-        self.validate().map(|p| Duration::from_nanos(p.emission_interval))
+        self.validate()
+            .map(|p| Duration::from_nanos(p.emission_interval))
     }
 
     /// Checks the quota and derives the GCRA parameters (in nanoseconds).
@@ -251,12 +252,12 @@ mod tests {
             (Quota::per_second(0), "count"),
             (Quota::per_period(1, Duration::ZERO), "period"),
             (Quota::per_second(1_000_000_001), "count"),
-            (Quota::per_period(1, Duration::from_secs(u64::MAX)), "period"),
-            (Quota::per_second(1).with_max_burst(u64::MAX), "max_burst"),
             (
-                Quota::per_day(1).with_max_burst(1_000_000_000),
-                "max_burst",
+                Quota::per_period(1, Duration::from_secs(u64::MAX)),
+                "period",
             ),
+            (Quota::per_second(1).with_max_burst(u64::MAX), "max_burst"),
+            (Quota::per_day(1).with_max_burst(1_000_000_000), "max_burst"),
         ];
         for (q, field) in cases {
             let msg = q.validate().unwrap_err().to_string();

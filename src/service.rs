@@ -99,14 +99,12 @@ where
         // readied inner service is called right here, with no clone and no extra state.
         let mut noop = Context::from_waker(Waker::noop());
         match Pin::new(&mut decision).poll(&mut noop) {
-            Poll::Ready(result) => {
-                match shared.responder.verdict(index, &key, result) {
-                    Verdict::Admit(headers) => {
-                        ResponseFuture::calling(self.inner.call(request), headers)
-                    }
-                    Verdict::Reject(response) => ResponseFuture::ready(response),
+            Poll::Ready(result) => match shared.responder.verdict(index, &key, result) {
+                Verdict::Admit(headers) => {
+                    ResponseFuture::calling(self.inner.call(request), headers)
                 }
-            }
+                Verdict::Reject(response) => ResponseFuture::ready(response),
+            },
             Poll::Pending => {
                 // The decision is remote. The service that poll_ready readied goes with the request,
                 // to be called once (and only if) the request is admitted; `self` keeps a fresh clone,
@@ -224,7 +222,9 @@ where
                         responder,
                         index,
                         key,
-                    } = pending.take().expect("ResponseFuture polled after completion");
+                    } = pending
+                        .take()
+                        .expect("ResponseFuture polled after completion");
                     match responder.verdict(index, &key, result) {
                         Verdict::Admit(headers) => Kind::Calling {
                             future: service.call(request),
@@ -241,10 +241,7 @@ where
                     if let Some(headers) = headers.take() {
                         headers.apply(&mut parts.headers);
                     }
-                    return Poll::Ready(Ok(Response::from_parts(
-                        parts,
-                        ThrottleBody::inner(body),
-                    )));
+                    return Poll::Ready(Ok(Response::from_parts(parts, ThrottleBody::inner(body))));
                 }
                 KindProj::Ready { response } => {
                     let response = response

@@ -25,7 +25,10 @@ async fn a_thousand_concurrent_requests_admit_exactly_the_limit() {
             let (app, barrier) = (app.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let req = Request::get("/").header("x-user-id", "7").body(Body::empty()).unwrap();
+                let req = Request::get("/")
+                    .header("x-user-id", "7")
+                    .body(Body::empty())
+                    .unwrap();
                 app.oneshot(req).await.unwrap().status()
             })
         })

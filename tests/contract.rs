@@ -57,10 +57,12 @@ impl Service<Request<()>> for Strict {
     }
 }
 
+type Answer = oneshot::Sender<Result<Decision, BackendError>>;
+
 /// A backend whose decisions arrive only when the test sends them.
 #[derive(Clone, Default)]
 struct Remote {
-    waiting: Arc<Mutex<Vec<oneshot::Sender<Result<Decision, BackendError>>>>>,
+    waiting: Arc<Mutex<Vec<Answer>>>,
 }
 
 type Pending = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
@@ -71,7 +73,10 @@ impl Backend for Remote {
     fn check(&self, _: &Limit, _: &Key, _: u64) -> Pending {
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().push(tx);
-        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(BackendError::new("dropped"))) })
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(BackendError::new("dropped")))
+        })
     }
 }
 
@@ -83,7 +88,11 @@ impl Remote {
 }
 
 fn policy() -> Policy<Global> {
-    Policy::builder("p").quota(Quota::per_second(2)).key(Global).build().unwrap()
+    Policy::builder("p")
+        .quota(Quota::per_second(2))
+        .key(Global)
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -95,11 +104,29 @@ async fn the_readied_service_is_called_with_a_synchronous_backend() {
         .service(inner);
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        let res = svc.ready().await.unwrap().call(Request::new(())).await.unwrap();
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
         statuses.push(res.status());
     }
-    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::TOO_MANY_REQUESTS]);
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "rejected requests never reach the inner service");
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "rejected requests never reach the inner service"
+    );
     assert_eq!(violations.load(Ordering::SeqCst), 0);
 }
 
@@ -119,7 +146,11 @@ async fn the_inner_service_waits_for_a_remote_decision() {
     let task = tokio::spawn(fut);
     tokio::task::yield_now().await;
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    remote.answer(Decision::allowed(2, 1, std::time::Duration::from_millis(500)));
+    remote.answer(Decision::allowed(
+        2,
+        1,
+        std::time::Duration::from_millis(500),
+    ));
     let res = task.await.unwrap().unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["ratelimit"], r#""p";r=1;t=1"#);
@@ -129,7 +160,12 @@ async fn the_inner_service_waits_for_a_remote_decision() {
     let fut = svc.ready().await.unwrap().call(Request::new(()));
     let task = tokio::spawn(fut);
     tokio::task::yield_now().await;
-    remote.answer(Decision::limited(2, 0, Some(std::time::Duration::from_millis(1200)), std::time::Duration::from_secs(1)));
+    remote.answer(Decision::limited(
+        2,
+        0,
+        Some(std::time::Duration::from_millis(1200)),
+        std::time::Duration::from_secs(1),
+    ));
     let res = task.await.unwrap().unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(res.headers()["retry-after"], "2");
@@ -150,7 +186,11 @@ async fn the_inner_service_waits_for_a_remote_decision() {
         assert_eq!(t.await.unwrap().unwrap().status(), StatusCode::OK);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 6);
-    assert_eq!(violations.load(Ordering::SeqCst), 0, "a call reached a service that poll_ready had not readied");
+    assert_eq!(
+        violations.load(Ordering::SeqCst),
+        0,
+        "a call reached a service that poll_ready had not readied"
+    );
 }
 
 #[tokio::test]
@@ -158,21 +198,32 @@ async fn dropping_a_pending_request_calls_nothing() {
     let inner = Strict::default();
     let calls = inner.calls.clone();
     let remote = Remote::default();
-    let layer = ThrottleLayerBuilder::with_backend(remote.clone()).policy(policy()).build().unwrap();
+    let layer = ThrottleLayerBuilder::with_backend(remote.clone())
+        .policy(policy())
+        .build()
+        .unwrap();
     let mut svc = tower::ServiceBuilder::new().layer(layer).service(inner);
     let fut = svc.ready().await.unwrap().call(Request::new(()));
     drop(fut);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     // The dropped decision's channel is closed; nothing panics.
     let tx = remote.waiting.lock().unwrap().remove(0);
-    assert!(tx.send(Ok(Decision::allowed(1, 0, std::time::Duration::ZERO))).is_err());
+    assert!(tx
+        .send(Ok(Decision::allowed(1, 0, std::time::Duration::ZERO)))
+        .is_err());
 }
 
 #[tokio::test]
 async fn clones_share_one_limiter() {
     let backend = MemoryBackend::new();
-    let layer = ThrottleLayer::builder().backend(backend).policy(policy()).build().unwrap();
-    let svc = tower::ServiceBuilder::new().layer(layer).service(Strict::default());
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy())
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(Strict::default());
     let mut admitted = 0;
     for _ in 0..10 {
         let res = svc.clone().oneshot(Request::new(())).await.unwrap();

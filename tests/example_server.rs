@@ -15,7 +15,11 @@ fn example_binary() -> PathBuf {
         dir.pop();
     }
     let bin = dir.join("examples").join("server");
-    assert!(bin.exists(), "{} is missing: run the tests with `cargo test --all-features`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --all-features`",
+        bin.display()
+    );
     bin
 }
 
@@ -40,7 +44,9 @@ fn start(args: &[&str]) -> Server {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let addr = line
         .split("http://")
         .nth(1)
@@ -60,13 +66,18 @@ struct Reply {
 
 impl Reply {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
 async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n"
+    );
     for (n, v) in headers {
         req.push_str(&format!("{n}: {v}\r\n"));
     }
@@ -76,14 +87,25 @@ async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str
     stream.read_to_string(&mut raw).await.unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap();
     let mut lines = head.lines();
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers = lines
         .map(|l| {
             let (n, v) = l.split_once(':').unwrap();
             (n.trim().to_owned(), v.trim().to_owned())
         })
         .collect();
-    Reply { status, headers, body: body.to_owned() }
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
 }
 
 #[tokio::test]
@@ -109,7 +131,10 @@ async fn sixteen_replies_then_429_over_tcp() {
     assert_eq!(send(server.addr, "GET", "/nope", &[]).await.status, 404);
     let index = send(server.addr, "GET", "/", &[]).await;
     assert_eq!(index.status, 200);
-    assert_eq!(index.header("ratelimit-policy"), Some(r#""index";q=20;w=2"#));
+    assert_eq!(
+        index.header("ratelimit-policy"),
+        Some(r#""index";q=20;w=2"#)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +142,13 @@ async fn concurrent_clients_over_tcp_admit_exactly_the_limit() {
     let server = start(&[]);
     let addr = server.addr;
     let tasks: Vec<_> = (0..100)
-        .map(|_| tokio::spawn(async move { send(addr, "POST", "/reply", &[("x-user-id", "bob")]).await.status }))
+        .map(|_| {
+            tokio::spawn(async move {
+                send(addr, "POST", "/reply", &[("x-user-id", "bob")])
+                    .await
+                    .status
+            })
+        })
         .collect();
     let mut ok = 0;
     for t in tasks {
@@ -133,15 +164,27 @@ fn a_bad_config_exits_non_zero_with_the_error() {
     let dir = std::env::temp_dir().join(format!("tower-throttle-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("bad.toml");
-    std::fs::write(&file, "[[route]]\nname = \"r\"\npath = \"/r\"\nkey = \"ip\"\ncount = 0\nperiod = \"1s\"\n").unwrap();
+    std::fs::write(
+        &file,
+        "[[route]]\nname = \"r\"\npath = \"/r\"\nkey = \"ip\"\ncount = 0\nperiod = \"1s\"\n",
+    )
+    .unwrap();
     let out = Command::new(example_binary())
-        .args(["--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args([
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("quota count must be at least 1"), "{stderr}");
+    assert!(
+        stderr.contains("quota count must be at least 1"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -158,7 +201,10 @@ fn a_config_file_is_loaded() {
     std::fs::remove_dir_all(&dir).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        assert_eq!(send(server.addr, "DELETE", "/items/1", &[]).await.status, 200);
+        assert_eq!(
+            send(server.addr, "DELETE", "/items/1", &[]).await.status,
+            200
+        );
         let r = send(server.addr, "GET", "/items/2", &[]).await;
         assert_eq!(r.status, 429);
         assert_eq!(r.header("retry-after"), Some("3600"));

@@ -16,7 +16,11 @@ use tower_throttle::{key::PeerIp, Policy, Quota, ThrottleLayer};
 #[tokio::test]
 async fn hyper_service_builder_over_tcp() {
     let throttle = ThrottleLayer::new(
-        Policy::builder("hello").quota(Quota::per_minute(3)).key(PeerIp::new()).build().unwrap(),
+        Policy::builder("hello")
+            .quota(Quota::per_minute(3))
+            .key(PeerIp::new())
+            .build()
+            .unwrap(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -13,9 +13,7 @@ use common::*;
 use http::{Method, Request, StatusCode};
 use tower::ServiceExt;
 use tower_throttle::key::{Extension, Global, Header, KeySpec, PeerIp};
-use tower_throttle::{
-    MissingKey, OnBackendError, Policy, Quota, ThrottleLayer,
-};
+use tower_throttle::{MissingKey, OnBackendError, Policy, Quota, ThrottleLayer};
 
 fn reply_policy() -> Policy<Header> {
     Policy::builder("reply")
@@ -50,10 +48,16 @@ async fn route_layer_admits_the_burst_then_429_with_headers() {
     for i in 0..16u64 {
         let res = app.clone().oneshot(reply_request("u1")).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "request {i}");
-        assert_eq!(header(&res, "ratelimit-policy"), Some(r#""reply";q=16;w=32"#));
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            Some(r#""reply";q=16;w=32"#)
+        );
         let expected = format!(r#""reply";r={};t={}"#, 15 - i, 2 * (i + 1));
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
-        assert_eq!(header(&res, "x-ratelimit-remaining"), Some((15 - i).to_string().as_str()));
+        assert_eq!(
+            header(&res, "x-ratelimit-remaining"),
+            Some((15 - i).to_string().as_str())
+        );
         assert_eq!(body_string(res).await, "replied");
     }
     let res = app.clone().oneshot(reply_request("u1")).await.unwrap();
@@ -62,7 +66,10 @@ async fn route_layer_admits_the_burst_then_429_with_headers() {
     assert_eq!(header(&res, "ratelimit"), Some(r#""reply";r=0;t=32"#));
     assert_eq!(header(&res, "x-ratelimit-limit"), Some("16"));
     assert_eq!(header(&res, "x-ratelimit-reset"), Some("32"));
-    assert_eq!(header(&res, "content-type"), Some("application/problem+json"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
     let problem: serde_json::Value = serde_json::from_str(&body_string(res).await).unwrap();
     assert_eq!(problem["status"], 429);
 
@@ -93,9 +100,18 @@ async fn retry_after_is_at_least_one_second_at_high_rates() {
         .key(Global)
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder().backend(backend).policy(policy).build().unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
-    assert_eq!(app.clone().oneshot(request("/")).await.unwrap().status(), StatusCode::OK);
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(
+        app.clone().oneshot(request("/")).await.unwrap().status(),
+        StatusCode::OK
+    );
     let res = app.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     // 10 µs to wait, but a client told 0 would hammer: 1.
@@ -105,11 +121,19 @@ async fn retry_after_is_at_least_one_second_at_high_rates() {
 #[tokio::test]
 async fn headers_can_be_switched_off() {
     let layer = ThrottleLayer::builder()
-        .policy(Policy::builder("p").quota(Quota::per_second(1)).key(Global).build().unwrap())
+        .policy(
+            Policy::builder("p")
+                .quota(Quota::per_second(1))
+                .key(Global)
+                .build()
+                .unwrap(),
+        )
         .ratelimit_headers(false)
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
     let res = app.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get("ratelimit").is_none());
@@ -132,25 +156,45 @@ async fn peer_ip_from_connect_info_groups_ipv6_by_64() {
         .layer(ThrottleLayer::new(policy));
     let status = |peer: &'static str| {
         let app = app.clone();
-        async move { app.oneshot(from_peer(request("/"), peer)).await.unwrap().status() }
+        async move {
+            app.oneshot(from_peer(request("/"), peer))
+                .await
+                .unwrap()
+                .status()
+        }
     };
     assert_eq!(status("192.0.2.1:1000").await, StatusCode::OK);
-    assert_eq!(status("192.0.2.1:2000").await, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(status("[::ffff:192.0.2.1]:3000").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status("192.0.2.1:2000").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status("[::ffff:192.0.2.1]:3000").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(status("192.0.2.2:1000").await, StatusCode::OK);
     assert_eq!(status("[2001:db8:1:1::1]:1").await, StatusCode::OK);
-    assert_eq!(status("[2001:db8:1:1:dead:beef:0:1]:1").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status("[2001:db8:1:1:dead:beef:0:1]:1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(status("[2001:db8:1:2::1]:1").await, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn mock_connect_info_and_spoofed_forwarded_headers() {
-    let policy = Policy::builder("ip").quota(Quota::per_minute(1)).build().unwrap();
+    let policy = Policy::builder("ip")
+        .quota(Quota::per_minute(1))
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(policy))
         .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 7], 4000))));
-    assert_eq!(app.clone().oneshot(request("/")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone().oneshot(request("/")).await.unwrap().status(),
+        StatusCode::OK
+    );
     for forged in ["203.0.113.1", "203.0.113.2"] {
         let req = Request::get("/")
             .header("x-forwarded-for", forged)
@@ -158,14 +202,21 @@ async fn mock_connect_info_and_spoofed_forwarded_headers() {
             .body(Body::empty())
             .unwrap();
         let res = app.clone().oneshot(req).await.unwrap();
-        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "forged {forged}");
+        assert_eq!(
+            res.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "forged {forged}"
+        );
     }
 }
 
 #[tokio::test]
 async fn missing_keys_are_a_clear_4xx_or_pass_never_500() {
     // No ConnectInfo at all: a clear 400 naming what is missing.
-    let policy = Policy::builder("ip").quota(Quota::per_minute(1)).build().unwrap();
+    let policy = Policy::builder("ip")
+        .quota(Quota::per_minute(1))
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(policy));
@@ -183,7 +234,9 @@ async fn missing_keys_are_a_clear_4xx_or_pass_never_500() {
     };
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
-        .layer(ThrottleLayer::new(header_policy(MissingKey::Reject(StatusCode::UNAUTHORIZED))));
+        .layer(ThrottleLayer::new(header_policy(MissingKey::Reject(
+            StatusCode::UNAUTHORIZED,
+        ))));
     let res = app.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     assert!(body_string(res).await.contains("header x-user-id"));
@@ -192,7 +245,10 @@ async fn missing_keys_are_a_clear_4xx_or_pass_never_500() {
         .route("/", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(header_policy(MissingKey::Allow)));
     for _ in 0..3 {
-        assert_eq!(app.clone().oneshot(request("/")).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(
+            app.clone().oneshot(request("/")).await.unwrap().status(),
+            StatusCode::OK
+        );
     }
 }
 
@@ -216,17 +272,34 @@ async fn extension_and_closure_keys() {
         // Runs first: an "authentication" layer that sets the user id.
         .layer(axum::middleware::from_fn(
             |mut req: Request<Body>, next: axum::middleware::Next| async move {
-                let id = req.headers().get("x-user").and_then(|v| v.to_str().ok()?.parse().ok());
+                let id = req
+                    .headers()
+                    .get("x-user")
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
                 if let Some(id) = id {
                     req.extensions_mut().insert(UserId(id));
                 }
                 next.run(req).await
             },
         ));
-    let as_user = |id: &str| Request::get("/").header("x-user", id).body(Body::empty()).unwrap();
-    assert_eq!(app.clone().oneshot(as_user("1")).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(app.clone().oneshot(as_user("1")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(app.clone().oneshot(as_user("2")).await.unwrap().status(), StatusCode::OK);
+    let as_user = |id: &str| {
+        Request::get("/")
+            .header("x-user", id)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        app.clone().oneshot(as_user("1")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone().oneshot(as_user("1")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        app.clone().oneshot(as_user("2")).await.unwrap().status(),
+        StatusCode::OK
+    );
 
     // A closure: key by the first path segment, ignoring the query string.
     let by_tenant = Policy::builder("tenant")
@@ -237,9 +310,30 @@ async fn extension_and_closure_keys() {
     let app = Router::new()
         .route("/{tenant}", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(by_tenant));
-    assert_eq!(app.clone().oneshot(request("/acme?x=1")).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(app.clone().oneshot(request("/acme?x=2")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(app.clone().oneshot(request("/other")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone()
+            .oneshot(request("/acme?x=1"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone()
+            .oneshot(request("/acme?x=2"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        app.clone()
+            .oneshot(request("/other"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -278,7 +372,11 @@ async fn a_table_of_policies_matched_by_route_and_method() {
     let status = |method: Method, uri: &'static str| {
         let app = app.clone();
         async move {
-            let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+            let req = Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .unwrap();
             app.oneshot(req).await.unwrap().status()
         }
     };
@@ -288,14 +386,23 @@ async fn a_table_of_policies_matched_by_route_and_method() {
     }
     assert_eq!(status(Method::POST, "/login").await, StatusCode::OK);
     assert_eq!(status(Method::POST, "/login").await, StatusCode::OK);
-    assert_eq!(status(Method::POST, "/login").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(Method::POST, "/login").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // Every /items/{id} shares the route's policy (matched by MatchedPath).
     assert_eq!(status(Method::GET, "/items/1").await, StatusCode::OK);
-    assert_eq!(status(Method::GET, "/items/2").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(Method::GET, "/items/2").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // A cost of 5 out of 10: two exports, then limited.
     assert_eq!(status(Method::GET, "/export").await, StatusCode::OK);
     assert_eq!(status(Method::GET, "/export").await, StatusCode::OK);
-    assert_eq!(status(Method::GET, "/export").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(Method::GET, "/export").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // Unknown paths are not throttled (and 404 as usual).
     assert_eq!(status(Method::GET, "/nope").await, StatusCode::NOT_FOUND);
 }
@@ -310,23 +417,49 @@ async fn method_router_layer_and_shared_backend() {
             .build()
             .unwrap()
     };
-    let layer_a = ThrottleLayer::builder().backend(backend.clone()).policy(policy("a")).build().unwrap();
-    let layer_b = ThrottleLayer::builder().backend(backend.clone()).policy(policy("b")).build().unwrap();
+    let layer_a = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(policy("a"))
+        .build()
+        .unwrap();
+    let layer_b = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(policy("b"))
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/a", get(|| async { "a" }).layer(layer_a))
         .route("/b", get(|| async { "b" }).layer(layer_b));
     // Different names never collide, even in one backend.
-    assert_eq!(app.clone().oneshot(request("/a")).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(app.clone().oneshot(request("/b")).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(app.clone().oneshot(request("/a")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(app.clone().oneshot(request("/b")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        app.clone().oneshot(request("/a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone().oneshot(request("/b")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone().oneshot(request("/a")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        app.clone().oneshot(request("/b")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(backend.len(), 2);
 }
 
 #[tokio::test]
 async fn custom_rejection_gets_retry_after_and_fields() {
     let layer = ThrottleLayer::builder()
-        .policy(Policy::builder("p").quota(Quota::per_minute(1)).key(Global).build().unwrap())
+        .policy(
+            Policy::builder("p")
+                .quota(Quota::per_minute(1))
+                .key(Global)
+                .build()
+                .unwrap(),
+        )
         .rejection_response(|r| {
             let mut res = http::Response::new(bytes::Bytes::from(format!("{} says no", r.policy)));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -334,7 +467,9 @@ async fn custom_rejection_gets_retry_after_and_fields() {
         })
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
     app.clone().oneshot(request("/")).await.unwrap();
     let res = app.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -345,13 +480,26 @@ async fn custom_rejection_gets_retry_after_and_fields() {
 
 #[tokio::test]
 async fn stacked_layers_append_their_fields() {
-    let global = Policy::builder("global").quota(Quota::per_second(100)).key(Global).build().unwrap();
-    let route = Policy::builder("route").quota(Quota::per_second(10)).key(Global).build().unwrap();
+    let global = Policy::builder("global")
+        .quota(Quota::per_second(100))
+        .key(Global)
+        .build()
+        .unwrap();
+    let route = Policy::builder("route")
+        .quota(Quota::per_second(10))
+        .key(Global)
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }).layer(ThrottleLayer::new(route)))
         .layer(ThrottleLayer::new(global));
     let res = app.oneshot(request("/")).await.unwrap();
-    let fields: Vec<&str> = res.headers().get_all("ratelimit").iter().map(|v| v.to_str().unwrap()).collect();
+    let fields: Vec<&str> = res
+        .headers()
+        .get_all("ratelimit")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
     assert_eq!(fields, [r#""route";r=9;t=1"#, r#""global";r=99;t=1"#]);
 }
 
@@ -368,7 +516,13 @@ async fn on_backend_error_allow_or_deny() {
             ready(Err(BackendError::new("connection refused")))
         }
     }
-    let policy = || Policy::builder("p").quota(Quota::per_second(1)).key(Global).build().unwrap();
+    let policy = || {
+        Policy::builder("p")
+            .quota(Quota::per_second(1))
+            .key(Global)
+            .build()
+            .unwrap()
+    };
     for (mode, expected) in [
         (OnBackendError::Allow, StatusCode::OK),
         (OnBackendError::Deny, StatusCode::SERVICE_UNAVAILABLE),
@@ -378,7 +532,9 @@ async fn on_backend_error_allow_or_deny() {
             .on_backend_error(mode)
             .build()
             .unwrap();
-        let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
         for _ in 0..3 {
             let res = app.clone().oneshot(request("/")).await.unwrap();
             assert_eq!(res.status(), expected, "{mode:?}");

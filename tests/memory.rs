@@ -82,8 +82,14 @@ fn same_decisions_as_governor() {
     use std::num::NonZeroU32;
 
     // Quotas of several shapes; a deterministic pseudo-random arrival pattern with bursts and gaps.
-    for (count, period_ms, max_burst) in [(5u64, 1_000u64, 4u64), (30, 60_000, 15), (100, 1_000, 0), (3, 1_000, 9)] {
-        let quota = Quota::per_period(count, Duration::from_millis(period_ms)).with_max_burst(max_burst);
+    for (count, period_ms, max_burst) in [
+        (5u64, 1_000u64, 4u64),
+        (30, 60_000, 15),
+        (100, 1_000, 0),
+        (3, 1_000, 9),
+    ] {
+        let quota =
+            Quota::per_period(count, Duration::from_millis(period_ms)).with_max_burst(max_burst);
         let limit = Limit::new("gov", quota).unwrap();
         let (ours, clock) = backend(1_000);
         let gclock = FakeRelativeClock::default();

@@ -28,16 +28,18 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// distinct clients within one refill period, such as an attack from rotating addresses), it forgets
 /// the eighth of its keys that are closest to refilled, and those keys start again with a full burst.
 /// Keys under sustained use (the latest TATs) are kept, so legitimate heavy users stay limited.
-/// Memory is therefore bounded by the cap; each key costs about 41 bytes of table plus its bytes if
-/// it is a byte string longer than 0 (IP keys have none).
+/// Memory is therefore bounded by the cap: each key is one 40-byte table entry (plus hashbrown's
+/// control byte and spare capacity), and a byte-string key also owns its bytes on the heap (at most 64;
+/// longer keys are stored as a 32-byte SHA-256 digest). IP keys own nothing beyond the entry.
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///
 /// ```
-/// /// use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
+/// use std::time::Duration;
+/// use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
 /// use tower_throttle::clock::ManualClock;
 ///
-/// # futures_executor_block_on(async {
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let clock = ManualClock::new();
 /// let backend = MemoryBackend::builder().clock(clock.clone()).build().unwrap();
 /// let limit = Limit::new("api", Quota::per_second(2)).unwrap();
@@ -50,9 +52,6 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// clock.advance(Duration::from_millis(500));
 /// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
 /// # });
-/// # fn futures_executor_block_on<F: std::future::Future>(f: F) -> F::Output {
-/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
-/// # }
 /// ```
 pub struct MemoryBackend<C = SystemClock> {
     inner: Arc<Inner<C>>,
@@ -270,7 +269,8 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn sweep(&self) {
         let now = self.inner.clock.now_nanos();
         for shard in self.inner.shards.iter() {
-            shard.lock()
+            shard
+                .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .sweep(now, &self.inner.hasher);
         }

@@ -296,7 +296,8 @@ mod tests {
 
     fn with_peer(addr: &str) -> Request<()> {
         let mut req = Request::new(());
-        req.extensions_mut().insert(addr.parse::<SocketAddr>().unwrap());
+        req.extensions_mut()
+            .insert(addr.parse::<SocketAddr>().unwrap());
         req
     }
 
@@ -304,7 +305,9 @@ mod tests {
     fn ipv6_peers_in_one_prefix_share_a_key() {
         let ip = PeerIp::new();
         let a = ip.extract(&with_peer("[2001:db8:0:1::1]:1")).unwrap();
-        let b = ip.extract(&with_peer("[2001:db8:0:1:ffff:ffff:ffff:ffff]:2")).unwrap();
+        let b = ip
+            .extract(&with_peer("[2001:db8:0:1:ffff:ffff:ffff:ffff]:2"))
+            .unwrap();
         let c = ip.extract(&with_peer("[2001:db8:0:2::1]:1")).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
@@ -333,10 +336,16 @@ mod tests {
     #[test]
     fn forwarded_headers_are_ignored() {
         let mut req = with_peer("192.0.2.1:80");
-        req.headers_mut().insert("x-forwarded-for", "203.0.113.9".parse().unwrap());
-        req.headers_mut().insert("x-real-ip", "203.0.113.9".parse().unwrap());
-        req.headers_mut().insert("forwarded", "for=203.0.113.9".parse().unwrap());
-        assert_eq!(PeerIp::new().extract(&req), Some(Key::from_ip("192.0.2.1".parse().unwrap())));
+        req.headers_mut()
+            .insert("x-forwarded-for", "203.0.113.9".parse().unwrap());
+        req.headers_mut()
+            .insert("x-real-ip", "203.0.113.9".parse().unwrap());
+        req.headers_mut()
+            .insert("forwarded", "for=203.0.113.9".parse().unwrap());
+        assert_eq!(
+            PeerIp::new().extract(&req),
+            Some(Key::from_ip("192.0.2.1".parse().unwrap()))
+        );
         // No peer address: no key, whatever the headers say.
         let (parts, ()) = req.into_parts();
         let mut bare = Request::new(());

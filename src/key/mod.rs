@@ -217,8 +217,14 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for k in &keys {
             let r = rendered(k);
-            assert!(r.bytes().all(|b| b.is_ascii_graphic()) || r.is_empty(), "{r:?}");
-            assert!(!r.contains(':') || r.starts_with("#sha256:") || r.starts_with('!'), "{r:?}");
+            assert!(
+                r.bytes().all(|b| b.is_ascii_graphic()) || r.is_empty(),
+                "{r:?}"
+            );
+            assert!(
+                !r.contains(':') || r.starts_with("#sha256:") || r.starts_with('!'),
+                "{r:?}"
+            );
             assert!(seen.insert(r.clone()), "two keys render as {r:?}");
         }
     }

@@ -14,7 +14,10 @@ pub fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     // Start well after zero, as a real clock would be.
     clock.advance(Duration::from_secs(1000));
-    let backend = MemoryBackend::builder().clock(clock.clone()).build().unwrap();
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     (backend, clock)
 }
 
