@@ -80,3 +80,8 @@ pub use limit::{Algorithm, Limit};
 pub use policy::{MissingKey, Policy, PolicyBuilder};
 pub use quota::{Quota, QuotaError};
 pub use service::{ResponseFuture, Throttle};
+
+/// The README's code blocks, compiled (and run, where they can be) as doc tests.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
