@@ -5,7 +5,9 @@ use tower_throttle::config::Config;
 #[test]
 fn the_readme_config_reference_is_valid() {
     let readme = include_str!("../README.md");
-    let section = &readme[readme.find("## Configuration").expect("README has a configuration section")..];
+    let section = &readme[readme
+        .find("## Configuration")
+        .expect("README has a configuration section")..];
     let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
     let config = Config::from_toml(toml).unwrap();
