@@ -16,7 +16,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tower::ServiceBuilder;
-use tower_throttle::{key::PeerIp, Policy, Quota, ThrottleLayer};
+use tower_throttle::key::{PeerAddr, PeerIp};
+use tower_throttle::{Policy, Quota, ThrottleLayer};
 
 async fn hello(_: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(Response::new(Full::new(Bytes::from_static(b"hello\n"))))
@@ -44,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // hyper has no ConnectInfo: put the peer address in each request's extensions for PeerIp.
         let service = ServiceBuilder::new()
             .map_request(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(peer);
+                req.extensions_mut().insert(PeerAddr(peer));
                 req
             })
             .layer(throttle.clone())

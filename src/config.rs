@@ -27,7 +27,6 @@
 //! assert_eq!(err.to_string(), r#"policy "x": quota count must be at least 1"#);
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -76,6 +75,7 @@ fn yes() -> bool {
 #[non_exhaustive]
 pub enum BackendConfig {
     /// `kind = "memory"`: the in-memory backend.
+    #[non_exhaustive]
     Memory {
         /// The most live keys (default 1,000,000).
         #[serde(default)]
@@ -154,24 +154,7 @@ impl Config {
 
     /// The policies, validated.
     pub fn policies(&self) -> Result<Vec<Policy<KeySpec>>, BuildError> {
-        let mut quotas: HashMap<&str, Quota> = HashMap::new();
-        self.routes
-            .iter()
-            .map(|route| {
-                let policy = route.policy()?;
-                let quota = *policy.limit().quota();
-                if let Some(previous) = quotas.insert(&route.name, quota) {
-                    if previous != quota {
-                        return Err(BuildError::Invalid(format!(
-                            "policy {:?} is configured twice with different quotas ({previous} and {quota}); \
-                             routes that share a name share their keys, so they need one quota",
-                            route.name
-                        )));
-                    }
-                }
-                Ok(policy)
-            })
-            .collect()
+        self.routes.iter().map(RouteConfig::policy).collect()
     }
 
     /// A layer builder with the configured policies and options, on `backend`.
@@ -287,7 +270,7 @@ mod tests {
         assert!(err(&route.replace("\"1s\"", "\"0s\"")).contains("quota period"));
         assert!(err(&format!("{route}methods = [\"GE T\"]")).contains("not a valid method"));
         assert!(err(&format!("{route}ipv6_prefix = 200")).contains("ipv6_prefix 200"));
-        assert!(err(&format!("{route}{}", route.replace("5", "6"))).contains("configured twice"));
+        assert!(err(&format!("{route}{}", route.replace("5", "6"))).contains("appears twice"));
         assert!(err("[backend]\nkind = \"memcached\"").contains("memcached"));
         assert!(err(&format!(
             "[backend]\nkind = \"memory\"\nmax_keys = 0\n{route}"

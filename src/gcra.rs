@@ -22,15 +22,38 @@ use std::time::Duration;
 
 use crate::Decision;
 
-/// Validated GCRA parameters in nanoseconds, from [`Quota::validate`](crate::Quota::validate).
+/// Validated GCRA parameters in nanoseconds; made only by [`Quota::validate`](crate::Quota::validate),
+/// so they are always consistent (`tolerance = emission_interval × limit`, all at least 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Params {
-    /// `T = period / count`: the steady spacing of requests, at least 1 ns.
-    pub emission_interval: u64,
-    /// `tau = T × (max_burst + 1)`: how far ahead of schedule a key may run.
-    pub tolerance: u64,
+    emission_interval: u64,
+    tolerance: u64,
+    limit: u64,
+}
+
+impl Params {
+    pub(crate) const fn new(emission_interval: u64, tolerance: u64, limit: u64) -> Self {
+        Params {
+            emission_interval,
+            tolerance,
+            limit,
+        }
+    }
+
+    /// `T = period / count`: the steady spacing of requests in nanoseconds, at least 1.
+    pub const fn emission_interval(&self) -> u64 {
+        self.emission_interval
+    }
+
+    /// `tau = T × (max_burst + 1)`: how far ahead of schedule a key may run, in nanoseconds.
+    pub const fn tolerance(&self) -> u64 {
+        self.tolerance
+    }
+
     /// `max_burst + 1`.
-    pub limit: u64,
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
 }
 
 /// The result of [`decide`]: the decision and the state to store.

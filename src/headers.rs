@@ -105,12 +105,16 @@ pub(crate) struct RateHeaders {
 
 /// The `RateLimit-Policy` value of a limit: rendered once, when the layer is built.
 pub(crate) fn policy_field(limit: &Limit) -> HeaderValue {
-    let gcra = limit.gcra();
-    let window = ceil_secs(std::time::Duration::from_nanos(gcra.tolerance)).max(1);
+    // The GCRA admits bursts of `limit` and refills completely in `tolerance`.
+    let (quota, window) = match limit.gcra() {
+        Some(gcra) => (gcra.limit(), gcra.tolerance()),
+        None => (limit.max_cost(), limit.quota().period().as_nanos() as u64),
+    };
+    let window = ceil_secs(std::time::Duration::from_nanos(window)).max(1);
     let mut out = String::new();
     RefListSerializer::new(&mut out)
         .bare_item(&RefBareItem::String(limit.name()))
-        .and_then(|s| s.parameter("q", &RefBareItem::Integer(sf_int(gcra.limit))))
+        .and_then(|s| s.parameter("q", &RefBareItem::Integer(sf_int(quota))))
         .and_then(|s| s.parameter("w", &RefBareItem::Integer(sf_int(window))))
         .expect("policy names are validated printable ASCII");
     HeaderValue::try_from(out).expect("a structured field is a valid header value")

@@ -9,7 +9,7 @@ use http::{HeaderValue, Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
-use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
+use crate::{Backend, BackendError, BuildError, Decision, Policy, Throttle};
 
 #[cfg(feature = "memory")]
 use crate::MemoryBackend;
@@ -86,12 +86,7 @@ pub(crate) enum Verdict {
 }
 
 impl Responder {
-    pub(crate) fn verdict(
-        &self,
-        index: usize,
-        key: &Key,
-        result: Result<Decision, BackendError>,
-    ) -> Verdict {
+    pub(crate) fn verdict(&self, index: usize, result: Result<Decision, BackendError>) -> Verdict {
         let info = &self.policies[index];
         let decision = match result {
             Ok(decision) => decision,
@@ -112,7 +107,6 @@ impl Responder {
         };
         tracing::debug!(
             policy = %info.name,
-            %key,
             allowed = decision.allowed,
             remaining = decision.remaining,
             "rate-limit decision"
@@ -318,6 +312,25 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             return Err(BuildError::Invalid(
                 "a throttle layer needs at least one policy".into(),
             ));
+        }
+        for (i, policy) in self.policies.iter().enumerate() {
+            let limit = policy.limit();
+            self.backend.validate(limit)?;
+            // Policies that share a name share their keys' state, which only makes sense with one
+            // quota: a TAT written under a one-hour tolerance would lock users out of a per-second one.
+            if let Some(other) = self.policies[..i]
+                .iter()
+                .map(Policy::limit)
+                .find(|other| other.name() == limit.name() && other.quota() != limit.quota())
+            {
+                return Err(BuildError::Invalid(format!(
+                    "policy {:?} appears twice with different quotas ({} and {}); policies that share \
+                     a name share their keys, so they need one quota",
+                    limit.name(),
+                    other.quota(),
+                    limit.quota()
+                )));
+            }
         }
         let policies: Box<[Policy<K>]> = self.policies.into();
         let responder = Responder {

@@ -51,7 +51,7 @@
 //! | `config` | no | serde + TOML configuration |
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 pub mod body;

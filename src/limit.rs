@@ -34,9 +34,14 @@ pub enum Algorithm {
 pub struct Limit {
     name: Arc<str>,
     id: u32,
-    algorithm: Algorithm,
     quota: Quota,
-    gcra: gcra::Params,
+    params: Params,
+}
+
+/// The validated parameters of each algorithm.
+#[derive(Clone, Copy, Debug)]
+enum Params {
+    Gcra(gcra::Params),
 }
 
 impl Limit {
@@ -51,9 +56,8 @@ impl Limit {
         Ok(Limit {
             id: intern(&name),
             name: name.into(),
-            algorithm: Algorithm::Gcra,
             quota,
-            gcra,
+            params: Params::Gcra(gcra),
         })
     }
 
@@ -62,14 +66,25 @@ impl Limit {
         &self.name
     }
 
-    /// A number unique to the name within this process.
-    pub fn id(&self) -> u32 {
+    /// A number unique to the name within this process (names come from configuration, so the
+    /// table behind it stays small).
+    pub(crate) fn id(&self) -> u32 {
         self.id
     }
 
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
+        match self.params {
+            Params::Gcra(_) => Algorithm::Gcra,
+        }
+    }
+
+    /// The most units one request may cost and still be admitted some time (for the GCRA, the
+    /// limit `max_burst + 1`).
+    pub fn max_cost(&self) -> u64 {
+        match self.params {
+            Params::Gcra(p) => p.limit(),
+        }
     }
 
     /// The quota.
@@ -77,9 +92,11 @@ impl Limit {
         &self.quota
     }
 
-    /// The GCRA parameters of the quota.
-    pub fn gcra(&self) -> &gcra::Params {
-        &self.gcra
+    /// The GCRA parameters, when the algorithm is [`Algorithm::Gcra`].
+    pub fn gcra(&self) -> Option<&gcra::Params> {
+        match &self.params {
+            Params::Gcra(p) => Some(p),
+        }
     }
 }
 
@@ -110,6 +127,8 @@ fn intern(name: &str) -> u32 {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Past u32::MAX distinct names (never, for names from configuration) ids would be shared, which
+    // only merges state in the memory backend; it cannot panic.
     let next = names.len() as u32;
     *names.entry(name.to_owned()).or_insert(next)
 }

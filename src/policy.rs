@@ -151,7 +151,8 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// Applies the policy to these methods only (default: every method).
+    /// Applies the policy to these methods only (default: every method). `GET` includes `HEAD`, which
+    /// runs the same handler in axum.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = Some(methods.into_iter().collect());
         self
@@ -180,11 +181,11 @@ impl<K> PolicyBuilder<K> {
             BuildError::Invalid(format!("policy {:?}: a quota is required", self.name))
         })?;
         let limit = Limit::new(self.name, quota)?;
-        if self.cost == 0 || self.cost > limit.gcra().limit {
+        if self.cost == 0 || self.cost > limit.max_cost() {
             return Err(BuildError::Cost {
                 policy: limit.name().to_owned(),
                 cost: self.cost,
-                limit: limit.gcra().limit,
+                limit: limit.max_cost(),
             });
         }
         if let MissingKey::Reject(status) = self.missing_key {
@@ -202,7 +203,15 @@ impl<K> PolicyBuilder<K> {
                     limit.name()
                 )))
             }
-            other => other.map(Vec::into_boxed_slice),
+            // axum's `get` answers HEAD with the GET handler: a GET policy that let HEAD through
+            // would let anyone run the handler unlimited.
+            Some(mut m) => {
+                if m.contains(&Method::GET) && !m.contains(&Method::HEAD) {
+                    m.push(Method::HEAD);
+                }
+                Some(m.into_boxed_slice())
+            }
+            None => None,
         };
         let route = self
             .route

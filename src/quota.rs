@@ -56,8 +56,16 @@ impl Quota {
         }
     }
 
-    /// `CL.THROTTLE`'s three parameters, in its argument order.
-    pub const fn new(max_burst: u64, count: u64, period: Duration) -> Self {
+    /// `CL.THROTTLE key max_burst count period`'s three parameters, in that order.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_throttle::Quota;
+    /// // CL.THROTTLE user123 15 30 60
+    /// let q = Quota::cl_throttle(15, 30, Duration::from_secs(60));
+    /// assert_eq!(q, Quota::per_minute(30).with_max_burst(15));
+    /// ```
+    pub const fn cl_throttle(max_burst: u64, count: u64, period: Duration) -> Self {
         Quota {
             max_burst,
             count,
@@ -114,7 +122,7 @@ impl Quota {
     /// `period / count`, truncated to whole nanoseconds as `CL.THROTTLE` does.
     pub fn emission_interval(&self) -> Result<Duration, QuotaError> {
         self.validate()
-            .map(|p| Duration::from_nanos(p.emission_interval))
+            .map(|p| Duration::from_nanos(p.emission_interval()))
     }
 
     /// Checks the quota and derives the GCRA parameters (in nanoseconds).
@@ -130,7 +138,13 @@ impl Quota {
             .filter(|p| *p <= MAX_TOLERANCE_NANOS)
             .ok_or(QuotaError::PeriodTooLong(self.period))?;
         let emission_interval = period / self.count;
-        if emission_interval == 0 {
+        // The interval is truncated to whole nanoseconds (as CL.THROTTLE does), which speeds the rate
+        // up by remainder / (interval × count). Refuse quotas where that exceeds 0.1 %: a quota of
+        // 600,000,000 a second would otherwise silently become 1,000,000,000 a second.
+        let truncation = u128::from(period % self.count) * 1000;
+        if emission_interval == 0
+            || truncation > u128::from(emission_interval) * u128::from(self.count)
+        {
             return Err(QuotaError::RateTooFine {
                 count: self.count,
                 period: self.period,
@@ -144,11 +158,11 @@ impl Quota {
             .ok_or(QuotaError::BurstTooLarge {
                 max_burst: self.max_burst,
             })?;
-        Ok(crate::gcra::Params {
+        Ok(crate::gcra::Params::new(
             emission_interval,
             tolerance,
-            limit: self.max_burst + 1,
-        })
+            self.max_burst + 1,
+        ))
     }
 }
 
@@ -172,7 +186,8 @@ pub enum QuotaError {
     ZeroPeriod,
     /// `period` is longer than about 146 years.
     PeriodTooLong(Duration),
-    /// `period / count` is less than one nanosecond.
+    /// `period / count` is less than one nanosecond, or so few nanoseconds that truncating it to a
+    /// whole number would raise the rate by more than 0.1 %.
     RateTooFine {
         /// The count.
         count: u64,
@@ -196,7 +211,7 @@ impl fmt::Display for QuotaError {
             }
             QuotaError::RateTooFine { count, period } => write!(
                 f,
-                "quota count {count} per period {period:?} is finer than the clock (1 ns between requests at most)"
+                "quota count {count} per period {period:?} is finer than the clock can represent (the interval between requests, {period:?} / {count}, must be a whole number of nanoseconds to within 0.1 %)"
             ),
             QuotaError::BurstTooLarge { max_burst } => write!(
                 f,
@@ -244,6 +259,12 @@ mod tests {
         assert_eq!(q.emission_interval().unwrap(), Duration::from_micros(10));
         let q = Quota::per_second(1_000_000_000);
         assert_eq!(q.emission_interval().unwrap(), Duration::from_nanos(1));
+        // 3 a second: 333,333,333 ns, off by 1 ns in 10^9: accepted, as CL.THROTTLE does.
+        let q = Quota::per_second(3);
+        assert_eq!(
+            q.emission_interval().unwrap(),
+            Duration::from_nanos(333_333_333)
+        );
     }
 
     #[test]
@@ -252,6 +273,7 @@ mod tests {
             (Quota::per_second(0), "count"),
             (Quota::per_period(1, Duration::ZERO), "period"),
             (Quota::per_second(1_000_000_001), "count"),
+            (Quota::per_second(600_000_000), "count"),
             (
                 Quota::per_period(1, Duration::from_secs(u64::MAX)),
                 "period",

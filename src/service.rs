@@ -15,7 +15,7 @@ use crate::body::ThrottleBody;
 use crate::headers::RateHeaders;
 use crate::key::KeyExtractor;
 use crate::layer::{Responder, Shared, Verdict};
-use crate::{Backend, BackendError, Decision, Key, MissingKey};
+use crate::{Backend, BackendError, Decision, MissingKey};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -99,7 +99,7 @@ where
         // readied inner service is called right here, with no clone and no extra state.
         let mut noop = Context::from_waker(Waker::noop());
         match Pin::new(&mut decision).poll(&mut noop) {
-            Poll::Ready(result) => match shared.responder.verdict(index, &key, result) {
+            Poll::Ready(result) => match shared.responder.verdict(index, result) {
                 Verdict::Admit(headers) => {
                     ResponseFuture::calling(self.inner.call(request), headers)
                 }
@@ -119,7 +119,6 @@ where
                             request,
                             responder: shared.responder.clone(),
                             index,
-                            key,
                         }),
                     },
                 }
@@ -133,7 +132,6 @@ struct Pending<S, ReqBody> {
     request: Request<ReqBody>,
     responder: Arc<Responder>,
     index: usize,
-    key: Key,
 }
 
 pin_project! {
@@ -221,11 +219,10 @@ where
                         request,
                         responder,
                         index,
-                        key,
                     } = pending
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    match responder.verdict(index, &key, result) {
+                    match responder.verdict(index, result) {
                         Verdict::Admit(headers) => Kind::Calling {
                             future: service.call(request),
                             headers,

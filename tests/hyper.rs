@@ -11,7 +11,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tower::ServiceBuilder;
-use tower_throttle::{key::PeerIp, Policy, Quota, ThrottleLayer};
+use tower_throttle::key::{PeerAddr, PeerIp};
+use tower_throttle::{Policy, Quota, ThrottleLayer};
 
 #[tokio::test]
 async fn hyper_service_builder_over_tcp() {
@@ -29,7 +30,7 @@ async fn hyper_service_builder_over_tcp() {
             let (stream, peer) = listener.accept().await.unwrap();
             let service = ServiceBuilder::new()
                 .map_request(move |mut req: Request<Incoming>| {
-                    req.extensions_mut().insert(peer);
+                    req.extensions_mut().insert(PeerAddr(peer));
                     req
                 })
                 .layer(throttle.clone())

@@ -22,15 +22,26 @@ fn idle_keys_are_evicted_without_any_call() {
     let (backend, clock) = backend(1_000_000);
     let limit = Limit::new("evict", Quota::per_second(10)).unwrap();
     for i in 0..10_000u32 {
-        assert!(backend.decide(&limit, &Key::from(i), 1).allowed);
+        assert!(backend.decide(&limit, &Key::from(i), 1).unwrap().allowed);
     }
     assert_eq!(backend.len(), 10_000);
     // Every key refills within 1 s; 2 s later, the next decisions sweep the shard.
     clock.advance(Duration::from_secs(2));
-    assert!(backend.decide(&limit, &Key::from("new"), 1).allowed);
+    assert!(
+        backend
+            .decide(&limit, &Key::from("new"), 1)
+            .unwrap()
+            .allowed
+    );
     assert_eq!(backend.len(), 1);
     // And a key whose state expired decides like a new key.
-    assert_eq!(backend.decide(&limit, &Key::from(5u32), 1).remaining, 9);
+    assert_eq!(
+        backend
+            .decide(&limit, &Key::from(5u32), 1)
+            .unwrap()
+            .remaining,
+        9
+    );
 }
 
 #[test]
@@ -40,19 +51,95 @@ fn memory_is_bounded_by_the_cap_and_heavy_users_stay_limited() {
     // A legitimate heavy user exhausts their quota.
     let heavy = Key::from("heavy");
     for _ in 0..10 {
-        assert!(backend.decide(&limit, &heavy, 1).allowed);
+        assert!(backend.decide(&limit, &heavy, 1).unwrap().allowed);
     }
-    assert!(!backend.decide(&limit, &heavy, 1).allowed);
+    assert!(!backend.decide(&limit, &heavy, 1).unwrap().allowed);
     // A flood of 100,000 distinct keys within one refill period.
     for i in 0..100_000u32 {
         clock.advance(Duration::from_micros(1));
-        backend.decide(&limit, &Key::from(i), 1);
+        assert!(backend.decide(&limit, &Key::from(i), 1).unwrap().allowed);
         assert!(backend.len() <= 1_000);
     }
     // The heavy user's state was kept: still limited.
-    assert!(!backend.decide(&limit, &heavy, 1).allowed);
-    // Keys forgotten at the cap start over with a full burst (documented behaviour).
-    assert_eq!(backend.decide(&limit, &Key::from(0u32), 1).remaining, 9);
+    assert!(!backend.decide(&limit, &heavy, 1).unwrap().allowed);
+    // Keys forgotten at the cap start over with a full burst (documented behaviour); a peek
+    // (quantity 0) shows it without changing anything.
+    let forgotten = (0..100_000u32)
+        .filter(|i| backend.decide(&limit, &Key::from(*i), 0).unwrap().remaining == 10)
+        .count();
+    assert!(forgotten >= 99_000, "{forgotten}");
+}
+
+#[test]
+fn at_the_cap_keys_are_ranked_by_the_share_of_their_own_limit() {
+    // A per-second limit and a per-hour limit share one backend. Keys of the per-hour limit always
+    // refill later in absolute time; a limited per-second user must still outrank them.
+    let (backend, clock) = backend(1_000);
+    let api = Limit::new("api", Quota::per_second(10)).unwrap();
+    let login = Limit::new("login", Quota::per_hour(5)).unwrap();
+    let abuser = Key::from("abuser");
+    for _ in 0..10 {
+        assert!(backend.decide(&api, &abuser, 1).unwrap().allowed);
+    }
+    for i in 0..5_000u32 {
+        if i % 5 == 0 {
+            clock.advance(Duration::from_micros(1));
+        }
+        backend.decide(&login, &Key::from(i), 1).unwrap();
+    }
+    assert!(backend.len() <= 1_000);
+    assert!(!backend.decide(&api, &abuser, 1).unwrap().allowed);
+}
+
+#[test]
+fn at_the_cap_the_key_nearest_to_refilled_goes_first_even_among_ties() {
+    let (backend, clock) = backend(100);
+    let limit = Limit::new("ties", Quota::per_minute(10)).unwrap();
+    backend.decide(&limit, &Key::from("old"), 1).unwrap();
+    clock.advance(Duration::from_secs(3));
+    // 99 keys with identical TATs fill the shard, then one more forces an eviction.
+    for i in 0..100u32 {
+        backend.decide(&limit, &Key::from(i), 1).unwrap();
+    }
+    assert!(backend.len() <= 100);
+    assert_eq!(
+        backend
+            .decide(&limit, &Key::from("old"), 0)
+            .unwrap()
+            .remaining,
+        10,
+        "forgotten"
+    );
+    assert_eq!(
+        backend
+            .decide(&limit, &Key::from(99u32), 0)
+            .unwrap()
+            .remaining,
+        9,
+        "kept"
+    );
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    let err = |b: tower_throttle::MemoryBackendBuilder<_>| b.build().unwrap_err().to_string();
+    assert!(err(MemoryBackend::builder().max_keys(0)).contains("max_keys"));
+    assert!(err(MemoryBackend::builder().shards(0)).contains("shards"));
+    assert!(err(MemoryBackend::builder().shards(usize::MAX)).contains("shards"));
+    assert!(err(MemoryBackend::builder().max_keys(10).shards(64)).contains("at most max_keys"));
+    // Small caps are exact: never more keys than max_keys.
+    let clock = ManualClock::new();
+    let b = MemoryBackend::builder()
+        .clock(clock)
+        .max_keys(10)
+        .shards(4)
+        .build()
+        .unwrap();
+    let limit = Limit::new("small", Quota::per_hour(1)).unwrap();
+    for i in 0..1_000u32 {
+        b.decide(&limit, &Key::from(i), 1).unwrap();
+        assert!(b.len() <= 10);
+    }
 }
 
 #[test]
@@ -66,7 +153,7 @@ fn exact_under_concurrency() {
             let (backend, limit) = (backend.clone(), limit.clone());
             std::thread::spawn(move || {
                 (0..5_000)
-                    .filter(|_| backend.decide(&limit, &Key::from("k"), 1).allowed)
+                    .filter(|_| backend.decide(&limit, &Key::from("k"), 1).unwrap().allowed)
                     .count()
             })
         })
@@ -110,7 +197,7 @@ fn same_decisions_as_governor() {
             };
             clock.advance(Duration::from_micros(gap));
             gclock.advance(Duration::from_micros(gap));
-            let a = ours.decide(&limit, &Key::from("k"), 1).allowed;
+            let a = ours.decide(&limit, &Key::from("k"), 1).unwrap().allowed;
             let b = theirs.check().is_ok();
             assert_eq!(a, b, "quota {quota}, step {step}");
             agreed += usize::from(a);

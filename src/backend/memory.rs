@@ -83,8 +83,18 @@ struct Inner<C> {
 
 struct Entry {
     limit: u32,
+    /// The limit's tolerance in nanoseconds, to rank keys of different limits at the cap. An `f32`
+    /// fits in the padding next to `limit`, so the entry stays 40 bytes.
+    tolerance: f32,
     tat: u64,
     key: Key,
+}
+
+impl Entry {
+    /// How much of its tolerance the key has used: near 0 = almost fully refilled, 1 = just limited.
+    fn used(&self, now: u64) -> f32 {
+        self.tat.saturating_sub(now) as f32 / self.tolerance
+    }
 }
 
 struct Shard {
@@ -94,6 +104,9 @@ struct Shard {
     /// ...or when the clock reaches this time.
     sweep_at_time: u64,
 }
+
+/// The most shards a backend may have.
+const MAX_SHARDS: usize = 1024;
 
 impl MemoryBackend<SystemClock> {
     /// A backend on the system clock with the default cap of 1,000,000 keys.
@@ -135,8 +148,9 @@ impl<C: Clock> MemoryBackendBuilder<C> {
         self
     }
 
-    /// The number of shards (rounded up to a power of two; default: four per CPU, at most 64, and at
-    /// most one per 64 keys of the cap).
+    /// The number of shards: 1 to 1024 and at most `max_keys`, rounded down to a power of two
+    /// (default: 64, or fewer so that each shard holds at least 64 keys). Each shard holds at most
+    /// `max_keys / shards` keys.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -151,7 +165,7 @@ impl<C: Clock> MemoryBackendBuilder<C> {
         }
     }
 
-    /// Builds the backend; `max_keys` and `shards` must be at least 1.
+    /// Builds the backend, or explains why `max_keys` or `shards` is out of range.
     pub fn build(self) -> Result<MemoryBackend<C>, BuildError> {
         if self.max_keys == 0 {
             return Err(BuildError::Invalid(
@@ -159,21 +173,18 @@ impl<C: Clock> MemoryBackendBuilder<C> {
             ));
         }
         let shards = match self.shards {
-            Some(0) => {
-                return Err(BuildError::Invalid(
-                    "memory backend shards must be at least 1".into(),
-                ))
+            Some(n) if n == 0 || n > MAX_SHARDS || n > self.max_keys => {
+                return Err(BuildError::Invalid(format!(
+                    "memory backend shards must be between 1 and {MAX_SHARDS} and at most max_keys ({}), not {n}",
+                    self.max_keys
+                )))
             }
-            Some(n) => n.next_power_of_two(),
-            None => {
-                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-                (cpus * 4)
-                    .next_power_of_two()
-                    .min(64)
-                    .min((self.max_keys / 64).max(1).next_power_of_two())
-            }
+            Some(n) => n,
+            None => (self.max_keys / 64).clamp(1, 64),
         };
-        let shard_cap = self.max_keys.div_ceil(shards);
+        // Round down to a power of two, so that a shard is picked with a mask.
+        let shards = 1usize << shards.ilog2();
+        let shard_cap = self.max_keys / shards;
         let shards = (0..shards)
             .map(|_| {
                 Mutex::new(Shard {
@@ -195,10 +206,20 @@ impl<C: Clock> MemoryBackendBuilder<C> {
 }
 
 impl<C: Clock> MemoryBackend<C> {
-    /// Decides synchronously; [`Backend::check`] wraps this in a ready future.
-    pub fn decide(&self, limit: &Limit, key: &Key, quantity: u64) -> Decision {
+    /// Decides synchronously; [`Backend::check`] wraps this in a ready future. Fails only for an
+    /// algorithm this backend does not implement.
+    pub fn decide(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        quantity: u64,
+    ) -> Result<Decision, BackendError> {
+        let Some(params) = limit.gcra() else {
+            return Err(unsupported(limit));
+        };
         let inner = &*self.inner;
-        let hash = inner.hasher.hash_one((limit.id(), key));
+        let id = limit.id();
+        let hash = inner.hasher.hash_one((id, key));
         // The shard comes from bits that hashbrown uses for neither the bucket index (low bits) nor
         // the control byte (top 7 bits), so each shard's table stays well spread.
         let shard = (hash >> 32) as usize & (inner.shards.len() - 1);
@@ -210,14 +231,13 @@ impl<C: Clock> MemoryBackend<C> {
         if now >= shard.sweep_at_time {
             shard.sweep(now, &inner.hasher);
         }
-        let id = limit.id();
         let eq = |e: &Entry| e.limit == id && e.key == *key;
-        let hasher = |e: &Entry| inner.hasher.hash_one((e.limit, &e.key));
-        match shard.table.find_entry(hash, eq) {
+        let rehash = |e: &Entry| inner.hasher.hash_one((e.limit, &e.key));
+        let decision = match shard.table.find_entry(hash, eq) {
             Ok(mut occupied) => {
                 let entry = occupied.get_mut();
                 let live = (entry.tat > now).then_some(entry.tat);
-                let out = gcra::decide(live, now, limit.gcra(), quantity);
+                let out = gcra::decide(live, now, params, quantity);
                 match out.new_tat {
                     Some(tat) if tat > now => entry.tat = tat,
                     _ => {
@@ -227,27 +247,26 @@ impl<C: Clock> MemoryBackend<C> {
                 out.decision
             }
             Err(_) => {
-                let out = gcra::decide(None, now, limit.gcra(), quantity);
+                let out = gcra::decide(None, now, params, quantity);
                 if let Some(tat) = out.new_tat.filter(|tat| *tat > now) {
                     if shard.table.len() >= shard.sweep_at_len {
                         shard.sweep(now, &inner.hasher);
                     }
                     if shard.table.len() >= inner.shard_cap {
-                        shard.evict_nearest_refill(inner.shard_cap);
+                        shard.evict_nearest_refill(now, inner.shard_cap);
                     }
-                    shard.table.insert_unique(
-                        hash,
-                        Entry {
-                            limit: id,
-                            tat,
-                            key: key.clone(),
-                        },
-                        hasher,
-                    );
+                    let entry = Entry {
+                        limit: id,
+                        tolerance: params.tolerance() as f32,
+                        tat,
+                        key: key.clone(),
+                    };
+                    shard.table.insert_unique(hash, entry, rehash);
                 }
                 out.decision
             }
-        }
+        };
+        Ok(decision)
     }
 
     /// How many keys are live (including keys that have refilled but were not swept yet).
@@ -277,6 +296,17 @@ impl<C: Clock> MemoryBackend<C> {
     }
 }
 
+fn unsupported(limit: &Limit) -> BackendError {
+    BackendError::new(format!(
+        "the memory backend does not implement {:?} (policy {:?})",
+        limit.algorithm(),
+        limit.name()
+    ))
+}
+
+/// How many entries are sampled to choose which keys to forget at the cap.
+const EVICTION_SAMPLE: usize = 1024;
+
 impl Shard {
     fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
         self.table.retain(|e| e.tat > now);
@@ -290,21 +320,38 @@ impl Shard {
         self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
     }
 
-    /// At the cap: forget the eighth of the keys whose TATs come soonest (the closest to refilled).
-    fn evict_nearest_refill(&mut self, cap: usize) {
-        let mut tats: Vec<u64> = self.table.iter().map(|e| e.tat).collect();
-        let nth = (cap / 8).min(tats.len() - 1);
-        let (_, threshold, _) = tats.select_nth_unstable(nth);
+    /// At the cap: forget about an eighth of the keys, those that have used the smallest share of
+    /// their limit's tolerance (the closest to fully refilled, whatever their limit's period).
+    ///
+    /// The threshold comes from a sample (the table's order has nothing to do with the TATs), so the
+    /// work under the lock is one pass over the table per `cap / 8` new keys, with no allocation
+    /// proportional to the shard.
+    fn evict_nearest_refill(&mut self, now: u64, cap: usize) {
+        let target = (cap / 8).max(1);
+        let mut sample: Vec<f32> = self
+            .table
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .map(|e| e.used(now))
+            .collect();
+        let nth = (sample.len() * target / self.table.len()).min(sample.len() - 1);
+        let (_, threshold, _) = sample.select_nth_unstable_by(nth, f32::total_cmp);
         let threshold = *threshold;
-        let mut budget = nth + 1;
+        // Strictly below the threshold first, then ties, until the target is met; a sample that
+        // underestimates only evicts fewer keys, and the next insert tries again.
+        let mut evicted = 0;
         self.table.retain(|e| {
-            if budget > 0 && e.tat <= threshold {
-                budget -= 1;
-                false
-            } else {
-                true
-            }
+            let forget = evicted < target && e.used(now) < threshold;
+            evicted += usize::from(forget);
+            !forget
         });
+        if evicted < target {
+            self.table.retain(|e| {
+                let forget = evicted < target && e.used(now) <= threshold;
+                evicted += usize::from(forget);
+                !forget
+            });
+        }
     }
 }
 
@@ -312,6 +359,13 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     type Future = Ready<Result<Decision, BackendError>>;
 
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
-        ready(Ok(self.decide(limit, key, quantity)))
+        ready(self.decide(limit, key, quantity))
+    }
+
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        match limit.gcra() {
+            Some(_) => Ok(()),
+            None => Err(BuildError::Invalid(unsupported(limit).to_string())),
+        }
     }
 }

@@ -13,7 +13,7 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::{BackendError, Decision, Key, Limit};
+use crate::{BackendError, BuildError, Decision, Key, Limit};
 
 /// Decides whether a request may pass, and records it if so.
 ///
@@ -26,6 +26,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Asks whether `quantity` units (the request's cost) may pass for `key` under `limit`.
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future;
+
+    /// Whether this backend can enforce `limit` (its algorithm, its precision). Called for every policy
+    /// when a layer is built, so that what a backend cannot do is an error at start-up, not at the
+    /// first request. The default accepts everything.
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        let _ = limit;
+        Ok(())
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -33,5 +41,9 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
         (**self).check(limit, key, quantity)
+    }
+
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        (**self).validate(limit)
     }
 }

@@ -45,6 +45,20 @@ where
     }
 }
 
+/// A boxed key extractor, to mix extractors of different types in one table of policies.
+///
+/// ```
+/// use std::sync::Arc;
+/// use http::Request;
+/// use tower_throttle::key::{BoxKeyExtractor, Header, PeerIp};
+///
+/// let by_ip: BoxKeyExtractor<()> = Arc::new(PeerIp::new());
+/// let by_user: BoxKeyExtractor<()> = Arc::new(Header::new("x-user-id"));
+/// let by_path: BoxKeyExtractor<()> = Arc::new(|r: &Request<()>| Some(r.uri().path().to_owned()));
+/// # let _ = (by_ip, by_user, by_path);
+/// ```
+pub type BoxKeyExtractor<B> = Arc<dyn KeyExtractor<B>>;
+
 impl<B: 'static> KeyExtractor<B> for Arc<dyn KeyExtractor<B>> {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         (**self).extract(request)
@@ -58,8 +72,8 @@ impl<B: 'static> KeyExtractor<B> for Arc<dyn KeyExtractor<B>> {
 /// The TCP peer's IP address, with IPv6 addresses grouped by prefix.
 ///
 /// Reads axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
-/// `into_make_service_with_connect_info::<SocketAddr>()`, or use `MockConnectInfo` in tests) or a plain
-/// `SocketAddr` request extension (insert it yourself when serving with hyper). IPv4-mapped IPv6 peers count as their IPv4 address.
+/// `into_make_service_with_connect_info::<SocketAddr>()`, or use `MockConnectInfo` in tests) or a
+/// [`PeerAddr`] request extension (insert it yourself when serving with hyper). IPv4-mapped IPv6 peers count as their IPv4 address.
 ///
 /// A single host usually owns a whole IPv6 /64, so by default every address in one /64 is one key;
 /// otherwise one client could rotate through 2^64 addresses to escape the limit.
@@ -69,12 +83,11 @@ impl<B: 'static> KeyExtractor<B> for Arc<dyn KeyExtractor<B>> {
 /// proxy overwrites them.
 ///
 /// ```
-/// use std::net::SocketAddr;
 /// use http::Request;
-/// use tower_throttle::key::{Key, KeyExtractor, PeerIp};
+/// use tower_throttle::key::{Key, KeyExtractor, PeerAddr, PeerIp};
 ///
 /// let mut req = Request::new(());
-/// req.extensions_mut().insert("[2001:db8:1:2:aaaa::1]:443".parse::<SocketAddr>().unwrap());
+/// req.extensions_mut().insert(PeerAddr("[2001:db8:1:2:aaaa::1]:443".parse().unwrap()));
 /// let key = PeerIp::new().extract(&req).unwrap();
 /// assert_eq!(key.to_string(), "!2001:db8:1:2::");
 /// assert_eq!(PeerIp::new().with_ipv6_prefix(128).unwrap().extract(&req).unwrap().to_string(), "!2001:db8:1:2:aaaa::1");
@@ -128,7 +141,7 @@ impl PeerIp {
         {
             return Some(mock.0);
         }
-        request_extensions.get::<SocketAddr>().copied()
+        request_extensions.get::<PeerAddr>().map(|p| p.0)
     }
 }
 
@@ -145,10 +158,16 @@ impl<B> KeyExtractor<B> for PeerIp {
 
     fn describe(&self) -> String {
         "the peer IP address (serve with into_make_service_with_connect_info::<SocketAddr>(), \
-         or insert a SocketAddr extension)"
+         or insert a PeerAddr extension)"
             .to_owned()
     }
 }
+
+/// The TCP peer's address, as a request extension, for servers without axum's `ConnectInfo`
+/// (plain hyper: insert it per connection). A newtype, so that no other `SocketAddr` extension (a
+/// local address, say) is mistaken for the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// An IPv6 prefix length outside 1..=128.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,20 +191,18 @@ pub struct Header {
 }
 
 impl Header {
-    /// The header called `name`.
+    /// The header called `name`, in any case (`"X-Api-Key"` is `x-api-key`).
     ///
     /// # Panics
     /// If `name` is not a valid header name; use [`Header::try_new`] for names from configuration.
-    pub fn new(name: &'static str) -> Self {
-        Header {
-            name: HeaderName::from_static(name),
-        }
+    pub fn new(name: &str) -> Self {
+        Self::try_new(name).unwrap_or_else(|_| panic!("{name:?} is not a valid header name"))
     }
 
-    /// The header called `name`, or an error if it is not a valid header name.
+    /// The header called `name` (in any case), or an error if it is not a valid header name.
     pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
         Ok(Header {
-            name: HeaderName::try_from(name)?,
+            name: HeaderName::from_bytes(name.as_bytes())?,
         })
     }
 
@@ -296,8 +313,7 @@ mod tests {
 
     fn with_peer(addr: &str) -> Request<()> {
         let mut req = Request::new(());
-        req.extensions_mut()
-            .insert(addr.parse::<SocketAddr>().unwrap());
+        req.extensions_mut().insert(PeerAddr(addr.parse().unwrap()));
         req
     }
 
@@ -364,6 +380,12 @@ mod tests {
             .unwrap();
         assert_eq!(h.extract(&req), Some(Key::from_bytes(b"\xffbin")));
         assert!(Header::try_new("bad header").is_err());
+        let mixed = Header::new("X-Api-Key");
+        let req = Request::builder()
+            .header("x-api-key", "k")
+            .body(())
+            .unwrap();
+        assert_eq!(mixed.extract(&req), Some(Key::from("k")));
     }
 }
 

@@ -24,7 +24,10 @@
 
 mod extract;
 
-pub use extract::{Extension, Global, Header, InvalidPrefix, KeyExtractor, KeySpec, PeerIp};
+pub use extract::{
+    BoxKeyExtractor, Extension, Global, Header, InvalidPrefix, KeyExtractor, KeySpec, PeerAddr,
+    PeerIp,
+};
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
