@@ -178,6 +178,85 @@ mod tests {
         }
     }
 
+    /// A line-by-line port of redis-cell 0.2.2's `RateLimiter::rate_limit` (signed nanoseconds,
+    /// `remaining` computed in float microseconds as it does), to compare every output.
+    fn redis_cell(
+        stored: Option<i64>,
+        now: i64,
+        t: i64,
+        max_burst: i64,
+        quantity: i64,
+    ) -> (bool, i64, i64, i64, Option<i64>) {
+        let dvt = t * (max_burst + 1);
+        let increment = t * quantity;
+        let tat = stored.unwrap_or(now);
+        let new_tat = if now > tat {
+            now + increment
+        } else {
+            tat + increment
+        };
+        let allow_at = new_tat - dvt;
+        let diff = now - allow_at;
+        let (limited, ttl, retry, store) = if diff < 0 {
+            let retry = if increment <= dvt { -diff } else { -1 };
+            (true, tat - now, retry, stored)
+        } else {
+            (false, new_tat - now, -1, Some(new_tat))
+        };
+        let next = dvt - ttl;
+        let remaining = if next > -t {
+            ((next / 1_000) as f64 / (t / 1_000) as f64) as i64
+        } else {
+            0
+        };
+        (limited, remaining, retry, ttl, store)
+    }
+
+    #[test]
+    fn agrees_with_redis_cell_on_every_output() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..200 {
+            // Whole microseconds, as redis-cell's remaining is computed in microseconds.
+            let t_us = 1 + next(10_000_000);
+            let max_burst = next(20);
+            let params = Quota::cl_throttle(max_burst, 1, Duration::from_micros(t_us))
+                .validate()
+                .unwrap();
+            let t = (t_us * 1_000) as i64;
+            let mut now = 1_700_000_000 * S as i64;
+            let mut stored: Option<i64> = None;
+            for _ in 0..200 {
+                now += match next(4) {
+                    0 => 0,
+                    1 => next(t as u64) as i64,
+                    _ => next(3 * t as u64 * (max_burst + 1)) as i64,
+                };
+                // Redis expires the key at its TAT.
+                stored = stored.filter(|tat| *tat > now);
+                let quantity = next(max_burst + 3);
+                let (limited, remaining, retry, reset, store) =
+                    redis_cell(stored, now, t, max_burst as i64, quantity as i64);
+                let ours = decide(stored.map(|s| s as u64), now as u64, &params, quantity);
+                let d = ours.decision;
+                assert_eq!(d.allowed, !limited);
+                assert_eq!(d.remaining as i64, remaining);
+                assert_eq!(d.reset_after, Duration::from_nanos(reset as u64));
+                assert_eq!(
+                    d.retry_after.map(|r| r.as_nanos() as i64).unwrap_or(-1),
+                    retry
+                );
+                assert_eq!(ours.new_tat.map(|n| n as i64), store);
+                stored = store;
+            }
+        }
+    }
+
     #[test]
     fn a_burst_then_the_steady_rate() {
         // The README's route: max_burst 15, 30 per minute → 16 at once, then one every 2 s.

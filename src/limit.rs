@@ -33,6 +33,7 @@ pub enum Algorithm {
 #[derive(Clone, Debug)]
 pub struct Limit {
     name: Arc<str>,
+    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
     id: u32,
     quota: Quota,
     params: Params,
@@ -68,6 +69,7 @@ impl Limit {
 
     /// A number unique to the name within this process (names come from configuration, so the
     /// table behind it stays small).
+    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
     pub(crate) fn id(&self) -> u32 {
         self.id
     }

@@ -161,9 +161,12 @@ impl<K> PolicyBuilder<K> {
     /// Applies the policy to one route only, in axum path syntax (`/users/{id}`, `/files/{*path}`).
     ///
     /// With the `axum` feature and a layer added by `Router::layer`, the route is compared with the
-    /// request's `MatchedPath`, exactly; otherwise the pattern is matched against the request path
-    /// (`{name}` matches one non-empty segment, `{*name}` the rest). Only needed for a layer that holds
-    /// several policies; a layer added with `route_layer` to one route applies to that route anyway.
+    /// request's `MatchedPath`, exactly as the router spells it: the full path (`/api/users/{id}`), or,
+    /// for a layer inside `Router::nest("/api", ..)`, also the nested router's own path
+    /// (`/users/{id}`). Without `MatchedPath` (outside axum, or a layer wrapped around the whole
+    /// router) the pattern is matched against the request path: `{name}` matches one non-empty
+    /// segment, `{*name}` the rest. Only needed for a layer that holds several policies; a layer added
+    /// with `route_layer` to one route applies to that route anyway.
     pub fn route(mut self, pattern: impl Into<String>) -> Self {
         self.route = Some(pattern.into());
         self
@@ -283,7 +286,18 @@ impl Route {
     fn matches<B>(&self, request: &Request<B>) -> bool {
         #[cfg(feature = "axum")]
         if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
-            return matched.as_str() == self.pattern;
+            let matched = matched.as_str();
+            if matched == self.pattern {
+                return true;
+            }
+            // Inside `Router::nest("/api", ..)` axum's MatchedPath is the full "/api/users/{id}"; the
+            // nested router's own "/users/{id}" names the same route.
+            let nested = request.extensions().get::<axum::extract::NestedPath>();
+            return match nested.and_then(|n| matched.strip_prefix(n.as_str())) {
+                Some("") => self.pattern == "/",
+                Some(rest) => rest == self.pattern,
+                None => false,
+            };
         }
         self.matches_path(request.uri().path())
     }

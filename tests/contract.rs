@@ -231,3 +231,36 @@ async fn clones_share_one_limiter() {
     }
     assert_eq!(admitted, 2);
 }
+
+#[tokio::test]
+async fn a_rejection_releases_what_poll_ready_reserved() {
+    // ConcurrencyLimit reserves a permit in poll_ready. A request rejected after a remote decision
+    // must give it back, or the next poll_ready waits forever.
+    let remote = Remote::default();
+    let layer = ThrottleLayerBuilder::with_backend(remote.clone())
+        .policy(policy())
+        .build()
+        .unwrap();
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service(Strict::default());
+    for _ in 0..3 {
+        let ready = tokio::time::timeout(std::time::Duration::from_secs(5), svc.ready())
+            .await
+            .expect("poll_ready hung: a permit leaked")
+            .unwrap();
+        let task = tokio::spawn(ready.call(Request::new(())));
+        tokio::task::yield_now().await;
+        remote.answer(Decision::limited(
+            2,
+            0,
+            None,
+            std::time::Duration::from_secs(1),
+        ));
+        assert_eq!(
+            task.await.unwrap().unwrap().status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}

@@ -544,3 +544,91 @@ async fn on_backend_error_allow_or_deny() {
         }
     }
 }
+
+#[tokio::test]
+async fn head_counts_as_get() {
+    let policy = Policy::builder("get-only")
+        .quota(Quota::per_minute(1))
+        .key(Global)
+        .methods([Method::GET])
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }).post(|| async { "posted" }))
+        .layer(ThrottleLayer::new(policy));
+    let status = |method: Method| {
+        let app = app.clone();
+        async move {
+            let req = Request::builder()
+                .method(method)
+                .uri("/")
+                .body(Body::empty())
+                .unwrap();
+            app.oneshot(req).await.unwrap().status()
+        }
+    };
+    assert_eq!(status(Method::GET).await, StatusCode::OK);
+    // axum runs the GET handler for HEAD: it must not be a way around the limit.
+    assert_eq!(status(Method::HEAD).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(Method::GET).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(Method::POST).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn routes_in_nested_routers_match_by_full_or_nested_path() {
+    let policy = |name: &str, route: &str| {
+        Policy::builder(name)
+            .quota(Quota::per_minute(1))
+            .key(Global)
+            .route(route)
+            .build()
+            .unwrap()
+    };
+    let layer = ThrottleLayer::builder()
+        .policy(policy("users", "/users/{id}"))
+        .policy(policy("orders", "/api/orders/{id}"))
+        .build()
+        .unwrap();
+    let api = Router::new()
+        .route("/users/{id}", get(|| async { "user" }))
+        .route("/orders/{id}", get(|| async { "order" }))
+        .layer(layer);
+    let app = Router::new().nest("/api", api);
+    for path in ["/api/users/1", "/api/orders/1"] {
+        let first = app.clone().oneshot(request(path)).await.unwrap().status();
+        let second = app.clone().oneshot(request(path)).await.unwrap().status();
+        assert_eq!(
+            (first, second),
+            (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_layer_refuses_one_name_with_two_quotas() {
+    let a = Policy::builder("same")
+        .quota(Quota::per_second(1))
+        .key(Global)
+        .build()
+        .unwrap();
+    let b = Policy::builder("same")
+        .quota(Quota::per_hour(1))
+        .key(Global)
+        .build()
+        .unwrap();
+    let err = ThrottleLayer::builder()
+        .policies([a.clone(), b])
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("appears twice with different quotas"),
+        "{err}"
+    );
+    // The same quota twice (one policy per method, say) is fine.
+    assert!(ThrottleLayer::builder()
+        .policies([a.clone(), a])
+        .build()
+        .is_ok());
+}

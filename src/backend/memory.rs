@@ -26,8 +26,10 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live (default 1,000,000,
 /// split evenly across the shards). When a shard is full of keys that have not refilled yet (many
 /// distinct clients within one refill period, such as an attack from rotating addresses), it forgets
-/// the eighth of its keys that are closest to refilled, and those keys start again with a full burst.
-/// Keys under sustained use (the latest TATs) are kept, so legitimate heavy users stay limited.
+/// about an eighth of its keys: those that have used the smallest share of their own limit's tolerance
+/// (the closest to fully refilled, whatever the limit's period). They start again with a full burst.
+/// A client being limited has used all of its tolerance, so it is forgotten last: an attacker rotating
+/// through fresh keys cannot reset it without spending each key's whole limit.
 /// Memory is therefore bounded by the cap: each key is one 40-byte table entry (plus hashbrown's
 /// control byte and spare capacity), and a byte-string key also owns its bytes on the heap (at most 64;
 /// longer keys are stored as a 32-byte SHA-256 digest). IP keys own nothing beyond the entry.
