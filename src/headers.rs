@@ -45,25 +45,39 @@ pub struct Rejected<'a> {
 }
 
 impl Rejected<'_> {
-    /// The default rejection: `429 Too Many Requests` with an RFC 9457 `application/problem+json` body.
+    /// The default rejection: `429 Too Many Requests` with an RFC 9457 `application/problem+json` body
+    /// naming the policy (the middleware adds `Retry-After`).
     pub fn default_response(&self) -> Response<Bytes> {
-        let detail = match self.decision.retry_after {
-            Some(_) => format!(
-                "rate limit of policy '{}' exceeded; retry in {} s",
-                self.policy,
-                self.decision.retry_after_secs()
-            ),
-            None => format!(
-                "the request costs more than the whole limit ({}) of policy '{}'",
-                self.decision.limit, self.policy
-            ),
-        };
-        problem(StatusCode::TOO_MANY_REQUESTS, &detail)
+        problem_response(StatusCode::TOO_MANY_REQUESTS, limited_body(self.policy))
     }
 }
 
-/// An RFC 9457 problem response. `detail` must not need JSON escaping beyond quotes and backslashes.
+/// The default 429 body of a policy. It does not depend on the decision (the delay is in
+/// `Retry-After`), so the middleware renders it once per policy and every rejection shares it.
+pub(crate) fn limited_body(policy: &str) -> Bytes {
+    problem_body(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!("rate limit of policy '{policy}' exceeded; retry after the delay in Retry-After"),
+    )
+}
+
+/// An RFC 9457 problem response.
 pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<Bytes> {
+    problem_response(status, problem_body(status, detail))
+}
+
+pub(crate) fn problem_response(status: StatusCode, body: Bytes) -> Response<Bytes> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// The JSON of a problem, escaping what `detail` needs.
+fn problem_body(status: StatusCode, detail: &str) -> Bytes {
     let mut escaped = String::with_capacity(detail.len());
     for c in detail.chars() {
         match c {
@@ -73,19 +87,12 @@ pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<Bytes> {
             c => escaped.push(c),
         }
     }
-    let body = format!(
+    Bytes::from(format!(
         r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{}"}}"#,
         status.canonical_reason().unwrap_or(""),
         status.as_u16(),
         escaped
-    );
-    let mut response = Response::new(Bytes::from(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    ))
 }
 
 /// Which header fields to send.

@@ -74,6 +74,8 @@ pub(crate) struct Responder {
 struct PolicyInfo {
     name: Box<str>,
     policy_field: HeaderValue,
+    /// The default 429 body, rendered once.
+    limited_body: Bytes,
     warned_missing_key: AtomicBool,
 }
 
@@ -121,7 +123,9 @@ impl Responder {
         };
         let mut response = match &self.rejection {
             Some(custom) => custom(&rejected),
-            None => rejected.default_response(),
+            None => {
+                headers::problem_response(StatusCode::TOO_MANY_REQUESTS, info.limited_body.clone())
+            }
         };
         headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
         fields.apply(response.headers_mut());
@@ -340,6 +344,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 .map(|p| PolicyInfo {
                     name: p.limit().name().into(),
                     policy_field: headers::policy_field(p.limit()),
+                    limited_body: headers::limited_body(p.limit().name()),
                     warned_missing_key: AtomicBool::new(false),
                 })
                 .collect(),
