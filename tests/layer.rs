@@ -15,6 +15,15 @@ use tower::ServiceExt;
 use tower_throttle::key::{Extension, Global, Header, KeySpec, PeerIp};
 use tower_throttle::{MissingKey, OnBackendError, Policy, Quota, ThrottleLayer};
 
+/// A policy with one key for every request.
+fn global_policy(name: &str, quota: Quota) -> Policy<Global> {
+    Policy::builder(name)
+        .quota(quota)
+        .key(Global)
+        .build()
+        .unwrap()
+}
+
 fn reply_policy() -> Policy<Header> {
     Policy::builder("reply")
         .quota(Quota::per_minute(30).with_max_burst(15))
@@ -95,11 +104,7 @@ async fn route_layer_admits_the_burst_then_429_with_headers() {
 #[tokio::test]
 async fn retry_after_is_at_least_one_second_at_high_rates() {
     let (backend, _clock) = backend();
-    let policy = Policy::builder("fast")
-        .quota(Quota::per_second(100_000).with_max_burst(0))
-        .key(Global)
-        .build()
-        .unwrap();
+    let policy = global_policy("fast", Quota::per_second(100_000).with_max_burst(0));
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy)
@@ -108,10 +113,7 @@ async fn retry_after_is_at_least_one_second_at_high_rates() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    assert_eq!(
-        app.clone().oneshot(request("/")).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
     let res = app.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     // 10 µs to wait, but a client told 0 would hammer: 1.
@@ -121,13 +123,7 @@ async fn retry_after_is_at_least_one_second_at_high_rates() {
 #[tokio::test]
 async fn headers_can_be_switched_off() {
     let layer = ThrottleLayer::builder()
-        .policy(
-            Policy::builder("p")
-                .quota(Quota::per_second(1))
-                .key(Global)
-                .build()
-                .unwrap(),
-        )
+        .policy(global_policy("p", Quota::per_second(1)))
         .ratelimit_headers(false)
         .build()
         .unwrap();
@@ -191,10 +187,7 @@ async fn mock_connect_info_and_spoofed_forwarded_headers() {
         .route("/", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(policy))
         .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 7], 4000))));
-    assert_eq!(
-        app.clone().oneshot(request("/")).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
     for forged in ["203.0.113.1", "203.0.113.2"] {
         let req = Request::get("/")
             .header("x-forwarded-for", forged)
@@ -245,10 +238,7 @@ async fn missing_keys_are_a_clear_4xx_or_pass_never_500() {
         .route("/", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(header_policy(MissingKey::Allow)));
     for _ in 0..3 {
-        assert_eq!(
-            app.clone().oneshot(request("/")).await.unwrap().status(),
-            StatusCode::OK
-        );
+        assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
     }
 }
 
@@ -288,18 +278,12 @@ async fn extension_and_closure_keys() {
             .body(Body::empty())
             .unwrap()
     };
+    assert_eq!(status_of(&app, as_user("1")).await, StatusCode::OK);
     assert_eq!(
-        app.clone().oneshot(as_user("1")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        app.clone().oneshot(as_user("1")).await.unwrap().status(),
+        status_of(&app, as_user("1")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(
-        app.clone().oneshot(as_user("2")).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(&app, as_user("2")).await, StatusCode::OK);
 
     // A closure: key by the first path segment, ignoring the query string.
     let by_tenant = Policy::builder("tenant")
@@ -310,30 +294,12 @@ async fn extension_and_closure_keys() {
     let app = Router::new()
         .route("/{tenant}", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(by_tenant));
+    assert_eq!(status_of(&app, request("/acme?x=1")).await, StatusCode::OK);
     assert_eq!(
-        app.clone()
-            .oneshot(request("/acme?x=1"))
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        app.clone()
-            .oneshot(request("/acme?x=2"))
-            .await
-            .unwrap()
-            .status(),
+        status_of(&app, request("/acme?x=2")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(
-        app.clone()
-            .oneshot(request("/other"))
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(&app, request("/other")).await, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -431,20 +397,14 @@ async fn method_router_layer_and_shared_backend() {
         .route("/a", get(|| async { "a" }).layer(layer_a))
         .route("/b", get(|| async { "b" }).layer(layer_b));
     // Different names never collide, even in one backend.
+    assert_eq!(status_of(&app, request("/a")).await, StatusCode::OK);
+    assert_eq!(status_of(&app, request("/b")).await, StatusCode::OK);
     assert_eq!(
-        app.clone().oneshot(request("/a")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        app.clone().oneshot(request("/b")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        app.clone().oneshot(request("/a")).await.unwrap().status(),
+        status_of(&app, request("/a")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(
-        app.clone().oneshot(request("/b")).await.unwrap().status(),
+        status_of(&app, request("/b")).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(backend.len(), 2);
@@ -453,13 +413,7 @@ async fn method_router_layer_and_shared_backend() {
 #[tokio::test]
 async fn custom_rejection_gets_retry_after_and_fields() {
     let layer = ThrottleLayer::builder()
-        .policy(
-            Policy::builder("p")
-                .quota(Quota::per_minute(1))
-                .key(Global)
-                .build()
-                .unwrap(),
-        )
+        .policy(global_policy("p", Quota::per_minute(1)))
         .rejection_response(|r| {
             let mut res = http::Response::new(bytes::Bytes::from(format!("{} says no", r.policy)));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -480,16 +434,8 @@ async fn custom_rejection_gets_retry_after_and_fields() {
 
 #[tokio::test]
 async fn stacked_layers_append_their_fields() {
-    let global = Policy::builder("global")
-        .quota(Quota::per_second(100))
-        .key(Global)
-        .build()
-        .unwrap();
-    let route = Policy::builder("route")
-        .quota(Quota::per_second(10))
-        .key(Global)
-        .build()
-        .unwrap();
+    let global = global_policy("global", Quota::per_second(100));
+    let route = global_policy("route", Quota::per_second(10));
     let app = Router::new()
         .route("/", get(|| async { "ok" }).layer(ThrottleLayer::new(route)))
         .layer(ThrottleLayer::new(global));
@@ -516,13 +462,7 @@ async fn on_backend_error_allow_or_deny() {
             ready(Err(BackendError::new("connection refused")))
         }
     }
-    let policy = || {
-        Policy::builder("p")
-            .quota(Quota::per_second(1))
-            .key(Global)
-            .build()
-            .unwrap()
-    };
+    let policy = || global_policy("p", Quota::per_second(1));
     for (mode, expected) in [
         (OnBackendError::Allow, StatusCode::OK),
         (OnBackendError::Deny, StatusCode::SERVICE_UNAVAILABLE),
@@ -595,8 +535,8 @@ async fn routes_in_nested_routers_match_by_full_or_nested_path() {
         .layer(layer);
     let app = Router::new().nest("/api", api);
     for path in ["/api/users/1", "/api/orders/1"] {
-        let first = app.clone().oneshot(request(path)).await.unwrap().status();
-        let second = app.clone().oneshot(request(path)).await.unwrap().status();
+        let first = status_of(&app, request(path)).await;
+        let second = status_of(&app, request(path)).await;
         assert_eq!(
             (first, second),
             (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS),
@@ -607,16 +547,8 @@ async fn routes_in_nested_routers_match_by_full_or_nested_path() {
 
 #[tokio::test]
 async fn a_layer_refuses_one_name_with_two_quotas() {
-    let a = Policy::builder("same")
-        .quota(Quota::per_second(1))
-        .key(Global)
-        .build()
-        .unwrap();
-    let b = Policy::builder("same")
-        .quota(Quota::per_hour(1))
-        .key(Global)
-        .build()
-        .unwrap();
+    let a = global_policy("same", Quota::per_second(1));
+    let b = global_policy("same", Quota::per_hour(1));
     let err = ThrottleLayer::builder()
         .policies([a.clone(), b])
         .build()

@@ -25,6 +25,12 @@ pub fn request(uri: &str) -> Request<Body> {
     Request::get(uri).body(Body::empty()).unwrap()
 }
 
+/// The status of `req` sent to a clone of `app`.
+pub async fn status_of(app: &axum::Router, req: Request<Body>) -> http::StatusCode {
+    use tower::ServiceExt;
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
 pub fn from_peer(mut req: Request<Body>, peer: &str) -> Request<Body> {
     let addr: SocketAddr = peer.parse().unwrap();
     req.extensions_mut().insert(ConnectInfo(addr));
