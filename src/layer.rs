@@ -117,12 +117,11 @@ impl Responder {
         if decision.allowed {
             return Verdict::Admit(Some(fields));
         }
-        let rejected = Rejected {
-            policy: &info.name,
-            decision: &decision,
-        };
         let mut response = match &self.rejection {
-            Some(custom) => custom(&rejected),
+            Some(custom) => custom(&Rejected {
+                policy: &info.name,
+                decision: &decision,
+            }),
             None => {
                 headers::problem_response(StatusCode::TOO_MANY_REQUESTS, info.limited_body.clone())
             }
@@ -135,11 +134,10 @@ impl Responder {
     pub(crate) fn missing_key(
         &self,
         index: usize,
-        what: impl FnOnce() -> String,
+        what: String,
         status: StatusCode,
     ) -> Response<Bytes> {
         let info = &self.policies[index];
-        let what = what();
         if !info.warned_missing_key.swap(true, Ordering::Relaxed) {
             tracing::warn!(policy = %info.name, source = %what, "request without a rate-limit key (further ones are logged at debug level)");
         } else {

@@ -89,7 +89,7 @@ where
                 MissingKey::Allow => ResponseFuture::calling(self.inner.call(request), None),
                 MissingKey::Reject(status) => ResponseFuture::ready(shared.responder.missing_key(
                     index,
-                    || policy.key().describe(),
+                    policy.key().describe(),
                     status,
                 )),
             };

@@ -81,6 +81,14 @@ impl Backend for Remote {
 }
 
 impl Remote {
+    /// A layer with [`policy`] deciding through this backend.
+    fn layer(&self) -> ThrottleLayer<Global, Remote> {
+        ThrottleLayerBuilder::with_backend(self.clone())
+            .policy(policy())
+            .build()
+            .unwrap()
+    }
+
     fn answer(&self, decision: Decision) {
         let tx = self.waiting.lock().unwrap().remove(0);
         tx.send(Ok(decision)).unwrap();
@@ -135,10 +143,7 @@ async fn the_inner_service_waits_for_a_remote_decision() {
     let inner = Strict::default();
     let (calls, violations) = (inner.calls.clone(), inner.violations.clone());
     let remote = Remote::default();
-    let layer = ThrottleLayerBuilder::with_backend(remote.clone())
-        .policy(policy())
-        .build()
-        .unwrap();
+    let layer = remote.layer();
     let mut svc = tower::ServiceBuilder::new().layer(layer).service(inner);
 
     // Admitted: nothing is called until the decision arrives, then the readied service is.
@@ -198,10 +203,7 @@ async fn dropping_a_pending_request_calls_nothing() {
     let inner = Strict::default();
     let calls = inner.calls.clone();
     let remote = Remote::default();
-    let layer = ThrottleLayerBuilder::with_backend(remote.clone())
-        .policy(policy())
-        .build()
-        .unwrap();
+    let layer = remote.layer();
     let mut svc = tower::ServiceBuilder::new().layer(layer).service(inner);
     let fut = svc.ready().await.unwrap().call(Request::new(()));
     drop(fut);
@@ -237,10 +239,7 @@ async fn a_rejection_releases_what_poll_ready_reserved() {
     // ConcurrencyLimit reserves a permit in poll_ready. A request rejected after a remote decision
     // must give it back, or the next poll_ready waits forever.
     let remote = Remote::default();
-    let layer = ThrottleLayerBuilder::with_backend(remote.clone())
-        .policy(policy())
-        .build()
-        .unwrap();
+    let layer = remote.layer();
     let mut svc = tower::ServiceBuilder::new()
         .layer(layer)
         .concurrency_limit(1)
