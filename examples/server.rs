@@ -1,9 +1,11 @@
-//! The example server: per-route policies from TOML on the in-memory backend.
+//! The example server: per-route policies from TOML, in memory or on Redis.
 //!
 //! ```text
-//! cargo run --example server                       # built-in config, 127.0.0.1:3000
+//! cargo run --example server                       # built-in config, 127.0.0.1:3000, in memory
 //! cargo run --example server -- --config my.toml   # your config
 //! cargo run --example server -- --listen 127.0.0.1:8080
+//! cargo run --example server -- --redis redis://127.0.0.1:6379/   # the built-in routes on Redis
+//! cargo run --example server -- --redis redis://127.0.0.1:6379/ --redis-mode lua
 //! ```
 //!
 //! Every configured route answers 200 to any method with a body naming the route; other paths 404.
@@ -13,7 +15,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use axum::{routing::any, Router};
-use tower_throttle::config::Config;
+use tower_throttle::config::{BackendConfig, Config, RedisConfig};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -54,12 +56,16 @@ period = "1m"
 struct Args {
     config: Option<String>,
     listen: Option<SocketAddr>,
+    redis: Option<String>,
+    redis_mode: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         config: None,
         listen: None,
+        redis: None,
+        redis_mode: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -72,8 +78,15 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|e| format!("--listen {addr:?}: {e}"))?,
                 );
             }
+            "--redis" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
+            "--redis-mode" => {
+                args.redis_mode = Some(it.next().ok_or("--redis-mode needs auto, cell or lua")?)
+            }
             "-h" | "--help" => {
-                println!("usage: server [--config FILE] [--listen ADDR]");
+                println!(
+                    "usage: server [--config FILE] [--listen ADDR] [--redis URL [--redis-mode auto|cell|lua]]\n\
+                     --redis replaces the configured backend with Redis at URL"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -82,8 +95,8 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn app(config: &Config) -> Result<Router, String> {
-    let layer = config.memory_layer().map_err(|e| e.to_string())?;
+async fn app(config: &Config) -> Result<Router, String> {
+    let layer = config.layer().await.map_err(|e| e.to_string())?;
     let mut added = HashSet::new();
     let mut router = Router::new();
     for route in &config.routes {
@@ -110,18 +123,25 @@ fn app(config: &Config) -> Result<Router, String> {
 
 async fn run() -> Result<(), String> {
     let args = parse_args()?;
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
             Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
         }
         None => Config::from_toml(DEFAULT_CONFIG).map_err(|e| e.to_string())?,
     };
+    if let Some(url) = args.redis {
+        let mut redis = RedisConfig::new(url);
+        redis.mode = args.redis_mode;
+        config.backend = BackendConfig::Redis(redis);
+    } else if args.redis_mode.is_some() {
+        return Err("--redis-mode needs --redis".into());
+    }
     let listen = args
         .listen
         .or(config.listen)
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000)));
-    let app = app(&config)?;
+    let app = app(&config).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

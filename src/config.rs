@@ -57,7 +57,7 @@ pub struct Config {
     /// Send `X-RateLimit-*` (default false).
     #[serde(default)]
     pub legacy_headers: bool,
-    /// `"allow"` (default) or `"deny"`: what to do when the backend fails.
+    /// `"allow"` (default), `"deny"` or `"local"`: what to do when the backend fails.
     #[serde(default, deserialize_with = "on_backend_error")]
     pub on_backend_error: OnBackendError,
     /// The policies, tried in order; the first whose path and methods match decides.
@@ -81,6 +81,98 @@ pub enum BackendConfig {
         #[serde(default)]
         max_keys: Option<usize>,
     },
+    /// `kind = "redis"`: the Redis backend (feature `redis`).
+    Redis(RedisConfig),
+}
+
+/// The `[backend]` table with `kind = "redis"`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// One server, or with `cluster = true` one seed node: `redis://[user:password@]host:port/[db]`,
+    /// `rediss://` for TLS.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Seed nodes of a Cluster (implies `cluster = true`).
+    #[serde(default)]
+    pub urls: Option<Vec<String>>,
+    /// `"auto"` (default), `"cell"` or `"lua"`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// The first part of every key (default `"throttle"`).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// The longest a decision may take, in milliseconds (default 100).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// `"allow"`, `"deny"` or `"local"`: what to do when Redis fails or times out (default: the
+    /// top-level `on_backend_error`, itself `"allow"` by default).
+    #[serde(default, deserialize_with = "some_on_backend_error")]
+    pub on_error: Option<OnBackendError>,
+    /// Whether `url` / `urls` name a Redis Cluster.
+    #[serde(default)]
+    pub cluster: bool,
+}
+
+impl RedisConfig {
+    /// A configuration for one server at `url`, everything else default.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: Some(url.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The URLs to connect to, with the password hidden: for messages.
+    pub fn describe(&self) -> String {
+        let urls: Vec<&str> = self
+            .url
+            .iter()
+            .map(String::as_str)
+            .chain(self.urls.iter().flatten().map(String::as_str))
+            .collect();
+        let urls: Vec<String> = urls.iter().map(|u| crate::error::redact_url(u)).collect();
+        let mode = self.mode.as_deref().unwrap_or("auto");
+        let cluster = if self.cluster || self.urls.is_some() {
+            "cluster "
+        } else {
+            ""
+        };
+        format!("redis {cluster}{} (mode {mode})", urls.join(", "))
+    }
+
+    /// Connects, as [`RedisBackend::builder`](crate::RedisBackend::builder) would with these settings.
+    #[cfg(feature = "redis")]
+    pub async fn connect(&self) -> Result<crate::RedisBackend, crate::BackendError> {
+        use crate::BackendError;
+        let mode = match &self.mode {
+            Some(mode) => mode
+                .parse()
+                .map_err(|e: BuildError| BackendError::new(e.to_string()))?,
+            None => crate::RedisMode::Auto,
+        };
+        let mut builder = crate::RedisBackend::builder().mode(mode);
+        builder = match (&self.url, &self.urls) {
+            (Some(_), Some(_)) => {
+                return Err(BackendError::new(
+                    "set either url or urls in [backend], not both",
+                ))
+            }
+            (Some(url), None) => builder.url(url.clone()).cluster(self.cluster),
+            (None, Some(urls)) => builder.cluster_urls(urls.clone()),
+            (None, None) => {
+                return Err(BackendError::new("[backend] kind = \"redis\" needs a url"))
+            }
+        };
+        if let Some(prefix) = &self.prefix {
+            builder = builder.prefix(prefix.clone());
+        }
+        if let Some(ms) = self.timeout_ms {
+            builder = builder.timeout(Duration::from_millis(ms));
+        }
+        builder.connect().await
+    }
 }
 
 impl Default for BackendConfig {
@@ -95,6 +187,7 @@ impl fmt::Display for BackendConfig {
             BackendConfig::Memory { max_keys } => {
                 write!(f, "memory (max_keys {})", max_keys.unwrap_or(1_000_000))
             }
+            BackendConfig::Redis(redis) => f.write_str(&redis.describe()),
         }
     }
 }
@@ -166,17 +259,141 @@ impl Config {
             .policies(self.policies()?)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
-            .on_backend_error(self.on_backend_error))
+            .on_backend_error(self.on_error()?))
     }
 
-    /// The configured layer on the in-memory backend.
+    /// The failure policy: `on_error` of a Redis `[backend]`, else the top-level `on_backend_error`.
+    pub fn on_error(&self) -> Result<OnBackendError, BuildError> {
+        match &self.backend {
+            BackendConfig::Redis(RedisConfig {
+                on_error: Some(on_error),
+                ..
+            }) => {
+                if self.on_backend_error != OnBackendError::default()
+                    && self.on_backend_error != *on_error
+                {
+                    return Err(BuildError::Invalid(format!(
+                        "on_backend_error = {:?} and [backend] on_error = {:?} disagree; set one",
+                        self.on_backend_error.as_str(),
+                        on_error.as_str()
+                    )));
+                }
+                Ok(*on_error)
+            }
+            _ => Ok(self.on_backend_error),
+        }
+    }
+
+    /// The configured layer on the in-memory backend; an error if `[backend]` is not `"memory"`.
     pub fn memory_layer(&self) -> Result<ThrottleLayer<KeySpec, MemoryBackend>, BuildError> {
-        let BackendConfig::Memory { max_keys } = &self.backend;
+        self.layer_builder(self.memory_backend()?)?.build()
+    }
+
+    fn memory_backend(&self) -> Result<MemoryBackend, BuildError> {
+        let BackendConfig::Memory { max_keys } = &self.backend else {
+            return Err(BuildError::Invalid(format!(
+                "the backend is {}, not memory",
+                self.backend
+            )));
+        };
         let mut backend = MemoryBackend::builder();
         if let Some(max_keys) = max_keys {
             backend = backend.max_keys(*max_keys);
         }
-        self.layer_builder(backend.build()?)?.build()
+        backend.build()
+    }
+
+    /// The configured backend, memory or Redis (connected), and the layer on it.
+    ///
+    /// Errors name the setting at fault, or say why Redis could not be reached.
+    #[cfg(feature = "redis")]
+    pub async fn layer(
+        &self,
+    ) -> Result<ThrottleLayer<KeySpec, ConfiguredBackend>, Box<dyn std::error::Error + Send + Sync>>
+    {
+        let policies = self.policies()?;
+        let backend = match &self.backend {
+            BackendConfig::Memory { .. } => ConfiguredBackend::Memory(self.memory_backend()?),
+            BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.connect().await?),
+        };
+        Ok(ThrottleLayerBuilder::with_backend(backend)
+            .policies(policies)
+            .ratelimit_headers(self.ratelimit_headers)
+            .legacy_headers(self.legacy_headers)
+            .on_backend_error(self.on_error()?)
+            .build()?)
+    }
+}
+
+/// The backend a [`Config`] names: memory or Redis, one type for both.
+#[cfg(feature = "redis")]
+#[derive(Clone, Debug)]
+pub enum ConfiguredBackend {
+    /// `kind = "memory"`.
+    Memory(MemoryBackend),
+    /// `kind = "redis"`.
+    Redis(crate::RedisBackend),
+}
+
+#[cfg(feature = "redis")]
+impl crate::Backend for ConfiguredBackend {
+    type Future = ConfiguredFuture;
+
+    fn check(&self, limit: &crate::Limit, key: &crate::Key, quantity: u64) -> Self::Future {
+        match self {
+            // Decided here and now: the layer sees a ready future and skips the pending path.
+            ConfiguredBackend::Memory(memory) => {
+                ConfiguredFuture::Ready(Some(memory.decide(limit, key, quantity)))
+            }
+            ConfiguredBackend::Redis(redis) => {
+                ConfiguredFuture::Redis(redis.check(limit, key, quantity))
+            }
+        }
+    }
+
+    fn validate(&self, limit: &crate::Limit) -> Result<(), BuildError> {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.validate(limit),
+            ConfiguredBackend::Redis(redis) => redis.validate(limit),
+        }
+    }
+}
+
+/// The future of [`ConfiguredBackend`].
+#[cfg(feature = "redis")]
+pub enum ConfiguredFuture {
+    /// A decision made in memory.
+    Ready(Option<Result<crate::Decision, crate::BackendError>>),
+    /// A decision Redis is making.
+    Redis(crate::RedisFuture),
+}
+
+#[cfg(feature = "redis")]
+impl fmt::Debug for ConfiguredFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConfiguredFuture::Ready(_) => "ConfiguredFuture::Ready",
+            ConfiguredFuture::Redis(_) => "ConfiguredFuture::Redis",
+        })
+    }
+}
+
+#[cfg(feature = "redis")]
+impl std::future::Future for ConfiguredFuture {
+    type Output = Result<crate::Decision, crate::BackendError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match self.get_mut() {
+            ConfiguredFuture::Ready(result) => std::task::Poll::Ready(
+                result
+                    .take()
+                    .expect("ConfiguredFuture polled after completion"),
+            ),
+            ConfiguredFuture::Redis(future) => future.as_mut().poll(cx),
+        }
     }
 }
 
@@ -247,10 +464,17 @@ fn on_backend_error<'de, D: Deserializer<'de>>(d: D) -> Result<OnBackendError, D
     match String::deserialize(d)?.as_str() {
         "allow" => Ok(OnBackendError::Allow),
         "deny" => Ok(OnBackendError::Deny),
+        "local" => Ok(OnBackendError::Local),
         other => Err(serde::de::Error::custom(format!(
-            "on_backend_error {other:?} is not \"allow\" or \"deny\""
+            "on_backend_error {other:?} is not \"allow\", \"deny\" or \"local\""
         ))),
     }
+}
+
+fn some_on_backend_error<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<OnBackendError>, D::Error> {
+    on_backend_error(d).map(Some)
 }
 
 #[cfg(test)]

@@ -113,3 +113,15 @@ impl std::error::Error for BackendError {
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
+
+/// `scheme://user:password@host` becomes `scheme://user:***@host`, for messages and logs.
+#[cfg_attr(not(any(feature = "redis", feature = "config")), allow(dead_code))]
+pub(crate) fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let user = url[scheme + 3..at].split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}

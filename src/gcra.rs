@@ -61,7 +61,9 @@ impl Params {
 pub struct Outcome {
     /// The decision.
     pub decision: Decision,
-    /// The TAT to store, unchanged from the input when the request was limited. A stored TAT that is not
+    /// The TAT to store, unchanged from the input when the request was limited (unless the input lay
+    /// more than the tolerance ahead, written under another quota: then it is brought back to
+    /// `now + tolerance`, a full bucket). A stored TAT that is not
     /// after `now` is equivalent to no state at all, so a backend may delete the key instead; a TAT may
     /// always be dropped once the clock passes it (it expires after [`Decision::reset_after`]).
     pub new_tat: Option<u64>,
@@ -73,6 +75,10 @@ pub struct Outcome {
 /// nanoseconds. A `quantity` of 0 peeks without consuming. A `quantity` whose cost exceeds the
 /// tolerance is limited with `retry_after = None`: it can never pass.
 ///
+/// A stored TAT more than the tolerance ahead of `now` can only come from another quota (a route whose
+/// quota changed while its keys lived on in Redis); it is read as a full bucket. redis-cell instead
+/// keeps such a key limited until the old TAT passes.
+///
 /// One deliberate difference from redis-cell 0.2.2: when a stored TAT lies in the past (a key not yet
 /// expired), redis-cell reports a negative `reset_after` and a `remaining` above the limit for an
 /// oversized request; here both are clamped (`reset_after` ≥ 0, `remaining` ≤ `limit`).
@@ -82,6 +88,10 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
         tolerance: tau,
         limit,
     } = *params;
+    // A TAT more than the tolerance ahead was stored under another quota (a changed route in a shared
+    // store): it counts as a full bucket under this one, and is stored so, so that it drains from now
+    // on. Under one quota it cannot happen.
+    let tat = tat.map(|tat| tat.min(now.saturating_add(tau)));
     let tat_or_now = tat.unwrap_or(now);
     let increment = t.checked_mul(quantity);
     // new_tat = max(tat, now) + T × quantity; the request passes when new_tat - tau <= now.

@@ -1,15 +1,16 @@
 //! [`ThrottleLayer`] and its builder.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
-use crate::{Backend, BackendError, BuildError, Decision, Policy, Throttle};
+use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
 
 #[cfg(feature = "memory")]
 use crate::MemoryBackend;
@@ -25,6 +26,24 @@ pub enum OnBackendError {
     Allow,
     /// Reject with `503 Service Unavailable` and `Retry-After: 1` (fail closed).
     Deny,
+    /// Decide in this process instead: an in-memory limiter with each policy's own quota takes over
+    /// until the backend answers again. Each process then enforces the quota on its own, so the fleet
+    /// admits up to `processes × quota` while the backend is down, which is usually the right trade
+    /// between an outage and no limit at all.
+    #[cfg(feature = "memory")]
+    Local,
+}
+
+impl OnBackendError {
+    /// `"allow"`, `"deny"` or `"local"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBackendError::Allow => "allow",
+            OnBackendError::Deny => "deny",
+            #[cfg(feature = "memory")]
+            OnBackendError::Local => "local",
+        }
+    }
 }
 
 /// A tower [`Layer`] that rate-limits requests with one or more [`Policy`]s.
@@ -69,10 +88,69 @@ pub(crate) struct Responder {
     policies: Box<[PolicyInfo]>,
     rejection: Option<Arc<RejectionFn>>,
     on_error: OnBackendError,
+    /// The limiter of `OnBackendError::Local`.
+    #[cfg(feature = "memory")]
+    local: Option<MemoryBackend>,
+    errors: ErrorLog,
+}
+
+/// Backend errors are logged at warn at most once a second, with the number left out; the others at
+/// debug. A Redis outage under load would otherwise write one line per request.
+#[derive(Default)]
+struct ErrorLog {
+    /// Seconds since `start` of the last warn-level line, plus one (0: never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+    start: OnceLock<Instant>,
+}
+
+impl ErrorLog {
+    fn record(&self, policy: &str, error: &BackendError, on_error: OnBackendError) {
+        let start = *self.start.get_or_init(Instant::now);
+        let now = start.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                policy,
+                error = %DisplayChain(error),
+                on_error = on_error.as_str(),
+                suppressed,
+                "rate-limit backend failed (further failures this second are logged at debug level)"
+            );
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(policy, error = %DisplayChain(error), on_error = on_error.as_str(), "rate-limit backend failed");
+        }
+    }
+}
+
+/// An error and its sources, `a: b: c`.
+struct DisplayChain<'a>(&'a BackendError);
+
+impl fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
 }
 
 struct PolicyInfo {
     name: Box<str>,
+    #[cfg(feature = "memory")]
+    limit: crate::Limit,
+    #[cfg(feature = "memory")]
+    cost: u64,
     policy_field: HeaderValue,
     /// The default 429 body, rendered once.
     limited_body: Bytes,
@@ -88,12 +166,19 @@ pub(crate) enum Verdict {
 }
 
 impl Responder {
-    pub(crate) fn verdict(&self, index: usize, result: Result<Decision, BackendError>) -> Verdict {
+    pub(crate) fn verdict(
+        &self,
+        index: usize,
+        result: Result<Decision, BackendError>,
+        key: &Key,
+    ) -> Verdict {
+        #[cfg(not(feature = "memory"))]
+        let _ = key;
         let info = &self.policies[index];
         let decision = match result {
             Ok(decision) => decision,
             Err(error) => {
-                tracing::warn!(policy = %info.name, %error, on_error = ?self.on_error, "rate-limit backend failed");
+                self.errors.record(&info.name, &error, self.on_error);
                 return match self.on_error {
                     OnBackendError::Allow => Verdict::Admit(None),
                     OnBackendError::Deny => {
@@ -104,9 +189,21 @@ impl Responder {
                         headers::set_retry_after(response.headers_mut(), 1);
                         Verdict::Reject(response)
                     }
+                    #[cfg(feature = "memory")]
+                    OnBackendError::Local => match &self.local {
+                        Some(local) => match local.decide(&info.limit, key, info.cost) {
+                            Ok(decision) => self.decided(info, decision),
+                            Err(_) => Verdict::Admit(None),
+                        },
+                        None => Verdict::Admit(None),
+                    },
                 };
             }
         };
+        self.decided(info, decision)
+    }
+
+    fn decided(&self, info: &PolicyInfo, decision: Decision) -> Verdict {
         tracing::debug!(
             policy = %info.name,
             allowed = decision.allowed,
@@ -341,6 +438,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 .iter()
                 .map(|p| PolicyInfo {
                     name: p.limit().name().into(),
+                    #[cfg(feature = "memory")]
+                    limit: p.limit().clone(),
+                    #[cfg(feature = "memory")]
+                    cost: p.cost(),
                     policy_field: headers::policy_field(p.limit()),
                     limited_body: headers::limited_body(p.limit().name()),
                     warned_missing_key: AtomicBool::new(false),
@@ -348,6 +449,9 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 .collect(),
             rejection: self.rejection,
             on_error: self.on_error,
+            #[cfg(feature = "memory")]
+            local: (self.on_error == OnBackendError::Local).then(MemoryBackend::new),
+            errors: ErrorLog::default(),
         };
         Ok(ThrottleLayer {
             shared: Arc::new(Shared {

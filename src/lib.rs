@@ -72,6 +72,8 @@ mod service;
 pub use backend::Backend;
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
+#[cfg(feature = "redis")]
+pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 pub use decision::Decision;
 pub use error::{BackendError, BuildError};
 pub use key::Key;

@@ -15,7 +15,7 @@ use crate::body::ThrottleBody;
 use crate::headers::RateHeaders;
 use crate::key::KeyExtractor;
 use crate::layer::{Responder, Shared, Verdict};
-use crate::{Backend, BackendError, Decision, MissingKey};
+use crate::{Backend, BackendError, Decision, Key, MissingKey};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -99,7 +99,7 @@ where
         // readied inner service is called right here, with no clone and no extra state.
         let mut noop = Context::from_waker(Waker::noop());
         match Pin::new(&mut decision).poll(&mut noop) {
-            Poll::Ready(result) => match shared.responder.verdict(index, result) {
+            Poll::Ready(result) => match shared.responder.verdict(index, result, &key) {
                 Verdict::Admit(headers) => {
                     ResponseFuture::calling(self.inner.call(request), headers)
                 }
@@ -119,6 +119,7 @@ where
                             request,
                             responder: shared.responder.clone(),
                             index,
+                            key,
                         }),
                     },
                 }
@@ -132,6 +133,8 @@ struct Pending<S, ReqBody> {
     request: Request<ReqBody>,
     responder: Arc<Responder>,
     index: usize,
+    /// For the local limiter of `OnBackendError::Local`.
+    key: Key,
 }
 
 pin_project! {
@@ -219,10 +222,11 @@ where
                         request,
                         responder,
                         index,
+                        key,
                     } = pending
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    match responder.verdict(index, result) {
+                    match responder.verdict(index, result, &key) {
                         Verdict::Admit(headers) => Kind::Calling {
                             future: service.call(request),
                             headers,

@@ -10,6 +10,12 @@ mod memory;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
 
+#[cfg(feature = "redis")]
+mod redis;
+
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
+
 use std::future::Future;
 use std::sync::Arc;
 

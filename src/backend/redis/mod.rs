@@ -1,0 +1,830 @@
+//! The Redis backend: one limiter shared by every process that talks to the same Redis.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{aio::ConnectionLike, Client, RedisError, Value};
+
+use crate::{Backend, BackendError, BuildError, Decision, Key, Limit};
+
+/// Which implementation of the GCRA the [`RedisBackend`] runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RedisMode {
+    /// `CL.THROTTLE` when the redis-cell module is loaded (on every primary of a Cluster), the Lua
+    /// script otherwise. Detected at connect and again after the connection was lost, so a server that
+    /// restarts with or without the module is followed. The default.
+    #[default]
+    Auto,
+    /// Always `CL.THROTTLE`: requires the redis-cell module. Decisions report whole seconds.
+    Cell,
+    /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
+    Lua,
+}
+
+impl RedisMode {
+    /// `"auto"`, `"cell"` or `"lua"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisMode::Auto => "auto",
+            RedisMode::Cell => "cell",
+            RedisMode::Lua => "lua",
+        }
+    }
+}
+
+impl fmt::Display for RedisMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RedisMode {
+    type Err = BuildError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(RedisMode::Auto),
+            "cell" => Ok(RedisMode::Cell),
+            "lua" => Ok(RedisMode::Lua),
+            other => Err(BuildError::Invalid(format!(
+                "unknown Redis mode {other:?}: expected \"auto\", \"cell\" or \"lua\""
+            ))),
+        }
+    }
+}
+
+/// The Lua path keeps `tat - now` below 2^53 ns in doubles; longer tolerances are refused.
+const LUA_MAX_WINDOW_NS: u64 = 1 << 53;
+
+const SCRIPT: &str = include_str!("gcra.lua");
+
+/// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
+/// on one server or a Redis Cluster.
+///
+/// Every decision is one atomic command on one key, `prefix:policy:{key}`; the braces are a hash tag,
+/// so a Cluster routes each decision to the node that owns the key's slot. The user-controlled part is
+/// escaped (it can contain no `{`, `}`, `:` of its own) and bounded: keys longer than 64 bytes are
+/// stored by their SHA-256.
+///
+/// Each call is bounded by the [timeout](RedisBackendBuilder::timeout) (100 ms by default); a timeout
+/// or an error reaches the layer as a [`BackendError`], where
+/// [`OnBackendError`](crate::OnBackendError) decides (fail open, fail closed or a local limiter). The
+/// connection reconnects by itself, so decisions come from Redis again once it is back.
+///
+/// # Modes
+///
+/// - **Lua** (`EVALSHA`, reloaded after `NOSCRIPT`): the server's clock (`TIME`), integer arithmetic,
+///   results in nanoseconds. Tolerances (`period / count × (max_burst + 1)`) up to about 104 days.
+/// - **Cell** (`CL.THROTTLE`): redis-cell reports retry and reset in whole seconds, truncated; this
+///   backend reports the next whole second instead, an upper bound that is never early. Quotas whose
+///   period is not a whole number of seconds are sent as the equal rate over a whole number of seconds
+///   (5 per 500 ms as 10 per second). `CL.THROTTLE` declares no key, so on a Cluster the command is
+///   routed by its first argument, the key, to the node that owns its slot; during a resharding the
+///   server cannot redirect it, so prefer the Lua path (`RedisMode::Lua`) on clusters that reshard.
+/// - **Auto**: Cell when the module is loaded, Lua otherwise.
+///
+/// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
+/// so they agree on every key, and a change of mode loses nothing.
+///
+/// ```no_run
+/// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let redis = RedisBackend::builder()
+///     .url("redis://127.0.0.1:6379/")
+///     .prefix("myapp")
+///     .connect()
+///     .await?;
+/// let layer = ThrottleLayer::builder()
+///     .backend(redis)
+///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build()?)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    mode: RedisMode,
+    /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
+    active: AtomicU8,
+    /// Set when the connection failed: in `Auto` mode the next call detects the module again.
+    redetect: AtomicBool,
+    prefix: Box<str>,
+    timeout: Duration,
+    script: redis::Script,
+}
+
+const UNKNOWN: u8 = 0;
+const CELL: u8 = 1;
+const LUA: u8 = 2;
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field(
+                "topology",
+                &match self.inner.conn {
+                    Conn::Single(_) => "single",
+                    Conn::Cluster(_) => "cluster",
+                },
+            )
+            .field("mode", &self.inner.mode)
+            .field("active", &self.active_path())
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    /// The default time a decision may take before the layer's failure policy applies: 100 ms.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+    /// The default key prefix: `"throttle"`.
+    pub const DEFAULT_PREFIX: &'static str = "throttle";
+
+    /// A builder: where to connect, mode, prefix, timeout.
+    pub fn builder() -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            target: None,
+            cluster: false,
+            mode: RedisMode::Auto,
+            prefix: Self::DEFAULT_PREFIX.to_owned(),
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The path decisions take now: `Some(RedisMode::Cell)` or `Some(RedisMode::Lua)`, or `None` in
+    /// `Auto` mode before the module has been detected.
+    pub fn active_path(&self) -> Option<RedisMode> {
+        match self.inner.mode {
+            RedisMode::Auto => match self.inner.active.load(Ordering::Relaxed) {
+                CELL => Some(RedisMode::Cell),
+                LUA => Some(RedisMode::Lua),
+                _ => None,
+            },
+            fixed => Some(fixed),
+        }
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> RedisMode {
+        self.inner.mode
+    }
+
+    /// The Redis key that holds `key`'s state under the policy `policy`: `prefix:policy:{key}`.
+    pub fn redis_key(&self, policy: &str, key: &Key) -> String {
+        let mut out = String::with_capacity(self.inner.prefix.len() + policy.len() + 48);
+        out.push_str(&self.inner.prefix);
+        out.push(':');
+        out.push_str(policy);
+        out.push_str(":{");
+        key.render(&mut out);
+        out.push('}');
+        out
+    }
+}
+
+/// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
+#[must_use]
+pub struct RedisBackendBuilder {
+    target: Option<Target>,
+    cluster: bool,
+    mode: RedisMode,
+    prefix: String,
+    timeout: Duration,
+}
+
+enum Target {
+    Urls(Vec<String>),
+    Client(Client),
+    Manager(ConnectionManager),
+    ClusterClient(ClusterClient),
+    ClusterConnection(ClusterConnection),
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("cluster", &self.cluster)
+            .field("mode", &self.mode)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackendBuilder {
+    /// Connect to this URL: `redis://[user:password@]host:port/[db]`, `rediss://` for TLS, or
+    /// `redis+unix:///path`. With [`cluster(true)`](Self::cluster), a seed node of the Cluster.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.target = Some(Target::Urls(vec![url.into()]));
+        self
+    }
+
+    /// Seed nodes of a Redis Cluster (implies [`cluster(true)`](Self::cluster)).
+    pub fn cluster_urls<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.target = Some(Target::Urls(urls.into_iter().map(Into::into).collect()));
+        self.cluster = true;
+        self
+    }
+
+    /// Whether the URLs name a Redis Cluster (default `false`: one server).
+    pub fn cluster(mut self, cluster: bool) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// Use this client (for instance one built with custom TLS certificates). A connection manager is
+    /// made from it, with this backend's timeout.
+    pub fn client(mut self, client: Client) -> Self {
+        self.target = Some(Target::Client(client));
+        self
+    }
+
+    /// Use this connection manager as it is (its own timeouts and reconnect settings apply, under this
+    /// backend's timeout).
+    pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
+        self.target = Some(Target::Manager(manager));
+        self
+    }
+
+    /// Use this Cluster client.
+    pub fn cluster_client(mut self, client: ClusterClient) -> Self {
+        self.target = Some(Target::ClusterClient(client));
+        self
+    }
+
+    /// Use this Cluster connection as it is.
+    pub fn cluster_connection(mut self, connection: ClusterConnection) -> Self {
+        self.target = Some(Target::ClusterConnection(connection));
+        self
+    }
+
+    /// [`RedisMode::Auto`] (default), [`RedisMode::Cell`] or [`RedisMode::Lua`].
+    pub fn mode(mut self, mode: RedisMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The first part of every key (default `"throttle"`): 1 to 64 of `A-Z a-z 0-9 _ . - : /`, so
+    /// that applications sharing a Redis keep apart.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest a decision may take, connecting included (default 100 ms). Past it, the call fails
+    /// with a timeout and the layer's failure policy answers the request.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module.
+    ///
+    /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
+    /// reached within the timeout, or when `Cell` mode is asked of a server without the module.
+    pub async fn connect(self) -> Result<RedisBackend, BackendError> {
+        validate_prefix(&self.prefix).map_err(BackendError::new)?;
+        if self.timeout.is_zero() {
+            return Err(BackendError::new("Redis timeout must be greater than zero"));
+        }
+        let timeout = self.timeout;
+        let target = self.target.ok_or_else(|| {
+            BackendError::new("no Redis to connect to: set a url, urls, client or connection")
+        })?;
+        install_crypto_provider();
+        let connecting = async {
+            match target {
+                Target::Urls(urls) => {
+                    if urls.is_empty() {
+                        return Err(BackendError::new("no Redis URL given"));
+                    }
+                    if self.cluster {
+                        let client = ClusterClient::builder(urls.clone())
+                            .connection_timeout(timeout)
+                            .response_timeout(timeout)
+                            .build()
+                            .map_err(|e| connect_error(&urls.join(", "), e))?;
+                        cluster_connect(client).await
+                    } else if urls.len() > 1 {
+                        Err(BackendError::new(
+                            "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
+                        ))
+                    } else {
+                        let client = Client::open(urls[0].as_str())
+                            .map_err(|e| connect_error(&urls[0], e))?;
+                        single_connect(client, timeout).await
+                    }
+                }
+                Target::Client(client) => single_connect(client, timeout).await,
+                Target::Manager(manager) => Ok(Conn::Single(manager)),
+                Target::ClusterClient(client) => cluster_connect(client).await,
+                Target::ClusterConnection(connection) => Ok(Conn::Cluster(connection)),
+            }
+        };
+        // Connecting and detecting get a few timeouts' worth of time: this happens once, at start-up.
+        let start_budget = timeout.saturating_mul(10).max(Duration::from_secs(1));
+        let conn = tokio::time::timeout(start_budget, connecting)
+            .await
+            .map_err(|_| {
+                BackendError::new(format!(
+                    "Redis did not accept a connection within {start_budget:?}"
+                ))
+            })??;
+        let backend = RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                mode: self.mode,
+                active: AtomicU8::new(UNKNOWN),
+                redetect: AtomicBool::new(false),
+                prefix: self.prefix.into_boxed_str(),
+                timeout,
+                script: redis::Script::new(SCRIPT),
+            }),
+        };
+        let mut conn = backend.inner.conn.clone();
+        let probe = async {
+            match self.mode {
+                RedisMode::Lua => match &mut conn {
+                    Conn::Single(c) => backend.inner.script.load_async(c).await.map(drop),
+                    Conn::Cluster(c) => backend.inner.script.load_async(c).await.map(drop),
+                },
+                RedisMode::Cell | RedisMode::Auto => {
+                    let loaded = cell_loaded(&mut conn).await?;
+                    if self.mode == RedisMode::Cell && !loaded {
+                        return Err(RedisError::from((
+                            redis::ErrorKind::Client,
+                            "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which this Redis has not loaded; use mode \"lua\" or \"auto\"",
+                        )));
+                    }
+                    backend
+                        .inner
+                        .active
+                        .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+                    Ok(())
+                }
+            }
+        };
+        tokio::time::timeout(start_budget, probe)
+            .await
+            .map_err(|_| {
+                BackendError::new(format!("Redis did not answer within {start_budget:?}"))
+            })?
+            .map_err(|e| BackendError::with_source("Redis refused the limiter's set-up", e))?;
+        Ok(backend)
+    }
+}
+
+fn validate_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() || prefix.len() > 64 {
+        return Err(format!(
+            "Redis key prefix {prefix:?} must be 1 to 64 characters"
+        ));
+    }
+    if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_.-:/".contains(&b))
+    {
+        return Err(format!(
+            "Redis key prefix {prefix:?} may contain only A-Z a-z 0-9 _ . - : /"
+        ));
+    }
+    Ok(())
+}
+
+fn install_crypto_provider() {
+    // Fails only when a provider is installed already, which is then the one used.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn connect_error(url: &str, e: RedisError) -> BackendError {
+    BackendError::with_source(
+        format!(
+            "cannot connect to Redis at {}",
+            crate::error::redact_url(url)
+        ),
+        e,
+    )
+}
+
+async fn single_connect(client: Client, timeout: Duration) -> Result<Conn, BackendError> {
+    let url = client.get_connection_info().addr().to_string();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        // Reconnect quickly after Redis comes back: a limiter that is down costs every request the
+        // failure policy.
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500))
+        .set_number_of_retries(3);
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .map(Conn::Single)
+        .map_err(|e| connect_error(&url, e))
+}
+
+async fn cluster_connect(client: ClusterClient) -> Result<Conn, BackendError> {
+    client
+        .get_async_connection()
+        .await
+        .map(Conn::Cluster)
+        .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
+}
+
+/// Whether `CL.THROTTLE` exists (on every primary, for a Cluster).
+async fn cell_loaded(conn: &mut Conn) -> Result<bool, RedisError> {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("CL.THROTTLE");
+    let reply = match conn {
+        Conn::Single(manager) => manager.req_packed_command(&cmd).await?,
+        Conn::Cluster(cluster) => {
+            cluster
+                .route_command(
+                    cmd,
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::CombineArrays),
+                    )),
+                )
+                .await?
+        }
+    };
+    // One entry per server asked: the command's description, or nil where it is unknown.
+    Ok(match reply {
+        Value::Array(entries) => {
+            !entries.is_empty() && entries.iter().all(|e| !matches!(e, Value::Nil))
+        }
+        _ => false,
+    })
+}
+
+/// What a policy's quota becomes on each path.
+struct Args {
+    interval: u64,
+    tolerance: u64,
+    limit: u64,
+    /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
+    cell: Option<CellArgs>,
+}
+
+#[derive(Clone, Copy)]
+struct CellArgs {
+    max_burst: u64,
+    count: u64,
+    period_secs: u64,
+}
+
+impl Args {
+    fn new(limit: &Limit) -> Option<Args> {
+        let params = limit.gcra()?;
+        Some(Args {
+            interval: params.emission_interval(),
+            tolerance: params.tolerance(),
+            limit: params.limit(),
+            cell: cell_args(limit),
+        })
+    }
+
+    fn lua_ok(&self) -> bool {
+        self.tolerance
+            .checked_add(self.interval)
+            .is_some_and(|w| w <= LUA_MAX_WINDOW_NS)
+    }
+}
+
+/// The quota as `count` per `period_secs` whole seconds, at exactly the same rate: the smallest whole
+/// number of seconds that holds a whole number of emissions.
+fn cell_args(limit: &Limit) -> Option<CellArgs> {
+    const NANOS: u128 = 1_000_000_000;
+    let quota = limit.quota();
+    let period = quota.period().as_nanos();
+    let count = u128::from(quota.count());
+    if period == 0 || count == 0 {
+        return None;
+    }
+    // count' / secs = count / period  =>  secs = period / gcd(period, count × 10^9).
+    let secs = period / gcd(period, count * NANOS);
+    let scaled_count = count * NANOS * secs / period;
+    let max = i64::MAX as u128;
+    if secs == 0 || secs > max / NANOS || scaled_count == 0 || scaled_count > max {
+        return None;
+    }
+    // redis-cell divides the period by the count in nanoseconds, like Quota::validate: same interval.
+    let cell_interval = secs * NANOS / scaled_count;
+    if Some(cell_interval as u64) != limit.gcra().map(|p| p.emission_interval()) {
+        return None;
+    }
+    Some(CellArgs {
+        max_burst: quota.max_burst(),
+        count: scaled_count as u64,
+        period_secs: secs as u64,
+    })
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The future of [`RedisBackend::check`].
+pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+
+impl Backend for RedisBackend {
+    type Future = RedisFuture;
+
+    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+        let inner = self.inner.clone();
+        let redis_key = self.redis_key(limit.name(), key);
+        let args = Args::new(limit);
+        Box::pin(async move {
+            let Some(args) = args else {
+                return Err(BackendError::new(format!(
+                    "the Redis backend cannot enforce the algorithm of policy {:?}",
+                    limit_name(&redis_key)
+                )));
+            };
+            match tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => {
+                    inner.connection_trouble();
+                    Err(BackendError::new(format!(
+                        "Redis did not decide within {:?}",
+                        inner.timeout
+                    )))
+                }
+            }
+        })
+    }
+
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        let Some(args) = Args::new(limit) else {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?}: the Redis backend supports the GCRA only",
+                limit.name()
+            )));
+        };
+        let lua = || {
+            if args.lua_ok() {
+                Ok(())
+            } else {
+                Err(BuildError::Invalid(format!(
+                    "policy {:?}: the Lua path of the Redis backend supports bursts that refill within \
+                     104 days (period / count × (max_burst + 1)); this quota needs {:?}",
+                    limit.name(),
+                    Duration::from_nanos(args.tolerance)
+                )))
+            }
+        };
+        let cell = || {
+            if args.cell.is_some() {
+                Ok(())
+            } else {
+                Err(BuildError::Invalid(format!(
+                    "policy {:?}: CL.THROTTLE cannot express this quota exactly (its period must be \
+                     a whole number of seconds at the same rate); use mode \"lua\"",
+                    limit.name()
+                )))
+            }
+        };
+        match self.inner.mode {
+            RedisMode::Lua => lua(),
+            RedisMode::Cell => cell(),
+            // Auto may run either path, and a policy that only one path can enforce runs on Lua: so
+            // Lua must be able to.
+            RedisMode::Auto => lua(),
+        }
+    }
+}
+
+/// The policy part of a Redis key, for messages.
+fn limit_name(redis_key: &str) -> &str {
+    redis_key.split(':').nth(1).unwrap_or(redis_key)
+}
+
+impl Inner {
+    fn connection_trouble(&self) {
+        if self.mode == RedisMode::Auto {
+            self.redetect.store(true, Ordering::Relaxed);
+        }
+    }
+
+    async fn decide(
+        &self,
+        key: &str,
+        args: &Args,
+        quantity: u64,
+    ) -> Result<Decision, BackendError> {
+        let mut conn = self.conn.clone();
+        let result = self.decide_on(&mut conn, key, args, quantity).await;
+        result.map_err(|e| {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                self.connection_trouble();
+            }
+            BackendError::with_source("Redis failed to decide", e)
+        })
+    }
+
+    async fn decide_on(
+        &self,
+        conn: &mut Conn,
+        key: &str,
+        args: &Args,
+        quantity: u64,
+    ) -> Result<Decision, RedisError> {
+        let use_cell = match self.mode {
+            RedisMode::Lua => false,
+            RedisMode::Cell => true,
+            RedisMode::Auto => {
+                if self.redetect.swap(false, Ordering::Relaxed)
+                    || self.active.load(Ordering::Relaxed) == UNKNOWN
+                {
+                    match cell_loaded(conn).await {
+                        Ok(loaded) => self
+                            .active
+                            .store(if loaded { CELL } else { LUA }, Ordering::Relaxed),
+                        Err(e) => {
+                            self.redetect.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
+                    }
+                }
+                self.active.load(Ordering::Relaxed) == CELL
+            }
+        };
+        // A peek (quantity 0) and a quota with no whole-second form go to Lua: redis-cell would write
+        // a key with no expiry for the first and cannot express the second.
+        match args.cell {
+            Some(cell) if use_cell && quantity > 0 => {
+                match throttle(conn, key, cell, quantity).await {
+                    Err(e) if self.mode == RedisMode::Auto && is_unknown_command(&e) => {
+                        // The module went away (a restart without it): Lua from now on, and this
+                        // request too (the failed command wrote nothing).
+                        self.active.store(LUA, Ordering::Relaxed);
+                        tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
+                        self.lua(conn, key, args, quantity).await
+                    }
+                    other => other,
+                }
+            }
+            _ => self.lua(conn, key, args, quantity).await,
+        }
+    }
+
+    async fn lua(
+        &self,
+        conn: &mut Conn,
+        key: &str,
+        args: &Args,
+        quantity: u64,
+    ) -> Result<Decision, RedisError> {
+        let mut invocation = self.script.key(key);
+        invocation
+            .arg(args.interval)
+            .arg(args.tolerance)
+            .arg(args.limit)
+            .arg(quantity);
+        let reply: [i64; 5] = match conn {
+            Conn::Single(c) => invocation.invoke_async(c).await?,
+            Conn::Cluster(c) => invocation.invoke_async(c).await?,
+        };
+        Ok(from_reply(reply, Duration::from_nanos))
+    }
+}
+
+async fn throttle(
+    conn: &mut Conn,
+    key: &str,
+    cell: CellArgs,
+    quantity: u64,
+) -> Result<Decision, RedisError> {
+    let mut cmd = redis::cmd("CL.THROTTLE");
+    cmd.arg(key)
+        .arg(cell.max_burst)
+        .arg(cell.count)
+        .arg(cell.period_secs)
+        .arg(quantity);
+    // With no declared key, a Cluster routes the command by its first argument: the key's slot.
+    let reply: [i64; 5] = match conn {
+        Conn::Single(c) => cmd.query_async(c).await?,
+        Conn::Cluster(c) => cmd.query_async(c).await?,
+    };
+    // Whole seconds, truncated: report the next whole second, which is never early.
+    let mut decision = from_reply(reply, |secs| Duration::from_secs(secs.saturating_add(1)));
+    if decision.remaining >= decision.limit && decision.allowed {
+        decision.reset_after = Duration::ZERO;
+    }
+    Ok(decision)
+}
+
+fn is_unknown_command(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
+}
+
+/// `[limited, limit, remaining, retry_after, reset_after]`, durations converted by `unit`.
+fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
+    let [limited, limit, remaining, retry_after, reset_after] = reply;
+    let limit = limit.max(0) as u64;
+    let remaining = remaining.max(0) as u64;
+    let reset_after = unit(reset_after.max(0) as u64);
+    if limited == 0 {
+        Decision::allowed(limit, remaining, reset_after)
+    } else {
+        let retry_after = u64::try_from(retry_after).ok().map(unit);
+        Decision::limited(limit, remaining, retry_after, reset_after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn cell(quota: Quota) -> Option<(u64, u64, u64)> {
+        let limit = Limit::new("t", quota).unwrap();
+        cell_args(&limit).map(|c| (c.max_burst, c.count, c.period_secs))
+    }
+
+    #[test]
+    fn quotas_map_to_whole_second_periods_at_the_same_rate() {
+        assert_eq!(cell(Quota::per_second(5)), Some((4, 5, 1)));
+        assert_eq!(
+            cell(Quota::cl_throttle(15, 30, Duration::from_secs(60))),
+            Some((15, 30, 60))
+        );
+        assert_eq!(
+            cell(Quota::per_period(5, Duration::from_millis(500))),
+            Some((4, 10, 1))
+        );
+        assert_eq!(
+            cell(Quota::per_period(1, Duration::from_millis(1500))),
+            Some((0, 2, 3))
+        );
+        assert_eq!(
+            cell(Quota::per_period(3, Duration::from_millis(700))),
+            Some((2, 30, 7))
+        );
+        assert_eq!(cell(Quota::per_day(1000)), Some((999, 1000, 86_400)));
+    }
+
+    #[test]
+    fn prefixes_are_checked() {
+        assert!(validate_prefix("throttle").is_ok());
+        assert!(validate_prefix("app:v2/limits").is_ok());
+        for bad in ["", "a b", "a{b}", "x".repeat(65).as_str(), "é"] {
+            assert!(validate_prefix(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        use crate::error::redact_url;
+        assert_eq!(
+            redact_url("rediss://user:s3cret@host:6380/0"),
+            "rediss://user:***@host:6380/0"
+        );
+        assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
+    }
+
+    #[test]
+    fn cell_replies_round_up_to_whole_seconds() {
+        let limited = from_reply([1, 5, 0, 0, 4], |s| Duration::from_secs(s + 1));
+        assert!(!limited.allowed);
+        assert_eq!(limited.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(limited.retry_after_secs(), 1);
+        let never = from_reply([1, 5, 0, -1, 4], Duration::from_secs);
+        assert_eq!(never.retry_after, None);
+    }
+}

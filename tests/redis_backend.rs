@@ -1,0 +1,502 @@
+//! The Redis backend against real servers: parity with the memory backend on both paths, exact
+//! admission under concurrency (one server and a Cluster), mode detection, keys, quota changes.
+//!
+//! The servers come from `tests/support/redis.rs`; `bash scripts/test.sh` installs what they need.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_support::{RedisCluster, RedisServer};
+use tokio::time::Instant;
+use tower_throttle::{
+    gcra, Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend, RedisMode,
+};
+
+async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
+    RedisBackend::builder()
+        .url(url)
+        .mode(mode)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect {url} ({mode}): {e:?}"))
+}
+
+async fn cluster(urls: Vec<String>, mode: RedisMode) -> RedisBackend {
+    RedisBackend::builder()
+        .cluster_urls(urls)
+        .mode(mode)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect cluster ({mode}): {e:?}"))
+}
+
+fn limit(name: &str, quota: Quota) -> Limit {
+    Limit::new(name, quota).unwrap()
+}
+
+/// One request of the parity schedule: at `at` (from the start), `quantity` units.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    at: Duration,
+    quantity: u64,
+}
+
+/// A schedule of bursts (quantity 1 to 3, sometimes more than the bucket holds) and idle gaps, in
+/// which no request lies within `margin` of a boundary where its decision or `remaining` would
+/// change. Real clocks then give every backend the same allowed / remaining sequence, though each
+/// reads its own clock a little apart from the others.
+fn schedule(params: &gcra::Params, steps: usize, margin: u64, seed: u64) -> Vec<Step> {
+    let interval = params.emission_interval();
+    let tau = params.tolerance();
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    // Whether a request at `now` with this TAT is at least `margin` from every boundary. A TAT set in
+    // the same burst (`anchor == now`) is exempt: within a burst the clocks only move forward, which
+    // moves every boundary away (it is hit exactly, in the admitting direction).
+    let clear = |tat: Option<u64>, anchor: u64, now: u64, quantity: u64| -> bool {
+        let Some(tat) = tat else { return true };
+        let increment = interval * quantity;
+        if increment > tau || anchor == now || tat + margin <= now {
+            // Never admitted; or exact within the burst; or the TAT has passed, so the decision and
+            // `remaining` no longer depend on the time.
+            return true;
+        }
+        if tat < now + margin {
+            return false;
+        }
+        let new_tat = tat + increment;
+        if (now + tau).abs_diff(new_tat) < margin {
+            return false;
+        }
+        // remaining = floor((tau - ttl) / T), where ttl moves with the clock.
+        let ttl = if new_tat <= now + tau {
+            new_tat - now
+        } else {
+            tat - now
+        };
+        let x = tau.saturating_sub(ttl) % interval;
+        x >= margin && interval - x >= margin
+    };
+    let decide = |tat: Option<u64>, anchor: u64, now: u64, quantity: u64| {
+        let out = gcra::decide(tat, now, params, quantity);
+        let reset = out.new_tat.is_some() && tat.is_none_or(|tat| tat <= now);
+        (out.new_tat, if reset { now } else { anchor })
+    };
+    let mut out = Vec::new();
+    let mut tat: Option<u64> = None;
+    let mut anchor = 0;
+    let start = 10 * tau; // any origin; only differences matter
+    let mut now = start;
+    while out.len() < steps {
+        let burst = 1 + next(4);
+        let quantities: Vec<u64> = (0..burst)
+            .map(|_| match next(10) {
+                0 => params.limit() + 1, // larger than the bucket
+                1 | 2 => 2,
+                3 => 3,
+                _ => 1,
+            })
+            .collect();
+        // An idle gap of 0 to 2 tolerances, nudged until every request of the burst is clear.
+        let mut gap = if out.is_empty() { 0 } else { next(2 * tau) };
+        loop {
+            let (mut t, mut a) = (tat, anchor);
+            let at = now + gap;
+            let ok = quantities.iter().all(|&q| {
+                let ok = clear(t, a, at, q);
+                (t, a) = decide(t, a, at, q);
+                ok
+            });
+            if ok {
+                break;
+            }
+            gap += margin / 2;
+        }
+        now += gap;
+        for q in quantities {
+            (tat, anchor) = decide(tat, anchor, now, q);
+            out.push(Step {
+                at: Duration::from_nanos(now - start),
+                quantity: q,
+            });
+        }
+    }
+    out
+}
+
+fn close(a: Duration, b: Duration, within: Duration) -> bool {
+    a.abs_diff(b) <= within
+}
+
+/// Memory, Lua and `CL.THROTTLE` see the same requests at the same times and must agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_lua_and_cell_agree() {
+    let server = RedisServer::start_with_cell();
+    let lua = connect(&server.url(), RedisMode::Lua).await;
+    let cell = connect(&server.url(), RedisMode::Cell).await;
+    let memory = MemoryBackend::new();
+    // 5 at once, then one every 200 ms. Lua and Cell get their own policy names: their own keys.
+    let quota = Quota::per_period(5, Duration::from_secs(1)).with_max_burst(4);
+    let on_memory = limit("parity", quota);
+    let on_lua = limit("parity-lua", quota);
+    let on_cell = limit("parity-cell", quota);
+    let params = *on_memory.gcra().unwrap();
+    let margin = Duration::from_millis(40);
+    let steps = schedule(&params, 60, margin.as_nanos() as u64, 7);
+    let key = Key::from("client-1");
+
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut admitted = 0;
+    let mut limited = 0;
+    let mut oversized = 0;
+    for (i, step) in steps.iter().enumerate() {
+        tokio::time::sleep_until(start + step.at).await;
+        let (m, l, c) = tokio::join!(
+            memory.check(&on_memory, &key, step.quantity),
+            lua.check(&on_lua, &key, step.quantity),
+            cell.check(&on_cell, &key, step.quantity),
+        );
+        let (m, l, c): (Decision, Decision, Decision) = (m.unwrap(), l.unwrap(), c.unwrap());
+        let context = format!("step {i} {step:?}\n memory {m:?}\n lua    {l:?}\n cell   {c:?}");
+        for other in [&l, &c] {
+            assert_eq!(m.allowed, other.allowed, "{context}");
+            assert_eq!(m.limit, other.limit, "{context}");
+            assert_eq!(m.remaining, other.remaining, "{context}");
+            assert_eq!(
+                m.retry_after.is_some(),
+                other.retry_after.is_some(),
+                "{context}"
+            );
+        }
+        // Lua: nanoseconds on the server's clock. Cell: the next whole second above the exact value.
+        assert!(close(m.reset_after, l.reset_after, margin), "{context}");
+        if let (Some(mr), Some(lr)) = (m.retry_after, l.retry_after) {
+            assert!(close(mr, lr, margin), "{context}");
+        }
+        let whole_second_above = |exact: Duration, cell: Duration| {
+            cell.as_nanos() % 1_000_000_000 == 0
+                && exact <= cell + margin
+                && cell <= exact + Duration::from_secs(1) + margin
+        };
+        if m.reset_after > margin {
+            assert!(
+                whole_second_above(m.reset_after, c.reset_after),
+                "{context}"
+            );
+        }
+        if let (Some(mr), Some(cr)) = (m.retry_after, c.retry_after) {
+            assert!(whole_second_above(mr, cr), "{context}");
+            assert!(c.retry_after_secs() >= 1, "{context}");
+        }
+        match (m.allowed, m.retry_after) {
+            (true, _) => admitted += 1,
+            (false, Some(_)) => limited += 1,
+            (false, None) => oversized += 1,
+        }
+    }
+    // The schedule exercised every kind of answer.
+    assert!(
+        admitted > 10 && limited > 5 && oversized > 0,
+        "{admitted} {limited} {oversized}"
+    );
+}
+
+/// `concurrency` clients (each its own connection), `requests` each, one key: exactly the limit passes.
+async fn admits_exactly_the_limit(backends: Vec<RedisBackend>, name: &str) {
+    const TASKS_PER_BACKEND: usize = 4;
+    const REQUESTS: usize = 40;
+    // 100 at once, then one every 36 s: nothing refills during the test.
+    let limit = Arc::new(limit(name, Quota::per_hour(100)));
+    let key = Key::from(format!("{name}-hot-key"));
+    let mut tasks = Vec::new();
+    for backend in &backends {
+        for _ in 0..TASKS_PER_BACKEND {
+            let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..REQUESTS {
+                    let decision = backend.check(&limit, &key, 1).await.unwrap();
+                    admitted += usize::from(decision.allowed);
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let sent = backends.len() * TASKS_PER_BACKEND * REQUESTS;
+    assert_eq!(admitted, 100, "{name}: {admitted} of {sent} admitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_admits_exactly_the_limit_under_concurrency() {
+    let server = RedisServer::start();
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        backends.push(connect(&server.url(), RedisMode::Lua).await);
+    }
+    admits_exactly_the_limit(backends, "lua").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cell_admits_exactly_the_limit_under_concurrency() {
+    let server = RedisServer::start_with_cell();
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        backends.push(connect(&server.url(), RedisMode::Cell).await);
+    }
+    admits_exactly_the_limit(backends, "cell").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_admits_exactly_the_limit_and_keys_live_on_their_slot() {
+    let cluster_servers = RedisCluster::start();
+    for mode in [RedisMode::Lua, RedisMode::Cell] {
+        let mut backends = Vec::new();
+        for _ in 0..3 {
+            backends.push(cluster(cluster_servers.urls(), mode).await);
+        }
+        assert_eq!(backends[0].active_path(), Some(mode));
+        let name = format!("cluster-{mode}");
+        admits_exactly_the_limit(backends.clone(), &name).await;
+
+        // Many keys spread over the slots; each is stored on the node that owns its slot (for
+        // CL.THROTTLE too, which declares no key and is routed by its first argument).
+        let limit = limit(&name, Quota::per_minute(10));
+        for i in 0..30 {
+            let key = Key::from(format!("user-{i}"));
+            assert!(backends[0].check(&limit, &key, 1).await.unwrap().allowed);
+            let redis_key = backends[0].redis_key(&name, &key);
+            let holders: Vec<u16> = cluster_servers
+                .nodes()
+                .iter()
+                .filter(|node| node.cli_result(&["EXISTS", &redis_key]).as_deref() == Ok("1"))
+                .map(|node| node.port())
+                .collect();
+            assert_eq!(holders.len(), 1, "{redis_key} on {holders:?}");
+        }
+    }
+    // Every primary has the module, so Auto takes CL.THROTTLE.
+    let auto = cluster(cluster_servers.urls(), RedisMode::Auto).await;
+    assert_eq!(auto.active_path(), Some(RedisMode::Cell));
+}
+
+#[tokio::test]
+async fn auto_follows_the_module() {
+    let plain = RedisServer::start();
+    let auto = connect(&plain.url(), RedisMode::Auto).await;
+    assert_eq!(auto.active_path(), Some(RedisMode::Lua));
+    let err = RedisBackend::builder()
+        .url(plain.url())
+        .mode(RedisMode::Cell)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(format!("{err:?}").contains("redis-cell"), "{err:?}");
+
+    let with_cell = RedisServer::start_with_cell();
+    let auto = connect(&with_cell.url(), RedisMode::Auto).await;
+    assert_eq!(auto.active_path(), Some(RedisMode::Cell));
+    let limit = limit("auto", Quota::per_minute(3));
+    let key = Key::from("k");
+    let first = auto.check(&limit, &key, 1).await.unwrap();
+    assert_eq!((first.allowed, first.remaining), (true, 2));
+
+    // The module goes away: the next decision runs on Lua, from the same state.
+    with_cell.cli(&["MODULE", "UNLOAD", "redis-cell"]);
+    let second = auto.check(&limit, &key, 1).await.unwrap();
+    assert_eq!(auto.active_path(), Some(RedisMode::Lua));
+    assert_eq!((second.allowed, second.remaining), (true, 1));
+
+    // It comes back and the connection is lost: after reconnecting, CL.THROTTLE again.
+    let module = redis_support::redis_cell_module();
+    with_cell.cli(&["MODULE", "LOAD", module.to_str().unwrap()]);
+    with_cell.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let mut path = None;
+    for _ in 0..50 {
+        if let Ok(third) = auto.check(&limit, &key, 1).await {
+            assert_eq!((third.allowed, third.remaining), (true, 0));
+            path = auto.active_path();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(path, Some(RedisMode::Cell));
+}
+
+#[tokio::test]
+async fn hostile_keys_stay_inside_their_namespace() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .prefix("app1")
+        .mode(RedisMode::Lua)
+        .connect()
+        .await
+        .unwrap();
+    let limit = limit("api", Quota::per_minute(10));
+    let hostile: Vec<Key> = vec![
+        Key::from("}:other{x"),
+        Key::from("app2:api:{victim}"),
+        Key::from_bytes(b"\r\n*1\r\n$8\r\nFLUSHALL\r\n"),
+        Key::from_bytes(&[0xff, 0x00, b'{', b'}']),
+        Key::from("x".repeat(10_000)),
+    ];
+    for key in &hostile {
+        assert!(backend.check(&limit, key, 1).await.unwrap().allowed);
+    }
+    let keys = server.cli(&["--raw", "KEYS", "*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), hostile.len(), "{keys:?}");
+    for k in keys {
+        assert!(k.starts_with("app1:api:{") && k.ends_with('}'), "{k}");
+        let tag = &k["app1:api:{".len()..k.len() - 1];
+        assert!(!tag.contains(['{', '}']), "{k}");
+        assert!(k.len() <= 100, "{k} is {} bytes", k.len());
+        assert!(k.bytes().all(|b| b.is_ascii_graphic()), "{k:?}");
+    }
+}
+
+/// A route's quota changes while keys written under the old one still exist (one process deployed
+/// ahead of another): decisions follow the new quota, with no error.
+#[tokio::test]
+async fn a_changed_quota_reads_old_state_as_at_most_a_full_bucket() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url(), RedisMode::Lua).await;
+    let memory = MemoryBackend::new();
+    let key = Key::from("user");
+    // Old: 100 an hour, all used (the TAT is an hour ahead).
+    let old = limit("orders", Quota::per_hour(100));
+    for _ in 0..100 {
+        assert!(backend.check(&old, &key, 1).await.unwrap().allowed);
+    }
+    assert!(!backend.check(&old, &key, 1).await.unwrap().allowed);
+    // New: 5 a second. The exhausted key is an exhausted bucket under the new quota: it refills at
+    // the new rate, within a second, not in an hour.
+    let new = limit("orders", Quota::per_second(5));
+    let now = backend.check(&new, &key, 1).await.unwrap();
+    assert!(!now.allowed);
+    assert!(
+        now.retry_after.unwrap() <= Duration::from_millis(200),
+        "{now:?}"
+    );
+    assert!(now.reset_after <= Duration::from_secs(1), "{now:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let later = backend.check(&new, &key, 1).await.unwrap();
+    assert!(later.allowed && later.remaining == 4, "{later:?}");
+    // The same rule in memory, through the pure function every backend shares.
+    let _ = memory;
+    let params_old = old.gcra().unwrap();
+    let params_new = new.gcra().unwrap();
+    let now_ns = 1_000_000_000_000u64;
+    let stale = now_ns + params_old.tolerance();
+    let out = gcra::decide(Some(stale), now_ns, params_new, 1);
+    assert_eq!(
+        out.decision.reset_after,
+        Duration::from_nanos(params_new.tolerance())
+    );
+}
+
+#[tokio::test]
+async fn invalid_settings_are_errors_before_any_request() {
+    let server = RedisServer::start();
+    let err = RedisBackend::builder()
+        .url(server.url())
+        .prefix("bad prefix{")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("prefix"), "{err}");
+    let err = RedisBackend::builder()
+        .url(server.url())
+        .timeout(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("timeout"), "{err}");
+    let err = RedisBackend::builder()
+        .url("redis://127.0.0.1:1/")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+
+    // A quota the Lua path cannot hold, and one CL.THROTTLE cannot express, fail the layer build.
+    let lua = connect(&server.url(), RedisMode::Lua).await;
+    let too_long = limit(
+        "yearly",
+        Quota::per_period(10, Duration::from_secs(365 * 86_400)),
+    );
+    assert!(lua
+        .validate(&too_long)
+        .unwrap_err()
+        .to_string()
+        .contains("104 days"));
+    let cell_server = RedisServer::start_with_cell();
+    let cell = connect(&cell_server.url(), RedisMode::Cell).await;
+    let odd = limit(
+        "odd",
+        Quota::per_period(3, Duration::from_nanos(10_000_000_019)),
+    );
+    assert!(cell
+        .validate(&odd)
+        .unwrap_err()
+        .to_string()
+        .contains("CL.THROTTLE"));
+    assert!(lua.validate(&odd).is_ok());
+}
+
+#[tokio::test]
+async fn tls_and_acl_credentials_work() {
+    let server = RedisServer::start_tls();
+    let ca = std::fs::read(server.ca_cert_path().unwrap()).unwrap();
+    let client = redis::Client::build_with_tls(
+        server.url(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca),
+        },
+    )
+    .unwrap();
+    let backend = RedisBackend::builder()
+        .client(client)
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let limit = limit("tls", Quota::per_minute(2));
+    let key = Key::from("k");
+    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check(&limit, &key, 1).await.unwrap().allowed);
+
+    // A wrong password is an error at connect, without the password in the message.
+    let wrong = server.url().replace("s3cret", "wrong-pw");
+    let client = redis::Client::build_with_tls(
+        wrong,
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(server.ca_cert_path().unwrap()).unwrap()),
+        },
+    )
+    .unwrap();
+    let err = RedisBackend::builder()
+        .client(client)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(!format!("{err:?}").contains("wrong-pw"), "{err:?}");
+}
