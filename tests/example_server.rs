@@ -7,6 +7,9 @@ use std::process::{Child, Command, Stdio};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "support/redis.rs"]
+mod redis_support;
+
 /// The example binary that `cargo test` built next to this test.
 fn example_binary() -> PathBuf {
     let mut dir = std::env::current_exe().unwrap();
@@ -54,7 +57,12 @@ fn start(args: &[&str]) -> Server {
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .parse()
         .unwrap();
-    assert!(line.contains("backend: memory"), "{line}");
+    let expected = if args.contains(&"--redis") {
+        "backend: redis"
+    } else {
+        "backend: memory"
+    };
+    assert!(line.contains(expected), "{line}");
     Server { child, addr }
 }
 
@@ -209,4 +217,52 @@ fn a_config_file_is_loaded() {
         assert_eq!(r.status, 429);
         assert_eq!(r.header("retry-after"), Some("3600"));
     });
+}
+
+/// Two server processes on one Redis share one limit: 16 replies in all for one user, whichever
+/// process serves each request, on each path.
+#[tokio::test]
+async fn two_processes_share_one_limit_on_redis() {
+    let redis = redis_support::RedisServer::start_with_cell();
+    let url = redis.url();
+    for mode in ["lua", "cell", "auto"] {
+        let a = start(&["--redis", &url, "--redis-mode", mode]);
+        let b = start(&["--redis", &url, "--redis-mode", mode]);
+        let user = format!("user-{mode}");
+        let headers = [("x-user-id", user.as_str())];
+        let mut statuses = Vec::new();
+        for i in 0..24 {
+            let server = if i % 3 == 0 { &a } else { &b };
+            let r = send(server.addr, "POST", "/reply", &headers).await;
+            if r.status == 429 {
+                assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+            }
+            statuses.push(r.status);
+        }
+        let passed = statuses.iter().filter(|s| **s == 200).count();
+        assert_eq!(passed, 16, "mode {mode}: {statuses:?}");
+        assert!(
+            statuses[16..].iter().all(|s| *s == 429),
+            "mode {mode}: {statuses:?}"
+        );
+        assert_eq!(
+            redis.cli(&["EXISTS", &format!("throttle:reply:{{{user}}}")]),
+            "1",
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn an_unreachable_redis_is_a_clear_start_up_error() {
+    let out = Command::new(example_binary())
+        .args(["--listen", "127.0.0.1:0", "--redis", "redis://127.0.0.1:1/"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot connect to Redis at 127.0.0.1:1"),
+        "{stderr}"
+    );
 }

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
@@ -127,6 +127,74 @@ struct Inner {
     prefix: Box<str>,
     timeout: Duration,
     script: redis::Script,
+    breaker: Breaker,
+}
+
+/// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
+/// timeout: after a connection failure the circuit opens for 50 ms, doubling with each failed probe
+/// up to 500 ms; then one call probes while the others still fail fast, and a success closes it.
+/// So an outage costs requests nothing beyond the failure policy, and a Redis that comes back is
+/// used again within half a second.
+struct Breaker {
+    epoch: Instant,
+    /// Milliseconds since `epoch` until which calls fail fast; 0 when closed.
+    open_until: AtomicU64,
+    failures: AtomicU32,
+    probing: AtomicBool,
+}
+
+const BREAKER_MIN: Duration = Duration::from_millis(50);
+const BREAKER_MAX: Duration = Duration::from_millis(500);
+
+/// What a call may do, given the breaker.
+enum Admission {
+    Closed,
+    /// Held until the call ends.
+    Probe(#[allow(dead_code)] ProbeGuard),
+    FailFast,
+}
+
+/// Lets the next call probe if this one is dropped (cancelled) before it finished.
+struct ProbeGuard(Arc<Inner>);
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        self.0.breaker.probing.store(false, Ordering::Release);
+    }
+}
+
+impl Breaker {
+    fn new() -> Self {
+        Breaker {
+            epoch: Instant::now(),
+            open_until: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    fn failed(&self) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel).min(16);
+        let wait = BREAKER_MIN.saturating_mul(1 << failures).min(BREAKER_MAX);
+        self.open_until
+            .store(self.now_ms() + wait.as_millis() as u64, Ordering::Release);
+    }
+
+    fn succeeded(&self) {
+        if self.is_open() {
+            self.failures.store(0, Ordering::Release);
+            self.open_until.store(0, Ordering::Release);
+            tracing::info!("Redis answers again; rate-limit decisions come from Redis");
+        }
+    }
 }
 
 const UNKNOWN: u8 = 0;
@@ -220,7 +288,7 @@ enum Target {
     Urls(Vec<String>),
     Client(Client),
     Manager(ConnectionManager),
-    ClusterClient(ClusterClient),
+    ClusterClient(Box<ClusterClient>),
     ClusterConnection(ClusterConnection),
 }
 
@@ -276,7 +344,7 @@ impl RedisBackendBuilder {
 
     /// Use this Cluster client.
     pub fn cluster_client(mut self, client: ClusterClient) -> Self {
-        self.target = Some(Target::ClusterClient(client));
+        self.target = Some(Target::ClusterClient(Box::new(client)));
         self
     }
 
@@ -345,7 +413,7 @@ impl RedisBackendBuilder {
                 }
                 Target::Client(client) => single_connect(client, timeout).await,
                 Target::Manager(manager) => Ok(Conn::Single(manager)),
-                Target::ClusterClient(client) => cluster_connect(client).await,
+                Target::ClusterClient(client) => cluster_connect(*client).await,
                 Target::ClusterConnection(connection) => Ok(Conn::Cluster(connection)),
             }
         };
@@ -367,6 +435,7 @@ impl RedisBackendBuilder {
                 prefix: self.prefix.into_boxed_str(),
                 timeout,
                 script: redis::Script::new(SCRIPT),
+                breaker: Breaker::new(),
             }),
         };
         let mut conn = backend.inner.conn.clone();
@@ -563,9 +632,16 @@ impl Backend for RedisBackend {
 
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
         let inner = self.inner.clone();
+        let admission = inner.admit();
+        if let Admission::FailFast = admission {
+            return Box::pin(std::future::ready(Err(BackendError::new(
+                "Redis is unreachable (failing fast until a probe succeeds)",
+            ))));
+        }
         let redis_key = self.redis_key(limit.name(), key);
         let args = Args::new(limit);
         Box::pin(async move {
+            let _probe = admission;
             let Some(args) = args else {
                 return Err(BackendError::new(format!(
                     "the Redis backend cannot enforce the algorithm of policy {:?}",
@@ -633,10 +709,22 @@ fn limit_name(redis_key: &str) -> &str {
 }
 
 impl Inner {
+    fn admit(self: &Arc<Self>) -> Admission {
+        let until = self.breaker.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Admission::Closed;
+        }
+        if self.breaker.now_ms() < until || self.breaker.probing.swap(true, Ordering::AcqRel) {
+            return Admission::FailFast;
+        }
+        Admission::Probe(ProbeGuard(self.clone()))
+    }
+
     fn connection_trouble(&self) {
         if self.mode == RedisMode::Auto {
             self.redetect.store(true, Ordering::Relaxed);
         }
+        self.breaker.failed();
     }
 
     async fn decide(
@@ -647,6 +735,9 @@ impl Inner {
     ) -> Result<Decision, BackendError> {
         let mut conn = self.conn.clone();
         let result = self.decide_on(&mut conn, key, args, quantity).await;
+        if result.is_ok() {
+            self.breaker.succeeded();
+        }
         result.map_err(|e| {
             if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                 self.connection_trouble();

@@ -1,0 +1,218 @@
+//! Redis goes away in the middle of a stream of requests, or stops answering: every request is answered
+//! within the timeout plus a small margin, as the layer's failure policy says; once Redis is back,
+//! decisions come from Redis again, without restarting anything.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::time::Duration;
+
+use axum::{body::Body, routing::get, Router};
+use http::{Request, StatusCode};
+use redis_support::RedisServer;
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_throttle::key::Global;
+use tower_throttle::{OnBackendError, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+
+const LARGE_BURST: Quota = Quota::cl_throttle(10_000, 1, Duration::from_secs(60));
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// What a request may take beyond the timeout: scheduling on a loaded 2-core machine.
+const MARGIN: Duration = Duration::from_millis(150);
+
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    took: Duration,
+    /// `RateLimit` was sent: a limiter decided (Redis, or the local one).
+    decided: bool,
+    retry_after: Option<String>,
+}
+
+async fn app(server: &RedisServer, on_error: OnBackendError, quota: Quota) -> Router {
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Auto)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(
+            Policy::builder("api")
+                .quota(quota)
+                .key(Global)
+                .build()
+                .unwrap(),
+        )
+        .on_backend_error(on_error)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+async fn ask(app: &Router) -> Answer {
+    let start = Instant::now();
+    let response = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    Answer {
+        status: response.status(),
+        took: start.elapsed(),
+        decided: response.headers().contains_key("ratelimit"),
+        retry_after: response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned()),
+    }
+}
+
+/// Requests every 10 ms for `length`, each checked against `deadline`.
+async fn stream(app: &Router, length: Duration) -> Vec<Answer> {
+    let end = Instant::now() + length;
+    let mut answers = Vec::new();
+    while Instant::now() < end {
+        let answer = ask(app).await;
+        assert!(
+            answer.took <= TIMEOUT + MARGIN,
+            "a request took {:?}: {answer:?}",
+            answer.took
+        );
+        answers.push(answer);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    answers
+}
+
+/// Stops Redis mid-stream, checks the answers during the outage with `during`, starts Redis again on
+/// the same port and waits (at most 2 s) for a decision that Redis made.
+async fn outage(on_error: OnBackendError, during: impl Fn(&Answer)) {
+    let mut server = RedisServer::start();
+    // A burst of 10,000, one more a minute: nothing is limited, and each admission keeps the key a
+    // minute longer, so the key exists exactly when Redis has admitted a request.
+    let app = app(&server, on_error, LARGE_BURST).await;
+    let before = stream(&app, Duration::from_millis(200)).await;
+    assert!(before
+        .iter()
+        .all(|a| a.status == StatusCode::OK && a.decided));
+
+    server.stop();
+    let down = stream(&app, Duration::from_millis(800)).await;
+    let mut took: Vec<Duration> = down.iter().map(|a| a.took).collect();
+    took.sort();
+    eprintln!(
+        "{} answers while down; median {:?}, max {:?}",
+        down.len(),
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    assert!(down.len() > 5);
+    for answer in &down {
+        during(answer);
+    }
+
+    server.restart();
+    assert_eq!(server.cli(&["EXISTS", "throttle:api:{*}"]), "0");
+    let back = Instant::now();
+    loop {
+        let answer = ask(&app).await;
+        assert!(answer.took <= TIMEOUT + MARGIN, "{answer:?}");
+        // The key exists again only because Redis admitted a request.
+        if answer.status == StatusCode::OK && server.cli(&["EXISTS", "throttle:api:{*}"]) == "1" {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "no decision from Redis 2 s after it came back; last: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_admits_while_redis_is_down() {
+    outage(OnBackendError::Allow, |a| {
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_answers_503_with_retry_after() {
+    outage(OnBackendError::Deny, |a| {
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+        assert_eq!(a.retry_after.as_deref(), Some("1"), "{a:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_limiter_takes_over_while_redis_is_down() {
+    outage(OnBackendError::Local, |a| {
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        assert!(a.decided, "the local limiter sends RateLimit: {a:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_limiter_enforces_the_quota() {
+    let mut server = RedisServer::start();
+    let app = app(&server, OnBackendError::Local, Quota::per_minute(5)).await;
+    server.stop();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(ask(&app).await.status);
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert!(statuses[5..]
+        .iter()
+        .all(|s| *s == StatusCode::TOO_MANY_REQUESTS));
+}
+
+/// A Redis that accepts connections but does not answer (stopped with SIGSTOP): requests wait no
+/// longer than the timeout, and most not at all; when it answers again, so do the decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_each_request_at_most_the_timeout() {
+    let server = RedisServer::start();
+    let pid = server.cli(&["INFO", "server"]);
+    let pid = pid
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let app = app(&server, OnBackendError::Deny, LARGE_BURST).await;
+    assert_eq!(ask(&app).await.status, StatusCode::OK);
+
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let frozen = stream(&app, Duration::from_millis(600)).await;
+    signal("-CONT");
+    assert!(frozen
+        .iter()
+        .all(|a| a.status == StatusCode::SERVICE_UNAVAILABLE));
+    // The first call waits for the timeout; later ones fail fast until a probe succeeds.
+    assert!(frozen[0].took >= TIMEOUT, "{frozen:?}");
+
+    let back = Instant::now();
+    while ask(&app).await.status != StatusCode::OK {
+        assert!(back.elapsed() < Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
