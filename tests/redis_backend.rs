@@ -184,7 +184,7 @@ async fn memory_lua_and_cell_agree() {
             assert!(close(mr, lr, margin), "{context}");
         }
         let whole_second_above = |exact: Duration, cell: Duration| {
-            cell.as_nanos() % 1_000_000_000 == 0
+            cell.subsec_nanos() == 0
                 && exact <= cell + margin
                 && cell <= exact + Duration::from_secs(1) + margin
         };

@@ -286,7 +286,7 @@ pub struct RedisBackendBuilder {
 
 enum Target {
     Urls(Vec<String>),
-    Client(Client),
+    Client(Box<Client>),
     Manager(ConnectionManager),
     ClusterClient(Box<ClusterClient>),
     ClusterConnection(ClusterConnection),
@@ -331,7 +331,7 @@ impl RedisBackendBuilder {
     /// Use this client (for instance one built with custom TLS certificates). A connection manager is
     /// made from it, with this backend's timeout.
     pub fn client(mut self, client: Client) -> Self {
-        self.target = Some(Target::Client(client));
+        self.target = Some(Target::Client(Box::new(client)));
         self
     }
 
@@ -411,7 +411,7 @@ impl RedisBackendBuilder {
                         single_connect(client, timeout).await
                     }
                 }
-                Target::Client(client) => single_connect(client, timeout).await,
+                Target::Client(client) => single_connect(*client, timeout).await,
                 Target::Manager(manager) => Ok(Conn::Single(manager)),
                 Target::ClusterClient(client) => cluster_connect(*client).await,
                 Target::ClusterConnection(connection) => Ok(Conn::Cluster(connection)),
@@ -598,8 +598,13 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
     if period == 0 || count == 0 {
         return None;
     }
-    // count' / secs = count / period  =>  secs = period / gcd(period, count × 10^9).
-    let secs = period / gcd(period, count * NANOS);
+    // A whole-second period is sent as it is; otherwise count' / secs = count / period, with the
+    // smallest such secs: period / gcd(period, count × 10^9).
+    let secs = if period % NANOS == 0 {
+        period / NANOS
+    } else {
+        period / gcd(period, count * NANOS)
+    };
     let scaled_count = count * NANOS * secs / period;
     let max = i64::MAX as u128;
     if secs == 0 || secs > max / NANOS || scaled_count == 0 || scaled_count > max {
