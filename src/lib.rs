@@ -84,6 +84,6 @@ pub use quota::{Quota, QuotaError};
 pub use service::{ResponseFuture, Throttle};
 
 /// The README's code blocks, compiled (and run, where they can be) as doc tests.
-#[cfg(all(doctest, feature = "axum"))]
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

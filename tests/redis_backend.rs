@@ -500,3 +500,27 @@ async fn tls_and_acl_credentials_work() {
         .unwrap_err();
     assert!(!format!("{err:?}").contains("wrong-pw"), "{err:?}");
 }
+
+/// The script survives `SCRIPT FLUSH` (NOSCRIPT is answered by loading it again), a rejected request
+/// writes nothing, and idle keys expire when their TAT passes.
+#[tokio::test]
+async fn lua_reloads_after_flush_writes_nothing_on_rejection_and_expires() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url(), RedisMode::Lua).await;
+    let limit = limit("lua", Quota::per_second(2));
+    let key = Key::from("k");
+    let redis_key = backend.redis_key("lua", &key);
+    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    server.cli(&["SCRIPT", "FLUSH"]);
+    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    let stored = server.cli(&["GET", &redis_key]);
+    let ttl: i64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 1000, "{ttl}");
+    let rejected = backend.check(&limit, &key, 1).await.unwrap();
+    assert!(!rejected.allowed);
+    assert_eq!(server.cli(&["GET", &redis_key]), stored);
+    tokio::time::sleep(Duration::from_millis(ttl as u64 + 50)).await;
+    assert_eq!(server.cli(&["EXISTS", &redis_key]), "0");
+    let fresh = backend.check(&limit, &key, 1).await.unwrap();
+    assert_eq!((fresh.allowed, fresh.remaining), (true, 1));
+}
