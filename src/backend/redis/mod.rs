@@ -600,7 +600,7 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
     }
     // A whole-second period is sent as it is; otherwise count' / secs = count / period, with the
     // smallest such secs: period / gcd(period, count × 10^9).
-    let secs = if period % NANOS == 0 {
+    let secs = if period.is_multiple_of(NANOS) {
         period / NANOS
     } else {
         period / gcd(period, count * NANOS)
