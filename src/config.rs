@@ -57,9 +57,9 @@ pub struct Config {
     /// Send `X-RateLimit-*` (default false).
     #[serde(default)]
     pub legacy_headers: bool,
-    /// `"allow"` (default), `"deny"` or `"local"`: what to do when the backend fails.
-    #[serde(default, deserialize_with = "on_backend_error")]
-    pub on_backend_error: OnBackendError,
+    /// `"allow"` (the default when unset), `"deny"` or `"local"`: what to do when the backend fails.
+    #[serde(default, deserialize_with = "some_on_backend_error")]
+    pub on_backend_error: Option<OnBackendError>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -149,7 +149,7 @@ impl RedisConfig {
         let mode = match &self.mode {
             Some(mode) => mode
                 .parse()
-                .map_err(|e: BuildError| BackendError::new(e.to_string()))?,
+                .map_err(|e: BuildError| BackendError::new(format!("[backend] mode: {e}")))?,
             None => crate::RedisMode::Auto,
         };
         let mut builder = crate::RedisBackend::builder().mode(mode);
@@ -264,23 +264,17 @@ impl Config {
 
     /// The failure policy: `on_error` of a Redis `[backend]`, else the top-level `on_backend_error`.
     pub fn on_error(&self) -> Result<OnBackendError, BuildError> {
-        match &self.backend {
-            BackendConfig::Redis(RedisConfig {
-                on_error: Some(on_error),
-                ..
-            }) => {
-                if self.on_backend_error != OnBackendError::default()
-                    && self.on_backend_error != *on_error
-                {
-                    return Err(BuildError::Invalid(format!(
-                        "on_backend_error = {:?} and [backend] on_error = {:?} disagree; set one",
-                        self.on_backend_error.as_str(),
-                        on_error.as_str()
-                    )));
-                }
-                Ok(*on_error)
-            }
-            _ => Ok(self.on_backend_error),
+        let in_backend = match &self.backend {
+            BackendConfig::Redis(redis) => redis.on_error,
+            BackendConfig::Memory { .. } => None,
+        };
+        match (self.on_backend_error, in_backend) {
+            (Some(top), Some(backend)) if top != backend => Err(BuildError::Invalid(format!(
+                "on_backend_error = {:?} and [backend] on_error = {:?} disagree; set one",
+                top.as_str(),
+                backend.as_str()
+            ))),
+            (top, backend) => Ok(backend.or(top).unwrap_or_default()),
         }
     }
 
@@ -343,10 +337,10 @@ impl crate::Backend for ConfiguredBackend {
         match self {
             // Decided here and now: the layer sees a ready future and skips the pending path.
             ConfiguredBackend::Memory(memory) => {
-                ConfiguredFuture::Ready(Some(memory.decide(limit, key, quantity)))
+                ConfiguredFuture(FutureKind::Ready(Some(memory.decide(limit, key, quantity))))
             }
             ConfiguredBackend::Redis(redis) => {
-                ConfiguredFuture::Redis(redis.check(limit, key, quantity))
+                ConfiguredFuture(FutureKind::Redis(redis.check(limit, key, quantity)))
             }
         }
     }
@@ -359,21 +353,22 @@ impl crate::Backend for ConfiguredBackend {
     }
 }
 
-/// The future of [`ConfiguredBackend`].
+/// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.
 #[cfg(feature = "redis")]
-pub enum ConfiguredFuture {
-    /// A decision made in memory.
+pub struct ConfiguredFuture(FutureKind);
+
+#[cfg(feature = "redis")]
+enum FutureKind {
     Ready(Option<Result<crate::Decision, crate::BackendError>>),
-    /// A decision Redis is making.
     Redis(crate::RedisFuture),
 }
 
 #[cfg(feature = "redis")]
 impl fmt::Debug for ConfiguredFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ConfiguredFuture::Ready(_) => "ConfiguredFuture::Ready",
-            ConfiguredFuture::Redis(_) => "ConfiguredFuture::Redis",
+        f.write_str(match self.0 {
+            FutureKind::Ready(_) => "ConfiguredFuture(ready)",
+            FutureKind::Redis(_) => "ConfiguredFuture(redis)",
         })
     }
 }
@@ -386,13 +381,13 @@ impl std::future::Future for ConfiguredFuture {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        match self.get_mut() {
-            ConfiguredFuture::Ready(result) => std::task::Poll::Ready(
+        match &mut self.get_mut().0 {
+            FutureKind::Ready(result) => std::task::Poll::Ready(
                 result
                     .take()
                     .expect("ConfiguredFuture polled after completion"),
             ),
-            ConfiguredFuture::Redis(future) => future.as_mut().poll(cx),
+            FutureKind::Redis(future) => future.as_mut().poll(cx),
         }
     }
 }

@@ -118,30 +118,15 @@ impl ErrorLog {
             let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
             tracing::warn!(
                 policy,
-                error = %DisplayChain(error),
+                %error,
                 on_error = on_error.as_str(),
                 suppressed,
                 "rate-limit backend failed (further failures this second are logged at debug level)"
             );
         } else {
             self.suppressed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(policy, error = %DisplayChain(error), on_error = on_error.as_str(), "rate-limit backend failed");
+            tracing::debug!(policy, %error, on_error = on_error.as_str(), "rate-limit backend failed");
         }
-    }
-}
-
-/// An error and its sources, `a: b: c`.
-struct DisplayChain<'a>(&'a BackendError);
-
-impl fmt::Display for DisplayChain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = std::error::Error::source(self.0);
-        while let Some(cause) = source {
-            write!(f, ": {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
     }
 }
 

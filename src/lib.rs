@@ -38,17 +38,20 @@
 //! * [`key`]: what a request counts against ([`key::PeerIp`], [`key::Header`], [`key::Extension`],
 //!   [`key::Global`], closures).
 //! * [`Policy`]: a limit, a key, and optionally a route, methods and a cost.
-//! * [`Backend`]: where state lives; [`MemoryBackend`] for one process.
-//! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers.
-//! * [`config`] (feature `config`): per-route policies from TOML.
+//! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
+//!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
+//! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;
+//!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails.
+//! * `config` (feature `config`): per-route policies from TOML.
 //!
 //! # Features
 //!
 //! | feature | default | what |
 //! |---|---|---|
-//! | `memory` | yes | [`MemoryBackend`] |
+//! | `memory` | yes | `MemoryBackend` |
 //! | `axum` | no | peer addresses from `ConnectInfo`, routes from `MatchedPath` |
 //! | `config` | no | serde + TOML configuration |
+//! | `redis` | no | `RedisBackend`: `CL.THROTTLE` or Lua, one server or a Cluster, TLS |
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -209,10 +209,61 @@ async fn a_frozen_redis_costs_each_request_at_most_the_timeout() {
         .all(|a| a.status == StatusCode::SERVICE_UNAVAILABLE));
     // The first call waits for the timeout; later ones fail fast until a probe succeeds.
     assert!(frozen[0].took >= TIMEOUT, "{frozen:?}");
+    let fast = frozen
+        .iter()
+        .filter(|a| a.took < Duration::from_millis(10))
+        .count();
+    assert!(fast * 2 > frozen.len(), "{fast} of {frozen:?}");
 
     let back = Instant::now();
     while ask(&app).await.status != StatusCode::OK {
         assert!(back.elapsed() < Duration::from_secs(2));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Many requests in flight when Redis freezes all fail, but they do not stretch the breaker: once
+/// Redis answers again, decisions come back within the shortest open time and a probe, not seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_during_a_freeze_do_not_delay_recovery() {
+    let server = RedisServer::start();
+    let pid = server.cli(&["INFO", "server"]);
+    let pid = pid
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let app = app(&server, OnBackendError::Deny, LARGE_BURST).await;
+    assert_eq!(ask(&app).await.status, StatusCode::OK);
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    let in_flight: Vec<_> = (0..64)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { ask(&app).await })
+        })
+        .collect();
+    for task in in_flight {
+        let answer = task.await.unwrap();
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(answer.took <= TIMEOUT + MARGIN, "{answer:?}");
+    }
+    signal("-CONT");
+    let back = Instant::now();
+    while ask(&app).await.status != StatusCode::OK {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 50 ms open, one probe; a breaker stretched by the 64 failures would stay open 500 ms.
+    assert!(
+        back.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        back.elapsed()
+    );
 }

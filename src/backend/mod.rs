@@ -24,7 +24,7 @@ use crate::{BackendError, BuildError, Decision, Key, Limit};
 /// Decides whether a request may pass, and records it if so.
 ///
 /// Implementations must be atomic per key: concurrent calls for one key admit no more than the limit.
-/// A backend that answers without waiting (such as [`MemoryBackend`]) returns a ready future; the
+/// A backend that answers without waiting (such as the memory backend) returns a ready future; the
 /// middleware then decides and calls the inner service without any extra allocation or task switch.
 pub trait Backend: Send + Sync + 'static {
     /// The future of a decision. It owns what it needs (it is `'static`).

@@ -9,7 +9,7 @@
 --
 -- Time comes from the server (TIME, microseconds), so every client shares one clock. All arithmetic is
 -- on integers held in doubles: the TAT is never handled as one number (1.8e18 ns exceeds 2^53), only as
--- its distance from now, which the backend keeps below 2^53 ns (about 104 days) by refusing longer
+-- its distance from now, which the backend keeps below 2^52 ns (about 52 days) by refusing longer
 -- tolerances when the layer is built. A rejected request writes nothing (but see "rebased").
 
 local interval = tonumber(ARGV[1])

@@ -24,7 +24,9 @@ pub enum RedisMode {
     /// restarts with or without the module is followed. The default.
     #[default]
     Auto,
-    /// Always `CL.THROTTLE`: requires the redis-cell module. Decisions report whole seconds.
+    /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. Peeks
+    /// (quantity 0) and quantities beyond the limit, which redis-cell 0.2.2 mishandles (a key without
+    /// expiry; an overflow that crashes the server), run the Lua script instead.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,
@@ -62,8 +64,9 @@ impl std::str::FromStr for RedisMode {
     }
 }
 
-/// The Lua path keeps `tat - now` below 2^53 ns in doubles; longer tolerances are refused.
-const LUA_MAX_WINDOW_NS: u64 = 1 << 53;
+/// The Lua path computes `tat - now` and its sums exactly in doubles (53-bit integers) while the
+/// tolerance plus one interval stays within 2^52 ns (about 52 days); longer ones are refused.
+const LUA_MAX_WINDOW_NS: u64 = 1 << 52;
 
 const SCRIPT: &str = include_str!("gcra.lua");
 
@@ -72,8 +75,8 @@ const SCRIPT: &str = include_str!("gcra.lua");
 ///
 /// Every decision is one atomic command on one key, `prefix:policy:{key}`; the braces are a hash tag,
 /// so a Cluster routes each decision to the node that owns the key's slot. The user-controlled part is
-/// escaped (it can contain no `{`, `}`, `:` of its own) and bounded: keys longer than 64 bytes are
-/// stored by their SHA-256.
+/// escaped (it contains no `{`, `}`, whitespace or control bytes, so it cannot end the tag or reach
+/// another namespace) and bounded: keys longer than 64 bytes are stored by their SHA-256.
 ///
 /// Each call is bounded by the [timeout](RedisBackendBuilder::timeout) (100 ms by default); a timeout
 /// or an error reaches the layer as a [`BackendError`], where
@@ -83,7 +86,7 @@ const SCRIPT: &str = include_str!("gcra.lua");
 /// # Modes
 ///
 /// - **Lua** (`EVALSHA`, reloaded after `NOSCRIPT`): the server's clock (`TIME`), integer arithmetic,
-///   results in nanoseconds. Tolerances (`period / count × (max_burst + 1)`) up to about 104 days.
+///   results in nanoseconds. Tolerances (`period / count × (max_burst + 1)`) up to about 52 days.
 /// - **Cell** (`CL.THROTTLE`): redis-cell reports retry and reset in whole seconds, truncated; this
 ///   backend reports the next whole second instead, an upper bound that is never early. Quotas whose
 ///   period is not a whole number of seconds are sent as the equal rate over a whole number of seconds
@@ -124,6 +127,9 @@ struct Inner {
     active: AtomicU8,
     /// Set when the connection failed: in `Auto` mode the next call detects the module again.
     redetect: AtomicBool,
+    /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
+    /// run time, or a reconnect that redis-rs did silently (RESP3), is noticed within this period.
+    next_detect: AtomicU64,
     prefix: Box<str>,
     timeout: Duration,
     script: redis::Script,
@@ -131,16 +137,22 @@ struct Inner {
 }
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
-/// timeout: after a connection failure the circuit opens for 50 ms, doubling with each failed probe
-/// up to 500 ms; then one call probes while the others still fail fast, and a success closes it.
-/// So an outage costs requests nothing beyond the failure policy, and a Redis that comes back is
-/// used again within half a second.
+/// timeout. A call that fails to reach Redis (an I/O error, a dropped connection, a timeout) opens the
+/// circuit for 50 ms. Then one call probes while the others still fail fast: if the probe fails too,
+/// the circuit stays open twice as long (up to 500 ms); any reply from Redis, even an error reply,
+/// closes it. So an outage costs requests nothing beyond the failure policy, and a Redis that comes
+/// back is used again within half a second. Only single-server connections use it: on a Cluster one
+/// node's trouble must not stop the decisions that other nodes can make.
 struct Breaker {
     epoch: Instant,
     /// Milliseconds since `epoch` until which calls fail fast; 0 when closed.
     open_until: AtomicU64,
+    /// Failed probes in a row.
     failures: AtomicU32,
-    probing: AtomicBool,
+    /// When the running probe started (ms since `epoch`), 0 when none. A probe older than the
+    /// timeout no longer blocks the next one, even if its future was never finished nor dropped.
+    probe_started: AtomicU64,
+    probe_limit_ms: u64,
 }
 
 const BREAKER_MIN: Duration = Duration::from_millis(50);
@@ -149,27 +161,36 @@ const BREAKER_MAX: Duration = Duration::from_millis(500);
 /// What a call may do, given the breaker.
 enum Admission {
     Closed,
-    /// Held until the call ends.
+    /// Held until the call ends, for its `Drop`.
     Probe(#[allow(dead_code)] ProbeGuard),
     FailFast,
 }
 
-/// Lets the next call probe if this one is dropped (cancelled) before it finished.
-struct ProbeGuard(Arc<Inner>);
+/// Lets the next call probe when this one ends, however it ends (finished, failed or dropped).
+struct ProbeGuard {
+    inner: Arc<Inner>,
+    started: u64,
+}
 
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
-        self.0.breaker.probing.store(false, Ordering::Release);
+        let _ = self.inner.breaker.probe_started.compare_exchange(
+            self.started,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 }
 
 impl Breaker {
-    fn new() -> Self {
+    fn new(timeout: Duration) -> Self {
         Breaker {
             epoch: Instant::now(),
             open_until: AtomicU64::new(0),
             failures: AtomicU32::new(0),
-            probing: AtomicBool::new(false),
+            probe_started: AtomicU64::new(0),
+            probe_limit_ms: timeout.as_millis() as u64 + 1,
         }
     }
 
@@ -177,19 +198,32 @@ impl Breaker {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
 
-    fn is_open(&self) -> bool {
-        self.open_until.load(Ordering::Acquire) != 0
+    /// A call could not reach Redis.
+    fn failed(&self, was_probe: bool) {
+        let now = self.now_ms();
+        if was_probe {
+            let failures = self.failures.fetch_add(1, Ordering::AcqRel).min(8) + 1;
+            let wait = BREAKER_MIN.saturating_mul(1 << failures).min(BREAKER_MAX);
+            self.open_until
+                .store(now + wait.as_millis() as u64, Ordering::Release);
+        } else if self
+            .open_until
+            .compare_exchange(
+                0,
+                now + BREAKER_MIN.as_millis() as u64,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            // Calls that were already under way when the circuit opened fail too; they say nothing new.
+            tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
+        }
     }
 
-    fn failed(&self) {
-        let failures = self.failures.fetch_add(1, Ordering::AcqRel).min(16);
-        let wait = BREAKER_MIN.saturating_mul(1 << failures).min(BREAKER_MAX);
-        self.open_until
-            .store(self.now_ms() + wait.as_millis() as u64, Ordering::Release);
-    }
-
-    fn succeeded(&self) {
-        if self.is_open() {
+    /// Redis answered.
+    fn answered(&self) {
+        if self.open_until.load(Ordering::Acquire) != 0 {
             self.failures.store(0, Ordering::Release);
             self.open_until.store(0, Ordering::Release);
             tracing::info!("Redis answers again; rate-limit decisions come from Redis");
@@ -367,8 +401,10 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The longest a decision may take, connecting included (default 100 ms). Past it, the call fails
-    /// with a timeout and the layer's failure policy answers the request.
+    /// The longest a decision may take, reconnecting included (default 100 ms). Past it, the call
+    /// fails with a timeout and the layer's failure policy answers the request. [`connect`](Self::connect)
+    /// itself, once at start-up, may take ten times as long (at least a second) to connect and to
+    /// detect the module.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -377,7 +413,8 @@ impl RedisBackendBuilder {
     /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module.
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
-    /// reached within the timeout, or when `Cell` mode is asked of a server without the module.
+    /// reached (an application that must start while Redis is down should retry, or start on
+    /// another backend), or when `Cell` mode is asked of a server without the module.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         validate_prefix(&self.prefix).map_err(BackendError::new)?;
         if self.timeout.is_zero() {
@@ -387,7 +424,17 @@ impl RedisBackendBuilder {
         let target = self.target.ok_or_else(|| {
             BackendError::new("no Redis to connect to: set a url, urls, client or connection")
         })?;
-        install_crypto_provider();
+        let tls = match &target {
+            Target::Urls(urls) => urls.iter().any(|u| u.starts_with("rediss:")),
+            Target::Client(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+            _ => false,
+        };
+        if tls {
+            install_crypto_provider();
+        }
         let connecting = async {
             match target {
                 Target::Urls(urls) => {
@@ -432,10 +479,11 @@ impl RedisBackendBuilder {
                 mode: self.mode,
                 active: AtomicU8::new(UNKNOWN),
                 redetect: AtomicBool::new(false),
+                next_detect: AtomicU64::new(0),
                 prefix: self.prefix.into_boxed_str(),
                 timeout,
                 script: redis::Script::new(SCRIPT),
-                breaker: Breaker::new(),
+                breaker: Breaker::new(timeout),
             }),
         };
         let mut conn = backend.inner.conn.clone();
@@ -488,6 +536,7 @@ fn validate_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
 fn install_crypto_provider() {
     // Fails only when a provider is installed already, which is then the one used.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -637,34 +686,48 @@ impl Backend for RedisBackend {
 
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
         let inner = self.inner.clone();
+        let Some(args) = Args::new(limit) else {
+            let message = format!(
+                "the Redis backend cannot enforce the algorithm of policy {:?}",
+                limit.name()
+            );
+            return Box::pin(std::future::ready(Err(BackendError::new(message))));
+        };
         let admission = inner.admit();
         if let Admission::FailFast = admission {
             return Box::pin(std::future::ready(Err(BackendError::new(
-                "Redis is unreachable (failing fast until a probe succeeds)",
+                "Redis is unreachable (failing fast until a probe gets through)",
             ))));
         }
         let redis_key = self.redis_key(limit.name(), key);
-        let args = Args::new(limit);
         Box::pin(async move {
-            let _probe = admission;
-            let Some(args) = args else {
-                return Err(BackendError::new(format!(
-                    "the Redis backend cannot enforce the algorithm of policy {:?}",
-                    limit_name(&redis_key)
-                )));
-            };
-            match tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity))
-                .await
-            {
-                Ok(result) => result,
+            let was_probe = matches!(admission, Admission::Probe(_));
+            let decided =
+                tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity));
+            let result = match decided.await {
+                Ok(Ok(decision)) => {
+                    inner.answered();
+                    Ok(decision)
+                }
+                Ok(Err(e)) => {
+                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                        inner.unreachable(was_probe);
+                    } else {
+                        // An error reply (LOADING, OOM, NOPERM...) still proves Redis is there.
+                        inner.answered();
+                    }
+                    Err(BackendError::with_source("Redis failed to decide", e))
+                }
                 Err(_) => {
-                    inner.connection_trouble();
+                    inner.unreachable(was_probe);
                     Err(BackendError::new(format!(
                         "Redis did not decide within {:?}",
                         inner.timeout
                     )))
                 }
-            }
+            };
+            drop(admission);
+            result
         })
     }
 
@@ -681,7 +744,7 @@ impl Backend for RedisBackend {
             } else {
                 Err(BuildError::Invalid(format!(
                     "policy {:?}: the Lua path of the Redis backend supports bursts that refill within \
-                     104 days (period / count × (max_burst + 1)); this quota needs {:?}",
+                     52 days (period / count × (max_burst + 1)); this quota needs {:?}",
                     limit.name(),
                     Duration::from_nanos(args.tolerance)
                 )))
@@ -708,80 +771,66 @@ impl Backend for RedisBackend {
     }
 }
 
-/// The policy part of a Redis key, for messages.
-fn limit_name(redis_key: &str) -> &str {
-    redis_key.split(':').nth(1).unwrap_or(redis_key)
-}
-
 impl Inner {
     fn admit(self: &Arc<Self>) -> Admission {
-        let until = self.breaker.open_until.load(Ordering::Acquire);
+        if matches!(self.conn, Conn::Cluster(_)) {
+            return Admission::Closed;
+        }
+        let breaker = &self.breaker;
+        let until = breaker.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Admission::Closed;
         }
-        if self.breaker.now_ms() < until || self.breaker.probing.swap(true, Ordering::AcqRel) {
+        let now = breaker.now_ms();
+        if now < until {
             return Admission::FailFast;
         }
-        Admission::Probe(ProbeGuard(self.clone()))
+        let running = breaker.probe_started.load(Ordering::Acquire);
+        if running != 0 && now < running + breaker.probe_limit_ms {
+            return Admission::FailFast;
+        }
+        match breaker.probe_started.compare_exchange(
+            running,
+            now,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => Admission::Probe(ProbeGuard {
+                inner: self.clone(),
+                started: now,
+            }),
+            Err(_) => Admission::FailFast,
+        }
     }
 
-    fn connection_trouble(&self) {
+    fn unreachable(&self, was_probe: bool) {
         if self.mode == RedisMode::Auto {
             self.redetect.store(true, Ordering::Relaxed);
         }
-        self.breaker.failed();
-    }
-
-    async fn decide(
-        &self,
-        key: &str,
-        args: &Args,
-        quantity: u64,
-    ) -> Result<Decision, BackendError> {
-        let mut conn = self.conn.clone();
-        let result = self.decide_on(&mut conn, key, args, quantity).await;
-        if result.is_ok() {
-            self.breaker.succeeded();
+        if matches!(self.conn, Conn::Single(_)) {
+            self.breaker.failed(was_probe);
         }
-        result.map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                self.connection_trouble();
-            }
-            BackendError::with_source("Redis failed to decide", e)
-        })
     }
 
-    async fn decide_on(
-        &self,
-        conn: &mut Conn,
-        key: &str,
-        args: &Args,
-        quantity: u64,
-    ) -> Result<Decision, RedisError> {
+    fn answered(&self) {
+        if matches!(self.conn, Conn::Single(_)) {
+            self.breaker.answered();
+        }
+    }
+
+    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Decision, RedisError> {
+        let mut conn = self.conn.clone();
         let use_cell = match self.mode {
             RedisMode::Lua => false,
             RedisMode::Cell => true,
-            RedisMode::Auto => {
-                if self.redetect.swap(false, Ordering::Relaxed)
-                    || self.active.load(Ordering::Relaxed) == UNKNOWN
-                {
-                    match cell_loaded(conn).await {
-                        Ok(loaded) => self
-                            .active
-                            .store(if loaded { CELL } else { LUA }, Ordering::Relaxed),
-                        Err(e) => {
-                            self.redetect.store(true, Ordering::Relaxed);
-                            return Err(e);
-                        }
-                    }
-                }
-                self.active.load(Ordering::Relaxed) == CELL
-            }
+            RedisMode::Auto => self.detect_if_due(&mut conn).await?,
         };
-        // A peek (quantity 0) and a quota with no whole-second form go to Lua: redis-cell would write
-        // a key with no expiry for the first and cannot express the second.
+        let conn = &mut conn;
+        // Peeks (quantity 0) and quantities beyond the limit go to Lua: redis-cell 0.2.2 writes a key
+        // without expiry for the first, and for a huge quantity overflows into a negative TAT that
+        // crashes the server on the next call. Quotas with no whole-second form go to Lua too.
         match args.cell {
-            Some(cell) if use_cell && quantity > 0 => {
+            Some(cell) if use_cell && quantity > 0 && quantity <= args.limit => {
                 match throttle(conn, key, cell, quantity).await {
                     Err(e) if self.mode == RedisMode::Auto && is_unknown_command(&e) => {
                         // The module went away (a restart without it): Lua from now on, and this
@@ -795,6 +844,44 @@ impl Inner {
             }
             _ => self.lua(conn, key, args, quantity).await,
         }
+    }
+
+    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module first when it is unknown,
+    /// after a connection failure, or every 30 s. If detection fails, the last known answer stands.
+    async fn detect_if_due(&self, conn: &mut Conn) -> Result<bool, RedisError> {
+        const EVERY_MS: u64 = 30_000;
+        let now = self.breaker.now_ms();
+        let known = self.active.load(Ordering::Relaxed);
+        if known == UNKNOWN
+            || self.redetect.load(Ordering::Relaxed)
+            || now >= self.next_detect.load(Ordering::Relaxed)
+        {
+            // The flag is cleared only once detection has answered, so a call dropped half-way
+            // leaves it for the next one.
+            match cell_loaded(conn).await {
+                Ok(loaded) => {
+                    let path = if loaded { CELL } else { LUA };
+                    if known != UNKNOWN && known != path {
+                        tracing::info!(
+                            cell = loaded,
+                            "redis-cell module {}; rate-limit decisions use {}",
+                            if loaded { "found" } else { "gone" },
+                            if loaded {
+                                "CL.THROTTLE"
+                            } else {
+                                "the Lua script"
+                            }
+                        );
+                    }
+                    self.active.store(path, Ordering::Relaxed);
+                    self.redetect.store(false, Ordering::Relaxed);
+                    self.next_detect.store(now + EVERY_MS, Ordering::Relaxed);
+                }
+                Err(e) if known == UNKNOWN => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(self.active.load(Ordering::Relaxed) == CELL)
     }
 
     async fn lua(
@@ -836,11 +923,9 @@ async fn throttle(
         Conn::Cluster(c) => cmd.query_async(c).await?,
     };
     // Whole seconds, truncated: report the next whole second, which is never early.
-    let mut decision = from_reply(reply, |secs| Duration::from_secs(secs.saturating_add(1)));
-    if decision.remaining >= decision.limit && decision.allowed {
-        decision.reset_after = Duration::ZERO;
-    }
-    Ok(decision)
+    Ok(from_reply(reply, |secs| {
+        Duration::from_secs(secs.saturating_add(1))
+    }))
 }
 
 fn is_unknown_command(e: &RedisError) -> bool {
