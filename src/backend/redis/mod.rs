@@ -231,6 +231,9 @@ impl Breaker {
     }
 }
 
+/// `Auto` mode detects the module again this often (ms), besides after connection failures.
+const DETECT_EVERY_MS: u64 = 30_000;
+
 const UNKNOWN: u8 = 0;
 const CELL: u8 = 1;
 const LUA: u8 = 2;
@@ -501,10 +504,13 @@ impl RedisBackendBuilder {
                             "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which this Redis has not loaded; use mode \"lua\" or \"auto\"",
                         )));
                     }
-                    backend
-                        .inner
+                    let inner = &backend.inner;
+                    inner
                         .active
                         .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+                    inner
+                        .next_detect
+                        .store(inner.breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
                     Ok(())
                 }
             }
@@ -849,7 +855,6 @@ impl Inner {
     /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module first when it is unknown,
     /// after a connection failure, or every 30 s. If detection fails, the last known answer stands.
     async fn detect_if_due(&self, conn: &mut Conn) -> Result<bool, RedisError> {
-        const EVERY_MS: u64 = 30_000;
         let now = self.breaker.now_ms();
         let known = self.active.load(Ordering::Relaxed);
         if known == UNKNOWN
@@ -875,7 +880,8 @@ impl Inner {
                     }
                     self.active.store(path, Ordering::Relaxed);
                     self.redetect.store(false, Ordering::Relaxed);
-                    self.next_detect.store(now + EVERY_MS, Ordering::Relaxed);
+                    self.next_detect
+                        .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
                 }
                 Err(e) if known == UNKNOWN => return Err(e),
                 Err(_) => {}
