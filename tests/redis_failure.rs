@@ -179,31 +179,47 @@ async fn local_limiter_enforces_the_quota() {
         .all(|s| *s == StatusCode::TOO_MANY_REQUESTS));
 }
 
-/// A Redis that accepts connections but does not answer (stopped with SIGSTOP): requests wait no
-/// longer than the timeout, and most not at all; when it answers again, so do the decisions.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_redis_costs_each_request_at_most_the_timeout() {
-    let server = RedisServer::start();
-    let pid = server.cli(&["INFO", "server"]);
-    let pid = pid
+/// Freezes the server's process (SIGSTOP) until dropped (SIGCONT): a frozen Redis keeps its
+/// connections open and answers nothing.
+struct Frozen(String);
+
+fn freeze(server: &RedisServer) -> Frozen {
+    let info = server.cli(&["INFO", "server"]);
+    let pid = info
         .lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .unwrap()
         .trim()
         .to_owned();
+    kill("-STOP", &pid);
+    Frozen(pid)
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        kill("-CONT", &self.0);
+    }
+}
+
+fn kill(sig: &str, pid: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// A Redis that accepts connections but does not answer (stopped with SIGSTOP): requests wait no
+/// longer than the timeout, and most not at all; when it answers again, so do the decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_each_request_at_most_the_timeout() {
+    let server = RedisServer::start();
     let app = app(&server, OnBackendError::Deny, LARGE_BURST).await;
     assert_eq!(ask(&app).await.status, StatusCode::OK);
 
-    let signal = |sig: &str| {
-        let status = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-    signal("-STOP");
+    let freezing = freeze(&server);
     let frozen = stream(&app, Duration::from_millis(600)).await;
-    signal("-CONT");
+    drop(freezing);
     assert!(frozen
         .iter()
         .all(|a| a.status == StatusCode::SERVICE_UNAVAILABLE));
@@ -227,23 +243,9 @@ async fn a_frozen_redis_costs_each_request_at_most_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_flight_during_a_freeze_do_not_delay_recovery() {
     let server = RedisServer::start();
-    let pid = server.cli(&["INFO", "server"]);
-    let pid = pid
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .unwrap()
-        .trim()
-        .to_owned();
     let app = app(&server, OnBackendError::Deny, LARGE_BURST).await;
     assert_eq!(ask(&app).await.status, StatusCode::OK);
-    let signal = |sig: &str| {
-        assert!(std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap()
-            .success());
-    };
-    signal("-STOP");
+    let freezing = freeze(&server);
     let in_flight: Vec<_> = (0..64)
         .map(|_| {
             let app = app.clone();
@@ -255,7 +257,7 @@ async fn requests_in_flight_during_a_freeze_do_not_delay_recovery() {
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(answer.took <= TIMEOUT + MARGIN, "{answer:?}");
     }
-    signal("-CONT");
+    drop(freezing);
     let back = Instant::now();
     while ask(&app).await.status != StatusCode::OK {
         tokio::time::sleep(Duration::from_millis(5)).await;
