@@ -1,6 +1,8 @@
 use std::future::{ready, Ready};
-use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
@@ -79,29 +81,144 @@ impl<C> std::fmt::Debug for MemoryBackend<C> {
 struct Inner<C> {
     clock: C,
     hasher: foldhash::fast::RandomState,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     shard_cap: usize,
 }
 
-struct Entry {
+/// One live key. The TAT is atomic so that a decision for a key already in the table needs only the
+/// shard's read lock (concurrent decisions compare-and-swap it); inserting and removing keys take the
+/// write lock.
+struct Slot<K> {
+    tat: AtomicU64,
     limit: u32,
-    /// The limit's tolerance in nanoseconds, to rank keys of different limits at the cap. An `f32`
-    /// fits in the padding next to `limit`, so the entry stays 40 bytes.
-    tolerance: f32,
-    tat: u64,
-    key: Key,
+    key: K,
 }
 
-impl Entry {
-    /// How much of its tolerance the key has used: near 0 = almost fully refilled, 1 = just limited.
-    fn used(&self, now: u64) -> f32 {
-        self.tat.saturating_sub(now) as f32 / self.tolerance
+/// The three tables of a shard, by the form a key is stored in: IPv4 keys as 4 bytes (a 16-byte slot),
+/// IPv6 keys as 16 bytes (32-byte slot), anything else as the [`Key`] itself (40-byte slot).
+trait SlotKey: Sized + PartialEq {
+    fn slot_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64;
+    fn table(shard: &Shard) -> &HashTable<Slot<Self>>;
+    fn table_mut(shard: &mut Shard) -> &mut HashTable<Slot<Self>>;
+}
+
+impl SlotKey for u32 {
+    fn slot_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+        hasher.hash_one((u64::from(limit) << 32) | u64::from(*self))
+    }
+    fn table(shard: &Shard) -> &HashTable<Slot<Self>> {
+        &shard.v4
+    }
+    fn table_mut(shard: &mut Shard) -> &mut HashTable<Slot<Self>> {
+        &mut shard.v4
+    }
+}
+
+impl SlotKey for [u8; 16] {
+    fn slot_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+        hasher.hash_one((limit, u128::from_ne_bytes(*self)))
+    }
+    fn table(shard: &Shard) -> &HashTable<Slot<Self>> {
+        &shard.v6
+    }
+    fn table_mut(shard: &mut Shard) -> &mut HashTable<Slot<Self>> {
+        &mut shard.v6
+    }
+}
+
+impl SlotKey for Key {
+    fn slot_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+        hasher.hash_one((limit, self))
+    }
+    fn table(shard: &Shard) -> &HashTable<Slot<Self>> {
+        &shard.other
+    }
+    fn table_mut(shard: &mut Shard) -> &mut HashTable<Slot<Self>> {
+        &mut shard.other
+    }
+}
+
+/// The compact form of an IP key, read through the key's `Hash` implementation (the key's
+/// representation is private to its module) and then checked for equality with the key itself, so a
+/// key is never mistaken for another: if the standard library ever hashed addresses differently, keys
+/// would only fall back to the general table (a unit test checks that they do not).
+enum Compact<'a> {
+    V4(u32),
+    V6([u8; 16]),
+    Other(&'a Key),
+}
+
+impl<'a> Compact<'a> {
+    fn of(key: &'a Key) -> Self {
+        let mut probe = Probe::default();
+        key.hash(&mut probe);
+        match probe.last {
+            Last::V4(ip) if Key::from(ip) == *key => Compact::V4(ip.to_bits()),
+            Last::V6(ip) if Key::from(ip) == *key => Compact::V6(ip.octets()),
+            _ => Compact::Other(key),
+        }
+    }
+}
+
+/// Records the last value a `Hash` implementation wrote, when it may be an address.
+#[derive(Default)]
+struct Probe {
+    last: Last,
+}
+
+#[derive(Default)]
+enum Last {
+    #[default]
+    None,
+    V4(Ipv4Addr),
+    V6(Ipv6Addr),
+}
+
+impl Hasher for Probe {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.last = if let Ok(octets) = <[u8; 4]>::try_from(bytes) {
+            Last::V4(Ipv4Addr::from(octets))
+        } else if let Ok(octets) = <[u8; 16]>::try_from(bytes) {
+            Last::V6(Ipv6Addr::from(octets))
+        } else {
+            Last::None
+        };
+    }
+    fn write_u8(&mut self, _: u8) {
+        self.last = Last::None;
+    }
+    fn write_u16(&mut self, _: u16) {
+        self.last = Last::None;
+    }
+    // The standard library hashes an address as its octets in native byte order.
+    fn write_u32(&mut self, bits: u32) {
+        self.last = Last::V4(Ipv4Addr::from(bits.to_ne_bytes()));
+    }
+    fn write_u64(&mut self, _: u64) {
+        self.last = Last::None;
+    }
+    fn write_u128(&mut self, bits: u128) {
+        self.last = Last::V6(Ipv6Addr::from(bits.to_ne_bytes()));
+    }
+    fn write_usize(&mut self, _: usize) {
+        self.last = Last::None;
+    }
+    fn write_isize(&mut self, _: isize) {
+        self.last = Last::None;
     }
 }
 
 struct Shard {
-    table: HashTable<Entry>,
-    /// Sweep expired keys when the table reaches this many entries...
+    v4: HashTable<Slot<u32>>,
+    v6: HashTable<Slot<[u8; 16]>>,
+    other: HashTable<Slot<Key>>,
+    /// The tolerance (ns) of each limit seen in this shard, to rank keys of different limits at the
+    /// cap (the last one seen, if two limits share a name with different quotas).
+    tolerances: Vec<(u32, f32)>,
+    /// Sweep expired keys when the tables reach this many entries...
     sweep_at_len: usize,
     /// ...or when the clock reaches this time.
     sweep_at_time: u64,
@@ -189,8 +306,11 @@ impl<C: Clock> MemoryBackendBuilder<C> {
         let shard_cap = self.max_keys / shards;
         let shards = (0..shards)
             .map(|_| {
-                Mutex::new(Shard {
-                    table: HashTable::new(),
+                RwLock::new(Shard {
+                    v4: HashTable::new(),
+                    v6: HashTable::new(),
+                    other: HashTable::new(),
+                    tolerances: Vec::new(),
                     sweep_at_len: 64,
                     sweep_at_time: 0,
                 })
@@ -219,29 +339,71 @@ impl<C: Clock> MemoryBackend<C> {
         let Some(params) = limit.gcra() else {
             return Err(unsupported(limit));
         };
+        Ok(match Compact::of(key) {
+            Compact::V4(ip) => self.decide_in(params, limit.id(), &ip, quantity),
+            Compact::V6(ip) => self.decide_in(params, limit.id(), &ip, quantity),
+            Compact::Other(key) => self.decide_in(params, limit.id(), key, quantity),
+        })
+    }
+
+    fn decide_in<K: SlotKey + Clone>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &K,
+        quantity: u64,
+    ) -> Decision {
         let inner = &*self.inner;
-        let id = limit.id();
-        let hash = inner.hasher.hash_one((id, key));
+        let hash = key.slot_hash(id, &inner.hasher);
         // The shard comes from bits that hashbrown uses for neither the bucket index (low bits) nor
         // the control byte (top 7 bits), so each shard's table stays well spread.
-        let shard = (hash >> 32) as usize & (inner.shards.len() - 1);
-        let mut shard = inner.shards[shard]
-            .lock()
+        let lock = &inner.shards[(hash >> 32) as usize & (inner.shards.len() - 1)];
+        let eq = |s: &Slot<K>| s.limit == id && s.key == *key;
+        {
+            // A key already in the table: the read lock, and a compare-and-swap of its TAT.
+            let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // Read the clock under the lock: a sweep (under the write lock) never runs between
+            // reading `now` and deciding with it.
+            let now = inner.clock.now_nanos();
+            if now < shard.sweep_at_time {
+                if let Some(slot) = K::table(&shard).find(hash, eq) {
+                    let mut current = slot.tat.load(Relaxed);
+                    loop {
+                        let live = (current > now).then_some(current);
+                        let out = gcra::decide(live, now, params, quantity);
+                        // A TAT not after `now` means no state, as does an expired `current`:
+                        // nothing to write (the sweep drops the slot).
+                        let store = out.new_tat.filter(|tat| *tat > now && *tat != current);
+                        let Some(tat) = store else {
+                            return out.decision;
+                        };
+                        match slot
+                            .tat
+                            .compare_exchange_weak(current, tat, Relaxed, Relaxed)
+                        {
+                            Ok(_) => return out.decision,
+                            Err(actual) => current = actual,
+                        }
+                    }
+                }
+            }
+        }
+        // A new key, or a sweep is due: the write lock.
+        let mut shard = lock
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Read the clock under the lock, so decisions for one key see non-decreasing times.
         let now = inner.clock.now_nanos();
         if now >= shard.sweep_at_time {
             shard.sweep(now, &inner.hasher);
         }
-        let eq = |e: &Entry| e.limit == id && e.key == *key;
-        let rehash = |e: &Entry| inner.hasher.hash_one((e.limit, &e.key));
-        let decision = match shard.table.find_entry(hash, eq) {
+        let rehash = |s: &Slot<K>| s.key.slot_hash(s.limit, &inner.hasher);
+        match K::table_mut(&mut shard).find_entry(hash, eq) {
             Ok(mut occupied) => {
-                let entry = occupied.get_mut();
-                let live = (entry.tat > now).then_some(entry.tat);
+                let tat = occupied.get_mut().tat.get_mut();
+                let live = (*tat > now).then_some(*tat);
                 let out = gcra::decide(live, now, params, quantity);
                 match out.new_tat {
-                    Some(tat) if tat > now => entry.tat = tat,
+                    Some(new_tat) if new_tat > now => *tat = new_tat,
                     _ => {
                         occupied.remove();
                     }
@@ -251,24 +413,23 @@ impl<C: Clock> MemoryBackend<C> {
             Err(_) => {
                 let out = gcra::decide(None, now, params, quantity);
                 if let Some(tat) = out.new_tat.filter(|tat| *tat > now) {
-                    if shard.table.len() >= shard.sweep_at_len {
+                    if shard.len() >= shard.sweep_at_len {
                         shard.sweep(now, &inner.hasher);
                     }
-                    if shard.table.len() >= inner.shard_cap {
-                        shard.evict_nearest_refill(now, inner.shard_cap);
+                    if shard.len() >= inner.shard_cap {
+                        shard.evict_nearest_refill(now, inner.shard_cap, &inner.hasher);
                     }
-                    let entry = Entry {
+                    shard.note_tolerance(id, params.tolerance() as f32);
+                    let slot = Slot {
+                        tat: AtomicU64::new(tat),
                         limit: id,
-                        tolerance: params.tolerance() as f32,
-                        tat,
                         key: key.clone(),
                     };
-                    shard.table.insert_unique(hash, entry, rehash);
+                    K::table_mut(&mut shard).insert_unique(hash, slot, rehash);
                 }
                 out.decision
             }
-        };
-        Ok(decision)
+        }
     }
 
     /// How many keys are live (including keys that have refilled but were not swept yet).
@@ -276,7 +437,7 @@ impl<C: Clock> MemoryBackend<C> {
         self.inner
             .shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).table.len())
+            .map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len())
             .sum()
     }
 
@@ -290,10 +451,7 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn sweep(&self) {
         let now = self.inner.clock.now_nanos();
         for shard in self.inner.shards.iter() {
-            shard
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .sweep(now, &self.inner.hasher);
+            write(shard).sweep(now, &self.inner.hasher);
         }
     }
 }
@@ -309,50 +467,115 @@ fn unsupported(limit: &Limit) -> BackendError {
 /// How many entries are sampled to choose which keys to forget at the cap.
 const EVICTION_SAMPLE: usize = 1024;
 
+fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    shard.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops the slots whose TAT has passed, and gives memory back after a burst of keys (an attack, a
+/// spike) has expired.
+fn sweep_table<K: SlotKey>(
+    table: &mut HashTable<Slot<K>>,
+    now: u64,
+    hasher: &foldhash::fast::RandomState,
+) {
+    table.retain(|s| *s.tat.get_mut() > now);
+    let len = table.len();
+    if table.capacity() > 4 * len.max(16) {
+        table.shrink_to(2 * len, |s| s.key.slot_hash(s.limit, hasher));
+    }
+}
+
 impl Shard {
+    fn len(&self) -> usize {
+        self.v4.len() + self.v6.len() + self.other.len()
+    }
+
     fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
-        self.table.retain(|e| e.tat > now);
-        let len = self.table.len();
-        // Give memory back after a burst of keys (an attack, a spike) has expired.
-        if self.table.capacity() > 4 * len.max(16) {
-            self.table
-                .shrink_to(2 * len, |e| hasher.hash_one((e.limit, &e.key)));
-        }
-        self.sweep_at_len = (2 * len).max(64);
+        sweep_table(&mut self.v4, now, hasher);
+        sweep_table(&mut self.v6, now, hasher);
+        sweep_table(&mut self.other, now, hasher);
+        self.sweep_at_len = (2 * self.len()).max(64);
         self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
+    }
+
+    fn note_tolerance(&mut self, id: u32, tolerance: f32) {
+        match self.tolerances.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, t)) => *t = tolerance,
+            None => self.tolerances.push((id, tolerance)),
+        }
     }
 
     /// At the cap: forget about an eighth of the keys, those that have used the smallest share of
     /// their limit's tolerance (the closest to fully refilled, whatever their limit's period).
     ///
     /// The threshold comes from a sample (the table's order has nothing to do with the TATs), so the
-    /// work under the lock is one pass over the table per `cap / 8` new keys, with no allocation
+    /// work under the lock is one pass over the tables per `cap / 8` new keys, with no allocation
     /// proportional to the shard.
-    fn evict_nearest_refill(&mut self, now: u64, cap: usize) {
-        let target = (cap / 8).max(1);
-        let mut sample: Vec<f32> = self
-            .table
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .map(|e| e.used(now))
-            .collect();
-        let nth = (sample.len() * target / self.table.len()).min(sample.len() - 1);
+    fn evict_nearest_refill(&mut self, now: u64, cap: usize, hasher: &foldhash::fast::RandomState) {
+        // Expired slots (left by decisions under the read lock) go first, and count.
+        let before = self.len();
+        sweep_table(&mut self.v4, now, hasher);
+        sweep_table(&mut self.v6, now, hasher);
+        sweep_table(&mut self.other, now, hasher);
+        let target = (cap / 8).max(1).saturating_sub(before - self.len());
+        if target == 0 {
+            return;
+        }
+        let Shard {
+            v4,
+            v6,
+            other,
+            tolerances,
+            ..
+        } = self;
+        let tolerances = &*tolerances;
+        // How much of its tolerance a key has used: near 0 = almost fully refilled, 1 = just limited.
+        let used = |tat: u64, id: u32| {
+            let tolerance = tolerances
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map_or(1.0, |(_, t)| *t);
+            tat.saturating_sub(now) as f32 / tolerance
+        };
+        let len = v4.len() + v6.len() + other.len();
+        // A sample from each table in proportion to its size.
+        let share = |n: usize| (n * EVICTION_SAMPLE).div_ceil(len);
+        let mut sample: Vec<f32> = Vec::with_capacity(EVICTION_SAMPLE + 3);
+        sample.extend(
+            v4.iter()
+                .take(share(v4.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit)),
+        );
+        sample.extend(
+            v6.iter()
+                .take(share(v6.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit)),
+        );
+        sample.extend(
+            other
+                .iter()
+                .take(share(other.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit)),
+        );
+        let nth = (sample.len() * target / len).min(sample.len() - 1);
         let (_, threshold, _) = sample.select_nth_unstable_by(nth, f32::total_cmp);
         let threshold = *threshold;
         // Strictly below the threshold first, then ties, until the target is met; a sample that
         // underestimates only evicts fewer keys, and the next insert tries again.
         let mut evicted = 0;
-        self.table.retain(|e| {
-            let forget = evicted < target && e.used(now) < threshold;
-            evicted += usize::from(forget);
-            !forget
-        });
-        if evicted < target {
-            self.table.retain(|e| {
-                let forget = evicted < target && e.used(now) <= threshold;
+        for ties in [false, true] {
+            let mut forget = |tat: u64, id: u32| {
+                let u = used(tat, id);
+                let forget = evicted < target && (u < threshold || (ties && u <= threshold));
                 evicted += usize::from(forget);
                 !forget
-            });
+            };
+            v4.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            v6.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            other.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            if evicted >= target {
+                break;
+            }
         }
     }
 }
@@ -369,5 +592,56 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             Some(_) => Ok(()),
             None => Err(BuildError::Invalid(unsupported(limit).to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    #[test]
+    fn ip_keys_are_stored_compactly_and_other_keys_as_themselves() {
+        assert_eq!(std::mem::size_of::<Slot<u32>>(), 16);
+        assert_eq!(std::mem::size_of::<Slot<[u8; 16]>>(), 32);
+        let v4 = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+        assert!(matches!(Compact::of(&v4), Compact::V4(bits) if bits == 0xc000_0207));
+        let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        assert!(matches!(Compact::of(&Key::from(v6)), Compact::V6(o) if o == v6.octets()));
+        // IPv4-mapped IPv6 addresses are IPv4 keys.
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert!(matches!(
+            Compact::of(&Key::from(mapped)),
+            Compact::V4(0xc000_0207)
+        ));
+        // Byte strings of an address's length are not addresses.
+        for other in [
+            Key::from("abcd"),
+            Key::from(&[0xc0, 0, 2, 7][..]),
+            Key::from(&[7u8; 16][..]),
+            Key::global(),
+            Key::from("x".repeat(100)),
+        ] {
+            assert!(
+                matches!(Compact::of(&other), Compact::Other(_)),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_address_as_bytes_and_as_ip_are_different_keys() {
+        let backend = MemoryBackend::builder()
+            .clock(crate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let limit = Limit::new("t", crate::Quota::per_minute(1)).unwrap();
+        let ip = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+        let bytes = Key::from(&[192, 0, 2, 7][..]);
+        assert!(backend.decide(&limit, &ip, 1).unwrap().allowed);
+        assert!(backend.decide(&limit, &bytes, 1).unwrap().allowed);
+        assert!(!backend.decide(&limit, &ip, 1).unwrap().allowed);
+        assert!(!backend.decide(&limit, &bytes, 1).unwrap().allowed);
+        assert_eq!(backend.len(), 2);
     }
 }

@@ -1,0 +1,179 @@
+//! The in-memory decision against governor's keyed limiter, side by side in one run.
+//!
+//! ```text
+//! cargo bench --bench decide
+//! ```
+//!
+//! Both use their default clock (tower-throttle: `Instant`; governor: quanta) and a quota that admits
+//! every request (so both take the same path: read, compute, store). Keys are IPv4 addresses, as a
+//! per-IP HTTP limiter sees them (tower_governor keys governor by `IpAddr`).
+//!
+//! - `hot_key`: one key, every call.
+//! - `1M_keys`: one million live keys, visited in a shuffled order (each decision misses the cache).
+//! - `/2_threads`: two threads deciding at once (iteration time = wall time for both to do one).
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
+use tower_throttle::{Key, Limit, MemoryBackend, Quota};
+
+const MANY: usize = 1_000_000;
+
+fn ips(n: usize) -> Vec<Ipv4Addr> {
+    // A fixed permutation of n distinct addresses (an LCG over a power of two, then a filter).
+    let mut x: u32 = 0x2545_f491;
+    let mut out: Vec<Ipv4Addr> = (0..n as u32)
+        .map(|i| Ipv4Addr::from(0x0a00_0000u32.wrapping_add(i)))
+        .collect();
+    // Fisher-Yates with a xorshift generator: deterministic, no dependency.
+    for i in (1..out.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        out.swap(i, x as usize % (i + 1));
+    }
+    out
+}
+
+/// The hot key: one cell per nanosecond (always admitted). The million keys: one cell per 3.6 s,
+/// bursts of ten million, so that every key stays live between two visits and is always admitted.
+fn quotas(many: bool) -> (Quota, GQuota) {
+    if many {
+        (
+            Quota::cl_throttle(9_999_999, 1000, Duration::from_secs(3600)),
+            GQuota::with_period(Duration::from_millis(3600))
+                .unwrap()
+                .allow_burst(NonZeroU32::new(10_000_000).unwrap()),
+        )
+    } else {
+        (
+            Quota::per_second(1_000_000_000),
+            GQuota::per_second(NonZeroU32::new(1_000_000_000).unwrap()),
+        )
+    }
+}
+
+fn ours(many: bool) -> (MemoryBackend, Limit) {
+    // Room for the million keys without reaching the cap (the cap's eviction is not what is measured).
+    let backend = MemoryBackend::builder().max_keys(4 * MANY).build().unwrap();
+    let limit = Limit::new("bench", quotas(many).0).unwrap();
+    (backend, limit)
+}
+
+fn governor(many: bool) -> DefaultKeyedRateLimiter<IpAddr> {
+    RateLimiter::keyed(quotas(many).1)
+}
+
+/// Runs `f(thread, i)` for `iters` iterations on each of `threads` threads, returning the wall time.
+fn concurrent<F: Fn(usize, u64) + Sync>(threads: usize, iters: u64, f: F) -> Duration {
+    let start = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (f, start) = (&f, &start);
+            s.spawn(move || {
+                start.wait();
+                for i in 0..iters {
+                    f(t, i);
+                }
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        // The scope joins every thread before returning.
+        t0
+    })
+    .elapsed()
+}
+
+fn hot_key(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hot_key");
+    let (backend, limit) = ours(false);
+    let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+    let gov = governor(false);
+    let gkey = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+    assert!(backend.decide(&limit, &key, 1).unwrap().allowed);
+    assert!(gov.check_key(&gkey).is_ok());
+
+    g.bench_function("tower-throttle/1_thread", |b| {
+        b.iter(|| black_box(backend.decide(&limit, black_box(&key), 1).unwrap()))
+    });
+    g.bench_function("governor/1_thread", |b| {
+        b.iter(|| black_box(gov.check_key(black_box(&gkey)).is_ok()))
+    });
+    g.bench_function("tower-throttle/2_threads", |b| {
+        b.iter_custom(|iters| {
+            concurrent(2, iters, |_, _| {
+                black_box(backend.decide(&limit, black_box(&key), 1).unwrap());
+            })
+        })
+    });
+    g.bench_function("governor/2_threads", |b| {
+        b.iter_custom(|iters| {
+            concurrent(2, iters, |_, _| {
+                black_box(gov.check_key(black_box(&gkey)).is_ok());
+            })
+        })
+    });
+    g.finish();
+}
+
+fn many_keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("1M_keys");
+    let addrs = ips(MANY);
+    let keys: Vec<Key> = addrs.iter().map(|ip| Key::from(*ip)).collect();
+    let gkeys: Vec<IpAddr> = addrs.iter().map(|ip| IpAddr::V4(*ip)).collect();
+    let (backend, limit) = ours(true);
+    let gov = governor(true);
+    for (k, gk) in keys.iter().zip(&gkeys) {
+        assert!(backend.decide(&limit, k, 1).unwrap().allowed);
+        assert!(gov.check_key(gk).is_ok());
+    }
+    assert_eq!(backend.len(), MANY);
+    assert_eq!(gov.len(), MANY);
+    let at = |i: u64| (i as usize * 7919) % MANY; // visits every key (7919 is prime, coprime to 10^6)
+
+    g.bench_function("tower-throttle/1_thread", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            black_box(backend.decide(&limit, &keys[at(i)], 1).unwrap())
+        })
+    });
+    g.bench_function("governor/1_thread", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            black_box(gov.check_key(&gkeys[at(i)]).is_ok())
+        })
+    });
+    g.bench_function("tower-throttle/2_threads", |b| {
+        b.iter_custom(|iters| {
+            concurrent(2, iters, |t, i| {
+                let k = &keys[at(i * 2 + t as u64)];
+                black_box(backend.decide(&limit, k, 1).unwrap());
+            })
+        })
+    });
+    g.bench_function("governor/2_threads", |b| {
+        b.iter_custom(|iters| {
+            concurrent(2, iters, |t, i| {
+                let k = &gkeys[at(i * 2 + t as u64)];
+                black_box(gov.check_key(k).is_ok());
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = hot_key, many_keys
+}
+criterion_main!(benches);
