@@ -113,6 +113,9 @@ pub struct RedisConfig {
     /// Whether `url` / `urls` name a Redis Cluster.
     #[serde(default)]
     pub cluster: bool,
+    /// Reject keys that Redis limited locally until their retry time (default true).
+    #[serde(default)]
+    pub deny_cache: Option<bool>,
 }
 
 impl RedisConfig {
@@ -170,6 +173,9 @@ impl RedisConfig {
         }
         if let Some(ms) = self.timeout_ms {
             builder = builder.timeout(Duration::from_millis(ms));
+        }
+        if let Some(on) = self.deny_cache {
+            builder = builder.deny_cache(on);
         }
         builder.connect().await
     }

@@ -1,5 +1,7 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 
+mod deny;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -134,6 +136,7 @@ struct Inner {
     timeout: Duration,
     script: redis::Script,
     breaker: Breaker,
+    deny: Option<deny::DenyCache>,
 }
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
@@ -277,6 +280,7 @@ impl RedisBackend {
             mode: RedisMode::Auto,
             prefix: Self::DEFAULT_PREFIX.to_owned(),
             timeout: Self::DEFAULT_TIMEOUT,
+            deny_cache: true,
         }
     }
 
@@ -319,6 +323,7 @@ pub struct RedisBackendBuilder {
     mode: RedisMode,
     prefix: String,
     timeout: Duration,
+    deny_cache: bool,
 }
 
 enum Target {
@@ -336,6 +341,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("mode", &self.mode)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("deny_cache", &self.deny_cache)
             .finish_non_exhaustive()
     }
 }
@@ -413,6 +419,16 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Whether to keep a local deny cache (default `true`): once Redis limits a key, requests for it
+    /// are rejected here, without a round trip, until the retry time Redis gave (for as many units
+    /// or more), with the same numbers aged to now. Other processes can only make a key more limited,
+    /// so the cache never admits anything Redis would not. A flood from one client then costs Redis
+    /// one call per retry period. Only a key reset in Redis by hand is refused here a while longer.
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+
     /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module.
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
@@ -487,6 +503,7 @@ impl RedisBackendBuilder {
                 timeout,
                 script: redis::Script::new(SCRIPT),
                 breaker: Breaker::new(timeout),
+                deny: self.deny_cache.then(deny::DenyCache::new),
             }),
         };
         let mut conn = backend.inner.conn.clone();
@@ -706,13 +723,32 @@ impl Backend for RedisBackend {
             ))));
         }
         let redis_key = self.redis_key(limit.name(), key);
+        if let Some(denied) = inner
+            .deny
+            .as_ref()
+            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
         Box::pin(async move {
             let was_probe = matches!(admission, Admission::Probe(_));
+            let sent = Instant::now();
             let decided =
                 tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity));
             let result = match decided.await {
-                Ok(Ok(decision)) => {
+                Ok(Ok((decision, whole_seconds))) => {
                     inner.answered();
+                    if let (false, Some(cache)) = (decision.allowed, &inner.deny) {
+                        // Timed from when the call was sent: Redis decided after that, so the
+                        // retry time is held no later than Redis meant.
+                        let rejection = deny::Rejection {
+                            decision,
+                            interval: args.interval,
+                            tolerance: args.tolerance,
+                            whole_seconds,
+                        };
+                        cache.insert(&redis_key, quantity, rejection, sent);
+                    }
                     Ok(decision)
                 }
                 Ok(Err(e)) => {
@@ -824,7 +860,13 @@ impl Inner {
         }
     }
 
-    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Decision, RedisError> {
+    /// The decision, and whether it came from `CL.THROTTLE` (whole seconds).
+    async fn decide(
+        &self,
+        key: &str,
+        args: &Args,
+        quantity: u64,
+    ) -> Result<(Decision, bool), RedisError> {
         let mut conn = self.conn.clone();
         let use_cell = match self.mode {
             RedisMode::Lua => false,
@@ -843,12 +885,17 @@ impl Inner {
                         // request too (the failed command wrote nothing).
                         self.active.store(LUA, Ordering::Relaxed);
                         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
-                        self.lua(conn, key, args, quantity).await
+                        self.lua(conn, key, args, quantity)
+                            .await
+                            .map(|d| (d, false))
                     }
-                    other => other,
+                    other => other.map(|d| (d, true)),
                 }
             }
-            _ => self.lua(conn, key, args, quantity).await,
+            _ => self
+                .lua(conn, key, args, quantity)
+                .await
+                .map(|d| (d, false)),
         }
     }
 
