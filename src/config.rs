@@ -34,7 +34,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde::{Deserialize, Deserializer};
 
-use crate::key::{KeySpec, PeerIp};
+use crate::key::{ClientIp, ForwardedHeader, KeySpec, PeerIp, TrustedProxies};
 use crate::{
     BuildError, MemoryBackend, MissingKey, OnBackendError, Policy, Quota, ThrottleLayer,
     ThrottleLayerBuilder,
@@ -60,6 +60,13 @@ pub struct Config {
     /// `"allow"` (the default when unset), `"deny"` or `"local"`: what to do when the backend fails.
     #[serde(default, deserialize_with = "some_on_backend_error")]
     pub on_backend_error: Option<OnBackendError>,
+    /// Networks of the proxies whose forwarding header is believed, for `key = "client-ip"`:
+    /// CIDRs (`"10.0.0.0/8"`, `"::1/128"`) or addresses.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// The header those proxies set: `"x-forwarded-for"` (default), `"forwarded"` or `"x-real-ip"`.
+    #[serde(default)]
+    pub client_ip_header: Option<String>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -211,10 +218,10 @@ pub struct RouteConfig {
     /// The methods; without it, every method.
     #[serde(default)]
     pub methods: Option<Vec<String>>,
-    /// `"ip"`, `"global"` or `"header:<name>"`.
+    /// `"ip"`, `"client-ip"`, `"global"` or `"header:<name>"`.
     #[serde(deserialize_with = "key_spec")]
     pub key: KeySpec,
-    /// For `key = "ip"`: group IPv6 peers by this prefix (default 64).
+    /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
     #[serde(default)]
     pub ipv6_prefix: Option<u8>,
     /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1.
@@ -253,7 +260,25 @@ impl Config {
 
     /// The policies, validated.
     pub fn policies(&self) -> Result<Vec<Policy<KeySpec>>, BuildError> {
-        self.routes.iter().map(RouteConfig::policy).collect()
+        let client_ip = self.client_ip()?;
+        self.routes
+            .iter()
+            .map(|route| route.policy_behind(&client_ip))
+            .collect()
+    }
+
+    /// The client-IP extractor that `trusted_proxies` and `client_ip_header` describe.
+    pub fn client_ip(&self) -> Result<ClientIp, BuildError> {
+        let trusted = TrustedProxies::new(&self.trusted_proxies)
+            .map_err(|e| BuildError::Invalid(format!("trusted_proxies: {e}")))?;
+        let mut client_ip = ClientIp::new(trusted);
+        if let Some(header) = &self.client_ip_header {
+            let header = header
+                .parse::<ForwardedHeader>()
+                .map_err(|e| BuildError::Invalid(format!("client_ip_header: {e}")))?;
+            client_ip = client_ip.header(header);
+        }
+        Ok(client_ip)
     }
 
     /// A layer builder with the configured policies and options, on `backend`.
@@ -399,17 +424,34 @@ impl std::future::Future for ConfiguredFuture {
 }
 
 impl RouteConfig {
-    /// The policy this route describes.
+    /// The policy this route describes, with no trusted proxies (`client-ip` is the peer address).
     pub fn policy(&self) -> Result<Policy<KeySpec>, BuildError> {
+        self.policy_behind(&ClientIp::default())
+    }
+
+    fn policy_behind(&self, client_ip: &ClientIp) -> Result<Policy<KeySpec>, BuildError> {
         let invalid = |what: String| BuildError::Invalid(format!("policy {:?}: {what}", self.name));
         let mut key = self.key.clone();
+        if let KeySpec::ClientIp(ip) = &mut key {
+            *ip = client_ip.clone();
+        }
         match (&mut key, self.ipv6_prefix) {
             (KeySpec::PeerIp(ip), Some(prefix)) => {
                 *ip = PeerIp::new()
                     .with_ipv6_prefix(prefix)
                     .map_err(|e| invalid(e.to_string()))?;
             }
-            (_, Some(_)) => return Err(invalid("ipv6_prefix only applies to key = \"ip\"".into())),
+            (KeySpec::ClientIp(ip), Some(prefix)) => {
+                *ip = ip
+                    .clone()
+                    .with_ipv6_prefix(prefix)
+                    .map_err(|e| invalid(e.to_string()))?;
+            }
+            (_, Some(_)) => {
+                return Err(invalid(
+                    "ipv6_prefix only applies to key = \"ip\" or \"client-ip\"".into(),
+                ))
+            }
             _ => {}
         }
         let mut quota = Quota::per_period(self.count, self.period);
