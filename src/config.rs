@@ -34,6 +34,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde::{Deserialize, Deserializer};
 
+use crate::access::AccessList;
 use crate::key::{ClientIp, ForwardedHeader, KeySpec, PeerIp, TrustedProxies};
 use crate::{
     BuildError, MemoryBackend, MissingKey, OnBackendError, Policy, Quota, ThrottleLayer,
@@ -67,6 +68,9 @@ pub struct Config {
     /// The header those proxies set: `"x-forwarded-for"` (default), `"forwarded"` or `"x-real-ip"`.
     #[serde(default)]
     pub client_ip_header: Option<String>,
+    /// Allow and deny lists.
+    #[serde(default)]
+    pub access: Option<AccessConfig>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -152,6 +156,41 @@ impl RedisConfig {
         format!("redis {cluster}{} (mode {mode})", urls.join(", "))
     }
 
+    /// Mirrors the access-list sets from this Redis into `lists`, in a background task.
+    #[cfg(feature = "redis")]
+    async fn spawn_access_sync(
+        &self,
+        sync: crate::access::RedisAccessSync,
+        lists: &AccessList,
+    ) -> Result<(), crate::BackendError> {
+        use crate::BackendError;
+        let urls: Vec<String> = self
+            .url
+            .iter()
+            .chain(self.urls.iter().flatten())
+            .cloned()
+            .collect();
+        let failed =
+            |e| BackendError::with_source("cannot connect to Redis for the access lists", e);
+        if self.cluster || self.urls.is_some() {
+            let conn = redis::cluster::ClusterClient::new(urls)
+                .map_err(failed)?
+                .get_async_connection()
+                .await
+                .map_err(failed)?;
+            sync.spawn(conn, lists).await
+        } else {
+            let url = urls
+                .first()
+                .ok_or_else(|| BackendError::new("[backend] kind = \"redis\" needs a url"))?;
+            let client = redis::Client::open(url.as_str()).map_err(failed)?;
+            let conn = redis::aio::ConnectionManager::new(client)
+                .await
+                .map_err(failed)?;
+            sync.spawn(conn, lists).await
+        }
+    }
+
     /// Connects, as [`RedisBackend::builder`](crate::RedisBackend::builder) would with these settings.
     #[cfg(feature = "redis")]
     pub async fn connect(&self) -> Result<crate::RedisBackend, crate::BackendError> {
@@ -202,6 +241,54 @@ impl fmt::Display for BackendConfig {
             }
             BackendConfig::Redis(redis) => f.write_str(&redis.describe()),
         }
+    }
+}
+
+/// The `[access]` table: allow and deny lists. Networks are matched against the client IP (behind
+/// `trusted_proxies` when there are any, else the peer), keys against the matching policy's key.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AccessConfig {
+    /// Networks or addresses that bypass every limit.
+    #[serde(default)]
+    pub allow_networks: Vec<String>,
+    /// Networks or addresses answered `403 Forbidden`.
+    #[serde(default)]
+    pub deny_networks: Vec<String>,
+    /// Keys that bypass every limit.
+    #[serde(default)]
+    pub allow_keys: Vec<String>,
+    /// Keys answered `403 Forbidden`.
+    #[serde(default)]
+    pub deny_keys: Vec<String>,
+    /// With a Redis backend: also mirror the sets `{<this>}:allow:net`, `:deny:net`, `:allow:key` and
+    /// `:deny:key`, read every `redis_refresh` (default `"1s"`).
+    #[serde(default)]
+    pub redis_sets: Option<String>,
+    /// How often the Redis sets are read again.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub redis_refresh: Option<Duration>,
+}
+
+impl AccessConfig {
+    /// The static lists.
+    pub fn lists(&self) -> Result<AccessList, BuildError> {
+        let lists = AccessList::new();
+        let bad = |e: crate::key::InvalidCidr| BuildError::Invalid(format!("[access]: {e}"));
+        for n in &self.allow_networks {
+            lists.allow_network(n).map_err(bad)?;
+        }
+        for n in &self.deny_networks {
+            lists.deny_network(n).map_err(bad)?;
+        }
+        for k in &self.allow_keys {
+            lists.allow_key(k.as_str());
+        }
+        for k in &self.deny_keys {
+            lists.deny_key(k.as_str());
+        }
+        Ok(lists)
     }
 }
 
@@ -281,16 +368,33 @@ impl Config {
         Ok(client_ip)
     }
 
-    /// A layer builder with the configured policies and options, on `backend`.
+    /// A layer builder with the configured policies and options, on `backend`. The `[access]` lists
+    /// are the static ones only (see [`Config::layer`] for the Redis sets).
     pub fn layer_builder<B>(
         &self,
         backend: B,
     ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
-        Ok(ThrottleLayerBuilder::with_backend(backend)
+        let mut builder = ThrottleLayerBuilder::with_backend(backend);
+        if let Some(access) = &self.access {
+            builder = self.with_access(builder, access.lists()?)?;
+        }
+        Ok(builder
             .policies(self.policies()?)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
             .on_backend_error(self.on_error()?))
+    }
+
+    fn with_access<B>(
+        &self,
+        builder: ThrottleLayerBuilder<KeySpec, B>,
+        lists: AccessList,
+    ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
+        Ok(if self.trusted_proxies.is_empty() {
+            builder.access_list(lists)
+        } else {
+            builder.access_list_behind(lists, self.client_ip()?)
+        })
     }
 
     /// The failure policy: `on_error` of a Redis `[backend]`, else the top-level `on_backend_error`.
@@ -341,12 +445,26 @@ impl Config {
             BackendConfig::Memory { .. } => ConfiguredBackend::Memory(self.memory_backend()?),
             BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.connect().await?),
         };
-        Ok(ThrottleLayerBuilder::with_backend(backend)
+        let mut builder = ThrottleLayerBuilder::with_backend(backend)
             .policies(policies)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
-            .on_backend_error(self.on_error()?)
-            .build()?)
+            .on_backend_error(self.on_error()?);
+        if let Some(access) = &self.access {
+            let lists = access.lists()?;
+            if let Some(sets) = &access.redis_sets {
+                let BackendConfig::Redis(redis) = &self.backend else {
+                    return Err("[access] redis_sets needs [backend] kind = \"redis\"".into());
+                };
+                let mut sync = crate::access::RedisAccessSync::new(sets.clone());
+                if let Some(every) = access.redis_refresh {
+                    sync = sync.every(every);
+                }
+                redis.spawn_access_sync(sync, &lists).await?;
+            }
+            builder = self.with_access(builder, lists)?;
+        }
+        Ok(builder.build()?)
     }
 }
 
@@ -492,6 +610,10 @@ fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Error> {
     String::deserialize(d)?
         .parse()
         .map_err(serde::de::Error::custom)
+}
+
+fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use tower_layer::Layer;
 
+use crate::access::{AccessList, AddressSource};
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
+use crate::key::ClientIp;
 use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
 
 #[cfg(feature = "memory")]
@@ -79,6 +81,7 @@ pub(crate) struct Shared<K, B> {
     pub(crate) backend: B,
     pub(crate) policies: Box<[Policy<K>]>,
     pub(crate) responder: Arc<Responder>,
+    pub(crate) access: Option<(AccessList, AddressSource)>,
 }
 
 /// The part of the configuration that a pending decision needs after `call` has returned.
@@ -213,6 +216,13 @@ impl Responder {
         Verdict::Reject(response)
     }
 
+    pub(crate) fn forbidden(&self) -> Response<Bytes> {
+        headers::problem(
+            StatusCode::FORBIDDEN,
+            "this client or key is on a deny list",
+        )
+    }
+
     pub(crate) fn missing_key(
         &self,
         index: usize,
@@ -302,6 +312,7 @@ pub struct ThrottleLayerBuilder<K, B> {
     headers: HeaderOptions,
     rejection: Option<Arc<RejectionFn>>,
     on_error: OnBackendError,
+    access: Option<(AccessList, AddressSource)>,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -316,6 +327,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             },
             rejection: None,
             on_error: OnBackendError::default(),
+            access: None,
         }
     }
 
@@ -327,7 +339,25 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             headers: self.headers,
             rejection: self.rejection,
             on_error: self.on_error,
+            access: self.access,
         }
+    }
+
+    /// Allow and deny lists (see [`AccessList`]): a request whose client network or policy key is on
+    /// an allow list passes with no limit; one on a deny list (and no allow list) gets `403 Forbidden`.
+    /// Networks are matched against the peer address; see
+    /// [`access_list_behind`](Self::access_list_behind) for clients behind proxies. Keep a clone of
+    /// `lists` to change them while the layer runs.
+    pub fn access_list(mut self, lists: AccessList) -> Self {
+        self.access = Some((lists, AddressSource::Peer));
+        self
+    }
+
+    /// Like [`access_list`](Self::access_list), matching networks against the client address that
+    /// `client_ip` finds behind trusted proxies.
+    pub fn access_list_behind(mut self, lists: AccessList, client_ip: ClientIp) -> Self {
+        self.access = Some((lists, AddressSource::Client(client_ip)));
+        self
     }
 
     /// Adds a policy. Policies are tried in the order they are added; the first that matches a request
@@ -443,6 +473,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 backend: self.backend,
                 policies,
                 responder: Arc::new(responder),
+                access: self.access,
             }),
         })
     }

@@ -56,6 +56,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod access;
 mod backend;
 pub mod body;
 pub mod clock;

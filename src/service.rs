@@ -11,6 +11,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::access::Access;
 use crate::body::ThrottleBody;
 use crate::headers::RateHeaders;
 use crate::key::KeyExtractor;
@@ -80,11 +81,24 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let Some(index) = shared.policies.iter().position(|p| p.applies_to(&request)) else {
+        let index = shared.policies.iter().position(|p| p.applies_to(&request));
+        let key = index.and_then(|i| shared.policies[i].key().extract(&request));
+        if let Some((lists, source)) = &shared.access {
+            if !lists.is_empty() {
+                match lists.check(source.address(&request), key.as_ref()) {
+                    Access::Allow => {
+                        return ResponseFuture::calling(self.inner.call(request), None)
+                    }
+                    Access::Deny => return ResponseFuture::ready(shared.responder.forbidden()),
+                    Access::Limit => {}
+                }
+            }
+        }
+        let Some(index) = index else {
             return ResponseFuture::calling(self.inner.call(request), None);
         };
         let policy = &shared.policies[index];
-        let Some(key) = policy.key().extract(&request) else {
+        let Some(key) = key else {
             return match policy.missing_key() {
                 MissingKey::Allow => ResponseFuture::calling(self.inner.call(request), None),
                 MissingKey::Reject(status) => ResponseFuture::ready(shared.responder.missing_key(
