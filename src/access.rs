@@ -283,11 +283,12 @@ mod redis_sync {
                 pipe.cmd("SMEMBERS")
                     .arg(format!("{{{}}}:{set}", self.prefix));
             }
+            type Members = Vec<Vec<u8>>;
             let (allow_nets, deny_nets, allow_keys, deny_keys): (
-                Vec<Vec<u8>>,
-                Vec<Vec<u8>>,
-                Vec<Vec<u8>>,
-                Vec<Vec<u8>>,
+                Members,
+                Members,
+                Members,
+                Members,
             ) = pipe
                 .query_async(conn)
                 .await
