@@ -37,7 +37,7 @@ use serde::{Deserialize, Deserializer};
 use crate::access::AccessList;
 use crate::key::{ClientIp, ForwardedHeader, KeySpec, PeerIp, TrustedProxies};
 use crate::{
-    BuildError, MemoryBackend, MissingKey, OnBackendError, Policy, Quota, ThrottleLayer,
+    BuildError, MemoryBackend, MissingKey, OnBackendError, Penalty, Policy, Quota, ThrottleLayer,
     ThrottleLayerBuilder,
 };
 
@@ -325,6 +325,25 @@ pub struct RouteConfig {
     /// `"reject"` (400, the default) or `"allow"`: requests without a key.
     #[serde(default)]
     pub on_missing_key: Option<String>,
+    /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
+    /// banned for `ban`.
+    #[serde(default)]
+    pub penalty: Option<PenaltyConfig>,
+}
+
+/// A route's `penalty` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PenaltyConfig {
+    /// Rejections that earn a ban.
+    pub after: u32,
+    /// The window they must fall in.
+    #[serde(deserialize_with = "duration")]
+    pub within: Duration,
+    /// The length of the ban.
+    #[serde(deserialize_with = "duration")]
+    pub ban: Duration,
 }
 
 /// A configuration file that does not parse.
@@ -500,6 +519,13 @@ impl crate::Backend for ConfiguredBackend {
             ConfiguredBackend::Redis(redis) => redis.validate(limit),
         }
     }
+
+    fn keeps_penalties(&self) -> bool {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.keeps_penalties(),
+            ConfiguredBackend::Redis(redis) => redis.keeps_penalties(),
+        }
+    }
 }
 
 /// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.
@@ -593,6 +619,11 @@ impl RouteConfig {
                 .collect::<Result<Vec<_>, _>>()?;
             builder = builder.methods(methods);
         }
+        if let Some(p) = &self.penalty {
+            let penalty =
+                Penalty::new(p.after, p.within, p.ban).map_err(|e| invalid(e.to_string()))?;
+            builder = builder.penalty(penalty);
+        }
         builder = builder.on_missing_key(match self.on_missing_key.as_deref() {
             None | Some("reject") => MissingKey::Reject(StatusCode::BAD_REQUEST),
             Some("allow") => MissingKey::Allow,
@@ -620,7 +651,7 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(|e| {
         serde::de::Error::custom(format!(
-            "period {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
+            "duration {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
         ))
     })
 }
@@ -655,7 +686,7 @@ mod tests {
         let route = "[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";
         assert!(err(&format!("{route}colour = 1")).contains("unknown field `colour`"));
         assert!(err(&route.replace("\"ip\"", "\"cookie\"")).contains("is not one of"));
-        assert!(err(&route.replace("\"1s\"", "\"soon\"")).contains("period \"soon\""));
+        assert!(err(&route.replace("\"1s\"", "\"soon\"")).contains("duration \"soon\""));
         assert!(err(&route.replace("\"1s\"", "\"0s\"")).contains("quota period"));
         assert!(err(&format!("{route}methods = [\"GE T\"]")).contains("not a valid method"));
         assert!(err(&format!("{route}ipv6_prefix = 200")).contains("ipv6_prefix 200"));

@@ -12,6 +12,7 @@ use tower_layer::Layer;
 use crate::access::{AccessList, AddressSource};
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
 use crate::key::ClientIp;
+use crate::penalty::PenaltyBox;
 use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
 
 #[cfg(feature = "memory")]
@@ -135,6 +136,9 @@ impl ErrorLog {
 
 struct PolicyInfo {
     name: Box<str>,
+    /// The in-process penalty box, for a policy with a penalty on a backend that keeps none.
+    penalty: Option<PenaltyBox>,
+    limit_value: u64,
     #[cfg(feature = "memory")]
     limit: crate::Limit,
     #[cfg(feature = "memory")]
@@ -180,7 +184,7 @@ impl Responder {
                     #[cfg(feature = "memory")]
                     OnBackendError::Local => match &self.local {
                         Some(local) => match local.decide(&info.limit, key, info.cost) {
-                            Ok(decision) => self.decided(info, decision),
+                            Ok(decision) => self.decided(info, decision, Some(key)),
                             Err(_) => Verdict::Admit(None),
                         },
                         None => Verdict::Admit(None),
@@ -188,10 +192,35 @@ impl Responder {
                 };
             }
         };
-        self.decided(info, decision)
+        self.decided(info, decision, Some(key))
     }
 
-    fn decided(&self, info: &PolicyInfo, decision: Decision) -> Verdict {
+    /// The answer to a request whose key is banned for `rest` (in-process penalty box), if it is.
+    pub(crate) fn banned(&self, index: usize, key: &Key) -> Option<Response<Bytes>> {
+        let info = &self.policies[index];
+        let rest = info.penalty.as_ref()?.banned(key)?;
+        match self.decided(
+            info,
+            Decision::limited(info.limit_value, 0, Some(rest), rest),
+            None,
+        ) {
+            Verdict::Reject(response) => Some(response),
+            Verdict::Admit(_) => None,
+        }
+    }
+
+    fn decided(&self, info: &PolicyInfo, decision: Decision, key: Option<&Key>) -> Verdict {
+        // A rejection counts against the key's penalty; the one that earns a ban answers with it.
+        let decision = match (&info.penalty, key) {
+            (Some(penalty), Some(key)) if !decision.allowed => match penalty.strike(key) {
+                Some(ban) => {
+                    tracing::info!(policy = %info.name, ban = ?ban, "key banned by the penalty box");
+                    Decision::limited(decision.limit, 0, Some(ban), ban.max(decision.reset_after))
+                }
+                None => decision,
+            },
+            _ => decision,
+        };
         tracing::debug!(
             policy = %info.name,
             allowed = decision.allowed,
@@ -453,6 +482,12 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 .iter()
                 .map(|p| PolicyInfo {
                     name: p.limit().name().into(),
+                    penalty: p
+                        .limit()
+                        .penalty()
+                        .filter(|_| !self.backend.keeps_penalties())
+                        .map(|penalty| PenaltyBox::new(*penalty)),
+                    limit_value: p.limit().max_cost(),
                     #[cfg(feature = "memory")]
                     limit: p.limit().clone(),
                     #[cfg(feature = "memory")]

@@ -108,6 +108,9 @@ where
                 )),
             };
         };
+        if let Some(banned) = shared.responder.banned(index, &key) {
+            return ResponseFuture::ready(banned);
+        }
         let mut decision = shared.backend.check(policy.limit(), &key, policy.cost());
         // A backend that decides without waiting (the memory backend) is done after one poll: then the
         // readied inner service is called right here, with no clone and no extra state.

@@ -626,8 +626,18 @@ async fn cell_loaded(conn: &mut Conn) -> Result<bool, RedisError> {
     })
 }
 
+/// A decision and how it was made.
+struct Answer {
+    decision: Decision,
+    /// By `CL.THROTTLE`: durations in whole seconds, rounded up.
+    whole_seconds: bool,
+    /// By a penalty-box ban.
+    banned: bool,
+}
+
 /// What a policy's quota becomes on each path.
 struct Args {
+    penalty: Option<crate::Penalty>,
     interval: u64,
     tolerance: u64,
     limit: u64,
@@ -646,6 +656,7 @@ impl Args {
     fn new(limit: &Limit) -> Option<Args> {
         let params = limit.gcra()?;
         Some(Args {
+            penalty: limit.penalty().copied(),
             interval: params.emission_interval(),
             tolerance: params.tolerance(),
             limit: params.limit(),
@@ -736,9 +747,16 @@ impl Backend for RedisBackend {
             let decided =
                 tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity));
             let result = match decided.await {
-                Ok(Ok((decision, whole_seconds))) => {
+                Ok(Ok(Answer {
+                    decision,
+                    whole_seconds,
+                    banned,
+                })) => {
                     inner.answered();
-                    if let (false, Some(cache)) = (decision.allowed, &inner.deny) {
+                    // With a penalty box every rejection must reach Redis to count as a strike;
+                    // a ban, though, holds whatever comes.
+                    let cacheable = args.penalty.is_none() || banned;
+                    if let (false, true, Some(cache)) = (decision.allowed, cacheable, &inner.deny) {
                         // Timed from when the call was sent: Redis decided after that, so the
                         // retry time is held no later than Redis meant.
                         let rejection = deny::Rejection {
@@ -771,6 +789,10 @@ impl Backend for RedisBackend {
             drop(admission);
             result
         })
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        true
     }
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
@@ -860,13 +882,7 @@ impl Inner {
         }
     }
 
-    /// The decision, and whether it came from `CL.THROTTLE` (whole seconds).
-    async fn decide(
-        &self,
-        key: &str,
-        args: &Args,
-        quantity: u64,
-    ) -> Result<(Decision, bool), RedisError> {
+    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Answer, RedisError> {
         let mut conn = self.conn.clone();
         let use_cell = match self.mode {
             RedisMode::Lua => false,
@@ -876,26 +892,28 @@ impl Inner {
         let conn = &mut conn;
         // Peeks (quantity 0) and quantities beyond the limit go to Lua: redis-cell 0.2.2 writes a key
         // without expiry for the first, and for a huge quantity overflows into a negative TAT that
-        // crashes the server on the next call. Quotas with no whole-second form go to Lua too.
+        // crashes the server on the next call. Quotas with no whole-second form, and policies with a
+        // penalty box (strikes and bans go with the decision, atomically), go to Lua too.
         match args.cell {
-            Some(cell) if use_cell && quantity > 0 && quantity <= args.limit => {
+            Some(cell)
+                if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
+            {
                 match throttle(conn, key, cell, quantity).await {
                     Err(e) if self.mode == RedisMode::Auto && is_unknown_command(&e) => {
                         // The module went away (a restart without it): Lua from now on, and this
                         // request too (the failed command wrote nothing).
                         self.active.store(LUA, Ordering::Relaxed);
                         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
-                        self.lua(conn, key, args, quantity)
-                            .await
-                            .map(|d| (d, false))
+                        self.lua(conn, key, args, quantity).await
                     }
-                    other => other.map(|d| (d, true)),
+                    other => other.map(|decision| Answer {
+                        decision,
+                        whole_seconds: true,
+                        banned: false,
+                    }),
                 }
             }
-            _ => self
-                .lua(conn, key, args, quantity)
-                .await
-                .map(|d| (d, false)),
+            _ => self.lua(conn, key, args, quantity).await,
         }
     }
 
@@ -943,18 +961,35 @@ impl Inner {
         key: &str,
         args: &Args,
         quantity: u64,
-    ) -> Result<Decision, RedisError> {
+    ) -> Result<Answer, RedisError> {
         let mut invocation = self.script.key(key);
         invocation
             .arg(args.interval)
             .arg(args.tolerance)
             .arg(args.limit)
             .arg(quantity);
-        let reply: [i64; 5] = match conn {
+        if let Some(penalty) = &args.penalty {
+            // Same hash tag as the state: one slot, one atomic call.
+            invocation
+                .key(format!("{key}:strikes"))
+                .key(format!("{key}:ban"))
+                .arg(penalty.after())
+                .arg(penalty.within().as_millis().max(1) as u64)
+                .arg(penalty.ban().as_millis().max(1) as u64);
+        }
+        let reply: [i64; 6] = match conn {
             Conn::Single(c) => invocation.invoke_async(c).await?,
             Conn::Cluster(c) => invocation.invoke_async(c).await?,
         };
-        Ok(from_reply(reply, Duration::from_nanos))
+        let [limited, limit, remaining, retry, reset, banned] = reply;
+        Ok(Answer {
+            decision: from_reply(
+                [limited, limit, remaining, retry, reset],
+                Duration::from_nanos,
+            ),
+            whole_seconds: false,
+            banned: banned == 1,
+        })
     }
 }
 
