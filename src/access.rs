@@ -207,6 +207,19 @@ impl fmt::Debug for AccessList {
     }
 }
 
+/// The keys a list entry names: the value itself (a header value, a user id) and, when it is an IP
+/// address, that address as an `ip` / `client-ip` key too.
+pub(crate) fn keys_named(value: &[u8]) -> Vec<Key> {
+    let mut keys = vec![Key::from_bytes(value)];
+    if let Some(ip) = std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.trim().parse::<IpAddr>().ok())
+    {
+        keys.push(Key::from_ip(ip.to_canonical()));
+    }
+    keys
+}
+
 /// Where the layer finds the client address that network lists are matched against.
 #[derive(Clone, Debug)]
 pub(crate) enum AddressSource {
@@ -234,7 +247,7 @@ mod redis_sync {
     use redis::aio::ConnectionLike;
 
     use super::{net, AccessList, Entries};
-    use crate::{BackendError, Key};
+    use crate::BackendError;
 
     /// Mirrors four Redis sets into an [`AccessList`], so that every process shares the lists an
     /// operator edits with `SADD` / `SREM`:
@@ -304,7 +317,8 @@ mod redis_sync {
                     })
                     .collect()
             };
-            let keys = |members: Vec<Vec<u8>>| members.iter().map(|m| Key::from_bytes(m)).collect();
+            let keys =
+                |members: Vec<Vec<u8>>| members.iter().flat_map(|m| super::keys_named(m)).collect();
             lists.set_remote(Entries {
                 allow_nets: nets(allow_nets),
                 deny_nets: nets(deny_nets),
@@ -362,6 +376,14 @@ mod tests {
         lists.remove_network("10.1.0.0/16").unwrap();
         assert_eq!(lists.check(ip("10.1.2.3"), None), Access::Deny);
         assert!(lists.deny_network("10.0.0.0/40").is_err());
+    }
+
+    #[test]
+    fn an_address_entry_also_names_the_ip_key() {
+        let keys = keys_named(b"::ffff:10.0.0.1");
+        assert_eq!(keys.len(), 2);
+        assert!(keys.contains(&Key::from_ip("10.0.0.1".parse().unwrap())));
+        assert_eq!(keys_named(b"user-42"), [Key::from("user-42")]);
     }
 
     #[test]

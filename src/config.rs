@@ -256,7 +256,8 @@ pub struct AccessConfig {
     /// Networks or addresses answered `403 Forbidden`.
     #[serde(default)]
     pub deny_networks: Vec<String>,
-    /// Keys that bypass every limit.
+    /// Keys that bypass every limit (a value that is an IP address also matches `ip` and `client-ip`
+    /// keys).
     #[serde(default)]
     pub allow_keys: Vec<String>,
     /// Keys answered `403 Forbidden`.
@@ -283,10 +284,14 @@ impl AccessConfig {
             lists.deny_network(n).map_err(bad)?;
         }
         for k in &self.allow_keys {
-            lists.allow_key(k.as_str());
+            for key in crate::access::keys_named(k.as_bytes()) {
+                lists.allow_key(key);
+            }
         }
         for k in &self.deny_keys {
-            lists.deny_key(k.as_str());
+            for key in crate::access::keys_named(k.as_bytes()) {
+                lists.deny_key(key);
+            }
         }
         Ok(lists)
     }
