@@ -209,6 +209,7 @@ impl fmt::Debug for AccessList {
 
 /// The keys a list entry names: the value itself (a header value, a user id) and, when it is an IP
 /// address, that address as an `ip` / `client-ip` key too.
+#[cfg_attr(not(any(feature = "config", feature = "redis")), allow(dead_code))]
 pub(crate) fn keys_named(value: &[u8]) -> Vec<Key> {
     let mut keys = vec![Key::from_bytes(value)];
     if let Some(ip) = std::str::from_utf8(value)

@@ -333,3 +333,32 @@ penalty = { after = 2, within = "1m", ban = "10m" }
         429
     );
 }
+
+/// `/metrics` shows the limiter's counters, per policy, after a burst of limited requests.
+#[tokio::test]
+async fn metrics_show_allowed_and_limited_requests() {
+    let server = start(&[]);
+    let user = [("x-user-id", "metrics")];
+    for _ in 0..20 {
+        send(server.addr, "POST", "/reply", &user).await;
+    }
+    let metrics = send(server.addr, "GET", "/metrics", &[]).await;
+    assert_eq!(metrics.status, 200);
+    let line = |name: &str| {
+        metrics
+            .body
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("policy=\"reply\""))
+            .unwrap_or_else(|| panic!("no {name} in\n{}", metrics.body))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert_eq!(line("throttle_requests_allowed_total"), 16.0);
+    assert_eq!(line("throttle_requests_limited_total"), 4.0);
+    assert!(metrics.body.contains("throttle_backend_latency_seconds"));
+    // Never a label per key.
+    assert!(!metrics.body.contains("metrics\""), "{}", metrics.body);
+}
