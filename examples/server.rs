@@ -8,13 +8,16 @@
 //! cargo run --example server -- --redis redis://127.0.0.1:6379/ --redis-mode lua
 //! ```
 //!
-//! Every configured route answers 200 to any method with a body naming the route; other paths 404.
+//! Every configured route answers 200 to any method with a body naming the route; `/metrics` serves
+//! the limiter's counters in the Prometheus text format; other paths 404.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-use axum::{routing::any, Router};
+use axum::routing::{any, get};
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{BackendConfig, Config, RedisConfig};
 
 const DEFAULT_CONFIG: &str = r#"
@@ -95,7 +98,7 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-async fn app(config: &Config) -> Result<Router, String> {
+async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, String> {
     let layer = config.layer().await.map_err(|e| e.to_string())?;
     let mut added = HashSet::new();
     let mut router = Router::new();
@@ -117,8 +120,11 @@ async fn app(config: &Config) -> Result<Router, String> {
         })?;
         router = with_route;
     }
-    // Router::layer runs after routing, so policies see axum's MatchedPath.
-    Ok(router.layer(layer))
+    // Router::layer runs after routing, so policies see axum's MatchedPath. /metrics is added after
+    // the layer, so scraping it is never limited.
+    Ok(router
+        .layer(layer)
+        .route("/metrics", get(move || async move { metrics.render() })))
 }
 
 async fn run() -> Result<(), String> {
@@ -141,7 +147,10 @@ async fn run() -> Result<(), String> {
         .listen
         .or(config.listen)
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000)));
-    let app = app(&config).await?;
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("metrics: {e}"))?;
+    let app = app(&config, metrics).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

@@ -34,9 +34,10 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde::{Deserialize, Deserializer};
 
-use crate::key::{KeySpec, PeerIp};
+use crate::access::AccessList;
+use crate::key::{ClientIp, ForwardedHeader, KeySpec, PeerIp, TrustedProxies};
 use crate::{
-    BuildError, MemoryBackend, MissingKey, OnBackendError, Policy, Quota, ThrottleLayer,
+    BuildError, MemoryBackend, MissingKey, OnBackendError, Penalty, Policy, Quota, ThrottleLayer,
     ThrottleLayerBuilder,
 };
 
@@ -60,6 +61,16 @@ pub struct Config {
     /// `"allow"` (the default when unset), `"deny"` or `"local"`: what to do when the backend fails.
     #[serde(default, deserialize_with = "some_on_backend_error")]
     pub on_backend_error: Option<OnBackendError>,
+    /// Networks of the proxies whose forwarding header is believed, for `key = "client-ip"`:
+    /// CIDRs (`"10.0.0.0/8"`, `"::1/128"`) or addresses.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// The header those proxies set: `"x-forwarded-for"` (default), `"forwarded"` or `"x-real-ip"`.
+    #[serde(default)]
+    pub client_ip_header: Option<String>,
+    /// Allow and deny lists.
+    #[serde(default)]
+    pub access: Option<AccessConfig>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -113,6 +124,9 @@ pub struct RedisConfig {
     /// Whether `url` / `urls` name a Redis Cluster.
     #[serde(default)]
     pub cluster: bool,
+    /// Reject keys that Redis limited locally until their retry time (default true).
+    #[serde(default)]
+    pub deny_cache: Option<bool>,
 }
 
 impl RedisConfig {
@@ -140,6 +154,41 @@ impl RedisConfig {
             ""
         };
         format!("redis {cluster}{} (mode {mode})", urls.join(", "))
+    }
+
+    /// Mirrors the access-list sets from this Redis into `lists`, in a background task.
+    #[cfg(feature = "redis")]
+    async fn spawn_access_sync(
+        &self,
+        sync: crate::access::RedisAccessSync,
+        lists: &AccessList,
+    ) -> Result<(), crate::BackendError> {
+        use crate::BackendError;
+        let urls: Vec<String> = self
+            .url
+            .iter()
+            .chain(self.urls.iter().flatten())
+            .cloned()
+            .collect();
+        let failed =
+            |e| BackendError::with_source("cannot connect to Redis for the access lists", e);
+        if self.cluster || self.urls.is_some() {
+            let conn = redis::cluster::ClusterClient::new(urls)
+                .map_err(failed)?
+                .get_async_connection()
+                .await
+                .map_err(failed)?;
+            sync.spawn(conn, lists).await
+        } else {
+            let url = urls
+                .first()
+                .ok_or_else(|| BackendError::new("[backend] kind = \"redis\" needs a url"))?;
+            let client = redis::Client::open(url.as_str()).map_err(failed)?;
+            let conn = redis::aio::ConnectionManager::new(client)
+                .await
+                .map_err(failed)?;
+            sync.spawn(conn, lists).await
+        }
     }
 
     /// Connects, as [`RedisBackend::builder`](crate::RedisBackend::builder) would with these settings.
@@ -171,6 +220,9 @@ impl RedisConfig {
         if let Some(ms) = self.timeout_ms {
             builder = builder.timeout(Duration::from_millis(ms));
         }
+        if let Some(on) = self.deny_cache {
+            builder = builder.deny_cache(on);
+        }
         builder.connect().await
     }
 }
@@ -192,6 +244,59 @@ impl fmt::Display for BackendConfig {
     }
 }
 
+/// The `[access]` table: allow and deny lists. Networks are matched against the client IP (behind
+/// `trusted_proxies` when there are any, else the peer), keys against the matching policy's key.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AccessConfig {
+    /// Networks or addresses that bypass every limit.
+    #[serde(default)]
+    pub allow_networks: Vec<String>,
+    /// Networks or addresses answered `403 Forbidden`.
+    #[serde(default)]
+    pub deny_networks: Vec<String>,
+    /// Keys that bypass every limit (a value that is an IP address also matches `ip` and `client-ip`
+    /// keys).
+    #[serde(default)]
+    pub allow_keys: Vec<String>,
+    /// Keys answered `403 Forbidden`.
+    #[serde(default)]
+    pub deny_keys: Vec<String>,
+    /// With a Redis backend: also mirror the sets `{<this>}:allow:net`, `:deny:net`, `:allow:key` and
+    /// `:deny:key`, read every `redis_refresh` (default `"1s"`).
+    #[serde(default)]
+    pub redis_sets: Option<String>,
+    /// How often the Redis sets are read again.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub redis_refresh: Option<Duration>,
+}
+
+impl AccessConfig {
+    /// The static lists.
+    pub fn lists(&self) -> Result<AccessList, BuildError> {
+        let lists = AccessList::new();
+        let bad = |e: crate::key::InvalidCidr| BuildError::Invalid(format!("[access]: {e}"));
+        for n in &self.allow_networks {
+            lists.allow_network(n).map_err(bad)?;
+        }
+        for n in &self.deny_networks {
+            lists.deny_network(n).map_err(bad)?;
+        }
+        for k in &self.allow_keys {
+            for key in crate::access::keys_named(k.as_bytes()) {
+                lists.allow_key(key);
+            }
+        }
+        for k in &self.deny_keys {
+            for key in crate::access::keys_named(k.as_bytes()) {
+                lists.deny_key(key);
+            }
+        }
+        Ok(lists)
+    }
+}
+
 /// One `[[route]]`: a policy.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -205,10 +310,10 @@ pub struct RouteConfig {
     /// The methods; without it, every method.
     #[serde(default)]
     pub methods: Option<Vec<String>>,
-    /// `"ip"`, `"global"` or `"header:<name>"`.
+    /// `"ip"`, `"client-ip"`, `"global"` or `"header:<name>"`.
     #[serde(deserialize_with = "key_spec")]
     pub key: KeySpec,
-    /// For `key = "ip"`: group IPv6 peers by this prefix (default 64).
+    /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
     #[serde(default)]
     pub ipv6_prefix: Option<u8>,
     /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1.
@@ -225,6 +330,25 @@ pub struct RouteConfig {
     /// `"reject"` (400, the default) or `"allow"`: requests without a key.
     #[serde(default)]
     pub on_missing_key: Option<String>,
+    /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
+    /// banned for `ban`.
+    #[serde(default)]
+    pub penalty: Option<PenaltyConfig>,
+}
+
+/// A route's `penalty` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PenaltyConfig {
+    /// Rejections that earn a ban.
+    pub after: u32,
+    /// The window they must fall in.
+    #[serde(deserialize_with = "duration")]
+    pub within: Duration,
+    /// The length of the ban.
+    #[serde(deserialize_with = "duration")]
+    pub ban: Duration,
 }
 
 /// A configuration file that does not parse.
@@ -247,19 +371,54 @@ impl Config {
 
     /// The policies, validated.
     pub fn policies(&self) -> Result<Vec<Policy<KeySpec>>, BuildError> {
-        self.routes.iter().map(RouteConfig::policy).collect()
+        let client_ip = self.client_ip()?;
+        self.routes
+            .iter()
+            .map(|route| route.policy_behind(&client_ip))
+            .collect()
     }
 
-    /// A layer builder with the configured policies and options, on `backend`.
+    /// The client-IP extractor that `trusted_proxies` and `client_ip_header` describe.
+    pub fn client_ip(&self) -> Result<ClientIp, BuildError> {
+        let trusted = TrustedProxies::new(&self.trusted_proxies)
+            .map_err(|e| BuildError::Invalid(format!("trusted_proxies: {e}")))?;
+        let mut client_ip = ClientIp::new(trusted);
+        if let Some(header) = &self.client_ip_header {
+            let header = header
+                .parse::<ForwardedHeader>()
+                .map_err(|e| BuildError::Invalid(format!("client_ip_header: {e}")))?;
+            client_ip = client_ip.header(header);
+        }
+        Ok(client_ip)
+    }
+
+    /// A layer builder with the configured policies and options, on `backend`. The `[access]` lists
+    /// are the static ones only (see [`Config::layer`] for the Redis sets).
     pub fn layer_builder<B>(
         &self,
         backend: B,
     ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
-        Ok(ThrottleLayerBuilder::with_backend(backend)
+        let mut builder = ThrottleLayerBuilder::with_backend(backend);
+        if let Some(access) = &self.access {
+            builder = self.with_access(builder, access.lists()?)?;
+        }
+        Ok(builder
             .policies(self.policies()?)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
             .on_backend_error(self.on_error()?))
+    }
+
+    fn with_access<B>(
+        &self,
+        builder: ThrottleLayerBuilder<KeySpec, B>,
+        lists: AccessList,
+    ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
+        Ok(if self.trusted_proxies.is_empty() {
+            builder.access_list(lists)
+        } else {
+            builder.access_list_behind(lists, self.client_ip()?)
+        })
     }
 
     /// The failure policy: `on_error` of a Redis `[backend]`, else the top-level `on_backend_error`.
@@ -310,12 +469,26 @@ impl Config {
             BackendConfig::Memory { .. } => ConfiguredBackend::Memory(self.memory_backend()?),
             BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.connect().await?),
         };
-        Ok(ThrottleLayerBuilder::with_backend(backend)
+        let mut builder = ThrottleLayerBuilder::with_backend(backend)
             .policies(policies)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
-            .on_backend_error(self.on_error()?)
-            .build()?)
+            .on_backend_error(self.on_error()?);
+        if let Some(access) = &self.access {
+            let lists = access.lists()?;
+            if let Some(sets) = &access.redis_sets {
+                let BackendConfig::Redis(redis) = &self.backend else {
+                    return Err("[access] redis_sets needs [backend] kind = \"redis\"".into());
+                };
+                let mut sync = crate::access::RedisAccessSync::new(sets.clone());
+                if let Some(every) = access.redis_refresh {
+                    sync = sync.every(every);
+                }
+                redis.spawn_access_sync(sync, &lists).await?;
+            }
+            builder = self.with_access(builder, lists)?;
+        }
+        Ok(builder.build()?)
     }
 }
 
@@ -349,6 +522,13 @@ impl crate::Backend for ConfiguredBackend {
         match self {
             ConfiguredBackend::Memory(memory) => memory.validate(limit),
             ConfiguredBackend::Redis(redis) => redis.validate(limit),
+        }
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.keeps_penalties(),
+            ConfiguredBackend::Redis(redis) => redis.keeps_penalties(),
         }
     }
 }
@@ -393,17 +573,34 @@ impl std::future::Future for ConfiguredFuture {
 }
 
 impl RouteConfig {
-    /// The policy this route describes.
+    /// The policy this route describes, with no trusted proxies (`client-ip` is the peer address).
     pub fn policy(&self) -> Result<Policy<KeySpec>, BuildError> {
+        self.policy_behind(&ClientIp::default())
+    }
+
+    fn policy_behind(&self, client_ip: &ClientIp) -> Result<Policy<KeySpec>, BuildError> {
         let invalid = |what: String| BuildError::Invalid(format!("policy {:?}: {what}", self.name));
         let mut key = self.key.clone();
+        if let KeySpec::ClientIp(ip) = &mut key {
+            *ip = client_ip.clone();
+        }
         match (&mut key, self.ipv6_prefix) {
             (KeySpec::PeerIp(ip), Some(prefix)) => {
                 *ip = PeerIp::new()
                     .with_ipv6_prefix(prefix)
                     .map_err(|e| invalid(e.to_string()))?;
             }
-            (_, Some(_)) => return Err(invalid("ipv6_prefix only applies to key = \"ip\"".into())),
+            (KeySpec::ClientIp(ip), Some(prefix)) => {
+                *ip = ip
+                    .clone()
+                    .with_ipv6_prefix(prefix)
+                    .map_err(|e| invalid(e.to_string()))?;
+            }
+            (_, Some(_)) => {
+                return Err(invalid(
+                    "ipv6_prefix only applies to key = \"ip\" or \"client-ip\"".into(),
+                ))
+            }
             _ => {}
         }
         let mut quota = Quota::per_period(self.count, self.period);
@@ -427,6 +624,11 @@ impl RouteConfig {
                 .collect::<Result<Vec<_>, _>>()?;
             builder = builder.methods(methods);
         }
+        if let Some(p) = &self.penalty {
+            let penalty =
+                Penalty::new(p.after, p.within, p.ban).map_err(|e| invalid(e.to_string()))?;
+            builder = builder.penalty(penalty);
+        }
         builder = builder.on_missing_key(match self.on_missing_key.as_deref() {
             None | Some("reject") => MissingKey::Reject(StatusCode::BAD_REQUEST),
             Some("allow") => MissingKey::Allow,
@@ -446,11 +648,15 @@ fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Error> {
         .map_err(serde::de::Error::custom)
 }
 
+fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(|e| {
         serde::de::Error::custom(format!(
-            "period {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
+            "duration {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
         ))
     })
 }
@@ -485,7 +691,7 @@ mod tests {
         let route = "[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";
         assert!(err(&format!("{route}colour = 1")).contains("unknown field `colour`"));
         assert!(err(&route.replace("\"ip\"", "\"cookie\"")).contains("is not one of"));
-        assert!(err(&route.replace("\"1s\"", "\"soon\"")).contains("period \"soon\""));
+        assert!(err(&route.replace("\"1s\"", "\"soon\"")).contains("duration \"soon\""));
         assert!(err(&route.replace("\"1s\"", "\"0s\"")).contains("quota period"));
         assert!(err(&format!("{route}methods = [\"GE T\"]")).contains("not a valid method"));
         assert!(err(&format!("{route}ipv6_prefix = 200")).contains("ipv6_prefix 200"));

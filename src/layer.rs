@@ -9,13 +9,18 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 use tower_layer::Layer;
 
+use crate::access::{AccessList, AddressSource};
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
+use crate::key::ClientIp;
+use crate::observe::{Limited, Reporter, RequestRef, ShownKey};
+use crate::penalty::PenaltyBox;
 use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
 
 #[cfg(feature = "memory")]
 use crate::MemoryBackend;
 
 type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
+type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,6 +84,7 @@ pub(crate) struct Shared<K, B> {
     pub(crate) backend: B,
     pub(crate) policies: Box<[Policy<K>]>,
     pub(crate) responder: Arc<Responder>,
+    pub(crate) access: Option<(AccessList, AddressSource)>,
 }
 
 /// The part of the configuration that a pending decision needs after `call` has returned.
@@ -88,6 +94,8 @@ pub(crate) struct Responder {
     policies: Box<[PolicyInfo]>,
     rejection: Option<Arc<RejectionFn>>,
     on_error: OnBackendError,
+    redact_keys: bool,
+    on_limited: Option<Arc<LimitedHook>>,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     local: Option<MemoryBackend>,
@@ -132,6 +140,10 @@ impl ErrorLog {
 
 struct PolicyInfo {
     name: Box<str>,
+    reporter: Reporter,
+    /// The in-process penalty box, for a policy with a penalty on a backend that keeps none.
+    penalty: Option<PenaltyBox>,
+    limit_value: u64,
     #[cfg(feature = "memory")]
     limit: crate::Limit,
     #[cfg(feature = "memory")]
@@ -156,13 +168,13 @@ impl Responder {
         index: usize,
         result: Result<Decision, BackendError>,
         key: &Key,
+        request: RequestRef<'_>,
     ) -> Verdict {
-        #[cfg(not(feature = "memory"))]
-        let _ = key;
         let info = &self.policies[index];
         let decision = match result {
             Ok(decision) => decision,
             Err(error) => {
+                info.reporter.failure(&info.name);
                 self.errors.record(&info.name, &error, self.on_error);
                 return match self.on_error {
                     OnBackendError::Allow => Verdict::Admit(None),
@@ -177,7 +189,7 @@ impl Responder {
                     #[cfg(feature = "memory")]
                     OnBackendError::Local => match &self.local {
                         Some(local) => match local.decide(&info.limit, key, info.cost) {
-                            Ok(decision) => self.decided(info, decision),
+                            Ok(decision) => self.decided(info, decision, key, true, request),
                             Err(_) => Verdict::Admit(None),
                         },
                         None => Verdict::Admit(None),
@@ -185,12 +197,60 @@ impl Responder {
                 };
             }
         };
-        self.decided(info, decision)
+        self.decided(info, decision, key, true, request)
     }
 
-    fn decided(&self, info: &PolicyInfo, decision: Decision) -> Verdict {
+    /// The answer to a request whose key is banned (in-process penalty box), if it is.
+    pub(crate) fn banned(
+        &self,
+        index: usize,
+        key: &Key,
+        request: RequestRef<'_>,
+    ) -> Option<Response<Bytes>> {
+        let info = &self.policies[index];
+        let rest = info.penalty.as_ref()?.banned(key)?;
+        let decision = Decision::limited(info.limit_value, 0, Some(rest), rest);
+        match self.decided(info, decision, key, false, request) {
+            Verdict::Reject(response) => Some(response),
+            Verdict::Admit(_) => None,
+        }
+    }
+
+    /// Backend latency, for the metrics.
+    pub(crate) fn latency(&self, index: usize, took: std::time::Duration) {
+        let info = &self.policies[index];
+        info.reporter.latency(&info.name, took);
+    }
+
+    /// `strike`: a rejection counts against the key's in-process penalty (not when a ban answered).
+    fn decided(
+        &self,
+        info: &PolicyInfo,
+        decision: Decision,
+        key: &Key,
+        strike: bool,
+        request: RequestRef<'_>,
+    ) -> Verdict {
+        // The rejection that earns a ban answers with it.
+        let mut banned = !strike;
+        let decision = match &info.penalty {
+            Some(penalty) if strike && !decision.allowed => match penalty.strike(key) {
+                Some(ban) => {
+                    banned = true;
+                    Decision::limited(decision.limit, 0, Some(ban), ban.max(decision.reset_after))
+                }
+                None => decision,
+            },
+            _ => decision,
+        };
+        info.reporter.decision(&info.name, &decision, banned);
+        let shown = ShownKey {
+            key,
+            redact: self.redact_keys,
+        };
         tracing::debug!(
             policy = %info.name,
+            key = %shown,
             allowed = decision.allowed,
             remaining = decision.remaining,
             "rate-limit decision"
@@ -198,6 +258,24 @@ impl Responder {
         let fields = RateHeaders::new(self.headers, &info.name, &info.policy_field, &decision);
         if decision.allowed {
             return Verdict::Admit(Some(fields));
+        }
+        tracing::info!(
+            policy = %info.name,
+            key = %shown,
+            retry_after_secs = decision.retry_after.map(|_| decision.retry_after_secs()),
+            banned,
+            "request limited"
+        );
+        if let Some(hook) = &self.on_limited {
+            hook(&Limited {
+                policy: &info.name,
+                key,
+                decision: &decision,
+                method: request.method,
+                uri: request.uri,
+                headers: request.headers,
+                extensions: request.extensions,
+            });
         }
         let mut response = match &self.rejection {
             Some(custom) => custom(&Rejected {
@@ -211,6 +289,14 @@ impl Responder {
         headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
         fields.apply(response.headers_mut());
         Verdict::Reject(response)
+    }
+
+    pub(crate) fn forbidden(&self) -> Response<Bytes> {
+        crate::observe::forbidden();
+        headers::problem(
+            StatusCode::FORBIDDEN,
+            "this client or key is on a deny list",
+        )
     }
 
     pub(crate) fn missing_key(
@@ -302,6 +388,9 @@ pub struct ThrottleLayerBuilder<K, B> {
     headers: HeaderOptions,
     rejection: Option<Arc<RejectionFn>>,
     on_error: OnBackendError,
+    access: Option<(AccessList, AddressSource)>,
+    redact_keys: bool,
+    on_limited: Option<Arc<LimitedHook>>,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -316,6 +405,9 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             },
             rejection: None,
             on_error: OnBackendError::default(),
+            access: None,
+            redact_keys: false,
+            on_limited: None,
         }
     }
 
@@ -327,7 +419,63 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             headers: self.headers,
             rejection: self.rejection,
             on_error: self.on_error,
+            access: self.access,
+            redact_keys: self.redact_keys,
+            on_limited: self.on_limited,
         }
+    }
+
+    /// Shows keys in log events as a stable pseudonym (`sha256:` and 12 hex digits) instead of
+    /// themselves, for keys that are personal data (IP addresses, user ids, API keys). Default false.
+    pub fn redact_keys(mut self, redact: bool) -> Self {
+        self.redact_keys = redact;
+        self
+    }
+
+    /// Calls `hook` for every request a policy limits (bans included), with the request's parts, the
+    /// policy, the key and the decision: to log, alert, or feed a deny list. It runs on the request's
+    /// task, so it should be quick; without a hook nothing is spent.
+    ///
+    /// ```
+    /// use tower_throttle::{access::AccessList, Limited, Policy, Quota, ThrottleLayer};
+    ///
+    /// let lists = AccessList::new();
+    /// let deny = lists.clone();
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+    ///     .access_list(lists)
+    ///     .on_limited(move |limited: &Limited<'_>| {
+    ///         if limited.decision.retry_after.is_none() {
+    ///             deny.deny_key(limited.key.clone()); // asked for more than the limit: an abuser
+    ///         }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_limited<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Limited<'_>) + Send + Sync + 'static,
+    {
+        self.on_limited = Some(Arc::new(hook));
+        self
+    }
+
+    /// Allow and deny lists (see [`AccessList`]): a request whose client network or policy key is on
+    /// an allow list passes with no limit; one on a deny list (and no allow list) gets `403 Forbidden`.
+    /// Networks are matched against the peer address; see
+    /// [`access_list_behind`](Self::access_list_behind) for clients behind proxies. Keep a clone of
+    /// `lists` to change them while the layer runs.
+    pub fn access_list(mut self, lists: AccessList) -> Self {
+        self.access = Some((lists, AddressSource::Peer));
+        self
+    }
+
+    /// Like [`access_list`](Self::access_list), matching networks against the client address that
+    /// `client_ip` finds behind trusted proxies.
+    pub fn access_list_behind(mut self, lists: AccessList, client_ip: ClientIp) -> Self {
+        self.access = Some((lists, AddressSource::Client(client_ip)));
+        self
     }
 
     /// Adds a policy. Policies are tried in the order they are added; the first that matches a request
@@ -423,6 +571,13 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 .iter()
                 .map(|p| PolicyInfo {
                     name: p.limit().name().into(),
+                    reporter: Reporter::default(),
+                    penalty: p
+                        .limit()
+                        .penalty()
+                        .filter(|_| !self.backend.keeps_penalties())
+                        .map(|penalty| PenaltyBox::new(*penalty)),
+                    limit_value: p.limit().max_cost(),
                     #[cfg(feature = "memory")]
                     limit: p.limit().clone(),
                     #[cfg(feature = "memory")]
@@ -434,6 +589,8 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 .collect(),
             rejection: self.rejection,
             on_error: self.on_error,
+            redact_keys: self.redact_keys,
+            on_limited: self.on_limited,
             #[cfg(feature = "memory")]
             local: (self.on_error == OnBackendError::Local).then(MemoryBackend::new),
             errors: ErrorLog::default(),
@@ -443,6 +600,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 backend: self.backend,
                 policies,
                 responder: Arc::new(responder),
+                access: self.access,
             }),
         })
     }

@@ -56,6 +56,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod access;
 mod backend;
 pub mod body;
 pub mod clock;
@@ -68,6 +69,8 @@ pub mod headers;
 pub mod key;
 mod layer;
 mod limit;
+mod observe;
+mod penalty;
 mod policy;
 mod quota;
 mod service;
@@ -82,6 +85,8 @@ pub use error::{BackendError, BuildError};
 pub use key::Key;
 pub use layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
 pub use limit::{Algorithm, Limit};
+pub use observe::Limited;
+pub use penalty::Penalty;
 pub use policy::{MissingKey, Policy, PolicyBuilder};
 pub use quota::{Quota, QuotaError};
 pub use service::{ResponseFuture, Throttle};

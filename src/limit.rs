@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::{gcra, BuildError, Quota};
+use crate::{gcra, BuildError, Penalty, Quota};
 
 /// The algorithm a [`Limit`] is enforced with. Only the GCRA for now; more are planned, so matches
 /// need a wildcard arm.
@@ -37,6 +37,7 @@ pub struct Limit {
     id: u32,
     quota: Quota,
     params: Params,
+    penalty: Option<Penalty>,
 }
 
 /// The validated parameters of each algorithm.
@@ -59,7 +60,19 @@ impl Limit {
             name: name.into(),
             quota,
             params: Params::Gcra(gcra),
+            penalty: None,
         })
+    }
+
+    /// With a [`Penalty`]: keys limited often enough are banned for a while.
+    pub fn with_penalty(mut self, penalty: Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
+    }
+
+    /// The penalty, if any.
+    pub fn penalty(&self) -> Option<&Penalty> {
+        self.penalty.as_ref()
     }
 
     /// The name (namespace) of the limit.

@@ -3,7 +3,7 @@
 use http::{Method, Request, StatusCode};
 
 use crate::key::PeerIp;
-use crate::{BuildError, Limit, Quota};
+use crate::{BuildError, Limit, Penalty, Quota};
 
 /// What to do with a request from which no key can be extracted (no peer address, a missing header).
 ///
@@ -68,6 +68,7 @@ impl Policy<PeerIp> {
             methods: None,
             route: None,
             missing_key: MissingKey::default(),
+            penalty: None,
         }
     }
 }
@@ -123,9 +124,16 @@ pub struct PolicyBuilder<K> {
     methods: Option<Vec<Method>>,
     route: Option<String>,
     missing_key: MissingKey,
+    penalty: Option<Penalty>,
 }
 
 impl<K> PolicyBuilder<K> {
+    /// Bans keys that are limited too often (see [`Penalty`]).
+    pub fn penalty(mut self, penalty: Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
+    }
+
     /// The quota (required).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quota = Some(quota);
@@ -142,6 +150,7 @@ impl<K> PolicyBuilder<K> {
             methods: self.methods,
             route: self.route,
             missing_key: self.missing_key,
+            penalty: self.penalty,
         }
     }
 
@@ -183,7 +192,10 @@ impl<K> PolicyBuilder<K> {
         let quota = self.quota.ok_or_else(|| {
             BuildError::Invalid(format!("policy {:?}: a quota is required", self.name))
         })?;
-        let limit = Limit::new(self.name, quota)?;
+        let mut limit = Limit::new(self.name, quota)?;
+        if let Some(penalty) = self.penalty {
+            limit = limit.with_penalty(penalty);
+        }
         if self.cost == 0 || self.cost > limit.max_cost() {
             return Err(BuildError::Cost {
                 policy: limit.name().to_owned(),

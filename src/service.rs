@@ -5,16 +5,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::access::Access;
 use crate::body::ThrottleBody;
 use crate::headers::RateHeaders;
 use crate::key::KeyExtractor;
 use crate::layer::{Responder, Shared, Verdict};
+use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::{Backend, BackendError, Decision, Key, MissingKey};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
@@ -80,11 +83,24 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let Some(index) = shared.policies.iter().position(|p| p.applies_to(&request)) else {
+        let index = shared.policies.iter().position(|p| p.applies_to(&request));
+        let key = index.and_then(|i| shared.policies[i].key().extract(&request));
+        if let Some((lists, source)) = &shared.access {
+            if !lists.is_empty() {
+                match lists.check(source.address(&request), key.as_ref()) {
+                    Access::Allow => {
+                        return ResponseFuture::calling(self.inner.call(request), None)
+                    }
+                    Access::Deny => return ResponseFuture::ready(shared.responder.forbidden()),
+                    Access::Limit => {}
+                }
+            }
+        }
+        let Some(index) = index else {
             return ResponseFuture::calling(self.inner.call(request), None);
         };
         let policy = &shared.policies[index];
-        let Some(key) = policy.key().extract(&request) else {
+        let Some(key) = key else {
             return match policy.missing_key() {
                 MissingKey::Allow => ResponseFuture::calling(self.inner.call(request), None),
                 MissingKey::Reject(status) => ResponseFuture::ready(shared.responder.missing_key(
@@ -94,17 +110,30 @@ where
                 )),
             };
         };
+        if let Some(banned) = shared
+            .responder
+            .banned(index, &key, RequestRef::of(&request))
+        {
+            return ResponseFuture::ready(banned);
+        }
+        let started = MEASURE_LATENCY.then(Instant::now);
         let mut decision = shared.backend.check(policy.limit(), &key, policy.cost());
         // A backend that decides without waiting (the memory backend) is done after one poll: then the
         // readied inner service is called right here, with no clone and no extra state.
         let mut noop = Context::from_waker(Waker::noop());
         match Pin::new(&mut decision).poll(&mut noop) {
-            Poll::Ready(result) => match shared.responder.verdict(index, result, &key) {
-                Verdict::Admit(headers) => {
-                    ResponseFuture::calling(self.inner.call(request), headers)
+            Poll::Ready(result) => {
+                if let Some(started) = started {
+                    shared.responder.latency(index, started.elapsed());
                 }
-                Verdict::Reject(response) => ResponseFuture::ready(response),
-            },
+                let request_ref = RequestRef::of(&request);
+                match shared.responder.verdict(index, result, &key, request_ref) {
+                    Verdict::Admit(headers) => {
+                        ResponseFuture::calling(self.inner.call(request), headers)
+                    }
+                    Verdict::Reject(response) => ResponseFuture::ready(response),
+                }
+            }
             Poll::Pending => {
                 // The decision is remote. The service that poll_ready readied goes with the request,
                 // to be called once (and only if) the request is admitted; `self` keeps a fresh clone,
@@ -120,6 +149,7 @@ where
                             responder: shared.responder.clone(),
                             index,
                             key,
+                            started,
                         }),
                     },
                 }
@@ -133,8 +163,10 @@ struct Pending<S, ReqBody> {
     request: Request<ReqBody>,
     responder: Arc<Responder>,
     index: usize,
-    /// For the local limiter of `OnBackendError::Local`.
+    /// For the local limiter of `OnBackendError::Local`, the penalty box and the reports.
     key: Key,
+    /// When the backend was asked (only to report its latency).
+    started: Option<Instant>,
 }
 
 pin_project! {
@@ -223,10 +255,14 @@ where
                         responder,
                         index,
                         key,
+                        started,
                     } = pending
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    match responder.verdict(index, result, &key) {
+                    if let Some(started) = started {
+                        responder.latency(index, started.elapsed());
+                    }
+                    match responder.verdict(index, result, &key, RequestRef::of(&request)) {
                         Verdict::Admit(headers) => Kind::Calling {
                             future: service.call(request),
                             headers,

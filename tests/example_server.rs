@@ -266,3 +266,99 @@ fn an_unreachable_redis_is_a_clear_start_up_error() {
         "{stderr}"
     );
 }
+
+/// The example server takes the client-identity keys: trusted proxies, `client-ip`, `[access]`,
+/// and a route's penalty.
+#[tokio::test]
+async fn client_ip_access_lists_and_penalties_from_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("identity.toml");
+    std::fs::write(
+        &file,
+        r#"
+trusted_proxies = ["127.0.0.1"]
+client_ip_header = "x-forwarded-for"
+
+[access]
+deny_networks = ["198.51.100.0/24"]
+
+[[route]]
+name = "login"
+path = "/login"
+key = "client-ip"
+ipv6_prefix = 48
+count = 2
+period = "1m"
+penalty = { after = 2, within = "1m", ban = "10m" }
+"#,
+    )
+    .unwrap();
+    let server = start(&["--config", file.to_str().unwrap()]);
+    let from = |ip: &'static str| [("x-forwarded-for", ip)];
+    // The test talks to the server from 127.0.0.1, the trusted proxy.
+    assert_eq!(
+        send(server.addr, "POST", "/login", &from("198.51.100.7"))
+            .await
+            .status,
+        403
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(
+            send(server.addr, "POST", "/login", &from("203.0.113.5"))
+                .await
+                .status,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    let banned = send(server.addr, "POST", "/login", &from("203.0.113.5")).await;
+    assert_eq!(banned.header("retry-after"), Some("600"));
+    // Another client in another /48 is not affected.
+    assert_eq!(
+        send(server.addr, "POST", "/login", &from("2001:db8:1::1"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send(server.addr, "POST", "/login", &from("2001:db8:1:ffff::1"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send(server.addr, "POST", "/login", &from("2001:db8:1:aaaa::1"))
+            .await
+            .status,
+        429
+    );
+}
+
+/// `/metrics` shows the limiter's counters, per policy, after a burst of limited requests.
+#[tokio::test]
+async fn metrics_show_allowed_and_limited_requests() {
+    let server = start(&[]);
+    let user = [("x-user-id", "metrics")];
+    for _ in 0..20 {
+        send(server.addr, "POST", "/reply", &user).await;
+    }
+    let metrics = send(server.addr, "GET", "/metrics", &[]).await;
+    assert_eq!(metrics.status, 200);
+    let line = |name: &str| {
+        metrics
+            .body
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("policy=\"reply\""))
+            .unwrap_or_else(|| panic!("no {name} in\n{}", metrics.body))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert_eq!(line("throttle_requests_allowed_total"), 16.0);
+    assert_eq!(line("throttle_requests_limited_total"), 4.0);
+    assert!(metrics.body.contains("throttle_backend_latency_seconds"));
+    // Never a label per key.
+    assert!(!metrics.body.contains("metrics\""), "{}", metrics.body);
+}

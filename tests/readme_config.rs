@@ -17,6 +17,10 @@ fn the_readme_config_reference_is_valid() {
     assert_eq!(reply.limit().quota().limit(), 16);
     assert_eq!(reply.route(), Some("/reply"));
     assert_eq!(config.listen, Some("127.0.0.1:3000".parse().unwrap()));
+    assert_eq!(config.trusted_proxies, ["10.0.0.0/8", "::1/128"]);
+    assert!(reply.limit().penalty().is_some());
+    let access = config.access.as_ref().unwrap();
+    assert_eq!(access.deny_networks, ["198.51.100.0/24"]);
 }
 
 #[path = "support/redis.rs"]

@@ -549,3 +549,68 @@ async fn cell_mode_never_sends_redis_cell_a_quantity_beyond_the_limit() {
     assert_eq!((d.allowed, d.remaining), (true, 4));
     assert_eq!(server.cli(&["PING"]), "PONG");
 }
+
+/// Calls of `command` the server has executed (`INFO commandstats`).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// A flood from one limited key is answered from the deny cache: no round trips until the retry
+/// time, the same numbers aged, and Redis decides again once the key may pass. With the cache off,
+/// every request goes to Redis.
+#[tokio::test]
+async fn the_deny_cache_answers_a_flood_without_round_trips() {
+    let server = RedisServer::start_with_cell();
+    let limit = limit("flood", Quota::per_second(2).with_max_burst(1)); // 2 at once, one per 500 ms
+    for (mode, command) in [
+        (RedisMode::Lua, "evalsha"),
+        (RedisMode::Cell, "cl.throttle"),
+    ] {
+        let key = Key::from(format!("flooder-{mode}"));
+        let cached = connect(&server.url(), mode).await;
+        assert!(cached.check(&limit, &key, 1).await.unwrap().allowed);
+        assert!(cached.check(&limit, &key, 1).await.unwrap().allowed);
+        let first = cached.check(&limit, &key, 1).await.unwrap();
+        assert!(!first.allowed);
+        let before = calls(&server, command);
+        for _ in 0..200 {
+            let d = cached.check(&limit, &key, 1).await.unwrap();
+            assert!(!d.allowed);
+            assert_eq!((d.limit, d.remaining), (first.limit, first.remaining));
+            assert!(d.retry_after.unwrap() <= first.retry_after.unwrap());
+        }
+        let after = calls(&server, command);
+        match mode {
+            // Lua's retry time is exact (~500 ms): all 200 answered here.
+            RedisMode::Lua => assert_eq!(after, before, "{mode}"),
+            // CL.THROTTLE says "1 s" for ~500 ms, which is held a second less: not at all.
+            _ => assert!(after >= before + 200, "{mode}: {before} -> {after}"),
+        }
+        // Never an extra admission, and Redis decides again once the key may pass.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(cached.check(&limit, &key, 1).await.unwrap().allowed);
+        assert!(!cached.check(&limit, &key, 1).await.unwrap().allowed);
+    }
+
+    let uncached = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let key = Key::from("flooder-uncached");
+    for _ in 0..2 {
+        assert!(uncached.check(&limit, &key, 1).await.unwrap().allowed);
+    }
+    let before = calls(&server, "evalsha");
+    for _ in 0..50 {
+        assert!(!uncached.check(&limit, &key, 1).await.unwrap().allowed);
+    }
+    assert_eq!(calls(&server, "evalsha"), before + 50);
+}

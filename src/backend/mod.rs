@@ -40,6 +40,13 @@ pub trait Backend: Send + Sync + 'static {
         let _ = limit;
         Ok(())
     }
+
+    /// Whether this backend keeps [`Penalty`](crate::Penalty) strikes and bans itself (shared by every
+    /// process, as the Redis backend does). When it does not (the default), the layer keeps them in
+    /// process.
+    fn keeps_penalties(&self) -> bool {
+        false
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -51,5 +58,9 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
         (**self).validate(limit)
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        (**self).keeps_penalties()
     }
 }

@@ -130,7 +130,7 @@ impl PeerIp {
         }
     }
 
-    fn peer(request_extensions: &http::Extensions) -> Option<SocketAddr> {
+    pub(crate) fn peer(request_extensions: &http::Extensions) -> Option<SocketAddr> {
         #[cfg(feature = "axum")]
         if let Some(info) = request_extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
             return Some(info.0);
@@ -404,6 +404,8 @@ mod tests {
 pub enum KeySpec {
     /// [`PeerIp`].
     PeerIp(PeerIp),
+    /// [`ClientIp`](super::ClientIp) (`"client-ip"`; the configuration supplies the trusted proxies).
+    ClientIp(super::ClientIp),
     /// [`Header`].
     Header(Header),
     /// [`Global`].
@@ -416,13 +418,14 @@ impl std::str::FromStr for KeySpec {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "ip" => Ok(KeySpec::PeerIp(PeerIp::new())),
+            "client-ip" => Ok(KeySpec::ClientIp(super::ClientIp::default())),
             "global" => Ok(KeySpec::Global),
             _ => match s.strip_prefix("header:") {
                 Some(name) => Header::try_new(name)
                     .map(KeySpec::Header)
                     .map_err(|_| format!("key {s:?}: {name:?} is not a valid header name")),
                 None => Err(format!(
-                    "key {s:?} is not one of \"ip\", \"global\", \"header:<name>\""
+                    "key {s:?} is not one of \"ip\", \"client-ip\", \"global\", \"header:<name>\""
                 )),
             },
         }
@@ -433,6 +436,7 @@ impl fmt::Display for KeySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeySpec::PeerIp(_) => f.write_str("ip"),
+            KeySpec::ClientIp(_) => f.write_str("client-ip"),
             KeySpec::Header(h) => write!(f, "header:{}", h.name()),
             KeySpec::Global => f.write_str("global"),
         }
@@ -443,6 +447,7 @@ impl<B> KeyExtractor<B> for KeySpec {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         match self {
             KeySpec::PeerIp(ip) => ip.extract(request),
+            KeySpec::ClientIp(ip) => ip.extract(request),
             KeySpec::Header(h) => h.extract(request),
             KeySpec::Global => Some(Key::global()),
         }
@@ -451,6 +456,7 @@ impl<B> KeyExtractor<B> for KeySpec {
     fn describe(&self) -> String {
         match self {
             KeySpec::PeerIp(ip) => KeyExtractor::<B>::describe(ip),
+            KeySpec::ClientIp(ip) => KeyExtractor::<B>::describe(ip),
             KeySpec::Header(h) => KeyExtractor::<B>::describe(h),
             KeySpec::Global => KeyExtractor::<B>::describe(&Global),
         }

@@ -22,8 +22,10 @@
 //! assert_eq!(by_path.extract(&req), Some(Key::from("/")));
 //! ```
 
+mod client_ip;
 mod extract;
 
+pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies, MAX_HOPS};
 pub use extract::{
     BoxKeyExtractor, Extension, Global, Header, InvalidPrefix, KeyExtractor, KeySpec, PeerAddr,
     PeerIp,

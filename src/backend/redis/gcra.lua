@@ -4,8 +4,12 @@
 --          decimal string. This is the format redis-cell writes, so CL.THROTTLE and this script can share
 --          keys (a server that gains or loses the module keeps its limits).
 -- ARGV     emission interval (ns), tolerance (ns, = interval x (max_burst + 1)), limit, quantity.
--- Returns  {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after (ns)}:
---          CL.THROTTLE's five values, in nanoseconds instead of whole seconds.
+-- With a penalty box, also KEYS[2] (the key's latest rejection times, a list of at most `after`),
+--          KEYS[3] (the ban), and ARGV after, within (ms), ban (ms): a key rejected `after` times
+--          within `within` is banned for `ban`; a banned key is answered without looking at its TAT.
+-- Returns  {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after (ns), banned}:
+--          CL.THROTTLE's five values, in nanoseconds instead of whole seconds, and 1 when a ban
+--          answered (retry_after and reset_after are then the rest of the ban).
 --
 -- Time comes from the server (TIME, microseconds), so every client shares one clock. All arithmetic is
 -- on integers held in doubles: the TAT is never handled as one number (1.8e18 ns exceeds 2^53), only as
@@ -16,6 +20,7 @@ local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local quantity = tonumber(ARGV[4])
+local penalty_after = tonumber(ARGV[5] or '0')
 
 local S = 1000000000
 
@@ -33,6 +38,13 @@ end
 local time = redis.call('TIME')
 local now_s = tonumber(time[1])
 local now_ns = tonumber(time[2]) * 1000
+
+if penalty_after > 0 then
+  local banned_ms = redis.call('PTTL', KEYS[3])
+  if banned_ms > 0 then
+    return {1, limit, 0, banned_ms * 1000000, banned_ms * 1000000, 1}
+  end
+end
 
 -- backlog = max(tat - now, 0). A value that is not a TAT (foreign or corrupt) counts as no state; the
 -- next admitted request overwrites it.
@@ -69,7 +81,7 @@ if new_backlog <= tolerance then
   if new_backlog > 0 then
     store(new_backlog)
   end
-  return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog}
+  return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog, 0}
 end
 
 if rebased and backlog > 0 then
@@ -83,4 +95,22 @@ local retry_after = -1
 if increment <= tolerance then
   retry_after = new_backlog - tolerance
 end
-return {1, limit, remaining, retry_after, backlog}
+
+if penalty_after > 0 then
+  -- A rejection is a strike: keep the latest `after` times (ms); `after` of them within `within`
+  -- is a ban.
+  local within_ms = tonumber(ARGV[6])
+  local ban_ms = tonumber(ARGV[7])
+  local now_ms = now_s * 1000 + math.floor(now_ns / 1000000)
+  redis.call('LPUSH', KEYS[2], now_ms)
+  redis.call('LTRIM', KEYS[2], 0, penalty_after - 1)
+  redis.call('PEXPIRE', KEYS[2], within_ms)
+  local oldest = tonumber(redis.call('LINDEX', KEYS[2], penalty_after - 1))
+  if oldest and now_ms - oldest < within_ms then
+    redis.call('DEL', KEYS[2])
+    redis.call('SET', KEYS[3], 1, 'PX', ban_ms)
+    local ban_ns = ban_ms * 1000000
+    return {1, limit, 0, ban_ns, math.max(backlog, ban_ns), 1}
+  end
+end
+return {1, limit, remaining, retry_after, backlog, 0}

@@ -1,5 +1,7 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 
+mod deny;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -134,6 +136,7 @@ struct Inner {
     timeout: Duration,
     script: redis::Script,
     breaker: Breaker,
+    deny: Option<deny::DenyCache>,
 }
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
@@ -277,6 +280,7 @@ impl RedisBackend {
             mode: RedisMode::Auto,
             prefix: Self::DEFAULT_PREFIX.to_owned(),
             timeout: Self::DEFAULT_TIMEOUT,
+            deny_cache: true,
         }
     }
 
@@ -319,6 +323,7 @@ pub struct RedisBackendBuilder {
     mode: RedisMode,
     prefix: String,
     timeout: Duration,
+    deny_cache: bool,
 }
 
 enum Target {
@@ -336,6 +341,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("mode", &self.mode)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("deny_cache", &self.deny_cache)
             .finish_non_exhaustive()
     }
 }
@@ -413,6 +419,16 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Whether to keep a local deny cache (default `true`): once Redis limits a key, requests for it
+    /// are rejected here, without a round trip, until the retry time Redis gave (for as many units
+    /// or more), with the same numbers aged to now. Other processes can only make a key more limited,
+    /// so the cache never admits anything Redis would not. A flood from one client then costs Redis
+    /// one call per retry period. Only a key reset in Redis by hand is refused here a while longer.
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+
     /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module.
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
@@ -487,6 +503,7 @@ impl RedisBackendBuilder {
                 timeout,
                 script: redis::Script::new(SCRIPT),
                 breaker: Breaker::new(timeout),
+                deny: self.deny_cache.then(deny::DenyCache::new),
             }),
         };
         let mut conn = backend.inner.conn.clone();
@@ -609,8 +626,18 @@ async fn cell_loaded(conn: &mut Conn) -> Result<bool, RedisError> {
     })
 }
 
+/// A decision and how it was made.
+struct Answer {
+    decision: Decision,
+    /// By `CL.THROTTLE`: durations in whole seconds, rounded up.
+    whole_seconds: bool,
+    /// By a penalty-box ban.
+    banned: bool,
+}
+
 /// What a policy's quota becomes on each path.
 struct Args {
+    penalty: Option<crate::Penalty>,
     interval: u64,
     tolerance: u64,
     limit: u64,
@@ -629,6 +656,7 @@ impl Args {
     fn new(limit: &Limit) -> Option<Args> {
         let params = limit.gcra()?;
         Some(Args {
+            penalty: limit.penalty().copied(),
             interval: params.emission_interval(),
             tolerance: params.tolerance(),
             limit: params.limit(),
@@ -706,13 +734,39 @@ impl Backend for RedisBackend {
             ))));
         }
         let redis_key = self.redis_key(limit.name(), key);
+        if let Some(denied) = inner
+            .deny
+            .as_ref()
+            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
         Box::pin(async move {
             let was_probe = matches!(admission, Admission::Probe(_));
+            let sent = Instant::now();
             let decided =
                 tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity));
             let result = match decided.await {
-                Ok(Ok(decision)) => {
+                Ok(Ok(Answer {
+                    decision,
+                    whole_seconds,
+                    banned,
+                })) => {
                     inner.answered();
+                    // With a penalty box every rejection must reach Redis to count as a strike;
+                    // a ban, though, holds whatever comes.
+                    let cacheable = args.penalty.is_none() || banned;
+                    if let (false, true, Some(cache)) = (decision.allowed, cacheable, &inner.deny) {
+                        // Timed from when the call was sent: Redis decided after that, so the
+                        // retry time is held no later than Redis meant.
+                        let rejection = deny::Rejection {
+                            decision,
+                            interval: args.interval,
+                            tolerance: args.tolerance,
+                            whole_seconds,
+                        };
+                        cache.insert(&redis_key, quantity, rejection, sent);
+                    }
                     Ok(decision)
                 }
                 Ok(Err(e)) => {
@@ -735,6 +789,10 @@ impl Backend for RedisBackend {
             drop(admission);
             result
         })
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        true
     }
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
@@ -824,7 +882,7 @@ impl Inner {
         }
     }
 
-    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Decision, RedisError> {
+    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Answer, RedisError> {
         let mut conn = self.conn.clone();
         let use_cell = match self.mode {
             RedisMode::Lua => false,
@@ -834,9 +892,12 @@ impl Inner {
         let conn = &mut conn;
         // Peeks (quantity 0) and quantities beyond the limit go to Lua: redis-cell 0.2.2 writes a key
         // without expiry for the first, and for a huge quantity overflows into a negative TAT that
-        // crashes the server on the next call. Quotas with no whole-second form go to Lua too.
+        // crashes the server on the next call. Quotas with no whole-second form, and policies with a
+        // penalty box (strikes and bans go with the decision, atomically), go to Lua too.
         match args.cell {
-            Some(cell) if use_cell && quantity > 0 && quantity <= args.limit => {
+            Some(cell)
+                if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
+            {
                 match throttle(conn, key, cell, quantity).await {
                     Err(e) if self.mode == RedisMode::Auto && is_unknown_command(&e) => {
                         // The module went away (a restart without it): Lua from now on, and this
@@ -845,7 +906,11 @@ impl Inner {
                         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
                         self.lua(conn, key, args, quantity).await
                     }
-                    other => other,
+                    other => other.map(|decision| Answer {
+                        decision,
+                        whole_seconds: true,
+                        banned: false,
+                    }),
                 }
             }
             _ => self.lua(conn, key, args, quantity).await,
@@ -896,18 +961,35 @@ impl Inner {
         key: &str,
         args: &Args,
         quantity: u64,
-    ) -> Result<Decision, RedisError> {
+    ) -> Result<Answer, RedisError> {
         let mut invocation = self.script.key(key);
         invocation
             .arg(args.interval)
             .arg(args.tolerance)
             .arg(args.limit)
             .arg(quantity);
-        let reply: [i64; 5] = match conn {
+        if let Some(penalty) = &args.penalty {
+            // Same hash tag as the state: one slot, one atomic call.
+            invocation
+                .key(format!("{key}:strikes"))
+                .key(format!("{key}:ban"))
+                .arg(penalty.after())
+                .arg(penalty.within().as_millis().max(1) as u64)
+                .arg(penalty.ban().as_millis().max(1) as u64);
+        }
+        let reply: [i64; 6] = match conn {
             Conn::Single(c) => invocation.invoke_async(c).await?,
             Conn::Cluster(c) => invocation.invoke_async(c).await?,
         };
-        Ok(from_reply(reply, Duration::from_nanos))
+        let [limited, limit, remaining, retry, reset, banned] = reply;
+        Ok(Answer {
+            decision: from_reply(
+                [limited, limit, remaining, retry, reset],
+                Duration::from_nanos,
+            ),
+            whole_seconds: false,
+            banned: banned == 1,
+        })
     }
 }
 

@@ -1,0 +1,272 @@
+//! The local deny cache: a key that Redis limited is rejected here until its retry time.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::Decision;
+
+const SHARDS: usize = 16;
+/// Entries per shard. Dropping an entry only costs a round trip, so a full shard refuses new ones
+/// after pruning the expired, rather than grow.
+const SHARD_CAPACITY: usize = 8192;
+
+/// Limited keys and until when they stay limited, for requests of the same cost under the same quota.
+///
+/// Caching a rejection can never admit anything, and it stays correct across processes: other
+/// processes' admissions only move a key's TAT later, so a key that Redis limited until `until` for
+/// `quantity` units cannot pass with as many units before then. (A key deleted or rebased in Redis
+/// by hand is still refused here until `until`.)
+/// A rejection from Redis, with what the cache needs to know how long its numbers hold.
+pub(super) struct Rejection {
+    pub(super) decision: Decision,
+    /// The GCRA's emission interval and tolerance, in nanoseconds.
+    pub(super) interval: u64,
+    pub(super) tolerance: u64,
+    /// From `CL.THROTTLE`: whole seconds, rounded up.
+    pub(super) whole_seconds: bool,
+}
+
+pub(super) struct DenyCache {
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard>]>,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Box<str>, Denied>,
+    /// A full shard prunes expired entries at most this often, so that a flood of new keys does not
+    /// turn every insertion into a scan.
+    next_prune: Option<Instant>,
+}
+
+const PRUNE_EVERY: Duration = Duration::from_millis(100);
+
+struct Denied {
+    /// When Redis decided.
+    at: Instant,
+    /// Until when the key stays limited: the exact retry time (Lua) or a lower bound of it (Cell).
+    until: Instant,
+    quantity: u64,
+    interval: u64,
+    tolerance: u64,
+    decision: Decision,
+}
+
+impl DenyCache {
+    pub(super) fn new() -> Self {
+        DenyCache {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// The cached rejection of `key` for `quantity` units under the quota with this `interval` and
+    /// `tolerance`, aged to now, if it still holds.
+    pub(super) fn get(
+        &self,
+        key: &str,
+        quantity: u64,
+        interval: u64,
+        tolerance: u64,
+    ) -> Option<Decision> {
+        let now = Instant::now();
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let entry = shard.map.get(key)?;
+        if now >= entry.until {
+            shard.map.remove(key);
+            return None;
+        }
+        if quantity != entry.quantity || interval != entry.interval || tolerance != entry.tolerance
+        {
+            // Another cost may fit (or never), another quota (the route changed) reads the state
+            // its own way: Redis decides.
+            return None;
+        }
+        let elapsed = now - entry.at;
+        let d = &entry.decision;
+        Some(Decision::limited(
+            d.limit,
+            d.remaining,
+            d.retry_after.map(|r| r.saturating_sub(elapsed)),
+            d.reset_after.saturating_sub(elapsed),
+        ))
+    }
+
+    /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
+    /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
+    /// every `interval`, before a request of several units fits).
+    ///
+    /// `whole_seconds`: the decision came from `CL.THROTTLE`, whose retry time is rounded up to the
+    /// next second and whose reset time is not exact; the key is then held only to a second before
+    /// the retry time (a lower bound of it: never a false rejection), and only when `remaining` cannot
+    /// change before then.
+    pub(super) fn insert(&self, key: &str, quantity: u64, rejected: Rejection, at: Instant) {
+        let Rejection {
+            decision,
+            interval,
+            tolerance,
+            whole_seconds,
+        } = rejected;
+        let Some(retry) = decision.retry_after else {
+            return; // never admitted: Redis still answers, with up-to-date numbers
+        };
+        // `remaining` next grows when tolerance - ttl reaches (remaining + 1) × interval.
+        let next_unit = decision.remaining.saturating_add(1);
+        let hold = if whole_seconds {
+            if next_unit < quantity {
+                return;
+            }
+            retry.saturating_sub(Duration::from_secs(1))
+        } else {
+            let grows_after = Duration::from_nanos(
+                next_unit
+                    .saturating_mul(interval)
+                    .saturating_add(decision.reset_after.as_nanos() as u64)
+                    .saturating_sub(tolerance),
+            );
+            retry.min(grows_after)
+        };
+        if hold.is_zero() {
+            return;
+        }
+        let entry = Denied {
+            at,
+            until: at + hold,
+            quantity,
+            interval,
+            tolerance,
+            decision,
+        };
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        if shard.map.len() >= SHARD_CAPACITY && !shard.map.contains_key(key) {
+            let now = Instant::now();
+            if shard.next_prune.is_none_or(|t| now >= t) {
+                shard.map.retain(|_, e| e.until > now);
+                shard.next_prune = Some(now + PRUNE_EVERY);
+            }
+            if shard.map.len() >= SHARD_CAPACITY {
+                return;
+            }
+        }
+        shard.map.insert(key.into(), entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const I: u64 = 200 * MS;
+    const TAU: u64 = 1000 * MS;
+
+    /// A rejection under 5 at once, one every 200 ms (tolerance 1 s), of `quantity` units: the
+    /// bucket holds `remaining` and the TAT is `ttl_ms` ahead.
+    fn rejection(quantity: u64, remaining: u64, ttl_ms: u64, whole_seconds: bool) -> Rejection {
+        let (interval, tolerance) = (I, TAU);
+        let retry = ttl_ms * MS + quantity * interval - tolerance;
+        Rejection {
+            decision: Decision::limited(
+                5,
+                remaining,
+                Some(Duration::from_nanos(retry)),
+                Duration::from_millis(ttl_ms),
+            ),
+            interval,
+            tolerance,
+            whole_seconds,
+        }
+    }
+
+    fn limited(retry_ms: u64) -> Rejection {
+        // One unit, nothing left: the TAT is retry + 800 ms ahead.
+        rejection(1, 0, retry_ms + 800, false)
+    }
+
+    #[test]
+    fn holds_a_rejection_for_the_same_cost_and_quota() {
+        let cache = DenyCache::new();
+        let now = Instant::now();
+        cache.insert("k", 2, rejection(2, 1, 1100, false), now);
+        // 2 units wanted, 1 left, TAT 1.1 s ahead: retry in 500 ms, and "remaining: 1" holds as long.
+        let d = cache.get("k", 2, I, TAU).unwrap();
+        assert!(!d.allowed);
+        assert!(d.retry_after.unwrap() <= Duration::from_millis(500));
+        assert_eq!(d.remaining, 1);
+        assert!(cache.get("k", 1, I, TAU).is_none(), "fewer units may fit");
+        assert!(
+            cache.get("k", 3, I, TAU).is_none(),
+            "more units wait longer, or forever"
+        );
+        assert!(cache.get("k", 2, I, 2 * TAU).is_none(), "another quota");
+        assert!(cache.get("other", 2, I, TAU).is_none());
+    }
+
+    #[test]
+    fn held_only_while_remaining_stays_the_same() {
+        let cache = DenyCache::new();
+        // 3 units wanted, 1 left, TAT 900 ms ahead: a second unit frees up after 300 ms, the third
+        // (the retry time) after 500 ms. Held 300 ms, while "remaining: 1" is true.
+        let r = rejection(3, 1, 900, false);
+        assert_eq!(r.decision.retry_after, Some(Duration::from_millis(500)));
+        let at = Instant::now() - Duration::from_millis(350);
+        cache.insert("k", 3, r, at);
+        assert!(cache.get("k", 3, I, TAU).is_none());
+        cache.insert("k", 3, rejection(3, 1, 900, false), Instant::now());
+        assert_eq!(cache.get("k", 3, I, TAU).unwrap().remaining, 1);
+        // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
+        cache.insert("c", 3, rejection(3, 1, 2900, true), Instant::now());
+        assert!(cache.get("c", 3, I, TAU).is_none());
+    }
+
+    #[test]
+    fn expired_and_never_admitted_rejections_are_not_held() {
+        let cache = DenyCache::new();
+        let long_ago = Instant::now() - Duration::from_secs(1);
+        cache.insert("old", 1, limited(300), long_ago);
+        assert!(cache.get("old", 1, I, TAU).is_none());
+        let mut never = limited(300);
+        never.decision.retry_after = None;
+        cache.insert("never", 9, never, Instant::now());
+        assert!(cache.get("never", 9, I, TAU).is_none());
+    }
+
+    #[test]
+    fn whole_second_answers_are_held_a_second_less() {
+        let cache = DenyCache::new();
+        let mut one = limited(1000);
+        one.whole_seconds = true;
+        cache.insert("one", 1, one, Instant::now());
+        assert!(
+            cache.get("one", 1, I, TAU).is_none(),
+            "true retry time may be under a second"
+        );
+        let mut two = limited(2000);
+        two.whole_seconds = true;
+        cache.insert("two", 1, two, Instant::now());
+        let d = cache.get("two", 1, I, TAU).unwrap();
+        assert!(d.retry_after.unwrap() > Duration::from_millis(1900));
+    }
+
+    #[test]
+    fn a_full_shard_refuses_rather_than_grows() {
+        let cache = DenyCache::new();
+        let now = Instant::now();
+        for i in 0..SHARDS * SHARD_CAPACITY * 2 {
+            cache.insert(&format!("k{i}"), 1, limited(60_000), now);
+        }
+        let total: usize = cache
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().map.len())
+            .sum();
+        assert!(total <= SHARDS * SHARD_CAPACITY);
+    }
+}

@@ -1,0 +1,521 @@
+//! The client's address behind trusted proxies: `X-Forwarded-For`, `Forwarded` (RFC 7239) or
+//! `X-Real-IP`, believed only when the peer is a trusted proxy.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use http::header::{HeaderName, FORWARDED};
+use http::{HeaderMap, Request};
+use ipnet::IpNet;
+
+use super::extract::{InvalidPrefix, PeerIp};
+use super::{Key, KeyExtractor};
+
+/// The networks of the proxies in front of the service, whose forwarding headers are believed.
+///
+/// ```
+/// use tower_throttle::key::TrustedProxies;
+///
+/// let trusted = TrustedProxies::new(["10.0.0.0/8", "::1", "fd00::/8"]).unwrap();
+/// assert!(trusted.contains("10.1.2.3".parse().unwrap()));
+/// assert!(trusted.contains("::ffff:10.1.2.3".parse().unwrap())); // IPv4-mapped counts as IPv4
+/// assert!(!trusted.contains("192.0.2.1".parse().unwrap()));
+/// assert!(TrustedProxies::new(["10.0.0.0/33"]).is_err());
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies {
+    nets: Arc<[IpNet]>,
+}
+
+impl TrustedProxies {
+    /// Networks in CIDR notation (`"10.0.0.0/8"`, `"2001:db8::/32"`) or single addresses.
+    pub fn new<I, S>(cidrs: I) -> Result<Self, InvalidCidr>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nets = cidrs
+            .into_iter()
+            .map(|s| parse_net(s.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TrustedProxies { nets: nets.into() })
+    }
+
+    /// No trusted proxies: forwarding headers are never believed.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether `ip` lies in a trusted network.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.nets.iter().any(|net| net.contains(&ip))
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+}
+
+impl fmt::Debug for TrustedProxies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.nets.iter().map(|n| n.to_string()))
+            .finish()
+    }
+}
+
+fn parse_net(s: &str) -> Result<IpNet, InvalidCidr> {
+    let s = s.trim();
+    let net = match s.parse::<IpNet>() {
+        Ok(net) => net,
+        Err(_) => s
+            .parse::<IpAddr>()
+            .map(IpNet::from)
+            .map_err(|_| InvalidCidr(s.to_owned()))?,
+    };
+    // An IPv4-mapped IPv6 network means its IPv4 network: addresses are compared in canonical form.
+    Ok(match net {
+        IpNet::V6(v6) => match v6.addr().to_ipv4_mapped() {
+            Some(v4) if v6.prefix_len() >= 96 => IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96)
+                .map_err(|_| InvalidCidr(s.into()))?,
+            _ => net,
+        },
+        v4 => v4,
+    }
+    .trunc())
+}
+
+/// A trusted-proxy entry that is neither a CIDR network nor an address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidCidr(pub String);
+
+impl fmt::Display for InvalidCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "trusted proxy {:?} is not a network (\"10.0.0.0/8\", \"fd00::/8\") or an address",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for InvalidCidr {}
+
+/// Which header the trusted proxies set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+    /// `X-Real-IP: client`, set (not appended) by the one proxy in front.
+    XRealIp,
+}
+
+impl ForwardedHeader {
+    /// `"x-forwarded-for"`, `"forwarded"` or `"x-real-ip"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+            ForwardedHeader::XRealIp => "x-real-ip",
+        }
+    }
+}
+
+impl FromStr for ForwardedHeader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ForwardedHeader::XForwardedFor),
+            "forwarded" => Ok(ForwardedHeader::Forwarded),
+            "x-real-ip" => Ok(ForwardedHeader::XRealIp),
+            _ => Err(format!(
+                "client IP header {s:?} is not \"x-forwarded-for\", \"forwarded\" or \"x-real-ip\""
+            )),
+        }
+    }
+}
+
+/// The most proxy hops walked from the right of a forwarding header; a longer chain of trusted
+/// proxies is not believed (the peer counts).
+pub const MAX_HOPS: usize = 16;
+
+/// The client IP: the peer's address, or, when the peer is a [trusted proxy](TrustedProxies), the
+/// rightmost address in the forwarding header that is not a trusted proxy itself.
+///
+/// Everything left of that address was written by the client and is never read, so a forged
+/// `X-Forwarded-For` (or a thousand entries of one) cannot choose a key. Entries are read from the
+/// right, at most [`MAX_HOPS`] of them; one that is not an address (garbage, `unknown`, an obfuscated
+/// `Forwarded` node), more trusted hops than that, or a missing header, and the peer counts. From an
+/// untrusted peer the headers are ignored altogether. The result is grouped like [`PeerIp`]'s (IPv6
+/// by prefix, /64 by default; IPv4-mapped addresses as IPv4).
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{ClientIp, Key, KeyExtractor, PeerAddr, TrustedProxies};
+///
+/// let client_ip = ClientIp::new(TrustedProxies::new(["10.0.0.0/8"]).unwrap());
+/// let request = |peer: &str, xff: &str| {
+///     let mut r = Request::get("/").header("x-forwarded-for", xff).body(()).unwrap();
+///     r.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+///     r
+/// };
+/// // Behind the load balancer 10.0.0.5, the client is 203.0.113.7, whatever it claimed before.
+/// let via_proxy = request("10.0.0.5:4000", "1.2.3.4, 203.0.113.7, 10.0.0.9");
+/// assert_eq!(client_ip.extract(&via_proxy), Some(Key::from_ip("203.0.113.7".parse().unwrap())));
+/// // A client talking directly cannot choose its key.
+/// let direct = request("198.51.100.1:5000", "1.2.3.4");
+/// assert_eq!(client_ip.extract(&direct), Some(Key::from_ip("198.51.100.1".parse().unwrap())));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientIp {
+    peer: PeerIp,
+    trusted: TrustedProxies,
+    header: ForwardedHeader,
+}
+
+impl ClientIp {
+    /// The client IP behind `trusted`, from `X-Forwarded-For`, IPv6 grouped by /64.
+    pub fn new(trusted: TrustedProxies) -> Self {
+        ClientIp {
+            peer: PeerIp::new(),
+            trusted,
+            header: ForwardedHeader::XForwardedFor,
+        }
+    }
+
+    /// Reads `header` instead of `X-Forwarded-For`: the one the proxies set (a header they do not set
+    /// is whatever the client sent).
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by the first `prefix` bits (1 to 128).
+    pub fn with_ipv6_prefix(mut self, prefix: u8) -> Result<Self, InvalidPrefix> {
+        self.peer = self.peer.with_ipv6_prefix(prefix)?;
+        Ok(self)
+    }
+
+    /// The trusted proxies.
+    pub fn trusted(&self) -> &TrustedProxies {
+        &self.trusted
+    }
+
+    /// The header read.
+    pub fn forwarded_header(&self) -> ForwardedHeader {
+        self.header
+    }
+
+    /// The IPv6 prefix length.
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.peer.ipv6_prefix()
+    }
+
+    /// The client's address for a connection from `peer` with these headers.
+    pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.trusted.contains(peer) {
+            return peer;
+        }
+        match self.header {
+            ForwardedHeader::XRealIp => {
+                let mut values = headers.get_all(&X_REAL_IP).iter();
+                match (values.next(), values.next()) {
+                    (Some(value), None) => std::str::from_utf8(value.as_bytes())
+                        .ok()
+                        .and_then(|v| v.trim().parse::<IpAddr>().ok())
+                        .map_or(peer, |ip| ip.to_canonical()),
+                    _ => peer,
+                }
+            }
+            ForwardedHeader::XForwardedFor => self.walk(
+                peer,
+                headers.get_all(&X_FORWARDED_FOR).iter(),
+                parse_xff_entry,
+            ),
+            ForwardedHeader::Forwarded => self.walk(
+                peer,
+                headers.get_all(FORWARDED).iter(),
+                parse_forwarded_element,
+            ),
+        }
+    }
+
+    /// Walks the entries right to left: the first address that is not a trusted proxy is the client.
+    fn walk<'a>(
+        &self,
+        peer: IpAddr,
+        lines: impl DoubleEndedIterator<Item = &'a http::HeaderValue>,
+        parse: fn(&[u8]) -> Option<IpAddr>,
+    ) -> IpAddr {
+        let mut hops = 0;
+        let mut leftmost_trusted = None;
+        for line in lines.rev() {
+            for entry in line.as_bytes().rsplit(|b| *b == b',') {
+                hops += 1;
+                if hops > MAX_HOPS {
+                    return peer;
+                }
+                let Some(ip) = parse(entry).map(|ip| ip.to_canonical()) else {
+                    return peer;
+                };
+                if !self.trusted.contains(ip) {
+                    return ip;
+                }
+                leftmost_trusted = Some(ip);
+            }
+        }
+        // Every hop is a trusted proxy: the request started inside; the first of them is the client.
+        leftmost_trusted.unwrap_or(peer)
+    }
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &bytes[start..end.max(start)]
+}
+
+/// The longest entry worth parsing: `[ffff:...:ffff]:65535` and a little more.
+const MAX_ENTRY: usize = 64;
+
+/// One `X-Forwarded-For` entry: an address, also `[v6]:port` or `v4:port` as some proxies write.
+fn parse_xff_entry(entry: &[u8]) -> Option<IpAddr> {
+    let entry = trim(entry);
+    if entry.len() > MAX_ENTRY {
+        return None;
+    }
+    parse_node(std::str::from_utf8(entry).ok()?)
+}
+
+/// An address with an optional port: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`, `[2001:db8::1]:80`.
+fn parse_node(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    s.parse::<SocketAddr>().ok().map(|a| a.ip()).or_else(|| {
+        // `[2001:db8::1]` without a port.
+        s.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+    })
+}
+
+/// One `Forwarded` element: its `for=` parameter, as a node.
+fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
+    let element = trim(element);
+    if element.len() > 4 * MAX_ENTRY {
+        return None;
+    }
+    let element = std::str::from_utf8(element).ok()?;
+    let mut found = None;
+    for pair in element.split(';') {
+        let (name, value) = pair.split_once('=')?;
+        if name.trim().eq_ignore_ascii_case("for") {
+            if found.is_some() {
+                return None; // two `for`s: not from a proxy that follows the RFC
+            }
+            let value = value.trim();
+            let value = match value.strip_prefix('"') {
+                Some(quoted) => quoted.strip_suffix('"')?,
+                None => value,
+            };
+            // `unknown` and obfuscated identifiers (`_hidden`) name no address.
+            found = Some(parse_node(value)?);
+        }
+    }
+    found
+}
+
+impl<B> KeyExtractor<B> for ClientIp {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        let peer = PeerIp::peer(request.extensions())?;
+        Some(
+            self.peer
+                .key_for(self.resolve(peer.ip(), request.headers())),
+        )
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "the client IP (the peer address, or {} from a trusted proxy)",
+            self.header.as_str()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(trusted: &[&str], header: ForwardedHeader, peer: &str, values: &[&str]) -> String {
+        let ci = ClientIp::new(TrustedProxies::new(trusted).unwrap()).header(header);
+        let name = match header {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+            ForwardedHeader::XRealIp => "x-real-ip",
+        };
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(
+                HeaderName::from_static(name),
+                http::HeaderValue::from_bytes(v.as_bytes()).unwrap(),
+            );
+        }
+        ci.resolve(peer.parse().unwrap(), &headers).to_string()
+    }
+
+    const XFF: ForwardedHeader = ForwardedHeader::XForwardedFor;
+    const FWD: ForwardedHeader = ForwardedHeader::Forwarded;
+    const REAL: ForwardedHeader = ForwardedHeader::XRealIp;
+    const LB: &[&str] = &["10.0.0.0/8"];
+
+    #[test]
+    fn headers_from_untrusted_peers_are_ignored() {
+        assert_eq!(
+            resolve(LB, XFF, "198.51.100.1", &["1.2.3.4"]),
+            "198.51.100.1"
+        );
+        assert_eq!(
+            resolve(LB, FWD, "198.51.100.1", &["for=1.2.3.4"]),
+            "198.51.100.1"
+        );
+        assert_eq!(
+            resolve(LB, REAL, "198.51.100.1", &["1.2.3.4"]),
+            "198.51.100.1"
+        );
+        assert_eq!(resolve(&[], XFF, "10.0.0.1", &["1.2.3.4"]), "10.0.0.1");
+    }
+
+    #[test]
+    fn the_rightmost_untrusted_address_is_the_client() {
+        assert_eq!(
+            resolve(LB, XFF, "10.0.0.1", &["203.0.113.7"]),
+            "203.0.113.7"
+        );
+        assert_eq!(
+            resolve(LB, XFF, "10.0.0.1", &["6.6.6.6, 203.0.113.7, 10.0.0.2"]),
+            "203.0.113.7"
+        );
+        // Several header lines are one list, in order.
+        assert_eq!(
+            resolve(LB, XFF, "10.0.0.1", &["6.6.6.6", "203.0.113.7,10.0.0.2"]),
+            "203.0.113.7"
+        );
+        assert_eq!(
+            resolve(
+                LB,
+                FWD,
+                "10.0.0.1",
+                &[r#"for=6.6.6.6, for="[2001:db8::1]:4711";proto=https, for=10.0.0.2"#]
+            ),
+            "2001:db8::1"
+        );
+        assert_eq!(
+            resolve(LB, XFF, "10.0.0.1", &["[2001:db8::2]:80"]),
+            "2001:db8::2"
+        );
+        assert_eq!(
+            resolve(LB, XFF, "10.0.0.1", &["203.0.113.9:443"]),
+            "203.0.113.9"
+        );
+        assert_eq!(
+            resolve(LB, REAL, "10.0.0.1", &[" 203.0.113.7 "]),
+            "203.0.113.7"
+        );
+    }
+
+    #[test]
+    fn garbage_and_oversized_headers_fall_back_to_the_peer() {
+        for value in [
+            "",
+            "not-an-ip",
+            "1.2.3.4, garbage",
+            "unknown",
+            "1.2.3.4 5.6.7.8",
+        ] {
+            assert_eq!(
+                resolve(LB, XFF, "10.0.0.1", &[value]),
+                "10.0.0.1",
+                "{value:?}"
+            );
+        }
+        for value in [
+            "for=unknown",
+            "for=_hidden",
+            "by=1.2.3.4",
+            "for=1.2.3.4;for=5.6.7.8",
+            "for=\"1.2.3.4",
+        ] {
+            assert_eq!(
+                resolve(LB, FWD, "10.0.0.1", &[value]),
+                "10.0.0.1",
+                "{value:?}"
+            );
+        }
+        assert_eq!(
+            resolve(LB, REAL, "10.0.0.1", &["1.2.3.4", "5.6.7.8"]),
+            "10.0.0.1"
+        );
+        assert_eq!(
+            resolve(LB, REAL, "10.0.0.1", &["1.2.3.4, 5.6.7.8"]),
+            "10.0.0.1"
+        );
+        // More trusted hops than MAX_HOPS: not believed.
+        let chain = vec!["10.0.0.9"; MAX_HOPS + 1].join(",");
+        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&chain]), "10.0.0.1");
+        // Only trusted hops, fewer than the maximum: the first of them.
+        assert_eq!(
+            resolve(LB, XFF, "10.0.0.1", &["10.0.0.7, 10.0.0.9"]),
+            "10.0.0.7"
+        );
+    }
+
+    #[test]
+    fn a_thousand_forged_entries_cannot_choose_the_key() {
+        let forged: Vec<String> = (0..1000)
+            .map(|i| format!("1.2.{}.{}", i / 256, i % 256))
+            .collect();
+        let value = format!("{}, 203.0.113.7", forged.join(", "));
+        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&value]), "203.0.113.7");
+        let garbage = format!("{}, 203.0.113.7", "x".repeat(100_000));
+        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&garbage]), "203.0.113.7");
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_count_as_ipv4() {
+        assert_eq!(
+            resolve(LB, XFF, "::ffff:10.0.0.1", &["::ffff:203.0.113.7"]),
+            "203.0.113.7"
+        );
+        assert_eq!(
+            resolve(&["::ffff:10.0.0.0/104"], XFF, "10.0.0.1", &["203.0.113.7"]),
+            "203.0.113.7"
+        );
+    }
+
+    #[test]
+    fn bad_cidrs_are_errors() {
+        for bad in ["10.0.0.0/33", "::/129", "ten", "10.0.0.0/8/8", ""] {
+            assert!(TrustedProxies::new([bad]).is_err(), "{bad:?}");
+        }
+        let t = TrustedProxies::new(["10.1.2.3/8"]).unwrap();
+        assert!(t.contains("10.200.0.1".parse().unwrap()));
+    }
+}

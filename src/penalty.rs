@@ -1,0 +1,190 @@
+//! The penalty box: a key limited `after` times within `within` is banned for `ban` (fail2ban,
+//! Rack::Attack's Allow2Ban).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::{BuildError, Key};
+
+/// A key that is limited `after` times within `within` is banned for `ban`: every request of it is
+/// answered 429 with `Retry-After` = the rest of the ban, without asking the backend.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::{Penalty, Policy, Quota};
+///
+/// let login = Policy::builder("login")
+///     .quota(Quota::per_minute(5))
+///     // Three rejections within a minute: banned for ten minutes.
+///     .penalty(Penalty::new(3, Duration::from_secs(60), Duration::from_secs(600)).unwrap())
+///     .build()
+///     .unwrap();
+/// # let _ = login;
+/// assert!(Penalty::new(0, Duration::from_secs(60), Duration::from_secs(600)).is_err());
+/// ```
+///
+/// The Redis backend keeps strikes and bans in Redis, next to the key's state (`…:{key}:strikes`, a
+/// list of at most `after` times, and `…:{key}:ban`), in the same atomic call, so every process
+/// shares them. Other backends get an in-process penalty box from the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Penalty {
+    after: u32,
+    within: Duration,
+    ban: Duration,
+}
+
+/// The longest `within` or `ban` (a year): bans are for abuse, not for accounting.
+const LONGEST: Duration = Duration::from_secs(366 * 86_400);
+
+impl Penalty {
+    /// Banned for `ban` after `after` rejections within `within`. `after` is 1 to 1000; `within` and
+    /// `ban` are 1 ms to a year.
+    pub fn new(after: u32, within: Duration, ban: Duration) -> Result<Self, BuildError> {
+        let invalid = |what: &str| Err(BuildError::Invalid(format!("penalty: {what}")));
+        if !(1..=1000).contains(&after) {
+            return invalid("after must be 1 to 1000 rejections");
+        }
+        for (name, d) in [("within", within), ("ban", ban)] {
+            if d < Duration::from_millis(1) || d > LONGEST {
+                return invalid(&format!("{name} must be 1 ms to a year, not {d:?}"));
+            }
+        }
+        Ok(Penalty { after, within, ban })
+    }
+
+    /// Rejections that earn a ban.
+    pub fn after(&self) -> u32 {
+        self.after
+    }
+
+    /// The window they must fall in.
+    pub fn within(&self) -> Duration {
+        self.within
+    }
+
+    /// The length of a ban.
+    pub fn ban(&self) -> Duration {
+        self.ban
+    }
+}
+
+impl fmt::Display for Penalty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "banned {:?} after {} rejections within {:?}",
+            self.ban, self.after, self.within
+        )
+    }
+}
+
+/// Keys tracked by one in-process penalty box at most. A full box first forgets what has expired;
+/// if it is still full, a new key's rejections are not counted (logged), so an attack with endless
+/// fresh keys cannot grow it.
+const CAPACITY: usize = 100_000;
+
+/// The in-process penalty box of one policy (for backends that do not keep penalties themselves).
+pub(crate) struct PenaltyBox {
+    penalty: Penalty,
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+#[derive(Default)]
+struct Entry {
+    /// The latest rejections, at most `after`, oldest first.
+    strikes: Vec<Instant>,
+    banned_until: Option<Instant>,
+}
+
+impl PenaltyBox {
+    pub(crate) fn new(penalty: Penalty) -> Self {
+        PenaltyBox {
+            penalty,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The rest of `key`'s ban, if it is banned.
+    pub(crate) fn banned(&self, key: &Key) -> Option<Duration> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let until = entries.get(key)?.banned_until?;
+        if until > now {
+            Some(until - now)
+        } else {
+            entries.remove(key);
+            None
+        }
+    }
+
+    /// Counts a rejection of `key`; returns the ban it earned, if any.
+    pub(crate) fn strike(&self, key: &Key) -> Option<Duration> {
+        let now = Instant::now();
+        let Penalty { after, within, ban } = self.penalty;
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= CAPACITY && !entries.contains_key(key) {
+            entries.retain(|_, e| {
+                e.banned_until.is_some_and(|u| u > now)
+                    || e.strikes.last().is_some_and(|t| now - *t < within)
+            });
+            if entries.len() >= CAPACITY {
+                tracing::debug!("penalty box full; a rejection was not counted");
+                return None;
+            }
+        }
+        let entry = entries.entry(key.clone()).or_default();
+        entry.strikes.retain(|t| now - *t < within);
+        entry.strikes.push(now);
+        if entry.strikes.len() >= after as usize {
+            entry.strikes.clear();
+            entry.banned_until = Some(now + ban);
+            return Some(ban);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_strikes_within_the_window_ban() {
+        let b = PenaltyBox::new(
+            Penalty::new(3, Duration::from_secs(60), Duration::from_secs(600)).unwrap(),
+        );
+        let k = Key::from("k");
+        assert_eq!(b.banned(&k), None);
+        assert_eq!(b.strike(&k), None);
+        assert_eq!(b.strike(&k), None);
+        assert_eq!(b.strike(&k), Some(Duration::from_secs(600)));
+        let rest = b.banned(&k).unwrap();
+        assert!(rest > Duration::from_secs(599) && rest <= Duration::from_secs(600));
+        assert_eq!(b.banned(&Key::from("other")), None);
+    }
+
+    #[test]
+    fn strikes_outside_the_window_do_not_count_and_bans_end() {
+        let b = PenaltyBox::new(
+            Penalty::new(2, Duration::from_millis(30), Duration::from_millis(30)).unwrap(),
+        );
+        let k = Key::from("k");
+        assert_eq!(b.strike(&k), None);
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(b.strike(&k), None, "the first strike expired");
+        assert!(b.strike(&k).is_some());
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(b.banned(&k), None);
+    }
+
+    #[test]
+    fn invalid_penalties_are_errors() {
+        let s = Duration::from_secs(1);
+        assert!(Penalty::new(0, s, s).is_err());
+        assert!(Penalty::new(1001, s, s).is_err());
+        assert!(Penalty::new(1, Duration::ZERO, s).is_err());
+        assert!(Penalty::new(1, s, Duration::from_secs(400 * 86_400)).is_err());
+    }
+}

@@ -1,0 +1,143 @@
+//! The penalty box through the layer: in process (memory backend) and shared in Redis by every
+//! process, with `Retry-After` = the rest of the ban.
+
+mod common;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::time::Duration;
+
+use axum::{routing::get, Router};
+use common::{header, request};
+use tower::ServiceExt;
+use tower_throttle::config::Config;
+use tower_throttle::key::Header;
+use tower_throttle::{Penalty, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+
+fn policy(ban: Duration) -> Policy<Header> {
+    Policy::builder("login")
+        .quota(Quota::per_minute(2))
+        .key(Header::new("x-user"))
+        .penalty(Penalty::new(3, Duration::from_secs(60), ban).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Status and Retry-After of one request from `user`.
+async fn send(app: &Router, user: &str) -> (u16, u64) {
+    let mut r = request("/");
+    r.headers_mut().insert("x-user", user.parse().unwrap());
+    let res = app.clone().oneshot(r).await.unwrap();
+    let retry = header(&res, "retry-after").map_or(0, |v| v.parse().unwrap());
+    (res.status().as_u16(), retry)
+}
+
+/// 2 pass, 3 rejections (the third earns the ban), then the ban answers.
+async fn earns_a_ban(app: &Router, user: &str) {
+    assert_eq!(send(app, user).await.0, 200);
+    assert_eq!(send(app, user).await.0, 200);
+    let (status, retry) = send(app, user).await;
+    assert_eq!(status, 429);
+    assert!(retry <= 30, "the quota's own retry time: {retry}");
+    assert_eq!(send(app, user).await.0, 429);
+    // The third rejection earns the ban: Retry-After is the ban.
+    assert_eq!(send(app, user).await, (429, 600));
+    let (status, retry) = send(app, user).await;
+    assert_eq!(status, 429);
+    assert!((599..=600).contains(&retry), "{retry}");
+    // Other keys are untouched.
+    assert_eq!(send(app, &format!("{user}-other")).await.0, 200);
+}
+
+#[tokio::test]
+async fn in_memory_the_layer_keeps_the_penalty_box() {
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(ThrottleLayer::new(policy(Duration::from_secs(600))));
+    earns_a_ban(&app, "mallory").await;
+}
+
+#[tokio::test]
+async fn on_redis_every_process_shares_strikes_and_bans() {
+    let server = redis_support::RedisServer::start_with_cell();
+    for mode in [RedisMode::Lua, RedisMode::Cell, RedisMode::Auto] {
+        let process = |_: usize| async {
+            let backend = RedisBackend::builder()
+                .url(server.url())
+                .mode(mode)
+                .connect()
+                .await
+                .unwrap();
+            Router::new().route("/", get(|| async { "ok" })).layer(
+                ThrottleLayer::builder()
+                    .backend(backend)
+                    .policy(policy(Duration::from_secs(600)))
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let (a, b) = (process(0).await, process(1).await);
+        let user = format!("mallory-{mode}");
+        assert_eq!(send(&a, &user).await.0, 200);
+        assert_eq!(send(&b, &user).await.0, 200);
+        assert_eq!(send(&a, &user).await.0, 429);
+        assert_eq!(send(&b, &user).await.0, 429);
+        assert_eq!(send(&a, &user).await, (429, 600));
+        // The other process sees the ban.
+        let (status, retry) = send(&b, &user).await;
+        assert_eq!(status, 429);
+        assert!((599..=600).contains(&retry), "{retry}");
+        let ttl: i64 = server
+            .cli(&["PTTL", &format!("throttle:login:{{{user}}}:ban")])
+            .parse()
+            .unwrap();
+        assert!(ttl > 590_000, "{ttl}");
+    }
+}
+
+#[tokio::test]
+async fn bans_end() {
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(ThrottleLayer::new(
+            Policy::builder("short")
+                .quota(Quota::per_second(1).with_max_burst(0))
+                .key(Header::new("x-user"))
+                .penalty(
+                    Penalty::new(1, Duration::from_secs(10), Duration::from_millis(1500)).unwrap(),
+                )
+                .build()
+                .unwrap(),
+        ));
+    assert_eq!(send(&app, "u").await.0, 200);
+    assert_eq!(send(&app, "u").await, (429, 2)); // banned for 1.5 s, rounded up
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        send(&app, "u").await.0,
+        429,
+        "still banned, though the quota refilled"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(send(&app, "u").await.0, 200);
+}
+
+#[test]
+fn the_config_accepts_a_penalty_table() {
+    let toml = r#"
+        [[route]]
+        name = "login"
+        key = "header:x-user"
+        count = 5
+        period = "1m"
+        penalty = { after = 3, within = "1m", ban = "10m" }
+    "#;
+    let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
+    let penalty = *layer.policies()[0].limit().penalty().unwrap();
+    assert_eq!(
+        penalty,
+        Penalty::new(3, Duration::from_secs(60), Duration::from_secs(600)).unwrap()
+    );
+    let bad = toml.replace("after = 3", "after = 0");
+    let err = Config::from_toml(&bad).unwrap().memory_layer().unwrap_err();
+    assert!(err.to_string().contains("penalty"), "{err}");
+}
