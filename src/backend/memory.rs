@@ -17,8 +17,10 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// The in-memory GCRA backend: one process, exact `CL.THROTTLE` decisions, bounded memory.
 ///
-/// State is one 64-bit TAT per live key, in a map split into mutex-guarded shards. A decision
-/// locks one shard for a few dozen nanoseconds; it never waits on I/O.
+/// State is one 64-bit TAT per live key, in a map split into shards behind read-write locks. A
+/// decision for a key already in the map takes its shard's read lock and updates the TAT with a
+/// compare-and-swap, so decisions in one shard run in parallel; a new key takes the write lock for a
+/// few dozen nanoseconds. It never waits on I/O.
 ///
 /// **Eviction.** A key whose TAT has passed is indistinguishable from a key never seen, so dropping it
 /// loses nothing. Each shard drops such keys when it has doubled in size since the last sweep, and
@@ -32,9 +34,11 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// (the closest to fully refilled, whatever the limit's period). They start again with a full burst.
 /// A client being limited has used all of its tolerance, so it is forgotten last: an attacker rotating
 /// through fresh keys cannot reset it without spending each key's whole limit.
-/// Memory is therefore bounded by the cap: each key is one 40-byte table entry (plus hashbrown's
-/// control byte and spare capacity), and a byte-string key also owns its bytes on the heap (at most 64;
-/// longer keys are stored as a 32-byte SHA-256 digest). IP keys own nothing beyond the entry.
+/// Memory is therefore bounded by the cap: each key is one table entry (plus hashbrown's control byte
+/// and spare capacity) of 16 bytes for an IPv4 key, 32 for an IPv6 key and 40 for any other key,
+/// and a byte-string key also owns its bytes on the heap (at most 64; longer keys are stored as a
+/// 32-byte SHA-256 digest). IP keys own nothing beyond the entry: a million live IPv4 keys take about
+/// 36 MB (`cargo bench --bench footprint`).
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///
