@@ -11,6 +11,9 @@
 //! - `hot_key`: one key, every call.
 //! - `1M_keys`: one million live keys, visited in a shuffled order (each decision misses the cache).
 //! - `/2_threads`: two threads deciding at once (iteration time = wall time for both to do one).
+//! - `governor-std-clock`: governor on `MonotonicClock` (`std::time::Instant`, the clock
+//!   tower-throttle's `SystemClock` reads), to separate the limiter from the clock.
+//! - `clock`: what one reading of each clock costs.
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -18,7 +21,11 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use governor::clock::{Clock as _, MonotonicClock, QuantaClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
+use tower_throttle::clock::{Clock as _, SystemClock};
 use tower_throttle::{Key, Limit, MemoryBackend, Quota};
 
 const MANY: usize = 1_000_000;
@@ -68,6 +75,34 @@ fn governor(many: bool) -> DefaultKeyedRateLimiter<IpAddr> {
     RateLimiter::keyed(quotas(many).1)
 }
 
+type StdClockLimiter = RateLimiter<
+    IpAddr,
+    DefaultKeyedStateStore<IpAddr>,
+    MonotonicClock,
+    NoOpMiddleware<std::time::Instant>,
+>;
+
+fn governor_std_clock(many: bool) -> StdClockLimiter {
+    RateLimiter::dashmap_with_clock(quotas(many).1, MonotonicClock)
+}
+
+fn clocks(c: &mut Criterion) {
+    let mut g = c.benchmark_group("clock");
+    let ours = SystemClock::new();
+    let quanta = QuantaClock::default();
+    let monotonic = MonotonicClock;
+    g.bench_function("tower-throttle SystemClock", |b| {
+        b.iter(|| black_box(ours.now_nanos()))
+    });
+    g.bench_function("governor QuantaClock (default)", |b| {
+        b.iter(|| black_box(quanta.now()))
+    });
+    g.bench_function("governor MonotonicClock", |b| {
+        b.iter(|| black_box(monotonic.now()))
+    });
+    g.finish();
+}
+
 /// Runs `f(thread, i)` for `iters` iterations on each of `threads` threads, returning the wall time.
 fn concurrent<F: Fn(usize, u64) + Sync>(threads: usize, iters: u64, f: F) -> Duration {
     let start = std::sync::Barrier::new(threads + 1);
@@ -95,14 +130,19 @@ fn hot_key(c: &mut Criterion) {
     let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
     let gov = governor(false);
     let gkey = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+    let gov_std = governor_std_clock(false);
     assert!(backend.decide(&limit, &key, 1).unwrap().allowed);
     assert!(gov.check_key(&gkey).is_ok());
+    assert!(gov_std.check_key(&gkey).is_ok());
 
     g.bench_function("tower-throttle/1_thread", |b| {
         b.iter(|| black_box(backend.decide(&limit, black_box(&key), 1).unwrap()))
     });
     g.bench_function("governor/1_thread", |b| {
         b.iter(|| black_box(gov.check_key(black_box(&gkey)).is_ok()))
+    });
+    g.bench_function("governor-std-clock/1_thread", |b| {
+        b.iter(|| black_box(gov_std.check_key(black_box(&gkey)).is_ok()))
     });
     g.bench_function("tower-throttle/2_threads", |b| {
         b.iter_custom(|iters| {
@@ -115,6 +155,13 @@ fn hot_key(c: &mut Criterion) {
         b.iter_custom(|iters| {
             concurrent(2, iters, |_, _| {
                 black_box(gov.check_key(black_box(&gkey)).is_ok());
+            })
+        })
+    });
+    g.bench_function("governor-std-clock/2_threads", |b| {
+        b.iter_custom(|iters| {
+            concurrent(2, iters, |_, _| {
+                black_box(gov_std.check_key(black_box(&gkey)).is_ok());
             })
         })
     });
@@ -174,6 +221,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = hot_key, many_keys
+    targets = hot_key, many_keys, clocks
 }
 criterion_main!(benches);
