@@ -84,7 +84,8 @@ trap cleanup EXIT
 free_port() {
   local port
   while :; do
-    port=$((20000 + RANDOM % 30000))
+    # Below Linux's ephemeral range (32768-60999), which wrk's own connections use.
+    port=$((20000 + RANDOM % 12000))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return
@@ -110,13 +111,21 @@ REDIS_URL=redis://127.0.0.1:$RPORT/
 run() {
   local variant=$1 port out
   redis-cli -p "$RPORT" FLUSHALL >/dev/null
-  port=$(free_port)
-  taskset -c "$SERVER_CPU" "$BIN" "$variant" --listen "127.0.0.1:$port" --redis "$REDIS_URL" \
-    >"$TMP/server.log" 2>&1 &
-  SERVER_PID=$!
-  for _ in $(seq 100); do
-    curl -s -o /dev/null "http://127.0.0.1:$port/" && break
-    sleep 0.1
+  local attempt
+  for attempt in 1 2 3; do
+    port=$(free_port)
+    taskset -c "$SERVER_CPU" "$BIN" "$variant" --listen "127.0.0.1:$port" --redis "$REDIS_URL" \
+      >"$TMP/server.log" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 100); do
+      curl -s -o /dev/null "http://127.0.0.1:$port/" && break
+      kill -0 "$SERVER_PID" 2>/dev/null || break
+      sleep 0.1
+    done
+    # A port taken between the check and the bind: try another one.
+    kill -0 "$SERVER_PID" 2>/dev/null && break
+    wait "$SERVER_PID" 2>/dev/null || true
+    say "$variant exited at start (attempt $attempt): $(grep -m1 -v '^ ' "$TMP/server.log" || true)"
   done
   # Exhaust "deny" quotas (1 an hour) before measuring; the first request above did it already.
   curl -s -o /dev/null "http://127.0.0.1:$port/" || {
