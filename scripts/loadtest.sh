@@ -3,15 +3,15 @@
 # behind its peers (tower_governor, tower-redis-cell, tower-rate-limiter, a hand-written CL.THROTTLE
 # middleware), all in one run on this machine. Prints a table of requests/s and ratios to bare.
 #
-#   bash scripts/loadtest.sh                  # every variant, 2 rounds of 5 s each (about 4 minutes)
-#   ROUNDS=3 DURATION=10 bash scripts/loadtest.sh
+#   bash scripts/loadtest.sh                  # every variant, 4 rounds of 2 s pairs (about 5 minutes)
+#   ROUNDS=6 DURATION=3 bash scripts/loadtest.sh
 #   bash scripts/loadtest.sh bare throttle-mem-pass governor-pass   # only these variants
 #
 # The servers come from loadtest/ (its own Cargo workspace, so the peers never enter tower-throttle's
-# dependency graph), built in release into target/. The server runs on CPU 0 (`taskset -c 0`, one
-# tokio thread); wrk (`wrk -t1 -c32`) and redis-server run on CPU 1. Rounds are interleaved (every
-# variant once per round, bare included) and each variant's best round is reported: noise from other
-# work on the machine only ever lowers a figure.
+# dependency graph), built in release into target/. Every server runs on CPU 0 (`taskset -c 0`, one
+# tokio thread each, idle unless measured); wrk (`wrk -t1 -c32`) and redis-server run on CPU 1. Each
+# round measures every variant right after bare, and the table gives the median of these paired
+# ratios: interference from other work on the machine hits both halves of a pair alike.
 #
 # Needs: wrk, redis-server, redis-cli, taskset, curl (Debian: apt-get install wrk redis-server
 # redis-tools util-linux curl) and the redis-cell module (built by `bash scripts/test.sh --setup-only`).
@@ -19,8 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-ROUNDS=${ROUNDS:-2}
-DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-4}
+DURATION=${DURATION:-2}
 CONNECTIONS=${CONNECTIONS:-32}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
@@ -75,7 +75,8 @@ TMP=$(mktemp -d)
 REDIS_PID=
 SERVER_PID=
 cleanup() {
-  [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+  # shellcheck disable=SC2086
+  [[ -n $SERVER_PID ]] && kill $SERVER_PID 2>/dev/null && wait $SERVER_PID 2>/dev/null
   [[ -n $REDIS_PID ]] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null
   rm -rf "$TMP"
 }
@@ -107,62 +108,79 @@ redis-cli -p "$RPORT" PING 2>/dev/null | grep -q PONG || {
 }
 REDIS_URL=redis://127.0.0.1:$RPORT/
 
-# run VARIANT -> "rps total non2xx"
-run() {
-  local variant=$1 port out
-  redis-cli -p "$RPORT" FLUSHALL >/dev/null
-  local attempt
+# start VARIANT: starts its server on CPU 0 and prints its port. A first request exhausts the "deny"
+# quotas (1 an hour) before anything is measured.
+declare -A PORT PID
+start() {
+  local variant=$1 port attempt pid
   for attempt in 1 2 3; do
     port=$(free_port)
     taskset -c "$SERVER_CPU" "$BIN" "$variant" --listen "127.0.0.1:$port" --redis "$REDIS_URL" \
-      >"$TMP/server.log" 2>&1 &
-    SERVER_PID=$!
+      >"$TMP/$variant.log" 2>&1 &
+    pid=$!
     for _ in $(seq 100); do
       curl -s -o /dev/null "http://127.0.0.1:$port/" && break
-      kill -0 "$SERVER_PID" 2>/dev/null || break
+      kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
+    if kill -0 "$pid" 2>/dev/null; then
+      PORT[$variant]=$port
+      PID[$variant]=$pid
+      return
+    fi
     # A port taken between the check and the bind: try another one.
-    kill -0 "$SERVER_PID" 2>/dev/null && break
-    wait "$SERVER_PID" 2>/dev/null || true
-    say "$variant exited at start (attempt $attempt): $(grep -m1 -v '^ ' "$TMP/server.log" || true)"
+    wait "$pid" 2>/dev/null || true
+    say "$variant exited at start (attempt $attempt): $(grep -m1 -v '^ ' "$TMP/$variant.log" || true)"
   done
-  # Exhaust "deny" quotas (1 an hour) before measuring; the first request above did it already.
-  curl -s -o /dev/null "http://127.0.0.1:$port/" || {
-    cat "$TMP/server.log" >&2
-    die "$variant did not start"
-  }
-  out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$port/")
-  kill "$SERVER_PID" 2>/dev/null
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=
-  local rps total non2xx
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  total=$(awk '/requests in/ {print $1}' <<<"$out")
-  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-  echo "$rps ${total:-0} ${non2xx:-0}"
+  cat "$TMP/$variant.log" >&2
+  die "$variant did not start"
 }
 
-declare -A BEST TOTAL NON2XX
+# measure VARIANT -> "rps total non2xx"
+measure() {
+  local out
+  out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
+    awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
+}
+
+for v in "${VARIANTS[@]}"; do
+  start "$v"
+done
+SERVER_PID="${PID[*]}"
+say "started ${#VARIANTS[@]} servers; measuring"
+
+# Each round measures every variant right after bare (a pair), so both see the same interference;
+# the table reports the median of the paired ratios and of the requests/s.
+declare -A RATIOS RPS TOTAL NON2XX
 for round in $(seq "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
-    run "$v" >"$TMP/result"
-    read -r rps total non2xx <"$TMP/result"
-    say "round $round: $v $rps req/s ($non2xx of $total not 200)"
-    if [[ -z ${BEST[$v]:-} ]] || awk -v a="$rps" -v b="${BEST[$v]}" 'BEGIN {exit !(a > b)}'; then
-      BEST[$v]=$rps
-      TOTAL[$v]=$total
-      NON2XX[$v]=$non2xx
-    fi
+    [[ $v == bare ]] && continue
+    read -r brps btotal bnon <<<"$(measure bare)"
+    read -r rps total non2xx <<<"$(measure "$v")"
+    ratio=$(awk -v a="$rps" -v b="$brps" 'BEGIN {printf "%.3f", a / b}')
+    say "round $round: bare $brps, $v $rps req/s ($non2xx of $total not 200): $ratio"
+    RATIOS[$v]+="$ratio "
+    RPS[$v]+="$rps "
+    RPS[bare]+="$brps "
+    TOTAL[$v]=$((${TOTAL[$v]:-0} + total))
+    NON2XX[$v]=$((${NON2XX[$v]:-0} + non2xx))
+    TOTAL[bare]=$((${TOTAL[bare]:-0} + btotal))
+    NON2XX[bare]=$((${NON2XX[bare]:-0} + bnon))
   done
 done
+RATIOS[bare]="1 "
 
-bare=${BEST[bare]}
-printf '\n%s, %s cores, %s; wrk -t1 -c%s -d%ss, best of %s rounds\n\n' \
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
+
+printf '\n%s, %s cores, %s; wrk -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
   "$CONNECTIONS" "$DURATION" "$ROUNDS"
-printf '| variant | requests/s | × bare | 200 | 429 (non-2xx) |\n|---|---:|---:|---:|---:|\n'
+printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) |\n'
+printf '|---|---:|---:|---|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do
-  awk -v v="$v" -v r="${BEST[$v]}" -v b="$bare" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
-    'BEGIN { printf "| %s | %.0f | %.3f | %.1f%% | %.1f%% |\n", v, r, r / b, 100 * (t - n) / t, 100 * n / t }'
+  awk -v v="$v" -v r="$(median <<<"${RPS[$v]}")" -v x="$(median <<<"${RATIOS[$v]}")" \
+    -v g="$(range <<<"${RATIOS[$v]}")" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
+    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t }'
 done

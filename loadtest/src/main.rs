@@ -138,7 +138,7 @@ mod redis_cell_peer {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ci| ci.0.ip().to_string())
                 .ok_or("no peer address")?;
-            Ok(Some(Rule::new(format!("rc:{ip}"), self.0)))
+            Ok(Some(Rule::new(format!("rc{}:{ip}", std::process::id()), self.0)))
         }
     }
 
@@ -218,7 +218,7 @@ mod handwritten {
         let mut conn = cell.conn.clone();
         let (burst, count, period) = cell.args;
         let reply: redis::RedisResult<Vec<i64>> = redis::cmd("CL.THROTTLE")
-            .arg(format!("hw:{}", peer.ip()))
+            .arg(format!("hw{}:{}", std::process::id(), peer.ip()))
             .arg(burst)
             .arg(count)
             .arg(period)
