@@ -75,10 +75,12 @@ TMP=$(mktemp -d)
 REDIS_PID=
 SERVER_PID=
 cleanup() {
+  local rc=$?
   # shellcheck disable=SC2086
   [[ -n $SERVER_PID ]] && kill $SERVER_PID 2>/dev/null && wait $SERVER_PID 2>/dev/null
   [[ -n $REDIS_PID ]] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null
   rm -rf "$TMP"
+  exit "$rc"
 }
 trap cleanup EXIT
 
