@@ -51,6 +51,7 @@ ALL=(
   bare
   throttle-mem-pass
   throttle-mem-deny
+  throttle-mem-pass-noheaders
   governor-pass
   governor-deny
   throttle-lua-pass

@@ -26,6 +26,7 @@ const VARIANTS: &[&str] = &[
     "bare",
     "throttle-mem-pass",
     "throttle-mem-deny",
+    "throttle-mem-pass-noheaders",
     "governor-pass",
     "governor-deny",
     "throttle-lua-pass",
@@ -72,6 +73,16 @@ mod throttle {
 
     pub fn memory(pass: bool) -> Router {
         hello().layer(ThrottleLayer::new(policy(pass)))
+    }
+
+    /// The same, without the `RateLimit-Policy` / `RateLimit` fields: what the headers cost.
+    pub fn memory_no_headers(pass: bool) -> Router {
+        let layer = ThrottleLayer::builder()
+            .policy(policy(pass))
+            .ratelimit_headers(false)
+            .build()
+            .expect("valid layer");
+        hello().layer(layer)
     }
 
     pub async fn redis(url: &str, mode: RedisMode, pass: bool, deny_cache: bool) -> Router {
@@ -264,6 +275,7 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
     Ok(match variant {
         "bare" => hello(),
         "throttle-mem-pass" | "throttle-mem-deny" => throttle::memory(p),
+        "throttle-mem-pass-noheaders" => throttle::memory_no_headers(true),
         "governor-pass" | "governor-deny" => governor_peer::router(p),
         "throttle-lua-pass" | "throttle-lua-deny" => {
             throttle::redis(redis()?, RedisMode::Lua, p, true).await
