@@ -10,7 +10,8 @@
 # written), and 1 an hour with burst 1 on an exhausted key ("limited": every call rejected, nothing
 # written; hot key only). "hot key" is one key; "1M keys" a random key out of a million per call
 # (__rand_int__).
-# redis-server runs on CPU 0, redis-benchmark (-c 50, no pipelining) on CPU 1. Best of the rounds.
+# redis-server runs on CPU 0, redis-benchmark (-c 50, no pipelining) on CPU 1. The table gives the
+# medians over the rounds of the calls/s and of each script's ratio to redis_rate within a round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -61,7 +62,7 @@ CASES=(
   "limited|redis_rate allowN|EVALSHA $RATE 1 KEY 1 1 3600 1"
 )
 
-declare -A BEST
+declare -A THIS RPS RATIOS
 for round in $(seq "$ROUNDS"); do
   for keys in "hot key" "1M keys"; do
     for c in "${CASES[@]}"; do
@@ -80,24 +81,32 @@ for round in $(seq "$ROUNDS"); do
         awk -F'","' 'NR == 2 {print $2}')
       id="$keys|$path|$name"
       printf 'lua-bench.sh: round %s: %s, %s, %s: %s calls/s\n' "$round" "$keys" "$path" "$name" "$rps" >&2
-      if [[ -z ${BEST[$id]:-} ]] || awk -v a="$rps" -v b="${BEST[$id]}" 'BEGIN {exit !(a > b)}'; then
-        BEST[$id]=$rps
-      fi
+      THIS[$id]=$rps
+      RPS[$id]+="$rps "
+    done
+    # Ratios within the round: interference hits the three scripts of one round alike.
+    for c in "${CASES[@]}"; do
+      IFS='|' read -r path name _ <<<"$c"
+      [[ $keys == "1M keys" && $path == limited ]] && continue
+      RATIOS["$keys|$path|$name"]+="$(awk -v a="${THIS["$keys|$path|$name"]}" \
+        -v b="${THIS["$keys|$path|redis_rate allowN"]}" 'BEGIN {printf "%.3f", a / b}') "
     done
   done
 done
 
-printf '\nredis-server %s, %s; redis-benchmark -n %s -c 50, best of %s rounds\n\n' \
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+printf '\nredis-server %s, %s; redis-benchmark -n %s -c 50, medians of %s rounds\n\n' \
   "$(redis-server --version | awk '{print $3}' | cut -d= -f2)" \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" "$N" "$ROUNDS"
-printf '| keys | path | script | decisions/s | × redis_rate |\n|---|---|---|---:|---:|\n'
+printf '| keys | path | script | decisions/s | × redis_rate (same round) | per round |\n|---|---|---|---:|---:|---|\n'
 for keys in "hot key" "1M keys"; do
   for c in "${CASES[@]}"; do
     IFS='|' read -r path name _ <<<"$c"
     [[ $keys == "1M keys" && $path == limited ]] && continue
-    r=${BEST["$keys|$path|$name"]}
-    base=${BEST["$keys|$path|redis_rate allowN"]}
-    awk -v k="$keys" -v p="$path" -v n="$name" -v r="$r" -v b="$base" \
-      'BEGIN { printf "| %s | %s | %s | %.0f | %.2f |\n", k, p, n, r, r / b }'
+    id="$keys|$path|$name"
+    awk -v k="$keys" -v p="$path" -v n="$name" -v r="$(median <<<"${RPS[$id]}")" \
+      -v x="$(median <<<"${RATIOS[$id]}")" -v all="${RATIOS[$id]}" \
+      'BEGIN { printf "| %s | %s | %s | %.0f | %.2f | %s |\n", k, p, n, r, x, all }'
   done
 done
