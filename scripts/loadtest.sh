@@ -78,8 +78,8 @@ SERVER_PID=
 cleanup() {
   local rc=$?
   # shellcheck disable=SC2086
-  [[ -n $SERVER_PID ]] && kill $SERVER_PID 2>/dev/null && wait $SERVER_PID 2>/dev/null
-  [[ -n $REDIS_PID ]] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null
+  [[ -n $SERVER_PID ]] && kill $SERVER_PID 2>/dev/null && wait $SERVER_PID 2>/dev/null || true
+  [[ -n $REDIS_PID ]] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null || true
   rm -rf "$TMP"
   exit "$rc"
 }

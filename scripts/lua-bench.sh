@@ -3,8 +3,8 @@
 # redis-cell's CL.THROTTLE, and go-redis/redis_rate's allowN script (loadtest/redis_rate_allow_n.lua,
 # a verbatim copy), measured with redis-benchmark on the same server in one run.
 #
-#   bash scripts/lua-bench.sh                 # 3 interleaved rounds of 200,000 calls per case
-#   ROUNDS=5 N=500000 bash scripts/lua-bench.sh
+#   bash scripts/lua-bench.sh                 # 3 interleaved rounds of 100,000 calls per case
+#   ROUNDS=5 N=200000 bash scripts/lua-bench.sh
 #
 # Same quota everywhere: 1,000,000 a second with bursts of 1,000,000 ("pass": every call admitted and
 # written), and 1 an hour with burst 1 on an exhausted key ("limited": every call rejected, nothing
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 ROUNDS=${ROUNDS:-3}
-N=${N:-200000}
+N=${N:-100000}
 MODULE=${REDIS_CELL_MODULE:-$ROOT/target/redis-cell/libredis_cell.so}
 
 die() {
