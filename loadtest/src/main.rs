@@ -137,7 +137,9 @@ mod redis_cell_peer {
     use super::*;
     use axum::http::header;
     use tower_redis_cell::redis_cell::Policy;
-    use tower_redis_cell::{Error, ProvideRule, ProvideRuleResult, RateLimitConfig, RateLimitLayer, Rule};
+    use tower_redis_cell::{
+        Error, ProvideRule, ProvideRuleResult, RateLimitConfig, RateLimitLayer, Rule,
+    };
 
     #[derive(Clone)]
     struct ByIp(Policy);
@@ -149,18 +151,16 @@ mod redis_cell_peer {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ci| ci.0.ip().to_string())
                 .ok_or("no peer address")?;
-            Ok(Some(Rule::new(format!("rc{}:{ip}", std::process::id()), self.0)))
+            Ok(Some(Rule::new(
+                format!("rc{}:{ip}", std::process::id()),
+                self.0,
+            )))
         }
     }
 
     pub async fn router(url: &str, pass: bool) -> Router {
         let policy = if pass {
-            Policy::new(
-                PASS_BURST as usize,
-                PASS_COUNT as usize,
-                PASS_PERIOD,
-                1,
-            )
+            Policy::new(PASS_BURST as usize, PASS_COUNT as usize, PASS_PERIOD, 1)
         } else {
             Policy::new(0, 1, Duration::from_secs(3600), 1)
         };
@@ -198,7 +198,8 @@ mod rate_limiter_peer {
             .get_multiplexed_async_connection()
             .await
             .expect("connect to Redis");
-        let policy = RedisGcra::new(conn, quota).with_namespace(format!("trl{}", std::process::id()));
+        let policy =
+            RedisGcra::new(conn, quota).with_namespace(format!("trl{}", std::process::id()));
         let layer = RateLimitLayer::builder(IpKeyExtractor::new())
             .policy_name("lt")
             .with_policy(policy)
@@ -280,11 +281,15 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         "throttle-lua-pass" | "throttle-lua-deny" => {
             throttle::redis(redis()?, RedisMode::Lua, p, true).await
         }
-        "throttle-lua-deny-nocache" => throttle::redis(redis()?, RedisMode::Lua, false, false).await,
+        "throttle-lua-deny-nocache" => {
+            throttle::redis(redis()?, RedisMode::Lua, false, false).await
+        }
         "throttle-cell-pass" | "throttle-cell-deny" => {
             throttle::redis(redis()?, RedisMode::Cell, p, true).await
         }
-        "redis-cell-peer-pass" | "redis-cell-peer-deny" => redis_cell_peer::router(redis()?, p).await,
+        "redis-cell-peer-pass" | "redis-cell-peer-deny" => {
+            redis_cell_peer::router(redis()?, p).await
+        }
         "rate-limiter-peer-pass" | "rate-limiter-peer-deny" => {
             rate_limiter_peer::router(redis()?, p).await
         }
@@ -300,7 +305,13 @@ fn main() {
     let mut redis_url = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--listen" => listen = args.next().expect("--listen ADDR").parse().expect("address"),
+            "--listen" => {
+                listen = args
+                    .next()
+                    .expect("--listen ADDR")
+                    .parse()
+                    .expect("address")
+            }
             "--redis" => redis_url = Some(args.next().expect("--redis URL")),
             "--list" => {
                 for v in VARIANTS {
