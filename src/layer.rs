@@ -13,6 +13,7 @@ use crate::access::{AccessList, AddressSource};
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
 use crate::key::ClientIp;
 use crate::observe::{Limited, Reporter, RequestRef, ShownKey};
+use crate::offenders::Offenders;
 use crate::penalty::PenaltyBox;
 use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
 
@@ -96,6 +97,7 @@ pub(crate) struct Responder {
     on_error: OnBackendError,
     redact_keys: bool,
     on_limited: Option<Arc<LimitedHook>>,
+    offenders: Option<Offenders>,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     local: Option<MemoryBackend>,
@@ -266,6 +268,9 @@ impl Responder {
             banned,
             "request limited"
         );
+        if let Some(offenders) = &self.offenders {
+            offenders.record(&info.name, key);
+        }
         if let Some(hook) = &self.on_limited {
             hook(&Limited {
                 policy: &info.name,
@@ -339,6 +344,11 @@ impl<K> ThrottleLayer<K, MemoryBackend> {
 }
 
 impl<K, B> ThrottleLayer<K, B> {
+    /// The counter of distinct limited keys, if the layer has one.
+    pub fn offenders(&self) -> Option<&Offenders> {
+        self.shared.responder.offenders.as_ref()
+    }
+
     /// The policies, in the order they are tried.
     pub fn policies(&self) -> &[Policy<K>] {
         &self.shared.policies
@@ -391,6 +401,7 @@ pub struct ThrottleLayerBuilder<K, B> {
     access: Option<(AccessList, AddressSource)>,
     redact_keys: bool,
     on_limited: Option<Arc<LimitedHook>>,
+    offenders: Option<Offenders>,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -408,6 +419,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             access: None,
             redact_keys: false,
             on_limited: None,
+            offenders: None,
         }
     }
 
@@ -422,7 +434,15 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             access: self.access,
             redact_keys: self.redact_keys,
             on_limited: self.on_limited,
+            offenders: self.offenders,
         }
+    }
+
+    /// Counts the distinct keys each policy limits, per minute, hour and day (see [`Offenders`];
+    /// read them with [`Offenders::count`] on a clone, or [`ThrottleLayer::offenders`]).
+    pub fn count_offenders(mut self, offenders: Offenders) -> Self {
+        self.offenders = Some(offenders);
+        self
     }
 
     /// Shows keys in log events as a stable pseudonym (`sha256:` and 12 hex digits) instead of
@@ -591,6 +611,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             on_error: self.on_error,
             redact_keys: self.redact_keys,
             on_limited: self.on_limited,
+            offenders: self.offenders,
             #[cfg(feature = "memory")]
             local: (self.on_error == OnBackendError::Local).then(MemoryBackend::new),
             errors: ErrorLog::default(),

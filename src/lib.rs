@@ -70,6 +70,7 @@ pub mod key;
 mod layer;
 mod limit;
 mod observe;
+pub mod offenders;
 mod penalty;
 mod policy;
 mod quota;
