@@ -45,8 +45,11 @@ pub struct Offenders {
     inner: Arc<Inner>,
 }
 
+/// Per policy and window: the current bucket's number and its HyperLogLog.
+type Buckets = HashMap<(Box<str>, Window), (u64, Hll)>;
+
 enum Inner {
-    Memory(Mutex<HashMap<(Box<str>, Window), (u64, Hll)>>),
+    Memory(Mutex<Buckets>),
     #[cfg(feature = "redis")]
     Redis(redis_store::RedisOffenders),
 }
