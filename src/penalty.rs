@@ -88,8 +88,18 @@ const CAPACITY: usize = 100_000;
 /// The in-process penalty box of one policy (for backends that do not keep penalties themselves).
 pub(crate) struct PenaltyBox {
     penalty: Penalty,
-    entries: Mutex<HashMap<Key, Entry>>,
+    entries: Mutex<Entries>,
 }
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<Key, Entry>,
+    /// A full box prunes at most this often, so that a flood of fresh keys does not make every
+    /// rejection a scan of the whole box.
+    next_prune: Option<Instant>,
+}
+
+const PRUNE_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Entry {
@@ -102,7 +112,7 @@ impl PenaltyBox {
     pub(crate) fn new(penalty: Penalty) -> Self {
         PenaltyBox {
             penalty,
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::default(),
         }
     }
 
@@ -110,11 +120,11 @@ impl PenaltyBox {
     pub(crate) fn banned(&self, key: &Key) -> Option<Duration> {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let until = entries.get(key)?.banned_until?;
+        let until = entries.map.get(key)?.banned_until?;
         if until > now {
             Some(until - now)
         } else {
-            entries.remove(key);
+            entries.map.remove(key);
             None
         }
     }
@@ -124,17 +134,20 @@ impl PenaltyBox {
         let now = Instant::now();
         let Penalty { after, within, ban } = self.penalty;
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= CAPACITY && !entries.contains_key(key) {
-            entries.retain(|_, e| {
-                e.banned_until.is_some_and(|u| u > now)
-                    || e.strikes.last().is_some_and(|t| now - *t < within)
-            });
-            if entries.len() >= CAPACITY {
+        if entries.map.len() >= CAPACITY && !entries.map.contains_key(key) {
+            if entries.next_prune.is_none_or(|t| now >= t) {
+                entries.map.retain(|_, e| {
+                    e.banned_until.is_some_and(|u| u > now)
+                        || e.strikes.last().is_some_and(|t| now - *t < within)
+                });
+                entries.next_prune = Some(now + PRUNE_EVERY);
+            }
+            if entries.map.len() >= CAPACITY {
                 tracing::debug!("penalty box full; a rejection was not counted");
                 return None;
             }
         }
-        let entry = entries.entry(key.clone()).or_default();
+        let entry = entries.map.entry(key.clone()).or_default();
         entry.strikes.retain(|t| now - *t < within);
         entry.strikes.push(now);
         if entry.strikes.len() >= after as usize {
