@@ -211,7 +211,7 @@ impl Responder {
     ) -> Option<Response<Bytes>> {
         let info = &self.policies[index];
         let rest = info.penalty.as_ref()?.banned(key)?;
-        let decision = Decision::limited(info.limit_value, 0, Some(rest), rest);
+        let decision = Decision::banned(info.limit_value, rest, None, rest);
         match self.decided(info, decision, key, false, request) {
             Verdict::Reject(response) => Some(response),
             Verdict::Admit(_) => None,
@@ -234,17 +234,19 @@ impl Responder {
         request: RequestRef<'_>,
     ) -> Verdict {
         // The rejection that earns a ban answers with it.
-        let mut banned = !strike;
         let decision = match &info.penalty {
             Some(penalty) if strike && !decision.allowed => match penalty.strike(key) {
-                Some(ban) => {
-                    banned = true;
-                    Decision::limited(decision.limit, 0, Some(ban), ban.max(decision.reset_after))
-                }
+                Some(ban) => Decision::banned(
+                    decision.limit,
+                    ban,
+                    decision.retry_after,
+                    decision.reset_after,
+                ),
                 None => decision,
             },
             _ => decision,
         };
+        let banned = decision.banned;
         info.reporter.decision(&info.name, &decision, banned);
         let shown = ShownKey {
             key,

@@ -40,12 +40,19 @@ async fn two_processes_count_distinct_limited_clients_in_redis() {
     assert_eq!(b.count("login").await.unwrap(), counts);
     assert_eq!(a.count("other").await.unwrap().day, 0);
     let keys = server.cli(&["KEYS", "*"]);
-    assert!(keys.lines().all(|k| k.starts_with("{app:offenders:login}:")), "{keys}");
+    assert!(
+        keys.lines()
+            .all(|k| k.starts_with("{app:offenders:login}:")),
+        "{keys}"
+    );
     let pfadds: u64 = server
         .cli(&["INFO", "commandstats"])
         .lines()
         .find_map(|l| l.strip_prefix("cmdstat_pfadd:calls="))
         .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
         .unwrap();
-    assert!(pfadds <= 3 * 601, "{pfadds} writes for 601 distinct records");
+    assert!(
+        pfadds <= 3 * 601,
+        "{pfadds} writes for 601 distinct records"
+    );
 }
