@@ -16,8 +16,10 @@
 //! 1: OK "Hello, demo!" ratelimit: "greeter";r=2;t=10
 //! 2: OK "Hello, demo!" ratelimit: "greeter";r=1;t=20
 //! 3: OK "Hello, demo!" ratelimit: "greeter";r=0;t=30
-//! 4: ResourceExhausted "rate limit of policy 'greeter' exceeded; retry after 10000 ms" retry-after: 10, grpc-retry-pushback-ms: 10000
-//! 5: ResourceExhausted ...
+//! 4: ResourceExhausted "rate limit of policy 'greeter' exceeded; retry after 9996 ms" retry-after: 10, grpc-retry-pushback-ms: 9996
+//! 5: ResourceExhausted "rate limit of policy 'greeter' exceeded; retry after 9995 ms" retry-after: 10, grpc-retry-pushback-ms: 9995
+//! $ cargo run --example grpc -- --client --no-key --calls 1
+//! 1: InvalidArgument "no rate-limit key for policy 'greeter': expected header x-api-key" retry-after: -, grpc-retry-pushback-ms: -
 //! ```
 
 use std::net::SocketAddr;
