@@ -98,6 +98,8 @@ pub(crate) struct Responder {
     redact_keys: bool,
     on_limited: Option<Arc<LimitedHook>>,
     offenders: Option<Offenders>,
+    /// Refusals (400, 403, 503) as gRPC trailers-only responses ([`ThrottleLayerBuilder::grpc`]).
+    grpc: bool,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     local: Option<MemoryBackend>,
@@ -181,11 +183,15 @@ impl Responder {
                 return match self.on_error {
                     OnBackendError::Allow => Verdict::Admit(None),
                     OnBackendError::Deny => {
-                        let mut response = headers::problem(
+                        let mut response = self.problem(
                             StatusCode::SERVICE_UNAVAILABLE,
                             "the rate limiter is unavailable; retry shortly",
                         );
                         headers::set_retry_after(response.headers_mut(), 1);
+                        if self.grpc {
+                            let second = std::time::Duration::from_secs(1);
+                            crate::grpc::set_pushback(response.headers_mut(), second);
+                        }
                         Verdict::Reject(response)
                     }
                     #[cfg(feature = "memory")]
@@ -298,9 +304,18 @@ impl Responder {
         Verdict::Reject(response)
     }
 
+    /// One of the layer's own refusals: a problem response, or its gRPC form.
+    fn problem(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
+        if self.grpc {
+            crate::grpc::refusal(status, detail)
+        } else {
+            headers::problem(status, detail)
+        }
+    }
+
     pub(crate) fn forbidden(&self) -> Response<Bytes> {
         crate::observe::forbidden();
-        headers::problem(
+        self.problem(
             StatusCode::FORBIDDEN,
             "this client or key is on a deny list",
         )
@@ -318,7 +333,7 @@ impl Responder {
         } else {
             tracing::debug!(policy = %info.name, source = %what, "request without a rate-limit key");
         }
-        headers::problem(
+        self.problem(
             status,
             &format!(
                 "no rate-limit key for policy '{}': expected {what}",
@@ -404,6 +419,7 @@ pub struct ThrottleLayerBuilder<K, B> {
     redact_keys: bool,
     on_limited: Option<Arc<LimitedHook>>,
     offenders: Option<Offenders>,
+    grpc: bool,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -422,6 +438,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             redact_keys: false,
             on_limited: None,
             offenders: None,
+            grpc: false,
         }
     }
 
@@ -437,6 +454,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             redact_keys: self.redact_keys,
             on_limited: self.on_limited,
             offenders: self.offenders,
+            grpc: self.grpc,
         }
     }
 
@@ -551,6 +569,20 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
+    /// Answers as a gRPC server: every request the layer stops gets a trailers-only gRPC response
+    /// instead of an HTTP error, so that gRPC clients see `RESOURCE_EXHAUSTED` (over the limit) with
+    /// `retry-after` and `grpc-retry-pushback-ms` metadata, `UNAVAILABLE` (backend down with
+    /// [`OnBackendError::Deny`]), `INVALID_ARGUMENT` (no key) or `PERMISSION_DENIED` (deny list).
+    /// See [`grpc`](crate::grpc) for the details.
+    ///
+    /// This sets the [`rejection_response`](Self::rejection_response) to
+    /// [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a `rejection_response` set
+    /// afterwards replaces it for the `429` case only.
+    pub fn grpc(mut self) -> Self {
+        self.grpc = true;
+        self.rejection_response(crate::grpc::resource_exhausted)
+    }
+
     /// What to do when the backend fails (default: [`OnBackendError::Allow`]).
     pub fn on_backend_error(mut self, on_error: OnBackendError) -> Self {
         self.on_error = on_error;
@@ -614,6 +646,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             redact_keys: self.redact_keys,
             on_limited: self.on_limited,
             offenders: self.offenders,
+            grpc: self.grpc,
             #[cfg(feature = "memory")]
             local: (self.on_error == OnBackendError::Local).then(MemoryBackend::new),
             errors: ErrorLog::default(),
