@@ -485,8 +485,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
     ///     .access_list(lists)
     ///     .on_limited(move |limited: &Limited<'_>| {
-    ///         if limited.decision.retry_after.is_none() {
-    ///             deny.deny_key(limited.key.clone()); // asked for more than the limit: an abuser
+    ///         tracing::warn!(policy = limited.policy, path = %limited.uri.path(), "limited");
+    ///         if limited.decision.banned && limited.headers.contains_key("x-api-key") {
+    ///             // Banned by a penalty: revoke the API key for good (a bounded set of real keys).
+    ///             deny.deny_key(limited.key.clone());
     ///         }
     ///     })
     ///     .build()

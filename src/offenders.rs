@@ -211,8 +211,10 @@ impl Hll {
 
 #[cfg(feature = "redis")]
 mod redis_store {
+    use std::collections::HashMap;
     use std::collections::HashSet;
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
 
     use redis::aio::ConnectionManager;
     use redis::cluster_async::ClusterConnection;
@@ -230,6 +232,9 @@ mod redis_store {
     }
 
     const RECENT_CAP: usize = 100_000;
+    /// Limited keys waiting to be sent; beyond, a limited client is not counted (Redis is slow or
+    /// down). One task sends them, batched.
+    const PENDING_CAP: usize = 10_000;
 
     #[derive(Clone)]
     pub(super) enum Conn {
@@ -237,22 +242,33 @@ mod redis_store {
         Cluster(ClusterConnection),
     }
 
+    /// `{prefix:offenders:policy}:m:<minute>` and so on: one hash tag per policy, so a Cluster keeps
+    /// a policy's counters in one slot.
+    fn counter_key(prefix: &str, policy: &str, window: Window, now: u64) -> String {
+        format!(
+            "{{{prefix}:offenders:{policy}}}:{}:{}",
+            window.letter(),
+            window.bucket(now)
+        )
+    }
+
+    /// Limited keys waiting to be sent, and whether a task is sending them.
+    #[derive(Default)]
+    pub(super) struct Shared {
+        pending: Mutex<Vec<(Box<str>, String, u64)>>,
+        flushing: AtomicBool,
+    }
+
     pub(super) struct RedisOffenders {
         pub(super) conn: Conn,
         pub(super) prefix: String,
         pub(super) recent: Mutex<Recent>,
+        pub(super) shared: Arc<Shared>,
     }
 
     impl RedisOffenders {
-        /// `{prefix:offenders:policy}:m:<minute>` and so on: one hash tag per policy, so a Cluster
-        /// keeps a policy's counters in one slot.
         fn key(&self, policy: &str, window: Window, now: u64) -> String {
-            format!(
-                "{{{}:offenders:{policy}}}:{}:{}",
-                self.prefix,
-                window.letter(),
-                window.bucket(now)
-            )
+            counter_key(&self.prefix, policy, window, now)
         }
 
         pub(super) fn record(&self, policy: &str, key: &Key, now: u64) {
@@ -263,34 +279,71 @@ mod redis_store {
                     recent.minute = minute;
                     recent.seen.clear();
                 }
-                if recent.seen.len() < RECENT_CAP
-                    && !recent.seen.insert((policy.into(), key.clone()))
+                // Sent already this minute; or so many distinct keys that this is a flood of
+                // invented ones: dropping some then costs a little accuracy, not Redis's time.
+                if recent.seen.len() >= RECENT_CAP
+                    || !recent.seen.insert((policy.into(), key.clone()))
                 {
                     return;
                 }
             }
-            let mut pipe = redis::pipe();
-            let member = key.to_string();
-            for window in Window::ALL {
-                let name = self.key(policy, window, now);
-                pipe.cmd("PFADD").arg(&name).arg(&member).ignore();
-                // Kept for one more bucket, so the last one can still be read as it closes.
-                pipe.cmd("EXPIRE")
-                    .arg(&name)
-                    .arg(2 * window.seconds())
-                    .ignore();
+            let shared = &self.shared;
+            {
+                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.len() >= PENDING_CAP {
+                    return; // Redis is slow or down: not counted
+                }
+                pending.push((policy.into(), key.to_string(), now));
             }
-            let conn = self.conn.clone();
+            if shared.flushing.swap(true, Ordering::AcqRel) {
+                return; // the running flush takes it
+            }
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                shared.flushing.store(false, Ordering::Release);
                 return;
             };
+            let (shared, conn, prefix) = (shared.clone(), self.conn.clone(), self.prefix.clone());
             runtime.spawn(async move {
-                let result: redis::RedisResult<()> = match conn {
-                    Conn::Single(mut c) => pipe.query_async(&mut c).await,
-                    Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
-                };
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "a limited client was not counted");
+                loop {
+                    let batch = std::mem::take(
+                        &mut *shared.pending.lock().unwrap_or_else(|e| e.into_inner()),
+                    );
+                    if batch.is_empty() {
+                        shared.flushing.store(false, Ordering::Release);
+                        // A record may have slipped in after the take and seen the flag still set.
+                        let more = !shared
+                            .pending
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .is_empty();
+                        if more && !shared.flushing.swap(true, Ordering::AcqRel) {
+                            continue;
+                        }
+                        return;
+                    }
+                    // One PFADD per counter with every member of the batch, in one round trip.
+                    let mut counters: HashMap<String, (u64, Vec<String>)> = HashMap::new();
+                    for (policy, member, now) in batch {
+                        for window in Window::ALL {
+                            let entry = counters
+                                .entry(counter_key(&prefix, &policy, window, now))
+                                .or_insert_with(|| (2 * window.seconds(), Vec::new()));
+                            entry.1.push(member.clone());
+                        }
+                    }
+                    let mut pipe = redis::pipe();
+                    for (name, (ttl, members)) in &counters {
+                        pipe.cmd("PFADD").arg(name).arg(members).ignore();
+                        // Kept for one more bucket, so the last one can still be read as it closes.
+                        pipe.cmd("EXPIRE").arg(name).arg(*ttl).ignore();
+                    }
+                    let result: redis::RedisResult<()> = match conn.clone() {
+                        Conn::Single(mut c) => pipe.query_async(&mut c).await,
+                        Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+                    };
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "limited clients were not counted");
+                    }
                 }
             });
         }
@@ -318,7 +371,8 @@ mod redis_store {
 impl Offenders {
     /// Counts kept in Redis, shared by every process: `PFADD` of each limited key into the keys
     /// `{<prefix>:offenders:<policy>}:m:<minute>`, `:h:<hour>` and `:d:<day>`, each expiring one
-    /// bucket after its own; `PFCOUNT` to read. A key is sent at most once a minute per process.
+    /// bucket after its own; `PFCOUNT` to read. A key is sent at most once a minute per process, by
+    /// one background task that batches them.
     pub fn redis(connection: redis::aio::ConnectionManager, prefix: impl Into<String>) -> Self {
         Self::redis_on(redis_store::Conn::Single(connection), prefix.into())
     }
@@ -337,6 +391,7 @@ impl Offenders {
                 conn,
                 prefix,
                 recent: Mutex::default(),
+                shared: Arc::default(),
             })),
         }
     }

@@ -51,8 +51,9 @@ async fn two_processes_count_distinct_limited_clients_in_redis() {
         .find_map(|l| l.strip_prefix("cmdstat_pfadd:calls="))
         .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
         .unwrap();
+    // (Twice that if a minute began during the test: each process sends a key again.)
     assert!(
-        pfadds <= 3 * 601,
+        pfadds <= 2 * 3 * 601,
         "{pfadds} writes for 601 distinct records"
     );
 }
