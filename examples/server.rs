@@ -100,6 +100,13 @@ fn parse_args() -> Result<Args, String> {
 
 async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, String> {
     let layer = config.layer().await.map_err(|e| e.to_string())?;
+    let offenders = layer.offenders().cloned();
+    let mut policies: Vec<String> = layer
+        .policies()
+        .iter()
+        .map(|p| p.limit().name().to_owned())
+        .collect();
+    policies.dedup();
     let mut added = HashSet::new();
     let mut router = Router::new();
     for route in &config.routes {
@@ -122,9 +129,33 @@ async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, Strin
     }
     // Router::layer runs after routing, so policies see axum's MatchedPath. /metrics is added after
     // the layer, so scraping it is never limited.
-    Ok(router
-        .layer(layer)
-        .route("/metrics", get(move || async move { metrics.render() })))
+    let scrape = move || {
+        let (offenders, policies, metrics) = (offenders.clone(), policies.clone(), metrics.clone());
+        async move {
+            // Distinct limited clients, read when scraped (from Redis with a Redis backend).
+            if let Some(offenders) = &offenders {
+                for policy in &policies {
+                    let Ok(counts) = offenders.count(policy).await else {
+                        continue;
+                    };
+                    for (window, n) in [
+                        ("minute", counts.minute),
+                        ("hour", counts.hour),
+                        ("day", counts.day),
+                    ] {
+                        metrics::gauge!(
+                            "throttle_distinct_limited_clients",
+                            "policy" => policy.clone(),
+                            "window" => window
+                        )
+                        .set(n as f64);
+                    }
+                }
+            }
+            metrics.render()
+        }
+    };
+    Ok(router.layer(layer).route("/metrics", get(scrape)))
 }
 
 async fn run() -> Result<(), String> {

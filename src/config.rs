@@ -36,6 +36,8 @@ use serde::{Deserialize, Deserializer};
 
 use crate::access::AccessList;
 use crate::key::{ClientIp, ForwardedHeader, KeySpec, PeerIp, TrustedProxies};
+#[cfg(feature = "redis")]
+use crate::offenders::Offenders;
 use crate::{
     BuildError, MemoryBackend, MissingKey, OnBackendError, Penalty, Policy, Quota, ThrottleLayer,
     ThrottleLayerBuilder,
@@ -156,13 +158,9 @@ impl RedisConfig {
         format!("redis {cluster}{} (mode {mode})", urls.join(", "))
     }
 
-    /// Mirrors the access-list sets from this Redis into `lists`, in a background task.
+    /// Another connection to this Redis, for the access lists and the offender counts.
     #[cfg(feature = "redis")]
-    async fn spawn_access_sync(
-        &self,
-        sync: crate::access::RedisAccessSync,
-        lists: &AccessList,
-    ) -> Result<(), crate::BackendError> {
+    async fn open(&self, purpose: &str) -> Result<ExtraConnection, crate::BackendError> {
         use crate::BackendError;
         let urls: Vec<String> = self
             .url
@@ -171,14 +169,14 @@ impl RedisConfig {
             .cloned()
             .collect();
         let failed =
-            |e| BackendError::with_source("cannot connect to Redis for the access lists", e);
+            |e| BackendError::with_source(format!("cannot connect to Redis for {purpose}"), e);
         if self.cluster || self.urls.is_some() {
             let conn = redis::cluster::ClusterClient::new(urls)
                 .map_err(failed)?
                 .get_async_connection()
                 .await
                 .map_err(failed)?;
-            sync.spawn(conn, lists).await
+            Ok(ExtraConnection::Cluster(conn))
         } else {
             let url = urls
                 .first()
@@ -187,8 +185,34 @@ impl RedisConfig {
             let conn = redis::aio::ConnectionManager::new(client)
                 .await
                 .map_err(failed)?;
-            sync.spawn(conn, lists).await
+            Ok(ExtraConnection::Single(conn))
         }
+    }
+
+    /// Mirrors the access-list sets from this Redis into `lists`, in a background task.
+    #[cfg(feature = "redis")]
+    async fn spawn_access_sync(
+        &self,
+        sync: crate::access::RedisAccessSync,
+        lists: &AccessList,
+    ) -> Result<(), crate::BackendError> {
+        match self.open("the access lists").await? {
+            ExtraConnection::Single(conn) => sync.spawn(conn, lists).await,
+            ExtraConnection::Cluster(conn) => sync.spawn(conn, lists).await,
+        }
+    }
+
+    /// Distinct limited clients counted in this Redis, under the backend's prefix.
+    #[cfg(feature = "redis")]
+    async fn offenders(&self) -> Result<Offenders, crate::BackendError> {
+        let prefix = self
+            .prefix
+            .clone()
+            .unwrap_or_else(|| crate::RedisBackend::DEFAULT_PREFIX.to_owned());
+        Ok(match self.open("counting limited clients").await? {
+            ExtraConnection::Single(conn) => Offenders::redis(conn, prefix),
+            ExtraConnection::Cluster(conn) => Offenders::redis_cluster(conn, prefix),
+        })
     }
 
     /// Connects, as [`RedisBackend::builder`](crate::RedisBackend::builder) would with these settings.
@@ -469,11 +493,17 @@ impl Config {
             BackendConfig::Memory { .. } => ConfiguredBackend::Memory(self.memory_backend()?),
             BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.connect().await?),
         };
+        // Distinct limited clients are counted where the limits live.
+        let offenders = match &self.backend {
+            BackendConfig::Memory { .. } => Offenders::in_memory(),
+            BackendConfig::Redis(redis) => redis.offenders().await?,
+        };
         let mut builder = ThrottleLayerBuilder::with_backend(backend)
             .policies(policies)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
-            .on_backend_error(self.on_error()?);
+            .on_backend_error(self.on_error()?)
+            .count_offenders(offenders);
         if let Some(access) = &self.access {
             let lists = access.lists()?;
             if let Some(sets) = &access.redis_sets {
@@ -490,6 +520,12 @@ impl Config {
         }
         Ok(builder.build()?)
     }
+}
+
+#[cfg(feature = "redis")]
+enum ExtraConnection {
+    Single(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 /// The backend a [`Config`] names: memory or Redis, one type for both.

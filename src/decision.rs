@@ -28,6 +28,8 @@ pub struct Decision {
     pub retry_after: Option<Duration>,
     /// How long until the key is back to its full limit.
     pub reset_after: Duration,
+    /// The key is banned by a [`Penalty`](crate::Penalty): `retry_after` is the end of the ban.
+    pub banned: bool,
 }
 
 impl Decision {
@@ -39,6 +41,7 @@ impl Decision {
             remaining,
             retry_after: None,
             reset_after,
+            banned: false,
         }
     }
 
@@ -55,6 +58,25 @@ impl Decision {
             remaining,
             retry_after,
             reset_after,
+            banned: false,
+        }
+    }
+
+    /// A request of a key banned for `rest` (or longer, if the limit's own retry time is later).
+    pub fn banned(
+        limit: u64,
+        rest: Duration,
+        retry_after: Option<Duration>,
+        reset_after: Duration,
+    ) -> Self {
+        let retry = retry_after.map_or(rest, |r| r.max(rest));
+        Decision {
+            allowed: false,
+            limit,
+            remaining: 0,
+            retry_after: Some(retry),
+            reset_after: reset_after.max(retry),
+            banned: true,
         }
     }
 

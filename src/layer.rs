@@ -13,6 +13,7 @@ use crate::access::{AccessList, AddressSource};
 use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
 use crate::key::ClientIp;
 use crate::observe::{Limited, Reporter, RequestRef, ShownKey};
+use crate::offenders::Offenders;
 use crate::penalty::PenaltyBox;
 use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
 
@@ -96,6 +97,9 @@ pub(crate) struct Responder {
     on_error: OnBackendError,
     redact_keys: bool,
     on_limited: Option<Arc<LimitedHook>>,
+    offenders: Option<Offenders>,
+    /// Refusals (400, 403, 503) as gRPC trailers-only responses ([`ThrottleLayerBuilder::grpc`]).
+    grpc: bool,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     local: Option<MemoryBackend>,
@@ -179,11 +183,15 @@ impl Responder {
                 return match self.on_error {
                     OnBackendError::Allow => Verdict::Admit(None),
                     OnBackendError::Deny => {
-                        let mut response = headers::problem(
+                        let mut response = self.problem(
                             StatusCode::SERVICE_UNAVAILABLE,
                             "the rate limiter is unavailable; retry shortly",
                         );
                         headers::set_retry_after(response.headers_mut(), 1);
+                        if self.grpc {
+                            let second = std::time::Duration::from_secs(1);
+                            crate::grpc::set_pushback(response.headers_mut(), second);
+                        }
                         Verdict::Reject(response)
                     }
                     #[cfg(feature = "memory")]
@@ -209,7 +217,7 @@ impl Responder {
     ) -> Option<Response<Bytes>> {
         let info = &self.policies[index];
         let rest = info.penalty.as_ref()?.banned(key)?;
-        let decision = Decision::limited(info.limit_value, 0, Some(rest), rest);
+        let decision = Decision::banned(info.limit_value, rest, None, rest);
         match self.decided(info, decision, key, false, request) {
             Verdict::Reject(response) => Some(response),
             Verdict::Admit(_) => None,
@@ -232,17 +240,19 @@ impl Responder {
         request: RequestRef<'_>,
     ) -> Verdict {
         // The rejection that earns a ban answers with it.
-        let mut banned = !strike;
         let decision = match &info.penalty {
             Some(penalty) if strike && !decision.allowed => match penalty.strike(key) {
-                Some(ban) => {
-                    banned = true;
-                    Decision::limited(decision.limit, 0, Some(ban), ban.max(decision.reset_after))
-                }
+                Some(ban) => Decision::banned(
+                    decision.limit,
+                    ban,
+                    decision.retry_after,
+                    decision.reset_after,
+                ),
                 None => decision,
             },
             _ => decision,
         };
+        let banned = decision.banned;
         info.reporter.decision(&info.name, &decision, banned);
         let shown = ShownKey {
             key,
@@ -266,6 +276,9 @@ impl Responder {
             banned,
             "request limited"
         );
+        if let Some(offenders) = &self.offenders {
+            offenders.record(&info.name, key);
+        }
         if let Some(hook) = &self.on_limited {
             hook(&Limited {
                 policy: &info.name,
@@ -291,9 +304,18 @@ impl Responder {
         Verdict::Reject(response)
     }
 
+    /// One of the layer's own refusals: a problem response, or its gRPC form.
+    fn problem(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
+        if self.grpc {
+            crate::grpc::refusal(status, detail)
+        } else {
+            headers::problem(status, detail)
+        }
+    }
+
     pub(crate) fn forbidden(&self) -> Response<Bytes> {
         crate::observe::forbidden();
-        headers::problem(
+        self.problem(
             StatusCode::FORBIDDEN,
             "this client or key is on a deny list",
         )
@@ -311,7 +333,7 @@ impl Responder {
         } else {
             tracing::debug!(policy = %info.name, source = %what, "request without a rate-limit key");
         }
-        headers::problem(
+        self.problem(
             status,
             &format!(
                 "no rate-limit key for policy '{}': expected {what}",
@@ -339,6 +361,11 @@ impl<K> ThrottleLayer<K, MemoryBackend> {
 }
 
 impl<K, B> ThrottleLayer<K, B> {
+    /// The counter of distinct limited keys, if the layer has one.
+    pub fn offenders(&self) -> Option<&Offenders> {
+        self.shared.responder.offenders.as_ref()
+    }
+
     /// The policies, in the order they are tried.
     pub fn policies(&self) -> &[Policy<K>] {
         &self.shared.policies
@@ -391,6 +418,8 @@ pub struct ThrottleLayerBuilder<K, B> {
     access: Option<(AccessList, AddressSource)>,
     redact_keys: bool,
     on_limited: Option<Arc<LimitedHook>>,
+    offenders: Option<Offenders>,
+    grpc: bool,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -408,6 +437,8 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             access: None,
             redact_keys: false,
             on_limited: None,
+            offenders: None,
+            grpc: false,
         }
     }
 
@@ -422,7 +453,16 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             access: self.access,
             redact_keys: self.redact_keys,
             on_limited: self.on_limited,
+            offenders: self.offenders,
+            grpc: self.grpc,
         }
+    }
+
+    /// Counts the distinct keys each policy limits, per minute, hour and day (see [`Offenders`];
+    /// read them with [`Offenders::count`] on a clone, or [`ThrottleLayer::offenders`]).
+    pub fn count_offenders(mut self, offenders: Offenders) -> Self {
+        self.offenders = Some(offenders);
+        self
     }
 
     /// Shows keys in log events as a stable pseudonym (`sha256:` and 12 hex digits) instead of
@@ -445,8 +485,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
     ///     .access_list(lists)
     ///     .on_limited(move |limited: &Limited<'_>| {
-    ///         if limited.decision.retry_after.is_none() {
-    ///             deny.deny_key(limited.key.clone()); // asked for more than the limit: an abuser
+    ///         tracing::warn!(policy = limited.policy, path = %limited.uri.path(), "limited");
+    ///         if limited.decision.banned && limited.headers.contains_key("x-api-key") {
+    ///             // Banned by a penalty: revoke the API key for good (a bounded set of real keys).
+    ///             deny.deny_key(limited.key.clone());
     ///         }
     ///     })
     ///     .build()
@@ -529,6 +571,20 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
+    /// Answers as a gRPC server: every request the layer stops gets a trailers-only gRPC response
+    /// instead of an HTTP error, so that gRPC clients see `RESOURCE_EXHAUSTED` (over the limit) with
+    /// `retry-after` and `grpc-retry-pushback-ms` metadata, `UNAVAILABLE` (backend down with
+    /// [`OnBackendError::Deny`]), `INVALID_ARGUMENT` (no key) or `PERMISSION_DENIED` (deny list).
+    /// See [`grpc`](crate::grpc) for the details.
+    ///
+    /// This sets the [`rejection_response`](Self::rejection_response) to
+    /// [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a `rejection_response` set
+    /// afterwards replaces it for the `429` case only.
+    pub fn grpc(mut self) -> Self {
+        self.grpc = true;
+        self.rejection_response(crate::grpc::resource_exhausted)
+    }
+
     /// What to do when the backend fails (default: [`OnBackendError::Allow`]).
     pub fn on_backend_error(mut self, on_error: OnBackendError) -> Self {
         self.on_error = on_error;
@@ -591,6 +647,8 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             on_error: self.on_error,
             redact_keys: self.redact_keys,
             on_limited: self.on_limited,
+            offenders: self.offenders,
+            grpc: self.grpc,
             #[cfg(feature = "memory")]
             local: (self.on_error == OnBackendError::Local).then(MemoryBackend::new),
             errors: ErrorLog::default(),

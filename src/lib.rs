@@ -41,7 +41,8 @@
 //! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
 //!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
 //! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;
-//!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails.
+//!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails; [`grpc`]: the
+//!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata).
 //! * `config` (feature `config`): per-route policies from TOML.
 //!
 //! # Features
@@ -65,11 +66,13 @@ pub mod config;
 mod decision;
 mod error;
 pub mod gcra;
+pub mod grpc;
 pub mod headers;
 pub mod key;
 mod layer;
 mod limit;
 mod observe;
+pub mod offenders;
 mod penalty;
 mod policy;
 mod quota;

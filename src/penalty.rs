@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::{BuildError, Key};
 
-/// A key that is limited `after` times within `within` is banned for `ban`: every request of it is
-/// answered 429 with `Retry-After` = the rest of the ban, without asking the backend.
+/// A key that is limited `after` times within `within` of its first rejection is banned for `ban`
+/// (Rack::Attack's Allow2Ban counting): every request of it is answered 429 with `Retry-After` = the
+/// rest of the ban (or the limit's own retry time, if later), without asking the backend.
 ///
 /// ```
 /// use std::time::Duration;
@@ -26,8 +27,8 @@ use crate::{BuildError, Key};
 /// ```
 ///
 /// The Redis backend keeps strikes and bans in Redis, next to the key's state (`…:{key}:strikes`, a
-/// list of at most `after` times, and `…:{key}:ban`), in the same atomic call, so every process
-/// shares them. Other backends get an in-process penalty box from the layer.
+/// counter expiring `within` after the first strike, and `…:{key}:ban`), in the same atomic call, so
+/// every process shares them. Other backends get an in-process penalty box from the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Penalty {
     after: u32,
@@ -35,20 +36,25 @@ pub struct Penalty {
     ban: Duration,
 }
 
-/// The longest `within` or `ban` (a year): bans are for abuse, not for accounting.
-const LONGEST: Duration = Duration::from_secs(366 * 86_400);
+/// The longest `ban` (a year): bans are for abuse, not for accounting.
+const LONGEST_BAN: Duration = Duration::from_secs(366 * 86_400);
+/// The longest `within` (a day): strikes of keys an attacker invents must not live long.
+const LONGEST_WINDOW: Duration = Duration::from_secs(86_400);
 
 impl Penalty {
-    /// Banned for `ban` after `after` rejections within `within`. `after` is 1 to 1000; `within` and
-    /// `ban` are 1 ms to a year.
+    /// Banned for `ban` after `after` rejections within `within`. `after` is 1 to 1000, `within` 1 ms
+    /// to a day, `ban` 1 ms to a year.
     pub fn new(after: u32, within: Duration, ban: Duration) -> Result<Self, BuildError> {
         let invalid = |what: &str| Err(BuildError::Invalid(format!("penalty: {what}")));
         if !(1..=1000).contains(&after) {
             return invalid("after must be 1 to 1000 rejections");
         }
-        for (name, d) in [("within", within), ("ban", ban)] {
-            if d < Duration::from_millis(1) || d > LONGEST {
-                return invalid(&format!("{name} must be 1 ms to a year, not {d:?}"));
+        for (name, d, longest, what) in [
+            ("within", within, LONGEST_WINDOW, "a day"),
+            ("ban", ban, LONGEST_BAN, "a year"),
+        ] {
+            if d < Duration::from_millis(1) || d > longest {
+                return invalid(&format!("{name} must be 1 ms to {what}, not {d:?}"));
             }
         }
         Ok(Penalty { after, within, ban })
@@ -80,21 +86,31 @@ impl fmt::Display for Penalty {
     }
 }
 
-/// Keys tracked by one in-process penalty box at most. A full box first forgets what has expired;
-/// if it is still full, a new key's rejections are not counted (logged), so an attack with endless
-/// fresh keys cannot grow it.
+/// Keys tracked by one in-process penalty box at most (about 80 bytes each). A full box forgets what
+/// has expired and, if still full, every strike count that is not a ban: an attack with endless fresh
+/// keys can neither grow it nor lift a ban.
 const CAPACITY: usize = 100_000;
 
 /// The in-process penalty box of one policy (for backends that do not keep penalties themselves).
 pub(crate) struct PenaltyBox {
     penalty: Penalty,
-    entries: Mutex<HashMap<Key, Entry>>,
+    entries: Mutex<Entries>,
 }
 
 #[derive(Default)]
+struct Entries {
+    map: HashMap<Key, Entry>,
+    /// A full box prunes at most this often, so that a flood of fresh keys does not make every
+    /// rejection a scan of the whole box.
+    next_prune: Option<Instant>,
+}
+
+const PRUNE_EVERY: Duration = Duration::from_millis(100);
+
 struct Entry {
-    /// The latest rejections, at most `after`, oldest first.
-    strikes: Vec<Instant>,
+    /// Rejections since `first`.
+    strikes: u32,
+    first: Instant,
     banned_until: Option<Instant>,
 }
 
@@ -102,7 +118,7 @@ impl PenaltyBox {
     pub(crate) fn new(penalty: Penalty) -> Self {
         PenaltyBox {
             penalty,
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::default(),
         }
     }
 
@@ -110,11 +126,11 @@ impl PenaltyBox {
     pub(crate) fn banned(&self, key: &Key) -> Option<Duration> {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let until = entries.get(key)?.banned_until?;
+        let until = entries.map.get(key)?.banned_until?;
         if until > now {
             Some(until - now)
         } else {
-            entries.remove(key);
+            entries.map.remove(key);
             None
         }
     }
@@ -124,21 +140,37 @@ impl PenaltyBox {
         let now = Instant::now();
         let Penalty { after, within, ban } = self.penalty;
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= CAPACITY && !entries.contains_key(key) {
-            entries.retain(|_, e| {
-                e.banned_until.is_some_and(|u| u > now)
-                    || e.strikes.last().is_some_and(|t| now - *t < within)
-            });
-            if entries.len() >= CAPACITY {
-                tracing::debug!("penalty box full; a rejection was not counted");
-                return None;
+        if entries.map.len() >= CAPACITY && !entries.map.contains_key(key) {
+            if entries.next_prune.is_none_or(|t| now >= t) {
+                entries.map.retain(|_, e| {
+                    e.banned_until.is_some_and(|u| u > now) || now - e.first < within
+                });
+                entries.next_prune = Some(now + PRUNE_EVERY);
+            }
+            if entries.map.len() >= CAPACITY {
+                tracing::warn!(
+                    "penalty box full of live strikes; forgetting those that are not bans"
+                );
+                entries
+                    .map
+                    .retain(|_, e| e.banned_until.is_some_and(|u| u > now));
+                if entries.map.len() >= CAPACITY {
+                    return None;
+                }
             }
         }
-        let entry = entries.entry(key.clone()).or_default();
-        entry.strikes.retain(|t| now - *t < within);
-        entry.strikes.push(now);
-        if entry.strikes.len() >= after as usize {
-            entry.strikes.clear();
+        let entry = entries.map.entry(key.clone()).or_insert(Entry {
+            strikes: 0,
+            first: now,
+            banned_until: None,
+        });
+        if now - entry.first >= within {
+            entry.strikes = 0;
+            entry.first = now;
+        }
+        entry.strikes += 1;
+        if entry.strikes >= after {
+            entry.strikes = 0;
             entry.banned_until = Some(now + ban);
             return Some(ban);
         }
@@ -186,5 +218,6 @@ mod tests {
         assert!(Penalty::new(1001, s, s).is_err());
         assert!(Penalty::new(1, Duration::ZERO, s).is_err());
         assert!(Penalty::new(1, s, Duration::from_secs(400 * 86_400)).is_err());
+        assert!(Penalty::new(1, Duration::from_secs(2 * 86_400), s).is_err());
     }
 }

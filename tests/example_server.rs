@@ -359,6 +359,19 @@ async fn metrics_show_allowed_and_limited_requests() {
     assert_eq!(line("throttle_requests_allowed_total"), 16.0);
     assert_eq!(line("throttle_requests_limited_total"), 4.0);
     assert!(metrics.body.contains("throttle_backend_latency_seconds"));
+    // One user was limited: one distinct limited client this minute, hour and day.
+    for window in ["minute", "hour", "day"] {
+        let line = metrics
+            .body
+            .lines()
+            .find(|l| {
+                l.starts_with("throttle_distinct_limited_clients")
+                    && l.contains("policy=\"reply\"")
+                    && l.contains(&format!("window=\"{window}\""))
+            })
+            .unwrap_or_else(|| panic!("no {window} count in\n{}", metrics.body));
+        assert!(line.ends_with(" 1"), "{line}");
+    }
     // Never a label per key.
     assert!(!metrics.body.contains("metrics\""), "{}", metrics.body);
 }

@@ -1,9 +1,7 @@
-//! What operators see: the on_limited hook, rejection events at info (with keys redacted on
-//! request), and nothing per key in the metrics' labels (see tests/example_server.rs).
+//! The on_limited hook (the log events are in tests/logs.rs, the metrics in tests/example_server.rs).
 
 mod common;
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use axum::{routing::get, Router};
@@ -63,66 +61,4 @@ async fn the_hook_sees_each_limited_request_with_its_parts() {
             true
         )
     );
-}
-
-/// A `tracing` writer into a shared buffer.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-async fn logs_of(redact: bool) -> String {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let layer = ThrottleLayer::builder()
-        .policy(policy())
-        .redact_keys(redact)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/items", get(|| async { "ok" }))
-        .layer(layer);
-    for _ in 0..2 {
-        status_of(&app, from("dave@example.com")).await;
-    }
-    let bytes = logs.0.lock().unwrap().clone();
-    String::from_utf8(bytes).unwrap()
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn rejections_are_logged_at_info_with_the_key_or_its_pseudonym() {
-    let plain = logs_of(false).await;
-    let line = plain
-        .lines()
-        .find(|l| l.contains("request limited"))
-        .unwrap();
-    assert!(line.contains("INFO"), "{line}");
-    assert!(
-        line.contains("policy=api") && line.contains("retry_after_secs=60"),
-        "{line}"
-    );
-    assert!(line.contains("key=dave@example.com"), "{line}");
-    assert_eq!(plain.matches("request limited").count(), 1, "{plain}");
-
-    let redacted = logs_of(true).await;
-    assert!(!redacted.contains("dave"), "{redacted}");
-    let line = redacted
-        .lines()
-        .find(|l| l.contains("request limited"))
-        .unwrap();
-    assert!(line.contains("key=sha256:"), "{line}");
 }

@@ -104,20 +104,20 @@ async fn bans_end() {
                 .quota(Quota::per_second(1).with_max_burst(0))
                 .key(Header::new("x-user"))
                 .penalty(
-                    Penalty::new(1, Duration::from_secs(10), Duration::from_millis(1500)).unwrap(),
+                    Penalty::new(1, Duration::from_secs(10), Duration::from_millis(2500)).unwrap(),
                 )
                 .build()
                 .unwrap(),
         ));
     assert_eq!(send(&app, "u").await.0, 200);
-    assert_eq!(send(&app, "u").await, (429, 2)); // banned for 1.5 s, rounded up
+    assert_eq!(send(&app, "u").await, (429, 3)); // banned for 2.5 s, rounded up
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(
         send(&app, "u").await.0,
         429,
         "still banned, though the quota refilled"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(send(&app, "u").await.0, 200);
 }
 

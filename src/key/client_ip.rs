@@ -144,8 +144,8 @@ impl FromStr for ForwardedHeader {
     }
 }
 
-/// The most proxy hops walked from the right of a forwarding header; a longer chain of trusted
-/// proxies is not believed (the peer counts).
+/// The most trusted proxies walked through from the right of a forwarding header (the peer not
+/// counted); a chain of that many is not believed (the peer counts).
 pub const MAX_HOPS: usize = 16;
 
 /// The client IP: the peer's address, or, when the peer is a [trusted proxy](TrustedProxies), the
@@ -154,7 +154,8 @@ pub const MAX_HOPS: usize = 16;
 /// Everything left of that address was written by the client and is never read, so a forged
 /// `X-Forwarded-For` (or a thousand entries of one) cannot choose a key. Entries are read from the
 /// right, at most [`MAX_HOPS`] of them; one that is not an address (garbage, `unknown`, an obfuscated
-/// `Forwarded` node), more trusted hops than that, or a missing header, and the peer counts. From an
+/// `Forwarded` node), that many trusted hops, a header of trusted proxies only, or a missing header,
+/// and the peer counts. From an
 /// untrusted peer the headers are ignored altogether. The result is grouped like [`PeerIp`]'s (IPv6
 /// by prefix, /64 by default; IPv4-mapped addresses as IPv4).
 ///
@@ -257,25 +258,24 @@ impl ClientIp {
         lines: impl DoubleEndedIterator<Item = &'a http::HeaderValue>,
         parse: fn(&[u8]) -> Option<IpAddr>,
     ) -> IpAddr {
-        let mut hops = 0;
-        let mut leftmost_trusted = None;
+        let mut trusted_hops = 0;
         for line in lines.rev() {
             for entry in line.as_bytes().rsplit(|b| *b == b',') {
-                hops += 1;
-                if hops > MAX_HOPS {
-                    return peer;
-                }
                 let Some(ip) = parse(entry).map(|ip| ip.to_canonical()) else {
                     return peer;
                 };
                 if !self.trusted.contains(ip) {
                     return ip;
                 }
-                leftmost_trusted = Some(ip);
+                trusted_hops += 1;
+                if trusted_hops >= MAX_HOPS {
+                    return peer;
+                }
             }
         }
-        // Every hop is a trusted proxy: the request started inside; the first of them is the client.
-        leftmost_trusted.unwrap_or(peer)
+        // Every entry is a trusted proxy: either the request started inside, or a proxy passed on
+        // what its client wrote without adding to it. Only the peer is known for sure.
+        peer
     }
 }
 
@@ -477,13 +477,17 @@ mod tests {
             resolve(LB, REAL, "10.0.0.1", &["1.2.3.4, 5.6.7.8"]),
             "10.0.0.1"
         );
-        // More trusted hops than MAX_HOPS: not believed.
-        let chain = vec!["10.0.0.9"; MAX_HOPS + 1].join(",");
-        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&chain]), "10.0.0.1");
-        // Only trusted hops, fewer than the maximum: the first of them.
+        // MAX_HOPS trusted hops in the header: not believed; one fewer: the client before them.
+        let chain = vec!["10.0.0.9"; MAX_HOPS].join(",");
+        let header = format!("203.0.113.7,{chain}");
+        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&header]), "10.0.0.1");
+        let chain = vec!["10.0.0.9"; MAX_HOPS - 1].join(",");
+        let header = format!("203.0.113.7,{chain}");
+        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&header]), "203.0.113.7");
+        // Only trusted addresses (a relay passing on what its client wrote): the peer.
         assert_eq!(
             resolve(LB, XFF, "10.0.0.1", &["10.0.0.7, 10.0.0.9"]),
-            "10.0.0.7"
+            "10.0.0.1"
         );
     }
 

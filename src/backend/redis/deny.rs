@@ -27,6 +27,8 @@ pub(super) struct Rejection {
     pub(super) tolerance: u64,
     /// From `CL.THROTTLE`: whole seconds, rounded up.
     pub(super) whole_seconds: bool,
+    /// A penalty-box ban: it holds until its end, whatever the bucket does.
+    pub(super) banned: bool,
 }
 
 pub(super) struct DenyCache {
@@ -91,12 +93,14 @@ impl DenyCache {
         }
         let elapsed = now - entry.at;
         let d = &entry.decision;
-        Some(Decision::limited(
+        let mut aged = Decision::limited(
             d.limit,
             d.remaining,
             d.retry_after.map(|r| r.saturating_sub(elapsed)),
             d.reset_after.saturating_sub(elapsed),
-        ))
+        );
+        aged.banned = d.banned;
+        Some(aged)
     }
 
     /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
@@ -113,13 +117,16 @@ impl DenyCache {
             interval,
             tolerance,
             whole_seconds,
+            banned,
         } = rejected;
         let Some(retry) = decision.retry_after else {
             return; // never admitted: Redis still answers, with up-to-date numbers
         };
         // `remaining` next grows when tolerance - ttl reaches (remaining + 1) × interval.
         let next_unit = decision.remaining.saturating_add(1);
-        let hold = if whole_seconds {
+        let hold = if banned {
+            retry
+        } else if whole_seconds {
             if next_unit < quantity {
                 return;
             }
@@ -182,6 +189,7 @@ mod tests {
             interval,
             tolerance,
             whole_seconds,
+            banned: false,
         }
     }
 

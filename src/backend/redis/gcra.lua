@@ -4,9 +4,10 @@
 --          decimal string. This is the format redis-cell writes, so CL.THROTTLE and this script can share
 --          keys (a server that gains or loses the module keeps its limits).
 -- ARGV     emission interval (ns), tolerance (ns, = interval x (max_burst + 1)), limit, quantity.
--- With a penalty box, also KEYS[2] (the key's latest rejection times, a list of at most `after`),
---          KEYS[3] (the ban), and ARGV after, within (ms), ban (ms): a key rejected `after` times
---          within `within` is banned for `ban`; a banned key is answered without looking at its TAT.
+-- With a penalty box, also KEYS[2] (the key's rejections since its first, expiring `within` after
+--          it), KEYS[3] (the ban), and ARGV after, within (ms), ban (ms): a key rejected `after` times
+--          within `within` of its first rejection is banned for `ban`; a banned key is answered
+--          without looking at its TAT.
 -- Returns  {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after (ns), banned}:
 --          CL.THROTTLE's five values, in nanoseconds instead of whole seconds, and 1 when a ban
 --          answered (retry_after and reset_after are then the rest of the ban).
@@ -14,7 +15,8 @@
 -- Time comes from the server (TIME, microseconds), so every client shares one clock. All arithmetic is
 -- on integers held in doubles: the TAT is never handled as one number (1.8e18 ns exceeds 2^53), only as
 -- its distance from now, which the backend keeps below 2^52 ns (about 52 days) by refusing longer
--- tolerances when the layer is built. A rejected request writes nothing (but see "rebased").
+-- tolerances when the layer is built. A rejected request writes nothing (but see "rebased", and a
+-- penalty's strike).
 
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
@@ -97,20 +99,23 @@ if increment <= tolerance then
 end
 
 if penalty_after > 0 then
-  -- A rejection is a strike: keep the latest `after` times (ms); `after` of them within `within`
-  -- is a ban.
+  -- A rejection is a strike, counted in a window that opens with the first (Rack::Attack's
+  -- Allow2Ban): one small counter per key, whatever `after` is.
   local within_ms = tonumber(ARGV[6])
   local ban_ms = tonumber(ARGV[7])
-  local now_ms = now_s * 1000 + math.floor(now_ns / 1000000)
-  redis.call('LPUSH', KEYS[2], now_ms)
-  redis.call('LTRIM', KEYS[2], 0, penalty_after - 1)
-  redis.call('PEXPIRE', KEYS[2], within_ms)
-  local oldest = tonumber(redis.call('LINDEX', KEYS[2], penalty_after - 1))
-  if oldest and now_ms - oldest < within_ms then
+  local strikes = redis.call('INCR', KEYS[2])
+  if strikes == 1 then
+    redis.call('PEXPIRE', KEYS[2], within_ms)
+  end
+  if strikes >= penalty_after then
     redis.call('DEL', KEYS[2])
     redis.call('SET', KEYS[3], 1, 'PX', ban_ms)
-    local ban_ns = ban_ms * 1000000
-    return {1, limit, 0, ban_ns, math.max(backlog, ban_ns), 1}
+    -- The ban, or the limit's own retry time if that is later.
+    local wait = ban_ms * 1000000
+    if retry_after > wait then
+      wait = retry_after
+    end
+    return {1, limit, 0, wait, math.max(backlog, wait), 1}
   end
 end
 return {1, limit, remaining, retry_after, backlog, 0}

@@ -727,12 +727,7 @@ impl Backend for RedisBackend {
             );
             return Box::pin(std::future::ready(Err(BackendError::new(message))));
         };
-        let admission = inner.admit();
-        if let Admission::FailFast = admission {
-            return Box::pin(std::future::ready(Err(BackendError::new(
-                "Redis is unreachable (failing fast until a probe gets through)",
-            ))));
-        }
+        // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = self.redis_key(limit.name(), key);
         if let Some(denied) = inner
             .deny
@@ -740,6 +735,12 @@ impl Backend for RedisBackend {
             .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
         {
             return Box::pin(std::future::ready(Ok(denied)));
+        }
+        let admission = inner.admit();
+        if let Admission::FailFast = admission {
+            return Box::pin(std::future::ready(Err(BackendError::new(
+                "Redis is unreachable (failing fast until a probe gets through)",
+            ))));
         }
         Box::pin(async move {
             let was_probe = matches!(admission, Admission::Probe(_));
@@ -764,6 +765,7 @@ impl Backend for RedisBackend {
                             interval: args.interval,
                             tolerance: args.tolerance,
                             whole_seconds,
+                            banned,
                         };
                         cache.insert(&redis_key, quantity, rejection, sent);
                     }
@@ -982,11 +984,13 @@ impl Inner {
             Conn::Cluster(c) => invocation.invoke_async(c).await?,
         };
         let [limited, limit, remaining, retry, reset, banned] = reply;
+        let mut decision = from_reply(
+            [limited, limit, remaining, retry, reset],
+            Duration::from_nanos,
+        );
+        decision.banned = banned == 1;
         Ok(Answer {
-            decision: from_reply(
-                [limited, limit, remaining, retry, reset],
-                Duration::from_nanos,
-            ),
+            decision,
             whole_seconds: false,
             banned: banned == 1,
         })
