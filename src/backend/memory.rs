@@ -1,6 +1,6 @@
 use std::future::{ready, Ready};
-use std::hash::{BuildHasher, Hash, Hasher};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::hash::BuildHasher;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
@@ -142,10 +142,7 @@ impl SlotKey for Key {
     }
 }
 
-/// The compact form of an IP key, read through the key's `Hash` implementation (the key's
-/// representation is private to its module) and then checked for equality with the key itself, so a
-/// key is never mistaken for another: if the standard library ever hashed addresses differently, keys
-/// would only fall back to the general table (a unit test checks that they do not).
+/// The compact form of a key: IP keys as their address bits, anything else as the key itself.
 enum Compact<'a> {
     V4(u32),
     V6([u8; 16]),
@@ -154,64 +151,11 @@ enum Compact<'a> {
 
 impl<'a> Compact<'a> {
     fn of(key: &'a Key) -> Self {
-        let mut probe = Probe::default();
-        key.hash(&mut probe);
-        match probe.last {
-            Last::V4(ip) if Key::from(ip) == *key => Compact::V4(ip.to_bits()),
-            Last::V6(ip) if Key::from(ip) == *key => Compact::V6(ip.octets()),
-            _ => Compact::Other(key),
+        match key.ip() {
+            Some(IpAddr::V4(ip)) => Compact::V4(ip.to_bits()),
+            Some(IpAddr::V6(ip)) => Compact::V6(ip.octets()),
+            None => Compact::Other(key),
         }
-    }
-}
-
-/// Records the last value a `Hash` implementation wrote, when it may be an address.
-#[derive(Default)]
-struct Probe {
-    last: Last,
-}
-
-#[derive(Default)]
-enum Last {
-    #[default]
-    None,
-    V4(Ipv4Addr),
-    V6(Ipv6Addr),
-}
-
-impl Hasher for Probe {
-    fn finish(&self) -> u64 {
-        0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        self.last = if let Ok(octets) = <[u8; 4]>::try_from(bytes) {
-            Last::V4(Ipv4Addr::from(octets))
-        } else if let Ok(octets) = <[u8; 16]>::try_from(bytes) {
-            Last::V6(Ipv6Addr::from(octets))
-        } else {
-            Last::None
-        };
-    }
-    fn write_u8(&mut self, _: u8) {
-        self.last = Last::None;
-    }
-    fn write_u16(&mut self, _: u16) {
-        self.last = Last::None;
-    }
-    // The standard library hashes an address as its octets in native byte order.
-    fn write_u32(&mut self, bits: u32) {
-        self.last = Last::V4(Ipv4Addr::from(bits.to_ne_bytes()));
-    }
-    fn write_u64(&mut self, _: u64) {
-        self.last = Last::None;
-    }
-    fn write_u128(&mut self, bits: u128) {
-        self.last = Last::V6(Ipv6Addr::from(bits.to_ne_bytes()));
-    }
-    fn write_usize(&mut self, _: usize) {
-        self.last = Last::None;
-    }
-    fn write_isize(&mut self, _: isize) {
-        self.last = Last::None;
     }
 }
 

@@ -56,6 +56,15 @@ enum Repr {
 }
 
 impl Key {
+    /// The address of an IP key (for backends that store them compactly).
+    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
+    pub(crate) fn ip(&self) -> Option<IpAddr> {
+        match self.0 {
+            Repr::Ip(ip) => Some(ip),
+            _ => None,
+        }
+    }
+
     /// The one key of [`Global`].
     pub const fn global() -> Self {
         Key(Repr::Global)
