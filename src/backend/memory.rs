@@ -549,7 +549,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::IpAddr;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     #[test]
     fn ip_keys_are_stored_compactly_and_other_keys_as_themselves() {
