@@ -74,19 +74,9 @@ impl Entries {
     }
 }
 
+/// A network or an address, in canonical form (as trusted proxies are parsed).
 fn net(cidr: &str) -> Result<IpNet, InvalidCidr> {
-    let cidr = cidr.trim();
-    cidr.parse::<IpNet>()
-        .or_else(|_| cidr.parse::<IpAddr>().map(IpNet::from))
-        .map(|n| match n.addr().to_canonical() {
-            // ::ffff:a.b.c.d/120 means a.b.c.d/24: addresses are compared in canonical form.
-            IpAddr::V4(v4) if n.addr().is_ipv6() && n.prefix_len() >= 96 => {
-                IpNet::new(IpAddr::V4(v4), n.prefix_len() - 96).unwrap_or(n)
-            }
-            _ => n,
-        })
-        .map(|n| n.trunc())
-        .map_err(|_| InvalidCidr(cidr.to_owned()))
+    crate::key::parse_net(cidr)
 }
 
 impl AccessList {

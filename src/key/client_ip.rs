@@ -68,7 +68,9 @@ impl fmt::Debug for TrustedProxies {
     }
 }
 
-fn parse_net(s: &str) -> Result<IpNet, InvalidCidr> {
+/// A network (`"10.0.0.0/8"`) or an address, truncated to its prefix, IPv4-mapped IPv6 networks as
+/// their IPv4 network (addresses are compared in canonical form).
+pub(crate) fn parse_net(s: &str) -> Result<IpNet, InvalidCidr> {
     let s = s.trim();
     let net = match s.parse::<IpNet>() {
         Ok(net) => net,

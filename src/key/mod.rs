@@ -25,6 +25,7 @@
 mod client_ip;
 mod extract;
 
+pub(crate) use client_ip::parse_net;
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies, MAX_HOPS};
 pub use extract::{
     BoxKeyExtractor, Extension, Global, Header, InvalidPrefix, KeyExtractor, KeySpec, PeerAddr,
