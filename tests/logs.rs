@@ -8,23 +8,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use axum::{routing::get, Router};
-use common::{request, status_of};
-use tower_throttle::key::Header;
-use tower_throttle::{Policy, Quota, ThrottleLayer};
-
-fn policy() -> Policy<Header> {
-    Policy::builder("api")
-        .quota(Quota::per_minute(1))
-        .key(Header::new("x-user"))
-        .build()
-        .unwrap()
-}
-
-fn from(user: &str) -> http::Request<axum::body::Body> {
-    let mut r = request("/items?page=2");
-    r.headers_mut().insert("x-user", user.parse().unwrap());
-    r
-}
+use common::{from_user as from, per_user_policy as policy, status_of};
+use tower_throttle::ThrottleLayer;
 
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]

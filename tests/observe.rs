@@ -5,24 +5,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use axum::{routing::get, Router};
-use common::{request, status_of};
+use common::{from_user as from, per_user_policy as policy, status_of};
 use http::Method;
-use tower_throttle::key::Header;
-use tower_throttle::{Limited, Policy, Quota, ThrottleLayer};
-
-fn policy() -> Policy<Header> {
-    Policy::builder("api")
-        .quota(Quota::per_minute(1))
-        .key(Header::new("x-user"))
-        .build()
-        .unwrap()
-}
-
-fn from(user: &str) -> http::Request<axum::body::Body> {
-    let mut r = request("/items?page=2");
-    r.headers_mut().insert("x-user", user.parse().unwrap());
-    r
-}
+use tower_throttle::{Limited, ThrottleLayer};
 
 #[tokio::test]
 async fn the_hook_sees_each_limited_request_with_its_parts() {

@@ -49,3 +49,19 @@ where
     let bytes = res.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
+
+/// "api": one request a minute per `x-user` header (the hook and log tests).
+pub fn per_user_policy() -> tower_throttle::Policy<tower_throttle::key::Header> {
+    tower_throttle::Policy::builder("api")
+        .quota(tower_throttle::Quota::per_minute(1))
+        .key(tower_throttle::key::Header::new("x-user"))
+        .build()
+        .unwrap()
+}
+
+/// `GET /items?page=2` from `user` (`x-user`).
+pub fn from_user(user: &str) -> Request<Body> {
+    let mut r = request("/items?page=2");
+    r.headers_mut().insert("x-user", user.parse().unwrap());
+    r
+}
