@@ -11,19 +11,31 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since this clock's origin. Must never go backwards.
     fn now_nanos(&self) -> u64;
+
+    /// The Unix time of this clock's origin in nanoseconds, so that window algorithms can align
+    /// their windows on wall-clock boundaries ("per calendar minute") as Redis does. The default, 0,
+    /// aligns them on the origin.
+    fn unix_origin_nanos(&self) -> u64 {
+        0
+    }
 }
 
 /// The process's monotonic clock ([`Instant`]), with its origin when the clock was created.
 #[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
     origin: Instant,
+    unix_origin: u64,
 }
 
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
+        let unix_origin = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         SystemClock {
             origin: Instant::now(),
+            unix_origin,
         }
     }
 }
@@ -38,6 +50,10 @@ impl Clock for SystemClock {
     fn now_nanos(&self) -> u64 {
         // u64 nanoseconds last 584 years of process uptime.
         self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn unix_origin_nanos(&self) -> u64 {
+        self.unix_origin
     }
 }
 

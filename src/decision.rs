@@ -30,6 +30,10 @@ pub struct Decision {
     pub reset_after: Duration,
     /// The key is banned by a [`Penalty`](crate::Penalty): `retry_after` is the end of the ban.
     pub banned: bool,
+    /// For an admitted request under a [concurrency](crate::Algorithm::Concurrency) limit, the
+    /// token its slot is given back with ([`Backend::release`](crate::Backend::release)); `None`
+    /// otherwise, and for backends that need no token.
+    pub lease: Option<u64>,
 }
 
 impl Decision {
@@ -42,6 +46,7 @@ impl Decision {
             retry_after: None,
             reset_after,
             banned: false,
+            lease: None,
         }
     }
 
@@ -59,6 +64,7 @@ impl Decision {
             retry_after,
             reset_after,
             banned: false,
+            lease: None,
         }
     }
 
@@ -77,7 +83,44 @@ impl Decision {
             retry_after: Some(retry),
             reset_after: reset_after.max(retry),
             banned: true,
+            lease: None,
         }
+    }
+
+    /// The same decision with a lease token.
+    #[must_use]
+    pub const fn with_lease(mut self, lease: u64) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Several decisions taken together (a [stack of quotas](crate::PolicyBuilder::quotas)), as one:
+    /// admitted when every one admits; otherwise the rejecting decision that waits longest (never, if
+    /// one can never pass) and the fewest remaining. `None` for no decisions.
+    pub fn combine(decisions: &[Decision]) -> Option<Decision> {
+        let (first, rest) = decisions.split_first()?;
+        let mut out = *first;
+        for d in rest {
+            let tighter = d.remaining < out.remaining;
+            if !d.allowed && out.allowed {
+                out = *d;
+            } else if !d.allowed {
+                out.retry_after = match (out.retry_after, d.retry_after) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+                if tighter {
+                    out.limit = d.limit;
+                    out.remaining = d.remaining;
+                }
+                out.banned |= d.banned;
+            } else if out.allowed && tighter {
+                out.limit = d.limit;
+                out.remaining = d.remaining;
+            }
+            out.reset_after = out.reset_after.max(d.reset_after);
+        }
+        Some(out)
     }
 
     /// `retry_after` in whole seconds for a `Retry-After` header: rounded **up**, and at least 1, so

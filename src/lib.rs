@@ -77,8 +77,9 @@ mod penalty;
 mod policy;
 mod quota;
 mod service;
+pub mod window;
 
-pub use backend::Backend;
+pub use backend::{Backend, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
@@ -87,7 +88,7 @@ pub use decision::Decision;
 pub use error::{BackendError, BuildError};
 pub use key::Key;
 pub use layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
-pub use limit::{Algorithm, Limit};
+pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY};
 pub use observe::Limited;
 pub use penalty::Penalty;
 pub use policy::{MissingKey, Policy, PolicyBuilder};

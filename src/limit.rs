@@ -3,17 +3,80 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::{gcra, BuildError, Penalty, Quota};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
 
-/// The algorithm a [`Limit`] is enforced with. Only the GCRA for now; more are planned, so matches
-/// need a wildcard arm.
+use crate::{gcra, window, BuildError, Penalty, Quota, QuotaError};
+
+/// The algorithm a [`Limit`] is enforced with (see [`window`](crate::window) for a comparison).
+///
+/// For every algorithm but the GCRA, the limit is the quota's `count` per `period` (or `count` in
+/// flight, for [`Concurrency`](Algorithm::Concurrency)) and its `max_burst` is not used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// The generic cell rate algorithm, exactly as redis-cell's `CL.THROTTLE`.
+    /// The generic cell rate algorithm, exactly as redis-cell's `CL.THROTTLE`: `count` per `period`
+    /// at a steady rate, with bursts of `max_burst + 1`. O(1) state per key. `"gcra"` in the config.
     #[default]
     Gcra,
+    /// At most `count` in any window of length `period`, exactly; O(count) state per key.
+    /// `"sliding-log"`.
+    SlidingLog,
+    /// At most `count` per window of `period`, windows aligned on the clock; `"fixed-window"`.
+    FixedWindow,
+    /// The previous-window weighted estimate of a sliding window; `"sliding-window"`.
+    SlidingWindow,
+    /// At most `count` requests in flight per key; `"concurrency"`.
+    Concurrency,
 }
+
+impl Algorithm {
+    /// The name used in the TOML configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Gcra => "gcra",
+            Algorithm::SlidingLog => "sliding-log",
+            Algorithm::FixedWindow => "fixed-window",
+            Algorithm::SlidingWindow => "sliding-window",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            Algorithm::Gcra,
+            Algorithm::SlidingLog,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::Concurrency,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+        .ok_or_else(|| {
+            format!(
+                "unknown algorithm {s:?} (expected \"gcra\", \"sliding-log\", \"fixed-window\", \"sliding-window\" or \"concurrency\")"
+            )
+        })
+    }
+}
+
+/// How long a Redis concurrency lease lives unless its request ends first (see
+/// [`Limit::with_lease`]).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// The longest a delayed request may be made to wait ([`Limit::with_delay`]).
+pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 
 /// A named quota: the policy as a backend sees it (algorithm and quota; the cost comes with each call).
 ///
@@ -43,7 +106,14 @@ pub struct Limit {
 /// The validated parameters of each algorithm.
 #[derive(Clone, Copy, Debug)]
 enum Params {
-    Gcra(gcra::Params),
+    /// `admit` decides (its tolerance includes the delay, if any); `tolerance` is the quota's own.
+    Gcra {
+        admit: gcra::Params,
+        tolerance: u64,
+        delay: Option<Duration>,
+    },
+    Window(Algorithm, window::Params),
+    Concurrency { limit: u64, lease: Duration },
 }
 
 impl Limit {
@@ -59,9 +129,172 @@ impl Limit {
             id: intern(&name),
             name: name.into(),
             quota,
-            params: Params::Gcra(gcra),
+            params: Params::Gcra {
+                admit: gcra,
+                tolerance: gcra.tolerance(),
+                delay: None,
+            },
             penalty: None,
         })
+    }
+
+    /// A limit called `name` enforced with `algorithm`. For the GCRA this is [`Limit::new`]; for the
+    /// others the limit is `quota.count()` per `quota.period()` (or in flight) and `max_burst` is not
+    /// used.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_throttle::{Algorithm, Limit, Quota};
+    ///
+    /// let limit = Limit::with_algorithm("search", Algorithm::SlidingLog, Quota::per_minute(30)).unwrap();
+    /// assert_eq!(limit.max_cost(), 30);
+    /// let conn = Limit::with_algorithm("downloads", Algorithm::Concurrency, Quota::per_second(2)).unwrap();
+    /// assert_eq!(conn.concurrency(), Some(2));
+    /// ```
+    pub fn with_algorithm(
+        name: impl Into<String>,
+        algorithm: Algorithm,
+        quota: Quota,
+    ) -> Result<Self, BuildError> {
+        if algorithm == Algorithm::Gcra {
+            return Limit::new(name, quota);
+        }
+        let name = name.into();
+        validate_name(&name)?;
+        let error = |source| BuildError::Quota {
+            policy: name.clone(),
+            source,
+        };
+        if quota.count() == 0 {
+            return Err(error(QuotaError::ZeroCount));
+        }
+        let params = if algorithm == Algorithm::Concurrency {
+            Params::Concurrency {
+                limit: quota.count(),
+                lease: DEFAULT_LEASE,
+            }
+        } else {
+            if quota.period().is_zero() {
+                return Err(error(QuotaError::ZeroPeriod));
+            }
+            let period = u64::try_from(quota.period().as_nanos())
+                .ok()
+                .filter(|p| *p <= 1 << 62)
+                .ok_or_else(|| error(QuotaError::PeriodTooLong(quota.period())))?;
+            Params::Window(algorithm, window::Params::new(period, quota.count()))
+        };
+        Ok(Limit {
+            id: intern(&name),
+            name: name.into(),
+            quota,
+            params,
+            penalty: None,
+        })
+    }
+
+    /// nginx's `burst` with `delay`: a GCRA request beyond the quota's burst waits up to `max_delay`
+    /// for its turn instead of being rejected (the middleware sleeps, without blocking a thread);
+    /// beyond that it is rejected. The slot is taken when the request is admitted, so waiting never
+    /// takes it twice. Only for [`Algorithm::Gcra`]; `max_delay` is at most an hour.
+    pub fn with_delay(mut self, max_delay: Duration) -> Result<Self, BuildError> {
+        let invalid = |why: &str| {
+            BuildError::Invalid(format!("policy {:?}: max_delay {why}", self.name()))
+        };
+        if max_delay.is_zero() || max_delay > MAX_DELAY {
+            return Err(invalid("must be more than 0 and at most 1 hour"));
+        }
+        let Params::Gcra {
+            admit, tolerance, ..
+        } = self.params
+        else {
+            return Err(invalid(&format!(
+                "(mode = \"delay\") needs algorithm \"gcra\", not {:?}",
+                self.algorithm().as_str()
+            )));
+        };
+        let extra = max_delay.as_nanos() as u64;
+        let admit = gcra::Params::new(
+            admit.emission_interval(),
+            tolerance + extra,
+            admit.limit(),
+        );
+        self.params = Params::Gcra {
+            admit,
+            tolerance,
+            delay: Some(max_delay),
+        };
+        Ok(self)
+    }
+
+    /// The longest a request may wait for its turn, if the limit delays instead of rejecting.
+    pub fn delay(&self) -> Option<Duration> {
+        match self.params {
+            Params::Gcra { delay, .. } => delay,
+            _ => None,
+        }
+    }
+
+    /// For a delaying limit, how long an admitted request must wait before it proceeds, from its
+    /// decision's `reset_after` (how far the key's TAT lies ahead): the part beyond the quota's own
+    /// tolerance.
+    pub fn delay_for(&self, decision: &crate::Decision) -> Duration {
+        match self.params {
+            Params::Gcra {
+                tolerance,
+                delay: Some(_),
+                ..
+            } if decision.allowed => {
+                decision
+                    .reset_after
+                    .saturating_sub(Duration::from_nanos(tolerance))
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// How long a Redis concurrency lease lives if its process dies before releasing it (default 60 s,
+    /// [`DEFAULT_LEASE`]). A request that runs longer loses its slot at that point, so this should be
+    /// longer than the slowest request. Only for [`Algorithm::Concurrency`].
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self, BuildError> {
+        match &mut self.params {
+            Params::Concurrency { lease: l, .. } if !lease.is_zero() && lease <= MAX_DELAY * 24 => {
+                *l = lease;
+                Ok(self)
+            }
+            Params::Concurrency { .. } => Err(BuildError::Invalid(format!(
+                "policy {:?}: lease must be more than 0 and at most 1 day",
+                self.name()
+            ))),
+            _ => Err(BuildError::Invalid(format!(
+                "policy {:?}: a lease is only for algorithm \"concurrency\"",
+                self.name()
+            ))),
+        }
+    }
+
+    /// The window parameters, for [`Algorithm::SlidingLog`], [`Algorithm::FixedWindow`] and
+    /// [`Algorithm::SlidingWindow`].
+    pub fn window(&self) -> Option<&window::Params> {
+        match &self.params {
+            Params::Window(_, p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The most requests in flight, for [`Algorithm::Concurrency`].
+    pub fn concurrency(&self) -> Option<u64> {
+        match self.params {
+            Params::Concurrency { limit, .. } => Some(limit),
+            _ => None,
+        }
+    }
+
+    /// The lease of a Redis concurrency slot, for [`Algorithm::Concurrency`].
+    pub fn lease(&self) -> Option<Duration> {
+        match self.params {
+            Params::Concurrency { lease, .. } => Some(lease),
+            _ => None,
+        }
     }
 
     /// With a [`Penalty`]: keys limited often enough are banned for a while.
@@ -90,7 +323,9 @@ impl Limit {
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         match self.params {
-            Params::Gcra(_) => Algorithm::Gcra,
+            Params::Gcra { .. } => Algorithm::Gcra,
+            Params::Window(algorithm, _) => algorithm,
+            Params::Concurrency { .. } => Algorithm::Concurrency,
         }
     }
 
@@ -98,7 +333,9 @@ impl Limit {
     /// limit `max_burst + 1`).
     pub fn max_cost(&self) -> u64 {
         match self.params {
-            Params::Gcra(p) => p.limit(),
+            Params::Gcra { admit, .. } => admit.limit(),
+            Params::Window(_, p) => p.limit(),
+            Params::Concurrency { limit, .. } => limit,
         }
     }
 
@@ -107,10 +344,20 @@ impl Limit {
         &self.quota
     }
 
-    /// The GCRA parameters, when the algorithm is [`Algorithm::Gcra`].
+    /// The GCRA parameters a backend decides with, when the algorithm is [`Algorithm::Gcra`]. With
+    /// a [delay](Limit::with_delay) their tolerance includes the delay.
     pub fn gcra(&self) -> Option<&gcra::Params> {
         match &self.params {
-            Params::Gcra(p) => Some(p),
+            Params::Gcra { admit, .. } => Some(admit),
+            _ => None,
+        }
+    }
+
+    /// The quota's own GCRA tolerance in nanoseconds (without a delay), for the GCRA.
+    pub(crate) fn tolerance(&self) -> Option<u64> {
+        match self.params {
+            Params::Gcra { tolerance, .. } => Some(tolerance),
+            _ => None,
         }
     }
 }

@@ -17,9 +17,13 @@ mod redis;
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::{BackendError, BuildError, Decision, Key, Limit};
+
+/// The future of [`Backend::check_all`]: one decision per limit, in order.
+pub type StackFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;
 
 /// Decides whether a request may pass, and records it if so.
 ///
@@ -39,6 +43,37 @@ pub trait Backend: Send + Sync + 'static {
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
         let _ = limit;
         Ok(())
+    }
+
+    /// Asks whether `quantity` units may pass for `key` under every one of `limits` (a stack of
+    /// quotas, such as 10 a second and 1,000 a day), atomically: the request passes only if every
+    /// limit admits it, and then it is recorded by all of them; a rejection by one records nothing
+    /// in any. Returns one decision per limit, in order. The default fails: a backend that implements
+    /// it says so in [`validate_all`](Backend::validate_all).
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        let _ = (key, quantity);
+        let error = BackendError::new(format!(
+            "this backend cannot decide {} stacked limits together",
+            limits.len()
+        ));
+        Box::pin(std::future::ready(Err(error)))
+    }
+
+    /// Whether this backend can enforce `limits` together with [`check_all`](Backend::check_all).
+    /// The default refuses.
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        Err(BuildError::Invalid(format!(
+            "this backend cannot enforce stacked quotas ({} limits)",
+            limits.len()
+        )))
+    }
+
+    /// Gives back the slot of a request admitted under a
+    /// [concurrency](crate::Algorithm::Concurrency) limit, when its response has been sent, failed
+    /// or been dropped. `lease` is the decision's [`lease`](Decision::lease) (0 if it had none).
+    /// Must not block; the default does nothing.
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        let _ = (limit, key, quantity, lease);
     }
 
     /// Whether this backend keeps [`Penalty`](crate::Penalty) strikes and bans itself (shared by every
@@ -62,5 +97,17 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn keeps_penalties(&self) -> bool {
         (**self).keeps_penalties()
+    }
+
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        (**self).check_all(limits, key, quantity)
+    }
+
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        (**self).validate_all(limits)
+    }
+
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        (**self).release(limit, key, quantity, lease)
     }
 }

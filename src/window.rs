@@ -1,0 +1,371 @@
+//! The window algorithms and the concurrency limit, as pure functions of a key's stored state.
+//!
+//! Like [`gcra::decide`](crate::gcra::decide), each function takes the stored state (or `None`), the
+//! backend's clock in nanoseconds, the limit and the request's quantity, and returns the
+//! [`Decision`] with the state to store. The memory backend calls them under a lock; the Redis
+//! backend's Lua script computes the same functions on the server clock. A rejected request never
+//! changes the state.
+//!
+//! | algorithm | exact? | state per key | `Retry-After` |
+//! |---|---|---|---|
+//! | GCRA | yes: `count` per `period` at a steady rate, bursts of `max_burst + 1` | one timestamp, O(1) | when the next unit is due |
+//! | [sliding log](sliding_log) | yes: at most `count` in **any** window of length `period` | one timestamp per admitted unit, O(count) | when enough of the oldest leave the window |
+//! | [fixed window](fixed_window) | per window only: up to `2 × count` across a boundary | a window number and a counter, O(1) | the next window boundary |
+//! | [sliding window](sliding_window) | approximate (see its error bound) | two counters, O(1) | when the weighted estimate leaves room |
+//! | [concurrency](concurrency) | yes: at most `count` in flight | a counter (in Redis: one lease per request) | 1 s (unknown) |
+//!
+//! Windows are aligned on multiples of `period` since the clock's epoch (the Unix epoch for the
+//! system clock and for Redis), so every process and every key shares the same boundaries.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::Decision;
+
+/// How long a client rejected by a concurrency limit is told to wait: when a slot frees up is
+/// unknown, so this is a hint, not a promise.
+pub const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
+
+/// Validated window parameters in nanoseconds: at most `limit` units per window of `period`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Params {
+    period: u64,
+    limit: u64,
+}
+
+impl Params {
+    pub(crate) const fn new(period: u64, limit: u64) -> Self {
+        Params { period, limit }
+    }
+
+    /// The window length in nanoseconds (at least 1).
+    pub const fn period(&self) -> u64 {
+        self.period
+    }
+
+    /// Units admitted per window (at least 1).
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
+fn nanos(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
+
+/// A fixed window's stored state: which window, and how many units it admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FixedState {
+    /// The window's number: its start divided by the period.
+    pub window: u64,
+    /// Units admitted in that window.
+    pub count: u64,
+}
+
+/// **Fixed window**: a counter per window of `period`, reset at each boundary.
+///
+/// Cheap and easy to explain ("100 per calendar minute"), but a client may spend its whole quota at
+/// the end of one window and again at the start of the next: up to `2 × count` within one `period`.
+/// A rejection's `Retry-After` points at the next boundary; `reset_after` is the same.
+pub fn fixed_window(
+    state: Option<FixedState>,
+    now: u64,
+    params: &Params,
+    quantity: u64,
+) -> (Decision, Option<FixedState>) {
+    let Params { period, limit } = *params;
+    let window = now / period;
+    let to_boundary = period - now % period;
+    let used = match state {
+        Some(s) if s.window == window => s.count,
+        _ => 0,
+    };
+    let reset = if used == 0 { 0 } else { to_boundary };
+    match used.checked_add(quantity).filter(|total| *total <= limit) {
+        Some(total) => {
+            let reset = if total == 0 { 0 } else { to_boundary };
+            let stored = (total > 0).then_some(FixedState {
+                window,
+                count: total,
+            });
+            (
+                Decision::allowed(limit, limit - total, nanos(reset)),
+                stored,
+            )
+        }
+        None => {
+            let retry = (quantity <= limit).then(|| nanos(to_boundary));
+            let decision = Decision::limited(limit, limit - used, retry, nanos(reset));
+            (decision, state.filter(|s| s.window == window))
+        }
+    }
+}
+
+/// A sliding window counter's stored state: the counts of the current and the previous window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SlidingState {
+    /// The number of the window `current` counts.
+    pub window: u64,
+    /// Units admitted in window `window`.
+    pub current: u64,
+    /// Units admitted in window `window - 1`.
+    pub previous: u64,
+}
+
+impl SlidingState {
+    /// The counts (current, previous) as seen from window `window`.
+    fn at(state: Option<SlidingState>, window: u64) -> (u64, u64) {
+        match state {
+            Some(s) if s.window == window => (s.current, s.previous),
+            Some(s) if s.window + 1 == window => (0, s.current),
+            _ => (0, 0),
+        }
+    }
+}
+
+/// **Sliding window counter**: the previous-window weighted approximation that Cloudflare describes.
+///
+/// The number of units in the window of length `period` ending now is estimated as
+/// `previous × (period − elapsed) / period + current`, where `elapsed` is the time since the current
+/// window began: it assumes the previous window's requests were spread evenly. A request passes when
+/// the estimate plus its quantity is at most `count`. The comparison is exact (integer arithmetic on
+/// `count × period`), so the only error is the assumption.
+///
+/// **Error bound.** When the previous window's requests were spread evenly, the estimate is exact.
+/// When they were bunched at its end, the estimate is low: up to (but never quite) `2 × count` units
+/// can pass in one window of length `period` (the previous window's `count` in its last instant, then
+/// `count × elapsed / period` more as they are weighted out). When they were bunched at its start,
+/// the estimate is high and fewer than `count` pass. No window *aligned on the period* ever holds more
+/// than `count`. `tests/window_accuracy.rs` measures the error against the exact sliding log on a
+/// recorded pattern.
+pub fn sliding_window(
+    state: Option<SlidingState>,
+    now: u64,
+    params: &Params,
+    quantity: u64,
+) -> (Decision, Option<SlidingState>) {
+    let Params { period, limit } = *params;
+    let window = now / period;
+    let elapsed = now % period;
+    let left = period - elapsed;
+    let (current, previous) = SlidingState::at(state, window);
+    let p = u128::from(period);
+    // estimate × period, exactly.
+    let weighted = u128::from(previous) * u128::from(left) + u128::from(current) * p;
+    let capacity = u128::from(limit) * p;
+    let reset = if current > 0 {
+        left + period
+    } else if previous > 0 {
+        left
+    } else {
+        0
+    };
+    let cost = u128::from(quantity) * p;
+    let stored_now = |current: u64| {
+        (current > 0 || previous > 0).then_some(SlidingState {
+            window,
+            current,
+            previous,
+        })
+    };
+    if weighted + cost <= capacity {
+        let current = current + quantity;
+        let used = weighted + cost;
+        let remaining = ((capacity - used) / p) as u64;
+        let reset = if current > 0 { left + period } else { reset };
+        return (
+            Decision::allowed(limit, remaining, nanos(reset)),
+            stored_now(current),
+        );
+    }
+    let remaining = (capacity.saturating_sub(weighted) / p) as u64;
+    let retry = if quantity > limit {
+        None
+    } else if current + quantity <= limit {
+        // Later in this window, as the previous window is weighted out: previous × (left − w) must
+        // fit in (limit − current − quantity) × period.
+        let room = u128::from(limit - current - quantity) * p;
+        let fits = (room / u128::from(previous)) as u64;
+        Some(nanos(left - fits.min(left)))
+    } else {
+        // Not before the next window, where this window's `current` is the one weighted out.
+        let room = u128::from(limit - quantity) * p;
+        let fits = (room / u128::from(current)).min(p) as u64;
+        Some(nanos(left + (period - fits)))
+    };
+    (
+        Decision::limited(limit, remaining, retry, nanos(reset)),
+        stored_now(current),
+    )
+}
+
+/// **Sliding log**: the time of every admitted unit within the last `period`, so that at most
+/// `count` units pass in **any** window of length `period`. Exact, at O(`count`) memory per key
+/// (the GCRA needs O(1)); rejected requests are not recorded, so a client that keeps retrying does
+/// not lock itself out.
+///
+/// A unit admitted at `t` leaves the window when the clock reaches `t + period`.
+/// `log` holds the times in order, oldest first; this function trims it and appends to it.
+pub fn sliding_log(log: &mut VecDeque<u64>, now: u64, params: &Params, quantity: u64) -> Decision {
+    let Params { period, limit } = *params;
+    while log.front().is_some_and(|t| t.saturating_add(period) <= now) {
+        log.pop_front();
+    }
+    let used = log.len() as u64;
+    let reset_of = |log: &VecDeque<u64>| {
+        log.back()
+            .map_or(0, |newest| newest.saturating_add(period).saturating_sub(now))
+    };
+    if used
+        .checked_add(quantity)
+        .is_some_and(|total| total <= limit)
+    {
+        log.extend(std::iter::repeat_n(now, quantity as usize));
+        return Decision::allowed(limit, limit - log.len() as u64, nanos(reset_of(log)));
+    }
+    let retry = (quantity <= limit).then(|| {
+        // The oldest `used + quantity − limit` units must leave.
+        let leaving = (used + quantity - limit - 1) as usize;
+        nanos(log[leaving].saturating_add(period) - now)
+    });
+    Decision::limited(limit, limit - used, retry, nanos(reset_of(log)))
+}
+
+/// **Concurrency**: at most `limit` units in flight. `in_flight` is the key's count; an admitted
+/// request adds its quantity, which the caller gives back when the request ends.
+pub fn concurrency(in_flight: u64, limit: u64, quantity: u64) -> (Decision, u64) {
+    match in_flight
+        .checked_add(quantity)
+        .filter(|total| *total <= limit)
+    {
+        Some(total) => (
+            Decision::allowed(limit, limit - total, Duration::ZERO),
+            total,
+        ),
+        None => {
+            let retry = (quantity <= limit).then_some(CONCURRENCY_RETRY);
+            let remaining = limit.saturating_sub(in_flight);
+            (
+                Decision::limited(limit, remaining, retry, Duration::ZERO),
+                in_flight,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    fn params(limit: u64, period: u64) -> Params {
+        Params::new(period, limit)
+    }
+
+    #[test]
+    fn fixed_window_counts_per_window_and_resets_on_the_boundary() {
+        let p = params(3, S);
+        let mut state = None;
+        let mut at = |now: u64, q: u64, state: &mut Option<FixedState>| {
+            let (d, s) = fixed_window(*state, now, &p, q);
+            *state = s;
+            d
+        };
+        let t0 = 10 * S + 200 * MS;
+        for left in [2, 1, 0] {
+            let d = at(t0, 1, &mut state);
+            assert!(d.allowed);
+            assert_eq!(d.remaining, left);
+            assert_eq!(d.reset_after, nanos(800 * MS));
+        }
+        let d = at(t0 + 500 * MS, 1, &mut state);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(nanos(300 * MS)));
+        assert_eq!(state, Some(FixedState { window: 10, count: 3 }));
+        // The boundary resets the count.
+        let d = at(11 * S, 3, &mut state);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        // More than the limit can never pass.
+        let d = at(11 * S, 4, &mut state);
+        assert_eq!(d.retry_after, None);
+        let d = fixed_window(None, 0, &p, u64::MAX).0;
+        assert!(!d.allowed && d.retry_after.is_none());
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let p = params(10, S);
+        // 10 in window 0; a quarter into window 1 they weigh 7.5, so 2 more fit, not 3.
+        let s = Some(SlidingState {
+            window: 0,
+            current: 10,
+            previous: 0,
+        });
+        let (d, s2) = sliding_window(s, S + 250 * MS, &p, 2);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(
+            s2,
+            Some(SlidingState {
+                window: 1,
+                current: 2,
+                previous: 10
+            })
+        );
+        let (d, _) = sliding_window(s2, S + 250 * MS, &p, 1);
+        assert!(!d.allowed);
+        // 10 × (1 − e) + 3 <= 10 from e = 0.3: 50 ms later.
+        assert_eq!(d.retry_after, Some(nanos(50 * MS)));
+        let (d, _) = sliding_window(s2, S + 300 * MS, &p, 1);
+        assert!(d.allowed);
+        // A full current window must wait into the next one.
+        let full = Some(SlidingState {
+            window: 1,
+            current: 10,
+            previous: 0,
+        });
+        let (d, _) = sliding_window(full, S + 500 * MS, &p, 5);
+        assert!(!d.allowed);
+        // In window 2, 10 × (1 − e) + 5 <= 10 from e = 0.5.
+        assert_eq!(d.retry_after, Some(nanos(S)));
+        let (d, _) = sliding_window(full, 2 * S + 500 * MS, &p, 5);
+        assert!(d.allowed);
+        assert_eq!(sliding_window(None, 0, &p, 11).0.retry_after, None);
+    }
+
+    #[test]
+    fn sliding_log_is_exact_over_any_window() {
+        let p = params(3, S);
+        let mut log = VecDeque::new();
+        assert!(sliding_log(&mut log, 0, &p, 1).allowed);
+        assert!(sliding_log(&mut log, 400 * MS, &p, 2).allowed);
+        let d = sliding_log(&mut log, 900 * MS, &p, 1);
+        assert!(!d.allowed);
+        // The first unit leaves at 1 s.
+        assert_eq!(d.retry_after, Some(nanos(100 * MS)));
+        assert_eq!(d.reset_after, nanos(500 * MS));
+        // Two units need the two at 400 ms to leave... after the one at 0.
+        let d = sliding_log(&mut log, 1000 * MS, &p, 2);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(nanos(400 * MS)));
+        assert_eq!(log.len(), 2, "rejections are not recorded");
+        assert!(sliding_log(&mut log, 1000 * MS, &p, 1).allowed);
+        assert!(sliding_log(&mut log, 1400 * MS, &p, 2).allowed);
+        assert_eq!(log.len(), 3, "the log never holds more than the limit");
+        assert_eq!(sliding_log(&mut log, 0, &p, 4).retry_after, None);
+    }
+
+    #[test]
+    fn concurrency_counts_in_flight() {
+        assert_eq!(concurrency(0, 2, 1).1, 1);
+        assert_eq!(concurrency(1, 2, 1).1, 2);
+        let (d, n) = concurrency(2, 2, 1);
+        assert!(!d.allowed);
+        assert_eq!(n, 2);
+        assert_eq!(d.retry_after, Some(CONCURRENCY_RETRY));
+        assert_eq!(concurrency(0, 2, 3).0.retry_after, None);
+    }
+}
