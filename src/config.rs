@@ -39,8 +39,8 @@ use crate::key::{ClientIp, ForwardedHeader, KeySpec, PeerIp, TrustedProxies};
 #[cfg(feature = "redis")]
 use crate::offenders::Offenders;
 use crate::{
-    BuildError, MemoryBackend, MissingKey, OnBackendError, Penalty, Policy, Quota, ThrottleLayer,
-    ThrottleLayerBuilder,
+    Algorithm, BuildError, MemoryBackend, MissingKey, OnBackendError, Penalty, Policy, Quota,
+    ThrottleLayer, ThrottleLayerBuilder,
 };
 
 /// The whole configuration file.
@@ -340,14 +340,45 @@ pub struct RouteConfig {
     /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
     #[serde(default)]
     pub ipv6_prefix: Option<u8>,
-    /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1.
+    /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1. GCRA only.
     #[serde(default)]
     pub max_burst: Option<u64>,
-    /// Requests per period.
-    pub count: u64,
-    /// The period, such as `"60s"`, `"1m"`, `"500ms"`, `"1day"`.
-    #[serde(deserialize_with = "duration")]
-    pub period: Duration,
+    /// Requests per period (or in flight, for `algorithm = "concurrency"`). Required unless
+    /// `quotas` is given.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// The period, such as `"60s"`, `"1m"`, `"500ms"`, `"1day"`. Required with `count` (except for
+    /// `algorithm = "concurrency"`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub period: Option<Duration>,
+    /// Stacked quotas instead of `count`/`period`/`max_burst`:
+    /// `[{ max_burst = 9, count = 10, period = "1s" }, { count = 1000, period = "1d" }]`; a request
+    /// must pass every one.
+    #[serde(default)]
+    pub quotas: Option<Vec<QuotaConfig>>,
+    /// `"gcra"` (default), `"sliding-log"`, `"fixed-window"`, `"sliding-window"` or `"concurrency"`.
+    #[serde(default)]
+    pub algorithm: Option<String>,
+    /// `"enforce"` (default), `"dry-run"` (decide and report, never reject) or `"delay"` (GCRA:
+    /// requests beyond the burst wait up to `max_delay`).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// With `mode = "delay"`: the longest a request waits, such as `"2s"`.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub max_delay: Option<Duration>,
+    /// With `algorithm = "concurrency"` on Redis: how long a slot's lease lives if its process dies
+    /// (default `"60s"`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub lease: Option<Duration>,
+    /// Quotas per tier (plan): `[route.tiers.paid]` with `count`/`period`/`max_burst` or `quotas`.
+    /// The tier comes from a `Tier` request extension or the `tier_header`; other requests get the
+    /// route's own quota.
+    #[serde(default)]
+    pub tiers: Option<std::collections::BTreeMap<String, TierConfig>>,
+    /// The request header naming the tier, such as `"x-plan"`. Only a header that a trusted proxy
+    /// sets (and strips from clients).
+    #[serde(default)]
+    pub tier_header: Option<String>,
     /// Units each request costs (default 1).
     #[serde(default)]
     pub cost: Option<u64>,
@@ -358,6 +389,87 @@ pub struct RouteConfig {
     /// banned for `ban`.
     #[serde(default)]
     pub penalty: Option<PenaltyConfig>,
+}
+
+/// One quota of a stack (`quotas = [...]`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct QuotaConfig {
+    /// GCRA only; default count - 1.
+    #[serde(default)]
+    pub max_burst: Option<u64>,
+    /// Requests per period.
+    pub count: u64,
+    /// The period.
+    #[serde(deserialize_with = "duration")]
+    pub period: Duration,
+}
+
+/// A tier's quotas (`[route.tiers.<name>]`): `count`/`period`/`max_burst`, or `quotas`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TierConfig {
+    /// GCRA only; default count - 1.
+    #[serde(default)]
+    pub max_burst: Option<u64>,
+    /// Requests per period.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// The period.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub period: Option<Duration>,
+    /// Stacked quotas.
+    #[serde(default)]
+    pub quotas: Option<Vec<QuotaConfig>>,
+}
+
+/// The quotas of a route or tier: `quotas`, or `count`/`period`/`max_burst`.
+fn quotas_of(
+    algorithm: Algorithm,
+    count: Option<u64>,
+    period: Option<Duration>,
+    max_burst: Option<u64>,
+    quotas: Option<&[QuotaConfig]>,
+) -> Result<Vec<Quota>, String> {
+    let gcra = algorithm == Algorithm::Gcra;
+    let one = |count: u64, period: Option<Duration>, max_burst: Option<u64>| {
+        let period = match (period, algorithm) {
+            (Some(period), _) => period,
+            // In flight, not per period: any period will do.
+            (None, Algorithm::Concurrency) => Duration::from_secs(1),
+            (None, _) => return Err("period is required with count".to_owned()),
+        };
+        let mut quota = Quota::per_period(count, period);
+        match max_burst {
+            Some(_) if !gcra => Err(format!(
+                "max_burst is only used by algorithm \"gcra\", not {:?}; remove it",
+                algorithm.as_str()
+            )),
+            Some(max_burst) => {
+                quota = quota.with_max_burst(max_burst);
+                Ok(quota)
+            }
+            None => Ok(quota),
+        }
+    };
+    if let Some(quotas) = quotas {
+        if count.is_some() || period.is_some() || max_burst.is_some() {
+            return Err("give either quotas or count/period/max_burst, not both".into());
+        }
+        if quotas.is_empty() {
+            return Err("quotas is empty".into());
+        }
+        return quotas
+            .iter()
+            .map(|q| one(q.count, Some(q.period), q.max_burst))
+            .collect();
+    }
+    match count {
+        Some(count) => Ok(vec![one(count, period, max_burst)?]),
+        None => Err("a quota is required: count and period, or quotas".into()),
+    }
 }
 
 /// A route's `penalty` table.
@@ -567,6 +679,32 @@ impl crate::Backend for ConfiguredBackend {
             ConfiguredBackend::Redis(redis) => redis.keeps_penalties(),
         }
     }
+
+    fn check_all(
+        &self,
+        limits: &[crate::Limit],
+        key: &crate::Key,
+        quantity: u64,
+    ) -> crate::StackFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.check_all(limits, key, quantity),
+            ConfiguredBackend::Redis(redis) => redis.check_all(limits, key, quantity),
+        }
+    }
+
+    fn validate_all(&self, limits: &[crate::Limit]) -> Result<(), BuildError> {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.validate_all(limits),
+            ConfiguredBackend::Redis(redis) => redis.validate_all(limits),
+        }
+    }
+
+    fn release(&self, limit: &crate::Limit, key: &crate::Key, quantity: u64, lease: u64) {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.release(limit, key, quantity, lease),
+            ConfiguredBackend::Redis(redis) => redis.release(limit, key, quantity, lease),
+        }
+    }
 }
 
 /// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.
@@ -639,14 +777,60 @@ impl RouteConfig {
             }
             _ => {}
         }
-        let mut quota = Quota::per_period(self.count, self.period);
-        if let Some(max_burst) = self.max_burst {
-            quota = quota.with_max_burst(max_burst);
-        }
+        let algorithm: Algorithm = match &self.algorithm {
+            Some(a) => a.parse().map_err(invalid)?,
+            None => Algorithm::Gcra,
+        };
+        let quotas = quotas_of(
+            algorithm,
+            self.count,
+            self.period,
+            self.max_burst,
+            self.quotas.as_deref(),
+        )
+        .map_err(invalid)?;
         let mut builder = Policy::builder(self.name.clone())
-            .quota(quota)
+            .quotas(quotas)
+            .algorithm(algorithm)
             .key(key)
             .cost(self.cost.unwrap_or(1));
+        match (self.mode.as_deref(), self.max_delay) {
+            (None | Some("enforce"), None) => {}
+            (Some("dry-run"), None) => builder = builder.dry_run(true),
+            (Some("delay"), Some(max_delay)) => builder = builder.delay(max_delay),
+            (Some("delay"), None) => {
+                return Err(invalid(
+                    "mode = \"delay\" needs max_delay, such as \"2s\"".into(),
+                ))
+            }
+            (None | Some("enforce" | "dry-run"), Some(_)) => {
+                return Err(invalid(
+                    "max_delay is only used with mode = \"delay\"".into(),
+                ))
+            }
+            (Some(other), _) => {
+                return Err(invalid(format!(
+                    "mode {other:?} is not \"enforce\", \"dry-run\" or \"delay\""
+                )))
+            }
+        }
+        if let Some(lease) = self.lease {
+            builder = builder.lease(lease);
+        }
+        for (name, tier) in self.tiers.iter().flatten() {
+            let quotas = quotas_of(
+                algorithm,
+                tier.count,
+                tier.period,
+                tier.max_burst,
+                tier.quotas.as_deref(),
+            )
+            .map_err(|why| invalid(format!("tier {name:?}: {why}")))?;
+            builder = builder.tier(name.clone(), quotas);
+        }
+        if let Some(header) = &self.tier_header {
+            builder = builder.tier_header(header.clone());
+        }
         if let Some(path) = &self.path {
             builder = builder.route(path.clone());
         }

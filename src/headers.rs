@@ -11,6 +11,8 @@
 //! * `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until full), opt in,
 //!   for older clients.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
@@ -110,20 +112,31 @@ pub(crate) struct RateHeaders {
     legacy: Option<[HeaderValue; 3]>,
 }
 
-/// The `RateLimit-Policy` value of a limit: rendered once, when the layer is built.
-pub(crate) fn policy_field(limit: &Limit) -> HeaderValue {
-    // The GCRA admits bursts of `limit` and refills completely in `tolerance`.
-    let (quota, window) = match limit.gcra() {
-        Some(gcra) => (gcra.limit(), gcra.tolerance()),
-        None => (limit.max_cost(), limit.quota().period().as_nanos() as u64),
-    };
-    let window = ceil_secs(std::time::Duration::from_nanos(window)).max(1);
+/// The `RateLimit-Policy` value of a policy's limits (one list member per stacked quota): rendered
+/// once, when the layer is built.
+pub(crate) fn policy_field(limits: &[Limit]) -> HeaderValue {
     let mut out = String::new();
-    RefListSerializer::new(&mut out)
-        .bare_item(&RefBareItem::String(limit.name()))
-        .and_then(|s| s.parameter("q", &RefBareItem::Integer(sf_int(quota))))
-        .and_then(|s| s.parameter("w", &RefBareItem::Integer(sf_int(window))))
-        .expect("policy names are validated printable ASCII");
+    let mut list = RefListSerializer::new(&mut out);
+    for limit in limits {
+        // The GCRA admits bursts of `limit` and refills completely in its tolerance (without a
+        // delay); a window admits `count` per period; a concurrency limit has no window.
+        let (quota, window) = match (limit.tolerance(), limit.window()) {
+            (Some(tolerance), _) => (limit.max_cost(), Some(tolerance)),
+            (None, Some(w)) => (w.limit(), Some(w.period())),
+            (None, None) => (limit.max_cost(), None),
+        };
+        list = list
+            .bare_item(&RefBareItem::String(limit.name()))
+            .and_then(|s| s.parameter("q", &RefBareItem::Integer(sf_int(quota))))
+            .expect("limit names are validated printable ASCII");
+        if let Some(window) = window {
+            let window = ceil_secs(std::time::Duration::from_nanos(window)).max(1);
+            list = list
+                .parameter("w", &RefBareItem::Integer(sf_int(window)))
+                .expect("an integer parameter always serializes");
+        }
+    }
+    drop(list);
     HeaderValue::try_from(out).expect("a structured field is a valid header value")
 }
 
@@ -132,30 +145,41 @@ fn sf_int(n: u64) -> i64 {
 }
 
 impl RateHeaders {
+    /// The fields of one decision per limit (`names[i]` decided `decisions[i]`); the legacy fields
+    /// show `combined`, the decision that binds.
     pub(crate) fn new(
         options: HeaderOptions,
-        name: &str,
+        names: &[Arc<str>],
         policy: &HeaderValue,
-        decision: &Decision,
+        decisions: &[Decision],
+        combined: &Decision,
     ) -> Self {
         let mut headers = RateHeaders::default();
-        let reset = decision.reset_after_secs();
         if options.ratelimit {
-            let mut out = String::with_capacity(name.len() + 24);
-            let rendered = RefListSerializer::new(&mut out)
-                .bare_item(&RefBareItem::String(name))
-                .and_then(|s| s.parameter("r", &RefBareItem::Integer(sf_int(decision.remaining))))
-                .and_then(|s| s.parameter("t", &RefBareItem::Integer(sf_int(reset))));
-            if rendered.is_ok() {
+            let mut out = String::with_capacity(names.len() * (names[0].len() + 24));
+            let mut list = Ok(RefListSerializer::new(&mut out));
+            for (name, decision) in names.iter().zip(decisions) {
+                list = list
+                    .and_then(|s| s.bare_item(&RefBareItem::String(name)))
+                    .and_then(|s| {
+                        s.parameter("r", &RefBareItem::Integer(sf_int(decision.remaining)))
+                    })
+                    .and_then(|s| {
+                        let reset = decision.reset_after_secs();
+                        s.parameter("t", &RefBareItem::Integer(sf_int(reset)))
+                    });
+            }
+            if list.is_ok() {
+                drop(list);
                 headers.ratelimit = HeaderValue::try_from(out).ok();
                 headers.policy = Some(policy.clone());
             }
         }
         if options.legacy {
             headers.legacy = Some([
-                HeaderValue::from(decision.limit),
-                HeaderValue::from(decision.remaining),
-                HeaderValue::from(reset),
+                HeaderValue::from(combined.limit),
+                HeaderValue::from(combined.remaining),
+                HeaderValue::from(combined.reset_after_secs()),
             ]);
         }
         headers
@@ -196,7 +220,7 @@ mod tests {
     #[test]
     fn fields_are_structured_field_lists() {
         let limit = Limit::new("reply", Quota::per_minute(30).with_max_burst(15)).unwrap();
-        let policy = policy_field(&limit);
+        let policy = policy_field(std::slice::from_ref(&limit));
         assert_eq!(policy, r#""reply";q=16;w=32"#);
         let d = Decision::allowed(16, 15, Duration::from_millis(2001));
         let h = RateHeaders::new(
@@ -204,8 +228,9 @@ mod tests {
                 ratelimit: true,
                 legacy: true,
             },
-            "reply",
+            &["reply".into()],
             &policy,
+            &[d],
             &d,
         );
         let mut map = HeaderMap::new();
@@ -216,6 +241,45 @@ mod tests {
         assert_eq!(map[&X_RATELIMIT_LIMIT], "16");
         assert_eq!(map[&X_RATELIMIT_REMAINING], "15");
         assert_eq!(map[&X_RATELIMIT_RESET], "3");
+    }
+
+    #[test]
+    fn stacked_quotas_are_list_members() {
+        let policy = crate::Policy::builder("api")
+            .quotas([Quota::per_second(10), Quota::per_day(1000)])
+            .build()
+            .unwrap();
+        let field = policy_field(policy.limits());
+        assert_eq!(field, r#""api.1s";q=10;w=1, "api.1d";q=1000;w=86400"#);
+        let names: Vec<Arc<str>> = policy.limits().iter().map(|l| l.name().into()).collect();
+        let second = Decision::allowed(10, 9, Duration::from_millis(100));
+        let day = Decision::allowed(1000, 999, Duration::from_secs(86));
+        let h = RateHeaders::new(
+            HeaderOptions {
+                ratelimit: true,
+                legacy: true,
+            },
+            &names,
+            &field,
+            &[second, day],
+            &Decision::combine(&[second, day]).unwrap(),
+        );
+        let mut map = HeaderMap::new();
+        h.apply(&mut map);
+        assert_eq!(map[&RATELIMIT], r#""api.1s";r=9;t=1, "api.1d";r=999;t=86"#);
+        assert_eq!(map[&X_RATELIMIT_REMAINING], "9");
+        let conn = Limit::with_algorithm("dl", crate::Algorithm::Concurrency, Quota::per_second(2))
+            .unwrap();
+        assert_eq!(policy_field(&[conn]), r#""dl";q=2"#);
+        let delayed = Limit::new("d", Quota::per_second(2))
+            .unwrap()
+            .with_delay(Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(
+            policy_field(&[delayed]),
+            r#""d";q=2;w=1"#,
+            "the delay is not the window"
+        );
     }
 
     #[test]

@@ -15,10 +15,32 @@ use crate::key::ClientIp;
 use crate::observe::{Limited, Reporter, RequestRef, ShownKey};
 use crate::offenders::Offenders;
 use crate::penalty::PenaltyBox;
-use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle};
+use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle, ThrottleDecision};
 
 #[cfg(feature = "memory")]
 use crate::MemoryBackend;
+
+// TEMPORARY until the memory backend's stacks are merged.
+#[cfg(feature = "memory")]
+trait DecideAll {
+    fn decide_all(
+        &self,
+        l: &[crate::Limit],
+        k: &Key,
+        q: u64,
+    ) -> Result<Vec<Decision>, BackendError>;
+}
+#[cfg(feature = "memory")]
+impl DecideAll for MemoryBackend {
+    fn decide_all(
+        &self,
+        _: &[crate::Limit],
+        _: &Key,
+        _: u64,
+    ) -> Result<Vec<Decision>, BackendError> {
+        Err(BackendError::new("todo"))
+    }
+}
 
 type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
 type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
@@ -143,26 +165,67 @@ impl ErrorLog {
 }
 
 struct PolicyInfo {
-    name: Box<str>,
+    name: Arc<str>,
     reporter: Reporter,
-    /// The in-process penalty box, for a policy with a penalty on a backend that keeps none.
     penalty: Option<PenaltyBox>,
-    limit_value: u64,
-    #[cfg(feature = "memory")]
-    limit: crate::Limit,
     #[cfg(feature = "memory")]
     cost: u64,
-    policy_field: HeaderValue,
-    /// The default 429 body, rendered once.
+    dry_run: bool,
+    tiers: Box<[TierInfo]>,
     limited_body: Bytes,
     warned_missing_key: AtomicBool,
 }
 
-/// What the middleware does with a request once its policy has decided.
+/// What the responder needs of one tier's limits.
+struct TierInfo {
+    name: Option<Arc<str>>,
+    limits: Box<[crate::Limit]>,
+    names: Box<[Arc<str>]>,
+    policy_field: HeaderValue,
+    /// `limits[0].max_cost()`, for the decision of a ban.
+    limit_value: u64,
+    concurrency: bool,
+}
+
+/// The decision of a backend: one limit, or a stack.
+pub(crate) enum Decided {
+    One(Decision),
+    All(Vec<Decision>),
+}
+
+/// Where an admitted request's concurrency slot is given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotOwner {
+    Backend {
+        lease: u64,
+    },
+    #[cfg(feature = "memory")]
+    Local,
+}
+
+/// How a request is let through.
+pub(crate) struct Admitted {
+    pub(crate) headers: Option<RateHeaders>,
+    /// Delay mode: how long to wait before calling the service.
+    pub(crate) delay: std::time::Duration,
+    pub(crate) decision: Option<ThrottleDecision>,
+    /// A concurrency slot to give back when the response ends.
+    pub(crate) slot: Option<SlotOwner>,
+}
+
+impl Admitted {
+    fn unlimited() -> Self {
+        Admitted {
+            headers: None,
+            delay: std::time::Duration::ZERO,
+            decision: None,
+            slot: None,
+        }
+    }
+}
+
 pub(crate) enum Verdict {
-    /// Call the inner service, then add these fields to its response.
-    Admit(Option<RateHeaders>),
-    /// Answer with this response instead.
+    Admit(Admitted),
     Reject(Response<Bytes>),
 }
 
@@ -170,18 +233,19 @@ impl Responder {
     pub(crate) fn verdict(
         &self,
         index: usize,
-        result: Result<Decision, BackendError>,
+        tier: usize,
+        result: Result<Decided, BackendError>,
         key: &Key,
         request: RequestRef<'_>,
     ) -> Verdict {
         let info = &self.policies[index];
-        let decision = match result {
-            Ok(decision) => decision,
+        let decided = match result {
+            Ok(decided) => decided,
             Err(error) => {
                 info.reporter.failure(&info.name);
                 self.errors.record(&info.name, &error, self.on_error);
                 return match self.on_error {
-                    OnBackendError::Allow => Verdict::Admit(None),
+                    OnBackendError::Allow => Verdict::Admit(Admitted::unlimited()),
                     OnBackendError::Deny => {
                         let mut response = self.problem(
                             StatusCode::SERVICE_UNAVAILABLE,
@@ -195,63 +259,153 @@ impl Responder {
                         Verdict::Reject(response)
                     }
                     #[cfg(feature = "memory")]
-                    OnBackendError::Local => match &self.local {
-                        Some(local) => match local.decide(&info.limit, key, info.cost) {
-                            Ok(decision) => self.decided(info, decision, key, true, request),
-                            Err(_) => Verdict::Admit(None),
-                        },
-                        None => Verdict::Admit(None),
-                    },
+                    OnBackendError::Local => self.decide_locally(info, tier, key, request),
                 };
             }
         };
-        self.decided(info, decision, key, true, request)
+        let owner = |d: &Decision| SlotOwner::Backend {
+            lease: d.lease.unwrap_or(0),
+        };
+        match decided {
+            Decided::One(decision) => {
+                let slot = owner(&decision);
+                self.decided(info, tier, &mut [decision], key, true, request, slot)
+            }
+            Decided::All(mut decisions) if decisions.len() == info.tiers[tier].limits.len() => {
+                let slot = owner(&decisions[0]);
+                self.decided(info, tier, &mut decisions, key, true, request, slot)
+            }
+            Decided::All(decisions) => {
+                let error = BackendError::new(format!(
+                    "the backend returned {} decisions for {} stacked limits",
+                    decisions.len(),
+                    info.tiers[tier].limits.len()
+                ));
+                self.verdict(index, tier, Err(error), key, request)
+            }
+        }
     }
 
-    /// The answer to a request whose key is banned (in-process penalty box), if it is.
+    /// `OnBackendError::Local`: the in-memory limiter decides with the same quotas.
+    #[cfg(feature = "memory")]
+    fn decide_locally(
+        &self,
+        info: &PolicyInfo,
+        tier: usize,
+        key: &Key,
+        request: RequestRef<'_>,
+    ) -> Verdict {
+        let Some(local) = &self.local else {
+            return Verdict::Admit(Admitted::unlimited());
+        };
+        let limits = &info.tiers[tier].limits;
+        let decided = if limits.len() == 1 {
+            local.decide(&limits[0], key, info.cost).map(|d| vec![d])
+        } else {
+            local.decide_all(limits, key, info.cost)
+        };
+        match decided {
+            Ok(mut decisions) => self.decided(
+                info,
+                tier,
+                &mut decisions,
+                key,
+                true,
+                request,
+                SlotOwner::Local,
+            ),
+            Err(_) => Verdict::Admit(Admitted::unlimited()),
+        }
+    }
+
+    /// Gives back a concurrency slot taken by the local limiter.
+    #[cfg(feature = "memory")]
+    pub(crate) fn release_local(&self, index: usize, tier: usize, key: &Key) {
+        let info = &self.policies[index];
+        if let Some(local) = &self.local {
+            Backend::release(local, &info.tiers[tier].limits[0], key, info.cost, 0);
+        }
+    }
+
     pub(crate) fn banned(
         &self,
         index: usize,
+        tier: usize,
         key: &Key,
         request: RequestRef<'_>,
     ) -> Option<Response<Bytes>> {
         let info = &self.policies[index];
+        if info.dry_run {
+            return None;
+        }
         let rest = info.penalty.as_ref()?.banned(key)?;
-        let decision = Decision::banned(info.limit_value, rest, None, rest);
-        match self.decided(info, decision, key, false, request) {
+        let decision = Decision::banned(info.tiers[tier].limit_value, rest, None, rest);
+        let mut decisions = vec![decision; info.tiers[tier].limits.len()];
+        let no_slot = SlotOwner::Backend { lease: 0 };
+        match self.decided(info, tier, &mut decisions, key, false, request, no_slot) {
             Verdict::Reject(response) => Some(response),
             Verdict::Admit(_) => None,
         }
     }
 
-    /// Backend latency, for the metrics.
     pub(crate) fn latency(&self, index: usize, took: std::time::Duration) {
         let info = &self.policies[index];
         info.reporter.latency(&info.name, took);
     }
 
-    /// `strike`: a rejection counts against the key's in-process penalty (not when a ban answered).
+    #[allow(clippy::too_many_arguments)]
     fn decided(
         &self,
         info: &PolicyInfo,
-        decision: Decision,
+        tier: usize,
+        decisions: &mut [Decision],
         key: &Key,
         strike: bool,
         request: RequestRef<'_>,
+        slot: SlotOwner,
     ) -> Verdict {
-        // The rejection that earns a ban answers with it.
-        let decision = match &info.penalty {
-            Some(penalty) if strike && !decision.allowed => match penalty.strike(key) {
-                Some(ban) => Decision::banned(
-                    decision.limit,
-                    ban,
-                    decision.retry_after,
-                    decision.reset_after,
-                ),
-                None => decision,
-            },
-            _ => decision,
+        let tier_info = &info.tiers[tier];
+        // Delay mode: an admitted request waits for the part of its TAT beyond the quota's own
+        // tolerance, and what remains is counted against that tolerance, not the delay's.
+        let mut delay = std::time::Duration::ZERO;
+        for (decision, limit) in decisions.iter_mut().zip(tier_info.limits.iter()) {
+            if limit.delay().is_some() {
+                delay = delay.max(limit.delay_for(decision));
+                if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
+                    let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+                    decision.remaining = (tolerance.saturating_sub(ahead)
+                        / gcra.emission_interval())
+                    .min(decision.limit);
+                }
+            }
+        }
+        let mut decision = match &*decisions {
+            [one] => *one,
+            all => Decision::combine(all).expect("a tier has at least one limit"),
         };
+        if !decision.allowed {
+            delay = std::time::Duration::ZERO;
+        }
+        // The rejection that earns a ban answers with it.
+        if let Some(penalty) = &info.penalty {
+            if strike && !decision.allowed && !info.dry_run {
+                if let Some(ban) = penalty.strike(key) {
+                    decision = Decision::banned(
+                        decision.limit,
+                        ban,
+                        decision.retry_after,
+                        decision.reset_after,
+                    );
+                }
+            }
+        }
+        if !delay.is_zero() && !info.dry_run && tokio::runtime::Handle::try_current().is_err() {
+            // No timer to wait on: refuse rather than admit early.
+            tracing::warn!(policy = %info.name, "delay mode needs a tokio runtime; rejecting the request instead");
+            decision.allowed = false;
+            decision.retry_after = Some(delay);
+            delay = std::time::Duration::ZERO;
+        }
         let banned = decision.banned;
         info.reporter.decision(&info.name, &decision, banned);
         let shown = ShownKey {
@@ -263,11 +417,41 @@ impl Responder {
             key = %shown,
             allowed = decision.allowed,
             remaining = decision.remaining,
+            delay_ms = delay.as_millis() as u64,
             "rate-limit decision"
         );
-        let fields = RateHeaders::new(self.headers, &info.name, &info.policy_field, &decision);
-        if decision.allowed {
-            return Verdict::Admit(Some(fields));
+        let fields = RateHeaders::new(
+            self.headers,
+            &tier_info.names,
+            &tier_info.policy_field,
+            decisions,
+            &decision,
+        );
+        if decision.allowed || info.dry_run {
+            if !decision.allowed {
+                tracing::info!(
+                    policy = %info.name,
+                    key = %shown,
+                    retry_after_secs = decision.retry_after.map(|_| decision.retry_after_secs()),
+                    "request would be limited (dry run)"
+                );
+            }
+            if info.dry_run {
+                delay = std::time::Duration::ZERO;
+            }
+            let slot = (decision.allowed && tier_info.concurrency).then_some(slot);
+            return Verdict::Admit(Admitted {
+                headers: Some(fields),
+                delay,
+                decision: Some(ThrottleDecision {
+                    policy: info.name.clone(),
+                    tier: tier_info.name.clone(),
+                    decision,
+                    enforced: !info.dry_run,
+                    delayed: delay,
+                }),
+                slot,
+            });
         }
         tracing::info!(
             policy = %info.name,
@@ -304,7 +488,6 @@ impl Responder {
         Verdict::Reject(response)
     }
 
-    /// One of the layer's own refusals: a problem response, or its gRPC form.
     fn problem(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
         if self.grpc {
             crate::grpc::refusal(status, detail)
@@ -601,19 +784,34 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 "a throttle layer needs at least one policy".into(),
             ));
         }
-        for (i, policy) in self.policies.iter().enumerate() {
-            let limit = policy.limit();
-            self.backend.validate(limit)?;
-            // Policies that share a name share their keys' state, which only makes sense with one
+        let limits: Vec<&crate::Limit> = self
+            .policies
+            .iter()
+            .flat_map(|p| p.tiers().iter().flat_map(|t| t.limits.iter()))
+            .collect();
+        for policy in &self.policies {
+            for tier in policy.tiers() {
+                match &*tier.limits {
+                    [one] => self.backend.validate(one)?,
+                    all => {
+                        for limit in all {
+                            self.backend.validate(limit)?;
+                        }
+                        self.backend.validate_all(all)?;
+                    }
+                }
+            }
+        }
+        for (i, limit) in limits.iter().enumerate() {
+            // Limits that share a name share their keys' state, which only makes sense with one
             // quota: a TAT written under a one-hour tolerance would lock users out of a per-second one.
-            if let Some(other) = self.policies[..i]
-                .iter()
-                .map(Policy::limit)
-                .find(|other| other.name() == limit.name() && other.quota() != limit.quota())
-            {
+            if let Some(other) = limits[..i].iter().find(|other| {
+                other.name() == limit.name()
+                    && (other.quota() != limit.quota() || other.algorithm() != limit.algorithm())
+            }) {
                 return Err(BuildError::Invalid(format!(
                     "policy {:?} appears twice with different quotas ({} and {}); policies that share \
-                     a name share their keys, so they need one quota",
+                     a name share their keys, so they need one quota and one algorithm",
                     limit.name(),
                     other.quota(),
                     limit.quota()
@@ -626,20 +824,29 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             policies: policies
                 .iter()
                 .map(|p| PolicyInfo {
-                    name: p.limit().name().into(),
+                    name: p.name().into(),
                     reporter: Reporter::default(),
                     penalty: p
                         .limit()
                         .penalty()
                         .filter(|_| !self.backend.keeps_penalties())
                         .map(|penalty| PenaltyBox::new(*penalty)),
-                    limit_value: p.limit().max_cost(),
-                    #[cfg(feature = "memory")]
-                    limit: p.limit().clone(),
                     #[cfg(feature = "memory")]
                     cost: p.cost(),
-                    policy_field: headers::policy_field(p.limit()),
-                    limited_body: headers::limited_body(p.limit().name()),
+                    dry_run: p.is_dry_run(),
+                    tiers: p
+                        .tiers()
+                        .iter()
+                        .map(|t| TierInfo {
+                            name: t.name.clone(),
+                            limits: t.limits.clone(),
+                            names: t.limits.iter().map(|l| l.name().into()).collect(),
+                            policy_field: headers::policy_field(&t.limits),
+                            limit_value: t.limits[0].max_cost(),
+                            concurrency: t.limits[0].algorithm() == crate::Algorithm::Concurrency,
+                        })
+                        .collect(),
+                    limited_body: headers::limited_body(p.name()),
                     warned_missing_key: AtomicBool::new(false),
                 })
                 .collect(),

@@ -91,7 +91,7 @@ pub use layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY};
 pub use observe::Limited;
 pub use penalty::Penalty;
-pub use policy::{MissingKey, Policy, PolicyBuilder};
+pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier, MAX_STACKED_QUOTAS};
 pub use quota::{Quota, QuotaError};
 pub use service::{ResponseFuture, Throttle};
 

@@ -1,9 +1,69 @@
 //! [`Policy`]: which requests a limit applies to, what they are keyed by and what they cost.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
 use crate::key::PeerIp;
-use crate::{BuildError, Limit, Penalty, Quota};
+use crate::limit::validate_name;
+use crate::{Algorithm, BuildError, Limit, Penalty, Quota};
+
+/// The most quotas one policy (or one tier) may stack.
+pub const MAX_STACKED_QUOTAS: usize = 16;
+
+/// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
+/// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's
+/// plan inserts it before the throttle layer runs; it takes precedence over a
+/// [tier header](PolicyBuilder::tier_header). An unknown tier gets the default quota.
+///
+/// ```
+/// use tower_throttle::Tier;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Tier::new("paid"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Tier(Cow<'static, str>);
+
+impl Tier {
+    /// The tier called `name`.
+    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
+        Tier(name.into())
+    }
+
+    /// Its name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a layer decided for a request it let through, as a request extension the application can
+/// read (`Extension<ThrottleDecision>` in axum). In [dry-run](PolicyBuilder::dry_run) mode this is
+/// how a handler learns that the request *would* have been limited.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ThrottleDecision {
+    /// The policy's name.
+    pub policy: Arc<str>,
+    /// The tier whose quota applied (`None`: the default).
+    pub tier: Option<Arc<str>>,
+    /// The decision (for stacked quotas, the combined one: see [`Decision::combine`](crate::Decision::combine)).
+    pub decision: crate::Decision,
+    /// `false` in dry-run mode: the decision was not enforced (look at `decision.allowed`).
+    pub enforced: bool,
+    /// How long the request waited for its turn in delay mode (zero otherwise).
+    pub delayed: Duration,
+}
+
+/// The quotas of one tier, as limits.
+#[derive(Clone, Debug)]
+pub(crate) struct TierLimits {
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) limits: Box<[Limit]>,
+}
 
 /// What to do with a request from which no key can be extracted (no peer address, a missing header).
 ///
@@ -48,7 +108,11 @@ impl Default for MissingKey {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Policy<K> {
-    limit: Limit,
+    name: Arc<str>,
+    /// The default tier first, then the named ones.
+    tiers: Box<[TierLimits]>,
+    tier_header: Option<HeaderName>,
+    dry_run: bool,
     key: K,
     cost: u64,
     methods: Option<Box<[Method]>>,
@@ -62,7 +126,13 @@ impl Policy<PeerIp> {
     pub fn builder(name: impl Into<String>) -> PolicyBuilder<PeerIp> {
         PolicyBuilder {
             name: name.into(),
-            quota: None,
+            quotas: Vec::new(),
+            algorithm: Algorithm::Gcra,
+            delay: None,
+            lease: None,
+            dry_run: false,
+            tiers: Vec::new(),
+            tier_header: None,
             key: PeerIp::new(),
             cost: 1,
             methods: None,
@@ -74,9 +144,61 @@ impl Policy<PeerIp> {
 }
 
 impl<K> Policy<K> {
-    /// The named quota.
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit of the default tier's first quota (the only one, unless quotas are stacked).
     pub fn limit(&self) -> &Limit {
-        &self.limit
+        &self.tiers[0].limits[0]
+    }
+
+    /// The limits of the default tier: one per stacked quota, named `{policy}` for a single quota
+    /// and `{policy}.{period}` (such as `api.1s` and `api.1d`) for a stack.
+    pub fn limits(&self) -> &[Limit] {
+        &self.tiers[0].limits
+    }
+
+    /// The limits of tier `name` (named `{policy}.{tier}`, or `{policy}.{tier}.{period}` when
+    /// stacked), or `None` for a tier the policy does not have.
+    pub fn tier_limits(&self, name: &str) -> Option<&[Limit]> {
+        self.tiers[1..]
+            .iter()
+            .find(|t| t.name.as_deref() == Some(name))
+            .map(|t| &*t.limits)
+    }
+
+    /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    pub(crate) fn tiers(&self) -> &[TierLimits] {
+        &self.tiers
+    }
+
+    /// The tier that applies to `request`: its [`Tier`] extension, else its tier header, else the
+    /// default (index 0; also for a tier the policy does not know).
+    pub(crate) fn tier_of<B>(&self, request: &Request<B>) -> usize {
+        if self.tiers.len() == 1 {
+            return 0;
+        }
+        let named = match request.extensions().get::<Tier>() {
+            Some(tier) => Some(tier.as_str()),
+            None => self
+                .tier_header
+                .as_ref()
+                .and_then(|h| request.headers().get(h))
+                .and_then(|v| v.to_str().ok()),
+        };
+        named
+            .and_then(|name| {
+                self.tiers[1..]
+                    .iter()
+                    .position(|t| t.name.as_deref() == Some(name.trim()))
+            })
+            .map_or(0, |i| i + 1)
     }
 
     /// The key extractor.
@@ -118,7 +240,13 @@ impl<K> Policy<K> {
 #[must_use]
 pub struct PolicyBuilder<K> {
     name: String,
-    quota: Option<Quota>,
+    quotas: Vec<Quota>,
+    algorithm: Algorithm,
+    delay: Option<Duration>,
+    lease: Option<Duration>,
+    dry_run: bool,
+    tiers: Vec<(String, Vec<Quota>)>,
+    tier_header: Option<String>,
     key: K,
     cost: u64,
     methods: Option<Vec<Method>>,
@@ -134,9 +262,94 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// The quota (required).
+    /// The quota (required, unless [`quotas`](Self::quotas) gives several).
     pub fn quota(mut self, quota: Quota) -> Self {
-        self.quota = Some(quota);
+        self.quotas = vec![quota];
+        self
+    }
+
+    /// Stacked quotas, such as 10 a second **and** 1,000 a day: a request passes only if every
+    /// quota admits it, and a rejection by one consumes none of the others (the backend decides them
+    /// in one atomic step). `RateLimit-Policy` and `RateLimit` list every quota. At most 16; each gets
+    /// its own limit, named after the policy and its period (`api.1s`, `api.1d`).
+    ///
+    /// ```
+    /// use tower_throttle::{Policy, Quota};
+    ///
+    /// let api = Policy::builder("api")
+    ///     .quotas([Quota::per_second(10), Quota::per_day(1000)])
+    ///     .build()
+    ///     .unwrap();
+    /// let names: Vec<&str> = api.limits().iter().map(|l| l.name()).collect();
+    /// assert_eq!(names, ["api.1s", "api.1d"]);
+    /// ```
+    pub fn quotas(mut self, quotas: impl IntoIterator<Item = Quota>) -> Self {
+        self.quotas = quotas.into_iter().collect();
+        self
+    }
+
+    /// The algorithm (default [`Algorithm::Gcra`]). For the others, each quota is `count` per
+    /// `period` (or `count` in flight) and `max_burst` is not used.
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Delay mode, as nginx's `burst` + `delay`: a request beyond the quota's burst waits up to
+    /// `max_delay` for its turn instead of being rejected (see [`Limit::with_delay`]). GCRA only.
+    /// Needs a tokio runtime (the wait is a `tokio::time::sleep`).
+    pub fn delay(mut self, max_delay: Duration) -> Self {
+        self.delay = Some(max_delay);
+        self
+    }
+
+    /// For [`Algorithm::Concurrency`] on Redis: how long a slot's lease lives if its process dies
+    /// before giving it back (default 60 s; see [`Limit::with_lease`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Dry run: decide, count, log and send the rate-limit headers, but never reject (nor delay,
+    /// nor ban) — for rolling a limit out safely. Requests that would have been limited are logged
+    /// at info level ("request would be limited"), counted as limited in the metrics, and carry a
+    /// [`ThrottleDecision`] extension with `enforced: false`.
+    pub fn dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// A tier (plan) with its own quotas, such as `"paid"`, chosen per request by a [`Tier`]
+    /// extension or the [tier header](Self::tier_header); requests of no known tier get the default
+    /// quotas ([`quota`](Self::quota) / [`quotas`](Self::quotas)). Each tier's limits are named
+    /// `{policy}.{tier}`, so tiers never share state.
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, Policy, Quota};
+    ///
+    /// let api = Policy::builder("api")
+    ///     .key(Header::new("x-api-key"))
+    ///     .quota(Quota::per_minute(60))
+    ///     .tier("paid", [Quota::per_minute(6000)])
+    ///     .tier_header("x-plan")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(api.tier_limits("paid").unwrap()[0].name(), "api.paid");
+    /// ```
+    pub fn tier(
+        mut self,
+        name: impl Into<String>,
+        quotas: impl IntoIterator<Item = Quota>,
+    ) -> Self {
+        self.tiers.push((name.into(), quotas.into_iter().collect()));
+        self
+    }
+
+    /// Reads the tier from this request header when no [`Tier`] extension is present. Only use a
+    /// header that something you trust sets (a gateway that authenticated the caller) and that
+    /// clients cannot send themselves: otherwise anyone can claim the paid tier.
+    pub fn tier_header(mut self, name: impl Into<String>) -> Self {
+        self.tier_header = Some(name.into());
         self
     }
 
@@ -144,7 +357,13 @@ impl<K> PolicyBuilder<K> {
     pub fn key<K2>(self, key: K2) -> PolicyBuilder<K2> {
         PolicyBuilder {
             name: self.name,
-            quota: self.quota,
+            quotas: self.quotas,
+            algorithm: self.algorithm,
+            delay: self.delay,
+            lease: self.lease,
+            dry_run: self.dry_run,
+            tiers: self.tiers,
+            tier_header: self.tier_header,
             key,
             cost: self.cost,
             methods: self.methods,
@@ -189,20 +408,58 @@ impl<K> PolicyBuilder<K> {
 
     /// Validates the policy.
     pub fn build(self) -> Result<Policy<K>, BuildError> {
-        let quota = self.quota.ok_or_else(|| {
-            BuildError::Invalid(format!("policy {:?}: a quota is required", self.name))
-        })?;
-        let mut limit = Limit::new(self.name, quota)?;
-        if let Some(penalty) = self.penalty {
-            limit = limit.with_penalty(penalty);
+        validate_name(&self.name)?;
+        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        if self.quotas.is_empty() {
+            return Err(invalid("a quota is required".into()));
         }
-        if self.cost == 0 || self.cost > limit.max_cost() {
-            return Err(BuildError::Cost {
-                policy: limit.name().to_owned(),
-                cost: self.cost,
-                limit: limit.max_cost(),
+        let tier_header = self
+            .tier_header
+            .as_deref()
+            .map(|h| {
+                HeaderName::try_from(h)
+                    .map_err(|_| invalid(format!("tier_header {h:?} is not a valid header name")))
+            })
+            .transpose()?;
+        if tier_header.is_some() && self.tiers.is_empty() {
+            return Err(invalid("tier_header is set but no tier is defined".into()));
+        }
+        let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
+        tiers.push(TierLimits {
+            name: None,
+            limits: self.limits_of(&self.name, &self.quotas)?,
+        });
+        for (tier, quotas) in &self.tiers {
+            validate_name(tier).map_err(|e| invalid(format!("tier: {e}")))?;
+            if tiers
+                .iter()
+                .any(|t| t.name.as_deref() == Some(tier.as_str()))
+            {
+                return Err(invalid(format!("tier {tier:?} is defined twice")));
+            }
+            if quotas.is_empty() {
+                return Err(invalid(format!("tier {tier:?} has no quota")));
+            }
+            tiers.push(TierLimits {
+                name: Some(tier.as_str().into()),
+                limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
         }
+        let max_cost = tiers
+            .iter()
+            .flat_map(|t| t.limits.iter())
+            .map(Limit::max_cost)
+            .min()
+            .unwrap_or(0);
+        if self.cost == 0 || self.cost > max_cost {
+            return Err(BuildError::Cost {
+                policy: self.name.clone(),
+                cost: self.cost,
+                limit: max_cost,
+            });
+        }
+        let name: Arc<str> = self.name.as_str().into();
+        let limit = &tiers[0].limits[0];
         if let MissingKey::Reject(status) = self.missing_key {
             if !status.is_client_error() {
                 return Err(BuildError::Invalid(format!(
@@ -234,7 +491,10 @@ impl<K> PolicyBuilder<K> {
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
         Ok(Policy {
-            limit,
+            name,
+            tiers: tiers.into(),
+            tier_header,
+            dry_run: self.dry_run,
             key: self.key,
             cost: self.cost,
             methods,
@@ -242,6 +502,70 @@ impl<K> PolicyBuilder<K> {
             missing_key: self.missing_key,
         })
     }
+}
+
+impl<K> PolicyBuilder<K> {
+    /// The limits of one tier's quotas, named `base` (one quota) or `base.{period}` (a stack).
+    fn limits_of(&self, base: &str, quotas: &[Quota]) -> Result<Box<[Limit]>, BuildError> {
+        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        if quotas.len() > MAX_STACKED_QUOTAS {
+            return Err(invalid(format!(
+                "{} quotas are stacked; at most {MAX_STACKED_QUOTAS} are allowed",
+                quotas.len()
+            )));
+        }
+        if quotas.len() > 1 && self.algorithm == Algorithm::Concurrency {
+            return Err(invalid(
+                "algorithm \"concurrency\" takes one quota (requests in flight), not a stack"
+                    .into(),
+            ));
+        }
+        let mut limits: Vec<Limit> = Vec::with_capacity(quotas.len());
+        for quota in quotas {
+            let name = if quotas.len() == 1 {
+                base.to_owned()
+            } else {
+                format!("{base}.{}", period_label(quota.period()))
+            };
+            if limits.iter().any(|l| l.name() == name) {
+                return Err(invalid(format!(
+                    "two stacked quotas have the period {:?}; stack quotas of different periods",
+                    quota.period()
+                )));
+            }
+            let mut limit = Limit::with_algorithm(name, self.algorithm, *quota)?;
+            if let Some(penalty) = self.penalty {
+                limit = limit.with_penalty(penalty);
+            }
+            if let Some(delay) = self.delay {
+                limit = limit.with_delay(delay)?;
+            }
+            if let Some(lease) = self.lease {
+                limit = limit.with_lease(lease)?;
+            }
+            limits.push(limit);
+        }
+        Ok(limits.into())
+    }
+}
+
+/// A period as a short label for limit names: `1s`, `500ms`, `1m`, `1h`, `1d`, `90s`.
+fn period_label(period: Duration) -> String {
+    let nanos = period.as_nanos();
+    let units: [(u128, &str); 7] = [
+        (86_400_000_000_000, "d"),
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+        (1, "ns"),
+    ];
+    let (size, unit) = units
+        .into_iter()
+        .find(|(size, _)| nanos % size == 0)
+        .unwrap_or((1, "ns"));
+    format!("{}{unit}", nanos / size)
 }
 
 /// A route pattern in axum syntax.

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -16,9 +16,9 @@ use crate::access::Access;
 use crate::body::ThrottleBody;
 use crate::headers::RateHeaders;
 use crate::key::KeyExtractor;
-use crate::layer::{Responder, Shared, Verdict};
+use crate::layer::{Admitted, Decided, Responder, Shared, SlotOwner, Verdict};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::{Backend, BackendError, Decision, Key, MissingKey};
+use crate::{Algorithm, Backend, BackendError, Decision, Key, MissingKey, StackFuture};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -89,7 +89,7 @@ where
             if !lists.is_empty() {
                 match lists.check(source.address(&request), key.as_ref()) {
                     Access::Allow => {
-                        return ResponseFuture::calling(self.inner.call(request), None)
+                        return ResponseFuture::calling(self.inner.call(request), None, None)
                     }
                     Access::Deny => return ResponseFuture::ready(shared.responder.forbidden()),
                     Access::Limit => {}
@@ -97,12 +97,12 @@ where
             }
         }
         let Some(index) = index else {
-            return ResponseFuture::calling(self.inner.call(request), None);
+            return ResponseFuture::calling(self.inner.call(request), None, None);
         };
         let policy = &shared.policies[index];
         let Some(key) = key else {
             return match policy.missing_key() {
-                MissingKey::Allow => ResponseFuture::calling(self.inner.call(request), None),
+                MissingKey::Allow => ResponseFuture::calling(self.inner.call(request), None, None),
                 MissingKey::Reject(status) => ResponseFuture::ready(shared.responder.missing_key(
                     index,
                     policy.key().describe(),
@@ -110,14 +110,19 @@ where
                 )),
             };
         };
+        let tier = policy.tier_of(&request);
         if let Some(banned) = shared
             .responder
-            .banned(index, &key, RequestRef::of(&request))
+            .banned(index, tier, &key, RequestRef::of(&request))
         {
             return ResponseFuture::ready(banned);
         }
         let started = MEASURE_LATENCY.then(Instant::now);
-        let mut decision = shared.backend.check(policy.limit(), &key, policy.cost());
+        let limits = &policy.tiers()[tier].limits;
+        let mut decision = match &**limits {
+            [one] => Deciding::One(shared.backend.check(one, &key, policy.cost())),
+            all => Deciding::All(shared.backend.check_all(all, &key, policy.cost())),
+        };
         // A backend that decides without waiting (the memory backend) is done after one poll: then the
         // readied inner service is called right here, with no clone and no extra state.
         let mut noop = Context::from_waker(Waker::noop());
@@ -127,33 +132,144 @@ where
                     shared.responder.latency(index, started.elapsed());
                 }
                 let request_ref = RequestRef::of(&request);
-                match shared.responder.verdict(index, result, &key, request_ref) {
-                    Verdict::Admit(headers) => {
-                        ResponseFuture::calling(self.inner.call(request), headers)
+                match shared
+                    .responder
+                    .verdict(index, tier, result, &key, request_ref)
+                {
+                    Verdict::Admit(admitted) => {
+                        let release = admitted
+                            .slot
+                            .is_some()
+                            .then(|| releaser(&self.shared, index, tier, key));
+                        let delay = admitted.delay;
+                        let (request, headers, guard) = prepare(admitted, release, request);
+                        if delay.is_zero() {
+                            ResponseFuture::calling(self.inner.call(request), headers, guard)
+                        } else {
+                            let service = self.take_readied();
+                            ResponseFuture::delaying(delay, service, request, headers, guard)
+                        }
                     }
                     Verdict::Reject(response) => ResponseFuture::ready(response),
                 }
             }
             Poll::Pending => {
                 // The decision is remote. The service that poll_ready readied goes with the request,
-                // to be called once (and only if) the request is admitted; `self` keeps a fresh clone,
-                // which the caller must poll_ready before the next call, as always.
-                let fresh = self.inner.clone();
-                let readied = std::mem::replace(&mut self.inner, fresh);
+                // to be called once (and only if) the request is admitted.
+                let release = (policy.tiers()[tier].limits[0].algorithm()
+                    == Algorithm::Concurrency)
+                    .then(|| releaser(&self.shared, index, tier, key.clone()));
+                let responder = shared.responder.clone();
+                let readied = self.take_readied();
                 ResponseFuture {
                     kind: Kind::Deciding {
                         decision,
                         pending: Some(Pending {
                             service: readied,
                             request,
-                            responder: shared.responder.clone(),
+                            responder,
                             index,
+                            tier,
                             key,
                             started,
+                            release,
                         }),
                     },
                 }
             }
+        }
+    }
+}
+
+impl<S: Clone, K, B> Throttle<S, K, B> {
+    /// Takes the service that `poll_ready` readied, to call later; `self` keeps a fresh clone, which
+    /// the caller must `poll_ready` before the next call, as always.
+    fn take_readied(&mut self) -> S {
+        let fresh = self.inner.clone();
+        std::mem::replace(&mut self.inner, fresh)
+    }
+}
+
+/// Gives back a concurrency slot to whoever holds it.
+type Release = Box<dyn FnOnce(SlotOwner) + Send + Sync>;
+
+/// The release of a slot of policy `index`, tier `tier`, for `key`.
+fn releaser<K, B>(shared: &Arc<Shared<K, B>>, index: usize, tier: usize, key: Key) -> Release
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let shared = shared.clone();
+    Box::new(move |owner| match owner {
+        SlotOwner::Backend { lease } => {
+            let policy = &shared.policies[index];
+            let limit = &policy.tiers()[tier].limits[0];
+            shared.backend.release(limit, &key, policy.cost(), lease);
+        }
+        #[cfg(feature = "memory")]
+        SlotOwner::Local => shared.responder.release_local(index, tier, &key),
+    })
+}
+
+/// Readies an admitted request: its [`ThrottleDecision`](crate::ThrottleDecision) extension, its
+/// headers, and the guard that gives back its concurrency slot.
+fn prepare<ReqBody>(
+    admitted: Admitted,
+    release: Option<Release>,
+    mut request: Request<ReqBody>,
+) -> (Request<ReqBody>, Option<RateHeaders>, Option<SlotGuard>) {
+    if let Some(decision) = admitted.decision {
+        request.extensions_mut().insert(decision);
+    }
+    let guard = match (admitted.slot, release) {
+        (Some(owner), Some(release)) => Some(SlotGuard::new(release, owner)),
+        _ => None,
+    };
+    (request, admitted.headers, guard)
+}
+
+/// Holds a concurrency slot; dropping it gives the slot back. It lives in the response future until
+/// the inner service answers, then in the response body until the body ends, so a slot is given back
+/// exactly once however the request ends: a finished or failed body, a dropped response, a cancelled
+/// request, an error from the service.
+pub(crate) struct SlotGuard(Option<(Release, SlotOwner)>);
+
+impl SlotGuard {
+    fn new(release: Release, owner: SlotOwner) -> Self {
+        SlotGuard(Some((release, owner)))
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if let Some((release, owner)) = self.0.take() {
+            release(owner);
+        }
+    }
+}
+
+impl fmt::Debug for SlotGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SlotGuard")
+    }
+}
+
+/// A decision in flight: one limit, or a stack.
+pub(crate) enum Deciding<D> {
+    One(D),
+    All(StackFuture),
+}
+
+impl<D> Future for Deciding<D>
+where
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+{
+    type Output = Result<Decided, BackendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Deciding::One(one) => Pin::new(one).poll(cx).map(|r| r.map(Decided::One)),
+            Deciding::All(all) => all.as_mut().poll(cx).map(|r| r.map(Decided::All)),
         }
     }
 }
@@ -163,10 +279,13 @@ struct Pending<S, ReqBody> {
     request: Request<ReqBody>,
     responder: Arc<Responder>,
     index: usize,
+    tier: usize,
     /// For the local limiter of `OnBackendError::Local`, the penalty box and the reports.
     key: Key,
     /// When the backend was asked (only to report its latency).
     started: Option<Instant>,
+    /// For a concurrency limit: how to give the slot back.
+    release: Option<Release>,
 }
 
 pin_project! {
@@ -187,13 +306,21 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         Deciding {
-            decision: D,
+            decision: Deciding<D>,
             pending: Option<Pending<S, ReqBody>>,
+        },
+        Delaying {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            call: Option<(S, Request<ReqBody>)>,
+            headers: Option<RateHeaders>,
+            guard: Option<SlotGuard>,
         },
         Calling {
             #[pin]
             future: S::Future,
             headers: Option<RateHeaders>,
+            guard: Option<SlotGuard>,
         },
         Ready {
             response: Option<Response<Bytes>>,
@@ -205,9 +332,30 @@ impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
 {
-    fn calling(future: S::Future, headers: Option<RateHeaders>) -> Self {
+    fn calling(future: S::Future, headers: Option<RateHeaders>, guard: Option<SlotGuard>) -> Self {
         ResponseFuture {
-            kind: Kind::Calling { future, headers },
+            kind: Kind::Calling {
+                future,
+                headers,
+                guard,
+            },
+        }
+    }
+
+    fn delaying(
+        delay: Duration,
+        service: S,
+        request: Request<ReqBody>,
+        headers: Option<RateHeaders>,
+        guard: Option<SlotGuard>,
+    ) -> Self {
+        ResponseFuture {
+            kind: Kind::Delaying {
+                sleep: tokio::time::sleep(delay),
+                call: Some((service, request)),
+                headers,
+                guard,
+            },
         }
     }
 
@@ -227,6 +375,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.kind {
             Kind::Deciding { .. } => "deciding",
+            Kind::Delaying { .. } => "delaying",
             Kind::Calling { .. } => "calling",
             Kind::Ready { .. } => "ready",
         };
@@ -254,31 +403,70 @@ where
                         request,
                         responder,
                         index,
+                        tier,
                         key,
                         started,
+                        release,
                     } = pending
                         .take()
                         .expect("ResponseFuture polled after completion");
                     if let Some(started) = started {
                         responder.latency(index, started.elapsed());
                     }
-                    match responder.verdict(index, result, &key, RequestRef::of(&request)) {
-                        Verdict::Admit(headers) => Kind::Calling {
-                            future: service.call(request),
-                            headers,
-                        },
+                    match responder.verdict(index, tier, result, &key, RequestRef::of(&request)) {
+                        Verdict::Admit(admitted) => {
+                            let delay = admitted.delay;
+                            let (request, headers, guard) = prepare(admitted, release, request);
+                            if delay.is_zero() {
+                                Kind::Calling {
+                                    future: service.call(request),
+                                    headers,
+                                    guard,
+                                }
+                            } else {
+                                Kind::Delaying {
+                                    sleep: tokio::time::sleep(delay),
+                                    call: Some((service, request)),
+                                    headers,
+                                    guard,
+                                }
+                            }
+                        }
                         Verdict::Reject(response) => Kind::Ready {
                             response: Some(response),
                         },
                     }
                 }
-                KindProj::Calling { future, headers } => {
+                KindProj::Delaying {
+                    sleep,
+                    call,
+                    headers,
+                    guard,
+                } => {
+                    ready!(sleep.poll(cx));
+                    let (mut service, request) =
+                        call.take().expect("ResponseFuture polled after completion");
+                    // The service was readied before the wait; tower's contract allows calling it
+                    // later (a readied service stays ready until called, for the services that
+                    // reserve capacity, such as a concurrency limit or a buffer).
+                    Kind::Calling {
+                        future: service.call(request),
+                        headers: headers.take(),
+                        guard: guard.take(),
+                    }
+                }
+                KindProj::Calling {
+                    future,
+                    headers,
+                    guard,
+                } => {
                     let response = ready!(future.poll(cx))?;
                     let (mut parts, body) = response.into_parts();
                     if let Some(headers) = headers.take() {
                         headers.apply(&mut parts.headers);
                     }
-                    return Poll::Ready(Ok(Response::from_parts(parts, ThrottleBody::inner(body))));
+                    let body = ThrottleBody::inner(body, guard.take());
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }
                 KindProj::Ready { response } => {
                     let response = response
