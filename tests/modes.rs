@@ -1,0 +1,521 @@
+//! The layer's modes and policy shapes, in memory: delay, dry run, concurrency slots (released
+//! however a request ends), stacked quotas, tiers, and their TOML.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::{Extension, Router};
+use common::*;
+use http::StatusCode;
+use tower::ServiceExt;
+use tower_throttle::key::{Global, Header};
+use tower_throttle::{Algorithm, Policy, Quota, ThrottleDecision, ThrottleLayer, Tier};
+
+/// A handler that answers with what the layer decided: "allowed remaining enforced delayed_ms".
+async fn show(Extension(d): Extension<ThrottleDecision>) -> String {
+    format!(
+        "{} {} {} {}",
+        d.decision.allowed,
+        d.decision.remaining,
+        d.enforced,
+        d.delayed.as_millis()
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_mode_waits_for_the_slot_instead_of_rejecting() {
+    let (backend, clock) = backend();
+    // Bursts of 2, one more every 500 ms, and up to 2 s of waiting.
+    let policy = Policy::builder("slow")
+        .quota(Quota::per_second(2))
+        .delay(Duration::from_secs(2))
+        .key(Global)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(show))
+        .layer(layer)
+        .route("/free", get(|| async { "free" }));
+
+    // The memory backend's clock stands still; tokio's (paused) clock runs the waits.
+    let timed = |app: Router| async move {
+        let started = tokio::time::Instant::now();
+        let res = app.oneshot(request("/")).await.unwrap();
+        let status = res.status();
+        let retry = header(&res, "retry-after").map(str::to_owned);
+        (status, body_string(res).await, started.elapsed(), retry)
+    };
+    for _ in 0..2 {
+        let (status, body, waited, _) = timed(app.clone()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.ends_with(" true 0"), "{body}");
+        assert_eq!(waited, Duration::ZERO);
+    }
+    for n in 1..=4u64 {
+        let (status, body, waited, _) = timed(app.clone()).await;
+        assert_eq!(status, StatusCode::OK, "delayed request {n}");
+        assert_eq!(body, format!("true 0 true {}", n * 500));
+        assert_eq!(waited, Duration::from_millis(n * 500));
+    }
+    // Beyond the burst and the delay: rejected at once.
+    let (status, _, waited, retry) = timed(app.clone()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(waited, Duration::ZERO);
+    assert_eq!(retry.as_deref(), Some("1"));
+
+    // A waiting request holds no thread: on this single-threaded runtime another request is
+    // answered while it waits.
+    clock.advance(Duration::from_secs(3));
+    for _ in 0..2 {
+        assert_eq!(timed(app.clone()).await.0, StatusCode::OK);
+    }
+    let waiting = tokio::spawn(timed(app.clone()));
+    tokio::task::yield_now().await;
+    let free = app.clone().oneshot(request("/free")).await.unwrap();
+    assert_eq!(free.status(), StatusCode::OK);
+    assert!(!waiting.is_finished());
+    let (status, body, waited, _) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "true 0 true 500");
+    assert_eq!(waited, Duration::from_millis(500));
+
+    // Each wait took its slot once: after 3 s (6 slots) more, the burst is whole again and the
+    // next delay is exactly one interval.
+    clock.advance(Duration::from_secs(3) / 2);
+    for _ in 0..2 {
+        assert_eq!(timed(app.clone()).await.2, Duration::ZERO);
+    }
+    assert_eq!(timed(app.clone()).await.2, Duration::from_millis(500));
+}
+
+#[test]
+fn delay_mode_is_refused_for_window_algorithms() {
+    let err = Policy::builder("w")
+        .quota(Quota::per_second(2))
+        .algorithm(Algorithm::FixedWindow)
+        .delay(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("needs algorithm \"gcra\""),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn dry_run_decides_and_reports_but_never_rejects() {
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("trial")
+        .quota(Quota::per_minute(1))
+        .key(Global)
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(show)).layer(layer);
+    let first = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(body_string(first).await, "true 0 false 0");
+    for _ in 0..3 {
+        let res = app.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "retry-after"), None);
+        assert_eq!(header(&res, "ratelimit"), Some(r#""trial";r=0;t=60"#));
+        // The handler sees that this request would have been limited.
+        assert_eq!(body_string(res).await, "false 0 false 0");
+    }
+}
+
+/// A handler that holds its request until the test lets it go, counting the requests inside.
+#[derive(Clone)]
+struct Gate {
+    inside: Arc<AtomicUsize>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            inside: Arc::default(),
+            open: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+impl Gate {
+    fn router(&self, policy: Policy<Global>) -> Router {
+        let (backend, _) = backend();
+        let layer = ThrottleLayer::builder()
+            .backend(backend)
+            .policy(policy)
+            .build()
+            .unwrap();
+        let gate = self.clone();
+        Router::new()
+            .route(
+                "/",
+                get(move || {
+                    let gate = gate.clone();
+                    async move {
+                        gate.inside.fetch_add(1, Ordering::SeqCst);
+                        gate.open.acquire().await.unwrap().forget();
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer)
+    }
+
+    async fn until_inside(&self, n: usize) {
+        while self.inside.load(Ordering::SeqCst) < n {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+fn two_in_flight() -> Policy<Global> {
+    Policy::builder("downloads")
+        .quota(Quota::per_second(2))
+        .algorithm(Algorithm::Concurrency)
+        .key(Global)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn concurrency_slots_are_given_back_however_the_request_ends() {
+    let gate = Gate::default();
+    let app = gate.router(two_in_flight());
+    let first = tokio::spawn(app.clone().oneshot(request("/")));
+    let second = tokio::spawn(app.clone().oneshot(request("/")));
+    gate.until_inside(2).await;
+    let third = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&third, "retry-after"), Some("1"));
+    assert_eq!(
+        header(&third, "ratelimit-policy"),
+        Some(r#""downloads";q=2"#)
+    );
+
+    // Cancelled while the handler runs: the slot comes back.
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    let replacement = tokio::spawn(app.clone().oneshot(request("/")));
+    gate.until_inside(3).await;
+
+    // Answered, but the body is not read yet: the slot is still held...
+    gate.open.add_permits(1);
+    let answered = first.await.unwrap().unwrap();
+    assert_eq!(answered.status(), StatusCode::OK);
+    let refused = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // ...until the body has been sent.
+    assert_eq!(body_string(answered).await, "done");
+    let admitted = tokio::spawn(app.clone().oneshot(request("/")));
+    gate.until_inside(4).await;
+
+    // A response dropped unread gives its slot back too.
+    gate.open.add_permits(1);
+    let dropped = replacement.await.unwrap().unwrap();
+    drop(dropped);
+    let last = tokio::spawn(app.clone().oneshot(request("/")));
+    gate.until_inside(5).await;
+    gate.open.add_permits(2);
+    for handle in [admitted, last] {
+        let res = handle.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_never_admits_more_than_the_limit_under_load() {
+    let (backend, _) = backend();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(
+            Policy::builder("busy")
+                .quota(Quota::per_second(3))
+                .algorithm(Algorithm::Concurrency)
+                .key(Global)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let current = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (c, p) = (current.clone(), peak.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let (current, peak) = (c.clone(), p.clone());
+                async move {
+                    let now = current.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    for _ in 0..20 {
+                        tokio::task::yield_now().await;
+                    }
+                    current.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                }
+            }),
+        )
+        .layer(layer);
+    // 400 requests from 400 tasks on two threads: the handler never runs more than 3 at once.
+    let tasks: Vec<_> = (0..400)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let res = app.oneshot(request("/")).await.unwrap();
+                let status = res.status();
+                body_string(res).await;
+                status
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            StatusCode::OK => admitted += 1,
+            other => assert_eq!(other, StatusCode::TOO_MANY_REQUESTS),
+        }
+    }
+    assert!(peak.load(Ordering::SeqCst) <= 3, "{peak:?} in flight");
+    assert!(admitted >= 3, "{admitted}");
+    // Every slot came back: three held at once pass, a fourth does not.
+    let gate = Gate::default();
+    let app = gate.router(two_in_flight());
+    let held: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(app.clone().oneshot(request("/"))))
+        .collect();
+    gate.until_inside(2).await;
+    let refused = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    gate.open.add_permits(2);
+    for h in held {
+        assert_eq!(h.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn stacked_quotas_must_all_pass_and_a_rejection_consumes_none() {
+    let (backend, clock) = backend();
+    let policy = Policy::builder("api")
+        .quotas([Quota::per_second(2), Quota::per_minute(3)])
+        .key(Global)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let send = || async { app.clone().oneshot(request("/")).await.unwrap() };
+    let res = send().await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some(r#""api.1s";q=2;w=1, "api.1m";q=3;w=60"#)
+    );
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some(r#""api.1s";r=1;t=1, "api.1m";r=2;t=20"#)
+    );
+    assert_eq!(send().await.status(), StatusCode::OK);
+    // The per-second quota rejects; the per-minute one keeps its last unit.
+    let res = send().await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some(r#""api.1s";r=0;t=1, "api.1m";r=1;t=40"#)
+    );
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send().await.status(), StatusCode::OK);
+    // Now the per-minute quota rejects, and says when.
+    clock.advance(Duration::from_secs(1));
+    let res = send().await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("18"));
+}
+
+#[tokio::test]
+async fn tiers_choose_the_quota_per_request() {
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("api")
+        .quota(Quota::per_minute(1))
+        .tier("paid", [Quota::per_minute(3)])
+        .tier_header("x-plan")
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let admitted = |user: &'static str, plan: Option<&'static str>, tier: Option<&'static str>| {
+        let app = app.clone();
+        async move {
+            let mut n = 0;
+            loop {
+                let mut req = from_user(user);
+                *req.uri_mut() = "/".parse().unwrap();
+                if let Some(plan) = plan {
+                    req.headers_mut().insert("x-plan", plan.parse().unwrap());
+                }
+                if let Some(tier) = tier {
+                    req.extensions_mut().insert(Tier::new(tier));
+                }
+                let res = app.clone().oneshot(req).await.unwrap();
+                if res.status() != StatusCode::OK {
+                    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+                    return (n, header(&res, "ratelimit-policy").map(str::to_owned));
+                }
+                n += 1;
+            }
+        }
+    };
+    assert_eq!(admitted("free", None, None).await.0, 1);
+    let (n, policy) = admitted("payer", Some("paid"), None).await;
+    assert_eq!(n, 3);
+    assert_eq!(policy.as_deref(), Some(r#""api.paid";q=3;w=60"#));
+    assert_eq!(admitted("app", None, Some("paid")).await.0, 3);
+    // The extension wins over the header; an unknown tier gets the default quota.
+    assert_eq!(admitted("liar", Some("paid"), Some("free")).await.0, 1);
+    assert_eq!(admitted("gold", Some("gold"), None).await.0, 1);
+}
+
+#[tokio::test]
+async fn every_new_key_works_from_the_config() {
+    let config = tower_throttle::config::Config::from_toml(
+        r#"
+        [[route]]
+        name = "search"
+        path = "/search"
+        key = "ip"
+        algorithm = "sliding-log"
+        count = 3
+        period = "1m"
+
+        [[route]]
+        name = "api"
+        key = "header:x-api-key"
+        quotas = [{ max_burst = 9, count = 10, period = "1s" }, { max_burst = 999, count = 1000, period = "1d" }]
+        tier_header = "x-plan"
+        [route.tiers.paid]
+        quotas = [{ count = 100, period = "1s" }, { count = 100000, period = "1d" }]
+
+        [[route]]
+        name = "downloads"
+        path = "/download"
+        key = "ip"
+        algorithm = "concurrency"
+        count = 2
+        lease = "30s"
+
+        [[route]]
+        name = "slow"
+        path = "/slow"
+        key = "global"
+        count = 5
+        period = "1s"
+        mode = "delay"
+        max_delay = "2s"
+
+        [[route]]
+        name = "trial"
+        path = "/trial"
+        key = "global"
+        algorithm = "fixed-window"
+        count = 100
+        period = "1m"
+        mode = "dry-run"
+
+        [[route]]
+        name = "smooth"
+        path = "/smooth"
+        key = "global"
+        algorithm = "sliding-window"
+        count = 100
+        period = "1m"
+        "#,
+    )
+    .unwrap();
+    let policies = config.policies().unwrap();
+    let algorithms: Vec<Algorithm> = policies.iter().map(|p| p.limit().algorithm()).collect();
+    assert_eq!(
+        algorithms,
+        [
+            Algorithm::SlidingLog,
+            Algorithm::Gcra,
+            Algorithm::Concurrency,
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow
+        ]
+    );
+    let api = &policies[1];
+    assert_eq!(api.limits().len(), 2);
+    assert_eq!(api.tier_limits("paid").unwrap()[1].name(), "api.paid.1d");
+    assert_eq!(policies[2].limit().lease(), Some(Duration::from_secs(30)));
+    assert_eq!(policies[3].limit().delay(), Some(Duration::from_secs(2)));
+    assert!(policies[4].is_dry_run());
+    config.memory_layer().unwrap();
+}
+
+#[test]
+fn config_mistakes_are_clear_errors() {
+    let err = |route: &str| {
+        let text = format!("[[route]]\nname = \"r\"\nkey = \"ip\"\n{route}");
+        match tower_throttle::config::Config::from_toml(&text) {
+            Err(e) => e.to_string(),
+            Ok(c) => c.memory_layer().unwrap_err().to_string(),
+        }
+    };
+    let cases = [
+        ("count = 5\nperiod = \"1s\"\nalgorithm = \"leaky\"", "unknown algorithm \"leaky\""),
+        ("count = 5\nperiod = \"1s\"\nalgorithm = \"fixed-window\"\nmax_burst = 3", "max_burst is only used"),
+        ("count = 5\nperiod = \"1s\"\nmode = \"delay\"", "needs max_delay"),
+        ("count = 5\nperiod = \"1s\"\nmax_delay = \"1s\"", "only used with mode = \"delay\""),
+        ("count = 5\nperiod = \"1s\"\nmode = \"panic\"", "mode \"panic\""),
+        ("count = 5\nperiod = \"1s\"\nalgorithm = \"sliding-log\"\nmode = \"delay\"\nmax_delay = \"1s\"", "needs algorithm \"gcra\""),
+        ("count = 5", "period is required"),
+        ("", "a quota is required"),
+        ("count = 5\nperiod = \"1s\"\nquotas = [{ count = 1, period = \"1m\" }]", "not both"),
+        ("quotas = []", "quotas is empty"),
+        ("quotas = [{ count = 1, period = \"1m\" }, { count = 2, period = \"60s\" }]", "have the period 60s"),
+        ("algorithm = \"concurrency\"\nquotas = [{ count = 1, period = \"1m\" }, { count = 2, period = \"1s\" }]", "not a stack"),
+        ("count = 5\nperiod = \"1s\"\nlease = \"10s\"", "only for algorithm \"concurrency\""),
+        ("count = 5\nperiod = \"1s\"\ntier_header = \"x-plan\"", "no tier is defined"),
+        ("count = 5\nperiod = \"1s\"\n[route.tiers.\"bad tier\"]\ncount = 1\nperiod = \"1s\"", "tier"),
+        ("count = 5\nperiod = \"1s\"\ncost = 3\n[route.tiers.small]\ncount = 2\nperiod = \"1s\"", "exceeds the limit 2"),
+    ];
+    for (route, expected) in cases {
+        let message = err(route);
+        assert!(
+            message.contains(expected),
+            "{route:?}: {message:?} should say {expected:?}"
+        );
+    }
+}
