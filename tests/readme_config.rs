@@ -69,3 +69,35 @@ async fn the_readme_redis_backend_table_is_valid() {
     let err = Config::from_toml(&clash).unwrap().on_error().unwrap_err();
     assert!(err.to_string().contains("disagree"), "{err}");
 }
+
+/// The README's example of every algorithm and mode builds as written.
+#[test]
+fn the_readme_algorithms_and_modes_are_valid() {
+    use std::time::Duration;
+    use tower_throttle::Algorithm;
+
+    let readme = include_str!("../README.md");
+    let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let config = Config::from_toml(toml).unwrap();
+    let layer = config.memory_layer().unwrap();
+    let policies = layer.policies();
+    let algorithms: Vec<Algorithm> = policies.iter().map(|p| p.limit().algorithm()).collect();
+    assert_eq!(
+        algorithms,
+        [
+            Algorithm::SlidingLog,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::Concurrency,
+            Algorithm::Gcra,
+            Algorithm::Gcra,
+            Algorithm::Gcra,
+        ]
+    );
+    assert_eq!(policies[4].limit().delay(), Some(Duration::from_secs(2)));
+    assert!(policies[5].is_dry_run());
+    assert_eq!(policies[6].limits().len(), 2);
+    assert_eq!(policies[6].tier_limits("paid").unwrap().len(), 2);
+}
