@@ -15,10 +15,13 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use axum::extract::RawQuery;
 use axum::routing::{any, get};
+use axum::Extension;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{BackendConfig, Config, RedisConfig};
+use tower_throttle::ThrottleDecision;
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -54,6 +57,21 @@ methods = ["POST"]
 key = "ip"
 count = 5
 period = "1m"
+
+# Two downloads at a time per client IP (try several /download?sleep_ms=5000 at once).
+[[route]]
+name = "download"
+path = "/download"
+key = "ip"
+algorithm = "concurrency"
+count = 2
+
+# 10 a second and 1,000 a day per API key, both enforced.
+[[route]]
+name = "api"
+path = "/api/{*rest}"
+key = "header:x-api-key"
+quotas = [{ count = 10, period = "1s" }, { count = 1000, period = "1d" }]
 "#;
 
 struct Args {
@@ -98,13 +116,42 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
+/// A route's answer: its name, what the limiter decided (dry-run and delay modes show here), after
+/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`).
+async fn answer(
+    mut body: String,
+    decision: Option<Extension<ThrottleDecision>>,
+    RawQuery(query): RawQuery,
+) -> String {
+    let sleep_ms = query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("sleep_ms=")))
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map_or(0, |ms| ms.min(10_000));
+    if sleep_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(sleep_ms)).await;
+    }
+    if let Some(Extension(d)) = decision {
+        body.push_str(&format!(
+            "policy {}{}: allowed={} remaining={} enforced={} delayed_ms={}\n",
+            d.policy,
+            d.tier.map(|t| format!(" (tier {t})")).unwrap_or_default(),
+            d.decision.allowed,
+            d.decision.remaining,
+            d.enforced,
+            d.delayed.as_millis()
+        ));
+    }
+    body
+}
+
 async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, String> {
     let layer = config.layer().await.map_err(|e| e.to_string())?;
     let offenders = layer.offenders().cloned();
     let mut policies: Vec<String> = layer
         .policies()
         .iter()
-        .map(|p| p.limit().name().to_owned())
+        .map(|p| p.name().to_owned())
         .collect();
     policies.dedup();
     let mut added = HashSet::new();
@@ -118,9 +165,13 @@ async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, Strin
             continue;
         }
         let body = format!("route {} ({path})\n", route.name);
+        let handler = move |decision: Option<Extension<ThrottleDecision>>, query: RawQuery| {
+            let body = body.clone();
+            async move { answer(body, decision, query).await }
+        };
         // axum panics on routes it cannot accept (conflicting patterns); report them as errors.
         let with_route = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            router.clone().route(path, any(move || async move { body }))
+            router.clone().route(path, any(handler))
         }))
         .map_err(|_| {
             format!("route {path:?} is not a valid axum route or conflicts with another")

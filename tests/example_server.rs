@@ -375,3 +375,121 @@ async fn metrics_show_allowed_and_limited_requests() {
     // Never a label per key.
     assert!(!metrics.body.contains("metrics\""), "{}", metrics.body);
 }
+
+/// The README's TOML of every algorithm and mode, as the example server's config.
+fn algorithms_config(dir: &std::path::Path) -> PathBuf {
+    let readme = include_str!("../README.md");
+    let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let file = dir.join("algorithms.toml");
+    std::fs::write(&file, toml).unwrap();
+    file
+}
+
+/// Every algorithm and mode of the README, over TCP, against the example server with `backend`
+/// arguments (none: memory).
+async fn every_algorithm_and_mode(backend: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = algorithms_config(dir.path());
+    let mut args = vec!["--config", file.to_str().unwrap()];
+    args.extend_from_slice(backend);
+    let server = start(&args);
+    let addr = server.addr;
+    let statuses = |n: usize,
+                    method: &'static str,
+                    path: &'static str,
+                    headers: Vec<(&'static str, &'static str)>| async move {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(send(addr, method, path, &headers).await.status);
+        }
+        out
+    };
+    let key = |k: &'static str| vec![("x-api-key", k)];
+
+    // Sliding log: 30 a minute.
+    let search = statuses(31, "GET", "/search", vec![]).await;
+    assert_eq!(
+        search.iter().filter(|s| **s == 200).count(),
+        30,
+        "{search:?}"
+    );
+    assert_eq!(search[30], 429);
+    // Fixed window: 100 a minute (a boundary may fall inside the burst: then at most 200).
+    let export = statuses(101, "GET", "/export", key("k1")).await;
+    let passed = export.iter().filter(|s| **s == 200).count();
+    assert!((100..=101).contains(&passed), "{passed}");
+    // Sliding window: about 600 a minute; 600 at once from nothing pass exactly.
+    // (Across a window boundary the previous window is weighted by its overlap: at most one more.)
+    let feed = statuses(602, "GET", "/feed", key("k1")).await;
+    let passed = feed.iter().filter(|s| **s == 200).count();
+    assert!((600..=601).contains(&passed), "{passed}");
+    assert_eq!(feed[601], 429);
+
+    // Concurrency: 2 at a time.
+    let slow: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(send(addr, "GET", "/download/a?sleep_ms=3000", &[])))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let third = send(addr, "GET", "/download/b", &[]).await;
+    assert_eq!(third.status, 429);
+    assert_eq!(third.header("retry-after"), Some("1"));
+    for s in slow {
+        assert_eq!(s.await.unwrap().status, 200);
+    }
+    assert_eq!(send(addr, "GET", "/download/c", &[]).await.status, 200);
+
+    // Delay: bursts of 5, then waits of 200 ms each, up to 2 s.
+    let mut delays = Vec::new();
+    for _ in 0..7 {
+        let reply = send(addr, "POST", "/login", &[]).await;
+        assert_eq!(reply.status, 200);
+        let delayed: u64 = reply
+            .body
+            .rsplit("delayed_ms=")
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        delays.push(delayed);
+    }
+    assert_eq!(delays[..5], [0; 5]);
+    // Each waits about one interval (200 ms) minus the time since the previous one.
+    assert!(delays[5] > 100 && delays[6] > 100, "{delays:?}");
+
+    // Dry run: never rejects, tells the handler.
+    let trial = statuses(25, "GET", "/comments", vec![("x-user-id", "u")]).await;
+    assert!(trial.iter().all(|s| *s == 200));
+    let last = send(addr, "GET", "/comments", &[("x-user-id", "u")]).await;
+    assert!(
+        last.body
+            .contains("allowed=false remaining=0 enforced=false"),
+        "{}",
+        last.body
+    );
+
+    // Stacked quotas and tiers.
+    let api = send(addr, "GET", "/api/items", &key("k2")).await;
+    assert_eq!(
+        api.header("ratelimit-policy"),
+        Some(r#""api.1s";q=10;w=1, "api.1d";q=1000;w=86400"#)
+    );
+    let free = statuses(11, "GET", "/api/items", key("k3")).await;
+    assert_eq!(free.iter().filter(|s| **s == 200).count(), 10, "{free:?}");
+    let paid = send(
+        addr,
+        "GET",
+        "/api/items",
+        &[("x-api-key", "k3"), ("x-plan", "paid")],
+    )
+    .await;
+    assert_eq!(paid.status, 200);
+    assert!(paid.body.contains("(tier paid)"), "{}", paid.body);
+}
+
+#[tokio::test]
+async fn every_algorithm_and_mode_in_memory() {
+    every_algorithm_and_mode(&[]).await;
+}
