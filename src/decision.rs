@@ -98,28 +98,22 @@ impl Decision {
     /// admitted when every one admits; otherwise the rejecting decision that waits longest (never, if
     /// one can never pass) and the fewest remaining. `None` for no decisions.
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
-        let (first, rest) = decisions.split_first()?;
-        let mut out = *first;
-        for d in rest {
-            let tighter = d.remaining < out.remaining;
-            if !d.allowed && out.allowed {
-                out = *d;
-            } else if !d.allowed {
-                out.retry_after = match (out.retry_after, d.retry_after) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-                if tighter {
-                    out.limit = d.limit;
-                    out.remaining = d.remaining;
-                }
-                out.banned |= d.banned;
-            } else if out.allowed && tighter {
-                out.limit = d.limit;
-                out.remaining = d.remaining;
-            }
-            out.reset_after = out.reset_after.max(d.reset_after);
-        }
+        let tightest = decisions.iter().min_by_key(|d| d.remaining)?;
+        let mut out = *tightest;
+        out.allowed = decisions.iter().all(|d| d.allowed);
+        out.reset_after = decisions.iter().map(|d| d.reset_after).max()?;
+        out.banned = decisions.iter().any(|d| d.banned);
+        out.lease = decisions.iter().find_map(|d| d.lease);
+        out.retry_after = if out.allowed {
+            None
+        } else {
+            // Rejected until every rejecting limit admits it; never, if one never will.
+            decisions
+                .iter()
+                .filter(|d| !d.allowed)
+                .map(|d| d.retry_after)
+                .try_fold(Duration::ZERO, |wait, retry| retry.map(|r| wait.max(r)))
+        };
         Some(out)
     }
 
@@ -143,6 +137,25 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn combined_decisions_wait_for_every_rejection() {
+        let s = Duration::from_secs;
+        let ok = Decision::allowed(10, 4, s(1));
+        let day = Decision::allowed(1000, 2, s(80_000));
+        let both = Decision::combine(&[ok, day]).unwrap();
+        assert!(both.allowed);
+        assert_eq!((both.limit, both.remaining, both.reset_after), (1000, 2, s(80_000)));
+        let no = Decision::limited(10, 0, Some(s(3)), s(5));
+        let later = Decision::limited(1000, 0, Some(s(40)), s(90_000));
+        let c = Decision::combine(&[no, ok, later]).unwrap();
+        assert!(!c.allowed);
+        assert_eq!(c.retry_after, Some(s(40)));
+        assert_eq!(c.reset_after, s(90_000));
+        let never = Decision::limited(10, 10, None, s(0));
+        assert_eq!(Decision::combine(&[no, never]).unwrap().retry_after, None);
+        assert_eq!(Decision::combine(&[]), None);
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {
