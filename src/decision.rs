@@ -145,7 +145,10 @@ mod tests {
         let day = Decision::allowed(1000, 2, s(80_000));
         let both = Decision::combine(&[ok, day]).unwrap();
         assert!(both.allowed);
-        assert_eq!((both.limit, both.remaining, both.reset_after), (1000, 2, s(80_000)));
+        assert_eq!(
+            (both.limit, both.remaining, both.reset_after),
+            (1000, 2, s(80_000))
+        );
         let no = Decision::limited(10, 0, Some(s(3)), s(5));
         let later = Decision::limited(1000, 0, Some(s(40)), s(90_000));
         let c = Decision::combine(&[no, ok, later]).unwrap();

@@ -1,0 +1,293 @@
+//! Delay mode, dry run, tiers, stacked quotas and concurrency through the layer, under concurrent
+//! requests, with exact counts: in memory and on a real Redis server (Lua; and a 3-master Cluster
+//! for stacks and concurrency).
+//!
+//! Quotas are slow (a unit a few seconds) so that no unit refills while a test runs on a real clock:
+//! the counts are then exact on every backend.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use redis_support::{RedisCluster, RedisServer};
+use tower::ServiceExt;
+use tower_throttle::key::{Global, Header};
+use tower_throttle::{
+    Algorithm, Backend, MemoryBackend, Policy, Quota, RedisBackend, RedisMode, ThrottleDecision,
+    ThrottleLayer,
+};
+
+fn app<B: Backend>(
+    backend: B,
+    policy: Policy<impl tower_throttle::key::KeyExtractor<Body>>,
+) -> Router {
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    Router::new()
+        .route(
+            "/",
+            get(|d: Option<Extension<ThrottleDecision>>| async move {
+                d.map_or("none".to_owned(), |Extension(d)| {
+                    d.decision.allowed.to_string()
+                })
+            }),
+        )
+        .layer(layer)
+}
+
+fn get_as(user: &str, plan: Option<&str>) -> Request<Body> {
+    let mut r = Request::get("/").header("x-user", user);
+    if let Some(plan) = plan {
+        r = r.header("x-plan", plan);
+    }
+    r.body(Body::empty()).unwrap()
+}
+
+/// Sends `n` requests at once; returns (status, body) of each.
+async fn burst(
+    app: &Router,
+    n: usize,
+    user: &str,
+    plan: Option<&str>,
+) -> Vec<(StatusCode, String)> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (app, req) = (app.clone(), get_as(user, plan));
+            tokio::spawn(async move {
+                let res = app.oneshot(req).await.unwrap();
+                let status = res.status();
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                (status, String::from_utf8(body.to_vec()).unwrap())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+fn count(replies: &[(StatusCode, String)], status: StatusCode) -> usize {
+    replies.iter().filter(|(s, _)| *s == status).count()
+}
+
+/// 6 a minute with up to 30 s of delay: of 20 concurrent requests, 6 pass at once, 3 wait (10, 20
+/// and 30 s) and 11 are rejected at once.
+async fn delay_admits_the_burst_and_queues_exactly_what_fits<B: Backend>(backend: B) {
+    let policy = Policy::builder("queued")
+        .quota(Quota::per_minute(6))
+        .delay(Duration::from_secs(30))
+        .key(Global)
+        .build()
+        .unwrap();
+    let app = app(backend, policy);
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { app.oneshot(get_as("u", None)).await.unwrap().status() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (mut ok, mut limited, mut waiting) = (0, 0, 0);
+    for task in tasks {
+        if !task.is_finished() {
+            waiting += 1;
+            task.abort();
+            continue;
+        }
+        match task.await.unwrap() {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!((ok, waiting, limited), (6, 3, 11));
+}
+
+/// Dry run: every request passes; exactly the quota's worth are marked allowed.
+async fn dry_run_marks_exactly_the_quota<B: Backend>(backend: B) {
+    let policy = Policy::builder("trial")
+        .quota(Quota::per_minute(5))
+        .dry_run(true)
+        .key(Global)
+        .build()
+        .unwrap();
+    let replies = burst(&app(backend, policy), 30, "u", None).await;
+    assert_eq!(count(&replies, StatusCode::OK), 30);
+    assert_eq!(replies.iter().filter(|(_, b)| b == "true").count(), 5);
+    assert_eq!(replies.iter().filter(|(_, b)| b == "false").count(), 25);
+}
+
+/// Tiers: each plan gets exactly its own quota.
+async fn tiers_admit_exactly_each_plans_quota<B: Backend>(backend: B) {
+    let policy = Policy::builder("plans")
+        .quota(Quota::per_minute(2))
+        .tier("paid", [Quota::per_minute(7)])
+        .tier_header("x-plan")
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let app = app(backend, policy);
+    assert_eq!(
+        count(&burst(&app, 20, "free", None).await, StatusCode::OK),
+        2
+    );
+    assert_eq!(
+        count(
+            &burst(&app, 20, "payer", Some("paid")).await,
+            StatusCode::OK
+        ),
+        7
+    );
+}
+
+/// Stacked: 5 a minute and 8 an hour. 20 at once admit 5; the rejections took nothing from the hourly
+/// quota, which has exactly 3 left.
+async fn stacks_admit_exactly_and_rejections_consume_nothing<B: Backend>(backend: B) {
+    let policy = Policy::builder("stack")
+        .quotas([Quota::per_minute(5), Quota::per_hour(8)])
+        .key(Global)
+        .build()
+        .unwrap();
+    let app = app(backend, policy);
+    assert_eq!(count(&burst(&app, 20, "u", None).await, StatusCode::OK), 5);
+    let res = app.clone().oneshot(get_as("u", None)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let field = res.headers()["ratelimit"].to_str().unwrap();
+    assert!(
+        field.starts_with(r#""stack.1m";r=0;"#) && field.contains(r#""stack.1h";r=3;"#),
+        "{field}"
+    );
+}
+
+/// Concurrency: 3 in flight. 20 requests held inside the handler: exactly 3 get in; when they end,
+/// their slots come back.
+async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend>(backend: B) {
+    let policy = Policy::builder("inflight")
+        .quota(Quota::per_second(3))
+        .algorithm(Algorithm::Concurrency)
+        .key(Global)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let (i, o) = (inside.clone(), open.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let (inside, open) = (i.clone(), o.clone());
+                async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    open.acquire().await.unwrap().forget();
+                    "done"
+                }
+            }),
+        )
+        .layer(layer);
+    for round in 1..=3 {
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let res = app.oneshot(get_as("u", None)).await.unwrap();
+                    let status = res.status();
+                    res.into_body().collect().await.unwrap();
+                    status
+                })
+            })
+            .collect();
+        // 17 are rejected, 3 wait inside the handler.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tasks.iter().filter(|t| t.is_finished()).count() < 17
+            || inside.load(Ordering::SeqCst) < 3 * round
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: stuck"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(inside.load(Ordering::SeqCst), 3 * round, "round {round}");
+        let (done, held): (Vec<_>, Vec<_>) = tasks.into_iter().partition(|t| t.is_finished());
+        assert_eq!(held.len(), 3, "round {round}");
+        for task in done {
+            assert_eq!(task.await.unwrap(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        open.add_permits(3);
+        for task in held {
+            assert_eq!(task.await.unwrap(), StatusCode::OK);
+        }
+        // The slots come back as the bodies end (on Redis, by a spawned release command).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn memory() -> MemoryBackend {
+    MemoryBackend::new()
+}
+
+async fn redis(server: &RedisServer) -> RedisBackend {
+    RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn redis_cluster(cluster: &RedisCluster) -> RedisBackend {
+    RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory() {
+    delay_admits_the_burst_and_queues_exactly_what_fits(memory()).await;
+    dry_run_marks_exactly_the_quota(memory()).await;
+    tiers_admit_exactly_each_plans_quota(memory()).await;
+    stacks_admit_exactly_and_rejections_consume_nothing(memory()).await;
+    concurrency_admits_exactly_the_limit_in_flight(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    let server = RedisServer::start();
+    delay_admits_the_burst_and_queues_exactly_what_fits(redis(&server).await).await;
+    dry_run_marks_exactly_the_quota(redis(&server).await).await;
+    tiers_admit_exactly_each_plans_quota(redis(&server).await).await;
+    stacks_admit_exactly_and_rejections_consume_nothing(redis(&server).await).await;
+    concurrency_admits_exactly_the_limit_in_flight(redis(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    stacks_admit_exactly_and_rejections_consume_nothing(redis_cluster(&cluster).await).await;
+    concurrency_admits_exactly_the_limit_in_flight(redis_cluster(&cluster).await).await;
+    tiers_admit_exactly_each_plans_quota(redis_cluster(&cluster).await).await;
+}
