@@ -18,8 +18,13 @@ const SWEEP_INTERVAL_NANOS: u64 = 1_000_000_000;
 /// The default cap on live keys.
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// The in-memory GCRA backend: one process, exact `CL.THROTTLE` decisions, bounded memory.
+/// The in-memory backend: one process, every [`Algorithm`], bounded memory.
 ///
+/// It keeps two stores. A lone GCRA limit (the common case) has a table of its own, described
+/// first; everything else, described under **Other algorithms and stacks**, shares a general one.
+/// [`len`](Self::len) counts the keys of both.
+///
+/// **The GCRA table.** Exact `CL.THROTTLE` decisions.
 /// State is one 64-bit TAT per live key, in a map split into shards behind read-write locks. A
 /// decision for a key already in the map takes its shard's read lock and updates the TAT with a
 /// compare-and-swap, so decisions in one shard run in parallel; a new key takes the write lock for a
@@ -30,8 +35,8 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// at most once a second otherwise, during the calls that use it: no background task, nothing to call.
 /// The cost is amortized O(1) per decision.
 ///
-/// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live (default 1,000,000,
-/// split evenly across the shards). When a shard is full of keys that have not refilled yet (many
+/// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live in this table
+/// (default 1,000,000, split evenly across the shards). When a shard is full of keys that have not refilled yet (many
 /// distinct clients within one refill period, such as an attack from rotating addresses), it forgets
 /// about an eighth of its keys: those that have used the smallest share of their own limit's tolerance
 /// (the closest to fully refilled, whatever the limit's period). They start again with a full burst.
@@ -42,6 +47,28 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// and a byte-string key also owns its bytes on the heap (at most 64; longer keys are stored as a
 /// 32-byte SHA-256 digest). IP keys own nothing beyond the entry: a million live IPv4 keys take about
 /// 36 MB (`cargo bench --bench footprint`).
+///
+/// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
+/// and [stacks of limits](Backend::check_all) (whose GCRA limits keep their TAT here, apart from
+/// the same limits checked alone) live in a second map with as many shards, each behind a mutex:
+/// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
+/// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
+/// time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an 80-byte
+/// entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own bytes) holds
+/// the state of one limit in place; a stack keeps its states on the heap instead, 48 bytes per
+/// limit. The state
+/// itself is O(1) for the GCRA (a TAT), the fixed window (a window number and a count), the sliding
+/// window (two counts) and the concurrency limit (a count); the sliding log is O(`count`): 8 bytes
+/// per unit admitted within the last `period` (a `VecDeque`, so up to twice that in spare
+/// capacity), never more than `count` of them.
+///
+/// Entries are dropped when their state expires (the end of the window that still counts, the
+/// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
+/// concurrency entry as soon as its last request is [released](Backend::release). The general
+/// map has its own cap of `max_keys` entries (so the two stores together hold at most twice that):
+/// when a shard is full, it forgets about an eighth of its entries, those closest to expiry. It
+/// never forgets an entry with requests in flight, since that would admit more than the limit;
+/// such entries are bounded by the requests in flight rather than by the cap.
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///
@@ -1068,6 +1095,9 @@ mod tests {
     fn ip_keys_are_stored_compactly_and_other_keys_as_themselves() {
         assert_eq!(std::mem::size_of::<Slot<u32>>(), 16);
         assert_eq!(std::mem::size_of::<Slot<[u8; 16]>>(), 32);
+        // The general store's entry, as documented on MemoryBackend.
+        assert_eq!(std::mem::size_of::<Entry>(), 80);
+        assert_eq!(std::mem::size_of::<Cell>(), 48);
         let v4 = Key::from(Ipv4Addr::new(192, 0, 2, 7));
         assert!(matches!(Compact::of(&v4), Compact::V4(bits) if bits == 0xc000_0207));
         let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
