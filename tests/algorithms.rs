@@ -724,3 +724,32 @@ fn a_shared_backend_decides_every_algorithm_from_many_threads() {
     });
     assert_eq!(backend.len(), 40);
 }
+
+#[test]
+fn requests_in_flight_may_hold_a_shard_past_the_cap() {
+    let (backend, _clock) = backend(100);
+    let conc = limit("past-cap", Algorithm::Concurrency, Quota::per_second(1));
+    let keys: Vec<Key> = (0..150u32).map(Key::from).collect();
+    // Forgetting any of them would admit a second request in flight: they are all kept.
+    for key in &keys {
+        assert!(check(&backend, &conc, key, 1).allowed);
+    }
+    assert_eq!(backend.len(), 150);
+    assert!(keys
+        .iter()
+        .all(|key| !check(&backend, &conc, key, 1).allowed));
+    // Released, they go at once, and the cap holds again.
+    for key in &keys {
+        backend.release(&conc, key, 1, 0);
+    }
+    assert_eq!(backend.len(), 0);
+    let fixed = limit(
+        "past-cap-fixed",
+        Algorithm::FixedWindow,
+        Quota::per_minute(1),
+    );
+    for key in (0..1_000u32).map(Key::from) {
+        assert!(check(&backend, &fixed, &key, 1).allowed);
+        assert!(backend.len() <= 100);
+    }
+}

@@ -67,8 +67,8 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// concurrency entry as soon as its last request is [released](Backend::release). The general
 /// map has its own cap of `max_keys` entries (so the two stores together hold at most twice that):
 /// when a shard is full, it forgets about an eighth of its entries, those closest to expiry. It
-/// never forgets an entry with requests in flight, since that would admit more than the limit;
-/// such entries are bounded by the requests in flight rather than by the cap.
+/// never forgets an entry with requests in flight, since that would admit more than the limit: a
+/// shard full of them grows past the cap, by at most the number of keys with requests in flight.
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///
