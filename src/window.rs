@@ -12,7 +12,7 @@
 //! | [sliding log](sliding_log) | yes: at most `count` in **any** window of length `period` | one timestamp per admitted unit, O(count) | when enough of the oldest leave the window |
 //! | [fixed window](fixed_window) | per window only: up to `2 × count` across a boundary | a window number and a counter, O(1) | the next window boundary |
 //! | [sliding window](sliding_window) | approximate (see its error bound) | two counters, O(1) | when the weighted estimate leaves room |
-//! | [concurrency](concurrency) | yes: at most `count` in flight | a counter (in Redis: one lease per request) | 1 s (unknown) |
+//! | [concurrency] | yes: at most `count` in flight | a counter (in Redis: one lease per request) | 1 s (unknown) |
 //!
 //! Windows are aligned on multiples of `period` since the clock's epoch (the Unix epoch for the
 //! system clock and for Redis), so every process and every key shares the same boundaries.
@@ -269,7 +269,7 @@ mod tests {
     fn fixed_window_counts_per_window_and_resets_on_the_boundary() {
         let p = params(3, S);
         let mut state = None;
-        let mut at = |now: u64, q: u64, state: &mut Option<FixedState>| {
+        let at = |now: u64, q: u64, state: &mut Option<FixedState>| {
             let (d, s) = fixed_window(*state, now, &p, q);
             *state = s;
             d

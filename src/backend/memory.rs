@@ -1,13 +1,16 @@
+use std::collections::VecDeque;
 use std::future::{ready, Ready};
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
+use crate::backend::StackFuture;
 use crate::clock::{Clock, SystemClock};
-use crate::{gcra, Backend, BackendError, BuildError, Decision, Key, Limit};
+use crate::window::{self, FixedState, SlidingState};
+use crate::{gcra, Algorithm, Backend, BackendError, BuildError, Decision, Key, Limit};
 
 /// How often (at most) a shard drops keys that have refilled completely, when it is in use.
 const SWEEP_INTERVAL_NANOS: u64 = 1_000_000_000;
@@ -15,8 +18,13 @@ const SWEEP_INTERVAL_NANOS: u64 = 1_000_000_000;
 /// The default cap on live keys.
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// The in-memory GCRA backend: one process, exact `CL.THROTTLE` decisions, bounded memory.
+/// The in-memory backend: one process, every [`Algorithm`], bounded memory.
 ///
+/// It keeps two stores. A lone GCRA limit (the common case) has a table of its own, described
+/// first; everything else, described under **Other algorithms and stacks**, shares a general one.
+/// [`len`](Self::len) counts the keys of both.
+///
+/// **The GCRA table.** Exact `CL.THROTTLE` decisions.
 /// State is one 64-bit TAT per live key, in a map split into shards behind read-write locks. A
 /// decision for a key already in the map takes its shard's read lock and updates the TAT with a
 /// compare-and-swap, so decisions in one shard run in parallel; a new key takes the write lock for a
@@ -27,8 +35,8 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// at most once a second otherwise, during the calls that use it: no background task, nothing to call.
 /// The cost is amortized O(1) per decision.
 ///
-/// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live (default 1,000,000,
-/// split evenly across the shards). When a shard is full of keys that have not refilled yet (many
+/// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live in this table
+/// (default 1,000,000, split evenly across the shards). When a shard is full of keys that have not refilled yet (many
 /// distinct clients within one refill period, such as an attack from rotating addresses), it forgets
 /// about an eighth of its keys: those that have used the smallest share of their own limit's tolerance
 /// (the closest to fully refilled, whatever the limit's period). They start again with a full burst.
@@ -39,6 +47,28 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// and a byte-string key also owns its bytes on the heap (at most 64; longer keys are stored as a
 /// 32-byte SHA-256 digest). IP keys own nothing beyond the entry: a million live IPv4 keys take about
 /// 36 MB (`cargo bench --bench footprint`).
+///
+/// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
+/// and [stacks of limits](Backend::check_all) (whose GCRA limits keep their TAT here, apart from
+/// the same limits checked alone) live in a second map with as many shards, each behind a mutex:
+/// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
+/// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
+/// time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an 80-byte
+/// entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own bytes) holds
+/// the state of one limit in place; a stack keeps its states on the heap instead, 48 bytes per
+/// limit. The state
+/// itself is O(1) for the GCRA (a TAT), the fixed window (a window number and a count), the sliding
+/// window (two counts) and the concurrency limit (a count); the sliding log is O(`count`): 8 bytes
+/// per unit admitted within the last `period` (a `VecDeque`, so up to twice that in spare
+/// capacity), never more than `count` of them.
+///
+/// Entries are dropped when their state expires (the end of the window that still counts, the
+/// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
+/// concurrency entry as soon as its last request is [released](Backend::release). The general
+/// map has its own cap of `max_keys` entries (so the two stores together hold at most twice that):
+/// when a shard is full, it forgets about an eighth of its entries, those closest to expiry. It
+/// never forgets an entry with requests in flight, since that would admit more than the limit: a
+/// shard full of them grows past the cap, by at most the number of keys with requests in flight.
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///
@@ -87,6 +117,8 @@ struct Inner<C> {
     hasher: foldhash::fast::RandomState,
     shards: Box<[RwLock<Shard>]>,
     shard_cap: usize,
+    /// The general store: every algorithm but a lone GCRA limit, and stacks of limits.
+    general: Box<[Mutex<GeneralShard>]>,
 }
 
 /// One live key. The TAT is atomic so that a decision for a key already in the table needs only the
@@ -263,6 +295,15 @@ impl<C: Clock> MemoryBackendBuilder<C> {
                     sweep_at_time: 0,
                 })
             })
+            .collect::<Box<[_]>>();
+        let general = (0..shards.len())
+            .map(|_| {
+                Mutex::new(GeneralShard {
+                    table: HashTable::new(),
+                    sweep_at_len: 64,
+                    sweep_at_time: 0,
+                })
+            })
             .collect();
         Ok(MemoryBackend {
             inner: Arc::new(Inner {
@@ -270,14 +311,15 @@ impl<C: Clock> MemoryBackendBuilder<C> {
                 hasher: foldhash::fast::RandomState::default(),
                 shards,
                 shard_cap,
+                general,
             }),
         })
     }
 }
 
 impl<C: Clock> MemoryBackend<C> {
-    /// Decides synchronously; [`Backend::check`] wraps this in a ready future. Fails only for an
-    /// algorithm this backend does not implement.
+    /// Decides synchronously; [`Backend::check`] wraps this in a ready future. Every algorithm is
+    /// implemented, so this does not fail today; the `Result` leaves room for one that is not.
     pub fn decide(
         &self,
         limit: &Limit,
@@ -285,7 +327,9 @@ impl<C: Clock> MemoryBackend<C> {
         quantity: u64,
     ) -> Result<Decision, BackendError> {
         let Some(params) = limit.gcra() else {
-            return Err(unsupported(limit));
+            let mut out = [PLACEHOLDER];
+            self.decide_general(std::slice::from_ref(limit), key, quantity, &mut out);
+            return Ok(out[0]);
         };
         Ok(match Compact::of(key) {
             Compact::V4(ip) => self.decide_in(params, limit.id(), &ip, quantity),
@@ -383,13 +427,117 @@ impl<C: Clock> MemoryBackend<C> {
         }
     }
 
-    /// How many keys are live (including keys that have refilled but were not swept yet).
+    /// Decides a stack of limits together, synchronously ([`Backend::check_all`] wraps this in a
+    /// ready future): the request passes only if every limit admits it, and only then is it recorded
+    /// by all of them. Returns one decision per limit, in order. When one limit rejects, the others
+    /// that would have admitted report the state they keep (as a request of quantity 0 would).
+    ///
+    /// A single limit is decided as [`decide`](Self::decide) does (a lone GCRA limit in the fast
+    /// table). A stack keeps its state apart from the lone limits, keyed by its first limit's name,
+    /// the key, and each limit's position; its GCRA limits keep their TAT there too. Fails for what
+    /// [`Backend::validate_all`] refuses.
+    pub fn decide_all(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+    ) -> Result<Vec<Decision>, BackendError> {
+        stack_error(limits).map_err(BackendError::new)?;
+        if let [limit] = limits {
+            return Ok(vec![self.decide(limit, key, quantity)?]);
+        }
+        let mut out = vec![PLACEHOLDER; limits.len()];
+        self.decide_general(limits, key, quantity, &mut out);
+        Ok(out)
+    }
+
+    /// Decides `limits` (1 to [`MAX_STACK`], concurrency only alone) in the general store, one
+    /// decision per limit into `out`, under one lock: each limit decides on the stored state, and
+    /// the new states are written only if every limit admits.
+    fn decide_general(&self, limits: &[Limit], key: &Key, quantity: u64, out: &mut [Decision]) {
+        debug_assert!(!limits.is_empty() && limits.len() <= MAX_STACK);
+        let inner = &*self.inner;
+        let id = limits[0].id();
+        let hash = inner.hasher.hash_one((id, key));
+        let mut shard = inner.general_shard(hash);
+        // Read the clock under the lock, so that each key sees its decisions' times in order (the
+        // sliding log relies on it).
+        let now = inner.clock.now_nanos();
+        let origin = inner.clock.unix_origin_nanos();
+        if now >= shard.sweep_at_time {
+            shard.sweep(now, &inner.hasher);
+        }
+        let eq = |e: &Entry| e.limit == id && e.key == *key;
+        if let Ok(mut occupied) = shard.table.find_entry(hash, eq) {
+            let cells = &mut occupied.get_mut().cells;
+            decide_cells(cells, limits, now, origin, quantity, out);
+            if !cells.retain_live(now) {
+                occupied.remove();
+            }
+            return;
+        }
+        let mut cells = Cells::Empty;
+        decide_cells(&mut cells, limits, now, origin, quantity, out);
+        if !cells.retain_live(now) {
+            return;
+        }
+        if shard.table.len() >= shard.sweep_at_len {
+            shard.sweep(now, &inner.hasher);
+        }
+        if shard.table.len() >= inner.shard_cap {
+            shard.evict_nearest_expiry(now, inner.shard_cap, &inner.hasher);
+        }
+        let entry = Entry {
+            limit: id,
+            key: key.clone(),
+            cells,
+        };
+        shard
+            .table
+            .insert_unique(hash, entry, |e| inner.hasher.hash_one((e.limit, &e.key)));
+    }
+
+    /// Gives back `quantity` in-flight units of a concurrency `limit` for `key` (saturating), and
+    /// forgets the key when none are left. Does nothing for other algorithms.
+    fn release_slot(&self, limit: &Limit, key: &Key, quantity: u64) {
+        if limit.concurrency().is_none() {
+            return;
+        }
+        let inner = &*self.inner;
+        let id = limit.id();
+        let hash = inner.hasher.hash_one((id, key));
+        let mut shard = inner.general_shard(hash);
+        let eq = |e: &Entry| e.limit == id && e.key == *key;
+        let Ok(mut occupied) = shard.table.find_entry(hash, eq) else {
+            return;
+        };
+        let cells = &mut occupied.get_mut().cells;
+        if let Some(cell) = cells.find_mut(id, 0) {
+            if let State::InFlight(n) = &mut cell.state {
+                *n = n.saturating_sub(quantity);
+                if *n == 0 {
+                    cell.expires_at = 0;
+                }
+            }
+        }
+        // Released slots are the only state of a concurrency key, so the cell goes at 0 at once
+        // rather than at the next sweep; the clock is not needed to tell.
+        if !cells.retain_live(0) {
+            occupied.remove();
+        }
+    }
+
+    /// How many keys are live in both stores (including keys that have expired but were not swept
+    /// yet). A stack of limits on one key counts once.
     pub fn len(&self) -> usize {
-        self.inner
+        let gcra: usize = self
+            .inner
             .shards
             .iter()
             .map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
+            .sum();
+        let general: usize = self.inner.general.iter().map(|s| lock(s).table.len()).sum();
+        gcra + general
     }
 
     /// Whether no key is live.
@@ -404,15 +552,319 @@ impl<C: Clock> MemoryBackend<C> {
         for shard in self.inner.shards.iter() {
             write(shard).sweep(now, &self.inner.hasher);
         }
+        for shard in self.inner.general.iter() {
+            lock(shard).sweep(now, &self.inner.hasher);
+        }
     }
 }
 
-fn unsupported(limit: &Limit) -> BackendError {
-    BackendError::new(format!(
-        "the memory backend does not implement {:?} (policy {:?})",
-        limit.algorithm(),
-        limit.name()
-    ))
+impl<C> Inner<C> {
+    fn general_shard(&self, hash: u64) -> MutexGuard<'_, GeneralShard> {
+        // The same bits as the GCRA table's shards, for the same reason.
+        lock(&self.general[(hash >> 32) as usize & (self.general.len() - 1)])
+    }
+}
+
+fn lock(shard: &Mutex<GeneralShard>) -> MutexGuard<'_, GeneralShard> {
+    shard.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The most limits one stack may hold: a stack is decided under one lock, in one pass over a fixed
+/// array, and its states are one key's memory.
+const MAX_STACK: usize = 16;
+
+/// Why `limits` cannot be decided together, if they cannot.
+fn stack_error(limits: &[Limit]) -> Result<(), String> {
+    if limits.is_empty() {
+        return Err("a stack of limits needs at least one limit".into());
+    }
+    if limits.len() > MAX_STACK {
+        return Err(format!(
+            "a stack holds at most {MAX_STACK} limits, not {}",
+            limits.len()
+        ));
+    }
+    // A concurrency slot is released per limit (Backend::release), which a stack has no way to
+    // name; and "N per period and N in flight" are different questions.
+    if let Some(limit) = limits.iter().find(|l| l.concurrency().is_some()) {
+        return Err(format!(
+            "policy {:?}: a concurrency limit cannot be stacked",
+            limit.name()
+        ));
+    }
+    Ok(())
+}
+
+/// What `out` is filled with before each limit decides.
+const PLACEHOLDER: Decision = Decision::allowed(0, 0, std::time::Duration::ZERO);
+
+/// One key's state in the general store: one cell per limit of the stack (or the lone limit) that
+/// was decided under the entry's first limit `limit`.
+struct Entry {
+    limit: u32,
+    key: Key,
+    cells: Cells,
+}
+
+/// The cells of an entry, without an allocation for the common case of one limit.
+enum Cells {
+    Empty,
+    One(Cell),
+    Many(Vec<Cell>),
+}
+
+/// One limit's state for one key.
+struct Cell {
+    limit: u32,
+    /// The limit's place in its stack, so that a stack may hold two limits of one name.
+    position: u8,
+    /// When the state becomes the same as no state, on the backend's clock (`now_nanos`); `u64::MAX`
+    /// while requests are in flight, 0 for a state never written.
+    expires_at: u64,
+    state: State,
+}
+
+/// The state each algorithm keeps, as [`gcra`] and [`window`] define it.
+enum State {
+    /// The TAT, on the backend's clock (`now_nanos`, not Unix time).
+    Gcra(u64),
+    Fixed(FixedState),
+    Sliding(SlidingState),
+    /// Times of admitted units, oldest first (Unix time): at most the limit's count of them.
+    Log(VecDeque<u64>),
+    InFlight(u64),
+}
+
+impl State {
+    /// A state equivalent to none for `algorithm`, so that each decision function reads it as a
+    /// new key (a TAT of 0 is never after `now`; count 0 in window 0 is no count).
+    fn fresh(algorithm: Algorithm) -> State {
+        match algorithm {
+            Algorithm::FixedWindow => State::Fixed(FixedState::default()),
+            Algorithm::SlidingWindow => State::Sliding(SlidingState::default()),
+            Algorithm::SlidingLog => State::Log(VecDeque::new()),
+            Algorithm::Concurrency => State::InFlight(0),
+            _ => State::Gcra(0),
+        }
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        match self {
+            State::Gcra(_) => Algorithm::Gcra,
+            State::Fixed(_) => Algorithm::FixedWindow,
+            State::Sliding(_) => Algorithm::SlidingWindow,
+            State::Log(_) => Algorithm::SlidingLog,
+            State::InFlight(_) => Algorithm::Concurrency,
+        }
+    }
+}
+
+impl Cells {
+    fn as_mut_slice(&mut self) -> &mut [Cell] {
+        match self {
+            Cells::Empty => &mut [],
+            Cells::One(cell) => std::slice::from_mut(cell),
+            Cells::Many(cells) => cells,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Cell> {
+        let slice: &[Cell] = match self {
+            Cells::Empty => &[],
+            Cells::One(cell) => std::slice::from_ref(cell),
+            Cells::Many(cells) => cells,
+        };
+        slice.iter()
+    }
+
+    fn find_mut(&mut self, limit: u32, position: u8) -> Option<&mut Cell> {
+        self.as_mut_slice()
+            .iter_mut()
+            .find(|c| c.limit == limit && c.position == position)
+    }
+
+    /// The index of the cell of `limit` at `position`, added with a fresh state if there is none
+    /// (or if the name was reused for another algorithm).
+    fn index_of(&mut self, limit: &Limit, position: u8) -> usize {
+        let (id, algorithm) = (limit.id(), limit.algorithm());
+        let found = self
+            .as_mut_slice()
+            .iter()
+            .position(|c| c.limit == id && c.position == position);
+        if let Some(i) = found {
+            let cell = &mut self.as_mut_slice()[i];
+            if cell.state.algorithm() != algorithm {
+                cell.state = State::fresh(algorithm);
+                cell.expires_at = 0;
+            }
+            return i;
+        }
+        let cell = Cell {
+            limit: id,
+            position,
+            expires_at: 0,
+            state: State::fresh(algorithm),
+        };
+        *self = match std::mem::replace(self, Cells::Empty) {
+            Cells::Empty => Cells::One(cell),
+            Cells::One(first) => Cells::Many(vec![first, cell]),
+            Cells::Many(mut cells) => {
+                cells.push(cell);
+                Cells::Many(cells)
+            }
+        };
+        self.as_mut_slice().len() - 1
+    }
+
+    /// Drops the cells that have expired at `now`; whether any is left.
+    fn retain_live(&mut self, now: u64) -> bool {
+        match self {
+            Cells::Empty => {}
+            Cells::One(cell) => {
+                if cell.expires_at <= now {
+                    *self = Cells::Empty;
+                }
+            }
+            Cells::Many(cells) => {
+                cells.retain(|c| c.expires_at > now);
+                match cells.len() {
+                    0 => *self = Cells::Empty,
+                    1 => *self = Cells::One(cells.pop().expect("one cell")),
+                    _ => {}
+                }
+            }
+        }
+        !matches!(self, Cells::Empty)
+    }
+
+    /// When the last cell expires (`u64::MAX` while requests are in flight).
+    fn expires_at(&self) -> u64 {
+        self.iter().map(|c| c.expires_at).max().unwrap_or(0)
+    }
+}
+
+/// A limit's decision before it is known whether the whole stack passes.
+#[derive(Clone, Copy)]
+enum Pending {
+    Gcra(Option<u64>),
+    Fixed(Option<FixedState>),
+    Sliding(Option<SlidingState>),
+    /// The log was trimmed and, if admitted, the units appended in place (removed again if the
+    /// stack is rejected).
+    Log,
+    InFlight(u64),
+}
+
+/// Decides every limit of `limits` on `cells` at `now` (the backend's clock; windows add `origin`
+/// to it for Unix time), writing the new states only if every limit admits.
+fn decide_cells(
+    cells: &mut Cells,
+    limits: &[Limit],
+    now: u64,
+    origin: u64,
+    quantity: u64,
+    out: &mut [Decision],
+) {
+    let unix_now = now.saturating_add(origin);
+    let mut pending = [(0usize, Pending::Log); MAX_STACK];
+    let mut every_limit_admits = true;
+    for (position, limit) in limits.iter().enumerate() {
+        let index = cells.index_of(limit, position as u8);
+        let cell = &mut cells.as_mut_slice()[index];
+        let (decision, next) = decide_one(&mut cell.state, limit, now, unix_now, quantity);
+        out[position] = decision;
+        pending[position] = (index, next);
+        every_limit_admits &= decision.allowed;
+    }
+    let slice = cells.as_mut_slice();
+    for (position, limit) in limits.iter().enumerate() {
+        let (index, next) = pending[position];
+        let cell = &mut slice[index];
+        if every_limit_admits {
+            commit(cell, next, limit, now, origin);
+        } else if out[position].allowed {
+            if let (State::Log(log), Pending::Log) = (&mut cell.state, next) {
+                log.truncate(log.len() - quantity as usize);
+            }
+            // Nothing was recorded: report the state as it stands.
+            out[position] = decide_one(&mut cell.state, limit, now, unix_now, 0).0;
+        }
+    }
+}
+
+/// One limit's decision on `state`. Only the sliding log is changed in place (trimmed, and appended
+/// to if admitted); the other states come back in [`Pending`].
+fn decide_one(
+    state: &mut State,
+    limit: &Limit,
+    now: u64,
+    unix_now: u64,
+    quantity: u64,
+) -> (Decision, Pending) {
+    match (state, limit.gcra(), limit.window(), limit.concurrency()) {
+        (State::Gcra(tat), Some(params), _, _) => {
+            let live = (*tat > now).then_some(*tat);
+            let out = gcra::decide(live, now, params, quantity);
+            (out.decision, Pending::Gcra(out.new_tat))
+        }
+        (State::Fixed(s), _, Some(params), _) => {
+            let (d, next) = window::fixed_window(Some(*s), unix_now, params, quantity);
+            (d, Pending::Fixed(next))
+        }
+        (State::Sliding(s), _, Some(params), _) => {
+            let (d, next) = window::sliding_window(Some(*s), unix_now, params, quantity);
+            (d, Pending::Sliding(next))
+        }
+        (State::Log(log), _, Some(params), _) => (
+            window::sliding_log(log, unix_now, params, quantity),
+            Pending::Log,
+        ),
+        (State::InFlight(n), _, _, Some(max)) => {
+            let (d, next) = window::concurrency(*n, max, quantity);
+            (d, Pending::InFlight(next))
+        }
+        _ => unreachable!("Cells::index_of gives each limit the state of its algorithm"),
+    }
+}
+
+/// Writes an admitted stack's new state into `cell`, with when it expires on the backend's clock.
+fn commit(cell: &mut Cell, next: Pending, limit: &Limit, now: u64, origin: u64) {
+    let period = limit.window().map_or(0, |p| p.period());
+    // Window states expire on a Unix-time boundary; the backend's clock is Unix time − origin.
+    let at_unix = |t: u64| t.saturating_sub(origin);
+    cell.expires_at = match (&mut cell.state, next) {
+        (State::Gcra(tat), Pending::Gcra(next)) => {
+            *tat = next.filter(|t| *t > now).unwrap_or(0);
+            *tat
+        }
+        (State::Fixed(s), Pending::Fixed(next)) => {
+            *s = next.unwrap_or_default();
+            next.map_or(0, |s| {
+                at_unix(s.window.saturating_add(1).saturating_mul(period))
+            })
+        }
+        (State::Sliding(s), Pending::Sliding(next)) => {
+            *s = next.unwrap_or_default();
+            // The current count is weighed until the end of the next window, the previous one until
+            // the end of this window.
+            next.map_or(0, |s| {
+                let windows = if s.current > 0 { 2 } else { 1 };
+                at_unix(s.window.saturating_add(windows).saturating_mul(period))
+            })
+        }
+        (State::Log(log), Pending::Log) => log
+            .back()
+            .map_or(0, |newest| at_unix(newest.saturating_add(period))),
+        (State::InFlight(n), Pending::InFlight(next)) => {
+            *n = next;
+            if next > 0 {
+                u64::MAX
+            } else {
+                0
+            }
+        }
+        _ => unreachable!("decide_one returns the pending state of the cell's algorithm"),
+    };
 }
 
 /// How many entries are sampled to choose which keys to forget at the cap.
@@ -538,10 +990,98 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         ready(self.decide(limit, key, quantity))
     }
 
+    /// Every algorithm is implemented.
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
-        match limit.gcra() {
-            Some(_) => Ok(()),
-            None => Err(BuildError::Invalid(unsupported(limit).to_string())),
+        let _ = limit;
+        Ok(())
+    }
+
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        Box::pin(ready(self.decide_all(limits, key, quantity)))
+    }
+
+    /// Refuses an empty stack, more than 16 limits, and a concurrency limit in a stack.
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        stack_error(limits).map_err(BuildError::Invalid)
+    }
+
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        // Memory counts slots per key; the lease token identifies nothing more.
+        let _ = lease;
+        self.release_slot(limit, key, quantity);
+    }
+}
+
+/// The general store's shard: a table of entries behind a mutex, since a stack's decision reads and
+/// writes several states at once.
+struct GeneralShard {
+    table: HashTable<Entry>,
+    /// Sweep expired entries when the table reaches this many entries...
+    sweep_at_len: usize,
+    /// ...or when the clock reaches this time.
+    sweep_at_time: u64,
+}
+
+impl GeneralShard {
+    fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        self.drop_expired(now, hasher);
+        self.sweep_at_len = (2 * self.table.len()).max(64);
+        self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
+    }
+
+    fn drop_expired(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        self.table.retain(|e| e.cells.retain_live(now));
+        let len = self.table.len();
+        if self.table.capacity() > 4 * len.max(16) {
+            self.table
+                .shrink_to(2 * len, |e| hasher.hash_one((e.limit, &e.key)));
+        }
+    }
+
+    /// At the cap: forget about an eighth of the entries, those closest to expiry, but never one
+    /// with requests in flight (forgetting it would admit more than the limit; those entries are
+    /// bounded by the requests in flight, not by the cap). As in the GCRA table, the threshold
+    /// comes from a sample, so the work is one pass per `cap / 8` new keys.
+    fn evict_nearest_expiry(&mut self, now: u64, cap: usize, hasher: &foldhash::fast::RandomState) {
+        let before = self.table.len();
+        self.drop_expired(now, hasher);
+        let target = (cap / 8).max(1).saturating_sub(before - self.table.len());
+        if target == 0 {
+            return;
+        }
+        let evictable = |expires_at: u64| expires_at != u64::MAX;
+        let mut sample: Vec<u64> = Vec::with_capacity(EVICTION_SAMPLE);
+        let mut scanned = 0;
+        for expires_at in self.table.iter().map(|e| e.cells.expires_at()) {
+            if sample.len() == EVICTION_SAMPLE {
+                break;
+            }
+            scanned += 1;
+            if evictable(expires_at) {
+                sample.push(expires_at);
+            }
+        }
+        if sample.is_empty() {
+            return;
+        }
+        // The sample holds `sample.len()` of `scanned` entries; `target` of `len` is the same share
+        // of the scanned entries (in-flight entries included, which the sample skips).
+        let len = self.table.len();
+        let nth = (scanned * target / len).min(sample.len() - 1);
+        let (_, threshold, _) = sample.select_nth_unstable(nth);
+        let threshold = *threshold;
+        let mut evicted = 0;
+        for ties in [false, true] {
+            self.table.retain(|e| {
+                let t = e.cells.expires_at();
+                let forget =
+                    evicted < target && evictable(t) && (t < threshold || (ties && t <= threshold));
+                evicted += usize::from(forget);
+                !forget
+            });
+            if evicted >= target {
+                break;
+            }
         }
     }
 }
@@ -555,6 +1095,9 @@ mod tests {
     fn ip_keys_are_stored_compactly_and_other_keys_as_themselves() {
         assert_eq!(std::mem::size_of::<Slot<u32>>(), 16);
         assert_eq!(std::mem::size_of::<Slot<[u8; 16]>>(), 32);
+        // The general store's entry, as documented on MemoryBackend.
+        assert_eq!(std::mem::size_of::<Entry>(), 80);
+        assert_eq!(std::mem::size_of::<Cell>(), 48);
         let v4 = Key::from(Ipv4Addr::new(192, 0, 2, 7));
         assert!(matches!(Compact::of(&v4), Compact::V4(bits) if bits == 0xc000_0207));
         let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
