@@ -20,28 +20,6 @@ use crate::{Backend, BackendError, BuildError, Decision, Key, Policy, Throttle, 
 #[cfg(feature = "memory")]
 use crate::MemoryBackend;
 
-// TEMPORARY until the memory backend's stacks are merged.
-#[cfg(feature = "memory")]
-trait DecideAll {
-    fn decide_all(
-        &self,
-        l: &[crate::Limit],
-        k: &Key,
-        q: u64,
-    ) -> Result<Vec<Decision>, BackendError>;
-}
-#[cfg(feature = "memory")]
-impl DecideAll for MemoryBackend {
-    fn decide_all(
-        &self,
-        _: &[crate::Limit],
-        _: &Key,
-        _: u64,
-    ) -> Result<Vec<Decision>, BackendError> {
-        Err(BackendError::new("todo"))
-    }
-}
-
 type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
 type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
 

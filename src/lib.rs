@@ -34,10 +34,14 @@
 //! # Pieces
 //!
 //! * [`Quota`]: `CL.THROTTLE`'s `max_burst`, `count`, `period`; [`Limit`]: a named quota.
-//! * [`gcra::decide`]: the algorithm as a pure function; [`Decision`]: its answer.
+//! * [`gcra::decide`]: the algorithm as a pure function; [`Decision`]: its answer. [`Algorithm`]
+//!   and [`window`]: the sliding log, fixed and sliding windows, and the concurrency limit.
 //! * [`key`]: what a request counts against ([`key::PeerIp`], [`key::Header`], [`key::Extension`],
 //!   [`key::Global`], closures).
-//! * [`Policy`]: a limit, a key, and optionally a route, methods and a cost.
+//! * [`Policy`]: a limit (or [stacked quotas](PolicyBuilder::quotas), or [tiers](Tier)), a key, and
+//!   optionally a route, methods and a cost; [delay](PolicyBuilder::delay) and
+//!   [dry-run](PolicyBuilder::dry_run) modes; what was decided reaches the handler as a
+//!   [`ThrottleDecision`].
 //! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
 //!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
 //! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;

@@ -350,8 +350,6 @@ impl Limit {
     }
 
     /// The quota's own GCRA tolerance in nanoseconds (without a delay), for the GCRA.
-    // For the layer's delay mode, which is not wired on this branch yet.
-    #[allow(dead_code)]
     pub(crate) fn tolerance(&self) -> Option<u64> {
         match self.params {
             Params::Gcra { tolerance, .. } => Some(tolerance),
