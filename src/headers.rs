@@ -136,7 +136,6 @@ pub(crate) fn policy_field(limits: &[Limit]) -> HeaderValue {
                 .expect("an integer parameter always serializes");
         }
     }
-    drop(list);
     HeaderValue::try_from(out).expect("a structured field is a valid header value")
 }
 
@@ -170,8 +169,7 @@ impl RateHeaders {
                     });
             }
             if list.is_ok() {
-                drop(list);
-                headers.ratelimit = HeaderValue::try_from(out).ok();
+                            headers.ratelimit = HeaderValue::try_from(out).ok();
                 headers.policy = Some(policy.clone());
             }
         }

@@ -563,7 +563,7 @@ fn period_label(period: Duration) -> String {
     ];
     let (size, unit) = units
         .into_iter()
-        .find(|(size, _)| nanos % size == 0)
+        .find(|(size, _)| nanos.is_multiple_of(*size))
         .unwrap_or((1, "ns"));
     format!("{}{unit}", nanos / size)
 }

@@ -481,7 +481,7 @@ async fn every_new_key_works_from_the_config() {
     assert_eq!(policies[2].limit().lease(), Some(Duration::from_secs(30)));
     assert_eq!(policies[3].limit().delay(), Some(Duration::from_secs(2)));
     assert!(policies[4].is_dry_run());
-    config.memory_layer().unwrap();
+    assert_eq!(config.memory_layer().unwrap().policies().len(), 6);
 }
 
 #[test]
