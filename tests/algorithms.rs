@@ -644,7 +644,7 @@ fn the_cap_holds_with_many_keys_and_never_forgets_requests_in_flight() {
 }
 
 #[test]
-fn the_cap_forgets_the_entries_closest_to_expiry() {
+fn the_cap_forgets_the_entries_that_use_the_least_of_their_limit() {
     let (backend, clock) = backend(1_000);
     let day = limit("cap-day", Algorithm::SlidingLog, Quota::per_day(10));
     let minute = limit("cap-minute", Algorithm::SlidingLog, Quota::per_minute(10));
@@ -657,12 +657,69 @@ fn the_cap_forgets_the_entries_closest_to_expiry() {
         assert!(check(&backend, &minute, &Key::from(i), 1).allowed);
     }
     assert!(backend.len() <= 1_000);
-    // The daily entries expire last, so they are kept (their keys are still limited).
+    // The daily entries use their whole limit, so they are kept (their keys are still limited).
     let kept = daily
         .iter()
         .filter(|key| !check(&backend, &day, key, 1).allowed)
         .count();
     assert_eq!(kept, 500);
+}
+
+#[test]
+fn at_the_cap_clients_being_limited_stay_limited_under_every_window_algorithm() {
+    // Ranking by expiry would forget them first: a heavy sliding-log user expires before the light
+    // keys logged after it, and every fixed-window entry of one window expires together. They are
+    // ranked by the share of their limit in use instead, as in the GCRA table
+    // (tests/memory.rs: memory_is_bounded_by_the_cap_and_heavy_users_stay_limited).
+    let (backend, clock) = backend(1_000);
+    let limits = [
+        limit("heavy-log", Algorithm::SlidingLog, Quota::per_minute(10)),
+        limit("heavy-fixed", Algorithm::FixedWindow, Quota::per_minute(10)),
+        limit(
+            "heavy-sliding",
+            Algorithm::SlidingWindow,
+            Quota::per_minute(10),
+        ),
+    ];
+    // A stack limited by its GCRA limit, the other one far from its own.
+    let stack = [
+        Limit::new("heavy-gcra", Quota::per_minute(10)).unwrap(),
+        limit(
+            "heavy-wide",
+            Algorithm::FixedWindow,
+            Quota::per_minute(1_000),
+        ),
+    ];
+    let heavy = Key::from("heavy");
+    for l in &limits {
+        assert!(check(&backend, l, &heavy, 10).allowed);
+        assert!(!check(&backend, l, &heavy, 1).allowed);
+    }
+    assert!(check_all(&backend, &stack, &heavy, 10)
+        .iter()
+        .all(|d| d.allowed));
+    assert!(!check_all(&backend, &stack, &heavy, 1)[0].allowed);
+    // An attacker rotating through fresh keys, one request each, within the same minute window.
+    let n = 30_000u32;
+    for i in 0..n {
+        clock.advance(Duration::from_micros(1));
+        let key = Key::from(i);
+        assert!(check(&backend, &limits[i as usize % 3], &key, 1).allowed);
+        assert!(backend.len() <= 1_000, "{} keys at {i}", backend.len());
+    }
+    // The limited clients were kept: still limited, with nothing left.
+    for l in &limits {
+        let d = check(&backend, l, &heavy, 1);
+        assert!(!d.allowed, "{}", l.name());
+        assert_eq!(d.remaining, 0, "{}", l.name());
+    }
+    assert!(!check_all(&backend, &stack, &heavy, 1)[0].allowed);
+    // The fresh keys were the ones forgotten: they start over with a full quota (a peek, quantity
+    // 0, shows it without recording anything).
+    let forgotten = (0..n)
+        .filter(|i| check(&backend, &limits[*i as usize % 3], &Key::from(*i), 0).remaining == 10)
+        .count();
+    assert!(forgotten >= 29_000, "{forgotten}");
 }
 
 #[test]
