@@ -169,7 +169,7 @@ impl RateHeaders {
                     });
             }
             if list.is_ok() {
-                            headers.ratelimit = HeaderValue::try_from(out).ok();
+                headers.ratelimit = HeaderValue::try_from(out).ok();
                 headers.policy = Some(policy.clone());
             }
         }
