@@ -213,8 +213,9 @@ pub fn sliding_log(log: &mut VecDeque<u64>, now: u64, params: &Params, quantity:
     }
     let used = log.len() as u64;
     let reset_of = |log: &VecDeque<u64>| {
-        log.back()
-            .map_or(0, |newest| newest.saturating_add(period).saturating_sub(now))
+        log.back().map_or(0, |newest| {
+            newest.saturating_add(period).saturating_sub(now)
+        })
     };
     if used
         .checked_add(quantity)
@@ -268,7 +269,7 @@ mod tests {
     fn fixed_window_counts_per_window_and_resets_on_the_boundary() {
         let p = params(3, S);
         let mut state = None;
-        let mut at = |now: u64, q: u64, state: &mut Option<FixedState>| {
+        let at = |now: u64, q: u64, state: &mut Option<FixedState>| {
             let (d, s) = fixed_window(*state, now, &p, q);
             *state = s;
             d
@@ -283,7 +284,13 @@ mod tests {
         let d = at(t0 + 500 * MS, 1, &mut state);
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Some(nanos(300 * MS)));
-        assert_eq!(state, Some(FixedState { window: 10, count: 3 }));
+        assert_eq!(
+            state,
+            Some(FixedState {
+                window: 10,
+                count: 3
+            })
+        );
         // The boundary resets the count.
         let d = at(11 * S, 3, &mut state);
         assert!(d.allowed);
