@@ -1,0 +1,831 @@
+//! The Redis backend's sliding log, fixed window, sliding window and concurrency limits, and stacks
+//! of limits, against real servers: the decisions of `src/window.rs` on the server's clock, exact
+//! admission under concurrency (one server and a Cluster), keys and their expiry, leases.
+//!
+//! The servers come from `tests/support/redis.rs`; `bash scripts/test.sh` installs what they need.
+//! The memory backend cannot share Redis' clock, so parity is checked against the pure functions of
+//! `tower_throttle::window` (which the memory backend calls), fed the server's time.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_support::{RedisCluster, RedisServer};
+use tokio::time::Instant;
+use tower_throttle::window::{self, FixedState, SlidingState};
+use tower_throttle::{
+    Algorithm, Backend, Decision, Key, Limit, Penalty, Quota, RedisBackend, RedisMode,
+};
+
+async fn connect(url: &str) -> RedisBackend {
+    RedisBackend::builder()
+        .url(url)
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e:?}"))
+}
+
+async fn cluster(urls: Vec<String>) -> RedisBackend {
+    RedisBackend::builder()
+        .cluster_urls(urls)
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect cluster: {e:?}"))
+}
+
+fn limit(name: &str, algorithm: Algorithm, quota: Quota) -> Limit {
+    Limit::with_algorithm(name, algorithm, quota).unwrap()
+}
+
+const WINDOWS: [Algorithm; 3] = [
+    Algorithm::SlidingLog,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+];
+
+/// The server's clock (`TIME`) in nanoseconds, and the local instant no earlier than that reading:
+/// a local instant mapped through it is never ahead of the server.
+async fn server_clock(url: &str) -> (u64, Instant) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    (secs * 1_000_000_000 + micros * 1000, Instant::now())
+}
+
+/// Waits until the server's clock is `offset` past a multiple of `period`, and returns that
+/// boundary (server ns) with the local instant the server reaches it at (or a little before).
+async fn align(url: &str, period: Duration, offset: Duration) -> (u64, Instant) {
+    let (now, local) = server_clock(url).await;
+    let period = period.as_nanos() as u64;
+    let boundary = (now / period + 1) * period;
+    let at = local + Duration::from_nanos(boundary - now);
+    tokio::time::sleep_until(at + offset).await;
+    (boundary, at)
+}
+
+/// Waits until the server's clock is at least `clear` away from the next multiple of `period`, so
+/// that a test of that length runs within one window.
+async fn within_one_window(url: &str, period: Duration, clear: Duration) {
+    let (now, _) = server_clock(url).await;
+    let period_ns = period.as_nanos() as u64;
+    let to_boundary = Duration::from_nanos(period_ns - now % period_ns);
+    if to_boundary < clear {
+        tokio::time::sleep(to_boundary + Duration::from_millis(50)).await;
+    }
+}
+
+fn cli_int(server: &RedisServer, args: &[&str]) -> i64 {
+    let out = server.cli(args);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{args:?}: {out:?}"))
+}
+
+/// The pure decision of `algorithm` with its state, for the parity schedules.
+enum Model {
+    Log(VecDeque<u64>),
+    Fixed(Option<FixedState>),
+    Sliding(Option<SlidingState>),
+}
+
+impl Model {
+    fn new(algorithm: Algorithm) -> Model {
+        match algorithm {
+            Algorithm::SlidingLog => Model::Log(VecDeque::new()),
+            Algorithm::FixedWindow => Model::Fixed(None),
+            _ => Model::Sliding(None),
+        }
+    }
+
+    fn decide(&mut self, now: u64, params: &window::Params, quantity: u64) -> Decision {
+        match self {
+            Model::Log(log) => window::sliding_log(log, now, params, quantity),
+            Model::Fixed(state) => {
+                let (d, s) = window::fixed_window(*state, now, params, quantity);
+                *state = s;
+                d
+            }
+            Model::Sliding(state) => {
+                let (d, s) = window::sliding_window(*state, now, params, quantity);
+                *state = s;
+                d
+            }
+        }
+    }
+}
+
+/// Within `slack` of the model's duration: Redis decides a little after the model's instant (and
+/// recorded earlier units a little after theirs, which moves a sliding log's times the other way).
+fn close(model: Duration, redis: Duration, slack: Duration) -> bool {
+    model.abs_diff(redis) <= slack
+}
+
+/// Requests at (ms from a window boundary, quantity).
+type Schedule = &'static [(u64, u64)];
+
+/// Each schedule's requests are at least 50 ms from any point where a decision or `remaining` would
+/// change (see the comments), so Redis, deciding up to a few ms after the model's instant, must give
+/// the same `allowed` and `remaining`, and retry / reset times within that much.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_window_algorithm_computes_window_rs_on_the_server_clock() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let period = Duration::from_secs(1);
+    let ms = Duration::from_millis;
+    // (ms from a window boundary, quantity)
+    let schedules: [(Algorithm, u64, Schedule); 3] = [
+        (
+            Algorithm::FixedWindow,
+            4,
+            // 3 pass, 2 do not fit (1 left), 1 does, then nothing until the boundary; 5 never fit.
+            &[
+                (100, 1),
+                (100, 1),
+                (100, 1),
+                (100, 2),
+                (100, 1),
+                (100, 1),
+                (1100, 4),
+                (1100, 5),
+                (1100, 1),
+                (2300, 1),
+            ],
+        ),
+        (
+            Algorithm::SlidingWindow,
+            4,
+            // Window 0: 4 pass. At 25% of window 1 they weigh 3: one more passes. At 80% they weigh
+            // 0.8 + 1: two more. At 50% of window 2, 3 weigh 1.5: 3 more do not fit, 2 do.
+            &[
+                (100, 1),
+                (100, 1),
+                (100, 1),
+                (100, 1),
+                (100, 1),
+                (1250, 1),
+                (1250, 1),
+                (1800, 2),
+                (2500, 3),
+                (2500, 2),
+                (2500, 5),
+            ],
+        ),
+        (
+            Algorithm::SlidingLog,
+            3,
+            // 1 at 50 ms, 2 at 400 ms; at 1100 the first has left; at 1500 the two have.
+            &[
+                (50, 1),
+                (400, 2),
+                (900, 1),
+                (1100, 2),
+                (1100, 1),
+                (1500, 2),
+                (1500, 1),
+                (1500, 4),
+            ],
+        ),
+    ];
+    for (algorithm, count, steps) in schedules {
+        let name = format!("parity-{algorithm}");
+        let limit = limit(&name, algorithm, Quota::per_period(count, period));
+        let params = *limit.window().unwrap();
+        let key = Key::from("client");
+        let mut model = Model::new(algorithm);
+        let (boundary, at) = align(&server.url(), period, Duration::ZERO).await;
+        let (mut admitted, mut rejected) = (0, 0);
+        for (i, &(offset, quantity)) in steps.iter().enumerate() {
+            tokio::time::sleep_until(at + ms(offset)).await;
+            let redis = backend.check(&limit, &key, quantity).await.unwrap();
+            let expected = model.decide(boundary + offset * 1_000_000, &params, quantity);
+            let context = format!("{algorithm} step {i} at {offset} ms, quantity {quantity}:\n redis {redis:?}\n model {expected:?}");
+            assert_eq!(redis.allowed, expected.allowed, "{context}");
+            assert_eq!(redis.limit, expected.limit, "{context}");
+            assert_eq!(redis.remaining, expected.remaining, "{context}");
+            assert_eq!(
+                redis.retry_after.is_some(),
+                expected.retry_after.is_some(),
+                "{context}"
+            );
+            if let (Some(r), Some(e)) = (redis.retry_after, expected.retry_after) {
+                assert!(close(e, r, ms(50)), "{context}");
+            }
+            assert!(
+                close(expected.reset_after, redis.reset_after, ms(50)),
+                "{context}"
+            );
+            assert!(redis.lease.is_none() && !redis.banned, "{context}");
+            if redis.allowed {
+                admitted += 1;
+            } else {
+                rejected += 1;
+            }
+        }
+        assert!(admitted >= 4 && rejected >= 3, "{algorithm}");
+    }
+}
+
+/// A fixed window's counter and its expiry are one write; the count starts again at the boundary,
+/// where `Retry-After` points.
+#[tokio::test]
+async fn fixed_window_resets_at_the_boundary_it_names() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let period = Duration::from_secs(2);
+    let limit = limit(
+        "fixed",
+        Algorithm::FixedWindow,
+        Quota::per_period(3, period),
+    );
+    let key = Key::from("k");
+    let redis_key = backend.state_key(&limit, &key);
+    let (boundary, at) = align(&server.url(), period, Duration::from_millis(300)).await;
+    for left in [2, 1, 0] {
+        let d = backend.check(&limit, &key, 1).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, left), "{d:?}");
+    }
+    let stored = server.cli(&["GET", &redis_key]);
+    let window = boundary / period.as_nanos() as u64;
+    assert_eq!(stored, format!("{window}:3"));
+    let ttl = cli_int(&server, &["PTTL", &redis_key]);
+    assert!(ttl > 0 && ttl <= 1700, "{ttl}");
+    let rejected = backend.check(&limit, &key, 1).await.unwrap();
+    assert!(!rejected.allowed && rejected.remaining == 0, "{rejected:?}");
+    let retry = rejected.retry_after.unwrap();
+    // The next boundary is 2 s after `at`, 1.7 s or less from now.
+    let next = at + period;
+    let expected = next.saturating_duration_since(Instant::now());
+    assert!(
+        retry >= expected && retry <= expected + Duration::from_millis(100),
+        "{retry:?} vs {expected:?}"
+    );
+    assert_eq!(rejected.reset_after, retry);
+    assert_eq!(
+        server.cli(&["GET", &redis_key]),
+        stored,
+        "rejections write nothing"
+    );
+    tokio::time::sleep(retry + Duration::from_millis(10)).await;
+    let d = backend.check(&limit, &key, 1).await.unwrap();
+    assert_eq!((d.allowed, d.remaining), (true, 2), "{d:?}");
+    assert_eq!(
+        server.cli(&["GET", &redis_key]),
+        format!("{}:1", window + 1)
+    );
+}
+
+/// The seeds' ZSET limiter done right: 50 requests sent at once (one pipelined burst, most within
+/// the same millisecond) are 50 distinct members; rejected requests add none; the key never holds
+/// more than the limit and expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_counts_every_request_of_a_burst_and_stays_bounded() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let limit = limit(
+        "log",
+        Algorithm::SlidingLog,
+        Quota::per_period(100, Duration::from_secs(10)),
+    );
+    let key = Key::from("burst");
+    let redis_key = backend.state_key(&limit, &key);
+    let burst = |n: usize| {
+        let calls: Vec<_> = (0..n).map(|_| backend.check(&limit, &key, 1)).collect();
+        async move {
+            let mut admitted = 0;
+            for call in calls {
+                admitted += usize::from(call.await.unwrap().allowed);
+            }
+            admitted
+        }
+    };
+    assert_eq!(burst(50).await, 50);
+    assert_eq!(cli_int(&server, &["ZCARD", &redis_key]), 50);
+    assert_eq!(burst(60).await, 50);
+    assert_eq!(cli_int(&server, &["ZCARD", &redis_key]), 100);
+    let members = server.cli(&["ZRANGE", &redis_key, "0", "-1"]);
+    let unique: HashSet<&str> = members.lines().collect();
+    assert_eq!(unique.len(), 100);
+    // A request of several units adds as many members, or none.
+    let d = backend.check(&limit, &key, 3).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(cli_int(&server, &["ZCARD", &redis_key]), 100);
+    let ttl = cli_int(&server, &["PTTL", &redis_key]);
+    assert!(ttl > 9000 && ttl <= 10_000, "{ttl}");
+
+    // Units leave the log as they leave the window: ZCARD stays within the limit.
+    let short = self::limit(
+        "log-short",
+        Algorithm::SlidingLog,
+        Quota::per_period(5, Duration::from_millis(300)),
+    );
+    let short_key = backend.state_key(&short, &key);
+    for _ in 0..4 {
+        for _ in 0..8 {
+            backend.check(&short, &key, 2).await.unwrap();
+        }
+        assert!(cli_int(&server, &["ZCARD", &short_key]) <= 5);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Idle, the key expires.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(server.cli(&["EXISTS", &short_key]), "0");
+}
+
+/// `tasks` clients on each backend, `requests` each, one key: exactly the limit passes.
+async fn admits_exactly(backends: &[RedisBackend], limits: Vec<Limit>, key: &str, expected: usize) {
+    const TASKS_PER_BACKEND: usize = 4;
+    const REQUESTS: usize = 40;
+    let limits = Arc::new(limits);
+    let key = Key::from(key);
+    let mut tasks = Vec::new();
+    for backend in backends {
+        for _ in 0..TASKS_PER_BACKEND {
+            let (backend, limits, key) = (backend.clone(), limits.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..REQUESTS {
+                    let allowed = if limits.len() == 1 {
+                        backend.check(&limits[0], &key, 1).await.unwrap().allowed
+                    } else {
+                        let decisions = backend.check_all(&limits, &key, 1).await.unwrap();
+                        Decision::combine(&decisions).unwrap().allowed
+                    };
+                    admitted += usize::from(allowed);
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let sent = backends.len() * TASKS_PER_BACKEND * REQUESTS;
+    assert_eq!(admitted, expected, "{key:?}: {admitted} of {sent} admitted");
+}
+
+fn hourly(name: &str, algorithm: Algorithm, count: u64) -> Limit {
+    limit(name, algorithm, Quota::per_hour(count))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_admits_exactly_the_limit_under_concurrency() {
+    let server = RedisServer::start();
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        backends.push(connect(&server.url()).await);
+    }
+    within_one_window(
+        &server.url(),
+        Duration::from_secs(3600),
+        Duration::from_secs(20),
+    )
+    .await;
+    for algorithm in WINDOWS.into_iter().chain([Algorithm::Concurrency]) {
+        let name = format!("exact-{algorithm}");
+        let limits = vec![hourly(&name, algorithm, 100)];
+        admits_exactly(&backends, limits, &name, 100).await;
+    }
+    // A stack: every one of its limits is held to its count.
+    let stack = vec![
+        limit("stack-gcra", Algorithm::Gcra, Quota::per_hour(150)),
+        hourly("stack-log", Algorithm::SlidingLog, 120),
+        hourly("stack-fixed", Algorithm::FixedWindow, 100),
+        hourly("stack-sliding", Algorithm::SlidingWindow, 130),
+    ];
+    admits_exactly(&backends, stack, "stack", 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_admits_exactly_and_keeps_a_clients_keys_on_one_slot() {
+    let servers = RedisCluster::start();
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(cluster(servers.urls()).await);
+    }
+    let url = servers.urls()[0].clone();
+    within_one_window(&url, Duration::from_secs(3600), Duration::from_secs(20)).await;
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let name = format!("cluster-{algorithm}");
+        admits_exactly(&backends, vec![hourly(&name, algorithm, 100)], &name, 100).await;
+    }
+    let stack = vec![
+        hourly("cstack-sliding", Algorithm::SlidingWindow, 120),
+        hourly("cstack-fixed", Algorithm::FixedWindow, 100),
+        limit("cstack-gcra", Algorithm::Gcra, Quota::per_hour(200)),
+    ];
+    admits_exactly(&backends, stack.clone(), "cstack", 100).await;
+
+    // Every key of one client, whatever the algorithm, lives on the node that owns its slot; a
+    // rejection by one limit of a stack consumes nothing in the others, here too.
+    for i in 0..12 {
+        let key = Key::from(format!("user-{i}"));
+        let tight = vec![
+            hourly("c-log", Algorithm::SlidingLog, 10),
+            hourly("c-fixed", Algorithm::FixedWindow, 1),
+        ];
+        let first = backends[0].check_all(&tight, &key, 1).await.unwrap();
+        assert!(first.iter().all(|d| d.allowed), "{first:?}");
+        let second = backends[1].check_all(&tight, &key, 1).await.unwrap();
+        assert!(second[0].allowed && !second[1].allowed, "{second:?}");
+        assert_eq!(
+            second[0].remaining, 9,
+            "the log was not charged: {second:?}"
+        );
+        let keys: Vec<String> = tight
+            .iter()
+            .map(|l| backends[0].state_key(l, &key))
+            .collect();
+        let holders: Vec<u16> = servers
+            .nodes()
+            .iter()
+            .filter(|node| {
+                keys.iter()
+                    .all(|k| node.cli_result(&["EXISTS", k]).as_deref() == Ok("1"))
+            })
+            .map(|node| node.port())
+            .collect();
+        assert_eq!(holders.len(), 1, "{keys:?} on {holders:?}");
+        let log = servers
+            .nodes()
+            .iter()
+            .find(|n| n.port() == holders[0])
+            .unwrap();
+        assert_eq!(log.cli(&["ZCARD", &keys[0]]), "1");
+    }
+}
+
+/// A stack passes only when every limit admits; a rejection by one records nothing in any, and the
+/// limits that would have admitted report their state as it stands. A GCRA limit in a stack shares
+/// its state with the same limit checked alone.
+#[tokio::test]
+async fn a_stack_rejected_by_one_limit_consumes_none_of_the_others() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let gcra = limit("s-gcra", Algorithm::Gcra, Quota::per_hour(10));
+    let log = hourly("s-log", Algorithm::SlidingLog, 5);
+    let fixed = hourly("s-fixed", Algorithm::FixedWindow, 3);
+    let sliding = hourly("s-sliding", Algorithm::SlidingWindow, 4);
+    let stack = vec![gcra.clone(), log.clone(), fixed.clone(), sliding.clone()];
+    let key = Key::from("stacked");
+    within_one_window(
+        &server.url(),
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+    )
+    .await;
+    for i in 1..=3u64 {
+        let d = backend.check_all(&stack, &key, 1).await.unwrap();
+        assert!(d.iter().all(|d| d.allowed), "{d:?}");
+        let remaining: Vec<u64> = d.iter().map(|d| d.remaining).collect();
+        assert_eq!(remaining, vec![10 - i, 5 - i, 3 - i, 4 - i]);
+    }
+    let snapshot = |backend: &RedisBackend| {
+        stack
+            .iter()
+            .map(|l| {
+                let k = backend.state_key(l, &key);
+                let kind = server.cli(&["TYPE", &k]);
+                let value = if kind == "zset" {
+                    server.cli(&["ZRANGE", &k, "0", "-1", "WITHSCORES"])
+                } else {
+                    server.cli(&["GET", &k])
+                };
+                (k, value)
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = snapshot(&backend);
+    for _ in 0..5 {
+        let d = backend.check_all(&stack, &key, 1).await.unwrap();
+        assert_eq!(
+            d.iter().map(|d| d.allowed).collect::<Vec<_>>(),
+            vec![true, true, false, true],
+            "{d:?}"
+        );
+        // As they stand: nothing was taken from the GCRA, the log or the sliding window.
+        assert_eq!(
+            d.iter().map(|d| d.remaining).collect::<Vec<_>>(),
+            vec![7, 2, 0, 1]
+        );
+        let combined = Decision::combine(&d).unwrap();
+        assert!(!combined.allowed && combined.remaining == 0, "{combined:?}");
+    }
+    assert_eq!(snapshot(&backend), before);
+    // 2 units fit everything but the fixed window... still nothing.
+    assert!(
+        !Decision::combine(&backend.check_all(&stack, &key, 2).await.unwrap())
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(snapshot(&backend), before);
+    // The same GCRA limit alone reads the stack's state (3 taken).
+    let alone = backend.check(&gcra, &key, 1).await.unwrap();
+    assert_eq!((alone.allowed, alone.remaining), (true, 6), "{alone:?}");
+    // Without the full limit, the rest of the stack still passes.
+    let d = backend
+        .check_all(&[log.clone(), sliding.clone()], &key, 1)
+        .await
+        .unwrap();
+    assert!(d.iter().all(|d| d.allowed), "{d:?}");
+    assert_eq!((d[0].remaining, d[1].remaining), (1, 0));
+}
+
+/// A stack's penalty box is its first limit's: strikes for rejections, then a ban for every limit.
+#[tokio::test]
+async fn windows_and_stacks_keep_the_penalty_box() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let penalty = Penalty::new(2, Duration::from_secs(60), Duration::from_secs(30)).unwrap();
+    let first = hourly("p-fixed", Algorithm::FixedWindow, 1).with_penalty(penalty);
+    let second = hourly("p-log", Algorithm::SlidingLog, 10);
+    let stack = vec![first.clone(), second.clone()];
+    let key = Key::from("offender");
+    within_one_window(
+        &server.url(),
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(backend.check_all(&stack, &key, 1).await.unwrap()[0].allowed);
+    let strike = backend.check_all(&stack, &key, 1).await.unwrap();
+    assert!(!strike[0].allowed && !strike[0].banned, "{strike:?}");
+    let banned = backend.check_all(&stack, &key, 1).await.unwrap();
+    for d in &banned {
+        assert!(!d.allowed && d.banned, "{banned:?}");
+        assert!(d.retry_after.unwrap() > Duration::from_secs(29), "{d:?}");
+    }
+    // The ban is the policy's, whatever the algorithm: the first limit checked alone is banned too.
+    let alone = backend.check(&first, &key, 1).await.unwrap();
+    assert!(alone.banned, "{alone:?}");
+    let ban_key = format!("{}:ban", backend.redis_key("p-fixed", &key));
+    assert!(cli_int(&server, &["PTTL", &ban_key]) > 29_000);
+    // The log recorded only the one admitted request.
+    assert_eq!(
+        server.cli(&["ZCARD", &backend.state_key(&second, &key)]),
+        "1"
+    );
+}
+
+/// Slots are taken up to the limit, with a distinct lease each; a release gives one back; a lease
+/// never released (its process died) ends by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_leases_are_released_or_expire() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let limit = limit("conc", Algorithm::Concurrency, Quota::per_second(3));
+    let key = Key::from("downloader");
+    let redis_key = backend.state_key(&limit, &key);
+    let mut leases = Vec::new();
+    for left in [2, 1, 0] {
+        let d = backend.check(&limit, &key, 1).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, left), "{d:?}");
+        leases.push(d.lease.expect("an admitted request has a lease"));
+    }
+    assert_eq!(leases.iter().collect::<HashSet<_>>().len(), 3);
+    let full = backend.check(&limit, &key, 1).await.unwrap();
+    assert!(!full.allowed && full.lease.is_none(), "{full:?}");
+    assert_eq!(full.retry_after, Some(window::CONCURRENCY_RETRY));
+    assert_eq!(
+        backend.check(&limit, &key, 4).await.unwrap().retry_after,
+        None
+    );
+    let ttl = cli_int(&server, &["PTTL", &redis_key]);
+    assert!(ttl > 55_000 && ttl <= 60_000, "{ttl}");
+
+    // A release is fire-and-forget (spawned): poll, bounded, until the slot is free.
+    backend.release(&limit, &key, 1, leases[0]);
+    let mut freed = None;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let d = backend.check(&limit, &key, 1).await.unwrap();
+        if d.allowed {
+            freed = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let freed = freed.expect("the released slot was never free again");
+    assert_eq!(freed.remaining, 0);
+    assert_eq!(cli_int(&server, &["ZCARD", &redis_key]), 3);
+    // Releasing an unknown lease, or twice, frees nothing.
+    backend.release(&limit, &key, 1, leases[0]);
+    backend.release(&limit, &key, 1, 12345);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(cli_int(&server, &["ZCARD", &redis_key]), 3);
+
+    // Requests of several units: one lease, as many slots.
+    let multi = self::limit("conc-multi", Algorithm::Concurrency, Quota::per_second(3));
+    let two = backend.check(&multi, &key, 2).await.unwrap();
+    assert_eq!((two.allowed, two.remaining), (true, 1));
+    assert!(!backend.check(&multi, &key, 2).await.unwrap().allowed);
+    backend.release(&multi, &key, 2, two.lease.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let d = backend.check(&multi, &key, 3).await.unwrap();
+        if d.allowed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "two slots were never given back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A dead process: leases of 1 s, never released.
+    let short = self::limit("conc-dead", Algorithm::Concurrency, Quota::per_second(2))
+        .with_lease(Duration::from_secs(1))
+        .unwrap();
+    let short_key = backend.state_key(&short, &key);
+    for _ in 0..2 {
+        assert!(backend.check(&short, &key, 1).await.unwrap().allowed);
+    }
+    let started = Instant::now();
+    assert!(!backend.check(&short, &key, 1).await.unwrap().allowed);
+    let mut back = None;
+    while started.elapsed() < Duration::from_secs(4) {
+        if backend.check(&short, &key, 1).await.unwrap().allowed {
+            back = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let back = back.expect("an expired lease never gave its slot back");
+    assert!(back >= Duration::from_millis(800), "{back:?}");
+    // The expired leases were dropped when the new one was taken.
+    assert_eq!(cli_int(&server, &["ZCARD", &short_key]), 1);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(server.cli(&["EXISTS", &short_key]), "0");
+}
+
+#[tokio::test]
+async fn hostile_keys_stay_inside_their_namespace_for_every_algorithm() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .prefix("app1")
+        .mode(RedisMode::Lua)
+        .connect()
+        .await
+        .unwrap();
+    let hostile: Vec<Key> = vec![
+        Key::from("}:other{x"),
+        Key::from("app2:api:{victim}"),
+        Key::from_bytes(b"\r\n*1\r\n$8\r\nFLUSHALL\r\n"),
+        Key::from_bytes(&[0xff, 0x00, b'{', b'}']),
+        Key::from("x".repeat(10_000)),
+    ];
+    let algorithms = WINDOWS.into_iter().chain([Algorithm::Concurrency]);
+    let limits: Vec<Limit> = algorithms.map(|a| hourly("api", a, 10)).collect();
+    for key in &hostile {
+        for limit in &limits {
+            assert!(backend.check(limit, key, 1).await.unwrap().allowed);
+        }
+    }
+    let keys = server.cli(&["--raw", "KEYS", "*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), hostile.len() * limits.len(), "{keys:?}");
+    for k in keys {
+        assert!(k.starts_with("app1:api:{"), "{k}");
+        let (tag, suffix) = k["app1:api:{".len()..].split_once('}').unwrap();
+        assert!(!tag.contains('{'), "{k}");
+        assert!(
+            [":log", ":fixed", ":sliding", ":concurrency"].contains(&suffix),
+            "{k}"
+        );
+        assert!(k.len() <= 120, "{k} is {} bytes", k.len());
+        assert!(k.bytes().all(|b| b.is_ascii_graphic()), "{k:?}");
+        // Every key expires.
+        assert!(cli_int(&server, &["PTTL", k]) > 0, "{k}");
+    }
+}
+
+/// A policy whose algorithm changes reads a key of its own: never a WRONGTYPE error.
+#[tokio::test]
+async fn changing_a_policys_algorithm_never_hits_another_type() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let key = Key::from("k");
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Concurrency,
+        Algorithm::SlidingLog,
+        Algorithm::Gcra,
+    ] {
+        let limit = hourly("changing", algorithm, 5);
+        let d = backend.check(&limit, &key, 1).await.unwrap();
+        assert!(d.allowed, "{algorithm}: {d:?}");
+    }
+}
+
+#[tokio::test]
+async fn limits_the_script_cannot_keep_exact_are_refused_when_the_layer_is_built() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let refused = |limit: &Limit| backend.validate(limit).unwrap_err().to_string();
+    for algorithm in WINDOWS {
+        let fine = limit(
+            "ok",
+            algorithm,
+            Quota::per_period(10, Duration::from_millis(1500)),
+        );
+        assert!(backend.validate(&fine).is_ok(), "{algorithm}");
+        let nanos = limit(
+            "ns",
+            algorithm,
+            Quota::per_period(10, Duration::from_nanos(1500)),
+        );
+        assert!(refused(&nanos).contains("microseconds"), "{algorithm}");
+        let long = limit(
+            "long",
+            algorithm,
+            Quota::per_period(1, Duration::from_secs(60 * 86_400)),
+        );
+        assert!(refused(&long).contains("52 days"), "{algorithm}");
+    }
+    let busy = limit("busy", Algorithm::SlidingWindow, Quota::per_day(100_000));
+    assert!(refused(&busy).contains("2^51"), "{}", refused(&busy));
+    assert!(backend
+        .validate(&limit(
+            "day",
+            Algorithm::SlidingWindow,
+            Quota::per_day(20_000)
+        ))
+        .is_ok());
+    assert!(backend
+        .validate(&limit(
+            "day",
+            Algorithm::FixedWindow,
+            Quota::per_day(100_000)
+        ))
+        .is_ok());
+    let conc = limit("c", Algorithm::Concurrency, Quota::per_second(5));
+    assert!(backend.validate(&conc).is_ok());
+
+    // Stacks: 1 to 16 limits, no concurrency, no limit twice.
+    let a = hourly("a", Algorithm::FixedWindow, 5);
+    let b = limit("b", Algorithm::Gcra, Quota::per_second(5));
+    assert!(backend.validate_all(&[a.clone(), b.clone()]).is_ok());
+    let err = backend
+        .validate_all(&[a.clone(), conc.clone()])
+        .unwrap_err();
+    assert!(err.to_string().contains("concurrency"), "{err}");
+    let err = backend.validate_all(&[a.clone(), a.clone()]).unwrap_err();
+    assert!(err.to_string().contains("twice"), "{err}");
+    let many: Vec<Limit> = (0..17)
+        .map(|i| hourly(&format!("l{i}"), Algorithm::FixedWindow, 5))
+        .collect();
+    assert!(backend.validate_all(&many).is_err());
+    assert!(backend.validate_all(&many[..16]).is_ok());
+    assert!(backend.validate_all(&[]).is_err());
+    // And a request that skipped validation is an error, not a wrong answer.
+    let key = Key::from("k");
+    assert!(backend.check_all(&[a, conc], &key, 1).await.is_err());
+    assert!(backend.check_all(&many, &key, 1).await.is_err());
+}
+
+/// The new calls go through the same failure handling: a server that is gone is an error (the
+/// layer's failure policy answers), a concurrency rejection is never served locally, and a
+/// release without Redis does not block.
+#[tokio::test]
+async fn failures_reach_the_caller_and_releases_never_block() {
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let conc = limit("f-conc", Algorithm::Concurrency, Quota::per_second(1));
+    let fixed = hourly("f-fixed", Algorithm::FixedWindow, 1);
+    let key = Key::from("k");
+    let held = backend.check(&conc, &key, 1).await.unwrap();
+    assert!(held.allowed);
+    assert!(!backend.check(&conc, &key, 1).await.unwrap().allowed);
+    server.stop();
+    for limit in [&conc, &fixed] {
+        assert!(backend.check(limit, &key, 1).await.is_err());
+    }
+    assert!(backend
+        .check_all(std::slice::from_ref(&fixed), &key, 1)
+        .await
+        .is_err());
+    let started = std::time::Instant::now();
+    backend.release(&conc, &key, 1, held.lease.unwrap());
+    assert!(started.elapsed() < Duration::from_millis(50));
+    // Outside a runtime a release does nothing (the lease expires).
+    let b2 = backend.clone();
+    let (c2, k2) = (conc.clone(), key.clone());
+    std::thread::spawn(move || b2.release(&c2, &k2, 1, 1))
+        .join()
+        .unwrap();
+}
