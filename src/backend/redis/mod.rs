@@ -87,8 +87,9 @@ const MAX_COUNT: u64 = 1 << 51;
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
 /// on one server or a Redis Cluster.
 ///
-/// Every decision is one atomic command on one key, `prefix:policy:{key}`; the braces are a hash tag,
-/// so a Cluster routes each decision to the node that owns the key's slot. The user-controlled part is
+/// Every decision is one atomic command on one key, `prefix:policy:{key}` (a stack's: on one key per
+/// limit, all with the same tag; see the [layout](#key-layout)); the braces are a hash tag, so a
+/// Cluster routes each decision to the node that owns the key's slot. The user-controlled part is
 /// escaped (it contains no `{`, `}`, whitespace or control bytes, so it cannot end the tag or reach
 /// another namespace) and bounded: keys longer than 64 bytes are stored by their SHA-256.
 ///
@@ -111,6 +112,55 @@ const MAX_COUNT: u64 = 1 << 51;
 ///
 /// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
 /// so they agree on every key, and a change of mode loses nothing.
+///
+/// # Other algorithms and stacks
+///
+/// The [sliding log](crate::window::sliding_log), [fixed window](crate::window::fixed_window),
+/// [sliding window](crate::window::sliding_window) and [concurrency](crate::window::concurrency)
+/// limits, and stacks of limits ([`Backend::check_all`]), run a second Lua script in every mode: one
+/// `EVALSHA` per decision that reads every limit's key, decides, and writes only if every limit
+/// admits, so a rejection by one limit of a stack consumes nothing in the others. It computes the
+/// functions of [`window`](crate::window) on the server's clock (windows aligned on multiples of the
+/// period since the Unix epoch), so the memory backend and Redis agree. A GCRA limit in a stack uses
+/// the GCRA script's arithmetic and key, so it shares its state with the same limit checked alone.
+/// A stack's [`Penalty`](crate::Penalty) is its first limit's. Stacks hold 1 to 16 limits, never a
+/// concurrency limit. What the script cannot compute exactly is refused when the layer is built:
+/// window periods that are not a whole number of microseconds (the resolution of `TIME`) or not
+/// shorter than 52 days, and sliding windows whose count × period exceeds 2^51 µs (about 26,000 a
+/// day).
+///
+/// The deny cache holds only the rejections that provably last until their retry time: a fixed
+/// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
+/// concurrency limit is never answered locally.
+///
+/// # Key layout
+///
+/// Every key of one client carries the client's hash tag, so a stack's keys share one Cluster slot
+/// and one call decides them. Each algorithm has a key of its own, so a policy whose algorithm
+/// changes starts afresh instead of reading another type (`WRONGTYPE`):
+///
+/// | algorithm | key | value | memory per key | expires |
+/// |---|---|---|---|---|
+/// | GCRA | `prefix:policy:{key}` | string: the TAT in ns | O(1) | when the TAT passes |
+/// | sliding log | `prefix:policy:{key}:log` | ZSET: a member per admitted unit, scored by its time (µs) | O(count): at most `count` members after each admission | a period after the newest unit |
+/// | fixed window | `prefix:policy:{key}:fixed` | string `window:count` | O(1) | at the window's end |
+/// | sliding window | `prefix:policy:{key}:sliding` | string `window:current:previous` | O(1) | at the end of the next window |
+/// | concurrency | `prefix:policy:{key}:concurrency` | ZSET: a member per slot in flight, scored by its lease's end (µs) | O(count) | when its longest lease ends |
+/// | penalty | `prefix:policy:{key}:strikes`, `…:ban` | counters | O(1) | `within`, `ban` |
+///
+/// Members are `token:i`, with a token drawn per call (unique within a process, random across
+/// processes), so the units of one burst, all within one millisecond or one microsecond, stay
+/// distinct; rejected requests add none; units that left the window are trimmed at each admission.
+///
+/// # Concurrency leases
+///
+/// An admitted request under a concurrency limit takes `quantity` slots, each a member scored by
+/// the end of its lease ([`Limit::with_lease`], 60 s by default); its [`Decision::lease`] is the
+/// token. [`Backend::release`] removes the members (a `ZREM`, spawned on the current tokio runtime:
+/// it never blocks, and without a runtime it does nothing). Slots whose lease ended count no more,
+/// so those of a process that died free themselves. A request that outlives its lease loses its
+/// slot then: leases should be longer than the slowest request. A release that fails (Redis
+/// unreachable) is not retried; that slot frees itself when its lease ends.
 ///
 /// ```no_run
 /// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
@@ -336,8 +386,57 @@ impl RedisBackend {
         out
     }
 
+    /// One limit of another algorithm than the GCRA, on the limits script.
+    ///
+    /// The deny cache holds a rejection only where it provably stays one until its retry time,
+    /// whatever other processes do (they can only add units): a fixed window's (no unit leaves
+    /// before the boundary, which is the retry time), and a sliding log's for one unit (the log is
+    /// full, and its oldest unit, whose exit is the retry time, leaves first; `remaining` stays 0
+    /// until then). A sliding window's estimate and a larger request's room grow before the retry
+    /// time, and a concurrency slot may be released at any moment: those always reach Redis.
+    fn check_window(&self, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+        // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
+        let fingerprint = match (limit.algorithm(), limit.window()) {
+            (Algorithm::FixedWindow, Some(w)) => Some((w.period(), w.limit())),
+            (Algorithm::SlidingLog, Some(w)) if quantity == 1 => Some((w.period(), w.limit())),
+            _ => None,
+        };
+        let state_key = self.state_key(limit, key);
+        if let (Some((period, count)), Some(deny)) = (fingerprint, self.inner.deny.as_ref()) {
+            if let Some(denied) = deny.get(&state_key, quantity, period, count) {
+                return Box::pin(std::future::ready(Ok(denied)));
+            }
+        }
+        let penalty = limit.penalty().is_some();
+        let inner = self.inner.clone();
+        let sent = Instant::now();
+        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity);
+        Box::pin(async move {
+            let decision = decided
+                .await?
+                .pop()
+                .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban holds.
+            let cacheable = !decision.allowed && (!penalty || decision.banned);
+            if let (true, Some((period, count)), Some(deny)) =
+                (cacheable, fingerprint, inner.deny.as_ref())
+            {
+                let rejection = deny::Rejection {
+                    decision,
+                    interval: period,
+                    tolerance: count,
+                    whole_seconds: false,
+                    banned: decision.banned,
+                    until_retry: true,
+                };
+                deny.insert(&state_key, quantity, rejection, sent);
+            }
+            Ok(decision)
+        })
+    }
+
     /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
-    /// client's hash tag. Never answered from the deny cache: its holding rule is the GCRA's.
+    /// client's hash tag.
     fn check_limits(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
         let mut specs = Vec::with_capacity(limits.len());
         for limit in limits {
@@ -994,15 +1093,7 @@ impl Backend for RedisBackend {
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
         let inner = self.inner.clone();
         let Some(args) = Args::new(limit) else {
-            // Every other algorithm: the limits script, on one key, past the deny cache (see
-            // `check_limits`).
-            let decided = self.check_limits(std::slice::from_ref(limit), key, quantity);
-            return Box::pin(async move {
-                let mut decisions = decided.await?;
-                decisions
-                    .pop()
-                    .ok_or_else(|| BackendError::new("Redis returned no decision"))
-            });
+            return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = self.redis_key(limit.name(), key);
@@ -1043,6 +1134,7 @@ impl Backend for RedisBackend {
                             tolerance: args.tolerance,
                             whole_seconds,
                             banned,
+                            until_retry: false,
                         };
                         cache.insert(&redis_key, quantity, rejection, sent);
                     }
