@@ -829,3 +829,130 @@ async fn failures_reach_the_caller_and_releases_never_block() {
         .join()
         .unwrap();
 }
+
+/// Calls of `command` the server has executed (`INFO commandstats`).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// The deny cache holds a fixed window's rejection until the boundary, and a full sliding log's
+/// for one unit until its oldest unit leaves: no round trips, the same numbers aged, and Redis
+/// decides again in time. Everything else (a sliding window, a log asked for several units, a
+/// concurrency limit) reaches Redis every time.
+#[tokio::test]
+async fn the_deny_cache_holds_only_rejections_that_last_until_their_retry_time() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let period = Duration::from_secs(2);
+    let key = Key::from("flooder");
+    let fixed = limit(
+        "d-fixed",
+        Algorithm::FixedWindow,
+        Quota::per_period(2, period),
+    );
+    let log = limit("d-log", Algorithm::SlidingLog, Quota::per_period(2, period));
+    align(&server.url(), period, Duration::from_millis(200)).await;
+    let mut open_again = Vec::new();
+    for limit in [&fixed, &log] {
+        for _ in 0..2 {
+            assert!(backend.check(limit, &key, 1).await.unwrap().allowed);
+        }
+        let first = backend.check(limit, &key, 1).await.unwrap();
+        assert!(!first.allowed, "{first:?}");
+        open_again.push(Instant::now() + first.retry_after.unwrap());
+        let before = calls(&server, "evalsha");
+        for _ in 0..100 {
+            let d = backend.check(limit, &key, 1).await.unwrap();
+            assert!(!d.allowed);
+            assert_eq!((d.limit, d.remaining), (first.limit, first.remaining));
+            assert!(d.retry_after.unwrap() <= first.retry_after.unwrap());
+        }
+        assert_eq!(calls(&server, "evalsha"), before, "{}", limit.name());
+    }
+    // Several units from a full log: its room may grow before the retry time, so Redis decides.
+    let before = calls(&server, "evalsha");
+    for _ in 0..10 {
+        assert!(!backend.check(&log, &key, 2).await.unwrap().allowed);
+    }
+    assert_eq!(calls(&server, "evalsha"), before + 10);
+    // The fixed window opens again at the boundary, the log when its first unit leaves: the
+    // retry times Redis gave, which the cache did not outlast.
+    for (limit, at) in [&fixed, &log].into_iter().zip(open_again) {
+        tokio::time::sleep_until(at + Duration::from_millis(20)).await;
+        assert!(
+            backend.check(limit, &key, 1).await.unwrap().allowed,
+            "{}",
+            limit.name()
+        );
+    }
+
+    let sliding = limit(
+        "d-sliding",
+        Algorithm::SlidingWindow,
+        Quota::per_period(2, period),
+    );
+    let conc = limit("d-conc", Algorithm::Concurrency, Quota::per_second(1));
+    let held = backend.check(&conc, &key, 1).await.unwrap();
+    assert!(held.allowed);
+    for _ in 0..2 {
+        assert!(backend.check(&sliding, &key, 1).await.unwrap().allowed);
+    }
+    let before = calls(&server, "evalsha");
+    for _ in 0..10 {
+        assert!(!backend.check(&sliding, &key, 1).await.unwrap().allowed);
+        assert!(!backend.check(&conc, &key, 1).await.unwrap().allowed);
+    }
+    assert_eq!(calls(&server, "evalsha"), before + 20);
+    // A released slot is admitted at once: no cached rejection stands in the way.
+    backend.release(&conc, &key, 1, held.lease.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !backend.check(&conc, &key, 1).await.unwrap().allowed {
+        assert!(
+            Instant::now() < deadline,
+            "the released slot was never free"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A delaying GCRA limit's tolerance includes its delay, which `CL.THROTTLE`'s whole seconds cannot
+/// express: in Cell mode it is accepted and runs on Lua, with exact times.
+#[tokio::test]
+async fn delayed_gcra_limits_never_take_the_cell_path() {
+    let server = RedisServer::start_with_cell();
+    let cell = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Cell)
+        .connect()
+        .await
+        .unwrap();
+    let delayed = Limit::new("delayed", Quota::per_second(2))
+        .unwrap()
+        .with_delay(Duration::from_millis(1500))
+        .unwrap();
+    cell.validate(&delayed).unwrap();
+    let key = Key::from("k");
+    let mut last = None;
+    for _ in 0..5 {
+        let d = cell.check(&delayed, &key, 1).await.unwrap();
+        assert!(d.allowed, "{d:?}");
+        last = Some(d);
+    }
+    // The TAT is 2.5 s ahead, to the nanosecond on the server's clock, not a whole second.
+    let reset = last.unwrap().reset_after;
+    assert!(
+        reset > Duration::from_millis(2400) && reset <= Duration::from_millis(2500),
+        "{reset:?}"
+    );
+    assert!(!cell.check(&delayed, &key, 1).await.unwrap().allowed);
+    assert_eq!(calls(&server, "cl.throttle"), 0);
+    // The same quota without a delay still takes CL.THROTTLE.
+    let plain = Limit::new("plain", Quota::per_second(2)).unwrap();
+    assert!(cell.check(&plain, &key, 1).await.unwrap().allowed);
+    assert_eq!(calls(&server, "cl.throttle"), 1);
+}
