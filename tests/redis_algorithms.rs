@@ -751,6 +751,12 @@ async fn limits_the_script_cannot_keep_exact_are_refused_when_the_layer_is_built
         );
         assert!(refused(&long).contains("52 days"), "{algorithm}");
     }
+    let huge = limit(
+        "huge",
+        Algorithm::SlidingWindow,
+        Quota::per_period(1 << 42, Duration::from_micros(100)),
+    );
+    assert!(refused(&huge).contains("2^41"), "{}", refused(&huge));
     let busy = limit("busy", Algorithm::SlidingWindow, Quota::per_day(100_000));
     assert!(refused(&busy).contains("2^51"), "{}", refused(&busy));
     assert!(backend

@@ -23,7 +23,8 @@
 -- year 2255, so windows are cut with exact integer division, as window.rs does in nanoseconds (the
 -- backend refuses periods that are not a whole number of microseconds, so the boundaries are the
 -- same). Products are kept exact by the build-time checks: periods below 2^52 ns, and for the
--- sliding window count x period (µs) below 2^51, so every sum below stays under 2^53.
+-- sliding window count x period (µs) below 2^51 and count below 2^41, so every sum and product
+-- below stays under 2^53.
 
 local n = tonumber(ARGV[1])
 local quantity = tonumber(ARGV[2])

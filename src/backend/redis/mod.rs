@@ -80,9 +80,11 @@ const LIMITS_SCRIPT: &str = include_str!("limits.lua");
 pub(crate) const MAX_STACK: usize = 16;
 
 /// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
-/// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51.
+/// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
+/// counts below 2^41.
 const WINDOW_MAX_PERIOD_NS: u64 = 1 << 52;
 const MAX_COUNT: u64 = 1 << 51;
+const SLIDING_MAX_COUNT: u64 = 1 << 41;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
 /// on one server or a Redis Cluster.
@@ -127,7 +129,7 @@ const MAX_COUNT: u64 = 1 << 51;
 /// concurrency limit. What the script cannot compute exactly is refused when the layer is built:
 /// window periods that are not a whole number of microseconds (the resolution of `TIME`) or not
 /// shorter than 52 days, and sliding windows whose count × period exceeds 2^51 µs (about 26,000 a
-/// day).
+/// day) or whose count exceeds 2^41.
 ///
 /// The deny cache holds only the rejections that provably last until their retry time: a fixed
 /// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
@@ -553,7 +555,14 @@ impl Spec {
             Algorithm::SlidingLog => 1,
             Algorithm::FixedWindow => 2,
             _ => {
-                // The weighted estimate is count × period (µs), exact in a double below 2^51.
+                // The weighted estimate is count × period (µs), exact in a double below 2^51; a
+                // retry time's remainder is below count × 1000.
+                if count > SLIDING_MAX_COUNT {
+                    return Err(format!(
+                        "policy {name:?}: the Redis backend supports sliding windows of up to 2^41 \
+                         units, not {count}"
+                    ));
+                }
                 if count.checked_mul(period_us).is_none_or(|p| p > MAX_COUNT) {
                     return Err(format!(
                         "policy {name:?}: the Redis backend supports sliding windows whose count × \
@@ -1567,6 +1576,14 @@ mod tests {
             Some((2, 30, 7))
         );
         assert_eq!(cell(Quota::per_day(1000)), Some((999, 1000, 86_400)));
+    }
+
+    #[test]
+    fn lease_tokens_are_distinct_and_never_zero() {
+        let tokens = LeaseTokens::new();
+        let drawn: std::collections::HashSet<u64> = (0..100_000).map(|_| tokens.next()).collect();
+        assert_eq!(drawn.len(), 100_000);
+        assert!(!drawn.contains(&0));
     }
 
     #[test]
