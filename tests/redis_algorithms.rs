@@ -962,3 +962,282 @@ async fn delayed_gcra_limits_never_take_the_cell_path() {
     assert!(cell.check(&plain, &key, 1).await.unwrap().allowed);
     assert_eq!(calls(&server, "cl.throttle"), 1);
 }
+
+/// The limits script exactly as the backend loads it, but for its clock: `TIME` is replaced by a
+/// hash the test sets, so its arithmetic can be compared with `window.rs` and `gcra.rs` to the
+/// nanosecond, on any instant and any stored state, at the precision bounds the backend accepts.
+fn script_on_a_test_clock() -> redis::Script {
+    const SOURCE: &str = include_str!("../src/backend/redis/limits.lua");
+    const CLOCK: &str = "local time = redis.call('TIME')";
+    assert_eq!(
+        SOURCE.matches(CLOCK).count(),
+        1,
+        "limits.lua must read the clock on exactly one line: {CLOCK}"
+    );
+    redis::Script::new(&SOURCE.replace(
+        CLOCK,
+        "local time = redis.call('HMGET', 'test-clock', 's', 'us')",
+    ))
+}
+
+/// A small deterministic generator (no dependency, reproducible failures).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = self.0 ^ (self.0 >> 29);
+        if n == 0 {
+            0
+        } else {
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+
+    /// Mostly small, sometimes at the bounds.
+    fn count(&mut self, max: u64) -> u64 {
+        match self.below(4) {
+            0 => max,
+            1 => 1 + self.below(max),
+            _ => 1 + self.below(max.min(12)),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let script = script_on_a_test_clock();
+    let mut rng = Rng(0x5eed);
+    // Periods in µs: the finest, odd ones, a second, a day, the longest accepted (< 2^52 ns).
+    let periods = [
+        1,
+        3,
+        1000,
+        7919,
+        1_000_000,
+        86_400_000_000,
+        (1 << 52) / 1000 - 1,
+    ];
+    let mut admitted = [0u32; 4];
+    let mut rejected = [0u32; 4];
+    for case in 0..3000u32 {
+        let now_s = 1_600_000_000 + rng.below(400_000_000);
+        let now_us = now_s * 1_000_000 + rng.below(1_000_000);
+        let now = now_us * 1000;
+        let kind = rng.below(4);
+        let period_us = rng.pick(&periods);
+        let (algorithm, count) = match kind {
+            0 => (Algorithm::SlidingLog, rng.count(40)),
+            1 => (Algorithm::FixedWindow, rng.count(1 << 51)),
+            2 => {
+                let max = (1u64 << 41).min((1u64 << 51) / period_us);
+                (Algorithm::SlidingWindow, rng.count(max))
+            }
+            _ => (Algorithm::Gcra, rng.count(1000)),
+        };
+        let quantity = match rng.below(8) {
+            0 => 0,
+            1 => count + 1,
+            2 => u64::MAX,
+            3 => count,
+            _ => 1 + rng.below(count.min(4)),
+        };
+        let key = "k";
+        let mut pipe = redis::pipe();
+        pipe.del(key)
+            .ignore()
+            .hset_multiple("test-clock", &[("s", now_s), ("us", now_us % 1_000_000)])
+            .ignore();
+        // The stored state, in Redis and in the model.
+        let (limit, model_state, a, b): (Limit, Model, u64, u64);
+        let mut tat = None;
+        if algorithm == Algorithm::Gcra {
+            let period = Duration::from_millis(rng.pick(&[1, 1000, 3_600_000, 86_400_000]));
+            let quota = Quota::per_period(count, period).with_max_burst(rng.below(2 * count));
+            limit = Limit::new("gcra", quota).unwrap();
+            let params = *limit.gcra().unwrap();
+            if params.tolerance() + params.emission_interval() > 1 << 52 {
+                continue; // refused by the backend
+            }
+            if rng.below(4) != 0 {
+                // Anywhere from a while ago to past the tolerance (another quota's state).
+                let ahead = rng.below(2 * params.tolerance() + params.emission_interval());
+                let t = (now - params.emission_interval()) + ahead;
+                pipe.set(key, t.to_string()).ignore();
+                tat = Some(t);
+            }
+            model_state = Model::Log(VecDeque::new()); // unused
+            (a, b) = (params.emission_interval(), params.tolerance());
+        } else {
+            let quota = Quota::per_period(count, Duration::from_micros(period_us));
+            limit = Limit::with_algorithm("w", algorithm, quota).unwrap();
+            let window = now_us / period_us;
+            model_state = match algorithm {
+                Algorithm::SlidingLog => {
+                    let mut log = VecDeque::new();
+                    let mut times: Vec<u64> = (0..rng.below(count + 1))
+                        .map(|_| now_us - rng.below(period_us.min(now_us)))
+                        .collect();
+                    // Some that have left the window: trimmed, never counted.
+                    times.extend((0..rng.below(3)).map(|_| now_us - period_us - rng.below(5)));
+                    times.sort_unstable();
+                    for (i, t) in times.iter().enumerate() {
+                        pipe.zadd(key, format!("old:{i}"), *t).ignore();
+                        log.push_back(t * 1000);
+                    }
+                    Model::Log(log)
+                }
+                Algorithm::FixedWindow => {
+                    let state = (rng.below(3) != 0).then(|| FixedState {
+                        window: window - rng.pick(&[0, 0, 1, 5]),
+                        count: rng.below(count) + 1,
+                    });
+                    if let Some(s) = state {
+                        pipe.set(key, format!("{}:{}", s.window, s.count)).ignore();
+                    }
+                    Model::Fixed(state)
+                }
+                _ => {
+                    let state = (rng.below(4) != 0).then(|| SlidingState {
+                        window: window - rng.pick(&[0, 0, 1, 1, 2]),
+                        current: rng.below(count + 1),
+                        previous: rng.below(count + 1),
+                    });
+                    if let Some(s) = state {
+                        let v = format!("{}:{}:{}", s.window, s.current, s.previous);
+                        pipe.set(key, v).ignore();
+                    }
+                    Model::Sliding(state)
+                }
+            };
+            (a, b) = (period_us, 0);
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+        let reply: Vec<i64> = script
+            .key(key)
+            .arg(1)
+            .arg(quantity)
+            .arg(4242)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(kind_of(algorithm))
+            .arg(limit.max_cost())
+            .arg(a)
+            .arg(b)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let (expected, stored) = match model_state {
+            Model::Log(mut log) if algorithm == Algorithm::SlidingLog => {
+                let d = window::sliding_log(&mut log, now, limit.window().unwrap(), quantity);
+                let mut scores: Vec<String> = log.iter().map(|t| (t / 1000).to_string()).collect();
+                scores.sort();
+                (d, scores.join(","))
+            }
+            Model::Log(_) => {
+                let out = tower_throttle::gcra::decide(tat, now, limit.gcra().unwrap(), quantity);
+                let stored = out.new_tat.map(|t| t.to_string()).unwrap_or_default();
+                (out.decision, stored)
+            }
+            mut model => {
+                let d = model.decide(now, limit.window().unwrap(), quantity);
+                let stored = match model {
+                    Model::Fixed(Some(s)) => format!("{}:{}", s.window, s.count),
+                    Model::Sliding(Some(s)) => {
+                        format!("{}:{}:{}", s.window, s.current, s.previous)
+                    }
+                    _ => String::new(),
+                };
+                (d, stored)
+            }
+        };
+        let context = format!(
+            "case {case}: {algorithm} {count} per {period_us} µs, now {now}, quantity {quantity}\n \
+             script {reply:?}\n model  {expected:?}"
+        );
+        let retry = expected
+            .retry_after
+            .map_or(-1, |r| i64::try_from(r.as_nanos()).unwrap());
+        let want = [
+            0,
+            i64::from(!expected.allowed),
+            expected.limit as i64,
+            expected.remaining as i64,
+            if expected.allowed { -1 } else { retry },
+            i64::try_from(expected.reset_after.as_nanos()).unwrap(),
+        ];
+        assert_eq!(reply, want, "{context}");
+        let slot = kind_of(algorithm) as usize % 4;
+        if expected.allowed {
+            admitted[slot] += 1;
+        } else {
+            rejected[slot] += 1;
+        }
+        // What an admission stored is what the model stores, with an expiry. Expiries run on the
+        // real clock, where a key whose state lasts a few ms (about `reset_after`) may be gone.
+        if expected.allowed && quantity > 0 {
+            let (value, ttl): (Option<String>, i64) = if algorithm == Algorithm::SlidingLog {
+                let (pairs, ttl): (Vec<(String, String)>, i64) = redis::pipe()
+                    .cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .pttl(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let mut scores: Vec<String> = pairs.into_iter().map(|(_, s)| s).collect();
+                scores.sort();
+                ((!scores.is_empty()).then(|| scores.join(",")), ttl)
+            } else {
+                redis::pipe()
+                    .get(key)
+                    .pttl(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap()
+            };
+            match value {
+                Some(value) => {
+                    assert_eq!(value, stored, "{context}");
+                    // -1 would be a key without expiry; 0 or -2 (gone since), a short-lived one.
+                    let short = expected.reset_after <= Duration::from_millis(20);
+                    assert!(ttl > 0 || (short && ttl != -1), "{context}: PTTL {ttl}");
+                }
+                None => assert!(
+                    expected.reset_after <= Duration::from_millis(20),
+                    "{context}: the state is gone"
+                ),
+            }
+        }
+    }
+    for slot in 0..4 {
+        assert!(
+            admitted[slot] > 100 && rejected[slot] > 100,
+            "{admitted:?} {rejected:?}"
+        );
+    }
+}
+
+/// The script's number for each algorithm (see limits.lua).
+fn kind_of(algorithm: Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::Gcra => 0,
+        Algorithm::SlidingLog => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingWindow => 3,
+        _ => 4,
+    }
+}
