@@ -29,7 +29,8 @@ pub enum RedisMode {
     Auto,
     /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. Peeks
     /// (quantity 0) and quantities beyond the limit, which redis-cell 0.2.2 mishandles (a key without
-    /// expiry; an overflow that crashes the server), run the Lua script instead.
+    /// expiry; an overflow that crashes the server), run the Lua script instead, as do limits with a
+    /// penalty box or a delay, other algorithms than the GCRA, and stacks.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,
@@ -77,7 +78,7 @@ const SCRIPT: &str = include_str!("gcra.lua");
 const LIMITS_SCRIPT: &str = include_str!("limits.lua");
 
 /// The most limits one stack may hold ([`Backend::check_all`]).
-pub(crate) const MAX_STACK: usize = 16;
+const MAX_STACK: usize = 16;
 
 /// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
 /// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
