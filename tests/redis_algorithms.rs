@@ -825,6 +825,17 @@ async fn failures_reach_the_caller_and_releases_never_block() {
         .check_all(std::slice::from_ref(&fixed), &key, 1)
         .await
         .is_err());
+    // The failures opened the circuit breaker: the next calls fail at once, without a round trip.
+    let fail_fast = |e: tower_throttle::BackendError| format!("{e:?}").contains("failing fast");
+    let mut fast = (false, false);
+    for _ in 0..20 {
+        fast.0 |= backend.check(&fixed, &key, 1).await.is_err_and(fail_fast);
+        fast.1 |= backend
+            .check_all(std::slice::from_ref(&fixed), &key, 1)
+            .await
+            .is_err_and(fail_fast);
+    }
+    assert_eq!(fast, (true, true), "the breaker never answered");
     let started = std::time::Instant::now();
     backend.release(&conc, &key, 1, held.lease.unwrap());
     assert!(started.elapsed() < Duration::from_millis(50));
@@ -834,6 +845,22 @@ async fn failures_reach_the_caller_and_releases_never_block() {
     std::thread::spawn(move || b2.release(&c2, &k2, 1, 1))
         .join()
         .unwrap();
+    // Redis comes back (empty: nothing persists): decisions come from it again.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match backend.check(&conc, &key, 1).await {
+            Ok(d) => {
+                assert!(d.allowed && d.lease.is_some(), "{d:?}");
+                break;
+            }
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "Redis never decided again: {e:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Calls of `command` the server has executed (`INFO commandstats`).
