@@ -1086,7 +1086,8 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
             .hset_multiple("test-clock", &[("s", now_s), ("us", now_us % 1_000_000)])
             .ignore();
         // The stored state, in Redis and in the model.
-        let (limit, model_state, a, b): (Limit, Model, u64, u64);
+        // `None` for the GCRA, whose model is `gcra::decide` on `tat`.
+        let (limit, model_state, a, b): (Limit, Option<Model>, u64, u64);
         let mut tat = None;
         if algorithm == Algorithm::Gcra {
             let period = Duration::from_millis(rng.pick(&[1, 1000, 3_600_000, 86_400_000]));
@@ -1103,13 +1104,13 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
                 pipe.set(key, t.to_string()).ignore();
                 tat = Some(t);
             }
-            model_state = Model::Log(VecDeque::new()); // unused
+            model_state = None;
             (a, b) = (params.emission_interval(), params.tolerance());
         } else {
             let quota = Quota::per_period(count, Duration::from_micros(period_us));
             limit = Limit::with_algorithm("w", algorithm, quota).unwrap();
             let window = now_us / period_us;
-            model_state = match algorithm {
+            model_state = Some(match algorithm {
                 Algorithm::SlidingLog => {
                     let mut log = VecDeque::new();
                     let mut times: Vec<u64> = (0..rng.below(count + 1))
@@ -1146,7 +1147,7 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
                     }
                     Model::Sliding(state)
                 }
-            };
+            });
             (a, b) = (period_us, 0);
         }
         let () = pipe.query_async(&mut conn).await.unwrap();
@@ -1166,18 +1167,18 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
             .await
             .unwrap_or_else(|e| panic!("case {case}: {e}"));
         let (expected, stored) = match model_state {
-            Model::Log(mut log) if algorithm == Algorithm::SlidingLog => {
+            Some(Model::Log(mut log)) => {
                 let d = window::sliding_log(&mut log, now, limit.window().unwrap(), quantity);
                 let mut scores: Vec<String> = log.iter().map(|t| (t / 1000).to_string()).collect();
                 scores.sort();
                 (d, scores.join(","))
             }
-            Model::Log(_) => {
+            None => {
                 let out = tower_throttle::gcra::decide(tat, now, limit.gcra().unwrap(), quantity);
                 let stored = out.new_tat.map(|t| t.to_string()).unwrap_or_default();
                 (out.decision, stored)
             }
-            mut model => {
+            Some(mut model) => {
                 let d = model.decide(now, limit.window().unwrap(), quantity);
                 let stored = match model {
                     Model::Fixed(Some(s)) => format!("{}:{}", s.window, s.count),
