@@ -29,6 +29,9 @@ pub(super) struct Rejection {
     pub(super) whole_seconds: bool,
     /// A penalty-box ban: it holds until its end, whatever the bucket does.
     pub(super) banned: bool,
+    /// Its numbers hold until the retry time (a fixed window's, a full sliding log's for one unit):
+    /// `interval` and `tolerance` then only tell quotas apart.
+    pub(super) until_retry: bool,
 }
 
 pub(super) struct DenyCache {
@@ -118,13 +121,14 @@ impl DenyCache {
             tolerance,
             whole_seconds,
             banned,
+            until_retry,
         } = rejected;
         let Some(retry) = decision.retry_after else {
             return; // never admitted: Redis still answers, with up-to-date numbers
         };
         // `remaining` next grows when tolerance - ttl reaches (remaining + 1) × interval.
         let next_unit = decision.remaining.saturating_add(1);
-        let hold = if banned {
+        let hold = if banned || until_retry {
             retry
         } else if whole_seconds {
             if next_unit < quantity {
@@ -190,6 +194,7 @@ mod tests {
             tolerance,
             whole_seconds,
             banned: false,
+            until_retry: false,
         }
     }
 

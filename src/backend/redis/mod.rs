@@ -15,7 +15,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{aio::ConnectionLike, Client, RedisError, Value};
 
-use crate::{Backend, BackendError, BuildError, Decision, Key, Limit};
+use crate::backend::StackFuture;
+use crate::{Algorithm, Backend, BackendError, BuildError, Decision, Key, Limit};
 
 /// Which implementation of the GCRA the [`RedisBackend`] runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -28,7 +29,8 @@ pub enum RedisMode {
     Auto,
     /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. Peeks
     /// (quantity 0) and quantities beyond the limit, which redis-cell 0.2.2 mishandles (a key without
-    /// expiry; an overflow that crashes the server), run the Lua script instead.
+    /// expiry; an overflow that crashes the server), run the Lua script instead, as do limits with a
+    /// penalty box or a delay, other algorithms than the GCRA, and stacks.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,
@@ -72,11 +74,25 @@ const LUA_MAX_WINDOW_NS: u64 = 1 << 52;
 
 const SCRIPT: &str = include_str!("gcra.lua");
 
+/// Every algorithm, and stacks of limits: see the script's header.
+const LIMITS_SCRIPT: &str = include_str!("limits.lua");
+
+/// The most limits one stack may hold ([`Backend::check_all`]).
+const MAX_STACK: usize = 16;
+
+/// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
+/// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
+/// counts below 2^41.
+const WINDOW_MAX_PERIOD_NS: u64 = 1 << 52;
+const MAX_COUNT: u64 = 1 << 51;
+const SLIDING_MAX_COUNT: u64 = 1 << 41;
+
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
 /// on one server or a Redis Cluster.
 ///
-/// Every decision is one atomic command on one key, `prefix:policy:{key}`; the braces are a hash tag,
-/// so a Cluster routes each decision to the node that owns the key's slot. The user-controlled part is
+/// Every decision is one atomic command on one key, `prefix:policy:{key}` (a stack's: on one key per
+/// limit, all with the same tag; see the [layout](#key-layout)); the braces are a hash tag, so a
+/// Cluster routes each decision to the node that owns the key's slot. The user-controlled part is
 /// escaped (it contains no `{`, `}`, whitespace or control bytes, so it cannot end the tag or reach
 /// another namespace) and bounded: keys longer than 64 bytes are stored by their SHA-256.
 ///
@@ -99,6 +115,55 @@ const SCRIPT: &str = include_str!("gcra.lua");
 ///
 /// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
 /// so they agree on every key, and a change of mode loses nothing.
+///
+/// # Other algorithms and stacks
+///
+/// The [sliding log](crate::window::sliding_log), [fixed window](crate::window::fixed_window),
+/// [sliding window](crate::window::sliding_window) and [concurrency](crate::window::concurrency)
+/// limits, and stacks of limits ([`Backend::check_all`]), run a second Lua script in every mode: one
+/// `EVALSHA` per decision that reads every limit's key, decides, and writes only if every limit
+/// admits, so a rejection by one limit of a stack consumes nothing in the others. It computes the
+/// functions of [`window`](crate::window) on the server's clock (windows aligned on multiples of the
+/// period since the Unix epoch), so the memory backend and Redis agree. A GCRA limit in a stack uses
+/// the GCRA script's arithmetic and key, so it shares its state with the same limit checked alone.
+/// A stack's [`Penalty`](crate::Penalty) is its first limit's. Stacks hold 1 to 16 limits, never a
+/// concurrency limit. What the script cannot compute exactly is refused when the layer is built:
+/// window periods that are not a whole number of microseconds (the resolution of `TIME`) or not
+/// shorter than 52 days, and sliding windows whose count × period exceeds 2^51 µs (about 26,000 a
+/// day) or whose count exceeds 2^41.
+///
+/// The deny cache holds only the rejections that provably last until their retry time: a fixed
+/// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
+/// concurrency limit is never answered locally.
+///
+/// # Key layout
+///
+/// Every key of one client carries the client's hash tag, so a stack's keys share one Cluster slot
+/// and one call decides them. Each algorithm has a key of its own, so a policy whose algorithm
+/// changes starts afresh instead of reading another type (`WRONGTYPE`):
+///
+/// | algorithm | key | value | memory per key | expires |
+/// |---|---|---|---|---|
+/// | GCRA | `prefix:policy:{key}` | string: the TAT in ns | O(1) | when the TAT passes |
+/// | sliding log | `prefix:policy:{key}:log` | ZSET: a member per admitted unit, scored by its time (µs) | O(count): at most `count` members after each admission | a period after the newest unit |
+/// | fixed window | `prefix:policy:{key}:fixed` | string `window:count` | O(1) | at the window's end |
+/// | sliding window | `prefix:policy:{key}:sliding` | string `window:current:previous` | O(1) | at the end of the next window |
+/// | concurrency | `prefix:policy:{key}:concurrency` | ZSET: a member per slot in flight, scored by its lease's end (µs) | O(count) | when its longest lease ends |
+/// | penalty | `prefix:policy:{key}:strikes`, `…:ban` | counters | O(1) | `within`, `ban` |
+///
+/// Members are `token:i`, with a token drawn per call (unique within a process, random across
+/// processes), so the units of one burst, all within one millisecond or one microsecond, stay
+/// distinct; rejected requests add none; units that left the window are trimmed at each admission.
+///
+/// # Concurrency leases
+///
+/// An admitted request under a concurrency limit takes `quantity` slots, each a member scored by
+/// the end of its lease ([`Limit::with_lease`], 60 s by default); its [`Decision::lease`] is the
+/// token. [`Backend::release`] removes the members (a `ZREM`, spawned on the current tokio runtime:
+/// it never blocks, and without a runtime it does nothing). Slots whose lease ended count no more,
+/// so those of a process that died free themselves. A request that outlives its lease loses its
+/// slot then: leases should be longer than the slowest request. A release that fails (Redis
+/// unreachable) is not retried; that slot frees itself when its lease ends.
 ///
 /// ```no_run
 /// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
@@ -135,8 +200,10 @@ struct Inner {
     prefix: Box<str>,
     timeout: Duration,
     script: redis::Script,
+    limits_script: redis::Script,
     breaker: Breaker,
     deny: Option<deny::DenyCache>,
+    leases: LeaseTokens,
 }
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
@@ -313,6 +380,314 @@ impl RedisBackend {
         out.push('}');
         out
     }
+
+    /// The Redis key that holds `key`'s state under `limit`: [`redis_key`](Self::redis_key) for the
+    /// GCRA, with a suffix per algorithm for the others (see the [layout](RedisBackend#key-layout)).
+    pub fn state_key(&self, limit: &Limit, key: &Key) -> String {
+        let mut out = self.redis_key(limit.name(), key);
+        out.push_str(suffix(limit.algorithm()));
+        out
+    }
+
+    /// One limit of another algorithm than the GCRA, on the limits script.
+    ///
+    /// The deny cache holds a rejection only where it provably stays one until its retry time,
+    /// whatever other processes do (they can only add units): a fixed window's (no unit leaves
+    /// before the boundary, which is the retry time), and a sliding log's for one unit (the log is
+    /// full, and its oldest unit, whose exit is the retry time, leaves first; `remaining` stays 0
+    /// until then). A sliding window's estimate and a larger request's room grow before the retry
+    /// time, and a concurrency slot may be released at any moment: those always reach Redis.
+    fn check_window(&self, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+        // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
+        let fingerprint = match (limit.algorithm(), limit.window()) {
+            (Algorithm::FixedWindow, Some(w)) => Some((w.period(), w.limit())),
+            (Algorithm::SlidingLog, Some(w)) if quantity == 1 => Some((w.period(), w.limit())),
+            _ => None,
+        };
+        let state_key = self.state_key(limit, key);
+        if let (Some((period, count)), Some(deny)) = (fingerprint, self.inner.deny.as_ref()) {
+            if let Some(denied) = deny.get(&state_key, quantity, period, count) {
+                return Box::pin(std::future::ready(Ok(denied)));
+            }
+        }
+        let penalty = limit.penalty().is_some();
+        let inner = self.inner.clone();
+        let sent = Instant::now();
+        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity);
+        Box::pin(async move {
+            let decision = decided
+                .await?
+                .pop()
+                .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban holds.
+            let cacheable = !decision.allowed && (!penalty || decision.banned);
+            if let (true, Some((period, count)), Some(deny)) =
+                (cacheable, fingerprint, inner.deny.as_ref())
+            {
+                let rejection = deny::Rejection {
+                    decision,
+                    interval: period,
+                    tolerance: count,
+                    whole_seconds: false,
+                    banned: decision.banned,
+                    until_retry: true,
+                };
+                deny.insert(&state_key, quantity, rejection, sent);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
+    /// client's hash tag.
+    fn check_limits(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        let mut specs = Vec::with_capacity(limits.len());
+        for limit in limits {
+            match Spec::of(limit, self.state_key(limit, key)) {
+                Ok(spec) => specs.push(spec),
+                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
+            }
+        }
+        // The first limit's penalty, on the same keys as the GCRA path's: a policy's ban holds
+        // whatever its algorithm.
+        let penalty = limits.first().and_then(|first| {
+            first
+                .penalty()
+                .map(|p| (*p, self.redis_key(first.name(), key)))
+        });
+        let token = self.inner.leases.next();
+        let inner = self.inner.clone();
+        let call = async move { inner.run_limits(&specs, penalty, quantity, token).await };
+        guarded(&self.inner, call)
+    }
+}
+
+/// The key suffix of each algorithm: a policy whose algorithm changes reads a key of its own, never
+/// another algorithm's (a ZSET where a string was: WRONGTYPE).
+fn suffix(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => "",
+        Algorithm::SlidingLog => ":log",
+        Algorithm::FixedWindow => ":fixed",
+        Algorithm::SlidingWindow => ":sliding",
+        Algorithm::Concurrency => ":concurrency",
+    }
+}
+
+/// One limit as the limits script takes it: its key, `kind`, limit and two parameters.
+struct Spec {
+    key: String,
+    kind: u8,
+    limit: u64,
+    a: u64,
+    b: u64,
+}
+
+const KIND_GCRA: u8 = 0;
+const KIND_CONCURRENCY: u8 = 4;
+
+impl Spec {
+    /// The script's arguments for `limit`, or why the script cannot enforce it exactly.
+    fn of(limit: &Limit, key: String) -> Result<Spec, String> {
+        let name = limit.name();
+        let too_many = |count: u64| {
+            format!("policy {name:?}: the Redis backend supports counts up to 2^51, not {count}")
+        };
+        let algorithm = limit.algorithm();
+        let spec = |kind, limit, a, b| Spec {
+            key,
+            kind,
+            limit,
+            a,
+            b,
+        };
+        if let Some(gcra) = limit.gcra() {
+            let window = gcra.tolerance().checked_add(gcra.emission_interval());
+            if window.is_none_or(|w| w > LUA_MAX_WINDOW_NS) {
+                return Err(format!(
+                    "policy {name:?}: the Redis backend supports bursts that refill within 52 days \
+                     (period / count × (max_burst + 1)); this quota needs {:?}",
+                    Duration::from_nanos(gcra.tolerance())
+                ));
+            }
+            return Ok(spec(
+                KIND_GCRA,
+                gcra.limit(),
+                gcra.emission_interval(),
+                gcra.tolerance(),
+            ));
+        }
+        if let Some(count) = limit.concurrency() {
+            if count > MAX_COUNT {
+                return Err(too_many(count));
+            }
+            let lease = limit.lease().unwrap_or(crate::DEFAULT_LEASE);
+            // Rounded up: a lease never ends before the time it was given.
+            let lease_us = lease.as_nanos().div_ceil(1000) as u64;
+            return Ok(spec(KIND_CONCURRENCY, count, lease_us, 0));
+        }
+        let Some(window) = limit.window() else {
+            return Err(format!(
+                "policy {name:?}: the Redis backend cannot enforce algorithm {algorithm:?}"
+            ));
+        };
+        let (period, count) = (window.period(), window.limit());
+        // Redis' clock (TIME) counts microseconds: windows cut at finer periods would not fall on
+        // the boundaries window.rs computes.
+        if period % 1000 != 0 {
+            return Err(format!(
+                "policy {name:?}: the Redis backend needs the period of a {algorithm} limit to be a \
+                 whole number of microseconds, not {:?}",
+                Duration::from_nanos(period)
+            ));
+        }
+        if period >= WINDOW_MAX_PERIOD_NS {
+            return Err(format!(
+                "policy {name:?}: the Redis backend supports {algorithm} periods shorter than 52 days, \
+                 not {:?}",
+                Duration::from_nanos(period)
+            ));
+        }
+        if count > MAX_COUNT {
+            return Err(too_many(count));
+        }
+        let period_us = period / 1000;
+        let kind = match algorithm {
+            Algorithm::SlidingLog => 1,
+            Algorithm::FixedWindow => 2,
+            _ => {
+                // The weighted estimate is count × period (µs), exact in a double below 2^51; a
+                // retry time's remainder is below count × 1000.
+                if count > SLIDING_MAX_COUNT {
+                    return Err(format!(
+                        "policy {name:?}: the Redis backend supports sliding windows of up to 2^41 \
+                         units, not {count}"
+                    ));
+                }
+                if count.checked_mul(period_us).is_none_or(|p| p > MAX_COUNT) {
+                    return Err(format!(
+                        "policy {name:?}: the Redis backend supports sliding windows whose count × \
+                         period stays below 2^51 µs (about 26,000 a day, 600,000 an hour); this one \
+                         is {count} per {:?}",
+                        Duration::from_nanos(period)
+                    ));
+                }
+                3
+            }
+        };
+        Ok(spec(kind, count, period_us, 0))
+    }
+}
+
+/// Why `limits` cannot be decided together, if they cannot.
+fn stack_error(limits: &[Limit]) -> Result<(), String> {
+    if limits.is_empty() || limits.len() > MAX_STACK {
+        return Err(format!(
+            "the Redis backend decides stacks of 1 to {MAX_STACK} limits, not {}",
+            limits.len()
+        ));
+    }
+    for (i, limit) in limits.iter().enumerate() {
+        if limit.algorithm() == Algorithm::Concurrency {
+            return Err(format!(
+                "policy {:?}: a concurrency limit cannot be part of a stack (its slot is given back \
+                 when the request ends, which a stack has no way to do)",
+                limit.name()
+            ));
+        }
+        // Same name and algorithm: the same key, which one call would read twice and write twice.
+        if limits[..i]
+            .iter()
+            .any(|l| l.name() == limit.name() && l.algorithm() == limit.algorithm())
+        {
+            return Err(format!(
+                "policy {:?} appears twice in one stack with algorithm {}: give each its own name",
+                limit.name(),
+                limit.algorithm()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Lease tokens, unique within the process (a bijection of a counter, offset by a per-process random
+/// seed), so that releases of concurrent requests never remove each other's slots. Across processes
+/// two tokens collide with probability 2^-64.
+struct LeaseTokens {
+    seed: u64,
+    next: AtomicU64,
+}
+
+impl LeaseTokens {
+    fn new() -> Self {
+        use std::hash::BuildHasher;
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        LeaseTokens {
+            seed,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            // splitmix64: distinct counters give distinct tokens. 0 means "no lease".
+            let mut z = self
+                .seed
+                .wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            if z != 0 {
+                return z;
+            }
+        }
+    }
+}
+
+/// Runs one Redis call under the circuit breaker and the timeout, as [`RedisBackend::check`] does.
+fn guarded<T, F>(
+    inner: &Arc<Inner>,
+    call: F,
+) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, RedisError>> + Send + 'static,
+{
+    let admission = inner.admit();
+    if let Admission::FailFast = admission {
+        return Box::pin(std::future::ready(Err(BackendError::new(
+            "Redis is unreachable (failing fast until a probe gets through)",
+        ))));
+    }
+    let inner = inner.clone();
+    Box::pin(async move {
+        let was_probe = matches!(admission, Admission::Probe(_));
+        let result = match tokio::time::timeout(inner.timeout, call).await {
+            Ok(Ok(value)) => {
+                inner.answered();
+                Ok(value)
+            }
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                    inner.unreachable(was_probe);
+                } else {
+                    inner.answered();
+                }
+                Err(BackendError::with_source("Redis failed to decide", e))
+            }
+            Err(_) => {
+                inner.unreachable(was_probe);
+                Err(BackendError::new(format!(
+                    "Redis did not decide within {:?}",
+                    inner.timeout
+                )))
+            }
+        };
+        drop(admission);
+        result
+    })
 }
 
 /// Builds a [`RedisBackend`]; see [`RedisBackend::builder`].
@@ -502,8 +877,10 @@ impl RedisBackendBuilder {
                 prefix: self.prefix.into_boxed_str(),
                 timeout,
                 script: redis::Script::new(SCRIPT),
+                limits_script: redis::Script::new(LIMITS_SCRIPT),
                 breaker: Breaker::new(timeout),
                 deny: self.deny_cache.then(deny::DenyCache::new),
+                leases: LeaseTokens::new(),
             }),
         };
         let mut conn = backend.inner.conn.clone();
@@ -638,6 +1015,9 @@ struct Answer {
 /// What a policy's quota becomes on each path.
 struct Args {
     penalty: Option<crate::Penalty>,
+    /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
+    /// delay, which `CL.THROTTLE` cannot express, so it always runs on Lua.
+    delayed: bool,
     interval: u64,
     tolerance: u64,
     limit: u64,
@@ -655,12 +1035,14 @@ struct CellArgs {
 impl Args {
     fn new(limit: &Limit) -> Option<Args> {
         let params = limit.gcra()?;
+        let delayed = limit.delay().is_some();
         Some(Args {
             penalty: limit.penalty().copied(),
+            delayed,
             interval: params.emission_interval(),
             tolerance: params.tolerance(),
             limit: params.limit(),
-            cell: cell_args(limit),
+            cell: cell_args(limit).filter(|_| !delayed),
         })
     }
 
@@ -721,11 +1103,7 @@ impl Backend for RedisBackend {
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
         let inner = self.inner.clone();
         let Some(args) = Args::new(limit) else {
-            let message = format!(
-                "the Redis backend cannot enforce the algorithm of policy {:?}",
-                limit.name()
-            );
-            return Box::pin(std::future::ready(Err(BackendError::new(message))));
+            return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = self.redis_key(limit.name(), key);
@@ -766,6 +1144,7 @@ impl Backend for RedisBackend {
                             tolerance: args.tolerance,
                             whole_seconds,
                             banned,
+                            until_retry: false,
                         };
                         cache.insert(&redis_key, quantity, rejection, sent);
                     }
@@ -797,12 +1176,73 @@ impl Backend for RedisBackend {
         true
     }
 
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+        }
+        self.check_limits(limits, key, quantity)
+    }
+
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        stack_error(limits).map_err(BuildError::Invalid)?;
+        for limit in limits {
+            match Args::new(limit) {
+                // In a stack the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds.
+                Some(args) if !args.lua_ok() => {
+                    return Err(BuildError::Invalid(format!(
+                        "policy {:?}: the Redis backend supports bursts that refill within 52 days \
+                         (period / count × (max_burst + 1)); this quota needs {:?}",
+                        limit.name(),
+                        Duration::from_nanos(args.tolerance)
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    Spec::of(limit, String::new()).map_err(BuildError::Invalid)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        let Some(count) = limit.concurrency() else {
+            return;
+        };
+        if quantity == 0 || lease == 0 {
+            return;
+        }
+        // No runtime (a process shutting down, a synchronous caller): the lease expires instead.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let redis_key = self.state_key(limit, key);
+        let members: Vec<String> = (0..quantity.min(count))
+            .map(|i| format!("{lease}:{i}"))
+            .collect();
+        let mut conn = self.inner.conn.clone();
+        let call = async move {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(&redis_key).arg(&members);
+            let _: i64 = match &mut conn {
+                Conn::Single(c) => cmd.query_async(c).await?,
+                Conn::Cluster(c) => cmd.query_async(c).await?,
+            };
+            Ok(())
+        };
+        let released = guarded(&self.inner, call);
+        runtime.spawn(async move {
+            if let Err(e) = released.await {
+                tracing::debug!(error = %e, "a concurrency slot was not released; its lease will expire");
+            }
+        });
+    }
+
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
         let Some(args) = Args::new(limit) else {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?}: the Redis backend supports the GCRA only",
-                limit.name()
-            )));
+            return Spec::of(limit, String::new())
+                .map(drop)
+                .map_err(BuildError::Invalid);
         };
         let lua = || {
             if args.lua_ok() {
@@ -829,6 +1269,9 @@ impl Backend for RedisBackend {
         };
         match self.inner.mode {
             RedisMode::Lua => lua(),
+            // A delayed limit runs on Lua in every mode (CL.THROTTLE's whole seconds cannot express
+            // its delay).
+            RedisMode::Cell if args.delayed => lua(),
             RedisMode::Cell => cell(),
             // Auto may run either path, and a policy that only one path can enforce runs on Lua: so
             // Lua must be able to.
@@ -957,6 +1400,70 @@ impl Inner {
         Ok(self.active.load(Ordering::Relaxed) == CELL)
     }
 
+    async fn run_limits(
+        &self,
+        specs: &[Spec],
+        penalty: Option<(crate::Penalty, String)>,
+        quantity: u64,
+        token: u64,
+    ) -> Result<Vec<Decision>, RedisError> {
+        let mut invocation = self.limits_script.prepare_invoke();
+        for spec in specs {
+            invocation.key(&spec.key);
+        }
+        let (after, within, ban) = match &penalty {
+            Some((penalty, base)) => {
+                invocation
+                    .key(format!("{base}:strikes"))
+                    .key(format!("{base}:ban"));
+                (
+                    penalty.after(),
+                    penalty.within().as_millis().max(1) as u64,
+                    penalty.ban().as_millis().max(1) as u64,
+                )
+            }
+            None => (0, 0, 0),
+        };
+        invocation
+            .arg(specs.len())
+            .arg(quantity)
+            .arg(token)
+            .arg(after)
+            .arg(within)
+            .arg(ban);
+        for spec in specs {
+            invocation
+                .arg(spec.kind)
+                .arg(spec.limit)
+                .arg(spec.a)
+                .arg(spec.b);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = match &mut conn {
+            Conn::Single(c) => invocation.invoke_async(c).await?,
+            Conn::Cluster(c) => invocation.invoke_async(c).await?,
+        };
+        if reply.len() != 1 + 5 * specs.len() {
+            return Err(RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "the limits script returned a reply of the wrong length",
+            )));
+        }
+        let banned = reply[0] == 1;
+        Ok(reply[1..]
+            .chunks_exact(5)
+            .zip(specs)
+            .map(|(r, spec)| {
+                let mut decision = from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos);
+                decision.banned = banned;
+                if decision.allowed && spec.kind == KIND_CONCURRENCY {
+                    decision = decision.with_lease(token);
+                }
+                decision
+            })
+            .collect())
+    }
+
     async fn lua(
         &self,
         conn: &mut Conn,
@@ -1070,6 +1577,14 @@ mod tests {
             Some((2, 30, 7))
         );
         assert_eq!(cell(Quota::per_day(1000)), Some((999, 1000, 86_400)));
+    }
+
+    #[test]
+    fn lease_tokens_are_distinct_and_never_zero() {
+        let tokens = LeaseTokens::new();
+        let drawn: std::collections::HashSet<u64> = (0..100_000).map(|_| tokens.next()).collect();
+        assert_eq!(drawn.len(), 100_000);
+        assert!(!drawn.contains(&0));
     }
 
     #[test]

@@ -1,0 +1,384 @@
+-- tower-throttle: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically.
+--
+-- KEYS[1..N]  each limit's state (all share the client's hash tag, so one Cluster slot):
+--             GCRA            the TAT, as gcra.lua and CL.THROTTLE store it
+--             sliding log     a ZSET: one member per admitted unit, scored by its time (µs)
+--             fixed window    "window:count"
+--             sliding window  "window:current:previous"
+--             concurrency     a ZSET: one member per unit in flight, scored by its lease's end (µs)
+-- KEYS[N+1], KEYS[N+2]  with a penalty box: strikes and ban, as in gcra.lua.
+-- ARGV        N, quantity, token (unique per call: the members it adds are token:0 .. token:q-1),
+--             penalty after (0 = none), within (ms), ban (ms), then four per limit:
+--             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 4 concurrency), limit,
+--             and GCRA: interval (ns), tolerance (ns); windows: period (µs), 0;
+--             concurrency: lease (µs), 0.
+-- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
+--             reset_after (ns)}.
+--
+-- Phase 1 reads every limit's state and decides; phase 2 writes only if every limit admitted, so a
+-- rejection by one consumes nothing in any (a GCRA state written under another quota is still
+-- rebased, as gcra.lua does: that records no request, it only makes the foreign state drain).
+--
+-- Time is the server's (TIME) in microseconds: now_us is about 1.8e15, exact in a double until the
+-- year 2255, so windows are cut with exact integer division, as window.rs does in nanoseconds (the
+-- backend refuses periods that are not a whole number of microseconds, so the boundaries are the
+-- same). Products are kept exact by the build-time checks: periods below 2^52 ns, and for the
+-- sliding window count x period (µs) below 2^51 and count below 2^41, so every sum and product
+-- below stays under 2^53.
+
+local n = tonumber(ARGV[1])
+local quantity = tonumber(ARGV[2])
+local token = ARGV[3]
+local penalty_after = tonumber(ARGV[4])
+
+local S = 1000000000
+
+local function floordiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
+local function ceil_ms(us)
+  local ms = math.ceil(us / 1000)
+  if ms < 1 then
+    ms = 1
+  end
+  return ms
+end
+
+local time = redis.call('TIME')
+local now_s = tonumber(time[1])
+local now_us = now_s * 1000000 + tonumber(time[2])
+local now_ns = tonumber(time[2]) * 1000
+
+-- Adds members token:0 .. token:(q-1) with this score, in chunks (unpack has a stack limit).
+local function add_members(key, score, q)
+  local s = int(score)
+  local i = 0
+  while i < q do
+    local args = {}
+    local stop = math.min(q, i + 256)
+    while i < stop do
+      args[#args + 1] = s
+      args[#args + 1] = token .. ':' .. i
+      i = i + 1
+    end
+    redis.call('ZADD', key, unpack(args))
+  end
+end
+
+-- GCRA: gcra.lua's arithmetic. The TAT is only ever handled as its distance from now.
+local function gcra(key, limit, interval, tolerance, q)
+  local function store(ahead)
+    local r = now_ns + ahead
+    local carry = floordiv(r, S)
+    local tat = string.format('%d%09d', now_s + carry, r - carry * S)
+    redis.call('SET', key, tat, 'PX', math.ceil(ahead / 1000000))
+  end
+  local backlog = 0
+  local stored = redis.call('GET', key)
+  if stored and #stored > 9 and #stored < 30 and not string.find(stored, '%D') then
+    local tat_s = tonumber(string.sub(stored, 1, -10))
+    local tat_ns = tonumber(string.sub(stored, -9))
+    backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
+    if backlog < 0 then
+      backlog = 0
+    end
+  end
+  if backlog > tolerance then
+    backlog = tolerance
+    store(backlog)
+  end
+  local increment = interval * q
+  local new_backlog = backlog + increment
+  if new_backlog <= tolerance then
+    local write = nil
+    if new_backlog > 0 and q > 0 then
+      write = function()
+        store(new_backlog)
+      end
+    end
+    return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog}, write
+  end
+  local remaining = floordiv(tolerance - backlog, interval)
+  if remaining > limit then
+    remaining = limit
+  end
+  local retry = -1
+  if increment <= tolerance then
+    retry = new_backlog - tolerance
+  end
+  return {1, limit, remaining, retry, backlog}
+end
+
+-- Sliding log: a unit admitted at t counts while now < t + period.
+local function sliding_log(key, limit, period, q)
+  local gone = now_us - period
+  local used = redis.call('ZCOUNT', key, '(' .. int(gone), '+inf')
+  local function reset()
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if #newest == 2 then
+      local t = tonumber(newest[2])
+      if t > gone then
+        return (t + period - now_us) * 1000
+      end
+    end
+    return 0
+  end
+  if q <= limit - used then
+    local write = nil
+    local reset_after = period * 1000
+    if q > 0 then
+      write = function()
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(gone))
+        add_members(key, now_us, q)
+        -- The newest member leaves the window last: then the key is empty anyway.
+        redis.call('PEXPIRE', key, ceil_ms(period))
+      end
+    else
+      reset_after = reset()
+    end
+    return {0, limit, limit - used - q, -1, reset_after}, write
+  end
+  local retry = -1
+  if q <= limit then
+    -- The oldest used + q - limit units must leave: the last of them decides.
+    local at = redis.call('ZRANGEBYSCORE', key, '(' .. int(gone), '+inf', 'WITHSCORES', 'LIMIT',
+      used + q - limit - 1, 1)
+    retry = (tonumber(at[2]) + period - now_us) * 1000
+  end
+  return {1, limit, math.max(limit - used, 0), retry, reset()}
+end
+
+local function fixed_window(key, limit, period, q)
+  local window = floordiv(now_us, period)
+  local to_boundary = period - (now_us - window * period)
+  local used = 0
+  local stored = redis.call('GET', key)
+  if stored then
+    local w, c = string.match(stored, '^(%d+):(%d+)$')
+    if w and tonumber(w) == window then
+      -- A count above the limit was written under another quota: it means "full" under this one.
+      used = math.min(tonumber(c), limit)
+    end
+  end
+  if q <= limit - used then
+    local total = used + q
+    local write = nil
+    if q > 0 then
+      write = function()
+        -- The window number is stored too, so an expiry rounded up past the boundary is harmless.
+        redis.call('SET', key, int(window) .. ':' .. int(total), 'PX', ceil_ms(to_boundary))
+      end
+    end
+    local reset_after = 0
+    if total > 0 then
+      reset_after = to_boundary * 1000
+    end
+    return {0, limit, limit - total, -1, reset_after}, write
+  end
+  local retry = -1
+  if q <= limit then
+    retry = to_boundary * 1000
+  end
+  local reset_after = 0
+  if used > 0 then
+    reset_after = to_boundary * 1000
+  end
+  return {1, limit, limit - used, retry, reset_after}
+end
+
+local function sliding_window(key, limit, period, q)
+  local window = floordiv(now_us, period)
+  local left = period - (now_us - window * period)
+  local current, previous = 0, 0
+  local stored = redis.call('GET', key)
+  if stored then
+    local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+    if w then
+      w = tonumber(w)
+      c = math.min(tonumber(c), limit)
+      p = math.min(tonumber(p), limit)
+      if w == window then
+        current, previous = c, p
+      elseif w + 1 == window then
+        current, previous = 0, c
+      end
+    end
+  end
+  -- The estimate times the period, exactly (see the header for the bounds).
+  local weighted = previous * left + current * period
+  local capacity = limit * period
+  local reset_after = 0
+  if current > 0 then
+    reset_after = (left + period) * 1000
+  elseif previous > 0 then
+    reset_after = left * 1000
+  end
+  if q <= limit and weighted + q * period <= capacity then
+    local now_current = current + q
+    local write = nil
+    if q > 0 then
+      write = function()
+        -- Stale once the next window is over (it becomes nobody's previous).
+        redis.call('SET', key, int(window) .. ':' .. int(now_current) .. ':' .. int(previous), 'PX',
+          ceil_ms(left + period))
+      end
+    end
+    if now_current > 0 then
+      reset_after = (left + period) * 1000
+    end
+    return {0, limit, floordiv(capacity - weighted - q * period, period), -1, reset_after}, write
+  end
+  local remaining = 0
+  if capacity > weighted then
+    remaining = floordiv(capacity - weighted, period)
+  end
+  -- floor(room × 1000 / by) in nanoseconds without forming room × 1000 (which may pass 2^53).
+  local function fits_ns(room, by)
+    local whole = floordiv(room, by)
+    return whole * 1000 + floordiv((room - whole * by) * 1000, by), whole
+  end
+  local retry = -1
+  if q <= limit then
+    if current + q <= limit then
+      -- Later in this window, as the previous window is weighted out (previous > 0 here, and the
+      -- fit is shorter than what is left of the window, or the request would have passed).
+      local fits = fits_ns((limit - current - q) * period, previous)
+      retry = left * 1000 - fits
+    else
+      -- Not before the next window, where this window's count (> 0 here) is weighted out.
+      local fits, whole = fits_ns((limit - q) * period, current)
+      if whole >= period then
+        fits = period * 1000
+      end
+      retry = left * 1000 + (period * 1000 - fits)
+    end
+  end
+  return {1, limit, remaining, retry, reset_after}
+end
+
+local function concurrency(key, limit, lease, q)
+  -- Leases that ended (their process died without releasing them) no longer count.
+  local in_flight = redis.call('ZCOUNT', key, '(' .. int(now_us), '+inf')
+  if q <= limit - in_flight then
+    local write = nil
+    if q > 0 then
+      write = function()
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_us))
+        add_members(key, now_us + lease, q)
+        -- The key outlives its longest lease, whatever leases earlier calls asked for.
+        local want = ceil_ms(lease)
+        if redis.call('PTTL', key) < want then
+          redis.call('PEXPIRE', key, want)
+        end
+      end
+    end
+    return {0, limit, limit - in_flight - q, -1, 0}, write
+  end
+  local retry = -1
+  if q <= limit then
+    retry = S -- window.rs's CONCURRENCY_RETRY: when a slot frees up is unknown
+  end
+  return {1, limit, math.max(limit - in_flight, 0), retry, 0}
+end
+
+local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurrency}
+
+local function decide(i, q)
+  local base = 6 + 4 * (i - 1)
+  local kind = tonumber(ARGV[base + 1])
+  local limit = tonumber(ARGV[base + 2])
+  local a = tonumber(ARGV[base + 3])
+  local b = tonumber(ARGV[base + 4])
+  if kind == 0 then
+    return gcra(KEYS[i], limit, a, b, q)
+  end
+  return deciders[kind](KEYS[i], limit, a, q)
+end
+
+local function limit_of(i)
+  return tonumber(ARGV[6 + 4 * (i - 1) + 2])
+end
+
+if penalty_after > 0 then
+  local banned_ms = redis.call('PTTL', KEYS[n + 2])
+  if banned_ms > 0 then
+    local out = {1}
+    for i = 1, n do
+      local rest = banned_ms * 1000000
+      for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do
+        out[#out + 1] = v
+      end
+    end
+    return out
+  end
+end
+
+local results = {}
+local writes = {}
+local admitted = true
+for i = 1, n do
+  local result, write = decide(i, quantity)
+  results[i] = result
+  writes[i] = write
+  if result[1] == 1 then
+    admitted = false
+  end
+end
+
+local banned = 0
+if admitted then
+  for i = 1, n do
+    if writes[i] then
+      writes[i]()
+    end
+  end
+else
+  -- The limits that would have admitted report their state as it stands: nothing was recorded.
+  for i = 1, n do
+    if results[i][1] == 0 then
+      results[i] = decide(i, 0)
+    end
+  end
+  if penalty_after > 0 then
+    local within_ms = tonumber(ARGV[5])
+    local ban_ms = tonumber(ARGV[6])
+    local strikes = redis.call('INCR', KEYS[n + 1])
+    if strikes == 1 then
+      redis.call('PEXPIRE', KEYS[n + 1], within_ms)
+    end
+    if strikes >= penalty_after then
+      redis.call('DEL', KEYS[n + 1])
+      redis.call('SET', KEYS[n + 2], 1, 'PX', ban_ms)
+      banned = 1
+      for i = 1, n do
+        local r = results[i]
+        -- The ban, or the limit's own retry time if that is later.
+        local wait = ban_ms * 1000000
+        if r[1] == 1 and r[4] > wait then
+          wait = r[4]
+        end
+        results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
+      end
+    end
+  end
+end
+
+local out = {banned}
+for i = 1, n do
+  for j = 1, 5 do
+    out[#out + 1] = results[i][j]
+  end
+end
+return out
