@@ -25,6 +25,7 @@ use tower_throttle::ThrottleDecision;
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
+decision_extension = true     # every route's answer shows what the limiter decided
 
 [backend]
 kind = "memory"

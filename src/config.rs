@@ -60,6 +60,10 @@ pub struct Config {
     /// Send `X-RateLimit-*` (default false).
     #[serde(default)]
     pub legacy_headers: bool,
+    /// Insert a `ThrottleDecision` into every admitted request for handlers to read (default false;
+    /// dry-run and delay-mode routes always do).
+    #[serde(default)]
+    pub decision_extension: bool,
     /// `"allow"` (the default when unset), `"deny"` or `"local"`: what to do when the backend fails.
     #[serde(default, deserialize_with = "some_on_backend_error")]
     pub on_backend_error: Option<OnBackendError>,
@@ -542,6 +546,7 @@ impl Config {
             .policies(self.policies()?)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
+            .decision_extension(self.decision_extension)
             .on_backend_error(self.on_error()?))
     }
 

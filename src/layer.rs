@@ -149,6 +149,8 @@ struct PolicyInfo {
     #[cfg(feature = "memory")]
     cost: u64,
     dry_run: bool,
+    /// Every admitted request gets a `ThrottleDecision` (dry runs, delay mode, or the layer says so).
+    expose_decision: bool,
     tiers: Box<[TierInfo]>,
     limited_body: Bytes,
     warned_missing_key: AtomicBool,
@@ -163,6 +165,14 @@ struct TierInfo {
     /// `limits[0].max_cost()`, for the decision of a ban.
     limit_value: u64,
     concurrency: bool,
+}
+
+/// Whether a tokio timer can be made here: a runtime with its time driver. Delay mode sleeps on one,
+/// and without it `tokio::time::sleep` panics, so this tries (only for delayed requests; a timer that
+/// is never polled costs next to nothing).
+fn timers_available() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
+        && std::panic::catch_unwind(|| drop(tokio::time::sleep(std::time::Duration::ZERO))).is_ok()
 }
 
 /// The decision of a backend: one limit, or a stack.
@@ -227,6 +237,8 @@ impl Responder {
                 self.errors.record(&info.name, &error, self.on_error);
                 return match self.on_error {
                     OnBackendError::Allow => Verdict::Admit(Admitted::unlimited()),
+                    // A dry run never rejects, not even when the backend fails.
+                    _ if info.dry_run => Verdict::Admit(Admitted::unlimited()),
                     OnBackendError::Deny => {
                         let mut response = self.problem(
                             StatusCode::SERVICE_UNAVAILABLE,
@@ -380,12 +392,23 @@ impl Responder {
                 }
             }
         }
-        if !delay.is_zero() && !info.dry_run && tokio::runtime::Handle::try_current().is_err() {
-            // No timer to wait on: refuse rather than admit early.
-            tracing::warn!(policy = %info.name, "delay mode needs a tokio runtime; rejecting the request instead");
-            decision.allowed = false;
-            decision.retry_after = Some(delay);
-            delay = std::time::Duration::ZERO;
+        if !delay.is_zero() && !info.dry_run && !timers_available() {
+            // No timer to wait on: a misconfigured server, not the client's fault. Admitting at once
+            // would let the queue through early.
+            tracing::error!(policy = %info.name, "delay mode needs a tokio runtime with timers enabled (`enable_time`); answering 503");
+            let mut response = self.problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate limiter cannot delay this request",
+            );
+            headers::set_retry_after(response.headers_mut(), 1);
+            return Verdict::Reject(response);
+        }
+        if !delay.is_zero() && !info.dry_run {
+            // The fields go out after the wait: by then the key is that much closer to full.
+            for d in decisions.iter_mut() {
+                d.reset_after = d.reset_after.saturating_sub(delay);
+            }
+            decision.reset_after = decision.reset_after.saturating_sub(delay);
         }
         let banned = decision.banned;
         info.reporter.decision(&info.name, &decision, banned);
@@ -417,20 +440,23 @@ impl Responder {
                     "request would be limited (dry run)"
                 );
             }
-            if info.dry_run {
-                delay = std::time::Duration::ZERO;
-            }
             let slot = (decision.allowed && tier_info.concurrency).then_some(slot);
+            let exposed = info.expose_decision.then(|| ThrottleDecision {
+                policy: info.name.clone(),
+                tier: tier_info.name.clone(),
+                decision,
+                enforced: !info.dry_run,
+                delayed: delay,
+            });
             return Verdict::Admit(Admitted {
                 headers: Some(fields),
-                delay,
-                decision: Some(ThrottleDecision {
-                    policy: info.name.clone(),
-                    tier: tier_info.name.clone(),
-                    decision,
-                    enforced: !info.dry_run,
-                    delayed: delay,
-                }),
+                // A dry run reports the wait (above) but does not wait.
+                delay: if info.dry_run {
+                    std::time::Duration::ZERO
+                } else {
+                    delay
+                },
+                decision: exposed,
                 slot,
             });
         }
@@ -584,6 +610,7 @@ pub struct ThrottleLayerBuilder<K, B> {
     on_limited: Option<Arc<LimitedHook>>,
     offenders: Option<Offenders>,
     grpc: bool,
+    decision_extension: bool,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -603,6 +630,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             on_limited: None,
             offenders: None,
             grpc: false,
+            decision_extension: false,
         }
     }
 
@@ -619,6 +647,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             on_limited: self.on_limited,
             offenders: self.offenders,
             grpc: self.grpc,
+            decision_extension: self.decision_extension,
         }
     }
 
@@ -749,6 +778,14 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self.rejection_response(crate::grpc::resource_exhausted)
     }
 
+    /// Inserts a [`ThrottleDecision`] into every admitted request, for handlers that want to read
+    /// it (`Extension<ThrottleDecision>` in axum). Off by default, because it costs an allocation per
+    /// request; dry-run and delay-mode policies always insert it.
+    pub fn decision_extension(mut self, on: bool) -> Self {
+        self.decision_extension = on;
+        self
+    }
+
     /// What to do when the backend fails (default: [`OnBackendError::Allow`]).
     pub fn on_backend_error(mut self, on_error: OnBackendError) -> Self {
         self.on_error = on_error;
@@ -765,37 +802,52 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 "a throttle layer needs at least one policy".into(),
             ));
         }
-        let limits: Vec<&crate::Limit> = self
-            .policies
-            .iter()
-            .flat_map(|p| p.tiers().iter().flat_map(|t| t.limits.iter()))
-            .collect();
         for policy in &self.policies {
             for tier in policy.tiers() {
                 match &*tier.limits {
                     [one] => self.backend.validate(one)?,
-                    all => {
-                        for limit in all {
-                            self.backend.validate(limit)?;
-                        }
-                        self.backend.validate_all(all)?;
-                    }
+                    // The backend checks each member of a stack as it will run it.
+                    all => self.backend.validate_all(all)?,
                 }
             }
         }
-        for (i, limit) in limits.iter().enumerate() {
-            // Limits that share a name share their keys' state, which only makes sense with one
-            // quota: a TAT written under a one-hour tolerance would lock users out of a per-second one.
-            if let Some(other) = limits[..i].iter().find(|other| {
-                other.name() == limit.name()
-                    && (other.quota() != limit.quota() || other.algorithm() != limit.algorithm())
-            }) {
+        // Every limit, with the names of the stack it belongs to.
+        let limits: Vec<(&crate::Limit, Vec<&str>)> = self
+            .policies
+            .iter()
+            .flat_map(|p| p.tiers())
+            .flat_map(|t| {
+                let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
+                t.limits.iter().map(move |l| (l, stack.clone()))
+            })
+            .collect();
+        for (i, (limit, stack)) in limits.iter().enumerate() {
+            // Limits that share a name share their keys' state, which only makes sense with the same
+            // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
+            // one, and a delayed policy's queue would be erased by one without the delay.
+            let Some((other, other_stack)) = limits[..i]
+                .iter()
+                .find(|(other, _)| other.name() == limit.name())
+            else {
+                continue;
+            };
+            if !other.same_rules(limit) {
                 return Err(BuildError::Invalid(format!(
-                    "policy {:?} appears twice with different quotas ({} and {}); policies that share \
-                     a name share their keys, so they need one quota and one algorithm",
+                    "policy {:?} appears twice with different rules ({} and {}); policies that share \
+                     a name share their keys, so they need one quota, algorithm, delay, lease and \
+                     penalty",
                     limit.name(),
                     other.quota(),
                     limit.quota()
+                )));
+            }
+            if stack != other_stack {
+                return Err(BuildError::Invalid(format!(
+                    "the limit name {:?} is used by two different stacks of quotas ({} and {}); \
+                     rename a policy or tier",
+                    limit.name(),
+                    other_stack.join(" + "),
+                    stack.join(" + ")
                 )));
             }
         }
@@ -815,6 +867,9 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                     #[cfg(feature = "memory")]
                     cost: p.cost(),
                     dry_run: p.is_dry_run(),
+                    expose_decision: self.decision_extension
+                        || p.is_dry_run()
+                        || p.limit().delay().is_some(),
                     tiers: p
                         .tiers()
                         .iter()

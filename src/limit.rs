@@ -349,9 +349,17 @@ impl Limit {
         }
     }
 
+    /// Whether `other` decides exactly as this limit does (the name aside): same quota, algorithm,
+    /// delay, lease and penalty. Limits that share a name share state, so they must.
+    pub fn same_rules(&self, other: &Limit) -> bool {
+        self.quota == other.quota
+            && self.algorithm() == other.algorithm()
+            && self.delay() == other.delay()
+            && self.lease() == other.lease()
+            && self.penalty == other.penalty
+    }
+
     /// The quota's own GCRA tolerance in nanoseconds (without a delay), for the GCRA.
-    // Read by the layer's delay (on main); nothing on this branch calls it yet.
-    #[allow(dead_code)]
     pub(crate) fn tolerance(&self) -> Option<u64> {
         match self.params {
             Params::Gcra { tolerance, .. } => Some(tolerance),

@@ -41,8 +41,11 @@ impl Tier {
 }
 
 /// What a layer decided for a request it let through, as a request extension the application can
-/// read (`Extension<ThrottleDecision>` in axum). In [dry-run](PolicyBuilder::dry_run) mode this is
-/// how a handler learns that the request *would* have been limited.
+/// read (`Extension<ThrottleDecision>` in axum). Inserted for dry-run and delay-mode policies, and
+/// for every policy of a layer built with
+/// [`decision_extension(true)`](crate::ThrottleLayerBuilder::decision_extension). In
+/// [dry-run](PolicyBuilder::dry_run) mode this is how a handler learns that the request *would* have
+/// been limited.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ThrottleDecision {
@@ -54,7 +57,8 @@ pub struct ThrottleDecision {
     pub decision: crate::Decision,
     /// `false` in dry-run mode: the decision was not enforced (look at `decision.allowed`).
     pub enforced: bool,
-    /// How long the request waited for its turn in delay mode (zero otherwise).
+    /// How long the request waited for its turn in delay mode (zero otherwise); in a dry run, how
+    /// long it would have waited.
     pub delayed: Duration,
 }
 
@@ -297,7 +301,9 @@ impl<K> PolicyBuilder<K> {
 
     /// Delay mode, as nginx's `burst` + `delay`: a request beyond the quota's burst waits up to
     /// `max_delay` for its turn instead of being rejected (see [`Limit::with_delay`]). GCRA only.
-    /// Needs a tokio runtime (the wait is a `tokio::time::sleep`).
+    /// The wait is a `tokio::time::sleep`, so it needs a tokio runtime with timers (any
+    /// `#[tokio::main]` server; without one a delayed request gets a 503). A rejected request's
+    /// `Retry-After` says when a retry would be admitted, possibly to wait again then.
     pub fn delay(mut self, max_delay: Duration) -> Self {
         self.delay = Some(max_delay);
         self
@@ -311,9 +317,11 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// Dry run: decide, count, log and send the rate-limit headers, but never reject (nor delay,
-    /// nor ban) — for rolling a limit out safely. Requests that would have been limited are logged
-    /// at info level ("request would be limited"), counted as limited in the metrics, and carry a
-    /// [`ThrottleDecision`] extension with `enforced: false`.
+    /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
+    /// request without a key passes, and so does every request while the backend fails. Requests
+    /// that would have been limited are logged at info level ("request would be limited (dry
+    /// run)"), counted as limited in the metrics, and carry a [`ThrottleDecision`] extension with
+    /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
         self
@@ -431,6 +439,10 @@ impl<K> PolicyBuilder<K> {
         });
         for (tier, quotas) in &self.tiers {
             validate_name(tier).map_err(|e| invalid(format!("tier: {e}")))?;
+            if tier.contains('.') {
+                // Limit names join policy, tier and period with dots: "api.paid.1s".
+                return Err(invalid(format!("tier {tier:?} may not contain '.'")));
+            }
             if tiers
                 .iter()
                 .any(|t| t.name.as_deref() == Some(tier.as_str()))
@@ -534,7 +546,8 @@ impl<K> PolicyBuilder<K> {
                 )));
             }
             let mut limit = Limit::with_algorithm(name, self.algorithm, *quota)?;
-            if let Some(penalty) = self.penalty {
+            // A dry run never bans.
+            if let Some(penalty) = self.penalty.filter(|_| !self.dry_run) {
                 limit = limit.with_penalty(penalty);
             }
             if let Some(delay) = self.delay {

@@ -102,12 +102,13 @@ where
         let policy = &shared.policies[index];
         let Some(key) = key else {
             return match policy.missing_key() {
-                MissingKey::Allow => ResponseFuture::calling(self.inner.call(request), None, None),
-                MissingKey::Reject(status) => ResponseFuture::ready(shared.responder.missing_key(
-                    index,
-                    policy.key().describe(),
-                    status,
-                )),
+                // A dry run never rejects, not even for a missing key.
+                MissingKey::Reject(status) if !policy.is_dry_run() => ResponseFuture::ready(
+                    shared
+                        .responder
+                        .missing_key(index, policy.key().describe(), status),
+                ),
+                _ => ResponseFuture::calling(self.inner.call(request), None, None),
             };
         };
         let tier = policy.tier_of(&request);
@@ -146,7 +147,10 @@ where
                         if delay.is_zero() {
                             ResponseFuture::calling(self.inner.call(request), headers, guard)
                         } else {
-                            let service = self.take_readied();
+                            // The readied service stays here for the next call: a request that
+                            // waits must not hold what it reserved (a permit of an inner
+                            // concurrency limit) while it sleeps. A clone readies after the wait.
+                            let service = self.inner.clone();
                             ResponseFuture::delaying(delay, service, request, headers, guard)
                         }
                     }
@@ -289,6 +293,19 @@ struct Pending<S, ReqBody> {
 }
 
 pin_project! {
+    /// A request waiting for its turn (delay mode), then for its service to be ready.
+    struct Delayed<S, ReqBody> {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        slept: bool,
+        service: S,
+        request: Option<Request<ReqBody>>,
+        headers: Option<RateHeaders>,
+        guard: Option<SlotGuard>,
+    }
+}
+
+pin_project! {
     /// The response future of [`Throttle`].
     pub struct ResponseFuture<S, ReqBody, D>
     where
@@ -310,11 +327,8 @@ pin_project! {
             pending: Option<Pending<S, ReqBody>>,
         },
         Delaying {
-            #[pin]
-            sleep: tokio::time::Sleep,
-            call: Option<(S, Request<ReqBody>)>,
-            headers: Option<RateHeaders>,
-            guard: Option<SlotGuard>,
+            // Boxed: delays are rare, and a Sleep would make every request's future larger.
+            delayed: Pin<Box<Delayed<S, ReqBody>>>,
         },
         Calling {
             #[pin]
@@ -351,10 +365,14 @@ where
     ) -> Self {
         ResponseFuture {
             kind: Kind::Delaying {
-                sleep: tokio::time::sleep(delay),
-                call: Some((service, request)),
-                headers,
-                guard,
+                delayed: Box::pin(Delayed {
+                    sleep: tokio::time::sleep(delay),
+                    slept: false,
+                    service,
+                    request: Some(request),
+                    headers,
+                    guard,
+                }),
             },
         }
     }
@@ -387,7 +405,7 @@ where
 
 impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     D: Future<Output = Result<Decision, BackendError>> + Unpin,
 {
     type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
@@ -424,12 +442,11 @@ where
                                     guard,
                                 }
                             } else {
-                                Kind::Delaying {
-                                    sleep: tokio::time::sleep(delay),
-                                    call: Some((service, request)),
-                                    headers,
-                                    guard,
-                                }
+                                // Give back what readying reserved while the request waits; a
+                                // clone readies after the wait.
+                                let fresh = service.clone();
+                                drop(service);
+                                ResponseFuture::delaying(delay, fresh, request, headers, guard).kind
                             }
                         }
                         Verdict::Reject(response) => Kind::Ready {
@@ -437,22 +454,21 @@ where
                         },
                     }
                 }
-                KindProj::Delaying {
-                    sleep,
-                    call,
-                    headers,
-                    guard,
-                } => {
-                    ready!(sleep.poll(cx));
-                    let (mut service, request) =
-                        call.take().expect("ResponseFuture polled after completion");
-                    // The service was readied before the wait; tower's contract allows calling it
-                    // later (a readied service stays ready until called, for the services that
-                    // reserve capacity, such as a concurrency limit or a buffer).
+                KindProj::Delaying { delayed } => {
+                    let delayed = delayed.as_mut().project();
+                    if !*delayed.slept {
+                        ready!(delayed.sleep.poll(cx));
+                        *delayed.slept = true;
+                    }
+                    ready!(delayed.service.poll_ready(cx))?;
+                    let request = delayed
+                        .request
+                        .take()
+                        .expect("ResponseFuture polled after completion");
                     Kind::Calling {
-                        future: service.call(request),
-                        headers: headers.take(),
-                        guard: guard.take(),
+                        future: delayed.service.call(request),
+                        headers: delayed.headers.take(),
+                        guard: delayed.guard.take(),
                     }
                 }
                 KindProj::Calling {

@@ -519,3 +519,204 @@ fn config_mistakes_are_clear_errors() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_dry_run_passes_requests_without_a_key_and_through_backend_failures() {
+    use tower_throttle::OnBackendError;
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("trial")
+        .quota(Quota::per_minute(1))
+        .key(Header::new("x-user"))
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
+
+    // A backend that always fails, with OnBackendError::Deny: still no rejection in a dry run.
+    #[derive(Clone)]
+    struct Down;
+    impl tower_throttle::Backend for Down {
+        type Future =
+            std::future::Ready<Result<tower_throttle::Decision, tower_throttle::BackendError>>;
+        fn check(
+            &self,
+            _: &tower_throttle::Limit,
+            _: &tower_throttle::Key,
+            _: u64,
+        ) -> Self::Future {
+            std::future::ready(Err(tower_throttle::BackendError::new("down")))
+        }
+    }
+    let layer = ThrottleLayer::builder()
+        .backend(Down)
+        .policy(
+            Policy::builder("trial")
+                .quota(Quota::per_minute(1))
+                .key(Global)
+                .dry_run(true)
+                .build()
+                .unwrap(),
+        )
+        .on_backend_error(OnBackendError::Deny)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_does_not_hold_what_the_inner_service_reserved() {
+    use tower::{Service, ServiceBuilder};
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("slow")
+        .quota(Quota::per_second(1))
+        .delay(Duration::from_secs(30))
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    // One request at a time in the service behind the limiter.
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service_fn(|_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::from("ok")))
+        });
+    let user = |u: &str| from_user(u);
+    // The abuser's second request waits a second for its turn...
+    let first = service
+        .ready()
+        .await
+        .unwrap()
+        .call(user("abuser"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let waiting = service.ready().await.unwrap().call(user("abuser"));
+    let waiting = tokio::spawn(waiting);
+    tokio::task::yield_now().await;
+    // ...without the inner permit: another user is served at once (no time passes).
+    let started = tokio::time::Instant::now();
+    let other = service
+        .ready()
+        .await
+        .unwrap()
+        .call(user("other"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(waiting.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+#[test]
+fn a_runtime_without_timers_gets_503_for_a_delayed_request_never_a_panic() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (backend, _clock) = backend();
+        let policy = Policy::builder("slow")
+            .quota(Quota::per_second(1))
+            .delay(Duration::from_secs(5))
+            .key(Global)
+            .build()
+            .unwrap();
+        let layer = ThrottleLayer::builder()
+            .backend(backend)
+            .policy(policy)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
+        let delayed = app.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(delayed.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&delayed, "retry-after"), Some("1"));
+    });
+}
+
+#[test]
+fn limits_that_share_a_name_must_share_every_rule_and_stack() {
+    let build = |a: Policy<Global>, b: Policy<Global>| {
+        ThrottleLayer::builder()
+            .policies([a, b])
+            .build()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let policy = |route: &str| {
+        Policy::builder("api")
+            .quota(Quota::per_second(10))
+            .key(Global)
+            .route(route)
+    };
+    // Same rules on two routes: one shared limit.
+    build(policy("/a").build().unwrap(), policy("/b").build().unwrap()).unwrap();
+    let delayed = policy("/a").delay(Duration::from_secs(2)).build().unwrap();
+    let err = build(delayed, policy("/b").build().unwrap()).unwrap_err();
+    assert!(err.contains("different rules"), "{err}");
+    // "api.paid" as a policy and as the tier "paid" of a stacked "api": refused.
+    let stacked = Policy::builder("api")
+        .quota(Quota::per_second(10))
+        .tier("paid", [Quota::per_second(100)])
+        .key(Global)
+        .build()
+        .unwrap();
+    let named = Policy::builder("api.paid")
+        .quota(Quota::per_second(100))
+        .key(Global)
+        .route("/x")
+        .build()
+        .unwrap();
+    build(stacked.clone(), named).unwrap();
+    let stack_named = Policy::builder("api.paid")
+        .quotas([Quota::per_second(100), Quota::per_day(1000)])
+        .key(Global)
+        .route("/y")
+        .build()
+        .unwrap();
+    let paid_stack = Policy::builder("api")
+        .quota(Quota::per_second(10))
+        .tier("paid", [Quota::per_second(100), Quota::per_day(1000)])
+        .key(Global)
+        .build()
+        .unwrap();
+    build(paid_stack, stack_named).unwrap();
+    // A lone "api.1s" and the per-second member of a stacked "api": different state, refused.
+    let lone = Policy::builder("api.1s")
+        .quota(Quota::per_second(10))
+        .key(Global)
+        .route("/z")
+        .build()
+        .unwrap();
+    let stack = Policy::builder("api")
+        .quotas([Quota::per_second(10), Quota::per_day(1000)])
+        .key(Global)
+        .build()
+        .unwrap();
+    let err = build(stack, lone).unwrap_err();
+    assert!(err.contains("two different stacks"), "{err}");
+    let err = Policy::builder("api")
+        .quota(Quota::per_second(1))
+        .tier("paid.1s", [Quota::per_second(2)])
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("may not contain '.'"), "{err}");
+}

@@ -39,7 +39,7 @@ fn app<B: Backend>(
             "/",
             get(|d: Option<Extension<ThrottleDecision>>| async move {
                 d.map_or("none".to_owned(), |Extension(d)| {
-                    d.decision.allowed.to_string()
+                    format!("{} {}", d.decision.allowed, d.delayed.as_millis())
                 })
             }),
         )
@@ -96,7 +96,12 @@ async fn delay_admits_the_burst_and_queues_exactly_what_fits<B: Backend>(backend
     let tasks: Vec<_> = (0..20)
         .map(|_| {
             let app = app.clone();
-            tokio::spawn(async move { app.oneshot(get_as("u", None)).await.unwrap().status() })
+            tokio::spawn(async move {
+                let res = app.oneshot(get_as("u", None)).await.unwrap();
+                let status = res.status();
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                (status, String::from_utf8(body.to_vec()).unwrap())
+            })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -108,9 +113,13 @@ async fn delay_admits_the_burst_and_queues_exactly_what_fits<B: Backend>(backend
             continue;
         }
         match task.await.unwrap() {
-            StatusCode::OK => ok += 1,
-            StatusCode::TOO_MANY_REQUESTS => limited += 1,
-            other => panic!("{other}"),
+            // Within the burst: no wait at all.
+            (StatusCode::OK, body) => {
+                assert_eq!(body, "true 0");
+                ok += 1
+            }
+            (StatusCode::TOO_MANY_REQUESTS, _) => limited += 1,
+            other => panic!("{other:?}"),
         }
     }
     assert_eq!((ok, waiting, limited), (6, 3, 11));
@@ -126,8 +135,8 @@ async fn dry_run_marks_exactly_the_quota<B: Backend>(backend: B) {
         .unwrap();
     let replies = burst(&app(backend, policy), 30, "u", None).await;
     assert_eq!(count(&replies, StatusCode::OK), 30);
-    assert_eq!(replies.iter().filter(|(_, b)| b == "true").count(), 5);
-    assert_eq!(replies.iter().filter(|(_, b)| b == "false").count(), 25);
+    assert_eq!(replies.iter().filter(|(_, b)| b == "true 0").count(), 5);
+    assert_eq!(replies.iter().filter(|(_, b)| b == "false 0").count(), 25);
 }
 
 /// Tiers: each plan gets exactly its own quota.
@@ -290,4 +299,23 @@ async fn on_a_redis_cluster() {
     stacks_admit_exactly_and_rejections_consume_nothing(redis_cluster(&cluster).await).await;
     concurrency_admits_exactly_the_limit_in_flight(redis_cluster(&cluster).await).await;
     tiers_admit_exactly_each_plans_quota(redis_cluster(&cluster).await).await;
+}
+
+/// Delay mode where redis-cell is loaded: `Auto` (the default) and `Cell` still decide delayed
+/// limits with the Lua script, whose answers are exact to the nanosecond (CL.THROTTLE rounds to
+/// whole seconds and knows nothing of the delay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_mode_on_redis_with_redis_cell_loaded() {
+    let server = RedisServer::start_with_cell();
+    for mode in [RedisMode::Auto, RedisMode::Cell] {
+        let backend = RedisBackend::builder()
+            .url(server.url())
+            .mode(mode)
+            .prefix(format!("cell{}", mode.as_str()))
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        delay_admits_the_burst_and_queues_exactly_what_fits(backend).await;
+    }
 }

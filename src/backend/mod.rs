@@ -72,6 +72,11 @@ pub trait Backend: Send + Sync + 'static {
     /// [concurrency](crate::Algorithm::Concurrency) limit, when its response has been sent, failed
     /// or been dropped. `lease` is the decision's [`lease`](Decision::lease) (0 if it had none).
     /// Must not block; the default does nothing.
+    ///
+    /// A request whose [`check`](Backend::check) future is dropped before it completes (the client
+    /// went away while the backend was deciding) never learns whether it took a slot, so it cannot
+    /// give it back: a backend that decides asynchronously must let such slots expire (the Redis
+    /// backend's leases do).
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
         let _ = (limit, key, quantity, lease);
     }
