@@ -542,8 +542,15 @@ impl Config {
         if let Some(access) = &self.access {
             builder = self.with_access(builder, access.lists()?)?;
         }
+        self.with_options(builder.policies(self.policies()?))
+    }
+
+    /// The layer-wide options: header fields, the decision extension, the failure policy.
+    fn with_options<B>(
+        &self,
+        builder: ThrottleLayerBuilder<KeySpec, B>,
+    ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
         Ok(builder
-            .policies(self.policies()?)
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)
             .decision_extension(self.decision_extension)
@@ -615,11 +622,8 @@ impl Config {
             BackendConfig::Memory { .. } => Offenders::in_memory(),
             BackendConfig::Redis(redis) => redis.offenders().await?,
         };
-        let mut builder = ThrottleLayerBuilder::with_backend(backend)
-            .policies(policies)
-            .ratelimit_headers(self.ratelimit_headers)
-            .legacy_headers(self.legacy_headers)
-            .on_backend_error(self.on_error()?)
+        let mut builder = self
+            .with_options(ThrottleLayerBuilder::with_backend(backend).policies(policies))?
             .count_offenders(offenders);
         if let Some(access) = &self.access {
             let lists = access.lists()?;

@@ -124,7 +124,15 @@ async fn sixteen_replies_then_429_over_tcp() {
     for i in 0..16 {
         let r = send(server.addr, "POST", "/reply", &user).await;
         assert_eq!(r.status, 200, "request {i}");
-        assert_eq!(r.body, "route reply (/reply)\n");
+        // The built-in config shows each decision to the handler.
+        let remaining = 15 - i;
+        assert_eq!(
+            r.body,
+            format!(
+                "route reply (/reply)\npolicy reply: allowed=true remaining={remaining} \
+                 enforced=true delayed_ms=0\n"
+            )
+        );
     }
     let r = send(server.addr, "POST", "/reply", &user).await;
     assert_eq!(r.status, 429);
@@ -493,4 +501,10 @@ async fn every_algorithm_and_mode(backend: &[&str]) {
 #[tokio::test]
 async fn every_algorithm_and_mode_in_memory() {
     every_algorithm_and_mode(&[]).await;
+}
+
+#[tokio::test]
+async fn every_algorithm_and_mode_on_redis_with_redis_cell_loaded() {
+    let redis = redis_support::RedisServer::start_with_cell();
+    every_algorithm_and_mode(&["--redis", &redis.url()]).await;
 }
