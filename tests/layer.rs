@@ -555,7 +555,7 @@ async fn a_layer_refuses_one_name_with_two_quotas() {
         .unwrap_err();
     assert!(
         err.to_string()
-            .contains("appears twice with different quotas"),
+            .contains("appears twice with different rules"),
         "{err}"
     );
     // The same quota twice (one policy per method, say) is fine.

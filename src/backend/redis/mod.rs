@@ -673,6 +673,7 @@ where
                 if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                     inner.unreachable(was_probe);
                 } else {
+                    // An error reply (LOADING, OOM, NOPERM...) still proves Redis is there.
                     inner.answered();
                 }
                 Err(BackendError::with_source("Redis failed to decide", e))
@@ -1114,61 +1115,31 @@ impl Backend for RedisBackend {
         {
             return Box::pin(std::future::ready(Ok(denied)));
         }
-        let admission = inner.admit();
-        if let Admission::FailFast = admission {
-            return Box::pin(std::future::ready(Err(BackendError::new(
-                "Redis is unreachable (failing fast until a probe gets through)",
-            ))));
-        }
-        Box::pin(async move {
-            let was_probe = matches!(admission, Admission::Probe(_));
+        let guard = self.inner.clone();
+        guarded(&guard, async move {
             let sent = Instant::now();
-            let decided =
-                tokio::time::timeout(inner.timeout, inner.decide(&redis_key, &args, quantity));
-            let result = match decided.await {
-                Ok(Ok(Answer {
+            let Answer {
+                decision,
+                whole_seconds,
+                banned,
+            } = inner.decide(&redis_key, &args, quantity).await?;
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban,
+            // though, holds whatever comes.
+            let cacheable = args.penalty.is_none() || banned;
+            if let (false, true, Some(cache)) = (decision.allowed, cacheable, &inner.deny) {
+                // Timed from when the call was sent: Redis decided after that, so the retry time
+                // is held no later than Redis meant.
+                let rejection = deny::Rejection {
                     decision,
+                    interval: args.interval,
+                    tolerance: args.tolerance,
                     whole_seconds,
                     banned,
-                })) => {
-                    inner.answered();
-                    // With a penalty box every rejection must reach Redis to count as a strike;
-                    // a ban, though, holds whatever comes.
-                    let cacheable = args.penalty.is_none() || banned;
-                    if let (false, true, Some(cache)) = (decision.allowed, cacheable, &inner.deny) {
-                        // Timed from when the call was sent: Redis decided after that, so the
-                        // retry time is held no later than Redis meant.
-                        let rejection = deny::Rejection {
-                            decision,
-                            interval: args.interval,
-                            tolerance: args.tolerance,
-                            whole_seconds,
-                            banned,
-                            until_retry: false,
-                        };
-                        cache.insert(&redis_key, quantity, rejection, sent);
-                    }
-                    Ok(decision)
-                }
-                Ok(Err(e)) => {
-                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                        inner.unreachable(was_probe);
-                    } else {
-                        // An error reply (LOADING, OOM, NOPERM...) still proves Redis is there.
-                        inner.answered();
-                    }
-                    Err(BackendError::with_source("Redis failed to decide", e))
-                }
-                Err(_) => {
-                    inner.unreachable(was_probe);
-                    Err(BackendError::new(format!(
-                        "Redis did not decide within {:?}",
-                        inner.timeout
-                    )))
-                }
-            };
-            drop(admission);
-            result
+                    until_retry: false,
+                };
+                cache.insert(&redis_key, quantity, rejection, sent);
+            }
+            Ok(decision)
         })
     }
 
