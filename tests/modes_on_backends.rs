@@ -319,3 +319,71 @@ async fn delay_mode_on_redis_with_redis_cell_loaded() {
         delay_admits_the_burst_and_queues_exactly_what_fits(backend).await;
     }
 }
+
+/// A request that runs longer than its Redis lease keeps its slot (the lease is renewed while the
+/// request is in flight), and gives it back when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_request_keeps_its_redis_lease_until_it_ends() {
+    let server = RedisServer::start();
+    let policy = Policy::builder("long")
+        .quota(Quota::per_second(1))
+        .algorithm(Algorithm::Concurrency)
+        .lease(Duration::from_secs(1))
+        .key(Global)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(redis(&server).await)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let (i, o) = (inside.clone(), open.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let (inside, open) = (i.clone(), o.clone());
+                async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    open.acquire().await.unwrap().forget();
+                    "done"
+                }
+            }),
+        )
+        .layer(layer);
+    let long = tokio::spawn(app.clone().oneshot(get_as("u", None)));
+    while inside.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Well past the 1 s lease, the slot is still taken.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // (Were it admitted, it would wait inside the handler: hence the timeout.)
+    let second = tokio::time::timeout(
+        Duration::from_secs(2),
+        app.clone().oneshot(get_as("u", None)),
+    );
+    let refused = second
+        .await
+        .expect("a second request got the slot")
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    open.add_permits(1000);
+    let res = long.await.unwrap().unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.into_body().collect().await.unwrap();
+    // Given back once the body has been sent (by a spawned command: poll, bounded).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let res = app.clone().oneshot(get_as("u", None)).await.unwrap();
+        if res.status() == StatusCode::OK {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -76,6 +76,7 @@ const SCRIPT: &str = include_str!("gcra.lua");
 
 /// Every algorithm, and stacks of limits: see the script's header.
 const LIMITS_SCRIPT: &str = include_str!("limits.lua");
+const RENEW_SCRIPT: &str = include_str!("renew.lua");
 
 /// The most limits one stack may hold ([`Backend::check_all`]).
 const MAX_STACK: usize = 16;
@@ -204,6 +205,9 @@ struct Inner {
     breaker: Breaker,
     deny: Option<deny::DenyCache>,
     leases: LeaseTokens,
+    renew_script: redis::Script,
+    /// The renewal task of each concurrency lease held by a request in flight, by token.
+    held: std::sync::Mutex<std::collections::HashMap<u64, tokio::task::AbortHandle>>,
 }
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
@@ -414,11 +418,20 @@ impl RedisBackend {
         let inner = self.inner.clone();
         let sent = Instant::now();
         let decided = self.check_limits(std::slice::from_ref(limit), key, quantity);
+        let lease = limit.lease().zip(limit.concurrency());
         Box::pin(async move {
             let decision = decided
                 .await?
                 .pop()
                 .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
+            // Renewed from now until released: the layer holds the slot from this answer on (a
+            // check dropped before it answers starts nothing, and its lease simply expires).
+            if let (true, Some((lease, count)), Some(token)) =
+                (decision.allowed, lease, decision.lease)
+            {
+                inner.hold(state_key, token, quantity.min(count), lease);
+                return Ok(decision);
+            }
             // With a penalty box every rejection must reach Redis to count as a strike; a ban holds.
             let cacheable = !decision.allowed && (!penalty || decision.banned);
             if let (true, Some((period, count)), Some(deny)) =
@@ -882,6 +895,8 @@ impl RedisBackendBuilder {
                 breaker: Breaker::new(timeout),
                 deny: self.deny_cache.then(deny::DenyCache::new),
                 leases: LeaseTokens::new(),
+                renew_script: redis::Script::new(RENEW_SCRIPT),
+                held: Default::default(),
             }),
         };
         let mut conn = backend.inner.conn.clone();
@@ -1187,6 +1202,15 @@ impl Backend for RedisBackend {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let renewal = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&lease);
+        if let Some(renewal) = renewal {
+            renewal.abort();
+        }
         let redis_key = self.state_key(limit, key);
         let members: Vec<String> = (0..quantity.min(count))
             .map(|i| format!("{lease}:{i}"))
@@ -1369,6 +1393,57 @@ impl Inner {
             }
         }
         Ok(self.active.load(Ordering::Relaxed) == CELL)
+    }
+
+    /// Keeps a request's concurrency leases alive while it runs: extends them every third of the
+    /// lease, until [`Backend::release`] stops it (or the backend is dropped, or a lease was lost).
+    /// A process that dies stops renewing, and its leases expire.
+    fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let lease_us = lease.as_micros().max(1) as u64;
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let task = runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let mut invocation = inner.renew_script.prepare_invoke();
+                invocation.key(&key).arg(token).arg(quantity).arg(lease_us);
+                let mut conn = inner.conn.clone();
+                let renew = async {
+                    match &mut conn {
+                        Conn::Single(c) => invocation.invoke_async::<i64>(c).await,
+                        Conn::Cluster(c) => invocation.invoke_async::<i64>(c).await,
+                    }
+                };
+                match tokio::time::timeout(inner.timeout, renew).await {
+                    // Every lease is gone (ended, or released meanwhile): nothing left to keep.
+                    Ok(Ok(0)) => {
+                        inner.held_mut().remove(&token);
+                        return;
+                    }
+                    Ok(Ok(_)) => {}
+                    // Redis is away: try again at the next tick, while the leases still run.
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "a concurrency lease was not renewed")
+                    }
+                    Err(_) => tracing::debug!("a concurrency lease was not renewed in time"),
+                }
+            }
+        });
+        self.held_mut().insert(token, task.abort_handle());
+    }
+
+    fn held_mut(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, tokio::task::AbortHandle>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     async fn run_limits(
