@@ -75,6 +75,12 @@ impl FromStr for Algorithm {
 /// [`Limit::with_lease`]).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
+/// The largest `count` of a [sliding log](Algorithm::SlidingLog) or a
+/// [concurrency](Algorithm::Concurrency) limit: their state is one entry per unit (8 bytes in memory,
+/// a sorted-set member of about 100 bytes on Redis, where a request's units are also written in one
+/// atomic call), so larger counts belong to the sliding window, whose state is two counters.
+pub const MAX_UNIT_COUNT: u64 = 10_000;
+
 /// The longest a delayed request may be made to wait ([`Limit::with_delay`]).
 pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 
@@ -171,6 +177,16 @@ impl Limit {
         if quota.count() == 0 {
             return Err(error(QuotaError::ZeroCount));
         }
+        if matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency)
+            && quota.count() > MAX_UNIT_COUNT
+        {
+            return Err(BuildError::Invalid(format!(
+                "policy {name:?}: algorithm {:?} keeps one entry per unit, so its count is at most \
+                 {MAX_UNIT_COUNT}, not {} (use \"sliding-window\" for larger counts)",
+                algorithm.as_str(),
+                quota.count()
+            )));
+        }
         let params = if algorithm == Algorithm::Concurrency {
             Params::Concurrency {
                 limit: quota.count(),
@@ -249,8 +265,9 @@ impl Limit {
     }
 
     /// How long a Redis concurrency lease lives if its process dies before releasing it (default 60 s,
-    /// [`DEFAULT_LEASE`]). A request that runs longer loses its slot at that point, so this should be
-    /// longer than the slowest request. Only for [`Algorithm::Concurrency`].
+    /// [`DEFAULT_LEASE`]). A live process renews the leases of its requests in flight every third of
+    /// this, so a shorter lease frees a dead process's slots sooner, at the cost of more renewals.
+    /// Only for [`Algorithm::Concurrency`].
     pub fn with_lease(mut self, lease: Duration) -> Result<Self, BuildError> {
         match &mut self.params {
             Params::Concurrency { lease: l, .. } if !lease.is_zero() && lease <= MAX_DELAY * 24 => {

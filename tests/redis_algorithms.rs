@@ -637,30 +637,42 @@ async fn concurrency_leases_are_released_or_expire() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    // A dead process: leases of 1 s, never released.
+    // A dead process: leases of 1 s, never released, and no longer renewed once its backend is
+    // gone (a live backend renews a lease until it is released).
     let short = self::limit("conc-dead", Algorithm::Concurrency, Quota::per_second(2))
         .with_lease(Duration::from_secs(1))
         .unwrap();
     let short_key = backend.state_key(&short, &key);
+    let dead = connect(&server.url()).await;
     for _ in 0..2 {
-        assert!(backend.check(&short, &key, 1).await.unwrap().allowed);
+        assert!(dead.check(&short, &key, 1).await.unwrap().allowed);
     }
+    drop(dead);
     let started = Instant::now();
     assert!(!backend.check(&short, &key, 1).await.unwrap().allowed);
     let mut back = None;
     while started.elapsed() < Duration::from_secs(4) {
-        if backend.check(&short, &key, 1).await.unwrap().allowed {
-            back = Some(started.elapsed());
+        let d = backend.check(&short, &key, 1).await.unwrap();
+        if d.allowed {
+            back = Some((started.elapsed(), d.lease.unwrap()));
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let back = back.expect("an expired lease never gave its slot back");
+    let (back, lease) = back.expect("an expired lease never gave its slot back");
     assert!(back >= Duration::from_millis(800), "{back:?}");
     // The expired leases were dropped when the new one was taken.
     assert_eq!(cli_int(&server, &["ZCARD", &short_key]), 1);
+    // The live lease outlives its second: its process renews it...
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    assert_eq!(server.cli(&["EXISTS", &short_key]), "0");
+    assert_eq!(cli_int(&server, &["ZCARD", &short_key]), 1);
+    // ...until it is released; the empty key is then gone.
+    backend.release(&short, &key, 1, lease);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server.cli(&["EXISTS", &short_key]) != "0" {
+        assert!(Instant::now() < deadline, "the released lease stayed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
@@ -1267,5 +1279,92 @@ fn kind_of(algorithm: Algorithm) -> u64 {
         Algorithm::FixedWindow => 2,
         Algorithm::SlidingWindow => 3,
         _ => 4,
+    }
+}
+
+/// Blocks the server for `ms` with a busy script on a connection of its own.
+fn block_server(url: String, ms: u64) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let client = redis::Client::open(url).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let script = "local t=redis.call('TIME'); local s=t[1]*1000000+t[2]; \
+            while true do local n=redis.call('TIME'); if n[1]*1000000+n[2]-s > tonumber(ARGV[1])*1000 then break end end return 1";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .arg(ms)
+            .query(&mut c)
+            .unwrap();
+    })
+}
+
+async fn with_timeout(url: &str, timeout: Duration) -> RedisBackend {
+    RedisBackend::builder()
+        .url(url)
+        .mode(RedisMode::Lua)
+        .timeout(timeout)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Polls until `key` holds no member, bounded.
+async fn until_empty(server: &RedisServer, key: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while cli_int(server, &["ZCARD", key]) != 0 {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Checks that time out while Redis stalls may still have run there; their slots come back once
+/// Redis answers again, instead of staying taken for the whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrency_checks_that_time_out_give_their_slots_back() {
+    let server = RedisServer::start();
+    let backend = with_timeout(&server.url(), Duration::from_millis(100)).await;
+    let conc = limit("c", Algorithm::Concurrency, Quota::per_second(3));
+    let key = Key::from("k");
+    let state = backend.state_key(&conc, &key);
+    // Load the script first, so that the stalled calls are the decisions themselves.
+    let d = backend.check(&conc, &key, 1).await.unwrap();
+    backend.release(&conc, &key, 1, d.lease.unwrap());
+    until_empty(&server, &state, "the first slot never came back").await;
+
+    let blocker = block_server(server.url(), 400);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (a, b, c) = tokio::join!(
+        backend.check(&conc, &key, 1),
+        backend.check(&conc, &key, 1),
+        backend.check(&conc, &key, 1)
+    );
+    assert!(a.is_err() && b.is_err() && c.is_err());
+    blocker.join().unwrap();
+    until_empty(&server, &state, "slots taken by unanswered checks stayed").await;
+    assert!(backend.check(&conc, &key, 3).await.unwrap().allowed);
+}
+
+/// A release while the circuit breaker is open (Redis just timed out) is retried, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_while_the_breaker_is_open_still_gives_the_slot_back() {
+    let server = RedisServer::start();
+    let backend = with_timeout(&server.url(), Duration::from_millis(100)).await;
+    let conc = limit("c", Algorithm::Concurrency, Quota::per_second(1));
+    let fixed = limit("f", Algorithm::FixedWindow, Quota::per_hour(100));
+    let key = Key::from("k");
+    let state = backend.state_key(&conc, &key);
+    let held = backend.check(&conc, &key, 1).await.unwrap();
+    assert!(held.allowed);
+    let blocker = block_server(server.url(), 150);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(backend.check(&fixed, &key, 1).await.is_err());
+    backend.release(&conc, &key, 1, held.lease.unwrap());
+    blocker.join().unwrap();
+    until_empty(&server, &state, "a release during the outage was lost").await;
+    // The breaker lets calls through again after a probe.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !matches!(backend.check(&conc, &key, 1).await, Ok(d) if d.allowed) {
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -160,11 +160,15 @@ const SLIDING_MAX_COUNT: u64 = 1 << 41;
 ///
 /// An admitted request under a concurrency limit takes `quantity` slots, each a member scored by
 /// the end of its lease ([`Limit::with_lease`], 60 s by default); its [`Decision::lease`] is the
-/// token. [`Backend::release`] removes the members (a `ZREM`, spawned on the current tokio runtime:
-/// it never blocks, and without a runtime it does nothing). Slots whose lease ended count no more,
-/// so those of a process that died free themselves. A request that outlives its lease loses its
-/// slot then: leases should be longer than the slowest request. A release that fails (Redis
-/// unreachable) is not retried; that slot frees itself when its lease ends.
+/// token. While the request runs, its process renews the lease every third of its length, so a
+/// long download keeps its slot; [`Backend::release`] stops the renewal and removes the members (a
+/// `ZREM`, spawned on the current tokio runtime: it never blocks). Slots whose lease ended count no
+/// more, so those of a process that died (and stopped renewing) free themselves within one lease.
+/// A release is retried with backoff, past the circuit breaker, until Redis answers or the lease
+/// would have ended anyway; a check that times out or is dropped before its answer arrives gives
+/// back whatever it may have taken the same way. Whoever calls [`Backend::check`] directly must
+/// call `release` for every admitted concurrency decision: until then its lease is renewed (as long
+/// as the backend lives).
 ///
 /// ```no_run
 /// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
@@ -417,11 +421,27 @@ impl RedisBackend {
         let penalty = limit.penalty().is_some();
         let inner = self.inner.clone();
         let sent = Instant::now();
-        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity);
+        let token = self.inner.leases.next();
+        let decided = self.check_limits_as(std::slice::from_ref(limit), key, quantity, token);
         let lease = limit.lease().zip(limit.concurrency());
+        // A concurrency check whose answer never arrives (timed out, failed, or dropped by a client
+        // that went away) may still have taken slots in Redis under its token: until the answer is
+        // in hand, this gives them back.
+        let mut unanswered = lease.map(|(lease, count)| Unanswered {
+            inner: inner.clone(),
+            key: state_key.clone(),
+            token,
+            quantity: quantity.min(count),
+            lease,
+        });
         Box::pin(async move {
-            let decision = decided
-                .await?
+            let decisions = decided.await;
+            if decisions.is_ok() {
+                if let Some(unanswered) = &mut unanswered {
+                    unanswered.quantity = 0;
+                }
+            }
+            let decision = decisions?
                 .pop()
                 .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
             // Renewed from now until released: the layer holds the slot from this answer on (a
@@ -454,6 +474,18 @@ impl RedisBackend {
     /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
     /// client's hash tag.
     fn check_limits(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        let token = self.inner.leases.next();
+        self.check_limits_as(limits, key, quantity, token)
+    }
+
+    /// [`check_limits`](Self::check_limits) with the token that names the units it adds.
+    fn check_limits_as(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+        token: u64,
+    ) -> StackFuture {
         let mut specs = Vec::with_capacity(limits.len());
         for limit in limits {
             match Spec::of(limit, self.state_key(limit, key)) {
@@ -468,10 +500,27 @@ impl RedisBackend {
                 .penalty()
                 .map(|p| (*p, self.redis_key(first.name(), key)))
         });
-        let token = self.inner.leases.next();
         let inner = self.inner.clone();
         let call = async move { inner.run_limits(&specs, penalty, quantity, token).await };
         guarded(&self.inner, call)
+    }
+}
+
+/// The units a concurrency check may have taken in Redis before its answer arrived; dropped with a
+/// non-zero `quantity` (no answer), it gives them back.
+struct Unanswered {
+    inner: Arc<Inner>,
+    key: String,
+    token: u64,
+    quantity: u64,
+    lease: Duration,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let key = std::mem::take(&mut self.key);
+        self.inner
+            .spawn_release(key, self.token, self.quantity, self.lease);
     }
 }
 
@@ -1198,10 +1247,6 @@ impl Backend for RedisBackend {
         if quantity == 0 || lease == 0 {
             return;
         }
-        // No runtime (a process shutting down, a synchronous caller): the lease expires instead.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let renewal = self
             .inner
             .held
@@ -1211,26 +1256,13 @@ impl Backend for RedisBackend {
         if let Some(renewal) = renewal {
             renewal.abort();
         }
-        let redis_key = self.state_key(limit, key);
-        let members: Vec<String> = (0..quantity.min(count))
-            .map(|i| format!("{lease}:{i}"))
-            .collect();
-        let mut conn = self.inner.conn.clone();
-        let call = async move {
-            let mut cmd = redis::cmd("ZREM");
-            cmd.arg(&redis_key).arg(&members);
-            let _: i64 = match &mut conn {
-                Conn::Single(c) => cmd.query_async(c).await?,
-                Conn::Cluster(c) => cmd.query_async(c).await?,
-            };
-            Ok(())
-        };
-        let released = guarded(&self.inner, call);
-        runtime.spawn(async move {
-            if let Err(e) = released.await {
-                tracing::debug!(error = %e, "a concurrency slot was not released; its lease will expire");
-            }
-        });
+        let lease_length = limit.lease().unwrap_or(crate::DEFAULT_LEASE);
+        self.inner.spawn_release(
+            self.state_key(limit, key),
+            lease,
+            quantity.min(count),
+            lease_length,
+        );
     }
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
@@ -1393,6 +1425,50 @@ impl Inner {
             }
         }
         Ok(self.active.load(Ordering::Relaxed) == CELL)
+    }
+
+    /// Removes a request's concurrency units (`token:0..quantity`), on a spawned task. It bypasses the
+    /// circuit breaker and retries (each try bounded by the timeout, with backoff) until Redis
+    /// answers or the lease would have ended anyway: a release is off every request's path, and a
+    /// lost one would hold a slot for the whole lease. Without a runtime the lease simply expires.
+    fn spawn_release(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if quantity == 0 {
+            return;
+        }
+        let inner = self.clone();
+        let give_up = Instant::now() + lease;
+        runtime.spawn(async move {
+            let members: Vec<String> = (0..quantity).map(|i| format!("{token}:{i}")).collect();
+            let mut backoff = Duration::from_millis(20);
+            loop {
+                let mut cmd = redis::cmd("ZREM");
+                cmd.arg(&key).arg(&members);
+                let mut conn = inner.conn.clone();
+                let call = async {
+                    match &mut conn {
+                        Conn::Single(c) => cmd.query_async::<u64>(c).await,
+                        Conn::Cluster(c) => cmd.query_async::<u64>(c).await,
+                    }
+                };
+                match tokio::time::timeout(inner.timeout, call).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) if !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+                        tracing::debug!(error = %e, "a concurrency slot was not released; its lease will expire");
+                        return;
+                    }
+                    _ => {}
+                }
+                if Instant::now() + backoff >= give_up {
+                    tracing::debug!("Redis stayed unreachable; a concurrency slot will be freed when its lease expires");
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        });
     }
 
     /// Keeps a request's concurrency leases alive while it runs: extends them every third of the
