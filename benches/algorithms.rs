@@ -1,0 +1,99 @@
+//! The memory backend's decision for each algorithm, side by side in one run, on one hot key.
+//!
+//! ```text
+//! cargo bench --bench algorithms
+//! ```
+//!
+//! Every limit admits every call (so each takes its admit path: read, decide, store), on one IPv4
+//! key, one thread, with the default clock (`SystemClock`), through the public API:
+//!
+//! - `gcra`: `Limit::new`, a billion a second (as `benches/decide.rs`' hot key): the GCRA table.
+//! - `fixed-window`, `sliding-window`: the same quota with `Limit::with_algorithm`: the general store.
+//! - `sliding-log/1s`: the same quota; the log keeps every admission of the last second (some
+//!   millions of entries at this rate, one popped and one pushed per call once it is full).
+//! - `sliding-log/1ms`: a billion per millisecond: the log keeps about ten thousand entries.
+//! - `gcra+fixed-window`: a stack of two (`decide_all`: one lock, one `Vec` of decisions).
+//! - `concurrency`: acquire (`decide`) then release (`Backend::release`), one unit in flight.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
+
+const QUOTA: Quota = Quota::per_second(1_000_000_000);
+
+fn backend() -> MemoryBackend {
+    MemoryBackend::builder().build().unwrap()
+}
+
+fn with(name: &str, algorithm: Algorithm, quota: Quota) -> Limit {
+    Limit::with_algorithm(name, algorithm, quota).unwrap()
+}
+
+fn hot_key(c: &mut Criterion) {
+    let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+    let mut g = c.benchmark_group("algorithms_hot_key");
+
+    let single: [(&str, Limit); 5] = [
+        ("gcra", Limit::new("gcra", QUOTA).unwrap()),
+        ("fixed-window", with("fixed", Algorithm::FixedWindow, QUOTA)),
+        (
+            "sliding-window",
+            with("sliding", Algorithm::SlidingWindow, QUOTA),
+        ),
+        ("sliding-log/1s", with("log1s", Algorithm::SlidingLog, QUOTA)),
+        (
+            "sliding-log/1ms",
+            with(
+                "log1ms",
+                Algorithm::SlidingLog,
+                Quota::per_period(1_000_000_000, Duration::from_millis(1)),
+            ),
+        ),
+    ];
+    for (name, limit) in &single {
+        let backend = backend();
+        assert!(backend.decide(limit, &key, 1).unwrap().allowed, "{name}");
+        g.bench_function(*name, |b| {
+            b.iter(|| black_box(backend.decide(limit, black_box(&key), 1).unwrap()))
+        });
+    }
+
+    let stack = [
+        Limit::new("stack", QUOTA).unwrap(),
+        with("stack-fixed", Algorithm::FixedWindow, QUOTA),
+    ];
+    let stacked = backend();
+    assert!(stacked
+        .decide_all(&stack, &key, 1)
+        .unwrap()
+        .iter()
+        .all(|d| d.allowed));
+    g.bench_function("gcra+fixed-window", |b| {
+        b.iter(|| black_box(stacked.decide_all(&stack, black_box(&key), 1).unwrap()))
+    });
+
+    let conc = with("conc", Algorithm::Concurrency, Quota::per_second(1_000_000));
+    let inflight = backend();
+    g.bench_function("concurrency acquire+release", |b| {
+        b.iter(|| {
+            let d = inflight.decide(&conc, black_box(&key), 1).unwrap();
+            debug_assert!(d.allowed);
+            inflight.release(&conc, &key, 1, d.lease.unwrap_or(0));
+            black_box(d)
+        })
+    });
+    assert!(inflight.is_empty(), "every slot given back");
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = hot_key
+}
+criterion_main!(benches);
