@@ -223,7 +223,7 @@ fn prepare<ReqBody>(
     mut request: Request<ReqBody>,
 ) -> (Request<ReqBody>, Option<RateHeaders>, Option<SlotGuard>) {
     if let Some(decision) = admitted.decision {
-        request.extensions_mut().insert(decision);
+        request.extensions_mut().insert(*decision);
     }
     let guard = match (admitted.slot, release) {
         (Some(owner), Some(release)) => Some(SlotGuard::new(release, owner)),
