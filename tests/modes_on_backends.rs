@@ -181,20 +181,15 @@ async fn stacks_admit_exactly_and_rejections_consume_nothing<B: Backend>(backend
     );
 }
 
-/// Concurrency: 3 in flight. 20 requests held inside the handler: exactly 3 get in; when they end,
-/// their slots come back.
-async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend>(backend: B) {
-    let policy = Policy::builder("inflight")
-        .quota(Quota::per_second(3))
-        .algorithm(Algorithm::Concurrency)
-        .key(Global)
-        .build()
-        .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
+/// An app behind `layer` whose handler counts the requests inside it and holds each until `open`
+/// gives it a permit.
+fn holding<K, B>(
+    layer: ThrottleLayer<K, B>,
+) -> (Router, Arc<AtomicUsize>, Arc<tokio::sync::Semaphore>)
+where
+    K: tower_throttle::key::KeyExtractor<Body>,
+    B: Backend,
+{
     let inside = Arc::new(AtomicUsize::new(0));
     let open = Arc::new(tokio::sync::Semaphore::new(0));
     let (i, o) = (inside.clone(), open.clone());
@@ -211,6 +206,24 @@ async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend>(backend: B) 
             }),
         )
         .layer(layer);
+    (app, inside, open)
+}
+
+/// Concurrency: 3 in flight. 20 requests held inside the handler: exactly 3 get in; when they end,
+/// their slots come back.
+async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend>(backend: B) {
+    let policy = Policy::builder("inflight")
+        .quota(Quota::per_second(3))
+        .algorithm(Algorithm::Concurrency)
+        .key(Global)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let (app, inside, open) = holding(layer);
     for round in 1..=3 {
         let tasks: Vec<_> = (0..20)
             .map(|_| {
@@ -337,22 +350,7 @@ async fn a_long_request_keeps_its_redis_lease_until_it_ends() {
         .policy(policy)
         .build()
         .unwrap();
-    let inside = Arc::new(AtomicUsize::new(0));
-    let open = Arc::new(tokio::sync::Semaphore::new(0));
-    let (i, o) = (inside.clone(), open.clone());
-    let app = Router::new()
-        .route(
-            "/",
-            get(move || {
-                let (inside, open) = (i.clone(), o.clone());
-                async move {
-                    inside.fetch_add(1, Ordering::SeqCst);
-                    open.acquire().await.unwrap().forget();
-                    "done"
-                }
-            }),
-        )
-        .layer(layer);
+    let (app, inside, open) = holding(layer);
     let long = tokio::spawn(app.clone().oneshot(get_as("u", None)));
     while inside.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
