@@ -15,6 +15,26 @@ use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
 use tower_throttle::{Algorithm, Policy, Quota, ThrottleDecision, ThrottleLayer, Tier};
 
+/// `policy` on `backend`, with the layer's defaults.
+fn layer_of<K, B: tower_throttle::Backend>(backend: B, policy: Policy<K>) -> ThrottleLayer<K, B> {
+    ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// An app that answers "ok" at `/`, behind `layer`.
+fn answering_ok<K, B>(layer: ThrottleLayer<K, B>) -> Router
+where
+    K: tower_throttle::key::KeyExtractor<axum::body::Body>,
+    B: tower_throttle::Backend,
+{
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
 /// A handler that answers with what the layer decided: "allowed remaining enforced delayed_ms".
 async fn show(Extension(d): Extension<ThrottleDecision>) -> String {
     format!(
@@ -36,11 +56,7 @@ async fn delay_mode_waits_for_the_slot_instead_of_rejecting() {
         .key(Global)
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
+    let layer = layer_of(backend, policy);
     let app = Router::new()
         .route("/", get(show))
         .layer(layer)
@@ -120,11 +136,7 @@ async fn dry_run_decides_and_reports_but_never_rejects() {
         .dry_run(true)
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
+    let layer = layer_of(backend, policy);
     let app = Router::new().route("/", get(show)).layer(layer);
     let first = app.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
@@ -158,11 +170,7 @@ impl Default for Gate {
 impl Gate {
     fn router(&self, policy: Policy<Global>) -> Router {
         let (backend, _) = backend();
-        let layer = ThrottleLayer::builder()
-            .backend(backend)
-            .policy(policy)
-            .build()
-            .unwrap();
+        let layer = layer_of(backend, policy);
         let gate = self.clone();
         Router::new()
             .route(
@@ -325,9 +333,7 @@ async fn stacked_quotas_must_all_pass_and_a_rejection_consumes_none() {
         .legacy_headers(true)
         .build()
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let app = answering_ok(layer);
     let send = || async { app.clone().oneshot(request("/")).await.unwrap() };
     let res = send().await;
     assert_eq!(
@@ -366,14 +372,8 @@ async fn tiers_choose_the_quota_per_request() {
         .key(Header::new("x-user"))
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let layer = layer_of(backend, policy);
+    let app = answering_ok(layer);
     let admitted = |user: &'static str, plan: Option<&'static str>, tier: Option<&'static str>| {
         let app = app.clone();
         async move {
@@ -531,14 +531,8 @@ async fn a_dry_run_passes_requests_without_a_key_and_through_backend_failures() 
         .dry_run(true)
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let layer = layer_of(backend, policy);
+    let app = answering_ok(layer);
     assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
 
     // A backend that always fails, with OnBackendError::Deny: still no rejection in a dry run.
@@ -569,9 +563,7 @@ async fn a_dry_run_passes_requests_without_a_key_and_through_backend_failures() 
         .on_backend_error(OnBackendError::Deny)
         .build()
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let app = answering_ok(layer);
     assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
 }
 
@@ -585,11 +577,7 @@ async fn a_waiting_request_does_not_hold_what_the_inner_service_reserved() {
         .key(Header::new("x-user"))
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
+    let layer = layer_of(backend, policy);
     // One request at a time in the service behind the limiter.
     let mut service = ServiceBuilder::new()
         .layer(layer)
@@ -637,14 +625,8 @@ fn a_runtime_without_timers_gets_503_for_a_delayed_request_never_a_panic() {
             .key(Global)
             .build()
             .unwrap();
-        let layer = ThrottleLayer::builder()
-            .backend(backend)
-            .policy(policy)
-            .build()
-            .unwrap();
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer);
+        let layer = layer_of(backend, policy);
+        let app = answering_ok(layer);
         assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
         let delayed = app.clone().oneshot(request("/")).await.unwrap();
         assert_eq!(delayed.status(), StatusCode::SERVICE_UNAVAILABLE);
