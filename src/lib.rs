@@ -92,10 +92,10 @@ pub use decision::Decision;
 pub use error::{BackendError, BuildError};
 pub use key::Key;
 pub use layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
-pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_UNIT_COUNT};
+pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
 pub use observe::Limited;
 pub use penalty::Penalty;
-pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier, MAX_STACKED_QUOTAS};
+pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};
 pub use service::{ResponseFuture, Throttle};
 

@@ -81,6 +81,35 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// atomic call), so larger counts belong to the sliding window, whose state is two counters.
 pub const MAX_UNIT_COUNT: u64 = 10_000;
 
+/// The most limits one stack may hold: one policy's (or one tier's) stacked quotas. Every backend
+/// decides a stack in one atomic step (memory: one lock over a fixed array; Redis: one script call on
+/// one key's hash slot), so the size is bounded for all of them here, once.
+pub const MAX_STACKED_QUOTAS: usize = 16;
+
+/// The rule every stack obeys, whatever the backend: 1 to [`MAX_STACKED_QUOTAS`] limits, and no
+/// concurrency limit (its slot is given back per limit when the request ends, which a stack has no
+/// way to name; "N per period" and "N in flight" are different questions). Backends add only their
+/// own constraints.
+pub(crate) fn check_stack(limits: &[Limit]) -> Result<(), String> {
+    if limits.is_empty() || limits.len() > MAX_STACKED_QUOTAS {
+        return Err(format!(
+            "a stack holds 1 to {MAX_STACKED_QUOTAS} limits, not {}",
+            limits.len()
+        ));
+    }
+    if let Some(limit) = limits
+        .iter()
+        .find(|l| l.algorithm() == Algorithm::Concurrency)
+    {
+        return Err(format!(
+            "policy {:?}: a concurrency limit cannot be part of a stack (its slot is given back \
+             when the request ends, which a stack has no way to do)",
+            limit.name()
+        ));
+    }
+    Ok(())
+}
+
 /// The longest a delayed request may be made to wait ([`Limit::with_delay`]).
 pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 

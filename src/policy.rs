@@ -8,11 +8,8 @@ use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
 use crate::key::PeerIp;
-use crate::limit::validate_name;
+use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
 use crate::{Algorithm, BuildError, Limit, Penalty, Quota};
-
-/// The most quotas one policy (or one tier) may stack.
-pub const MAX_STACKED_QUOTAS: usize = 16;
 
 /// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
 /// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's

@@ -9,6 +9,7 @@ use hashbrown::HashTable;
 
 use crate::backend::StackFuture;
 use crate::clock::{Clock, SystemClock};
+use crate::limit::{check_stack, MAX_STACKED_QUOTAS};
 use crate::window::{self, FixedState, SlidingState};
 use crate::{gcra, Algorithm, Backend, BackendError, BuildError, Decision, Key, Limit};
 
@@ -448,7 +449,7 @@ impl<C: Clock> MemoryBackend<C> {
         key: &Key,
         quantity: u64,
     ) -> Result<Vec<Decision>, BackendError> {
-        stack_error(limits).map_err(BackendError::new)?;
+        check_stack(limits).map_err(BackendError::new)?;
         if let [limit] = limits {
             return Ok(vec![self.decide(limit, key, quantity)?]);
         }
@@ -457,11 +458,11 @@ impl<C: Clock> MemoryBackend<C> {
         Ok(out)
     }
 
-    /// Decides `limits` (1 to [`MAX_STACK`], concurrency only alone) in the general store, one
+    /// Decides `limits` (1 to [`MAX_STACKED_QUOTAS`], concurrency only alone) in the general store, one
     /// decision per limit into `out`, under one lock: each limit decides on the stored state, and
     /// the new states are written only if every limit admits.
     fn decide_general(&self, limits: &[Limit], key: &Key, quantity: u64, out: &mut [Decision]) {
-        debug_assert!(!limits.is_empty() && limits.len() <= MAX_STACK);
+        debug_assert!(!limits.is_empty() && limits.len() <= MAX_STACKED_QUOTAS);
         let inner = &*self.inner;
         let id = limits[0].id();
         let hash = inner.hasher.hash_one((id, key));
@@ -574,32 +575,6 @@ impl<C> Inner<C> {
 
 fn lock(shard: &Mutex<GeneralShard>) -> MutexGuard<'_, GeneralShard> {
     shard.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The most limits one stack may hold: a stack is decided under one lock, in one pass over a fixed
-/// array, and its states are one key's memory.
-const MAX_STACK: usize = 16;
-
-/// Why `limits` cannot be decided together, if they cannot.
-fn stack_error(limits: &[Limit]) -> Result<(), String> {
-    if limits.is_empty() {
-        return Err("a stack of limits needs at least one limit".into());
-    }
-    if limits.len() > MAX_STACK {
-        return Err(format!(
-            "a stack holds at most {MAX_STACK} limits, not {}",
-            limits.len()
-        ));
-    }
-    // A concurrency slot is released per limit (Backend::release), which a stack has no way to
-    // name; and "N per period and N in flight" are different questions.
-    if let Some(limit) = limits.iter().find(|l| l.concurrency().is_some()) {
-        return Err(format!(
-            "policy {:?}: a concurrency limit cannot be stacked",
-            limit.name()
-        ));
-    }
-    Ok(())
 }
 
 /// What `out` is filled with before each limit decides.
@@ -768,7 +743,7 @@ fn decide_cells(
     out: &mut [Decision],
 ) {
     let unix_now = now.saturating_add(origin);
-    let mut pending = [(0usize, Pending::Log); MAX_STACK];
+    let mut pending = [(0usize, Pending::Log); MAX_STACKED_QUOTAS];
     let mut every_limit_admits = true;
     for (position, limit) in limits.iter().enumerate() {
         let index = cells.index_of(limit, position as u8);
@@ -1002,9 +977,9 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         Box::pin(ready(self.decide_all(limits, key, quantity)))
     }
 
-    /// Refuses an empty stack, more than 16 limits, and a concurrency limit in a stack.
+    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`]); memory adds nothing to it.
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        stack_error(limits).map_err(BuildError::Invalid)
+        check_stack(limits).map_err(BuildError::Invalid)
     }
 
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {

@@ -16,6 +16,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{aio::ConnectionLike, Client, RedisError, Value};
 
 use crate::backend::StackFuture;
+use crate::limit::check_stack;
 use crate::{Algorithm, Backend, BackendError, BuildError, Decision, Key, Limit};
 
 /// Which implementation of the GCRA the [`RedisBackend`] runs.
@@ -77,9 +78,6 @@ const SCRIPT: &str = include_str!("gcra.lua");
 /// Every algorithm, and stacks of limits: see the script's header.
 const LIMITS_SCRIPT: &str = include_str!("limits.lua");
 const RENEW_SCRIPT: &str = include_str!("renew.lua");
-
-/// The most limits one stack may hold ([`Backend::check_all`]).
-const MAX_STACK: usize = 16;
 
 /// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
 /// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
@@ -641,22 +639,11 @@ impl Spec {
     }
 }
 
-/// Why `limits` cannot be decided together, if they cannot.
+/// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend
+/// ([`check_stack`]), and one of Redis's own.
 fn stack_error(limits: &[Limit]) -> Result<(), String> {
-    if limits.is_empty() || limits.len() > MAX_STACK {
-        return Err(format!(
-            "the Redis backend decides stacks of 1 to {MAX_STACK} limits, not {}",
-            limits.len()
-        ));
-    }
+    check_stack(limits)?;
     for (i, limit) in limits.iter().enumerate() {
-        if limit.algorithm() == Algorithm::Concurrency {
-            return Err(format!(
-                "policy {:?}: a concurrency limit cannot be part of a stack (its slot is given back \
-                 when the request ends, which a stack has no way to do)",
-                limit.name()
-            ));
-        }
         // Same name and algorithm: the same key, which one call would read twice and write twice.
         if limits[..i]
             .iter()
