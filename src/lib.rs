@@ -63,7 +63,6 @@
 
 pub mod access;
 mod backend;
-pub mod body;
 pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
@@ -73,14 +72,13 @@ pub mod gcra;
 pub mod grpc;
 pub mod headers;
 pub mod key;
-mod layer;
 mod limit;
+mod middleware;
 mod observe;
 pub mod offenders;
 mod penalty;
 mod policy;
 mod quota;
-mod service;
 pub mod window;
 
 pub use backend::{Backend, StackFuture};
@@ -91,13 +89,15 @@ pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 pub use decision::Decision;
 pub use error::{BackendError, BuildError};
 pub use key::Key;
-pub use layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
+pub use middleware::body;
+pub use middleware::{
+    OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
+};
 pub use observe::Limited;
 pub use penalty::Penalty;
 pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};
-pub use service::{ResponseFuture, Throttle};
 
 /// The README's code blocks, compiled (and run, where they can be) as doc tests.
 #[cfg(all(doctest, feature = "axum", feature = "redis"))]

@@ -90,6 +90,7 @@ pub const MAX_STACKED_QUOTAS: usize = 16;
 /// concurrency limit (its slot is given back per limit when the request ends, which a stack has no
 /// way to name; "N per period" and "N in flight" are different questions). Backends add only their
 /// own constraints.
+#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 pub(crate) fn check_stack(limits: &[Limit]) -> Result<(), String> {
     if limits.is_empty() || limits.len() > MAX_STACKED_QUOTAS {
         return Err(format!(

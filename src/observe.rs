@@ -1,13 +1,20 @@
-//! What the layer tells operators: `tracing` events, `metrics` (feature `metrics`), and the
-//! `on_limited` hook.
+//! What the layer tells operators: every `tracing` event of a request's life, `metrics` (feature
+//! `metrics`), and what the `on_limited` hook sees. The verdict decides; this module only reports.
+//!
+//! Abuse stays cheap and quiet here: nothing is labelled per key (bounded series), backend failures
+//! are logged at warn at most once a second, and a missing key is warned about once per policy.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use http::{Extensions, HeaderMap, Method, Request, Uri};
 use sha2::{Digest as _, Sha256};
 
-use crate::{Decision, Key};
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::key::Key;
 
 /// A request that a policy limited, as the [`on_limited`](crate::ThrottleLayerBuilder::on_limited)
 /// hook sees it.
@@ -52,6 +59,7 @@ impl<'a> RequestRef<'a> {
 
 /// A key as logs show it: rendered, or with [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys)
 /// the first 12 hex digits of its SHA-256 (stable, so one client's lines still go together).
+#[derive(Clone, Copy)]
 pub(crate) struct ShownKey<'a> {
     pub(crate) key: &'a Key,
     pub(crate) redact: bool,
@@ -106,11 +114,13 @@ impl PolicyMetrics {
 }
 
 /// Per-policy reporting state: metric handles, made on first use (so that a recorder installed after
-/// the layer was built, but before traffic, still gets them).
+/// the layer was built, but before traffic, still gets them), and whether the policy has warned of a
+/// request without a key yet.
 #[derive(Default)]
 pub(crate) struct Reporter {
     #[cfg(feature = "metrics")]
-    metrics: std::sync::OnceLock<PolicyMetrics>,
+    metrics: OnceLock<PolicyMetrics>,
+    warned_missing_key: AtomicBool,
 }
 
 impl Reporter {
@@ -119,8 +129,14 @@ impl Reporter {
         self.metrics.get_or_init(|| PolicyMetrics::new(policy))
     }
 
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn decision(&self, policy: &str, decision: &Decision, banned: bool) {
+    /// A decision the verdict acts on: counted, and logged at debug level.
+    pub(crate) fn decision(
+        &self,
+        policy: &str,
+        key: ShownKey<'_>,
+        decision: &Decision,
+        delay: Duration,
+    ) {
         #[cfg(feature = "metrics")]
         {
             let m = self.metrics(policy);
@@ -128,13 +144,53 @@ impl Reporter {
                 m.allowed.increment(1);
             } else {
                 m.limited.increment(1);
-                if banned {
+                if decision.banned {
                     m.banned.increment(1);
                 }
             }
         }
+        tracing::debug!(
+            policy = %policy,
+            key = %key,
+            allowed = decision.allowed,
+            remaining = decision.remaining,
+            delay_ms = delay.as_millis() as u64,
+            "rate-limit decision"
+        );
     }
 
+    /// A request over its limit: rejected, or only reported in a dry run.
+    pub(crate) fn limited(
+        &self,
+        policy: &str,
+        key: ShownKey<'_>,
+        decision: &Decision,
+        dry_run: bool,
+    ) {
+        let retry_after_secs = decision.retry_after.map(|_| decision.retry_after_secs());
+        if dry_run {
+            tracing::info!(policy = %policy, key = %key, retry_after_secs, "request would be limited (dry run)");
+        } else {
+            tracing::info!(
+                policy = %policy,
+                key = %key,
+                retry_after_secs,
+                banned = decision.banned,
+                "request limited"
+            );
+        }
+    }
+
+    /// A request with no key for the policy: warned once, then at debug level.
+    pub(crate) fn missing_key(&self, policy: &str, what: &str) {
+        if !self.warned_missing_key.swap(true, Ordering::Relaxed) {
+            tracing::warn!(policy = %policy, source = %what, "request without a rate-limit key (further ones are logged at debug level)");
+        } else {
+            tracing::debug!(policy = %policy, source = %what, "request without a rate-limit key");
+        }
+    }
+
+    /// The backend failed to decide (counted; the log line is the layer's [`ErrorLog`]'s).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn failure(&self, policy: &str) {
         #[cfg(feature = "metrics")]
@@ -146,6 +202,48 @@ impl Reporter {
         #[cfg(feature = "metrics")]
         self.metrics(policy).latency.record(took.as_secs_f64());
     }
+}
+
+/// Backend errors are logged at warn at most once a second, with the number left out; the others at
+/// debug. A Redis outage under load would otherwise write one line per request.
+#[derive(Default)]
+pub(crate) struct ErrorLog {
+    /// Seconds since `start` of the last warn-level line, plus one (0: never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+    start: OnceLock<Instant>,
+}
+
+impl ErrorLog {
+    /// Logs that the backend failed for `policy`; `on_error` says what the layer does about it.
+    pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
+        let start = *self.start.get_or_init(Instant::now);
+        let now = start.elapsed().as_secs() + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                policy,
+                %error,
+                on_error,
+                suppressed,
+                "rate-limit backend failed (further failures this second are logged at debug level)"
+            );
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(policy, %error, on_error, "rate-limit backend failed");
+        }
+    }
+}
+
+/// A delayed request on a runtime without timers: the server's misconfiguration, logged each time.
+pub(crate) fn no_timers(policy: &str) {
+    tracing::error!(policy = %policy, "delay mode needs a tokio runtime with timers enabled (`enable_time`); answering 503");
 }
 
 /// Counts a request on a deny list.

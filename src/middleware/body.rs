@@ -1,4 +1,5 @@
-//! [`ThrottleBody`]: the response body of [`Throttle`](crate::Throttle).
+//! [`ThrottleBody`]: the response body of [`Throttle`](crate::Throttle), holding the request's
+//! concurrency slot until the body ends.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -7,37 +8,37 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::service::SlotGuard;
+use crate::middleware::slot::ConcurrencySlot;
 
 pin_project! {
     /// The inner service's body, or the small body of a response the middleware made itself (a 429).
     #[project = BodyProj]
     pub struct ThrottleBody<B> {
         #[pin]
-        kind: Kind<B>,
+        content: Content<B>,
     }
 }
 
 pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
-        Inner { #[pin] body: B, guard: Option<SlotGuard> },
+    #[project = ContentProj]
+    enum Content<B> {
+        Inner { #[pin] body: B, slot: Option<ConcurrencySlot> },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ThrottleBody<B> {
-    /// The inner service's body; `guard` (a concurrency slot) is given back when the body ends or is
+    /// The inner service's body; `slot` (a concurrency slot) is given back when the body ends or is
     /// dropped.
-    pub(crate) fn inner(body: B, guard: Option<SlotGuard>) -> Self {
+    pub(crate) fn inner(body: B, slot: Option<ConcurrencySlot>) -> Self {
         ThrottleBody {
-            kind: Kind::Inner { body, guard },
+            content: Content::Inner { body, slot },
         }
     }
 
     pub(crate) fn full(data: Bytes) -> Self {
         ThrottleBody {
-            kind: Kind::Full {
+            content: Content::Full {
                 data: (!data.is_empty()).then_some(data),
             },
         }
@@ -46,9 +47,9 @@ impl<B> ThrottleBody<B> {
 
 impl<B> std::fmt::Debug for ThrottleBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.kind {
-            Kind::Inner { .. } => f.write_str("ThrottleBody::Inner"),
-            Kind::Full { data } => f.debug_tuple("ThrottleBody::Full").field(data).finish(),
+        match &self.content {
+            Content::Inner { .. } => f.write_str("ThrottleBody::Inner"),
+            Content::Full { data } => f.debug_tuple("ThrottleBody::Full").field(data).finish(),
         }
     }
 }
@@ -64,30 +65,30 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body, guard } => {
+        match self.project().content.project() {
+            ContentProj::Inner { body, slot } => {
                 let frame = body.poll_frame(cx);
                 // The body is done (or failed): the request no longer holds its slot.
                 if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
-                    guard.take();
+                    slot.take();
                 }
                 frame
             }
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ContentProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
-            Kind::Full { data } => data.is_none(),
+        match &self.content {
+            Content::Inner { body, .. } => body.is_end_stream(),
+            Content::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Full { data } => {
+        match &self.content {
+            Content::Inner { body, .. } => body.size_hint(),
+            Content::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }

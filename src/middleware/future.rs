@@ -1,0 +1,324 @@
+//! [`ResponseFuture`]: a request's way from its verdict to its response — waiting for a remote
+//! decision, waiting out a delay, calling the inner service, or answering a refusal.
+//!
+//! [`ResponseFuture::carry_out`] is the one place a verdict is carried out: [`Throttle`] uses it when
+//! the backend decided at once (memory), and the future itself when a remote decision arrives.
+//!
+//! [`Throttle`]: crate::Throttle
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::backend::StackFuture;
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::headers::RateHeaders;
+use crate::key::Key;
+use crate::middleware::body::ThrottleBody;
+use crate::middleware::slot::{ConcurrencySlot, Release};
+use crate::middleware::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
+use crate::observe::RequestRef;
+
+/// A backend check in flight: one limit, or a stack.
+pub(crate) enum BackendCheck<D> {
+    One(D),
+    Stack(StackFuture),
+}
+
+impl<D> Future for BackendCheck<D>
+where
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+{
+    type Output = Result<Checked, BackendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            BackendCheck::One(one) => Pin::new(one).poll(cx).map(|r| r.map(Checked::One)),
+            BackendCheck::Stack(all) => all.as_mut().poll(cx).map(|r| r.map(Checked::Stack)),
+        }
+    }
+}
+
+/// A request whose decision is remote: what carrying out its verdict needs once the decision arrives.
+pub(crate) struct AwaitingVerdict<S, ReqBody> {
+    /// The service that `poll_ready` readied, called once (and only if) the request is admitted.
+    pub(crate) service: S,
+    pub(crate) request: Request<ReqBody>,
+    pub(crate) judge: Arc<Judge>,
+    pub(crate) policy: usize,
+    pub(crate) tier: usize,
+    /// For the local limiter of `OnBackendError::Local`, the penalty box and the reports.
+    pub(crate) key: Key,
+    /// When the backend was asked (only to report its latency).
+    pub(crate) started: Option<Instant>,
+    /// For a concurrency limit: how to give the slot back.
+    pub(crate) release: Option<Release>,
+}
+
+pin_project! {
+    /// A request waiting for its turn (delay mode), then for its service to be ready.
+    struct Delayed<S, ReqBody> {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        slept: bool,
+        service: S,
+        request: Option<Request<ReqBody>>,
+        headers: Option<RateHeaders>,
+        slot: Option<ConcurrencySlot>,
+    }
+}
+
+pin_project! {
+    /// The response future of [`Throttle`](crate::Throttle).
+    pub struct ResponseFuture<S, ReqBody, D>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody, D>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody, D>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        Checking {
+            check: BackendCheck<D>,
+            awaiting: Option<AwaitingVerdict<S, ReqBody>>,
+        },
+        Delaying {
+            // Boxed: delays are rare, and a Sleep would make every request's future larger.
+            delayed: Pin<Box<Delayed<S, ReqBody>>>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            headers: Option<RateHeaders>,
+            slot: Option<ConcurrencySlot>,
+        },
+        Ready {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// The inner service's answer to a request no limit applies to.
+    pub(crate) fn unlimited(future: S::Future) -> Self {
+        Self::calling(future, None, None)
+    }
+
+    /// An answer the layer made itself (a refusal).
+    pub(crate) fn refused(response: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    /// A request waiting for a remote decision.
+    pub(crate) fn checking(check: BackendCheck<D>, awaiting: AwaitingVerdict<S, ReqBody>) -> Self {
+        ResponseFuture {
+            state: State::Checking {
+                check,
+                awaiting: Some(awaiting),
+            },
+        }
+    }
+
+    /// Carries out `verdict` on `request`: a refusal is answered; an admitted request calls `service`
+    /// (which `poll_ready` readied) at once, or after its delay.
+    pub(crate) fn carry_out(
+        verdict: Verdict,
+        service: &mut S,
+        request: Request<ReqBody>,
+        release: Option<Release>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        let admitted = match verdict {
+            Verdict::Admit(admitted) => admitted,
+            Verdict::Reject(response) => return Self::refused(response),
+        };
+        let delay = admitted.delay;
+        let (request, headers, slot) = prepare(admitted, release, request);
+        if delay.is_zero() {
+            Self::calling(service.call(request), headers, slot)
+        } else {
+            // A request that waits must not hold what readying reserved (a permit of an inner
+            // concurrency limit) while it sleeps: the readied service is left to the caller, and a
+            // clone readies after the wait.
+            Self::delaying(delay, service.clone(), request, headers, slot)
+        }
+    }
+
+    fn calling(
+        future: S::Future,
+        headers: Option<RateHeaders>,
+        slot: Option<ConcurrencySlot>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                headers,
+                slot,
+            },
+        }
+    }
+
+    fn delaying(
+        delay: Duration,
+        service: S,
+        request: Request<ReqBody>,
+        headers: Option<RateHeaders>,
+        slot: Option<ConcurrencySlot>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Delaying {
+                delayed: Box::pin(Delayed {
+                    sleep: tokio::time::sleep(delay),
+                    slept: false,
+                    service,
+                    request: Some(request),
+                    headers,
+                    slot,
+                }),
+            },
+        }
+    }
+}
+
+/// Readies an admitted request: its [`ThrottleDecision`](crate::ThrottleDecision) extension, its
+/// headers, and the concurrency slot it holds until its response ends.
+fn prepare<ReqBody>(
+    admitted: Admitted,
+    release: Option<Release>,
+    mut request: Request<ReqBody>,
+) -> (
+    Request<ReqBody>,
+    Option<RateHeaders>,
+    Option<ConcurrencySlot>,
+) {
+    if let Some(decision) = admitted.decision {
+        request.extensions_mut().insert(*decision);
+    }
+    let slot = match (admitted.slot, release) {
+        (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),
+        _ => None,
+    };
+    (request, admitted.headers, slot)
+}
+
+impl<S, ReqBody, D> fmt::Debug for ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Checking { .. } => "checking",
+            State::Delaying { .. } => "delaying",
+            State::Calling { .. } => "calling",
+            State::Ready { .. } => "ready",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+{
+    type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            let next = match state.as_mut().project() {
+                StateProj::Checking { check, awaiting } => {
+                    let answer = ready!(Pin::new(check).poll(cx));
+                    let AwaitingVerdict {
+                        mut service,
+                        request,
+                        judge,
+                        policy,
+                        tier,
+                        key,
+                        started,
+                        release,
+                    } = awaiting
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    if let Some(started) = started {
+                        judge.latency(policy, started.elapsed());
+                    }
+                    let context = RequestContext {
+                        policy,
+                        tier,
+                        key: &key,
+                        request: RequestRef::of(&request),
+                    };
+                    let verdict = judge.verdict(context, answer);
+                    // The readied `service` is dropped here if the request waits (see carry_out).
+                    Self::carry_out(verdict, &mut service, request, release).state
+                }
+                StateProj::Delaying { delayed } => {
+                    let delayed = delayed.as_mut().project();
+                    if !*delayed.slept {
+                        ready!(delayed.sleep.poll(cx));
+                        *delayed.slept = true;
+                    }
+                    ready!(delayed.service.poll_ready(cx))?;
+                    let request = delayed
+                        .request
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    State::Calling {
+                        future: delayed.service.call(request),
+                        headers: delayed.headers.take(),
+                        slot: delayed.slot.take(),
+                    }
+                }
+                StateProj::Calling {
+                    future,
+                    headers,
+                    slot,
+                } => {
+                    let response = ready!(future.poll(cx))?;
+                    let (mut parts, body) = response.into_parts();
+                    if let Some(headers) = headers.take() {
+                        headers.apply(&mut parts.headers);
+                    }
+                    let body = ThrottleBody::inner(body, slot.take());
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                }
+                StateProj::Ready { response } => {
+                    let response = response
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(response.map(ThrottleBody::full)));
+                }
+            };
+            state.set(next);
+        }
+    }
+}

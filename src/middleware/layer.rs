@@ -1,0 +1,96 @@
+//! [`ThrottleLayer`]: the tower [`Layer`]. Configuration only — it holds what every service it makes
+//! shares, and makes [`Throttle`] services. Its constructors ([`ThrottleLayer::new`],
+//! [`ThrottleLayer::builder`]) live with the builder, which validates what it is given.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use crate::middleware::service::{Shared, Throttle};
+use crate::offenders::Offenders;
+use crate::policy::Policy;
+
+/// A tower [`Layer`] that rate-limits requests with one or more [`Policy`]s.
+///
+/// The layer is configuration only: it is cheap to clone, and every service it makes (and every clone
+/// of those) shares the same backend, so a server with many connections has one limiter.
+///
+/// For each request the first policy whose route and methods match decides; a request that no policy
+/// matches passes untouched. Admitted responses get `RateLimit-Policy` / `RateLimit` fields; rejected
+/// requests get `429 Too Many Requests` with `Retry-After` (see [`headers`](crate::headers)). The inner
+/// service is called only once the backend has admitted the request, and it is always the service that
+/// `poll_ready` readied.
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+///
+/// let policy = Policy::builder("api")
+///     .quota(Quota::per_second(5))
+///     .key(Header::new("x-api-key"))
+///     .build()
+///     .unwrap();
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(ThrottleLayer::new(policy));
+/// ```
+#[must_use]
+pub struct ThrottleLayer<K, B> {
+    shared: Arc<Shared<K, B>>,
+}
+
+impl<K, B> ThrottleLayer<K, B> {
+    pub(crate) fn from_shared(shared: Shared<K, B>) -> Self {
+        ThrottleLayer {
+            shared: Arc::new(shared),
+        }
+    }
+}
+
+impl<K, B> ThrottleLayer<K, B> {
+    /// The counter of distinct limited keys, if the layer has one.
+    pub fn offenders(&self) -> Option<&Offenders> {
+        self.shared.judge.offenders()
+    }
+
+    /// The policies, in the order they are tried.
+    pub fn policies(&self) -> &[Policy<K>] {
+        &self.shared.policies
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.shared.backend
+    }
+}
+
+impl<K, B> Clone for ThrottleLayer<K, B> {
+    fn clone(&self) -> Self {
+        ThrottleLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K, B> fmt::Debug for ThrottleLayer<K, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self
+            .shared
+            .policies
+            .iter()
+            .map(|p| p.limit().name())
+            .collect();
+        f.debug_struct("ThrottleLayer")
+            .field("policies", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, B> Layer<S> for ThrottleLayer<K, B> {
+    type Service = Throttle<S, K, B>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Throttle::new(inner, self.shared.clone())
+    }
+}

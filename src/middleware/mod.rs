@@ -1,0 +1,28 @@
+//! The tower middleware, laid out as a request travels through it. Dependencies run one way:
+//!
+//! ```text
+//! builder ─▶ layer ─▶ service ─▶ future ─▶ body ─▶ slot
+//!                        └──────────┴──▶ verdict ─▶ slot
+//! ```
+//!
+//! * [`builder`]: [`ThrottleLayerBuilder`], and build-time validation.
+//! * [`layer`]: [`ThrottleLayer`], configuration only.
+//! * [`service`]: [`Throttle`]: policy → key → access lists → ban → backend.
+//! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
+//! * [`future`]: [`ResponseFuture`], which carries the verdict out.
+//! * [`body`]: [`ThrottleBody`](body::ThrottleBody), the response body, which holds a concurrency slot to its end.
+//! * [`slot`]: a concurrency slot, given back exactly once.
+
+pub mod body;
+pub(crate) mod builder;
+pub(crate) mod future;
+pub(crate) mod layer;
+pub(crate) mod service;
+pub(crate) mod slot;
+pub(crate) mod verdict;
+
+pub use builder::ThrottleLayerBuilder;
+pub use future::ResponseFuture;
+pub use layer::ThrottleLayer;
+pub use service::Throttle;
+pub use verdict::OnBackendError;

@@ -1,0 +1,47 @@
+//! [`ConcurrencySlot`]: a request's place under a concurrency limit, given back exactly once.
+//!
+//! A leaf of the middleware, like tower's `OwnedSemaphorePermit`: the response future holds the slot
+//! until the inner service answers, then the response body holds it until the body ends. It knows
+//! nothing of either; it only knows how to give itself back.
+
+use std::fmt;
+
+/// Who gave a request its concurrency slot, and so who takes it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotOwner {
+    /// The layer's backend; `lease` names the slot on backends that hand out leases (Redis).
+    Backend { lease: u64 },
+    /// The in-memory limiter that decides while the backend fails ([`OnBackendError::Local`]).
+    ///
+    /// [`OnBackendError::Local`]: crate::middleware::verdict::OnBackendError::Local
+    #[cfg(feature = "memory")]
+    Local,
+}
+
+/// Gives a slot back to its owner; made by the service, which knows the policy, tier and key.
+pub(crate) type Release = Box<dyn FnOnce(SlotOwner) + Send + Sync>;
+
+/// A held concurrency slot; dropping it gives the slot back. However the request ends — a finished or
+/// failed body, a response dropped unread, a cancelled request, an error from the service — exactly one
+/// drop happens, so the slot is given back exactly once.
+pub(crate) struct ConcurrencySlot(Option<(Release, SlotOwner)>);
+
+impl ConcurrencySlot {
+    pub(crate) fn new(release: Release, owner: SlotOwner) -> Self {
+        ConcurrencySlot(Some((release, owner)))
+    }
+}
+
+impl Drop for ConcurrencySlot {
+    fn drop(&mut self) {
+        if let Some((release, owner)) = self.0.take() {
+            release(owner);
+        }
+    }
+}
+
+impl fmt::Debug for ConcurrencySlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConcurrencySlot")
+    }
+}

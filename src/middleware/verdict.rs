@@ -1,0 +1,575 @@
+//! The verdict: what the layer does with a request once its backend has decided — admit it (at once
+//! or after a delay), reject it (`429`, a ban, or `503` when the backend failed and the layer fails
+//! closed). No I/O and no futures: given a [`RequestContext`] and the backend's answer, a [`Judge`]
+//! returns a [`Verdict`]; the service and the response future carry it out.
+//!
+//! A decision becomes a verdict in small steps ([`Judge::decided`]): wait for delay mode, combine a
+//! stack's decisions, strike the penalty box, report, then admit or reject.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::grpc;
+use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
+use crate::key::Key;
+use crate::limit::{Algorithm, Limit};
+use crate::middleware::slot::SlotOwner;
+use crate::observe::{ErrorLog, Limited, Reporter, RequestRef, ShownKey};
+use crate::offenders::Offenders;
+use crate::penalty::PenaltyBox;
+use crate::policy::{Policy, ThrottleDecision};
+
+#[cfg(feature = "memory")]
+use crate::backend::{Backend, MemoryBackend};
+
+pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
+pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
+
+/// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnBackendError {
+    /// Let the request through (fail open). The default: a limiter outage should not be an API outage.
+    #[default]
+    Allow,
+    /// Reject with `503 Service Unavailable` and `Retry-After: 1` (fail closed).
+    Deny,
+    /// Decide in this process instead: an in-memory limiter with each policy's own quota takes over
+    /// until the backend answers again. Each process then enforces the quota on its own, so the fleet
+    /// admits up to `processes × quota` while the backend is down, which is usually the right trade
+    /// between an outage and no limit at all.
+    #[cfg(feature = "memory")]
+    Local,
+}
+
+impl OnBackendError {
+    /// `"allow"`, `"deny"` or `"local"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBackendError::Allow => "allow",
+            OnBackendError::Deny => "deny",
+            #[cfg(feature = "memory")]
+            OnBackendError::Local => "local",
+        }
+    }
+}
+
+/// The backend's answer for one request: one limit's decision, or one per limit of a stack.
+pub(crate) enum Checked {
+    One(Decision),
+    Stack(Vec<Decision>),
+}
+
+/// What a request is judged as: the policy that matched it (its index in the layer), the tier of its
+/// quota, its key, and the parts of the request that reports and hooks see.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestContext<'a> {
+    pub(crate) policy: usize,
+    pub(crate) tier: usize,
+    pub(crate) key: &'a Key,
+    pub(crate) request: RequestRef<'a>,
+}
+
+/// What happens to a request.
+pub(crate) enum Verdict {
+    Admit(Admitted),
+    Reject(Response<Bytes>),
+}
+
+/// How a request is let through.
+pub(crate) struct Admitted {
+    pub(crate) headers: Option<RateHeaders>,
+    /// Delay mode: how long to wait before calling the service.
+    pub(crate) delay: Duration,
+    /// Boxed: it is rarely asked for, and a smaller verdict moves faster on every request.
+    pub(crate) decision: Option<Box<ThrottleDecision>>,
+    /// A concurrency slot to give back when the response ends.
+    pub(crate) slot: Option<SlotOwner>,
+}
+
+impl Admitted {
+    /// Through with no limit applied (and no headers): the backend failed and the layer fails open.
+    fn unlimited() -> Self {
+        Admitted {
+            headers: None,
+            delay: Duration::ZERO,
+            decision: None,
+            slot: None,
+        }
+    }
+}
+
+/// The layer-wide settings of the verdict, as the builder collects them.
+pub(crate) struct Settings {
+    pub(crate) headers: HeaderOptions,
+    pub(crate) rejection: Option<Arc<RejectionFn>>,
+    pub(crate) on_error: OnBackendError,
+    pub(crate) redact_keys: bool,
+    pub(crate) on_limited: Option<Arc<LimitedHook>>,
+    pub(crate) offenders: Option<Offenders>,
+    /// Refusals (400, 403, 503) as gRPC trailers-only responses.
+    pub(crate) grpc: bool,
+    /// Every admitted request gets a [`ThrottleDecision`].
+    pub(crate) decision_extension: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            headers: HeaderOptions {
+                ratelimit: true,
+                legacy: false,
+            },
+            rejection: None,
+            on_error: OnBackendError::default(),
+            redact_keys: false,
+            on_limited: None,
+            offenders: None,
+            grpc: false,
+            decision_extension: false,
+        }
+    }
+}
+
+/// Turns backend decisions into verdicts: the part of the layer's configuration that a request needs
+/// after its backend has answered, so a pending response future holds this and not the backend.
+pub(crate) struct Judge {
+    settings: Settings,
+    /// Per policy, in the order of the layer's policies.
+    policies: Box<[PolicyRules]>,
+    /// The limiter of `OnBackendError::Local`.
+    #[cfg(feature = "memory")]
+    local: Option<MemoryBackend>,
+    errors: ErrorLog,
+}
+
+/// What the verdict needs of one policy.
+struct PolicyRules {
+    name: Arc<str>,
+    reporter: Reporter,
+    /// The penalty box, unless the backend keeps penalties itself.
+    penalty: Option<PenaltyBox>,
+    #[cfg(feature = "memory")]
+    cost: u64,
+    dry_run: bool,
+    /// Every admitted request gets a `ThrottleDecision` (dry runs, delay mode, or the layer says so).
+    expose_decision: bool,
+    tiers: Box<[TierRules]>,
+    /// The default 429 body, rendered once.
+    limited_body: Bytes,
+}
+
+/// What the verdict needs of one tier's limits.
+struct TierRules {
+    name: Option<Arc<str>>,
+    limits: Box<[Limit]>,
+    names: Box<[Arc<str>]>,
+    policy_field: HeaderValue,
+    /// `limits[0].max_cost()`, for the decision of a ban.
+    limit_value: u64,
+    concurrency: bool,
+}
+
+impl PolicyRules {
+    fn new<K>(policy: &Policy<K>, settings: &Settings, backend_keeps_penalties: bool) -> Self {
+        PolicyRules {
+            name: policy.name().into(),
+            reporter: Reporter::default(),
+            penalty: policy
+                .limit()
+                .penalty()
+                .filter(|_| !backend_keeps_penalties)
+                .map(|penalty| PenaltyBox::new(*penalty)),
+            #[cfg(feature = "memory")]
+            cost: policy.cost(),
+            dry_run: policy.is_dry_run(),
+            expose_decision: settings.decision_extension
+                || policy.is_dry_run()
+                || policy.limit().delay().is_some(),
+            tiers: policy
+                .tiers()
+                .iter()
+                .map(|t| TierRules {
+                    name: t.name.clone(),
+                    limits: t.limits.clone(),
+                    names: t.limits.iter().map(|l| l.name().into()).collect(),
+                    policy_field: headers::policy_field(&t.limits),
+                    limit_value: t.limits[0].max_cost(),
+                    concurrency: t.limits[0].algorithm() == Algorithm::Concurrency,
+                })
+                .collect(),
+            limited_body: headers::limited_body(policy.name()),
+        }
+    }
+}
+
+/// Where a decision comes from, which changes what it may do.
+#[derive(Clone, Copy)]
+struct Source {
+    /// A rejection counts as a strike towards a ban (not for a ban itself).
+    strike: bool,
+    /// Who takes back the concurrency slot of an admitted request.
+    slot: SlotOwner,
+}
+
+/// Whether a tokio timer can be made here: a runtime with its time driver. Delay mode sleeps on one,
+/// and without it `tokio::time::sleep` panics, so this tries (only for delayed requests; a timer that
+/// is never polled costs next to nothing).
+fn timers_available() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
+        && std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+}
+
+impl Judge {
+    pub(crate) fn new<K>(
+        settings: Settings,
+        policies: &[Policy<K>],
+        backend_keeps_penalties: bool,
+    ) -> Self {
+        let rules = policies
+            .iter()
+            .map(|p| PolicyRules::new(p, &settings, backend_keeps_penalties))
+            .collect();
+        Judge {
+            #[cfg(feature = "memory")]
+            local: (settings.on_error == OnBackendError::Local).then(MemoryBackend::new),
+            settings,
+            policies: rules,
+            errors: ErrorLog::default(),
+        }
+    }
+
+    /// The counter of distinct limited keys, if the layer has one.
+    pub(crate) fn offenders(&self) -> Option<&Offenders> {
+        self.settings.offenders.as_ref()
+    }
+
+    /// The verdict on a backend's answer (or failure) for the request `cx`.
+    pub(crate) fn verdict(
+        &self,
+        cx: RequestContext<'_>,
+        answer: Result<Checked, BackendError>,
+    ) -> Verdict {
+        let tier = &self.policies[cx.policy].tiers[cx.tier];
+        let from_backend = |d: &Decision| Source {
+            strike: true,
+            slot: SlotOwner::Backend {
+                lease: d.lease.unwrap_or(0),
+            },
+        };
+        match answer {
+            Ok(Checked::One(decision)) => {
+                let source = from_backend(&decision);
+                self.decided(cx, &mut [decision], source)
+            }
+            Ok(Checked::Stack(mut decisions)) if decisions.len() == tier.limits.len() => {
+                let source = from_backend(&decisions[0]);
+                self.decided(cx, &mut decisions, source)
+            }
+            Ok(Checked::Stack(decisions)) => {
+                let error = BackendError::new(format!(
+                    "the backend returned {} decisions for {} stacked limits",
+                    decisions.len(),
+                    tier.limits.len()
+                ));
+                self.failed(cx, error)
+            }
+            Err(error) => self.failed(cx, error),
+        }
+    }
+
+    /// The backend could not decide: reported, then what [`OnBackendError`] says.
+    fn failed(&self, cx: RequestContext<'_>, error: BackendError) -> Verdict {
+        let rules = &self.policies[cx.policy];
+        let on_error = self.settings.on_error;
+        rules.reporter.failure(&rules.name);
+        self.errors.record(&rules.name, &error, on_error.as_str());
+        match on_error {
+            OnBackendError::Allow => Verdict::Admit(Admitted::unlimited()),
+            // A dry run never rejects, not even when the backend fails.
+            _ if rules.dry_run => Verdict::Admit(Admitted::unlimited()),
+            OnBackendError::Deny => {
+                let mut response = self.problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the rate limiter is unavailable; retry shortly",
+                );
+                headers::set_retry_after(response.headers_mut(), 1);
+                if self.settings.grpc {
+                    grpc::set_pushback(response.headers_mut(), Duration::from_secs(1));
+                }
+                Verdict::Reject(response)
+            }
+            #[cfg(feature = "memory")]
+            OnBackendError::Local => self.check_locally(cx),
+        }
+    }
+
+    /// `OnBackendError::Local`: the in-memory limiter decides with the same quotas.
+    #[cfg(feature = "memory")]
+    fn check_locally(&self, cx: RequestContext<'_>) -> Verdict {
+        let Some(local) = &self.local else {
+            return Verdict::Admit(Admitted::unlimited());
+        };
+        let rules = &self.policies[cx.policy];
+        let limits = &rules.tiers[cx.tier].limits;
+        let decided = if limits.len() == 1 {
+            local
+                .decide(&limits[0], cx.key, rules.cost)
+                .map(|d| vec![d])
+        } else {
+            local.decide_all(limits, cx.key, rules.cost)
+        };
+        match decided {
+            Ok(mut decisions) => {
+                let source = Source {
+                    strike: true,
+                    slot: SlotOwner::Local,
+                };
+                self.decided(cx, &mut decisions, source)
+            }
+            Err(_) => Verdict::Admit(Admitted::unlimited()),
+        }
+    }
+
+    /// Gives back a concurrency slot taken by the local limiter.
+    #[cfg(feature = "memory")]
+    pub(crate) fn release_local(&self, policy: usize, tier: usize, key: &Key) {
+        let rules = &self.policies[policy];
+        if let Some(local) = &self.local {
+            Backend::release(local, &rules.tiers[tier].limits[0], key, rules.cost, 0);
+        }
+    }
+
+    /// The answer to a key the penalty box has banned, if it has; asked before the backend.
+    pub(crate) fn banned(&self, cx: RequestContext<'_>) -> Option<Response<Bytes>> {
+        let rules = &self.policies[cx.policy];
+        if rules.dry_run {
+            return None;
+        }
+        let rest = rules.penalty.as_ref()?.banned(cx.key)?;
+        let tier = &rules.tiers[cx.tier];
+        let decision = Decision::banned(tier.limit_value, rest, None, rest);
+        let mut decisions = vec![decision; tier.limits.len()];
+        let source = Source {
+            strike: false,
+            slot: SlotOwner::Backend { lease: 0 },
+        };
+        match self.decided(cx, &mut decisions, source) {
+            Verdict::Reject(response) => Some(response),
+            Verdict::Admit(_) => None,
+        }
+    }
+
+    /// Reports how long the backend took to decide.
+    pub(crate) fn latency(&self, policy: usize, took: Duration) {
+        let rules = &self.policies[policy];
+        rules.reporter.latency(&rules.name, took);
+    }
+
+    /// The verdict on the decisions of every limit of the request's tier.
+    fn decided(
+        &self,
+        cx: RequestContext<'_>,
+        decisions: &mut [Decision],
+        source: Source,
+    ) -> Verdict {
+        let rules = &self.policies[cx.policy];
+        let tier = &rules.tiers[cx.tier];
+        let mut delay = queue_delay(tier, decisions);
+        let mut decision = match &*decisions {
+            [one] => *one,
+            all => Decision::combine(all).expect("a tier has at least one limit"),
+        };
+        if !decision.allowed {
+            delay = Duration::ZERO;
+        }
+        if source.strike {
+            decision = self.strike(rules, cx.key, decision);
+        }
+        // A dry run reports the wait it would have made, but does not wait.
+        let wait = if rules.dry_run { Duration::ZERO } else { delay };
+        if !wait.is_zero() {
+            if !timers_available() {
+                return Verdict::Reject(self.cannot_delay(rules));
+            }
+            // The fields go out after the wait: by then the key is that much closer to full.
+            for d in decisions.iter_mut() {
+                d.reset_after = d.reset_after.saturating_sub(wait);
+            }
+            decision.reset_after = decision.reset_after.saturating_sub(wait);
+        }
+        let shown = ShownKey {
+            key: cx.key,
+            redact: self.settings.redact_keys,
+        };
+        rules
+            .reporter
+            .decision(&rules.name, shown, &decision, delay);
+        let fields = RateHeaders::new(
+            self.settings.headers,
+            &tier.names,
+            &tier.policy_field,
+            decisions,
+            &decision,
+        );
+        if decision.allowed || rules.dry_run {
+            if !decision.allowed {
+                rules.reporter.limited(&rules.name, shown, &decision, true);
+            }
+            let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
+            return Verdict::Admit(admit(rules, tier, decision, fields, delay, slot));
+        }
+        rules.reporter.limited(&rules.name, shown, &decision, false);
+        Verdict::Reject(self.reject(rules, cx, &decision, fields))
+    }
+
+    /// A rejection that earns a ban answers with the ban.
+    fn strike(&self, rules: &PolicyRules, key: &Key, decision: Decision) -> Decision {
+        let Some(penalty) = &rules.penalty else {
+            return decision;
+        };
+        if decision.allowed || rules.dry_run {
+            return decision;
+        }
+        match penalty.strike(key) {
+            Some(ban) => Decision::banned(
+                decision.limit,
+                ban,
+                decision.retry_after,
+                decision.reset_after,
+            ),
+            None => decision,
+        }
+    }
+
+    /// A delayed request with no timer to wait on: a misconfigured server, not the client's fault.
+    /// Admitting at once would let the queue through early.
+    fn cannot_delay(&self, rules: &PolicyRules) -> Response<Bytes> {
+        crate::observe::no_timers(&rules.name);
+        let mut response = self.problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate limiter cannot delay this request",
+        );
+        headers::set_retry_after(response.headers_mut(), 1);
+        response
+    }
+
+    /// The 429 (or the custom rejection), after the offender count and the `on_limited` hook.
+    fn reject(
+        &self,
+        rules: &PolicyRules,
+        cx: RequestContext<'_>,
+        decision: &Decision,
+        fields: RateHeaders,
+    ) -> Response<Bytes> {
+        if let Some(offenders) = &self.settings.offenders {
+            offenders.record(&rules.name, cx.key);
+        }
+        if let Some(hook) = &self.settings.on_limited {
+            hook(&Limited {
+                policy: &rules.name,
+                key: cx.key,
+                decision,
+                method: cx.request.method,
+                uri: cx.request.uri,
+                headers: cx.request.headers,
+                extensions: cx.request.extensions,
+            });
+        }
+        let mut response = match &self.settings.rejection {
+            Some(custom) => custom(&Rejected {
+                policy: &rules.name,
+                decision,
+            }),
+            None => {
+                headers::problem_response(StatusCode::TOO_MANY_REQUESTS, rules.limited_body.clone())
+            }
+        };
+        headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
+        fields.apply(response.headers_mut());
+        response
+    }
+
+    fn problem(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
+        if self.settings.grpc {
+            grpc::refusal(status, detail)
+        } else {
+            headers::problem(status, detail)
+        }
+    }
+
+    /// The answer to a client or key on a deny list.
+    pub(crate) fn forbidden(&self) -> Response<Bytes> {
+        crate::observe::forbidden();
+        self.problem(
+            StatusCode::FORBIDDEN,
+            "this client or key is on a deny list",
+        )
+    }
+
+    /// The answer to a request without a key for policy `policy` (`what` names the expected source).
+    pub(crate) fn missing_key(
+        &self,
+        policy: usize,
+        what: String,
+        status: StatusCode,
+    ) -> Response<Bytes> {
+        let rules = &self.policies[policy];
+        rules.reporter.missing_key(&rules.name, &what);
+        self.problem(
+            status,
+            &format!(
+                "no rate-limit key for policy '{}': expected {what}",
+                rules.name
+            ),
+        )
+    }
+}
+
+/// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
+/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the longest
+/// of a stack's) and corrects each delayed limit's `remaining` in place.
+fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Duration {
+    let mut delay = Duration::ZERO;
+    for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
+        if limit.delay().is_some() {
+            delay = delay.max(limit.delay_for(decision));
+            if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
+                let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+                decision.remaining = (tolerance.saturating_sub(ahead) / gcra.emission_interval())
+                    .min(decision.limit);
+            }
+        }
+    }
+    delay
+}
+
+/// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
+fn admit(
+    rules: &PolicyRules,
+    tier: &TierRules,
+    decision: Decision,
+    fields: RateHeaders,
+    delay: Duration,
+    slot: Option<SlotOwner>,
+) -> Admitted {
+    let exposed = rules.expose_decision.then(|| ThrottleDecision {
+        policy: rules.name.clone(),
+        tier: tier.name.clone(),
+        decision,
+        enforced: !rules.dry_run,
+        delayed: delay,
+    });
+    Admitted {
+        headers: Some(fields),
+        // A dry run reports the wait (in its `ThrottleDecision`) but does not wait.
+        delay: if rules.dry_run { Duration::ZERO } else { delay },
+        decision: exposed.map(Box::new),
+        slot,
+    }
+}
