@@ -238,7 +238,7 @@ mod redis_sync {
     use redis::aio::ConnectionLike;
 
     use super::{net, AccessList, Entries};
-    use crate::BackendError;
+    use crate::error::BackendError;
 
     /// Mirrors four Redis sets into an [`AccessList`], so that every process shares the lists an
     /// operator edits with `SADD` / `SREM`:

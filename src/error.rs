@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::QuotaError;
+use crate::quota::QuotaError;
 
 /// Invalid configuration, reported when a policy, layer or backend is built.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use crate::Decision;
+use crate::decision::Decision;
 
 /// Validated GCRA parameters in nanoseconds; made only by [`Quota::validate`](crate::Quota::validate),
 /// so they are always consistent (`tolerance = emission_interval × limit`, all at least 1).
@@ -131,7 +131,7 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
+    use crate::quota::Quota;
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;

@@ -210,7 +210,7 @@ fn ceil_millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Decision;
+    use crate::decision::Decision;
 
     #[test]
     fn messages_are_percent_encoded() {

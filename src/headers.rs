@@ -19,7 +19,8 @@ use http::{Response, StatusCode};
 use sfv::{RefBareItem, RefListSerializer};
 
 use crate::decision::ceil_secs;
-use crate::{Decision, Limit};
+use crate::decision::Decision;
+use crate::limit::Limit;
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -212,7 +213,7 @@ pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
+    use crate::quota::Quota;
     use std::time::Duration;
 
     #[test]
@@ -243,7 +244,7 @@ mod tests {
 
     #[test]
     fn stacked_quotas_are_list_members() {
-        let policy = crate::Policy::builder("api")
+        let policy = crate::policy::Policy::builder("api")
             .quotas([Quota::per_second(10), Quota::per_day(1000)])
             .build()
             .unwrap();
@@ -266,8 +267,12 @@ mod tests {
         h.apply(&mut map);
         assert_eq!(map[&RATELIMIT], r#""api.1s";r=9;t=1, "api.1d";r=999;t=86"#);
         assert_eq!(map[&X_RATELIMIT_REMAINING], "9");
-        let conn = Limit::with_algorithm("dl", crate::Algorithm::Concurrency, Quota::per_second(2))
-            .unwrap();
+        let conn = Limit::with_algorithm(
+            "dl",
+            crate::limit::Algorithm::Concurrency,
+            Quota::per_second(2),
+        )
+        .unwrap();
         assert_eq!(policy_field(&[conn]), r#""dl";q=2"#);
         let delayed = Limit::new("d", Quota::per_second(2))
             .unwrap()

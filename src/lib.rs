@@ -31,6 +31,45 @@
 //! # });
 //! ```
 //!
+//! # A request's life
+//!
+//! 1. **Policy**: [`Throttle`] (the service a [`ThrottleLayer`] makes) picks the first [`Policy`]
+//!    whose route and methods match; no match, no limit.
+//! 2. **Key**: the policy's [`key::KeyExtractor`] names what the request counts against (a missing
+//!    key is answered as [`MissingKey`] says). [`access`] lists may allow or deny the client or key
+//!    outright, and a key in a [`Penalty`] box is answered at once.
+//! 3. **Backend**: [`Backend::check`] (or [`Backend::check_all`] for stacked quotas) asks the
+//!    backend for each limit's [`Decision`]: the pure algorithms ([`gcra`], [`window`]) in memory,
+//!    their Lua twins or `CL.THROTTLE` on Redis.
+//! 4. **Verdict**: the layer turns the decisions into a verdict — admit, admit after a delay
+//!    ([`PolicyBuilder::delay`]), reject (`429`), ban — or, when the backend failed, what
+//!    [`OnBackendError`] says.
+//! 5. **Response**: an admitted request calls the inner service and its response gets the
+//!    [`headers`] fields (and the request a [`ThrottleDecision`] where asked); a refused one gets a
+//!    `429` with `Retry-After` (or `403`, `400`, `503`; [`grpc`] status codes for gRPC clients).
+//!
+//! The words mean one thing each: a backend *checks* a request against a [`Limit`] and answers a
+//! [`Decision`]; the layer's *verdict* is what it does with the request; a [`ThrottleDecision`] is
+//! what a handler sees of both. A concurrency *slot* is a request's place under a concurrency limit.
+//!
+//! # Module map
+//!
+//! | where | what |
+//! |---|---|
+//! | `quota.rs`, `limit.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]) |
+//! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s |
+//! | `key/` | [`Key`] and the [`key`] extractors, trusted proxies ([`key::ClientIp`]) |
+//! | `policy.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes |
+//! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
+//! | `backend/` | the [`Backend`] trait; `memory/` (GCRA table and general store), `redis/` (connection, breaker, scripts, leases, deny cache), the configured backend |
+//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `future` → `body` → `slot`, with `verdict` (decision → admit/delay/reject/ban) beside the service and the future |
+//! | `headers.rs`, `grpc.rs` | what the layer answers: `RateLimit` fields, problem bodies, gRPC status |
+//! | `observe.rs` | every `tracing` event and metric of a request's life, and the [`Limited`] hook's view |
+//! | `config/` (feature `config`) | TOML: the schema, building policies, wiring the backend |
+//!
+//! Inside the crate, modules import from the module that defines a name; the re-exports at the root
+//! are for users.
+//!
 //! # Pieces
 //!
 //! * [`Quota`]: `CL.THROTTLE`'s `max_burst`, `count`, `period`; [`Limit`]: a named quota.
@@ -57,6 +96,7 @@
 //! | `axum` | no | peer addresses from `ConnectInfo`, routes from `MatchedPath` |
 //! | `config` | no | serde + TOML configuration |
 //! | `redis` | no | `RedisBackend`: `CL.THROTTLE` or Lua, one server or a Cluster, TLS |
+//! | `metrics` | no | counters and a latency histogram per policy through the `metrics` facade |
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -7,7 +7,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::{gcra, window, BuildError, Penalty, Quota, QuotaError};
+use crate::error::BuildError;
+use crate::penalty::Penalty;
+use crate::quota::{Quota, QuotaError};
+use crate::{gcra, window};
 
 /// The algorithm a [`Limit`] is enforced with (see [`window`](crate::window) for a comparison).
 ///
@@ -281,7 +284,7 @@ impl Limit {
     /// For a delaying limit, how long an admitted request must wait before it proceeds, from its
     /// decision's `reset_after` (how far the key's TAT lies ahead): the part beyond the quota's own
     /// tolerance.
-    pub fn delay_for(&self, decision: &crate::Decision) -> Duration {
+    pub fn delay_for(&self, decision: &crate::decision::Decision) -> Duration {
         match self.params {
             Params::Gcra {
                 tolerance,

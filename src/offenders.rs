@@ -8,7 +8,8 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::{BackendError, Key};
+use crate::error::BackendError;
+use crate::key::Key;
 
 /// Distinct limited keys of one policy in the current minute, hour and day (UTC calendar buckets).
 /// HyperLogLog estimates: about 1.6 % standard error in memory, 0.81 % in Redis.
@@ -42,13 +43,14 @@ pub struct OffenderCounts {
 /// ```
 #[derive(Clone)]
 pub struct Offenders {
-    inner: Arc<Inner>,
+    store: Arc<Store>,
 }
 
 /// Per policy and window: the current bucket's number and its HyperLogLog.
 type Buckets = HashMap<(Box<str>, Window), (u64, Hll)>;
 
-enum Inner {
+/// Where the counts live: in this process, or in Redis (shared by every process).
+enum Store {
     Memory(Mutex<Buckets>),
     #[cfg(feature = "redis")]
     Redis(redis_store::RedisOffenders),
@@ -97,15 +99,15 @@ impl Offenders {
     /// Counts kept in this process: one 4 KiB HyperLogLog per policy and window.
     pub fn in_memory() -> Self {
         Offenders {
-            inner: Arc::new(Inner::Memory(Mutex::new(HashMap::new()))),
+            store: Arc::new(Store::Memory(Mutex::new(HashMap::new()))),
         }
     }
 
     /// Records that `key` was limited by `policy`.
     pub fn record(&self, policy: &str, key: &Key) {
         let now = unix_now();
-        match &*self.inner {
-            Inner::Memory(map) => {
+        match &*self.store {
+            Store::Memory(map) => {
                 let hash = hash_key(key);
                 let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
                 for window in Window::ALL {
@@ -120,15 +122,15 @@ impl Offenders {
                 }
             }
             #[cfg(feature = "redis")]
-            Inner::Redis(redis) => redis.record(policy, key, now),
+            Store::Redis(redis) => redis.record(policy, key, now),
         }
     }
 
     /// The counts of `policy` now.
     pub async fn count(&self, policy: &str) -> Result<OffenderCounts, BackendError> {
         let now = unix_now();
-        match &*self.inner {
-            Inner::Memory(map) => {
+        match &*self.store {
+            Store::Memory(map) => {
                 let map = map.lock().unwrap_or_else(|e| e.into_inner());
                 let count = |window: Window| {
                     map.get(&(policy.into(), window))
@@ -142,17 +144,17 @@ impl Offenders {
                 })
             }
             #[cfg(feature = "redis")]
-            Inner::Redis(redis) => redis.count(policy, now).await,
+            Store::Redis(redis) => redis.count(policy, now).await,
         }
     }
 }
 
 impl fmt::Debug for Offenders {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match &*self.inner {
-            Inner::Memory(_) => "Offenders(memory)",
+        f.write_str(match &*self.store {
+            Store::Memory(_) => "Offenders(memory)",
             #[cfg(feature = "redis")]
-            Inner::Redis(_) => "Offenders(redis)",
+            Store::Redis(_) => "Offenders(redis)",
         })
     }
 }
@@ -220,7 +222,8 @@ mod redis_store {
     use redis::cluster_async::ClusterConnection;
 
     use super::{OffenderCounts, Window};
-    use crate::{BackendError, Key};
+    use crate::error::BackendError;
+    use crate::key::Key;
 
     /// Keys already sent to Redis in this minute, per policy, so that a flood from one key (answered
     /// by the deny cache) costs Redis one write a minute, not one per request. Bounded: past the cap,
@@ -237,7 +240,7 @@ mod redis_store {
     const PENDING_CAP: usize = 10_000;
 
     #[derive(Clone)]
-    pub(super) enum Conn {
+    pub(super) enum OffendersConnection {
         Single(ConnectionManager),
         Cluster(ClusterConnection),
     }
@@ -260,7 +263,7 @@ mod redis_store {
     }
 
     pub(super) struct RedisOffenders {
-        pub(super) conn: Conn,
+        pub(super) conn: OffendersConnection,
         pub(super) prefix: String,
         pub(super) recent: Mutex<Recent>,
         pub(super) shared: Arc<Shared>,
@@ -338,8 +341,8 @@ mod redis_store {
                         pipe.cmd("EXPIRE").arg(name).arg(*ttl).ignore();
                     }
                     let result: redis::RedisResult<()> = match conn.clone() {
-                        Conn::Single(mut c) => pipe.query_async(&mut c).await,
-                        Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+                        OffendersConnection::Single(mut c) => pipe.query_async(&mut c).await,
+                        OffendersConnection::Cluster(mut c) => pipe.query_async(&mut c).await,
                     };
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "limited clients were not counted");
@@ -358,8 +361,8 @@ mod redis_store {
                 pipe.cmd("PFCOUNT").arg(self.key(policy, window, now));
             }
             let (minute, hour, day): (u64, u64, u64) = match self.conn.clone() {
-                Conn::Single(mut c) => pipe.query_async(&mut c).await,
-                Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+                OffendersConnection::Single(mut c) => pipe.query_async(&mut c).await,
+                OffendersConnection::Cluster(mut c) => pipe.query_async(&mut c).await,
             }
             .map_err(|e| BackendError::with_source("cannot count limited clients", e))?;
             Ok(OffenderCounts { minute, hour, day })
@@ -374,7 +377,10 @@ impl Offenders {
     /// bucket after its own; `PFCOUNT` to read. A key is sent at most once a minute per process, by
     /// one background task that batches them.
     pub fn redis(connection: redis::aio::ConnectionManager, prefix: impl Into<String>) -> Self {
-        Self::redis_on(redis_store::Conn::Single(connection), prefix.into())
+        Self::redis_on(
+            redis_store::OffendersConnection::Single(connection),
+            prefix.into(),
+        )
     }
 
     /// Like [`redis`](Self::redis), on a Redis Cluster.
@@ -382,12 +388,15 @@ impl Offenders {
         connection: redis::cluster_async::ClusterConnection,
         prefix: impl Into<String>,
     ) -> Self {
-        Self::redis_on(redis_store::Conn::Cluster(connection), prefix.into())
+        Self::redis_on(
+            redis_store::OffendersConnection::Cluster(connection),
+            prefix.into(),
+        )
     }
 
-    fn redis_on(conn: redis_store::Conn, prefix: String) -> Self {
+    fn redis_on(conn: redis_store::OffendersConnection, prefix: String) -> Self {
         Offenders {
-            inner: Arc::new(Inner::Redis(redis_store::RedisOffenders {
+            store: Arc::new(Store::Redis(redis_store::RedisOffenders {
                 conn,
                 prefix,
                 recent: Mutex::default(),

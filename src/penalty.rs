@@ -6,7 +6,8 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::{BuildError, Key};
+use crate::error::BuildError;
+use crate::key::Key;
 
 /// A key that is limited `after` times within `within` of its first rejection is banned for `ban`
 /// (Rack::Attack's Allow2Ban counting): every request of it is answered 429 with `Retry-After` = the

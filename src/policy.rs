@@ -7,9 +7,12 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
+use crate::error::BuildError;
 use crate::key::PeerIp;
 use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
-use crate::{Algorithm, BuildError, Limit, Penalty, Quota};
+use crate::limit::{Algorithm, Limit};
+use crate::penalty::Penalty;
+use crate::quota::Quota;
 
 /// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
 /// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's
@@ -51,7 +54,7 @@ pub struct ThrottleDecision {
     /// The tier whose quota applied (`None`: the default).
     pub tier: Option<Arc<str>>,
     /// The decision (for stacked quotas, the combined one: see [`Decision::combine`](crate::Decision::combine)).
-    pub decision: crate::Decision,
+    pub decision: crate::decision::Decision,
     /// `false` in dry-run mode: the decision was not enforced (look at `decision.allowed`).
     pub enforced: bool,
     /// How long the request waited for its turn in delay mode (zero otherwise); in a dry run, how

@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::Decision;
+use crate::decision::Decision;
 
 /// How long a client rejected by a concurrency limit is told to wait: when a slot frees up is
 /// unknown, so this is a hint, not a promise.

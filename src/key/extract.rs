@@ -1,3 +1,5 @@
+//! The [`KeyExtractor`] trait and the built-in extractors: peer IP, header, extension, global, closures.
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};

@@ -198,7 +198,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self.rejection_response(crate::grpc::resource_exhausted)
     }
 
-    /// Inserts a [`ThrottleDecision`] into every admitted request, for handlers that want to read
+    /// Inserts a [`ThrottleDecision`](crate::ThrottleDecision) into every admitted request, for handlers that want to read
     /// it (`Extension<ThrottleDecision>` in axum). Off by default, because it costs an allocation per
     /// request; dry-run and delay-mode policies always insert it.
     pub fn decision_extension(mut self, on: bool) -> Self {
