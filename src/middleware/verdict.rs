@@ -573,3 +573,151 @@ fn admit(
         slot,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Global;
+    use crate::penalty::Penalty;
+    use crate::quota::Quota;
+    use http::Request;
+
+    fn judge(policy: Policy<Global>, settings: Settings) -> Judge {
+        Judge::new(settings, &[policy], false)
+    }
+
+    fn policy() -> crate::policy::PolicyBuilder<Global> {
+        Policy::builder("api")
+            .quota(Quota::per_second(2))
+            .key(Global)
+    }
+
+    /// The verdict of `judge` on `answer`, for a request of key "k" to policy 0, tier 0.
+    fn verdict_on(judge: &Judge, answer: Result<Checked, BackendError>) -> Verdict {
+        let request = Request::get("/").body(()).unwrap();
+        let key = Key::from("k");
+        let cx = RequestContext {
+            policy: 0,
+            tier: 0,
+            key: &key,
+            request: RequestRef::of(&request),
+        };
+        judge.verdict(cx, answer)
+    }
+
+    fn rejected(verdict: Verdict) -> Response<Bytes> {
+        match verdict {
+            Verdict::Reject(response) => response,
+            Verdict::Admit(_) => panic!("admitted"),
+        }
+    }
+
+    fn admitted(verdict: Verdict) -> Admitted {
+        match verdict {
+            Verdict::Admit(admitted) => admitted,
+            Verdict::Reject(response) => panic!("rejected with {}", response.status()),
+        }
+    }
+
+    const OVER: Decision = Decision::limited(
+        2,
+        0,
+        Some(Duration::from_millis(1500)),
+        Duration::from_secs(1),
+    );
+
+    #[test]
+    fn an_admitted_decision_admits_with_its_fields_and_no_wait() {
+        let judge = judge(policy().build().unwrap(), Settings::default());
+        let decision = Decision::allowed(2, 1, Duration::from_millis(500));
+        let admitted = admitted(verdict_on(&judge, Ok(Checked::One(decision))));
+        assert!(admitted.delay.is_zero());
+        assert!(admitted.slot.is_none());
+        assert!(admitted.decision.is_none(), "ThrottleDecision is opt-in");
+        let mut headers = http::HeaderMap::new();
+        admitted.headers.expect("fields").apply(&mut headers);
+        assert_eq!(headers["ratelimit"], r#""api";r=1;t=1"#);
+    }
+
+    #[test]
+    fn a_rejected_decision_answers_429_with_retry_after_rounded_up() {
+        let judge = judge(policy().build().unwrap(), Settings::default());
+        let response = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], "2");
+        assert_eq!(response.headers()["ratelimit"], r#""api";r=0;t=1"#);
+    }
+
+    #[test]
+    fn a_dry_run_admits_what_it_would_reject_and_says_so() {
+        let judge = judge(policy().dry_run(true).build().unwrap(), Settings::default());
+        let admitted = admitted(verdict_on(&judge, Ok(Checked::One(OVER))));
+        let exposed = admitted.decision.expect("dry runs expose their decision");
+        assert!(!exposed.enforced);
+        assert!(!exposed.decision.allowed);
+    }
+
+    #[test]
+    fn a_failed_backend_follows_on_backend_error() {
+        let error = || Err(BackendError::new("down"));
+        let allow = judge(policy().build().unwrap(), Settings::default());
+        let through = admitted(verdict_on(&allow, error()));
+        assert!(through.headers.is_none(), "no limit applied, no fields");
+
+        let settings = Settings {
+            on_error: OnBackendError::Deny,
+            ..Settings::default()
+        };
+        let deny = judge(policy().build().unwrap(), settings);
+        let response = rejected(verdict_on(&deny, error()));
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
+
+        // A stack answered with the wrong number of decisions is a backend failure too.
+        let wrong = Ok(Checked::Stack(vec![OVER, OVER]));
+        let response = rejected(verdict_on(&deny, wrong));
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn the_rejection_that_earns_a_ban_answers_with_it_and_the_ban_answers_before_the_backend() {
+        let penalty = Penalty::new(2, Duration::from_secs(60), Duration::from_secs(600)).unwrap();
+        let judge = judge(
+            policy().penalty(penalty).build().unwrap(),
+            Settings::default(),
+        );
+        let request = Request::get("/").body(()).unwrap();
+        let key = Key::from("k");
+        let cx = RequestContext {
+            policy: 0,
+            tier: 0,
+            key: &key,
+            request: RequestRef::of(&request),
+        };
+        assert!(judge.banned(cx).is_none());
+        let first = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
+        assert_eq!(first.headers()["retry-after"], "2");
+        let second = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
+        assert_eq!(
+            second.headers()["retry-after"],
+            "600",
+            "the second strike bans"
+        );
+        let banned = judge
+            .banned(cx)
+            .expect("banned before the backend is asked");
+        assert_eq!(banned.status(), StatusCode::TOO_MANY_REQUESTS);
+        let other = Key::from("other");
+        assert!(judge.banned(RequestContext { key: &other, ..cx }).is_none());
+    }
+
+    #[test]
+    fn a_missing_key_names_the_policy_and_a_deny_list_answers_403() {
+        let judge = judge(policy().build().unwrap(), Settings::default());
+        let response = judge.missing_key(0, "header x-api-key".into(), StatusCode::BAD_REQUEST);
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = String::from_utf8(response.into_body().to_vec()).unwrap();
+        assert!(body.contains("policy 'api'"), "{body}");
+        assert_eq!(judge.forbidden().status(), StatusCode::FORBIDDEN);
+    }
+}
