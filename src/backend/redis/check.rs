@@ -22,7 +22,7 @@ use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
 
-/// The future of [`RedisBackend::check`](crate::Backend::check).
+/// The future of [`RedisBackend::check`](crate::backend::Backend::check).
 pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
 
 /// What every clone of a `RedisBackend` shares.
@@ -33,7 +33,7 @@ pub(super) struct RedisState {
     pub(super) prefix: Box<str>,
     pub(super) timeout: Duration,
     pub(super) breaker: Arc<Breaker>,
-    pub(super) deny: Option<DenyCache>,
+    deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
 }
 
@@ -109,7 +109,7 @@ impl RedisState {
         })
     }
 
-    /// A stack of limits, decided together ([`Backend::check_all`](crate::Backend::check_all)).
+    /// A stack of limits, decided together ([`Backend::check_all`](crate::backend::Backend::check_all)).
     pub(super) fn check_stack(
         self: &Arc<Self>,
         limits: &[Limit],
