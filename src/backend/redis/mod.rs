@@ -1,7 +1,7 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 //!
-//! `RedisBackend` (here) is a handle on a shared [`RedisState`]; a check goes
-//! one way through the files, each one concern:
+//! `RedisBackend` (here) is a handle on a shared [`RedisState`]; a check goes one way through the
+//! files, each one concern:
 //!
 //! 1. [`check`]: the deny cache, then one call under the [`breaker`] and the timeout, on the path
 //!    the mode picks ([`connection::Detector`]); what the answer leaves behind.
@@ -111,8 +111,8 @@ pub use self::mode::RedisMode;
 /// # Concurrency leases
 ///
 /// An admitted request under a concurrency limit takes `quantity` slots, each a member scored by
-/// the end of its lease ([`Limit::with_lease`], 60 s by default); its [`Decision::lease`](crate::Decision::lease) is the
-/// token. While the request runs, its process renews the lease every third of its length, so a
+/// the end of its lease ([`Limit::with_lease`], 60 s by default); its
+/// [`Decision::lease`](crate::Decision::lease) is the token. While the request runs, its process renews the lease every third of its length, so a
 /// long download keeps its slot; [`Backend::release`] stops the renewal and removes the members (a
 /// `ZREM`, spawned on the current tokio runtime: it never blocks). Slots whose lease ended count no
 /// more, so those of a process that died (and stopped renewing) free themselves within one lease.
