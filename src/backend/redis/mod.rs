@@ -112,10 +112,11 @@ pub use self::mode::RedisMode;
 ///
 /// An admitted request under a concurrency limit takes `quantity` slots, each a member scored by
 /// the end of its lease ([`Limit::with_lease`], 60 s by default); its
-/// [`Decision::lease`](crate::Decision::lease) is the token. While the request runs, its process renews the lease every third of its length, so a
-/// long download keeps its slot; [`Backend::release`] stops the renewal and removes the members (a
-/// `ZREM`, spawned on the current tokio runtime: it never blocks). Slots whose lease ended count no
-/// more, so those of a process that died (and stopped renewing) free themselves within one lease.
+/// [`Decision::lease`](crate::Decision::lease) is the token. While the request runs, its process
+/// renews the lease every third of its length, so a long download keeps its slot;
+/// [`Backend::release`] stops the renewal and removes the members (a `ZREM`, spawned on the current
+/// tokio runtime: it never blocks). Slots whose lease ended count no more, so those of a process
+/// that died (and stopped renewing) free themselves within one lease.
 /// A release is retried with backoff, past the circuit breaker, until Redis answers or the lease
 /// would have ended anyway; a check that times out or is dropped before its answer arrives gives
 /// back whatever it may have taken the same way. Whoever calls [`Backend::check`] directly must
