@@ -6,7 +6,7 @@ use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::Decision;
+use crate::decision::Decision;
 
 const SHARDS: usize = 16;
 /// Entries per shard. Dropping an entry only costs a round trip, so a full shard refuses new ones

@@ -1,0 +1,258 @@
+//! `RedisState`, what every clone of a `RedisBackend` shares, and the way of one check: the deny
+//! cache, the breaker and timeout, the path the mode picks, and what the answer leaves behind (a
+//! cached rejection, a held lease).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::RedisError;
+
+use super::args::{self, stack_error, Args, Spec};
+use super::breaker::{guarded, Breaker};
+use super::connection::{is_unknown_command, Detector, RedisConnection};
+use super::deny::{DenyCache, Rejection};
+use super::lease::Leases;
+use super::mode::RedisMode;
+use super::scripts::{self, Answer};
+use crate::backend::StackFuture;
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::{Algorithm, Limit};
+
+/// The future of [`RedisBackend::check`](crate::backend::Backend::check).
+pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+
+/// What every clone of a `RedisBackend` shares.
+pub(super) struct RedisState {
+    pub(super) conn: RedisConnection,
+    /// The configured mode, and the path it runs on now.
+    pub(super) detector: Detector,
+    pub(super) prefix: Box<str>,
+    pub(super) timeout: Duration,
+    pub(super) breaker: Arc<Breaker>,
+    deny: Option<DenyCache>,
+    pub(super) leases: Arc<Leases>,
+}
+
+impl RedisState {
+    /// The state of a backend just connected: nothing detected, cached or held yet.
+    pub(super) fn new(
+        conn: RedisConnection,
+        mode: RedisMode,
+        prefix: Box<str>,
+        timeout: Duration,
+        deny_cache: bool,
+    ) -> Self {
+        RedisState {
+            breaker: Arc::new(Breaker::new(timeout, !conn.is_cluster())),
+            leases: Arc::new(Leases::new(conn.clone(), timeout)),
+            conn,
+            detector: Detector::new(mode),
+            prefix,
+            timeout,
+            deny: deny_cache.then(DenyCache::new),
+        }
+    }
+
+    /// `prefix:policy:{key}`: see [`args::redis_key`].
+    pub(super) fn redis_key(&self, policy: &str, key: &Key) -> String {
+        args::redis_key(&self.prefix, policy, key)
+    }
+
+    /// `key`'s state under `limit`: see [`args::state_key`].
+    pub(super) fn state_key(&self, limit: &Limit, key: &Key) -> String {
+        args::state_key(&self.prefix, limit, key)
+    }
+
+    /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
+    pub(super) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+        let Some(args) = Args::new(limit) else {
+            return self.check_window(limit, key, quantity);
+        };
+        // A key known to be limited stays limited, whether Redis answers or not.
+        let redis_key = self.redis_key(limit.name(), key);
+        if let Some(denied) = self
+            .deny
+            .as_ref()
+            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
+        let state = self.clone();
+        guarded(&self.breaker, self.timeout, async move {
+            let sent = Instant::now();
+            let Answer {
+                decision,
+                whole_seconds,
+                banned,
+            } = state.decide(&redis_key, &args, quantity).await?;
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban,
+            // though, holds whatever comes.
+            let cacheable = args.penalty.is_none() || banned;
+            if let (false, true, Some(cache)) = (decision.allowed, cacheable, &state.deny) {
+                // Timed from when the call was sent: Redis decided after that, so the retry time
+                // is held no later than Redis meant.
+                let rejection = Rejection {
+                    decision,
+                    interval: args.interval,
+                    tolerance: args.tolerance,
+                    whole_seconds,
+                    banned,
+                    until_retry: false,
+                };
+                cache.insert(&redis_key, quantity, rejection, sent);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// A stack of limits, decided together ([`Backend::check_all`](crate::backend::Backend::check_all)).
+    pub(super) fn check_stack(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+        }
+        let token = self.leases.next_token();
+        self.check_limits(limits, key, quantity, token)
+    }
+
+    /// One limit of another algorithm than the GCRA, on the limits script.
+    ///
+    /// The deny cache holds a rejection only where it provably stays one until its retry time,
+    /// whatever other processes do (they can only add units): a fixed window's (no unit leaves
+    /// before the boundary, which is the retry time), and a sliding log's for one unit (the log is
+    /// full, and its oldest unit, whose exit is the retry time, leaves first; `remaining` stays 0
+    /// until then). A sliding window's estimate and a larger request's room grow before the retry
+    /// time, and a concurrency slot may be released at any moment: those always reach Redis.
+    fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+        // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
+        let fingerprint = match (limit.algorithm(), limit.window()) {
+            (Algorithm::FixedWindow, Some(w)) => Some((w.period(), w.limit())),
+            (Algorithm::SlidingLog, Some(w)) if quantity == 1 => Some((w.period(), w.limit())),
+            _ => None,
+        };
+        let state_key = self.state_key(limit, key);
+        if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref()) {
+            if let Some(denied) = deny.get(&state_key, quantity, period, count) {
+                return Box::pin(std::future::ready(Ok(denied)));
+            }
+        }
+        let penalty = limit.penalty().is_some();
+        let state = self.clone();
+        let sent = Instant::now();
+        let token = self.leases.next_token();
+        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, token);
+        let lease = limit.lease().zip(limit.concurrency());
+        // A concurrency check whose answer never arrives (timed out, failed, or dropped by a client
+        // that went away) may still have taken slots in Redis under its token: until the answer is
+        // in hand, this gives them back.
+        let mut unanswered = lease.map(|(lease, count)| {
+            self.leases
+                .unanswered(state_key.clone(), token, quantity.min(count), lease)
+        });
+        Box::pin(async move {
+            let decisions = decided.await;
+            if decisions.is_ok() {
+                if let Some(unanswered) = &mut unanswered {
+                    unanswered.answered();
+                }
+            }
+            let decision = decisions?
+                .pop()
+                .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
+            // Renewed from now until released: the layer holds the slot from this answer on (a
+            // check dropped before it answers starts nothing, and its lease simply expires).
+            if let (true, Some((lease, count)), Some(token)) =
+                (decision.allowed, lease, decision.lease)
+            {
+                state
+                    .leases
+                    .hold(state_key, token, quantity.min(count), lease);
+                return Ok(decision);
+            }
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban holds.
+            let cacheable = !decision.allowed && (!penalty || decision.banned);
+            if let (true, Some((period, count)), Some(deny)) =
+                (cacheable, fingerprint, state.deny.as_ref())
+            {
+                let rejection = Rejection {
+                    decision,
+                    interval: period,
+                    tolerance: count,
+                    whole_seconds: false,
+                    banned: decision.banned,
+                    until_retry: true,
+                };
+                deny.insert(&state_key, quantity, rejection, sent);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
+    /// client's hash tag, adding units named by `token`.
+    fn check_limits(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+        token: u64,
+    ) -> StackFuture {
+        let mut specs = Vec::with_capacity(limits.len());
+        for limit in limits {
+            match Spec::of(limit, self.state_key(limit, key)) {
+                Ok(spec) => specs.push(spec),
+                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
+            }
+        }
+        // The first limit's penalty, on the same keys as the GCRA path's: a policy's ban holds
+        // whatever its algorithm.
+        let penalty = limits.first().and_then(|first| {
+            first
+                .penalty()
+                .map(|p| (*p, self.redis_key(first.name(), key)))
+        });
+        let mut conn = self.conn.clone();
+        let call =
+            async move { scripts::limits(&mut conn, &specs, penalty, quantity, token).await };
+        guarded(&self.breaker, self.timeout, call)
+    }
+
+    /// One GCRA decision on the path the mode picks.
+    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Answer, RedisError> {
+        let mut conn = self.conn.clone();
+        let use_cell = self.detector.use_cell(&mut conn, &self.breaker).await?;
+        let conn = &mut conn;
+        // Peeks (quantity 0) and quantities beyond the limit go to Lua: redis-cell 0.2.2 writes a key
+        // without expiry for the first, and for a huge quantity overflows into a negative TAT that
+        // crashes the server on the next call. Quotas with no whole-second form, and policies with a
+        // penalty box (strikes and bans go with the decision, atomically), go to Lua too.
+        match args.cell {
+            Some(cell)
+                if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
+            {
+                match scripts::throttle(conn, key, cell, quantity).await {
+                    Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
+                        // The module went away (a restart without it): Lua from now on, and this
+                        // request too (the failed command wrote nothing).
+                        self.detector.cell_gone();
+                        scripts::gcra(conn, key, args, quantity).await
+                    }
+                    other => other.map(|decision| Answer {
+                        decision,
+                        whole_seconds: true,
+                        banned: false,
+                    }),
+                }
+            }
+            _ => scripts::gcra(conn, key, args, quantity).await,
+        }
+    }
+}

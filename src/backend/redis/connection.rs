@@ -1,0 +1,330 @@
+//! The one connection to Redis (a single server's `ConnectionManager` or a Cluster's connection):
+//! where it comes from, how it is opened (TLS included), and which path it offers (redis-cell
+//! detection).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{Client, Cmd, Pipeline, RedisError, Value};
+
+use super::breaker::Breaker;
+use super::mode::RedisMode;
+use crate::error::{redact_url, BackendError};
+
+/// What the builder was given to reach Redis.
+pub(super) enum Target {
+    Urls(Vec<String>),
+    Client(Box<Client>),
+    Manager(ConnectionManager),
+    ClusterClient(Box<ClusterClient>),
+    ClusterConnection(ClusterConnection),
+}
+
+/// The connection every call of a backend goes through. Cloning it is cheap (both kinds are handles
+/// on one shared, reconnecting connection); each call takes its own clone for the `&mut` that
+/// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on either kind alike.
+#[derive(Clone)]
+pub(super) enum RedisConnection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisConnection {
+    /// Opens the connection to `target` (`cluster`: the URLs name a Redis Cluster), within `budget`.
+    pub(super) async fn open(
+        target: Target,
+        cluster: bool,
+        timeout: Duration,
+        budget: Duration,
+    ) -> Result<RedisConnection, BackendError> {
+        let tls = match &target {
+            Target::Urls(urls) => urls.iter().any(|u| u.starts_with("rediss:")),
+            Target::Client(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+            _ => false,
+        };
+        if tls {
+            install_crypto_provider();
+        }
+        let connecting = async {
+            match target {
+                Target::Urls(urls) => {
+                    if urls.is_empty() {
+                        return Err(BackendError::new("no Redis URL given"));
+                    }
+                    if cluster {
+                        let client = ClusterClient::builder(urls.clone())
+                            .connection_timeout(timeout)
+                            .response_timeout(timeout)
+                            .build()
+                            .map_err(|e| connect_error(&urls.join(", "), e))?;
+                        connect_cluster(client).await
+                    } else if urls.len() > 1 {
+                        Err(BackendError::new(
+                            "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
+                        ))
+                    } else {
+                        let client = Client::open(urls[0].as_str())
+                            .map_err(|e| connect_error(&urls[0], e))?;
+                        connect_single(client, timeout).await
+                    }
+                }
+                Target::Client(client) => connect_single(*client, timeout).await,
+                Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
+                Target::ClusterClient(client) => connect_cluster(*client).await,
+                Target::ClusterConnection(connection) => Ok(RedisConnection::Cluster(connection)),
+            }
+        };
+        tokio::time::timeout(budget, connecting)
+            .await
+            .map_err(|_| {
+                BackendError::new(format!(
+                    "Redis did not accept a connection within {budget:?}"
+                ))
+            })?
+    }
+
+    /// A Redis Cluster, rather than one server.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, RedisConnection::Cluster(_))
+    }
+
+    /// `"single"` or `"cluster"`.
+    pub(super) fn topology(&self) -> &'static str {
+        match self {
+            RedisConnection::Single(_) => "single",
+            RedisConnection::Cluster(_) => "cluster",
+        }
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(c) => c.get_db(),
+            RedisConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
+fn install_crypto_provider() {
+    // Fails only when a provider is installed already, which is then the one used.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn connect_error(url: &str, e: RedisError) -> BackendError {
+    BackendError::with_source(format!("cannot connect to Redis at {}", redact_url(url)), e)
+}
+
+async fn connect_single(
+    client: Client,
+    timeout: Duration,
+) -> Result<RedisConnection, BackendError> {
+    let url = client.get_connection_info().addr().to_string();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        // Reconnect quickly after Redis comes back: a limiter that is down costs every request the
+        // failure policy.
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(500))
+        .set_number_of_retries(3);
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .map(RedisConnection::Single)
+        .map_err(|e| connect_error(&url, e))
+}
+
+async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, BackendError> {
+    client
+        .get_async_connection()
+        .await
+        .map(RedisConnection::Cluster)
+        .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
+}
+
+/// Whether `CL.THROTTLE` exists (on every primary, for a Cluster).
+pub(super) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, RedisError> {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("CL.THROTTLE");
+    let reply = match conn {
+        RedisConnection::Single(manager) => manager.req_packed_command(&cmd).await?,
+        RedisConnection::Cluster(cluster) => {
+            cluster
+                .route_command(
+                    cmd,
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::CombineArrays),
+                    )),
+                )
+                .await?
+        }
+    };
+    // One entry per server asked: the command's description, or nil where it is unknown.
+    Ok(match reply {
+        Value::Array(entries) => {
+            !entries.is_empty() && entries.iter().all(|e| !matches!(e, Value::Nil))
+        }
+        _ => false,
+    })
+}
+
+/// Whether Redis refused a command it does not know (`CL.THROTTLE` once the module is gone).
+pub(super) fn is_unknown_command(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
+}
+
+/// `Auto` mode detects the module again this often (ms), besides after connection failures.
+const DETECT_EVERY_MS: u64 = 30_000;
+
+const UNKNOWN: u8 = 0;
+const CELL: u8 = 1;
+const LUA: u8 = 2;
+
+/// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
+/// the connection offers the redis-cell module, the Lua script where it does not.
+pub(super) struct Detector {
+    mode: RedisMode,
+    /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
+    active: AtomicU8,
+    /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
+    /// run time, or a reconnect that redis-rs did silently (RESP3), is noticed within this period.
+    next_detect: AtomicU64,
+}
+
+impl Detector {
+    /// Nothing detected yet.
+    pub(super) fn new(mode: RedisMode) -> Self {
+        Detector {
+            mode,
+            active: AtomicU8::new(UNKNOWN),
+            next_detect: AtomicU64::new(0),
+        }
+    }
+
+    /// The configured mode.
+    pub(super) fn mode(&self) -> RedisMode {
+        self.mode
+    }
+
+    /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
+    pub(super) fn active_path(&self) -> Option<RedisMode> {
+        match self.mode {
+            RedisMode::Auto => match self.active.load(Ordering::Relaxed) {
+                CELL => Some(RedisMode::Cell),
+                LUA => Some(RedisMode::Lua),
+                _ => None,
+            },
+            fixed => Some(fixed),
+        }
+    }
+
+    /// Detection at connect found the module (`loaded`) or not; the next is due in 30 s.
+    pub(super) fn detected(&self, loaded: bool, breaker: &Breaker) {
+        self.active
+            .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+        self.next_detect
+            .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
+    }
+
+    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection.
+    pub(super) async fn use_cell(
+        &self,
+        conn: &mut RedisConnection,
+        breaker: &Breaker,
+    ) -> Result<bool, RedisError> {
+        match self.mode {
+            RedisMode::Lua => Ok(false),
+            RedisMode::Cell => Ok(true),
+            RedisMode::Auto => self.detect_if_due(conn, breaker).await,
+        }
+    }
+
+    /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on.
+    pub(super) fn cell_gone(&self) {
+        self.active.store(LUA, Ordering::Relaxed);
+        tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
+    }
+
+    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module first when it is unknown,
+    /// after a connection failure, or every 30 s. If detection fails, the last known answer stands.
+    async fn detect_if_due(
+        &self,
+        conn: &mut RedisConnection,
+        breaker: &Breaker,
+    ) -> Result<bool, RedisError> {
+        let now = breaker.now_ms();
+        let known = self.active.load(Ordering::Relaxed);
+        if known == UNKNOWN || breaker.lost() || now >= self.next_detect.load(Ordering::Relaxed) {
+            // The loss is forgotten only once detection has answered, so a call dropped half-way
+            // leaves it for the next one.
+            match cell_loaded(conn).await {
+                Ok(loaded) => {
+                    let path = if loaded { CELL } else { LUA };
+                    if known != UNKNOWN && known != path {
+                        tracing::info!(
+                            cell = loaded,
+                            "redis-cell module {}; rate-limit decisions use {}",
+                            if loaded { "found" } else { "gone" },
+                            if loaded {
+                                "CL.THROTTLE"
+                            } else {
+                                "the Lua script"
+                            }
+                        );
+                    }
+                    self.active.store(path, Ordering::Relaxed);
+                    breaker.forget_loss();
+                    self.next_detect
+                        .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
+                }
+                Err(e) if known == UNKNOWN => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(self.active.load(Ordering::Relaxed) == CELL)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::redact_url;
+
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(
+            redact_url("rediss://user:s3cret@host:6380/0"),
+            "rediss://user:***@host:6380/0"
+        );
+        assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
+    }
+}

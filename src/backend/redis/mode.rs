@@ -1,0 +1,55 @@
+//! `RedisMode`: which implementation of the GCRA a `RedisBackend` is configured to run.
+
+use std::fmt;
+
+use crate::error::BuildError;
+
+/// Which implementation of the GCRA the [`RedisBackend`](crate::RedisBackend) runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RedisMode {
+    /// `CL.THROTTLE` when the redis-cell module is loaded (on every primary of a Cluster), the Lua
+    /// script otherwise. Detected at connect and again after the connection was lost, so a server that
+    /// restarts with or without the module is followed. The default.
+    #[default]
+    Auto,
+    /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. Peeks
+    /// (quantity 0) and quantities beyond the limit, which redis-cell 0.2.2 mishandles (a key without
+    /// expiry; an overflow that crashes the server), run the Lua script instead, as do limits with a
+    /// penalty box or a delay, other algorithms than the GCRA, and stacks.
+    Cell,
+    /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
+    Lua,
+}
+
+impl RedisMode {
+    /// `"auto"`, `"cell"` or `"lua"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisMode::Auto => "auto",
+            RedisMode::Cell => "cell",
+            RedisMode::Lua => "lua",
+        }
+    }
+}
+
+impl fmt::Display for RedisMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RedisMode {
+    type Err = BuildError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(RedisMode::Auto),
+            "cell" => Ok(RedisMode::Cell),
+            "lua" => Ok(RedisMode::Lua),
+            other => Err(BuildError::Invalid(format!(
+                "unknown Redis mode {other:?}: expected \"auto\", \"cell\" or \"lua\""
+            ))),
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The calls that decide — `gcra.lua`, `limits.lua` and `CL.THROTTLE` — sent on a connection, and
+//! their replies read back into decisions.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{RedisError, Script};
+
+use super::args::{Args, CellArgs, Spec};
+use super::connection::RedisConnection;
+use crate::decision::Decision;
+use crate::penalty::Penalty;
+
+/// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
+/// once per process (its SHA-1 is what `EVALSHA` sends).
+static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra.lua")));
+
+/// Every algorithm, and stacks of limits: see the script's header.
+static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("limits.lua")));
+
+/// A decision and how it was made.
+pub(super) struct Answer {
+    pub(super) decision: Decision,
+    /// By `CL.THROTTLE`: durations in whole seconds, rounded up.
+    pub(super) whole_seconds: bool,
+    /// By a penalty-box ban.
+    pub(super) banned: bool,
+}
+
+/// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
+/// fails the start, not the first request.
+pub(super) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
+    GCRA.load_async(conn).await.map(drop)
+}
+
+/// One GCRA decision (with its penalty box, if any) by `gcra.lua`.
+pub(super) async fn gcra(
+    conn: &mut RedisConnection,
+    key: &str,
+    args: &Args,
+    quantity: u64,
+) -> Result<Answer, RedisError> {
+    let mut invocation = GCRA.key(key);
+    invocation
+        .arg(args.interval)
+        .arg(args.tolerance)
+        .arg(args.limit)
+        .arg(quantity);
+    if let Some(penalty) = &args.penalty {
+        // Same hash tag as the state: one slot, one atomic call.
+        invocation
+            .key(format!("{key}:strikes"))
+            .key(format!("{key}:ban"))
+            .arg(penalty.after())
+            .arg(penalty.within().as_millis().max(1) as u64)
+            .arg(penalty.ban().as_millis().max(1) as u64);
+    }
+    let reply: [i64; 6] = invocation.invoke_async(conn).await?;
+    let [limited, limit, remaining, retry, reset, banned] = reply;
+    let mut decision = from_reply(
+        [limited, limit, remaining, retry, reset],
+        Duration::from_nanos,
+    );
+    decision.banned = banned == 1;
+    Ok(Answer {
+        decision,
+        whole_seconds: false,
+        banned: banned == 1,
+    })
+}
+
+/// One GCRA decision by `CL.THROTTLE`.
+pub(super) async fn throttle(
+    conn: &mut RedisConnection,
+    key: &str,
+    cell: CellArgs,
+    quantity: u64,
+) -> Result<Decision, RedisError> {
+    let mut cmd = redis::cmd("CL.THROTTLE");
+    cmd.arg(key)
+        .arg(cell.max_burst)
+        .arg(cell.count)
+        .arg(cell.period_secs)
+        .arg(quantity);
+    // With no declared key, a Cluster routes the command by its first argument: the key's slot.
+    let reply: [i64; 5] = cmd.query_async(conn).await?;
+    // Whole seconds, truncated: report the next whole second, which is never early.
+    Ok(from_reply(reply, |secs| {
+        Duration::from_secs(secs.saturating_add(1))
+    }))
+}
+
+/// One decision per spec, together, by `limits.lua`: units added are named by `token`, and the
+/// penalty box (the first limit's, on `base:strikes` and `base:ban`) goes with them.
+pub(super) async fn limits(
+    conn: &mut RedisConnection,
+    specs: &[Spec],
+    penalty: Option<(Penalty, String)>,
+    quantity: u64,
+    token: u64,
+) -> Result<Vec<Decision>, RedisError> {
+    let mut invocation = LIMITS.prepare_invoke();
+    for spec in specs {
+        invocation.key(&spec.key);
+    }
+    let (after, within, ban) = match &penalty {
+        Some((penalty, base)) => {
+            invocation
+                .key(format!("{base}:strikes"))
+                .key(format!("{base}:ban"));
+            (
+                penalty.after(),
+                penalty.within().as_millis().max(1) as u64,
+                penalty.ban().as_millis().max(1) as u64,
+            )
+        }
+        None => (0, 0, 0),
+    };
+    invocation
+        .arg(specs.len())
+        .arg(quantity)
+        .arg(token)
+        .arg(after)
+        .arg(within)
+        .arg(ban);
+    for spec in specs {
+        invocation
+            .arg(spec.kind)
+            .arg(spec.limit)
+            .arg(spec.a)
+            .arg(spec.b);
+    }
+    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
+    if reply.len() != 1 + 5 * specs.len() {
+        return Err(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "the limits script returned a reply of the wrong length",
+        )));
+    }
+    let banned = reply[0] == 1;
+    Ok(reply[1..]
+        .chunks_exact(5)
+        .zip(specs)
+        .map(|(r, spec)| {
+            let mut decision = from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos);
+            decision.banned = banned;
+            if decision.allowed && spec.is_concurrency() {
+                decision = decision.with_lease(token);
+            }
+            decision
+        })
+        .collect())
+}
+
+/// `[limited, limit, remaining, retry_after, reset_after]`, durations converted by `unit`.
+fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
+    let [limited, limit, remaining, retry_after, reset_after] = reply;
+    let limit = limit.max(0) as u64;
+    let remaining = remaining.max(0) as u64;
+    let reset_after = unit(reset_after.max(0) as u64);
+    if limited == 0 {
+        Decision::allowed(limit, remaining, reset_after)
+    } else {
+        let retry_after = u64::try_from(retry_after).ok().map(unit);
+        Decision::limited(limit, remaining, retry_after, reset_after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cell_replies_round_up_to_whole_seconds() {
+        let limited = from_reply([1, 5, 0, 0, 4], |s| Duration::from_secs(s + 1));
+        assert!(!limited.allowed);
+        assert_eq!(limited.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(limited.retry_after_secs(), 1);
+        let never = from_reply([1, 5, 0, -1, 4], Duration::from_secs);
+        assert_eq!(never.retry_after, None);
+    }
+}
