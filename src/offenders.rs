@@ -257,7 +257,7 @@ mod redis_store {
 
     /// Limited keys waiting to be sent, and whether a task is sending them.
     #[derive(Default)]
-    pub(super) struct Shared {
+    pub(super) struct Outbox {
         pending: Mutex<Vec<(Box<str>, String, u64)>>,
         flushing: AtomicBool,
     }
@@ -266,7 +266,7 @@ mod redis_store {
         pub(super) conn: OffendersConnection,
         pub(super) prefix: String,
         pub(super) recent: Mutex<Recent>,
-        pub(super) shared: Arc<Shared>,
+        pub(super) outbox: Arc<Outbox>,
     }
 
     impl RedisOffenders {
@@ -290,36 +290,36 @@ mod redis_store {
                     return;
                 }
             }
-            let shared = &self.shared;
+            let outbox = &self.outbox;
             {
-                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                let mut pending = outbox.pending.lock().unwrap_or_else(|e| e.into_inner());
                 if pending.len() >= PENDING_CAP {
                     return; // Redis is slow or down: not counted
                 }
                 pending.push((policy.into(), key.to_string(), now));
             }
-            if shared.flushing.swap(true, Ordering::AcqRel) {
+            if outbox.flushing.swap(true, Ordering::AcqRel) {
                 return; // the running flush takes it
             }
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                shared.flushing.store(false, Ordering::Release);
+                outbox.flushing.store(false, Ordering::Release);
                 return;
             };
-            let (shared, conn, prefix) = (shared.clone(), self.conn.clone(), self.prefix.clone());
+            let (outbox, conn, prefix) = (outbox.clone(), self.conn.clone(), self.prefix.clone());
             runtime.spawn(async move {
                 loop {
                     let batch = std::mem::take(
-                        &mut *shared.pending.lock().unwrap_or_else(|e| e.into_inner()),
+                        &mut *outbox.pending.lock().unwrap_or_else(|e| e.into_inner()),
                     );
                     if batch.is_empty() {
-                        shared.flushing.store(false, Ordering::Release);
+                        outbox.flushing.store(false, Ordering::Release);
                         // A record may have slipped in after the take and seen the flag still set.
-                        let more = !shared
+                        let more = !outbox
                             .pending
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .is_empty();
-                        if more && !shared.flushing.swap(true, Ordering::AcqRel) {
+                        if more && !outbox.flushing.swap(true, Ordering::AcqRel) {
                             continue;
                         }
                         return;
@@ -400,7 +400,7 @@ impl Offenders {
                 conn,
                 prefix,
                 recent: Mutex::default(),
-                shared: Arc::default(),
+                outbox: Arc::default(),
             })),
         }
     }
