@@ -16,11 +16,21 @@ mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 
+// The backend a configuration file names; public as `config::ConfiguredBackend`.
+#[cfg(all(feature = "config", feature = "redis"))]
+mod configured;
+
+#[cfg(all(feature = "config", feature = "redis"))]
+pub use configured::{ConfiguredBackend, ConfiguredFuture};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::{BackendError, BuildError, Decision, Key, Limit};
+use crate::decision::Decision;
+use crate::error::{BackendError, BuildError};
+use crate::key::Key;
+use crate::limit::Limit;
 
 /// The future of [`Backend::check_all`]: one decision per limit, in order.
 pub type StackFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;
