@@ -12,7 +12,7 @@ use crate::error::{BackendError, BuildError};
 use crate::key::Key;
 use crate::limit::Limit;
 
-/// The backend a [`Config`] names: memory or Redis, one type for both.
+/// The backend a [`Config`](crate::config::Config) names: memory or Redis, one type for both.
 #[derive(Clone, Debug)]
 pub enum ConfiguredBackend {
     /// `kind = "memory"`.

@@ -27,9 +27,10 @@
 //! assert_eq!(err.to_string(), r#"policy "x": quota count must be at least 1"#);
 //! ```
 //!
-//! The file's tables are the [serde schema](schema); [`policies`] builds a [`Policy`] per route and
-//! the access lists; [`backend`] turns `[backend]` into a backend ([`ConfiguredBackend`], with the
-//! feature `redis`, holds either kind). [`Config`] ties them into a layer.
+//! Inside: `schema.rs`, the file's tables ([`RouteConfig`], [`BackendConfig`], ...) as serde
+//! types; `policies.rs`, a [`Policy`] per route and the access lists; `backend.rs`, `[backend]`
+//! turned into a backend (with the feature `redis`, `ConfiguredBackend` holds either kind); and
+//! here, [`Config`], which ties them into a layer.
 
 mod backend;
 mod policies;

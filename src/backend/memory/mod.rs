@@ -31,7 +31,7 @@ const MAX_SHARDS: usize = 1024;
 /// How many entries are sampled to choose which keys to forget at the cap (in either store).
 const EVICTION_SAMPLE: usize = 1024;
 
-/// The in-memory backend: one process, every [`Algorithm`], bounded memory.
+/// The in-memory backend: one process, every [`Algorithm`](crate::Algorithm), bounded memory.
 ///
 /// It keeps two stores. A lone GCRA limit (the common case) has a table of its own, described
 /// first; everything else, described under **Other algorithms and stacks**, shares a general one.
@@ -308,7 +308,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         Box::pin(ready(self.decide_all(limits, key, quantity)))
     }
 
-    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`]); memory adds nothing to it.
+    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::MAX_STACKED_QUOTAS)); memory adds nothing to it.
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
         check_stack(limits).map_err(BuildError::Invalid)
     }
