@@ -3,6 +3,10 @@
 //! A [`Backend`] answers one question, asynchronously: may `quantity` units pass for `key` under
 //! `limit` now? The [`Limit`] carries the algorithm and the quota, so that one backend serves every
 //! policy of an application and later algorithms fit without changing the trait.
+//!
+//! The backends, one directory or file each: `memory/` (one process: the GCRA table and the
+//! general store), `redis/` (many processes: `CL.THROTTLE` or Lua, one server or a Cluster), and
+//! `configured.rs` (either one, as a configuration file names it).
 
 #[cfg(feature = "memory")]
 mod memory;
