@@ -3,6 +3,10 @@
 //! A [`Backend`] answers one question, asynchronously: may `quantity` units pass for `key` under
 //! `limit` now? The [`Limit`] carries the algorithm and the quota, so that one backend serves every
 //! policy of an application and later algorithms fit without changing the trait.
+//!
+//! The backends, one directory or file each: `memory/` (one process: the GCRA table and the
+//! general store), `redis/` (many processes: `CL.THROTTLE` or Lua, one server or a Cluster), and
+//! `configured.rs` (either one, as a configuration file names it).
 
 #[cfg(feature = "memory")]
 mod memory;
@@ -16,11 +20,21 @@ mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 
+// The backend a configuration file names; public as `config::ConfiguredBackend`.
+#[cfg(all(feature = "config", feature = "redis"))]
+mod configured;
+
+#[cfg(all(feature = "config", feature = "redis"))]
+pub use configured::{ConfiguredBackend, ConfiguredFuture};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::{BackendError, BuildError, Decision, Key, Limit};
+use crate::decision::Decision;
+use crate::error::{BackendError, BuildError};
+use crate::key::Key;
+use crate::limit::Limit;
 
 /// The future of [`Backend::check_all`]: one decision per limit, in order.
 pub type StackFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;

@@ -1,0 +1,106 @@
+//! [`ConfiguredBackend`]: the backend a [`Config`](crate::config::Config) names, memory or Redis,
+//! as one type (features `config` and `redis`).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::backend::{Backend, MemoryBackend, RedisBackend, RedisFuture, StackFuture};
+use crate::decision::Decision;
+use crate::error::{BackendError, BuildError};
+use crate::key::Key;
+use crate::limit::Limit;
+
+/// The backend a [`Config`](crate::config::Config) names: memory or Redis, one type for both.
+#[derive(Clone, Debug)]
+pub enum ConfiguredBackend {
+    /// `kind = "memory"`.
+    Memory(MemoryBackend),
+    /// `kind = "redis"`.
+    Redis(RedisBackend),
+}
+
+impl Backend for ConfiguredBackend {
+    type Future = ConfiguredFuture;
+
+    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+        match self {
+            // Decided here and now: the layer sees a ready future and skips the pending path.
+            ConfiguredBackend::Memory(memory) => ConfiguredFuture(DecisionSource::Ready(Some(
+                memory.decide(limit, key, quantity),
+            ))),
+            ConfiguredBackend::Redis(redis) => {
+                ConfiguredFuture(DecisionSource::Redis(redis.check(limit, key, quantity)))
+            }
+        }
+    }
+
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.validate(limit),
+            ConfiguredBackend::Redis(redis) => redis.validate(limit),
+        }
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.keeps_penalties(),
+            ConfiguredBackend::Redis(redis) => redis.keeps_penalties(),
+        }
+    }
+
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.check_all(limits, key, quantity),
+            ConfiguredBackend::Redis(redis) => redis.check_all(limits, key, quantity),
+        }
+    }
+
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.validate_all(limits),
+            ConfiguredBackend::Redis(redis) => redis.validate_all(limits),
+        }
+    }
+
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.release(limit, key, quantity, lease),
+            ConfiguredBackend::Redis(redis) => redis.release(limit, key, quantity, lease),
+        }
+    }
+}
+
+/// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.
+pub struct ConfiguredFuture(DecisionSource);
+
+/// Where the decision comes from: already made (memory), or Redis's answer to wait for.
+enum DecisionSource {
+    Ready(Option<Result<Decision, BackendError>>),
+    Redis(RedisFuture),
+}
+
+impl fmt::Debug for ConfiguredFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            DecisionSource::Ready(_) => "ConfiguredFuture(ready)",
+            DecisionSource::Redis(_) => "ConfiguredFuture(redis)",
+        })
+    }
+}
+
+impl Future for ConfiguredFuture {
+    type Output = Result<Decision, BackendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            DecisionSource::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .expect("ConfiguredFuture polled after completion"),
+            ),
+            DecisionSource::Redis(future) => future.as_mut().poll(cx),
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! The GCRA table: one TAT per key for lone GCRA limits, in shards behind read-write locks, with
+//! its sweeps and its eviction at the cap (the [`MemoryBackend`](super::MemoryBackend) docs say why).
+
+use std::hash::BuildHasher;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{RwLock, RwLockWriteGuard};
+
+use hashbrown::HashTable;
+
+use super::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::gcra;
+use crate::key::Key;
+
+/// Exact `CL.THROTTLE` decisions for lone GCRA limits: a map from (limit, key) to TAT, split into
+/// shards, each holding at most `shard_cap` keys.
+pub(super) struct GcraTable {
+    hasher: foldhash::fast::RandomState,
+    shards: Box<[RwLock<GcraShard>]>,
+    shard_cap: usize,
+}
+
+impl GcraTable {
+    /// `shards` (a power of two) empty shards of at most `shard_cap` keys each.
+    pub(super) fn new(shards: usize, shard_cap: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
+        let shards = (0..shards)
+            .map(|_| {
+                RwLock::new(GcraShard {
+                    v4: HashTable::new(),
+                    v6: HashTable::new(),
+                    other: HashTable::new(),
+                    tolerances: Vec::new(),
+                    sweep_at_len: 64,
+                    sweep_at_time: 0,
+                })
+            })
+            .collect();
+        GcraTable {
+            hasher: foldhash::fast::RandomState::default(),
+            shards,
+            shard_cap,
+        }
+    }
+
+    /// How many shards the table has.
+    pub(super) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The most keys a shard holds.
+    pub(super) fn shard_cap(&self) -> usize {
+        self.shard_cap
+    }
+
+    /// Decides `quantity` units of the GCRA limit `id` (with `params`) for `key` at `clock`'s now,
+    /// and records them if admitted. IP keys are stored as their address bits.
+    pub(super) fn decide<C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &Key,
+        quantity: u64,
+        clock: &C,
+    ) -> Decision {
+        match Compact::of(key) {
+            Compact::V4(ip) => self.decide_in(params, id, &ip, quantity, clock),
+            Compact::V6(ip) => self.decide_in(params, id, &ip, quantity, clock),
+            Compact::Other(key) => self.decide_in(params, id, key, quantity, clock),
+        }
+    }
+
+    fn decide_in<K: RecordKey + Clone, C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &K,
+        quantity: u64,
+        clock: &C,
+    ) -> Decision {
+        let hash = key.record_hash(id, &self.hasher);
+        // The shard comes from bits that hashbrown uses for neither the bucket index (low bits) nor
+        // the control byte (top 7 bits), so each shard's table stays well spread.
+        let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
+        let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
+        {
+            // A key already in the table: the read lock, and a compare-and-swap of its TAT. Two
+            // threads may read the clock in one order and swap in the other; the later swap then
+            // decides on the newer TAT with an older `now`, which can only be stricter (never an
+            // extra admission), and the exact-count test in tests/memory.rs holds under contention.
+            let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // Read the clock under the lock: a sweep (under the write lock) never runs between
+            // reading `now` and deciding with it.
+            let now = clock.now_nanos();
+            if now < shard.sweep_at_time {
+                if let Some(record) = K::table(&shard).find(hash, eq) {
+                    let mut current = record.tat.load(Relaxed);
+                    loop {
+                        let live = (current > now).then_some(current);
+                        let out = gcra::decide(live, now, params, quantity);
+                        // A TAT not after `now` means no state, as does an expired `current`:
+                        // nothing to write (the sweep drops the record).
+                        let store = out.new_tat.filter(|tat| *tat > now && *tat != current);
+                        let Some(tat) = store else {
+                            return out.decision;
+                        };
+                        match record
+                            .tat
+                            .compare_exchange_weak(current, tat, Relaxed, Relaxed)
+                        {
+                            Ok(_) => return out.decision,
+                            Err(actual) => current = actual,
+                        }
+                    }
+                }
+            }
+        }
+        // A new key, or a sweep is due: the write lock.
+        let mut shard = lock
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = clock.now_nanos();
+        if now >= shard.sweep_at_time {
+            shard.sweep(now, &self.hasher);
+        }
+        let rehash = |s: &TatRecord<K>| s.key.record_hash(s.limit, &self.hasher);
+        match K::table_mut(&mut shard).find_entry(hash, eq) {
+            Ok(mut occupied) => {
+                let tat = occupied.get_mut().tat.get_mut();
+                let live = (*tat > now).then_some(*tat);
+                let out = gcra::decide(live, now, params, quantity);
+                match out.new_tat {
+                    Some(new_tat) if new_tat > now => *tat = new_tat,
+                    _ => {
+                        occupied.remove();
+                    }
+                }
+                out.decision
+            }
+            Err(_) => {
+                let out = gcra::decide(None, now, params, quantity);
+                if let Some(tat) = out.new_tat.filter(|tat| *tat > now) {
+                    if shard.len() >= shard.sweep_at_len {
+                        shard.sweep(now, &self.hasher);
+                    }
+                    if shard.len() >= self.shard_cap {
+                        shard.evict_nearest_refill(now, self.shard_cap, &self.hasher);
+                    }
+                    shard.note_tolerance(id, params.tolerance() as f32);
+                    let record = TatRecord {
+                        tat: AtomicU64::new(tat),
+                        limit: id,
+                        key: key.clone(),
+                    };
+                    K::table_mut(&mut shard).insert_unique(hash, record, rehash);
+                }
+                out.decision
+            }
+        }
+    }
+
+    /// How many keys are live (including keys that have expired but were not swept yet).
+    pub(super) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    /// Drops every key whose TAT has passed at `now`.
+    pub(super) fn sweep(&self, now: u64) {
+        for shard in self.shards.iter() {
+            write(shard).sweep(now, &self.hasher);
+        }
+    }
+}
+
+/// One live key. The TAT is atomic so that a decision for a key already in the table needs only the
+/// shard's read lock (concurrent decisions compare-and-swap it); inserting and removing keys take the
+/// write lock.
+struct TatRecord<K> {
+    tat: AtomicU64,
+    limit: u32,
+    key: K,
+}
+
+/// The three tables of a shard, by the form a key is stored in: IPv4 keys as 4 bytes (a 16-byte record),
+/// IPv6 keys as 16 bytes (32-byte record), anything else as the [`Key`] itself (40-byte record).
+trait RecordKey: Sized + PartialEq {
+    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64;
+    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>>;
+    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>>;
+}
+
+impl RecordKey for u32 {
+    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+        hasher.hash_one((u64::from(limit) << 32) | u64::from(*self))
+    }
+    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
+        &shard.v4
+    }
+    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
+        &mut shard.v4
+    }
+}
+
+impl RecordKey for [u8; 16] {
+    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+        hasher.hash_one((limit, u128::from_ne_bytes(*self)))
+    }
+    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
+        &shard.v6
+    }
+    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
+        &mut shard.v6
+    }
+}
+
+impl RecordKey for Key {
+    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+        hasher.hash_one((limit, self))
+    }
+    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
+        &shard.other
+    }
+    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
+        &mut shard.other
+    }
+}
+
+/// The compact form of a key: IP keys as their address bits, anything else as the key itself.
+enum Compact<'a> {
+    V4(u32),
+    V6([u8; 16]),
+    Other(&'a Key),
+}
+
+impl<'a> Compact<'a> {
+    fn of(key: &'a Key) -> Self {
+        match key.ip() {
+            Some(IpAddr::V4(ip)) => Compact::V4(ip.to_bits()),
+            Some(IpAddr::V6(ip)) => Compact::V6(ip.octets()),
+            None => Compact::Other(key),
+        }
+    }
+}
+
+/// One shard of the table: a hash table per key form, behind one read-write lock.
+struct GcraShard {
+    v4: HashTable<TatRecord<u32>>,
+    v6: HashTable<TatRecord<[u8; 16]>>,
+    other: HashTable<TatRecord<Key>>,
+    /// The tolerance (ns) of each limit seen in this shard, to rank keys of different limits at the
+    /// cap (the last one seen, if two limits share a name with different quotas).
+    tolerances: Vec<(u32, f32)>,
+    /// Sweep expired keys when the tables reach this many entries...
+    sweep_at_len: usize,
+    /// ...or when the clock reaches this time.
+    sweep_at_time: u64,
+}
+
+fn write(shard: &RwLock<GcraShard>) -> RwLockWriteGuard<'_, GcraShard> {
+    shard.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops the records whose TAT has passed, and gives memory back after a burst of keys (an attack, a
+/// spike) has expired.
+fn sweep_table<K: RecordKey>(
+    table: &mut HashTable<TatRecord<K>>,
+    now: u64,
+    hasher: &foldhash::fast::RandomState,
+) {
+    table.retain(|s| *s.tat.get_mut() > now);
+    let len = table.len();
+    if table.capacity() > 4 * len.max(16) {
+        table.shrink_to(2 * len, |s| s.key.record_hash(s.limit, hasher));
+    }
+}
+
+impl GcraShard {
+    fn len(&self) -> usize {
+        self.v4.len() + self.v6.len() + self.other.len()
+    }
+
+    fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        sweep_table(&mut self.v4, now, hasher);
+        sweep_table(&mut self.v6, now, hasher);
+        sweep_table(&mut self.other, now, hasher);
+        self.sweep_at_len = (2 * self.len()).max(64);
+        self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
+    }
+
+    fn note_tolerance(&mut self, id: u32, tolerance: f32) {
+        match self.tolerances.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, t)) => *t = tolerance,
+            None => self.tolerances.push((id, tolerance)),
+        }
+    }
+
+    /// At the cap: forget about an eighth of the keys, those that have used the smallest share of
+    /// their limit's tolerance (the closest to fully refilled, whatever their limit's period).
+    ///
+    /// The threshold comes from a sample (the table's order has nothing to do with the TATs), so the
+    /// work under the lock is one pass over the tables per `cap / 8` new keys, with no allocation
+    /// proportional to the shard.
+    fn evict_nearest_refill(&mut self, now: u64, cap: usize, hasher: &foldhash::fast::RandomState) {
+        // Expired records (left by decisions under the read lock) go first, and count.
+        let before = self.len();
+        sweep_table(&mut self.v4, now, hasher);
+        sweep_table(&mut self.v6, now, hasher);
+        sweep_table(&mut self.other, now, hasher);
+        let target = (cap / 8).max(1).saturating_sub(before - self.len());
+        if target == 0 {
+            return;
+        }
+        let GcraShard {
+            v4,
+            v6,
+            other,
+            tolerances,
+            ..
+        } = self;
+        let tolerances = &*tolerances;
+        // How much of its tolerance a key has used: near 0 = almost fully refilled, 1 = just limited.
+        let used = |tat: u64, id: u32| {
+            let tolerance = tolerances
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map_or(1.0, |(_, t)| *t);
+            tat.saturating_sub(now) as f32 / tolerance
+        };
+        let len = v4.len() + v6.len() + other.len();
+        // A sample from each table in proportion to its size.
+        let share = |n: usize| (n * EVICTION_SAMPLE).div_ceil(len);
+        let mut sample: Vec<f32> = Vec::with_capacity(EVICTION_SAMPLE + 3);
+        sample.extend(
+            v4.iter()
+                .take(share(v4.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit)),
+        );
+        sample.extend(
+            v6.iter()
+                .take(share(v6.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit)),
+        );
+        sample.extend(
+            other
+                .iter()
+                .take(share(other.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit)),
+        );
+        let nth = (sample.len() * target / len).min(sample.len() - 1);
+        let (_, threshold, _) = sample.select_nth_unstable_by(nth, f32::total_cmp);
+        let threshold = *threshold;
+        // Strictly below the threshold first, then ties, until the target is met; a sample that
+        // underestimates only evicts fewer keys, and the next insert tries again.
+        let mut evicted = 0;
+        for ties in [false, true] {
+            let mut forget = |tat: u64, id: u32| {
+                let u = used(tat, id);
+                let forget = evicted < target && (u < threshold || (ties && u <= threshold));
+                evicted += usize::from(forget);
+                !forget
+            };
+            v4.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            v6.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            other.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            if evicted >= target {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn ip_keys_are_stored_compactly_and_other_keys_as_themselves() {
+        assert_eq!(std::mem::size_of::<TatRecord<u32>>(), 16);
+        assert_eq!(std::mem::size_of::<TatRecord<[u8; 16]>>(), 32);
+        let v4 = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+        assert!(matches!(Compact::of(&v4), Compact::V4(bits) if bits == 0xc000_0207));
+        let v6: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        assert!(matches!(Compact::of(&Key::from(v6)), Compact::V6(o) if o == v6.octets()));
+        // IPv4-mapped IPv6 addresses are IPv4 keys.
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert!(matches!(
+            Compact::of(&Key::from(mapped)),
+            Compact::V4(0xc000_0207)
+        ));
+        // Byte strings of an address's length are not addresses.
+        for other in [
+            Key::from("abcd"),
+            Key::from(&[0xc0, 0, 2, 7][..]),
+            Key::from(&[7u8; 16][..]),
+            Key::global(),
+            Key::from("x".repeat(100)),
+        ] {
+            assert!(
+                matches!(Compact::of(&other), Compact::Other(_)),
+                "{other:?}"
+            );
+        }
+    }
+}

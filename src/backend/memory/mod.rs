@@ -1,0 +1,343 @@
+//! The in-memory backend: [`MemoryBackend`], its builder and its [`Backend`] impl, which hand each
+//! decision to one of two stores: the [GCRA table](gcra_table) for a lone GCRA limit, the
+//! [general store](general) for everything else. Why two, and how the cap evicts, is told on
+//! [`MemoryBackend`].
+
+mod gcra_table;
+mod general;
+
+use std::future::{ready, Ready};
+use std::sync::Arc;
+
+use crate::backend::{Backend, StackFuture};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::error::{BackendError, BuildError};
+use crate::key::Key;
+use crate::limit::{check_stack, Limit};
+
+use gcra_table::GcraTable;
+use general::GeneralStore;
+
+/// How often (at most) a shard drops keys that have refilled completely, when it is in use.
+const SWEEP_INTERVAL_NANOS: u64 = 1_000_000_000;
+
+/// The default cap on live keys.
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The most shards a backend may have.
+const MAX_SHARDS: usize = 1024;
+
+/// How many entries are sampled to choose which keys to forget at the cap (in either store).
+const EVICTION_SAMPLE: usize = 1024;
+
+/// The in-memory backend: one process, every [`Algorithm`](crate::Algorithm), bounded memory.
+///
+/// It keeps two stores. A lone GCRA limit (the common case) has a table of its own, described
+/// first; everything else, described under **Other algorithms and stacks**, shares a general one.
+/// [`len`](Self::len) counts the keys of both.
+///
+/// **The GCRA table.** Exact `CL.THROTTLE` decisions.
+/// State is one 64-bit TAT per live key, in a map split into shards behind read-write locks. A
+/// decision for a key already in the map takes its shard's read lock and updates the TAT with a
+/// compare-and-swap, so decisions in one shard run in parallel; a new key takes the write lock for a
+/// few dozen nanoseconds. It never waits on I/O.
+///
+/// **Eviction.** A key whose TAT has passed is indistinguishable from a key never seen, so dropping it
+/// loses nothing. Each shard drops such keys when it has doubled in size since the last sweep, and
+/// at most once a second otherwise, during the calls that use it: no background task, nothing to call.
+/// The cost is amortized O(1) per decision.
+///
+/// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live in this table
+/// (default 1,000,000, split evenly across the shards). When a shard is full of keys that have not refilled yet (many
+/// distinct clients within one refill period, such as an attack from rotating addresses), it forgets
+/// about an eighth of its keys: those that have used the smallest share of their own limit's tolerance
+/// (the closest to fully refilled, whatever the limit's period). They start again with a full burst.
+/// A client being limited has used all of its tolerance, so it is forgotten last: an attacker rotating
+/// through fresh keys cannot reset it without spending each key's whole limit.
+/// Memory is therefore bounded by the cap: each key is one table entry (plus hashbrown's control byte
+/// and spare capacity) of 16 bytes for an IPv4 key, 32 for an IPv6 key and 40 for any other key,
+/// and a byte-string key also owns its bytes on the heap (at most 64; longer keys are stored as a
+/// 32-byte SHA-256 digest). IP keys own nothing beyond the entry: a million live IPv4 keys take about
+/// 36 MB (`cargo bench --bench footprint`).
+///
+/// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
+/// and [stacks of limits](Backend::check_all) (whose GCRA limits keep their TAT here, apart from
+/// the same limits checked alone) live in a second map with as many shards, each behind a mutex:
+/// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
+/// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
+/// time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an 80-byte
+/// entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own bytes) holds
+/// the state of one limit in place; a stack keeps its states on the heap instead, 48 bytes per
+/// limit. The state
+/// itself is O(1) for the GCRA (a TAT), the fixed window (a window number and a count), the sliding
+/// window (two counts) and the concurrency limit (a count); the sliding log is O(`count`): 8 bytes
+/// per unit admitted within the last `period` (a `VecDeque`, so up to twice that in spare
+/// capacity), never more than `count` of them.
+///
+/// Entries are dropped when their state expires (the end of the window that still counts, the
+/// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
+/// concurrency entry as soon as its last request is [released](Backend::release). The general
+/// map has its own cap of `max_keys` entries (so the two stores together hold at most twice that):
+/// when a shard is full, it forgets about an eighth of its entries, those that use the smallest
+/// share of their limit, as the GCRA table does: the count in the current fixed window, the sliding
+/// window's weighted estimate or the sliding log's live units over the limit's `count`, a GCRA
+/// limit's TAT ahead of now over its tolerance, and for a stack the largest share over its limits.
+/// A client being limited uses its whole limit, so it is forgotten last, even if its state expires
+/// before a lighter client's (every fixed-window entry of one window expires together). It
+/// never forgets an entry with requests in flight, since that would admit more than the limit: a
+/// shard full of them grows past the cap, by at most the number of keys with requests in flight.
+///
+/// Clones share the same state, so one backend can serve several layers.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
+/// use tower_throttle::clock::ManualClock;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let clock = ManualClock::new();
+/// let backend = MemoryBackend::builder().clock(clock.clone()).build().unwrap();
+/// let limit = Limit::new("api", Quota::per_second(2)).unwrap();
+/// let key = Key::from("alice");
+/// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+/// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+/// let third = backend.check(&limit, &key, 1).await.unwrap();
+/// assert!(!third.allowed);
+/// assert_eq!(third.retry_after, Some(Duration::from_millis(500)));
+/// clock.advance(Duration::from_millis(500));
+/// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+/// # });
+/// ```
+pub struct MemoryBackend<C = SystemClock> {
+    stores: Arc<SharedStores<C>>,
+}
+
+impl<C> Clone for MemoryBackend<C> {
+    fn clone(&self) -> Self {
+        MemoryBackend {
+            stores: self.stores.clone(),
+        }
+    }
+}
+
+impl<C> std::fmt::Debug for MemoryBackend<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("shards", &self.stores.gcra.shard_count())
+            .field("max_keys_per_shard", &self.stores.gcra.shard_cap())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every clone of a backend shares: the clock and the two stores.
+struct SharedStores<C> {
+    clock: C,
+    /// Lone GCRA limits.
+    gcra: GcraTable,
+    /// Every algorithm but a lone GCRA limit, and stacks of limits.
+    general: GeneralStore,
+}
+
+impl MemoryBackend<SystemClock> {
+    /// A backend on the system clock with the default cap of 1,000,000 keys.
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder to set the cap and the clock.
+    pub fn builder() -> MemoryBackendBuilder<SystemClock> {
+        MemoryBackendBuilder {
+            clock: SystemClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: None,
+        }
+    }
+}
+
+impl Default for MemoryBackend<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builds a [`MemoryBackend`].
+#[derive(Debug)]
+#[must_use]
+pub struct MemoryBackendBuilder<C> {
+    clock: C,
+    max_keys: usize,
+    shards: Option<usize>,
+}
+
+impl<C: Clock> MemoryBackendBuilder<C> {
+    /// The most keys held at once (default 1,000,000). See [`MemoryBackend`] for what happens at the cap.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The number of shards: 1 to 1024 and at most `max_keys`, rounded down to a power of two
+    /// (default: 64, or fewer so that each shard holds at least 64 keys). Each shard holds at most
+    /// `max_keys / shards` keys.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The clock, such as a [`ManualClock`](crate::clock::ManualClock) in tests.
+    pub fn clock<C2: Clock>(self, clock: C2) -> MemoryBackendBuilder<C2> {
+        MemoryBackendBuilder {
+            clock,
+            max_keys: self.max_keys,
+            shards: self.shards,
+        }
+    }
+
+    /// Builds the backend, or explains why `max_keys` or `shards` is out of range.
+    pub fn build(self) -> Result<MemoryBackend<C>, BuildError> {
+        if self.max_keys == 0 {
+            return Err(BuildError::Invalid(
+                "memory backend max_keys must be at least 1".into(),
+            ));
+        }
+        let shards = match self.shards {
+            Some(n) if n == 0 || n > MAX_SHARDS || n > self.max_keys => {
+                return Err(BuildError::Invalid(format!(
+                    "memory backend shards must be between 1 and {MAX_SHARDS} and at most max_keys ({}), not {n}",
+                    self.max_keys
+                )))
+            }
+            Some(n) => n,
+            None => (self.max_keys / 64).clamp(1, 64),
+        };
+        // Round down to a power of two, so that a shard is picked with a mask.
+        let shards = 1usize << shards.ilog2();
+        let shard_cap = self.max_keys / shards;
+        Ok(MemoryBackend {
+            stores: Arc::new(SharedStores {
+                clock: self.clock,
+                gcra: GcraTable::new(shards, shard_cap),
+                general: GeneralStore::new(shards, shard_cap),
+            }),
+        })
+    }
+}
+
+impl<C: Clock> MemoryBackend<C> {
+    /// Decides synchronously; [`Backend::check`] wraps this in a ready future. Every algorithm is
+    /// implemented, so this does not fail today; the `Result` leaves room for one that is not.
+    pub fn decide(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        quantity: u64,
+    ) -> Result<Decision, BackendError> {
+        let stores = &*self.stores;
+        Ok(match limit.gcra() {
+            Some(params) => stores
+                .gcra
+                .decide(params, limit.id(), key, quantity, &stores.clock),
+            None => stores
+                .general
+                .decide_alone(limit, key, quantity, &stores.clock),
+        })
+    }
+
+    /// Decides a stack of limits together, synchronously ([`Backend::check_all`] wraps this in a
+    /// ready future): the request passes only if every limit admits it, and only then is it recorded
+    /// by all of them. Returns one decision per limit, in order. When one limit rejects, the others
+    /// that would have admitted report the state they keep (as a request of quantity 0 would).
+    ///
+    /// A single limit is decided as [`decide`](Self::decide) does (a lone GCRA limit in the fast
+    /// table). A stack keeps its state apart from the lone limits, keyed by its first limit's name,
+    /// the key, and each limit's position; its GCRA limits keep their TAT there too. Fails for what
+    /// [`Backend::validate_all`] refuses.
+    pub fn decide_all(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+    ) -> Result<Vec<Decision>, BackendError> {
+        check_stack(limits).map_err(BackendError::new)?;
+        if let [limit] = limits {
+            return Ok(vec![self.decide(limit, key, quantity)?]);
+        }
+        let stores = &*self.stores;
+        Ok(stores
+            .general
+            .decide_stack(limits, key, quantity, &stores.clock))
+    }
+
+    /// How many keys are live in both stores (including keys that have expired but were not swept
+    /// yet). A stack of limits on one key counts once.
+    pub fn len(&self) -> usize {
+        self.stores.gcra.len() + self.stores.general.len()
+    }
+
+    /// Whether no key is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every key whose state has expired now. Never needed for correctness or memory bounds
+    /// (shards sweep themselves as they are used); useful before measuring [`len`](Self::len).
+    pub fn sweep(&self) {
+        let now = self.stores.clock.now_nanos();
+        self.stores.gcra.sweep(now);
+        self.stores.general.sweep(now);
+    }
+}
+
+impl<C: Clock> Backend for MemoryBackend<C> {
+    type Future = Ready<Result<Decision, BackendError>>;
+
+    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+        ready(self.decide(limit, key, quantity))
+    }
+
+    /// Every algorithm is implemented.
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        let _ = limit;
+        Ok(())
+    }
+
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        Box::pin(ready(self.decide_all(limits, key, quantity)))
+    }
+
+    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::MAX_STACKED_QUOTAS)); memory adds nothing to it.
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        check_stack(limits).map_err(BuildError::Invalid)
+    }
+
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        // Memory counts slots per key; the lease token identifies nothing more.
+        let _ = lease;
+        self.stores.general.release(limit, key, quantity);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn the_same_address_as_bytes_and_as_ip_are_different_keys() {
+        let backend = MemoryBackend::builder()
+            .clock(crate::clock::ManualClock::new())
+            .build()
+            .unwrap();
+        let limit = Limit::new("t", crate::quota::Quota::per_minute(1)).unwrap();
+        let ip = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+        let bytes = Key::from(&[192, 0, 2, 7][..]);
+        assert!(backend.decide(&limit, &ip, 1).unwrap().allowed);
+        assert!(backend.decide(&limit, &bytes, 1).unwrap().allowed);
+        assert!(!backend.decide(&limit, &ip, 1).unwrap().allowed);
+        assert!(!backend.decide(&limit, &bytes, 1).unwrap().allowed);
+        assert_eq!(backend.len(), 2);
+    }
+}

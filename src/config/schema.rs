@@ -1,0 +1,295 @@
+//! The configuration file's serde schema: the `[backend]`, `[access]` and `[[route]]` tables and
+//! the helpers that parse their durations, keys and failure policies. What they build lives in
+//! [`policies`](super::policies) and [`backend`](super::backend).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::key::KeySpec;
+use crate::layer::OnBackendError;
+
+/// The `[backend]` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum BackendConfig {
+    /// `kind = "memory"`: the in-memory backend.
+    #[non_exhaustive]
+    Memory {
+        /// The most live keys (default 1,000,000).
+        #[serde(default)]
+        max_keys: Option<usize>,
+    },
+    /// `kind = "redis"`: the Redis backend (feature `redis`).
+    Redis(RedisConfig),
+}
+
+/// The `[backend]` table with `kind = "redis"`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// One server, or with `cluster = true` one seed node: `redis://[user:password@]host:port/[db]`,
+    /// `rediss://` for TLS.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Seed nodes of a Cluster (implies `cluster = true`).
+    #[serde(default)]
+    pub urls: Option<Vec<String>>,
+    /// `"auto"` (default), `"cell"` or `"lua"`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// The first part of every key (default `"throttle"`).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// The longest a decision may take, in milliseconds (default 100).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// `"allow"`, `"deny"` or `"local"`: what to do when Redis fails or times out (default: the
+    /// top-level `on_backend_error`, itself `"allow"` by default).
+    #[serde(default, deserialize_with = "some_on_backend_error")]
+    pub on_error: Option<OnBackendError>,
+    /// Whether `url` / `urls` name a Redis Cluster.
+    #[serde(default)]
+    pub cluster: bool,
+    /// Reject keys that Redis limited locally until their retry time (default true).
+    #[serde(default)]
+    pub deny_cache: Option<bool>,
+}
+
+impl RedisConfig {
+    /// A configuration for one server at `url`, everything else default.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: Some(url.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The URLs to connect to, with the password hidden: for messages.
+    pub fn describe(&self) -> String {
+        let urls: Vec<&str> = self
+            .url
+            .iter()
+            .map(String::as_str)
+            .chain(self.urls.iter().flatten().map(String::as_str))
+            .collect();
+        let urls: Vec<String> = urls.iter().map(|u| crate::error::redact_url(u)).collect();
+        let mode = self.mode.as_deref().unwrap_or("auto");
+        let cluster = if self.cluster || self.urls.is_some() {
+            "cluster "
+        } else {
+            ""
+        };
+        format!("redis {cluster}{} (mode {mode})", urls.join(", "))
+    }
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig::Memory { max_keys: None }
+    }
+}
+
+impl fmt::Display for BackendConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendConfig::Memory { max_keys } => {
+                write!(f, "memory (max_keys {})", max_keys.unwrap_or(1_000_000))
+            }
+            BackendConfig::Redis(redis) => f.write_str(&redis.describe()),
+        }
+    }
+}
+
+/// The `[access]` table: allow and deny lists. Networks are matched against the client IP (behind
+/// `trusted_proxies` when there are any, else the peer), keys against the matching policy's key.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct AccessConfig {
+    /// Networks or addresses that bypass every limit.
+    #[serde(default)]
+    pub allow_networks: Vec<String>,
+    /// Networks or addresses answered `403 Forbidden`.
+    #[serde(default)]
+    pub deny_networks: Vec<String>,
+    /// Keys that bypass every limit (a value that is an IP address also matches `ip` and `client-ip`
+    /// keys).
+    #[serde(default)]
+    pub allow_keys: Vec<String>,
+    /// Keys answered `403 Forbidden`.
+    #[serde(default)]
+    pub deny_keys: Vec<String>,
+    /// With a Redis backend: also mirror the sets `{<this>}:allow:net`, `:deny:net`, `:allow:key` and
+    /// `:deny:key`, read every `redis_refresh` (default `"1s"`).
+    #[serde(default)]
+    pub redis_sets: Option<String>,
+    /// How often the Redis sets are read again.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub redis_refresh: Option<Duration>,
+}
+
+/// One `[[route]]`: a policy.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RouteConfig {
+    /// The policy name: the namespace of its keys.
+    pub name: String,
+    /// The route, in axum path syntax; without it the policy applies to every path.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The methods; without it, every method.
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    /// `"ip"`, `"client-ip"`, `"global"` or `"header:<name>"`.
+    #[serde(deserialize_with = "key_spec")]
+    pub key: KeySpec,
+    /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
+    #[serde(default)]
+    pub ipv6_prefix: Option<u8>,
+    /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1. GCRA only.
+    #[serde(default)]
+    pub max_burst: Option<u64>,
+    /// Requests per period (or in flight, for `algorithm = "concurrency"`). Required unless
+    /// `quotas` is given.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// The period, such as `"60s"`, `"1m"`, `"500ms"`, `"1day"`. Required with `count` (except for
+    /// `algorithm = "concurrency"`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub period: Option<Duration>,
+    /// Stacked quotas instead of `count`/`period`/`max_burst`:
+    /// `[{ max_burst = 9, count = 10, period = "1s" }, { count = 1000, period = "1d" }]`; a request
+    /// must pass every one.
+    #[serde(default)]
+    pub quotas: Option<Vec<QuotaConfig>>,
+    /// `"gcra"` (default), `"sliding-log"`, `"fixed-window"`, `"sliding-window"` or `"concurrency"`.
+    #[serde(default)]
+    pub algorithm: Option<String>,
+    /// `"enforce"` (default), `"dry-run"` (decide and report, never reject) or `"delay"` (GCRA:
+    /// requests beyond the burst wait up to `max_delay`).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// With `mode = "delay"`: the longest a request waits, such as `"2s"`.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub max_delay: Option<Duration>,
+    /// With `algorithm = "concurrency"` on Redis: how long a slot's lease lives if its process dies
+    /// (default `"60s"`).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub lease: Option<Duration>,
+    /// Quotas per tier (plan): `[route.tiers.paid]` with `count`/`period`/`max_burst` or `quotas`.
+    /// The tier comes from a `Tier` request extension or the `tier_header`; other requests get the
+    /// route's own quota.
+    #[serde(default)]
+    pub tiers: Option<std::collections::BTreeMap<String, TierConfig>>,
+    /// The request header naming the tier, such as `"x-plan"`. Only a header that a trusted proxy
+    /// sets (and strips from clients).
+    #[serde(default)]
+    pub tier_header: Option<String>,
+    /// Units each request costs (default 1).
+    #[serde(default)]
+    pub cost: Option<u64>,
+    /// `"reject"` (400, the default) or `"allow"`: requests without a key.
+    #[serde(default)]
+    pub on_missing_key: Option<String>,
+    /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
+    /// banned for `ban`.
+    #[serde(default)]
+    pub penalty: Option<PenaltyConfig>,
+}
+
+/// One quota of a stack (`quotas = [...]`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct QuotaConfig {
+    /// GCRA only; default count - 1.
+    #[serde(default)]
+    pub max_burst: Option<u64>,
+    /// Requests per period.
+    pub count: u64,
+    /// The period.
+    #[serde(deserialize_with = "duration")]
+    pub period: Duration,
+}
+
+/// A tier's quotas (`[route.tiers.<name>]`): `count`/`period`/`max_burst`, or `quotas`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TierConfig {
+    /// GCRA only; default count - 1.
+    #[serde(default)]
+    pub max_burst: Option<u64>,
+    /// Requests per period.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// The period.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub period: Option<Duration>,
+    /// Stacked quotas.
+    #[serde(default)]
+    pub quotas: Option<Vec<QuotaConfig>>,
+}
+
+/// A route's `penalty` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PenaltyConfig {
+    /// Rejections that earn a ban.
+    pub after: u32,
+    /// The window they must fall in.
+    #[serde(deserialize_with = "duration")]
+    pub within: Duration,
+    /// The length of the ban.
+    #[serde(deserialize_with = "duration")]
+    pub ban: Duration,
+}
+
+/// `#[serde(default = "schema::yes")]`: a flag that is on unless set.
+pub(super) fn yes() -> bool {
+    true
+}
+
+pub(super) fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
+}
+
+pub(super) fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "duration {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
+        ))
+    })
+}
+
+pub(super) fn on_backend_error<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<OnBackendError, D::Error> {
+    match String::deserialize(d)?.as_str() {
+        "allow" => Ok(OnBackendError::Allow),
+        "deny" => Ok(OnBackendError::Deny),
+        "local" => Ok(OnBackendError::Local),
+        other => Err(serde::de::Error::custom(format!(
+            "on_backend_error {other:?} is not \"allow\", \"deny\" or \"local\""
+        ))),
+    }
+}
+
+pub(super) fn some_on_backend_error<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<OnBackendError>, D::Error> {
+    on_backend_error(d).map(Some)
+}
