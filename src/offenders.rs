@@ -11,6 +11,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::error::BackendError;
 use crate::key::Key;
 
+#[cfg(feature = "redis")]
+use crate::backend::redis::connection::RedisConnection;
+
 /// Distinct limited keys of one policy in the current minute, hour and day (UTC calendar buckets).
 /// HyperLogLog estimates: about 1.6 % standard error in memory, 0.81 % in Redis.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -218,10 +221,8 @@ mod redis_store {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 
-    use redis::aio::ConnectionManager;
-    use redis::cluster_async::ClusterConnection;
-
     use super::{OffenderCounts, Window};
+    use crate::backend::redis::connection::RedisConnection;
     use crate::error::BackendError;
     use crate::key::Key;
 
@@ -238,12 +239,6 @@ mod redis_store {
     /// Limited keys waiting to be sent; beyond, a limited client is not counted (Redis is slow or
     /// down). One task sends them, batched.
     const PENDING_CAP: usize = 10_000;
-
-    #[derive(Clone)]
-    pub(super) enum OffendersConnection {
-        Single(ConnectionManager),
-        Cluster(ClusterConnection),
-    }
 
     /// `{prefix:offenders:policy}:m:<minute>` and so on: one hash tag per policy, so a Cluster keeps
     /// a policy's counters in one slot.
@@ -263,7 +258,7 @@ mod redis_store {
     }
 
     pub(super) struct RedisOffenders {
-        pub(super) conn: OffendersConnection,
+        pub(super) conn: RedisConnection,
         pub(super) prefix: String,
         pub(super) recent: Mutex<Recent>,
         pub(super) outbox: Arc<Outbox>,
@@ -340,10 +335,7 @@ mod redis_store {
                         // Kept for one more bucket, so the last one can still be read as it closes.
                         pipe.cmd("EXPIRE").arg(name).arg(*ttl).ignore();
                     }
-                    let result: redis::RedisResult<()> = match conn.clone() {
-                        OffendersConnection::Single(mut c) => pipe.query_async(&mut c).await,
-                        OffendersConnection::Cluster(mut c) => pipe.query_async(&mut c).await,
-                    };
+                    let result: redis::RedisResult<()> = pipe.query_async(&mut conn.clone()).await;
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "limited clients were not counted");
                     }
@@ -360,11 +352,10 @@ mod redis_store {
             for window in Window::ALL {
                 pipe.cmd("PFCOUNT").arg(self.key(policy, window, now));
             }
-            let (minute, hour, day): (u64, u64, u64) = match self.conn.clone() {
-                OffendersConnection::Single(mut c) => pipe.query_async(&mut c).await,
-                OffendersConnection::Cluster(mut c) => pipe.query_async(&mut c).await,
-            }
-            .map_err(|e| BackendError::with_source("cannot count limited clients", e))?;
+            let (minute, hour, day): (u64, u64, u64) = pipe
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| BackendError::with_source("cannot count limited clients", e))?;
             Ok(OffenderCounts { minute, hour, day })
         }
     }
@@ -377,10 +368,7 @@ impl Offenders {
     /// bucket after its own; `PFCOUNT` to read. A key is sent at most once a minute per process, by
     /// one background task that batches them.
     pub fn redis(connection: redis::aio::ConnectionManager, prefix: impl Into<String>) -> Self {
-        Self::redis_on(
-            redis_store::OffendersConnection::Single(connection),
-            prefix.into(),
-        )
+        Self::redis_on(RedisConnection::Single(connection), prefix.into())
     }
 
     /// Like [`redis`](Self::redis), on a Redis Cluster.
@@ -388,13 +376,10 @@ impl Offenders {
         connection: redis::cluster_async::ClusterConnection,
         prefix: impl Into<String>,
     ) -> Self {
-        Self::redis_on(
-            redis_store::OffendersConnection::Cluster(connection),
-            prefix.into(),
-        )
+        Self::redis_on(RedisConnection::Cluster(connection), prefix.into())
     }
 
-    fn redis_on(conn: redis_store::OffendersConnection, prefix: String) -> Self {
+    fn redis_on(conn: RedisConnection, prefix: String) -> Self {
         Offenders {
             store: Arc::new(Store::Redis(redis_store::RedisOffenders {
                 conn,

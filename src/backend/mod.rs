@@ -15,7 +15,7 @@ mod memory;
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
 
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};

@@ -51,7 +51,7 @@ use crate::access::AccessList;
 use crate::backend::MemoryBackend;
 use crate::error::BuildError;
 use crate::key::{ClientIp, ForwardedHeader, KeySpec, TrustedProxies};
-use crate::layer::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
+use crate::middleware::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
 #[cfg(feature = "redis")]
 use crate::offenders::Offenders;
 use crate::policy::Policy;

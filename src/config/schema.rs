@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::key::KeySpec;
-use crate::layer::OnBackendError;
+use crate::middleware::OnBackendError;
 
 /// The `[backend]` table.
 #[derive(Clone, Debug, Deserialize)]

@@ -28,7 +28,7 @@ pub(super) enum Target {
 /// on one shared, reconnecting connection); each call takes its own clone for the `&mut` that
 /// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on either kind alike.
 #[derive(Clone)]
-pub(super) enum RedisConnection {
+pub(crate) enum RedisConnection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }

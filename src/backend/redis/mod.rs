@@ -19,7 +19,7 @@ mod args;
 mod breaker;
 mod builder;
 mod check;
-mod connection;
+pub(crate) mod connection;
 mod deny;
 mod lease;
 mod mode;
