@@ -247,6 +247,6 @@ if [[ ${1:-} == --setup-only ]]; then
   exit 0
 fi
 
-# Examples are built first: tests/example_server.rs runs the example binary.
+# Examples are built first: tests/http/example_server.rs runs the example binary.
 cargo build --all-features --examples
 cargo test --all-features "$@"

@@ -1,10 +1,10 @@
 //! Real Redis servers for integration tests.
 //!
-//! Include it in a test file with
+//! A test binary reaches it as `crate::support::redis` (see `tests/support/mod.rs`); a test file
+//! imports it with
 //!
 //! ```ignore
-//! #[path = "support/redis.rs"]
-//! mod redis_support;
+//! use crate::support::redis as redis_support;
 //! ```
 //!
 //! Every [`RedisServer`] is one `redis-server` child process listening on 127.0.0.1 only, on a free

@@ -5,8 +5,7 @@
 //! Quotas are slow (a unit a few seconds) so that no unit refills while a test runs on a real clock:
 //! the counts are then exact on every backend.
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

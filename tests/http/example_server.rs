@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 /// The example binary that `cargo test` built next to this test.
 fn example_binary() -> PathBuf {
@@ -387,7 +386,7 @@ async fn metrics_show_allowed_and_limited_requests() {
 
 /// The README's TOML of every algorithm and mode, as the example server's config.
 fn algorithms_config(dir: &std::path::Path) -> PathBuf {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];

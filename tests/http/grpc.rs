@@ -16,7 +16,7 @@ use tower_throttle::{
     ThrottleLayer, ThrottleLayerBuilder,
 };
 
-#[path = "../examples/grpc/greeter.rs"]
+#[path = "../../examples/grpc/greeter.rs"]
 mod greeter;
 
 use greeter::{GreeterClient, GreeterServer, HelloRequest, SAY_HELLO};

@@ -1,15 +1,13 @@
 //! The middleware in axum apps: statuses, headers, keys, per-route policies, failure handling.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::*;
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::{get, post};
 use axum::Router;
-use common::*;
 use http::{Method, Request, StatusCode};
 use tower::ServiceExt;
 use tower_throttle::key::{Extension, Global, Header, KeySpec, PeerIp};

@@ -2,8 +2,7 @@
 //! within the timeout plus a small margin, as the layer's failure policy says; once Redis is back,
 //! decisions come from Redis again, without restarting anything.
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::time::Duration;
 

@@ -1,14 +1,12 @@
 //! The penalty box through the layer: in process (memory backend) and shared in Redis by every
 //! process, with `Retry-After` = the rest of the ban.
 
-mod common;
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
+use crate::support::{header, request};
 use axum::{routing::get, Router};
-use common::{header, request};
 use tower::ServiceExt;
 use tower_throttle::config::Config;
 use tower_throttle::key::Header;

@@ -4,12 +4,10 @@
 //! more requests than the limit, changing its forged part every time, and must be admitted exactly
 //! `LIMIT` times: zero bypasses.
 
-mod common;
-
+use crate::support::*;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use common::*;
 use http::{Request, StatusCode};
 use tower_throttle::key::{ClientIp, ForwardedHeader, KeyExtractor, PeerIp, TrustedProxies};
 use tower_throttle::{Policy, Quota, ThrottleLayer};

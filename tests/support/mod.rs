@@ -1,4 +1,18 @@
+//! Helpers shared by the integration-test binaries: a memory backend on a manual clock, requests
+//! from a peer or a user, statuses, headers and bodies of responses; and, in [`redis`], real Redis
+//! servers.
+//!
+//! Each binary (`tests/<area>/main.rs`) includes this directory with
+//!
+//! ```ignore
+//! #[path = "../support/mod.rs"]
+//! mod support;
+//! ```
+//!
+//! and uses only part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
+
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::time::Duration;

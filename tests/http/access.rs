@@ -1,14 +1,12 @@
 //! Allow and deny lists through the layer: static, changed at run time, behind proxies, and shared
 //! through Redis sets; and the configuration keys for them.
 
-mod common;
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
+use crate::support::{from_peer, request, status_of};
 use axum::{routing::get, Router};
-use common::{from_peer, request, status_of};
 use http::StatusCode;
 use tower_throttle::access::{AccessList, RedisAccessSync};
 use tower_throttle::config::Config;

@@ -3,8 +3,7 @@
 //!
 //! The servers come from `tests/support/redis.rs`; `bash scripts/test.sh` installs what they need.
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,15 +1,13 @@
 //! The layer's modes and policy shapes, in memory: delay, dry run, concurrency slots (released
 //! however a request ends), stacked quotas, tiers, and their TOML.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use axum::routing::get;
 use axum::{Extension, Router};
-use common::*;
 use http::StatusCode;
 use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};

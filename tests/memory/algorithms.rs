@@ -670,7 +670,7 @@ fn at_the_cap_clients_being_limited_stay_limited_under_every_window_algorithm() 
     // Ranking by expiry would forget them first: a heavy sliding-log user expires before the light
     // keys logged after it, and every fixed-window entry of one window expires together. They are
     // ranked by the share of their limit in use instead, as in the GCRA table
-    // (tests/memory.rs: memory_is_bounded_by_the_cap_and_heavy_users_stay_limited).
+    // (tests/memory/backend.rs: memory_is_bounded_by_the_cap_and_heavy_users_stay_limited).
     let (backend, clock) = backend(1_000);
     let limits = [
         limit("heavy-log", Algorithm::SlidingLog, Quota::per_minute(10)),

@@ -1,11 +1,10 @@
-//! The on_limited hook (the log events are in tests/logs.rs, the metrics in tests/example_server.rs).
-
-mod common;
+//! The on_limited hook (the log events are in tests/observability/logs.rs, the metrics in
+//! tests/http/example_server.rs).
 
 use std::sync::{Arc, Mutex};
 
+use crate::support::{from_user as from, per_user_policy as policy, status_of};
 use axum::{routing::get, Router};
-use common::{from_user as from, per_user_policy as policy, status_of};
 use http::Method;
 use tower_throttle::{Limited, ThrottleLayer};
 

@@ -1,7 +1,6 @@
 //! Distinct limited clients counted in Redis (HyperLogLog), shared by every process.
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use tower_throttle::offenders::Offenders;
 use tower_throttle::Key;

@@ -2,13 +2,11 @@
 //! caches per call site whether anyone listens, so a test without a subscriber running beside this one
 //! could make it miss events.
 
-mod common;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use crate::support::{from_user as from, per_user_policy as policy, status_of};
 use axum::{routing::get, Router};
-use common::{from_user as from, per_user_policy as policy, status_of};
 use tower_throttle::ThrottleLayer;
 
 /// A `tracing` writer into a shared buffer.

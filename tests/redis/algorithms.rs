@@ -6,8 +6,7 @@
 //! The memory backend cannot share Redis' clock, so parity is checked against the pure functions of
 //! `tower_throttle::window` (which the memory backend calls), fed the server's time.
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -1006,7 +1005,7 @@ async fn delayed_gcra_limits_never_take_the_cell_path() {
 /// hash the test sets, so its arithmetic can be compared with `window.rs` and `gcra.rs` to the
 /// nanosecond, on any instant and any stored state, at the precision bounds the backend accepts.
 fn script_on_a_test_clock() -> redis::Script {
-    const SOURCE: &str = include_str!("../src/backend/redis/limits.lua");
+    const SOURCE: &str = include_str!("../../src/backend/redis/limits.lua");
     const CLOCK: &str = "local time = redis.call('TIME')";
     assert_eq!(
         SOURCE.matches(CLOCK).count(),

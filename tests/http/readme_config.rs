@@ -2,9 +2,11 @@
 
 use tower_throttle::config::Config;
 
+use crate::support::redis as redis_support;
+
 #[test]
 fn the_readme_config_reference_is_valid() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let section = &readme[readme
         .find("## Configuration")
         .expect("README has a configuration section")..];
@@ -23,9 +25,6 @@ fn the_readme_config_reference_is_valid() {
     assert_eq!(access.deny_networks, ["198.51.100.0/24"]);
 }
 
-#[path = "support/redis.rs"]
-mod redis_support;
-
 /// The README's Redis `[backend]` table parses as written, and connects once its URL points at a
 /// running server.
 #[tokio::test]
@@ -33,7 +32,7 @@ async fn the_readme_redis_backend_table_is_valid() {
     use tower_throttle::config::BackendConfig;
     use tower_throttle::OnBackendError;
 
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let section = &readme[readme.find("For Redis, the `[backend]` table is:").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
@@ -76,7 +75,7 @@ fn the_readme_algorithms_and_modes_are_valid() {
     use std::time::Duration;
     use tower_throttle::Algorithm;
 
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];

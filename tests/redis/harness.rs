@@ -2,8 +2,7 @@
 //! answers, stops and restarts. Needs redis-server, redis-cli, openssl and the redis-cell module:
 //! `bash scripts/test.sh` installs and builds them.
 
-#[path = "support/redis.rs"]
-mod redis_support;
+use crate::support::redis as redis_support;
 
 use std::net::{Ipv4Addr, TcpStream};
 

@@ -1,0 +1,19 @@
+//! The middleware over HTTP: the layer in axum, hyper and tonic apps, its contract as a tower
+//! service, keys behind proxies, access lists, penalties, modes, the `on_limited` hook, the example
+//! server over real TCP and the README's configuration. One binary: each file below is one concern.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod access;
+mod concurrency;
+mod contract;
+mod example_server;
+mod grpc;
+mod hyper;
+mod layer;
+mod modes;
+mod observe;
+mod penalty;
+mod readme_config;
+mod spoofing;

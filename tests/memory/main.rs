@@ -1,0 +1,9 @@
+//! The in-memory backend without HTTP: every algorithm exactly on a manual clock, the store's cap
+//! and eviction, the sliding window's error, and a rotating-IP attack.
+//!
+//! It needs none of `tests/support/` (no HTTP requests, no Redis), so it does not include it.
+
+mod algorithms;
+mod attack;
+mod backend;
+mod window_accuracy;

@@ -1,0 +1,13 @@
+//! The Redis backend against real `redis-server` processes (plain, with redis-cell, TLS, a
+//! 3-master Cluster): decisions, algorithms, failures, modes through the layer, offender counts, and
+//! the harness that starts those servers (`tests/support/redis.rs`).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod algorithms;
+mod backend;
+mod failure;
+mod harness;
+mod modes_on_backends;
+mod offenders;
