@@ -266,7 +266,21 @@ async fn concurrency_never_admits_more_than_the_limit_under_load() {
     let current = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let (c, p) = (current.clone(), peak.clone());
+    // After the load, requests to `/held` stay inside until the gate opens.
+    let gate = Gate::default();
+    let g = gate.clone();
     let app = Router::new()
+        .route(
+            "/held",
+            get(move || {
+                let gate = g.clone();
+                async move {
+                    gate.inside.fetch_add(1, Ordering::SeqCst);
+                    gate.open.acquire().await.unwrap().forget();
+                    "held"
+                }
+            }),
+        )
         .route(
             "/",
             get(move || {
@@ -304,18 +318,25 @@ async fn concurrency_never_admits_more_than_the_limit_under_load() {
     }
     assert!(peak.load(Ordering::SeqCst) <= 3, "{peak:?} in flight");
     assert!(admitted >= 3, "{admitted}");
-    // Every slot came back: three held at once pass, a fourth does not.
-    let gate = Gate::default();
-    let app = gate.router(two_in_flight());
-    let held: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(app.clone().oneshot(request("/"))))
+    // Every slot of the busy app came back: three held at once pass, a fourth does not. (A
+    // leaked slot would refuse one of the three: it finishes without ever getting inside.)
+    let held: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(app.clone().oneshot(request("/held"))))
         .collect();
-    gate.until_inside(2).await;
-    let refused = app.clone().oneshot(request("/")).await.unwrap();
+    while gate.inside.load(Ordering::SeqCst) < 3 {
+        assert!(
+            !held.iter().any(|h| h.is_finished()),
+            "a slot was not given back after the load"
+        );
+        tokio::task::yield_now().await;
+    }
+    let refused = app.clone().oneshot(request("/held")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    gate.open.add_permits(2);
+    gate.open.add_permits(3);
     for h in held {
-        assert_eq!(h.await.unwrap().unwrap().status(), StatusCode::OK);
+        let res = h.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(body_string(res).await, "held");
     }
 }
 
