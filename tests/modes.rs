@@ -429,6 +429,7 @@ async fn tiers_choose_the_quota_per_request() {
 
 #[tokio::test]
 async fn every_new_key_works_from_the_config() {
+    // "api" has no path, so it decides every request the others do not: it comes last.
     let config = tower_throttle::config::Config::from_toml(
         r#"
         [[route]]
@@ -438,14 +439,6 @@ async fn every_new_key_works_from_the_config() {
         algorithm = "sliding-log"
         count = 3
         period = "1m"
-
-        [[route]]
-        name = "api"
-        key = "header:x-api-key"
-        quotas = [{ max_burst = 9, count = 10, period = "1s" }, { max_burst = 999, count = 1000, period = "1d" }]
-        tier_header = "x-plan"
-        [route.tiers.paid]
-        quotas = [{ count = 100, period = "1s" }, { count = 100000, period = "1d" }]
 
         [[route]]
         name = "downloads"
@@ -480,6 +473,14 @@ async fn every_new_key_works_from_the_config() {
         algorithm = "sliding-window"
         count = 100
         period = "1m"
+
+        [[route]]
+        name = "api"
+        key = "header:x-api-key"
+        quotas = [{ max_burst = 9, count = 10, period = "1s" }, { max_burst = 999, count = 1000, period = "1d" }]
+        tier_header = "x-plan"
+        [route.tiers.paid]
+        quotas = [{ count = 100, period = "1s" }, { count = 100000, period = "1d" }]
         "#,
     )
     .unwrap();
@@ -489,20 +490,122 @@ async fn every_new_key_works_from_the_config() {
         algorithms,
         [
             Algorithm::SlidingLog,
-            Algorithm::Gcra,
             Algorithm::Concurrency,
             Algorithm::Gcra,
             Algorithm::FixedWindow,
-            Algorithm::SlidingWindow
+            Algorithm::SlidingWindow,
+            Algorithm::Gcra,
         ]
     );
-    let api = &policies[1];
+    let api = &policies[5];
     assert_eq!(api.limits().len(), 2);
     assert_eq!(api.tier_limits("paid").unwrap()[1].name(), "api.paid.1d");
-    assert_eq!(policies[2].limit().lease(), Some(Duration::from_secs(30)));
-    assert_eq!(policies[3].limit().delay(), Some(Duration::from_secs(2)));
-    assert!(policies[4].is_dry_run());
-    assert_eq!(config.memory_layer().unwrap().policies().len(), 6);
+    assert_eq!(policies[1].limit().lease(), Some(Duration::from_secs(30)));
+    assert_eq!(policies[2].limit().delay(), Some(Duration::from_secs(2)));
+    assert!(policies[3].is_dry_run());
+    let layer = config.memory_layer().unwrap();
+    assert_eq!(layer.policies().len(), 6);
+
+    // What the parsed config does, through its layer (on the system clock: counts that a busy
+    // machine could shift get generous bounds, not thresholds).
+    let app = Router::new()
+        .route("/search", get(|| async { "ok" }))
+        .route("/download", get(|| async { "ok" }))
+        .route("/slow", get(|| async { "ok" }))
+        .route("/trial", get(|| async { "ok" }))
+        .route("/smooth", get(|| async { "ok" }))
+        .route("/items", get(|| async { "ok" }))
+        .layer(layer);
+    let send = |path: &'static str, peer: &'static str, headers: &'static [(&str, &str)]| {
+        let mut req = from_peer(request(path), peer);
+        for (name, value) in headers {
+            req.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        app.clone().oneshot(req)
+    };
+    let ok_then_refused = |path: &'static str, peer, headers, cap: usize| async move {
+        for n in 0..cap {
+            let res = send(path, peer, headers).await.unwrap();
+            if res.status() != StatusCode::OK {
+                assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+                return n;
+            }
+        }
+        panic!("{path}: never refused in {cap} requests");
+    };
+
+    // Sliding log, per IP: exactly 3 a minute, and another IP has its own.
+    assert_eq!(ok_then_refused("/search", "10.0.0.1:1", &[], 10).await, 3);
+    assert_eq!(ok_then_refused("/search", "10.0.0.2:1", &[], 10).await, 3);
+
+    // Concurrency, per IP: two answered responses whose bodies are not read hold both slots.
+    let held = [
+        send("/download", "10.0.0.1:1", &[]).await.unwrap(),
+        send("/download", "10.0.0.1:1", &[]).await.unwrap(),
+    ];
+    assert!(held.iter().all(|r| r.status() == StatusCode::OK));
+    let refused = send("/download", "10.0.0.1:1", &[]).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send("/download", "10.0.0.2:1", &[]).await.unwrap().status(),
+        StatusCode::OK
+    );
+    drop(held);
+    assert_eq!(
+        send("/download", "10.0.0.1:1", &[]).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // Delay: a burst of 5 at once, then the 6th waits for its turn (due 200 ms after the burst
+    // began: a bound that slowness can only make easier to meet) instead of being refused.
+    let started = std::time::Instant::now();
+    for _ in 0..6 {
+        let res = send("/slow", "10.0.0.1:1", &[]).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Dry run: never refuses, but counts and says so in its headers.
+    for n in 0..101 {
+        let res = send("/trial", "10.0.0.1:1", &[]).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "request {n}");
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            Some(r#""trial";q=100;w=60"#)
+        );
+    }
+
+    // Sliding window: 100 at once from nothing (one more if a minute boundary falls inside).
+    let passed = ok_then_refused("/smooth", "10.0.0.1:1", &[], 102).await;
+    assert!((100..=101).contains(&passed), "{passed}");
+
+    // Everything else: the stacked quotas per API key, 10 at once (a few more if the machine
+    // is slow enough for the per-second quota to refill), and the paid tier's own quotas.
+    let free = ok_then_refused("/items", "10.0.0.1:1", &[("x-api-key", "k1")], 1000).await;
+    assert!((10..100).contains(&free), "{free}");
+    let res = send("/items", "10.0.0.1:1", &[("x-api-key", "k2")])
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some(r#""api.1s";q=10;w=1, "api.1d";q=1000;w=86400"#)
+    );
+    let paid = send(
+        "/items",
+        "10.0.0.1:1",
+        &[("x-api-key", "k1"), ("x-plan", "paid")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(paid.status(), StatusCode::OK);
+    assert_eq!(
+        header(&paid, "ratelimit-policy"),
+        Some(r#""api.paid.1s";q=100;w=1, "api.paid.1d";q=100000;w=86400"#)
+    );
 }
 
 #[test]
