@@ -778,7 +778,8 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
     let delayed = policy("/a").delay(Duration::from_secs(2)).build().unwrap();
     let err = build(delayed, policy("/b").build().unwrap()).unwrap_err();
     assert!(err.contains("different rules"), "{err}");
-    // "api.paid" as a policy and as the tier "paid" of a stacked "api": refused.
+    // "api.paid" as a policy and as the tier "paid" of "api": accepted when their rules and stacks
+    // are the same, as one limit that both share (see the next test); refused when they differ.
     let stacked = Policy::builder("api")
         .quota(Quota::per_second(10))
         .tier("paid", [Quota::per_second(100)])
@@ -792,6 +793,14 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .build()
         .unwrap();
     build(stacked.clone(), named).unwrap();
+    let other_rules = Policy::builder("api.paid")
+        .quota(Quota::per_second(50))
+        .key(Global)
+        .route("/x")
+        .build()
+        .unwrap();
+    let err = build(stacked.clone(), other_rules).unwrap_err();
+    assert!(err.contains("different rules"), "{err}");
     let stack_named = Policy::builder("api.paid")
         .quotas([Quota::per_second(100), Quota::per_day(1000)])
         .key(Global)
@@ -804,7 +813,24 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .key(Global)
         .build()
         .unwrap();
-    build(paid_stack, stack_named).unwrap();
+    build(paid_stack.clone(), stack_named).unwrap();
+    // Its per-second member alone, or another stack under that name: refused.
+    let member_alone = Policy::builder("api.paid.1s")
+        .quota(Quota::per_second(100))
+        .key(Global)
+        .route("/y")
+        .build()
+        .unwrap();
+    let err = build(paid_stack.clone(), member_alone).unwrap_err();
+    assert!(err.contains("two different stacks"), "{err}");
+    let other_stack = Policy::builder("api.paid")
+        .quotas([Quota::per_second(100), Quota::per_hour(1000)])
+        .key(Global)
+        .route("/y")
+        .build()
+        .unwrap();
+    let err = build(paid_stack, other_stack).unwrap_err();
+    assert!(err.contains("two different stacks"), "{err}");
     // A lone "api.1s" and the per-second member of a stacked "api": different state, refused.
     let lone = Policy::builder("api.1s")
         .quota(Quota::per_second(10))
@@ -826,4 +852,48 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("may not contain '.'"), "{err}");
+}
+
+/// What sharing a name means: the tier "paid" of "api" and the policy "api.paid" count in one
+/// limit, so what one route spends the other no longer has.
+#[tokio::test]
+async fn a_tier_and_a_policy_of_the_same_name_share_one_limit() {
+    let (backend, _clock) = backend();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policies([
+            Policy::builder("api.paid")
+                .quota(Quota::per_minute(2))
+                .key(Global)
+                .route("/x")
+                .build()
+                .unwrap(),
+            Policy::builder("api")
+                .quota(Quota::per_minute(10))
+                .tier("paid", [Quota::per_minute(2)])
+                .key(Global)
+                .build()
+                .unwrap(),
+        ])
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/x", get(|| async { "x" }))
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let paid = || {
+        let mut req = request("/");
+        req.extensions_mut().insert(Tier::new("paid"));
+        req
+    };
+    assert_eq!(status_of(&app, request("/x")).await, StatusCode::OK);
+    assert_eq!(status_of(&app, paid()).await, StatusCode::OK);
+    // Both units are spent, one on each route.
+    assert_eq!(
+        status_of(&app, request("/x")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status_of(&app, paid()).await, StatusCode::TOO_MANY_REQUESTS);
+    // "api" itself is another limit.
+    assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
 }
