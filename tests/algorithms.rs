@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 

@@ -193,7 +193,7 @@ async fn the_inner_service_waits_for_a_remote_decision() {
     }
     // Request n: admitted with n remaining if n is even, else refused with a wait of n + 1 s.
     let decision = |n: u64| {
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             Decision::allowed(10, n, std::time::Duration::from_secs(n + 1))
         } else {
             Decision::limited(
@@ -211,7 +211,7 @@ async fn the_inner_service_waits_for_a_remote_decision() {
             .send(Ok(decision(n as u64)))
             .unwrap();
         let res = tasks[n].take().unwrap().await.unwrap().unwrap();
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             assert_eq!(res.status(), StatusCode::OK, "request {n}");
             assert_eq!(
                 res.headers()["ratelimit"],
