@@ -176,21 +176,66 @@ async fn the_inner_service_waits_for_a_remote_decision() {
     assert_eq!(res.headers()["retry-after"], "2");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
-    // Several in flight at once, answered out of the order they were made in: each is called on a
-    // service that was readied for it.
+    // Several in flight at once, each decided differently, answered out of the order they were
+    // made in: each gets its own decision, and is called (if admitted) on a service that was
+    // readied for it.
     let mut tasks = Vec::new();
+    let mut asked = Vec::new();
     for _ in 0..5 {
         let fut = svc.ready().await.unwrap().call(Request::new(()));
-        tasks.push(tokio::spawn(fut));
+        tasks.push(Some(tokio::spawn(fut)));
+        // Its decision is asked for before the next request is made, so the n-th question is
+        // the n-th request's.
+        while remote.waiting.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        asked.push(Some(remote.waiting.lock().unwrap().remove(0)));
     }
-    tokio::task::yield_now().await;
-    for _ in 0..5 {
-        remote.answer(Decision::allowed(2, 0, std::time::Duration::ZERO));
+    // Request n: admitted with n remaining if n is even, else refused with a wait of n + 1 s.
+    let decision = |n: u64| {
+        if n.is_multiple_of(2) {
+            Decision::allowed(10, n, std::time::Duration::from_secs(n + 1))
+        } else {
+            Decision::limited(
+                10,
+                0,
+                Some(std::time::Duration::from_secs(n + 1)),
+                std::time::Duration::from_secs(1),
+            )
+        }
+    };
+    for n in [3usize, 0, 4, 1, 2] {
+        asked[n]
+            .take()
+            .unwrap()
+            .send(Ok(decision(n as u64)))
+            .unwrap();
+        let res = tasks[n].take().unwrap().await.unwrap().unwrap();
+        if n.is_multiple_of(2) {
+            assert_eq!(res.status(), StatusCode::OK, "request {n}");
+            assert_eq!(
+                res.headers()["ratelimit"],
+                format!(r#""p";r={n};t={}"#, n + 1),
+                "request {n}"
+            );
+        } else {
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "request {n}");
+            assert_eq!(
+                res.headers()["retry-after"],
+                (n + 1).to_string(),
+                "request {n}"
+            );
+        }
+        // The others still wait for their own decisions.
+        for (other, task) in tasks.iter().enumerate() {
+            if let Some(task) = task {
+                tokio::task::yield_now().await;
+                assert!(!task.is_finished(), "request {other} finished undecided");
+            }
+        }
     }
-    for t in tasks {
-        assert_eq!(t.await.unwrap().unwrap().status(), StatusCode::OK);
-    }
-    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    // 1 admitted above, and requests 0, 2 and 4.
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
     assert_eq!(
         violations.load(Ordering::SeqCst),
         0,

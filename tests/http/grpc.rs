@@ -212,11 +212,37 @@ async fn a_policy_can_limit_one_method() {
         .route(SAY_HELLO)
         .build()
         .unwrap();
-    let mut client = client(serve(grpc_layer(policy)).await).await;
+    let addr = serve(grpc_layer(policy)).await;
+    let mut client = client(addr).await;
     client.say_hello(request(Some("k1"))).await.unwrap();
     let status = client.say_hello(request(Some("k1"))).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(meta(status.metadata(), "retry-after"), "60");
+
+    // Another method of the same service, by the same key, is not limited: it reaches the
+    // server (which does not implement it) every time, and carries no rate-limit fields.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel);
+    for _ in 0..3 {
+        raw.ready().await.unwrap();
+        let status = raw
+            .unary::<_, greeter::HelloReply, _>(
+                request(Some("k1")),
+                http::uri::PathAndQuery::from_static("/helloworld.Greeter/SayGoodbye"),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+        assert!(status.metadata().get("ratelimit").is_none());
+    }
+    // And the limited method is still limited for that key.
+    let status = client.say_hello(request(Some("k1"))).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
 }
 
 /// Why `.grpc()` exists: the HTTP 429 means nothing to a gRPC client. tonic 0.14 reads the problem

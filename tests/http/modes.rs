@@ -264,7 +264,21 @@ async fn concurrency_never_admits_more_than_the_limit_under_load() {
     let current = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let (c, p) = (current.clone(), peak.clone());
+    // After the load, requests to `/held` stay inside until the gate opens.
+    let gate = Gate::default();
+    let g = gate.clone();
     let app = Router::new()
+        .route(
+            "/held",
+            get(move || {
+                let gate = g.clone();
+                async move {
+                    gate.inside.fetch_add(1, Ordering::SeqCst);
+                    gate.open.acquire().await.unwrap().forget();
+                    "held"
+                }
+            }),
+        )
         .route(
             "/",
             get(move || {
@@ -302,18 +316,25 @@ async fn concurrency_never_admits_more_than_the_limit_under_load() {
     }
     assert!(peak.load(Ordering::SeqCst) <= 3, "{peak:?} in flight");
     assert!(admitted >= 3, "{admitted}");
-    // Every slot came back: three held at once pass, a fourth does not.
-    let gate = Gate::default();
-    let app = gate.router(two_in_flight());
-    let held: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(app.clone().oneshot(request("/"))))
+    // Every slot of the busy app came back: three held at once pass, a fourth does not. (A
+    // leaked slot would refuse one of the three: it finishes without ever getting inside.)
+    let held: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(app.clone().oneshot(request("/held"))))
         .collect();
-    gate.until_inside(2).await;
-    let refused = app.clone().oneshot(request("/")).await.unwrap();
+    while gate.inside.load(Ordering::SeqCst) < 3 {
+        assert!(
+            !held.iter().any(|h| h.is_finished()),
+            "a slot was not given back after the load"
+        );
+        tokio::task::yield_now().await;
+    }
+    let refused = app.clone().oneshot(request("/held")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    gate.open.add_permits(2);
+    gate.open.add_permits(3);
     for h in held {
-        assert_eq!(h.await.unwrap().unwrap().status(), StatusCode::OK);
+        let res = h.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(body_string(res).await, "held");
     }
 }
 
@@ -406,6 +427,7 @@ async fn tiers_choose_the_quota_per_request() {
 
 #[tokio::test]
 async fn every_new_key_works_from_the_config() {
+    // "api" has no path, so it decides every request the others do not: it comes last.
     let config = tower_throttle::config::Config::from_toml(
         r#"
         [[route]]
@@ -415,14 +437,6 @@ async fn every_new_key_works_from_the_config() {
         algorithm = "sliding-log"
         count = 3
         period = "1m"
-
-        [[route]]
-        name = "api"
-        key = "header:x-api-key"
-        quotas = [{ max_burst = 9, count = 10, period = "1s" }, { max_burst = 999, count = 1000, period = "1d" }]
-        tier_header = "x-plan"
-        [route.tiers.paid]
-        quotas = [{ count = 100, period = "1s" }, { count = 100000, period = "1d" }]
 
         [[route]]
         name = "downloads"
@@ -457,6 +471,14 @@ async fn every_new_key_works_from_the_config() {
         algorithm = "sliding-window"
         count = 100
         period = "1m"
+
+        [[route]]
+        name = "api"
+        key = "header:x-api-key"
+        quotas = [{ max_burst = 9, count = 10, period = "1s" }, { max_burst = 999, count = 1000, period = "1d" }]
+        tier_header = "x-plan"
+        [route.tiers.paid]
+        quotas = [{ count = 100, period = "1s" }, { count = 100000, period = "1d" }]
         "#,
     )
     .unwrap();
@@ -466,20 +488,122 @@ async fn every_new_key_works_from_the_config() {
         algorithms,
         [
             Algorithm::SlidingLog,
-            Algorithm::Gcra,
             Algorithm::Concurrency,
             Algorithm::Gcra,
             Algorithm::FixedWindow,
-            Algorithm::SlidingWindow
+            Algorithm::SlidingWindow,
+            Algorithm::Gcra,
         ]
     );
-    let api = &policies[1];
+    let api = &policies[5];
     assert_eq!(api.limits().len(), 2);
     assert_eq!(api.tier_limits("paid").unwrap()[1].name(), "api.paid.1d");
-    assert_eq!(policies[2].limit().lease(), Some(Duration::from_secs(30)));
-    assert_eq!(policies[3].limit().delay(), Some(Duration::from_secs(2)));
-    assert!(policies[4].is_dry_run());
-    assert_eq!(config.memory_layer().unwrap().policies().len(), 6);
+    assert_eq!(policies[1].limit().lease(), Some(Duration::from_secs(30)));
+    assert_eq!(policies[2].limit().delay(), Some(Duration::from_secs(2)));
+    assert!(policies[3].is_dry_run());
+    let layer = config.memory_layer().unwrap();
+    assert_eq!(layer.policies().len(), 6);
+
+    // What the parsed config does, through its layer (on the system clock: counts that a busy
+    // machine could shift get generous bounds, not thresholds).
+    let app = Router::new()
+        .route("/search", get(|| async { "ok" }))
+        .route("/download", get(|| async { "ok" }))
+        .route("/slow", get(|| async { "ok" }))
+        .route("/trial", get(|| async { "ok" }))
+        .route("/smooth", get(|| async { "ok" }))
+        .route("/items", get(|| async { "ok" }))
+        .layer(layer);
+    let send = |path: &'static str, peer: &'static str, headers: &'static [(&str, &str)]| {
+        let mut req = from_peer(request(path), peer);
+        for (name, value) in headers {
+            req.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        app.clone().oneshot(req)
+    };
+    let ok_then_refused = |path: &'static str, peer, headers, cap: usize| async move {
+        for n in 0..cap {
+            let res = send(path, peer, headers).await.unwrap();
+            if res.status() != StatusCode::OK {
+                assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+                return n;
+            }
+        }
+        panic!("{path}: never refused in {cap} requests");
+    };
+
+    // Sliding log, per IP: exactly 3 a minute, and another IP has its own.
+    assert_eq!(ok_then_refused("/search", "10.0.0.1:1", &[], 10).await, 3);
+    assert_eq!(ok_then_refused("/search", "10.0.0.2:1", &[], 10).await, 3);
+
+    // Concurrency, per IP: two answered responses whose bodies are not read hold both slots.
+    let held = [
+        send("/download", "10.0.0.1:1", &[]).await.unwrap(),
+        send("/download", "10.0.0.1:1", &[]).await.unwrap(),
+    ];
+    assert!(held.iter().all(|r| r.status() == StatusCode::OK));
+    let refused = send("/download", "10.0.0.1:1", &[]).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send("/download", "10.0.0.2:1", &[]).await.unwrap().status(),
+        StatusCode::OK
+    );
+    drop(held);
+    assert_eq!(
+        send("/download", "10.0.0.1:1", &[]).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // Delay: a burst of 5 at once, then the 6th waits for its turn (due 200 ms after the burst
+    // began: a bound that slowness can only make easier to meet) instead of being refused.
+    let started = std::time::Instant::now();
+    for _ in 0..6 {
+        let res = send("/slow", "10.0.0.1:1", &[]).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Dry run: never refuses, but counts and says so in its headers.
+    for n in 0..101 {
+        let res = send("/trial", "10.0.0.1:1", &[]).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "request {n}");
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            Some(r#""trial";q=100;w=60"#)
+        );
+    }
+
+    // Sliding window: 100 at once from nothing (one more if a minute boundary falls inside).
+    let passed = ok_then_refused("/smooth", "10.0.0.1:1", &[], 102).await;
+    assert!((100..=101).contains(&passed), "{passed}");
+
+    // Everything else: the stacked quotas per API key, 10 at once (a few more if the machine
+    // is slow enough for the per-second quota to refill), and the paid tier's own quotas.
+    let free = ok_then_refused("/items", "10.0.0.1:1", &[("x-api-key", "k1")], 1000).await;
+    assert!((10..100).contains(&free), "{free}");
+    let res = send("/items", "10.0.0.1:1", &[("x-api-key", "k2")])
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some(r#""api.1s";q=10;w=1, "api.1d";q=1000;w=86400"#)
+    );
+    let paid = send(
+        "/items",
+        "10.0.0.1:1",
+        &[("x-api-key", "k1"), ("x-plan", "paid")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(paid.status(), StatusCode::OK);
+    assert_eq!(
+        header(&paid, "ratelimit-policy"),
+        Some(r#""api.paid.1s";q=100;w=1, "api.paid.1d";q=100000;w=86400"#)
+    );
 }
 
 #[test]
@@ -652,7 +776,8 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
     let delayed = policy("/a").delay(Duration::from_secs(2)).build().unwrap();
     let err = build(delayed, policy("/b").build().unwrap()).unwrap_err();
     assert!(err.contains("different rules"), "{err}");
-    // "api.paid" as a policy and as the tier "paid" of a stacked "api": refused.
+    // "api.paid" as a policy and as the tier "paid" of "api": accepted when their rules and stacks
+    // are the same, as one limit that both share (see the next test); refused when they differ.
     let stacked = Policy::builder("api")
         .quota(Quota::per_second(10))
         .tier("paid", [Quota::per_second(100)])
@@ -666,6 +791,14 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .build()
         .unwrap();
     build(stacked.clone(), named).unwrap();
+    let other_rules = Policy::builder("api.paid")
+        .quota(Quota::per_second(50))
+        .key(Global)
+        .route("/x")
+        .build()
+        .unwrap();
+    let err = build(stacked.clone(), other_rules).unwrap_err();
+    assert!(err.contains("different rules"), "{err}");
     let stack_named = Policy::builder("api.paid")
         .quotas([Quota::per_second(100), Quota::per_day(1000)])
         .key(Global)
@@ -678,7 +811,24 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .key(Global)
         .build()
         .unwrap();
-    build(paid_stack, stack_named).unwrap();
+    build(paid_stack.clone(), stack_named).unwrap();
+    // Its per-second member alone, or another stack under that name: refused.
+    let member_alone = Policy::builder("api.paid.1s")
+        .quota(Quota::per_second(100))
+        .key(Global)
+        .route("/y")
+        .build()
+        .unwrap();
+    let err = build(paid_stack.clone(), member_alone).unwrap_err();
+    assert!(err.contains("two different stacks"), "{err}");
+    let other_stack = Policy::builder("api.paid")
+        .quotas([Quota::per_second(100), Quota::per_hour(1000)])
+        .key(Global)
+        .route("/y")
+        .build()
+        .unwrap();
+    let err = build(paid_stack, other_stack).unwrap_err();
+    assert!(err.contains("two different stacks"), "{err}");
     // A lone "api.1s" and the per-second member of a stacked "api": different state, refused.
     let lone = Policy::builder("api.1s")
         .quota(Quota::per_second(10))
@@ -700,4 +850,48 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("may not contain '.'"), "{err}");
+}
+
+/// What sharing a name means: the tier "paid" of "api" and the policy "api.paid" count in one
+/// limit, so what one route spends the other no longer has.
+#[tokio::test]
+async fn a_tier_and_a_policy_of_the_same_name_share_one_limit() {
+    let (backend, _clock) = backend();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policies([
+            Policy::builder("api.paid")
+                .quota(Quota::per_minute(2))
+                .key(Global)
+                .route("/x")
+                .build()
+                .unwrap(),
+            Policy::builder("api")
+                .quota(Quota::per_minute(10))
+                .tier("paid", [Quota::per_minute(2)])
+                .key(Global)
+                .build()
+                .unwrap(),
+        ])
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/x", get(|| async { "x" }))
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let paid = || {
+        let mut req = request("/");
+        req.extensions_mut().insert(Tier::new("paid"));
+        req
+    };
+    assert_eq!(status_of(&app, request("/x")).await, StatusCode::OK);
+    assert_eq!(status_of(&app, paid()).await, StatusCode::OK);
+    // Both units are spent, one on each route.
+    assert_eq!(
+        status_of(&app, request("/x")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status_of(&app, paid()).await, StatusCode::TOO_MANY_REQUESTS);
+    // "api" itself is another limit.
+    assert_eq!(status_of(&app, request("/")).await, StatusCode::OK);
 }

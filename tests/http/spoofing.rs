@@ -254,11 +254,29 @@ async fn a_thousand_attacker_entries_through_the_trusted_proxy() {
         request(PROXY, &headers)
     })
     .await;
+    assert_fresh(
+        &lines,
+        "another client behind the proxy, on a line of its own",
+        || {
+            request(
+                PROXY,
+                &[
+                    line("x-forwarded-for", "198.51.100.1"),
+                    line("x-forwarded-for", "203.0.113.8"),
+                ],
+            )
+        },
+    )
+    .await;
     // Behind two proxies (the second one also trusted).
     let two_hops = app(client_ip());
     assert_no_bypass(&two_hops, "1,000 entries behind two proxies", |i| {
         let value = format!("{}, {attacker}, 10.0.0.77", forged(i).join(","));
         request(PROXY, &[line("x-forwarded-for", value)])
+    })
+    .await;
+    assert_fresh(&two_hops, "another client behind the two proxies", || {
+        request(PROXY, &[line("x-forwarded-for", "203.0.113.8, 10.0.0.77")])
     })
     .await;
 
@@ -277,6 +295,12 @@ async fn a_thousand_attacker_entries_through_the_trusted_proxy() {
         let value = format!("{}, for={attacker};by=10.0.0.5", elements.join(", "));
         request(PROXY, &[line("forwarded", value)])
     })
+    .await;
+    assert_fresh(
+        &fwd,
+        "another client behind the proxy, in Forwarded",
+        || request(PROXY, &[line("forwarded", "for=203.0.113.8;by=10.0.0.5")]),
+    )
     .await;
 
     // The attacker is the key, not the proxy: another client behind the proxy is unaffected.
@@ -409,6 +433,10 @@ async fn ipv4_mapped_ipv6_is_the_ipv4_address() {
         request(&peer, &[])
     })
     .await;
+    assert_fresh(&peer_ip, "the next address, mapped", || {
+        request("[::ffff:1.2.3.5]:1", &[])
+    })
+    .await;
 
     let direct = app(client_ip());
     assert_no_bypass(&direct, "ClientIp, a mapped and a plain peer", |i| {
@@ -418,6 +446,11 @@ async fn ipv4_mapped_ipv6_is_the_ipv4_address() {
             _ => format!("[::ffff:102:304]:{i}"),
         };
         request(&peer, &all_forwarding_headers(&v4(i)))
+    })
+    .await;
+    // Another untrusted peer that forges 1.2.3.4 is keyed by its own address.
+    assert_fresh(&direct, "another peer forging 1.2.3.4", || {
+        request("[::ffff:1.2.3.5]:1", &all_forwarding_headers("1.2.3.4"))
     })
     .await;
 
@@ -462,6 +495,10 @@ async fn ipv4_mapped_ipv6_is_the_ipv4_address() {
                 ],
             };
             request(proxy, &headers)
+        })
+        .await;
+        assert_fresh(&behind, &format!("{what}: the next address"), || {
+            request(PROXY, &all_forwarding_headers("::ffff:1.2.3.5"))
         })
         .await;
     }

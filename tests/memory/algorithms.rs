@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -765,21 +765,51 @@ fn sweeps_drop_expired_entries_of_every_algorithm() {
 
 #[test]
 fn a_shared_backend_decides_every_algorithm_from_many_threads() {
-    let (backend, _clock) = backend(1_000);
-    let backend = Arc::new(backend);
-    let l = limit("shared", Algorithm::SlidingLog, Quota::per_minute(10));
+    // One backend, one key, every algorithm (the GCRA in its table, the others in the general
+    // store), with THREADS threads each asking every limit in turn, from a different start, so
+    // that the stores are contended at once. On a frozen clock each admits exactly its 100.
+    let (backend, clock) = backend(1_000);
+    at(&clock, 1_234 * MS);
+    let limits: Vec<Limit> = [
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::Concurrency,
+    ]
+    .into_iter()
+    .map(|algorithm| {
+        limit(
+            &format!("shared-{algorithm}"),
+            algorithm,
+            Quota::per_minute(100),
+        )
+    })
+    .collect();
+    let key = Key::from("shared");
+    let admitted: Vec<AtomicU64> = limits.iter().map(|_| AtomicU64::new(0)).collect();
+    let barrier = Barrier::new(THREADS);
     std::thread::scope(|s| {
-        for t in 0..4u32 {
-            let (backend, l) = (backend.clone(), l.clone());
+        for t in 0..THREADS {
+            let (backend, limits, key, admitted, barrier) =
+                (&backend, &limits, &key, &admitted, &barrier);
             s.spawn(move || {
-                for i in 0..10u32 {
-                    let d = backend.check(&l, &Key::from(t * 100 + i), 10).into_inner();
-                    assert!(d.unwrap().allowed);
+                barrier.wait();
+                for i in 0..CALLS {
+                    let n = (t + i) % limits.len();
+                    if check(backend, &limits[n], key, 1).allowed {
+                        admitted[n].fetch_add(1, SeqCst);
+                    }
                 }
             });
         }
     });
-    assert_eq!(backend.len(), 40);
+    for (l, admitted) in limits.iter().zip(&admitted) {
+        // THREADS × CALLS / 5 = 320 asked each.
+        assert_eq!(admitted.load(SeqCst), 100, "{}", l.algorithm());
+    }
+    // One entry per limit for the one key.
+    assert_eq!(backend.len(), limits.len());
 }
 
 #[test]

@@ -103,7 +103,13 @@ async fn delay_admits_the_burst_and_queues_exactly_what_fits<B: Backend>(backend
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The event to wait for: 17 answered (the burst and the rejections; the first wait is
+    // 10 s, so nothing else can finish meanwhile). A generous deadline, not a guess.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    while tasks.iter().filter(|t| t.is_finished()).count() < 17 {
+        assert!(tokio::time::Instant::now() < deadline, "17 never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (mut ok, mut limited, mut waiting) = (0, 0, 0);
     for task in tasks {
         if !task.is_finished() {
@@ -122,6 +128,94 @@ async fn delay_admits_the_burst_and_queues_exactly_what_fits<B: Backend>(backend
         }
     }
     assert_eq!((ok, waiting, limited), (6, 3, 11));
+}
+
+/// Where a backend's time is read: tokio's (paused) clock for a memory backend on a manual clock,
+/// or the Redis server's `TIME`, the clock its scripts decide on.
+#[derive(Clone)]
+enum BackendClock {
+    Paused(tokio::time::Instant),
+    Redis(redis::aio::MultiplexedConnection),
+}
+
+impl BackendClock {
+    async fn redis(server: &RedisServer) -> Self {
+        let client = redis::Client::open(server.url()).unwrap();
+        BackendClock::Redis(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    async fn now(&self) -> Duration {
+        match self {
+            BackendClock::Paused(origin) => origin.elapsed(),
+            BackendClock::Redis(conn) => {
+                let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                    .query_async(&mut conn.clone())
+                    .await
+                    .unwrap();
+                Duration::from_secs(secs) + Duration::from_micros(micros)
+            }
+        }
+    }
+}
+
+/// The waits that delay mode promises are kept. Bursts of 6, a unit every `interval`, up to 3
+/// intervals of delay: of 9 requests at once, 6 pass at once and 3 wait their turn, due 1, 2 and 3
+/// intervals after the burst began. So the k-th wait is promised at most k intervals and is
+/// answered no sooner than k intervals after the burst began: bounds that a slow machine only
+/// makes easier to meet. On a paused clock (nothing moves but the waits) they are exact.
+async fn delay_keeps_the_waits_it_promises<B: Backend>(
+    backend: B,
+    interval: Duration,
+    clock: BackendClock,
+) {
+    let policy = Policy::builder("promised")
+        .quota(Quota::per_period(6, interval * 6))
+        .delay(interval * 3)
+        .key(Global)
+        .build()
+        .unwrap();
+    let app = app(backend, policy);
+    let began = clock.now().await;
+    let tasks: Vec<_> = (0..9)
+        .map(|_| {
+            let (app, clock) = (app.clone(), clock.clone());
+            tokio::spawn(async move {
+                let res = app.oneshot(get_as("u", None)).await.unwrap();
+                let status = res.status();
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                let answered = clock.now().await;
+                (status, String::from_utf8(body.to_vec()).unwrap(), answered)
+            })
+        })
+        .collect();
+    // The promised waits, and when each was answered, each sorted on its own: the k-th
+    // shortest promise is at most k intervals, the k-th answer after the burst comes no sooner
+    // than k intervals (arrivals spread over more than an interval may pair them differently).
+    let (mut promised, mut answered) = (Vec::new(), Vec::new());
+    for task in tasks {
+        let (status, body, at) = task.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let ms: u64 = body.strip_prefix("true ").unwrap().parse().unwrap();
+        promised.push(Duration::from_millis(ms));
+        answered.push(at - began);
+    }
+    promised.sort();
+    answered.sort();
+    assert!(promised[..6].iter().all(Duration::is_zero), "{promised:?}");
+    for (k, (promised, answered)) in (1u32..).zip(promised[6..].iter().zip(&answered[6..])) {
+        let due = interval * k;
+        if matches!(clock, BackendClock::Paused(_)) {
+            assert_eq!((*promised, *answered), (due, due), "wait {k}");
+        } else {
+            // 1 ms for the whole milliseconds the handler shows and the server's clock steps.
+            let ms = Duration::from_millis(1);
+            assert!(*promised <= due + ms, "wait {k}: promised {promised:?}");
+            assert!(
+                *answered + ms >= due,
+                "wait {k}: answered after {answered:?}"
+            );
+        }
+    }
 }
 
 /// Dry run: every request passes; exactly the quota's worth are marked allowed.
@@ -295,10 +389,23 @@ async fn in_memory() {
     concurrency_admits_exactly_the_limit_in_flight(memory()).await;
 }
 
+/// Delay mode's promised waits in memory, on a manual clock and tokio's paused one: exact.
+#[tokio::test(start_paused = true)]
+async fn delay_keeps_its_promised_waits_in_memory() {
+    let clock = tower_throttle::clock::ManualClock::new();
+    clock.advance(Duration::from_secs(1000));
+    let backend = MemoryBackend::builder().clock(clock).build().unwrap();
+    let paused = BackendClock::Paused(tokio::time::Instant::now());
+    delay_keeps_the_waits_it_promises(backend, Duration::from_secs(10), paused).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis() {
     let server = RedisServer::start();
     delay_admits_the_burst_and_queues_exactly_what_fits(redis(&server).await).await;
+    let clock = BackendClock::redis(&server).await;
+    delay_keeps_the_waits_it_promises(redis(&server).await, Duration::from_millis(500), clock)
+        .await;
     dry_run_marks_exactly_the_quota(redis(&server).await).await;
     tiers_admit_exactly_each_plans_quota(redis(&server).await).await;
     stacks_admit_exactly_and_rejections_consume_nothing(redis(&server).await).await;
@@ -328,7 +435,9 @@ async fn delay_mode_on_redis_with_redis_cell_loaded() {
             .connect()
             .await
             .unwrap();
-        delay_admits_the_burst_and_queues_exactly_what_fits(backend).await;
+        delay_admits_the_burst_and_queues_exactly_what_fits(backend.clone()).await;
+        let clock = BackendClock::redis(&server).await;
+        delay_keeps_the_waits_it_promises(backend, Duration::from_millis(500), clock).await;
     }
 }
 
