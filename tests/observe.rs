@@ -166,9 +166,7 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
     );
     assert_eq!(
         statuses,
-        [
-            ok, ok, limited, limited, limited, limited, limited, forbidden, forbidden, ok, ok, ok
-        ]
+        [ok, ok, limited, limited, limited, limited, limited, forbidden, forbidden, ok, ok, ok]
     );
     let page = handle.render();
     let count = |series: &str| sample(&page, series);
@@ -178,7 +176,10 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
         ("throttle_requests_banned_total{policy=\"login\"}", 3.0),
         ("throttle_backend_failures_total{policy=\"login\"}", 0.0),
         // The ban answers without the backend: 2 admitted and 3 limited were timed.
-        ("throttle_backend_latency_seconds_count{policy=\"login\"}", 5.0),
+        (
+            "throttle_backend_latency_seconds_count{policy=\"login\"}",
+            5.0,
+        ),
         // Deny-listed requests reach no policy.
         ("throttle_requests_forbidden_total", 2.0),
         // A failure admitted by the failure policy is no decision: counted only as a failure.
@@ -186,7 +187,10 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
         ("throttle_requests_limited_total{policy=\"flaky\"}", 0.0),
         ("throttle_requests_banned_total{policy=\"flaky\"}", 0.0),
         ("throttle_backend_failures_total{policy=\"flaky\"}", 3.0),
-        ("throttle_backend_latency_seconds_count{policy=\"flaky\"}", 3.0),
+        (
+            "throttle_backend_latency_seconds_count{policy=\"flaky\"}",
+            3.0,
+        ),
     ] {
         assert_eq!(count(series), value, "{series} in\n{page}");
     }

@@ -1375,7 +1375,10 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
             }
             // Not a TAT: counts as no state.
             3 => (
-                Some(rng.pick(&["", "x", "12", "-5", "1.7e18", "17000000000000000000a"]).to_owned()),
+                Some(
+                    rng.pick(&["", "x", "12", "-5", "1.7e18", "17000000000000000000a"])
+                        .to_owned(),
+                ),
                 None,
             ),
             // At the bounds of the tolerance.
@@ -1440,7 +1443,11 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
         };
         let reset_after = Duration::from_nanos(reset.max(0) as u64);
         let mut decoded = if limited == 0 {
-            Decision::allowed(limit_value.max(0) as u64, remaining.max(0) as u64, reset_after)
+            Decision::allowed(
+                limit_value.max(0) as u64,
+                remaining.max(0) as u64,
+                reset_after,
+            )
         } else {
             let retry_after = u64::try_from(retry).ok().map(Duration::from_nanos);
             Decision::limited(
@@ -1483,12 +1490,20 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
         }
 
         let mut note = |what| *seen.entry(what).or_default() += 1;
-        note(if expected.allowed { "admitted" } else { "rejected" });
+        note(if expected.allowed {
+            "admitted"
+        } else {
+            "rejected"
+        });
         if expected.retry_after.is_none() && !expected.allowed {
             note("never");
         }
         if rebased {
-            note(if expected.allowed { "rebased, admitted" } else { "rebased, rejected" });
+            note(if expected.allowed {
+                "rebased, admitted"
+            } else {
+                "rebased, rejected"
+            });
         }
         if tat.is_some_and(|tat| tat < now) {
             note("passed");
@@ -1518,7 +1533,10 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
         "delayed",
         "at the bound",
     ] {
-        assert!(seen.get(what).copied().unwrap_or(0) >= 20, "{what}: {seen:?}");
+        assert!(
+            seen.get(what).copied().unwrap_or(0) >= 20,
+            "{what}: {seen:?}"
+        );
     }
 }
 

@@ -235,7 +235,11 @@ async fn a_frozen_redis_costs_each_request_at_most_the_timeout() {
     // The first call waits for the timeout; later ones fail fast, but for the probes (a few: the
     // breaker stays open 50, 100, 200, 400 ms between them).
     assert!(frozen[0].took >= TIMEOUT, "{frozen:?}");
-    eprintln!("{} of {} waited for the timeout", waited(&frozen), frozen.len());
+    eprintln!(
+        "{} of {} waited for the timeout",
+        waited(&frozen),
+        frozen.len()
+    );
     assert!(waited(&frozen) * 2 < frozen.len(), "{frozen:?}");
 
     let back = Instant::now();
@@ -277,7 +281,10 @@ async fn requests_in_flight_during_a_freeze_do_not_delay_recovery() {
         drop(freezing);
         let last_failure = last_failure.unwrap();
         while ask(&app).await.status != StatusCode::OK {
-            assert!(last_failure.elapsed() < RECOVERY, "Redis never decided again");
+            assert!(
+                last_failure.elapsed() < RECOVERY,
+                "Redis never decided again"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         recoveries.push(last_failure.elapsed());
