@@ -46,3 +46,151 @@ async fn the_hook_sees_each_limited_request_with_its_parts() {
         )
     );
 }
+
+/// A backend that is down: each decision waits one poll (so the layer takes its pending path),
+/// then fails.
+struct Down;
+
+impl tower_throttle::Backend for Down {
+    type Future = DownFuture;
+
+    fn check(
+        &self,
+        _limit: &tower_throttle::Limit,
+        _key: &tower_throttle::Key,
+        _quantity: u64,
+    ) -> DownFuture {
+        DownFuture { polled: false }
+    }
+}
+
+struct DownFuture {
+    polled: bool,
+}
+
+impl std::future::Future for DownFuture {
+    type Output = Result<tower_throttle::Decision, tower_throttle::BackendError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if !self.polled {
+            self.polled = true;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(Err(tower_throttle::BackendError::new("down")))
+    }
+}
+
+/// The value of the series `series` (name and labels, as rendered) in a Prometheus text page.
+fn sample(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Every counter and the latency histogram, exactly, for a scripted sequence on a recorder of this
+/// test's own: a key that earns a penalty ban and then is answered by it, a deny-listed key, and a
+/// backend that fails. Only requests that reached the backend are timed.
+#[test]
+fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
+    use http::StatusCode;
+    use std::time::Duration;
+    use tower_throttle::access::AccessList;
+    use tower_throttle::key::{Global, Header};
+    use tower_throttle::{OnBackendError, Penalty, Policy, Quota};
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let statuses = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            // Two a minute; the third rejection within a minute earns a 10-minute ban.
+            let login = Policy::builder("login")
+                .quota(Quota::per_minute(2))
+                .key(Header::new("x-user"))
+                .penalty(
+                    Penalty::new(3, Duration::from_secs(60), Duration::from_secs(600)).unwrap(),
+                )
+                .build()
+                .unwrap();
+            let lists = AccessList::new();
+            lists.deny_key("stolen");
+            let guarded = Router::new().route("/items", get(|| async { "ok" })).layer(
+                ThrottleLayer::builder()
+                    .policy(login)
+                    .access_list(lists)
+                    .build()
+                    .unwrap(),
+            );
+            let flaky = Policy::builder("flaky")
+                .quota(Quota::per_minute(100))
+                .key(Global)
+                .build()
+                .unwrap();
+            let failing = Router::new().route("/items", get(|| async { "ok" })).layer(
+                ThrottleLayer::builder()
+                    .backend(Down)
+                    .policy(flaky)
+                    .on_backend_error(OnBackendError::Allow)
+                    .build()
+                    .unwrap(),
+            );
+            let mut statuses = Vec::new();
+            // 2 admitted, 3 limited (the third earns the ban), 2 answered by the ban.
+            for _ in 0..7 {
+                statuses.push(status_of(&guarded, from("mallory")).await);
+            }
+            for _ in 0..2 {
+                statuses.push(status_of(&guarded, from("stolen")).await);
+            }
+            for _ in 0..3 {
+                statuses.push(status_of(&failing, from("anyone")).await);
+            }
+            statuses
+        })
+    });
+    let (ok, limited, forbidden) = (
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(
+        statuses,
+        [ok, ok, limited, limited, limited, limited, limited, forbidden, forbidden, ok, ok, ok]
+    );
+    let page = handle.render();
+    let count = |series: &str| sample(&page, series);
+    for (series, value) in [
+        ("throttle_requests_allowed_total{policy=\"login\"}", 2.0),
+        ("throttle_requests_limited_total{policy=\"login\"}", 5.0),
+        ("throttle_requests_banned_total{policy=\"login\"}", 3.0),
+        ("throttle_backend_failures_total{policy=\"login\"}", 0.0),
+        // The ban answers without the backend: 2 admitted and 3 limited were timed.
+        (
+            "throttle_backend_latency_seconds_count{policy=\"login\"}",
+            5.0,
+        ),
+        // Deny-listed requests reach no policy.
+        ("throttle_requests_forbidden_total", 2.0),
+        // A failure admitted by the failure policy is no decision: counted only as a failure.
+        ("throttle_requests_allowed_total{policy=\"flaky\"}", 0.0),
+        ("throttle_requests_limited_total{policy=\"flaky\"}", 0.0),
+        ("throttle_requests_banned_total{policy=\"flaky\"}", 0.0),
+        ("throttle_backend_failures_total{policy=\"flaky\"}", 3.0),
+        (
+            "throttle_backend_latency_seconds_count{policy=\"flaky\"}",
+            3.0,
+        ),
+    ] {
+        assert_eq!(count(series), value, "{series} in\n{page}");
+    }
+}

@@ -847,9 +847,16 @@ async fn failures_reach_the_caller_and_releases_never_block() {
             .is_err_and(fail_fast);
     }
     assert_eq!(fast, (true, true), "the breaker never answered");
+    // The release retries until Redis answers or the lease (a minute) ends: it must do so on a task
+    // of its own. Waiting inline would take that minute; anything else, however loaded the
+    // machine, is far below the bound.
     let started = std::time::Instant::now();
     backend.release(&conc, &key, 1, held.lease.unwrap());
-    assert!(started.elapsed() < Duration::from_millis(50));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     // Outside a runtime a release does nothing (the lease expires).
     let b2 = backend.clone();
     let (c2, k2) = (conc.clone(), key.clone());
@@ -1270,6 +1277,268 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
     }
 }
 
+/// `gcra.lua` (the single-limit GCRA script) exactly as the backend loads it, but for its clock, as
+/// [`script_on_a_test_clock`] does for the limits script.
+fn gcra_script_on_a_test_clock() -> redis::Script {
+    const SOURCE: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/backend/redis/gcra.lua"
+    ));
+    const CLOCK: &str = "local time = redis.call('TIME')";
+    assert_eq!(
+        SOURCE.matches(CLOCK).count(),
+        1,
+        "gcra.lua must read the clock on exactly one line: {CLOCK}"
+    );
+    redis::Script::new(&SOURCE.replace(
+        CLOCK,
+        "local time = redis.call('HMGET', 'test-clock', 's', 'us')",
+    ))
+}
+
+/// What gcra.lua's state counts as: a TAT (decimal ns, as the script parses it) ahead of `now`, or
+/// nothing (no key, a TAT that has passed, a value that is not a TAT).
+fn backlog_of(stored: Option<&str>, now: u64) -> Option<u64> {
+    stored
+        .filter(|s| (10..30).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|tat| *tat > now)
+        .map(|tat| tat - now)
+}
+
+/// gcra.lua on a test clock computes `gcra::decide` to the nanosecond, reply decoded as the backend
+/// decodes it, on random instants, quotas (up to the 2^52 ns the backend accepts, delays included)
+/// and stored states: none, passed, within the tolerance, beyond it (another quota's TAT, rebased to
+/// a full bucket and stored so), and values that are not TATs; for quantities 0, within the burst,
+/// the whole burst, one more than it and beyond any arithmetic. The state it leaves is the model's,
+/// expiring when the TAT passes; a rejection writes nothing (but a rebase).
+#[tokio::test]
+async fn the_gcra_script_computes_gcra_rs_exactly() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let script = gcra_script_on_a_test_clock();
+    let mut rng = Rng(0x6c2a);
+    const MS: u64 = 1_000_000;
+    // Periods in ns: a µs, a ms, odd ones, a second, an hour, a day, 52 days, and 2^51 ns (with
+    // max_burst 0 its interval plus tolerance is exactly the 2^52 ns bound).
+    let periods = [
+        1000,
+        MS,
+        7919 * 1000,
+        1000 * MS + 7,
+        1000 * MS,
+        3_600_000 * MS,
+        86_400_000 * MS,
+        52 * 86_400_000 * MS,
+        1 << 51,
+    ];
+    let mut seen = std::collections::BTreeMap::<&str, u32>::new();
+    for case in 0..4000u32 {
+        let now_s = 1_600_000_000 + rng.below(400_000_000);
+        let now_us = now_s * 1_000_000 + rng.below(1_000_000);
+        let now = now_us * 1000;
+        let count = rng.count(1000);
+        let period = Duration::from_nanos(rng.pick(&periods));
+        let quota = match rng.below(20) {
+            // One per 2^51 ns, no burst: interval plus tolerance exactly at the bound.
+            0 => Quota::per_period(1, Duration::from_nanos(1 << 51)).with_max_burst(0),
+            1 => Quota::per_period(count, period).with_max_burst(0),
+            _ => Quota::per_period(count, period).with_max_burst(rng.below(2 * count)),
+        };
+        let Ok(mut limit) = Limit::new("gcra", quota) else {
+            continue; // a rate finer than a nanosecond, or a burst beyond any bound
+        };
+        if rng.below(5) == 0 {
+            let delay = Duration::from_millis(1 + rng.below(3_600_000));
+            limit = limit.with_delay(delay).unwrap();
+        }
+        let params = *limit.gcra().unwrap();
+        let (t, tau) = (params.emission_interval(), params.tolerance());
+        if tau.checked_add(t).is_none_or(|w| w > 1 << 52) {
+            continue; // refused when the layer is built
+        }
+        // The stored value, and what the model is given for it.
+        let (stored, tat): (Option<String>, Option<u64>) = match rng.below(8) {
+            0 => (None, None),
+            // Passed: long ago, or just.
+            1 => {
+                let at = now - rng.pick(&[1, 1000, t, 365 * 86_400_000 * MS]);
+                (Some(at.to_string()), Some(at))
+            }
+            // Another quota's TAT, beyond this tolerance: just beyond, or far.
+            2 => {
+                let beyond = [1, 1 + rng.below(t), 1 + rng.below(2 * tau)];
+                let at = now + tau + rng.pick(&beyond);
+                (Some(at.to_string()), Some(at))
+            }
+            // Not a TAT: counts as no state.
+            3 => (
+                Some(
+                    rng.pick(&["", "x", "12", "-5", "1.7e18", "17000000000000000000a"])
+                        .to_owned(),
+                ),
+                None,
+            ),
+            // At the bounds of the tolerance.
+            4 => {
+                let at = now + rng.pick(&[0, tau, tau - t]);
+                (Some(at.to_string()), Some(at))
+            }
+            _ => {
+                let at = now + rng.below(tau + 1);
+                (Some(at.to_string()), Some(at))
+            }
+        };
+        let limit_units = params.limit();
+        let quantity = match rng.below(9) {
+            0 => 0,
+            1 => limit_units,
+            2 => limit_units + 1,
+            3 => u64::MAX,
+            4 => (u64::MAX / t).saturating_add(1), // the increment overflows u64
+            _ => 1 + rng.below(limit_units.min(4)),
+        };
+        let key = "k";
+        let mut pipe = redis::pipe();
+        pipe.del(key)
+            .ignore()
+            .hset_multiple("test-clock", &[("s", now_s), ("us", now_us % 1_000_000)])
+            .ignore();
+        if let Some(value) = &stored {
+            pipe.set(key, value).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+        // The arguments the backend sends (`RedisBackend::check` without a penalty).
+        let reply: Vec<i64> = script
+            .key(key)
+            .arg(t)
+            .arg(tau)
+            .arg(limit_units)
+            .arg(quantity)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let out = tower_throttle::gcra::decide(tat, now, &params, quantity);
+        let expected = out.decision;
+        let context = format!(
+            "case {case}: {quota} {:?}, now {now}, stored {stored:?}, quantity {quantity}\n \
+             script {reply:?}\n model  {expected:?}",
+            limit.delay()
+        );
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap();
+        let want = vec![
+            i64::from(!expected.allowed),
+            expected.limit as i64,
+            expected.remaining as i64,
+            expected.retry_after.map_or(-1, nanos),
+            nanos(expected.reset_after),
+            0,
+        ];
+        assert_eq!(reply, want, "{context}");
+        // Decoded as the backend decodes it (`from_reply` in nanoseconds, then the ban flag).
+        let [limited, limit_value, remaining, retry, reset, banned] = reply[..] else {
+            panic!("{context}: a reply of {} values", reply.len());
+        };
+        let reset_after = Duration::from_nanos(reset.max(0) as u64);
+        let mut decoded = if limited == 0 {
+            Decision::allowed(
+                limit_value.max(0) as u64,
+                remaining.max(0) as u64,
+                reset_after,
+            )
+        } else {
+            let retry_after = u64::try_from(retry).ok().map(Duration::from_nanos);
+            Decision::limited(
+                limit_value.max(0) as u64,
+                remaining.max(0) as u64,
+                retry_after,
+                reset_after,
+            )
+        };
+        decoded.banned = banned == 1;
+        assert_eq!(decoded, expected, "{context}");
+
+        // The state left behind.
+        let (value, ttl): (Option<String>, i64) = redis::pipe()
+            .get(key)
+            .pttl(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let rebased = tat.is_some_and(|tat| tat > now + tau);
+        let ahead = out.new_tat.filter(|n| *n > now).map(|n| n - now);
+        let written = ahead.is_some() && (expected.allowed || rebased);
+        if written {
+            let ahead = ahead.unwrap();
+            // Expiries run on the real clock: a TAT a few ms ahead may be gone already.
+            let short = ahead <= 20 * MS;
+            match value {
+                Some(v) => {
+                    assert_eq!(Some(v), out.new_tat.map(|n| n.to_string()), "{context}");
+                    assert!(
+                        (ttl > 0 || (short && ttl != -1)) && ttl as u64 <= ahead.div_ceil(MS),
+                        "{context}: PTTL {ttl}, the TAT {ahead} ns ahead"
+                    );
+                }
+                None => assert!(short, "{context}: the state is gone"),
+            }
+        } else {
+            assert_eq!(value, stored, "{context}: wrote");
+            assert_eq!(backlog_of(value.as_deref(), now), ahead, "{context}");
+        }
+
+        let mut note = |what| *seen.entry(what).or_default() += 1;
+        note(if expected.allowed {
+            "admitted"
+        } else {
+            "rejected"
+        });
+        if expected.retry_after.is_none() && !expected.allowed {
+            note("never");
+        }
+        if rebased {
+            note(if expected.allowed {
+                "rebased, admitted"
+            } else {
+                "rebased, rejected"
+            });
+        }
+        if tat.is_some_and(|tat| tat < now) {
+            note("passed");
+        }
+        if quantity == 0 {
+            note("quantity 0");
+        }
+        if stored.is_some() && tat.is_none() {
+            note("not a TAT");
+        }
+        if limit.delay().is_some() {
+            note("delayed");
+        }
+        if tau + t == 1 << 52 {
+            note("at the bound");
+        }
+    }
+    for what in [
+        "admitted",
+        "rejected",
+        "never",
+        "rebased, admitted",
+        "rebased, rejected",
+        "passed",
+        "quantity 0",
+        "not a TAT",
+        "delayed",
+        "at the bound",
+    ] {
+        assert!(
+            seen.get(what).copied().unwrap_or(0) >= 20,
+            "{what}: {seen:?}"
+        );
+    }
+}
+
 /// The script's number for each algorithm (see limits.lua).
 fn kind_of(algorithm: Algorithm) -> u64 {
     match algorithm {
@@ -1281,20 +1550,10 @@ fn kind_of(algorithm: Algorithm) -> u64 {
     }
 }
 
-/// Blocks the server for `ms` with a busy script on a connection of its own.
-fn block_server(url: String, ms: u64) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let client = redis::Client::open(url).unwrap();
-        let mut c = client.get_connection().unwrap();
-        let script = "local t=redis.call('TIME'); local s=t[1]*1000000+t[2]; \
-            while true do local n=redis.call('TIME'); if n[1]*1000000+n[2]-s > tonumber(ARGV[1])*1000 then break end end return 1";
-        let _: i64 = redis::cmd("EVAL")
-            .arg(script)
-            .arg(0)
-            .arg(ms)
-            .query(&mut c)
-            .unwrap();
-    })
+/// Stalls the server for `ms` (`CLIENT PAUSE`): it holds every client's commands, unanswered,
+/// and runs them in order when the pause ends. Returns once the pause is in force.
+fn pause_server(server: &RedisServer, ms: u64) {
+    server.cli(&["CLIENT", "PAUSE", &ms.to_string(), "ALL"]);
 }
 
 async fn with_timeout(url: &str, timeout: Duration) -> RedisBackend {
@@ -1307,9 +1566,9 @@ async fn with_timeout(url: &str, timeout: Duration) -> RedisBackend {
         .unwrap()
 }
 
-/// Polls until `key` holds no member, bounded.
+/// Polls until `key` holds no member, for at most 10 s (far more than a stall and a few retries).
 async fn until_empty(server: &RedisServer, key: &str, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while cli_int(server, &["ZCARD", key]) != 0 {
         assert!(Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1330,15 +1589,15 @@ async fn concurrency_checks_that_time_out_give_their_slots_back() {
     backend.release(&conc, &key, 1, d.lease.unwrap());
     until_empty(&server, &state, "the first slot never came back").await;
 
-    let blocker = block_server(server.url(), 400);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Long enough that the checks time out (100 ms) however late this task runs after the pause
+    // began; when it ends, Redis runs them all the same.
+    pause_server(&server, 1000);
     let (a, b, c) = tokio::join!(
         backend.check(&conc, &key, 1),
         backend.check(&conc, &key, 1),
         backend.check(&conc, &key, 1)
     );
-    assert!(a.is_err() && b.is_err() && c.is_err());
-    blocker.join().unwrap();
+    assert!(a.is_err() && b.is_err() && c.is_err(), "{a:?} {b:?} {c:?}");
     until_empty(&server, &state, "slots taken by unanswered checks stayed").await;
     assert!(backend.check(&conc, &key, 3).await.unwrap().allowed);
 }
@@ -1354,14 +1613,15 @@ async fn a_release_while_the_breaker_is_open_still_gives_the_slot_back() {
     let state = backend.state_key(&conc, &key);
     let held = backend.check(&conc, &key, 1).await.unwrap();
     assert!(held.allowed);
-    let blocker = block_server(server.url(), 150);
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(backend.check(&fixed, &key, 1).await.is_err());
+    // Long enough that the check times out (100 ms) however late this task runs after the pause
+    // began; the release comes while the breaker that timeout opened is still open.
+    pause_server(&server, 1000);
+    let timed_out = backend.check(&fixed, &key, 1).await;
+    assert!(timed_out.is_err(), "{timed_out:?}");
     backend.release(&conc, &key, 1, held.lease.unwrap());
-    blocker.join().unwrap();
     until_empty(&server, &state, "a release during the outage was lost").await;
     // The breaker lets calls through again after a probe.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !matches!(backend.check(&conc, &key, 1).await, Ok(d) if d.allowed) {
         assert!(Instant::now() < deadline, "the slot never came back");
         tokio::time::sleep(Duration::from_millis(20)).await;
