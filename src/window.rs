@@ -136,7 +136,7 @@ impl SlidingState {
 /// can pass in one window of length `period` (the previous window's `count` in its last instant, then
 /// `count × elapsed / period` more as they are weighted out). When they were bunched at its start,
 /// the estimate is high and fewer than `count` pass. No window *aligned on the period* ever holds more
-/// than `count`. `tests/window_accuracy.rs` measures the error against the exact sliding log on a
+/// than `count`. `tests/memory/window_accuracy.rs` measures the error against the exact sliding log on a
 /// recorded pattern.
 pub fn sliding_window(
     state: Option<SlidingState>,

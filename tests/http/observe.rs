@@ -1,5 +1,5 @@
-//! The on_limited hook (the log events are in tests/observability/logs.rs, the metrics in
-//! tests/http/example_server.rs).
+//! The on_limited hook, and the metrics counted exactly on a local recorder (the log events are in
+//! tests/observability/logs.rs; the example server's /metrics in tests/http/example_server.rs).
 
 use std::sync::{Arc, Mutex};
 

@@ -1,5 +1,5 @@
 //! Redis goes away in the middle of a stream of requests, or stops answering: every request is answered
-//! within the timeout plus a small margin, as the layer's failure policy says; once Redis is back,
+//! within the timeout (bounded generously: a busy machine can stall a request, never make it wait for Redis), as the layer's failure policy says; once Redis is back,
 //! decisions come from Redis again, without restarting anything.
 
 use crate::support::redis as redis_support;

@@ -89,7 +89,7 @@ impl GcraTable {
             // A key already in the table: the read lock, and a compare-and-swap of its TAT. Two
             // threads may read the clock in one order and swap in the other; the later swap then
             // decides on the newer TAT with an older `now`, which can only be stricter (never an
-            // extra admission), and the exact-count test in tests/memory.rs holds under contention.
+            // extra admission), and the exact-count test in tests/memory/backend.rs holds under contention.
             let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
             // Read the clock under the lock: a sweep (under the write lock) never runs between
             // reading `now` and deciding with it.
