@@ -336,7 +336,7 @@ mod tests {
     fn hashed_keys_hide_the_secret_and_agree_with_long_keys() {
         let short = Key::hashed("token");
         assert_ne!(short, Key::from("token"));
-        assert_eq!(short, Key::hashed(b"token".to_vec()));
+        assert_eq!(short, Key::hashed(String::from("token")));
         assert!(rendered(&short).starts_with("#sha256:"));
         assert!(!rendered(&short).contains("token"));
         let long = "t".repeat(MAX_KEY_LEN + 1);
