@@ -5,7 +5,7 @@ use std::time::Duration;
 /// Whether a request is admitted, and the state of its key afterwards.
 ///
 /// The fields mean what the five values of `CL.THROTTLE`'s reply mean, with exact durations instead
-/// of whole seconds:
+/// of whole seconds, and `retry_after` an `Option` (`None` where `CL.THROTTLE` says -1):
 ///
 /// | `CL.THROTTLE` | here |
 /// |---|---|

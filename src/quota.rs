@@ -28,9 +28,11 @@ const MAX_TOLERANCE_NANOS: u64 = 1 << 62;
 /// assert_eq!((q.count(), q.period(), q.limit()), (5, Duration::from_secs(1), 5));
 ///
 /// // The `[[route]]` of the README: bursts of 16, then 30 a minute (one every 2 s).
-/// let q = Quota::per_minute(30).with_max_burst(15);
+/// let q = Quota::per_minute(30).bursts_of(16);
 /// assert_eq!(q.limit(), 16);
 /// assert_eq!(q.emission_interval().unwrap(), Duration::from_secs(2));
+/// // The same quota in CL.THROTTLE's terms: max_burst = 15.
+/// assert_eq!(q, Quota::per_minute(30).with_max_burst(15));
 ///
 /// // Invalid quotas are errors when a layer is built, naming the field:
 /// assert_eq!(Quota::per_second(0).validate().unwrap_err().to_string(), "quota count must be at least 1");
@@ -44,6 +46,8 @@ pub struct Quota {
     max_burst: u64,
     count: u64,
     period: Duration,
+    /// Set by `bursts_of(0)`, which no `max_burst` can express: [`Quota::validate`] refuses it.
+    empty_burst: bool,
 }
 
 impl Quota {
@@ -53,6 +57,7 @@ impl Quota {
             max_burst: count.saturating_sub(1),
             count,
             period,
+            empty_burst: false,
         }
     }
 
@@ -70,6 +75,7 @@ impl Quota {
             max_burst,
             count,
             period,
+            empty_burst: false,
         }
     }
 
@@ -93,10 +99,51 @@ impl Quota {
         Self::per_period(count, Duration::from_secs(86_400))
     }
 
-    /// Replaces `max_burst`: a fresh key may then make `max_burst + 1` requests at once.
+    /// Lets a fresh key make `size` requests at once ("bursts of `size`"), then `count` per `period`.
+    ///
+    /// The same quota as [`with_max_burst(size - 1)`](Self::with_max_burst), said the way people
+    /// say it: `CL.THROTTLE`'s `max_burst` counts the requests *beyond the first*, so "bursts of 20"
+    /// is `max_burst` 19. A size of 0 would admit nothing: [`validate`](Self::validate) (so every
+    /// builder) refuses it.
+    ///
+    /// ```
+    /// use tower_throttle::Quota;
+    ///
+    /// // 30 a minute, bursts of 20: twenty requests at once, then one every 2 s.
+    /// let q = Quota::per_minute(30).bursts_of(20);
+    /// assert_eq!((q.limit(), q.max_burst()), (20, 19));
+    /// assert_eq!(q, Quota::per_minute(30).with_max_burst(19));
+    /// assert_eq!(
+    ///     Quota::per_minute(30).bursts_of(0).validate().unwrap_err().to_string(),
+    ///     "quota burst size (bursts_of) must be at least 1",
+    /// );
+    /// ```
+    #[must_use]
+    pub const fn bursts_of(self, size: u64) -> Self {
+        match size.checked_sub(1) {
+            Some(max_burst) => Quota {
+                max_burst,
+                empty_burst: false,
+                ..self
+            },
+            None => Quota {
+                max_burst: 0,
+                empty_burst: true,
+                ..self
+            },
+        }
+    }
+
+    /// Replaces `CL.THROTTLE`'s `max_burst`: a fresh key may then make `max_burst + 1` requests at
+    /// once. [`bursts_of`](Self::bursts_of) says the same with the burst's size:
+    /// `with_max_burst(19)` is `bursts_of(20)`.
     #[must_use]
     pub const fn with_max_burst(self, max_burst: u64) -> Self {
-        Quota { max_burst, ..self }
+        Quota {
+            max_burst,
+            empty_burst: false,
+            ..self
+        }
     }
 
     /// `CL.THROTTLE`'s `max_burst`.
@@ -133,6 +180,9 @@ impl Quota {
         if self.period.is_zero() {
             return Err(QuotaError::ZeroPeriod);
         }
+        if self.empty_burst {
+            return Err(QuotaError::ZeroBurst);
+        }
         let period = u64::try_from(self.period.as_nanos())
             .ok()
             .filter(|p| *p <= MAX_TOLERANCE_NANOS)
@@ -168,6 +218,9 @@ impl Quota {
 
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.empty_burst {
+            return write!(f, "{} per {:?} (bursts of 0)", self.count, self.period);
+        }
         write!(
             f,
             "{} per {:?} (max_burst {})",
@@ -184,6 +237,8 @@ pub enum QuotaError {
     ZeroCount,
     /// `period` is zero.
     ZeroPeriod,
+    /// [`Quota::bursts_of`] was given 0, which would admit nothing.
+    ZeroBurst,
     /// `period` is longer than about 146 years.
     PeriodTooLong(Duration),
     /// `period / count` is less than one nanosecond, or so few nanoseconds that truncating it to a
@@ -206,6 +261,7 @@ impl fmt::Display for QuotaError {
         match self {
             QuotaError::ZeroCount => f.write_str("quota count must be at least 1"),
             QuotaError::ZeroPeriod => f.write_str("quota period must be longer than zero"),
+            QuotaError::ZeroBurst => f.write_str("quota burst size (bursts_of) must be at least 1"),
             QuotaError::PeriodTooLong(p) => {
                 write!(f, "quota period {p:?} is too long (at most about 146 years)")
             }
@@ -254,6 +310,41 @@ mod tests {
     }
 
     #[test]
+    fn bursts_of_n_is_max_burst_n_minus_one() {
+        for size in [1, 2, 16, 20, 1_000, u64::MAX] {
+            let by_size = Quota::per_minute(30).bursts_of(size);
+            let by_max_burst = Quota::per_minute(30).with_max_burst(size - 1);
+            assert_eq!(by_size, by_max_burst, "bursts_of({size})");
+            assert_eq!(by_size.limit(), size);
+            assert_eq!(by_size.validate(), by_max_burst.validate());
+        }
+        // The same GCRA parameters: a fresh key gets exactly `size` requests at once.
+        let params = Quota::per_second(10).bursts_of(20).validate().unwrap();
+        assert_eq!(
+            params,
+            Quota::cl_throttle(19, 10, Duration::from_secs(1))
+                .validate()
+                .unwrap()
+        );
+        // The last word wins, whichever spelling it uses.
+        assert_eq!(
+            Quota::per_second(1).bursts_of(0).with_max_burst(4),
+            Quota::per_second(1).bursts_of(5)
+        );
+        assert_eq!(
+            Quota::per_second(1).bursts_of(0).validate(),
+            Err(QuotaError::ZeroBurst)
+        );
+        assert_eq!(
+            Quota::per_second(1)
+                .with_max_burst(4)
+                .bursts_of(0)
+                .validate(),
+            Err(QuotaError::ZeroBurst)
+        );
+    }
+
+    #[test]
     fn high_rates_are_exact() {
         let q = Quota::per_second(100_000);
         assert_eq!(q.emission_interval().unwrap(), Duration::from_micros(10));
@@ -279,6 +370,7 @@ mod tests {
                 "period",
             ),
             (Quota::per_second(1).with_max_burst(u64::MAX), "max_burst"),
+            (Quota::per_second(1).bursts_of(0), "bursts_of"),
             (Quota::per_day(1).with_max_burst(1_000_000_000), "max_burst"),
         ];
         for (q, field) in cases {

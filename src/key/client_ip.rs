@@ -10,7 +10,7 @@ use http::header::{HeaderName, FORWARDED};
 use http::{HeaderMap, Request};
 use ipnet::IpNet;
 
-use super::extract::{InvalidPrefix, PeerIp};
+use super::extract::{InvalidPrefix, PeerIp, PEER_ADDRESS_SOURCES};
 use super::{Key, KeyExtractor};
 
 /// The networks of the proxies in front of the service, whose forwarding headers are believed.
@@ -356,7 +356,7 @@ impl<B> KeyExtractor<B> for ClientIp {
 
     fn describe(&self) -> String {
         format!(
-            "the client IP (the peer address, or {} from a trusted proxy)",
+            "the client IP (the peer address, or {} from a trusted proxy; {PEER_ADDRESS_SOURCES})",
             self.header.as_str()
         )
     }

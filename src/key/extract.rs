@@ -159,9 +159,26 @@ impl<B> KeyExtractor<B> for PeerIp {
     }
 
     fn describe(&self) -> String {
-        "the peer IP address (serve with into_make_service_with_connect_info::<SocketAddr>(), \
-         or insert a PeerAddr extension)"
-            .to_owned()
+        format!("the peer IP address ({PEER_ADDRESS_SOURCES})")
+    }
+}
+
+/// Where [`PeerIp`] and [`ClientIp`](super::ClientIp) find the peer address, as the `400` answer and
+/// the warning for a request without one say it.
+///
+/// Chosen at compile time. A build without the `axum` feature cannot see axum's `ConnectInfo` at
+/// all, so telling its user to "serve with connect info" (which their code already does) would be
+/// wrong: it names the feature to enable instead.
+pub(crate) const PEER_ADDRESS_SOURCES: &str = peer_address_sources(cfg!(feature = "axum"));
+
+const fn peer_address_sources(axum_feature: bool) -> &'static str {
+    if axum_feature {
+        "serve axum with into_make_service_with_connect_info::<SocketAddr>(), or insert a \
+         key::PeerAddr extension"
+    } else {
+        "this build of tower-throttle cannot read axum's ConnectInfo: enable its feature \
+         `axum` (tower-throttle = { version = \"0.1\", features = [\"axum\"] }); \
+         outside axum, insert a key::PeerAddr extension"
     }
 }
 
@@ -372,6 +389,57 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_peer_address_names_the_axum_feature_when_it_is_off() {
+        let without = peer_address_sources(false);
+        assert!(without.contains("feature `axum`"), "{without}");
+        assert!(without.contains(r#"features = ["axum"]"#), "{without}");
+        assert!(
+            !without.contains("into_make_service_with_connect_info"),
+            "{without}"
+        );
+        let with = peer_address_sources(true);
+        assert!(
+            with.contains("into_make_service_with_connect_info"),
+            "{with}"
+        );
+        assert_eq!(
+            PEER_ADDRESS_SOURCES,
+            peer_address_sources(cfg!(feature = "axum"))
+        );
+        let what = KeyExtractor::<()>::describe(&PeerIp::new());
+        assert_eq!(
+            what,
+            format!("the peer IP address ({PEER_ADDRESS_SOURCES})")
+        );
+    }
+
+    #[test]
+    fn key_specs_from_each_extractor() {
+        assert_eq!(KeySpec::from(PeerIp::new()), KeySpec::PeerIp(PeerIp::new()));
+        assert_eq!(
+            KeySpec::from(Header::new("x-user-id")),
+            KeySpec::Header(Header::new("x-user-id"))
+        );
+        assert_eq!(KeySpec::from(Global), KeySpec::Global);
+        let client = super::super::ClientIp::default();
+        assert_eq!(KeySpec::from(client.clone()), KeySpec::ClientIp(client));
+        // The same keys as the extractors themselves.
+        let req = Request::builder()
+            .header("x-user-id", "42")
+            .extension(PeerAddr("192.0.2.1:80".parse().unwrap()))
+            .body(())
+            .unwrap();
+        assert_eq!(
+            KeySpec::from(Header::new("x-user-id")).extract(&req),
+            Header::new("x-user-id").extract(&req)
+        );
+        assert_eq!(
+            KeySpec::from(PeerIp::new()).extract(&req),
+            PeerIp::new().extract(&req)
+        );
+    }
+
+    #[test]
     fn header_keys() {
         let h = Header::new("x-api-key");
         let req = Request::builder().header("x-api-key", "").body(()).unwrap();
@@ -391,8 +459,8 @@ mod tests {
     }
 }
 
-/// A built-in key extractor chosen at run time, as configuration names it: `"ip"`, `"global"` or
-/// `"header:<name>"`.
+/// A built-in key extractor chosen at run time, as configuration names it: `"ip"`, `"client-ip"`,
+/// `"global"` or `"header:<name>"`.
 ///
 /// ```
 /// use tower_throttle::key::KeySpec;
@@ -400,6 +468,52 @@ mod tests {
 /// let key: KeySpec = "header:x-user-id".parse().unwrap();
 /// assert_eq!(key.to_string(), "header:x-user-id");
 /// assert!("cookie:session".parse::<KeySpec>().is_err());
+/// ```
+///
+/// # Mixing key kinds in one table of policies
+///
+/// A layer's policies share one extractor type, so a table that keys one policy by IP and another
+/// by a header does not compile:
+///
+/// ```compile_fail,E0308
+/// use tower_throttle::key::{Header, PeerIp};
+/// use tower_throttle::{Policy, Quota, ThrottleLayer};
+///
+/// # fn layer() -> Result<(), tower_throttle::BuildError> {
+/// let per_ip = Policy::builder("ip").quota(Quota::per_second(10)).key(PeerIp::new()).build()?;
+/// let per_user = Policy::builder("user").quota(Quota::per_second(5)).key(Header::new("x-user-id")).build()?;
+/// let layer = ThrottleLayer::builder().policy(per_ip).policy(per_user).build()?;
+/// # Ok(()) }
+/// ```
+///
+/// ```text
+/// error[E0308]: mismatched types
+///   |     let layer = ThrottleLayer::builder().policy(per_ip).policy(per_user).build()?;
+///   |                                                  ------ ^^^^^^^^ expected `Policy<PeerIp>`, found `Policy<Header>`
+/// ```
+///
+/// Give every policy a `KeySpec` instead: each built-in extractor converts into one with `From`
+/// (`KeySpec::from(PeerIp::new())`), and the keys are the extractors' own. For extractors of your own
+/// (closures, [`Extension`]), use [`BoxKeyExtractor`] the same way.
+///
+/// ```
+/// use tower_throttle::key::{Header, KeySpec, PeerIp};
+/// use tower_throttle::{Policy, Quota, ThrottleLayer};
+///
+/// # fn layer() -> Result<(), tower_throttle::BuildError> {
+/// let per_ip = Policy::builder("ip")
+///     .quota(Quota::per_second(10))
+///     .key(KeySpec::from(PeerIp::new()))
+///     .build()?;
+/// let per_user = Policy::builder("user")
+///     .quota(Quota::per_second(5))
+///     .key(KeySpec::from(Header::new("x-user-id")))
+///     .route("/reply")
+///     .build()?;
+/// let layer = ThrottleLayer::builder().policy(per_user).policy(per_ip).build()?;
+/// # let _ = layer;
+/// # Ok(()) }
+/// # layer().unwrap();
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -442,6 +556,30 @@ impl fmt::Display for KeySpec {
             KeySpec::Header(h) => write!(f, "header:{}", h.name()),
             KeySpec::Global => f.write_str("global"),
         }
+    }
+}
+
+impl From<PeerIp> for KeySpec {
+    fn from(ip: PeerIp) -> Self {
+        KeySpec::PeerIp(ip)
+    }
+}
+
+impl From<super::ClientIp> for KeySpec {
+    fn from(ip: super::ClientIp) -> Self {
+        KeySpec::ClientIp(ip)
+    }
+}
+
+impl From<Header> for KeySpec {
+    fn from(header: Header) -> Self {
+        KeySpec::Header(header)
+    }
+}
+
+impl From<Global> for KeySpec {
+    fn from(_: Global) -> Self {
+        KeySpec::Global
     }
 }
 

@@ -3,9 +3,11 @@
 //! A [`KeyExtractor`] turns a request into a [`Key`] (or `None` when the request carries no key, which
 //! the policy's [`MissingKey`](crate::MissingKey) setting then handles). Built in:
 //!
-//! * [`PeerIp`]: the TCP peer address (axum's `ConnectInfo<SocketAddr>` or a `SocketAddr` extension),
-//!   IPv6 grouped by prefix (/64 by default). It never reads `X-Forwarded-For` or `X-Real-IP`: a client
-//!   can write anything there.
+//! * [`PeerIp`]: the TCP peer address (axum's `ConnectInfo<SocketAddr>` with the `axum` feature, or
+//!   a [`PeerAddr`] extension), IPv6 grouped by prefix (/64 by default). It never reads
+//!   `X-Forwarded-For` or `X-Real-IP`: a client can write anything there.
+//! * [`ClientIp`]: the client behind proxies you trust, from their forwarding header; the peer
+//!   address for everyone else.
 //! * [`Header`]: a header's value, such as an API key or a user id.
 //! * [`Extension`]: a value that earlier middleware (authentication) put in the request's extensions.
 //! * [`Global`]: one key for every request.
@@ -21,6 +23,64 @@
 //! let by_path = |req: &Request<()>| Some(req.uri().path().to_owned());
 //! assert_eq!(by_path.extract(&req), Some(Key::from("/")));
 //! ```
+//!
+//! To mix extractors of different kinds in one layer's table of policies, convert them into a
+//! [`KeySpec`] (`KeySpec::from(PeerIp::new())`), or box them as [`BoxKeyExtractor`]s; [`KeySpec`]
+//! shows the compiler error that asks for it.
+//!
+//! # A key per API client: bearer tokens and JWT claims
+//!
+//! **After authentication** (the usual place), key on what your authentication middleware verified
+//! and put in the request's extensions, such as the JWT's `sub` claim, with [`Extension`]: a
+//! client cannot choose it. One user with several tokens shares one limit.
+//!
+//! ```
+//! use http::Request;
+//! use tower_throttle::key::{Extension, Key, KeyExtractor};
+//!
+//! /// Inserted by your authentication layer once the token's signature checked out.
+//! #[derive(Clone)]
+//! struct Claims {
+//!     sub: String,
+//! }
+//! impl From<Claims> for Key {
+//!     fn from(claims: Claims) -> Key {
+//!         Key::from(claims.sub)
+//!     }
+//! }
+//!
+//! let mut req = Request::new(());
+//! req.extensions_mut().insert(Claims { sub: "user-7".into() });
+//! assert_eq!(Extension::<Claims>::new().extract(&req), Some(Key::from("user-7")));
+//! ```
+//!
+//! **Before authentication** (to shield the token check itself), key on the `Authorization: Bearer`
+//! token with a closure, **hashed** with [`Key::hashed`]: the key is written into Redis key names
+//! and may be logged, and a raw token there is a credential anyone reading Redis could replay. A
+//! token that nobody has verified yet costs a client nothing to change, so a fresh made-up token is
+//! a fresh key: keep a per-IP policy in front of (or stacked with) this one.
+//!
+//! ```
+//! use http::{header::AUTHORIZATION, Request};
+//! use tower_throttle::key::{Key, KeyExtractor};
+//!
+//! let bearer_token = |req: &Request<()>| {
+//!     let value = req.headers().get(AUTHORIZATION)?.as_bytes();
+//!     // The scheme is case-insensitive (RFC 9110); the token is what follows one space.
+//!     let token = value.get(7..).filter(|_| value[..7].eq_ignore_ascii_case(b"bearer "))?;
+//!     (!token.is_empty()).then(|| Key::hashed(token))
+//! };
+//!
+//! let req = |auth: &str| Request::builder().header(AUTHORIZATION, auth).body(()).unwrap();
+//! let key = bearer_token.extract(&req("Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig")).unwrap();
+//! assert_eq!(bearer_token.extract(&req("bearer eyJhbGciOiJIUzI1NiJ9.e30.sig")), Some(key.clone()));
+//! assert!(key.to_string().starts_with("#sha256:")); // never the token itself
+//! assert!(!key.to_string().contains("eyJ"));
+//! assert_eq!(bearer_token.extract(&req("Basic dXNlcjpwYXNz")), None); // no key: 400 by default
+//! ```
+//!
+//! Use it as any extractor: `Policy::builder("api").key(bearer_token)`, with the request type your
+//! server's (`&Request<axum::body::Body>` in axum).
 
 mod client_ip;
 mod extract;
@@ -78,6 +138,23 @@ impl Key {
         } else {
             Key(Repr::Bytes(bytes.into()))
         }
+    }
+
+    /// A key from the SHA-256 digest of `bytes`, however short: for secrets such as bearer tokens or
+    /// session ids, which should not appear in Redis key names or logs. (Keys longer than
+    /// [`MAX_KEY_LEN`] are hashed anyway: `Key::hashed(long) == Key::from_bytes(long)`.)
+    ///
+    /// ```
+    /// use tower_throttle::Key;
+    ///
+    /// let key = Key::hashed(b"s3cret-token");
+    /// assert_ne!(key, Key::from("s3cret-token"));
+    /// assert!(!key.to_string().contains("s3cret"));
+    /// ```
+    pub fn hashed(bytes: impl AsRef<[u8]>) -> Self {
+        Key(Repr::Digest(Box::new(
+            Sha256::digest(bytes.as_ref()).into(),
+        )))
     }
 
     /// An IP address key; IPv4-mapped IPv6 addresses become IPv4.
@@ -253,6 +330,17 @@ mod tests {
         assert!(rendered(&k).len() < 80);
         let exact = "u".repeat(MAX_KEY_LEN);
         assert_eq!(rendered(&Key::from(exact.as_str())), exact);
+    }
+
+    #[test]
+    fn hashed_keys_hide_the_secret_and_agree_with_long_keys() {
+        let short = Key::hashed("token");
+        assert_ne!(short, Key::from("token"));
+        assert_eq!(short, Key::hashed(String::from("token")));
+        assert!(rendered(&short).starts_with("#sha256:"));
+        assert!(!rendered(&short).contains("token"));
+        let long = "t".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(Key::hashed(&long), Key::from(long.as_str()));
     }
 
     #[test]
