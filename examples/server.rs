@@ -10,18 +10,23 @@
 //!
 //! Every configured route answers 200 to any method with a body naming the route; `/metrics` serves
 //! the limiter's counters in the Prometheus text format; other paths 404.
+//!
+//! Every start-up error is one line on stderr naming where it comes from (the config file and the
+//! setting, or the flag), and the exit code is 2.
 
 use std::collections::HashSet;
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use axum::extract::RawQuery;
 use axum::routing::{any, get};
 use axum::Extension;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tower_throttle::config::{BackendConfig, Config, RedisConfig};
-use tower_throttle::ThrottleDecision;
+use tower_throttle::config::{BackendConfig, Config, ConfiguredBackend, RedisConfig, RouteConfig};
+use tower_throttle::{MemoryBackend, RedisMode, ThrottleDecision};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -75,46 +80,160 @@ key = "header:x-api-key"
 quotas = [{ count = 10, period = "1s" }, { count = 1000, period = "1d" }]
 "#;
 
+/// Where `/metrics` is served; no `[[route]]` may take it.
+const METRICS_PATH: &str = "/metrics";
+
+/// How often the Prometheus recorder drains its histogram samples when nobody scrapes: without
+/// this, every decision's latency sample is kept until the next scrape, and memory grows without
+/// bound on a server that is never scraped.
+const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The most routes the start-up line lists by name.
+const ROUTES_SHOWN: usize = 10;
+
+const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--redis URL [--redis-mode auto|cell|lua]]\n\
+    --config FILE     the policies, in TOML (default: a built-in set of five routes)\n\
+    --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
+    \x20                 listen, else 127.0.0.1:3000)\n\
+    --redis URL       replace the configured backend with Redis at URL (redis:// or rediss://)\n\
+    --redis-mode M    with --redis: auto (default), cell (CL.THROTTLE) or lua";
+
 struct Args {
     config: Option<String>,
-    listen: Option<SocketAddr>,
+    /// As typed, resolved at start-up (it may be a host name).
+    listen: Option<String>,
     redis: Option<String>,
-    redis_mode: Option<String>,
+    redis_mode: Option<RedisMode>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args {
         config: None,
         listen: None,
         redis: None,
         redis_mode: None,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = args.into_iter();
     while let Some(arg) = it.next() {
+        let mut value = |what: &str| {
+            it.next()
+                .ok_or_else(|| format!("{arg} needs {what} (try --help)"))
+        };
         match arg.as_str() {
-            "--config" => args.config = Some(it.next().ok_or("--config needs a file")?),
+            "--config" => parsed.config = Some(value("a file")?),
             "--listen" => {
-                let addr = it.next().ok_or("--listen needs an address")?;
-                args.listen = Some(
-                    addr.parse()
-                        .map_err(|e| format!("--listen {addr:?}: {e}"))?,
-                );
+                let addr = value("an address such as 127.0.0.1:3000 or localhost:3000")?;
+                check_listen(&addr)?;
+                parsed.listen = Some(addr);
             }
-            "--redis" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
+            "--redis" => parsed.redis = Some(value("a URL such as redis://127.0.0.1:6379/")?),
             "--redis-mode" => {
-                args.redis_mode = Some(it.next().ok_or("--redis-mode needs auto, cell or lua")?)
+                let mode = value("auto, cell or lua")?;
+                parsed.redis_mode =
+                    Some(mode.parse().map_err(|_| {
+                        format!("--redis-mode {mode:?}: expected auto, cell or lua")
+                    })?);
             }
             "-h" | "--help" => {
-                println!(
-                    "usage: server [--config FILE] [--listen ADDR] [--redis URL [--redis-mode auto|cell|lua]]\n\
-                     --redis replaces the configured backend with Redis at URL"
-                );
+                println!("{USAGE}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
-    Ok(args)
+    if parsed.redis_mode.is_some() && parsed.redis.is_none() {
+        return Err("--redis-mode needs --redis".into());
+    }
+    Ok(parsed)
+}
+
+/// `--listen` is `HOST:PORT`: an IP address (`[::1]` for IPv6) or a name, and a port.
+fn check_listen(addr: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        format!(
+            "--listen {addr:?}: {why}; expected HOST:PORT, such as 127.0.0.1:3000, [::1]:3000 or localhost:3000"
+        )
+    };
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(bad("no port"));
+    };
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if host.contains(':') && !host.starts_with('[') {
+        return Err(bad("an IPv6 address needs brackets"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
+    Ok(())
+}
+
+/// The addresses `--listen` (or the config's `listen`) names, host names resolved.
+async fn listen_addrs(args: &Args, config: &Config) -> Result<Vec<SocketAddr>, String> {
+    let Some(addr) = &args.listen else {
+        return Ok(vec![config
+            .listen
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000)))]);
+    };
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr.as_str())
+        .await
+        .map_err(|e| format!("--listen {addr:?}: cannot resolve the host: {e}"))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("--listen {addr:?}: the host has no address"));
+    }
+    Ok(addrs)
+}
+
+/// Where the configuration came from, to name in errors.
+struct Source(String);
+
+impl Source {
+    /// `error` in this configuration, on one line.
+    fn error(&self, error: impl std::fmt::Display) -> String {
+        format!("{}: {}", self.0, one_line(&error.to_string()))
+    }
+}
+
+/// A message on one line: a TOML parse error's source excerpt (`  |`, `3 | colour = 1`, `  | ^^^`)
+/// folds into `line 3, column 1: unknown field ...`, other line breaks into "; ".
+fn one_line(message: &str) -> String {
+    let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else {
+        return String::new();
+    };
+    let Some(position) = first.strip_prefix("TOML parse error at ") else {
+        return std::iter::once(first)
+            .chain(lines)
+            .collect::<Vec<_>>()
+            .join("; ");
+    };
+    // The excerpt's lines all hold a '|' after an optional line number.
+    let is_excerpt = |l: &&str| {
+        l.split_once('|')
+            .is_some_and(|(n, _)| n.trim().chars().all(|c| c.is_ascii_digit()))
+    };
+    let what: Vec<&str> = lines.filter(|l| !is_excerpt(l)).collect();
+    format!("{position}: {}", what.join("; "))
+}
+
+/// Refuses what the server itself would get wrong: a route on `/metrics` (it would never be
+/// reached: the scrape endpoint is served there).
+fn check_routes(config: &Config, source: &Source) -> Result<(), String> {
+    if let Some(route) = config
+        .routes
+        .iter()
+        .find(|r| r.path.as_deref() == Some(METRICS_PATH))
+    {
+        return Err(source.error(format!(
+            "[[route]] {:?}: path = \"{METRICS_PATH}\" is the server's metrics endpoint; choose another path",
+            route.name
+        )));
+    }
+    Ok(())
 }
 
 /// A route's answer: its name, what the limiter decided (dry-run and delay modes show here), after
@@ -146,8 +265,56 @@ async fn answer(
     body
 }
 
-async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, String> {
-    let layer = config.layer().await.map_err(|e| e.to_string())?;
+/// The configured paths, each answered by a handler naming its route, in time linear in routes.
+///
+/// axum panics on a route it cannot accept (a conflict such as `/a/{x}` next to `/a/{y}`, a
+/// pattern in the old `/:id` syntax); the panic is caught and its message becomes the error, with
+/// the panic hook silenced meanwhile so that no panic text or backtrace reaches the terminal.
+fn routes(config: &Config, source: &Source) -> Result<Router, String> {
+    let mut added = HashSet::new();
+    let paths: Vec<(&str, &RouteConfig)> = config
+        .routes
+        .iter()
+        .filter_map(|route| Some((route.path.as_deref()?, route)))
+        // Several policies may share a path (one per method); the path is served once.
+        .filter(|(path, _)| added.insert(*path))
+        .collect();
+    let mut current: Option<&RouteConfig> = None;
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // The router is moved, never cloned, from one route to the next: Router::route copies
+        // its whole table when the router is shared, which made start-up quadratic in routes.
+        let mut router = Router::new();
+        for &(path, route) in &paths {
+            current = Some(route);
+            let body = format!("route {} ({path})\n", route.name);
+            let handler = move |decision: Option<Extension<ThrottleDecision>>, query: RawQuery| {
+                let body = body.clone();
+                async move { answer(body, decision, query).await }
+            };
+            router = router.route(path, any(handler));
+        }
+        router
+    }));
+    std::panic::set_hook(hook);
+    built.map_err(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("axum refused it");
+        let name = current.map_or("?", |r| r.name.as_str());
+        source.error(format!("[[route]] {name:?}: {why}"))
+    })
+}
+
+/// `/metrics`: the recorder's text, with the distinct limited clients read at scrape time.
+fn with_metrics(
+    router: Router,
+    layer: &tower_throttle::ThrottleLayer<tower_throttle::key::KeySpec, ConfiguredBackend>,
+    metrics: PrometheusHandle,
+) -> Router {
     let offenders = layer.offenders().cloned();
     let mut policies: Vec<String> = layer
         .policies()
@@ -155,32 +322,6 @@ async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, Strin
         .map(|p| p.name().to_owned())
         .collect();
     policies.dedup();
-    let mut added = HashSet::new();
-    let mut router = Router::new();
-    for route in &config.routes {
-        let Some(path) = route.path.as_deref() else {
-            continue;
-        };
-        // Several policies may share a path (one per method); the path is served once.
-        if !added.insert(path) {
-            continue;
-        }
-        let body = format!("route {} ({path})\n", route.name);
-        let handler = move |decision: Option<Extension<ThrottleDecision>>, query: RawQuery| {
-            let body = body.clone();
-            async move { answer(body, decision, query).await }
-        };
-        // axum panics on routes it cannot accept (conflicting patterns); report them as errors.
-        let with_route = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            router.clone().route(path, any(handler))
-        }))
-        .map_err(|_| {
-            format!("route {path:?} is not a valid axum route or conflicts with another")
-        })?;
-        router = with_route;
-    }
-    // Router::layer runs after routing, so policies see axum's MatchedPath. /metrics is added after
-    // the layer, so scraping it is never limited.
     let scrape = move || {
         let (offenders, policies, metrics) = (offenders.clone(), policies.clone(), metrics.clone());
         async move {
@@ -207,46 +348,95 @@ async fn app(config: &Config, metrics: PrometheusHandle) -> Result<Router, Strin
             metrics.render()
         }
     };
-    Ok(router.layer(layer).route("/metrics", get(scrape)))
+    // Router::layer runs after routing, so policies see axum's MatchedPath. /metrics is added after
+    // the layer, so scraping it is never limited.
+    router.layer(layer.clone()).route(METRICS_PATH, get(scrape))
+}
+
+/// What the start-up line says about the backend: for Redis, the path decisions take (in mode
+/// auto, what detection found).
+fn describe_backend(config: &Config, backend: &ConfiguredBackend) -> String {
+    match backend {
+        ConfiguredBackend::Redis(redis) => {
+            let path = match redis.active_path() {
+                Some(RedisMode::Cell) => "decisions by CL.THROTTLE (redis-cell)",
+                Some(RedisMode::Lua) => "decisions by the Lua script",
+                _ => "decision path not yet detected",
+            };
+            format!("{}, {path}", config.backend)
+        }
+        ConfiguredBackend::Memory(_) => config.backend.to_string(),
+    }
+}
+
+/// The routes by name and path, the first few of them.
+fn describe_routes(config: &Config) -> String {
+    let mut shown: Vec<String> = config
+        .routes
+        .iter()
+        .take(ROUTES_SHOWN)
+        .map(|r| format!("{} {}", r.name, r.path.as_deref().unwrap_or("*")))
+        .collect();
+    if config.routes.len() > ROUTES_SHOWN {
+        shown.push(format!("and {} more", config.routes.len() - ROUTES_SHOWN));
+    }
+    shown.join(", ")
 }
 
 async fn run() -> Result<(), String> {
-    let args = parse_args()?;
-    let mut config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-            Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
-        }
-        None => Config::from_toml(DEFAULT_CONFIG).map_err(|e| e.to_string())?,
+    let args = parse_args(std::env::args().skip(1))?;
+    let (source, text) = match &args.config {
+        Some(path) => (
+            Source(path.clone()),
+            std::fs::read_to_string(path).map_err(|e| format!("--config {path}: {e}"))?,
+        ),
+        None => (Source("the built-in config".into()), DEFAULT_CONFIG.into()),
     };
-    if let Some(url) = args.redis {
-        let mut redis = RedisConfig::new(url);
-        redis.mode = args.redis_mode;
-        config.backend = BackendConfig::Redis(redis);
-    } else if args.redis_mode.is_some() {
-        return Err("--redis-mode needs --redis".into());
-    }
-    let listen = args
-        .listen
-        .or(config.listen)
-        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000)));
+    let mut config = Config::from_toml(&text).map_err(|e| source.error(e))?;
+    // Everything the file says is checked before anything connects, so that its errors name it
+    // (a Redis that is down would otherwise hide them).
+    check_routes(&config, &source)?;
+    let probe = MemoryBackend::builder()
+        .build()
+        .map_err(|e| source.error(e))?;
+    config
+        .layer_builder(probe)
+        .and_then(|builder| builder.build())
+        .map(drop)
+        .map_err(|e| source.error(e))?;
+    let routes = routes(&config, &source)?;
+    // Errors from here on are the backend's: from the flag when --redis replaced it.
+    let backend_source = match &args.redis {
+        Some(url) => {
+            let mut redis = RedisConfig::new(url.clone());
+            redis.mode = args.redis_mode.map(|m| m.as_str().to_owned());
+            config.backend = BackendConfig::Redis(redis);
+            Source(format!("--redis {}", config.backend))
+        }
+        None => source,
+    };
+    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    let listen = listen_addrs(&args, &config).await?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
-    let app = app(&config, metrics).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let app = with_metrics(routes, &layer, metrics);
+    let listener = tokio::net::TcpListener::bind(listen.as_slice())
         .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        .map_err(|e| format!("cannot listen on {}: {e}", describe_addrs(&listen)))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let routes: Vec<String> = config
-        .routes
-        .iter()
-        .map(|r| format!("{} {}", r.name, r.path.as_deref().unwrap_or("*")))
-        .collect();
     println!(
         "tower-throttle example listening on http://{local}; backend: {}; policies: {}",
-        config.backend,
-        routes.join(", ")
+        describe_backend(&config, layer.backend()),
+        describe_routes(&config)
     );
     axum::serve(
         listener,
@@ -259,12 +449,23 @@ async fn run() -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
+fn describe_addrs(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(SocketAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Colour only for a person at a terminal: log files and pipes get plain text.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
     match run().await {

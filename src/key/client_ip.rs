@@ -91,7 +91,8 @@ pub(crate) fn parse_net(s: &str) -> Result<IpNet, InvalidCidr> {
     .trunc())
 }
 
-/// A trusted-proxy entry that is neither a CIDR network nor an address.
+/// A network entry (a trusted proxy, an access-list network) that is neither a CIDR network nor an
+/// address. The message names the entry only: the caller names the setting it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidCidr(pub String);
 
@@ -99,7 +100,7 @@ impl fmt::Display for InvalidCidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "trusted proxy {:?} is not a network (\"10.0.0.0/8\", \"fd00::/8\") or an address",
+            "{:?} is not a network (\"10.0.0.0/8\", \"fd00::/8\") or an address",
             self.0
         )
     }

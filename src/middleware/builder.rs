@@ -1,6 +1,7 @@
 //! [`ThrottleLayerBuilder`]: the layer's options, and the checks that make a bad configuration an
 //! `Err` when the layer is built rather than a surprise under traffic.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -241,15 +242,20 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 t.limits.iter().map(move |l| (l, stack.clone()))
             })
             .collect();
-        for (i, (limit, stack)) in limits.iter().enumerate() {
+        // The first limit of each name, looked up by name: a table of many policies builds in
+        // linear time.
+        let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
+        for entry in &limits {
+            let (limit, stack) = entry;
             // Limits that share a name share their keys' state, which only makes sense with the same
             // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
             // one, and a delayed policy's queue would be erased by one without the delay.
-            let Some((other, other_stack)) = limits[..i]
-                .iter()
-                .find(|(other, _)| other.name() == limit.name())
-            else {
-                continue;
+            let (other, other_stack) = match first_named.entry(limit.name()) {
+                Entry::Vacant(vacant) => {
+                    vacant.insert(entry);
+                    continue;
+                }
+                Entry::Occupied(occupied) => *occupied.get(),
             };
             if !other.same_rules(limit) {
                 return Err(BuildError::Invalid(format!(
