@@ -420,6 +420,7 @@ async fn every_new_key_works_from_the_config() {
 
         [[route]]
         name = "api"
+        path = "/api/{*rest}"
         key = "header:x-api-key"
         quotas = [{ max_burst = 9, count = 10, period = "1s" }, { max_burst = 999, count = 1000, period = "1d" }]
         tier_header = "x-plan"
@@ -667,7 +668,8 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .route("/x")
         .build()
         .unwrap();
-    build(stacked.clone(), named).unwrap();
+    // The narrower policy first: after the route-less "api" it could never apply.
+    build(named, stacked.clone()).unwrap();
     let stack_named = Policy::builder("api.paid")
         .quotas([Quota::per_second(100), Quota::per_day(1000)])
         .key(Global)
@@ -680,7 +682,7 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .key(Global)
         .build()
         .unwrap();
-    build(paid_stack, stack_named).unwrap();
+    build(stack_named, paid_stack).unwrap();
     // A lone "api.1s" and the per-second member of a stacked "api": different state, refused.
     let lone = Policy::builder("api.1s")
         .quota(Quota::per_second(10))
