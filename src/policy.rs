@@ -702,8 +702,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, row) in rows.iter_mut().enumerate() {
         row[0] = i;
     }
-    for j in 0..=b.len() {
-        rows[0][j] = j;
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
     }
     for i in 1..=a.len() {
         for j in 1..=b.len() {
@@ -802,20 +802,18 @@ impl Route {
             return Err(format!("route {pattern:?} contains {c:?}: {why}"));
         }
         // axum 0.8 refuses these at `Router::route` (unless `without_v07_checks`); as a literal a
-        // policy's `/users/:id` would never match anything.
+        // policy's `/users/:id` would match only the path `/users/:id`, never `/users/7`.
         for segment in pattern.split('/') {
-            if segment.starts_with(':') {
+            if let Some(name) = segment.strip_prefix(':') {
                 return Err(format!(
                     "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
-                     parameter as {{{}}}",
-                    &segment[1..]
+                     parameter as {{{name}}}"
                 ));
             }
-            if segment.starts_with('*') {
+            if let Some(name) = segment.strip_prefix('*') {
                 return Err(format!(
                     "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
-                     wildcard as {{*{}}}",
-                    &segment[1..]
+                     wildcard as {{*{name}}}"
                 ));
             }
         }
