@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of tower-throttle: unit, integration (including the example server over TCP, and real
 # Redis servers: plain, with the redis-cell module, TLS and a 3-node cluster) and doc tests, with every
-# feature. Installs what the tests need when it is missing:
+# feature. Checks rustc against Cargo.toml's rust-version (install Rust with rustup) and Redis >= 7, and
+# installs what the tests need when it is missing:
+#   - a C compiler: gcc and libc6-dev with apt-get (rustc links with `cc`; ring compiles C);
 #   - Debian's redis-server and redis-tools (and openssl, for the TLS tests' certificates) with apt-get;
 #   - the redis-cell module (crates.io package redis-cell 0.2.2), built into target/redis-cell/.
 # Both are cached: a second run installs and builds nothing.
@@ -58,6 +60,90 @@ apt_install() {
     fi
   fi
   rm -f "$log"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# The toolchain: Rust (rustup, at least the crate's rust-version), a C compiler, Redis 7
+# ---------------------------------------------------------------------------------------------------
+
+RUSTUP_HINT="install Rust with rustup (https://rustup.rs: curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh), then open a new shell or run '. \$HOME/.cargo/env'"
+
+# Whether version $1 (such as 1.88 or 1.95.0) is at least $2; missing parts count as 0.
+version_at_least() {
+  local IFS=.
+  local -a have=($1) need=($2)
+  local i
+  for i in 0 1 2; do
+    if ((10#${have[i]:-0} != 10#${need[i]:-0})); then
+      ((10#${have[i]:-0} > 10#${need[i]:-0}))
+      return
+    fi
+  done
+}
+
+# rustc and cargo on PATH, rustc at least Cargo.toml's rust-version (Debian's packaged rustc is older).
+check_rust() {
+  local msrv have
+  msrv=$(sed -n 's/^rust-version *= *"\([0-9.]*\)".*/\1/p' Cargo.toml | head -n 1)
+  [[ -n $msrv ]] || die "found no rust-version in Cargo.toml"
+  command -v cargo >/dev/null 2>&1 || die "cargo is not on PATH; $RUSTUP_HINT"
+  command -v rustc >/dev/null 2>&1 || die "rustc is not on PATH; $RUSTUP_HINT"
+  have=$(rustc --version 2>/dev/null | sed -n 's/^rustc \([0-9][0-9.]*\).*/\1/p')
+  [[ -n $have ]] || die "could not read the version of $(command -v rustc) ('rustc --version' said: $(rustc --version 2>&1 | head -n 1))"
+  if ! version_at_least "$have" "$msrv"; then
+    if command -v rustup >/dev/null 2>&1; then
+      if [[ $(dirname "$(command -v rustc)") != "$(dirname "$(command -v rustup)")" ]]; then
+        die "rustc $have ($(command -v rustc)) is older than $msrv, the crate's rust-version, and is not rustup's: put $(dirname "$(command -v rustup)") first on PATH, then run 'rustup update stable'"
+      fi
+      die "rustc $have ($(command -v rustc)) is older than $msrv, the crate's rust-version: run 'rustup update stable'"
+    fi
+    die "rustc $have ($(command -v rustc)) is older than $msrv, the crate's rust-version (Debian's rustc package is too old); $RUSTUP_HINT"
+  fi
+}
+
+# A C compiler that links: rustc links every test binary with `cc`, and ring (TLS) compiles C. Without
+# one cargo fails with "linker `cc` not found". Installs gcc and the C library headers with apt-get.
+check_cc() {
+  local tmp ok=0
+  tmp=$(mktemp -d)
+  if command -v cc >/dev/null 2>&1 &&
+    printf 'int main(void) { return 0; }\n' | cc -x c -o "$tmp/a.out" - >"$tmp/cc.log" 2>&1; then
+    ok=1
+  fi
+  if ((!ok)); then
+    if ! command -v apt-get >/dev/null 2>&1; then
+      rm -rf "$tmp"
+      die "no working C compiler 'cc' (rustc links with it, ring compiles C): install gcc or clang and the C library headers, and put 'cc' on PATH"
+    fi
+    if command -v cc >/dev/null 2>&1; then
+      say "cc cannot link a C program (output below); installing gcc and libc6-dev"
+      cat "$tmp/cc.log" >&2
+    else
+      say "no C compiler 'cc' on PATH (rustc links with it, ring compiles C)"
+    fi
+    apt_install gcc libc6-dev
+    command -v cc >/dev/null 2>&1 ||
+      die "apt-get installed gcc but 'cc' is still not on PATH; install build-essential, or link cc to gcc"
+    printf 'int main(void) { return 0; }\n' | cc -x c -o "$tmp/a.out" - >"$tmp/cc.log" 2>&1 || {
+      cat "$tmp/cc.log" >&2
+      rm -rf "$tmp"
+      die "cc still cannot link a C program after installing gcc and libc6-dev (output above); try apt-get install build-essential"
+    }
+  fi
+  rm -rf "$tmp"
+}
+
+REDIS_MIN_VERSION=7.0
+
+# redis-server at least 7.0, the oldest Redis the crate supports and its tests run against (Debian
+# bookworm ships 7.0).
+check_redis_version() {
+  local have
+  have=$(redis-server --version 2>/dev/null | sed -n 's/.* v=\([0-9][0-9.]*\).*/\1/p')
+  [[ -n $have ]] || die "could not read the version of $(command -v redis-server) ('redis-server --version' said: $(redis-server --version 2>&1 | head -n 1))"
+  if ! version_at_least "$have" "$REDIS_MIN_VERSION"; then
+    die "redis-server $have ($(command -v redis-server)) is older than $REDIS_MIN_VERSION, which the tests need: install Redis 7 (Debian bookworm's or Ubuntu 24.04's redis-server package, or https://redis.io/downloads) and put it first on PATH"
+  fi
 }
 
 REDIS_CELL_VERSION=0.2.2
@@ -239,7 +325,10 @@ build_redis_cell() {
   say "installed the redis-cell module at target/redis-cell/libredis_cell.so"
 }
 
+check_rust
+check_cc
 install_packages
+check_redis_version
 build_redis_cell
 export REDIS_CELL_MODULE=$REDIS_CELL_SO
 

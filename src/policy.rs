@@ -140,6 +140,7 @@ impl Policy<PeerIp> {
             key: PeerIp::new(),
             cost: 1,
             methods: None,
+            custom_methods: None,
             route: None,
             missing_key: MissingKey::default(),
             penalty: None,
@@ -254,6 +255,7 @@ pub struct PolicyBuilder<K> {
     key: K,
     cost: u64,
     methods: Option<Vec<Method>>,
+    custom_methods: Option<Vec<Method>>,
     route: Option<String>,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
@@ -375,6 +377,7 @@ impl<K> PolicyBuilder<K> {
             key,
             cost: self.cost,
             methods: self.methods,
+            custom_methods: self.custom_methods,
             route: self.route,
             missing_key: self.missing_key,
             penalty: self.penalty,
@@ -387,22 +390,74 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// Applies the policy to these methods only (default: every method). `GET` includes `HEAD`, which
-    /// runs the same handler in axum.
+    /// Applies the policy to these methods only (default: every method).
+    ///
+    /// A request's method is compared exactly with each one, as HTTP says (methods are
+    /// case-sensitive: `Method::from_bytes(b"get")` is not `GET`), with one addition: `GET`
+    /// includes `HEAD`, which runs the same handler in axum. Only the standard methods are accepted
+    /// here (`GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `PATCH`, `OPTIONS`, `CONNECT`, `TRACE`):
+    /// anything else is an error at [`build`](Self::build), so that a typo such as `PSOT` cannot
+    /// leave `POST` unlimited. List other methods with [`custom_methods`](Self::custom_methods).
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_throttle::{Policy, Quota};
+    ///
+    /// let typo = Method::from_bytes(b"PSOT").unwrap();
+    /// let err = Policy::builder("writes")
+    ///     .quota(Quota::per_second(5))
+    ///     .methods([typo])
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains(r#"method "PSOT" is not a standard HTTP method (did you mean "POST"?)"#));
+    /// ```
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = Some(methods.into_iter().collect());
         self
     }
 
-    /// Applies the policy to one route only, in axum path syntax (`/users/{id}`, `/files/{*path}`).
+    /// Also applies the policy to these non-standard methods, such as WebDAV's `PROPFIND`: the
+    /// explicit opt-in that [`methods`](Self::methods) asks for. They are compared exactly (case
+    /// included). Standard methods belong in `methods` and are an error here.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_throttle::{Policy, Quota};
+    ///
+    /// let dav = Policy::builder("dav")
+    ///     .quota(Quota::per_second(5))
+    ///     .methods([Method::PUT])
+    ///     .custom_methods([Method::from_bytes(b"PROPFIND").unwrap()])
+    ///     .build()
+    ///     .unwrap();
+    /// let propfind = http::Request::builder().method("PROPFIND").uri("/").body(()).unwrap();
+    /// assert!(dav.applies_to(&propfind));
+    /// ```
+    pub fn custom_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.custom_methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// Applies the policy to one route only, in axum 0.8 path syntax (`/users/{id}`,
+    /// `/files/{*path}`, `/v{version}/status`; `{{` and `}}` are literal braces).
     ///
     /// With the `axum` feature and a layer added by `Router::layer`, the route is compared with the
-    /// request's `MatchedPath`, exactly as the router spells it: the full path (`/api/users/{id}`), or,
+    /// request's `MatchedPath`, as the router spells it up to the names of its parameters
+    /// (`/users/{user_id}` names the router's `/users/{id}`): the full path (`/api/users/{id}`), or,
     /// for a layer inside `Router::nest("/api", ..)`, also the nested router's own path
     /// (`/users/{id}`). Without `MatchedPath` (outside axum, or a layer wrapped around the whole
-    /// router) the pattern is matched against the request path: `{name}` matches one non-empty
-    /// segment, `{*name}` the rest. Only needed for a layer that holds several policies; a layer added
+    /// router) the request's path is matched by axum's own matcher (`matchit`), so the policy
+    /// applies exactly when a router holding only this route would route the request: `{name}`
+    /// matches one segment (an empty one only before more of the path: `/users//posts` matches
+    /// `/users/{id}/posts`, `/users/` does not match `/users/{id}`), `{*name}` one or more
+    /// characters after the slash
+    /// (`/files/{*path}` does not match `/files` nor `/files/`), and the path is not decoded
+    /// (`%2F` is not a slash). Only needed for a layer that holds several policies; a layer added
     /// with `route_layer` to one route applies to that route anyway.
+    ///
+    /// A pattern that no request path can match is an error at [`build`](Self::build): one without
+    /// a leading `/`, with a space, control character, `?` or `#`, or in axum 0.7 syntax (`:id`,
+    /// `*rest`), which axum 0.8 refuses.
     pub fn route(mut self, pattern: impl Into<String>) -> Self {
         self.route = Some(pattern.into());
         self
@@ -480,23 +535,8 @@ impl<K> PolicyBuilder<K> {
                 )));
             }
         }
-        let methods = match self.methods {
-            Some(m) if m.is_empty() => {
-                return Err(BuildError::Invalid(format!(
-                    "policy {:?}: methods is empty (leave it out to match every method)",
-                    limit.name()
-                )))
-            }
-            // axum's `get` answers HEAD with the GET handler: a GET policy that let HEAD through
-            // would let anyone run the handler unlimited.
-            Some(mut m) => {
-                if m.contains(&Method::GET) && !m.contains(&Method::HEAD) {
-                    m.push(Method::HEAD);
-                }
-                Some(m.into_boxed_slice())
-            }
-            None => None,
-        };
+        let methods = methods_of(self.methods, self.custom_methods)
+            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
         let route = self
             .route
             .map(|r| Route::parse(&r))
@@ -581,18 +621,168 @@ fn period_label(period: Duration) -> String {
     format!("{}{unit}", nanos / size)
 }
 
-/// A route pattern in axum syntax.
+/// The methods HTTP defines (RFC 9110 and RFC 5789's `PATCH`): the only ones
+/// [`PolicyBuilder::methods`] accepts.
+const STANDARD_METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::PATCH,
+    Method::OPTIONS,
+    Method::CONNECT,
+    Method::TRACE,
+];
+
+/// The methods a policy applies to (`None`: every method), from the standard `methods` and the
+/// opted-in `custom` ones. A method that cannot be what the user meant is an error: a limit on a
+/// misspelt method would silently leave the real one unlimited.
+fn methods_of(
+    methods: Option<Vec<Method>>,
+    custom: Option<Vec<Method>>,
+) -> Result<Option<Box<[Method]>>, String> {
+    if methods.as_ref().is_some_and(Vec::is_empty) {
+        return Err("methods is empty (leave it out to match every method)".into());
+    }
+    if custom.as_ref().is_some_and(Vec::is_empty) {
+        return Err("custom_methods is empty (leave it out)".into());
+    }
+    for method in methods.iter().flatten() {
+        if !STANDARD_METHODS.contains(method) {
+            let hint = match closest_standard_method(method.as_str()) {
+                Some(standard) => format!(" (did you mean {standard:?}?)"),
+                None => String::new(),
+            };
+            return Err(format!(
+                "method {:?} is not a standard HTTP method{hint}; list a non-standard method in \
+                 custom_methods",
+                method.as_str()
+            ));
+        }
+    }
+    for method in custom.iter().flatten() {
+        if STANDARD_METHODS.contains(method) {
+            return Err(format!(
+                "{:?} is a standard method: list it in methods, not custom_methods",
+                method.as_str()
+            ));
+        }
+    }
+    if methods.is_none() && custom.is_none() {
+        return Ok(None);
+    }
+    let mut all: Vec<Method> = methods.into_iter().chain(custom).flatten().collect();
+    // axum's `get` answers HEAD with the GET handler: a GET policy that let HEAD through would let
+    // anyone run the handler unlimited.
+    if all.contains(&Method::GET) && !all.contains(&Method::HEAD) {
+        all.push(Method::HEAD);
+    }
+    Ok(Some(all.into_boxed_slice()))
+}
+
+/// The standard method `name` is most likely a misspelling of (case aside, at most two letters
+/// inserted, deleted, replaced or swapped), if any.
+fn closest_standard_method(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_uppercase();
+    STANDARD_METHODS
+        .iter()
+        .map(|m| (edit_distance(&name, m.as_str()), m.as_str()))
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, standard)| standard)
+}
+
+/// The optimal string alignment distance between `a` and `b`: single-byte insertions, deletions,
+/// substitutions and swaps of adjacent bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    // rows[i][j]: the distance between a[..i] and b[..j].
+    let mut rows = vec![vec![0; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let substitution = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + substitution);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// Refuses a list of policies in which one can never apply: the first policy whose route and
+/// methods match a request decides, so a policy after one that matches every request it would
+/// match is dead configuration, most likely a limit its author believes is enforced.
+///
+/// Only routes spelt alike (up to parameter names) count as the same route: under axum's router,
+/// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
+/// other.
+pub(crate) fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
+    for (i, later) in policies.iter().enumerate() {
+        if let Some(earlier) = policies[..i].iter().find(|p| p.covers(later)) {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} can never apply: policy {:?}, before it, matches every request it \
+                 would ({}), and the first matching policy decides; put the narrower policy first \
+                 or give them different routes or methods",
+                later.name,
+                earlier.name,
+                earlier.scope()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl<K> Policy<K> {
+    /// Whether this policy matches every request that `other` matches.
+    fn covers(&self, other: &Policy<K>) -> bool {
+        let routes = match (&self.route, &other.route) {
+            (None, _) => true,
+            (Some(mine), Some(theirs)) => mine.same_route(theirs),
+            (Some(_), None) => false,
+        };
+        let methods = match (&self.methods, &other.methods) {
+            (None, _) => true,
+            (Some(mine), Some(theirs)) => theirs.iter().all(|m| mine.contains(m)),
+            (Some(_), None) => false,
+        };
+        routes && methods
+    }
+
+    /// The requests this policy matches, in words.
+    fn scope(&self) -> String {
+        let route = match &self.route {
+            None => "every route".to_owned(),
+            Some(route) => format!("route {:?}", route.pattern),
+        };
+        let methods = match &self.methods {
+            None => "every method".to_owned(),
+            Some(methods) => {
+                let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+                format!("methods {}", names.join(", "))
+            }
+        };
+        format!("{route}, {methods}")
+    }
+}
+
+/// A route pattern in axum 0.8 syntax, matched as axum's router matches it.
 #[derive(Clone, Debug)]
 struct Route {
     pattern: String,
-    segments: Box<[Segment]>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Segment {
-    Literal(String),
-    Param,
-    Rest,
+    /// A router holding only this route: axum's own matcher, so the policy matches a request path
+    /// exactly when axum would route it here.
+    router: matchit::Router<()>,
 }
 
 impl Route {
@@ -600,43 +790,69 @@ impl Route {
         if !pattern.starts_with('/') {
             return Err(format!("route {pattern:?} must start with '/'"));
         }
-        let parts: Vec<&str> = pattern[1..].split('/').collect();
-        let mut segments = Vec::with_capacity(parts.len());
-        for (i, part) in parts.iter().enumerate() {
-            let segment =
-                if let Some(inner) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
-                    if let Some(name) = inner.strip_prefix('*') {
-                        if i + 1 != parts.len() || name.is_empty() {
-                            return Err(format!(
-                                "route {pattern:?}: a wildcard {{*name}} must be the last segment"
-                            ));
-                        }
-                        Segment::Rest
-                    } else if inner.is_empty() || inner.contains(['{', '}']) {
-                        return Err(format!("route {pattern:?}: bad parameter {part:?}"));
-                    } else {
-                        Segment::Param
-                    }
-                } else if part.contains(['{', '}']) {
-                    return Err(format!(
-                        "route {pattern:?}: parameters must be whole segments ({part:?})"
-                    ));
-                } else {
-                    Segment::Literal((*part).to_owned())
-                };
-            segments.push(segment);
+        if let Some(c) = pattern
+            .chars()
+            .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '?' | '#'))
+        {
+            let why = match c {
+                '?' => "the query string is not part of the path a route matches",
+                '#' => "a fragment is never sent to the server",
+                _ => "a request path never contains one (percent-encode it as clients send it)",
+            };
+            return Err(format!("route {pattern:?} contains {c:?}: {why}"));
         }
+        // axum 0.8 refuses these at `Router::route` (unless `without_v07_checks`); as a literal a
+        // policy's `/users/:id` would match only the path `/users/:id`, never `/users/7`.
+        for segment in pattern.split('/') {
+            if let Some(name) = segment.strip_prefix(':') {
+                return Err(format!(
+                    "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
+                     parameter as {{{name}}}"
+                ));
+            }
+            if let Some(name) = segment.strip_prefix('*') {
+                return Err(format!(
+                    "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
+                     wildcard as {{*{name}}}"
+                ));
+            }
+        }
+        let mut router = matchit::Router::new();
+        router.insert(pattern, ()).map_err(|e| {
+            let why = match e {
+                matchit::InsertError::InvalidParamSegment => {
+                    "only one parameter is allowed per segment, after any literal text \
+                     (`/v{version}` is a route, `/{name}.json` is not)"
+                        .to_owned()
+                }
+                matchit::InsertError::InvalidParam => {
+                    "a parameter needs a name and matching braces (`{id}`; `{{` and `}}` are \
+                     literal braces)"
+                        .to_owned()
+                }
+                matchit::InsertError::InvalidCatchAll => {
+                    "a wildcard {*name} must be the end of the route".to_owned()
+                }
+                other => other.to_string(),
+            };
+            format!("route {pattern:?}: {why}")
+        })?;
         Ok(Route {
             pattern: pattern.to_owned(),
-            segments: segments.into(),
+            router,
         })
+    }
+
+    /// Whether `other` is the same route, spelt perhaps with other parameter names.
+    fn same_route(&self, other: &Route) -> bool {
+        same_shape(&self.pattern, &other.pattern)
     }
 
     fn matches<B>(&self, request: &Request<B>) -> bool {
         #[cfg(feature = "axum")]
         if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
             let matched = matched.as_str();
-            if matched == self.pattern {
+            if same_shape(matched, &self.pattern) {
                 return true;
             }
             // Inside `Router::nest("/api", ..)` axum's MatchedPath is the full "/api/users/{id}"; the
@@ -644,7 +860,7 @@ impl Route {
             let nested = request.extensions().get::<axum::extract::NestedPath>();
             return match nested.and_then(|n| matched.strip_prefix(n.as_str())) {
                 Some("") => self.pattern == "/",
-                Some(rest) => rest == self.pattern,
+                Some(rest) => same_shape(rest, &self.pattern),
                 None => false,
             };
         }
@@ -652,26 +868,49 @@ impl Route {
     }
 
     fn matches_path(&self, path: &str) -> bool {
-        let Some(path) = path.strip_prefix('/') else {
-            return false;
-        };
-        let mut parts = path.split('/');
-        for segment in self.segments.iter() {
-            match segment {
-                Segment::Rest => return true,
-                Segment::Literal(lit) => {
-                    if parts.next() != Some(lit.as_str()) {
-                        return false;
+        self.router.at(path).is_ok()
+    }
+}
+
+/// One piece of a route pattern, parameter names erased.
+#[derive(Debug, PartialEq, Eq)]
+enum Piece {
+    Char(char),
+    Param,
+    CatchAll,
+}
+
+/// Whether two axum route patterns are the same route: equal but for the names of their parameters
+/// (`/users/{id}` and `/users/{user_id}`), which axum's router could not hold side by side either.
+fn same_shape(a: &str, b: &str) -> bool {
+    a == b || pieces(a).eq(pieces(b))
+}
+
+/// A pattern's pieces: its characters, with `{{`/`}}` as literal braces and each parameter as one
+/// piece.
+fn pieces(pattern: &str) -> impl Iterator<Item = Piece> + '_ {
+    let mut chars = pattern.chars().peekable();
+    std::iter::from_fn(move || {
+        let c = chars.next()?;
+        Some(match c {
+            '{' if chars.next_if_eq(&'{').is_some() => Piece::Char('{'),
+            '}' if chars.next_if_eq(&'}').is_some() => Piece::Char('}'),
+            '{' => {
+                let catch_all = chars.next_if_eq(&'*').is_some();
+                for c in chars.by_ref() {
+                    if c == '}' {
+                        break;
                     }
                 }
-                Segment::Param => match parts.next() {
-                    Some(p) if !p.is_empty() => {}
-                    _ => return false,
-                },
+                if catch_all {
+                    Piece::CatchAll
+                } else {
+                    Piece::Param
+                }
             }
-        }
-        parts.next().is_none()
-    }
+            c => Piece::Char(c),
+        })
+    })
 }
 
 #[cfg(test)]
@@ -682,18 +921,148 @@ mod tests {
     fn routes_match_like_axum() {
         let r = Route::parse("/users/{id}/posts").unwrap();
         assert!(r.matches_path("/users/7/posts"));
-        assert!(!r.matches_path("/users//posts"));
+        // As in axum 0.8 (matchit 0.8.4): a parameter before another segment may be empty.
+        assert!(r.matches_path("/users//posts"));
         assert!(!r.matches_path("/users/7/posts/1"));
         assert!(!r.matches_path("/users/7"));
         let r = Route::parse("/files/{*path}").unwrap();
         assert!(r.matches_path("/files/a/b/c"));
+        assert!(!r.matches_path("/files"));
+        assert!(!r.matches_path("/files/"));
         assert!(!r.matches_path("/other/a"));
+        let r = Route::parse("/v{version}/status").unwrap();
+        assert!(r.matches_path("/v2/status"));
+        assert!(!r.matches_path("/x2/status"));
         let r = Route::parse("/").unwrap();
         assert!(r.matches_path("/"));
         assert!(!r.matches_path("/x"));
-        assert!(Route::parse("users").is_err());
-        assert!(Route::parse("/a/{*rest}/b").is_err());
-        assert!(Route::parse("/a/x{id}").is_err());
+    }
+
+    #[test]
+    fn routes_no_path_can_match_are_errors() {
+        let err = |pattern: &str| Route::parse(pattern).unwrap_err();
+        assert!(err("users").contains("must start with '/'"));
+        assert!(err("").contains("must start with '/'"));
+        assert!(err("/a/{*rest}/b").contains("must be the end of the route"));
+        assert!(err("/a/{}").contains("needs a name"));
+        assert!(err("/a/{id").contains("needs a name"));
+        assert!(err("/a/{id}.json").contains("one parameter is allowed per segment"));
+        assert!(err("/users/:id").contains("axum 0.8 writes a parameter as {id}"));
+        assert!(err("/files/*path").contains("axum 0.8 writes a wildcard as {*path}"));
+        assert!(err("/search?q=1").contains("query string"));
+        assert!(err("/page#top").contains("fragment"));
+        assert!(err("/users ").contains("' '"));
+    }
+
+    #[test]
+    fn parameter_names_do_not_make_another_route() {
+        assert!(same_shape("/users/{id}", "/users/{user_id}"));
+        assert!(same_shape("/files/{*path}", "/files/{*rest}"));
+        assert!(!same_shape("/files/{*path}", "/files/{path}"));
+        assert!(!same_shape("/users/{id}", "/users/id"));
+        // `{{` is a literal brace, not a parameter.
+        assert!(!same_shape("/a/{{x}}", "/a/{y}"));
+        assert!(same_shape("/a/{{x}}/{id}", "/a/{{x}}/{n}"));
+    }
+
+    #[test]
+    fn methods_are_standard_unless_opted_in() {
+        let q = Quota::per_second(5);
+        let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
+        let err = |b: PolicyBuilder<PeerIp>| b.build().unwrap_err().to_string();
+        let typo = err(Policy::builder("p").quota(q).methods([method("PSOT")]));
+        assert_eq!(
+            typo,
+            r#"policy "p": method "PSOT" is not a standard HTTP method (did you mean "POST"?); list a non-standard method in custom_methods"#
+        );
+        // Methods are case-sensitive: a lowercase `get` is another method.
+        assert!(err(Policy::builder("p").quota(q).methods([method("get")]))
+            .contains(r#"(did you mean "GET"?)"#));
+        assert!(
+            !err(Policy::builder("p").quota(q).methods([method("PROPFIND")]))
+                .contains("did you mean")
+        );
+        assert!(
+            err(Policy::builder("p").quota(q).custom_methods([Method::POST]))
+                .contains("list it in methods")
+        );
+        assert!(err(Policy::builder("p").quota(q).custom_methods([]))
+            .contains("custom_methods is empty"));
+
+        let propfind = method("PROPFIND");
+        let dav = Policy::builder("p")
+            .quota(q)
+            .methods([Method::GET])
+            .custom_methods([propfind.clone()])
+            .build()
+            .unwrap();
+        let request = |m: &Method| Request::builder().method(m).body(()).unwrap();
+        for (m, applies) in [
+            (&Method::GET, true),
+            (&Method::HEAD, true),
+            (&propfind, true),
+            (&Method::POST, false),
+            (&method("propfind"), false),
+        ] {
+            assert_eq!(dav.applies_to(&request(m)), applies, "{m}");
+        }
+        let only_custom = Policy::builder("p")
+            .quota(q)
+            .custom_methods([propfind.clone()])
+            .build()
+            .unwrap();
+        assert!(only_custom.applies_to(&request(&propfind)));
+        assert!(!only_custom.applies_to(&request(&Method::GET)));
+    }
+
+    #[test]
+    fn misspellings_suggest_the_standard_method() {
+        assert_eq!(closest_standard_method("PSOT"), Some("POST"));
+        assert_eq!(closest_standard_method("DELTE"), Some("DELETE"));
+        assert_eq!(closest_standard_method("patch"), Some("PATCH"));
+        assert_eq!(closest_standard_method("OPTION"), Some("OPTIONS"));
+        assert_eq!(closest_standard_method("PROPFIND"), None);
+        assert_eq!(closest_standard_method("MKCOL"), None);
+    }
+
+    #[test]
+    fn a_policy_hidden_by_an_earlier_one_is_an_error() {
+        let q = Quota::per_second(5);
+        let policy = |name: &str, route: Option<&str>, methods: Option<&[Method]>| {
+            let mut b = Policy::builder(name).quota(q);
+            if let Some(route) = route {
+                b = b.route(route);
+            }
+            if let Some(methods) = methods {
+                b = b.methods(methods.to_vec());
+            }
+            b.build().unwrap()
+        };
+        let check =
+            |policies: &[Policy<PeerIp>]| check_reachable(policies).map_err(|e| e.to_string());
+        let everything = policy("all", None, None);
+        let users = policy("users", Some("/users/{id}"), None);
+        let users_again = policy("users2", Some("/users/{user_id}"), None);
+        let users_post = policy("users-post", Some("/users/{id}"), Some(&[Method::POST]));
+        let users_get = policy("users-get", Some("/users/{id}"), Some(&[Method::GET]));
+        let posts = policy("posts", None, Some(&[Method::POST]));
+
+        assert_eq!(
+            check(&[everything.clone(), users.clone()]).unwrap_err(),
+            r#"policy "users" can never apply: policy "all", before it, matches every request it would (every route, every method), and the first matching policy decides; put the narrower policy first or give them different routes or methods"#
+        );
+        assert!(check(&[users.clone(), users_again.clone()])
+            .unwrap_err()
+            .contains(r#"policy "users2" can never apply"#));
+        assert!(check(&[users.clone(), users_post.clone()]).is_err());
+        assert!(check(&[posts.clone(), users_post.clone()]).is_err());
+        // Narrower first is the way to say "this route, else everything".
+        check(&[users.clone(), everything.clone()]).unwrap();
+        check(&[users_post.clone(), users.clone(), everything]).unwrap();
+        check(&[users_post.clone(), users_get.clone()]).unwrap();
+        check(&[users_post, posts]).unwrap();
+        // Different routes under axum are matched by MatchedPath: neither hides the other.
+        check(&[policy("rest", Some("/{*rest}"), None), users]).unwrap();
     }
 
     #[test]
@@ -705,6 +1074,7 @@ mod tests {
         assert!(err(Policy::builder("p").quota(q).cost(6)).contains("exceeds the limit 5"));
         assert!(err(Policy::builder("p").quota(q).methods([])).contains("methods is empty"));
         assert!(err(Policy::builder("p").quota(q).route("x")).contains("must start with '/'"));
+        assert!(err(Policy::builder("p").quota(q).route("/users/:id")).contains("axum 0.7 syntax"));
         assert!(err(Policy::builder("bad name").quota(q)).contains("may only contain"));
         assert!(err(Policy::builder("p")
             .quota(q)

@@ -19,7 +19,7 @@ use crate::middleware::service::Shared;
 use crate::middleware::verdict::{Judge, OnBackendError, Settings};
 use crate::observe::Limited;
 use crate::offenders::Offenders;
-use crate::policy::Policy;
+use crate::policy::{check_reachable, Policy};
 
 #[cfg(feature = "memory")]
 use crate::backend::MemoryBackend;
@@ -135,7 +135,8 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     }
 
     /// Adds a policy. Policies are tried in the order they are added; the first that matches a request
-    /// decides.
+    /// decides, so a policy after one with the same route (or none) and the same methods (or all)
+    /// could never apply, and is an error at [`build`](Self::build).
     pub fn policy(mut self, policy: Policy<K>) -> Self {
         self.policies.push(policy);
         self
@@ -277,6 +278,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 )));
             }
         }
+        check_reachable(&self.policies)?;
         let policies: Box<[Policy<K>]> = self.policies.into();
         let judge = Judge::new(self.settings, &policies, self.backend.keeps_penalties());
         Ok(ThrottleLayer::from_shared(Shared {

@@ -556,9 +556,24 @@ async fn a_layer_refuses_one_name_with_two_quotas() {
             .contains("appears twice with different rules"),
         "{err}"
     );
-    // The same quota twice (one policy per method, say) is fine.
+    // The same quota twice, one policy per method, is fine.
+    let per_method = |method: Method| {
+        Policy::builder("same")
+            .quota(Quota::per_second(1))
+            .key(Global)
+            .methods([method])
+            .build()
+            .unwrap()
+    };
     assert!(ThrottleLayer::builder()
-        .policies([a.clone(), a])
+        .policies([per_method(Method::GET), per_method(Method::POST)])
         .build()
         .is_ok());
+    // The same policy twice is refused: the first matching policy decides, so the second could
+    // never apply.
+    let err = ThrottleLayer::builder()
+        .policies([a.clone(), a])
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("can never apply"), "{err}");
 }

@@ -790,14 +790,15 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .route("/x")
         .build()
         .unwrap();
-    build(stacked.clone(), named).unwrap();
+    // The route-less policy last: before them, it would leave the others nothing to match.
+    build(named, stacked.clone()).unwrap();
     let other_rules = Policy::builder("api.paid")
         .quota(Quota::per_second(50))
         .key(Global)
         .route("/x")
         .build()
         .unwrap();
-    let err = build(stacked.clone(), other_rules).unwrap_err();
+    let err = build(other_rules, stacked.clone()).unwrap_err();
     assert!(err.contains("different rules"), "{err}");
     let stack_named = Policy::builder("api.paid")
         .quotas([Quota::per_second(100), Quota::per_day(1000)])
@@ -811,7 +812,7 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .key(Global)
         .build()
         .unwrap();
-    build(paid_stack.clone(), stack_named).unwrap();
+    build(stack_named, paid_stack.clone()).unwrap();
     // Its per-second member alone, or another stack under that name: refused.
     let member_alone = Policy::builder("api.paid.1s")
         .quota(Quota::per_second(100))
@@ -819,7 +820,7 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .route("/y")
         .build()
         .unwrap();
-    let err = build(paid_stack.clone(), member_alone).unwrap_err();
+    let err = build(member_alone, paid_stack.clone()).unwrap_err();
     assert!(err.contains("two different stacks"), "{err}");
     let other_stack = Policy::builder("api.paid")
         .quotas([Quota::per_second(100), Quota::per_hour(1000)])
@@ -827,7 +828,7 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .route("/y")
         .build()
         .unwrap();
-    let err = build(paid_stack, other_stack).unwrap_err();
+    let err = build(other_stack, paid_stack).unwrap_err();
     assert!(err.contains("two different stacks"), "{err}");
     // A lone "api.1s" and the per-second member of a stacked "api": different state, refused.
     let lone = Policy::builder("api.1s")
@@ -841,7 +842,7 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .key(Global)
         .build()
         .unwrap();
-    let err = build(stack, lone).unwrap_err();
+    let err = build(lone, stack).unwrap_err();
     assert!(err.contains("two different stacks"), "{err}");
     let err = Policy::builder("api")
         .quota(Quota::per_second(1))
