@@ -249,6 +249,8 @@ mod tests {
         assert!(err(&route.replace("\"1s\"", "\"soon\"")).contains("duration \"soon\""));
         assert!(err(&route.replace("\"1s\"", "\"0s\"")).contains("quota period"));
         assert!(err(&format!("{route}methods = [\"GE T\"]")).contains("not a valid method"));
+        assert!(err(&format!("{route}methods = [\"PSOT\"]")).contains("did you mean \"POST\"?"));
+        assert!(err(&format!("{route}custom_methods = [\"post\"]")).contains("list it in methods"));
         assert!(err(&format!("{route}ipv6_prefix = 200")).contains("ipv6_prefix 200"));
         assert!(err(&format!("{route}{}", route.replace("5", "6"))).contains("appears twice"));
         assert!(err("[backend]\nkind = \"memcached\"").contains("memcached"));

@@ -116,6 +116,16 @@ impl RouteConfig {
                 .collect::<Result<Vec<_>, _>>()?;
             builder = builder.methods(methods);
         }
+        if let Some(methods) = &self.custom_methods {
+            let methods = methods
+                .iter()
+                .map(|m| {
+                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .map_err(|_| invalid(format!("method {m:?} is not a valid method")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            builder = builder.custom_methods(methods);
+        }
         if let Some(p) = &self.penalty {
             let penalty =
                 Penalty::new(p.after, p.within, p.ban).map_err(|e| invalid(e.to_string()))?;
@@ -185,12 +195,15 @@ impl AccessConfig {
     /// The static lists.
     pub fn lists(&self) -> Result<AccessList, BuildError> {
         let lists = AccessList::new();
-        let bad = |e: InvalidCidr| BuildError::Invalid(format!("[access]: {e}"));
+        let bad =
+            |setting: &str, e: InvalidCidr| BuildError::Invalid(format!("[access] {setting}: {e}"));
         for n in &self.allow_networks {
-            lists.allow_network(n).map_err(bad)?;
+            lists
+                .allow_network(n)
+                .map_err(|e| bad("allow_networks", e))?;
         }
         for n in &self.deny_networks {
-            lists.deny_network(n).map_err(bad)?;
+            lists.deny_network(n).map_err(|e| bad("deny_networks", e))?;
         }
         for k in &self.allow_keys {
             for key in keys_named(k.as_bytes()) {

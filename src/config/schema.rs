@@ -142,9 +142,14 @@ pub struct RouteConfig {
     /// The route, in axum path syntax; without it the policy applies to every path.
     #[serde(default)]
     pub path: Option<String>,
-    /// The methods; without it, every method.
+    /// The methods; without it, every method. Only the standard ones (`GET` also covers `HEAD`): a
+    /// typo such as `"PSOT"` is an error, not a limit on a method nobody sends.
     #[serde(default)]
     pub methods: Option<Vec<String>>,
+    /// Non-standard methods the route also applies to, such as `["PROPFIND"]`: the explicit opt-in
+    /// that `methods` asks for.
+    #[serde(default)]
+    pub custom_methods: Option<Vec<String>>,
     /// `"ip"`, `"client-ip"`, `"global"` or `"header:<name>"`.
     #[serde(deserialize_with = "key_spec")]
     pub key: KeySpec,

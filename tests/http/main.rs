@@ -1,6 +1,7 @@
 //! The middleware over HTTP: the layer in axum, hyper and tonic apps, its contract as a tower
 //! service, keys behind proxies, access lists, penalties, modes, the `on_limited` hook, the example
-//! server over real TCP and the README's configuration. One binary: each file below is one concern.
+//! server over real TCP (its runs and its command-line errors), the README's configuration and
+//! Quick start (built as a scratch crate), and route matching against axum's router. One binary: each file below is one concern.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -9,6 +10,7 @@ mod access;
 mod concurrency;
 mod contract;
 mod example_server;
+mod example_server_cli;
 mod grpc;
 mod hyper;
 mod layer;
@@ -16,4 +18,6 @@ mod modes;
 mod observe;
 mod penalty;
 mod readme_config;
+mod readme_quickstart;
+mod route_matching;
 mod spoofing;
