@@ -12,7 +12,7 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! // Each user may post bursts of 16 replies, then 30 a minute.
 //! let reply = Policy::builder("reply")
-//!     .quota(Quota::per_minute(30).with_max_burst(15))
+//!     .quota(Quota::per_minute(30).bursts_of(16))
 //!     .key(Header::new("x-user-id"))
 //!     .build()
 //!     .unwrap();
@@ -93,7 +93,7 @@
 //! | feature | default | what |
 //! |---|---|---|
 //! | `memory` | yes | `MemoryBackend` |
-//! | `axum` | no | peer addresses from `ConnectInfo`, routes from `MatchedPath` |
+//! | `axum` | no | peer addresses from `ConnectInfo` (needed by `PeerIp` / `ClientIp` in axum), routes from `MatchedPath` |
 //! | `config` | no | serde + TOML configuration |
 //! | `redis` | no | `RedisBackend`: `CL.THROTTLE` or Lua, one server or a Cluster, TLS |
 //! | `metrics` | no | counters and a latency histogram per policy through the `metrics` facade |

@@ -69,14 +69,22 @@ const ROUTE_A: &str =
 
 #[test]
 fn conflicting_routes_are_one_line_without_a_panic() {
-    let other = "[[route]]\nname = \"b\"\npath = \"/items/{item}\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";
-    let (line, file) = config_error("conflict.toml", &format!("{ROUTE_A}{other}"));
+    // Different methods, so the policies do not hide each other (that is refused earlier, see
+    // below); the router alone finds the two spellings of one route.
+    let a = ROUTE_A.replace("key = ", "methods = [\"GET\"]\nkey = ");
+    let other = "[[route]]\nname = \"b\"\npath = \"/items/{item}\"\nmethods = [\"POST\"]\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";
+    let (line, file) = config_error("conflict.toml", &format!("{a}{other}"));
     assert!(
         line.starts_with(&format!("error: {file}: [[route]] \"b\": ")),
         "{line}"
     );
     assert!(line.contains("conflict"), "{line}");
     assert!(line.contains("/items/{id}"), "{line}");
+    // Same methods: the second policy could never apply, one line all the same.
+    let other = other.replace("methods = [\"POST\"]\n", "");
+    let (line, file) = config_error("hidden.toml", &format!("{ROUTE_A}{other}"));
+    assert!(line.starts_with(&format!("error: {file}: ")), "{line}");
+    assert!(line.contains("policy \"b\" can never apply"), "{line}");
 }
 
 #[test]
