@@ -59,7 +59,7 @@
 //! | `quota.rs`, `limit.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]) |
 //! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s |
 //! | `key/` | [`Key`] and the [`key`] extractors, trusted proxies ([`key::ClientIp`]) |
-//! | `policy.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes |
+//! | `policy.rs`, `route.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them |
 //! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
 //! | `backend/` | the [`Backend`] trait; `memory/` (GCRA table and general store), `redis/` (connection, breaker, scripts, leases, deny cache), the configured backend |
 //! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `future` → `body` → `slot`, with `verdict` (decision → admit/delay/reject/ban) beside the service and the future |
@@ -119,6 +119,7 @@ pub mod offenders;
 mod penalty;
 mod policy;
 mod quota;
+mod route;
 pub mod window;
 
 pub use backend::{Backend, StackFuture};

@@ -1,0 +1,199 @@
+//! [`Route`]: a policy's route pattern in axum 0.8 syntax, validated when the policy is built and
+//! matched exactly as axum's router matches it (with `matchit`, the router's own matcher).
+
+use http::Request;
+
+/// A route pattern in axum 0.8 syntax, matched as axum's router matches it.
+#[derive(Clone, Debug)]
+pub(crate) struct Route {
+    pattern: String,
+    /// A router holding only this route: axum's own matcher, so the policy matches a request path
+    /// exactly when axum would route it here.
+    router: matchit::Router<()>,
+}
+
+impl Route {
+    /// The pattern as written.
+    pub(crate) fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    pub(crate) fn parse(pattern: &str) -> Result<Route, String> {
+        if !pattern.starts_with('/') {
+            return Err(format!("route {pattern:?} must start with '/'"));
+        }
+        if let Some(c) = pattern
+            .chars()
+            .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '?' | '#'))
+        {
+            let why = match c {
+                '?' => "the query string is not part of the path a route matches",
+                '#' => "a fragment is never sent to the server",
+                _ => "a request path never contains one (percent-encode it as clients send it)",
+            };
+            return Err(format!("route {pattern:?} contains {c:?}: {why}"));
+        }
+        // axum 0.8 refuses these at `Router::route` (unless `without_v07_checks`); as a literal a
+        // policy's `/users/:id` would match only the path `/users/:id`, never `/users/7`.
+        for segment in pattern.split('/') {
+            if let Some(name) = segment.strip_prefix(':') {
+                return Err(format!(
+                    "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
+                     parameter as {{{name}}}"
+                ));
+            }
+            if let Some(name) = segment.strip_prefix('*') {
+                return Err(format!(
+                    "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
+                     wildcard as {{*{name}}}"
+                ));
+            }
+        }
+        let mut router = matchit::Router::new();
+        router.insert(pattern, ()).map_err(|e| {
+            let why = match e {
+                matchit::InsertError::InvalidParamSegment => {
+                    "only one parameter is allowed per segment, after any literal text \
+                     (`/v{version}` is a route, `/{name}.json` is not)"
+                        .to_owned()
+                }
+                matchit::InsertError::InvalidParam => {
+                    "a parameter needs a name and matching braces (`{id}`; `{{` and `}}` are \
+                     literal braces)"
+                        .to_owned()
+                }
+                matchit::InsertError::InvalidCatchAll => {
+                    "a wildcard {*name} must be the end of the route".to_owned()
+                }
+                other => other.to_string(),
+            };
+            format!("route {pattern:?}: {why}")
+        })?;
+        Ok(Route {
+            pattern: pattern.to_owned(),
+            router,
+        })
+    }
+
+    /// Whether `other` is the same route, spelt perhaps with other parameter names.
+    pub(crate) fn same_route(&self, other: &Route) -> bool {
+        same_shape(&self.pattern, &other.pattern)
+    }
+
+    pub(crate) fn matches<B>(&self, request: &Request<B>) -> bool {
+        #[cfg(feature = "axum")]
+        if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
+            let matched = matched.as_str();
+            if same_shape(matched, &self.pattern) {
+                return true;
+            }
+            // Inside `Router::nest("/api", ..)` axum's MatchedPath is the full "/api/users/{id}"; the
+            // nested router's own "/users/{id}" names the same route.
+            let nested = request.extensions().get::<axum::extract::NestedPath>();
+            return match nested.and_then(|n| matched.strip_prefix(n.as_str())) {
+                Some("") => self.pattern == "/",
+                Some(rest) => same_shape(rest, &self.pattern),
+                None => false,
+            };
+        }
+        self.matches_path(request.uri().path())
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
+        self.router.at(path).is_ok()
+    }
+}
+
+/// One piece of a route pattern, parameter names erased.
+#[derive(Debug, PartialEq, Eq)]
+enum Piece {
+    Char(char),
+    Param,
+    CatchAll,
+}
+
+/// Whether two axum route patterns are the same route: equal but for the names of their parameters
+/// (`/users/{id}` and `/users/{user_id}`), which axum's router could not hold side by side either.
+fn same_shape(a: &str, b: &str) -> bool {
+    a == b || pieces(a).eq(pieces(b))
+}
+
+/// A pattern's pieces: its characters, with `{{`/`}}` as literal braces and each parameter as one
+/// piece.
+fn pieces(pattern: &str) -> impl Iterator<Item = Piece> + '_ {
+    let mut chars = pattern.chars().peekable();
+    std::iter::from_fn(move || {
+        let c = chars.next()?;
+        Some(match c {
+            '{' if chars.next_if_eq(&'{').is_some() => Piece::Char('{'),
+            '}' if chars.next_if_eq(&'}').is_some() => Piece::Char('}'),
+            '{' => {
+                let catch_all = chars.next_if_eq(&'*').is_some();
+                for c in chars.by_ref() {
+                    if c == '}' {
+                        break;
+                    }
+                }
+                if catch_all {
+                    Piece::CatchAll
+                } else {
+                    Piece::Param
+                }
+            }
+            c => Piece::Char(c),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match_like_axum() {
+        let r = Route::parse("/users/{id}/posts").unwrap();
+        assert!(r.matches_path("/users/7/posts"));
+        // As in axum 0.8 (matchit 0.8.4): a parameter before another segment may be empty.
+        assert!(r.matches_path("/users//posts"));
+        assert!(!r.matches_path("/users/7/posts/1"));
+        assert!(!r.matches_path("/users/7"));
+        let r = Route::parse("/files/{*path}").unwrap();
+        assert!(r.matches_path("/files/a/b/c"));
+        assert!(!r.matches_path("/files"));
+        assert!(!r.matches_path("/files/"));
+        assert!(!r.matches_path("/other/a"));
+        let r = Route::parse("/v{version}/status").unwrap();
+        assert!(r.matches_path("/v2/status"));
+        assert!(!r.matches_path("/x2/status"));
+        let r = Route::parse("/").unwrap();
+        assert!(r.matches_path("/"));
+        assert!(!r.matches_path("/x"));
+    }
+
+    #[test]
+    fn routes_no_path_can_match_are_errors() {
+        let err = |pattern: &str| Route::parse(pattern).unwrap_err();
+        assert!(err("users").contains("must start with '/'"));
+        assert!(err("").contains("must start with '/'"));
+        assert!(err("/a/{*rest}/b").contains("must be the end of the route"));
+        assert!(err("/a/{}").contains("needs a name"));
+        assert!(err("/a/{id").contains("needs a name"));
+        assert!(err("/a/{id}.json").contains("one parameter is allowed per segment"));
+        assert!(err("/users/:id").contains("axum 0.8 writes a parameter as {id}"));
+        assert!(err("/files/*path").contains("axum 0.8 writes a wildcard as {*path}"));
+        assert!(err("/search?q=1").contains("query string"));
+        assert!(err("/page#top").contains("fragment"));
+        assert!(err("/users ").contains("' '"));
+    }
+
+    #[test]
+    fn parameter_names_do_not_make_another_route() {
+        assert!(same_shape("/users/{id}", "/users/{user_id}"));
+        assert!(same_shape("/files/{*path}", "/files/{*rest}"));
+        assert!(!same_shape("/files/{*path}", "/files/{path}"));
+        assert!(!same_shape("/users/{id}", "/users/id"));
+        // `{{` is a literal brace, not a parameter.
+        assert!(!same_shape("/a/{{x}}", "/a/{y}"));
+        assert!(same_shape("/a/{{x}}/{id}", "/a/{{x}}/{n}"));
+    }
+}
