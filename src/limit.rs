@@ -210,6 +210,10 @@ impl Limit {
         if quota.count() == 0 {
             return Err(error(QuotaError::ZeroCount));
         }
+        // Other algorithms ignore the burst, but a burst of nothing is a mistake whatever reads it.
+        if quota.empty_burst() {
+            return Err(error(QuotaError::ZeroBurst));
+        }
         if matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency)
             && quota.count() > MAX_UNIT_COUNT
         {

@@ -1,6 +1,7 @@
 //! [`Policy`]: which requests a limit applies to, what they are keyed by and what they cost.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -729,8 +730,21 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
 /// other.
 pub(crate) fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
+    // Only a route-less policy or one on the same route can cover another, so each policy is
+    // compared with those alone: linear in the number of routes, which tables of thousands have.
+    let mut unrouted: Vec<usize> = Vec::new();
+    let mut by_route: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, later) in policies.iter().enumerate() {
-        if let Some(earlier) = policies[..i].iter().find(|p| p.covers(later)) {
+        let shape = later.route.as_ref().map(Route::shape);
+        let same_route = shape.as_ref().and_then(|s| by_route.get(s));
+        let earlier = unrouted
+            .iter()
+            .chain(same_route.into_iter().flatten())
+            .copied()
+            .filter(|&e| policies[e].covers(later))
+            .min();
+        if let Some(earlier) = earlier {
+            let earlier = &policies[earlier];
             return Err(BuildError::Invalid(format!(
                 "policy {:?} can never apply: policy {:?}, before it, matches every request it \
                  would ({}), and the first matching policy decides; put the narrower policy first \
@@ -739,6 +753,10 @@ pub(crate) fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildErro
                 earlier.name,
                 earlier.scope()
             )));
+        }
+        match shape {
+            Some(shape) => by_route.entry(shape).or_default().push(i),
+            None => unrouted.push(i),
         }
     }
     Ok(())

@@ -172,6 +172,11 @@ impl Quota {
             .map(|p| Duration::from_nanos(p.emission_interval()))
     }
 
+    /// Whether the quota was given a burst of no request ([`bursts_of(0)`](Self::bursts_of)).
+    pub(crate) const fn empty_burst(&self) -> bool {
+        self.empty_burst
+    }
+
     /// Checks the quota and derives the GCRA parameters (in nanoseconds).
     pub fn validate(&self) -> Result<crate::gcra::Params, QuotaError> {
         if self.count == 0 {
@@ -342,6 +347,17 @@ mod tests {
                 .validate(),
             Err(QuotaError::ZeroBurst)
         );
+        // Every algorithm refuses it, not only the GCRA that reads the burst.
+        for algorithm in [
+            crate::limit::Algorithm::FixedWindow,
+            crate::limit::Algorithm::SlidingWindow,
+            crate::limit::Algorithm::SlidingLog,
+            crate::limit::Algorithm::Concurrency,
+        ] {
+            let quota = Quota::per_second(1).bursts_of(0);
+            let err = crate::limit::Limit::with_algorithm("w", algorithm, quota).unwrap_err();
+            assert!(err.to_string().contains("bursts_of"), "{algorithm}: {err}");
+        }
     }
 
     #[test]
