@@ -106,25 +106,21 @@ impl RouteConfig {
         if let Some(path) = &self.path {
             builder = builder.route(path.clone());
         }
-        if let Some(methods) = &self.methods {
-            let methods = methods
+        // Parsed alike; the builder tells standard methods (`methods`) from opted-in ones.
+        let parse_methods = |names: &[String]| {
+            names
                 .iter()
                 .map(|m| {
                     Method::from_bytes(m.to_ascii_uppercase().as_bytes())
                         .map_err(|_| invalid(format!("method {m:?} is not a valid method")))
                 })
-                .collect::<Result<Vec<_>, _>>()?;
-            builder = builder.methods(methods);
+                .collect::<Result<Vec<_>, _>>()
+        };
+        if let Some(methods) = &self.methods {
+            builder = builder.methods(parse_methods(methods)?);
         }
         if let Some(methods) = &self.custom_methods {
-            let methods = methods
-                .iter()
-                .map(|m| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .map_err(|_| invalid(format!("method {m:?} is not a valid method")))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            builder = builder.custom_methods(methods);
+            builder = builder.custom_methods(parse_methods(methods)?);
         }
         if let Some(p) = &self.penalty {
             let penalty =

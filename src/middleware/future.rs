@@ -26,7 +26,6 @@ use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::slot::{ConcurrencySlot, Release};
 use crate::middleware::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
-use crate::observe::RequestRef;
 
 /// A backend check in flight: one limit, or a stack.
 pub(crate) enum BackendCheck<D> {
@@ -271,12 +270,7 @@ where
                     if let Some(started) = started {
                         judge.latency(policy, started.elapsed());
                     }
-                    let context = RequestContext {
-                        policy,
-                        tier,
-                        key: &key,
-                        request: RequestRef::of(&request),
-                    };
+                    let context = RequestContext::new(policy, tier, &key, &request);
                     let verdict = judge.verdict(context, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     Self::carry_out(verdict, &mut service, request, release).state

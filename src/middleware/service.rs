@@ -20,7 +20,7 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
 use crate::middleware::slot::{Release, SlotOwner};
 use crate::middleware::verdict::{Judge, RequestContext, Verdict};
-use crate::observe::{RequestRef, MEASURE_LATENCY};
+use crate::observe::MEASURE_LATENCY;
 use crate::policy::{MissingKey, Policy};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
@@ -116,12 +116,7 @@ where
             return self.without_key(policy, request);
         };
         let tier = shared.policies[policy].tier_of(&request);
-        let context = RequestContext {
-            policy,
-            tier,
-            key: &key,
-            request: RequestRef::of(&request),
-        };
+        let context = RequestContext::new(policy, tier, &key, &request);
         if let Some(banned) = shared.judge.banned(context) {
             return ResponseFuture::refused(banned);
         }
@@ -184,12 +179,7 @@ where
             if let Some(started) = started {
                 shared.judge.latency(policy, started.elapsed());
             }
-            let context = RequestContext {
-                policy,
-                tier,
-                key: &key,
-                request: RequestRef::of(&request),
-            };
+            let context = RequestContext::new(policy, tier, &key, &request);
             let verdict = shared.judge.verdict(context, answer);
             let release = match &verdict {
                 Verdict::Admit(admitted) if admitted.slot.is_some() => {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 
 use crate::decision::Decision;
 use crate::error::BackendError;
@@ -73,6 +73,22 @@ pub(crate) struct RequestContext<'a> {
     pub(crate) tier: usize,
     pub(crate) key: &'a Key,
     pub(crate) request: RequestRef<'a>,
+}
+
+impl<'a> RequestContext<'a> {
+    pub(crate) fn new<B>(
+        policy: usize,
+        tier: usize,
+        key: &'a Key,
+        request: &'a Request<B>,
+    ) -> Self {
+        RequestContext {
+            policy,
+            tier,
+            key,
+            request: RequestRef::of(request),
+        }
+    }
 }
 
 /// What happens to a request.
