@@ -121,6 +121,8 @@ pub(crate) struct Reporter {
     #[cfg(feature = "metrics")]
     metrics: OnceLock<PolicyMetrics>,
     warned_missing_key: AtomicBool,
+    /// Rejections logged at info at most once a second.
+    limited_log: OncePerSecond,
 }
 
 impl Reporter {
@@ -159,7 +161,9 @@ impl Reporter {
         );
     }
 
-    /// A request over its limit: rejected, or only reported in a dry run.
+    /// A request over its limit: rejected, or only reported in a dry run. At info at most once a
+    /// second per policy (with how many were left out), the others at debug: a flood from one
+    /// client would otherwise write a line per request.
     pub(crate) fn limited(
         &self,
         policy: &str,
@@ -168,16 +172,28 @@ impl Reporter {
         dry_run: bool,
     ) {
         let retry_after_secs = decision.retry_after.map(|_| decision.retry_after_secs());
-        if dry_run {
-            tracing::info!(policy = %policy, key = %key, retry_after_secs, "request would be limited (dry run)");
+        let banned = decision.banned;
+        let message = if dry_run {
+            "request would be limited (dry run)"
         } else {
-            tracing::info!(
+            "request limited"
+        };
+        match self.limited_log.open() {
+            Some(suppressed) => tracing::info!(
                 policy = %policy,
                 key = %key,
                 retry_after_secs,
-                banned = decision.banned,
-                "request limited"
-            );
+                banned,
+                suppressed,
+                "{message}"
+            ),
+            None => tracing::debug!(
+                policy = %policy,
+                key = %key,
+                retry_after_secs,
+                banned,
+                "{message}"
+            ),
         }
     }
 
@@ -204,19 +220,19 @@ impl Reporter {
     }
 }
 
-/// Backend errors are logged at warn at most once a second, with the number left out; the others at
-/// debug. A Redis outage under load would otherwise write one line per request.
+/// A gate that opens at most once a second and counts what it held back: a flood (of rejections, or
+/// of failures while Redis is down) writes one line a second at its level, the rest at debug.
 #[derive(Default)]
-pub(crate) struct ErrorLog {
-    /// Seconds since `start` of the last warn-level line, plus one (0: never).
+pub(crate) struct OncePerSecond {
+    /// Seconds since `start` of the last opening, plus one (0: never).
     last: AtomicU64,
     suppressed: AtomicU64,
     start: OnceLock<Instant>,
 }
 
-impl ErrorLog {
-    /// Logs that the backend failed for `policy`; `on_error` says what the layer does about it.
-    pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
+impl OncePerSecond {
+    /// `Some(how many were held back since the last opening)` at most once a second, else `None`.
+    pub(crate) fn open(&self) -> Option<u64> {
         let start = *self.start.get_or_init(Instant::now);
         let now = start.elapsed().as_secs() + 1;
         let last = self.last.load(Ordering::Relaxed);
@@ -226,7 +242,23 @@ impl ErrorLog {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// Backend errors are logged at warn at most once a second, with the number left out; the others at
+/// debug. A Redis outage under load would otherwise write one line per request.
+#[derive(Default)]
+pub(crate) struct ErrorLog(OncePerSecond);
+
+impl ErrorLog {
+    /// Logs that the backend failed for `policy`; `on_error` says what the layer does about it.
+    pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
+        if let Some(suppressed) = self.0.open() {
             tracing::warn!(
                 policy,
                 %error,
@@ -235,7 +267,6 @@ impl ErrorLog {
                 "rate-limit backend failed (further failures this second are logged at debug level)"
             );
         } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(policy, %error, on_error, "rate-limit backend failed");
         }
     }

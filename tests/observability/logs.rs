@@ -23,7 +23,7 @@ impl Write for Logs {
     }
 }
 
-async fn logs_of(redact: bool) -> String {
+async fn logs_of(redact: bool, requests: usize) -> String {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -40,7 +40,7 @@ async fn logs_of(redact: bool) -> String {
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
         .layer(layer);
-    for _ in 0..2 {
+    for _ in 0..requests {
         status_of(&app, from("dave@example.com")).await;
     }
     let bytes = logs.0.lock().unwrap().clone();
@@ -49,7 +49,7 @@ async fn logs_of(redact: bool) -> String {
 
 #[tokio::test(flavor = "current_thread")]
 async fn rejections_are_logged_at_info_with_the_key_or_its_pseudonym() {
-    let plain = logs_of(false).await;
+    let plain = logs_of(false, 2).await;
     let line = plain
         .lines()
         .find(|l| l.contains("request limited"))
@@ -62,11 +62,21 @@ async fn rejections_are_logged_at_info_with_the_key_or_its_pseudonym() {
     assert!(line.contains("key=dave@example.com"), "{line}");
     assert_eq!(plain.matches("request limited").count(), 1, "{plain}");
 
-    let redacted = logs_of(true).await;
+    let redacted = logs_of(true, 2).await;
     assert!(!redacted.contains("dave"), "{redacted}");
     let line = redacted
         .lines()
         .find(|l| l.contains("request limited"))
         .unwrap();
     assert!(line.contains("key=sha256:"), "{line}");
+}
+
+/// A flood from one client writes a line a second, not a line a request: 200 rejections in well
+/// under two seconds give at most two info lines, the first saying how many it left out.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_of_rejections_logs_at_info_at_most_once_a_second() {
+    let flood = logs_of(false, 201).await;
+    let lines = flood.matches("request limited").count();
+    assert!((1..=2).contains(&lines), "{lines} info lines for 200 rejections:\n{flood}");
+    assert!(flood.contains("suppressed=0"), "{flood}");
 }
