@@ -77,6 +77,9 @@ async fn rejections_are_logged_at_info_with_the_key_or_its_pseudonym() {
 async fn a_flood_of_rejections_logs_at_info_at_most_once_a_second() {
     let flood = logs_of(false, 201).await;
     let lines = flood.matches("request limited").count();
-    assert!((1..=2).contains(&lines), "{lines} info lines for 200 rejections:\n{flood}");
+    assert!(
+        (1..=2).contains(&lines),
+        "{lines} info lines for 200 rejections:\n{flood}"
+    );
     assert!(flood.contains("suppressed=0"), "{flood}");
 }
