@@ -411,7 +411,8 @@ async fn run() -> Result<(), String> {
             let mut redis = RedisConfig::new(url.clone());
             redis.mode = args.redis_mode.map(|m| m.as_str().to_owned());
             config.backend = BackendConfig::Redis(redis);
-            Source(format!("--redis {}", config.backend))
+            // "redis redis://host:6379/ (mode auto)", password hidden: "--" makes it the flag.
+            Source(format!("--{}", config.backend))
         }
         None => source,
     };
