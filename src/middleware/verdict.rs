@@ -15,7 +15,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::grpc;
-use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
+use crate::headers::{self, HeaderOptions, RateHeaders, Refusal, RefusalKind, Rejected};
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
 use crate::middleware::slot::SlotOwner;
@@ -28,6 +28,7 @@ use crate::policy::{Policy, ThrottleDecision};
 use crate::backend::{Backend, MemoryBackend};
 
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
+pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
@@ -124,6 +125,8 @@ impl Admitted {
 pub(crate) struct Settings {
     pub(crate) headers: HeaderOptions,
     pub(crate) rejection: Option<Arc<RejectionFn>>,
+    /// Answers every refusal (429, 400, 403, 503) when set.
+    pub(crate) refusal: Option<Arc<RefusalFn>>,
     pub(crate) on_error: OnBackendError,
     pub(crate) redact_keys: bool,
     pub(crate) on_limited: Option<Arc<LimitedHook>>,
@@ -142,6 +145,7 @@ impl Default for Settings {
                 legacy: false,
             },
             rejection: None,
+            refusal: None,
             on_error: OnBackendError::default(),
             redact_keys: false,
             on_limited: None,
@@ -309,17 +313,11 @@ impl Judge {
             OnBackendError::Allow => Verdict::Admit(Admitted::unlimited()),
             // A dry run never rejects, not even when the backend fails.
             _ if rules.dry_run => Verdict::Admit(Admitted::unlimited()),
-            OnBackendError::Deny => {
-                let mut response = self.problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the rate limiter is unavailable; retry shortly",
-                );
-                headers::set_retry_after(response.headers_mut(), 1);
-                if self.settings.grpc {
-                    grpc::set_pushback(response.headers_mut(), Duration::from_secs(1));
-                }
-                Verdict::Reject(response)
-            }
+            OnBackendError::Deny => Verdict::Reject(self.unavailable(
+                Some(&rules.name),
+                cx,
+                "the rate limiter is unavailable; retry shortly",
+            )),
             #[cfg(feature = "memory")]
             OnBackendError::Local => self.check_locally(cx),
         }
@@ -411,7 +409,7 @@ impl Judge {
         let wait = if rules.dry_run { Duration::ZERO } else { delay };
         if !wait.is_zero() {
             if !timers_available() {
-                return Verdict::Reject(self.cannot_delay(rules));
+                return Verdict::Reject(self.cannot_delay(rules, cx));
             }
             // The fields go out after the wait: by then the key is that much closer to full.
             for d in decisions.iter_mut() {
@@ -465,14 +463,59 @@ impl Judge {
 
     /// A delayed request with no timer to wait on: a misconfigured server, not the client's fault.
     /// Admitting at once would let the queue through early.
-    fn cannot_delay(&self, rules: &PolicyRules) -> Response<Bytes> {
+    fn cannot_delay(&self, rules: &PolicyRules, cx: RequestContext<'_>) -> Response<Bytes> {
         crate::observe::no_timers(&rules.name);
-        let mut response = self.problem(
-            StatusCode::SERVICE_UNAVAILABLE,
+        self.unavailable(
+            Some(&rules.name),
+            cx,
             "the rate limiter cannot delay this request",
+        )
+    }
+
+    /// A `503` with `Retry-After: 1` (and gRPC pushback), or the custom refusal.
+    fn unavailable(
+        &self,
+        policy: Option<&str>,
+        cx: RequestContext<'_>,
+        detail: &str,
+    ) -> Response<Bytes> {
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        let default = || {
+            let mut response = self.problem(status, detail);
+            if self.settings.grpc {
+                grpc::set_pushback(response.headers_mut(), Duration::from_secs(1));
+            }
+            response
+        };
+        let mut response = self.refuse(
+            Refusal {
+                kind: RefusalKind::Unavailable,
+                status,
+                policy,
+                key: Some(cx.key),
+                decision: None,
+                retry_after: Some(Duration::from_secs(1)),
+                detail,
+                request: cx.request,
+                default: &default,
+            },
+            &default,
         );
         headers::set_retry_after(response.headers_mut(), 1);
         response
+    }
+
+    /// The custom refusal function's answer to `refusal`, or the layer's own (`default`): with no
+    /// function set, this is one `Option` check.
+    fn refuse(
+        &self,
+        refusal: Refusal<'_>,
+        default: &dyn Fn() -> Response<Bytes>,
+    ) -> Response<Bytes> {
+        match &self.settings.refusal {
+            Some(custom) => custom(&refusal),
+            None => default(),
+        }
     }
 
     /// The 429 (or the custom rejection), after the offender count and the `on_limited` hook.
@@ -497,13 +540,33 @@ impl Judge {
                 extensions: cx.request.extensions,
             });
         }
-        let mut response = match &self.settings.rejection {
+        let default = || match &self.settings.rejection {
             Some(custom) => custom(&Rejected {
                 policy: &rules.name,
                 decision,
             }),
             None => {
                 headers::problem_response(StatusCode::TOO_MANY_REQUESTS, rules.limited_body.clone())
+            }
+        };
+        let mut response = match &self.settings.refusal {
+            None => default(),
+            Some(_) => {
+                let detail = format!("rate limit of policy '{}' exceeded", rules.name);
+                self.refuse(
+                    Refusal {
+                        kind: RefusalKind::Limited,
+                        status: StatusCode::TOO_MANY_REQUESTS,
+                        policy: Some(&rules.name),
+                        key: Some(cx.key),
+                        decision: Some(decision),
+                        retry_after: decision.retry_after,
+                        detail: &detail,
+                        request: cx.request,
+                        default: &default,
+                    },
+                    &default,
+                )
             }
         };
         headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
@@ -519,12 +582,30 @@ impl Judge {
         }
     }
 
-    /// The answer to a client or key on a deny list.
-    pub(crate) fn forbidden(&self) -> Response<Bytes> {
+    /// The answer to a client or key on a deny list (`policy`: the one that matched, if any).
+    pub(crate) fn forbidden(
+        &self,
+        policy: Option<usize>,
+        key: Option<&Key>,
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
         crate::observe::forbidden();
-        self.problem(
-            StatusCode::FORBIDDEN,
-            "this client or key is on a deny list",
+        let status = StatusCode::FORBIDDEN;
+        let detail = "this client or key is on a deny list";
+        let default = || self.problem(status, detail);
+        self.refuse(
+            Refusal {
+                kind: RefusalKind::Denied,
+                status,
+                policy: policy.map(|i| &*self.policies[i].name),
+                key,
+                decision: None,
+                retry_after: None,
+                detail,
+                request,
+                default: &default,
+            },
+            &default,
         )
     }
 
@@ -534,15 +615,28 @@ impl Judge {
         policy: usize,
         what: String,
         status: StatusCode,
+        request: RequestRef<'_>,
     ) -> Response<Bytes> {
         let rules = &self.policies[policy];
         rules.reporter.missing_key(&rules.name, &what);
-        self.problem(
-            status,
-            &format!(
-                "no rate-limit key for policy '{}': expected {what}",
-                rules.name
-            ),
+        let detail = format!(
+            "no rate-limit key for policy '{}': expected {what}",
+            rules.name
+        );
+        let default = || self.problem(status, &detail);
+        self.refuse(
+            Refusal {
+                kind: RefusalKind::MissingKey,
+                status,
+                policy: Some(&rules.name),
+                key: None,
+                decision: None,
+                retry_after: None,
+                detail: &detail,
+                request,
+                default: &default,
+            },
+            &default,
         )
     }
 }
@@ -730,10 +824,20 @@ mod tests {
     #[test]
     fn a_missing_key_names_the_policy_and_a_deny_list_answers_403() {
         let judge = judge(policy().build().unwrap(), Settings::default());
-        let response = judge.missing_key(0, "header x-api-key".into(), StatusCode::BAD_REQUEST);
+        let request = Request::get("/").body(()).unwrap();
+        let parts = RequestRef::of(&request);
+        let response = judge.missing_key(
+            0,
+            "header x-api-key".into(),
+            StatusCode::BAD_REQUEST,
+            parts,
+        );
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         let body = String::from_utf8(response.into_body().to_vec()).unwrap();
         assert!(body.contains("policy 'api'"), "{body}");
-        assert_eq!(judge.forbidden().status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            judge.forbidden(None, None, parts).status(),
+            StatusCode::FORBIDDEN
+        );
     }
 }
