@@ -107,6 +107,7 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
+mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
@@ -128,6 +129,7 @@ pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 pub use decision::Decision;
+pub use decisions::{LimitDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};
 pub use key::Key;
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 
 use crate::decision::Decision;
+use crate::decisions::LimitDecision;
 use crate::error::BackendError;
 use crate::grpc;
 use crate::headers::{self, HeaderOptions, RateHeaders, Refusal, RefusalKind, Rejected};
@@ -436,7 +437,8 @@ impl Judge {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
             }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            return Verdict::Admit(admit(rules, tier, decision, fields, delay, slot));
+            let admitted = admit(rules, tier, decision, fields, delay, slot);
+            return Verdict::Admit(with_limits(admitted, tier, decisions));
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
@@ -659,6 +661,22 @@ fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Duration {
     delay
 }
 
+/// Adds each limit's decision to an admitted request's [`ThrottleDecision`], if it has one.
+fn with_limits(mut admitted: Admitted, tier: &TierRules, decisions: &[Decision]) -> Admitted {
+    if let Some(exposed) = admitted.decision.as_deref_mut() {
+        exposed.limits = tier
+            .names
+            .iter()
+            .zip(decisions)
+            .map(|(name, decision)| LimitDecision {
+                name: name.clone(),
+                decision: *decision,
+            })
+            .collect();
+    }
+    admitted
+}
+
 /// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
 fn admit(
     rules: &PolicyRules,
@@ -674,6 +692,7 @@ fn admit(
         decision,
         enforced: !rules.dry_run,
         delayed: delay,
+        limits: Box::new([]),
     });
     Admitted {
         headers: Some(fields),
