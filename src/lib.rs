@@ -137,7 +137,7 @@ pub use middleware::body;
 pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
 };
-pub use observe::Limited;
+pub use observe::{Limited, RedactionSecret};
 pub use penalty::Penalty;
 pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};

@@ -17,7 +17,7 @@ use crate::limit::Limit;
 use crate::middleware::layer::ThrottleLayer;
 use crate::middleware::service::Shared;
 use crate::middleware::verdict::{Judge, OnBackendError, Settings};
-use crate::observe::Limited;
+use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::policy::{check_reachable, Policy};
 
@@ -79,10 +79,23 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
-    /// Shows keys in log events as a stable pseudonym (`sha256:` and 12 hex digits) instead of
-    /// themselves, for keys that are personal data (IP addresses, user ids, API keys). Default false.
+    /// Shows keys in log events as a pseudonym (`hmac:` and 16 hex digits) instead of themselves,
+    /// for keys that are personal data (IP addresses, user ids, API keys). Default false.
+    ///
+    /// Without a secret ([`redact_keys_with`](Self::redact_keys_with)) the layer makes one up:
+    /// pseudonyms are then stable within the process only. (Earlier versions showed a bare SHA-256 of
+    /// the key, which gives an IPv4 address away to anyone who hashes all 2^32 of them.)
     pub fn redact_keys(mut self, redact: bool) -> Self {
         self.settings.redact_keys = redact;
+        self
+    }
+
+    /// Redacts keys in log events (as [`redact_keys`](Self::redact_keys)) with the operator's
+    /// `secret`: the same pseudonym for the same key in every process that shares the secret, and
+    /// none that can be reversed without it. See [`RedactionSecret`].
+    pub fn redact_keys_with(mut self, secret: RedactionSecret) -> Self {
+        self.settings.redact_keys = true;
+        self.settings.redaction_secret = Some(secret);
         self
     }
 

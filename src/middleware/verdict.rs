@@ -20,7 +20,9 @@ use crate::headers::{self, HeaderOptions, RateHeaders, Refusal, RefusalKind, Rej
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
 use crate::middleware::slot::SlotOwner;
-use crate::observe::{ErrorLog, Limited, Reporter, RequestRef, ShownKey};
+use crate::observe::{
+    ErrorLog, Limited, RedactionSecret, Redactor, Reporter, RequestRef, ShownKey,
+};
 use crate::offenders::Offenders;
 use crate::penalty::PenaltyBox;
 use crate::policy::{Policy, ThrottleDecision};
@@ -130,6 +132,8 @@ pub(crate) struct Settings {
     pub(crate) refusal: Option<Arc<RefusalFn>>,
     pub(crate) on_error: OnBackendError,
     pub(crate) redact_keys: bool,
+    /// The secret of redacted keys (a random one per layer when `redact_keys` has none).
+    pub(crate) redaction_secret: Option<crate::observe::RedactionSecret>,
     pub(crate) on_limited: Option<Arc<LimitedHook>>,
     pub(crate) offenders: Option<Offenders>,
     /// Refusals (400, 403, 503) as gRPC trailers-only responses.
@@ -149,6 +153,7 @@ impl Default for Settings {
             refusal: None,
             on_error: OnBackendError::default(),
             redact_keys: false,
+            redaction_secret: None,
             on_limited: None,
             offenders: None,
             grpc: false,
@@ -167,6 +172,8 @@ pub(crate) struct Judge {
     #[cfg(feature = "memory")]
     local: Option<MemoryBackend>,
     errors: ErrorLog,
+    /// Keys in logs as pseudonyms, when the layer redacts them.
+    redactor: Option<Redactor>,
 }
 
 /// What the verdict needs of one policy.
@@ -259,6 +266,10 @@ impl Judge {
         Judge {
             #[cfg(feature = "memory")]
             local: (settings.on_error == OnBackendError::Local).then(MemoryBackend::new),
+            redactor: settings.redact_keys.then(|| {
+                let secret = settings.redaction_secret.clone();
+                secret.unwrap_or_else(RedactionSecret::random).hmac()
+            }),
             settings,
             policies: rules,
             errors: ErrorLog::default(),
@@ -420,7 +431,7 @@ impl Judge {
         }
         let shown = ShownKey {
             key: cx.key,
-            redact: self.settings.redact_keys,
+            redact: self.redactor.as_ref(),
         };
         rules
             .reporter
