@@ -270,7 +270,10 @@ pub(super) fn yes() -> bool {
 pub(super) fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Error> {
     /// A key, or the parts of a composite key.
     #[derive(Deserialize)]
-    #[serde(untagged, expecting = "a key such as \"ip\" or \"header:x-api-key\", or an array of keys")]
+    #[serde(
+        untagged,
+        expecting = "a key such as \"ip\" or \"header:x-api-key\", or an array of keys"
+    )]
     enum KeyText {
         One(String),
         Parts(Vec<String>),
@@ -279,7 +282,10 @@ pub(super) fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Er
     match KeyText::deserialize(d)? {
         KeyText::One(s) => parse(&s),
         KeyText::Parts(parts) => {
-            let parts = parts.iter().map(|p| parse(p)).collect::<Result<Vec<_>, _>>()?;
+            let parts = parts
+                .iter()
+                .map(|p| parse(p))
+                .collect::<Result<Vec<_>, _>>()?;
             KeySpec::composite(parts).map_err(serde::de::Error::custom)
         }
     }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::{HeaderName, Request};
@@ -156,11 +157,47 @@ impl Default for PeerIp {
 
 impl<B> KeyExtractor<B> for PeerIp {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
-        Self::peer(request.extensions()).map(|addr| self.key_for(addr.ip()))
+        let peer = Self::peer(request.extensions())?;
+        warn_once_if_forwarded(request.headers(), peer);
+        Some(self.key_for(peer.ip()))
     }
 
     fn describe(&self) -> String {
         format!("the peer IP address ({PEER_ADDRESS_SOURCES})")
+    }
+}
+
+/// Whether the warning of [`warn_once_if_forwarded`] has been written (once per process).
+static WARNED_FORWARDED: AtomicBool = AtomicBool::new(false);
+
+/// The headers a proxy forwards the client's address in.
+static FORWARDING_HEADERS: [HeaderName; 3] = [
+    http::header::FORWARDED,
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-real-ip"),
+];
+
+/// Warns, once per process, that a request keyed on its peer address carries a forwarding header:
+/// the most common misconfiguration of a rate limiter (express-rate-limit's most reported one). Behind
+/// a proxy every client has the proxy's address, so they all share one limit. After the warning
+/// this is one atomic load; before it, three header lookups.
+fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
+    if WARNED_FORWARDED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(header) = FORWARDING_HEADERS.iter().find(|h| headers.contains_key(*h)) else {
+        return;
+    };
+    if !WARNED_FORWARDED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            header = %header,
+            peer = %peer.ip(),
+            "a request keyed on its peer address carries a {header} header: if this server is \
+             behind a proxy or load balancer, every client has the proxy's address and shares one \
+             limit; key on the client IP behind trusted proxies instead (key::ClientIp, or \
+             key = \"client-ip\" with trusted_proxies). If clients reach this server directly, \
+             the header is their own and rightly ignored. (Warned once per process.)"
+        );
     }
 }
 
@@ -647,7 +684,9 @@ impl std::str::FromStr for KeySpec {
                     .map_err(|_| format!("key {s:?}: {name:?} is not a valid header name")),
                 Some(("query", name)) => Ok(KeySpec::Query(QueryParam::new(source_name(s, name)?))),
                 Some(("cookie", name)) => Ok(KeySpec::Cookie(Cookie::new(source_name(s, name)?))),
-                Some(("path", name)) => Ok(KeySpec::Path(PathParam::unbound(source_name(s, name)?))),
+                Some(("path", name)) => {
+                    Ok(KeySpec::Path(PathParam::unbound(source_name(s, name)?)))
+                }
                 _ => Err(format!(
                     "key {s:?} is not one of \"ip\", \"client-ip\", \"global\", \"header:<name>\", \
                      \"query:<name>\", \"cookie:<name>\", \"path:<name>\""

@@ -79,16 +79,14 @@ fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(hi), Some(lo)) => {
-                        out.push(hi << 4 | lo);
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(hi), Some(lo)) => {
+                    out.push(hi << 4 | lo);
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b'+' if plus_is_space => out.push(b' '),
             b => out.push(b),
         }
@@ -463,7 +461,14 @@ mod tests {
             Some(Key::from("v"))
         );
         let c = Cookie::new("s");
-        for cookie in [&b"s"[..], b"=", b";;;", b"s=\"", b"s=\"\"", b"\xff=\xff; s=\xfe"] {
+        for cookie in [
+            &b"s"[..],
+            b"=",
+            b";;;",
+            b"s=\"",
+            b"s=\"\"",
+            b"\xff=\xff; s=\xfe",
+        ] {
             let req = Request::get("/")
                 .header("cookie", http::HeaderValue::from_bytes(cookie).unwrap())
                 .body(())

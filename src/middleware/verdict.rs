@@ -856,12 +856,8 @@ mod tests {
         let judge = judge(policy().build().unwrap(), Settings::default());
         let request = Request::get("/").body(()).unwrap();
         let parts = RequestRef::of(&request);
-        let response = judge.missing_key(
-            0,
-            "header x-api-key".into(),
-            StatusCode::BAD_REQUEST,
-            parts,
-        );
+        let response =
+            judge.missing_key(0, "header x-api-key".into(), StatusCode::BAD_REQUEST, parts);
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         let body = String::from_utf8(response.into_body().to_vec()).unwrap();
         assert!(body.contains("policy 'api'"), "{body}");
