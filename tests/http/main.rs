@@ -19,5 +19,6 @@ mod observe;
 mod penalty;
 mod readme_config;
 mod readme_quickstart;
+mod refusals;
 mod route_matching;
 mod spoofing;
