@@ -13,6 +13,7 @@ mod example_server;
 mod example_server_cli;
 mod grpc;
 mod hyper;
+mod key_sources;
 mod layer;
 mod modes;
 mod observe;
