@@ -74,7 +74,10 @@ async fn a_cookie_is_a_key() {
         vec![
             with_header("/items", &[("cookie", "theme=dark; session=s1")]),
             // HTTP/2 sends cookies on several lines: one list.
-            with_header("/items", &[("cookie", "theme=dark"), ("cookie", "session=s1")]),
+            with_header(
+                "/items",
+                &[("cookie", "theme=dark"), ("cookie", "session=s1")],
+            ),
             with_header("/items", &[("cookie", "session=\"s1\"")]),
             with_header("/items", &[("cookie", "session=s2")]),
             with_header("/items", &[("cookie", "theme=dark")]),
@@ -114,7 +117,8 @@ async fn a_path_parameter_and_a_composite_with_it_are_keys() {
             "",
         ),
     );
-    let call = |key: &str, org: &str| with_header(&format!("/orgs/{org}/repos"), &[("x-api-key", key)]);
+    let call =
+        |key: &str, org: &str| with_header(&format!("/orgs/{org}/repos"), &[("x-api-key", key)]);
     let got = statuses(
         &per_key_and_org,
         vec![
@@ -150,7 +154,12 @@ async fn a_key_header_sent_twice_is_refused_unless_configured() {
     // `last`: the line the gateway appended counts.
     let last = app(
         "",
-        &route("u", None, r#""header:x-user-id""#, r#"on_duplicate = "last""#),
+        &route(
+            "u",
+            None,
+            r#""header:x-user-id""#,
+            r#"on_duplicate = "last""#,
+        ),
     );
     let gateway = || with_header("/items", &[("x-user-id", "gateway-set")]);
     let got = statuses(&last, vec![twice(), gateway(), gateway()]).await;
@@ -158,7 +167,12 @@ async fn a_key_header_sent_twice_is_refused_unless_configured() {
 
     let first = app(
         "",
-        &route("u", None, r#""header:x-user-id""#, r#"on_duplicate = "first""#),
+        &route(
+            "u",
+            None,
+            r#""header:x-user-id""#,
+            r#"on_duplicate = "first""#,
+        ),
     );
     let victim = || with_header("/items", &[("x-user-id", "victim")]);
     let got = statuses(&first, vec![twice(), victim(), victim()]).await;
@@ -168,9 +182,7 @@ async fn a_key_header_sent_twice_is_refused_unless_configured() {
 #[tokio::test]
 async fn cdn_client_ip_headers_count_behind_trusted_proxies_only() {
     for header in ["cf-connecting-ip", "true-client-ip", "fly-client-ip"] {
-        let top = format!(
-            "trusted_proxies = [\"10.0.0.0/8\"]\nclient_ip_header = \"{header}\"\n"
-        );
+        let top = format!("trusted_proxies = [\"10.0.0.0/8\"]\nclient_ip_header = \"{header}\"\n");
         let app = app(&top, &route("cdn", None, r#""client-ip""#, ""));
         let via = |peer: &str, client: &str| {
             let mut r = from_peer(request("/items"), peer);
@@ -240,7 +252,10 @@ fn bad_key_configurations_are_errors_that_say_why() {
             .unwrap_err()
     };
     let cases = [
-        (route("a", None, r#""path:org""#, ""), "needs the route's path"),
+        (
+            route("a", None, r#""path:org""#, ""),
+            "needs the route's path",
+        ),
         (
             route("a", Some("/users/{id}"), r#""path:org""#, ""),
             "has no parameter {org}",

@@ -101,7 +101,10 @@ async fn one_hook_answers_429_400_and_403_and_sees_the_request() {
 
     let ok = app.clone().oneshot(call(Some("k1"), html)).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
-    assert!(log.lock().unwrap().is_empty(), "admitted: the hook is not called");
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "admitted: the hook is not called"
+    );
 
     // 429, to a browser: the hook's HTML, with Retry-After and the RateLimit fields added.
     let limited = app.clone().oneshot(call(Some("k1"), html)).await.unwrap();
@@ -118,7 +121,10 @@ async fn one_hook_answers_429_400_and_403_and_sees_the_request() {
         .await
         .unwrap();
     assert_eq!(json.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&json, "content-type"), Some("application/problem+json"));
+    assert_eq!(
+        header(&json, "content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(header(&json, "retry-after"), Some("60"));
 
     // 400: no key.
@@ -136,7 +142,10 @@ async fn one_hook_answers_429_400_and_403_and_sees_the_request() {
         .await
         .unwrap();
     assert_eq!(denied.status(), StatusCode::FORBIDDEN);
-    assert_eq!(header(&denied, "content-type"), Some("application/problem+json"));
+    assert_eq!(
+        header(&denied, "content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(header(&denied, "retry-after"), None);
 
     let seen = log.lock().unwrap().clone();
@@ -205,7 +214,10 @@ async fn the_old_rejection_response_still_answers_429s_and_is_the_hooks_default(
         assert_eq!(body_string(limited).await, "slow down");
         let no_key = app.clone().oneshot(request("/items")).await.unwrap();
         assert_eq!(no_key.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(header(&no_key, "content-type"), Some("application/problem+json"));
+        assert_eq!(
+            header(&no_key, "content-type"),
+            Some("application/problem+json")
+        );
     }
 }
 
@@ -306,7 +318,12 @@ async fn handlers_see_every_layers_decision_and_every_limits() {
                                 .iter()
                                 .map(|l| format!("{}:{}", l.name, l.decision.remaining))
                                 .collect();
-                            format!("{}={}[{}]", d.policy, d.decision.remaining, limits.join(","))
+                            format!(
+                                "{}={}[{}]",
+                                d.policy,
+                                d.decision.remaining,
+                                limits.join(",")
+                            )
                         })
                         .collect();
                     out.push(format!("single={}", one.policy));
