@@ -28,11 +28,9 @@ impl RouteConfig {
         let invalid = |what: String| BuildError::Invalid(format!("policy {:?}: {what}", self.name));
         let mut key = self.key.clone();
         bind_client_ip(&mut key, client_ip);
-        key = key
-            .for_route(self.path.as_deref())
-            .map_err(|why| invalid(why))?;
+        key = key.for_route(self.path.as_deref()).map_err(&invalid)?;
         if let Some(on_duplicate) = &self.on_duplicate {
-            key = key.with_on_duplicate(on_duplicate.parse().map_err(|why| invalid(why))?);
+            key = key.with_on_duplicate(on_duplicate.parse().map_err(&invalid)?);
         }
         match (&mut key, self.ipv6_prefix) {
             (KeySpec::PeerIp(ip), Some(prefix)) => {

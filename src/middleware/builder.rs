@@ -250,7 +250,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///     .build()
     ///     .unwrap();
     /// let service = layer.layer(service_fn(|_: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(Bytes::new()))
+    ///     Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
     /// }));
     /// let call = |key: Option<&str>, accept: &str| {
     ///     let mut request = Request::get("/").header(header::ACCEPT, accept);
