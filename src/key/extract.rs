@@ -313,7 +313,7 @@ impl<B> KeyExtractor<B> for Header {
     }
 
     fn describe(&self) -> String {
-        format!("header {}", self.name)
+        format!("header {}{}", self.name, self.on_duplicate.describe())
     }
 }
 

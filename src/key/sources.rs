@@ -43,6 +43,14 @@ impl OnDuplicate {
         }
     }
 
+    /// What a key source's description adds: `" (once)"` when a second value means no key.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            OnDuplicate::Refuse => " (once)",
+            OnDuplicate::First | OnDuplicate::Last => "",
+        }
+    }
+
     /// The one value of `values` that counts, or `None`.
     pub(crate) fn pick<T>(self, mut values: impl Iterator<Item = T>) -> Option<T> {
         match self {
@@ -166,7 +174,11 @@ impl<B> KeyExtractor<B> for QueryParam {
     }
 
     fn describe(&self) -> String {
-        format!("query parameter {}", self.name)
+        format!(
+            "query parameter {}{}",
+            self.name,
+            self.on_duplicate.describe()
+        )
     }
 }
 
@@ -237,7 +249,7 @@ impl<B> KeyExtractor<B> for Cookie {
     }
 
     fn describe(&self) -> String {
-        format!("cookie {}", self.name)
+        format!("cookie {}{}", self.name, self.on_duplicate.describe())
     }
 }
 

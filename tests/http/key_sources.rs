@@ -149,7 +149,7 @@ async fn a_key_header_sent_twice_is_refused_unless_configured() {
     };
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body = crate::support::body_string(response).await;
-    assert!(body.contains("expected header x-user-id"), "{body}");
+    assert!(body.contains("expected header x-user-id (once)"), "{body}");
 
     // `last`: the line the gateway appended counts.
     let last = app(
