@@ -76,16 +76,19 @@
 //! * [`gcra::decide`]: the algorithm as a pure function; [`Decision`]: its answer. [`Algorithm`]
 //!   and [`window`]: the sliding log, fixed and sliding windows, and the concurrency limit.
 //! * [`key`]: what a request counts against ([`key::PeerIp`], [`key::Header`], [`key::Extension`],
-//!   [`key::Global`], closures).
+//!   [`key::Global`], [`key::QueryParam`], [`key::Cookie`], [`key::PathParam`], [`key::Composite`],
+//!   closures).
 //! * [`Policy`]: a limit (or [stacked quotas](PolicyBuilder::quotas), or [tiers](Tier)), a key, and
 //!   optionally a route, methods and a cost; [delay](PolicyBuilder::delay) and
 //!   [dry-run](PolicyBuilder::dry_run) modes; what was decided reaches the handler as a
-//!   [`ThrottleDecision`].
+//!   [`ThrottleDecision`] (every layer's, in [`ThrottleDecisions`]).
 //! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
 //!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
 //! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;
 //!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails; [`grpc`]: the
-//!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata).
+//!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata);
+//!   [`ThrottleLayerBuilder::refusal_response`]: your own answer to every refusal
+//!   ([`headers::Refusal`]); [`RedactionSecret`]: keys in logs as HMAC pseudonyms.
 //! * `config` (feature `config`): per-route policies from TOML.
 //!
 //! # Features

@@ -192,7 +192,7 @@ fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
         tracing::warn!(
             header = %header,
             peer = %peer.ip(),
-            "a request keyed on its peer address carries a {header} header: if this server is \
+            "a request keyed on its peer address carries the header {header}: if this server is \
              behind a proxy or load balancer, every client has the proxy's address and shares one \
              limit; key on the client IP behind trusted proxies instead (key::ClientIp, or \
              key = \"client-ip\" with trusted_proxies). If clients reach this server directly, \
