@@ -11,7 +11,9 @@
 //! * `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until full), opt in,
 //!   for older clients.
 
+use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -52,6 +54,158 @@ impl Rejected<'_> {
     /// naming the policy (the middleware adds `Retry-After`).
     pub fn default_response(&self) -> Response<Bytes> {
         problem_response(StatusCode::TOO_MANY_REQUESTS, limited_body(self.policy))
+    }
+}
+
+/// Why the layer refused a request itself, as a [`Refusal`] tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefusalKind {
+    /// Over the limit, or banned by a penalty (`429`; [`Refusal::decision`] says which).
+    Limited,
+    /// The matching policy found no key in the request (`400` by default, see
+    /// [`MissingKey`](crate::MissingKey)), or found it ambiguous (a key header sent twice).
+    MissingKey,
+    /// The client or key is on a deny list (`403`).
+    Denied,
+    /// The backend failed under [`OnBackendError::Deny`](crate::OnBackendError::Deny), or a delayed
+    /// request has no timer to wait on (`503`).
+    Unavailable,
+}
+
+impl RefusalKind {
+    /// `"limited"`, `"missing_key"`, `"denied"` or `"unavailable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::Limited => "limited",
+            RefusalKind::MissingKey => "missing_key",
+            RefusalKind::Denied => "denied",
+            RefusalKind::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A request the layer refuses, as a custom refusal function
+/// ([`ThrottleLayerBuilder::refusal_response`](crate::ThrottleLayerBuilder::refusal_response)) sees
+/// it: why (its [`kind`](Self::kind) and default [`status`](Self::status)), what was decided (the
+/// policy, the key, the [`Decision`], the retry time), and the request's method, URI, headers and
+/// extensions, for content negotiation (JSON for API clients, HTML for browsers).
+#[non_exhaustive]
+pub struct Refusal<'a> {
+    pub(crate) kind: RefusalKind,
+    pub(crate) status: StatusCode,
+    pub(crate) policy: Option<&'a str>,
+    pub(crate) key: Option<&'a crate::key::Key>,
+    pub(crate) decision: Option<&'a Decision>,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) detail: &'a str,
+    pub(crate) request: crate::observe::RequestRef<'a>,
+    /// Makes the layer's own answer, only if the function asks for it.
+    pub(crate) default: &'a dyn Fn() -> Response<Bytes>,
+}
+
+impl<'a> Refusal<'a> {
+    /// Why the request is refused.
+    pub fn kind(&self) -> RefusalKind {
+        self.kind
+    }
+
+    /// The status the layer would answer with (`429`, `400` or the [`MissingKey`](crate::MissingKey)
+    /// status, `403`, `503`).
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The policy that matched the request (`None` for a deny list that refused a request no policy
+    /// matched).
+    pub fn policy(&self) -> Option<&'a str> {
+        self.policy
+    }
+
+    /// The request's key (`None` when it has none).
+    pub fn key(&self) -> Option<&'a crate::key::Key> {
+        self.key
+    }
+
+    /// The decision of a [`RefusalKind::Limited`] refusal (for stacked quotas, the combined one);
+    /// `decision.banned` tells a penalty-box ban from a plain limit.
+    pub fn decision(&self) -> Option<&'a Decision> {
+        self.decision
+    }
+
+    /// When the client may retry: the decision's retry time for a `429` (the rest of a ban for a
+    /// banned key), one second for a `503`, `None` otherwise. The layer sends it as `Retry-After`
+    /// (rounded up to whole seconds) unless the response sets its own.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The reason in words, as the default problem body's `detail` says it.
+    pub fn detail(&self) -> &'a str {
+        self.detail
+    }
+
+    /// The request's method.
+    pub fn method(&self) -> &'a http::Method {
+        self.request.method
+    }
+
+    /// The request's URI.
+    pub fn uri(&self) -> &'a http::Uri {
+        self.request.uri
+    }
+
+    /// The request's headers (`Accept`, `Accept-Language`, ...).
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.request.headers
+    }
+
+    /// The request's extensions (axum's `ConnectInfo`, your authenticated user, ...).
+    pub fn extensions(&self) -> &'a http::Extensions {
+        self.request.extensions
+    }
+
+    /// Whether the client's `Accept` header asks for HTML before JSON (a browser): a quick test for
+    /// content negotiation. Absent or `*/*`: false.
+    pub fn prefers_html(&self) -> bool {
+        for value in self.request.headers.get_all(http::header::ACCEPT) {
+            let Ok(value) = value.to_str() else { continue };
+            for item in value.split(',') {
+                let media = item.split(';').next().unwrap_or("").trim();
+                if media.eq_ignore_ascii_case("text/html") {
+                    return true;
+                }
+                if media.eq_ignore_ascii_case("application/json")
+                    || media.eq_ignore_ascii_case("application/problem+json")
+                {
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// The answer the layer would give: an RFC 9457 problem (or the gRPC status with
+    /// [`grpc`](crate::ThrottleLayerBuilder::grpc); for a `429`, the
+    /// [`rejection_response`](crate::ThrottleLayerBuilder::rejection_response) if one is set).
+    pub fn default_response(&self) -> Response<Bytes> {
+        (self.default)()
+    }
+}
+
+impl fmt::Debug for Refusal<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refusal")
+            .field("kind", &self.kind)
+            .field("status", &self.status)
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .field("decision", &self.decision)
+            .field("retry_after", &self.retry_after)
+            .field("detail", &self.detail)
+            .field("method", self.request.method)
+            .field("uri", self.request.uri)
+            .finish_non_exhaustive()
     }
 }
 

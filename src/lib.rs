@@ -76,16 +76,19 @@
 //! * [`gcra::decide`]: the algorithm as a pure function; [`Decision`]: its answer. [`Algorithm`]
 //!   and [`window`]: the sliding log, fixed and sliding windows, and the concurrency limit.
 //! * [`key`]: what a request counts against ([`key::PeerIp`], [`key::Header`], [`key::Extension`],
-//!   [`key::Global`], closures).
+//!   [`key::Global`], [`key::QueryParam`], [`key::Cookie`], [`key::PathParam`], [`key::Composite`],
+//!   closures).
 //! * [`Policy`]: a limit (or [stacked quotas](PolicyBuilder::quotas), or [tiers](Tier)), a key, and
 //!   optionally a route, methods and a cost; [delay](PolicyBuilder::delay) and
 //!   [dry-run](PolicyBuilder::dry_run) modes; what was decided reaches the handler as a
-//!   [`ThrottleDecision`].
+//!   [`ThrottleDecision`] (every layer's, in [`ThrottleDecisions`]).
 //! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
 //!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
 //! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;
 //!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails; [`grpc`]: the
-//!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata).
+//!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata);
+//!   [`ThrottleLayerBuilder::refusal_response`]: your own answer to every refusal
+//!   ([`headers::Refusal`]); [`RedactionSecret`]: keys in logs as HMAC pseudonyms.
 //! * `config` (feature `config`): per-route policies from TOML.
 //!
 //! # Features
@@ -107,6 +110,7 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
+mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
@@ -128,6 +132,7 @@ pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 pub use decision::Decision;
+pub use decisions::{LimitDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};
 pub use key::Key;
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
@@ -135,7 +140,7 @@ pub use middleware::body;
 pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
 };
-pub use observe::Limited;
+pub use observe::{Limited, RedactionSecret};
 pub use penalty::Penalty;
 pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};

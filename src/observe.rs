@@ -6,15 +6,101 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use hmac::{Hmac, Mac as _};
 use http::{Extensions, HeaderMap, Method, Request, Uri};
 use sha2::{Digest as _, Sha256};
 
 use crate::decision::Decision;
-use crate::error::BackendError;
+use crate::error::{BackendError, BuildError};
 use crate::key::Key;
+
+/// The operator's secret that turns keys into pseudonyms in logs: `hmac:` and the first 16 hex
+/// digits of HMAC-SHA256(secret, key), stable for one secret (so one client's lines still go
+/// together, across processes that share the secret) and useless without it.
+///
+/// A bare hash would not do: there are only 2^32 IPv4 addresses, and hashing them all to find the
+/// one behind a logged digest takes seconds. Keep the secret out of the logs' reach (an environment
+/// variable, a secret store), and at least [`MIN_LEN`](Self::MIN_LEN) bytes long
+/// (`openssl rand -hex 32` makes a good one).
+///
+/// ```
+/// use tower_throttle::{Policy, Quota, RedactionSecret, ThrottleLayer};
+///
+/// let secret = RedactionSecret::new("3f9a0c1e5b7d2468ace13579bdf02468").unwrap();
+/// let layer = ThrottleLayer::builder()
+///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+///     .redact_keys_with(secret)
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// assert!(RedactionSecret::new("hunter2").is_err()); // too short to resist guessing
+/// ```
+#[derive(Clone)]
+pub struct RedactionSecret(Arc<[u8]>);
+
+impl RedactionSecret {
+    /// The shortest secret accepted, in bytes.
+    pub const MIN_LEN: usize = 16;
+
+    /// A secret of at least [`MIN_LEN`](Self::MIN_LEN) bytes.
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, BuildError> {
+        let secret = secret.as_ref();
+        if secret.len() < Self::MIN_LEN {
+            return Err(BuildError::Invalid(format!(
+                "the key redaction secret has {} bytes; it needs at least {} (for example \
+                 `openssl rand -hex 32`)",
+                secret.len(),
+                Self::MIN_LEN
+            )));
+        }
+        Ok(RedactionSecret(secret.into()))
+    }
+
+    /// The secret in the environment variable `name`; an error naming the variable if it is unset,
+    /// not UTF-8 or too short.
+    pub fn from_env(name: &str) -> Result<Self, BuildError> {
+        let value = std::env::var(name).map_err(|e| {
+            BuildError::Invalid(format!(
+                "key redaction secret: environment variable {name}: {e}"
+            ))
+        })?;
+        Self::new(value.trim()).map_err(|e| BuildError::Invalid(format!("{name}: {e}")))
+    }
+
+    /// A secret made up for this process (for `redact_keys(true)` without one): pseudonyms are
+    /// stable within the process only.
+    pub(crate) fn random() -> Self {
+        use std::hash::{BuildHasher as _, Hasher as _};
+        // std's RandomState is seeded from the operating system's random source once per thread
+        // (and varied per instance): four of them give 256 bits nobody outside can guess.
+        let mut seed = Sha256::new();
+        for i in 0..4u64 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(i);
+            seed.update(h.finish().to_le_bytes());
+        }
+        seed.update(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes());
+        RedactionSecret(seed.finalize().to_vec().into())
+    }
+
+    /// The keyed HMAC, ready to clone per use.
+    pub(crate) fn hmac(&self) -> Redactor {
+        Redactor(Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length"))
+    }
+}
+
+impl fmt::Debug for RedactionSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RedactionSecret(..)")
+    }
+}
+
+/// The HMAC of a layer's redaction secret, keyed once.
+#[derive(Clone)]
+pub(crate) struct Redactor(Hmac<Sha256>);
 
 /// A request that a policy limited, as the [`on_limited`](crate::ThrottleLayerBuilder::on_limited)
 /// hook sees it.
@@ -58,21 +144,24 @@ impl<'a> RequestRef<'a> {
 }
 
 /// A key as logs show it: rendered, or with [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys)
-/// the first 12 hex digits of its SHA-256 (stable, so one client's lines still go together).
+/// its pseudonym under the layer's [`RedactionSecret`] (`hmac:` and 16 hex digits). Computed only
+/// when an event is written.
 #[derive(Clone, Copy)]
 pub(crate) struct ShownKey<'a> {
     pub(crate) key: &'a Key,
-    pub(crate) redact: bool,
+    pub(crate) redact: Option<&'a Redactor>,
 }
 
 impl fmt::Display for ShownKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.redact {
+        let Some(redactor) = self.redact else {
             return fmt::Display::fmt(self.key, f);
-        }
-        let digest = Sha256::digest(self.key.to_string().as_bytes());
-        f.write_str("sha256:")?;
-        for b in &digest[..6] {
+        };
+        let mut mac = redactor.0.clone();
+        mac.update(self.key.to_string().as_bytes());
+        let tag = mac.finalize().into_bytes();
+        f.write_str("hmac:")?;
+        for b in &tag[..8] {
             write!(f, "{b:02x}")?;
         }
         Ok(())
@@ -291,30 +380,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn redacted_keys_are_stable_pseudonyms() {
+    fn redacted_keys_are_stable_pseudonyms_under_one_secret_only() {
         let k = Key::from("alice@example.com");
-        let shown = ShownKey {
-            key: &k,
-            redact: true,
-        }
-        .to_string();
-        assert!(shown.starts_with("sha256:") && shown.len() == 19, "{shown}");
-        assert!(!shown.contains("alice"));
-        assert_eq!(
-            shown,
-            ShownKey {
-                key: &k,
-                redact: true
-            }
-            .to_string()
+        let one = RedactionSecret::new("0123456789abcdef0123").unwrap().hmac();
+        let other = RedactionSecret::new("fedcba98765432100123").unwrap().hmac();
+        let shown = |redact| ShownKey { key: &k, redact }.to_string();
+        let pseudonym = shown(Some(&one));
+        assert!(
+            pseudonym.starts_with("hmac:") && pseudonym.len() == 21,
+            "{pseudonym}"
         );
+        assert!(!pseudonym.contains("alice"));
+        assert_eq!(pseudonym, shown(Some(&one)));
+        assert_ne!(pseudonym, shown(Some(&other)));
+        assert_eq!(shown(None), "alice@example.com");
+        // The HMAC of the rendered key under the secret (RFC 2104), not a bare hash of it.
+        let bare = Sha256::digest(b"alice@example.com");
+        assert!(!pseudonym.contains(&format!("{:02x}{:02x}", bare[0], bare[1])));
+        let random = RedactionSecret::random();
+        assert_ne!(random.0, RedactionSecret::random().0);
+        assert!(RedactionSecret::new([0u8; 15]).is_err());
         assert_eq!(
-            ShownKey {
-                key: &k,
-                redact: false
-            }
-            .to_string(),
-            "alice@example.com"
+            format!("{:?}", RedactionSecret::new([7u8; 16]).unwrap()),
+            "RedactionSecret(..)"
         );
     }
 }

@@ -62,6 +62,8 @@ pub struct ThrottleDecision {
     /// How long the request waited for its turn in delay mode (zero otherwise); in a dry run, how
     /// long it would have waited.
     pub delayed: Duration,
+    /// Each limit's own decision: one per stacked quota (`decision` combines them), else one.
+    pub limits: Box<[crate::decisions::LimitDecision]>,
 }
 
 /// The quotas of one tier, as limits.

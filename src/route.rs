@@ -96,6 +96,35 @@ impl Route {
         shape
     }
 
+    /// Whether the pattern has a parameter (or wildcard) called `name`.
+    pub(crate) fn has_param(&self, name: &str) -> bool {
+        let (plain, wildcard) = (format!("{{{name}}}"), format!("{{*{name}}}"));
+        [plain, wildcard].iter().any(|p| {
+            self.pattern
+                .match_indices(p.as_str())
+                // `{{name}}` is the literal text `{name}`, not a parameter.
+                .any(|(at, _)| !self.pattern[..at].ends_with('{'))
+        })
+    }
+
+    /// The raw (still percent-encoded) value of the parameter `name` in the request's path, if the
+    /// path is this route. Inside axum's `Router::nest`, a path that still carries the nest's
+    /// prefix is matched without it.
+    pub(crate) fn param<'r, B>(&self, request: &'r Request<B>, name: &str) -> Option<&'r str> {
+        let path = request.uri().path();
+        if let Ok(found) = self.router.at(path) {
+            return found.params.get(name);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(nested) = request.extensions().get::<axum::extract::NestedPath>() {
+            let rest = path.strip_prefix(nested.as_str().trim_end_matches('/'))?;
+            if let Ok(found) = self.router.at(rest) {
+                return found.params.get(name);
+            }
+        }
+        None
+    }
+
     pub(crate) fn matches<B>(&self, request: &Request<B>) -> bool {
         #[cfg(feature = "axum")]
         if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {

@@ -19,7 +19,7 @@
 //! 4: ResourceExhausted "rate limit of policy 'greeter' exceeded; retry after 9996 ms" retry-after: 10, grpc-retry-pushback-ms: 9996
 //! 5: ResourceExhausted "rate limit of policy 'greeter' exceeded; retry after 9995 ms" retry-after: 10, grpc-retry-pushback-ms: 9995
 //! $ cargo run --example grpc -- --client --no-key --calls 1
-//! 1: InvalidArgument "no rate-limit key for policy 'greeter': expected header x-api-key" retry-after: -, grpc-retry-pushback-ms: -
+//! 1: InvalidArgument "no rate-limit key for policy 'greeter': expected header x-api-key (once)" retry-after: -, grpc-retry-pushback-ms: -
 //! ```
 
 use std::net::SocketAddr;

@@ -33,6 +33,7 @@
 //! here, [`Config`], which ties them into a layer.
 
 mod backend;
+mod logging;
 mod policies;
 mod schema;
 
@@ -43,6 +44,7 @@ use serde::Deserialize;
 
 #[cfg(feature = "redis")]
 pub use crate::backend::{ConfiguredBackend, ConfiguredFuture};
+pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, PenaltyConfig, QuotaConfig, RedisConfig, RouteConfig, TierConfig,
 };
@@ -90,6 +92,9 @@ pub struct Config {
     /// Allow and deny lists.
     #[serde(default)]
     pub access: Option<AccessConfig>,
+    /// How keys appear in log events.
+    #[serde(default)]
+    pub logging: Option<LoggingConfig>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -149,11 +154,18 @@ impl Config {
         self.with_options(builder.policies(self.policies()?))
     }
 
-    /// The layer-wide options: header fields, the decision extension, the failure policy.
+    /// The layer-wide options: header fields, the decision extension, the failure policy, key
+    /// redaction.
     fn with_options<B>(
         &self,
-        builder: ThrottleLayerBuilder<KeySpec, B>,
+        mut builder: ThrottleLayerBuilder<KeySpec, B>,
     ) -> Result<ThrottleLayerBuilder<KeySpec, B>, BuildError> {
+        if let Some(logging) = &self.logging {
+            builder = match logging.redaction()? {
+                (true, Some(secret)) => builder.redact_keys_with(secret),
+                (redact, _) => builder.redact_keys(redact),
+            };
+        }
         Ok(builder
             .ratelimit_headers(self.ratelimit_headers)
             .legacy_headers(self.legacy_headers)

@@ -27,8 +27,10 @@ impl RouteConfig {
     ) -> Result<Policy<KeySpec>, BuildError> {
         let invalid = |what: String| BuildError::Invalid(format!("policy {:?}: {what}", self.name));
         let mut key = self.key.clone();
-        if let KeySpec::ClientIp(ip) = &mut key {
-            *ip = client_ip.clone();
+        bind_client_ip(&mut key, client_ip);
+        key = key.for_route(self.path.as_deref()).map_err(&invalid)?;
+        if let Some(on_duplicate) = &self.on_duplicate {
+            key = key.with_on_duplicate(on_duplicate.parse().map_err(&invalid)?);
         }
         match (&mut key, self.ipv6_prefix) {
             (KeySpec::PeerIp(ip), Some(prefix)) => {
@@ -137,6 +139,19 @@ impl RouteConfig {
             }
         });
         builder.build()
+    }
+}
+
+/// `client-ip` keys (alone or in a composite) read behind `client_ip`'s proxies.
+fn bind_client_ip(key: &mut KeySpec, client_ip: &ClientIp) {
+    match key {
+        KeySpec::ClientIp(ip) => *ip = client_ip.clone(),
+        KeySpec::Composite(composite) => {
+            for part in composite.parts_mut() {
+                bind_client_ip(part, client_ip);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -150,9 +150,15 @@ pub struct RouteConfig {
     /// that `methods` asks for.
     #[serde(default)]
     pub custom_methods: Option<Vec<String>>,
-    /// `"ip"`, `"client-ip"`, `"global"` or `"header:<name>"`.
+    /// `"ip"`, `"client-ip"`, `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"`,
+    /// `"path:<name>"` (a parameter of `path`), or an array of these for a composite key
+    /// (`["header:x-api-key", "path:org"]`).
     #[serde(deserialize_with = "key_spec")]
     pub key: KeySpec,
+    /// A key header, query parameter or cookie sent more than once: `"refuse"` (the default: the
+    /// missing-key answer), `"first"` or `"last"`.
+    #[serde(default)]
+    pub on_duplicate: Option<String>,
     /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
     #[serde(default)]
     pub ipv6_prefix: Option<u8>,
@@ -262,9 +268,27 @@ pub(super) fn yes() -> bool {
 }
 
 pub(super) fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Error> {
-    String::deserialize(d)?
-        .parse()
-        .map_err(serde::de::Error::custom)
+    /// A key, or the parts of a composite key.
+    #[derive(Deserialize)]
+    #[serde(
+        untagged,
+        expecting = "a key such as \"ip\" or \"header:x-api-key\", or an array of keys"
+    )]
+    enum KeyText {
+        One(String),
+        Parts(Vec<String>),
+    }
+    let parse = |s: &str| s.parse::<KeySpec>().map_err(serde::de::Error::custom);
+    match KeyText::deserialize(d)? {
+        KeyText::One(s) => parse(&s),
+        KeyText::Parts(parts) => {
+            let parts = parts
+                .iter()
+                .map(|p| parse(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            KeySpec::composite(parts).map_err(serde::de::Error::custom)
+        }
+    }
 }
 
 pub(super) fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {

@@ -1,5 +1,6 @@
-//! The client's address behind trusted proxies: `X-Forwarded-For`, `Forwarded` (RFC 7239) or
-//! `X-Real-IP`, believed only when the peer is a trusted proxy.
+//! The client's address behind trusted proxies: `X-Forwarded-For`, `Forwarded` (RFC 7239),
+//! `X-Real-IP`, or a CDN's client-IP header (`CF-Connecting-IP`, `True-Client-IP`,
+//! `Fly-Client-IP`), believed only when the peer is a trusted proxy.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -119,6 +120,13 @@ pub enum ForwardedHeader {
     Forwarded,
     /// `X-Real-IP: client`, set (not appended) by the one proxy in front.
     XRealIp,
+    /// `CF-Connecting-IP: client`, set by Cloudflare. Trust Cloudflare's published networks (or the
+    /// proxy between it and you, if that one passes the header on unchanged).
+    CfConnectingIp,
+    /// `True-Client-IP: client`, set by Akamai and by Cloudflare Enterprise.
+    TrueClientIp,
+    /// `Fly-Client-IP: client`, set by Fly.io's proxy.
+    FlyClientIp,
 }
 
 impl ForwardedHeader {
@@ -128,6 +136,21 @@ impl ForwardedHeader {
             ForwardedHeader::XForwardedFor => "x-forwarded-for",
             ForwardedHeader::Forwarded => "forwarded",
             ForwardedHeader::XRealIp => "x-real-ip",
+            ForwardedHeader::CfConnectingIp => "cf-connecting-ip",
+            ForwardedHeader::TrueClientIp => "true-client-ip",
+            ForwardedHeader::FlyClientIp => "fly-client-ip",
+        }
+    }
+
+    /// The header's name.
+    fn name(self) -> &'static HeaderName {
+        match self {
+            ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+            ForwardedHeader::Forwarded => &FORWARDED,
+            ForwardedHeader::XRealIp => &X_REAL_IP,
+            ForwardedHeader::CfConnectingIp => &CF_CONNECTING_IP,
+            ForwardedHeader::TrueClientIp => &TRUE_CLIENT_IP,
+            ForwardedHeader::FlyClientIp => &FLY_CLIENT_IP,
         }
     }
 }
@@ -140,8 +163,12 @@ impl FromStr for ForwardedHeader {
             "x-forwarded-for" => Ok(ForwardedHeader::XForwardedFor),
             "forwarded" => Ok(ForwardedHeader::Forwarded),
             "x-real-ip" => Ok(ForwardedHeader::XRealIp),
+            "cf-connecting-ip" => Ok(ForwardedHeader::CfConnectingIp),
+            "true-client-ip" => Ok(ForwardedHeader::TrueClientIp),
+            "fly-client-ip" => Ok(ForwardedHeader::FlyClientIp),
             _ => Err(format!(
-                "client IP header {s:?} is not \"x-forwarded-for\", \"forwarded\" or \"x-real-ip\""
+                "client IP header {s:?} is not \"x-forwarded-for\", \"forwarded\", \"x-real-ip\", \
+                 \"cf-connecting-ip\", \"true-client-ip\" or \"fly-client-ip\""
             )),
         }
     }
@@ -231,8 +258,12 @@ impl ClientIp {
             return peer;
         }
         match self.header {
-            ForwardedHeader::XRealIp => {
-                let mut values = headers.get_all(&X_REAL_IP).iter();
+            // One address, set (not appended) by the proxy in front: believed only alone.
+            ForwardedHeader::XRealIp
+            | ForwardedHeader::CfConnectingIp
+            | ForwardedHeader::TrueClientIp
+            | ForwardedHeader::FlyClientIp => {
+                let mut values = headers.get_all(self.header.name()).iter();
                 match (values.next(), values.next()) {
                     (Some(value), None) => std::str::from_utf8(value.as_bytes())
                         .ok()
@@ -284,6 +315,9 @@ impl ClientIp {
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
+static TRUE_CLIENT_IP: HeaderName = HeaderName::from_static("true-client-ip");
+static FLY_CLIENT_IP: HeaderName = HeaderName::from_static("fly-client-ip");
 
 fn trim(bytes: &[u8]) -> &[u8] {
     let start = bytes
@@ -369,11 +403,7 @@ mod tests {
 
     fn resolve(trusted: &[&str], header: ForwardedHeader, peer: &str, values: &[&str]) -> String {
         let ci = ClientIp::new(TrustedProxies::new(trusted).unwrap()).header(header);
-        let name = match header {
-            ForwardedHeader::XForwardedFor => "x-forwarded-for",
-            ForwardedHeader::Forwarded => "forwarded",
-            ForwardedHeader::XRealIp => "x-real-ip",
-        };
+        let name = header.as_str();
         let mut headers = HeaderMap::new();
         for v in values {
             headers.append(
@@ -514,6 +544,33 @@ mod tests {
         assert_eq!(
             resolve(&["::ffff:10.0.0.0/104"], XFF, "10.0.0.1", &["203.0.113.7"]),
             "203.0.113.7"
+        );
+    }
+
+    #[test]
+    fn cdn_client_ip_headers_are_believed_only_from_trusted_peers_and_alone() {
+        for header in [
+            ForwardedHeader::CfConnectingIp,
+            ForwardedHeader::TrueClientIp,
+            ForwardedHeader::FlyClientIp,
+        ] {
+            assert_eq!(header.as_str().parse::<ForwardedHeader>(), Ok(header));
+            assert_eq!(
+                resolve(LB, header, "10.0.0.1", &["203.0.113.7"]),
+                "203.0.113.7"
+            );
+            assert_eq!(
+                resolve(LB, header, "198.51.100.1", &["203.0.113.7"]),
+                "198.51.100.1",
+                "{header:?} from an untrusted peer"
+            );
+            for garbage in [&["1.2.3.4", "5.6.7.8"][..], &["1.2.3.4, 5.6.7.8"], &["x"]] {
+                assert_eq!(resolve(LB, header, "10.0.0.1", garbage), "10.0.0.1");
+            }
+        }
+        assert_eq!(
+            "CF-Connecting-IP".parse::<ForwardedHeader>(),
+            Ok(ForwardedHeader::CfConnectingIp)
         );
     }
 

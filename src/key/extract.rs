@@ -3,10 +3,12 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::{HeaderName, Request};
 
+use super::sources::{Composite, Cookie, OnDuplicate, PathParam, QueryParam};
 use super::Key;
 
 /// Turns a request into the [`Key`] it counts against, or `None` when it carries none.
@@ -155,11 +157,47 @@ impl Default for PeerIp {
 
 impl<B> KeyExtractor<B> for PeerIp {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
-        Self::peer(request.extensions()).map(|addr| self.key_for(addr.ip()))
+        let peer = Self::peer(request.extensions())?;
+        warn_once_if_forwarded(request.headers(), peer);
+        Some(self.key_for(peer.ip()))
     }
 
     fn describe(&self) -> String {
         format!("the peer IP address ({PEER_ADDRESS_SOURCES})")
+    }
+}
+
+/// Whether the warning of [`warn_once_if_forwarded`] has been written (once per process).
+static WARNED_FORWARDED: AtomicBool = AtomicBool::new(false);
+
+/// The headers a proxy forwards the client's address in.
+static FORWARDING_HEADERS: [HeaderName; 3] = [
+    http::header::FORWARDED,
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-real-ip"),
+];
+
+/// Warns, once per process, that a request keyed on its peer address carries a forwarding header:
+/// the most common misconfiguration of a rate limiter (express-rate-limit's most reported one). Behind
+/// a proxy every client has the proxy's address, so they all share one limit. After the warning
+/// this is one atomic load; before it, three header lookups.
+fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
+    if WARNED_FORWARDED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(header) = FORWARDING_HEADERS.iter().find(|h| headers.contains_key(*h)) else {
+        return;
+    };
+    if !WARNED_FORWARDED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            header = %header,
+            peer = %peer.ip(),
+            "a request keyed on its peer address carries the header {header}: if this server is \
+             behind a proxy or load balancer, every client has the proxy's address and shares one \
+             limit; key on the client IP behind trusted proxies instead (key::ClientIp, or \
+             key = \"client-ip\" with trusted_proxies). If clients reach this server directly, \
+             the header is their own and rightly ignored. (Warned once per process.)"
+        );
     }
 }
 
@@ -203,10 +241,28 @@ impl std::error::Error for InvalidPrefix {}
 /// The value of a request header (an API key, a user id). Missing or empty: no key.
 ///
 /// The raw bytes are the key, so non-UTF-8 values work; values longer than
-/// [`MAX_KEY_LEN`](super::MAX_KEY_LEN) are hashed. With several headers of the name, the first counts.
+/// [`MAX_KEY_LEN`](super::MAX_KEY_LEN) are hashed. A header sent more than once is ambiguous (a
+/// client can put its own `x-user-id` before the one a gateway appends): no key, so the policy's
+/// [`MissingKey`](crate::MissingKey) answer (`400` by default), unless
+/// [`on_duplicate`](Self::on_duplicate) says which line counts.
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Header, Key, KeyExtractor, OnDuplicate};
+///
+/// let twice = Request::get("/")
+///     .header("x-user-id", "client-chosen")
+///     .header("x-user-id", "gateway-set")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(Header::new("x-user-id").extract(&twice), None);
+/// let last = Header::new("x-user-id").on_duplicate(OnDuplicate::Last);
+/// assert_eq!(last.extract(&twice), Some(Key::from("gateway-set")));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
     name: HeaderName,
+    on_duplicate: OnDuplicate,
 }
 
 impl Header {
@@ -222,7 +278,14 @@ impl Header {
     pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
         Ok(Header {
             name: HeaderName::from_bytes(name.as_bytes())?,
+            on_duplicate: OnDuplicate::default(),
         })
+    }
+
+    /// What a header sent more than once means (default [`OnDuplicate::Refuse`]: no key).
+    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+        self.on_duplicate = on_duplicate;
+        self
     }
 
     /// The header's name.
@@ -233,21 +296,24 @@ impl Header {
 
 impl From<HeaderName> for Header {
     fn from(name: HeaderName) -> Self {
-        Header { name }
+        Header {
+            name,
+            on_duplicate: OnDuplicate::default(),
+        }
     }
 }
 
 impl<B> KeyExtractor<B> for Header {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
-        request
-            .headers()
-            .get(&self.name)
+        let lines = request.headers().get_all(&self.name).iter();
+        self.on_duplicate
+            .pick(lines)
             .filter(|v| !v.is_empty())
             .map(Key::from)
     }
 
     fn describe(&self) -> String {
-        format!("header {}", self.name)
+        format!("header {}{}", self.name, self.on_duplicate.describe())
     }
 }
 
@@ -460,14 +526,22 @@ mod tests {
 }
 
 /// A built-in key extractor chosen at run time, as configuration names it: `"ip"`, `"client-ip"`,
-/// `"global"` or `"header:<name>"`.
+/// `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"` or `"path:<name>"` (a
+/// parameter of the policy's route), or several of these together ([`KeySpec::composite`]; an
+/// array in the configuration, `key = ["header:x-api-key", "path:org"]`).
 ///
 /// ```
 /// use tower_throttle::key::KeySpec;
 ///
 /// let key: KeySpec = "header:x-user-id".parse().unwrap();
 /// assert_eq!(key.to_string(), "header:x-user-id");
-/// assert!("cookie:session".parse::<KeySpec>().is_err());
+/// assert_eq!("cookie:session".parse::<KeySpec>().unwrap().to_string(), "cookie:session");
+/// assert!("colour:red".parse::<KeySpec>().is_err());
+/// // A path parameter needs its route:
+/// let org = "path:org".parse::<KeySpec>().unwrap().for_route(Some("/orgs/{org}/repos")).unwrap();
+/// assert!("path:org".parse::<KeySpec>().unwrap().for_route(Some("/users/{id}")).is_err());
+/// let both = KeySpec::composite(["header:x-api-key".parse().unwrap(), org]).unwrap();
+/// assert_eq!(both.to_string(), r#"["header:x-api-key", "path:org"]"#);
 /// ```
 ///
 /// # Mixing key kinds in one table of policies
@@ -526,6 +600,74 @@ pub enum KeySpec {
     Header(Header),
     /// [`Global`].
     Global,
+    /// [`QueryParam`] (`"query:<name>"`).
+    Query(QueryParam),
+    /// [`Cookie`] (`"cookie:<name>"`).
+    Cookie(Cookie),
+    /// [`PathParam`] (`"path:<name>"`; see [`KeySpec::for_route`]).
+    Path(PathParam),
+    /// [`Composite`] (an array of the others).
+    Composite(Composite),
+}
+
+impl KeySpec {
+    /// Several sources together (see [`Composite`]).
+    pub fn composite(parts: impl IntoIterator<Item = KeySpec>) -> Result<Self, String> {
+        Composite::new(parts).map(KeySpec::Composite)
+    }
+
+    /// Binds `path:` parameters to the policy's route `pattern`: an error if there is no route or it
+    /// has no such parameter. Other keys are returned as they are.
+    pub fn for_route(self, pattern: Option<&str>) -> Result<Self, String> {
+        match self {
+            KeySpec::Path(param) => match pattern {
+                Some(pattern) => param.bind(pattern).map(KeySpec::Path),
+                None => Err(format!(
+                    "key path:{0} needs the route's path, with a parameter {{{0}}}",
+                    param.name()
+                )),
+            },
+            KeySpec::Composite(mut composite) => {
+                for part in composite.parts_mut() {
+                    let unbound = std::mem::replace(part, KeySpec::Global);
+                    *part = unbound.for_route(pattern)?;
+                }
+                Ok(KeySpec::Composite(composite))
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Sets what a value sent twice means for every header, query parameter and cookie source.
+    pub fn with_on_duplicate(self, on_duplicate: OnDuplicate) -> Self {
+        match self {
+            KeySpec::Header(h) => KeySpec::Header(h.on_duplicate(on_duplicate)),
+            KeySpec::Query(q) => KeySpec::Query(q.on_duplicate(on_duplicate)),
+            KeySpec::Cookie(c) => KeySpec::Cookie(c.on_duplicate(on_duplicate)),
+            KeySpec::Composite(mut composite) => {
+                for part in composite.parts_mut() {
+                    let old = std::mem::replace(part, KeySpec::Global);
+                    *part = old.with_on_duplicate(on_duplicate);
+                }
+                KeySpec::Composite(composite)
+            }
+            other => other,
+        }
+    }
+}
+
+/// A name for a `query:`, `cookie:` or `path:` key: not empty, printable, no separators.
+fn source_name<'a>(spec: &str, name: &'a str) -> Result<&'a str, String> {
+    if name.is_empty()
+        || name.len() > 256
+        || !name.bytes().all(|b| b.is_ascii_graphic())
+        || name.contains([';', '=', '&', ',', '"', '{', '}'])
+    {
+        return Err(format!(
+            "key {spec:?}: {name:?} is not a valid name (printable ASCII, no ; = & , \" {{ }})"
+        ));
+    }
+    Ok(name)
 }
 
 impl std::str::FromStr for KeySpec {
@@ -536,12 +678,18 @@ impl std::str::FromStr for KeySpec {
             "ip" => Ok(KeySpec::PeerIp(PeerIp::new())),
             "client-ip" => Ok(KeySpec::ClientIp(super::ClientIp::default())),
             "global" => Ok(KeySpec::Global),
-            _ => match s.strip_prefix("header:") {
-                Some(name) => Header::try_new(name)
+            _ => match s.split_once(':') {
+                Some(("header", name)) => Header::try_new(name)
                     .map(KeySpec::Header)
                     .map_err(|_| format!("key {s:?}: {name:?} is not a valid header name")),
-                None => Err(format!(
-                    "key {s:?} is not one of \"ip\", \"client-ip\", \"global\", \"header:<name>\""
+                Some(("query", name)) => Ok(KeySpec::Query(QueryParam::new(source_name(s, name)?))),
+                Some(("cookie", name)) => Ok(KeySpec::Cookie(Cookie::new(source_name(s, name)?))),
+                Some(("path", name)) => {
+                    Ok(KeySpec::Path(PathParam::unbound(source_name(s, name)?)))
+                }
+                _ => Err(format!(
+                    "key {s:?} is not one of \"ip\", \"client-ip\", \"global\", \"header:<name>\", \
+                     \"query:<name>\", \"cookie:<name>\", \"path:<name>\""
                 )),
             },
         }
@@ -555,7 +703,35 @@ impl fmt::Display for KeySpec {
             KeySpec::ClientIp(_) => f.write_str("client-ip"),
             KeySpec::Header(h) => write!(f, "header:{}", h.name()),
             KeySpec::Global => f.write_str("global"),
+            KeySpec::Query(q) => write!(f, "query:{}", q.name()),
+            KeySpec::Cookie(c) => write!(f, "cookie:{}", c.name()),
+            KeySpec::Path(p) => write!(f, "path:{}", p.name()),
+            KeySpec::Composite(c) => fmt::Display::fmt(c, f),
         }
+    }
+}
+
+impl From<QueryParam> for KeySpec {
+    fn from(q: QueryParam) -> Self {
+        KeySpec::Query(q)
+    }
+}
+
+impl From<Cookie> for KeySpec {
+    fn from(c: Cookie) -> Self {
+        KeySpec::Cookie(c)
+    }
+}
+
+impl From<PathParam> for KeySpec {
+    fn from(p: PathParam) -> Self {
+        KeySpec::Path(p)
+    }
+}
+
+impl From<Composite> for KeySpec {
+    fn from(c: Composite) -> Self {
+        KeySpec::Composite(c)
     }
 }
 
@@ -590,6 +766,10 @@ impl<B> KeyExtractor<B> for KeySpec {
             KeySpec::ClientIp(ip) => ip.extract(request),
             KeySpec::Header(h) => h.extract(request),
             KeySpec::Global => Some(Key::global()),
+            KeySpec::Query(q) => q.extract(request),
+            KeySpec::Cookie(c) => c.extract(request),
+            KeySpec::Path(p) => p.extract(request),
+            KeySpec::Composite(c) => c.extract(request),
         }
     }
 
@@ -599,6 +779,10 @@ impl<B> KeyExtractor<B> for KeySpec {
             KeySpec::ClientIp(ip) => KeyExtractor::<B>::describe(ip),
             KeySpec::Header(h) => KeyExtractor::<B>::describe(h),
             KeySpec::Global => KeyExtractor::<B>::describe(&Global),
+            KeySpec::Query(q) => KeyExtractor::<B>::describe(q),
+            KeySpec::Cookie(c) => KeyExtractor::<B>::describe(c),
+            KeySpec::Path(p) => KeyExtractor::<B>::describe(p),
+            KeySpec::Composite(c) => KeyExtractor::<B>::describe(c),
         }
     }
 }

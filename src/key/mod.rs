@@ -8,7 +8,9 @@
 //!   `X-Forwarded-For` or `X-Real-IP`: a client can write anything there.
 //! * [`ClientIp`]: the client behind proxies you trust, from their forwarding header; the peer
 //!   address for everyone else.
-//! * [`Header`]: a header's value, such as an API key or a user id.
+//! * [`Header`]: a header's value, such as an API key or a user id (sent once: see [`OnDuplicate`]).
+//! * [`QueryParam`], [`Cookie`], [`PathParam`]: a query parameter, a cookie, a parameter of the
+//!   route (`/orgs/{org}/...`); [`Composite`]: several of these together.
 //! * [`Extension`]: a value that earlier middleware (authentication) put in the request's extensions.
 //! * [`Global`]: one key for every request.
 //! * any closure `Fn(&Request<B>) -> Option<K>` where `K: Into<Key>`.
@@ -84,6 +86,7 @@
 
 mod client_ip;
 mod extract;
+mod sources;
 
 pub(crate) use client_ip::parse_net;
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies, MAX_HOPS};
@@ -91,6 +94,7 @@ pub use extract::{
     BoxKeyExtractor, Extension, Global, Header, InvalidPrefix, KeyExtractor, KeySpec, PeerAddr,
     PeerIp,
 };
+pub use sources::{Composite, Cookie, OnDuplicate, PathParam, QueryParam, MAX_KEY_PARTS};
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -11,13 +11,13 @@ use http::Response;
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
 use crate::error::BuildError;
-use crate::headers::Rejected;
+use crate::headers::{Refusal, Rejected};
 use crate::key::ClientIp;
 use crate::limit::Limit;
 use crate::middleware::layer::ThrottleLayer;
 use crate::middleware::service::Shared;
 use crate::middleware::verdict::{Judge, OnBackendError, Settings};
-use crate::observe::Limited;
+use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::policy::{check_reachable, Policy};
 
@@ -79,10 +79,23 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
-    /// Shows keys in log events as a stable pseudonym (`sha256:` and 12 hex digits) instead of
-    /// themselves, for keys that are personal data (IP addresses, user ids, API keys). Default false.
+    /// Shows keys in log events as a pseudonym (`hmac:` and 16 hex digits) instead of themselves,
+    /// for keys that are personal data (IP addresses, user ids, API keys). Default false.
+    ///
+    /// Without a secret ([`redact_keys_with`](Self::redact_keys_with)) the layer makes one up:
+    /// pseudonyms are then stable within the process only. (Earlier versions showed a bare SHA-256 of
+    /// the key, which gives an IPv4 address away to anyone who hashes all 2^32 of them.)
     pub fn redact_keys(mut self, redact: bool) -> Self {
         self.settings.redact_keys = redact;
+        self
+    }
+
+    /// Redacts keys in log events (as [`redact_keys`](Self::redact_keys)) with the operator's
+    /// `secret`: the same pseudonym for the same key in every process that shares the secret, and
+    /// none that can be reversed without it. See [`RedactionSecret`].
+    pub fn redact_keys_with(mut self, secret: RedactionSecret) -> Self {
+        self.settings.redact_keys = true;
+        self.settings.redaction_secret = Some(secret);
         self
     }
 
@@ -161,7 +174,9 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     }
 
     /// Replaces the default 429 response. The middleware adds `Retry-After` (unless the function set
-    /// one) and the rate-limit fields.
+    /// one) and the rate-limit fields. For the other refusals (400, 403, 503), and to see the
+    /// request, use [`refusal_response`](Self::refusal_response); a refusal function that asks for
+    /// [`Refusal::default_response`] of a `429` gets this one's.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -183,6 +198,82 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         F: Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
     {
         self.settings.rejection = Some(Arc::new(f));
+        self
+    }
+
+    /// Answers every request the layer refuses itself — over the limit or banned (`429`), without a
+    /// key (`400`, or the [`MissingKey`](crate::MissingKey) status), on a deny list (`403`), the
+    /// backend down under [`OnBackendError::Deny`] (`503`) — with `f`'s response. `f` sees why
+    /// ([`Refusal::kind`]), what was decided (policy, key, decision, retry time) and the request's
+    /// method, URI and headers, so it can negotiate the content (HTML for browsers, JSON for API
+    /// clients); [`Refusal::default_response`] is the layer's own answer, for the cases it leaves
+    /// alone. The layer adds `Retry-After` (unless `f` set one) to `429` and `503`, and the
+    /// rate-limit fields to `429`.
+    ///
+    /// Without it, refusals cost what they always did (one `Option` check). It replaces
+    /// [`rejection_response`](Self::rejection_response) as the way to customize answers; that one
+    /// still sets the default `429` (which `default_response` returns).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{header, Request, Response, StatusCode};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_throttle::headers::{Refusal, RefusalKind};
+    /// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(
+    ///         Policy::builder("api")
+    ///             .quota(Quota::per_minute(1))
+    ///             .key(Header::new("x-api-key"))
+    ///             .build()
+    ///             .unwrap(),
+    ///     )
+    ///     .refusal_response(|r: &Refusal<'_>| {
+    ///         if !r.prefers_html() {
+    ///             return r.default_response(); // problem+json for API clients
+    ///         }
+    ///         let text = match r.kind() {
+    ///             RefusalKind::Limited => format!(
+    ///                 "<p>Slow down: try again in {} s.</p>",
+    ///                 r.retry_after().map_or(1, |d| d.as_secs_f64().ceil() as u64)
+    ///             ),
+    ///             RefusalKind::MissingKey => "<p>Sign in first.</p>".to_owned(),
+    ///             _ => format!("<p>{}</p>", r.detail()),
+    ///         };
+    ///         let mut res = Response::new(Bytes::from(text));
+    ///         *res.status_mut() = r.status();
+    ///         res.headers_mut().insert(header::CONTENT_TYPE, "text/html".parse().unwrap());
+    ///         res
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let service = layer.layer(service_fn(|_: Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+    /// }));
+    /// let call = |key: Option<&str>, accept: &str| {
+    ///     let mut request = Request::get("/").header(header::ACCEPT, accept);
+    ///     if let Some(key) = key {
+    ///         request = request.header("x-api-key", key);
+    ///     }
+    ///     service.clone().oneshot(request.body(()).unwrap())
+    /// };
+    /// assert_eq!(call(Some("k"), "text/html").await.unwrap().status(), StatusCode::OK);
+    /// let limited = call(Some("k"), "text/html").await.unwrap();
+    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(limited.headers()["content-type"], "text/html");
+    /// assert_eq!(limited.headers()["retry-after"], "60");
+    /// let no_key = call(None, "application/json").await.unwrap();
+    /// assert_eq!(no_key.status(), StatusCode::BAD_REQUEST);
+    /// assert_eq!(no_key.headers()["content-type"], "application/problem+json");
+    /// # });
+    /// ```
+    pub fn refusal_response<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.settings.refusal = Some(Arc::new(f));
         self
     }
 

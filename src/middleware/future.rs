@@ -216,7 +216,7 @@ fn prepare<ReqBody>(
     Option<ConcurrencySlot>,
 ) {
     if let Some(decision) = admitted.decision {
-        request.extensions_mut().insert(*decision);
+        crate::decisions::record(request.extensions_mut(), *decision);
     }
     let slot = match (admitted.slot, release) {
         (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),

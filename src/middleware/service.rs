@@ -20,7 +20,7 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
 use crate::middleware::slot::{Release, SlotOwner};
 use crate::middleware::verdict::{Judge, RequestContext, Verdict};
-use crate::observe::MEASURE_LATENCY;
+use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::policy::{MissingKey, Policy};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
@@ -104,7 +104,11 @@ where
             if !lists.is_empty() {
                 match lists.check(source.address(&request), key.as_ref()) {
                     Access::Allow => return ResponseFuture::unlimited(self.inner.call(request)),
-                    Access::Deny => return ResponseFuture::refused(shared.judge.forbidden()),
+                    Access::Deny => {
+                        let request = RequestRef::of(&request);
+                        let refusal = shared.judge.forbidden(policy, key.as_ref(), request);
+                        return ResponseFuture::refused(refusal);
+                    }
                     Access::Limit => {}
                 }
             }
@@ -143,11 +147,12 @@ where
         let rules = &shared.policies[policy];
         match rules.missing_key() {
             // A dry run never rejects, not even for a missing key.
-            MissingKey::Reject(status) if !rules.is_dry_run() => ResponseFuture::refused(
-                shared
-                    .judge
-                    .missing_key(policy, rules.key().describe(), status),
-            ),
+            MissingKey::Reject(status) if !rules.is_dry_run() => {
+                let what = rules.key().describe();
+                let parts = RequestRef::of(&request);
+                let refusal = shared.judge.missing_key(policy, what, status, parts);
+                ResponseFuture::refused(refusal)
+            }
             _ => ResponseFuture::unlimited(self.inner.call(request)),
         }
     }

@@ -13,13 +13,16 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 
 use crate::decision::Decision;
+use crate::decisions::LimitDecision;
 use crate::error::BackendError;
 use crate::grpc;
-use crate::headers::{self, HeaderOptions, RateHeaders, Rejected};
+use crate::headers::{self, HeaderOptions, RateHeaders, Refusal, RefusalKind, Rejected};
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
 use crate::middleware::slot::SlotOwner;
-use crate::observe::{ErrorLog, Limited, Reporter, RequestRef, ShownKey};
+use crate::observe::{
+    ErrorLog, Limited, RedactionSecret, Redactor, Reporter, RequestRef, ShownKey,
+};
 use crate::offenders::Offenders;
 use crate::penalty::PenaltyBox;
 use crate::policy::{Policy, ThrottleDecision};
@@ -28,6 +31,7 @@ use crate::policy::{Policy, ThrottleDecision};
 use crate::backend::{Backend, MemoryBackend};
 
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
+pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
@@ -124,8 +128,12 @@ impl Admitted {
 pub(crate) struct Settings {
     pub(crate) headers: HeaderOptions,
     pub(crate) rejection: Option<Arc<RejectionFn>>,
+    /// Answers every refusal (429, 400, 403, 503) when set.
+    pub(crate) refusal: Option<Arc<RefusalFn>>,
     pub(crate) on_error: OnBackendError,
     pub(crate) redact_keys: bool,
+    /// The secret of redacted keys (a random one per layer when `redact_keys` has none).
+    pub(crate) redaction_secret: Option<crate::observe::RedactionSecret>,
     pub(crate) on_limited: Option<Arc<LimitedHook>>,
     pub(crate) offenders: Option<Offenders>,
     /// Refusals (400, 403, 503) as gRPC trailers-only responses.
@@ -142,8 +150,10 @@ impl Default for Settings {
                 legacy: false,
             },
             rejection: None,
+            refusal: None,
             on_error: OnBackendError::default(),
             redact_keys: false,
+            redaction_secret: None,
             on_limited: None,
             offenders: None,
             grpc: false,
@@ -162,6 +172,8 @@ pub(crate) struct Judge {
     #[cfg(feature = "memory")]
     local: Option<MemoryBackend>,
     errors: ErrorLog,
+    /// Keys in logs as pseudonyms, when the layer redacts them.
+    redactor: Option<Redactor>,
 }
 
 /// What the verdict needs of one policy.
@@ -254,6 +266,10 @@ impl Judge {
         Judge {
             #[cfg(feature = "memory")]
             local: (settings.on_error == OnBackendError::Local).then(MemoryBackend::new),
+            redactor: settings.redact_keys.then(|| {
+                let secret = settings.redaction_secret.clone();
+                secret.unwrap_or_else(RedactionSecret::random).hmac()
+            }),
             settings,
             policies: rules,
             errors: ErrorLog::default(),
@@ -309,17 +325,11 @@ impl Judge {
             OnBackendError::Allow => Verdict::Admit(Admitted::unlimited()),
             // A dry run never rejects, not even when the backend fails.
             _ if rules.dry_run => Verdict::Admit(Admitted::unlimited()),
-            OnBackendError::Deny => {
-                let mut response = self.problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the rate limiter is unavailable; retry shortly",
-                );
-                headers::set_retry_after(response.headers_mut(), 1);
-                if self.settings.grpc {
-                    grpc::set_pushback(response.headers_mut(), Duration::from_secs(1));
-                }
-                Verdict::Reject(response)
-            }
+            OnBackendError::Deny => Verdict::Reject(self.unavailable(
+                Some(&rules.name),
+                cx,
+                "the rate limiter is unavailable; retry shortly",
+            )),
             #[cfg(feature = "memory")]
             OnBackendError::Local => self.check_locally(cx),
         }
@@ -411,7 +421,7 @@ impl Judge {
         let wait = if rules.dry_run { Duration::ZERO } else { delay };
         if !wait.is_zero() {
             if !timers_available() {
-                return Verdict::Reject(self.cannot_delay(rules));
+                return Verdict::Reject(self.cannot_delay(rules, cx));
             }
             // The fields go out after the wait: by then the key is that much closer to full.
             for d in decisions.iter_mut() {
@@ -421,7 +431,7 @@ impl Judge {
         }
         let shown = ShownKey {
             key: cx.key,
-            redact: self.settings.redact_keys,
+            redact: self.redactor.as_ref(),
         };
         rules
             .reporter
@@ -438,7 +448,8 @@ impl Judge {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
             }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            return Verdict::Admit(admit(rules, tier, decision, fields, delay, slot));
+            let admitted = admit(rules, tier, decision, fields, delay, slot);
+            return Verdict::Admit(with_limits(admitted, tier, decisions));
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
@@ -465,14 +476,59 @@ impl Judge {
 
     /// A delayed request with no timer to wait on: a misconfigured server, not the client's fault.
     /// Admitting at once would let the queue through early.
-    fn cannot_delay(&self, rules: &PolicyRules) -> Response<Bytes> {
+    fn cannot_delay(&self, rules: &PolicyRules, cx: RequestContext<'_>) -> Response<Bytes> {
         crate::observe::no_timers(&rules.name);
-        let mut response = self.problem(
-            StatusCode::SERVICE_UNAVAILABLE,
+        self.unavailable(
+            Some(&rules.name),
+            cx,
             "the rate limiter cannot delay this request",
+        )
+    }
+
+    /// A `503` with `Retry-After: 1` (and gRPC pushback), or the custom refusal.
+    fn unavailable(
+        &self,
+        policy: Option<&str>,
+        cx: RequestContext<'_>,
+        detail: &str,
+    ) -> Response<Bytes> {
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        let default = || {
+            let mut response = self.problem(status, detail);
+            if self.settings.grpc {
+                grpc::set_pushback(response.headers_mut(), Duration::from_secs(1));
+            }
+            response
+        };
+        let mut response = self.refuse(
+            Refusal {
+                kind: RefusalKind::Unavailable,
+                status,
+                policy,
+                key: Some(cx.key),
+                decision: None,
+                retry_after: Some(Duration::from_secs(1)),
+                detail,
+                request: cx.request,
+                default: &default,
+            },
+            &default,
         );
         headers::set_retry_after(response.headers_mut(), 1);
         response
+    }
+
+    /// The custom refusal function's answer to `refusal`, or the layer's own (`default`): with no
+    /// function set, this is one `Option` check.
+    fn refuse(
+        &self,
+        refusal: Refusal<'_>,
+        default: &dyn Fn() -> Response<Bytes>,
+    ) -> Response<Bytes> {
+        match &self.settings.refusal {
+            Some(custom) => custom(&refusal),
+            None => default(),
+        }
     }
 
     /// The 429 (or the custom rejection), after the offender count and the `on_limited` hook.
@@ -497,13 +553,33 @@ impl Judge {
                 extensions: cx.request.extensions,
             });
         }
-        let mut response = match &self.settings.rejection {
+        let default = || match &self.settings.rejection {
             Some(custom) => custom(&Rejected {
                 policy: &rules.name,
                 decision,
             }),
             None => {
                 headers::problem_response(StatusCode::TOO_MANY_REQUESTS, rules.limited_body.clone())
+            }
+        };
+        let mut response = match &self.settings.refusal {
+            None => default(),
+            Some(_) => {
+                let detail = format!("rate limit of policy '{}' exceeded", rules.name);
+                self.refuse(
+                    Refusal {
+                        kind: RefusalKind::Limited,
+                        status: StatusCode::TOO_MANY_REQUESTS,
+                        policy: Some(&rules.name),
+                        key: Some(cx.key),
+                        decision: Some(decision),
+                        retry_after: decision.retry_after,
+                        detail: &detail,
+                        request: cx.request,
+                        default: &default,
+                    },
+                    &default,
+                )
             }
         };
         headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
@@ -519,12 +595,30 @@ impl Judge {
         }
     }
 
-    /// The answer to a client or key on a deny list.
-    pub(crate) fn forbidden(&self) -> Response<Bytes> {
+    /// The answer to a client or key on a deny list (`policy`: the one that matched, if any).
+    pub(crate) fn forbidden(
+        &self,
+        policy: Option<usize>,
+        key: Option<&Key>,
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
         crate::observe::forbidden();
-        self.problem(
-            StatusCode::FORBIDDEN,
-            "this client or key is on a deny list",
+        let status = StatusCode::FORBIDDEN;
+        let detail = "this client or key is on a deny list";
+        let default = || self.problem(status, detail);
+        self.refuse(
+            Refusal {
+                kind: RefusalKind::Denied,
+                status,
+                policy: policy.map(|i| &*self.policies[i].name),
+                key,
+                decision: None,
+                retry_after: None,
+                detail,
+                request,
+                default: &default,
+            },
+            &default,
         )
     }
 
@@ -534,15 +628,28 @@ impl Judge {
         policy: usize,
         what: String,
         status: StatusCode,
+        request: RequestRef<'_>,
     ) -> Response<Bytes> {
         let rules = &self.policies[policy];
         rules.reporter.missing_key(&rules.name, &what);
-        self.problem(
-            status,
-            &format!(
-                "no rate-limit key for policy '{}': expected {what}",
-                rules.name
-            ),
+        let detail = format!(
+            "no rate-limit key for policy '{}': expected {what}",
+            rules.name
+        );
+        let default = || self.problem(status, &detail);
+        self.refuse(
+            Refusal {
+                kind: RefusalKind::MissingKey,
+                status,
+                policy: Some(&rules.name),
+                key: None,
+                decision: None,
+                retry_after: None,
+                detail: &detail,
+                request,
+                default: &default,
+            },
+            &default,
         )
     }
 }
@@ -565,6 +672,22 @@ fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Duration {
     delay
 }
 
+/// Adds each limit's decision to an admitted request's [`ThrottleDecision`], if it has one.
+fn with_limits(mut admitted: Admitted, tier: &TierRules, decisions: &[Decision]) -> Admitted {
+    if let Some(exposed) = admitted.decision.as_deref_mut() {
+        exposed.limits = tier
+            .names
+            .iter()
+            .zip(decisions)
+            .map(|(name, decision)| LimitDecision {
+                name: name.clone(),
+                decision: *decision,
+            })
+            .collect();
+    }
+    admitted
+}
+
 /// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
 fn admit(
     rules: &PolicyRules,
@@ -580,6 +703,7 @@ fn admit(
         decision,
         enforced: !rules.dry_run,
         delayed: delay,
+        limits: Box::new([]),
     });
     Admitted {
         headers: Some(fields),
@@ -730,10 +854,16 @@ mod tests {
     #[test]
     fn a_missing_key_names_the_policy_and_a_deny_list_answers_403() {
         let judge = judge(policy().build().unwrap(), Settings::default());
-        let response = judge.missing_key(0, "header x-api-key".into(), StatusCode::BAD_REQUEST);
+        let request = Request::get("/").body(()).unwrap();
+        let parts = RequestRef::of(&request);
+        let response =
+            judge.missing_key(0, "header x-api-key".into(), StatusCode::BAD_REQUEST, parts);
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         let body = String::from_utf8(response.into_body().to_vec()).unwrap();
         assert!(body.contains("policy 'api'"), "{body}");
-        assert_eq!(judge.forbidden().status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            judge.forbidden(None, None, parts).status(),
+            StatusCode::FORBIDDEN
+        );
     }
 }

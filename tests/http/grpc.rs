@@ -140,7 +140,7 @@ async fn calls_without_a_key_fail_with_invalid_argument_or_unauthenticated() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert_eq!(
         status.message(),
-        "no rate-limit key for policy 'greeter': expected header x-api-key"
+        "no rate-limit key for policy 'greeter': expected header x-api-key (once)"
     );
 
     let policy = Policy::builder("greeter")

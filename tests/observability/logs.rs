@@ -68,7 +68,7 @@ async fn rejections_are_logged_at_info_with_the_key_or_its_pseudonym() {
         .lines()
         .find(|l| l.contains("request limited"))
         .unwrap();
-    assert!(line.contains("key=sha256:"), "{line}");
+    assert!(line.contains("key=hmac:"), "{line}");
 }
 
 /// A flood from one client writes a line a second, not a line a request: 200 rejections in well

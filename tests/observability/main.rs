@@ -7,3 +7,4 @@
 mod support;
 
 mod logs;
+mod redaction;

@@ -1,0 +1,110 @@
+//! [`ThrottleDecisions`]: every layer's decision for a request, side by side in its extensions.
+
+use std::sync::Arc;
+
+use http::Extensions;
+
+use crate::decision::Decision;
+use crate::policy::ThrottleDecision;
+
+/// One limit's decision within a [`ThrottleDecision`]: for stacked quotas, each quota's own (named
+/// like its limit, `api.1s`, `api.1d`); for a single quota, the one decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitDecision {
+    /// The limit's name (the policy's, `{policy}.{period}` in a stack, `{policy}.{tier}` in a tier).
+    pub name: Arc<str>,
+    /// What the limit decided.
+    pub decision: Decision,
+}
+
+/// Every [`ThrottleDecision`] made for a request, one per layer that exposed its decision, in the
+/// order they decided (the outermost layer first): a request extension, read in axum with
+/// `Extension<ThrottleDecisions>`.
+///
+/// Each layer appends to it, so a per-IP layer and a per-user layer stacked on one route both
+/// show. The single [`ThrottleDecision`] extension is still inserted as before; with several layers
+/// it holds the last (innermost) layer's decision, the one that overwrote the others.
+///
+/// ```
+/// use axum::{body::Body, routing::get, Extension, Router};
+/// use http::Request;
+/// use tower::ServiceExt;
+/// use tower_throttle::key::{Global, Header};
+/// use tower_throttle::{Policy, Quota, ThrottleDecisions, ThrottleLayer};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let per_user = ThrottleLayer::builder()
+///     .policy(Policy::builder("user").quota(Quota::per_minute(10)).key(Header::new("x-user")).build().unwrap())
+///     .decision_extension(true)
+///     .build()
+///     .unwrap();
+/// let site = ThrottleLayer::builder()
+///     .policy(Policy::builder("site").quotas([Quota::per_second(100), Quota::per_day(100_000)]).key(Global).build().unwrap())
+///     .decision_extension(true)
+///     .build()
+///     .unwrap();
+/// let app = Router::new()
+///     .route("/", get(|Extension(all): Extension<ThrottleDecisions>| async move {
+///         all.iter()
+///             .flat_map(|d| d.limits.iter().map(|l| format!("{}={}", l.name, l.decision.remaining)))
+///             .collect::<Vec<_>>()
+///             .join(" ")
+///     }))
+///     .layer(per_user)
+///     .layer(site); // the outer layer decides first
+/// let request = Request::get("/").header("x-user", "7").body(Body::empty()).unwrap();
+/// let body = app.oneshot(request).await.unwrap().into_body();
+/// let text = axum::body::to_bytes(body, 1024).await.unwrap();
+/// assert_eq!(text, "site.1s=99 site.1d=99999 user=9");
+/// # });
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ThrottleDecisions {
+    decisions: Vec<ThrottleDecision>,
+}
+
+impl ThrottleDecisions {
+    /// The decisions, the outermost layer's first.
+    pub fn iter(&self) -> std::slice::Iter<'_, ThrottleDecision> {
+        self.decisions.iter()
+    }
+
+    /// The decision of the policy called `policy` (the first, if two layers share a policy name).
+    pub fn get(&self, policy: &str) -> Option<&ThrottleDecision> {
+        self.decisions.iter().find(|d| &*d.policy == policy)
+    }
+
+    /// How many decisions there are.
+    pub fn len(&self) -> usize {
+        self.decisions.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.decisions.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a ThrottleDecisions {
+    type Item = &'a ThrottleDecision;
+    type IntoIter = std::slice::Iter<'a, ThrottleDecision>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.decisions.iter()
+    }
+}
+
+/// Adds a layer's decision to a request: appended to its [`ThrottleDecisions`], and the single
+/// [`ThrottleDecision`] extension set to it.
+pub(crate) fn record(extensions: &mut Extensions, decision: ThrottleDecision) {
+    match extensions.get_mut::<ThrottleDecisions>() {
+        Some(all) => all.decisions.push(decision.clone()),
+        None => {
+            extensions.insert(ThrottleDecisions {
+                decisions: vec![decision.clone()],
+            });
+        }
+    }
+    extensions.insert(decision);
+}

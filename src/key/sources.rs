@@ -1,0 +1,506 @@
+//! Keys from the rest of the request: a query parameter, a cookie, a path parameter of the route,
+//! several sources combined ([`Composite`]), and what to do with a value sent twice ([`OnDuplicate`]).
+//!
+//! Values are bounded like every key (longer than [`MAX_KEY_LEN`](super::MAX_KEY_LEN): hashed), and
+//! decoded as the application decodes them (query and path parameters are percent-decoded, as
+//! axum's `Query` and `Path` do), so that `acme` and `ac%6De` are one key and not a way around the
+//! limit.
+
+use std::fmt;
+
+use http::header::COOKIE;
+use http::Request;
+
+use super::{Key, KeyExtractor, KeySpec};
+use crate::route::Route;
+
+/// What a key source does when the request carries its value more than once (a header line twice,
+/// `?key=a&key=b`, two cookies of the name).
+///
+/// A value sent twice is ambiguous: a client can put its own `x-user-id` before the one a gateway
+/// appends, and be counted as someone else. The default, [`Refuse`](Self::Refuse), treats such a
+/// request as having no key (the policy's [`MissingKey`](crate::MissingKey) answer, `400` by
+/// default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnDuplicate {
+    /// No key (the default).
+    #[default]
+    Refuse,
+    /// The first value counts.
+    First,
+    /// The last value counts (the one a proxy that appends wrote).
+    Last,
+}
+
+impl OnDuplicate {
+    /// `"refuse"`, `"first"` or `"last"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDuplicate::Refuse => "refuse",
+            OnDuplicate::First => "first",
+            OnDuplicate::Last => "last",
+        }
+    }
+
+    /// What a key source's description adds: `" (once)"` when a second value means no key.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            OnDuplicate::Refuse => " (once)",
+            OnDuplicate::First | OnDuplicate::Last => "",
+        }
+    }
+
+    /// The one value of `values` that counts, or `None`.
+    pub(crate) fn pick<T>(self, mut values: impl Iterator<Item = T>) -> Option<T> {
+        match self {
+            OnDuplicate::Refuse => {
+                let first = values.next()?;
+                values.next().is_none().then_some(first)
+            }
+            OnDuplicate::First => values.next(),
+            OnDuplicate::Last => values.last(),
+        }
+    }
+}
+
+impl std::str::FromStr for OnDuplicate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "refuse" => Ok(OnDuplicate::Refuse),
+            "first" => Ok(OnDuplicate::First),
+            "last" => Ok(OnDuplicate::Last),
+            _ => Err(format!(
+                "on_duplicate {s:?} is not \"refuse\", \"first\" or \"last\""
+            )),
+        }
+    }
+}
+
+/// Percent-decodes `bytes` (`%41` is `A`; a `%` not followed by two hex digits stays as it is), and
+/// with `plus_is_space` also `+` as a space (form encoding, for query strings).
+fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(hi), Some(lo)) => {
+                    out.push(hi << 4 | lo);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' if plus_is_space => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A key from non-empty decoded bytes.
+fn key_of(bytes: Vec<u8>) -> Option<Key> {
+    (!bytes.is_empty()).then(|| Key::from(bytes))
+}
+
+/// A query parameter's value (`?api_key=...`), percent-decoded (`+` as a space). Missing or empty:
+/// no key; sent twice: as [`OnDuplicate`] says (no key, by default).
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Key, KeyExtractor, OnDuplicate, QueryParam};
+///
+/// let by_key = QueryParam::new("api_key");
+/// let req = |uri: &str| Request::get(uri).body(()).unwrap();
+/// assert_eq!(by_key.extract(&req("/v1?api_key=k%2D1&page=2")), Some(Key::from("k-1")));
+/// assert_eq!(by_key.extract(&req("/v1?page=2")), None);
+/// assert_eq!(by_key.extract(&req("/v1?api_key=a&api_key=b")), None); // ambiguous
+/// let last = QueryParam::new("api_key").on_duplicate(OnDuplicate::Last);
+/// assert_eq!(last.extract(&req("/v1?api_key=a&api_key=b")), Some(Key::from("b")));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryParam {
+    name: Box<str>,
+    on_duplicate: OnDuplicate,
+}
+
+impl QueryParam {
+    /// The parameter called `name` (compared after decoding, case-sensitively).
+    pub fn new(name: impl Into<String>) -> Self {
+        QueryParam {
+            name: name.into().into_boxed_str(),
+            on_duplicate: OnDuplicate::default(),
+        }
+    }
+
+    /// What a parameter given twice means (default [`OnDuplicate::Refuse`]).
+    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+        self.on_duplicate = on_duplicate;
+        self
+    }
+
+    /// The parameter's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn value(&self, query: &str) -> Option<Key> {
+        let name = self.name.as_bytes();
+        let values = query.split('&').filter_map(|pair| {
+            let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+            // Most names need no decoding; compare the decoded name only when it has escapes.
+            let matches = if n.bytes().any(|b| b == b'%' || b == b'+') {
+                percent_decode(n.as_bytes(), true) == name
+            } else {
+                n.as_bytes() == name
+            };
+            matches.then_some(v)
+        });
+        key_of(percent_decode(
+            self.on_duplicate.pick(values)?.as_bytes(),
+            true,
+        ))
+    }
+}
+
+impl<B> KeyExtractor<B> for QueryParam {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        self.value(request.uri().query()?)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "query parameter {}{}",
+            self.name,
+            self.on_duplicate.describe()
+        )
+    }
+}
+
+/// A cookie's value (`Cookie: session=...`), as sent (cookie values are not percent-decoded). Missing
+/// or empty: no key; two cookies of the name: as [`OnDuplicate`] says (no key, by default).
+///
+/// A cookie is whatever the client sends: key on one your application issued and checks (a session
+/// id; hash it with a closure and [`Key::hashed`] if it is a secret), behind a per-IP policy.
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Cookie, Key, KeyExtractor};
+///
+/// let by_session = Cookie::new("session");
+/// let req = |cookie: &str| Request::get("/").header("cookie", cookie).body(()).unwrap();
+/// assert_eq!(by_session.extract(&req("theme=dark; session=s-42")), Some(Key::from("s-42")));
+/// assert_eq!(by_session.extract(&req("theme=dark")), None);
+/// assert_eq!(by_session.extract(&req("session=a; session=b")), None); // ambiguous
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cookie {
+    name: Box<str>,
+    on_duplicate: OnDuplicate,
+}
+
+impl Cookie {
+    /// The cookie called `name` (case-sensitively, as browsers send it).
+    pub fn new(name: impl Into<String>) -> Self {
+        Cookie {
+            name: name.into().into_boxed_str(),
+            on_duplicate: OnDuplicate::default(),
+        }
+    }
+
+    /// What two cookies of the name mean (default [`OnDuplicate::Refuse`]).
+    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+        self.on_duplicate = on_duplicate;
+        self
+    }
+
+    /// The cookie's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl<B> KeyExtractor<B> for Cookie {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        let name = self.name.as_bytes();
+        // HTTP/2 may split cookies over several header lines; together they are one list.
+        let values = request
+            .headers()
+            .get_all(COOKIE)
+            .iter()
+            .flat_map(|line| line.as_bytes().split(|b| *b == b';'))
+            .filter_map(|pair| {
+                let pair = pair.trim_ascii();
+                let eq = pair.iter().position(|b| *b == b'=')?;
+                (pair[..eq].trim_ascii() == name).then(|| pair[eq + 1..].trim_ascii())
+            });
+        let value = self.on_duplicate.pick(values)?;
+        // A quoted value (RFC 6265 allows DQUOTE *cookie-octet DQUOTE) is its content.
+        let value = match value {
+            [b'"', inner @ .., b'"'] => inner,
+            v => v,
+        };
+        key_of(value.to_vec())
+    }
+
+    fn describe(&self) -> String {
+        format!("cookie {}{}", self.name, self.on_duplicate.describe())
+    }
+}
+
+/// A parameter of the policy's route (`org` in `/orgs/{org}/repos`), percent-decoded as axum's
+/// `Path` decodes it: a limit per organization, per tenant, per repository.
+///
+/// The request path is matched against the route pattern (axum's own matcher), so the key is what
+/// the handler sees; a path outside the route has no key. Under axum's `Router::nest`, a layer inside
+/// the nested router sees the path without its prefix, as the route does.
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Key, KeyExtractor, PathParam};
+///
+/// let by_org = PathParam::new("/orgs/{org}/repos", "org").unwrap();
+/// let req = |path: &str| Request::get(path).body(()).unwrap();
+/// assert_eq!(by_org.extract(&req("/orgs/acme/repos")), Some(Key::from("acme")));
+/// assert_eq!(by_org.extract(&req("/orgs/ac%6De/repos")), Some(Key::from("acme")));
+/// assert_eq!(by_org.extract(&req("/users/7")), None);
+/// assert!(PathParam::new("/orgs/{org}/repos", "team").is_err());
+/// ```
+#[derive(Clone, Debug)]
+pub struct PathParam {
+    name: Box<str>,
+    /// `None` until [`KeySpec::for_route`] binds a `path:` key of the configuration to its route.
+    route: Option<Route>,
+}
+
+impl PathParam {
+    /// The parameter `name` of the route `pattern` (axum 0.8 syntax); an error if the pattern is not
+    /// a route or has no such parameter.
+    pub fn new(pattern: &str, name: &str) -> Result<Self, String> {
+        PathParam::unbound(name).bind(pattern)
+    }
+
+    /// A parameter whose route is not known yet (`path:org` in a configuration).
+    pub(crate) fn unbound(name: &str) -> Self {
+        PathParam {
+            name: name.into(),
+            route: None,
+        }
+    }
+
+    /// Binds the parameter to its route.
+    pub(crate) fn bind(mut self, pattern: &str) -> Result<Self, String> {
+        let route = Route::parse(pattern)?;
+        if !route.has_param(&self.name) {
+            return Err(format!(
+                "key path:{0}: route {pattern:?} has no parameter {{{0}}}",
+                self.name
+            ));
+        }
+        self.route = Some(route);
+        Ok(self)
+    }
+
+    /// The parameter's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The route pattern, once bound.
+    pub fn route(&self) -> Option<&str> {
+        self.route.as_ref().map(Route::pattern)
+    }
+}
+
+impl PartialEq for PathParam {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.route() == other.route()
+    }
+}
+
+impl Eq for PathParam {}
+
+impl<B> KeyExtractor<B> for PathParam {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        let raw = self.route.as_ref()?.param(request, &self.name)?;
+        key_of(percent_decode(raw.as_bytes(), false))
+    }
+
+    fn describe(&self) -> String {
+        match self.route() {
+            Some(route) => format!("path parameter {{{}}} of {route}", self.name),
+            None => format!(
+                "path parameter {{{}}} (no route: give the policy a path with it)",
+                self.name
+            ),
+        }
+    }
+}
+
+/// Several key sources together, such as an API key and an organization: a request has a key when
+/// every part has one, and two requests share a key only when every part is equal (the parts are
+/// joined with their lengths, so `("ab", "c")` and `("a", "bc")` differ). The result is bounded like
+/// any key.
+///
+/// ```
+/// use http::Request;
+/// use tower_throttle::key::{Composite, Header, Key, KeyExtractor, KeySpec, PathParam};
+///
+/// let per_key_and_org = Composite::new([
+///     KeySpec::from(Header::new("x-api-key")),
+///     KeySpec::from(PathParam::new("/orgs/{org}/repos", "org").unwrap()),
+/// ])
+/// .unwrap();
+/// let req = |key: &str, path: &str| Request::get(path).header("x-api-key", key).body(()).unwrap();
+/// let a = per_key_and_org.extract(&req("k1", "/orgs/acme/repos")).unwrap();
+/// assert_eq!(per_key_and_org.extract(&req("k1", "/orgs/acme/repos")), Some(a.clone()));
+/// assert_ne!(per_key_and_org.extract(&req("k1", "/orgs/other/repos")), Some(a));
+/// assert_eq!(per_key_and_org.extract(&Request::get("/orgs/acme/repos").body(()).unwrap()), None);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Composite {
+    parts: Box<[KeySpec]>,
+}
+
+/// The most parts a [`Composite`] key may have.
+pub const MAX_KEY_PARTS: usize = 8;
+
+impl Composite {
+    /// The parts, in order: at least two, at most [`MAX_KEY_PARTS`], none of them composite.
+    pub fn new(parts: impl IntoIterator<Item = KeySpec>) -> Result<Self, String> {
+        let parts: Box<[KeySpec]> = parts.into_iter().collect();
+        if parts.len() < 2 {
+            return Err("a composite key needs at least two parts".into());
+        }
+        if parts.len() > MAX_KEY_PARTS {
+            return Err(format!(
+                "a composite key has at most {MAX_KEY_PARTS} parts, not {}",
+                parts.len()
+            ));
+        }
+        if parts.iter().any(|p| matches!(p, KeySpec::Composite(_))) {
+            return Err("a composite key's parts are not composite themselves".into());
+        }
+        Ok(Composite { parts })
+    }
+
+    /// The parts.
+    pub fn parts(&self) -> &[KeySpec] {
+        &self.parts
+    }
+
+    pub(crate) fn parts_mut(&mut self) -> &mut [KeySpec] {
+        &mut self.parts
+    }
+}
+
+impl<B> KeyExtractor<B> for Composite {
+    fn extract(&self, request: &Request<B>) -> Option<Key> {
+        use fmt::Write as _;
+        let mut joined = String::new();
+        let mut part = String::new();
+        for spec in self.parts.iter() {
+            part.clear();
+            KeyExtractor::<B>::extract(spec, request)?.render(&mut part);
+            // Length-prefixed: no part's text can run into the next one's.
+            let _ = write!(joined, "{}:{part};", part.len());
+        }
+        Some(Key::from(joined))
+    }
+
+    fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|p| KeyExtractor::<B>::describe(p))
+            .collect();
+        format!("all of: {}", parts.join("; "))
+    }
+}
+
+impl fmt::Display for Composite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, part) in self.parts.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{:?}", part.to_string())?;
+        }
+        f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding_is_total() {
+        assert_eq!(percent_decode(b"a%41%zz%4", false), b"aA%zz%4");
+        assert_eq!(percent_decode(b"a+b%2B", true), b"a b+");
+        assert_eq!(percent_decode(b"a+b", false), b"a+b");
+        assert_eq!(percent_decode(b"%", false), b"%");
+        assert_eq!(percent_decode(b"%ff%00", false), b"\xff\x00");
+    }
+
+    #[test]
+    fn duplicates_follow_the_rule() {
+        let v = || ["a", "b"].into_iter();
+        assert_eq!(OnDuplicate::Refuse.pick(v()), None);
+        assert_eq!(OnDuplicate::First.pick(v()), Some("a"));
+        assert_eq!(OnDuplicate::Last.pick(v()), Some("b"));
+        assert_eq!(OnDuplicate::Refuse.pick(["a"].into_iter()), Some("a"));
+        assert_eq!(OnDuplicate::Refuse.pick(std::iter::empty::<&str>()), None);
+    }
+
+    #[test]
+    fn hostile_values_never_panic_and_stay_bounded() {
+        let q = QueryParam::new("k");
+        let huge = format!("/?k={}", "%41".repeat(20_000));
+        let key = KeyExtractor::<()>::extract(&q, &Request::get(&huge).body(()).unwrap()).unwrap();
+        assert!(key.to_string().len() < 80);
+        for uri in ["/?k", "/?k=", "/?=&&=", "/?k=%", "/?k=%e2%82", "/?%6B=v"] {
+            let _ = KeyExtractor::<()>::extract(&q, &Request::get(uri).body(()).unwrap());
+        }
+        assert_eq!(
+            KeyExtractor::<()>::extract(&q, &Request::get("/?%6B=v").body(()).unwrap()),
+            Some(Key::from("v"))
+        );
+        let c = Cookie::new("s");
+        for cookie in [
+            &b"s"[..],
+            b"=",
+            b";;;",
+            b"s=\"",
+            b"s=\"\"",
+            b"\xff=\xff; s=\xfe",
+        ] {
+            let req = Request::get("/")
+                .header("cookie", http::HeaderValue::from_bytes(cookie).unwrap())
+                .body(())
+                .unwrap();
+            let _ = KeyExtractor::<()>::extract(&c, &req);
+        }
+    }
+
+    #[test]
+    fn composite_parts_cannot_run_into_each_other() {
+        let c = Composite::new([
+            KeySpec::from(QueryParam::new("a")),
+            KeySpec::from(QueryParam::new("b")),
+        ])
+        .unwrap();
+        let key = |uri: &str| KeyExtractor::<()>::extract(&c, &Request::get(uri).body(()).unwrap());
+        assert_ne!(key("/?a=ab&b=c"), key("/?a=a&b=bc"));
+        assert_ne!(key("/?a=a%3B1:&b=c"), key("/?a=a&b=1:c"));
+        assert_eq!(key("/?a=1"), None);
+        assert!(Composite::new([KeySpec::Global]).is_err());
+        assert!(Composite::new(vec![KeySpec::Global; MAX_KEY_PARTS + 1]).is_err());
+    }
+}
