@@ -351,3 +351,88 @@ async fn handlers_see_every_layers_decision_and_every_limits() {
         "site=98[site.1s:98,site.1d:998] user=8[user:8] single=user user=true"
     );
 }
+
+/// The same on a live Redis (Lua path): the hook answers its 429 with the decision Redis made, and
+/// a handler sees every quota of a stack decided there, keyed by a composite of query and path.
+#[tokio::test]
+async fn on_redis_the_hook_and_the_per_limit_decisions_work_alike() {
+    use tower_throttle::key::{Composite, KeySpec, PathParam, QueryParam};
+
+    let server = redis_support::RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(tower_throttle::RedisMode::Lua)
+        .connect()
+        .await
+        .unwrap();
+    let key = Composite::new([
+        KeySpec::from(QueryParam::new("api_key")),
+        KeySpec::from(PathParam::new("/orgs/{org}", "org").unwrap()),
+    ])
+    .unwrap();
+    let log = Log::default();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(
+            Policy::builder("org")
+                .quotas([Quota::per_minute(2), Quota::per_day(100)])
+                .key(KeySpec::from(key))
+                .build()
+                .unwrap(),
+        )
+        .decision_extension(true)
+        .refusal_response(negotiating_hook(log.clone()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/orgs/{org}",
+            get(|Extension(all): Extension<ThrottleDecisions>| async move {
+                let d = all.get("org").expect("this layer's decision");
+                let limits: Vec<String> = d
+                    .limits
+                    .iter()
+                    .map(|l| format!("{}:{}", l.name, l.decision.remaining))
+                    .collect();
+                limits.join(",")
+            }),
+        )
+        .layer(layer);
+    let call = |uri: &str| {
+        Request::get(uri)
+            .header(ACCEPT, "text/html")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app
+        .clone()
+        .oneshot(call("/orgs/acme?api_key=k"))
+        .await
+        .unwrap();
+    assert_eq!(body_string(first).await, "org.1m:1,org.1d:99");
+    let second = app
+        .clone()
+        .oneshot(call("/orgs/ac%6De?api_key=k"))
+        .await
+        .unwrap();
+    assert_eq!(body_string(second).await, "org.1m:0,org.1d:98");
+    let limited = app
+        .clone()
+        .oneshot(call("/orgs/acme?api_key=k"))
+        .await
+        .unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&limited, "content-type"), Some("text/html"));
+    let retry: u64 = header(&limited, "retry-after").unwrap().parse().unwrap();
+    assert!((29..=30).contains(&retry), "{retry}");
+    let other = app
+        .clone()
+        .oneshot(call("/orgs/other?api_key=k"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].kind, RefusalKind::Limited);
+    assert_eq!(seen[0].policy.as_deref(), Some("org"));
+}
