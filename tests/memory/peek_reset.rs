@@ -48,14 +48,20 @@ async fn peek_then_reset<B: Backend>(backend: &B, limits: &[Limit], key: &Key) {
         peek(backend, limits, key).await;
     }
     for i in 0..quota {
-        assert!(admitted(backend, limits, key).await, "request {i} of {quota}");
+        assert!(
+            admitted(backend, limits, key).await,
+            "request {i} of {quota}"
+        );
         let states = peek(backend, limits, key).await;
         let remaining = states.iter().map(|s| s.remaining).min().unwrap();
         assert_eq!(remaining, quota - i - 1, "after request {i}");
     }
     assert!(!admitted(backend, limits, key).await, "over the quota");
     let states = peek(backend, limits, key).await;
-    let tight = states.iter().find(|s| s.remaining == 0).expect("a limit is spent");
+    let tight = states
+        .iter()
+        .find(|s| s.remaining == 0)
+        .expect("a limit is spent");
     assert!(tight.retry_after.is_some(), "{tight:?}");
     assert!(tight.is_limited());
     // Peeking at a limited key does not change it either.
@@ -63,11 +69,19 @@ async fn peek_then_reset<B: Backend>(backend: &B, limits: &[Limit], key: &Key) {
 
     backend.reset(limits, key).await.unwrap();
     for (limit, state) in limits.iter().zip(peek(backend, limits, key).await) {
-        assert_eq!(state.remaining, limit.max_cost(), "{} after reset", limit.name());
+        assert_eq!(
+            state.remaining,
+            limit.max_cost(),
+            "{} after reset",
+            limit.name()
+        );
         assert_eq!(state.retry_after, None);
     }
     for i in 0..quota {
-        assert!(admitted(backend, limits, key).await, "request {i} after reset");
+        assert!(
+            admitted(backend, limits, key).await,
+            "request {i} after reset"
+        );
     }
     assert!(!admitted(backend, limits, key).await);
 }
@@ -129,7 +143,10 @@ async fn a_peek_writes_nothing_and_a_reset_touches_only_its_key() {
 #[tokio::test]
 async fn a_peek_reports_when_the_next_request_passes() {
     let clock = ManualClock::new();
-    let backend = MemoryBackend::builder().clock(clock.clone()).build().unwrap();
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let limit = [Limit::new("api", Quota::per_second(2)).unwrap()];
     let key = Key::from("k");
     assert!(admitted(&backend, &limit, &key).await);
