@@ -75,7 +75,10 @@ async fn peek_then_reset<B: Backend>(backend: &B, limits: &[Limit], key: &Key) {
     let again = peek(backend, limits, key).await;
     let counts = |s: &[KeyState]| s.iter().map(|s| (s.limit, s.remaining)).collect::<Vec<_>>();
     assert_eq!(counts(&again), counts(&states));
-    assert!(again.iter().zip(&states).all(|(a, b)| a.reset_after <= b.reset_after));
+    assert!(again
+        .iter()
+        .zip(&states)
+        .all(|(a, b)| a.reset_after <= b.reset_after));
 
     backend.reset(limits, key).await.unwrap();
     for (limit, state) in limits.iter().zip(peek(backend, limits, key).await) {
