@@ -4,6 +4,7 @@
 
 use crate::support::redis as redis_support;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,14 +84,19 @@ async fn reload_under_load<B: Backend + Clone>(backend: B) {
     let handle = layer.handle();
     let app = app(layer);
     let barrier = Arc::new(tokio::sync::Barrier::new(101));
+    // Reloads from the moment the requests start until every one has answered.
+    let done = Arc::new(AtomicBool::new(false));
     let reloader = {
-        let (handle, barrier) = (handle.clone(), barrier.clone());
+        let (handle, barrier, done) = (handle.clone(), barrier.clone(), done.clone());
         tokio::spawn(async move {
             barrier.wait().await;
-            for i in 0..200 {
-                handle.reload(table(1 + i % 5)).unwrap();
+            let mut reloads = 0;
+            while reloads < 200 || !done.load(Ordering::Relaxed) {
+                handle.reload(table(1 + reloads % 5)).unwrap();
+                reloads += 1;
                 tokio::task::yield_now().await;
             }
+            reloads
         })
     };
     let requests: Vec<_> = (0..100)
@@ -121,7 +127,10 @@ async fn reload_under_load<B: Backend + Clone>(backend: B) {
             other => panic!("unexpected {other}"),
         }
     }
-    reloader.await.unwrap();
+    done.store(true, Ordering::Relaxed);
+    let reloads = reloader.await.unwrap();
+    // The last table set `other` to this many a minute.
+    let other = 1 + (reloads - 1) % 5;
     assert_eq!(
         (ok, limited),
         (50, 50),
@@ -133,9 +142,9 @@ async fn reload_under_load<B: Backend + Clone>(backend: B) {
         get_as(&app, "/api", "u").await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
-    // The changed policy runs with the last table's quota (1 + 199 % 5 = 5 a minute).
-    assert_eq!(handle.policies()[1].limit().quota().count(), 5);
-    for _ in 0..5 {
+    // The changed policy runs with the last table's quota.
+    assert_eq!(handle.policies()[1].limit().quota().count(), other);
+    for _ in 0..other {
         assert_eq!(get_as(&app, "/other", "u").await.status(), StatusCode::OK);
     }
     assert_eq!(
