@@ -50,7 +50,7 @@ fn table(n: u64) -> Vec<Policy<Header>> {
         policy("api", "/api", Quota::per_hour(1).with_max_burst(49)),
         policy("other", "/other", Quota::per_minute(n)),
     ];
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         policies.push(policy("extra", "/extra", Quota::per_second(n)));
     }
     policies
