@@ -306,11 +306,12 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     ///
     /// What carries over: backends keep state by limit name, so a policy whose name and quota are
     /// unchanged keeps every key's count exactly. A changed quota under the same name reads the
-    /// existing state under the new quota: a GCRA TAT further ahead than the new tolerance counts
-    /// as a full bucket (rebased, as `CL.THROTTLE` users know it), a window's count above the new
-    /// limit counts as full, a count below it leaves the difference. The layer's penalty boxes
-    /// (strikes and bans, when the backend does not keep them) carry over for policies whose name
-    /// and penalty are unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
+    /// existing state under the new quota: the GCRA's state is a time (the backlog of the key's
+    /// TAT), so one request at 2 an hour (half an hour of backlog) counts as two at 4 an hour, and a
+    /// backlog beyond the new tolerance counts as a full bucket (rebased); a window's count counts
+    /// as it is (one above the new limit as full). The layer's penalty boxes (strikes and bans,
+    /// when the backend does not keep them) carry over for policies whose name and penalty are
+    /// unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
     ///
     /// What a reload cannot change: the backend, the access lists (change them live through the
     /// [`AccessList`](crate::access::AccessList) you gave), and the layer's options (headers,
