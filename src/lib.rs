@@ -114,6 +114,7 @@ mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
+pub mod handle;
 pub mod headers;
 pub mod key;
 mod limit;
@@ -126,7 +127,7 @@ mod quota;
 mod route;
 pub mod window;
 
-pub use backend::{Backend, StackFuture};
+pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
@@ -134,6 +135,7 @@ pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
 pub use decision::Decision;
 pub use decisions::{LimitDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};
+pub use handle::{HandleError, ThrottleHandle};
 pub use key::Key;
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
 pub use middleware::body;

@@ -136,6 +136,17 @@ impl PenaltyBox {
         }
     }
 
+    /// The penalty this box applies.
+    pub(crate) fn penalty(&self) -> Penalty {
+        self.penalty
+    }
+
+    /// Forgets `key`'s strikes and ban.
+    pub(crate) fn forget(&self, key: &Key) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.map.remove(key);
+    }
+
     /// Counts a rejection of `key`; returns the ban it earned, if any.
     pub(crate) fn strike(&self, key: &Key) -> Option<Duration> {
         let now = Instant::now();

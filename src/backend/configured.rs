@@ -6,7 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::backend::{Backend, MemoryBackend, RedisBackend, RedisFuture, StackFuture};
+use crate::backend::{
+    Backend, MemoryBackend, PeekFuture, RedisBackend, RedisFuture, ResetFuture, StackFuture,
+};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
@@ -68,6 +70,20 @@ impl Backend for ConfiguredBackend {
         match self {
             ConfiguredBackend::Memory(memory) => memory.release(limit, key, quantity, lease),
             ConfiguredBackend::Redis(redis) => redis.release(limit, key, quantity, lease),
+        }
+    }
+
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.peek(limits, key),
+            ConfiguredBackend::Redis(redis) => redis.peek(limits, key),
+        }
+    }
+
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.reset(limits, key),
+            ConfiguredBackend::Redis(redis) => redis.reset(limits, key),
         }
     }
 }

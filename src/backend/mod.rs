@@ -27,6 +27,11 @@ mod configured;
 #[cfg(all(feature = "config", feature = "redis"))]
 pub use configured::{ConfiguredBackend, ConfiguredFuture};
 
+// Peek and reset: a key's state read without consuming, and forgotten.
+mod key_state;
+
+pub use key_state::{KeyState, PeekFuture, ResetFuture};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,6 +106,31 @@ pub trait Backend: Send + Sync + 'static {
     fn keeps_penalties(&self) -> bool {
         false
     }
+
+    // Peek and reset (the operator's view of one key): one block, after everything else.
+
+    /// Reads `key`'s state under `limits` (one limit, or a stack as [`check_all`](Backend::check_all)
+    /// takes it: a stack may keep its state apart from the same limits alone) without consuming
+    /// anything or writing anything: one [`KeyState`] per limit, in order. A backend that
+    /// [keeps penalties](Backend::keeps_penalties) reports the ban of the first limit's penalty.
+    /// The default fails.
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        let _ = (limits, key);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            "this backend cannot peek at a key's state",
+        ))))
+    }
+
+    /// Forgets `key`'s state under `limits` (one limit or a stack, as in [`peek`](Backend::peek)),
+    /// and the strikes and ban of the first limit's penalty if this backend keeps them: the key
+    /// starts again with its full quota. Requests of the key in flight under a concurrency limit
+    /// are forgotten too (their slots count no more). The default fails.
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        let _ = (limits, key);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            "this backend cannot reset a key",
+        ))))
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -128,5 +158,13 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
         (**self).release(limit, key, quantity, lease)
+    }
+
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        (**self).peek(limits, key)
+    }
+
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        (**self).reset(limits, key)
     }
 }

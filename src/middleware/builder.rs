@@ -5,6 +5,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::Response;
 
@@ -15,7 +16,7 @@ use crate::headers::{Refusal, Rejected};
 use crate::key::ClientIp;
 use crate::limit::Limit;
 use crate::middleware::layer::ThrottleLayer;
-use crate::middleware::service::Shared;
+use crate::middleware::service::{Shared, Table};
 use crate::middleware::verdict::{Judge, OnBackendError, Settings};
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
@@ -310,73 +311,22 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     where
         B: Backend,
     {
-        if self.policies.is_empty() {
-            return Err(BuildError::Invalid(
-                "a throttle layer needs at least one policy".into(),
-            ));
-        }
-        for policy in &self.policies {
-            for tier in policy.tiers() {
-                match &*tier.limits {
-                    [one] => self.backend.validate(one)?,
-                    // The backend checks each member of a stack as it will run it.
-                    all => self.backend.validate_all(all)?,
-                }
-            }
-        }
-        // Every limit, with the names of the stack it belongs to.
-        let limits: Vec<(&Limit, Vec<&str>)> = self
-            .policies
-            .iter()
-            .flat_map(|p| p.tiers())
-            .flat_map(|t| {
-                let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
-                t.limits.iter().map(move |l| (l, stack.clone()))
-            })
-            .collect();
-        // The first limit of each name, looked up by name: a table of many policies builds in
-        // linear time.
-        let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
-        for entry in &limits {
-            let (limit, stack) = entry;
-            // Limits that share a name share their keys' state, which only makes sense with the same
-            // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
-            // one, and a delayed policy's queue would be erased by one without the delay.
-            let (other, other_stack) = match first_named.entry(limit.name()) {
-                Entry::Vacant(vacant) => {
-                    vacant.insert(entry);
-                    continue;
-                }
-                Entry::Occupied(occupied) => *occupied.get(),
-            };
-            if !other.same_rules(limit) {
-                return Err(BuildError::Invalid(format!(
-                    "policy {:?} appears twice with different rules ({} and {}); policies that share \
-                     a name share their keys, so they need one quota, algorithm, delay, lease and \
-                     penalty",
-                    limit.name(),
-                    other.quota(),
-                    limit.quota()
-                )));
-            }
-            if stack != other_stack {
-                return Err(BuildError::Invalid(format!(
-                    "the limit name {:?} is used by two different stacks of quotas ({} and {}); \
-                     rename a policy or tier",
-                    limit.name(),
-                    other_stack.join(" + "),
-                    stack.join(" + ")
-                )));
-            }
-        }
-        check_reachable(&self.policies)?;
+        validate_table(&self.backend, &self.policies)?;
         let policies: Box<[Policy<K>]> = self.policies.into();
-        let judge = Judge::new(self.settings, &policies, self.backend.keeps_penalties());
+        let judge = Judge::new(
+            self.settings.clone(),
+            &policies,
+            self.backend.keeps_penalties(),
+        );
         Ok(ThrottleLayer::from_shared(Shared {
             backend: self.backend,
-            policies,
-            judge: Arc::new(judge),
+            table: Arc::new(ArcSwap::from_pointee(Table {
+                policies,
+                judge: Arc::new(judge),
+            })),
             access: self.access,
+            settings: self.settings,
+            reloading: Default::default(),
         }))
     }
 }
@@ -387,4 +337,72 @@ impl<K, B> fmt::Debug for ThrottleLayerBuilder<K, B> {
             .field("policies", &self.policies.len())
             .finish_non_exhaustive()
     }
+}
+
+/// The checks of a policy table, for [`ThrottleLayerBuilder::build`] and for a reload: what the
+/// backend can enforce, limits that share a name share their rules and stacks, and every policy can
+/// be reached.
+pub(crate) fn validate_table<K, B: Backend>(
+    backend: &B,
+    policies: &[Policy<K>],
+) -> Result<(), BuildError> {
+    if policies.is_empty() {
+        return Err(BuildError::Invalid(
+            "a throttle layer needs at least one policy".into(),
+        ));
+    }
+    for policy in policies {
+        for tier in policy.tiers() {
+            match &*tier.limits {
+                [one] => backend.validate(one)?,
+                // The backend checks each member of a stack as it will run it.
+                all => backend.validate_all(all)?,
+            }
+        }
+    }
+    // Every limit, with the names of the stack it belongs to.
+    let limits: Vec<(&Limit, Vec<&str>)> = policies
+        .iter()
+        .flat_map(|p| p.tiers())
+        .flat_map(|t| {
+            let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
+            t.limits.iter().map(move |l| (l, stack.clone()))
+        })
+        .collect();
+    // The first limit of each name, looked up by name: a table of many policies builds in
+    // linear time.
+    let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
+    for entry in &limits {
+        let (limit, stack) = entry;
+        // Limits that share a name share their keys' state, which only makes sense with the same
+        // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
+        // one, and a delayed policy's queue would be erased by one without the delay.
+        let (other, other_stack) = match first_named.entry(limit.name()) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(entry);
+                continue;
+            }
+            Entry::Occupied(occupied) => *occupied.get(),
+        };
+        if !other.same_rules(limit) {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} appears twice with different rules ({} and {}); policies that share \
+                     a name share their keys, so they need one quota, algorithm, delay, lease and \
+                     penalty",
+                limit.name(),
+                other.quota(),
+                limit.quota()
+            )));
+        }
+        if stack != other_stack {
+            return Err(BuildError::Invalid(format!(
+                "the limit name {:?} is used by two different stacks of quotas ({} and {}); \
+                     rename a policy or tier",
+                limit.name(),
+                other_stack.join(" + "),
+                stack.join(" + ")
+            )));
+        }
+    }
+    check_reachable(policies)
 }

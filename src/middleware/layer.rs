@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
+use crate::handle::{Policies, ThrottleHandle};
 use crate::middleware::service::{Shared, Throttle};
 use crate::offenders::Offenders;
-use crate::policy::Policy;
 
 /// A tower [`Layer`] that rate-limits requests with one or more [`Policy`]s.
 ///
@@ -51,12 +51,19 @@ impl<K, B> ThrottleLayer<K, B> {
 impl<K, B> ThrottleLayer<K, B> {
     /// The counter of distinct limited keys, if the layer has one.
     pub fn offenders(&self) -> Option<&Offenders> {
-        self.shared.judge.offenders()
+        self.shared.settings.offenders.as_ref()
     }
 
-    /// The policies, in the order they are tried.
-    pub fn policies(&self) -> &[Policy<K>] {
-        &self.shared.policies
+    /// The policies in force, in the order they are tried: a snapshot that derefs to
+    /// `[Policy<K>]` (a later [reload](ThrottleHandle::reload) does not change it).
+    pub fn policies(&self) -> Policies<K> {
+        Policies::of(self.shared.table.load_full())
+    }
+
+    /// A handle for the application to keep: peek at and reset keys, and reload the policies of
+    /// this layer (and of every service it made) while it runs. See [`ThrottleHandle`].
+    pub fn handle(&self) -> ThrottleHandle<K, B> {
+        ThrottleHandle::new(self.shared.clone())
     }
 
     /// The backend.
@@ -75,12 +82,8 @@ impl<K, B> Clone for ThrottleLayer<K, B> {
 
 impl<K, B> fmt::Debug for ThrottleLayer<K, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self
-            .shared
-            .policies
-            .iter()
-            .map(|p| p.limit().name())
-            .collect();
+        let table = self.shared.table.load();
+        let names: Vec<&str> = table.policies.iter().map(|p| p.limit().name()).collect();
         f.debug_struct("ThrottleLayer")
             .field("policies", &names)
             .finish_non_exhaustive()

@@ -4,10 +4,11 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use arc_swap::{ArcSwap, Cache};
 use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
@@ -19,7 +20,7 @@ use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
 use crate::middleware::slot::{Release, SlotOwner};
-use crate::middleware::verdict::{Judge, RequestContext, Verdict};
+use crate::middleware::verdict::{Judge, RequestContext, Settings, Verdict};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::policy::{MissingKey, Policy};
 
@@ -29,21 +30,41 @@ use crate::policy::{MissingKey, Policy};
 pub struct Throttle<S, K, B> {
     inner: S,
     shared: Arc<Shared<K, B>>,
+    /// The policy table this service last used: loading it again costs one atomic load while no
+    /// reload has replaced it (a reload is seen by the next request of every service).
+    table: Cache<Arc<ArcSwap<Table<K>>>, Arc<Table<K>>>,
 }
 
-/// What every service of one layer shares: the backend, the policies, the verdict's rules and the
-/// access lists.
+/// What every service of one layer shares: the backend, the policy table, the access lists, and
+/// what a reload builds the next table with.
 pub(crate) struct Shared<K, B> {
     pub(crate) backend: B,
-    pub(crate) policies: Box<[Policy<K>]>,
-    /// Its own `Arc`: a response future waiting for a remote decision holds the judge, not the backend.
-    pub(crate) judge: Arc<Judge>,
+    /// The policies in force. A request loads the table once, in `call`, and uses that table (its
+    /// policies, judge and reporters) to its end; a reload swaps in a new one atomically, so no
+    /// request is decided by a half-applied table, and requests in flight keep the one they loaded.
+    pub(crate) table: Arc<ArcSwap<Table<K>>>,
     pub(crate) access: Option<(AccessList, AddressSource)>,
+    /// The layer's settings, for the judge of a reloaded table.
+    pub(crate) settings: Settings,
+    /// Reloads one at a time, so that each builds on the table it replaces.
+    pub(crate) reloading: Mutex<()>,
+}
+
+/// The policy table: the policies in the order they are tried, and the verdict's rules for them.
+pub(crate) struct Table<K> {
+    pub(crate) policies: Box<[Policy<K>]>,
+    /// Its own `Arc`: a response future waiting for a remote decision holds the judge, not the table.
+    pub(crate) judge: Arc<Judge>,
 }
 
 impl<S, K, B> Throttle<S, K, B> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<K, B>>) -> Self {
-        Throttle { inner, shared }
+        let table = Cache::new(shared.table.clone());
+        Throttle {
+            inner,
+            shared,
+            table,
+        }
     }
 
     /// The inner service.
@@ -67,6 +88,7 @@ impl<S: Clone, K, B> Clone for Throttle<S, K, B> {
         Throttle {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            table: self.table.clone(),
         }
     }
 }
@@ -95,18 +117,24 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let shared = &*self.shared;
+        let Throttle {
+            inner,
+            shared,
+            table,
+        } = self;
+        // One load of the policy table: this request is decided by it from start to end.
+        let table: &Arc<Table<K>> = table.load();
         // The first policy whose route and methods match decides.
-        let policy = shared.policies.iter().position(|p| p.applies_to(&request));
-        let key = policy.and_then(|i| shared.policies[i].key().extract(&request));
+        let policy = table.policies.iter().position(|p| p.applies_to(&request));
+        let key = policy.and_then(|i| table.policies[i].key().extract(&request));
         // Access lists come before limits (an allowed client has none), and may name keys.
         if let Some((lists, source)) = &shared.access {
             if !lists.is_empty() {
                 match lists.check(source.address(&request), key.as_ref()) {
-                    Access::Allow => return ResponseFuture::unlimited(self.inner.call(request)),
+                    Access::Allow => return ResponseFuture::unlimited(inner.call(request)),
                     Access::Deny => {
                         let request = RequestRef::of(&request);
-                        let refusal = shared.judge.forbidden(policy, key.as_ref(), request);
+                        let refusal = table.judge.forbidden(policy, key.as_ref(), request);
                         return ResponseFuture::refused(refusal);
                     }
                     Access::Limit => {}
@@ -114,132 +142,133 @@ where
             }
         }
         let Some(policy) = policy else {
-            return ResponseFuture::unlimited(self.inner.call(request));
+            return ResponseFuture::unlimited(inner.call(request));
         };
         let Some(key) = key else {
-            return self.without_key(policy, request);
+            return without_key(inner, table, policy, request);
         };
-        let tier = shared.policies[policy].tier_of(&request);
+        let tier = table.policies[policy].tier_of(&request);
         let context = RequestContext::new(policy, tier, &key, &request);
-        if let Some(banned) = shared.judge.banned(context) {
+        if let Some(banned) = table.judge.banned(context) {
             return ResponseFuture::refused(banned);
         }
-        self.check(policy, tier, key, request)
+        check(inner, shared, table, policy, tier, key, request)
     }
 }
 
-impl<S, K, B> Throttle<S, K, B>
+/// A request the matching policy found no key in.
+fn without_key<S, K, ReqBody, F>(
+    inner: &mut S,
+    table: &Table<K>,
+    policy: usize,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, ReqBody, F>
 where
-    B: Backend,
-    K: Send + Sync + 'static,
+    S: Service<Request<ReqBody>>,
+    K: KeyExtractor<ReqBody>,
 {
-    /// A request the matching policy found no key in.
-    fn without_key<ReqBody>(
-        &mut self,
-        policy: usize,
-        request: Request<ReqBody>,
-    ) -> ResponseFuture<S, ReqBody, B::Future>
-    where
-        S: Service<Request<ReqBody>>,
-        K: KeyExtractor<ReqBody>,
-    {
-        let shared = &*self.shared;
-        let rules = &shared.policies[policy];
-        match rules.missing_key() {
-            // A dry run never rejects, not even for a missing key.
-            MissingKey::Reject(status) if !rules.is_dry_run() => {
-                let what = rules.key().describe();
-                let parts = RequestRef::of(&request);
-                let refusal = shared.judge.missing_key(policy, what, status, parts);
-                ResponseFuture::refused(refusal)
-            }
-            _ => ResponseFuture::unlimited(self.inner.call(request)),
+    let rules = &table.policies[policy];
+    match rules.missing_key() {
+        // A dry run never rejects, not even for a missing key.
+        MissingKey::Reject(status) if !rules.is_dry_run() => {
+            let what = rules.key().describe();
+            let parts = RequestRef::of(&request);
+            ResponseFuture::refused(table.judge.missing_key(policy, what, status, parts))
         }
-    }
-
-    /// Asks the backend, and carries out the verdict at once if the backend decided without waiting
-    /// (memory); otherwise the response future waits for it.
-    fn check<ReqBody>(
-        &mut self,
-        policy: usize,
-        tier: usize,
-        key: Key,
-        request: Request<ReqBody>,
-    ) -> ResponseFuture<S, ReqBody, B::Future>
-    where
-        S: Service<Request<ReqBody>> + Clone,
-    {
-        let shared = &*self.shared;
-        let started = MEASURE_LATENCY.then(Instant::now);
-        let rules = &shared.policies[policy];
-        let limits = &rules.tiers()[tier].limits;
-        let mut check = match &**limits {
-            [one] => BackendCheck::One(shared.backend.check(one, &key, rules.cost())),
-            all => BackendCheck::Stack(shared.backend.check_all(all, &key, rules.cost())),
-        };
-        // A backend that decides without waiting is done after one poll: then the readied inner
-        // service is called right here, with no clone and no extra state.
-        let mut noop = Context::from_waker(Waker::noop());
-        if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
-            if let Some(started) = started {
-                shared.judge.latency(policy, started.elapsed());
-            }
-            let context = RequestContext::new(policy, tier, &key, &request);
-            let verdict = shared.judge.verdict(context, answer);
-            let release = match &verdict {
-                Verdict::Admit(admitted) if admitted.slot.is_some() => {
-                    Some(releaser(&self.shared, policy, tier, key))
-                }
-                _ => None,
-            };
-            return ResponseFuture::carry_out(verdict, &mut self.inner, request, release);
-        }
-        // The decision is remote. The service that poll_ready readied goes with the request, to be
-        // called once (and only if) the request is admitted.
-        let release = (limits[0].algorithm() == Algorithm::Concurrency)
-            .then(|| releaser(&self.shared, policy, tier, key.clone()));
-        let judge = shared.judge.clone();
-        let service = self.take_readied();
-        ResponseFuture::checking(
-            check,
-            AwaitingVerdict {
-                service,
-                request,
-                judge,
-                policy,
-                tier,
-                key,
-                started,
-                release,
-            },
-        )
-    }
-
-    /// Takes the service that `poll_ready` readied, to call later; `self` keeps a fresh clone, which
-    /// the caller must `poll_ready` before the next call, as always.
-    fn take_readied(&mut self) -> S
-    where
-        S: Clone,
-    {
-        let fresh = self.inner.clone();
-        std::mem::replace(&mut self.inner, fresh)
+        _ => ResponseFuture::unlimited(inner.call(request)),
     }
 }
 
-/// The release of a concurrency slot of policy `policy`, tier `tier`, for `key`.
-fn releaser<K, B>(shared: &Arc<Shared<K, B>>, policy: usize, tier: usize, key: Key) -> Release
+/// Asks the backend, and carries out the verdict at once if the backend decided without waiting
+/// (memory); otherwise the response future waits for it.
+fn check<S, K, B, ReqBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    policy: usize,
+    tier: usize,
+    key: Key,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, ReqBody, B::Future>
+where
+    S: Service<Request<ReqBody>> + Clone,
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let started = MEASURE_LATENCY.then(Instant::now);
+    let rules = &table.policies[policy];
+    let limits = &rules.tiers()[tier].limits;
+    let mut check = match &**limits {
+        [one] => BackendCheck::One(shared.backend.check(one, &key, rules.cost())),
+        all => BackendCheck::Stack(shared.backend.check_all(all, &key, rules.cost())),
+    };
+    // A backend that decides without waiting is done after one poll: then the readied inner
+    // service is called right here, with no clone and no extra state.
+    let mut noop = Context::from_waker(Waker::noop());
+    if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
+        if let Some(started) = started {
+            table.judge.latency(policy, started.elapsed());
+        }
+        let context = RequestContext::new(policy, tier, &key, &request);
+        let verdict = table.judge.verdict(context, answer);
+        let release = match &verdict {
+            Verdict::Admit(admitted) if admitted.slot.is_some() => {
+                Some(releaser(shared, table, policy, tier, key))
+            }
+            _ => None,
+        };
+        return ResponseFuture::carry_out(verdict, inner, request, release);
+    }
+    // The decision is remote. The service that poll_ready readied goes with the request, to be
+    // called once (and only if) the request is admitted.
+    let release = (limits[0].algorithm() == Algorithm::Concurrency)
+        .then(|| releaser(shared, table, policy, tier, key.clone()));
+    let judge = table.judge.clone();
+    let service = take_readied(inner);
+    ResponseFuture::checking(
+        check,
+        AwaitingVerdict {
+            service,
+            request,
+            judge,
+            policy,
+            tier,
+            key,
+            started,
+            release,
+        },
+    )
+}
+
+/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
+/// the caller must `poll_ready` before the next call, as always.
+fn take_readied<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
+}
+
+/// The release of a concurrency slot of policy `policy` of `table`, tier `tier`, for `key`: given
+/// back under the table the request was admitted by, even if a reload has replaced it since.
+fn releaser<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    policy: usize,
+    tier: usize,
+    key: Key,
+) -> Release
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
     let shared = shared.clone();
+    let table = table.clone();
     Box::new(move |owner| match owner {
         SlotOwner::Backend { lease } => {
-            let rules = &shared.policies[policy];
+            let rules = &table.policies[policy];
             let limit = &rules.tiers()[tier].limits[0];
             shared.backend.release(limit, &key, rules.cost(), lease);
         }
         #[cfg(feature = "memory")]
-        SlotOwner::Local => shared.judge.release_local(policy, tier, &key),
+        SlotOwner::Local => table.judge.release_local(policy, tier, &key),
     })
 }

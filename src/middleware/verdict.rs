@@ -124,7 +124,9 @@ impl Admitted {
     }
 }
 
-/// The layer-wide settings of the verdict, as the builder collects them.
+/// The layer-wide settings of the verdict, as the builder collects them (cloned for the judge of
+/// each policy table a reload builds).
+#[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) headers: HeaderOptions,
     pub(crate) rejection: Option<Arc<RejectionFn>>,
@@ -180,8 +182,9 @@ pub(crate) struct Judge {
 struct PolicyRules {
     name: Arc<str>,
     reporter: Reporter,
-    /// The penalty box, unless the backend keeps penalties itself.
-    penalty: Option<PenaltyBox>,
+    /// The penalty box, unless the backend keeps penalties itself (shared with the table a reload
+    /// replaced, when the policy and its penalty are unchanged).
+    penalty: Option<Arc<PenaltyBox>>,
     #[cfg(feature = "memory")]
     cost: u64,
     dry_run: bool,
@@ -212,7 +215,7 @@ impl PolicyRules {
                 .limit()
                 .penalty()
                 .filter(|_| !backend_keeps_penalties)
-                .map(|penalty| PenaltyBox::new(*penalty)),
+                .map(|penalty| Arc::new(PenaltyBox::new(*penalty))),
             #[cfg(feature = "memory")]
             cost: policy.cost(),
             dry_run: policy.is_dry_run(),
@@ -274,11 +277,6 @@ impl Judge {
             policies: rules,
             errors: ErrorLog::default(),
         }
-    }
-
-    /// The counter of distinct limited keys, if the layer has one.
-    pub(crate) fn offenders(&self) -> Option<&Offenders> {
-        self.settings.offenders.as_ref()
     }
 
     /// The verdict on a backend's answer (or failure) for the request `cx`.
@@ -711,6 +709,53 @@ fn admit(
         delay: if rules.dry_run { Duration::ZERO } else { delay },
         decision: exposed.map(Box::new),
         slot,
+    }
+}
+
+/// Peek, reset and reload: what the layer's handle asks of the in-process state a judge keeps (the
+/// penalty boxes, and the local limiter of `OnBackendError::Local`).
+impl Judge {
+    /// Takes over the in-process state of `previous` (the judge of the table a reload replaces) for
+    /// the policies it shares with it: a policy of the same name and penalty keeps its strikes and
+    /// bans, and the local limiter keeps its keys (it keys them by limit name, as backends do).
+    pub(crate) fn carry_over(&mut self, previous: &Judge) {
+        for rules in self.policies.iter_mut() {
+            let Some(mine) = &rules.penalty else { continue };
+            let same = previous.policies.iter().find_map(|old| {
+                old.penalty
+                    .as_ref()
+                    .filter(|b| old.name == rules.name && b.penalty() == mine.penalty())
+            });
+            if let Some(same) = same {
+                rules.penalty = Some(same.clone());
+            }
+        }
+        #[cfg(feature = "memory")]
+        if let (Some(local), Some(old)) = (&mut self.local, &previous.local) {
+            *local = old.clone();
+        }
+    }
+
+    /// The rest of `key`'s ban by the penalty box of policy `policy`, if this judge keeps one and
+    /// the key is banned.
+    pub(crate) fn ban_of(&self, policy: usize, key: &Key) -> Option<Duration> {
+        self.policies[policy].penalty.as_ref()?.banned(key)
+    }
+
+    /// Forgets `key` under policy `policy` in this judge's state: its strikes and ban, and its state
+    /// in the local limiter (every tier).
+    pub(crate) fn forget(&self, policy: usize, key: &Key) {
+        let rules = &self.policies[policy];
+        if let Some(penalty) = &rules.penalty {
+            penalty.forget(key);
+        }
+        #[cfg(feature = "memory")]
+        if let Some(local) = &self.local {
+            for tier in rules.tiers.iter() {
+                // The local limiter holds what the layer's policies allow: it cannot refuse them.
+                let _ = local.reset_now(&tier.limits, key);
+            }
+        }
     }
 }
 

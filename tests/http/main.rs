@@ -7,6 +7,7 @@
 mod support;
 
 mod access;
+mod admin_handle;
 mod concurrency;
 mod contract;
 mod example_server;

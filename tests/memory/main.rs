@@ -6,4 +6,5 @@
 mod algorithms;
 mod attack;
 mod backend;
+mod peek_reset;
 mod window_accuracy;

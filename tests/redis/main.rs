@@ -11,3 +11,4 @@ mod failure;
 mod harness;
 mod modes_on_backends;
 mod offenders;
+mod peek_reset;

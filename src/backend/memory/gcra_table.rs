@@ -161,6 +161,57 @@ impl GcraTable {
         }
     }
 
+    /// `key`'s state under the GCRA limit `id` at `clock`'s now, for a quantity of 0 and of 1,
+    /// read under the shard's read lock: nothing is written (see [`KeyState`](crate::KeyState)).
+    pub(super) fn peek<C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &Key,
+        clock: &C,
+    ) -> (Decision, Decision) {
+        let tat = match Compact::of(key) {
+            Compact::V4(ip) => self.stored_tat(id, &ip),
+            Compact::V6(ip) => self.stored_tat(id, &ip),
+            Compact::Other(key) => self.stored_tat(id, key),
+        };
+        let now = clock.now_nanos();
+        let live = tat.filter(|tat| *tat > now);
+        (
+            gcra::decide(live, now, params, 0).decision,
+            gcra::decide(live, now, params, 1).decision,
+        )
+    }
+
+    fn stored_tat<K: RecordKey>(&self, id: u32, key: &K) -> Option<u64> {
+        let hash = key.record_hash(id, &self.hasher);
+        let shard = self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        K::table(&shard)
+            .find(hash, |s| s.limit == id && s.key == *key)
+            .map(|record| record.tat.load(Relaxed))
+    }
+
+    /// Forgets `key` under the GCRA limit `id`: it starts again with a full burst.
+    pub(super) fn forget(&self, id: u32, key: &Key) {
+        match Compact::of(key) {
+            Compact::V4(ip) => self.forget_in(id, &ip),
+            Compact::V6(ip) => self.forget_in(id, &ip),
+            Compact::Other(key) => self.forget_in(id, key),
+        }
+    }
+
+    fn forget_in<K: RecordKey>(&self, id: u32, key: &K) {
+        let hash = key.record_hash(id, &self.hasher);
+        let mut shard = write(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]);
+        if let Ok(occupied) =
+            K::table_mut(&mut shard).find_entry(hash, |s| s.limit == id && s.key == *key)
+        {
+            occupied.remove();
+        }
+    }
+
     /// How many keys are live (including keys that have expired but were not swept yet).
     pub(super) fn len(&self) -> usize {
         self.shards

@@ -154,6 +154,56 @@ impl GeneralStore {
         }
     }
 
+    /// `key`'s state under each of `limits` (a lone limit or a stack, as decided) at `clock`'s now,
+    /// for a quantity of 0 and of 1: each decided on a copy of the stored state, so nothing is
+    /// written.
+    pub(super) fn peek<C: Clock>(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        clock: &C,
+    ) -> Vec<(Decision, Decision)> {
+        let id = limits[0].id();
+        let hash = self.hasher.hash_one((id, key));
+        let shard = self.shard(hash);
+        let now = clock.now_nanos();
+        let unix_now = now.saturating_add(clock.unix_origin_nanos());
+        let entry = shard
+            .table
+            .find(hash, |e: &Entry| e.limit == id && e.key == *key);
+        limits
+            .iter()
+            .enumerate()
+            .map(|(position, limit)| {
+                let stored = entry.and_then(|e| {
+                    e.cells.iter().find(|c| {
+                        c.limit == limit.id()
+                            && c.position == position as u8
+                            && c.state.algorithm() == limit.algorithm()
+                            && c.expires_at > now
+                    })
+                });
+                let copy = || stored.map_or(State::fresh(limit.algorithm()), |c| c.state.copy());
+                let (state_now, _) = decide_one(&mut copy(), limit, now, unix_now, 0);
+                let (next, _) = decide_one(&mut copy(), limit, now, unix_now, 1);
+                (state_now, next)
+            })
+            .collect()
+    }
+
+    /// Forgets `key`'s entry under `limits` (a lone limit or a stack), requests in flight included.
+    pub(super) fn forget(&self, limits: &[Limit], key: &Key) {
+        let id = limits[0].id();
+        let hash = self.hasher.hash_one((id, key));
+        let mut shard = self.shard(hash);
+        if let Ok(occupied) = shard
+            .table
+            .find_entry(hash, |e: &Entry| e.limit == id && e.key == *key)
+        {
+            occupied.remove();
+        }
+    }
+
     /// How many entries are live (including entries that have expired but were not swept yet).
     pub(super) fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).table.len()).sum()
@@ -226,6 +276,17 @@ impl State {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
             Algorithm::Concurrency => State::InFlight(0),
             _ => State::Gcra(0),
+        }
+    }
+
+    /// A copy, for a peek to decide on without touching the stored state.
+    fn copy(&self) -> State {
+        match self {
+            State::Gcra(tat) => State::Gcra(*tat),
+            State::Fixed(s) => State::Fixed(*s),
+            State::Sliding(s) => State::Sliding(*s),
+            State::Log(log) => State::Log(log.clone()),
+            State::InFlight(n) => State::InFlight(*n),
         }
     }
 

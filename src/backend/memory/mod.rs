@@ -9,7 +9,7 @@ mod general;
 use std::future::{ready, Ready};
 use std::sync::Arc;
 
-use crate::backend::{Backend, StackFuture};
+use crate::backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
@@ -271,6 +271,36 @@ impl<C: Clock> MemoryBackend<C> {
             .decide_stack(limits, key, quantity, &stores.clock))
     }
 
+    /// `key`'s state under `limits` (one limit, or a stack as [`decide_all`](Self::decide_all)
+    /// keeps it), synchronously, without consuming or writing anything ([`Backend::peek`] wraps
+    /// this in a ready future). Bans are not the backend's: the layer's penalty box keeps them.
+    pub fn peek_now(&self, limits: &[Limit], key: &Key) -> Result<Vec<KeyState>, BackendError> {
+        check_one_or_stack(limits)?;
+        let stores = &*self.stores;
+        let decisions = match (limits, limits[0].gcra()) {
+            ([limit], Some(params)) => {
+                vec![stores.gcra.peek(params, limit.id(), key, &stores.clock)]
+            }
+            _ => stores.general.peek(limits, key, &stores.clock),
+        };
+        Ok(decisions
+            .iter()
+            .map(|(now, next)| KeyState::from_decisions(now, next))
+            .collect())
+    }
+
+    /// Forgets `key`'s state under `limits` (one limit, or a stack), synchronously
+    /// ([`Backend::reset`] wraps this in a ready future).
+    pub fn reset_now(&self, limits: &[Limit], key: &Key) -> Result<(), BackendError> {
+        check_one_or_stack(limits)?;
+        let stores = &*self.stores;
+        match (limits, limits[0].gcra()) {
+            ([limit], Some(_)) => stores.gcra.forget(limit.id(), key),
+            _ => stores.general.forget(limits, key),
+        }
+        Ok(())
+    }
+
     /// How many keys are live in both stores (including keys that have expired but were not swept
     /// yet). A stack of limits on one key counts once.
     pub fn len(&self) -> usize {
@@ -288,6 +318,14 @@ impl<C: Clock> MemoryBackend<C> {
         let now = self.stores.clock.now_nanos();
         self.stores.gcra.sweep(now);
         self.stores.general.sweep(now);
+    }
+}
+
+/// One limit of any algorithm, or a stack that [`check_stack`] accepts.
+fn check_one_or_stack(limits: &[Limit]) -> Result<(), BackendError> {
+    match limits {
+        [_] => Ok(()),
+        stack => check_stack(stack).map_err(BackendError::new),
     }
 }
 
@@ -317,6 +355,14 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         // Memory counts slots per key; the lease token identifies nothing more.
         let _ = lease;
         self.stores.general.release(limit, key, quantity);
+    }
+
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        Box::pin(ready(self.peek_now(limits, key)))
+    }
+
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        Box::pin(ready(self.reset_now(limits, key)))
     }
 }
 

@@ -106,6 +106,12 @@ impl DenyCache {
         Some(aged)
     }
 
+    /// Forgets `key` (the key was reset).
+    pub(super) fn forget(&self, key: &str) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.map.remove(key);
+    }
+
     /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
     /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
     /// every `interval`, before a request of several units fits).

@@ -15,6 +15,7 @@
 //! [`builder`] holds the settings and the start-up work of `connect`; [`mode`] the public
 //! [`RedisMode`].
 
+mod admin;
 mod args;
 mod breaker;
 mod builder;
@@ -31,7 +32,7 @@ use std::time::Duration;
 
 use self::args::validate_stack;
 use self::check::RedisState;
-use crate::backend::{Backend, StackFuture};
+use crate::backend::{Backend, PeekFuture, ResetFuture, StackFuture};
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
 use crate::limit::{Limit, DEFAULT_LEASE};
@@ -245,5 +246,13 @@ impl Backend for RedisBackend {
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
         args::validate(self.state.detector.mode(), limit)
+    }
+
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        self.state.peek(limits, key)
+    }
+
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        self.state.reset(limits, key)
     }
 }

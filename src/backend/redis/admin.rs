@@ -1,0 +1,198 @@
+//! Peek and reset on Redis ([`Backend::peek`](crate::Backend::peek),
+//! [`Backend::reset`](crate::Backend::reset)): an operator's look at one key, and forgetting it.
+//!
+//! A peek runs `limits.lua` itself, twice (for a quantity of 0: how things stand; of 1: whether one
+//! more request would pass, and when) inside one read-only script: the script's `redis.call` is
+//! wrapped so that reads reach Redis and writes are skipped, so the numbers come from the very
+//! arithmetic that decides, on the server's clock, and nothing is consumed or written (not even the
+//! rebasing of a state written under another quota). Every algorithm and stack, in every mode:
+//! `CL.THROTTLE` keeps the TAT under the same key as the Lua paths.
+//!
+//! A reset deletes each limit's key and the first limit's penalty keys (`…:strikes`, `…:ban`) in
+//! one `DEL` (they share the client's hash tag, so one Cluster slot), then drops the key from the
+//! deny cache of this process. The deny caches of other processes are not told: one that cached a
+//! rejection of the key (a ban included) keeps refusing it there until that rejection's retry
+//! time. Where a reset must take effect on every process at once, turn the deny cache off
+//! (`RedisBackendBuilder::deny_cache(false)`).
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::Script;
+
+use super::args::Spec;
+use super::breaker::guarded;
+use super::check::RedisState;
+use crate::backend::{KeyState, PeekFuture, ResetFuture};
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::Limit;
+
+/// The peek: `limits.lua` as the body of a function, under a `redis` whose writes are no-ops.
+static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
+
+/// Reads a peek may make; any other command is a write and is skipped.
+const PRELUDE: &str = r#"
+-- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
+-- KEYS   the N limits' state keys, then the first limit's ban key if ARGV[2] is 1.
+-- ARGV   N, whether a ban key follows, then four per limit as limits.lua takes them.
+-- Returns {ban PTTL (ms; < 0: none), then per limit limits.lua's five values for a quantity of 0,
+--          then per limit the five for a quantity of 1}.
+local real_redis = redis
+local READS = {TIME = true, GET = true, ZCOUNT = true, ZRANGE = true, ZRANGEBYSCORE = true,
+  PTTL = true, ZSCORE = true}
+local redis = setmetatable({
+  call = function(command, ...)
+    if READS[string.upper(command)] then
+      return real_redis.call(command, ...)
+    end
+    return false
+  end,
+}, {__index = real_redis})
+local function decide_all(KEYS, ARGV)
+"#;
+
+const EPILOGUE: &str = r#"
+end
+local n = tonumber(ARGV[1])
+local state_keys = {}
+for i = 1, n do
+  state_keys[i] = KEYS[i]
+end
+local function argv(q)
+  -- N, quantity, token, no penalty (nothing is struck), then the limits.
+  local a = {ARGV[1], q, '0', '0', '0', '0'}
+  for i = 3, #ARGV do
+    a[#a + 1] = ARGV[i]
+  end
+  return a
+end
+local out = {-2}
+if ARGV[2] == '1' then
+  out[1] = real_redis.call('PTTL', KEYS[n + 1])
+end
+for _, q in ipairs({'0', '1'}) do
+  local r = decide_all(state_keys, argv(q))
+  for i = 2, #r do
+    out[#out + 1] = r[i]
+  end
+end
+return out
+"#;
+
+fn peek_source() -> String {
+    format!(
+        "{PRELUDE}{}{EPILOGUE}",
+        include_str!("limits.lua").trim_end()
+    )
+}
+
+impl RedisState {
+    /// [`Backend::peek`](crate::Backend::peek): one read-only script call.
+    pub(super) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
+        if limits.is_empty() {
+            return Box::pin(std::future::ready(Err(BackendError::new(
+                "peek needs at least one limit",
+            ))));
+        }
+        let mut specs = Vec::with_capacity(limits.len());
+        for limit in limits {
+            match Spec::of(limit, self.state_key(limit, key)) {
+                Ok(spec) => specs.push(spec),
+                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
+            }
+        }
+        let ban_key = limits[0]
+            .penalty()
+            .map(|_| format!("{}:ban", self.redis_key(limits[0].name(), key)));
+        let mut conn = self.conn.clone();
+        let call = async move {
+            let mut invocation = PEEK.prepare_invoke();
+            for spec in &specs {
+                invocation.key(&spec.key);
+            }
+            if let Some(ban_key) = &ban_key {
+                invocation.key(ban_key);
+            }
+            invocation.arg(specs.len()).arg(u8::from(ban_key.is_some()));
+            for spec in &specs {
+                invocation
+                    .arg(spec.kind)
+                    .arg(spec.limit)
+                    .arg(spec.a)
+                    .arg(spec.b);
+            }
+            invocation.invoke_async::<Vec<i64>>(&mut conn).await
+        };
+        let n = limits.len();
+        let answer = guarded(&self.breaker, self.timeout, call);
+        Box::pin(async move {
+            let reply = answer.await?;
+            if reply.len() != 1 + 10 * n {
+                return Err(BackendError::new(
+                    "the peek script returned a reply of the wrong length",
+                ));
+            }
+            let ban = u64::try_from(reply[0])
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis);
+            let (now, next) = reply[1..].split_at(5 * n);
+            Ok(now
+                .chunks_exact(5)
+                .zip(next.chunks_exact(5))
+                .map(|(now, next)| key_state(now, next, ban))
+                .collect())
+        })
+    }
+
+    /// [`Backend::reset`](crate::Backend::reset): one `DEL`, and this process's deny cache.
+    pub(super) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
+        let Some(first) = limits.first() else {
+            return Box::pin(std::future::ready(Err(BackendError::new(
+                "reset needs at least one limit",
+            ))));
+        };
+        let state_keys: Vec<String> = limits.iter().map(|l| self.state_key(l, key)).collect();
+        let base = self.redis_key(first.name(), key);
+        let mut command = redis::cmd("DEL");
+        for state_key in &state_keys {
+            command.arg(state_key);
+        }
+        command
+            .arg(format!("{base}:strikes"))
+            .arg(format!("{base}:ban"));
+        let mut conn = self.conn.clone();
+        let call = async move { command.query_async::<i64>(&mut conn).await };
+        let deleted = guarded(&self.breaker, self.timeout, call);
+        let state = self.clone();
+        Box::pin(async move {
+            deleted.await?;
+            // After Redis forgot it: a rejection cached meanwhile would otherwise outlive the reset.
+            if let Some(deny) = &state.deny {
+                for state_key in &state_keys {
+                    deny.forget(state_key);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A limit's state from the script's two decisions, `[limited, limit, remaining, retry (ns, -1 =
+/// never), reset (ns)]`, and the ban's rest.
+fn key_state(now: &[i64], next: &[i64], ban: Option<Duration>) -> KeyState {
+    let nanos = |v: i64| Duration::from_nanos(v.max(0) as u64);
+    let reset_after = nanos(now[4]);
+    let retry_after = (next[0] == 1).then(|| {
+        u64::try_from(next[3])
+            .map(Duration::from_nanos)
+            .unwrap_or(reset_after)
+    });
+    let state = KeyState::new(now[1].max(0) as u64, now[2].max(0) as u64, reset_after)
+        .with_retry_after(retry_after);
+    match ban {
+        Some(rest) => state.with_ban(rest),
+        None => state,
+    }
+}

@@ -1,0 +1,554 @@
+//! [`ThrottleHandle`]: what an application keeps of a running layer, to look at a key's state
+//! ([`peek`](ThrottleHandle::peek)), forget it ([`reset`](ThrottleHandle::reset)) and replace the
+//! layer's policies without a restart ([`reload`](ThrottleHandle::reload)).
+//!
+//! A reload swaps the layer's whole policy table at once (an `ArcSwap`): each request loads the
+//! table once, when the layer's service is called, and is decided by that table to its end, so no
+//! request sees half a reload, and requests in flight are never dropped. The cost on the request
+//! path, reload or not, is one atomic load (each service caches the table it last used).
+
+use std::fmt;
+use std::net::IpAddr;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderValue;
+
+use crate::backend::{Backend, KeyState};
+#[cfg(feature = "config")]
+use crate::config::Config;
+use crate::error::{BackendError, BuildError};
+use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
+use crate::middleware::builder::validate_table;
+use crate::middleware::service::{Shared, Table};
+use crate::middleware::verdict::Judge;
+use crate::policy::Policy;
+
+/// A handle on a running [`ThrottleLayer`](crate::ThrottleLayer) (from
+/// [`ThrottleLayer::handle`](crate::ThrottleLayer::handle)): cheap to clone, `Send + Sync`, and
+/// valid for as long as the application keeps it (it keeps the layer's backend alive).
+///
+/// * [`peek`](Self::peek): a key's state under a policy, without consuming anything;
+/// * [`reset`](Self::reset): forget a key (its state, its penalty strikes and ban), after a captcha,
+///   a login or a support ticket;
+/// * [`reload`](Self::reload): replace the policies (an invalid table is refused and the running
+///   one stays in force).
+///
+/// Keys are given as the text the policy extracts ([`KeyFromText`]): the value of a
+/// `header:x-user-id` key, the client's address for `ip` and `client-ip` keys, anything for
+/// `global`. [`peek_key`](Self::peek_key) and [`reset_key`](Self::reset_key) take a [`Key`] for
+/// other extractors.
+///
+/// ```
+/// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let policy = |count| {
+///     Policy::builder("api")
+///         .quota(Quota::per_minute(count))
+///         .key(Header::new("x-user-id"))
+///         .build()
+///         .unwrap()
+/// };
+/// let layer = ThrottleLayer::new(policy(10));
+/// let handle = layer.handle();
+///
+/// let state = handle.peek("api", "alice").await.unwrap();
+/// assert_eq!(state.summary().remaining, 10);
+/// handle.reset("api", "alice").await.unwrap();
+/// assert!(handle.peek("nope", "alice").await.is_err());
+///
+/// // Twice the quota, from the next request on; an invalid table is refused.
+/// handle.reload([policy(20)]).unwrap();
+/// assert_eq!(handle.peek("api", "alice").await.unwrap().summary().limit, 20);
+/// assert!(handle.reload([policy(5), policy(6)]).is_err());
+/// assert_eq!(layer.policies()[0].limit().quota().count(), 20);
+/// # });
+/// ```
+pub struct ThrottleHandle<K, B> {
+    shared: Arc<Shared<K, B>>,
+}
+
+impl<K, B> ThrottleHandle<K, B> {
+    pub(crate) fn new(shared: Arc<Shared<K, B>>) -> Self {
+        ThrottleHandle { shared }
+    }
+}
+
+impl<K, B> Clone for ThrottleHandle<K, B> {
+    fn clone(&self) -> Self {
+        ThrottleHandle {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K, B> fmt::Debug for ThrottleHandle<K, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let table = self.shared.table.load();
+        let names: Vec<&str> = table.policies.iter().map(|p| p.name()).collect();
+        f.debug_struct("ThrottleHandle")
+            .field("policies", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The policies of a layer as they stand (a snapshot: a later reload does not change it). Derefs to
+/// the slice of policies, in the order they are tried.
+pub struct Policies<K>(Arc<Table<K>>);
+
+impl<K> Policies<K> {
+    pub(crate) fn of(table: Arc<Table<K>>) -> Self {
+        Policies(table)
+    }
+}
+
+impl<K> Deref for Policies<K> {
+    type Target = [Policy<K>];
+
+    fn deref(&self) -> &[Policy<K>] {
+        &self.0.policies
+    }
+}
+
+impl<K> fmt::Debug for Policies<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.policies.iter().map(|p| p.name()))
+            .finish()
+    }
+}
+
+/// Why a [`ThrottleHandle`] call failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HandleError {
+    /// No policy of the layer has this name.
+    UnknownPolicy(String),
+    /// The text is not a key the policy could extract (such as `"bob"` for an `ip` key).
+    InvalidKey {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
+    /// The backend could not peek or reset.
+    Backend(BackendError),
+}
+
+impl fmt::Display for HandleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandleError::UnknownPolicy(name) => write!(f, "no policy is called {name:?}"),
+            HandleError::InvalidKey { policy, reason } => {
+                write!(f, "policy {policy:?}: {reason}")
+            }
+            HandleError::Backend(e) => write!(f, "backend: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for HandleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HandleError::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<BackendError> for HandleError {
+    fn from(e: BackendError) -> Self {
+        HandleError::Backend(e)
+    }
+}
+
+/// A key's state under every tier of a policy ([`ThrottleHandle::peek`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PolicyState {
+    /// The policy.
+    pub policy: String,
+    /// One per tier: the default tier first, then the named tiers in the order they were given.
+    /// Each tier counts under limits of its own, so a key has a state in each.
+    pub tiers: Vec<TierState>,
+}
+
+/// A key's state under one tier's limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierState {
+    /// The tier's name; `None` for the default tier.
+    pub tier: Option<String>,
+    /// One per limit of the tier's stack (one for a single quota): the limit's name and the state.
+    pub limits: Vec<(String, KeyState)>,
+}
+
+impl TierState {
+    /// The tier's limits as one state, as a request sees them: the fewest remaining, the latest
+    /// reset and retry, banned if any is.
+    pub fn combined(&self) -> KeyState {
+        let states = self.limits.iter().map(|(_, s)| s);
+        let tightest = states
+            .clone()
+            .min_by_key(|s| s.remaining)
+            .copied()
+            .unwrap_or(KeyState::new(0, 0, Duration::ZERO));
+        let mut out = tightest;
+        out.reset_after = states
+            .clone()
+            .map(|s| s.reset_after)
+            .max()
+            .unwrap_or_default();
+        out.retry_after = states.clone().filter_map(|s| s.retry_after).max();
+        out.banned = states.filter_map(|s| s.banned).max();
+        out
+    }
+}
+
+impl PolicyState {
+    /// The default tier's state, combined over its stack ([`TierState::combined`]): what an admin
+    /// endpoint shows (`limit`, `remaining`, `reset_after`, `banned`).
+    pub fn summary(&self) -> KeyState {
+        self.tiers[0].combined()
+    }
+}
+
+impl<K, B: Backend> ThrottleHandle<K, B> {
+    /// The policies in force.
+    pub fn policies(&self) -> Policies<K> {
+        Policies::of(self.shared.table.load_full())
+    }
+
+    /// `key`'s state under policy `policy`, every tier and every limit of its stacks, without
+    /// consuming anything: the backend's state, with the ban of the policy's penalty box when the
+    /// layer keeps it (backends that keep penalties report their own). `key` is the text the policy
+    /// extracts (see [`KeyFromText`]).
+    pub async fn peek(&self, policy: &str, key: &str) -> Result<PolicyState, HandleError>
+    where
+        K: KeyFromText,
+    {
+        let key = self.key_of(policy, key)?;
+        self.peek_key(policy, &key).await
+    }
+
+    /// Like [`peek`](Self::peek), with the [`Key`] itself.
+    pub async fn peek_key(&self, policy: &str, key: &Key) -> Result<PolicyState, HandleError> {
+        let table = self.shared.table.load_full();
+        let index = find(&table, policy)?;
+        let rules = &table.policies[index];
+        let ban = table.judge.ban_of(index, key);
+        let mut tiers = Vec::with_capacity(rules.tiers().len());
+        for tier in rules.tiers() {
+            let states = self.shared.backend.peek(&tier.limits, key).await?;
+            if states.len() != tier.limits.len() {
+                return Err(HandleError::Backend(BackendError::new(format!(
+                    "the backend returned {} states for {} limits",
+                    states.len(),
+                    tier.limits.len()
+                ))));
+            }
+            let limits = tier
+                .limits
+                .iter()
+                .zip(states)
+                .map(|(limit, state)| {
+                    let state = match ban {
+                        Some(rest) => state.with_ban(rest),
+                        None => state,
+                    };
+                    (limit.name().to_owned(), state)
+                })
+                .collect();
+            tiers.push(TierState {
+                tier: tier.name.as_deref().map(str::to_owned),
+                limits,
+            });
+        }
+        Ok(PolicyState {
+            policy: rules.name().to_owned(),
+            tiers,
+        })
+    }
+
+    /// Forgets `key` under policy `policy`: its state under every tier's limits, its penalty
+    /// strikes and ban (in the backend or in the layer), and what the layer's local limiter
+    /// ([`OnBackendError::Local`](crate::OnBackendError::Local)) knows of it. The key starts again
+    /// with its full quota. Limits are state by name: a policy sharing a limit name shares the
+    /// reset.
+    pub async fn reset(&self, policy: &str, key: &str) -> Result<(), HandleError>
+    where
+        K: KeyFromText,
+    {
+        let key = self.key_of(policy, key)?;
+        self.reset_key(policy, &key).await
+    }
+
+    /// Like [`reset`](Self::reset), with the [`Key`] itself.
+    pub async fn reset_key(&self, policy: &str, key: &Key) -> Result<(), HandleError> {
+        let table = self.shared.table.load_full();
+        let index = find(&table, policy)?;
+        // The layer's own state first: a request arriving meanwhile is not refused by a ban the
+        // backend no longer has.
+        table.judge.forget(index, key);
+        for tier in table.policies[index].tiers() {
+            self.shared.backend.reset(&tier.limits, key).await?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the layer's policies. The new table passes the checks of
+    /// [`ThrottleLayerBuilder::build`](crate::ThrottleLayerBuilder::build) (the backend's
+    /// `validate` included) or is refused with the same error, and the running table stays in
+    /// force. Otherwise it is swapped in at once: requests from then on are decided by it, requests
+    /// in flight finish with the table they started with.
+    ///
+    /// What carries over: backends keep state by limit name, so a policy whose name and quota are
+    /// unchanged keeps every key's count exactly. A changed quota under the same name reads the
+    /// existing state under the new quota: the GCRA's state is a time (the backlog of the key's
+    /// TAT), so one request at 2 an hour (half an hour of backlog) counts as two at 4 an hour, and a
+    /// backlog beyond the new tolerance counts as a full bucket (rebased); a window's count counts
+    /// as it is (one above the new limit as full). The layer's penalty boxes (strikes and bans,
+    /// when the backend does not keep them) carry over for policies whose name and penalty are
+    /// unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
+    ///
+    /// What a reload cannot change: the backend, the access lists (change them live through the
+    /// [`AccessList`](crate::access::AccessList) you gave), and the layer's options (headers,
+    /// rejection response, hooks, failure policy, offender counting): those need a new layer.
+    pub fn reload(&self, policies: impl IntoIterator<Item = Policy<K>>) -> Result<(), BuildError> {
+        let policies: Box<[Policy<K>]> = policies.into_iter().collect();
+        validate_table(&self.shared.backend, &policies)?;
+        let _one_at_a_time = self
+            .shared
+            .reloading
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let previous = self.shared.table.load();
+        let mut judge = Judge::new(
+            self.shared.settings.clone(),
+            &policies,
+            self.shared.backend.keeps_penalties(),
+        );
+        judge.carry_over(&previous.judge);
+        self.shared.table.store(Arc::new(Table {
+            policies,
+            judge: Arc::new(judge),
+        }));
+        Ok(())
+    }
+
+    fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
+    where
+        K: KeyFromText,
+    {
+        let table = self.shared.table.load();
+        let index = find(&table, policy)?;
+        table.policies[index]
+            .key()
+            .key_from_text(text)
+            .map_err(|reason| HandleError::InvalidKey {
+                policy: policy.to_owned(),
+                reason,
+            })
+    }
+}
+
+fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
+    table
+        .policies
+        .iter()
+        .position(|p| p.name() == policy)
+        .ok_or_else(|| HandleError::UnknownPolicy(policy.to_owned()))
+}
+
+/// A key extractor that can turn the text an operator types into the [`Key`] it extracts from a
+/// request, for [`ThrottleHandle::peek`] and [`ThrottleHandle::reset`].
+///
+/// ```
+/// use tower_throttle::handle::KeyFromText;
+/// use tower_throttle::key::{Header, PeerIp};
+/// use tower_throttle::Key;
+///
+/// assert_eq!(Header::new("x-user-id").key_from_text("alice").unwrap(), Key::from("alice"));
+/// let ip: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+/// // IPv6 clients are grouped by /64: any address of the network names its key.
+/// assert_eq!(
+///     PeerIp::new().key_from_text("2001:db8::1").unwrap(),
+///     PeerIp::new().key_for(ip)
+/// );
+/// assert!(PeerIp::new().key_from_text("alice").is_err());
+/// ```
+pub trait KeyFromText {
+    /// The key this extractor would extract for `text`, or why `text` cannot be one.
+    fn key_from_text(&self, text: &str) -> Result<Key, String>;
+}
+
+fn parse_ip(text: &str) -> Result<IpAddr, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not an IP address"))
+}
+
+impl KeyFromText for PeerIp {
+    fn key_from_text(&self, text: &str) -> Result<Key, String> {
+        parse_ip(text).map(|ip| self.key_for(ip))
+    }
+}
+
+impl KeyFromText for ClientIp {
+    fn key_from_text(&self, text: &str) -> Result<Key, String> {
+        let grouping = PeerIp::new()
+            .with_ipv6_prefix(self.ipv6_prefix())
+            .map_err(|e| e.to_string())?;
+        parse_ip(text).map(|ip| grouping.key_for(ip))
+    }
+}
+
+impl KeyFromText for Header {
+    fn key_from_text(&self, text: &str) -> Result<Key, String> {
+        // As the header's value: the same bytes, the same key.
+        HeaderValue::from_str(text)
+            .map(|value| Key::from(&value))
+            .map_err(|_| format!("{text:?} cannot be a header value"))
+    }
+}
+
+impl KeyFromText for Global {
+    fn key_from_text(&self, _: &str) -> Result<Key, String> {
+        Ok(Key::global())
+    }
+}
+
+impl KeyFromText for KeySpec {
+    fn key_from_text(&self, text: &str) -> Result<Key, String> {
+        match self {
+            KeySpec::PeerIp(ip) => ip.key_from_text(text),
+            KeySpec::ClientIp(ip) => ip.key_from_text(text),
+            KeySpec::Header(header) => header.key_from_text(text),
+            KeySpec::Global => Global.key_from_text(text),
+            // The value as it is after decoding: the bytes the extractor would count.
+            KeySpec::Query(_) | KeySpec::Cookie(_) | KeySpec::Path(_) => {
+                if text.is_empty() {
+                    return Err("an empty value is no key".to_owned());
+                }
+                Ok(Key::from(text.as_bytes().to_vec()))
+            }
+            KeySpec::Composite(composite) => composite.key_from_text(text),
+        }
+    }
+}
+
+/// A composite key is given as its parts' texts joined by `|`, one per part, in order (a part whose
+/// value holds a `|` cannot be given as text: use [`ThrottleHandle::peek_key`] with a [`Key`]).
+impl KeyFromText for Composite {
+    fn key_from_text(&self, text: &str) -> Result<Key, String> {
+        use std::fmt::Write as _;
+        let texts: Vec<&str> = text.split('|').collect();
+        if texts.len() != self.parts().len() {
+            return Err(format!(
+                "{text:?}: a composite key of {} parts is given as their values joined by '|'",
+                self.parts().len()
+            ));
+        }
+        // Joined as the extractor joins them, so both give the same key.
+        let (mut joined, mut part) = (String::new(), String::new());
+        for (spec, text) in self.parts().iter().zip(texts) {
+            part.clear();
+            spec.key_from_text(text)?.render(&mut part);
+            let _ = write!(joined, "{}:{part};", part.len());
+        }
+        Ok(Key::from(joined))
+    }
+}
+
+/// Reloading from a configuration file (feature `config`): its `[[route]]`s are the policies.
+#[cfg(feature = "config")]
+impl<B: Backend> ThrottleHandle<KeySpec, B> {
+    /// Replaces the policies with the `[[route]]`s of `config` (their keys built with its
+    /// `trusted_proxies` and `client_ip_header`), as [`reload`](Self::reload) does: an invalid
+    /// route is an `Err` and the running policies stay in force. The rest of `config` is not read
+    /// here: see [`reload_toml`](Self::reload_toml) to refuse changes that need a restart.
+    pub fn reload_config(&self, config: &Config) -> Result<(), BuildError> {
+        self.reload(config.policies()?)
+    }
+
+    /// Parses `toml` and, if it differs from `running` (the configuration the layer was built
+    /// from) only in what a reload can apply, reloads its routes and returns it (keep it as the
+    /// next `running`). A file that does not parse, an invalid route, or a change that needs a
+    /// restart (`[backend]`, `listen`, the header options, `decision_extension`, the failure
+    /// policy, `[access]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
+    /// is an `Err` naming it, and the running policies stay in force.
+    ///
+    /// ```
+    /// use tower_throttle::config::Config;
+    ///
+    /// let text = |count| format!(
+    ///     "[[route]]\nname = \"api\"\nkey = \"header:x-user-id\"\ncount = {count}\nperiod = \"1m\"\n"
+    /// );
+    /// let running = Config::from_toml(&text(10)).unwrap();
+    /// let layer = running.memory_layer().unwrap();
+    /// let handle = layer.handle();
+    ///
+    /// let running = handle.reload_toml(&running, &text(20)).unwrap();
+    /// assert_eq!(layer.policies()[0].limit().quota().count(), 20);
+    ///
+    /// let err = handle.reload_toml(&running, &text(0)).unwrap_err();
+    /// assert!(err.to_string().contains("count must be at least 1"), "{err}");
+    /// let err = handle
+    ///     .reload_toml(&running, &format!("[backend]\nkind = \"memory\"\nmax_keys = 10\n{}", text(5)))
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("[backend]"), "{err}");
+    /// assert_eq!(layer.policies()[0].limit().quota().count(), 20);
+    /// ```
+    pub fn reload_toml(&self, running: &Config, toml: &str) -> Result<Config, BuildError> {
+        let config = Config::from_toml(toml).map_err(|e| BuildError::Invalid(e.to_string()))?;
+        if let Some(section) = needs_restart(running, &config) {
+            return Err(BuildError::Invalid(format!(
+                "{section} changed: it cannot be reloaded (restart to apply it); nothing was changed"
+            )));
+        }
+        self.reload_config(&config)?;
+        Ok(config)
+    }
+}
+
+/// The first setting outside the routes that differs between `running` and `new`, if any.
+#[cfg(feature = "config")]
+fn needs_restart(running: &Config, new: &Config) -> Option<&'static str> {
+    // The schema's types are compared by their `Debug` form: they derive it (not `PartialEq`), and
+    // it shows every field.
+    let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| format!("{a:?}") != format!("{b:?}");
+    let access_uses_proxies = running.access.is_some() || new.access.is_some();
+    [
+        ("[backend]", differs(&running.backend, &new.backend)),
+        ("listen", running.listen != new.listen),
+        (
+            "ratelimit_headers",
+            running.ratelimit_headers != new.ratelimit_headers,
+        ),
+        (
+            "legacy_headers",
+            running.legacy_headers != new.legacy_headers,
+        ),
+        (
+            "decision_extension",
+            running.decision_extension != new.decision_extension,
+        ),
+        (
+            "on_backend_error",
+            running.on_backend_error != new.on_backend_error,
+        ),
+        ("[access]", differs(&running.access, &new.access)),
+        (
+            "trusted_proxies (used by [access])",
+            access_uses_proxies && running.trusted_proxies != new.trusted_proxies,
+        ),
+        (
+            "client_ip_header (used by [access])",
+            access_uses_proxies && running.client_ip_header != new.client_ip_header,
+        ),
+    ]
+    .into_iter()
+    .find_map(|(section, changed)| changed.then_some(section))
+}
