@@ -186,7 +186,7 @@ fn flag_errors_name_the_flag() {
         "redis://127.0.0.1:1/",
     ]));
     assert!(
-        line.starts_with("error: --redis redis://127.0.0.1:1/ (mode auto): "),
+        line.starts_with("error: --redis redis://127.0.0.1:1/"),
         "{line}"
     );
     assert!(
