@@ -6,4 +6,5 @@
 mod algorithms;
 mod attack;
 mod backend;
+mod refund;
 mod window_accuracy;
