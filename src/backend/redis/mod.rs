@@ -23,6 +23,7 @@ pub(crate) mod connection;
 mod deny;
 mod lease;
 mod mode;
+mod refund;
 mod scripts;
 
 use std::fmt;
@@ -245,5 +246,14 @@ impl Backend for RedisBackend {
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
         args::validate(self.state.detector.mode(), limit)
+    }
+
+    // Counting by outcome: refund.lua, on a spawned task (see refund.rs).
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        refund::refund(&self.state, limits, key, quantity, since);
+    }
+
+    fn can_refund(&self) -> bool {
+        true
     }
 }
