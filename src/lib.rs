@@ -116,6 +116,8 @@ mod limit;
 mod middleware;
 mod observe;
 pub mod offenders;
+mod outcome;
+mod per_customer;
 mod penalty;
 mod policy;
 mod quota;
@@ -136,6 +138,7 @@ pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
 };
 pub use observe::Limited;
+pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use penalty::Penalty;
 pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};
