@@ -214,11 +214,6 @@ pub(crate) struct CustomTier {
 }
 
 impl PolicyExtras {
-    /// Whether the quota or the key needs to wait for something.
-    pub(crate) fn is_async(&self) -> bool {
-        self.resolver.is_some() || self.async_key.is_some()
-    }
-
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
@@ -280,5 +275,15 @@ impl PolicyExtras {
             limit = limit.with_lease(lease)?;
         }
         Ok(limit)
+    }
+}
+
+/// `future`'s output, or `None` if it takes longer than `timeout` (with no timer to measure it,
+/// outside a tokio runtime with time enabled, it is awaited as it is).
+pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F::Output> {
+    if crate::middleware::verdict::timers_available() {
+        tokio::time::timeout(timeout, future).await.ok()
+    } else {
+        Some(future.await)
     }
 }

@@ -192,15 +192,20 @@ impl<K> Policy<K> {
     /// The tier that applies to `request`: its [`Tier`] extension, else its tier header, else the
     /// default (index 0; also for a tier the policy does not know).
     pub(crate) fn tier_of<B>(&self, request: &Request<B>) -> usize {
+        self.tier_in(request.headers(), request.extensions())
+    }
+
+    /// [`tier_of`](Self::tier_of) a request's headers and extensions.
+    pub(crate) fn tier_in(&self, headers: &http::HeaderMap, extensions: &http::Extensions) -> usize {
         if self.tiers.len() == 1 {
             return 0;
         }
-        let named = match request.extensions().get::<Tier>() {
+        let named = match extensions.get::<Tier>() {
             Some(tier) => Some(tier.as_str()),
             None => self
                 .tier_header
                 .as_ref()
-                .and_then(|h| request.headers().get(h))
+                .and_then(|h| headers.get(h))
                 .and_then(|v| v.to_str().ok()),
         };
         named
@@ -695,8 +700,7 @@ impl<K> PolicyBuilder<K> {
 
     /// Keys from an [`AsyncKey`](crate::key::AsyncKey) instead of [`key`](Self::key): an API key
     /// validated before it is counted, or an axum extractor the application already has. A request
-    /// whose key is refused gets the [missing-key](MissingKey) answer. With an async key, access
-    /// lists see the client's address only (the key is not known yet when they are checked).
+    /// whose key is refused gets the [missing-key](MissingKey) answer.
     pub fn async_key(mut self, key: crate::key::AsyncKey) -> Self {
         self.extras.async_key = Some(key);
         self

@@ -11,8 +11,26 @@ use http::request::Parts;
 
 use crate::key::Key;
 
-/// The parts back, with the key found in them (`None`: no key, or a key that was refused).
-type Found = Pin<Box<dyn Future<Output = (Parts, Option<Key>)> + Send>>;
+/// What an async key extractor found.
+pub(crate) enum Found {
+    Key(Key),
+    /// No key, or a key the extractor refused.
+    Nothing,
+    /// No answer within the timeout.
+    TimedOut,
+}
+
+/// The parts back, with what was found in them.
+type Finding = Pin<Box<dyn Future<Output = (Parts, Found)> + Send>>;
+
+/// `found` as a [`Found`], or `TimedOut` after `timeout`.
+async fn within(timeout: Duration, found: impl Future<Output = Option<Key>>) -> Found {
+    match crate::per_customer::within(timeout, found).await {
+        Some(Some(key)) => Found::Key(key),
+        Some(None) => Found::Nothing,
+        None => Found::TimedOut,
+    }
+}
 
 /// How long an async key may take by default.
 pub const DEFAULT_ASYNC_KEY_TIMEOUT: Duration = Duration::from_millis(100);
@@ -51,7 +69,7 @@ pub const DEFAULT_ASYNC_KEY_TIMEOUT: Duration = Duration::from_millis(100);
 /// ```
 #[derive(Clone)]
 pub struct AsyncKey {
-    extract: Arc<dyn Fn(Parts) -> Found + Send + Sync>,
+    extract: Arc<dyn Fn(Parts, Duration) -> Finding + Send + Sync>,
     what: Arc<str>,
     timeout: Duration,
 }
@@ -73,9 +91,9 @@ impl AsyncKey {
         F: Fn(&Parts) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Option<Key>> + Send + 'static,
     {
-        Self::from_parts_fn(move |parts: Parts| {
+        Self::from_parts_fn(move |parts: Parts, timeout| {
             let found = extract(&parts);
-            Box::pin(async move { (parts, found.await) }) as Found
+            Box::pin(async move { (parts, within(timeout, found).await) }) as Finding
         })
     }
 
@@ -123,18 +141,19 @@ impl AsyncKey {
     {
         let to_key = Arc::new(to_key);
         let what = format!("the extractor {}", std::any::type_name::<T>());
-        Self::from_parts_fn(move |mut parts: Parts| {
+        Self::from_parts_fn(move |mut parts: Parts, timeout| {
             let (state, to_key) = (state.clone(), to_key.clone());
             Box::pin(async move {
-                let extracted = T::from_request_parts(&mut parts, &state).await;
-                let key = extracted.ok().and_then(|t| to_key(t));
-                (parts, key)
-            }) as Found
+                let extracted = T::from_request_parts(&mut parts, &state);
+                let found = within(timeout, async { extracted.await.ok().and_then(|t| to_key(t)) });
+                let found = found.await;
+                (parts, found)
+            }) as Finding
         })
         .describe(what)
     }
 
-    fn from_parts_fn(extract: impl Fn(Parts) -> Found + Send + Sync + 'static) -> Self {
+    fn from_parts_fn(extract: impl Fn(Parts, Duration) -> Finding + Send + Sync + 'static) -> Self {
         AsyncKey {
             extract: Arc::new(extract),
             what: "a key from an async extractor".into(),
@@ -162,8 +181,8 @@ impl AsyncKey {
         self.timeout
     }
 
-    /// Finds the key; the parts come back with it.
-    pub(crate) fn extract(&self, parts: Parts) -> Found {
-        (self.extract)(parts)
+    /// Finds the key, within the timeout; the parts come back with it.
+    pub(crate) fn extract(&self, parts: Parts) -> Finding {
+        (self.extract)(parts, self.timeout)
     }
 }

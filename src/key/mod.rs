@@ -86,6 +86,7 @@ mod async_key;
 mod client_ip;
 mod extract;
 
+pub(crate) use async_key::Found;
 pub use async_key::{AsyncKey, DEFAULT_ASYNC_KEY_TIMEOUT};
 pub(crate) use client_ip::parse_net;
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies, MAX_HOPS};

@@ -225,6 +225,14 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             ));
         }
         for policy in &self.policies {
+            // Counting by outcome gives units back: a backend that cannot would count them all.
+            if policy.extras().is_some_and(|e| e.outcome.is_some()) && !self.backend.can_refund() {
+                return Err(BuildError::Invalid(format!(
+                    "policy {:?} counts by outcome (count_only, refund_on), but this backend cannot \
+                     give units back (Backend::can_refund)",
+                    policy.name()
+                )));
+            }
             for tier in policy.tiers() {
                 match &*tier.limits {
                     [one] => self.backend.validate(one)?,

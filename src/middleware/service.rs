@@ -27,8 +27,8 @@ use crate::policy::{MissingKey, Policy};
 ///
 /// Clones share the layer's backend and policies.
 pub struct Throttle<S, K, B> {
-    inner: S,
-    shared: Arc<Shared<K, B>>,
+    pub(super) inner: S,
+    pub(super) shared: Arc<Shared<K, B>>,
 }
 
 /// What every service of one layer shares: the backend, the policies, the verdict's rules and the
@@ -98,6 +98,12 @@ where
         let shared = &*self.shared;
         // The first policy whose route and methods match decides.
         let policy = shared.policies.iter().position(|p| p.applies_to(&request));
+        // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): unused,
+        // they cost this one check.
+        if let Some(extras) = policy.and_then(|i| shared.policies[i].extras()) {
+            let extras = extras.clone();
+            return self.call_extended(policy.unwrap_or_default(), extras, request);
+        }
         let key = policy.and_then(|i| shared.policies[i].key().extract(&request));
         // Access lists come before limits (an allowed client has none), and may name keys.
         if let Some((lists, source)) = &shared.access {
@@ -212,7 +218,7 @@ where
 
     /// Takes the service that `poll_ready` readied, to call later; `self` keeps a fresh clone, which
     /// the caller must `poll_ready` before the next call, as always.
-    fn take_readied(&mut self) -> S
+    pub(super) fn take_readied(&mut self) -> S
     where
         S: Clone,
     {
@@ -222,7 +228,12 @@ where
 }
 
 /// The release of a concurrency slot of policy `policy`, tier `tier`, for `key`.
-fn releaser<K, B>(shared: &Arc<Shared<K, B>>, policy: usize, tier: usize, key: Key) -> Release
+pub(super) fn releaser<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    policy: usize,
+    tier: usize,
+    key: Key,
+) -> Release
 where
     K: Send + Sync + 'static,
     B: Backend,

@@ -1,0 +1,295 @@
+//! The extended path of [`Throttle`]: requests of a policy that uses per-customer quotas, an async
+//! key or counting by outcome. One boxed future finds the key and the quota, checks the access
+//! lists, the ban and the backend, and makes the verdict; the response future then carries it out
+//! with the guard that settles the request by its outcome. Policies that use none of this never come
+//! here: for them the whole cost is the `Option` check in `Throttle::call`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::request::Parts;
+use http::Request;
+use tower_service::Service;
+
+use crate::access::Access;
+use crate::backend::Backend;
+use crate::key::{Found, Key, KeyExtractor};
+use crate::limit::Limit;
+use crate::middleware::future::{BackendCheck, Prepared, ResponseFuture};
+use crate::middleware::service::{releaser, Shared, Throttle};
+use crate::middleware::verdict::{Admitted, RequestContext, Verdict};
+use crate::observe::{RequestRef, MEASURE_LATENCY};
+use crate::outcome::{OutcomeGuard, Refund};
+use crate::per_customer::{within, CustomTier, PolicyExtras};
+use crate::policy::MissingKey;
+
+impl<S, K, B> Throttle<S, K, B>
+where
+    B: Backend,
+    K: Send + Sync + 'static,
+{
+    /// The extended path for a request that policy `policy` (with `extras`) applies to.
+    pub(super) fn call_extended<ReqBody>(
+        &mut self,
+        policy: usize,
+        extras: Arc<PolicyExtras>,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, B::Future>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+        K: KeyExtractor<ReqBody>,
+    {
+        let rules = &self.shared.policies[policy];
+        // A synchronous key is read here, where the body's type is known; an async one later.
+        let (key, missing) = match extras.async_key {
+            Some(ref async_key) => (None, async_key.what().to_owned()),
+            None => {
+                let key = rules.key().extract(&request);
+                let missing = if key.is_none() {
+                    rules.key().describe()
+                } else {
+                    String::new()
+                };
+                (key, missing)
+            }
+        };
+        let (parts, body) = request.into_parts();
+        let shared = self.shared.clone();
+        let service = self.take_readied();
+        let prepare = prepare(shared, policy, extras, key, missing, parts);
+        ResponseFuture::preparing(Box::pin(prepare), service, body)
+    }
+}
+
+/// The verdict on a request of the extended path; `key` is its synchronous key (`None` with an
+/// async key, or when it has none: `missing` then says what was expected).
+async fn prepare<K, B>(
+    shared: Arc<Shared<K, B>>,
+    policy: usize,
+    extras: Arc<PolicyExtras>,
+    key: Option<Key>,
+    missing: String,
+    parts: Parts,
+) -> Prepared
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let (parts, key) = match &extras.async_key {
+        None => (parts, key),
+        Some(async_key) => {
+            let (parts, found) = async_key.extract(parts).await;
+            let key = match found {
+                Found::Key(key) => Some(key),
+                Found::Nothing => None,
+                Found::TimedOut => {
+                    let why = format!("no key within {:?}", async_key.timeout_value());
+                    extras
+                        .log
+                        .record(extras.name(), "async key", &why, "the missing-key answer");
+                    None
+                }
+            };
+            (parts, key)
+        }
+    };
+    if let Some((lists, source)) = &shared.access {
+        if !lists.is_empty() {
+            let head = Request::from_parts(parts, ());
+            let access = lists.check(source.address(&head), key.as_ref());
+            let parts = head.into_parts().0;
+            match access {
+                Access::Allow => return through(parts),
+                Access::Deny => return refused(parts, shared.judge.forbidden()),
+                Access::Limit => return decide(&shared, policy, &extras, key, missing, parts).await,
+            }
+        }
+    }
+    decide(&shared, policy, &extras, key, missing, parts).await
+}
+
+/// After the access lists: the missing key, the quota, the ban, the backend and the verdict.
+async fn decide<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    policy: usize,
+    extras: &Arc<PolicyExtras>,
+    key: Option<Key>,
+    missing: String,
+    parts: Parts,
+) -> Prepared
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let rules = &shared.policies[policy];
+    let judge = &shared.judge;
+    let Some(key) = key else {
+        return match rules.missing_key() {
+            // A dry run never rejects, not even for a missing key.
+            MissingKey::Reject(status) if !rules.is_dry_run() => {
+                refused(parts, judge.missing_key(policy, missing, status))
+            }
+            _ => through(parts),
+        };
+    };
+    let custom = custom_quota(shared, rules.cost(), extras, &parts, &key).await;
+    let tier = match custom {
+        Some(_) => 0,
+        None => rules.tier_in(&parts.headers, &parts.extensions),
+    };
+    let verdict = {
+        let cx = RequestContext {
+            policy,
+            tier,
+            key: &key,
+            request: RequestRef {
+                method: &parts.method,
+                uri: &parts.uri,
+                headers: &parts.headers,
+                extensions: &parts.extensions,
+            },
+            custom: custom.as_deref().map(|c| &c.rules),
+        };
+        if let Some(banned) = judge.banned(cx) {
+            Verdict::Reject(banned)
+        } else {
+            let limits = limits_of(shared, policy, tier, custom.as_deref());
+            let asked = Instant::now();
+            let check = match limits {
+                [one] => BackendCheck::One(shared.backend.check(one, &key, rules.cost())),
+                all => BackendCheck::Stack(shared.backend.check_all(all, &key, rules.cost())),
+            };
+            let answer = check.await;
+            if MEASURE_LATENCY {
+                judge.latency(policy, asked.elapsed());
+            }
+            let verdict = judge.verdict(cx, answer);
+            return settle_later(shared, policy, tier, extras, custom, key, asked, verdict, parts);
+        }
+    };
+    Prepared {
+        parts,
+        verdict,
+        release: None,
+        outcome: None,
+    }
+}
+
+/// What an admitted request takes along: its concurrency slot's release, and the guard that gives
+/// its units back if its response does not count.
+#[allow(clippy::too_many_arguments)]
+fn settle_later<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    policy: usize,
+    tier: usize,
+    extras: &Arc<PolicyExtras>,
+    custom: Option<Arc<CustomTier>>,
+    key: Key,
+    asked: Instant,
+    verdict: Verdict,
+    parts: Parts,
+) -> Prepared
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let (slot, refundable) = match &verdict {
+        Verdict::Admit(Admitted {
+            slot, refundable, ..
+        }) => (slot.is_some(), *refundable),
+        Verdict::Reject(_) => (false, None),
+    };
+    // A per-customer concurrency limit shares the default limit's name, so its key and lease: the
+    // default tier's release gives its slot back.
+    let release = slot.then(|| releaser(shared, policy, tier, key.clone()));
+    let outcome = match (refundable, &extras.outcome) {
+        (Some(counts_for), Some(rule)) => {
+            let shared = shared.clone();
+            let cost = shared.policies[policy].cost();
+            let refund: Refund = Box::new(move |since| {
+                let limits = limits_of(&shared, policy, tier, custom.as_deref());
+                shared.backend.refund(limits, &key, cost, since);
+            });
+            Some(OutcomeGuard::new(rule.clone(), refund, asked, counts_for))
+        }
+        _ => None,
+    };
+    Prepared {
+        parts,
+        verdict,
+        release,
+        outcome,
+    }
+}
+
+/// The limits a request is decided under: its per-customer quota's, else its tier's.
+fn limits_of<'a, K, B>(
+    shared: &'a Shared<K, B>,
+    policy: usize,
+    tier: usize,
+    custom: Option<&'a CustomTier>,
+) -> &'a [Limit] {
+    match custom {
+        Some(custom) => &custom.limits,
+        None => &shared.policies[policy].tiers()[tier].limits,
+    }
+}
+
+/// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
+/// enforced; `None` for the policy's own. A resolver that fails or takes longer than its timeout
+/// gives `None` too (logged).
+async fn custom_quota<K, B>(
+    shared: &Shared<K, B>,
+    cost: u64,
+    extras: &PolicyExtras,
+    parts: &Parts,
+    key: &Key,
+) -> Option<Arc<CustomTier>>
+where
+    B: Backend,
+{
+    let quota = if let Some(quota_from) = &extras.quota_from {
+        quota_from(parts, key)?
+    } else if let Some(resolver) = &extras.resolver {
+        let fallback = "the policy's quota";
+        match within(extras.resolve_timeout, resolver.resolve(parts, key)).await {
+            Some(Ok(quota)) => quota?,
+            Some(Err(error)) => {
+                extras
+                    .log
+                    .record(extras.name(), "quota resolver", &error.to_string(), fallback);
+                return None;
+            }
+            None => {
+                let why = format!("no quota within {:?}", extras.resolve_timeout);
+                extras
+                    .log
+                    .record(extras.name(), "quota resolver", &why, fallback);
+                return None;
+            }
+        }
+    } else {
+        return None;
+    };
+    extras.custom_tier(quota, cost, |limit| shared.backend.validate(limit))
+}
+
+/// Through with no limit applied.
+fn through(parts: Parts) -> Prepared {
+    Prepared {
+        parts,
+        verdict: Verdict::Admit(Admitted::unlimited()),
+        release: None,
+        outcome: None,
+    }
+}
+
+/// Answered by the layer.
+fn refused(parts: Parts, response: http::Response<bytes::Bytes>) -> Prepared {
+    Prepared {
+        parts,
+        verdict: Verdict::Reject(response),
+        release: None,
+        outcome: None,
+    }
+}
