@@ -17,6 +17,7 @@ mod layer;
 mod modes;
 mod observe;
 mod penalty;
+mod per_customer;
 mod readme_config;
 mod readme_quickstart;
 mod route_matching;
