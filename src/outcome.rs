@@ -45,6 +45,12 @@ impl fmt::Debug for OutcomeRule {
     }
 }
 
+/// Added to the time measured since the backend was asked, so that `since` bounds the time between
+/// the admission and the backend reading its clock for the refund, a moment after the measure
+/// (the Redis backend adds its timeout too: the network may hold a call that long). Too much only
+/// gives back less; too little could give back a unit of a window that has ended.
+const CLOCK_MARGIN: Duration = Duration::from_millis(10);
+
 /// Gives a request's units back to the backend; `since` bounds the time since it was admitted.
 pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
 
@@ -89,7 +95,7 @@ impl OutcomeGuard {
         if self.rule.counts(status) {
             return;
         }
-        let since = self.asked.elapsed();
+        let since = self.asked.elapsed() + CLOCK_MARGIN;
         if since < self.counts_for {
             refund(since);
         }

@@ -9,6 +9,7 @@ mod support;
 mod access;
 mod concurrency;
 mod contract;
+mod count_outcome;
 mod example_server;
 mod example_server_cli;
 mod grpc;

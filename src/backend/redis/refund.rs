@@ -47,8 +47,10 @@ pub(super) fn refund(
     for spec in &specs {
         invocation.key(&spec.key);
     }
-    // Rounded up: an earlier admission time only ever gives back less.
-    let since_us = since.as_nanos().div_ceil(1000) as u64 + 1;
+    // Plus the timeout: the script runs at most that long after it is sent (or its answer is not
+    // waited for), and the admission was at most `since` before the sending. Rounded up: an earlier
+    // admission time only ever gives back less.
+    let since_us = (since + state.timeout).as_nanos().div_ceil(1000) as u64;
     invocation.arg(specs.len()).arg(quantity).arg(since_us);
     for spec in &specs {
         invocation.arg(spec.kind).arg(spec.a);
