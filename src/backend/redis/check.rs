@@ -33,7 +33,7 @@ pub(super) struct RedisState {
     pub(super) prefix: Box<str>,
     pub(super) timeout: Duration,
     pub(super) breaker: Arc<Breaker>,
-    deny: Option<DenyCache>,
+    pub(super) deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
 }
 

@@ -106,6 +106,14 @@ impl DenyCache {
         Some(aged)
     }
 
+    /// Forgets the rejection of `key`: counting by outcome gave units back (a refund is the one
+    /// thing that makes a key less limited, so a process forgets what it refunded; another
+    /// process's cache may hold the rejection until its retry time, which only admits less).
+    pub(super) fn forget(&self, key: &str) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.map.remove(key);
+    }
+
     /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
     /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
     /// every `interval`, before a request of several units fits).

@@ -43,6 +43,12 @@ pub(super) fn refund(
     if specs.is_empty() {
         return;
     }
+    // The key is less limited now: a rejection this process cached must not outlive the refund.
+    if let Some(deny) = &state.deny {
+        for spec in &specs {
+            deny.forget(&spec.key);
+        }
+    }
     let mut invocation = REFUND.prepare_invoke();
     for spec in &specs {
         invocation.key(&spec.key);
