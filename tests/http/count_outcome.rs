@@ -194,3 +194,56 @@ fn counting_by_outcome_is_refused_where_it_cannot_work() {
         .to_string();
     assert!(err.contains("cannot give units back"), "{err}");
 }
+
+#[tokio::test]
+async fn the_config_counts_by_status_and_refuses_bad_statuses() {
+    let toml = r#"
+        [[route]]
+        name = "login"
+        path = "/login"
+        key = "header:x-username"
+        count = 3
+        period = "1m"
+        count_statuses = [401, 403]
+
+        [[route]]
+        name = "api"
+        key = "header:x-username"
+        count = 2
+        period = "1m"
+        refund_statuses = ["5xx"]
+    "#;
+    let layer = tower_throttle::config::Config::from_toml(toml)
+        .unwrap()
+        .memory_layer()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", get(check_password))
+        .route("/boom", get(|| async { StatusCode::SERVICE_UNAVAILABLE }))
+        .layer(layer);
+    for _ in 0..10 {
+        assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(attempt(&app, "mallory", "guess").await, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(attempt(&app, "mallory", "guess").await, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..5 {
+        let mut r = request("/boom");
+        r.headers_mut().insert("x-username", "bob".parse().unwrap());
+        let status = app.clone().oneshot(r).await.unwrap().status();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "refunded, never 429");
+    }
+    for (bad, message) in [
+        ("count_statuses = [401, 403]", "count_statuses = [700]"),
+        ("count_statuses = [401, 403]", "count_statuses = []"),
+        ("refund_statuses = [\"5xx\"]", "refund_statuses = [\"5xy\"]"),
+    ] {
+        let toml = toml.replace(bad, message);
+        let err = match tower_throttle::config::Config::from_toml(&toml) {
+            Ok(config) => config.memory_layer().unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("statuses"), "{message}: {err}");
+    }
+}
