@@ -117,8 +117,8 @@ mod middleware;
 mod observe;
 pub mod offenders;
 mod outcome;
-mod per_customer;
 mod penalty;
+mod per_customer;
 mod policy;
 mod quota;
 mod route;
@@ -138,8 +138,8 @@ pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
 };
 pub use observe::Limited;
-pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use penalty::Penalty;
+pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};
 

@@ -328,7 +328,14 @@ pub(crate) struct ResolveLog(OncePerSecond);
 impl ResolveLog {
     pub(crate) fn record(&self, policy: &str, what: &str, why: &str, fallback: &'static str) {
         if let Some(suppressed) = self.0.open() {
-            tracing::warn!(policy, what, why, fallback, suppressed, "rate-limit {what} failed");
+            tracing::warn!(
+                policy,
+                what,
+                why,
+                fallback,
+                suppressed,
+                "rate-limit {what} failed"
+            );
         } else {
             tracing::debug!(policy, what, why, fallback, "rate-limit {what} failed");
         }

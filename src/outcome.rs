@@ -120,7 +120,9 @@ impl StatusSet {
     /// Parses `entries` (codes 100–599 or classes "1xx"–"5xx"); `what` names the setting in errors.
     pub(crate) fn parse(entries: &[String], what: &str) -> Result<StatusSet, String> {
         if entries.is_empty() {
-            return Err(format!("{what} is empty (leave it out to count every response)"));
+            return Err(format!(
+                "{what} is empty (leave it out to count every response)"
+            ));
         }
         let mut set = StatusSet {
             codes: Vec::new(),
@@ -211,7 +213,9 @@ mod tests {
         assert!(set.contains(StatusCode::UNAUTHORIZED));
         assert!(set.contains(StatusCode::SERVICE_UNAVAILABLE));
         assert!(!set.contains(StatusCode::NOT_FOUND));
-        assert!(StatusSet::parse(&[], "count_statuses").unwrap_err().contains("is empty"));
+        assert!(StatusSet::parse(&[], "count_statuses")
+            .unwrap_err()
+            .contains("is empty"));
         for bad in ["6xx", "99", "600", "4x", "abc"] {
             let err = StatusSet::parse(&[bad.into()], "count_statuses").unwrap_err();
             assert!(err.contains("is not a status"), "{bad}: {err}");

@@ -146,12 +146,18 @@ impl ExtrasBuilder {
             ));
         }
         if self.resolve_timeout.is_some() && self.resolver.is_none() {
-            return Err(invalid("resolver_timeout is set but there is no quota_resolver"));
+            return Err(invalid(
+                "resolver_timeout is set but there is no quota_resolver",
+            ));
         }
         if self.resolve_timeout.is_some_and(|t| t.is_zero()) {
             return Err(invalid("resolver_timeout must be more than 0"));
         }
-        if self.async_key.as_ref().is_some_and(|k| k.timeout_value().is_zero()) {
+        if self
+            .async_key
+            .as_ref()
+            .is_some_and(|k| k.timeout_value().is_zero())
+        {
             return Err(invalid("the async key's timeout must be more than 0"));
         }
         if self.outcome.is_set() && template.algorithm() == Algorithm::Concurrency {

@@ -196,7 +196,11 @@ impl<K> Policy<K> {
     }
 
     /// [`tier_of`](Self::tier_of) a request's headers and extensions.
-    pub(crate) fn tier_in(&self, headers: &http::HeaderMap, extensions: &http::Extensions) -> usize {
+    pub(crate) fn tier_in(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> usize {
         if self.tiers.len() == 1 {
             return 0;
         }

@@ -145,7 +145,9 @@ impl AsyncKey {
             let (state, to_key) = (state.clone(), to_key.clone());
             Box::pin(async move {
                 let extracted = T::from_request_parts(&mut parts, &state);
-                let found = within(timeout, async { extracted.await.ok().and_then(|t| to_key(t)) });
+                let found = within(timeout, async {
+                    extracted.await.ok().and_then(|t| to_key(t))
+                });
                 let found = found.await;
                 (parts, found)
             }) as Finding

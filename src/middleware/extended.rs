@@ -101,7 +101,9 @@ where
             match access {
                 Access::Allow => return through(parts),
                 Access::Deny => return refused(parts, shared.judge.forbidden()),
-                Access::Limit => return decide(&shared, policy, &extras, key, missing, parts).await,
+                Access::Limit => {
+                    return decide(&shared, policy, &extras, key, missing, parts).await
+                }
             }
         }
     }
@@ -164,7 +166,9 @@ where
                 judge.latency(policy, asked.elapsed());
             }
             let verdict = judge.verdict(cx, answer);
-            return settle_later(shared, policy, tier, extras, custom, key, asked, verdict, parts);
+            return settle_later(
+                shared, policy, tier, extras, custom, key, asked, verdict, parts,
+            );
         }
     };
     Prepared {
@@ -255,9 +259,12 @@ where
         match within(extras.resolve_timeout, resolver.resolve(parts, key)).await {
             Some(Ok(quota)) => quota?,
             Some(Err(error)) => {
-                extras
-                    .log
-                    .record(extras.name(), "quota resolver", &error.to_string(), fallback);
+                extras.log.record(
+                    extras.name(),
+                    "quota resolver",
+                    &error.to_string(),
+                    fallback,
+                );
                 return None;
             }
             None => {

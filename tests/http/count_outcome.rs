@@ -45,7 +45,8 @@ pub fn login_app<B: Backend + Clone>(backend: B, policy: Policy<Header>) -> Rout
 pub async fn attempt(app: &Router, user: &str, password: &str) -> StatusCode {
     let mut r = request("/login");
     r.headers_mut().insert("x-username", user.parse().unwrap());
-    r.headers_mut().insert("x-password", password.parse().unwrap());
+    r.headers_mut()
+        .insert("x-password", password.parse().unwrap());
     app.clone().oneshot(r).await.unwrap().status()
 }
 
@@ -75,11 +76,20 @@ async fn a_user_who_logs_in_is_never_limited_and_failures_are_counted() {
         assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
     }
     for _ in 0..3 {
-        assert_eq!(attempt(&app, "mallory", "guess").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            attempt(&app, "mallory", "guess").await,
+            StatusCode::UNAUTHORIZED
+        );
     }
-    assert_eq!(attempt(&app, "mallory", "guess").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        attempt(&app, "mallory", "guess").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     // The limit is the key's: even the right password waits now (that is brute-force protection).
-    assert_eq!(attempt(&app, "mallory", "right").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        attempt(&app, "mallory", "right").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
 }
 
@@ -144,18 +154,21 @@ async fn a_response_that_never_comes_counts_as_a_server_error() {
         .build()
         .unwrap();
     let app = Router::new()
-        .route("/hang", get(|| std::future::pending::<&'static str>()))
+        .route("/hang", get(std::future::pending::<&'static str>))
         .route("/ok", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(policy));
     let request_of = |uri: &str| {
         let mut r = request(uri);
-        r.headers_mut().insert("x-username", "carol".parse().unwrap());
+        r.headers_mut()
+            .insert("x-username", "carol".parse().unwrap());
         r
     };
     // The client gives up on five requests: each is dropped, as a 500, so refunded.
     for _ in 0..5 {
         let call = app.clone().oneshot(request_of("/hang"));
-        assert!(tokio::time::timeout(Duration::from_millis(10), call).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(10), call)
+            .await
+            .is_err());
     }
     let status = |uri: &'static str| {
         let call = app.clone().oneshot(request_of(uri));
@@ -225,14 +238,24 @@ async fn the_config_counts_by_status_and_refuses_bad_statuses() {
         assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
     }
     for _ in 0..3 {
-        assert_eq!(attempt(&app, "mallory", "guess").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            attempt(&app, "mallory", "guess").await,
+            StatusCode::UNAUTHORIZED
+        );
     }
-    assert_eq!(attempt(&app, "mallory", "guess").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        attempt(&app, "mallory", "guess").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     for _ in 0..5 {
         let mut r = request("/boom");
         r.headers_mut().insert("x-username", "bob".parse().unwrap());
         let status = app.clone().oneshot(r).await.unwrap().status();
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "refunded, never 429");
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "refunded, never 429"
+        );
     }
     for (bad, message) in [
         ("count_statuses = [401, 403]", "count_statuses = [700]"),

@@ -58,7 +58,8 @@ async fn two_customers_on_two_plans_get_their_own_quota_from_a_closure() {
     assert_eq!(passes(&app, "free-2", 10).await, 2);
     // The fields name the quota that applied.
     let mut r = request("/");
-    r.headers_mut().insert("x-user-id", "pro-3".parse().unwrap());
+    r.headers_mut()
+        .insert("x-user-id", "pro-3".parse().unwrap());
     let res = app.clone().oneshot(r).await.unwrap();
     assert_eq!(header(&res, "ratelimit-policy"), Some(r#""api";q=5;w=60"#));
 }
@@ -227,7 +228,9 @@ async fn an_async_key_is_validated_before_it_is_counted() {
     // Unknown, missing or too slow: the missing-key answer, naming what was expected.
     let unknown = send(Some("stolen")).await;
     assert_eq!(unknown.status(), 400);
-    assert!(body_string(unknown).await.contains("expected a known x-api-key"));
+    assert!(body_string(unknown)
+        .await
+        .contains("expected a known x-api-key"));
     assert_eq!(send(None).await.status(), 400);
     assert_eq!(send(Some("live_slow")).await.status(), 400);
 }
@@ -257,20 +260,19 @@ async fn keys_from_an_axum_extractor_the_app_already_has() {
         }))
         .build()
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(
-            ThrottleLayer::builder()
-                .backend(MemoryBackend::new())
-                .policy(policy)
-                .build()
-                .unwrap(),
-        );
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        ThrottleLayer::builder()
+            .backend(MemoryBackend::new())
+            .policy(policy)
+            .build()
+            .unwrap(),
+    );
     let send = |session: &'static str| {
         let app = app.clone();
         async move {
             let mut r = request("/");
-            r.headers_mut().insert("x-session", session.parse().unwrap());
+            r.headers_mut()
+                .insert("x-session", session.parse().unwrap());
             app.oneshot(r).await.unwrap().status()
         }
     };

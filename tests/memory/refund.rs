@@ -40,11 +40,19 @@ fn every_algorithm_gives_back_a_refunded_unit() {
         assert_eq!(admitted(&backend, &limit, &key, 5), 3, "{algorithm}");
         clock.advance(Duration::from_millis(10));
         backend.refund(&limit, &key, 2, Duration::from_millis(10));
-        assert_eq!(admitted(&backend, &limit, &key, 5), 2, "{algorithm}: two given back");
+        assert_eq!(
+            admitted(&backend, &limit, &key, 5),
+            2,
+            "{algorithm}: two given back"
+        );
         // Refunding a key that has nothing, or more than it has, never goes below empty.
         backend.refund(&limit, &Key::from("nobody"), 1, Duration::ZERO);
         backend.refund(&limit, &key, 100, Duration::from_millis(10));
-        assert_eq!(admitted(&backend, &limit, &key, 5), 3, "{algorithm}: back to full, not more");
+        assert_eq!(
+            admitted(&backend, &limit, &key, 5),
+            3,
+            "{algorithm}: back to full, not more"
+        );
     }
 }
 

@@ -54,14 +54,26 @@ async fn every_algorithm_gives_back_what_a_request_took() {
         ] {
             let limit = [Limit::with_algorithm("r", algorithm, Quota::per_hour(3)).unwrap()];
             let key = Key::from(format!("alice-{mode}-{algorithm}"));
-            assert_eq!(admitted(&backend, &limit, &key, 5).await, 3, "{mode} {algorithm}");
+            assert_eq!(
+                admitted(&backend, &limit, &key, 5).await,
+                3,
+                "{mode} {algorithm}"
+            );
             backend.refund(&limit, &key, 2, Duration::from_millis(100));
             settle().await;
-            assert_eq!(admitted(&backend, &limit, &key, 5).await, 2, "{mode} {algorithm}");
+            assert_eq!(
+                admitted(&backend, &limit, &key, 5).await,
+                2,
+                "{mode} {algorithm}"
+            );
             // More than the key holds: back to full, never beyond.
             backend.refund(&limit, &key, 50, Duration::from_millis(500));
             settle().await;
-            assert_eq!(admitted(&backend, &limit, &key, 5).await, 3, "{mode} {algorithm}");
+            assert_eq!(
+                admitted(&backend, &limit, &key, 5).await,
+                3,
+                "{mode} {algorithm}"
+            );
         }
         // A stack: each limit gives its unit back, in one call.
         let stack = [
@@ -72,7 +84,11 @@ async fn every_algorithm_gives_back_what_a_request_took() {
         assert_eq!(admitted(&backend, &stack, &key, 3).await, 2);
         backend.refund(&stack, &key, 2, Duration::from_millis(100));
         settle().await;
-        assert_eq!(admitted(&backend, &stack, &key, 3).await, 2, "{mode}: two more, then 1h is full");
+        assert_eq!(
+            admitted(&backend, &stack, &key, 3).await,
+            2,
+            "{mode}: two more, then 1h is full"
+        );
     }
 }
 
@@ -120,7 +136,8 @@ async fn attempt(app: Router, user: String, password: &'static str) -> StatusCod
         .body(axum::body::Body::empty())
         .unwrap();
     r.headers_mut().insert("x-username", user.parse().unwrap());
-    r.headers_mut().insert("x-password", password.parse().unwrap());
+    r.headers_mut()
+        .insert("x-password", password.parse().unwrap());
     app.oneshot(r).await.unwrap().status()
 }
 
@@ -149,7 +166,10 @@ async fn two_processes_counting_failures_admit_exactly_the_quota_with_100_in_fli
                 other => panic!("{other}"),
             }
         }
-        assert_eq!(failed, 3, "{mode} {algorithm}: at most the quota of failures");
+        assert_eq!(
+            failed, 3,
+            "{mode} {algorithm}: at most the quota of failures"
+        );
         // A user who logs in is never limited: each success is given back.
         let alice = format!("alice-{mode}-{algorithm}");
         for i in 0..10 {

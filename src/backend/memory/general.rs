@@ -448,10 +448,8 @@ fn refund_state(
 ) {
     let admitted_after = unix_now.saturating_sub(since);
     match (state, limit.gcra(), limit.window()) {
-        (State::Gcra(tat), Some(params), _) => {
-            if *tat > now {
-                *tat = tat.saturating_sub(params.emission_interval().saturating_mul(quantity));
-            }
+        (State::Gcra(tat), Some(params), _) if *tat > now => {
+            *tat = tat.saturating_sub(params.emission_interval().saturating_mul(quantity));
         }
         (State::Fixed(s), _, Some(params)) => {
             let window = unix_now / params.period();
