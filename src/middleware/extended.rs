@@ -17,7 +17,7 @@ use crate::key::{Found, Key, KeyExtractor};
 use crate::limit::Limit;
 use crate::middleware::future::{BackendCheck, Prepared, ResponseFuture};
 use crate::middleware::service::{releaser, Shared, Throttle};
-use crate::middleware::verdict::{Admitted, RequestContext, Verdict};
+use crate::middleware::verdict::{Admitted, Checked, RequestContext, Verdict};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund};
 use crate::per_customer::{within, CustomTier, PolicyExtras};
@@ -165,9 +165,20 @@ where
             if MEASURE_LATENCY {
                 judge.latency(policy, asked.elapsed());
             }
+            // What the backend took, and how long it counts there (the shortest `reset_after`):
+            // only that can be given back, and only until then. (A failed backend took nothing,
+            // whatever `OnBackendError` then does.)
+            let counts_for = match &answer {
+                Ok(Checked::One(d)) if d.allowed => Some(d.reset_after),
+                Ok(Checked::Stack(all)) if all.iter().all(|d| d.allowed) => {
+                    all.iter().map(|d| d.reset_after).min()
+                }
+                _ => None,
+            };
             let verdict = judge.verdict(cx, answer);
+            let taken = Taken { asked, counts_for };
             return settle_later(
-                shared, policy, tier, extras, custom, key, asked, verdict, parts,
+                shared, policy, tier, extras, custom, key, taken, verdict, parts,
             );
         }
     };
@@ -177,6 +188,13 @@ where
         release: None,
         outcome: None,
     }
+}
+
+/// What the backend took for a request: when it was asked, and how long the units count there
+/// (`None`: it took nothing).
+struct Taken {
+    asked: Instant,
+    counts_for: Option<std::time::Duration>,
 }
 
 /// What an admitted request takes along: its concurrency slot's release, and the guard that gives
@@ -189,7 +207,7 @@ fn settle_later<K, B>(
     extras: &Arc<PolicyExtras>,
     custom: Option<Arc<CustomTier>>,
     key: Key,
-    asked: Instant,
+    taken: Taken,
     verdict: Verdict,
     parts: Parts,
 ) -> Prepared
@@ -198,9 +216,7 @@ where
     B: Backend,
 {
     let (slot, refundable) = match &verdict {
-        Verdict::Admit(Admitted {
-            slot, refundable, ..
-        }) => (slot.is_some(), *refundable),
+        Verdict::Admit(admitted) => (admitted.slot.is_some(), taken.counts_for),
         Verdict::Reject(_) => (false, None),
     };
     // A per-customer concurrency limit shares the default limit's name, so its key and lease: the
@@ -214,7 +230,12 @@ where
                 let limits = limits_of(&shared, policy, tier, custom.as_deref());
                 shared.backend.refund(limits, &key, cost, since);
             });
-            Some(OutcomeGuard::new(rule.clone(), refund, asked, counts_for))
+            Some(Box::new(OutcomeGuard::new(
+                rule.clone(),
+                refund,
+                taken.asked,
+                counts_for,
+            )))
         }
         _ => None,
     };

@@ -54,7 +54,7 @@ pub(crate) struct Prepared {
     pub(crate) parts: http::request::Parts,
     pub(crate) verdict: Verdict,
     pub(crate) release: Option<Release>,
-    pub(crate) outcome: Option<OutcomeGuard>,
+    pub(crate) outcome: Option<Box<OutcomeGuard>>,
 }
 
 /// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
@@ -86,7 +86,7 @@ pin_project! {
         request: Option<Request<ReqBody>>,
         headers: Option<RateHeaders>,
         slot: Option<ConcurrencySlot>,
-        outcome: Option<OutcomeGuard>,
+        outcome: Option<Box<OutcomeGuard>>,
     }
 }
 
@@ -126,7 +126,7 @@ pin_project! {
             future: S::Future,
             headers: Option<RateHeaders>,
             slot: Option<ConcurrencySlot>,
-            outcome: Option<OutcomeGuard>,
+            outcome: Option<Box<OutcomeGuard>>,
         },
         Ready {
             response: Option<Response<Bytes>>,
@@ -193,7 +193,7 @@ where
         service: &mut S,
         request: Request<ReqBody>,
         release: Option<Release>,
-        outcome: Option<OutcomeGuard>,
+        outcome: Option<Box<OutcomeGuard>>,
     ) -> Self
     where
         S: Clone,
@@ -218,7 +218,7 @@ where
         future: S::Future,
         headers: Option<RateHeaders>,
         slot: Option<ConcurrencySlot>,
-        outcome: Option<OutcomeGuard>,
+        outcome: Option<Box<OutcomeGuard>>,
     ) -> Self {
         ResponseFuture {
             state: State::Calling {
@@ -237,7 +237,7 @@ where
         (headers, slot, outcome): (
             Option<RateHeaders>,
             Option<ConcurrencySlot>,
-            Option<OutcomeGuard>,
+            Option<Box<OutcomeGuard>>,
         ),
     ) -> Self {
         ResponseFuture {

@@ -120,9 +120,6 @@ pub(crate) struct Admitted {
     pub(crate) decision: Option<Box<ThrottleDecision>>,
     /// A concurrency slot to give back when the response ends.
     pub(crate) slot: Option<SlotOwner>,
-    /// Counting by outcome: the backend took the request's units, and they count this long (the
-    /// shortest `reset_after` of its limits), so they may be given back until then.
-    pub(crate) refundable: Option<Duration>,
 }
 
 impl Admitted {
@@ -133,7 +130,6 @@ impl Admitted {
             delay: Duration::ZERO,
             decision: None,
             slot: None,
-            refundable: None,
         }
     }
 }
@@ -463,12 +459,7 @@ impl Judge {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
             }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            let mut admitted = admit(rules, tier, decision, fields, delay, slot);
-            // Only what the layer's backend took can be given back to it.
-            if decision.allowed && matches!(source.slot, SlotOwner::Backend { .. }) {
-                admitted.refundable = decisions.iter().map(|d| d.reset_after).min();
-            }
-            return Verdict::Admit(admitted);
+            return Verdict::Admit(admit(rules, tier, decision, fields, delay, slot));
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
@@ -617,7 +608,6 @@ fn admit(
         delay: if rules.dry_run { Duration::ZERO } else { delay },
         decision: exposed.map(Box::new),
         slot,
-        refundable: None,
     }
 }
 
