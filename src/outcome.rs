@@ -84,7 +84,7 @@ impl OutcomeGuard {
     }
 
     /// The response has this status: its units are given back if it does not count.
-    pub(crate) fn settle(mut self: Box<Self>, status: StatusCode) {
+    pub(crate) fn settle(mut self, status: StatusCode) {
         self.settle_as(status);
     }
 
@@ -162,18 +162,18 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    fn counting_refunds(rule: OutcomeRule) -> (Box<OutcomeGuard>, Arc<AtomicU32>) {
+    fn counting_refunds(rule: OutcomeRule) -> (OutcomeGuard, Arc<AtomicU32>) {
         let refunds = Arc::new(AtomicU32::new(0));
         let seen = refunds.clone();
         let refund: Refund = Box::new(move |_| {
             seen.fetch_add(1, Ordering::SeqCst);
         });
-        let guard = Box::new(OutcomeGuard::new(
+        let guard = OutcomeGuard::new(
             Arc::new(rule),
             refund,
             Instant::now(),
             Duration::from_secs(3600),
-        ));
+        );
         (guard, refunds)
     }
 

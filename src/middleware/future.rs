@@ -369,7 +369,7 @@ where
                     // which settles it as a 500).
                     if let Some(outcome) = outcome.take() {
                         if let Ok(response) = &response {
-                            outcome.settle(response.status());
+                            (*outcome).settle(response.status());
                         }
                     }
                     let (mut parts, body) = response?.into_parts();
