@@ -121,7 +121,9 @@ mod limit;
 mod middleware;
 mod observe;
 pub mod offenders;
+mod outcome;
 mod penalty;
+mod per_customer;
 mod policy;
 mod quota;
 mod route;
@@ -144,6 +146,7 @@ pub use middleware::{
 };
 pub use observe::{Limited, RedactionSecret};
 pub use penalty::Penalty;
+pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
 pub use quota::{Quota, QuotaError};
 

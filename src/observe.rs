@@ -406,3 +406,26 @@ mod tests {
         );
     }
 }
+
+/// Per-customer quotas and async keys (`per_customer.rs`): a resolver or an async key extractor
+/// that failed or took too long, logged at warn at most once a second per policy (the rest at
+/// debug); `fallback` says what the layer did instead.
+#[derive(Default)]
+pub(crate) struct ResolveLog(OncePerSecond);
+
+impl ResolveLog {
+    pub(crate) fn record(&self, policy: &str, what: &str, why: &str, fallback: &'static str) {
+        if let Some(suppressed) = self.0.open() {
+            tracing::warn!(
+                policy,
+                what,
+                why,
+                fallback,
+                suppressed,
+                "rate-limit {what} failed"
+            );
+        } else {
+            tracing::debug!(policy, what, why, fallback, "rate-limit {what} failed");
+        }
+    }
+}

@@ -13,6 +13,7 @@ use crate::key::PeerIp;
 use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
 use crate::limit::{Algorithm, Limit};
 use crate::penalty::Penalty;
+use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;
 use crate::route::Route;
 
@@ -126,6 +127,8 @@ pub struct Policy<K> {
     methods: Option<Box<[Method]>>,
     route: Option<Route>,
     missing_key: MissingKey,
+    /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
+    extras: Option<Arc<PolicyExtras>>,
 }
 
 impl Policy<PeerIp> {
@@ -148,6 +151,7 @@ impl Policy<PeerIp> {
             route: None,
             missing_key: MissingKey::default(),
             penalty: None,
+            extras: ExtrasBuilder::default(),
         }
     }
 }
@@ -190,15 +194,24 @@ impl<K> Policy<K> {
     /// The tier that applies to `request`: its [`Tier`] extension, else its tier header, else the
     /// default (index 0; also for a tier the policy does not know).
     pub(crate) fn tier_of<B>(&self, request: &Request<B>) -> usize {
+        self.tier_in(request.headers(), request.extensions())
+    }
+
+    /// [`tier_of`](Self::tier_of) a request's headers and extensions.
+    pub(crate) fn tier_in(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> usize {
         if self.tiers.len() == 1 {
             return 0;
         }
-        let named = match request.extensions().get::<Tier>() {
+        let named = match extensions.get::<Tier>() {
             Some(tier) => Some(tier.as_str()),
             None => self
                 .tier_header
                 .as_ref()
-                .and_then(|h| request.headers().get(h))
+                .and_then(|h| headers.get(h))
                 .and_then(|v| v.to_str().ok()),
         };
         named
@@ -208,6 +221,12 @@ impl<K> Policy<K> {
                     .position(|t| t.name.as_deref() == Some(name.trim()))
             })
             .map_or(0, |i| i + 1)
+    }
+
+    /// Its per-request features, if it uses any (per-customer quota, async key, counting by
+    /// outcome): the one check the fast path makes.
+    pub(crate) fn extras(&self) -> Option<&Arc<PolicyExtras>> {
+        self.extras.as_ref()
     }
 
     /// The key extractor.
@@ -263,6 +282,7 @@ pub struct PolicyBuilder<K> {
     route: Option<String>,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
+    extras: ExtrasBuilder,
 }
 
 impl<K> PolicyBuilder<K> {
@@ -385,6 +405,7 @@ impl<K> PolicyBuilder<K> {
             route: self.route,
             missing_key: self.missing_key,
             penalty: self.penalty,
+            extras: self.extras,
         }
     }
 
@@ -546,6 +567,7 @@ impl<K> PolicyBuilder<K> {
             .map(|r| Route::parse(&r))
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
+        let extras = self.extras.build(&self.name, &tiers[0].limits[0])?;
         Ok(Policy {
             name,
             tiers: tiers.into(),
@@ -556,6 +578,7 @@ impl<K> PolicyBuilder<K> {
             methods,
             route,
             missing_key: self.missing_key,
+            extras,
         })
     }
 }
@@ -603,6 +626,134 @@ impl<K> PolicyBuilder<K> {
             limits.push(limit);
         }
         Ok(limits.into())
+    }
+}
+
+/// Limits per customer, async keys and counting by outcome (`per_customer.rs`, `outcome.rs`).
+impl<K> PolicyBuilder<K> {
+    /// The quota of each request from the request itself: `quota` sees its parts and its key and
+    /// returns the customer's quota, or `None` for the policy's own (its [tiers](Self::tier), else
+    /// its default quota). The quota takes the policy's algorithm, delay, lease and penalty, and
+    /// state stays per key under the policy's name: a customer whose plan changes keeps its state,
+    /// rebased on the new quota (a GCRA backlog beyond the new burst counts as a full bucket).
+    /// A quota that cannot be enforced (count 0, less than the cost, beyond the backend's range) is
+    /// logged and the policy's own applies. The `RateLimit-Policy` field names the quota that applied.
+    ///
+    /// The quota should be a function of the key (a plan): a key whose requests alternate between
+    /// two quotas is decided under each in turn.
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, Policy, Quota};
+    ///
+    /// #[derive(Clone, Copy)]
+    /// enum Plan { Free, Pro }
+    ///
+    /// // An authentication layer before this one inserts the caller's `Plan`.
+    /// let api = Policy::builder("api")
+    ///     .key(Header::new("x-user-id"))
+    ///     .quota(Quota::per_minute(60))
+    ///     .quota_from(|parts, _key| match parts.extensions.get::<Plan>()? {
+    ///         Plan::Pro => Some(Quota::per_minute(6000)),
+    ///         Plan::Free => None,
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = api;
+    /// ```
+    pub fn quota_from<F>(mut self, quota: F) -> Self
+    where
+        F: Fn(&http::request::Parts, &crate::key::Key) -> Option<Quota> + Send + Sync + 'static,
+    {
+        self.extras.quota_from = Some(Arc::new(quota));
+        self
+    }
+
+    /// The quota of each request's key from a [`QuotaResolver`](crate::QuotaResolver), which may
+    /// wait (a plan looked up in the application's database; keep a cache, as the resolver's
+    /// example does). As [`quota_from`](Self::quota_from) otherwise.
+    ///
+    /// **When the resolver fails** (an error, or no answer within the
+    /// [timeout](Self::resolver_timeout)), the request gets the policy's own quota (its tiers, else
+    /// its default), and the failure is logged at warn (at most once a second): a plan database that
+    /// is down must neither stop the API nor lift its limits, and the default quota is the one
+    /// limit known to be safe for anyone.
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, Key, Policy, Quota};
+    ///
+    /// let api = Policy::builder("api")
+    ///     .key(Header::new("x-api-key"))
+    ///     .quota(Quota::per_second(10))
+    ///     .quota_resolver(|_parts: &http::request::Parts, key: &Key| {
+    ///         let pro = key.to_string().starts_with("pro_");
+    ///         async move { Ok::<_, std::io::Error>(pro.then(|| Quota::per_second(100))) }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = api;
+    /// ```
+    pub fn quota_resolver(mut self, resolver: impl crate::per_customer::QuotaResolver) -> Self {
+        self.extras.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// How long the [quota resolver](Self::quota_resolver) may take (default 100 ms, the Redis
+    /// backend's default timeout); past it the policy's own quota applies.
+    pub fn resolver_timeout(mut self, timeout: Duration) -> Self {
+        self.extras.resolve_timeout = Some(timeout);
+        self
+    }
+
+    /// Keys from an [`AsyncKey`](crate::key::AsyncKey) instead of [`key`](Self::key): an API key
+    /// validated before it is counted, or an axum extractor the application already has. A request
+    /// whose key is refused gets the [missing-key](MissingKey) answer.
+    pub fn async_key(mut self, key: crate::key::AsyncKey) -> Self {
+        self.extras.async_key = Some(key);
+        self
+    }
+
+    /// Counts only the requests whose response `counts` accepts; the others are given back. On a
+    /// login route, `count_only(|s| s == 401 || s == 403)` limits failed attempts (brute force) and
+    /// never a user who logs in.
+    ///
+    /// Exact under concurrency: a request takes its units when it is admitted, like any other, so
+    /// requests in flight count, and they are given back ([`Backend::refund`](crate::Backend::refund))
+    /// once the inner service answers with a status that does not count. However many requests are
+    /// in flight, at most the quota's count of counted responses pass per period. A request whose
+    /// response never comes (the service failed, or the client went away first) counts as a `500`
+    /// would. Not for concurrency limits; see the README's "Counting by outcome" for the details.
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, Policy, Quota};
+    ///
+    /// let login = Policy::builder("login")
+    ///     .key(Header::new("x-username"))
+    ///     .route("/login")
+    ///     .quota(Quota::per_hour(5).with_max_burst(4))
+    ///     .count_only(|status| status == 401 || status == 403)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = login;
+    /// ```
+    pub fn count_only<F>(mut self, counts: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.extras.outcome.count_only = Some(Arc::new(counts));
+        self
+    }
+
+    /// Gives back the units of requests whose response `refund` accepts, such as server errors
+    /// (`refund_on(|s| s.is_server_error())`): a client is not charged for the server's failures.
+    /// As [`count_only`](Self::count_only) otherwise (with both, a response counts when
+    /// `count_only` accepts it and `refund_on` does not). A response that never comes counts as a
+    /// `500`, so it is refunded here.
+    pub fn refund_on<F>(mut self, refund: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.extras.outcome.refund_on = Some(Arc::new(refund));
+        self
     }
 }
 

@@ -86,6 +86,21 @@ impl Backend for ConfiguredBackend {
             ConfiguredBackend::Redis(redis) => redis.reset(limits, key),
         }
     }
+
+    // Counting by outcome.
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: std::time::Duration) {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.refund(limits, key, quantity, since),
+            ConfiguredBackend::Redis(redis) => redis.refund(limits, key, quantity, since),
+        }
+    }
+
+    fn can_refund(&self) -> bool {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.can_refund(),
+            ConfiguredBackend::Redis(redis) => redis.can_refund(),
+        }
+    }
 }
 
 /// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.

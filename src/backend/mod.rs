@@ -35,6 +35,7 @@ pub use key_state::{KeyState, PeekFuture, ResetFuture};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
@@ -131,6 +132,35 @@ pub trait Backend: Send + Sync + 'static {
             "this backend cannot reset a key",
         ))))
     }
+
+    // --- Counting by outcome: refunds (one block; see `PolicyBuilder::count_only`). ---
+
+    /// Gives back `quantity` units that a request admitted `since` ago was charged for `key` under
+    /// `limits` (one limit, or a stack as [`check_all`](Backend::check_all) decided it), because its
+    /// response does not count ([`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only),
+    /// [`refund_on`](crate::PolicyBuilder::refund_on)). Must not block and must never give back
+    /// more than the request took: the state becomes at most what it would be had the request never
+    /// come. `since` is an upper bound on the time since the backend admitted the request (the
+    /// middleware measures it from before it asked), so a refund may give back less, never more.
+    ///
+    /// Per algorithm: the GCRA moves the TAT back by `quantity` emission intervals (the middleware
+    /// only asks while the request's units still count, `since` < the decision's `reset_after`,
+    /// so nothing has drained them); the fixed window takes the units out of the window that admitted
+    /// them if it is still the current one; the sliding window out of the window that admitted them
+    /// (or, within `since` of a boundary, the one before, which weighs less); the sliding log removes
+    /// `quantity` units logged at the admission or after the earliest time it may have been, the
+    /// oldest first. A concurrency limit has nothing to refund (its slot is given back by
+    /// [`release`](Backend::release)). The default does nothing; a backend that refunds says so in
+    /// [`can_refund`](Backend::can_refund).
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        let _ = (limits, key, quantity, since);
+    }
+
+    /// Whether [`refund`](Backend::refund) gives units back. A layer refuses to build a policy that
+    /// counts by outcome on a backend that cannot (it would count every response). The default: no.
+    fn can_refund(&self) -> bool {
+        false
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -166,5 +196,14 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
         (**self).reset(limits, key)
+    }
+
+    // Counting by outcome.
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        (**self).refund(limits, key, quantity, since)
+    }
+
+    fn can_refund(&self) -> bool {
+        (**self).can_refund()
     }
 }

@@ -10,6 +10,7 @@ use crate::access::{keys_named, AccessList};
 use crate::error::BuildError;
 use crate::key::{ClientIp, InvalidCidr, KeySpec, PeerIp};
 use crate::limit::Algorithm;
+use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
 use crate::policy::{MissingKey, Policy};
 use crate::quota::Quota;
@@ -128,6 +129,15 @@ impl RouteConfig {
             let penalty =
                 Penalty::new(p.after, p.within, p.ban).map_err(|e| invalid(e.to_string()))?;
             builder = builder.penalty(penalty);
+        }
+        // Counting by outcome.
+        if let Some(statuses) = &self.count_statuses {
+            let set = StatusSet::parse(statuses, "count_statuses").map_err(&invalid)?;
+            builder = builder.count_only(move |status| set.contains(status));
+        }
+        if let Some(statuses) = &self.refund_statuses {
+            let set = StatusSet::parse(statuses, "refund_statuses").map_err(&invalid)?;
+            builder = builder.refund_on(move |status| set.contains(status));
         }
         builder = builder.on_missing_key(match self.on_missing_key.as_deref() {
             None | Some("reject") => MissingKey::Reject(StatusCode::BAD_REQUEST),

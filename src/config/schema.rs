@@ -211,6 +211,33 @@ pub struct RouteConfig {
     /// banned for `ban`.
     #[serde(default)]
     pub penalty: Option<PenaltyConfig>,
+    /// Counting by outcome: only responses with these statuses count, such as `[401, 403]` on a
+    /// login route (statuses 100–599, or classes `"4xx"`); the others are given back.
+    #[serde(default, deserialize_with = "some_statuses")]
+    pub count_statuses: Option<Vec<String>>,
+    /// Counting by outcome: responses with these statuses are given back, such as `["5xx"]`.
+    #[serde(default, deserialize_with = "some_statuses")]
+    pub refund_statuses: Option<Vec<String>>,
+}
+
+/// `count_statuses` / `refund_statuses`: codes (`401`) and classes (`"4xx"`), as strings.
+fn some_statuses<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Status {
+        Code(u64),
+        Text(String),
+    }
+    let entries = Vec::<Status>::deserialize(d)?;
+    Ok(Some(
+        entries
+            .into_iter()
+            .map(|s| match s {
+                Status::Code(code) => code.to_string(),
+                Status::Text(text) => text,
+            })
+            .collect(),
+    ))
 }
 
 /// One quota of a stack (`quotas = [...]`).

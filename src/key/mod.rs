@@ -84,10 +84,13 @@
 //! Use it as any extractor: `Policy::builder("api").key(bearer_token)`, with the request type your
 //! server's (`&Request<axum::body::Body>` in axum).
 
+mod async_key;
 mod client_ip;
 mod extract;
 mod sources;
 
+pub(crate) use async_key::Found;
+pub use async_key::{AsyncKey, DEFAULT_ASYNC_KEY_TIMEOUT};
 pub(crate) use client_ip::parse_net;
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies, MAX_HOPS};
 pub use extract::{

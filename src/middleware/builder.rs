@@ -352,6 +352,14 @@ pub(crate) fn validate_table<K, B: Backend>(
         ));
     }
     for policy in policies {
+        // Counting by outcome gives units back: a backend that cannot would count them all.
+        if policy.extras().is_some_and(|e| e.outcome.is_some()) && !backend.can_refund() {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} counts by outcome (count_only, refund_on), but this backend cannot \
+                 give units back (Backend::can_refund)",
+                policy.name()
+            )));
+        }
         for tier in policy.tiers() {
             match &*tier.limits {
                 [one] => backend.validate(one)?,

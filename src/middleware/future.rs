@@ -26,6 +26,7 @@ use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::slot::{ConcurrencySlot, Release};
 use crate::middleware::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
+use crate::outcome::OutcomeGuard;
 
 /// A backend check in flight: one limit, or a stack.
 pub(crate) enum BackendCheck<D> {
@@ -46,6 +47,18 @@ where
         }
     }
 }
+
+/// The verdict of a request that took the extended path (an async key or quota, or counting by
+/// outcome: `middleware/extended.rs`), with what carrying it out needs besides the request's body.
+pub(crate) struct Prepared {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) verdict: Verdict,
+    pub(crate) release: Option<Release>,
+    pub(crate) outcome: Option<Box<OutcomeGuard>>,
+}
+
+/// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
+pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
 /// A request whose decision is remote: what carrying out its verdict needs once the decision arrives.
 pub(crate) struct AwaitingVerdict<S, ReqBody> {
@@ -73,6 +86,7 @@ pin_project! {
         request: Option<Request<ReqBody>>,
         headers: Option<RateHeaders>,
         slot: Option<ConcurrencySlot>,
+        outcome: Option<Box<OutcomeGuard>>,
     }
 }
 
@@ -97,6 +111,12 @@ pin_project! {
             check: BackendCheck<D>,
             awaiting: Option<AwaitingVerdict<S, ReqBody>>,
         },
+        // The extended path: the verdict is made by a boxed future; the readied service and the
+        // request's body wait beside it.
+        Preparing {
+            prepare: Preparing,
+            rest: Option<(S, ReqBody)>,
+        },
         Delaying {
             // Boxed: delays are rare, and a Sleep would make every request's future larger.
             delayed: Pin<Box<Delayed<S, ReqBody>>>,
@@ -106,6 +126,7 @@ pin_project! {
             future: S::Future,
             headers: Option<RateHeaders>,
             slot: Option<ConcurrencySlot>,
+            outcome: Option<Box<OutcomeGuard>>,
         },
         Ready {
             response: Option<Response<Bytes>>,
@@ -119,7 +140,18 @@ where
 {
     /// The inner service's answer to a request no limit applies to.
     pub(crate) fn unlimited(future: S::Future) -> Self {
-        Self::calling(future, None, None)
+        Self::calling(future, None, None, None)
+    }
+
+    /// A request on the extended path: `prepare` makes its verdict, then `service` (readied) is
+    /// called with the request rebuilt from its parts and `body`.
+    pub(crate) fn preparing(prepare: Preparing, service: S, body: ReqBody) -> Self {
+        ResponseFuture {
+            state: State::Preparing {
+                prepare,
+                rest: Some((service, body)),
+            },
+        }
     }
 
     /// An answer the layer made itself (a refusal).
@@ -152,6 +184,20 @@ where
     where
         S: Clone,
     {
+        Self::carry_out_counted(verdict, service, request, release, None)
+    }
+
+    /// [`carry_out`](Self::carry_out), with the guard that settles a request counted by its outcome.
+    pub(crate) fn carry_out_counted(
+        verdict: Verdict,
+        service: &mut S,
+        request: Request<ReqBody>,
+        release: Option<Release>,
+        outcome: Option<Box<OutcomeGuard>>,
+    ) -> Self
+    where
+        S: Clone,
+    {
         let admitted = match verdict {
             Verdict::Admit(admitted) => admitted,
             Verdict::Reject(response) => return Self::refused(response),
@@ -159,12 +205,12 @@ where
         let delay = admitted.delay;
         let (request, headers, slot) = prepare(admitted, release, request);
         if delay.is_zero() {
-            Self::calling(service.call(request), headers, slot)
+            Self::calling(service.call(request), headers, slot, outcome)
         } else {
             // A request that waits must not hold what readying reserved (a permit of an inner
             // concurrency limit) while it sleeps: the readied service is left to the caller, and a
             // clone readies after the wait.
-            Self::delaying(delay, service.clone(), request, headers, slot)
+            Self::delaying(delay, service.clone(), request, (headers, slot, outcome))
         }
     }
 
@@ -172,12 +218,14 @@ where
         future: S::Future,
         headers: Option<RateHeaders>,
         slot: Option<ConcurrencySlot>,
+        outcome: Option<Box<OutcomeGuard>>,
     ) -> Self {
         ResponseFuture {
             state: State::Calling {
                 future,
                 headers,
                 slot,
+                outcome,
             },
         }
     }
@@ -186,8 +234,11 @@ where
         delay: Duration,
         service: S,
         request: Request<ReqBody>,
-        headers: Option<RateHeaders>,
-        slot: Option<ConcurrencySlot>,
+        (headers, slot, outcome): (
+            Option<RateHeaders>,
+            Option<ConcurrencySlot>,
+            Option<Box<OutcomeGuard>>,
+        ),
     ) -> Self {
         ResponseFuture {
             state: State::Delaying {
@@ -198,6 +249,7 @@ where
                     request: Some(request),
                     headers,
                     slot,
+                    outcome,
                 }),
             },
         }
@@ -232,6 +284,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "checking",
+            State::Preparing { .. } => "preparing",
             State::Delaying { .. } => "delaying",
             State::Calling { .. } => "calling",
             State::Ready { .. } => "ready",
@@ -275,6 +328,18 @@ where
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     Self::carry_out(verdict, &mut service, request, release).state
                 }
+                StateProj::Preparing { prepare, rest } => {
+                    let Prepared {
+                        parts,
+                        verdict,
+                        release,
+                        outcome,
+                    } = ready!(prepare.as_mut().poll(cx));
+                    let (mut service, body) =
+                        rest.take().expect("ResponseFuture polled after completion");
+                    let request = Request::from_parts(parts, body);
+                    Self::carry_out_counted(verdict, &mut service, request, release, outcome).state
+                }
                 StateProj::Delaying { delayed } => {
                     let delayed = delayed.as_mut().project();
                     if !*delayed.slept {
@@ -290,15 +355,24 @@ where
                         future: delayed.service.call(request),
                         headers: delayed.headers.take(),
                         slot: delayed.slot.take(),
+                        outcome: delayed.outcome.take(),
                     }
                 }
                 StateProj::Calling {
                     future,
                     headers,
                     slot,
+                    outcome,
                 } => {
-                    let response = ready!(future.poll(cx))?;
-                    let (mut parts, body) = response.into_parts();
+                    let response = ready!(future.poll(cx));
+                    // Counting by outcome: settled by the status (a failed call drops the guard,
+                    // which settles it as a 500).
+                    if let Some(outcome) = outcome.take() {
+                        if let Ok(response) = &response {
+                            (*outcome).settle(response.status());
+                        }
+                    }
+                    let (mut parts, body) = response?.into_parts();
                     if let Some(headers) = headers.take() {
                         headers.apply(&mut parts.headers);
                     }

@@ -15,6 +15,7 @@
 
 pub mod body;
 pub(crate) mod builder;
+mod extended;
 pub(crate) mod future;
 pub(crate) mod layer;
 pub(crate) mod service;

@@ -18,6 +18,7 @@ use crate::backend::Backend;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
+use crate::middleware::extended::call_extended;
 use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
 use crate::middleware::slot::{Release, SlotOwner};
 use crate::middleware::verdict::{Judge, RequestContext, Settings, Verdict};
@@ -126,6 +127,19 @@ where
         let table: &Arc<Table<K>> = table.load();
         // The first policy whose route and methods match decides.
         let policy = table.policies.iter().position(|p| p.applies_to(&request));
+        // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): unused,
+        // they cost this one check.
+        if let Some(extras) = policy.and_then(|i| table.policies[i].extras()) {
+            let (extras, table) = (extras.clone(), table.clone());
+            return call_extended(
+                inner,
+                shared,
+                table,
+                policy.unwrap_or_default(),
+                extras,
+                request,
+            );
+        }
         let key = policy.and_then(|i| table.policies[i].key().extract(&request));
         // Access lists come before limits (an allowed client has none), and may name keys.
         if let Some((lists, source)) = &shared.access {
@@ -242,14 +256,14 @@ where
 
 /// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
 /// the caller must `poll_ready` before the next call, as always.
-fn take_readied<S: Clone>(inner: &mut S) -> S {
+pub(super) fn take_readied<S: Clone>(inner: &mut S) -> S {
     let fresh = inner.clone();
     std::mem::replace(inner, fresh)
 }
 
 /// The release of a concurrency slot of policy `policy` of `table`, tier `tier`, for `key`: given
 /// back under the table the request was admitted by, even if a reload has replaced it since.
-fn releaser<K, B>(
+pub(super) fn releaser<K, B>(
     shared: &Arc<Shared<K, B>>,
     table: &Arc<Table<K>>,
     policy: usize,

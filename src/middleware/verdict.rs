@@ -77,6 +77,8 @@ pub(crate) struct RequestContext<'a> {
     pub(crate) tier: usize,
     pub(crate) key: &'a Key,
     pub(crate) request: RequestRef<'a>,
+    /// A per-customer quota's limits, in place of tier `tier`'s.
+    pub(crate) custom: Option<&'a TierRules>,
 }
 
 impl<'a> RequestContext<'a> {
@@ -91,6 +93,18 @@ impl<'a> RequestContext<'a> {
             tier,
             key,
             request: RequestRef::of(request),
+            custom: None,
+        }
+    }
+
+    /// The limits the request is decided under: its per-customer quota's, else its tier's.
+    fn tier_in<'r>(&self, rules: &'r PolicyRules) -> &'r TierRules
+    where
+        'a: 'r,
+    {
+        match self.custom {
+            Some(custom) => custom,
+            None => &rules.tiers[self.tier],
         }
     }
 }
@@ -114,7 +128,7 @@ pub(crate) struct Admitted {
 
 impl Admitted {
     /// Through with no limit applied (and no headers): the backend failed and the layer fails open.
-    fn unlimited() -> Self {
+    pub(crate) fn unlimited() -> Self {
         Admitted {
             headers: None,
             delay: Duration::ZERO,
@@ -195,8 +209,8 @@ struct PolicyRules {
     limited_body: Bytes,
 }
 
-/// What the verdict needs of one tier's limits.
-struct TierRules {
+/// What the verdict needs of one tier's limits (or of a per-customer quota's).
+pub(crate) struct TierRules {
     name: Option<Arc<str>>,
     limits: Box<[Limit]>,
     names: Box<[Arc<str>]>,
@@ -225,16 +239,23 @@ impl PolicyRules {
             tiers: policy
                 .tiers()
                 .iter()
-                .map(|t| TierRules {
-                    name: t.name.clone(),
-                    limits: t.limits.clone(),
-                    names: t.limits.iter().map(|l| l.name().into()).collect(),
-                    policy_field: headers::policy_field(&t.limits),
-                    limit_value: t.limits[0].max_cost(),
-                    concurrency: t.limits[0].algorithm() == Algorithm::Concurrency,
-                })
+                .map(|t| TierRules::of(t.name.clone(), &t.limits))
                 .collect(),
             limited_body: headers::limited_body(policy.name()),
+        }
+    }
+}
+
+impl TierRules {
+    /// The rules of `limits` (at least one), the tier called `name` (`None`: the default).
+    pub(crate) fn of(name: Option<Arc<str>>, limits: &[Limit]) -> Self {
+        TierRules {
+            name,
+            limits: limits.into(),
+            names: limits.iter().map(|l| l.name().into()).collect(),
+            policy_field: headers::policy_field(limits),
+            limit_value: limits[0].max_cost(),
+            concurrency: limits[0].algorithm() == Algorithm::Concurrency,
         }
     }
 }
@@ -251,7 +272,7 @@ struct Source {
 /// Whether a tokio timer can be made here: a runtime with its time driver. Delay mode sleeps on one,
 /// and without it `tokio::time::sleep` panics, so this tries (only for delayed requests; a timer that
 /// is never polled costs next to nothing).
-fn timers_available() -> bool {
+pub(crate) fn timers_available() -> bool {
     tokio::runtime::Handle::try_current().is_ok()
         && std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }
@@ -285,7 +306,7 @@ impl Judge {
         cx: RequestContext<'_>,
         answer: Result<Checked, BackendError>,
     ) -> Verdict {
-        let tier = &self.policies[cx.policy].tiers[cx.tier];
+        let tier = cx.tier_in(&self.policies[cx.policy]);
         let from_backend = |d: &Decision| Source {
             strike: true,
             slot: SlotOwner::Backend {
@@ -340,7 +361,7 @@ impl Judge {
             return Verdict::Admit(Admitted::unlimited());
         };
         let rules = &self.policies[cx.policy];
-        let limits = &rules.tiers[cx.tier].limits;
+        let limits = &cx.tier_in(rules).limits;
         let decided = if limits.len() == 1 {
             local
                 .decide(&limits[0], cx.key, rules.cost)
@@ -376,7 +397,7 @@ impl Judge {
             return None;
         }
         let rest = rules.penalty.as_ref()?.banned(cx.key)?;
-        let tier = &rules.tiers[cx.tier];
+        let tier = cx.tier_in(rules);
         let decision = Decision::banned(tier.limit_value, rest, None, rest);
         let mut decisions = vec![decision; tier.limits.len()];
         let source = Source {
@@ -403,7 +424,7 @@ impl Judge {
         source: Source,
     ) -> Verdict {
         let rules = &self.policies[cx.policy];
-        let tier = &rules.tiers[cx.tier];
+        let tier = cx.tier_in(rules);
         let mut delay = queue_delay(tier, decisions);
         let mut decision = match &*decisions {
             [one] => *one,
@@ -786,6 +807,7 @@ mod tests {
             tier: 0,
             key: &key,
             request: RequestRef::of(&request),
+            custom: None,
         };
         judge.verdict(cx, answer)
     }
@@ -878,6 +900,7 @@ mod tests {
             tier: 0,
             key: &key,
             request: RequestRef::of(&request),
+            custom: None,
         };
         assert!(judge.banned(cx).is_none());
         let first = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));

@@ -7,4 +7,5 @@ mod algorithms;
 mod attack;
 mod backend;
 mod peek_reset;
+mod refund;
 mod window_accuracy;

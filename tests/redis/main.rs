@@ -7,6 +7,7 @@ mod support;
 
 mod algorithms;
 mod backend;
+mod count_outcome;
 mod failure;
 mod harness;
 mod modes_on_backends;

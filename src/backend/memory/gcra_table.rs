@@ -212,6 +212,54 @@ impl GcraTable {
         }
     }
 
+    /// Gives back `quantity` units of the GCRA limit `id` for `key`: its TAT moves back by as many
+    /// emission intervals (a TAT that falls to `now` or before means no state, as everywhere here).
+    pub(super) fn refund<C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &Key,
+        quantity: u64,
+        clock: &C,
+    ) {
+        match Compact::of(key) {
+            Compact::V4(ip) => self.refund_in(params, id, &ip, quantity, clock),
+            Compact::V6(ip) => self.refund_in(params, id, &ip, quantity, clock),
+            Compact::Other(key) => self.refund_in(params, id, key, quantity, clock),
+        }
+    }
+
+    fn refund_in<K: RecordKey, C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &K,
+        quantity: u64,
+        clock: &C,
+    ) {
+        let hash = key.record_hash(id, &self.hasher);
+        let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
+        let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = clock.now_nanos();
+        let Some(record) = K::table(&shard).find(hash, |s| s.limit == id && s.key == *key) else {
+            return;
+        };
+        let back = params.emission_interval().saturating_mul(quantity);
+        // A compare-and-swap, as decisions make: a refund and a decision on one key in any order
+        // give the same TAT (both add or subtract a fixed amount).
+        let mut current = record.tat.load(Relaxed);
+        while current > now {
+            let moved = current.saturating_sub(back);
+            match record
+                .tat
+                .compare_exchange_weak(current, moved, Relaxed, Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     /// How many keys are live (including keys that have expired but were not swept yet).
     pub(super) fn len(&self) -> usize {
         self.shards

@@ -204,6 +204,37 @@ impl GeneralStore {
         }
     }
 
+    /// Gives back `quantity` units that `limits` (a lone limit or a stack, keyed as
+    /// [`decide`](Self::decide) keys them) admitted for `key` at most `since` ago: see
+    /// [`Backend::refund`](crate::Backend::refund) for what each algorithm gives back.
+    pub(super) fn refund<C: Clock>(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+        since: u64,
+        clock: &C,
+    ) {
+        let Some(first) = limits.first() else {
+            return;
+        };
+        let id = first.id();
+        let hash = self.hasher.hash_one((id, key));
+        let mut shard = self.shard(hash);
+        let now = clock.now_nanos();
+        let unix_now = now.saturating_add(clock.unix_origin_nanos());
+        let eq = |e: &Entry| e.limit == id && e.key == *key;
+        let Ok(mut occupied) = shard.table.find_entry(hash, eq) else {
+            return;
+        };
+        let cells = &mut occupied.get_mut().cells;
+        for (position, limit) in limits.iter().enumerate() {
+            if let Some(cell) = cells.find_mut(limit.id(), position as u8) {
+                refund_state(&mut cell.state, limit, now, unix_now, quantity, since);
+            }
+        }
+    }
+
     /// How many entries are live (including entries that have expired but were not swept yet).
     pub(super) fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).table.len()).sum()
@@ -461,6 +492,63 @@ fn decide_one(
             (d, NextState::InFlight(next))
         }
         _ => unreachable!("Cells::index_of gives each limit the state of its algorithm"),
+    }
+}
+
+/// Takes `quantity` units admitted at most `since` ago out of `state` (at `now` on the backend's
+/// clock, `unix_now` in Unix time). Whatever cannot be proven to be the request's own is left: a
+/// refund may give back less than the request took, never more. Expiries are left as they are
+/// (later than needed at worst).
+fn refund_state(
+    state: &mut State,
+    limit: &Limit,
+    now: u64,
+    unix_now: u64,
+    quantity: u64,
+    since: u64,
+) {
+    let admitted_after = unix_now.saturating_sub(since);
+    match (state, limit.gcra(), limit.window()) {
+        (State::Gcra(tat), Some(params), _) if *tat > now => {
+            *tat = tat.saturating_sub(params.emission_interval().saturating_mul(quantity));
+        }
+        (State::Fixed(s), _, Some(params)) => {
+            let window = unix_now / params.period();
+            // Only while the window that admitted the request is still the current one (and it
+            // surely is when the earliest admission time falls in it too).
+            if s.window == window && admitted_after / params.period() == window {
+                s.count = s.count.saturating_sub(quantity);
+            }
+        }
+        (State::Sliding(s), _, Some(params)) => {
+            let window = unix_now / params.period();
+            let (mut current, mut previous) = match *s {
+                ref s if s.window == window => (s.current, s.previous),
+                ref s if s.window + 1 == window => (0, s.current),
+                _ => return,
+            };
+            match window - admitted_after / params.period() {
+                0 => current = current.saturating_sub(quantity),
+                // Admitted in the previous window, or in this one within `since` of its start:
+                // the previous window's count weighs less, so taking the units from it never gives
+                // back more than the request took.
+                1 => previous = previous.saturating_sub(quantity),
+                _ => return,
+            }
+            *s = SlidingState {
+                window,
+                current,
+                previous,
+            };
+        }
+        (State::Log(log), _, Some(_)) => {
+            // The oldest units logged at or after the earliest admission time: the request's own,
+            // or older ones (which leave the window sooner, so removing them gives back less).
+            let from = log.partition_point(|t| *t < admitted_after);
+            let to = from.saturating_add(quantity as usize).min(log.len());
+            log.drain(from..to);
+        }
+        _ => {}
     }
 }
 

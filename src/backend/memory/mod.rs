@@ -364,6 +364,31 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
         Box::pin(ready(self.reset_now(limits, key)))
     }
+
+    // Counting by outcome: a lone GCRA limit lives in the GCRA table, everything else (stacks
+    // included) in the general store, as `decide_all` puts them.
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: std::time::Duration) {
+        let stores = &*self.stores;
+        match limits {
+            [] => {}
+            [limit] if limit.gcra().is_some() => {
+                let params = limit.gcra().expect("a GCRA limit");
+                stores
+                    .gcra
+                    .refund(params, limit.id(), key, quantity, &stores.clock);
+            }
+            _ => {
+                let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+                stores
+                    .general
+                    .refund(limits, key, quantity, since, &stores.clock);
+            }
+        }
+    }
+
+    fn can_refund(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -106,7 +106,10 @@ impl DenyCache {
         Some(aged)
     }
 
-    /// Forgets `key` (the key was reset).
+    /// Forgets the rejection of `key`: the key was reset, or counting by outcome gave units back (a
+    /// refund is the one thing besides a reset that makes a key less limited, so a process forgets
+    /// what it refunded; another process's cache may hold the rejection until its retry time, which
+    /// only admits less).
     pub(super) fn forget(&self, key: &str) {
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         shard.map.remove(key);

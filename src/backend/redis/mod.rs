@@ -24,6 +24,7 @@ pub(crate) mod connection;
 mod deny;
 mod lease;
 mod mode;
+mod refund;
 mod scripts;
 
 use std::fmt;
@@ -254,5 +255,14 @@ impl Backend for RedisBackend {
 
     fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
         self.state.reset(limits, key)
+    }
+
+    // Counting by outcome: refund.lua, on a spawned task (see refund.rs).
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        refund::refund(&self.state, limits, key, quantity, since);
+    }
+
+    fn can_refund(&self) -> bool {
+        true
     }
 }

@@ -1,0 +1,225 @@
+//! Counting by outcome: which responses count against a policy's quota
+//! ([`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only),
+//! [`refund_on`](crate::PolicyBuilder::refund_on)), and the guard that gives a request's units back
+//! when its response does not count.
+//!
+//! Exact under concurrency: a request takes its units when it is admitted, like any other, so
+//! requests in flight count; once the inner service answers, the units of a response that does not
+//! count are given back ([`Backend::refund`](crate::Backend::refund)). A policy counting failures
+//! thus admits at most its quota of failures per period, however many requests are in flight.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+pub(crate) type StatusFilter = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// Which responses count: those `count_only` accepts (all, without it), except those `refund_on`
+/// accepts.
+#[derive(Clone, Default)]
+pub(crate) struct OutcomeRule {
+    pub(crate) count_only: Option<StatusFilter>,
+    pub(crate) refund_on: Option<StatusFilter>,
+}
+
+impl OutcomeRule {
+    /// Whether a response with `status` counts against the quota.
+    pub(crate) fn counts(&self, status: StatusCode) -> bool {
+        self.count_only.as_ref().is_none_or(|f| f(status))
+            && !self.refund_on.as_ref().is_some_and(|f| f(status))
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.count_only.is_some() || self.refund_on.is_some()
+    }
+}
+
+impl fmt::Debug for OutcomeRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutcomeRule")
+            .field("count_only", &self.count_only.is_some())
+            .field("refund_on", &self.refund_on.is_some())
+            .finish()
+    }
+}
+
+/// Added to the time measured since the backend was asked, so that `since` bounds the time between
+/// the admission and the backend reading its clock for the refund, a moment after the measure
+/// (the Redis backend adds its timeout too: the network may hold a call that long). Too much only
+/// gives back less; too little could give back a unit of a window that has ended.
+const CLOCK_MARGIN: Duration = Duration::from_millis(10);
+
+/// Gives a request's units back to the backend; `since` bounds the time since it was admitted.
+pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
+
+/// An admitted request whose response decides whether it counts. Settled once: with the response's
+/// status, or — when the inner service fails, or the response future is dropped before it answers
+/// (the client went away) — as a `500`: a response that never came is the server's failure, not
+/// the client's, so it counts as a 5xx would.
+pub(crate) struct OutcomeGuard {
+    rule: Arc<OutcomeRule>,
+    refund: Option<Refund>,
+    /// When the backend was asked: the admission came after.
+    asked: Instant,
+    /// How long the request's units count in the backend (the shortest `reset_after` of its
+    /// limits): after that nothing is left to give back, and a refund could give back more.
+    counts_for: Duration,
+}
+
+impl OutcomeGuard {
+    pub(crate) fn new(
+        rule: Arc<OutcomeRule>,
+        refund: Refund,
+        asked: Instant,
+        counts_for: Duration,
+    ) -> Self {
+        OutcomeGuard {
+            rule,
+            refund: Some(refund),
+            asked,
+            counts_for,
+        }
+    }
+
+    /// The response has this status: its units are given back if it does not count.
+    pub(crate) fn settle(mut self, status: StatusCode) {
+        self.settle_as(status);
+    }
+
+    fn settle_as(&mut self, status: StatusCode) {
+        let Some(refund) = self.refund.take() else {
+            return;
+        };
+        if self.rule.counts(status) {
+            return;
+        }
+        let since = self.asked.elapsed() + CLOCK_MARGIN;
+        if since < self.counts_for {
+            refund(since);
+        }
+    }
+}
+
+impl Drop for OutcomeGuard {
+    fn drop(&mut self) {
+        self.settle_as(StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}
+
+/// A set of statuses from the configuration: codes (`401`) and classes (`"4xx"`).
+#[cfg(feature = "config")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StatusSet {
+    codes: Vec<u16>,
+    /// Hundreds digits: 4 for "4xx".
+    classes: Vec<u16>,
+}
+
+#[cfg(feature = "config")]
+impl StatusSet {
+    /// Parses `entries` (codes 100–599 or classes "1xx"–"5xx"); `what` names the setting in errors.
+    pub(crate) fn parse(entries: &[String], what: &str) -> Result<StatusSet, String> {
+        if entries.is_empty() {
+            return Err(format!(
+                "{what} is empty (leave it out to count every response)"
+            ));
+        }
+        let mut set = StatusSet {
+            codes: Vec::new(),
+            classes: Vec::new(),
+        };
+        for entry in entries {
+            let e = entry.trim();
+            let class = e
+                .strip_suffix("xx")
+                .or_else(|| e.strip_suffix("XX"))
+                .and_then(|d| d.parse::<u16>().ok())
+                .filter(|d| (1..=5).contains(d));
+            if let Some(class) = class {
+                set.classes.push(class);
+                continue;
+            }
+            match e.parse::<u16>() {
+                Ok(code) if (100..=599).contains(&code) => set.codes.push(code),
+                _ => {
+                    return Err(format!(
+                        "{what}: {entry:?} is not a status (100 to 599) nor a class (\"1xx\" to \"5xx\")"
+                    ))
+                }
+            }
+        }
+        Ok(set)
+    }
+
+    pub(crate) fn contains(&self, status: StatusCode) -> bool {
+        let code = status.as_u16();
+        self.codes.contains(&code) || self.classes.contains(&(code / 100))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn counting_refunds(rule: OutcomeRule) -> (OutcomeGuard, Arc<AtomicU32>) {
+        let refunds = Arc::new(AtomicU32::new(0));
+        let seen = refunds.clone();
+        let refund: Refund = Box::new(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        let guard = OutcomeGuard::new(
+            Arc::new(rule),
+            refund,
+            Instant::now(),
+            Duration::from_secs(3600),
+        );
+        (guard, refunds)
+    }
+
+    #[test]
+    fn a_response_that_does_not_count_is_refunded_once_and_a_dropped_one_is_a_500() {
+        let failures = OutcomeRule {
+            count_only: Some(Arc::new(|s: StatusCode| s == 401 || s == 403)),
+            refund_on: None,
+        };
+        let (guard, refunds) = counting_refunds(failures.clone());
+        guard.settle(StatusCode::UNAUTHORIZED);
+        assert_eq!(refunds.load(Ordering::SeqCst), 0, "a 401 counts");
+        let (guard, refunds) = counting_refunds(failures.clone());
+        guard.settle(StatusCode::OK);
+        assert_eq!(refunds.load(Ordering::SeqCst), 1, "a 200 is given back");
+        let (guard, refunds) = counting_refunds(failures);
+        drop(guard);
+        assert_eq!(refunds.load(Ordering::SeqCst), 1, "no response: as a 500");
+
+        let server_errors = OutcomeRule {
+            count_only: None,
+            refund_on: Some(Arc::new(|s: StatusCode| s.is_server_error())),
+        };
+        let (guard, refunds) = counting_refunds(server_errors.clone());
+        guard.settle(StatusCode::OK);
+        assert_eq!(refunds.load(Ordering::SeqCst), 0);
+        let (guard, refunds) = counting_refunds(server_errors);
+        guard.settle(StatusCode::BAD_GATEWAY);
+        assert_eq!(refunds.load(Ordering::SeqCst), 1);
+    }
+
+    #[cfg(feature = "config")]
+    #[test]
+    fn status_sets_parse_codes_and_classes_and_refuse_the_rest() {
+        let set = StatusSet::parse(&["401".into(), "403".into(), "5xx".into()], "t").unwrap();
+        assert!(set.contains(StatusCode::UNAUTHORIZED));
+        assert!(set.contains(StatusCode::SERVICE_UNAVAILABLE));
+        assert!(!set.contains(StatusCode::NOT_FOUND));
+        assert!(StatusSet::parse(&[], "count_statuses")
+            .unwrap_err()
+            .contains("is empty"));
+        for bad in ["6xx", "99", "600", "4x", "abc"] {
+            let err = StatusSet::parse(&[bad.into()], "count_statuses").unwrap_err();
+            assert!(err.contains("is not a status"), "{bad}: {err}");
+        }
+    }
+}

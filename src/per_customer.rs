@@ -1,0 +1,295 @@
+//! Limits per customer: a policy's quota from the request ([`PolicyBuilder::quota_from`], a
+//! [`QuotaResolver`] that may be async), and what else a policy may decide per request, off the fast
+//! path: an async key ([`AsyncKey`](crate::key::AsyncKey)) and counting by outcome
+//! ([`PolicyBuilder::count_only`]). A policy that uses none of them costs one `Option` check per
+//! request.
+//!
+//! [`PolicyBuilder::quota_from`]: crate::PolicyBuilder::quota_from
+//! [`PolicyBuilder::count_only`]: crate::PolicyBuilder::count_only
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::request::Parts;
+
+use crate::error::BuildError;
+use crate::key::{AsyncKey, Key};
+use crate::limit::{Algorithm, Limit};
+use crate::middleware::verdict::TierRules;
+use crate::observe::ResolveLog;
+use crate::outcome::OutcomeRule;
+use crate::quota::Quota;
+
+/// An error from a [`QuotaResolver`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The future of [`QuotaResolver::resolve`]: the key's quota, `None` for the policy's own.
+pub type QuotaFuture = Pin<Box<dyn Future<Output = Result<Option<Quota>, BoxError>> + Send>>;
+
+/// Finds the quota of a request's key, possibly asynchronously (the customer's plan in the
+/// application's database): see [`PolicyBuilder::quota_resolver`](crate::PolicyBuilder::quota_resolver).
+///
+/// Implemented for closures `Fn(&Parts, &Key) -> impl Future<Output = Result<Option<Quota>, E>>`;
+/// the future must own what it needs (clone it out of the parts first).
+///
+/// A resolver is asked for every request of its policy, so it should answer from a cache: the
+/// example keeps each plan for a minute and asks the database only on a miss.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex};
+/// use std::time::{Duration, Instant};
+/// use http::request::Parts;
+/// use tower_throttle::{Key, QuotaFuture, QuotaResolver, Quota};
+///
+/// /// The application's plans table (a database in real life).
+/// async fn plan_of(customer: String) -> Result<&'static str, std::io::Error> {
+///     Ok(if customer == "acme" { "enterprise" } else { "free" })
+/// }
+///
+/// #[derive(Clone, Default)]
+/// struct Plans {
+///     cache: Arc<Mutex<HashMap<Key, (Quota, Instant)>>>,
+/// }
+///
+/// impl QuotaResolver for Plans {
+///     fn resolve(&self, _parts: &Parts, key: &Key) -> QuotaFuture {
+///         let cached = self.cache.lock().unwrap().get(key).copied();
+///         if let Some((quota, at)) = cached.filter(|(_, at)| at.elapsed() < Duration::from_secs(60)) {
+///             return Box::pin(std::future::ready(Ok(Some(quota))));
+///         }
+///         let (cache, key) = (self.cache.clone(), key.clone());
+///         Box::pin(async move {
+///             let quota = match plan_of(key.to_string()).await? {
+///                 "enterprise" => Quota::per_second(1000),
+///                 _ => Quota::per_second(10),
+///             };
+///             cache.lock().unwrap().insert(key, (quota, Instant::now()));
+///             Ok(Some(quota))
+///         })
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let plans = Plans::default();
+/// let parts = http::Request::new(()).into_parts().0;
+/// let quota = plans.resolve(&parts, &Key::from("acme")).await.unwrap();
+/// assert_eq!(quota, Some(Quota::per_second(1000)));
+/// assert!(plans.cache.lock().unwrap().contains_key(&Key::from("acme")));
+/// # });
+/// ```
+pub trait QuotaResolver: Send + Sync + 'static {
+    /// The quota of `key` for this request, `None` for the policy's own (its tiers, else its
+    /// default quota). An error, like an answer slower than the
+    /// [resolver timeout](crate::PolicyBuilder::resolver_timeout), gives the policy's own quota.
+    fn resolve(&self, parts: &Parts, key: &Key) -> QuotaFuture;
+}
+
+impl<F, Fut, E> QuotaResolver for F
+where
+    F: Fn(&Parts, &Key) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<Quota>, E>> + Send + 'static,
+    E: Into<BoxError>,
+{
+    fn resolve(&self, parts: &Parts, key: &Key) -> QuotaFuture {
+        let future = self(parts, key);
+        Box::pin(async move { future.await.map_err(Into::into) })
+    }
+}
+
+pub(crate) type QuotaFn = dyn Fn(&Parts, &Key) -> Option<Quota> + Send + Sync;
+
+/// How long a resolver may take by default: as long as the Redis backend's default timeout.
+pub(crate) const DEFAULT_RESOLVE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// At most this many distinct per-customer quotas are kept ready per policy (a quota is a plan, so
+/// there are few); past it the table starts again.
+const MAX_CUSTOM_QUOTAS: usize = 1024;
+
+/// What a policy's builder collects for the per-request features.
+#[derive(Default)]
+pub(crate) struct ExtrasBuilder {
+    pub(crate) quota_from: Option<Arc<QuotaFn>>,
+    pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
+    pub(crate) resolve_timeout: Option<Duration>,
+    pub(crate) async_key: Option<AsyncKey>,
+    pub(crate) outcome: OutcomeRule,
+}
+
+impl fmt::Debug for ExtrasBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtrasBuilder")
+            .field("quota_from", &self.quota_from.is_some())
+            .field("resolver", &self.resolver.is_some())
+            .field("async_key", &self.async_key)
+            .field("outcome", &self.outcome)
+            .finish()
+    }
+}
+
+impl ExtrasBuilder {
+    /// The extras of a policy named `name` whose default limit is `template`, or `None` when it
+    /// uses none (its requests then take the fast path).
+    pub(crate) fn build(
+        self,
+        name: &str,
+        template: &Limit,
+    ) -> Result<Option<Arc<PolicyExtras>>, BuildError> {
+        let invalid = |why: &str| BuildError::Invalid(format!("policy {name:?}: {why}"));
+        if self.quota_from.is_some() && self.resolver.is_some() {
+            return Err(invalid(
+                "quota_from and quota_resolver both choose the quota; use one",
+            ));
+        }
+        if self.resolve_timeout.is_some() && self.resolver.is_none() {
+            return Err(invalid(
+                "resolver_timeout is set but there is no quota_resolver",
+            ));
+        }
+        if self.resolve_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(invalid("resolver_timeout must be more than 0"));
+        }
+        if self
+            .async_key
+            .as_ref()
+            .is_some_and(|k| k.timeout_value().is_zero())
+        {
+            return Err(invalid("the async key's timeout must be more than 0"));
+        }
+        if self.outcome.is_set() && template.algorithm() == Algorithm::Concurrency {
+            return Err(invalid(
+                "count_only and refund_on need a rate (a concurrency slot is given back anyway \
+                 when its request ends)",
+            ));
+        }
+        if self.quota_from.is_none()
+            && self.resolver.is_none()
+            && self.async_key.is_none()
+            && !self.outcome.is_set()
+        {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(PolicyExtras {
+            name: name.into(),
+            template: template.clone(),
+            quota_from: self.quota_from,
+            resolver: self.resolver,
+            resolve_timeout: self.resolve_timeout.unwrap_or(DEFAULT_RESOLVE_TIMEOUT),
+            async_key: self.async_key,
+            outcome: self.outcome.is_set().then(|| Arc::new(self.outcome)),
+            custom: Mutex::new(HashMap::new()),
+            log: ResolveLog::default(),
+        })))
+    }
+}
+
+/// The per-request features of one policy.
+pub(crate) struct PolicyExtras {
+    name: Arc<str>,
+    /// The policy's default limit: per-customer limits take its algorithm, delay, lease and penalty.
+    template: Limit,
+    pub(crate) quota_from: Option<Arc<QuotaFn>>,
+    pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
+    pub(crate) resolve_timeout: Duration,
+    pub(crate) async_key: Option<AsyncKey>,
+    pub(crate) outcome: Option<Arc<OutcomeRule>>,
+    /// The limits of each per-customer quota seen, made once.
+    custom: Mutex<HashMap<Quota, Option<Arc<CustomTier>>>>,
+    pub(crate) log: ResolveLog,
+}
+
+impl fmt::Debug for PolicyExtras {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyExtras")
+            .field("quota_from", &self.quota_from.is_some())
+            .field("resolver", &self.resolver.is_some())
+            .field("async_key", &self.async_key)
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The limit of one per-customer quota, and what the verdict needs of it.
+pub(crate) struct CustomTier {
+    pub(crate) limits: Box<[Limit]>,
+    pub(crate) rules: TierRules,
+}
+
+impl PolicyExtras {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limits of a per-customer `quota`: named after the policy (so each key keeps its state
+    /// when its quota changes: the GCRA rebases a TAT written under another quota, the windows read
+    /// a count above the limit as full), with the default limit's algorithm, delay, lease and
+    /// penalty. `None` for a quota that cannot be enforced (`validate` is the backend's check) or
+    /// that `cost` exceeds: the request then gets the policy's own quota.
+    pub(crate) fn custom_tier(
+        &self,
+        quota: Quota,
+        cost: u64,
+        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
+    ) -> Option<Arc<CustomTier>> {
+        let mut table = self.custom.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = table.get(&quota) {
+            return known.clone();
+        }
+        let made = self.limit_for(quota).and_then(|limit| {
+            validate(&limit)?;
+            if cost > limit.max_cost() {
+                return Err(BuildError::Cost {
+                    policy: self.name.to_string(),
+                    cost,
+                    limit: limit.max_cost(),
+                });
+            }
+            Ok(limit)
+        });
+        let tier = match made {
+            Ok(limit) => Some(Arc::new(CustomTier {
+                rules: TierRules::of(None, std::slice::from_ref(&limit)),
+                limits: Box::new([limit]),
+            })),
+            Err(e) => {
+                self.log
+                    .record(&self.name, "quota", &e.to_string(), "the policy's quota");
+                None
+            }
+        };
+        if table.len() >= MAX_CUSTOM_QUOTAS {
+            table.clear();
+        }
+        table.insert(quota, tier.clone());
+        tier
+    }
+
+    fn limit_for(&self, quota: Quota) -> Result<Limit, BuildError> {
+        let template = &self.template;
+        let mut limit = Limit::with_algorithm(&*self.name, template.algorithm(), quota)?;
+        if let Some(penalty) = template.penalty() {
+            limit = limit.with_penalty(*penalty);
+        }
+        if let Some(delay) = template.delay() {
+            limit = limit.with_delay(delay)?;
+        }
+        if let (Algorithm::Concurrency, Some(lease)) = (template.algorithm(), template.lease()) {
+            limit = limit.with_lease(lease)?;
+        }
+        Ok(limit)
+    }
+}
+
+/// `future`'s output, or `None` if it takes longer than `timeout` (with no timer to measure it,
+/// outside a tokio runtime with time enabled, it is awaited as it is).
+pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F::Output> {
+    if crate::middleware::verdict::timers_available() {
+        tokio::time::timeout(timeout, future).await.ok()
+    } else {
+        Some(future.await)
+    }
+}

@@ -1,0 +1,272 @@
+//! Counting by outcome through the layer (memory backend): a login route that counts only failed
+//! attempts, exact with 100 requests in flight; refunds of server errors; responses that never came.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::{routing::get, Router};
+use tower::ServiceExt;
+
+use crate::support::request;
+use tower_throttle::key::Header;
+use tower_throttle::{
+    Algorithm, Backend, Key, Limit, MemoryBackend, Policy, PolicyBuilder, Quota, ThrottleLayer,
+};
+
+/// "login": 3 a minute per `x-username`, counting only 401s and 403s.
+fn login() -> PolicyBuilder<Header> {
+    Policy::builder("login")
+        .key(Header::new("x-username"))
+        .quota(Quota::per_minute(3))
+        .count_only(|status| status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
+}
+
+/// A login handler: 200 for the right password, 401 otherwise, after a short check (so that
+/// concurrent attempts are in flight together).
+async fn check_password(headers: HeaderMap) -> StatusCode {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    match headers.get("x-password").map(|v| v.as_bytes()) {
+        Some(b"right") => StatusCode::OK,
+        _ => StatusCode::UNAUTHORIZED,
+    }
+}
+
+pub fn login_app<B: Backend + Clone>(backend: B, policy: Policy<Header>) -> Router {
+    Router::new().route("/login", get(check_password)).layer(
+        ThrottleLayer::builder()
+            .backend(backend)
+            .policy(policy)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// The status of a login attempt by `user` with `password`.
+pub async fn attempt(app: &Router, user: &str, password: &str) -> StatusCode {
+    let mut r = request("/login");
+    r.headers_mut().insert("x-username", user.parse().unwrap());
+    r.headers_mut()
+        .insert("x-password", password.parse().unwrap());
+    app.clone().oneshot(r).await.unwrap().status()
+}
+
+/// Sends `n` attempts at once; how many got each of 200, 401 and 429.
+pub async fn at_once(app: &Router, user: &str, password: &str, n: usize) -> [usize; 3] {
+    let attempts = (0..n).map(|_| {
+        let app = app.clone();
+        let (user, password) = (user.to_owned(), password.to_owned());
+        tokio::spawn(async move { attempt(&app, &user, &password).await })
+    });
+    let mut counts = [0; 3];
+    for attempt in attempts.collect::<Vec<_>>() {
+        match attempt.await.unwrap() {
+            StatusCode::OK => counts[0] += 1,
+            StatusCode::UNAUTHORIZED => counts[1] += 1,
+            StatusCode::TOO_MANY_REQUESTS => counts[2] += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    counts
+}
+
+#[tokio::test]
+async fn a_user_who_logs_in_is_never_limited_and_failures_are_counted() {
+    let app = login_app(MemoryBackend::new(), login().build().unwrap());
+    for _ in 0..50 {
+        assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            attempt(&app, "mallory", "guess").await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        attempt(&app, "mallory", "guess").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The limit is the key's: even the right password waits now (that is brute-force protection).
+    assert_eq!(
+        attempt(&app, "mallory", "right").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_failures_in_flight_admit_exactly_the_quota() {
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ] {
+        let app = login_app(
+            MemoryBackend::new(),
+            login().algorithm(algorithm).build().unwrap(),
+        );
+        let [ok, failed, limited] = at_once(&app, "mallory", "guess", 100).await;
+        // A fixed window that turns over during the run may admit a few more (its own
+        // boundary effect, not a refund's): only a minute window is used, so it rarely does.
+        assert_eq!((ok, failed, limited), (0, 3, 97), "{algorithm}");
+        // Successes in flight hold their unit until they answer, then give it back.
+        let [ok, failed, limited] = at_once(&app, "alice", "right", 3).await;
+        assert_eq!((ok, failed, limited), (3, 0, 0), "{algorithm}");
+        let [ok, _, _] = at_once(&app, "alice", "right", 3).await;
+        assert_eq!(ok, 3, "{algorithm}: given back after each answer");
+    }
+}
+
+#[tokio::test]
+async fn server_errors_are_refunded() {
+    let policy = Policy::builder("api")
+        .key(Header::new("x-username"))
+        .quota(Quota::per_minute(2))
+        .refund_on(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/fail", get(|| async { StatusCode::BAD_GATEWAY }))
+        .route("/ok", get(|| async { "ok" }))
+        .layer(ThrottleLayer::new(policy));
+    let send = |uri: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut r = request(uri);
+            r.headers_mut().insert("x-username", "bob".parse().unwrap());
+            app.oneshot(r).await.unwrap().status()
+        }
+    };
+    for _ in 0..10 {
+        assert_eq!(send("/fail").await, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(send("/ok").await, StatusCode::OK);
+    assert_eq!(send("/ok").await, StatusCode::OK);
+    assert_eq!(send("/ok").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_response_that_never_comes_counts_as_a_server_error() {
+    let policy = Policy::builder("api")
+        .key(Header::new("x-username"))
+        .quota(Quota::per_minute(2))
+        .refund_on(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/hang", get(std::future::pending::<&'static str>))
+        .route("/ok", get(|| async { "ok" }))
+        .layer(ThrottleLayer::new(policy));
+    let request_of = |uri: &str| {
+        let mut r = request(uri);
+        r.headers_mut()
+            .insert("x-username", "carol".parse().unwrap());
+        r
+    };
+    // The client gives up on five requests: each is dropped, as a 500, so refunded.
+    for _ in 0..5 {
+        let call = app.clone().oneshot(request_of("/hang"));
+        assert!(tokio::time::timeout(Duration::from_millis(10), call)
+            .await
+            .is_err());
+    }
+    let status = |uri: &'static str| {
+        let call = app.clone().oneshot(request_of(uri));
+        async move { call.await.unwrap().status() }
+    };
+    assert_eq!(status("/ok").await, StatusCode::OK);
+    assert_eq!(status("/ok").await, StatusCode::OK);
+    assert_eq!(status("/ok").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A backend that decides as memory does but cannot give units back.
+#[derive(Clone)]
+struct NoRefunds(MemoryBackend);
+
+impl Backend for NoRefunds {
+    type Future = <MemoryBackend as Backend>::Future;
+
+    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+        self.0.check(limit, key, quantity)
+    }
+}
+
+#[test]
+fn counting_by_outcome_is_refused_where_it_cannot_work() {
+    let err = login()
+        .algorithm(Algorithm::Concurrency)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("need a rate"), "{err}");
+    let err = ThrottleLayer::builder()
+        .backend(NoRefunds(MemoryBackend::new()))
+        .policy(login().build().unwrap())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot give units back"), "{err}");
+}
+
+#[tokio::test]
+async fn the_config_counts_by_status_and_refuses_bad_statuses() {
+    let toml = r#"
+        [[route]]
+        name = "login"
+        path = "/login"
+        key = "header:x-username"
+        count = 3
+        period = "1m"
+        count_statuses = [401, 403]
+
+        [[route]]
+        name = "api"
+        key = "header:x-username"
+        count = 2
+        period = "1m"
+        refund_statuses = ["5xx"]
+    "#;
+    let layer = tower_throttle::config::Config::from_toml(toml)
+        .unwrap()
+        .memory_layer()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", get(check_password))
+        .route("/boom", get(|| async { StatusCode::SERVICE_UNAVAILABLE }))
+        .layer(layer);
+    for _ in 0..10 {
+        assert_eq!(attempt(&app, "alice", "right").await, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            attempt(&app, "mallory", "guess").await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        attempt(&app, "mallory", "guess").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for _ in 0..5 {
+        let mut r = request("/boom");
+        r.headers_mut().insert("x-username", "bob".parse().unwrap());
+        let status = app.clone().oneshot(r).await.unwrap().status();
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "refunded, never 429"
+        );
+    }
+    for (bad, message) in [
+        ("count_statuses = [401, 403]", "count_statuses = [700]"),
+        ("count_statuses = [401, 403]", "count_statuses = []"),
+        ("refund_statuses = [\"5xx\"]", "refund_statuses = [\"5xy\"]"),
+    ] {
+        let toml = toml.replace(bad, message);
+        let err = match tower_throttle::config::Config::from_toml(&toml) {
+            Ok(config) => config.memory_layer().unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("statuses"), "{message}: {err}");
+    }
+}

@@ -1,0 +1,103 @@
+//! Refunds (counting by outcome) on the memory backend: every algorithm gives back what a request
+//! took while it still counts, and never more.
+
+use std::time::Duration;
+
+use tower_throttle::clock::ManualClock;
+use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
+
+fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    // Away from zero, so that "at most `since` ago" never reaches before the clock's origin.
+    clock.advance(Duration::from_secs(1000));
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (backend, clock)
+}
+
+/// How many of `n` requests of one unit pass now.
+fn admitted(backend: &MemoryBackend<ManualClock>, limits: &[Limit], key: &Key, n: u32) -> u32 {
+    (0..n)
+        .filter(|_| backend.decide_all(limits, key, 1).unwrap()[0].allowed)
+        .count() as u32
+}
+
+#[test]
+fn every_algorithm_gives_back_a_refunded_unit() {
+    assert!(MemoryBackend::new().can_refund());
+    let algorithms = [
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ];
+    for algorithm in algorithms {
+        let (backend, clock) = backend();
+        let limit = [Limit::with_algorithm("r", algorithm, Quota::per_minute(3)).unwrap()];
+        let key = Key::from("alice");
+        assert_eq!(admitted(&backend, &limit, &key, 5), 3, "{algorithm}");
+        clock.advance(Duration::from_millis(10));
+        backend.refund(&limit, &key, 2, Duration::from_millis(10));
+        assert_eq!(
+            admitted(&backend, &limit, &key, 5),
+            2,
+            "{algorithm}: two given back"
+        );
+        // Refunding a key that has nothing, or more than it has, never goes below empty.
+        backend.refund(&limit, &Key::from("nobody"), 1, Duration::ZERO);
+        backend.refund(&limit, &key, 100, Duration::from_millis(10));
+        assert_eq!(
+            admitted(&backend, &limit, &key, 5),
+            3,
+            "{algorithm}: back to full, not more"
+        );
+    }
+}
+
+#[test]
+fn a_stack_is_refunded_in_every_limit() {
+    let (backend, clock) = backend();
+    let stack = [
+        Limit::new("s.1m", Quota::per_minute(2)).unwrap(),
+        Limit::with_algorithm("s.1h", Algorithm::FixedWindow, Quota::per_hour(3)).unwrap(),
+    ];
+    let key = Key::from("bob");
+    assert_eq!(admitted(&backend, &stack, &key, 3), 2);
+    clock.advance(Duration::from_millis(5));
+    backend.refund(&stack, &key, 2, Duration::from_millis(5));
+    // Both limits gave the units back: two more pass, and then the hourly limit (3) stops them.
+    assert_eq!(admitted(&backend, &stack, &key, 3), 2);
+    let decisions = backend.decide_all(&stack, &key, 1).unwrap();
+    assert!(!decisions[0].allowed);
+}
+
+#[test]
+fn units_of_an_earlier_window_are_not_refunded_from_the_current_one() {
+    let (backend, clock) = backend();
+    let limit = [Limit::with_algorithm("w", Algorithm::FixedWindow, Quota::per_second(2)).unwrap()];
+    let key = Key::from("carol");
+    assert_eq!(admitted(&backend, &limit, &key, 2), 2);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admitted(&backend, &limit, &key, 2), 2);
+    // A request admitted 1.5 s ago counted in a window that has ended: nothing to give back now.
+    backend.refund(&limit, &key, 1, Duration::from_millis(1500));
+    assert_eq!(admitted(&backend, &limit, &key, 1), 0);
+}
+
+#[test]
+fn a_sliding_log_gives_back_the_oldest_units_it_may_have_logged() {
+    let (backend, clock) = backend();
+    let limit = [Limit::with_algorithm("l", Algorithm::SlidingLog, Quota::per_second(2)).unwrap()];
+    let key = Key::from("dave");
+    assert_eq!(admitted(&backend, &limit, &key, 1), 1);
+    clock.advance(Duration::from_millis(600));
+    assert_eq!(admitted(&backend, &limit, &key, 1), 1);
+    // The second request (admitted 0 ms ago) is refunded: the first one's unit stays, and leaves
+    // the window 400 ms later.
+    backend.refund(&limit, &key, 1, Duration::ZERO);
+    assert_eq!(admitted(&backend, &limit, &key, 2), 1);
+    clock.advance(Duration::from_millis(400));
+    assert_eq!(admitted(&backend, &limit, &key, 2), 1);
+}

@@ -1,0 +1,181 @@
+//! Counting by outcome on Redis: refunds by `refund.lua` for every algorithm (the GCRA on the Lua
+//! path and on `CL.THROTTLE`'s own key), and a login route shared by two processes that counts only
+//! failures: exact with 100 attempts in flight.
+
+use crate::support::redis as redis_support;
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::{routing::get, Router};
+use tower::ServiceExt;
+use tower_throttle::key::Header;
+use tower_throttle::{
+    Algorithm, Backend, Key, Limit, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer,
+};
+
+async fn connect(server: &redis_support::RedisServer, mode: RedisMode) -> RedisBackend {
+    RedisBackend::builder()
+        .url(server.url())
+        .mode(mode)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A refund is sent on a spawned task: this gives it time to land.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+async fn admitted(backend: &RedisBackend, limits: &[Limit], key: &Key, n: u32) -> u32 {
+    let mut passed = 0;
+    for _ in 0..n {
+        let decisions = match limits {
+            [one] => vec![backend.check(one, key, 1).await.unwrap()],
+            all => backend.check_all(all, key, 1).await.unwrap(),
+        };
+        passed += u32::from(decisions.iter().all(|d| d.allowed));
+    }
+    passed
+}
+
+#[tokio::test]
+async fn every_algorithm_gives_back_what_a_request_took() {
+    let server = redis_support::RedisServer::start_with_cell();
+    for mode in [RedisMode::Lua, RedisMode::Cell] {
+        let backend = connect(&server, mode).await;
+        assert!(backend.can_refund());
+        for algorithm in [
+            Algorithm::Gcra,
+            Algorithm::SlidingLog,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+        ] {
+            let limit = [Limit::with_algorithm("r", algorithm, Quota::per_hour(3)).unwrap()];
+            let key = Key::from(format!("alice-{mode}-{algorithm}"));
+            assert_eq!(
+                admitted(&backend, &limit, &key, 5).await,
+                3,
+                "{mode} {algorithm}"
+            );
+            backend.refund(&limit, &key, 2, Duration::from_millis(100));
+            settle().await;
+            assert_eq!(
+                admitted(&backend, &limit, &key, 5).await,
+                2,
+                "{mode} {algorithm}"
+            );
+            // More than the key holds: back to full, never beyond.
+            backend.refund(&limit, &key, 50, Duration::from_millis(500));
+            settle().await;
+            assert_eq!(
+                admitted(&backend, &limit, &key, 5).await,
+                3,
+                "{mode} {algorithm}"
+            );
+        }
+        // A stack: each limit gives its unit back, in one call.
+        let stack = [
+            Limit::new("s.1m", Quota::per_minute(2)).unwrap(),
+            Limit::with_algorithm("s.1h", Algorithm::FixedWindow, Quota::per_hour(3)).unwrap(),
+        ];
+        let key = Key::from(format!("bob-{mode}"));
+        assert_eq!(admitted(&backend, &stack, &key, 3).await, 2);
+        backend.refund(&stack, &key, 2, Duration::from_millis(100));
+        settle().await;
+        assert_eq!(
+            admitted(&backend, &stack, &key, 3).await,
+            2,
+            "{mode}: two more, then 1h is full"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refund_never_gives_back_units_of_an_ended_window() {
+    let server = redis_support::RedisServer::start();
+    let backend = connect(&server, RedisMode::Lua).await;
+    let limit = [Limit::with_algorithm("w", Algorithm::FixedWindow, Quota::per_hour(2)).unwrap()];
+    let key = Key::from("carol");
+    assert_eq!(admitted(&backend, &limit, &key, 2).await, 2);
+    // Admitted "two hours ago": another window, whatever the clock says now.
+    backend.refund(&limit, &key, 2, Duration::from_secs(7200));
+    settle().await;
+    assert_eq!(admitted(&backend, &limit, &key, 1).await, 0);
+}
+
+/// 200 for the right password, 401 otherwise, after a short check.
+async fn check_password(headers: HeaderMap) -> StatusCode {
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    match headers.get("x-password").map(|v| v.as_bytes()) {
+        Some(b"right") => StatusCode::OK,
+        _ => StatusCode::UNAUTHORIZED,
+    }
+}
+
+fn login_app(backend: RedisBackend, algorithm: Algorithm) -> Router {
+    let login = Policy::builder("login")
+        .key(Header::new("x-username"))
+        .quota(Quota::per_minute(3))
+        .algorithm(algorithm)
+        .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .build()
+        .unwrap();
+    Router::new().route("/login", get(check_password)).layer(
+        ThrottleLayer::builder()
+            .backend(backend)
+            .policy(login)
+            .build()
+            .unwrap(),
+    )
+}
+
+async fn attempt(app: Router, user: String, password: &'static str) -> StatusCode {
+    let mut r = axum::http::Request::get("/login")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    r.headers_mut().insert("x-username", user.parse().unwrap());
+    r.headers_mut()
+        .insert("x-password", password.parse().unwrap());
+    app.oneshot(r).await.unwrap().status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_counting_failures_admit_exactly_the_quota_with_100_in_flight() {
+    let server = redis_support::RedisServer::start_with_cell();
+    for (mode, algorithm) in [
+        (RedisMode::Lua, Algorithm::Gcra),
+        (RedisMode::Cell, Algorithm::Gcra),
+        (RedisMode::Lua, Algorithm::SlidingLog),
+        (RedisMode::Lua, Algorithm::FixedWindow),
+    ] {
+        let apps = [
+            login_app(connect(&server, mode).await, algorithm),
+            login_app(connect(&server, mode).await, algorithm),
+        ];
+        let user = format!("mallory-{mode}-{algorithm}");
+        let attempts: Vec<_> = (0..100)
+            .map(|i| tokio::spawn(attempt(apps[i % 2].clone(), user.clone(), "guess")))
+            .collect();
+        let mut failed = 0;
+        for a in attempts {
+            match a.await.unwrap() {
+                StatusCode::UNAUTHORIZED => failed += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{other}"),
+            }
+        }
+        assert_eq!(
+            failed, 3,
+            "{mode} {algorithm}: at most the quota of failures"
+        );
+        // A user who logs in is never limited: each success is given back.
+        let alice = format!("alice-{mode}-{algorithm}");
+        for i in 0..10 {
+            let status = attempt(apps[i % 2].clone(), alice.clone(), "right").await;
+            assert_eq!(status, StatusCode::OK, "{mode} {algorithm}: success {i}");
+            settle().await;
+        }
+    }
+}
