@@ -100,9 +100,9 @@ where
         let policy = shared.policies.iter().position(|p| p.applies_to(&request));
         // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): unused,
         // they cost this one check.
-        if let Some(extras) = policy.and_then(|i| shared.policies[i].extras()) {
+        if let Some((i, extras)) = policy.and_then(|i| Some((i, shared.policies[i].extras()?))) {
             let extras = extras.clone();
-            return self.call_extended(policy.unwrap_or_default(), extras, request);
+            return self.call_extended(i, extras, request);
         }
         let key = policy.and_then(|i| shared.policies[i].key().extract(&request));
         // Access lists come before limits (an allowed client has none), and may name keys.
