@@ -82,6 +82,9 @@
 //!   optionally a route, methods and a cost; [delay](PolicyBuilder::delay) and
 //!   [dry-run](PolicyBuilder::dry_run) modes; what was decided reaches the handler as a
 //!   [`ThrottleDecision`] (every layer's, in [`ThrottleDecisions`]).
+//! * Per request: a customer's own quota ([`PolicyBuilder::quota_from`], a [`QuotaResolver`]),
+//!   an async key ([`key::AsyncKey`]), counting only some responses
+//!   ([`PolicyBuilder::count_only`], [`PolicyBuilder::refund_on`]).
 //! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
 //!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
 //! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;

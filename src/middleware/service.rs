@@ -129,16 +129,9 @@ where
         let policy = table.policies.iter().position(|p| p.applies_to(&request));
         // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): unused,
         // they cost this one check.
-        if let Some(extras) = policy.and_then(|i| table.policies[i].extras()) {
+        if let Some((i, extras)) = policy.and_then(|i| Some((i, table.policies[i].extras()?))) {
             let (extras, table) = (extras.clone(), table.clone());
-            return call_extended(
-                inner,
-                shared,
-                table,
-                policy.unwrap_or_default(),
-                extras,
-                request,
-            );
+            return call_extended(inner, shared, table, i, extras, request);
         }
         let key = policy.and_then(|i| table.policies[i].key().extract(&request));
         // Access lists come before limits (an allowed client has none), and may name keys.
