@@ -220,7 +220,7 @@ mod tests {
         assert!(commands.contains(&"SET") && commands.contains(&"ZCOUNT"));
         for command in commands {
             assert!(
-                PRELUDE.contains(&format!(" {command} = true")),
+                PRELUDE.contains(&format!("{command} = true")),
                 "limits.lua calls {command}: add it to the peek's READS or WRITES"
             );
         }
