@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench layer
-//! LAYER_BENCH_ITERS=1000000 perf stat -e instructions:u target/release/deps/layer-<hash>
+//! LAYER_BENCH_ITERS=120000 valgrind --tool=callgrind target/release/deps/layer-<hash>
 //! ```
 //!
 //! - `admit`: a key with room left (a quota that never runs out during the bench).
@@ -118,7 +118,7 @@ criterion_group! {
     targets = layer
 }
 /// `LAYER_BENCH_ITERS=n`: `n` admitted requests through the layer and nothing else, for counting
-/// instructions (`perf stat -e instructions:u`), which a busy machine does not disturb as it
+/// instructions (callgrind), which a busy machine does not disturb as it
 /// does times.
 fn main() {
     if let Some(iterations) = std::env::var("LAYER_BENCH_ITERS")
@@ -129,8 +129,16 @@ fn main() {
             Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
         });
         let mut service = ThrottleLayer::new(policy(1_000_000_000, 1_000_000)).layer(inner);
+        // LAYER_BENCH_CLONE=1: a clone of the service per request, as axum's router makes.
+        let clone_each = std::env::var_os("LAYER_BENCH_CLONE").is_some();
         let admitted = (0..iterations)
-            .filter(|_| one(&mut service, "room") == 200)
+            .filter(|_| {
+                if clone_each {
+                    one(&mut service.clone(), "room") == 200
+                } else {
+                    one(&mut service, "room") == 200
+                }
+            })
             .count();
         assert_eq!(admitted as u64, iterations);
         return;
