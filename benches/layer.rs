@@ -63,7 +63,7 @@ fn layer(c: &mut Criterion) {
     let inner = tower::service_fn(|_: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
     });
-    let throttle = ThrottleLayer::new(policy(1_000_000_000, 1_000_000));
+    let throttle = ThrottleLayer::new(policy(1_000_000_000, 1_000_000_000));
     let mut service = throttle.layer(inner);
     let mut g = c.benchmark_group("layer");
     g.bench_function("admit", |b| b.iter(|| black_box(one(&mut service, "room"))));
@@ -95,7 +95,7 @@ fn reloading<S>(
         std::thread::spawn(move || {
             let mut reloads = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                handle.reload([policy(1_000_000_000, 1_000_000)]).unwrap();
+                handle.reload([policy(1_000_000_000, 1_000_000_000)]).unwrap();
                 reloads += 1;
             }
             reloads
@@ -128,9 +128,34 @@ fn main() {
         let inner = tower::service_fn(|_: Request<()>| async {
             Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
         });
-        let mut service = ThrottleLayer::new(policy(1_000_000_000, 1_000_000)).layer(inner);
+        let mut service = ThrottleLayer::new(policy(1_000_000_000, 1_000_000_000)).layer(inner);
         // LAYER_BENCH_CLONE=1: a clone of the service per request, as axum's router makes.
         let clone_each = std::env::var_os("LAYER_BENCH_CLONE").is_some();
+        // LAYER_BENCH_THREADS=t: t threads at once (clones of one service), wall time printed.
+        if let Some(threads) = std::env::var("LAYER_BENCH_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+        {
+            let started = std::time::Instant::now();
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    let mut service = service.clone();
+                    scope.spawn(move || {
+                        for _ in 0..iterations {
+                            let status = if clone_each {
+                                one(&mut service.clone(), "room")
+                            } else {
+                                one(&mut service, "room")
+                            };
+                            assert_eq!(status, 200);
+                        }
+                    });
+                }
+            });
+            let per_request = started.elapsed().as_nanos() as u64 / (iterations * threads);
+            println!("{per_request} ns per request (wall / requests), {threads} threads");
+            return;
+        }
         let admitted = (0..iterations)
             .filter(|_| {
                 if clone_each {
