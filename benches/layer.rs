@@ -95,7 +95,9 @@ fn reloading<S>(
         std::thread::spawn(move || {
             let mut reloads = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                handle.reload([policy(1_000_000_000, 1_000_000_000)]).unwrap();
+                handle
+                    .reload([policy(1_000_000_000, 1_000_000_000)])
+                    .unwrap();
                 reloads += 1;
             }
             reloads
