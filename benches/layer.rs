@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench layer
+//! LAYER_BENCH_ITERS=120000 valgrind --tool=callgrind target/release/deps/layer-<hash>
 //! ```
 //!
 //! - `admit`: a key with room left (a quota that never runs out during the bench).
@@ -24,7 +25,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use http::{Request, Response};
 use http_body_util::Empty;
 use tower::{Layer, Service};
@@ -62,7 +63,7 @@ fn layer(c: &mut Criterion) {
     let inner = tower::service_fn(|_: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
     });
-    let throttle = ThrottleLayer::new(policy(1_000_000_000, 1_000_000));
+    let throttle = ThrottleLayer::new(policy(1_000_000_000, 1_000_000_000));
     let mut service = throttle.layer(inner);
     let mut g = c.benchmark_group("layer");
     g.bench_function("admit", |b| b.iter(|| black_box(one(&mut service, "room"))));
@@ -94,7 +95,9 @@ fn reloading<S>(
         std::thread::spawn(move || {
             let mut reloads = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                handle.reload([policy(1_000_000_000, 1_000_000)]).unwrap();
+                handle
+                    .reload([policy(1_000_000_000, 1_000_000_000)])
+                    .unwrap();
                 reloads += 1;
             }
             reloads
@@ -116,4 +119,57 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3));
     targets = layer
 }
-criterion_main!(benches);
+/// `LAYER_BENCH_ITERS=n`: `n` admitted requests through the layer and nothing else, for counting
+/// instructions (callgrind), which a busy machine does not disturb as it
+/// does times.
+fn main() {
+    if let Some(iterations) = std::env::var("LAYER_BENCH_ITERS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+        });
+        let mut service = ThrottleLayer::new(policy(1_000_000_000, 1_000_000_000)).layer(inner);
+        // LAYER_BENCH_CLONE=1: a clone of the service per request, as axum's router makes.
+        let clone_each = std::env::var_os("LAYER_BENCH_CLONE").is_some();
+        // LAYER_BENCH_THREADS=t: t threads at once (clones of one service), wall time printed.
+        if let Some(threads) = std::env::var("LAYER_BENCH_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+        {
+            let started = std::time::Instant::now();
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    let mut service = service.clone();
+                    scope.spawn(move || {
+                        for _ in 0..iterations {
+                            let status = if clone_each {
+                                one(&mut service.clone(), "room")
+                            } else {
+                                one(&mut service, "room")
+                            };
+                            assert_eq!(status, 200);
+                        }
+                    });
+                }
+            });
+            let per_request = started.elapsed().as_nanos() as u64 / (iterations * threads);
+            println!("{per_request} ns per request (wall / requests), {threads} threads");
+            return;
+        }
+        let admitted = (0..iterations)
+            .filter(|_| {
+                if clone_each {
+                    one(&mut service.clone(), "room") == 200
+                } else {
+                    one(&mut service, "room") == 200
+                }
+            })
+            .count();
+        assert_eq!(admitted as u64, iterations);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

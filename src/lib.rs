@@ -63,6 +63,7 @@
 //! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
 //! | `backend/` | the [`Backend`] trait; `memory/` (GCRA table and general store), `redis/` (connection, breaker, scripts, leases, deny cache), the configured backend |
 //! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `future` → `body` → `slot`, with `verdict` (decision → admit/delay/reject/ban) beside the service and the future |
+//! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
 //! | `headers.rs`, `grpc.rs` | what the layer answers: `RateLimit` fields, problem bodies, gRPC status |
 //! | `observe.rs` | every `tracing` event and metric of a request's life, and the [`Limited`] hook's view |
 //! | `config/` (feature `config`) | TOML: the schema, building policies, wiring the backend |
@@ -87,7 +88,8 @@
 //!   ([`PolicyBuilder::count_only`], [`PolicyBuilder::refund_on`]).
 //! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
 //!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
-//! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`headers`]: what it answers;
+//! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`ThrottleHandle`]: peek, reset and
+//!   hot reload while it runs; [`headers`]: what it answers;
 //!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails; [`grpc`]: the
 //!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata);
 //!   [`ThrottleLayerBuilder::refusal_response`]: your own answer to every refusal

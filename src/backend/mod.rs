@@ -124,8 +124,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Forgets `key`'s state under `limits` (one limit or a stack, as in [`peek`](Backend::peek)),
     /// and the strikes and ban of the first limit's penalty if this backend keeps them: the key
-    /// starts again with its full quota. Requests of the key in flight under a concurrency limit
-    /// are forgotten too (their slots count no more). The default fails.
+    /// starts again with its full quota. Under a concurrency limit that frees the slots of the key's
+    /// requests in flight (an operator's way out of slots that leaked): until those requests end,
+    /// the key may have up to twice its limit in flight (on Redis their releases then remove
+    /// nothing; in memory, which counts slots without tokens, they give back slots taken since the
+    /// reset). The default fails.
     fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
         let _ = (limits, key);
         Box::pin(std::future::ready(Err(BackendError::new(

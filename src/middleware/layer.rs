@@ -11,7 +11,7 @@ use crate::handle::{Policies, ThrottleHandle};
 use crate::middleware::service::{Shared, Throttle};
 use crate::offenders::Offenders;
 
-/// A tower [`Layer`] that rate-limits requests with one or more [`Policy`]s.
+/// A tower [`Layer`] that rate-limits requests with one or more [`Policy`](crate::Policy)s.
 ///
 /// The layer is configuration only: it is cheap to clone, and every service it makes (and every clone
 /// of those) shares the same backend, so a server with many connections has one limiter.

@@ -458,3 +458,67 @@ async fn a_config_reload_applies_routes_and_refuses_what_needs_a_restart() {
     handle.reset("api", "u").await.unwrap();
     assert_eq!(get_as(&app, "/api", "u").await.status(), StatusCode::OK);
 }
+
+/// A peek shows every tier (each counts under limits of its own) and every limit of a stack; a
+/// reset forgets the key in all of them.
+async fn tiers_and_stacks<B: Backend + Clone>(backend: B) {
+    let api = Policy::builder("plans")
+        .route("/api")
+        .quotas([Quota::per_minute(3), Quota::per_day(5)])
+        .tier("paid", [Quota::per_minute(10)])
+        .tier_header("x-plan")
+        .key(Header::new("x-user-id"))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(api)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = app(layer);
+    let paid = || {
+        Request::get("/api")
+            .header("x-user-id", "carol")
+            .header("x-plan", "paid")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(get_as(&app, "/api", "carol").await.status(), StatusCode::OK);
+    for _ in 0..2 {
+        assert_eq!(
+            app.clone().oneshot(paid()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let state = handle.peek("plans", "carol").await.unwrap();
+    assert_eq!(state.tiers.len(), 2);
+    let default = &state.tiers[0];
+    assert_eq!(default.tier, None);
+    let remaining: Vec<(&str, u64)> = default
+        .limits
+        .iter()
+        .map(|(name, s)| (name.as_str(), s.remaining))
+        .collect();
+    assert_eq!(remaining, [("plans.1m", 2), ("plans.1d", 4)]);
+    assert_eq!(state.summary().remaining, 2);
+    assert_eq!(state.tiers[1].tier.as_deref(), Some("paid"));
+    assert_eq!(state.tiers[1].combined().remaining, 8);
+
+    handle.reset("plans", "carol").await.unwrap();
+    let state = handle.peek("plans", "carol").await.unwrap();
+    assert_eq!(state.summary().remaining, 3);
+    assert_eq!(state.tiers[0].limits[1].1.remaining, 5);
+    assert_eq!(state.tiers[1].combined().remaining, 10);
+}
+
+#[tokio::test]
+async fn memory_peek_and_reset_cover_every_tier_and_stacked_limit() {
+    tiers_and_stacks(MemoryBackend::new()).await;
+}
+
+#[tokio::test]
+async fn redis_peek_and_reset_cover_every_tier_and_stacked_limit() {
+    let server = redis_support::RedisServer::start();
+    tiers_and_stacks(redis(&server.url()).await).await;
+}

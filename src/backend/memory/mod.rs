@@ -274,6 +274,20 @@ impl<C: Clock> MemoryBackend<C> {
     /// `key`'s state under `limits` (one limit, or a stack as [`decide_all`](Self::decide_all)
     /// keeps it), synchronously, without consuming or writing anything ([`Backend::peek`] wraps
     /// this in a ready future). Bans are not the backend's: the layer's penalty box keeps them.
+    ///
+    /// ```
+    /// use tower_throttle::{Key, Limit, MemoryBackend, Quota};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let limit = [Limit::new("api", Quota::per_minute(3)).unwrap()];
+    /// let key = Key::from("alice");
+    /// backend.decide(&limit[0], &key, 1).unwrap();
+    /// let state = backend.peek_now(&limit, &key).unwrap()[0];
+    /// assert_eq!((state.limit, state.remaining, state.retry_after), (3, 2, None));
+    /// assert_eq!(backend.peek_now(&limit, &key).unwrap()[0].remaining, 2); // nothing consumed
+    /// backend.reset_now(&limit, &key).unwrap();
+    /// assert_eq!(backend.peek_now(&limit, &key).unwrap()[0].remaining, 3);
+    /// ```
     pub fn peek_now(&self, limits: &[Limit], key: &Key) -> Result<Vec<KeyState>, BackendError> {
         check_one_or_stack(limits)?;
         let stores = &*self.stores;

@@ -31,7 +31,9 @@ use crate::limit::Limit;
 /// The peek: `limits.lua` as the body of a function, under a `redis` whose writes are no-ops.
 static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
 
-/// Reads a peek may make; any other command is a write and is skipped.
+/// The peek's `redis`: the reads `limits.lua` makes reach Redis, its writes are skipped, and any
+/// other command fails the script, so that a change to `limits.lua` cannot make a peek write, or
+/// read wrong, without a test failing.
 const PRELUDE: &str = r#"
 -- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
 -- KEYS   the N limits' state keys, then the first limit's ban key if ARGV[2] is 1.
@@ -40,13 +42,19 @@ const PRELUDE: &str = r#"
 --          then per limit the five for a quantity of 1}.
 local real_redis = redis
 local READS = {TIME = true, GET = true, ZCOUNT = true, ZRANGE = true, ZRANGEBYSCORE = true,
-  PTTL = true, ZSCORE = true}
+  PTTL = true}
+local WRITES = {SET = true, ZADD = true, ZREMRANGEBYSCORE = true, PEXPIRE = true, DEL = true,
+  INCR = true}
 local redis = setmetatable({
   call = function(command, ...)
-    if READS[string.upper(command)] then
+    local name = string.upper(command)
+    if READS[name] then
       return real_redis.call(command, ...)
     end
-    return false
+    if WRITES[name] then
+      return false
+    end
+    error('peek: limits.lua calls ' .. name .. ', which the peek does not know')
   end,
 }, {__index = real_redis})
 local function decide_all(KEYS, ARGV)
@@ -194,5 +202,29 @@ fn key_state(now: &[i64], next: &[i64], ban: Option<Duration>) -> KeyState {
     match ban {
         Some(rest) => state.with_ban(rest),
         None => state,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peek_knows_every_command_limits_lua_calls() {
+        let script = include_str!("limits.lua");
+        let commands: Vec<&str> = script
+            .split("redis.call('")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('\'').unwrap()])
+            .collect();
+        assert!(commands.contains(&"SET") && commands.contains(&"ZCOUNT"));
+        for command in commands {
+            assert!(
+                PRELUDE.contains(&format!("{command} = true")),
+                "limits.lua calls {command}: add it to the peek's READS or WRITES"
+            );
+        }
+        // The peek wraps the script whole: its top-level `return` returns from the wrapper.
+        assert!(peek_source().contains(script.trim_end()));
     }
 }
