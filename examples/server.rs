@@ -6,13 +6,19 @@
 //! cargo run --example server -- --listen 127.0.0.1:8080
 //! cargo run --example server -- --redis redis://127.0.0.1:6379/   # the built-in routes on Redis
 //! cargo run --example server -- --redis redis://127.0.0.1:6379/ --redis-mode lua
+//! cargo run --example server -- --config my.toml --admin 127.0.0.1:3001   # peek, reset, reload, health
 //! ```
 //!
 //! Every configured route answers 200 to any method with a body naming the route; `/metrics` serves
-//! the limiter's counters in the Prometheus text format; other paths 404.
+//! the limiter's counters in the Prometheus text format; other paths 404. With `--admin ADDR`, a
+//! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload` and `GET /health`
+//! (see `server/admin.rs`); SIGHUP reloads the `--config` file too.
 //!
 //! Every start-up error is one line on stderr naming where it comes from (the config file and the
 //! setting, or the flag), and the exit code is 2.
+
+#[path = "server/admin.rs"]
+mod admin;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -91,10 +97,12 @@ const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// The most routes the start-up line lists by name.
 const ROUTES_SHOWN: usize = 10;
 
-const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--redis URL [--redis-mode auto|cell|lua]]\n\
+const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin HOST:PORT] [--redis URL [--redis-mode auto|cell|lua]]\n\
     --config FILE     the policies, in TOML (default: a built-in set of five routes)\n\
     --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
     \x20                 listen, else 127.0.0.1:3000)\n\
+    --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload and GET /health\n\
+    \x20                 on ADDR (off by default; keep it on loopback: it can lift any limit)\n\
     --redis URL       replace the configured backend with Redis at URL (redis:// or rediss://)\n\
     --redis-mode M    with --redis: auto (default), cell (CL.THROTTLE) or lua";
 
@@ -102,6 +110,8 @@ struct Args {
     config: Option<String>,
     /// As typed, resolved at start-up (it may be a host name).
     listen: Option<String>,
+    /// The admin listener's address, as typed.
+    admin: Option<String>,
     redis: Option<String>,
     redis_mode: Option<RedisMode>,
 }
@@ -110,6 +120,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
         config: None,
         listen: None,
+        admin: None,
         redis: None,
         redis_mode: None,
     };
@@ -125,6 +136,11 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 let addr = value("an address such as 127.0.0.1:3000 or localhost:3000")?;
                 check_listen(&addr)?;
                 parsed.listen = Some(addr);
+            }
+            "--admin" => {
+                let addr = value("an address such as 127.0.0.1:3001")?;
+                check_listen(&addr).map_err(|e| e.replacen("--listen", "--admin", 1))?;
+                parsed.admin = Some(addr);
             }
             "--redis" => parsed.redis = Some(value("a URL such as redis://127.0.0.1:6379/")?),
             "--redis-mode" => {
@@ -178,14 +194,43 @@ async fn listen_addrs(args: &Args, config: &Config) -> Result<Vec<SocketAddr>, S
             .listen
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 3000)))]);
     };
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr.as_str())
+    resolve("--listen", addr).await
+}
+
+/// The addresses of `addr` (`HOST:PORT`, checked), host names resolved; errors name `flag`.
+async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr)
         .await
-        .map_err(|e| format!("--listen {addr:?}: cannot resolve the host: {e}"))?
+        .map_err(|e| format!("{flag} {addr:?}: cannot resolve the host: {e}"))?
         .collect();
     if addrs.is_empty() {
-        return Err(format!("--listen {addr:?}: the host has no address"));
+        return Err(format!("{flag} {addr:?}: the host has no address"));
     }
     Ok(addrs)
+}
+
+/// `GET /health` of the admin listener: the backend's state, 200 while decisions come from it,
+/// 503 otherwise (for a readiness check).
+pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (up, body) = match backend {
+        ConfiguredBackend::Memory(_) => {
+            (true, serde_json::json!({ "backend": "memory", "up": true }))
+        }
+        ConfiguredBackend::Redis(redis) => {
+            let path = redis.active_path().map(|m| m.as_str());
+            (
+                path.is_some(),
+                serde_json::json!({ "backend": "redis", "up": path.is_some(), "path": path }),
+            )
+        }
+    };
+    let status = if up {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
 }
 
 /// Where the configuration came from, to name in errors.
@@ -406,11 +451,13 @@ async fn run() -> Result<(), String> {
         .map_err(|e| source.error(e))?;
     let routes = routes(&config, &source)?;
     // Errors from here on are the backend's: from the flag when --redis replaced it.
+    let mut backend_override = None;
     let backend_source = match &args.redis {
         Some(url) => {
             let mut redis = RedisConfig::new(url.clone());
             redis.mode = args.redis_mode.map(|m| m.as_str().to_owned());
             config.backend = BackendConfig::Redis(redis);
+            backend_override = Some(config.backend.clone());
             // "redis redis://host:6379/ (mode auto)", password hidden: "--" makes it the flag.
             Source(format!("--{}", config.backend))
         }
@@ -430,12 +477,39 @@ async fn run() -> Result<(), String> {
         }
     });
     let app = with_metrics(routes, &layer, metrics);
+    let admin = match &args.admin {
+        Some(addr) => {
+            let addrs = resolve("--admin", addr).await?;
+            let listener = tokio::net::TcpListener::bind(addrs.as_slice())
+                .await
+                .map_err(|e| {
+                    format!("--admin: cannot listen on {}: {e}", describe_addrs(&addrs))
+                })?;
+            let reloader =
+                admin::Reloader::new(args.config.clone(), config.clone(), backend_override);
+            let admin = admin::Admin::new(
+                layer.handle(),
+                layer.backend().clone(),
+                std::sync::Arc::new(reloader),
+            );
+            admin.reload_on_sighup();
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            let router = admin.router();
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    tracing::error!(error = %e, "the admin listener stopped");
+                }
+            });
+            format!("; admin on http://{local}")
+        }
+        None => String::new(),
+    };
     let listener = tokio::net::TcpListener::bind(listen.as_slice())
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", describe_addrs(&listen)))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
-        "tower-throttle example listening on http://{local}; backend: {}; policies: {}",
+        "tower-throttle example listening on http://{local}{admin}; backend: {}; policies: {}",
         describe_backend(&config, layer.backend()),
         describe_routes(&config)
     );

@@ -503,6 +503,17 @@ impl<B: Backend> ThrottleHandle<KeySpec, B> {
     /// ```
     pub fn reload_toml(&self, running: &Config, toml: &str) -> Result<Config, BuildError> {
         let config = Config::from_toml(toml).map_err(|e| BuildError::Invalid(e.to_string()))?;
+        self.reload_config_checked(running, config)
+    }
+
+    /// Like [`reload_toml`](Self::reload_toml), with the configuration already parsed (for an
+    /// application that adjusts it first, as the example server applies its `--redis` flag):
+    /// refuses a change that needs a restart, else reloads `config`'s routes and returns it.
+    pub fn reload_config_checked(
+        &self,
+        running: &Config,
+        config: Config,
+    ) -> Result<Config, BuildError> {
         if let Some(section) = needs_restart(running, &config) {
             return Err(BuildError::Invalid(format!(
                 "{section} changed: it cannot be reloaded (restart to apply it); nothing was changed"

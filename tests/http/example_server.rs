@@ -26,9 +26,17 @@ fn example_binary() -> PathBuf {
     bin
 }
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
+    /// The start-up line.
+    pub(crate) line: String,
+}
+
+impl Server {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Server {
@@ -38,7 +46,7 @@ impl Drop for Server {
     }
 }
 
-fn start(args: &[&str]) -> Server {
+pub(crate) fn start(args: &[&str]) -> Server {
     let mut child = Command::new(example_binary())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
@@ -63,13 +71,13 @@ fn start(args: &[&str]) -> Server {
         "backend: memory"
     };
     assert!(line.contains(expected), "{line}");
-    Server { child, addr }
+    Server { child, addr, line }
 }
 
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Reply {
@@ -81,7 +89,12 @@ impl Reply {
     }
 }
 
-async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+pub(crate) async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n"

@@ -12,6 +12,7 @@ mod concurrency;
 mod contract;
 mod count_outcome;
 mod example_server;
+mod example_server_admin;
 mod example_server_cli;
 mod grpc;
 mod hyper;

@@ -1,0 +1,241 @@
+//! The example server's admin listener (`--admin ADDR`, off by default; keep it on loopback or a
+//! private network: it can lift any client's limit).
+//!
+//! ```text
+//! GET    /limits/{policy}/{key}   a key's state, without consuming anything (JSON)
+//! DELETE /limits/{policy}/{key}   forget the key's state, strikes and ban (204)
+//! POST   /reload                  re-read the --config file (200, or 400 with the error: the running
+//!                                 policies stay in force)
+//! GET    /health                  the backend's state (200 when it decides, 503 when it cannot)
+//! ```
+//!
+//! `{key}` is what the policy extracts: the `x-user-id` value for `key = "header:x-user-id"`, an
+//! address for `key = "ip"`, the values joined by `|` for a composite key. SIGHUP reloads as
+//! `POST /reload` does.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tower_throttle::config::{BackendConfig, Config, ConfiguredBackend};
+use tower_throttle::key::KeySpec;
+use tower_throttle::{HandleError, KeyState, ThrottleHandle};
+
+/// What the admin endpoints share: the layer's handle, and how to reload.
+#[derive(Clone)]
+pub struct Admin {
+    handle: ThrottleHandle<KeySpec, ConfiguredBackend>,
+    backend: ConfiguredBackend,
+    reload: Arc<Reloader>,
+}
+
+/// Re-reads the `--config` file and applies its routes to the running layer.
+pub struct Reloader {
+    /// The file; `None` with the built-in config (nothing to re-read).
+    path: Option<String>,
+    /// The configuration in force, as the server applied it (with `--redis`, its backend).
+    running: Mutex<Config>,
+    /// What `--redis` put in place of the file's `[backend]`, applied to every re-read file too.
+    backend_override: Option<BackendConfig>,
+    /// The paths the server routes: a reload cannot add or remove one (the router is built once).
+    paths: BTreeSet<String>,
+}
+
+impl Reloader {
+    pub fn new(
+        path: Option<String>,
+        running: Config,
+        backend_override: Option<BackendConfig>,
+    ) -> Self {
+        let paths = route_paths(&running);
+        Reloader {
+            path,
+            running: Mutex::new(running),
+            backend_override,
+            paths,
+        }
+    }
+
+    /// Reloads the routes of the `--config` file: `Ok` with how many policies are in force, or why
+    /// nothing changed.
+    pub fn reload(
+        &self,
+        handle: &ThrottleHandle<KeySpec, ConfiguredBackend>,
+    ) -> Result<usize, String> {
+        let Some(path) = &self.path else {
+            return Err(
+                "the server runs the built-in config: start it with --config FILE to reload".into(),
+            );
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let mut config = Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?;
+        if let Some(backend) = &self.backend_override {
+            config.backend = backend.clone();
+        }
+        let paths = route_paths(&config);
+        if paths != self.paths {
+            let added: Vec<&String> = paths.difference(&self.paths).collect();
+            let removed: Vec<&String> = self.paths.difference(&paths).collect();
+            return Err(format!(
+                "{path}: the server routes the paths it started with; restart to change them (added {added:?}, removed {removed:?})"
+            ));
+        }
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let config = handle
+            .reload_config_checked(&running, config)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let policies = config.routes.len();
+        *running = config;
+        Ok(policies)
+    }
+}
+
+fn route_paths(config: &Config) -> BTreeSet<String> {
+    config
+        .routes
+        .iter()
+        .filter_map(|r| r.path.clone())
+        .collect()
+}
+
+impl Admin {
+    pub fn new(
+        handle: ThrottleHandle<KeySpec, ConfiguredBackend>,
+        backend: ConfiguredBackend,
+        reload: Arc<Reloader>,
+    ) -> Self {
+        Admin {
+            handle,
+            backend,
+            reload,
+        }
+    }
+
+    /// The admin endpoints.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/limits/{policy}/{*key}", get(peek).delete(reset))
+            .route("/reload", post(reload))
+            .route("/health", get(health))
+            .with_state(self)
+    }
+
+    /// Reloads on every SIGHUP, logging the outcome (Unix only).
+    pub fn reload_on_sighup(&self) {
+        #[cfg(unix)]
+        {
+            let admin = self.clone();
+            let Ok(mut hangups) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                tracing::warn!("cannot listen for SIGHUP; reload with POST /reload");
+                return;
+            };
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    match admin.reload.reload(&admin.handle) {
+                        Ok(n) => tracing::info!(policies = n, "SIGHUP: configuration reloaded"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "SIGHUP: reload refused; the running configuration stays in force")
+                        }
+                    }
+                }
+            });
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn state_json(state: &KeyState) -> Value {
+    json!({
+        "limit": state.limit,
+        "remaining": state.remaining,
+        "reset_after_ms": ms(state.reset_after),
+        "retry_after_ms": state.retry_after.map(ms),
+        "banned": state.banned.is_some(),
+        "ban_remaining_ms": state.banned.map(ms),
+    })
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+fn handle_error(e: HandleError) -> Response {
+    let status = match &e {
+        HandleError::UnknownPolicy(_) => StatusCode::NOT_FOUND,
+        HandleError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e.to_string())
+}
+
+/// `GET /limits/{policy}/{key}`: the default tier's state (`limit`, `remaining`, `reset_after_ms`,
+/// `banned`...), and every tier's limits.
+async fn peek(State(admin): State<Admin>, Path((policy, key)): Path<(String, String)>) -> Response {
+    match admin.handle.peek(&policy, &key).await {
+        Ok(state) => {
+            let mut body = state_json(&state.summary());
+            body["policy"] = json!(state.policy);
+            body["key"] = json!(key);
+            body["tiers"] = state
+                .tiers
+                .iter()
+                .map(|tier| {
+                    json!({
+                        "tier": tier.tier,
+                        "limits": tier.limits.iter().map(|(name, s)| {
+                            let mut limit = state_json(s);
+                            limit["name"] = json!(name);
+                            limit
+                        }).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            Json(body).into_response()
+        }
+        Err(e) => handle_error(e),
+    }
+}
+
+/// `DELETE /limits/{policy}/{key}`: 204 once the key is forgotten.
+async fn reset(
+    State(admin): State<Admin>,
+    Path((policy, key)): Path<(String, String)>,
+) -> Response {
+    match admin.handle.reset(&policy, &key).await {
+        Ok(()) => {
+            tracing::info!(policy = %policy, "admin: a key was reset");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => handle_error(e),
+    }
+}
+
+/// `POST /reload`: 200 with the number of policies in force, or 400 with why nothing changed.
+async fn reload(State(admin): State<Admin>) -> Response {
+    match admin.reload.reload(&admin.handle) {
+        Ok(policies) => {
+            tracing::info!(policies, "admin: configuration reloaded");
+            Json(json!({ "reloaded": true, "policies": policies })).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "admin: reload refused; the running configuration stays in force");
+            error(StatusCode::BAD_REQUEST, e)
+        }
+    }
+}
+
+/// `GET /health`: the backend's state; 503 while decisions cannot come from it.
+async fn health(State(admin): State<Admin>) -> Response {
+    crate::health_response(&admin.backend)
+}

@@ -1,0 +1,174 @@
+//! The example server's admin listener (`--admin`): peek, reset, reload (HTTP and SIGHUP) and
+//! health, over real TCP, in memory and on Redis.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::example_server::{send, start, Server};
+use crate::support::redis as redis_support;
+
+const CONFIG: &str = r#"
+[[route]]
+name = "reply"
+path = "/reply"
+key = "header:x-user-id"
+count = 3
+period = "1m"
+
+[[route]]
+name = "index"
+path = "/"
+key = "ip"
+count = 5
+period = "1s"
+"#;
+
+fn admin_addr(server: &Server) -> SocketAddr {
+    server
+        .line
+        .split("admin on http://")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no admin address in {:?}", server.line))
+        .parse()
+        .unwrap()
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
+}
+
+async fn replies(server: &Server, user: &str, n: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
+        statuses.push(
+            send(server.addr, "GET", "/reply", &[("x-user-id", user)])
+                .await
+                .status,
+        );
+    }
+    statuses
+}
+
+async fn peek_reset_reload(extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("limits.toml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let mut args = vec!["--config", file.to_str().unwrap(), "--admin", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let server = start(&args);
+    let admin = admin_addr(&server);
+
+    assert_eq!(replies(&server, "alice", 4).await, [200, 200, 200, 429]);
+    let peek = send(admin, "GET", "/limits/reply/alice", &[]).await;
+    assert_eq!(peek.status, 200, "{}", peek.body);
+    let state = json(&peek.body);
+    assert_eq!(state["limit"], 3, "{state}");
+    assert_eq!(state["remaining"], 0, "{state}");
+    assert_eq!(state["banned"], false, "{state}");
+    assert!(
+        state["reset_after_ms"].as_u64().unwrap() > 50_000,
+        "{state}"
+    );
+    // A peek consumes nothing: another user still has the full quota after peeks.
+    for _ in 0..5 {
+        let state = json(&send(admin, "GET", "/limits/reply/bob", &[]).await.body);
+        assert_eq!(state["remaining"], 3, "{state}");
+    }
+    assert_eq!(replies(&server, "bob", 4).await, [200, 200, 200, 429]);
+
+    let reset = send(admin, "DELETE", "/limits/reply/alice", &[]).await;
+    assert_eq!(reset.status, 204, "{}", reset.body);
+    assert_eq!(
+        json(&send(admin, "GET", "/limits/reply/alice", &[]).await.body)["remaining"],
+        3
+    );
+    assert_eq!(replies(&server, "alice", 4).await, [200, 200, 200, 429]);
+
+    // Errors: an unknown policy, a key the policy cannot have.
+    assert_eq!(
+        send(admin, "GET", "/limits/nope/alice", &[]).await.status,
+        404
+    );
+    assert_eq!(
+        send(admin, "GET", "/limits/index/not-an-ip", &[])
+            .await
+            .status,
+        400
+    );
+    assert_eq!(
+        send(admin, "GET", "/limits/index/127.0.0.1", &[])
+            .await
+            .status,
+        200
+    );
+
+    // Reload: a larger quota applies to the running server; an invalid file changes nothing.
+    std::fs::write(&file, CONFIG.replace("count = 3", "count = 10")).unwrap();
+    let reload = send(admin, "POST", "/reload", &[]).await;
+    assert_eq!(reload.status, 200, "{}", reload.body);
+    assert_eq!(
+        json(&send(admin, "GET", "/limits/reply/carol", &[]).await.body)["limit"],
+        10
+    );
+    std::fs::write(&file, CONFIG.replace("count = 3", "count = 0")).unwrap();
+    let refused = send(admin, "POST", "/reload", &[]).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        json(&refused.body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("count"),
+        "{}",
+        refused.body
+    );
+    let statuses = replies(&server, "carol", 11).await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    // A new path cannot come by reload: the router is built once.
+    std::fs::write(&file, CONFIG.replace("/reply", "/other")).unwrap();
+    assert_eq!(send(admin, "POST", "/reload", &[]).await.status, 400);
+
+    // SIGHUP reloads as POST /reload does.
+    std::fs::write(&file, CONFIG.replace("count = 3", "count = 7")).unwrap();
+    let pid = server.pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut limit = serde_json::Value::Null;
+    for _ in 0..100 {
+        limit = json(&send(admin, "GET", "/limits/reply/dave", &[]).await.body)["limit"].clone();
+        if limit == 7 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(limit, 7, "SIGHUP did not reload");
+
+    let health = send(admin, "GET", "/health", &[]).await;
+    assert_eq!(health.status, 200, "{}", health.body);
+    assert_eq!(json(&health.body)["up"], true, "{}", health.body);
+}
+
+#[tokio::test]
+async fn admin_listener_in_memory() {
+    peek_reset_reload(&[]).await;
+}
+
+#[tokio::test]
+async fn admin_listener_on_redis() {
+    let redis = redis_support::RedisServer::start();
+    let url = redis.url();
+    peek_reset_reload(&["--redis", &url, "--redis-mode", "lua"]).await;
+}
+
+#[test]
+fn admin_is_off_by_default() {
+    let server = start(&[]);
+    assert!(!server.line.contains("admin on"), "{}", server.line);
+}
