@@ -270,3 +270,31 @@ async fn the_config_counts_by_status_and_refuses_bad_statuses() {
         assert!(err.contains("statuses"), "{message}: {err}");
     }
 }
+
+#[tokio::test]
+async fn a_delayed_request_is_refunded_too() {
+    // One every 100 ms, no burst, waiting up to a second for a turn: five requests in a row would
+    // wait 400 ms in all, unless each one's slot is given back when it fails.
+    let policy = Policy::builder("api")
+        .key(Header::new("x-username"))
+        .quota(Quota::per_second(10).with_max_burst(0))
+        .delay(Duration::from_secs(1))
+        .refund_on(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .layer(ThrottleLayer::new(policy));
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        let mut r = request("/");
+        r.headers_mut().insert("x-username", "dan".parse().unwrap());
+        let status = app.clone().oneshot(r).await.unwrap().status();
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "no request waited for a refunded slot: {:?}",
+        started.elapsed()
+    );
+}

@@ -53,9 +53,10 @@ pub(super) fn refund(
     for spec in &specs {
         invocation.key(&spec.key);
     }
-    // Plus the timeout: the script runs at most that long after it is sent (or its answer is not
-    // waited for), and the admission was at most `since` before the sending. Rounded up: an earlier
-    // admission time only ever gives back less.
+    // Plus the timeout: the admission was at most `since` before the sending, and a call answered
+    // in time ran within the timeout of it. (One that times out may still run later, on a stalled
+    // server; its window arithmetic then errs by that delay.) Rounded up: an earlier admission time
+    // only ever gives back less.
     let since_us = (since + state.timeout).as_nanos().div_ceil(1000) as u64;
     invocation.arg(specs.len()).arg(quantity).arg(since_us);
     for spec in &specs {
