@@ -126,7 +126,7 @@ pub use backend::{Backend, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
+pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
 pub use decision::Decision;
 pub use error::{BackendError, BuildError};
 pub use key::Key;
