@@ -32,6 +32,10 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// While Redis stays down, "still unreachable" is logged at most this often.
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
+/// A connection that has not answered anything for this long (and at least two timeouts) when a call
+/// times out is dropped and made again: a frozen server, or one a network partition hides. Shorter
+/// stalls only open the breaker, as reconnecting would cost as much.
+const STALL_LIMIT: Duration = Duration::from_secs(1);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -79,7 +83,6 @@ impl Source {
 struct Live {
     conn: MultiplexedConnection,
     generation: u64,
-    since: Instant,
 }
 
 /// What [`health`](SingleServer::health) reports besides the connection itself.
@@ -93,6 +96,9 @@ struct Record {
 pub(crate) struct SingleServer {
     live: RwLock<Option<Live>>,
     generation: AtomicU64,
+    /// When the connection last answered (or was made): ms since `epoch`.
+    last_answer: AtomicU64,
+    epoch: Instant,
     /// Wakes the task: the connection was dropped.
     lost: Notify,
     timeout: Duration,
@@ -115,6 +121,8 @@ impl SingleServer {
         SingleServer {
             live: RwLock::new(None),
             generation: AtomicU64::new(0),
+            last_answer: AtomicU64::new(0),
+            epoch: Instant::now(),
             lost: Notify::new(),
             timeout,
             db,
@@ -150,11 +158,8 @@ impl SingleServer {
 
     fn install(&self, conn: MultiplexedConnection, address: String) {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Some(Live {
-            conn,
-            generation,
-            since: Instant::now(),
-        });
+        self.answered();
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Some(Live { conn, generation });
         self.record
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -177,15 +182,29 @@ impl SingleServer {
     fn failed(&self, generation: u64, error: &RedisError) {
         if must_reconnect(error) {
             self.drop_connection(generation, &error.to_string());
+        } else if error.is_timeout() {
+            self.timed_out();
         }
     }
 
-    /// A call timed out under the backend's timeout. The connection is dropped if it is older than
-    /// the timeout: then the call ran on it (a call on a connection dropped since says nothing about
-    /// the new one).
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn answered(&self) {
+        self.last_answer.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// A call timed out under the backend's timeout. The connection is dropped if nothing has come
+    /// back on it for [`STALL_LIMIT`] (at least two timeouts): a connection made since the call
+    /// started is never the one it timed out on.
     pub(super) fn timed_out(&self) {
         let Some(live) = self.current() else { return };
-        if live.since.elapsed() > self.timeout {
+        let silent = self
+            .now_ms()
+            .saturating_sub(self.last_answer.load(Ordering::Relaxed));
+        let limit = STALL_LIMIT.max(self.timeout.saturating_mul(2));
+        if silent > limit.as_millis() as u64 {
             self.drop_connection(
                 live.generation,
                 &format!("Redis did not answer within {:?}", self.timeout),
@@ -199,8 +218,9 @@ impl SingleServer {
             return Err(not_connected());
         };
         let result = live.conn.req_packed_command(cmd).await;
-        if let Err(e) = &result {
-            self.failed(live.generation, e);
+        match &result {
+            Ok(_) => self.answered(),
+            Err(e) => self.failed(live.generation, e),
         }
         result
     }
@@ -238,12 +258,13 @@ fn not_connected() -> RedisError {
 
 /// Whether `error` means this connection leads nowhere useful: the server is gone or unreachable,
 /// read-only (a demoted primary), without a primary (`MASTERDOWN`), or loading its data set.
-pub(super) fn must_reconnect(error: &RedisError) -> bool {
-    error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_timeout()
-        || is_not_primary(error)
+/// (Timeouts count only once the connection has been silent for a while: see `timed_out`.)
+fn must_reconnect(error: &RedisError) -> bool {
+    !error.is_timeout()
+        && (error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || is_not_primary(error))
 }
 
 /// `READONLY`, `MASTERDOWN` or `LOADING`: Redis answered, but cannot decide here.
