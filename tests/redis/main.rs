@@ -7,7 +7,9 @@ mod support;
 
 mod algorithms;
 mod backend;
+mod failover;
 mod failure;
 mod harness;
 mod modes_on_backends;
 mod offenders;
+mod sentinel;

@@ -195,6 +195,20 @@ impl SingleServer {
         self.last_answer.store(self.now_ms(), Ordering::Relaxed);
     }
 
+    /// The server replied: error replies come as values (`Value::ServerError`), and a `READONLY`,
+    /// `MASTERDOWN` or `LOADING` among them drops the connection.
+    fn replied(&self, generation: u64, values: &[Value]) {
+        self.answered();
+        let not_primary = values.iter().find_map(|v| match v {
+            Value::ServerError(e) if is_not_primary_code(e.code()) => Some(e),
+            _ => None,
+        });
+        if let Some(e) = not_primary {
+            let text = format!("{}: {}", e.code(), e.details().unwrap_or(""));
+            self.drop_connection(generation, &text);
+        }
+    }
+
     /// A call timed out under the backend's timeout. The connection is dropped if nothing has come
     /// back on it for [`STALL_LIMIT`] (at least two timeouts): a connection made since the call
     /// started is never the one it timed out on.
@@ -219,7 +233,7 @@ impl SingleServer {
         };
         let result = live.conn.req_packed_command(cmd).await;
         match &result {
-            Ok(_) => self.answered(),
+            Ok(value) => self.replied(live.generation, std::slice::from_ref(value)),
             Err(e) => self.failed(live.generation, e),
         }
         result
@@ -269,7 +283,11 @@ fn must_reconnect(error: &RedisError) -> bool {
 
 /// `READONLY`, `MASTERDOWN` or `LOADING`: Redis answered, but cannot decide here.
 pub(super) fn is_not_primary(error: &RedisError) -> bool {
-    matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+    error.code().is_some_and(is_not_primary_code)
+}
+
+fn is_not_primary_code(code: &str) -> bool {
+    matches!(code, "READONLY" | "MASTERDOWN" | "LOADING")
 }
 
 /// Connects once: asks the source for the server, connects, checks it is a primary, loads the

@@ -1,0 +1,1 @@
+//! Redis Sentinel: see tests/redis/failover.rs.
