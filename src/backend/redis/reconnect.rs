@@ -209,6 +209,24 @@ impl SingleServer {
         }
     }
 
+    /// With Sentinel, asks the sentinels which server is the primary (every second while
+    /// connected): after a failover the old primary may accept writes for seconds until the
+    /// sentinels demote it, and those decisions would be lost. A different answer drops the
+    /// connection, so the task connects to the new primary.
+    async fn follow_sentinels(&self, source: &mut Source) {
+        let Some(live) = self.current() else { return };
+        let asked = tokio::time::timeout(attempt_budget(self.timeout), source.client()).await;
+        let Ok(Ok(client)) = asked else { return };
+        let named = redact_url(&client.get_connection_info().addr().to_string());
+        let (current, _) = self.record();
+        if current.is_some_and(|c| c != named) {
+            self.drop_connection(
+                live.generation,
+                &format!("the sentinels name a new primary, {named}"),
+            );
+        }
+    }
+
     /// A call timed out under the backend's timeout. The connection is dropped if nothing has come
     /// back on it for [`STALL_LIMIT`] (at least two timeouts): a connection made since the call
     /// started is never the one it timed out on.
@@ -396,6 +414,9 @@ pub(super) fn spawn_keeper(
                 let _ = tokio::time::timeout(IDLE_CHECK, server.lost.notified()).await;
                 if state.strong_count() == 0 {
                     return;
+                }
+                if matches!(source, Source::Sentinel { .. }) {
+                    server.follow_sentinels(&mut source).await;
                 }
             }
             let down_since = Instant::now();
