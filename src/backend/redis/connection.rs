@@ -35,13 +35,13 @@ impl Target {
             Target::Urls(urls) if !cluster => match urls.as_slice() {
                 [] => Err(BackendError::new("no Redis URL given")),
                 [url] => Client::open(url.as_str())
-                    .map(|client| Ok(Source::Client(client)))
+                    .map(|client| Ok(Source::Client(Box::new(client))))
                     .map_err(|e| connect_error(url, e)),
                 _ => Err(BackendError::new(
                     "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
                 )),
             },
-            Target::Client(client) if !cluster => Ok(Ok(Source::Client(*client))),
+            Target::Client(client) if !cluster => Ok(Ok(Source::Client(client))),
             Target::Sentinel(source) => Ok(Ok(*source)),
             other => Ok(Err(other)),
         }

@@ -42,7 +42,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// Where the server is found: a client (its address resolved again at every connect) or the
 /// sentinels, asked for the current primary at every connect.
 pub(super) enum Source {
-    Client(Client),
+    Client(Box<Client>),
     Sentinel {
         client: Box<SentinelClient>,
         service: String,
@@ -72,7 +72,7 @@ impl Source {
     /// A client for the server to connect to now.
     async fn client(&mut self) -> Result<Client, RedisError> {
         match self {
-            Source::Client(client) => Ok(client.clone()),
+            Source::Client(client) => Ok((**client).clone()),
             Source::Sentinel { client, .. } => client.async_get_client().await,
         }
     }
