@@ -270,3 +270,50 @@ async fn a_killed_primary_behind_a_moving_address() {
     assert_bounded("kill-forwarded", &figures);
     assert!(backend.health().is_healthy(), "{}", backend.health());
 }
+
+/// Redis stalls (`CLIENT PAUSE`) long enough for calls to time out and the breaker to open, then
+/// recovers while no request comes: the background probe (`PING`) closes the breaker, so a burst
+/// of requests right after is decided on Redis, not spent finding out that Redis is back (with
+/// only the breaker's own probe, one of them would go through and the others fail fast).
+#[tokio::test]
+async fn the_probe_finds_redis_again_before_the_next_requests() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let backend = backend_on(&server.url()).connect().await.unwrap();
+    let limit = steady();
+    let key: tower_throttle::key::Key = "probe".into();
+    use tower_throttle::Backend;
+    assert!(backend.check(&limit, &key, 1).await.is_ok());
+
+    cli(server.port(), &["CLIENT", "PAUSE", "600", "ALL"]).await;
+    let stalled = backend.check(&limit, &key, 1).await;
+    assert!(stalled.is_err(), "{stalled:?}");
+    assert!(backend.health().breaker_open, "{}", backend.health());
+    // Paused for 600 ms; nothing is asked until well after.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let health = backend.health();
+    println!("[probe] health before the burst: {health}");
+    assert!(health.is_healthy(), "{health}");
+    let burst: Vec<_> = (0..20).map(|_| backend.check(&limit, &key, 1)).collect();
+    let results = futures_join_all(burst).await;
+    let decided = results.iter().filter(|r| r.is_ok()).count();
+    println!(
+        "[probe] {decided} of 20 concurrent calls decided by Redis right after the stall; log lines: {:?}",
+        logs.lines()
+    );
+    assert_eq!(decided, 20, "{results:?}");
+}
+
+/// Runs the futures concurrently (each was admitted by the breaker when it was made).
+async fn futures_join_all<F>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}

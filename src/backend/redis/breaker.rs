@@ -91,6 +91,12 @@ impl Breaker {
         until != 0 && self.now_ms() < until
     }
 
+    /// Whether the circuit was opened and no call has got through since (open, or waiting for its
+    /// probe).
+    pub(super) fn tripped(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
     /// A call ran out of time: the server may drop a connection that stopped answering.
     fn timed_out(&self) {
         if let Some(server) = &self.server {

@@ -209,6 +209,18 @@ impl SingleServer {
         }
     }
 
+    /// `PING` on the live connection, within the timeout: whether it answered.
+    async fn ping(&self) -> bool {
+        let cmd = redis::cmd("PING");
+        let ping = self.command(&cmd);
+        matches!(
+            tokio::time::timeout(self.timeout, ping).await,
+            Ok(Ok(Value::SimpleString(_)
+                | Value::BulkString(_)
+                | Value::Okay))
+        )
+    }
+
     /// With Sentinel, asks the sentinels which server is the primary (every second while
     /// connected): after a failover the old primary may accept writes for seconds until the
     /// sentinels demote it, and those decisions would be lost. A different answer drops the
@@ -365,6 +377,7 @@ async fn establish(
     server.install(conn, address.clone());
     state.breaker.forget_loss();
     state.breaker.answered();
+    crate::observe::backend_up(Some(path_name(state.detector.active_path())));
     Ok(address)
 }
 
@@ -410,12 +423,22 @@ pub(super) fn spawn_keeper(
         let mut first = !connected;
         loop {
             // Connected: wait until the connection is dropped, or the backend is.
+            let mut since_sentinels = Instant::now();
             while server.connected() {
-                let _ = tokio::time::timeout(IDLE_CHECK, server.lost.notified()).await;
-                if state.strong_count() == 0 {
-                    return;
+                // While the breaker is open on a live connection (calls timed out), probe it
+                // often, so that the first calls after Redis recovers are decided there.
+                let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
+                let wait = if tripped { BACKOFF_MIN } else { IDLE_CHECK };
+                let _ = tokio::time::timeout(wait, server.lost.notified()).await;
+                let Some(strong) = state.upgrade() else { return };
+                if strong.breaker.tripped() && server.ping().await {
+                    strong.breaker.answered();
                 }
-                if matches!(source, Source::Sentinel { .. }) {
+                drop(strong);
+                if matches!(source, Source::Sentinel { .. })
+                    && since_sentinels.elapsed() >= IDLE_CHECK
+                {
+                    since_sentinels = Instant::now();
                     server.follow_sentinels(&mut source).await;
                 }
             }
@@ -441,7 +464,6 @@ pub(super) fn spawn_keeper(
                 match result {
                     Ok(address) => {
                         let path = path_name(strong.detector.active_path());
-                        crate::observe::backend_up(Some(path));
                         tracing::info!(
                             redis = %server.target,
                             %address,
