@@ -138,7 +138,7 @@ pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
+pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
 pub use decision::Decision;
 pub use decisions::{LimitDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};

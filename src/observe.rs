@@ -375,6 +375,21 @@ pub(crate) fn forbidden() {
 /// Whether backend latency is measured at all (reading the clock twice per request costs ~50 ns).
 pub(crate) const MEASURE_LATENCY: bool = cfg!(feature = "metrics");
 
+// ---- Redis connection state (issue 13) ----
+
+/// The Redis backend's connection went up (`Some(path)`: `"cell"`, `"lua"` or `"unknown"`) or down
+/// (`None`): the gauge `throttle_backend_up{path}` is 1 for the path in use, 0 for the others.
+#[cfg(feature = "redis")]
+pub(crate) fn backend_up(path: Option<&'static str>) {
+    #[cfg(feature = "metrics")]
+    for name in ["cell", "lua", "unknown"] {
+        let up = if path == Some(name) { 1.0 } else { 0.0 };
+        metrics::gauge!("throttle_backend_up", "path" => name).set(up);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = path;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -379,7 +379,8 @@ impl Offenders {
         Self::redis_on(RedisConnection::Cluster(connection), prefix.into())
     }
 
-    fn redis_on(conn: RedisConnection, prefix: String) -> Self {
+    /// On the Redis backend's own connection (`Config::layer` shares it).
+    pub(crate) fn redis_on(conn: RedisConnection, prefix: String) -> Self {
         Offenders {
             store: Arc::new(Store::Redis(redis_store::RedisOffenders {
                 conn,

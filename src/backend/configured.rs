@@ -7,7 +7,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::backend::{
-    Backend, MemoryBackend, PeekFuture, RedisBackend, RedisFuture, ResetFuture, StackFuture,
+    Backend, MemoryBackend, PeekFuture, RedisBackend, RedisFuture, RedisHealth, ResetFuture,
+    StackFuture,
 };
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
@@ -21,6 +22,59 @@ pub enum ConfiguredBackend {
     Memory(MemoryBackend),
     /// `kind = "redis"`.
     Redis(RedisBackend),
+}
+
+impl ConfiguredBackend {
+    /// Where the backend stands, for readiness checks: memory is always healthy; Redis reports
+    /// [`RedisBackend::health`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use tower_throttle::config::{BackendHealth, ConfiguredBackend};
+    /// use tower_throttle::MemoryBackend;
+    ///
+    /// let backend = ConfiguredBackend::Memory(MemoryBackend::new());
+    /// assert!(backend.health().is_healthy());
+    /// assert_eq!(backend.health().to_string(), "memory: up");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn health(&self) -> BackendHealth {
+        match self {
+            ConfiguredBackend::Memory(_) => BackendHealth::Memory,
+            ConfiguredBackend::Redis(redis) => BackendHealth::Redis(redis.health()),
+        }
+    }
+}
+
+/// What [`ConfiguredBackend::health`] reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendHealth {
+    /// The memory backend: always up.
+    Memory,
+    /// The Redis backend's state.
+    Redis(RedisHealth),
+}
+
+impl BackendHealth {
+    /// Whether decisions come from the backend (memory: always; Redis: connected, breaker closed).
+    pub fn is_healthy(&self) -> bool {
+        match self {
+            BackendHealth::Memory => true,
+            BackendHealth::Redis(redis) => redis.is_healthy(),
+        }
+    }
+}
+
+impl fmt::Display for BackendHealth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendHealth::Memory => f.write_str("memory: up"),
+            BackendHealth::Redis(redis) => write!(f, "redis: {redis}"),
+        }
+    }
 }
 
 impl Backend for ConfiguredBackend {

@@ -18,14 +18,14 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 pub(crate) mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisMode};
+pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
 
 // The backend a configuration file names; public as `config::ConfiguredBackend`.
 #[cfg(all(feature = "config", feature = "redis"))]
 mod configured;
 
 #[cfg(all(feature = "config", feature = "redis"))]
-pub use configured::{ConfiguredBackend, ConfiguredFuture};
+pub use configured::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 
 // Peek and reset: a key's state read without consuming, and forgotten.
 mod key_state;

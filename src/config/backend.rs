@@ -9,7 +9,7 @@ use super::Config;
 use crate::access::{AccessList, RedisAccessSync};
 use crate::backend::MemoryBackend;
 #[cfg(feature = "redis")]
-use crate::backend::{RedisBackend, RedisMode};
+use crate::backend::{RedisBackend, RedisBackendBuilder, RedisMode};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
 use crate::error::BuildError;
@@ -37,61 +37,79 @@ impl Config {
 
 #[cfg(feature = "redis")]
 impl RedisConfig {
-    /// Another connection to this Redis, for the access lists and the offender counts.
-    async fn open(&self, purpose: &str) -> Result<ExtraConnection, BackendError> {
-        let urls: Vec<String> = self
-            .url
-            .iter()
-            .chain(self.urls.iter().flatten())
-            .cloned()
-            .collect();
-        let failed =
-            |e| BackendError::with_source(format!("cannot connect to Redis for {purpose}"), e);
-        if self.cluster || self.urls.is_some() {
-            let conn = redis::cluster::ClusterClient::new(urls)
-                .map_err(failed)?
-                .get_async_connection()
-                .await
-                .map_err(failed)?;
-            Ok(ExtraConnection::Cluster(conn))
-        } else {
-            let url = urls
-                .first()
-                .ok_or_else(|| BackendError::new("[backend] kind = \"redis\" needs a url"))?;
-            let client = redis::Client::open(url.as_str()).map_err(failed)?;
-            let conn = redis::aio::ConnectionManager::new(client)
-                .await
-                .map_err(failed)?;
-            Ok(ExtraConnection::Single(conn))
-        }
-    }
-
-    /// Mirrors the access-list sets from this Redis into `lists`, in a background task.
-    pub(super) async fn spawn_access_sync(
+    /// Mirrors the access-list sets from this Redis into `lists`, in a background task, through the
+    /// backend's own connection. If Redis does not answer yet, the first read is retried in the
+    /// background (the lists hold only their local entries until then).
+    pub(super) fn spawn_access_sync(
         &self,
+        backend: &RedisBackend,
         sync: RedisAccessSync,
         lists: &AccessList,
-    ) -> Result<(), BackendError> {
-        match self.open("the access lists").await? {
-            ExtraConnection::Single(conn) => sync.spawn(conn, lists).await,
-            ExtraConnection::Cluster(conn) => sync.spawn(conn, lists).await,
-        }
+    ) {
+        let mut conn = backend.connection();
+        let lists = lists.clone();
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(50);
+            let mut warned = false;
+            loop {
+                match sync.refresh(&mut conn, &lists).await {
+                    Ok(()) => break,
+                    Err(e) if !warned => {
+                        warned = true;
+                        tracing::warn!(error = %e, "access lists not read from Redis yet; retrying in the background");
+                    }
+                    Err(_) => {}
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
+            // Read once: keeps reading them for as long as the lists live.
+            let _ = sync.spawn(conn, &lists).await;
+        });
     }
 
-    /// Distinct limited clients counted in this Redis, under the backend's prefix.
-    pub(super) async fn offenders(&self) -> Result<Offenders, BackendError> {
+    /// Distinct limited clients counted in this Redis, under the backend's prefix, through the
+    /// backend's own connection.
+    pub(super) fn offenders(&self, backend: &RedisBackend) -> Offenders {
         let prefix = self
             .prefix
             .clone()
             .unwrap_or_else(|| RedisBackend::DEFAULT_PREFIX.to_owned());
-        Ok(match self.open("counting limited clients").await? {
-            ExtraConnection::Single(conn) => Offenders::redis(conn, prefix),
-            ExtraConnection::Cluster(conn) => Offenders::redis_cluster(conn, prefix),
-        })
+        Offenders::redis_on(backend.connection(), prefix)
     }
 
-    /// Connects, as [`RedisBackend::builder`] would with these settings.
+    /// Connects before returning, as [`RedisBackend::builder`] would with these settings and
+    /// [`connect`](crate::RedisBackendBuilder::connect): fails if Redis cannot be reached.
     pub async fn connect(&self) -> Result<RedisBackend, BackendError> {
+        self.builder()?.connect().await
+    }
+
+    /// The backend as `connect` says: `"lazy"` (default) starts at once and connects in the
+    /// background ([`build`](crate::RedisBackendBuilder::build)); `"eager"` as
+    /// [`connect`](Self::connect). A Cluster always connects eagerly.
+    pub async fn start(&self) -> Result<RedisBackend, BackendError> {
+        let eager = match self.connect.as_deref() {
+            None | Some("lazy") => false,
+            Some("eager") => true,
+            Some(other) => {
+                return Err(BackendError::new(format!(
+                    "[backend] connect = {other:?} is not \"lazy\" or \"eager\""
+                )))
+            }
+        };
+        let cluster = self.cluster || self.urls.is_some();
+        let builder = self.builder()?;
+        if eager || cluster {
+            builder.connect().await
+        } else {
+            builder
+                .build()
+                .map_err(|e| BackendError::new(e.to_string()))
+        }
+    }
+
+    /// The builder with these settings; an error names the key at fault.
+    pub(super) fn builder(&self) -> Result<RedisBackendBuilder, BackendError> {
         let mode = match &self.mode {
             Some(mode) => mode
                 .parse()
@@ -99,18 +117,43 @@ impl RedisConfig {
             None => RedisMode::Auto,
         };
         let mut builder = RedisBackend::builder().mode(mode);
-        builder = match (&self.url, &self.urls) {
-            (Some(_), Some(_)) => {
+        builder = match (&self.url, &self.urls, &self.sentinels) {
+            (Some(_), Some(_), _) => {
                 return Err(BackendError::new(
                     "set either url or urls in [backend], not both",
                 ))
             }
-            (Some(url), None) => builder.url(url.clone()).cluster(self.cluster),
-            (None, Some(urls)) => builder.cluster_urls(urls.clone()),
-            (None, None) => {
-                return Err(BackendError::new("[backend] kind = \"redis\" needs a url"))
+            (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+                return Err(BackendError::new(
+                    "set either sentinels or url/urls in [backend], not both (the sentinels name the primary)",
+                ))
+            }
+            (None, None, Some(sentinels)) => {
+                if self.cluster {
+                    return Err(BackendError::new(
+                        "[backend] sentinels name one primary: cluster = true does not go with them",
+                    ));
+                }
+                let Some(service) = &self.sentinel_service else {
+                    return Err(BackendError::new(
+                        "[backend] sentinels needs sentinel_service, the name the sentinels monitor (e.g. \"mymaster\")",
+                    ));
+                };
+                builder.sentinel(sentinels.clone(), service.clone())
+            }
+            (Some(url), None, None) => builder.url(url.clone()).cluster(self.cluster),
+            (None, Some(urls), None) => builder.cluster_urls(urls.clone()),
+            (None, None, None) => {
+                return Err(BackendError::new(
+                    "[backend] kind = \"redis\" needs a url (or urls, or sentinels)",
+                ))
             }
         };
+        if self.sentinel_service.is_some() && self.sentinels.is_none() {
+            return Err(BackendError::new(
+                "[backend] sentinel_service needs sentinels, the sentinels' URLs",
+            ));
+        }
         if let Some(prefix) = &self.prefix {
             builder = builder.prefix(prefix.clone());
         }
@@ -120,13 +163,6 @@ impl RedisConfig {
         if let Some(on) = self.deny_cache {
             builder = builder.deny_cache(on);
         }
-        builder.connect().await
+        Ok(builder)
     }
-}
-
-/// A connection for the access lists or the offender counts, to one server or a Cluster.
-#[cfg(feature = "redis")]
-enum ExtraConnection {
-    Single(redis::aio::ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
 }

@@ -43,7 +43,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 #[cfg(feature = "redis")]
-pub use crate::backend::{ConfiguredBackend, ConfiguredFuture};
+pub use crate::backend::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, PenaltyConfig, QuotaConfig, RedisConfig, RouteConfig, TierConfig,
@@ -206,7 +206,9 @@ impl Config {
         self.layer_builder(self.memory_backend()?)?.build()
     }
 
-    /// The configured backend, memory or Redis (connected), and the layer on it.
+    /// The configured backend, memory or Redis, and the layer on it. Redis starts as `[backend]
+    /// connect` says: lazily by default (at once, connecting in the background, requests following
+    /// the failure policy until Redis answers), or `"eager"` (connected before this returns).
     ///
     /// Errors name the setting at fault, or say why Redis could not be reached.
     #[cfg(feature = "redis")]
@@ -215,17 +217,19 @@ impl Config {
     ) -> Result<ThrottleLayer<KeySpec, ConfiguredBackend>, Box<dyn std::error::Error + Send + Sync>>
     {
         let policies = self.policies()?;
+        // Redis: started as `[backend] connect` says (lazily by default: Redis being down does
+        // not stop the application).
         let backend = match &self.backend {
             BackendConfig::Memory { .. } => ConfiguredBackend::Memory(self.memory_backend()?),
-            BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.connect().await?),
+            BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.start().await?),
         };
         // Distinct limited clients are counted where the limits live.
-        let offenders = match &self.backend {
-            BackendConfig::Memory { .. } => Offenders::in_memory(),
-            BackendConfig::Redis(redis) => redis.offenders().await?,
+        let offenders = match (&self.backend, &backend) {
+            (BackendConfig::Redis(redis), ConfiguredBackend::Redis(on)) => redis.offenders(on),
+            _ => Offenders::in_memory(),
         };
         let mut builder = self
-            .with_options(ThrottleLayerBuilder::with_backend(backend).policies(policies))?
+            .with_options(ThrottleLayerBuilder::with_backend(backend.clone()).policies(policies))?
             .count_offenders(offenders);
         if let Some(access) = &self.access {
             let lists = access.lists()?;
@@ -237,7 +241,10 @@ impl Config {
                 if let Some(every) = access.redis_refresh {
                     sync = sync.every(every);
                 }
-                redis.spawn_access_sync(sync, &lists).await?;
+                let ConfiguredBackend::Redis(on) = &backend else {
+                    return Err("[access] redis_sets needs [backend] kind = \"redis\"".into());
+                };
+                redis.spawn_access_sync(on, sync, &lists);
             }
             builder = self.with_access(builder, lists)?;
         }

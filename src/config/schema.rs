@@ -57,6 +57,18 @@ pub struct RedisConfig {
     /// Reject keys that Redis limited locally until their retry time (default true).
     #[serde(default)]
     pub deny_cache: Option<bool>,
+    /// The sentinels' URLs (`redis://host:26379`; `rediss://` for TLS): find the primary through
+    /// Redis Sentinel instead of `url`. Needs `sentinel_service`.
+    #[serde(default)]
+    pub sentinels: Option<Vec<String>>,
+    /// The name the sentinels monitor the primary under (`sentinel monitor <name> ...`).
+    #[serde(default)]
+    pub sentinel_service: Option<String>,
+    /// `"lazy"` (default): start at once and connect in the background (requests follow the
+    /// failure policy until Redis answers); `"eager"`: connect before starting, and fail if Redis
+    /// cannot be reached. A Cluster always connects eagerly.
+    #[serde(default)]
+    pub connect: Option<String>,
 }
 
 impl RedisConfig {
@@ -78,6 +90,17 @@ impl RedisConfig {
             .collect();
         let urls: Vec<String> = urls.iter().map(|u| crate::error::redact_url(u)).collect();
         let mode = self.mode.as_deref().unwrap_or("auto");
+        if let Some(sentinels) = &self.sentinels {
+            let sentinels: Vec<String> = sentinels
+                .iter()
+                .map(|u| crate::error::redact_url(u))
+                .collect();
+            return format!(
+                "redis sentinel {:?} via {} (mode {mode})",
+                self.sentinel_service.as_deref().unwrap_or(""),
+                sentinels.join(", ")
+            );
+        }
         let cluster = if self.cluster || self.urls.is_some() {
             "cluster "
         } else {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::RedisError;
 
+use super::reconnect::{is_not_primary, SingleServer};
 use crate::error::BackendError;
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
@@ -36,6 +37,9 @@ pub(super) struct Breaker {
     ///
     /// [`Detector`]: super::connection::Detector
     lost: AtomicBool,
+    /// The reconnecting server under this breaker, if any: told about timeouts (it drops a
+    /// connection that stopped answering), and its task logs the transitions instead.
+    server: Option<Arc<SingleServer>>,
 }
 
 const BREAKER_MIN: Duration = Duration::from_millis(50);
@@ -67,8 +71,8 @@ impl Drop for ProbeGuard {
 }
 
 impl Breaker {
-    /// A closed breaker; `enabled` is false on a Cluster.
-    pub(super) fn new(timeout: Duration, enabled: bool) -> Self {
+    /// A closed breaker; `enabled` is false on a Cluster; `server`, the reconnecting server it guards.
+    pub(super) fn new(timeout: Duration, enabled: bool, server: Option<Arc<SingleServer>>) -> Self {
         Breaker {
             enabled,
             epoch: Instant::now(),
@@ -77,6 +81,26 @@ impl Breaker {
             probe_started: AtomicU64::new(0),
             probe_limit_ms: timeout.as_millis() as u64 + 1,
             lost: AtomicBool::new(false),
+            server,
+        }
+    }
+
+    /// Whether calls fail fast now.
+    pub(super) fn is_open(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        until != 0 && self.now_ms() < until
+    }
+
+    /// Whether the circuit was opened and no call has got through since (open, or waiting for its
+    /// probe).
+    pub(super) fn tripped(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    /// A call ran out of time: the server may drop a connection that stopped answering.
+    fn timed_out(&self) {
+        if let Some(server) = &self.server {
+            server.timed_out();
         }
     }
 
@@ -137,7 +161,10 @@ impl Breaker {
         if self.enabled && self.open_until.load(Ordering::Acquire) != 0 {
             self.failures.store(0, Ordering::Release);
             self.open_until.store(0, Ordering::Release);
-            tracing::info!("Redis answers again; rate-limit decisions come from Redis");
+            // With a reconnecting server, its task says so (once per reconnection).
+            if self.server.is_none() {
+                tracing::info!("Redis answers again; rate-limit decisions come from Redis");
+            }
         }
     }
 
@@ -158,8 +185,11 @@ impl Breaker {
             )
             .is_ok()
         {
-            // Calls that were already under way when the circuit opened fail too; they say nothing new.
-            tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
+            // Calls that were already under way when the circuit opened fail too; they say nothing
+            // new. With a reconnecting server, its task says so (once per loss).
+            if self.server.is_none() {
+                tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
+            }
         }
     }
 }
@@ -191,14 +221,21 @@ where
             Ok(Err(e)) => {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                     breaker.unreachable(was_probe);
+                    if e.is_timeout() {
+                        breaker.timed_out();
+                    }
+                } else if is_not_primary(&e) {
+                    // Redis answered, but cannot decide here until a failover ends: as unreachable.
+                    breaker.unreachable(was_probe);
                 } else {
-                    // An error reply (LOADING, OOM, NOPERM...) still proves Redis is there.
+                    // An error reply (OOM, NOPERM...) still proves Redis is there.
                     breaker.answered();
                 }
                 Err(BackendError::with_source("Redis failed to decide", e))
             }
             Err(_) => {
                 breaker.unreachable(was_probe);
+                breaker.timed_out();
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}"
                 )))

@@ -1,5 +1,6 @@
 //! `RedisBackendBuilder`: the settings of a Redis backend, their validation, and the start-up work of
-//! `connect` (open the connection, then load the script or detect the module).
+//! `connect` and `build` (open the connection, then load the script or detect the module; or leave
+//! that to the background task).
 
 use std::fmt;
 use std::time::Duration;
@@ -7,13 +8,17 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use std::sync::Arc;
+
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, RedisError};
 
 use super::check::RedisState;
 use super::connection::{cell_loaded, RedisConnection, Target};
 use super::mode::RedisMode;
+use super::reconnect::{connect_once, spawn_keeper, SingleServer, Source};
 use super::scripts;
-use crate::error::BackendError;
+use crate::error::{redact_url, BackendError};
 
 /// Builds a [`RedisBackend`](crate::RedisBackend); see
 /// [`RedisBackend::builder`](crate::RedisBackend::builder).
@@ -25,6 +30,14 @@ pub struct RedisBackendBuilder {
     prefix: String,
     timeout: Duration,
     deny_cache: bool,
+    sentinel: Option<SentinelSettings>,
+}
+
+/// What [`RedisBackendBuilder::sentinel`] was given.
+struct SentinelSettings {
+    urls: Vec<String>,
+    service: String,
+    node: Option<SentinelNodeConnectionInfo>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -49,6 +62,7 @@ impl RedisBackendBuilder {
             prefix: prefix.to_owned(),
             timeout,
             deny_cache: true,
+            sentinel: None,
         }
     }
 
@@ -83,8 +97,53 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Find the primary through Redis Sentinel: `sentinels` are the sentinels' URLs
+    /// (`redis://host:26379`, with `user:password@` if the sentinels ask for one, `rediss://` for
+    /// TLS to the sentinels and to the primary); `service` is the name they monitor (`mymaster`).
+    /// Every connection, the first and each after a failover, asks the sentinels for the current
+    /// primary and checks that it is one. The primary's own password, user and database:
+    /// [`sentinel_node`](Self::sentinel_node).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_throttle::RedisBackend;
+    ///
+    /// let redis = RedisBackend::builder()
+    ///     .sentinel(["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], "mymaster")
+    ///     .build() // starts at once; connects in the background
+    ///     .unwrap();
+    /// # let _ = redis;
+    /// # }
+    /// ```
+    pub fn sentinel<I, S>(mut self, sentinels: I, service: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sentinel = Some(SentinelSettings {
+            urls: sentinels.into_iter().map(Into::into).collect(),
+            service: service.into(),
+            node: None,
+        });
+        self.cluster = false;
+        self
+    }
+
+    /// With [`sentinel`](Self::sentinel): how to log in to the primary the sentinels name (redis-rs'
+    /// settings: TLS mode, user, password, database, protocol). Without it, the primary is reached
+    /// with TLS when the sentinels' URLs are `rediss://`, and without a password.
+    pub fn sentinel_node(mut self, node: SentinelNodeConnectionInfo) -> Self {
+        if let Some(sentinel) = &mut self.sentinel {
+            sentinel.node = Some(node);
+        }
+        self
+    }
+
     /// Use this connection manager as it is (its own timeouts and reconnect settings apply, under this
-    /// backend's timeout).
+    /// backend's timeout). redis-rs reconnects it after I/O errors only, to the address it resolved
+    /// once: a failover by demotion (`READONLY`) is not handled. Prefer [`url`](Self::url),
+    /// [`client`](Self::client) or [`sentinel`](Self::sentinel), which are.
     pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
         self.target = Some(Target::Manager(manager));
         self
@@ -134,34 +193,99 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The work of [`connect`](Self::connect): checks the settings, connects and, in `Lua` mode,
-    /// loads the script, in `Cell` and `Auto` modes detects the redis-cell module.
-    pub(super) async fn open(self) -> Result<RedisState, BackendError> {
+    /// Checks the settings: what [`build`](Self::build) and [`connect`](Self::connect) start from.
+    pub(super) fn validated(self) -> Result<Validated, BackendError> {
         validate_prefix(&self.prefix).map_err(BackendError::new)?;
         if self.timeout.is_zero() {
             return Err(BackendError::new("Redis timeout must be greater than zero"));
         }
-        let timeout = self.timeout;
-        let target = self.target.ok_or_else(|| {
-            BackendError::new("no Redis to connect to: set a url, urls, client or connection")
-        })?;
-        // Connecting and detecting get a few timeouts' worth of time: this happens once, at start-up.
-        let start_budget = timeout.saturating_mul(10).max(Duration::from_secs(1));
-        let conn = RedisConnection::open(target, self.cluster, timeout, start_budget).await?;
+        let target = match (self.sentinel, self.target) {
+            (Some(_), Some(_)) => {
+                return Err(BackendError::new(
+                    "set either sentinels or a url, urls, client or connection, not both",
+                ))
+            }
+            (Some(sentinel), None) => Target::Sentinel(Box::new(sentinel_source(sentinel)?)),
+            (None, Some(target)) => target,
+            (None, None) => {
+                return Err(BackendError::new(
+                    "no Redis to connect to: set a url, urls, sentinels, client or connection",
+                ))
+            }
+        };
+        let start = match target.into_source(self.cluster)? {
+            Ok(source) => Start::Server(source),
+            Err(other) => Start::Other(other),
+        };
+        Ok(Validated {
+            start,
+            settings: Settings {
+                cluster: self.cluster,
+                mode: self.mode,
+                prefix: self.prefix.into_boxed_str(),
+                timeout: self.timeout,
+                deny_cache: self.deny_cache,
+            },
+        })
+    }
+}
+
+/// Where a backend starts from: one server this crate reconnects, or a Cluster or user's connection
+/// manager.
+pub(super) enum Start {
+    Server(Source),
+    Other(Target),
+}
+
+/// Settings that passed the checks, and where to start.
+pub(super) struct Validated {
+    start: Start,
+    settings: Settings,
+}
+
+struct Settings {
+    cluster: bool,
+    mode: RedisMode,
+    prefix: Box<str>,
+    timeout: Duration,
+    deny_cache: bool,
+}
+
+impl Settings {
+    /// The state of a backend on one reconnecting server, not connected yet.
+    fn server_state(self, source: &Source) -> (Arc<RedisState>, Arc<SingleServer>) {
+        let server = Arc::new(SingleServer::new(source, self.timeout));
         let state = RedisState::new(
-            conn,
+            RedisConnection::Server(server.clone()),
             self.mode,
-            self.prefix.into_boxed_str(),
-            timeout,
+            self.prefix,
+            self.timeout,
             self.deny_cache,
         );
+        (Arc::new(state), server)
+    }
+
+    /// How long connecting at start-up may take: a few timeouts' worth (at least a second), as this
+    /// happens once.
+    fn start_budget(&self) -> Duration {
+        self.timeout.saturating_mul(10).max(Duration::from_secs(1))
+    }
+
+    /// A Cluster or a user's connection manager, connected and probed: `Lua` mode loads the script,
+    /// `Cell` and `Auto` detect the module.
+    async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+        let timeout = self.timeout;
+        let start_budget = self.start_budget();
+        let conn = RedisConnection::open(target, self.cluster, timeout, start_budget).await?;
+        let state = RedisState::new(conn, self.mode, self.prefix, timeout, self.deny_cache);
         let mut conn = state.conn.clone();
+        let mode = self.mode;
         let probe = async {
-            match self.mode {
+            match mode {
                 RedisMode::Lua => scripts::load_gcra(&mut conn).await,
                 RedisMode::Cell | RedisMode::Auto => {
                     let loaded = cell_loaded(&mut conn).await?;
-                    if self.mode == RedisMode::Cell && !loaded {
+                    if mode == RedisMode::Cell && !loaded {
                         return Err(RedisError::from((
                             redis::ErrorKind::Client,
                             "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which this Redis has not loaded; use mode \"lua\" or \"auto\"",
@@ -178,8 +302,95 @@ impl RedisBackendBuilder {
                 BackendError::new(format!("Redis did not answer within {start_budget:?}"))
             })?
             .map_err(|e| BackendError::with_source("Redis refused the limiter's set-up", e))?;
-        Ok(state)
+        Ok(Arc::new(state))
     }
+}
+
+impl Validated {
+    /// [`build`](RedisBackendBuilder::build): no connection made here; a background task makes it.
+    /// A user's connection manager is used as it is; a Cluster cannot start this way.
+    pub(super) fn start_lazily(self) -> Result<Arc<RedisState>, BackendError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(BackendError::new(
+                "a Redis backend must be built inside a tokio runtime (a tokio task keeps its connection)",
+            ));
+        }
+        let settings = self.settings;
+        match self.start {
+            Start::Server(source) => {
+                let (state, server) = settings.server_state(&source);
+                spawn_keeper(source, server, Arc::downgrade(&state), false);
+                Ok(state)
+            }
+            Start::Other(Target::Manager(manager)) => Ok(Arc::new(RedisState::new(
+                RedisConnection::Single(manager),
+                settings.mode,
+                settings.prefix,
+                settings.timeout,
+                settings.deny_cache,
+            ))),
+            Start::Other(_) => Err(BackendError::new(
+                "a Redis Cluster cannot start without connecting: use connect() (build() starts one server or Sentinel lazily)",
+            )),
+        }
+    }
+
+    /// [`connect`](RedisBackendBuilder::connect): connected, the script loaded and the path
+    /// detected before it returns; then (one server) kept connected by a background task.
+    pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
+        let settings = self.settings;
+        match self.start {
+            Start::Server(mut source) => {
+                let budget = settings.start_budget();
+                let (state, server) = settings.server_state(&source);
+                connect_once(&mut source, &server, &state, budget).await?;
+                spawn_keeper(source, server, Arc::downgrade(&state), true);
+                Ok(state)
+            }
+            Start::Other(target) => settings.open_other(target).await,
+        }
+    }
+}
+
+/// The sentinels' client: checks the URLs and the service name.
+fn sentinel_source(sentinel: SentinelSettings) -> Result<Source, BackendError> {
+    if sentinel.urls.is_empty() {
+        return Err(BackendError::new(
+            "sentinels: give at least one sentinel URL",
+        ));
+    }
+    if sentinel.service.trim().is_empty() {
+        return Err(BackendError::new(
+            "sentinel_service: name the service the sentinels monitor (e.g. \"mymaster\")",
+        ));
+    }
+    let tls = sentinel.urls.iter().any(|u| u.starts_with("rediss:"));
+    let node = sentinel.node.unwrap_or_else(|| {
+        let node = SentinelNodeConnectionInfo::default();
+        if tls {
+            node.set_tls_mode(redis::TlsMode::Secure)
+        } else {
+            node
+        }
+    });
+    let described = sentinel
+        .urls
+        .iter()
+        .map(|u| redact_url(u))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let client = SentinelClient::build(
+        sentinel.urls,
+        sentinel.service.clone(),
+        Some(node),
+        SentinelServerType::Master,
+    )
+    .map_err(|e| BackendError::with_source(format!("invalid sentinel URLs ({described})"), e))?;
+    Ok(Source::Sentinel {
+        client: Box::new(client),
+        service: sentinel.service,
+        tls,
+    })
 }
 
 fn validate_prefix(prefix: &str) -> Result<(), String> {

@@ -47,7 +47,11 @@ impl RedisState {
         deny_cache: bool,
     ) -> Self {
         RedisState {
-            breaker: Arc::new(Breaker::new(timeout, !conn.is_cluster())),
+            breaker: Arc::new(Breaker::new(
+                timeout,
+                !conn.is_cluster(),
+                conn.server().cloned(),
+            )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             conn,
             detector: Detector::new(mode),

@@ -1,8 +1,9 @@
-//! The one connection to Redis (a single server's `ConnectionManager` or a Cluster's connection):
-//! where it comes from, how it is opened (TLS included), and which path it offers (redis-cell
-//! detection).
+//! The one connection to Redis (a single server's reconnecting connection, a user's
+//! `ConnectionManager` or a Cluster's connection): where it comes from, how it is opened (TLS
+//! included), and which path it offers (redis-cell detection).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -13,6 +14,7 @@ use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
 use super::breaker::Breaker;
 use super::mode::RedisMode;
+use super::reconnect::{SingleServer, Source};
 use crate::error::{redact_url, BackendError};
 
 /// What the builder was given to reach Redis.
@@ -22,19 +24,46 @@ pub(super) enum Target {
     Manager(ConnectionManager),
     ClusterClient(Box<ClusterClient>),
     ClusterConnection(ClusterConnection),
+    Sentinel(Box<Source>),
 }
 
-/// The connection every call of a backend goes through. Cloning it is cheap (both kinds are handles
+impl Target {
+    /// The way to one server that this crate reconnects itself (a URL, a client, Sentinel), or
+    /// `None` for a Cluster or a user's connection manager.
+    pub(super) fn into_source(self, cluster: bool) -> Result<Result<Source, Target>, BackendError> {
+        match self {
+            Target::Urls(urls) if !cluster => match urls.as_slice() {
+                [] => Err(BackendError::new("no Redis URL given")),
+                [url] => Client::open(url.as_str())
+                    .map(|client| Ok(Source::Client(Box::new(client))))
+                    .map_err(|e| connect_error(url, e)),
+                _ => Err(BackendError::new(
+                    "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
+                )),
+            },
+            Target::Client(client) if !cluster => Ok(Ok(Source::Client(client))),
+            Target::Sentinel(source) => Ok(Ok(*source)),
+            other => Ok(Err(other)),
+        }
+    }
+}
+
+/// The connection every call of a backend goes through. Cloning it is cheap (every kind is a handle
 /// on one shared, reconnecting connection); each call takes its own clone for the `&mut` that
-/// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on either kind alike.
+/// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on any kind alike.
 #[derive(Clone)]
 pub(crate) enum RedisConnection {
+    /// A connection manager the user gave: redis-rs reconnects it after I/O errors only.
     Single(ConnectionManager),
+    /// One server (a URL, a client or Sentinel) that this crate reconnects after failovers too.
+    Server(Arc<SingleServer>),
     Cluster(ClusterConnection),
 }
 
 impl RedisConnection {
-    /// Opens the connection to `target` (`cluster`: the URLs name a Redis Cluster), within `budget`.
+    /// Opens the connection to a Cluster or takes the user's connection manager (`cluster`: the
+    /// URLs name a Redis Cluster), within `budget`. One server otherwise goes through
+    /// [`Target::into_source`] and a [`SingleServer`].
     pub(super) async fn open(
         target: Target,
         cluster: bool,
@@ -79,6 +108,9 @@ impl RedisConnection {
                 Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
                 Target::ClusterClient(client) => connect_cluster(*client).await,
                 Target::ClusterConnection(connection) => Ok(RedisConnection::Cluster(connection)),
+                Target::Sentinel(_) => Err(BackendError::new(
+                    "Sentinel names one primary: it cannot be a Redis Cluster",
+                )),
             }
         };
         tokio::time::timeout(budget, connecting)
@@ -98,8 +130,16 @@ impl RedisConnection {
     /// `"single"` or `"cluster"`.
     pub(super) fn topology(&self) -> &'static str {
         match self {
-            RedisConnection::Single(_) => "single",
+            RedisConnection::Single(_) | RedisConnection::Server(_) => "single",
             RedisConnection::Cluster(_) => "cluster",
+        }
+    }
+
+    /// The reconnecting server, for one server reached through a URL, a client or Sentinel.
+    pub(super) fn server(&self) -> Option<&Arc<SingleServer>> {
+        match self {
+            RedisConnection::Server(server) => Some(server),
+            _ => None,
         }
     }
 }
@@ -108,6 +148,7 @@ impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
+            RedisConnection::Server(server) => Box::pin(server.command(cmd)),
             RedisConnection::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -120,6 +161,7 @@ impl ConnectionLike for RedisConnection {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
             RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -127,13 +169,14 @@ impl ConnectionLike for RedisConnection {
     fn get_db(&self) -> i64 {
         match self {
             RedisConnection::Single(c) => c.get_db(),
+            RedisConnection::Server(server) => server.db(),
             RedisConnection::Cluster(c) => c.get_db(),
         }
     }
 }
 
 /// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
-fn install_crypto_provider() {
+pub(super) fn install_crypto_provider() {
     // Fails only when a provider is installed already, which is then the one used.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
@@ -169,12 +212,23 @@ async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, Backe
         .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
 }
 
+/// Whether `CL.THROTTLE` exists on this one server.
+pub(super) async fn cell_loaded_on<C: ConnectionLike>(conn: &mut C) -> Result<bool, RedisError> {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("CL.THROTTLE");
+    let reply = conn.req_packed_command(&cmd).await?;
+    Ok(
+        matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil))),
+    )
+}
+
 /// Whether `CL.THROTTLE` exists (on every primary, for a Cluster).
 pub(super) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, RedisError> {
     let mut cmd = redis::cmd("COMMAND");
     cmd.arg("INFO").arg("CL.THROTTLE");
     let reply = match conn {
         RedisConnection::Single(manager) => manager.req_packed_command(&cmd).await?,
+        RedisConnection::Server(server) => server.command(&cmd).await?,
         RedisConnection::Cluster(cluster) => {
             cluster
                 .route_command(

@@ -8,7 +8,10 @@
 //! 2. [`args`]: what a limit becomes on the wire (its keys, the scripts' and `CL.THROTTLE`'s
 //!    arguments), and what Redis cannot enforce exactly, refused when the layer is built.
 //! 3. [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies.
-//! 4. [`connection`]: the one connection (single server or Cluster, TLS) and redis-cell detection.
+//! 4. [`connection`]: the one connection (single server or Cluster, TLS) and redis-cell detection;
+//!    [`reconnect`]: one server's connection (a URL, a client or Sentinel), dropped on `READONLY`,
+//!    `MASTERDOWN`, `LOADING`, I/O errors and timeouts and made again by a background task;
+//!    [`health`]: what the backend reports about it.
 //! 5. [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
 //!    [`deny`]: the local cache of rejections.
 //!
@@ -22,9 +25,11 @@ mod builder;
 mod check;
 pub(crate) mod connection;
 mod deny;
+mod health;
 mod lease;
 mod mode;
 mod refund;
+mod reconnect;
 mod scripts;
 
 use std::fmt;
@@ -40,6 +45,7 @@ use crate::limit::{Limit, DEFAULT_LEASE};
 
 pub use self::builder::RedisBackendBuilder;
 pub use self::check::RedisFuture;
+pub use self::health::RedisHealth;
 pub use self::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
@@ -53,8 +59,22 @@ pub use self::mode::RedisMode;
 ///
 /// Each call is bounded by the [timeout](RedisBackendBuilder::timeout) (100 ms by default); a timeout
 /// or an error reaches the layer as a [`BackendError`], where
-/// [`OnBackendError`](crate::OnBackendError) decides (fail open, fail closed or a local limiter). The
-/// connection reconnects by itself, so decisions come from Redis again once it is back.
+/// [`OnBackendError`](crate::OnBackendError) decides (fail open, fail closed or a local limiter).
+///
+/// # Starting, failover and health
+///
+/// [`connect`](RedisBackendBuilder::connect) connects before it returns and fails if Redis cannot be
+/// reached; [`build`](RedisBackendBuilder::build) returns at once and connects in the background,
+/// so an application starts while Redis is down (requests follow the failure policy meanwhile).
+/// Either way, one server ([`url`](RedisBackendBuilder::url), [`client`](RedisBackendBuilder::client),
+/// [`sentinel`](RedisBackendBuilder::sentinel)) is kept connected by a background task: an I/O
+/// error, a timeout, or a server that answers `READONLY` (a primary demoted by a failover),
+/// `MASTERDOWN` or `LOADING` drops the connection; calls then fail at once while the task connects
+/// again (every 50 ms, backing off to 500 ms), resolving the address again (DNS, or asking the
+/// sentinels), checking that the server is a primary (`ROLE`), loading the script and detecting the
+/// path before the first decision uses it. [`health`](RedisBackend::health) tells where it stands.
+/// A Cluster connection and a user's [`connection_manager`](RedisBackendBuilder::connection_manager)
+/// reconnect by redis-rs' own rules instead.
 ///
 /// # Modes
 ///
@@ -182,6 +202,33 @@ impl RedisBackend {
         self.state.detector.mode()
     }
 
+    /// Where the connection stands: connected or not, the path, the breaker, the last error and the
+    /// address. See [`RedisHealth`].
+    pub fn health(&self) -> RedisHealth {
+        let state = &self.state;
+        let (connected, address, last_error) = match state.conn.server() {
+            Some(server) => {
+                let (address, last_error) = server.record();
+                (server.connected(), address, last_error)
+            }
+            // A Cluster or a user's connection manager: redis-rs reconnects them; the breaker
+            // (single server) tells whether calls get through.
+            None => (true, None, None),
+        };
+        RedisHealth {
+            connected,
+            path: state.detector.active_path(),
+            breaker_open: state.breaker.is_open(),
+            last_error,
+            address,
+        }
+    }
+
+    /// The backend's connection, shared by the offender counts and the access lists.
+    pub(crate) fn connection(&self) -> connection::RedisConnection {
+        self.state.conn.clone()
+    }
+
     /// The Redis key that holds `key`'s state under the policy `policy`: `prefix:policy:{key}`.
     pub fn redis_key(&self, policy: &str, key: &Key) -> String {
         self.state.redis_key(policy, key)
@@ -197,16 +244,48 @@ impl RedisBackend {
 // Beside the type it makes: the settings and the work are in builder.rs, which does not need to
 // know `RedisBackend`.
 impl RedisBackendBuilder {
-    /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module.
+    /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module: the eager,
+    /// fail-fast start.
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
-    /// reached (an application that must start while Redis is down should retry, or start on
-    /// another backend), or when `Cell` mode is asked of a server without the module.
+    /// reached, or when `Cell` mode is asked of a server without the module. An application that
+    /// must start while Redis is down uses [`build`](Self::build) instead.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
-        let state = self.open().await?;
-        Ok(RedisBackend {
-            state: Arc::new(state),
-        })
+        let state = self.validated()?.start_eagerly().await?;
+        Ok(RedisBackend { state })
+    }
+
+    /// Checks the settings and returns at once, without connecting: the lazy start, for one server
+    /// or Sentinel (a Cluster needs [`connect`](Self::connect)). Must be called inside a tokio
+    /// runtime.
+    ///
+    /// A background task connects (every 50 ms, backing off to 500 ms; each attempt bounded), then
+    /// loads the script and detects the path; decisions come from Redis as soon as it has. Until
+    /// then every call fails at once with a [`BackendError`], so the layer's failure policy answers
+    /// without waiting, and one warning says that Redis is not reachable yet. The task ends when
+    /// the backend (every clone) is dropped.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_throttle::key::Key;
+    /// use tower_throttle::{Backend, Limit, Quota, RedisBackend};
+    ///
+    /// // Nothing listens on port 1: built anyway, and calls fail at once.
+    /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
+    /// let limit = Limit::new("api", Quota::per_second(5)).unwrap();
+    /// assert!(redis.check(&limit, &Key::from("alice"), 1).await.is_err());
+    ///
+    /// // Settings are still checked here.
+    /// assert!(RedisBackend::builder().url("redis://127.0.0.1:1/").prefix("a b").build().is_err());
+    /// # }
+    /// ```
+    pub fn build(self) -> Result<RedisBackend, BuildError> {
+        let state = self
+            .validated()
+            .and_then(|v| v.start_lazily())
+            .map_err(|e| BuildError::Invalid(e.to_string()))?;
+        Ok(RedisBackend { state })
     }
 }
 

@@ -1,0 +1,319 @@
+//! Redis failing over under a steady load, with real `redis-server` processes: the backend starts
+//! while Redis is down or frozen, follows a primary demoted into a replica (directly, and through a
+//! forwarder whose target moves, as a DNS name does), and a primary killed. Every call is answered
+//! within the timeout (decided by Redis, or failed at once so the failure policy answers), and
+//! decisions come back to Redis soon after a writable primary is reachable.
+//!
+//! Each scenario prints its figures (run with `--nocapture`): calls by outcome, the slowest call,
+//! the time from the trigger to recovery, and the log lines the backend wrote.
+
+use crate::support::failover::{
+    cli, replicate, wait_until, Figures, Forwarder, FrozenListener, Load, Logs,
+};
+use crate::support::redis as redis_support;
+
+use std::time::{Duration, Instant};
+
+use redis_support::RedisServer;
+use tower_throttle::{Limit, Quota, RedisBackend, RedisMode};
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// What a call may take beyond the timeout on a loaded 2-core machine. A call that waited for Redis
+/// to come back would take seconds.
+const STALL: Duration = Duration::from_secs(1);
+/// How long decisions may take to come back to Redis once a writable primary is reachable: the goal
+/// is 1 s (reconnect backoff at most 500 ms); the rest is room for a loaded machine.
+const RECOVERY: Duration = Duration::from_secs(3);
+
+fn steady() -> Limit {
+    Limit::new(
+        "steady",
+        Quota::cl_throttle(1_000_000, 1, Duration::from_secs(60)),
+    )
+    .unwrap()
+}
+
+fn backend_on(url: &str) -> tower_throttle::RedisBackendBuilder {
+    RedisBackend::builder()
+        .url(url)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+}
+
+/// Stops a server without blocking the runtime (the load keeps running).
+async fn stop(mut server: RedisServer) -> RedisServer {
+    tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap()
+}
+
+/// Restarts a server (same port) without blocking the runtime; returns once it answers.
+async fn restart(mut server: RedisServer) -> RedisServer {
+    tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap()
+}
+
+fn assert_bounded(scenario: &str, figures: &Figures) {
+    assert!(
+        figures.max_latency <= TIMEOUT + STALL,
+        "[{scenario}] a call took {:?}, past the timeout",
+        figures.max_latency
+    );
+    let recovered = figures
+        .recovered_after
+        .unwrap_or_else(|| panic!("[{scenario}] decisions never came back to Redis: {figures:?}"));
+    assert!(
+        recovered <= RECOVERY,
+        "[{scenario}] recovery took {recovered:?}"
+    );
+}
+
+/// Redis down at start: built at once, calls fail at once, one warning; Redis started on that port:
+/// decisions come from Redis within a second.
+#[tokio::test]
+async fn starts_while_redis_is_down_and_moves_to_redis_once_it_answers() {
+    let (logs, _guard) = Logs::capture();
+    let server = stop(RedisServer::start()).await;
+    let started = Instant::now();
+    let backend = backend_on(&server.url()).build().unwrap();
+    let built_in = started.elapsed();
+    assert!(
+        built_in < Duration::from_millis(500),
+        "build took {built_in:?}"
+    );
+    assert!(!backend.health().connected);
+
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let health = backend.health();
+    assert!(!health.is_healthy(), "{health}");
+    assert!(health.last_error.is_some(), "{health}");
+
+    let _server = restart(server).await;
+    let trigger = load.now();
+    wait_until(Duration::from_secs(10), "never connected", || async {
+        backend.health().is_healthy()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let samples = load.finish().await;
+    let figures = Figures::of(&samples, trigger);
+    figures.print("start-down", &logs);
+    println!(
+        "[start-down] built in {built_in:?}; health now: {}",
+        backend.health()
+    );
+
+    assert!(figures.failed > 0, "calls during the outage should fail");
+    assert_bounded("start-down", &figures);
+    assert_eq!(logs.count("not reachable yet"), 1, "{:?}", logs.lines());
+    assert_eq!(logs.count("connected to Redis"), 1, "{:?}", logs.lines());
+    let health = backend.health();
+    assert!(health.is_healthy(), "{health}");
+    assert_eq!(health.path, Some(RedisMode::Lua));
+    assert!(health.address.is_some());
+}
+
+/// A frozen Redis at start (accepts, never answers): no call waits past the timeout; the eager
+/// `connect` fails within its start-up budget instead of hanging.
+#[tokio::test]
+async fn a_frozen_redis_at_start_costs_no_call_its_timeout() {
+    let (logs, _guard) = Logs::capture();
+    let frozen = FrozenListener::start().await;
+    let backend = backend_on(&frozen.url()).build().unwrap();
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let samples = load.finish().await;
+    let figures = Figures::of(&samples, Duration::ZERO);
+    figures.print("frozen-start", &logs);
+    assert_eq!(figures.decided, 0);
+    assert!(figures.failed > 0);
+    assert!(
+        figures.max_latency <= TIMEOUT + STALL,
+        "a call took {:?}",
+        figures.max_latency
+    );
+    assert!(!backend.health().connected);
+    assert_eq!(logs.count("not reachable yet"), 1, "{:?}", logs.lines());
+
+    let started = Instant::now();
+    let eager = backend_on(&frozen.url()).connect().await;
+    let took = started.elapsed();
+    println!(
+        "[frozen-start] eager connect failed in {took:?}: {:?}",
+        eager.as_ref().err()
+    );
+    assert!(eager.is_err());
+    assert!(
+        took < Duration::from_secs(1) + STALL,
+        "connect took {took:?}"
+    );
+}
+
+/// A primary and its replica, the replica synchronized.
+async fn pair() -> (RedisServer, RedisServer) {
+    let (primary, replica) = (RedisServer::start(), RedisServer::start());
+    replicate(replica.port(), primary.port()).await;
+    (primary, replica)
+}
+
+/// Failover by demotion behind an address that moves: the replica is promoted, the address (a
+/// forwarder) switched to it, and the old primary made its replica. The open connection to the old
+/// primary answers `READONLY`; the backend reconnects through the address to the new primary.
+#[tokio::test]
+async fn a_demoted_primary_behind_a_moving_address() {
+    let (logs, _guard) = Logs::capture();
+    let (old, new) = pair().await;
+    let address = Forwarder::start(old.port()).await;
+    let backend = backend_on(&address.url()).connect().await.unwrap();
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let trigger = load.now();
+    cli(new.port(), &["REPLICAOF", "NO", "ONE"]).await;
+    address.switch_to(new.port());
+    cli(
+        old.port(),
+        &["REPLICAOF", "127.0.0.1", &new.port().to_string()],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let samples = load.finish().await;
+    let figures = Figures::of(&samples, trigger);
+    figures.print("demotion-forwarded", &logs);
+    assert_bounded("demotion-forwarded", &figures);
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+    // The last decisions were written on the new primary.
+    let key = backend.redis_key("steady", &"steady".into());
+    assert_eq!(cli(new.port(), &["EXISTS", &key]).await, "1");
+}
+
+/// Failover by demotion of the very address the backend uses: it answers `READONLY`, then `ROLE`
+/// says replica, so the backend keeps reconnecting and reports itself unhealthy instead of
+/// repeating the error; made primary again, it is used again.
+#[tokio::test]
+async fn a_demoted_primary_at_the_same_address_is_left_until_it_is_primary_again() {
+    let (logs, _guard) = Logs::capture();
+    let (primary, replica) = pair().await;
+    let backend = backend_on(&primary.url()).connect().await.unwrap();
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    cli(replica.port(), &["REPLICAOF", "NO", "ONE"]).await;
+    cli(
+        primary.port(),
+        &["REPLICAOF", "127.0.0.1", &replica.port().to_string()],
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(5),
+        "the backend kept a read-only connection",
+        || async { !backend.health().connected },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let health = backend.health();
+    println!("[demotion-direct] health while demoted: {health}");
+    assert!(!health.is_healthy(), "{health}");
+    let last = health
+        .last_error
+        .as_ref()
+        .map(|(e, _)| e.clone())
+        .unwrap_or_default();
+    assert!(
+        last.contains("replica") || last.contains("READONLY"),
+        "{last}"
+    );
+
+    let trigger = load.now();
+    cli(primary.port(), &["REPLICAOF", "NO", "ONE"]).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let samples = load.finish().await;
+    let figures = Figures::of(&samples, trigger);
+    figures.print("demotion-direct", &logs);
+    assert_bounded("demotion-direct", &figures);
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+    // Bounded logs: one "lost", a few "still unreachable" at most, one "connected".
+    assert!(logs.lines().len() <= 6, "{:?}", logs.lines());
+}
+
+/// The primary killed, the replica promoted and the address switched to it.
+#[tokio::test]
+async fn a_killed_primary_behind_a_moving_address() {
+    let (logs, _guard) = Logs::capture();
+    let (old, new) = pair().await;
+    let address = Forwarder::start(old.port()).await;
+    let backend = backend_on(&address.url()).connect().await.unwrap();
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let trigger = load.now();
+    let _old = stop(old).await;
+    cli(new.port(), &["REPLICAOF", "NO", "ONE"]).await;
+    address.switch_to(new.port());
+    let promoted = load.now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let samples = load.finish().await;
+    let figures = Figures::of(&samples, promoted);
+    figures.print("kill-forwarded", &logs);
+    println!(
+        "[kill-forwarded] the kill took {:?} (SHUTDOWN NOSAVE and the wait for the port)",
+        promoted - trigger
+    );
+    assert_bounded("kill-forwarded", &figures);
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+}
+
+/// Redis stalls (`CLIENT PAUSE`) long enough for calls to time out and the breaker to open, then
+/// recovers while no request comes: the background probe (`PING`) closes the breaker, so a burst
+/// of requests right after is decided on Redis, not spent finding out that Redis is back (with
+/// only the breaker's own probe, one of them would go through and the others fail fast).
+#[tokio::test]
+async fn the_probe_finds_redis_again_before_the_next_requests() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let backend = backend_on(&server.url()).connect().await.unwrap();
+    let limit = steady();
+    let key: tower_throttle::key::Key = "probe".into();
+    use tower_throttle::Backend;
+    assert!(backend.check(&limit, &key, 1).await.is_ok());
+
+    cli(server.port(), &["CLIENT", "PAUSE", "600", "ALL"]).await;
+    let stalled = backend.check(&limit, &key, 1).await;
+    assert!(stalled.is_err(), "{stalled:?}");
+    assert!(backend.health().breaker_open, "{}", backend.health());
+    // Paused for 600 ms; nothing is asked until well after.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let health = backend.health();
+    println!("[probe] health before the burst: {health}");
+    assert!(health.is_healthy(), "{health}");
+    let burst: Vec<_> = (0..20).map(|_| backend.check(&limit, &key, 1)).collect();
+    let results = futures_join_all(burst).await;
+    let decided = results.iter().filter(|r| r.is_ok()).count();
+    println!(
+        "[probe] {decided} of 20 concurrent calls decided by Redis right after the stall; log lines: {:?}",
+        logs.lines()
+    );
+    assert_eq!(decided, 20, "{results:?}");
+}
+
+/// Runs the futures concurrently (each was admitted by the breaker when it was made).
+async fn futures_join_all<F>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}

@@ -1,0 +1,204 @@
+//! Redis Sentinel: three real `redis-server --sentinel` processes over a primary and its replica;
+//! `SENTINEL FAILOVER` under load. Also the `[backend]` keys for Sentinel and for the lazy start.
+
+use crate::support::failover::{
+    cli, replicate, wait_until, Figures, Load, Logs, Sentinels, SERVICE,
+};
+use crate::support::redis as redis_support;
+
+use std::time::{Duration, Instant};
+
+use redis_support::RedisServer;
+use tower_throttle::config::{BackendHealth, Config};
+use tower_throttle::{Limit, Quota, RedisBackend, RedisMode};
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+const STALL: Duration = Duration::from_secs(1);
+
+fn steady() -> Limit {
+    Limit::new(
+        "steady",
+        Quota::cl_throttle(1_000_000, 1, Duration::from_secs(60)),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_sentinel_failover_under_load() {
+    let (logs, _guard) = Logs::capture();
+    let (primary, replica) = (RedisServer::start(), RedisServer::start());
+    replicate(replica.port(), primary.port()).await;
+    let sentinels = Sentinels::start(primary.port()).await;
+    let replica_port = replica.port().to_string();
+    wait_until(
+        Duration::from_secs(30),
+        "the sentinels never saw the replica and each other",
+        || async {
+            let replicas = cli(sentinels.port(0), &["SENTINEL", "REPLICAS", SERVICE]).await;
+            let master = cli(sentinels.port(0), &["SENTINEL", "MASTER", SERVICE]).await;
+            let others = master
+                .lines()
+                .skip_while(|l| *l != "num-other-sentinels")
+                .nth(1)
+                .and_then(|n| n.parse::<u32>().ok())
+                .unwrap_or(0);
+            replicas.contains(&replica_port) && others >= 2
+        },
+    )
+    .await;
+
+    let backend = RedisBackend::builder()
+        .sentinel(sentinels.urls(), SERVICE)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let address = |b: &RedisBackend| b.health().address.unwrap_or_default();
+    assert!(
+        address(&backend).ends_with(&format!(":{}", primary.port())),
+        "{}",
+        backend.health()
+    );
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let trigger = load.now();
+    let started = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        "SENTINEL FAILOVER was refused",
+        || async { cli(sentinels.port(0), &["SENTINEL", "FAILOVER", SERVICE]).await == "OK" },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(20),
+        "the backend never moved to the new primary",
+        || async {
+            address(&backend).ends_with(&format!(":{}", replica.port()))
+                && backend.health().is_healthy()
+        },
+    )
+    .await;
+    let moved_after = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let samples = load.finish().await;
+    let figures = Figures::of(&samples, trigger);
+    figures.print("sentinel-failover", &logs);
+    println!(
+        "[sentinel-failover] decisions on the new primary {moved_after:?} after SENTINEL FAILOVER; health: {}",
+        backend.health()
+    );
+    assert!(
+        figures.max_latency <= TIMEOUT + STALL,
+        "a call took {:?}\n{}",
+        figures.max_latency,
+        sentinels.logs()
+    );
+    assert!(
+        figures.recovered_after.is_some(),
+        "ended on a failure: {figures:?}"
+    );
+    assert!(
+        moved_after <= Duration::from_secs(15),
+        "took {moved_after:?}"
+    );
+    let key = backend.redis_key("steady", &"steady".into());
+    assert_eq!(cli(replica.port(), &["EXISTS", &key]).await, "1");
+}
+
+const ROUTE: &str = "[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";
+
+async fn layer_error(backend: &str) -> String {
+    let config = Config::from_toml(&format!("[backend]\n{backend}\n{ROUTE}")).unwrap();
+    match config.layer().await {
+        Ok(_) => panic!("accepted: {backend}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn sentinel_keys_parse_and_conflicts_are_refused() {
+    let free = crate::support::failover::free_port();
+    let sentinels = format!("sentinels = [\"redis://127.0.0.1:{free}\"]");
+    let config = Config::from_toml(&format!(
+        "[backend]\nkind = \"redis\"\n{sentinels}\nsentinel_service = \"mymaster\"\n{ROUTE}"
+    ))
+    .unwrap();
+    // Lazy by default: no sentinel answers, and the layer is built anyway.
+    let started = Instant::now();
+    let layer = config.layer().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    drop(layer);
+
+    let redis = "kind = \"redis\"";
+    let both = layer_error(&format!(
+        "{redis}\nurl = \"redis://127.0.0.1:{free}\"\n{sentinels}\nsentinel_service = \"m\""
+    ))
+    .await;
+    assert!(both.contains("not both"), "{both}");
+    let no_service = layer_error(&format!("{redis}\n{sentinels}")).await;
+    assert!(no_service.contains("sentinel_service"), "{no_service}");
+    let no_sentinels = layer_error(&format!(
+        "{redis}\nurl = \"redis://127.0.0.1:{free}\"\nsentinel_service = \"m\""
+    ))
+    .await;
+    assert!(no_sentinels.contains("needs sentinels"), "{no_sentinels}");
+    let with_cluster = layer_error(&format!(
+        "{redis}\n{sentinels}\nsentinel_service = \"m\"\ncluster = true"
+    ))
+    .await;
+    assert!(with_cluster.contains("cluster"), "{with_cluster}");
+    let bad_connect = layer_error(&format!(
+        "{redis}\nurl = \"redis://127.0.0.1:{free}\"\nconnect = \"soon\""
+    ))
+    .await;
+    assert!(
+        bad_connect.contains("\"lazy\" or \"eager\""),
+        "{bad_connect}"
+    );
+    assert!(
+        Config::from_toml(&format!("[backend]\n{redis}\nsentinel = [\"x\"]\n{ROUTE}")).is_err()
+    );
+}
+
+/// `Config::layer` starts while Redis is down (lazily, the default), reports it unhealthy, and
+/// moves to Redis once it answers; `connect = "eager"` refuses to start instead.
+#[tokio::test]
+async fn config_layer_starts_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap();
+    let backend = format!("[backend]\nkind = \"redis\"\nurl = \"{url}\"\n");
+    let config = Config::from_toml(&format!("{backend}{ROUTE}")).unwrap();
+    let started = Instant::now();
+    let layer = config.layer().await.unwrap();
+    println!(
+        "[config-start-down] Config::layer() returned in {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    let eager = Config::from_toml(&format!("{backend}connect = \"eager\"\n{ROUTE}")).unwrap();
+    assert!(eager.layer().await.is_err());
+
+    // The backend the config names reports its health.
+    let redis = layer.backend();
+    assert!(!redis.health().is_healthy(), "{}", redis.health());
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(5), "never connected", || async {
+        redis.health().is_healthy()
+    })
+    .await;
+    assert!(matches!(redis.health(), BackendHealth::Redis(_)));
+}
