@@ -31,7 +31,9 @@ use axum::routing::{any, get};
 use axum::Extension;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tower_throttle::config::{BackendConfig, Config, ConfiguredBackend, RedisConfig, RouteConfig};
+use tower_throttle::config::{
+    BackendConfig, BackendHealth, Config, ConfiguredBackend, RedisConfig, RouteConfig,
+};
 use tower_throttle::{MemoryBackend, RedisMode, ThrottleDecision};
 
 const DEFAULT_CONFIG: &str = r#"
@@ -213,17 +215,22 @@ async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
 /// 503 otherwise (for a readiness check).
 pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let (up, body) = match backend {
-        ConfiguredBackend::Memory(_) => {
-            (true, serde_json::json!({ "backend": "memory", "up": true }))
-        }
-        ConfiguredBackend::Redis(redis) => {
-            let path = redis.active_path().map(|m| m.as_str());
-            (
-                path.is_some(),
-                serde_json::json!({ "backend": "redis", "up": path.is_some(), "path": path }),
-            )
-        }
+    let health = backend.health();
+    let up = health.is_healthy();
+    let body = match &health {
+        BackendHealth::Redis(redis) => serde_json::json!({
+            "backend": "redis",
+            "up": up,
+            "connected": redis.connected,
+            "path": redis.path_name(),
+            "breaker_open": redis.breaker_open,
+            "address": redis.address,
+            "last_error": redis.last_error.as_ref().map(|(error, _)| error),
+            "last_error_unix_ms": redis.last_error.as_ref().and_then(|(_, at)| {
+                at.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+            }),
+        }),
+        _ => serde_json::json!({ "backend": "memory", "up": up }),
     };
     let status = if up {
         axum::http::StatusCode::OK
@@ -406,6 +413,9 @@ fn describe_backend(config: &Config, backend: &ConfiguredBackend) -> String {
             let path = match redis.active_path() {
                 Some(RedisMode::Cell) => "decisions by CL.THROTTLE (redis-cell)",
                 Some(RedisMode::Lua) => "decisions by the Lua script",
+                _ if !redis.health().connected => {
+                    "Redis not reachable yet: requests follow the failure policy until it answers"
+                }
                 _ => "decision path not yet detected",
             };
             format!("{}, {path}", config.backend)
@@ -464,6 +474,18 @@ async fn run() -> Result<(), String> {
         None => source,
     };
     let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    if let ConfiguredBackend::Redis(redis) = layer.backend() {
+        // Redis is connected in the background (the server starts even when it is down): give the
+        // first attempt up to a second, so that the start-up line can say how decisions are made.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while std::time::Instant::now() < deadline {
+            let health = redis.health();
+            if health.path.is_some() || health.last_error.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let listen = listen_addrs(&args, &config).await?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()

@@ -274,14 +274,44 @@ async fn two_processes_share_one_limit_on_redis() {
     }
 }
 
+/// Redis down at start-up does not stop the server: it starts, answers by the failure policy, and
+/// says so once.
+#[tokio::test]
+async fn an_unreachable_redis_does_not_stop_the_server() {
+    let server = start(&["--redis", "redis://127.0.0.1:1/"]);
+    assert!(
+        server.line.contains("Redis not reachable yet"),
+        "{}",
+        server.line
+    );
+    // The built-in config's failure policy is the default, allow.
+    let r = send(server.addr, "POST", "/reply", &[("x-user-id", "1")]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// `connect = "eager"` keeps the old way: Redis down is a start-up error naming the file.
 #[test]
-fn an_unreachable_redis_is_a_clear_start_up_error() {
+fn an_eager_connect_to_an_unreachable_redis_is_a_start_up_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eager.toml");
+    std::fs::write(
+        &file,
+        "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\nconnect = \"eager\"\n\n\
+         [[route]]\nname = \"r\"\npath = \"/\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n",
+    )
+    .unwrap();
     let out = Command::new(example_binary())
-        .args(["--listen", "127.0.0.1:0", "--redis", "redis://127.0.0.1:1/"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            file.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("eager.toml"), "{stderr}");
     assert!(
         stderr.contains("cannot connect to Redis at 127.0.0.1:1"),
         "{stderr}"

@@ -178,21 +178,6 @@ fn flag_errors_name_the_flag() {
         line.starts_with("error: --config /nonexistent/tt.toml: "),
         "{line}"
     );
-    // An unreachable Redis given by flag is the flag's error.
-    let line = start_up_error(&run(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--redis",
-        "redis://127.0.0.1:1/",
-    ]));
-    assert!(
-        line.starts_with("error: --redis redis://127.0.0.1:1/"),
-        "{line}"
-    );
-    assert!(
-        line.contains("cannot connect to Redis at 127.0.0.1:1"),
-        "{line}"
-    );
 }
 
 #[test]

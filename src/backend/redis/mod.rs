@@ -28,8 +28,8 @@ mod deny;
 mod health;
 mod lease;
 mod mode;
-mod refund;
 mod reconnect;
+mod refund;
 mod scripts;
 
 use std::fmt;
