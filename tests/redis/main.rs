@@ -7,6 +7,7 @@ mod support;
 
 mod algorithms;
 mod backend;
+mod cluster_resharding;
 mod failure;
 mod harness;
 mod modes_on_backends;

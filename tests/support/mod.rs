@@ -12,6 +12,7 @@
 //! and uses only part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod redis;
 
 use std::net::SocketAddr;

@@ -23,6 +23,7 @@ pub(crate) mod connection;
 mod deny;
 mod lease;
 mod mode;
+pub(crate) mod redirect;
 mod scripts;
 
 use std::fmt;
