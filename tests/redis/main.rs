@@ -7,6 +7,7 @@ mod support;
 
 mod algorithms;
 mod backend;
+mod cluster_failover;
 mod cluster_resharding;
 mod failure;
 mod harness;

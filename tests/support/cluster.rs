@@ -50,12 +50,7 @@ pub fn owner(cluster: &RedisCluster, slot: u16) -> usize {
             }
         });
         if owns {
-            let port: u16 = fields[1]
-                .split(['@', ','])
-                .next()
-                .and_then(|addr| addr.rsplit_once(':'))
-                .and_then(|(_, port)| port.parse().ok())
-                .expect("CLUSTER NODES names host:port@bus");
+            let port = port_of(fields[1]);
             return cluster
                 .nodes()
                 .iter()
@@ -64,6 +59,72 @@ pub fn owner(cluster: &RedisCluster, slot: u16) -> usize {
         }
     }
     panic!("no primary owns slot {slot}:\n{nodes}");
+}
+
+/// The index of the replica of the primary `primary`.
+pub fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
+    let nodes = cluster.nodes();
+    let id = node_id(&nodes[primary]);
+    let listing = nodes[primary].cli(&["CLUSTER", "NODES"]);
+    for line in listing.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() >= 4 && fields[2].contains("slave") && fields[3] == id {
+            let port = port_of(fields[1]);
+            return nodes.iter().position(|n| n.port() == port).unwrap();
+        }
+    }
+    panic!("node {primary} has no replica:\n{listing}");
+}
+
+/// Waits (up to 30 s) until every replica has synchronized with its primary
+/// (`master_link_status:up`): a replica that never synchronized cannot take over.
+pub fn wait_for_replicas(cluster: &RedisCluster) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for node in running(cluster) {
+        loop {
+            let info = node.cli(&["INFO", "replication"]);
+            if info.contains("role:master") || info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a replica did not synchronize:\n{info}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Whether the server on `port` says it is a primary (`ROLE`); false when it does not answer. Plain
+/// `redis-cli`, so that it can run on a blocking thread without borrowing the cluster.
+pub fn is_primary(port: u16) -> bool {
+    std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "ROLE"])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).starts_with("master"))
+}
+
+/// A client key (`{prefix}-{i}` for the first `i` that fits) whose Redis key, as `redis_key` names
+/// it, lives on the primary `node`.
+pub fn key_on(
+    cluster: &RedisCluster,
+    node: usize,
+    prefix: &str,
+    redis_key: impl Fn(&str) -> String,
+) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|key| owner(cluster, key_slot(cluster, &redis_key(key))) == node)
+        .expect("some key lands on every primary")
+}
+
+fn port_of(address: &str) -> u16 {
+    address
+        .split(['@', ','])
+        .next()
+        .and_then(|addr| addr.rsplit_once(':'))
+        .and_then(|(_, port)| port.parse().ok())
+        .expect("CLUSTER NODES names host:port@bus")
 }
 
 fn running(cluster: &RedisCluster) -> impl Iterator<Item = &RedisServer> {
@@ -152,6 +213,7 @@ pub struct Tally {
     pub failed: AtomicU64,
     max_latency_us: AtomicU64,
     errors: Mutex<BTreeMap<String, u64>>,
+    last_failure: Mutex<Option<std::time::Instant>>,
 }
 
 impl Tally {
@@ -164,6 +226,7 @@ impl Tally {
             Ok(true) => self.allowed.fetch_add(1, Ordering::Relaxed),
             Ok(false) => self.limited.fetch_add(1, Ordering::Relaxed),
             Err(e) => {
+                *self.last_failure.lock().unwrap() = Some(std::time::Instant::now());
                 let mut errors = self.errors.lock().unwrap();
                 *errors.entry(format!("{e:#}")).or_default() += 1;
                 self.failed.fetch_add(1, Ordering::Relaxed)
@@ -191,6 +254,21 @@ impl Tally {
 
     pub fn max_latency(&self) -> Duration {
         Duration::from_micros(self.max_latency_us.load(Ordering::Relaxed))
+    }
+
+    /// When the last failed decision was answered.
+    pub fn last_failure(&self) -> Option<std::time::Instant> {
+        *self.last_failure.lock().unwrap()
+    }
+
+    /// Starts counting afresh (the errors' list too).
+    pub fn reset(&self) {
+        self.allowed.store(0, Ordering::Relaxed);
+        self.limited.store(0, Ordering::Relaxed);
+        self.failed.store(0, Ordering::Relaxed);
+        self.max_latency_us.store(0, Ordering::Relaxed);
+        self.errors.lock().unwrap().clear();
+        *self.last_failure.lock().unwrap() = None;
     }
 
     /// The distinct errors and how often each came.
@@ -241,6 +319,24 @@ impl LogLines {
             .sum()
     }
 
+    /// Lines a subscriber filtered by `info,redis=error` would print: redis-rs's at `ERROR` only,
+    /// the others at `INFO` and above.
+    pub fn quiet_filter(&self) -> u64 {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((level, target), _)| {
+                if target.starts_with("redis::") || target == "redis" {
+                    *level <= tracing::Level::ERROR
+                } else {
+                    *level <= tracing::Level::INFO
+                }
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// Per level and target.
     pub fn by_target(&self) -> BTreeMap<(tracing::Level, String), u64> {
         self.lines.lock().unwrap().clone()
@@ -255,18 +351,16 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogLines {
     ) {
         let meta = event.metadata();
         // Events forwarded from the `log` crate all have the target "log"; the module is in a field.
-        let mut target = meta.target().to_owned();
-        if target == "log" {
-            struct Module<'a>(&'a mut String);
-            impl tracing::field::Visit for Module<'_> {
-                fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                    if field.name() == "log.target" {
-                        *self.0 = value.to_owned();
-                    }
-                }
-                fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn fmt::Debug) {}
-            }
-            event.record(&mut Module(&mut target));
+        let mut fields = Fields {
+            target: meta.target().to_owned(),
+            message: String::new(),
+        };
+        event.record(&mut fields);
+        let mut target = fields.target;
+        if *meta.level() <= tracing::Level::WARN {
+            // Which warnings: the message, cut short (an address or a count in it makes a new one).
+            let message: String = fields.message.chars().take(60).collect();
+            target = format!("{target}: {message}");
         }
         *self
             .lines
@@ -274,5 +368,24 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogLines {
             .unwrap()
             .entry((*meta.level(), target))
             .or_default() += 1;
+    }
+}
+
+struct Fields {
+    target: String,
+    message: String,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "log.target" {
+            self.target = value.to_owned();
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
     }
 }

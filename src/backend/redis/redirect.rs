@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::connection::RedisConnection;
@@ -103,6 +103,7 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
         .await
         .and_then(Value::extract_error);
     let mut redirects = 0;
+    let mut last_moved = None;
     let mut try_again_wait = TRY_AGAIN_WAIT;
     let mut waited = Duration::ZERO;
     loop {
@@ -115,9 +116,16 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
                 redirects += 1;
                 asking(cluster, cmd, host, port).await
             }
-            Some(Redirection::Moved { host, port }) if redirects < MAX_REDIRECTS => {
+            // Named twice in a row, the node is the slot's owner that redis-rs cannot reach (a
+            // dead primary, until its replica is promoted): another try would only cost another
+            // slot refresh.
+            Some(Redirection::Moved { host, port })
+                if redirects < MAX_REDIRECTS
+                    && last_moved.as_ref() != Some(&(host.clone(), port)) =>
+            {
                 redirects += 1;
-                moved(cluster, cmd, host, port).await
+                last_moved = Some((host, port));
+                moved(cluster, cmd).await
             }
             Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
                 // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
@@ -195,21 +203,12 @@ async fn asking(
     }
 }
 
-/// `MOVED`: the command again on the node named (redis-rs refreshes its slot map meanwhile); where
-/// redis-rs has no connection to that node yet, by the slot map, which the refresh updates.
-async fn moved(
-    cluster: &mut ClusterConnection,
-    cmd: &Cmd,
-    host: String,
-    port: u16,
-) -> Result<Value, RedisError> {
-    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-    match cluster.route_command(cmd.clone(), route).await {
-        Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
-            cluster.req_packed_command(cmd).await
-        }
-        other => other,
-    }
+/// `MOVED`: the command again, by the slot map. The `MOVED` reply made redis-rs refresh its slot
+/// map, and it sends nothing until the refresh is done, so the command goes to the new owner. Not
+/// by the address named: redis-rs treats an address it has no connection to (a dead primary that
+/// its replica still names) as a lost topology and reconnects to every node.
+async fn moved(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisError> {
+    cluster.req_packed_command(cmd).await
 }
 
 /// What a reply asks of the client.
