@@ -223,6 +223,11 @@ impl Load {
         self.started.elapsed()
     }
 
+    /// Decisions so far, per kind.
+    fn totals(&self) -> Vec<u64> {
+        self.tallies.iter().map(|(_, t)| t.total()).collect()
+    }
+
     fn tally_of(&self, name: &str) -> &Tally {
         &self
             .tallies
@@ -297,6 +302,7 @@ async fn a_slow_migration_under_load_fails_no_single_key_decision() {
     // time (ASK for those gone); the slot is the target's (MOVED for whoever has not refreshed).
     tokio::time::sleep(PHASE).await;
     let (mark, migrating) = (log_mark(&logs), Instant::now());
+    let before = load.totals();
     let c = cluster.clone();
     let migration = spawn_blocking(move || Migration::begin(&c, slot, (owner(&c, slot) + 1) % 3))
         .await
@@ -320,11 +326,20 @@ async fn a_slow_migration_under_load_fails_no_single_key_decision() {
     let (c, m) = (cluster.clone(), Arc::into_inner(migration).unwrap());
     spawn_blocking(move || m.finish(&c)).await.unwrap();
     let span = migrating.elapsed();
+    let during = load.totals();
     tokio::time::sleep(PHASE).await;
     let elapsed = load.stop().await;
 
     println!("slot {slot} migrated slowly under load ({moved} keys, one every {PHASE:?}) in {span:?} of {elapsed:?}:");
     load.report(elapsed);
+    for (name, (before, during)) in load.tallies.iter().zip(before.iter().zip(&during)) {
+        println!(
+            "  {}: {:.0} decisions/s before the migration, {:.0}/s during it",
+            name.0,
+            *before as f64 / (migrating - load.started).as_secs_f64(),
+            (during - before) as f64 / span.as_secs_f64()
+        );
+    }
     let info_lines = report_logs(&logs, mark, span);
     assert!(moved >= 2, "the slot held only {moved} keys");
     // A handful (redis-rs's slot refresh after MOVED: a warning and an info line), not one a request.
