@@ -54,17 +54,20 @@ sleep 1
 python3 $ROOT/scripts/http_load.py $HTTP / 24 12 12 > $D/load.txt &
 LPID=$!
 sleep 3
-KEY=$(for p in $PORTS; do redis-cli -p $p --scan --pattern 'throttle:index:{user-0}*'; done | head -1)
+KEY='throttle:index:{user-0}'
 SLOT=$(redis-cli -p 47111 cluster keyslot "$KEY")
 VICTIM=""
 for p in $PORTS; do
-  if redis-cli -p $p role | head -1 | grep -q master && [ "$(redis-cli -p $p cluster countkeysinslot $SLOT)" != 0 ]; then VICTIM=$p; fi
+  # The slot's primary answers GET itself; the others redirect (MOVED) or are replicas.
+  if redis-cli -p $p role | head -1 | grep -q master && ! redis-cli -p $p get "$KEY" | grep -q MOVED; then VICTIM=$p; fi
 done
+[ -n "$VICTIM" ] || { echo "no primary owns slot $SLOT" >&2; exit 1; }
 VID=$(redis-cli -p $VICTIM cluster myid)
 REPLICA=$(redis-cli -p $VICTIM cluster nodes | awk -v id=$VID '$4 == id { split($2, a, "[:@]"); print a[2] }')
 L0=$(wc -l < $D/server.err); T0=$(date +%s.%N)
 kill -9 "$(redis-cli -p $VICTIM info server | awk -F: '/^process_id/ { print $2 }' | tr -d '\r')"
-until redis-cli -p $REPLICA role 2>/dev/null | head -1 | grep -q master; do sleep 0.02; done
+[ -n "$REPLICA" ] || { echo "primary $VICTIM has no replica" >&2; exit 1; }
+for _ in $(seq 1500); do redis-cli -p $REPLICA role 2>/dev/null | head -1 | grep -q master && break; sleep 0.02; done
 T1=$(date +%s.%N)
 wait $LPID
 L1=$(wc -l < $D/server.err)
@@ -73,5 +76,5 @@ cat $D/load.txt
 kill $SPID; wait $SPID 2>/dev/null
 for p in $PORTS; do redis-cli -p $p shutdown nosave >/dev/null 2>&1; done
 sed -E 's/^[^ ]+ +//; s/[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+:[0-9]+/ADDR/g' $D/server.err | cut -c1-140 | sort | uniq -c | sort -rn | head -6
-grep "tower_throttle" $D/server.err | cut -c1-400 | head -8
+grep -o "error=[^=]*on_error" $D/server.err | sed -E "s/[0-9]+ 127/N 127/" | sort | uniq -c | sort -rn | head -8
 rm -rf "$D"
