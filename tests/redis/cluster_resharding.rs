@@ -411,3 +411,69 @@ async fn migrations_as_fast_as_a_reshard_fail_no_decision_stacks_included() {
         logs.by_target()
     );
 }
+
+/// Offender counts read and write three keys in one pipeline: while their slot is split between
+/// two nodes, each command follows its own redirection, and nothing is lost.
+#[tokio::test(flavor = "current_thread")]
+async fn offender_counts_follow_a_slot_split_between_two_nodes() {
+    use tower_throttle::offenders::Offenders;
+
+    let cluster = Arc::new(RedisCluster::start());
+    let conn = redis::cluster::ClusterClient::builder(cluster.urls())
+        .retries(0)
+        .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let offenders = Offenders::redis_cluster(conn, "app");
+    let day_count = || async { offenders.count("api").await.map(|c| c.day) };
+    let until_counted = |n: u64| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if day_count().await.unwrap() == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never counted {n}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    for i in 0..5 {
+        offenders.record("api", &Key::from(format!("client-{i}")));
+    }
+    until_counted(5).await;
+
+    // The per-day counter moves first; the minute's and the hour's stay behind.
+    let slot = key_slot(&cluster, "app:offenders:api");
+    let c = cluster.clone();
+    let migration = spawn_blocking(move || {
+        let migration = Migration::begin(&c, slot, (owner(&c, slot) + 1) % 3);
+        let day: Vec<String> = migration
+            .keys_left(&c)
+            .into_iter()
+            .filter(|k| k.contains("}:d:"))
+            .collect();
+        assert_eq!(day.len(), 1, "{:?}", migration.keys_left(&c));
+        migration.move_keys(&c, &day);
+        migration
+    })
+    .await
+    .unwrap();
+    assert_eq!(day_count().await.unwrap(), 5);
+    for i in 5..8 {
+        offenders.record("api", &Key::from(format!("client-{i}")));
+    }
+    until_counted(8).await;
+
+    let c = cluster.clone();
+    spawn_blocking(move || {
+        let rest = migration.keys_left(&c);
+        migration.move_keys(&c, &rest);
+        migration.finish(&c);
+    })
+    .await
+    .unwrap();
+    assert_eq!(day_count().await.unwrap(), 8);
+    let counts = offenders.count("api").await.unwrap();
+    println!("offender counts after the migration: {counts:?}");
+}
