@@ -238,6 +238,7 @@ mod redis_sync {
     use redis::aio::ConnectionLike;
 
     use super::{net, AccessList, Entries};
+    use crate::backend::redis::redirect::Redirecting;
     use crate::error::BackendError;
 
     /// Mirrors four Redis sets into an [`AccessList`], so that every process shares the lists an
@@ -319,13 +320,28 @@ mod redis_sync {
             Ok(())
         }
 
+        /// [`refresh`](Self::refresh), following a Redis Cluster's redirections (a resharding that
+        /// moves the sets' slot) when `conn` is a Cluster connection.
+        async fn read<C>(&self, conn: &mut C, lists: &AccessList) -> Result<(), BackendError>
+        where
+            C: ConnectionLike + 'static,
+        {
+            let any: &mut dyn std::any::Any = conn;
+            if let Some(cluster) = any.downcast_mut::<redis::cluster_async::ClusterConnection>() {
+                return self
+                    .refresh(&mut Redirecting::cluster(cluster), lists)
+                    .await;
+            }
+            self.refresh(conn, lists).await
+        }
+
         /// Reads the sets now, then keeps reading them in a tokio task until `lists` and every clone
         /// of it are dropped. The first read must succeed.
         pub async fn spawn<C>(self, mut conn: C, lists: &AccessList) -> Result<(), BackendError>
         where
             C: ConnectionLike + Send + 'static,
         {
-            self.refresh(&mut conn, lists).await?;
+            self.read(&mut conn, lists).await?;
             let weak = std::sync::Arc::downgrade(&lists.inner);
             tokio::spawn(async move {
                 let mut failing = false;
@@ -333,7 +349,7 @@ mod redis_sync {
                     tokio::time::sleep(self.every).await;
                     let Some(inner) = weak.upgrade() else { return };
                     let lists = AccessList { inner };
-                    match self.refresh(&mut conn, &lists).await {
+                    match self.read(&mut conn, &lists).await {
                         Ok(()) => failing = false,
                         Err(e) if !failing => {
                             failing = true;

@@ -9,6 +9,8 @@ mod algorithms;
 mod backend;
 mod count_outcome;
 mod failover;
+mod cluster_failover;
+mod cluster_resharding;
 mod failure;
 mod harness;
 mod modes_on_backends;

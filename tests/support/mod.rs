@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod failover;
+pub mod cluster;
 pub mod redis;
 
 use std::net::SocketAddr;

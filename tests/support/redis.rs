@@ -195,6 +195,15 @@ impl RedisServer {
         }
     }
 
+    /// Kills the server (SIGKILL), as a crash would: its connections reset, nothing is saved. Does
+    /// nothing when it is already stopped; [`restart`](Self::restart) brings it back.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Starts the server again on the same port with the same config (stopping it first if it is
     /// running) and waits until it answers. Nothing persists across a restart but a cluster node's
     /// `nodes.conf` (its cluster identity and slots). Retries for up to 10 s while the port is taken.
@@ -462,7 +471,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// Three masters, no replicas, `cluster-enabled yes`, each loading the redis-cell module, put
+/// Three masters, no replicas (or one each: [`start_with_replicas`](Self::start_with_replicas)),
+/// `cluster-enabled yes`, each loading the redis-cell module, put
 /// together with `redis-cli --cluster create` and started only once every node reports
 /// `cluster_state:ok` with all 16384 slots assigned. Cluster bus ports are port + 10000.
 pub struct RedisCluster {
@@ -471,8 +481,18 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        Self::create(3, 0)
+    }
+
+    /// Three primaries, each with one replica (`--cluster-replicas 1`): six nodes, the primaries
+    /// first.
+    pub fn start_with_replicas() -> RedisCluster {
+        Self::create(3, 1)
+    }
+
+    fn create(primaries: usize, replicas: usize) -> RedisCluster {
         let module = redis_cell_module();
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
             .map(|_| {
                 RedisServer::launch(Options {
                     module: Some(module.clone()),
@@ -490,7 +510,8 @@ impl RedisCluster {
                 .iter()
                 .map(|n| format!("127.0.0.1:{}", n.port)),
         );
-        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let replicas = replicas.to_string();
+        create.args(["--cluster-replicas", &replicas, "--cluster-yes"]);
         match run(&mut create, Duration::from_secs(60)) {
             Ok(output) if output.status.success() && !output.stdout.contains("[ERR]") => {}
             Ok(output) => panic!(

@@ -91,6 +91,9 @@ impl RedisConnection {
                         let client = ClusterClient::builder(urls.clone())
                             .connection_timeout(timeout)
                             .response_timeout(timeout)
+                            // Redirections are followed by the backend (redirect.rs), which sends
+                            // `ASKING` with its command; redis-rs's retries would not.
+                            .retries(0)
                             .build()
                             .map_err(|e| connect_error(&urls.join(", "), e))?;
                         connect_cluster(client).await

@@ -30,6 +30,7 @@ mod lease;
 mod mode;
 mod reconnect;
 mod refund;
+pub(crate) mod redirect;
 mod scripts;
 
 use std::fmt;
@@ -83,9 +84,9 @@ pub use self::mode::RedisMode;
 /// - **Cell** (`CL.THROTTLE`): redis-cell reports retry and reset in whole seconds, truncated; this
 ///   backend reports the next whole second instead, an upper bound that is never early. Quotas whose
 ///   period is not a whole number of seconds are sent as the equal rate over a whole number of seconds
-///   (5 per 500 ms as 10 per second). `CL.THROTTLE` declares no key, so on a Cluster the command is
-///   routed by its first argument, the key, to the node that owns its slot; during a resharding the
-///   server cannot redirect it, so prefer the Lua path (`RedisMode::Lua`) on clusters that reshard.
+///   (5 per 500 ms as 10 per second). `CL.THROTTLE` declares no key, so a Cluster node would run it
+///   on a slot it is migrating away; on a Cluster it is therefore called from a script that declares
+///   the key, and is redirected like the Lua path.
 /// - **Auto**: Cell when the module is loaded, Lua otherwise.
 ///
 /// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
@@ -110,6 +111,17 @@ pub use self::mode::RedisMode;
 /// The deny cache holds only the rejections that provably last until their retry time: a fixed
 /// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
 /// concurrency limit is never answered locally.
+///
+/// # On a Redis Cluster
+///
+/// Every command follows the Cluster's redirections (`ASK`, with `ASKING` pipelined with the
+/// command; `MOVED`; `TRYAGAIN`) within the timeout, so a slot migration under load costs no
+/// decision. A `ClusterClient` given to [`cluster_client`](RedisBackendBuilder::cluster_client)
+/// should be built with `.retries(0)`, as `cluster_urls` builds it: redis-rs's own retries send
+/// `ASKING` apart from the command, which fails under load. Commands on several keys (stacks,
+/// penalty boxes) wait while their slot migrates, as Redis Cluster refuses them (`TRYAGAIN`) while
+/// one of their keys is missing. There is no circuit breaker: when a primary dies, decisions on its
+/// slots fail at once until a replica takes over, and the other primaries' go on.
 ///
 /// # Key layout
 ///

@@ -18,6 +18,9 @@ static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra.
 /// Every algorithm, and stacks of limits: see the script's header.
 static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("limits.lua")));
 
+/// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
+static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("cell.lua")));
+
 /// A decision and how it was made.
 pub(super) struct Answer {
     pub(super) decision: Decision,
@@ -30,7 +33,7 @@ pub(super) struct Answer {
 /// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
 /// fails the start, not the first request.
 pub(super) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
-    GCRA.load_async(conn).await.map(drop)
+    GCRA.load_async(&mut conn.redirecting()).await.map(drop)
 }
 
 /// One GCRA decision (with its penalty box, if any) by `gcra.lua`.
@@ -55,7 +58,7 @@ pub(super) async fn gcra(
             .arg(penalty.within().as_millis().max(1) as u64)
             .arg(penalty.ban().as_millis().max(1) as u64);
     }
-    let reply: [i64; 6] = invocation.invoke_async(conn).await?;
+    let reply: [i64; 6] = invocation.invoke_async(&mut conn.redirecting()).await?;
     let [limited, limit, remaining, retry, reset, banned] = reply;
     let mut decision = from_reply(
         [limited, limit, remaining, retry, reset],
@@ -76,14 +79,25 @@ pub(super) async fn throttle(
     cell: CellArgs,
     quantity: u64,
 ) -> Result<Decision, RedisError> {
-    let mut cmd = redis::cmd("CL.THROTTLE");
-    cmd.arg(key)
-        .arg(cell.max_burst)
-        .arg(cell.count)
-        .arg(cell.period_secs)
-        .arg(quantity);
-    // With no declared key, a Cluster routes the command by its first argument: the key's slot.
-    let reply: [i64; 5] = cmd.query_async(conn).await?;
+    let reply: [i64; 5] = if conn.is_cluster() {
+        // CL.THROTTLE declares no key: a node would run it on a slot it is migrating away or no
+        // longer owns. The script declares it, so the node redirects it.
+        CELL.key(key)
+            .arg(cell.max_burst)
+            .arg(cell.count)
+            .arg(cell.period_secs)
+            .arg(quantity)
+            .invoke_async(&mut conn.redirecting())
+            .await?
+    } else {
+        let mut cmd = redis::cmd("CL.THROTTLE");
+        cmd.arg(key)
+            .arg(cell.max_burst)
+            .arg(cell.count)
+            .arg(cell.period_secs)
+            .arg(quantity);
+        cmd.query_async(conn).await?
+    };
     // Whole seconds, truncated: report the next whole second, which is never early.
     Ok(from_reply(reply, |secs| {
         Duration::from_secs(secs.saturating_add(1))
@@ -130,7 +144,7 @@ pub(super) async fn limits(
             .arg(spec.a)
             .arg(spec.b);
     }
-    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
+    let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != 1 + 5 * specs.len() {
         return Err(RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
