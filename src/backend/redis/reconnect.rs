@@ -514,3 +514,51 @@ pub(super) fn path_name(path: Option<RedisMode>) -> &'static str {
         _ => "unknown",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(code: &str) -> RedisError {
+        RedisError::from((redis::ErrorKind::Client, "test", code.to_owned()))
+    }
+
+    #[test]
+    fn which_errors_cost_the_connection() {
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        assert!(must_reconnect(&io(std::io::ErrorKind::BrokenPipe)));
+        assert!(must_reconnect(&io(std::io::ErrorKind::ConnectionRefused)));
+        assert!(must_reconnect(&not_connected()));
+        // A timeout alone does not: only a connection silent for a while (`timed_out`).
+        assert!(!must_reconnect(&io(std::io::ErrorKind::TimedOut)));
+        assert!(!must_reconnect(&reply("NOPERM")));
+        for code in ["READONLY", "MASTERDOWN", "LOADING"] {
+            assert!(is_not_primary_code(code), "{code}");
+        }
+        assert!(!is_not_primary_code("NOSCRIPT"));
+        assert!(!is_not_primary_code("ERR"));
+    }
+
+    #[test]
+    fn an_attempt_is_bounded() {
+        assert_eq!(
+            attempt_budget(Duration::from_millis(10)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            attempt_budget(Duration::from_millis(100)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            attempt_budget(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn paths_are_named() {
+        assert_eq!(path_name(Some(RedisMode::Cell)), "cell");
+        assert_eq!(path_name(Some(RedisMode::Lua)), "lua");
+        assert_eq!(path_name(None), "unknown");
+    }
+}
