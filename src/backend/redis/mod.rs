@@ -216,7 +216,7 @@ impl RedisBackend {
         RedisHealth {
             connected,
             path: state.detector.active_path(),
-            breaker_open: state.breaker.is_open(),
+            breaker_open: state.breaker.tripped(),
             last_error,
             address,
         }
