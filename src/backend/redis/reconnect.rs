@@ -96,6 +96,8 @@ struct Record {
 pub(crate) struct SingleServer {
     live: RwLock<Option<Live>>,
     generation: AtomicU64,
+    /// Connection attempts the task has finished, failed or not.
+    attempts: AtomicU64,
     /// When the connection last answered (or was made): ms since `epoch`.
     last_answer: AtomicU64,
     epoch: Instant,
@@ -122,6 +124,7 @@ impl SingleServer {
             live: RwLock::new(None),
             generation: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
             epoch: Instant::now(),
             lost: Notify::new(),
             timeout,
@@ -254,6 +257,19 @@ impl SingleServer {
                 &format!("Redis did not answer within {:?}", self.timeout),
             );
         }
+    }
+
+    /// Waits until a connection is up or the first attempt has ended (at most one attempt's
+    /// budget); whether a connection is up.
+    pub(super) async fn first_attempt(&self) -> bool {
+        let deadline = Instant::now() + attempt_budget(self.timeout) + Duration::from_millis(100);
+        while !self.connected()
+            && self.attempts.load(Ordering::Acquire) == 0
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.connected()
     }
 
     /// One command on the live connection, or an error at once without one.
@@ -461,6 +477,7 @@ pub(super) fn spawn_keeper(
                 let budget = attempt_budget(strong.timeout);
                 let result = connect_once(&mut source, &server, &strong, budget).await;
                 attempts += 1;
+                server.attempts.fetch_add(1, Ordering::AcqRel);
                 match result {
                     Ok(address) => {
                         let path = path_name(strong.detector.active_path());
