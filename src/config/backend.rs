@@ -84,9 +84,11 @@ impl RedisConfig {
         self.builder()?.connect().await
     }
 
-    /// The backend as `connect` says: `"lazy"` (default) starts at once and connects in the
-    /// background ([`build`](crate::RedisBackendBuilder::build)); `"eager"` as
-    /// [`connect`](Self::connect). A Cluster always connects eagerly.
+    /// The backend as `connect` says: `"lazy"` (default) connects in the background
+    /// ([`build`](crate::RedisBackendBuilder::build)) and returns once the first attempt has ended
+    /// ([`first_attempt`](RedisBackend::first_attempt): connected, refused, or one attempt's budget
+    /// for a frozen Redis); `"eager"` as [`connect`](Self::connect). A Cluster always connects
+    /// eagerly.
     pub async fn start(&self) -> Result<RedisBackend, BackendError> {
         let eager = match self.connect.as_deref() {
             None | Some("lazy") => false,
@@ -102,9 +104,12 @@ impl RedisConfig {
         if eager || cluster {
             builder.connect().await
         } else {
-            builder
+            let backend = builder
                 .build()
-                .map_err(|e| BackendError::new(e.to_string()))
+                .map_err(|e| BackendError::new(e.to_string()))?;
+            // Redis up: start on it. Down: go on as soon as the first attempt says so.
+            backend.first_attempt().await;
+            Ok(backend)
         }
     }
 

@@ -162,7 +162,8 @@ async fn sentinel_keys_parse_and_conflicts_are_refused() {
     );
 }
 
-/// `Config::layer` starts while Redis is down (lazily, the default), reports it unhealthy, and
+/// `Config::layer` starts while Redis is down (lazily, the default; access lists from Redis
+/// included), reports it unhealthy, and
 /// moves to Redis once it answers; `connect = "eager"` refuses to start instead.
 #[tokio::test]
 async fn config_layer_starts_while_redis_is_down() {
@@ -175,7 +176,9 @@ async fn config_layer_starts_while_redis_is_down() {
     .await
     .unwrap();
     let backend = format!("[backend]\nkind = \"redis\"\nurl = \"{url}\"\n");
-    let config = Config::from_toml(&format!("{backend}{ROUTE}")).unwrap();
+    // The access lists mirrored from Redis and the offender counts do not stop the start either.
+    let access = "[access]\nredis_sets = \"acl\"\n";
+    let config = Config::from_toml(&format!("{backend}{access}{ROUTE}")).unwrap();
     let started = Instant::now();
     let layer = config.layer().await.unwrap();
     println!(

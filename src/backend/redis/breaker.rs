@@ -85,12 +85,6 @@ impl Breaker {
         }
     }
 
-    /// Whether calls fail fast now.
-    pub(super) fn is_open(&self) -> bool {
-        let until = self.open_until.load(Ordering::Acquire);
-        until != 0 && self.now_ms() < until
-    }
-
     /// Whether the circuit was opened and no call has got through since (open, or waiting for its
     /// probe).
     pub(super) fn tripped(&self) -> bool {

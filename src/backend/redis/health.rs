@@ -32,7 +32,8 @@ pub struct RedisHealth {
     pub connected: bool,
     /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection.
     pub path: Option<RedisMode>,
-    /// Whether the circuit breaker is open: calls fail fast for now.
+    /// Whether the circuit breaker is open: calls fail fast (but for an occasional probe) until
+    /// one gets through or the background probe finds Redis again.
     pub breaker_open: bool,
     /// The last error that cost the connection or a connection attempt, and when it happened.
     pub last_error: Option<(String, SystemTime)>,

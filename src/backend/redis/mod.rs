@@ -230,9 +230,32 @@ impl RedisBackend {
         RedisHealth {
             connected,
             path: state.detector.active_path(),
-            breaker_open: state.breaker.is_open(),
+            breaker_open: state.breaker.tripped(),
             last_error,
             address,
+        }
+    }
+
+    /// After [`build`](RedisBackendBuilder::build): waits for the background task's first
+    /// connection attempt to end (at most one attempt: five timeouts, 250 ms to 5 s) and says
+    /// whether it connected. With Redis up, the application then starts with decisions on Redis
+    /// instead of sending its first requests to the failure policy; with Redis refusing
+    /// connections it returns at once. `true` at once for a Cluster or a user's connection manager.
+    /// `Config::layer` does this.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_throttle::RedisBackend;
+    ///
+    /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
+    /// assert!(!redis.first_attempt().await); // refused: returns as soon as that is known
+    /// # }
+    /// ```
+    pub async fn first_attempt(&self) -> bool {
+        match self.state.conn.server() {
+            Some(server) => server.first_attempt().await,
+            None => true,
         }
     }
 

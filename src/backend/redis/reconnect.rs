@@ -96,6 +96,8 @@ struct Record {
 pub(crate) struct SingleServer {
     live: RwLock<Option<Live>>,
     generation: AtomicU64,
+    /// Connection attempts the task has finished, failed or not.
+    attempts: AtomicU64,
     /// When the connection last answered (or was made): ms since `epoch`.
     last_answer: AtomicU64,
     epoch: Instant,
@@ -122,6 +124,7 @@ impl SingleServer {
             live: RwLock::new(None),
             generation: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
             epoch: Instant::now(),
             lost: Notify::new(),
             timeout,
@@ -254,6 +257,19 @@ impl SingleServer {
                 &format!("Redis did not answer within {:?}", self.timeout),
             );
         }
+    }
+
+    /// Waits until a connection is up or the first attempt has ended (at most one attempt's
+    /// budget); whether a connection is up.
+    pub(super) async fn first_attempt(&self) -> bool {
+        let deadline = Instant::now() + attempt_budget(self.timeout) + Duration::from_millis(100);
+        while !self.connected()
+            && self.attempts.load(Ordering::Acquire) == 0
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.connected()
     }
 
     /// One command on the live connection, or an error at once without one.
@@ -461,6 +477,7 @@ pub(super) fn spawn_keeper(
                 let budget = attempt_budget(strong.timeout);
                 let result = connect_once(&mut source, &server, &strong, budget).await;
                 attempts += 1;
+                server.attempts.fetch_add(1, Ordering::AcqRel);
                 match result {
                     Ok(address) => {
                         let path = path_name(strong.detector.active_path());
@@ -512,5 +529,53 @@ pub(super) fn path_name(path: Option<RedisMode>) -> &'static str {
         Some(RedisMode::Cell) => "cell",
         Some(RedisMode::Lua) => "lua",
         _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(code: &str) -> RedisError {
+        RedisError::from((redis::ErrorKind::Client, "test", code.to_owned()))
+    }
+
+    #[test]
+    fn which_errors_cost_the_connection() {
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        assert!(must_reconnect(&io(std::io::ErrorKind::BrokenPipe)));
+        assert!(must_reconnect(&io(std::io::ErrorKind::ConnectionRefused)));
+        assert!(must_reconnect(&not_connected()));
+        // A timeout alone does not: only a connection silent for a while (`timed_out`).
+        assert!(!must_reconnect(&io(std::io::ErrorKind::TimedOut)));
+        assert!(!must_reconnect(&reply("NOPERM")));
+        for code in ["READONLY", "MASTERDOWN", "LOADING"] {
+            assert!(is_not_primary_code(code), "{code}");
+        }
+        assert!(!is_not_primary_code("NOSCRIPT"));
+        assert!(!is_not_primary_code("ERR"));
+    }
+
+    #[test]
+    fn an_attempt_is_bounded() {
+        assert_eq!(
+            attempt_budget(Duration::from_millis(10)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            attempt_budget(Duration::from_millis(100)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            attempt_budget(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn paths_are_named() {
+        assert_eq!(path_name(Some(RedisMode::Cell)), "cell");
+        assert_eq!(path_name(Some(RedisMode::Lua)), "lua");
+        assert_eq!(path_name(None), "unknown");
     }
 }
