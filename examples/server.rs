@@ -474,18 +474,6 @@ async fn run() -> Result<(), String> {
         None => source,
     };
     let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
-    if let ConfiguredBackend::Redis(redis) = layer.backend() {
-        // Redis is connected in the background (the server starts even when it is down): give the
-        // first attempt up to a second, so that the start-up line can say how decisions are made.
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while std::time::Instant::now() < deadline {
-            let health = redis.health();
-            if health.path.is_some() || health.last_error.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
     let listen = listen_addrs(&args, &config).await?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()
@@ -560,7 +548,11 @@ async fn main() -> ExitCode {
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            // redis-rs warns on every redirection that a Cluster answers while a slot moves or a
+            // node fails (thousands of lines a second); the backend's own warnings (at most one a
+            // second) say what matters.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,redis=error".into()),
         )
         .with_ansi(colour)
         .with_writer(std::io::stderr)

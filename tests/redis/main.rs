@@ -7,10 +7,10 @@ mod support;
 
 mod algorithms;
 mod backend;
-mod count_outcome;
-mod failover;
 mod cluster_failover;
 mod cluster_resharding;
+mod count_outcome;
+mod failover;
 mod failure;
 mod harness;
 mod modes_on_backends;

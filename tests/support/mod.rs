@@ -12,8 +12,8 @@
 //! and uses only part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-pub mod failover;
 pub mod cluster;
+pub mod failover;
 pub mod redis;
 
 use std::net::SocketAddr;

@@ -29,8 +29,8 @@ mod health;
 mod lease;
 mod mode;
 mod reconnect;
-mod refund;
 pub(crate) mod redirect;
+mod refund;
 mod scripts;
 
 use std::fmt;
