@@ -54,10 +54,10 @@ const CLOCK_MARGIN: Duration = Duration::from_millis(10);
 /// Gives a request's units back to the backend; `since` bounds the time since it was admitted.
 pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
 
-/// An admitted request whose response decides whether it counts. Settled once: with the response's
-/// status, or — when the inner service fails, or the response future is dropped before it answers
-/// (the client went away) — as a `500`: a response that never came is the server's failure, not
-/// the client's, so it counts as a 5xx would.
+/// An admitted request whose response decides whether it counts. Settled once, with the response's
+/// status. A request whose response never comes (the inner service fails, or the response future is
+/// dropped: the client went away) counts, whatever the rules say: otherwise a client could send
+/// expensive requests and hang up before each answer, and never be counted.
 pub(crate) struct OutcomeGuard {
     rule: Arc<OutcomeRule>,
     refund: Option<Refund>,
@@ -104,7 +104,8 @@ impl OutcomeGuard {
 
 impl Drop for OutcomeGuard {
     fn drop(&mut self) {
-        self.settle_as(StatusCode::INTERNAL_SERVER_ERROR);
+        // Unsettled: no response came, so the request counts (nothing is given back).
+        self.refund = None;
     }
 }
 
@@ -180,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn a_response_that_does_not_count_is_refunded_once_and_a_dropped_one_is_a_500() {
+    fn a_response_that_does_not_count_is_refunded_once_and_a_dropped_one_counts() {
         let failures = OutcomeRule {
             count_only: Some(Arc::new(|s: StatusCode| s == 401 || s == 403)),
             refund_on: None,
@@ -193,7 +194,7 @@ mod tests {
         assert_eq!(refunds.load(Ordering::SeqCst), 1, "a 200 is given back");
         let (guard, refunds) = counting_refunds(failures);
         drop(guard);
-        assert_eq!(refunds.load(Ordering::SeqCst), 1, "no response: as a 500");
+        assert_eq!(refunds.load(Ordering::SeqCst), 0, "no response: it counts");
 
         let server_errors = OutcomeRule {
             count_only: None,

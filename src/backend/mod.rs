@@ -146,9 +146,11 @@ pub trait Backend: Send + Sync + 'static {
     /// come. `since` is an upper bound on the time since the backend admitted the request (the
     /// middleware measures it from before it asked), so a refund may give back less, never more.
     ///
-    /// Per algorithm: the GCRA moves the TAT back by `quantity` emission intervals (the middleware
-    /// only asks while the request's units still count, `since` < the decision's `reset_after`,
-    /// so nothing has drained them); the fixed window takes the units out of the window that admitted
+    /// Per algorithm: the GCRA moves the TAT back by `quantity` emission intervals less `since` (a
+    /// later request that would have found the bucket idle without this one absorbed up to the time
+    /// between them, so giving back the whole amount could give back more than was taken; the
+    /// middleware only asks while the units still count, `since` < the decision's `reset_after`);
+    /// the fixed window takes the units out of the window that admitted
     /// them if it is still the current one; the sliding window out of the window that admitted them
     /// (or, within `since` of a boundary, the one before, which weighs less); the sliding log removes
     /// `quantity` units logged at the admission or after the earliest time it may have been, the

@@ -365,8 +365,8 @@ where
                     outcome,
                 } => {
                     let response = ready!(future.poll(cx));
-                    // Counting by outcome: settled by the status (a failed call drops the guard,
-                    // which settles it as a 500).
+                    // Counting by outcome: settled by the status (a failed call drops the guard:
+                    // with no status, the request counts).
                     if let Some(outcome) = outcome.take() {
                         if let Ok(response) = &response {
                             (*outcome).settle(response.status());

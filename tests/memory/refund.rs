@@ -101,3 +101,35 @@ fn a_sliding_log_gives_back_the_oldest_units_it_may_have_logged() {
     clock.advance(Duration::from_millis(400));
     assert_eq!(admitted(&backend, &limit, &key, 2), 1);
 }
+
+/// A refund never gives back more than the request took, even when another request came while it
+/// was in flight: A (to be refunded) fills an empty bucket at t = 0, B (counted) comes at 0.89 s and
+/// A is refunded at 0.9 s. Had A never come, B would have found the bucket idle: its TAT would be
+/// 1.89 s. Moving the TAT back by A's whole interval would leave 1 s, and B would have cost only
+/// 0.11 of a unit — a way to slip extra counted requests between refunded ones.
+#[test]
+fn a_gcra_refund_gives_back_no_more_than_the_request_took() {
+    let (backend, clock) = backend();
+    let limit = [Limit::new("r", Quota::per_second(1).bursts_of(2)).unwrap()];
+    let key = Key::from("mallory");
+    assert!(backend.decide_all(&limit, &key, 1).unwrap()[0].allowed); // A
+    clock.advance(Duration::from_millis(890));
+    assert!(backend.decide_all(&limit, &key, 1).unwrap()[0].allowed); // B
+    clock.advance(Duration::from_millis(10));
+    backend.refund(&limit, &key, 1, Duration::from_millis(900)); // A's
+                                                                 // As if only B had come at 0.89 s: one more now (the burst's second), then nothing until
+                                                                 // 1.89 s less the tolerance.
+    let after = backend.peek_now(&limit, &key).unwrap()[0];
+    let without_a = Duration::from_millis(1890) - Duration::from_millis(900);
+    assert!(
+        after.reset_after >= without_a,
+        "refunded more than A took: reset after {:?}, at least {without_a:?} without A",
+        after.reset_after
+    );
+    // With no request in between, a refund is whole: the bucket is as if A never came.
+    let (fresh, clock) = self::backend();
+    assert!(fresh.decide_all(&limit, &key, 1).unwrap()[0].allowed);
+    clock.advance(Duration::from_millis(5));
+    fresh.refund(&limit, &key, 1, Duration::from_millis(5));
+    assert_eq!(fresh.peek_now(&limit, &key).unwrap()[0].remaining, 2);
+}

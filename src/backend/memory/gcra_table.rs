@@ -212,31 +212,38 @@ impl GcraTable {
         }
     }
 
-    /// Gives back `quantity` units of the GCRA limit `id` for `key`: its TAT moves back by as many
-    /// emission intervals (a TAT that falls to `now` or before means no state, as everywhere here).
+    /// Gives back `quantity` units of the GCRA limit `id` for `key`, admitted at most `since` ns
+    /// ago: its TAT moves back by as many emission intervals less `since` (a TAT that falls to
+    /// `now` or before means no state, as everywhere here).
+    ///
+    /// Less `since`, because the request's units may have drained meanwhile: a later request that
+    /// would have found the bucket idle without this one (`max(tat, now)`) absorbed up to the time
+    /// between them, at most `since`. Moving the TAT back by the whole amount would then give back
+    /// more than the request took; by the rest, never (and with no decision since, exactly).
     pub(super) fn refund<C: Clock>(
         &self,
         params: &gcra::Params,
         id: u32,
         key: &Key,
         quantity: u64,
+        since: u64,
         clock: &C,
     ) {
+        let back = params
+            .emission_interval()
+            .saturating_mul(quantity)
+            .saturating_sub(since);
+        if back == 0 {
+            return;
+        }
         match Compact::of(key) {
-            Compact::V4(ip) => self.refund_in(params, id, &ip, quantity, clock),
-            Compact::V6(ip) => self.refund_in(params, id, &ip, quantity, clock),
-            Compact::Other(key) => self.refund_in(params, id, key, quantity, clock),
+            Compact::V4(ip) => self.refund_in(id, &ip, back, clock),
+            Compact::V6(ip) => self.refund_in(id, &ip, back, clock),
+            Compact::Other(key) => self.refund_in(id, key, back, clock),
         }
     }
 
-    fn refund_in<K: RecordKey, C: Clock>(
-        &self,
-        params: &gcra::Params,
-        id: u32,
-        key: &K,
-        quantity: u64,
-        clock: &C,
-    ) {
+    fn refund_in<K: RecordKey, C: Clock>(&self, id: u32, key: &K, back: u64, clock: &C) {
         let hash = key.record_hash(id, &self.hasher);
         let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
         let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -244,9 +251,7 @@ impl GcraTable {
         let Some(record) = K::table(&shard).find(hash, |s| s.limit == id && s.key == *key) else {
             return;
         };
-        let back = params.emission_interval().saturating_mul(quantity);
-        // A compare-and-swap, as decisions make: a refund and a decision on one key in any order
-        // give the same TAT (both add or subtract a fixed amount).
+        // A compare-and-swap, as decisions make.
         let mut current = record.tat.load(Relaxed);
         while current > now {
             let moved = current.saturating_sub(back);

@@ -510,7 +510,12 @@ fn refund_state(
     let admitted_after = unix_now.saturating_sub(since);
     match (state, limit.gcra(), limit.window()) {
         (State::Gcra(tat), Some(params), _) if *tat > now => {
-            *tat = tat.saturating_sub(params.emission_interval().saturating_mul(quantity));
+            // Less the time since the admission: see `GcraTable::refund`.
+            let back = params
+                .emission_interval()
+                .saturating_mul(quantity)
+                .saturating_sub(since);
+            *tat = tat.saturating_sub(back);
         }
         (State::Fixed(s), _, Some(params)) => {
             let window = unix_now / params.period();

@@ -387,9 +387,10 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             [] => {}
             [limit] if limit.gcra().is_some() => {
                 let params = limit.gcra().expect("a GCRA limit");
+                let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
                 stores
                     .gcra
-                    .refund(params, limit.id(), key, quantity, &stores.clock);
+                    .refund(params, limit.id(), key, quantity, since, &stores.clock);
             }
             _ => {
                 let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);

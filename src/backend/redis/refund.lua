@@ -51,7 +51,14 @@ local function gcra(key, interval)
   if backlog <= 0 then
     return
   end
-  local ahead = backlog - interval * quantity
+  -- The request's units, less the time since its admission: any later decision that found the
+  -- bucket idle without it absorbed at most that much of them, so giving back the rest never gives
+  -- back more than the request took (for a refund with no decision since, it is exact).
+  local back = interval * quantity - since_us * 1000
+  if back <= 0 then
+    return
+  end
+  local ahead = backlog - back
   if ahead <= 0 then
     redis.call('DEL', key)
     return
