@@ -322,7 +322,11 @@ mod redis_sync {
 
         /// [`refresh`](Self::refresh), following a Redis Cluster's redirections (a resharding that
         /// moves the sets' slot) when `conn` is a Cluster connection.
-        async fn read<C>(&self, conn: &mut C, lists: &AccessList) -> Result<(), BackendError>
+        pub(crate) async fn read<C>(
+            &self,
+            conn: &mut C,
+            lists: &AccessList,
+        ) -> Result<(), BackendError>
         where
             C: ConnectionLike + 'static,
         {
@@ -331,6 +335,12 @@ mod redis_sync {
                 return self
                     .refresh(&mut Redirecting::cluster(cluster), lists)
                     .await;
+            }
+            // The backend's own connection (what a configuration's layer shares with the lists).
+            if let Some(ours) =
+                any.downcast_mut::<crate::backend::redis::connection::RedisConnection>()
+            {
+                return self.refresh(&mut ours.redirecting(), lists).await;
             }
             self.refresh(conn, lists).await
         }

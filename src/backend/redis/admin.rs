@@ -130,7 +130,9 @@ impl RedisState {
                     .arg(spec.a)
                     .arg(spec.b);
             }
-            invocation.invoke_async::<Vec<i64>>(&mut conn).await
+            invocation
+                .invoke_async::<Vec<i64>>(&mut conn.redirecting())
+                .await
         };
         let n = limits.len();
         let answer = guarded(&self.breaker, self.timeout, call);
@@ -171,7 +173,7 @@ impl RedisState {
             .arg(format!("{base}:strikes"))
             .arg(format!("{base}:ban"));
         let mut conn = self.conn.clone();
-        let call = async move { command.query_async::<i64>(&mut conn).await };
+        let call = async move { command.query_async::<i64>(&mut conn.redirecting()).await };
         let deleted = guarded(&self.breaker, self.timeout, call);
         let state = self.clone();
         Box::pin(async move {

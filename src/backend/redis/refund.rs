@@ -65,7 +65,11 @@ pub(super) fn refund(
     let mut conn = state.conn.clone();
     let timeout = state.timeout;
     runtime.spawn(async move {
-        let call = invocation.invoke_async::<i64>(&mut conn);
+        let call = async move {
+            invocation
+                .invoke_async::<i64>(&mut conn.redirecting())
+                .await
+        };
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::debug!(error = %e, "a refund failed; the request counted"),
