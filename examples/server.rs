@@ -504,6 +504,10 @@ async fn run() -> Result<(), String> {
             );
             admin.reload_on_sighup();
             let local = listener.local_addr().map_err(|e| e.to_string())?;
+            if !local.ip().is_loopback() {
+                // Anyone who reaches it can lift any client's limit: it has no authentication.
+                tracing::warn!(admin = %local, "the admin listener is not on a loopback address: keep it on a private network");
+            }
             let router = admin.router();
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, router).await {

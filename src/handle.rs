@@ -477,7 +477,7 @@ impl<B: Backend> ThrottleHandle<KeySpec, B> {
     /// from) only in what a reload can apply, reloads its routes and returns it (keep it as the
     /// next `running`). A file that does not parse, an invalid route, or a change that needs a
     /// restart (`[backend]`, `listen`, the header options, `decision_extension`, the failure
-    /// policy, `[access]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
+    /// policy, `[access]`, `[logging]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
     /// is an `Err` naming it, and the running policies stay in force.
     ///
     /// ```
@@ -551,6 +551,8 @@ fn needs_restart(running: &Config, new: &Config) -> Option<&'static str> {
             running.on_backend_error != new.on_backend_error,
         ),
         ("[access]", differs(&running.access, &new.access)),
+        // Key redaction is the layer's: a reload that turned it on would leave keys in clear.
+        ("[logging]", differs(&running.logging, &new.logging)),
         (
             "trusted_proxies (used by [access])",
             access_uses_proxies && running.trusted_proxies != new.trusted_proxies,

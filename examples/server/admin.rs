@@ -73,7 +73,8 @@ impl Reloader {
                 "the server runs the built-in config: start it with --config FILE to reload".into(),
             );
         };
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let text = tokio::task::block_in_place(|| std::fs::read_to_string(path))
+            .map_err(|e| format!("{path}: {e}"))?;
         let mut config = Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?;
         if let Some(backend) = &self.backend_override {
             config.backend = backend.clone();
