@@ -292,8 +292,14 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // The layer's own state first: a request arriving meanwhile is not refused by a ban the
         // backend no longer has.
         table.judge.forget(index, key);
-        for tier in table.policies[index].tiers() {
+        let rules = &table.policies[index];
+        for tier in rules.tiers() {
             self.shared.backend.reset(&tier.limits, key).await?;
+        }
+        // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
+        // default does not use.
+        if let Some(custom) = rules.extras().and_then(|e| e.custom_namespace()) {
+            self.shared.backend.reset(&[custom], key).await?;
         }
         Ok(())
     }

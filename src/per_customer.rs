@@ -268,6 +268,15 @@ impl PolicyExtras {
         tier
     }
 
+    /// A limit of the namespace per-customer quotas keep their state in (the policy's name, its
+    /// algorithm), when the policy chooses quotas per request: what a reset must forget too.
+    pub(crate) fn custom_namespace(&self) -> Option<Limit> {
+        if self.quota_from.is_none() && self.resolver.is_none() {
+            return None;
+        }
+        self.limit_for(*self.template.quota()).ok()
+    }
+
     fn limit_for(&self, quota: Quota) -> Result<Limit, BuildError> {
         let template = &self.template;
         let mut limit = Limit::with_algorithm(&*self.name, template.algorithm(), quota)?;

@@ -638,6 +638,10 @@ impl<K> PolicyBuilder<K> {
     /// rebased on the new quota (a GCRA backlog beyond the new burst counts as a full bucket).
     /// A quota that cannot be enforced (count 0, less than the cost, beyond the backend's range) is
     /// logged and the policy's own applies. The `RateLimit-Policy` field names the quota that applied.
+    /// With a single default quota, the customer's and the policy's own quota share the key's state;
+    /// a policy's stack of quotas or its tiers count apart (under their own names), so a key that
+    /// falls back to them starts afresh there. [`ThrottleHandle::reset`](crate::ThrottleHandle::reset)
+    /// forgets both; [`peek`](crate::ThrottleHandle::peek) shows the policy's own limits.
     ///
     /// The quota should be a function of the key (a plan): a key whose requests alternate between
     /// two quotas is decided under each in turn.
