@@ -38,9 +38,11 @@ pub const DEFAULT_ASYNC_KEY_TIMEOUT: Duration = Duration::from_millis(100);
 /// A key extractor that may wait: for [`PolicyBuilder::async_key`](crate::PolicyBuilder::async_key).
 ///
 /// A request whose key comes back `None` — no key, or one the extractor refused (an unknown API
-/// key) — gets the policy's [missing-key](crate::MissingKey) answer (a 400 by default), and so does
-/// one whose key takes longer than the [timeout](Self::timeout) (100 ms by default; logged at warn
-/// at most once a second). Requests with an async key go through the layer's slower path (a boxed
+/// key) — gets the policy's [missing-key](crate::MissingKey) answer (a 400 by default). One whose
+/// key takes longer than the [timeout](Self::timeout) (100 ms by default; logged at warn at most
+/// once a second) is the application's trouble, not the client's: the layer's
+/// [`OnBackendError`](crate::OnBackendError) answers, as for a backend that cannot decide (`Local`
+/// lets it through, as `Allow` does: there is no key to count). Requests with an async key go through the layer's slower path (a boxed
 /// future); policies without one are not affected.
 ///
 /// ```

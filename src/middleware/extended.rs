@@ -40,14 +40,14 @@ where
     let rules = &table.policies[policy];
     // A synchronous key is read here, where the body's type is known; an async one later.
     let (key, missing) = match extras.async_key {
-        Some(ref async_key) => (None, async_key.what().to_owned()),
+        Some(ref async_key) => (None, Missing::Expected(async_key.what().to_owned())),
         None => {
             let key = rules.key().extract(&request);
-            let missing = if key.is_none() {
+            let missing = Missing::Expected(if key.is_none() {
                 rules.key().describe()
             } else {
                 String::new()
-            };
+            });
             (key, missing)
         }
     };
@@ -66,29 +66,28 @@ async fn prepare<K, B>(
     policy: usize,
     extras: Arc<PolicyExtras>,
     key: Option<Key>,
-    missing: String,
+    missing: Missing,
     parts: Parts,
 ) -> Prepared
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let (parts, key) = match &extras.async_key {
-        None => (parts, key),
+    let (parts, key, missing) = match &extras.async_key {
+        None => (parts, key, missing),
         Some(async_key) => {
             let (parts, found) = async_key.extract(parts).await;
-            let key = match found {
-                Found::Key(key) => Some(key),
-                Found::Nothing => None,
+            match found {
+                Found::Key(key) => (parts, Some(key), missing),
+                Found::Nothing => (parts, None, missing),
                 Found::TimedOut => {
                     let why = format!("no key within {:?}", async_key.timeout_value());
                     extras
                         .log
-                        .record(extras.name(), "async key", &why, "the missing-key answer");
-                    None
+                        .record(extras.name(), "async key", &why, "the failure policy");
+                    (parts, None, Missing::Late)
                 }
-            };
-            (parts, key)
+            }
         }
     };
     if let Some((lists, source)) = &shared.access {
@@ -119,7 +118,7 @@ async fn decide<K, B>(
     policy: usize,
     extras: &Arc<PolicyExtras>,
     key: Option<Key>,
-    missing: String,
+    missing: Missing,
     parts: Parts,
 ) -> Prepared
 where
@@ -129,10 +128,23 @@ where
     let rules = &table.policies[policy];
     let judge = &table.judge;
     let Some(key) = key else {
+        let what = match missing {
+            Missing::Expected(what) => what,
+            // The application's key service is slow: not the client's fault (no 400).
+            Missing::Late => {
+                let verdict = judge.key_unavailable(policy, request_ref(&parts));
+                return Prepared {
+                    parts,
+                    verdict,
+                    release: None,
+                    outcome: None,
+                };
+            }
+        };
         return match rules.missing_key() {
             // A dry run never rejects, not even for a missing key.
             MissingKey::Reject(status) if !rules.is_dry_run() => {
-                let refusal = judge.missing_key(policy, missing, status, request_ref(&parts));
+                let refusal = judge.missing_key(policy, what, status, request_ref(&parts));
                 refused(parts, refusal)
             }
             _ => through(parts),
@@ -330,4 +342,12 @@ fn request_ref(parts: &Parts) -> RequestRef<'_> {
         headers: &parts.headers,
         extensions: &parts.extensions,
     }
+}
+
+/// Why a request of the extended path has no key.
+enum Missing {
+    /// The policy's key is not in the request: what was expected (the missing-key answer).
+    Expected(String),
+    /// The async key did not come within its timeout (the failure policy answers).
+    Late,
 }

@@ -334,6 +334,22 @@ impl Judge {
         }
     }
 
+    /// A policy's async key did not come within its timeout: the application's key service is
+    /// slow, not the client at fault, so the failure policy answers as for a backend that cannot
+    /// decide (`Local` cannot count a request without a key: it is let through, as by `Allow`).
+    pub(crate) fn key_unavailable(&self, policy: usize, request: RequestRef<'_>) -> Verdict {
+        let rules = &self.policies[policy];
+        match self.settings.on_error {
+            OnBackendError::Deny if !rules.dry_run => Verdict::Reject(self.unavailable(
+                Some(&rules.name),
+                None,
+                request,
+                "the rate limiter could not identify this client in time; retry shortly",
+            )),
+            _ => Verdict::Admit(Admitted::unlimited()),
+        }
+    }
+
     /// The backend could not decide: reported, then what [`OnBackendError`] says.
     fn failed(&self, cx: RequestContext<'_>, error: BackendError) -> Verdict {
         let rules = &self.policies[cx.policy];
@@ -346,7 +362,8 @@ impl Judge {
             _ if rules.dry_run => Verdict::Admit(Admitted::unlimited()),
             OnBackendError::Deny => Verdict::Reject(self.unavailable(
                 Some(&rules.name),
-                cx,
+                Some(cx.key),
+                cx.request,
                 "the rate limiter is unavailable; retry shortly",
             )),
             #[cfg(feature = "memory")]
@@ -499,7 +516,8 @@ impl Judge {
         crate::observe::no_timers(&rules.name);
         self.unavailable(
             Some(&rules.name),
-            cx,
+            Some(cx.key),
+            cx.request,
             "the rate limiter cannot delay this request",
         )
     }
@@ -508,7 +526,8 @@ impl Judge {
     fn unavailable(
         &self,
         policy: Option<&str>,
-        cx: RequestContext<'_>,
+        key: Option<&Key>,
+        request: RequestRef<'_>,
         detail: &str,
     ) -> Response<Bytes> {
         let status = StatusCode::SERVICE_UNAVAILABLE;
@@ -524,11 +543,11 @@ impl Judge {
                 kind: RefusalKind::Unavailable,
                 status,
                 policy,
-                key: Some(cx.key),
+                key,
                 decision: None,
                 retry_after: Some(Duration::from_secs(1)),
                 detail,
-                request: cx.request,
+                request,
                 default: &default,
             },
             &default,

@@ -225,14 +225,44 @@ async fn an_async_key_is_validated_before_it_is_counted() {
     assert_eq!(send(Some("live_a")).await.status(), 200);
     assert_eq!(send(Some("live_a")).await.status(), 429);
     assert_eq!(send(Some("live_b")).await.status(), 200);
-    // Unknown, missing or too slow: the missing-key answer, naming what was expected.
+    // Unknown or missing: the missing-key answer, naming what was expected.
     let unknown = send(Some("stolen")).await;
     assert_eq!(unknown.status(), 400);
     assert!(body_string(unknown)
         .await
         .contains("expected a known x-api-key"));
     assert_eq!(send(None).await.status(), 400);
-    assert_eq!(send(Some("live_slow")).await.status(), 400);
+    // Too slow: the application's key service is late, not the client wrong: the failure policy
+    // answers (the default, allow, lets it through unlimited).
+    for _ in 0..3 {
+        assert_eq!(send(Some("live_slow")).await.status(), 200);
+    }
+}
+
+/// Under `OnBackendError::Deny`, a key that does not come in time is a 503, not a 400.
+#[tokio::test]
+async fn a_late_async_key_follows_the_failure_policy() {
+    let key = AsyncKey::new(|_: &Parts| async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Some(Key::from("late"))
+    })
+    .timeout(Duration::from_millis(20));
+    let policy = Policy::builder("api")
+        .quota(Quota::per_minute(2))
+        .async_key(key)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .policy(policy)
+        .on_backend_error(tower_throttle::OnBackendError::Deny)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let response = app.oneshot(request("/")).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(header(&response, "retry-after"), Some("1"));
 }
 
 /// The application's own extractor: the signed-in user, from a session header.
