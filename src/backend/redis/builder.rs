@@ -430,6 +430,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tls_to_the_primary_alone_installs_the_crypto_provider() {
+        let settings = || SentinelSettings {
+            urls: vec!["redis://127.0.0.1:26379".into()],
+            service: "mymaster".into(),
+        };
+        let tls = |source: Source| matches!(source, Source::Sentinel { tls: true, .. });
+        assert!(!tls(sentinel_source(settings(), None).unwrap()));
+        let secure = SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure);
+        assert!(tls(sentinel_source(settings(), Some(secure)).unwrap()));
+        let plain = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_db(1));
+        assert!(!tls(sentinel_source(settings(), Some(plain)).unwrap()));
+    }
+
+    #[test]
+    fn sentinel_node_may_come_first() {
+        let builder = RedisBackendBuilder::new("p", Duration::from_millis(100))
+            .sentinel_node(
+                SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure),
+            )
+            .sentinel(["redis://127.0.0.1:26379"], "mymaster");
+        assert!(builder.sentinel_node.is_some());
+    }
+
+    #[test]
     fn prefixes_are_checked() {
         assert!(validate_prefix("throttle").is_ok());
         assert!(validate_prefix("app:v2/limits").is_ok());
