@@ -205,8 +205,12 @@ fn is_refusal(error: &BackendError) -> bool {
     else {
         return false;
     };
-    let failover = matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
-    (e.code().is_some() && !failover && !e.is_io_error() && !e.is_timeout())
+    let failover = |code: &str| matches!(code, "READONLY" | "MASTERDOWN" | "LOADING");
+    // The sets are read in one pipeline: its error replies come together, with their own codes.
+    if let Some(replies) = e.clone().into_server_errors() {
+        return replies.iter().any(|(_, reply)| !failover(reply.code()));
+    }
+    (e.code().is_some_and(|code| !failover(code)) && !e.is_io_error() && !e.is_timeout())
         || e.kind() == redis::ErrorKind::UnexpectedReturnType
         || e.kind() == redis::ErrorKind::AuthenticationFailed
 }
