@@ -329,8 +329,8 @@ async fn config_layer(url: &str, extra: &str) -> Result<(), String> {
     config.layer().await.map(|_| ()).map_err(|e| e.to_string())
 }
 
-/// Redis that refuses the configuration (a wrong or missing password, mode "cell" without the
-/// module) is not "unreachable": `Config::layer` fails at start-up and says what to fix, instead
+/// Redis that refuses the configuration (a wrong or missing password, a user without the script
+/// commands, mode "cell" without the module) is not "unreachable": `Config::layer` fails at start-up and says what to fix, instead
 /// of starting on the failure policy for good. A replica stays a lazy start (a failover may
 /// promote it), its health saying why.
 #[tokio::test]
@@ -354,6 +354,22 @@ async fn configuration_errors_fail_the_start() {
     assert!(config_layer(&replica.url(), "").await.is_ok());
     drop((primary, replica));
 
+    // An ACL user that may not load scripts.
+    cli(
+        port,
+        &[
+            "ACL", "SETUSER", "noscript", "on", ">pw", "~*", "+@all", "-script",
+        ],
+    )
+    .await;
+    let noperm = config_layer(&format!("redis://noscript:pw@127.0.0.1:{port}/"), "")
+        .await
+        .unwrap_err();
+    assert!(
+        noperm.contains("NOPERM") && noperm.contains("SCRIPT LOAD"),
+        "{noperm}"
+    );
+
     cli(port, &["CONFIG", "SET", "requirepass", "right"]).await;
     let wrong = config_layer(&format!("redis://:wrong@127.0.0.1:{port}/"), "")
         .await
@@ -371,7 +387,7 @@ async fn configuration_errors_fail_the_start() {
         .await
         .unwrap();
     // Said at error level, once per start.
-    assert!(logs.count("ERROR") >= 3, "{:?}", logs.lines());
+    assert!(logs.count("ERROR") >= 4, "{:?}", logs.lines());
 }
 
 /// A user's connection manager: redis-rs reconnects it, so only the calls tell whether Redis is
