@@ -39,7 +39,8 @@ impl Config {
 impl RedisConfig {
     /// Mirrors the access-list sets from this Redis into `lists`, in a background task, through the
     /// backend's own connection. If Redis does not answer yet, the first read is retried in the
-    /// background (the lists hold only their local entries until then).
+    /// background (the lists hold only their local entries until then), for as long as the backend
+    /// lives: the task holds its connection, and must not keep it open past the backend.
     pub(super) fn spawn_access_sync(
         &self,
         backend: &RedisBackend,
@@ -47,13 +48,26 @@ impl RedisConfig {
         lists: &AccessList,
     ) {
         let mut conn = backend.connection();
+        let alive = backend.liveness();
         let lists = lists.clone();
         tokio::spawn(async move {
             let mut wait = Duration::from_millis(50);
             let mut warned = false;
+            let mut refused = false;
             loop {
+                if !alive.alive() {
+                    return;
+                }
                 match sync.refresh(&mut conn, &lists).await {
                     Ok(()) => break,
+                    // Redis answered and refused (NOPERM, WRONGTYPE, NOAUTH...): retrying will not
+                    // fix it; said once, at error level, with the reply.
+                    Err(e) if is_refusal(&e) => {
+                        if !refused {
+                            refused = true;
+                            tracing::error!(error = %e, "Redis refused to give the access lists; only the local entries apply until this is fixed (check the user's ACL and the sets' type)");
+                        }
+                    }
                     Err(e) if !warned => {
                         warned = true;
                         tracing::warn!(error = %e, "access lists not read from Redis yet; retrying in the background");
@@ -61,7 +75,12 @@ impl RedisConfig {
                     Err(_) => {}
                 }
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(1));
+                let most = if refused {
+                    Duration::from_secs(5)
+                } else {
+                    Duration::from_secs(1)
+                };
+                wait = (wait * 2).min(most);
             }
             // Read once: keeps reading them for as long as the lists live.
             let _ = sync.spawn(conn, &lists).await;
@@ -88,7 +107,8 @@ impl RedisConfig {
     /// ([`build`](crate::RedisBackendBuilder::build)) and returns once the first attempt has ended
     /// ([`first_attempt`](RedisBackend::first_attempt): connected, refused, or one attempt's budget
     /// for a frozen Redis); `"eager"` as [`connect`](Self::connect). A Cluster always connects
-    /// eagerly.
+    /// eagerly. Either way, an error when Redis refuses the configuration (a wrong or missing
+    /// password, missing ACL permissions, mode "cell" without the module).
     pub async fn start(&self) -> Result<RedisBackend, BackendError> {
         let eager = match self.connect.as_deref() {
             None | Some("lazy") => false,
@@ -107,8 +127,10 @@ impl RedisConfig {
             let backend = builder
                 .build()
                 .map_err(|e| BackendError::new(e.to_string()))?;
-            // Redis up: start on it. Down: go on as soon as the first attempt says so.
-            backend.first_attempt().await;
+            // Redis up: start on it. Down: go on as soon as the first attempt says so. Refused
+            // (wrong password, missing ACL permissions, mode "cell" without the module): fail
+            // now, as retrying will not fix it and requests would follow the failure policy.
+            backend.first_attempt().await?;
             Ok(backend)
         }
     }
@@ -170,4 +192,25 @@ impl RedisConfig {
         }
         Ok(builder)
     }
+}
+
+/// Whether Redis answered the access-list read with a refusal (an error reply such as `NOPERM` or
+/// `WRONGTYPE`, or a reply of the wrong type), rather than failing to answer.
+#[cfg(feature = "redis")]
+fn is_refusal(error: &BackendError) -> bool {
+    use std::error::Error as _;
+    let Some(e) = error
+        .source()
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+    else {
+        return false;
+    };
+    let failover = |code: &str| matches!(code, "READONLY" | "MASTERDOWN" | "LOADING");
+    // The sets are read in one pipeline: its error replies come together, with their own codes.
+    if let Some(replies) = e.clone().into_server_errors() {
+        return replies.iter().any(|(_, reply)| !failover(reply.code()));
+    }
+    (e.code().is_some_and(|code| !failover(code)) && !e.is_io_error() && !e.is_timeout())
+        || e.kind() == redis::ErrorKind::UnexpectedReturnType
+        || e.kind() == redis::ErrorKind::AuthenticationFailed
 }

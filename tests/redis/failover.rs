@@ -317,3 +317,175 @@ where
     }
     out
 }
+
+const ROUTE: &str = "[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";
+
+/// `Config::layer` with `[backend]` on `url` and `extra` keys; the error it fails with, if any.
+async fn config_layer(url: &str, extra: &str) -> Result<(), String> {
+    let config = tower_throttle::config::Config::from_toml(&format!(
+        "[backend]\nkind = \"redis\"\nurl = \"{url}\"\ntimeout_ms = 100\n{extra}\n{ROUTE}"
+    ))
+    .unwrap();
+    config.layer().await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Redis that refuses the configuration (a wrong or missing password, a user without the script
+/// commands, mode "cell" without the module) is not "unreachable": `Config::layer` fails at start-up and says what to fix, instead
+/// of starting on the failure policy for good. A replica stays a lazy start (a failover may
+/// promote it), its health saying why.
+#[tokio::test]
+async fn configuration_errors_fail_the_start() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let port = server.port();
+
+    let cell = config_layer(&server.url(), "mode = \"cell\"")
+        .await
+        .unwrap_err();
+    assert!(cell.contains("redis-cell"), "{cell}");
+
+    let (primary, replica) = pair().await;
+    let backend = backend_on(&replica.url()).build().unwrap();
+    assert!(!backend.first_attempt().await.unwrap());
+    let health = backend.health();
+    assert!(!health.is_healthy(), "{health}");
+    let last = health.last_error.map(|(e, _)| e).unwrap_or_default();
+    assert!(last.contains("replica"), "{last}");
+    assert!(config_layer(&replica.url(), "").await.is_ok());
+    drop((primary, replica));
+
+    // An ACL user that may not load scripts.
+    cli(
+        port,
+        &[
+            "ACL", "SETUSER", "noscript", "on", ">pw", "~*", "+@all", "-script",
+        ],
+    )
+    .await;
+    let noperm = config_layer(&format!("redis://noscript:pw@127.0.0.1:{port}/"), "")
+        .await
+        .unwrap_err();
+    assert!(
+        noperm.contains("NOPERM") && noperm.contains("SCRIPT LOAD"),
+        "{noperm}"
+    );
+
+    cli(port, &["CONFIG", "SET", "requirepass", "right"]).await;
+    let wrong = config_layer(&format!("redis://:wrong@127.0.0.1:{port}/"), "")
+        .await
+        .unwrap_err();
+    assert!(
+        wrong.contains("password") && wrong.contains("authentication failed"),
+        "{wrong}"
+    );
+    let none = config_layer(&format!("redis://127.0.0.1:{port}/"), "")
+        .await
+        .unwrap_err();
+    assert!(none.contains("NOAUTH"), "{none}");
+    // The right password starts.
+    config_layer(&format!("redis://:right@127.0.0.1:{port}/"), "")
+        .await
+        .unwrap();
+    // Said at error level, once per start.
+    assert!(logs.count("ERROR") >= 4, "{:?}", logs.lines());
+}
+
+/// A user's connection manager: redis-rs reconnects it, so only the calls tell whether Redis is
+/// reachable. Killed, the backend reports itself unhealthy with the error, and healthy again once
+/// calls get through.
+#[tokio::test]
+async fn health_of_a_connection_manager_follows_the_calls() {
+    let mut server = RedisServer::start();
+    let manager = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let backend = RedisBackend::builder()
+        .connection_manager(manager)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let key = tower_throttle::key::Key::from("health");
+    use tower_throttle::Backend;
+    assert!(backend.check(&steady(), &key, 1).await.is_ok());
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+
+    server = tokio::task::spawn_blocking(move || {
+        server.kill();
+        server
+    })
+    .await
+    .unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "a killed Redis still reported healthy",
+        || async {
+            let _ = backend.check(&steady(), &key, 1).await;
+            !backend.health().connected
+        },
+    )
+    .await;
+    let health = backend.health();
+    assert!(!health.is_healthy(), "{health}");
+    assert!(health.last_error.is_some(), "{health}");
+
+    let _server = restart(server).await;
+    wait_until(
+        Duration::from_secs(10),
+        "never healthy again after Redis came back",
+        || async {
+            let _ = backend.check(&steady(), &key, 1).await;
+            backend.health().is_healthy()
+        },
+    )
+    .await;
+}
+
+/// Nothing outlives the backend: with access lists whose first read never succeeds (`WRONGTYPE`),
+/// the retrying task says so once at error level, and once the layer is dropped, the connection
+/// to Redis is closed (the task held it) and the task stops.
+#[tokio::test]
+async fn nothing_outlives_the_backend() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let port = server.port();
+    cli(port, &["SET", "{acl}:allow:net", "not a set"]).await;
+    let config = tower_throttle::config::Config::from_toml(&format!(
+        "[backend]\nkind = \"redis\"\nurl = \"{}\"\n[access]\nredis_sets = \"acl\"\n{ROUTE}",
+        server.url()
+    ))
+    .unwrap();
+    let layer = config.layer().await.unwrap();
+    let refused = "Redis refused to give the access lists";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while logs.count(refused) == 0 {
+        assert!(Instant::now() < deadline, "no error: {:?}", logs.lines());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let clients = || async {
+        cli(port, &["INFO", "clients"])
+            .await
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("connected_clients:")?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    // The backend's connection, and redis-cli's own.
+    assert!(clients().await >= 2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(logs.count(refused), 1, "{:?}", logs.lines());
+
+    drop(layer);
+    wait_until(
+        Duration::from_secs(5),
+        "the connection outlived the backend",
+        || async { clients().await == 1 },
+    )
+    .await;
+}

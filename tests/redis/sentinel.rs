@@ -205,3 +205,65 @@ async fn config_layer_starts_while_redis_is_down() {
     .await;
     assert!(matches!(redis.health(), BackendHealth::Redis(_)));
 }
+
+/// `total_connections_received` of the server on `port` (`args` before the command: a password).
+async fn connections_received(port: u16, args: &[&str]) -> u64 {
+    let mut all = args.to_vec();
+    all.extend(["INFO", "stats"]);
+    cli(port, &all)
+        .await
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("total_connections_received:")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Following the sentinels costs the primary nothing: the backend asks one kept sentinel
+/// connection where the primary is, instead of opening a connection to the primary every second to
+/// check its role. And `sentinel_node` given before `sentinel` is not lost: its password logs in.
+#[tokio::test]
+async fn following_the_sentinels_opens_no_connection_to_the_primary() {
+    let primary = RedisServer::start();
+    let sentinels = Sentinels::start(primary.port()).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the sentinels never named the primary",
+        || async { sentinels.primary_port().await == Some(primary.port()) },
+    )
+    .await;
+    let backend = RedisBackend::builder()
+        .sentinel(sentinels.urls(), SERVICE)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let before = connections_received(primary.port(), &[]).await;
+    // Three rounds of following (one a second).
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let after = connections_received(primary.port(), &[]).await;
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+    // The one redis-cli opened to ask, and whatever the sentinels opened (they keep theirs).
+    assert!(
+        after - before <= 2,
+        "{} connections to the primary in 3.5 s",
+        after - before
+    );
+    drop(backend);
+
+    cli(primary.port(), &["CONFIG", "SET", "requirepass", "pw"]).await;
+    let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(redis::RedisConnectionInfo::default().set_password("pw"));
+    let backend = RedisBackend::builder()
+        .sentinel_node(node)
+        .sentinel(sentinels.urls(), SERVICE)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await;
+    assert!(backend.is_ok(), "{:?}", backend.err());
+}

@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
@@ -40,7 +40,27 @@ pub(super) struct Breaker {
     /// The reconnecting server under this breaker, if any: told about timeouts (it drops a
     /// connection that stopped answering), and its task logs the transitions instead.
     server: Option<Arc<SingleServer>>,
+    /// What the calls met, for `health()` where no reconnecting server knows (a Cluster, a user's
+    /// connection manager).
+    outcomes: Outcomes,
 }
+
+/// The outcome of the last calls: when one last got an answer, and the failures to reach Redis
+/// since.
+#[derive(Default)]
+struct Outcomes {
+    /// Ms since `epoch` (plus one) of the last answer; 0 before any.
+    last_answer: AtomicU64,
+    /// Calls in a row that could not reach Redis.
+    failures_in_a_row: AtomicU32,
+    /// The last of them: its error and time.
+    last_failure: Mutex<Option<(String, SystemTime)>>,
+}
+
+/// Failures in a row past which Redis counts as unreachable, whenever it last answered.
+const UNREACHABLE_AFTER: u32 = 3;
+/// A failing Redis that has not answered for this long counts as unreachable.
+const SILENT_FOR: Duration = Duration::from_secs(1);
 
 const BREAKER_MIN: Duration = Duration::from_millis(50);
 const BREAKER_MAX: Duration = Duration::from_millis(500);
@@ -82,7 +102,47 @@ impl Breaker {
             probe_limit_ms: timeout.as_millis() as u64 + 1,
             lost: AtomicBool::new(false),
             server,
+            outcomes: Outcomes::default(),
         }
+    }
+
+    /// A call got an answer from Redis (an error reply included).
+    fn call_answered(&self) {
+        self.outcomes
+            .last_answer
+            .store(self.now_ms(), Ordering::Relaxed);
+        self.outcomes.failures_in_a_row.store(0, Ordering::Relaxed);
+    }
+
+    /// A call could not reach Redis: `error` says why.
+    fn call_failed(&self, error: &dyn std::fmt::Display) {
+        self.outcomes
+            .failures_in_a_row
+            .fetch_add(1, Ordering::Relaxed);
+        *self
+            .outcomes
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((error.to_string(), SystemTime::now()));
+    }
+
+    /// From the calls alone: whether Redis is reachable (the last calls did not all fail to reach
+    /// it: fewer than three in a row, and an answer within the last second), and the last failure.
+    pub(super) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
+        let failures = self.outcomes.failures_in_a_row.load(Ordering::Relaxed);
+        let last_answer = self.outcomes.last_answer.load(Ordering::Relaxed);
+        let silent = self.now_ms().saturating_sub(last_answer);
+        let reachable = failures == 0
+            || (failures < UNREACHABLE_AFTER
+                && last_answer != 0
+                && silent <= SILENT_FOR.as_millis() as u64);
+        let last_failure = self
+            .outcomes
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        (reachable, last_failure)
     }
 
     /// Whether the circuit was opened and no call has got through since (open, or waiting for its
@@ -210,25 +270,30 @@ where
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(value)) => {
                 breaker.answered();
+                breaker.call_answered();
                 Ok(value)
             }
             Ok(Err(e)) => {
                 if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                     breaker.unreachable(was_probe);
+                    breaker.call_failed(&e);
                     if e.is_timeout() {
                         breaker.timed_out();
                     }
                 } else if is_not_primary(&e) {
                     // Redis answered, but cannot decide here until a failover ends: as unreachable.
                     breaker.unreachable(was_probe);
+                    breaker.call_failed(&e);
                 } else {
                     // An error reply (OOM, NOPERM...) still proves Redis is there.
                     breaker.answered();
+                    breaker.call_answered();
                 }
                 Err(BackendError::with_source("Redis failed to decide", e))
             }
             Err(_) => {
                 breaker.unreachable(was_probe);
+                breaker.call_failed(&format_args!("Redis did not answer within {timeout:?}"));
                 breaker.timed_out();
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}"

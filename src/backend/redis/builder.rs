@@ -31,13 +31,14 @@ pub struct RedisBackendBuilder {
     timeout: Duration,
     deny_cache: bool,
     sentinel: Option<SentinelSettings>,
+    /// Kept apart from `sentinel`, so that `sentinel_node` may come first.
+    sentinel_node: Option<SentinelNodeConnectionInfo>,
 }
 
 /// What [`RedisBackendBuilder::sentinel`] was given.
 struct SentinelSettings {
     urls: Vec<String>,
     service: String,
-    node: Option<SentinelNodeConnectionInfo>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -63,6 +64,7 @@ impl RedisBackendBuilder {
             timeout,
             deny_cache: true,
             sentinel: None,
+            sentinel_node: None,
         }
     }
 
@@ -124,19 +126,17 @@ impl RedisBackendBuilder {
         self.sentinel = Some(SentinelSettings {
             urls: sentinels.into_iter().map(Into::into).collect(),
             service: service.into(),
-            node: None,
         });
         self.cluster = false;
         self
     }
 
-    /// With [`sentinel`](Self::sentinel): how to log in to the primary the sentinels name (redis-rs'
-    /// settings: TLS mode, user, password, database, protocol). Without it, the primary is reached
-    /// with TLS when the sentinels' URLs are `rediss://`, and without a password.
+    /// With [`sentinel`](Self::sentinel) (before or after it): how to log in to the primary the
+    /// sentinels name (redis-rs' settings: TLS mode, user, password, database, protocol). Without
+    /// it, the primary is reached with TLS when the sentinels' URLs are `rediss://`, and without a
+    /// password.
     pub fn sentinel_node(mut self, node: SentinelNodeConnectionInfo) -> Self {
-        if let Some(sentinel) = &mut self.sentinel {
-            sentinel.node = Some(node);
-        }
+        self.sentinel_node = Some(node);
         self
     }
 
@@ -205,7 +205,9 @@ impl RedisBackendBuilder {
                     "set either sentinels or a url, urls, client or connection, not both",
                 ))
             }
-            (Some(sentinel), None) => Target::Sentinel(Box::new(sentinel_source(sentinel)?)),
+            (Some(sentinel), None) => {
+                Target::Sentinel(Box::new(sentinel_source(sentinel, self.sentinel_node)?))
+            }
             (None, Some(target)) => target,
             (None, None) => {
                 return Err(BackendError::new(
@@ -343,7 +345,9 @@ impl Validated {
             Start::Server(mut source) => {
                 let budget = settings.start_budget();
                 let (state, server) = settings.server_state(&source);
-                connect_once(&mut source, &server, &state, budget).await?;
+                connect_once(&mut source, &server, &state, budget)
+                    .await
+                    .map_err(|e| e.error)?;
                 spawn_keeper(source, server, Arc::downgrade(&state), true);
                 Ok(state)
             }
@@ -353,7 +357,10 @@ impl Validated {
 }
 
 /// The sentinels' client: checks the URLs and the service name.
-fn sentinel_source(sentinel: SentinelSettings) -> Result<Source, BackendError> {
+fn sentinel_source(
+    sentinel: SentinelSettings,
+    node: Option<SentinelNodeConnectionInfo>,
+) -> Result<Source, BackendError> {
     if sentinel.urls.is_empty() {
         return Err(BackendError::new(
             "sentinels: give at least one sentinel URL",
@@ -365,7 +372,12 @@ fn sentinel_source(sentinel: SentinelSettings) -> Result<Source, BackendError> {
         ));
     }
     let tls = sentinel.urls.iter().any(|u| u.starts_with("rediss:"));
-    let node = sentinel.node.unwrap_or_else(|| {
+    // TLS to the primary may come from the node settings alone (plain sentinels, TLS primary):
+    // the crypto provider is needed then too. redis-rs hides the setting; its `Debug` shows it.
+    let node_tls = node
+        .as_ref()
+        .is_some_and(|n| !format!("{n:?}").contains("tls_mode: None"));
+    let node = node.unwrap_or_else(|| {
         let node = SentinelNodeConnectionInfo::default();
         if tls {
             node.set_tls_mode(redis::TlsMode::Secure)
@@ -380,7 +392,7 @@ fn sentinel_source(sentinel: SentinelSettings) -> Result<Source, BackendError> {
         .collect::<Vec<_>>()
         .join(", ");
     let client = SentinelClient::build(
-        sentinel.urls,
+        sentinel.urls.clone(),
         sentinel.service.clone(),
         Some(node),
         SentinelServerType::Master,
@@ -389,7 +401,10 @@ fn sentinel_source(sentinel: SentinelSettings) -> Result<Source, BackendError> {
     Ok(Source::Sentinel {
         client: Box::new(client),
         service: sentinel.service,
-        tls,
+        tls: tls || node_tls,
+        urls: sentinel.urls,
+        watch: None,
+        watching: 0,
     })
 }
 
@@ -413,6 +428,31 @@ fn validate_prefix(prefix: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_to_the_primary_alone_installs_the_crypto_provider() {
+        let settings = || SentinelSettings {
+            urls: vec!["redis://127.0.0.1:26379".into()],
+            service: "mymaster".into(),
+        };
+        let tls = |source: Source| matches!(source, Source::Sentinel { tls: true, .. });
+        assert!(!tls(sentinel_source(settings(), None).unwrap()));
+        let secure = SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure);
+        assert!(tls(sentinel_source(settings(), Some(secure)).unwrap()));
+        let plain = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_db(1));
+        assert!(!tls(sentinel_source(settings(), Some(plain)).unwrap()));
+    }
+
+    #[test]
+    fn sentinel_node_may_come_first() {
+        let builder = RedisBackendBuilder::new("p", Duration::from_millis(100))
+            .sentinel_node(
+                SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure),
+            )
+            .sentinel(["redis://127.0.0.1:26379"], "mymaster");
+        assert!(builder.sentinel_node.is_some());
+    }
 
     #[test]
     fn prefixes_are_checked() {

@@ -8,9 +8,11 @@ use super::mode::RedisMode;
 /// The state of a [`RedisBackend`](crate::RedisBackend)'s connection, from
 /// [`RedisBackend::health`](crate::RedisBackend::health).
 ///
-/// A backend is [healthy](Self::is_healthy) when decisions come from Redis: connected (or, on a
-/// Cluster and with a user's connection manager, which reconnect by themselves, assumed connected)
-/// and the circuit breaker closed. Otherwise requests follow the layer's failure policy.
+/// A backend is [healthy](Self::is_healthy) when decisions come from Redis: connected and the
+/// circuit breaker closed. Otherwise requests follow the layer's failure policy. On a Cluster and
+/// with a user's connection manager, which reconnect by themselves, "connected" comes from the
+/// calls: not after three calls in a row failed to reach Redis, or calls failing with no answer in
+/// the last second (and `last_error` is the last such failure).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -35,7 +37,8 @@ pub struct RedisHealth {
     /// Whether the circuit breaker is open: calls fail fast (but for an occasional probe) until
     /// one gets through or the background probe finds Redis again.
     pub breaker_open: bool,
-    /// The last error that cost the connection or a connection attempt, and when it happened.
+    /// The last error that cost the connection or a connection attempt (a configuration error
+    /// among them: a wrong password, missing ACL permissions, a replica), and when it happened.
     pub last_error: Option<(String, SystemTime)>,
     /// The address connected to last (the primary Sentinel named, for Sentinel), password hidden.
     pub address: Option<String>,

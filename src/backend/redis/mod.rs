@@ -223,9 +223,12 @@ impl RedisBackend {
                 let (address, last_error) = server.record();
                 (server.connected(), address, last_error)
             }
-            // A Cluster or a user's connection manager: redis-rs reconnects them; the breaker
-            // (single server) tells whether calls get through.
-            None => (true, None, None),
+            // A Cluster or a user's connection manager: redis-rs reconnects them, and only the
+            // calls' outcomes tell whether Redis is reachable.
+            None => {
+                let (reachable, last_error) = state.breaker.reachability();
+                (reachable, None, last_error)
+            }
         };
         RedisHealth {
             connected,
@@ -240,8 +243,14 @@ impl RedisBackend {
     /// connection attempt to end (at most one attempt: five timeouts, 250 ms to 5 s) and says
     /// whether it connected. With Redis up, the application then starts with decisions on Redis
     /// instead of sending its first requests to the failure policy; with Redis refusing
-    /// connections it returns at once. `true` at once for a Cluster or a user's connection manager.
-    /// `Config::layer` does this.
+    /// connections it returns at once. `Ok(true)` at once for a Cluster or a user's connection
+    /// manager. `Config::layer` does this.
+    ///
+    /// An error when Redis answered and refused the configuration, which retrying alone will not
+    /// fix: a wrong or missing password (`WRONGPASS`, `NOAUTH`), an ACL user without the commands
+    /// the limiter needs (`NOPERM`), or mode `Cell` on a server without redis-cell. (The task
+    /// still retries, slowly.) A server that is a replica is not an error here: a failover may
+    /// promote it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -249,14 +258,20 @@ impl RedisBackend {
     /// use tower_throttle::RedisBackend;
     ///
     /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
-    /// assert!(!redis.first_attempt().await); // refused: returns as soon as that is known
+    /// // Refused: returns as soon as that is known.
+    /// assert!(!redis.first_attempt().await.unwrap());
     /// # }
     /// ```
-    pub async fn first_attempt(&self) -> bool {
+    pub async fn first_attempt(&self) -> Result<bool, BackendError> {
         match self.state.conn.server() {
             Some(server) => server.first_attempt().await,
-            None => true,
+            None => Ok(true),
         }
+    }
+
+    /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.
+    pub(crate) fn liveness(&self) -> Liveness {
+        Liveness(Arc::downgrade(&self.state))
     }
 
     /// The backend's connection, shared by the offender counts and the access lists.
@@ -273,6 +288,15 @@ impl RedisBackend {
     /// GCRA, with a suffix per algorithm for the others (see the [layout](RedisBackend#key-layout)).
     pub fn state_key(&self, limit: &Limit, key: &Key) -> String {
         self.state.state_key(limit, key)
+    }
+}
+
+/// Says whether a [`RedisBackend`] still exists, without keeping it alive.
+pub(crate) struct Liveness(std::sync::Weak<RedisState>);
+
+impl Liveness {
+    pub(crate) fn alive(&self) -> bool {
+        self.0.strong_count() > 0
     }
 }
 

@@ -38,6 +38,12 @@ const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 const STALL_LIMIT: Duration = Duration::from_secs(1);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// After a configuration error (a wrong password, missing ACL permissions, a replica, no
+/// redis-cell in mode "cell"), attempts go on this slowly: someone has to fix something first.
+const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
+/// A replica where the primary should be is a failover under way for this long (retried at the
+/// usual pace, so the promotion is noticed within a second); past it, a configuration error.
+const REPLICA_GRACE: Duration = Duration::from_secs(30);
 
 /// Where the server is found: a client (its address resolved again at every connect) or the
 /// sentinels, asked for the current primary at every connect.
@@ -46,7 +52,13 @@ pub(super) enum Source {
     Sentinel {
         client: Box<SentinelClient>,
         service: String,
+        /// TLS to the sentinels or to the primary: the crypto provider must be installed.
         tls: bool,
+        /// The sentinels' URLs, for the one connection that asks where the primary is.
+        urls: Vec<String>,
+        /// That connection, to `urls[watching]`; made again (on the next sentinel) after an error.
+        watch: Option<MultiplexedConnection>,
+        watching: usize,
     },
 }
 
@@ -67,6 +79,54 @@ impl Source {
             ),
             Source::Sentinel { tls, .. } => *tls,
         }
+    }
+
+    /// With Sentinel, where the sentinels say the primary is now (`host:port`), asked on one kept
+    /// connection to a sentinel (`SENTINEL GET-MASTER-ADDR-BY-NAME`), the next sentinel after an
+    /// error; each step bounded by `timeout`. `None` when no sentinel answered.
+    async fn primary_address(&mut self, timeout: Duration) -> Option<String> {
+        let Source::Sentinel {
+            service,
+            urls,
+            watch,
+            watching,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        for _ in 0..urls.len() {
+            if watch.is_none() {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout));
+                let opened = match Client::open(urls[*watching].as_str()) {
+                    Ok(client) => tokio::time::timeout(
+                        timeout,
+                        client.get_multiplexed_async_connection_with_config(&config),
+                    )
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+                    Err(_) => None,
+                };
+                *watch = opened;
+            }
+            if let Some(conn) = watch.as_mut() {
+                let mut cmd = redis::cmd("SENTINEL");
+                cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(service.as_str());
+                let asked =
+                    tokio::time::timeout(timeout, cmd.query_async::<Option<(String, u16)>>(conn))
+                        .await;
+                if let Ok(Ok(Some((host, port)))) = asked {
+                    return Some(format!("{host}:{port}"));
+                }
+            }
+            // No answer (or the sentinel does not know the service): the next sentinel.
+            *watch = None;
+            *watching = (*watching + 1) % urls.len();
+        }
+        None
     }
 
     /// A client for the server to connect to now.
@@ -90,6 +150,43 @@ struct Live {
 struct Record {
     address: Option<String>,
     last_error: Option<(String, SystemTime)>,
+    /// The last attempt failed on the configuration, not on reachability (cleared by a connection).
+    misconfigured: Option<Misconfigured>,
+}
+
+/// A connection attempt that reached Redis and was refused for a reason retrying alone will not
+/// fix. Attempts go on (slowly), as someone may fix it, but it is logged as an error and, but for a
+/// replica, fails `Config::layer` at start-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Misconfigured {
+    /// The server is a replica: a failover may promote it, so the start stays lazy.
+    Replica(String),
+    /// Wrong password or user, no password, missing ACL permissions, mode "cell" without the module.
+    Fatal(String),
+}
+
+/// Why an attempt failed: Redis unreachable (or slow), or a configuration error.
+pub(super) struct AttemptError {
+    pub(super) error: BackendError,
+    pub(super) misconfigured: Option<Misconfigured>,
+}
+
+impl From<BackendError> for AttemptError {
+    fn from(error: BackendError) -> Self {
+        AttemptError {
+            error,
+            misconfigured: None,
+        }
+    }
+}
+
+impl AttemptError {
+    fn misconfigured(kind: fn(String) -> Misconfigured, message: String) -> Self {
+        AttemptError {
+            error: BackendError::new(message.clone()),
+            misconfigured: Some(kind(message)),
+        }
+    }
 }
 
 /// One Redis server behind a connection that the background task makes again whenever it fails.
@@ -117,6 +214,8 @@ impl SingleServer {
             Source::Client(client) => client.get_connection_info().redis_settings().db(),
             Source::Sentinel { .. } => 0,
         };
+        // Before any connection: rustls panics without a provider, and the task makes the
+        // connections (to the sentinels and to the primary they name).
         if source.uses_tls() {
             install_crypto_provider();
         }
@@ -152,6 +251,21 @@ impl SingleServer {
         (record.address.clone(), record.last_error.clone())
     }
 
+    /// The configuration error the last attempt failed on, if any.
+    pub(crate) fn misconfigured(&self) -> Option<Misconfigured> {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .misconfigured
+            .clone()
+    }
+
+    /// The backend is gone: drop the connection for those still holding this server (an offender
+    /// count, an access-list task), and make none again.
+    fn close(&self) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     fn note_error(&self, error: &str) {
         self.record
             .lock()
@@ -163,10 +277,9 @@ impl SingleServer {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.answered();
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Some(Live { conn, generation });
-        self.record
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .address = Some(address);
+        let mut record = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        record.address = Some(address);
+        record.misconfigured = None;
     }
 
     /// Drops the connection of `generation` (not a newer one made meanwhile) and wakes the task.
@@ -227,12 +340,13 @@ impl SingleServer {
     /// With Sentinel, asks the sentinels which server is the primary (every second while
     /// connected): after a failover the old primary may accept writes for seconds until the
     /// sentinels demote it, and those decisions would be lost. A different answer drops the
-    /// connection, so the task connects to the new primary.
+    /// connection, so the task connects to the new primary (and checks its role then). One kept
+    /// connection to a sentinel answers: no connection to the primary is opened to ask.
     async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
-        let asked = tokio::time::timeout(attempt_budget(self.timeout), source.client()).await;
-        let Ok(Ok(client)) = asked else { return };
-        let named = redact_url(&client.get_connection_info().addr().to_string());
+        let Some(named) = source.primary_address(self.timeout).await else {
+            return;
+        };
         let (current, _) = self.record();
         if current.is_some_and(|c| c != named) {
             self.drop_connection(
@@ -260,8 +374,10 @@ impl SingleServer {
     }
 
     /// Waits until a connection is up or the first attempt has ended (at most one attempt's
-    /// budget); whether a connection is up.
-    pub(super) async fn first_attempt(&self) -> bool {
+    /// budget); whether a connection is up, or the configuration error the attempt failed on (a
+    /// wrong password, missing permissions, mode "cell" without the module; not a replica, which
+    /// a failover may promote).
+    pub(super) async fn first_attempt(&self) -> Result<bool, BackendError> {
         let deadline = Instant::now() + attempt_budget(self.timeout) + Duration::from_millis(100);
         while !self.connected()
             && self.attempts.load(Ordering::Acquire) == 0
@@ -269,7 +385,13 @@ impl SingleServer {
         {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        self.connected()
+        if self.connected() {
+            return Ok(true);
+        }
+        match self.misconfigured() {
+            Some(Misconfigured::Fatal(message)) => Err(BackendError::new(message)),
+            _ => Ok(false),
+        }
     }
 
     /// One command on the live connection, or an error at once without one.
@@ -296,8 +418,11 @@ impl SingleServer {
             return Err(not_connected());
         };
         let result = live.conn.req_packed_commands(pipeline, offset, count).await;
-        if let Err(e) = &result {
-            self.failed(live.generation, e);
+        // As for one command: a reply refreshes `last_answer`, and a `READONLY` among the replies
+        // drops the connection.
+        match &result {
+            Ok(values) => self.replied(live.generation, values),
+            Err(e) => self.failed(live.generation, e),
         }
         result
     }
@@ -336,20 +461,44 @@ fn is_not_primary_code(code: &str) -> bool {
     matches!(code, "READONLY" | "MASTERDOWN" | "LOADING")
 }
 
+/// What is wrong with the configuration, if `error` says so: the password or user refused
+/// (`WRONGPASS`, or redis-rs' authentication failure), none given (`NOAUTH`), or the ACL user lacks
+/// a command (`NOPERM`). `None` for anything a retry may get past.
+fn configuration_error(error: &RedisError, address: &str, doing: &str) -> Option<String> {
+    let auth =
+        error.kind() == redis::ErrorKind::AuthenticationFailed || error.code() == Some("WRONGPASS");
+    if auth {
+        return Some(format!(
+            "Redis at {address} refused the user or password (authentication failed: {error}); fix the password (and user) in the URL or the sentinel node settings"
+        ));
+    }
+    match error.code() {
+        Some("NOAUTH") => Some(format!(
+            "Redis at {address} requires a password (NOAUTH) and none was given; put it in the URL (redis://user:password@host:port/)"
+        )),
+        Some("NOPERM") => Some(format!(
+            "Redis at {address} does not let this user {doing} (NOPERM: {error}); grant it in the user's ACL (the limiter needs EVALSHA, SCRIPT, COMMAND, ROLE, PING and its keys)"
+        )),
+        _ => None,
+    }
+}
+
 /// Connects once: asks the source for the server, connects, checks it is a primary, loads the
 /// script and detects the path, then puts the connection in service. Returns the address.
 async fn establish(
     source: &mut Source,
     server: &SingleServer,
     state: &RedisState,
-) -> Result<String, BackendError> {
+) -> Result<String, AttemptError> {
     let client = source.client().await.map_err(|e| {
         BackendError::with_source(format!("cannot find Redis ({})", server.target), e)
     })?;
     let address = redact_url(&client.get_connection_info().addr().to_string());
-    let failed = |what: &str, e: RedisError| {
-        BackendError::with_source(format!("{what} Redis at {address}"), e)
-    };
+    let failed =
+        |what: &str, doing: &str, e: RedisError| match configuration_error(&e, &address, doing) {
+            Some(message) => AttemptError::misconfigured(Misconfigured::Fatal, message),
+            None => BackendError::with_source(format!("{what} Redis at {address}"), e).into(),
+        };
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(server.timeout))
         // Bounds what a frozen server can hold: calls are dropped by the backend's own timeout.
@@ -357,36 +506,48 @@ async fn establish(
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|e| failed("cannot connect to", e))?;
+        .map_err(|e| failed("cannot connect to", "log in", e))?;
     match redis::cmd("ROLE").query_async::<Role>(&mut conn).await {
         Ok(Role::Primary { .. }) => {}
         Ok(_) => {
-            return Err(BackendError::new(format!(
-                "Redis at {address} is a replica (read-only), not the primary"
-            )))
+            return Err(AttemptError::misconfigured(
+                Misconfigured::Replica,
+                format!(
+                    "Redis at {address} is a replica (read-only), not the primary; point the URL at the primary (or use Sentinel)"
+                ),
+            ))
         }
+        Err(e) if e.code() == Some("NOAUTH") => return Err(failed("", "run ROLE", e)),
         // `ROLE` may be renamed or forbidden (managed Redis, ACLs): the calls will tell.
         Err(e) if e.code().is_some() && !is_not_primary(&e) => {}
-        Err(e) => return Err(failed("ROLE failed on", e)),
+        Err(e) => return Err(failed("ROLE failed on", "run ROLE", e)),
     }
     let mode = state.detector.mode();
     let loaded = match mode {
         RedisMode::Lua => None,
-        RedisMode::Cell | RedisMode::Auto => Some(
-            cell_loaded_on(&mut conn)
-                .await
-                .map_err(|e| failed("cannot detect redis-cell on", e))?,
-        ),
+        RedisMode::Cell | RedisMode::Auto => {
+            Some(cell_loaded_on(&mut conn).await.map_err(|e| {
+                failed(
+                    "cannot detect redis-cell on",
+                    "run COMMAND INFO (to detect redis-cell)",
+                    e,
+                )
+            })?)
+        }
     };
     if mode == RedisMode::Cell && loaded == Some(false) {
-        return Err(BackendError::new(format!(
-            "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which Redis at {address} has not loaded; use mode \"lua\" or \"auto\""
+        return Err(AttemptError::misconfigured(Misconfigured::Fatal, format!(
+            "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which Redis at {address} has not loaded; load the module or use mode \"lua\" or \"auto\""
         )));
     }
     // Every mode runs the script for some calls (peeks, penalties, quotas with no whole-second form).
-    GCRA.load_async(&mut conn)
-        .await
-        .map_err(|e| failed("cannot load the script on", e))?;
+    GCRA.load_async(&mut conn).await.map_err(|e| {
+        failed(
+            "cannot load the script on",
+            "load the script (SCRIPT LOAD)",
+            e,
+        )
+    })?;
     if let Some(loaded) = loaded {
         state.detector.detected(loaded, &state.breaker);
     }
@@ -413,13 +574,14 @@ pub(super) async fn connect_once(
     server: &SingleServer,
     state: &RedisState,
     budget: Duration,
-) -> Result<String, BackendError> {
+) -> Result<String, AttemptError> {
     match tokio::time::timeout(budget, establish(source, server, state)).await {
         Ok(result) => result,
         Err(_) => Err(BackendError::new(format!(
             "Redis ({}) did not complete a connection within {budget:?}",
             server.target
-        ))),
+        ))
+        .into()),
     }
 }
 
@@ -446,7 +608,10 @@ pub(super) fn spawn_keeper(
                 let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
                 let wait = if tripped { BACKOFF_MIN } else { IDLE_CHECK };
                 let _ = tokio::time::timeout(wait, server.lost.notified()).await;
-                let Some(strong) = state.upgrade() else { return };
+                let Some(strong) = state.upgrade() else {
+                    server.close();
+                    return;
+                };
                 if strong.breaker.tripped() && server.ping().await {
                     strong.breaker.answered();
                 }
@@ -455,7 +620,11 @@ pub(super) fn spawn_keeper(
                     && since_sentinels.elapsed() >= IDLE_CHECK
                 {
                     since_sentinels = Instant::now();
-                    server.follow_sentinels(&mut source).await;
+                    // A lost connection interrupts the question: reconnecting comes first.
+                    tokio::select! {
+                        _ = server.follow_sentinels(&mut source) => {}
+                        _ = server.lost.notified() => {}
+                    }
                 }
             }
             let down_since = Instant::now();
@@ -472,10 +641,21 @@ pub(super) fn spawn_keeper(
             let mut backoff = BACKOFF_MIN;
             let mut last_said = Instant::now();
             let mut attempts = 0u64;
+            let mut said_misconfigured: Option<Misconfigured> = None;
+            let mut replica_since: Option<Instant> = None;
             loop {
-                let Some(strong) = state.upgrade() else { return };
+                let Some(strong) = state.upgrade() else {
+                    server.close();
+                    return;
+                };
                 let budget = attempt_budget(strong.timeout);
                 let result = connect_once(&mut source, &server, &strong, budget).await;
+                // Recorded before the attempt counts, so `first_attempt` sees it.
+                if let Err(e) = &result {
+                    server.note_error(&e.error.to_string());
+                    server.record.lock().unwrap_or_else(|e| e.into_inner()).misconfigured =
+                        e.misconfigured.clone();
+                }
                 attempts += 1;
                 server.attempts.fetch_add(1, Ordering::AcqRel);
                 match result {
@@ -491,9 +671,45 @@ pub(super) fn spawn_keeper(
                         );
                         break;
                     }
-                    Err(e) => {
-                        let text = e.to_string();
-                        server.note_error(&text);
+                    Err(AttemptError {
+                        error,
+                        misconfigured: Some(wrong),
+                    }) if !matches!(wrong, Misconfigured::Replica(_))
+                        || replica_since.get_or_insert_with(Instant::now).elapsed()
+                            >= REPLICA_GRACE =>
+                    {
+                        // Redis answered and refused: not an outage. Said once at error level
+                        // (again if it changes), and retried slowly, as someone may fix it (or
+                        // promote the replica).
+                        let text = error.to_string();
+                        if first {
+                            first = false;
+                            crate::observe::backend_up(None);
+                        }
+                        if said_misconfigured.as_ref() != Some(&wrong) {
+                            tracing::error!(
+                                redis = %server.target,
+                                error = %text,
+                                "Redis refused the limiter's configuration; requests follow the failure policy until it is fixed (retrying every {}s)",
+                                MISCONFIGURED_BACKOFF.as_secs()
+                            );
+                            said_misconfigured = Some(wrong);
+                            last_said = Instant::now();
+                        }
+                        drop(strong);
+                        tokio::time::sleep(MISCONFIGURED_BACKOFF).await;
+                        continue;
+                    }
+                    Err(AttemptError {
+                        error,
+                        misconfigured,
+                    }) => {
+                        // A replica during a failover's first seconds: retried at the usual pace.
+                        if misconfigured.is_none() {
+                            replica_since = None;
+                        }
+                        said_misconfigured = None;
+                        let text = error.to_string();
                         if first {
                             first = false;
                             crate::observe::backend_up(None);
