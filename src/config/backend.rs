@@ -58,7 +58,7 @@ impl RedisConfig {
                 if !alive.alive() {
                     return;
                 }
-                match sync.refresh(&mut conn, &lists).await {
+                match sync.read(&mut conn, &lists).await {
                     Ok(()) => break,
                     // Redis answered and refused (NOPERM, WRONGTYPE, NOAUTH...): retrying will not
                     // fix it; said once, at error level, with the reply.
