@@ -4,15 +4,15 @@
 //! cargo bench --bench decide
 //! ```
 //!
-//! Both use their default clock (tower-throttle: `Instant`; governor: quanta) and a quota that admits
+//! Both use their default clock (quanta: tower-throttle's `QuantaClock`, governor's `QuantaClock`) and a quota that admits
 //! every request (so both take the same path: read, compute, store). Keys are IPv4 addresses, as a
 //! per-IP HTTP limiter sees them (tower_governor keys governor by `IpAddr`).
 //!
 //! - `hot_key`: one key, every call.
 //! - `1M_keys`: one million live keys, visited in a shuffled order (each decision misses the cache).
 //! - `/2_threads`: two threads deciding at once (iteration time = wall time for both to do one).
-//! - `governor-std-clock`: governor on `MonotonicClock` (`std::time::Instant`, the clock
-//!   tower-throttle's `SystemClock` reads), to separate the limiter from the clock.
+//! - `governor-std-clock` and `tower-throttle-std-clock`: each on `std::time::Instant` (governor's
+//!   `MonotonicClock`, tower-throttle's `SystemClock`), to separate the limiter from the clock.
 //! - `clock`: what one reading of each clock costs.
 
 use std::hint::black_box;
@@ -25,7 +25,7 @@ use governor::clock::{Clock as _, MonotonicClock, QuantaClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
-use tower_throttle::clock::{Clock as _, SystemClock};
+use tower_throttle::clock::{Clock as _, QuantaClock as OurQuantaClock, SystemClock};
 use tower_throttle::{Key, Limit, MemoryBackend, Quota};
 
 const MANY: usize = 1_000_000;
@@ -71,6 +71,14 @@ fn ours(many: bool) -> (MemoryBackend, Limit) {
     (backend, limit)
 }
 
+fn ours_std_clock() -> (MemoryBackend<SystemClock>, Limit) {
+    let backend = MemoryBackend::builder()
+        .clock(SystemClock::new())
+        .build()
+        .unwrap();
+    (backend, Limit::new("bench", quotas(false).0).unwrap())
+}
+
 fn governor(many: bool) -> DefaultKeyedRateLimiter<IpAddr> {
     RateLimiter::keyed(quotas(many).1)
 }
@@ -89,10 +97,14 @@ fn governor_std_clock(many: bool) -> StdClockLimiter {
 fn clocks(c: &mut Criterion) {
     let mut g = c.benchmark_group("clock");
     let ours = SystemClock::new();
+    let our_quanta = OurQuantaClock::new();
     let quanta = QuantaClock::default();
     let monotonic = MonotonicClock;
     g.bench_function("tower-throttle SystemClock", |b| {
         b.iter(|| black_box(ours.now_nanos()))
+    });
+    g.bench_function("tower-throttle QuantaClock (default)", |b| {
+        b.iter(|| black_box(our_quanta.now_nanos()))
     });
     g.bench_function("governor QuantaClock (default)", |b| {
         b.iter(|| black_box(quanta.now()))
@@ -131,6 +143,7 @@ fn hot_key(c: &mut Criterion) {
     let gov = governor(false);
     let gkey = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
     let gov_std = governor_std_clock(false);
+    let (backend_std, limit_std) = ours_std_clock();
     assert!(backend.decide(&limit, &key, 1).unwrap().allowed);
     assert!(gov.check_key(&gkey).is_ok());
     assert!(gov_std.check_key(&gkey).is_ok());
@@ -143,6 +156,9 @@ fn hot_key(c: &mut Criterion) {
     });
     g.bench_function("governor-std-clock/1_thread", |b| {
         b.iter(|| black_box(gov_std.check_key(black_box(&gkey)).is_ok()))
+    });
+    g.bench_function("tower-throttle-std-clock/1_thread", |b| {
+        b.iter(|| black_box(backend_std.decide(&limit_std, black_box(&key), 1).unwrap()))
     });
     g.bench_function("tower-throttle/2_threads", |b| {
         b.iter_custom(|iters| {

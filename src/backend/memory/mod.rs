@@ -10,7 +10,7 @@ use std::future::{ready, Ready};
 use std::sync::Arc;
 
 use crate::backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
@@ -109,7 +109,7 @@ const EVICTION_SAMPLE: usize = 1024;
 /// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
 /// # });
 /// ```
-pub struct MemoryBackend<C = SystemClock> {
+pub struct MemoryBackend<C = QuantaClock> {
     stores: Arc<SharedStores<C>>,
 }
 
@@ -139,25 +139,26 @@ struct SharedStores<C> {
     general: GeneralStore,
 }
 
-impl MemoryBackend<SystemClock> {
-    /// A backend on the system clock with the default cap of 1,000,000 keys.
+impl MemoryBackend<QuantaClock> {
+    /// A backend on the default clock ([`QuantaClock`]) with the default cap of 1,000,000 keys.
     pub fn new() -> Self {
         Self::builder()
             .build()
             .expect("the default configuration is valid")
     }
 
-    /// A builder to set the cap and the clock.
-    pub fn builder() -> MemoryBackendBuilder<SystemClock> {
+    /// A builder to set the cap and the clock (default [`QuantaClock`]; [`SystemClock`](crate::clock::SystemClock)
+    /// reads std's `Instant` instead).
+    pub fn builder() -> MemoryBackendBuilder<QuantaClock> {
         MemoryBackendBuilder {
-            clock: SystemClock::new(),
+            clock: QuantaClock::new(),
             max_keys: DEFAULT_MAX_KEYS,
             shards: None,
         }
     }
 }
 
-impl Default for MemoryBackend<SystemClock> {
+impl Default for MemoryBackend<QuantaClock> {
     fn default() -> Self {
         Self::new()
     }
