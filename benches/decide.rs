@@ -20,7 +20,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use governor::clock::{Clock as _, MonotonicClock, QuantaClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
@@ -239,4 +239,53 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3));
     targets = hot_key, many_keys, clocks
 }
-criterion_main!(benches);
+
+/// `DECIDE_BENCH_ITERS=n DECIDE_BENCH_CASE=<case> [DECIDE_BENCH_THREADS=t]`: `n` decisions on the hot
+/// key per thread and nothing else, for counting cycles and instructions
+/// (`perf stat -e cycles:u,instructions:u`), which a machine busy with other work disturbs less than
+/// wall time. Cases: `tower-throttle`, `tower-throttle-std-clock`, `governor`, `governor-std-clock`.
+fn counted(iterations: u64, case: &str, threads: usize) {
+    let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+    let gkey = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+    let run: Box<dyn Fn() -> bool + Sync> = match case {
+        "tower-throttle" => {
+            let (backend, limit) = ours(false);
+            Box::new(move || backend.decide(&limit, black_box(&key), 1).unwrap().allowed)
+        }
+        "tower-throttle-std-clock" => {
+            let (backend, limit) = ours_std_clock();
+            Box::new(move || backend.decide(&limit, black_box(&key), 1).unwrap().allowed)
+        }
+        "governor" => {
+            let gov = governor(false);
+            Box::new(move || gov.check_key(black_box(&gkey)).is_ok())
+        }
+        "governor-std-clock" => {
+            let gov = governor_std_clock(false);
+            Box::new(move || gov.check_key(black_box(&gkey)).is_ok())
+        }
+        other => panic!("unknown DECIDE_BENCH_CASE {other}"),
+    };
+    let took = concurrent(threads, iterations, |_, _| assert!(black_box(run())));
+    println!(
+        "{case}: {} ns per iteration (wall), {threads} thread(s)",
+        took.as_nanos() as u64 / iterations
+    );
+}
+
+fn main() {
+    let iterations = std::env::var("DECIDE_BENCH_ITERS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok());
+    if let Some(iterations) = iterations {
+        let case = std::env::var("DECIDE_BENCH_CASE").unwrap_or_else(|_| "tower-throttle".into());
+        let threads = std::env::var("DECIDE_BENCH_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .unwrap_or(1);
+        counted(iterations, &case, threads);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -118,6 +118,7 @@ impl Default for QuantaClock {
 
 #[cfg(feature = "memory")]
 impl Clock for QuantaClock {
+    #[inline]
     fn now_nanos(&self) -> u64 {
         // A reading at or before the origin (a core whose counter is behind by a few cycles) is 0.
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
