@@ -32,7 +32,10 @@ die() {
   exit 1
 }
 
-for tool in wrk redis-server redis-cli taskset curl; do
+# Without wrk, the load comes from loadtest/'s own `loadgen` (one thread, keep-alive, wrk's report lines).
+LOADGEN=(wrk -t1)
+command -v wrk >/dev/null 2>&1 || LOADGEN=()
+for tool in redis-server redis-cli taskset curl; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl)"
 done
 if [[ ! -f $MODULE ]]; then
@@ -46,6 +49,10 @@ say "building loadtest/ (release)"
 (cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q) ||
   die "cargo build of loadtest/ failed"
 BIN=$ROOT/target/release/loadtest-server
+if [[ ${#LOADGEN[@]} -eq 0 ]]; then
+  say "wrk is missing: using loadtest/'s loadgen instead"
+  LOADGEN=("$ROOT/target/release/loadgen")
+fi
 
 ALL=(
   bare
@@ -142,7 +149,7 @@ start() {
 # measure VARIANT -> "rps total non2xx"
 measure() {
   local out
-  out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  out=$(taskset -c "$LOAD_CPU" "${LOADGEN[@]}" -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
   echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
     awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
 }

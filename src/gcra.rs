@@ -220,12 +220,29 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let divisors = [1, 2, 3, 7, 10, 1_000, 999_999_937, 1 << 32, (1 << 63) + 1, u64::MAX - 1, u64::MAX];
+        let divisors = [
+            1,
+            2,
+            3,
+            7,
+            10,
+            1_000,
+            999_999_937,
+            1 << 32,
+            (1 << 63) + 1,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
         let numerators = [0, 1, 2, u64::MAX / 2, u64::MAX - 1, u64::MAX];
         let random: Vec<u64> = (0..2000).map(|i| next() >> (i % 64)).collect();
         for t in divisors.into_iter().chain(random).filter(|t| *t > 0) {
             let params = Params::new(t, t, 1);
-            for n in numerators.into_iter().chain([t - 1, t, t.saturating_add(1), t.saturating_mul(3) - 1]) {
+            for n in numerators.into_iter().chain([
+                t - 1,
+                t,
+                t.saturating_add(1),
+                t.saturating_mul(3) - 1,
+            ]) {
                 assert_eq!(params.intervals_in(n), n / t, "{n} / {t}");
             }
             for i in 0..50 {

@@ -550,7 +550,9 @@ mod tests {
             }
         }
         // Past the buffer: the same value through sfv.
-        let many: Vec<Arc<str>> = (0..20).map(|i| Arc::from(format!("limit-{i:02}"))).collect();
+        let many: Vec<Arc<str>> = (0..20)
+            .map(|i| Arc::from(format!("limit-{i:02}")))
+            .collect();
         let ds = vec![decisions[0]; 20];
         let long = ratelimit_field(&many, &ds).unwrap();
         assert!(long.len() > 256);
