@@ -184,9 +184,9 @@ RATIOS[bare]="1 "
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
 
-printf '\n%s, %s cores, %s; wrk -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
+printf '\n%s, %s cores, %s; %s -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$CONNECTIONS" "$DURATION" "$ROUNDS"
+  "$(basename "${LOADGEN[0]}") ${LOADGEN[*]:1}" "$CONNECTIONS" "$DURATION" "$ROUNDS"
 printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) |\n'
 printf '|---|---:|---:|---|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do

@@ -35,7 +35,10 @@ fn main() {
         if arg.starts_with("-c") {
             connections = value("-c").parse().expect("-c takes a number");
         } else if arg.starts_with("-d") {
-            seconds = value("-d").trim_end_matches('s').parse().expect("-d takes seconds");
+            seconds = value("-d")
+                .trim_end_matches('s')
+                .parse()
+                .expect("-d takes seconds");
         } else {
             url = Some(arg.to_string());
         }
