@@ -58,7 +58,7 @@ impl Clock for SystemClock {
 }
 
 /// The memory backend's default clock: the CPU's time-stamp counter scaled to nanoseconds, through
-/// [quanta](https://docs.rs/quanta) (the clock governor reads by default). About a third of
+/// [quanta](https://docs.rs/quanta) (the clock governor reads by default). About half of
 /// [`SystemClock`]'s cost per reading on x86-64 (one `rdtsc`, a multiply and a shift instead of a vDSO
 /// `clock_gettime` and `Instant`'s arithmetic).
 ///

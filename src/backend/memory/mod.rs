@@ -411,6 +411,42 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
 
+    /// A clock that reads the given times in turn (the last one from then on), as an unfenced TSC
+    /// may read a little behind another thread.
+    struct Readings(std::sync::Mutex<Vec<u64>>);
+
+    impl Clock for Readings {
+        fn now_nanos(&self) -> u64 {
+            let mut times = self.0.lock().unwrap();
+            if times.len() > 1 {
+                times.remove(0)
+            } else {
+                times[0]
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_is_never_decided_before_a_time_its_shard_used() {
+        let s = 1_000_000_000;
+        // One request a second per fixed window; the second reading is 2 ns behind the first, across
+        // the boundary at 1 s.
+        let clock = Readings(std::sync::Mutex::new(vec![s + 1, s - 1]));
+        let backend = MemoryBackend::builder().clock(clock).build().unwrap();
+        let limit = Limit::with_algorithm(
+            "w",
+            crate::limit::Algorithm::FixedWindow,
+            crate::quota::Quota::per_second(1),
+        )
+        .unwrap();
+        let key = Key::from("k");
+        assert!(backend.decide(&limit, &key, 1).unwrap().allowed);
+        assert!(
+            !backend.decide(&limit, &key, 1).unwrap().allowed,
+            "decided in the window before, it would have been admitted"
+        );
+    }
+
     #[test]
     fn the_same_address_as_bytes_and_as_ip_are_different_keys() {
         let backend = MemoryBackend::builder()
