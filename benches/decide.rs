@@ -4,15 +4,15 @@
 //! cargo bench --bench decide
 //! ```
 //!
-//! Both use their default clock (tower-throttle: `Instant`; governor: quanta) and a quota that admits
+//! Both use their default clock (quanta: tower-throttle's `QuantaClock`, governor's `QuantaClock`) and a quota that admits
 //! every request (so both take the same path: read, compute, store). Keys are IPv4 addresses, as a
 //! per-IP HTTP limiter sees them (tower_governor keys governor by `IpAddr`).
 //!
 //! - `hot_key`: one key, every call.
 //! - `1M_keys`: one million live keys, visited in a shuffled order (each decision misses the cache).
 //! - `/2_threads`: two threads deciding at once (iteration time = wall time for both to do one).
-//! - `governor-std-clock`: governor on `MonotonicClock` (`std::time::Instant`, the clock
-//!   tower-throttle's `SystemClock` reads), to separate the limiter from the clock.
+//! - `governor-std-clock` and `tower-throttle-std-clock`: each on `std::time::Instant` (governor's
+//!   `MonotonicClock`, tower-throttle's `SystemClock`), to separate the limiter from the clock.
 //! - `clock`: what one reading of each clock costs.
 
 use std::hint::black_box;
@@ -20,12 +20,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use governor::clock::{Clock as _, MonotonicClock, QuantaClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
-use tower_throttle::clock::{Clock as _, SystemClock};
+use tower_throttle::clock::{Clock as _, QuantaClock as OurQuantaClock, SystemClock};
 use tower_throttle::{Key, Limit, MemoryBackend, Quota};
 
 const MANY: usize = 1_000_000;
@@ -71,6 +71,14 @@ fn ours(many: bool) -> (MemoryBackend, Limit) {
     (backend, limit)
 }
 
+fn ours_std_clock() -> (MemoryBackend<SystemClock>, Limit) {
+    let backend = MemoryBackend::builder()
+        .clock(SystemClock::new())
+        .build()
+        .unwrap();
+    (backend, Limit::new("bench", quotas(false).0).unwrap())
+}
+
 fn governor(many: bool) -> DefaultKeyedRateLimiter<IpAddr> {
     RateLimiter::keyed(quotas(many).1)
 }
@@ -89,10 +97,14 @@ fn governor_std_clock(many: bool) -> StdClockLimiter {
 fn clocks(c: &mut Criterion) {
     let mut g = c.benchmark_group("clock");
     let ours = SystemClock::new();
+    let our_quanta = OurQuantaClock::new();
     let quanta = QuantaClock::default();
     let monotonic = MonotonicClock;
     g.bench_function("tower-throttle SystemClock", |b| {
         b.iter(|| black_box(ours.now_nanos()))
+    });
+    g.bench_function("tower-throttle QuantaClock (default)", |b| {
+        b.iter(|| black_box(our_quanta.now_nanos()))
     });
     g.bench_function("governor QuantaClock (default)", |b| {
         b.iter(|| black_box(quanta.now()))
@@ -131,6 +143,7 @@ fn hot_key(c: &mut Criterion) {
     let gov = governor(false);
     let gkey = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
     let gov_std = governor_std_clock(false);
+    let (backend_std, limit_std) = ours_std_clock();
     assert!(backend.decide(&limit, &key, 1).unwrap().allowed);
     assert!(gov.check_key(&gkey).is_ok());
     assert!(gov_std.check_key(&gkey).is_ok());
@@ -143,6 +156,9 @@ fn hot_key(c: &mut Criterion) {
     });
     g.bench_function("governor-std-clock/1_thread", |b| {
         b.iter(|| black_box(gov_std.check_key(black_box(&gkey)).is_ok()))
+    });
+    g.bench_function("tower-throttle-std-clock/1_thread", |b| {
+        b.iter(|| black_box(backend_std.decide(&limit_std, black_box(&key), 1).unwrap()))
     });
     g.bench_function("tower-throttle/2_threads", |b| {
         b.iter_custom(|iters| {
@@ -223,4 +239,53 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3));
     targets = hot_key, many_keys, clocks
 }
-criterion_main!(benches);
+
+/// `DECIDE_BENCH_ITERS=n DECIDE_BENCH_CASE=<case> [DECIDE_BENCH_THREADS=t]`: `n` decisions on the hot
+/// key per thread and nothing else, for counting cycles and instructions
+/// (`perf stat -e cycles:u,instructions:u`), which a machine busy with other work disturbs less than
+/// wall time. Cases: `tower-throttle`, `tower-throttle-std-clock`, `governor`, `governor-std-clock`.
+fn counted(iterations: u64, case: &str, threads: usize) {
+    let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+    let gkey = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+    let run: Box<dyn Fn() -> bool + Sync> = match case {
+        "tower-throttle" => {
+            let (backend, limit) = ours(false);
+            Box::new(move || backend.decide(&limit, black_box(&key), 1).unwrap().allowed)
+        }
+        "tower-throttle-std-clock" => {
+            let (backend, limit) = ours_std_clock();
+            Box::new(move || backend.decide(&limit, black_box(&key), 1).unwrap().allowed)
+        }
+        "governor" => {
+            let gov = governor(false);
+            Box::new(move || gov.check_key(black_box(&gkey)).is_ok())
+        }
+        "governor-std-clock" => {
+            let gov = governor_std_clock(false);
+            Box::new(move || gov.check_key(black_box(&gkey)).is_ok())
+        }
+        other => panic!("unknown DECIDE_BENCH_CASE {other}"),
+    };
+    let took = concurrent(threads, iterations, |_, _| assert!(black_box(run())));
+    println!(
+        "{case}: {} ns per iteration (wall), {threads} thread(s)",
+        took.as_nanos() as u64 / iterations
+    );
+}
+
+fn main() {
+    let iterations = std::env::var("DECIDE_BENCH_ITERS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok());
+    if let Some(iterations) = iterations {
+        let case = std::env::var("DECIDE_BENCH_CASE").unwrap_or_else(|_| "tower-throttle".into());
+        let threads = std::env::var("DECIDE_BENCH_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .unwrap_or(1);
+        counted(iterations, &case, threads);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -29,6 +29,10 @@ pub struct Params {
     emission_interval: u64,
     tolerance: u64,
     limit: u64,
+    /// `floor((2^64 - 1) / emission_interval)`, so that [`Params::intervals_in`] divides by the
+    /// emission interval with a multiplication: a 64-bit `div` costs 35 to 90 cycles on x86-64, as
+    /// much as the rest of an in-memory decision. Derived from `emission_interval` alone.
+    reciprocal: u64,
 }
 
 impl Params {
@@ -37,7 +41,24 @@ impl Params {
             emission_interval,
             tolerance,
             limit,
+            reciprocal: u64::MAX / emission_interval,
         }
+    }
+
+    /// `n / emission_interval`, exactly (rounded down), without a hardware division. The estimate
+    /// `n × reciprocal / 2^64` is never above the quotient and at most 2 below it (the reciprocal is
+    /// rounded down by less than 1, and `n < 2^64`), and the remainder corrects it.
+    #[inline]
+    fn intervals_in(&self, n: u64) -> u64 {
+        let t = self.emission_interval;
+        let mut q = ((u128::from(n) * u128::from(self.reciprocal)) >> 64) as u64;
+        // q ≤ n / t, so q × t ≤ n: neither overflows.
+        let mut r = n - q * t;
+        while r >= t {
+            q += 1;
+            r -= t;
+        }
+        q
     }
 
     /// `T = period / count`: the steady spacing of requests in nanoseconds, at least 1.
@@ -82,11 +103,13 @@ pub struct Outcome {
 /// One deliberate difference from redis-cell 0.2.2: when a stored TAT lies in the past (a key not yet
 /// expired), redis-cell reports a negative `reset_after` and a `remaining` above the limit for an
 /// oversized request; here both are clamped (`reset_after` ≥ 0, `remaining` ≤ `limit`).
+#[inline]
 pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Outcome {
     let Params {
         emission_interval: t,
         tolerance: tau,
         limit,
+        ..
     } = *params;
     // A TAT more than the tolerance ahead was stored under another quota (a changed route in a shared
     // store): it counts as a full bucket under this one, and is stored so, so that it drains from now
@@ -101,7 +124,7 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
     let (decision, stored) = match allowed_tat {
         Some(new_tat) => {
             let ttl = new_tat - now;
-            let remaining = (tau - ttl) / t;
+            let remaining = params.intervals_in(tau - ttl);
             (
                 Decision::allowed(limit, remaining, Duration::from_nanos(ttl)),
                 Some(new_tat),
@@ -109,7 +132,7 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
         }
         None => {
             let ttl = tat_or_now.saturating_sub(now);
-            let remaining = (tau.saturating_sub(ttl) / t).min(limit);
+            let remaining = params.intervals_in(tau.saturating_sub(ttl)).min(limit);
             let retry_after = match (increment, new_tat) {
                 (Some(inc), Some(new_tat)) if inc <= tau => {
                     Some(Duration::from_nanos(new_tat - tau - now))
@@ -185,6 +208,47 @@ mod tests {
                 assert_eq!(out.new_tat, tat, "case {num}: a rejection must not write");
             }
             tat = out.new_tat;
+        }
+    }
+
+    #[test]
+    fn intervals_in_is_the_exact_quotient() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let divisors = [
+            1,
+            2,
+            3,
+            7,
+            10,
+            1_000,
+            999_999_937,
+            1 << 32,
+            (1 << 63) + 1,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        let numerators = [0, 1, 2, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+        let random: Vec<u64> = (0..2000).map(|i| next() >> (i % 64)).collect();
+        for t in divisors.into_iter().chain(random).filter(|t| *t > 0) {
+            let params = Params::new(t, t, 1);
+            for n in numerators.into_iter().chain([
+                t - 1,
+                t,
+                t.saturating_add(1),
+                t.saturating_mul(3) - 1,
+            ]) {
+                assert_eq!(params.intervals_in(n), n / t, "{n} / {t}");
+            }
+            for i in 0..50 {
+                let n = next() >> (i % 64);
+                assert_eq!(params.intervals_in(n), n / t, "{n} / {t}");
+            }
         }
     }
 

@@ -310,21 +310,8 @@ impl RateHeaders {
     ) -> Self {
         let mut headers = RateHeaders::default();
         if options.ratelimit {
-            let mut out = String::with_capacity(names.len() * (names[0].len() + 24));
-            let mut list = Ok(RefListSerializer::new(&mut out));
-            for (name, decision) in names.iter().zip(decisions) {
-                list = list
-                    .and_then(|s| s.bare_item(&RefBareItem::String(name)))
-                    .and_then(|s| {
-                        s.parameter("r", &RefBareItem::Integer(sf_int(decision.remaining)))
-                    })
-                    .and_then(|s| {
-                        let reset = decision.reset_after_secs();
-                        s.parameter("t", &RefBareItem::Integer(sf_int(reset)))
-                    });
-            }
-            if list.is_ok() {
-                headers.ratelimit = HeaderValue::try_from(out).ok();
+            headers.ratelimit = ratelimit_field(names, decisions);
+            if headers.ratelimit.is_some() {
                 headers.policy = Some(policy.clone());
             }
         }
@@ -354,6 +341,102 @@ impl RateHeaders {
                 map.insert(X_RATELIMIT_RESET.clone(), reset);
             }
         }
+    }
+}
+
+/// The `RateLimit` value of one decision per limit, or `None` if a name cannot be a Structured Field
+/// string (limit names are validated, so only in theory). Written by hand into a buffer on the stack
+/// and copied once into the header value: this runs for every response, and `sfv`'s serializer
+/// costs a `String`, its validation and a second allocation to turn it into a `HeaderValue`.
+/// [`ratelimit_field_sfv`] is the reference it must equal (a unit test compares them).
+fn ratelimit_field(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderValue> {
+    let mut buf = FieldBuf::new();
+    for (i, (name, decision)) in names.iter().zip(decisions).enumerate() {
+        if i > 0 {
+            buf.push(b", ");
+        }
+        buf.push(b"\"");
+        for &b in name.as_bytes() {
+            match b {
+                b'"' | b'\\' => buf.push(&[b'\\', b]),
+                // What sfv refuses in a string: fall back to it, which says no.
+                0x20..=0x7e => buf.push(&[b]),
+                _ => return ratelimit_field_sfv(names, decisions),
+            }
+        }
+        buf.push(b"\";r=");
+        buf.push_int(sf_int(decision.remaining));
+        buf.push(b";t=");
+        buf.push_int(sf_int(decision.reset_after_secs()));
+    }
+    match buf.as_bytes() {
+        Some(bytes) => HeaderValue::from_bytes(bytes).ok(),
+        // Longer than the buffer (many stacked quotas with long names).
+        None => ratelimit_field_sfv(names, decisions),
+    }
+}
+
+/// [`ratelimit_field`] through `sfv`'s serializer.
+fn ratelimit_field_sfv(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderValue> {
+    let mut out = String::with_capacity(names.len() * (names[0].len() + 24));
+    let mut list = Ok(RefListSerializer::new(&mut out));
+    for (name, decision) in names.iter().zip(decisions) {
+        list = list
+            .and_then(|s| s.bare_item(&RefBareItem::String(name)))
+            .and_then(|s| s.parameter("r", &RefBareItem::Integer(sf_int(decision.remaining))))
+            .and_then(|s| {
+                let reset = decision.reset_after_secs();
+                s.parameter("t", &RefBareItem::Integer(sf_int(reset)))
+            });
+    }
+    list.ok()?;
+    HeaderValue::try_from(out).ok()
+}
+
+/// A fixed buffer on the stack for one header value; remembers if it overflowed.
+struct FieldBuf {
+    bytes: [u8; 256],
+    len: usize,
+    overflowed: bool,
+}
+
+impl FieldBuf {
+    fn new() -> Self {
+        FieldBuf {
+            bytes: [0; 256],
+            len: 0,
+            overflowed: false,
+        }
+    }
+
+    fn push(&mut self, more: &[u8]) {
+        match self.bytes.get_mut(self.len..self.len + more.len()) {
+            Some(room) => {
+                room.copy_from_slice(more);
+                self.len += more.len();
+            }
+            None => self.overflowed = true,
+        }
+    }
+
+    /// A non-negative integer in decimal (Structured Field integers here are at most 15 digits).
+    fn push_int(&mut self, n: i64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = n.unsigned_abs();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[at..]);
+    }
+
+    fn as_bytes(&self) -> Option<&[u8]> {
+        (!self.overflowed).then(|| &self.bytes[..self.len])
     }
 }
 
@@ -437,6 +520,43 @@ mod tests {
             r#""d";q=2;w=1"#,
             "the delay is not the window"
         );
+    }
+
+    #[test]
+    fn the_hand_written_ratelimit_field_is_the_sfv_one() {
+        let names: Vec<Arc<str>> = ["a", "api.1s", "q\"uote\\d", &"long".repeat(40)]
+            .iter()
+            .map(|n| Arc::from(*n))
+            .collect();
+        let decisions = [
+            Decision::allowed(16, 15, Duration::from_millis(2001)),
+            Decision::allowed(1, 0, Duration::ZERO),
+            Decision::limited(
+                u64::MAX,
+                u64::MAX,
+                Some(Duration::from_secs(5)),
+                Duration::from_secs(u64::MAX / 4),
+            ),
+            Decision::allowed(1000, 999, Duration::from_nanos(1)),
+        ];
+        for n in 1..=names.len() {
+            for first in 0..decisions.len() {
+                let ds: Vec<Decision> = (0..n).map(|i| decisions[(first + i) % 4]).collect();
+                assert_eq!(
+                    ratelimit_field(&names[..n], &ds),
+                    ratelimit_field_sfv(&names[..n], &ds),
+                    "{n} names from decision {first}"
+                );
+            }
+        }
+        // Past the buffer: the same value through sfv.
+        let many: Vec<Arc<str>> = (0..20)
+            .map(|i| Arc::from(format!("limit-{i:02}")))
+            .collect();
+        let ds = vec![decisions[0]; 20];
+        let long = ratelimit_field(&many, &ds).unwrap();
+        assert!(long.len() > 256);
+        assert_eq!(Some(long), ratelimit_field_sfv(&many, &ds));
     }
 
     #[test]

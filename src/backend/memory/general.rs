@@ -36,6 +36,7 @@ impl GeneralStore {
                     scales: Vec::new(),
                     sweep_at_len: 64,
                     sweep_at_time: 0,
+                    latest_now: 0,
                 })
             })
             .collect();
@@ -88,8 +89,8 @@ impl GeneralStore {
         let hash = self.hasher.hash_one((id, key));
         let mut shard = self.shard(hash);
         // Read the clock under the lock, so that each key sees its decisions' times in order (the
-        // sliding log relies on it).
-        let now = clock.now_nanos();
+        // sliding log and the windows rely on it).
+        let now = shard.now(clock);
         let origin = clock.unix_origin_nanos();
         if now >= shard.sweep_at_time {
             shard.sweep(now, &self.hasher);
@@ -165,8 +166,8 @@ impl GeneralStore {
     ) -> Vec<(Decision, Decision)> {
         let id = limits[0].id();
         let hash = self.hasher.hash_one((id, key));
-        let shard = self.shard(hash);
-        let now = clock.now_nanos();
+        let mut shard = self.shard(hash);
+        let now = shard.now(clock);
         let unix_now = now.saturating_add(clock.unix_origin_nanos());
         let entry = shard
             .table
@@ -221,7 +222,7 @@ impl GeneralStore {
         let id = first.id();
         let hash = self.hasher.hash_one((id, key));
         let mut shard = self.shard(hash);
-        let now = clock.now_nanos();
+        let now = shard.now(clock);
         let unix_now = now.saturating_add(clock.unix_origin_nanos());
         let eq = |e: &Entry| e.limit == id && e.key == *key;
         let Ok(mut occupied) = shard.table.find_entry(hash, eq) else {
@@ -609,9 +610,23 @@ struct GeneralShard {
     sweep_at_len: usize,
     /// ...or when the clock reaches this time.
     sweep_at_time: u64,
+    /// The latest time a decision in this shard used.
+    latest_now: u64,
 }
 
 impl GeneralShard {
+    /// The clock's reading, never before one an earlier holder of this shard's lock used. The
+    /// default [`QuantaClock`](crate::clock::QuantaClock) reads the TSC without a fence, so a
+    /// reading taken just after acquiring the lock may be a few nanoseconds older than the previous
+    /// holder's; a window decided on the older side of a boundary would then overwrite the newer
+    /// window's count (one admission too many). Keys live in one shard, so this keeps each key's
+    /// times in order.
+    fn now<C: Clock>(&mut self, clock: &C) -> u64 {
+        let now = clock.now_nanos().max(self.latest_now);
+        self.latest_now = now;
+        now
+    }
+
     fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
         self.drop_expired(now, hasher);
         self.sweep_at_len = (2 * self.table.len()).max(64);

@@ -10,7 +10,7 @@ use std::future::{ready, Ready};
 use std::sync::Arc;
 
 use crate::backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
@@ -109,7 +109,7 @@ const EVICTION_SAMPLE: usize = 1024;
 /// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
 /// # });
 /// ```
-pub struct MemoryBackend<C = SystemClock> {
+pub struct MemoryBackend<C = QuantaClock> {
     stores: Arc<SharedStores<C>>,
 }
 
@@ -139,25 +139,26 @@ struct SharedStores<C> {
     general: GeneralStore,
 }
 
-impl MemoryBackend<SystemClock> {
-    /// A backend on the system clock with the default cap of 1,000,000 keys.
+impl MemoryBackend<QuantaClock> {
+    /// A backend on the default clock ([`QuantaClock`]) with the default cap of 1,000,000 keys.
     pub fn new() -> Self {
         Self::builder()
             .build()
             .expect("the default configuration is valid")
     }
 
-    /// A builder to set the cap and the clock.
-    pub fn builder() -> MemoryBackendBuilder<SystemClock> {
+    /// A builder to set the cap and the clock (default [`QuantaClock`]; [`SystemClock`](crate::clock::SystemClock)
+    /// reads std's `Instant` instead).
+    pub fn builder() -> MemoryBackendBuilder<QuantaClock> {
         MemoryBackendBuilder {
-            clock: SystemClock::new(),
+            clock: QuantaClock::new(),
             max_keys: DEFAULT_MAX_KEYS,
             shards: None,
         }
     }
 }
 
-impl Default for MemoryBackend<SystemClock> {
+impl Default for MemoryBackend<QuantaClock> {
     fn default() -> Self {
         Self::new()
     }
@@ -410,6 +411,42 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 mod tests {
     use super::*;
     use std::net::Ipv4Addr;
+
+    /// A clock that reads the given times in turn (the last one from then on), as an unfenced TSC
+    /// may read a little behind another thread.
+    struct Readings(std::sync::Mutex<Vec<u64>>);
+
+    impl Clock for Readings {
+        fn now_nanos(&self) -> u64 {
+            let mut times = self.0.lock().unwrap();
+            if times.len() > 1 {
+                times.remove(0)
+            } else {
+                times[0]
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_is_never_decided_before_a_time_its_shard_used() {
+        let s = 1_000_000_000;
+        // One request a second per fixed window; the second reading is 2 ns behind the first, across
+        // the boundary at 1 s.
+        let clock = Readings(std::sync::Mutex::new(vec![s + 1, s - 1]));
+        let backend = MemoryBackend::builder().clock(clock).build().unwrap();
+        let limit = Limit::with_algorithm(
+            "w",
+            crate::limit::Algorithm::FixedWindow,
+            crate::quota::Quota::per_second(1),
+        )
+        .unwrap();
+        let key = Key::from("k");
+        assert!(backend.decide(&limit, &key, 1).unwrap().allowed);
+        assert!(
+            !backend.decide(&limit, &key, 1).unwrap().allowed,
+            "decided in the window before, it would have been admitted"
+        );
+    }
 
     #[test]
     fn the_same_address_as_bytes_and_as_ip_are_different_keys() {
