@@ -52,6 +52,7 @@ fn suffix(algorithm: Algorithm) -> &'static str {
 }
 
 /// What a policy's quota becomes on each path.
+#[derive(Clone)]
 pub(super) struct Args {
     pub(super) penalty: Option<Penalty>,
     /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redis::RedisError;
 
 use super::args::{self, stack_error, Args, Spec};
+use super::batch::Batcher;
 use super::breaker::{guarded, Breaker};
 use super::connection::{is_unknown_command, Detector, RedisConnection};
 use super::deny::{DenyCache, Rejection};
@@ -35,6 +36,8 @@ pub(super) struct RedisState {
     pub(super) breaker: Arc<Breaker>,
     pub(super) deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
+    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs).
+    pub(super) batches: Arc<Batcher>,
 }
 
 impl RedisState {
@@ -53,6 +56,7 @@ impl RedisState {
                 conn.server().cloned(),
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
+            batches: Arc::new(Batcher::new(conn.clone(), timeout)),
             conn,
             detector: Detector::new(mode),
             prefix,
@@ -256,7 +260,9 @@ impl RedisState {
                     }),
                 }
             }
-            _ => scripts::gcra(conn, key, args, quantity).await,
+            // A penalty box's strikes and bans take keys of their own: such checks go alone.
+            _ if args.penalty.is_some() => scripts::gcra(conn, key, args, quantity).await,
+            _ => self.batches.gcra(key, args, quantity).await,
         }
     }
 }
