@@ -25,7 +25,7 @@ use std::mem;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Script};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
 use super::args::Args;
@@ -139,7 +139,7 @@ impl Batcher {
                 match tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await {
                     Ok(Ok(answers)) => {
                         for (waiter, answer) in batch.drain(..).zip(answers) {
-                            let _ = waiter.answer.send(Ok(answer));
+                            let _ = waiter.answer.send(answer);
                         }
                     }
                     Ok(Err(e)) => {
@@ -179,11 +179,14 @@ impl Batcher {
 }
 
 /// One batch: alone on `gcra.lua`, several on `gcra_batch.lua`.
-async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Result<Vec<Answer>, RedisError> {
+async fn send(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Answer, RedisError>>, RedisError> {
     if let [one] = batch {
         return scripts::gcra(conn, &one.key, &one.args, one.quantity)
             .await
-            .map(|answer| vec![answer]);
+            .map(|answer| vec![Ok(answer)]);
     }
     let mut invocation = GCRA_BATCH.prepare_invoke();
     for waiter in batch {
@@ -203,10 +206,23 @@ async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Result<Vec<Answer
     }
     Ok(reply
         .chunks_exact(5)
-        .map(|r| Answer {
-            decision: scripts::from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos),
-            whole_seconds: false,
-            banned: false,
+        .map(|r| {
+            if r[0] < 0 {
+                // This item's key holds another type: the error gcra.lua alone would have met.
+                return Err(RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::ResponseError),
+                    "WRONGTYPE",
+                    "Operation against a key holding the wrong kind of value".to_owned(),
+                )));
+            }
+            Ok(Answer {
+                decision: scripts::from_reply(
+                    [r[0], r[1], r[2], r[3], r[4]],
+                    Duration::from_nanos,
+                ),
+                whole_seconds: false,
+                banned: false,
+            })
         })
         .collect())
 }

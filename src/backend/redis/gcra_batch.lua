@@ -4,7 +4,8 @@
 --          times: its items are decided in order, each on the state the one before it left.
 -- ARGV     four per item: emission interval (ns), tolerance (ns), limit, quantity (gcra.lua's).
 -- Returns  five integers per item: {limited, limit, remaining, retry_after, reset_after}, as
---          gcra.lua (no penalty box: policies with one are never batched).
+--          gcra.lua (no penalty box: policies with one are never batched); limited = -1 for an item
+--          whose key holds another type (gcra.lua would fail with WRONGTYPE).
 --
 -- All items are decided at one instant (one TIME): as if they had reached Redis in the same
 -- microsecond, in the order given. A key's state is read once and written once (when an item
@@ -44,8 +45,12 @@ for i = 1, #KEYS do
   local backlog = backlogs[key]
   if backlog == nil then
     backlog = 0
-    local stored = redis.call('GET', key)
-    if stored then
+    -- A key that is not a string (WRONGTYPE) fails its own items, as gcra.lua would fail alone,
+    -- not the batch.
+    local stored = redis.pcall('GET', key)
+    if type(stored) == 'table' and stored.err then
+      backlog = false
+    elseif stored then
       local len = #stored
       if len > 9 and len < 30 then
         local tat_s = tonumber(string.sub(stored, 1, -10))
@@ -62,43 +67,53 @@ for i = 1, #KEYS do
     end
   end
 
-  local rebased = backlog > tolerance
-  if rebased then
-    backlog = tolerance
-  end
-  local increment = interval * quantity
-  local new_backlog = backlog + increment
-  local n = #out
-  if new_backlog <= tolerance then
-    if new_backlog > 0 then
-      backlogs[key] = new_backlog
-      dirty[key] = true
+  if backlog == false then
+    backlogs[key] = false
+    local n = #out
+    out[n + 1] = -1
+    out[n + 2] = 0
+    out[n + 3] = 0
+    out[n + 4] = 0
+    out[n + 5] = 0
+  else
+    local rebased = backlog > tolerance
+    if rebased then
+      backlog = tolerance
+    end
+    local increment = interval * quantity
+    local new_backlog = backlog + increment
+    local n = #out
+    if new_backlog <= tolerance then
+      if new_backlog > 0 then
+        backlogs[key] = new_backlog
+        dirty[key] = true
+      else
+        backlogs[key] = backlog
+      end
+      out[n + 1] = 0
+      out[n + 2] = limit
+      out[n + 3] = floordiv(tolerance - new_backlog, interval)
+      out[n + 4] = -1
+      out[n + 5] = new_backlog
     else
       backlogs[key] = backlog
+      if rebased and backlog > 0 then
+        dirty[key] = true
+      end
+      local remaining = floordiv(tolerance - backlog, interval)
+      if remaining > limit then
+        remaining = limit
+      end
+      local retry_after = -1
+      if increment <= tolerance then
+        retry_after = new_backlog - tolerance
+      end
+      out[n + 1] = 1
+      out[n + 2] = limit
+      out[n + 3] = remaining
+      out[n + 4] = retry_after
+      out[n + 5] = backlog
     end
-    out[n + 1] = 0
-    out[n + 2] = limit
-    out[n + 3] = floordiv(tolerance - new_backlog, interval)
-    out[n + 4] = -1
-    out[n + 5] = new_backlog
-  else
-    backlogs[key] = backlog
-    if rebased and backlog > 0 then
-      dirty[key] = true
-    end
-    local remaining = floordiv(tolerance - backlog, interval)
-    if remaining > limit then
-      remaining = limit
-    end
-    local retry_after = -1
-    if increment <= tolerance then
-      retry_after = new_backlog - tolerance
-    end
-    out[n + 1] = 1
-    out[n + 2] = limit
-    out[n + 3] = remaining
-    out[n + 4] = retry_after
-    out[n + 5] = backlog
   end
 end
 
