@@ -32,7 +32,10 @@ die() {
   exit 1
 }
 
-for tool in wrk redis-server redis-cli taskset curl; do
+# Without wrk, loadtest/'s own `loadgen` (the same closed loop: one thread, CONNECTIONS keep-alive
+# connections) stands in; LOADGEN=loadgen picks it even where wrk is installed.
+LOADGEN=${LOADGEN:-$(command -v wrk >/dev/null 2>&1 && echo wrk || echo loadgen)}
+for tool in redis-server redis-cli taskset curl; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl)"
 done
 if [[ ! -f $MODULE ]]; then
@@ -142,7 +145,12 @@ start() {
 # measure VARIANT -> "rps total non2xx"
 measure() {
   local out
-  out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  if [[ $LOADGEN == wrk ]]; then
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  else
+    out=$(taskset -c "$LOAD_CPU" "$ROOT/target/release/loadgen" "http://127.0.0.1:${PORT[$1]}/" \
+      "$CONNECTIONS" "$DURATION")
+  fi
   echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
     awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
 }
@@ -177,9 +185,9 @@ RATIOS[bare]="1 "
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
 
-printf '\n%s, %s cores, %s; wrk -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
+printf '\n%s, %s cores, %s; %s -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$CONNECTIONS" "$DURATION" "$ROUNDS"
+  "$LOADGEN" "$CONNECTIONS" "$DURATION" "$ROUNDS"
 printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) |\n'
 printf '|---|---:|---:|---|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do

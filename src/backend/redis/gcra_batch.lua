@@ -55,9 +55,7 @@ for i = 1, #KEYS do
       if len > 9 and len < 30 then
         local tat_s = tonumber(string.sub(stored, 1, -10))
         local tat_ns = tonumber(string.sub(stored, -9))
-        -- What gcra.lua counts as no state: anything but digits (tonumber also reads signs,
-        -- fractions, exponents and hex), checked only where tonumber accepted both halves.
-        if tat_s and tat_ns and not string.find(stored, '%D') then
+        if tat_s and tat_ns then
           backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
           if backlog < 0 then
             backlog = 0
