@@ -43,11 +43,15 @@ cli PING | grep -q PONG || die "redis-server did not start: $(cat "$TMP/redis.lo
 GCRA=$(cli SCRIPT LOAD "$(cat src/backend/redis/gcra.lua)")
 BATCH=$(cli SCRIPT LOAD "$(cat src/backend/redis/gcra_batch.lua)")
 ARGS="1000 1000001000 1000001 1"
-batch() { # batch SIZE DISTINCT_KEYS -> "EVALSHA sha SIZE keys... args..."
+batch() { # batch SIZE DISTINCT_KEYS -> "EVALSHA sha GROUPS keys... args..." as batch.rs sends it
   local size=$1 distinct=$2 keys="" args="" i
+  if ((!distinct)); then
+    echo "EVALSHA $BATCH 1 k $ARGS $size"
+    return
+  fi
   for ((i = 0; i < size; i++)); do
-    if ((distinct)); then keys+=" k$i"; else keys+=" k"; fi
-    args+=" $ARGS"
+    keys+=" k$i"
+    args+=" $ARGS 1"
   done
   echo "EVALSHA $BATCH $size$keys$args"
 }

@@ -181,7 +181,7 @@ impl Rng {
     }
 }
 
-/// gcra_batch.lua decides a batch (several keys, repeated in any order; quotas that change under a
+/// gcra_batch.lua decides a batch (several keys, repeated in any order, runs of identical items; quotas that change under a
 /// key; quantities 0, within, beyond the burst; stored states none, passed, within, beyond the
 /// tolerance, and not a TAT) exactly as gcra.lua decides its items one after the other at the same
 /// instant: the same five numbers per item, the same stored TAT and expiry per key.
@@ -239,10 +239,10 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                 }
             }
         }
-        let items = 1 + rng.below(40);
+        let groups = 1 + rng.below(20);
         let mut invocation = batch.prepare_invoke();
         let mut expected = Vec::new();
-        for _ in 0..items {
+        for _ in 0..groups {
             let k = rng.below(keys);
             let (interval, tolerance, limit) = if rng.below(8) == 0 {
                 quotas[rng.below(4) as usize]
@@ -255,22 +255,31 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                 2 => 1 << 40,
                 _ => 1 + rng.below(limit),
             };
-            let reply: Vec<i64> = alone
-                .key(format!("a:{k}"))
-                .arg(interval)
-                .arg(tolerance)
-                .arg(limit)
-                .arg(quantity)
-                .invoke_async(&mut conn)
-                .await
-                .unwrap();
-            expected.extend_from_slice(&reply[..5]);
+            // A run of identical items (one group), mostly one item.
+            let run = if rng.below(3) == 0 {
+                1 + rng.below(8)
+            } else {
+                1
+            };
+            for _ in 0..run {
+                let reply: Vec<i64> = alone
+                    .key(format!("a:{k}"))
+                    .arg(interval)
+                    .arg(tolerance)
+                    .arg(limit)
+                    .arg(quantity)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                expected.extend_from_slice(&reply[..5]);
+            }
             invocation
                 .key(format!("b:{k}"))
                 .arg(interval)
                 .arg(tolerance)
                 .arg(limit)
-                .arg(quantity);
+                .arg(quantity)
+                .arg(run);
         }
         let got: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
         assert_eq!(got, expected, "round {round}");

@@ -188,14 +188,27 @@ async fn send(
             .await
             .map(|answer| vec![Ok(answer)]);
     }
+    // Runs of the same key, quota and quantity travel as one group (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
-    for waiter in batch {
+    let mut rest = batch;
+    while let [first, ..] = rest {
+        let run = rest
+            .iter()
+            .take_while(|w| {
+                w.key == first.key
+                    && w.quantity == first.quantity
+                    && (w.args.interval, w.args.tolerance, w.args.limit)
+                        == (first.args.interval, first.args.tolerance, first.args.limit)
+            })
+            .count();
         invocation
-            .key(&waiter.key)
-            .arg(waiter.args.interval)
-            .arg(waiter.args.tolerance)
-            .arg(waiter.args.limit)
-            .arg(waiter.quantity);
+            .key(&first.key)
+            .arg(first.args.interval)
+            .arg(first.args.tolerance)
+            .arg(first.args.limit)
+            .arg(first.quantity)
+            .arg(run);
+        rest = &rest[run..];
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != 5 * batch.len() {
