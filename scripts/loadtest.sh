@@ -58,6 +58,7 @@ ALL=(
   governor-pass
   governor-deny
   throttle-lua-pass
+  throttle-lua-alone-pass
   throttle-cell-pass
   redis-cell-peer-pass
   rate-limiter-peer-pass

@@ -36,8 +36,9 @@ pub(super) struct RedisState {
     pub(super) breaker: Arc<Breaker>,
     pub(super) deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
-    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs).
-    pub(super) batches: Arc<Batcher>,
+    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
+    /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
+    pub(super) batches: Option<Arc<Batcher>>,
 }
 
 impl RedisState {
@@ -48,6 +49,7 @@ impl RedisState {
         prefix: Box<str>,
         timeout: Duration,
         deny_cache: bool,
+        coalesce: bool,
     ) -> Self {
         RedisState {
             breaker: Arc::new(Breaker::new(
@@ -56,7 +58,7 @@ impl RedisState {
                 conn.server().cloned(),
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
-            batches: Arc::new(Batcher::new(conn.clone(), timeout)),
+            batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
             conn,
             detector: Detector::new(mode),
             prefix,
@@ -261,8 +263,10 @@ impl RedisState {
                 }
             }
             // A penalty box's strikes and bans take keys of their own: such checks go alone.
-            _ if args.penalty.is_some() => scripts::gcra(conn, key, args, quantity).await,
-            _ => self.batches.gcra(key, args, quantity).await,
+            _ => match &self.batches {
+                Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
+                _ => scripts::gcra(conn, key, args, quantity).await,
+            },
         }
     }
 }
