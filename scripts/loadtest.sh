@@ -164,12 +164,18 @@ say "started ${#VARIANTS[@]} servers; measuring"
 
 # Each round measures every variant right after bare (a pair), so both see the same interference;
 # the table reports the median of the paired ratios and of the requests/s.
-declare -A RATIOS RPS TOTAL NON2XX
+declare -A RATIOS RPS TOTAL NON2XX REDIS_US REDIS_CALLS
 for round in $(seq "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     [[ $v == bare ]] && continue
     read -r brps btotal bnon <<<"$(measure bare)"
+    redis-cli -p "$RPORT" CONFIG RESETSTAT >/dev/null
     read -r rps total non2xx <<<"$(measure "$v")"
+    # Redis's CPU (INFO commandstats: usec of every command) and calls, per request measured.
+    read -r usec calls <<<"$(redis-cli -p "$RPORT" INFO commandstats | tr -d '\r' |
+      awk -F'[=,]' '/^cmdstat_/ && $1 !~ /cmdstat_(config|info)/ {c += $2; u += $4} END {print u + 0, c + 0}')"
+    REDIS_US[$v]+="$(awk -v u="$usec" -v t="$total" 'BEGIN {printf "%.2f", u / t}') "
+    REDIS_CALLS[$v]+="$(awk -v c="$calls" -v t="$total" 'BEGIN {printf "%.3f", c / t}') "
     ratio=$(awk -v a="$rps" -v b="$brps" 'BEGIN {printf "%.3f", a / b}')
     say "round $round: bare $brps, $v $rps req/s ($non2xx of $total not 200): $ratio"
     RATIOS[$v]+="$ratio "
@@ -189,10 +195,11 @@ range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1
 printf '\n%s, %s cores, %s; %s -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
   "$LOADGEN" "$CONNECTIONS" "$DURATION" "$ROUNDS"
-printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) |\n'
-printf '|---|---:|---:|---|---:|---:|\n'
+printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) | Redis µs / request | Redis calls / request |\n'
+printf '|---|---:|---:|---|---:|---:|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do
   awk -v v="$v" -v r="$(median <<<"${RPS[$v]}")" -v x="$(median <<<"${RATIOS[$v]}")" \
     -v g="$(range <<<"${RATIOS[$v]}")" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
-    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t }'
+    -v u="$(median <<<"${REDIS_US[$v]:-0}")" -v c="$(median <<<"${REDIS_CALLS[$v]:-0}")" \
+    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% | %.2f | %.3f |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t, u, c }'
 done
