@@ -308,7 +308,10 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
             // Same PX, set a few ms apart in real time; -1 (no expiry) only where nothing was
             // written (a stored value the test left as it was).
             assert_eq!(ta < 0, tb < 0, "round {round}, key {k}: {ta} vs {tb}");
-            assert!((ta - tb).abs() <= 1000, "round {round}, key {k}: {ta} vs {tb}");
+            assert!(
+                (ta - tb).abs() <= 1000,
+                "round {round}, key {k}: {ta} vs {tb}"
+            );
         }
     }
 }

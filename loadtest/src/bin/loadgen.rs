@@ -97,12 +97,12 @@ fn main() {
         }
         (requests, non_2xx, start.elapsed())
     });
-    println!(
-        "  {requests} requests in {:.2}s",
-        elapsed.as_secs_f64()
-    );
+    println!("  {requests} requests in {:.2}s", elapsed.as_secs_f64());
     if non_2xx > 0 {
         println!("  Non-2xx or 3xx responses: {non_2xx}");
     }
-    println!("Requests/sec: {:.2}", requests as f64 / elapsed.as_secs_f64());
+    println!(
+        "Requests/sec: {:.2}",
+        requests as f64 / elapsed.as_secs_f64()
+    );
 }

@@ -33,8 +33,7 @@ use super::connection::RedisConnection;
 use super::scripts::{self, Answer};
 
 /// See the script's header.
-static GCRA_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("gcra_batch.lua")));
+static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra_batch.lua")));
 
 /// Batches in flight per lane. Two: while one is on the wire or in Redis, the next fills, and
 /// leaves as soon as a batch answers; a single check never waits behind a batch when the lane is
@@ -148,9 +147,8 @@ impl Batcher {
                         }
                     }
                     Err(_) => {
-                        let e = RedisError::from(std::io::Error::from(
-                            std::io::ErrorKind::TimedOut,
-                        ));
+                        let e =
+                            RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
                         for waiter in batch.drain(..) {
                             let _ = waiter.answer.send(Err(e.clone()));
                         }
@@ -229,10 +227,7 @@ async fn send(
                 )));
             }
             Ok(Answer {
-                decision: scripts::from_reply(
-                    [r[0], r[1], r[2], r[3], r[4]],
-                    Duration::from_nanos,
-                ),
+                decision: scripts::from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos),
                 whole_seconds: false,
                 banned: false,
             })
