@@ -315,3 +315,57 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
         }
     }
 }
+
+/// While Redis stalls, every check of a batch fails within its own timeout (the failure policy then
+/// decides), and none waits for the stall to end; once Redis answers again, checks are decided
+/// again on a state that is whole (a batch that reached Redis during the stall ran whole when it
+/// woke; checks gone before their batch left were never sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_batch_fails_each_check_within_its_timeout() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let limit = Arc::new(Limit::new("stalled", Quota::per_hour(1000)).unwrap());
+    let key = Key::from("stalled-key");
+    server.cli(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let started = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
+            tokio::spawn(async move { backend.check(&limit, &key, 1).await })
+        })
+        .collect();
+    for task in tasks {
+        assert!(
+            task.await.unwrap().is_err(),
+            "a check answered while Redis was paused"
+        );
+    }
+    // Generous: the timeout is 200 ms and the pause 1.5 s.
+    assert!(
+        started.elapsed() < Duration::from_millis(1200),
+        "checks waited {:?} on a stalled Redis",
+        started.elapsed()
+    );
+    // After the pause (and the breaker's probe), checks are decided again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let decision = loop {
+        if let Ok(decision) = backend.check(&limit, &key, 1).await {
+            break decision;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Redis never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(decision.allowed);
+    // The state Redis holds is whole: what it admitted (at most the 64 sent while paused, plus
+    // the last) is what `remaining` says.
+    assert!(decision.remaining >= 1000 - 66, "{decision:?}");
+}
