@@ -32,9 +32,9 @@ die() {
   exit 1
 }
 
-# Without wrk, the load comes from loadtest/'s own `loadgen` (one thread, keep-alive, wrk's report lines).
-LOADGEN=(wrk -t1)
-command -v wrk >/dev/null 2>&1 || LOADGEN=()
+# Without wrk, loadtest/'s own `loadgen` (the same closed loop: one thread, CONNECTIONS keep-alive
+# connections) stands in; LOADGEN=loadgen picks it even where wrk is installed.
+LOADGEN=${LOADGEN:-$(command -v wrk >/dev/null 2>&1 && echo wrk || echo loadgen)}
 for tool in redis-server redis-cli taskset curl; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl)"
 done
@@ -49,10 +49,6 @@ say "building loadtest/ (release)"
 (cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q) ||
   die "cargo build of loadtest/ failed"
 BIN=$ROOT/target/release/loadtest-server
-if [[ ${#LOADGEN[@]} -eq 0 ]]; then
-  say "wrk is missing: using loadtest/'s loadgen instead"
-  LOADGEN=("$ROOT/target/release/loadgen")
-fi
 
 ALL=(
   bare
@@ -62,6 +58,7 @@ ALL=(
   governor-pass
   governor-deny
   throttle-lua-pass
+  throttle-lua-alone-pass
   throttle-cell-pass
   redis-cell-peer-pass
   rate-limiter-peer-pass
@@ -149,7 +146,12 @@ start() {
 # measure VARIANT -> "rps total non2xx"
 measure() {
   local out
-  out=$(taskset -c "$LOAD_CPU" "${LOADGEN[@]}" -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  if [[ $LOADGEN == wrk ]]; then
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  else
+    out=$(taskset -c "$LOAD_CPU" "$ROOT/target/release/loadgen" -c"$CONNECTIONS" -d"${DURATION}s" \
+      "http://127.0.0.1:${PORT[$1]}/")
+  fi
   echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
     awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
 }
@@ -162,12 +164,20 @@ say "started ${#VARIANTS[@]} servers; measuring"
 
 # Each round measures every variant right after bare (a pair), so both see the same interference;
 # the table reports the median of the paired ratios and of the requests/s.
-declare -A RATIOS RPS TOTAL NON2XX
+declare -A RATIOS RPS TOTAL NON2XX REDIS_US REDIS_CALLS
 for round in $(seq "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     [[ $v == bare ]] && continue
     read -r brps btotal bnon <<<"$(measure bare)"
+    redis-cli -p "$RPORT" CONFIG RESETSTAT >/dev/null
     read -r rps total non2xx <<<"$(measure "$v")"
+    # Redis's CPU (INFO commandstats: usec of the commands clients sent, which for a script
+    # includes the commands it calls; those are listed again on their own lines and not added) and
+    # calls, per request measured.
+    read -r usec calls <<<"$(redis-cli -p "$RPORT" INFO commandstats | tr -d '\r' |
+      awk -F'[=,]' '$1 ~ /^cmdstat_(evalsha|eval|evalsha_ro|eval_ro|fcall|cl\.throttle):calls$/ {c += $2; u += $4} END {print u + 0, c + 0}')"
+    REDIS_US[$v]+="$(awk -v u="$usec" -v t="$total" 'BEGIN {printf "%.2f", u / t}') "
+    REDIS_CALLS[$v]+="$(awk -v c="$calls" -v t="$total" 'BEGIN {printf "%.3f", c / t}') "
     ratio=$(awk -v a="$rps" -v b="$brps" 'BEGIN {printf "%.3f", a / b}')
     say "round $round: bare $brps, $v $rps req/s ($non2xx of $total not 200): $ratio"
     RATIOS[$v]+="$ratio "
@@ -184,13 +194,14 @@ RATIOS[bare]="1 "
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
 
-printf '\n%s, %s cores, %s; %s -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
+printf '\n%s, %s cores, %s; %s -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(basename "${LOADGEN[0]}") ${LOADGEN[*]:1}" "$CONNECTIONS" "$DURATION" "$ROUNDS"
-printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) |\n'
-printf '|---|---:|---:|---|---:|---:|\n'
+  "$LOADGEN" "$CONNECTIONS" "$DURATION" "$ROUNDS"
+printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) | Redis µs / request | Redis calls / request |\n'
+printf '|---|---:|---:|---|---:|---:|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do
   awk -v v="$v" -v r="$(median <<<"${RPS[$v]}")" -v x="$(median <<<"${RATIOS[$v]}")" \
     -v g="$(range <<<"${RATIOS[$v]}")" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
-    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t }'
+    -v u="$(median <<<"${REDIS_US[$v]:-0}")" -v c="$(median <<<"${REDIS_CALLS[$v]:-0}")" \
+    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% | %.2f | %.3f |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t, u, c }'
 done

@@ -30,6 +30,7 @@ const VARIANTS: &[&str] = &[
     "governor-pass",
     "governor-deny",
     "throttle-lua-pass",
+    "throttle-lua-alone-pass",
     "throttle-cell-pass",
     "throttle-lua-deny",
     "throttle-lua-deny-nocache",
@@ -95,6 +96,24 @@ mod throttle {
         let layer = ThrottleLayer::builder()
             .backend(backend)
             .policy(policy(pass))
+            .build()
+            .expect("valid layer");
+        hello().layer(layer)
+    }
+
+    /// The Lua path with `coalesce(false)`: every check its own script call.
+    pub async fn redis_alone(url: &str) -> Router {
+        let backend = RedisBackend::builder()
+            .url(url)
+            .mode(RedisMode::Lua)
+            .prefix(format!("lt{}", std::process::id()))
+            .coalesce(false)
+            .connect()
+            .await
+            .expect("connect to Redis");
+        let layer = ThrottleLayer::builder()
+            .backend(backend)
+            .policy(policy(true))
             .build()
             .expect("valid layer");
         hello().layer(layer)
@@ -281,6 +300,8 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         "throttle-lua-pass" | "throttle-lua-deny" => {
             throttle::redis(redis()?, RedisMode::Lua, p, true).await
         }
+        // Every check its own script call: the Lua path without coalesced batches.
+        "throttle-lua-alone-pass" => throttle::redis_alone(redis()?).await,
         "throttle-lua-deny-nocache" => {
             throttle::redis(redis()?, RedisMode::Lua, false, false).await
         }

@@ -52,6 +52,7 @@ fn suffix(algorithm: Algorithm) -> &'static str {
 }
 
 /// What a policy's quota becomes on each path.
+#[derive(Clone)]
 pub(super) struct Args {
     pub(super) penalty: Option<Penalty>,
     /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
@@ -74,6 +75,13 @@ pub(super) struct CellArgs {
 impl Args {
     /// The GCRA's arguments; `None` for the other algorithms.
     pub(super) fn new(limit: &Limit) -> Option<Args> {
+        Self::with_cell(limit, true)
+    }
+
+    /// The GCRA's arguments, with `CL.THROTTLE`'s only if `cell` (the mode may take that path):
+    /// finding its whole-second form takes 128-bit divisions, which a request on the Lua path
+    /// need not pay.
+    pub(super) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
         let params = limit.gcra()?;
         let delayed = limit.delay().is_some();
         Some(Args {
@@ -82,7 +90,11 @@ impl Args {
             interval: params.emission_interval(),
             tolerance: params.tolerance(),
             limit: params.limit(),
-            cell: cell_args(limit).filter(|_| !delayed),
+            cell: if cell && !delayed {
+                cell_args(limit)
+            } else {
+                None
+            },
         })
     }
 

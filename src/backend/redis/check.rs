@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use redis::RedisError;
 
 use super::args::{self, stack_error, Args, Spec};
+use super::batch::Batcher;
 use super::breaker::{guarded, Breaker};
 use super::connection::{is_unknown_command, Detector, RedisConnection};
 use super::deny::{DenyCache, Rejection};
@@ -35,6 +36,9 @@ pub(super) struct RedisState {
     pub(super) breaker: Arc<Breaker>,
     pub(super) deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
+    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
+    /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
+    pub(super) batches: Option<Arc<Batcher>>,
 }
 
 impl RedisState {
@@ -45,6 +49,7 @@ impl RedisState {
         prefix: Box<str>,
         timeout: Duration,
         deny_cache: bool,
+        coalesce: bool,
     ) -> Self {
         RedisState {
             breaker: Arc::new(Breaker::new(
@@ -53,6 +58,7 @@ impl RedisState {
                 conn.server().cloned(),
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
+            batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
             conn,
             detector: Detector::new(mode),
             prefix,
@@ -73,7 +79,7 @@ impl RedisState {
 
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
     pub(super) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
-        let Some(args) = Args::new(limit) else {
+        let Some(args) = Args::with_cell(limit, self.detector.mode() != RedisMode::Lua) else {
             return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.
@@ -256,7 +262,11 @@ impl RedisState {
                     }),
                 }
             }
-            _ => scripts::gcra(conn, key, args, quantity).await,
+            // A penalty box's strikes and bans take keys of their own: such checks go alone.
+            _ => match &self.batches {
+                Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
+                _ => scripts::gcra(conn, key, args, quantity).await,
+            },
         }
     }
 }

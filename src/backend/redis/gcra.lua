@@ -51,13 +51,21 @@ end
 -- backlog = max(tat - now, 0). A value that is not a TAT (foreign or corrupt) counts as no state; the
 -- next admitted request overwrites it.
 local backlog = 0
+-- No scan for non-digits: tonumber refuses what is not a number, and the length check what cannot be
+-- a TAT; a number that is not a TAT (a sign, a fraction) is a foreign value, which the next write
+-- replaces whatever it read as.
 local stored = redis.call('GET', KEYS[1])
-if stored and #stored > 9 and #stored < 30 and not string.find(stored, '%D') then
-  local tat_s = tonumber(string.sub(stored, 1, -10))
-  local tat_ns = tonumber(string.sub(stored, -9))
-  backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
-  if backlog < 0 then
-    backlog = 0
+if stored then
+  local len = #stored
+  if len > 9 and len < 30 then
+    local tat_s = tonumber(string.sub(stored, 1, -10))
+    local tat_ns = tonumber(string.sub(stored, -9))
+    if tat_s and tat_ns then
+      backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
+      if backlog < 0 then
+        backlog = 0
+      end
+    end
   end
 end
 -- A TAT further ahead than the tolerance was written under another quota (the route's quota changed):

@@ -20,6 +20,7 @@
 
 mod admin;
 mod args;
+mod batch;
 mod breaker;
 mod builder;
 mod check;

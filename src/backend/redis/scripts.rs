@@ -167,7 +167,7 @@ pub(super) async fn limits(
 }
 
 /// `[limited, limit, remaining, retry_after, reset_after]`, durations converted by `unit`.
-fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
+pub(super) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
     let [limited, limit, remaining, retry_after, reset_after] = reply;
     let limit = limit.max(0) as u64;
     let remaining = remaining.max(0) as u64;

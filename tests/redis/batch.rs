@@ -1,0 +1,371 @@
+//! Coalesced exact batches (src/backend/redis/batch.rs, gcra_batch.lua): concurrent checks on the
+//! Lua path share script calls and still admit exactly the limit, on one server and on a Cluster;
+//! the batch script decides every item as gcra.lua decides it alone, to the nanosecond, and leaves
+//! the same state.
+
+use crate::support::redis as redis_support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_support::{RedisCluster, RedisServer};
+use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
+
+const GCRA: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/src/backend/redis/gcra.lua"
+));
+const GCRA_BATCH: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/src/backend/redis/gcra_batch.lua"
+));
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// `checks` checks of one unit on one key, all started at once; the limit admits 50 an hour.
+/// Returns the `remaining` of each admitted check and the number rejected.
+async fn flood(backend: &RedisBackend, name: &str, checks: usize) -> (Vec<u64>, usize) {
+    let limit = Arc::new(Limit::new(name, Quota::per_hour(50)).unwrap());
+    let key = Key::from(format!("{name}-one-key"));
+    let tasks: Vec<_> = (0..checks)
+        .map(|_| {
+            let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
+            tokio::spawn(async move { backend.check(&limit, &key, 1).await.unwrap() })
+        })
+        .collect();
+    let mut remaining = Vec::new();
+    let mut rejected = 0;
+    for task in tasks {
+        let decision = task.await.unwrap();
+        if decision.allowed {
+            remaining.push(decision.remaining);
+        } else {
+            rejected += 1;
+            assert_eq!(decision.remaining, 0);
+            assert!(decision.retry_after.is_some());
+        }
+    }
+    (remaining, rejected)
+}
+
+/// Exactly 50 admitted, each with its own `remaining` (49 down to 0): every check saw the state
+/// the one before it left.
+fn assert_exactly_fifty(name: &str, remaining: Vec<u64>, rejected: usize) {
+    assert_eq!(remaining.len(), 50, "{name}: {} admitted", remaining.len());
+    assert_eq!(rejected, 150, "{name}");
+    let distinct: BTreeSet<u64> = remaining.into_iter().collect();
+    assert_eq!(distinct, (0..50).collect(), "{name}");
+}
+
+/// 200 concurrent checks on one key with a quota of 50 admit exactly 50, in fewer script calls
+/// than checks (they were coalesced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_share_calls_and_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let before = evalsha_calls(&server);
+    let (remaining, rejected) = flood(&backend, "batched", 200).await;
+    let calls = evalsha_calls(&server) - before;
+    assert_exactly_fifty("one server", remaining, rejected);
+    assert!(
+        calls < 100,
+        "200 concurrent checks took {calls} script calls: not coalesced"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_on_a_cluster_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start();
+    let backend = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let before: u64 = cluster.nodes().iter().map(evalsha_calls).sum();
+    let (remaining, rejected) = flood(&backend, "batched-cluster", 200).await;
+    let calls = cluster.nodes().iter().map(evalsha_calls).sum::<u64>() - before;
+    assert_exactly_fifty("cluster", remaining, rejected);
+    assert!(
+        calls < 100,
+        "200 concurrent checks took {calls} script calls: not coalesced"
+    );
+    // Several keys at once: each still admits exactly its limit.
+    let limit = Arc::new(Limit::new("spread", Quota::per_hour(5)).unwrap());
+    let tasks: Vec<_> = (0..160)
+        .map(|i| {
+            let (backend, limit) = (backend.clone(), limit.clone());
+            let key = Key::from(format!("user-{}", i % 8));
+            tokio::spawn(async move { (i % 8, backend.check(&limit, &key, 1).await.unwrap()) })
+        })
+        .collect();
+    let mut admitted = [0; 8];
+    for task in tasks {
+        let (user, decision) = task.await.unwrap();
+        admitted[user] += usize::from(decision.allowed);
+    }
+    assert_eq!(admitted, [5; 8]);
+}
+
+/// A key that holds another type fails its own checks, not those it shares a batch with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_fails_only_its_own_checks() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let limit = Arc::new(Limit::new("mixed", Quota::per_hour(1000)).unwrap());
+    let bad = Key::from("bad");
+    server.cli(&["HSET", &backend.redis_key("mixed", &bad), "f", "v"]);
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let (backend, limit) = (backend.clone(), limit.clone());
+            let key = if i % 10 == 0 {
+                bad.clone()
+            } else {
+                Key::from("good")
+            };
+            tokio::spawn(async move { (i % 10 == 0, backend.check(&limit, &key, 1).await) })
+        })
+        .collect();
+    let (mut failed, mut admitted) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            (true, Err(e)) => {
+                assert!(format!("{e:?}").contains("WRONGTYPE"), "{e:?}");
+                failed += 1;
+            }
+            (false, Ok(decision)) => admitted += usize::from(decision.allowed),
+            (is_bad, other) => panic!("key bad={is_bad}: {other:?}"),
+        }
+    }
+    assert_eq!((failed, admitted), (10, 90));
+}
+
+/// Both scripts on one test clock (the `TIME` line replaced by a read of a hash).
+fn on_a_test_clock(source: &str) -> redis::Script {
+    const CLOCK: &str = "local time = redis.call('TIME')";
+    assert_eq!(source.matches(CLOCK).count(), 1, "one clock line: {CLOCK}");
+    redis::Script::new(&source.replace(
+        CLOCK,
+        "local time = redis.call('HMGET', 'test-clock', 's', 'us')",
+    ))
+}
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// gcra_batch.lua decides a batch (several keys, repeated in any order, runs of identical items; quotas that change under a
+/// key; quantities 0, within, beyond the burst; stored states none, passed, within, beyond the
+/// tolerance, and not a TAT) exactly as gcra.lua decides its items one after the other at the same
+/// instant: the same five numbers per item, the same stored TAT and expiry per key.
+#[tokio::test]
+async fn a_batch_decides_each_item_as_gcra_lua_alone() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let alone = on_a_test_clock(GCRA);
+    let batch = on_a_test_clock(GCRA_BATCH);
+    let mut rng = Rng(0x5eed);
+    const MS: u64 = 1_000_000;
+    let quotas: [(u64, u64, u64); 4] = [
+        // interval, tolerance (interval × (burst + 1)), limit
+        // Backlogs of a second or more: gcra.lua's writes expire in real time (PX), and must not
+        // expire while the test sends its items one by one.
+        (1000 * MS, 5000 * MS, 5),
+        (7919 * MS, 7919 * MS * 3, 3),
+        (1_000_000_007, 1_000_000_007 * 10, 10),
+        (3_600_000 * MS, 3_600_000 * MS, 1),
+    ];
+    for round in 0..300 {
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let now_s = 1_700_000_000 + rng.below(1_000_000);
+        let now_us = rng.below(1_000_000);
+        let now_ns = now_s * 1_000_000_000 + now_us * 1000;
+        let _: () = redis::cmd("HSET")
+            .arg("test-clock")
+            .arg("s")
+            .arg(now_s)
+            .arg("us")
+            .arg(now_us)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let keys = 1 + rng.below(4);
+        for k in 0..keys {
+            let tolerance = quotas[rng.below(4) as usize].1;
+            let stored = match rng.below(6) {
+                0 => None,
+                1 => Some((now_ns - rng.below(10 * MS)).to_string()),
+                2 => Some((now_ns + rng.below(tolerance + 1)).to_string()),
+                3 => Some((now_ns + tolerance + 1 + rng.below(tolerance)).to_string()),
+                4 => Some("not a tat at all".to_owned()),
+                _ => Some(format!("{}.5", now_ns + rng.below(tolerance))),
+            };
+            if let Some(stored) = stored {
+                for side in ["a", "b"] {
+                    let _: () = redis::cmd("SET")
+                        .arg(format!("{side}:{k}"))
+                        .arg(&stored)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+        let groups = 1 + rng.below(20);
+        let mut invocation = batch.prepare_invoke();
+        let mut expected = Vec::new();
+        for _ in 0..groups {
+            let k = rng.below(keys);
+            let (interval, tolerance, limit) = if rng.below(8) == 0 {
+                quotas[rng.below(4) as usize]
+            } else {
+                quotas[k as usize % 4]
+            };
+            let quantity = match rng.below(8) {
+                0 => 0,
+                1 => limit + 1,
+                2 => 1 << 40,
+                _ => 1 + rng.below(limit),
+            };
+            // A run of identical items (one group), mostly one item.
+            let run = if rng.below(3) == 0 {
+                1 + rng.below(8)
+            } else {
+                1
+            };
+            for _ in 0..run {
+                let reply: Vec<i64> = alone
+                    .key(format!("a:{k}"))
+                    .arg(interval)
+                    .arg(tolerance)
+                    .arg(limit)
+                    .arg(quantity)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                expected.extend_from_slice(&reply[..5]);
+            }
+            invocation
+                .key(format!("b:{k}"))
+                .arg(interval)
+                .arg(tolerance)
+                .arg(limit)
+                .arg(quantity)
+                .arg(run);
+        }
+        let got: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
+        assert_eq!(got, expected, "round {round}");
+        for k in 0..keys {
+            let a: Option<String> = redis::cmd("GET")
+                .arg(format!("a:{k}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let b: Option<String> = redis::cmd("GET")
+                .arg(format!("b:{k}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(a, b, "round {round}, key {k}");
+            let ta: i64 = redis::cmd("PEXPIRETIME")
+                .arg(format!("a:{k}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let tb: i64 = redis::cmd("PEXPIRETIME")
+                .arg(format!("b:{k}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            // Same PX, set a few ms apart in real time; -1 (no expiry) only where nothing was
+            // written (a stored value the test left as it was).
+            assert_eq!(ta < 0, tb < 0, "round {round}, key {k}: {ta} vs {tb}");
+            assert!(
+                (ta - tb).abs() <= 1000,
+                "round {round}, key {k}: {ta} vs {tb}"
+            );
+        }
+    }
+}
+
+/// While Redis stalls, every check of a batch fails within its own timeout (the failure policy then
+/// decides), and none waits for the stall to end; once Redis answers again, checks are decided
+/// again on a state that is whole (a batch that reached Redis during the stall ran whole when it
+/// woke; checks gone before their batch left were never sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_batch_fails_each_check_within_its_timeout() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let limit = Arc::new(Limit::new("stalled", Quota::per_hour(1000)).unwrap());
+    let key = Key::from("stalled-key");
+    server.cli(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let started = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
+            tokio::spawn(async move { backend.check(&limit, &key, 1).await })
+        })
+        .collect();
+    for task in tasks {
+        assert!(
+            task.await.unwrap().is_err(),
+            "a check answered while Redis was paused"
+        );
+    }
+    // Generous: the timeout is 200 ms and the pause 1.5 s.
+    assert!(
+        started.elapsed() < Duration::from_millis(1200),
+        "checks waited {:?} on a stalled Redis",
+        started.elapsed()
+    );
+    // After the pause (and the breaker's probe), checks are decided again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let decision = loop {
+        if let Ok(decision) = backend.check(&limit, &key, 1).await {
+            break decision;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Redis never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(decision.allowed);
+    // The state Redis holds is whole: what it admitted (at most the 64 sent while paused, plus
+    // the last) is what `remaining` says.
+    assert!(decision.remaining >= 1000 - 66, "{decision:?}");
+}
