@@ -339,3 +339,16 @@ fi
 # Examples are built first: tests/http/example_server.rs runs the example binary.
 cargo build --all-features --examples
 cargo test --all-features "$@"
+
+# The tests build with every feature (and tokio's "full" from the dev-dependencies), which hides a
+# feature that forgets a dependency it needs: each feature alone must build without warnings, as a
+# user's `tower-throttle = { features = [...] }` line builds it. Skipped when tests were filtered.
+if [[ $# -eq 0 ]]; then
+  for features in "--no-default-features" "--no-default-features --features redis" \
+    "--features config" "--features axum,metrics" "--features config,redis"; do
+    say "cargo check --lib $features"
+    # shellcheck disable=SC2086
+    RUSTFLAGS="-D warnings" cargo check --lib $features --quiet ||
+      die "the crate does not build with $features alone"
+  done
+fi

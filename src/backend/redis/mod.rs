@@ -271,11 +271,13 @@ impl RedisBackend {
     }
 
     /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.
+    #[cfg(feature = "config")]
     pub(crate) fn liveness(&self) -> Liveness {
         Liveness(Arc::downgrade(&self.state))
     }
 
     /// The backend's connection, shared by the offender counts and the access lists.
+    #[cfg(feature = "config")]
     pub(crate) fn connection(&self) -> connection::RedisConnection {
         self.state.conn.clone()
     }
@@ -293,8 +295,10 @@ impl RedisBackend {
 }
 
 /// Says whether a [`RedisBackend`] still exists, without keeping it alive.
+#[cfg(feature = "config")]
 pub(crate) struct Liveness(std::sync::Weak<RedisState>);
 
+#[cfg(feature = "config")]
 impl Liveness {
     pub(crate) fn alive(&self) -> bool {
         self.0.strong_count() > 0
