@@ -21,6 +21,7 @@
 mod admin;
 mod args;
 mod breaker;
+mod budget;
 mod builder;
 mod check;
 pub(crate) mod connection;
@@ -340,6 +341,14 @@ impl Backend for RedisBackend {
     }
 
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        if limits.len() > 1 {
+            if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
+                return Err(BuildError::Invalid(format!(
+                    "policy {:?}: a leased budget takes one quota, not a stack",
+                    leased.name()
+                )));
+            }
+        }
         validate_stack(limits)
     }
 
@@ -360,6 +369,9 @@ impl Backend for RedisBackend {
     }
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        if let Some(why) = limit.budget().and_then(|_| limit.budget_error()) {
+            return Err(BuildError::Invalid(why));
+        }
         args::validate(self.state.detector.mode(), limit)
     }
 

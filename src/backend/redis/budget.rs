@@ -1,0 +1,234 @@
+//! Leased budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
+//! one atomic call (`budget.lua`) and admits from it locally, never more than Redis granted.
+//!
+//! Per key (its Redis key), this process keeps how many units it saw in the current and the
+//! previous lease period (hotness and the local rate), and its slice: the units left, when they
+//! expire, and what Redis said when it granted them. A request takes from a live slice without a
+//! call; a hot key whose slice ran out asks for a new one sized by the local rate; a cold key, and
+//! a hot key while its slice is being fetched, is decided per request as without a budget (the
+//! other requests do not wait for the fetch). The table is bounded: when full, keys idle for two
+//! leases are dropped, and keys beyond it stay cold.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::{RedisError, Script};
+
+use super::args::Args;
+use super::connection::RedisConnection;
+use super::scripts::Answer;
+use crate::budget::Budget;
+use crate::decision::Decision;
+
+/// See the script's header. Built once per process.
+static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("budget.lua")));
+
+/// The most keys one process tracks for hotness; beyond it, keys are decided per request.
+const MAX_KEYS: usize = 100_000;
+
+/// The budgets this process leases, per Redis key.
+#[derive(Default)]
+pub(super) struct Budgets {
+    keys: Mutex<HashMap<Box<str>, Slice>>,
+}
+
+/// One key: its recent rate and its slice.
+struct Slice {
+    /// The start of the current counting period (one lease long).
+    period_start: Instant,
+    /// Units asked in the current period and in the one before.
+    seen_now: u64,
+    seen_before: u64,
+    /// Units granted by Redis and not yet admitted; lost at `expires`.
+    units: u64,
+    expires: Instant,
+    /// When the slice was granted, with what Redis reported after granting it.
+    granted_at: Instant,
+    redis_remaining: u64,
+    reset_after: Duration,
+    limit: u64,
+    /// A slice is on its way: requests meanwhile are decided per request.
+    fetching: bool,
+}
+
+impl Slice {
+    fn new(now: Instant) -> Self {
+        Slice {
+            period_start: now,
+            seen_now: 0,
+            seen_before: 0,
+            units: 0,
+            expires: now,
+            granted_at: now,
+            redis_remaining: 0,
+            reset_after: Duration::ZERO,
+            limit: 0,
+            fetching: false,
+        }
+    }
+
+    /// What a request admitted from the slice is told: see [`Budget`]'s headers.
+    fn decision(&self, now: Instant) -> Decision {
+        Decision::allowed(
+            self.limit,
+            self.units.saturating_add(self.redis_remaining),
+            self.reset_after
+                .saturating_sub(now.saturating_duration_since(self.granted_at)),
+        )
+    }
+}
+
+/// What this process can do about a request without Redis.
+pub(super) enum Local {
+    /// Admitted from the slice.
+    Admit(Decision),
+    /// The key is hot and its slice ran out: fetch a slice of this many units (the request's
+    /// among them), holding the guard until the answer is in.
+    Fetch(u64, Fetching),
+    /// Decide it per request, as without a budget.
+    PerRequest,
+}
+
+/// While held, the key's slice is being fetched; dropped (answered, failed, timed out or
+/// abandoned), the next request may fetch again.
+pub(super) struct Fetching {
+    budgets: Arc<Budgets>,
+    key: Box<str>,
+}
+
+impl Drop for Fetching {
+    fn drop(&mut self) {
+        if let Some(slice) = self.budgets.lock().get_mut(&self.key) {
+            slice.fetching = false;
+        }
+    }
+}
+
+impl Budgets {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Box<str>, Slice>> {
+        // A panic elsewhere while holding it leaves only counters behind: still usable.
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits `quantity` units of `key` from its slice, or says how to decide it.
+    pub(super) fn local(
+        self: &Arc<Self>,
+        key: &str,
+        budget: &Budget,
+        limit: u64,
+        quantity: u64,
+    ) -> Local {
+        if quantity == 0 {
+            return Local::PerRequest;
+        }
+        let now = Instant::now();
+        let lease = budget.lease_length();
+        let mut keys = self.lock();
+        if !keys.contains_key(key) {
+            if keys.len() >= MAX_KEYS {
+                keys.retain(|_, s| now.saturating_duration_since(s.period_start) < lease * 2);
+                if keys.len() >= MAX_KEYS {
+                    return Local::PerRequest;
+                }
+            }
+            keys.insert(key.into(), Slice::new(now));
+        }
+        let Some(slice) = keys.get_mut(key) else {
+            return Local::PerRequest;
+        };
+        let since = now.saturating_duration_since(slice.period_start);
+        if since >= lease {
+            slice.seen_before = if since < lease * 2 { slice.seen_now } else { 0 };
+            slice.seen_now = 0;
+            slice.period_start = now;
+        }
+        slice.seen_now = slice.seen_now.saturating_add(quantity);
+        if now >= slice.expires {
+            // Granted, unused, and lost: the bounded loss of a lease.
+            slice.units = 0;
+        } else if slice.units >= quantity {
+            slice.units -= quantity;
+            return Local::Admit(slice.decision(now));
+        }
+        let hot = slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
+        if !hot || slice.fetching {
+            return Local::PerRequest;
+        }
+        slice.fetching = true;
+        // About the units of one lease at the local rate, within the budget's and the limit's
+        // bounds, and never less than the request itself.
+        let want = slice
+            .seen_now
+            .max(slice.seen_before)
+            .min(budget.max_slice_units().min(limit))
+            .max(quantity);
+        Local::Fetch(
+            want,
+            Fetching {
+                budgets: self.clone(),
+                key: key.into(),
+            },
+        )
+    }
+
+    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeps what is
+    /// left after the request's, and decides the request.
+    pub(super) async fn fetch(
+        &self,
+        conn: &mut RedisConnection,
+        key: &str,
+        args: &Args,
+        budget: &Budget,
+        quantity: u64,
+        want: u64,
+    ) -> Result<Answer, RedisError> {
+        let reply: [i64; 5] = BUDGET
+            .key(key)
+            .arg(args.interval)
+            .arg(args.tolerance)
+            .arg(args.limit)
+            .arg(want)
+            .arg(quantity)
+            .invoke_async(&mut conn.redirecting())
+            .await?;
+        let [granted, limit, remaining, retry_after, reset_after] = reply.map(|v| v.max(-1));
+        let limit = limit.max(0) as u64;
+        let remaining = remaining.max(0) as u64;
+        let reset_after = Duration::from_nanos(reset_after.max(0) as u64);
+        let granted = granted.max(0) as u64;
+        let decision = if granted >= quantity {
+            let now = Instant::now();
+            let mut keys = self.lock();
+            match keys.get_mut(key) {
+                Some(slice) => {
+                    if now >= slice.expires {
+                        slice.units = 0;
+                    }
+                    slice.units = slice.units.saturating_add(granted - quantity);
+                    slice.expires = now + budget.lease_length();
+                    slice.granted_at = now;
+                    slice.redis_remaining = remaining;
+                    slice.reset_after = reset_after;
+                    slice.limit = limit;
+                    slice.decision(now)
+                }
+                // Dropped from the table meanwhile: the rest of the slice is lost.
+                None => Decision::allowed(limit, remaining, reset_after),
+            }
+        } else {
+            let retry_after = u64::try_from(retry_after).ok().map(Duration::from_nanos);
+            Decision::limited(limit, remaining, retry_after, reset_after)
+        };
+        Ok(Answer {
+            decision,
+            whole_seconds: false,
+            banned: false,
+        })
+    }
+
+    /// Drops `key`'s slice (after a reset: Redis forgot the units it granted).
+    pub(super) fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+}
