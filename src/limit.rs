@@ -7,8 +7,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::error::BuildError;
 use crate::budget::Budget;
+use crate::error::BuildError;
 use crate::penalty::Penalty;
 use crate::quota::{Quota, QuotaError};
 use crate::{gcra, window};

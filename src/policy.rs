@@ -8,11 +8,11 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
+use crate::budget::Budget;
 use crate::error::BuildError;
 use crate::key::PeerIp;
 use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
 use crate::limit::{Algorithm, Limit};
-use crate::budget::Budget;
 use crate::penalty::Penalty;
 use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;

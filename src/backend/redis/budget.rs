@@ -151,7 +151,8 @@ impl Budgets {
             slice.units -= quantity;
             return Local::Admit(slice.decision(now));
         }
-        let hot = slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
+        let hot =
+            slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
         if !hot || slice.fetching {
             return Local::PerRequest;
         }

@@ -108,7 +108,9 @@ impl RedisState {
             } = match fetch {
                 Some((budget, want, _fetching)) => {
                     let mut conn = state.conn.clone();
-                    let fetched = state.budgets.fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
+                    let fetched = state
+                        .budgets
+                        .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
                     fetched.await?
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
