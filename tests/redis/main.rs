@@ -7,6 +7,7 @@ mod support;
 
 mod algorithms;
 mod backend;
+mod budget;
 mod cluster_failover;
 mod cluster_resharding;
 mod count_outcome;
