@@ -13,7 +13,7 @@
 # round measures every variant right after bare, and the table gives the median of these paired
 # ratios: interference from other work on the machine hits both halves of a pair alike.
 #
-# Needs: wrk, redis-server, redis-cli, taskset, curl (Debian: apt-get install wrk redis-server
+# Needs: wrk (or loadtest-client, built with the servers, used when wrk is missing), redis-server, redis-cli, taskset, curl (Debian: apt-get install wrk redis-server
 # redis-tools util-linux curl) and the redis-cell module (built by `bash scripts/test.sh --setup-only`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,10 @@ die() {
   exit 1
 }
 
-for tool in wrk redis-server redis-cli taskset curl; do
+# wrk, or loadtest/'s own client (same output lines) where wrk is not installed or LOAD_CLIENT=builtin.
+LOAD_CLIENT=${LOAD_CLIENT:-$(command -v wrk >/dev/null 2>&1 && echo wrk || echo builtin)}
+[[ $LOAD_CLIENT == builtin ]] && say "wrk is not installed: using loadtest-client (wrk's output lines, one thread)"
+for tool in redis-server redis-cli taskset curl; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl)"
 done
 if [[ ! -f $MODULE ]]; then
@@ -43,9 +46,11 @@ fi
 # tower-rate-limiter 0.2.0-alpha.0 declares rust-version 1.96; it builds on older toolchains, so the
 # load-test crate (and only it) is built with --ignore-rust-version.
 say "building loadtest/ (release)"
-(cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q) ||
+LOADTEST_TARGET=${LOADTEST_TARGET:-$ROOT/target}
+(cd loadtest && CARGO_TARGET_DIR=$LOADTEST_TARGET cargo build --release --locked --ignore-rust-version -q) ||
   die "cargo build of loadtest/ failed"
-BIN=$ROOT/target/release/loadtest-server
+BIN=$LOADTEST_TARGET/release/loadtest-server
+CLIENT=$LOADTEST_TARGET/release/loadtest-client
 
 ALL=(
   bare
@@ -55,6 +60,7 @@ ALL=(
   governor-pass
   governor-deny
   throttle-lua-pass
+  throttle-lua-lease-pass
   throttle-cell-pass
   redis-cell-peer-pass
   rate-limiter-peer-pass
@@ -142,7 +148,11 @@ start() {
 # measure VARIANT -> "rps total non2xx"
 measure() {
   local out
-  out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  if [[ $LOAD_CLIENT == builtin ]]; then
+    out=$(taskset -c "$LOAD_CPU" "$CLIENT" "http://127.0.0.1:${PORT[$1]}/" "$CONNECTIONS" "$DURATION")
+  else
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
+  fi
   echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
     awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
 }
@@ -153,14 +163,25 @@ done
 SERVER_PID="${PID[*]}"
 say "started ${#VARIANTS[@]} servers; measuring"
 
+# "calls usec": every Redis command so far and the CPU time Redis spent in them (INFO commandstats).
+redis_stats() {
+  redis-cli -p "$RPORT" INFO commandstats | tr ',:' '\n\n' |
+    awk -F= '$1 == "calls" {c += $2} $1 == "usec" {u += $2} END {printf "%d %d\n", c, u}'
+}
+
 # Each round measures every variant right after bare (a pair), so both see the same interference;
 # the table reports the median of the paired ratios and of the requests/s.
-declare -A RATIOS RPS TOTAL NON2XX
+declare -A RATIOS RPS TOTAL NON2XX CALLS USEC
 for round in $(seq "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     [[ $v == bare ]] && continue
     read -r brps btotal bnon <<<"$(measure bare)"
+    read -r calls0 usec0 <<<"$(redis_stats)"
     read -r rps total non2xx <<<"$(measure "$v")"
+    read -r calls1 usec1 <<<"$(redis_stats)"
+    # Less the INFO call itself.
+    CALLS[$v]=$((${CALLS[$v]:-0} + calls1 - calls0 - 1))
+    USEC[$v]=$((${USEC[$v]:-0} + usec1 - usec0))
     ratio=$(awk -v a="$rps" -v b="$brps" 'BEGIN {printf "%.3f", a / b}')
     say "round $round: bare $brps, $v $rps req/s ($non2xx of $total not 200): $ratio"
     RATIOS[$v]+="$ratio "
@@ -177,13 +198,14 @@ RATIOS[bare]="1 "
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
 
-printf '\n%s, %s cores, %s; wrk -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
+printf '\n%s, %s cores, %s; %s -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$CONNECTIONS" "$DURATION" "$ROUNDS"
-printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) |\n'
-printf '|---|---:|---:|---|---:|---:|\n'
+  "$LOAD_CLIENT" "$CONNECTIONS" "$DURATION" "$ROUNDS"
+printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) | Redis calls / request | Redis µs / request |\n'
+printf '|---|---:|---:|---|---:|---:|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do
   awk -v v="$v" -v r="$(median <<<"${RPS[$v]}")" -v x="$(median <<<"${RATIOS[$v]}")" \
     -v g="$(range <<<"${RATIOS[$v]}")" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
-    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t }'
+    -v c="${CALLS[$v]:-0}" -v u="${USEC[$v]:-0}" \
+    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% | %.3f | %.2f |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t, c / t, u / t }'
 done
