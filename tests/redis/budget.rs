@@ -141,7 +141,7 @@ fn script_calls(server: &RedisServer) -> u64 {
         .lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
         .filter_map(|l| {
-            l.split(|c| c == ':' || c == ',')
+            l.split([':', ','])
                 .find_map(|f| f.strip_prefix("calls="))
                 .and_then(|n| n.parse::<u64>().ok())
         })
@@ -165,11 +165,13 @@ async fn a_hot_key_calls_redis_rarely_and_a_cold_key_per_request() {
     // Cold: fewer decisions than `hot_after`, each one call.
     let before = script_calls(&server);
     for _ in 0..5 {
-        assert!(redis
-            .check(&limit, &Key::from("cold"), 1)
-            .await
-            .unwrap()
-            .allowed);
+        assert!(
+            redis
+                .check(&limit, &Key::from("cold"), 1)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
     assert_eq!(script_calls(&server) - before, 5);
 
@@ -177,16 +179,15 @@ async fn a_hot_key_calls_redis_rarely_and_a_cold_key_per_request() {
     let before = script_calls(&server);
     let requests = 5000;
     for _ in 0..requests {
-        let decision = redis
-            .check(&limit, &Key::from("hot"), 1)
-            .await
-            .unwrap();
+        let decision = redis.check(&limit, &Key::from("hot"), 1).await.unwrap();
         assert!(decision.allowed);
         assert!(decision.remaining <= decision.limit);
     }
     let calls = script_calls(&server) - before;
     let per_request = calls as f64 / requests as f64;
-    println!("hot key: {calls} script calls for {requests} requests ({per_request:.4} per request)");
+    println!(
+        "hot key: {calls} script calls for {requests} requests ({per_request:.4} per request)"
+    );
     assert!(per_request <= 0.05, "{per_request} calls per request");
 }
 
