@@ -233,3 +233,110 @@ impl Budgets {
         self.lock().remove(key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gives `key` a slice of `units`, as a grant with `redis_remaining` left would.
+    fn grant(budgets: &Budgets, key: &str, units: u64, redis_remaining: u64, lease: Duration) {
+        let now = Instant::now();
+        let mut keys = budgets.lock();
+        let slice = keys.entry(key.into()).or_insert_with(|| Slice::new(now));
+        slice.units = units;
+        slice.expires = now + lease;
+        slice.granted_at = now;
+        slice.redis_remaining = redis_remaining;
+        slice.reset_after = Duration::from_secs(1);
+        slice.limit = 100;
+    }
+
+    #[test]
+    fn a_key_is_cold_until_hot_after_decisions() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new().hot_after(3).lease(Duration::from_secs(60));
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::PerRequest
+        ));
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::PerRequest
+        ));
+        let Local::Fetch(want, fetching) = budgets.local("k", &budget, 100, 1) else {
+            panic!("hot after 3");
+        };
+        assert_eq!(want, 3, "about the units seen");
+        // While the slice is on its way, the others are decided per request.
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::PerRequest
+        ));
+        drop(fetching);
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::Fetch(..)
+        ));
+    }
+
+    #[test]
+    fn a_slice_admits_what_was_granted_and_no_more() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new().hot_after(1).lease(Duration::from_secs(60));
+        grant(&budgets, "k", 3, 40, Duration::from_secs(60));
+        let mut remaining = Vec::new();
+        for _ in 0..3 {
+            match budgets.local("k", &budget, 100, 1) {
+                Local::Admit(d) => {
+                    assert!(d.allowed);
+                    remaining.push(d.remaining);
+                }
+                _ => panic!("the slice holds 3"),
+            }
+        }
+        // The slice's units left plus what Redis said was left when it granted them.
+        assert_eq!(remaining, [42, 41, 40]);
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::Fetch(..)
+        ));
+        // A request costing more than the slice holds asks Redis.
+        grant(&budgets, "big", 2, 0, Duration::from_secs(60));
+        assert!(matches!(
+            budgets.local("big", &budget, 100, 5),
+            Local::Fetch(5, _)
+        ));
+    }
+
+    #[test]
+    fn the_slice_asked_is_bounded_by_max_slice_and_the_limit() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new()
+            .hot_after(1)
+            .max_slice(10)
+            .lease(Duration::from_secs(60));
+        for _ in 0..50 {
+            drop(budgets.local("k", &budget, 100, 1));
+        }
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::Fetch(10, _)
+        ));
+        assert!(matches!(
+            budgets.local("j", &budget, 1, 1),
+            Local::Fetch(1, _)
+        ));
+    }
+
+    #[test]
+    fn a_forgotten_key_has_no_slice() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new().hot_after(100);
+        grant(&budgets, "k", 5, 0, Duration::from_secs(60));
+        budgets.forget("k");
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::PerRequest
+        ));
+    }
+}
