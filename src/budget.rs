@@ -22,8 +22,11 @@ use crate::error::BuildError;
 /// - **Adaptive**: a slice asks for about the requests the process saw on the key in the last
 ///   lease, so it lasts about one lease at a steady rate; Redis grants fewer when fewer are left.
 /// - **Headers**: under a slice, `remaining` is the slice's unused units plus what Redis reported
-///   remaining when it granted the slice: never more than Redis would have reported then without
-///   the slice. `reset` is the reset Redis reported then, less the time since.
+///   remaining when it granted its latest units, at most the limit: never more than Redis would
+///   have reported then without the slice. `reset` is the reset Redis reported then, less the time
+///   since.
+/// - **Refilled ahead**: when a quarter of the latest grant is left, the next slice is fetched in
+///   the background while the rest is admitted, so a hot key's requests rarely wait for Redis.
 ///
 /// Only the GCRA without a penalty box or delay, alone (not in a stack), can lease; the others are
 /// refused when the limit is built. On the memory backend decisions are local already, and a budget

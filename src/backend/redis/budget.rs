@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Script};
 
 use super::args::Args;
+use super::breaker::guarded;
+use super::check::RedisState;
 use super::connection::RedisConnection;
 use super::scripts::Answer;
 use crate::budget::Budget;
@@ -48,7 +50,9 @@ struct Slice {
     redis_remaining: u64,
     reset_after: Duration,
     limit: u64,
-    /// A slice is on its way: requests meanwhile are decided per request.
+    /// The units of the latest grant: the slice is refilled ahead when a quarter is left.
+    last_grant: u64,
+    /// A slice is on its way: requests meanwhile take what is left, then are decided per request.
     fetching: bool,
 }
 
@@ -64,18 +68,50 @@ impl Slice {
             redis_remaining: 0,
             reset_after: Duration::ZERO,
             limit: 0,
+            last_grant: 0,
             fetching: false,
         }
+    }
+
+    /// The slice to ask for: about the units of one lease at the local rate, within the budget's
+    /// and the limit's bounds, and never less than `least`.
+    fn want(&self, budget: &Budget, limit: u64, least: u64) -> u64 {
+        self.seen_now
+            .max(self.seen_before)
+            .min(budget.max_slice_units().min(limit))
+            .max(least)
     }
 
     /// What a request admitted from the slice is told: see [`Budget`]'s headers.
     fn decision(&self, now: Instant) -> Decision {
         Decision::allowed(
             self.limit,
-            self.units.saturating_add(self.redis_remaining),
+            // At most the limit: Redis, had the slice's units not been taken, would have said at
+            // most that (units of an earlier slice may be counted in a backlog that has drained).
+            self.units
+                .saturating_add(self.redis_remaining)
+                .min(self.limit),
             self.reset_after
                 .saturating_sub(now.saturating_duration_since(self.granted_at)),
         )
+    }
+}
+
+/// The GCRA's arguments to `budget.lua`: interval and tolerance (ns), limit.
+#[derive(Clone, Copy)]
+pub(super) struct Gcra {
+    interval: u64,
+    tolerance: u64,
+    limit: u64,
+}
+
+impl Gcra {
+    pub(super) fn of(args: &Args) -> Self {
+        Gcra {
+            interval: args.interval,
+            tolerance: args.tolerance,
+            limit: args.limit,
+        }
     }
 }
 
@@ -83,6 +119,9 @@ impl Slice {
 pub(super) enum Local {
     /// Admitted from the slice.
     Admit(Decision),
+    /// Admitted from the slice, which runs low: fetch this many more in the background, so that
+    /// the requests after do not wait for Redis when it runs out.
+    AdmitAndRefill(Decision, u64, Fetching),
     /// The key is hot and its slice ran out: fetch a slice of this many units (the request's
     /// among them), holding the guard until the answer is in.
     Fetch(u64, Fetching),
@@ -149,7 +188,20 @@ impl Budgets {
             slice.units = 0;
         } else if slice.units >= quantity {
             slice.units -= quantity;
-            return Local::Admit(slice.decision(now));
+            let decision = slice.decision(now);
+            // A quarter of the latest grant left: refilled ahead, while the rest is admitted.
+            if slice.fetching || slice.units.saturating_mul(4) > slice.last_grant {
+                return Local::Admit(decision);
+            }
+            slice.fetching = true;
+            return Local::AdmitAndRefill(
+                decision,
+                slice.want(budget, limit, 1),
+                Fetching {
+                    budgets: self.clone(),
+                    key: key.into(),
+                },
+            );
         }
         let hot =
             slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
@@ -157,13 +209,7 @@ impl Budgets {
             return Local::PerRequest;
         }
         slice.fetching = true;
-        // About the units of one lease at the local rate, within the budget's and the limit's
-        // bounds, and never less than the request itself.
-        let want = slice
-            .seen_now
-            .max(slice.seen_before)
-            .min(budget.max_slice_units().min(limit))
-            .max(quantity);
+        let want = slice.want(budget, limit, quantity);
         Local::Fetch(
             want,
             Fetching {
@@ -174,23 +220,24 @@ impl Budgets {
     }
 
     /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeps what is
-    /// left after the request's, and decides the request.
+    /// left after the request's, and decides the request. A refill ahead takes no request's
+    /// units: `quantity` 0 asks for at least one, and keeps them all.
     pub(super) async fn fetch(
         &self,
         conn: &mut RedisConnection,
         key: &str,
-        args: &Args,
+        gcra: Gcra,
         budget: &Budget,
         quantity: u64,
         want: u64,
     ) -> Result<Answer, RedisError> {
         let reply: [i64; 5] = BUDGET
             .key(key)
-            .arg(args.interval)
-            .arg(args.tolerance)
-            .arg(args.limit)
+            .arg(gcra.interval)
+            .arg(gcra.tolerance)
+            .arg(gcra.limit)
             .arg(want)
-            .arg(quantity)
+            .arg(quantity.max(1))
             .invoke_async(&mut conn.redirecting())
             .await?;
         let [granted, limit, remaining, retry_after, reset_after] = reply.map(|v| v.max(-1));
@@ -198,7 +245,7 @@ impl Budgets {
         let remaining = remaining.max(0) as u64;
         let reset_after = Duration::from_nanos(reset_after.max(0) as u64);
         let granted = granted.max(0) as u64;
-        let decision = if granted >= quantity {
+        let decision = if granted >= quantity.max(1) {
             let now = Instant::now();
             let mut keys = self.lock();
             match keys.get_mut(key) {
@@ -207,6 +254,7 @@ impl Budgets {
                         slice.units = 0;
                     }
                     slice.units = slice.units.saturating_add(granted - quantity);
+                    slice.last_grant = granted;
                     slice.expires = now + budget.lease_length();
                     slice.granted_at = now;
                     slice.redis_remaining = remaining;
@@ -249,6 +297,7 @@ mod tests {
         slice.redis_remaining = redis_remaining;
         slice.reset_after = Duration::from_secs(1);
         slice.limit = 100;
+        slice.last_grant = units;
     }
 
     #[test]
@@ -285,15 +334,20 @@ mod tests {
         let budget = Budget::new().hot_after(1).lease(Duration::from_secs(60));
         grant(&budgets, "k", 3, 40, Duration::from_secs(60));
         let mut remaining = Vec::new();
+        let mut refills = 0;
         for _ in 0..3 {
             match budgets.local("k", &budget, 100, 1) {
-                Local::Admit(d) => {
-                    assert!(d.allowed);
+                Local::Admit(d) => remaining.push(d.remaining),
+                Local::AdmitAndRefill(d, want, _fetching) => {
                     remaining.push(d.remaining);
+                    assert!(want >= 1);
+                    refills += 1;
                 }
                 _ => panic!("the slice holds 3"),
             }
         }
+        // Refilled ahead once, when a quarter of the grant was left.
+        assert_eq!(refills, 1);
         // The slice's units left plus what Redis said was left when it granted them.
         assert_eq!(remaining, [42, 41, 40]);
         assert!(matches!(
@@ -338,5 +392,41 @@ mod tests {
             budgets.local("k", &budget, 100, 1),
             Local::PerRequest
         ));
+    }
+}
+
+impl RedisState {
+    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
+    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
+    /// by a request). A refill that fails or is refused leaves the slice as it is.
+    pub(super) fn refill(
+        self: &Arc<Self>,
+        key: &str,
+        args: &Args,
+        budget: Budget,
+        want: u64,
+        fetching: Fetching,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let state = self.clone();
+        let key = key.to_owned();
+        let gcra = Gcra::of(args);
+        let call = async move {
+            let mut conn = state.conn.clone();
+            let fetched = state
+                .budgets
+                .fetch(&mut conn, &key, gcra, &budget, 0, want)
+                .await;
+            drop(fetching);
+            fetched.map(drop)
+        };
+        let guarded = guarded(&self.breaker, self.timeout, call);
+        runtime.spawn(async move {
+            if let Err(e) = guarded.await {
+                tracing::debug!(error = %e, "a budget refill failed");
+            }
+        });
     }
 }

@@ -11,7 +11,7 @@ use redis::RedisError;
 
 use super::args::{self, stack_error, Args, Spec};
 use super::breaker::{guarded, Breaker};
-use super::budget::{Budgets, Local};
+use super::budget::{Budgets, Gcra, Local};
 use super::connection::{is_unknown_command, Detector, RedisConnection};
 use super::deny::{DenyCache, Rejection};
 use super::lease::Leases;
@@ -86,6 +86,10 @@ impl RedisState {
         let fetch = match limit.budget() {
             Some(budget) => match self.budgets.local(&redis_key, budget, args.limit, quantity) {
                 Local::Admit(decision) => return Box::pin(std::future::ready(Ok(decision))),
+                Local::AdmitAndRefill(decision, want, fetching) => {
+                    self.refill(&redis_key, &args, *budget, want, fetching);
+                    return Box::pin(std::future::ready(Ok(decision)));
+                }
                 Local::Fetch(want, fetching) => Some((*budget, want, fetching)),
                 Local::PerRequest => None,
             },
@@ -108,9 +112,14 @@ impl RedisState {
             } = match fetch {
                 Some((budget, want, _fetching)) => {
                     let mut conn = state.conn.clone();
-                    let fetched = state
-                        .budgets
-                        .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
+                    let fetched = state.budgets.fetch(
+                        &mut conn,
+                        &redis_key,
+                        Gcra::of(&args),
+                        &budget,
+                        quantity,
+                        want,
+                    );
                     fetched.await?
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
