@@ -282,6 +282,42 @@ impl Budgets {
     }
 }
 
+impl RedisState {
+    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
+    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
+    /// by a request). A refill that fails or is refused leaves the slice as it is.
+    pub(super) fn refill(
+        self: &Arc<Self>,
+        key: &str,
+        args: &Args,
+        budget: Budget,
+        want: u64,
+        fetching: Fetching,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let state = self.clone();
+        let key = key.to_owned();
+        let gcra = Gcra::of(args);
+        let call = async move {
+            let mut conn = state.conn.clone();
+            let fetched = state
+                .budgets
+                .fetch(&mut conn, &key, gcra, &budget, 0, want)
+                .await;
+            drop(fetching);
+            fetched.map(drop)
+        };
+        let guarded = guarded(&self.breaker, self.timeout, call);
+        runtime.spawn(async move {
+            if let Err(e) = guarded.await {
+                tracing::debug!(error = %e, "a budget refill failed");
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,41 +428,5 @@ mod tests {
             budgets.local("k", &budget, 100, 1),
             Local::PerRequest
         ));
-    }
-}
-
-impl RedisState {
-    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
-    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
-    /// by a request). A refill that fails or is refused leaves the slice as it is.
-    pub(super) fn refill(
-        self: &Arc<Self>,
-        key: &str,
-        args: &Args,
-        budget: Budget,
-        want: u64,
-        fetching: Fetching,
-    ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let state = self.clone();
-        let key = key.to_owned();
-        let gcra = Gcra::of(args);
-        let call = async move {
-            let mut conn = state.conn.clone();
-            let fetched = state
-                .budgets
-                .fetch(&mut conn, &key, gcra, &budget, 0, want)
-                .await;
-            drop(fetching);
-            fetched.map(drop)
-        };
-        let guarded = guarded(&self.breaker, self.timeout, call);
-        runtime.spawn(async move {
-            if let Err(e) = guarded.await {
-                tracing::debug!(error = %e, "a budget refill failed");
-            }
-        });
     }
 }
