@@ -13,7 +13,7 @@
 # round measures every variant right after bare, and the table gives the median of these paired
 # ratios: interference from other work on the machine hits both halves of a pair alike.
 #
-# Needs: wrk, redis-server, redis-cli, taskset, curl (Debian: apt-get install wrk redis-server
+# Needs: wrk (or loadtest/'s loadgen, built with the servers, used when wrk is missing), redis-server, redis-cli, taskset, curl (Debian: apt-get install wrk redis-server
 # redis-tools util-linux curl) and the redis-cell module (built by `bash scripts/test.sh --setup-only`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,9 +46,10 @@ fi
 # tower-rate-limiter 0.2.0-alpha.0 declares rust-version 1.96; it builds on older toolchains, so the
 # load-test crate (and only it) is built with --ignore-rust-version.
 say "building loadtest/ (release)"
-(cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q) ||
+LOADTEST_TARGET=${LOADTEST_TARGET:-$ROOT/target}
+(cd loadtest && CARGO_TARGET_DIR=$LOADTEST_TARGET cargo build --release --locked --ignore-rust-version -q) ||
   die "cargo build of loadtest/ failed"
-BIN=$ROOT/target/release/loadtest-server
+BIN=$LOADTEST_TARGET/release/loadtest-server
 
 ALL=(
   bare
@@ -59,6 +60,7 @@ ALL=(
   governor-deny
   throttle-lua-pass
   throttle-lua-alone-pass
+  throttle-lua-lease-pass
   throttle-cell-pass
   redis-cell-peer-pass
   rate-limiter-peer-pass
@@ -149,7 +151,7 @@ measure() {
   if [[ $LOADGEN == wrk ]]; then
     out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
   else
-    out=$(taskset -c "$LOAD_CPU" "$ROOT/target/release/loadgen" -c"$CONNECTIONS" -d"${DURATION}s" \
+    out=$(taskset -c "$LOAD_CPU" "$LOADTEST_TARGET/release/loadgen" -c"$CONNECTIONS" -d"${DURATION}s" \
       "http://127.0.0.1:${PORT[$1]}/")
   fi
   echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(

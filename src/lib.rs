@@ -111,6 +111,7 @@
 
 pub mod access;
 mod backend;
+mod budget;
 pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
@@ -139,6 +140,7 @@ pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
+pub use budget::Budget;
 pub use decision::Decision;
 pub use decisions::{LimitDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};

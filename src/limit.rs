@@ -7,6 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::budget::Budget;
 use crate::error::BuildError;
 use crate::penalty::Penalty;
 use crate::quota::{Quota, QuotaError};
@@ -140,6 +141,7 @@ pub struct Limit {
     quota: Quota,
     params: Params,
     penalty: Option<Penalty>,
+    budget: Option<Budget>,
 }
 
 /// The validated parameters of each algorithm.
@@ -177,6 +179,7 @@ impl Limit {
                 delay: None,
             },
             penalty: None,
+            budget: None,
         })
     }
 
@@ -245,6 +248,7 @@ impl Limit {
             quota,
             params,
             penalty: None,
+            budget: None,
         })
     }
 
@@ -356,6 +360,49 @@ impl Limit {
     /// The penalty, if any.
     pub fn penalty(&self) -> Option<&Penalty> {
         self.penalty.as_ref()
+    }
+
+    /// With a leased [`Budget`]: on Redis, a process takes slices of a hot key's budget and admits
+    /// from them locally. Only for the GCRA without a [penalty](Self::with_penalty) (every
+    /// rejection must reach Redis as a strike) or a [delay](Self::with_delay) (a slice admits now
+    /// or not at all); the budget's settings are checked too.
+    ///
+    /// ```
+    /// use tower_throttle::{Algorithm, Budget, Limit, Quota};
+    ///
+    /// let hot = Limit::new("api", Quota::per_second(1000)).unwrap().with_budget(Budget::new()).unwrap();
+    /// assert!(hot.budget().is_some());
+    /// let log = Limit::with_algorithm("log", Algorithm::SlidingLog, Quota::per_second(5)).unwrap();
+    /// assert!(log.with_budget(Budget::new()).is_err());
+    /// ```
+    pub fn with_budget(mut self, budget: Budget) -> Result<Self, BuildError> {
+        budget
+            .validate()
+            .map_err(|e| BuildError::Invalid(format!("policy {:?}: {e}", self.name())))?;
+        self.budget = Some(budget);
+        self.budget_error()
+            .map_or(Ok(self), |why| Err(BuildError::Invalid(why)))
+    }
+
+    /// The leased budget, if any.
+    pub fn budget(&self) -> Option<&Budget> {
+        self.budget.as_ref()
+    }
+
+    /// Why this limit cannot lease budgets, if it cannot (a penalty added after the budget is
+    /// caught here too, when a backend validates the limit).
+    pub(crate) fn budget_error(&self) -> Option<String> {
+        let why = match self.params {
+            Params::Gcra { delay: Some(_), .. } => {
+                "a leased budget cannot delay requests (a slice admits now or not at all)"
+            }
+            Params::Gcra { .. } if self.penalty.is_some() => {
+                "a leased budget cannot go with a penalty (every rejection must reach Redis as a strike)"
+            }
+            Params::Gcra { .. } => return None,
+            _ => "a leased budget is only for algorithm \"gcra\"",
+        };
+        Some(format!("policy {:?}: {why}", self.name()))
     }
 
     /// The name (namespace) of the limit.

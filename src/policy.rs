@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
+use crate::budget::Budget;
 use crate::error::BuildError;
 use crate::key::PeerIp;
 use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
@@ -151,6 +152,7 @@ impl Policy<PeerIp> {
             route: None,
             missing_key: MissingKey::default(),
             penalty: None,
+            budget: None,
             extras: ExtrasBuilder::default(),
         }
     }
@@ -282,6 +284,7 @@ pub struct PolicyBuilder<K> {
     route: Option<String>,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
+    budget: Option<Budget>,
     extras: ExtrasBuilder,
 }
 
@@ -332,6 +335,22 @@ impl<K> PolicyBuilder<K> {
     /// `Retry-After` says when a retry would be admitted, possibly to wait again then.
     pub fn delay(mut self, max_delay: Duration) -> Self {
         self.delay = Some(max_delay);
+        self
+    }
+
+    /// Leased budgets for hot keys on Redis (see [`Budget`]): a process takes slices of a hot
+    /// key's budget and admits from them locally, never more than Redis granted. GCRA only, one
+    /// quota (tiers are fine), no penalty nor delay: the others are refused by `build`.
+    /// Per-customer quotas ([`quota_from`](Self::quota_from)) are decided per request as before.
+    ///
+    /// ```
+    /// use tower_throttle::{Budget, Policy, Quota};
+    ///
+    /// let api = Policy::builder("api").quota(Quota::per_second(5000)).budget(Budget::new()).build();
+    /// assert!(api.is_ok());
+    /// ```
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
         self
     }
 
@@ -405,6 +424,7 @@ impl<K> PolicyBuilder<K> {
             route: self.route,
             missing_key: self.missing_key,
             penalty: self.penalty,
+            budget: self.budget,
             extras: self.extras,
         }
     }
@@ -622,6 +642,16 @@ impl<K> PolicyBuilder<K> {
             }
             if let Some(lease) = self.lease {
                 limit = limit.with_lease(lease)?;
+            }
+            if let Some(budget) = self.budget {
+                if quotas.len() > 1 {
+                    return Err(invalid(
+                        "a leased budget takes one quota, not a stack (a slice would have to \
+                         lease every quota at once)"
+                            .into(),
+                    ));
+                }
+                limit = limit.with_budget(budget)?;
             }
             limits.push(limit);
         }

@@ -31,6 +31,7 @@ const VARIANTS: &[&str] = &[
     "governor-deny",
     "throttle-lua-pass",
     "throttle-lua-alone-pass",
+    "throttle-lua-lease-pass",
     "throttle-cell-pass",
     "throttle-lua-deny",
     "throttle-lua-deny-nocache",
@@ -114,6 +115,29 @@ mod throttle {
         let layer = ThrottleLayer::builder()
             .backend(backend)
             .policy(policy(true))
+            .build()
+            .expect("valid layer");
+        hello().layer(layer)
+    }
+
+    /// The Lua path with leased budgets (`Budget::new()`: 250 ms leases, slices of up to 1,000).
+    pub async fn redis_leased(url: &str) -> Router {
+        let backend = RedisBackend::builder()
+            .url(url)
+            .mode(RedisMode::Lua)
+            .prefix(format!("lt{}", std::process::id()))
+            .connect()
+            .await
+            .expect("connect to Redis");
+        let policy = Policy::builder("lt")
+            .quota(quota(true))
+            .key(PeerIp::new())
+            .budget(tower_throttle::Budget::new())
+            .build()
+            .expect("valid policy");
+        let layer = ThrottleLayer::builder()
+            .backend(backend)
+            .policy(policy)
             .build()
             .expect("valid layer");
         hello().layer(layer)
@@ -302,6 +326,7 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         }
         // Every check its own script call: the Lua path without coalesced batches.
         "throttle-lua-alone-pass" => throttle::redis_alone(redis()?).await,
+        "throttle-lua-lease-pass" => throttle::redis_leased(redis()?).await,
         "throttle-lua-deny-nocache" => {
             throttle::redis(redis()?, RedisMode::Lua, false, false).await
         }

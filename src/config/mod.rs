@@ -46,7 +46,8 @@ use serde::Deserialize;
 pub use crate::backend::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
-    AccessConfig, BackendConfig, PenaltyConfig, QuotaConfig, RedisConfig, RouteConfig, TierConfig,
+    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, PenaltyConfig, QuotaConfig,
+    RedisConfig, RouteConfig, TierConfig,
 };
 
 use crate::access::AccessList;

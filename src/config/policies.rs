@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
-use super::schema::{AccessConfig, QuotaConfig, RouteConfig};
+use super::schema::{AccessConfig, BudgetConfig, QuotaConfig, RouteConfig};
 use crate::access::{keys_named, AccessList};
+use crate::budget::Budget;
 use crate::error::BuildError;
 use crate::key::{ClientIp, InvalidCidr, KeySpec, PeerIp};
 use crate::limit::Algorithm;
@@ -16,6 +17,27 @@ use crate::policy::{MissingKey, Policy};
 use crate::quota::Quota;
 
 impl RouteConfig {
+    /// The route's leased budget, if `budget` turns one on.
+    fn budget_settings(&self) -> Option<Budget> {
+        match self.budget.as_ref()? {
+            BudgetConfig::On(false) => None,
+            BudgetConfig::On(true) => Some(Budget::new()),
+            BudgetConfig::Tuned(tuning) => {
+                let mut budget = Budget::new();
+                if let Some(lease) = tuning.lease {
+                    budget = budget.lease(lease);
+                }
+                if let Some(max_slice) = tuning.max_slice {
+                    budget = budget.max_slice(max_slice);
+                }
+                if let Some(hot_after) = tuning.hot_after {
+                    budget = budget.hot_after(hot_after);
+                }
+                Some(budget)
+            }
+        }
+    }
+
     /// The policy this route describes, with no trusted proxies (`client-ip` is the peer address).
     pub fn policy(&self) -> Result<Policy<KeySpec>, BuildError> {
         self.policy_behind(&ClientIp::default())
@@ -124,6 +146,9 @@ impl RouteConfig {
         }
         if let Some(methods) = &self.custom_methods {
             builder = builder.custom_methods(parse_methods(methods)?);
+        }
+        if let Some(budget) = self.budget_settings() {
+            builder = builder.budget(budget);
         }
         if let Some(p) = &self.penalty {
             let penalty =

@@ -241,6 +241,77 @@ pub struct RouteConfig {
     /// Counting by outcome: responses with these statuses are given back, such as `["5xx"]`.
     #[serde(default, deserialize_with = "some_statuses")]
     pub refund_statuses: Option<Vec<String>>,
+    /// Leased budgets for hot keys on Redis (GCRA, one quota): `budget = true` for the defaults, or
+    /// `budget = { lease = "250ms", max_slice = 1000, hot_after = 8 }` (see
+    /// [`Budget`](crate::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
+    #[serde(default)]
+    pub budget: Option<BudgetConfig>,
+}
+
+/// A route's `budget`: `true`/`false`, or a table of settings (each optional).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::config::Config;
+///
+/// let config = Config::from_toml(r#"
+///     [[route]]
+///     name = "api"
+///     key = "header:x-api-key"
+///     count = 10000
+///     period = "1s"
+///     budget = { lease = "100ms", max_slice = 200 }
+///
+///     [[route]]
+///     name = "search"
+///     key = "ip"
+///     count = 500
+///     period = "1s"
+///     budget = true
+/// "#).unwrap();
+/// let policies = config.policies().unwrap();
+/// let budget = policies[0].limits()[0].budget().unwrap();
+/// assert_eq!(budget.lease_length(), Duration::from_millis(100));
+/// assert_eq!(budget.max_slice_units(), 200);
+/// assert!(policies[1].limits()[0].budget().is_some());
+///
+/// // Refused: a stack cannot lease.
+/// let stacked = Config::from_toml(r#"
+///     [[route]]
+///     name = "api"
+///     key = "ip"
+///     quotas = [{ count = 10, period = "1s" }, { count = 1000, period = "1d" }]
+///     budget = true
+/// "#).unwrap();
+/// assert!(stacked.policies().is_err());
+/// ```
+#[derive(Clone, Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "true, false, or a table such as { lease = \"250ms\" }"
+)]
+#[non_exhaustive]
+pub enum BudgetConfig {
+    /// `budget = true` (the defaults) or `false` (none).
+    On(bool),
+    /// `budget = { lease = "250ms", max_slice = 1000, hot_after = 8 }`.
+    Tuned(BudgetTuning),
+}
+
+/// The settings of `budget = { .. }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BudgetTuning {
+    /// How long unused units of a slice live, and the window of the local rate (default 250ms).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub lease: Option<Duration>,
+    /// The largest slice, in units (default 1000).
+    #[serde(default)]
+    pub max_slice: Option<u64>,
+    /// Decisions within a lease that make a key hot (default 8).
+    #[serde(default)]
+    pub hot_after: Option<u32>,
 }
 
 /// `count_statuses` / `refund_statuses`: codes (`401`) and classes (`"4xx"`), as strings.

@@ -8,6 +8,7 @@ mod support;
 mod algorithms;
 mod backend;
 mod batch;
+mod budget;
 mod cluster_failover;
 mod cluster_resharding;
 mod count_outcome;

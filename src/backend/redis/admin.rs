@@ -178,6 +178,10 @@ impl RedisState {
         let state = self.clone();
         Box::pin(async move {
             deleted.await?;
+            // This process's slices were granted by the state just deleted.
+            for state_key in &state_keys {
+                state.budgets.forget(state_key);
+            }
             // After Redis forgot it: a rejection cached meanwhile would otherwise outlive the reset.
             if let Some(deny) = &state.deny {
                 for state_key in &state_keys {

@@ -12,6 +12,7 @@ use redis::RedisError;
 use super::args::{self, stack_error, Args, Spec};
 use super::batch::Batcher;
 use super::breaker::{guarded, Breaker};
+use super::budget::{Budgets, Gcra, Local};
 use super::connection::{is_unknown_command, Detector, RedisConnection};
 use super::deny::{DenyCache, Rejection};
 use super::lease::Leases;
@@ -39,6 +40,8 @@ pub(super) struct RedisState {
     /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
     /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
     pub(super) batches: Option<Arc<Batcher>>,
+    /// Leased budgets of hot keys (budget.rs).
+    pub(super) budgets: Arc<Budgets>,
 }
 
 impl RedisState {
@@ -64,6 +67,7 @@ impl RedisState {
             prefix,
             timeout,
             deny: deny_cache.then(DenyCache::new),
+            budgets: Arc::default(),
         }
     }
 
@@ -84,6 +88,19 @@ impl RedisState {
         };
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = self.redis_key(limit.name(), key);
+        // A leased budget: admitted from this process's slice, or a slice to fetch (budget.rs).
+        let fetch = match limit.budget() {
+            Some(budget) => match self.budgets.local(&redis_key, budget, args.limit, quantity) {
+                Local::Admit(decision) => return Box::pin(std::future::ready(Ok(decision))),
+                Local::AdmitAndRefill(decision, want, fetching) => {
+                    self.refill(&redis_key, &args, *budget, want, fetching);
+                    return Box::pin(std::future::ready(Ok(decision)));
+                }
+                Local::Fetch(want, fetching) => Some((*budget, want, fetching)),
+                Local::PerRequest => None,
+            },
+            None => None,
+        };
         if let Some(denied) = self
             .deny
             .as_ref()
@@ -98,7 +115,21 @@ impl RedisState {
                 decision,
                 whole_seconds,
                 banned,
-            } = state.decide(&redis_key, &args, quantity).await?;
+            } = match fetch {
+                Some((budget, want, _fetching)) => {
+                    let mut conn = state.conn.clone();
+                    let fetched = state.budgets.fetch(
+                        &mut conn,
+                        &redis_key,
+                        Gcra::of(&args),
+                        &budget,
+                        quantity,
+                        want,
+                    );
+                    fetched.await?
+                }
+                None => state.decide(&redis_key, &args, quantity).await?,
+            };
             // With a penalty box every rejection must reach Redis to count as a strike; a ban,
             // though, holds whatever comes.
             let cacheable = args.penalty.is_none() || banned;

@@ -22,6 +22,7 @@ mod admin;
 mod args;
 mod batch;
 mod breaker;
+mod budget;
 mod builder;
 mod check;
 pub(crate) mod connection;
@@ -157,6 +158,19 @@ pub use self::mode::RedisMode;
 /// back whatever it may have taken the same way. Whoever calls [`Backend::check`] directly must
 /// call `release` for every admitted concurrency decision: until then its lease is renewed (as long
 /// as the backend lives).
+///
+/// # Leased budgets for hot keys
+///
+/// A GCRA limit with a [`Budget`](crate::Budget) ([`Limit::with_budget`]) is decided locally while
+/// its key is hot: the process takes a slice of the key's budget in one atomic call (`budget.lua`,
+/// which grants as many units as fit, up to the slice asked, moving the TAT by one interval per
+/// unit as that many requests would) and admits from it until it runs out or its lease ends. A
+/// process never admits more than Redis granted it, so the processes together never exceed the
+/// limit; units granted and unused when the lease ends are lost (at most one slice per key and
+/// process per lease). The slice asks for about the requests seen in the last lease, at most
+/// `max_slice` and the limit. Cold keys, and a hot key's requests while its slice is being fetched,
+/// are decided per request as without a budget. A [reset](Backend::reset) drops this process's
+/// slices of the key (other processes keep theirs until their lease ends).
 ///
 /// ```no_run
 /// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
@@ -369,6 +383,14 @@ impl Backend for RedisBackend {
     }
 
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        if limits.len() > 1 {
+            if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
+                return Err(BuildError::Invalid(format!(
+                    "policy {:?}: a leased budget takes one quota, not a stack",
+                    leased.name()
+                )));
+            }
+        }
         validate_stack(limits)
     }
 
@@ -389,6 +411,9 @@ impl Backend for RedisBackend {
     }
 
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        if let Some(why) = limit.budget().and_then(|_| limit.budget_error()) {
+            return Err(BuildError::Invalid(why));
+        }
         args::validate(self.state.detector.mode(), limit)
     }
 

@@ -1,0 +1,259 @@
+//! Leased budgets for hot keys: three backends (separate connections, as three processes) share one
+//! limit and admit at most what the GCRA allows over a sustained window, and nearly all of it; a hot
+//! key calls Redis rarely, a cold key per request; what cannot lease is refused.
+//!
+//! `cargo test --all-features --test redis -- budget --nocapture` prints the figures.
+
+use crate::support::redis as redis_support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis_support::{RedisCluster, RedisServer};
+use tower_throttle::key::Key;
+use tower_throttle::{Backend, Budget, Limit, Penalty, Quota, RedisBackend};
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+/// The shared limit: 2,000 a second in bursts of 100.
+const PER_SECOND: u64 = 2000;
+const MAX_BURST: u64 = 99;
+/// How long the three processes hammer the key.
+const WINDOW: Duration = Duration::from_secs(3);
+/// Concurrent requests per process.
+const TASKS: usize = 4;
+
+fn leased_limit() -> Limit {
+    Limit::new(
+        "shared",
+        Quota::per_second(PER_SECOND).with_max_burst(MAX_BURST),
+    )
+    .unwrap()
+    .with_budget(Budget::new().lease(Duration::from_millis(100)))
+    .unwrap()
+}
+
+/// At most what the GCRA admits in `elapsed` from a full bucket: the burst, one, and the rate.
+fn gcra_bound(elapsed: Duration) -> u64 {
+    MAX_BURST + 1 + (PER_SECOND as f64 * elapsed.as_secs_f64()).ceil() as u64
+}
+
+/// Runs `TASKS` loops of checks on each backend for `WINDOW`; returns the admitted units per
+/// backend and the time from before the first check to after the last answer.
+async fn hammer(backends: Vec<RedisBackend>) -> (Vec<u64>, Duration) {
+    let limit = leased_limit();
+    let key = Key::from("hot-client");
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for backend in &backends {
+        let admitted = Arc::new(AtomicU64::new(0));
+        for _ in 0..TASKS {
+            let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
+            let (stop, errors, admitted) = (stop.clone(), errors.clone(), admitted.clone());
+            handles.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match backend.check(&limit, &key, 1).await {
+                        Ok(d) if d.allowed => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => tokio::task::yield_now().await,
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    tokio::time::sleep(WINDOW).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut per_backend = Vec::new();
+    for (i, handle) in handles.into_iter().enumerate() {
+        let admitted = handle.await.unwrap();
+        if i % TASKS == 0 {
+            per_backend.push(admitted.load(Ordering::Relaxed));
+        }
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "no check may fail");
+    (per_backend, elapsed)
+}
+
+fn judge(topology: &str, per_backend: &[u64], elapsed: Duration) {
+    let total: u64 = per_backend.iter().sum();
+    let bound = gcra_bound(elapsed);
+    let share = total as f64 / bound as f64 * 100.0;
+    println!(
+        "{topology}: three processes admitted {total} ({per_backend:?}) of at most {bound} in \
+         {elapsed:?}: {share:.1} %"
+    );
+    assert!(total <= bound, "{total} admitted, more than {bound}");
+    assert!(share >= 95.0, "only {share:.1} % of the limit admitted");
+    assert!(
+        per_backend.iter().all(|&n| n > 0),
+        "every process admits some"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_a_leased_limit_exactly_on_one_server() {
+    let server = RedisServer::start();
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(
+            RedisBackend::builder()
+                .url(server.url())
+                .timeout(TIMEOUT)
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    let (per_backend, elapsed) = hammer(backends).await;
+    judge("single server", &per_backend, elapsed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_a_leased_limit_exactly_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(
+            RedisBackend::builder()
+                .cluster_urls(cluster.urls())
+                .timeout(TIMEOUT)
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    let (per_backend, elapsed) = hammer(backends).await;
+    judge("cluster", &per_backend, elapsed);
+}
+
+/// Script calls so far (`EVALSHA` and `EVAL`), from `INFO commandstats`.
+fn script_calls(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_calls_redis_rarely_and_a_cold_key_per_request() {
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder()
+        .url(server.url())
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let limit = Limit::new("hot", Quota::per_second(1_000_000))
+        .unwrap()
+        .with_budget(Budget::new().hot_after(8).max_slice(500))
+        .unwrap();
+
+    // Cold: fewer decisions than `hot_after`, each one call.
+    let before = script_calls(&server);
+    for _ in 0..5 {
+        assert!(
+            redis
+                .check(&limit, &Key::from("cold"), 1)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    assert_eq!(script_calls(&server) - before, 5);
+
+    // Hot: slices of up to 500.
+    let before = script_calls(&server);
+    let requests = 5000;
+    for _ in 0..requests {
+        let decision = redis.check(&limit, &Key::from("hot"), 1).await.unwrap();
+        assert!(decision.allowed);
+        assert!(decision.remaining <= decision.limit);
+    }
+    let calls = script_calls(&server) - before;
+    let per_request = calls as f64 / requests as f64;
+    println!(
+        "hot key: {calls} script calls for {requests} requests ({per_request:.4} per request)"
+    );
+    assert!(per_request <= 0.05, "{per_request} calls per request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_never_outlives_what_redis_granted() {
+    // 10 a minute: the slice can hold at most the 10 Redis grants, whatever is asked.
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder()
+        .url(server.url())
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let limit = Limit::new("tiny", Quota::per_minute(10))
+        .unwrap()
+        .with_budget(Budget::new().hot_after(1).lease(Duration::from_secs(10)))
+        .unwrap();
+    let key = Key::from("k");
+    // 300 checks over about 0.3 s: a slice refilled in the background lands between them, and
+    // every unit Redis granted is admitted, within the 10 s lease; never one more.
+    let mut admitted = 0;
+    for _ in 0..300 {
+        if redis.check(&limit, &key, 1).await.unwrap().allowed {
+            admitted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(admitted, 10);
+    // Another process sees the budget spent.
+    let other = RedisBackend::builder()
+        .url(server.url())
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    assert!(!other.check(&limit, &key, 1).await.unwrap().allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_lease_is_refused() {
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder()
+        .url(server.url())
+        .connect()
+        .await
+        .unwrap();
+    let penalty = Penalty::new(3, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+    // A penalty added after the budget: the backend refuses it.
+    let banned = Limit::new("p", Quota::per_second(10))
+        .unwrap()
+        .with_budget(Budget::new())
+        .unwrap()
+        .with_penalty(penalty);
+    assert!(redis.validate(&banned).is_err());
+    let stack = [
+        Limit::new("a", Quota::per_second(10))
+            .unwrap()
+            .with_budget(Budget::new())
+            .unwrap(),
+        Limit::new("b", Quota::per_day(1000)).unwrap(),
+    ];
+    assert!(redis.validate_all(&stack).is_err());
+    assert!(Limit::new("d", Quota::per_second(10))
+        .unwrap()
+        .with_delay(Duration::from_secs(1))
+        .unwrap()
+        .with_budget(Budget::new())
+        .is_err());
+}
