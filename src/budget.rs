@@ -14,8 +14,11 @@ use crate::error::BuildError;
 /// requests would, and says how many it granted) and admits from it locally until it runs out.
 /// Cold keys go to Redis per request as before.
 ///
-/// - **Exact**: a process never admits more than Redis granted it, so every process together never
-///   exceeds the limit.
+/// - **Exact in count**: a process never admits more than Redis granted it, so the processes
+///   together never admit more than the limit allows on Redis's timeline (when the units were
+///   granted). Admissions themselves may come up to a lease later than the grant: over a window of
+///   length `w`, at most the limit's burst plus its rate × (`w` + `lease`) pass, not rate × `w`.
+///   Keep the lease short where bursts matter.
 /// - **Bounded loss**: units granted but unused expire a `lease` after the key's latest grant and
 ///   are lost (they count as used in Redis). A process loses at most one slice per key per lease,
 ///   and a slice is at most [`max_slice`](Self::max_slice) units and at most the limit.

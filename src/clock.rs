@@ -66,8 +66,11 @@ impl Clock for SystemClock {
 /// never stopping) TSC and `rdtscp` (`CPUID` leaves `0x8000_0007` and `0x8000_0001`); otherwise, and on
 /// targets other than x86-64 and aarch64, it reads the OS monotonic clock, as [`SystemClock`] does. An
 /// invariant TSC ticks at one rate on every core and the kernel synchronizes the cores' counters at
-/// boot (it falls back to another clock source when it finds them apart), so readings are monotonic
-/// within a thread and across threads that migrate between cores. quanta promises no more than that:
+/// boot, so readings are monotonic within a thread and across threads that migrate between cores.
+/// quanta checks only the CPU's flags, not the kernel's verdict: on a host or VM whose kernel marked
+/// the TSC unstable (`/sys/devices/system/clocksource/clocksource0/current_clocksource` is not
+/// `tsc`), cores may disagree by microseconds, and a decision may then be lenient by that much; use
+/// [`SystemClock`] there. quanta promises no more than that:
 /// `rdtsc` is not a serializing instruction, so a thread may read a value a few nanoseconds older than
 /// a value another thread read just before a write this thread then observed. The memory backend is
 /// exact under that (a decision made with a slightly older `now` is only stricter: see the

@@ -166,6 +166,15 @@ impl ExtrasBuilder {
                  when its request ends)",
             ));
         }
+        if self.outcome.is_set() && template.budget().is_some() {
+            // A unit of a leased slice was charged in Redis when the slice was granted, up to a
+            // lease before the request: a refund measured from the request could give back more
+            // than the unit took.
+            return Err(invalid(
+                "count_only and refund_on cannot be used with a budget (a slice's units were \
+                 charged when granted, so a refund could give back more than was taken)",
+            ));
+        }
         if self.quota_from.is_none()
             && self.resolver.is_none()
             && self.async_key.is_none()

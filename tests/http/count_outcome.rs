@@ -214,6 +214,13 @@ fn counting_by_outcome_is_refused_where_it_cannot_work() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("cannot give units back"), "{err}");
+    // A leased budget's units were charged when the slice was granted: no refund can be exact.
+    let err = login()
+        .budget(tower_throttle::Budget::new())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot be used with a budget"), "{err}");
 }
 
 #[tokio::test]

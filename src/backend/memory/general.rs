@@ -628,6 +628,9 @@ impl GeneralShard {
     }
 
     fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        // A sweep that dropped a window ending at `now` is a use of that time too: a decision after
+        // it must not read an older one and decide in the dropped window afresh.
+        self.latest_now = self.latest_now.max(now);
         self.drop_expired(now, hasher);
         self.sweep_at_len = (2 * self.table.len()).max(64);
         self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);

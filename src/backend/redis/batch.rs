@@ -130,6 +130,13 @@ impl Batcher {
     /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
     async fn run(self: Arc<Self>, lane_name: Box<str>, mut batch: Vec<Waiter>) {
         let mut conn = self.conn.clone();
+        // If this task is dropped half-way (its runtime shut down while the backend lives on in
+        // another), the lane must not keep counting it in flight: it would hold every later check
+        // in `waiting`, unsent, until its timeout.
+        let mut unfinished = Unfinished {
+            batcher: Some(self.clone()),
+            lane: lane_name.clone(),
+        };
         loop {
             // A check that went away (timed out, or its client left) before its batch left is
             // not decided: it takes nothing from the limit.
@@ -157,6 +164,7 @@ impl Batcher {
             }
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(lane) = lanes.get_mut(&*lane_name) else {
+                unfinished.batcher = None;
                 return;
             };
             if lane.waiting.is_empty() {
@@ -164,6 +172,7 @@ impl Batcher {
                 if lane.in_flight == 0 && self.per_key {
                     lanes.remove(&*lane_name);
                 }
+                unfinished.batcher = None;
                 return;
             }
             let take = lane.waiting.len().min(MAX_BATCH);
@@ -172,6 +181,32 @@ impl Batcher {
             } else {
                 lane.waiting.drain(..take).collect()
             };
+        }
+    }
+}
+
+/// The in-flight count of a lane whose task ends without finishing (dropped, or a panic): given
+/// back, and when no other batch is in flight the checks still waiting are dropped (their callers
+/// then fail at once, "the batch of this check was dropped", instead of waiting out the timeout).
+struct Unfinished {
+    batcher: Option<Arc<Batcher>>,
+    lane: Box<str>,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(batcher) = self.batcher.take() else {
+            return;
+        };
+        let mut lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(lane) = lanes.get_mut(&*self.lane) {
+            lane.in_flight = lane.in_flight.saturating_sub(1);
+            if lane.in_flight == 0 {
+                lane.waiting.clear();
+                if batcher.per_key {
+                    lanes.remove(&*self.lane);
+                }
+            }
         }
     }
 }

@@ -32,12 +32,16 @@ local now_ns = tonumber(time[2]) * 1000
 
 local backlog = 0
 local stored = redis.call('GET', KEYS[1])
-if stored and #stored > 9 and #stored < 30 and not string.find(stored, '%D') then
+-- Read as gcra.lua and gcra_batch.lua read it (a foreign value is whatever `tonumber` makes of it,
+-- rebased below if beyond the tolerance), so that the three scripts agree on any stored value.
+if stored and #stored > 9 and #stored < 30 then
   local tat_s = tonumber(string.sub(stored, 1, -10))
   local tat_ns = tonumber(string.sub(stored, -9))
-  backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
-  if backlog < 0 then
-    backlog = 0
+  if tat_s and tat_ns then
+    backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
+    if backlog < 0 then
+      backlog = 0
+    end
   end
 end
 local rebased = backlog > tolerance

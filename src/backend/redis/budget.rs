@@ -33,6 +33,9 @@ const MAX_KEYS: usize = 100_000;
 #[derive(Default)]
 pub(super) struct Budgets {
     keys: Mutex<HashMap<Box<str>, Slice>>,
+    /// When the full table was last swept: at most once a lease, so that a flood of new keys into
+    /// a full table costs each of them a lookup, not a scan of every key under the lock.
+    last_sweep: Mutex<Option<Instant>>,
 }
 
 /// One key: its recent rate and its slice.
@@ -166,7 +169,11 @@ impl Budgets {
         let mut keys = self.lock();
         if !keys.contains_key(key) {
             if keys.len() >= MAX_KEYS {
-                keys.retain(|_, s| now.saturating_duration_since(s.period_start) < lease * 2);
+                let mut last_sweep = self.last_sweep.lock().unwrap_or_else(|p| p.into_inner());
+                if last_sweep.is_none_or(|at| now.saturating_duration_since(at) >= lease) {
+                    *last_sweep = Some(now);
+                    keys.retain(|_, s| now.saturating_duration_since(s.period_start) < lease * 2);
+                }
                 if keys.len() >= MAX_KEYS {
                     return Local::PerRequest;
                 }

@@ -165,8 +165,9 @@ pub use self::mode::RedisMode;
 /// its key is hot: the process takes a slice of the key's budget in one atomic call (`budget.lua`,
 /// which grants as many units as fit, up to the slice asked, moving the TAT by one interval per
 /// unit as that many requests would) and admits from it until it runs out or its lease ends. A
-/// process never admits more than Redis granted it, so the processes together never exceed the
-/// limit; units granted and unused when the lease ends are lost (at most one slice per key and
+/// process never admits more than Redis granted it, so the processes together never admit more than
+/// the limit allows on Redis's timeline (when the units were granted; a unit may be used up to a
+/// lease later, so over a window `w` at most burst + rate × (`w` + lease) pass); units granted and unused when the lease ends are lost (at most one slice per key and
 /// process per lease). The slice asks for about the requests seen in the last lease, at most
 /// `max_slice` and the limit. Cold keys, and a hot key's requests while its slice is being fetched,
 /// are decided per request as without a budget. A [reset](Backend::reset) drops this process's
