@@ -19,6 +19,8 @@
 
 #[path = "server/admin.rs"]
 mod admin;
+#[path = "server/auth.rs"]
+mod auth;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -99,12 +101,14 @@ const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// The most routes the start-up line lists by name.
 const ROUTES_SHOWN: usize = 10;
 
-const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin HOST:PORT] [--redis URL [--redis-mode auto|cell|lua]]\n\
+const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin HOST:PORT [--admin-token-env NAME]] [--redis URL [--redis-mode auto|cell|lua]]\n\
     --config FILE     the policies, in TOML (default: a built-in set of five routes)\n\
     --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
     \x20                 listen, else 127.0.0.1:3000)\n\
     --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload and GET /health\n\
     \x20                 on ADDR (off by default; keep it on loopback: it can lift any limit)\n\
+    --admin-token-env NAME  every admin request needs Authorization: Bearer <the value of $NAME>\n\
+    \x20                 (or [admin] token_env in the config); required off loopback\n\
     --redis URL       replace the configured backend with Redis at URL (redis:// or rediss://)\n\
     --redis-mode M    with --redis: auto (default), cell (CL.THROTTLE) or lua";
 
@@ -114,6 +118,8 @@ struct Args {
     listen: Option<String>,
     /// The admin listener's address, as typed.
     admin: Option<String>,
+    /// The environment variable holding the admin token.
+    admin_token_env: Option<String>,
     redis: Option<String>,
     redis_mode: Option<RedisMode>,
 }
@@ -123,6 +129,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         config: None,
         listen: None,
         admin: None,
+        admin_token_env: None,
         redis: None,
         redis_mode: None,
     };
@@ -144,6 +151,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 check_listen(&addr).map_err(|e| e.replacen("--listen", "--admin", 1))?;
                 parsed.admin = Some(addr);
             }
+            "--admin-token-env" => {
+                parsed.admin_token_env = Some(value("an environment variable's name")?)
+            }
             "--redis" => parsed.redis = Some(value("a URL such as redis://127.0.0.1:6379/")?),
             "--redis-mode" => {
                 let mode = value("auto, cell or lua")?;
@@ -158,6 +168,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
+    }
+    if parsed.admin_token_env.is_some() && parsed.admin.is_none() {
+        return Err("--admin-token-env needs --admin".into());
     }
     if parsed.redis_mode.is_some() && parsed.redis.is_none() {
         return Err("--redis-mode needs --redis".into());
@@ -502,13 +515,22 @@ async fn run() -> Result<(), String> {
                 layer.backend().clone(),
                 std::sync::Arc::new(reloader),
             );
-            admin.reload_on_sighup();
             let local = listener.local_addr().map_err(|e| e.to_string())?;
-            if !local.ip().is_loopback() {
-                // Anyone who reaches it can lift any client's limit: it has no authentication.
-                tracing::warn!(admin = %local, "the admin listener is not on a loopback address: keep it on a private network");
+            let token = admin_token(&args, &config)?;
+            if token.is_none() && !local.ip().is_loopback() {
+                // Anyone who reaches it could lift any client's limit.
+                return Err(format!(
+                    "--admin {local}: not a loopback address, and no token: set one with --admin-token-env NAME or [admin] token_env"
+                ));
             }
-            let router = admin.router();
+            admin.reload_on_sighup();
+            let router = match token {
+                Some(token) => admin.router().layer(axum::middleware::from_fn_with_state(
+                    auth::AdminToken::new(&token),
+                    auth::require_token,
+                )),
+                None => admin.router(),
+            };
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, router).await {
                     tracing::error!(error = %e, "the admin listener stopped");
@@ -536,6 +558,20 @@ async fn run() -> Result<(), String> {
     })
     .await
     .map_err(|e| e.to_string())
+}
+
+/// The admin token: `--admin-token-env` first, else the config's `[admin] token_env`.
+fn admin_token(args: &Args, config: &Config) -> Result<Option<String>, String> {
+    match &args.admin_token_env {
+        Some(name) => tower_throttle::config::admin_token_from_env(name, "--admin-token-env")
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => config
+            .admin
+            .as_ref()
+            .map_or(Ok(None), |admin| admin.token())
+            .map_err(|e| e.to_string()),
+    }
 }
 
 fn describe_addrs(addrs: &[SocketAddr]) -> String {

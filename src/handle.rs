@@ -24,6 +24,7 @@ use crate::middleware::builder::validate_table;
 use crate::middleware::service::{Shared, Table};
 use crate::middleware::verdict::Judge;
 use crate::policy::Policy;
+use crate::top::TopKey;
 
 /// A handle on a running [`ThrottleLayer`](crate::ThrottleLayer) (from
 /// [`ThrottleLayer::handle`](crate::ThrottleLayer::handle)): cheap to clone, `Send + Sync`, and
@@ -135,6 +136,9 @@ pub enum HandleError {
     },
     /// The backend could not peek or reset.
     Backend(BackendError),
+    /// The layer counts no offenders, so it cannot say who is limited most
+    /// ([`ThrottleLayerBuilder::count_offenders`](crate::ThrottleLayerBuilder::count_offenders)).
+    NotCounted,
 }
 
 impl fmt::Display for HandleError {
@@ -145,6 +149,9 @@ impl fmt::Display for HandleError {
                 write!(f, "policy {policy:?}: {reason}")
             }
             HandleError::Backend(e) => write!(f, "backend: {e}"),
+            HandleError::NotCounted => {
+                f.write_str("the layer counts no limited keys: build it with count_offenders")
+            }
         }
     }
 }
@@ -270,6 +277,52 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             policy: rules.name().to_owned(),
             tiers,
         })
+    }
+
+    /// The `n` keys policy `policy` limited most over the last few minutes, largest first, as
+    /// the layer's [`Offenders`](crate::offenders::Offenders) counted them (on Redis, every
+    /// process's; see [`top`](crate::top) for the window and the bounds). Keys appear as the logs
+    /// show them: pseudonyms when the layer redacts keys. An error when no policy has this name or
+    /// the layer counts no offenders
+    /// ([`count_offenders`](crate::ThrottleLayerBuilder::count_offenders); `Config::layer` does).
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, offenders::Offenders, Policy, Quota, ThrottleLayer};
+    /// # use tower::ServiceExt;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let policy = Policy::builder("api")
+    ///     .quota(Quota::per_minute(1))
+    ///     .key(Header::new("x-user-id"))
+    ///     .build()
+    ///     .unwrap();
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(policy)
+    ///     .count_offenders(Offenders::in_memory())
+    ///     .build()
+    ///     .unwrap();
+    /// let handle = layer.handle();
+    /// let app = tower::ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) });
+    /// for user in ["bob", "alice", "alice", "alice", "bob"] {
+    ///     let request = http::Request::get("/").header("x-user-id", user).body(String::new()).unwrap();
+    ///     app.clone().oneshot(request).await.unwrap();
+    /// }
+    /// let top = handle.top("api", 10).await.unwrap();
+    /// assert_eq!((top[0].key.as_str(), top[0].limited), ("alice", 2));
+    /// assert_eq!((top[1].key.as_str(), top[1].limited), ("bob", 1));
+    /// # });
+    /// ```
+    pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, HandleError> {
+        let name = {
+            let table = self.shared.table.load();
+            table.policies[find(&table, policy)?].name().to_owned()
+        };
+        let Some(offenders) = &self.shared.settings.offenders else {
+            return Err(HandleError::NotCounted);
+        };
+        Ok(offenders.top(&name, n).await?)
     }
 
     /// Forgets `key` under policy `policy`: its state under every tier's limits, its penalty
@@ -483,7 +536,7 @@ impl<B: Backend> ThrottleHandle<KeySpec, B> {
     /// from) only in what a reload can apply, reloads its routes and returns it (keep it as the
     /// next `running`). A file that does not parse, an invalid route, or a change that needs a
     /// restart (`[backend]`, `listen`, the header options, `decision_extension`, the failure
-    /// policy, `[access]`, `[logging]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
+    /// policy, `[access]`, `[logging]`, `[admin]`, `[server]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
     /// is an `Err` naming it, and the running policies stay in force.
     ///
     /// ```
@@ -559,6 +612,8 @@ fn needs_restart(running: &Config, new: &Config) -> Option<&'static str> {
         ("[access]", differs(&running.access, &new.access)),
         // Key redaction is the layer's: a reload that turned it on would leave keys in clear.
         ("[logging]", differs(&running.logging, &new.logging)),
+        ("[admin]", differs(&running.admin, &new.admin)),
+        ("[server]", differs(&running.server, &new.server)),
         (
             "trusted_proxies (used by [access])",
             access_uses_proxies && running.trusted_proxies != new.trusted_proxies,

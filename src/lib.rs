@@ -60,7 +60,7 @@
 //! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s |
 //! | `key/` | [`Key`] and the [`key`] extractors, trusted proxies ([`key::ClientIp`]) |
 //! | `policy.rs`, `route.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them |
-//! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
+//! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait; `memory/` (GCRA table and general store), `redis/` (connection, breaker, scripts, leases, deny cache), the configured backend |
 //! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `future` → `body` → `slot`, with `verdict` (decision → admit/delay/reject/ban) beside the service and the future |
 //! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
@@ -133,6 +133,7 @@ mod per_customer;
 mod policy;
 mod quota;
 mod route;
+pub mod top;
 pub mod window;
 
 pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};

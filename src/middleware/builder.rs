@@ -313,11 +313,18 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     {
         validate_table(&self.backend, &self.policies)?;
         let policies: Box<[Policy<K>]> = self.policies.into();
-        let judge = Judge::new(
-            self.settings.clone(),
-            &policies,
-            self.backend.keeps_penalties(),
-        );
+        let mut settings = self.settings;
+        if settings.redact_keys {
+            // One secret for the layer's life: the pseudonyms stay the same across reloads, and
+            // the top limited keys show the same ones as the logs.
+            let secret = settings
+                .redaction_secret
+                .get_or_insert_with(crate::observe::RedactionSecret::random);
+            if let Some(offenders) = &settings.offenders {
+                offenders.redact_with(secret.hmac());
+            }
+        }
+        let judge = Judge::new(settings.clone(), &policies, self.backend.keeps_penalties());
         Ok(ThrottleLayer::from_shared(Shared {
             backend: self.backend,
             table: Arc::new(ArcSwap::from_pointee(Table {
@@ -325,7 +332,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 judge: Arc::new(judge),
             })),
             access: self.access,
-            settings: self.settings,
+            settings,
             reloading: Default::default(),
         }))
     }

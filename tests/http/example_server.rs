@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::redis as redis_support;
 
 /// The example binary that `cargo test` built next to this test.
-fn example_binary() -> PathBuf {
+pub(crate) fn example_binary() -> PathBuf {
     let mut dir = std::env::current_exe().unwrap();
     dir.pop(); // the test binary
     if dir.ends_with("deps") {
@@ -47,9 +47,15 @@ impl Drop for Server {
 }
 
 pub(crate) fn start(args: &[&str]) -> Server {
+    start_with_env(args, &[])
+}
+
+/// Like [`start`], with these environment variables set.
+pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(example_binary())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

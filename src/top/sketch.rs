@@ -1,0 +1,261 @@
+//! Space-Saving (Metwally, Agrawal, El Abbadi 2005): the heaviest keys of a stream in a fixed
+//! number of counters. A key not counted takes the place of the smallest counter and inherits its
+//! count as its possible over-count (`error`), so every key seen more than `total / capacity` times
+//! is in the summary, and no count is too high by more than the smallest one.
+//!
+//! The counters form a binary min-heap in one `Vec`, with a map from key to heap position: adding
+//! to a counted key only raises it (it sinks towards the leaves), and replacing the smallest is a
+//! write at the root. Each step is O(log capacity), with no allocation once the heap is full.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// A counted key: its estimated count, of which at most `error` may be over-count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Counter<K> {
+    pub(crate) key: K,
+    pub(crate) count: u64,
+    pub(crate) error: u64,
+}
+
+/// A Space-Saving summary of at most `capacity` keys.
+#[derive(Clone, Debug)]
+pub(crate) struct SpaceSaving<K> {
+    capacity: usize,
+    heap: Vec<Counter<K>>,
+    index: HashMap<K, usize>,
+}
+
+impl<K: Hash + Eq + Clone> SpaceSaving<K> {
+    /// A summary of `capacity` counters (at least one).
+    pub(crate) fn new(capacity: usize) -> Self {
+        SpaceSaving {
+            capacity: capacity.max(1),
+            heap: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// Counts `weight` occurrences of `key`.
+    pub(crate) fn add(&mut self, key: &K, weight: u64) {
+        if let Some(&i) = self.index.get(key) {
+            self.heap[i].count = self.heap[i].count.saturating_add(weight);
+            self.sift_down(i);
+            return;
+        }
+        if self.heap.len() < self.capacity {
+            self.heap.push(Counter {
+                key: key.clone(),
+                count: weight,
+                error: 0,
+            });
+            let last = self.heap.len() - 1;
+            self.index.insert(key.clone(), last);
+            self.sift_up(last);
+            return;
+        }
+        // Full: the new key takes the smallest counter, and its count as possible over-count.
+        let root = &mut self.heap[0];
+        let evicted = std::mem::replace(&mut root.key, key.clone());
+        root.error = root.count;
+        root.count = root.count.saturating_add(weight);
+        self.index.remove(&evicted);
+        self.index.insert(key.clone(), 0);
+        self.sift_down(0);
+    }
+
+    /// The counters, in no particular order.
+    pub(crate) fn counters(&self) -> &[Counter<K>] {
+        &self.heap
+    }
+
+    /// Whether nothing was counted.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        for i in [a, b] {
+            if let Some(at) = self.index.get_mut(&self.heap[i].key) {
+                *at = i;
+            }
+        }
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.heap[parent].count <= self.heap[i].count {
+                break;
+            }
+            self.swap(parent, i);
+            i = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        loop {
+            let (left, right) = (2 * i + 1, 2 * i + 2);
+            let mut smallest = i;
+            if left < self.heap.len() && self.heap[left].count < self.heap[smallest].count {
+                smallest = left;
+            }
+            if right < self.heap.len() && self.heap[right].count < self.heap[smallest].count {
+                smallest = right;
+            }
+            if smallest == i {
+                return;
+            }
+            self.swap(i, smallest);
+            i = smallest;
+        }
+    }
+}
+
+/// The `n` largest of `(key, count)` pairs summed by key (summaries merge by sum-then-trim), largest
+/// first (ties in any order).
+pub(crate) fn largest<K: Hash + Eq>(
+    pairs: impl IntoIterator<Item = (K, u64)>,
+    n: usize,
+) -> Vec<(K, u64)> {
+    let mut sums: HashMap<K, u64> = HashMap::new();
+    for (key, count) in pairs {
+        let sum = sums.entry(key).or_default();
+        *sum = sum.saturating_add(count);
+    }
+    let mut all: Vec<(K, u64)> = sums.into_iter().collect();
+    all.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    all.truncate(n);
+    all
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// SplitMix64: a seeded generator, so the streams below are the same on every run.
+    pub(crate) struct Rng(u64);
+
+    impl Rng {
+        pub(crate) fn new(seed: u64) -> Self {
+            Rng(seed)
+        }
+
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn unit(&mut self) -> f64 {
+            (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// Draws client numbers 0..clients with Zipf weights `1 / (rank + 1)^s`: client 0 the most.
+    pub(crate) struct Zipf {
+        cumulative: Vec<f64>,
+    }
+
+    impl Zipf {
+        pub(crate) fn new(clients: usize, s: f64) -> Self {
+            let mut total = 0.0;
+            let cumulative = (0..clients)
+                .map(|rank| {
+                    total += 1.0 / ((rank + 1) as f64).powf(s);
+                    total
+                })
+                .collect();
+            Zipf { cumulative }
+        }
+
+        pub(crate) fn draw(&self, rng: &mut Rng) -> usize {
+            let target = rng.unit() * self.cumulative.last().copied().unwrap_or(0.0);
+            self.cumulative
+                .partition_point(|&c| c < target)
+                .min(self.cumulative.len() - 1)
+        }
+    }
+
+    /// A seeded Zipf stream over 10,000 clients, and its exact counts.
+    pub(crate) fn zipf_stream(events: usize, seed: u64) -> (Vec<usize>, Vec<u64>) {
+        let zipf = Zipf::new(10_000, 1.0);
+        let mut rng = Rng::new(seed);
+        let mut exact = vec![0u64; 10_000];
+        let stream: Vec<usize> = (0..events)
+            .map(|_| {
+                let client = zipf.draw(&mut rng);
+                exact[client] += 1;
+                client
+            })
+            .collect();
+        (stream, exact)
+    }
+
+    /// The exact `n` heaviest clients of `exact`.
+    pub(crate) fn true_top(exact: &[u64], n: usize) -> Vec<usize> {
+        let mut ranked: Vec<usize> = (0..exact.len()).collect();
+        ranked.sort_by(|&a, &b| exact[b].cmp(&exact[a]).then(a.cmp(&b)));
+        ranked.truncate(n);
+        ranked
+    }
+
+    #[test]
+    fn the_true_top_10_of_a_zipf_stream_are_in_the_top_20() {
+        for seed in [1, 2, 3] {
+            let (stream, exact) = zipf_stream(200_000, seed);
+            let mut sketch = SpaceSaving::new(1024);
+            for client in &stream {
+                sketch.add(client, 1);
+            }
+            let top: Vec<usize> = largest(sketch.counters().iter().map(|c| (c.key, c.count)), 20)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            for client in true_top(&exact, 10) {
+                assert!(
+                    top.contains(&client),
+                    "seed {seed}: {client} not in {top:?}"
+                );
+            }
+            // The bound of the algorithm: no count is off by more than its error, nor by more than
+            // total / capacity.
+            for c in sketch.counters() {
+                assert!(c.count >= exact[c.key] && c.count - c.error <= exact[c.key]);
+                assert!(c.error <= 200_000 / 1024, "{c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn exact_while_there_is_room_and_bounded_after() {
+        let mut sketch = SpaceSaving::new(3);
+        for (key, weight) in [("a", 5), ("b", 1), ("a", 2), ("c", 3)] {
+            sketch.add(&key, weight);
+        }
+        let exact: Vec<(&str, u64)> =
+            largest(sketch.counters().iter().map(|c| (c.key, c.count)), 10);
+        assert_eq!(exact, [("a", 7), ("c", 3), ("b", 1)]);
+        // A fourth key takes the smallest counter (b's 1) and inherits it as error.
+        sketch.add(&"d", 1);
+        assert_eq!(sketch.counters().len(), 3);
+        let d = sketch.counters().iter().find(|c| c.key == "d").unwrap();
+        assert_eq!((d.count, d.error), (2, 1));
+        assert!(sketch.counters().iter().all(|c| c.key != "b"));
+        // The heap and its index agree after any sequence.
+        let mut rng = Rng::new(7);
+        let mut sketch = SpaceSaving::new(16);
+        for _ in 0..10_000 {
+            sketch.add(&(rng.next() % 64), 1 + rng.next() % 3);
+            for (i, c) in sketch.counters().iter().enumerate() {
+                assert_eq!(sketch.index[&c.key], i);
+                if i > 0 {
+                    assert!(sketch.counters()[(i - 1) / 2].count <= c.count);
+                }
+            }
+        }
+    }
+}
