@@ -21,6 +21,10 @@
 mod admin;
 #[path = "server/auth.rs"]
 mod auth;
+#[path = "server/edge.rs"]
+mod edge;
+#[path = "server/view.rs"]
+mod view;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -228,6 +232,17 @@ async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
 /// 503 otherwise (for a readiness check).
 pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
     use axum::response::IntoResponse;
+    let (up, body) = health_json(backend);
+    let status = if up {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Whether the backend decides, and its state as `GET /health` shows it.
+pub(crate) fn health_json(backend: &ConfiguredBackend) -> (bool, serde_json::Value) {
     let health = backend.health();
     let up = health.is_healthy();
     let body = match &health {
@@ -245,12 +260,7 @@ pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Re
         }),
         _ => serde_json::json!({ "backend": "memory", "up": up }),
     };
-    let status = if up {
-        axum::http::StatusCode::OK
-    } else {
-        axum::http::StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, axum::Json(body)).into_response()
+    (up, body)
 }
 
 /// Where the configuration came from, to name in errors.
@@ -473,6 +483,7 @@ async fn run() -> Result<(), String> {
         .map(drop)
         .map_err(|e| source.error(e))?;
     let routes = routes(&config, &source)?;
+    let edge = edge::of(&config).map_err(|e| source.error(e))?;
     // Errors from here on are the backend's: from the flag when --redis replaced it.
     let mut backend_override = None;
     let backend_source = match &args.redis {
@@ -499,7 +510,8 @@ async fn run() -> Result<(), String> {
             upkeep.run_upkeep();
         }
     });
-    let app = with_metrics(routes, &layer, metrics);
+    admin::register_reload_metrics();
+    let app = with_metrics(routes, &layer, metrics.clone());
     let admin = match &args.admin {
         Some(addr) => {
             let addrs = resolve("--admin", addr).await?;
@@ -514,6 +526,7 @@ async fn run() -> Result<(), String> {
                 layer.handle(),
                 layer.backend().clone(),
                 std::sync::Arc::new(reloader),
+                view::History::start(metrics),
             );
             let local = listener.local_addr().map_err(|e| e.to_string())?;
             let token = admin_token(&args, &config)?;
@@ -524,18 +537,8 @@ async fn run() -> Result<(), String> {
                 ));
             }
             admin.reload_on_sighup();
-            let router = match token {
-                Some(token) => admin.router().layer(axum::middleware::from_fn_with_state(
-                    auth::AdminToken::new(&token),
-                    auth::require_token,
-                )),
-                None => admin.router(),
-            };
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::error!(error = %e, "the admin listener stopped");
-                }
-            });
+            let router = admin.router(token.as_deref().map(auth::AdminToken::new));
+            tokio::spawn(edge::serve(listener, router, edge, std::future::pending()));
             format!("; admin on http://{local}")
         }
         None => String::new(),
@@ -549,15 +552,11 @@ async fn run() -> Result<(), String> {
         describe_backend(&config, layer.backend()),
         describe_routes(&config)
     );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
+    edge::serve(listener, app, edge, async {
         let _ = tokio::signal::ctrl_c().await;
     })
-    .await
-    .map_err(|e| e.to_string())
+    .await;
+    Ok(())
 }
 
 /// The admin token: `--admin-token-env` first, else the config's `[admin] token_env`.

@@ -18,6 +18,8 @@
 #[cfg(feature = "redis")]
 mod redis;
 pub(crate) mod sketch;
+#[cfg(test)]
+pub(crate) mod zipf;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -170,7 +172,7 @@ impl TopLimited {
 
 #[cfg(test)]
 mod tests {
-    use super::sketch::tests::{true_top, zipf_stream};
+    use super::zipf::{true_top, zipf_stream};
     use super::*;
 
     #[tokio::test]

@@ -131,77 +131,9 @@ pub(crate) fn largest<K: Hash + Eq>(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// SplitMix64: a seeded generator, so the streams below are the same on every run.
-    pub(crate) struct Rng(u64);
-
-    impl Rng {
-        pub(crate) fn new(seed: u64) -> Self {
-            Rng(seed)
-        }
-
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn unit(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
-
-    /// Draws client numbers 0..clients with Zipf weights `1 / (rank + 1)^s`: client 0 the most.
-    pub(crate) struct Zipf {
-        cumulative: Vec<f64>,
-    }
-
-    impl Zipf {
-        pub(crate) fn new(clients: usize, s: f64) -> Self {
-            let mut total = 0.0;
-            let cumulative = (0..clients)
-                .map(|rank| {
-                    total += 1.0 / ((rank + 1) as f64).powf(s);
-                    total
-                })
-                .collect();
-            Zipf { cumulative }
-        }
-
-        pub(crate) fn draw(&self, rng: &mut Rng) -> usize {
-            let target = rng.unit() * self.cumulative.last().copied().unwrap_or(0.0);
-            self.cumulative
-                .partition_point(|&c| c < target)
-                .min(self.cumulative.len() - 1)
-        }
-    }
-
-    /// A seeded Zipf stream over 10,000 clients, and its exact counts.
-    pub(crate) fn zipf_stream(events: usize, seed: u64) -> (Vec<usize>, Vec<u64>) {
-        let zipf = Zipf::new(10_000, 1.0);
-        let mut rng = Rng::new(seed);
-        let mut exact = vec![0u64; 10_000];
-        let stream: Vec<usize> = (0..events)
-            .map(|_| {
-                let client = zipf.draw(&mut rng);
-                exact[client] += 1;
-                client
-            })
-            .collect();
-        (stream, exact)
-    }
-
-    /// The exact `n` heaviest clients of `exact`.
-    pub(crate) fn true_top(exact: &[u64], n: usize) -> Vec<usize> {
-        let mut ranked: Vec<usize> = (0..exact.len()).collect();
-        ranked.sort_by(|&a, &b| exact[b].cmp(&exact[a]).then(a.cmp(&b)));
-        ranked.truncate(n);
-        ranked
-    }
+    use crate::top::zipf::{true_top, zipf_stream, Rng};
 
     #[test]
     fn the_true_top_10_of_a_zipf_stream_are_in_the_top_20() {
@@ -249,7 +181,7 @@ pub(crate) mod tests {
         let mut rng = Rng::new(7);
         let mut sketch = SpaceSaving::new(16);
         for _ in 0..10_000 {
-            sketch.add(&(rng.next() % 64), 1 + rng.next() % 3);
+            sketch.add(&(rng.next_u64() % 64), 1 + rng.next_u64() % 3);
             for (i, c) in sketch.counters().iter().enumerate() {
                 assert_eq!(sketch.index[&c.key], i);
                 if i > 0 {

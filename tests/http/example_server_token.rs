@@ -130,7 +130,12 @@ fn off_loopback_without_a_token_is_refused() {
 #[test]
 fn a_missing_or_short_token_is_refused() {
     let err = refused_start(
-        &["--admin", "127.0.0.1:0", "--admin-token-env", "NO_SUCH_TOKEN_VAR"],
+        &[
+            "--admin",
+            "127.0.0.1:0",
+            "--admin-token-env",
+            "NO_SUCH_TOKEN_VAR",
+        ],
         &[],
     );
     assert!(

@@ -19,3 +19,4 @@ mod modes_on_backends;
 mod offenders;
 mod peek_reset;
 mod sentinel;
+mod top;

@@ -1,0 +1,84 @@
+//! The server's edge: an HTTP/1 accept loop that holds against slow and numerous clients, for both
+//! listeners (`axum::serve` sets no header read timeout, so a client that sends half a request
+//! head keeps its connection, and a file descriptor, for as long as it likes).
+//!
+//! * A connection whose request head has not fully arrived within `[server] header_read_timeout`
+//!   (default 5 s) is closed (hyper's `header_read_timeout`, which needs a timer).
+//! * At most `[server] max_connections` (default 10,000) connections are open at once: at the cap
+//!   the loop stops accepting, and new connections wait in the kernel's accept queue until one
+//!   closes, instead of the process running out of file descriptors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+/// How the listeners treat connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Edge {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// Serves `router` on `listener` until `shutdown` completes; each request carries its peer's
+/// address as `ConnectInfo<SocketAddr>` (what `key = "ip"` reads).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    edge: Edge,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let open = Arc::new(Semaphore::new(edge.max_connections));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = open.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = &mut shutdown => return,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before it was accepted: the
+                    // next accept may succeed; a short pause keeps an error from spinning.
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                router.clone().oneshot(request.map(axum::body::Body::new))
+            });
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(edge.header_read_timeout)
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(error = %e, %peer, "connection closed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// The edge that `[server]` describes (defaults where it says nothing).
+pub fn of(config: &tower_throttle::config::Config) -> Result<Edge, String> {
+    let server = config.server.clone().unwrap_or_default();
+    Ok(Edge {
+        header_read_timeout: server.header_read_timeout().map_err(|e| e.to_string())?,
+        max_connections: server.max_connections().map_err(|e| e.to_string())?,
+    })
+}
