@@ -497,11 +497,12 @@ async fn run() -> Result<(), String> {
         }
         None => source,
     };
-    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
-    let listen = listen_addrs(&args, &config).await?;
+    // The recorder first: the backend reports its connection (throttle_backend_up) as it connects.
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
+    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    let listen = listen_addrs(&args, &config).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);

@@ -23,6 +23,7 @@ mod key_sources;
 mod layer;
 mod modes;
 mod observe;
+mod ops;
 mod penalty;
 mod per_customer;
 mod readme_config;
