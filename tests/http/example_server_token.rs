@@ -62,6 +62,12 @@ async fn every_route_needs_the_token(admin: SocketAddr) {
         let reply = send(admin, method, path, &[("authorization", &bearer)]).await;
         assert_eq!(reply.status, ok, "{method} {path}: {}", reply.body);
     }
+    // The page itself is static (a browser cannot send a bearer token when it navigates): it
+    // holds no data, and gets everything it shows from the routes above, with the token.
+    let page = send(admin, "GET", "/", &[]).await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("<title>tower-throttle admin</title>"));
+    assert!(!page.body.contains("alice") && !page.body.contains(TOKEN));
 }
 
 fn config_file(dir: &tempfile::TempDir, text: &str) -> String {

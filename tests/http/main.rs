@@ -8,6 +8,7 @@ mod support;
 
 mod access;
 mod admin_handle;
+mod admin_page;
 mod concurrency;
 mod contract;
 mod count_outcome;
