@@ -284,18 +284,27 @@ fn the_page_shows_and_resets(extra: &[&str]) {
         .as_bool()
         .unwrap());
 
-    // Peek through the form: alice has nothing left.
+    // Peek through the form: bob has nothing left.
     browser.eval(
         "document.querySelector('#peek-policy').value = 'reply';
-         document.querySelector('#peek-key').value = 'alice';
+         document.querySelector('#peek-key').value = 'bob';
          document.querySelector('#peek-button').click()",
     );
     let peeked = browser.wait_for(
-        "alice's state",
-        "document.querySelector('#peek-result').dataset.remaining",
-        |r| !r.is_empty(),
+        "bob's state",
+        "document.querySelector('#peek-result').textContent",
+        |r| r.starts_with("reply / bob"),
     );
-    assert_eq!(peeked, "0");
+    assert!(peeked.starts_with("reply / bob: 0 of 1 remaining"), "{peeked}");
+    // A click on a top key peeks it: alice has nothing left either.
+    browser.eval("document.querySelector('#top-reply td.key').click()");
+    let peeked = browser.wait_for(
+        "alice's state",
+        "document.querySelector('#peek-result').textContent",
+        |r| r.starts_with("reply / alice"),
+    );
+    assert!(peeked.starts_with("reply / alice: 0 of 1 remaining"), "{peeked}");
+    assert_eq!(browser.eval("document.querySelector('#peek-key').value"), "alice");
     // Reset through the page's button: the page peeks again and shows the full quota.
     browser.eval("document.querySelector('#reset-button').click()");
     browser.wait_for(
