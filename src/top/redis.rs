@@ -122,7 +122,7 @@ impl Shared {
         let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
         let minute = unix_minute();
         for (policy, sketch) in batch {
-            if sketch.is_empty() {
+            if sketch.counters().is_empty() {
                 continue;
             }
             let name = set_key(&self.prefix, &policy, minute);

@@ -69,11 +69,6 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
         &self.heap
     }
 
-    /// Whether nothing was counted.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.heap.is_empty()
-    }
-
     fn swap(&mut self, a: usize, b: usize) {
         self.heap.swap(a, b);
         for i in [a, b] {
@@ -125,7 +120,7 @@ pub(crate) fn largest<K: Hash + Eq>(
         *sum = sum.saturating_add(count);
     }
     let mut all: Vec<(K, u64)> = sums.into_iter().collect();
-    all.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    all.sort_unstable_by_key(|pair| std::cmp::Reverse(pair.1));
     all.truncate(n);
     all
 }

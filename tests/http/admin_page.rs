@@ -295,7 +295,10 @@ fn the_page_shows_and_resets(extra: &[&str]) {
         "document.querySelector('#peek-result').textContent",
         |r| r.starts_with("reply / bob"),
     );
-    assert!(peeked.starts_with("reply / bob: 0 of 1 remaining"), "{peeked}");
+    assert!(
+        peeked.starts_with("reply / bob: 0 of 1 remaining"),
+        "{peeked}"
+    );
     // A click on a top key peeks it: alice has nothing left either.
     browser.eval("document.querySelector('#top-reply td.key').click()");
     let peeked = browser.wait_for(
@@ -303,8 +306,14 @@ fn the_page_shows_and_resets(extra: &[&str]) {
         "document.querySelector('#peek-result').textContent",
         |r| r.starts_with("reply / alice"),
     );
-    assert!(peeked.starts_with("reply / alice: 0 of 1 remaining"), "{peeked}");
-    assert_eq!(browser.eval("document.querySelector('#peek-key').value"), "alice");
+    assert!(
+        peeked.starts_with("reply / alice: 0 of 1 remaining"),
+        "{peeked}"
+    );
+    assert_eq!(
+        browser.eval("document.querySelector('#peek-key').value"),
+        "alice"
+    );
     // Reset through the page's button: the page peeks again and shows the full quota.
     browser.eval("document.querySelector('#reset-button').click()");
     browser.wait_for(
