@@ -22,7 +22,7 @@ use redis::Script;
 
 use super::args::Spec;
 use super::breaker::guarded;
-use super::check::RedisState;
+use super::state::RedisState;
 use crate::backend::{KeyState, PeekFuture, ResetFuture};
 use crate::error::BackendError;
 use crate::key::Key;

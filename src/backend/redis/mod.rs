@@ -34,13 +34,15 @@ mod reconnect;
 pub(crate) mod redirect;
 mod refund;
 mod scripts;
+mod server;
+mod state;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use self::args::validate_stack;
-use self::check::RedisState;
+use self::state::RedisState;
 use crate::backend::{Backend, PeekFuture, ResetFuture, StackFuture};
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
