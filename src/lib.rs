@@ -133,6 +133,7 @@ mod per_customer;
 mod policy;
 mod quota;
 mod route;
+mod timer;
 pub mod window;
 
 pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};

@@ -301,13 +301,3 @@ impl PolicyExtras {
         Ok(limit)
     }
 }
-
-/// `future`'s output, or `None` if it takes longer than `timeout` (with no timer to measure it,
-/// outside a tokio runtime with time enabled, it is awaited as it is).
-pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F::Output> {
-    if crate::middleware::verdict::timers_available() {
-        tokio::time::timeout(timeout, future).await.ok()
-    } else {
-        Some(future.await)
-    }
-}

@@ -12,7 +12,8 @@ use http::{HeaderMap, Request};
 use ipnet::IpNet;
 
 use super::extract::{InvalidPrefix, PeerIp, PEER_ADDRESS_SOURCES};
-use super::{Key, KeyExtractor};
+use super::extract::KeyExtractor;
+use super::value::Key;
 
 /// The networks of the proxies in front of the service, whose forwarding headers are believed.
 ///

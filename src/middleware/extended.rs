@@ -20,7 +20,8 @@ use crate::middleware::service::{releaser, take_readied, Shared, Table};
 use crate::middleware::verdict::{Admitted, Checked, RequestContext, Verdict};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund};
-use crate::per_customer::{within, CustomTier, PolicyExtras};
+use crate::per_customer::{CustomTier, PolicyExtras};
+use crate::timer::within;
 use crate::policy::MissingKey;
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.

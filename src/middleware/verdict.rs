@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 
 use crate::decision::Decision;
+use crate::timer::timers_available;
 use crate::decisions::LimitDecision;
 use crate::error::BackendError;
 use crate::grpc;
@@ -267,14 +268,6 @@ struct Source {
     strike: bool,
     /// Who takes back the concurrency slot of an admitted request.
     slot: SlotOwner,
-}
-
-/// Whether a tokio timer can be made here: a runtime with its time driver. Delay mode sleeps on one,
-/// and without it `tokio::time::sleep` panics, so this tries (only for delayed requests; a timer that
-/// is never polled costs next to nothing).
-pub(crate) fn timers_available() -> bool {
-    tokio::runtime::Handle::try_current().is_ok()
-        && std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }
 
 impl Judge {

@@ -23,7 +23,7 @@ use redis::Script;
 use super::args::Spec;
 use super::breaker::guarded;
 use super::state::RedisState;
-use crate::backend::{KeyState, PeekFuture, ResetFuture};
+use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;

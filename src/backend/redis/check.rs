@@ -18,7 +18,7 @@ use super::connection::is_unknown_command;
 use super::deny::Rejection;
 use super::mode::RedisMode;
 use super::scripts::{self, Answer};
-use crate::backend::StackFuture;
+use crate::backend::api::StackFuture;
 use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::key::Key;

@@ -43,7 +43,8 @@ use std::time::Duration;
 
 use self::args::validate_stack;
 use self::state::RedisState;
-use crate::backend::{Backend, PeekFuture, ResetFuture, StackFuture};
+use crate::backend::api::{Backend, StackFuture};
+use crate::backend::key_state::{PeekFuture, ResetFuture};
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
 use crate::limit::{Limit, DEFAULT_LEASE};
