@@ -19,7 +19,7 @@ use http::request::Parts;
 use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
-use crate::middleware::verdict::TierRules;
+use crate::middleware::settings::TierRules;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
 use crate::quota::Quota;

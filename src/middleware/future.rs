@@ -25,7 +25,8 @@ use crate::headers::RateHeaders;
 use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::slot::{ConcurrencySlot, Release};
-use crate::middleware::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
+use crate::middleware::admitted::{Admitted, Verdict};
+use crate::middleware::verdict::{Checked, Judge, RequestContext};
 use crate::outcome::OutcomeGuard;
 
 /// A backend check in flight: one limit, or a stack.

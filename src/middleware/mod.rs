@@ -14,11 +14,14 @@
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
 pub mod body;
+pub(crate) mod admitted;
 pub(crate) mod builder;
 mod extended;
 pub(crate) mod future;
+mod judge_state;
 pub(crate) mod layer;
 pub(crate) mod service;
+pub(crate) mod settings;
 pub(crate) mod slot;
 pub(crate) mod verdict;
 
@@ -26,4 +29,4 @@ pub use builder::ThrottleLayerBuilder;
 pub use future::ResponseFuture;
 pub use layer::ThrottleLayer;
 pub use service::Throttle;
-pub use verdict::OnBackendError;
+pub use settings::OnBackendError;

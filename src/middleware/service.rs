@@ -21,7 +21,9 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::extended::call_extended;
 use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
 use crate::middleware::slot::{Release, SlotOwner};
-use crate::middleware::verdict::{Judge, RequestContext, Settings, Verdict};
+use crate::middleware::admitted::Verdict;
+use crate::middleware::settings::Settings;
+use crate::middleware::verdict::{Judge, RequestContext};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::policy::{MissingKey, Policy};
 
