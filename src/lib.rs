@@ -143,7 +143,7 @@ pub use backend::{MemoryBackend, MemoryBackendBuilder};
 pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
 pub use budget::Budget;
 pub use decision::Decision;
-pub use decisions::{LimitDecision, ThrottleDecisions};
+pub use decisions::{LimitDecision, ThrottleDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};
 pub use handle::{HandleError, ThrottleHandle};
 pub use key::Key;
@@ -155,7 +155,7 @@ pub use middleware::{
 pub use observe::{Limited, RedactionSecret};
 pub use penalty::Penalty;
 pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
-pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
+pub use policy::{MissingKey, Policy, PolicyBuilder, Tier};
 pub use quota::{Quota, QuotaError};
 
 /// The README's code blocks, compiled (and run, where they can be) as doc tests.

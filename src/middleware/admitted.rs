@@ -15,7 +15,8 @@ use crate::middleware::slot::SlotOwner;
 use crate::middleware::settings::{Settings, TierRules};
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
-use crate::policy::{Policy, ThrottleDecision};
+use crate::decisions::ThrottleDecision;
+use crate::policy::Policy;
 
 
 

@@ -22,7 +22,9 @@ mod judge_state;
 pub(crate) mod layer;
 pub(crate) mod service;
 pub(crate) mod settings;
+pub(crate) mod shared;
 pub(crate) mod slot;
+pub(crate) mod table;
 pub(crate) mod verdict;
 
 pub use builder::ThrottleLayerBuilder;
