@@ -462,4 +462,3 @@ impl KeyFromText for Composite {
         Ok(Key::from(joined))
     }
 }
-

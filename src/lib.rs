@@ -124,6 +124,7 @@ pub mod handle;
 pub mod headers;
 pub mod key;
 mod limit;
+mod methods;
 mod middleware;
 mod observe;
 pub mod offenders;

@@ -83,7 +83,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Reads `key`'s state under `limits` (one limit, or a stack as [`check_all`](Backend::check_all)
     /// takes it: a stack may keep its state apart from the same limits alone) without consuming
-    /// anything or writing anything: one [`KeyState`] per limit, in order. A backend that
+    /// anything or writing anything: one [`KeyState`](super::KeyState) per limit, in order. A backend that
     /// [keeps penalties](Backend::keeps_penalties) reports the ban of the first limit's penalty.
     /// The default fails.
     fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {

@@ -5,7 +5,6 @@
 //! axum's `Query` and `Path` do), so that `acme` and `ac%6De` are one key and not a way around the
 //! limit.
 
-
 use http::header::COOKIE;
 use http::Request;
 

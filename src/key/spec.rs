@@ -148,7 +148,7 @@ impl fmt::Display for Composite {
 ///
 /// Give every policy a `KeySpec` instead: each built-in extractor converts into one with `From`
 /// (`KeySpec::from(PeerIp::new())`), and the keys are the extractors' own. For extractors of your own
-/// (closures, [`Extension`]), use [`BoxKeyExtractor`] the same way.
+/// (closures, [`Extension`](super::Extension)), use [`BoxKeyExtractor`](super::BoxKeyExtractor) the same way.
 ///
 /// ```
 /// use tower_throttle::key::{Header, KeySpec, PeerIp};

@@ -35,7 +35,7 @@ impl Key {
         }
     }
 
-    /// The one key of [`Global`].
+    /// The one key of [`Global`](super::Global).
     pub const fn global() -> Self {
         Key(Repr::Global)
     }

@@ -10,15 +10,13 @@ use http::Response;
 
 use crate::decision::Decision;
 use crate::decisions::LimitDecision;
+use crate::decisions::ThrottleDecision;
 use crate::headers::{self, RateHeaders};
-use crate::middleware::slot::SlotOwner;
 use crate::middleware::settings::{Settings, TierRules};
+use crate::middleware::slot::SlotOwner;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
-use crate::decisions::ThrottleDecision;
 use crate::policy::Policy;
-
-
 
 /// What happens to a request.
 pub(crate) enum Verdict {
@@ -67,7 +65,11 @@ pub(crate) struct PolicyRules {
 }
 
 impl PolicyRules {
-    pub(crate) fn new<K>(policy: &Policy<K>, settings: &Settings, backend_keeps_penalties: bool) -> Self {
+    pub(crate) fn new<K>(
+        policy: &Policy<K>,
+        settings: &Settings,
+        backend_keeps_penalties: bool,
+    ) -> Self {
         PolicyRules {
             name: policy.name().into(),
             reporter: Reporter::default(),
@@ -111,7 +113,11 @@ pub(crate) fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Durat
 }
 
 /// Adds each limit's decision to an admitted request's [`ThrottleDecision`], if it has one.
-pub(crate) fn with_limits(mut admitted: Admitted, tier: &TierRules, decisions: &[Decision]) -> Admitted {
+pub(crate) fn with_limits(
+    mut admitted: Admitted,
+    tier: &TierRules,
+    decisions: &[Decision],
+) -> Admitted {
     if let Some(exposed) = admitted.decision.as_deref_mut() {
         exposed.limits = tier
             .names

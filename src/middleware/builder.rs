@@ -14,9 +14,9 @@ use crate::error::BuildError;
 use crate::headers::{Refusal, Rejected};
 use crate::key::ClientIp;
 use crate::middleware::layer::ThrottleLayer;
+use crate::middleware::settings::{OnBackendError, Settings};
 use crate::middleware::shared::Shared;
 use crate::middleware::table::Table;
-use crate::middleware::settings::{OnBackendError, Settings};
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::policy::Policy;
@@ -328,4 +328,3 @@ impl<K, B> fmt::Debug for ThrottleLayerBuilder<K, B> {
             .finish_non_exhaustive()
     }
 }
-

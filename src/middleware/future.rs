@@ -23,9 +23,9 @@ use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
+use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::slot::{ConcurrencySlot, Release};
-use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::verdict::{Checked, Judge, RequestContext};
 use crate::outcome::OutcomeGuard;
 

@@ -13,8 +13,8 @@
 //! * [`body`]: [`ThrottleBody`](body::ThrottleBody), the response body, which holds a concurrency slot to its end.
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
-pub mod body;
 pub(crate) mod admitted;
+pub mod body;
 pub(crate) mod builder;
 mod extended;
 pub(crate) mod future;

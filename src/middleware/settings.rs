@@ -12,8 +12,6 @@ use crate::limit::{Algorithm, Limit};
 use crate::observe::Limited;
 use crate::offenders::Offenders;
 
-
-
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
@@ -46,7 +44,6 @@ impl OnBackendError {
         }
     }
 }
-
 
 /// The layer-wide settings of the verdict, as the builder collects them (cloned for the judge of
 /// each policy table a reload builds).
@@ -88,8 +85,6 @@ impl Default for Settings {
     }
 }
 
-/// Turns backend decisions into verdicts: the part of the layer's configuration that a request needs
-
 /// What the verdict needs of one tier's limits (or of a per-customer quota's).
 pub(crate) struct TierRules {
     pub(crate) name: Option<Arc<str>>,
@@ -114,4 +109,3 @@ impl TierRules {
         }
     }
 }
-

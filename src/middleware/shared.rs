@@ -9,9 +9,9 @@ use arc_swap::ArcSwap;
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
 use crate::key::Key;
-use crate::middleware::table::Table;
-use crate::middleware::slot::{Release, SlotOwner};
 use crate::middleware::settings::Settings;
+use crate::middleware::slot::{Release, SlotOwner};
+use crate::middleware::table::Table;
 
 /// What every service of one layer shares: the backend, the policy table, the access lists, and
 /// what a reload builds the next table with.

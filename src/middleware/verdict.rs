@@ -12,18 +12,18 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::timer::timers_available;
 use crate::error::BackendError;
 use crate::grpc;
 use crate::headers::{self, RateHeaders, Refusal, RefusalKind, Rejected};
 use crate::key::Key;
-use crate::middleware::slot::SlotOwner;
-use crate::middleware::admitted::{admit, queue_delay, with_limits, Admitted, PolicyRules, Verdict};
-use crate::middleware::settings::{OnBackendError, Settings, TierRules};
-use crate::observe::{
-    ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey,
+use crate::middleware::admitted::{
+    admit, queue_delay, with_limits, Admitted, PolicyRules, Verdict,
 };
+use crate::middleware::settings::{OnBackendError, Settings, TierRules};
+use crate::middleware::slot::SlotOwner;
+use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::Policy;
+use crate::timer::timers_available;
 
 #[cfg(feature = "memory")]
 use crate::backend::{Backend, MemoryBackend};
@@ -74,7 +74,7 @@ impl<'a> RequestContext<'a> {
     }
 }
 
-/// The layer-wide settings of the verdict, as the builder collects them (cloned for the judge of
+/// Turns backend decisions into verdicts: the part of the layer's configuration that a request needs
 /// after its backend has answered, so a pending response future holds this and not the backend.
 pub(crate) struct Judge {
     pub(super) settings: Settings,

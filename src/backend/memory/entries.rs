@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 
-
 use crate::decision::Decision;
 use crate::gcra;
 use crate::key::Key;
@@ -350,12 +349,9 @@ pub(super) fn commit(cell: &mut Cell, next: NextState, limit: &Limit, now: u64, 
     };
 }
 
-/// The general store's shard: a table of entries behind a mutex, since a stack's decision reads and
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
 
     #[test]
     fn entries_are_the_size_the_backend_documents() {

@@ -14,7 +14,6 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 
-
 /// The windows, the sliding log, the concurrency limit and stacks of limits (whose GCRA limits keep
 /// their TAT here, apart from the same limits checked alone): entries in shards behind mutexes,
 /// each shard holding at most `shard_cap` entries (beyond it only while requests are in flight).

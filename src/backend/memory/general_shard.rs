@@ -9,8 +9,9 @@ use super::entries::*;
 use super::tuning::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
 use crate::limit::{Algorithm, Limit};
-use crate::window::{self};
+use crate::window;
 
+/// The general store's shard: a table of entries behind a mutex, since a stack's decision reads and
 /// writes several states at once.
 pub(super) struct GeneralShard {
     pub(super) table: HashTable<Entry>,
@@ -169,7 +170,12 @@ pub(super) fn entry_share_used(
 /// The share of its limit that one state uses at `now` (`unix_now` for the windows): 0 for a state
 /// that admits a full quota, 1 for a client being limited, `None` with requests in flight. The
 /// same measure for every algorithm and period, so that the entries of different limits compare.
-pub(super) fn share_used(state: &State, scale: Option<Scale>, now: u64, unix_now: u64) -> Option<f32> {
+pub(super) fn share_used(
+    state: &State,
+    scale: Option<Scale>,
+    now: u64,
+    unix_now: u64,
+) -> Option<f32> {
     let share = match (state, scale) {
         (State::InFlight(n), _) => return (*n == 0).then_some(0.0),
         (State::Gcra(tat), Some(Scale::Gcra(tolerance))) => {
@@ -210,4 +216,3 @@ pub(super) fn share_used(state: &State, scale: Option<Scale>, now: u64, unix_now
     };
     Some(share)
 }
-

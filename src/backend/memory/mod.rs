@@ -29,7 +29,6 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// The most shards a backend may have.
 const MAX_SHARDS: usize = 1024;
 
-
 /// The in-memory backend: one process, every [`Algorithm`](crate::Algorithm), bounded memory.
 ///
 /// It keeps two stores. A lone GCRA limit (the common case) has a table of its own, described

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use redis::{AsyncConnectionConfig, RedisError, Role, Script};
 
-use super::state::RedisState;
 use super::connection::cell_loaded_on;
 use super::mode::{path_name, RedisMode};
 use super::server::{
     attempt_budget, configuration_error, is_not_primary, AttemptError, Misconfigured, SingleServer,
     Source,
 };
+use super::state::RedisState;
 use crate::error::{redact_url, BackendError};
 
 /// The GCRA script, loaded on every new connection so that the first decision after a reconnect
@@ -109,7 +109,6 @@ async fn establish(
     crate::observe::backend_up(Some(path_name(state.detector.active_path())));
     Ok(address)
 }
-
 
 /// One attempt, bounded by `budget`.
 pub(super) async fn connect_once(
@@ -281,7 +280,6 @@ pub(super) fn spawn_keeper(
         }
     });
 }
-
 
 #[cfg(test)]
 mod tests {

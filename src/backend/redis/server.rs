@@ -25,7 +25,6 @@ use crate::error::{redact_url, BackendError};
 /// stalls only open the breaker, as reconnecting would cost as much.
 const STALL_LIMIT: Duration = Duration::from_secs(1);
 
-
 /// Where the server is found: a client (its address resolved again at every connect) or the
 /// sentinels, asked for the current primary at every connect.
 pub(super) enum Source {
@@ -445,7 +444,11 @@ fn is_not_primary_code(code: &str) -> bool {
 /// What is wrong with the configuration, if `error` says so: the password or user refused
 /// (`WRONGPASS`, or redis-rs' authentication failure), none given (`NOAUTH`), or the ACL user lacks
 /// a command (`NOPERM`). `None` for anything a retry may get past.
-pub(super) fn configuration_error(error: &RedisError, address: &str, doing: &str) -> Option<String> {
+pub(super) fn configuration_error(
+    error: &RedisError,
+    address: &str,
+    doing: &str,
+) -> Option<String> {
     let auth =
         error.kind() == redis::ErrorKind::AuthenticationFailed || error.code() == Some("WRONGPASS");
     if auth {
@@ -463,7 +466,6 @@ pub(super) fn configuration_error(error: &RedisError, address: &str, doing: &str
         _ => None,
     }
 }
-
 
 /// How long one connection attempt (resolve, connect, check, load, detect) may take: several
 /// timeouts, at least 250 ms, as a TLS handshake to a remote server takes round trips. Requests do
