@@ -35,6 +35,7 @@
 mod backend;
 mod logging;
 mod policies;
+mod reload;
 mod schema;
 
 use std::fmt;
