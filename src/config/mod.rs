@@ -1,4 +1,5 @@
-//! Per-route policies from TOML (feature `config`). The README documents every key.
+//! Per-route policies from TOML (feature `config`). The guide's
+//! [configuration reference](crate::guide::configuration) documents every key.
 //!
 //! ```
 //! use tower_throttle::config::Config;
