@@ -29,12 +29,19 @@ fn listed_fields(error: &str) -> BTreeSet<String> {
         .find(&format!("unknown field `{UNKNOWN}`"))
         .unwrap_or_else(|| panic!("not an unknown-field error: {error}"));
     let rest = &error[at + UNKNOWN.len() + "unknown field ``".len()..];
-    if rest.trim_start_matches(", ").starts_with("there are no fields") {
+    if rest
+        .trim_start_matches(", ")
+        .starts_with("there are no fields")
+    {
         return BTreeSet::new();
     }
     // ", expected `a`" or ", expected one of `a`, `b`": every backquoted name up to the line's end.
     let line = rest.lines().next().unwrap();
-    line.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The fields of the table that `toml` puts `UNKNOWN` into, through `Config::from_toml`.
@@ -55,7 +62,12 @@ fn backend_kinds() -> Vec<String> {
         .find("unknown variant `zz_kind`")
         .unwrap_or_else(|| panic!("{error}"))..];
     let line = rest.lines().next().unwrap();
-    line.split('`').skip(1).step_by(2).skip(1).map(str::to_owned).collect()
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .skip(1)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Each table of the schema, by the heading of its section on the page, with its keys.
@@ -152,10 +164,14 @@ fn disagreements(
             continue;
         };
         for key in keys.difference(listed) {
-            problems.push(format!("{table}: the schema has `{key}`, the page does not"));
+            problems.push(format!(
+                "{table}: the schema has `{key}`, the page does not"
+            ));
         }
         for key in listed.difference(keys) {
-            problems.push(format!("{table}: the page names `{key}`, the schema has no such key"));
+            problems.push(format!(
+                "{table}: the page names `{key}`, the schema has no such key"
+            ));
         }
     }
     for (section, keys) in page {
@@ -198,7 +214,10 @@ fn the_reference_check_reports_a_missing_an_unknown_key_and_a_missing_table() {
         "section `## `penalties = { .. }`` lists keys {\"after\", \"ban\", \"within\"} of no table of the schema",
     ];
     for line in expect {
-        assert!(problems.iter().any(|p| p == line), "{line:?} not in {problems:#?}");
+        assert!(
+            problems.iter().any(|p| p == line),
+            "{line:?} not in {problems:#?}"
+        );
     }
     assert_eq!(problems.len(), expect.len(), "{problems:#?}");
 }
