@@ -144,7 +144,7 @@ impl Config {
     }
 
     /// A layer builder with the configured policies and options, on `backend`. The `[access]` lists
-    /// are the static ones only (see [`Config::layer`] for the Redis sets).
+    /// are the static ones only (see `Config::layer`, feature `redis`, for the Redis sets).
     pub fn layer_builder<B>(
         &self,
         backend: B,
