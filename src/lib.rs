@@ -31,6 +31,9 @@
 //! # });
 //! ```
 //!
+//! The [`guide`] has the long form, one page per topic: keys and proxies, algorithms and quotas,
+//! policies and the TOML schema, Redis, operator controls, observability, performance, migrating.
+//!
 //! # A request's life
 //!
 //! 1. **Policy**: [`Throttle`] (the service a [`ThrottleLayer`] makes) picks the first [`Policy`]
@@ -124,6 +127,7 @@ mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
+pub mod guide;
 pub mod handle;
 pub mod headers;
 pub mod key;
