@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
-use super::reconnect::{is_not_primary, SingleServer};
+use super::server::{is_not_primary, SingleServer};
 use crate::error::BackendError;
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its

@@ -14,7 +14,7 @@ use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
 use super::breaker::Breaker;
 use super::mode::RedisMode;
-use super::reconnect::{SingleServer, Source};
+use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::error::{redact_url, BackendError};
 
 /// What the builder was given to reach Redis.
@@ -176,12 +176,6 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Cluster(c) => c.get_db(),
         }
     }
-}
-
-/// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
-pub(super) fn install_crypto_provider() {
-    // Fails only when a provider is installed already, which is then the one used.
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn connect_error(url: &str, e: RedisError) -> BackendError {
