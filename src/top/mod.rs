@@ -15,6 +15,7 @@
 //! [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys), pseudonyms (`hmac:` and 16 hex
 //! digits) under the layer's secret.
 
+mod base;
 #[cfg(feature = "redis")]
 mod redis;
 pub(crate) mod sketch;
@@ -26,19 +27,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::BackendError;
 use crate::key::Key;
-use crate::observe::{Redactor, ShownKey};
+use crate::observe::Redactor;
+use base::{show, unix_minute};
+pub use base::{CAPACITY, MAX_TOP, WINDOW_MINUTES};
 use sketch::{largest, SpaceSaving};
 
 #[cfg(feature = "redis")]
 use crate::backend::redis::connection::RedisConnection;
-
-/// Counters per summary: the heaviest keys of a policy in a minute. A key refused more than
-/// `refusals / CAPACITY` times in it is always counted.
-pub const CAPACITY: usize = 1024;
-/// Minutes a read covers: this one and the ones before.
-pub const WINDOW_MINUTES: u64 = 5;
-/// The most keys one read answers.
-pub const MAX_TOP: usize = CAPACITY;
 
 /// A limited key and how many of its requests were refused over the window (an estimate: at most
 /// the refusals of a minute divided by [`CAPACITY`] too many per minute).
@@ -84,21 +79,6 @@ impl Minutes {
             sketch.add(key, 1);
         }
     }
-}
-
-/// `key` as logs show it: rendered, or its pseudonym.
-fn show(key: &Key, redactor: &OnceLock<Redactor>) -> String {
-    ShownKey {
-        key,
-        redact: redactor.get(),
-    }
-    .to_string()
-}
-
-pub(crate) fn unix_minute() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 60)
 }
 
 impl TopLimited {

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use super::base::{show, unix_minute, CAPACITY, WINDOW_MINUTES};
 use super::sketch::{largest, SpaceSaving};
-use super::{show, unix_minute, CAPACITY, WINDOW_MINUTES};
 use crate::backend::redis::connection::RedisConnection;
 use crate::error::BackendError;
 use crate::key::Key;

@@ -6,34 +6,17 @@
 //! server lets the key through again.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::example_server::{send, start_with_env, Server};
+use crate::example_server::{admin_addr, send, start_with_env, Server};
+use crate::example_server_top::ADMIN_CONFIG as CONFIG;
 use crate::support::redis as redis_support;
 
 const TOKEN: &str = "page-test-admin-token-0123";
-
-const CONFIG: &str = r#"
-[[route]]
-name = "reply"
-path = "/reply"
-key = "header:x-user-id"
-count = 1
-period = "1m"
-
-[[route]]
-name = "index"
-path = "/"
-key = "ip"
-max_burst = 19
-count = 10
-period = "1s"
-"#;
 
 /// Headless Chromium and one page of it, over the DevTools protocol's pipe transport (JSON
 /// messages ending in a NUL byte, on file descriptors 3 and 4 of the browser).
@@ -180,17 +163,6 @@ impl Drop for Browser {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn admin_addr(server: &Server) -> SocketAddr {
-    server
-        .line
-        .split("admin on http://")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 fn status(runtime: &tokio::runtime::Runtime, server: &Server, user: &str) -> u16 {

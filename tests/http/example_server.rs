@@ -80,6 +80,25 @@ pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
     Server { child, addr, line }
 }
 
+/// The admin listener's address from the start-up line (one on every address is reached on
+/// loopback).
+pub(crate) fn admin_addr(server: &Server) -> SocketAddr {
+    let addr: SocketAddr = server
+        .line
+        .split("admin on http://")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no admin address in {:?}", server.line))
+        .parse()
+        .unwrap();
+    SocketAddr::from(([127, 0, 0, 1], addr.port()))
+}
+
+/// A JSON body, or a failure that shows it.
+pub(crate) fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
+}
+
 pub(crate) struct Reply {
     pub(crate) status: u16,
     headers: Vec<(String, String)>,

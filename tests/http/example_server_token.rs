@@ -5,31 +5,10 @@
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
-use crate::example_server::{example_binary, send, start_with_env, Server};
+use crate::example_server::{admin_addr, example_binary, send, start_with_env};
+use crate::example_server_top::ADMIN_CONFIG as CONFIG;
 
 const TOKEN: &str = "test-admin-token-0123456789";
-
-const CONFIG: &str = r#"
-[[route]]
-name = "reply"
-path = "/reply"
-key = "header:x-user-id"
-count = 3
-period = "1m"
-"#;
-
-fn admin_addr(server: &Server) -> SocketAddr {
-    let addr: SocketAddr = server
-        .line
-        .split("admin on http://")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .unwrap_or_else(|| panic!("no admin address in {:?}", server.line))
-        .parse()
-        .unwrap();
-    // A listener on every address is reached on loopback.
-    SocketAddr::from(([127, 0, 0, 1], addr.port()))
-}
 
 /// Every admin route with a method, and the status it answers with the right token.
 const ROUTES: &[(&str, &str, u16)] = &[

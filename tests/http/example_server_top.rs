@@ -4,32 +4,27 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::example_server::{send, start, Server};
+use crate::example_server::{admin_addr, json, send, start, Server};
 use crate::support::redis as redis_support;
 
-const CONFIG: &str = r#"
+/// A route refused after one request a minute per user, and one per client IP; shared by the admin
+/// token and page tests.
+pub(crate) const ADMIN_CONFIG: &str = r#"
 [[route]]
 name = "reply"
 path = "/reply"
 key = "header:x-user-id"
 count = 1
 period = "1m"
+
+[[route]]
+name = "index"
+path = "/"
+key = "ip"
+max_burst = 19
+count = 10
+period = "1s"
 "#;
-
-fn admin_addr(server: &Server) -> SocketAddr {
-    server
-        .line
-        .split("admin on http://")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .unwrap_or_else(|| panic!("no admin address in {:?}", server.line))
-        .parse()
-        .unwrap()
-}
-
-fn json(body: &str) -> serde_json::Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
-}
 
 /// alice is refused 5 times, bob twice, carol never.
 async fn refuse(server: &Server) {
@@ -137,19 +132,19 @@ async fn top_and_overview(extra: &[&str], config: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn top_limited_keys_in_memory() {
-    top_and_overview(&[], CONFIG).await;
+    top_and_overview(&[], ADMIN_CONFIG).await;
 }
 
 #[tokio::test]
 async fn top_limited_keys_on_redis() {
     let redis = redis_support::RedisServer::start();
     let url = redis.url();
-    top_and_overview(&["--redis", &url, "--redis-mode", "lua"], CONFIG).await;
+    top_and_overview(&["--redis", &url, "--redis-mode", "lua"], ADMIN_CONFIG).await;
 }
 
 #[tokio::test]
 async fn top_limited_keys_are_redacted_when_keys_are() {
-    let config = format!("[logging]\nredact_keys = true\n{CONFIG}");
+    let config = format!("[logging]\nredact_keys = true\n{ADMIN_CONFIG}");
     let top = top_and_overview(&[], &config).await;
     for entry in top.as_array().unwrap() {
         let key = entry["key"].as_str().unwrap();

@@ -128,3 +128,28 @@ async fn the_dashboard_and_the_rules_use_only_exported_metrics() {
     };
     assert!(exported.contains("throttle_backend_up"), "{exported:?}");
 }
+
+/// The guide page's `[admin]` and `[server]` block parses as written, with the defaults it states.
+#[test]
+fn the_guide_admin_and_server_tables_are_valid() {
+    let page = include_str!("../../src/guide/observability_admin.md");
+    let start = page.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    let toml = &page[start..start + page[start..].find("```").unwrap()];
+    let config = tower_throttle::config::Config::from_toml(&format!(
+        "{toml}\n[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        config.admin.unwrap().token_env.as_deref(),
+        Some("ADMIN_TOKEN")
+    );
+    let server = config.server.unwrap();
+    assert_eq!(
+        server.header_read_timeout().unwrap(),
+        tower_throttle::config::ServerConfig::DEFAULT_HEADER_READ_TIMEOUT
+    );
+    assert_eq!(
+        server.max_connections().unwrap(),
+        tower_throttle::config::ServerConfig::DEFAULT_MAX_CONNECTIONS
+    );
+}
