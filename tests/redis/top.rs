@@ -86,3 +86,38 @@ async fn two_processes_find_the_true_top_10_of_a_zipf_stream() {
     let ttl: i64 = server.cli(&["TTL", key]).trim().parse().unwrap();
     assert!(ttl > 0 && ttl <= 360, "{ttl}");
 }
+
+/// On a Redis Cluster: each policy's sets share a hash tag, so `ZUNION` reads them in one slot;
+/// two policies (two slots) are sent and read apart.
+#[tokio::test]
+async fn the_top_limited_keys_on_a_cluster() {
+    let cluster = redis_support::RedisCluster::start();
+    let conn = redis::cluster::ClusterClient::builder(cluster.urls())
+        .retries(0)
+        .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let offenders = Offenders::redis_cluster(conn, "app");
+    for (policy, key, times) in [("api", "a", 5), ("api", "b", 2), ("login", "c", 3)] {
+        for _ in 0..times {
+            offenders.record(policy, &Key::from(key));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let api = offenders.top("api", 10).await.unwrap();
+        let login = offenders.top("login", 10).await.unwrap();
+        let shown = |top: &[tower_throttle::top::TopKey]| -> Vec<(String, u64)> {
+            top.iter().map(|t| (t.key.clone(), t.limited)).collect()
+        };
+        if shown(&api) == [("a".to_owned(), 5), ("b".to_owned(), 2)]
+            && shown(&login) == [("c".to_owned(), 3)]
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{api:?} {login:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
