@@ -7,6 +7,8 @@
 //! * At most `[server] max_connections` (default 10,000) connections are open at once: at the cap
 //!   the loop stops accepting, and new connections wait in the kernel's accept queue until one
 //!   closes, instead of the process running out of file descriptors.
+//! * On shutdown (Ctrl-C on the main listener) the loop stops accepting and waits up to 10 s for the
+//!   open connections to finish.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +40,7 @@ pub async fn serve(
     loop {
         let permit = tokio::select! {
             permit = open.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            () = &mut shutdown => return,
+            () = &mut shutdown => break,
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -51,7 +53,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = &mut shutdown => return,
+            () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
@@ -72,7 +74,14 @@ pub async fn serve(
             drop(permit);
         });
     }
+    // Stopped accepting: give the requests in flight up to SHUTDOWN_GRACE to finish (every
+    // connection's permit back), as axum's graceful shutdown would, but bounded.
+    let all = u32::try_from(edge.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, open.acquire_many(all)).await;
 }
+
+/// How long a shutdown waits for open connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The edge that `[server]` describes (defaults where it says nothing).
 pub fn of(config: &tower_throttle::config::Config) -> Result<Edge, String> {

@@ -104,12 +104,19 @@ impl ServerConfig {
         }
     }
 
-    /// `max_connections`, checked (at least 1), or the default.
+    /// The largest `max_connections` accepted (far beyond what a process's file descriptors allow).
+    pub const MAX_MAX_CONNECTIONS: usize = 10_000_000;
+
+    /// `max_connections`, checked (1 to [`MAX_MAX_CONNECTIONS`](Self::MAX_MAX_CONNECTIONS)), or
+    /// the default.
     pub fn max_connections(&self) -> Result<usize, BuildError> {
         match self.max_connections {
-            Some(0) => Err(BuildError::Invalid(
-                "[server] max_connections must be at least 1".into(),
-            )),
+            Some(n) if n == 0 || n > Self::MAX_MAX_CONNECTIONS => {
+                Err(BuildError::Invalid(format!(
+                    "[server] max_connections = {n}: give 1 to {}",
+                    Self::MAX_MAX_CONNECTIONS
+                )))
+            }
             Some(n) => Ok(n),
             None => Ok(Self::DEFAULT_MAX_CONNECTIONS),
         }
