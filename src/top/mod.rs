@@ -1,4 +1,4 @@
-//! Who is limited most: per policy, a bounded heavy-hitter summary ([Space-Saving](sketch)) of the
+//! Who is limited most: per policy, a bounded heavy-hitter summary (Space-Saving, in `sketch.rs`) of the
 //! keys refused over the last few minutes. Kept by [`Offenders`](crate::offenders::Offenders)
 //! beside its distinct counts, read with [`ThrottleHandle::top`](crate::ThrottleHandle::top).
 //!
