@@ -11,8 +11,11 @@
 //!
 //! Every configured route answers 200 to any method with a body naming the route; `/metrics` serves
 //! the limiter's counters in the Prometheus text format; other paths 404. With `--admin ADDR`, a
-//! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload` and `GET /health`
-//! (see `server/admin.rs`); SIGHUP reloads the `--config` file too.
+//! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload`, `GET /health`,
+//! `GET /top/{policy}`, `GET /overview` and an admin page at `/` (see `server/admin.rs`), behind a
+//! token with `--admin-token-env NAME` (`server/auth.rs`); SIGHUP reloads the `--config` file too.
+//! Both listeners close connections whose request head is slow and cap open connections
+//! (`[server]`, `server/edge.rs`).
 //!
 //! Every start-up error is one line on stderr naming where it comes from (the config file and the
 //! setting, or the flag), and the exit code is 2.
@@ -109,7 +112,8 @@ const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin
     --config FILE     the policies, in TOML (default: a built-in set of five routes)\n\
     --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
     \x20                 listen, else 127.0.0.1:3000)\n\
-    --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload and GET /health\n\
+    --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload, GET /health,\n\
+    \x20                 GET /top/{policy}, GET /overview and an admin page at /\n\
     \x20                 on ADDR (off by default; keep it on loopback: it can lift any limit)\n\
     --admin-token-env NAME  every admin request needs Authorization: Bearer <the value of $NAME>\n\
     \x20                 (or [admin] token_env in the config); required off loopback\n\
