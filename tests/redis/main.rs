@@ -5,6 +5,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The scripts exactly as the backend assembles them (shebang, prelude, body).
+#[path = "../../src/backend/redis/lua.rs"]
+#[allow(dead_code)]
+mod lua;
+
 mod algorithms;
 mod backend;
 mod batch;

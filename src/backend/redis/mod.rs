@@ -29,6 +29,7 @@ pub(crate) mod connection;
 mod deny;
 mod health;
 mod lease;
+mod lua;
 mod mode;
 mod reconnect;
 pub(crate) mod redirect;

@@ -10,22 +10,18 @@
 //! fail at once, so the layer's failure policy answers without waiting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::SentinelClient;
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, Role, Script, Value};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, Role, Value};
 use tokio::sync::Notify;
 
 use super::check::RedisState;
 use super::connection::{cell_loaded_on, install_crypto_provider};
 use super::mode::RedisMode;
 use crate::error::{redact_url, BackendError};
-
-/// The GCRA script, loaded on every new connection so that the first decision after a reconnect
-/// does not pay for `NOSCRIPT` (the same text as the one `EVALSHA` runs, so the same SHA).
-static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra.lua")));
 
 /// Reconnect attempts back off from 50 ms to 500 ms.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -541,7 +537,9 @@ async fn establish(
         )));
     }
     // Every mode runs the script for some calls (peeks, penalties, quotas with no whole-second form).
-    GCRA.load_async(&mut conn).await.map_err(|e| {
+    // The GCRA script, loaded on every new connection so that the first decision after a
+    // reconnect does not pay for `NOSCRIPT` (the very script `EVALSHA` runs, so the same SHA).
+    super::scripts::GCRA.load_async(&mut conn).await.map_err(|e| {
         failed(
             "cannot load the script on",
             "load the script (SCRIPT LOAD)",
