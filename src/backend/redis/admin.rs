@@ -217,7 +217,7 @@ mod tests {
 
     #[test]
     fn the_peek_knows_every_command_limits_lua_calls() {
-        let script = super::lua::LIMITS_BODY;
+        let script = super::super::lua::LIMITS_BODY;
         let commands: Vec<&str> = script
             .split("redis.call('")
             .skip(1)
