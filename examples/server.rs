@@ -212,7 +212,7 @@ async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
 }
 
 /// `GET /health` of the admin listener: the backend's state, 200 while decisions come from it,
-/// 503 otherwise (for a readiness check).
+/// 503 otherwise (for a readiness check), with the reason and the error decisions fail with.
 pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
     use axum::response::IntoResponse;
     let health = backend.health();
@@ -221,7 +221,9 @@ pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Re
         BackendHealth::Redis(redis) => serde_json::json!({
             "backend": "redis",
             "up": up,
+            "reason": redis.reason(),
             "connected": redis.connected,
+            "decisions_failing": redis.decisions_failing,
             "path": redis.path_name(),
             "breaker_open": redis.breaker_open,
             "address": redis.address,

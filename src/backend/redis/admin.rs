@@ -89,10 +89,7 @@ return out
 "#;
 
 fn peek_source() -> String {
-    format!(
-        "{PRELUDE}{}{EPILOGUE}",
-        super::lua::LIMITS_BODY.trim_end()
-    )
+    format!("{PRELUDE}{}{EPILOGUE}", super::lua::LIMITS_BODY.trim_end())
 }
 
 impl RedisState {

@@ -18,6 +18,7 @@ use super::deny::{DenyCache, Rejection};
 use super::lease::Leases;
 use super::mode::RedisMode;
 use super::scripts::{self, Answer};
+use super::watch::MemoryWatch;
 use crate::backend::StackFuture;
 use crate::decision::Decision;
 use crate::error::BackendError;
@@ -42,6 +43,8 @@ pub(super) struct RedisState {
     pub(super) batches: Option<Arc<Batcher>>,
     /// Leased budgets of hot keys (budget.rs).
     pub(super) budgets: Arc<Budgets>,
+    /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
+    pub(super) memory: MemoryWatch,
 }
 
 impl RedisState {
@@ -59,6 +62,7 @@ impl RedisState {
                 timeout,
                 !conn.is_cluster(),
                 conn.server().cloned(),
+                mode,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
@@ -68,6 +72,7 @@ impl RedisState {
             timeout,
             deny: deny_cache.then(DenyCache::new),
             budgets: Arc::default(),
+            memory: MemoryWatch::default(),
         }
     }
 

@@ -309,6 +309,7 @@ impl Detector {
     pub(super) fn detected(&self, loaded: bool, breaker: &Breaker) {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+        breaker.failing.set_path(self.active_path());
         self.next_detect
             .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
     }

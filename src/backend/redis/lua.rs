@@ -29,7 +29,8 @@ pub(crate) const BUDGET: &str = script!("budget.lua");
 /// Every algorithm, and stacks (`limits.lua`).
 pub(crate) const LIMITS: &str = script!("limits.lua");
 /// `limits.lua` after the prelude, without the shebang: the body of the peek's read-only function.
-pub(crate) const LIMITS_BODY: &str = concat!(include_str!("prelude.lua"), include_str!("limits.lua"));
+pub(crate) const LIMITS_BODY: &str =
+    concat!(include_str!("prelude.lua"), include_str!("limits.lua"));
 /// Refunds by outcome (`refund.lua`).
 pub(crate) const REFUND: &str = script!("refund.lua");
 /// Concurrency lease renewal (`renew.lua`).

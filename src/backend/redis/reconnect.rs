@@ -539,20 +539,26 @@ async fn establish(
     // Every mode runs the script for some calls (peeks, penalties, quotas with no whole-second form).
     // The GCRA script, loaded on every new connection so that the first decision after a
     // reconnect does not pay for `NOSCRIPT` (the very script `EVALSHA` runs, so the same SHA).
-    super::scripts::GCRA.load_async(&mut conn).await.map_err(|e| {
-        failed(
-            "cannot load the script on",
-            "load the script (SCRIPT LOAD)",
-            e,
-        )
-    })?;
+    super::scripts::GCRA
+        .load_async(&mut conn)
+        .await
+        .map_err(|e| {
+            failed(
+                "cannot load the script on",
+                "load the script (SCRIPT LOAD)",
+                e,
+            )
+        })?;
     if let Some(loaded) = loaded {
         state.detector.detected(loaded, &state.breaker);
     }
     server.install(conn, address.clone());
     state.breaker.forget_loss();
     state.breaker.answered();
-    crate::observe::backend_up(Some(path_name(state.detector.active_path())));
+    state
+        .breaker
+        .failing
+        .connected(state.detector.active_path());
     Ok(address)
 }
 
