@@ -19,6 +19,7 @@ mod cluster_resharding;
 mod count_outcome;
 mod failover;
 mod failure;
+mod full;
 mod harness;
 mod modes_on_backends;
 mod offenders;

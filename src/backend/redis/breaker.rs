@@ -285,7 +285,7 @@ where
                 Ok(value)
             }
             Ok(Err(e)) => {
-                breaker.failing.failed(&e);
+                breaker.failing.failed_on(&e);
                 if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                     breaker.unreachable(was_probe);
                     breaker.call_failed(&e);

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use redis::RedisError;
+
 use super::mode::RedisMode;
 
 /// How long the watcher lets a failing backend go without a decision before it probes.
@@ -77,8 +79,20 @@ impl Failing {
 
     /// A call failed with `error`: decisions are failing, and this is why.
     pub(super) fn failed(&self, error: &dyn std::fmt::Display) {
+        self.failed_with(error.to_string());
+    }
+
+    /// A call failed with Redis' `error`: an error reply reads as Redis wrote it (`OOM command not
+    /// allowed when used memory > 'maxmemory'.`), not as redis-rs shows it (`"OOM": command…`).
+    pub(super) fn failed_on(&self, error: &RedisError) {
+        match (error.code(), error.detail()) {
+            (Some(code), Some(detail)) => self.failed_with(format!("{code} {detail}")),
+            _ => self.failed_with(error.to_string()),
+        }
+    }
+
+    fn failed_with(&self, text: String) {
         let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        let text = error.to_string();
         self.last_failure_ms
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::AcqRel) {
