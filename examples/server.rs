@@ -475,11 +475,12 @@ async fn run() -> Result<(), String> {
         }
         None => source,
     };
-    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
-    let listen = listen_addrs(&args, &config).await?;
+    // Before the backend: what it reports while connecting (`throttle_backend_up`) is recorded.
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
+    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    let listen = listen_addrs(&args, &config).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);

@@ -24,6 +24,7 @@ mod penalty;
 mod per_customer;
 mod readme_config;
 mod readme_quickstart;
+mod redis_full;
 mod refusals;
 mod route_matching;
 mod spoofing;
