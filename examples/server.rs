@@ -19,6 +19,8 @@
 
 #[path = "server/admin.rs"]
 mod admin;
+#[path = "server/host.rs"]
+mod host;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -489,7 +491,8 @@ async fn run() -> Result<(), String> {
             upkeep.run_upkeep();
         }
     });
-    let app = with_metrics(routes, &layer, metrics);
+    let app =
+        with_metrics(routes, &layer, metrics).layer(axum::middleware::from_fn(host::require_host));
     let admin = match &args.admin {
         Some(addr) => {
             let addrs = resolve("--admin", addr).await?;

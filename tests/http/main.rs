@@ -14,6 +14,7 @@ mod count_outcome;
 mod example_server;
 mod example_server_admin;
 mod example_server_cli;
+mod example_server_heads;
 mod grpc;
 mod hyper;
 mod key_sources;
