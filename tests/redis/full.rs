@@ -28,6 +28,18 @@ fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
         .unwrap()
 }
 
+/// A backend on `server`'s Lua path; every decision reaches Redis (no deny cache).
+async fn lua_backend(url: String) -> RedisBackend {
+    RedisBackend::builder()
+        .url(url)
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_secs(2))
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap()
+}
+
 /// Every route of the issue: each algorithm, and a stack.
 fn routes() -> Vec<(&'static str, Vec<Limit>)> {
     let of = |algorithm| Limit::with_algorithm("full", algorithm, Quota::per_hour(10)).unwrap();
@@ -89,14 +101,7 @@ async fn rotate(
 #[tokio::test]
 async fn under_noeviction_every_algorithm_is_refused_and_memory_stays_capped() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder()
-        .url(server.url())
-        .mode(RedisMode::Lua)
-        .timeout(Duration::from_secs(2))
-        .deny_cache(false)
-        .connect()
-        .await
-        .unwrap();
+    let backend = lua_backend(server.url()).await;
     server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     for (route, limits) in routes() {
         server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
@@ -153,12 +158,7 @@ async fn within(from: Instant, within: Duration, mut f: impl FnMut() -> bool) ->
 #[tokio::test]
 async fn health_says_decisions_fail_from_the_first_oom_and_recovers_without_traffic() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder()
-        .url(server.url())
-        .mode(RedisMode::Lua)
-        .connect()
-        .await
-        .unwrap();
+    let backend = lua_backend(server.url()).await;
     let limit = Limit::new("health", Quota::per_second(100)).unwrap();
     let key = Key::from("alice");
     assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
@@ -211,13 +211,7 @@ async fn an_evicting_policy_is_warned_once_and_evictions_say_why_a_limit_was_los
     let server = RedisServer::start();
     server.cli(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
     server.cli(&["CONFIG", "SET", "maxmemory", &CAP.to_string()]);
-    let backend = RedisBackend::builder()
-        .url(server.url())
-        .mode(RedisMode::Lua)
-        .deny_cache(false)
-        .connect()
-        .await
-        .unwrap();
+    let backend = lua_backend(server.url()).await;
     const WARNING: &str = "Redis may evict the limiter's keys";
     let start = Instant::now();
     assert!(
@@ -276,12 +270,7 @@ async fn a_redis_that_refuses_config_get_is_said_once() {
         "ACL", "SETUSER", "limiter", "on", ">pw", "~*", "&*", "+@all", "-config",
     ]);
     let url = server.url().replacen("redis://", "redis://limiter:pw@", 1);
-    let backend = RedisBackend::builder()
-        .url(url)
-        .mode(RedisMode::Lua)
-        .connect()
-        .await
-        .unwrap();
+    let backend = lua_backend(url).await;
     for _ in 0..3 {
         let memory = backend.memory().await.unwrap();
         assert_eq!(memory.policy, None, "{memory:?}");

@@ -263,9 +263,10 @@ pub(super) fn is_unknown_command(e: &RedisError) -> bool {
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 
-const UNKNOWN: u8 = 0;
-const CELL: u8 = 1;
-const LUA: u8 = 2;
+/// A path as one byte (for atomics): not known yet, `CL.THROTTLE`, the Lua script.
+pub(super) const UNKNOWN: u8 = 0;
+pub(super) const CELL: u8 = 1;
+pub(super) const LUA: u8 = 2;
 
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
 /// the connection offers the redis-cell module, the Lua script where it does not.

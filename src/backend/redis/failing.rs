@@ -18,17 +18,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
+use super::connection::{CELL, LUA, UNKNOWN};
 use super::mode::RedisMode;
+use super::reconnect::path_name;
 
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(super) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// Transitions are logged at most this often (a flapping Redis would fill the log otherwise).
 const LOG_EVERY_MS: u64 = 1000;
-
-const UNKNOWN: u8 = 0;
-const CELL: u8 = 1;
-const LUA: u8 = 2;
 
 /// Whether decisions are failing, and why.
 pub(super) struct Failing {
@@ -139,11 +137,11 @@ impl Failing {
     }
 
     fn path_name(&self) -> &'static str {
-        match self.path.load(Ordering::Relaxed) {
-            CELL => "cell",
-            LUA => "lua",
-            _ => "unknown",
-        }
+        path_name(match self.path.load(Ordering::Relaxed) {
+            CELL => Some(RedisMode::Cell),
+            LUA => Some(RedisMode::Lua),
+            _ => None,
+        })
     }
 
     /// Whether a transition may be logged now (at most one a second).
