@@ -25,9 +25,6 @@ use super::reconnect::path_name;
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(super) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
-/// Transitions are logged at most this often (a flapping Redis would fill the log otherwise).
-const LOG_EVERY_MS: u64 = 1000;
-
 /// Whether decisions are failing, and why.
 pub(super) struct Failing {
     failing: AtomicBool,
@@ -39,8 +36,6 @@ pub(super) struct Failing {
     epoch: Instant,
     /// Ms since `epoch` of the last failed call.
     last_failure_ms: AtomicU64,
-    /// Ms since `epoch` (plus one) of the last transition logged; 0 before any.
-    logged_ms: AtomicU64,
 }
 
 impl Failing {
@@ -52,7 +47,6 @@ impl Failing {
             path: AtomicU8::new(UNKNOWN),
             epoch: Instant::now(),
             last_failure_ms: AtomicU64::new(0),
-            logged_ms: AtomicU64::new(0),
         };
         if mode != RedisMode::Auto {
             failing.path.store(code(Some(mode)), Ordering::Relaxed);
@@ -67,11 +61,7 @@ impl Failing {
         }
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         if self.failing.swap(false, Ordering::AcqRel) {
-            let path = self.path_name();
-            crate::observe::backend_up(Some(path));
-            if self.may_log() {
-                tracing::info!(path, "rate-limit decisions come from Redis again");
-            }
+            crate::observe::backend_up(Some(self.path_name()));
         }
     }
 
@@ -93,15 +83,10 @@ impl Failing {
         let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.last_failure_ms
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        // Not logged here: the layer logs failed decisions (once a second), and the reconnecting
+        // task the connection's transitions.
         if !self.failing.swap(true, Ordering::AcqRel) {
             crate::observe::backend_up(None);
-            if self.may_log() {
-                tracing::warn!(
-                    path = self.path_name(),
-                    error = %text,
-                    "rate-limit decisions are failing; requests follow the failure policy until one succeeds"
-                );
-            }
         }
         *current = Some((text, SystemTime::now()));
     }
@@ -142,17 +127,6 @@ impl Failing {
             LUA => Some(RedisMode::Lua),
             _ => None,
         })
-    }
-
-    /// Whether a transition may be logged now (at most one a second).
-    fn may_log(&self) -> bool {
-        let now = self.epoch.elapsed().as_millis() as u64 + 1;
-        let last = self.logged_ms.load(Ordering::Relaxed);
-        (last == 0 || now.saturating_sub(last) >= LOG_EVERY_MS)
-            && self
-                .logged_ms
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
     }
 }
 

@@ -46,9 +46,9 @@ pub struct RedisHealth {
     /// Whether the circuit breaker is open: calls fail fast (but for an occasional probe) until
     /// one gets through or the background probe finds Redis again.
     pub breaker_open: bool,
-    /// While decisions are [failing](Self::decisions_failing): the error of the last failed call
-    /// (for example `OOM command not allowed when used memory > 'maxmemory'`). Otherwise the last
-    /// error that cost the connection or a connection attempt (a configuration error among them: a
+    /// While connected and decisions are [failing](Self::decisions_failing): the error of the last
+    /// failed call (for example `OOM command not allowed when used memory > 'maxmemory'`).
+    /// Otherwise the last error that cost the connection or a connection attempt (a configuration error among them: a
     /// wrong password, missing ACL permissions, a replica), and when it happened.
     pub last_error: Option<(String, SystemTime)>,
     /// Whether the last call to Redis failed (no call has succeeded since): see above.

@@ -256,7 +256,12 @@ impl RedisBackend {
             path: state.detector.active_path(),
             breaker_open: state.breaker.tripped(),
             decisions_failing: failing.is_some(),
-            last_error: failing.or(last_error),
+            // Not connected: why the connection is down says more than "not connected" does.
+            last_error: if connected {
+                failing.or(last_error)
+            } else {
+                last_error.or(failing)
+            },
             address,
         }
     }

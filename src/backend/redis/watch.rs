@@ -25,7 +25,7 @@ use crate::quota::Quota;
 
 /// How often the memory settings are read once they have been.
 const MEMORY_EVERY: Duration = Duration::from_secs(30);
-/// How soon to read them again when Redis could not be asked (not connected yet).
+/// How soon to read them again while they have never been read (not connected yet).
 const MEMORY_RETRY: Duration = Duration::from_secs(1);
 
 /// What Redis says about its memory, from [`RedisBackend::memory`](crate::RedisBackend::memory).
@@ -94,6 +94,9 @@ pub(super) fn spawn(state: &Arc<RedisState>) {
         let probe = Limit::new("health-probe", Quota::per_second(1)).expect("a valid quota");
         let key = Key::from("probe");
         let mut next_memory = Instant::now();
+        // Until the first read succeeds (a backend built before Redis answers), it is tried every
+        // second; then every 30 s, whatever the outcome.
+        let mut read_once = false;
         let mut tick = tokio::time::interval(super::failing::PROBE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -108,10 +111,12 @@ pub(super) fn spawn(state: &Arc<RedisState>) {
                 let _ = state.check(&probe, &key, 0).await;
             }
             if Instant::now() >= next_memory {
+                read_once |= read_memory(&state).await.is_ok();
                 next_memory = Instant::now()
-                    + match read_memory(&state).await {
-                        Ok(_) => MEMORY_EVERY,
-                        Err(_) => MEMORY_RETRY,
+                    + if read_once {
+                        MEMORY_EVERY
+                    } else {
+                        MEMORY_RETRY
                     };
             }
         }
