@@ -22,8 +22,8 @@ use redis::Script;
 
 use super::args::Spec;
 use super::breaker::guarded;
-use super::check::RedisState;
-use crate::backend::{KeyState, PeekFuture, ResetFuture};
+use super::state::RedisState;
+use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;

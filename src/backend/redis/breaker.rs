@@ -11,7 +11,7 @@ use redis::RedisError;
 
 use super::failing::Failing;
 use super::mode::RedisMode;
-use super::reconnect::{is_not_primary, SingleServer};
+use super::server::{is_not_primary, SingleServer};
 use crate::error::BackendError;
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its

@@ -18,9 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
-use super::connection::{CELL, LUA, UNKNOWN};
-use super::mode::RedisMode;
-use super::reconnect::path_name;
+use super::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN};
 
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(super) const PROBE_EVERY: Duration = Duration::from_millis(250);

@@ -80,7 +80,7 @@ impl RedisHealth {
 
     /// The path's name: `"cell"`, `"lua"` or `"unknown"`.
     pub fn path_name(&self) -> &'static str {
-        super::reconnect::path_name(self.path)
+        super::mode::path_name(self.path)
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::args::Spec;
-use super::check::RedisState;
+use super::state::RedisState;
 use crate::key::Key;
 use crate::limit::Limit;
 

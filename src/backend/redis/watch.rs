@@ -10,14 +10,15 @@
 //! seen are counted in `throttle_redis_evicted_keys_total` and logged (at most every 30 s). A
 //! managed Redis that refuses `CONFIG GET` gets one line that says so.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{RedisError, Value};
 
-use super::check::RedisState;
 use super::connection::RedisConnection;
+use super::memory::RedisMemory;
+use super::state::RedisState;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -27,62 +28,6 @@ use crate::quota::Quota;
 const MEMORY_EVERY: Duration = Duration::from_secs(30);
 /// How soon to read them again while they have never been read (not connected yet).
 const MEMORY_RETRY: Duration = Duration::from_secs(1);
-
-/// What Redis says about its memory, from [`RedisBackend::memory`](crate::RedisBackend::memory).
-/// On a Cluster, over every primary: the first policy that can evict (or the first policy), and
-/// the evictions summed.
-///
-/// ```
-/// use tower_throttle::RedisMemory;
-///
-/// assert!(RedisMemory::policy_evicts("allkeys-lru"));
-/// assert!(RedisMemory::policy_evicts("volatile-ttl")); // every limiter key has a TTL
-/// assert!(!RedisMemory::policy_evicts("noeviction"));
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisMemory {
-    /// `maxmemory-policy`, or `None` where Redis refuses `CONFIG GET` (managed Redis, ACLs).
-    pub policy: Option<String>,
-    /// `evicted_keys` from `INFO stats`: every key Redis evicted since it started (the limiter's
-    /// and any other), or `None` where Redis refuses `INFO`.
-    pub evicted_keys: Option<u64>,
-    /// The keys evicted since this backend first read `evicted_keys` (what the metric
-    /// `throttle_redis_evicted_keys_total` has counted).
-    pub evictions_seen: u64,
-}
-
-impl RedisMemory {
-    /// Whether Redis may evict the limiter's keys under this `maxmemory-policy`: every policy but
-    /// `noeviction` (the `volatile-*` ones too, as every limiter key has a TTL).
-    pub fn policy_evicts(policy: &str) -> bool {
-        policy.starts_with("allkeys-") || policy.starts_with("volatile-")
-    }
-
-    /// Whether [`policy`](Self::policy) is known and may evict the limiter's keys.
-    pub fn evicts(&self) -> bool {
-        self.policy.as_deref().is_some_and(Self::policy_evicts)
-    }
-}
-
-/// What the watcher remembers between reads, shared with [`RedisBackend::memory`] calls.
-///
-/// [`RedisBackend::memory`]: crate::RedisBackend::memory
-#[derive(Default)]
-pub(super) struct MemoryWatch {
-    state: Mutex<Seen>,
-}
-
-#[derive(Default)]
-struct Seen {
-    /// `evicted_keys` at the last read.
-    evicted_keys: Option<u64>,
-    evictions_seen: u64,
-    /// The evicting policy last warned about.
-    warned_policy: Option<String>,
-    /// `CONFIG GET` was refused, and that was said.
-    said_config_refused: bool,
-}
 
 /// Starts the watcher of `state`; it ends when the backend (every clone) is dropped.
 pub(super) fn spawn(state: &Arc<RedisState>) {
@@ -208,12 +153,6 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<RedisMemory, Backe
         evicted_keys,
         evictions_seen: seen.evictions_seen,
     })
-}
-
-impl MemoryWatch {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// `cmd` on the server, or on every primary of a Cluster (the replies gathered in one value).
