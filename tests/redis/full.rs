@@ -291,3 +291,23 @@ async fn a_redis_that_refuses_config_get_is_said_once() {
         logs.lines()
     );
 }
+
+/// On a Cluster the settings are read from every primary: one evicting primary is enough to be
+/// reported, and evictions are summed.
+#[tokio::test]
+async fn a_cluster_reports_the_policy_of_every_primary() {
+    let cluster = redis_support::RedisCluster::start();
+    let backend = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .connect()
+        .await
+        .unwrap();
+    let memory = backend.memory().await.unwrap();
+    assert_eq!(memory.policy.as_deref(), Some("noeviction"), "{memory:?}");
+    assert_eq!(memory.evicted_keys, Some(0), "{memory:?}");
+    cluster.nodes()[1].cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-ttl"]);
+    let memory = backend.memory().await.unwrap();
+    assert_eq!(memory.policy.as_deref(), Some("volatile-ttl"), "{memory:?}");
+    assert!(memory.evicts());
+}
