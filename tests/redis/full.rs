@@ -297,12 +297,7 @@ async fn a_redis_that_refuses_config_get_is_said_once() {
 #[tokio::test]
 async fn a_cluster_reports_the_policy_of_every_primary() {
     let cluster = redis_support::RedisCluster::start();
-    let backend = RedisBackend::builder()
-        .cluster_urls(cluster.urls())
-        .mode(RedisMode::Lua)
-        .connect()
-        .await
-        .unwrap();
+    let backend = crate::backend::cluster(cluster.urls(), RedisMode::Lua).await;
     let memory = backend.memory().await.unwrap();
     assert_eq!(memory.policy.as_deref(), Some("noeviction"), "{memory:?}");
     assert_eq!(memory.evicted_keys, Some(0), "{memory:?}");
