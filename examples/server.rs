@@ -26,6 +26,8 @@ mod admin;
 mod auth;
 #[path = "server/edge.rs"]
 mod edge;
+#[path = "server/host.rs"]
+mod host;
 #[path = "server/view.rs"]
 mod view;
 
@@ -233,7 +235,7 @@ async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
 }
 
 /// `GET /health` of the admin listener: the backend's state, 200 while decisions come from it,
-/// 503 otherwise (for a readiness check).
+/// 503 otherwise (for a readiness check), with the reason and the error decisions fail with.
 pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
     use axum::response::IntoResponse;
     let (up, body) = health_json(backend);
@@ -253,7 +255,9 @@ pub(crate) fn health_json(backend: &ConfiguredBackend) -> (bool, serde_json::Val
         BackendHealth::Redis(redis) => serde_json::json!({
             "backend": "redis",
             "up": up,
+            "reason": redis.reason(),
             "connected": redis.connected,
+            "decisions_failing": redis.decisions_failing,
             "path": redis.path_name(),
             "breaker_open": redis.breaker_open,
             "address": redis.address,
@@ -501,7 +505,7 @@ async fn run() -> Result<(), String> {
         }
         None => source,
     };
-    // The recorder first: the backend reports its connection (throttle_backend_up) as it connects.
+    // Before the backend: what it reports while connecting (`throttle_backend_up`) is recorded.
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
@@ -516,7 +520,8 @@ async fn run() -> Result<(), String> {
         }
     });
     admin::register_reload_metrics();
-    let app = with_metrics(routes, &layer, metrics.clone());
+    let app = with_metrics(routes, &layer, metrics.clone())
+        .layer(axum::middleware::from_fn(host::require_host));
     let admin = match &args.admin {
         Some(addr) => {
             let addrs = resolve("--admin", addr).await?;

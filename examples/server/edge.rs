@@ -1,9 +1,10 @@
-//! The server's edge: an HTTP/1 accept loop that holds against slow and numerous clients, for both
+//! The server's edge: an HTTP/1 and HTTP/2 accept loop that holds against slow and numerous clients, for both
 //! listeners (`axum::serve` sets no header read timeout, so a client that sends half a request
 //! head keeps its connection, and a file descriptor, for as long as it likes).
 //!
-//! * A connection whose request head has not fully arrived within `[server] header_read_timeout`
-//!   (default 5 s) is closed (hyper's `header_read_timeout`, which needs a timer).
+//! * An HTTP/1 connection whose request head has not fully arrived within `[server]
+//!   header_read_timeout` (default 5 s) is closed (hyper's `header_read_timeout`, which needs a
+//!   timer). HTTP/2 has no such setting in hyper; the connection cap bounds it.
 //! * At most `[server] max_connections` (default 10,000) connections are open at once: at the cap
 //!   the loop stops accepting, and new connections wait in the kernel's accept queue until one
 //!   closes, instead of the process running out of file descriptors.
@@ -15,7 +16,8 @@ use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -62,11 +64,14 @@ pub async fn serve(
                 request.extensions_mut().insert(ConnectInfo(peer));
                 router.clone().oneshot(request.map(axum::body::Body::new))
             });
-            let served = hyper::server::conn::http1::Builder::new()
+            // HTTP/1 and HTTP/2 (h2c with prior knowledge), as `axum::serve` serves them.
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
                 .timer(TokioTimer::new())
-                .header_read_timeout(edge.header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades()
+                .header_read_timeout(edge.header_read_timeout);
+            let served = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
             if let Err(e) = served {
                 tracing::debug!(error = %e, %peer, "connection closed");
