@@ -51,16 +51,18 @@ async fn closed_by(mut stream: TcpStream, deadline: Instant) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_slow_heads_are_closed_within_the_timeout_while_requests_are_served() {
-    let timeout = Duration::from_secs(2);
-    let (server, _dir) = server("2s", 10_000);
+    let timeout = Duration::from_secs(3);
+    let (server, _dir) = server("3s", 10_000);
     let opened = Instant::now();
     let mut slow = Vec::with_capacity(1000);
     for _ in 0..1000 {
         slow.push(slow_connection(&server).await);
     }
-    // Served meanwhile, every request, while the 1,000 wait for their timeout.
+    // Served meanwhile, every request, while the 1,000 wait for their timeout (for 1 s, or up to
+    // the timeout when opening them was slow on a busy machine; 5 requests at least).
+    let serve_until = (opened + timeout).min(Instant::now() + Duration::from_secs(1));
     let mut served = 0;
-    while opened.elapsed() < timeout {
+    while served < 5 || Instant::now() < serve_until {
         let reply = tokio::time::timeout(
             Duration::from_secs(2),
             send(server.addr, "POST", "/reply", &[("x-user-id", "normal")]),
@@ -71,10 +73,9 @@ async fn a_thousand_slow_heads_are_closed_within_the_timeout_while_requests_are_
         served += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(served >= 5, "{served}");
     // Closed by the timeout, with slack for a busy machine: well before the 35 s they stayed open
     // without one.
-    let deadline = opened + timeout + Duration::from_secs(5);
+    let deadline = Instant::now().max(opened + timeout) + Duration::from_secs(5);
     let closed = futures_join_all(slow.into_iter().map(|s| closed_by(s, deadline))).await;
     let open = closed.iter().filter(|c| !**c).count();
     assert_eq!(open, 0, "{open} of 1000 slow connections were still open");
