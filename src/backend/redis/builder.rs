@@ -13,7 +13,9 @@ use std::sync::Arc;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, RedisError};
 
-use super::connection::{cell_loaded, RedisConnection, Target};
+use super::cluster_keeper::spawn_cluster_keeper;
+use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
+use super::lazy_cluster::LazyCluster;
 use super::mode::RedisMode;
 use super::reconnect::{connect_once, spawn_keeper};
 use super::scripts;
@@ -341,9 +343,53 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// A Cluster (or, with `cluster(true)`, a client taken as one server, as `connect` takes it),
+    /// not connected yet: a background task connects it.
+    fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+        let (client, described) = match target {
+            Target::Client(client) => {
+                let source = Source::Client(client);
+                let (state, server) = self.server_state(&source);
+                spawn_keeper(source, server, Arc::downgrade(&state), false);
+                return Ok(state);
+            }
+            Target::ClusterConnection(connection) => {
+                return Ok(self.state_on(RedisConnection::Cluster(connection)))
+            }
+            Target::Urls(urls) => {
+                let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+                (cluster_client(&urls, self.timeout)?, described.join(", "))
+            }
+            Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
+            Target::Manager(_) | Target::Sentinel(_) => {
+                return Err(BackendError::new(
+                    "a connection manager or Sentinel is not a Redis Cluster",
+                ))
+            }
+        };
+        let lazy = Arc::new(LazyCluster::new(described));
+        let state = self.state_on(RedisConnection::LazyCluster(lazy.clone()));
+        spawn_cluster_keeper(client, lazy, Arc::downgrade(&state));
+        Ok(state)
+    }
+
+    /// The state of a backend on `conn`.
+    fn state_on(self, conn: RedisConnection) -> Arc<RedisState> {
+        Arc::new(RedisState::new(
+            conn,
+            self.mode,
+            self.prefix,
+            self.timeout,
+            self.deny_cache,
+            self.coalesce,
+        ))
+    }
+}
+
 impl Validated {
     /// [`build`](RedisBackendBuilder::build): no connection made here; a background task makes it.
-    /// A user's connection manager is used as it is; a Cluster cannot start this way.
+    /// A user's connection manager is used as it is; a Cluster is connected by its own task.
     pub(super) fn start_lazily(self) -> Result<Arc<RedisState>, BackendError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(BackendError::new(
@@ -357,17 +403,10 @@ impl Validated {
                 spawn_keeper(source, server, Arc::downgrade(&state), false);
                 Ok(state)
             }
-            Start::Other(Target::Manager(manager)) => Ok(Arc::new(RedisState::new(
-                RedisConnection::Single(manager),
-                settings.mode,
-                settings.prefix,
-                settings.timeout,
-                settings.deny_cache,
-                settings.coalesce,
-            ))),
-            Start::Other(_) => Err(BackendError::new(
-                "a Redis Cluster cannot start without connecting: use connect() (build() starts one server or Sentinel lazily)",
-            )),
+            Start::Other(Target::Manager(manager)) => {
+                Ok(settings.state_on(RedisConnection::Single(manager)))
+            }
+            Start::Other(target) => settings.lazy_other(target),
         }
     }
 
