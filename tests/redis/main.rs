@@ -10,6 +10,7 @@ mod backend;
 mod batch;
 mod budget;
 mod cluster_failover;
+mod cluster_lazy;
 mod cluster_resharding;
 mod count_outcome;
 mod failover;

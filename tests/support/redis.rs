@@ -527,8 +527,15 @@ impl RedisCluster {
     }
 
     fn create(primaries: usize, replicas: usize) -> RedisCluster {
+        let cluster = Self::unformed(primaries * (1 + replicas));
+        cluster.form(replicas);
+        cluster
+    }
+
+    /// `nodes` Cluster nodes, running, each alone: no slot assigned until [`form`](Self::form).
+    pub fn unformed(nodes: usize) -> RedisCluster {
         let module = redis_cell_module();
-        let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
+        let nodes: Vec<RedisServer> = (0..nodes)
             .map(|_| {
                 RedisServer::launch(Options {
                     module: Some(module.clone()),
@@ -537,7 +544,13 @@ impl RedisCluster {
                 })
             })
             .collect();
-        let cluster = RedisCluster { nodes };
+        RedisCluster { nodes }
+    }
+
+    /// Puts the nodes together (`redis-cli --cluster create`, `replicas` per primary) and waits
+    /// until every node says `cluster_state:ok`.
+    pub fn form(&self, replicas: usize) {
+        let cluster = self;
         let mut create = Command::new("redis-cli");
         create.args(["--cluster", "create"]);
         create.args(
@@ -563,7 +576,6 @@ impl RedisCluster {
             ),
         }
         cluster.wait_until_ok();
-        cluster
     }
 
     /// `redis://127.0.0.1:PORT/` of each node.
