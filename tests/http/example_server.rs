@@ -67,6 +67,8 @@ pub(crate) fn start(args: &[&str]) -> Server {
         .unwrap();
     let expected = if args.contains(&"--redis") {
         "backend: redis"
+    } else if args.contains(&"--config") {
+        "backend: " // the file says which; the caller checks
     } else {
         "backend: memory"
     };

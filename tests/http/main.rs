@@ -15,6 +15,7 @@ mod count_outcome;
 mod example_server;
 mod example_server_admin;
 mod example_server_cli;
+mod example_server_cluster;
 mod grpc;
 mod guide_config;
 mod hyper;
