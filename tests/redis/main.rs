@@ -19,4 +19,5 @@ mod harness;
 mod modes_on_backends;
 mod offenders;
 mod peek_reset;
+mod reset_broadcast;
 mod sentinel;

@@ -18,6 +18,7 @@ use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
 use super::lazy_cluster::LazyCluster;
 use super::mode::RedisMode;
 use super::reconnect::{connect_once, spawn_keeper};
+use super::resets;
 use super::scripts;
 use super::server::{SingleServer, Source};
 use super::state::RedisState;
@@ -265,6 +266,22 @@ pub(super) enum Start {
     Other(Target),
 }
 
+impl Start {
+    /// Where to listen for other processes' resets: the one server a URL or client names, or a
+    /// Cluster's seed nodes (any node hears a `PUBLISH`). None for Sentinel or a user's
+    /// connection (see resets.rs).
+    fn reset_listeners(&self) -> Vec<Client> {
+        match self {
+            Start::Server(Source::Client(client)) => vec![(**client).clone()],
+            Start::Other(Target::Urls(urls)) => urls
+                .iter()
+                .filter_map(|url| Client::open(url.as_str()).ok())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// Settings that passed the checks, and where to start.
 pub(super) struct Validated {
     start: Start,
@@ -397,24 +414,28 @@ impl Validated {
             ));
         }
         let settings = self.settings;
-        match self.start {
+        let nodes = self.start.reset_listeners();
+        let state = match self.start {
             Start::Server(source) => {
                 let (state, server) = settings.server_state(&source);
                 spawn_keeper(source, server, Arc::downgrade(&state), false);
-                Ok(state)
+                state
             }
             Start::Other(Target::Manager(manager)) => {
-                Ok(settings.state_on(RedisConnection::Single(manager)))
+                settings.state_on(RedisConnection::Single(manager))
             }
-            Start::Other(target) => settings.lazy_other(target),
-        }
+            Start::Other(target) => settings.lazy_other(target)?,
+        };
+        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        Ok(state)
     }
 
     /// [`connect`](RedisBackendBuilder::connect): connected, the script loaded and the path
     /// detected before it returns; then (one server) kept connected by a background task.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let settings = self.settings;
-        match self.start {
+        let nodes = self.start.reset_listeners();
+        let state = match self.start {
             Start::Server(mut source) => {
                 let budget = settings.start_budget();
                 let (state, server) = settings.server_state(&source);
@@ -422,10 +443,12 @@ impl Validated {
                     .await
                     .map_err(|e| e.error)?;
                 spawn_keeper(source, server, Arc::downgrade(&state), true);
-                Ok(state)
+                state
             }
-            Start::Other(target) => settings.open_other(target).await,
-        }
+            Start::Other(target) => settings.open_other(target).await?,
+        };
+        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        Ok(state)
     }
 }
 

@@ -21,7 +21,8 @@
 //!    the mode picks, and what the answer leaves behind; [`refund`]: units given back;
 //!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
 //!    connected (connect, check the role, load the script, detect the path);
-//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`.
+//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`resets`]:
+//!    resets published to, and heard from, the other processes.
 //! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
 
 mod admin;
@@ -41,6 +42,7 @@ mod mode;
 mod reconnect;
 pub(crate) mod redirect;
 mod refund;
+mod resets;
 mod scripts;
 mod server;
 mod state;
