@@ -55,7 +55,10 @@ async fn propagation(backends: &[RedisBackend], delete: impl Fn(&str)) -> Vec<Du
     }
     // The key was deleted already: the reset only has to reach the other processes.
     let started = Instant::now();
-    backends[0].reset(&[limit.clone()], &key).await.unwrap();
+    backends[0]
+        .reset(std::slice::from_ref(&limit), &key)
+        .await
+        .unwrap();
     let mut heard = Vec::new();
     for backend in &backends[1..] {
         while !admits(backend, &limit, &key).await {

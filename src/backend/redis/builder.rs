@@ -194,7 +194,9 @@ impl RedisBackendBuilder {
     /// are rejected here, without a round trip, until the retry time Redis gave (for as many units
     /// or more), with the same numbers aged to now. Other processes can only make a key more limited,
     /// so the cache never admits anything Redis would not. A flood from one client then costs Redis
-    /// one call per retry period. Only a key reset in Redis by hand is refused here a while longer.
+    /// one call per retry period. A [reset](crate::Backend::reset) through any process sharing
+    /// the Redis clears the key here too (published on `prefix:resets`); only a key deleted in Redis
+    /// by hand is refused here a while longer.
     pub fn deny_cache(mut self, on: bool) -> Self {
         self.deny_cache = on;
         self

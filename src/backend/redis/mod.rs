@@ -184,7 +184,8 @@ pub use self::mode::RedisMode;
 /// process per lease). The slice asks for about the requests seen in the last lease, at most
 /// `max_slice` and the limit. Cold keys, and a hot key's requests while its slice is being fetched,
 /// are decided per request as without a budget. A [reset](Backend::reset) drops this process's
-/// slices of the key (other processes keep theirs until their lease ends).
+/// slices of the key, and every other process that [hears it](Backend::reset) drops its own;
+/// a slice whose fetch started before a reset heard is not credited.
 ///
 /// ```no_run
 /// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
