@@ -149,7 +149,9 @@ pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
+pub use backend::{
+    RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory, RedisMode,
+};
 pub use budget::Budget;
 pub use decision::Decision;
 pub use decisions::{LimitDecision, ThrottleDecision, ThrottleDecisions};

@@ -57,6 +57,7 @@ pages! {
     #[cfg(feature = "memory")] policies = "policies.md";
     #[cfg(feature = "config")] configuration = "configuration.md";
     #[cfg(feature = "redis")] redis = "redis.md";
+    #[cfg(feature = "redis")] redis_sizing = "redis_sizing.md";
     #[cfg(feature = "memory")] operations = "operations.md";
     #[cfg(feature = "memory")] observability = "observability.md";
     #[cfg(feature = "memory")] performance = "performance.md";
