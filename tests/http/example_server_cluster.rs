@@ -9,11 +9,8 @@ use crate::support::redis::RedisCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_server_starts_with_its_cluster_down_and_uses_it_once_formed() {
-    let mut cluster = RedisCluster::unformed(3);
+    let mut cluster = RedisCluster::unformed_and_down(3);
     let urls = cluster.urls();
-    for node in cluster.nodes_mut() {
-        node.stop();
-    }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cluster.toml");
     let urls_toml = urls

@@ -22,11 +22,8 @@ const DECIDED_WITHIN: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
-    let mut cluster = RedisCluster::unformed(3);
+    let mut cluster = RedisCluster::unformed_and_down(3);
     let urls = cluster.urls();
-    for node in cluster.nodes_mut() {
-        node.stop();
-    }
 
     // Eager: every node down is a start-up error, at once.
     let eager = RedisBackend::builder()

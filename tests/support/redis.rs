@@ -547,6 +547,16 @@ impl RedisCluster {
         RedisCluster { nodes }
     }
 
+    /// `nodes` Cluster nodes that ran once, each alone, and are stopped: a Cluster down before it
+    /// ever formed; [`restart`](RedisServer::restart) them, then [`form`](Self::form).
+    pub fn unformed_and_down(nodes: usize) -> RedisCluster {
+        let mut cluster = Self::unformed(nodes);
+        for node in &mut cluster.nodes {
+            node.stop();
+        }
+        cluster
+    }
+
     /// Puts the nodes together (`redis-cli --cluster create`, `replicas` per primary) and waits
     /// until every node says `cluster_state:ok`.
     pub fn form(&self, replicas: usize) {
