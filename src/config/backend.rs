@@ -106,8 +106,8 @@ impl RedisConfig {
     /// The backend as `connect` says: `"lazy"` (default) connects in the background
     /// ([`build`](crate::RedisBackendBuilder::build)) and returns once the first attempt has ended
     /// ([`first_attempt`](RedisBackend::first_attempt): connected, refused, or one attempt's budget
-    /// for a frozen Redis); `"eager"` as [`connect`](Self::connect). A Cluster always connects
-    /// eagerly. Either way, an error when Redis refuses the configuration (a wrong or missing
+    /// for a frozen Redis; a Cluster's first attempt connects only once the Cluster has formed);
+    /// `"eager"` as [`connect`](Self::connect). Either way, an error when Redis refuses the configuration (a wrong or missing
     /// password, missing ACL permissions, mode "cell" without the module).
     pub async fn start(&self) -> Result<RedisBackend, BackendError> {
         let eager = match self.connect.as_deref() {
@@ -119,9 +119,8 @@ impl RedisConfig {
                 )))
             }
         };
-        let cluster = self.cluster || self.urls.is_some();
         let builder = self.builder()?;
-        if eager || cluster {
+        if eager {
             builder.connect().await
         } else {
             let backend = builder

@@ -66,7 +66,7 @@ pub struct RedisConfig {
     pub sentinel_service: Option<String>,
     /// `"lazy"` (default): start at once and connect in the background (requests follow the
     /// failure policy until Redis answers); `"eager"`: connect before starting, and fail if Redis
-    /// cannot be reached. A Cluster always connects eagerly.
+    /// cannot be reached. A Cluster starts lazily too: in service once it has formed.
     #[serde(default)]
     pub connect: Option<String>,
 }

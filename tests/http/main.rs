@@ -16,6 +16,7 @@ mod count_outcome;
 mod example_server;
 mod example_server_admin;
 mod example_server_cli;
+mod example_server_cluster;
 mod example_server_edge;
 mod example_server_heads;
 mod example_server_token;

@@ -527,8 +527,15 @@ impl RedisCluster {
     }
 
     fn create(primaries: usize, replicas: usize) -> RedisCluster {
+        let cluster = Self::unformed(primaries * (1 + replicas));
+        cluster.form(replicas);
+        cluster
+    }
+
+    /// `nodes` Cluster nodes, running, each alone: no slot assigned until [`form`](Self::form).
+    pub fn unformed(nodes: usize) -> RedisCluster {
         let module = redis_cell_module();
-        let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
+        let nodes: Vec<RedisServer> = (0..nodes)
             .map(|_| {
                 RedisServer::launch(Options {
                     module: Some(module.clone()),
@@ -537,7 +544,23 @@ impl RedisCluster {
                 })
             })
             .collect();
-        let cluster = RedisCluster { nodes };
+        RedisCluster { nodes }
+    }
+
+    /// `nodes` Cluster nodes that ran once, each alone, and are stopped: a Cluster down before it
+    /// ever formed; [`restart`](RedisServer::restart) them, then [`form`](Self::form).
+    pub fn unformed_and_down(nodes: usize) -> RedisCluster {
+        let mut cluster = Self::unformed(nodes);
+        for node in &mut cluster.nodes {
+            node.stop();
+        }
+        cluster
+    }
+
+    /// Puts the nodes together (`redis-cli --cluster create`, `replicas` per primary) and waits
+    /// until every node says `cluster_state:ok`.
+    pub fn form(&self, replicas: usize) {
+        let cluster = self;
         let mut create = Command::new("redis-cli");
         create.args(["--cluster", "create"]);
         create.args(
@@ -563,7 +586,6 @@ impl RedisCluster {
             ),
         }
         cluster.wait_until_ok();
-        cluster
     }
 
     /// `redis://127.0.0.1:PORT/` of each node.

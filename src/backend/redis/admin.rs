@@ -10,10 +10,8 @@
 //!
 //! A reset deletes each limit's key and the first limit's penalty keys (`…:strikes`, `…:ban`) in
 //! one `DEL` (they share the client's hash tag, so one Cluster slot), then drops the key from the
-//! deny cache of this process. The deny caches of other processes are not told: one that cached a
-//! rejection of the key (a ban included) keeps refusing it there until that rejection's retry
-//! time. Where a reset must take effect on every process at once, turn the deny cache off
-//! (`RedisBackendBuilder::deny_cache(false)`).
+//! deny cache and budget slices of this process, and publishes the keys so that every other
+//! process sharing the Redis drops them too (resets.rs).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -22,6 +20,7 @@ use redis::Script;
 
 use super::args::Spec;
 use super::breaker::guarded;
+use super::resets;
 use super::state::RedisState;
 use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::error::BackendError;
@@ -185,6 +184,9 @@ impl RedisState {
                     deny.forget(state_key);
                 }
             }
+            let mut conn = state.conn.clone();
+            let publish = resets::publish(&mut conn, &state.prefix, &state_keys);
+            let _ = tokio::time::timeout(state.timeout, publish).await;
             Ok(())
         })
     }

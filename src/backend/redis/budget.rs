@@ -10,6 +10,7 @@
 //! leases are dropped, and keys beyond it stay cold.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,9 @@ pub(super) struct Budgets {
     /// When the full table was last swept: at most once a lease, so that a flood of new keys into
     /// a full table costs each of them a lookup, not a scan of every key under the lock.
     last_sweep: Mutex<Option<Instant>>,
+    /// Counts the resets heard (here or from another process): a slice fetched across one is not
+    /// credited, as Redis may have granted it from the state the reset deleted.
+    generation: AtomicU64,
 }
 
 /// One key: its recent rate and its slice.
@@ -236,6 +240,7 @@ impl Budgets {
         quantity: u64,
         want: u64,
     ) -> Result<Answer, RedisError> {
+        let generation = self.generation.load(Ordering::Acquire);
         let reply: [i64; 5] = BUDGET
             .key(key)
             .arg(gcra.interval)
@@ -253,7 +258,8 @@ impl Budgets {
         let decision = if granted >= quantity.max(1) {
             let now = Instant::now();
             let mut keys = self.lock();
-            match keys.get_mut(key) {
+            let current = self.generation.load(Ordering::Acquire) == generation;
+            match keys.get_mut(key).filter(|_| current) {
                 Some(slice) => {
                     if now >= slice.expires {
                         slice.units = 0;
@@ -267,7 +273,7 @@ impl Budgets {
                     slice.limit = limit;
                     slice.decision(now)
                 }
-                // Dropped from the table meanwhile: the rest of the slice is lost.
+                // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
                 None => Decision::allowed(limit, remaining, reset_after),
             }
         } else {
@@ -283,7 +289,16 @@ impl Budgets {
 
     /// Drops `key`'s slice (after a reset: Redis forgot the units it granted).
     pub(super) fn forget(&self, key: &str) {
-        self.lock().remove(key);
+        let mut keys = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        keys.remove(key);
+    }
+
+    /// Drops every slice (resets may have been missed).
+    pub(super) fn forget_all(&self) {
+        let mut keys = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        keys.clear();
     }
 }
 

@@ -13,9 +13,12 @@ use std::sync::Arc;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, RedisError};
 
-use super::connection::{cell_loaded, RedisConnection, Target};
+use super::cluster_keeper::spawn_cluster_keeper;
+use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
+use super::lazy_cluster::LazyCluster;
 use super::mode::RedisMode;
 use super::reconnect::{connect_once, spawn_keeper};
+use super::resets;
 use super::scripts;
 use super::server::{SingleServer, Source};
 use super::state::RedisState;
@@ -191,7 +194,9 @@ impl RedisBackendBuilder {
     /// are rejected here, without a round trip, until the retry time Redis gave (for as many units
     /// or more), with the same numbers aged to now. Other processes can only make a key more limited,
     /// so the cache never admits anything Redis would not. A flood from one client then costs Redis
-    /// one call per retry period. Only a key reset in Redis by hand is refused here a while longer.
+    /// one call per retry period. A [reset](crate::Backend::reset) through any process sharing
+    /// the Redis clears the key here too (published on `prefix:resets`); only a key deleted in Redis
+    /// by hand is refused here a while longer.
     pub fn deny_cache(mut self, on: bool) -> Self {
         self.deny_cache = on;
         self
@@ -261,6 +266,22 @@ impl RedisBackendBuilder {
 pub(super) enum Start {
     Server(Source),
     Other(Target),
+}
+
+impl Start {
+    /// Where to listen for other processes' resets: the one server a URL or client names, or a
+    /// Cluster's seed nodes (any node hears a `PUBLISH`). None for Sentinel or a user's
+    /// connection (see resets.rs).
+    fn reset_listeners(&self) -> Vec<Client> {
+        match self {
+            Start::Server(Source::Client(client)) => vec![(**client).clone()],
+            Start::Other(Target::Urls(urls)) => urls
+                .iter()
+                .filter_map(|url| Client::open(url.as_str()).ok())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Settings that passed the checks, and where to start.
@@ -341,9 +362,53 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// A Cluster (or, with `cluster(true)`, a client taken as one server, as `connect` takes it),
+    /// not connected yet: a background task connects it.
+    fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+        let (client, described) = match target {
+            Target::Client(client) => {
+                let source = Source::Client(client);
+                let (state, server) = self.server_state(&source);
+                spawn_keeper(source, server, Arc::downgrade(&state), false);
+                return Ok(state);
+            }
+            Target::ClusterConnection(connection) => {
+                return Ok(self.state_on(RedisConnection::Cluster(connection)))
+            }
+            Target::Urls(urls) => {
+                let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+                (cluster_client(&urls, self.timeout)?, described.join(", "))
+            }
+            Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
+            Target::Manager(_) | Target::Sentinel(_) => {
+                return Err(BackendError::new(
+                    "a connection manager or Sentinel is not a Redis Cluster",
+                ))
+            }
+        };
+        let lazy = Arc::new(LazyCluster::new(described));
+        let state = self.state_on(RedisConnection::LazyCluster(lazy.clone()));
+        spawn_cluster_keeper(client, lazy, Arc::downgrade(&state));
+        Ok(state)
+    }
+
+    /// The state of a backend on `conn`.
+    fn state_on(self, conn: RedisConnection) -> Arc<RedisState> {
+        Arc::new(RedisState::new(
+            conn,
+            self.mode,
+            self.prefix,
+            self.timeout,
+            self.deny_cache,
+            self.coalesce,
+        ))
+    }
+}
+
 impl Validated {
     /// [`build`](RedisBackendBuilder::build): no connection made here; a background task makes it.
-    /// A user's connection manager is used as it is; a Cluster cannot start this way.
+    /// A user's connection manager is used as it is; a Cluster is connected by its own task.
     pub(super) fn start_lazily(self) -> Result<Arc<RedisState>, BackendError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(BackendError::new(
@@ -351,31 +416,28 @@ impl Validated {
             ));
         }
         let settings = self.settings;
-        match self.start {
+        let nodes = self.start.reset_listeners();
+        let state = match self.start {
             Start::Server(source) => {
                 let (state, server) = settings.server_state(&source);
                 spawn_keeper(source, server, Arc::downgrade(&state), false);
-                Ok(state)
+                state
             }
-            Start::Other(Target::Manager(manager)) => Ok(Arc::new(RedisState::new(
-                RedisConnection::Single(manager),
-                settings.mode,
-                settings.prefix,
-                settings.timeout,
-                settings.deny_cache,
-                settings.coalesce,
-            ))),
-            Start::Other(_) => Err(BackendError::new(
-                "a Redis Cluster cannot start without connecting: use connect() (build() starts one server or Sentinel lazily)",
-            )),
-        }
+            Start::Other(Target::Manager(manager)) => {
+                settings.state_on(RedisConnection::Single(manager))
+            }
+            Start::Other(target) => settings.lazy_other(target)?,
+        };
+        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        Ok(state)
     }
 
     /// [`connect`](RedisBackendBuilder::connect): connected, the script loaded and the path
     /// detected before it returns; then (one server) kept connected by a background task.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let settings = self.settings;
-        match self.start {
+        let nodes = self.start.reset_listeners();
+        let state = match self.start {
             Start::Server(mut source) => {
                 let budget = settings.start_budget();
                 let (state, server) = settings.server_state(&source);
@@ -383,10 +445,12 @@ impl Validated {
                     .await
                     .map_err(|e| e.error)?;
                 spawn_keeper(source, server, Arc::downgrade(&state), true);
-                Ok(state)
+                state
             }
-            Start::Other(target) => settings.open_other(target).await,
-        }
+            Start::Other(target) => settings.open_other(target).await?,
+        };
+        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        Ok(state)
     }
 }
 

@@ -35,6 +35,14 @@ impl RedisState {
         };
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = self.redis_key(limit.name(), key);
+        // Before the budget: a denied hot key costs no slice bookkeeping and asks for no slice.
+        if let Some(denied) = self
+            .deny
+            .as_ref()
+            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
         // A leased budget: admitted from this process's slice, or a slice to fetch (budget.rs).
         let fetch = match limit.budget() {
             Some(budget) => match self.budgets.local(&redis_key, budget, args.limit, quantity) {
@@ -48,13 +56,6 @@ impl RedisState {
             },
             None => None,
         };
-        if let Some(denied) = self
-            .deny
-            .as_ref()
-            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
-        {
-            return Box::pin(std::future::ready(Ok(denied)));
-        }
         let state = self.clone();
         guarded(&self.breaker, self.timeout, async move {
             let sent = Instant::now();

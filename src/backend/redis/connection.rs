@@ -13,6 +13,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
 use super::breaker::Breaker;
+use super::lazy_cluster::LazyCluster;
 use super::mode::{RedisMode, CELL, LUA, UNKNOWN};
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::error::{redact_url, BackendError};
@@ -58,6 +59,8 @@ pub(crate) enum RedisConnection {
     /// One server (a URL, a client or Sentinel) that this crate reconnects after failovers too.
     Server(Arc<SingleServer>),
     Cluster(ClusterConnection),
+    /// A Cluster started by `build`: its connection once the background task has made it.
+    LazyCluster(Arc<LazyCluster>),
 }
 
 impl RedisConnection {
@@ -88,15 +91,7 @@ impl RedisConnection {
                         return Err(BackendError::new("no Redis URL given"));
                     }
                     if cluster {
-                        let client = ClusterClient::builder(urls.clone())
-                            .connection_timeout(timeout)
-                            .response_timeout(timeout)
-                            // Redirections are followed by the backend (redirect.rs), which sends
-                            // `ASKING` with its command; redis-rs's retries would not.
-                            .retries(0)
-                            .build()
-                            .map_err(|e| connect_error(&urls.join(", "), e))?;
-                        connect_cluster(client).await
+                        connect_cluster(cluster_client(&urls, timeout)?).await
                     } else if urls.len() > 1 {
                         Err(BackendError::new(
                             "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
@@ -127,14 +122,25 @@ impl RedisConnection {
 
     /// A Redis Cluster, rather than one server.
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self, RedisConnection::Cluster(_))
+        matches!(
+            self,
+            RedisConnection::Cluster(_) | RedisConnection::LazyCluster(_)
+        )
+    }
+
+    /// A Cluster started by `build`, connected or not yet.
+    pub(crate) fn lazy_cluster(&self) -> Option<&Arc<LazyCluster>> {
+        match self {
+            RedisConnection::LazyCluster(lazy) => Some(lazy),
+            _ => None,
+        }
     }
 
     /// `"single"` or `"cluster"`.
     pub(super) fn topology(&self) -> &'static str {
         match self {
             RedisConnection::Single(_) | RedisConnection::Server(_) => "single",
-            RedisConnection::Cluster(_) => "cluster",
+            RedisConnection::Cluster(_) | RedisConnection::LazyCluster(_) => "cluster",
         }
     }
 
@@ -153,6 +159,10 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
             RedisConnection::Server(server) => Box::pin(server.command(cmd)),
             RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+            RedisConnection::LazyCluster(lazy) => match lazy.get() {
+                Some(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
+                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
+            },
         }
     }
 
@@ -166,6 +176,12 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
             RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::LazyCluster(lazy) => match lazy.get() {
+                Some(mut c) => {
+                    Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
+                }
+                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
+            },
         }
     }
 
@@ -174,6 +190,7 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Single(c) => c.get_db(),
             RedisConnection::Server(server) => server.db(),
             RedisConnection::Cluster(c) => c.get_db(),
+            RedisConnection::LazyCluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
         }
     }
 }
@@ -201,6 +218,24 @@ async fn connect_single(
         .map_err(|e| connect_error(&url, e))
 }
 
+/// A Cluster client for these seed nodes, with this backend's timeouts.
+pub(super) fn cluster_client(
+    urls: &[String],
+    timeout: Duration,
+) -> Result<ClusterClient, BackendError> {
+    if urls.is_empty() {
+        return Err(BackendError::new("no Redis URL given"));
+    }
+    ClusterClient::builder(urls.to_vec())
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        // Redirections are followed by the backend (redirect.rs), which sends `ASKING` with its
+        // command; redis-rs's retries would not.
+        .retries(0)
+        .build()
+        .map_err(|e| connect_error(&urls.join(", "), e))
+}
+
 async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, BackendError> {
     client
         .get_async_connection()
@@ -226,17 +261,11 @@ pub(super) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, Redi
     let reply = match conn {
         RedisConnection::Single(manager) => manager.req_packed_command(&cmd).await?,
         RedisConnection::Server(server) => server.command(&cmd).await?,
-        RedisConnection::Cluster(cluster) => {
-            cluster
-                .route_command(
-                    cmd,
-                    RoutingInfo::MultiNode((
-                        MultipleNodeRoutingInfo::AllMasters,
-                        Some(ResponsePolicy::CombineArrays),
-                    )),
-                )
-                .await?
-        }
+        RedisConnection::Cluster(cluster) => on_all_primaries(cluster, cmd).await?,
+        RedisConnection::LazyCluster(lazy) => match lazy.get() {
+            Some(mut cluster) => on_all_primaries(&mut cluster, cmd).await?,
+            None => return Err(lazy.not_connected()),
+        },
     };
     // One entry per server asked: the command's description, or nil where it is unknown.
     Ok(match reply {
@@ -245,6 +274,15 @@ pub(super) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, Redi
         }
         _ => false,
     })
+}
+
+/// `cmd` on every primary of the Cluster, the replies in one array.
+async fn on_all_primaries(cluster: &mut ClusterConnection, cmd: Cmd) -> Result<Value, RedisError> {
+    let routing = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::CombineArrays),
+    ));
+    cluster.route_command(cmd, routing).await
 }
 
 /// Whether Redis refused a command it does not know (`CL.THROTTLE` once the module is gone).

@@ -115,6 +115,13 @@ impl DenyCache {
         shard.map.remove(key);
     }
 
+    /// Forgets every rejection: resets may have been missed (resets.rs).
+    pub(super) fn clear(&self) {
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
+        }
+    }
+
     /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
     /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
     /// every `interval`, before a request of several units fits).

@@ -7,7 +7,8 @@
 //!    the wire (its keys, the scripts' and `CL.THROTTLE`'s arguments), and what Redis cannot
 //!    enforce exactly, refused when the layer is built; [`health`]: what the backend reports.
 //! 2. [`server`]: one server's own reconnecting connection (a URL, a client or Sentinel), dropped
-//!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts.
+//!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts; [`lazy_cluster`]: a
+//!    Cluster started by `build`, its connection once made.
 //! 3. [`breaker`]: the circuit breaker and timeout every call runs under.
 //! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
 //!    redis-cell detection.
@@ -19,7 +20,9 @@
 //! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
 //!    the mode picks, and what the answer leaves behind; [`refund`]: units given back;
 //!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
-//!    connected (connect, check the role, load the script, detect the path).
+//!    connected (connect, check the role, load the script, detect the path);
+//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`resets`]:
+//!    resets published to, and heard from, the other processes.
 //! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
 
 mod admin;
@@ -29,10 +32,12 @@ mod breaker;
 mod budget;
 mod builder;
 mod check;
+mod cluster_keeper;
 pub(crate) mod connection;
 mod deny;
 mod failing;
 mod health;
+mod lazy_cluster;
 mod lease;
 mod lua;
 mod memory;
@@ -40,6 +45,7 @@ mod mode;
 mod reconnect;
 pub(crate) mod redirect;
 mod refund;
+mod resets;
 mod scripts;
 mod server;
 mod state;
@@ -183,7 +189,8 @@ pub use self::mode::RedisMode;
 /// process per lease). The slice asks for about the requests seen in the last lease, at most
 /// `max_slice` and the limit. Cold keys, and a hot key's requests while its slice is being fetched,
 /// are decided per request as without a budget. A [reset](Backend::reset) drops this process's
-/// slices of the key (other processes keep theirs until their lease ends).
+/// slices of the key, and every other process that [hears it](Backend::reset) drops its own;
+/// a slice whose fetch started before a reset heard is not credited.
 ///
 /// ```no_run
 /// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
@@ -251,6 +258,11 @@ impl RedisBackend {
                 let (address, last_error) = server.record();
                 (server.connected(), address, last_error)
             }
+            // A Cluster started lazily, before the background task has connected it.
+            None if state.conn.lazy_cluster().is_some_and(|l| l.get().is_none()) => {
+                let last_error = state.conn.lazy_cluster().and_then(|l| l.last_error());
+                (false, None, last_error)
+            }
             // A Cluster or a user's connection manager: redis-rs reconnects them, and only the
             // calls' outcomes tell whether Redis is reachable.
             None => {
@@ -290,8 +302,9 @@ impl RedisBackend {
     /// connection attempt to end (at most one attempt: five timeouts, 250 ms to 5 s) and says
     /// whether it connected. With Redis up, the application then starts with decisions on Redis
     /// instead of sending its first requests to the failure policy; with Redis refusing
-    /// connections it returns at once. `Ok(true)` at once for a Cluster or a user's connection
-    /// manager. `Config::layer` does this.
+    /// connections it returns at once. For a Cluster, the first attempt ends connected only once
+    /// the Cluster has formed. `Ok(true)` at once after [`connect`](RedisBackendBuilder::connect)
+    /// and for a user's connection manager. `Config::layer` does this.
     ///
     /// An error when Redis answered and refused the configuration, which retrying alone will not
     /// fix: a wrong or missing password (`WRONGPASS`, `NOAUTH`), an ACL user without the commands
@@ -310,6 +323,10 @@ impl RedisBackend {
     /// # }
     /// ```
     pub async fn first_attempt(&self) -> Result<bool, BackendError> {
+        if let Some(lazy) = self.state.conn.lazy_cluster() {
+            let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
+            return lazy.first_attempt(budget).await.map_err(BackendError::new);
+        }
         match self.state.conn.server() {
             Some(server) => server.first_attempt().await,
             None => Ok(true),
@@ -366,15 +383,15 @@ impl RedisBackendBuilder {
         Ok(RedisBackend { state })
     }
 
-    /// Checks the settings and returns at once, without connecting: the lazy start, for one server
-    /// or Sentinel (a Cluster needs [`connect`](Self::connect)). Must be called inside a tokio
-    /// runtime.
+    /// Checks the settings and returns at once, without connecting: the lazy start, for one server,
+    /// Sentinel or a Cluster. Must be called inside a tokio runtime.
     ///
     /// A background task connects (every 50 ms, backing off to 500 ms; each attempt bounded), then
     /// loads the script and detects the path; decisions come from Redis as soon as it has. Until
     /// then every call fails at once with a [`BackendError`], so the layer's failure policy answers
     /// without waiting, and one warning says that Redis is not reachable yet. The task ends when
-    /// the backend (every clone) is dropped.
+    /// the backend (every clone) is dropped. A Cluster is in service once it has formed
+    /// (`CLUSTER INFO` says `cluster_state:ok`); from then on redis-rs reconnects its nodes.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -51,11 +51,18 @@ pub(crate) struct Redirecting<'a> {
 enum Via<'a> {
     Backend(&'a mut RedisConnection),
     Cluster(&'a mut ClusterConnection),
+    /// A lazily started Cluster's connection (a cheap handle, taken when it is connected).
+    Owned(ClusterConnection),
 }
 
 impl RedisConnection {
     /// This connection, following a Cluster's redirections: pass it wherever a command is sent.
     pub(crate) fn redirecting(&mut self) -> Redirecting<'_> {
+        if let Some(cluster) = self.lazy_cluster().and_then(|lazy| lazy.get()) {
+            return Redirecting {
+                conn: Via::Owned(cluster),
+            };
+        }
         match self {
             RedisConnection::Cluster(cluster) => Redirecting::cluster(cluster),
             other => Redirecting {
@@ -78,6 +85,7 @@ impl ConnectionLike for Redirecting<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.conn {
             Via::Cluster(cluster) => Box::pin(command(cluster, cmd)),
+            Via::Owned(cluster) => Box::pin(command(cluster, cmd)),
             Via::Backend(other) => other.req_packed_command(cmd),
         }
     }
@@ -90,6 +98,7 @@ impl ConnectionLike for Redirecting<'_> {
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.conn {
             Via::Cluster(cluster) => Box::pin(commands(cluster, pipeline, offset, count)),
+            Via::Owned(cluster) => Box::pin(commands(cluster, pipeline, offset, count)),
             Via::Backend(other) => other.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -97,6 +106,7 @@ impl ConnectionLike for Redirecting<'_> {
     fn get_db(&self) -> i64 {
         match &self.conn {
             Via::Cluster(cluster) => cluster.get_db(),
+            Via::Owned(cluster) => cluster.get_db(),
             Via::Backend(other) => other.get_db(),
         }
     }

@@ -157,8 +157,13 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<RedisMemory, Backe
 
 /// `cmd` on the server, or on every primary of a Cluster (the replies gathered in one value).
 async fn ask_primaries(conn: &mut RedisConnection, cmd: redis::Cmd) -> Result<Value, RedisError> {
-    match conn {
-        RedisConnection::Cluster(cluster) => {
+    // A Cluster started lazily: its connection once made (until then, the call fails at once).
+    let mut lazy = conn
+        .lazy_cluster()
+        .map(|l| l.get().ok_or_else(|| l.not_connected()));
+    match (conn, &mut lazy) {
+        (_, Some(Err(e))) => Err(e.clone()),
+        (RedisConnection::Cluster(cluster), _) | (_, Some(Ok(cluster))) => {
             cluster
                 .route_command(
                     cmd,
@@ -166,7 +171,7 @@ async fn ask_primaries(conn: &mut RedisConnection, cmd: redis::Cmd) -> Result<Va
                 )
                 .await
         }
-        other => cmd.query_async(other).await,
+        (other, None) => cmd.query_async(other).await,
     }
 }
 

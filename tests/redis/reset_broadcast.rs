@@ -1,0 +1,144 @@
+//! A reset through one process is heard by every process sharing the Redis (three backends here,
+//! each with its deny cache): each drops the key's cached rejection within 200 ms; a process whose
+//! subscription was dropped (so it may have missed resets) drops its whole deny cache when it
+//! subscribes again.
+//!
+//! `cargo test --all-features --test redis -- reset_broadcast --nocapture` prints the figures.
+
+use crate::support::redis as redis_support;
+
+use std::time::{Duration, Instant};
+
+use redis_support::{RedisCluster, RedisServer};
+use tower_throttle::key::Key;
+use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisMode};
+
+const HEARD_WITHIN: Duration = Duration::from_millis(200);
+
+/// Three "processes" on `urls` (a server, or a Cluster's seed nodes).
+async fn three(urls: &[String], cluster: bool) -> Vec<RedisBackend> {
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        let builder = RedisBackend::builder().mode(RedisMode::Lua);
+        let builder = if cluster {
+            builder.cluster_urls(urls.to_vec())
+        } else {
+            builder.url(urls[0].clone())
+        };
+        backends.push(builder.connect().await.unwrap());
+    }
+    backends
+}
+
+/// Whether `backend` admits one unit of `key` now.
+async fn admits(backend: &RedisBackend, limit: &Limit, key: &Key) -> bool {
+    backend.check(limit, key, 1).await.unwrap().allowed
+}
+
+/// Limits `key` everywhere, proves the deny caches of the second and third hold it (the key deleted
+/// behind their backs still refuses), resets it through the first, and returns how long each of
+/// the other two took to admit it again.
+async fn propagation(backends: &[RedisBackend], delete: impl Fn(&str)) -> Vec<Duration> {
+    // Slow: a rejection is cached for 20 minutes, far past the test.
+    let limit = Limit::new("broadcast", Quota::per_hour(3)).unwrap();
+    let key = Key::from("bob");
+    while admits(&backends[0], &limit, &key).await {}
+    for backend in &backends[1..] {
+        assert!(!admits(backend, &limit, &key).await);
+    }
+    delete(&backends[0].redis_key("broadcast", &key));
+    for backend in &backends[1..] {
+        assert!(
+            !admits(backend, &limit, &key).await,
+            "the deny cache did not answer (the test proves nothing)"
+        );
+    }
+    // The key was deleted already: the reset only has to reach the other processes.
+    let started = Instant::now();
+    backends[0]
+        .reset(std::slice::from_ref(&limit), &key)
+        .await
+        .unwrap();
+    let mut heard = Vec::new();
+    for backend in &backends[1..] {
+        while !admits(backend, &limit, &key).await {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "a process still refuses {:?} after the reset",
+                started.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        heard.push(started.elapsed());
+    }
+    heard
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_heard_by_every_process_on_one_server() {
+    let redis = RedisServer::start();
+    let backends = three(&[redis.url()], false).await;
+    // Subscriptions are made in the background: wait until all three listen.
+    wait_for_subscribers(|| redis.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
+    let heard = propagation(&backends, |k| {
+        redis.cli(&["DEL", k]);
+    })
+    .await;
+    println!("reset_broadcast (one server): heard by the other two processes after {heard:?}");
+    assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+
+    // A dropped subscription: the process may have missed resets, so it forgets its deny cache
+    // when it subscribes again.
+    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
+    let key = Key::from("carol");
+    assert!(admits(&backends[1], &limit, &key).await);
+    assert!(!admits(&backends[1], &limit, &key).await);
+    redis.cli(&["DEL", &backends[1].redis_key("missed", &key)]); // a reset nobody heard
+    assert!(!admits(&backends[1], &limit, &key).await, "not cached");
+    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let started = Instant::now();
+    while !admits(&backends[1], &limit, &key).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the deny cache outlived a new subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "reset_broadcast: deny cache dropped {:?} after the subscription was killed",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_heard_by_every_process_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let backends = three(&cluster.urls(), true).await;
+    let node = &cluster.nodes()[0];
+    // Each listens on its first seed node.
+    wait_for_subscribers(|| node.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
+    let heard = propagation(&backends, |k| {
+        node.cli(&["-c", "DEL", k]);
+    })
+    .await;
+    println!("reset_broadcast (Cluster): heard by the other two processes after {heard:?}");
+    assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+}
+
+/// Waits (up to 5 s) until `numsub` (a `PUBSUB NUMSUB` reply: the channel, then the count) counts
+/// `wanted` subscribers.
+async fn wait_for_subscribers(numsub: impl Fn() -> String, wanted: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let reply = numsub();
+        let count = reply
+            .lines()
+            .nth(1)
+            .and_then(|c| c.trim().parse::<usize>().ok());
+        if count == Some(wanted) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "subscribers: {reply:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
