@@ -182,12 +182,15 @@ async fn config_layer_starts_while_redis_is_down() {
     let access = "[access]\nredis_sets = \"acl\"\n";
     let config = Config::from_toml(&format!("{backend}{access}{ROUTE}")).unwrap();
     let started = Instant::now();
-    let layer = config.layer().await.unwrap();
+    // Built although Redis is down (eager, below, fails): the deadline only catches a hang.
+    let layer = tokio::time::timeout(Duration::from_secs(10), config.layer())
+        .await
+        .expect("a lazy start waits for no server")
+        .unwrap();
     println!(
         "[config-start-down] Config::layer() returned in {:?}",
         started.elapsed()
     );
-    assert!(started.elapsed() < Duration::from_secs(1));
 
     let eager = Config::from_toml(&format!("{backend}connect = \"eager\"\n{ROUTE}")).unwrap();
     assert!(eager.layer().await.is_err());
