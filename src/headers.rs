@@ -454,6 +454,18 @@ mod tests {
     use std::time::Duration;
 
     #[test]
+    fn refusal_labels_are_the_documented_ones() {
+        let labels = [
+            RefusalKind::Limited,
+            RefusalKind::MissingKey,
+            RefusalKind::Denied,
+            RefusalKind::Unavailable,
+        ]
+        .map(RefusalKind::as_str);
+        assert_eq!(labels, ["limited", "missing_key", "denied", "unavailable"]);
+    }
+
+    #[test]
     fn fields_are_structured_field_lists() {
         let limit = Limit::new("reply", Quota::per_minute(30).with_max_burst(15)).unwrap();
         let policy = policy_field(std::slice::from_ref(&limit));

@@ -581,5 +581,27 @@ mod tests {
         }
         let t = TrustedProxies::new(["10.1.2.3/8"]).unwrap();
         assert!(t.contains("10.200.0.1".parse().unwrap()));
+        // The message names the entry and shows what is expected.
+        let err = TrustedProxies::new(["10.0.0.0/8", " ten "]).unwrap_err();
+        assert_eq!(err, InvalidCidr("ten".into()));
+        assert_eq!(
+            err.to_string(),
+            r#""ten" is not a network ("10.0.0.0/8", "fd00::/8") or an address"#
+        );
+    }
+
+    #[test]
+    fn the_ipv6_prefix_is_the_one_set() {
+        // The admin handle builds its keys with it: a wrong prefix would peek at another key.
+        let trusted = TrustedProxies::none();
+        assert_eq!(ClientIp::new(trusted.clone()).ipv6_prefix(), 64);
+        for prefix in [1, 48, 128] {
+            let ip = ClientIp::new(trusted.clone())
+                .with_ipv6_prefix(prefix)
+                .unwrap();
+            assert_eq!(ip.ipv6_prefix(), prefix);
+        }
+        assert!(ClientIp::new(trusted.clone()).with_ipv6_prefix(0).is_err());
+        assert!(ClientIp::new(trusted).with_ipv6_prefix(129).is_err());
     }
 }
