@@ -19,6 +19,8 @@
 
 #[path = "server/admin.rs"]
 mod admin;
+#[path = "server/host.rs"]
+mod host;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -212,7 +214,7 @@ async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
 }
 
 /// `GET /health` of the admin listener: the backend's state, 200 while decisions come from it,
-/// 503 otherwise (for a readiness check).
+/// 503 otherwise (for a readiness check), with the reason and the error decisions fail with.
 pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
     use axum::response::IntoResponse;
     let health = backend.health();
@@ -221,7 +223,9 @@ pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Re
         BackendHealth::Redis(redis) => serde_json::json!({
             "backend": "redis",
             "up": up,
+            "reason": redis.reason(),
             "connected": redis.connected,
+            "decisions_failing": redis.decisions_failing,
             "path": redis.path_name(),
             "breaker_open": redis.breaker_open,
             "address": redis.address,
@@ -473,11 +477,12 @@ async fn run() -> Result<(), String> {
         }
         None => source,
     };
-    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
-    let listen = listen_addrs(&args, &config).await?;
+    // Before the backend: what it reports while connecting (`throttle_backend_up`) is recorded.
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
+    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    let listen = listen_addrs(&args, &config).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
@@ -486,7 +491,8 @@ async fn run() -> Result<(), String> {
             upkeep.run_upkeep();
         }
     });
-    let app = with_metrics(routes, &layer, metrics);
+    let app =
+        with_metrics(routes, &layer, metrics).layer(axum::middleware::from_fn(host::require_host));
     let admin = match &args.admin {
         Some(addr) => {
             let addrs = resolve("--admin", addr).await?;

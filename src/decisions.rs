@@ -1,11 +1,37 @@
-//! [`ThrottleDecisions`]: every layer's decision for a request, side by side in its extensions.
+//! What a layer decided for a request it let through, as handlers see it: [`ThrottleDecision`]
+//! (one layer's), each limit's [`LimitDecision`], and [`ThrottleDecisions`] (every layer's, side
+//! by side in the request's extensions).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Extensions;
 
 use crate::decision::Decision;
-use crate::policy::ThrottleDecision;
+
+/// What a layer decided for a request it let through, as a request extension the application can
+/// read (`Extension<ThrottleDecision>` in axum). Inserted for dry-run and delay-mode policies, and
+/// for every policy of a layer built with
+/// [`decision_extension(true)`](crate::ThrottleLayerBuilder::decision_extension). In
+/// [dry-run](crate::PolicyBuilder::dry_run) mode this is how a handler learns that the request *would* have
+/// been limited.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ThrottleDecision {
+    /// The policy's name.
+    pub policy: Arc<str>,
+    /// The tier whose quota applied (`None`: the default).
+    pub tier: Option<Arc<str>>,
+    /// The decision (for stacked quotas, the combined one: see [`Decision::combine`](crate::Decision::combine)).
+    pub decision: Decision,
+    /// `false` in dry-run mode: the decision was not enforced (look at `decision.allowed`).
+    pub enforced: bool,
+    /// How long the request waited for its turn in delay mode (zero otherwise); in a dry run, how
+    /// long it would have waited.
+    pub delayed: Duration,
+    /// Each limit's own decision: one per stacked quota (`decision` combines them), else one.
+    pub limits: Box<[LimitDecision]>,
+}
 
 /// One limit's decision within a [`ThrottleDecision`]: for stacked quotas, each quota's own (named
 /// like its limit, `api.1s`, `api.1d`); for a single quota, the one decision.

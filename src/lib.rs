@@ -31,6 +31,9 @@
 //! # });
 //! ```
 //!
+//! The [`guide`] has the long form, one page per topic: keys and proxies, algorithms and quotas,
+//! policies and the TOML schema, Redis, operator controls, observability, performance, migrating.
+//!
 //! # A request's life
 //!
 //! 1. **Policy**: [`Throttle`] (the service a [`ThrottleLayer`] makes) picks the first [`Policy`]
@@ -56,18 +59,22 @@
 //!
 //! | where | what |
 //! |---|---|
-//! | `quota.rs`, `limit.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]) |
-//! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s |
-//! | `key/` | [`Key`] and the [`key`] extractors, trusted proxies ([`key::ClientIp`]) |
-//! | `policy.rs`, `route.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them |
+//! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a leased [`Budget`] |
+//! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs`, `timer.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s; tokio timers without a panic |
+//! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
+//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome |
+//! | `decisions.rs` | [`ThrottleDecision`], [`LimitDecision`], [`ThrottleDecisions`]: what handlers see |
 //! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
-//! | `backend/` | the [`Backend`] trait; `memory/` (GCRA table and general store), `redis/` (connection, breaker, scripts, leases, deny cache), the configured backend |
-//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `future` → `body` → `slot`, with `verdict` (decision → admit/delay/reject/ban) beside the service and the future |
+//! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
+//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `shared`/`future` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
 //! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
 //! | `headers.rs`, `grpc.rs` | what the layer answers: `RateLimit` fields, problem bodies, gRPC status |
 //! | `observe.rs` | every `tracing` event and metric of a request's life, and the [`Limited`] hook's view |
-//! | `config/` (feature `config`) | TOML: the schema, building policies, wiring the backend |
+//! | `config/` (feature `config`) | TOML: the schema, building policies, wiring the backend, reloading a running layer |
 //!
+//! Imports go one way: no module imports one that imports it back, directly or around a circle,
+//! and no file holds over 500 lines of code without saying why; `scripts/import_cycles.py` checks
+//! both in CI.
 //! Inside the crate, modules import from the module that defines a name; the re-exports at the root
 //! are for users.
 //!
@@ -120,10 +127,12 @@ mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
+pub mod guide;
 pub mod handle;
 pub mod headers;
 pub mod key;
 mod limit;
+mod methods;
 mod middleware;
 mod observe;
 pub mod offenders;
@@ -133,16 +142,19 @@ mod per_customer;
 mod policy;
 mod quota;
 mod route;
+mod timer;
 pub mod window;
 
 pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
+pub use backend::{
+    RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory, RedisMode,
+};
 pub use budget::Budget;
 pub use decision::Decision;
-pub use decisions::{LimitDecision, ThrottleDecisions};
+pub use decisions::{LimitDecision, ThrottleDecision, ThrottleDecisions};
 pub use error::{BackendError, BuildError};
 pub use handle::{HandleError, ThrottleHandle};
 pub use key::Key;
@@ -154,7 +166,7 @@ pub use middleware::{
 pub use observe::{Limited, RedactionSecret};
 pub use penalty::Penalty;
 pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
-pub use policy::{MissingKey, Policy, PolicyBuilder, ThrottleDecision, Tier};
+pub use policy::{MissingKey, Policy, PolicyBuilder, Tier};
 pub use quota::{Quota, QuotaError};
 
 /// The README's code blocks, compiled (and run, where they can be) as doc tests.

@@ -19,7 +19,7 @@ use http::request::Parts;
 use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
-use crate::middleware::verdict::TierRules;
+use crate::middleware::settings::TierRules;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
 use crate::quota::Quota;
@@ -299,15 +299,5 @@ impl PolicyExtras {
             limit = limit.with_lease(lease)?;
         }
         Ok(limit)
-    }
-}
-
-/// `future`'s output, or `None` if it takes longer than `timeout` (with no timer to measure it,
-/// outside a tokio runtime with time enabled, it is awaited as it is).
-pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F::Output> {
-    if crate::middleware::verdict::timers_available() {
-        tokio::time::timeout(timeout, future).await.ok()
-    } else {
-        Some(future.await)
     }
 }

@@ -1,7 +1,6 @@
 //! [`Policy`]: which requests a limit applies to, what they are keyed by and what they cost.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use crate::error::BuildError;
 use crate::key::PeerIp;
 use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
 use crate::limit::{Algorithm, Limit};
+use crate::methods::methods_of;
 use crate::penalty::Penalty;
 use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;
@@ -42,30 +42,6 @@ impl Tier {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-}
-
-/// What a layer decided for a request it let through, as a request extension the application can
-/// read (`Extension<ThrottleDecision>` in axum). Inserted for dry-run and delay-mode policies, and
-/// for every policy of a layer built with
-/// [`decision_extension(true)`](crate::ThrottleLayerBuilder::decision_extension). In
-/// [dry-run](PolicyBuilder::dry_run) mode this is how a handler learns that the request *would* have
-/// been limited.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ThrottleDecision {
-    /// The policy's name.
-    pub policy: Arc<str>,
-    /// The tier whose quota applied (`None`: the default).
-    pub tier: Option<Arc<str>>,
-    /// The decision (for stacked quotas, the combined one: see [`Decision::combine`](crate::Decision::combine)).
-    pub decision: crate::decision::Decision,
-    /// `false` in dry-run mode: the decision was not enforced (look at `decision.allowed`).
-    pub enforced: bool,
-    /// How long the request waited for its turn in delay mode (zero otherwise); in a dry run, how
-    /// long it would have waited.
-    pub delayed: Duration,
-    /// Each limit's own decision: one per stacked quota (`decision` combines them), else one.
-    pub limits: Box<[crate::decisions::LimitDecision]>,
 }
 
 /// The quotas of one tier, as limits.
@@ -246,6 +222,16 @@ impl<K> Policy<K> {
         self.missing_key
     }
 
+    /// The route pattern this policy matches, parsed (`None`: every route).
+    pub(crate) fn route_rule(&self) -> Option<&Route> {
+        self.route.as_ref()
+    }
+
+    /// The methods this policy matches (`None`: every method).
+    pub(crate) fn method_list(&self) -> Option<&[Method]> {
+        self.methods.as_deref()
+    }
+
     /// The route pattern this policy is restricted to, if any.
     pub fn route(&self) -> Option<&str> {
         self.route.as_ref().map(Route::pattern)
@@ -365,7 +351,7 @@ impl<K> PolicyBuilder<K> {
     /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
     /// request without a key passes, and so does every request while the backend fails. Requests
     /// that would have been limited are logged at info level ("request would be limited (dry
-    /// run)"), counted as limited in the metrics, and carry a [`ThrottleDecision`] extension with
+    /// run)"), counted as limited in the metrics, and carry a [`ThrottleDecision`](crate::ThrottleDecision) extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -755,7 +741,7 @@ impl<K> PolicyBuilder<K> {
     /// once the inner service answers with a status that does not count. However many requests are
     /// in flight, at most the quota's count of counted responses pass per period. A request whose
     /// response never comes (the service failed, or the client went away first) counts, whatever
-    /// `counts` says. Not for concurrency limits; see the README's "Counting by outcome" for the details.
+    /// `counts` says. Not for concurrency limits; see the guide (`guide::policies`) for the details.
     ///
     /// ```
     /// use tower_throttle::{key::Header, Policy, Quota};
@@ -810,178 +796,6 @@ fn period_label(period: Duration) -> String {
     format!("{}{unit}", nanos / size)
 }
 
-/// The methods HTTP defines (RFC 9110 and RFC 5789's `PATCH`): the only ones
-/// [`PolicyBuilder::methods`] accepts.
-const STANDARD_METHODS: [Method; 9] = [
-    Method::GET,
-    Method::HEAD,
-    Method::POST,
-    Method::PUT,
-    Method::DELETE,
-    Method::PATCH,
-    Method::OPTIONS,
-    Method::CONNECT,
-    Method::TRACE,
-];
-
-/// The methods a policy applies to (`None`: every method), from the standard `methods` and the
-/// opted-in `custom` ones. A method that cannot be what the user meant is an error: a limit on a
-/// misspelt method would silently leave the real one unlimited.
-fn methods_of(
-    methods: Option<Vec<Method>>,
-    custom: Option<Vec<Method>>,
-) -> Result<Option<Box<[Method]>>, String> {
-    if methods.as_ref().is_some_and(Vec::is_empty) {
-        return Err("methods is empty (leave it out to match every method)".into());
-    }
-    if custom.as_ref().is_some_and(Vec::is_empty) {
-        return Err("custom_methods is empty (leave it out)".into());
-    }
-    for method in methods.iter().flatten() {
-        if !STANDARD_METHODS.contains(method) {
-            let hint = match closest_standard_method(method.as_str()) {
-                Some(standard) => format!(" (did you mean {standard:?}?)"),
-                None => String::new(),
-            };
-            return Err(format!(
-                "method {:?} is not a standard HTTP method{hint}; list a non-standard method in \
-                 custom_methods",
-                method.as_str()
-            ));
-        }
-    }
-    for method in custom.iter().flatten() {
-        if STANDARD_METHODS.contains(method) {
-            return Err(format!(
-                "{:?} is a standard method: list it in methods, not custom_methods",
-                method.as_str()
-            ));
-        }
-    }
-    if methods.is_none() && custom.is_none() {
-        return Ok(None);
-    }
-    let mut all: Vec<Method> = methods.into_iter().chain(custom).flatten().collect();
-    // axum's `get` answers HEAD with the GET handler: a GET policy that let HEAD through would let
-    // anyone run the handler unlimited.
-    if all.contains(&Method::GET) && !all.contains(&Method::HEAD) {
-        all.push(Method::HEAD);
-    }
-    Ok(Some(all.into_boxed_slice()))
-}
-
-/// The standard method `name` is most likely a misspelling of (case aside, at most two letters
-/// inserted, deleted, replaced or swapped), if any.
-fn closest_standard_method(name: &str) -> Option<&'static str> {
-    let name = name.to_ascii_uppercase();
-    STANDARD_METHODS
-        .iter()
-        .map(|m| (edit_distance(&name, m.as_str()), m.as_str()))
-        .filter(|(distance, _)| *distance <= 2)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, standard)| standard)
-}
-
-/// The optimal string alignment distance between `a` and `b`: single-byte insertions, deletions,
-/// substitutions and swaps of adjacent bytes.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    // rows[i][j]: the distance between a[..i] and b[..j].
-    let mut rows = vec![vec![0; b.len() + 1]; a.len() + 1];
-    for (i, row) in rows.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in rows[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let substitution = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (rows[i - 1][j] + 1)
-                .min(rows[i][j - 1] + 1)
-                .min(rows[i - 1][j - 1] + substitution);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(rows[i - 2][j - 2] + 1);
-            }
-            rows[i][j] = best;
-        }
-    }
-    rows[a.len()][b.len()]
-}
-
-/// Refuses a list of policies in which one can never apply: the first policy whose route and
-/// methods match a request decides, so a policy after one that matches every request it would
-/// match is dead configuration, most likely a limit its author believes is enforced.
-///
-/// Only routes spelt alike (up to parameter names) count as the same route: under axum's router,
-/// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
-/// other.
-pub(crate) fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
-    // Only a route-less policy or one on the same route can cover another, so each policy is
-    // compared with those alone: linear in the number of routes, which tables of thousands have.
-    let mut unrouted: Vec<usize> = Vec::new();
-    let mut by_route: HashMap<String, Vec<usize>> = HashMap::new();
-    for (i, later) in policies.iter().enumerate() {
-        let shape = later.route.as_ref().map(Route::shape);
-        let same_route = shape.as_ref().and_then(|s| by_route.get(s));
-        let earlier = unrouted
-            .iter()
-            .chain(same_route.into_iter().flatten())
-            .copied()
-            .filter(|&e| policies[e].covers(later))
-            .min();
-        if let Some(earlier) = earlier {
-            let earlier = &policies[earlier];
-            return Err(BuildError::Invalid(format!(
-                "policy {:?} can never apply: policy {:?}, before it, matches every request it \
-                 would ({}), and the first matching policy decides; put the narrower policy first \
-                 or give them different routes or methods",
-                later.name,
-                earlier.name,
-                earlier.scope()
-            )));
-        }
-        match shape {
-            Some(shape) => by_route.entry(shape).or_default().push(i),
-            None => unrouted.push(i),
-        }
-    }
-    Ok(())
-}
-
-impl<K> Policy<K> {
-    /// Whether this policy matches every request that `other` matches.
-    fn covers(&self, other: &Policy<K>) -> bool {
-        let routes = match (&self.route, &other.route) {
-            (None, _) => true,
-            (Some(mine), Some(theirs)) => mine.same_route(theirs),
-            (Some(_), None) => false,
-        };
-        let methods = match (&self.methods, &other.methods) {
-            (None, _) => true,
-            (Some(mine), Some(theirs)) => theirs.iter().all(|m| mine.contains(m)),
-            (Some(_), None) => false,
-        };
-        routes && methods
-    }
-
-    /// The requests this policy matches, in words.
-    fn scope(&self) -> String {
-        let route = match &self.route {
-            None => "every route".to_owned(),
-            Some(route) => format!("route {:?}", route.pattern()),
-        };
-        let methods = match &self.methods {
-            None => "every method".to_owned(),
-            Some(methods) => {
-                let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
-                format!("methods {}", names.join(", "))
-            }
-        };
-        format!("{route}, {methods}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1034,56 +848,6 @@ mod tests {
             .unwrap();
         assert!(only_custom.applies_to(&request(&propfind)));
         assert!(!only_custom.applies_to(&request(&Method::GET)));
-    }
-
-    #[test]
-    fn misspellings_suggest_the_standard_method() {
-        assert_eq!(closest_standard_method("PSOT"), Some("POST"));
-        assert_eq!(closest_standard_method("DELTE"), Some("DELETE"));
-        assert_eq!(closest_standard_method("patch"), Some("PATCH"));
-        assert_eq!(closest_standard_method("OPTION"), Some("OPTIONS"));
-        assert_eq!(closest_standard_method("PROPFIND"), None);
-        assert_eq!(closest_standard_method("MKCOL"), None);
-    }
-
-    #[test]
-    fn a_policy_hidden_by_an_earlier_one_is_an_error() {
-        let q = Quota::per_second(5);
-        let policy = |name: &str, route: Option<&str>, methods: Option<&[Method]>| {
-            let mut b = Policy::builder(name).quota(q);
-            if let Some(route) = route {
-                b = b.route(route);
-            }
-            if let Some(methods) = methods {
-                b = b.methods(methods.to_vec());
-            }
-            b.build().unwrap()
-        };
-        let check =
-            |policies: &[Policy<PeerIp>]| check_reachable(policies).map_err(|e| e.to_string());
-        let everything = policy("all", None, None);
-        let users = policy("users", Some("/users/{id}"), None);
-        let users_again = policy("users2", Some("/users/{user_id}"), None);
-        let users_post = policy("users-post", Some("/users/{id}"), Some(&[Method::POST]));
-        let users_get = policy("users-get", Some("/users/{id}"), Some(&[Method::GET]));
-        let posts = policy("posts", None, Some(&[Method::POST]));
-
-        assert_eq!(
-            check(&[everything.clone(), users.clone()]).unwrap_err(),
-            r#"policy "users" can never apply: policy "all", before it, matches every request it would (every route, every method), and the first matching policy decides; put the narrower policy first or give them different routes or methods"#
-        );
-        assert!(check(&[users.clone(), users_again.clone()])
-            .unwrap_err()
-            .contains(r#"policy "users2" can never apply"#));
-        assert!(check(&[users.clone(), users_post.clone()]).is_err());
-        assert!(check(&[posts.clone(), users_post.clone()]).is_err());
-        // Narrower first is the way to say "this route, else everything".
-        check(&[users.clone(), everything.clone()]).unwrap();
-        check(&[users_post.clone(), users.clone(), everything]).unwrap();
-        check(&[users_post.clone(), users_get.clone()]).unwrap();
-        check(&[users_post, posts]).unwrap();
-        // Different routes under axum are matched by MatchedPath: neither hides the other.
-        check(&[policy("rest", Some("/{*rest}"), None), users]).unwrap();
     }
 
     #[test]

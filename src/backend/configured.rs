@@ -6,10 +6,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::backend::{
-    Backend, MemoryBackend, PeekFuture, RedisBackend, RedisFuture, RedisHealth, ResetFuture,
-    StackFuture,
-};
+use super::api::{Backend, StackFuture};
+use super::key_state::{PeekFuture, ResetFuture};
+use super::memory::MemoryBackend;
+use super::redis::{RedisBackend, RedisFuture, RedisHealth};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;

@@ -1,4 +1,5 @@
-//! Per-route policies from TOML (feature `config`). The README documents every key.
+//! Per-route policies from TOML (feature `config`). The guide's
+//! [configuration reference](crate::guide::configuration) documents every key.
 //!
 //! ```
 //! use tower_throttle::config::Config;
@@ -35,6 +36,7 @@
 mod backend;
 mod logging;
 mod policies;
+mod reload;
 mod schema;
 
 use std::fmt;
@@ -143,7 +145,7 @@ impl Config {
     }
 
     /// A layer builder with the configured policies and options, on `backend`. The `[access]` lists
-    /// are the static ones only (see [`Config::layer`] for the Redis sets).
+    /// are the static ones only (see `Config::layer`, feature `redis`, for the Redis sets).
     pub fn layer_builder<B>(
         &self,
         backend: B,

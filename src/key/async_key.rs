@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use crate::key::Key;
+use super::value::Key;
 
 /// What an async key extractor found.
 pub(crate) enum Found {
@@ -25,7 +25,7 @@ type Finding = Pin<Box<dyn Future<Output = (Parts, Found)> + Send>>;
 
 /// `found` as a [`Found`], or `TimedOut` after `timeout`.
 async fn within(timeout: Duration, found: impl Future<Output = Option<Key>>) -> Found {
-    match crate::per_customer::within(timeout, found).await {
+    match crate::timer::within(timeout, found).await {
         Some(Some(key)) => Found::Key(key),
         Some(None) => Found::Nothing,
         None => Found::TimedOut,

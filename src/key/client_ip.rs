@@ -11,8 +11,9 @@ use http::header::{HeaderName, FORWARDED};
 use http::{HeaderMap, Request};
 use ipnet::IpNet;
 
+use super::extract::KeyExtractor;
 use super::extract::{InvalidPrefix, PeerIp, PEER_ADDRESS_SOURCES};
-use super::{Key, KeyExtractor};
+use super::value::Key;
 
 /// The networks of the proxies in front of the service, whose forwarding headers are believed.
 ///

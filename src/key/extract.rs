@@ -1,4 +1,5 @@
-//! The [`KeyExtractor`] trait and the built-in extractors: peer IP, header, extension, global, closures.
+//! The [`KeyExtractor`] trait and the built-in extractors: peer IP, header, extension, global,
+//! closures; and what a source does with a value sent twice ([`OnDuplicate`]).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -8,8 +9,72 @@ use std::sync::Arc;
 
 use http::{HeaderName, Request};
 
-use super::sources::{Composite, Cookie, OnDuplicate, PathParam, QueryParam};
-use super::Key;
+use super::value::Key;
+
+/// What a key source does when the request carries its value more than once (a header line twice,
+/// `?key=a&key=b`, two cookies of the name).
+///
+/// A value sent twice is ambiguous: a client can put its own `x-user-id` before the one a gateway
+/// appends, and be counted as someone else. The default, [`Refuse`](Self::Refuse), treats such a
+/// request as having no key (the policy's [`MissingKey`](crate::MissingKey) answer, `400` by
+/// default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnDuplicate {
+    /// No key (the default).
+    #[default]
+    Refuse,
+    /// The first value counts.
+    First,
+    /// The last value counts (the one a proxy that appends wrote).
+    Last,
+}
+
+impl OnDuplicate {
+    /// `"refuse"`, `"first"` or `"last"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDuplicate::Refuse => "refuse",
+            OnDuplicate::First => "first",
+            OnDuplicate::Last => "last",
+        }
+    }
+
+    /// What a key source's description adds: `" (once)"` when a second value means no key.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            OnDuplicate::Refuse => " (once)",
+            OnDuplicate::First | OnDuplicate::Last => "",
+        }
+    }
+
+    /// The one value of `values` that counts, or `None`.
+    pub(crate) fn pick<T>(self, mut values: impl Iterator<Item = T>) -> Option<T> {
+        match self {
+            OnDuplicate::Refuse => {
+                let first = values.next()?;
+                values.next().is_none().then_some(first)
+            }
+            OnDuplicate::First => values.next(),
+            OnDuplicate::Last => values.last(),
+        }
+    }
+}
+
+impl std::str::FromStr for OnDuplicate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "refuse" => Ok(OnDuplicate::Refuse),
+            "first" => Ok(OnDuplicate::First),
+            "last" => Ok(OnDuplicate::Last),
+            _ => Err(format!(
+                "on_duplicate {s:?} is not \"refuse\", \"first\" or \"last\""
+            )),
+        }
+    }
+}
 
 /// Turns a request into the [`Key`] it counts against, or `None` when it carries none.
 ///
@@ -395,6 +460,7 @@ impl<B> KeyExtractor<B> for Global {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::*;
 
     fn with_peer(addr: &str) -> Request<()> {
         let mut req = Request::new(());
@@ -522,267 +588,5 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(mixed.extract(&req), Some(Key::from("k")));
-    }
-}
-
-/// A built-in key extractor chosen at run time, as configuration names it: `"ip"`, `"client-ip"`,
-/// `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"` or `"path:<name>"` (a
-/// parameter of the policy's route), or several of these together ([`KeySpec::composite`]; an
-/// array in the configuration, `key = ["header:x-api-key", "path:org"]`).
-///
-/// ```
-/// use tower_throttle::key::KeySpec;
-///
-/// let key: KeySpec = "header:x-user-id".parse().unwrap();
-/// assert_eq!(key.to_string(), "header:x-user-id");
-/// assert_eq!("cookie:session".parse::<KeySpec>().unwrap().to_string(), "cookie:session");
-/// assert!("colour:red".parse::<KeySpec>().is_err());
-/// // A path parameter needs its route:
-/// let org = "path:org".parse::<KeySpec>().unwrap().for_route(Some("/orgs/{org}/repos")).unwrap();
-/// assert!("path:org".parse::<KeySpec>().unwrap().for_route(Some("/users/{id}")).is_err());
-/// let both = KeySpec::composite(["header:x-api-key".parse().unwrap(), org]).unwrap();
-/// assert_eq!(both.to_string(), r#"["header:x-api-key", "path:org"]"#);
-/// ```
-///
-/// # Mixing key kinds in one table of policies
-///
-/// A layer's policies share one extractor type, so a table that keys one policy by IP and another
-/// by a header does not compile:
-///
-/// ```compile_fail,E0308
-/// use tower_throttle::key::{Header, PeerIp};
-/// use tower_throttle::{Policy, Quota, ThrottleLayer};
-///
-/// # fn layer() -> Result<(), tower_throttle::BuildError> {
-/// let per_ip = Policy::builder("ip").quota(Quota::per_second(10)).key(PeerIp::new()).build()?;
-/// let per_user = Policy::builder("user").quota(Quota::per_second(5)).key(Header::new("x-user-id")).build()?;
-/// let layer = ThrottleLayer::builder().policy(per_ip).policy(per_user).build()?;
-/// # Ok(()) }
-/// ```
-///
-/// ```text
-/// error[E0308]: mismatched types
-///   |     let layer = ThrottleLayer::builder().policy(per_ip).policy(per_user).build()?;
-///   |                                                  ------ ^^^^^^^^ expected `Policy<PeerIp>`, found `Policy<Header>`
-/// ```
-///
-/// Give every policy a `KeySpec` instead: each built-in extractor converts into one with `From`
-/// (`KeySpec::from(PeerIp::new())`), and the keys are the extractors' own. For extractors of your own
-/// (closures, [`Extension`]), use [`BoxKeyExtractor`] the same way.
-///
-/// ```
-/// use tower_throttle::key::{Header, KeySpec, PeerIp};
-/// use tower_throttle::{Policy, Quota, ThrottleLayer};
-///
-/// # fn layer() -> Result<(), tower_throttle::BuildError> {
-/// let per_ip = Policy::builder("ip")
-///     .quota(Quota::per_second(10))
-///     .key(KeySpec::from(PeerIp::new()))
-///     .build()?;
-/// let per_user = Policy::builder("user")
-///     .quota(Quota::per_second(5))
-///     .key(KeySpec::from(Header::new("x-user-id")))
-///     .route("/reply")
-///     .build()?;
-/// let layer = ThrottleLayer::builder().policy(per_user).policy(per_ip).build()?;
-/// # let _ = layer;
-/// # Ok(()) }
-/// # layer().unwrap();
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeySpec {
-    /// [`PeerIp`].
-    PeerIp(PeerIp),
-    /// [`ClientIp`](super::ClientIp) (`"client-ip"`; the configuration supplies the trusted proxies).
-    ClientIp(super::ClientIp),
-    /// [`Header`].
-    Header(Header),
-    /// [`Global`].
-    Global,
-    /// [`QueryParam`] (`"query:<name>"`).
-    Query(QueryParam),
-    /// [`Cookie`] (`"cookie:<name>"`).
-    Cookie(Cookie),
-    /// [`PathParam`] (`"path:<name>"`; see [`KeySpec::for_route`]).
-    Path(PathParam),
-    /// [`Composite`] (an array of the others).
-    Composite(Composite),
-}
-
-impl KeySpec {
-    /// Several sources together (see [`Composite`]).
-    pub fn composite(parts: impl IntoIterator<Item = KeySpec>) -> Result<Self, String> {
-        Composite::new(parts).map(KeySpec::Composite)
-    }
-
-    /// Binds `path:` parameters to the policy's route `pattern`: an error if there is no route or it
-    /// has no such parameter. Other keys are returned as they are.
-    pub fn for_route(self, pattern: Option<&str>) -> Result<Self, String> {
-        match self {
-            KeySpec::Path(param) => match pattern {
-                Some(pattern) => param.bind(pattern).map(KeySpec::Path),
-                None => Err(format!(
-                    "key path:{0} needs the route's path, with a parameter {{{0}}}",
-                    param.name()
-                )),
-            },
-            KeySpec::Composite(mut composite) => {
-                for part in composite.parts_mut() {
-                    let unbound = std::mem::replace(part, KeySpec::Global);
-                    *part = unbound.for_route(pattern)?;
-                }
-                Ok(KeySpec::Composite(composite))
-            }
-            other => Ok(other),
-        }
-    }
-
-    /// Sets what a value sent twice means for every header, query parameter and cookie source.
-    pub fn with_on_duplicate(self, on_duplicate: OnDuplicate) -> Self {
-        match self {
-            KeySpec::Header(h) => KeySpec::Header(h.on_duplicate(on_duplicate)),
-            KeySpec::Query(q) => KeySpec::Query(q.on_duplicate(on_duplicate)),
-            KeySpec::Cookie(c) => KeySpec::Cookie(c.on_duplicate(on_duplicate)),
-            KeySpec::Composite(mut composite) => {
-                for part in composite.parts_mut() {
-                    let old = std::mem::replace(part, KeySpec::Global);
-                    *part = old.with_on_duplicate(on_duplicate);
-                }
-                KeySpec::Composite(composite)
-            }
-            other => other,
-        }
-    }
-}
-
-/// A name for a `query:`, `cookie:` or `path:` key: not empty, printable, no separators.
-fn source_name<'a>(spec: &str, name: &'a str) -> Result<&'a str, String> {
-    if name.is_empty()
-        || name.len() > 256
-        || !name.bytes().all(|b| b.is_ascii_graphic())
-        || name.contains([';', '=', '&', ',', '"', '{', '}'])
-    {
-        return Err(format!(
-            "key {spec:?}: {name:?} is not a valid name (printable ASCII, no ; = & , \" {{ }})"
-        ));
-    }
-    Ok(name)
-}
-
-impl std::str::FromStr for KeySpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "ip" => Ok(KeySpec::PeerIp(PeerIp::new())),
-            "client-ip" => Ok(KeySpec::ClientIp(super::ClientIp::default())),
-            "global" => Ok(KeySpec::Global),
-            _ => match s.split_once(':') {
-                Some(("header", name)) => Header::try_new(name)
-                    .map(KeySpec::Header)
-                    .map_err(|_| format!("key {s:?}: {name:?} is not a valid header name")),
-                Some(("query", name)) => Ok(KeySpec::Query(QueryParam::new(source_name(s, name)?))),
-                Some(("cookie", name)) => Ok(KeySpec::Cookie(Cookie::new(source_name(s, name)?))),
-                Some(("path", name)) => {
-                    Ok(KeySpec::Path(PathParam::unbound(source_name(s, name)?)))
-                }
-                _ => Err(format!(
-                    "key {s:?} is not one of \"ip\", \"client-ip\", \"global\", \"header:<name>\", \
-                     \"query:<name>\", \"cookie:<name>\", \"path:<name>\""
-                )),
-            },
-        }
-    }
-}
-
-impl fmt::Display for KeySpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeySpec::PeerIp(_) => f.write_str("ip"),
-            KeySpec::ClientIp(_) => f.write_str("client-ip"),
-            KeySpec::Header(h) => write!(f, "header:{}", h.name()),
-            KeySpec::Global => f.write_str("global"),
-            KeySpec::Query(q) => write!(f, "query:{}", q.name()),
-            KeySpec::Cookie(c) => write!(f, "cookie:{}", c.name()),
-            KeySpec::Path(p) => write!(f, "path:{}", p.name()),
-            KeySpec::Composite(c) => fmt::Display::fmt(c, f),
-        }
-    }
-}
-
-impl From<QueryParam> for KeySpec {
-    fn from(q: QueryParam) -> Self {
-        KeySpec::Query(q)
-    }
-}
-
-impl From<Cookie> for KeySpec {
-    fn from(c: Cookie) -> Self {
-        KeySpec::Cookie(c)
-    }
-}
-
-impl From<PathParam> for KeySpec {
-    fn from(p: PathParam) -> Self {
-        KeySpec::Path(p)
-    }
-}
-
-impl From<Composite> for KeySpec {
-    fn from(c: Composite) -> Self {
-        KeySpec::Composite(c)
-    }
-}
-
-impl From<PeerIp> for KeySpec {
-    fn from(ip: PeerIp) -> Self {
-        KeySpec::PeerIp(ip)
-    }
-}
-
-impl From<super::ClientIp> for KeySpec {
-    fn from(ip: super::ClientIp) -> Self {
-        KeySpec::ClientIp(ip)
-    }
-}
-
-impl From<Header> for KeySpec {
-    fn from(header: Header) -> Self {
-        KeySpec::Header(header)
-    }
-}
-
-impl From<Global> for KeySpec {
-    fn from(_: Global) -> Self {
-        KeySpec::Global
-    }
-}
-
-impl<B> KeyExtractor<B> for KeySpec {
-    fn extract(&self, request: &Request<B>) -> Option<Key> {
-        match self {
-            KeySpec::PeerIp(ip) => ip.extract(request),
-            KeySpec::ClientIp(ip) => ip.extract(request),
-            KeySpec::Header(h) => h.extract(request),
-            KeySpec::Global => Some(Key::global()),
-            KeySpec::Query(q) => q.extract(request),
-            KeySpec::Cookie(c) => c.extract(request),
-            KeySpec::Path(p) => p.extract(request),
-            KeySpec::Composite(c) => c.extract(request),
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            KeySpec::PeerIp(ip) => KeyExtractor::<B>::describe(ip),
-            KeySpec::ClientIp(ip) => KeyExtractor::<B>::describe(ip),
-            KeySpec::Header(h) => KeyExtractor::<B>::describe(h),
-            KeySpec::Global => KeyExtractor::<B>::describe(&Global),
-            KeySpec::Query(q) => KeyExtractor::<B>::describe(q),
-            KeySpec::Cookie(c) => KeyExtractor::<B>::describe(c),
-            KeySpec::Path(p) => KeyExtractor::<B>::describe(p),
-            KeySpec::Composite(c) => KeyExtractor::<B>::describe(c),
-        }
     }
 }

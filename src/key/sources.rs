@@ -1,83 +1,16 @@
-//! Keys from the rest of the request: a query parameter, a cookie, a path parameter of the route,
-//! several sources combined ([`Composite`]), and what to do with a value sent twice ([`OnDuplicate`]).
+//! Keys from the rest of the request: a query parameter, a cookie, a path parameter of the route.
 //!
 //! Values are bounded like every key (longer than [`MAX_KEY_LEN`](super::MAX_KEY_LEN): hashed), and
 //! decoded as the application decodes them (query and path parameters are percent-decoded, as
 //! axum's `Query` and `Path` do), so that `acme` and `ac%6De` are one key and not a way around the
 //! limit.
 
-use std::fmt;
-
 use http::header::COOKIE;
 use http::Request;
 
-use super::{Key, KeyExtractor, KeySpec};
+use super::extract::{KeyExtractor, OnDuplicate};
+use super::value::Key;
 use crate::route::Route;
-
-/// What a key source does when the request carries its value more than once (a header line twice,
-/// `?key=a&key=b`, two cookies of the name).
-///
-/// A value sent twice is ambiguous: a client can put its own `x-user-id` before the one a gateway
-/// appends, and be counted as someone else. The default, [`Refuse`](Self::Refuse), treats such a
-/// request as having no key (the policy's [`MissingKey`](crate::MissingKey) answer, `400` by
-/// default).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum OnDuplicate {
-    /// No key (the default).
-    #[default]
-    Refuse,
-    /// The first value counts.
-    First,
-    /// The last value counts (the one a proxy that appends wrote).
-    Last,
-}
-
-impl OnDuplicate {
-    /// `"refuse"`, `"first"` or `"last"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnDuplicate::Refuse => "refuse",
-            OnDuplicate::First => "first",
-            OnDuplicate::Last => "last",
-        }
-    }
-
-    /// What a key source's description adds: `" (once)"` when a second value means no key.
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            OnDuplicate::Refuse => " (once)",
-            OnDuplicate::First | OnDuplicate::Last => "",
-        }
-    }
-
-    /// The one value of `values` that counts, or `None`.
-    pub(crate) fn pick<T>(self, mut values: impl Iterator<Item = T>) -> Option<T> {
-        match self {
-            OnDuplicate::Refuse => {
-                let first = values.next()?;
-                values.next().is_none().then_some(first)
-            }
-            OnDuplicate::First => values.next(),
-            OnDuplicate::Last => values.last(),
-        }
-    }
-}
-
-impl std::str::FromStr for OnDuplicate {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "refuse" => Ok(OnDuplicate::Refuse),
-            "first" => Ok(OnDuplicate::First),
-            "last" => Ok(OnDuplicate::Last),
-            _ => Err(format!(
-                "on_duplicate {s:?} is not \"refuse\", \"first\" or \"last\""
-            )),
-        }
-    }
-}
 
 /// Percent-decodes `bytes` (`%41` is `A`; a `%` not followed by two hex digits stays as it is), and
 /// with `plus_is_space` also `+` as a space (form encoding, for query strings).
@@ -342,103 +275,10 @@ impl<B> KeyExtractor<B> for PathParam {
     }
 }
 
-/// Several key sources together, such as an API key and an organization: a request has a key when
-/// every part has one, and two requests share a key only when every part is equal (the parts are
-/// joined with their lengths, so `("ab", "c")` and `("a", "bc")` differ). The result is bounded like
-/// any key.
-///
-/// ```
-/// use http::Request;
-/// use tower_throttle::key::{Composite, Header, Key, KeyExtractor, KeySpec, PathParam};
-///
-/// let per_key_and_org = Composite::new([
-///     KeySpec::from(Header::new("x-api-key")),
-///     KeySpec::from(PathParam::new("/orgs/{org}/repos", "org").unwrap()),
-/// ])
-/// .unwrap();
-/// let req = |key: &str, path: &str| Request::get(path).header("x-api-key", key).body(()).unwrap();
-/// let a = per_key_and_org.extract(&req("k1", "/orgs/acme/repos")).unwrap();
-/// assert_eq!(per_key_and_org.extract(&req("k1", "/orgs/acme/repos")), Some(a.clone()));
-/// assert_ne!(per_key_and_org.extract(&req("k1", "/orgs/other/repos")), Some(a));
-/// assert_eq!(per_key_and_org.extract(&Request::get("/orgs/acme/repos").body(()).unwrap()), None);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Composite {
-    parts: Box<[KeySpec]>,
-}
-
-/// The most parts a [`Composite`] key may have.
-pub const MAX_KEY_PARTS: usize = 8;
-
-impl Composite {
-    /// The parts, in order: at least two, at most [`MAX_KEY_PARTS`], none of them composite.
-    pub fn new(parts: impl IntoIterator<Item = KeySpec>) -> Result<Self, String> {
-        let parts: Box<[KeySpec]> = parts.into_iter().collect();
-        if parts.len() < 2 {
-            return Err("a composite key needs at least two parts".into());
-        }
-        if parts.len() > MAX_KEY_PARTS {
-            return Err(format!(
-                "a composite key has at most {MAX_KEY_PARTS} parts, not {}",
-                parts.len()
-            ));
-        }
-        if parts.iter().any(|p| matches!(p, KeySpec::Composite(_))) {
-            return Err("a composite key's parts are not composite themselves".into());
-        }
-        Ok(Composite { parts })
-    }
-
-    /// The parts.
-    pub fn parts(&self) -> &[KeySpec] {
-        &self.parts
-    }
-
-    pub(crate) fn parts_mut(&mut self) -> &mut [KeySpec] {
-        &mut self.parts
-    }
-}
-
-impl<B> KeyExtractor<B> for Composite {
-    fn extract(&self, request: &Request<B>) -> Option<Key> {
-        use fmt::Write as _;
-        let mut joined = String::new();
-        let mut part = String::new();
-        for spec in self.parts.iter() {
-            part.clear();
-            KeyExtractor::<B>::extract(spec, request)?.render(&mut part);
-            // Length-prefixed: no part's text can run into the next one's.
-            let _ = write!(joined, "{}:{part};", part.len());
-        }
-        Some(Key::from(joined))
-    }
-
-    fn describe(&self) -> String {
-        let parts: Vec<String> = self
-            .parts
-            .iter()
-            .map(|p| KeyExtractor::<B>::describe(p))
-            .collect();
-        format!("all of: {}", parts.join("; "))
-    }
-}
-
-impl fmt::Display for Composite {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[")?;
-        for (i, part) in self.parts.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{:?}", part.to_string())?;
-        }
-        f.write_str("]")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::*;
 
     #[test]
     fn percent_decoding_is_total() {

@@ -1,7 +1,6 @@
 //! [`ThrottleLayerBuilder`]: the layer's options, and the checks that make a bad configuration an
 //! `Err` when the layer is built rather than a surprise under traffic.
 
-use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -14,13 +13,13 @@ use crate::backend::Backend;
 use crate::error::BuildError;
 use crate::headers::{Refusal, Rejected};
 use crate::key::ClientIp;
-use crate::limit::Limit;
 use crate::middleware::layer::ThrottleLayer;
-use crate::middleware::service::{Shared, Table};
-use crate::middleware::verdict::{Judge, OnBackendError, Settings};
+use crate::middleware::settings::{OnBackendError, Settings};
+use crate::middleware::shared::Shared;
+use crate::middleware::table::Table;
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
-use crate::policy::{check_reachable, Policy};
+use crate::policy::Policy;
 
 #[cfg(feature = "memory")]
 use crate::backend::MemoryBackend;
@@ -311,19 +310,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     where
         B: Backend,
     {
-        validate_table(&self.backend, &self.policies)?;
-        let policies: Box<[Policy<K>]> = self.policies.into();
-        let judge = Judge::new(
-            self.settings.clone(),
-            &policies,
-            self.backend.keeps_penalties(),
-        );
+        let table = Table::build(&self.backend, self.policies, self.settings.clone(), None)?;
         Ok(ThrottleLayer::from_shared(Shared {
             backend: self.backend,
-            table: Arc::new(ArcSwap::from_pointee(Table {
-                policies,
-                judge: Arc::new(judge),
-            })),
+            table: Arc::new(ArcSwap::from_pointee(table)),
             access: self.access,
             settings: self.settings,
             reloading: Default::default(),
@@ -337,80 +327,4 @@ impl<K, B> fmt::Debug for ThrottleLayerBuilder<K, B> {
             .field("policies", &self.policies.len())
             .finish_non_exhaustive()
     }
-}
-
-/// The checks of a policy table, for [`ThrottleLayerBuilder::build`] and for a reload: what the
-/// backend can enforce, limits that share a name share their rules and stacks, and every policy can
-/// be reached.
-pub(crate) fn validate_table<K, B: Backend>(
-    backend: &B,
-    policies: &[Policy<K>],
-) -> Result<(), BuildError> {
-    if policies.is_empty() {
-        return Err(BuildError::Invalid(
-            "a throttle layer needs at least one policy".into(),
-        ));
-    }
-    for policy in policies {
-        // Counting by outcome gives units back: a backend that cannot would count them all.
-        if policy.extras().is_some_and(|e| e.outcome.is_some()) && !backend.can_refund() {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?} counts by outcome (count_only, refund_on), but this backend cannot \
-                 give units back (Backend::can_refund)",
-                policy.name()
-            )));
-        }
-        for tier in policy.tiers() {
-            match &*tier.limits {
-                [one] => backend.validate(one)?,
-                // The backend checks each member of a stack as it will run it.
-                all => backend.validate_all(all)?,
-            }
-        }
-    }
-    // Every limit, with the names of the stack it belongs to.
-    let limits: Vec<(&Limit, Vec<&str>)> = policies
-        .iter()
-        .flat_map(|p| p.tiers())
-        .flat_map(|t| {
-            let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
-            t.limits.iter().map(move |l| (l, stack.clone()))
-        })
-        .collect();
-    // The first limit of each name, looked up by name: a table of many policies builds in
-    // linear time.
-    let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
-    for entry in &limits {
-        let (limit, stack) = entry;
-        // Limits that share a name share their keys' state, which only makes sense with the same
-        // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
-        // one, and a delayed policy's queue would be erased by one without the delay.
-        let (other, other_stack) = match first_named.entry(limit.name()) {
-            Entry::Vacant(vacant) => {
-                vacant.insert(entry);
-                continue;
-            }
-            Entry::Occupied(occupied) => *occupied.get(),
-        };
-        if !other.same_rules(limit) {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?} appears twice with different rules ({} and {}); policies that share \
-                     a name share their keys, so they need one quota, algorithm, delay, lease and \
-                     penalty",
-                limit.name(),
-                other.quota(),
-                limit.quota()
-            )));
-        }
-        if stack != other_stack {
-            return Err(BuildError::Invalid(format!(
-                "the limit name {:?} is used by two different stacks of quotas ({} and {}); \
-                     rename a policy or tier",
-                limit.name(),
-                other_stack.join(" + "),
-                stack.join(" + ")
-            )));
-        }
-    }
-    check_reachable(policies)
 }

@@ -15,13 +15,16 @@ use crate::access::Access;
 use crate::backend::Backend;
 use crate::key::{Found, Key, KeyExtractor};
 use crate::limit::Limit;
+use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::future::{BackendCheck, Prepared, ResponseFuture};
-use crate::middleware::service::{releaser, take_readied, Shared, Table};
-use crate::middleware::verdict::{Admitted, Checked, RequestContext, Verdict};
+use crate::middleware::shared::{releaser, take_readied, Shared};
+use crate::middleware::table::Table;
+use crate::middleware::verdict::{Checked, RequestContext};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund};
-use crate::per_customer::{within, CustomTier, PolicyExtras};
+use crate::per_customer::{CustomTier, PolicyExtras};
 use crate::policy::MissingKey;
+use crate::timer::within;
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
 pub(super) fn call_extended<S, K, B, ReqBody>(

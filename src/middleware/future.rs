@@ -23,9 +23,10 @@ use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
+use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::slot::{ConcurrencySlot, Release};
-use crate::middleware::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
+use crate::middleware::verdict::{Checked, Judge, RequestContext};
 use crate::outcome::OutcomeGuard;
 
 /// A backend check in flight: one limit, or a stack.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use crate::handle::{Policies, ThrottleHandle};
-use crate::middleware::service::{Shared, Throttle};
+use crate::middleware::service::Throttle;
+use crate::middleware::shared::Shared;
 use crate::offenders::Offenders;
 
 /// A tower [`Layer`] that rate-limits requests with one or more [`Policy`](crate::Policy)s.

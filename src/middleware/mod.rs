@@ -1,29 +1,37 @@
-//! The tower middleware, laid out as a request travels through it. Dependencies run one way:
+//! The tower middleware, laid out as a request travels through it. Each file uses only files
+//! listed after it (`scripts/import_cycles.py` checks it):
 //!
-//! ```text
-//! builder ─▶ layer ─▶ service ─▶ future ─▶ body ─▶ slot
-//!                        └──────────┴──▶ verdict ─▶ slot
-//! ```
-//!
-//! * [`builder`]: [`ThrottleLayerBuilder`], and build-time validation.
-//! * [`layer`]: [`ThrottleLayer`], configuration only.
-//! * [`service`]: [`Throttle`]: policy → key → access lists → ban → backend.
-//! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
+//! * [`builder`]: [`ThrottleLayerBuilder`], the layer's options.
+//! * [`layer`]: [`ThrottleLayer`], configuration only (and its [`ThrottleHandle`](crate::ThrottleHandle)).
+//! * [`service`]: [`Throttle`]: policy → key → access lists → ban → backend; `extended`: the same
+//!   path for async keys, per-customer quotas and counting by outcome.
+//! * [`shared`]: what every service of a layer shares, and the steps both paths take with it.
 //! * [`future`]: [`ResponseFuture`], which carries the verdict out.
+//! * [`table`]: the policy table in force, and the one function that checks and builds it (for
+//!   the builder and for a reload).
+//! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O;
+//!   `judge_state`: the judge's in-process state (penalty boxes, local limiter) for the handle.
+//! * [`admitted`]: what an admitted request carries.
+//! * [`settings`]: the layer-wide settings, hooks, failure policy and each tier's rules.
 //! * [`body`]: [`ThrottleBody`](body::ThrottleBody), the response body, which holds a concurrency slot to its end.
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
+pub(crate) mod admitted;
 pub mod body;
 pub(crate) mod builder;
 mod extended;
 pub(crate) mod future;
+mod judge_state;
 pub(crate) mod layer;
 pub(crate) mod service;
+pub(crate) mod settings;
+pub(crate) mod shared;
 pub(crate) mod slot;
+pub(crate) mod table;
 pub(crate) mod verdict;
 
 pub use builder::ThrottleLayerBuilder;
 pub use future::ResponseFuture;
 pub use layer::ThrottleLayer;
 pub use service::Throttle;
-pub use verdict::OnBackendError;
+pub use settings::OnBackendError;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
@@ -13,17 +13,19 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::access::{Access, AccessList, AddressSource};
+use crate::access::Access;
 use crate::backend::Backend;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
+use crate::middleware::admitted::Verdict;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::extended::call_extended;
 use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
-use crate::middleware::slot::{Release, SlotOwner};
-use crate::middleware::verdict::{Judge, RequestContext, Settings, Verdict};
+use crate::middleware::shared::{releaser, take_readied, Shared};
+use crate::middleware::table::Table;
+use crate::middleware::verdict::RequestContext;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::policy::{MissingKey, Policy};
+use crate::policy::MissingKey;
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -34,28 +36,6 @@ pub struct Throttle<S, K, B> {
     /// The policy table this service last used: loading it again costs one atomic load while no
     /// reload has replaced it (a reload is seen by the next request of every service).
     table: Cache<Arc<ArcSwap<Table<K>>>, Arc<Table<K>>>,
-}
-
-/// What every service of one layer shares: the backend, the policy table, the access lists, and
-/// what a reload builds the next table with.
-pub(crate) struct Shared<K, B> {
-    pub(crate) backend: B,
-    /// The policies in force. A request loads the table once, in `call`, and uses that table (its
-    /// policies, judge and reporters) to its end; a reload swaps in a new one atomically, so no
-    /// request is decided by a half-applied table, and requests in flight keep the one they loaded.
-    pub(crate) table: Arc<ArcSwap<Table<K>>>,
-    pub(crate) access: Option<(AccessList, AddressSource)>,
-    /// The layer's settings, for the judge of a reloaded table.
-    pub(crate) settings: Settings,
-    /// Reloads one at a time, so that each builds on the table it replaces.
-    pub(crate) reloading: Mutex<()>,
-}
-
-/// The policy table: the policies in the order they are tried, and the verdict's rules for them.
-pub(crate) struct Table<K> {
-    pub(crate) policies: Box<[Policy<K>]>,
-    /// Its own `Arc`: a response future waiting for a remote decision holds the judge, not the table.
-    pub(crate) judge: Arc<Judge>,
 }
 
 impl<S, K, B> Throttle<S, K, B> {
@@ -245,37 +225,4 @@ where
             release,
         },
     )
-}
-
-/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
-/// the caller must `poll_ready` before the next call, as always.
-pub(super) fn take_readied<S: Clone>(inner: &mut S) -> S {
-    let fresh = inner.clone();
-    std::mem::replace(inner, fresh)
-}
-
-/// The release of a concurrency slot of policy `policy` of `table`, tier `tier`, for `key`: given
-/// back under the table the request was admitted by, even if a reload has replaced it since.
-pub(super) fn releaser<K, B>(
-    shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
-    tier: usize,
-    key: Key,
-) -> Release
-where
-    K: Send + Sync + 'static,
-    B: Backend,
-{
-    let shared = shared.clone();
-    let table = table.clone();
-    Box::new(move |owner| match owner {
-        SlotOwner::Backend { lease } => {
-            let rules = &table.policies[policy];
-            let limit = &rules.tiers()[tier].limits[0];
-            shared.backend.release(limit, &key, rules.cost(), lease);
-        }
-        #[cfg(feature = "memory")]
-        SlotOwner::Local => table.judge.release_local(policy, tier, &key),
-    })
 }

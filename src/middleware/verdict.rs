@@ -6,62 +6,27 @@
 //! A decision becomes a verdict in small steps ([`Judge::decided`]): wait for delay mode, combine a
 //! stack's decisions, strike the penalty box, report, then admit or reject.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::decisions::LimitDecision;
 use crate::error::BackendError;
 use crate::grpc;
-use crate::headers::{self, HeaderOptions, RateHeaders, Refusal, RefusalKind, Rejected};
+use crate::headers::{self, RateHeaders, Refusal, RefusalKind, Rejected};
 use crate::key::Key;
-use crate::limit::{Algorithm, Limit};
-use crate::middleware::slot::SlotOwner;
-use crate::observe::{
-    ErrorLog, Limited, RedactionSecret, Redactor, Reporter, RequestRef, ShownKey,
+use crate::middleware::admitted::{
+    admit, queue_delay, with_limits, Admitted, PolicyRules, Verdict,
 };
-use crate::offenders::Offenders;
-use crate::penalty::PenaltyBox;
-use crate::policy::{Policy, ThrottleDecision};
+use crate::middleware::settings::{OnBackendError, Settings, TierRules};
+use crate::middleware::slot::SlotOwner;
+use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
+use crate::policy::Policy;
+use crate::timer::timers_available;
 
 #[cfg(feature = "memory")]
 use crate::backend::{Backend, MemoryBackend};
-
-pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
-pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
-pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
-
-/// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnBackendError {
-    /// Let the request through (fail open). The default: a limiter outage should not be an API outage.
-    #[default]
-    Allow,
-    /// Reject with `503 Service Unavailable` and `Retry-After: 1` (fail closed).
-    Deny,
-    /// Decide in this process instead: an in-memory limiter with each policy's own quota takes over
-    /// until the backend answers again. Each process then enforces the quota on its own, so the fleet
-    /// admits up to `processes × quota` while the backend is down, which is usually the right trade
-    /// between an outage and no limit at all.
-    #[cfg(feature = "memory")]
-    Local,
-}
-
-impl OnBackendError {
-    /// `"allow"`, `"deny"` or `"local"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnBackendError::Allow => "allow",
-            OnBackendError::Deny => "deny",
-            #[cfg(feature = "memory")]
-            OnBackendError::Local => "local",
-        }
-    }
-}
 
 /// The backend's answer for one request: one limit's decision, or one per limit of a stack.
 pub(crate) enum Checked {
@@ -109,155 +74,18 @@ impl<'a> RequestContext<'a> {
     }
 }
 
-/// What happens to a request.
-pub(crate) enum Verdict {
-    Admit(Admitted),
-    Reject(Response<Bytes>),
-}
-
-/// How a request is let through.
-pub(crate) struct Admitted {
-    pub(crate) headers: Option<RateHeaders>,
-    /// Delay mode: how long to wait before calling the service.
-    pub(crate) delay: Duration,
-    /// Boxed: it is rarely asked for, and a smaller verdict moves faster on every request.
-    pub(crate) decision: Option<Box<ThrottleDecision>>,
-    /// A concurrency slot to give back when the response ends.
-    pub(crate) slot: Option<SlotOwner>,
-}
-
-impl Admitted {
-    /// Through with no limit applied (and no headers): the backend failed and the layer fails open.
-    pub(crate) fn unlimited() -> Self {
-        Admitted {
-            headers: None,
-            delay: Duration::ZERO,
-            decision: None,
-            slot: None,
-        }
-    }
-}
-
-/// The layer-wide settings of the verdict, as the builder collects them (cloned for the judge of
-/// each policy table a reload builds).
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) headers: HeaderOptions,
-    pub(crate) rejection: Option<Arc<RejectionFn>>,
-    /// Answers every refusal (429, 400, 403, 503) when set.
-    pub(crate) refusal: Option<Arc<RefusalFn>>,
-    pub(crate) on_error: OnBackendError,
-    pub(crate) redact_keys: bool,
-    /// The secret of redacted keys (a random one per layer when `redact_keys` has none).
-    pub(crate) redaction_secret: Option<crate::observe::RedactionSecret>,
-    pub(crate) on_limited: Option<Arc<LimitedHook>>,
-    pub(crate) offenders: Option<Offenders>,
-    /// Refusals (400, 403, 503) as gRPC trailers-only responses.
-    pub(crate) grpc: bool,
-    /// Every admitted request gets a [`ThrottleDecision`].
-    pub(crate) decision_extension: bool,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            headers: HeaderOptions {
-                ratelimit: true,
-                legacy: false,
-            },
-            rejection: None,
-            refusal: None,
-            on_error: OnBackendError::default(),
-            redact_keys: false,
-            redaction_secret: None,
-            on_limited: None,
-            offenders: None,
-            grpc: false,
-            decision_extension: false,
-        }
-    }
-}
-
 /// Turns backend decisions into verdicts: the part of the layer's configuration that a request needs
 /// after its backend has answered, so a pending response future holds this and not the backend.
 pub(crate) struct Judge {
-    settings: Settings,
+    pub(super) settings: Settings,
     /// Per policy, in the order of the layer's policies.
-    policies: Box<[PolicyRules]>,
+    pub(super) policies: Box<[PolicyRules]>,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
-    local: Option<MemoryBackend>,
-    errors: ErrorLog,
+    pub(super) local: Option<MemoryBackend>,
+    pub(super) errors: ErrorLog,
     /// Keys in logs as pseudonyms, when the layer redacts them.
-    redactor: Option<Redactor>,
-}
-
-/// What the verdict needs of one policy.
-struct PolicyRules {
-    name: Arc<str>,
-    reporter: Reporter,
-    /// The penalty box, unless the backend keeps penalties itself (shared with the table a reload
-    /// replaced, when the policy and its penalty are unchanged).
-    penalty: Option<Arc<PenaltyBox>>,
-    #[cfg(feature = "memory")]
-    cost: u64,
-    dry_run: bool,
-    /// Every admitted request gets a `ThrottleDecision` (dry runs, delay mode, or the layer says so).
-    expose_decision: bool,
-    tiers: Box<[TierRules]>,
-    /// The default 429 body, rendered once.
-    limited_body: Bytes,
-}
-
-/// What the verdict needs of one tier's limits (or of a per-customer quota's).
-pub(crate) struct TierRules {
-    name: Option<Arc<str>>,
-    limits: Box<[Limit]>,
-    names: Box<[Arc<str>]>,
-    policy_field: HeaderValue,
-    /// `limits[0].max_cost()`, for the decision of a ban.
-    limit_value: u64,
-    concurrency: bool,
-}
-
-impl PolicyRules {
-    fn new<K>(policy: &Policy<K>, settings: &Settings, backend_keeps_penalties: bool) -> Self {
-        PolicyRules {
-            name: policy.name().into(),
-            reporter: Reporter::default(),
-            penalty: policy
-                .limit()
-                .penalty()
-                .filter(|_| !backend_keeps_penalties)
-                .map(|penalty| Arc::new(PenaltyBox::new(*penalty))),
-            #[cfg(feature = "memory")]
-            cost: policy.cost(),
-            dry_run: policy.is_dry_run(),
-            expose_decision: settings.decision_extension
-                || policy.is_dry_run()
-                || policy.limit().delay().is_some(),
-            tiers: policy
-                .tiers()
-                .iter()
-                .map(|t| TierRules::of(t.name.clone(), &t.limits))
-                .collect(),
-            limited_body: headers::limited_body(policy.name()),
-        }
-    }
-}
-
-impl TierRules {
-    /// The rules of `limits` (at least one), the tier called `name` (`None`: the default).
-    pub(crate) fn of(name: Option<Arc<str>>, limits: &[Limit]) -> Self {
-        TierRules {
-            name,
-            limits: limits.into(),
-            names: limits.iter().map(|l| l.name().into()).collect(),
-            policy_field: headers::policy_field(limits),
-            limit_value: limits[0].max_cost(),
-            concurrency: limits[0].algorithm() == Algorithm::Concurrency,
-        }
-    }
+    pub(super) redactor: Option<Redactor>,
 }
 
 /// Where a decision comes from, which changes what it may do.
@@ -267,14 +95,6 @@ struct Source {
     strike: bool,
     /// Who takes back the concurrency slot of an admitted request.
     slot: SlotOwner,
-}
-
-/// Whether a tokio timer can be made here: a runtime with its time driver. Delay mode sleeps on one,
-/// and without it `tokio::time::sleep` panics, so this tries (only for delayed requests; a timer that
-/// is never polled costs next to nothing).
-pub(crate) fn timers_available() -> bool {
-    tokio::runtime::Handle::try_current().is_ok()
-        && std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }
 
 impl Judge {
@@ -689,113 +509,6 @@ impl Judge {
             },
             &default,
         )
-    }
-}
-
-/// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
-/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the longest
-/// of a stack's) and corrects each delayed limit's `remaining` in place.
-fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Duration {
-    let mut delay = Duration::ZERO;
-    for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
-        if limit.delay().is_some() {
-            delay = delay.max(limit.delay_for(decision));
-            if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
-                let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
-                decision.remaining = (tolerance.saturating_sub(ahead) / gcra.emission_interval())
-                    .min(decision.limit);
-            }
-        }
-    }
-    delay
-}
-
-/// Adds each limit's decision to an admitted request's [`ThrottleDecision`], if it has one.
-fn with_limits(mut admitted: Admitted, tier: &TierRules, decisions: &[Decision]) -> Admitted {
-    if let Some(exposed) = admitted.decision.as_deref_mut() {
-        exposed.limits = tier
-            .names
-            .iter()
-            .zip(decisions)
-            .map(|(name, decision)| LimitDecision {
-                name: name.clone(),
-                decision: *decision,
-            })
-            .collect();
-    }
-    admitted
-}
-
-/// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
-fn admit(
-    rules: &PolicyRules,
-    tier: &TierRules,
-    decision: Decision,
-    fields: RateHeaders,
-    delay: Duration,
-    slot: Option<SlotOwner>,
-) -> Admitted {
-    let exposed = rules.expose_decision.then(|| ThrottleDecision {
-        policy: rules.name.clone(),
-        tier: tier.name.clone(),
-        decision,
-        enforced: !rules.dry_run,
-        delayed: delay,
-        limits: Box::new([]),
-    });
-    Admitted {
-        headers: Some(fields),
-        // A dry run reports the wait (in its `ThrottleDecision`) but does not wait.
-        delay: if rules.dry_run { Duration::ZERO } else { delay },
-        decision: exposed.map(Box::new),
-        slot,
-    }
-}
-
-/// Peek, reset and reload: what the layer's handle asks of the in-process state a judge keeps (the
-/// penalty boxes, and the local limiter of `OnBackendError::Local`).
-impl Judge {
-    /// Takes over the in-process state of `previous` (the judge of the table a reload replaces) for
-    /// the policies it shares with it: a policy of the same name and penalty keeps its strikes and
-    /// bans, and the local limiter keeps its keys (it keys them by limit name, as backends do).
-    pub(crate) fn carry_over(&mut self, previous: &Judge) {
-        for rules in self.policies.iter_mut() {
-            let Some(mine) = &rules.penalty else { continue };
-            let same = previous.policies.iter().find_map(|old| {
-                old.penalty
-                    .as_ref()
-                    .filter(|b| old.name == rules.name && b.penalty() == mine.penalty())
-            });
-            if let Some(same) = same {
-                rules.penalty = Some(same.clone());
-            }
-        }
-        #[cfg(feature = "memory")]
-        if let (Some(local), Some(old)) = (&mut self.local, &previous.local) {
-            *local = old.clone();
-        }
-    }
-
-    /// The rest of `key`'s ban by the penalty box of policy `policy`, if this judge keeps one and
-    /// the key is banned.
-    pub(crate) fn ban_of(&self, policy: usize, key: &Key) -> Option<Duration> {
-        self.policies[policy].penalty.as_ref()?.banned(key)
-    }
-
-    /// Forgets `key` under policy `policy` in this judge's state: its strikes and ban, and its state
-    /// in the local limiter (every tier).
-    pub(crate) fn forget(&self, policy: usize, key: &Key) {
-        let rules = &self.policies[policy];
-        if let Some(penalty) = &rules.penalty {
-            penalty.forget(key);
-        }
-        #[cfg(feature = "memory")]
-        if let Some(local) = &self.local {
-            for tier in rules.tiers.iter() {
-                // The local limiter holds what the layer's policies allow: it cannot refuse them.
-                let _ = local.reset_now(&tier.limits, key);
-            }
-        }
     }
 }
 

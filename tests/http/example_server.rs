@@ -438,10 +438,10 @@ async fn allowed_total(addr: SocketAddr, policy: &str) -> f64 {
         .map_or(0.0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
 }
 
-/// The README's TOML of every algorithm and mode, as the example server's config.
+/// The guide's TOML of every algorithm and mode, as the example server's config.
 fn algorithms_config(dir: &std::path::Path) -> PathBuf {
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
+    let page = include_str!("../../src/guide/algorithms.md");
+    let section = &page[page.find("## Algorithms and modes").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
     let file = dir.join("algorithms.toml");
@@ -449,7 +449,7 @@ fn algorithms_config(dir: &std::path::Path) -> PathBuf {
     file
 }
 
-/// Every algorithm and mode of the README, over TCP, against the example server with `backend`
+/// Every algorithm and mode of the guide, over TCP, against the example server with `backend`
 /// arguments (none: memory).
 async fn every_algorithm_and_mode(backend: &[&str]) {
     let dir = tempfile::tempdir().unwrap();

@@ -23,7 +23,7 @@ count = 5
 period = "1s"
 "#;
 
-fn admin_addr(server: &Server) -> SocketAddr {
+pub(crate) fn admin_addr(server: &Server) -> SocketAddr {
     server
         .line
         .split("admin on http://")

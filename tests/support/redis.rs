@@ -82,7 +82,10 @@ pub fn server_binary() -> PathBuf {
 /// itself (`INFO server`), so a Valkey pass cannot quietly run against Redis.
 pub fn expected_server_name() -> &'static str {
     let binary = server_binary();
-    let name = binary.file_name().and_then(|name| name.to_str()).unwrap_or("");
+    let name = binary
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("");
     if name.starts_with("valkey") {
         "valkey"
     } else {
@@ -98,7 +101,10 @@ fn require_redis_tools() {
         on_path(&server.to_string_lossy())
     };
     if !found {
-        panic!("`{}` is not on PATH (or is not a file): {FIX}", server.display());
+        panic!(
+            "`{}` is not on PATH (or is not a file): {FIX}",
+            server.display()
+        );
     }
     if !on_path("redis-cli") {
         panic!("`redis-cli` is not on PATH: {FIX}");

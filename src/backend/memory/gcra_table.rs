@@ -8,7 +8,7 @@ use std::sync::{RwLock, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
-use super::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
+use super::tuning::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::gcra;

@@ -3,13 +3,17 @@
 //! [general store](general) for everything else. Why two, and how the cap evicts, is told on
 //! [`MemoryBackend`].
 
+mod entries;
 mod gcra_table;
 mod general;
+mod general_shard;
+mod tuning;
 
 use std::future::{ready, Ready};
 use std::sync::Arc;
 
-use crate::backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
+use crate::backend::api::{Backend, StackFuture};
+use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
@@ -19,17 +23,11 @@ use crate::limit::{check_stack, Limit};
 use gcra_table::GcraTable;
 use general::GeneralStore;
 
-/// How often (at most) a shard drops keys that have refilled completely, when it is in use.
-const SWEEP_INTERVAL_NANOS: u64 = 1_000_000_000;
-
 /// The default cap on live keys.
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// The most shards a backend may have.
 const MAX_SHARDS: usize = 1024;
-
-/// How many entries are sampled to choose which keys to forget at the cap (in either store).
-const EVICTION_SAMPLE: usize = 1024;
 
 /// The in-memory backend: one process, every [`Algorithm`](crate::Algorithm), bounded memory.
 ///

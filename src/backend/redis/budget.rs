@@ -16,15 +16,13 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Script};
 
 use super::args::Args;
-use super::breaker::guarded;
-use super::check::RedisState;
 use super::connection::RedisConnection;
 use super::scripts::Answer;
 use crate::budget::Budget;
 use crate::decision::Decision;
 
 /// See the script's header. Built once per process.
-static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("budget.lua")));
+static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::BUDGET));
 
 /// The most keys one process tracks for hotness; beyond it, keys are decided per request.
 const MAX_KEYS: usize = 100_000;
@@ -286,42 +284,6 @@ impl Budgets {
     /// Drops `key`'s slice (after a reset: Redis forgot the units it granted).
     pub(super) fn forget(&self, key: &str) {
         self.lock().remove(key);
-    }
-}
-
-impl RedisState {
-    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
-    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
-    /// by a request). A refill that fails or is refused leaves the slice as it is.
-    pub(super) fn refill(
-        self: &Arc<Self>,
-        key: &str,
-        args: &Args,
-        budget: Budget,
-        want: u64,
-        fetching: Fetching,
-    ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let state = self.clone();
-        let key = key.to_owned();
-        let gcra = Gcra::of(args);
-        let call = async move {
-            let mut conn = state.conn.clone();
-            let fetched = state
-                .budgets
-                .fetch(&mut conn, &key, gcra, &budget, 0, want)
-                .await;
-            drop(fetching);
-            fetched.map(drop)
-        };
-        let guarded = guarded(&self.breaker, self.timeout, call);
-        runtime.spawn(async move {
-            if let Err(e) = guarded.await {
-                tracing::debug!(error = %e, "a budget refill failed");
-            }
-        });
     }
 }
 

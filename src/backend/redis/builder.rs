@@ -13,11 +13,12 @@ use std::sync::Arc;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, RedisError};
 
-use super::check::RedisState;
 use super::connection::{cell_loaded, RedisConnection, Target};
 use super::mode::RedisMode;
-use super::reconnect::{connect_once, spawn_keeper, SingleServer, Source};
+use super::reconnect::{connect_once, spawn_keeper};
 use super::scripts;
+use super::server::{SingleServer, Source};
+use super::state::RedisState;
 use crate::error::{redact_url, BackendError};
 
 /// Builds a [`RedisBackend`](crate::RedisBackend); see

@@ -5,20 +5,20 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis::RedisError;
 
-use super::args::{self, stack_error, Args, Spec};
-use super::batch::Batcher;
-use super::breaker::{guarded, Breaker};
-use super::budget::{Budgets, Gcra, Local};
-use super::connection::{is_unknown_command, Detector, RedisConnection};
-use super::deny::{DenyCache, Rejection};
-use super::lease::Leases;
+use super::args::{stack_error, Args, Spec};
+use super::breaker::guarded;
+use super::budget::{Fetching, Gcra, Local};
+use super::connection::is_unknown_command;
+use super::deny::Rejection;
 use super::mode::RedisMode;
 use super::scripts::{self, Answer};
-use crate::backend::StackFuture;
+use super::state::RedisState;
+use crate::backend::api::StackFuture;
+use crate::budget::Budget;
 use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::key::Key;
@@ -27,60 +27,7 @@ use crate::limit::{Algorithm, Limit};
 /// The future of [`RedisBackend::check`](crate::backend::Backend::check).
 pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
 
-/// What every clone of a `RedisBackend` shares.
-pub(super) struct RedisState {
-    pub(super) conn: RedisConnection,
-    /// The configured mode, and the path it runs on now.
-    pub(super) detector: Detector,
-    pub(super) prefix: Box<str>,
-    pub(super) timeout: Duration,
-    pub(super) breaker: Arc<Breaker>,
-    pub(super) deny: Option<DenyCache>,
-    pub(super) leases: Arc<Leases>,
-    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
-    /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
-    pub(super) batches: Option<Arc<Batcher>>,
-    /// Leased budgets of hot keys (budget.rs).
-    pub(super) budgets: Arc<Budgets>,
-}
-
 impl RedisState {
-    /// The state of a backend just connected: nothing detected, cached or held yet.
-    pub(super) fn new(
-        conn: RedisConnection,
-        mode: RedisMode,
-        prefix: Box<str>,
-        timeout: Duration,
-        deny_cache: bool,
-        coalesce: bool,
-    ) -> Self {
-        RedisState {
-            breaker: Arc::new(Breaker::new(
-                timeout,
-                !conn.is_cluster(),
-                conn.server().cloned(),
-            )),
-            leases: Arc::new(Leases::new(conn.clone(), timeout)),
-            batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
-            conn,
-            detector: Detector::new(mode),
-            prefix,
-            timeout,
-            deny: deny_cache.then(DenyCache::new),
-            budgets: Arc::default(),
-        }
-    }
-
-    /// `prefix:policy:{key}`: see [`args::redis_key`].
-    pub(super) fn redis_key(&self, policy: &str, key: &Key) -> String {
-        args::redis_key(&self.prefix, policy, key)
-    }
-
-    /// `key`'s state under `limit`: see [`args::state_key`].
-    pub(super) fn state_key(&self, limit: &Limit, key: &Key) -> String {
-        args::state_key(&self.prefix, limit, key)
-    }
-
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
     pub(super) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
         let Some(args) = Args::with_cell(limit, self.detector.mode() != RedisMode::Lua) else {
@@ -299,5 +246,41 @@ impl RedisState {
                 _ => scripts::gcra(conn, key, args, quantity).await,
             },
         }
+    }
+}
+
+impl RedisState {
+    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
+    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
+    /// by a request). A refill that fails or is refused leaves the slice as it is.
+    pub(super) fn refill(
+        self: &Arc<Self>,
+        key: &str,
+        args: &Args,
+        budget: Budget,
+        want: u64,
+        fetching: Fetching,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let state = self.clone();
+        let key = key.to_owned();
+        let gcra = Gcra::of(args);
+        let call = async move {
+            let mut conn = state.conn.clone();
+            let fetched = state
+                .budgets
+                .fetch(&mut conn, &key, gcra, &budget, 0, want)
+                .await;
+            drop(fetching);
+            fetched.map(drop)
+        };
+        let guarded = guarded(&self.breaker, self.timeout, call);
+        runtime.spawn(async move {
+            if let Err(e) = guarded.await {
+                tracing::debug!(error = %e, "a budget refill failed");
+            }
+        });
     }
 }

@@ -13,8 +13,8 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
 use super::breaker::Breaker;
-use super::mode::RedisMode;
-use super::reconnect::{SingleServer, Source};
+use super::mode::{RedisMode, CELL, LUA, UNKNOWN};
+use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::error::{redact_url, BackendError};
 
 /// What the builder was given to reach Redis.
@@ -178,12 +178,6 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
-pub(super) fn install_crypto_provider() {
-    // Fails only when a provider is installed already, which is then the one used.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 fn connect_error(url: &str, e: RedisError) -> BackendError {
     BackendError::with_source(format!("cannot connect to Redis at {}", redact_url(url)), e)
 }
@@ -263,10 +257,6 @@ pub(super) fn is_unknown_command(e: &RedisError) -> bool {
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 
-const UNKNOWN: u8 = 0;
-const CELL: u8 = 1;
-const LUA: u8 = 2;
-
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
 /// the connection offers the redis-cell module, the Lua script where it does not.
 pub(super) struct Detector {
@@ -309,6 +299,7 @@ impl Detector {
     pub(super) fn detected(&self, loaded: bool, breaker: &Breaker) {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+        breaker.failing.set_path(self.active_path());
         self.next_detect
             .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
     }

@@ -1,22 +1,26 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 //!
-//! `RedisBackend` (here) is a handle on a shared [`RedisState`]; a check goes one way through the
-//! files, each one concern:
+//! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState). The files are
+//! layered: each uses only files listed before it (`scripts/import_cycles.py` checks it).
 //!
-//! 1. [`check`]: the deny cache, then one call under the [`breaker`] and the timeout, on the path
-//!    the mode picks ([`connection::Detector`]); what the answer leaves behind.
-//! 2. [`args`]: what a limit becomes on the wire (its keys, the scripts' and `CL.THROTTLE`'s
-//!    arguments), and what Redis cannot enforce exactly, refused when the layer is built.
-//! 3. [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies.
-//! 4. [`connection`]: the one connection (single server or Cluster, TLS) and redis-cell detection;
-//!    [`reconnect`]: one server's connection (a URL, a client or Sentinel), dropped on `READONLY`,
-//!    `MASTERDOWN`, `LOADING`, I/O errors and timeouts and made again by a background task;
-//!    [`health`]: what the backend reports about it.
-//! 5. [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
-//!    [`deny`]: the local cache of rejections.
-//!
-//! [`builder`] holds the settings and the start-up work of `connect`; [`mode`] the public
-//! [`RedisMode`].
+//! 1. [`mode`]: the public [`RedisMode`] and the paths' names; [`args`]: what a limit becomes on
+//!    the wire (its keys, the scripts' and `CL.THROTTLE`'s arguments), and what Redis cannot
+//!    enforce exactly, refused when the layer is built; [`health`]: what the backend reports.
+//! 2. [`server`]: one server's own reconnecting connection (a URL, a client or Sentinel), dropped
+//!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts.
+//! 3. [`breaker`]: the circuit breaker and timeout every call runs under.
+//! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
+//!    redis-cell detection.
+//! 5. [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
+//!    [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
+//!    [`deny`]: the local cache of rejections; [`redirect`]: Cluster redirections.
+//! 6. [`batch`]: GCRA calls coalesced into one script call; [`budget`]: leased budgets of hot keys.
+//! 7. [`state`]: `RedisState`, what every clone of a backend shares.
+//! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
+//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back;
+//!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
+//!    connected (connect, check the role, load the script, detect the path).
+//! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
 
 mod admin;
 mod args;
@@ -27,21 +31,28 @@ mod builder;
 mod check;
 pub(crate) mod connection;
 mod deny;
+mod failing;
 mod health;
 mod lease;
+mod lua;
+mod memory;
 mod mode;
 mod reconnect;
 pub(crate) mod redirect;
 mod refund;
 mod scripts;
+mod server;
+mod state;
+mod watch;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use self::args::validate_stack;
-use self::check::RedisState;
-use crate::backend::{Backend, PeekFuture, ResetFuture, StackFuture};
+use self::state::RedisState;
+use crate::backend::api::{Backend, StackFuture};
+use crate::backend::key_state::{PeekFuture, ResetFuture};
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
 use crate::limit::{Limit, DEFAULT_LEASE};
@@ -49,6 +60,7 @@ use crate::limit::{Limit, DEFAULT_LEASE};
 pub use self::builder::RedisBackendBuilder;
 pub use self::check::RedisFuture;
 pub use self::health::RedisHealth;
+pub use self::memory::RedisMemory;
 pub use self::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
@@ -246,13 +258,32 @@ impl RedisBackend {
                 (reachable, None, last_error)
             }
         };
+        let failing = state.breaker.failing.current();
         RedisHealth {
             connected,
             path: state.detector.active_path(),
             breaker_open: state.breaker.tripped(),
-            last_error,
+            decisions_failing: failing.is_some(),
+            // Not connected: why the connection is down says more than "not connected" does.
+            last_error: if connected {
+                failing.or(last_error)
+            } else {
+                last_error.or(failing)
+            },
             address,
         }
+    }
+
+    /// Reads Redis' `maxmemory-policy` (`CONFIG GET`) and `evicted_keys` (`INFO stats`) now, as the
+    /// backend does by itself at start-up and then every 30 s: a policy that can evict the
+    /// limiter's keys is logged once as a warning, and evictions since the last read are counted
+    /// (`throttle_redis_evicted_keys_total`) and logged. See [`RedisMemory`], and
+    /// [Sizing Redis for the limiter](crate::guide::redis_sizing) for the set-up that keeps limits.
+    ///
+    /// An error when Redis cannot be reached; a Redis that refuses `CONFIG GET` or `INFO` (managed
+    /// Redis, ACLs) answers `None` for what it refused.
+    pub async fn memory(&self) -> Result<RedisMemory, BackendError> {
+        watch::read_memory(&self.state).await
     }
 
     /// After [`build`](RedisBackendBuilder::build): waits for the background task's first
@@ -331,6 +362,7 @@ impl RedisBackendBuilder {
     /// must start while Redis is down uses [`build`](Self::build) instead.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let state = self.validated()?.start_eagerly().await?;
+        watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 
@@ -364,6 +396,7 @@ impl RedisBackendBuilder {
             .validated()
             .and_then(|v| v.start_lazily())
             .map_err(|e| BuildError::Invalid(e.to_string()))?;
+        watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 }

@@ -53,3 +53,29 @@ impl std::str::FromStr for RedisMode {
         }
     }
 }
+
+/// A path as one byte (for atomics): not known yet, `CL.THROTTLE`, the Lua script.
+pub(super) const UNKNOWN: u8 = 0;
+pub(super) const CELL: u8 = 1;
+pub(super) const LUA: u8 = 2;
+
+/// `"cell"`, `"lua"` or `"unknown"`: the path a backend decides on, as logs and health name it.
+pub(super) fn path_name(path: Option<RedisMode>) -> &'static str {
+    match path {
+        Some(RedisMode::Cell) => "cell",
+        Some(RedisMode::Lua) => "lua",
+        _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_named() {
+        assert_eq!(path_name(Some(RedisMode::Cell)), "cell");
+        assert_eq!(path_name(Some(RedisMode::Lua)), "lua");
+        assert_eq!(path_name(None), "unknown");
+    }
+}

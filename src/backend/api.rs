@@ -1,0 +1,185 @@
+//! The [`Backend`] trait (and [`StackFuture`]), apart from the backends that implement it, so that
+//! each of them imports it from below.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::error::{BackendError, BuildError};
+use crate::key::Key;
+use crate::limit::Limit;
+
+use super::key_state::{PeekFuture, ResetFuture};
+
+/// The future of [`Backend::check_all`]: one decision per limit, in order.
+pub type StackFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;
+
+/// Decides whether a request may pass, and records it if so.
+///
+/// Implementations must be atomic per key: concurrent calls for one key admit no more than the limit.
+/// A backend that answers without waiting (such as the memory backend) returns a ready future; the
+/// middleware then decides and calls the inner service without any extra allocation or task switch.
+pub trait Backend: Send + Sync + 'static {
+    /// The future of a decision. It owns what it needs (it is `'static`).
+    type Future: Future<Output = Result<Decision, BackendError>> + Send + Unpin + 'static;
+
+    /// Asks whether `quantity` units (the request's cost) may pass for `key` under `limit`.
+    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future;
+
+    /// Whether this backend can enforce `limit` (its algorithm, its precision). Called for every policy
+    /// when a layer is built, so that what a backend cannot do is an error at start-up, not at the
+    /// first request. The default accepts everything.
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        let _ = limit;
+        Ok(())
+    }
+
+    /// Asks whether `quantity` units may pass for `key` under every one of `limits` (a stack of
+    /// quotas, such as 10 a second and 1,000 a day), atomically: the request passes only if every
+    /// limit admits it, and then it is recorded by all of them; a rejection by one records nothing
+    /// in any. Returns one decision per limit, in order. The default fails: a backend that implements
+    /// it says so in [`validate_all`](Backend::validate_all).
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        let _ = (key, quantity);
+        let error = BackendError::new(format!(
+            "this backend cannot decide {} stacked limits together",
+            limits.len()
+        ));
+        Box::pin(std::future::ready(Err(error)))
+    }
+
+    /// Whether this backend can enforce `limits` together with [`check_all`](Backend::check_all).
+    /// The default refuses.
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        Err(BuildError::Invalid(format!(
+            "this backend cannot enforce stacked quotas ({} limits)",
+            limits.len()
+        )))
+    }
+
+    /// Gives back the slot of a request admitted under a
+    /// [concurrency](crate::Algorithm::Concurrency) limit, when its response has been sent, failed
+    /// or been dropped. `lease` is the decision's [`lease`](Decision::lease) (0 if it had none).
+    /// Must not block; the default does nothing.
+    ///
+    /// A request whose [`check`](Backend::check) future is dropped before it completes (the client
+    /// went away while the backend was deciding) never learns whether it took a slot, so it cannot
+    /// give it back: a backend that decides asynchronously must let such slots expire (the Redis
+    /// backend's leases do).
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        let _ = (limit, key, quantity, lease);
+    }
+
+    /// Whether this backend keeps [`Penalty`](crate::Penalty) strikes and bans itself (shared by every
+    /// process, as the Redis backend does). When it does not (the default), the layer keeps them in
+    /// process.
+    fn keeps_penalties(&self) -> bool {
+        false
+    }
+
+    // Peek and reset (the operator's view of one key): one block, after everything else.
+
+    /// Reads `key`'s state under `limits` (one limit, or a stack as [`check_all`](Backend::check_all)
+    /// takes it: a stack may keep its state apart from the same limits alone) without consuming
+    /// anything or writing anything: one [`KeyState`](super::KeyState) per limit, in order. A backend that
+    /// [keeps penalties](Backend::keeps_penalties) reports the ban of the first limit's penalty.
+    /// The default fails.
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        let _ = (limits, key);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            "this backend cannot peek at a key's state",
+        ))))
+    }
+
+    /// Forgets `key`'s state under `limits` (one limit or a stack, as in [`peek`](Backend::peek)),
+    /// and the strikes and ban of the first limit's penalty if this backend keeps them: the key
+    /// starts again with its full quota. Under a concurrency limit that frees the slots of the key's
+    /// requests in flight (an operator's way out of slots that leaked): until those requests end,
+    /// the key may have up to twice its limit in flight (on Redis their releases then remove
+    /// nothing; in memory, which counts slots without tokens, they give back slots taken since the
+    /// reset). The default fails.
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        let _ = (limits, key);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            "this backend cannot reset a key",
+        ))))
+    }
+
+    // --- Counting by outcome: refunds (one block; see `PolicyBuilder::count_only`). ---
+
+    /// Gives back `quantity` units that a request admitted `since` ago was charged for `key` under
+    /// `limits` (one limit, or a stack as [`check_all`](Backend::check_all) decided it), because its
+    /// response does not count ([`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only),
+    /// [`refund_on`](crate::PolicyBuilder::refund_on)). Must not block and must never give back
+    /// more than the request took: the state becomes at most what it would be had the request never
+    /// come. `since` is an upper bound on the time since the backend admitted the request (the
+    /// middleware measures it from before it asked), so a refund may give back less, never more.
+    ///
+    /// Per algorithm: the GCRA moves the TAT back by `quantity` emission intervals less `since` (a
+    /// later request that would have found the bucket idle without this one absorbed up to the time
+    /// between them, so giving back the whole amount could give back more than was taken; the
+    /// middleware only asks while the units still count, `since` < the decision's `reset_after`);
+    /// the fixed window takes the units out of the window that admitted
+    /// them if it is still the current one; the sliding window out of the window that admitted them
+    /// (or, within `since` of a boundary, the one before, which weighs less); the sliding log removes
+    /// `quantity` units logged at the admission or after the earliest time it may have been, the
+    /// oldest first. A concurrency limit has nothing to refund (its slot is given back by
+    /// [`release`](Backend::release)). The default does nothing; a backend that refunds says so in
+    /// [`can_refund`](Backend::can_refund).
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        let _ = (limits, key, quantity, since);
+    }
+
+    /// Whether [`refund`](Backend::refund) gives units back. A layer refuses to build a policy that
+    /// counts by outcome on a backend that cannot (it would count every response). The default: no.
+    fn can_refund(&self) -> bool {
+        false
+    }
+}
+
+impl<B: Backend> Backend for Arc<B> {
+    type Future = B::Future;
+
+    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+        (**self).check(limit, key, quantity)
+    }
+
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        (**self).validate(limit)
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        (**self).keeps_penalties()
+    }
+
+    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
+        (**self).check_all(limits, key, quantity)
+    }
+
+    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        (**self).validate_all(limits)
+    }
+
+    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+        (**self).release(limit, key, quantity, lease)
+    }
+
+    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
+        (**self).peek(limits, key)
+    }
+
+    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
+        (**self).reset(limits, key)
+    }
+
+    // Counting by outcome.
+    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        (**self).refund(limits, key, quantity, since)
+    }
+
+    fn can_refund(&self) -> bool {
+        (**self).can_refund()
+    }
+}

@@ -1,0 +1,218 @@
+//! A shard of the general store: its entries behind one mutex, swept of refilled entries and
+//! evicted at the cap by the share of its limits each entry uses.
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+
+use super::entries::*;
+use super::tuning::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
+use crate::clock::Clock;
+use crate::limit::{Algorithm, Limit};
+use crate::window;
+
+/// The general store's shard: a table of entries behind a mutex, since a stack's decision reads and
+/// writes several states at once.
+pub(super) struct GeneralShard {
+    pub(super) table: HashTable<Entry>,
+    /// The scale of each limit seen in this shard (by name, place in its stack and algorithm), to
+    /// rank entries of different limits at the cap (the last one seen, if two limits share a name
+    /// with different quotas).
+    pub(super) scales: Vec<(ScaleKey, Scale)>,
+    /// Sweep expired entries when the table reaches this many entries...
+    pub(super) sweep_at_len: usize,
+    /// ...or when the clock reaches this time.
+    pub(super) sweep_at_time: u64,
+    /// The latest time a decision in this shard used.
+    pub(super) latest_now: u64,
+}
+
+impl GeneralShard {
+    /// The clock's reading, never before one an earlier holder of this shard's lock used. The
+    /// default [`QuantaClock`](crate::clock::QuantaClock) reads the TSC without a fence, so a
+    /// reading taken just after acquiring the lock may be a few nanoseconds older than the previous
+    /// holder's; a window decided on the older side of a boundary would then overwrite the newer
+    /// window's count (one admission too many). Keys live in one shard, so this keeps each key's
+    /// times in order.
+    pub(super) fn now<C: Clock>(&mut self, clock: &C) -> u64 {
+        let now = clock.now_nanos().max(self.latest_now);
+        self.latest_now = now;
+        now
+    }
+
+    pub(super) fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        // A sweep that dropped a window ending at `now` is a use of that time too: a decision after
+        // it must not read an older one and decide in the dropped window afresh.
+        self.latest_now = self.latest_now.max(now);
+        self.drop_expired(now, hasher);
+        self.sweep_at_len = (2 * self.table.len()).max(64);
+        self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
+    }
+
+    pub(super) fn drop_expired(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        self.table.retain(|e| e.cells.retain_live(now));
+        let len = self.table.len();
+        if self.table.capacity() > 4 * len.max(16) {
+            self.table
+                .shrink_to(2 * len, |e| hasher.hash_one((e.limit, &e.key)));
+        }
+    }
+
+    /// Records the scale of each limit of a stack about to be inserted, so that its entry can be
+    /// ranked at the cap. Only inserts need it: every entry is ranked by the limits it was inserted
+    /// with (or later ones, if some new key has been inserted with them since).
+    pub(super) fn note_scales(&mut self, limits: &[Limit]) {
+        for (position, limit) in limits.iter().enumerate() {
+            let scale = match (limit.gcra(), limit.window()) {
+                (Some(params), _) => Scale::Gcra(params.tolerance() as f32),
+                (_, Some(params)) => Scale::Window(*params),
+                // A concurrency entry needs no scale: it is never forgotten while it has requests
+                // in flight, and it is dropped as soon as it has none.
+                _ => continue,
+            };
+            let key = (limit.id(), position as u8, limit.algorithm());
+            match self.scales.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, s)) => *s = scale,
+                None => self.scales.push((key, scale)),
+            }
+        }
+    }
+
+    /// At the cap: forget about an eighth of the entries, those that use the smallest share of their
+    /// limits (see [`share_used`]), but never one with requests in flight (forgetting it would admit
+    /// more than the limit; those entries are bounded by the requests in flight, not by the cap).
+    /// Ranking by expiry instead would let an attacker rotating through fresh keys push out a client
+    /// being limited (a heavy sliding-log user expires before a later light one, and every fixed-window
+    /// entry of one window expires together), which would then start over with a full quota.
+    ///
+    /// As in the GCRA table, the threshold comes from a sample (the table's order has nothing to do
+    /// with the states), so the work under the lock is one pass over the table per `cap / 8` new
+    /// keys, with no allocation proportional to the shard.
+    pub(super) fn evict_least_used(
+        &mut self,
+        now: u64,
+        origin: u64,
+        cap: usize,
+        hasher: &foldhash::fast::RandomState,
+    ) {
+        let before = self.table.len();
+        self.drop_expired(now, hasher);
+        let target = (cap / 8).max(1).saturating_sub(before - self.table.len());
+        if target == 0 {
+            return;
+        }
+        let GeneralShard { table, scales, .. } = self;
+        let scales = &*scales;
+        let unix_now = now.saturating_add(origin);
+        // `None`: requests in flight, never forgotten.
+        let used = |e: &Entry| entry_share_used(&e.cells, scales, now, unix_now);
+        let mut sample: Vec<f32> = Vec::with_capacity(EVICTION_SAMPLE);
+        let mut scanned = 0;
+        for share in table.iter().map(used) {
+            if sample.len() == EVICTION_SAMPLE {
+                break;
+            }
+            scanned += 1;
+            sample.extend(share);
+        }
+        if sample.is_empty() {
+            return;
+        }
+        // The sample holds `sample.len()` of `scanned` entries; `target` of `len` is the same share
+        // of the scanned entries (in-flight entries included, which the sample skips).
+        let len = table.len();
+        let nth = (scanned * target / len).min(sample.len() - 1);
+        let (_, threshold, _) = sample.select_nth_unstable_by(nth, f32::total_cmp);
+        let threshold = *threshold;
+        // Strictly below the threshold first, then ties, until the target is met; a sample that
+        // underestimates only evicts fewer entries, and the next insert tries again.
+        let mut evicted = 0;
+        for ties in [false, true] {
+            table.retain(|e| {
+                let forget = evicted < target
+                    && used(e).is_some_and(|u| u < threshold || (ties && u <= threshold));
+                evicted += usize::from(forget);
+                !forget
+            });
+            if evicted >= target {
+                break;
+            }
+        }
+    }
+}
+
+/// What a limit's scale is looked up by: its name's id, its place in the stack, its algorithm.
+pub(super) type ScaleKey = (u32, u8, Algorithm);
+
+/// What a limit's state is measured against to tell how much of the limit it uses.
+#[derive(Clone, Copy)]
+pub(super) enum Scale {
+    /// The GCRA's tolerance in nanoseconds (as decided, including a delay, like the GCRA table's).
+    Gcra(f32),
+    Window(window::Params),
+}
+
+/// The largest share of its limit that any cell of an entry uses at `now`, or `None` while it has
+/// requests in flight. A stack is as close to being limited as its most used limit.
+pub(super) fn entry_share_used(
+    cells: &Cells,
+    scales: &[(ScaleKey, Scale)],
+    now: u64,
+    unix_now: u64,
+) -> Option<f32> {
+    cells.iter().try_fold(0.0f32, |most, cell| {
+        let key = (cell.limit, cell.position, cell.state.algorithm());
+        let scale = scales.iter().find(|(k, _)| *k == key).map(|(_, s)| *s);
+        Some(most.max(share_used(&cell.state, scale, now, unix_now)?))
+    })
+}
+
+/// The share of its limit that one state uses at `now` (`unix_now` for the windows): 0 for a state
+/// that admits a full quota, 1 for a client being limited, `None` with requests in flight. The
+/// same measure for every algorithm and period, so that the entries of different limits compare.
+pub(super) fn share_used(
+    state: &State,
+    scale: Option<Scale>,
+    now: u64,
+    unix_now: u64,
+) -> Option<f32> {
+    let share = match (state, scale) {
+        (State::InFlight(n), _) => return (*n == 0).then_some(0.0),
+        (State::Gcra(tat), Some(Scale::Gcra(tolerance))) => {
+            tat.saturating_sub(now) as f32 / tolerance
+        }
+        (State::Fixed(s), Some(Scale::Window(p))) => {
+            // A count of a window that has passed no longer counts.
+            if s.window == unix_now / p.period() {
+                s.count as f32 / p.limit() as f32
+            } else {
+                0.0
+            }
+        }
+        (State::Sliding(s), Some(Scale::Window(p))) => {
+            // The estimate `window::sliding_window` decides on: previous × left / period + current.
+            let period = p.period();
+            let window = unix_now / period;
+            let left = period - unix_now % period;
+            let (current, previous) = if s.window == window {
+                (s.current, s.previous)
+            } else if s.window.saturating_add(1) == window {
+                (0, s.current)
+            } else {
+                (0, 0)
+            };
+            let estimate = previous as f64 * left as f64 / period as f64 + current as f64;
+            (estimate / p.limit() as f64) as f32
+        }
+        (State::Log(log), Some(Scale::Window(p))) => {
+            // The log is oldest first; units whose period has passed no longer count.
+            let gone = log.partition_point(|t| t.saturating_add(p.period()) <= unix_now);
+            (log.len() - gone) as f32 / p.limit() as f32
+        }
+        // No scale known: a cell added to an entry after its insert, under limits no new key has
+        // used since. Ranked as fully used, so it is not forgotten before the entries that can be
+        // ranked (ties still go once those are exhausted, so the cap holds).
+        _ => 1.0,
+    };
+    Some(share)
+}

@@ -1,0 +1,77 @@
+//! `RedisState`: what every clone of a `RedisBackend` shares (the connection, the breaker, the
+//! caches and tables), built once at connect. The ways of a check are `impl RedisState` blocks
+//! above it (check.rs), so this file sits below everything that uses the state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::args;
+use super::batch::Batcher;
+use super::breaker::Breaker;
+use super::budget::Budgets;
+use super::connection::{Detector, RedisConnection};
+use super::deny::DenyCache;
+use super::lease::Leases;
+use super::memory::MemoryWatch;
+use super::mode::RedisMode;
+use crate::key::Key;
+use crate::limit::Limit;
+
+/// What every clone of a `RedisBackend` shares.
+pub(super) struct RedisState {
+    pub(super) conn: RedisConnection,
+    /// The configured mode, and the path it runs on now.
+    pub(super) detector: Detector,
+    pub(super) prefix: Box<str>,
+    pub(super) timeout: Duration,
+    pub(super) breaker: Arc<Breaker>,
+    pub(super) deny: Option<DenyCache>,
+    pub(super) leases: Arc<Leases>,
+    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
+    /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
+    pub(super) batches: Option<Arc<Batcher>>,
+    /// Leased budgets of hot keys (budget.rs).
+    pub(super) budgets: Arc<Budgets>,
+    /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
+    pub(super) memory: MemoryWatch,
+}
+
+impl RedisState {
+    /// The state of a backend just connected: nothing detected, cached or held yet.
+    pub(super) fn new(
+        conn: RedisConnection,
+        mode: RedisMode,
+        prefix: Box<str>,
+        timeout: Duration,
+        deny_cache: bool,
+        coalesce: bool,
+    ) -> Self {
+        RedisState {
+            breaker: Arc::new(Breaker::new(
+                timeout,
+                !conn.is_cluster(),
+                conn.server().cloned(),
+                mode,
+            )),
+            leases: Arc::new(Leases::new(conn.clone(), timeout)),
+            batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
+            conn,
+            detector: Detector::new(mode),
+            prefix,
+            timeout,
+            deny: deny_cache.then(DenyCache::new),
+            budgets: Arc::default(),
+            memory: MemoryWatch::default(),
+        }
+    }
+
+    /// `prefix:policy:{key}`: see [`args::redis_key`].
+    pub(super) fn redis_key(&self, policy: &str, key: &Key) -> String {
+        args::redis_key(&self.prefix, policy, key)
+    }
+
+    /// `key`'s state under `limit`: see [`args::state_key`].
+    pub(super) fn state_key(&self, limit: &Limit, key: &Key) -> String {
+        args::state_key(&self.prefix, limit, key)
+    }
+}

@@ -1,0 +1,260 @@
+//! [`Key`]: what a request counts against, bounded in length (longer keys are hashed), and its
+//! conversions from strings, bytes, header values and addresses.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use sha2::{Digest as _, Sha256};
+
+/// Keys longer than this many bytes are replaced by their SHA-256 digest, so that a hostile client
+/// cannot make the limiter store (or send to Redis) arbitrarily large keys.
+pub const MAX_KEY_LEN: usize = 64;
+
+/// What a request is counted against, within one policy.
+///
+/// Built from strings, bytes, integers and IP addresses with `From`. Byte strings longer than
+/// [`MAX_KEY_LEN`] are stored as their SHA-256 digest, which never equals a short key.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key(Repr);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Global,
+    Ip(IpAddr),
+    Bytes(Box<[u8]>),
+    Digest(Box<[u8; 32]>),
+}
+
+impl Key {
+    /// The address of an IP key (for backends that store them compactly).
+    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
+    pub(crate) fn ip(&self) -> Option<IpAddr> {
+        match self.0 {
+            Repr::Ip(ip) => Some(ip),
+            _ => None,
+        }
+    }
+
+    /// The one key of [`Global`](super::Global).
+    pub const fn global() -> Self {
+        Key(Repr::Global)
+    }
+
+    /// A key from arbitrary bytes (not necessarily UTF-8).
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        if bytes.len() > MAX_KEY_LEN {
+            Key(Repr::Digest(Box::new(Sha256::digest(bytes).into())))
+        } else {
+            Key(Repr::Bytes(bytes.into()))
+        }
+    }
+
+    /// A key from the SHA-256 digest of `bytes`, however short: for secrets such as bearer tokens or
+    /// session ids, which should not appear in Redis key names or logs. (Keys longer than
+    /// [`MAX_KEY_LEN`] are hashed anyway: `Key::hashed(long) == Key::from_bytes(long)`.)
+    ///
+    /// ```
+    /// use tower_throttle::Key;
+    ///
+    /// let key = Key::hashed(b"s3cret-token");
+    /// assert_ne!(key, Key::from("s3cret-token"));
+    /// assert!(!key.to_string().contains("s3cret"));
+    /// ```
+    pub fn hashed(bytes: impl AsRef<[u8]>) -> Self {
+        Key(Repr::Digest(Box::new(
+            Sha256::digest(bytes.as_ref()).into(),
+        )))
+    }
+
+    /// An IP address key; IPv4-mapped IPv6 addresses become IPv4.
+    pub fn from_ip(ip: IpAddr) -> Self {
+        Key(Repr::Ip(ip.to_canonical()))
+    }
+
+    /// Writes the key as printable ASCII, unambiguously: IP addresses as text, `*` for the global key,
+    /// byte strings with every byte outside `[A-Za-z0-9._~@+=/-]` percent-encoded, digests as
+    /// `#sha256:<hex>`. Two different keys never render the same (a byte string never starts with `#`
+    /// or `*`, which are percent-encoded, and an IP address never contains `%`), so this is
+    /// suitable for building Redis keys and for logs.
+    pub fn render(&self, out: &mut String) {
+        use fmt::Write as _;
+        match &self.0 {
+            Repr::Global => out.push('*'),
+            Repr::Ip(ip) => {
+                // IPs render as text; the `!` prefix keeps them apart from byte strings that look
+                // like an address (a header `x-user-id: 10.0.0.1` and the peer 10.0.0.1).
+                out.push('!');
+                let _ = write!(out, "{ip}");
+            }
+            Repr::Bytes(bytes) => {
+                for &b in bytes.iter() {
+                    if b.is_ascii_alphanumeric() || b"._~@+=/-".contains(&b) {
+                        out.push(b as char);
+                    } else {
+                        let _ = write!(out, "%{b:02X}");
+                    }
+                }
+            }
+            Repr::Digest(d) => {
+                out.push_str("#sha256:");
+                for b in d.iter() {
+                    let _ = write!(out, "{b:02x}");
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        self.render(&mut s);
+        f.write_str(&s)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({self})")
+    }
+}
+
+impl From<&str> for Key {
+    fn from(s: &str) -> Self {
+        Key::from_bytes(s.as_bytes())
+    }
+}
+
+impl From<String> for Key {
+    fn from(s: String) -> Self {
+        if s.len() > MAX_KEY_LEN {
+            Key::from_bytes(s.as_bytes())
+        } else {
+            Key(Repr::Bytes(s.into_bytes().into_boxed_slice()))
+        }
+    }
+}
+
+impl From<&String> for Key {
+    fn from(s: &String) -> Self {
+        Key::from(s.as_str())
+    }
+}
+
+impl From<&[u8]> for Key {
+    fn from(b: &[u8]) -> Self {
+        Key::from_bytes(b)
+    }
+}
+
+impl From<Vec<u8>> for Key {
+    fn from(b: Vec<u8>) -> Self {
+        if b.len() > MAX_KEY_LEN {
+            Key::from_bytes(&b)
+        } else {
+            Key(Repr::Bytes(b.into_boxed_slice()))
+        }
+    }
+}
+
+impl From<&http::HeaderValue> for Key {
+    fn from(v: &http::HeaderValue) -> Self {
+        Key::from_bytes(v.as_bytes())
+    }
+}
+
+macro_rules! int_keys {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Key {
+            fn from(n: $t) -> Self {
+                Key::from(n.to_string())
+            }
+        }
+    )*};
+}
+int_keys!(u16, u32, u64, u128, i16, i32, i64, i128, usize);
+
+impl From<IpAddr> for Key {
+    fn from(ip: IpAddr) -> Self {
+        Key::from_ip(ip)
+    }
+}
+
+impl From<Ipv4Addr> for Key {
+    fn from(ip: Ipv4Addr) -> Self {
+        Key::from_ip(IpAddr::V4(ip))
+    }
+}
+
+impl From<Ipv6Addr> for Key {
+    fn from(ip: Ipv6Addr) -> Self {
+        Key::from_ip(IpAddr::V6(ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rendered(k: &Key) -> String {
+        k.to_string()
+    }
+
+    #[test]
+    fn renderings_are_unambiguous_and_printable() {
+        let keys = [
+            Key::global(),
+            Key::from("*"),
+            Key::from("10.0.0.1"),
+            Key::from("!10.0.0.1"),
+            Key::from_ip("10.0.0.1".parse().unwrap()),
+            Key::from("a:b"),
+            Key::from("a%3Ab"),
+            Key::from_bytes(b"\xff\x00\r\n"),
+            Key::from("x".repeat(MAX_KEY_LEN + 1)),
+            Key::from("#sha256:00"),
+            Key::from(""),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for k in &keys {
+            let r = rendered(k);
+            assert!(
+                r.bytes().all(|b| b.is_ascii_graphic()) || r.is_empty(),
+                "{r:?}"
+            );
+            assert!(
+                !r.contains(':') || r.starts_with("#sha256:") || r.starts_with('!'),
+                "{r:?}"
+            );
+            assert!(seen.insert(r.clone()), "two keys render as {r:?}");
+        }
+    }
+
+    #[test]
+    fn long_keys_are_hashed_and_bounded() {
+        let long = "u".repeat(10_000);
+        let k = Key::from(long.as_str());
+        assert_eq!(k, Key::from(long.clone()));
+        assert_ne!(k, Key::from("u".repeat(10_001)));
+        assert!(rendered(&k).len() < 80);
+        let exact = "u".repeat(MAX_KEY_LEN);
+        assert_eq!(rendered(&Key::from(exact.as_str())), exact);
+    }
+
+    #[test]
+    fn hashed_keys_hide_the_secret_and_agree_with_long_keys() {
+        let short = Key::hashed("token");
+        assert_ne!(short, Key::from("token"));
+        assert_eq!(short, Key::hashed(String::from("token")));
+        assert!(rendered(&short).starts_with("#sha256:"));
+        assert!(!rendered(&short).contains("token"));
+        let long = "t".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(Key::hashed(&long), Key::from(long.as_str()));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_is_ipv4() {
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(Key::from(mapped), Key::from(Ipv4Addr::new(192, 0, 2, 7)));
+    }
+}

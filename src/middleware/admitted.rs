@@ -1,0 +1,159 @@
+//! What an admitted request carries ([`Admitted`], inside a [`Verdict`]), and how it is made from
+//! a policy's rules ([`PolicyRules`]) and the backend's decisions: the delay of delay mode, each
+//! limit's decision, the [`ThrottleDecision`] handlers see.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+use crate::decision::Decision;
+use crate::decisions::LimitDecision;
+use crate::decisions::ThrottleDecision;
+use crate::headers::{self, RateHeaders};
+use crate::middleware::settings::{Settings, TierRules};
+use crate::middleware::slot::SlotOwner;
+use crate::observe::Reporter;
+use crate::penalty::PenaltyBox;
+use crate::policy::Policy;
+
+/// What happens to a request.
+pub(crate) enum Verdict {
+    Admit(Admitted),
+    Reject(Response<Bytes>),
+}
+
+/// How a request is let through.
+pub(crate) struct Admitted {
+    pub(crate) headers: Option<RateHeaders>,
+    /// Delay mode: how long to wait before calling the service.
+    pub(crate) delay: Duration,
+    /// Boxed: it is rarely asked for, and a smaller verdict moves faster on every request.
+    pub(crate) decision: Option<Box<ThrottleDecision>>,
+    /// A concurrency slot to give back when the response ends.
+    pub(crate) slot: Option<SlotOwner>,
+}
+
+impl Admitted {
+    /// Through with no limit applied (and no headers): the backend failed and the layer fails open.
+    pub(crate) fn unlimited() -> Self {
+        Admitted {
+            headers: None,
+            delay: Duration::ZERO,
+            decision: None,
+            slot: None,
+        }
+    }
+}
+
+/// What the verdict needs of one policy.
+pub(crate) struct PolicyRules {
+    pub(crate) name: Arc<str>,
+    pub(crate) reporter: Reporter,
+    /// The penalty box, unless the backend keeps penalties itself (shared with the table a reload
+    /// replaced, when the policy and its penalty are unchanged).
+    pub(crate) penalty: Option<Arc<PenaltyBox>>,
+    #[cfg(feature = "memory")]
+    pub(crate) cost: u64,
+    pub(crate) dry_run: bool,
+    /// Every admitted request gets a `ThrottleDecision` (dry runs, delay mode, or the layer says so).
+    pub(crate) expose_decision: bool,
+    pub(crate) tiers: Box<[TierRules]>,
+    /// The default 429 body, rendered once.
+    pub(crate) limited_body: Bytes,
+}
+
+impl PolicyRules {
+    pub(crate) fn new<K>(
+        policy: &Policy<K>,
+        settings: &Settings,
+        backend_keeps_penalties: bool,
+    ) -> Self {
+        PolicyRules {
+            name: policy.name().into(),
+            reporter: Reporter::default(),
+            penalty: policy
+                .limit()
+                .penalty()
+                .filter(|_| !backend_keeps_penalties)
+                .map(|penalty| Arc::new(PenaltyBox::new(*penalty))),
+            #[cfg(feature = "memory")]
+            cost: policy.cost(),
+            dry_run: policy.is_dry_run(),
+            expose_decision: settings.decision_extension
+                || policy.is_dry_run()
+                || policy.limit().delay().is_some(),
+            tiers: policy
+                .tiers()
+                .iter()
+                .map(|t| TierRules::of(t.name.clone(), &t.limits))
+                .collect(),
+            limited_body: headers::limited_body(policy.name()),
+        }
+    }
+}
+
+/// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
+/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the longest
+/// of a stack's) and corrects each delayed limit's `remaining` in place.
+pub(crate) fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Duration {
+    let mut delay = Duration::ZERO;
+    for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
+        if limit.delay().is_some() {
+            delay = delay.max(limit.delay_for(decision));
+            if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
+                let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+                decision.remaining = (tolerance.saturating_sub(ahead) / gcra.emission_interval())
+                    .min(decision.limit);
+            }
+        }
+    }
+    delay
+}
+
+/// Adds each limit's decision to an admitted request's [`ThrottleDecision`], if it has one.
+pub(crate) fn with_limits(
+    mut admitted: Admitted,
+    tier: &TierRules,
+    decisions: &[Decision],
+) -> Admitted {
+    if let Some(exposed) = admitted.decision.as_deref_mut() {
+        exposed.limits = tier
+            .names
+            .iter()
+            .zip(decisions)
+            .map(|(name, decision)| LimitDecision {
+                name: name.clone(),
+                decision: *decision,
+            })
+            .collect();
+    }
+    admitted
+}
+
+/// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
+pub(crate) fn admit(
+    rules: &PolicyRules,
+    tier: &TierRules,
+    decision: Decision,
+    fields: RateHeaders,
+    delay: Duration,
+    slot: Option<SlotOwner>,
+) -> Admitted {
+    let exposed = rules.expose_decision.then(|| ThrottleDecision {
+        policy: rules.name.clone(),
+        tier: tier.name.clone(),
+        decision,
+        enforced: !rules.dry_run,
+        delayed: delay,
+        limits: Box::new([]),
+    });
+    Admitted {
+        headers: Some(fields),
+        // A dry run reports the wait (in its `ThrottleDecision`) but does not wait.
+        delay: if rules.dry_run { Duration::ZERO } else { delay },
+        decision: exposed.map(Box::new),
+        slot,
+    }
+}

@@ -1,0 +1,62 @@
+//! What every service of one layer shares ([`Shared`]: the backend, the policy [`Table`] in force,
+//! the access lists), and the small steps both request paths take with it: the readied inner
+//! service, the release of a concurrency slot.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use crate::access::{AccessList, AddressSource};
+use crate::backend::Backend;
+use crate::key::Key;
+use crate::middleware::settings::Settings;
+use crate::middleware::slot::{Release, SlotOwner};
+use crate::middleware::table::Table;
+
+/// What every service of one layer shares: the backend, the policy table, the access lists, and
+/// what a reload builds the next table with.
+pub(crate) struct Shared<K, B> {
+    pub(crate) backend: B,
+    /// The policies in force. A request loads the table once, in `call`, and uses that table (its
+    /// policies, judge and reporters) to its end; a reload swaps in a new one atomically, so no
+    /// request is decided by a half-applied table, and requests in flight keep the one they loaded.
+    pub(crate) table: Arc<ArcSwap<Table<K>>>,
+    pub(crate) access: Option<(AccessList, AddressSource)>,
+    /// The layer's settings, for the judge of a reloaded table.
+    pub(crate) settings: Settings,
+    /// Reloads one at a time, so that each builds on the table it replaces.
+    pub(crate) reloading: Mutex<()>,
+}
+
+/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
+/// the caller must `poll_ready` before the next call, as always.
+pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
+}
+
+/// The release of a concurrency slot of policy `policy` of `table`, tier `tier`, for `key`: given
+/// back under the table the request was admitted by, even if a reload has replaced it since.
+pub(crate) fn releaser<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    policy: usize,
+    tier: usize,
+    key: Key,
+) -> Release
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let shared = shared.clone();
+    let table = table.clone();
+    Box::new(move |owner| match owner {
+        SlotOwner::Backend { lease } => {
+            let rules = &table.policies[policy];
+            let limit = &rules.tiers()[tier].limits[0];
+            shared.backend.release(limit, &key, rules.cost(), lease);
+        }
+        #[cfg(feature = "memory")]
+        SlotOwner::Local => table.judge.release_local(policy, tier, &key),
+    })
+}

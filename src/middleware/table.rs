@@ -1,0 +1,236 @@
+//! The policy [`Table`] a layer decides by, and the one function that builds it — checked against
+//! the backend, with the verdict's rules made for it — for the builder and for every reload.
+
+use std::collections::hash_map::{Entry, HashMap};
+use std::sync::Arc;
+
+use http::Method;
+
+use crate::backend::Backend;
+use crate::error::BuildError;
+use crate::limit::Limit;
+use crate::middleware::settings::Settings;
+use crate::middleware::verdict::Judge;
+use crate::policy::Policy;
+use crate::route::Route;
+
+/// The policy table: the policies in the order they are tried, and the verdict's rules for them.
+pub(crate) struct Table<K> {
+    pub(crate) policies: Box<[Policy<K>]>,
+    /// Its own `Arc`: a response future waiting for a remote decision holds the judge, not the table.
+    pub(crate) judge: Arc<Judge>,
+}
+
+impl<K> Table<K> {
+    /// Checks `policies` against `backend` ([`validate_table`]) and makes the verdict's rules for
+    /// them. With `previous` (a reload), the new judge takes over the in-process state it shares
+    /// with the table it replaces (penalty boxes, the local limiter).
+    pub(crate) fn build<B: Backend>(
+        backend: &B,
+        policies: impl Into<Box<[Policy<K>]>>,
+        settings: Settings,
+        previous: Option<&Judge>,
+    ) -> Result<Self, BuildError> {
+        let policies: Box<[Policy<K>]> = policies.into();
+        validate_table(backend, &policies)?;
+        let mut judge = Judge::new(settings, &policies, backend.keeps_penalties());
+        if let Some(previous) = previous {
+            judge.carry_over(previous);
+        }
+        Ok(Table {
+            policies,
+            judge: Arc::new(judge),
+        })
+    }
+}
+
+/// The checks of a policy table, for [`ThrottleLayerBuilder::build`] and for a reload: what the
+/// backend can enforce, limits that share a name share their rules and stacks, and every policy can
+/// be reached.
+fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<(), BuildError> {
+    if policies.is_empty() {
+        return Err(BuildError::Invalid(
+            "a throttle layer needs at least one policy".into(),
+        ));
+    }
+    for policy in policies {
+        // Counting by outcome gives units back: a backend that cannot would count them all.
+        if policy.extras().is_some_and(|e| e.outcome.is_some()) && !backend.can_refund() {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} counts by outcome (count_only, refund_on), but this backend cannot \
+                 give units back (Backend::can_refund)",
+                policy.name()
+            )));
+        }
+        for tier in policy.tiers() {
+            match &*tier.limits {
+                [one] => backend.validate(one)?,
+                // The backend checks each member of a stack as it will run it.
+                all => backend.validate_all(all)?,
+            }
+        }
+    }
+    // Every limit, with the names of the stack it belongs to.
+    let limits: Vec<(&Limit, Vec<&str>)> = policies
+        .iter()
+        .flat_map(|p| p.tiers())
+        .flat_map(|t| {
+            let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
+            t.limits.iter().map(move |l| (l, stack.clone()))
+        })
+        .collect();
+    // The first limit of each name, looked up by name: a table of many policies builds in
+    // linear time.
+    let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
+    for entry in &limits {
+        let (limit, stack) = entry;
+        // Limits that share a name share their keys' state, which only makes sense with the same
+        // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
+        // one, and a delayed policy's queue would be erased by one without the delay.
+        let (other, other_stack) = match first_named.entry(limit.name()) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(entry);
+                continue;
+            }
+            Entry::Occupied(occupied) => *occupied.get(),
+        };
+        if !other.same_rules(limit) {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} appears twice with different rules ({} and {}); policies that share \
+                     a name share their keys, so they need one quota, algorithm, delay, lease and \
+                     penalty",
+                limit.name(),
+                other.quota(),
+                limit.quota()
+            )));
+        }
+        if stack != other_stack {
+            return Err(BuildError::Invalid(format!(
+                "the limit name {:?} is used by two different stacks of quotas ({} and {}); \
+                     rename a policy or tier",
+                limit.name(),
+                other_stack.join(" + "),
+                stack.join(" + ")
+            )));
+        }
+    }
+    check_reachable(policies)
+}
+
+/// Refuses a list of policies in which one can never apply: the first policy whose route and
+/// methods match a request decides, so a policy after one that matches every request it would
+/// match is dead configuration, most likely a limit its author believes is enforced.
+///
+/// Only routes spelt alike (up to parameter names) count as the same route: under axum's router,
+/// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
+/// other.
+fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
+    // Only a route-less policy or one on the same route can cover another, so each policy is
+    // compared with those alone: linear in the number of routes, which tables of thousands have.
+    let mut unrouted: Vec<usize> = Vec::new();
+    let mut by_route: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, later) in policies.iter().enumerate() {
+        let shape = later.route_rule().map(Route::shape);
+        let same_route = shape.as_ref().and_then(|s| by_route.get(s));
+        let earlier = unrouted
+            .iter()
+            .chain(same_route.into_iter().flatten())
+            .copied()
+            .filter(|&e| covers(&policies[e], later))
+            .min();
+        if let Some(earlier) = earlier {
+            let earlier = &policies[earlier];
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} can never apply: policy {:?}, before it, matches every request it \
+                 would ({}), and the first matching policy decides; put the narrower policy first \
+                 or give them different routes or methods",
+                later.name(),
+                earlier.name(),
+                scope(earlier)
+            )));
+        }
+        match shape {
+            Some(shape) => by_route.entry(shape).or_default().push(i),
+            None => unrouted.push(i),
+        }
+    }
+    Ok(())
+}
+
+/// Whether `this` matches every request that `other` matches.
+fn covers<K>(this: &Policy<K>, other: &Policy<K>) -> bool {
+    let routes = match (this.route_rule(), other.route_rule()) {
+        (None, _) => true,
+        (Some(mine), Some(theirs)) => mine.same_route(theirs),
+        (Some(_), None) => false,
+    };
+    let methods = match (this.method_list(), other.method_list()) {
+        (None, _) => true,
+        (Some(mine), Some(theirs)) => theirs.iter().all(|m| mine.contains(m)),
+        (Some(_), None) => false,
+    };
+    routes && methods
+}
+
+/// The requests `policy` matches, in words.
+fn scope<K>(policy: &Policy<K>) -> String {
+    let route = match policy.route_rule() {
+        None => "every route".to_owned(),
+        Some(route) => format!("route {:?}", route.pattern()),
+    };
+    let methods = match policy.method_list() {
+        None => "every method".to_owned(),
+        Some(methods) => {
+            let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+            format!("methods {}", names.join(", "))
+        }
+    };
+    format!("{route}, {methods}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::PeerIp;
+    use crate::quota::Quota;
+
+    #[test]
+    fn a_policy_hidden_by_an_earlier_one_is_an_error() {
+        let q = Quota::per_second(5);
+        let policy = |name: &str, route: Option<&str>, methods: Option<&[Method]>| {
+            let mut b = Policy::builder(name).quota(q);
+            if let Some(route) = route {
+                b = b.route(route);
+            }
+            if let Some(methods) = methods {
+                b = b.methods(methods.to_vec());
+            }
+            b.build().unwrap()
+        };
+        let check =
+            |policies: &[Policy<PeerIp>]| check_reachable(policies).map_err(|e| e.to_string());
+        let everything = policy("all", None, None);
+        let users = policy("users", Some("/users/{id}"), None);
+        let users_again = policy("users2", Some("/users/{user_id}"), None);
+        let users_post = policy("users-post", Some("/users/{id}"), Some(&[Method::POST]));
+        let users_get = policy("users-get", Some("/users/{id}"), Some(&[Method::GET]));
+        let posts = policy("posts", None, Some(&[Method::POST]));
+
+        assert_eq!(
+            check(&[everything.clone(), users.clone()]).unwrap_err(),
+            r#"policy "users" can never apply: policy "all", before it, matches every request it would (every route, every method), and the first matching policy decides; put the narrower policy first or give them different routes or methods"#
+        );
+        assert!(check(&[users.clone(), users_again.clone()])
+            .unwrap_err()
+            .contains(r#"policy "users2" can never apply"#));
+        assert!(check(&[users.clone(), users_post.clone()]).is_err());
+        assert!(check(&[posts.clone(), users_post.clone()]).is_err());
+        // Narrower first is the way to say "this route, else everything".
+        check(&[users.clone(), everything.clone()]).unwrap();
+        check(&[users_post.clone(), users.clone(), everything]).unwrap();
+        check(&[users_post.clone(), users_get.clone()]).unwrap();
+        check(&[users_post, posts]).unwrap();
+        // Different routes under axum are matched by MatchedPath: neither hides the other.
+        check(&[policy("rest", Some("/{*rest}"), None), users]).unwrap();
+    }
+}

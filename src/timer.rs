@@ -1,0 +1,23 @@
+//! Timers without a panic: whether tokio's timer can be made here, and a future awaited within a
+//! timeout when it can (an async key, a quota resolver). Below every module that waits.
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Whether a tokio timer can be made here: a runtime with its time driver. Delay mode sleeps on one,
+/// and without it `tokio::time::sleep` panics, so this tries (only for delayed requests; a timer that
+/// is never polled costs next to nothing).
+pub(crate) fn timers_available() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
+        && std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+}
+
+/// `future`'s output, or `None` if it takes longer than `timeout` (with no timer to measure it,
+/// outside a tokio runtime with time enabled, it is awaited as it is).
+pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F::Output> {
+    if timers_available() {
+        tokio::time::timeout(timeout, future).await.ok()
+    } else {
+        Some(future.await)
+    }
+}
