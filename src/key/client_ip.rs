@@ -592,6 +592,27 @@ mod tests {
     }
 
     #[test]
+    fn header_names_parse_back_and_empty_lists_say_so() {
+        use ForwardedHeader::*;
+        for header in [
+            XForwardedFor,
+            Forwarded,
+            XRealIp,
+            CfConnectingIp,
+            TrueClientIp,
+            FlyClientIp,
+        ] {
+            assert_eq!(header.as_str().parse::<ForwardedHeader>(), Ok(header));
+            let upper = header.as_str().to_ascii_uppercase();
+            assert_eq!(upper.parse::<ForwardedHeader>(), Ok(header));
+        }
+        let err = "x-client-ip".parse::<ForwardedHeader>().unwrap_err();
+        assert!(err.contains("\"x-client-ip\" is not"), "{err}");
+        assert!(TrustedProxies::none().is_empty());
+        assert!(!TrustedProxies::new(["10.0.0.0/8"]).unwrap().is_empty());
+    }
+
+    #[test]
     fn the_ipv6_prefix_is_the_one_set() {
         // The admin handle builds its keys with it: a wrong prefix would peek at another key.
         let trusted = TrustedProxies::none();
