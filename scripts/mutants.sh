@@ -21,7 +21,8 @@ say() { printf 'mutants.sh: %s\n' "$*" >&2; }
 # The files, and the test binaries that cover them: the lib's unit tests (the algorithms, quotas,
 # headers, client IPs) and the memory backend's tests (its tables, through the backend). No Redis.
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
-  src/backend/memory/gcra_table.rs src/backend/memory/general.rs)
+  src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
+  src/backend/memory/entries.rs)
 TEST_ARGS=(--lib --test memory)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
