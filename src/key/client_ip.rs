@@ -593,18 +593,14 @@ mod tests {
 
     #[test]
     fn header_names_parse_back_and_empty_lists_say_so() {
-        use ForwardedHeader::*;
-        for header in [
-            XForwardedFor,
-            Forwarded,
-            XRealIp,
-            CfConnectingIp,
-            TrueClientIp,
-            FlyClientIp,
-        ] {
-            assert_eq!(header.as_str().parse::<ForwardedHeader>(), Ok(header));
-            let upper = header.as_str().to_ascii_uppercase();
-            assert_eq!(upper.parse::<ForwardedHeader>(), Ok(header));
+        let names =
+            "x-forwarded-for forwarded x-real-ip cf-connecting-ip true-client-ip fly-client-ip";
+        let mut seen = std::collections::HashSet::new();
+        for name in names.split(' ') {
+            let header: ForwardedHeader = name.parse().unwrap();
+            assert_eq!(header.as_str(), name);
+            assert_eq!(name.to_ascii_uppercase().parse(), Ok(header));
+            assert!(seen.insert(header), "{name}");
         }
         let err = "x-client-ip".parse::<ForwardedHeader>().unwrap_err();
         assert!(err.contains("\"x-client-ip\" is not"), "{err}");
