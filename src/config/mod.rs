@@ -38,6 +38,7 @@ mod logging;
 mod policies;
 mod reload;
 mod schema;
+mod server;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -51,6 +52,7 @@ pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, PenaltyConfig, QuotaConfig,
     RedisConfig, RouteConfig, TierConfig,
 };
+pub use server::{admin_token_from_env, AdminConfig, ServerConfig, MIN_ADMIN_TOKEN_LEN};
 
 use crate::access::AccessList;
 use crate::backend::MemoryBackend;
@@ -98,6 +100,12 @@ pub struct Config {
     /// How keys appear in log events.
     #[serde(default)]
     pub logging: Option<LoggingConfig>,
+    /// The admin listener's token (read by the example server).
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
+    /// The server's listener: header read timeout, connection cap (read by the example server).
+    #[serde(default)]
+    pub server: Option<ServerConfig>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,

@@ -60,6 +60,7 @@ pages! {
     #[cfg(feature = "redis")] redis_sizing = "redis_sizing.md";
     #[cfg(feature = "memory")] operations = "operations.md";
     #[cfg(feature = "memory")] observability = "observability.md";
+    #[cfg(feature = "memory")] observability_admin = "observability_admin.md";
     #[cfg(feature = "memory")] performance = "performance.md";
     #[cfg(all(feature = "memory", feature = "axum", feature = "redis"))] migrating = "migrating.md";
 }

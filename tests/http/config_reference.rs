@@ -84,6 +84,8 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
     }
     tables.insert("`[access]`".to_owned(), probe("[access]\nUNKNOWN = 0"));
     tables.insert("`[logging]`".to_owned(), probe("[logging]\nUNKNOWN = 0"));
+    tables.insert("`[admin]`".to_owned(), probe("[admin]\nUNKNOWN = 0"));
+    tables.insert("`[server]`".to_owned(), probe("[server]\nUNKNOWN = 0"));
     tables.insert("`[[route]]`".to_owned(), probe("[[route]]\nUNKNOWN = 0"));
     let route = "[[route]]\nname = \"a\"\nkey = \"ip\"\n";
     tables.insert(

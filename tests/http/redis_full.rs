@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::example_server::admin_addr;
 use crate::example_server::{send, start};
-use crate::example_server_admin::admin_addr;
 use crate::support::redis::RedisServer;
 
 /// `throttle_backend_up{path="lua"}` on the server's `/metrics`.

@@ -25,3 +25,4 @@ mod modes_on_backends;
 mod offenders;
 mod peek_reset;
 mod sentinel;
+mod top;
