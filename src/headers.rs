@@ -454,6 +454,50 @@ mod tests {
     use std::time::Duration;
 
     #[test]
+    fn refusal_labels_are_the_documented_ones() {
+        let labels = [
+            RefusalKind::Limited,
+            RefusalKind::MissingKey,
+            RefusalKind::Denied,
+            RefusalKind::Unavailable,
+        ]
+        .map(RefusalKind::as_str);
+        assert_eq!(labels, ["limited", "missing_key", "denied", "unavailable"]);
+    }
+
+    #[test]
+    fn a_refusal_shows_what_it_was_built_with() {
+        let request = http::Request::post("/login?x=1")
+            .header("accept", "text/html")
+            .body(())
+            .unwrap();
+        let key = crate::key::Key::from("alice");
+        let decision = Decision::limited(5, 0, Some(Duration::from_millis(1500)), Duration::ZERO);
+        let default = || Response::new(Bytes::from_static(b"default"));
+        let refusal = Refusal {
+            kind: RefusalKind::Limited,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            policy: Some("login"),
+            key: Some(&key),
+            decision: Some(&decision),
+            retry_after: Some(Duration::from_millis(1500)),
+            detail: "over the limit",
+            request: crate::observe::RequestRef::of(&request),
+            default: &default,
+        };
+        assert_eq!(refusal.kind(), RefusalKind::Limited);
+        assert_eq!(refusal.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refusal.policy(), Some("login"));
+        assert_eq!(refusal.key(), Some(&key));
+        assert_eq!(refusal.decision(), Some(&decision));
+        assert_eq!(refusal.retry_after(), Some(Duration::from_millis(1500)));
+        assert_eq!(refusal.detail(), "over the limit");
+        assert_eq!(refusal.method(), http::Method::POST);
+        assert_eq!(refusal.uri().query(), Some("x=1"));
+        assert!(refusal.prefers_html());
+    }
+
+    #[test]
     fn fields_are_structured_field_lists() {
         let limit = Limit::new("reply", Quota::per_minute(30).with_max_burst(15)).unwrap();
         let policy = policy_field(std::slice::from_ref(&limit));

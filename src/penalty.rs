@@ -125,7 +125,11 @@ impl PenaltyBox {
 
     /// The rest of `key`'s ban, if it is banned.
     pub(crate) fn banned(&self, key: &Key) -> Option<Duration> {
-        let now = Instant::now();
+        self.banned_at(key, Instant::now())
+    }
+
+    /// [`banned`](Self::banned) at `now` (the tests' manual clock).
+    fn banned_at(&self, key: &Key, now: Instant) -> Option<Duration> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let until = entries.map.get(key)?.banned_until?;
         if until > now {
@@ -149,7 +153,11 @@ impl PenaltyBox {
 
     /// Counts a rejection of `key`; returns the ban it earned, if any.
     pub(crate) fn strike(&self, key: &Key) -> Option<Duration> {
-        let now = Instant::now();
+        self.strike_at(key, Instant::now())
+    }
+
+    /// [`strike`](Self::strike) at `now` (the tests' manual clock).
+    fn strike_at(&self, key: &Key, now: Instant) -> Option<Duration> {
         let Penalty { after, within, ban } = self.penalty;
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.map.len() >= CAPACITY && !entries.map.contains_key(key) {
@@ -217,34 +225,41 @@ mod tests {
 
     #[test]
     fn strikes_outside_the_window_do_not_count_and_bans_end() {
-        // The box reads the real clock. A sleep only ever lasts longer than asked, so "after the
-        // window" and "after the ban" hold whatever the machine does; "within the window" can
-        // not be promised on a busy machine, so it is checked only when the strikes were seen
-        // to fall within it (a stall of a whole window, which voids an attempt, is retried).
+        // A manual clock (`*_at`): every boundary is checked exactly, however slow the machine.
         let within = Duration::from_millis(100);
         let ban = Duration::from_millis(20);
         let b = PenaltyBox::new(Penalty::new(2, within, ban).unwrap());
-        for attempt in 0..20 {
-            let k = Key::from(format!("k{attempt}"));
-            assert_eq!(b.strike(&k), None);
-            std::thread::sleep(within + Duration::from_millis(10));
-            let window = Instant::now();
-            assert_eq!(b.strike(&k), None, "the first strike expired");
-            let banned = b.strike(&k);
-            if window.elapsed() >= within {
-                continue; // the two strikes may not have shared a window
-            }
-            assert_eq!(banned, Some(ban), "two strikes within the window");
-            let still = b.banned(&k);
-            // (Measured from before the strike: the ban began after `window`.)
-            if window.elapsed() < ban {
-                assert!(still.is_some(), "banned right after the strike");
-            }
-            std::thread::sleep(ban + Duration::from_millis(10));
-            assert_eq!(b.banned(&k), None, "the ban ended");
-            return;
-        }
-        panic!("20 attempts stalled for a whole window");
+        let k = Key::from("k");
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        assert_eq!(b.strike_at(&k, t0), None);
+        // At exactly `within` the first strike has expired: this one opens a new window.
+        assert_eq!(b.strike_at(&k, ms(100)), None, "the first strike expired");
+        assert_eq!(b.banned_at(&k, ms(100)), None);
+        // The second strike of the new window, 1 ms before it closes: banned.
+        assert_eq!(
+            b.strike_at(&k, ms(199)),
+            Some(ban),
+            "two strikes within the window"
+        );
+        assert_eq!(
+            b.banned_at(&k, ms(199)),
+            Some(ban),
+            "banned right after the strike"
+        );
+        assert_eq!(
+            b.banned_at(&k, ms(218)),
+            Some(Duration::from_millis(1)),
+            "the rest of the ban"
+        );
+        assert_eq!(b.banned_at(&k, ms(219)), None, "the ban ended");
+        // The ban consumed the strikes: one more rejection is a first strike, not a ban.
+        assert_eq!(b.strike_at(&k, ms(220)), None);
+        assert_eq!(b.banned_at(&k, ms(220)), None);
+        // Another key's strikes are its own.
+        let other = Key::from("other");
+        assert_eq!(b.strike_at(&other, ms(221)), None);
+        assert_eq!(b.banned_at(&k, ms(221)), None);
     }
 
     #[test]

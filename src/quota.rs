@@ -337,6 +337,19 @@ mod tests {
             Quota::per_second(1).bursts_of(5)
         );
         assert_eq!(
+            Quota::per_second(1).bursts_of(0).bursts_of(5),
+            Quota::per_second(1).bursts_of(5)
+        );
+        assert!(Quota::per_second(1)
+            .bursts_of(0)
+            .bursts_of(5)
+            .validate()
+            .is_ok());
+        assert_eq!(
+            Quota::per_second(1).with_max_burst(4).bursts_of(0),
+            Quota::per_second(1).bursts_of(0)
+        );
+        assert_eq!(
             Quota::per_second(1).bursts_of(0).validate(),
             Err(QuotaError::ZeroBurst)
         );
@@ -366,6 +379,24 @@ mod tests {
         assert_eq!(q.emission_interval().unwrap(), Duration::from_micros(10));
         let q = Quota::per_second(1_000_000_000);
         assert_eq!(q.emission_interval().unwrap(), Duration::from_nanos(1));
+        // Ordinary quotas whose interval is rounded: accepted.
+        for q in [
+            Quota::per_second(600),
+            Quota::per_minute(7_000),
+            Quota::per_hour(7),
+            Quota::per_day(7),
+        ] {
+            assert!(q.validate().is_ok(), "{q}");
+        }
+        // The 0.1 % bound, exactly: 1000 per 999,999 ns truncates 999 ns of 999,000 (accepted);
+        // 1000 per 998,999 ns truncates 999 ns of 998,000 (refused).
+        assert!(Quota::per_period(1000, Duration::from_nanos(999_999))
+            .validate()
+            .is_ok());
+        assert!(matches!(
+            Quota::per_period(1000, Duration::from_nanos(998_999)).validate(),
+            Err(QuotaError::RateTooFine { count: 1000, .. })
+        ));
         // 3 a second: 333,333,333 ns, off by 1 ns in 10^9: accepted, as CL.THROTTLE does.
         let q = Quota::per_second(3);
         assert_eq!(

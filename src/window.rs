@@ -344,6 +344,77 @@ mod tests {
     }
 
     #[test]
+    fn a_limited_sliding_window_reports_what_is_left_and_when_it_resets() {
+        let p = params(10, S);
+        let half = S + 500 * MS;
+        // 10 in window 0, 2 in window 1; half-way they weigh 5 + 2 = 7: 3 left, 4 wanted.
+        let s = Some(SlidingState {
+            window: 1,
+            current: 2,
+            previous: 10,
+        });
+        let (d, stored) = sliding_window(s, half, &p, 4);
+        assert!(!d.allowed);
+        assert_eq!((d.limit, d.remaining), (10, 3));
+        // Fits once 10 × (1 − e) + 2 + 4 <= 10, at e = 0.6: 100 ms later.
+        assert_eq!(d.retry_after, Some(nanos(100 * MS)));
+        // This window's units weigh until the end of the next one.
+        assert_eq!(d.reset_after, nanos(1500 * MS));
+        assert_eq!(stored, s, "a rejection changes nothing");
+        // 8 in this window, nothing before: 2 left, 5 wanted, not before the next window, where
+        // 8 × (1 − e) + 5 <= 10 from e = 0.375: 875 ms from now.
+        let s = Some(SlidingState {
+            window: 1,
+            current: 8,
+            previous: 0,
+        });
+        let (d, _) = sliding_window(s, half, &p, 5);
+        assert_eq!((d.allowed, d.remaining), (false, 2));
+        assert_eq!(d.retry_after, Some(nanos(875 * MS)));
+        assert_eq!(d.reset_after, nanos(1500 * MS));
+        // Only the previous window's units: they weigh until this window ends. An oversized
+        // request never fits, and stores the roll-over only.
+        let s = Some(SlidingState {
+            window: 0,
+            current: 10,
+            previous: 0,
+        });
+        let (d, stored) = sliding_window(s, S + 250 * MS, &p, 11);
+        assert_eq!((d.allowed, d.remaining, d.retry_after), (false, 2, None));
+        assert_eq!(d.reset_after, nanos(750 * MS));
+        assert_eq!(
+            stored,
+            Some(SlidingState {
+                window: 1,
+                current: 0,
+                previous: 10
+            })
+        );
+    }
+
+    #[test]
+    fn a_peek_or_an_oversized_request_on_a_new_key_stores_nothing() {
+        let p = params(10, S);
+        for now in [0, S + 250 * MS] {
+            let (d, stored) = sliding_window(None, now, &p, 0);
+            assert_eq!((d.allowed, d.remaining), (true, 10));
+            assert_eq!(d.reset_after, Duration::ZERO);
+            assert_eq!(stored, None, "a peek at {now}");
+            let (d, stored) = sliding_window(None, now, &p, 11);
+            assert_eq!((d.allowed, d.remaining, d.retry_after), (false, 10, None));
+            assert_eq!(d.reset_after, Duration::ZERO);
+            assert_eq!(stored, None, "an oversized request at {now}");
+        }
+        // A state two windows old is no state.
+        let old = Some(SlidingState {
+            window: 0,
+            current: 10,
+            previous: 10,
+        });
+        assert_eq!(sliding_window(old, 2 * S, &p, 0).1, None);
+    }
+
+    #[test]
     fn sliding_log_is_exact_over_any_window() {
         let p = params(3, S);
         let mut log = VecDeque::new();

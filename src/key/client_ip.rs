@@ -582,5 +582,44 @@ mod tests {
         }
         let t = TrustedProxies::new(["10.1.2.3/8"]).unwrap();
         assert!(t.contains("10.200.0.1".parse().unwrap()));
+        // The message names the entry and shows what is expected.
+        let err = TrustedProxies::new(["10.0.0.0/8", " ten "]).unwrap_err();
+        assert_eq!(err, InvalidCidr("ten".into()));
+        assert_eq!(
+            err.to_string(),
+            r#""ten" is not a network ("10.0.0.0/8", "fd00::/8") or an address"#
+        );
+    }
+
+    #[test]
+    fn header_names_parse_back_and_empty_lists_say_so() {
+        let names =
+            "x-forwarded-for forwarded x-real-ip cf-connecting-ip true-client-ip fly-client-ip";
+        let mut seen = std::collections::HashSet::new();
+        for name in names.split(' ') {
+            let header: ForwardedHeader = name.parse().unwrap();
+            assert_eq!(header.as_str(), name);
+            assert_eq!(name.to_ascii_uppercase().parse(), Ok(header));
+            assert!(seen.insert(header), "{name}");
+        }
+        let err = "x-client-ip".parse::<ForwardedHeader>().unwrap_err();
+        assert!(err.contains("\"x-client-ip\" is not"), "{err}");
+        assert!(TrustedProxies::none().is_empty());
+        assert!(!TrustedProxies::new(["10.0.0.0/8"]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_ipv6_prefix_is_the_one_set() {
+        // The admin handle builds its keys with it: a wrong prefix would peek at another key.
+        let trusted = TrustedProxies::none();
+        assert_eq!(ClientIp::new(trusted.clone()).ipv6_prefix(), 64);
+        for prefix in [1, 48, 128] {
+            let ip = ClientIp::new(trusted.clone())
+                .with_ipv6_prefix(prefix)
+                .unwrap();
+            assert_eq!(ip.ipv6_prefix(), prefix);
+        }
+        assert!(ClientIp::new(trusted.clone()).with_ipv6_prefix(0).is_err());
+        assert!(ClientIp::new(trusted).with_ipv6_prefix(129).is_err());
     }
 }

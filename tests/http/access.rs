@@ -5,6 +5,7 @@ use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
+use crate::support::failover::wait_until;
 use crate::support::{from_peer, request, status_of};
 use axum::{routing::get, Router};
 use http::StatusCode;
@@ -128,12 +129,26 @@ async fn redis_sets_are_mirrored_into_running_layers() {
         "198.51.100.0/24",
         "not-a-network",
     ]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The layer sees them at a refresh (every 20 ms): polled with a deadline. The allow list was
+    // written last; a fresh key each time, so that a poll before the refresh spends nothing.
+    let mut polls = 0;
+    wait_until(
+        Duration::from_secs(10),
+        "the allow list never arrived",
+        || {
+            polls += 1;
+            let (app, key) = (&app, format!("x{polls}"));
+            async move { statuses(app, "198.51.100.3:1", &key, 4).await == [200; 4] }
+        },
+    )
+    .await;
     assert_eq!(statuses(&app, "192.0.2.1:1", "k", 1).await, [403]);
-    assert_eq!(statuses(&app, "198.51.100.3:1", "x", 4).await, [200; 4]);
     server.cli(&["SREM", "{acl}:deny:key", "k"]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(statuses(&app, "192.0.2.1:1", "k", 1).await, [200]);
+    // A denied request spends nothing: "k" still has one of its two.
+    wait_until(Duration::from_secs(10), "the deny stayed", || async {
+        statuses(&app, "192.0.2.1:1", "k", 1).await == [200]
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{routing::get, Router};
 use tower::ServiceExt;
 
-use crate::support::request;
+use crate::support::{backend, request};
 use tower_throttle::key::Header;
 use tower_throttle::{
     Algorithm, Backend, Key, Limit, MemoryBackend, Policy, PolicyBuilder, Quota, ThrottleLayer,
@@ -32,13 +32,9 @@ async fn check_password(headers: HeaderMap) -> StatusCode {
 }
 
 pub fn login_app<B: Backend + Clone>(backend: B, policy: Policy<Header>) -> Router {
-    Router::new().route("/login", get(check_password)).layer(
-        ThrottleLayer::builder()
-            .backend(backend)
-            .policy(policy)
-            .build()
-            .unwrap(),
-    )
+    Router::new()
+        .route("/login", get(check_password))
+        .layer(layer_on(backend, policy))
 }
 
 /// The status of a login attempt by `user` with `password`.
@@ -101,20 +97,17 @@ async fn a_hundred_failures_in_flight_admit_exactly_the_quota() {
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
     ] {
-        let app = login_app(
-            MemoryBackend::new(),
-            login().algorithm(algorithm).build().unwrap(),
-        );
+        // A manual clock: no window turns over during the run.
+        let (memory, clock) = backend();
+        let app = login_app(memory, login().algorithm(algorithm).build().unwrap());
         let [ok, failed, limited] = at_once(&app, "mallory", "guess", 100).await;
-        // A fixed window that turns over during the run may admit a few more (its own
-        // boundary effect, not a refund's): only a minute window is used, so it rarely does.
         assert_eq!((ok, failed, limited), (0, 3, 97), "{algorithm}");
         // Successes in flight hold their unit until they answer, then give it back.
         let [ok, failed, limited] = at_once(&app, "alice", "right", 3).await;
         assert_eq!((ok, failed, limited), (3, 0, 0), "{algorithm}");
         // The GCRA gives back the units less the time since each admission (the most a request
         // that came meanwhile may have absorbed of them): that remainder drains as fast.
-        tokio::time::sleep(DRAINED).await;
+        clock.advance(DRAINED);
         let [ok, _, _] = at_once(&app, "alice", "right", 3).await;
         assert_eq!(ok, 3, "{algorithm}: given back after each answer");
     }
@@ -128,10 +121,11 @@ async fn server_errors_are_refunded() {
         .refund_on(|status| status.is_server_error())
         .build()
         .unwrap();
+    let (memory, clock) = backend();
     let app = Router::new()
         .route("/fail", get(|| async { StatusCode::BAD_GATEWAY }))
         .route("/ok", get(|| async { "ok" }))
-        .layer(ThrottleLayer::new(policy));
+        .layer(layer_on(memory, policy));
     let send = |uri: &'static str| {
         let app = app.clone();
         async move {
@@ -143,15 +137,26 @@ async fn server_errors_are_refunded() {
     for _ in 0..10 {
         assert_eq!(send("/fail").await, StatusCode::BAD_GATEWAY);
     }
-    tokio::time::sleep(DRAINED).await;
+    clock.advance(DRAINED);
     assert_eq!(send("/ok").await, StatusCode::OK);
     assert_eq!(send("/ok").await, StatusCode::OK);
     assert_eq!(send("/ok").await, StatusCode::TOO_MANY_REQUESTS);
 }
 
-/// Longer than the time a refunded GCRA request keeps (the time since its admission plus the 10 ms
-/// clock margin, summed over the refunds of a test).
-const DRAINED: Duration = Duration::from_millis(300);
+/// Longer than the time a refunded GCRA request keeps (the real time since its admission plus the
+/// 10 ms clock margin, summed over the refunds of a test: a second per refund leaves room for any
+/// machine), and shorter than one emission interval of the quotas here (20 s, 30 s), so that the
+/// backend's manual clock advanced by it frees no unit by itself.
+const DRAINED: Duration = Duration::from_secs(10);
+
+/// A layer of `policy` on `backend`.
+fn layer_on<B: Backend + Clone>(backend: B, policy: Policy<Header>) -> ThrottleLayer<Header, B> {
+    ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap()
+}
 
 #[tokio::test]
 async fn a_response_that_never_comes_counts() {
@@ -161,10 +166,11 @@ async fn a_response_that_never_comes_counts() {
         .refund_on(|status| status.is_server_error())
         .build()
         .unwrap();
+    let (memory, clock) = backend();
     let app = Router::new()
         .route("/hang", get(std::future::pending::<&'static str>))
         .route("/ok", get(|| async { "ok" }))
-        .layer(ThrottleLayer::new(policy));
+        .layer(layer_on(memory, policy));
     let request_of = |uri: &str| {
         let mut r = request(uri);
         r.headers_mut()
@@ -183,7 +189,7 @@ async fn a_response_that_never_comes_counts() {
         let call = app.clone().oneshot(request_of(uri));
         async move { call.await.unwrap().status() }
     };
-    tokio::time::sleep(DRAINED).await;
+    clock.advance(DRAINED);
     assert_eq!(status("/ok").await, StatusCode::TOO_MANY_REQUESTS);
 }
 
@@ -286,30 +292,33 @@ async fn the_config_counts_by_status_and_refuses_bad_statuses() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_delayed_request_is_refunded_too() {
-    // One every 100 ms, no burst, waiting up to a second for a turn: five requests in a row would
-    // wait 400 ms in all, unless each one's slot is given back when it fails.
+    // One every 10 s, no burst, waiting up to 15 s for a turn: without refunds the second request
+    // would wait 10 s and the third be refused (20 s). Each failure's slot is given back but for
+    // the real time it took (plus a 10 ms margin), so the waits stay that small. Tokio's paused
+    // clock measures the waits exactly and sleeps them at once; the backend's clock stands still.
     let policy = Policy::builder("api")
         .key(Header::new("x-username"))
-        .quota(Quota::per_second(10).with_max_burst(0))
-        .delay(Duration::from_secs(1))
+        .quota(Quota::per_minute(6).with_max_burst(0))
+        .delay(Duration::from_secs(15))
         .refund_on(|status| status.is_server_error())
         .build()
         .unwrap();
+    let (memory, _clock) = backend();
     let app = Router::new()
         .route("/", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
-        .layer(ThrottleLayer::new(policy));
-    let started = std::time::Instant::now();
+        .layer(layer_on(memory, policy));
+    let started = tokio::time::Instant::now();
     for _ in 0..5 {
         let mut r = request("/");
         r.headers_mut().insert("x-username", "dan".parse().unwrap());
         let status = app.clone().oneshot(r).await.unwrap().status();
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     }
+    let waited = started.elapsed();
     assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "no request waited for a refunded slot: {:?}",
-        started.elapsed()
+        waited < Duration::from_secs(10),
+        "no request waited for a refunded slot: {waited:?}"
     );
 }

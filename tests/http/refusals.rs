@@ -282,7 +282,9 @@ async fn the_hook_answers_the_503_of_a_dead_redis_under_deny() {
 /// a stack); the single `ThrottleDecision` is the inner layer's, as it always was.
 #[tokio::test]
 async fn handlers_see_every_layers_decision_and_every_limits() {
+    // Manual clocks: the per-second quota must not refill between the two requests.
     let per_user = ThrottleLayer::builder()
+        .backend(crate::support::backend().0)
         .policy(
             Policy::builder("user")
                 .quota(Quota::per_minute(10))
@@ -294,6 +296,7 @@ async fn handlers_see_every_layers_decision_and_every_limits() {
         .build()
         .unwrap();
     let site = ThrottleLayer::builder()
+        .backend(crate::support::backend().0)
         .policy(
             Policy::builder("site")
                 .quotas([Quota::per_second(100), Quota::per_day(1000)])

@@ -6,6 +6,7 @@
 mod algorithms;
 mod attack;
 mod backend;
+mod limits;
 mod peek_reset;
 mod refund;
 mod window_accuracy;

@@ -159,3 +159,40 @@ async fn a_peek_reports_when_the_next_request_passes() {
     let state = peek(&backend, &limit, &key).await[0];
     assert_eq!((state.remaining, state.retry_after), (1, None));
 }
+
+/// A reset deletes its own key's record and no other, however many keys share a table (records
+/// whose hashes share the table's 7-bit tag are compared by limit and key, both).
+#[tokio::test]
+async fn a_reset_among_thousands_of_keys_deletes_only_its_own() {
+    let backend = backend();
+    let gcra = [Limit::new("gcra", Quota::per_minute(5)).unwrap()];
+    let other = [Limit::new("other", Quota::per_minute(5)).unwrap()];
+    let keys: Vec<Key> = (0..2000u32)
+        .flat_map(|i| {
+            [
+                Key::from(format!("user-{i}")),
+                Key::from_ip(std::net::Ipv4Addr::from(0x0a00_0000 + i).into()),
+                Key::from_ip(
+                    std::net::Ipv6Addr::from(0x2001_0db8_u128 << 96 | u128::from(i)).into(),
+                ),
+            ]
+        })
+        .collect();
+    for key in &keys {
+        assert!(admitted(&backend, &gcra, key).await);
+        assert!(admitted(&backend, &other, key).await);
+    }
+    // Every other key is reset, for one of the two limits.
+    for key in keys.iter().step_by(2) {
+        backend.reset(&gcra, key).await.unwrap();
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let expected = if i % 2 == 0 { 5 } else { 4 };
+        assert_eq!(
+            peek(&backend, &gcra, key).await[0].remaining,
+            expected,
+            "{key:?}"
+        );
+        assert_eq!(peek(&backend, &other, key).await[0].remaining, 4, "{key:?}");
+    }
+}

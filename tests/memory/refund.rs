@@ -133,3 +133,19 @@ fn a_gcra_refund_gives_back_no_more_than_the_request_took() {
     fresh.refund(&limit, &key, 1, Duration::from_millis(5));
     assert_eq!(fresh.peek_now(&limit, &key).unwrap()[0].remaining, 2);
 }
+
+#[test]
+fn a_sliding_window_gives_back_units_of_the_previous_window_from_it() {
+    let (backend, clock) = backend();
+    let limit =
+        [Limit::with_algorithm("s", Algorithm::SlidingWindow, Quota::per_minute(3)).unwrap()];
+    let key = Key::from("alice");
+    // 3 admitted at 1000 s, in the window [960 s, 1020 s).
+    assert_eq!(admitted(&backend, &limit, &key, 3), 3);
+    // 1 s into the next window they still weigh 3 × 59/60: nothing passes.
+    clock.advance(Duration::from_secs(21));
+    assert_eq!(admitted(&backend, &limit, &key, 1), 0);
+    // Given back from the previous window's count, where they were admitted.
+    backend.refund(&limit, &key, 3, Duration::from_secs(21));
+    assert_eq!(admitted(&backend, &limit, &key, 4), 3);
+}

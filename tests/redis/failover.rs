@@ -91,7 +91,7 @@ async fn starts_while_redis_is_down_and_moves_to_redis_once_it_answers() {
     assert!(!backend.health().connected);
 
     let load = Load::start(&backend, &steady(), 2, Duration::from_millis(5));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    load.wait_failed(20).await;
     let health = backend.health();
     assert!(!health.is_healthy(), "{health}");
     assert!(health.last_error.is_some(), "{health}");
@@ -102,7 +102,7 @@ async fn starts_while_redis_is_down_and_moves_to_redis_once_it_answers() {
         backend.health().is_healthy()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.wait_decided(trigger, 20).await;
     let samples = load.finish().await;
     let figures = Figures::of(&samples, trigger);
     figures.print("start-down", &logs);
@@ -129,7 +129,23 @@ async fn a_frozen_redis_at_start_costs_no_call_its_timeout() {
     let frozen = FrozenListener::start().await;
     let backend = backend_on(&frozen.url()).build().unwrap();
     let load = Load::start(&backend, &steady(), 2, Duration::from_millis(5));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_until(Duration::from_secs(10), "no warning", || async {
+        logs.count("not reachable yet") > 0
+    })
+    .await;
+    // An observation window, not a wait for a condition: the backend keeps trying (backoff up to
+    // 500 ms) and must neither warn again nor make a call wait.
+    let warned = load.now();
+    load.wait_for(
+        Duration::from_secs(20),
+        "calls a second after the warning",
+        |samples| {
+            samples
+                .iter()
+                .any(|s| s.at >= warned + Duration::from_secs(1))
+        },
+    )
+    .await;
     let samples = load.finish().await;
     let figures = Figures::of(&samples, Duration::ZERO);
     figures.print("frozen-start", &logs);
@@ -174,7 +190,7 @@ async fn a_demoted_primary_behind_a_moving_address() {
     let address = Forwarder::start(old.port()).await;
     let backend = backend_on(&address.url()).connect().await.unwrap();
     let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.wait_decided(Duration::ZERO, 20).await;
 
     let trigger = load.now();
     cli(new.port(), &["REPLICAOF", "NO", "ONE"]).await;
@@ -184,7 +200,8 @@ async fn a_demoted_primary_behind_a_moving_address() {
         &["REPLICAOF", "127.0.0.1", &new.port().to_string()],
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Decided after the old primary refuses writes: on the new one.
+    load.wait_decided(load.now(), 20).await;
     let samples = load.finish().await;
     let figures = Figures::of(&samples, trigger);
     figures.print("demotion-forwarded", &logs);
@@ -204,7 +221,7 @@ async fn a_demoted_primary_at_the_same_address_is_left_until_it_is_primary_again
     let (primary, replica) = pair().await;
     let backend = backend_on(&primary.url()).connect().await.unwrap();
     let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.wait_decided(Duration::ZERO, 20).await;
 
     cli(replica.port(), &["REPLICAOF", "NO", "ONE"]).await;
     cli(
@@ -218,7 +235,13 @@ async fn a_demoted_primary_at_the_same_address_is_left_until_it_is_primary_again
         || async { !backend.health().connected },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A reconnection found the server a replica (`ROLE`), or the first call after the loss met
+    // `READONLY` again.
+    wait_until(Duration::from_secs(10), "no error saying why", || async {
+        let last = backend.health().last_error.map(|(e, _)| e);
+        last.is_some_and(|e| e.contains("replica") || e.contains("READONLY"))
+    })
+    .await;
     let health = backend.health();
     println!("[demotion-direct] health while demoted: {health}");
     assert!(!health.is_healthy(), "{health}");
@@ -234,7 +257,7 @@ async fn a_demoted_primary_at_the_same_address_is_left_until_it_is_primary_again
 
     let trigger = load.now();
     cli(primary.port(), &["REPLICAOF", "NO", "ONE"]).await;
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    load.wait_decided(load.now(), 20).await;
     let samples = load.finish().await;
     let figures = Figures::of(&samples, trigger);
     figures.print("demotion-direct", &logs);
@@ -252,14 +275,14 @@ async fn a_killed_primary_behind_a_moving_address() {
     let address = Forwarder::start(old.port()).await;
     let backend = backend_on(&address.url()).connect().await.unwrap();
     let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    load.wait_decided(Duration::ZERO, 20).await;
 
     let trigger = load.now();
     let _old = stop(old).await;
     cli(new.port(), &["REPLICAOF", "NO", "ONE"]).await;
     address.switch_to(new.port());
     let promoted = load.now();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    load.wait_decided(promoted, 20).await;
     let samples = load.finish().await;
     let figures = Figures::of(&samples, promoted);
     figures.print("kill-forwarded", &logs);
@@ -289,8 +312,13 @@ async fn the_probe_finds_redis_again_before_the_next_requests() {
     let stalled = backend.check(&limit, &key, 1).await;
     assert!(stalled.is_err(), "{stalled:?}");
     assert!(backend.health().breaker_open, "{}", backend.health());
-    // Paused for 600 ms; nothing is asked until well after.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Paused for 600 ms; nothing is asked until the probe has closed the breaker.
+    wait_until(
+        Duration::from_secs(10),
+        "the probe never closed the breaker",
+        || async { backend.health().is_healthy() },
+    )
+    .await;
     let health = backend.health();
     println!("[probe] health before the burst: {health}");
     assert!(health.is_healthy(), "{health}");
@@ -459,11 +487,10 @@ async fn nothing_outlives_the_backend() {
     .unwrap();
     let layer = config.layer().await.unwrap();
     let refused = "Redis refused to give the access lists";
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while logs.count(refused) == 0 {
-        assert!(Instant::now() < deadline, "no error: {:?}", logs.lines());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(Duration::from_secs(5), "no error", || async {
+        logs.count(refused) > 0
+    })
+    .await;
     let clients = || async {
         cli(port, &["INFO", "clients"])
             .await
@@ -478,6 +505,7 @@ async fn nothing_outlives_the_backend() {
     };
     // The backend's connection, and redis-cli's own.
     assert!(clients().await >= 2);
+    // An observation window (the task retries meanwhile), not a wait for a condition.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(logs.count(refused), 1, "{:?}", logs.lines());
 

@@ -5,6 +5,7 @@
 //! Quotas are slow (a unit a few seconds) so that no unit refills while a test runs on a real clock:
 //! the counts are then exact on every backend.
 
+use crate::support::failover::wait_until;
 use crate::support::redis as redis_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -304,13 +305,14 @@ where
 
 /// Concurrency: 3 in flight. 20 requests held inside the handler: exactly 3 get in; when they end,
 /// their slots come back.
-async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend>(backend: B) {
+async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend + Clone>(backend: B) {
     let policy = Policy::builder("inflight")
         .quota(Quota::per_second(3))
         .algorithm(Algorithm::Concurrency)
         .key(Global)
         .build()
         .unwrap();
+    let (probe, limits) = (backend.clone(), policy.limits().to_vec());
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy)
@@ -351,8 +353,19 @@ async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend>(backend: B) 
         for task in held {
             assert_eq!(task.await.unwrap(), StatusCode::OK);
         }
-        // The slots come back as the bodies end (on Redis, by a spawned release command).
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The slots come back as the bodies end (on Redis, by a spawned release command): polled.
+        wait_until(
+            Duration::from_secs(10),
+            "the slots never came back",
+            || async {
+                let states = probe
+                    .peek(&limits, &tower_throttle::Key::global())
+                    .await
+                    .unwrap();
+                states[0].remaining == 3
+            },
+        )
+        .await;
     }
 }
 

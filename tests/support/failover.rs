@@ -309,6 +309,41 @@ impl Load {
         self.started.elapsed()
     }
 
+    /// Polls (at most `within`) until `enough` holds of the samples so far; panics with `what`
+    /// otherwise. Instead of a fixed sleep: a scenario waits for what it needs to see, however
+    /// slow the machine.
+    pub async fn wait_for(&self, within: Duration, what: &str, enough: impl Fn(&[Sample]) -> bool) {
+        wait_until(within, what, || async {
+            enough(&self.samples.lock().unwrap())
+        })
+        .await;
+    }
+
+    /// Waits until `n` calls that started at or after `since` (a [`now`](Self::now)) were decided
+    /// by Redis, and the latest call was.
+    pub async fn wait_decided(&self, since: Duration, n: usize) {
+        let what = format!("{n} calls decided by Redis after {since:?}");
+        self.wait_for(Duration::from_secs(20), &what, |samples| {
+            let latest = samples.iter().max_by_key(|s| s.at);
+            samples
+                .iter()
+                .filter(|s| s.at >= since && s.decided)
+                .count()
+                >= n
+                && latest.is_some_and(|s| s.decided)
+        })
+        .await;
+    }
+
+    /// Waits until `n` calls failed.
+    pub async fn wait_failed(&self, n: usize) {
+        let what = format!("{n} failed calls");
+        self.wait_for(Duration::from_secs(20), &what, |samples| {
+            samples.iter().filter(|s| !s.decided).count() >= n
+        })
+        .await;
+    }
+
     pub async fn finish(self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);
         for worker in self.workers {

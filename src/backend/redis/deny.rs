@@ -81,7 +81,18 @@ impl DenyCache {
         interval: u64,
         tolerance: u64,
     ) -> Option<Decision> {
-        let now = Instant::now();
+        self.get_at(key, quantity, interval, tolerance, Instant::now())
+    }
+
+    /// [`get`](Self::get) at `now` (the tests' manual clock).
+    fn get_at(
+        &self,
+        key: &str,
+        quantity: u64,
+        interval: u64,
+        tolerance: u64,
+        now: Instant,
+    ) -> Option<Decision> {
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         let entry = shard.map.get(key)?;
         if now >= entry.until {
@@ -223,19 +234,40 @@ mod tests {
     fn holds_a_rejection_for_the_same_cost_and_quota() {
         let cache = DenyCache::new();
         let now = Instant::now();
+        let at = |ms| now + Duration::from_millis(ms);
         cache.insert("k", 2, rejection(2, 1, 1100, false), now);
         // 2 units wanted, 1 left, TAT 1.1 s ahead: retry in 500 ms, and "remaining: 1" holds as long.
-        let d = cache.get("k", 2, I, TAU).unwrap();
+        let d = cache.get_at("k", 2, I, TAU, at(120)).unwrap();
         assert!(!d.allowed);
-        assert!(d.retry_after.unwrap() <= Duration::from_millis(500));
-        assert_eq!(d.remaining, 1);
-        assert!(cache.get("k", 1, I, TAU).is_none(), "fewer units may fit");
+        assert_eq!(d.retry_after, Some(Duration::from_millis(380)), "aged");
+        assert_eq!(d.reset_after, Duration::from_millis(980), "aged");
+        assert_eq!((d.limit, d.remaining), (5, 1));
+        assert!(cache.get_at("k", 2, I, TAU, at(499)).is_some());
         assert!(
-            cache.get("k", 3, I, TAU).is_none(),
+            cache.get_at("k", 2, I, TAU, at(500)).is_none(),
+            "retry time"
+        );
+        // `get` reads the real clock (a minute's hold: no machine is that slow).
+        cache.insert("minute", 1, limited(60_000), Instant::now());
+        assert!(cache.get("minute", 1, I, TAU).is_some(), "the real clock");
+        cache.insert("k", 2, rejection(2, 1, 1100, false), now);
+        assert!(
+            cache.get_at("k", 1, I, TAU, now).is_none(),
+            "fewer units may fit"
+        );
+        assert!(
+            cache.get_at("k", 3, I, TAU, now).is_none(),
             "more units wait longer, or forever"
         );
-        assert!(cache.get("k", 2, I, 2 * TAU).is_none(), "another quota");
-        assert!(cache.get("other", 2, I, TAU).is_none());
+        assert!(
+            cache.get_at("k", 2, 2 * I, TAU, now).is_none(),
+            "another rate"
+        );
+        assert!(
+            cache.get_at("k", 2, I, 2 * TAU, now).is_none(),
+            "another quota"
+        );
+        assert!(cache.get_at("other", 2, I, TAU, now).is_none());
     }
 
     #[test]
@@ -245,43 +277,64 @@ mod tests {
         // (the retry time) after 500 ms. Held 300 ms, while "remaining: 1" is true.
         let r = rejection(3, 1, 900, false);
         assert_eq!(r.decision.retry_after, Some(Duration::from_millis(500)));
-        let at = Instant::now() - Duration::from_millis(350);
-        cache.insert("k", 3, r, at);
-        assert!(cache.get("k", 3, I, TAU).is_none());
-        cache.insert("k", 3, rejection(3, 1, 900, false), Instant::now());
-        assert_eq!(cache.get("k", 3, I, TAU).unwrap().remaining, 1);
+        let now = Instant::now();
+        cache.insert("k", 3, r, now);
+        assert_eq!(
+            cache
+                .get_at("k", 3, I, TAU, now + Duration::from_millis(299))
+                .unwrap()
+                .remaining,
+            1
+        );
+        assert!(cache
+            .get_at("k", 3, I, TAU, now + Duration::from_millis(300))
+            .is_none());
         // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
-        cache.insert("c", 3, rejection(3, 1, 2900, true), Instant::now());
-        assert!(cache.get("c", 3, I, TAU).is_none());
+        cache.insert("c", 3, rejection(3, 1, 2900, true), now);
+        assert!(cache.get_at("c", 3, I, TAU, now).is_none());
     }
 
     #[test]
     fn expired_and_never_admitted_rejections_are_not_held() {
         let cache = DenyCache::new();
-        let long_ago = Instant::now() - Duration::from_secs(1);
-        cache.insert("old", 1, limited(300), long_ago);
-        assert!(cache.get("old", 1, I, TAU).is_none());
+        let now = Instant::now();
+        cache.insert("old", 1, limited(300), now);
+        assert!(cache
+            .get_at("old", 1, I, TAU, now + Duration::from_secs(1))
+            .is_none());
+        assert!(
+            cache.get_at("old", 1, I, TAU, now).is_none(),
+            "an expired entry is dropped"
+        );
         let mut never = limited(300);
         never.decision.retry_after = None;
-        cache.insert("never", 9, never, Instant::now());
-        assert!(cache.get("never", 9, I, TAU).is_none());
+        cache.insert("never", 9, never, now);
+        assert!(cache.get_at("never", 9, I, TAU, now).is_none());
     }
 
     #[test]
     fn whole_second_answers_are_held_a_second_less() {
         let cache = DenyCache::new();
+        let now = Instant::now();
         let mut one = limited(1000);
         one.whole_seconds = true;
-        cache.insert("one", 1, one, Instant::now());
+        cache.insert("one", 1, one, now);
         assert!(
-            cache.get("one", 1, I, TAU).is_none(),
+            cache.get_at("one", 1, I, TAU, now).is_none(),
             "true retry time may be under a second"
         );
         let mut two = limited(2000);
         two.whole_seconds = true;
-        cache.insert("two", 1, two, Instant::now());
-        let d = cache.get("two", 1, I, TAU).unwrap();
-        assert!(d.retry_after.unwrap() > Duration::from_millis(1900));
+        cache.insert("two", 1, two, now);
+        let d = cache.get_at("two", 1, I, TAU, now).unwrap();
+        assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
+        let d = cache
+            .get_at("two", 1, I, TAU, now + Duration::from_millis(999))
+            .unwrap();
+        assert_eq!(d.retry_after, Some(Duration::from_millis(1001)));
+        assert!(cache
+            .get_at("two", 1, I, TAU, now + Duration::from_secs(1))
+            .is_none());
     }
 
     #[test]
