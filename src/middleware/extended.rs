@@ -23,7 +23,6 @@ use crate::middleware::verdict::{Checked, RequestContext};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund};
 use crate::per_customer::{CustomTier, PolicyExtras};
-use crate::policy::MissingKey;
 use crate::timer::within;
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
@@ -102,8 +101,8 @@ where
                 Access::Allow => return through(parts),
                 Access::Deny => {
                     let request = request_ref(&parts);
-                    let refusal = table.judge.forbidden(Some(policy), key.as_ref(), request);
-                    return refused(parts, refusal);
+                    let verdict = table.judge.forbidden(Some(policy), key.as_ref(), request);
+                    return answered(parts, verdict);
                 }
                 Access::Limit => {
                     return decide(&shared, &table, policy, &extras, key, missing, parts).await
@@ -144,14 +143,8 @@ where
                 };
             }
         };
-        return match rules.missing_key() {
-            // A dry run never rejects, not even for a missing key.
-            MissingKey::Reject(status) if !rules.is_dry_run() => {
-                let refusal = judge.missing_key(policy, what, status, request_ref(&parts));
-                refused(parts, refusal)
-            }
-            _ => through(parts),
-        };
+        let verdict = judge.missing_key(policy, &what, request_ref(&parts));
+        return answered(parts, verdict);
     };
     let custom = custom_quota(shared, rules.cost(), extras, &parts, &key).await;
     let tier = match custom {
@@ -167,7 +160,7 @@ where
             custom: custom.as_deref().map(|c| &c.rules),
         };
         if let Some(banned) = judge.banned(cx) {
-            Verdict::Reject(banned)
+            banned
         } else {
             let limits = limits_of(table, policy, tier, custom.as_deref());
             let asked = Instant::now();
@@ -327,11 +320,11 @@ fn through(parts: Parts) -> Prepared {
     }
 }
 
-/// Answered by the layer.
-fn refused(parts: Parts, response: http::Response<bytes::Bytes>) -> Prepared {
+/// Answered before the backend (a refusal, or let through unlimited).
+fn answered(parts: Parts, verdict: Verdict) -> Prepared {
     Prepared {
         parts,
-        verdict: Verdict::Reject(response),
+        verdict,
         release: None,
         outcome: None,
     }

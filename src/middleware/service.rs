@@ -25,7 +25,6 @@ use crate::middleware::shared::{releaser, take_readied, Shared};
 use crate::middleware::table::Table;
 use crate::middleware::verdict::RequestContext;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::policy::MissingKey;
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -120,9 +119,9 @@ where
                 match lists.check(source.address(&request), key.as_ref()) {
                     Access::Allow => return ResponseFuture::unlimited(inner.call(request)),
                     Access::Deny => {
-                        let request = RequestRef::of(&request);
-                        let refusal = table.judge.forbidden(policy, key.as_ref(), request);
-                        return ResponseFuture::refused(refusal);
+                        let head = RequestRef::of(&request);
+                        let verdict = table.judge.forbidden(policy, key.as_ref(), head);
+                        return ResponseFuture::carry_out(verdict, inner, request, None);
                     }
                     Access::Limit => {}
                 }
@@ -137,7 +136,7 @@ where
         let tier = table.policies[policy].tier_of(&request);
         let context = RequestContext::new(policy, tier, &key, &request);
         if let Some(banned) = table.judge.banned(context) {
-            return ResponseFuture::refused(banned);
+            return ResponseFuture::carry_out(banned, inner, request, None);
         }
         check(inner, shared, table, policy, tier, key, request)
     }
@@ -151,19 +150,14 @@ fn without_key<S, K, ReqBody, F>(
     request: Request<ReqBody>,
 ) -> ResponseFuture<S, ReqBody, F>
 where
-    S: Service<Request<ReqBody>>,
+    S: Service<Request<ReqBody>> + Clone,
     K: KeyExtractor<ReqBody>,
 {
-    let rules = &table.policies[policy];
-    match rules.missing_key() {
-        // A dry run never rejects, not even for a missing key.
-        MissingKey::Reject(status) if !rules.is_dry_run() => {
-            let what = rules.key().describe();
-            let parts = RequestRef::of(&request);
-            ResponseFuture::refused(table.judge.missing_key(policy, what, status, parts))
-        }
-        _ => ResponseFuture::unlimited(inner.call(request)),
-    }
+    let what = table.policies[policy].key().describe();
+    let verdict = table
+        .judge
+        .missing_key(policy, &what, RequestRef::of(&request));
+    ResponseFuture::carry_out(verdict, inner, request, None)
 }
 
 /// Asks the backend, and carries out the verdict at once if the backend decided without waiting
