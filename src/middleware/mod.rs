@@ -27,6 +27,7 @@ pub(crate) mod service;
 pub(crate) mod settings;
 pub(crate) mod shared;
 pub(crate) mod slot;
+pub(crate) mod steps;
 pub(crate) mod table;
 pub(crate) mod verdict;
 

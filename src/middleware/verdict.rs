@@ -558,13 +558,7 @@ mod tests {
     fn verdict_on(judge: &Judge, answer: Result<Checked, BackendError>) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext {
-            policy: 0,
-            tier: 0,
-            key: &key,
-            request: RequestRef::of(&request),
-            custom: None,
-        };
+        let cx = RequestContext::new(0, 0, &key, &request);
         judge.verdict(cx, answer)
     }
 
@@ -678,13 +672,7 @@ mod tests {
         );
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext {
-            policy: 0,
-            tier: 0,
-            key: &key,
-            request: RequestRef::of(&request),
-            custom: None,
-        };
+        let cx = RequestContext::new(0, 0, &key, &request);
         assert!(judge.banned(cx).is_none());
         let first = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
         assert_eq!(first.headers()["retry-after"], "2");
