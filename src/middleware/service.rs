@@ -1,5 +1,6 @@
-//! [`Throttle`], the service: the request path in one place — policy → key → access lists → ban →
-//! backend — handing the backend's answer to the verdict and the verdict to the response future.
+//! [`Throttle`], the service: runs the steps of `steps.rs` in order — policy → key → access lists →
+//! missing key → tier → ban → backend → verdict — for a synchronous key and a static quota, and
+//! carries the verdict out at once when the backend decided at once (memory).
 
 use std::fmt;
 use std::future::Future;
