@@ -12,7 +12,7 @@ use http::Request;
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::key::{Found, Key, KeyExtractor};
+use crate::key::{AsyncKey, Found, Key, KeyExtractor};
 use crate::middleware::admitted::Verdict;
 use crate::middleware::future::{Prepared, ResponseFuture};
 use crate::middleware::shared::{take_readied, Shared};
@@ -38,66 +38,66 @@ where
     K: KeyExtractor<ReqBody> + Send + Sync + 'static,
     B: Backend,
 {
-    let rules = &table.policies[policy];
     // A synchronous key is read here, where the body's type is known; an async one later.
-    let (key, missing) = match extras.async_key {
-        Some(ref async_key) => (None, Missing::Expected(async_key.what().to_owned())),
-        None => {
-            let key = rules.key().extract(&request);
-            let missing = Missing::Expected(if key.is_none() {
-                rules.key().describe()
-            } else {
-                String::new()
-            });
-            (key, missing)
-        }
+    let key = match &extras.async_key {
+        Some(async_key) => KeyAhead::Async(async_key.clone()),
+        None => KeyAhead::Read(steps::key_of(&table, policy, &request)),
     };
     let (parts, body) = request.into_parts();
     let shared = shared.clone();
     let service = take_readied(inner);
-    let prepare = prepare(shared, table, policy, extras, key, missing, parts);
+    let prepare = prepare(shared, table, policy, extras, key, parts);
     ResponseFuture::preparing(Box::pin(prepare), service, body)
 }
 
-/// The verdict on a request of the extended path; `key` is its synchronous key (`None` with an
-/// async key, or when it has none: `missing` then says what was expected).
+/// A request's key as `call_extended` leaves it: read (a synchronous key, or what was expected of
+/// it), or to be found by the policy's async key.
+enum KeyAhead {
+    Read(Result<Key, Missing>),
+    Async(AsyncKey),
+}
+
+/// The verdict on a request of the extended path, whose key is found first if it is async.
 async fn prepare<K, B>(
     shared: Arc<Shared<K, B>>,
     table: Arc<Table<K>>,
     policy: usize,
     extras: Arc<PolicyExtras>,
-    key: Option<Key>,
-    missing: Missing,
+    key: KeyAhead,
     parts: Parts,
 ) -> Prepared
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let (parts, key, missing) = match &extras.async_key {
-        None => (parts, key, missing),
-        Some(async_key) => {
+    let (parts, key) = match key {
+        KeyAhead::Read(key) => (parts, key),
+        KeyAhead::Async(async_key) => {
             let (parts, found) = async_key.extract(parts).await;
-            match found {
-                Found::Key(key) => (parts, Some(key), missing),
-                Found::Nothing => (parts, None, missing),
+            let key = match found {
+                Found::Key(key) => Ok(key),
+                Found::Nothing => Err(Missing::Expected(async_key.what().to_owned())),
                 Found::TimedOut => {
                     let why = format!("no key within {:?}", async_key.timeout_value());
                     extras
                         .log
                         .record(extras.name(), "async key", &why, "the failure policy");
-                    (parts, None, Missing::Late)
+                    Err(Missing::Late)
                 }
-            }
+            };
+            (parts, key)
         }
     };
     let head = RequestRef::of_parts(&parts);
-    if let Some(verdict) = steps::access(&shared, &table, Some(policy), key.as_ref(), head) {
+    if let Some(verdict) = steps::access(&shared, &table, Some(policy), key.as_ref().ok(), head) {
         return answered(parts, verdict);
     }
-    let Some(key) = key else {
-        let verdict = steps::without_key(&table, policy, missing, head);
-        return answered(parts, verdict);
+    let key = match key {
+        Ok(key) => key,
+        Err(missing) => {
+            let verdict = steps::without_key(&table, policy, missing, head);
+            return answered(parts, verdict);
+        }
     };
     decide(&shared, &table, policy, &extras, key, parts).await
 }

@@ -21,7 +21,7 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::extended::call_extended;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::middleware::shared::{releaser, take_readied, Shared};
-use crate::middleware::steps::{self, Missing};
+use crate::middleware::steps;
 use crate::middleware::table::Table;
 use crate::middleware::verdict::RequestContext;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
@@ -112,18 +112,21 @@ where
             let (extras, table) = (extras.clone(), table.clone());
             return call_extended(inner, shared, table, i, extras, request);
         }
-        let key = policy.and_then(|i| table.policies[i].key().extract(&request));
+        let key = policy.map(|i| steps::key_of(table, i, &request));
         let head = RequestRef::of(&request);
-        if let Some(verdict) = steps::access(shared, table, policy, key.as_ref(), head) {
+        let known = key.as_ref().and_then(|k| k.as_ref().ok());
+        if let Some(verdict) = steps::access(shared, table, policy, known, head) {
             return ResponseFuture::carry_out(verdict, inner, request, None);
         }
-        let Some(policy) = policy else {
+        let (Some(policy), Some(key)) = (policy, key) else {
             return ResponseFuture::unlimited(inner.call(request));
         };
-        let Some(key) = key else {
-            let missing = Missing::Expected(table.policies[policy].key().describe());
-            let verdict = steps::without_key(table, policy, missing, head);
-            return ResponseFuture::carry_out(verdict, inner, request, None);
+        let key = match key {
+            Ok(key) => key,
+            Err(missing) => {
+                let verdict = steps::without_key(table, policy, missing, head);
+                return ResponseFuture::carry_out(verdict, inner, request, None);
+            }
         };
         let tier = steps::tier(table, policy, head);
         let context = RequestContext::new(policy, tier, &key, &request);

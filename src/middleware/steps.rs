@@ -30,7 +30,7 @@ use crate::access::Access;
 use crate::backend::{Backend, StackFuture};
 use crate::decision::Decision;
 use crate::error::BackendError;
-use crate::key::Key;
+use crate::key::{Key, KeyExtractor};
 use crate::limit::Limit;
 use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::shared::{releaser, Shared};
@@ -43,6 +43,22 @@ use crate::per_customer::CustomTier;
 /// Step 1: the first policy of `table` whose route and methods match `request`.
 pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
     table.policies.iter().position(|p| p.applies_to(request))
+}
+
+/// Step 2, a synchronous key: the key `request` counts against under policy `policy`, or what was
+/// expected of it.
+pub(crate) fn key_of<K, B>(
+    table: &Table<K>,
+    policy: usize,
+    request: &Request<B>,
+) -> Result<Key, Missing>
+where
+    K: KeyExtractor<B>,
+{
+    let extractor = table.policies[policy].key();
+    extractor
+        .extract(request)
+        .ok_or_else(|| Missing::Expected(extractor.describe()))
 }
 
 /// Step 3: the access lists, which come before limits (an allowed client has none) and may name
