@@ -11,14 +11,25 @@
 //!
 //! Every configured route answers 200 to any method with a body naming the route; `/metrics` serves
 //! the limiter's counters in the Prometheus text format; other paths 404. With `--admin ADDR`, a
-//! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload` and `GET /health`
-//! (see `server/admin.rs`); SIGHUP reloads the `--config` file too.
+//! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload`, `GET /health`,
+//! `GET /top/{policy}`, `GET /overview` and an admin page at `/` (see `server/admin.rs`), behind a
+//! token with `--admin-token-env NAME` (`server/auth.rs`); SIGHUP reloads the `--config` file too.
+//! Both listeners close connections whose request head is slow and cap open connections
+//! (`[server]`, `server/edge.rs`).
 //!
 //! Every start-up error is one line on stderr naming where it comes from (the config file and the
 //! setting, or the flag), and the exit code is 2.
 
 #[path = "server/admin.rs"]
 mod admin;
+#[path = "server/auth.rs"]
+mod auth;
+#[path = "server/edge.rs"]
+mod edge;
+#[path = "server/host.rs"]
+mod host;
+#[path = "server/view.rs"]
+mod view;
 
 use std::collections::HashSet;
 use std::io::IsTerminal;
@@ -99,12 +110,15 @@ const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// The most routes the start-up line lists by name.
 const ROUTES_SHOWN: usize = 10;
 
-const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin HOST:PORT] [--redis URL [--redis-mode auto|cell|lua]]\n\
+const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin HOST:PORT [--admin-token-env NAME]] [--redis URL [--redis-mode auto|cell|lua]]\n\
     --config FILE     the policies, in TOML (default: a built-in set of five routes)\n\
     --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
     \x20                 listen, else 127.0.0.1:3000)\n\
-    --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload and GET /health\n\
+    --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload, GET /health,\n\
+    \x20                 GET /top/{policy}, GET /overview and an admin page at /\n\
     \x20                 on ADDR (off by default; keep it on loopback: it can lift any limit)\n\
+    --admin-token-env NAME  every admin request needs Authorization: Bearer <the value of $NAME>\n\
+    \x20                 (or [admin] token_env in the config); required off loopback\n\
     --redis URL       replace the configured backend with Redis at URL (redis:// or rediss://)\n\
     --redis-mode M    with --redis: auto (default), cell (CL.THROTTLE) or lua";
 
@@ -114,6 +128,8 @@ struct Args {
     listen: Option<String>,
     /// The admin listener's address, as typed.
     admin: Option<String>,
+    /// The environment variable holding the admin token.
+    admin_token_env: Option<String>,
     redis: Option<String>,
     redis_mode: Option<RedisMode>,
 }
@@ -123,6 +139,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         config: None,
         listen: None,
         admin: None,
+        admin_token_env: None,
         redis: None,
         redis_mode: None,
     };
@@ -144,6 +161,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 check_listen(&addr).map_err(|e| e.replacen("--listen", "--admin", 1))?;
                 parsed.admin = Some(addr);
             }
+            "--admin-token-env" => {
+                parsed.admin_token_env = Some(value("an environment variable's name")?)
+            }
             "--redis" => parsed.redis = Some(value("a URL such as redis://127.0.0.1:6379/")?),
             "--redis-mode" => {
                 let mode = value("auto, cell or lua")?;
@@ -158,6 +178,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
+    }
+    if parsed.admin_token_env.is_some() && parsed.admin.is_none() {
+        return Err("--admin-token-env needs --admin".into());
     }
     if parsed.redis_mode.is_some() && parsed.redis.is_none() {
         return Err("--redis-mode needs --redis".into());
@@ -212,16 +235,29 @@ async fn resolve(flag: &str, addr: &str) -> Result<Vec<SocketAddr>, String> {
 }
 
 /// `GET /health` of the admin listener: the backend's state, 200 while decisions come from it,
-/// 503 otherwise (for a readiness check).
+/// 503 otherwise (for a readiness check), with the reason and the error decisions fail with.
 pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Response {
     use axum::response::IntoResponse;
+    let (up, body) = health_json(backend);
+    let status = if up {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Whether the backend decides, and its state as `GET /health` shows it.
+pub(crate) fn health_json(backend: &ConfiguredBackend) -> (bool, serde_json::Value) {
     let health = backend.health();
     let up = health.is_healthy();
     let body = match &health {
         BackendHealth::Redis(redis) => serde_json::json!({
             "backend": "redis",
             "up": up,
+            "reason": redis.reason(),
             "connected": redis.connected,
+            "decisions_failing": redis.decisions_failing,
             "path": redis.path_name(),
             "breaker_open": redis.breaker_open,
             "address": redis.address,
@@ -232,12 +268,7 @@ pub(crate) fn health_response(backend: &ConfiguredBackend) -> axum::response::Re
         }),
         _ => serde_json::json!({ "backend": "memory", "up": up }),
     };
-    let status = if up {
-        axum::http::StatusCode::OK
-    } else {
-        axum::http::StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, axum::Json(body)).into_response()
+    (up, body)
 }
 
 /// Where the configuration came from, to name in errors.
@@ -460,6 +491,7 @@ async fn run() -> Result<(), String> {
         .map(drop)
         .map_err(|e| source.error(e))?;
     let routes = routes(&config, &source)?;
+    let edge = edge::of(&config).map_err(|e| source.error(e))?;
     // Errors from here on are the backend's: from the flag when --redis replaced it.
     let mut backend_override = None;
     let backend_source = match &args.redis {
@@ -473,11 +505,12 @@ async fn run() -> Result<(), String> {
         }
         None => source,
     };
-    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
-    let listen = listen_addrs(&args, &config).await?;
+    // Before the backend: what it reports while connecting (`throttle_backend_up`) is recorded.
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
+    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    let listen = listen_addrs(&args, &config).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
@@ -486,7 +519,9 @@ async fn run() -> Result<(), String> {
             upkeep.run_upkeep();
         }
     });
-    let app = with_metrics(routes, &layer, metrics);
+    admin::register_reload_metrics();
+    let app = with_metrics(routes, &layer, metrics.clone())
+        .layer(axum::middleware::from_fn(host::require_host));
     let admin = match &args.admin {
         Some(addr) => {
             let addrs = resolve("--admin", addr).await?;
@@ -501,19 +536,19 @@ async fn run() -> Result<(), String> {
                 layer.handle(),
                 layer.backend().clone(),
                 std::sync::Arc::new(reloader),
+                view::History::start(metrics),
             );
-            admin.reload_on_sighup();
             let local = listener.local_addr().map_err(|e| e.to_string())?;
-            if !local.ip().is_loopback() {
-                // Anyone who reaches it can lift any client's limit: it has no authentication.
-                tracing::warn!(admin = %local, "the admin listener is not on a loopback address: keep it on a private network");
+            let token = admin_token(&args, &config)?;
+            if token.is_none() && !local.ip().is_loopback() {
+                // Anyone who reaches it could lift any client's limit.
+                return Err(format!(
+                    "--admin {local}: not a loopback address, and no token: set one with --admin-token-env NAME or [admin] token_env"
+                ));
             }
-            let router = admin.router();
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::error!(error = %e, "the admin listener stopped");
-                }
-            });
+            admin.reload_on_sighup();
+            let router = admin.router(token.as_deref().map(auth::AdminToken::new));
+            tokio::spawn(edge::serve(listener, router, edge, std::future::pending()));
             format!("; admin on http://{local}")
         }
         None => String::new(),
@@ -527,15 +562,25 @@ async fn run() -> Result<(), String> {
         describe_backend(&config, layer.backend()),
         describe_routes(&config)
     );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
+    edge::serve(listener, app, edge, async {
         let _ = tokio::signal::ctrl_c().await;
     })
-    .await
-    .map_err(|e| e.to_string())
+    .await;
+    Ok(())
+}
+
+/// The admin token: `--admin-token-env` first, else the config's `[admin] token_env`.
+fn admin_token(args: &Args, config: &Config) -> Result<Option<String>, String> {
+    match &args.admin_token_env {
+        Some(name) => tower_throttle::config::admin_token_from_env(name, "--admin-token-env")
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => config
+            .admin
+            .as_ref()
+            .map_or(Ok(None), |admin| admin.token())
+            .map_err(|e| e.to_string()),
+    }
 }
 
 fn describe_addrs(addrs: &[SocketAddr]) -> String {

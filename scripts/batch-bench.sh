@@ -40,8 +40,10 @@ done
 cli() { redis-cli -p "$PORT" "$@"; }
 cli PING | grep -q PONG || die "redis-server did not start: $(cat "$TMP/redis.log")"
 
-GCRA=$(cli SCRIPT LOAD "$(cat src/backend/redis/gcra.lua)")
-BATCH=$(cli SCRIPT LOAD "$(cat src/backend/redis/gcra_batch.lua)")
+# A script as the crate assembles it (src/backend/redis/lua.rs): shebang, prelude, body.
+assembled() { printf '#!lua\n'; cat src/backend/redis/prelude.lua "src/backend/redis/$1"; }
+GCRA=$(cli SCRIPT LOAD "$(assembled gcra.lua)")
+BATCH=$(cli SCRIPT LOAD "$(assembled gcra_batch.lua)")
 ARGS="1000 1000001000 1000001 1"
 batch() { # batch SIZE DISTINCT_KEYS -> "EVALSHA sha GROUPS keys... args..." as batch.rs sends it
   local size=$1 distinct=$2 keys="" args="" i

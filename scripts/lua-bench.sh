@@ -47,7 +47,9 @@ done
 cli() { redis-cli -p "$PORT" "$@"; }
 cli PING | grep -q PONG || die "redis-server did not start: $(cat "$TMP/redis.log")"
 
-OURS=$(cli SCRIPT LOAD "$(cat src/backend/redis/gcra.lua)")
+# A script as the crate assembles it (src/backend/redis/lua.rs): shebang, prelude, body.
+assembled() { printf '#!lua\n'; cat src/backend/redis/prelude.lua "src/backend/redis/$1"; }
+OURS=$(cli SCRIPT LOAD "$(assembled gcra.lua)")
 RATE=$(cli SCRIPT LOAD "$(cat loadtest/redis_rate_allow_n.lua)")
 
 # name | command (KEY is replaced by the key)

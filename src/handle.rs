@@ -21,6 +21,7 @@ use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
 use crate::middleware::shared::Shared;
 use crate::middleware::table::Table;
 use crate::policy::Policy;
+use crate::top::TopKey;
 
 /// A handle on a running [`ThrottleLayer`](crate::ThrottleLayer) (from
 /// [`ThrottleLayer::handle`](crate::ThrottleLayer::handle)): cheap to clone, `Send + Sync`, and
@@ -132,6 +133,9 @@ pub enum HandleError {
     },
     /// The backend could not peek or reset.
     Backend(BackendError),
+    /// The layer counts no offenders, so it cannot say who is limited most
+    /// ([`ThrottleLayerBuilder::count_offenders`](crate::ThrottleLayerBuilder::count_offenders)).
+    NotCounted,
 }
 
 impl fmt::Display for HandleError {
@@ -142,6 +146,9 @@ impl fmt::Display for HandleError {
                 write!(f, "policy {policy:?}: {reason}")
             }
             HandleError::Backend(e) => write!(f, "backend: {e}"),
+            HandleError::NotCounted => {
+                f.write_str("the layer counts no limited keys: build it with count_offenders")
+            }
         }
     }
 }
@@ -269,9 +276,55 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         })
     }
 
+    /// The `n` keys policy `policy` limited most over the last few minutes, largest first, as
+    /// the layer's [`Offenders`](crate::offenders::Offenders) counted them (on Redis, every
+    /// process's; see [`top`](crate::top) for the window and the bounds). Keys appear as the logs
+    /// show them: pseudonyms when the layer redacts keys. An error when no policy has this name or
+    /// the layer counts no offenders
+    /// ([`count_offenders`](crate::ThrottleLayerBuilder::count_offenders); `Config::layer` does).
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, offenders::Offenders, Policy, Quota, ThrottleLayer};
+    /// # use tower::ServiceExt;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let policy = Policy::builder("api")
+    ///     .quota(Quota::per_minute(1))
+    ///     .key(Header::new("x-user-id"))
+    ///     .build()
+    ///     .unwrap();
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(policy)
+    ///     .count_offenders(Offenders::in_memory())
+    ///     .build()
+    ///     .unwrap();
+    /// let handle = layer.handle();
+    /// let app = tower::ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) });
+    /// for user in ["bob", "alice", "alice", "alice", "bob"] {
+    ///     let request = http::Request::get("/").header("x-user-id", user).body(String::new()).unwrap();
+    ///     app.clone().oneshot(request).await.unwrap();
+    /// }
+    /// let top = handle.top("api", 10).await.unwrap();
+    /// assert_eq!((top[0].key.as_str(), top[0].limited), ("alice", 2));
+    /// assert_eq!((top[1].key.as_str(), top[1].limited), ("bob", 1));
+    /// # });
+    /// ```
+    pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, HandleError> {
+        let name = {
+            let table = self.shared.table.load();
+            table.policies[find(&table, policy)?].name().to_owned()
+        };
+        let Some(offenders) = &self.shared.settings.offenders else {
+            return Err(HandleError::NotCounted);
+        };
+        Ok(offenders.top(&name, n).await?)
+    }
+
     /// Forgets `key` under policy `policy`: its state under every tier's limits, its penalty
     /// strikes and ban (in the backend or in the layer), and what the layer's local limiter
-    /// ([`OnBackendError::Local`](crate::OnBackendError::Local)) knows of it. The key starts again
+    /// (`OnBackendError::Local`, feature `memory`) knows of it. The key starts again
     /// with its full quota. Limits are state by name: a policy sharing a limit name shares the
     /// reset.
     pub async fn reset(&self, policy: &str, key: &str) -> Result<(), HandleError>

@@ -31,6 +31,9 @@
 //! # });
 //! ```
 //!
+//! The [`guide`] has the long form, one page per topic: keys and proxies, algorithms and quotas,
+//! policies and the TOML schema, Redis, operator controls, observability, performance, migrating.
+//!
 //! # A request's life
 //!
 //! 1. **Policy**: [`Throttle`] (the service a [`ThrottleLayer`] makes) picks the first [`Policy`]
@@ -61,7 +64,7 @@
 //! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
 //! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome |
 //! | `decisions.rs` | [`ThrottleDecision`], [`LimitDecision`], [`ThrottleDecisions`]: what handlers see |
-//! | `access.rs`, `penalty.rs`, `offenders.rs` | allow/deny lists, the penalty box, distinct-offender counts |
+//! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
 //! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `future` → `steps` (each step of a request, once) → `shared` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
 //! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
@@ -124,6 +127,7 @@ mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
+pub mod guide;
 pub mod handle;
 pub mod headers;
 pub mod key;
@@ -139,13 +143,16 @@ mod policy;
 mod quota;
 mod route;
 mod timer;
+pub mod top;
 pub mod window;
 
 pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
 #[cfg(feature = "memory")]
 pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
+pub use backend::{
+    RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory, RedisMode,
+};
 pub use budget::Budget;
 pub use decision::Decision;
 pub use decisions::{LimitDecision, ThrottleDecision, ThrottleDecisions};

@@ -400,6 +400,16 @@ pub(crate) fn backend_up(path: Option<&'static str>) {
     let _ = path;
 }
 
+/// Redis evicted `keys` keys since the backend last looked (`INFO stats`): any keys, the
+/// limiter's among them.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_evictions(keys: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("throttle_redis_evicted_keys_total").increment(keys);
+    #[cfg(not(feature = "metrics"))]
+    let _ = keys;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::BackendError;
 use crate::key::Key;
+use crate::observe::Redactor;
+use crate::top::{TopKey, TopLimited};
 
 #[cfg(feature = "redis")]
 use crate::backend::redis::connection::RedisConnection;
@@ -47,6 +49,8 @@ pub struct OffenderCounts {
 #[derive(Clone)]
 pub struct Offenders {
     store: Arc<Store>,
+    /// Who is limited most ([`top`](Self::top)), kept where the counts are.
+    top: Arc<TopLimited>,
 }
 
 /// Per policy and window: the current bucket's number and its HyperLogLog.
@@ -103,11 +107,13 @@ impl Offenders {
     pub fn in_memory() -> Self {
         Offenders {
             store: Arc::new(Store::Memory(Mutex::new(HashMap::new()))),
+            top: Arc::new(TopLimited::in_memory()),
         }
     }
 
     /// Records that `key` was limited by `policy`.
     pub fn record(&self, policy: &str, key: &Key) {
+        self.top.record(policy, key);
         let now = unix_now();
         match &*self.store {
             Store::Memory(map) => {
@@ -127,6 +133,34 @@ impl Offenders {
             #[cfg(feature = "redis")]
             Store::Redis(redis) => redis.record(policy, key, now),
         }
+    }
+
+    /// The `n` keys `policy` limited most over the last few minutes, largest first (at most
+    /// [`MAX_TOP`](crate::top::MAX_TOP); see [`top`](crate::top) for the window and the bounds).
+    /// On Redis, every process's refusals, as they have sent them (once a second).
+    ///
+    /// ```
+    /// use tower_throttle::offenders::Offenders;
+    /// use tower_throttle::Key;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let offenders = Offenders::in_memory();
+    /// for user in ["a", "b", "a", "c", "a", "b"] {
+    ///     offenders.record("login", &Key::from(user));
+    /// }
+    /// let top = offenders.top("login", 2).await.unwrap();
+    /// assert_eq!((top[0].key.as_str(), top[0].limited), ("a", 3));
+    /// assert_eq!((top[1].key.as_str(), top[1].limited), ("b", 2));
+    /// # });
+    /// ```
+    pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, BackendError> {
+        self.top.top(policy, n).await
+    }
+
+    /// Shows the keys of [`top`](Self::top) as the layer's logs do (set by a layer that redacts
+    /// keys; the first one stays).
+    pub(crate) fn redact_with(&self, redactor: Redactor) {
+        self.top.redact_with(redactor);
     }
 
     /// The counts of `policy` now.
@@ -383,6 +417,7 @@ impl Offenders {
     /// On the Redis backend's own connection (`Config::layer` shares it).
     pub(crate) fn redis_on(conn: RedisConnection, prefix: String) -> Self {
         Offenders {
+            top: Arc::new(TopLimited::redis(conn.clone(), prefix.clone())),
             store: Arc::new(Store::Redis(redis_store::RedisOffenders {
                 conn,
                 prefix,

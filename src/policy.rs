@@ -737,7 +737,7 @@ impl<K> PolicyBuilder<K> {
     /// once the inner service answers with a status that does not count. However many requests are
     /// in flight, at most the quota's count of counted responses pass per period. A request whose
     /// response never comes (the service failed, or the client went away first) counts, whatever
-    /// `counts` says. Not for concurrency limits; see the README's "Counting by outcome" for the details.
+    /// `counts` says. Not for concurrency limits; see the guide (`guide::policies`) for the details.
     ///
     /// ```
     /// use tower_throttle::{key::Header, Policy, Quota};

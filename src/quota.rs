@@ -27,7 +27,7 @@ const MAX_TOLERANCE_NANOS: u64 = 1 << 62;
 /// let q = Quota::per_second(5);
 /// assert_eq!((q.count(), q.period(), q.limit()), (5, Duration::from_secs(1), 5));
 ///
-/// // The `[[route]]` of the README: bursts of 16, then 30 a minute (one every 2 s).
+/// // The Quick start's route: bursts of 16, then 30 a minute (one every 2 s).
 /// let q = Quota::per_minute(30).bursts_of(16);
 /// assert_eq!(q.limit(), 16);
 /// assert_eq!(q.emission_interval().unwrap(), Duration::from_secs(2));

@@ -7,7 +7,13 @@
 //! POST   /reload                  re-read the --config file (200, or 400 with the error: the running
 //!                                 policies stay in force)
 //! GET    /health                  the backend's state (200 when it decides, 503 when it cannot)
+//! GET    /top/{policy}?n=20       the keys the policy limited most over the last few minutes (JSON)
+//! GET    /overview                policies, quotas, allowed/limited per second, health (JSON)
+//! GET    /                        the admin page (static; it calls the routes above)
 //! ```
+//!
+//! With a token (`--admin-token-env`, `[admin] token_env`; see `auth.rs`), every route but the
+//! static page answers 401 without `Authorization: Bearer <token>`.
 //!
 //! `{key}` is what the policy extracts: the `x-user-id` value for `key = "header:x-user-id"`, an
 //! address for `key = "ip"`, the values joined by `|` for a composite key. SIGHUP reloads as
@@ -30,9 +36,11 @@ use tower_throttle::{HandleError, KeyState, ThrottleHandle};
 /// What the admin endpoints share: the layer's handle, and how to reload.
 #[derive(Clone)]
 pub struct Admin {
-    handle: ThrottleHandle<KeySpec, ConfiguredBackend>,
-    backend: ConfiguredBackend,
+    pub(crate) handle: ThrottleHandle<KeySpec, ConfiguredBackend>,
+    pub(crate) backend: ConfiguredBackend,
     reload: Arc<Reloader>,
+    /// Allowed and limited per second, for the page.
+    pub(crate) history: Arc<crate::view::History>,
 }
 
 /// Re-reads the `--config` file and applies its routes to the running layer.
@@ -45,6 +53,16 @@ pub struct Reloader {
     backend_override: Option<BackendConfig>,
     /// The paths the server routes: a reload cannot add or remove one (the router is built once).
     paths: BTreeSet<String>,
+}
+
+/// Reloads, by result (`ok`, `error`): from `POST /reload` and SIGHUP.
+pub const RELOADS: &str = "throttle_config_reloads_total";
+
+/// Shows both series at 0 from start-up, so that an alert on their increase has a baseline.
+pub fn register_reload_metrics() {
+    for result in ["ok", "error"] {
+        metrics::counter!(RELOADS, "result" => result).increment(0);
+    }
 }
 
 impl Reloader {
@@ -65,6 +83,17 @@ impl Reloader {
     /// Reloads the routes of the `--config` file: `Ok` with how many policies are in force, or why
     /// nothing changed.
     pub fn reload(
+        &self,
+        handle: &ThrottleHandle<KeySpec, ConfiguredBackend>,
+    ) -> Result<usize, String> {
+        let outcome = self.reload_file(handle);
+        // Counted for the alert on failed reloads (ops/alerts.yml).
+        let result = if outcome.is_ok() { "ok" } else { "error" };
+        metrics::counter!(RELOADS, "result" => result).increment(1);
+        outcome
+    }
+
+    fn reload_file(
         &self,
         handle: &ThrottleHandle<KeySpec, ConfiguredBackend>,
     ) -> Result<usize, String> {
@@ -110,21 +139,34 @@ impl Admin {
         handle: ThrottleHandle<KeySpec, ConfiguredBackend>,
         backend: ConfiguredBackend,
         reload: Arc<Reloader>,
+        history: Arc<crate::view::History>,
     ) -> Self {
         Admin {
             handle,
             backend,
             reload,
+            history,
         }
     }
 
-    /// The admin endpoints.
-    pub fn router(self) -> Router {
-        Router::new()
+    /// The admin endpoints, behind `token` when there is one, and the page at `/` (static: it
+    /// holds no data, and a browser cannot send a bearer token when it navigates).
+    pub fn router(self, token: Option<crate::auth::AdminToken>) -> Router {
+        let api = Router::new()
             .route("/limits/{policy}/{*key}", get(peek).delete(reset))
             .route("/reload", post(reload))
             .route("/health", get(health))
-            .with_state(self)
+            .route("/top/{policy}", get(crate::view::top))
+            .route("/overview", get(crate::view::overview))
+            .with_state(self);
+        let api = match token {
+            Some(token) => api.layer(axum::middleware::from_fn_with_state(
+                token,
+                crate::auth::require_token,
+            )),
+            None => api,
+        };
+        api.route("/", get(crate::view::page))
     }
 
     /// Reloads on every SIGHUP, logging the outcome (Unix only).
@@ -167,13 +209,13 @@ fn state_json(state: &KeyState) -> Value {
     })
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
-fn handle_error(e: HandleError) -> Response {
+pub(crate) fn handle_error(e: HandleError) -> Response {
     let status = match &e {
-        HandleError::UnknownPolicy(_) => StatusCode::NOT_FOUND,
+        HandleError::UnknownPolicy(_) | HandleError::NotCounted => StatusCode::NOT_FOUND,
         HandleError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };

@@ -18,7 +18,9 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 pub(crate) mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMode};
+pub use self::redis::{
+    RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory, RedisMode,
+};
 
 // The backend a configuration file names; public as `config::ConfiguredBackend`.
 #[cfg(all(feature = "config", feature = "redis"))]

@@ -1,4 +1,5 @@
-//! Per-route policies from TOML (feature `config`). The README documents every key.
+//! Per-route policies from TOML (feature `config`). The guide's
+//! [configuration reference](crate::guide::configuration) documents every key.
 //!
 //! ```
 //! use tower_throttle::config::Config;
@@ -37,6 +38,7 @@ mod logging;
 mod policies;
 mod reload;
 mod schema;
+mod server;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -50,6 +52,7 @@ pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, PenaltyConfig, QuotaConfig,
     RedisConfig, RouteConfig, TierConfig,
 };
+pub use server::{admin_token_from_env, AdminConfig, ServerConfig, MIN_ADMIN_TOKEN_LEN};
 
 use crate::access::AccessList;
 use crate::backend::MemoryBackend;
@@ -97,6 +100,12 @@ pub struct Config {
     /// How keys appear in log events.
     #[serde(default)]
     pub logging: Option<LoggingConfig>,
+    /// The admin listener's token (read by the example server).
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
+    /// The server's listener: header read timeout, connection cap (read by the example server).
+    #[serde(default)]
+    pub server: Option<ServerConfig>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -144,7 +153,7 @@ impl Config {
     }
 
     /// A layer builder with the configured policies and options, on `backend`. The `[access]` lists
-    /// are the static ones only (see [`Config::layer`] for the Redis sets).
+    /// are the static ones only (see `Config::layer`, feature `redis`, for the Redis sets).
     pub fn layer_builder<B>(
         &self,
         backend: B,

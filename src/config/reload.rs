@@ -24,7 +24,7 @@ impl<B: Backend> ThrottleHandle<KeySpec, B> {
     /// from) only in what a reload can apply, reloads its routes and returns it (keep it as the
     /// next `running`). A file that does not parse, an invalid route, or a change that needs a
     /// restart (`[backend]`, `listen`, the header options, `decision_extension`, the failure
-    /// policy, `[access]`, `[logging]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
+    /// policy, `[access]`, `[logging]`, `[admin]`, `[server]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
     /// is an `Err` naming it, and the running policies stay in force.
     ///
     /// ```
@@ -99,6 +99,8 @@ fn needs_restart(running: &Config, new: &Config) -> Option<&'static str> {
         ("[access]", differs(&running.access, &new.access)),
         // Key redaction is the layer's: a reload that turned it on would leave keys in clear.
         ("[logging]", differs(&running.logging, &new.logging)),
+        ("[admin]", differs(&running.admin, &new.admin)),
+        ("[server]", differs(&running.server, &new.server)),
         (
             "trusted_proxies (used by [access])",
             access_uses_proxies && running.trusted_proxies != new.trusted_proxies,

@@ -310,12 +310,23 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     where
         B: Backend,
     {
-        let table = Table::build(&self.backend, self.policies, self.settings.clone(), None)?;
+        let mut settings = self.settings;
+        if settings.redact_keys {
+            // One secret for the layer's life: the pseudonyms stay the same across reloads, and
+            // the top limited keys show the same ones as the logs.
+            let secret = settings
+                .redaction_secret
+                .get_or_insert_with(crate::observe::RedactionSecret::random);
+            if let Some(offenders) = &settings.offenders {
+                offenders.redact_with(secret.hmac());
+            }
+        }
+        let table = Table::build(&self.backend, self.policies, settings.clone(), None)?;
         Ok(ThrottleLayer::from_shared(Shared {
             backend: self.backend,
             table: Arc::new(ArcSwap::from_pointee(table)),
             access: self.access,
-            settings: self.settings,
+            settings,
             reloading: Default::default(),
         }))
     }

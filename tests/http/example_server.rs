@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::redis as redis_support;
 
 /// The example binary that `cargo test` built next to this test.
-fn example_binary() -> PathBuf {
+pub(crate) fn example_binary() -> PathBuf {
     let mut dir = std::env::current_exe().unwrap();
     dir.pop(); // the test binary
     if dir.ends_with("deps") {
@@ -47,9 +47,15 @@ impl Drop for Server {
 }
 
 pub(crate) fn start(args: &[&str]) -> Server {
+    start_with_env(args, &[])
+}
+
+/// Like [`start`], with these environment variables set.
+pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(example_binary())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -72,6 +78,25 @@ pub(crate) fn start(args: &[&str]) -> Server {
     };
     assert!(line.contains(expected), "{line}");
     Server { child, addr, line }
+}
+
+/// The admin listener's address from the start-up line (one on every address is reached on
+/// loopback).
+pub(crate) fn admin_addr(server: &Server) -> SocketAddr {
+    let addr: SocketAddr = server
+        .line
+        .split("admin on http://")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_else(|| panic!("no admin address in {:?}", server.line))
+        .parse()
+        .unwrap();
+    SocketAddr::from(([127, 0, 0, 1], addr.port()))
+}
+
+/// A JSON body, or a failure that shows it.
+pub(crate) fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
 }
 
 pub(crate) struct Reply {
@@ -438,10 +463,10 @@ async fn allowed_total(addr: SocketAddr, policy: &str) -> f64 {
         .map_or(0.0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
 }
 
-/// The README's TOML of every algorithm and mode, as the example server's config.
+/// The guide's TOML of every algorithm and mode, as the example server's config.
 fn algorithms_config(dir: &std::path::Path) -> PathBuf {
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
+    let page = include_str!("../../src/guide/algorithms.md");
+    let section = &page[page.find("## Algorithms and modes").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
     let file = dir.join("algorithms.toml");
@@ -449,7 +474,7 @@ fn algorithms_config(dir: &std::path::Path) -> PathBuf {
     file
 }
 
-/// Every algorithm and mode of the README, over TCP, against the example server with `backend`
+/// Every algorithm and mode of the guide, over TCP, against the example server with `backend`
 /// arguments (none: memory).
 async fn every_algorithm_and_mode(backend: &[&str]) {
     let dir = tempfile::tempdir().unwrap();

@@ -1,10 +1,9 @@
 //! The example server's admin listener (`--admin`): peek, reset, reload (HTTP and SIGHUP) and
 //! health, over real TCP, in memory and on Redis.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::example_server::{send, start, Server};
+use crate::example_server::{admin_addr, json, send, start, Server};
 use crate::support::redis as redis_support;
 
 const CONFIG: &str = r#"
@@ -22,21 +21,6 @@ key = "ip"
 count = 5
 period = "1s"
 "#;
-
-fn admin_addr(server: &Server) -> SocketAddr {
-    server
-        .line
-        .split("admin on http://")
-        .nth(1)
-        .and_then(|rest| rest.split(';').next())
-        .unwrap_or_else(|| panic!("no admin address in {:?}", server.line))
-        .parse()
-        .unwrap()
-}
-
-fn json(body: &str) -> serde_json::Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
-}
 
 async fn replies(server: &Server, user: &str, n: usize) -> Vec<u16> {
     let mut statuses = Vec::new();

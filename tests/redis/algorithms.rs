@@ -1012,7 +1012,7 @@ async fn delayed_gcra_limits_never_take_the_cell_path() {
 /// hash the test sets, so its arithmetic can be compared with `window.rs` and `gcra.rs` to the
 /// nanosecond, on any instant and any stored state, at the precision bounds the backend accepts.
 fn script_on_a_test_clock() -> redis::Script {
-    const SOURCE: &str = include_str!("../../src/backend/redis/limits.lua");
+    const SOURCE: &str = crate::lua::LIMITS;
     const CLOCK: &str = "local time = redis.call('TIME')";
     assert_eq!(
         SOURCE.matches(CLOCK).count(),
@@ -1280,10 +1280,7 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
 /// `gcra.lua` (the single-limit GCRA script) exactly as the backend loads it, but for its clock, as
 /// [`script_on_a_test_clock`] does for the limits script.
 fn gcra_script_on_a_test_clock() -> redis::Script {
-    const SOURCE: &str = include_str!(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/backend/redis/gcra.lua"
-    ));
+    const SOURCE: &str = crate::lua::GCRA;
     const CLOCK: &str = "local time = redis.call('TIME')";
     assert_eq!(
         SOURCE.matches(CLOCK).count(),

@@ -24,7 +24,7 @@ async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
         .unwrap_or_else(|e| panic!("connect {url} ({mode}): {e:?}"))
 }
 
-async fn cluster(urls: Vec<String>, mode: RedisMode) -> RedisBackend {
+pub(crate) async fn cluster(urls: Vec<String>, mode: RedisMode) -> RedisBackend {
     RedisBackend::builder()
         .cluster_urls(urls)
         .mode(mode)

@@ -12,14 +12,7 @@ use std::time::Duration;
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 
-const GCRA: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/src/backend/redis/gcra.lua"
-));
-const GCRA_BATCH: &str = include_str!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/src/backend/redis/gcra_batch.lua"
-));
+use crate::lua::{GCRA, GCRA_BATCH};
 
 fn evalsha_calls(server: &RedisServer) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);

@@ -145,3 +145,24 @@ fn tls_server_restarts_on_the_same_port() {
     assert_eq!(server.port(), port);
     assert_eq!(server.cli(&["PING"]), "PONG");
 }
+
+/// The Valkey pass of scripts/test.sh sets `TEST_REDIS_SERVER` to a `valkey-server`: the servers the
+/// tests start must then be Valkey by their own account, and Redis otherwise.
+#[test]
+fn the_server_is_the_one_the_run_asked_for() {
+    let server = RedisServer::start();
+    let info = server.cli(&["INFO", "server"]);
+    let name = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server_name:"))
+        .unwrap_or("redis");
+    assert_eq!(
+        name,
+        redis_support::expected_server_name(),
+        "INFO server of {}:\n{info}",
+        redis_support::server_binary().display()
+    );
+    if name == "valkey" {
+        assert!(info.contains("valkey_version:"), "{info}");
+    }
+}

@@ -5,6 +5,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The scripts exactly as the backend assembles them (shebang, prelude, body).
+#[path = "../../src/backend/redis/lua.rs"]
+#[allow(dead_code)]
+mod lua;
+
 mod algorithms;
 mod backend;
 mod batch;
@@ -14,8 +19,10 @@ mod cluster_resharding;
 mod count_outcome;
 mod failover;
 mod failure;
+mod full;
 mod harness;
 mod modes_on_backends;
 mod offenders;
 mod peek_reset;
 mod sentinel;
+mod top;

@@ -64,10 +64,11 @@ async fn two_processes_count_distinct_limited_clients_in_redis() {
     }
     assert_eq!(b.count("login").await.unwrap(), counts);
     assert_eq!(a.count("other").await.unwrap().day, 0);
+    // The distinct counts, and the policy's top limited keys (a sorted set per minute).
     let keys = server.cli(&["KEYS", "*"]);
     assert!(
         keys.lines()
-            .all(|k| k.starts_with("{app:offenders:login}:")),
+            .all(|k| k.starts_with("{app:offenders:login}:") || k.starts_with("{app:top:login}:")),
         "{keys}"
     );
 }

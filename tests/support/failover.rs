@@ -184,7 +184,7 @@ impl Sentinels {
                 dir.path().join(format!("sentinel-{i}.log")).display()
             )
             .unwrap();
-            let child = Command::new("redis-server")
+            let child = Command::new(super::redis::server_binary())
                 .arg(&conf)
                 .arg("--sentinel")
                 .stdout(Stdio::null())

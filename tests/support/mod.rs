@@ -15,6 +15,8 @@
 pub mod cluster;
 pub mod failover;
 pub mod redis;
+#[path = "../../src/top/zipf.rs"]
+pub mod zipf;
 
 use std::net::SocketAddr;
 use std::time::Duration;

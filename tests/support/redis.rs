@@ -67,11 +67,47 @@ fn on_path(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The server binary every test starts: `$TEST_REDIS_SERVER` (scripts/test.sh points it at the
+/// Valkey server it installs into target/valkey/ for the second pass of the Redis tests), or
+/// `redis-server` from PATH.
+pub fn server_binary() -> PathBuf {
+    match std::env::var_os("TEST_REDIS_SERVER") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => PathBuf::from("redis-server"),
+    }
+}
+
+/// The server the tests are asked to run against: `"valkey"` when `$TEST_REDIS_SERVER` names a
+/// `valkey-server`, otherwise `"redis"`. The harness test checks that the started server says so
+/// itself (`INFO server`), so a Valkey pass cannot quietly run against Redis.
+pub fn expected_server_name() -> &'static str {
+    let binary = server_binary();
+    let name = binary
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("");
+    if name.starts_with("valkey") {
+        "valkey"
+    } else {
+        "redis"
+    }
+}
+
 fn require_redis_tools() {
-    for tool in ["redis-server", "redis-cli"] {
-        if !on_path(tool) {
-            panic!("`{tool}` is not on PATH: {FIX}");
-        }
+    let server = server_binary();
+    let found = if server.components().count() > 1 {
+        server.is_file()
+    } else {
+        on_path(&server.to_string_lossy())
+    };
+    if !found {
+        panic!(
+            "`{}` is not on PATH (or is not a file): {FIX}",
+            server.display()
+        );
+    }
+    if !on_path("redis-cli") {
+        panic!("`redis-cli` is not on PATH: {FIX}");
     }
 }
 
@@ -357,7 +393,7 @@ impl RedisServer {
         )
         .unwrap();
         let stdout = log.try_clone().expect("cannot clone the redis.log handle");
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary())
             .arg(&self.conf_path)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())

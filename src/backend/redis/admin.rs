@@ -89,10 +89,7 @@ return out
 "#;
 
 fn peek_source() -> String {
-    format!(
-        "{PRELUDE}{}{EPILOGUE}",
-        include_str!("limits.lua").trim_end()
-    )
+    format!("{PRELUDE}{}{EPILOGUE}", super::lua::LIMITS_BODY.trim_end())
 }
 
 impl RedisState {
@@ -217,7 +214,7 @@ mod tests {
 
     #[test]
     fn the_peek_knows_every_command_limits_lua_calls() {
-        let script = include_str!("limits.lua");
+        let script = super::super::lua::LIMITS_BODY;
         let commands: Vec<&str> = script
             .split("redis.call('")
             .skip(1)

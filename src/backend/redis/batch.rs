@@ -33,7 +33,7 @@ use super::connection::RedisConnection;
 use super::scripts::{self, Answer};
 
 /// See the script's header.
-static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra_batch.lua")));
+static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::GCRA_BATCH));
 
 /// Batches in flight per lane. Two: while one is on the wire or in Redis, the next fills, and
 /// leaves as soon as a batch answers; a single check never waits behind a batch when the lane is

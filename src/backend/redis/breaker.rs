@@ -9,6 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
+use super::failing::Failing;
+use super::mode::RedisMode;
 use super::server::{is_not_primary, SingleServer};
 use crate::error::BackendError;
 
@@ -43,6 +45,8 @@ pub(super) struct Breaker {
     /// What the calls met, for `health()` where no reconnecting server knows (a Cluster, a user's
     /// connection manager).
     outcomes: Outcomes,
+    /// Whether decisions are failing now, whatever the error (failing.rs).
+    pub(super) failing: Failing,
 }
 
 /// The outcome of the last calls: when one last got an answer, and the failures to reach Redis
@@ -92,7 +96,12 @@ impl Drop for ProbeGuard {
 
 impl Breaker {
     /// A closed breaker; `enabled` is false on a Cluster; `server`, the reconnecting server it guards.
-    pub(super) fn new(timeout: Duration, enabled: bool, server: Option<Arc<SingleServer>>) -> Self {
+    pub(super) fn new(
+        timeout: Duration,
+        enabled: bool,
+        server: Option<Arc<SingleServer>>,
+        mode: RedisMode,
+    ) -> Self {
         Breaker {
             enabled,
             epoch: Instant::now(),
@@ -103,6 +112,7 @@ impl Breaker {
             lost: AtomicBool::new(false),
             server,
             outcomes: Outcomes::default(),
+            failing: Failing::new(mode),
         }
     }
 
@@ -271,9 +281,11 @@ where
             Ok(Ok(value)) => {
                 breaker.answered();
                 breaker.call_answered();
+                breaker.failing.succeeded();
                 Ok(value)
             }
             Ok(Err(e)) => {
+                breaker.failing.failed_on(&e);
                 if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                     breaker.unreachable(was_probe);
                     breaker.call_failed(&e);
@@ -292,6 +304,9 @@ where
                 Err(BackendError::with_source("Redis failed to decide", e))
             }
             Err(_) => {
+                breaker
+                    .failing
+                    .failed(&format_args!("Redis did not answer within {timeout:?}"));
                 breaker.unreachable(was_probe);
                 breaker.call_failed(&format_args!("Redis did not answer within {timeout:?}"));
                 breaker.timed_out();

@@ -1,4 +1,5 @@
--- tower-throttle: a slice of a GCRA key's budget (leased budgets for hot keys, budget.rs).
+-- budget.lua: a slice of a GCRA key's budget (leased budgets for hot keys, budget.rs), after the
+-- prelude (prelude.lua).
 --
 -- KEYS[1]  the key's state, as gcra.lua and CL.THROTTLE store it (the TAT in ns since the epoch).
 -- ARGV     emission interval (ns), tolerance (ns), limit, want, least.
@@ -14,70 +15,22 @@ local limit = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local least = tonumber(ARGV[5])
 
-local S = 1000000000
-
-local function floordiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local time = redis.call('TIME')
-local now_s = tonumber(time[1])
-local now_ns = tonumber(time[2]) * 1000
-
-local backlog = 0
-local stored = redis.call('GET', KEYS[1])
--- Read as gcra.lua and gcra_batch.lua read it (a foreign value is whatever `tonumber` makes of it,
--- rebased below if beyond the tolerance), so that the three scripts agree on any stored value.
-if stored and #stored > 9 and #stored < 30 then
-  local tat_s = tonumber(string.sub(stored, 1, -10))
-  local tat_ns = tonumber(string.sub(stored, -9))
-  if tat_s and tat_ns then
-    backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
-    if backlog < 0 then
-      backlog = 0
-    end
-  end
-end
-local rebased = backlog > tolerance
-if rebased then
-  backlog = tolerance
-end
-
-local function store(ahead)
-  local r = now_ns + ahead
-  local carry = floordiv(r, S)
-  local tat = string.format('%d%09d', now_s + carry, r - carry * S)
-  redis.call('SET', KEYS[1], tat, 'PX', math.ceil(ahead / 1000000))
-end
-
--- The units that fit now: each adds one interval to the backlog, which may reach the tolerance.
-local room = floordiv(tolerance - backlog, interval)
-if room >= least and least > 0 then
-  local granted = want
-  if granted > room then
-    granted = room
-  end
+-- Read as gcra.lua and gcra_batch.lua read it (the prelude's), so that the three scripts agree on
+-- any stored value. `least` (at least 1) units fit exactly when gcra.lua would admit them; then
+-- every unit that fits (each adds one interval to the backlog, which may reach the tolerance) is
+-- granted, up to `want`. Otherwise the reply is gcra.lua's rejection, and the write its rebase.
+local found = backlog_of(redis.call('GET', KEYS[1]))
+local reply, ahead = gcra_step(found, interval, tolerance, limit, least)
+if reply[1] == 0 then
+  local backlog = math.min(found, tolerance)
+  local room = floordiv(tolerance - backlog, interval)
+  local granted = math.min(want, room)
   local new_backlog = backlog + interval * granted
-  store(new_backlog)
+  store_tat(KEYS[1], new_backlog)
   return {granted, limit, room - granted, -1, new_backlog}
 end
-
-if rebased and backlog > 0 then
-  store(backlog)
+if ahead then
+  store_tat(KEYS[1], ahead)
 end
-local remaining = room
-if remaining > limit then
-  remaining = limit
-end
-local retry_after = -1
-local increment = interval * least
-if increment <= tolerance then
-  retry_after = backlog + increment - tolerance
-end
-return {0, limit, remaining, retry_after, backlog}
+reply[1] = 0
+return reply

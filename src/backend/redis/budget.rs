@@ -22,7 +22,7 @@ use crate::budget::Budget;
 use crate::decision::Decision;
 
 /// See the script's header. Built once per process.
-static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("budget.lua")));
+static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::BUDGET));
 
 /// The most keys one process tracks for hotness; beyond it, keys are decided per request.
 const MAX_KEYS: usize = 100_000;

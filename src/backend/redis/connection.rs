@@ -13,7 +13,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
 use super::breaker::Breaker;
-use super::mode::RedisMode;
+use super::mode::{RedisMode, CELL, LUA, UNKNOWN};
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::error::{redact_url, BackendError};
 
@@ -257,10 +257,6 @@ pub(super) fn is_unknown_command(e: &RedisError) -> bool {
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 
-const UNKNOWN: u8 = 0;
-const CELL: u8 = 1;
-const LUA: u8 = 2;
-
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
 /// the connection offers the redis-cell module, the Lua script where it does not.
 pub(super) struct Detector {
@@ -303,6 +299,7 @@ impl Detector {
     pub(super) fn detected(&self, loaded: bool, breaker: &Breaker) {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+        breaker.failing.set_path(self.active_path());
         self.next_detect
             .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
     }

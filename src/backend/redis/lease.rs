@@ -12,7 +12,7 @@ use tokio::task::AbortHandle;
 use super::connection::RedisConnection;
 
 /// Extends every unit of one lease token: see the script's header.
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::RENEW));
 
 /// Lease tokens, unique within the process (a bijection of a counter, offset by a per-process random
 /// seed), so that releases of concurrent requests never remove each other's slots. Across processes

@@ -1,4 +1,5 @@
--- tower-throttle: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically.
+-- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically,
+-- after the prelude (prelude.lua: the clock, the GCRA state and step).
 --
 -- KEYS[1..N]  each limit's state (all share the client's hash tag, so one Cluster slot):
 --             GCRA            the TAT, as gcra.lua and CL.THROTTLE store it
@@ -31,22 +32,6 @@ local quantity = tonumber(ARGV[2])
 local token = ARGV[3]
 local penalty_after = tonumber(ARGV[4])
 
-local S = 1000000000
-
-local function floordiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function int(x)
-  return string.format('%.0f', x)
-end
-
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
 local function ceil_ms(us)
   local ms = math.ceil(us / 1000)
@@ -55,11 +40,6 @@ local function ceil_ms(us)
   end
   return ms
 end
-
-local time = redis.call('TIME')
-local now_s = tonumber(time[1])
-local now_us = now_s * 1000000 + tonumber(time[2])
-local now_ns = tonumber(time[2]) * 1000
 
 -- Adds members token:0 .. token:(q-1) with this score, in chunks (unpack has a stack limit).
 local function add_members(key, score, q)
@@ -77,48 +57,21 @@ local function add_members(key, score, q)
   end
 end
 
--- GCRA: gcra.lua's arithmetic. The TAT is only ever handled as its distance from now.
+-- GCRA: gcra.lua's step. A state written under another quota is rebased at once, whatever the other
+-- limits decide (that records no request).
 local function gcra(key, limit, interval, tolerance, q)
-  local function store(ahead)
-    local r = now_ns + ahead
-    local carry = floordiv(r, S)
-    local tat = string.format('%d%09d', now_s + carry, r - carry * S)
-    redis.call('SET', key, tat, 'PX', math.ceil(ahead / 1000000))
-  end
-  local backlog = 0
-  local stored = redis.call('GET', key)
-  if stored and #stored > 9 and #stored < 30 and not string.find(stored, '%D') then
-    local tat_s = tonumber(string.sub(stored, 1, -10))
-    local tat_ns = tonumber(string.sub(stored, -9))
-    backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
-    if backlog < 0 then
-      backlog = 0
-    end
-  end
+  local backlog = backlog_of(redis.call('GET', key))
   if backlog > tolerance then
     backlog = tolerance
-    store(backlog)
+    store_tat(key, backlog)
   end
-  local increment = interval * q
-  local new_backlog = backlog + increment
-  if new_backlog <= tolerance then
-    local write = nil
-    if new_backlog > 0 and q > 0 then
-      write = function()
-        store(new_backlog)
-      end
+  local reply, ahead = gcra_step(backlog, interval, tolerance, limit, q)
+  if reply[1] == 0 and q > 0 and ahead then
+    return reply, function()
+      store_tat(key, ahead)
     end
-    return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog}, write
   end
-  local remaining = floordiv(tolerance - backlog, interval)
-  if remaining > limit then
-    remaining = limit
-  end
-  local retry = -1
-  if increment <= tolerance then
-    retry = new_backlog - tolerance
-  end
-  return {1, limit, remaining, retry, backlog}
+  return reply
 end
 
 -- Sliding log: a unit admitted at t counts while now < t + period.

@@ -31,8 +31,11 @@ mod builder;
 mod check;
 pub(crate) mod connection;
 mod deny;
+mod failing;
 mod health;
 mod lease;
+mod lua;
+mod memory;
 mod mode;
 mod reconnect;
 pub(crate) mod redirect;
@@ -40,6 +43,7 @@ mod refund;
 mod scripts;
 mod server;
 mod state;
+mod watch;
 
 use std::fmt;
 use std::sync::Arc;
@@ -56,6 +60,7 @@ use crate::limit::{Limit, DEFAULT_LEASE};
 pub use self::builder::RedisBackendBuilder;
 pub use self::check::RedisFuture;
 pub use self::health::RedisHealth;
+pub use self::memory::RedisMemory;
 pub use self::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
@@ -253,13 +258,32 @@ impl RedisBackend {
                 (reachable, None, last_error)
             }
         };
+        let failing = state.breaker.failing.current();
         RedisHealth {
             connected,
             path: state.detector.active_path(),
             breaker_open: state.breaker.tripped(),
-            last_error,
+            decisions_failing: failing.is_some(),
+            // Not connected: why the connection is down says more than "not connected" does.
+            last_error: if connected {
+                failing.or(last_error)
+            } else {
+                last_error.or(failing)
+            },
             address,
         }
+    }
+
+    /// Reads Redis' `maxmemory-policy` (`CONFIG GET`) and `evicted_keys` (`INFO stats`) now, as the
+    /// backend does by itself at start-up and then every 30 s: a policy that can evict the
+    /// limiter's keys is logged once as a warning, and evictions since the last read are counted
+    /// (`throttle_redis_evicted_keys_total`) and logged. See [`RedisMemory`], and
+    /// [Sizing Redis for the limiter](crate::guide::redis_sizing) for the set-up that keeps limits.
+    ///
+    /// An error when Redis cannot be reached; a Redis that refuses `CONFIG GET` or `INFO` (managed
+    /// Redis, ACLs) answers `None` for what it refused.
+    pub async fn memory(&self) -> Result<RedisMemory, BackendError> {
+        watch::read_memory(&self.state).await
     }
 
     /// After [`build`](RedisBackendBuilder::build): waits for the background task's first
@@ -338,6 +362,7 @@ impl RedisBackendBuilder {
     /// must start while Redis is down uses [`build`](Self::build) instead.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let state = self.validated()?.start_eagerly().await?;
+        watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 
@@ -371,6 +396,7 @@ impl RedisBackendBuilder {
             .validated()
             .and_then(|v| v.start_lazily())
             .map_err(|e| BuildError::Invalid(e.to_string()))?;
+        watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 }

@@ -3,10 +3,10 @@
 //! connection to drop, then connect again with backoff, logging each transition once.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redis::{AsyncConnectionConfig, RedisError, Role, Script};
+use redis::{AsyncConnectionConfig, RedisError, Role};
 
 use super::connection::cell_loaded_on;
 use super::mode::{path_name, RedisMode};
@@ -16,10 +16,6 @@ use super::server::{
 };
 use super::state::RedisState;
 use crate::error::{redact_url, BackendError};
-
-/// The GCRA script, loaded on every new connection so that the first decision after a reconnect
-/// does not pay for `NOSCRIPT` (the same text as the one `EVALSHA` runs, so the same SHA).
-static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra.lua")));
 
 /// Reconnect attempts back off from 50 ms to 500 ms.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -93,20 +89,28 @@ async fn establish(
         )));
     }
     // Every mode runs the script for some calls (peeks, penalties, quotas with no whole-second form).
-    GCRA.load_async(&mut conn).await.map_err(|e| {
-        failed(
-            "cannot load the script on",
-            "load the script (SCRIPT LOAD)",
-            e,
-        )
-    })?;
+    // The GCRA script, loaded on every new connection so that the first decision after a
+    // reconnect does not pay for `NOSCRIPT` (the very script `EVALSHA` runs, so the same SHA).
+    super::scripts::GCRA
+        .load_async(&mut conn)
+        .await
+        .map_err(|e| {
+            failed(
+                "cannot load the script on",
+                "load the script (SCRIPT LOAD)",
+                e,
+            )
+        })?;
     if let Some(loaded) = loaded {
         state.detector.detected(loaded, &state.breaker);
     }
     server.install(conn, address.clone());
     state.breaker.forget_loss();
     state.breaker.answered();
-    crate::observe::backend_up(Some(path_name(state.detector.active_path())));
+    state
+        .breaker
+        .failing
+        .connected(state.detector.active_path());
     Ok(address)
 }
 

@@ -1,4 +1,5 @@
--- tower-throttle: gives back units a request took (counting by outcome), atomically, for one client.
+-- refund.lua: gives back units a request took (counting by outcome), atomically, for one client,
+-- after the prelude (prelude.lua).
 --
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it (the GCRA's TAT is
 --             redis-cell's format, so a refund works on either path).
@@ -18,36 +19,10 @@ local n = tonumber(ARGV[1])
 local quantity = tonumber(ARGV[2])
 local since_us = tonumber(ARGV[3])
 
-local S = 1000000000
-
-local function floordiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function int(x)
-  return string.format('%.0f', x)
-end
-
-local time = redis.call('TIME')
-local now_s = tonumber(time[1])
-local now_us = now_s * 1000000 + tonumber(time[2])
-local now_ns = tonumber(time[2]) * 1000
 local admitted_after = now_us - since_us
 
 local function gcra(key, interval)
-  local stored = redis.call('GET', key)
-  if not (stored and #stored > 9 and #stored < 30 and not string.find(stored, '%D')) then
-    return
-  end
-  local tat_s = tonumber(string.sub(stored, 1, -10))
-  local tat_ns = tonumber(string.sub(stored, -9))
-  local backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
+  local backlog = backlog_of(redis.call('GET', key))
   if backlog <= 0 then
     return
   end
@@ -63,10 +38,7 @@ local function gcra(key, interval)
     redis.call('DEL', key)
     return
   end
-  local r = now_ns + ahead
-  local carry = floordiv(r, S)
-  local tat = string.format('%d%09d', now_s + carry, r - carry * S)
-  redis.call('SET', key, tat, 'PX', math.ceil(ahead / 1000000))
+  store_tat(key, ahead)
 end
 
 local function sliding_log(key)

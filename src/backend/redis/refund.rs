@@ -12,7 +12,7 @@ use crate::key::Key;
 use crate::limit::Limit;
 
 /// See the script's header. Built once per process.
-static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("refund.lua")));
+static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::REFUND));
 
 /// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
 const REFUNDABLE_KINDS: [u8; 4] = [0, 1, 2, 3];

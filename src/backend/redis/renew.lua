@@ -1,4 +1,5 @@
--- tower-throttle: extends the concurrency leases of a request still in flight.
+-- renew.lua: extends the concurrency leases of a request still in flight, after the prelude
+-- (prelude.lua: the clock).
 --
 -- KEYS[1]  the concurrency ZSET (members `token:i`, scored by when each lease ends, in µs)
 -- ARGV     token, quantity, lease (µs)
@@ -7,10 +8,8 @@
 -- Only leases that have not ended are extended: an ended lease may already have been counted as free
 -- by another request, so bringing it back could admit one request too many. Its request then runs on
 -- without a slot, as it would have without renewal.
-local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local lease = tonumber(ARGV[3])
-local ends = string.format('%d', now_us + lease)
+local ends = int(now_us + lease)
 local renewed = 0
 for i = 0, tonumber(ARGV[2]) - 1 do
   local member = ARGV[1] .. ':' .. i

@@ -8,18 +8,19 @@ use redis::{RedisError, Script};
 
 use super::args::{Args, CellArgs, Spec};
 use super::connection::RedisConnection;
+use super::lua;
 use crate::decision::Decision;
 use crate::penalty::Penalty;
 
 /// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
 /// once per process (its SHA-1 is what `EVALSHA` sends).
-static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("gcra.lua")));
+pub(super) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
 
 /// Every algorithm, and stacks of limits: see the script's header.
-static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("limits.lua")));
+static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
 
 /// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
-static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("cell.lua")));
+static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
 
 /// A decision and how it was made.
 pub(super) struct Answer {

@@ -12,6 +12,7 @@ use super::budget::Budgets;
 use super::connection::{Detector, RedisConnection};
 use super::deny::DenyCache;
 use super::lease::Leases;
+use super::memory::MemoryWatch;
 use super::mode::RedisMode;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -31,6 +32,8 @@ pub(super) struct RedisState {
     pub(super) batches: Option<Arc<Batcher>>,
     /// Leased budgets of hot keys (budget.rs).
     pub(super) budgets: Arc<Budgets>,
+    /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
+    pub(super) memory: MemoryWatch,
 }
 
 impl RedisState {
@@ -48,6 +51,7 @@ impl RedisState {
                 timeout,
                 !conn.is_cluster(),
                 conn.server().cloned(),
+                mode,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
@@ -57,6 +61,7 @@ impl RedisState {
             timeout,
             deny: deny_cache.then(DenyCache::new),
             budgets: Arc::default(),
+            memory: MemoryWatch::default(),
         }
     }
 

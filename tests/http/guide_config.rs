@@ -1,15 +1,15 @@
-//! The configuration documented in the README parses and builds as written.
+//! The configuration the guide documents (`src/guide/`) parses and builds as written.
 
 use tower_throttle::config::Config;
 
 use crate::support::redis as redis_support;
 
 #[test]
-fn the_readme_config_reference_is_valid() {
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme
-        .find("## Configuration")
-        .expect("README has a configuration section")..];
+fn the_guide_configuration_file_is_valid() {
+    let page = include_str!("../../src/guide/policies.md");
+    let section = &page[page
+        .find("## The configuration file")
+        .expect("the policies page has a configuration section")..];
     let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
     let config = Config::from_toml(toml).unwrap();
@@ -25,15 +25,15 @@ fn the_readme_config_reference_is_valid() {
     assert_eq!(access.deny_networks, ["198.51.100.0/24"]);
 }
 
-/// The README's Redis `[backend]` table parses as written, and connects once its URL points at a
+/// The guide's Redis `[backend]` table parses as written, and connects once its URL points at a
 /// running server.
 #[tokio::test]
-async fn the_readme_redis_backend_table_is_valid() {
+async fn the_guide_redis_backend_table_is_valid() {
     use tower_throttle::config::BackendConfig;
     use tower_throttle::OnBackendError;
 
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("For Redis, the `[backend]` table is:").unwrap()..];
+    let page = include_str!("../../src/guide/policies.md");
+    let section = &page[page.find("For Redis, the `[backend]` table is:").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
     let config = Config::from_toml(toml).unwrap();
@@ -69,14 +69,14 @@ async fn the_readme_redis_backend_table_is_valid() {
     assert!(err.to_string().contains("disagree"), "{err}");
 }
 
-/// The README's example of every algorithm and mode builds as written.
+/// The guide's example of every algorithm and mode builds as written.
 #[test]
-fn the_readme_algorithms_and_modes_are_valid() {
+fn the_guide_algorithms_and_modes_are_valid() {
     use std::time::Duration;
     use tower_throttle::Algorithm;
 
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Algorithms and modes").unwrap()..];
+    let page = include_str!("../../src/guide/algorithms.md");
+    let section = &page[page.find("## Algorithms and modes").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let toml = &section[start..start + section[start..].find("```").unwrap()];
     let config = Config::from_toml(toml).unwrap();

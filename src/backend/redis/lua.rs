@@ -1,0 +1,40 @@
+//! The Lua scripts' sources, assembled when the crate is built: a shebang, the prelude shared by
+//! every script (`prelude.lua`: the server's clock, the GCRA state's format and the GCRA step), then
+//! the script's own body.
+//!
+//! The shebang (`#!lua`, Redis 7.0 and later) declares each script a writer: Redis then refuses the
+//! whole call while memory is over `maxmemory` (`OOM command not allowed…`), before it runs,
+//! whatever its first command. Without it Redis refuses a script only at its first command that
+//! may grow memory, and lets every later write through once the script has written: the sliding
+//! log and concurrency scripts, which start with a `ZREMRANGEBYSCORE`, then grew memory past the
+//! cap while the GCRA script was refused. So every algorithm meets a full Redis the same way, and
+//! the layer's failure policy answers.
+//!
+//! No `use` and no paths but the scripts': the Redis tests include this file as it is, so they
+//! run exactly the text the backend sends.
+
+/// `#!lua`, the prelude and a script's body.
+macro_rules! script {
+    ($body:literal) => {
+        concat!("#!lua\n", include_str!("prelude.lua"), include_str!($body))
+    };
+}
+
+/// The single-limit GCRA (`gcra.lua`).
+pub(crate) const GCRA: &str = script!("gcra.lua");
+/// Several GCRA decisions in one call (`gcra_batch.lua`).
+pub(crate) const GCRA_BATCH: &str = script!("gcra_batch.lua");
+/// A slice of a hot key's budget (`budget.lua`).
+pub(crate) const BUDGET: &str = script!("budget.lua");
+/// Every algorithm, and stacks (`limits.lua`).
+pub(crate) const LIMITS: &str = script!("limits.lua");
+/// `limits.lua` after the prelude, without the shebang: the body of the peek's read-only function.
+pub(crate) const LIMITS_BODY: &str =
+    concat!(include_str!("prelude.lua"), include_str!("limits.lua"));
+/// Refunds by outcome (`refund.lua`).
+pub(crate) const REFUND: &str = script!("refund.lua");
+/// Concurrency lease renewal (`renew.lua`).
+pub(crate) const RENEW: &str = script!("renew.lua");
+/// `CL.THROTTLE` from a script that declares its key (`cell.lua`): no prelude (it reads no clock),
+/// but a writer like the others.
+pub(crate) const CELL: &str = concat!("#!lua\n", include_str!("cell.lua"));

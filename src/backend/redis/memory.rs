@@ -1,0 +1,66 @@
+//! [`RedisMemory`]: what Redis says about its memory (the `maxmemory-policy`, the keys it evicted),
+//! and what the watcher (watch.rs) remembers between two reads.
+
+use std::sync::Mutex;
+
+/// What Redis says about its memory, from [`RedisBackend::memory`](crate::RedisBackend::memory).
+/// On a Cluster, over every primary: the first policy that can evict (or the first policy), and
+/// the evictions summed.
+///
+/// ```
+/// use tower_throttle::RedisMemory;
+///
+/// assert!(RedisMemory::policy_evicts("allkeys-lru"));
+/// assert!(RedisMemory::policy_evicts("volatile-ttl")); // every limiter key has a TTL
+/// assert!(!RedisMemory::policy_evicts("noeviction"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisMemory {
+    /// `maxmemory-policy`, or `None` where Redis refuses `CONFIG GET` (managed Redis, ACLs).
+    pub policy: Option<String>,
+    /// `evicted_keys` from `INFO stats`: every key Redis evicted since it started (the limiter's
+    /// and any other), or `None` where Redis refuses `INFO`.
+    pub evicted_keys: Option<u64>,
+    /// The keys evicted since this backend first read `evicted_keys` (what the metric
+    /// `throttle_redis_evicted_keys_total` has counted).
+    pub evictions_seen: u64,
+}
+
+impl RedisMemory {
+    /// Whether Redis may evict the limiter's keys under this `maxmemory-policy`: every policy but
+    /// `noeviction` (the `volatile-*` ones too, as every limiter key has a TTL).
+    pub fn policy_evicts(policy: &str) -> bool {
+        policy.starts_with("allkeys-") || policy.starts_with("volatile-")
+    }
+
+    /// Whether [`policy`](Self::policy) is known and may evict the limiter's keys.
+    pub fn evicts(&self) -> bool {
+        self.policy.as_deref().is_some_and(Self::policy_evicts)
+    }
+}
+
+/// What the watcher remembers between reads, shared with [`RedisBackend::memory`] calls.
+///
+/// [`RedisBackend::memory`]: crate::RedisBackend::memory
+#[derive(Default)]
+pub(super) struct MemoryWatch {
+    state: Mutex<Seen>,
+}
+
+#[derive(Default)]
+pub(super) struct Seen {
+    /// `evicted_keys` at the last read.
+    pub(super) evicted_keys: Option<u64>,
+    pub(super) evictions_seen: u64,
+    /// The evicting policy last warned about.
+    pub(super) warned_policy: Option<String>,
+    /// `CONFIG GET` was refused, and that was said.
+    pub(super) said_config_refused: bool,
+}
+
+impl MemoryWatch {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,106 @@
+-- tower-throttle: the prelude of every script (lua.rs puts it before each script's body when the
+-- crate is built): the server's clock, integer helpers, the GCRA state's format and the GCRA step.
+--
+-- Time comes from the server (TIME, microseconds), so every client shares one clock:
+--   now_s   whole seconds since the Unix epoch
+--   now_us  microseconds since the epoch (about 1.8e15: exact in a double until the year 2255)
+--   now_ns  nanoseconds within the second
+--
+-- The GCRA state is the theoretical arrival time (TAT) in nanoseconds since the epoch, as a decimal
+-- string: the format redis-cell writes, so CL.THROTTLE and the scripts share keys. The TAT is never
+-- handled as one number (1.8e18 ns exceeds 2^53), only as its distance from now (the backlog), which
+-- the backend keeps below 2^52 ns (about 52 days) by refusing longer tolerances when the layer is
+-- built: every sum and product below is an integer held exactly in a double.
+
+local S = 1000000000
+
+-- floor(a / b) for non-negative integers, corrected for the rounding of the division.
+local function floordiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- An integer as Redis arguments and stored values want it: decimal digits, no exponent.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local time = redis.call('TIME')
+local now_s = tonumber(time[1])
+local now_us = now_s * 1000000 + tonumber(time[2])
+local now_ns = tonumber(time[2]) * 1000
+
+-- The backlog a stored GCRA state stands for: max(tat - now, 0) in ns. No key, or a value that is
+-- not a TAT (foreign or corrupt: not 10 to 29 characters, or not a number where the seconds and
+-- the nanoseconds stand), counts as no state; the next admitted request overwrites it. No scan for
+-- non-digits: tonumber refuses what is not a number, and a number that is not a TAT (a sign, a
+-- fraction) is a foreign value that the next write replaces, whatever it read as.
+local function backlog_of(stored)
+  if not stored then
+    return 0
+  end
+  local len = #stored
+  if len < 10 or len > 29 then
+    return 0
+  end
+  local tat_s = tonumber(string.sub(stored, 1, -10))
+  local tat_ns = tonumber(string.sub(stored, -9))
+  if not (tat_s and tat_ns) then
+    return 0
+  end
+  local backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
+  if backlog < 0 then
+    return 0
+  end
+  return backlog
+end
+
+-- Stores the TAT `ahead` ns from now, expiring when it passes: from then on a missing key means
+-- the same as this one.
+local function store_tat(key, ahead)
+  local r = now_ns + ahead
+  local carry = floordiv(r, S)
+  local tat = string.format('%d%09d', now_s + carry, r - carry * S)
+  redis.call('SET', key, tat, 'PX', math.ceil(ahead / 1000000))
+end
+
+-- One GCRA decision (CL.THROTTLE's, as src/gcra.rs computes it) for `quantity` units on `backlog`.
+-- A backlog beyond the tolerance was written under another quota (the route's quota changed): it
+-- counts as a full bucket under this one, and is stored as such so that it drains from now on.
+-- Returns the reply {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after
+-- (ns)}, and the backlog to store (nil: nothing to write; a rejection writes only a rebase).
+local function gcra_step(backlog, interval, tolerance, limit, quantity)
+  local rebased = backlog > tolerance
+  if rebased then
+    backlog = tolerance
+  end
+  local increment = interval * quantity
+  local new_backlog = backlog + increment
+  if new_backlog <= tolerance then
+    local write = nil
+    if new_backlog > 0 then
+      write = new_backlog
+    end
+    return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog}, write
+  end
+  local write = nil
+  if rebased and backlog > 0 then
+    write = backlog
+  end
+  local remaining = floordiv(tolerance - backlog, interval)
+  if remaining > limit then
+    remaining = limit
+  end
+  local retry_after = -1
+  if increment <= tolerance then
+    retry_after = new_backlog - tolerance
+  end
+  return {1, limit, remaining, retry_after, backlog}, write
+end
+
+-- tower-throttle: the script.
