@@ -219,11 +219,16 @@ pub(crate) enum AddressSource {
 }
 
 impl AddressSource {
-    pub(crate) fn address<B>(&self, request: &http::Request<B>) -> Option<IpAddr> {
-        let peer = PeerIp::peer(request.extensions())?.ip();
+    /// The client's address, from the request's headers and extensions.
+    pub(crate) fn address(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Option<IpAddr> {
+        let peer = PeerIp::peer(extensions)?.ip();
         Some(match self {
             AddressSource::Peer => peer.to_canonical(),
-            AddressSource::Client(client) => client.resolve(peer, request.headers()),
+            AddressSource::Client(client) => client.resolve(peer, headers),
         })
     }
 }

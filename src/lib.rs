@@ -66,7 +66,7 @@
 //! | `decisions.rs` | [`ThrottleDecision`], [`LimitDecision`], [`ThrottleDecisions`]: what handlers see |
 //! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
-//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `shared`/`future` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
+//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `future` → `steps` (each step of a request, once) → `shared` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
 //! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
 //! | `headers.rs`, `grpc.rs` | what the layer answers: `RateLimit` fields, problem bodies, gRPC status |
 //! | `observe.rs` | every `tracing` event and metric of a request's life, and the [`Limited`] hook's view |

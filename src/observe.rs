@@ -141,6 +141,16 @@ impl<'a> RequestRef<'a> {
             extensions: request.extensions(),
         }
     }
+
+    /// The same view of a request taken apart (the extended path holds its parts, not the request).
+    pub(crate) fn of_parts(parts: &'a http::request::Parts) -> Self {
+        RequestRef {
+            method: &parts.method,
+            uri: &parts.uri,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        }
+    }
 }
 
 /// A key as logs show it: rendered, or with [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys)

@@ -169,13 +169,9 @@ impl<K> Policy<K> {
         &self.tiers
     }
 
-    /// The tier that applies to `request`: its [`Tier`] extension, else its tier header, else the
-    /// default (index 0; also for a tier the policy does not know).
-    pub(crate) fn tier_of<B>(&self, request: &Request<B>) -> usize {
-        self.tier_in(request.headers(), request.extensions())
-    }
-
-    /// [`tier_of`](Self::tier_of) a request's headers and extensions.
+    /// The tier that applies to a request with these headers and extensions: its [`Tier`]
+    /// extension, else its tier header, else the default (index 0; also for a tier the policy does
+    /// not know).
     pub(crate) fn tier_in(
         &self,
         headers: &http::HeaderMap,

@@ -16,7 +16,7 @@ use crate::middleware::settings::{Settings, TierRules};
 use crate::middleware::slot::SlotOwner;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
-use crate::policy::Policy;
+use crate::policy::{MissingKey, Policy};
 
 /// What happens to a request.
 pub(crate) enum Verdict {
@@ -56,7 +56,10 @@ pub(crate) struct PolicyRules {
     pub(crate) penalty: Option<Arc<PenaltyBox>>,
     #[cfg(feature = "memory")]
     pub(crate) cost: u64,
+    /// Only reports what it would refuse: read by `Judge::enforces` (verdict.rs) alone.
     pub(crate) dry_run: bool,
+    /// What a request without a key gets.
+    pub(crate) missing_key: MissingKey,
     /// Every admitted request gets a `ThrottleDecision` (dry runs, delay mode, or the layer says so).
     pub(crate) expose_decision: bool,
     pub(crate) tiers: Box<[TierRules]>,
@@ -65,10 +68,12 @@ pub(crate) struct PolicyRules {
 }
 
 impl PolicyRules {
+    /// The rules of `policy`; `dry_run`: whether it only reports what it would refuse.
     pub(crate) fn new<K>(
         policy: &Policy<K>,
         settings: &Settings,
         backend_keeps_penalties: bool,
+        dry_run: bool,
     ) -> Self {
         PolicyRules {
             name: policy.name().into(),
@@ -80,9 +85,10 @@ impl PolicyRules {
                 .map(|penalty| Arc::new(PenaltyBox::new(*penalty))),
             #[cfg(feature = "memory")]
             cost: policy.cost(),
-            dry_run: policy.is_dry_run(),
+            dry_run,
+            missing_key: policy.missing_key(),
             expose_decision: settings.decision_extension
-                || policy.is_dry_run()
+                || dry_run
                 || policy.limit().delay().is_some(),
             tiers: policy
                 .tiers()
@@ -133,26 +139,28 @@ pub(crate) fn with_limits(
 }
 
 /// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
+/// `enforced`: whether the verdict enforces the decision (not a dry run, which reports the wait in
+/// its `ThrottleDecision` but does not wait).
 pub(crate) fn admit(
     rules: &PolicyRules,
     tier: &TierRules,
     decision: Decision,
     fields: RateHeaders,
     delay: Duration,
+    enforced: bool,
     slot: Option<SlotOwner>,
 ) -> Admitted {
     let exposed = rules.expose_decision.then(|| ThrottleDecision {
         policy: rules.name.clone(),
         tier: tier.name.clone(),
         decision,
-        enforced: !rules.dry_run,
+        enforced,
         delayed: delay,
         limits: Box::new([]),
     });
     Admitted {
         headers: Some(fields),
-        // A dry run reports the wait (in its `ThrottleDecision`) but does not wait.
-        delay: if rules.dry_run { Duration::ZERO } else { delay },
+        delay: if enforced { delay } else { Duration::ZERO },
         decision: exposed.map(Box::new),
         slot,
     }

@@ -18,7 +18,6 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::backend::StackFuture;
 use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
@@ -26,28 +25,9 @@ use crate::key::Key;
 use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::slot::{ConcurrencySlot, Release};
-use crate::middleware::verdict::{Checked, Judge, RequestContext};
+use crate::middleware::steps::{judged, BackendCheck};
+use crate::middleware::verdict::{Judge, RequestContext};
 use crate::outcome::OutcomeGuard;
-
-/// A backend check in flight: one limit, or a stack.
-pub(crate) enum BackendCheck<D> {
-    One(D),
-    Stack(StackFuture),
-}
-
-impl<D> Future for BackendCheck<D>
-where
-    D: Future<Output = Result<Decision, BackendError>> + Unpin,
-{
-    type Output = Result<Checked, BackendError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            BackendCheck::One(one) => Pin::new(one).poll(cx).map(|r| r.map(Checked::One)),
-            BackendCheck::Stack(all) => all.as_mut().poll(cx).map(|r| r.map(Checked::Stack)),
-        }
-    }
-}
 
 /// The verdict of a request that took the extended path (an async key or quota, or counting by
 /// outcome: `middleware/extended.rs`), with what carrying it out needs besides the request's body.
@@ -309,25 +289,16 @@ where
             let next = match state.as_mut().project() {
                 StateProj::Checking { check, awaiting } => {
                     let answer = ready!(Pin::new(check).poll(cx));
-                    let AwaitingVerdict {
-                        mut service,
-                        request,
-                        judge,
-                        policy,
-                        tier,
-                        key,
-                        started,
-                        release,
-                    } = awaiting
+                    let mut awaiting = awaiting
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    if let Some(started) = started {
-                        judge.latency(policy, started.elapsed());
-                    }
-                    let context = RequestContext::new(policy, tier, &key, &request);
-                    let verdict = judge.verdict(context, answer);
+                    let AwaitingVerdict { policy, tier, .. } = awaiting;
+                    let context =
+                        RequestContext::new(policy, tier, &awaiting.key, &awaiting.request);
+                    let verdict = judged(&awaiting.judge, context, awaiting.started, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
-                    Self::carry_out(verdict, &mut service, request, release).state
+                    let service = &mut awaiting.service;
+                    Self::carry_out(verdict, service, awaiting.request, awaiting.release).state
                 }
                 StateProj::Preparing { prepare, rest } => {
                     let Prepared {

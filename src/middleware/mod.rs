@@ -3,10 +3,12 @@
 //!
 //! * [`builder`]: [`ThrottleLayerBuilder`], the layer's options.
 //! * [`layer`]: [`ThrottleLayer`], configuration only (and its [`ThrottleHandle`](crate::ThrottleHandle)).
-//! * [`service`]: [`Throttle`]: policy → key → access lists → ban → backend; `extended`: the same
-//!   path for async keys, per-customer quotas and counting by outcome.
-//! * [`shared`]: what every service of a layer shares, and the steps both paths take with it.
-//! * [`future`]: [`ResponseFuture`], which carries the verdict out.
+//! * [`service`]: [`Throttle`]: the request's steps in order, deciding at once when the backend
+//!   answers at once; `extended`: the same steps with async ones between them (an async key, a
+//!   per-customer quota, counting by outcome).
+//! * [`future`]: [`ResponseFuture`], which waits for a remote decision and carries the verdict out.
+//! * [`steps`]: each step of a request, written once, for both paths and the response future.
+//! * [`shared`]: what every service of a layer shares.
 //! * [`table`]: the policy table in force, and the one function that checks and builds it (for
 //!   the builder and for a reload).
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O;
@@ -27,6 +29,7 @@ pub(crate) mod service;
 pub(crate) mod settings;
 pub(crate) mod shared;
 pub(crate) mod slot;
+pub(crate) mod steps;
 pub(crate) mod table;
 pub(crate) mod verdict;
 

@@ -1,5 +1,6 @@
-//! [`Throttle`], the service: the request path in one place — policy → key → access lists → ban →
-//! backend — handing the backend's answer to the verdict and the verdict to the response future.
+//! [`Throttle`], the service: runs the steps of `steps.rs` in order — policy → key → access lists →
+//! missing key → tier → ban → backend → verdict — for a synchronous key and a static quota, and
+//! carries the verdict out at once when the backend decided at once (memory).
 
 use std::fmt;
 use std::future::Future;
@@ -13,19 +14,17 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::access::Access;
 use crate::backend::Backend;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
-use crate::middleware::admitted::Verdict;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::extended::call_extended;
-use crate::middleware::future::{AwaitingVerdict, BackendCheck, ResponseFuture};
+use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::middleware::shared::{releaser, take_readied, Shared};
+use crate::middleware::steps;
 use crate::middleware::table::Table;
 use crate::middleware::verdict::RequestContext;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::policy::MissingKey;
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -105,64 +104,36 @@ where
         } = self;
         // One load of the policy table: this request is decided by it from start to end.
         let table: &Arc<Table<K>> = table.load();
-        // The first policy whose route and methods match decides.
-        let policy = table.policies.iter().position(|p| p.applies_to(&request));
-        // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): unused,
-        // they cost this one check.
+        // The steps in order (steps.rs): the first matching policy decides.
+        let policy = steps::match_policy(table, &request);
+        // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): the same
+        // steps with async ones between them. Unused, they cost this one check.
         if let Some((i, extras)) = policy.and_then(|i| Some((i, table.policies[i].extras()?))) {
             let (extras, table) = (extras.clone(), table.clone());
             return call_extended(inner, shared, table, i, extras, request);
         }
-        let key = policy.and_then(|i| table.policies[i].key().extract(&request));
-        // Access lists come before limits (an allowed client has none), and may name keys.
-        if let Some((lists, source)) = &shared.access {
-            if !lists.is_empty() {
-                match lists.check(source.address(&request), key.as_ref()) {
-                    Access::Allow => return ResponseFuture::unlimited(inner.call(request)),
-                    Access::Deny => {
-                        let request = RequestRef::of(&request);
-                        let refusal = table.judge.forbidden(policy, key.as_ref(), request);
-                        return ResponseFuture::refused(refusal);
-                    }
-                    Access::Limit => {}
-                }
-            }
+        let key = policy.map(|i| steps::key_of(table, i, &request));
+        let head = RequestRef::of(&request);
+        let known = key.as_ref().and_then(|k| k.as_ref().ok());
+        if let Some(verdict) = steps::access(shared, table, policy, known, head) {
+            return ResponseFuture::carry_out(verdict, inner, request, None);
         }
-        let Some(policy) = policy else {
+        let (Some(policy), Some(key)) = (policy, key) else {
             return ResponseFuture::unlimited(inner.call(request));
         };
-        let Some(key) = key else {
-            return without_key(inner, table, policy, request);
+        let key = match key {
+            Ok(key) => key,
+            Err(missing) => {
+                let verdict = steps::without_key(table, policy, missing, head);
+                return ResponseFuture::carry_out(verdict, inner, request, None);
+            }
         };
-        let tier = table.policies[policy].tier_of(&request);
+        let tier = steps::tier(table, policy, head);
         let context = RequestContext::new(policy, tier, &key, &request);
         if let Some(banned) = table.judge.banned(context) {
-            return ResponseFuture::refused(banned);
+            return ResponseFuture::carry_out(banned, inner, request, None);
         }
         check(inner, shared, table, policy, tier, key, request)
-    }
-}
-
-/// A request the matching policy found no key in.
-fn without_key<S, K, ReqBody, F>(
-    inner: &mut S,
-    table: &Table<K>,
-    policy: usize,
-    request: Request<ReqBody>,
-) -> ResponseFuture<S, ReqBody, F>
-where
-    S: Service<Request<ReqBody>>,
-    K: KeyExtractor<ReqBody>,
-{
-    let rules = &table.policies[policy];
-    match rules.missing_key() {
-        // A dry run never rejects, not even for a missing key.
-        MissingKey::Reject(status) if !rules.is_dry_run() => {
-            let what = rules.key().describe();
-            let parts = RequestRef::of(&request);
-            ResponseFuture::refused(table.judge.missing_key(policy, what, status, parts))
-        }
-        _ => ResponseFuture::unlimited(inner.call(request)),
     }
 }
 
@@ -183,27 +154,15 @@ where
     B: Backend,
 {
     let started = MEASURE_LATENCY.then(Instant::now);
-    let rules = &table.policies[policy];
-    let limits = &rules.tiers()[tier].limits;
-    let mut check = match &**limits {
-        [one] => BackendCheck::One(shared.backend.check(one, &key, rules.cost())),
-        all => BackendCheck::Stack(shared.backend.check_all(all, &key, rules.cost())),
-    };
+    let limits = steps::limits_of(table, policy, tier, None);
+    let mut check = steps::ask(&shared.backend, limits, &key, table.policies[policy].cost());
     // A backend that decides without waiting is done after one poll: then the readied inner
     // service is called right here, with no clone and no extra state.
     let mut noop = Context::from_waker(Waker::noop());
     if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
-        if let Some(started) = started {
-            table.judge.latency(policy, started.elapsed());
-        }
         let context = RequestContext::new(policy, tier, &key, &request);
-        let verdict = table.judge.verdict(context, answer);
-        let release = match &verdict {
-            Verdict::Admit(admitted) if admitted.slot.is_some() => {
-                Some(releaser(shared, table, policy, tier, key))
-            }
-            _ => None,
-        };
+        let verdict = steps::judged(&table.judge, context, started, answer);
+        let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
         return ResponseFuture::carry_out(verdict, inner, request, release);
     }
     // The decision is remote. The service that poll_ready readied goes with the request, to be

@@ -22,7 +22,7 @@ use crate::middleware::admitted::{
 use crate::middleware::settings::{OnBackendError, Settings, TierRules};
 use crate::middleware::slot::SlotOwner;
 use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
-use crate::policy::Policy;
+use crate::policy::{MissingKey, Policy};
 use crate::timer::timers_available;
 
 #[cfg(feature = "memory")]
@@ -105,7 +105,7 @@ impl Judge {
     ) -> Self {
         let rules = policies
             .iter()
-            .map(|p| PolicyRules::new(p, &settings, backend_keeps_penalties))
+            .map(|p| PolicyRules::new(p, &settings, backend_keeps_penalties, p.is_dry_run()))
             .collect();
         Judge {
             #[cfg(feature = "memory")]
@@ -117,6 +117,18 @@ impl Judge {
             settings,
             policies: rules,
             errors: ErrorLog::default(),
+        }
+    }
+
+    /// Whether the layer makes a refusal of `kind` for a request of policy `policy`, or only reports
+    /// it: the one place a dry run is decided. Every refusal comes here — over the limit or banned,
+    /// a missing key, the failure policy's `503`, a deny list — and so does delay mode's wait. A
+    /// dry run makes none of them but a deny list's: the access lists are the layer's, checked
+    /// before and apart from any policy, so a policy's dry run does not lift them.
+    fn enforces(&self, policy: Option<usize>, kind: RefusalKind) -> bool {
+        match (policy, kind) {
+            (_, RefusalKind::Denied) | (None, _) => true,
+            (Some(policy), _) => !self.policies[policy].dry_run,
         }
     }
 
@@ -160,12 +172,14 @@ impl Judge {
     pub(crate) fn key_unavailable(&self, policy: usize, request: RequestRef<'_>) -> Verdict {
         let rules = &self.policies[policy];
         match self.settings.on_error {
-            OnBackendError::Deny if !rules.dry_run => Verdict::Reject(self.unavailable(
-                Some(&rules.name),
-                None,
-                request,
-                "the rate limiter could not identify this client in time; retry shortly",
-            )),
+            OnBackendError::Deny if self.enforces(Some(policy), RefusalKind::Unavailable) => {
+                Verdict::Reject(self.unavailable(
+                    Some(&rules.name),
+                    None,
+                    request,
+                    "the rate limiter could not identify this client in time; retry shortly",
+                ))
+            }
             _ => Verdict::Admit(Admitted::unlimited()),
         }
     }
@@ -177,15 +191,16 @@ impl Judge {
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
         match on_error {
-            OnBackendError::Allow => Verdict::Admit(Admitted::unlimited()),
-            // A dry run never rejects, not even when the backend fails.
-            _ if rules.dry_run => Verdict::Admit(Admitted::unlimited()),
-            OnBackendError::Deny => Verdict::Reject(self.unavailable(
-                Some(&rules.name),
-                Some(cx.key),
-                cx.request,
-                "the rate limiter is unavailable; retry shortly",
-            )),
+            OnBackendError::Deny if self.enforces(Some(cx.policy), RefusalKind::Unavailable) => {
+                Verdict::Reject(self.unavailable(
+                    Some(&rules.name),
+                    Some(cx.key),
+                    cx.request,
+                    "the rate limiter is unavailable; retry shortly",
+                ))
+            }
+            OnBackendError::Allow | OnBackendError::Deny => Verdict::Admit(Admitted::unlimited()),
+            // A dry run decides locally too, and reports what it would refuse (`decided`).
             #[cfg(feature = "memory")]
             OnBackendError::Local => self.check_locally(cx),
         }
@@ -227,12 +242,11 @@ impl Judge {
         }
     }
 
-    /// The answer to a key the penalty box has banned, if it has; asked before the backend.
-    pub(crate) fn banned(&self, cx: RequestContext<'_>) -> Option<Response<Bytes>> {
+    /// The answer to a key the penalty box has banned, if it has; asked before the backend. (A
+    /// dry run has no penalty box: its limits carry no penalty, so that a backend that keeps
+    /// penalties itself does not ban either.)
+    pub(crate) fn banned(&self, cx: RequestContext<'_>) -> Option<Verdict> {
         let rules = &self.policies[cx.policy];
-        if rules.dry_run {
-            return None;
-        }
         let rest = rules.penalty.as_ref()?.banned(cx.key)?;
         let tier = cx.tier_in(rules);
         let decision = Decision::banned(tier.limit_value, rest, None, rest);
@@ -242,7 +256,7 @@ impl Judge {
             slot: SlotOwner::Backend { lease: 0 },
         };
         match self.decided(cx, &mut decisions, source) {
-            Verdict::Reject(response) => Some(response),
+            Verdict::Reject(response) => Some(Verdict::Reject(response)),
             Verdict::Admit(_) => None,
         }
     }
@@ -262,6 +276,7 @@ impl Judge {
     ) -> Verdict {
         let rules = &self.policies[cx.policy];
         let tier = cx.tier_in(rules);
+        let enforced = self.enforces(Some(cx.policy), RefusalKind::Limited);
         let mut delay = queue_delay(tier, decisions);
         let mut decision = match &*decisions {
             [one] => *one,
@@ -270,11 +285,11 @@ impl Judge {
         if !decision.allowed {
             delay = Duration::ZERO;
         }
-        if source.strike {
+        if source.strike && enforced {
             decision = self.strike(rules, cx.key, decision);
         }
         // A dry run reports the wait it would have made, but does not wait.
-        let wait = if rules.dry_run { Duration::ZERO } else { delay };
+        let wait = if enforced { delay } else { Duration::ZERO };
         if !wait.is_zero() {
             if !timers_available() {
                 return Verdict::Reject(self.cannot_delay(rules, cx));
@@ -299,12 +314,12 @@ impl Judge {
             decisions,
             &decision,
         );
-        if decision.allowed || rules.dry_run {
+        if decision.allowed || !enforced {
             if !decision.allowed {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
             }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            let admitted = admit(rules, tier, decision, fields, delay, slot);
+            let admitted = admit(rules, tier, decision, fields, delay, enforced, slot);
             return Verdict::Admit(with_limits(admitted, tier, decisions));
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
@@ -316,7 +331,7 @@ impl Judge {
         let Some(penalty) = &rules.penalty else {
             return decision;
         };
-        if decision.allowed || rules.dry_run {
+        if decision.allowed {
             return decision;
         }
         match penalty.strike(key) {
@@ -453,18 +468,21 @@ impl Judge {
         }
     }
 
-    /// The answer to a client or key on a deny list (`policy`: the one that matched, if any).
+    /// The verdict on a client or key on a deny list (`policy`: the one that matched, if any).
     pub(crate) fn forbidden(
         &self,
         policy: Option<usize>,
         key: Option<&Key>,
         request: RequestRef<'_>,
-    ) -> Response<Bytes> {
+    ) -> Verdict {
+        if !self.enforces(policy, RefusalKind::Denied) {
+            return Verdict::Admit(Admitted::unlimited());
+        }
         crate::observe::forbidden();
         let status = StatusCode::FORBIDDEN;
         let detail = "this client or key is on a deny list";
         let default = || self.problem(status, detail);
-        self.refuse(
+        Verdict::Reject(self.refuse(
             Refusal {
                 kind: RefusalKind::Denied,
                 status,
@@ -477,25 +495,31 @@ impl Judge {
                 default: &default,
             },
             &default,
-        )
+        ))
     }
 
-    /// The answer to a request without a key for policy `policy` (`what` names the expected source).
+    /// The verdict on a request without a key for policy `policy` (`what` names the expected
+    /// source): what its [`MissingKey`] says.
     pub(crate) fn missing_key(
         &self,
         policy: usize,
-        what: String,
-        status: StatusCode,
+        what: &str,
         request: RequestRef<'_>,
-    ) -> Response<Bytes> {
+    ) -> Verdict {
         let rules = &self.policies[policy];
-        rules.reporter.missing_key(&rules.name, &what);
+        let status = match rules.missing_key {
+            MissingKey::Reject(status) if self.enforces(Some(policy), RefusalKind::MissingKey) => {
+                status
+            }
+            _ => return Verdict::Admit(Admitted::unlimited()),
+        };
+        rules.reporter.missing_key(&rules.name, what);
         let detail = format!(
             "no rate-limit key for policy '{}': expected {what}",
             rules.name
         );
         let default = || self.problem(status, &detail);
-        self.refuse(
+        Verdict::Reject(self.refuse(
             Refusal {
                 kind: RefusalKind::MissingKey,
                 status,
@@ -508,7 +532,7 @@ impl Judge {
                 default: &default,
             },
             &default,
-        )
+        ))
     }
 }
 
@@ -534,13 +558,7 @@ mod tests {
     fn verdict_on(judge: &Judge, answer: Result<Checked, BackendError>) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext {
-            policy: 0,
-            tier: 0,
-            key: &key,
-            request: RequestRef::of(&request),
-            custom: None,
-        };
+        let cx = RequestContext::new(0, 0, &key, &request);
         judge.verdict(cx, answer)
     }
 
@@ -597,6 +615,33 @@ mod tests {
     }
 
     #[test]
+    fn a_dry_run_never_refuses_for_a_failed_backend_and_under_local_reports_what_it_would() {
+        let error = || Err(BackendError::new("down"));
+        let deny = Settings {
+            on_error: OnBackendError::Deny,
+            ..Settings::default()
+        };
+        let dry = judge(policy().dry_run(true).build().unwrap(), deny);
+        assert!(admitted(verdict_on(&dry, error())).headers.is_none());
+
+        #[cfg(feature = "memory")]
+        {
+            let local = Settings {
+                on_error: OnBackendError::Local,
+                ..Settings::default()
+            };
+            let dry = judge(policy().dry_run(true).build().unwrap(), local);
+            // The local limiter decides (2 a second): the third is what it would refuse.
+            for _ in 0..2 {
+                let exposed = admitted(verdict_on(&dry, error())).decision.unwrap();
+                assert!(exposed.decision.allowed && !exposed.enforced);
+            }
+            let exposed = admitted(verdict_on(&dry, error())).decision.unwrap();
+            assert!(!exposed.decision.allowed && !exposed.enforced);
+        }
+    }
+
+    #[test]
     fn a_failed_backend_follows_on_backend_error() {
         let error = || Err(BackendError::new("down"));
         let allow = judge(policy().build().unwrap(), Settings::default());
@@ -627,13 +672,7 @@ mod tests {
         );
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext {
-            policy: 0,
-            tier: 0,
-            key: &key,
-            request: RequestRef::of(&request),
-            custom: None,
-        };
+        let cx = RequestContext::new(0, 0, &key, &request);
         assert!(judge.banned(cx).is_none());
         let first = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
         assert_eq!(first.headers()["retry-after"], "2");
@@ -643,9 +682,11 @@ mod tests {
             "600",
             "the second strike bans"
         );
-        let banned = judge
-            .banned(cx)
-            .expect("banned before the backend is asked");
+        let banned = rejected(
+            judge
+                .banned(cx)
+                .expect("banned before the backend is asked"),
+        );
         assert_eq!(banned.status(), StatusCode::TOO_MANY_REQUESTS);
         let other = Key::from("other");
         assert!(judge.banned(RequestContext { key: &other, ..cx }).is_none());
@@ -656,13 +697,21 @@ mod tests {
         let judge = judge(policy().build().unwrap(), Settings::default());
         let request = Request::get("/").body(()).unwrap();
         let parts = RequestRef::of(&request);
-        let response =
-            judge.missing_key(0, "header x-api-key".into(), StatusCode::BAD_REQUEST, parts);
+        let response = rejected(judge.missing_key(0, "header x-api-key", parts));
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         let body = String::from_utf8(response.into_body().to_vec()).unwrap();
         assert!(body.contains("policy 'api'"), "{body}");
         assert_eq!(
-            judge.forbidden(None, None, parts).status(),
+            rejected(judge.forbidden(None, None, parts)).status(),
+            StatusCode::FORBIDDEN
+        );
+        // A dry run lets a request without a key through, but not past a deny list (the layer's).
+        let dry = super::tests::judge(policy().dry_run(true).build().unwrap(), Settings::default());
+        assert!(admitted(dry.missing_key(0, "header x-api-key", parts))
+            .decision
+            .is_none());
+        assert_eq!(
+            rejected(dry.forbidden(Some(0), None, parts)).status(),
             StatusCode::FORBIDDEN
         );
     }

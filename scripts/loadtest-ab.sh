@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Two builds of loadtest/'s server side by side (say, main's and a branch's), one variant, to tell
+# whether a change made it slower:
+#
+#   (cd loadtest && cargo build --release --ignore-rust-version)   # in each checkout; copy the
+#   BASE=/tmp/base-server NEW=/tmp/new-server ROUNDS=21 DURATION=2 \   # two loadtest-server binaries
+#     bash scripts/loadtest-ab.sh throttle-mem-pass
+#
+# Each server runs on CPU 0 (one tokio thread), wrk -t1 -c32 on CPU 1, as scripts/loadtest.sh runs
+# them; rounds alternate which goes first. Per round: requests/s, and the server's own CPU time per
+# request (utime+stime from /proc over the run, over the requests wrk counted), which other work on
+# the machine disturbs much less than requests/s. Prints the medians of the paired ratios new/base.
+# Run the variant `bare` too: both builds serve it with the same code, so its ratios are the noise.
+set -euo pipefail
+ROUNDS=${ROUNDS:-21}; DURATION=${DURATION:-2}; VARIANT=${1:-throttle-mem-pass}
+BASE=${BASE:?BASE=path of the baseline loadtest-server}; NEW=${NEW:?NEW=path of the new loadtest-server}
+command -v wrk >/dev/null || { echo "loadtest-ab.sh: needs wrk (Debian: apt-get install wrk)" >&2; exit 1; }
+TICK=$(getconf CLK_TCK)
+free_port() { while :; do p=$((20000 + RANDOM % 12000)); (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo $p; return; }; done; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+declare -A PORT SPID
+start() { local name=$1 bin=$2 port; port=$(free_port)
+  taskset -c 0 "$bin" "$VARIANT" --listen "127.0.0.1:$port" >/dev/null 2>&1 & PIDS+=($!); SPID[$name]=$!
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done; PORT[$name]=$port; }
+start base $BASE; start new $NEW
+cpu() { awk '{print $14 + $15}' /proc/$1/stat; }
+# measure NAME -> "rps cpu_us_per_request"
+measure() { local c0 c1 out rps total
+  c0=$(cpu ${SPID[$1]})
+  out=$(taskset -c 1 wrk -t1 -c32 -d${DURATION}s "http://127.0.0.1:${PORT[$1]}/")
+  c1=$(cpu ${SPID[$1]})
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out"); total=$(awk '/requests in/ {print $1}' <<<"$out")
+  echo "$rps $(awk -v d=$((c1 - c0)) -v t=$TICK -v n=$total 'BEGIN{printf "%.3f", d / t * 1e6 / n}')"; }
+measure base >/dev/null; measure new >/dev/null
+RR=(); CR=(); BC=(); NC=(); BR=(); NR_=()
+for r in $(seq $ROUNDS); do
+  if (( r % 2 )); then read -r br bc <<<"$(measure base)"; read -r nr nc <<<"$(measure new)"
+  else read -r nr nc <<<"$(measure new)"; read -r br bc <<<"$(measure base)"; fi
+  rr=$(awk -v a=$nr -v b=$br 'BEGIN{printf "%.3f", a/b}'); cr=$(awk -v a=$nc -v b=$bc 'BEGIN{printf "%.3f", a/b}')
+  echo "round $r: base $br req/s $bc us/req; new $nr req/s $nc us/req; req/s new/base $rr, CPU/req new/base $cr"
+  RR+=($rr); CR+=($cr); BC+=($bc); NC+=($nc); BR+=($br); NR_+=($nr)
+done
+med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
+echo "$VARIANT, $ROUNDS rounds of ${DURATION}s pairs: req/s median base $(med "${BR[@]}") new $(med "${NR_[@]}"), median paired ratio new/base $(med "${RR[@]}"); server CPU per request median base $(med "${BC[@]}") us new $(med "${NC[@]}") us, median paired ratio new/base $(med "${CR[@]}")"

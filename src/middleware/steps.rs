@@ -1,0 +1,192 @@
+//! The steps of a request, each written once, in the order the request meets them:
+//!
+//! 1. [`match_policy`]: the first policy whose route and methods match (none: no limit);
+//! 2. the key: the policy's extractor, at once (`Throttle::call`) or awaited (an async key, on the
+//!    extended path);
+//! 3. [`access`]: the allow and deny lists, before any limit;
+//! 4. [`without_key`]: a request its policy found no key in;
+//! 5. the ban: [`Judge::banned`], before the backend is asked;
+//! 6. the quota: [`tier`] picks the policy's tier; a customer's own quota is resolved on the
+//!    extended path; [`limits_of`] gives the limits either way;
+//! 7. [`ask`]: the backend check ([`BackendCheck`]);
+//! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
+//! 9. carrying the verdict out (the response future), with [`release_of`] for a concurrency slot;
+//! 10. settling a request counted by its outcome (the extended path).
+//!
+//! `Throttle::call` (service.rs) runs them for a synchronous key and a static quota, and decides at
+//! once when the backend answers at once (memory); the extended path (extended.rs) runs the same
+//! functions, with its async steps between them. The steps read the request as a [`RequestRef`],
+//! which the whole request and its parts both give.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http::Request;
+
+use crate::access::Access;
+use crate::backend::{Backend, StackFuture};
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::key::{Key, KeyExtractor};
+use crate::limit::Limit;
+use crate::middleware::admitted::{Admitted, Verdict};
+use crate::middleware::shared::{releaser, Shared};
+use crate::middleware::slot::Release;
+use crate::middleware::table::Table;
+use crate::middleware::verdict::{Checked, Judge, RequestContext};
+use crate::observe::RequestRef;
+use crate::per_customer::CustomTier;
+
+/// Step 1: the first policy of `table` whose route and methods match `request`.
+pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
+    table.policies.iter().position(|p| p.applies_to(request))
+}
+
+/// Step 2, a synchronous key: the key `request` counts against under policy `policy`, or what was
+/// expected of it.
+pub(crate) fn key_of<K, B>(
+    table: &Table<K>,
+    policy: usize,
+    request: &Request<B>,
+) -> Result<Key, Missing>
+where
+    K: KeyExtractor<B>,
+{
+    let extractor = table.policies[policy].key();
+    extractor
+        .extract(request)
+        .ok_or_else(|| Missing::Expected(extractor.describe()))
+}
+
+/// Step 3: the access lists, which come before limits (an allowed client has none) and may name
+/// keys. `Some` when they answer the request: through unlimited, or refused.
+pub(crate) fn access<K, B>(
+    shared: &Shared<K, B>,
+    table: &Table<K>,
+    policy: Option<usize>,
+    key: Option<&Key>,
+    request: RequestRef<'_>,
+) -> Option<Verdict> {
+    let (lists, source) = shared.access.as_ref()?;
+    if lists.is_empty() {
+        return None;
+    }
+    match lists.check(source.address(request.headers, request.extensions), key) {
+        Access::Allow => Some(Verdict::Admit(Admitted::unlimited())),
+        Access::Deny => Some(table.judge.forbidden(policy, key, request)),
+        Access::Limit => None,
+    }
+}
+
+/// Why a request has no key.
+pub(crate) enum Missing {
+    /// The policy's key is not in the request: what was expected (the missing-key answer).
+    Expected(String),
+    /// The async key did not come within its timeout (the failure policy answers).
+    Late,
+}
+
+/// Step 4: the verdict on a request that policy `policy` found no key for.
+pub(crate) fn without_key<K>(
+    table: &Table<K>,
+    policy: usize,
+    missing: Missing,
+    request: RequestRef<'_>,
+) -> Verdict {
+    match missing {
+        Missing::Expected(what) => table.judge.missing_key(policy, &what, request),
+        // The application's key service is slow: not the client's fault (no 400).
+        Missing::Late => table.judge.key_unavailable(policy, request),
+    }
+}
+
+/// Step 6: the tier of policy `policy` that `request` is decided under.
+pub(crate) fn tier<K>(table: &Table<K>, policy: usize, request: RequestRef<'_>) -> usize {
+    table.policies[policy].tier_in(request.headers, request.extensions)
+}
+
+/// Step 6: the limits a request is decided under: its per-customer quota's, else its tier's.
+pub(crate) fn limits_of<'a, K>(
+    table: &'a Table<K>,
+    policy: usize,
+    tier: usize,
+    custom: Option<&'a CustomTier>,
+) -> &'a [Limit] {
+    match custom {
+        Some(custom) => &custom.limits,
+        None => &table.policies[policy].tiers()[tier].limits,
+    }
+}
+
+/// A backend check in flight: one limit, or a stack.
+pub(crate) enum BackendCheck<D> {
+    One(D),
+    Stack(StackFuture),
+}
+
+impl<D> Future for BackendCheck<D>
+where
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+{
+    type Output = Result<Checked, BackendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            BackendCheck::One(one) => Pin::new(one).poll(cx).map(|r| r.map(Checked::One)),
+            BackendCheck::Stack(all) => all.as_mut().poll(cx).map(|r| r.map(Checked::Stack)),
+        }
+    }
+}
+
+/// Step 7: asks `backend` whether the request's cost may pass for `key` under `limits`.
+pub(crate) fn ask<B: Backend>(
+    backend: &B,
+    limits: &[Limit],
+    key: &Key,
+    cost: u64,
+) -> BackendCheck<B::Future> {
+    match limits {
+        [one] => BackendCheck::One(backend.check(one, key, cost)),
+        all => BackendCheck::Stack(backend.check_all(all, key, cost)),
+    }
+}
+
+/// Step 8: the verdict on the backend's answer; `asked`: when it was asked, if its latency is
+/// measured.
+pub(crate) fn judged(
+    judge: &Judge,
+    cx: RequestContext<'_>,
+    asked: Option<Instant>,
+    answer: Result<Checked, BackendError>,
+) -> Verdict {
+    if let Some(asked) = asked {
+        judge.latency(cx.policy, asked.elapsed());
+    }
+    judge.verdict(cx, answer)
+}
+
+/// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given
+/// back under the table it was admitted by. (A per-customer concurrency limit shares the default
+/// limit's name, so its key and lease: the default tier's release gives its slot back.)
+pub(crate) fn release_of<K, B>(
+    verdict: &Verdict,
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    policy: usize,
+    tier: usize,
+    key: &Key,
+) -> Option<Release>
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    match verdict {
+        Verdict::Admit(admitted) if admitted.slot.is_some() => {
+            Some(releaser(shared, table, policy, tier, key.clone()))
+        }
+        _ => None,
+    }
+}
