@@ -91,8 +91,7 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
             }
         })
     };
-    // When the first node says cluster_state:ok (the slots assigned and the nodes agreed): the
-    // Cluster has formed.
+    // When the first node says cluster_state:ok (its slots assigned), for the figure printed below.
     let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
     let first_ok = {
         let stop = stop.clone();
@@ -120,7 +119,11 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
         .await
         .unwrap()
         .expect("a node said cluster_state:ok");
-    let deadline = formed + DECIDED_WITHIN;
+    // The Cluster has formed when every node says cluster_state:ok: the first node's ok can come
+    // seconds before the others' on a loaded machine, and until they agree a client sent to one of
+    // them gets CLUSTERDOWN. (Seen once in a clean-clone CI run: the first node ok, every node ok
+    // 2.75 s later, the first decision 1.75 s after the first node, so 1 s before the last.)
+    let deadline = all_ok + DECIDED_WITHIN;
     while first_decided.lock().unwrap().is_none() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -132,12 +135,12 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
             backend.health()
         )
     });
-    let after_formed = decided.saturating_duration_since(formed);
+    let after_formed = decided.saturating_duration_since(all_ok);
     println!(
-        "cluster_lazy: create started -> first node ok {:?} -> every node ok {:?}; first node ok -> first decision {:?}",
+        "cluster_lazy: create started -> first node ok {:?} -> every node ok {:?}; first node ok -> first decision {:?}; every node ok -> first decision {after_formed:?}",
         formed - create_started,
         all_ok.saturating_duration_since(formed),
-        after_formed,
+        decided.saturating_duration_since(formed),
     );
     assert!(after_formed <= DECIDED_WITHIN);
 
