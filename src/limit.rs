@@ -142,6 +142,8 @@ pub struct Limit {
     params: Params,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
+    /// How far past its burst a settled cost may push the key, in units (`None`: one period's quota).
+    max_debt: Option<u64>,
 }
 
 /// The validated parameters of each algorithm.
@@ -180,6 +182,7 @@ impl Limit {
             },
             penalty: None,
             budget: None,
+            max_debt: None,
         })
     }
 
@@ -249,6 +252,7 @@ impl Limit {
             params,
             penalty: None,
             budget: None,
+            max_debt: None,
         })
     }
 
@@ -405,6 +409,29 @@ impl Limit {
         Some(format!("policy {:?}: {why}", self.name()))
     }
 
+    /// With a cap on debt: a cost settled after the response
+    /// ([`Backend::settle`](crate::Backend::settle)) may push the key at most `units` past its
+    /// burst, so one runaway request cannot lock a key out for days. The default is one period's
+    /// quota (`quota.count()`); 0 forgets any debt, as Gubernator's `DRAIN_OVER_LIMIT` does.
+    ///
+    /// ```
+    /// use tower_throttle::{Limit, Quota};
+    ///
+    /// let tokens = Limit::new("tokens", Quota::per_minute(100_000)).unwrap();
+    /// assert_eq!(tokens.max_debt(), 100_000);
+    /// assert_eq!(tokens.with_max_debt(5_000).max_debt(), 5_000);
+    /// ```
+    pub fn with_max_debt(mut self, units: u64) -> Self {
+        self.max_debt = Some(units);
+        self
+    }
+
+    /// How many units past its burst a settled cost may push a key (see
+    /// [`with_max_debt`](Self::with_max_debt)).
+    pub fn max_debt(&self) -> u64 {
+        self.max_debt.unwrap_or_else(|| self.quota.count())
+    }
+
     /// The name (namespace) of the limit.
     pub fn name(&self) -> &str {
         &self.name
@@ -458,6 +485,7 @@ impl Limit {
             && self.delay() == other.delay()
             && self.lease() == other.lease()
             && self.penalty == other.penalty
+            && self.max_debt() == other.max_debt()
     }
 
     /// The quota's own GCRA tolerance in nanoseconds (without a delay), for the GCRA.

@@ -137,6 +137,49 @@ pub trait Backend: Send + Sync + 'static {
     fn can_refund(&self) -> bool {
         false
     }
+
+    // --- Metered limits: a cost settled after the response (one block). ---
+
+    /// Like [`check_all`](Backend::check_all), with one quantity per limit (`quantities[i]` for
+    /// `limits[i]`): in a stack such as "60 requests and 100,000 tokens a minute" a metered limit
+    /// reserves its estimate while the others take the request's cost. Atomic as `check_all` is.
+    /// The default passes a stack whose quantities are all equal to `check_all` and fails otherwise:
+    /// a backend that implements it says so in [`can_settle`](Backend::can_settle).
+    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
+        match quantities {
+            [first, rest @ ..]
+                if limits.len() == quantities.len() && rest.iter().all(|q| q == first) =>
+            {
+                self.check_all(limits, key, *first)
+            }
+            _ => Box::pin(std::future::ready(Err(BackendError::new(
+                "this backend cannot decide a stack with a quantity per limit",
+            )))),
+        }
+    }
+
+    /// Settles what a metered request really cost, once its response has ended (or was dropped):
+    /// `deltas[i]` is the actual cost less the reservation under `limits[i]` (0: nothing to do).
+    /// `limits` and `key` are as the request was decided: one limit as [`check`](Backend::check)
+    /// decided it, or a stack as [`check_each`](Backend::check_each) did. Must not block, and
+    /// never refuses (the response has been sent).
+    ///
+    /// A positive delta charges that many more units: for the GCRA the theoretical arrival time
+    /// moves on by `delta` emission intervals, from now if the key was idle, and may pass the burst
+    /// tolerance (the key is in debt: its next requests are refused until it is paid back) by at
+    /// most [`max_debt`](Limit::max_debt) units. A negative delta gives units back exactly as
+    /// [`refund`](Backend::refund) does (`since` bounds the time since the admission). The
+    /// default does nothing; a backend that settles says so in [`can_settle`](Backend::can_settle).
+    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: Duration) {
+        let _ = (limits, key, deltas, since);
+    }
+
+    /// Whether [`settle`](Backend::settle) and [`check_each`](Backend::check_each) work on this
+    /// backend for GCRA limits (metered limits are GCRA). A layer refuses to build a metered policy
+    /// on a backend that cannot. The default: no.
+    fn can_settle(&self) -> bool {
+        false
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -181,5 +224,18 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn can_refund(&self) -> bool {
         (**self).can_refund()
+    }
+
+    // Metered limits.
+    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
+        (**self).check_each(limits, key, quantities)
+    }
+
+    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: Duration) {
+        (**self).settle(limits, key, deltas, since)
+    }
+
+    fn can_settle(&self) -> bool {
+        (**self).can_settle()
     }
 }

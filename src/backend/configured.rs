@@ -155,6 +155,28 @@ impl Backend for ConfiguredBackend {
             ConfiguredBackend::Redis(redis) => redis.can_refund(),
         }
     }
+
+    // Metered limits.
+    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.check_each(limits, key, quantities),
+            ConfiguredBackend::Redis(redis) => redis.check_each(limits, key, quantities),
+        }
+    }
+
+    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: std::time::Duration) {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.settle(limits, key, deltas, since),
+            ConfiguredBackend::Redis(redis) => redis.settle(limits, key, deltas, since),
+        }
+    }
+
+    fn can_settle(&self) -> bool {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.can_settle(),
+            ConfiguredBackend::Redis(redis) => redis.can_settle(),
+        }
+    }
 }
 
 /// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.
