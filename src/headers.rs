@@ -22,6 +22,7 @@ use sfv::{RefBareItem, RefListSerializer};
 
 use crate::decision::ceil_secs;
 use crate::decision::Decision;
+use crate::header_block::{self, Digits};
 use crate::limit::Limit;
 
 /// `RateLimit-Policy`.
@@ -309,18 +310,41 @@ impl RateHeaders {
         combined: &Decision,
     ) -> Self {
         let mut headers = RateHeaders::default();
-        if options.ratelimit {
-            headers.ratelimit = ratelimit_field(names, decisions);
-            if headers.ratelimit.is_some() {
-                headers.policy = Some(policy.clone());
+        let mut buf = FieldBuf::new();
+        let ratelimit = options
+            .ratelimit
+            .then(|| write_ratelimit(names, decisions, &mut buf));
+        let legacy = options.legacy.then(|| {
+            [
+                combined.limit,
+                combined.remaining,
+                combined.reset_after_secs(),
+            ]
+            .map(Digits::of)
+        });
+        // The values of one response go into the thread's block together (header_block.rs).
+        match (ratelimit, &legacy) {
+            (Some(Some(field)), Some([l, r, t])) => {
+                if let Some([field, l, r, t]) =
+                    header_block::values([field, l.as_bytes(), r.as_bytes(), t.as_bytes()])
+                {
+                    headers.ratelimit = Some(field);
+                    headers.legacy = Some([l, r, t]);
+                }
+            }
+            (Some(Some(field)), None) => headers.ratelimit = header_block::value(field),
+            (ratelimit, legacy) => {
+                if ratelimit.is_some() {
+                    // Not written by hand (see ratelimit_field): through sfv.
+                    headers.ratelimit = ratelimit_field_sfv(names, decisions);
+                }
+                if let Some(legacy) = legacy {
+                    headers.legacy = header_block::values(legacy.each_ref().map(Digits::as_bytes));
+                }
             }
         }
-        if options.legacy {
-            headers.legacy = Some([
-                HeaderValue::from(combined.limit),
-                HeaderValue::from(combined.remaining),
-                HeaderValue::from(combined.reset_after_secs()),
-            ]);
+        if headers.ratelimit.is_some() {
+            headers.policy = Some(policy.clone());
         }
         headers
     }
@@ -328,6 +352,10 @@ impl RateHeaders {
     /// Adds the fields to a response's headers. RateLimit fields are appended (each layer adds its
     /// list member); the legacy fields are set only if an inner layer has not set them.
     pub(crate) fn apply(self, map: &mut HeaderMap) {
+        // Room for every field at once: one growth at most, not one per field.
+        let fields =
+            2 * usize::from(self.ratelimit.is_some()) + 3 * usize::from(self.legacy.is_some());
+        map.reserve(fields);
         if let Some(policy) = self.policy {
             map.append(RATELIMIT_POLICY.clone(), policy);
         }
@@ -345,12 +373,27 @@ impl RateHeaders {
 }
 
 /// The `RateLimit` value of one decision per limit, or `None` if a name cannot be a Structured Field
-/// string (limit names are validated, so only in theory). Written by hand into a buffer on the stack
-/// and copied once into the header value: this runs for every response, and `sfv`'s serializer
-/// costs a `String`, its validation and a second allocation to turn it into a `HeaderValue`.
+/// string (limit names are validated, so only in theory), as [`RateHeaders::new`] makes it: written
+/// by hand into a buffer on the stack ([`write_ratelimit`]) and copied once into the thread's block
+/// of values (`header_block.rs`). This runs for every response, and `sfv`'s serializer costs a
+/// `String`, its validation and a second allocation to turn it into a `HeaderValue`;
 /// [`ratelimit_field_sfv`] is the reference it must equal (a unit test compares them).
+#[cfg(test)]
 fn ratelimit_field(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderValue> {
     let mut buf = FieldBuf::new();
+    match write_ratelimit(names, decisions, &mut buf) {
+        Some(bytes) => header_block::value(bytes),
+        None => ratelimit_field_sfv(names, decisions),
+    }
+}
+
+/// The bytes of [`ratelimit_field`] written by hand into `buf`, or `None` where only `sfv` knows
+/// (a name it refuses; longer than the buffer: many stacked quotas with long names).
+fn write_ratelimit<'b>(
+    names: &[Arc<str>],
+    decisions: &[Decision],
+    buf: &'b mut FieldBuf,
+) -> Option<&'b [u8]> {
     for (i, (name, decision)) in names.iter().zip(decisions).enumerate() {
         if i > 0 {
             buf.push(b", ");
@@ -359,9 +402,8 @@ fn ratelimit_field(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderV
         for &b in name.as_bytes() {
             match b {
                 b'"' | b'\\' => buf.push(&[b'\\', b]),
-                // What sfv refuses in a string: fall back to it, which says no.
                 0x20..=0x7e => buf.push(&[b]),
-                _ => return ratelimit_field_sfv(names, decisions),
+                _ => return None,
             }
         }
         buf.push(b"\";r=");
@@ -369,11 +411,7 @@ fn ratelimit_field(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderV
         buf.push(b";t=");
         buf.push_int(sf_int(decision.reset_after_secs()));
     }
-    match buf.as_bytes() {
-        Some(bytes) => HeaderValue::from_bytes(bytes).ok(),
-        // Longer than the buffer (many stacked quotas with long names).
-        None => ratelimit_field_sfv(names, decisions),
-    }
+    buf.as_bytes()
 }
 
 /// [`ratelimit_field`] through `sfv`'s serializer.
@@ -421,18 +459,7 @@ impl FieldBuf {
 
     /// A non-negative integer in decimal (Structured Field integers here are at most 15 digits).
     fn push_int(&mut self, n: i64) {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut n = n.unsigned_abs();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[at..]);
+        self.push(Digits::of(n.unsigned_abs()).as_bytes());
     }
 
     fn as_bytes(&self) -> Option<&[u8]> {

@@ -129,6 +129,7 @@ pub mod gcra;
 pub mod grpc;
 pub mod guide;
 pub mod handle;
+mod header_block;
 pub mod headers;
 pub mod key;
 mod limit;

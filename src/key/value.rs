@@ -17,12 +17,35 @@ pub const MAX_KEY_LEN: usize = 64;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key(Repr);
 
+/// Byte strings up to this long are kept inline: extracting a key (a user id, a short token) then
+/// allocates nothing, and a `Key` stays 24 bytes.
+const INLINE: usize = 22;
+
+// Every byte string has one representation (inline up to `INLINE` bytes, boxed beyond), so the
+// derived `Eq` and `Hash` hold.
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum Repr {
     Global,
     Ip(IpAddr),
+    /// `len` bytes, the rest zero.
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE],
+    },
     Bytes(Box<[u8]>),
     Digest(Box<[u8; 32]>),
+}
+
+impl Repr {
+    /// A byte string of at most [`INLINE`] bytes, inline.
+    fn inline(bytes: &[u8]) -> Option<Self> {
+        let mut inline = [0; INLINE];
+        inline.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(Repr::Inline {
+            len: bytes.len() as u8,
+            bytes: inline,
+        })
+    }
 }
 
 impl Key {
@@ -35,6 +58,11 @@ impl Key {
         }
     }
 
+    /// A byte string of at most [`MAX_KEY_LEN`] bytes, keeping its buffer when it is not inline.
+    fn owned(bytes: Vec<u8>) -> Self {
+        Key(Repr::inline(&bytes).unwrap_or_else(|| Repr::Bytes(bytes.into_boxed_slice())))
+    }
+
     /// The one key of [`Global`](super::Global).
     pub const fn global() -> Self {
         Key(Repr::Global)
@@ -45,7 +73,7 @@ impl Key {
         if bytes.len() > MAX_KEY_LEN {
             Key(Repr::Digest(Box::new(Sha256::digest(bytes).into())))
         } else {
-            Key(Repr::Bytes(bytes.into()))
+            Key(Repr::inline(bytes).unwrap_or_else(|| Repr::Bytes(bytes.into())))
         }
     }
 
@@ -86,21 +114,26 @@ impl Key {
                 out.push('!');
                 let _ = write!(out, "{ip}");
             }
-            Repr::Bytes(bytes) => {
-                for &b in bytes.iter() {
-                    if b.is_ascii_alphanumeric() || b"._~@+=/-".contains(&b) {
-                        out.push(b as char);
-                    } else {
-                        let _ = write!(out, "%{b:02X}");
-                    }
-                }
-            }
+            Repr::Inline { len, bytes } => render_bytes(&bytes[..usize::from(*len)], out),
+            Repr::Bytes(bytes) => render_bytes(bytes, out),
             Repr::Digest(d) => {
                 out.push_str("#sha256:");
                 for b in d.iter() {
                     let _ = write!(out, "{b:02x}");
                 }
             }
+        }
+    }
+}
+
+/// A byte string as [`Key::render`] writes it.
+fn render_bytes(bytes: &[u8], out: &mut String) {
+    use fmt::Write as _;
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b"._~@+=/-".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
         }
     }
 }
@@ -130,7 +163,7 @@ impl From<String> for Key {
         if s.len() > MAX_KEY_LEN {
             Key::from_bytes(s.as_bytes())
         } else {
-            Key(Repr::Bytes(s.into_bytes().into_boxed_slice()))
+            Key::owned(s.into_bytes())
         }
     }
 }
@@ -152,7 +185,7 @@ impl From<Vec<u8>> for Key {
         if b.len() > MAX_KEY_LEN {
             Key::from_bytes(&b)
         } else {
-            Key(Repr::Bytes(b.into_boxed_slice()))
+            Key::owned(b)
         }
     }
 }
@@ -239,6 +272,25 @@ mod tests {
         assert!(rendered(&k).len() < 80);
         let exact = "u".repeat(MAX_KEY_LEN);
         assert_eq!(rendered(&Key::from(exact.as_str())), exact);
+    }
+
+    #[test]
+    fn short_and_long_byte_strings_are_one_key_however_made() {
+        // Inline up to 22 bytes, boxed beyond: each length agrees across the constructors.
+        for len in [0, 1, INLINE - 1, INLINE, INLINE + 1, MAX_KEY_LEN] {
+            let s = "k".repeat(len);
+            let key = Key::from(s.as_str());
+            assert_eq!(key, Key::from(s.clone()), "{len}");
+            assert_eq!(key, Key::from(s.clone().into_bytes()), "{len}");
+            assert_eq!(
+                key,
+                Key::from(&http::HeaderValue::from_str(&s).unwrap()),
+                "{len}"
+            );
+            assert_eq!(rendered(&key), s, "{len}");
+            assert_ne!(key, Key::from("k".repeat(len + 1).as_str()), "{len}");
+        }
+        assert_eq!(std::mem::size_of::<Key>(), 24);
     }
 
     #[test]
