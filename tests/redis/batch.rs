@@ -362,3 +362,80 @@ async fn a_stalled_batch_fails_each_check_within_its_timeout() {
     // the last) is what `remaining` says.
     assert!(decision.remaining >= 1000 - 66, "{decision:?}");
 }
+
+fn cl_throttle_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_cl.throttle:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// The coalesced `CL.THROTTLE` path: 200 concurrent checks on one key with a quota of 50, sent in
+/// pipelined batches, admit exactly 50, each seeing the state the one before it left, in one module
+/// call each (every check is decided alone, none merged); the same on the default mode, which picks
+/// `CL.THROTTLE` where the module is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_cl_throttle_checks_admit_exactly_the_limit() {
+    let server = RedisServer::start_with_cell();
+    for mode in [RedisMode::Cell, RedisMode::Auto] {
+        let backend = RedisBackend::builder()
+            .url(server.url())
+            .mode(mode)
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let (evals, cells) = (evalsha_calls(&server), cl_throttle_calls(&server));
+        let name = format!("cell-batched-{mode}");
+        let (remaining, rejected) = flood(&backend, &name, 200).await;
+        assert_exactly_fifty(&name, remaining, rejected);
+        assert_eq!(
+            cl_throttle_calls(&server) - cells,
+            200,
+            "{name}: one call a check"
+        );
+        assert_eq!(
+            evalsha_calls(&server),
+            evals,
+            "{name}: no check went to Lua"
+        );
+    }
+}
+
+/// A key that holds another type fails its own `CL.THROTTLE` checks, not the others of its
+/// pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_fails_only_its_own_cl_throttle_checks() {
+    let server = RedisServer::start_with_cell();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Cell)
+        .connect()
+        .await
+        .unwrap();
+    let limit = Arc::new(Limit::new("cf", Quota::per_hour(50)).unwrap());
+    server.cli(&[
+        "HSET",
+        &backend.redis_key("cf", &Key::from("bad")),
+        "f",
+        "v",
+    ]);
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let (backend, limit) = (backend.clone(), limit.clone());
+            let key = Key::from(if i % 3 == 0 { "bad" } else { "good" });
+            tokio::spawn(async move { (i % 3 == 0, backend.check(&limit, &key, 1).await) })
+        })
+        .collect();
+    let (mut failed, mut admitted) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            // redis-cell's own error for a key it cannot read ("Cell: error: ..."), as alone.
+            (true, Err(_)) => failed += 1,
+            (false, Ok(decision)) => admitted += usize::from(decision.allowed),
+            (is_bad, other) => panic!("key bad={is_bad}: {other:?}"),
+        }
+    }
+    assert_eq!((failed, admitted), (20, 40));
+}

@@ -14,6 +14,12 @@
 //! the backend's timeout; each check keeps its own timeout and breaker (it waits for its answer
 //! inside `guarded`), and a batch that fails fails each of its checks with the same error.
 //!
+//! `CL.THROTTLE` checks (the redis-cell module) are coalesced too, on a lane of their own: a batch
+//! of them leaves as one pipelined write of one `CL.THROTTLE` per check, in arrival order, each
+//! decided by the module exactly as if sent alone (each is its own command; nothing is merged),
+//! with one round trip and one write and read on each side for the batch. On a Cluster they go
+//! alone (through `cell.lua`, which declares the key).
+//!
 //! One server has one lane. A Cluster has one lane per Redis key: a script's keys must share a
 //! slot, and keys of one slot can still be split between two nodes while the slot migrates (Redis
 //! answers `TRYAGAIN` to a multi-key call then); one key is always on one node. Checks of different
@@ -28,7 +34,7 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
-use super::args::Args;
+use super::args::{Args, CellArgs};
 use super::connection::RedisConnection;
 use super::scripts::{self, Answer};
 
@@ -44,10 +50,16 @@ const IN_FLIGHT: usize = 2;
 /// 0.6 µs an item on one key, so well under a millisecond).
 pub(super) const MAX_BATCH: usize = 128;
 
+/// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; lanes named by keys exist
+/// only on a Cluster, where `CL.THROTTLE` checks are not coalesced).
+const CELL_LANE: &str = "CL.THROTTLE";
+
 /// A check waiting for its batch.
 struct Waiter {
     key: String,
     args: Args,
+    /// `CL.THROTTLE`'s arguments: the check goes to the module (the cell lane), not to `gcra.lua`.
+    cell: Option<CellArgs>,
     quantity: u64,
     answer: oneshot::Sender<Result<Answer, RedisError>>,
 }
@@ -91,10 +103,47 @@ impl Batcher {
             return scripts::gcra(&mut conn, key, args, quantity).await;
         };
         let lane_name: &str = if self.per_key { key } else { "" };
+        self.queue(runtime, lane_name, key, args, None, quantity)
+            .await
+    }
+
+    /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
+    /// caller sends it alone.
+    pub(super) async fn cell(
+        self: &Arc<Self>,
+        key: &str,
+        args: &Args,
+        cell: CellArgs,
+        quantity: u64,
+    ) -> Result<Answer, RedisError> {
+        debug_assert!(
+            !self.per_key,
+            "CL.THROTTLE checks are coalesced on one server only"
+        );
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            return scripts::throttle(&mut conn, key, cell, quantity).await;
+        };
+        self.queue(runtime, CELL_LANE, key, args, Some(cell), quantity)
+            .await
+    }
+
+    /// Queues a check on `lane_name`, sending a batch at once if fewer than [`IN_FLIGHT`] are in
+    /// flight there, and waits for its answer.
+    async fn queue(
+        self: &Arc<Self>,
+        runtime: tokio::runtime::Handle,
+        lane_name: &str,
+        key: &str,
+        args: &Args,
+        cell: Option<CellArgs>,
+        quantity: u64,
+    ) -> Result<Answer, RedisError> {
         let (sender, receiver) = oneshot::channel();
         let waiter = Waiter {
             key: key.to_owned(),
             args: args.clone(),
+            cell,
             quantity,
             answer: sender,
         };
@@ -211,11 +260,48 @@ impl Drop for Unfinished {
     }
 }
 
-/// One batch: alone on `gcra.lua`, several on `gcra_batch.lua`.
+/// One batch of the cell lane: one `CL.THROTTLE` per check, pipelined (one write, one round
+/// trip); each command's error (a foreign key's `WRONGTYPE`, "unknown command" once the module is
+/// gone) is its own check's.
+async fn send_cell(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Answer, RedisError>>, RedisError> {
+    let mut pipe = redis::pipe();
+    for waiter in batch {
+        let cell = waiter
+            .cell
+            .expect("the cell lane holds CL.THROTTLE checks only");
+        pipe.add_command(scripts::throttle_command(
+            &waiter.key,
+            cell,
+            waiter.quantity,
+        ));
+    }
+    let replies: Vec<Result<[i64; 5], RedisError>> = pipe.ignore_errors().query_async(conn).await?;
+    if replies.len() != batch.len() {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the CL.THROTTLE pipeline returned the wrong number of replies",
+        )));
+    }
+    Ok(replies
+        .into_iter()
+        .map(|reply| reply.map(scripts::cell_answer))
+        .collect())
+}
+
+/// One batch: `CL.THROTTLE` pipelined (the cell lane); alone on `gcra.lua`, several on
+/// `gcra_batch.lua`.
 async fn send(
     conn: &mut RedisConnection,
     batch: &[Waiter],
 ) -> Result<Vec<Result<Answer, RedisError>>, RedisError> {
+    if let [first, ..] = batch {
+        if first.cell.is_some() {
+            return send_cell(conn, batch).await;
+        }
+    }
     if let [one] = batch {
         return scripts::gcra(conn, &one.key, &one.args, one.quantity)
             .await

@@ -227,18 +227,21 @@ impl RedisState {
             Some(cell)
                 if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
             {
-                match scripts::throttle(conn, key, cell, quantity).await {
+                // Coalesced (one pipelined write for the checks waiting at once) on one server.
+                let answer = match &self.batches {
+                    Some(batches) if !conn.is_cluster() => {
+                        batches.cell(key, args, cell, quantity).await
+                    }
+                    _ => scripts::throttle(conn, key, cell, quantity).await,
+                };
+                match answer {
                     Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
                         // The module went away (a restart without it): Lua from now on, and this
                         // request too (the failed command wrote nothing).
                         self.detector.cell_gone();
                         scripts::gcra(conn, key, args, quantity).await
                     }
-                    other => other.map(|decision| Answer {
-                        decision,
-                        whole_seconds: true,
-                        banned: false,
-                    }),
+                    other => other,
                 }
             }
             // A penalty box's strikes and bans take keys of their own: such checks go alone.

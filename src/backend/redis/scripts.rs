@@ -79,7 +79,7 @@ pub(super) async fn throttle(
     key: &str,
     cell: CellArgs,
     quantity: u64,
-) -> Result<Decision, RedisError> {
+) -> Result<Answer, RedisError> {
     let reply: [i64; 5] = if conn.is_cluster() {
         // CL.THROTTLE declares no key: a node would run it on a slot it is migrating away or no
         // longer owns. The script declares it, so the node redirects it.
@@ -91,18 +91,32 @@ pub(super) async fn throttle(
             .invoke_async(&mut conn.redirecting())
             .await?
     } else {
-        let mut cmd = redis::cmd("CL.THROTTLE");
-        cmd.arg(key)
-            .arg(cell.max_burst)
-            .arg(cell.count)
-            .arg(cell.period_secs)
-            .arg(quantity);
-        cmd.query_async(conn).await?
+        throttle_command(key, cell, quantity)
+            .query_async(conn)
+            .await?
     };
-    // Whole seconds, truncated: report the next whole second, which is never early.
-    Ok(from_reply(reply, |secs| {
-        Duration::from_secs(secs.saturating_add(1))
-    }))
+    Ok(cell_answer(reply))
+}
+
+/// `CL.THROTTLE key max_burst count period quantity`, for one server.
+pub(super) fn throttle_command(key: &str, cell: CellArgs, quantity: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("CL.THROTTLE");
+    cmd.arg(key)
+        .arg(cell.max_burst)
+        .arg(cell.count)
+        .arg(cell.period_secs)
+        .arg(quantity);
+    cmd
+}
+
+/// The answer of a `CL.THROTTLE` reply.
+pub(super) fn cell_answer(reply: [i64; 5]) -> Answer {
+    Answer {
+        // Whole seconds, truncated: report the next whole second, which is never early.
+        decision: from_reply(reply, |secs| Duration::from_secs(secs.saturating_add(1))),
+        whole_seconds: true,
+        banned: false,
+    }
 }
 
 /// One decision per spec, together, by `limits.lua`: units added are named by `token`, and the
