@@ -60,6 +60,7 @@ ALL=(
   governor-deny
   throttle-lua-pass
   throttle-lua-alone-pass
+  throttle-cell-alone-pass
   throttle-lua-lease-pass
   throttle-cell-pass
   redis-cell-peer-pass

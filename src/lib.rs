@@ -137,6 +137,7 @@ mod methods;
 mod middleware;
 mod observe;
 pub mod offenders;
+mod or_default;
 mod outcome;
 mod penalty;
 mod per_customer;

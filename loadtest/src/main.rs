@@ -31,6 +31,7 @@ const VARIANTS: &[&str] = &[
     "governor-deny",
     "throttle-lua-pass",
     "throttle-lua-alone-pass",
+    "throttle-cell-alone-pass",
     "throttle-lua-lease-pass",
     "throttle-cell-pass",
     "throttle-lua-deny",
@@ -102,11 +103,11 @@ mod throttle {
         hello().layer(layer)
     }
 
-    /// The Lua path with `coalesce(false)`: every check its own script call.
-    pub async fn redis_alone(url: &str) -> Router {
+    /// A path with `coalesce(false)`: every check its own script or `CL.THROTTLE` call.
+    pub async fn redis_alone(url: &str, mode: RedisMode) -> Router {
         let backend = RedisBackend::builder()
             .url(url)
-            .mode(RedisMode::Lua)
+            .mode(mode)
             .prefix(format!("lt{}", std::process::id()))
             .coalesce(false)
             .connect()
@@ -325,7 +326,9 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
             throttle::redis(redis()?, RedisMode::Lua, p, true).await
         }
         // Every check its own script call: the Lua path without coalesced batches.
-        "throttle-lua-alone-pass" => throttle::redis_alone(redis()?).await,
+        "throttle-lua-alone-pass" => throttle::redis_alone(redis()?, RedisMode::Lua).await,
+        // Every check its own CL.THROTTLE call, not pipelined in batches.
+        "throttle-cell-alone-pass" => throttle::redis_alone(redis()?, RedisMode::Cell).await,
         "throttle-lua-lease-pass" => throttle::redis_leased(redis()?).await,
         "throttle-lua-deny-nocache" => {
             throttle::redis(redis()?, RedisMode::Lua, false, false).await

@@ -19,6 +19,7 @@ use crate::middleware::shared::Shared;
 use crate::middleware::table::Table;
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
+use crate::or_default::OrDefault;
 use crate::policy::Policy;
 
 #[cfg(feature = "memory")]
@@ -37,14 +38,15 @@ impl<K> ThrottleLayer<K, MemoryBackend> {
     /// A builder for several policies, a shared backend or other options; the backend is a new
     /// in-memory one unless [`backend`](ThrottleLayerBuilder::backend) replaces it.
     pub fn builder() -> ThrottleLayerBuilder<K, MemoryBackend> {
-        ThrottleLayerBuilder::with_backend(MemoryBackend::new())
+        // Made by `build` (its clock calibrates), only if `backend` does not replace it.
+        ThrottleLayerBuilder::with(OrDefault::Default(MemoryBackend::new))
     }
 }
 
 /// Builds a [`ThrottleLayer`].
 #[must_use]
 pub struct ThrottleLayerBuilder<K, B> {
-    backend: B,
+    backend: OrDefault<B>,
     policies: Vec<Policy<K>>,
     access: Option<(AccessList, AddressSource)>,
     /// What the verdict is made of, besides the policies.
@@ -54,6 +56,10 @@ pub struct ThrottleLayerBuilder<K, B> {
 impl<K, B> ThrottleLayerBuilder<K, B> {
     /// A builder using `backend` (share one backend between layers by cloning it).
     pub fn with_backend(backend: B) -> Self {
+        Self::with(OrDefault::Given(backend))
+    }
+
+    fn with(backend: OrDefault<B>) -> Self {
         ThrottleLayerBuilder {
             backend,
             policies: Vec::new(),
@@ -65,7 +71,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// Replaces the backend.
     pub fn backend<B2>(self, backend: B2) -> ThrottleLayerBuilder<K, B2> {
         ThrottleLayerBuilder {
-            backend,
+            backend: OrDefault::Given(backend),
             policies: self.policies,
             access: self.access,
             settings: self.settings,
@@ -321,9 +327,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
                 offenders.redact_with(secret.hmac());
             }
         }
-        let table = Table::build(&self.backend, self.policies, settings.clone(), None)?;
+        let backend = self.backend.get();
+        let table = Table::build(&backend, self.policies, settings.clone(), None)?;
         Ok(ThrottleLayer::from_shared(Shared {
-            backend: self.backend,
+            backend,
             table: Arc::new(ArcSwap::from_pointee(table)),
             access: self.access,
             settings,

@@ -19,6 +19,7 @@ use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
 use crate::limit::{check_stack, Limit};
+use crate::or_default::OrDefault;
 
 use gcra_table::GcraTable;
 use general::GeneralStore;
@@ -149,7 +150,8 @@ impl MemoryBackend<QuantaClock> {
     /// reads std's `Instant` instead).
     pub fn builder() -> MemoryBackendBuilder<QuantaClock> {
         MemoryBackendBuilder {
-            clock: QuantaClock::new(),
+            // Made (and calibrated) by `build`, only if `clock` does not replace it.
+            clock: OrDefault::Default(QuantaClock::new),
             max_keys: DEFAULT_MAX_KEYS,
             shards: None,
         }
@@ -166,7 +168,7 @@ impl Default for MemoryBackend<QuantaClock> {
 #[derive(Debug)]
 #[must_use]
 pub struct MemoryBackendBuilder<C> {
-    clock: C,
+    clock: OrDefault<C>,
     max_keys: usize,
     shards: Option<usize>,
 }
@@ -189,7 +191,7 @@ impl<C: Clock> MemoryBackendBuilder<C> {
     /// The clock, such as a [`ManualClock`](crate::clock::ManualClock) in tests.
     pub fn clock<C2: Clock>(self, clock: C2) -> MemoryBackendBuilder<C2> {
         MemoryBackendBuilder {
-            clock,
+            clock: OrDefault::Given(clock),
             max_keys: self.max_keys,
             shards: self.shards,
         }
@@ -217,7 +219,7 @@ impl<C: Clock> MemoryBackendBuilder<C> {
         let shard_cap = self.max_keys / shards;
         Ok(MemoryBackend {
             stores: Arc::new(SharedStores {
-                clock: self.clock,
+                clock: self.clock.get(),
                 gcra: GcraTable::new(shards, shard_cap),
                 general: GeneralStore::new(shards, shard_cap),
             }),
