@@ -12,11 +12,12 @@ use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of};
 use super::schema::RouteConfig;
+use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec, PeerIp};
 use crate::limit::Algorithm;
 use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
-use crate::policy::{MissingKey, PolicyBuilder};
+use crate::policy::{MissingKey, Policy, PolicyBuilder};
 
 /// The builder every row works on.
 pub(super) type Builder = PolicyBuilder<KeySpec>;
@@ -72,6 +73,23 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["refund_statuses"], &["refund_on"], |r, _, b| Ok(set(b, statuses(r.refund_statuses.as_deref(), "refund_statuses")?, Builder::refund_on))),
     row(&["on_missing_key"], &["on_missing_key"], on_missing_key),
 ];
+
+impl RouteConfig {
+    /// The policy this route describes, `client-ip` keys read behind `client_ip`'s proxies: each
+    /// row of [`ROUTE_OPTIONS`] applied in turn.
+    pub(super) fn policy_behind(
+        &self,
+        client_ip: &ClientIp,
+    ) -> Result<Policy<KeySpec>, BuildError> {
+        // `Global` until the `key` row sets the route's key.
+        let mut builder = Policy::builder(self.name.clone()).key(KeySpec::Global);
+        for option in ROUTE_OPTIONS {
+            builder = (option.apply)(self, client_ip, builder)
+                .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
+        }
+        builder.build()
+    }
+}
 
 /// `option(builder, value)` if the key is set; the builder's default otherwise.
 fn set<T>(builder: Builder, value: Option<T>, option: fn(Builder, T) -> Builder) -> Builder {

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use super::options::ROUTE_OPTIONS;
 use super::schema::{AccessConfig, BudgetConfig, RouteConfig, TierConfig};
 use crate::access::{keys_named, AccessList};
 use crate::budget::Budget;
@@ -39,21 +38,6 @@ impl RouteConfig {
     /// The policy this route describes, with no trusted proxies (`client-ip` is the peer address).
     pub fn policy(&self) -> Result<Policy<KeySpec>, BuildError> {
         self.policy_behind(&ClientIp::default())
-    }
-
-    /// The policy this route describes, `client-ip` keys read behind `client_ip`'s proxies: each
-    /// row of [`ROUTE_OPTIONS`] applied in turn.
-    pub(super) fn policy_behind(
-        &self,
-        client_ip: &ClientIp,
-    ) -> Result<Policy<KeySpec>, BuildError> {
-        // `Global` until the `key` row sets the route's key.
-        let mut builder = Policy::builder(self.name.clone()).key(KeySpec::Global);
-        for option in ROUTE_OPTIONS {
-            builder = (option.apply)(self, client_ip, builder)
-                .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
-        }
-        builder.build()
     }
 
     /// The route's own quota keys (`count`, `period`, `max_burst`, `quotas`), which a tier's table
