@@ -167,7 +167,7 @@ impl Budgets {
             return Local::PerRequest;
         }
         let now = Instant::now();
-        let lease = budget.lease_length();
+        let lease = budget.slice_lifetime();
         let mut keys = self.lock();
         if !keys.contains_key(key) {
             if keys.len() >= MAX_KEYS {
@@ -266,7 +266,7 @@ impl Budgets {
                     }
                     slice.units = slice.units.saturating_add(granted - quantity);
                     slice.last_grant = granted;
-                    slice.expires = now + budget.lease_length();
+                    slice.expires = now + budget.slice_lifetime();
                     slice.granted_at = now;
                     slice.redis_remaining = remaining;
                     slice.reset_after = reset_after;
@@ -323,7 +323,9 @@ mod tests {
     #[test]
     fn a_key_is_cold_until_hot_after_decisions() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new().hot_after(3).lease(Duration::from_secs(60));
+        let budget = Budget::new()
+            .hot_after(3)
+            .slice_ttl(Duration::from_secs(60));
         assert!(matches!(
             budgets.local("k", &budget, 100, 1),
             Local::PerRequest
@@ -351,7 +353,9 @@ mod tests {
     #[test]
     fn a_slice_admits_what_was_granted_and_no_more() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new().hot_after(1).lease(Duration::from_secs(60));
+        let budget = Budget::new()
+            .hot_after(1)
+            .slice_ttl(Duration::from_secs(60));
         grant(&budgets, "k", 3, 40, Duration::from_secs(60));
         let mut remaining = Vec::new();
         let mut refills = 0;
@@ -388,7 +392,7 @@ mod tests {
         let budget = Budget::new()
             .hot_after(1)
             .max_slice(10)
-            .lease(Duration::from_secs(60));
+            .slice_ttl(Duration::from_secs(60));
         for _ in 0..50 {
             drop(budgets.local("k", &budget, 100, 1));
         }
