@@ -122,10 +122,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///     .unwrap();
     /// # let _ = layer;
     /// ```
-    pub fn on_limited<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(&Limited<'_>) + Send + Sync + 'static,
-    {
+    pub fn on_limited(mut self, hook: impl Fn(&Limited<'_>) + Send + Sync + 'static) -> Self {
         self.settings.on_limited = Some(Arc::new(hook));
         self
     }
@@ -178,12 +175,13 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     #[deprecated(
         note = "use refusal_response(|r| r.rejected().map_or_else(|| r.default_response(), |x| f(&x)))"
     )]
-    pub fn rejection_response<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.settings.rejection = Some(Arc::new(f));
-        self
+    pub fn rejection_response(
+        self,
+        f: impl Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        let mut builder = self;
+        builder.settings.rejection = Some(Arc::new(f));
+        builder
     }
 
     /// Answers every request the layer refuses itself — over the limit or banned (`429`), without a
@@ -269,10 +267,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///
     /// The `429` is [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a
     /// [`refusal_response`](Self::refusal_response) still has the last word.
+    #[allow(deprecated)] // the gRPC 429 is the default 429, which only that setter sets
     pub fn grpc(mut self) -> Self {
         self.settings.grpc = true;
-        self.settings.rejection = Some(Arc::new(crate::grpc::resource_exhausted));
-        self
+        self.rejection_response(crate::grpc::resource_exhausted)
     }
 
     /// Inserts a [`PolicyDecision`](crate::PolicyDecision) into every admitted request, for handlers that want to read
