@@ -15,10 +15,16 @@ use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 use crate::lua::{GCRA, GCRA_BATCH};
 
 fn evalsha_calls(server: &RedisServer) -> u64 {
+    calls(server, "evalsha")
+}
+
+/// How many times the server ran `command` (`INFO commandstats`).
+fn calls(server: &RedisServer, command: &str) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
     stats
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
@@ -125,32 +131,51 @@ async fn a_foreign_key_fails_only_its_own_checks() {
         .connect()
         .await
         .unwrap();
-    let limit = Arc::new(Limit::new("mixed", Quota::per_hour(1000)).unwrap());
+    let (failed, admitted) = with_a_foreign_key(&server, &backend, "mixed", 1000, 100, 10, |e| {
+        assert!(format!("{e:?}").contains("WRONGTYPE"), "{e:?}");
+    })
+    .await;
+    assert_eq!((failed, admitted), (10, 90));
+}
+
+/// `checks` concurrent checks of a limit of `per_hour`, every `every`-th on a key that holds a
+/// hash: the checks on it fail (`failure` sees their errors), the others are decided. Returns how
+/// many failed and how many were admitted.
+async fn with_a_foreign_key(
+    server: &RedisServer,
+    backend: &RedisBackend,
+    name: &str,
+    per_hour: u64,
+    checks: usize,
+    every: usize,
+    failure: fn(&tower_throttle::BackendError),
+) -> (usize, usize) {
+    let limit = Arc::new(Limit::new(name, Quota::per_hour(per_hour)).unwrap());
     let bad = Key::from("bad");
-    server.cli(&["HSET", &backend.redis_key("mixed", &bad), "f", "v"]);
-    let tasks: Vec<_> = (0..100)
+    server.cli(&["HSET", &backend.redis_key(name, &bad), "f", "v"]);
+    let tasks: Vec<_> = (0..checks)
         .map(|i| {
             let (backend, limit) = (backend.clone(), limit.clone());
-            let key = if i % 10 == 0 {
+            let key = if i % every == 0 {
                 bad.clone()
             } else {
                 Key::from("good")
             };
-            tokio::spawn(async move { (i % 10 == 0, backend.check(&limit, &key, 1).await) })
+            tokio::spawn(async move { (i % every == 0, backend.check(&limit, &key, 1).await) })
         })
         .collect();
     let (mut failed, mut admitted) = (0, 0);
     for task in tasks {
         match task.await.unwrap() {
             (true, Err(e)) => {
-                assert!(format!("{e:?}").contains("WRONGTYPE"), "{e:?}");
+                failure(&e);
                 failed += 1;
             }
             (false, Ok(decision)) => admitted += usize::from(decision.allowed),
             (is_bad, other) => panic!("key bad={is_bad}: {other:?}"),
         }
     }
-    assert_eq!((failed, admitted), (10, 90));
+    (failed, admitted)
 }
 
 /// Both scripts on one test clock (the `TIME` line replaced by a read of a hash).
@@ -364,11 +389,7 @@ async fn a_stalled_batch_fails_each_check_within_its_timeout() {
 }
 
 fn cl_throttle_calls(server: &RedisServer) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_cl.throttle:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    calls(server, "cl.throttle")
 }
 
 /// The coalesced `CL.THROTTLE` path: 200 concurrent checks on one key with a quota of 50, sent in
@@ -414,28 +435,7 @@ async fn a_foreign_key_fails_only_its_own_cl_throttle_checks() {
         .connect()
         .await
         .unwrap();
-    let limit = Arc::new(Limit::new("cf", Quota::per_hour(50)).unwrap());
-    server.cli(&[
-        "HSET",
-        &backend.redis_key("cf", &Key::from("bad")),
-        "f",
-        "v",
-    ]);
-    let tasks: Vec<_> = (0..60)
-        .map(|i| {
-            let (backend, limit) = (backend.clone(), limit.clone());
-            let key = Key::from(if i % 3 == 0 { "bad" } else { "good" });
-            tokio::spawn(async move { (i % 3 == 0, backend.check(&limit, &key, 1).await) })
-        })
-        .collect();
-    let (mut failed, mut admitted) = (0, 0);
-    for task in tasks {
-        match task.await.unwrap() {
-            // redis-cell's own error for a key it cannot read ("Cell: error: ..."), as alone.
-            (true, Err(_)) => failed += 1,
-            (false, Ok(decision)) => admitted += usize::from(decision.allowed),
-            (is_bad, other) => panic!("key bad={is_bad}: {other:?}"),
-        }
-    }
+    // redis-cell's own error for a key it cannot read ("Cell: error: ..."), as alone.
+    let (failed, admitted) = with_a_foreign_key(&server, &backend, "cf", 50, 60, 3, |_| {}).await;
     assert_eq!((failed, admitted), (20, 40));
 }
