@@ -132,6 +132,7 @@ pub mod handle;
 pub mod headers;
 pub mod key;
 mod limit;
+mod meter;
 mod methods;
 mod middleware;
 mod observe;
@@ -160,6 +161,7 @@ pub use error::{BackendError, BuildError};
 pub use handle::{HandleError, ThrottleHandle};
 pub use key::Key;
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
+pub use meter::{Estimate, Meter};
 pub use middleware::body;
 pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,

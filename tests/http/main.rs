@@ -26,6 +26,7 @@ mod guide_config;
 mod hyper;
 mod key_sources;
 mod layer;
+mod metered;
 mod modes;
 mod observe;
 mod ops;
