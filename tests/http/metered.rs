@@ -354,3 +354,41 @@ fn a_backend_that_cannot_settle_is_a_build_error() {
         .to_string();
     assert!(err.contains("cannot settle"), "{err}");
 }
+
+#[tokio::test]
+async fn the_fields_carry_each_limit_by_name_and_the_openai_set_on_request() {
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(60))
+        .metered(
+            Limit::new("chat.tokens", Quota::per_minute(100_000)).unwrap(),
+            Estimate::fixed(1000),
+        )
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .openai_headers(true)
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(handler)).layer(layer);
+    let response = app.clone().oneshot(request("k", "")).await.unwrap();
+    let h = response.headers();
+    assert_eq!(
+        h["ratelimit-policy"],
+        r#""chat";q=60;w=60, "chat.tokens";q=100000;w=60"#
+    );
+    // The reservation counts at once: 99,000 tokens left, full again in 0.6 s.
+    assert_eq!(
+        h["ratelimit"],
+        r#""chat";r=59;t=1, "chat.tokens";r=99000;t=1"#
+    );
+    assert_eq!(h["x-ratelimit-limit-requests"], "60");
+    assert_eq!(h["x-ratelimit-remaining-requests"], "59");
+    assert_eq!(h["x-ratelimit-reset-requests"], "1s");
+    assert_eq!(h["x-ratelimit-limit-tokens"], "100000");
+    assert_eq!(h["x-ratelimit-remaining-tokens"], "99000");
+    assert_eq!(h["x-ratelimit-reset-tokens"], "600ms");
+}
