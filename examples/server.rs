@@ -28,6 +28,8 @@ mod auth;
 mod edge;
 #[path = "server/host.rs"]
 mod host;
+#[path = "server/stream.rs"]
+mod stream;
 #[path = "server/view.rs"]
 mod view;
 
@@ -45,7 +47,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{
     BackendConfig, BackendHealth, Config, ConfiguredBackend, RedisConfig, RouteConfig,
 };
-use tower_throttle::{MemoryBackend, RedisMode, ThrottleDecision};
+use tower_throttle::{MemoryBackend, Meter, RedisMode, ThrottleDecision};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -320,12 +322,18 @@ fn check_routes(config: &Config, source: &Source) -> Result<(), String> {
 }
 
 /// A route's answer: its name, what the limiter decided (dry-run and delay modes show here), after
-/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`).
+/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`); or,
+/// with `?stream_tokens=N&interval_ms=D`, N server-sent tokens on the meter (`server/stream.rs`).
 async fn answer(
     mut body: String,
     decision: Option<Extension<ThrottleDecision>>,
+    meter: Option<Extension<Meter>>,
     RawQuery(query): RawQuery,
-) -> String {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Some(stream) = stream::requested(query.as_deref(), meter.map(|Extension(m)| m)) {
+        return stream;
+    }
     let sleep_ms = query
         .as_deref()
         .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("sleep_ms=")))
@@ -345,7 +353,7 @@ async fn answer(
             d.delayed.as_millis()
         ));
     }
-    body
+    body.into_response()
 }
 
 /// The configured paths, each answered by a handler naming its route, in time linear in routes.
@@ -372,9 +380,11 @@ fn routes(config: &Config, source: &Source) -> Result<Router, String> {
         for &(path, route) in &paths {
             current = Some(route);
             let body = format!("route {} ({path})\n", route.name);
-            let handler = move |decision: Option<Extension<ThrottleDecision>>, query: RawQuery| {
+            let handler = move |decision: Option<Extension<ThrottleDecision>>,
+                                meter: Option<Extension<Meter>>,
+                                query: RawQuery| {
                 let body = body.clone();
-                async move { answer(body, decision, query).await }
+                async move { answer(body, decision, meter, query).await }
             };
             router = router.route(path, any(handler));
         }
