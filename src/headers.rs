@@ -272,7 +272,8 @@ pub(crate) struct RateHeaders {
     policy: Option<HeaderValue>,
     ratelimit: Option<HeaderValue>,
     legacy: Option<[HeaderValue; 3]>,
-    openai: Option<Vec<(HeaderName, HeaderValue)>>,
+    /// Boxed: opt in, and the fields travel with every admitted request's future.
+    openai: Option<Box<openai::Fields>>,
 }
 
 /// The `RateLimit-Policy` value of a policy's limits (one list member per stacked quota): rendered
@@ -341,7 +342,7 @@ impl RateHeaders {
         decisions: &[Decision],
     ) -> Self {
         if options.openai {
-            self.openai = Some(openai::fields(limits, decisions));
+            self.openai = Some(Box::new(openai::fields(limits, decisions)));
         }
         self
     }
@@ -363,7 +364,7 @@ impl RateHeaders {
             }
         }
         // Set only if an inner layer (an upstream's answer, proxied) has not.
-        for (name, value) in self.openai.into_iter().flatten() {
+        for (name, value) in self.openai.into_iter().flat_map(|f| f.0) {
             if !map.contains_key(&name) {
                 map.insert(name, value);
             }

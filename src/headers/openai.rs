@@ -27,8 +27,12 @@ static NAMES: [[HeaderName; 3]; 2] = [
     ],
 ];
 
+/// The fields to set, in order.
+#[derive(Debug)]
+pub(crate) struct Fields(pub(crate) Vec<(HeaderName, HeaderValue)>);
+
 /// The fields of one decision per limit (`limits[i]` decided `decisions[i]`).
-pub(crate) fn fields(limits: &[Limit], decisions: &[Decision]) -> Vec<(HeaderName, HeaderValue)> {
+pub(crate) fn fields(limits: &[Limit], decisions: &[Decision]) -> Fields {
     let requests = limits.iter().position(|l| !l.is_metered());
     let tokens = limits.iter().position(Limit::is_metered);
     let mut out = Vec::with_capacity(6);
@@ -43,7 +47,7 @@ pub(crate) fn fields(limits: &[Limit], decisions: &[Decision]) -> Vec<(HeaderNam
             .expect("a duration is a valid header value");
         out.push((reset.clone(), reset_value));
     }
-    out
+    Fields(out)
 }
 
 /// A duration as OpenAI writes it (Go's `time.Duration` format, to the millisecond): `20ms`,
@@ -111,6 +115,7 @@ mod tests {
         ];
         let shown_fields = fields(&[requests, tokens.clone()], &decisions);
         let shown: Vec<(&str, &str)> = shown_fields
+            .0
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
             .collect();
@@ -126,6 +131,6 @@ mod tests {
             ]
         );
         // A policy of tokens only has no request fields.
-        assert_eq!(fields(&[tokens], &decisions[1..]).len(), 3);
+        assert_eq!(fields(&[tokens], &decisions[1..]).0.len(), 3);
     }
 }

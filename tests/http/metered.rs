@@ -392,3 +392,46 @@ async fn the_fields_carry_each_limit_by_name_and_the_openai_set_on_request() {
     assert_eq!(h["x-ratelimit-remaining-tokens"], "99000");
     assert_eq!(h["x-ratelimit-reset-tokens"], "600ms");
 }
+
+/// A body of one data frame, then trailers saying `x-usage-tokens: 7`.
+struct WithTrailers(u8);
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0 += 1;
+        Poll::Ready(match self.0 {
+            1 => Some(Ok(Frame::data(Bytes::from_static(b"done")))),
+            2 => {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("x-usage-tokens", "7".parse().unwrap());
+                Some(Ok(Frame::trailers(trailers)))
+            }
+            _ => None,
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_usage_may_come_in_a_trailer() {
+    let (backend, _clock) = backend();
+    let policy = tokens(1).build().unwrap();
+    let limits = policy.limits().to_vec();
+    let layer = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { Body::new(WithTrailers(0)) }))
+        .layer(layer);
+    let response = app.oneshot(request("t", "")).await.unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers().unwrap()["x-usage-tokens"], "7");
+    assert_eq!(charged(&backend, &limits, "t", 0), 7);
+}
