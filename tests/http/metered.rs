@@ -13,7 +13,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Query;
 use axum::http::{Request, StatusCode};
-use axum::{routing::get, Extension, Router};
+use axum::routing::{get, MethodRouter};
+use axum::{Extension, Router};
 use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::BodyExt;
@@ -28,11 +29,13 @@ use tower_throttle::{
 };
 
 /// A body of `n` server-sent events, one token each, each reported on the meter as it is produced
-/// (when the client polls for it: nothing is produced ahead of the client).
+/// (when the client polls for it: nothing is produced ahead of the client); then, if `trailer`,
+/// trailers saying `x-usage-tokens`.
 struct Tokens {
     left: u64,
     sent: u64,
-    meter: Meter,
+    meter: Option<Meter>,
+    trailer: Option<u64>,
 }
 
 impl http_body::Body for Tokens {
@@ -44,11 +47,18 @@ impl http_body::Body for Tokens {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if self.left == 0 {
-            return Poll::Ready(None);
+            let trailers = self.trailer.take().map(|used| {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("x-usage-tokens", used.into());
+                Ok(Frame::trailers(trailers))
+            });
+            return Poll::Ready(trailers);
         }
         self.left -= 1;
         self.sent += 1;
-        self.meter.add(1);
+        if let Some(meter) = &self.meter {
+            meter.add(1);
+        }
         let event = format!("data: token {}\n\n", self.sent);
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
     }
@@ -75,7 +85,8 @@ async fn handler(
     let body = Tokens {
         left: q.tokens.unwrap_or(0),
         sent: 0,
-        meter,
+        meter: Some(meter),
+        trailer: None,
     };
     axum::response::Response::new(Body::new(body))
 }
@@ -89,13 +100,31 @@ fn tokens(estimate: u64) -> PolicyBuilder<Header> {
         .usage_header("x-usage-tokens")
 }
 
+/// `requests` a minute and `tokens` a minute ("chat.tokens", metered) per `x-api-key`.
+fn chat(requests: u64, tokens: u64, estimate: Estimate) -> Policy<Header> {
+    Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(requests))
+        .metered(
+            Limit::new("chat.tokens", Quota::per_minute(tokens)).unwrap(),
+            estimate,
+        )
+        .build()
+        .unwrap()
+}
+
 fn app<B: Backend + Clone>(backend: B, policy: Policy<Header>) -> Router {
+    app_on(backend, policy, get(handler))
+}
+
+/// `route` on `/`, behind a layer of `policy` on `backend`.
+fn app_on<B: Backend + Clone>(backend: B, policy: Policy<Header>, route: MethodRouter) -> Router {
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy)
         .build()
         .unwrap();
-    Router::new().route("/", get(handler)).layer(layer)
+    Router::new().route("/", route).layer(layer)
 }
 
 fn request(key: &str, query: &str) -> Request<Body> {
@@ -167,38 +196,24 @@ async fn a_thousand_streams_are_charged_exactly_what_they_sent_hangups_included(
 async fn reservations_count_at_once() {
     // 100 requests a minute and 1,000 tokens; each reserves 100: ten fit, whatever is in flight.
     let (backend, _clock) = backend();
-    let policy = Policy::builder("chat")
-        .key(Header::new("x-api-key"))
-        .quota(Quota::per_minute(100))
-        .metered(
-            Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap(),
-            Estimate::header("x-max-tokens", 100),
-        )
-        .build()
-        .unwrap();
+    let policy = chat(100, 1000, Estimate::header("x-max-tokens", 100));
     let entered = Arc::new(AtomicUsize::new(0));
     let (open, gate) = tokio::sync::watch::channel(false);
     let inside = entered.clone();
-    let layer = ThrottleLayer::builder()
-        .backend(backend.clone())
-        .policy(policy)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route(
-            "/",
-            get(move |Extension(meter): Extension<Meter>| {
-                let (inside, mut gate) = (inside.clone(), gate.clone());
-                async move {
-                    // Every admitted request stays in flight until all are decided, and uses its
-                    // estimate.
-                    inside.fetch_add(1, Ordering::SeqCst);
-                    gate.wait_for(|open| *open).await.unwrap();
-                    meter.add(meter.estimate());
-                }
-            }),
-        )
-        .layer(layer);
+    let app = app_on(
+        backend.clone(),
+        policy,
+        get(move |Extension(meter): Extension<Meter>| {
+            let (inside, mut gate) = (inside.clone(), gate.clone());
+            async move {
+                // Every admitted request stays in flight until all are decided, and uses its
+                // estimate.
+                inside.fetch_add(1, Ordering::SeqCst);
+                gate.wait_for(|open| *open).await.unwrap();
+                meter.add(meter.estimate());
+            }
+        }),
+    );
     let requests: Vec<_> = (0..100)
         .map(|_| {
             let app = app.clone();
@@ -358,15 +373,7 @@ fn a_backend_that_cannot_settle_is_a_build_error() {
 #[tokio::test]
 async fn the_fields_carry_each_limit_by_name_and_the_openai_set_on_request() {
     let (backend, _clock) = backend();
-    let policy = Policy::builder("chat")
-        .key(Header::new("x-api-key"))
-        .quota(Quota::per_minute(60))
-        .metered(
-            Limit::new("chat.tokens", Quota::per_minute(100_000)).unwrap(),
-            Estimate::fixed(1000),
-        )
-        .build()
-        .unwrap();
+    let policy = chat(60, 100_000, Estimate::fixed(1000));
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy)
@@ -393,43 +400,24 @@ async fn the_fields_carry_each_limit_by_name_and_the_openai_set_on_request() {
     assert_eq!(h["x-ratelimit-reset-tokens"], "600ms");
 }
 
-/// A body of one data frame, then trailers saying `x-usage-tokens: 7`.
-struct WithTrailers(u8);
-
-impl http_body::Body for WithTrailers {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0 += 1;
-        Poll::Ready(match self.0 {
-            1 => Some(Ok(Frame::data(Bytes::from_static(b"done")))),
-            2 => {
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert("x-usage-tokens", "7".parse().unwrap());
-                Some(Ok(Frame::trailers(trailers)))
-            }
-            _ => None,
-        })
-    }
-}
-
 #[tokio::test]
 async fn the_usage_may_come_in_a_trailer() {
     let (backend, _clock) = backend();
     let policy = tokens(1).build().unwrap();
     let limits = policy.limits().to_vec();
-    let layer = ThrottleLayer::builder()
-        .backend(backend.clone())
-        .policy(policy)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { Body::new(WithTrailers(0)) }))
-        .layer(layer);
+    let app = app_on(
+        backend.clone(),
+        policy,
+        get(|| async {
+            let body = Tokens {
+                left: 1,
+                sent: 0,
+                meter: None,
+                trailer: Some(7),
+            };
+            Body::new(body)
+        }),
+    );
     let response = app.oneshot(request("t", "")).await.unwrap();
     let collected = response.into_body().collect().await.unwrap();
     assert_eq!(collected.trailers().unwrap()["x-usage-tokens"], "7");

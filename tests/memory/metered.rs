@@ -5,18 +5,9 @@
 
 use std::time::Duration;
 
+use crate::refund::backend;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
-
-fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1000));
-    let backend = MemoryBackend::builder()
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    (backend, clock)
-}
 
 /// 10 tokens a second (one every 100 ms), metered with the default debt cap (10 tokens).
 fn tokens() -> Limit {
