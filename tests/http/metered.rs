@@ -423,3 +423,38 @@ async fn the_usage_may_come_in_a_trailer() {
     assert_eq!(collected.trailers().unwrap()["x-usage-tokens"], "7");
     assert_eq!(charged(&backend, &limits, "t", 0), 7);
 }
+
+#[tokio::test]
+async fn peek_shows_debt_in_tokens_and_reset_forgets_it() {
+    let (backend, _clock) = backend();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(chat(60, 60, Estimate::fixed(1)))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(meter): Extension<Meter>| async move { meter.add(90) }),
+        )
+        .layer(layer);
+    app.clone().oneshot(request("k", "")).await.unwrap();
+    let state = handle.peek("chat", "k").await.unwrap();
+    let limits = &state.tiers[0].limits;
+    assert_eq!(limits[0].0, "chat");
+    assert_eq!((limits[0].1.remaining, limits[0].1.retry_after), (59, None));
+    // 90 tokens ahead of 60: nothing left, and the next token in 31 s.
+    assert_eq!(limits[1].0, "chat.tokens");
+    let tokens = limits[1].1;
+    assert_eq!(tokens.remaining, 0);
+    assert_eq!(tokens.retry_after, Some(Duration::from_secs(31)));
+    assert_eq!(tokens.reset_after, Duration::from_secs(90));
+    handle.reset("chat", "k").await.unwrap();
+    let state = handle.peek("chat", "k").await.unwrap();
+    assert_eq!(state.tiers[0].limits[1].1.remaining, 60);
+    assert_eq!(
+        app.oneshot(request("k", "")).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
