@@ -62,7 +62,7 @@
 //! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a leased [`Budget`] |
 //! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs`, `timer.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s; tokio timers without a panic |
 //! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
-//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome |
+//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs`, `meter.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome; metered limits ([`Meter`], [`Estimate`]: a cost settled after the response) |
 //! | `decisions.rs` | [`ThrottleDecision`], [`LimitDecision`], [`ThrottleDecisions`]: what handlers see |
 //! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |

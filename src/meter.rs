@@ -22,9 +22,10 @@ use crate::error::BuildError;
 use crate::limit::{Algorithm, Limit};
 
 /// What a metered request really cost, as its handler reports it: a request extension the
-/// middleware inserts for a [metered](crate::PolicyBuilder::metered) policy. Clones share one
-/// count, so a streaming handler can move one into its stream and [`add`](Self::add) as units go
-/// out.
+/// middleware inserts for every request a [metered](crate::PolicyBuilder::metered) policy lets
+/// through (a handler behind routes of other policies too should take `Option<Extension<Meter>>`).
+/// Clones share one count, so a streaming handler can move one into its stream and
+/// [`add`](Self::add) as units go out.
 ///
 /// ```
 /// use axum::{routing::post, Extension, Router};

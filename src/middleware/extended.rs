@@ -92,13 +92,13 @@ where
     };
     let head = RequestRef::of_parts(&parts);
     if let Some(verdict) = steps::access(&shared, &table, Some(policy), key.as_ref().ok(), head) {
-        return answered(parts, verdict);
+        return with_meter(answered(parts, verdict), &extras);
     }
     let key = match key {
         Ok(key) => key,
         Err(missing) => {
             let verdict = steps::without_key(&table, policy, missing, head);
-            return answered(parts, verdict);
+            return with_meter(answered(parts, verdict), &extras);
         }
     };
     decide(&shared, &table, policy, &extras, key, parts).await
@@ -318,6 +318,16 @@ where
         return None;
     };
     extras.custom_tier(quota, cost, |limit| shared.backend.validate(limit))
+}
+
+/// A request of a metered policy let through before the backend (an allowed client, a request
+/// without a key that the policy lets through): its handler still finds a [`Meter`], on which
+/// nothing is settled (nothing was reserved).
+fn with_meter(mut prepared: Prepared, extras: &PolicyExtras) -> Prepared {
+    if let (Some(_), Verdict::Admit(_)) = (&extras.metered, &prepared.verdict) {
+        prepared.parts.extensions.insert(Meter::new(0));
+    }
+    prepared
 }
 
 /// Answered before the backend (a refusal, or let through unlimited).

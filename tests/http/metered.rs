@@ -458,3 +458,22 @@ async fn peek_shows_debt_in_tokens_and_reset_forgets_it() {
         StatusCode::OK
     );
 }
+
+#[tokio::test]
+async fn a_request_let_through_without_a_key_still_finds_its_meter() {
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .on_missing_key(tower_throttle::MissingKey::Allow)
+        .metered(
+            Limit::new("chat.tokens", Quota::per_minute(60)).unwrap(),
+            Estimate::fixed(1),
+        )
+        .build()
+        .unwrap();
+    let app = app(backend, policy);
+    let anonymous = Request::get("/?tokens=2").body(Body::empty()).unwrap();
+    let response = app.oneshot(anonymous).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.into_body().collect().await.unwrap();
+}
