@@ -35,6 +35,7 @@
 
 mod backend;
 mod logging;
+mod metered;
 mod policies;
 mod reload;
 mod schema;
@@ -48,6 +49,7 @@ use serde::Deserialize;
 #[cfg(feature = "redis")]
 pub use crate::backend::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 pub use logging::{LoggingConfig, RedactKeys};
+pub use metered::MeteredConfig;
 pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, PenaltyConfig, QuotaConfig,
     RedisConfig, RouteConfig, TierConfig,

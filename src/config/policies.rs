@@ -78,14 +78,19 @@ impl RouteConfig {
             Some(a) => a.parse().map_err(invalid)?,
             None => Algorithm::Gcra,
         };
-        let quotas = quotas_of(
-            algorithm,
-            self.count,
-            self.period,
-            self.max_burst,
-            self.quotas.as_deref(),
-        )
-        .map_err(invalid)?;
+        // A metered route may limit its metered units alone.
+        let own = self.count.is_some() || self.quotas.is_some() || self.metered.is_none();
+        let quotas = match own {
+            true => quotas_of(
+                algorithm,
+                self.count,
+                self.period,
+                self.max_burst,
+                self.quotas.as_deref(),
+            )
+            .map_err(invalid)?,
+            false => Vec::new(),
+        };
         let mut builder = Policy::builder(self.name.clone())
             .quotas(quotas)
             .algorithm(algorithm)
@@ -113,6 +118,9 @@ impl RouteConfig {
         }
         if let Some(lease) = self.lease {
             builder = builder.lease(lease);
+        }
+        if let Some(metered) = &self.metered {
+            builder = metered.apply(&self.name, builder).map_err(invalid)?;
         }
         for (name, tier) in self.tiers.iter().flatten() {
             let quotas = quotas_of(

@@ -246,6 +246,12 @@ pub struct RouteConfig {
     /// [`Budget`](crate::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
     #[serde(default)]
     pub budget: Option<BudgetConfig>,
+    /// A second limit whose cost is settled after the response, such as tokens:
+    /// `metered = { charge = "after-response", unit = "tokens", count = 100000, period = "1m",
+    /// estimate = 1000 }` (see [`MeteredConfig`](super::MeteredConfig)). With it, the route's own
+    /// `count`/`period` may be left out (tokens only).
+    #[serde(default)]
+    pub metered: Option<super::MeteredConfig>,
 }
 
 /// A route's `budget`: `true`/`false`, or a table of settings (each optional).

@@ -100,3 +100,43 @@ fn the_guide_algorithms_and_modes_are_valid() {
     assert_eq!(policies[6].limits().len(), 2);
     assert_eq!(policies[6].tier_limits("paid").unwrap().len(), 2);
 }
+
+/// The configuration reference's metered route parses and builds a policy of requests and tokens;
+/// bad metered keys are errors that name them.
+#[test]
+fn the_guide_metered_route_is_valid() {
+    let page = include_str!("../../src/guide/configuration.md");
+    let section = &page[page.find("## `metered = { .. }`").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let config = Config::from_toml(toml).unwrap();
+    let policies = config.policies().unwrap();
+    let names: Vec<&str> = policies[0].limits().iter().map(|l| l.name()).collect();
+    assert_eq!(names, ["chat", "chat.tokens"]);
+    let tokens = &policies[0].limits()[1];
+    assert!(tokens.is_metered());
+    assert_eq!(
+        (tokens.quota().count(), tokens.max_debt()),
+        (100_000, 100_000)
+    );
+
+    let error = |metered: &str| {
+        let toml = format!(
+            "[[route]]\nname = \"t\"\nkey = \"ip\"\nmetered = {{ count = 10, period = \"1s\", {metered} }}"
+        );
+        match Config::from_toml(&toml).map(|c| c.policies()) {
+            Ok(Ok(_)) => panic!("accepted: {metered}"),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert!(error("charge = \"before\"").contains("after-response"));
+    assert!(error("unit = \"tokens\"").contains("estimate is required"));
+    assert!(error("estimate = 1, usage_header = \"bad header\"").contains("usage_header"));
+    // Tokens only: no count or period of the route's own.
+    let tokens_only = "[[route]]\nname = \"t\"\nkey = \"ip\"\nmetered = { unit = \"tokens\", count = 10, period = \"1s\", estimate = 2, max_debt = 5 }";
+    let policies = Config::from_toml(tokens_only).unwrap().policies().unwrap();
+    assert_eq!(policies[0].limits().len(), 1);
+    assert_eq!(policies[0].limits()[0].name(), "t.tokens");
+    assert_eq!(policies[0].limits()[0].max_debt(), 5);
+}
