@@ -49,7 +49,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{
     BackendConfig, BackendHealth, Config, ConfiguredBackend, RedisConfig, RouteConfig,
 };
-use tower_throttle::{MemoryBackend, Meter, RedisMode, ThrottleDecision};
+use tower_throttle::{MemoryBackend, Meter, PolicyDecision, RedisMode};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -339,7 +339,7 @@ fn check_routes(config: &Config, source: &Source) -> Result<(), String> {
 /// with `?stream_tokens=N&interval_ms=D`, N server-sent tokens on the meter (`server/stream.rs`).
 async fn answer(
     mut body: String,
-    decision: Option<Extension<ThrottleDecision>>,
+    decision: Option<Extension<PolicyDecision>>,
     meter: Option<Extension<Meter>>,
     RawQuery(query): RawQuery,
 ) -> axum::response::Response {
@@ -393,7 +393,7 @@ fn routes(config: &Config, source: &Source) -> Result<Router, String> {
         for &(path, route) in &paths {
             current = Some(route);
             let body = format!("route {} ({path})\n", route.name);
-            let handler = move |decision: Option<Extension<ThrottleDecision>>,
+            let handler = move |decision: Option<Extension<PolicyDecision>>,
                                 meter: Option<Extension<Meter>>,
                                 query: RawQuery| {
                 let body = body.clone();

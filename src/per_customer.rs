@@ -20,7 +20,7 @@ use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
 use crate::meter::MeterRule;
-use crate::middleware::settings::TierRules;
+use crate::middleware::settings::CompiledTier;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
 use crate::quota::Quota;
@@ -227,7 +227,7 @@ pub(crate) struct PolicyExtras {
     /// The metered limit's rule (its place in the stack, its estimate, its usage header).
     pub(crate) metered: Option<MeterRule>,
     /// The limits of each per-customer quota seen, made once.
-    custom: Mutex<HashMap<Quota, Option<Arc<CustomTier>>>>,
+    custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
     pub(crate) log: ResolveLog,
 }
 
@@ -244,9 +244,9 @@ impl fmt::Debug for PolicyExtras {
 }
 
 /// The limit of one per-customer quota, and what the verdict needs of it.
-pub(crate) struct CustomTier {
+pub(crate) struct CustomerQuota {
     pub(crate) limits: Box<[Limit]>,
-    pub(crate) rules: TierRules,
+    pub(crate) rules: CompiledTier,
 }
 
 impl PolicyExtras {
@@ -264,7 +264,7 @@ impl PolicyExtras {
         quota: Quota,
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
-    ) -> Option<Arc<CustomTier>> {
+    ) -> Option<Arc<CustomerQuota>> {
         let mut table = self.custom.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(known) = table.get(&quota) {
             return known.clone();
@@ -281,8 +281,8 @@ impl PolicyExtras {
             Ok(limit)
         });
         let tier = match made {
-            Ok(limit) => Some(Arc::new(CustomTier {
-                rules: TierRules::of(None, std::slice::from_ref(&limit)),
+            Ok(limit) => Some(Arc::new(CustomerQuota {
+                rules: CompiledTier::of(None, std::slice::from_ref(&limit)),
                 limits: Box::new([limit]),
             })),
             Err(e) => {

@@ -48,7 +48,7 @@ impl Tier {
 
 /// The quotas of one tier, as limits.
 #[derive(Clone, Debug)]
-pub(crate) struct TierLimits {
+pub(crate) struct TierStack {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) limits: Box<[Limit]>,
 }
@@ -98,7 +98,7 @@ impl Default for MissingKey {
 pub struct Policy<K> {
     name: Arc<str>,
     /// The default tier first, then the named ones.
-    tiers: Box<[TierLimits]>,
+    tiers: Box<[TierStack]>,
     tier_header: Option<HeaderName>,
     dry_run: bool,
     key: K,
@@ -167,7 +167,7 @@ impl<K> Policy<K> {
         self.dry_run
     }
 
-    pub(crate) fn tiers(&self) -> &[TierLimits] {
+    pub(crate) fn tiers(&self) -> &[TierStack] {
         &self.tiers
     }
 
@@ -349,7 +349,7 @@ impl<K> PolicyBuilder<K> {
     /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
     /// request without a key passes, and so does every request while the backend fails. Requests
     /// that would have been limited are logged at info level ("request would be limited (dry
-    /// run)"), counted as limited in the metrics, and carry a [`ThrottleDecision`](crate::ThrottleDecision) extension with
+    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`](crate::PolicyDecision) extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -531,7 +531,7 @@ impl<K> PolicyBuilder<K> {
             }
             None => None,
         };
-        tiers.push(TierLimits {
+        tiers.push(TierStack {
             name: None,
             limits: limits.into(),
         });
@@ -550,7 +550,7 @@ impl<K> PolicyBuilder<K> {
             if quotas.is_empty() {
                 return Err(invalid(format!("tier {tier:?} has no quota")));
             }
-            tiers.push(TierLimits {
+            tiers.push(TierStack {
                 name: Some(tier.as_str().into()),
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
