@@ -72,6 +72,8 @@
 //! | lease | a concurrency slot's hold on Redis, renewed while its request runs, freed on release ([`Limit::with_lease`], [`Decision::lease`]) |
 //! | [`Budget`] slice | units of a hot key's budget a process takes from Redis and admits locally for a [`slice_ttl`](Budget::slice_ttl) |
 //! | penalty, ban | [`Penalty`]: a key over its limit too often is refused for a time |
+//! | metered limit | a limit whose cost is known after the response ([`PolicyBuilder::metered`]): it *reserves* an [`Estimate`] at admission and is *settled* ([`Backend::settle`]) to what the [`Meter`] says when the response ends |
+//! | debt | a metered key charged past its burst: refused until paid back, at most [`Limit::max_debt`] units |
 //!
 //! # Module map
 //!
