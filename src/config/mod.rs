@@ -36,6 +36,7 @@
 mod backend;
 mod logging;
 mod metered;
+mod options;
 mod policies;
 mod reload;
 mod schema;
