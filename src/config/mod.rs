@@ -50,10 +50,9 @@ use serde::Deserialize;
 #[cfg(feature = "redis")]
 pub use crate::backend::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 pub use logging::{LoggingConfig, RedactKeys};
-pub use metered::MeteredConfig;
 pub use schema::{
-    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, PenaltyConfig, QuotaConfig,
-    RedisConfig, RouteConfig, TierConfig,
+    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,
+    QuotaConfig, RedisConfig, RouteConfig, TierConfig,
 };
 pub use server::{admin_token_from_env, AdminConfig, ServerConfig, MIN_ADMIN_TOKEN_LEN};
 
