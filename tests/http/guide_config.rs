@@ -4,14 +4,19 @@ use tower_throttle::config::Config;
 
 use crate::support::redis as redis_support;
 
+/// The first TOML block of `page` after `marker`.
+fn toml_block<'a>(page: &'a str, marker: &str) -> &'a str {
+    let section = &page[page
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker:?} on the page"))..];
+    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    &section[start..start + section[start..].find("```").unwrap()]
+}
+
 #[test]
 fn the_guide_configuration_file_is_valid() {
     let page = include_str!("../../src/guide/policies.md");
-    let section = &page[page
-        .find("## The configuration file")
-        .expect("the policies page has a configuration section")..];
-    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
-    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let toml = toml_block(page, "## The configuration file");
     let config = Config::from_toml(toml).unwrap();
     let layer = config.memory_layer().unwrap();
     let reply = &layer.policies()[0];
@@ -33,9 +38,7 @@ async fn the_guide_redis_backend_table_is_valid() {
     use tower_throttle::OnBackendError;
 
     let page = include_str!("../../src/guide/policies.md");
-    let section = &page[page.find("For Redis, the `[backend]` table is:").unwrap()..];
-    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
-    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let toml = toml_block(page, "For Redis, the `[backend]` table is:");
     let config = Config::from_toml(toml).unwrap();
     let BackendConfig::Redis(redis) = &config.backend else {
         panic!("not a redis backend: {:?}", config.backend)
@@ -106,9 +109,7 @@ fn the_guide_algorithms_and_modes_are_valid() {
 #[test]
 fn the_guide_metered_route_is_valid() {
     let page = include_str!("../../src/guide/configuration.md");
-    let section = &page[page.find("## `metered = { .. }`").unwrap()..];
-    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
-    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let toml = toml_block(page, "## `metered = { .. }`");
     let config = Config::from_toml(toml).unwrap();
     let policies = config.policies().unwrap();
     let names: Vec<&str> = policies[0].limits().iter().map(|l| l.name()).collect();
