@@ -322,7 +322,8 @@ impl MeterGuard {
         };
         let estimate = self.meter.estimate();
         let used = self.meter.used().unwrap_or(estimate);
-        let delta = i64::try_from(i128::from(used) - i128::from(estimate)).unwrap_or(i64::MAX);
+        let delta = (i128::from(used) - i128::from(estimate))
+            .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         if delta != 0 {
             settle(delta, self.asked.elapsed());
         }
