@@ -426,6 +426,11 @@ impl Limit {
         self
     }
 
+    /// Whether the limit is metered: it may carry debt ([`with_max_debt`](Self::with_max_debt)).
+    pub fn is_metered(&self) -> bool {
+        self.max_debt.is_some()
+    }
+
     /// How many units past its burst a settled cost may push a key (see
     /// [`with_max_debt`](Self::with_max_debt)).
     pub fn max_debt(&self) -> u64 {

@@ -109,7 +109,30 @@ impl RedisState {
             return Box::pin(std::future::ready(Err(BackendError::new(why))));
         }
         let token = self.leases.next_token();
-        self.check_limits(limits, key, quantity, token)
+        self.check_limits(limits, key, quantity, None, token)
+    }
+
+    /// A stack with one quantity per limit
+    /// ([`Backend::check_each`](crate::backend::Backend::check_each)): the limits script with a
+    /// quantity per limit, one atomic call as for [`check_stack`](Self::check_stack).
+    pub(super) fn check_stack_each(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantities: &[u64],
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+        }
+        if quantities.len() != limits.len() {
+            return Box::pin(std::future::ready(Err(BackendError::new(format!(
+                "{} quantities for a stack of {} limits",
+                quantities.len(),
+                limits.len()
+            )))));
+        }
+        let token = self.leases.next_token();
+        self.check_limits(limits, key, 0, Some(quantities.to_vec()), token)
     }
 
     /// One limit of another algorithm than the GCRA, on the limits script.
@@ -137,7 +160,7 @@ impl RedisState {
         let state = self.clone();
         let sent = Instant::now();
         let token = self.leases.next_token();
-        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, token);
+        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, None, token);
         let lease = limit.lease().zip(limit.concurrency());
         // A concurrency check whose answer never arrives (timed out, failed, or dropped by a client
         // that went away) may still have taken slots in Redis under its token: until the answer is
@@ -186,12 +209,14 @@ impl RedisState {
     }
 
     /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
-    /// client's hash tag, adding units named by `token`.
+    /// client's hash tag, adding units named by `token`; `quantity` units under each limit, or
+    /// `each[i]` under `limits[i]`.
     fn check_limits(
         self: &Arc<Self>,
         limits: &[Limit],
         key: &Key,
         quantity: u64,
+        each: Option<Vec<u64>>,
         token: u64,
     ) -> StackFuture {
         let mut specs = Vec::with_capacity(limits.len());
@@ -210,7 +235,7 @@ impl RedisState {
         });
         let mut conn = self.conn.clone();
         let call =
-            async move { scripts::limits(&mut conn, &specs, penalty, quantity, token).await };
+            async move { scripts::limits(&mut conn, &specs, penalty, quantity, each, token).await };
         guarded(&self.breaker, self.timeout, call)
     }
 
@@ -241,9 +266,12 @@ impl RedisState {
                     }),
                 }
             }
-            // A penalty box's strikes and bans take keys of their own: such checks go alone.
+            // A penalty box's strikes and bans take keys of their own, and a metered limit's
+            // ceiling is not in the batch script's arguments: such checks go alone.
             _ => match &self.batches {
-                Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
+                Some(batches) if args.penalty.is_none() && !args.metered() => {
+                    batches.gcra(key, args, quantity).await
+                }
                 _ => scripts::gcra(conn, key, args, quantity).await,
             },
         }

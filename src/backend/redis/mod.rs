@@ -18,7 +18,8 @@
 //! 6. [`batch`]: GCRA calls coalesced into one script call; [`budget`]: leased budgets of hot keys.
 //! 7. [`state`]: `RedisState`, what every clone of a backend shares.
 //! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
-//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back;
+//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back, and
+//!    metered costs settled after the response (`settle.lua`);
 //!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
 //!    connected (connect, check the role, load the script, detect the path);
 //!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`resets`]:
@@ -476,12 +477,32 @@ impl Backend for RedisBackend {
         self.state.reset(limits, key)
     }
 
-    // Counting by outcome: refund.lua, on a spawned task (see refund.rs).
+    // Counting by outcome: settle.lua, on a spawned task (see refund.rs).
     fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
         refund::refund(&self.state, limits, key, quantity, since);
     }
 
     fn can_refund(&self) -> bool {
+        true
+    }
+
+    // Metered limits: a quantity per limit on the limits script (one limit alone: a plain check,
+    // on the path the mode picks), and settle.lua on a spawned task (see refund.rs).
+    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
+        match (limits, quantities) {
+            ([limit], [quantity]) => {
+                let decided = self.state.check(limit, key, *quantity);
+                Box::pin(async move { decided.await.map(|decision| vec![decision]) })
+            }
+            _ => self.state.check_stack_each(limits, key, quantities),
+        }
+    }
+
+    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: Duration) {
+        refund::settle(&self.state, limits, key, deltas, since);
+    }
+
+    fn can_settle(&self) -> bool {
         true
     }
 }
