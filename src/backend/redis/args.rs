@@ -125,11 +125,9 @@ pub(super) fn ceiling(limit: &Limit) -> u64 {
     if !limit.is_metered() {
         return params.tolerance();
     }
-    params.tolerance().saturating_add(
-        params
-            .emission_interval()
-            .saturating_mul(limit.max_debt()),
-    )
+    params
+        .tolerance()
+        .saturating_add(params.emission_interval().saturating_mul(limit.max_debt()))
 }
 
 /// Why the Redis backend cannot settle `limit`'s costs exactly, if it is metered and cannot: a

@@ -79,18 +79,21 @@ fn send(
             let spec = Spec::of(limit, state.state_key(limit, key)).ok()?;
             // Only a metered limit may be charged: another reads a TAT past its tolerance as
             // another quota's.
-            let usable = REFUNDABLE_KINDS.contains(&spec.kind)
-                && (delta(i) < 0 || spec.is_metered());
+            let usable =
+                REFUNDABLE_KINDS.contains(&spec.kind) && (delta(i) < 0 || spec.is_metered());
             usable.then(|| (spec, delta(i)))
         })
         .collect();
     if items.is_empty() {
         return;
     }
-    // The key is less limited now: a rejection this process cached must not outlive what was given
-    // back. A charge only makes it more limited, and caches nothing: the next check asks Redis.
+    // A rejection this process cached no longer tells the truth: after units were given back the
+    // key is less limited, and after a charge its retry time is later than the cached one (a client
+    // told to come back then would be refused again). Forgotten either way, and nothing is cached:
+    // the next check asks Redis. (Another process's cache may hold its rejection until its retry
+    // time: that only refuses, never admits, more.)
     if let Some(deny) = &state.deny {
-        for (spec, _) in items.iter().filter(|(_, d)| *d < 0) {
+        for (spec, _) in &items {
             deny.forget(&spec.key);
         }
     }
@@ -121,7 +124,9 @@ fn send(
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "a settle failed; the request counted as reserved"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "a settle failed; the request counted as reserved")
+            }
             Err(_) => tracing::debug!("a settle timed out; the request counted as reserved"),
         }
     });
