@@ -22,6 +22,7 @@ mod failover;
 mod failure;
 mod full;
 mod harness;
+mod metered;
 mod metered_parity;
 mod modes_on_backends;
 mod offenders;
