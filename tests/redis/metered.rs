@@ -11,19 +11,10 @@ use redis::AsyncCommands;
 use tokio::time::Instant;
 use tower_throttle::{Backend, Budget, Key, Limit, Quota, RedisBackend, RedisMode};
 
+use crate::backend::connect;
 use crate::support::redis::{RedisCluster, RedisServer};
 
 const S: u64 = 1_000_000_000;
-
-async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
-    RedisBackend::builder()
-        .url(url)
-        .mode(mode)
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect {url} ({mode}): {e:?}"))
-}
 
 /// The key's TAT in ns since the epoch (`None`: no state), as the scripts and redis-cell store it.
 async fn tat(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<u64> {
@@ -76,7 +67,7 @@ async fn settles_from_two_processes_sum_exactly() {
     let mut rng = 0x2b0c_u64;
     let mut tasks = Vec::new();
     let mut total = 0;
-    for p in 0..2 {
+    for process in &processes {
         let mut sizes = Vec::new();
         for _ in 0..500 {
             rng = rng
@@ -86,7 +77,7 @@ async fn settles_from_two_processes_sum_exactly() {
             total += size;
             sizes.push(size as i64);
         }
-        let (backend, limit, key) = (processes[p].clone(), limit.clone(), key.clone());
+        let (backend, limit, key) = (process.clone(), limit.clone(), key.clone());
         tasks.push(tokio::spawn(async move {
             for size in sizes {
                 backend.settle(std::slice::from_ref(&*limit), &key, &[size], Duration::ZERO);

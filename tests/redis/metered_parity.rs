@@ -16,32 +16,12 @@ use redis::AsyncCommands;
 use tokio::time::Instant;
 use tower_throttle::{Backend, Decision, Key, Limit, Quota, RedisBackend, RedisMode};
 
+use crate::algorithms::Rng;
+use crate::batch::on_a_test_clock;
 use crate::support::redis::RedisServer;
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
-
-/// A small deterministic generator (no dependency, reproducible failures).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let x = self.0 ^ (self.0 >> 29);
-        if n == 0 {
-            0
-        } else {
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        }
-    }
-
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len() as u64) as usize]
-    }
-}
 
 fn seed(default: u64) -> u64 {
     let seed = std::env::var("METERED_SEED")
@@ -121,16 +101,6 @@ impl Model {
         }
         Some(backlog.checked_sub(back).filter(|a| *a > 0))
     }
-}
-
-/// A script exactly as the backend loads it, but for its clock: `TIME` reads a hash the test sets.
-fn on_a_test_clock(source: &str) -> redis::Script {
-    const CLOCK: &str = "local time = redis.call('TIME')";
-    assert_eq!(source.matches(CLOCK).count(), 1, "one clock line: {CLOCK}");
-    redis::Script::new(&source.replace(
-        CLOCK,
-        "local time = redis.call('HMGET', 'test-clock', 's', 'us')",
-    ))
 }
 
 /// A random stored state for `model` at `now`, as a TAT string: none, passed, within the burst, in
@@ -389,7 +359,7 @@ async fn reserve_and_settle_sequences_agree() {
             let backlog = tat.saturating_sub(now);
             let delta = rng.below(9) as i64 - 2;
             let settled = model.settle(backlog, delta, since_us);
-            if rng.below(3) == 0 && settled.is_some() {
+            if let (0, Some(settled)) = (rng.below(3), settled) {
                 // Only settles that change the state: each is waited for until it shows.
                 counts[3] += 1;
                 let mut before = Vec::new();
@@ -404,7 +374,7 @@ async fn reserve_and_settle_sequences_agree() {
                         Duration::ZERO,
                     );
                 }
-                tat = settled.unwrap().map_or(0, |b| now + b);
+                tat = settled.map_or(0, |b| now + b);
                 for (key, stored) in before {
                     changed(&mut conn, &key, stored).await;
                 }
