@@ -133,6 +133,21 @@ pub use self::mode::RedisMode;
 /// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
 /// concurrency limit is never answered locally.
 ///
+/// # Metered limits
+///
+/// A metered limit ([`Limit::with_max_debt`]) reserves an estimate at admission and settles the
+/// real cost after the response ([`Backend::settle`]). On Redis a settle is one atomic call of
+/// `settle.lua` on a task of its own (bounded by the timeout, never retried, as refunds are): a
+/// higher cost moves the TAT on by `delta × interval` from `max(TAT, now)`, at most
+/// [`max_debt`](Limit::max_debt) units past the burst, so the key may owe; a lower one gives back as
+/// a refund does. The TAT keeps redis-cell's format, so `CL.THROTTLE` refuses a key in debt until it
+/// is paid, and every script reads it as debt too: refused, `remaining` 0, and a retry time that is
+/// the time until it is paid (then a request passes). A stack with one quantity per limit ("1
+/// request and 500 tokens", [`Backend::check_each`]) is one `limits.lua` call. A settle forgets
+/// this process's cached rejection of the key (another process's may answer a refusal with its
+/// earlier retry time until then). Metered limits are GCRA limits without a leased budget; checks
+/// of a metered limit are not coalesced into batches, nor are settles.
+///
 /// # On a Redis Cluster
 ///
 /// Every command follows the Cluster's redirections (`ASK`, with `ASKING` pipelined with the
