@@ -14,7 +14,7 @@ use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 
 use crate::lua::{GCRA, GCRA_BATCH};
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
+pub(crate) fn evalsha_calls(server: &RedisServer) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);
     stats
         .lines()

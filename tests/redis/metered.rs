@@ -341,3 +341,63 @@ async fn metered_limits_redis_cannot_settle_exactly_are_refused() {
     let why = redis.validate(&window).unwrap_err().to_string();
     assert!(why.contains("GCRA"), "{why}");
 }
+
+/// Metered checks are coalesced like the others (gcra_batch.lua with the limits' ceilings): 200
+/// concurrent checks on one key admit exactly the limit in fewer calls than checks; and once the
+/// key is in debt, concurrent checks are all refused until it is paid (the batch reads the debt as
+/// debt, not as another quota's state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metered_checks_are_coalesced_and_keep_the_debt() {
+    let server = RedisServer::start();
+    let lua = connect(&server.url(), RedisMode::Lua).await;
+    // 50 at once, one every 72 s; 50 more in debt at most.
+    let limit = Arc::new(
+        Limit::new("tokens", Quota::per_hour(50))
+            .unwrap()
+            .with_max_debt(50),
+    );
+    let key = Key::from("coalesced");
+    let flood = |n: usize| {
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let (lua, limit, key) = (lua.clone(), limit.clone(), key.clone());
+                tokio::spawn(async move { lua.check(&limit, &key, 1).await.unwrap() })
+            })
+            .collect();
+        async move {
+            let mut decisions = Vec::new();
+            for task in tasks {
+                decisions.push(task.await.unwrap());
+            }
+            decisions
+        }
+    };
+    let before = crate::batch::evalsha_calls(&server);
+    let decisions = flood(200).await;
+    let calls = crate::batch::evalsha_calls(&server) - before;
+    assert_eq!(decisions.iter().filter(|d| d.allowed).count(), 50);
+    assert!(calls < 100, "200 concurrent checks took {calls} calls");
+    // 30 more than reserved: 30 units (36 min) in debt.
+    lua.settle(std::slice::from_ref(&*limit), &key, &[30], Duration::ZERO);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = lua.peek(std::slice::from_ref(&*limit), &key).await.unwrap()[0];
+        if state.retry_after > Some(Duration::from_secs(30 * 72)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the settle never landed: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for d in flood(100).await {
+        assert!(!d.allowed, "{d:?}");
+        assert_eq!(d.remaining, 0);
+        let retry = d.retry_after.unwrap();
+        assert!(
+            retry.abs_diff(Duration::from_secs(31 * 72)) < Duration::from_secs(2),
+            "{d:?}"
+        );
+    }
+}

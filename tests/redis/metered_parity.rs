@@ -151,8 +151,9 @@ async fn metered_scripts_compute_the_model_exactly() {
     let gcra = on_a_test_clock(crate::lua::GCRA);
     let limits = on_a_test_clock(crate::lua::LIMITS);
     let settle = on_a_test_clock(crate::lua::SETTLE);
+    let batch = on_a_test_clock(crate::lua::GCRA_BATCH);
     let mut rng = Rng(seed(0x3e7e_12ed));
-    let mut seen = [0u32; 6];
+    let mut seen = [0u32; 7];
     for case in 0..3000u32 {
         let now_s = 1_700_000_000 + rng.below(100_000_000);
         let now_us = rng.below(1_000_000);
@@ -182,7 +183,36 @@ async fn metered_scripts_compute_the_model_exactly() {
         // What each key should hold after the call: `None` = as it was.
         let mut expected: [Option<Option<u64>>; 2] = [None, None];
         let context = format!("case {case}: {m:?} {p:?} states {states:?} at {now}");
-        match rng.below(3) {
+        match rng.below(4) {
+            3 => {
+                // Coalesced checks of the metered limit (gcra_batch.lua, its ceilings after the
+                // groups): each item decided on the state the one before left.
+                let (q, items) = (1 + rng.below(m.limit), 1 + rng.below(4));
+                let reply: Vec<i64> = batch
+                    .key(keys[0])
+                    .arg(m.interval)
+                    .arg(m.tolerance)
+                    .arg(m.limit)
+                    .arg(q)
+                    .arg(items)
+                    .arg(m.ceiling)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                let mut backlog = backlogs[0];
+                let mut want = Vec::new();
+                for _ in 0..items {
+                    let (r, write) = m.decide(backlog, q);
+                    want.extend(r);
+                    if let Some(w) = write {
+                        expected[0] = Some(Some(w));
+                        backlog = w;
+                    }
+                    backlog = backlog.min(m.ceiling);
+                }
+                assert_eq!(reply, want, "{context}: batch of {items} × {q}");
+                seen[6] += 1;
+            }
             0 => {
                 // A metered limit checked alone: gcra.lua with its ceiling.
                 let q = rng.below(m.limit + 2);

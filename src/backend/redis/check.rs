@@ -266,12 +266,9 @@ impl RedisState {
                     }),
                 }
             }
-            // A penalty box's strikes and bans take keys of their own, and a metered limit's
-            // ceiling is not in the batch script's arguments: such checks go alone.
+            // A penalty box's strikes and bans take keys of their own: such checks go alone.
             _ => match &self.batches {
-                Some(batches) if args.penalty.is_none() && !args.metered() => {
-                    batches.gcra(key, args, quantity).await
-                }
+                Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
                 _ => scripts::gcra(conn, key, args, quantity).await,
             },
         }

@@ -145,8 +145,9 @@ pub use self::mode::RedisMode;
 /// the time until it is paid (then a request passes). A stack with one quantity per limit ("1
 /// request and 500 tokens", [`Backend::check_each`]) is one `limits.lua` call. A settle forgets
 /// this process's cached rejection of the key (another process's may answer a refusal with its
-/// earlier retry time until then). Metered limits are GCRA limits without a leased budget; checks
-/// of a metered limit are not coalesced into batches, nor are settles.
+/// earlier retry time until then). Metered limits are GCRA limits without a leased budget. Their
+/// checks are coalesced into batches like the others; settles are not: one has no answer to wait
+/// for, and a stack's settle writes several keys, which a Cluster's per-key lanes cannot carry.
 ///
 /// # On a Redis Cluster
 ///
