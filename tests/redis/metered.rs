@@ -16,6 +16,12 @@ use crate::support::redis::{RedisCluster, RedisServer};
 
 const S: u64 = 1_000_000_000;
 
+/// A plain connection, to read the keys as Redis holds them.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(server.url()).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
 /// The key's TAT in ns since the epoch (`None`: no state), as the scripts and redis-cell store it.
 async fn tat(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<u64> {
     let stored: Option<String> = conn.get(key).await.unwrap();
@@ -45,11 +51,7 @@ async fn until_tat(conn: &mut redis::aio::MultiplexedConnection, key: &str, want
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settles_from_two_processes_sum_exactly() {
     let server = RedisServer::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = raw(&server).await;
     let processes = [
         connect(&server.url(), RedisMode::Lua).await,
         connect(&server.url(), RedisMode::Lua).await,
@@ -232,11 +234,7 @@ async fn a_debt_is_waited_out_exactly() {
     let key = Key::from("waits");
     assert!(lua.check(&limit, &key, 1).await.unwrap().allowed);
     // Reserved 1, used 100: capped at 3 past the burst of 2, 500 ms ahead.
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = raw(&server).await;
     let redis_key = lua.state_key(&limit, &key);
     let before = tat(&mut conn, &redis_key).await;
     lua.settle(std::slice::from_ref(&limit), &key, &[99], Duration::ZERO);
@@ -411,11 +409,7 @@ async fn metered_checks_are_coalesced_and_keep_the_debt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_charged_exactly_the_tokens_they_sent() {
     let server = RedisServer::start_with_cell();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = raw(&server).await;
     for mode in [RedisMode::Lua, RedisMode::Cell] {
         let processes = [
             connect(&server.url(), mode).await,
