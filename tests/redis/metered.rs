@@ -415,11 +415,13 @@ async fn streams_are_charged_exactly_the_tokens_they_sent() {
             connect(&server.url(), mode).await,
             connect(&server.url(), mode).await,
         ];
-        // One token a second, 3,600 at once: no reservation is refused, and every key stays far
-        // ahead of now (so each charge counts in full).
-        let limit = Arc::new([Limit::new(format!("tokens-{mode}"), Quota::per_hour(3600))
-            .unwrap()
-            .with_max_debt(1_000_000)]);
+        // One token a second, 86,400 at once: no reservation is refused (a key's streams send
+        // about 5,500), and every key stays far ahead of now (so each charge counts in full).
+        let limit = Arc::new(
+            [Limit::new(format!("tokens-{mode}"), Quota::per_day(86_400))
+                .unwrap()
+                .with_max_debt(1_000_000)],
+        );
         let keys: Vec<Key> = (0..10).map(|k| Key::from(format!("api-key-{k}"))).collect();
         let mut start = Vec::new();
         for key in &keys {
