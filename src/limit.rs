@@ -421,8 +421,16 @@ impl Limit {
     /// assert_eq!(tokens.max_debt(), 100_000);
     /// assert_eq!(tokens.with_max_debt(5_000).max_debt(), 5_000);
     /// ```
+    ///
+    /// Setting it makes the limit metered: its decisions read a key's debt as debt (refused until
+    /// paid back) instead of as a TAT written under another quota (see [`gcra::decide`]).
+    /// [`PolicyBuilder::metered`](crate::PolicyBuilder::metered) sets it to the default if you
+    /// have not.
     pub fn with_max_debt(mut self, units: u64) -> Self {
         self.max_debt = Some(units);
+        if let Params::Gcra { admit, .. } = &mut self.params {
+            *admit = admit.with_debt(units);
+        }
         self
     }
 

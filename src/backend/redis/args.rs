@@ -115,19 +115,11 @@ impl Args {
 }
 
 /// How far ahead of now (ns) a GCRA limit's stored TAT is read as it is, by every script: the
-/// tolerance, and for a metered limit ([`Limit::is_metered`]) its debt cap on top (a key in debt is
-/// refused until it is paid back; `gcra::decide` reads it the same way). Beyond it, a TAT was written
-/// under another quota. 0 for the other algorithms.
+/// GCRA's [`ceiling`](crate::gcra::Params::ceiling), as `gcra::decide` reads it (the tolerance, and
+/// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
+/// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
 pub(super) fn ceiling(limit: &Limit) -> u64 {
-    let Some(params) = limit.gcra() else {
-        return 0;
-    };
-    if !limit.is_metered() {
-        return params.tolerance();
-    }
-    params
-        .tolerance()
-        .saturating_add(params.emission_interval().saturating_mul(limit.max_debt()))
+    limit.gcra().map_or(0, |params| params.ceiling())
 }
 
 /// Why the Redis backend cannot settle `limit`'s costs exactly, if it is metered and cannot: a

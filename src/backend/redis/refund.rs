@@ -77,10 +77,10 @@ fn send(
         .filter(|(i, _)| delta(*i) != 0)
         .filter_map(|(i, limit)| {
             let spec = Spec::of(limit, state.state_key(limit, key)).ok()?;
-            // Only a metered limit may be charged: another reads a TAT past its tolerance as
-            // another quota's.
+            // Only a metered limit may be charged (with a debt cap of 0, up to its burst): another
+            // reads a TAT past its tolerance as another quota's.
             let usable =
-                REFUNDABLE_KINDS.contains(&spec.kind) && (delta(i) < 0 || spec.is_metered());
+                REFUNDABLE_KINDS.contains(&spec.kind) && (delta(i) < 0 || limit.is_metered());
             usable.then(|| (spec, delta(i)))
         })
         .collect();
