@@ -388,7 +388,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             self.shared.settings.clone(),
             Some(&previous.judge),
         )?;
+        let changed = previous.changed_in(&table);
         self.shared.table.store(Arc::new(table));
+        if !changed.is_empty() {
+            self.shared.backend.reloaded(&changed);
+        }
         Ok(())
     }
 

@@ -22,6 +22,30 @@ pub(crate) struct Table<K> {
 }
 
 impl<K> Table<K> {
+    /// The names of this table's limits that `next` changes (any setting) or no longer has: what
+    /// a backend may have cached under them no longer holds ([`Backend::reloaded`]).
+    pub(crate) fn changed_in<'a>(&'a self, next: &Table<K>) -> Vec<&'a str> {
+        let next: HashMap<&str, String> = next
+            .limits()
+            .map(|l| (l.name(), format!("{l:?}")))
+            .collect();
+        let mut changed: Vec<&str> = self
+            .limits()
+            .filter(|l| next.get(l.name()) != Some(&format!("{l:?}")))
+            .map(|l| l.name())
+            .collect();
+        changed.sort_unstable();
+        changed.dedup();
+        changed
+    }
+
+    fn limits(&self) -> impl Iterator<Item = &Limit> {
+        self.policies
+            .iter()
+            .flat_map(|p| p.tiers())
+            .flat_map(|t| t.limits.iter())
+    }
+
     /// Checks `policies` against `backend` ([`validate_table`]) and makes the verdict's rules for
     /// them. With `previous` (a reload), the new judge takes over the in-process state it shares
     /// with the table it replaces (penalty boxes, the local limiter).

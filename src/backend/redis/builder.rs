@@ -18,7 +18,7 @@ use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
 use super::lazy_cluster::LazyCluster;
 use super::mode::RedisMode;
 use super::reconnect::{connect_once, spawn_keeper};
-use super::resets;
+use super::resets::{self, Listen};
 use super::scripts;
 use super::server::{SingleServer, Source};
 use super::state::RedisState;
@@ -38,6 +38,8 @@ pub struct RedisBackendBuilder {
     sentinel: Option<SentinelSettings>,
     /// Kept apart from `sentinel`, so that `sentinel_node` may come first.
     sentinel_node: Option<SentinelNodeConnectionInfo>,
+    /// Where to hear other processes' resets and reloads, when the target cannot say.
+    listener: Option<Client>,
 }
 
 /// What [`RedisBackendBuilder::sentinel`] was given.
@@ -72,6 +74,7 @@ impl RedisBackendBuilder {
             coalesce: true,
             sentinel: None,
             sentinel_node: None,
+            listener: None,
         }
     }
 
@@ -168,6 +171,34 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Where to hear the other processes' resets and reloads (`SUBSCRIBE prefix:resets`), for a
+    /// backend on a [`connection_manager`](Self::connection_manager), a
+    /// [`cluster_client`](Self::cluster_client) or a [`cluster_connection`](Self::cluster_connection):
+    /// redis-rs subscribes on those only when they were built for it (RESP3, a push sender), so
+    /// without this such a backend publishes its own resets but does not hear the others'. Any
+    /// server of the Redis (on a Cluster, any node: `PUBLISH` reaches every node). A backend on a
+    /// [`url`](Self::url), [`client`](Self::client), [`urls`](Self::urls) or
+    /// [`sentinel`](Self::sentinel) listens by itself; this replaces where it would.
+    ///
+    /// ```
+    /// use redis::aio::ConnectionManager;
+    /// use tower_throttle::RedisBackend;
+    ///
+    /// # async fn run(manager: ConnectionManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = RedisBackend::builder()
+    ///     .connection_manager(manager)
+    ///     .listen_with(redis::Client::open("redis://127.0.0.1:6379/")?)
+    ///     .connect()
+    ///     .await?;
+    /// # drop(redis);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn listen_with(mut self, client: Client) -> Self {
+        self.listener = Some(client);
+        self
+    }
+
     /// [`RedisMode::Auto`] (default), [`RedisMode::Cell`] or [`RedisMode::Lua`].
     pub fn mode(mut self, mode: RedisMode) -> Self {
         self.mode = mode;
@@ -227,6 +258,7 @@ impl RedisBackendBuilder {
         if self.timeout.is_zero() {
             return Err(BackendError::new("Redis timeout must be greater than zero"));
         }
+        let mut listen = self.listener.map(|client| Listen::Nodes(vec![client]));
         let target = match (self.sentinel, self.target) {
             (Some(_), Some(_)) => {
                 return Err(BackendError::new(
@@ -234,7 +266,9 @@ impl RedisBackendBuilder {
                 ))
             }
             (Some(sentinel), None) => {
-                Target::Sentinel(Box::new(sentinel_source(sentinel, self.sentinel_node)?))
+                let (source, listener) = sentinel_source(sentinel, self.sentinel_node)?;
+                listen.get_or_insert(Listen::Sentinel(Box::new(listener)));
+                Target::Sentinel(Box::new(source))
             }
             (None, Some(target)) => target,
             (None, None) => {
@@ -247,7 +281,9 @@ impl RedisBackendBuilder {
             Ok(source) => Start::Server(source),
             Err(other) => Start::Other(other),
         };
+        let listen = listen.unwrap_or_else(|| start.reset_listeners());
         Ok(Validated {
+            listen,
             start,
             settings: Settings {
                 cluster: self.cluster,
@@ -270,22 +306,24 @@ pub(super) enum Start {
 
 impl Start {
     /// Where to listen for other processes' resets: the one server a URL or client names, or a
-    /// Cluster's seed nodes (any node hears a `PUBLISH`). None for Sentinel or a user's
-    /// connection (see resets.rs).
-    fn reset_listeners(&self) -> Vec<Client> {
-        match self {
+    /// Cluster's seed nodes (any node hears a `PUBLISH`). None for a user's connection unless
+    /// given one ([`listen_with`](RedisBackendBuilder::listen_with)); Sentinel's is made with its
+    /// source (see resets.rs).
+    fn reset_listeners(&self) -> Listen {
+        Listen::Nodes(match self {
             Start::Server(Source::Client(client)) => vec![(**client).clone()],
             Start::Other(Target::Urls(urls)) => urls
                 .iter()
                 .filter_map(|url| Client::open(url.as_str()).ok())
                 .collect(),
             _ => Vec::new(),
-        }
+        })
     }
 }
 
 /// Settings that passed the checks, and where to start.
 pub(super) struct Validated {
+    listen: Listen,
     start: Start,
     settings: Settings,
 }
@@ -416,7 +454,7 @@ impl Validated {
             ));
         }
         let settings = self.settings;
-        let nodes = self.start.reset_listeners();
+        let nodes = self.listen;
         let state = match self.start {
             Start::Server(source) => {
                 let (state, server) = settings.server_state(&source);
@@ -436,7 +474,7 @@ impl Validated {
     /// detected before it returns; then (one server) kept connected by a background task.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let settings = self.settings;
-        let nodes = self.start.reset_listeners();
+        let nodes = self.listen;
         let state = match self.start {
             Start::Server(mut source) => {
                 let budget = settings.start_budget();
@@ -454,11 +492,12 @@ impl Validated {
     }
 }
 
-/// The sentinels' client: checks the URLs and the service name.
+/// The sentinels' client: checks the URLs and the service name. Twice: the second one is the
+/// reset listener's (a `SentinelClient` cannot be cloned).
 fn sentinel_source(
     sentinel: SentinelSettings,
     node: Option<SentinelNodeConnectionInfo>,
-) -> Result<Source, BackendError> {
+) -> Result<(Source, SentinelClient), BackendError> {
     if sentinel.urls.is_empty() {
         return Err(BackendError::new(
             "sentinels: give at least one sentinel URL",
@@ -489,21 +528,25 @@ fn sentinel_source(
         .map(|u| redact_url(u))
         .collect::<Vec<_>>()
         .join(", ");
-    let client = SentinelClient::build(
-        sentinel.urls.clone(),
-        sentinel.service.clone(),
-        Some(node),
-        SentinelServerType::Master,
-    )
-    .map_err(|e| BackendError::with_source(format!("invalid sentinel URLs ({described})"), e))?;
-    Ok(Source::Sentinel {
+    let build = || {
+        SentinelClient::build(
+            sentinel.urls.clone(),
+            sentinel.service.clone(),
+            Some(node.clone()),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| BackendError::with_source(format!("invalid sentinel URLs ({described})"), e))
+    };
+    let (client, listener) = (build()?, build()?);
+    let source = Source::Sentinel {
         client: Box::new(client),
         service: sentinel.service,
         tls: tls || node_tls,
         urls: sentinel.urls,
         watch: None,
         watching: 0,
-    })
+    };
+    Ok((source, listener))
 }
 
 fn validate_prefix(prefix: &str) -> Result<(), String> {
@@ -533,7 +576,7 @@ mod tests {
             urls: vec!["redis://127.0.0.1:26379".into()],
             service: "mymaster".into(),
         };
-        let tls = |source: Source| matches!(source, Source::Sentinel { tls: true, .. });
+        let tls = |(source, _)| matches!(source, Source::Sentinel { tls: true, .. });
         assert!(!tls(sentinel_source(settings(), None).unwrap()));
         let secure = SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure);
         assert!(tls(sentinel_source(settings(), Some(secure)).unwrap()));

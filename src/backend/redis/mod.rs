@@ -484,4 +484,9 @@ impl Backend for RedisBackend {
     fn can_refund(&self) -> bool {
         true
     }
+
+    // Heard by every process sharing the Redis (resets.rs).
+    fn reloaded(&self, changed: &[&str]) {
+        resets::reloaded(&self.state, changed);
+    }
 }

@@ -1,16 +1,25 @@
-//! Resets heard by every process sharing the Redis: a [reset](crate::Backend::reset) publishes the
-//! keys it deleted on the channel `prefix:resets` (`PUBLISH`, which a Cluster broadcasts to every
-//! node), and every backend with the same prefix listens there and drops those keys from its deny
-//! cache and budget slices. The penalty box lives in Redis (`…:strikes`, `…:ban`, deleted by the
-//! reset itself); what a process remembers of a ban is its deny cache's entry.
+//! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
+//! publishes the keys it deleted on the channel `prefix:resets` (`PUBLISH`, which a Cluster
+//! broadcasts to every node), a [reload](crate::Backend::reloaded) the names of the limits it
+//! changed, and every backend with the same prefix listens there and drops what it cached under
+//! them: deny-cache entries and budget slices (a reload changes no state in Redis, so the others
+//! do not reload anything; they only forget decisions made under the old quotas). The penalty box
+//! lives in Redis (`…:strikes`, `…:ban`, deleted by the reset itself); what a process remembers of
+//! a ban is its deny cache's entry.
 //!
-//! A process that was not listening when a reset was published (its subscription dropped, Redis
-//! restarted) cannot know which keys it missed: each time the subscription is (re)made, it drops
-//! its whole deny cache and every slice, which only sends more decisions to Redis.
+//! A process that was not listening when a message was published (its subscription dropped, Redis
+//! restarted) cannot know what it missed: each time the subscription is (re)made, it drops its
+//! whole deny cache and every slice, which only sends more decisions to Redis.
 //!
-//! The listener holds its own connection (pub/sub takes a connection whole), to the server the
-//! backend was given, or to the Cluster's seed nodes in turn. Backends reached through Sentinel, a
-//! user's connection manager or a user's Cluster client do not listen (they still publish).
+//! The listener holds its own connection (pub/sub takes a connection whole): to the server the
+//! backend was given, to the primary the sentinels name (asked again at every subscription), or to
+//! the Cluster's seed nodes in turn. A primary demoted by a failover keeps hearing what is
+//! published on the new one (Redis replicates `PUBLISH` to replicas). A user's connection manager
+//! or Cluster client/connection cannot lend a subscription (redis-rs subscribes on those only with
+//! RESP3 and a push sender set when they were built): such a backend listens through the client
+//! given to [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
+//!
+//! Plain pub/sub, not sharded (`SPUBLISH`/`SSUBSCRIBE`), on a Cluster: see the guide's Redis page.
 
 use std::pin::Pin;
 use std::sync::Weak;
@@ -18,6 +27,7 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use redis::aio::ConnectionLike;
+use redis::sentinel::SentinelClient;
 use redis::{Client, Msg};
 
 use super::connection::RedisConnection;
@@ -27,6 +37,10 @@ use super::state::RedisState;
 pub(super) fn channel(prefix: &str) -> String {
     format!("{prefix}:resets")
 }
+
+/// The first line of a reload's message; the names of the limits follow, one a line. A reset's
+/// message is Redis keys, which start with the prefix (which cannot hold `!`).
+const RELOAD: &str = "!reload";
 
 /// Tells the other processes that `keys` were reset. Best effort: the reset itself is done, and a
 /// process that misses this message drops its caches when it subscribes again.
@@ -38,42 +52,91 @@ pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[St
     }
 }
 
+/// A reload changed (or removed) the limits named `changed`: drops what this process cached under
+/// them, and tells the others (on a spawned task; without a tokio runtime, only this process
+/// forgets).
+pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
+    forget_limits(state, changed.iter().copied());
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("a reload outside a tokio runtime is not published to the other processes");
+        return;
+    };
+    let mut message = String::from(RELOAD);
+    for name in changed {
+        message.push('\n');
+        message.push_str(name);
+    }
+    let mut cmd = redis::cmd("PUBLISH");
+    cmd.arg(channel(&state.prefix)).arg(message);
+    let (mut conn, timeout) = (state.conn.clone(), state.timeout);
+    runtime.spawn(async move {
+        let mut conn = conn.redirecting();
+        let sent = tokio::time::timeout(timeout * 10, conn.req_packed_command(&cmd));
+        if !matches!(sent.await, Ok(Ok(_))) {
+            tracing::warn!("a reload could not be published to the other processes");
+        }
+    });
+}
+
+/// Where a backend listens.
+pub(super) enum Listen {
+    /// Servers tried in turn: the one server, or a Cluster's seed nodes.
+    Nodes(Vec<Client>),
+    /// The primary the sentinels name now.
+    Sentinel(Box<SentinelClient>),
+}
+
+impl Listen {
+    /// The server to subscribe on at attempt `turn`.
+    async fn client(&mut self, turn: usize) -> Option<Client> {
+        match self {
+            Listen::Nodes(nodes) if nodes.is_empty() => None,
+            Listen::Nodes(nodes) => Some(nodes[turn % nodes.len()].clone()),
+            Listen::Sentinel(sentinel) => sentinel.async_get_client().await.ok(),
+        }
+    }
+}
+
 /// Reconnects back off from 50 ms to 1 s.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// Listens for `state`'s resets on `nodes` (tried in turn) for as long as the backend lives.
-pub(super) fn spawn_listener(nodes: Vec<Client>, state: Weak<RedisState>) {
+/// Listens for `state`'s resets and reloads where `listen` says, for as long as the backend lives.
+pub(super) fn spawn_listener(mut listen: Listen, state: Weak<RedisState>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    if nodes.is_empty() {
+    if matches!(&listen, Listen::Nodes(nodes) if nodes.is_empty()) {
         return;
     }
     runtime.spawn(async move {
         let mut backoff = BACKOFF_MIN;
-        for node in nodes.iter().cycle() {
+        for turn in 0.. {
             let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
                 return;
             };
-            if let Ok(mut pubsub) = node.get_async_pubsub().await {
-                if pubsub.subscribe(&channel).await.is_ok() {
-                    backoff = BACKOFF_MIN;
-                    // Whatever was published while not subscribed is lost: forget everything.
-                    match state.upgrade() {
-                        Some(strong) => forget_all(&strong),
-                        None => return,
-                    }
-                    let mut messages = pubsub.into_on_message();
-                    while let Some(message) = next(&mut messages, &state).await {
-                        let Some(strong) = state.upgrade() else {
-                            return;
-                        };
-                        forget(&strong, &message);
-                    }
-                    if state.strong_count() == 0 {
+            // Bounded: a sentinel or node that accepts and never answers must not stall the loop.
+            let subscribed = tokio::time::timeout(BACKOFF_MAX * 5, async {
+                let mut pubsub = listen.client(turn).await?.get_async_pubsub().await.ok()?;
+                pubsub.subscribe(&channel).await.ok()?;
+                Some(pubsub)
+            });
+            if let Ok(Some(pubsub)) = subscribed.await {
+                backoff = BACKOFF_MIN;
+                // Whatever was published while not subscribed is lost: forget everything.
+                match state.upgrade() {
+                    Some(strong) => forget_all(&strong),
+                    None => return,
+                }
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = next(&mut messages, &state).await {
+                    let Some(strong) = state.upgrade() else {
                         return;
-                    }
+                    };
+                    forget(&strong, &message);
+                }
+                if state.strong_count() == 0 {
+                    return;
                 }
             }
             tokio::time::sleep(backoff).await;
@@ -98,15 +161,33 @@ where
     }
 }
 
-/// Drops the keys a reset names from this process's deny cache and budget slices.
+/// Drops what a message names from this process's deny cache and budget slices: the keys a reset
+/// deleted, or everything cached under the limits a reload changed.
 fn forget(state: &RedisState, message: &Msg) {
     let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
         return;
     };
-    for key in payload.split('\n') {
+    let mut lines = payload.split('\n');
+    if payload.starts_with(RELOAD) {
+        lines.next();
+        forget_limits(state, lines);
+        return;
+    }
+    for key in lines {
         state.budgets.forget(key);
         if let Some(deny) = &state.deny {
             deny.forget(key);
+        }
+    }
+}
+
+/// Drops what is cached under the limits `names`: their keys are `prefix:name:{…}`.
+fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = &'a str>) {
+    for name in names {
+        let keys = format!("{}:{name}:{{", state.prefix);
+        state.budgets.forget_prefix(&keys);
+        if let Some(deny) = &state.deny {
+            deny.forget_prefix(&keys);
         }
     }
 }
