@@ -137,15 +137,61 @@ async fn a_reset_is_heard_by_every_process_on_one_server() {
 async fn a_reset_is_heard_by_every_process_on_a_cluster() {
     let cluster = RedisCluster::start();
     let backends = three(&cluster.urls(), true).await;
+    // Sharded pub/sub: every listener subscribes on the node that owns the channel's slot.
+    let shard_subscribers = || {
+        let counts: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| n.cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]))
+            .collect();
+        let total: usize = counts
+            .iter()
+            .filter_map(|c| c.lines().nth(1)?.trim().parse::<usize>().ok())
+            .sum();
+        format!("throttle:resets\n{total}")
+    };
+    wait_for_subscribers(shard_subscribers, 3).await;
     let node = &cluster.nodes()[0];
-    // Each listens on its first seed node.
-    wait_for_subscribers(|| node.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
     let heard = propagation(&backends, |k| {
         node.cli(&["-c", "DEL", k]);
     })
     .await;
     println!("reset_broadcast (Cluster): heard by the other two processes after {heard:?}");
     assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+
+    // A subscription killed: redis-rs subscribes again, and the process forgets its deny cache.
+    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
+    let key = Key::from("carol");
+    assert!(admits(&backends[1], &limit, &key).await);
+    assert!(!admits(&backends[1], &limit, &key).await);
+    node.cli(&["-c", "DEL", &backends[1].redis_key("missed", &key)]); // a reset nobody heard
+    assert!(!admits(&backends[1], &limit, &key).await, "not cached");
+    let mut killed = 0;
+    for node in cluster.nodes() {
+        for client in node.cli(&["CLIENT", "LIST"]).lines() {
+            if client.contains("cmd=ssubscribe") {
+                let id = client
+                    .split(' ')
+                    .find_map(|f| f.strip_prefix("id="))
+                    .unwrap();
+                node.cli(&["CLIENT", "KILL", "ID", id]);
+                killed += 1;
+            }
+        }
+    }
+    assert_eq!(killed, 3, "the listeners' connections");
+    let started = Instant::now();
+    while !admits(&backends[1], &limit, &key).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the deny cache outlived a new subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "reset_broadcast (Cluster): deny cache dropped {:?} after the subscription was killed",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use std::sync::Arc;
 
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, RedisError};
+use redis::{Client, IntoConnectionInfo, RedisError};
 
 use super::cluster_keeper::spawn_cluster_keeper;
 use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
@@ -176,7 +176,8 @@ impl RedisBackendBuilder {
     /// [`cluster_client`](Self::cluster_client) or a [`cluster_connection`](Self::cluster_connection):
     /// redis-rs subscribes on those only when they were built for it (RESP3, a push sender), so
     /// without this such a backend publishes its own resets but does not hear the others'. Any
-    /// server of the Redis (on a Cluster, any node: `PUBLISH` reaches every node). A backend on a
+    /// server of the Redis (on a Cluster, any node: a seed of the listener's own Cluster
+    /// connection, which subscribes with `SSUBSCRIBE` where the channel lives). A backend on a
     /// [`url`](Self::url), [`client`](Self::client), [`urls`](Self::urls) or
     /// [`sentinel`](Self::sentinel) listens by itself; this replaces where it would.
     ///
@@ -258,7 +259,8 @@ impl RedisBackendBuilder {
         if self.timeout.is_zero() {
             return Err(BackendError::new("Redis timeout must be greater than zero"));
         }
-        let mut listen = self.listener.map(|client| Listen::Nodes(vec![client]));
+        let listener = self.listener;
+        let mut listen = None;
         let target = match (self.sentinel, self.target) {
             (Some(_), Some(_)) => {
                 return Err(BackendError::new(
@@ -281,7 +283,14 @@ impl RedisBackendBuilder {
             Ok(source) => Start::Server(source),
             Err(other) => Start::Other(other),
         };
-        let listen = listen.unwrap_or_else(|| start.reset_listeners());
+        let listen = match listener {
+            // On a Cluster, a seed node of a Cluster connection of its own (sharded pub/sub).
+            Some(client) if start.is_cluster() => {
+                Listen::Shard(vec![client.get_connection_info().clone()])
+            }
+            Some(client) => Listen::Nodes(vec![client]),
+            None => listen.unwrap_or_else(|| start.reset_listeners()),
+        };
         Ok(Validated {
             listen,
             start,
@@ -306,18 +315,29 @@ pub(super) enum Start {
 
 impl Start {
     /// Where to listen for other processes' resets: the one server a URL or client names, or a
-    /// Cluster's seed nodes (any node hears a `PUBLISH`). None for a user's connection unless
+    /// Cluster's seed nodes (sharded pub/sub). None for a user's connection unless
     /// given one ([`listen_with`](RedisBackendBuilder::listen_with)); Sentinel's is made with its
     /// source (see resets.rs).
     fn reset_listeners(&self) -> Listen {
-        Listen::Nodes(match self {
-            Start::Server(Source::Client(client)) => vec![(**client).clone()],
-            Start::Other(Target::Urls(urls)) => urls
-                .iter()
-                .filter_map(|url| Client::open(url.as_str()).ok())
-                .collect(),
-            _ => Vec::new(),
-        })
+        match self {
+            Start::Server(Source::Client(client)) | Start::Other(Target::Client(client)) => {
+                Listen::Nodes(vec![(**client).clone()])
+            }
+            Start::Other(Target::Urls(urls)) => Listen::Shard(
+                urls.iter()
+                    .filter_map(|url| url.as_str().into_connection_info().ok())
+                    .collect(),
+            ),
+            _ => Listen::Nodes(Vec::new()),
+        }
+    }
+
+    /// Whether decisions go to a Cluster (which publishes with `SPUBLISH`).
+    fn is_cluster(&self) -> bool {
+        matches!(
+            self,
+            Start::Other(Target::Urls(_) | Target::ClusterClient(_) | Target::ClusterConnection(_))
+        )
     }
 }
 

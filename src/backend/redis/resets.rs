@@ -1,6 +1,7 @@
 //! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
-//! publishes the keys it deleted on the channel `prefix:resets` (`PUBLISH`, which a Cluster
-//! broadcasts to every node), a [reload](crate::Backend::reloaded) the names of the limits it
+//! publishes the keys it deleted on the channel `prefix:resets` (`PUBLISH`; on a Cluster
+//! `SPUBLISH`, sharded pub/sub, which only the node that owns the channel's slot carries instead
+//! of every node), a [reload](crate::Backend::reloaded) the names of the limits it
 //! changed, and every backend with the same prefix listens there and drops what it cached under
 //! them: deny-cache entries and budget slices (a reload changes no state in Redis, so the others
 //! do not reload anything; they only forget decisions made under the old quotas). The penalty box
@@ -12,23 +13,26 @@
 //! whole deny cache and every slice, which only sends more decisions to Redis.
 //!
 //! The listener holds its own connection (pub/sub takes a connection whole): to the server the
-//! backend was given, to the primary the sentinels name (asked again at every subscription), or to
-//! the Cluster's seed nodes in turn. A primary demoted by a failover keeps hearing what is
-//! published on the new one (Redis replicates `PUBLISH` to replicas). A user's connection manager
-//! or Cluster client/connection cannot lend a subscription (redis-rs subscribes on those only with
-//! RESP3 and a push sender set when they were built): such a backend listens through the client
-//! given to [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
-//!
-//! Plain pub/sub, not sharded (`SPUBLISH`/`SSUBSCRIBE`), on a Cluster: see the guide's Redis page.
+//! backend was given, or to the primary the sentinels name (asked again at every subscription).
+//! A primary demoted by a failover keeps hearing what is published on the new one (Redis
+//! replicates `PUBLISH` to replicas). On a Cluster it is a RESP3 Cluster connection of its own
+//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner after a failover or migration and
+//! subscribes again after a disconnection; each confirmation of a (new) subscription drops the
+//! caches as above. A user's connection manager or Cluster client/connection cannot lend a
+//! subscription (redis-rs subscribes on those only with RESP3 and a push sender set when they were
+//! built): such a backend listens through the client given to
+//! [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
 
 use std::pin::Pin;
 use std::sync::Weak;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
 use redis::aio::ConnectionLike;
+use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::SentinelClient;
-use redis::{Client, Msg};
+use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 
 use super::connection::RedisConnection;
 use super::state::RedisState;
@@ -45,8 +49,7 @@ const RELOAD: &str = "!reload";
 /// Tells the other processes that `keys` were reset. Best effort: the reset itself is done, and a
 /// process that misses this message drops its caches when it subscribes again.
 pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
-    let mut cmd = redis::cmd("PUBLISH");
-    cmd.arg(channel(prefix)).arg(keys.join("\n"));
+    let cmd = publish_cmd(conn, prefix, keys.join("\n"));
     if let Err(e) = conn.redirecting().req_packed_command(&cmd).await {
         tracing::warn!(error = %e, "a reset could not be published to the other processes");
     }
@@ -66,8 +69,7 @@ pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
         message.push('\n');
         message.push_str(name);
     }
-    let mut cmd = redis::cmd("PUBLISH");
-    cmd.arg(channel(&state.prefix)).arg(message);
+    let cmd = publish_cmd(&state.conn, &state.prefix, message);
     let (mut conn, timeout) = (state.conn.clone(), state.timeout);
     runtime.spawn(async move {
         let mut conn = conn.redirecting();
@@ -78,12 +80,25 @@ pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     });
 }
 
+/// `PUBLISH`, or `SPUBLISH` on a Cluster (routed, as a key would be, by the channel's slot).
+fn publish_cmd(conn: &RedisConnection, prefix: &str, message: String) -> redis::Cmd {
+    let mut cmd = redis::cmd(if conn.is_cluster() {
+        "SPUBLISH"
+    } else {
+        "PUBLISH"
+    });
+    cmd.arg(channel(prefix)).arg(message);
+    cmd
+}
+
 /// Where a backend listens.
 pub(super) enum Listen {
-    /// Servers tried in turn: the one server, or a Cluster's seed nodes.
+    /// Servers tried in turn (the one server).
     Nodes(Vec<Client>),
     /// The primary the sentinels name now.
     Sentinel(Box<SentinelClient>),
+    /// A Cluster, from these seed nodes (sharded pub/sub).
+    Shard(Vec<ConnectionInfo>),
 }
 
 impl Listen {
@@ -93,6 +108,7 @@ impl Listen {
             Listen::Nodes(nodes) if nodes.is_empty() => None,
             Listen::Nodes(nodes) => Some(nodes[turn % nodes.len()].clone()),
             Listen::Sentinel(sentinel) => sentinel.async_get_client().await.ok(),
+            Listen::Shard(_) => None,
         }
     }
 }
@@ -106,8 +122,13 @@ pub(super) fn spawn_listener(mut listen: Listen, state: Weak<RedisState>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    if matches!(&listen, Listen::Nodes(nodes) if nodes.is_empty()) {
-        return;
+    match listen {
+        Listen::Nodes(ref nodes) if nodes.is_empty() => return,
+        Listen::Shard(seeds) => {
+            runtime.spawn(listen_sharded(seeds, state));
+            return;
+        }
+        _ => {}
     }
     runtime.spawn(async move {
         let mut backoff = BACKOFF_MIN;
@@ -129,11 +150,12 @@ pub(super) fn spawn_listener(mut listen: Listen, state: Weak<RedisState>) {
                     None => return,
                 }
                 let mut messages = pubsub.into_on_message();
-                while let Some(message) = next(&mut messages, &state).await {
+                let mut poll = |cx: &mut Context<'_>| Pin::new(&mut messages).poll_next(cx);
+                while let Some(message) = next(&mut poll, &state).await {
                     let Some(strong) = state.upgrade() else {
                         return;
                     };
-                    forget(&strong, &message);
+                    forget(&strong, message.get_payload_bytes());
                 }
                 if state.strong_count() == 0 {
                     return;
@@ -145,14 +167,59 @@ pub(super) fn spawn_listener(mut listen: Listen, state: Weak<RedisState>) {
     });
 }
 
+/// Listens on a Cluster with sharded pub/sub: one RESP3 Cluster connection whose pushes come to
+/// this task. The first `ssubscribe` push confirms the subscription, later ones a subscription made
+/// again (after a disconnection, or on the slot's new owner): whatever was published meanwhile is
+/// lost, so each drops everything.
+async fn listen_sharded(seeds: Vec<ConnectionInfo>, state: Weak<RedisState>) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
+            return;
+        };
+        let (sender, mut pushes) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+        let client = ClusterClientBuilder::new(seeds.clone())
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(sender)
+            .build();
+        let subscribed = tokio::time::timeout(BACKOFF_MAX * 5, async {
+            let mut conn = client.ok()?.get_async_connection().await.ok()?;
+            conn.ssubscribe(&channel).await.ok()?;
+            Some(conn)
+        });
+        // The connection is kept for as long as its pushes are read.
+        if let Ok(Some(_conn)) = subscribed.await {
+            backoff = BACKOFF_MIN;
+            let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
+            while let Some(push) = next(&mut poll, &state).await {
+                let Some(strong) = state.upgrade() else {
+                    return;
+                };
+                match (push.kind, push.data.get(1)) {
+                    (PushKind::SSubscribe, _) => forget_all(&strong),
+                    (PushKind::SMessage, Some(Value::BulkString(payload))) => {
+                        forget(&strong, payload)
+                    }
+                    _ => {}
+                }
+            }
+            if state.strong_count() == 0 {
+                return;
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
 /// The next message, or `None` when the subscription ends or the backend is gone (looked at every
 /// second while no message comes).
-async fn next<S>(messages: &mut S, state: &Weak<RedisState>) -> Option<Msg>
-where
-    S: Stream<Item = Msg> + Unpin,
-{
+async fn next<T>(
+    poll: &mut impl FnMut(&mut Context<'_>) -> Poll<Option<T>>,
+    state: &Weak<RedisState>,
+) -> Option<T> {
     loop {
-        let poll = std::future::poll_fn(|cx| Pin::new(&mut *messages).poll_next(cx));
+        let poll = std::future::poll_fn(&mut *poll);
         match tokio::time::timeout(Duration::from_secs(1), poll).await {
             Ok(message) => return message,
             Err(_) if state.strong_count() == 0 => return None,
@@ -163,8 +230,8 @@ where
 
 /// Drops what a message names from this process's deny cache and budget slices: the keys a reset
 /// deleted, or everything cached under the limits a reload changed.
-fn forget(state: &RedisState, message: &Msg) {
-    let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
+fn forget(state: &RedisState, payload: &[u8]) {
+    let Ok(payload) = std::str::from_utf8(payload) else {
         return;
     };
     let mut lines = payload.split('\n');
