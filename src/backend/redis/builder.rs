@@ -40,6 +40,8 @@ pub struct RedisBackendBuilder {
     sentinel_node: Option<SentinelNodeConnectionInfo>,
     /// Where to hear other processes' resets and reloads, when the target cannot say.
     listener: Option<Client>,
+    /// What metrics call it; `None`: where it connects.
+    name: Option<String>,
 }
 
 /// What [`RedisBackendBuilder::sentinel`] was given.
@@ -75,6 +77,7 @@ impl RedisBackendBuilder {
             sentinel: None,
             sentinel_node: None,
             listener: None,
+            name: None,
         }
     }
 
@@ -200,6 +203,24 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// What this backend is called in metrics: the `backend` label of the gauge
+    /// `throttle_backend_up{backend, path}`, so that an application with two Redis backends (or
+    /// a fleet with several Redis) tells which one is down. 1 to 64 printable characters. The
+    /// default is where it connects, without password: `host:port` for a server, `sentinel:` and
+    /// the service for Sentinel, the seed nodes (comma-separated) for a Cluster, and `connection`
+    /// for a connection given as it is.
+    ///
+    /// ```
+    /// use tower_throttle::RedisBackend;
+    ///
+    /// let builder = RedisBackend::builder().url("redis://10.0.0.5:6379/").name("sessions");
+    /// # drop(builder);
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// [`RedisMode::Auto`] (default), [`RedisMode::Cell`] or [`RedisMode::Lua`].
     pub fn mode(mut self, mode: RedisMode) -> Self {
         self.mode = mode;
@@ -259,6 +280,9 @@ impl RedisBackendBuilder {
         if self.timeout.is_zero() {
             return Err(BackendError::new("Redis timeout must be greater than zero"));
         }
+        if let Some(name) = &self.name {
+            validate_name(name).map_err(BackendError::new)?;
+        }
         let listener = self.listener;
         let mut listen = None;
         let target = match (self.sentinel, self.target) {
@@ -291,10 +315,12 @@ impl RedisBackendBuilder {
             Some(client) => Listen::Nodes(vec![client]),
             None => listen.unwrap_or_else(|| start.reset_listeners()),
         };
+        let name = self.name.unwrap_or_else(|| start.default_name());
         Ok(Validated {
             listen,
             start,
             settings: Settings {
+                name: name.into_boxed_str(),
                 cluster: self.cluster,
                 mode: self.mode,
                 prefix: self.prefix.into_boxed_str(),
@@ -332,6 +358,20 @@ impl Start {
         }
     }
 
+    /// The `backend` label when none is given: where it connects, without password.
+    fn default_name(&self) -> String {
+        match self {
+            Start::Server(Source::Sentinel { service, .. }) => format!("sentinel:{service}"),
+            Start::Server(source) => source.describe(),
+            Start::Other(Target::Urls(urls)) => {
+                let seeds: Vec<String> = urls.iter().map(|u| address_of(u)).collect();
+                seeds.join(",")
+            }
+            Start::Other(Target::Client(client)) => Source::Client(client.clone()).describe(),
+            Start::Other(_) => "connection".to_owned(),
+        }
+    }
+
     /// Whether decisions go to a Cluster (which publishes with `SPUBLISH`).
     fn is_cluster(&self) -> bool {
         matches!(
@@ -349,6 +389,7 @@ pub(super) struct Validated {
 }
 
 struct Settings {
+    name: Box<str>,
     cluster: bool,
     mode: RedisMode,
     prefix: Box<str>,
@@ -368,6 +409,7 @@ impl Settings {
             self.timeout,
             self.deny_cache,
             self.coalesce,
+            &self.name,
         );
         (Arc::new(state), server)
     }
@@ -391,6 +433,7 @@ impl Settings {
             timeout,
             self.deny_cache,
             self.coalesce,
+            &self.name,
         );
         let mut conn = state.conn.clone();
         let mode = self.mode;
@@ -460,6 +503,7 @@ impl Settings {
             self.timeout,
             self.deny_cache,
             self.coalesce,
+            &self.name,
         ))
     }
 }
@@ -569,6 +613,23 @@ fn sentinel_source(
     Ok((source, listener))
 }
 
+/// `host:port` of a URL (its password left out), or the URL redacted when it has no host.
+fn address_of(url: &str) -> String {
+    match url.into_connection_info() {
+        Ok(info) => info.addr().to_string(),
+        Err(_) => redact_url(url),
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.chars().count() > 64 || name.chars().any(char::is_control) {
+        return Err(format!(
+            "Redis backend name {name:?} must be 1 to 64 printable characters"
+        ));
+    }
+    Ok(())
+}
+
 fn validate_prefix(prefix: &str) -> Result<(), String> {
     if prefix.is_empty() || prefix.len() > 64 {
         return Err(format!(
@@ -613,6 +674,24 @@ mod tests {
             )
             .sentinel(["redis://127.0.0.1:26379"], "mymaster");
         assert!(builder.sentinel_node.is_some());
+    }
+
+    #[test]
+    fn the_backend_label_names_where_it_connects() {
+        let builder = || RedisBackendBuilder::new("p", Duration::from_millis(100));
+        let name = |b: RedisBackendBuilder| b.validated().map(|v| v.settings.name);
+        let server = builder().url("redis://:secret@10.0.0.5:6379/");
+        assert_eq!(&*name(server).unwrap(), "10.0.0.5:6379");
+        let cluster = builder().cluster_urls(["redis://a:7000", "redis://u:pw@b:7001"]);
+        assert_eq!(&*name(cluster).unwrap(), "a:7000,b:7001");
+        let sentinel = builder().sentinel(["redis://127.0.0.1:26379"], "mymaster");
+        assert_eq!(&*name(sentinel).unwrap(), "sentinel:mymaster");
+        let named = builder().url("redis://10.0.0.5:6379/").name("sessions");
+        assert_eq!(&*name(named).unwrap(), "sessions");
+        for bad in ["", "a\nb", &"x".repeat(65)] {
+            let bad = builder().url("redis://10.0.0.5:6379/").name(bad);
+            assert!(name(bad).is_err());
+        }
     }
 
     #[test]
