@@ -25,6 +25,7 @@ mod harness;
 mod modes_on_backends;
 mod offenders;
 mod peek_reset;
+mod replication_loss;
 mod reset_broadcast;
 mod sentinel;
 mod top;
