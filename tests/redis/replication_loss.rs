@@ -28,6 +28,11 @@ fn steady() -> Limit {
     .unwrap()
 }
 
+async fn connect(server: &RedisServer) -> RedisBackend {
+    let builder = RedisBackend::builder().url(server.url());
+    builder.mode(RedisMode::Lua).connect().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_load_forgets_the_admissions_not_yet_replicated() {
     let limit = steady();
@@ -35,12 +40,7 @@ async fn a_failover_under_load_forgets_the_admissions_not_yet_replicated() {
     for trial in 0..TRIALS {
         let (mut primary, replica) = (RedisServer::start(), RedisServer::start());
         replicate(replica.port(), primary.port()).await;
-        let backend = RedisBackend::builder()
-            .url(primary.url())
-            .mode(RedisMode::Lua)
-            .connect()
-            .await
-            .unwrap();
+        let backend = connect(&primary).await;
         let started = Instant::now();
         let load = Load::start(&backend, &limit, 8, Duration::ZERO);
         load.wait_decided(Duration::ZERO, 3000).await;
@@ -53,12 +53,7 @@ async fn a_failover_under_load_forgets_the_admissions_not_yet_replicated() {
         let in_doubt = samples.len() as u64 - admitted;
 
         assert_eq!(cli(replica.port(), &["REPLICAOF", "NO", "ONE"]).await, "OK");
-        let promoted = RedisBackend::builder()
-            .url(replica.url())
-            .mode(RedisMode::Lua)
-            .connect()
-            .await
-            .unwrap();
+        let promoted = connect(&replica).await;
         let state = promoted
             .peek(std::slice::from_ref(&limit), &Key::from("steady"))
             .await

@@ -112,25 +112,17 @@ async fn a_reset_is_heard_by_every_process_on_one_server() {
 
     // A dropped subscription: the process may have missed resets, so it forgets its deny cache
     // when it subscribes again.
-    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
-    let key = Key::from("carol");
-    assert!(admits(&backends[1], &limit, &key).await);
-    assert!(!admits(&backends[1], &limit, &key).await);
-    redis.cli(&["DEL", &backends[1].redis_key("missed", &key)]); // a reset nobody heard
-    assert!(!admits(&backends[1], &limit, &key).await, "not cached");
-    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    let started = Instant::now();
-    while !admits(&backends[1], &limit, &key).await {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the deny cache outlived a new subscription"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    println!(
-        "reset_broadcast: deny cache dropped {:?} after the subscription was killed",
-        started.elapsed()
-    );
+    let dropped = missed_reset(
+        &backends[1],
+        |k| {
+            redis.cli(&["DEL", k]);
+        },
+        || {
+            redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        },
+    )
+    .await;
+    println!("reset_broadcast: deny cache dropped {dropped:?} after the subscription was killed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,37 +152,25 @@ async fn a_reset_is_heard_by_every_process_on_a_cluster() {
     assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
 
     // A subscription killed: redis-rs subscribes again, and the process forgets its deny cache.
-    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
-    let key = Key::from("carol");
-    assert!(admits(&backends[1], &limit, &key).await);
-    assert!(!admits(&backends[1], &limit, &key).await);
-    node.cli(&["-c", "DEL", &backends[1].redis_key("missed", &key)]); // a reset nobody heard
-    assert!(!admits(&backends[1], &limit, &key).await, "not cached");
-    let mut killed = 0;
-    for node in cluster.nodes() {
-        for client in node.cli(&["CLIENT", "LIST"]).lines() {
-            if client.contains("cmd=ssubscribe") {
-                let id = client
-                    .split(' ')
-                    .find_map(|f| f.strip_prefix("id="))
-                    .unwrap();
-                node.cli(&["CLIENT", "KILL", "ID", id]);
-                killed += 1;
+    let kill_listeners = || {
+        let mut killed = 0;
+        for node in cluster.nodes() {
+            for client in node.cli(&["CLIENT", "LIST"]).lines() {
+                if client.contains("cmd=ssubscribe") {
+                    let id = client.split(' ').find_map(|f| f.strip_prefix("id="));
+                    node.cli(&["CLIENT", "KILL", "ID", id.unwrap()]);
+                    killed += 1;
+                }
             }
         }
-    }
-    assert_eq!(killed, 3, "the listeners' connections");
-    let started = Instant::now();
-    while !admits(&backends[1], &limit, &key).await {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the deny cache outlived a new subscription"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        assert_eq!(killed, 3, "the listeners' connections");
+    };
+    let delete = |k: &str| {
+        node.cli(&["-c", "DEL", k]);
+    };
+    let dropped = missed_reset(&backends[1], delete, kill_listeners).await;
     println!(
-        "reset_broadcast (Cluster): deny cache dropped {:?} after the subscription was killed",
-        started.elapsed()
+        "reset_broadcast (Cluster): deny cache dropped {dropped:?} after the subscription was killed"
     );
 }
 
@@ -268,6 +248,32 @@ async fn a_reload_is_heard_by_every_process() {
             "a limit the reload did not change was forgotten"
         );
     }
+}
+
+/// A reset nobody heard (the key deleted by `delete`, behind `backend`'s deny cache), then its
+/// subscription killed by `kill`: how long until the backend admits the key again, having dropped
+/// its deny cache when it subscribed again.
+async fn missed_reset(
+    backend: &RedisBackend,
+    delete: impl Fn(&str),
+    kill: impl FnOnce(),
+) -> Duration {
+    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
+    let key = Key::from("carol");
+    assert!(admits(backend, &limit, &key).await);
+    assert!(!admits(backend, &limit, &key).await);
+    delete(&backend.redis_key("missed", &key));
+    assert!(!admits(backend, &limit, &key).await, "not cached");
+    kill();
+    let started = Instant::now();
+    while !admits(backend, &limit, &key).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the deny cache outlived a new subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
 }
 
 /// Waits (up to 5 s) until `numsub` (a `PUBSUB NUMSUB` reply: the channel, then the count) counts
