@@ -57,6 +57,16 @@ async fn the_example_server_finds_a_tls_primary_through_tls_sentinels_with_its_p
     // Decided on the primary, through a connection logged in with the password.
     let keys = primary.cli(&["KEYS", "throttle:tls:*"]);
     assert_eq!(keys.lines().count(), 1, "{keys:?}");
+    // It listens for other processes' resets there too (over TLS, with the password).
+    wait_until(
+        Duration::from_secs(10),
+        "the server never subscribed to the resets on the primary",
+        || async {
+            let numsub = primary.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]);
+            numsub.lines().nth(1) == Some("1")
+        },
+    )
+    .await;
     drop(server);
 
     // Without the password the primary refuses the server, which says so and exits.
