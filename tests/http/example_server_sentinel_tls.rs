@@ -2,7 +2,8 @@
 //! password, three TLS-only sentinels monitoring it, and the example server given only the
 //! sentinels' `rediss://` URLs, the service and `primary_password` in its `[backend]` table. The
 //! test CA is trusted the way a user's private CA is: `SSL_CERT_FILE` (rustls-native-certs), in the
-//! server's process only.
+//! server's process only. A 2 s timeout, as in the other TLS tests: a TLS handshake of a debug
+//! build on a busy machine takes longer than the default 100 ms.
 
 use crate::example_server::{send, start_with_env};
 use crate::support::failover::{wait_until, Sentinels, SERVICE};
@@ -38,7 +39,7 @@ async fn the_example_server_finds_a_tls_primary_through_tls_sentinels_with_its_p
             .unwrap_or_default();
         format!(
             "[backend]\nkind = \"redis\"\nsentinels = [{}]\nsentinel_service = \"{SERVICE}\"\n\
-             mode = \"lua\"\nconnect = \"eager\"\n{password}\n\
+             mode = \"lua\"\nconnect = \"eager\"\ntimeout_ms = 2000\n{password}\n\
              [[route]]\nname = \"tls\"\npath = \"/tls\"\nkey = \"global\"\ncount = 3\nperiod = \"1h\"\n",
             urls.join(", ")
         )
