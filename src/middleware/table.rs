@@ -219,6 +219,39 @@ mod tests {
     use crate::quota::Quota;
 
     #[test]
+    fn a_reload_names_the_limits_it_changed_or_removed() {
+        let backend = crate::backend::MemoryBackend::new();
+        let table = |policies: Vec<Policy<PeerIp>>| {
+            Table::build(&backend, policies, Settings::default(), None).unwrap()
+        };
+        let policy = |name: &str, count| {
+            let quota = Quota::per_second(count);
+            Policy::builder(name)
+                .route(format!("/{name}"))
+                .quota(quota)
+                .build()
+                .unwrap()
+        };
+        let before = table(vec![
+            policy("same", 5),
+            policy("faster", 5),
+            policy("gone", 5),
+        ]);
+        let after = table(vec![
+            policy("same", 5),
+            policy("faster", 10),
+            policy("new", 5),
+        ]);
+        assert_eq!(before.changed_in(&after), ["faster", "gone"]);
+        let again = table(vec![
+            policy("same", 5),
+            policy("faster", 5),
+            policy("gone", 5),
+        ]);
+        assert!(before.changed_in(&again).is_empty(), "the same table again");
+    }
+
+    #[test]
     fn a_policy_hidden_by_an_earlier_one_is_an_error() {
         let q = Quota::per_second(5);
         let policy = |name: &str, route: Option<&str>, methods: Option<&[Method]>| {
