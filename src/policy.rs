@@ -46,7 +46,7 @@ impl Tier {
 
 /// The quotas of one tier, as limits.
 #[derive(Clone, Debug)]
-pub(crate) struct TierLimits {
+pub(crate) struct TierStack {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) limits: Box<[Limit]>,
 }
@@ -96,7 +96,7 @@ impl Default for MissingKey {
 pub struct Policy<K> {
     name: Arc<str>,
     /// The default tier first, then the named ones.
-    tiers: Box<[TierLimits]>,
+    tiers: Box<[TierStack]>,
     tier_header: Option<HeaderName>,
     dry_run: bool,
     key: K,
@@ -165,7 +165,7 @@ impl<K> Policy<K> {
         self.dry_run
     }
 
-    pub(crate) fn tiers(&self) -> &[TierLimits] {
+    pub(crate) fn tiers(&self) -> &[TierStack] {
         &self.tiers
     }
 
@@ -347,7 +347,7 @@ impl<K> PolicyBuilder<K> {
     /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
     /// request without a key passes, and so does every request while the backend fails. Requests
     /// that would have been limited are logged at info level ("request would be limited (dry
-    /// run)"), counted as limited in the metrics, and carry a [`ThrottleDecision`](crate::ThrottleDecision) extension with
+    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`](crate::PolicyDecision) extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -515,7 +515,7 @@ impl<K> PolicyBuilder<K> {
             return Err(invalid("tier_header is set but no tier is defined".into()));
         }
         let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
-        tiers.push(TierLimits {
+        tiers.push(TierStack {
             name: None,
             limits: self.limits_of(&self.name, &self.quotas)?,
         });
@@ -534,7 +534,7 @@ impl<K> PolicyBuilder<K> {
             if quotas.is_empty() {
                 return Err(invalid(format!("tier {tier:?} has no quota")));
             }
-            tiers.push(TierLimits {
+            tiers.push(TierStack {
                 name: Some(tier.as_str().into()),
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
