@@ -530,7 +530,8 @@ impl Validated {
             }
             Start::Other(target) => settings.lazy_other(target)?,
         };
-        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        // Not waited for: `build` returns at once.
+        let _first = resets::spawn_listener(nodes, Arc::downgrade(&state));
         Ok(state)
     }
 
@@ -539,6 +540,7 @@ impl Validated {
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let settings = self.settings;
         let nodes = self.listen;
+        let budget = settings.start_budget();
         let state = match self.start {
             Start::Server(mut source) => {
                 let budget = settings.start_budget();
@@ -551,7 +553,12 @@ impl Validated {
             }
             Start::Other(target) => settings.open_other(target).await?,
         };
-        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        // Listening before it returns: what it decides from then on is cached after the first
+        // subscription dropped the caches. A listener that cannot subscribe yet keeps trying; the
+        // backend works meanwhile.
+        if let Some(first) = resets::spawn_listener(nodes, Arc::downgrade(&state)) {
+            let _ = tokio::time::timeout(budget, first).await;
+        }
         Ok(state)
     }
 }

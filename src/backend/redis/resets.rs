@@ -33,6 +33,7 @@ use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::oneshot;
 
 use super::connection::RedisConnection;
 use super::state::RedisState;
@@ -117,16 +118,43 @@ impl Listen {
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// The end of the listener's first attempt to subscribe (made or failed), which
+/// [`connect`](super::RedisBackendBuilder::connect) waits for: decisions it returns to are cached
+/// after the first subscription dropped the caches, not before. The first failure is logged.
+struct FirstAttempt(Option<oneshot::Sender<()>>);
+
+impl FirstAttempt {
+    fn subscribed(&mut self) {
+        if let Some(done) = self.0.take() {
+            let _ = done.send(());
+        }
+    }
+
+    fn failed(&mut self, why: &str) {
+        if self.0.is_some() {
+            tracing::warn!(
+                error = why,
+                "cannot listen for other processes' resets yet (SUBSCRIBE); retrying"
+            );
+        }
+        self.subscribed();
+    }
+}
+
 /// Listens for `state`'s resets and reloads where `listen` says, for as long as the backend lives.
-pub(super) fn spawn_listener(mut listen: Listen, state: Weak<RedisState>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
+/// The receiver says when the first attempt to subscribe ended; `None`: nowhere to listen.
+pub(super) fn spawn_listener(
+    mut listen: Listen,
+    state: Weak<RedisState>,
+) -> Option<oneshot::Receiver<()>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let (done, first) = oneshot::channel();
+    let mut first_attempt = FirstAttempt(Some(done));
     match listen {
-        Listen::Nodes(ref nodes) if nodes.is_empty() => return,
+        Listen::Nodes(ref nodes) if nodes.is_empty() => return None,
         Listen::Shard(seeds) => {
-            runtime.spawn(listen_sharded(seeds, state));
-            return;
+            runtime.spawn(listen_sharded(seeds, state, first_attempt));
+            return Some(first);
         }
         _ => {}
     }
@@ -138,40 +166,54 @@ pub(super) fn spawn_listener(mut listen: Listen, state: Weak<RedisState>) {
             };
             // Bounded: a sentinel or node that accepts and never answers must not stall the loop.
             let subscribed = tokio::time::timeout(BACKOFF_MAX * 5, async {
-                let mut pubsub = listen.client(turn).await?.get_async_pubsub().await.ok()?;
-                pubsub.subscribe(&channel).await.ok()?;
-                Some(pubsub)
+                let client = listen.client(turn).await.ok_or("no server to listen on")?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
+                pubsub
+                    .subscribe(&channel)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(pubsub)
             });
-            if let Ok(Some(pubsub)) = subscribed.await {
-                backoff = BACKOFF_MIN;
-                // Whatever was published while not subscribed is lost: forget everything.
-                match state.upgrade() {
-                    Some(strong) => forget_all(&strong),
-                    None => return,
-                }
-                let mut messages = pubsub.into_on_message();
-                let mut poll = |cx: &mut Context<'_>| Pin::new(&mut messages).poll_next(cx);
-                while let Some(message) = next(&mut poll, &state).await {
-                    let Some(strong) = state.upgrade() else {
+            match subscribed.await {
+                Ok(Ok(pubsub)) => {
+                    backoff = BACKOFF_MIN;
+                    // Whatever was published while not subscribed is lost: forget everything.
+                    match state.upgrade() {
+                        Some(strong) => forget_all(&strong),
+                        None => return,
+                    }
+                    first_attempt.subscribed();
+                    let mut messages = pubsub.into_on_message();
+                    let mut poll = |cx: &mut Context<'_>| Pin::new(&mut messages).poll_next(cx);
+                    while let Some(message) = next(&mut poll, &state).await {
+                        let Some(strong) = state.upgrade() else {
+                            return;
+                        };
+                        forget(&strong, message.get_payload_bytes());
+                    }
+                    if state.strong_count() == 0 {
                         return;
-                    };
-                    forget(&strong, message.get_payload_bytes());
+                    }
                 }
-                if state.strong_count() == 0 {
-                    return;
-                }
+                Ok(Err(why)) => first_attempt.failed(&why),
+                Err(_) => first_attempt.failed("timed out"),
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     });
+    Some(first)
 }
 
 /// Listens on a Cluster with sharded pub/sub: one RESP3 Cluster connection whose pushes come to
 /// this task. The first `ssubscribe` push confirms the subscription, later ones a subscription made
 /// again (after a disconnection, or on the slot's new owner): whatever was published meanwhile is
 /// lost, so each drops everything.
-async fn listen_sharded(seeds: Vec<ConnectionInfo>, state: Weak<RedisState>) {
+async fn listen_sharded(
+    seeds: Vec<ConnectionInfo>,
+    state: Weak<RedisState>,
+    mut first_attempt: FirstAttempt,
+) {
     let mut backoff = BACKOFF_MIN;
     loop {
         let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
@@ -183,29 +225,40 @@ async fn listen_sharded(seeds: Vec<ConnectionInfo>, state: Weak<RedisState>) {
             .push_sender(sender)
             .build();
         let subscribed = tokio::time::timeout(BACKOFF_MAX * 5, async {
-            let mut conn = client.ok()?.get_async_connection().await.ok()?;
-            conn.ssubscribe(&channel).await.ok()?;
-            Some(conn)
+            let client = client.map_err(|e| e.to_string())?;
+            let mut conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            conn.ssubscribe(&channel).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(conn)
         });
-        // The connection is kept for as long as its pushes are read.
-        if let Ok(Some(_conn)) = subscribed.await {
-            backoff = BACKOFF_MIN;
-            let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
-            while let Some(push) = next(&mut poll, &state).await {
-                let Some(strong) = state.upgrade() else {
-                    return;
-                };
-                match (push.kind, push.data.get(1)) {
-                    (PushKind::SSubscribe, _) => forget_all(&strong),
-                    (PushKind::SMessage, Some(Value::BulkString(payload))) => {
-                        forget(&strong, payload)
+        match subscribed.await {
+            // The connection is kept for as long as its pushes are read.
+            Ok(Ok(_conn)) => {
+                backoff = BACKOFF_MIN;
+                let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
+                while let Some(push) = next(&mut poll, &state).await {
+                    let Some(strong) = state.upgrade() else {
+                        return;
+                    };
+                    match (push.kind, push.data.get(1)) {
+                        (PushKind::SSubscribe, _) => {
+                            forget_all(&strong);
+                            first_attempt.subscribed();
+                        }
+                        (PushKind::SMessage, Some(Value::BulkString(payload))) => {
+                            forget(&strong, payload)
+                        }
+                        _ => {}
                     }
-                    _ => {}
+                }
+                if state.strong_count() == 0 {
+                    return;
                 }
             }
-            if state.strong_count() == 0 {
-                return;
-            }
+            Ok(Err(why)) => first_attempt.failed(&why),
+            Err(_) => first_attempt.failed("timed out"),
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
