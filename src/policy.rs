@@ -18,6 +18,8 @@ use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;
 use crate::route::Route;
 
+mod metered;
+
 /// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
 /// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's
 /// plan inserts it before the throttle layer runs; it takes precedence over a
@@ -497,10 +499,11 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// Validates the policy.
-    pub fn build(self) -> Result<Policy<K>, BuildError> {
+    pub fn build(mut self) -> Result<Policy<K>, BuildError> {
         validate_name(&self.name)?;
         let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
-        if self.quotas.is_empty() {
+        let metered = std::mem::take(&mut self.extras.metered);
+        if self.quotas.is_empty() && metered.limit.is_none() {
             return Err(invalid("a quota is required".into()));
         }
         let tier_header = self
@@ -515,9 +518,22 @@ impl<K> PolicyBuilder<K> {
             return Err(invalid("tier_header is set but no tier is defined".into()));
         }
         let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
+        let mut limits = match self.quotas.len() {
+            0 => Vec::new(),
+            _ => self.limits_of(&self.name, &self.quotas)?.into_vec(),
+        };
+        let metered = metered.build(&self.name, limits.len())?;
+        let metered = match metered {
+            Some((limit, rule)) => {
+                self.check_metered(&limits, &limit)?;
+                limits.push(limit);
+                Some(rule)
+            }
+            None => None,
+        };
         tiers.push(TierStack {
             name: None,
-            limits: self.limits_of(&self.name, &self.quotas)?,
+            limits: limits.into(),
         });
         for (tier, quotas) in &self.tiers {
             validate_name(tier).map_err(|e| invalid(format!("tier: {e}")))?;
@@ -539,12 +555,15 @@ impl<K> PolicyBuilder<K> {
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
         }
+        // The cost is what each request takes from every limit but a metered one (which takes
+        // its estimate); a policy with only a metered limit has no other.
         let max_cost = tiers
             .iter()
             .flat_map(|t| t.limits.iter())
+            .filter(|l| !l.is_metered())
             .map(Limit::max_cost)
             .min()
-            .unwrap_or(0);
+            .unwrap_or(if metered.is_some() { u64::MAX } else { 0 });
         if self.cost == 0 || self.cost > max_cost {
             return Err(BuildError::Cost {
                 policy: self.name.clone(),
@@ -569,7 +588,9 @@ impl<K> PolicyBuilder<K> {
             .map(|r| Route::parse(&r))
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
-        let extras = self.extras.build(&self.name, &tiers[0].limits[0])?;
+        let extras = self
+            .extras
+            .build(&self.name, &tiers[0].limits[0], metered)?;
         Ok(Policy {
             name,
             tiers: tiers.into(),

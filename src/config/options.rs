@@ -72,6 +72,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
     row(&["refund_statuses"], &["refund_on"], |r, _, b| Ok(set(b, statuses(r.refund_statuses.as_deref(), "refund_statuses")?, Builder::refund_on))),
     row(&["on_missing_key"], &["on_missing_key"], on_missing_key),
+    row(&["metered"], &["metered", "usage_header", "Limit::with_max_debt"], |r, _, b| match &r.metered { Some(m) => m.apply(&r.name, b), None => Ok(b) }),
 ];
 
 impl RouteConfig {
@@ -138,7 +139,12 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
 
 /// `count`/`period`/`max_burst`, or `quotas`.
 fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
-    Ok(builder.quotas(quotas_of(algorithm(route)?, &route.own_quota())?))
+    let own = route.own_quota();
+    // A metered route may limit its metered units alone.
+    if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
+        return Ok(builder);
+    }
+    Ok(builder.quotas(quotas_of(algorithm(route)?, &own)?))
 }
 
 /// `[route.tiers.<name>]`: each tier's quotas, checked as the route's own are.

@@ -313,7 +313,8 @@ impl Judge {
             &tier.policy_field,
             decisions,
             &decision,
-        );
+        )
+        .with_openai(self.settings.headers, &tier.limits, decisions);
         if decision.allowed || !enforced {
             if !decision.allowed {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
