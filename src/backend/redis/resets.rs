@@ -23,6 +23,7 @@
 //! built): such a backend listens through the client given to
 //! [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::task::{Context, Poll};
@@ -118,6 +119,21 @@ impl Listen {
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// One attempt to subscribe, bounded: a sentinel or node that accepts and never answers must not
+/// stall the listener.
+async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+    match tokio::time::timeout(BACKOFF_MAX * 5, subscribe).await {
+        Ok(subscribed) => subscribed,
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
+/// Sleeps before the next attempt, twice as long as the last time (up to `BACKOFF_MAX`).
+async fn back_off(backoff: &mut Duration) {
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(BACKOFF_MAX);
+}
+
 /// The end of the listener's first attempt to subscribe (made or failed), which
 /// [`connect`](super::RedisBackendBuilder::connect) waits for: decisions it returns to are cached
 /// after the first subscription dropped the caches, not before. The first failure is logged.
@@ -164,8 +180,7 @@ pub(super) fn spawn_listener(
             let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
                 return;
             };
-            // Bounded: a sentinel or node that accepts and never answers must not stall the loop.
-            let subscribed = tokio::time::timeout(BACKOFF_MAX * 5, async {
+            let subscribed = attempt(async {
                 let client = listen.client(turn).await.ok_or("no server to listen on")?;
                 let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
                 pubsub
@@ -175,7 +190,7 @@ pub(super) fn spawn_listener(
                 Ok::<_, String>(pubsub)
             });
             match subscribed.await {
-                Ok(Ok(pubsub)) => {
+                Ok(pubsub) => {
                     backoff = BACKOFF_MIN;
                     // Whatever was published while not subscribed is lost: forget everything.
                     match state.upgrade() {
@@ -195,11 +210,9 @@ pub(super) fn spawn_listener(
                         return;
                     }
                 }
-                Ok(Err(why)) => first_attempt.failed(&why),
-                Err(_) => first_attempt.failed("timed out"),
+                Err(why) => first_attempt.failed(&why),
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            back_off(&mut backoff).await;
         }
     });
     Some(first)
@@ -224,7 +237,7 @@ async fn listen_sharded(
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(sender)
             .build();
-        let subscribed = tokio::time::timeout(BACKOFF_MAX * 5, async {
+        let subscribed = attempt(async {
             let client = client.map_err(|e| e.to_string())?;
             let mut conn = client
                 .get_async_connection()
@@ -235,7 +248,7 @@ async fn listen_sharded(
         });
         match subscribed.await {
             // The connection is kept for as long as its pushes are read.
-            Ok(Ok(_conn)) => {
+            Ok(_conn) => {
                 backoff = BACKOFF_MIN;
                 let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
                 while let Some(push) = next(&mut poll, &state).await {
@@ -257,11 +270,9 @@ async fn listen_sharded(
                     return;
                 }
             }
-            Ok(Err(why)) => first_attempt.failed(&why),
-            Err(_) => first_attempt.failed("timed out"),
+            Err(why) => first_attempt.failed(&why),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        back_off(&mut backoff).await;
     }
 }
 
