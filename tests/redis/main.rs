@@ -27,6 +27,7 @@ mod metered_parity;
 mod modes_on_backends;
 mod offenders;
 mod peek_reset;
+mod replication_loss;
 mod reset_broadcast;
 mod sentinel;
 mod top;

@@ -57,6 +57,7 @@ impl RedisState {
             None => None,
         };
         let state = self.clone();
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
         guarded(&self.breaker, self.timeout, async move {
             let sent = Instant::now();
             let Answer {
@@ -92,7 +93,7 @@ impl RedisState {
                     banned,
                     until_retry: false,
                 };
-                cache.insert(&redis_key, quantity, rejection, sent);
+                cache.insert(&redis_key, quantity, rejection, sent, generation);
             }
             Ok(decision)
         })
@@ -159,6 +160,7 @@ impl RedisState {
         let penalty = limit.penalty().is_some();
         let state = self.clone();
         let sent = Instant::now();
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
         let token = self.leases.next_token();
         let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, None, token);
         let lease = limit.lease().zip(limit.concurrency());
@@ -202,7 +204,7 @@ impl RedisState {
                     banned: decision.banned,
                     until_retry: true,
                 };
-                deny.insert(&state_key, quantity, rejection, sent);
+                deny.insert(&state_key, quantity, rejection, sent, generation);
             }
             Ok(decision)
         })

@@ -389,7 +389,9 @@ impl Liveness {
 // know `RedisBackend`.
 impl RedisBackendBuilder {
     /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module: the eager,
-    /// fail-fast start.
+    /// fail-fast start. It also waits (as long as connecting may take) for the first attempt to
+    /// subscribe to the other processes' resets, so that nothing it decides afterwards is cached
+    /// before that subscription; an attempt that fails is logged and retried in the background.
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
     /// reached, or when `Cell` mode is asked of a server without the module. An application that
@@ -520,5 +522,10 @@ impl Backend for RedisBackend {
 
     fn can_settle(&self) -> bool {
         true
+    }
+
+    // Heard by every process sharing the Redis (resets.rs).
+    fn reloaded(&self, changed: &[&str]) {
+        resets::reloaded(&self.state, changed);
     }
 }
