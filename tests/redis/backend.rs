@@ -550,7 +550,7 @@ async fn cell_mode_never_sends_redis_cell_a_quantity_beyond_the_limit() {
 }
 
 /// Calls of `command` the server has executed (`INFO commandstats`).
-fn calls(server: &RedisServer, command: &str) -> u64 {
+pub(crate) fn calls(server: &RedisServer, command: &str) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);
     let prefix = format!("cmdstat_{command}:calls=");
     stats

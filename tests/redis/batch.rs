@@ -12,20 +12,11 @@ use std::time::Duration;
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 
+use crate::backend::calls;
 use crate::lua::{GCRA, GCRA_BATCH};
 
 pub(crate) fn evalsha_calls(server: &RedisServer) -> u64 {
     calls(server, "evalsha")
-}
-
-/// How many times the server ran `command` (`INFO commandstats`).
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
 /// `checks` checks of one unit on one key, all started at once; the limit admits 50 an hour.
