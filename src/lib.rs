@@ -141,6 +141,7 @@ mod penalty;
 mod per_customer;
 mod policy;
 mod quota;
+mod rollout;
 mod route;
 mod timer;
 pub mod top;

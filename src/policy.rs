@@ -16,6 +16,7 @@ use crate::methods::methods_of;
 use crate::penalty::Penalty;
 use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;
+use crate::rollout::{RolloutBuilder, Staged};
 use crate::route::Route;
 
 /// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
@@ -99,6 +100,8 @@ pub struct Policy<K> {
     tiers: Box<[TierLimits]>,
     tier_header: Option<HeaderName>,
     dry_run: bool,
+    /// Staged enforcement: the keys its refusals are enforced for (`None`: all).
+    staged: Option<Staged>,
     key: K,
     cost: u64,
     methods: Option<Box<[Method]>>,
@@ -130,6 +133,7 @@ impl Policy<PeerIp> {
             penalty: None,
             budget: None,
             extras: ExtrasBuilder::default(),
+            rollout: RolloutBuilder::default(),
         }
     }
 }
@@ -163,6 +167,31 @@ impl<K> Policy<K> {
     /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
     pub fn is_dry_run(&self) -> bool {
         self.dry_run
+    }
+
+    /// The share of keys its refusals are enforced for, from 0 to 1
+    /// ([`PolicyBuilder::enforce_fraction`]; 1 unless staged, 0 in a dry run).
+    pub fn enforce_fraction(&self) -> f64 {
+        match (self.dry_run, self.staged) {
+            (true, _) => 0.0,
+            (false, None) => 1.0,
+            (false, Some(staged)) => staged.fraction(),
+        }
+    }
+
+    /// Whether the policy enforces its refusals for `key` (see
+    /// [`PolicyBuilder::enforce_fraction`]): the same answer in every process, for good.
+    pub fn enforces(&self, key: &crate::Key) -> bool {
+        !self.dry_run && self.staged.is_none_or(|s| s.enforces(key))
+    }
+
+    pub(crate) fn staged(&self) -> Option<Staged> {
+        self.staged
+    }
+
+    /// Its shadow limits ([`PolicyBuilder::shadow`]), named `{policy}.shadow.{period}`.
+    pub fn shadow_limits(&self) -> &[Limit] {
+        self.extras.as_deref().map_or(&[], |e| &e.shadows)
     }
 
     pub(crate) fn tiers(&self) -> &[TierLimits] {
@@ -268,6 +297,7 @@ pub struct PolicyBuilder<K> {
     penalty: Option<Penalty>,
     budget: Option<Budget>,
     extras: ExtrasBuilder,
+    rollout: RolloutBuilder,
 }
 
 impl<K> PolicyBuilder<K> {
@@ -354,6 +384,61 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
+    /// A shadow limit: `quota` is counted for every request of the policy that reaches the backend
+    /// (admitted or not), decided on the backend as the policy's own limits are, but never
+    /// enforced: a request it would refuse is counted in
+    /// `throttle_requests_would_limit_total{policy,limit}` and logged (at info at most once a
+    /// second per policy), and the policy's own limits alone decide. For trying a tighter limit on
+    /// real traffic before enforcing it ("enforce 100 a minute, shadow 50 a minute").
+    ///
+    /// It is decided apart from the policy's limits (concurrently, on every backend), so its
+    /// refusal never stops a stack from counting the request, and its state is its own: it is
+    /// named `{policy}.shadow.{period}`, whatever the request's tier. It takes the policy's
+    /// algorithm and cost, and no penalty, delay or budget. Several may be given (of different
+    /// periods). The policy's requests take the extended path (as with per-customer quotas).
+    ///
+    /// ```
+    /// use tower_throttle::{Policy, Quota};
+    ///
+    /// let api = Policy::builder("api")
+    ///     .quota(Quota::per_minute(100))
+    ///     .shadow(Quota::per_minute(50))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(api.shadow_limits()[0].name(), "api.shadow.1m");
+    /// ```
+    pub fn shadow(mut self, quota: Quota) -> Self {
+        self.rollout.shadows.push(quota);
+        self
+    }
+
+    /// Staged enforcement: refusals are enforced for `fraction` (0 to 1) of the policy's keys and
+    /// only counted for the others, as [`shadow`](Self::shadow) counts them. The keys are chosen
+    /// by a fixed-seed hash of the key, the same in every process and after a restart (one client
+    /// sees one behaviour), and raising the share only adds keys. A key outside the share is
+    /// treated as in a [dry run](Self::dry_run) (headers, no wait, no ban, a
+    /// [`ThrottleDecision`](crate::ThrottleDecision) with `enforced: false`), except that its
+    /// refusals are counted as would-limit, not as limited. A request without a key is let
+    /// through unless every key is enforced. A share outside 0 to 1 is an error at build, and so
+    /// is a staged dry run; 1 (the default) enforces every key.
+    ///
+    /// ```
+    /// use tower_throttle::{Key, Policy, Quota};
+    ///
+    /// let api = Policy::builder("api")
+    ///     .quota(Quota::per_minute(100))
+    ///     .enforce_fraction(0.10)
+    ///     .build()
+    ///     .unwrap();
+    /// let enforced = (0..1000).filter(|i| api.enforces(&Key::from(*i as u64))).count();
+    /// assert!((70..=130).contains(&enforced));
+    /// assert!(Policy::builder("api").quota(Quota::per_minute(100)).enforce_fraction(1.1).build().is_err());
+    /// ```
+    pub fn enforce_fraction(mut self, fraction: f64) -> Self {
+        self.rollout.enforce = Some(fraction);
+        self
+    }
+
     /// A tier (plan) with its own quotas, such as `"paid"`, chosen per request by a [`Tier`]
     /// extension or the [tier header](Self::tier_header); requests of no known tier get the default
     /// quotas ([`quota`](Self::quota) / [`quotas`](Self::quotas)). Each tier's limits are named
@@ -408,6 +493,7 @@ impl<K> PolicyBuilder<K> {
             penalty: self.penalty,
             budget: self.budget,
             extras: self.extras,
+            rollout: self.rollout,
         }
     }
 
@@ -569,12 +655,37 @@ impl<K> PolicyBuilder<K> {
             .map(|r| Route::parse(&r))
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
-        let extras = self.extras.build(&self.name, &tiers[0].limits[0])?;
+        let staged = match self.rollout.enforce {
+            Some(_) if self.dry_run => {
+                return Err(invalid(
+                    "dry_run and enforce both say how many refusals are enforced; use one".into(),
+                ))
+            }
+            Some(fraction) => Staged::of(&self.name, fraction)?,
+            None => None,
+        };
+        let taken: Vec<&str> = tiers
+            .iter()
+            .flat_map(|t| t.limits.iter().map(Limit::name))
+            .collect();
+        let shadows = crate::rollout::shadow_limits(
+            &self.name,
+            self.algorithm,
+            self.cost,
+            &self.rollout.shadows,
+            period_label,
+            &taken,
+        )?;
+        drop(taken);
+        let mut extras = self.extras;
+        extras.shadows = shadows;
+        let extras = extras.build(&self.name, &tiers[0].limits[0])?;
         Ok(Policy {
             name,
             tiers: tiers.into(),
             tier_header,
             dry_run: self.dry_run,
+            staged,
             key: self.key,
             cost: self.cost,
             methods,

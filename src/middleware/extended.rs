@@ -15,6 +15,7 @@ use crate::backend::Backend;
 use crate::key::{AsyncKey, Found, Key, KeyExtractor};
 use crate::middleware::admitted::Verdict;
 use crate::middleware::future::{Prepared, ResponseFuture};
+use crate::middleware::rollout::with_shadows;
 use crate::middleware::shared::{take_readied, Shared};
 use crate::middleware::steps::{self, Missing};
 use crate::middleware::table::Table;
@@ -133,7 +134,15 @@ where
     }
     let limits = steps::limits_of(table, policy, tier, custom.as_deref());
     let asked = Instant::now();
-    let answer = steps::ask(&shared.backend, limits, &key, rules.cost()).await;
+    let check = steps::ask(&shared.backend, limits, &key, rules.cost());
+    let answer = if extras.shadows.is_empty() {
+        check.await
+    } else {
+        let (answer, shadowed) =
+            with_shadows(check, &shared.backend, &extras.shadows, &key, rules.cost()).await;
+        table.judge.shadowed(cx, &extras.shadows, shadowed);
+        answer
+    };
     // What the backend took, and how long it counts there (the shortest `reset_after`): only that
     // can be given back, and only until then. (A failed backend took nothing, whatever
     // `OnBackendError` then does.)
