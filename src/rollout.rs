@@ -206,7 +206,9 @@ mod tests {
 
     #[test]
     fn the_share_is_stable_monotone_and_close_to_its_size() {
-        let keys: Vec<Key> = (0..10_000).map(|i| Key::from(format!("user-{i}"))).collect();
+        let keys: Vec<Key> = (0..10_000)
+            .map(|i| Key::from(format!("user-{i}")))
+            .collect();
         let ten = Staged::of("api", 0.10).unwrap().unwrap();
         let twenty = Staged::of("api", 0.20).unwrap().unwrap();
         let none = Staged::of("api", 0.0).unwrap().unwrap();

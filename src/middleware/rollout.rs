@@ -90,7 +90,9 @@ impl Judge {
                     self.shown(cx.key),
                     Unenforced::Shadow,
                 ),
-                Err(error) => self.errors.record(&rules.name, &error, "ignored (shadow limit)"),
+                Err(error) => self
+                    .errors
+                    .record(&rules.name, &error, "ignored (shadow limit)"),
             }
         }
     }

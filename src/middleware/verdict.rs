@@ -134,7 +134,10 @@ impl Judge {
             (_, RefusalKind::Denied) | (None, _) => true,
             (Some(policy), _) => {
                 let rules = &self.policies[policy];
-                !rules.dry_run && rules.staged.is_none_or(|s| key.is_some_and(|k| s.enforces(k)))
+                !rules.dry_run
+                    && rules
+                        .staged
+                        .is_none_or(|s| key.is_some_and(|k| s.enforces(k)))
             }
         }
     }
@@ -199,7 +202,8 @@ impl Judge {
         self.errors.record(&rules.name, &error, on_error.as_str());
         match on_error {
             OnBackendError::Deny
-                if self.enforces(Some(cx.policy), RefusalKind::Unavailable, Some(cx.key)) => {
+                if self.enforces(Some(cx.policy), RefusalKind::Unavailable, Some(cx.key)) =>
+            {
                 Verdict::Reject(self.unavailable(
                     Some(&rules.name),
                     Some(cx.key),
@@ -522,7 +526,9 @@ impl Judge {
     ) -> Verdict {
         let rules = &self.policies[policy];
         let status = match rules.missing_key {
-            MissingKey::Reject(status) if self.enforces(Some(policy), RefusalKind::MissingKey, None) => {
+            MissingKey::Reject(status)
+                if self.enforces(Some(policy), RefusalKind::MissingKey, None) =>
+            {
                 status
             }
             _ => return Verdict::Admit(Admitted::unlimited()),
