@@ -26,5 +26,6 @@ mod modes_on_backends;
 mod offenders;
 mod peek_reset;
 mod reset_broadcast;
+mod rollout;
 mod sentinel;
 mod top;
