@@ -82,6 +82,7 @@ fn key_hash(key: &Key) -> u64 {
 }
 
 /// A share written as a percentage (`"10%"`, `"2.5%"`, `"100%"`), as a fraction from 0 to 1.
+#[cfg_attr(not(feature = "config"), allow(dead_code))]
 pub(crate) fn parse_percent(text: &str) -> Result<f64, String> {
     let bad = || format!("{text:?} is not a percentage from \"0%\" to \"100%\" (such as \"10%\")");
     let number = text.trim().strip_suffix('%').ok_or_else(bad)?;
