@@ -172,16 +172,12 @@ impl<K> Policy<K> {
     /// The share of keys its refusals are enforced for, from 0 to 1
     /// ([`PolicyBuilder::enforce_fraction`]; 1 unless staged, 0 in a dry run).
     pub fn enforce_fraction(&self) -> f64 {
-        match (self.dry_run, self.staged) {
-            (true, _) => 0.0,
-            (false, None) => 1.0,
-            (false, Some(staged)) => staged.fraction(),
-        }
+        crate::rollout::share(self.dry_run, self.staged)
     }
 
     /// Whether the policy enforces its refusals for `key` (see
     /// [`PolicyBuilder::enforce_fraction`]): the same answer in every process, for good.
-    pub fn enforces(&self, key: &crate::Key) -> bool {
+    pub fn enforces(&self, key: &crate::key::Key) -> bool {
         !self.dry_run && self.staged.is_none_or(|s| s.enforces(key))
     }
 
@@ -655,24 +651,15 @@ impl<K> PolicyBuilder<K> {
             .map(|r| Route::parse(&r))
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
-        let staged = match self.rollout.enforce {
-            Some(_) if self.dry_run => {
-                return Err(invalid(
-                    "dry_run and enforce both say how many refusals are enforced; use one".into(),
-                ))
-            }
-            Some(fraction) => Staged::of(&self.name, fraction)?,
-            None => None,
-        };
         let taken: Vec<&str> = tiers
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
             .collect();
-        let shadows = crate::rollout::shadow_limits(
+        let (staged, shadows) = self.rollout.build(
             &self.name,
+            self.dry_run,
             self.algorithm,
             self.cost,
-            &self.rollout.shadows,
             period_label,
             &taken,
         )?;

@@ -25,6 +25,42 @@ pub(crate) struct RolloutBuilder {
     pub(crate) enforce: Option<f64>,
 }
 
+impl RolloutBuilder {
+    /// The stage and the shadow limits of a policy called `policy` (see [`shadow_limits`]):
+    /// an error for a share outside 0 to 1, or a staged dry run.
+    pub(crate) fn build(
+        self,
+        policy: &str,
+        dry_run: bool,
+        algorithm: Algorithm,
+        cost: u64,
+        label: fn(Duration) -> String,
+        taken: &[&str],
+    ) -> Result<(Option<Staged>, Box<[Limit]>), BuildError> {
+        let staged = match self.enforce {
+            Some(_) if dry_run => {
+                return Err(BuildError::Invalid(format!(
+                    "policy {policy:?}: dry_run and enforce both say how many refusals are \
+                     enforced; use one"
+                )))
+            }
+            Some(fraction) => Staged::of(policy, fraction)?,
+            None => None,
+        };
+        let shadows = shadow_limits(policy, algorithm, cost, &self.shadows, label, taken)?;
+        Ok((staged, shadows))
+    }
+}
+
+/// The share of a policy's keys whose refusals are enforced: 0 in a dry run, else its stage's, else 1.
+pub(crate) fn share(dry_run: bool, staged: Option<Staged>) -> f64 {
+    match (dry_run, staged) {
+        (true, _) => 0.0,
+        (false, None) => 1.0,
+        (false, Some(staged)) => staged.fraction(),
+    }
+}
+
 /// Staged enforcement: the keys a refusal is enforced for (the others only count it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Staged {
