@@ -13,7 +13,7 @@ use tower::ServiceExt;
 use tower_throttle::key::Header;
 use tower_throttle::{Algorithm, Key, Policy, Quota, ThrottleDecision, ThrottleLayer};
 
-use crate::support::{backend, from_user, header};
+use crate::support::{backend, from_user, header, sample_or_zero as sample, with_metrics};
 
 fn app(policy: Policy<Header>) -> Router {
     let (backend, _clock) = backend();
@@ -30,26 +30,6 @@ fn app(policy: Policy<Header>) -> Router {
             }),
         )
         .layer(layer)
-}
-
-/// Runs `body` on a current-thread runtime with a Prometheus recorder of its own; returns what
-/// `body` returned and the rendered page.
-fn with_metrics<T>(body: impl std::future::Future<Output = T>) -> (T, String) {
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let out = metrics::with_local_recorder(&recorder, || runtime.block_on(body));
-    (out, handle.render())
-}
-
-/// The value of `series` in a Prometheus page, 0 when absent.
-fn sample(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 #[test]

@@ -17,6 +17,7 @@ use tower_throttle::key::Header;
 use tower_throttle::{Backend, Key, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
 
 use crate::support::redis::RedisServer;
+use crate::support::{sample_or_zero as sample, with_metrics};
 
 fn app<B: Backend>(backend: B, policy: Policy<Header>) -> Router {
     let layer = ThrottleLayer::builder()
@@ -45,13 +46,6 @@ async fn connect(server: &RedisServer, mode: RedisMode) -> RedisBackend {
         .connect()
         .await
         .unwrap()
-}
-
-/// The value of `series` in a Prometheus page, 0 when absent.
-fn sample(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 /// Enforce 20 an hour, shadow 5 an hour; 60 requests of one key, one at a time.
@@ -100,23 +94,15 @@ async fn staged_refusals<B: Backend>(backend: B) -> BTreeSet<u32> {
 #[test]
 fn shadow_limits_and_staged_enforcement_on_lua_and_cl_throttle() {
     let server = RedisServer::start_with_cell();
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let modes = [RedisMode::Lua, RedisMode::Cell];
-    let (shadowed, staged) = metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let mut shadowed = Vec::new();
-            let mut staged = Vec::new();
-            for mode in modes {
-                shadowed.push(shadow_never_refuses(connect(&server, mode).await).await);
-                staged.push(staged_refusals(connect(&server, mode).await).await);
-            }
-            (shadowed, staged)
-        })
+    let ((shadowed, staged), page) = with_metrics(async {
+        let mut shadowed = Vec::new();
+        let mut staged = Vec::new();
+        for mode in modes {
+            shadowed.push(shadow_never_refuses(connect(&server, mode).await).await);
+            staged.push(staged_refusals(connect(&server, mode).await).await);
+        }
+        (shadowed, staged)
     });
     for statuses in &shadowed {
         assert!(statuses[..20].iter().all(|s| *s == StatusCode::OK));
@@ -124,7 +110,6 @@ fn shadow_limits_and_staged_enforcement_on_lua_and_cl_throttle() {
             .iter()
             .all(|s| *s == StatusCode::TOO_MANY_REQUESTS));
     }
-    let page = handle.render();
     // Each path: 60 requests, 5 within the shadow quota.
     let would = "throttle_requests_would_limit_total{policy=\"api\",limit=\"api.shadow.1h\"}";
     assert_eq!(sample(&page, would), 2.0 * 55.0, "{page}");
