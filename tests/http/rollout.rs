@@ -13,15 +13,12 @@ use tower::ServiceExt;
 use tower_throttle::key::Header;
 use tower_throttle::{Algorithm, Key, Policy, Quota, ThrottleDecision, ThrottleLayer};
 
-use crate::support::{backend, from_user, header, sample_or_zero as sample, with_metrics};
+use crate::support::{
+    backend, from_user, header, layer_on, sample_or_zero as sample, with_metrics,
+};
 
 fn app(policy: Policy<Header>) -> Router {
     let (backend, _clock) = backend();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
     Router::new()
         .route(
             "/items",
@@ -29,7 +26,7 @@ fn app(policy: Policy<Header>) -> Router {
                 d.map_or("-".to_owned(), |Extension(d)| d.enforced.to_string())
             }),
         )
-        .layer(layer)
+        .layer(layer_on(backend, policy))
 }
 
 #[test]

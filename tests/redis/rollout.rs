@@ -14,20 +14,15 @@ use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_throttle::key::Header;
-use tower_throttle::{Backend, Key, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+use tower_throttle::{Backend, Key, Policy, Quota, RedisBackend, RedisMode};
 
 use crate::support::redis::RedisServer;
-use crate::support::{sample_or_zero as sample, with_metrics};
+use crate::support::{layer_on, sample_or_zero as sample, with_metrics};
 
 fn app<B: Backend>(backend: B, policy: Policy<Header>) -> Router {
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
     Router::new()
         .route("/", get(|| async { "ok" }))
-        .layer(layer)
+        .layer(layer_on(backend, policy))
 }
 
 fn from(user: &str) -> Request<Body> {

@@ -103,3 +103,18 @@ pub fn sample_or_zero(page: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map_or(0.0, |v| v.trim().parse().unwrap())
 }
+
+/// A layer of the one policy `policy` on `backend`.
+pub fn layer_on<K, B>(
+    backend: B,
+    policy: tower_throttle::Policy<K>,
+) -> tower_throttle::ThrottleLayer<K, B>
+where
+    B: tower_throttle::Backend,
+{
+    tower_throttle::ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap()
+}
