@@ -45,7 +45,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{
     BackendConfig, BackendHealth, Config, ConfiguredBackend, RedisConfig, RouteConfig,
 };
-use tower_throttle::{MemoryBackend, RedisMode, ThrottleDecision};
+use tower_throttle::{MemoryBackend, PolicyDecision, RedisMode};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -323,7 +323,7 @@ fn check_routes(config: &Config, source: &Source) -> Result<(), String> {
 /// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`).
 async fn answer(
     mut body: String,
-    decision: Option<Extension<ThrottleDecision>>,
+    decision: Option<Extension<PolicyDecision>>,
     RawQuery(query): RawQuery,
 ) -> String {
     let sleep_ms = query
@@ -372,7 +372,7 @@ fn routes(config: &Config, source: &Source) -> Result<Router, String> {
         for &(path, route) in &paths {
             current = Some(route);
             let body = format!("route {} ({path})\n", route.name);
-            let handler = move |decision: Option<Extension<ThrottleDecision>>, query: RawQuery| {
+            let handler = move |decision: Option<Extension<PolicyDecision>>, query: RawQuery| {
                 let body = body.clone();
                 async move { answer(body, decision, query).await }
             };

@@ -1,29 +1,29 @@
-//! Leased budgets for hot keys: the settings ([`Budget`]). The Redis backend does the work
+//! Sliced budgets for hot keys: the settings ([`Budget`]). The Redis backend does the work
 //! (`src/backend/redis/budget.rs`).
 
 use std::time::Duration;
 
 use crate::error::BuildError;
 
-/// Leased budgets for hot keys, on the Redis backend ([`Limit::with_budget`](crate::Limit::with_budget),
+/// Sliced budgets for hot keys, on the Redis backend ([`Limit::with_budget`](crate::Limit::with_budget),
 /// [`PolicyBuilder::budget`](crate::PolicyBuilder::budget), `budget = true` on a route).
 ///
 /// A key that a process decides at least [`hot_after`](Self::hot_after) times within one
-/// [`lease`](Self::lease) is *hot*: instead of one Redis call per request, the process takes a
+/// [`slice_ttl`](Self::slice_ttl) is *hot*: instead of one Redis call per request, the process takes a
 /// slice of the key's budget in one atomic call (the GCRA consumes the units exactly as that many
 /// requests would, and says how many it granted) and admits from it locally until it runs out.
 /// Cold keys go to Redis per request as before.
 ///
 /// - **Exact in count**: a process never admits more than Redis granted it, so the processes
 ///   together never admit more than the limit allows on Redis's timeline (when the units were
-///   granted). Admissions themselves may come up to a lease later than the grant: over a window of
-///   length `w`, at most the limit's burst plus its rate × (`w` + `lease`) pass, not rate × `w`.
-///   Keep the lease short where bursts matter.
-/// - **Bounded loss**: units granted but unused expire a `lease` after the key's latest grant and
-///   are lost (they count as used in Redis). A process loses at most one slice per key per lease,
+///   granted). Admissions themselves may come up to a slice TTL later than the grant: over a window of
+///   length `w`, at most the limit's burst plus its rate × (`w` + `slice_ttl`) pass, not rate × `w`.
+///   Keep the slice TTL short where bursts matter.
+/// - **Bounded loss**: units granted but unused expire a `slice_ttl` after the key's latest grant and
+///   are lost (they count as used in Redis). A process loses at most one slice per key per slice TTL,
 ///   and a slice is at most [`max_slice`](Self::max_slice) units and at most the limit.
 /// - **Adaptive**: a slice asks for about the requests the process saw on the key in the last
-///   lease, so it lasts about one lease at a steady rate; Redis grants fewer when fewer are left.
+///   slice TTL, so it lasts about one slice TTL at a steady rate; Redis grants fewer when fewer are left.
 /// - **Headers**: under a slice, `remaining` is the slice's unused units plus what Redis reported
 ///   remaining when it granted its latest units, at most the limit: never more than Redis would
 ///   have reported then without the slice. `reset` is the reset Redis reported then, less the time
@@ -31,7 +31,7 @@ use crate::error::BuildError;
 /// - **Refilled ahead**: when a quarter of the latest grant is left, the next slice is fetched in
 ///   the background while the rest is admitted, so a hot key's requests rarely wait for Redis.
 ///
-/// Only the GCRA without a penalty box or delay, alone (not in a stack), can lease; the others are
+/// Only the GCRA without a penalty box or delay, alone (not in a stack), can take a budget; the others are
 /// refused when the limit is built. On the memory backend decisions are local already, and a budget
 /// changes nothing.
 ///
@@ -40,7 +40,7 @@ use crate::error::BuildError;
 /// use tower_throttle::{Budget, Limit, Policy, Quota};
 ///
 /// let budget = Budget::new()
-///     .lease(Duration::from_millis(200))
+///     .slice_ttl(Duration::from_millis(200))
 ///     .max_slice(500)
 ///     .hot_after(16);
 /// let policy = Policy::builder("api")
@@ -50,17 +50,17 @@ use crate::error::BuildError;
 ///     .unwrap();
 /// assert_eq!(policy.limits()[0].budget(), Some(&budget));
 ///
-/// // Only a lone GCRA limit without a penalty or delay can lease.
+/// // Only a lone GCRA limit without a penalty or delay can take a budget.
 /// assert!(Policy::builder("two")
 ///     .quotas([Quota::per_second(10), Quota::per_day(1000)])
 ///     .budget(Budget::new())
 ///     .build()
 ///     .is_err());
-/// assert!(Budget::new().lease(Duration::ZERO).validate().is_err());
+/// assert!(Budget::new().slice_ttl(Duration::ZERO).validate().is_err());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
-    lease: Duration,
+    slice_ttl: Duration,
     max_slice: u64,
     hot_after: u32,
 }
@@ -72,29 +72,35 @@ impl Default for Budget {
 }
 
 impl Budget {
-    /// The default lease: 250 ms.
-    pub const DEFAULT_LEASE: Duration = Duration::from_millis(250);
+    /// The default slice lifetime: 250 ms.
+    pub const DEFAULT_SLICE_TTL: Duration = Duration::from_millis(250);
     /// The default largest slice: 1,000 units.
     pub const DEFAULT_MAX_SLICE: u64 = 1000;
-    /// The default decisions within a lease that make a key hot: 8.
+    /// The default decisions within a slice lifetime that make a key hot: 8.
     pub const DEFAULT_HOT_AFTER: u32 = 8;
-    /// The longest lease: 60 s.
-    pub const MAX_LEASE: Duration = Duration::from_secs(60);
+    /// The longest slice lifetime: 60 s.
+    pub const MAX_SLICE_TTL: Duration = Duration::from_secs(60);
+    /// Renamed to [`DEFAULT_SLICE_TTL`](Self::DEFAULT_SLICE_TTL).
+    #[deprecated(note = "renamed to DEFAULT_SLICE_TTL")]
+    pub const DEFAULT_LEASE: Duration = Self::DEFAULT_SLICE_TTL;
+    /// Renamed to [`MAX_SLICE_TTL`](Self::MAX_SLICE_TTL).
+    #[deprecated(note = "renamed to MAX_SLICE_TTL")]
+    pub const MAX_LEASE: Duration = Self::MAX_SLICE_TTL;
 
-    /// The defaults: a 250 ms lease, slices of at most 1,000 units, hot after 8 decisions.
+    /// The defaults: slices that live 250 ms, slices of at most 1,000 units, hot after 8 decisions.
     pub const fn new() -> Self {
         Budget {
-            lease: Self::DEFAULT_LEASE,
+            slice_ttl: Self::DEFAULT_SLICE_TTL,
             max_slice: Self::DEFAULT_MAX_SLICE,
             hot_after: Self::DEFAULT_HOT_AFTER,
         }
     }
 
-    /// How long a slice's unused units live (more than 0, at most [`MAX_LEASE`](Self::MAX_LEASE)),
+    /// How long a slice's unused units live (more than 0, at most [`MAX_SLICE_TTL`](Self::MAX_SLICE_TTL)),
     /// and the window in which hotness and the local rate are counted. Shorter loses less when a
     /// key cools down; longer calls Redis less often.
-    pub const fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+    pub const fn slice_ttl(mut self, ttl: Duration) -> Self {
+        self.slice_ttl = ttl;
         self
     }
 
@@ -104,15 +110,15 @@ impl Budget {
         self
     }
 
-    /// Decisions on one key within one lease that make it hot (at least 1).
+    /// Decisions on one key within one slice lifetime that make it hot (at least 1).
     pub const fn hot_after(mut self, hot_after: u32) -> Self {
         self.hot_after = hot_after;
         self
     }
 
-    /// The lease.
-    pub const fn lease_length(&self) -> Duration {
-        self.lease
+    /// How long a slice's unused units live.
+    pub const fn slice_lifetime(&self) -> Duration {
+        self.slice_ttl
     }
 
     /// The largest slice.
@@ -125,13 +131,25 @@ impl Budget {
         self.hot_after
     }
 
-    /// Checks the settings: a lease of more than 0 and at most 60 s, a slice and a threshold of at
+    /// Renamed to [`slice_ttl`](Self::slice_ttl): "lease" is a concurrency slot's.
+    #[deprecated(note = "renamed to slice_ttl")]
+    pub const fn lease(self, lease: Duration) -> Self {
+        self.slice_ttl(lease)
+    }
+
+    /// Renamed to [`slice_lifetime`](Self::slice_lifetime).
+    #[deprecated(note = "renamed to slice_lifetime")]
+    pub const fn lease_length(&self) -> Duration {
+        self.slice_ttl
+    }
+
+    /// Checks the settings: a slice lifetime of more than 0 and at most 60 s, a slice and a threshold of at
     /// least 1.
     pub fn validate(&self) -> Result<(), BuildError> {
-        if self.lease.is_zero() || self.lease > Self::MAX_LEASE {
+        if self.slice_ttl.is_zero() || self.slice_ttl > Self::MAX_SLICE_TTL {
             return Err(BuildError::Invalid(format!(
-                "budget lease must be more than 0 and at most 60s, not {:?}",
-                self.lease
+                "budget slice_ttl must be more than 0 and at most 60s, not {:?}",
+                self.slice_ttl
             )));
         }
         if self.max_slice == 0 {

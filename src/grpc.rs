@@ -111,8 +111,8 @@ const RESOURCE_EXHAUSTED: u8 = 8;
 /// `grpc-retry-pushback-ms` (see the [module documentation](self)).
 ///
 /// [`ThrottleLayerBuilder::grpc`](crate::ThrottleLayerBuilder::grpc) installs it (and answers the
-/// layer's other refusals in gRPC too); on its own it is a rejection function for
-/// [`ThrottleLayerBuilder::rejection_response`](crate::ThrottleLayerBuilder::rejection_response).
+/// layer's other refusals in gRPC too); on its own, give it the [`Refusal::rejected`](crate::headers::Refusal::rejected)
+/// of a [`refusal_response`](crate::ThrottleLayerBuilder::refusal_response).
 ///
 /// ```
 /// use tower_throttle::{grpc, Policy, Quota, ThrottleLayer};
@@ -120,7 +120,10 @@ const RESOURCE_EXHAUSTED: u8 = 8;
 /// // Only the 429 in gRPC form; `.grpc()` would convert the 400, 403 and 503 as well.
 /// let layer = ThrottleLayer::builder()
 ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
-///     .rejection_response(grpc::resource_exhausted)
+///     .refusal_response(|r| {
+///         r.rejected()
+///             .map_or_else(|| r.default_response(), |limited| grpc::resource_exhausted(&limited))
+///     })
 ///     .build()
 ///     .unwrap();
 /// # let _ = layer;

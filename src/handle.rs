@@ -176,20 +176,24 @@ pub struct PolicyState {
     pub policy: String,
     /// One per tier: the default tier first, then the named tiers in the order they were given.
     /// Each tier counts under limits of its own, so a key has a state in each.
-    pub tiers: Vec<TierState>,
+    pub tiers: Vec<TierKeyState>,
 }
+
+/// Renamed to [`TierKeyState`] (a key's state under one tier's limits).
+#[deprecated(note = "renamed to TierKeyState")]
+pub type TierState = TierKeyState;
 
 /// A key's state under one tier's limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TierState {
+pub struct TierKeyState {
     /// The tier's name; `None` for the default tier.
     pub tier: Option<String>,
     /// One per limit of the tier's stack (one for a single quota): the limit's name and the state.
     pub limits: Vec<(String, KeyState)>,
 }
 
-impl TierState {
+impl TierKeyState {
     /// The tier's limits as one state, as a request sees them: the fewest remaining, the latest
     /// reset and retry, banned if any is.
     pub fn combined(&self) -> KeyState {
@@ -212,7 +216,7 @@ impl TierState {
 }
 
 impl PolicyState {
-    /// The default tier's state, combined over its stack ([`TierState::combined`]): what an admin
+    /// The default tier's state, combined over its stack ([`TierKeyState::combined`]): what an admin
     /// endpoint shows (`limit`, `remaining`, `reset_after`, `banned`).
     pub fn summary(&self) -> KeyState {
         self.tiers[0].combined()
@@ -265,7 +269,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                     (limit.name().to_owned(), state)
                 })
                 .collect();
-            tiers.push(TierState {
+            tiers.push(TierKeyState {
                 tier: tier.name.as_deref().map(str::to_owned),
                 limits,
             });

@@ -38,8 +38,8 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 /// Structured Field integers have at most 15 digits.
 const SF_INT_MAX: u64 = 999_999_999_999_999;
 
-/// A request that a policy rejected, as given to a custom rejection function
-/// ([`ThrottleLayerBuilder::rejection_response`](crate::ThrottleLayerBuilder::rejection_response)).
+/// A request that a policy limited: what [`Refusal::rejected`] gives for a `429`, and what
+/// [`grpc::resource_exhausted`](crate::grpc::resource_exhausted) answers.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Rejected<'a> {
@@ -127,6 +127,33 @@ impl<'a> Refusal<'a> {
         self.key
     }
 
+    /// A [`RefusalKind::Limited`] refusal as a [`Rejected`] (its policy and decision), for functions
+    /// written for it such as [`grpc::resource_exhausted`](crate::grpc::resource_exhausted);
+    /// `None` for the other kinds.
+    ///
+    /// ```
+    /// use tower_throttle::{grpc, Policy, Quota, ThrottleLayer};
+    ///
+    /// // Only the 429 in gRPC form; `.grpc()` would convert the 400, 403 and 503 as well.
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+    ///     .refusal_response(|r| {
+    ///         r.rejected()
+    ///             .map_or_else(|| r.default_response(), |limited| grpc::resource_exhausted(&limited))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn rejected(&self) -> Option<Rejected<'a>> {
+        match (self.kind, self.policy, self.decision) {
+            (RefusalKind::Limited, Some(policy), Some(decision)) => {
+                Some(Rejected { policy, decision })
+            }
+            _ => None,
+        }
+    }
+
     /// The decision of a [`RefusalKind::Limited`] refusal (for stacked quotas, the combined one);
     /// `decision.banned` tells a penalty-box ban from a plain limit.
     pub fn decision(&self) -> Option<&'a Decision> {
@@ -186,8 +213,7 @@ impl<'a> Refusal<'a> {
     }
 
     /// The answer the layer would give: an RFC 9457 problem (or the gRPC status with
-    /// [`grpc`](crate::ThrottleLayerBuilder::grpc); for a `429`, the
-    /// [`rejection_response`](crate::ThrottleLayerBuilder::rejection_response) if one is set).
+    /// [`grpc`](crate::ThrottleLayerBuilder::grpc)).
     pub fn default_response(&self) -> Response<Bytes> {
         (self.default)()
     }

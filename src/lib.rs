@@ -48,22 +48,40 @@
 //!    ([`PolicyBuilder::delay`]), reject (`429`), ban — or, when the backend failed, what
 //!    [`OnBackendError`] says.
 //! 5. **Response**: an admitted request calls the inner service and its response gets the
-//!    [`headers`] fields (and the request a [`ThrottleDecision`] where asked); a refused one gets a
+//!    [`headers`] fields (and the request a [`PolicyDecision`] where asked); a refused one gets a
 //!    `429` with `Retry-After` (or `403`, `400`, `503`; [`grpc`] status codes for gRPC clients).
 //!
-//! The words mean one thing each: a backend *checks* a request against a [`Limit`] and answers a
-//! [`Decision`]; the layer's *verdict* is what it does with the request; a [`ThrottleDecision`] is
-//! what a handler sees of both. A concurrency *slot* is a request's place under a concurrency limit.
+//! # Vocabulary
+//!
+//! Each word means one thing, and each thing has one name:
+//!
+//! | name | what it means |
+//! |---|---|
+//! | [`Quota`] | validated parameters: `count` per `period`, `max_burst` |
+//! | [`Limit`] | a named quota with its algorithm: what a backend *checks* a request against |
+//! | stack | several quotas of one policy ([`PolicyBuilder::quotas`]), checked together |
+//! | [`Decision`] | one limit's answer for one request (`CL.THROTTLE`'s reply) |
+//! | [`LimitDecision`] | one limit's [`Decision`] with the limit's name, within a [`PolicyDecision`] |
+//! | [`PolicyDecision`] | one policy's decision for a request: the combined [`Decision`] and each limit's, as a handler sees it |
+//! | [`RequestDecisions`] | every layer's [`PolicyDecision`] for one request, outermost first |
+//! | verdict | what the layer does with a request: admit, delay, refuse, ban |
+//! | refusal | a request the layer answers itself (`429`, `400`, `403`, `503`): observed by [`ThrottleLayerBuilder::on_limited`] (limits and bans), shaped by [`ThrottleLayerBuilder::refusal_response`] ([`headers::Refusal`]) |
+//! | [`Tier`] | a request's tier label; a policy's tier has its own quota or stack |
+//! | [`handle::TierKeyState`] | a key's state under one tier's limits, as [`ThrottleHandle`] reads it |
+//! | slot | a request's place under a concurrency limit ([`Algorithm::Concurrency`]) |
+//! | lease | a concurrency slot's hold on Redis, renewed while its request runs, freed on release ([`Limit::with_lease`], [`Decision::lease`]) |
+//! | [`Budget`] slice | units of a hot key's budget a process takes from Redis and admits locally for a [`slice_ttl`](Budget::slice_ttl) |
+//! | penalty, ban | [`Penalty`]: a key over its limit too often is refused for a time |
 //!
 //! # Module map
 //!
 //! | where | what |
 //! |---|---|
-//! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a leased [`Budget`] |
+//! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a sliced [`Budget`] |
 //! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs`, `timer.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s; tokio timers without a panic |
 //! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
 //! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome |
-//! | `decisions.rs` | [`ThrottleDecision`], [`LimitDecision`], [`ThrottleDecisions`]: what handlers see |
+//! | `policy_decision.rs` | [`PolicyDecision`], [`LimitDecision`], [`RequestDecisions`]: what handlers see |
 //! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
 //! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `future` → `steps` (each step of a request, once) → `shared` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
@@ -89,7 +107,7 @@
 //! * [`Policy`]: a limit (or [stacked quotas](PolicyBuilder::quotas), or [tiers](Tier)), a key, and
 //!   optionally a route, methods and a cost; [delay](PolicyBuilder::delay) and
 //!   [dry-run](PolicyBuilder::dry_run) modes; what was decided reaches the handler as a
-//!   [`ThrottleDecision`] (every layer's, in [`ThrottleDecisions`]).
+//!   [`PolicyDecision`] (every layer's, in [`RequestDecisions`]).
 //! * Per request: a customer's own quota ([`PolicyBuilder::quota_from`], a [`QuotaResolver`]),
 //!   an async key ([`key::AsyncKey`]), counting only some responses
 //!   ([`PolicyBuilder::count_only`], [`PolicyBuilder::refund_on`]).
@@ -123,7 +141,6 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
-mod decisions;
 mod error;
 pub mod gcra;
 pub mod grpc;
@@ -140,6 +157,7 @@ mod outcome;
 mod penalty;
 mod per_customer;
 mod policy;
+mod policy_decision;
 mod quota;
 mod rollout;
 mod route;
@@ -156,7 +174,13 @@ pub use backend::{
 };
 pub use budget::Budget;
 pub use decision::Decision;
-pub use decisions::{LimitDecision, ThrottleDecision, ThrottleDecisions};
+pub use policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};
+/// Renamed to [`PolicyDecision`] (one policy's decision for a request).
+#[deprecated(note = "renamed to PolicyDecision")]
+pub type ThrottleDecision = PolicyDecision;
+/// Renamed to [`RequestDecisions`] (every layer's decision for a request).
+#[deprecated(note = "renamed to RequestDecisions")]
+pub type ThrottleDecisions = RequestDecisions;
 pub use error::{BackendError, BuildError};
 pub use handle::{HandleError, ThrottleHandle};
 pub use key::Key;

@@ -19,7 +19,7 @@ use http::request::Parts;
 use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
-use crate::middleware::settings::TierRules;
+use crate::middleware::settings::CompiledTier;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
 use crate::quota::Quota;
@@ -219,7 +219,7 @@ pub(crate) struct PolicyExtras {
     pub(crate) async_key: Option<AsyncKey>,
     pub(crate) outcome: Option<Arc<OutcomeRule>>,
     /// The limits of each per-customer quota seen, made once.
-    custom: Mutex<HashMap<Quota, Option<Arc<CustomTier>>>>,
+    custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
     pub(crate) log: ResolveLog,
     pub(crate) shadows: Box<[Limit]>,
 }
@@ -236,9 +236,9 @@ impl fmt::Debug for PolicyExtras {
 }
 
 /// The limit of one per-customer quota, and what the verdict needs of it.
-pub(crate) struct CustomTier {
+pub(crate) struct CustomerQuota {
     pub(crate) limits: Box<[Limit]>,
-    pub(crate) rules: TierRules,
+    pub(crate) rules: CompiledTier,
 }
 
 impl PolicyExtras {
@@ -256,7 +256,7 @@ impl PolicyExtras {
         quota: Quota,
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
-    ) -> Option<Arc<CustomTier>> {
+    ) -> Option<Arc<CustomerQuota>> {
         let mut table = self.custom.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(known) = table.get(&quota) {
             return known.clone();
@@ -273,8 +273,8 @@ impl PolicyExtras {
             Ok(limit)
         });
         let tier = match made {
-            Ok(limit) => Some(Arc::new(CustomTier {
-                rules: TierRules::of(None, std::slice::from_ref(&limit)),
+            Ok(limit) => Some(Arc::new(CustomerQuota {
+                rules: CompiledTier::of(None, std::slice::from_ref(&limit)),
                 limits: Box::new([limit]),
             })),
             Err(e) => {

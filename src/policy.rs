@@ -47,7 +47,7 @@ impl Tier {
 
 /// The quotas of one tier, as limits.
 #[derive(Clone, Debug)]
-pub(crate) struct TierLimits {
+pub(crate) struct TierStack {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) limits: Box<[Limit]>,
 }
@@ -97,7 +97,7 @@ impl Default for MissingKey {
 pub struct Policy<K> {
     name: Arc<str>,
     /// The default tier first, then the named ones.
-    tiers: Box<[TierLimits]>,
+    tiers: Box<[TierStack]>,
     tier_header: Option<HeaderName>,
     dry_run: bool,
     /// Staged enforcement: the keys its refusals are enforced for (`None`: all).
@@ -190,7 +190,7 @@ impl<K> Policy<K> {
         self.extras.as_deref().map_or(&[], |e| &e.shadows)
     }
 
-    pub(crate) fn tiers(&self) -> &[TierLimits] {
+    pub(crate) fn tiers(&self) -> &[TierStack] {
         &self.tiers
     }
 
@@ -373,7 +373,7 @@ impl<K> PolicyBuilder<K> {
     /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
     /// request without a key passes, and so does every request while the backend fails. Requests
     /// that would have been limited are logged at info level ("request would be limited (dry
-    /// run)"), counted as limited in the metrics, and carry a [`ThrottleDecision`](crate::ThrottleDecision) extension with
+    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`](crate::PolicyDecision) extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -413,7 +413,7 @@ impl<K> PolicyBuilder<K> {
     /// by a fixed-seed hash of the key, the same in every process and after a restart (one client
     /// sees one behaviour), and raising the share only adds keys. A key outside the share is
     /// treated as in a [dry run](Self::dry_run) (headers, no wait, no ban, a
-    /// [`ThrottleDecision`](crate::ThrottleDecision) with `enforced: false`), except that its
+    /// [`PolicyDecision`](crate::PolicyDecision) with `enforced: false`), except that its
     /// refusals are counted as would-limit, not as limited. A request without a key is let
     /// through unless every key is enforced. A share outside 0 to 1 is an error at build, and so
     /// is a staged dry run; 1 (the default) enforces every key.
@@ -597,7 +597,7 @@ impl<K> PolicyBuilder<K> {
             return Err(invalid("tier_header is set but no tier is defined".into()));
         }
         let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
-        tiers.push(TierLimits {
+        tiers.push(TierStack {
             name: None,
             limits: self.limits_of(&self.name, &self.quotas)?,
         });
@@ -616,7 +616,7 @@ impl<K> PolicyBuilder<K> {
             if quotas.is_empty() {
                 return Err(invalid(format!("tier {tier:?} has no quota")));
             }
-            tiers.push(TierLimits {
+            tiers.push(TierStack {
                 name: Some(tier.as_str().into()),
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });

@@ -80,7 +80,7 @@ pub struct Config {
     /// Send `X-RateLimit-*` (default false).
     #[serde(default)]
     pub legacy_headers: bool,
-    /// Insert a `ThrottleDecision` into every admitted request for handlers to read (default false;
+    /// Insert a `PolicyDecision` into every admitted request for handlers to read (default false;
     /// dry-run and delay-mode routes always do).
     #[serde(default)]
     pub decision_extension: bool,

@@ -17,15 +17,15 @@ use crate::policy::{MissingKey, Policy};
 use crate::quota::Quota;
 
 impl RouteConfig {
-    /// The route's leased budget, if `budget` turns one on.
+    /// The route's sliced budget, if `budget` turns one on.
     fn budget_settings(&self) -> Option<Budget> {
         match self.budget.as_ref()? {
             BudgetConfig::On(false) => None,
             BudgetConfig::On(true) => Some(Budget::new()),
             BudgetConfig::Tuned(tuning) => {
                 let mut budget = Budget::new();
-                if let Some(lease) = tuning.lease {
-                    budget = budget.lease(lease);
+                if let Some(ttl) = tuning.slice_ttl {
+                    budget = budget.slice_ttl(ttl);
                 }
                 if let Some(max_slice) = tuning.max_slice {
                     budget = budget.max_slice(max_slice);

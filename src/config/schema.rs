@@ -241,8 +241,8 @@ pub struct RouteConfig {
     /// Counting by outcome: responses with these statuses are given back, such as `["5xx"]`.
     #[serde(default, deserialize_with = "some_statuses")]
     pub refund_statuses: Option<Vec<String>>,
-    /// Leased budgets for hot keys on Redis (GCRA, one quota): `budget = true` for the defaults, or
-    /// `budget = { lease = "250ms", max_slice = 1000, hot_after = 8 }` (see
+    /// Sliced budgets for hot keys on Redis (GCRA, one quota): `budget = true` for the defaults, or
+    /// `budget = { slice_ttl = "250ms", max_slice = 1000, hot_after = 8 }` (see
     /// [`Budget`](crate::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
     #[serde(default)]
     pub budget: Option<BudgetConfig>,
@@ -260,7 +260,7 @@ pub struct RouteConfig {
 ///     key = "header:x-api-key"
 ///     count = 10000
 ///     period = "1s"
-///     budget = { lease = "100ms", max_slice = 200 }
+///     budget = { slice_ttl = "100ms", max_slice = 200 }
 ///
 ///     [[route]]
 ///     name = "search"
@@ -271,11 +271,11 @@ pub struct RouteConfig {
 /// "#).unwrap();
 /// let policies = config.policies().unwrap();
 /// let budget = policies[0].limits()[0].budget().unwrap();
-/// assert_eq!(budget.lease_length(), Duration::from_millis(100));
+/// assert_eq!(budget.slice_lifetime(), Duration::from_millis(100));
 /// assert_eq!(budget.max_slice_units(), 200);
 /// assert!(policies[1].limits()[0].budget().is_some());
 ///
-/// // Refused: a stack cannot lease.
+/// // Refused: a stack cannot take a budget.
 /// let stacked = Config::from_toml(r#"
 ///     [[route]]
 ///     name = "api"
@@ -288,13 +288,13 @@ pub struct RouteConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(
     untagged,
-    expecting = "true, false, or a table such as { lease = \"250ms\" }"
+    expecting = "true, false, or a table such as { slice_ttl = \"250ms\" }"
 )]
 #[non_exhaustive]
 pub enum BudgetConfig {
     /// `budget = true` (the defaults) or `false` (none).
     On(bool),
-    /// `budget = { lease = "250ms", max_slice = 1000, hot_after = 8 }`.
+    /// `budget = { slice_ttl = "250ms", max_slice = 1000, hot_after = 8 }`.
     Tuned(BudgetTuning),
 }
 
@@ -304,12 +304,13 @@ pub enum BudgetConfig {
 #[non_exhaustive]
 pub struct BudgetTuning {
     /// How long unused units of a slice live, and the window of the local rate (default 250ms).
-    #[serde(default, deserialize_with = "some_duration")]
-    pub lease: Option<Duration>,
+    /// `lease` is still read, for one release.
+    #[serde(default, alias = "lease", deserialize_with = "some_duration")]
+    pub slice_ttl: Option<Duration>,
     /// The largest slice, in units (default 1000).
     #[serde(default)]
     pub max_slice: Option<u64>,
-    /// Decisions within a lease that make a key hot (default 8).
+    /// Decisions within a slice TTL that make a key hot (default 8).
     #[serde(default)]
     pub hot_after: Option<u32>,
 }

@@ -1,6 +1,6 @@
 //! What an admitted request carries ([`Admitted`], inside a [`Verdict`]), and how it is made from
 //! a policy's rules ([`PolicyRules`]) and the backend's decisions: the delay of delay mode, each
-//! limit's decision, the [`ThrottleDecision`] handlers see.
+//! limit's decision, the [`PolicyDecision`] handlers see.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +9,14 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::decision::Decision;
-use crate::decisions::LimitDecision;
-use crate::decisions::ThrottleDecision;
 use crate::headers::{self, RateHeaders};
-use crate::middleware::settings::{Settings, TierRules};
+use crate::middleware::settings::{CompiledTier, Settings};
 use crate::middleware::slot::SlotOwner;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
 use crate::policy::{MissingKey, Policy};
+use crate::policy_decision::LimitDecision;
+use crate::policy_decision::PolicyDecision;
 use crate::rollout::{Staged, WouldLimit};
 
 /// What happens to a request.
@@ -31,7 +31,7 @@ pub(crate) struct Admitted {
     /// Delay mode: how long to wait before calling the service.
     pub(crate) delay: Duration,
     /// Boxed: it is rarely asked for, and a smaller verdict moves faster on every request.
-    pub(crate) decision: Option<Box<ThrottleDecision>>,
+    pub(crate) decision: Option<Box<PolicyDecision>>,
     /// A concurrency slot to give back when the response ends.
     pub(crate) slot: Option<SlotOwner>,
 }
@@ -65,9 +65,9 @@ pub(crate) struct PolicyRules {
     pub(crate) would_limit: WouldLimit,
     /// What a request without a key gets.
     pub(crate) missing_key: MissingKey,
-    /// Every admitted request gets a `ThrottleDecision` (dry runs, delay mode, or the layer says so).
+    /// Every admitted request gets a `PolicyDecision` (dry runs, delay mode, or the layer says so).
     pub(crate) expose_decision: bool,
-    pub(crate) tiers: Box<[TierRules]>,
+    pub(crate) tiers: Box<[CompiledTier]>,
     /// The default 429 body, rendered once.
     pub(crate) limited_body: Bytes,
 }
@@ -101,7 +101,7 @@ impl PolicyRules {
             tiers: policy
                 .tiers()
                 .iter()
-                .map(|t| TierRules::of(t.name.clone(), &t.limits))
+                .map(|t| CompiledTier::of(t.name.clone(), &t.limits))
                 .collect(),
             limited_body: headers::limited_body(policy.name()),
         }
@@ -111,7 +111,7 @@ impl PolicyRules {
 /// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
 /// and what remains is counted against that tolerance, not the delay's. Returns the wait (the longest
 /// of a stack's) and corrects each delayed limit's `remaining` in place.
-pub(crate) fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Duration {
+pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
     let mut delay = Duration::ZERO;
     for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
         if limit.delay().is_some() {
@@ -126,10 +126,10 @@ pub(crate) fn queue_delay(tier: &TierRules, decisions: &mut [Decision]) -> Durat
     delay
 }
 
-/// Adds each limit's decision to an admitted request's [`ThrottleDecision`], if it has one.
+/// Adds each limit's decision to an admitted request's [`PolicyDecision`], if it has one.
 pub(crate) fn with_limits(
     mut admitted: Admitted,
-    tier: &TierRules,
+    tier: &CompiledTier,
     decisions: &[Decision],
 ) -> Admitted {
     if let Some(exposed) = admitted.decision.as_deref_mut() {
@@ -146,19 +146,19 @@ pub(crate) fn with_limits(
     admitted
 }
 
-/// An admitted request: its headers, its wait, its slot, and the [`ThrottleDecision`] handlers see.
+/// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see.
 /// `enforced`: whether the verdict enforces the decision (not a dry run, which reports the wait in
-/// its `ThrottleDecision` but does not wait).
+/// its `PolicyDecision` but does not wait).
 pub(crate) fn admit(
     rules: &PolicyRules,
-    tier: &TierRules,
+    tier: &CompiledTier,
     decision: Decision,
     fields: RateHeaders,
     delay: Duration,
     enforced: bool,
     slot: Option<SlotOwner>,
 ) -> Admitted {
-    let exposed = rules.expose_decision.then(|| ThrottleDecision {
+    let exposed = rules.expose_decision.then(|| PolicyDecision {
         policy: rules.name.clone(),
         tier: tier.name.clone(),
         decision,

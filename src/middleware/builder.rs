@@ -122,10 +122,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///     .unwrap();
     /// # let _ = layer;
     /// ```
-    pub fn on_limited<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(&Limited<'_>) + Send + Sync + 'static,
-    {
+    pub fn on_limited(mut self, hook: impl Fn(&Limited<'_>) + Send + Sync + 'static) -> Self {
         self.settings.on_limited = Some(Arc::new(hook));
         self
     }
@@ -173,32 +170,18 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
-    /// Replaces the default 429 response. The middleware adds `Retry-After` (unless the function set
-    /// one) and the rate-limit fields. For the other refusals (400, 403, 503), and to see the
-    /// request, use [`refusal_response`](Self::refusal_response); a refusal function that asks for
-    /// [`Refusal::default_response`] of a `429` gets this one's.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http::{Response, StatusCode};
-    /// use tower_throttle::{headers::Rejected, Policy, Quota, ThrottleLayer};
-    ///
-    /// let layer = ThrottleLayer::builder()
-    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
-    ///     .rejection_response(|r: &Rejected<'_>| {
-    ///         let mut res = Response::new(Bytes::from(format!("slow down ({})", r.policy)));
-    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    ///         res
-    ///     })
-    ///     .build()
-    ///     .unwrap();
-    /// ```
-    pub fn rejection_response<F>(mut self, f: F) -> Self
-    where
-        F: Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.settings.rejection = Some(Arc::new(f));
-        self
+    /// Renamed: answer refusals with [`refusal_response`](Self::refusal_response), which sees every
+    /// refusal (the `429`s through [`Refusal::rejected`]). This one still sets the default `429`.
+    #[deprecated(
+        note = "use refusal_response(|r| r.rejected().map_or_else(|| r.default_response(), |x| f(&x)))"
+    )]
+    pub fn rejection_response(
+        self,
+        f: impl Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        let mut builder = self;
+        builder.settings.rejection = Some(Arc::new(f));
+        builder
     }
 
     /// Answers every request the layer refuses itself — over the limit or banned (`429`), without a
@@ -210,9 +193,8 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// alone. The layer adds `Retry-After` (unless `f` set one) to `429` and `503`, and the
     /// rate-limit fields to `429`.
     ///
-    /// Without it, refusals cost what they always did (one `Option` check). It replaces
-    /// [`rejection_response`](Self::rejection_response) as the way to customize answers; that one
-    /// still sets the default `429` (which `default_response` returns).
+    /// Without it, refusals cost what they always did (one `Option` check). It is the one hook that
+    /// shapes refusals; [`on_limited`](Self::on_limited) only observes them.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -283,16 +265,16 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// [`OnBackendError::Deny`]), `INVALID_ARGUMENT` (no key) or `PERMISSION_DENIED` (deny list).
     /// See [`grpc`](crate::grpc) for the details.
     ///
-    /// This sets the [`rejection_response`](Self::rejection_response) to
-    /// [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a `rejection_response` set
-    /// afterwards replaces it for the `429` case only.
+    /// The `429` is [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a
+    /// [`refusal_response`](Self::refusal_response) still has the last word.
+    #[allow(deprecated)] // the gRPC 429 is the default 429, which only that setter sets
     pub fn grpc(mut self) -> Self {
         self.settings.grpc = true;
         self.rejection_response(crate::grpc::resource_exhausted)
     }
 
-    /// Inserts a [`ThrottleDecision`](crate::ThrottleDecision) into every admitted request, for handlers that want to read
-    /// it (`Extension<ThrottleDecision>` in axum). Off by default, because it costs an allocation per
+    /// Inserts a [`PolicyDecision`](crate::PolicyDecision) into every admitted request, for handlers that want to read
+    /// it (`Extension<PolicyDecision>` in axum). Off by default, because it costs an allocation per
     /// request; dry-run and delay-mode policies always insert it.
     pub fn decision_extension(mut self, on: bool) -> Self {
         self.settings.decision_extension = on;

@@ -22,7 +22,7 @@ use crate::middleware::table::Table;
 use crate::middleware::verdict::{Checked, RequestContext};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund};
-use crate::per_customer::{CustomTier, PolicyExtras};
+use crate::per_customer::{CustomerQuota, PolicyExtras};
 use crate::timer::within;
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
@@ -176,7 +176,7 @@ fn settle_later<K, B>(
     policy: usize,
     tier: usize,
     extras: &Arc<PolicyExtras>,
-    custom: Option<Arc<CustomTier>>,
+    custom: Option<Arc<CustomerQuota>>,
     key: Key,
     taken: Taken,
     verdict: Verdict,
@@ -225,7 +225,7 @@ async fn custom_quota<K, B>(
     extras: &PolicyExtras,
     parts: &Parts,
     key: &Key,
-) -> Option<Arc<CustomTier>>
+) -> Option<Arc<CustomerQuota>>
 where
     B: Backend,
 {

@@ -237,7 +237,7 @@ where
     }
 }
 
-/// Readies an admitted request: its [`ThrottleDecision`](crate::ThrottleDecision) extension, its
+/// Readies an admitted request: its [`PolicyDecision`](crate::PolicyDecision) extension, its
 /// headers, and the concurrency slot it holds until its response ends.
 fn prepare<ReqBody>(
     admitted: Admitted,
@@ -249,7 +249,7 @@ fn prepare<ReqBody>(
     Option<ConcurrencySlot>,
 ) {
     if let Some(decision) = admitted.decision {
-        crate::decisions::record(request.extensions_mut(), *decision);
+        crate::policy_decision::record(request.extensions_mut(), *decision);
     }
     let slot = match (admitted.slot, release) {
         (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),

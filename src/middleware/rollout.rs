@@ -14,7 +14,7 @@ use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
 use crate::middleware::admitted::PolicyRules;
-use crate::middleware::settings::TierRules;
+use crate::middleware::settings::CompiledTier;
 use crate::middleware::verdict::{Judge, RequestContext};
 use crate::observe::ShownKey;
 use crate::rollout::Unenforced;
@@ -102,7 +102,7 @@ impl Judge {
     pub(super) fn would_limit(
         &self,
         rules: &PolicyRules,
-        tier: &TierRules,
+        tier: &CompiledTier,
         decisions: &[Decision],
         shown: ShownKey<'_>,
     ) {

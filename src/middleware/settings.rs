@@ -1,5 +1,5 @@
 //! What the verdict is configured with: the layer-wide [`Settings`] (hooks, headers, failure
-//! policy) and each tier's [`TierRules`]. Below the verdict, the policy and per-customer quotas,
+//! policy) and each tier's [`CompiledTier`]. Below the verdict, the policy and per-customer quotas,
 //! which all build or read them.
 
 use std::sync::Arc;
@@ -61,7 +61,7 @@ pub(crate) struct Settings {
     pub(crate) offenders: Option<Offenders>,
     /// Refusals (400, 403, 503) as gRPC trailers-only responses.
     pub(crate) grpc: bool,
-    /// Every admitted request gets a [`ThrottleDecision`].
+    /// Every admitted request gets a [`PolicyDecision`].
     pub(crate) decision_extension: bool,
 }
 
@@ -86,7 +86,7 @@ impl Default for Settings {
 }
 
 /// What the verdict needs of one tier's limits (or of a per-customer quota's).
-pub(crate) struct TierRules {
+pub(crate) struct CompiledTier {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) limits: Box<[Limit]>,
     pub(crate) names: Box<[Arc<str>]>,
@@ -96,10 +96,10 @@ pub(crate) struct TierRules {
     pub(crate) concurrency: bool,
 }
 
-impl TierRules {
+impl CompiledTier {
     /// The rules of `limits` (at least one), the tier called `name` (`None`: the default).
     pub(crate) fn of(name: Option<Arc<str>>, limits: &[Limit]) -> Self {
-        TierRules {
+        CompiledTier {
             name,
             limits: limits.into(),
             names: limits.iter().map(|l| l.name().into()).collect(),

@@ -38,7 +38,7 @@ use crate::middleware::slot::Release;
 use crate::middleware::table::Table;
 use crate::middleware::verdict::{Checked, Judge, RequestContext};
 use crate::observe::RequestRef;
-use crate::per_customer::CustomTier;
+use crate::per_customer::CustomerQuota;
 
 /// Step 1: the first policy of `table` whose route and methods match `request`.
 pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
@@ -113,7 +113,7 @@ pub(crate) fn limits_of<'a, K>(
     table: &'a Table<K>,
     policy: usize,
     tier: usize,
-    custom: Option<&'a CustomTier>,
+    custom: Option<&'a CustomerQuota>,
 ) -> &'a [Limit] {
     match custom {
         Some(custom) => &custom.limits,

@@ -19,7 +19,7 @@ use crate::key::Key;
 use crate::middleware::admitted::{
     admit, queue_delay, with_limits, Admitted, PolicyRules, Verdict,
 };
-use crate::middleware::settings::{OnBackendError, Settings, TierRules};
+use crate::middleware::settings::{CompiledTier, OnBackendError, Settings};
 use crate::middleware::slot::SlotOwner;
 use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::{MissingKey, Policy};
@@ -43,7 +43,7 @@ pub(crate) struct RequestContext<'a> {
     pub(crate) key: &'a Key,
     pub(crate) request: RequestRef<'a>,
     /// A per-customer quota's limits, in place of tier `tier`'s.
-    pub(crate) custom: Option<&'a TierRules>,
+    pub(crate) custom: Option<&'a CompiledTier>,
 }
 
 impl<'a> RequestContext<'a> {
@@ -63,7 +63,7 @@ impl<'a> RequestContext<'a> {
     }
 
     /// The limits the request is decided under: its per-customer quota's, else its tier's.
-    fn tier_in<'r>(&self, rules: &'r PolicyRules) -> &'r TierRules
+    fn tier_in<'r>(&self, rules: &'r PolicyRules) -> &'r CompiledTier
     where
         'a: 'r,
     {
@@ -610,7 +610,7 @@ mod tests {
         let admitted = admitted(verdict_on(&judge, Ok(Checked::One(decision))));
         assert!(admitted.delay.is_zero());
         assert!(admitted.slot.is_none());
-        assert!(admitted.decision.is_none(), "ThrottleDecision is opt-in");
+        assert!(admitted.decision.is_none(), "PolicyDecision is opt-in");
         let mut headers = http::HeaderMap::new();
         admitted.headers.expect("fields").apply(&mut headers);
         assert_eq!(headers["ratelimit"], r#""api";r=1;t=1"#);

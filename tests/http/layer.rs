@@ -412,8 +412,9 @@ async fn method_router_layer_and_shared_backend() {
 async fn custom_rejection_gets_retry_after_and_fields() {
     let layer = ThrottleLayer::builder()
         .policy(global_policy("p", Quota::per_minute(1)))
-        .rejection_response(|r| {
-            let mut res = http::Response::new(bytes::Bytes::from(format!("{} says no", r.policy)));
+        .refusal_response(|r| {
+            let policy = r.policy().unwrap_or_default();
+            let mut res = http::Response::new(bytes::Bytes::from(format!("{policy} says no")));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             res
         })

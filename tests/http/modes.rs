@@ -11,7 +11,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
-use tower_throttle::{Algorithm, Policy, Quota, ThrottleDecision, ThrottleLayer, Tier};
+use tower_throttle::{Algorithm, Policy, PolicyDecision, Quota, ThrottleLayer, Tier};
 
 /// `policy` on `backend`, with the layer's defaults.
 fn layer_of<K, B: tower_throttle::Backend>(backend: B, policy: Policy<K>) -> ThrottleLayer<K, B> {
@@ -34,7 +34,7 @@ where
 }
 
 /// A handler that answers with what the layer decided: "allowed remaining enforced delayed_ms".
-async fn show(Extension(d): Extension<ThrottleDecision>) -> String {
+async fn show(Extension(d): Extension<PolicyDecision>) -> String {
     format!(
         "{} {} {} {}",
         d.decision.allowed,

@@ -1,6 +1,6 @@
 //! Every refusal through one hook (`refusal_response`): 429, 400, 403 on memory, 503 with a dead
 //! Redis under `deny`; content negotiation from the request's parts; the old `rejection_response`
-//! still answering 429s. And every layer's decision side by side (`ThrottleDecisions`).
+//! still answering 429s. And every layer's decision side by side (`RequestDecisions`).
 
 use crate::support::redis as redis_support;
 
@@ -17,7 +17,7 @@ use tower_throttle::access::AccessList;
 use tower_throttle::headers::{Refusal, RefusalKind};
 use tower_throttle::key::{Global, Header};
 use tower_throttle::{
-    OnBackendError, Policy, Quota, RedisBackend, ThrottleDecision, ThrottleDecisions, ThrottleLayer,
+    OnBackendError, Policy, PolicyDecision, Quota, RedisBackend, RequestDecisions, ThrottleLayer,
 };
 
 /// What the hook saw of one refusal.
@@ -171,6 +171,7 @@ async fn one_hook_answers_429_400_and_403_and_sees_the_request() {
 }
 
 #[tokio::test]
+#[allow(deprecated)] // the deprecated hook must keep working for one release
 async fn the_old_rejection_response_still_answers_429s_and_is_the_hooks_default() {
     let policy = || {
         Policy::builder("api")
@@ -279,7 +280,7 @@ async fn the_hook_answers_the_503_of_a_dead_redis_under_deny() {
 }
 
 /// Two layers on one route, each exposing its decision: the handler sees both (and each quota of
-/// a stack); the single `ThrottleDecision` is the inner layer's, as it always was.
+/// a stack); the single `PolicyDecision` is the inner layer's, as it always was.
 #[tokio::test]
 async fn handlers_see_every_layers_decision_and_every_limits() {
     // Manual clocks: the per-second quota must not refill between the two requests.
@@ -311,8 +312,8 @@ async fn handlers_see_every_layers_decision_and_every_limits() {
         .route(
             "/",
             get(
-                |Extension(all): Extension<ThrottleDecisions>,
-                 Extension(one): Extension<ThrottleDecision>| async move {
+                |Extension(all): Extension<RequestDecisions>,
+                 Extension(one): Extension<PolicyDecision>| async move {
                     let mut out: Vec<String> = all
                         .iter()
                         .map(|d| {
@@ -390,7 +391,7 @@ async fn on_redis_the_hook_and_the_per_limit_decisions_work_alike() {
     let app = Router::new()
         .route(
             "/orgs/{org}",
-            get(|Extension(all): Extension<ThrottleDecisions>| async move {
+            get(|Extension(all): Extension<RequestDecisions>| async move {
                 let d = all.get("org").expect("this layer's decision");
                 let limits: Vec<String> = d
                     .limits

@@ -11,7 +11,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use tower::ServiceExt;
 use tower_throttle::key::Header;
-use tower_throttle::{Algorithm, Key, Policy, Quota, ThrottleDecision, ThrottleLayer};
+use tower_throttle::{Algorithm, Key, Policy, PolicyDecision, Quota, ThrottleLayer};
 
 use crate::support::{
     backend, from_user, header, layer_on, sample_or_zero as sample, with_metrics,
@@ -22,7 +22,7 @@ fn app(policy: Policy<Header>) -> Router {
     Router::new()
         .route(
             "/items",
-            get(|d: Option<Extension<ThrottleDecision>>| async move {
+            get(|d: Option<Extension<PolicyDecision>>| async move {
                 d.map_or("-".to_owned(), |Extension(d)| d.enforced.to_string())
             }),
         )

@@ -29,7 +29,7 @@ fn leased_limit() -> Limit {
         Quota::per_second(PER_SECOND).with_max_burst(MAX_BURST),
     )
     .unwrap()
-    .with_budget(Budget::new().lease(Duration::from_millis(100)))
+    .with_budget(Budget::new().slice_ttl(Duration::from_millis(100)))
     .unwrap()
 }
 
@@ -203,7 +203,11 @@ async fn a_slice_never_outlives_what_redis_granted() {
         .unwrap();
     let limit = Limit::new("tiny", Quota::per_minute(10))
         .unwrap()
-        .with_budget(Budget::new().hot_after(1).lease(Duration::from_secs(10)))
+        .with_budget(
+            Budget::new()
+                .hot_after(1)
+                .slice_ttl(Duration::from_secs(10)),
+        )
         .unwrap();
     let key = Key::from("k");
     // 300 checks over about 0.3 s: a slice refilled in the background lands between them, and

@@ -21,7 +21,7 @@ use redis_support::{RedisCluster, RedisServer};
 use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
 use tower_throttle::{
-    Algorithm, Backend, MemoryBackend, Policy, Quota, RedisBackend, RedisMode, ThrottleDecision,
+    Algorithm, Backend, MemoryBackend, Policy, PolicyDecision, Quota, RedisBackend, RedisMode,
     ThrottleLayer,
 };
 
@@ -37,7 +37,7 @@ fn app<B: Backend>(
     Router::new()
         .route(
             "/",
-            get(|d: Option<Extension<ThrottleDecision>>| async move {
+            get(|d: Option<Extension<PolicyDecision>>| async move {
                 d.map_or("none".to_owned(), |Extension(d)| {
                     format!("{} {}", d.decision.allowed, d.delayed.as_millis())
                 })

@@ -1,4 +1,4 @@
--- budget.lua: a slice of a GCRA key's budget (leased budgets for hot keys, budget.rs), after the
+-- budget.lua: a slice of a GCRA key's budget (sliced budgets for hot keys, budget.rs), after the
 -- prelude (prelude.lua).
 --
 -- KEYS[1]  the key's state, as gcra.lua and CL.THROTTLE store it (the TAT in ns since the epoch).

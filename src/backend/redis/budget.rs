@@ -1,13 +1,13 @@
-//! Leased budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
+//! Sliced budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
 //! one atomic call (`budget.lua`) and admits from it locally, never more than Redis granted.
 //!
 //! Per key (its Redis key), this process keeps how many units it saw in the current and the
-//! previous lease period (hotness and the local rate), and its slice: the units left, when they
+//! previous slice TTL (hotness and the local rate), and its slice: the units left, when they
 //! expire, and what Redis said when it granted them. A request takes from a live slice without a
 //! call; a hot key whose slice ran out asks for a new one sized by the local rate; a cold key, and
 //! a hot key while its slice is being fetched, is decided per request as without a budget (the
 //! other requests do not wait for the fetch). The table is bounded: when full, keys idle for two
-//! leases are dropped, and keys beyond it stay cold.
+//! slice TTLs are dropped, and keys beyond it stay cold.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,11 +28,11 @@ static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::BUDGE
 /// The most keys one process tracks for hotness; beyond it, keys are decided per request.
 const MAX_KEYS: usize = 100_000;
 
-/// The budgets this process leases, per Redis key.
+/// The budget slices this process holds, per Redis key.
 #[derive(Default)]
 pub(super) struct Budgets {
     keys: Mutex<HashMap<Box<str>, Slice>>,
-    /// When the full table was last swept: at most once a lease, so that a flood of new keys into
+    /// When the full table was last swept: at most once a slice TTL, so that a flood of new keys into
     /// a full table costs each of them a lookup, not a scan of every key under the lock.
     last_sweep: Mutex<Option<Instant>>,
     /// Counts the resets heard (here or from another process): a slice fetched across one is not
@@ -42,7 +42,7 @@ pub(super) struct Budgets {
 
 /// One key: its recent rate and its slice.
 struct Slice {
-    /// The start of the current counting period (one lease long).
+    /// The start of the current counting period (one slice TTL long).
     period_start: Instant,
     /// Units asked in the current period and in the one before.
     seen_now: u64,
@@ -78,7 +78,7 @@ impl Slice {
         }
     }
 
-    /// The slice to ask for: about the units of one lease at the local rate, within the budget's
+    /// The slice to ask for: about the units of one slice TTL at the local rate, within the budget's
     /// and the limit's bounds, and never less than `least`.
     fn want(&self, budget: &Budget, limit: u64, least: u64) -> u64 {
         self.seen_now
@@ -167,14 +167,14 @@ impl Budgets {
             return Local::PerRequest;
         }
         let now = Instant::now();
-        let lease = budget.lease_length();
+        let ttl = budget.slice_lifetime();
         let mut keys = self.lock();
         if !keys.contains_key(key) {
             if keys.len() >= MAX_KEYS {
                 let mut last_sweep = self.last_sweep.lock().unwrap_or_else(|p| p.into_inner());
-                if last_sweep.is_none_or(|at| now.saturating_duration_since(at) >= lease) {
+                if last_sweep.is_none_or(|at| now.saturating_duration_since(at) >= ttl) {
                     *last_sweep = Some(now);
-                    keys.retain(|_, s| now.saturating_duration_since(s.period_start) < lease * 2);
+                    keys.retain(|_, s| now.saturating_duration_since(s.period_start) < ttl * 2);
                 }
                 if keys.len() >= MAX_KEYS {
                     return Local::PerRequest;
@@ -186,14 +186,14 @@ impl Budgets {
             return Local::PerRequest;
         };
         let since = now.saturating_duration_since(slice.period_start);
-        if since >= lease {
-            slice.seen_before = if since < lease * 2 { slice.seen_now } else { 0 };
+        if since >= ttl {
+            slice.seen_before = if since < ttl * 2 { slice.seen_now } else { 0 };
             slice.seen_now = 0;
             slice.period_start = now;
         }
         slice.seen_now = slice.seen_now.saturating_add(quantity);
         if now >= slice.expires {
-            // Granted, unused, and lost: the bounded loss of a lease.
+            // Granted, unused, and lost: the bounded loss of a slice.
             slice.units = 0;
         } else if slice.units >= quantity {
             slice.units -= quantity;
@@ -266,7 +266,7 @@ impl Budgets {
                     }
                     slice.units = slice.units.saturating_add(granted - quantity);
                     slice.last_grant = granted;
-                    slice.expires = now + budget.lease_length();
+                    slice.expires = now + budget.slice_lifetime();
                     slice.granted_at = now;
                     slice.redis_remaining = remaining;
                     slice.reset_after = reset_after;
@@ -307,12 +307,12 @@ mod tests {
     use super::*;
 
     /// Gives `key` a slice of `units`, as a grant with `redis_remaining` left would.
-    fn grant(budgets: &Budgets, key: &str, units: u64, redis_remaining: u64, lease: Duration) {
+    fn grant(budgets: &Budgets, key: &str, units: u64, redis_remaining: u64, ttl: Duration) {
         let now = Instant::now();
         let mut keys = budgets.lock();
         let slice = keys.entry(key.into()).or_insert_with(|| Slice::new(now));
         slice.units = units;
-        slice.expires = now + lease;
+        slice.expires = now + ttl;
         slice.granted_at = now;
         slice.redis_remaining = redis_remaining;
         slice.reset_after = Duration::from_secs(1);
@@ -323,7 +323,9 @@ mod tests {
     #[test]
     fn a_key_is_cold_until_hot_after_decisions() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new().hot_after(3).lease(Duration::from_secs(60));
+        let budget = Budget::new()
+            .hot_after(3)
+            .slice_ttl(Duration::from_secs(60));
         assert!(matches!(
             budgets.local("k", &budget, 100, 1),
             Local::PerRequest
@@ -351,7 +353,9 @@ mod tests {
     #[test]
     fn a_slice_admits_what_was_granted_and_no_more() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new().hot_after(1).lease(Duration::from_secs(60));
+        let budget = Budget::new()
+            .hot_after(1)
+            .slice_ttl(Duration::from_secs(60));
         grant(&budgets, "k", 3, 40, Duration::from_secs(60));
         let mut remaining = Vec::new();
         let mut refills = 0;
@@ -388,7 +392,7 @@ mod tests {
         let budget = Budget::new()
             .hot_after(1)
             .max_slice(10)
-            .lease(Duration::from_secs(60));
+            .slice_ttl(Duration::from_secs(60));
         for _ in 0..50 {
             drop(budgets.local("k", &budget, 100, 1));
         }

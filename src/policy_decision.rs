@@ -1,5 +1,5 @@
-//! What a layer decided for a request it let through, as handlers see it: [`ThrottleDecision`]
-//! (one layer's), each limit's [`LimitDecision`], and [`ThrottleDecisions`] (every layer's, side
+//! What a layer decided for a request it let through, as handlers see it: [`PolicyDecision`]
+//! (one layer's), each limit's [`LimitDecision`], and [`RequestDecisions`] (every layer's, side
 //! by side in the request's extensions).
 
 use std::sync::Arc;
@@ -10,14 +10,14 @@ use http::Extensions;
 use crate::decision::Decision;
 
 /// What a layer decided for a request it let through, as a request extension the application can
-/// read (`Extension<ThrottleDecision>` in axum). Inserted for dry-run and delay-mode policies, and
+/// read (`Extension<PolicyDecision>` in axum). Inserted for dry-run and delay-mode policies, and
 /// for every policy of a layer built with
 /// [`decision_extension(true)`](crate::ThrottleLayerBuilder::decision_extension). In
 /// [dry-run](crate::PolicyBuilder::dry_run) mode this is how a handler learns that the request *would* have
 /// been limited.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct ThrottleDecision {
+pub struct PolicyDecision {
     /// The policy's name.
     pub policy: Arc<str>,
     /// The tier whose quota applied (`None`: the default).
@@ -33,7 +33,7 @@ pub struct ThrottleDecision {
     pub limits: Box<[LimitDecision]>,
 }
 
-/// One limit's decision within a [`ThrottleDecision`]: for stacked quotas, each quota's own (named
+/// One limit's decision within a [`PolicyDecision`]: for stacked quotas, each quota's own (named
 /// like its limit, `api.1s`, `api.1d`); for a single quota, the one decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -44,12 +44,12 @@ pub struct LimitDecision {
     pub decision: Decision,
 }
 
-/// Every [`ThrottleDecision`] made for a request, one per layer that exposed its decision, in the
+/// Every [`PolicyDecision`] made for a request, one per layer that exposed its decision, in the
 /// order they decided (the outermost layer first): a request extension, read in axum with
-/// `Extension<ThrottleDecisions>`.
+/// `Extension<RequestDecisions>`.
 ///
 /// Each layer appends to it, so a per-IP layer and a per-user layer stacked on one route both
-/// show. The single [`ThrottleDecision`] extension is still inserted as before; with several layers
+/// show. The single [`PolicyDecision`] extension is still inserted as before; with several layers
 /// it holds the last (innermost) layer's decision, the one that overwrote the others.
 ///
 /// ```
@@ -57,7 +57,7 @@ pub struct LimitDecision {
 /// use http::Request;
 /// use tower::ServiceExt;
 /// use tower_throttle::key::{Global, Header};
-/// use tower_throttle::{Policy, Quota, ThrottleDecisions, ThrottleLayer};
+/// use tower_throttle::{Policy, Quota, RequestDecisions, ThrottleLayer};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let per_user = ThrottleLayer::builder()
@@ -71,7 +71,7 @@ pub struct LimitDecision {
 ///     .build()
 ///     .unwrap();
 /// let app = Router::new()
-///     .route("/", get(|Extension(all): Extension<ThrottleDecisions>| async move {
+///     .route("/", get(|Extension(all): Extension<RequestDecisions>| async move {
 ///         all.iter()
 ///             .flat_map(|d| d.limits.iter().map(|l| format!("{}={}", l.name, l.decision.remaining)))
 ///             .collect::<Vec<_>>()
@@ -86,18 +86,18 @@ pub struct LimitDecision {
 /// # });
 /// ```
 #[derive(Clone, Debug, Default)]
-pub struct ThrottleDecisions {
-    decisions: Vec<ThrottleDecision>,
+pub struct RequestDecisions {
+    decisions: Vec<PolicyDecision>,
 }
 
-impl ThrottleDecisions {
+impl RequestDecisions {
     /// The decisions, the outermost layer's first.
-    pub fn iter(&self) -> std::slice::Iter<'_, ThrottleDecision> {
+    pub fn iter(&self) -> std::slice::Iter<'_, PolicyDecision> {
         self.decisions.iter()
     }
 
     /// The decision of the policy called `policy` (the first, if two layers share a policy name).
-    pub fn get(&self, policy: &str) -> Option<&ThrottleDecision> {
+    pub fn get(&self, policy: &str) -> Option<&PolicyDecision> {
         self.decisions.iter().find(|d| &*d.policy == policy)
     }
 
@@ -112,22 +112,22 @@ impl ThrottleDecisions {
     }
 }
 
-impl<'a> IntoIterator for &'a ThrottleDecisions {
-    type Item = &'a ThrottleDecision;
-    type IntoIter = std::slice::Iter<'a, ThrottleDecision>;
+impl<'a> IntoIterator for &'a RequestDecisions {
+    type Item = &'a PolicyDecision;
+    type IntoIter = std::slice::Iter<'a, PolicyDecision>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.decisions.iter()
     }
 }
 
-/// Adds a layer's decision to a request: appended to its [`ThrottleDecisions`], and the single
-/// [`ThrottleDecision`] extension set to it.
-pub(crate) fn record(extensions: &mut Extensions, decision: ThrottleDecision) {
-    match extensions.get_mut::<ThrottleDecisions>() {
+/// Adds a layer's decision to a request: appended to its [`RequestDecisions`], and the single
+/// [`PolicyDecision`] extension set to it.
+pub(crate) fn record(extensions: &mut Extensions, decision: PolicyDecision) {
+    match extensions.get_mut::<RequestDecisions>() {
         Some(all) => all.decisions.push(decision.clone()),
         None => {
-            extensions.insert(ThrottleDecisions {
+            extensions.insert(RequestDecisions {
                 decisions: vec![decision.clone()],
             });
         }
