@@ -35,6 +35,7 @@
 
 mod backend;
 mod logging;
+mod options;
 mod policies;
 mod reload;
 mod schema;

@@ -28,46 +28,36 @@ pub enum BackendConfig {
 
 /// The `[backend]` table with `kind = "redis"`.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// One server, or with `cluster = true` one seed node: `redis://[user:password@]host:port/[db]`,
     /// `rediss://` for TLS.
-    #[serde(default)]
     pub url: Option<String>,
     /// Seed nodes of a Cluster (implies `cluster = true`).
-    #[serde(default)]
     pub urls: Option<Vec<String>>,
     /// `"auto"` (default), `"cell"` or `"lua"`.
-    #[serde(default)]
     pub mode: Option<String>,
     /// The first part of every key (default `"throttle"`).
-    #[serde(default)]
     pub prefix: Option<String>,
     /// The longest a decision may take, in milliseconds (default 100).
-    #[serde(default)]
     pub timeout_ms: Option<u64>,
     /// `"allow"`, `"deny"` or `"local"`: what to do when Redis fails or times out (default: the
     /// top-level `on_backend_error`, itself `"allow"` by default).
-    #[serde(default, deserialize_with = "some_on_backend_error")]
+    #[serde(deserialize_with = "some_on_backend_error")]
     pub on_error: Option<OnBackendError>,
     /// Whether `url` / `urls` name a Redis Cluster.
-    #[serde(default)]
     pub cluster: bool,
     /// Reject keys that Redis limited locally until their retry time (default true).
-    #[serde(default)]
     pub deny_cache: Option<bool>,
     /// The sentinels' URLs (`redis://host:26379`; `rediss://` for TLS): find the primary through
     /// Redis Sentinel instead of `url`. Needs `sentinel_service`.
-    #[serde(default)]
     pub sentinels: Option<Vec<String>>,
     /// The name the sentinels monitor the primary under (`sentinel monitor <name> ...`).
-    #[serde(default)]
     pub sentinel_service: Option<String>,
     /// `"lazy"` (default): start at once and connect in the background (requests follow the
     /// failure policy until Redis answers); `"eager"`: connect before starting, and fail if Redis
     /// cannot be reached. A Cluster starts lazily too: in service once it has formed.
-    #[serde(default)]
     pub connect: Option<String>,
 }
 
@@ -130,28 +120,23 @@ impl fmt::Display for BackendConfig {
 /// The `[access]` table: allow and deny lists. Networks are matched against the client IP (behind
 /// `trusted_proxies` when there are any, else the peer), keys against the matching policy's key.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct AccessConfig {
     /// Networks or addresses that bypass every limit.
-    #[serde(default)]
     pub allow_networks: Vec<String>,
     /// Networks or addresses answered `403 Forbidden`.
-    #[serde(default)]
     pub deny_networks: Vec<String>,
     /// Keys that bypass every limit (a value that is an IP address also matches `ip` and `client-ip`
     /// keys).
-    #[serde(default)]
     pub allow_keys: Vec<String>,
     /// Keys answered `403 Forbidden`.
-    #[serde(default)]
     pub deny_keys: Vec<String>,
     /// With a Redis backend: also mirror the sets `{<this>}:allow:net`, `:deny:net`, `:allow:key` and
     /// `:deny:key`, read every `redis_refresh` (default `"1s"`).
-    #[serde(default)]
     pub redis_sets: Option<String>,
     /// How often the Redis sets are read again.
-    #[serde(default, deserialize_with = "some_duration")]
+    #[serde(deserialize_with = "some_duration")]
     pub redis_refresh: Option<Duration>,
 }
 
@@ -299,19 +284,17 @@ pub enum BudgetConfig {
 }
 
 /// The settings of `budget = { .. }`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BudgetTuning {
     /// How long unused units of a slice live, and the window of the local rate (default 250ms).
     /// `lease` is still read, for one release.
-    #[serde(default, alias = "lease", deserialize_with = "some_duration")]
+    #[serde(alias = "lease", deserialize_with = "some_duration")]
     pub slice_ttl: Option<Duration>,
     /// The largest slice, in units (default 1000).
-    #[serde(default)]
     pub max_slice: Option<u64>,
     /// Decisions within a slice TTL that make a key hot (default 8).
-    #[serde(default)]
     pub hot_after: Option<u32>,
 }
 
@@ -351,21 +334,18 @@ pub struct QuotaConfig {
 }
 
 /// A tier's quotas (`[route.tiers.<name>]`): `count`/`period`/`max_burst`, or `quotas`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct TierConfig {
     /// GCRA only; default count - 1.
-    #[serde(default)]
     pub max_burst: Option<u64>,
     /// Requests per period.
-    #[serde(default)]
     pub count: Option<u64>,
     /// The period.
-    #[serde(default, deserialize_with = "some_duration")]
+    #[serde(deserialize_with = "some_duration")]
     pub period: Option<Duration>,
     /// Stacked quotas.
-    #[serde(default)]
     pub quotas: Option<Vec<QuotaConfig>>,
 }
 

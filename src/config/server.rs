@@ -75,15 +75,14 @@ pub fn admin_token_from_env(name: &str, setting: &str) -> Result<String, BuildEr
 /// max_connections = 10000      # open connections at most; more wait to be accepted
 /// ```
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ServerConfig {
     /// How long a client may take to send a request head (default 5 s).
-    #[serde(default, deserialize_with = "super::schema::some_duration")]
+    #[serde(deserialize_with = "super::schema::some_duration")]
     pub header_read_timeout: Option<Duration>,
     /// The most connections open at once (default 10,000); beyond, new connections wait in the
     /// kernel's accept queue until one closes.
-    #[serde(default)]
     pub max_connections: Option<usize>,
 }
 

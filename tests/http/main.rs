@@ -10,6 +10,7 @@ mod access;
 mod admin_handle;
 mod admin_page;
 mod concurrency;
+mod config_builder;
 mod config_reference;
 mod contract;
 mod count_outcome;

@@ -1,0 +1,225 @@
+//! The `[[route]]` table mapped onto [`PolicyBuilder`], in one place: each row of
+//! [`ROUTE_OPTIONS`] ties the TOML keys it reads to the builder options it sets and the function
+//! that sets them. A new option is one field in [`RouteConfig`] (the schema) and one row here; a
+//! plain `key = value` option needs no function of its own (see the `lease` row).
+//!
+//! `tests/http/config_builder.rs` reads this table's text: it fails when a key of `[[route]]` has
+//! no row, or a public builder option (`PolicyBuilder`'s methods, `Limit`'s `with_*`) is named by
+//! no row and not on its allow-list. So keep each row on one line, in the form `row(&[keys],
+//! &[options], how)`.
+
+use http::{Method, StatusCode};
+
+use super::policies::{bind_client_ip, quotas_of};
+use super::schema::RouteConfig;
+use crate::error::BuildError;
+use crate::key::{ClientIp, KeySpec, PeerIp};
+use crate::limit::Algorithm;
+use crate::outcome::StatusSet;
+use crate::penalty::Penalty;
+use crate::policy::{MissingKey, Policy, PolicyBuilder};
+
+/// The builder every row works on.
+pub(super) type Builder = PolicyBuilder<KeySpec>;
+
+/// How a row sets its options: the route, the client-IP extractor that `client-ip` keys read
+/// behind, and the builder so far. An error is the reason alone; the caller names the policy.
+type Apply = fn(&RouteConfig, &ClientIp, Builder) -> Result<Builder, String>;
+
+/// One row of [`ROUTE_OPTIONS`].
+pub(super) struct RouteOption {
+    /// The `[[route]]` keys the row reads (each key is in one row only).
+    #[allow(dead_code)] // Read by tests/http/config_builder.rs, from this file's text.
+    keys: &'static [&'static str],
+    /// The builder options it sets: `PolicyBuilder` methods, or `Limit::with_*` that the builder
+    /// passes the value on to.
+    #[allow(dead_code)] // Read by tests/http/config_builder.rs, from this file's text.
+    options: &'static [&'static str],
+    /// Sets them.
+    pub(super) apply: Apply,
+}
+
+const fn row(
+    keys: &'static [&'static str],
+    options: &'static [&'static str],
+    apply: Apply,
+) -> RouteOption {
+    RouteOption {
+        keys,
+        options,
+        apply,
+    }
+}
+
+/// Every `[[route]]` key, in the order they are applied (so the order in which errors are found).
+#[rustfmt::skip]
+pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
+    // TOML keys                                    builder options                        how
+    row(&["name"], &["Policy::builder"], |_, _, b| Ok(b)), // the builder starts from the name
+    row(&["key", "on_duplicate", "ipv6_prefix"], &["key"], key),
+    row(&["algorithm"], &["algorithm", "Limit::with_algorithm"], |r, _, b| Ok(b.algorithm(algorithm(r)?))),
+    row(&["count", "period", "max_burst", "quotas"], &["quotas"], quotas),
+    row(&["cost"], &["cost"], |r, _, b| Ok(b.cost(r.cost.unwrap_or(1)))),
+    row(&["mode", "max_delay"], &["dry_run", "delay", "Limit::with_delay"], mode),
+    row(&["lease"], &["lease", "Limit::with_lease"], |r, _, b| Ok(set(b, r.lease, Builder::lease))),
+    row(&["tiers"], &["tier"], tiers),
+    row(&["tier_header"], &["tier_header"], |r, _, b| Ok(set(b, r.tier_header.clone(), Builder::tier_header))),
+    row(&["path"], &["route"], |r, _, b| Ok(set(b, r.path.clone(), Builder::route))),
+    row(&["methods"], &["methods"], |r, _, b| methods(b, r.methods.as_deref(), Builder::methods)),
+    row(&["custom_methods"], &["custom_methods"], |r, _, b| methods(b, r.custom_methods.as_deref(), Builder::custom_methods)),
+    row(&["budget"], &["budget", "Limit::with_budget"], |r, _, b| Ok(set(b, r.budget_settings(), Builder::budget))),
+    row(&["penalty"], &["penalty", "Limit::with_penalty"], penalty),
+    row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
+    row(&["refund_statuses"], &["refund_on"], |r, _, b| Ok(set(b, statuses(r.refund_statuses.as_deref(), "refund_statuses")?, Builder::refund_on))),
+    row(&["on_missing_key"], &["on_missing_key"], on_missing_key),
+];
+
+impl RouteConfig {
+    /// The policy this route describes, `client-ip` keys read behind `client_ip`'s proxies: each
+    /// row of [`ROUTE_OPTIONS`] applied in turn.
+    pub(super) fn policy_behind(
+        &self,
+        client_ip: &ClientIp,
+    ) -> Result<Policy<KeySpec>, BuildError> {
+        // `Global` until the `key` row sets the route's key.
+        let mut builder = Policy::builder(self.name.clone()).key(KeySpec::Global);
+        for option in ROUTE_OPTIONS {
+            builder = (option.apply)(self, client_ip, builder)
+                .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
+        }
+        builder.build()
+    }
+}
+
+/// `option(builder, value)` if the key is set; the builder's default otherwise.
+fn set<T>(builder: Builder, value: Option<T>, option: fn(Builder, T) -> Builder) -> Builder {
+    match value {
+        Some(value) => option(builder, value),
+        None => builder,
+    }
+}
+
+/// `algorithm`, default GCRA: read by the quota and tier rows too (`max_burst` is GCRA's).
+fn algorithm(route: &RouteConfig) -> Result<Algorithm, String> {
+    route
+        .algorithm
+        .as_deref()
+        .map_or(Ok(Algorithm::Gcra), str::parse)
+}
+
+/// `key`, read behind the trusted proxies, bound to `path`'s parameters, with `on_duplicate` and
+/// `ipv6_prefix`.
+fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Builder, String> {
+    let mut key = route.key.clone();
+    bind_client_ip(&mut key, client_ip);
+    key = key.for_route(route.path.as_deref())?;
+    if let Some(on_duplicate) = &route.on_duplicate {
+        key = key.with_on_duplicate(on_duplicate.parse()?);
+    }
+    match (&mut key, route.ipv6_prefix) {
+        (KeySpec::PeerIp(ip), Some(prefix)) => {
+            *ip = PeerIp::new()
+                .with_ipv6_prefix(prefix)
+                .map_err(|e| e.to_string())?;
+        }
+        (KeySpec::ClientIp(ip), Some(prefix)) => {
+            *ip = ip
+                .clone()
+                .with_ipv6_prefix(prefix)
+                .map_err(|e| e.to_string())?;
+        }
+        (_, Some(_)) => {
+            return Err("ipv6_prefix only applies to key = \"ip\" or \"client-ip\"".into())
+        }
+        _ => {}
+    }
+    Ok(builder.key(key))
+}
+
+/// `count`/`period`/`max_burst`, or `quotas`.
+fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
+    Ok(builder.quotas(quotas_of(algorithm(route)?, &route.own_quota())?))
+}
+
+/// `[route.tiers.<name>]`: each tier's quotas, checked as the route's own are.
+fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Builder, String> {
+    let algorithm = algorithm(route)?;
+    for (name, tier) in route.tiers.iter().flatten() {
+        let quotas = quotas_of(algorithm, tier).map_err(|why| format!("tier {name:?}: {why}"))?;
+        builder = builder.tier(name.clone(), quotas);
+    }
+    Ok(builder)
+}
+
+/// `mode` (`"enforce"`, `"dry-run"`, `"delay"`) and the `max_delay` that only `"delay"` takes.
+fn mode(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
+    match (route.mode.as_deref(), route.max_delay) {
+        (None | Some("enforce"), None) => Ok(builder),
+        (Some("dry-run"), None) => Ok(builder.dry_run(true)),
+        (Some("delay"), Some(max_delay)) => Ok(builder.delay(max_delay)),
+        (Some("delay"), None) => Err("mode = \"delay\" needs max_delay, such as \"2s\"".into()),
+        (None | Some("enforce" | "dry-run"), Some(_)) => {
+            Err("max_delay is only used with mode = \"delay\"".into())
+        }
+        (Some(other), _) => Err(format!(
+            "mode {other:?} is not \"enforce\", \"dry-run\" or \"delay\""
+        )),
+    }
+}
+
+/// `methods` / `custom_methods`: parsed alike; the builder tells standard methods from opted-in
+/// ones.
+fn methods(
+    builder: Builder,
+    names: Option<&[String]>,
+    option: fn(Builder, Vec<Method>) -> Builder,
+) -> Result<Builder, String> {
+    let Some(names) = names else {
+        return Ok(builder);
+    };
+    let methods = names
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("method {m:?} is not a valid method"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(option(builder, methods))
+}
+
+/// `penalty = { after, within, ban }`.
+fn penalty(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
+    let Some(p) = &route.penalty else {
+        return Ok(builder);
+    };
+    let penalty = Penalty::new(p.after, p.within, p.ban).map_err(|e| e.to_string())?;
+    Ok(builder.penalty(penalty))
+}
+
+/// Counting by outcome: `count_statuses` / `refund_statuses` (codes, and classes such as `"5xx"`)
+/// as the filter the builder option takes.
+fn statuses(
+    statuses: Option<&[String]>,
+    setting: &str,
+) -> Result<Option<impl Fn(StatusCode) -> bool + Send + Sync + 'static>, String> {
+    let Some(statuses) = statuses else {
+        return Ok(None);
+    };
+    let set = StatusSet::parse(statuses, setting)?;
+    Ok(Some(move |status| set.contains(status)))
+}
+
+/// `on_missing_key`: `"reject"` (400, the default) or `"allow"`.
+fn on_missing_key(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
+    Ok(
+        builder.on_missing_key(match route.on_missing_key.as_deref() {
+            None | Some("reject") => MissingKey::Reject(StatusCode::BAD_REQUEST),
+            Some("allow") => MissingKey::Allow,
+            Some(other) => {
+                return Err(format!(
+                    "on_missing_key {other:?} is not \"reject\" or \"allow\""
+                ))
+            }
+        }),
+    )
+}
