@@ -246,3 +246,64 @@ fn bad_rollouts_are_build_errors() {
         "{e}"
     );
 }
+
+/// The TOML keys: `shadow = true` on a quota of the route's stack, `enforce = "10%"` on a route;
+/// the guide's example builds; bad values are errors that name the route.
+#[test]
+fn the_toml_keys_shadow_and_enforce() {
+    use tower_throttle::config::Config;
+
+    let guide = include_str!("../../src/guide/configuration.md");
+    let at = guide.find("A route that tries a tighter limit").unwrap();
+    let start = at + guide[at..].find("```toml\n").unwrap() + "```toml\n".len();
+    let toml = &guide[start..start + guide[start..].find("```").unwrap()];
+    let policies = Config::from_toml(toml).unwrap().policies().unwrap();
+    let names = |limits: &[tower_throttle::Limit]| -> Vec<String> {
+        limits.iter().map(|l| l.name().to_owned()).collect()
+    };
+    assert_eq!(names(policies[0].limits()), ["api"]);
+    assert_eq!(names(policies[0].shadow_limits()), ["api.shadow.1m"]);
+    assert_eq!(policies[0].shadow_limits()[0].quota().count(), 50);
+    assert_eq!(policies[0].enforce_fraction(), 1.0);
+    assert!((policies[1].enforce_fraction() - 0.10).abs() < 1e-9);
+    // The same keys as the builder's 10 %.
+    let built = staged(0.10);
+    for user in 0..200 {
+        let key = Key::from(format!("user-{user}"));
+        assert_eq!(policies[1].enforces(&key), built.enforces(&key));
+    }
+
+    let route = |extra: &str| {
+        format!("[[route]]\nname = \"api\"\nkey = \"global\"\ncount = 5\nperiod = \"1s\"\n{extra}")
+    };
+    let err = |toml: String| match Config::from_toml(&toml) {
+        Err(e) => e.to_string(),
+        Ok(config) => match config.policies() {
+            Ok(_) => panic!("accepted:\n{toml}"),
+            Err(e) => e.to_string(),
+        },
+    };
+    for bad in ["110%", "-1%", "10", "often"] {
+        let e = err(route(&format!("enforce = \"{bad}\"")));
+        assert!(
+            e.contains("policy \"api\"") && e.contains("is not a percentage"),
+            "{bad}: {e}"
+        );
+    }
+    let e = err(route("enforce = \"10%\"\nmode = \"dry-run\""));
+    assert!(e.contains("dry_run and enforce"), "{e}");
+    let stack = |quotas: &str| {
+        format!("[[route]]\nname = \"api\"\nkey = \"global\"\nquotas = [{quotas}]\n")
+    };
+    let e = err(stack("{ count = 5, period = \"1s\", shadow = true }"));
+    assert!(e.contains("at least one must be enforced"), "{e}");
+    let e = err(format!(
+        "{}[route.tiers.paid]\nquotas = [{{ count = 9, period = \"1s\" }}, \
+         {{ count = 5, period = \"1s\", shadow = true }}]\n",
+        route("")
+    ));
+    assert!(
+        e.contains("tier \"paid\": shadow = true is for the route's own quotas"),
+        "{e}"
+    );
+}
