@@ -9,7 +9,9 @@
 //! cargo run --example server -- --config my.toml --admin 127.0.0.1:3001   # peek, reset, reload, health
 //! ```
 //!
-//! Every configured route answers 200 to any method with a body naming the route; `/metrics` serves
+//! Every configured route answers 200 to any method with a body naming the route (or, with
+//! `?stream_tokens=N&interval_ms=D`, N server-sent tokens reported on a metered route's meter:
+//! `server/stream.rs`); `/metrics` serves
 //! the limiter's counters in the Prometheus text format; other paths 404. With `--admin ADDR`, a
 //! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload`, `GET /health`,
 //! `GET /top/{policy}`, `GET /overview` and an admin page at `/` (see `server/admin.rs`), behind a
@@ -28,6 +30,8 @@ mod auth;
 mod edge;
 #[path = "server/host.rs"]
 mod host;
+#[path = "server/stream.rs"]
+mod stream;
 #[path = "server/view.rs"]
 mod view;
 
@@ -45,7 +49,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{
     BackendConfig, BackendHealth, Config, ConfiguredBackend, RedisConfig, RouteConfig,
 };
-use tower_throttle::{MemoryBackend, PolicyDecision, RedisMode};
+use tower_throttle::{MemoryBackend, Meter, PolicyDecision, RedisMode};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"
@@ -97,6 +101,17 @@ name = "api"
 path = "/api/{*rest}"
 key = "header:x-api-key"
 quotas = [{ count = 10, period = "1s" }, { count = 1000, period = "1d" }]
+
+# 60 requests a minute and 1,000 tokens an hour per API key, tokens settled after the response:
+#   curl -N 'localhost:3000/chat?stream_tokens=50&interval_ms=100' -H 'x-api-key: k1'
+# streams 50 tokens, each charged as it is sent (an interrupted curl pays what it received).
+[[route]]
+name = "chat"
+path = "/chat"
+key = "header:x-api-key"
+count = 60
+period = "1m"
+metered = { charge = "after-response", unit = "tokens", count = 1000, period = "1h", estimate = 1, usage_header = "x-usage-tokens" }
 "#;
 
 /// Where `/metrics` is served; no `[[route]]` may take it.
@@ -111,7 +126,7 @@ const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
 const ROUTES_SHOWN: usize = 10;
 
 const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin HOST:PORT [--admin-token-env NAME]] [--redis URL [--redis-mode auto|cell|lua]]\n\
-    --config FILE     the policies, in TOML (default: a built-in set of five routes)\n\
+    --config FILE     the policies, in TOML (default: a built-in set of six routes)\n\
     --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
     \x20                 listen, else 127.0.0.1:3000)\n\
     --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload, GET /health,\n\
@@ -320,12 +335,18 @@ fn check_routes(config: &Config, source: &Source) -> Result<(), String> {
 }
 
 /// A route's answer: its name, what the limiter decided (dry-run and delay modes show here), after
-/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`).
+/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`); or,
+/// with `?stream_tokens=N&interval_ms=D`, N server-sent tokens on the meter (`server/stream.rs`).
 async fn answer(
     mut body: String,
     decision: Option<Extension<PolicyDecision>>,
+    meter: Option<Extension<Meter>>,
     RawQuery(query): RawQuery,
-) -> String {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Some(stream) = stream::requested(query.as_deref(), meter.map(|Extension(m)| m)) {
+        return stream;
+    }
     let sleep_ms = query
         .as_deref()
         .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("sleep_ms=")))
@@ -345,7 +366,7 @@ async fn answer(
             d.delayed.as_millis()
         ));
     }
-    body
+    body.into_response()
 }
 
 /// The configured paths, each answered by a handler naming its route, in time linear in routes.
@@ -372,9 +393,11 @@ fn routes(config: &Config, source: &Source) -> Result<Router, String> {
         for &(path, route) in &paths {
             current = Some(route);
             let body = format!("route {} ({path})\n", route.name);
-            let handler = move |decision: Option<Extension<PolicyDecision>>, query: RawQuery| {
+            let handler = move |decision: Option<Extension<PolicyDecision>>,
+                                meter: Option<Extension<Meter>>,
+                                query: RawQuery| {
                 let body = body.clone();
-                async move { answer(body, decision, query).await }
+                async move { answer(body, decision, meter, query).await }
             };
             router = router.route(path, any(handler));
         }
@@ -490,7 +513,7 @@ async fn run() -> Result<(), String> {
         .and_then(|builder| builder.build())
         .map(drop)
         .map_err(|e| source.error(e))?;
-    let routes = routes(&config, &source)?;
+    let mut router = routes(&config, &source)?;
     let edge = edge::of(&config).map_err(|e| source.error(e))?;
     // Errors from here on are the backend's: from the flag when --redis replaced it.
     let mut backend_override = None;
@@ -509,7 +532,18 @@ async fn run() -> Result<(), String> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("metrics: {e}"))?;
-    let layer = config.layer().await.map_err(|e| backend_source.error(e))?;
+    let layer = match config.layer().await {
+        // The built-in `chat` route is metered: a backend that cannot settle a cost after the
+        // response refuses it, and the built-in config then does without it.
+        Err(e) if args.config.is_none() && e.to_string().contains("cannot settle") => {
+            eprintln!("the built-in metered route \"chat\" is left out: {e}");
+            config.routes.retain(|r| r.metered.is_none());
+            router = routes(&config, &backend_source)?;
+            config.layer().await
+        }
+        built => built,
+    }
+    .map_err(|e| backend_source.error(e))?;
     let listen = listen_addrs(&args, &config).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {
@@ -520,7 +554,7 @@ async fn run() -> Result<(), String> {
         }
     });
     admin::register_reload_metrics();
-    let app = with_metrics(routes, &layer, metrics.clone())
+    let app = with_metrics(router, &layer, metrics.clone())
         .layer(axum::middleware::from_fn(host::require_host));
     let admin = match &args.admin {
         Some(addr) => {

@@ -33,6 +33,10 @@ pub struct Params {
     /// emission interval with a multiplication: a 64-bit `div` costs 35 to 90 cycles on x86-64, as
     /// much as the rest of an in-memory decision. Derived from `emission_interval` alone.
     reciprocal: u64,
+    /// How far ahead of `now` a stored TAT is read as it is: the tolerance, plus the debt a settled
+    /// cost may leave for a metered limit ([`Params::with_debt`]). Beyond it, a TAT was written
+    /// under another quota.
+    ceiling: u64,
 }
 
 impl Params {
@@ -42,7 +46,23 @@ impl Params {
             tolerance,
             limit,
             reciprocal: u64::MAX / emission_interval,
+            ceiling: tolerance,
         }
+    }
+
+    /// The same parameters for a metered limit, whose key may owe up to `units` past its burst
+    /// ([`settle`]): a TAT up to `units` emission intervals beyond the tolerance is debt, read as
+    /// it is, not another quota's state.
+    pub(crate) const fn with_debt(mut self, units: u64) -> Self {
+        self.ceiling = self
+            .tolerance
+            .saturating_add(self.emission_interval.saturating_mul(units));
+        self
+    }
+
+    /// How far ahead of now a TAT may lie: the tolerance, plus the debt cap of a metered limit.
+    pub const fn ceiling(&self) -> u64 {
+        self.ceiling
     }
 
     /// `n / emission_interval`, exactly (rounded down), without a hardware division. The estimate
@@ -96,8 +116,10 @@ pub struct Outcome {
 /// nanoseconds. A `quantity` of 0 peeks without consuming. A `quantity` whose cost exceeds the
 /// tolerance is limited with `retry_after = None`: it can never pass.
 ///
-/// A stored TAT more than the tolerance ahead of `now` can only come from another quota (a route whose
-/// quota changed while its keys lived on in Redis); it is read as a full bucket. redis-cell instead
+/// A stored TAT more than the tolerance ahead of `now` is debt for a metered limit (up to its
+/// [`ceiling`](Params::ceiling): the key is refused until it is paid back, and `retry_after` says
+/// exactly when); otherwise it can only come from another quota (a route whose
+/// quota changed while its keys lived on in Redis), and is read as a full bucket. redis-cell instead
 /// keeps such a key limited until the old TAT passes.
 ///
 /// One deliberate difference from redis-cell 0.2.2: when a stored TAT lies in the past (a key not yet
@@ -109,12 +131,13 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
         emission_interval: t,
         tolerance: tau,
         limit,
+        ceiling,
         ..
     } = *params;
-    // A TAT more than the tolerance ahead was stored under another quota (a changed route in a shared
-    // store): it counts as a full bucket under this one, and is stored so, so that it drains from now
-    // on. Under one quota it cannot happen.
-    let tat = tat.map(|tat| tat.min(now.saturating_add(tau)));
+    // A TAT more than the ceiling (the tolerance, plus a metered limit's debt) ahead was stored under
+    // another quota (a changed route in a shared store): it counts as a full bucket under this one,
+    // and is stored so, so that it drains from now on. Under one quota it cannot happen.
+    let tat = tat.map(|tat| tat.min(now.saturating_add(ceiling)));
     let tat_or_now = tat.unwrap_or(now);
     let increment = t.checked_mul(quantity);
     // new_tat = max(tat, now) + T × quantity; the request passes when new_tat - tau <= now.
@@ -149,6 +172,50 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
         decision,
         new_tat: stored,
     }
+}
+
+/// A metered request's cost settled after its response: the TAT to store for a stored `tat`
+/// (`None`: no state) at `now`, when the request cost `delta` units more (or, negative, fewer)
+/// than it reserved at most `since` ns ago.
+///
+/// More: `max(tat, now) + delta × T` with no admission test (the response has been sent), capped
+/// at the [`ceiling`](Params::ceiling) (`now + tolerance + max_debt × T`); the key is in debt when
+/// this lies beyond `now + tolerance`. Fewer: as a refund, the TAT moves back by `|delta| × T`
+/// less `since` (the request's units may have drained meanwhile), and never below `now`. A result
+/// not after `now` means no state.
+///
+/// ```
+/// use tower_throttle::{gcra, Limit, Quota};
+///
+/// let tokens = Limit::new("tokens", Quota::per_second(10)).unwrap().with_max_debt(5);
+/// let params = tokens.gcra().unwrap(); // 10 units, one every 100 ms
+/// let s = 1_000_000_000;
+/// // Reserved 1, used 15: 14 more, but at most 5 past the burst of 10.
+/// let reserved = gcra::decide(None, s, params, 1).new_tat;
+/// let tat = gcra::settle(reserved, s, params, 14, 0);
+/// assert_eq!(tat, Some(s + 1_500_000_000));
+/// let refused = gcra::decide(tat, s, params, 1).decision;
+/// assert_eq!(refused.remaining, 0);
+/// assert_eq!(refused.retry_after, Some(std::time::Duration::from_millis(600)));
+/// ```
+pub fn settle(tat: Option<u64>, now: u64, params: &Params, delta: i64, since: u64) -> Option<u64> {
+    let live = tat.filter(|tat| *tat > now);
+    let units = delta.unsigned_abs();
+    let moved = if delta >= 0 {
+        let cap = now.saturating_add(params.ceiling);
+        let charged = live
+            .unwrap_or(now)
+            .saturating_add(params.emission_interval.saturating_mul(units));
+        // Never lower than it was: a TAT already past the cap (another quota's) is left to decide.
+        Some(charged.min(cap).max(live.unwrap_or(0)))
+    } else {
+        let back = params
+            .emission_interval
+            .saturating_mul(units)
+            .saturating_sub(since);
+        live.map(|tat| tat.saturating_sub(back))
+    };
+    moved.filter(|tat| *tat > now)
 }
 
 #[cfg(test)]

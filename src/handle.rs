@@ -84,11 +84,7 @@ impl<K, B> Clone for ThrottleHandle<K, B> {
 
 impl<K, B> fmt::Debug for ThrottleHandle<K, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let table = self.shared.table.load();
-        let names: Vec<&str> = table.policies.iter().map(|p| p.name()).collect();
-        f.debug_struct("ThrottleHandle")
-            .field("policies", &names)
-            .finish_non_exhaustive()
+        self.shared.debug_as(f, "ThrottleHandle")
     }
 }
 

@@ -10,6 +10,10 @@
 //!   Several layers append several list members.
 //! * `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds until full), opt in,
 //!   for older clients.
+//! * `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, opt in, as OpenAI sends them, for LLM
+//!   clients: `requests` for a policy's first limit that is not metered, `tokens` for its
+//!   [metered](crate::PolicyBuilder::metered) one (see
+//!   [`openai_headers`](crate::ThrottleLayerBuilder::openai_headers)).
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +23,8 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use sfv::{RefBareItem, RefListSerializer};
+
+mod openai;
 
 use crate::decision::ceil_secs;
 use crate::decision::Decision;
@@ -283,6 +289,7 @@ fn problem_body(status: StatusCode, detail: &str) -> Bytes {
 pub(crate) struct HeaderOptions {
     pub(crate) ratelimit: bool,
     pub(crate) legacy: bool,
+    pub(crate) openai: bool,
 }
 
 /// The header values of one decision, rendered when the decision is made.
@@ -291,6 +298,8 @@ pub(crate) struct RateHeaders {
     policy: Option<HeaderValue>,
     ratelimit: Option<HeaderValue>,
     legacy: Option<[HeaderValue; 3]>,
+    /// Boxed: opt in, and the fields travel with every admitted request's future.
+    openai: Option<Box<openai::Fields>>,
 }
 
 /// The `RateLimit-Policy` value of a policy's limits (one list member per stacked quota): rendered
@@ -351,6 +360,19 @@ impl RateHeaders {
         headers
     }
 
+    /// With the OpenAI-style fields, if they are switched on (`limits[i]` decided `decisions[i]`).
+    pub(crate) fn with_openai(
+        mut self,
+        options: HeaderOptions,
+        limits: &[Limit],
+        decisions: &[Decision],
+    ) -> Self {
+        if options.openai {
+            self.openai = Some(Box::new(openai::fields(limits, decisions)));
+        }
+        self
+    }
+
     /// Adds the fields to a response's headers. RateLimit fields are appended (each layer adds its
     /// list member); the legacy fields are set only if an inner layer has not set them.
     pub(crate) fn apply(self, map: &mut HeaderMap) {
@@ -365,6 +387,12 @@ impl RateHeaders {
                 map.insert(X_RATELIMIT_LIMIT.clone(), limit);
                 map.insert(X_RATELIMIT_REMAINING.clone(), remaining);
                 map.insert(X_RATELIMIT_RESET.clone(), reset);
+            }
+        }
+        // Set only if an inner layer (an upstream's answer, proxied) has not.
+        for (name, value) in self.openai.into_iter().flat_map(|f| f.0) {
+            if !map.contains_key(&name) {
+                map.insert(name, value);
             }
         }
     }
@@ -533,6 +561,7 @@ mod tests {
             HeaderOptions {
                 ratelimit: true,
                 legacy: true,
+                openai: false,
             },
             &["reply".into()],
             &policy,
@@ -564,6 +593,7 @@ mod tests {
             HeaderOptions {
                 ratelimit: true,
                 legacy: true,
+                openai: false,
             },
             &names,
             &field,

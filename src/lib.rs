@@ -72,6 +72,8 @@
 //! | lease | a concurrency slot's hold on Redis, renewed while its request runs, freed on release ([`Limit::with_lease`], [`Decision::lease`]) |
 //! | [`Budget`] slice | units of a hot key's budget a process takes from Redis and admits locally for a [`slice_ttl`](Budget::slice_ttl) |
 //! | penalty, ban | [`Penalty`]: a key over its limit too often is refused for a time |
+//! | metered limit | a limit whose cost is known after the response ([`PolicyBuilder::metered`]): it *reserves* an [`Estimate`] at admission and is *settled* ([`Backend::settle`]) to what the [`Meter`] says when the response ends |
+//! | debt | a metered key charged past its burst: refused until paid back, at most [`Limit::max_debt`] units |
 //! | dry run, shadow limit, stage | refusals only counted: a whole policy's ([`PolicyBuilder::dry_run`]), one extra limit's ([`PolicyBuilder::shadow`]), or those of keys outside an enforced share ([`PolicyBuilder::enforce_fraction`]) |
 //!
 //! # Module map
@@ -81,7 +83,7 @@
 //! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a sliced [`Budget`] |
 //! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs`, `timer.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s; tokio timers without a panic |
 //! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
-//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs`, `rollout.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome; shadow limits and staged enforcement |
+//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs`, `meter.rs`, `rollout.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome; metered limits ([`Meter`], [`Estimate`]: a cost settled after the response); shadow limits and staged enforcement |
 //! | `policy_decision.rs` | [`PolicyDecision`], [`LimitDecision`], [`RequestDecisions`]: what handlers see |
 //! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
@@ -150,6 +152,7 @@ pub mod handle;
 pub mod headers;
 pub mod key;
 mod limit;
+mod meter;
 mod methods;
 mod middleware;
 mod observe;
@@ -186,6 +189,7 @@ pub use error::{BackendError, BuildError};
 pub use handle::{HandleError, ThrottleHandle};
 pub use key::Key;
 pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
+pub use meter::{Estimate, Meter};
 pub use middleware::body;
 pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,

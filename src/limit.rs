@@ -421,9 +421,22 @@ impl Limit {
     /// assert_eq!(tokens.max_debt(), 100_000);
     /// assert_eq!(tokens.with_max_debt(5_000).max_debt(), 5_000);
     /// ```
+    ///
+    /// Setting it makes the limit metered: its decisions read a key's debt as debt (refused until
+    /// paid back) instead of as a TAT written under another quota (see [`gcra::decide`]).
+    /// [`PolicyBuilder::metered`](crate::PolicyBuilder::metered) sets it to the default if you
+    /// have not.
     pub fn with_max_debt(mut self, units: u64) -> Self {
         self.max_debt = Some(units);
+        if let Params::Gcra { admit, .. } = &mut self.params {
+            *admit = admit.with_debt(units);
+        }
         self
+    }
+
+    /// Whether the limit is metered: it may carry debt ([`with_max_debt`](Self::with_max_debt)).
+    pub fn is_metered(&self) -> bool {
+        self.max_debt.is_some()
     }
 
     /// How many units past its burst a settled cost may push a key (see

@@ -12,7 +12,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
+
+use crate::meter::MeterGuard;
 
 pub(crate) type StatusFilter = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 
@@ -49,7 +51,7 @@ impl fmt::Debug for OutcomeRule {
 /// the admission and the backend reading its clock for the refund, a moment after the measure
 /// (the Redis backend adds its timeout too: the network may hold a call that long). Too much only
 /// gives back less; too little could give back a unit of a window that has ended.
-const CLOCK_MARGIN: Duration = Duration::from_millis(10);
+pub(crate) const CLOCK_MARGIN: Duration = Duration::from_millis(10);
 
 /// Gives a request's units back to the backend; `since` bounds the time since it was admitted.
 pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
@@ -58,6 +60,9 @@ pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
 /// status. A request whose response never comes (the inner service fails, or the response future is
 /// dropped: the client went away) counts, whatever the rules say: otherwise a client could send
 /// expensive requests and hang up before each answer, and never be counted.
+///
+/// It also carries a metered request's [`MeterGuard`] to the response: the response's headers
+/// may say what it cost, and its body then takes the guard along until it ends.
 pub(crate) struct OutcomeGuard {
     rule: Arc<OutcomeRule>,
     refund: Option<Refund>,
@@ -66,6 +71,7 @@ pub(crate) struct OutcomeGuard {
     /// How long the request's units count in the backend (the shortest `reset_after` of its
     /// limits): after that nothing is left to give back, and a refund could give back more.
     counts_for: Duration,
+    meter: Option<Box<MeterGuard>>,
 }
 
 impl OutcomeGuard {
@@ -80,12 +86,38 @@ impl OutcomeGuard {
             refund: Some(refund),
             asked,
             counts_for,
+            meter: None,
         }
     }
 
-    /// The response has this status: its units are given back if it does not count.
-    pub(crate) fn settle(mut self, status: StatusCode) {
+    /// A metered request's guard, which counts every response (its cost is settled by `meter`).
+    pub(crate) fn metered(meter: MeterGuard) -> Self {
+        OutcomeGuard {
+            rule: Arc::default(),
+            refund: None,
+            asked: Instant::now(),
+            counts_for: Duration::ZERO,
+            meter: Some(Box::new(meter)),
+        }
+    }
+
+    /// A metered request's meter, for its handler.
+    pub(crate) fn meter(&self) -> Option<crate::meter::Meter> {
+        self.meter.as_ref().map(|m| m.meter().clone())
+    }
+
+    /// The response has this status and these headers: its units are given back if it does not
+    /// count. Returns a metered request's guard, for the response's body to settle when it ends
+    /// (after reading the usage header, if the headers have it).
+    pub(crate) fn settle(
+        mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<Box<MeterGuard>> {
         self.settle_as(status);
+        let meter = self.meter.take()?;
+        meter.read_usage(headers);
+        Some(meter)
     }
 
     fn settle_as(&mut self, status: StatusCode) {
@@ -187,10 +219,10 @@ mod tests {
             refund_on: None,
         };
         let (guard, refunds) = counting_refunds(failures.clone());
-        guard.settle(StatusCode::UNAUTHORIZED);
+        guard.settle(StatusCode::UNAUTHORIZED, &HeaderMap::new());
         assert_eq!(refunds.load(Ordering::SeqCst), 0, "a 401 counts");
         let (guard, refunds) = counting_refunds(failures.clone());
-        guard.settle(StatusCode::OK);
+        guard.settle(StatusCode::OK, &HeaderMap::new());
         assert_eq!(refunds.load(Ordering::SeqCst), 1, "a 200 is given back");
         let (guard, refunds) = counting_refunds(failures);
         drop(guard);
@@ -201,10 +233,10 @@ mod tests {
             refund_on: Some(Arc::new(|s: StatusCode| s.is_server_error())),
         };
         let (guard, refunds) = counting_refunds(server_errors.clone());
-        guard.settle(StatusCode::OK);
+        guard.settle(StatusCode::OK, &HeaderMap::new());
         assert_eq!(refunds.load(Ordering::SeqCst), 0);
         let (guard, refunds) = counting_refunds(server_errors);
-        guard.settle(StatusCode::BAD_GATEWAY);
+        guard.settle(StatusCode::BAD_GATEWAY, &HeaderMap::new());
         assert_eq!(refunds.load(Ordering::SeqCst), 1);
     }
 

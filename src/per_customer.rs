@@ -19,6 +19,7 @@ use http::request::Parts;
 use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
+use crate::meter::MeterRule;
 use crate::middleware::settings::CompiledTier;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
@@ -118,6 +119,7 @@ pub(crate) struct ExtrasBuilder {
     pub(crate) resolve_timeout: Option<Duration>,
     pub(crate) async_key: Option<AsyncKey>,
     pub(crate) outcome: OutcomeRule,
+    pub(crate) metered: crate::meter::MeteredBuilder,
     /// Shadow limits (`rollout.rs`), decided beside the policy's own on the extended path.
     pub(crate) shadows: Box<[Limit]>,
 }
@@ -137,12 +139,26 @@ impl fmt::Debug for ExtrasBuilder {
 impl ExtrasBuilder {
     /// The extras of a policy named `name` whose default limit is `template`, or `None` when it
     /// uses none (its requests then take the fast path).
+    /// `metered`: the rule of its metered limit, if it has one (built by [`MeteredBuilder`](crate::meter::MeteredBuilder)).
     pub(crate) fn build(
         self,
         name: &str,
         template: &Limit,
+        metered: Option<MeterRule>,
     ) -> Result<Option<Arc<PolicyExtras>>, BuildError> {
         let invalid = |why: &str| BuildError::Invalid(format!("policy {name:?}: {why}"));
+        if metered.is_some() && (self.quota_from.is_some() || self.resolver.is_some()) {
+            return Err(invalid(
+                "a metered limit cannot be used with per-customer quotas (quota_from, \
+                 quota_resolver) yet",
+            ));
+        }
+        if metered.is_some() && self.outcome.is_set() {
+            return Err(invalid(
+                "a metered limit settles its cost after the response; count_only and refund_on \
+                 cannot be used with it",
+            ));
+        }
         if self.quota_from.is_some() && self.resolver.is_some() {
             return Err(invalid(
                 "quota_from and quota_resolver both choose the quota; use one",
@@ -190,6 +206,7 @@ impl ExtrasBuilder {
             && self.async_key.is_none()
             && !self.outcome.is_set()
             && self.shadows.is_empty()
+            && metered.is_none()
         {
             return Ok(None);
         }
@@ -201,6 +218,7 @@ impl ExtrasBuilder {
             resolve_timeout: self.resolve_timeout.unwrap_or(DEFAULT_RESOLVE_TIMEOUT),
             async_key: self.async_key,
             outcome: self.outcome.is_set().then(|| Arc::new(self.outcome)),
+            metered,
             custom: Mutex::new(HashMap::new()),
             log: ResolveLog::default(),
             shadows: self.shadows,
@@ -218,6 +236,8 @@ pub(crate) struct PolicyExtras {
     pub(crate) resolve_timeout: Duration,
     pub(crate) async_key: Option<AsyncKey>,
     pub(crate) outcome: Option<Arc<OutcomeRule>>,
+    /// The metered limit's rule (its place in the stack, its estimate, its usage header).
+    pub(crate) metered: Option<MeterRule>,
     /// The limits of each per-customer quota seen, made once.
     custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
     pub(crate) log: ResolveLog,
@@ -231,6 +251,7 @@ impl fmt::Debug for PolicyExtras {
             .field("resolver", &self.resolver.is_some())
             .field("async_key", &self.async_key)
             .field("outcome", &self.outcome)
+            .field("metered", &self.metered)
             .finish_non_exhaustive()
     }
 }

@@ -19,6 +19,9 @@ use crate::quota::Quota;
 use crate::rollout::{RolloutBuilder, Staged};
 use crate::route::Route;
 
+mod metered;
+mod rollout;
+
 /// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
 /// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's
 /// plan inserts it before the throttle layer runs; it takes precedence over a
@@ -167,27 +170,6 @@ impl<K> Policy<K> {
     /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
     pub fn is_dry_run(&self) -> bool {
         self.dry_run
-    }
-
-    /// The share of keys its refusals are enforced for, from 0 to 1
-    /// ([`PolicyBuilder::enforce_fraction`]; 1 unless staged, 0 in a dry run).
-    pub fn enforce_fraction(&self) -> f64 {
-        crate::rollout::share(self.dry_run, self.staged)
-    }
-
-    /// Whether the policy enforces its refusals for `key` (see
-    /// [`PolicyBuilder::enforce_fraction`]): the same answer in every process, for good.
-    pub fn enforces(&self, key: &crate::key::Key) -> bool {
-        !self.dry_run && self.staged.is_none_or(|s| s.enforces(key))
-    }
-
-    pub(crate) fn staged(&self) -> Option<Staged> {
-        self.staged
-    }
-
-    /// Its shadow limits ([`PolicyBuilder::shadow`]), named `{policy}.shadow.{period}`.
-    pub fn shadow_limits(&self) -> &[Limit] {
-        self.extras.as_deref().map_or(&[], |e| &e.shadows)
     }
 
     pub(crate) fn tiers(&self) -> &[TierStack] {
@@ -380,61 +362,6 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// A shadow limit: `quota` is counted for every request of the policy that reaches the backend
-    /// (admitted or not), decided on the backend as the policy's own limits are, but never
-    /// enforced: a request it would refuse is counted in
-    /// `throttle_requests_would_limit_total{policy,limit}` and logged (at info at most once a
-    /// second per policy), and the policy's own limits alone decide. For trying a tighter limit on
-    /// real traffic before enforcing it ("enforce 100 a minute, shadow 50 a minute").
-    ///
-    /// It is decided apart from the policy's limits (concurrently, on every backend), so its
-    /// refusal never stops a stack from counting the request, and its state is its own: it is
-    /// named `{policy}.shadow.{period}`, whatever the request's tier. It takes the policy's
-    /// algorithm and cost, and no penalty, delay or budget. Several may be given (of different
-    /// periods). The policy's requests take the extended path (as with per-customer quotas).
-    ///
-    /// ```
-    /// use tower_throttle::{Policy, Quota};
-    ///
-    /// let api = Policy::builder("api")
-    ///     .quota(Quota::per_minute(100))
-    ///     .shadow(Quota::per_minute(50))
-    ///     .build()
-    ///     .unwrap();
-    /// assert_eq!(api.shadow_limits()[0].name(), "api.shadow.1m");
-    /// ```
-    pub fn shadow(mut self, quota: Quota) -> Self {
-        self.rollout.shadows.push(quota);
-        self
-    }
-
-    /// Staged enforcement: refusals are enforced for `fraction` (0 to 1) of the policy's keys and
-    /// only counted for the others, as [`shadow`](Self::shadow) counts them. The keys are chosen
-    /// by a fixed-seed hash of the key, the same in every process and after a restart (one client
-    /// sees one behaviour), and raising the share only adds keys. A key outside the share is
-    /// treated as in a [dry run](Self::dry_run) (headers, no wait, no ban, a
-    /// [`PolicyDecision`](crate::PolicyDecision) with `enforced: false`), except that its
-    /// refusals are counted as would-limit, not as limited. A request without a key is let
-    /// through unless every key is enforced. A share outside 0 to 1 is an error at build, and so
-    /// is a staged dry run; 1 (the default) enforces every key.
-    ///
-    /// ```
-    /// use tower_throttle::{Key, Policy, Quota};
-    ///
-    /// let api = Policy::builder("api")
-    ///     .quota(Quota::per_minute(100))
-    ///     .enforce_fraction(0.10)
-    ///     .build()
-    ///     .unwrap();
-    /// let enforced = (0..1000).filter(|i| api.enforces(&Key::from(*i as u64))).count();
-    /// assert!((70..=130).contains(&enforced));
-    /// assert!(Policy::builder("api").quota(Quota::per_minute(100)).enforce_fraction(1.1).build().is_err());
-    /// ```
-    pub fn enforce_fraction(mut self, fraction: f64) -> Self {
-        self.rollout.enforce = Some(fraction);
-        self
-    }
-
     /// A tier (plan) with its own quotas, such as `"paid"`, chosen per request by a [`Tier`]
     /// extension or the [tier header](Self::tier_header); requests of no known tier get the default
     /// quotas ([`quota`](Self::quota) / [`quotas`](Self::quotas)). Each tier's limits are named
@@ -579,10 +506,11 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// Validates the policy.
-    pub fn build(self) -> Result<Policy<K>, BuildError> {
+    pub fn build(mut self) -> Result<Policy<K>, BuildError> {
         validate_name(&self.name)?;
         let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
-        if self.quotas.is_empty() {
+        let metered = std::mem::take(&mut self.extras.metered);
+        if self.quotas.is_empty() && metered.limit.is_none() {
             return Err(invalid("a quota is required".into()));
         }
         let tier_header = self
@@ -597,9 +525,22 @@ impl<K> PolicyBuilder<K> {
             return Err(invalid("tier_header is set but no tier is defined".into()));
         }
         let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
+        let mut limits = match self.quotas.len() {
+            0 => Vec::new(),
+            _ => self.limits_of(&self.name, &self.quotas)?.into_vec(),
+        };
+        let metered = metered.build(&self.name, limits.len())?;
+        let metered = match metered {
+            Some((limit, rule)) => {
+                self.check_metered(&limits, &limit)?;
+                limits.push(limit);
+                Some(rule)
+            }
+            None => None,
+        };
         tiers.push(TierStack {
             name: None,
-            limits: self.limits_of(&self.name, &self.quotas)?,
+            limits: limits.into(),
         });
         for (tier, quotas) in &self.tiers {
             validate_name(tier).map_err(|e| invalid(format!("tier: {e}")))?;
@@ -621,12 +562,15 @@ impl<K> PolicyBuilder<K> {
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
         }
+        // The cost is what each request takes from every limit but a metered one (which takes
+        // its estimate); a policy with only a metered limit has no other.
         let max_cost = tiers
             .iter()
             .flat_map(|t| t.limits.iter())
+            .filter(|l| !l.is_metered())
             .map(Limit::max_cost)
             .min()
-            .unwrap_or(0);
+            .unwrap_or(if metered.is_some() { u64::MAX } else { 0 });
         if self.cost == 0 || self.cost > max_cost {
             return Err(BuildError::Cost {
                 policy: self.name.clone(),
@@ -666,7 +610,7 @@ impl<K> PolicyBuilder<K> {
         drop(taken);
         let mut extras = self.extras;
         extras.shadows = shadows;
-        let extras = extras.build(&self.name, &tiers[0].limits[0])?;
+        let extras = extras.build(&self.name, &tiers[0].limits[0], metered)?;
         Ok(Policy {
             name,
             tiers: tiers.into(),

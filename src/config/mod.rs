@@ -35,6 +35,7 @@
 
 mod backend;
 mod logging;
+mod metered;
 mod options;
 mod policies;
 mod reload;
@@ -50,8 +51,8 @@ use serde::Deserialize;
 pub use crate::backend::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
-    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, PenaltyConfig, QuotaConfig,
-    RedisConfig, RouteConfig, TierConfig,
+    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,
+    QuotaConfig, RedisConfig, RouteConfig, TierConfig,
 };
 pub use server::{admin_token_from_env, AdminConfig, ServerConfig, MIN_ADMIN_TOKEN_LEN};
 

@@ -74,6 +74,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["refund_statuses"], &["refund_on"], |r, _, b| Ok(set(b, statuses(r.refund_statuses.as_deref(), "refund_statuses")?, Builder::refund_on))),
     row(&["on_missing_key"], &["on_missing_key"], on_missing_key),
     row(&["enforce"], &["enforce_fraction"], |r, _, b| Ok(set(b, r.enforce.as_deref().map(parse_percent).transpose()?, Builder::enforce_fraction))),
+    row(&["metered"], &["metered", "usage_header", "Limit::with_max_debt"], |r, _, b| match &r.metered { Some(m) => m.apply(&r.name, b), None => Ok(b) }),
 ];
 
 impl RouteConfig {
@@ -141,6 +142,10 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
 /// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits).
 fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let (algorithm, own) = (algorithm(route)?, route.own_quota());
+    // A metered route may limit its metered units alone.
+    if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
+        return Ok(builder);
+    }
     let builder = builder.quotas(quotas_of(algorithm, &own)?);
     Ok(shadow_quotas_of(algorithm, &own)?
         .into_iter()

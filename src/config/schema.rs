@@ -235,6 +235,49 @@ pub struct RouteConfig {
     /// [`Budget`](crate::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
     #[serde(default)]
     pub budget: Option<BudgetConfig>,
+    /// A second limit whose cost is settled after the response, such as tokens:
+    /// `metered = { charge = "after-response", unit = "tokens", count = 100000, period = "1m",
+    /// estimate = 1000 }` (see [`MeteredConfig`]). With it, the route's own `count`/`period` may
+    /// be left out (tokens only).
+    #[serde(default)]
+    pub metered: Option<MeteredConfig>,
+}
+
+/// A route's `metered` table: the limit whose cost is settled after the response.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct MeteredConfig {
+    /// `"after-response"`, the only charge of a metered limit (optional; it says the intent).
+    #[serde(default)]
+    pub charge: Option<String>,
+    /// What the limit counts, such as `"tokens"`: the limit is named `{route}.{unit}` (default
+    /// `"units"`).
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// Units per period.
+    pub count: u64,
+    /// The period, such as `"1m"`.
+    #[serde(deserialize_with = "duration")]
+    pub period: Duration,
+    /// `CL.THROTTLE`'s max_burst (the most one request may reserve is max_burst + 1); default
+    /// count - 1.
+    #[serde(default)]
+    pub max_burst: Option<u64>,
+    /// The units a request reserves when it is admitted (with `estimate_header`: when the header
+    /// is absent or not a number). Required.
+    #[serde(default)]
+    pub estimate: Option<u64>,
+    /// A request header holding the units to reserve, such as a client's `"x-max-tokens"`.
+    #[serde(default)]
+    pub estimate_header: Option<String>,
+    /// A response header (or trailer) holding the units the request used, such as
+    /// `"x-usage-tokens"`; without it (or when a response lacks it) the handler's `Meter` says.
+    #[serde(default)]
+    pub usage_header: Option<String>,
+    /// How many units past its burst a settled cost may push a key (default `count`).
+    #[serde(default)]
+    pub max_debt: Option<u64>,
 }
 
 /// A route's `budget`: `true`/`false`, or a table of settings (each optional).

@@ -55,6 +55,7 @@ pages! {
     #[cfg(feature = "memory")] keys = "keys.md";
     #[cfg(feature = "memory")] algorithms = "algorithms.md";
     #[cfg(feature = "memory")] policies = "policies.md";
+    #[cfg(all(feature = "memory", feature = "axum"))] llm_tokens = "llm_tokens.md";
     #[cfg(feature = "config")] configuration = "configuration.md";
     #[cfg(feature = "redis")] redis = "redis.md";
     #[cfg(feature = "redis")] redis_sizing = "redis_sizing.md";

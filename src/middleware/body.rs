@@ -1,5 +1,5 @@
 //! [`ThrottleBody`]: the response body of [`Throttle`](crate::Throttle), holding the request's
-//! concurrency slot until the body ends.
+//! concurrency slot, and a metered request's guard, until the body ends.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::meter::MeterGuard;
 use crate::middleware::slot::ConcurrencySlot;
 
 pin_project! {
@@ -22,17 +23,27 @@ pin_project! {
 pin_project! {
     #[project = ContentProj]
     enum Content<B> {
-        Inner { #[pin] body: B, slot: Option<ConcurrencySlot> },
+        Inner {
+            #[pin] body: B,
+            slot: Option<ConcurrencySlot>,
+            // Settles a metered request's cost when the body ends or is dropped: a client that
+            // hangs up mid-stream is charged what was produced.
+            meter: Option<Box<MeterGuard>>,
+        },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ThrottleBody<B> {
-    /// The inner service's body; `slot` (a concurrency slot) is given back when the body ends or is
-    /// dropped.
-    pub(crate) fn inner(body: B, slot: Option<ConcurrencySlot>) -> Self {
+    /// The inner service's body; `slot` (a concurrency slot) is given back, and `meter` settles,
+    /// when the body ends or is dropped.
+    pub(crate) fn inner(
+        body: B,
+        slot: Option<ConcurrencySlot>,
+        meter: Option<Box<MeterGuard>>,
+    ) -> Self {
         ThrottleBody {
-            content: Content::Inner { body, slot },
+            content: Content::Inner { body, slot, meter },
         }
     }
 
@@ -66,11 +77,24 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().content.project() {
-            ContentProj::Inner { body, slot } => {
+            ContentProj::Inner { body, slot, meter } => {
                 let frame = body.poll_frame(cx);
-                // The body is done (or failed): the request no longer holds its slot.
-                if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
-                    slot.take();
+                match &frame {
+                    // The body is done (or failed): the request no longer holds its slot, and
+                    // a metered one is settled.
+                    Poll::Ready(None | Some(Err(_))) => {
+                        slot.take();
+                        meter.take();
+                    }
+                    // A metered request's usage may come in the trailers.
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some(meter) = meter.as_ref() {
+                            if let Some(trailers) = frame.trailers_ref() {
+                                meter.read_usage(trailers);
+                            }
+                        }
+                    }
+                    Poll::Pending => {}
                 }
                 frame
             }

@@ -170,6 +170,29 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
+    /// Sends the OpenAI-style fields that LLM clients read (default: off):
+    /// `x-ratelimit-{limit,remaining,reset}-requests` for a policy's first limit that is not
+    /// metered and `x-ratelimit-{limit,remaining,reset}-tokens` for its
+    /// [metered](crate::PolicyBuilder::metered) one, `remaining` in the limit's unit (0 while the key
+    /// is in debt), `reset` the time until the limit is full again as OpenAI writes it (`6m0s`).
+    /// Each is set only if the response does not have it (a proxied upstream's own).
+    ///
+    /// ```
+    /// use tower_throttle::{Estimate, Limit, Policy, Quota, ThrottleLayer};
+    ///
+    /// let chat = Policy::builder("chat")
+    ///     .quota(Quota::per_minute(60))
+    ///     .metered(Limit::new("chat.tokens", Quota::per_minute(100_000)).unwrap(), Estimate::fixed(500))
+    ///     .build()
+    ///     .unwrap();
+    /// let layer = ThrottleLayer::builder().policy(chat).openai_headers(true).build();
+    /// assert!(layer.is_ok());
+    /// ```
+    pub fn openai_headers(mut self, on: bool) -> Self {
+        self.settings.headers.openai = on;
+        self
+    }
+
     /// Renamed: answer refusals with [`refusal_response`](Self::refusal_response), which sees every
     /// refusal (the `429`s through [`Refusal::rejected`]). This one still sets the default `429`.
     #[deprecated(

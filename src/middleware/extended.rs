@@ -13,6 +13,8 @@ use tower_service::Service;
 
 use crate::backend::Backend;
 use crate::key::{AsyncKey, Found, Key, KeyExtractor};
+use crate::limit::MAX_STACKED_QUOTAS;
+use crate::meter::{Meter, MeterGuard, Settle};
 use crate::middleware::admitted::Verdict;
 use crate::middleware::future::{Prepared, ResponseFuture};
 use crate::middleware::rollout::with_shadows;
@@ -21,7 +23,7 @@ use crate::middleware::steps::{self, Missing};
 use crate::middleware::table::Table;
 use crate::middleware::verdict::{Checked, RequestContext};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::outcome::{OutcomeGuard, Refund};
+use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::per_customer::{CustomerQuota, PolicyExtras};
 use crate::timer::within;
 
@@ -91,13 +93,13 @@ where
     };
     let head = RequestRef::of_parts(&parts);
     if let Some(verdict) = steps::access(&shared, &table, Some(policy), key.as_ref().ok(), head) {
-        return answered(parts, verdict);
+        return with_meter(answered(parts, verdict), &extras);
     }
     let key = match key {
         Ok(key) => key,
         Err(missing) => {
             let verdict = steps::without_key(&table, policy, missing, head);
-            return answered(parts, verdict);
+            return with_meter(answered(parts, verdict), &extras);
         }
     };
     decide(&shared, &table, policy, &extras, key, parts).await
@@ -134,7 +136,17 @@ where
     }
     let limits = steps::limits_of(table, policy, tier, custom.as_deref());
     let asked = Instant::now();
-    let check = steps::ask(&shared.backend, limits, &key, rules.cost());
+    // A metered limit reserves the request's estimate; the others take its cost.
+    let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts));
+    let check = match (&extras.metered, estimate) {
+        (Some(metered), Some(estimate)) => {
+            let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
+            quantities[metered.position] = estimate;
+            let quantities = &quantities[..limits.len()];
+            steps::ask_each(&shared.backend, limits, &key, quantities)
+        }
+        _ => steps::ask(&shared.backend, limits, &key, rules.cost()),
+    };
     let answer = if extras.shadows.is_empty() {
         check.await
     } else {
@@ -155,9 +167,68 @@ where
     };
     let verdict = steps::judged(&table.judge, cx, MEASURE_LATENCY.then_some(asked), answer);
     let taken = Taken { asked, counts_for };
-    settle_later(
-        shared, table, policy, tier, extras, custom, key, taken, verdict, parts,
-    )
+    let mut prepared = settle_later(
+        shared,
+        table,
+        policy,
+        tier,
+        extras,
+        custom,
+        key.clone(),
+        &taken,
+        verdict,
+        parts,
+    );
+    if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
+        prepared.outcome = metered(shared, table, policy, extras, key, &taken, estimate)
+            .map(|guard| Box::new(OutcomeGuard::metered(guard)));
+        // The handler's meter, whether or not the backend took the reservation (it failed and
+        // the layer let the request through): the handler reports on it either way.
+        let meter = prepared
+            .outcome
+            .as_ref()
+            .and_then(|o| o.meter())
+            .unwrap_or_else(|| Meter::new(estimate));
+        prepared.parts.extensions.insert(meter);
+    }
+    prepared
+}
+
+/// The guard that settles an admitted metered request's cost, if the backend took its
+/// reservation.
+fn metered<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    policy: usize,
+    extras: &PolicyExtras,
+    key: Key,
+    taken: &Taken,
+    estimate: u64,
+) -> Option<MeterGuard>
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let rule = extras.metered.as_ref()?;
+    taken.counts_for?;
+    let (shared, table) = (shared.clone(), table.clone());
+    let position = rule.position;
+    let settle: Settle = Box::new(move |delta, since| {
+        // Metered policies have one tier and no per-customer quota.
+        let limits = steps::limits_of(&table, policy, 0, None);
+        let mut deltas = [0i64; MAX_STACKED_QUOTAS];
+        deltas[position] = delta;
+        let since = since + CLOCK_MARGIN;
+        shared
+            .backend
+            .settle(limits, &key, &deltas[..limits.len()], since);
+    });
+    Some(MeterGuard::new(
+        Meter::new(estimate),
+        rule,
+        settle,
+        taken.asked,
+    ))
 }
 
 /// What the backend took for a request: when it was asked, and how long the units count there
@@ -178,7 +249,7 @@ fn settle_later<K, B>(
     extras: &Arc<PolicyExtras>,
     custom: Option<Arc<CustomerQuota>>,
     key: Key,
-    taken: Taken,
+    taken: &Taken,
     verdict: Verdict,
     parts: Parts,
 ) -> Prepared
@@ -256,6 +327,16 @@ where
         return None;
     };
     extras.custom_tier(quota, cost, |limit| shared.backend.validate(limit))
+}
+
+/// A request of a metered policy let through before the backend (an allowed client, a request
+/// without a key that the policy lets through): its handler still finds a [`Meter`], on which
+/// nothing is settled (nothing was reserved).
+fn with_meter(mut prepared: Prepared, extras: &PolicyExtras) -> Prepared {
+    if let (Some(_), Verdict::Admit(_)) = (&extras.metered, &prepared.verdict) {
+        prepared.parts.extensions.insert(Meter::new(0));
+    }
+    prepared
 }
 
 /// Answered before the backend (a refusal, or let through unlimited).

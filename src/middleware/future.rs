@@ -338,17 +338,19 @@ where
                 } => {
                     let response = ready!(future.poll(cx));
                     // Counting by outcome: settled by the status (a failed call drops the guard:
-                    // with no status, the request counts).
+                    // with no status, the request counts). A metered request's guard goes on
+                    // with the body.
+                    let mut meter = None;
                     if let Some(outcome) = outcome.take() {
                         if let Ok(response) = &response {
-                            (*outcome).settle(response.status());
+                            meter = (*outcome).settle(response.status(), response.headers());
                         }
                     }
                     let (mut parts, body) = response?.into_parts();
                     if let Some(headers) = headers.take() {
                         headers.apply(&mut parts.headers);
                     }
-                    let body = ThrottleBody::inner(body, slot.take());
+                    let body = ThrottleBody::inner(body, slot.take(), meter);
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }
                 StateProj::Ready { response } => {

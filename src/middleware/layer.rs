@@ -83,11 +83,7 @@ impl<K, B> Clone for ThrottleLayer<K, B> {
 
 impl<K, B> fmt::Debug for ThrottleLayer<K, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let table = self.shared.table.load();
-        let names: Vec<&str> = table.policies.iter().map(|p| p.limit().name()).collect();
-        f.debug_struct("ThrottleLayer")
-            .field("policies", &names)
-            .finish_non_exhaustive()
+        self.shared.debug_as(f, "ThrottleLayer")
     }
 }
 

@@ -71,6 +71,7 @@ impl Default for Settings {
             headers: HeaderOptions {
                 ratelimit: true,
                 legacy: false,
+                openai: false,
             },
             rejection: None,
             refusal: None,

@@ -28,6 +28,17 @@ pub(crate) struct Shared<K, B> {
     pub(crate) reloading: Mutex<()>,
 }
 
+impl<K, B> Shared<K, B> {
+    /// The `Debug` of a layer or a handle over these: its type name and the policies in force.
+    pub(crate) fn debug_as(&self, f: &mut std::fmt::Formatter<'_>, name: &str) -> std::fmt::Result {
+        let table = self.table.load();
+        let names: Vec<&str> = table.policies.iter().map(|p| p.limit().name()).collect();
+        f.debug_struct(name)
+            .field("policies", &names)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
 /// the caller must `poll_ready` before the next call, as always.
 pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {

@@ -11,7 +11,7 @@
 //! 7. [`ask`]: the backend check ([`BackendCheck`]);
 //! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
 //! 9. carrying the verdict out (the response future), with [`release_of`] for a concurrency slot;
-//! 10. settling a request counted by its outcome (the extended path).
+//! 10. settling a request counted by its outcome, or a metered request's cost (the extended path).
 //!
 //! `Throttle::call` (service.rs) runs them for a synchronous key and a static quota, and decides at
 //! once when the backend answers at once (memory); the extended path (extended.rs) runs the same
@@ -152,6 +152,17 @@ pub(crate) fn ask<B: Backend>(
         [one] => BackendCheck::One(backend.check(one, key, cost)),
         all => BackendCheck::Stack(backend.check_all(all, key, cost)),
     }
+}
+
+/// Step 7 for a metered policy: asks `backend` whether `quantities[i]` units may pass for `key`
+/// under each of `limits[i]` (a metered limit reserves its estimate, the others take the cost).
+pub(crate) fn ask_each<B: Backend>(
+    backend: &B,
+    limits: &[Limit],
+    key: &Key,
+    quantities: &[u64],
+) -> BackendCheck<B::Future> {
+    BackendCheck::Stack(backend.check_each(limits, key, quantities))
 }
 
 /// Step 8: the verdict on the backend's answer; `asked`: when it was asked, if its latency is

@@ -62,6 +62,14 @@ fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<
                 policy.name()
             )));
         }
+        // A metered limit settles its cost after the response.
+        if policy.extras().is_some_and(|e| e.metered.is_some()) && !backend.can_settle() {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?} has a metered limit, but this backend cannot settle a cost after the \
+                 response (Backend::can_settle)",
+                policy.name()
+            )));
+        }
         for shadow in policy.shadow_limits() {
             backend.validate(shadow)?;
         }

@@ -331,7 +331,8 @@ impl Judge {
             &tier.policy_field,
             decisions,
             &decision,
-        );
+        )
+        .with_openai(self.settings.headers, &tier.limits, decisions);
         if decision.allowed || !enforced {
             if !decision.allowed && !staged_off {
                 rules.reporter.limited(&rules.name, shown, &decision, true);

@@ -100,6 +100,10 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
         "`penalty = { .. }`".to_owned(),
         probe(&format!("{route}penalty = {{ UNKNOWN = 0 }}")),
     );
+    tables.insert(
+        "`metered = { .. }`".to_owned(),
+        probe(&format!("{route}metered = {{ UNKNOWN = 0 }}")),
+    );
     // Untagged (`true` or a table): probed on the table's own struct.
     let budget = toml::from_str::<BudgetTuning>(&format!("{UNKNOWN} = 0")).unwrap_err();
     tables.insert(

@@ -4,14 +4,19 @@ use tower_throttle::config::Config;
 
 use crate::support::redis as redis_support;
 
+/// The first TOML block of `page` after `marker`.
+fn toml_block<'a>(page: &'a str, marker: &str) -> &'a str {
+    let section = &page[page
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker:?} on the page"))..];
+    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    &section[start..start + section[start..].find("```").unwrap()]
+}
+
 #[test]
 fn the_guide_configuration_file_is_valid() {
     let page = include_str!("../../src/guide/policies.md");
-    let section = &page[page
-        .find("## The configuration file")
-        .expect("the policies page has a configuration section")..];
-    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
-    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let toml = toml_block(page, "## The configuration file");
     let config = Config::from_toml(toml).unwrap();
     let layer = config.memory_layer().unwrap();
     let reply = &layer.policies()[0];
@@ -33,9 +38,7 @@ async fn the_guide_redis_backend_table_is_valid() {
     use tower_throttle::OnBackendError;
 
     let page = include_str!("../../src/guide/policies.md");
-    let section = &page[page.find("For Redis, the `[backend]` table is:").unwrap()..];
-    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
-    let toml = &section[start..start + section[start..].find("```").unwrap()];
+    let toml = toml_block(page, "For Redis, the `[backend]` table is:");
     let config = Config::from_toml(toml).unwrap();
     let BackendConfig::Redis(redis) = &config.backend else {
         panic!("not a redis backend: {:?}", config.backend)
@@ -99,4 +102,42 @@ fn the_guide_algorithms_and_modes_are_valid() {
     assert!(policies[5].is_dry_run());
     assert_eq!(policies[6].limits().len(), 2);
     assert_eq!(policies[6].tier_limits("paid").unwrap().len(), 2);
+}
+
+/// The configuration reference's metered route parses and builds a policy of requests and tokens;
+/// bad metered keys are errors that name them.
+#[test]
+fn the_guide_metered_route_is_valid() {
+    let page = include_str!("../../src/guide/configuration.md");
+    let toml = toml_block(page, "## `metered = { .. }`");
+    let config = Config::from_toml(toml).unwrap();
+    let policies = config.policies().unwrap();
+    let names: Vec<&str> = policies[0].limits().iter().map(|l| l.name()).collect();
+    assert_eq!(names, ["chat", "chat.tokens"]);
+    let tokens = &policies[0].limits()[1];
+    assert!(tokens.is_metered());
+    assert_eq!(
+        (tokens.quota().count(), tokens.max_debt()),
+        (100_000, 100_000)
+    );
+
+    let error = |metered: &str| {
+        let toml = format!(
+            "[[route]]\nname = \"t\"\nkey = \"ip\"\nmetered = {{ count = 10, period = \"1s\", {metered} }}"
+        );
+        match Config::from_toml(&toml).map(|c| c.policies()) {
+            Ok(Ok(_)) => panic!("accepted: {metered}"),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert!(error("charge = \"before\"").contains("after-response"));
+    assert!(error("unit = \"tokens\"").contains("estimate is required"));
+    assert!(error("estimate = 1, usage_header = \"bad header\"").contains("usage_header"));
+    // Tokens only: no count or period of the route's own.
+    let tokens_only = "[[route]]\nname = \"t\"\nkey = \"ip\"\nmetered = { unit = \"tokens\", count = 10, period = \"1s\", estimate = 2, max_debt = 5 }";
+    let policies = Config::from_toml(tokens_only).unwrap().policies().unwrap();
+    assert_eq!(policies[0].limits().len(), 1);
+    assert_eq!(policies[0].limits()[0].name(), "t.tokens");
+    assert_eq!(policies[0].limits()[0].max_debt(), 5);
 }

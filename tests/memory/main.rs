@@ -7,6 +7,7 @@ mod algorithms;
 mod attack;
 mod backend;
 mod limits;
+mod metered;
 mod peek_reset;
 mod refund;
 mod window_accuracy;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
-fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
+pub(crate) fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     // Away from zero, so that "at most `since` ago" never reaches before the clock's origin.
     clock.advance(Duration::from_secs(1000));

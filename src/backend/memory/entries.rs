@@ -176,13 +176,14 @@ pub(super) enum NextState {
 }
 
 /// Decides every limit of `limits` on `cells` at `now` (the backend's clock; windows add `origin`
-/// to it for Unix time), writing the new states only if every limit admits.
+/// to it for Unix time), `quantities[i]` units under `limits[i]`, writing the new states only if
+/// every limit admits.
 pub(super) fn decide_cells(
     cells: &mut Cells,
     limits: &[Limit],
     now: u64,
     origin: u64,
-    quantity: u64,
+    quantities: &[u64],
     out: &mut [Decision],
 ) {
     let unix_now = now.saturating_add(origin);
@@ -191,6 +192,7 @@ pub(super) fn decide_cells(
     for (position, limit) in limits.iter().enumerate() {
         let index = cells.index_of(limit, position as u8);
         let cell = &mut cells.as_mut_slice()[index];
+        let quantity = quantities[position];
         let (decision, next) = decide_one(&mut cell.state, limit, now, unix_now, quantity);
         out[position] = decision;
         pending[position] = (index, next);
@@ -204,7 +206,7 @@ pub(super) fn decide_cells(
             commit(cell, next, limit, now, origin);
         } else if out[position].allowed {
             if let (State::Log(log), NextState::Log) = (&mut cell.state, next) {
-                log.truncate(log.len() - quantity as usize);
+                log.truncate(log.len() - quantities[position] as usize);
             }
             // Nothing was recorded: report the state as it stands.
             out[position] = decide_one(&mut cell.state, limit, now, unix_now, 0).0;
@@ -306,6 +308,31 @@ pub(super) fn refund_state(
             log.drain(from..to);
         }
         _ => {}
+    }
+}
+
+/// Settles `deltas[i]` units more (or fewer) under each GCRA limit `limits[i]` on `cells` at `now`
+/// ([`gcra::settle`]); a charge makes the cell if it has none, a refund never does.
+pub(super) fn settle_cells(
+    cells: &mut Cells,
+    limits: &[Limit],
+    deltas: &[i64],
+    now: u64,
+    since: u64,
+) {
+    for (position, (limit, &delta)) in limits.iter().zip(deltas).enumerate() {
+        let (Some(params), position) = (limit.gcra(), position as u8) else {
+            continue;
+        };
+        if delta == 0 || (delta < 0 && cells.find_mut(limit.id(), position).is_none()) {
+            continue;
+        }
+        let index = cells.index_of(limit, position);
+        let cell = &mut cells.as_mut_slice()[index];
+        if let State::Gcra(tat) = &mut cell.state {
+            *tat = gcra::settle(Some(*tat), now, params, delta, since).unwrap_or(0);
+            cell.expires_at = *tat;
+        }
     }
 }
 

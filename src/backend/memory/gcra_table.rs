@@ -8,6 +8,8 @@ use std::sync::{RwLock, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
+mod settle;
+
 use super::tuning::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -125,7 +127,6 @@ impl GcraTable {
         if now >= shard.sweep_at_time {
             shard.sweep(now, &self.hasher);
         }
-        let rehash = |s: &TatRecord<K>| s.key.record_hash(s.limit, &self.hasher);
         match K::table_mut(&mut shard).find_entry(hash, eq) {
             Ok(mut occupied) => {
                 let tat = occupied.get_mut().tat.get_mut();
@@ -142,23 +143,40 @@ impl GcraTable {
             Err(_) => {
                 let out = gcra::decide(None, now, params, quantity);
                 if let Some(tat) = out.new_tat.filter(|tat| *tat > now) {
-                    if shard.len() >= shard.sweep_at_len {
-                        shard.sweep(now, &self.hasher);
-                    }
-                    if shard.len() >= self.shard_cap {
-                        shard.evict_nearest_refill(now, self.shard_cap, &self.hasher);
-                    }
-                    shard.note_tolerance(id, params.tolerance() as f32);
-                    let record = TatRecord {
-                        tat: AtomicU64::new(tat),
-                        limit: id,
-                        key: key.clone(),
-                    };
-                    K::table_mut(&mut shard).insert_unique(hash, record, rehash);
+                    self.insert_new(&mut shard, hash, params, id, key.clone(), tat, now);
                 }
                 out.decision
             }
         }
+    }
+
+    /// Adds a key not in `shard` with `tat` (after `now`), sweeping or evicting first as the
+    /// shard's size asks.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_new<K: RecordKey>(
+        &self,
+        shard: &mut GcraShard,
+        hash: u64,
+        params: &gcra::Params,
+        id: u32,
+        key: K,
+        tat: u64,
+        now: u64,
+    ) {
+        if shard.len() >= shard.sweep_at_len {
+            shard.sweep(now, &self.hasher);
+        }
+        if shard.len() >= self.shard_cap {
+            shard.evict_nearest_refill(now, self.shard_cap, &self.hasher);
+        }
+        shard.note_tolerance(id, params.tolerance() as f32);
+        let record = TatRecord {
+            tat: AtomicU64::new(tat),
+            limit: id,
+            key,
+        };
+        let rehash = |s: &TatRecord<K>| s.key.record_hash(s.limit, &self.hasher);
+        K::table_mut(shard).insert_unique(hash, record, rehash);
     }
 
     /// `key`'s state under the GCRA limit `id` at `clock`'s now, for a quantity of 0 and of 1,

@@ -54,7 +54,13 @@ impl GeneralStore {
         clock: &C,
     ) -> Decision {
         let mut out = [PLACEHOLDER];
-        self.decide(std::slice::from_ref(limit), key, quantity, clock, &mut out);
+        self.decide(
+            std::slice::from_ref(limit),
+            key,
+            &[quantity],
+            clock,
+            &mut out,
+        );
         out[0]
     }
 
@@ -66,19 +72,32 @@ impl GeneralStore {
         quantity: u64,
         clock: &C,
     ) -> Vec<Decision> {
+        let quantities = [quantity; MAX_STACKED_QUOTAS];
+        self.decide_each(limits, key, &quantities[..limits.len()], clock)
+    }
+
+    /// Decides a stack of limits together with a quantity per limit (`quantities[i]` for
+    /// `limits[i]`, as lengths the caller checked): one decision per limit, in order.
+    pub(super) fn decide_each<C: Clock>(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantities: &[u64],
+        clock: &C,
+    ) -> Vec<Decision> {
         let mut out = vec![PLACEHOLDER; limits.len()];
-        self.decide(limits, key, quantity, clock, &mut out);
+        self.decide(limits, key, quantities, clock, &mut out);
         out
     }
 
-    /// Decides `limits` (1 to [`MAX_STACKED_QUOTAS`], concurrency only alone), one decision per
-    /// limit into `out`, under one lock: each limit decides on the stored state, and the new states
-    /// are written only if every limit admits.
+    /// Decides `limits` (1 to [`MAX_STACKED_QUOTAS`], concurrency only alone), `quantities[i]`
+    /// units under `limits[i]`, one decision per limit into `out`, under one lock: each limit
+    /// decides on the stored state, and the new states are written only if every limit admits.
     fn decide<C: Clock>(
         &self,
         limits: &[Limit],
         key: &Key,
-        quantity: u64,
+        quantities: &[u64],
         clock: &C,
         out: &mut [Decision],
     ) {
@@ -96,14 +115,31 @@ impl GeneralStore {
         let eq = |e: &Entry| e.limit == id && e.key == *key;
         if let Ok(mut occupied) = shard.table.find_entry(hash, eq) {
             let cells = &mut occupied.get_mut().cells;
-            decide_cells(cells, limits, now, origin, quantity, out);
+            decide_cells(cells, limits, now, origin, quantities, out);
             if !cells.retain_live(now) {
                 occupied.remove();
             }
             return;
         }
         let mut cells = Cells::Empty;
-        decide_cells(&mut cells, limits, now, origin, quantity, out);
+        decide_cells(&mut cells, limits, now, origin, quantities, out);
+        self.insert(&mut shard, hash, limits, key, cells, now, origin);
+    }
+
+    /// Adds a new entry of `cells` for `key` under `limits` to `shard` (unless every cell has
+    /// expired at `now`), sweeping or evicting first as the shard's size asks.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        shard: &mut GeneralShard,
+        hash: u64,
+        limits: &[Limit],
+        key: &Key,
+        mut cells: Cells,
+        now: u64,
+        origin: u64,
+    ) {
+        let id = limits[0].id();
         if !cells.retain_live(now) {
             return;
         }
@@ -232,6 +268,38 @@ impl GeneralStore {
                 refund_state(&mut cell.state, limit, now, unix_now, quantity, since);
             }
         }
+    }
+
+    /// Settles a metered request's cost ([`Backend::settle`](crate::Backend::settle)) on `key`'s
+    /// entry under `limits` (a lone limit or a stack, keyed as [`decide`](Self::decide) keys
+    /// them): `deltas[i]` units more (or fewer) under each GCRA limit `limits[i]`
+    /// ([`gcra::settle`](crate::gcra::settle)). A charge may make the entry (a reservation of 0
+    /// left none).
+    pub(super) fn settle<C: Clock>(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        deltas: &[i64],
+        since: u64,
+        clock: &C,
+    ) {
+        let id = limits[0].id();
+        let hash = self.hasher.hash_one((id, key));
+        let mut shard = self.shard(hash);
+        let now = shard.now(clock);
+        let eq = |e: &Entry| e.limit == id && e.key == *key;
+        if let Ok(mut occupied) = shard.table.find_entry(hash, eq) {
+            let cells = &mut occupied.get_mut().cells;
+            settle_cells(cells, limits, deltas, now, since);
+            if !cells.retain_live(now) {
+                occupied.remove();
+            }
+            return;
+        }
+        let mut cells = Cells::Empty;
+        settle_cells(&mut cells, limits, deltas, now, since);
+        let origin = clock.unix_origin_nanos();
+        self.insert(&mut shard, hash, limits, key, cells, now, origin);
     }
 
     /// How many entries are live (including entries that have expired but were not swept yet).

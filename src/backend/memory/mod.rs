@@ -270,6 +270,33 @@ impl<C: Clock> MemoryBackend<C> {
             .decide_stack(limits, key, quantity, &stores.clock))
     }
 
+    /// Decides a stack of limits with a quantity per limit (`quantities[i]` under `limits[i]`),
+    /// synchronously ([`Backend::check_each`] wraps this in a ready future): as
+    /// [`decide_all`](Self::decide_all) otherwise, keeping its state in the same place, so a
+    /// metered request's reservation is settled where it was taken.
+    pub fn decide_each(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantities: &[u64],
+    ) -> Result<Vec<Decision>, BackendError> {
+        check_stack(limits).map_err(BackendError::new)?;
+        if quantities.len() != limits.len() {
+            return Err(BackendError::new(format!(
+                "{} quantities for {} limits",
+                quantities.len(),
+                limits.len()
+            )));
+        }
+        if let [limit] = limits {
+            return Ok(vec![self.decide(limit, key, quantities[0])?]);
+        }
+        let stores = &*self.stores;
+        Ok(stores
+            .general
+            .decide_each(limits, key, quantities, &stores.clock))
+    }
+
     /// `key`'s state under `limits` (one limit, or a stack as [`decide_all`](Self::decide_all)
     /// keeps it), synchronously, without consuming or writing anything ([`Backend::peek`] wraps
     /// this in a ready future). Bans are not the backend's: the layer's penalty box keeps them.
@@ -401,6 +428,34 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     }
 
     fn can_refund(&self) -> bool {
+        true
+    }
+
+    // Metered limits: kept where `decide_each` keeps them, as refunds are.
+    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
+        Box::pin(ready(self.decide_each(limits, key, quantities)))
+    }
+
+    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: std::time::Duration) {
+        if limits.is_empty() || deltas.len() != limits.len() || deltas.iter().all(|d| *d == 0) {
+            return;
+        }
+        let stores = &*self.stores;
+        let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+        match (limits, limits[0].gcra()) {
+            ([limit], Some(params)) => {
+                let clock = &stores.clock;
+                stores
+                    .gcra
+                    .settle(params, limit.id(), key, deltas[0], since, clock);
+            }
+            _ => stores
+                .general
+                .settle(limits, key, deltas, since, &stores.clock),
+        }
+    }
+
+    fn can_settle(&self) -> bool {
         true
     }
 }

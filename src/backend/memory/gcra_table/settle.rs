@@ -1,0 +1,87 @@
+//! Settling a metered request's cost on the GCRA table ([`Backend::settle`](crate::Backend::settle)
+//! for a lone GCRA limit): a compare-and-swap of a key's TAT under the read lock, as decisions
+//! make, or a new key under the write lock when a charge finds none.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{write, Compact, GcraTable, RecordKey, TatRecord};
+use crate::clock::Clock;
+use crate::gcra;
+use crate::key::Key;
+
+impl GcraTable {
+    /// Settles `delta` units more (or fewer) of the GCRA limit `id` (with `params`) for `key`,
+    /// reserved at most `since` ns ago ([`gcra::settle`]).
+    pub(in crate::backend::memory) fn settle<C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &Key,
+        delta: i64,
+        since: u64,
+        clock: &C,
+    ) {
+        if delta == 0 {
+            return;
+        }
+        match Compact::of(key) {
+            Compact::V4(ip) => self.settle_in(params, id, &ip, delta, since, clock),
+            Compact::V6(ip) => self.settle_in(params, id, &ip, delta, since, clock),
+            Compact::Other(key) => self.settle_in(params, id, key, delta, since, clock),
+        }
+    }
+
+    fn settle_in<K: RecordKey + Clone, C: Clock>(
+        &self,
+        params: &gcra::Params,
+        id: u32,
+        key: &K,
+        delta: i64,
+        since: u64,
+        clock: &C,
+    ) {
+        let hash = key.record_hash(id, &self.hasher);
+        let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
+        let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
+        {
+            let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let now = clock.now_nanos();
+            if let Some(record) = K::table(&shard).find(hash, eq) {
+                let mut current = record.tat.load(Relaxed);
+                loop {
+                    // 0: no state (the sweep drops the record).
+                    let next = gcra::settle(Some(current), now, params, delta, since).unwrap_or(0);
+                    if next == current {
+                        return;
+                    }
+                    match record
+                        .tat
+                        .compare_exchange_weak(current, next, Relaxed, Relaxed)
+                    {
+                        Ok(_) => return,
+                        Err(actual) => current = actual,
+                    }
+                }
+            }
+        }
+        if delta < 0 {
+            // No state: nothing to give back.
+            return;
+        }
+        // A charge for a key with no state (it reserved nothing, or it was forgotten): as a new key.
+        let mut shard = write(lock);
+        let now = clock.now_nanos();
+        match K::table_mut(&mut shard).find_entry(hash, eq) {
+            Ok(mut occupied) => {
+                let tat = occupied.get_mut().tat.get_mut();
+                *tat = gcra::settle(Some(*tat), now, params, delta, since).unwrap_or(0);
+            }
+            Err(_) => {
+                let Some(tat) = gcra::settle(None, now, params, delta, since) else {
+                    return;
+                };
+                self.insert_new(&mut shard, hash, params, id, key.clone(), tat, now);
+            }
+        }
+    }
+}

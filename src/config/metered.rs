@@ -1,0 +1,61 @@
+//! A route's metered limit, `metered = { .. }` (or a `[route.metered]` table): a second limit whose
+//! cost is settled after the response ([`PolicyBuilder::metered`]), such as tokens next to the
+//! route's requests.
+//!
+//! ```toml
+//! [[route]]
+//! name = "chat"
+//! path = "/v1/chat"
+//! key = "header:x-api-key"
+//! count = 60                      # requests a minute (leave count/period out: tokens only)
+//! period = "1m"
+//! metered = { charge = "after-response", unit = "tokens", count = 100000, period = "1m", estimate = 1000, estimate_header = "x-max-tokens", usage_header = "x-usage-tokens", max_debt = 100000 }
+//! ```
+
+use super::schema::MeteredConfig;
+use crate::limit::Limit;
+use crate::meter::Estimate;
+use crate::policy::PolicyBuilder;
+use crate::quota::Quota;
+
+impl MeteredConfig {
+    /// Adds this metered limit to the policy `route` is building.
+    pub(super) fn apply<K>(
+        &self,
+        route: &str,
+        builder: PolicyBuilder<K>,
+    ) -> Result<PolicyBuilder<K>, String> {
+        if let Some(charge) = self.charge.as_deref().filter(|c| *c != "after-response") {
+            return Err(format!(
+                "metered: charge {charge:?} is not \"after-response\" (a metered limit's cost is \
+                 settled after the response; leave metered out to charge at admission)"
+            ));
+        }
+        let Some(estimate) = self.estimate else {
+            return Err(
+                "metered: estimate is required (the units a request reserves, or the default of \
+                 estimate_header)"
+                    .into(),
+            );
+        };
+        let unit = self.unit.as_deref().unwrap_or("units");
+        let mut quota = Quota::per_period(self.count, self.period);
+        if let Some(max_burst) = self.max_burst {
+            quota = quota.with_max_burst(max_burst);
+        }
+        let mut limit =
+            Limit::new(format!("{route}.{unit}"), quota).map_err(|e| format!("metered: {e}"))?;
+        if let Some(max_debt) = self.max_debt {
+            limit = limit.with_max_debt(max_debt);
+        }
+        let estimate = match &self.estimate_header {
+            Some(header) => Estimate::header(header.clone(), estimate),
+            None => Estimate::fixed(estimate),
+        };
+        let mut builder = builder.metered(limit, estimate);
+        if let Some(header) = &self.usage_header {
+            builder = builder.usage_header(header.clone());
+        }
+        Ok(builder)
+    }
+}

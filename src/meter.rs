@@ -1,0 +1,424 @@
+//! Metered limits: a cost known only after the response (tokens an LLM generated, bytes sent, rows
+//! scanned), reserved as an [`Estimate`] when the request is admitted and settled once its
+//! response body has ended or was dropped ([`PolicyBuilder::metered`](crate::PolicyBuilder::metered)).
+//!
+//! The handler reports what the request really cost on its [`Meter`], a request extension; or the
+//! middleware reads it from a response header or trailer
+//! ([`usage_header`](crate::PolicyBuilder::usage_header)). The difference from the reservation is
+//! settled with [`Backend::settle`](crate::Backend::settle): a larger cost may leave the key in
+//! debt (its next requests are refused until it is paid back), a smaller one is given back. A
+//! handler that reports nothing keeps the reservation; a client that hangs up mid-stream is
+//! charged what was produced until then.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::request::Parts;
+use http::{HeaderMap, HeaderName};
+
+use crate::error::BuildError;
+use crate::limit::{Algorithm, Limit};
+
+/// What a metered request really cost, as its handler reports it: a request extension the
+/// middleware inserts for every request a [metered](crate::PolicyBuilder::metered) policy lets
+/// through (a handler behind routes of other policies too should take `Option<Extension<Meter>>`).
+/// Clones share one count, so a streaming handler can move one into its stream and
+/// [`add`](Self::add) as units go out.
+///
+/// ```
+/// use axum::{routing::post, Extension, Router};
+/// use tower_throttle::Meter;
+///
+/// async fn complete(Extension(meter): Extension<Meter>) -> &'static str {
+///     let answer = "four words of reply";
+///     meter.add(4); // the tokens the model generated
+///     answer
+/// }
+/// let app: Router = Router::new().route("/v1/complete", post(complete));
+/// # let _ = app;
+///
+/// let meter = Meter::new(100);
+/// assert_eq!((meter.estimate(), meter.used()), (100, None));
+/// meter.add(30);
+/// meter.clone().add(12);
+/// assert_eq!(meter.used(), Some(42));
+/// ```
+#[derive(Clone)]
+pub struct Meter {
+    state: Arc<MeterState>,
+}
+
+struct MeterState {
+    estimate: u64,
+    used: AtomicU64,
+    reported: AtomicBool,
+}
+
+impl Meter {
+    /// A meter for a request that reserved `estimate` units (the middleware makes them; this is
+    /// for testing handlers).
+    pub fn new(estimate: u64) -> Self {
+        Meter {
+            state: Arc::new(MeterState {
+                estimate,
+                used: AtomicU64::new(0),
+                reported: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Reports `units` more used (saturating).
+    pub fn add(&self, units: u64) {
+        let _ = self
+            .state
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_add(units))
+            });
+        self.state.reported.store(true, Ordering::Release);
+    }
+
+    /// Reports that the request used `units` in all (an upstream's total, read at once).
+    pub fn set(&self, units: u64) {
+        self.state.used.store(units, Ordering::Relaxed);
+        self.state.reported.store(true, Ordering::Release);
+    }
+
+    /// What was reported so far; `None` if nothing was (the reservation then stands).
+    pub fn used(&self) -> Option<u64> {
+        self.state
+            .reported
+            .load(Ordering::Acquire)
+            .then(|| self.state.used.load(Ordering::Relaxed))
+    }
+
+    /// The units reserved when the request was admitted.
+    pub fn estimate(&self) -> u64 {
+        self.state.estimate
+    }
+}
+
+impl fmt::Debug for Meter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Meter")
+            .field("estimate", &self.estimate())
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+type EstimateFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+
+/// What a metered request reserves when it is admitted, before its real cost is known. An
+/// estimate that is an upper bound (a request's `max_tokens`) never lets parallel requests
+/// over-admit; a lower one lets each request in flight go over by its difference, settled as debt
+/// afterwards. An estimate above the limit's burst is reserved as the whole burst.
+///
+/// ```
+/// use tower_throttle::Estimate;
+///
+/// let fixed = Estimate::fixed(500);
+/// let from_header = Estimate::header("x-max-tokens", 500); // 500 when absent or not a number
+/// let from_parts = Estimate::from_fn(|parts| if parts.uri.path().ends_with("/embed") { 50 } else { 500 });
+/// # let _ = (fixed, from_header, from_parts);
+/// ```
+#[derive(Clone)]
+pub struct Estimate(EstimateKind);
+
+#[derive(Clone)]
+enum EstimateKind {
+    Fixed(u64),
+    Header(String, u64),
+    Fn(Arc<EstimateFn>),
+}
+
+impl Estimate {
+    /// Every request reserves `units`.
+    pub fn fixed(units: u64) -> Self {
+        Estimate(EstimateKind::Fixed(units))
+    }
+
+    /// Reserves the number in request header `name` (a client's `max_tokens`), or `default` when
+    /// it is absent or not a whole number. The client chooses it: pair it with a usage report
+    /// (the meter, a usage header) so that what it claims is settled to what it used.
+    pub fn header(name: impl Into<String>, default: u64) -> Self {
+        Estimate(EstimateKind::Header(name.into(), default))
+    }
+
+    /// Reserves what `f` computes from the request's parts (its headers, its URI, an extension an
+    /// earlier layer inserted, such as a parsed body's `max_tokens`).
+    pub fn from_fn<F>(f: F) -> Self
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
+        Estimate(EstimateKind::Fn(Arc::new(f)))
+    }
+
+    /// The header this estimate reads, if it reads one (to check its name when the policy is built).
+    pub(crate) fn header_name(&self) -> Option<&str> {
+        match &self.0 {
+            EstimateKind::Header(name, _) => Some(name),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for Estimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            EstimateKind::Fixed(n) => f.debug_tuple("Estimate::fixed").field(n).finish(),
+            EstimateKind::Header(name, default) => f
+                .debug_tuple("Estimate::header")
+                .field(name)
+                .field(default)
+                .finish(),
+            EstimateKind::Fn(_) => f.write_str("Estimate::from_fn(..)"),
+        }
+    }
+}
+
+/// A policy's metered limit, as the middleware uses it.
+#[derive(Debug)]
+pub(crate) struct MeterRule {
+    /// The metered limit's place in the policy's stack.
+    pub(crate) position: usize,
+    pub(crate) estimate: Estimate,
+    /// The metered limit's burst: the most one request may reserve.
+    pub(crate) most: u64,
+    pub(crate) usage_header: Option<HeaderName>,
+}
+
+impl MeterRule {
+    /// What a request reserves.
+    pub(crate) fn estimate(&self, parts: &Parts) -> u64 {
+        let units = match &self.estimate.0 {
+            EstimateKind::Fixed(n) => *n,
+            EstimateKind::Header(name, default) => parts
+                .headers
+                .get(name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(*default),
+            EstimateKind::Fn(f) => f(parts),
+        };
+        units.min(self.most)
+    }
+}
+
+/// What a policy's builder collected for its metered limit.
+#[derive(Debug, Default)]
+pub(crate) struct MeteredBuilder {
+    pub(crate) limit: Option<(Limit, Estimate)>,
+    pub(crate) usage_header: Option<String>,
+}
+
+impl MeteredBuilder {
+    /// Checks the metered limit of policy `policy` and makes its rule, the limit placed at
+    /// `position` in the stack (marked metered, so that its decisions read debt as debt). `None`
+    /// when the policy has no metered limit.
+    pub(crate) fn build(
+        self,
+        policy: &str,
+        position: usize,
+    ) -> Result<Option<(Limit, MeterRule)>, BuildError> {
+        let invalid = |why: String| BuildError::Invalid(format!("policy {policy:?}: {why}"));
+        let Some((limit, estimate)) = self.limit else {
+            return match self.usage_header {
+                Some(_) => Err(invalid(
+                    "usage_header is set but no limit is metered".into(),
+                )),
+                None => Ok(None),
+            };
+        };
+        if limit.algorithm() != Algorithm::Gcra {
+            return Err(invalid(format!(
+                "metered limit {:?} uses algorithm {:?}; a cost settled after the response needs \
+                 \"gcra\" (its debt is a theoretical arrival time beyond the burst)",
+                limit.name(),
+                limit.algorithm().as_str()
+            )));
+        }
+        if limit.delay().is_some() || limit.budget().is_some() {
+            return Err(invalid(format!(
+                "metered limit {:?} cannot delay nor lease a budget",
+                limit.name()
+            )));
+        }
+        let header = |name: &str, what: &str| {
+            HeaderName::try_from(name)
+                .map_err(|_| invalid(format!("{what} {name:?} is not a valid header name")))
+        };
+        if let Some(name) = estimate.header_name() {
+            header(name, "estimate header")?;
+        }
+        let usage_header = self
+            .usage_header
+            .map(|name| header(&name, "usage_header"))
+            .transpose()?;
+        let limit = if limit.is_metered() {
+            limit
+        } else {
+            let debt = limit.max_debt();
+            limit.with_max_debt(debt)
+        };
+        let rule = MeterRule {
+            position,
+            estimate,
+            most: limit.max_cost(),
+            usage_header,
+        };
+        Ok(Some((limit, rule)))
+    }
+}
+
+/// Settles a metered request's cost: called once with the actual cost less the reservation and
+/// the time since the backend was asked.
+pub(crate) type Settle = Box<dyn FnOnce(i64, Duration) + Send + Sync>;
+
+/// A metered request on its way out: settled once, when its response body ends or is dropped
+/// (or its response never comes), with what its [`Meter`] or usage header says it cost.
+pub(crate) struct MeterGuard {
+    meter: Meter,
+    usage_header: Option<HeaderName>,
+    settle: Option<Settle>,
+    /// When the backend was asked: the reservation came after.
+    asked: Instant,
+}
+
+impl MeterGuard {
+    pub(crate) fn new(meter: Meter, rule: &MeterRule, settle: Settle, asked: Instant) -> Self {
+        MeterGuard {
+            meter,
+            usage_header: rule.usage_header.clone(),
+            settle: Some(settle),
+            asked,
+        }
+    }
+
+    pub(crate) fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// Reads the usage header from a response's headers or trailers, if it is there: it is the
+    /// request's whole cost.
+    pub(crate) fn read_usage(&self, headers: &HeaderMap) {
+        let Some(name) = &self.usage_header else {
+            return;
+        };
+        let used = headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(used) = used {
+            self.meter.set(used);
+        }
+    }
+
+    fn finish(&mut self) {
+        let Some(settle) = self.settle.take() else {
+            return;
+        };
+        let estimate = self.meter.estimate();
+        let used = self.meter.used().unwrap_or(estimate);
+        let delta = (i128::from(used) - i128::from(estimate))
+            .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        if delta != 0 {
+            settle(delta, self.asked.elapsed());
+        }
+    }
+}
+
+impl Drop for MeterGuard {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl fmt::Debug for MeterGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MeterGuard")
+            .field("meter", &self.meter)
+            .field("settled", &self.settle.is_none())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn guarded(estimate: u64, usage: Option<&str>) -> (Meter, MeterGuard, Arc<Mutex<Vec<i64>>>) {
+        let settled = Arc::new(Mutex::new(Vec::new()));
+        let seen = settled.clone();
+        let rule = MeterRule {
+            position: 0,
+            estimate: Estimate::fixed(estimate),
+            most: 1000,
+            usage_header: usage.map(|h| HeaderName::try_from(h).unwrap()),
+        };
+        let meter = Meter::new(estimate);
+        let settle: Settle = Box::new(move |delta, _| seen.lock().unwrap().push(delta));
+        let guard = MeterGuard::new(meter.clone(), &rule, settle, Instant::now());
+        (meter, guard, settled)
+    }
+
+    #[test]
+    fn a_guard_settles_once_what_the_meter_says_less_the_reservation() {
+        let (meter, guard, settled) = guarded(100, None);
+        meter.add(130);
+        drop(guard);
+        assert_eq!(*settled.lock().unwrap(), [30]);
+
+        let (meter, guard, settled) = guarded(100, None);
+        meter.add(20);
+        drop(guard);
+        assert_eq!(*settled.lock().unwrap(), [-80]);
+
+        // Nothing reported: the reservation stands, nothing to settle.
+        let (_meter, guard, settled) = guarded(100, None);
+        drop(guard);
+        assert!(settled.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_usage_header_is_the_whole_cost() {
+        let (meter, guard, settled) = guarded(10, Some("x-usage-tokens"));
+        meter.add(3);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-usage-tokens", "25".parse().unwrap());
+        guard.read_usage(&headers);
+        // Not a number: ignored.
+        headers.insert("x-usage-tokens", "lots".parse().unwrap());
+        guard.read_usage(&headers);
+        drop(guard);
+        assert_eq!(*settled.lock().unwrap(), [15]);
+    }
+
+    #[test]
+    fn estimates_are_capped_at_the_burst() {
+        let rule = |estimate| MeterRule {
+            position: 0,
+            estimate,
+            most: 1000,
+            usage_header: None,
+        };
+        let parts = |max: &str| {
+            http::Request::builder()
+                .header("x-max-tokens", max)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        };
+        let header = rule(Estimate::header("x-max-tokens", 7));
+        assert_eq!(header.estimate(&parts("12")), 12);
+        assert_eq!(header.estimate(&parts("-3")), 7);
+        assert_eq!(header.estimate(&parts("99999")), 1000);
+        let f = rule(Estimate::from_fn(|p| p.headers.len() as u64));
+        assert_eq!(f.estimate(&parts("1")), 1);
+        assert_eq!(rule(Estimate::fixed(5000)).estimate(&parts("1")), 1000);
+    }
+}
