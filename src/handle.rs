@@ -368,6 +368,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// as it is (one above the new limit as full). The layer's penalty boxes (strikes and bans,
     /// when the backend does not keep them) carry over for policies whose name and penalty are
     /// unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
+    /// The backend is told which limits changed or went ([`Backend::reloaded`]): the Redis backend
+    /// drops the decisions it cached under them, in every process sharing the Redis.
     ///
     /// What a reload cannot change: the backend, the access lists (change them live through the
     /// [`AccessList`](crate::access::AccessList) you gave), and the layer's options (headers,
@@ -388,7 +390,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             self.shared.settings.clone(),
             Some(&previous.judge),
         )?;
+        let changed = previous.changed_in(&table);
         self.shared.table.store(Arc::new(table));
+        if !changed.is_empty() {
+            self.shared.backend.reloaded(&changed);
+        }
         Ok(())
     }
 

@@ -388,17 +388,19 @@ pub(crate) const MEASURE_LATENCY: bool = cfg!(feature = "metrics");
 
 // ---- Redis connection state (issue 13) ----
 
-/// The Redis backend's connection went up (`Some(path)`: `"cell"`, `"lua"` or `"unknown"`) or down
-/// (`None`): the gauge `throttle_backend_up{path}` is 1 for the path in use, 0 for the others.
+/// The Redis backend called `backend` went up (`Some(path)`: `"cell"`, `"lua"` or `"unknown"`) or
+/// down (`None`): the gauge `throttle_backend_up{backend, path}` is 1 for the path in use, 0 for
+/// the others.
 #[cfg(feature = "redis")]
-pub(crate) fn backend_up(path: Option<&'static str>) {
+pub(crate) fn backend_up(backend: &str, path: Option<&'static str>) {
     #[cfg(feature = "metrics")]
     for name in ["cell", "lua", "unknown"] {
         let up = if path == Some(name) { 1.0 } else { 0.0 };
-        metrics::gauge!("throttle_backend_up", "path" => name).set(up);
+        let backend = backend.to_owned();
+        metrics::gauge!("throttle_backend_up", "backend" => backend, "path" => name).set(up);
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = path;
+    let _ = (backend, path);
 }
 
 /// Redis evicted `keys` keys since the backend last looked (`INFO stats`): any keys, the

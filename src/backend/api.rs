@@ -180,6 +180,15 @@ pub trait Backend: Send + Sync + 'static {
     fn can_settle(&self) -> bool {
         false
     }
+
+    /// Told by a [reload](crate::ThrottleHandle::reload) the names of the limits it changed or
+    /// removed: a backend that caches decisions drops those it cached under them (the Redis
+    /// backend: its deny cache's entries and its leased budgets' slices, in this process and, told
+    /// through Redis, in every other process sharing it). The state kept per key is not touched.
+    /// Must not block; the default does nothing.
+    fn reloaded(&self, changed: &[&str]) {
+        let _ = changed;
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -237,5 +246,9 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn can_settle(&self) -> bool {
         (**self).can_settle()
+    }
+
+    fn reloaded(&self, changed: &[&str]) {
+        (**self).reloaded(changed)
     }
 }

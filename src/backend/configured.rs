@@ -177,6 +177,13 @@ impl Backend for ConfiguredBackend {
             ConfiguredBackend::Redis(redis) => redis.can_settle(),
         }
     }
+
+    fn reloaded(&self, changed: &[&str]) {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.reloaded(changed),
+            ConfiguredBackend::Redis(redis) => redis.reloaded(changed),
+        }
+    }
 }
 
 /// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.

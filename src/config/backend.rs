@@ -165,7 +165,11 @@ impl RedisConfig {
                         "[backend] sentinels needs sentinel_service, the name the sentinels monitor (e.g. \"mymaster\")",
                     ));
                 };
-                builder.sentinel(sentinels.clone(), service.clone())
+                let builder = builder.sentinel(sentinels.clone(), service.clone());
+                match sentinel_node(self, sentinels) {
+                    Some(node) => builder.sentinel_node(node),
+                    None => builder,
+                }
             }
             (Some(url), None, None) => builder.url(url.clone()).cluster(self.cluster),
             (None, Some(urls), None) => builder.cluster_urls(urls.clone()),
@@ -175,6 +179,16 @@ impl RedisConfig {
                 ))
             }
         };
+        if (self.primary_password.is_some() || self.primary_username.is_some())
+            && self.sentinels.is_none()
+        {
+            return Err(BackendError::new(
+                "[backend] primary_password and primary_username go with sentinels (with url or urls, the password is in the URL: redis://user:password@host:port/)",
+            ));
+        }
+        if let Some(name) = &self.name {
+            builder = builder.name(name.clone());
+        }
         if self.sentinel_service.is_some() && self.sentinels.is_none() {
             return Err(BackendError::new(
                 "[backend] sentinel_service needs sentinels, the sentinels' URLs",
@@ -191,6 +205,32 @@ impl RedisConfig {
         }
         Ok(builder)
     }
+}
+
+/// How to log in to the primary the sentinels name: `primary_password` / `primary_username`, over
+/// TLS when the sentinels' URLs are `rediss://` (as without a password). `None`: neither key.
+#[cfg(feature = "redis")]
+fn sentinel_node(
+    config: &RedisConfig,
+    sentinels: &[String],
+) -> Option<redis::sentinel::SentinelNodeConnectionInfo> {
+    if config.primary_password.is_none() && config.primary_username.is_none() {
+        return None;
+    }
+    let mut login = redis::RedisConnectionInfo::default();
+    if let Some(password) = &config.primary_password {
+        login = login.set_password(password.clone());
+    }
+    if let Some(username) = &config.primary_username {
+        login = login.set_username(username.clone());
+    }
+    let node =
+        redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(login);
+    Some(if sentinels.iter().any(|u| u.starts_with("rediss:")) {
+        node.set_tls_mode(redis::TlsMode::Secure)
+    } else {
+        node
+    })
 }
 
 /// Whether Redis answered the access-list read with a refusal (an error reply such as `NOPERM` or

@@ -11,6 +11,8 @@ use crate::key::KeySpec;
 use crate::middleware::OnBackendError;
 
 /// The `[backend]` table.
+// Parsed once per file: the size of the Redis variant costs nothing worth a `Box` in the API.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 #[non_exhaustive]
@@ -55,6 +57,14 @@ pub struct RedisConfig {
     pub sentinels: Option<Vec<String>>,
     /// The name the sentinels monitor the primary under (`sentinel monitor <name> ...`).
     pub sentinel_service: Option<String>,
+    /// With `sentinels`: the password of the primary the sentinels name (and of its replicas,
+    /// when one is promoted). The sentinels' own password goes in their URLs.
+    pub primary_password: Option<String>,
+    /// With `sentinels`: the ACL user to log in to the primary as (default: `default`).
+    pub primary_username: Option<String>,
+    /// What metrics call this backend (the `backend` label of `throttle_backend_up`); default:
+    /// where it connects.
+    pub name: Option<String>,
     /// `"lazy"` (default): start at once and connect in the background (requests follow the
     /// failure policy until Redis answers); `"eager"`: connect before starting, and fail if Redis
     /// cannot be reached. A Cluster starts lazily too: in service once it has formed.

@@ -22,6 +22,30 @@ pub(crate) struct Table<K> {
 }
 
 impl<K> Table<K> {
+    /// The names of this table's limits that `next` changes (any setting) or no longer has: what
+    /// a backend may have cached under them no longer holds ([`Backend::reloaded`]).
+    pub(crate) fn changed_in<'a>(&'a self, next: &Table<K>) -> Vec<&'a str> {
+        let next: HashMap<&str, String> = next
+            .limits()
+            .map(|l| (l.name(), format!("{l:?}")))
+            .collect();
+        let mut changed: Vec<&str> = self
+            .limits()
+            .filter(|l| next.get(l.name()) != Some(&format!("{l:?}")))
+            .map(|l| l.name())
+            .collect();
+        changed.sort_unstable();
+        changed.dedup();
+        changed
+    }
+
+    fn limits(&self) -> impl Iterator<Item = &Limit> {
+        self.policies
+            .iter()
+            .flat_map(|p| p.tiers())
+            .flat_map(|t| t.limits.iter())
+    }
+
     /// Checks `policies` against `backend` ([`validate_table`]) and makes the verdict's rules for
     /// them. With `previous` (a reload), the new judge takes over the in-process state it shares
     /// with the table it replaces (penalty boxes, the local limiter).
@@ -211,6 +235,39 @@ mod tests {
     use super::*;
     use crate::key::PeerIp;
     use crate::quota::Quota;
+
+    #[test]
+    fn a_reload_names_the_limits_it_changed_or_removed() {
+        let backend = crate::backend::MemoryBackend::new();
+        let table = |policies: Vec<Policy<PeerIp>>| {
+            Table::build(&backend, policies, Settings::default(), None).unwrap()
+        };
+        let policy = |name: &str, count| {
+            let quota = Quota::per_second(count);
+            Policy::builder(name)
+                .route(format!("/{name}"))
+                .quota(quota)
+                .build()
+                .unwrap()
+        };
+        let before = table(vec![
+            policy("same", 5),
+            policy("faster", 5),
+            policy("gone", 5),
+        ]);
+        let after = table(vec![
+            policy("same", 5),
+            policy("faster", 10),
+            policy("new", 5),
+        ]);
+        assert_eq!(before.changed_in(&after), ["faster", "gone"]);
+        let again = table(vec![
+            policy("same", 5),
+            policy("faster", 5),
+            policy("gone", 5),
+        ]);
+        assert!(before.changed_in(&again).is_empty(), "the same table again");
+    }
 
     #[test]
     fn a_policy_hidden_by_an_earlier_one_is_an_error() {

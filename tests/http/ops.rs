@@ -127,6 +127,18 @@ async fn the_dashboard_and_the_rules_use_only_exported_metrics() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(exported.contains("throttle_backend_up"), "{exported:?}");
+    // The rule and the dashboard group by the gauge's `backend` label: the server's Redis, by
+    // its address.
+    let scrape = send(server.addr, "GET", "/metrics", &[]).await;
+    let label = format!("backend=\"127.0.0.1:{}\"", redis.port());
+    assert!(
+        scrape
+            .body
+            .lines()
+            .any(|l| l.starts_with("throttle_backend_up{") && l.contains(&label)),
+        "no {label} on throttle_backend_up: {}",
+        scrape.body
+    );
 }
 
 /// The guide page's `[admin]` and `[server]` block parses as written, with the defaults it states.

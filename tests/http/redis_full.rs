@@ -1,6 +1,6 @@
 //! The example server on a Redis that runs out of memory (issue 27): the admin listener's
 //! `/health` answers 503 with the reason, the path and the OOM error, and the gauge
-//! `throttle_backend_up{path}` is 0, within a second of the first refused decision; both come back
+//! `throttle_backend_up{backend, path}` is 0, within a second of the first refused decision; both come back
 //! within a second of Redis having room again, with no request to prove it.
 
 use std::net::SocketAddr;

@@ -1025,11 +1025,12 @@ fn script_on_a_test_clock() -> redis::Script {
     ))
 }
 
-/// A small deterministic generator (no dependency, reproducible failures).
-struct Rng(u64);
+/// A small deterministic generator (no dependency, reproducible failures); metered_parity.rs uses
+/// it too.
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -1042,7 +1043,7 @@ impl Rng {
         }
     }
 
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+    pub(crate) fn pick<T: Copy>(&mut self, from: &[T]) -> T {
         from[self.below(from.len() as u64) as usize]
     }
 

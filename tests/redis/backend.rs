@@ -14,7 +14,7 @@ use tower_throttle::{
     gcra, Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend, RedisMode,
 };
 
-async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
+pub(crate) async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
     RedisBackend::builder()
         .url(url)
         .mode(mode)

@@ -14,7 +14,7 @@ use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 
 use crate::lua::{GCRA, GCRA_BATCH};
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
+pub(crate) fn evalsha_calls(server: &RedisServer) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);
     stats
         .lines()
@@ -153,8 +153,9 @@ async fn a_foreign_key_fails_only_its_own_checks() {
     assert_eq!((failed, admitted), (10, 90));
 }
 
-/// Both scripts on one test clock (the `TIME` line replaced by a read of a hash).
-fn on_a_test_clock(source: &str) -> redis::Script {
+/// Both scripts on one test clock (the `TIME` line replaced by a read of a hash); metered_parity.rs
+/// puts its scripts on it too.
+pub(crate) fn on_a_test_clock(source: &str) -> redis::Script {
     const CLOCK: &str = "local time = redis.call('TIME')";
     assert_eq!(source.matches(CLOCK).count(), 1, "one clock line: {CLOCK}");
     redis::Script::new(&source.replace(

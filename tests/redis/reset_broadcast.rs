@@ -1,7 +1,9 @@
 //! A reset through one process is heard by every process sharing the Redis (three backends here,
 //! each with its deny cache): each drops the key's cached rejection within 200 ms; a process whose
 //! subscription was dropped (so it may have missed resets) drops its whole deny cache when it
-//! subscribes again.
+//! subscribes again. Backends on Sentinel and on a user's connection manager (with
+//! `listen_with`) hear them too, and a reload through one process makes the others forget what
+//! they cached under the limits it changed.
 //!
 //! `cargo test --all-features --test redis -- reset_broadcast --nocapture` prints the figures.
 
@@ -9,9 +11,10 @@ use crate::support::redis as redis_support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::failover::{Sentinels, SERVICE};
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{Backend, Limit, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
 
 const HEARD_WITHIN: Duration = Duration::from_millis(200);
 
@@ -39,32 +42,52 @@ async fn admits(backend: &RedisBackend, limit: &Limit, key: &Key) -> bool {
 /// behind their backs still refuses), resets it through the first, and returns how long each of
 /// the other two took to admit it again.
 async fn propagation(backends: &[RedisBackend], delete: impl Fn(&str)) -> Vec<Duration> {
-    // Slow: a rejection is cached for 20 minutes, far past the test.
     let limit = Limit::new("broadcast", Quota::per_hour(3)).unwrap();
     let key = Key::from("bob");
-    while admits(&backends[0], &limit, &key).await {}
-    for backend in &backends[1..] {
-        assert!(!admits(backend, &limit, &key).await);
-    }
-    delete(&backends[0].redis_key("broadcast", &key));
-    for backend in &backends[1..] {
-        assert!(
-            !admits(backend, &limit, &key).await,
-            "the deny cache did not answer (the test proves nothing)"
-        );
-    }
+    cached_everywhere(backends, &limit, &key, delete).await;
     // The key was deleted already: the reset only has to reach the other processes.
     let started = Instant::now();
     backends[0]
         .reset(std::slice::from_ref(&limit), &key)
         .await
         .unwrap();
+    admitted_again(backends, &limit, &key, started).await
+}
+
+/// Limits `key` under `limit` (slow: a rejection is cached for 20 minutes, far past the test) and
+/// deletes it behind the backs of the second and third backend, whose deny caches still refuse it.
+async fn cached_everywhere(
+    backends: &[RedisBackend],
+    limit: &Limit,
+    key: &Key,
+    delete: impl Fn(&str),
+) {
+    while admits(&backends[0], limit, key).await {}
+    for backend in &backends[1..] {
+        assert!(!admits(backend, limit, key).await);
+    }
+    delete(&backends[0].redis_key(limit.name(), key));
+    for backend in &backends[1..] {
+        assert!(
+            !admits(backend, limit, key).await,
+            "the deny cache did not answer (the test proves nothing)"
+        );
+    }
+}
+
+/// How long after `started` each of the second and third backend admitted `key` again.
+async fn admitted_again(
+    backends: &[RedisBackend],
+    limit: &Limit,
+    key: &Key,
+    started: Instant,
+) -> Vec<Duration> {
     let mut heard = Vec::new();
     for backend in &backends[1..] {
-        while !admits(backend, &limit, &key).await {
+        while !admits(backend, limit, key).await {
             assert!(
                 started.elapsed() < Duration::from_secs(5),
-                "a process still refuses {:?} after the reset",
+                "a process still refuses {:?} after the reset or reload",
                 started.elapsed()
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -89,40 +112,168 @@ async fn a_reset_is_heard_by_every_process_on_one_server() {
 
     // A dropped subscription: the process may have missed resets, so it forgets its deny cache
     // when it subscribes again.
-    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
-    let key = Key::from("carol");
-    assert!(admits(&backends[1], &limit, &key).await);
-    assert!(!admits(&backends[1], &limit, &key).await);
-    redis.cli(&["DEL", &backends[1].redis_key("missed", &key)]); // a reset nobody heard
-    assert!(!admits(&backends[1], &limit, &key).await, "not cached");
-    redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    let started = Instant::now();
-    while !admits(&backends[1], &limit, &key).await {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the deny cache outlived a new subscription"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    println!(
-        "reset_broadcast: deny cache dropped {:?} after the subscription was killed",
-        started.elapsed()
-    );
+    let dropped = missed_reset(
+        &backends[1],
+        |k| {
+            redis.cli(&["DEL", k]);
+        },
+        || {
+            redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        },
+    )
+    .await;
+    println!("reset_broadcast: deny cache dropped {dropped:?} after the subscription was killed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_is_heard_by_every_process_on_a_cluster() {
     let cluster = RedisCluster::start();
     let backends = three(&cluster.urls(), true).await;
+    // Sharded pub/sub: every listener subscribes on the node that owns the channel's slot.
+    let shard_subscribers = || {
+        let counts: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| n.cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]))
+            .collect();
+        let total: usize = counts
+            .iter()
+            .filter_map(|c| c.lines().nth(1)?.trim().parse::<usize>().ok())
+            .sum();
+        format!("throttle:resets\n{total}")
+    };
+    wait_for_subscribers(shard_subscribers, 3).await;
     let node = &cluster.nodes()[0];
-    // Each listens on its first seed node.
-    wait_for_subscribers(|| node.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
     let heard = propagation(&backends, |k| {
         node.cli(&["-c", "DEL", k]);
     })
     .await;
     println!("reset_broadcast (Cluster): heard by the other two processes after {heard:?}");
     assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+
+    // A subscription killed: redis-rs subscribes again, and the process forgets its deny cache.
+    let kill_listeners = || {
+        let mut killed = 0;
+        for node in cluster.nodes() {
+            for client in node.cli(&["CLIENT", "LIST"]).lines() {
+                if client.contains("cmd=ssubscribe") {
+                    let id = client.split(' ').find_map(|f| f.strip_prefix("id="));
+                    node.cli(&["CLIENT", "KILL", "ID", id.unwrap()]);
+                    killed += 1;
+                }
+            }
+        }
+        assert_eq!(killed, 3, "the listeners' connections");
+    };
+    let delete = |k: &str| {
+        node.cli(&["-c", "DEL", k]);
+    };
+    let dropped = missed_reset(&backends[1], delete, kill_listeners).await;
+    println!(
+        "reset_broadcast (Cluster): deny cache dropped {dropped:?} after the subscription was killed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_and_user_connections_listen_too() {
+    let redis = RedisServer::start();
+    let sentinels = Sentinels::start(redis.port()).await;
+    let manager = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let builder = || RedisBackend::builder().mode(RedisMode::Lua);
+    let backends = vec![
+        builder().url(redis.url()).connect().await.unwrap(),
+        builder()
+            .sentinel(sentinels.urls(), SERVICE)
+            .connect()
+            .await
+            .unwrap(),
+        builder()
+            .connection_manager(manager)
+            .listen_with(redis::Client::open(redis.url()).unwrap())
+            .connect()
+            .await
+            .unwrap(),
+    ];
+    wait_for_subscribers(|| redis.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
+    let heard = propagation(&backends, |k| {
+        redis.cli(&["DEL", k]);
+    })
+    .await;
+    println!("reset_broadcast (Sentinel, a connection manager): heard after {heard:?}");
+    assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_is_heard_by_every_process() {
+    let redis = RedisServer::start();
+    let backends = three(&[redis.url()], false).await;
+    wait_for_subscribers(|| redis.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
+    let policy = |count| {
+        Policy::builder("reloaded")
+            .quota(Quota::per_hour(count))
+            .build()
+            .unwrap()
+    };
+    let layer = ThrottleLayer::builder()
+        .backend(backends[0].clone())
+        .policy(policy(3))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let (limit, key) = (layer.policies()[0].limit().clone(), Key::from("dave"));
+    let untouched = Limit::new("untouched", Quota::per_hour(1)).unwrap();
+    cached_everywhere(&backends, &limit, &key, |k| {
+        redis.cli(&["DEL", k]);
+    })
+    .await;
+    cached_everywhere(&backends, &untouched, &key, |k| {
+        redis.cli(&["DEL", k]);
+    })
+    .await;
+    // The same policies again change no limit: nothing to forget, nothing published.
+    handle.reload([policy(3)]).unwrap();
+    // Another quota: the others forget what they decided under the old one.
+    let started = Instant::now();
+    handle.reload([policy(6)]).unwrap();
+    let heard = admitted_again(&backends, &limit, &key, started).await;
+    println!("reset_broadcast (reload): heard by the other two processes after {heard:?}");
+    assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+    for backend in &backends[1..] {
+        assert!(
+            !admits(backend, &untouched, &key).await,
+            "a limit the reload did not change was forgotten"
+        );
+    }
+}
+
+/// A reset nobody heard (the key deleted by `delete`, behind `backend`'s deny cache), then its
+/// subscription killed by `kill`: how long until the backend admits the key again, having dropped
+/// its deny cache when it subscribed again.
+async fn missed_reset(
+    backend: &RedisBackend,
+    delete: impl Fn(&str),
+    kill: impl FnOnce(),
+) -> Duration {
+    let limit = Limit::new("missed", Quota::per_hour(1)).unwrap();
+    let key = Key::from("carol");
+    assert!(admits(backend, &limit, &key).await);
+    assert!(!admits(backend, &limit, &key).await);
+    delete(&backend.redis_key("missed", &key));
+    assert!(!admits(backend, &limit, &key).await, "not cached");
+    kill();
+    let started = Instant::now();
+    while !admits(backend, &limit, &key).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the deny cache outlived a new subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
 }
 
 /// Waits (up to 5 s) until `numsub` (a `PUBSUB NUMSUB` reply: the channel, then the count) counts

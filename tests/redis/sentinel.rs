@@ -151,6 +151,19 @@ async fn sentinel_keys_parse_and_conflicts_are_refused() {
     ))
     .await;
     assert!(with_cluster.contains("cluster"), "{with_cluster}");
+    let password_without_sentinels = layer_error(&format!(
+        "{redis}\nurl = \"redis://127.0.0.1:{free}\"\nprimary_password = \"pw\""
+    ))
+    .await;
+    assert!(
+        password_without_sentinels.contains("go with sentinels"),
+        "{password_without_sentinels}"
+    );
+    let bad_name = layer_error(&format!(
+        "{redis}\nurl = \"redis://127.0.0.1:{free}\"\nname = \"\""
+    ))
+    .await;
+    assert!(bad_name.contains("backend name"), "{bad_name}");
     let bad_connect = layer_error(&format!(
         "{redis}\nurl = \"redis://127.0.0.1:{free}\"\nconnect = \"soon\""
     ))

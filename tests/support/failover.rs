@@ -161,12 +161,32 @@ pub struct Sentinels {
     children: Vec<Child>,
     ports: Vec<u16>,
     dir: tempfile::TempDir,
+    /// Over TLS: the CA that signed their certificate.
+    ca: Option<PathBuf>,
 }
 
 pub const SERVICE: &str = "mymaster";
 
 impl Sentinels {
     pub async fn start(primary: u16) -> Sentinels {
+        Self::launch(primary, None, None).await
+    }
+
+    /// Sentinels that speak TLS only, with the certificate of `primary` (a
+    /// [`RedisServer::start_tls`](super::redis::RedisServer::start_tls): SAN 127.0.0.1), and reach
+    /// it over TLS (`tls-replication yes`), logging in with `password` when given.
+    pub async fn start_tls(
+        primary: &super::redis::RedisServer,
+        password: Option<&str>,
+    ) -> Sentinels {
+        Self::launch(primary.port(), Some(primary.dir()), password).await
+    }
+
+    async fn launch(
+        primary: u16,
+        tls: Option<&std::path::Path>,
+        password: Option<&str>,
+    ) -> Sentinels {
         let dir = tempfile::tempdir().unwrap();
         let mut children = Vec::new();
         let mut ports = Vec::new();
@@ -174,9 +194,23 @@ impl Sentinels {
             let port = free_port();
             let conf: PathBuf = dir.path().join(format!("sentinel-{i}.conf"));
             let mut file = std::fs::File::create(&conf).unwrap();
+            if let Some(certs) = tls {
+                let path = |name: &str| certs.join(name).display().to_string();
+                writeln!(
+                    file,
+                    "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes",
+                    path("server.crt"),
+                    path("server.key"),
+                    path("ca.crt")
+                )
+                .unwrap();
+            } else {
+                writeln!(file, "port {port}").unwrap();
+            }
             writeln!(
                 file,
-                "port {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\nsentinel resolve-hostnames no\n\
+                "bind 127.0.0.1\ndir {}\nlogfile {}\nsentinel resolve-hostnames no\n\
                  sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {SERVICE} 1000\n\
                  sentinel failover-timeout {SERVICE} 5000\n",
@@ -184,6 +218,9 @@ impl Sentinels {
                 dir.path().join(format!("sentinel-{i}.log")).display()
             )
             .unwrap();
+            if let Some(password) = password {
+                writeln!(file, "sentinel auth-pass {SERVICE} {password}").unwrap();
+            }
             let child = Command::new(super::redis::server_binary())
                 .arg(&conf)
                 .arg("--sentinel")
@@ -198,22 +235,36 @@ impl Sentinels {
             children,
             ports,
             dir,
+            ca: tls.map(|certs| certs.join("ca.crt")),
         };
-        for &port in &sentinels.ports {
+        for i in 0..sentinels.ports.len() {
             wait_until(
                 Duration::from_secs(10),
                 "a sentinel never answered",
-                || async { cli(port, &["PING"]).await == "PONG" },
+                || async { sentinels.cli(i, &["PING"]).await == "PONG" },
             )
             .await;
         }
         sentinels
     }
 
+    /// `redis-cli` to sentinel `i` (over TLS, trusting their CA).
+    pub async fn cli(&self, i: usize, args: &[&str]) -> String {
+        match &self.ca {
+            None => cli(self.ports[i], args).await,
+            Some(ca) => {
+                let ca = ca.display().to_string();
+                let tls = ["--tls", "--cacert", ca.as_str()];
+                cli(self.ports[i], &[&tls[..], args].concat()).await
+            }
+        }
+    }
+
     pub fn urls(&self) -> Vec<String> {
+        let scheme = if self.ca.is_some() { "rediss" } else { "redis" };
         self.ports
             .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .map(|p| format!("{scheme}://127.0.0.1:{p}/"))
             .collect()
     }
 

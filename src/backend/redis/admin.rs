@@ -36,7 +36,8 @@ static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
 const PRELUDE: &str = r#"
 -- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
 -- KEYS   the N limits' state keys, then the first limit's ban key if ARGV[2] is 1.
--- ARGV   N, whether a ban key follows, then four per limit as limits.lua takes them.
+-- ARGV   N, whether a ban key follows, then four per limit as limits.lua takes them, then
+--        optionally the N ceilings (metered limits).
 -- Returns {ban PTTL (ms; < 0: none), then per limit limits.lua's five values for a quantity of 0,
 --          then per limit the five for a quantity of 1}.
 local real_redis = redis
@@ -125,6 +126,12 @@ impl RedisState {
                     .arg(spec.limit)
                     .arg(spec.a)
                     .arg(spec.b);
+            }
+            // A metered key's debt is shown as debt: remaining 0, until paid back.
+            if specs.iter().any(Spec::is_metered) {
+                for spec in &specs {
+                    invocation.arg(spec.ceiling);
+                }
             }
             invocation
                 .invoke_async::<Vec<i64>>(&mut conn.redirecting())

@@ -60,6 +60,9 @@ pub(super) struct Args {
     pub(super) delayed: bool,
     pub(super) interval: u64,
     pub(super) tolerance: u64,
+    /// How far ahead a stored TAT is read as it is (see [`ceiling`]): the tolerance, or a metered
+    /// limit's tolerance plus its debt cap.
+    pub(super) ceiling: u64,
     pub(super) limit: u64,
     /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
     pub(super) cell: Option<CellArgs>,
@@ -89,6 +92,7 @@ impl Args {
             delayed,
             interval: params.emission_interval(),
             tolerance: params.tolerance(),
+            ceiling: ceiling(limit),
             limit: params.limit(),
             cell: if cell && !delayed {
                 cell_args(limit)
@@ -103,6 +107,52 @@ impl Args {
             .checked_add(self.interval)
             .is_some_and(|w| w <= LUA_MAX_WINDOW_NS)
     }
+
+    /// Whether the limit is metered: its keys may hold debt past the tolerance.
+    pub(super) fn metered(&self) -> bool {
+        self.ceiling != self.tolerance
+    }
+}
+
+/// How far ahead of now (ns) a GCRA limit's stored TAT is read as it is, by every script: the
+/// GCRA's [`ceiling`](crate::gcra::Params::ceiling), as `gcra::decide` reads it (the tolerance, and
+/// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
+/// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
+pub(super) fn ceiling(limit: &Limit) -> u64 {
+    limit.gcra().map_or(0, |params| params.ceiling())
+}
+
+/// Why the Redis backend cannot settle `limit`'s costs exactly, if it is metered and cannot: a
+/// metered limit is a GCRA limit without a leased budget (a slice is granted before the cost is
+/// known, and settling behind it would charge the key twice or not at all), whose debt the scripts
+/// can hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
+fn metered_error(limit: &Limit) -> Option<String> {
+    if !limit.is_metered() {
+        return None;
+    }
+    let name = limit.name();
+    let Some(params) = limit.gcra() else {
+        return Some(format!(
+            "policy {name:?}: a metered limit settles its cost on a GCRA limit, not a {} limit",
+            limit.algorithm()
+        ));
+    };
+    if limit.budget().is_some() {
+        return Some(format!(
+            "policy {name:?}: a metered limit cannot have a leased budget on the Redis backend (a \
+             slice is granted before the cost is known); remove the budget"
+        ));
+    }
+    let window = ceiling(limit).checked_add(params.emission_interval());
+    if window.is_none_or(|w| w >= LUA_MAX_WINDOW_NS) {
+        return Some(format!(
+            "policy {name:?}: the Redis backend holds debts that are paid back within 52 days \
+             (the burst plus max_debt = {} units, at one every {:?}); lower max_debt",
+            limit.max_debt(),
+            Duration::from_nanos(params.emission_interval())
+        ));
+    }
+    None
 }
 
 /// The quota as `count` per `period_secs` whole seconds, at exactly the same rate: the smallest whole
@@ -153,6 +203,8 @@ pub(super) struct Spec {
     pub(super) limit: u64,
     pub(super) a: u64,
     pub(super) b: u64,
+    /// The GCRA's [`ceiling`] (0 for the other algorithms).
+    pub(super) ceiling: u64,
 }
 
 const KIND_GCRA: u8 = 0;
@@ -166,12 +218,14 @@ impl Spec {
             format!("policy {name:?}: the Redis backend supports counts up to 2^51, not {count}")
         };
         let algorithm = limit.algorithm();
+        let ceiling = ceiling(limit);
         let spec = |kind, limit, a, b| Spec {
             key,
             kind,
             limit,
             a,
             b,
+            ceiling,
         };
         if let Some(gcra) = limit.gcra() {
             let window = gcra.tolerance().checked_add(gcra.emission_interval());
@@ -254,6 +308,11 @@ impl Spec {
     pub(super) fn is_concurrency(&self) -> bool {
         self.kind == KIND_CONCURRENCY
     }
+
+    /// A metered GCRA limit: its keys may hold debt (see [`ceiling`]).
+    pub(super) fn is_metered(&self) -> bool {
+        self.kind == KIND_GCRA && self.ceiling != self.b
+    }
 }
 
 /// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend
@@ -280,6 +339,9 @@ pub(super) fn stack_error(limits: &[Limit]) -> Result<(), String> {
 ///
 /// [`Backend::validate`]: crate::backend::Backend::validate
 pub(super) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
+    if let Some(why) = metered_error(limit) {
+        return Err(BuildError::Invalid(why));
+    }
     let Some(args) = Args::new(limit) else {
         return Spec::of(limit, String::new())
             .map(drop)
@@ -326,6 +388,9 @@ pub(super) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
 pub(super) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
     for limit in limits {
+        if let Some(why) = metered_error(limit) {
+            return Err(BuildError::Invalid(why));
+        }
         match Args::new(limit) {
             // In a stack the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds.
             Some(args) if !args.lua_ok() => {

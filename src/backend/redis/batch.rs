@@ -223,6 +223,7 @@ async fn send(
     }
     // Runs of the same key, quota and quantity travel as one group (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
+    let mut ceilings = Vec::new();
     let mut rest = batch;
     while let [first, ..] = rest {
         let run = rest
@@ -230,8 +231,17 @@ async fn send(
             .take_while(|w| {
                 w.key == first.key
                     && w.quantity == first.quantity
-                    && (w.args.interval, w.args.tolerance, w.args.limit)
-                        == (first.args.interval, first.args.tolerance, first.args.limit)
+                    && (
+                        w.args.interval,
+                        w.args.tolerance,
+                        w.args.limit,
+                        w.args.ceiling,
+                    ) == (
+                        first.args.interval,
+                        first.args.tolerance,
+                        first.args.limit,
+                        first.args.ceiling,
+                    )
             })
             .count();
         invocation
@@ -241,7 +251,14 @@ async fn send(
             .arg(first.args.limit)
             .arg(first.quantity)
             .arg(run);
+        ceilings.push(first.args.ceiling);
         rest = &rest[run..];
+    }
+    // A metered limit's debt is read as debt (see the script's header): only when there is one.
+    if batch.iter().any(|w| w.args.metered()) {
+        for ceiling in ceilings {
+            invocation.arg(ceiling);
+        }
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != 5 * batch.len() {

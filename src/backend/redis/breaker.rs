@@ -101,6 +101,7 @@ impl Breaker {
         enabled: bool,
         server: Option<Arc<SingleServer>>,
         mode: RedisMode,
+        name: &str,
     ) -> Self {
         Breaker {
             enabled,
@@ -112,7 +113,7 @@ impl Breaker {
             lost: AtomicBool::new(false),
             server,
             outcomes: Outcomes::default(),
-            failing: Failing::new(mode),
+            failing: Failing::new(mode, name),
         }
     }
 

@@ -294,6 +294,14 @@ impl Budgets {
         keys.remove(key);
     }
 
+    /// Drops the slices of the keys that start with `prefix` (`prefix:limit:{`: the limit changed
+    /// in a reload, and a slice granted under its old quota would admit at the old rate).
+    pub(super) fn forget_prefix(&self, prefix: &str) {
+        let mut keys = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        keys.retain(|key, _| !key.starts_with(prefix));
+    }
+
     /// Drops every slice (resets may have been missed).
     pub(super) fn forget_all(&self) {
         let mut keys = self.lock();

@@ -11,14 +11,14 @@ use redis::cluster_async::ClusterConnection;
 use std::sync::Arc;
 
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, RedisError};
+use redis::{Client, IntoConnectionInfo, RedisError};
 
 use super::cluster_keeper::spawn_cluster_keeper;
 use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
 use super::lazy_cluster::LazyCluster;
 use super::mode::RedisMode;
 use super::reconnect::{connect_once, spawn_keeper};
-use super::resets;
+use super::resets::{self, Listen};
 use super::scripts;
 use super::server::{SingleServer, Source};
 use super::state::RedisState;
@@ -38,6 +38,10 @@ pub struct RedisBackendBuilder {
     sentinel: Option<SentinelSettings>,
     /// Kept apart from `sentinel`, so that `sentinel_node` may come first.
     sentinel_node: Option<SentinelNodeConnectionInfo>,
+    /// Where to hear other processes' resets and reloads, when the target cannot say.
+    listener: Option<Client>,
+    /// What metrics call it; `None`: where it connects.
+    name: Option<String>,
 }
 
 /// What [`RedisBackendBuilder::sentinel`] was given.
@@ -72,6 +76,8 @@ impl RedisBackendBuilder {
             coalesce: true,
             sentinel: None,
             sentinel_node: None,
+            listener: None,
+            name: None,
         }
     }
 
@@ -168,6 +174,53 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Where to hear the other processes' resets and reloads (`SUBSCRIBE prefix:resets`), for a
+    /// backend on a [`connection_manager`](Self::connection_manager), a
+    /// [`cluster_client`](Self::cluster_client) or a [`cluster_connection`](Self::cluster_connection):
+    /// redis-rs subscribes on those only when they were built for it (RESP3, a push sender), so
+    /// without this such a backend publishes its own resets but does not hear the others'. Any
+    /// server of the Redis (on a Cluster, any node: a seed of the listener's own Cluster
+    /// connection, which subscribes with `SSUBSCRIBE` where the channel lives). A backend on a
+    /// [`url`](Self::url), [`client`](Self::client), [`urls`](Self::urls) or
+    /// [`sentinel`](Self::sentinel) listens by itself; this replaces where it would.
+    ///
+    /// ```
+    /// use redis::aio::ConnectionManager;
+    /// use tower_throttle::RedisBackend;
+    ///
+    /// # async fn run(manager: ConnectionManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = RedisBackend::builder()
+    ///     .connection_manager(manager)
+    ///     .listen_with(redis::Client::open("redis://127.0.0.1:6379/")?)
+    ///     .connect()
+    ///     .await?;
+    /// # drop(redis);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn listen_with(mut self, client: Client) -> Self {
+        self.listener = Some(client);
+        self
+    }
+
+    /// What this backend is called in metrics: the `backend` label of the gauge
+    /// `throttle_backend_up{backend, path}`, so that an application with two Redis backends (or
+    /// a fleet with several Redis) tells which one is down. 1 to 64 printable characters. The
+    /// default is where it connects, without password: `host:port` for a server, `sentinel:` and
+    /// the service for Sentinel, the seed nodes (comma-separated) for a Cluster, and `connection`
+    /// for a connection given as it is.
+    ///
+    /// ```
+    /// use tower_throttle::RedisBackend;
+    ///
+    /// let builder = RedisBackend::builder().url("redis://10.0.0.5:6379/").name("sessions");
+    /// # drop(builder);
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// [`RedisMode::Auto`] (default), [`RedisMode::Cell`] or [`RedisMode::Lua`].
     pub fn mode(mut self, mode: RedisMode) -> Self {
         self.mode = mode;
@@ -227,6 +280,11 @@ impl RedisBackendBuilder {
         if self.timeout.is_zero() {
             return Err(BackendError::new("Redis timeout must be greater than zero"));
         }
+        if let Some(name) = &self.name {
+            validate_name(name).map_err(BackendError::new)?;
+        }
+        let listener = self.listener;
+        let mut listen = None;
         let target = match (self.sentinel, self.target) {
             (Some(_), Some(_)) => {
                 return Err(BackendError::new(
@@ -234,7 +292,9 @@ impl RedisBackendBuilder {
                 ))
             }
             (Some(sentinel), None) => {
-                Target::Sentinel(Box::new(sentinel_source(sentinel, self.sentinel_node)?))
+                let (source, listener) = sentinel_source(sentinel, self.sentinel_node)?;
+                listen.get_or_insert(Listen::Sentinel(Box::new(listener)));
+                Target::Sentinel(Box::new(source))
             }
             (None, Some(target)) => target,
             (None, None) => {
@@ -247,9 +307,20 @@ impl RedisBackendBuilder {
             Ok(source) => Start::Server(source),
             Err(other) => Start::Other(other),
         };
+        let listen = match listener {
+            // On a Cluster, a seed node of a Cluster connection of its own (sharded pub/sub).
+            Some(client) if start.is_cluster() => {
+                Listen::Shard(vec![client.get_connection_info().clone()])
+            }
+            Some(client) => Listen::Nodes(vec![client]),
+            None => listen.unwrap_or_else(|| start.reset_listeners()),
+        };
+        let name = self.name.unwrap_or_else(|| start.default_name());
         Ok(Validated {
+            listen,
             start,
             settings: Settings {
+                name: name.into_boxed_str(),
                 cluster: self.cluster,
                 mode: self.mode,
                 prefix: self.prefix.into_boxed_str(),
@@ -270,27 +341,55 @@ pub(super) enum Start {
 
 impl Start {
     /// Where to listen for other processes' resets: the one server a URL or client names, or a
-    /// Cluster's seed nodes (any node hears a `PUBLISH`). None for Sentinel or a user's
-    /// connection (see resets.rs).
-    fn reset_listeners(&self) -> Vec<Client> {
+    /// Cluster's seed nodes (sharded pub/sub). None for a user's connection unless
+    /// given one ([`listen_with`](RedisBackendBuilder::listen_with)); Sentinel's is made with its
+    /// source (see resets.rs).
+    fn reset_listeners(&self) -> Listen {
         match self {
-            Start::Server(Source::Client(client)) => vec![(**client).clone()],
-            Start::Other(Target::Urls(urls)) => urls
-                .iter()
-                .filter_map(|url| Client::open(url.as_str()).ok())
-                .collect(),
-            _ => Vec::new(),
+            Start::Server(Source::Client(client)) | Start::Other(Target::Client(client)) => {
+                Listen::Nodes(vec![(**client).clone()])
+            }
+            Start::Other(Target::Urls(urls)) => Listen::Shard(
+                urls.iter()
+                    .filter_map(|url| url.as_str().into_connection_info().ok())
+                    .collect(),
+            ),
+            _ => Listen::Nodes(Vec::new()),
         }
+    }
+
+    /// The `backend` label when none is given: where it connects, without password.
+    fn default_name(&self) -> String {
+        match self {
+            Start::Server(Source::Sentinel { service, .. }) => format!("sentinel:{service}"),
+            Start::Server(source) => source.describe(),
+            Start::Other(Target::Urls(urls)) => {
+                let seeds: Vec<String> = urls.iter().map(|u| address_of(u)).collect();
+                seeds.join(",")
+            }
+            Start::Other(Target::Client(client)) => Source::Client(client.clone()).describe(),
+            Start::Other(_) => "connection".to_owned(),
+        }
+    }
+
+    /// Whether decisions go to a Cluster (which publishes with `SPUBLISH`).
+    fn is_cluster(&self) -> bool {
+        matches!(
+            self,
+            Start::Other(Target::Urls(_) | Target::ClusterClient(_) | Target::ClusterConnection(_))
+        )
     }
 }
 
 /// Settings that passed the checks, and where to start.
 pub(super) struct Validated {
+    listen: Listen,
     start: Start,
     settings: Settings,
 }
 
 struct Settings {
+    name: Box<str>,
     cluster: bool,
     mode: RedisMode,
     prefix: Box<str>,
@@ -310,6 +409,7 @@ impl Settings {
             self.timeout,
             self.deny_cache,
             self.coalesce,
+            &self.name,
         );
         (Arc::new(state), server)
     }
@@ -333,6 +433,7 @@ impl Settings {
             timeout,
             self.deny_cache,
             self.coalesce,
+            &self.name,
         );
         let mut conn = state.conn.clone();
         let mode = self.mode;
@@ -402,6 +503,7 @@ impl Settings {
             self.timeout,
             self.deny_cache,
             self.coalesce,
+            &self.name,
         ))
     }
 }
@@ -416,7 +518,7 @@ impl Validated {
             ));
         }
         let settings = self.settings;
-        let nodes = self.start.reset_listeners();
+        let nodes = self.listen;
         let state = match self.start {
             Start::Server(source) => {
                 let (state, server) = settings.server_state(&source);
@@ -428,7 +530,8 @@ impl Validated {
             }
             Start::Other(target) => settings.lazy_other(target)?,
         };
-        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        // Not waited for: `build` returns at once.
+        let _first = resets::spawn_listener(nodes, Arc::downgrade(&state));
         Ok(state)
     }
 
@@ -436,7 +539,8 @@ impl Validated {
     /// detected before it returns; then (one server) kept connected by a background task.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let settings = self.settings;
-        let nodes = self.start.reset_listeners();
+        let nodes = self.listen;
+        let budget = settings.start_budget();
         let state = match self.start {
             Start::Server(mut source) => {
                 let budget = settings.start_budget();
@@ -449,16 +553,22 @@ impl Validated {
             }
             Start::Other(target) => settings.open_other(target).await?,
         };
-        resets::spawn_listener(nodes, Arc::downgrade(&state));
+        // Listening before it returns: what it decides from then on is cached after the first
+        // subscription dropped the caches. A listener that cannot subscribe yet keeps trying; the
+        // backend works meanwhile.
+        if let Some(first) = resets::spawn_listener(nodes, Arc::downgrade(&state)) {
+            let _ = tokio::time::timeout(budget, first).await;
+        }
         Ok(state)
     }
 }
 
-/// The sentinels' client: checks the URLs and the service name.
+/// The sentinels' client: checks the URLs and the service name. Twice: the second one is the
+/// reset listener's (a `SentinelClient` cannot be cloned).
 fn sentinel_source(
     sentinel: SentinelSettings,
     node: Option<SentinelNodeConnectionInfo>,
-) -> Result<Source, BackendError> {
+) -> Result<(Source, SentinelClient), BackendError> {
     if sentinel.urls.is_empty() {
         return Err(BackendError::new(
             "sentinels: give at least one sentinel URL",
@@ -489,21 +599,42 @@ fn sentinel_source(
         .map(|u| redact_url(u))
         .collect::<Vec<_>>()
         .join(", ");
-    let client = SentinelClient::build(
-        sentinel.urls.clone(),
-        sentinel.service.clone(),
-        Some(node),
-        SentinelServerType::Master,
-    )
-    .map_err(|e| BackendError::with_source(format!("invalid sentinel URLs ({described})"), e))?;
-    Ok(Source::Sentinel {
+    let build = || {
+        SentinelClient::build(
+            sentinel.urls.clone(),
+            sentinel.service.clone(),
+            Some(node.clone()),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| BackendError::with_source(format!("invalid sentinel URLs ({described})"), e))
+    };
+    let (client, listener) = (build()?, build()?);
+    let source = Source::Sentinel {
         client: Box::new(client),
         service: sentinel.service,
         tls: tls || node_tls,
         urls: sentinel.urls,
         watch: None,
         watching: 0,
-    })
+    };
+    Ok((source, listener))
+}
+
+/// `host:port` of a URL (its password left out), or the URL redacted when it has no host.
+fn address_of(url: &str) -> String {
+    match url.into_connection_info() {
+        Ok(info) => info.addr().to_string(),
+        Err(_) => redact_url(url),
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.chars().count() > 64 || name.chars().any(char::is_control) {
+        return Err(format!(
+            "Redis backend name {name:?} must be 1 to 64 printable characters"
+        ));
+    }
+    Ok(())
 }
 
 fn validate_prefix(prefix: &str) -> Result<(), String> {
@@ -533,7 +664,7 @@ mod tests {
             urls: vec!["redis://127.0.0.1:26379".into()],
             service: "mymaster".into(),
         };
-        let tls = |source: Source| matches!(source, Source::Sentinel { tls: true, .. });
+        let tls = |(source, _)| matches!(source, Source::Sentinel { tls: true, .. });
         assert!(!tls(sentinel_source(settings(), None).unwrap()));
         let secure = SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure);
         assert!(tls(sentinel_source(settings(), Some(secure)).unwrap()));
@@ -550,6 +681,24 @@ mod tests {
             )
             .sentinel(["redis://127.0.0.1:26379"], "mymaster");
         assert!(builder.sentinel_node.is_some());
+    }
+
+    #[test]
+    fn the_backend_label_names_where_it_connects() {
+        let builder = || RedisBackendBuilder::new("p", Duration::from_millis(100));
+        let name = |b: RedisBackendBuilder| b.validated().map(|v| v.settings.name);
+        let server = builder().url("redis://:secret@10.0.0.5:6379/");
+        assert_eq!(&*name(server).unwrap(), "10.0.0.5:6379");
+        let cluster = builder().cluster_urls(["redis://a:7000", "redis://u:pw@b:7001"]);
+        assert_eq!(&*name(cluster).unwrap(), "a:7000,b:7001");
+        let sentinel = builder().sentinel(["redis://127.0.0.1:26379"], "mymaster");
+        assert_eq!(&*name(sentinel).unwrap(), "sentinel:mymaster");
+        let named = builder().url("redis://10.0.0.5:6379/").name("sessions");
+        assert_eq!(&*name(named).unwrap(), "sessions");
+        for bad in ["", "a\nb", &"x".repeat(65)] {
+            let bad = builder().url("redis://10.0.0.5:6379/").name(bad);
+            assert!(name(bad).is_err());
+        }
     }
 
     #[test]

@@ -57,6 +57,7 @@ impl RedisState {
             None => None,
         };
         let state = self.clone();
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
         guarded(&self.breaker, self.timeout, async move {
             let sent = Instant::now();
             let Answer {
@@ -92,7 +93,7 @@ impl RedisState {
                     banned,
                     until_retry: false,
                 };
-                cache.insert(&redis_key, quantity, rejection, sent);
+                cache.insert(&redis_key, quantity, rejection, sent, generation);
             }
             Ok(decision)
         })
@@ -109,7 +110,30 @@ impl RedisState {
             return Box::pin(std::future::ready(Err(BackendError::new(why))));
         }
         let token = self.leases.next_token();
-        self.check_limits(limits, key, quantity, token)
+        self.check_limits(limits, key, quantity, None, token)
+    }
+
+    /// A stack with one quantity per limit
+    /// ([`Backend::check_each`](crate::backend::Backend::check_each)): the limits script with a
+    /// quantity per limit, one atomic call as for [`check_stack`](Self::check_stack).
+    pub(super) fn check_stack_each(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantities: &[u64],
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+        }
+        if quantities.len() != limits.len() {
+            return Box::pin(std::future::ready(Err(BackendError::new(format!(
+                "{} quantities for a stack of {} limits",
+                quantities.len(),
+                limits.len()
+            )))));
+        }
+        let token = self.leases.next_token();
+        self.check_limits(limits, key, 0, Some(quantities.to_vec()), token)
     }
 
     /// One limit of another algorithm than the GCRA, on the limits script.
@@ -136,8 +160,9 @@ impl RedisState {
         let penalty = limit.penalty().is_some();
         let state = self.clone();
         let sent = Instant::now();
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
         let token = self.leases.next_token();
-        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, token);
+        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, None, token);
         let lease = limit.lease().zip(limit.concurrency());
         // A concurrency check whose answer never arrives (timed out, failed, or dropped by a client
         // that went away) may still have taken slots in Redis under its token: until the answer is
@@ -179,19 +204,21 @@ impl RedisState {
                     banned: decision.banned,
                     until_retry: true,
                 };
-                deny.insert(&state_key, quantity, rejection, sent);
+                deny.insert(&state_key, quantity, rejection, sent, generation);
             }
             Ok(decision)
         })
     }
 
     /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
-    /// client's hash tag, adding units named by `token`.
+    /// client's hash tag, adding units named by `token`; `quantity` units under each limit, or
+    /// `each[i]` under `limits[i]`.
     fn check_limits(
         self: &Arc<Self>,
         limits: &[Limit],
         key: &Key,
         quantity: u64,
+        each: Option<Vec<u64>>,
         token: u64,
     ) -> StackFuture {
         let mut specs = Vec::with_capacity(limits.len());
@@ -210,7 +237,7 @@ impl RedisState {
         });
         let mut conn = self.conn.clone();
         let call =
-            async move { scripts::limits(&mut conn, &specs, penalty, quantity, token).await };
+            async move { scripts::limits(&mut conn, &specs, penalty, quantity, each, token).await };
         guarded(&self.breaker, self.timeout, call)
     }
 

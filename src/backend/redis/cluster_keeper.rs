@@ -142,5 +142,8 @@ async fn ready(state: &RedisState, lazy: &LazyCluster) {
         path = path_name(state.detector.active_path()),
         "connected to the Redis Cluster"
     );
-    crate::observe::backend_up(Some(path_name(state.detector.active_path())));
+    state
+        .breaker
+        .failing
+        .connected(state.detector.active_path());
 }

@@ -3,6 +3,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,9 @@ pub(super) struct Rejection {
 pub(super) struct DenyCache {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
+    /// Counts what made keys less limited (resets, refunds, reloads, missed messages): a rejection
+    /// Redis made before one of them is not inserted after it, as the budget's slices are not.
+    generation: AtomicU64,
 }
 
 #[derive(Default)]
@@ -65,7 +69,18 @@ impl DenyCache {
         DenyCache {
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// The generation to give [`insert`](Self::insert): read before the call to Redis is sent.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A new generation, before entries are dropped: a decision in flight is not inserted after.
+    fn next_generation(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
@@ -122,14 +137,26 @@ impl DenyCache {
     /// what it refunded; another process's cache may hold the rejection until its retry time, which
     /// only admits less).
     pub(super) fn forget(&self, key: &str) {
+        self.next_generation();
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         shard.map.remove(key);
     }
 
     /// Forgets every rejection: resets may have been missed (resets.rs).
     pub(super) fn clear(&self) {
+        self.next_generation();
         for shard in &self.shards {
             shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
+        }
+    }
+
+    /// Forgets every rejection of a key that starts with `prefix` (`prefix:limit:`: the limit's
+    /// quota changed in a reload).
+    pub(super) fn forget_prefix(&self, prefix: &str) {
+        self.next_generation();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            shard.map.retain(|key, _| !key.starts_with(prefix));
         }
     }
 
@@ -141,7 +168,18 @@ impl DenyCache {
     /// next second and whose reset time is not exact; the key is then held only to a second before
     /// the retry time (a lower bound of it: never a false rejection), and only when `remaining` cannot
     /// change before then.
-    pub(super) fn insert(&self, key: &str, quantity: u64, rejected: Rejection, at: Instant) {
+    ///
+    /// `generation`: [`generation`](Self::generation) when the call was sent; a key forgotten since
+    /// (a reset heard while Redis was deciding) may have been limited by the state the reset
+    /// deleted, so the rejection is not kept.
+    pub(super) fn insert(
+        &self,
+        key: &str,
+        quantity: u64,
+        rejected: Rejection,
+        at: Instant,
+        generation: u64,
+    ) {
         let Rejection {
             decision,
             interval,
@@ -183,6 +221,11 @@ impl DenyCache {
             decision,
         };
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        // Under the shard's lock: a forget of this key either came before (a new generation) or
+        // comes after, and removes the entry.
+        if self.generation() != generation {
+            return;
+        }
         if shard.map.len() >= SHARD_CAPACITY && !shard.map.contains_key(key) {
             let now = Instant::now();
             if shard.next_prune.is_none_or(|t| now >= t) {
@@ -235,7 +278,7 @@ mod tests {
         let cache = DenyCache::new();
         let now = Instant::now();
         let at = |ms| now + Duration::from_millis(ms);
-        cache.insert("k", 2, rejection(2, 1, 1100, false), now);
+        cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
         // 2 units wanted, 1 left, TAT 1.1 s ahead: retry in 500 ms, and "remaining: 1" holds as long.
         let d = cache.get_at("k", 2, I, TAU, at(120)).unwrap();
         assert!(!d.allowed);
@@ -248,9 +291,9 @@ mod tests {
             "retry time"
         );
         // `get` reads the real clock (a minute's hold: no machine is that slow).
-        cache.insert("minute", 1, limited(60_000), Instant::now());
+        cache.insert("minute", 1, limited(60_000), Instant::now(), 0);
         assert!(cache.get("minute", 1, I, TAU).is_some(), "the real clock");
-        cache.insert("k", 2, rejection(2, 1, 1100, false), now);
+        cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
         assert!(
             cache.get_at("k", 1, I, TAU, now).is_none(),
             "fewer units may fit"
@@ -278,7 +321,7 @@ mod tests {
         let r = rejection(3, 1, 900, false);
         assert_eq!(r.decision.retry_after, Some(Duration::from_millis(500)));
         let now = Instant::now();
-        cache.insert("k", 3, r, now);
+        cache.insert("k", 3, r, now, 0);
         assert_eq!(
             cache
                 .get_at("k", 3, I, TAU, now + Duration::from_millis(299))
@@ -290,7 +333,7 @@ mod tests {
             .get_at("k", 3, I, TAU, now + Duration::from_millis(300))
             .is_none());
         // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
-        cache.insert("c", 3, rejection(3, 1, 2900, true), now);
+        cache.insert("c", 3, rejection(3, 1, 2900, true), now, 0);
         assert!(cache.get_at("c", 3, I, TAU, now).is_none());
     }
 
@@ -298,7 +341,7 @@ mod tests {
     fn expired_and_never_admitted_rejections_are_not_held() {
         let cache = DenyCache::new();
         let now = Instant::now();
-        cache.insert("old", 1, limited(300), now);
+        cache.insert("old", 1, limited(300), now, 0);
         assert!(cache
             .get_at("old", 1, I, TAU, now + Duration::from_secs(1))
             .is_none());
@@ -308,7 +351,7 @@ mod tests {
         );
         let mut never = limited(300);
         never.decision.retry_after = None;
-        cache.insert("never", 9, never, now);
+        cache.insert("never", 9, never, now, 0);
         assert!(cache.get_at("never", 9, I, TAU, now).is_none());
     }
 
@@ -318,14 +361,14 @@ mod tests {
         let now = Instant::now();
         let mut one = limited(1000);
         one.whole_seconds = true;
-        cache.insert("one", 1, one, now);
+        cache.insert("one", 1, one, now, 0);
         assert!(
             cache.get_at("one", 1, I, TAU, now).is_none(),
             "true retry time may be under a second"
         );
         let mut two = limited(2000);
         two.whole_seconds = true;
-        cache.insert("two", 1, two, now);
+        cache.insert("two", 1, two, now, 0);
         let d = cache.get_at("two", 1, I, TAU, now).unwrap();
         assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
         let d = cache
@@ -338,11 +381,47 @@ mod tests {
     }
 
     #[test]
+    fn a_rejection_decided_before_a_forget_is_not_kept_after_it() {
+        let cache = DenyCache::new();
+        let now = Instant::now();
+        let sent = cache.generation();
+        cache.forget("k"); // a reset heard while Redis was deciding
+        cache.insert("k", 1, limited(60_000), now, sent);
+        assert!(cache.get_at("k", 1, I, TAU, now).is_none());
+        // Any forget counts (the generation is the cache's, not the key's): a reset of another
+        // key only costs a round trip.
+        let sent = cache.generation();
+        cache.clear();
+        cache.insert("k", 1, limited(60_000), now, sent);
+        assert!(cache.get_at("k", 1, I, TAU, now).is_none());
+        cache.insert("k", 1, limited(60_000), now, cache.generation());
+        assert!(cache.get_at("k", 1, I, TAU, now).is_some());
+    }
+
+    #[test]
+    fn a_reloaded_limit_forgets_its_keys_only() {
+        let cache = DenyCache::new();
+        let now = Instant::now();
+        for key in [
+            "p:api:{a}",
+            "p:api:{b}:fixed",
+            "p:api.1s:{a}",
+            "p:login:{a}",
+        ] {
+            cache.insert(key, 1, limited(60_000), now, cache.generation());
+        }
+        cache.forget_prefix("p:api:");
+        let held = |key| cache.get_at(key, 1, I, TAU, now).is_some();
+        assert!(!held("p:api:{a}") && !held("p:api:{b}:fixed"));
+        assert!(held("p:api.1s:{a}") && held("p:login:{a}"));
+    }
+
+    #[test]
     fn a_full_shard_refuses_rather_than_grows() {
         let cache = DenyCache::new();
         let now = Instant::now();
         for i in 0..SHARDS * SHARD_CAPACITY * 2 {
-            cache.insert(&format!("k{i}"), 1, limited(60_000), now);
+            cache.insert(&format!("k{i}"), 1, limited(60_000), now, 0);
         }
         let total: usize = cache
             .shards

@@ -1,5 +1,5 @@
 //! [`Failing`]: whether the backend's decisions are failing now, for `health()` and the gauge
-//! `throttle_backend_up{path}`.
+//! `throttle_backend_up{backend, path}`.
 //!
 //! The rule: decisions are failing from the first Redis call that ends in an error (any error: a
 //! refused or lost connection, a timeout, `OOM command not allowed`, a script error) until the next
@@ -34,17 +34,20 @@ pub(super) struct Failing {
     epoch: Instant,
     /// Ms since `epoch` of the last failed call.
     last_failure_ms: AtomicU64,
+    /// The gauge's `backend` label.
+    name: Box<str>,
 }
 
 impl Failing {
     /// Not failing; the path unknown until detection (or the mode) names it.
-    pub(super) fn new(mode: RedisMode) -> Self {
+    pub(super) fn new(mode: RedisMode, name: &str) -> Self {
         let failing = Failing {
             failing: AtomicBool::new(false),
             error: Mutex::new(None),
             path: AtomicU8::new(UNKNOWN),
             epoch: Instant::now(),
             last_failure_ms: AtomicU64::new(0),
+            name: name.into(),
         };
         if mode != RedisMode::Auto {
             failing.path.store(code(Some(mode)), Ordering::Relaxed);
@@ -59,7 +62,7 @@ impl Failing {
         }
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         if self.failing.swap(false, Ordering::AcqRel) {
-            crate::observe::backend_up(Some(self.path_name()));
+            crate::observe::backend_up(&self.name, Some(self.path_name()));
         }
     }
 
@@ -84,7 +87,7 @@ impl Failing {
         // Not logged here: the layer logs failed decisions (once a second), and the reconnecting
         // task the connection's transitions.
         if !self.failing.swap(true, Ordering::AcqRel) {
-            crate::observe::backend_up(None);
+            crate::observe::backend_up(&self.name, None);
         }
         *current = Some((text, SystemTime::now()));
     }
@@ -110,8 +113,13 @@ impl Failing {
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.set_path(path);
         if !self.failing.load(Ordering::Acquire) {
-            crate::observe::backend_up(Some(self.path_name()));
+            crate::observe::backend_up(&self.name, Some(self.path_name()));
         }
+    }
+
+    /// The reconnecting task lost the connection: the gauge is 0 on every path.
+    pub(super) fn disconnected(&self) {
+        crate::observe::backend_up(&self.name, None);
     }
 
     /// Detection found the path decisions take.
@@ -142,7 +150,7 @@ mod tests {
 
     #[test]
     fn failing_from_the_first_error_until_the_first_success() {
-        let failing = Failing::new(RedisMode::Lua);
+        let failing = Failing::new(RedisMode::Lua, "test");
         assert_eq!(failing.current(), None);
         failing.failed(&"OOM command not allowed when used memory > 'maxmemory'");
         let (error, _) = failing.current().unwrap();
@@ -154,6 +162,6 @@ mod tests {
         assert_eq!(failing.current(), None);
         assert!(!failing.wants_probe());
         assert_eq!(failing.path_name(), "lua");
-        assert_eq!(Failing::new(RedisMode::Auto).path_name(), "unknown");
+        assert_eq!(Failing::new(RedisMode::Auto, "test").path_name(), "unknown");
     }
 }

@@ -9,6 +9,8 @@
 --          it), KEYS[3] (the ban), and ARGV after, within (ms), ban (ms): a key rejected `after` times
 --          within `within` of its first rejection is banned for `ban`; a banned key is answered
 --          without looking at its TAT.
+-- ARGV[8]  optional, after the penalty's three (0 0 0 without one): a metered limit's ceiling (ns,
+--          the tolerance plus its debt cap; see the prelude's step). Without it, the tolerance.
 -- Returns  {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after (ns), banned}:
 --          CL.THROTTLE's five values, in nanoseconds instead of whole seconds, and 1 when a ban
 --          answered (retry_after and reset_after are then the rest of the ban).
@@ -20,6 +22,7 @@ local tolerance = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local quantity = tonumber(ARGV[4])
 local penalty_after = tonumber(ARGV[5] or '0')
+local ceiling = tonumber(ARGV[8] or ARGV[2])
 
 if penalty_after > 0 then
   local banned_ms = redis.call('PTTL', KEYS[3])
@@ -29,7 +32,7 @@ if penalty_after > 0 then
 end
 
 local reply, ahead = gcra_step(backlog_of(redis.call('GET', KEYS[1])), interval, tolerance, limit,
-  quantity)
+  quantity, ceiling)
 if ahead then
   store_tat(KEYS[1], ahead)
 end

@@ -6,7 +6,9 @@
 --          may appear in several groups. Items are decided in order, each on the state the one
 --          before it left.
 -- ARGV     five per group: emission interval (ns), tolerance (ns), limit, quantity (gcra.lua's),
---          and the number of items in the group.
+--          and the number of items in the group; then, optionally, one per group: its ceiling (ns,
+--          gcra.lua's ARGV[8]: a metered limit's tolerance plus its debt cap; absent: the
+--          tolerance).
 -- Returns  five integers per item: {limited, limit, remaining, retry_after, reset_after}, as
 --          gcra.lua (no penalty box: policies with one are never batched); limited = -1 for an item
 --          whose key holds another type (gcra.lua would fail with WRONGTYPE).
@@ -22,11 +24,13 @@ local writes = {}
 local out = {}
 local n = 0 -- #out
 
-for g = 1, #KEYS do
+local groups = #KEYS
+for g = 1, groups do
   local key = KEYS[g]
   local base = (g - 1) * 5
   local interval = tonumber(ARGV[base + 1])
   local tolerance = tonumber(ARGV[base + 2])
+  local ceiling = tonumber(ARGV[5 * groups + g] or ARGV[base + 2])
   local limit = tonumber(ARGV[base + 3])
   local quantity = tonumber(ARGV[base + 4])
   for _ = 1, tonumber(ARGV[base + 5]) do
@@ -44,13 +48,13 @@ for g = 1, #KEYS do
     local reply = {-1, 0, 0, 0, 0}
     if backlog ~= false then
       local ahead
-      reply, ahead = gcra_step(backlog, interval, tolerance, limit, quantity)
-      -- What gcra.lua leaves: the state it wrote, or the one it found (within the tolerance).
+      reply, ahead = gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
+      -- What gcra.lua leaves: the state it wrote, or the one it found (within the ceiling).
       if ahead then
         writes[key] = ahead
         backlog = ahead
-      elseif backlog > tolerance then
-        backlog = tolerance
+      elseif backlog > ceiling then
+        backlog = ceiling
       end
     end
     backlogs[key] = backlog

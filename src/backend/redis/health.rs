@@ -18,7 +18,7 @@ use super::mode::RedisMode;
 /// Decisions are failing from the first call to Redis that ends in an error (any error: a refused
 /// or lost connection, a timeout, `OOM command not allowed` from a Redis that is out of memory, a
 /// script error) until the next call that succeeds; meanwhile `last_error` is the error of the last
-/// failed call, and the gauge `throttle_backend_up{path}` is 0. With no requests, the backend
+/// failed call, and the gauge `throttle_backend_up{backend, path}` is 0. With no requests, the backend
 /// probes a failing Redis every 250 ms with a decision that writes nothing, so the first success
 /// (and a healthy report) comes within a second of Redis recovering, whether traffic asks or not.
 ///

@@ -13,6 +13,11 @@
 --             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 4 concurrency), limit,
 --             and GCRA: interval (ns), tolerance (ns); windows: period (µs), 0;
 --             concurrency: lease (µs), 0.
+--             Then, optionally, N ceilings (a metered GCRA limit's: its tolerance plus its debt
+--             cap, in ns; see the prelude's step; 0 or absent: the tolerance; ignored for the other
+--             algorithms), and after them, optionally, N quantities (one per limit, for a stack in
+--             which a metered limit reserves its estimate while the others take the request's
+--             cost; absent: `quantity` for every limit).
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
@@ -57,15 +62,15 @@ local function add_members(key, score, q)
   end
 end
 
--- GCRA: gcra.lua's step. A state written under another quota is rebased at once, whatever the other
--- limits decide (that records no request).
-local function gcra(key, limit, interval, tolerance, q)
+-- GCRA: gcra.lua's step. A state written under another quota (beyond the ceiling) is rebased at
+-- once, whatever the other limits decide (that records no request).
+local function gcra(key, limit, interval, tolerance, q, ceiling)
   local backlog = backlog_of(redis.call('GET', key))
-  if backlog > tolerance then
-    backlog = tolerance
+  if backlog > ceiling then
+    backlog = ceiling
     store_tat(key, backlog)
   end
-  local reply, ahead = gcra_step(backlog, interval, tolerance, limit, q)
+  local reply, ahead = gcra_step(backlog, interval, tolerance, limit, q, ceiling)
   if reply[1] == 0 and q > 0 and ahead then
     return reply, function()
       store_tat(key, ahead)
@@ -255,7 +260,11 @@ local function decide(i, q)
   local a = tonumber(ARGV[base + 3])
   local b = tonumber(ARGV[base + 4])
   if kind == 0 then
-    return gcra(KEYS[i], limit, a, b, q)
+    local ceiling = tonumber(ARGV[6 + 4 * n + i] or '0')
+    if ceiling < b then
+      ceiling = b
+    end
+    return gcra(KEYS[i], limit, a, b, q, ceiling)
   end
   return deciders[kind](KEYS[i], limit, a, q)
 end
@@ -282,7 +291,7 @@ local results = {}
 local writes = {}
 local admitted = true
 for i = 1, n do
-  local result, write = decide(i, quantity)
+  local result, write = decide(i, tonumber(ARGV[6 + 5 * n + i] or quantity))
   results[i] = result
   writes[i] = write
   if result[1] == 1 then

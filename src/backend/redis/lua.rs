@@ -31,8 +31,8 @@ pub(crate) const LIMITS: &str = script!("limits.lua");
 /// `limits.lua` after the prelude, without the shebang: the body of the peek's read-only function.
 pub(crate) const LIMITS_BODY: &str =
     concat!(include_str!("prelude.lua"), include_str!("limits.lua"));
-/// Refunds by outcome (`refund.lua`).
-pub(crate) const REFUND: &str = script!("refund.lua");
+/// Refunds by outcome and metered costs settled after the response (`settle.lua`).
+pub(crate) const SETTLE: &str = script!("settle.lua");
 /// Concurrency lease renewal (`renew.lua`).
 pub(crate) const RENEW: &str = script!("renew.lua");
 /// `CL.THROTTLE` from a script that declares its key (`cell.lua`): no prelude (it reads no clock),

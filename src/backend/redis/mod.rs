@@ -18,7 +18,8 @@
 //! 6. [`batch`]: GCRA calls coalesced into one script call; [`budget`]: leased budgets of hot keys.
 //! 7. [`state`]: `RedisState`, what every clone of a backend shares.
 //! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
-//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back;
+//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back, and
+//!    metered costs settled after the response (`settle.lua`);
 //!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
 //!    connected (connect, check the role, load the script, detect the path);
 //!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`resets`]:
@@ -131,6 +132,22 @@ pub use self::mode::RedisMode;
 /// The deny cache holds only the rejections that provably last until their retry time: a fixed
 /// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
 /// concurrency limit is never answered locally.
+///
+/// # Metered limits
+///
+/// A metered limit ([`Limit::with_max_debt`]) reserves an estimate at admission and settles the
+/// real cost after the response ([`Backend::settle`]). On Redis a settle is one atomic call of
+/// `settle.lua` on a task of its own (bounded by the timeout, never retried, as refunds are): a
+/// higher cost moves the TAT on by `delta × interval` from `max(TAT, now)`, at most
+/// [`max_debt`](Limit::max_debt) units past the burst, so the key may owe; a lower one gives back as
+/// a refund does. The TAT keeps redis-cell's format, so `CL.THROTTLE` refuses a key in debt until it
+/// is paid, and every script reads it as debt too: refused, `remaining` 0, and a retry time that is
+/// the time until it is paid (then a request passes). A stack with one quantity per limit ("1
+/// request and 500 tokens", [`Backend::check_each`]) is one `limits.lua` call. A settle forgets
+/// this process's cached rejection of the key (another process's may answer a refusal with its
+/// earlier retry time until then). Metered limits are GCRA limits without a leased budget. Their
+/// checks are coalesced into batches like the others; settles are not: one has no answer to wait
+/// for, and a stack's settle writes several keys, which a Cluster's per-key lanes cannot carry.
 ///
 /// # On a Redis Cluster
 ///
@@ -372,7 +389,9 @@ impl Liveness {
 // know `RedisBackend`.
 impl RedisBackendBuilder {
     /// Checks the settings, connects and, in `Auto` mode, detects the redis-cell module: the eager,
-    /// fail-fast start.
+    /// fail-fast start. It also waits (as long as connecting may take) for the first attempt to
+    /// subscribe to the other processes' resets, so that nothing it decides afterwards is cached
+    /// before that subscription; an attempt that fails is logged and retried in the background.
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
     /// reached, or when `Cell` mode is asked of a server without the module. An application that
@@ -476,12 +495,37 @@ impl Backend for RedisBackend {
         self.state.reset(limits, key)
     }
 
-    // Counting by outcome: refund.lua, on a spawned task (see refund.rs).
+    // Counting by outcome: settle.lua, on a spawned task (see refund.rs).
     fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
         refund::refund(&self.state, limits, key, quantity, since);
     }
 
     fn can_refund(&self) -> bool {
         true
+    }
+
+    // Metered limits: a quantity per limit on the limits script (one limit alone: a plain check,
+    // on the path the mode picks), and settle.lua on a spawned task (see refund.rs).
+    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
+        match (limits, quantities) {
+            ([limit], [quantity]) => {
+                let decided = self.state.check(limit, key, *quantity);
+                Box::pin(async move { decided.await.map(|decision| vec![decision]) })
+            }
+            _ => self.state.check_stack_each(limits, key, quantities),
+        }
+    }
+
+    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: Duration) {
+        refund::settle(&self.state, limits, key, deltas, since);
+    }
+
+    fn can_settle(&self) -> bool {
+        true
+    }
+
+    // Heard by every process sharing the Redis (resets.rs).
+    fn reloaded(&self, changed: &[&str]) {
+        resets::reloaded(&self.state, changed);
     }
 }

@@ -70,14 +70,19 @@ local function store_tat(key, ahead)
 end
 
 -- One GCRA decision (CL.THROTTLE's, as src/gcra.rs computes it) for `quantity` units on `backlog`.
--- A backlog beyond the tolerance was written under another quota (the route's quota changed): it
--- counts as a full bucket under this one, and is stored as such so that it drains from now on.
+-- `ceiling` (optional; the tolerance when nil) is how far ahead a state is read as it is: the
+-- tolerance, plus a metered limit's debt cap (max_debt x interval). A key in debt (a backlog past
+-- the tolerance, up to the ceiling) is refused, with remaining 0, until it is paid back. A backlog
+-- beyond the ceiling was written under another quota (the route's quota changed): it counts as the
+-- ceiling (a full bucket, for a limit that is not metered), and is stored as such so that it drains
+-- from now on.
 -- Returns the reply {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after
 -- (ns)}, and the backlog to store (nil: nothing to write; a rejection writes only a rebase).
-local function gcra_step(backlog, interval, tolerance, limit, quantity)
-  local rebased = backlog > tolerance
+local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
+  ceiling = ceiling or tolerance
+  local rebased = backlog > ceiling
   if rebased then
-    backlog = tolerance
+    backlog = ceiling
   end
   local increment = interval * quantity
   local new_backlog = backlog + increment
@@ -92,7 +97,8 @@ local function gcra_step(backlog, interval, tolerance, limit, quantity)
   if rebased and backlog > 0 then
     write = backlog
   end
-  local remaining = floordiv(tolerance - backlog, interval)
+  -- In debt (backlog past the tolerance): nothing is left.
+  local remaining = floordiv(math.max(tolerance - backlog, 0), interval)
   if remaining > limit then
     remaining = limit
   end

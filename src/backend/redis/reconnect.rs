@@ -182,7 +182,9 @@ pub(super) fn spawn_keeper(
                     error = %why,
                     "lost the Redis connection; reconnecting (requests follow the failure policy meanwhile)"
                 );
-                crate::observe::backend_up(None);
+                if let Some(strong) = state.upgrade() {
+                    strong.breaker.failing.disconnected();
+                }
             }
             let mut backoff = BACKOFF_MIN;
             let mut last_said = Instant::now();
@@ -230,7 +232,7 @@ pub(super) fn spawn_keeper(
                         let text = error.to_string();
                         if first {
                             first = false;
-                            crate::observe::backend_up(None);
+                            strong.breaker.failing.disconnected();
                         }
                         if said_misconfigured.as_ref() != Some(&wrong) {
                             tracing::error!(
@@ -258,7 +260,7 @@ pub(super) fn spawn_keeper(
                         let text = error.to_string();
                         if first {
                             first = false;
-                            crate::observe::backend_up(None);
+                            strong.breaker.failing.disconnected();
                             tracing::warn!(
                                 redis = %server.target,
                                 error = %text,

@@ -1,24 +1,40 @@
-//! Resets heard by every process sharing the Redis: a [reset](crate::Backend::reset) publishes the
-//! keys it deleted on the channel `prefix:resets` (`PUBLISH`, which a Cluster broadcasts to every
-//! node), and every backend with the same prefix listens there and drops those keys from its deny
-//! cache and budget slices. The penalty box lives in Redis (`…:strikes`, `…:ban`, deleted by the
-//! reset itself); what a process remembers of a ban is its deny cache's entry.
+//! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
+//! publishes the keys it deleted on the channel `prefix:resets` (`PUBLISH`; on a Cluster
+//! `SPUBLISH`, sharded pub/sub, which only the node that owns the channel's slot carries instead
+//! of every node), a [reload](crate::Backend::reloaded) the names of the limits it
+//! changed, and every backend with the same prefix listens there and drops what it cached under
+//! them: deny-cache entries and budget slices (a reload changes no state in Redis, so the others
+//! do not reload anything; they only forget decisions made under the old quotas). The penalty box
+//! lives in Redis (`…:strikes`, `…:ban`, deleted by the reset itself); what a process remembers of
+//! a ban is its deny cache's entry.
 //!
-//! A process that was not listening when a reset was published (its subscription dropped, Redis
-//! restarted) cannot know which keys it missed: each time the subscription is (re)made, it drops
-//! its whole deny cache and every slice, which only sends more decisions to Redis.
+//! A process that was not listening when a message was published (its subscription dropped, Redis
+//! restarted) cannot know what it missed: each time the subscription is (re)made, it drops its
+//! whole deny cache and every slice, which only sends more decisions to Redis.
 //!
-//! The listener holds its own connection (pub/sub takes a connection whole), to the server the
-//! backend was given, or to the Cluster's seed nodes in turn. Backends reached through Sentinel, a
-//! user's connection manager or a user's Cluster client do not listen (they still publish).
+//! The listener holds its own connection (pub/sub takes a connection whole): to the server the
+//! backend was given, or to the primary the sentinels name (asked again at every subscription).
+//! A primary demoted by a failover keeps hearing what is published on the new one (Redis
+//! replicates `PUBLISH` to replicas). On a Cluster it is a RESP3 Cluster connection of its own
+//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner after a failover or migration and
+//! subscribes again after a disconnection; each confirmation of a (new) subscription drops the
+//! caches as above. A user's connection manager or Cluster client/connection cannot lend a
+//! subscription (redis-rs subscribes on those only with RESP3 and a push sender set when they were
+//! built): such a backend listens through the client given to
+//! [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Weak;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
 use redis::aio::ConnectionLike;
-use redis::{Client, Msg};
+use redis::cluster::ClusterClientBuilder;
+use redis::sentinel::SentinelClient;
+use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::oneshot;
 
 use super::connection::RedisConnection;
 use super::state::RedisState;
@@ -28,13 +44,74 @@ pub(super) fn channel(prefix: &str) -> String {
     format!("{prefix}:resets")
 }
 
+/// The first line of a reload's message; the names of the limits follow, one a line. A reset's
+/// message is Redis keys, which start with the prefix (which cannot hold `!`).
+const RELOAD: &str = "!reload";
+
 /// Tells the other processes that `keys` were reset. Best effort: the reset itself is done, and a
 /// process that misses this message drops its caches when it subscribes again.
 pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
-    let mut cmd = redis::cmd("PUBLISH");
-    cmd.arg(channel(prefix)).arg(keys.join("\n"));
+    let cmd = publish_cmd(conn, prefix, keys.join("\n"));
     if let Err(e) = conn.redirecting().req_packed_command(&cmd).await {
         tracing::warn!(error = %e, "a reset could not be published to the other processes");
+    }
+}
+
+/// A reload changed (or removed) the limits named `changed`: drops what this process cached under
+/// them, and tells the others (on a spawned task; without a tokio runtime, only this process
+/// forgets).
+pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
+    forget_limits(state, changed.iter().copied());
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("a reload outside a tokio runtime is not published to the other processes");
+        return;
+    };
+    let mut message = String::from(RELOAD);
+    for name in changed {
+        message.push('\n');
+        message.push_str(name);
+    }
+    let cmd = publish_cmd(&state.conn, &state.prefix, message);
+    let (mut conn, timeout) = (state.conn.clone(), state.timeout);
+    runtime.spawn(async move {
+        let mut conn = conn.redirecting();
+        let sent = tokio::time::timeout(timeout * 10, conn.req_packed_command(&cmd));
+        if !matches!(sent.await, Ok(Ok(_))) {
+            tracing::warn!("a reload could not be published to the other processes");
+        }
+    });
+}
+
+/// `PUBLISH`, or `SPUBLISH` on a Cluster (routed, as a key would be, by the channel's slot).
+fn publish_cmd(conn: &RedisConnection, prefix: &str, message: String) -> redis::Cmd {
+    let mut cmd = redis::cmd(if conn.is_cluster() {
+        "SPUBLISH"
+    } else {
+        "PUBLISH"
+    });
+    cmd.arg(channel(prefix)).arg(message);
+    cmd
+}
+
+/// Where a backend listens.
+pub(super) enum Listen {
+    /// Servers tried in turn (the one server).
+    Nodes(Vec<Client>),
+    /// The primary the sentinels name now.
+    Sentinel(Box<SentinelClient>),
+    /// A Cluster, from these seed nodes (sharded pub/sub).
+    Shard(Vec<ConnectionInfo>),
+}
+
+impl Listen {
+    /// The server to subscribe on at attempt `turn`.
+    async fn client(&mut self, turn: usize) -> Option<Client> {
+        match self {
+            Listen::Nodes(nodes) if nodes.is_empty() => None,
+            Listen::Nodes(nodes) => Some(nodes[turn % nodes.len()].clone()),
+            Listen::Sentinel(sentinel) => sentinel.async_get_client().await.ok(),
+            Listen::Shard(_) => None,
+        }
     }
 }
 
@@ -42,54 +119,171 @@ pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[St
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// Listens for `state`'s resets on `nodes` (tried in turn) for as long as the backend lives.
-pub(super) fn spawn_listener(nodes: Vec<Client>, state: Weak<RedisState>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    if nodes.is_empty() {
-        return;
+/// One attempt to subscribe, bounded: a sentinel or node that accepts and never answers must not
+/// stall the listener.
+async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+    match tokio::time::timeout(BACKOFF_MAX * 5, subscribe).await {
+        Ok(subscribed) => subscribed,
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
+/// Sleeps before the next attempt, twice as long as the last time (up to `BACKOFF_MAX`).
+async fn back_off(backoff: &mut Duration) {
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(BACKOFF_MAX);
+}
+
+/// The end of the listener's first attempt to subscribe (made or failed), which
+/// [`connect`](super::RedisBackendBuilder::connect) waits for: decisions it returns to are cached
+/// after the first subscription dropped the caches, not before. The first failure is logged.
+struct FirstAttempt(Option<oneshot::Sender<()>>);
+
+impl FirstAttempt {
+    fn subscribed(&mut self) {
+        if let Some(done) = self.0.take() {
+            let _ = done.send(());
+        }
+    }
+
+    fn failed(&mut self, why: &str) {
+        if self.0.is_some() {
+            tracing::warn!(
+                error = why,
+                "cannot listen for other processes' resets yet (SUBSCRIBE); retrying"
+            );
+        }
+        self.subscribed();
+    }
+}
+
+/// Listens for `state`'s resets and reloads where `listen` says, for as long as the backend lives.
+/// The receiver says when the first attempt to subscribe ended; `None`: nowhere to listen.
+pub(super) fn spawn_listener(
+    mut listen: Listen,
+    state: Weak<RedisState>,
+) -> Option<oneshot::Receiver<()>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let (done, first) = oneshot::channel();
+    let mut first_attempt = FirstAttempt(Some(done));
+    match listen {
+        Listen::Nodes(ref nodes) if nodes.is_empty() => return None,
+        Listen::Shard(seeds) => {
+            runtime.spawn(listen_sharded(seeds, state, first_attempt));
+            return Some(first);
+        }
+        _ => {}
     }
     runtime.spawn(async move {
         let mut backoff = BACKOFF_MIN;
-        for node in nodes.iter().cycle() {
+        for turn in 0.. {
             let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
                 return;
             };
-            if let Ok(mut pubsub) = node.get_async_pubsub().await {
-                if pubsub.subscribe(&channel).await.is_ok() {
+            let subscribed = attempt(async {
+                let client = listen.client(turn).await.ok_or("no server to listen on")?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
+                pubsub
+                    .subscribe(&channel)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(pubsub)
+            });
+            match subscribed.await {
+                Ok(pubsub) => {
                     backoff = BACKOFF_MIN;
                     // Whatever was published while not subscribed is lost: forget everything.
                     match state.upgrade() {
                         Some(strong) => forget_all(&strong),
                         None => return,
                     }
+                    first_attempt.subscribed();
                     let mut messages = pubsub.into_on_message();
-                    while let Some(message) = next(&mut messages, &state).await {
+                    let mut poll = |cx: &mut Context<'_>| Pin::new(&mut messages).poll_next(cx);
+                    while let Some(message) = next(&mut poll, &state).await {
                         let Some(strong) = state.upgrade() else {
                             return;
                         };
-                        forget(&strong, &message);
+                        forget(&strong, message.get_payload_bytes());
                     }
                     if state.strong_count() == 0 {
                         return;
                     }
                 }
+                Err(why) => first_attempt.failed(&why),
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            back_off(&mut backoff).await;
         }
     });
+    Some(first)
+}
+
+/// Listens on a Cluster with sharded pub/sub: one RESP3 Cluster connection whose pushes come to
+/// this task. The first `ssubscribe` push confirms the subscription, later ones a subscription made
+/// again (after a disconnection, or on the slot's new owner): whatever was published meanwhile is
+/// lost, so each drops everything.
+async fn listen_sharded(
+    seeds: Vec<ConnectionInfo>,
+    state: Weak<RedisState>,
+    mut first_attempt: FirstAttempt,
+) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
+            return;
+        };
+        let (sender, mut pushes) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+        let client = ClusterClientBuilder::new(seeds.clone())
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(sender)
+            .build();
+        let subscribed = attempt(async {
+            let client = client.map_err(|e| e.to_string())?;
+            let mut conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            conn.ssubscribe(&channel).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(conn)
+        });
+        match subscribed.await {
+            // The connection is kept for as long as its pushes are read.
+            Ok(_conn) => {
+                backoff = BACKOFF_MIN;
+                let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
+                while let Some(push) = next(&mut poll, &state).await {
+                    let Some(strong) = state.upgrade() else {
+                        return;
+                    };
+                    match (push.kind, push.data.get(1)) {
+                        (PushKind::SSubscribe, _) => {
+                            forget_all(&strong);
+                            first_attempt.subscribed();
+                        }
+                        (PushKind::SMessage, Some(Value::BulkString(payload))) => {
+                            forget(&strong, payload)
+                        }
+                        _ => {}
+                    }
+                }
+                if state.strong_count() == 0 {
+                    return;
+                }
+            }
+            Err(why) => first_attempt.failed(&why),
+        }
+        back_off(&mut backoff).await;
+    }
 }
 
 /// The next message, or `None` when the subscription ends or the backend is gone (looked at every
 /// second while no message comes).
-async fn next<S>(messages: &mut S, state: &Weak<RedisState>) -> Option<Msg>
-where
-    S: Stream<Item = Msg> + Unpin,
-{
+async fn next<T>(
+    poll: &mut impl FnMut(&mut Context<'_>) -> Poll<Option<T>>,
+    state: &Weak<RedisState>,
+) -> Option<T> {
     loop {
-        let poll = std::future::poll_fn(|cx| Pin::new(&mut *messages).poll_next(cx));
+        let poll = std::future::poll_fn(&mut *poll);
         match tokio::time::timeout(Duration::from_secs(1), poll).await {
             Ok(message) => return message,
             Err(_) if state.strong_count() == 0 => return None,
@@ -98,15 +292,33 @@ where
     }
 }
 
-/// Drops the keys a reset names from this process's deny cache and budget slices.
-fn forget(state: &RedisState, message: &Msg) {
-    let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
+/// Drops what a message names from this process's deny cache and budget slices: the keys a reset
+/// deleted, or everything cached under the limits a reload changed.
+fn forget(state: &RedisState, payload: &[u8]) {
+    let Ok(payload) = std::str::from_utf8(payload) else {
         return;
     };
-    for key in payload.split('\n') {
+    let mut lines = payload.split('\n');
+    if payload.starts_with(RELOAD) {
+        lines.next();
+        forget_limits(state, lines);
+        return;
+    }
+    for key in lines {
         state.budgets.forget(key);
         if let Some(deny) = &state.deny {
             deny.forget(key);
+        }
+    }
+}
+
+/// Drops what is cached under the limits `names`: their keys are `prefix:name:{…}`.
+fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = &'a str>) {
+    for name in names {
+        let keys = format!("{}:{name}:{{", state.prefix);
+        state.budgets.forget_prefix(&keys);
+        if let Some(deny) = &state.deny {
+            deny.forget_prefix(&keys);
         }
     }
 }

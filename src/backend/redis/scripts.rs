@@ -58,6 +58,12 @@ pub(super) async fn gcra(
             .arg(penalty.after())
             .arg(penalty.within().as_millis().max(1) as u64)
             .arg(penalty.ban().as_millis().max(1) as u64);
+    } else if args.metered() {
+        invocation.arg(0).arg(0).arg(0);
+    }
+    if args.metered() {
+        // A metered limit's debt is read as debt, not as another quota's state.
+        invocation.arg(args.ceiling);
     }
     let reply: [i64; 6] = invocation.invoke_async(&mut conn.redirecting()).await?;
     let [limited, limit, remaining, retry, reset, banned] = reply;
@@ -106,12 +112,14 @@ pub(super) async fn throttle(
 }
 
 /// One decision per spec, together, by `limits.lua`: units added are named by `token`, and the
-/// penalty box (the first limit's, on `base:strikes` and `base:ban`) goes with them.
+/// penalty box (the first limit's, on `base:strikes` and `base:ban`) goes with them. `quantity`
+/// for every spec, or one quantity per spec (`each`, as long as `specs`).
 pub(super) async fn limits(
     conn: &mut RedisConnection,
     specs: &[Spec],
     penalty: Option<(Penalty, String)>,
     quantity: u64,
+    each: Option<Vec<u64>>,
     token: u64,
 ) -> Result<Vec<Decision>, RedisError> {
     let mut invocation = LIMITS.prepare_invoke();
@@ -144,6 +152,15 @@ pub(super) async fn limits(
             .arg(spec.limit)
             .arg(spec.a)
             .arg(spec.b);
+    }
+    // The optional sections (see the script's header): the ceilings, then a quantity per limit.
+    if each.is_some() || specs.iter().any(Spec::is_metered) {
+        for spec in specs {
+            invocation.arg(spec.ceiling);
+        }
+    }
+    for q in each.iter().flatten() {
+        invocation.arg(q);
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != 1 + 5 * specs.len() {

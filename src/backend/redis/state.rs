@@ -45,6 +45,7 @@ impl RedisState {
         timeout: Duration,
         deny_cache: bool,
         coalesce: bool,
+        name: &str,
     ) -> Self {
         RedisState {
             breaker: Arc::new(Breaker::new(
@@ -52,6 +53,7 @@ impl RedisState {
                 !conn.is_cluster(),
                 conn.server().cloned(),
                 mode,
+                name,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),

@@ -1,0 +1,144 @@
+-- settle.lua: settles what a request cost, atomically, for one client, after the prelude
+-- (prelude.lua): gives back units a request took (counting by outcome, or a metered request that
+-- cost less than it reserved), or charges a metered request's extra cost.
+--
+-- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it (the GCRA's TAT is
+--             redis-cell's format, so a settle works on either path).
+-- ARGV        N, since (µs: an upper bound on the time since the request was admitted), then four
+--             per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window); GCRA: the
+--             emission interval (ns), windows: the period (µs); the delta (units: negative gives
+--             back, positive charges, 0 leaves the limit alone); and the GCRA's ceiling (ns: its
+--             tolerance plus its debt cap; 0 for the windows).
+-- Returns     N.
+--
+-- Giving back never gives back more than the request took: the state becomes at most what it would
+-- be had the request not come. GCRA: the TAT moves back by |delta| x interval (the caller only asks
+-- while the request's units still count, so nothing has drained them). Fixed window: only from the
+-- window that admitted the request, while it is the current one. Sliding window: from the window
+-- that admitted it (or, when the admission may lie across a boundary, the one before, which weighs
+-- less). Sliding log: the oldest units logged at or after the earliest time the request may have
+-- been admitted.
+--
+-- Charging (metered limits are GCRA only; a positive delta for a window is ignored) admits nothing
+-- and refuses nothing, the response has been sent: the TAT moves on by delta x interval from
+-- max(TAT, now), capped at now + ceiling, so the key may end in debt (past the tolerance), by at
+-- most the debt cap; a TAT already beyond the cap (another quota's) is left as it is. The key then
+-- expires when the TAT passes, as after a decision.
+
+local n = tonumber(ARGV[1])
+local since_us = tonumber(ARGV[2])
+
+local admitted_after = now_us - since_us
+
+local function charge(key, interval, quantity, ceiling)
+  local backlog = backlog_of(redis.call('GET', key))
+  local ahead = math.min(backlog + interval * quantity, ceiling)
+  if ahead > backlog then
+    store_tat(key, ahead)
+  end
+end
+
+local function gcra(key, interval, quantity)
+  local backlog = backlog_of(redis.call('GET', key))
+  if backlog <= 0 then
+    return
+  end
+  -- The request's units, less the time since its admission: any later decision that found the
+  -- bucket idle without it absorbed at most that much of them, so giving back the rest never gives
+  -- back more than the request took (for a refund with no decision since, it is exact).
+  local back = interval * quantity - since_us * 1000
+  if back <= 0 then
+    return
+  end
+  local ahead = backlog - back
+  if ahead <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  store_tat(key, ahead)
+end
+
+local function sliding_log(key, quantity)
+  local members = redis.call('ZRANGEBYSCORE', key, int(admitted_after), '+inf', 'LIMIT', 0, quantity)
+  if #members > 0 then
+    redis.call('ZREM', key, unpack(members))
+  end
+end
+
+local function fixed_window(key, period, quantity)
+  local window = floordiv(now_us, period)
+  if floordiv(admitted_after, period) ~= window then
+    return
+  end
+  local stored = redis.call('GET', key)
+  if not stored then
+    return
+  end
+  local w, c = string.match(stored, '^(%d+):(%d+)$')
+  if not w or tonumber(w) ~= window then
+    return
+  end
+  local count = tonumber(c) - quantity
+  if count <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, int(window) .. ':' .. int(count), 'KEEPTTL')
+  end
+end
+
+local function sliding_window(key, period, quantity)
+  local stored = redis.call('GET', key)
+  if not stored then
+    return
+  end
+  local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+  if not w then
+    return
+  end
+  local window = floordiv(now_us, period)
+  local current, previous
+  if tonumber(w) == window then
+    current, previous = tonumber(c), tonumber(p)
+  elseif tonumber(w) + 1 == window then
+    current, previous = 0, tonumber(c)
+  else
+    return
+  end
+  local back = window - floordiv(admitted_after, period)
+  if back == 0 then
+    current = math.max(current - quantity, 0)
+  elseif back == 1 then
+    previous = math.max(previous - quantity, 0)
+  else
+    return
+  end
+  if current == 0 and previous == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, int(window) .. ':' .. int(current) .. ':' .. int(previous), 'KEEPTTL')
+  end
+end
+
+for i = 1, n do
+  local base = 2 + 4 * (i - 1)
+  local kind = tonumber(ARGV[base + 1])
+  local a = tonumber(ARGV[base + 2])
+  local delta = tonumber(ARGV[base + 3])
+  if delta > 0 then
+    if kind == 0 then
+      charge(KEYS[i], a, delta, tonumber(ARGV[base + 4]))
+    end
+  elseif delta < 0 then
+    local quantity = -delta
+    if kind == 0 then
+      gcra(KEYS[i], a, quantity)
+    elseif kind == 1 then
+      sliding_log(KEYS[i], quantity)
+    elseif kind == 2 then
+      fixed_window(KEYS[i], a, quantity)
+    elseif kind == 3 then
+      sliding_window(KEYS[i], a, quantity)
+    end
+  end
+end
+return n
