@@ -74,6 +74,7 @@
 //! | penalty, ban | [`Penalty`]: a key over its limit too often is refused for a time |
 //! | metered limit | a limit whose cost is known after the response ([`PolicyBuilder::metered`]): it *reserves* an [`Estimate`] at admission and is *settled* ([`Backend::settle`]) to what the [`Meter`] says when the response ends |
 //! | debt | a metered key charged past its burst: refused until paid back, at most [`Limit::max_debt`] units |
+//! | dry run, shadow limit, stage | refusals only counted: a whole policy's ([`PolicyBuilder::dry_run`]), one extra limit's ([`PolicyBuilder::shadow`]), or those of keys outside an enforced share ([`PolicyBuilder::enforce_fraction`]) |
 //!
 //! # Module map
 //!
@@ -82,11 +83,11 @@
 //! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a sliced [`Budget`] |
 //! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs`, `timer.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s; tokio timers without a panic |
 //! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
-//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs`, `meter.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome; metered limits ([`Meter`], [`Estimate`]: a cost settled after the response) |
+//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs`, `meter.rs`, `rollout.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome; metered limits ([`Meter`], [`Estimate`]: a cost settled after the response); shadow limits and staged enforcement |
 //! | `policy_decision.rs` | [`PolicyDecision`], [`LimitDecision`], [`RequestDecisions`]: what handlers see |
 //! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
 //! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
-//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `future` → `steps` (each step of a request, once) → `shared` → `table` → `verdict` → `admitted` → `settings` → `body` → `slot` |
+//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `future` → `steps` (each step of a request, once) → `shared` → `table` → `rollout` → `verdict` → `admitted` → `settings` → `body` → `slot` |
 //! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
 //! | `headers.rs`, `grpc.rs` | what the layer answers: `RateLimit` fields, problem bodies, gRPC status |
 //! | `observe.rs` | every `tracing` event and metric of a request's life, and the [`Limited`] hook's view |
@@ -164,6 +165,7 @@ mod per_customer;
 mod policy;
 mod policy_decision;
 mod quota;
+mod rollout;
 mod route;
 mod timer;
 pub mod top;

@@ -120,6 +120,8 @@ pub(crate) struct ExtrasBuilder {
     pub(crate) async_key: Option<AsyncKey>,
     pub(crate) outcome: OutcomeRule,
     pub(crate) metered: crate::meter::MeteredBuilder,
+    /// Shadow limits (`rollout.rs`), decided beside the policy's own on the extended path.
+    pub(crate) shadows: Box<[Limit]>,
 }
 
 impl fmt::Debug for ExtrasBuilder {
@@ -129,6 +131,7 @@ impl fmt::Debug for ExtrasBuilder {
             .field("resolver", &self.resolver.is_some())
             .field("async_key", &self.async_key)
             .field("outcome", &self.outcome)
+            .field("shadows", &self.shadows)
             .finish()
     }
 }
@@ -191,10 +194,18 @@ impl ExtrasBuilder {
                  charged when granted, so a refund could give back more than was taken)",
             ));
         }
+        if self.outcome.is_set() && !self.shadows.is_empty() {
+            // A response that does not count gives back the policy's units, not the shadow's.
+            return Err(invalid(
+                "count_only and refund_on cannot be used with a shadow limit yet (the shadow \
+                 limit would count every response)",
+            ));
+        }
         if self.quota_from.is_none()
             && self.resolver.is_none()
             && self.async_key.is_none()
             && !self.outcome.is_set()
+            && self.shadows.is_empty()
             && metered.is_none()
         {
             return Ok(None);
@@ -210,6 +221,7 @@ impl ExtrasBuilder {
             metered,
             custom: Mutex::new(HashMap::new()),
             log: ResolveLog::default(),
+            shadows: self.shadows,
         })))
     }
 }
@@ -229,6 +241,7 @@ pub(crate) struct PolicyExtras {
     /// The limits of each per-customer quota seen, made once.
     custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
     pub(crate) log: ResolveLog,
+    pub(crate) shadows: Box<[Limit]>,
 }
 
 impl fmt::Debug for PolicyExtras {

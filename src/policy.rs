@@ -16,9 +16,11 @@ use crate::methods::methods_of;
 use crate::penalty::Penalty;
 use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;
+use crate::rollout::{RolloutBuilder, Staged};
 use crate::route::Route;
 
 mod metered;
+mod rollout;
 
 /// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
 /// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's
@@ -101,6 +103,8 @@ pub struct Policy<K> {
     tiers: Box<[TierStack]>,
     tier_header: Option<HeaderName>,
     dry_run: bool,
+    /// Staged enforcement: the keys its refusals are enforced for (`None`: all).
+    staged: Option<Staged>,
     key: K,
     cost: u64,
     methods: Option<Box<[Method]>>,
@@ -132,6 +136,7 @@ impl Policy<PeerIp> {
             penalty: None,
             budget: None,
             extras: ExtrasBuilder::default(),
+            rollout: RolloutBuilder::default(),
         }
     }
 }
@@ -270,6 +275,7 @@ pub struct PolicyBuilder<K> {
     penalty: Option<Penalty>,
     budget: Option<Budget>,
     extras: ExtrasBuilder,
+    rollout: RolloutBuilder,
 }
 
 impl<K> PolicyBuilder<K> {
@@ -410,6 +416,7 @@ impl<K> PolicyBuilder<K> {
             penalty: self.penalty,
             budget: self.budget,
             extras: self.extras,
+            rollout: self.rollout,
         }
     }
 
@@ -588,14 +595,28 @@ impl<K> PolicyBuilder<K> {
             .map(|r| Route::parse(&r))
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
-        let extras = self
-            .extras
-            .build(&self.name, &tiers[0].limits[0], metered)?;
+        let taken: Vec<&str> = tiers
+            .iter()
+            .flat_map(|t| t.limits.iter().map(Limit::name))
+            .collect();
+        let (staged, shadows) = self.rollout.build(
+            &self.name,
+            self.dry_run,
+            self.algorithm,
+            self.cost,
+            period_label,
+            &taken,
+        )?;
+        drop(taken);
+        let mut extras = self.extras;
+        extras.shadows = shadows;
+        let extras = extras.build(&self.name, &tiers[0].limits[0], metered)?;
         Ok(Policy {
             name,
             tiers: tiers.into(),
             tier_header,
             dry_run: self.dry_run,
+            staged,
             key: self.key,
             cost: self.cost,
             methods,

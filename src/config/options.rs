@@ -10,7 +10,7 @@
 
 use http::{Method, StatusCode};
 
-use super::policies::{bind_client_ip, quotas_of};
+use super::policies::{bind_client_ip, quotas_of, shadow_quotas_of};
 use super::schema::RouteConfig;
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec, PeerIp};
@@ -18,6 +18,7 @@ use crate::limit::Algorithm;
 use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
 use crate::policy::{MissingKey, Policy, PolicyBuilder};
+use crate::rollout::parse_percent;
 
 /// The builder every row works on.
 pub(super) type Builder = PolicyBuilder<KeySpec>;
@@ -58,7 +59,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["name"], &["Policy::builder"], |_, _, b| Ok(b)), // the builder starts from the name
     row(&["key", "on_duplicate", "ipv6_prefix"], &["key"], key),
     row(&["algorithm"], &["algorithm", "Limit::with_algorithm"], |r, _, b| Ok(b.algorithm(algorithm(r)?))),
-    row(&["count", "period", "max_burst", "quotas"], &["quotas"], quotas),
+    row(&["count", "period", "max_burst", "quotas"], &["quotas", "shadow"], quotas),
     row(&["cost"], &["cost"], |r, _, b| Ok(b.cost(r.cost.unwrap_or(1)))),
     row(&["mode", "max_delay"], &["dry_run", "delay", "Limit::with_delay"], mode),
     row(&["lease"], &["lease", "Limit::with_lease"], |r, _, b| Ok(set(b, r.lease, Builder::lease))),
@@ -72,6 +73,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
     row(&["refund_statuses"], &["refund_on"], |r, _, b| Ok(set(b, statuses(r.refund_statuses.as_deref(), "refund_statuses")?, Builder::refund_on))),
     row(&["on_missing_key"], &["on_missing_key"], on_missing_key),
+    row(&["enforce"], &["enforce_fraction"], |r, _, b| Ok(set(b, r.enforce.as_deref().map(parse_percent).transpose()?, Builder::enforce_fraction))),
     row(&["metered"], &["metered", "usage_header", "Limit::with_max_debt"], |r, _, b| match &r.metered { Some(m) => m.apply(&r.name, b), None => Ok(b) }),
 ];
 
@@ -137,14 +139,17 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     Ok(builder.key(key))
 }
 
-/// `count`/`period`/`max_burst`, or `quotas`.
+/// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits).
 fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
-    let own = route.own_quota();
+    let (algorithm, own) = (algorithm(route)?, route.own_quota());
     // A metered route may limit its metered units alone.
     if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
         return Ok(builder);
     }
-    Ok(builder.quotas(quotas_of(algorithm(route)?, &own)?))
+    let builder = builder.quotas(quotas_of(algorithm, &own)?);
+    Ok(shadow_quotas_of(algorithm, &own)?
+        .into_iter()
+        .fold(builder, Builder::shadow))
 }
 
 /// `[route.tiers.<name>]`: each tier's quotas, checked as the route's own are.
@@ -152,6 +157,11 @@ fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Buil
     let algorithm = algorithm(route)?;
     for (name, tier) in route.tiers.iter().flatten() {
         let quotas = quotas_of(algorithm, tier).map_err(|why| format!("tier {name:?}: {why}"))?;
+        if !shadow_quotas_of(algorithm, tier)?.is_empty() {
+            return Err(format!(
+                "tier {name:?}: shadow = true is for the route's own quotas, not a tier's"
+            ));
+        }
         builder = builder.tier(name.clone(), quotas);
     }
     Ok(builder)

@@ -65,8 +65,22 @@ pub(super) fn bind_client_ip(key: &mut KeySpec, client_ip: &ClientIp) {
     }
 }
 
-/// The quotas of a route or tier: `quotas`, or `count`/`period`/`max_burst`.
+/// The enforced quotas of a route or tier: `quotas` (but its `shadow = true` ones), or
+/// `count`/`period`/`max_burst`.
 pub(super) fn quotas_of(algorithm: Algorithm, keys: &TierConfig) -> Result<Vec<Quota>, String> {
+    stack_of(algorithm, keys, false)
+}
+
+/// The `shadow = true` quotas of a route's or tier's `quotas`.
+pub(super) fn shadow_quotas_of(
+    algorithm: Algorithm,
+    keys: &TierConfig,
+) -> Result<Vec<Quota>, String> {
+    stack_of(algorithm, keys, true)
+}
+
+/// The quotas of `keys` whose `shadow` is `shadow` (`count`/`period`/`max_burst` is enforced).
+fn stack_of(algorithm: Algorithm, keys: &TierConfig, shadow: bool) -> Result<Vec<Quota>, String> {
     let TierConfig {
         max_burst,
         count,
@@ -102,10 +116,17 @@ pub(super) fn quotas_of(algorithm: Algorithm, keys: &TierConfig) -> Result<Vec<Q
         if quotas.is_empty() {
             return Err("quotas is empty".into());
         }
+        if !shadow && quotas.iter().all(|q| q.shadow) {
+            return Err("every quota of quotas is a shadow; at least one must be enforced".into());
+        }
         return quotas
             .iter()
+            .filter(|q| q.shadow == shadow)
             .map(|q| one(q.count, Some(q.period), q.max_burst))
             .collect();
+    }
+    if shadow {
+        return Ok(Vec::new());
     }
     match count {
         Some(count) => Ok(vec![one(count, period, max_burst)?]),

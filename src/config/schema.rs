@@ -225,6 +225,10 @@ pub struct RouteConfig {
     /// `"reject"` (400, the default) or `"allow"`: requests without a key.
     #[serde(default)]
     pub on_missing_key: Option<String>,
+    /// Staged enforcement: the share of keys refusals are enforced for, such as `"10%"` (default
+    /// `"100%"`; see [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)).
+    #[serde(default)]
+    pub enforce: Option<String>,
     /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
     /// banned for `ban`.
     #[serde(default)]
@@ -384,6 +388,10 @@ pub struct QuotaConfig {
     /// The period.
     #[serde(deserialize_with = "duration")]
     pub period: Duration,
+    /// A shadow limit of the route (not of a tier): counted and reported, never enforced
+    /// ([`PolicyBuilder::shadow`](crate::PolicyBuilder::shadow)).
+    #[serde(default)]
+    pub shadow: bool,
 }
 
 /// A tier's quotas (`[route.tiers.<name>]`): `count`/`period`/`max_burst`, or `quotas`.

@@ -17,6 +17,7 @@ use crate::penalty::PenaltyBox;
 use crate::policy::{MissingKey, Policy};
 use crate::policy_decision::LimitDecision;
 use crate::policy_decision::PolicyDecision;
+use crate::rollout::{Staged, WouldLimit};
 
 /// What happens to a request.
 pub(crate) enum Verdict {
@@ -58,6 +59,10 @@ pub(crate) struct PolicyRules {
     pub(crate) cost: u64,
     /// Only reports what it would refuse: read by `Judge::enforces` (verdict.rs) alone.
     pub(crate) dry_run: bool,
+    /// Staged enforcement (`rollout.rs`): read by `Judge::enforces` alone too.
+    pub(crate) staged: Option<Staged>,
+    /// Reports the refusals a shadow limit or a staged policy only counts.
+    pub(crate) would_limit: WouldLimit,
     /// What a request without a key gets.
     pub(crate) missing_key: MissingKey,
     /// Every admitted request gets a `PolicyDecision` (dry runs, delay mode, or the layer says so).
@@ -86,9 +91,12 @@ impl PolicyRules {
             #[cfg(feature = "memory")]
             cost: policy.cost(),
             dry_run,
+            staged: policy.staged(),
+            would_limit: WouldLimit::default(),
             missing_key: policy.missing_key(),
             expose_decision: settings.decision_extension
                 || dry_run
+                || policy.staged().is_some()
                 || policy.limit().delay().is_some(),
             tiers: policy
                 .tiers()

@@ -17,6 +17,7 @@ use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard, Settle};
 use crate::middleware::admitted::Verdict;
 use crate::middleware::future::{Prepared, ResponseFuture};
+use crate::middleware::rollout::with_shadows;
 use crate::middleware::shared::{take_readied, Shared};
 use crate::middleware::steps::{self, Missing};
 use crate::middleware::table::Table;
@@ -137,14 +138,22 @@ where
     let asked = Instant::now();
     // A metered limit reserves the request's estimate; the others take its cost.
     let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts));
-    let answer = match (&extras.metered, estimate) {
+    let check = match (&extras.metered, estimate) {
         (Some(metered), Some(estimate)) => {
             let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
             quantities[metered.position] = estimate;
             let quantities = &quantities[..limits.len()];
-            steps::ask_each(&shared.backend, limits, &key, quantities).await
+            steps::ask_each(&shared.backend, limits, &key, quantities)
         }
-        _ => steps::ask(&shared.backend, limits, &key, rules.cost()).await,
+        _ => steps::ask(&shared.backend, limits, &key, rules.cost()),
+    };
+    let answer = if extras.shadows.is_empty() {
+        check.await
+    } else {
+        let (answer, shadowed) =
+            with_shadows(check, &shared.backend, &extras.shadows, &key, rules.cost()).await;
+        table.judge.shadowed(cx, &extras.shadows, shadowed);
+        answer
     };
     // What the backend took, and how long it counts there (the shortest `reset_after`): only that
     // can be given back, and only until then. (A failed backend took nothing, whatever

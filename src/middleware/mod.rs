@@ -11,6 +11,8 @@
 //! * [`shared`]: what every service of a layer shares.
 //! * [`table`]: the policy table in force, and the one function that checks and builds it (for
 //!   the builder and for a reload).
+//! * `rollout`: a policy's shadow limits, asked beside its own, and the refusals a shadow limit or
+//!   a staged policy only counts.
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O;
 //!   `judge_state`: the judge's in-process state (penalty boxes, local limiter) for the handle.
 //! * [`admitted`]: what an admitted request carries.
@@ -25,6 +27,7 @@ mod extended;
 pub(crate) mod future;
 mod judge_state;
 pub(crate) mod layer;
+mod rollout;
 pub(crate) mod service;
 pub(crate) mod settings;
 pub(crate) mod shared;

@@ -94,6 +94,9 @@ fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<
                 policy.name()
             )));
         }
+        for shadow in policy.shadow_limits() {
+            backend.validate(shadow)?;
+        }
         for tier in policy.tiers() {
             match &*tier.limits {
                 [one] => backend.validate(one)?,
@@ -110,6 +113,13 @@ fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<
             let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
             t.limits.iter().map(move |l| (l, stack.clone()))
         })
+        // A shadow limit is decided alone: a stack of one.
+        .chain(
+            policies
+                .iter()
+                .flat_map(|p| p.shadow_limits())
+                .map(|l| (l, vec![l.name()])),
+        )
         .collect();
     // The first limit of each name, looked up by name: a table of many policies builds in
     // linear time.

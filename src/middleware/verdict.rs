@@ -125,10 +125,20 @@ impl Judge {
     /// a missing key, the failure policy's `503`, a deny list — and so does delay mode's wait. A
     /// dry run makes none of them but a deny list's: the access lists are the layer's, checked
     /// before and apart from any policy, so a policy's dry run does not lift them.
-    fn enforces(&self, policy: Option<usize>, kind: RefusalKind) -> bool {
+    ///
+    /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
+    /// request without a key (nor one whose async key came late): its other keys are as in a dry
+    /// run, but their refusals are counted as would-limit (`decided`).
+    fn enforces(&self, policy: Option<usize>, kind: RefusalKind, key: Option<&Key>) -> bool {
         match (policy, kind) {
             (_, RefusalKind::Denied) | (None, _) => true,
-            (Some(policy), _) => !self.policies[policy].dry_run,
+            (Some(policy), _) => {
+                let rules = &self.policies[policy];
+                !rules.dry_run
+                    && rules
+                        .staged
+                        .is_none_or(|s| key.is_some_and(|k| s.enforces(k)))
+            }
         }
     }
 
@@ -172,7 +182,7 @@ impl Judge {
     pub(crate) fn key_unavailable(&self, policy: usize, request: RequestRef<'_>) -> Verdict {
         let rules = &self.policies[policy];
         match self.settings.on_error {
-            OnBackendError::Deny if self.enforces(Some(policy), RefusalKind::Unavailable) => {
+            OnBackendError::Deny if self.enforces(Some(policy), RefusalKind::Unavailable, None) => {
                 Verdict::Reject(self.unavailable(
                     Some(&rules.name),
                     None,
@@ -191,7 +201,9 @@ impl Judge {
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
         match on_error {
-            OnBackendError::Deny if self.enforces(Some(cx.policy), RefusalKind::Unavailable) => {
+            OnBackendError::Deny
+                if self.enforces(Some(cx.policy), RefusalKind::Unavailable, Some(cx.key)) =>
+            {
                 Verdict::Reject(self.unavailable(
                     Some(&rules.name),
                     Some(cx.key),
@@ -276,7 +288,7 @@ impl Judge {
     ) -> Verdict {
         let rules = &self.policies[cx.policy];
         let tier = cx.tier_in(rules);
-        let enforced = self.enforces(Some(cx.policy), RefusalKind::Limited);
+        let enforced = self.enforces(Some(cx.policy), RefusalKind::Limited, Some(cx.key));
         let mut delay = queue_delay(tier, decisions);
         let mut decision = match &*decisions {
             [one] => *one,
@@ -304,9 +316,15 @@ impl Judge {
             key: cx.key,
             redact: self.redactor.as_ref(),
         };
-        rules
-            .reporter
-            .decision(&rules.name, shown, &decision, delay);
+        // A staged policy's refusal for a key outside its share is only counted, as would-limit.
+        let staged_off = !decision.allowed && !enforced && rules.staged.is_some();
+        if staged_off {
+            self.would_limit(rules, tier, decisions, shown);
+        } else {
+            rules
+                .reporter
+                .decision(&rules.name, shown, &decision, delay);
+        }
         let fields = RateHeaders::new(
             self.settings.headers,
             &tier.names,
@@ -316,7 +334,7 @@ impl Judge {
         )
         .with_openai(self.settings.headers, &tier.limits, decisions);
         if decision.allowed || !enforced {
-            if !decision.allowed {
+            if !decision.allowed && !staged_off {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
             }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
@@ -476,7 +494,7 @@ impl Judge {
         key: Option<&Key>,
         request: RequestRef<'_>,
     ) -> Verdict {
-        if !self.enforces(policy, RefusalKind::Denied) {
+        if !self.enforces(policy, RefusalKind::Denied, key) {
             return Verdict::Admit(Admitted::unlimited());
         }
         crate::observe::forbidden();
@@ -509,7 +527,9 @@ impl Judge {
     ) -> Verdict {
         let rules = &self.policies[policy];
         let status = match rules.missing_key {
-            MissingKey::Reject(status) if self.enforces(Some(policy), RefusalKind::MissingKey) => {
+            MissingKey::Reject(status)
+                if self.enforces(Some(policy), RefusalKind::MissingKey, None) =>
+            {
                 status
             }
             _ => return Verdict::Admit(Admitted::unlimited()),

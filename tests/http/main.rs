@@ -38,5 +38,6 @@ mod per_customer;
 mod readme_quickstart;
 mod redis_full;
 mod refusals;
+mod rollout;
 mod route_matching;
 mod spoofing;

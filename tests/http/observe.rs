@@ -105,14 +105,8 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
     use tower_throttle::key::{Global, Header};
     use tower_throttle::{OnBackendError, Penalty, Policy, Quota};
 
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let statuses = metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
+    let (statuses, page) = crate::support::with_metrics(async {
+        {
             // Two a minute; the third rejection within a minute earns a 10-minute ban.
             let login = Policy::builder("login")
                 .quota(Quota::per_minute(2))
@@ -156,7 +150,7 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
                 statuses.push(status_of(&failing, from("anyone")).await);
             }
             statuses
-        })
+        }
     });
     let (ok, limited, forbidden) = (
         StatusCode::OK,
@@ -167,7 +161,6 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
         statuses,
         [ok, ok, limited, limited, limited, limited, limited, forbidden, forbidden, ok, ok, ok]
     );
-    let page = handle.render();
     let count = |series: &str| sample(&page, series);
     for (series, value) in [
         ("throttle_requests_allowed_total{policy=\"login\"}", 2.0),

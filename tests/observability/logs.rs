@@ -1,4 +1,4 @@
-//! Rejection events at info, with keys redacted on request. In a test binary of its own: `tracing`
+//! Rejection events at info (and would-limits: shadow limits, staged policies), with keys redacted on request. In a test binary of its own: `tracing`
 //! caches per call site whether anyone listens, so a test without a subscriber running beside this one
 //! could make it miss events.
 
@@ -24,6 +24,19 @@ impl Write for Logs {
 }
 
 async fn logs_of(redact: bool, requests: usize) -> String {
+    let layer = ThrottleLayer::builder()
+        .policy(policy())
+        .redact_keys(redact)
+        .build()
+        .unwrap();
+    logs_through(layer, requests).await
+}
+
+/// What `requests` requests of one user through `layer` log at info.
+async fn logs_through<B: tower_throttle::Backend>(
+    layer: ThrottleLayer<tower_throttle::key::Header, B>,
+    requests: usize,
+) -> String {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -32,11 +45,6 @@ async fn logs_of(redact: bool, requests: usize) -> String {
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let layer = ThrottleLayer::builder()
-        .policy(policy())
-        .redact_keys(redact)
-        .build()
-        .unwrap();
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
         .layer(layer);
@@ -82,4 +90,57 @@ async fn a_flood_of_rejections_logs_at_info_at_most_once_a_second() {
         "{lines} info lines for 200 rejections:\n{flood}"
     );
     assert!(flood.contains("suppressed=0"), "{flood}");
+}
+
+/// A shadow limit's would-limits and a staged policy's unenforced refusals are logged as rejections
+/// are: at info at most once a second per policy, with the policy, the limit and the key.
+#[tokio::test(flavor = "current_thread")]
+async fn would_limits_log_at_info_at_most_once_a_second_with_the_limit() {
+    use tower_throttle::key::Header;
+    use tower_throttle::{Policy, Quota};
+
+    let shadowed = Policy::builder("api")
+        .quota(Quota::per_minute(100))
+        .shadow(Quota::per_minute(1))
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let logs = logs_through(ThrottleLayer::new(shadowed), 100).await;
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("would be limited"))
+        .collect();
+    assert!((1..=2).contains(&lines.len()), "{logs}");
+    let line = lines[0];
+    assert!(
+        line.contains("INFO") && line.contains("(shadow limit)"),
+        "{line}"
+    );
+    assert!(
+        line.contains("policy=api") && line.contains("limit=api.shadow.1m"),
+        "{line}"
+    );
+    assert!(
+        line.contains("key=dave@example.com") && line.contains("suppressed=0"),
+        "{line}"
+    );
+    assert!(!logs.contains("request limited"), "{logs}");
+
+    // A staged policy that enforces no key yet.
+    let staged = Policy::builder("api")
+        .quota(Quota::per_minute(1))
+        .enforce_fraction(0.0)
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let logs = logs_through(ThrottleLayer::new(staged), 3).await;
+    let line = logs
+        .lines()
+        .find(|l| l.contains("would be limited"))
+        .unwrap_or_else(|| panic!("{logs}"));
+    assert!(
+        line.contains("(not enforced for this key yet)") && line.contains("limit=api"),
+        "{line}"
+    );
+    assert_eq!(logs.matches("would be limited").count(), 1, "{logs}");
 }

@@ -29,5 +29,6 @@ mod offenders;
 mod peek_reset;
 mod replication_loss;
 mod reset_broadcast;
+mod rollout;
 mod sentinel;
 mod top;

@@ -83,3 +83,38 @@ pub fn from_user(user: &str) -> Request<Body> {
     r.headers_mut().insert("x-user", user.parse().unwrap());
     r
 }
+
+/// Runs `body` on a current-thread runtime with a Prometheus recorder of its own (so tests running
+/// at once never see each other's counts); returns what `body` returned and the rendered page.
+pub fn with_metrics<T>(body: impl std::future::Future<Output = T>) -> (T, String) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let out = metrics::with_local_recorder(&recorder, || runtime.block_on(body));
+    (out, handle.render())
+}
+
+/// The value of `series` (name and labels, as rendered) in a Prometheus page, 0 when absent.
+pub fn sample_or_zero(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// A layer of the one policy `policy` on `backend`.
+pub fn layer_on<K, B>(
+    backend: B,
+    policy: tower_throttle::Policy<K>,
+) -> tower_throttle::ThrottleLayer<K, B>
+where
+    B: tower_throttle::Backend,
+{
+    tower_throttle::ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap()
+}
