@@ -140,6 +140,25 @@ async fn back_off(backoff: &mut Duration) {
 struct FirstAttempt(Option<oneshot::Sender<()>>);
 
 impl FirstAttempt {
+    /// The listener has subscribed: what it may have missed is forgotten, and `connect` hears of it.
+    ///
+    /// After the first attempt, a subscription made again may follow missed resets: the deny cache
+    /// and every budget slice go. The first subscription follows nothing but this process's own
+    /// start: the deny cache goes (cheap to fill again), but the slices stay. A slice holds units
+    /// Redis has already taken from the key, so dropping one that `connect` returned before the
+    /// subscription (a slow subscription, under load) would lose them; what it can cost is one
+    /// slice credited across a reset published in that moment of start-up.
+    fn subscribed_on(&mut self, state: &RedisState) {
+        if self.0.is_some() {
+            if let Some(deny) = &state.deny {
+                deny.clear();
+            }
+        } else {
+            forget_all(state);
+        }
+        self.subscribed();
+    }
+
     fn subscribed(&mut self) {
         if let Some(done) = self.0.take() {
             let _ = done.send(());
@@ -194,10 +213,9 @@ pub(super) fn spawn_listener(
                     backoff = BACKOFF_MIN;
                     // Whatever was published while not subscribed is lost: forget everything.
                     match state.upgrade() {
-                        Some(strong) => forget_all(&strong),
+                        Some(strong) => first_attempt.subscribed_on(&strong),
                         None => return,
                     }
-                    first_attempt.subscribed();
                     let mut messages = pubsub.into_on_message();
                     let mut poll = |cx: &mut Context<'_>| Pin::new(&mut messages).poll_next(cx);
                     while let Some(message) = next(&mut poll, &state).await {
@@ -256,10 +274,7 @@ async fn listen_sharded(
                         return;
                     };
                     match (push.kind, push.data.get(1)) {
-                        (PushKind::SSubscribe, _) => {
-                            forget_all(&strong);
-                            first_attempt.subscribed();
-                        }
+                        (PushKind::SSubscribe, _) => first_attempt.subscribed_on(&strong),
                         (PushKind::SMessage, Some(Value::BulkString(payload))) => {
                             forget(&strong, payload)
                         }
