@@ -7,6 +7,9 @@ use std::fmt;
 /// The caller's value, or how to make the default.
 pub(crate) enum OrDefault<T> {
     Given(T),
+    // Only the memory backend's defaults are made this way (its clock, and the layer's default
+    // backend): without the `memory` feature nothing builds one.
+    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
     Default(fn() -> T),
 }
 
