@@ -181,7 +181,7 @@ impl RedisBackendBuilder {
     /// without this such a backend publishes its own resets but does not hear the others'. Any
     /// server of the Redis (on a Cluster, any node: a seed of the listener's own Cluster
     /// connection, which subscribes with `SSUBSCRIBE` where the channel lives). A backend on a
-    /// [`url`](Self::url), [`client`](Self::client), [`urls`](Self::urls) or
+    /// [`url`](Self::url), [`client`](Self::client), [`cluster_urls`](Self::cluster_urls) or
     /// [`sentinel`](Self::sentinel) listens by itself; this replaces where it would.
     ///
     /// ```
