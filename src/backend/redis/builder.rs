@@ -402,16 +402,10 @@ impl Settings {
     /// The state of a backend on one reconnecting server, not connected yet.
     fn server_state(self, source: &Source) -> (Arc<RedisState>, Arc<SingleServer>) {
         let server = Arc::new(SingleServer::new(source, self.timeout));
-        let state = RedisState::new(
-            RedisConnection::Server(server.clone()),
-            self.mode,
-            self.prefix,
-            self.timeout,
-            self.deny_cache,
-            self.coalesce,
-            &self.name,
-        );
-        (Arc::new(state), server)
+        (
+            self.state_on(RedisConnection::Server(server.clone())),
+            server,
+        )
     }
 
     /// How long connecting at start-up may take: a few timeouts' worth (at least a second), as this
