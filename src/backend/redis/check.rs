@@ -58,7 +58,9 @@ impl RedisState {
         };
         let state = self.clone();
         let generation = self.deny.as_ref().map_or(0, |d| d.generation());
-        guarded(&self.breaker, self.timeout, async move {
+        // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
+        let slot_key = redis_key.clone();
+        guarded(&self.breaker, &slot_key, self.timeout, async move {
             let sent = Instant::now();
             let Answer {
                 decision,
@@ -236,9 +238,10 @@ impl RedisState {
                 .map(|p| (*p, self.redis_key(first.name(), key)))
         });
         let mut conn = self.conn.clone();
+        let slot_key = specs.first().map(|s| s.key.clone()).unwrap_or_default();
         let call =
             async move { scripts::limits(&mut conn, &specs, penalty, quantity, each, token).await };
-        guarded(&self.breaker, self.timeout, call)
+        guarded(&self.breaker, &slot_key, self.timeout, call)
     }
 
     /// One GCRA decision on the path the mode picks.
@@ -296,6 +299,7 @@ impl RedisState {
             return;
         };
         let state = self.clone();
+        let slot_key = key;
         let key = key.to_owned();
         let gcra = Gcra::of(args);
         let call = async move {
@@ -307,7 +311,7 @@ impl RedisState {
             drop(fetching);
             fetched.map(drop)
         };
-        let guarded = guarded(&self.breaker, self.timeout, call);
+        let guarded = guarded(&self.breaker, slot_key, self.timeout, call);
         runtime.spawn(async move {
             if let Err(e) = guarded.await {
                 tracing::debug!(error = %e, "a budget refill failed");

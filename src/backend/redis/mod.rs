@@ -33,7 +33,9 @@ mod breaker;
 mod budget;
 mod builder;
 mod check;
+mod circuit;
 mod cluster_keeper;
+mod cluster_nodes;
 pub(crate) mod connection;
 mod deny;
 mod failing;
@@ -49,6 +51,7 @@ mod refund;
 mod resets;
 mod scripts;
 mod server;
+mod slot_watch;
 mod state;
 mod watch;
 
@@ -66,7 +69,8 @@ use crate::limit::{Limit, DEFAULT_LEASE};
 
 pub use self::builder::RedisBackendBuilder;
 pub use self::check::RedisFuture;
-pub use self::health::RedisHealth;
+pub use self::circuit::CircuitState;
+pub use self::health::{RedisHealth, RedisNodeHealth};
 pub use self::memory::RedisMemory;
 pub use self::mode::RedisMode;
 
@@ -157,8 +161,12 @@ pub use self::mode::RedisMode;
 /// should be built with `.retries(0)`, as `cluster_urls` builds it: redis-rs's own retries send
 /// `ASKING` apart from the command, which fails under load. Commands on several keys (stacks,
 /// penalty boxes) wait while their slot migrates, as Redis Cluster refuses them (`TRYAGAIN`) while
-/// one of their keys is missing. There is no circuit breaker: when a primary dies, decisions on its
-/// slots fail at once until a replica takes over, and the other primaries' go on.
+/// one of their keys is missing. Each primary has a circuit breaker of its own, picked by the key's
+/// slot in the backend's own slot map (read in the background): when a primary dies, decisions on
+/// its slots fail within the timeout, then at once (the failure policy answers, with no round trip)
+/// until it answers again or its replica takes over, and the other primaries' go on at their usual
+/// latency. [`health`](RedisBackend::health) lists each primary's state
+/// ([`RedisNodeHealth`]).
 ///
 /// # Key layout
 ///
@@ -300,6 +308,11 @@ impl RedisBackend {
                 last_error.or(failing)
             },
             address,
+            nodes: state
+                .breaker
+                .nodes
+                .as_ref()
+                .map_or_else(Vec::new, |nodes| nodes.health()),
         }
     }
 
@@ -399,6 +412,7 @@ impl RedisBackendBuilder {
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let state = self.validated()?.start_eagerly().await?;
         watch::spawn(&state);
+        slot_watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 
@@ -433,6 +447,7 @@ impl RedisBackendBuilder {
             .and_then(|v| v.start_lazily())
             .map_err(|e| BuildError::Invalid(e.to_string()))?;
         watch::spawn(&state);
+        slot_watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 }
