@@ -305,6 +305,8 @@ impl NodeOutcome<'_> {
                 "the Redis Cluster node answers again; its slots' decisions come from Redis"
             );
             crate::observe::cluster_node_up(nodes.name(), &node.address, true);
+            // Answered perhaps by the promoted replica (redis-rs's fallback): read the map again.
+            nodes.stale.notify_one();
         }
     }
 

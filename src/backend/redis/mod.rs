@@ -5,11 +5,14 @@
 //!
 //! 1. [`mode`]: the public [`RedisMode`] and the paths' names; [`args`]: what a limit becomes on
 //!    the wire (its keys, the scripts' and `CL.THROTTLE`'s arguments), and what Redis cannot
-//!    enforce exactly, refused when the layer is built; [`health`]: what the backend reports.
+//!    enforce exactly, refused when the layer is built; [`circuit`]: a circuit breaker's states;
+//!    [`health`]: what the backend reports.
 //! 2. [`server`]: one server's own reconnecting connection (a URL, a client or Sentinel), dropped
 //!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts; [`lazy_cluster`]: a
-//!    Cluster started by `build`, its connection once made.
-//! 3. [`breaker`]: the circuit breaker and timeout every call runs under.
+//!    Cluster started by `build`, its connection once made; [`cluster_nodes`]: a Cluster's slot map
+//!    and a breaker per primary.
+//! 3. [`breaker`]: the circuit breaker and timeout every call runs under (on a Cluster, the breaker
+//!    of the key's primary).
 //! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
 //!    redis-cell detection.
 //! 5. [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
@@ -22,7 +25,8 @@
 //!    metered costs settled after the response (`settle.lua`);
 //!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
 //!    connected (connect, check the role, load the script, detect the path);
-//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`resets`]:
+//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`slot_watch`]: the
+//!    task that reads a Cluster's slot map for the breakers; [`resets`]:
 //!    resets published to, and heard from, the other processes.
 //! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
 
