@@ -26,13 +26,15 @@ use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// The backend's default timeout: what a request waits at most for Redis.
-const TIMEOUT: Duration = RedisBackend::DEFAULT_TIMEOUT;
+/// What a decision may take. Longer than the default (100 ms): this test says which decisions are
+/// Redis's, and a machine loaded enough to hold one call past 100 ms would fail it (and open the
+/// healthy node's breaker for 50 ms, by design). Latency is the trial script's business.
+const TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a failover may take to be noticed, voted and announced with a 1000 ms node timeout.
 const FAILOVER_WITHIN: Duration = Duration::from_secs(15);
-/// What each key on the other primaries may take: all at once, then one unit per 30 days / 2000
-/// (21 minutes), so that every decision on them is Redis's and their count is exact.
-const OTHERS_LIMIT: u64 = 2000;
+/// What each key on the other primaries may take: all at once, then one unit per 30 days / 100
+/// (7 hours), so that what they admit is exact.
+const OTHERS_LIMIT: u64 = 100;
 
 /// The node of the backend's slot map that owns `slot`, once `wanted` holds for it (polled every
 /// 20 ms, at most `within`).
@@ -113,11 +115,15 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
     );
 
     let halt = Arc::new(AtomicBool::new(false));
-    let (victim_tally, other_tally) = (Tally::new(), Tally::new());
+    let victim_tally = Tally::new();
+    let other_tallies: Vec<_> = other_keys.iter().map(|_| Tally::new()).collect();
     let mut workers = Vec::new();
-    for (key, tally, limit) in std::iter::once((&victim_key, &victim_tally, &limit))
-        .chain(other_keys.iter().map(|k| (k, &other_tally, &others_limit)))
-    {
+    for (key, tally, limit) in std::iter::once((&victim_key, &victim_tally, &limit)).chain(
+        other_keys
+            .iter()
+            .zip(&other_tallies)
+            .map(|(k, t)| (k, t, &others_limit)),
+    ) {
         for _ in 0..4 {
             let (backend, limit, key, tally, halt) = (
                 backend.clone(),
@@ -140,11 +146,29 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
         }
     }
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    println!("before the kill (500 ms):\n  dead primary's key: {victim_tally}\n  other primaries' keys: {other_tally}");
-    assert_eq!(victim_tally.failed() + other_tally.failed(), 0);
+    // Until the other primaries' keys have used their units up (Redis refuses them from then on).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while other_tallies.iter().any(|t| t.limited() == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the other keys were never limited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other_tally = || {
+        other_tallies
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    println!(
+        "before the kill:\n  dead primary's key: {victim_tally}\n  other primaries' keys: {}",
+        other_tally()
+    );
+    assert_eq!(victim_tally.failed(), 0);
     victim_tally.reset();
-    let others_before = other_tally.total();
+    let others_before: u64 = other_tallies.iter().map(|t| t.total()).sum();
     let log_mark = (logs.at_least(Level::INFO), logs.quiet_filter());
 
     let killed = Instant::now();
@@ -209,7 +233,7 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
 
     println!("primary killed; replica promoted (ROLE master) after {promoted:?}; last failure of its keys {recovered:?} after the kill; {span:?} of load after the kill:");
     println!("  dead primary's key: {victim_tally}");
-    println!("  other primaries' keys: {other_tally}");
+    println!("  other primaries' keys: {}", other_tally());
     let per_second = |n: u64| n as f64 / span.as_secs_f64();
     println!(
         "  log lines since the kill: {info_lines} at INFO or above ({:.1}/s), {quiet_lines} through \
@@ -221,16 +245,12 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
 
     // Every decision on the other primaries' keys was Redis's: each key admitted exactly its
     // limit, once, and refused the rest.
-    assert_eq!(other_tally.failed(), 0, "{other_tally}");
-    assert_eq!(
-        other_tally.allowed(),
-        OTHERS_LIMIT * other_keys.len() as u64,
-        "{other_tally}"
-    );
-    assert!(
-        other_tally.total() > others_before,
-        "no load after the kill"
-    );
+    for tally in &other_tallies {
+        assert_eq!(tally.failed(), 0, "{tally}");
+        assert_eq!(tally.allowed(), OTHERS_LIMIT, "{tally}");
+    }
+    let others_after: u64 = other_tallies.iter().map(|t| t.total()).sum();
+    assert!(others_after > others_before, "no load after the kill");
     // The dead slots' decisions failed within the timeout (each call is bounded by it), and but
     // for the calls under way at the kill and one probe per breaker period (50 ms, doubling up to
     // 500 ms), at once from the node's breaker, with no round trip.

@@ -203,9 +203,9 @@ where
     F: Future<Output = Result<T, RedisError>> + Send + 'static,
 {
     let node = breaker.node_for(key);
-    let admission = match &node {
-        Some(node) => node.circuit.admit(),
-        None => breaker.admit(),
+    let admission = match (&node, &breaker.nodes) {
+        (Some(node), Some(nodes)) => nodes.admit(node),
+        _ => breaker.admit(),
     };
     if let Admission::FailFast = admission {
         let message = match &node {
@@ -296,33 +296,14 @@ struct NodeOutcome<'a> {
 
 impl NodeOutcome<'_> {
     fn answered(&self) {
-        let (Some(node), Some(nodes)) = (self.node, self.nodes) else {
-            return;
-        };
-        if node.circuit.answered() {
-            tracing::info!(
-                node = %node.address,
-                "the Redis Cluster node answers again; its slots' decisions come from Redis"
-            );
-            crate::observe::cluster_node_up(nodes.name(), &node.address, true);
-            // Answered perhaps by the promoted replica (redis-rs's fallback): read the map again.
-            nodes.stale.notify_one();
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.answered(node);
         }
     }
 
     fn failed(&self, error: &dyn std::fmt::Display) {
-        let (Some(node), Some(nodes)) = (self.node, self.nodes) else {
-            return;
-        };
-        if node.failed(self.was_probe, error) {
-            tracing::warn!(
-                node = %node.address,
-                error = %error,
-                "a Redis Cluster node is unreachable; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
-            );
-            crate::observe::cluster_node_up(nodes.name(), &node.address, false);
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.failed(node, self.was_probe, error);
         }
-        // The map may be stale (a failover): read it again soon.
-        nodes.stale.notify_one();
     }
 }

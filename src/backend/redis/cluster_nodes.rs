@@ -7,19 +7,26 @@
 //! primary; each `MOVED` starts a slot refresh, and while it runs (`CLUSTER SLOTS`, a `PING` on every
 //! node's connection, a new connection to the dead one, up to the connection timeout) the whole
 //! Cluster connection sends nothing: every other key waits too (measured: 5 ms to 20 ms p99 for the
-//! healthy primaries' keys). With a breaker per node, a dead primary's slots reach redis-rs once per
-//! probe (at most every 500 ms) instead of once per request. The map is refreshed by a background
-//! task (slot_watch.rs), never on the request path: every second, and every 100 ms while a node's
-//! breaker is not closed, or soon after a node failed.
+//! healthy primaries' keys). With a breaker per node, a dead primary's slots fail fast instead of
+//! reaching redis-rs. The map is refreshed by a background task (slot_watch.rs), never on the
+//! request path: every second, and every 100 ms while a node's breaker is not closed, or soon after
+//! a node failed.
+//!
+//! Probes: with seed URLs (`cluster_urls`), the task probes an open node on a connection of its own
+//! (`PING`, the seed URL's TLS and credentials with the node's host and port), so no request for the
+//! dead slots reaches redis-rs, whose slot refresh would dial the dead node (up to the connection
+//! timeout on a network that drops packets) while every other request waits. With a `ClusterClient`
+//! or `ClusterConnection` of the user's, whose settings the backend cannot read, one request probes,
+//! as on one server.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
-use redis::Value;
+use redis::{ConnectionAddr, ConnectionInfo, Value};
 use tokio::sync::Notify;
 
-use super::circuit::Circuit;
+use super::circuit::{Admission, Circuit};
 use super::health::RedisNodeHealth;
 
 /// The number of hash slots of a Redis Cluster.
@@ -30,18 +37,10 @@ const NONE: u16 = u16::MAX;
 /// One primary: its breaker and what last went wrong there.
 pub(super) struct Node {
     pub(super) address: Box<str>,
+    host: String,
+    port: u16,
     pub(super) circuit: Arc<Circuit>,
     last_error: Mutex<Option<(String, SystemTime)>>,
-}
-
-impl Node {
-    /// A call could not reach this node (or its slots are not served): `error`; whether the call
-    /// opened the breaker.
-    pub(super) fn failed(&self, was_probe: bool, error: &dyn std::fmt::Display) -> bool {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((error.to_string(), SystemTime::now()));
-        self.circuit.failed(was_probe)
-    }
 }
 
 /// The slot map: the owner of every slot (an index in `nodes`), and each node's ranges.
@@ -60,6 +59,9 @@ pub(super) struct ClusterNodes {
     name: Box<str>,
     /// Wakes the refreshing task: a node failed, the map may be stale.
     pub(super) stale: Notify,
+    /// A seed's connection settings, when the backend was given seed URLs: the task probes open
+    /// nodes itself (see the module docs).
+    seed: OnceLock<ConnectionInfo>,
 }
 
 impl ClusterNodes {
@@ -70,7 +72,90 @@ impl ClusterNodes {
             timeout,
             name: name.into(),
             stale: Notify::new(),
+            seed: OnceLock::new(),
         }
+    }
+
+    /// The backend was given seed URLs: open nodes are probed by the task, on connections made
+    /// with `seed`'s settings.
+    pub(super) fn probe_with(&self, seed: ConnectionInfo) {
+        let _ = self.seed.set(seed);
+    }
+
+    /// Whether a call on `node` may go ahead: while its breaker is open, none (the task probes)
+    /// or one at a time (the probe), as [`probe_with`](Self::probe_with) was called or not.
+    pub(super) fn admit(&self, node: &Arc<Node>) -> Admission {
+        if self.seed.get().is_some() && node.circuit.tripped() {
+            return Admission::FailFast;
+        }
+        node.circuit.admit()
+    }
+
+    /// The connection settings of `node`, for a probe of its own, and the probe's admission;
+    /// `None` when it is not due (or the task does not probe).
+    pub(super) fn probe(&self, node: &Arc<Node>) -> Option<(ConnectionInfo, Admission)> {
+        let seed = self.seed.get()?;
+        if !node.circuit.tripped() {
+            return None;
+        }
+        let admission = node.circuit.admit();
+        if !matches!(admission, Admission::Probe(_)) {
+            return None;
+        }
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: node.host.clone(),
+                port: node.port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
+        };
+        Some((seed.clone().set_addr(addr), admission))
+    }
+
+    /// The nodes whose breaker is not closed.
+    pub(super) fn tripped(&self) -> Vec<Arc<Node>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.nodes
+            .iter()
+            .filter(|(n, _)| n.circuit.tripped())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// A call (or a probe) got an answer from `node`: closes its breaker, says so once.
+    pub(super) fn answered(&self, node: &Node) {
+        if node.circuit.answered() {
+            tracing::info!(
+                node = %node.address,
+                "the Redis Cluster node answers again; its slots' decisions come from Redis"
+            );
+            crate::observe::cluster_node_up(&self.name, &node.address, true);
+            // Perhaps the promoted replica answered (redis-rs's fallback): read the map again.
+            self.stale.notify_one();
+        }
+    }
+
+    /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
+    /// the breaker (says so once), or keeps it open longer after a failed probe.
+    pub(super) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
+        *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((error.to_string(), SystemTime::now()));
+        if node.circuit.failed(was_probe) {
+            tracing::warn!(
+                node = %node.address,
+                error = %error,
+                "a Redis Cluster node is unreachable; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
+            );
+            crate::observe::cluster_node_up(&self.name, &node.address, false);
+        }
+        // The map may be stale (a failover): read it again soon.
+        self.stale.notify_one();
     }
 
     /// The primary that owns `key`'s slot, if the map knows it.
@@ -86,14 +171,9 @@ impl ClusterNodes {
         map.nodes.iter().any(|(n, _)| n.circuit.tripped())
     }
 
-    /// The label of the node gauge's `backend`.
-    pub(super) fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
     /// (and its last error); a new one starts closed.
-    pub(super) fn install(&self, shards: Vec<(String, Vec<(u16, u16)>)>) {
+    pub(super) fn install(&self, shards: Vec<(Shard, Vec<(u16, u16)>)>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let mut known: HashMap<Box<str>, Arc<Node>> = map
             .nodes
@@ -102,11 +182,18 @@ impl ClusterNodes {
             .collect();
         let mut owner = vec![NONE; SLOTS];
         let mut nodes = Vec::with_capacity(shards.len());
-        for (address, ranges) in shards {
+        for ((host, port), ranges) in shards {
+            let address = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
             let node = known.remove(address.as_str()).unwrap_or_else(|| {
                 crate::observe::cluster_node_up(&self.name, &address, true);
                 Arc::new(Node {
                     address: address.into_boxed_str(),
+                    host,
+                    port,
                     circuit: Arc::new(Circuit::new(self.timeout)),
                     last_error: Mutex::new(None),
                 })
@@ -172,14 +259,17 @@ fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
+/// A primary's host and port.
+pub(super) type Shard = (String, u16);
+
 /// The primaries and their slot ranges from a `CLUSTER SLOTS` reply: `[[start, end, [host, port,
 /// id...], replicas...]...]`. A range whose primary has no usable address (an empty host, or `?`)
 /// is left out: its keys go without a node breaker until a later map names it.
-pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(String, Vec<(u16, u16)>)>> {
+pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Vec<(u16, u16)>)>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
-    let mut shards: Vec<(String, Vec<(u16, u16)>)> = Vec::new();
+    let mut shards: Vec<(Shard, Vec<(u16, u16)>)> = Vec::new();
     for range in ranges {
         let Value::Array(fields) = range else {
             return None;
@@ -200,17 +290,17 @@ pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(String, Vec<(u16, u16)>)
         if host.is_empty() || host == "?" {
             continue;
         }
-        let (Ok(start), Ok(end)) = (u16::try_from(*start), u16::try_from(*end)) else {
+        let (Ok(start), Ok(end), Ok(port)) = (
+            u16::try_from(*start),
+            u16::try_from(*end),
+            u16::try_from(*port),
+        ) else {
             return None;
         };
-        let address = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
-        match shards.iter_mut().find(|(a, _)| *a == address) {
+        let shard = (host, port);
+        match shards.iter_mut().find(|(s, _)| *s == shard) {
             Some((_, ranges)) => ranges.push((start, end)),
-            None => shards.push((address, vec![(start, end)])),
+            None => shards.push((shard, vec![(start, end)])),
         }
     }
     for (_, ranges) in &mut shards {
@@ -257,7 +347,7 @@ mod tests {
             range(100, 100, "", 7003),
         ]);
         let shards = parse_slots(&reply).unwrap();
-        assert_eq!(shards[0], ("127.0.0.1:7000".into(), vec![(0, 5460)]));
+        assert_eq!(shards[0], (("127.0.0.1".into(), 7000), vec![(0, 5460)]));
         assert_eq!(shards.len(), 3);
         let nodes = ClusterNodes::new(Duration::from_millis(100), "test");
         assert!(nodes.for_key("foo").is_none());
@@ -268,8 +358,16 @@ mod tests {
             "127.0.0.1:7002"
         );
         let node = nodes.for_key("foo").unwrap();
-        assert!(node.failed(false, &"connection refused"));
+        nodes.failed(&node, false, &"connection refused");
         assert!(nodes.any_tripped());
+        assert_eq!(nodes.tripped().len(), 1);
+        // Without seed URLs, one request probes once the wait is over; with them, none.
+        assert!(matches!(nodes.admit(&node), Admission::FailFast));
+        assert!(nodes.probe(&node).is_none());
+        nodes.probe_with(
+            redis::IntoConnectionInfo::into_connection_info("rediss://u:pw@seed:7000").unwrap(),
+        );
+        assert!(matches!(nodes.admit(&node), Admission::FailFast));
         // The same node in a new map keeps its breaker.
         nodes.install(shards);
         let health = nodes.health();

@@ -8,6 +8,9 @@
 //! connection it holds as connected, without refreshing its own slot map: an I/O error there only
 //! makes redis-rs reconnect that node in the background.
 //!
+//! With seed URLs, the task also probes each open node when its breaker's wait is over: `PING` on a
+//! connection of its own (cluster_nodes.rs says why).
+//!
 //! [`ClusterNodes`]: super::cluster_nodes::ClusterNodes
 
 use std::sync::{Arc, Weak};
@@ -15,9 +18,11 @@ use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError};
 
-use super::cluster_nodes::parse_slots;
+use super::cluster_nodes::{parse_slots, ClusterNodes};
 use super::connection::RedisConnection;
+use super::server::attempt_budget;
 use super::state::RedisState;
 
 /// The map is read this often while every breaker is closed...
@@ -50,6 +55,7 @@ pub(super) fn spawn(state: &Arc<RedisState>) {
                     Some(conn) => refresh(conn, &state).await,
                     None => false,
                 };
+                probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
                 if !read || woken || nodes.any_tripped() {
                     WHILE_TRIPPED
                 } else {
@@ -99,4 +105,34 @@ async fn refresh(mut conn: ClusterConnection, state: &RedisState) -> bool {
         }
     }
     false
+}
+
+/// Probes each open node whose breaker's wait is over (with seed URLs only): `PING` on a new
+/// connection, within `budget`. An answer closes its breaker; a failure keeps it open longer.
+async fn probe_open_nodes(nodes: &ClusterNodes, budget: Duration) {
+    for node in nodes.tripped() {
+        let Some((info, admission)) = nodes.probe(&node) else {
+            continue;
+        };
+        match tokio::time::timeout(budget, ping(info, budget)).await {
+            Ok(Ok(())) => nodes.answered(&node),
+            Ok(Err(e)) => nodes.failed(&node, true, &e),
+            Err(_) => nodes.failed(
+                &node,
+                true,
+                &format_args!("no answer to PING within {budget:?}"),
+            ),
+        }
+        drop(admission);
+    }
+}
+
+async fn ping(info: ConnectionInfo, timeout: Duration) -> Result<(), RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let mut conn = Client::open(info)?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    redis::cmd("PING").query_async::<()>(&mut conn).await
 }
