@@ -47,7 +47,7 @@ pub(super) struct Node {
 #[derive(Default)]
 struct Map {
     owner: Vec<u16>,
-    nodes: Vec<(Arc<Node>, Vec<(u16, u16)>)>,
+    nodes: Vec<(Arc<Node>, Ranges)>,
 }
 
 /// The slot map and the primaries' breakers, shared by the backend's calls (which read it) and the
@@ -173,7 +173,7 @@ impl ClusterNodes {
 
     /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
     /// (and its last error); a new one starts closed.
-    pub(super) fn install(&self, shards: Vec<(Shard, Vec<(u16, u16)>)>) {
+    pub(super) fn install(&self, shards: Vec<(Shard, Ranges)>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let mut known: HashMap<Box<str>, Arc<Node>> = map
             .nodes
@@ -261,15 +261,17 @@ fn crc16(bytes: &[u8]) -> u16 {
 
 /// A primary's host and port.
 pub(super) type Shard = (String, u16);
+/// Slot ranges, inclusive.
+pub(super) type Ranges = Vec<(u16, u16)>;
 
 /// The primaries and their slot ranges from a `CLUSTER SLOTS` reply: `[[start, end, [host, port,
 /// id...], replicas...]...]`. A range whose primary has no usable address (an empty host, or `?`)
 /// is left out: its keys go without a node breaker until a later map names it.
-pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Vec<(u16, u16)>)>> {
+pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
-    let mut shards: Vec<(Shard, Vec<(u16, u16)>)> = Vec::new();
+    let mut shards: Vec<(Shard, Ranges)> = Vec::new();
     for range in ranges {
         let Value::Array(fields) = range else {
             return None;
