@@ -382,4 +382,36 @@ mod tests {
         assert_eq!(health[0].state, CircuitState::Closed);
         assert!(parse_slots(&Value::Int(1)).is_none());
     }
+
+    #[test]
+    fn a_background_probe_reaches_the_node_with_the_seeds_settings() {
+        let nodes = ClusterNodes::new(Duration::from_millis(100), "test");
+        nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
+        nodes.probe_with(
+            redis::IntoConnectionInfo::into_connection_info("rediss://u:pw@seed:7000/").unwrap(),
+        );
+        let node = nodes.for_key("k").unwrap();
+        // Closed: nothing to probe.
+        assert!(nodes.probe(&node).is_none());
+        nodes.failed(&node, false, &"timed out");
+        // Once the breaker's wait (50 ms) is over: one probe at a time.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let (info, admission) = loop {
+            if let Some(probe) = nodes.probe(&node) {
+                break probe;
+            }
+            assert!(std::time::Instant::now() < deadline, "no probe came due");
+            std::thread::yield_now();
+        };
+        assert!(matches!(admission, Admission::Probe(_)));
+        assert!(nodes.probe(&node).is_none());
+        assert!(matches!(
+            info.addr(),
+            ConnectionAddr::TcpTls { host, port: 7001, .. } if host == "10.0.0.7"
+        ));
+        assert_eq!(info.redis_settings().password(), Some("pw"));
+        nodes.answered(&node);
+        drop(admission);
+        assert_eq!(nodes.health()[0].state, CircuitState::Closed);
+    }
 }
