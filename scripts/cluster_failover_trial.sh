@@ -61,11 +61,7 @@ if [ -n "${1:-}" ]; then export RUST_LOG="$1"; else unset RUST_LOG; fi
 $BIN --config $D/config.toml 2> $D/server.err > $D/server.out &
 SPID=$!
 sleep 1
-if [ -n "${P99:-}" ]; then
-  python3 $ROOT/scripts/cluster_p99.py load $HTTP 24 12 12 $D/latency.csv > $D/load.txt &
-else
-  python3 $ROOT/scripts/http_load.py $HTTP / 24 12 12 > $D/load.txt &
-fi
+python3 $ROOT/scripts/http_load.py $HTTP / 24 12 12 ${P99:+$D/latency.csv} > $D/load.txt &
 LPID=$!
 sleep 3
 # Each user's primary (for P99): the primary that answers GET for its key without MOVED.
@@ -100,7 +96,7 @@ cat $D/load.txt
 if [ -n "${P99:-}" ]; then
   # The killed primary first.
   ORDERED="$(echo $NODES | tr ' ' '\n' | grep "^$VICTIM=") $(echo $NODES | tr ' ' '\n' | grep -v "^$VICTIM=")"
-  python3 $ROOT/scripts/cluster_p99.py report $D/latency.csv $T0 $T1 $ORDERED
+  python3 $ROOT/scripts/cluster_p99.py $D/latency.csv $T0 $T1 $ORDERED
 fi
 kill $SPID; wait $SPID 2>/dev/null
 for p in $PORTS; do redis-cli -p $p shutdown nosave >/dev/null 2>&1; done

@@ -1,46 +1,10 @@
-# Per-node latency of the example server while a Redis Cluster primary dies (cluster_node_p99.sh).
+# Per-primary latency of the example server while a Redis Cluster primary dies, from the responses
+# scripts/http_load.py wrote to its CSV (cluster_failover_trial.sh with P99=1).
 #
-#   python3 scripts/cluster_p99.py load PORT THREADS SECONDS USERS OUT.csv
-#       keep-alive GETs on 127.0.0.1:PORT/, thread i as x-user-id user-<i % USERS>; one line per
-#       response: unix time sent, user, latency ms, status.
-#   python3 scripts/cluster_p99.py report OUT.csv KILLED PROMOTED NODES
+#   python3 scripts/cluster_p99.py OUT.csv KILLED PROMOTED NODES
 #       p50/p99/max per primary and phase: before the kill, from the kill to the replica's promotion
 #       ("dying"), after it. NODES: `port=user-0,user-3 port=...`; the primary killed is named first.
-import http.client
 import sys
-import threading
-import time
-
-
-def load(port, threads, secs, users, out):
-    stop = time.time() + secs
-    rows = [[] for _ in range(threads)]
-
-    def worker(i):
-        user = f"user-{i % users}"
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        mine = rows[i]
-        while True:
-            t = time.time()
-            if t >= stop:
-                break
-            try:
-                conn.request("GET", "/", headers={"x-user-id": user})
-                r = conn.getresponse()
-                r.read()
-                st = r.status
-            except Exception as e:
-                st = type(e).__name__
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            mine.append((t, user, (time.time() - t) * 1000, st))
-
-    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    [t.start() for t in ts]
-    [t.join() for t in ts]
-    with open(out, "w") as f:
-        for mine in rows:
-            for t, user, ms, st in mine:
-                f.write(f"{t:.6f},{user},{ms:.3f},{st}\n")
 
 
 def pct(values, p):
@@ -89,7 +53,4 @@ def report(path, killed, promoted, nodes):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "load":
-        load(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
-    else:
-        report(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5:])
+    report(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:])
