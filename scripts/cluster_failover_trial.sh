@@ -102,7 +102,7 @@ kill $SPID; wait $SPID 2>/dev/null
 for p in $PORTS; do redis-cli -p $p shutdown nosave >/dev/null 2>&1; done
 sed -E 's/^[^ ]+ +//; s/[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+:[0-9]+/ADDR/g' $D/server.err | cut -c1-140 | sort | uniq -c | sort -rn | head -6
 grep -o "error=[^=]*on_error" $D/server.err | sed -E "s/[0-9]+ 127/N 127/" | sort | uniq -c | sort -rn | head -8
-rm -rf "$D"
+[ -n "${KEEP:-}" ] && echo "kept $D" || rm -rf "$D"
 }
 trial "$BIN" "$@"
 if [ -n "${BIN2:-}" ]; then trial "$BIN2" "$@"; fi
