@@ -40,6 +40,7 @@ mod failing;
 mod health;
 mod lazy_cluster;
 mod lease;
+mod limits_call;
 mod lua;
 mod memory;
 mod mode;
