@@ -15,6 +15,7 @@ use tower_throttle::{
 };
 
 use crate::algorithms::{within_one_window, Rng};
+use crate::backend::calls;
 use crate::batch::{evalsha_calls, on_a_test_clock};
 use crate::lua::{LIMITS, LIMITS_BATCH};
 
@@ -446,4 +447,54 @@ async fn a_limits_batch_decides_each_item_as_limits_lua_alone() {
         failed > 10 && banned > 10,
         "{failed} items failed, {banned} banned: too few"
     );
+}
+
+/// `CHECKS` GCRA checks at once on one key, quota `QUOTA`: exactly the quota admitted. Returns the
+/// script calls and `CL.THROTTLE` calls they took.
+async fn flood_gcra(server: &RedisServer, backend: RedisBackend, name: &str) -> (u64, u64) {
+    let limit = Limit::new(name, Quota::per_hour(QUOTA)).unwrap();
+    let (evals, cells) = (evalsha_calls(server), calls(server, "cl.throttle"));
+    let got = flood(&backend, &[limit], name).await;
+    let admitted = got.iter().filter(|(allowed, _)| *allowed).count();
+    assert_eq!(admitted, QUOTA as usize, "{name}");
+    (
+        evalsha_calls(server) - evals,
+        calls(server, "cl.throttle") - cells,
+    )
+}
+
+/// `Auto`'s rule where the module is loaded: the coalesced Lua path (fewer script calls than checks,
+/// no `CL.THROTTLE`), exactly the limit; `Cell` still forces `CL.THROTTLE`; `Auto` without
+/// coalescing takes `CL.THROTTLE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_with_the_module_loaded_takes_the_coalesced_lua_path() {
+    let server = RedisServer::start_with_cell();
+    let connect = |mode: RedisMode, coalesce: bool| {
+        RedisBackend::builder()
+            .url(server.url())
+            .mode(mode)
+            .coalesce(coalesce)
+            .deny_cache(false)
+            .timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let auto = connect(RedisMode::Auto, true).await.unwrap();
+    assert_eq!(auto.active_path(), Some(RedisMode::Lua));
+    let (evals, cells) = flood_gcra(&server, auto, "auto").await;
+    assert_eq!(cells, 0, "auto: no CL.THROTTLE");
+    assert!(evals < (CHECKS / 2) as u64, "auto: {evals} script calls");
+
+    let cell = connect(RedisMode::Cell, true).await.unwrap();
+    assert_eq!(cell.active_path(), Some(RedisMode::Cell));
+    let (evals, cells) = flood_gcra(&server, cell, "cell").await;
+    assert_eq!(
+        (evals, cells),
+        (0, CHECKS as u64),
+        "cell: one CL.THROTTLE a check"
+    );
+
+    let alone = connect(RedisMode::Auto, false).await.unwrap();
+    assert_eq!(alone.active_path(), Some(RedisMode::Cell));
+    let (evals, cells) = flood_gcra(&server, alone, "auto-alone").await;
+    assert_eq!((evals, cells), (0, CHECKS as u64), "auto, not coalesced");
 }

@@ -31,7 +31,7 @@ pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError
 impl RedisState {
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
     pub(super) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
-        let Some(args) = Args::with_cell(limit, self.detector.mode() != RedisMode::Lua) else {
+        let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
             return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.
