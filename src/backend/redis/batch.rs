@@ -152,10 +152,7 @@ impl Batcher {
             args: args.clone(),
             quantity,
         };
-        match self.queue(runtime, lane_name, job).await? {
-            Reply::Gcra(answer) => Ok(answer),
-            Reply::Limits(_) => Err(mixed_up()),
-        }
+        gcra_answer(self.queue(runtime, lane_name, job).await?)
     }
 
     /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
@@ -179,10 +176,7 @@ impl Batcher {
             cell,
             quantity,
         };
-        match self.queue(runtime, CELL_LANE, job).await? {
-            Reply::Gcra(answer) => Ok(answer),
-            Reply::Limits(_) => Err(mixed_up()),
-        }
+        gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
     }
 
     /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call; a runtime-less
@@ -527,6 +521,14 @@ async fn send_gcra(
             }))
         })
         .collect())
+}
+
+/// A GCRA check's answer (a GCRA or `CL.THROTTLE` call answers in that kind).
+fn gcra_answer(reply: Reply) -> Result<Answer, RedisError> {
+    match reply {
+        Reply::Gcra(answer) => Ok(answer),
+        Reply::Limits(_) => Err(mixed_up()),
+    }
 }
 
 /// A reply of the wrong kind for its check (a bug: each job's call answers in its own kind).
