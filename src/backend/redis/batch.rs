@@ -435,7 +435,7 @@ async fn send_limits(
             }
             _ => mine
                 .iter()
-                .map(|v| redis::from_redis_value_ref::<i64>(v))
+                .map(redis::from_redis_value_ref::<i64>)
                 .collect::<Result<Vec<i64>, _>>()
                 .map_err(RedisError::from)
                 .and_then(|ints| scripts::limits_decisions(call, &ints))
