@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{
-    Algorithm, Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend, RedisMode,
+    Algorithm, Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend,
+    RedisBackendBuilder, RedisMode,
 };
 
 use crate::algorithms::{within_one_window, Rng};
@@ -134,23 +135,24 @@ async fn every_case_through_batches(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_checks_of_every_algorithm_share_calls_and_admit_exactly_the_limit() {
-    let server = RedisServer::start();
-    let backend = RedisBackend::builder()
-        .url(server.url())
+/// The backend of `builder` in Lua mode without the deny cache (every check reaches Redis), once
+/// the server at `url` is at least 30 s from an hour's boundary (the floods run in one window).
+async fn on_lua(builder: RedisBackendBuilder, url: &str) -> RedisBackend {
+    let backend = builder
         .mode(RedisMode::Lua)
         .deny_cache(false)
         .timeout(Duration::from_secs(2))
         .connect()
         .await
         .unwrap();
-    within_one_window(
-        &server.url(),
-        Duration::from_secs(3600),
-        Duration::from_secs(30),
-    )
-    .await;
+    within_one_window(url, Duration::from_secs(3600), Duration::from_secs(30)).await;
+    backend
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_of_every_algorithm_share_calls_and_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let backend = on_lua(RedisBackend::builder().url(server.url()), &server.url()).await;
     let zcard = |key: &str| server.cli(&["ZCARD", key]).parse().unwrap();
     every_case_through_batches(&backend, "batched", || evalsha_calls(&server), zcard).await;
 }
@@ -158,20 +160,8 @@ async fn concurrent_checks_of_every_algorithm_share_calls_and_admit_exactly_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_of_every_algorithm_on_a_cluster_admit_exactly_the_limit() {
     let cluster = RedisCluster::start();
-    let backend = RedisBackend::builder()
-        .cluster_urls(cluster.urls())
-        .mode(RedisMode::Lua)
-        .deny_cache(false)
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap();
-    within_one_window(
-        &cluster.urls()[0],
-        Duration::from_secs(3600),
-        Duration::from_secs(30),
-    )
-    .await;
+    let builder = RedisBackend::builder().cluster_urls(cluster.urls());
+    let backend = on_lua(builder, &cluster.urls()[0]).await;
     let evalsha = || cluster.nodes().iter().map(evalsha_calls).sum::<u64>();
     // The node that owns the key answers; the others redirect (an error here).
     let zcard = |key: &str| {
