@@ -255,10 +255,13 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Whether GCRA checks on the Lua path that wait on the connection at the same moment go to
-    /// Redis together, in one script call (default `true`): each is decided exactly as alone (same
-    /// decision, same stored state), in arrival order, for a fraction of Redis's CPU; a check on an
-    /// idle connection still leaves at once. Off, every check is its own call (as before 0.2).
+    /// Whether checks that wait on the connection at the same moment go to Redis together
+    /// (default `true`): GCRA checks on the Lua path in one `gcra_batch.lua` call, the other
+    /// algorithms and stacks in one `limits_batch.lua` call, `CL.THROTTLE` checks in one pipelined
+    /// write. Each is decided exactly as alone (same decision, same stored state), in arrival
+    /// order, for a fraction of Redis's CPU; a check on an idle connection still leaves at once.
+    /// Off, every check is its own call (as before 0.2), and [`RedisMode::Auto`] takes
+    /// `CL.THROTTLE` where the module is loaded.
     ///
     /// ```
     /// use tower_throttle::{RedisBackend, RedisMode};

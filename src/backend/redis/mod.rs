@@ -15,10 +15,12 @@
 //!    of the key's primary).
 //! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
 //!    redis-cell detection.
-//! 5. [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
+//! 5. [`limits_call`]: one `limits.lua` call as data (its keys and arguments);
+//!    [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
 //!    [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
 //!    [`deny`]: the local cache of rejections; [`redirect`]: Cluster redirections.
-//! 6. [`batch`]: GCRA calls coalesced into one script call; [`budget`]: leased budgets of hot keys.
+//! 6. [`batch`]: calls coalesced into one script call (GCRA, `limits.lua`) or one pipelined write
+//!    (`CL.THROTTLE`); [`budget`]: leased budgets of hot keys.
 //! 7. [`state`]: `RedisState`, what every clone of a backend shares.
 //! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
 //!    the mode picks, and what the answer leaves behind; [`refund`]: units given back, and
@@ -46,6 +48,7 @@ mod failing;
 mod health;
 mod lazy_cluster;
 mod lease;
+mod limits_call;
 mod lua;
 mod memory;
 mod mode;
@@ -116,7 +119,9 @@ pub use self::mode::RedisMode;
 ///   (5 per 500 ms as 10 per second). `CL.THROTTLE` declares no key, so a Cluster node would run it
 ///   on a slot it is migrating away; on a Cluster it is therefore called from a script that declares
 ///   the key, and is redirected like the Lua path.
-/// - **Auto**: Cell when the module is loaded, Lua otherwise.
+/// - **Auto** (the default): Lua, coalesced, when [`coalesce`](RedisBackendBuilder::coalesce) is
+///   on (the default: it is the faster path, module or not; see [`RedisMode::Auto`]); with
+///   coalescing off, Cell when the module is loaded, Lua otherwise.
 ///
 /// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
 /// so they agree on every key, and a change of mode loses nothing.
@@ -127,7 +132,8 @@ pub use self::mode::RedisMode;
 /// [sliding window](crate::window::sliding_window) and [concurrency](crate::window::concurrency)
 /// limits, and stacks of limits ([`Backend::check_all`]), run a second Lua script in every mode: one
 /// `EVALSHA` per decision that reads every limit's key, decides, and writes only if every limit
-/// admits, so a rejection by one limit of a stack consumes nothing in the others. It computes the
+/// admits, so a rejection by one limit of a stack consumes nothing in the others (decisions that
+/// wait on the connection at once share one call, each decided exactly as alone, in order). It computes the
 /// functions of [`window`](crate::window) on the server's clock (windows aligned on multiples of the
 /// period since the Unix epoch), so the memory backend and Redis agree. A GCRA limit in a stack uses
 /// the GCRA script's arithmetic and key, so it shares its state with the same limit checked alone.
