@@ -59,7 +59,9 @@ impl RedisState {
         };
         let state = self.clone();
         let generation = self.deny.as_ref().map_or(0, |d| d.generation());
-        guarded(&self.breaker, self.timeout, async move {
+        // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
+        let slot_key = redis_key.clone();
+        guarded(&self.breaker, &slot_key, self.timeout, async move {
             let sent = Instant::now();
             let Answer {
                 decision,
@@ -236,6 +238,8 @@ impl RedisState {
                 .penalty()
                 .map(|p| (*p, self.redis_key(first.name(), key)))
         });
+        // The keys share the client's hash tag: any picks a Cluster node's breaker.
+        let slot_key = specs.first().map(|s| s.key.clone()).unwrap_or_default();
         let call = LimitsCall {
             specs,
             penalty,
@@ -252,7 +256,7 @@ impl RedisState {
                 None => scripts::limits(&mut conn, &call).await,
             }
         };
-        guarded(&self.breaker, self.timeout, decide)
+        guarded(&self.breaker, &slot_key, self.timeout, decide)
     }
 
     /// One GCRA decision on the path the mode picks.
@@ -308,6 +312,7 @@ impl RedisState {
             return;
         };
         let state = self.clone();
+        let slot_key = key;
         let key = key.to_owned();
         let gcra = Gcra::of(args);
         let call = async move {
@@ -319,7 +324,7 @@ impl RedisState {
             drop(fetching);
             fetched.map(drop)
         };
-        let guarded = guarded(&self.breaker, self.timeout, call);
+        let guarded = guarded(&self.breaker, slot_key, self.timeout, call);
         runtime.spawn(async move {
             if let Err(e) = guarded.await {
                 tracing::debug!(error = %e, "a budget refill failed");
