@@ -224,6 +224,7 @@ where
             node: node.as_deref(),
             nodes: breaker.nodes.as_deref(),
             was_probe,
+            started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(value)) => {
@@ -240,8 +241,10 @@ where
                     breaker.call_failed(&e);
                     if e.is_timeout() {
                         breaker.timed_out();
+                        on_node.timed_out(&e);
+                    } else {
+                        on_node.failed(&e);
                     }
-                    on_node.failed(&e);
                 } else if is_not_primary(&e) {
                     // Redis answered, but cannot decide here until a failover ends: as unreachable.
                     breaker.unreachable(was_probe);
@@ -265,7 +268,7 @@ where
                 breaker.unreachable(was_probe);
                 breaker.call_failed(&why);
                 breaker.timed_out();
-                on_node.failed(&why);
+                on_node.timed_out(&why);
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}"
                 )))
@@ -292,6 +295,8 @@ struct NodeOutcome<'a> {
     node: Option<&'a Node>,
     nodes: Option<&'a ClusterNodes>,
     was_probe: bool,
+    /// When the call began, on the node's circuit's clock.
+    started: u64,
 }
 
 impl NodeOutcome<'_> {
@@ -304,6 +309,14 @@ impl NodeOutcome<'_> {
     fn failed(&self, error: &dyn std::fmt::Display) {
         if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
             nodes.failed(node, self.was_probe, error);
+        }
+    }
+
+    /// The call ran out of time: opens the node's breaker only if the node answered nothing since
+    /// the call began.
+    fn timed_out(&self, error: &dyn std::fmt::Display) {
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.timed_out(node, self.was_probe, self.started, error);
         }
     }
 }

@@ -47,6 +47,9 @@ pub(super) struct Circuit {
     /// timeout no longer blocks the next one, even if its future was never finished nor dropped.
     probe_started: AtomicU64,
     probe_limit_ms: u64,
+    /// When a call last got an answer (ms since `epoch`), as far as [`stamp_answer`](Self::stamp_answer)
+    /// was told: lets a timed-out call tell a slow node from a dead one.
+    last_answer: AtomicU64,
 }
 
 /// What a call may do, given the circuit.
@@ -83,11 +86,28 @@ impl Circuit {
             failures: AtomicU32::new(0),
             probe_started: AtomicU64::new(0),
             probe_limit_ms: timeout.as_millis() as u64 + 1,
+            last_answer: AtomicU64::new(0),
         }
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Milliseconds since the circuit's epoch, plus one (0 means "never").
+    pub(super) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// A call got an answer now (kept for [`answered_since`](Self::answered_since)). Stores only
+    /// when the millisecond changed, so busy callers mostly read a shared cache line.
+    pub(super) fn stamp_answer(&self) {
+        let now = self.now_ms();
+        if self.last_answer.load(Ordering::Relaxed) < now {
+            self.last_answer.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some call got an answer after `started` (a [`now_ms`](Self::now_ms) reading): a call
+    /// that timed out meanwhile met a slow node, not a dead one.
+    pub(super) fn answered_since(&self, started: u64) -> bool {
+        self.last_answer.load(Ordering::Relaxed) > started
     }
 
     /// Whether the circuit was opened and no call has got through since (open or half-open).
@@ -189,6 +209,20 @@ mod tests {
         assert!(!circuit.answered());
         assert_eq!(circuit.state(), CircuitState::Closed);
         assert!(matches!(circuit.admit(), Admission::Closed));
+    }
+
+    #[test]
+    fn an_answer_after_a_call_began_tells_slow_from_dead() {
+        let circuit = Arc::new(Circuit::new(Duration::from_secs(60)));
+        let started = circuit.now_ms();
+        assert!(!circuit.answered_since(started), "nothing answered yet");
+        circuit.last_answer.store(started + 1, Ordering::Relaxed);
+        assert!(circuit.answered_since(started));
+        assert!(!circuit.answered_since(started + 1), "not after itself");
+        // A stamp never moves the time back.
+        circuit.last_answer.store(u64::MAX - 1, Ordering::Relaxed);
+        circuit.stamp_answer();
+        assert_eq!(circuit.last_answer.load(Ordering::Relaxed), u64::MAX - 1);
     }
 
     #[test]

@@ -130,6 +130,7 @@ impl ClusterNodes {
 
     /// A call (or a probe) got an answer from `node`: closes its breaker, says so once.
     pub(super) fn answered(&self, node: &Node) {
+        node.circuit.stamp_answer();
         if node.circuit.answered() {
             tracing::info!(
                 node = %node.address,
@@ -156,6 +157,24 @@ impl ClusterNodes {
         }
         // The map may be stale (a failover): read it again soon.
         self.stale.notify_one();
+    }
+
+    /// A call to `node` that began at `started` (its circuit's `now_ms`) ran out of time. A node
+    /// that answered other calls since is slow, not dead (a busy machine, a long command): only
+    /// this call fails, and the breaker stays as it is. Otherwise, as [`failed`](Self::failed).
+    pub(super) fn timed_out(
+        &self,
+        node: &Node,
+        was_probe: bool,
+        started: u64,
+        error: &dyn std::fmt::Display,
+    ) {
+        if !was_probe && node.circuit.answered_since(started) {
+            *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((error.to_string(), SystemTime::now()));
+            return;
+        }
+        self.failed(node, was_probe, error);
     }
 
     /// The primary that owns `key`'s slot, if the map knows it.
