@@ -268,7 +268,7 @@ fn a_budget_goes_only_with_a_plain_gcra_limit() {
     let error = delayed.with_budget(budget).unwrap_err().to_string();
     assert!(error.contains("cannot delay requests"), "{error}");
     let penalty = Penalty::new(3, Duration::from_secs(10), Duration::from_secs(60)).unwrap();
-    let punished = gcra.clone().with_penalty(penalty.clone());
+    let punished = gcra.clone().with_penalty(penalty);
     assert_eq!(punished.penalty(), Some(&penalty));
     assert_eq!(gcra.penalty(), None);
     let error = punished.with_budget(budget).unwrap_err().to_string();
