@@ -7,6 +7,7 @@
 #   bash scripts/mutants.sh                      # every file below (~900 mutants: many hours on 2 cores)
 #   bash scripts/mutants.sh src/window.rs ...    # only these files
 #   MUTANTS_SHARD=1/4 bash scripts/mutants.sh    # a quarter of each file's mutants (round-robin)
+#   MUTANTS_RE='parse_xff_entry' bash scripts/mutants.sh src/key/client_ip.rs   # only these mutants
 #
 # Equivalent mutants (no test can tell them apart from the code) are excluded in
 # .cargo/mutants.toml, each with its reason. Not part of .ci/run: it takes too long on 2 cores.
@@ -57,6 +58,10 @@ done
 # build and test run per file; the test timeout is then MUTANTS_TIMEOUT (default 300 s).
 baseline=()
 [ "${MUTANTS_BASELINE:-}" != skip ] || baseline=(--baseline=skip --timeout "${MUTANTS_TIMEOUT:-300}")
+# MUTANTS_RE='regex': only the mutants whose name (as `cargo mutants --list` prints it) matches,
+# e.g. to see the test you wrote catch the mutant that was missed.
+filter=()
+[ -z "${MUTANTS_RE:-}" ] || filter=(--re "$MUTANTS_RE")
 shard=()
 [ -z "${MUTANTS_SHARD:-}" ] || shard=(--shard "$MUTANTS_SHARD" --sharding round-robin)
 out=target/mutants-out
@@ -93,8 +98,8 @@ for file in "${files[@]}"; do
   file_started=$SECONDS
   # cargo-mutants exits non-zero when a mutant is missed: the summary below says which.
   (cd "$tree" && cargo mutants --file "$file" --profile mutants --in-place \
-    --minimum-test-timeout "${MUTANTS_MIN_TEST_TIMEOUT:-20}" "${cargo_args[@]}" "${binary_args[@]}" --no-shuffle \
-    "${shard[@]}" "${baseline[@]}" --output "$out/$name") >"$out/$name.log" 2>&1 || true
+    --minimum-test-timeout "${MUTANTS_MIN_TEST_TIMEOUT:-60}" "${cargo_args[@]}" "${binary_args[@]}" --no-shuffle \
+    "${shard[@]}" "${filter[@]}" "${baseline[@]}" --output "$out/$name") >"$out/$name.log" 2>&1 || true
   say "$file: $((SECONDS - file_started)) s"
   outcome_files+=("$out/$name/mutants.out/outcomes.json")
 done
