@@ -66,15 +66,16 @@ shard=()
 [ -z "${MUTANTS_SHARD:-}" ] || shard=(--shard "$MUTANTS_SHARD" --sharding round-robin)
 out=target/mutants-out
 mkdir -p "$out"
-# The mutants are made in one copy of the tree at a fixed path (tracked and untracked files, their
-# times kept), tested in place there (cargo-mutants --in-place: your tree is never touched), and
+# The mutants are made in one copy of the tree at a fixed path (tracked and untracked files, with
+# new modification times: the build left by the last run's last mutant is older than them, so cargo
+# rebuilds the crate for the baseline instead of testing that mutant again), tested in place there (cargo-mutants --in-place: your tree is never touched), and
 # built into one target dir kept between runs (profile `mutants` in Cargo.toml: no debug info). So
 # the dependencies are built once, not once per run, and every mutant's build is incremental, also
 # across files and runs (cargo-mutants' own fresh copy per run rebuilds the crate each time).
 tree="$PWD/target/mutants-tree"
 rm -rf "$tree"
 mkdir -p "$tree"
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tree"
+git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xmf - -C "$tree"
 export CARGO_TARGET_DIR="$PWD/target/mutants-build"
 out="$PWD/$out"
 
