@@ -461,4 +461,31 @@ mod tests {
         let stale = decide(Some(2 * S), 5 * S, &params, 1);
         assert_eq!(fresh, stale);
     }
+
+    #[test]
+    fn settle_charges_up_to_the_ceiling_and_refunds_down_to_no_state() {
+        // 10 a second: one unit every 100 ms, a tolerance of 1 s.
+        let params = Quota::per_second(10).validate().unwrap();
+        let metered = params.with_debt(5);
+        let at = |ms: u64| Some(S + ms * MS);
+        // A charge starts from the TAT, or from now when the key has no live state.
+        assert_eq!(settle(None, S, &params, 3, 0), at(300));
+        assert_eq!(settle(Some(S - 1), S, &params, 1, 0), at(100));
+        assert_eq!(settle(at(200), S, &params, 2, 0), at(400));
+        // Capped at now + ceiling: the tolerance, plus the debt of a metered limit.
+        assert_eq!(settle(at(900), S, &params, 5, 0), at(1000));
+        assert_eq!(settle(at(900), S, &metered, 5, 0), at(1400));
+        assert_eq!(settle(at(900), S, &metered, 50, 0), at(1500));
+        // Never lower than it was (a TAT past the cap is another quota's state).
+        assert_eq!(settle(at(3000), S, &params, 1, 0), at(3000));
+        // A refund moves the TAT back, less the time since the request.
+        assert_eq!(settle(at(500), S, &params, -2, 0), at(300));
+        assert_eq!(settle(at(500), S, &params, -2, 50 * MS), at(350));
+        // Back to now or before: no state, and nothing to refund without state.
+        assert_eq!(settle(at(200), S, &params, -2, 0), None);
+        assert_eq!(settle(at(200), S, &params, -5, 0), None);
+        assert_eq!(settle(Some(S), S, &params, -1, 0), None);
+        assert_eq!(settle(None, S, &params, -1, 0), None);
+        assert_eq!(settle(None, S, &params, 0, 0), None);
+    }
 }

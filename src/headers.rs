@@ -693,4 +693,53 @@ mod tests {
         assert_eq!(v["status"], 400);
         assert_eq!(v["detail"], "no \"key\" \\");
     }
+
+    #[test]
+    fn a_refusal_gives_the_request_and_the_layers_answer() {
+        #[derive(Clone, Debug, PartialEq)]
+        struct User(&'static str);
+        let mut request = http::Request::get("/search")
+            .header("accept", "application/json")
+            .body(())
+            .unwrap();
+        request.extensions_mut().insert(User("bob"));
+        let decision = Decision::limited(5, 0, Some(Duration::from_secs(2)), Duration::ZERO);
+        let default = || Response::new(Bytes::from_static(b"the layer's answer"));
+        let refusal = |kind, policy| Refusal {
+            kind,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            policy,
+            key: None,
+            decision: Some(&decision),
+            retry_after: None,
+            detail: "over the limit",
+            request: crate::observe::RequestRef::of(&request),
+            default: &default,
+        };
+        let limited = refusal(RefusalKind::Limited, Some("search"));
+        assert_eq!(limited.extensions().get::<User>(), Some(&User("bob")));
+        assert_eq!(limited.headers()["accept"], "application/json");
+        assert!(!limited.prefers_html());
+        assert_eq!(limited.default_response().body(), "the layer's answer");
+        let debug = format!("{limited:?}");
+        for part in [
+            "Refusal",
+            "Limited",
+            "\"search\"",
+            "over the limit",
+            "/search",
+        ] {
+            assert!(debug.contains(part), "{part} in {debug}");
+        }
+        let rejected = limited.rejected().unwrap();
+        assert_eq!((rejected.policy, rejected.decision), ("search", &decision));
+        let response = rejected.default_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(response.body(), &limited_body("search"));
+        assert!(refusal(RefusalKind::Denied, Some("search"))
+            .rejected()
+            .is_none());
+        assert!(refusal(RefusalKind::Limited, None).rejected().is_none());
+    }
 }

@@ -542,3 +542,6 @@ fn intern(name: &str) -> u32 {
     let next = names.len() as u32;
     *names.entry(name.to_owned()).or_insert(next)
 }
+
+#[cfg(test)]
+mod tests;

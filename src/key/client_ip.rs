@@ -622,4 +622,49 @@ mod tests {
         assert!(ClientIp::new(trusted.clone()).with_ipv6_prefix(0).is_err());
         assert!(ClientIp::new(trusted).with_ipv6_prefix(129).is_err());
     }
+
+    #[test]
+    fn the_settings_read_back() {
+        let trusted = TrustedProxies::new(["10.0.0.0/8", "::ffff:192.168.0.0/112"]).unwrap();
+        let ip = ClientIp::new(trusted.clone()).header(ForwardedHeader::Forwarded);
+        assert_eq!(
+            format!("{:?}", ip.trusted()),
+            r#"["10.0.0.0/8", "192.168.0.0/16"]"#
+        );
+        assert_eq!(format!("{:?}", ip.trusted()), format!("{trusted:?}"));
+        assert_eq!(ip.forwarded_header(), ForwardedHeader::Forwarded);
+        assert!(TrustedProxies::none().is_empty() && !trusted.is_empty());
+    }
+
+    /// Entries are bounded (64 bytes for `X-Forwarded-For`, 256 for a `Forwarded` element), but an
+    /// entry as long as the bound is read: a port may have leading zeros, an element many parameters.
+    #[test]
+    fn entries_as_long_as_the_bound_are_read() {
+        let xff = format!("198.51.100.7:{}80", "0".repeat(49));
+        assert_eq!(xff.len(), 64);
+        let peer = "10.0.0.1";
+        let xff_header = ForwardedHeader::XForwardedFor;
+        assert_eq!(
+            resolve(&["10.0.0.0/8"], xff_header, peer, &[&xff]),
+            "198.51.100.7"
+        );
+        let longer = format!("198.51.100.7:{}80", "0".repeat(50));
+        assert_eq!(resolve(&["10.0.0.0/8"], xff_header, peer, &[&longer]), peer);
+        let element = |len: usize| {
+            let start = "for=198.51.100.7;proto=https;host=";
+            format!("{start}{}", "h".repeat(len - start.len()))
+        };
+        let forwarded = ForwardedHeader::Forwarded;
+        for len in [100, 256] {
+            let value = element(len);
+            assert_eq!(
+                resolve(&["10.0.0.0/8"], forwarded, peer, &[&value]),
+                "198.51.100.7"
+            );
+        }
+        assert_eq!(
+            resolve(&["10.0.0.0/8"], forwarded, peer, &[&element(257)]),
+            peer
+        );
+    }
 }

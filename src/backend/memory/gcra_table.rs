@@ -499,7 +499,10 @@ impl GcraShard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
+    use crate::quota::Quota;
     use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::time::Duration;
 
     #[test]
     fn ip_keys_are_stored_compactly_and_other_keys_as_themselves() {
@@ -527,6 +530,116 @@ mod tests {
                 matches!(Compact::of(&other), Compact::Other(_)),
                 "{other:?}"
             );
+        }
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    fn limited(table: &GcraTable, limit: &crate::Limit, key: &Key, clock: &ManualClock) -> bool {
+        let params = limit.gcra().unwrap();
+        let (_, one) = table.peek(params, limit.id(), key, clock);
+        !one.allowed
+    }
+
+    #[test]
+    fn the_table_counts_and_sweeps_keys_of_every_form() {
+        let table = GcraTable::new(4, 1000);
+        assert_eq!((table.shard_count(), table.shard_cap()), (4, 1000));
+        let clock = ManualClock::new();
+        clock.set(Duration::from_secs(10));
+        let limit = crate::Limit::new("table-len", Quota::per_second(1)).unwrap();
+        let params = limit.gcra().unwrap();
+        let keys = [
+            Key::from(Ipv4Addr::new(192, 0, 2, 7)),
+            Key::from("2001:db8::1".parse::<Ipv6Addr>().unwrap()),
+            Key::from("alice"),
+        ];
+        for key in &keys {
+            assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
+        }
+        assert_eq!(table.len(), 3);
+        // Not yet refilled: a sweep keeps them.
+        table.sweep(clock.now_nanos() + S / 2);
+        assert_eq!(table.len(), 3);
+        table.sweep(clock.now_nanos() + S);
+        assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn a_sweep_gives_back_the_memory_of_a_burst_of_keys() {
+        let table = GcraTable::new(1, 100_000);
+        let clock = ManualClock::new();
+        let limit = crate::Limit::new("table-shrink", Quota::per_second(1)).unwrap();
+        let params = limit.gcra().unwrap();
+        for i in 0..5000u32 {
+            let key = Key::from(format!("k{i}"));
+            assert!(table.decide(params, limit.id(), &key, 1, &clock).allowed);
+        }
+        let capacity = |table: &GcraTable| table.shards[0].read().unwrap().other.capacity();
+        assert!(capacity(&table) >= 5000);
+        table.sweep(clock.now_nanos() + S);
+        assert_eq!(table.len(), 0);
+        assert!(
+            capacity(&table) < 100,
+            "{} after the sweep",
+            capacity(&table)
+        );
+    }
+
+    /// At the cap, the keys that used the smallest share of their own limit's tolerance go first:
+    /// an hourly key half refilled before a per-second key just limited, though its TAT is further
+    /// ahead.
+    #[test]
+    fn eviction_ranks_keys_by_the_share_of_their_own_limits_tolerance() {
+        let table = GcraTable::new(1, 8);
+        let clock = ManualClock::new();
+        let hourly = crate::Limit::new("table-evict-hourly", Quota::per_hour(1)).unwrap();
+        let second = crate::Limit::new("table-evict-second", Quota::per_second(1)).unwrap();
+        let decide = |limit: &crate::Limit, key: &Key| {
+            let params = limit.gcra().unwrap();
+            assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
+        };
+        let slow: Vec<Key> = (0..4).map(|i| Key::from(format!("slow-{i}"))).collect();
+        let fast: Vec<Key> = (0..5).map(|i| Key::from(format!("fast-{i}"))).collect();
+        for key in &slow {
+            decide(&hourly, key);
+        }
+        clock.advance(Duration::from_secs(1800));
+        for key in &fast {
+            decide(&second, key);
+        }
+        // The 9th key met a full shard: one key was forgotten, an hourly one.
+        assert_eq!(table.len(), 8);
+        for key in &fast {
+            assert!(limited(&table, &second, key, &clock), "{key:?} was evicted");
+        }
+        let kept = slow.iter().filter(|k| limited(&table, &hourly, k, &clock));
+        assert_eq!(kept.count(), 3);
+    }
+
+    /// A refund moves back its own key's TAT and no other, however many keys share a shard.
+    #[test]
+    fn a_refund_among_thousands_of_keys_moves_only_its_own() {
+        let table = GcraTable::new(1, 100_000);
+        let clock = ManualClock::new();
+        let limit = crate::Limit::new("table-refund", Quota::per_minute(1)).unwrap();
+        let other = crate::Limit::new("table-refund-other", Quota::per_minute(1)).unwrap();
+        let keys: Vec<Key> = (0..3000u32)
+            .map(|i| Key::from(format!("user-{i}")))
+            .collect();
+        for key in &keys {
+            for limit in [&limit, &other] {
+                let params = limit.gcra().unwrap();
+                assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
+            }
+        }
+        let params = limit.gcra().unwrap();
+        for key in keys.iter().step_by(2) {
+            table.refund(params, limit.id(), key, 1, 0, &clock);
+        }
+        for (i, key) in keys.iter().enumerate() {
+            assert_eq!(limited(&table, &limit, key, &clock), i % 2 == 1, "{key:?}");
+            assert!(limited(&table, &other, key, &clock), "{key:?}");
         }
     }
 }
