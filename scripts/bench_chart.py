@@ -42,8 +42,9 @@ def ensure_matplotlib():
     if not os.path.exists(python):
         print("bench_chart.py: making " + VENV + " (python3 -m venv) for matplotlib", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    print("bench_chart.py: pip install matplotlib into " + VENV, file=sys.stderr)
-    subprocess.run([python, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+    if subprocess.run([python, "-c", "import matplotlib"], stderr=subprocess.DEVNULL).returncode:
+        print("bench_chart.py: pip install matplotlib into " + VENV, file=sys.stderr)
+        subprocess.run([python, "-m", "pip", "install", "-q", "matplotlib"], check=True)
     os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])
 
 
