@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per request of loadtest/'s servers (callgrind), which the machine's load does not
-# change: each variant's server runs under `valgrind --tool=callgrind` with collection off, takes
-# WARMUP requests, then collects over exactly N requests (oha -n N, CONNECTIONS keep-alive
-# connections) and dumps. Prints each variant's user-space instructions per request (the server
+# change: each variant's server runs under `valgrind --tool=callgrind` with instrumentation off,
+# takes WARMUP requests, then counts over exactly N requests (CONNECTIONS keep-alive connections)
+# and dumps. Prints each variant's user-space instructions per request (the server
 # process: hyper, axum, the limiter; not the kernel) and its TOP functions by own instructions per
 # request; the `bare` row is what the limiters add to.
 #
@@ -83,7 +83,7 @@ for v in "${VARIANTS[@]}"; do
   PORT=$((20000 + RANDOM % 12000))
   file=$OUT/callgrind.$v
   rm -f "$file"*
-  taskset -c 0 valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$file" \
+  taskset -c 0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
     "$BIN" "$v" --listen "127.0.0.1:$PORT" >"$OUT/$v.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
@@ -95,12 +95,13 @@ for v in "${VARIANTS[@]}"; do
   kill "$SERVER"
   wait "$SERVER" 2>/dev/null || true
   SERVER=
-  # The dump holds the N requests plus the requests that woke the server for the dump command.
-  dump=$(ls -t "$file"* | head -1)
+  # The first dump (part 1) holds the N requests plus the one or two that woke the server for the
+  # dump command; the file written at exit holds what came after.
+  dump=$file.1
   total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
   printf '%s: %s instructions per request (%s requests answered %s)\n' "$v" \
     "$(awk -v t="$total" -v n="$N" 'BEGIN {printf "%.0f", t / n}')" "$answered" "$statuses"
   callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
-    awk -v n="$N" -v top="$TOP" '/^-+$/ {sep++; next} sep >= 3 && /^ *[0-9,]+ / && shown < top {
+    awk -v n="$N" -v top="$TOP" '/file:function/ {table = 1; next} table && /^ *[0-9,]+ / && shown < top {
       x = $1; gsub(",", "", x); $1 = ""; printf "  %8.0f %s\n", x / n, substr($0, 1, 150); shown++ }'
 done
