@@ -612,8 +612,20 @@ async fn every_algorithm_and_mode(backend: &[&str]) {
         api.header("ratelimit-policy"),
         Some(r#""api.1s";q=10;w=1, "api.1d";q=1000;w=86400"#)
     );
+    // A burst of 10, then one every 100 ms: 11 requests in a row from a fresh key pass 10, plus
+    // one for every 100 ms they took (a busy machine took more than 100 ms for them once).
+    let sent = std::time::Instant::now();
     let free = statuses(11, "GET", "/api/items", key("k3")).await;
-    assert_eq!(free.iter().filter(|s| **s == 200).count(), 10, "{free:?}");
+    let refilled = (sent.elapsed().as_millis() / 100) as usize;
+    let passed = free.iter().filter(|s| **s == 200).count();
+    assert!(
+        (10..=10 + refilled).contains(&passed),
+        "{passed} passed in {:?}: {free:?}",
+        sent.elapsed()
+    );
+    if refilled == 0 {
+        assert_eq!(free[10], 429, "{free:?}");
+    }
     let paid = send(
         addr,
         "GET",

@@ -19,6 +19,9 @@ async fn connect(server: &redis_support::RedisServer, mode: RedisMode) -> RedisB
     RedisBackend::builder()
         .url(server.url())
         .mode(mode)
+        // Not a test of timeouts: the default 100 ms timed a peek out on a loaded machine. A GCRA
+        // refund gives back less this timeout (see `drained`), so it stays short.
+        .timeout(Duration::from_secs(1))
         .connect()
         .await
         .unwrap()
@@ -55,6 +58,18 @@ async fn refund(
     .await;
 }
 
+/// Waits (polling, with a deadline) until the first limit has `units` left for `key`: a GCRA refund
+/// gives the units back less the time since the admission and the backend's timeout (the admission
+/// may have been made that long before its answer), and that remainder drains as fast.
+async fn drained(backend: &RedisBackend, limits: &[Limit], key: &Key, units: u64) {
+    wait_until(
+        Duration::from_secs(10),
+        "the refund's remainder never drained",
+        || async { remaining(backend, limits, key).await[0] >= units },
+    )
+    .await;
+}
+
 async fn admitted(backend: &RedisBackend, limits: &[Limit], key: &Key, n: u32) -> u32 {
     let mut passed = 0;
     for _ in 0..n {
@@ -87,11 +102,7 @@ async fn every_algorithm_gives_back_what_a_request_took() {
                 "{mode} {algorithm}"
             );
             refund(&backend, &limit, &key, 2, Duration::from_millis(100)).await;
-            if algorithm == Algorithm::Gcra {
-                // The GCRA gives back the units less the time since the admission (100 ms, plus
-                // the backend's timeout the refund adds): that remainder drains as fast.
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            drained(&backend, &limit, &key, 2).await;
             assert_eq!(
                 admitted(&backend, &limit, &key, 5).await,
                 2,
@@ -113,8 +124,7 @@ async fn every_algorithm_gives_back_what_a_request_took() {
         let key = Key::from(format!("bob-{mode}"));
         assert_eq!(admitted(&backend, &stack, &key, 3).await, 2);
         refund(&backend, &stack, &key, 2, Duration::from_millis(100)).await;
-        // The GCRA's remainder (see above) drains.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        drained(&backend, &stack, &key, 2).await;
         assert_eq!(
             admitted(&backend, &stack, &key, 3).await,
             2,
@@ -213,12 +223,27 @@ async fn two_processes_counting_failures_admit_exactly_the_quota_with_100_in_fli
             failed, 3,
             "{mode} {algorithm}: at most the quota of failures"
         );
-        // A user who logs in is never limited: each success is given back.
+        // What the layers' limit has left, seen by a third process (the same limit and key).
+        let peeker = patient().await;
+        let limit = [Limit::with_algorithm("login", algorithm, Quota::per_minute(3)).unwrap()];
+        let left = |user: &str| {
+            let (peeker, limit, key) = (&peeker, &limit, Key::from(user));
+            async move { remaining(peeker, limit, &key).await[0] }
+        };
+        assert_eq!(left(&user).await, 0, "{mode} {algorithm}: the peek sees it");
+        // A user who logs in is never limited: each success is given back. The layer refunds on
+        // a spawned task; wait until the key has two units left again (it would have one left
+        // after the second success, and none after the third, had nothing been given back).
         let alice = format!("alice-{mode}-{algorithm}");
         for i in 0..10 {
             let status = attempt(apps[i % 2].clone(), alice.clone(), "right").await;
             assert_eq!(status, StatusCode::OK, "{mode} {algorithm}: success {i}");
-            settle().await;
+            wait_until(
+                Duration::from_secs(10),
+                "a success was never given back",
+                || async { left(&alice).await >= 2 },
+            )
+            .await;
         }
     }
 }
