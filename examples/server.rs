@@ -280,6 +280,14 @@ pub(crate) fn health_json(backend: &ConfiguredBackend) -> (bool, serde_json::Val
             "last_error_unix_ms": redis.last_error.as_ref().and_then(|(_, at)| {
                 at.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
             }),
+            // A Cluster's primaries, each with its own breaker (empty on one server).
+            "nodes": redis.nodes.iter().map(|node| serde_json::json!({
+                "address": node.address,
+                "slots": node.slots,
+                "slot_count": node.slot_count(),
+                "breaker": node.state.name(),
+                "last_error": node.last_error.as_ref().map(|(error, _)| error),
+            })).collect::<Vec<_>>(),
         }),
         _ => serde_json::json!({ "backend": "memory", "up": up }),
     };

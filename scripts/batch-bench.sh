@@ -9,6 +9,14 @@
 #
 # Quota: a million a second, bursts of a million (every decision admitted and written). redis-server
 # runs on CPU 0, redis-benchmark (-c 50, no pipelining) on CPU 1; medians over the rounds, with ranges.
+#
+# CLIENT=1 measures the crate's own client instead (benches/redis_cpu.rs, on CPU 1, against this
+# server): 50 callers at once on one hot key, each path a decision can take (alone with
+# coalesce(false), coalesced, CL.THROTTLE pipelined) for a GCRA, a sliding window and a stack;
+# Redis µs per decision from INFO commandstats (the top-level commands' usec, which includes what a
+# script calls), calls and commands per decision. Its settings: CALLERS, DECISIONS, ROUNDS, CASES.
+#
+#   CLIENT=1 ROUNDS=3 bash scripts/batch-bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -39,6 +47,14 @@ for _ in $(seq 100); do
 done
 cli() { redis-cli -p "$PORT" "$@"; }
 cli PING | grep -q PONG || die "redis-server did not start: $(cat "$TMP/redis.log")"
+
+if [[ ${CLIENT:-} == 1 ]]; then
+  printf '%s; redis-server %s; %s CPUs, load %s\n' "$(uname -m)" \
+    "$(cli INFO server | tr -d '\r' | awk -F: '$1 == "redis_version" {print $2}')" "$(nproc)" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
+  REDIS_URL=redis://127.0.0.1:$PORT/ ROUNDS=$ROUNDS taskset -c 1 cargo bench --bench redis_cpu -q
+  exit
+fi
 
 # A script as the crate assembles it (src/backend/redis/lua.rs): shebang, prelude, body.
 assembled() { printf '#!lua\n'; cat src/backend/redis/prelude.lua "src/backend/redis/$1"; }

@@ -172,12 +172,13 @@ pub mod top;
 pub mod window;
 
 pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
-#[cfg(feature = "memory")]
-pub use backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use backend::{
-    RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory, RedisMode,
+    CircuitState, RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory,
+    RedisMode, RedisNodeHealth,
 };
+#[cfg(feature = "memory")]
+pub use backend::{MemoryBackend, MemoryBackendBuilder};
 pub use budget::Budget;
 pub use decision::Decision;
 pub use policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};

@@ -403,6 +403,18 @@ pub(crate) fn backend_up(backend: &str, path: Option<&'static str>) {
     let _ = (backend, path);
 }
 
+/// A Redis Cluster primary's breaker closed (`up`) or opened: the gauge
+/// `throttle_cluster_node_up{backend, node}` (`node`: the primary's `host:port`) is 1 while its
+/// slots' decisions go to it, 0 while they fail fast.
+#[cfg(feature = "redis")]
+pub(crate) fn cluster_node_up(backend: &str, node: &str, up: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("throttle_cluster_node_up", "backend" => backend.to_owned(), "node" => node.to_owned())
+        .set(if up { 1.0 } else { 0.0 });
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, node, up);
+}
+
 /// Redis evicted `keys` keys since the backend last looked (`INFO stats`): any keys, the
 /// limiter's among them.
 #[cfg(feature = "redis")]

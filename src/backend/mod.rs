@@ -19,7 +19,8 @@ pub(crate) mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory, RedisMode,
+    CircuitState, RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory,
+    RedisMode, RedisNodeHealth,
 };
 
 // The backend a configuration file names; public as `config::ConfiguredBackend`.

@@ -288,7 +288,8 @@ fn the_start_up_line_names_the_redis_decision_path() {
     let redis = redis_support::RedisServer::start_with_cell();
     let url = redis.url();
     for (mode, path) in [
-        ("auto", "decisions by CL.THROTTLE (redis-cell)"),
+        // Auto picks the coalesced Lua path, module or not (RedisMode::Auto's rule).
+        ("auto", "decisions by the Lua script"),
         ("cell", "decisions by CL.THROTTLE (redis-cell)"),
         ("lua", "decisions by the Lua script"),
     ] {

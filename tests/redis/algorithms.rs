@@ -71,7 +71,7 @@ async fn align(url: &str, period: Duration, offset: Duration) -> (u64, Instant) 
 
 /// Waits until the server's clock is at least `clear` away from the next multiple of `period`, so
 /// that a test of that length runs within one window.
-async fn within_one_window(url: &str, period: Duration, clear: Duration) {
+pub(crate) async fn within_one_window(url: &str, period: Duration, clear: Duration) {
     let (now, _) = server_clock(url).await;
     let period_ns = period.as_nanos() as u64;
     let to_boundary = Duration::from_nanos(period_ns - now % period_ns);

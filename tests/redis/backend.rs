@@ -293,9 +293,9 @@ async fn cluster_admits_exactly_the_limit_and_keys_live_on_their_slot() {
             assert_eq!(holders.len(), 1, "{redis_key} on {holders:?}");
         }
     }
-    // Every primary has the module, so Auto takes CL.THROTTLE.
+    // Every primary has the module, and Auto still takes the coalesced Lua path (its rule).
     let auto = cluster(cluster_servers.urls(), RedisMode::Auto).await;
-    assert_eq!(auto.active_path(), Some(RedisMode::Cell));
+    assert_eq!(auto.active_path(), Some(RedisMode::Lua));
 }
 
 #[tokio::test]
@@ -311,8 +311,19 @@ async fn auto_follows_the_module() {
         .unwrap_err();
     assert!(format!("{err:?}").contains("redis-cell"), "{err:?}");
 
+    // With the module loaded, Auto picks the coalesced Lua path (its rule), and follows the
+    // module only where checks are not coalesced: below.
     let with_cell = RedisServer::start_with_cell();
     let auto = connect(&with_cell.url(), RedisMode::Auto).await;
+    assert_eq!(auto.active_path(), Some(RedisMode::Lua));
+    let auto = RedisBackend::builder()
+        .url(with_cell.url())
+        .mode(RedisMode::Auto)
+        .coalesce(false)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     assert_eq!(auto.active_path(), Some(RedisMode::Cell));
     let limit = limit("auto", Quota::per_minute(3));
     let key = Key::from("k");

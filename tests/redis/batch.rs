@@ -386,12 +386,12 @@ fn cl_throttle_calls(server: &RedisServer) -> u64 {
 
 /// The coalesced `CL.THROTTLE` path: 200 concurrent checks on one key with a quota of 50, sent in
 /// pipelined batches, admit exactly 50, each seeing the state the one before it left, in one module
-/// call each (every check is decided alone, none merged); the same on the default mode, which picks
-/// `CL.THROTTLE` where the module is loaded.
+/// call each (every check is decided alone, none merged). (`Auto` takes the coalesced Lua path
+/// where the module is loaded: batch_limits.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_cl_throttle_checks_admit_exactly_the_limit() {
     let server = RedisServer::start_with_cell();
-    for mode in [RedisMode::Cell, RedisMode::Auto] {
+    for mode in [RedisMode::Cell] {
         // Without the deny cache: once the key is refused, the cache answers the checks that come
         // after without a call (40 of 200 in one CI run), and this test counts calls.
         let backend = RedisBackend::builder()

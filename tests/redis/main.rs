@@ -13,6 +13,7 @@ mod lua;
 mod algorithms;
 mod backend;
 mod batch;
+mod batch_limits;
 mod budget;
 mod cluster_failover;
 mod cluster_lazy;

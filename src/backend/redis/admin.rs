@@ -111,6 +111,7 @@ impl RedisState {
             .penalty()
             .map(|_| format!("{}:ban", self.redis_key(limits[0].name(), key)));
         let mut conn = self.conn.clone();
+        let slot_key = specs[0].key.clone();
         let call = async move {
             let mut invocation = PEEK.prepare_invoke();
             for spec in &specs {
@@ -138,7 +139,7 @@ impl RedisState {
                 .await
         };
         let n = limits.len();
-        let answer = guarded(&self.breaker, self.timeout, call);
+        let answer = guarded(&self.breaker, &slot_key, self.timeout, call);
         Box::pin(async move {
             let reply = answer.await?;
             if reply.len() != 1 + 10 * n {
@@ -177,7 +178,7 @@ impl RedisState {
             .arg(format!("{base}:ban"));
         let mut conn = self.conn.clone();
         let call = async move { command.query_async::<i64>(&mut conn.redirecting()).await };
-        let deleted = guarded(&self.breaker, self.timeout, call);
+        let deleted = guarded(&self.breaker, &base, self.timeout, call);
         let state = self.clone();
         Box::pin(async move {
             deleted.await?;

@@ -20,11 +20,20 @@
 //! with one round trip and one write and read on each side for the batch. On a Cluster they go
 //! alone (through `cell.lua`, which declares the key).
 //!
-//! One server has one lane. A Cluster has one lane per Redis key: a script's keys must share a
+//! Decisions of `limits.lua` (the other algorithms, and stacks) are coalesced too, on a lane of
+//! their own: a batch of them is one call of `limits_batch.lua`, which runs `limits.lua`'s own
+//! function once per item, in arrival order, each on the state the items before it left (so each is
+//! decided exactly as alone, at the batch's one instant), and a failed item (`WRONGTYPE`) fails
+//! alone. What it saves is the call's fixed cost (`EVALSHA`, `TIME`, the reply): each item still
+//! reads and writes its own keys.
+//!
+//! One server has one lane per kind of call (GCRA, `CL.THROTTLE`, limits). A Cluster has one lane per Redis key: a script's keys must share a
 //! slot, and keys of one slot can still be split between two nodes while the slot migrates (Redis
 //! answers `TRYAGAIN` to a multi-key call then); one key is always on one node. Checks of different
 //! keys on a Cluster are not coalesced: they rarely share a slot (each client key has its own hash
-//! tag).
+//! tag). A `limits.lua` check goes on the lane of its first key (its other keys share its hash
+//! tag), so a lane there may hold both kinds: they go in the order they came, one call per run of
+//! one kind.
 
 use std::collections::HashMap;
 use std::mem;
@@ -36,10 +45,15 @@ use tokio::sync::oneshot;
 
 use super::args::{Args, CellArgs};
 use super::connection::RedisConnection;
+use super::limits_call::LimitsCall;
 use super::scripts::{self, Answer};
+use crate::decision::Decision;
 
 /// See the script's header.
 static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::GCRA_BATCH));
+
+/// See the script's header.
+static LIMITS_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::LIMITS_BATCH));
 
 /// Batches in flight per lane. Two: while one is on the wire or in Redis, the next fills, and
 /// leaves as soon as a batch answers; a single check never waits behind a batch when the lane is
@@ -54,14 +68,44 @@ pub(super) const MAX_BATCH: usize = 128;
 /// only on a Cluster, where `CL.THROTTLE` checks are not coalesced).
 const CELL_LANE: &str = "CL.THROTTLE";
 
+/// The lane of `limits.lua` checks on one server.
+const LIMITS_LANE: &str = "limits.lua";
+
+/// What a waiting check asks.
+enum Job {
+    /// A GCRA decision by `gcra.lua` (alone) or `gcra_batch.lua`.
+    Gcra {
+        key: String,
+        args: Args,
+        quantity: u64,
+    },
+    /// A GCRA decision by `CL.THROTTLE` (the cell lane).
+    Cell {
+        key: String,
+        cell: CellArgs,
+        quantity: u64,
+    },
+    /// A call of `limits.lua` (alone) or an item of `limits_batch.lua`.
+    Limits(LimitsCall),
+}
+
+impl Job {
+    /// Whether two jobs go in one call (the same script).
+    fn same_call(&self, other: &Job) -> bool {
+        mem::discriminant(self) == mem::discriminant(other)
+    }
+}
+
+/// What a check gets back: a GCRA answer, or `limits.lua`'s decisions.
+enum Reply {
+    Gcra(Answer),
+    Limits(Vec<Decision>),
+}
+
 /// A check waiting for its batch.
 struct Waiter {
-    key: String,
-    args: Args,
-    /// `CL.THROTTLE`'s arguments: the check goes to the module (the cell lane), not to `gcra.lua`.
-    cell: Option<CellArgs>,
-    quantity: u64,
-    answer: oneshot::Sender<Result<Answer, RedisError>>,
+    job: Job,
+    answer: oneshot::Sender<Result<Reply, RedisError>>,
 }
 
 #[derive(Default)]
@@ -103,8 +147,12 @@ impl Batcher {
             return scripts::gcra(&mut conn, key, args, quantity).await;
         };
         let lane_name: &str = if self.per_key { key } else { "" };
-        self.queue(runtime, lane_name, key, args, None, quantity)
-            .await
+        let job = Job::Gcra {
+            key: key.to_owned(),
+            args: args.clone(),
+            quantity,
+        };
+        gcra_answer(self.queue(runtime, lane_name, job).await?)
     }
 
     /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
@@ -112,7 +160,6 @@ impl Batcher {
     pub(super) async fn cell(
         self: &Arc<Self>,
         key: &str,
-        args: &Args,
         cell: CellArgs,
         quantity: u64,
     ) -> Result<Answer, RedisError> {
@@ -124,8 +171,33 @@ impl Batcher {
             let mut conn = self.conn.clone();
             return scripts::throttle(&mut conn, key, cell, quantity).await;
         };
-        self.queue(runtime, CELL_LANE, key, args, Some(cell), quantity)
-            .await
+        let job = Job::Cell {
+            key: key.to_owned(),
+            cell,
+            quantity,
+        };
+        gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
+    }
+
+    /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call; a runtime-less
+    /// caller sends it alone.
+    pub(super) async fn limits(
+        self: &Arc<Self>,
+        call: LimitsCall,
+    ) -> Result<Vec<Decision>, RedisError> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            return scripts::limits(&mut conn, &call).await;
+        };
+        let lane_name: Box<str> = if self.per_key {
+            call.first_key().into()
+        } else {
+            LIMITS_LANE.into()
+        };
+        match self.queue(runtime, &lane_name, Job::Limits(call)).await? {
+            Reply::Limits(decisions) => Ok(decisions),
+            Reply::Gcra(_) => Err(mixed_up()),
+        }
     }
 
     /// Queues a check on `lane_name`, sending a batch at once if fewer than [`IN_FLIGHT`] are in
@@ -134,17 +206,11 @@ impl Batcher {
         self: &Arc<Self>,
         runtime: tokio::runtime::Handle,
         lane_name: &str,
-        key: &str,
-        args: &Args,
-        cell: Option<CellArgs>,
-        quantity: u64,
-    ) -> Result<Answer, RedisError> {
+        job: Job,
+    ) -> Result<Reply, RedisError> {
         let (sender, receiver) = oneshot::channel();
         let waiter = Waiter {
-            key: key.to_owned(),
-            args: args.clone(),
-            cell,
-            quantity,
+            job,
             answer: sender,
         };
         let leaving = {
@@ -192,14 +258,9 @@ impl Batcher {
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
                 match tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await {
-                    Ok(Ok(answers)) => {
+                    Ok(answers) => {
                         for (waiter, answer) in batch.drain(..).zip(answers) {
                             let _ = waiter.answer.send(answer);
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        for waiter in batch.drain(..) {
-                            let _ = waiter.answer.send(Err(e.clone()));
                         }
                     }
                     Err(_) => {
@@ -266,17 +327,17 @@ impl Drop for Unfinished {
 async fn send_cell(
     conn: &mut RedisConnection,
     batch: &[Waiter],
-) -> Result<Vec<Result<Answer, RedisError>>, RedisError> {
+) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
     let mut pipe = redis::pipe();
     for waiter in batch {
-        let cell = waiter
-            .cell
-            .expect("the cell lane holds CL.THROTTLE checks only");
-        pipe.add_command(scripts::throttle_command(
-            &waiter.key,
+        if let Job::Cell {
+            key,
             cell,
-            waiter.quantity,
-        ));
+            quantity,
+        } = &waiter.job
+        {
+            pipe.add_command(scripts::throttle_command(key, *cell, *quantity));
+        }
     }
     let replies: Vec<Result<[i64; 5], RedisError>> = pipe.ignore_errors().query_async(conn).await?;
     if replies.len() != batch.len() {
@@ -287,67 +348,156 @@ async fn send_cell(
     }
     Ok(replies
         .into_iter()
-        .map(|reply| reply.map(scripts::cell_answer))
+        .map(|reply| reply.map(|r| Reply::Gcra(scripts::cell_answer(r))))
         .collect())
 }
 
-/// One batch: `CL.THROTTLE` pipelined (the cell lane); alone on `gcra.lua`, several on
-/// `gcra_batch.lua`.
-async fn send(
-    conn: &mut RedisConnection,
-    batch: &[Waiter],
-) -> Result<Vec<Result<Answer, RedisError>>, RedisError> {
-    if let [first, ..] = batch {
-        if first.cell.is_some() {
-            return send_cell(conn, batch).await;
-        }
-    }
-    if let [one] = batch {
-        return scripts::gcra(conn, &one.key, &one.args, one.quantity)
-            .await
-            .map(|answer| vec![Ok(answer)]);
-    }
-    // Runs of the same key, quota and quantity travel as one group (see the script's header).
-    let mut invocation = GCRA_BATCH.prepare_invoke();
-    let mut ceilings = Vec::new();
+/// One batch, in order, one call per run of one kind (runs of two kinds meet only on a Cluster's
+/// lane): each check's answer, or the error of the call it went in.
+async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply, RedisError>> {
+    let mut answers = Vec::with_capacity(batch.len());
     let mut rest = batch;
     while let [first, ..] = rest {
         let run = rest
             .iter()
-            .take_while(|w| {
-                w.key == first.key
-                    && w.quantity == first.quantity
-                    && (
-                        w.args.interval,
-                        w.args.tolerance,
-                        w.args.limit,
-                        w.args.ceiling,
-                    ) == (
-                        first.args.interval,
-                        first.args.tolerance,
-                        first.args.limit,
-                        first.args.ceiling,
-                    )
-            })
+            .take_while(|w| w.job.same_call(&first.job))
+            .count();
+        let (now, later) = rest.split_at(run);
+        let sent = match first.job {
+            Job::Cell { .. } => send_cell(conn, now).await,
+            Job::Gcra { .. } => send_gcra(conn, now).await,
+            Job::Limits(_) => send_limits(conn, now).await,
+        };
+        match sent {
+            Ok(replies) => answers.extend(replies),
+            Err(e) => answers.extend(now.iter().map(|_| Err(e.clone()))),
+        }
+        rest = later;
+    }
+    answers
+}
+
+/// A run of `limits.lua` checks: alone on `limits.lua`, several on `limits_batch.lua`.
+async fn send_limits(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
+    let calls: Vec<&LimitsCall> = batch
+        .iter()
+        .filter_map(|w| match &w.job {
+            Job::Limits(call) => Some(call),
+            _ => None,
+        })
+        .collect();
+    if let [one] = calls[..] {
+        return scripts::limits(conn, one)
+            .await
+            .map(|decisions| vec![Ok(Reply::Limits(decisions))]);
+    }
+    let mut invocation = LIMITS_BATCH.prepare_invoke();
+    invocation.arg(calls.len());
+    for call in &calls {
+        let (keys, args) = (call.keys(), call.args());
+        invocation.arg(keys.len()).arg(args.len());
+        for arg in args {
+            invocation.arg(arg);
+        }
+        for key in keys {
+            invocation.key(key);
+        }
+    }
+    let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let wrong_length = || {
+        RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the limits batch script returned a reply of the wrong length",
+        ))
+    };
+    let mut answers = Vec::with_capacity(calls.len());
+    let mut rest = &reply[..];
+    for call in calls {
+        let len = call.reply_len();
+        if rest.len() < len {
+            return Err(wrong_length());
+        }
+        let (mine, later) = rest.split_at(len);
+        rest = later;
+        let answer = match &mine[0] {
+            // This item failed (its error's text): the error limits.lua alone would have met.
+            redis::Value::BulkString(text) => {
+                let text = String::from_utf8_lossy(text);
+                let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+                Err(RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::ResponseError),
+                    "the limits script failed",
+                    format!("{code} {detail}"),
+                )))
+            }
+            _ => mine
+                .iter()
+                .map(redis::from_redis_value_ref::<i64>)
+                .collect::<Result<Vec<i64>, _>>()
+                .map_err(RedisError::from)
+                .and_then(|ints| scripts::limits_decisions(call, &ints))
+                .map(Reply::Limits),
+        };
+        answers.push(answer);
+    }
+    if !rest.is_empty() {
+        return Err(wrong_length());
+    }
+    Ok(answers)
+}
+
+/// A run of GCRA checks: alone on `gcra.lua`, several on `gcra_batch.lua`.
+async fn send_gcra(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
+    let items: Vec<(&str, &Args, u64)> = batch
+        .iter()
+        .filter_map(|w| match &w.job {
+            Job::Gcra {
+                key,
+                args,
+                quantity,
+            } => Some((key.as_str(), args, *quantity)),
+            _ => None,
+        })
+        .collect();
+    if let [(key, args, quantity)] = items[..] {
+        return scripts::gcra(conn, key, args, quantity)
+            .await
+            .map(|answer| vec![Ok(Reply::Gcra(answer))]);
+    }
+    // Runs of the same key, quota and quantity travel as one group (see the script's header).
+    let mut invocation = GCRA_BATCH.prepare_invoke();
+    let mut ceilings = Vec::new();
+    let mut rest = &items[..];
+    while let [(key, args, quantity), ..] = rest {
+        let same = |a: &Args| (a.interval, a.tolerance, a.limit, a.ceiling);
+        let run = rest
+            .iter()
+            .take_while(|(k, a, q)| k == key && q == quantity && same(a) == same(args))
             .count();
         invocation
-            .key(&first.key)
-            .arg(first.args.interval)
-            .arg(first.args.tolerance)
-            .arg(first.args.limit)
-            .arg(first.quantity)
+            .key(*key)
+            .arg(args.interval)
+            .arg(args.tolerance)
+            .arg(args.limit)
+            .arg(*quantity)
             .arg(run);
-        ceilings.push(first.args.ceiling);
+        ceilings.push(args.ceiling);
         rest = &rest[run..];
     }
     // A metered limit's debt is read as debt (see the script's header): only when there is one.
-    if batch.iter().any(|w| w.args.metered()) {
+    if items.iter().any(|(_, args, _)| args.metered()) {
         for ceiling in ceilings {
             invocation.arg(ceiling);
         }
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
-    if reply.len() != 5 * batch.len() {
+    if reply.len() != 5 * items.len() {
         return Err(RedisError::from((
             ErrorKind::UnexpectedReturnType,
             "the batch script returned a reply of the wrong length",
@@ -364,11 +514,27 @@ async fn send(
                     "Operation against a key holding the wrong kind of value".to_owned(),
                 )));
             }
-            Ok(Answer {
+            Ok(Reply::Gcra(Answer {
                 decision: scripts::from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos),
                 whole_seconds: false,
                 banned: false,
-            })
+            }))
         })
         .collect())
+}
+
+/// A GCRA check's answer (a GCRA or `CL.THROTTLE` call answers in that kind).
+fn gcra_answer(reply: Reply) -> Result<Answer, RedisError> {
+    match reply {
+        Reply::Gcra(answer) => Ok(answer),
+        Reply::Limits(_) => Err(mixed_up()),
+    }
+}
+
+/// A reply of the wrong kind for its check (a bug: each job's call answers in its own kind).
+fn mixed_up() -> RedisError {
+    RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "a batch answered a check with a reply of another kind",
+    ))
 }

@@ -1,5 +1,5 @@
-//! The circuit breaker and its admission logic, and `guarded`: one Redis call under the breaker and
-//! the timeout.
+//! The process-wide circuit breaker of one server, and `guarded`: one Redis call under the breaker
+//! (on a Cluster, the breaker of the key's primary) and the timeout.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use redis::RedisError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use super::circuit::{Admission, Circuit};
+use super::cluster_nodes::{ClusterNodes, Node};
 use super::failing::Failing;
 use super::mode::RedisMode;
 use super::server::{is_not_primary, SingleServer};
@@ -19,20 +21,16 @@ use crate::error::BackendError;
 /// circuit for 50 ms. Then one call probes while the others still fail fast: if the probe fails too,
 /// the circuit stays open twice as long (up to 500 ms); any reply from Redis, even an error reply,
 /// closes it. So an outage costs requests nothing beyond the failure policy, and a Redis that comes
-/// back is used again within half a second. Only single-server connections use it: on a Cluster one
-/// node's trouble must not stop the decisions that other nodes can make.
+/// back is used again within half a second (circuit.rs). Only single-server connections use it: on
+/// a Cluster one node's trouble must not stop the decisions that other nodes can make, so each
+/// primary has a breaker of its own ([`ClusterNodes`]), picked by the key's slot.
 pub(super) struct Breaker {
     /// False on a Cluster: every call is admitted, and failures open nothing.
     enabled: bool,
     epoch: Instant,
-    /// Milliseconds since `epoch` until which calls fail fast; 0 when closed.
-    open_until: AtomicU64,
-    /// Failed probes in a row.
-    failures: AtomicU32,
-    /// When the running probe started (ms since `epoch`), 0 when none. A probe older than the
-    /// timeout no longer blocks the next one, even if its future was never finished nor dropped.
-    probe_started: AtomicU64,
-    probe_limit_ms: u64,
+    circuit: Arc<Circuit>,
+    /// On a Cluster: the slot map and a breaker per primary.
+    pub(super) nodes: Option<Arc<ClusterNodes>>,
     /// Set when a call could not reach Redis, on every topology: the connection may come back to
     /// another server, so `Auto` mode detects the module again ([`Detector`]), which clears it once
     /// detection has answered.
@@ -66,34 +64,6 @@ const UNREACHABLE_AFTER: u32 = 3;
 /// A failing Redis that has not answered for this long counts as unreachable.
 const SILENT_FOR: Duration = Duration::from_secs(1);
 
-const BREAKER_MIN: Duration = Duration::from_millis(50);
-const BREAKER_MAX: Duration = Duration::from_millis(500);
-
-/// What a call may do, given the breaker.
-pub(super) enum Admission {
-    Closed,
-    /// Held until the call ends, for its `Drop`.
-    Probe(#[allow(dead_code)] ProbeGuard),
-    FailFast,
-}
-
-/// Lets the next call probe when this one ends, however it ends (finished, failed or dropped).
-pub(super) struct ProbeGuard {
-    breaker: Arc<Breaker>,
-    started: u64,
-}
-
-impl Drop for ProbeGuard {
-    fn drop(&mut self) {
-        let _ = self.breaker.probe_started.compare_exchange(
-            self.started,
-            0,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
-    }
-}
-
 impl Breaker {
     /// A closed breaker; `enabled` is false on a Cluster; `server`, the reconnecting server it guards.
     pub(super) fn new(
@@ -106,10 +76,8 @@ impl Breaker {
         Breaker {
             enabled,
             epoch: Instant::now(),
-            open_until: AtomicU64::new(0),
-            failures: AtomicU32::new(0),
-            probe_started: AtomicU64::new(0),
-            probe_limit_ms: timeout.as_millis() as u64 + 1,
+            circuit: Arc::new(Circuit::new(timeout)),
+            nodes: (!enabled).then(|| Arc::new(ClusterNodes::new(timeout, name))),
             lost: AtomicBool::new(false),
             server,
             outcomes: Outcomes::default(),
@@ -159,7 +127,7 @@ impl Breaker {
     /// Whether the circuit was opened and no call has got through since (open, or waiting for its
     /// probe).
     pub(super) fn tripped(&self) -> bool {
-        self.open_until.load(Ordering::Acquire) != 0
+        self.circuit.tripped()
     }
 
     /// A call ran out of time: the server may drop a connection that stopped answering.
@@ -185,32 +153,11 @@ impl Breaker {
     }
 
     /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
-    pub(super) fn admit(self: &Arc<Self>) -> Admission {
+    pub(super) fn admit(&self) -> Admission {
         if !self.enabled {
             return Admission::Closed;
         }
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return Admission::Closed;
-        }
-        let now = self.now_ms();
-        if now < until {
-            return Admission::FailFast;
-        }
-        let running = self.probe_started.load(Ordering::Acquire);
-        if running != 0 && now < running + self.probe_limit_ms {
-            return Admission::FailFast;
-        }
-        match self
-            .probe_started
-            .compare_exchange(running, now, Ordering::AcqRel, Ordering::Relaxed)
-        {
-            Ok(_) => Admission::Probe(ProbeGuard {
-                breaker: self.clone(),
-                started: now,
-            }),
-            Err(_) => Admission::FailFast,
-        }
+        self.circuit.admit()
     }
 
     /// A call could not reach Redis.
@@ -223,45 +170,31 @@ impl Breaker {
 
     /// Redis answered.
     pub(super) fn answered(&self) {
-        if self.enabled && self.open_until.load(Ordering::Acquire) != 0 {
-            self.failures.store(0, Ordering::Release);
-            self.open_until.store(0, Ordering::Release);
-            // With a reconnecting server, its task says so (once per reconnection).
-            if self.server.is_none() {
-                tracing::info!("Redis answers again; rate-limit decisions come from Redis");
-            }
+        // With a reconnecting server, its task says so (once per reconnection).
+        if self.enabled && self.circuit.answered() && self.server.is_none() {
+            tracing::info!("Redis answers again; rate-limit decisions come from Redis");
         }
     }
 
     fn failed(&self, was_probe: bool) {
-        let now = self.now_ms();
-        if was_probe {
-            let failures = self.failures.fetch_add(1, Ordering::AcqRel).min(8) + 1;
-            let wait = BREAKER_MIN.saturating_mul(1 << failures).min(BREAKER_MAX);
-            self.open_until
-                .store(now + wait.as_millis() as u64, Ordering::Release);
-        } else if self
-            .open_until
-            .compare_exchange(
-                0,
-                now + BREAKER_MIN.as_millis() as u64,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            // Calls that were already under way when the circuit opened fail too; they say nothing
-            // new. With a reconnecting server, its task says so (once per loss).
-            if self.server.is_none() {
-                tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
-            }
+        // Calls that were already under way when the circuit opened fail too; they say nothing
+        // new. With a reconnecting server, its task says so (once per loss).
+        if self.circuit.failed(was_probe) && self.server.is_none() {
+            tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
         }
+    }
+
+    /// On a Cluster, the primary of `key`'s slot, as the backend's slot map knows it.
+    fn node_for(&self, key: &str) -> Option<Arc<Node>> {
+        self.nodes.as_ref()?.for_key(key)
     }
 }
 
-/// Runs one Redis call under the circuit breaker and the timeout, as every decision does.
+/// Runs one Redis call under the circuit breaker and the timeout, as every decision does. `key`:
+/// a key the call touches (they share one hash tag), which picks the primary's breaker on a Cluster.
 pub(super) fn guarded<T, F>(
     breaker: &Arc<Breaker>,
+    key: &str,
     timeout: Duration,
     call: F,
 ) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
@@ -269,20 +202,35 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, RedisError>> + Send + 'static,
 {
-    let admission = breaker.admit();
+    let node = breaker.node_for(key);
+    let admission = match (&node, &breaker.nodes) {
+        (Some(node), Some(nodes)) => nodes.admit(node),
+        _ => breaker.admit(),
+    };
     if let Admission::FailFast = admission {
-        return Box::pin(std::future::ready(Err(BackendError::new(
-            "Redis is unreachable (failing fast until a probe gets through)",
-        ))));
+        let message = match &node {
+            Some(node) => format!(
+                "Redis Cluster node {} is unreachable (failing fast until a probe gets through)",
+                node.address
+            ),
+            None => "Redis is unreachable (failing fast until a probe gets through)".to_owned(),
+        };
+        return Box::pin(std::future::ready(Err(BackendError::new(message))));
     }
     let breaker = breaker.clone();
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
+        let on_node = NodeOutcome {
+            node: node.as_deref(),
+            nodes: breaker.nodes.as_deref(),
+            was_probe,
+        };
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(value)) => {
                 breaker.answered();
                 breaker.call_answered();
                 breaker.failing.succeeded();
+                on_node.answered();
                 Ok(value)
             }
             Ok(Err(e)) => {
@@ -293,24 +241,31 @@ where
                     if e.is_timeout() {
                         breaker.timed_out();
                     }
+                    on_node.failed(&e);
                 } else if is_not_primary(&e) {
                     // Redis answered, but cannot decide here until a failover ends: as unreachable.
                     breaker.unreachable(was_probe);
                     breaker.call_failed(&e);
+                    on_node.failed(&e);
                 } else {
                     // An error reply (OOM, NOPERM...) still proves Redis is there.
                     breaker.answered();
                     breaker.call_answered();
+                    if slot_not_served(&e) {
+                        on_node.failed(&e);
+                    } else {
+                        on_node.answered();
+                    }
                 }
                 Err(BackendError::with_source("Redis failed to decide", e))
             }
             Err(_) => {
-                breaker
-                    .failing
-                    .failed(&format_args!("Redis did not answer within {timeout:?}"));
+                let why = format_args!("Redis did not answer within {timeout:?}");
+                breaker.failing.failed(&why);
                 breaker.unreachable(was_probe);
-                breaker.call_failed(&format_args!("Redis did not answer within {timeout:?}"));
+                breaker.call_failed(&why);
                 breaker.timed_out();
+                on_node.failed(&why);
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}"
                 )))
@@ -319,4 +274,36 @@ where
         drop(admission);
         result
     })
+}
+
+/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` still there after the
+/// redirections were followed (redirect.rs stops when the same node is named twice: a dead primary,
+/// which its replica names until it is promoted), or `CLUSTERDOWN`. Not `ASK` nor `TRYAGAIN`: a
+/// slot migrating between two live nodes.
+fn slot_not_served(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ClusterDown)
+    )
+}
+
+/// What a call's outcome does to its Cluster node's breaker (nothing on one server).
+struct NodeOutcome<'a> {
+    node: Option<&'a Node>,
+    nodes: Option<&'a ClusterNodes>,
+    was_probe: bool,
+}
+
+impl NodeOutcome<'_> {
+    fn answered(&self) {
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.answered(node);
+        }
+    }
+
+    fn failed(&self, error: &dyn std::fmt::Display) {
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.failed(node, self.was_probe, error);
+        }
+    }
 }

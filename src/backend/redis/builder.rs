@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use std::sync::Arc;
 
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, IntoConnectionInfo, RedisError};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo, RedisError};
 
 use super::cluster_keeper::spawn_cluster_keeper;
 use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
@@ -255,10 +255,13 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Whether GCRA checks on the Lua path that wait on the connection at the same moment go to
-    /// Redis together, in one script call (default `true`): each is decided exactly as alone (same
-    /// decision, same stored state), in arrival order, for a fraction of Redis's CPU; a check on an
-    /// idle connection still leaves at once. Off, every check is its own call (as before 0.2).
+    /// Whether checks that wait on the connection at the same moment go to Redis together
+    /// (default `true`): GCRA checks on the Lua path in one `gcra_batch.lua` call, the other
+    /// algorithms and stacks in one `limits_batch.lua` call, `CL.THROTTLE` checks in one pipelined
+    /// write. Each is decided exactly as alone (same decision, same stored state), in arrival
+    /// order, for a fraction of Redis's CPU; a check on an idle connection still leaves at once.
+    /// Off, every check is its own call (as before 0.2), and [`RedisMode::Auto`] takes
+    /// `CL.THROTTLE` where the module is loaded.
     ///
     /// ```
     /// use tower_throttle::{RedisBackend, RedisMode};
@@ -511,6 +514,7 @@ impl Validated {
                 "a Redis backend must be built inside a tokio runtime (a tokio task keeps its connection)",
             ));
         }
+        let seed = self.seed();
         let settings = self.settings;
         let nodes = self.listen;
         let state = match self.start {
@@ -524,6 +528,7 @@ impl Validated {
             }
             Start::Other(target) => settings.lazy_other(target)?,
         };
+        probe_with(&state, seed);
         // Not waited for: `build` returns at once.
         let _first = resets::spawn_listener(nodes, Arc::downgrade(&state));
         Ok(state)
@@ -532,6 +537,7 @@ impl Validated {
     /// [`connect`](RedisBackendBuilder::connect): connected, the script loaded and the path
     /// detected before it returns; then (one server) kept connected by a background task.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
+        let seed = self.seed();
         let settings = self.settings;
         let nodes = self.listen;
         let budget = settings.start_budget();
@@ -547,6 +553,7 @@ impl Validated {
             }
             Start::Other(target) => settings.open_other(target).await?,
         };
+        probe_with(&state, seed);
         // Listening before it returns: what it decides from then on is cached after the first
         // subscription dropped the caches. A listener that cannot subscribe yet keeps trying; the
         // backend works meanwhile.
@@ -554,6 +561,26 @@ impl Validated {
             let _ = tokio::time::timeout(budget, first).await;
         }
         Ok(state)
+    }
+}
+
+impl Validated {
+    /// A Cluster's first seed URL's settings (TLS, user, password), with which its open nodes are
+    /// probed (cluster_nodes.rs); `None` for a Cluster client or connection of the user's.
+    fn seed(&self) -> Option<ConnectionInfo> {
+        match &self.start {
+            Start::Other(Target::Urls(urls)) if self.settings.cluster => {
+                urls.first()?.as_str().into_connection_info().ok()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A Cluster backend started from seed URLs: its open nodes are probed on connections of its own.
+fn probe_with(state: &RedisState, seed: Option<ConnectionInfo>) {
+    if let (Some(nodes), Some(seed)) = (&state.breaker.nodes, seed) {
+        nodes.probe_with(seed);
     }
 }
 

@@ -14,6 +14,7 @@ use super::breaker::guarded;
 use super::budget::{Fetching, Gcra, Local};
 use super::connection::is_unknown_command;
 use super::deny::Rejection;
+use super::limits_call::LimitsCall;
 use super::mode::RedisMode;
 use super::scripts::{self, Answer};
 use super::state::RedisState;
@@ -30,7 +31,7 @@ pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError
 impl RedisState {
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
     pub(super) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
-        let Some(args) = Args::with_cell(limit, self.detector.mode() != RedisMode::Lua) else {
+        let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
             return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.
@@ -58,7 +59,9 @@ impl RedisState {
         };
         let state = self.clone();
         let generation = self.deny.as_ref().map_or(0, |d| d.generation());
-        guarded(&self.breaker, self.timeout, async move {
+        // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
+        let slot_key = redis_key.clone();
+        guarded(&self.breaker, &slot_key, self.timeout, async move {
             let sent = Instant::now();
             let Answer {
                 decision,
@@ -235,10 +238,25 @@ impl RedisState {
                 .penalty()
                 .map(|p| (*p, self.redis_key(first.name(), key)))
         });
+        // The keys share the client's hash tag: any picks a Cluster node's breaker.
+        let slot_key = specs.first().map(|s| s.key.clone()).unwrap_or_default();
+        let call = LimitsCall {
+            specs,
+            penalty,
+            quantity,
+            each,
+            token,
+        };
         let mut conn = self.conn.clone();
-        let call =
-            async move { scripts::limits(&mut conn, &specs, penalty, quantity, each, token).await };
-        guarded(&self.breaker, self.timeout, call)
+        let batches = self.batches.clone();
+        // Coalesced with the checks waiting at once (batch.rs), unless coalescing is off.
+        let decide = async move {
+            match batches {
+                Some(batches) => batches.limits(call).await,
+                None => scripts::limits(&mut conn, &call).await,
+            }
+        };
+        guarded(&self.breaker, &slot_key, self.timeout, decide)
     }
 
     /// One GCRA decision on the path the mode picks.
@@ -256,9 +274,7 @@ impl RedisState {
             {
                 // Coalesced (one pipelined write for the checks waiting at once) on one server.
                 let answer = match &self.batches {
-                    Some(batches) if !conn.is_cluster() => {
-                        batches.cell(key, args, cell, quantity).await
-                    }
+                    Some(batches) if !conn.is_cluster() => batches.cell(key, cell, quantity).await,
                     _ => scripts::throttle(conn, key, cell, quantity).await,
                 };
                 match answer {
@@ -296,6 +312,7 @@ impl RedisState {
             return;
         };
         let state = self.clone();
+        let slot_key = key;
         let key = key.to_owned();
         let gcra = Gcra::of(args);
         let call = async move {
@@ -307,7 +324,7 @@ impl RedisState {
             drop(fetching);
             fetched.map(drop)
         };
-        let guarded = guarded(&self.breaker, self.timeout, call);
+        let guarded = guarded(&self.breaker, slot_key, self.timeout, call);
         runtime.spawn(async move {
             if let Err(e) = guarded.await {
                 tracing::debug!(error = %e, "a budget refill failed");

@@ -299,6 +299,8 @@ const DETECT_EVERY_MS: u64 = 30_000;
 /// the connection offers the redis-cell module, the Lua script where it does not.
 pub(super) struct Detector {
     mode: RedisMode,
+    /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
+    lua_first: bool,
     /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
     active: AtomicU8,
     /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
@@ -307,10 +309,11 @@ pub(super) struct Detector {
 }
 
 impl Detector {
-    /// Nothing detected yet.
-    pub(super) fn new(mode: RedisMode) -> Self {
+    /// Nothing detected yet; `coalesce`: whether checks are coalesced (`Auto` then picks Lua).
+    pub(super) fn new(mode: RedisMode, coalesce: bool) -> Self {
         Detector {
             mode,
+            lua_first: mode == RedisMode::Auto && coalesce,
             active: AtomicU8::new(UNKNOWN),
             next_detect: AtomicU64::new(0),
         }
@@ -321,9 +324,15 @@ impl Detector {
         self.mode
     }
 
+    /// Whether a decision may take `CL.THROTTLE`: `Cell`, or `Auto` without coalescing.
+    pub(super) fn may_use_cell(&self) -> bool {
+        self.mode == RedisMode::Cell || (self.mode == RedisMode::Auto && !self.lua_first)
+    }
+
     /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
     pub(super) fn active_path(&self) -> Option<RedisMode> {
         match self.mode {
+            RedisMode::Auto if self.lua_first => Some(RedisMode::Lua),
             RedisMode::Auto => match self.active.load(Ordering::Relaxed) {
                 CELL => Some(RedisMode::Cell),
                 LUA => Some(RedisMode::Lua),
@@ -351,6 +360,7 @@ impl Detector {
         match self.mode {
             RedisMode::Lua => Ok(false),
             RedisMode::Cell => Ok(true),
+            RedisMode::Auto if self.lua_first => Ok(false),
             RedisMode::Auto => self.detect_if_due(conn, breaker).await,
         }
     }

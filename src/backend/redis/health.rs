@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
+use super::circuit::CircuitState;
 use super::mode::RedisMode;
 
 /// The state of a [`RedisBackend`](crate::RedisBackend)'s connection, from
@@ -55,6 +56,62 @@ pub struct RedisHealth {
     pub decisions_failing: bool,
     /// The address connected to last (the primary Sentinel named, for Sentinel), password hidden.
     pub address: Option<String>,
+    /// On a Redis Cluster, each primary of the slot map and its own circuit breaker (empty on one
+    /// server, and before the map is first read): see [`RedisNodeHealth`]. A node's breaker does
+    /// not make the backend unhealthy by itself, as the other primaries' keys are decided.
+    pub nodes: Vec<RedisNodeHealth>,
+}
+
+/// One Redis Cluster primary, in [`RedisHealth::nodes`]: its slots and its circuit breaker.
+///
+/// A call that cannot reach the primary of its key's slot (a refused or lost connection, a
+/// timeout, or a slot that no node serves: `MOVED` back to a dead primary, `CLUSTERDOWN`) opens
+/// that primary's breaker: its slots' decisions then fail at once (the failure policy answers, with
+/// no round trip) but for one probe after 50 ms, then after up to 500 ms, until the primary answers
+/// again or the slot map (read every second, every 100 ms while a breaker is open) names another
+/// primary for the slots, such as its promoted replica, whose breaker starts closed. Keys on the
+/// other primaries are not affected. The gauge `throttle_cluster_node_up{backend, node}` follows
+/// the breaker (1 closed, 0 otherwise).
+///
+/// ```
+/// use tower_throttle::{CircuitState, RedisBackend};
+///
+/// # async fn run(redis: RedisBackend) {
+/// for node in redis.health().nodes {
+///     if node.state != CircuitState::Closed {
+///         eprintln!("{} ({} slots) is {}", node.address, node.slot_count(), node.state.name());
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisNodeHealth {
+    /// The primary's `host:port`, as the Cluster names it.
+    pub address: String,
+    /// The slot ranges it owns (inclusive), from the backend's last read of the slot map.
+    pub slots: Vec<(u16, u16)>,
+    /// Its breaker: closed, open (its slots fail fast), or half-open (one call probes).
+    pub state: CircuitState,
+    /// The last error a call met on it, and when (kept after it recovers).
+    pub last_error: Option<(String, SystemTime)>,
+}
+
+impl RedisNodeHealth {
+    /// How many slots it owns.
+    pub fn slot_count(&self) -> u32 {
+        self.slots
+            .iter()
+            .map(|&(start, end)| u32::from(end) - u32::from(start) + 1)
+            .sum()
+    }
+
+    /// Whether `slot` is one of its slots.
+    pub fn owns(&self, slot: u16) -> bool {
+        self.slots
+            .iter()
+            .any(|&(start, end)| (start..=end).contains(&slot))
+    }
 }
 
 impl RedisHealth {
@@ -99,6 +156,13 @@ impl fmt::Display for RedisHealth {
         }
         if let Some((error, _)) = &self.last_error {
             write!(f, ", last error: {error}")?;
+        }
+        for node in self
+            .nodes
+            .iter()
+            .filter(|n| n.state != CircuitState::Closed)
+        {
+            write!(f, ", node {} {}", node.address, node.state.name())?;
         }
         f.write_str(")")
     }

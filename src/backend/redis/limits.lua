@@ -21,6 +21,9 @@
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
+-- The body defines `limits(keys, argv)`, which decides one such call and returns its reply; lua.rs
+-- appends the line that runs it on the script's KEYS and ARGV.
+--
 -- Phase 1 reads every limit's state and decides; phase 2 writes only if every limit admitted, so a
 -- rejection by one consumes nothing in any (a GCRA state written under another quota is still
 -- rebased, as gcra.lua does: that records no request, it only makes the foreign state drain).
@@ -32,10 +35,9 @@
 -- sliding window count x period (µs) below 2^51 and count below 2^41, so every sum and product
 -- below stays under 2^53.
 
-local n = tonumber(ARGV[1])
-local quantity = tonumber(ARGV[2])
-local token = ARGV[3]
-local penalty_after = tonumber(ARGV[4])
+-- One call's keys and arguments, set by `limits` below for each decision it makes: a script runs
+-- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.
+local keys, argv, n, quantity, token, penalty_after
 
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
 local function ceil_ms(us)
@@ -255,92 +257,99 @@ local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurr
 
 local function decide(i, q)
   local base = 6 + 4 * (i - 1)
-  local kind = tonumber(ARGV[base + 1])
-  local limit = tonumber(ARGV[base + 2])
-  local a = tonumber(ARGV[base + 3])
-  local b = tonumber(ARGV[base + 4])
+  local kind = tonumber(argv[base + 1])
+  local limit = tonumber(argv[base + 2])
+  local a = tonumber(argv[base + 3])
+  local b = tonumber(argv[base + 4])
   if kind == 0 then
-    local ceiling = tonumber(ARGV[6 + 4 * n + i] or '0')
+    local ceiling = tonumber(argv[6 + 4 * n + i] or '0')
     if ceiling < b then
       ceiling = b
     end
-    return gcra(KEYS[i], limit, a, b, q, ceiling)
+    return gcra(keys[i], limit, a, b, q, ceiling)
   end
-  return deciders[kind](KEYS[i], limit, a, q)
+  return deciders[kind](keys[i], limit, a, q)
 end
 
 local function limit_of(i)
-  return tonumber(ARGV[6 + 4 * (i - 1) + 2])
+  return tonumber(argv[6 + 4 * (i - 1) + 2])
 end
 
-if penalty_after > 0 then
-  local banned_ms = redis.call('PTTL', KEYS[n + 2])
-  if banned_ms > 0 then
-    local out = {1}
-    for i = 1, n do
-      local rest = banned_ms * 1000000
-      for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do
-        out[#out + 1] = v
-      end
-    end
-    return out
-  end
-end
-
-local results = {}
-local writes = {}
-local admitted = true
-for i = 1, n do
-  local result, write = decide(i, tonumber(ARGV[6 + 5 * n + i] or quantity))
-  results[i] = result
-  writes[i] = write
-  if result[1] == 1 then
-    admitted = false
-  end
-end
-
-local banned = 0
-if admitted then
-  for i = 1, n do
-    if writes[i] then
-      writes[i]()
-    end
-  end
-else
-  -- The limits that would have admitted report their state as it stands: nothing was recorded.
-  for i = 1, n do
-    if results[i][1] == 0 then
-      results[i] = decide(i, 0)
-    end
-  end
+local function limits(call_keys, call_argv)
+  keys, argv = call_keys, call_argv
+  n = tonumber(argv[1])
+  quantity = tonumber(argv[2])
+  token = argv[3]
+  penalty_after = tonumber(argv[4])
   if penalty_after > 0 then
-    local within_ms = tonumber(ARGV[5])
-    local ban_ms = tonumber(ARGV[6])
-    local strikes = redis.call('INCR', KEYS[n + 1])
-    if strikes == 1 then
-      redis.call('PEXPIRE', KEYS[n + 1], within_ms)
-    end
-    if strikes >= penalty_after then
-      redis.call('DEL', KEYS[n + 1])
-      redis.call('SET', KEYS[n + 2], 1, 'PX', ban_ms)
-      banned = 1
+    local banned_ms = redis.call('PTTL', keys[n + 2])
+    if banned_ms > 0 then
+      local out = {1}
       for i = 1, n do
-        local r = results[i]
-        -- The ban, or the limit's own retry time if that is later.
-        local wait = ban_ms * 1000000
-        if r[1] == 1 and r[4] > wait then
-          wait = r[4]
+        local rest = banned_ms * 1000000
+        for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do
+          out[#out + 1] = v
         end
-        results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
+      end
+      return out
+    end
+  end
+
+  local results = {}
+  local writes = {}
+  local admitted = true
+  for i = 1, n do
+    local result, write = decide(i, tonumber(argv[6 + 5 * n + i] or quantity))
+    results[i] = result
+    writes[i] = write
+    if result[1] == 1 then
+      admitted = false
+    end
+  end
+
+  local banned = 0
+  if admitted then
+    for i = 1, n do
+      if writes[i] then
+        writes[i]()
+      end
+    end
+  else
+    -- The limits that would have admitted report their state as it stands: nothing was recorded.
+    for i = 1, n do
+      if results[i][1] == 0 then
+        results[i] = decide(i, 0)
+      end
+    end
+    if penalty_after > 0 then
+      local within_ms = tonumber(argv[5])
+      local ban_ms = tonumber(argv[6])
+      local strikes = redis.call('INCR', keys[n + 1])
+      if strikes == 1 then
+        redis.call('PEXPIRE', keys[n + 1], within_ms)
+      end
+      if strikes >= penalty_after then
+        redis.call('DEL', keys[n + 1])
+        redis.call('SET', keys[n + 2], 1, 'PX', ban_ms)
+        banned = 1
+        for i = 1, n do
+          local r = results[i]
+          -- The ban, or the limit's own retry time if that is later.
+          local wait = ban_ms * 1000000
+          if r[1] == 1 and r[4] > wait then
+            wait = r[4]
+          end
+          results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
+        end
       end
     end
   end
-end
 
-local out = {banned}
-for i = 1, n do
-  for j = 1, 5 do
-    out[#out + 1] = results[i][j]
+  local out = {banned}
+  for i = 1, n do
+    for j = 1, 5 do
+      out[#out + 1] = results[i][j]
+    end
   end
+  return out
 end
-return out

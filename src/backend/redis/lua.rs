@@ -15,8 +15,15 @@
 
 /// `#!lua`, the prelude and a script's body.
 macro_rules! script {
-    ($body:literal) => {
-        concat!("#!lua\n", include_str!("prelude.lua"), include_str!($body))
+    ($($body:literal),+) => {
+        concat!("#!lua\n", include_str!("prelude.lua"), $(include_str!($body)),+)
+    };
+}
+
+/// The line that runs `limits.lua`'s function on the script's own keys and arguments.
+macro_rules! run_limits {
+    () => {
+        "return limits(KEYS, ARGV)\n"
     };
 }
 
@@ -26,11 +33,17 @@ pub(crate) const GCRA: &str = script!("gcra.lua");
 pub(crate) const GCRA_BATCH: &str = script!("gcra_batch.lua");
 /// A slice of a hot key's budget (`budget.lua`).
 pub(crate) const BUDGET: &str = script!("budget.lua");
-/// Every algorithm, and stacks (`limits.lua`).
-pub(crate) const LIMITS: &str = script!("limits.lua");
+/// Every algorithm, and stacks (`limits.lua`, whose body defines `limits(keys, argv)`: this runs it
+/// on the call's own keys and arguments).
+pub(crate) const LIMITS: &str = concat!(script!("limits.lua"), run_limits!());
 /// `limits.lua` after the prelude, without the shebang: the body of the peek's read-only function.
-pub(crate) const LIMITS_BODY: &str =
-    concat!(include_str!("prelude.lua"), include_str!("limits.lua"));
+pub(crate) const LIMITS_BODY: &str = concat!(
+    include_str!("prelude.lua"),
+    include_str!("limits.lua"),
+    run_limits!()
+);
+/// Several `limits.lua` calls in one (`limits_batch.lua`, after `limits.lua`'s body).
+pub(crate) const LIMITS_BATCH: &str = script!("limits.lua", "limits_batch.lua");
 /// Refunds by outcome and metered costs settled after the response (`settle.lua`).
 pub(crate) const SETTLE: &str = script!("settle.lua");
 /// Concurrency lease renewal (`renew.lua`).

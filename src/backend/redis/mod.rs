@@ -5,24 +5,30 @@
 //!
 //! 1. [`mode`]: the public [`RedisMode`] and the paths' names; [`args`]: what a limit becomes on
 //!    the wire (its keys, the scripts' and `CL.THROTTLE`'s arguments), and what Redis cannot
-//!    enforce exactly, refused when the layer is built; [`health`]: what the backend reports.
+//!    enforce exactly, refused when the layer is built; [`circuit`]: a circuit breaker's states;
+//!    [`health`]: what the backend reports.
 //! 2. [`server`]: one server's own reconnecting connection (a URL, a client or Sentinel), dropped
 //!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts; [`lazy_cluster`]: a
-//!    Cluster started by `build`, its connection once made.
-//! 3. [`breaker`]: the circuit breaker and timeout every call runs under.
+//!    Cluster started by `build`, its connection once made; [`cluster_nodes`]: a Cluster's slot map
+//!    and a breaker per primary.
+//! 3. [`breaker`]: the circuit breaker and timeout every call runs under (on a Cluster, the breaker
+//!    of the key's primary).
 //! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
 //!    redis-cell detection.
-//! 5. [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
+//! 5. [`limits_call`]: one `limits.lua` call as data (its keys and arguments);
+//!    [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
 //!    [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
 //!    [`deny`]: the local cache of rejections; [`redirect`]: Cluster redirections.
-//! 6. [`batch`]: GCRA calls coalesced into one script call; [`budget`]: leased budgets of hot keys.
+//! 6. [`batch`]: calls coalesced into one script call (GCRA, `limits.lua`) or one pipelined write
+//!    (`CL.THROTTLE`); [`budget`]: leased budgets of hot keys.
 //! 7. [`state`]: `RedisState`, what every clone of a backend shares.
 //! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
 //!    the mode picks, and what the answer leaves behind; [`refund`]: units given back, and
 //!    metered costs settled after the response (`settle.lua`);
 //!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
 //!    connected (connect, check the role, load the script, detect the path);
-//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`resets`]:
+//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`slot_watch`]: the
+//!    task that reads a Cluster's slot map for the breakers; [`resets`]:
 //!    resets published to, and heard from, the other processes.
 //! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
 
@@ -33,13 +39,16 @@ mod breaker;
 mod budget;
 mod builder;
 mod check;
+mod circuit;
 mod cluster_keeper;
+mod cluster_nodes;
 pub(crate) mod connection;
 mod deny;
 mod failing;
 mod health;
 mod lazy_cluster;
 mod lease;
+mod limits_call;
 mod lua;
 mod memory;
 mod mode;
@@ -49,6 +58,7 @@ mod refund;
 mod resets;
 mod scripts;
 mod server;
+mod slot_watch;
 mod state;
 mod watch;
 
@@ -66,7 +76,8 @@ use crate::limit::{Limit, DEFAULT_LEASE};
 
 pub use self::builder::RedisBackendBuilder;
 pub use self::check::RedisFuture;
-pub use self::health::RedisHealth;
+pub use self::circuit::CircuitState;
+pub use self::health::{RedisHealth, RedisNodeHealth};
 pub use self::memory::RedisMemory;
 pub use self::mode::RedisMode;
 
@@ -108,7 +119,9 @@ pub use self::mode::RedisMode;
 ///   (5 per 500 ms as 10 per second). `CL.THROTTLE` declares no key, so a Cluster node would run it
 ///   on a slot it is migrating away; on a Cluster it is therefore called from a script that declares
 ///   the key, and is redirected like the Lua path.
-/// - **Auto**: Cell when the module is loaded, Lua otherwise.
+/// - **Auto** (the default): Lua, coalesced, when [`coalesce`](RedisBackendBuilder::coalesce) is
+///   on (the default: it is the faster path, module or not; see [`RedisMode::Auto`]); with
+///   coalescing off, Cell when the module is loaded, Lua otherwise.
 ///
 /// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
 /// so they agree on every key, and a change of mode loses nothing.
@@ -119,7 +132,8 @@ pub use self::mode::RedisMode;
 /// [sliding window](crate::window::sliding_window) and [concurrency](crate::window::concurrency)
 /// limits, and stacks of limits ([`Backend::check_all`]), run a second Lua script in every mode: one
 /// `EVALSHA` per decision that reads every limit's key, decides, and writes only if every limit
-/// admits, so a rejection by one limit of a stack consumes nothing in the others. It computes the
+/// admits, so a rejection by one limit of a stack consumes nothing in the others (decisions that
+/// wait on the connection at once share one call, each decided exactly as alone, in order). It computes the
 /// functions of [`window`](crate::window) on the server's clock (windows aligned on multiples of the
 /// period since the Unix epoch), so the memory backend and Redis agree. A GCRA limit in a stack uses
 /// the GCRA script's arithmetic and key, so it shares its state with the same limit checked alone.
@@ -157,8 +171,12 @@ pub use self::mode::RedisMode;
 /// should be built with `.retries(0)`, as `cluster_urls` builds it: redis-rs's own retries send
 /// `ASKING` apart from the command, which fails under load. Commands on several keys (stacks,
 /// penalty boxes) wait while their slot migrates, as Redis Cluster refuses them (`TRYAGAIN`) while
-/// one of their keys is missing. There is no circuit breaker: when a primary dies, decisions on its
-/// slots fail at once until a replica takes over, and the other primaries' go on.
+/// one of their keys is missing. Each primary has a circuit breaker of its own, picked by the key's
+/// slot in the backend's own slot map (read in the background): when a primary dies, decisions on
+/// its slots fail within the timeout, then at once (the failure policy answers, with no round trip)
+/// until it answers again or its replica takes over, and the other primaries' go on at their usual
+/// latency. [`health`](RedisBackend::health) lists each primary's state
+/// ([`RedisNodeHealth`]).
 ///
 /// # Key layout
 ///
@@ -300,6 +318,11 @@ impl RedisBackend {
                 last_error.or(failing)
             },
             address,
+            nodes: state
+                .breaker
+                .nodes
+                .as_ref()
+                .map_or_else(Vec::new, |nodes| nodes.health()),
         }
     }
 
@@ -399,6 +422,7 @@ impl RedisBackendBuilder {
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let state = self.validated()?.start_eagerly().await?;
         watch::spawn(&state);
+        slot_watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 
@@ -433,6 +457,7 @@ impl RedisBackendBuilder {
             .and_then(|v| v.start_lazily())
             .map_err(|e| BuildError::Invalid(e.to_string()))?;
         watch::spawn(&state);
+        slot_watch::spawn(&state);
         Ok(RedisBackend { state })
     }
 }

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use redis::{RedisError, Script};
 
-use super::args::{Args, CellArgs, Spec};
+use super::args::{Args, CellArgs};
 use super::connection::RedisConnection;
+use super::limits_call::LimitsCall;
 use super::lua;
 use crate::decision::Decision;
-use crate::penalty::Penalty;
 
 /// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
 /// once per process (its SHA-1 is what `EVALSHA` sends).
@@ -125,59 +125,28 @@ pub(super) fn cell_answer(reply: [i64; 5]) -> Answer {
     }
 }
 
-/// One decision per spec, together, by `limits.lua`: units added are named by `token`, and the
-/// penalty box (the first limit's, on `base:strikes` and `base:ban`) goes with them. `quantity`
-/// for every spec, or one quantity per spec (`each`, as long as `specs`).
+/// One decision per spec of `call`, together, by `limits.lua`.
 pub(super) async fn limits(
     conn: &mut RedisConnection,
-    specs: &[Spec],
-    penalty: Option<(Penalty, String)>,
-    quantity: u64,
-    each: Option<Vec<u64>>,
-    token: u64,
+    call: &LimitsCall,
 ) -> Result<Vec<Decision>, RedisError> {
     let mut invocation = LIMITS.prepare_invoke();
-    for spec in specs {
-        invocation.key(&spec.key);
+    for key in call.keys() {
+        invocation.key(key);
     }
-    let (after, within, ban) = match &penalty {
-        Some((penalty, base)) => {
-            invocation
-                .key(format!("{base}:strikes"))
-                .key(format!("{base}:ban"));
-            (
-                penalty.after(),
-                penalty.within().as_millis().max(1) as u64,
-                penalty.ban().as_millis().max(1) as u64,
-            )
-        }
-        None => (0, 0, 0),
-    };
-    invocation
-        .arg(specs.len())
-        .arg(quantity)
-        .arg(token)
-        .arg(after)
-        .arg(within)
-        .arg(ban);
-    for spec in specs {
-        invocation
-            .arg(spec.kind)
-            .arg(spec.limit)
-            .arg(spec.a)
-            .arg(spec.b);
-    }
-    // The optional sections (see the script's header): the ceilings, then a quantity per limit.
-    if each.is_some() || specs.iter().any(Spec::is_metered) {
-        for spec in specs {
-            invocation.arg(spec.ceiling);
-        }
-    }
-    for q in each.iter().flatten() {
-        invocation.arg(q);
+    for arg in call.args() {
+        invocation.arg(arg);
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
-    if reply.len() != 1 + 5 * specs.len() {
+    limits_decisions(call, &reply)
+}
+
+/// The decisions of `call` in `limits.lua`'s reply to it (alone, or its part of a batch's).
+pub(super) fn limits_decisions(
+    call: &LimitsCall,
+    reply: &[i64],
+) -> Result<Vec<Decision>, RedisError> {
+    if reply.len() != call.reply_len() {
         return Err(RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "the limits script returned a reply of the wrong length",
@@ -186,12 +155,12 @@ pub(super) async fn limits(
     let banned = reply[0] == 1;
     Ok(reply[1..]
         .chunks_exact(5)
-        .zip(specs)
+        .zip(&call.specs)
         .map(|(r, spec)| {
             let mut decision = from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos);
             decision.banned = banned;
             if decision.allowed && spec.is_concurrency() {
-                decision = decision.with_lease(token);
+                decision = decision.with_lease(call.token);
             }
             decision
         })

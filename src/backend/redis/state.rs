@@ -58,7 +58,7 @@ impl RedisState {
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
             conn,
-            detector: Detector::new(mode),
+            detector: Detector::new(mode, coalesce),
             prefix,
             timeout,
             deny: deny_cache.then(DenyCache::new),

@@ -1,0 +1,190 @@
+//! Redis CPU per decision on one hot key, with 50 callers at once (`INFO commandstats`), for each
+//! way a decision can reach Redis: alone (`coalesce(false)`, one call a check), coalesced, and for
+//! the GCRA `CL.THROTTLE` pipelined. Run by `CLIENT=1 bash scripts/batch-bench.sh`, which starts the Redis.
+//!
+//! Redis's time per decision is the `usec` of the commands the client sends (`EVALSHA`,
+//! `CL.THROTTLE`), whose time includes the commands a script calls inside it (`TIME`, `GET`,
+//! `ZADD`…; those are counted in `INFO commandstats` too, and are not added again), divided by the
+//! decisions. It is Redis's own time, much less sensitive to the machine's load than requests per
+//! second (also printed, for what it is worth on a shared machine).
+//!
+//! Environment: `REDIS_URL` (required), `CALLERS` (50), `DECISIONS` per case (20,000), `ROUNDS` (3,
+//! interleaved; medians printed), `CASES` (a comma-separated subset of the names).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tower_throttle::{Algorithm, Backend, Decision, Key, Limit, Quota, RedisBackend, RedisMode};
+
+/// Commands a client sends; the others run inside them.
+const TOP_LEVEL: [&str; 3] = ["evalsha", "eval", "cl.throttle"];
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name).map_or(default, |v| v.parse().expect(name))
+}
+
+/// A quota the load never reaches: every decision admits and writes.
+fn never_reached(name: &str, algorithm: Algorithm) -> Limit {
+    Limit::with_algorithm(name, algorithm, Quota::per_hour(500_000)).unwrap()
+}
+
+fn limits_of(case: &str) -> Vec<Limit> {
+    if case.starts_with("sliding-window") {
+        vec![never_reached("sw", Algorithm::SlidingWindow)]
+    } else if case.starts_with("stack") {
+        vec![
+            never_reached("st-gcra", Algorithm::Gcra),
+            never_reached("st-fixed", Algorithm::FixedWindow),
+            never_reached("st-sliding", Algorithm::SlidingWindow),
+        ]
+    } else {
+        vec![Limit::new("gcra", Quota::per_second(1_000_000_000)).unwrap()]
+    }
+}
+
+/// The case's backend: `alone` is `coalesce(false)`.
+async fn backend(url: &str, case: &str) -> RedisBackend {
+    let mode = if case.ends_with("cell") {
+        RedisMode::Cell
+    } else {
+        RedisMode::Lua
+    };
+    RedisBackend::builder()
+        .url(url)
+        .mode(mode)
+        .coalesce(!case.ends_with("alone"))
+        .deny_cache(false)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e:?}"))
+}
+
+/// `(usec, calls)` summed over the top-level commands, and the calls of every command.
+async fn stats(conn: &mut redis::aio::MultiplexedConnection) -> (f64, f64, f64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let (mut usec, mut calls, mut all) = (0.0, 0.0, 0.0);
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if name == "info" || name == "config" {
+            continue;
+        }
+        let field = |key: &str| -> f64 {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                .map_or(0.0, |v| v.parse().unwrap())
+        };
+        all += field("calls");
+        if TOP_LEVEL.contains(&name) {
+            usec += field("usec");
+            calls += field("calls");
+        }
+    }
+    (usec, calls, all)
+}
+
+/// One case: `decisions` by `callers` tasks at once on one key. Returns (Redis µs per decision,
+/// top-level calls per decision, commands per decision, decisions per second).
+async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 4] {
+    let backend = backend(url, case).await;
+    let limits = Arc::new(limits_of(case));
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let (backend, limits) = (backend.clone(), limits.clone());
+            let key = Key::from("hot");
+            tokio::spawn(async move {
+                for _ in 0..decisions / callers {
+                    let allowed = if let [limit] = &limits[..] {
+                        backend.check(limit, &key, 1).await.unwrap().allowed
+                    } else {
+                        let all = backend.check_all(&limits, &key, 1).await.unwrap();
+                        Decision::combine(&all).unwrap().allowed
+                    };
+                    assert!(allowed, "the quota is never reached");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (usec, calls, all) = stats(&mut conn).await;
+    let n = ((decisions / callers) * callers) as f64;
+    [usec / n, calls / n, all / n, n / elapsed]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let url = std::env::var("REDIS_URL")
+        .expect("REDIS_URL (CLIENT=1 bash scripts/batch-bench.sh sets it)");
+    let callers = env("CALLERS", 50);
+    let decisions = env("DECISIONS", 20_000);
+    let rounds = env("ROUNDS", 3);
+    let all = [
+        "gcra-alone",
+        "gcra-coalesced",
+        "gcra-cell",
+        "sliding-window-alone",
+        "sliding-window-coalesced",
+        "stack-alone",
+        "stack-coalesced",
+    ];
+    let wanted = std::env::var("CASES").unwrap_or_default();
+    let cases: Vec<&str> = all
+        .into_iter()
+        .filter(|c| wanted.is_empty() || wanted.split(',').any(|w| w == *c))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut figures: Vec<Vec<[f64; 4]>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        for (i, case) in cases.iter().enumerate() {
+            figures[i].push(runtime.block_on(run(&url, case, callers, decisions)));
+        }
+    }
+    println!(
+        "{callers} callers, one key, {decisions} decisions per case, medians of {rounds} rounds"
+    );
+    println!("| case | Redis µs / decision | range | calls / decision | commands / decision | decisions/s |");
+    println!("|---|---:|---|---:|---:|---:|");
+    for (case, runs) in cases.iter().zip(figures) {
+        let col = |j: usize| runs.iter().map(|r| r[j]).collect::<Vec<_>>();
+        let us = col(0);
+        let (lo, hi) = (
+            us.iter().copied().fold(f64::MAX, f64::min),
+            us.iter().copied().fold(0.0, f64::max),
+        );
+        println!(
+            "| {case} | {:.2} | {lo:.2}-{hi:.2} | {:.3} | {:.2} | {:.0} |",
+            median(us),
+            median(col(1)),
+            median(col(2)),
+            median(col(3))
+        );
+    }
+}
