@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A Redis Cluster primary killed under load, through the example server, as a user would see it:
 # 3 primaries + 3 replicas (ports 47111-47116, cluster-node-timeout 1000, require-full-coverage no),
-# 24 keep-alive clients for 12 s as 12 users (x-user-id, spread over the primaries); 3 s in, the
-# primary of user-0's slot is killed (SIGKILL). Failures answer 503 (on_backend_error = "deny").
-# Prints the responses by status and per user, requests and failures by second, when the replica was
-# promoted, and the server's log lines after the kill.
+# 24 keep-alive connections for 12 s as 12 users (wrk, scripts/http_load.sh; x-user-id, spread over
+# the primaries); 3 s in, the primary of user-0's slot is killed (SIGKILL). Failures answer 503
+# (on_backend_error = "deny"). Prints the responses by status and per user, the latency (p50, p99,
+# max), requests and failures by second, when the replica was promoted, and the server's log lines
+# after the kill.
 #
 # With P99=1, the latency of each primary's users instead (scripts/cluster_p99.py): p50, p99 and max
 # before the kill, from the kill to the replica's promotion ("dying") and after, and the healthy
@@ -61,7 +62,7 @@ if [ -n "${1:-}" ]; then export RUST_LOG="$1"; else unset RUST_LOG; fi
 $BIN --config $D/config.toml 2> $D/server.err > $D/server.out &
 SPID=$!
 sleep 1
-python3 $ROOT/scripts/http_load.py $HTTP / 24 12 12 ${P99:+$D/latency.csv} > $D/load.txt &
+bash $ROOT/scripts/http_load.sh $HTTP / 24 12 12 ${P99:+$D/latency.csv} > $D/load.txt 2> $D/wrk.txt &
 LPID=$!
 sleep 3
 # Each user's primary (for P99): the primary that answers GET for its key without MOVED.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A slot migration under load through the example server on a 3-primary Redis Cluster (ports
-# 47101-47103), as a user would see it: 16 keep-alive clients for 8 s (scripts/http_load.py) on one
-# key; 2 s in, its slot moves (SETSLOT IMPORTING/MIGRATING, 1 s, MIGRATE, 2 s, SETSLOT NODE).
-# Prints the responses by status, the max latency, requests/s by second, the server's log lines
-# during the migration, and where the key ended up.
+# 47101-47103), as a user would see it: 16 keep-alive connections for 8 s (wrk, scripts/http_load.sh)
+# on one key; 2 s in, its slot moves (SETSLOT IMPORTING/MIGRATING, 1 s, MIGRATE, 2 s, SETSLOT NODE).
+# Prints the responses by status, the latency (p50, p99, max), requests/s by second, the server's
+# log lines during the migration, and where the key ended up.
 #
 #   cargo build --release --example server --all-features
 #   bash scripts/cluster_migration_trial.sh                      # default log filter, Lua mode
@@ -47,7 +47,7 @@ if [ -n "${1:-}" ]; then export RUST_LOG="$1"; else unset RUST_LOG; fi
 $BIN --config $D/config.toml 2> $D/server.err > $D/server.out &
 SPID=$!
 sleep 1
-python3 $ROOT/scripts/http_load.py $HTTP / 16 8 > $D/load.txt &
+bash $ROOT/scripts/http_load.sh $HTTP / 16 8 > $D/load.txt 2> $D/wrk.txt &
 LPID=$!
 sleep 2
 KEY=$(for p in $PORTS; do redis-cli -p $p --scan --pattern 'throttle:*'; done | head -1)

@@ -1,5 +1,5 @@
 # Per-primary latency of the example server while a Redis Cluster primary dies, from the responses
-# scripts/http_load.py wrote to its CSV (cluster_failover_trial.sh with P99=1).
+# scripts/http_load.sh (wrk) wrote to its CSV (cluster_failover_trial.sh with P99=1).
 #
 #   python3 scripts/cluster_p99.py OUT.csv KILLED PROMOTED NODES
 #       p50/p99/max per primary and phase: before the kill, from the kill to the replica's promotion

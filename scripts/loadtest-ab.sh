@@ -6,15 +6,17 @@
 #   BASE=/tmp/base-server NEW=/tmp/new-server ROUNDS=21 DURATION=2 \   # two loadtest-server binaries
 #     bash scripts/loadtest-ab.sh throttle-mem-pass
 #
-# Each server runs on CPU 0 (one tokio thread), wrk -t1 -c32 on CPU 1, as scripts/loadtest.sh runs
-# them; rounds alternate which goes first. Per round: requests/s, and the server's own CPU time per
-# request (utime+stime from /proc over the run, over the requests wrk counted), which other work on
-# the machine disturbs much less than requests/s. Prints the medians of the paired ratios new/base.
+# Each server runs on CPU 0 (one tokio thread), the load (wrk -t1 -c32, else oha: scripts/loadgen.sh)
+# on CPU 1, as scripts/loadtest.sh runs them; rounds alternate which goes first. Per round:
+# requests/s, and the server's own CPU time per request (utime+stime from /proc over the run, over the
+# responses the load counted), which other work on the machine disturbs much less than requests/s.
+# Prints the medians of the paired ratios new/base.
 # Run the variant `bare` too: both builds serve it with the same code, so its ratios are the noise.
 set -euo pipefail
 ROUNDS=${ROUNDS:-21}; DURATION=${DURATION:-2}; VARIANT=${1:-throttle-mem-pass}
 BASE=${BASE:?BASE=path of the baseline loadtest-server}; NEW=${NEW:?NEW=path of the new loadtest-server}
-command -v wrk >/dev/null || { echo "loadtest-ab.sh: needs wrk (Debian: apt-get install wrk)" >&2; exit 1; }
+# shellcheck source=scripts/loadgen.sh
+source "$(dirname "$0")/loadgen.sh"; loadgen_pick
 TICK=$(getconf CLK_TCK)
 free_port() { while :; do p=$((20000 + RANDOM % 12000)); (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo $p; return; }; done; }
 PIDS=()
@@ -27,11 +29,10 @@ start() { local name=$1 bin=$2 port; port=$(free_port)
 start base $BASE; start new $NEW
 cpu() { awk '{print $14 + $15}' /proc/$1/stat; }
 # measure NAME -> "rps cpu_us_per_request"
-measure() { local c0 c1 out rps total
+measure() { local c0 c1 rps total
   c0=$(cpu ${SPID[$1]})
-  out=$(taskset -c 1 wrk -t1 -c32 -d${DURATION}s "http://127.0.0.1:${PORT[$1]}/")
+  read -r rps total _ <<<"$(loadgen_run 1 32 "$DURATION" "http://127.0.0.1:${PORT[$1]}/")"
   c1=$(cpu ${SPID[$1]})
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out"); total=$(awk '/requests in/ {print $1}' <<<"$out")
   echo "$rps $(awk -v d=$((c1 - c0)) -v t=$TICK -v n=$total 'BEGIN{printf "%.3f", d / t * 1e6 / n}')"; }
 measure base >/dev/null; measure new >/dev/null
 RR=(); CR=(); BC=(); NC=(); BR=(); NR_=()

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # End-to-end load test: one axum hello-world served bare, behind tower-throttle (memory and Redis) and
 # behind its peers (tower_governor, tower-redis-cell, tower-rate-limiter, a hand-written CL.THROTTLE
-# middleware), all in one run on this machine. Prints a table of requests/s and ratios to bare.
+# middleware), all in one run on this machine. Prints a table of requests/s and ratios to bare, and
+# writes it as CSV to $CSV (default target/loadtest/results.csv) for scripts/bench_chart.py.
 #
 #   bash scripts/loadtest.sh                  # every variant, 4 rounds of 2 s pairs (about 5 minutes)
 #   ROUNDS=6 DURATION=3 bash scripts/loadtest.sh
 #   bash scripts/loadtest.sh bare throttle-mem-pass governor-pass   # only these variants
+#   bash scripts/loadtest.sh && python3 scripts/bench_chart.py      # BENCHMARKS.md's table and chart
 #
 # The servers come from loadtest/ (its own Cargo workspace, so the peers never enter tower-throttle's
 # dependency graph), built in release into target/. Every server runs on CPU 0 (`taskset -c 0`, one
-# tokio thread each, idle unless measured); wrk (`wrk -t1 -c32`) and redis-server run on CPU 1. Each
+# tokio thread each, idle unless measured); the load (`wrk -t1 -c32`) and redis-server run on CPU 1. Each
 # round measures every variant right after bare, and the table gives the median of these paired
 # ratios: interference from other work on the machine hits both halves of a pair alike.
 #
-# Needs: wrk (or loadtest/'s loadgen, built with the servers, used when wrk is missing), redis-server, redis-cli, taskset, curl (Debian: apt-get install wrk redis-server
-# redis-tools util-linux curl) and the redis-cell module (built by `bash scripts/test.sh --setup-only`).
+# The load generator (scripts/loadgen.sh): wrk where installed, else oha (`cargo install oha --locked`
+# into target/tools/oha when missing); LOADGEN=oha picks oha. Needs also redis-server, redis-cli,
+# taskset, curl, python3 (Debian: apt-get install wrk redis-server redis-tools util-linux curl python3)
+# and the redis-cell module (built by `bash scripts/test.sh --setup-only`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -32,12 +36,14 @@ die() {
   exit 1
 }
 
-# Without wrk, loadtest/'s own `loadgen` (the same closed loop: one thread, CONNECTIONS keep-alive
-# connections) stands in; LOADGEN=loadgen picks it even where wrk is installed.
-LOADGEN=${LOADGEN:-$(command -v wrk >/dev/null 2>&1 && echo wrk || echo loadgen)}
-for tool in redis-server redis-cli taskset curl; do
-  command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl)"
+CSV=${CSV:-$ROOT/target/loadtest/results.csv}
+for tool in redis-server redis-cli taskset curl python3; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl python3)"
 done
+# shellcheck source=scripts/loadgen.sh
+source scripts/loadgen.sh
+loadgen_pick || die "no load generator"
+say "load generator: $LOADGEN ($LOADGEN_BIN)"
 if [[ ! -f $MODULE ]]; then
   say "the redis-cell module is missing; building it with scripts/test.sh --setup-only"
   bash scripts/test.sh --setup-only
@@ -148,15 +154,7 @@ start() {
 
 # measure VARIANT -> "rps total non2xx"
 measure() {
-  local out
-  if [[ $LOADGEN == wrk ]]; then
-    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:${PORT[$1]}/")
-  else
-    out=$(taskset -c "$LOAD_CPU" "$LOADTEST_TARGET/release/loadgen" -c"$CONNECTIONS" -d"${DURATION}s" \
-      "http://127.0.0.1:${PORT[$1]}/")
-  fi
-  echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
-    awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
+  loadgen_run "$LOAD_CPU" "$CONNECTIONS" "$DURATION" "http://127.0.0.1:${PORT[$1]}/"
 }
 
 for v in "${VARIANTS[@]}"; do
@@ -195,16 +193,31 @@ done
 RATIOS[bare]="1 "
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
-range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.2f-%.2f", lo, hi}'; }
+range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.3f %.3f", lo, hi}'; }
+# kind VARIANT: how the chart colours it (this crate, a peer, or the baseline).
+kind() { case $1 in bare) echo bare ;; throttle-*) echo tower-throttle ;; *) echo peer ;; esac; }
 
-printf '\n%s, %s cores, %s; %s -t1 -c%s -d%ss; %s rounds, each variant paired with bare\n\n' \
+CAPTION=$(printf '%s, %s cores, %s; %s; %s rounds, each variant paired with bare' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$LOADGEN" "$CONNECTIONS" "$DURATION" "$ROUNDS"
+  "$(loadgen_describe "$CONNECTIONS" "$DURATION")" "$ROUNDS")
+mkdir -p "$(dirname "$CSV")"
+{
+  printf '# %s; %s\n' "$CAPTION" "$(date -u +%Y-%m-%dT%H:%MZ)"
+  echo variant,kind,ratio_median,ratio_min,ratio_max,rounds,rps_median,ok_percent,non2xx_percent,redis_us_per_request,redis_calls_per_request
+} >"$CSV"
+printf '\n%s\n\n' "$CAPTION"
 printf '| variant | requests/s (median) | × bare (median of pairs) | range of pairs | 200 | 429 (non-2xx) | Redis µs / request | Redis calls / request |\n'
 printf '|---|---:|---:|---|---:|---:|---:|---:|\n'
 for v in "${VARIANTS[@]}"; do
-  awk -v v="$v" -v r="$(median <<<"${RPS[$v]}")" -v x="$(median <<<"${RATIOS[$v]}")" \
-    -v g="$(range <<<"${RATIOS[$v]}")" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
-    -v u="$(median <<<"${REDIS_US[$v]:-0}")" -v c="$(median <<<"${REDIS_CALLS[$v]:-0}")" \
-    'BEGIN { printf "| %s | %.0f | %.3f | %s | %.1f%% | %.1f%% | %.2f | %.3f |\n", v, r, x, g, 100 * (t - n) / t, 100 * n / t, u, c }'
+  read -r lo hi <<<"$(range <<<"${RATIOS[$v]}")"
+  rounds=$(wc -w <<<"${RATIOS[$v]}")
+  [[ $v == bare ]] && rounds=$ROUNDS
+  awk -v v="$v" -v k="$(kind "$v")" -v r="$(median <<<"${RPS[$v]}")" -v x="$(median <<<"${RATIOS[$v]}")" \
+    -v lo="$lo" -v hi="$hi" -v rounds="$rounds" -v t="${TOTAL[$v]}" -v n="${NON2XX[$v]}" \
+    -v u="$(median <<<"${REDIS_US[$v]:-0}")" -v c="$(median <<<"${REDIS_CALLS[$v]:-0}")" -v csv="$CSV" \
+    'BEGIN {
+       printf "| %s | %.0f | %.3f | %.2f-%.2f | %.1f%% | %.1f%% | %.2f | %.3f |\n", v, r, x, lo, hi, 100 * (t - n) / t, 100 * n / t, u, c
+       printf "%s,%s,%.3f,%.3f,%.3f,%d,%.0f,%.1f,%.1f,%.2f,%.3f\n", v, k, x, lo, hi, rounds, r, 100 * (t - n) / t, 100 * n / t, u, c >> csv
+     }'
 done
+say "wrote $CSV (draw it: python3 scripts/bench_chart.py)"
