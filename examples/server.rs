@@ -472,12 +472,13 @@ fn with_metrics(
 fn describe_backend(config: &Config, backend: &ConfiguredBackend) -> String {
     match backend {
         ConfiguredBackend::Redis(redis) => {
+            // Unreachable first: mode auto knows its path (Lua) before Redis ever answered.
             let path = match redis.active_path() {
-                Some(RedisMode::Cell) => "decisions by CL.THROTTLE (redis-cell)",
-                Some(RedisMode::Lua) => "decisions by the Lua script",
                 _ if !redis.health().connected => {
                     "Redis not reachable yet: requests follow the failure policy until it answers"
                 }
+                Some(RedisMode::Cell) => "decisions by CL.THROTTLE (redis-cell)",
+                Some(RedisMode::Lua) => "decisions by the Lua script",
                 _ => "decision path not yet detected",
             };
             format!("{}, {path}", config.backend)
