@@ -149,3 +149,37 @@ fn a_sliding_window_gives_back_units_of_the_previous_window_from_it() {
     backend.refund(&limit, &key, 3, Duration::from_secs(21));
     assert_eq!(admitted(&backend, &limit, &key, 4), 3);
 }
+
+/// Releases and refunds for keys that hold nothing, among thousands that do, change nothing: the
+/// store finds an entry by its limit and its key (a mutant that matched on either let a stranger's
+/// release free another key's slot, or its refund give back another key's unit, whenever their
+/// hashes met in one bucket; mutation testing found no test that noticed).
+#[test]
+fn strangers_releases_and_refunds_move_no_other_key() {
+    let (backend, _clock) = backend();
+    let slots =
+        Limit::with_algorithm("among", Algorithm::Concurrency, Quota::per_second(1)).unwrap();
+    let window =
+        [Limit::with_algorithm("among-w", Algorithm::FixedWindow, Quota::per_hour(1)).unwrap()];
+    let holds = |key: &Key| !backend.decide(&slots, key, 1).unwrap().allowed;
+    let users: Vec<Key> = (0..3000u32)
+        .map(|i| Key::from(format!("user-{i}")))
+        .collect();
+    for key in &users {
+        assert!(backend.decide(&slots, key, 1).unwrap().allowed);
+        assert_eq!(admitted(&backend, &window, key, 1), 1);
+    }
+    for i in 0..3000u32 {
+        let stranger = Key::from(format!("stranger-{i}"));
+        backend.release(&slots, &stranger, 1, 0);
+        backend.refund(&window, &stranger, 1, Duration::ZERO);
+    }
+    for key in &users {
+        assert!(holds(key), "{key:?}: its slot was freed");
+        assert_eq!(
+            admitted(&backend, &window, key, 1),
+            0,
+            "{key:?}: its unit was given back"
+        );
+    }
+}
