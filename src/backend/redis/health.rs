@@ -26,7 +26,7 @@ use super::mode::RedisMode;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tower_throttle::RedisBackend;
+/// use tower_throttle::{RedisBackend, RedisMode};
 ///
 /// // Nothing listens on port 1: the backend starts anyway and keeps connecting in the background.
 /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
@@ -34,7 +34,8 @@ use super::mode::RedisMode;
 /// assert!(!health.is_healthy());
 /// assert!(!health.connected);
 /// assert_eq!(health.reason(), Some("not connected"));
-/// assert_eq!(health.path, None);
+/// // Mode auto takes the coalesced Lua script, known before Redis ever answered.
+/// assert_eq!(health.path, Some(RedisMode::Lua));
 /// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,7 +43,8 @@ use super::mode::RedisMode;
 pub struct RedisHealth {
     /// Whether a connection to a primary is up.
     pub connected: bool,
-    /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection.
+    /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection (mode
+    /// `auto` with coalescing off, which looks for the redis-cell module).
     pub path: Option<RedisMode>,
     /// Whether the circuit breaker is open: calls fail fast (but for an occasional probe) until
     /// one gets through or the background probe finds Redis again.
