@@ -216,3 +216,169 @@ pub(super) fn share_used(
     };
     Some(share)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+    use crate::window::{FixedState, SlidingState};
+
+    const S: u64 = 1_000_000_000;
+
+    fn shard(capacity: usize) -> GeneralShard {
+        GeneralShard {
+            table: HashTable::with_capacity(capacity),
+            scales: Vec::new(),
+            sweep_at_len: 64,
+            sweep_at_time: 0,
+            latest_now: 0,
+        }
+    }
+
+    /// An entry of one GCRA cell of limit 1 (scaled as `Scale::Gcra(10 s)` in these tests).
+    fn gcra_entry(i: u64, tat: u64) -> Entry {
+        let cell = |expires_at, state| Cell {
+            limit: 1,
+            position: 0,
+            expires_at,
+            state,
+        };
+        Entry {
+            limit: 1,
+            key: Key::from(format!("k{i}")),
+            cells: Cells::One(cell(tat, State::Gcra(tat))),
+        }
+    }
+
+    /// An entry of one concurrency cell with `n` requests in flight.
+    fn in_flight_entry(i: u64, n: u64) -> Entry {
+        let cell = Cell {
+            limit: 2,
+            position: 0,
+            expires_at: u64::MAX,
+            state: State::InFlight(n),
+        };
+        Entry {
+            limit: 2,
+            key: Key::from(format!("f{i}")),
+            cells: Cells::One(cell),
+        }
+    }
+
+    fn insert(shard: &mut GeneralShard, hasher: &foldhash::fast::RandomState, entry: Entry) {
+        let hash = |e: &Entry| hasher.hash_one((e.limit, &e.key));
+        shard.table.insert_unique(hash(&entry), entry, hash);
+    }
+
+    fn keys(shard: &GeneralShard) -> Vec<String> {
+        let mut keys: Vec<String> = shard.table.iter().map(|e| e.key.to_string()).collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn share_used_measures_each_state_against_its_limit() {
+        let now = 100 * S;
+        // The windows read Unix time: window 10 of 10 s spans [100 s, 110 s); 2.5 s into it, 3/4
+        // of the previous window's count still weighs.
+        let unix = 100 * S + S * 5 / 2;
+        let window = Some(Scale::Window(window::Params::new(10 * S, 10)));
+        let gcra = Some(Scale::Gcra((10 * S) as f32));
+        let share = |state: &State, scale| share_used(state, scale, now, unix);
+        // GCRA: the TAT's distance from now against the tolerance.
+        assert_eq!(share(&State::Gcra(now + 5 * S), gcra), Some(0.5));
+        assert_eq!(share(&State::Gcra(now - S), gcra), Some(0.0));
+        // Fixed window: the count of the current window only.
+        let fixed = |window, count| State::Fixed(FixedState { window, count });
+        assert_eq!(share(&fixed(10, 4), window), Some(0.4));
+        assert_eq!(share(&fixed(9, 4), window), Some(0.0));
+        // Sliding window: previous × left / period + current, over the limit.
+        let sliding = |window, current, previous| {
+            State::Sliding(SlidingState {
+                window,
+                current,
+                previous,
+            })
+        };
+        let close = |got: Option<f32>, want: f32| {
+            let got = got.expect("a share");
+            assert!((got - want).abs() < 1e-6, "{got} != {want}");
+        };
+        close(share(&sliding(10, 2, 8), window), (8.0 * 0.75 + 2.0) / 10.0);
+        close(share(&sliding(9, 8, 5), window), 8.0 * 0.75 / 10.0);
+        close(share(&sliding(8, 8, 5), window), 0.0);
+        // Sliding log: the units still inside the period.
+        let log = State::Log([unix - 10 * S, unix - 9 * S, unix - S].into());
+        close(share(&log, window), 0.2);
+        // In flight: never forgotten while requests are in flight; nothing used at 0.
+        assert_eq!(share(&State::InFlight(3), None), None);
+        assert_eq!(share(&State::InFlight(0), None), Some(0.0));
+        // No scale known (or another algorithm's): ranked as fully used.
+        assert_eq!(share(&State::Gcra(now + 5 * S), None), Some(1.0));
+        assert_eq!(share(&fixed(10, 4), gcra), Some(1.0));
+    }
+
+    #[test]
+    fn eviction_forgets_the_least_used_eighth_and_never_an_entry_in_flight() {
+        let hasher = foldhash::fast::RandomState::default();
+        let now = 100 * S;
+        let mut shard = shard(64);
+        shard.scales.push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
+        // 56 entries with requests in flight, and 8 GCRA entries using 1/8 to 8/8 of the limit:
+        // at a cap of 64, an eighth (8) go; the in-flight ones cannot, so the 8 GCRA entries do.
+        for i in 0..56 {
+            insert(&mut shard, &hasher, in_flight_entry(i, 1));
+        }
+        for i in 0..8 {
+            insert(&mut shard, &hasher, gcra_entry(i, now + (i + 1) * 10 * S / 8));
+        }
+        shard.evict_least_used(now, 0, 64, &hasher);
+        assert_eq!(shard.table.len(), 56);
+        assert!(shard.table.iter().all(|e| e.limit == 2));
+
+        // 63 entries in flight and a single idle one: only the idle one goes (fewer than an
+        // eighth: the entries in flight are bounded by the requests, not by the cap).
+        let mut shard = self::shard(64);
+        for i in 0..63 {
+            insert(&mut shard, &hasher, in_flight_entry(i, 1));
+        }
+        insert(&mut shard, &hasher, in_flight_entry(63, 0));
+        shard.evict_least_used(now, 0, 64, &hasher);
+        assert_eq!(shard.table.len(), 63);
+        assert!(!keys(&shard).contains(&"f63".to_string()));
+
+        // 16 GCRA entries using 1/16 to 16/16: the 2 least used go (an eighth of a cap of 16).
+        let mut shard = self::shard(16);
+        shard.scales.push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
+        for i in 0..16 {
+            insert(&mut shard, &hasher, gcra_entry(i, now + (i + 1) * 10 * S / 16));
+        }
+        shard.evict_least_used(now, 0, 16, &hasher);
+        let mut want: Vec<String> = (2..16).map(|i| format!("k{i}")).collect();
+        want.sort();
+        assert_eq!(keys(&shard), want);
+    }
+
+    #[test]
+    fn a_sweep_shrinks_the_table_only_when_it_is_over_four_times_its_entries() {
+        // A shrink rehashes every entry under the shard's lock: it is worth it only when the table
+        // holds more than four times the room its entries need.
+        let hasher = foldhash::fast::RandomState::default();
+        let now = 100 * S;
+        let mut shard = shard(112);
+        // 28 live entries in a table of room for 112 (none removed yet, so the room is exactly
+        // that: a removal may leave a tombstone, which hashbrown counts out of the room left).
+        for i in 0..28 {
+            insert(&mut shard, &hasher, gcra_entry(i, now + S));
+        }
+        assert_eq!(shard.table.capacity(), 112, "hashbrown's room for 112");
+        shard.sweep(now, &hasher);
+        assert_eq!(shard.table.len(), 28);
+        assert_eq!(shard.table.capacity(), 112, "four times its entries: kept");
+        // One fewer live entry: more than four times; shrunk to room for twice the entries.
+        shard.table.iter_mut().next().expect("an entry").cells = Cells::Empty;
+        shard.sweep(now, &hasher);
+        assert_eq!(shard.table.len(), 27);
+        assert!(shard.table.capacity() < 112 && shard.table.capacity() >= 54);
+    }
+}
