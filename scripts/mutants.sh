@@ -2,7 +2,8 @@
 # Mutation testing of tower-throttle's pure modules (no Redis, no network): cargo-mutants changes
 # one thing in the code at a time (`>` into `>=`, a body into `Default::default()`, ...) and runs
 # the tests that cover that file; a mutant that no test notices is a bug that could ship. Prints,
-# per file, the mutants caught and missed and the score caught / (caught + missed); lists the missed.
+# per file, the mutants caught and missed, the score caught / (caught + missed), the time it took
+# (and the load average beside it); lists the missed.
 #
 #   bash scripts/mutants.sh                      # every file below (~900 mutants: many hours on 2 cores)
 #   bash scripts/mutants.sh src/window.rs ...    # only these files
@@ -97,20 +98,26 @@ for file in "${files[@]}"; do
   done
   say "$file: cargo test ${TESTS[$file]}; log in $out/$name.log"
   file_started=$SECONDS
+  load_before=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
   # cargo-mutants exits non-zero when a mutant is missed: the summary below says which.
   (cd "$tree" && cargo mutants --file "$file" --profile mutants --in-place \
     --minimum-test-timeout "${MUTANTS_MIN_TEST_TIMEOUT:-60}" "${cargo_args[@]}" "${binary_args[@]}" --no-shuffle \
     "${shard[@]}" "${filter[@]}" "${baseline[@]}" --output "$out/$name") >"$out/$name.log" 2>&1 || true
-  say "$file: $((SECONDS - file_started)) s"
-  outcome_files+=("$out/$name/mutants.out/outcomes.json")
+  elapsed=$((SECONDS - file_started))
+  # The load average (at the start and the end) beside the time: a mutant costs 2-3 times as
+  # much on a loaded machine.
+  load="$load_before-$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')"
+  say "$file: $elapsed s (load $load)"
+  outcome_files+=("$elapsed:$load:$out/$name/mutants.out/outcomes.json")
 done
 
 echo
 echo "mutants.sh: caught / (caught + missed) per file, $((SECONDS - started)) s${MUTANTS_SHARD:+, shard $MUTANTS_SHARD}:"
 python3 - "${outcome_files[@]}" <<'PY'
 import json, os, sys
-per_file, missed, failed = {}, [], []
-for path in sys.argv[1:]:
+per_file, missed, failed, timing = {}, [], [], {}
+for arg in sys.argv[1:]:
+    elapsed, load, path = arg.split(":", 2)
     if not os.path.exists(path):
         failed.append(f"  no outcomes in {path}: see the log beside it")
         continue
@@ -122,6 +129,7 @@ for path in sys.argv[1:]:
             continue
         m = scenario["Mutant"]
         file, summary = m["file"], o["summary"]
+        timing[file] = (int(elapsed), load)
         counts = per_file.setdefault(file, {})
         counts[summary] = counts.get(summary, 0) + 1
         if summary == "MissedMutant":
@@ -130,7 +138,10 @@ for path in sys.argv[1:]:
 for file, counts in per_file.items():
     caught, miss = counts.get("CaughtMutant", 0), counts.get("MissedMutant", 0)
     score = f"{100 * caught / (caught + miss):.0f} %" if caught + miss else "n/a"
-    print(f"  {file}: {caught}/{caught + miss} = {score} (timeouts {counts.get('Timeout', 0)}, unviable {counts.get('Unviable', 0)})")
+    elapsed, load = timing[file]
+    tested = sum(counts.values())
+    print(f"  {file}: {caught}/{caught + miss} = {score} (timeouts {counts.get('Timeout', 0)}, unviable {counts.get('Unviable', 0)});"
+          f" {elapsed} s, {elapsed / tested:.0f} s a mutant, load {load} (1-minute average at its start-end)")
 print("\n".join(failed + missed))
 sys.exit(1 if failed else 0)
 PY
