@@ -323,14 +323,20 @@ mod tests {
         let hasher = foldhash::fast::RandomState::default();
         let now = 100 * S;
         let mut shard = shard(64);
-        shard.scales.push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
+        shard
+            .scales
+            .push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
         // 56 entries with requests in flight, and 8 GCRA entries using 1/8 to 8/8 of the limit:
         // at a cap of 64, an eighth (8) go; the in-flight ones cannot, so the 8 GCRA entries do.
         for i in 0..56 {
             insert(&mut shard, &hasher, in_flight_entry(i, 1));
         }
         for i in 0..8 {
-            insert(&mut shard, &hasher, gcra_entry(i, now + (i + 1) * 10 * S / 8));
+            insert(
+                &mut shard,
+                &hasher,
+                gcra_entry(i, now + (i + 1) * 10 * S / 8),
+            );
         }
         shard.evict_least_used(now, 0, 64, &hasher);
         assert_eq!(shard.table.len(), 56);
@@ -349,9 +355,15 @@ mod tests {
 
         // 16 GCRA entries using 1/16 to 16/16: the 2 least used go (an eighth of a cap of 16).
         let mut shard = self::shard(16);
-        shard.scales.push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
+        shard
+            .scales
+            .push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
         for i in 0..16 {
-            insert(&mut shard, &hasher, gcra_entry(i, now + (i + 1) * 10 * S / 16));
+            insert(
+                &mut shard,
+                &hasher,
+                gcra_entry(i, now + (i + 1) * 10 * S / 16),
+            );
         }
         shard.evict_least_used(now, 0, 16, &hasher);
         let mut want: Vec<String> = (2..16).map(|i| format!("k{i}")).collect();
