@@ -270,6 +270,27 @@ mod tests {
         shard.table.insert_unique(hash(&entry), entry, hash);
     }
 
+    /// A shard with room for `capacity` entries holding `n` GCRA entries, using 1/n to n/n of
+    /// their limit (a tolerance of 10 s) at `now`.
+    fn gcra_shares(
+        n: u64,
+        capacity: usize,
+        now: u64,
+        hasher: &foldhash::fast::RandomState,
+    ) -> GeneralShard {
+        let mut shard = shard(capacity);
+        let scale = Scale::Gcra((10 * S) as f32);
+        shard.scales.push(((1, 0, Algorithm::Gcra), scale));
+        for i in 0..n {
+            insert(
+                &mut shard,
+                hasher,
+                gcra_entry(i, now + (i + 1) * 10 * S / n),
+            );
+        }
+        shard
+    }
+
     fn keys(shard: &GeneralShard) -> Vec<String> {
         let mut keys: Vec<String> = shard.table.iter().map(|e| e.key.to_string()).collect();
         keys.sort();
@@ -322,21 +343,11 @@ mod tests {
     fn eviction_forgets_the_least_used_eighth_and_never_an_entry_in_flight() {
         let hasher = foldhash::fast::RandomState::default();
         let now = 100 * S;
-        let mut shard = shard(64);
-        shard
-            .scales
-            .push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
-        // 56 entries with requests in flight, and 8 GCRA entries using 1/8 to 8/8 of the limit:
-        // at a cap of 64, an eighth (8) go; the in-flight ones cannot, so the 8 GCRA entries do.
+        // 8 GCRA entries using 1/8 to 8/8 of the limit and 56 with requests in flight: at a cap
+        // of 64, an eighth (8) go; the in-flight ones cannot, so the 8 GCRA entries do.
+        let mut shard = gcra_shares(8, 64, now, &hasher);
         for i in 0..56 {
             insert(&mut shard, &hasher, in_flight_entry(i, 1));
-        }
-        for i in 0..8 {
-            insert(
-                &mut shard,
-                &hasher,
-                gcra_entry(i, now + (i + 1) * 10 * S / 8),
-            );
         }
         shard.evict_least_used(now, 0, 64, &hasher);
         assert_eq!(shard.table.len(), 56);
@@ -354,17 +365,7 @@ mod tests {
         assert!(!keys(&shard).contains(&"f63".to_string()));
 
         // 16 GCRA entries using 1/16 to 16/16: the 2 least used go (an eighth of a cap of 16).
-        let mut shard = self::shard(16);
-        shard
-            .scales
-            .push(((1, 0, Algorithm::Gcra), Scale::Gcra((10 * S) as f32)));
-        for i in 0..16 {
-            insert(
-                &mut shard,
-                &hasher,
-                gcra_entry(i, now + (i + 1) * 10 * S / 16),
-            );
-        }
+        let mut shard = gcra_shares(16, 16, now, &hasher);
         shard.evict_least_used(now, 0, 16, &hasher);
         let mut want: Vec<String> = (2..16).map(|i| format!("k{i}")).collect();
         want.sort();
