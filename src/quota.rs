@@ -425,4 +425,22 @@ mod tests {
             assert!(msg.contains(field), "{q}: {msg:?} should name {field}");
         }
     }
+
+    #[test]
+    fn a_quota_displays_its_count_period_and_burst() {
+        // The public Display, for users' logs: count, period and burst (a bursts_of(0) quota says
+        // so, since it admits nothing and validation refuses it).
+        assert_eq!(
+            Quota::per_minute(30).to_string(),
+            "30 per 60s (max_burst 29)"
+        );
+        assert_eq!(
+            Quota::per_second(5).with_max_burst(2).to_string(),
+            "5 per 1s (max_burst 2)"
+        );
+        assert_eq!(
+            Quota::per_minute(30).bursts_of(0).to_string(),
+            "30 per 60s (bursts of 0)"
+        );
+    }
 }
