@@ -636,6 +636,19 @@ mod tests {
         assert!(TrustedProxies::none().is_empty() && !trusted.is_empty());
     }
 
+    #[test]
+    fn a_mapped_address_with_a_prefix_shorter_than_96_stays_an_ipv6_network() {
+        // Only a prefix of 96 bits or more lies inside the IPv4-mapped range (::ffff:0:0/96) and
+        // means an IPv4 network; a shorter one is an IPv6 network like any other (and parsing it
+        // must not subtract 96 from its prefix).
+        let wide = TrustedProxies::new(["::ffff:10.0.0.0/80"]).unwrap();
+        assert_eq!(format!("{wide:?}"), r#"["::/80"]"#);
+        assert!(wide.contains("::1".parse().unwrap()));
+        assert!(!wide.contains("10.0.0.1".parse().unwrap()));
+        let mapped = TrustedProxies::new(["::ffff:10.0.0.0/96"]).unwrap();
+        assert_eq!(format!("{mapped:?}"), r#"["0.0.0.0/0"]"#);
+    }
+
     /// Entries are bounded (64 bytes for `X-Forwarded-For`, 256 for a `Forwarded` element), but an
     /// entry as long as the bound is read: a port may have leading zeros, an element many parameters.
     #[test]
