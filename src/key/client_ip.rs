@@ -637,6 +637,28 @@ mod tests {
     }
 
     #[test]
+    fn the_extractor_keys_the_resolved_client_and_says_what_it_reads() {
+        use super::super::extract::PeerAddr;
+        let ci = ClientIp::new(TrustedProxies::new(LB).unwrap());
+        let mut request = Request::builder()
+            .header("x-forwarded-for", "203.0.113.7")
+            .body(())
+            .unwrap();
+        // No peer address: no key (the policy's missing-key setting decides).
+        assert_eq!(ci.extract(&request), None);
+        request
+            .extensions_mut()
+            .insert(PeerAddr("10.0.0.1:443".parse().unwrap()));
+        let key = Key::from("203.0.113.7".parse::<IpAddr>().unwrap());
+        assert_eq!(ci.extract(&request), Some(key));
+        // Named in the error a request without a peer address gets.
+        let said = KeyExtractor::<()>::describe(&ci);
+        assert!(said.starts_with("the client IP"), "{said}");
+        assert!(said.contains("x-forwarded-for"), "{said}");
+        assert!(said.contains(PEER_ADDRESS_SOURCES), "{said}");
+    }
+
+    #[test]
     fn a_mapped_address_with_a_prefix_shorter_than_96_stays_an_ipv6_network() {
         // Only a prefix of 96 bits or more lies inside the IPv4-mapped range (::ffff:0:0/96) and
         // means an IPv4 network; a shorter one is an IPv6 network like any other (and parsing it
