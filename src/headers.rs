@@ -380,6 +380,9 @@ impl RateHeaders {
         combined: &Decision,
     ) -> Self {
         let mut headers = RateHeaders::default();
+        if !options.ratelimit && !options.legacy {
+            return headers;
+        }
         if let ([name], [decision], true, false) =
             (names, decisions, options.ratelimit, options.legacy)
         {
@@ -450,6 +453,9 @@ impl RateHeaders {
     /// Adds the fields to a response's headers. RateLimit fields are appended (each layer adds its
     /// list member); the legacy fields are set only if an inner layer has not set them.
     pub(crate) fn apply(self, map: &mut HeaderMap) {
+        if self.ratelimit.is_none() && self.legacy.is_none() && self.openai.is_none() {
+            return;
+        }
         // Room for every field at once: one growth at most, not one per field.
         let fields =
             2 * usize::from(self.ratelimit.is_some()) + 3 * usize::from(self.legacy.is_some());
@@ -579,7 +585,24 @@ impl FieldBuf {
 /// Sets `Retry-After` on a rejection unless the response already has one.
 pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
     if !map.contains_key(RETRY_AFTER) {
-        map.insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        map.insert(RETRY_AFTER, retry_after_value(seconds.max(1)));
+    }
+}
+
+/// How many `Retry-After` values are made once and shared: most refusals wait seconds, not hours.
+const SHARED_RETRY_AFTER: usize = 128;
+
+/// `seconds` as a header value: one of the values made once (a clone is a reference count) below
+/// `SHARED_RETRY_AFTER`, else a new one (an allocation, as every value was before).
+fn retry_after_value(seconds: u64) -> HeaderValue {
+    static SHARED: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        (0..SHARED_RETRY_AFTER as u64)
+            .map(HeaderValue::from)
+            .collect()
+    });
+    match usize::try_from(seconds) {
+        Ok(at) if at < SHARED_RETRY_AFTER => SHARED[at].clone(),
+        _ => HeaderValue::from(seconds),
     }
 }
 
@@ -588,6 +611,21 @@ mod tests {
     use super::*;
     use crate::quota::Quota;
     use std::time::Duration;
+
+    #[test]
+    fn retry_after_values_are_the_seconds_shared_or_not() {
+        for seconds in [0, 1, 59, 127, 128, 3_600, u64::MAX] {
+            assert_eq!(retry_after_value(seconds), HeaderValue::from(seconds));
+        }
+        let mut map = HeaderMap::new();
+        set_retry_after(&mut map, 0);
+        assert_eq!(
+            map[RETRY_AFTER], "1",
+            "never 0: a client would retry at once"
+        );
+        set_retry_after(&mut map, 30);
+        assert_eq!(map[RETRY_AFTER], "1", "a value already there is kept");
+    }
 
     #[test]
     fn refusal_labels_are_the_documented_ones() {
