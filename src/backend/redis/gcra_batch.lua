@@ -25,7 +25,8 @@
 -- All items are decided at one instant (one TIME): as if they had reached Redis in the same
 -- microsecond, in the order given. A key's state is read once and written once (when an item
 -- wrote it under gcra.lua), after the last of its items: the same value and expiry gcra.lua's last
--- write would leave, for one GET and one SET per key instead of per item.
+-- write would leave, for one MGET for the batch and one SET per key instead of a GET and a SET per
+-- item.
 
 -- Per key: its backlog as the groups so far left it (false: not a string), and what to write.
 local backlogs = {}
@@ -34,6 +35,19 @@ local out = {}
 
 local groups = #KEYS
 local ceilings = #ARGV > 5 * groups
+
+-- Every key's value in one MGET rather than a GET per key (one command instead of one a group, on
+-- a batch of many keys). MGET answers nil (false here) both for a missing key and for one of
+-- another type, which GET refuses (WRONGTYPE): when any came back nil, one EXISTS of those tells
+-- whether any exists; only then is each asked alone (GET, below), to fail its own items.
+local values = redis.call('MGET', unpack(KEYS))
+local absent = {}
+for g = 1, groups do
+  if not values[g] then
+    absent[#absent + 1] = KEYS[g]
+  end
+end
+local unsure = #absent > 0 and redis.call('EXISTS', unpack(absent)) > 0
 for g = 1, groups do
   local key = KEYS[g]
   local base = (g - 1) * 5
@@ -44,9 +58,12 @@ for g = 1, groups do
   end
   local backlog = backlogs[key]
   if backlog == nil then
-    -- A key that is not a string (WRONGTYPE) fails its own items, as gcra.lua would fail alone,
-    -- not the batch.
-    local stored = redis.pcall('GET', key)
+    local stored = values[g]
+    if not stored and unsure then
+      -- A key that is not a string (WRONGTYPE) fails its own items, as gcra.lua would fail
+      -- alone, not the batch.
+      stored = redis.pcall('GET', key)
+    end
     if type(stored) == 'table' and stored.err then
       backlog = false
     else
