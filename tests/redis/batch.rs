@@ -181,6 +181,19 @@ pub(crate) fn on_a_test_clock(source: &str) -> redis::Script {
     ))
 }
 
+/// Sets the test clock of [`on_a_test_clock`] to `now_s` seconds and `now_us` microseconds.
+async fn set_test_clock(conn: &mut redis::aio::MultiplexedConnection, now_s: u64, now_us: u64) {
+    let _: () = redis::cmd("HSET")
+        .arg("test-clock")
+        .arg("s")
+        .arg(now_s)
+        .arg("us")
+        .arg(now_us)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 struct Rng(u64);
 impl Rng {
     fn below(&mut self, n: u64) -> u64 {
@@ -221,15 +234,7 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
         let now_s = 1_700_000_000 + rng.below(1_000_000);
         let now_us = rng.below(1_000_000);
         let now_ns = now_s * 1_000_000_000 + now_us * 1000;
-        let _: () = redis::cmd("HSET")
-            .arg("test-clock")
-            .arg("s")
-            .arg(now_s)
-            .arg("us")
-            .arg(now_us)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        set_test_clock(&mut conn, now_s, now_us).await;
         let keys = 1 + rng.below(4);
         for k in 0..keys {
             let tolerance = quotas[rng.below(4) as usize].1;
@@ -362,15 +367,7 @@ async fn a_group_straddling_the_limit_answers_each_item_as_alone() {
     let (alone, batch) = (on_a_test_clock(GCRA), on_a_test_clock(GCRA_BATCH));
     const S: u64 = 1_000_000_000;
     let (now_s, now_us) = (1_700_000_000_u64, 250_000_u64);
-    let _: () = redis::cmd("HSET")
-        .arg("test-clock")
-        .arg("s")
-        .arg(now_s)
-        .arg("us")
-        .arg(now_us)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set_test_clock(&mut conn, now_s, now_us).await;
     // 5 a minute, burst 5: one unit every 12 s; the key 2 units (24 s) ahead.
     let quota = (12 * S, 60 * S, 5);
     let tat = (now_s * S + now_us * 1000 + 24 * S).to_string();
