@@ -8,6 +8,11 @@
 //! decisions. It is Redis's own time, much less sensitive to the machine's load than requests per
 //! second (also printed, for what it is worth on a shared machine).
 //!
+//! A case whose name ends in `-1m` decides on one million keys instead of one: before it, one
+//! million GCRA states (an old TAT each: a key as a limit leaves it) are written, and each check
+//! picks one of them at random, so nearly every check is of another key (one group per item in a
+//! batch) in a database of a million keys.
+//!
 //! Environment: `REDIS_URL` (required), `CALLERS` (50), `DECISIONS` per case (20,000), `ROUNDS` (3,
 //! interleaved; medians printed), `CASES` (a comma-separated subset of the names).
 
@@ -42,8 +47,12 @@ fn limits_of(case: &str) -> Vec<Limit> {
     }
 }
 
+/// The keys of a `-1m` case.
+const MANY: u64 = 1_000_000;
+
 /// The case's backend: `alone` is `coalesce(false)`.
 async fn backend(url: &str, case: &str) -> RedisBackend {
+    let case = case.trim_end_matches("-1m");
     let mode = if case.ends_with("cell") {
         RedisMode::Cell
     } else {
@@ -98,8 +107,42 @@ async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 4
     let backend = backend(url, case).await;
     let limits = Arc::new(limits_of(case));
     let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // Filling a million keys takes seconds on a loaded machine: past the default response timeout.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(120)));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let many = case.ends_with("-1m");
+    if many {
+        // `prefix:gcra:{u<i>}` for i < MANY, each an old TAT (2001: no backlog), by scripts of
+        // 50,000 keys.
+        let pattern = backend.state_key(&limits[0], &Key::from("u@"));
+        let (head, tail) = pattern.split_once('@').unwrap();
+        let fill = "for i = tonumber(ARGV[3]), tonumber(ARGV[4]) - 1 do \
+            redis.call('SET', ARGV[1] .. i .. ARGV[2], '1000000000000000000') end";
+        for from in (0..MANY).step_by(50_000) {
+            let _: () = redis::cmd("EVAL")
+                .arg(fill)
+                .arg(0)
+                .arg(head)
+                .arg(tail)
+                .arg(from)
+                .arg(from + 50_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let probe = backend.state_key(&limits[0], &Key::from(format!("u{}", MANY - 1)));
+        let found: bool = redis::cmd("EXISTS")
+            .arg(probe)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(found, "the million keys are the ones the checks take");
+    }
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(&mut conn)
@@ -107,11 +150,19 @@ async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 4
         .unwrap();
     let started = Instant::now();
     let tasks: Vec<_> = (0..callers)
-        .map(|_| {
+        .map(|caller| {
             let (backend, limits) = (backend.clone(), limits.clone());
-            let key = Key::from("hot");
+            let mut key = Key::from("hot");
+            // xorshift64, a stream per caller: which of the MANY keys each check takes.
+            let mut x = 0x9E37_79B9_7F4A_7C15_u64 ^ (caller as u64 + 1);
             tokio::spawn(async move {
                 for _ in 0..decisions / callers {
+                    if many {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        key = Key::from(format!("u{}", x % MANY));
+                    }
                     let allowed = if let [limit] = &limits[..] {
                         backend.check(limit, &key, 1).await.unwrap().allowed
                     } else {
@@ -147,6 +198,8 @@ fn main() {
         "gcra-alone",
         "gcra-coalesced",
         "gcra-cell",
+        "gcra-coalesced-1m",
+        "gcra-cell-1m",
         "sliding-window-alone",
         "sliding-window-coalesced",
         "stack-alone",
@@ -168,7 +221,7 @@ fn main() {
         }
     }
     println!(
-        "{callers} callers, one key, {decisions} decisions per case, medians of {rounds} rounds"
+        "{callers} callers, one key (-1m: a million), {decisions} decisions per case, medians of {rounds} rounds"
     );
     println!("| case | Redis µs / decision | range | calls / decision | commands / decision | decisions/s |");
     println!("|---|---:|---|---:|---:|---:|");

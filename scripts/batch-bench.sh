@@ -17,6 +17,14 @@
 # script calls), calls and commands per decision. Its settings: CALLERS, DECISIONS, ROUNDS, CASES.
 #
 #   CLIENT=1 ROUNDS=3 bash scripts/batch-bench.sh
+#
+# With BEFORE=path (a redis_cpu binary built from another tree, e.g. main: `cargo bench --bench
+# redis_cpu --no-run` there, copy the executable it names), the two binaries alternate round by
+# round against the same server (one round each at a time, before first), and the table gives each
+# side's medians and the median of the per-round ratios after/before of Redis µs per decision.
+#
+#   BEFORE=/tmp/redis_cpu-main CLIENT=1 ROUNDS=5 CASES=gcra-coalesced,gcra-coalesced-1m \
+#     bash scripts/batch-bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -52,7 +60,38 @@ if [[ ${CLIENT:-} == 1 ]]; then
   printf '%s; redis-server %s; %s CPUs, load %s\n' "$(uname -m)" \
     "$(cli INFO server | tr -d '\r' | awk -F: '$1 == "redis_version" {print $2}')" "$(nproc)" \
     "$(cut -d' ' -f1-3 /proc/loadavg)"
-  REDIS_URL=redis://127.0.0.1:$PORT/ ROUNDS=$ROUNDS taskset -c 1 cargo bench --bench redis_cpu -q
+  if [[ -z ${BEFORE:-} ]]; then
+    REDIS_URL=redis://127.0.0.1:$PORT/ ROUNDS=$ROUNDS taskset -c 1 cargo bench --bench redis_cpu -q
+    exit
+  fi
+  AFTER=$(cargo bench --bench redis_cpu --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+  [[ -x $AFTER && -x $BEFORE ]] || die "no bench executables: BEFORE=$BEFORE, this tree's: $AFTER"
+  for round in $(seq "$ROUNDS"); do
+    for side in before after; do
+      bin=$BEFORE
+      [[ $side == after ]] && bin=$AFTER
+      REDIS_URL=redis://127.0.0.1:$PORT/ ROUNDS=1 taskset -c 1 "$bin" |
+        awk -v s="$side" -v r="$round" '/^\| [a-z]/ && !/^\| case/ {print s, r, $0}' | tee -a "$TMP/rows" >&2
+    done
+  done
+  python3 - "$TMP/rows" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    side, rnd, rest = line.split(' ', 2)
+    cells = [c.strip() for c in rest.strip().strip('|').split('|')]
+    rows.setdefault(cells[0], {}).setdefault(side, {})[rnd] = [float(cells[i]) for i in (1, 3, 4, 5)]
+print('| case | Redis µs / decision, before | after | after / before (median of rounds) | calls / decision, before / after | decisions/s, before / after |')
+print('|---|---:|---:|---:|---:|---:|')
+for case, sides in rows.items():
+    b, a = sides.get('before', {}), sides.get('after', {})
+    med = lambda d, j: statistics.median(v[j] for v in d.values()) if d else float('nan')
+    ratios = [a[r][0] / b[r][0] for r in a if r in b and b[r][0]]
+    ratio = statistics.median(ratios) if ratios else float('nan')
+    lo, hi = (min(ratios), max(ratios)) if ratios else (ratio, ratio)
+    print(f'| {case} | {med(b, 0):.2f} | {med(a, 0):.2f} | {ratio:.2f} ({lo:.2f}-{hi:.2f}) | '
+          f'{med(b, 1):.3f} / {med(a, 1):.3f} | {med(b, 3):.0f} / {med(a, 3):.0f} |')
+PY
   exit
 fi
 

@@ -9,6 +9,7 @@
 //! long (a stream) keeps at most one block of 8 KiB alive.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
@@ -20,6 +21,71 @@ thread_local! {
     static BLOCKS: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
+/// How many recent values of one-limit `RateLimit` fields a thread keeps (see [`recent_or`]).
+const RECENT: usize = 16;
+
+/// A `RateLimit` value this thread made: for the limit called `name` (this very `Arc`, which the
+/// entry keeps alive, so no other limit's name can take its address), `remaining` and `reset`.
+struct Recent {
+    name: Arc<str>,
+    remaining: u64,
+    reset: u64,
+    value: HeaderValue,
+}
+
+thread_local! {
+    static RECENT_VALUES: RefCell<[Option<Recent>; RECENT]> =
+        const { RefCell::new([const { None }; RECENT]) };
+}
+
+/// The `RateLimit` value of one limit's decision: the one this thread made last for the same name
+/// and numbers, or `make`'s (kept for the next request). Most admitted requests of a key well
+/// under its quota show the same numbers (a full burst less one, refilled within the same
+/// second), so they share one value instead of each writing and validating its own: a clone is a
+/// reference count. What it costs: each kept value holds its block (at most `RECENT` blocks of 8 KiB
+/// a thread beyond the one in use).
+pub(crate) fn recent_or(
+    name: &Arc<str>,
+    remaining: u64,
+    reset: u64,
+    make: impl FnOnce() -> Option<HeaderValue>,
+) -> Option<HeaderValue> {
+    let at = slot_of(name, remaining, reset);
+    let found = RECENT_VALUES.try_with(|recent| {
+        let recent = recent.borrow();
+        match &recent[at] {
+            Some(r)
+                if r.remaining == remaining && r.reset == reset && Arc::ptr_eq(&r.name, name) =>
+            {
+                Some(r.value.clone())
+            }
+            _ => None,
+        }
+    });
+    if let Ok(Some(value)) = found {
+        return Some(value);
+    }
+    let value = make()?;
+    // A thread that is exiting has no cache: the value is only not kept.
+    let _ = RECENT_VALUES.try_with(|recent| {
+        recent.borrow_mut()[at] = Some(Recent {
+            name: name.clone(),
+            remaining,
+            reset,
+            value: value.clone(),
+        });
+    });
+    Some(value)
+}
+
+/// Where [`recent_or`] keeps the value of `name`, `remaining` and `reset`.
+fn slot_of(name: &Arc<str>, remaining: u64, reset: u64) -> usize {
+    let address = Arc::as_ptr(name).cast::<u8>() as usize as u64;
+    let mixed =
+        (remaining ^ reset.rotate_left(21) ^ (address >> 4)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (mixed >> 60) as usize % RECENT
+}
+
 /// `bytes` as a header value in the thread's block, or `None` if they are not a valid one.
 pub(crate) fn value(bytes: &[u8]) -> Option<HeaderValue> {
     values([bytes]).map(|[value]| value)
@@ -29,6 +95,16 @@ pub(crate) fn value(bytes: &[u8]) -> Option<HeaderValue> {
 /// makes room for the next while alive: the block is started over only between decisions), or
 /// `None` if a part is not a valid value.
 pub(crate) fn values<const N: usize>(parts: [&[u8]; N]) -> Option<[HeaderValue; N]> {
+    let values = shared(parts).map(HeaderValue::from_maybe_shared);
+    if values.iter().any(Result::is_err) {
+        return None;
+    }
+    Some(values.map(|value| value.expect("checked above")))
+}
+
+/// `parts` written together into the thread's block, each a slice of it (not checked as header
+/// values: [`values`] does that).
+pub(crate) fn shared<const N: usize>(parts: [&[u8]; N]) -> [Bytes; N] {
     let total: usize = parts.iter().map(|part| part.len()).sum();
     let all = if total > BLOCK / 4 {
         // Not worth a block (only many stacked quotas with long names come here).
@@ -52,14 +128,10 @@ pub(crate) fn values<const N: usize>(parts: [&[u8]; N]) -> Option<[HeaderValue; 
     // Without a block (too long, or the thread is exiting and its block is gone): one allocation.
     let all = all.unwrap_or_else(|| Bytes::from(parts.concat()));
     let mut at = 0;
-    let values = parts.map(|part| {
+    parts.map(|part| {
         at += part.len();
-        HeaderValue::from_maybe_shared(all.slice(at - part.len()..at))
-    });
-    if values.iter().any(Result::is_err) {
-        return None;
-    }
-    Some(values.map(|value| value.expect("checked above")))
+        all.slice(at - part.len()..at)
+    })
 }
 
 /// A non-negative integer in decimal, on the stack.
@@ -109,6 +181,30 @@ mod tests {
         assert!(value(b"bad\nvalue").is_none());
         let long = vec![b'x'; BLOCK];
         assert_eq!(value(&long).unwrap().as_bytes(), &long[..]);
+    }
+
+    #[test]
+    fn a_recent_value_is_only_shared_with_the_same_name_and_numbers() {
+        let api: Arc<str> = "api".into();
+        let other: Arc<str> = "api".into();
+        let made = std::cell::Cell::new(0);
+        let make = |text: &str| {
+            made.set(made.get() + 1);
+            value(text.as_bytes())
+        };
+        let first = recent_or(&api, 9, 1, || make("\"api\";r=9;t=1")).unwrap();
+        assert_eq!(first, "\"api\";r=9;t=1");
+        // The same limit and numbers: the kept value, not a new one.
+        let again = recent_or(&api, 9, 1, || make("never")).unwrap();
+        assert_eq!((again, made.get()), (first, 1));
+        // Another number, or another limit of the same name (another `Arc`): made anew.
+        assert_eq!(recent_or(&api, 8, 1, || make("r8")).unwrap(), "r8");
+        assert_eq!(recent_or(&api, 9, 2, || make("t2")).unwrap(), "t2");
+        assert_eq!(recent_or(&other, 9, 1, || make("other")).unwrap(), "other");
+        assert_eq!(made.get(), 4);
+        // A value that cannot be made is not kept.
+        assert!(recent_or(&api, 7, 7, || None).is_none());
+        assert_eq!(recent_or(&api, 7, 7, || make("r7")).unwrap(), "r7");
     }
 
     #[test]

@@ -298,9 +298,44 @@ pub(crate) struct HeaderOptions {
 pub(crate) struct RateHeaders {
     policy: Option<HeaderValue>,
     ratelimit: Option<HeaderValue>,
-    legacy: Option<[HeaderValue; 3]>,
+    legacy: Option<LegacyDigits>,
     /// Boxed: opt in, and the fields travel with every admitted request's future.
     openai: Option<Box<openai::Fields>>,
+}
+
+/// The legacy fields' three numbers (limit, remaining, reset) as one run of digits in the thread's
+/// block, and where the first two end: 40 bytes where three values take 120, and the fields travel
+/// (moved, so copied) with every admitted request.
+#[derive(Debug)]
+struct LegacyDigits {
+    digits: Bytes,
+    ends: [u8; 2],
+}
+
+impl LegacyDigits {
+    /// The digits of `numbers` one after another (at most 60 bytes), and where the first two end.
+    fn write(numbers: [u64; 3]) -> (FieldBuf, [u8; 2]) {
+        let mut buf = FieldBuf::new();
+        let mut ends = [0u8; 2];
+        for (i, n) in numbers.into_iter().enumerate() {
+            buf.push(Digits::of(n).as_bytes());
+            if let Some(end) = ends.get_mut(i) {
+                *end = buf.len as u8;
+            }
+        }
+        (buf, ends)
+    }
+
+    /// The three values (`None` only if the digits were not digits: never).
+    fn values(self) -> Option<[HeaderValue; 3]> {
+        let [a, b] = self.ends.map(usize::from);
+        let value = |part: Bytes| HeaderValue::from_maybe_shared(part).ok();
+        Some([
+            value(self.digits.slice(..a))?,
+            value(self.digits.slice(a..b))?,
+            value(self.digits.slice(b..))?,
+        ])
+    }
 }
 
 /// The `RateLimit-Policy` value of a policy's limits (one list member per stacked quota): rendered
@@ -345,26 +380,44 @@ impl RateHeaders {
         combined: &Decision,
     ) -> Self {
         let mut headers = RateHeaders::default();
+        if !options.ratelimit && !options.legacy {
+            return headers;
+        }
+        if let ([name], [decision], true, false) =
+            (names, decisions, options.ratelimit, options.legacy)
+        {
+            // One limit, no legacy fields: the commonest answer, shared while its numbers hold.
+            let (remaining, reset) = (decision.remaining, decision.reset_after_secs());
+            headers.ratelimit = header_block::recent_or(name, remaining, reset, || {
+                let mut buf = FieldBuf::new();
+                match write_ratelimit(names, decisions, &mut buf) {
+                    Some(field) => header_block::value(field),
+                    None => ratelimit_field_sfv(names, decisions),
+                }
+            });
+            if headers.ratelimit.is_some() {
+                headers.policy = Some(policy.clone());
+            }
+            return headers;
+        }
         let mut buf = FieldBuf::new();
         let ratelimit = options
             .ratelimit
             .then(|| write_ratelimit(names, decisions, &mut buf));
         let legacy = options.legacy.then(|| {
-            [
+            LegacyDigits::write([
                 combined.limit,
                 combined.remaining,
                 combined.reset_after_secs(),
-            ]
-            .map(Digits::of)
+            ])
         });
         // The values of one response go into the thread's block together (header_block.rs).
-        match (ratelimit, &legacy) {
-            (Some(Some(field)), Some([l, r, t])) => {
-                if let Some([field, l, r, t]) =
-                    header_block::values([field, l.as_bytes(), r.as_bytes(), t.as_bytes()])
-                {
+        match (ratelimit, legacy) {
+            (Some(Some(field)), Some((digits, ends))) => {
+                let [field, digits] = header_block::shared([field, digits.written()]);
+                if let Ok(field) = HeaderValue::from_maybe_shared(field) {
                     headers.ratelimit = Some(field);
-                    headers.legacy = Some([l, r, t]);
+                    headers.legacy = Some(LegacyDigits { digits, ends });
                 }
             }
             (Some(Some(field)), None) => headers.ratelimit = header_block::value(field),
@@ -373,8 +426,9 @@ impl RateHeaders {
                     // Not written by hand (see ratelimit_field): through sfv.
                     headers.ratelimit = ratelimit_field_sfv(names, decisions);
                 }
-                if let Some(legacy) = legacy {
-                    headers.legacy = header_block::values(legacy.each_ref().map(Digits::as_bytes));
+                if let Some((digits, ends)) = legacy {
+                    let [digits] = header_block::shared([digits.written()]);
+                    headers.legacy = Some(LegacyDigits { digits, ends });
                 }
             }
         }
@@ -384,22 +438,24 @@ impl RateHeaders {
         headers
     }
 
-    /// With the OpenAI-style fields, if they are switched on (`limits[i]` decided `decisions[i]`).
-    pub(crate) fn with_openai(
-        mut self,
+    /// Adds the OpenAI-style fields, if they are switched on (`limits[i]` decided `decisions[i]`).
+    pub(crate) fn add_openai(
+        &mut self,
         options: HeaderOptions,
         limits: &[Limit],
         decisions: &[Decision],
-    ) -> Self {
+    ) {
         if options.openai {
             self.openai = Some(Box::new(openai::fields(limits, decisions)));
         }
-        self
     }
 
     /// Adds the fields to a response's headers. RateLimit fields are appended (each layer adds its
     /// list member); the legacy fields are set only if an inner layer has not set them.
     pub(crate) fn apply(self, map: &mut HeaderMap) {
+        if self.ratelimit.is_none() && self.legacy.is_none() && self.openai.is_none() {
+            return;
+        }
         // Room for every field at once: one growth at most, not one per field.
         let fields =
             2 * usize::from(self.ratelimit.is_some()) + 3 * usize::from(self.legacy.is_some());
@@ -410,7 +466,7 @@ impl RateHeaders {
         if let Some(ratelimit) = self.ratelimit {
             map.append(RATELIMIT.clone(), ratelimit);
         }
-        if let Some([limit, remaining, reset]) = self.legacy {
+        if let Some([limit, remaining, reset]) = self.legacy.and_then(LegacyDigits::values) {
             if !map.contains_key(&X_RATELIMIT_LIMIT) {
                 map.insert(X_RATELIMIT_LIMIT.clone(), limit);
                 map.insert(X_RATELIMIT_REMAINING.clone(), remaining);
@@ -519,12 +575,34 @@ impl FieldBuf {
     fn as_bytes(&self) -> Option<&[u8]> {
         (!self.overflowed).then(|| &self.bytes[..self.len])
     }
+
+    /// What was pushed, for a buffer that cannot have overflowed (at most 256 bytes pushed).
+    fn written(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// Sets `Retry-After` on a rejection unless the response already has one.
 pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
     if !map.contains_key(RETRY_AFTER) {
-        map.insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        map.insert(RETRY_AFTER, retry_after_value(seconds.max(1)));
+    }
+}
+
+/// How many `Retry-After` values are made once and shared: most refusals wait seconds, not hours.
+const SHARED_RETRY_AFTER: usize = 128;
+
+/// `seconds` as a header value: one of the values made once (a clone is a reference count) below
+/// `SHARED_RETRY_AFTER`, else a new one (an allocation, as every value was before).
+fn retry_after_value(seconds: u64) -> HeaderValue {
+    static SHARED: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        (0..SHARED_RETRY_AFTER as u64)
+            .map(HeaderValue::from)
+            .collect()
+    });
+    match usize::try_from(seconds) {
+        Ok(at) if at < SHARED_RETRY_AFTER => SHARED[at].clone(),
+        _ => HeaderValue::from(seconds),
     }
 }
 
@@ -533,6 +611,21 @@ mod tests {
     use super::*;
     use crate::quota::Quota;
     use std::time::Duration;
+
+    #[test]
+    fn retry_after_values_are_the_seconds_shared_or_not() {
+        for seconds in [0, 1, 59, 127, 128, 3_600, u64::MAX] {
+            assert_eq!(retry_after_value(seconds), HeaderValue::from(seconds));
+        }
+        let mut map = HeaderMap::new();
+        set_retry_after(&mut map, 0);
+        assert_eq!(
+            map[RETRY_AFTER], "1",
+            "never 0: a client would retry at once"
+        );
+        set_retry_after(&mut map, 30);
+        assert_eq!(map[RETRY_AFTER], "1", "a value already there is kept");
+    }
 
     #[test]
     fn refusal_labels_are_the_documented_ones() {

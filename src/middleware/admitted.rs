@@ -113,6 +113,9 @@ impl PolicyRules {
 /// of a stack's) and corrects each delayed limit's `remaining` in place.
 pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
     let mut delay = Duration::ZERO;
+    if !tier.delays {
+        return delay;
+    }
     for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
         if limit.delay().is_some() {
             delay = delay.max(limit.delay_for(decision));
@@ -127,11 +130,7 @@ pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Du
 }
 
 /// Adds each limit's decision to an admitted request's [`PolicyDecision`], if it has one.
-pub(crate) fn with_limits(
-    mut admitted: Admitted,
-    tier: &CompiledTier,
-    decisions: &[Decision],
-) -> Admitted {
+pub(crate) fn add_limits(admitted: &mut Admitted, tier: &CompiledTier, decisions: &[Decision]) {
     if let Some(exposed) = admitted.decision.as_deref_mut() {
         exposed.limits = tier
             .names
@@ -143,7 +142,6 @@ pub(crate) fn with_limits(
             })
             .collect();
     }
-    admitted
 }
 
 /// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see.

@@ -172,19 +172,31 @@ where
     pub(crate) fn carry_out_counted(
         verdict: Verdict,
         service: &mut S,
-        request: Request<ReqBody>,
+        mut request: Request<ReqBody>,
         release: Option<Release>,
         outcome: Option<Box<OutcomeGuard>>,
     ) -> Self
     where
         S: Clone,
     {
-        let admitted = match verdict {
+        let Admitted {
+            headers,
+            delay,
+            decision,
+            slot,
+        } = match verdict {
             Verdict::Admit(admitted) => admitted,
             Verdict::Reject(response) => return Self::refused(response),
         };
-        let delay = admitted.delay;
-        let (request, headers, slot) = prepare(admitted, release, request);
+        // Readied in place (the request is large: every move of it is a copy).
+        if let Some(decision) = decision {
+            crate::policy_decision::record(request.extensions_mut(), *decision);
+        }
+        // The concurrency slot it holds until its response ends.
+        let slot = match (slot, release) {
+            (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),
+            _ => None,
+        };
         if delay.is_zero() {
             Self::calling(service.call(request), headers, slot, outcome)
         } else {
@@ -235,27 +247,6 @@ where
             },
         }
     }
-}
-
-/// Readies an admitted request: its [`PolicyDecision`](crate::PolicyDecision) extension, its
-/// headers, and the concurrency slot it holds until its response ends.
-fn prepare<ReqBody>(
-    admitted: Admitted,
-    release: Option<Release>,
-    mut request: Request<ReqBody>,
-) -> (
-    Request<ReqBody>,
-    Option<RateHeaders>,
-    Option<ConcurrencySlot>,
-) {
-    if let Some(decision) = admitted.decision {
-        crate::policy_decision::record(request.extensions_mut(), *decision);
-    }
-    let slot = match (admitted.slot, release) {
-        (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),
-        _ => None,
-    };
-    (request, admitted.headers, slot)
 }
 
 impl<S, ReqBody, D> fmt::Debug for ResponseFuture<S, ReqBody, D>
@@ -346,12 +337,15 @@ where
                             meter = (*outcome).settle(response.status(), response.headers());
                         }
                     }
-                    let (mut parts, body) = response?.into_parts();
+                    // In place: the response's head is large, and every move of it is a copy.
+                    let mut response = response?;
                     if let Some(headers) = headers.take() {
-                        headers.apply(&mut parts.headers);
+                        headers.apply(response.headers_mut());
                     }
-                    let body = ThrottleBody::inner(body, slot.take(), meter);
-                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                    let slot = slot.take();
+                    return Poll::Ready(Ok(
+                        response.map(|body| ThrottleBody::inner(body, slot, meter))
+                    ));
                 }
                 StateProj::Ready { response } => {
                     let response = response

@@ -95,6 +95,8 @@ pub(crate) struct CompiledTier {
     /// `limits[0].max_cost()`, for the decision of a ban.
     pub(crate) limit_value: u64,
     pub(crate) concurrency: bool,
+    /// Whether a limit of the tier is in delay mode (most are not: no request waits).
+    pub(crate) delays: bool,
 }
 
 impl CompiledTier {
@@ -107,6 +109,7 @@ impl CompiledTier {
             policy_field: headers::policy_field(limits),
             limit_value: limits[0].max_cost(),
             concurrency: limits[0].algorithm() == Algorithm::Concurrency,
+            delays: limits.iter().any(|limit| limit.delay().is_some()),
         }
     }
 }

@@ -16,9 +16,7 @@ use crate::error::BackendError;
 use crate::grpc;
 use crate::headers::{self, RateHeaders, Refusal, RefusalKind, Rejected};
 use crate::key::Key;
-use crate::middleware::admitted::{
-    admit, queue_delay, with_limits, Admitted, PolicyRules, Verdict,
-};
+use crate::middleware::admitted::{add_limits, admit, queue_delay, Admitted, PolicyRules, Verdict};
 use crate::middleware::settings::{CompiledTier, OnBackendError, Settings};
 use crate::middleware::slot::SlotOwner;
 use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
@@ -325,21 +323,22 @@ impl Judge {
                 .reporter
                 .decision(&rules.name, shown, &decision, delay);
         }
-        let fields = RateHeaders::new(
+        let mut fields = RateHeaders::new(
             self.settings.headers,
             &tier.names,
             &tier.policy_field,
             decisions,
             &decision,
-        )
-        .with_openai(self.settings.headers, &tier.limits, decisions);
+        );
+        fields.add_openai(self.settings.headers, &tier.limits, decisions);
         if decision.allowed || !enforced {
             if !decision.allowed && !staged_off {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
             }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            let admitted = admit(rules, tier, decision, fields, delay, enforced, slot);
-            return Verdict::Admit(with_limits(admitted, tier, decisions));
+            let mut admitted = admit(rules, tier, decision, fields, delay, enforced, slot);
+            add_limits(&mut admitted, tier, decisions);
+            return Verdict::Admit(admitted);
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))

@@ -13,6 +13,7 @@ use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 
 use crate::backend::calls;
+use crate::gcra_group::push_replies;
 use crate::lua::{GCRA, GCRA_BATCH};
 
 pub(crate) fn evalsha_calls(server: &RedisServer) -> u64 {
@@ -180,6 +181,19 @@ pub(crate) fn on_a_test_clock(source: &str) -> redis::Script {
     ))
 }
 
+/// Sets the test clock of [`on_a_test_clock`] to `now_s` seconds and `now_us` microseconds.
+async fn set_test_clock(conn: &mut redis::aio::MultiplexedConnection, now_s: u64, now_us: u64) {
+    let _: () = redis::cmd("HSET")
+        .arg("test-clock")
+        .arg("s")
+        .arg(now_s)
+        .arg("us")
+        .arg(now_us)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 struct Rng(u64);
 impl Rng {
     fn below(&mut self, n: u64) -> u64 {
@@ -191,10 +205,12 @@ impl Rng {
     }
 }
 
-/// gcra_batch.lua decides a batch (several keys, repeated in any order, runs of identical items; quotas that change under a
-/// key; quantities 0, within, beyond the burst; stored states none, passed, within, beyond the
-/// tolerance, and not a TAT) exactly as gcra.lua decides its items one after the other at the same
-/// instant: the same five numbers per item, the same stored TAT and expiry per key.
+/// gcra_batch.lua decides a batch (several keys, repeated in any order, runs of identical items;
+/// quotas that change under a key; quantities 0, within, beyond the burst; stored states none,
+/// passed, within, beyond the tolerance, not a TAT, and a key of another type, whose items fail
+/// with WRONGTYPE alone) exactly as gcra.lua decides its items one after the other at the same
+/// instant: the same five numbers per item (its one backlog per group expanded by gcra_group.rs, as
+/// the backend expands it), the same stored TAT and expiry per key.
 #[tokio::test]
 async fn a_batch_decides_each_item_as_gcra_lua_alone() {
     let server = RedisServer::start();
@@ -218,15 +234,7 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
         let now_s = 1_700_000_000 + rng.below(1_000_000);
         let now_us = rng.below(1_000_000);
         let now_ns = now_s * 1_000_000_000 + now_us * 1000;
-        let _: () = redis::cmd("HSET")
-            .arg("test-clock")
-            .arg("s")
-            .arg(now_s)
-            .arg("us")
-            .arg(now_us)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        set_test_clock(&mut conn, now_s, now_us).await;
         let keys = 1 + rng.below(4);
         for k in 0..keys {
             let tolerance = quotas[rng.below(4) as usize].1;
@@ -238,9 +246,11 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                 4 => Some("not a tat at all".to_owned()),
                 _ => Some(format!("{}.5", now_ns + rng.below(tolerance))),
             };
+            // Now and then a key of another type (a list), which fails its own items.
+            let command = if rng.below(10) == 0 { "RPUSH" } else { "SET" };
             if let Some(stored) = stored {
                 for side in ["a", "b"] {
-                    let _: () = redis::cmd("SET")
+                    let _: () = redis::cmd(command)
                         .arg(format!("{side}:{k}"))
                         .arg(&stored)
                         .query_async(&mut conn)
@@ -251,6 +261,7 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
         }
         let groups = 1 + rng.below(20);
         let mut invocation = batch.prepare_invoke();
+        let mut sent = Vec::new();
         let mut expected = Vec::new();
         for _ in 0..groups {
             let k = rng.below(keys);
@@ -272,16 +283,21 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                 1
             };
             for _ in 0..run {
-                let reply: Vec<i64> = alone
+                let reply: Result<Vec<i64>, _> = alone
                     .key(format!("a:{k}"))
                     .arg(interval)
                     .arg(tolerance)
                     .arg(limit)
                     .arg(quantity)
                     .invoke_async(&mut conn)
-                    .await
-                    .unwrap();
-                expected.extend_from_slice(&reply[..5]);
+                    .await;
+                match reply {
+                    Ok(reply) => expected.extend_from_slice(&reply[..5]),
+                    Err(e) => {
+                        assert_eq!(e.code(), Some("WRONGTYPE"), "round {round}: {e}");
+                        expected.extend_from_slice(&[-1, 0, 0, 0, 0]);
+                    }
+                }
             }
             invocation
                 .key(format!("b:{k}"))
@@ -290,16 +306,29 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                 .arg(limit)
                 .arg(quantity)
                 .arg(run);
+            sent.push(((interval, tolerance, limit), quantity, run));
         }
-        let got: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
+        // One backlog per group (-1: not a string), expanded as the backend expands it.
+        let backlogs: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
+        assert_eq!(backlogs.len(), sent.len(), "round {round}");
+        let mut got = Vec::new();
+        for (backlog, (quota, quantity, run)) in backlogs.into_iter().zip(sent) {
+            let mut items = Vec::new();
+            match u64::try_from(backlog) {
+                Ok(backlog) => push_replies(&mut items, backlog, quota, quantity, run as usize),
+                Err(_) => items.resize(run as usize, [-1, 0, 0, 0, 0]),
+            }
+            got.extend(items.into_iter().flatten());
+        }
         assert_eq!(got, expected, "round {round}");
         for k in 0..keys {
-            let a: Option<String> = redis::cmd("GET")
+            // DUMP: a string's value, or a list's (which must be left alone).
+            let a: Option<Vec<u8>> = redis::cmd("DUMP")
                 .arg(format!("a:{k}"))
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let b: Option<String> = redis::cmd("GET")
+            let b: Option<Vec<u8>> = redis::cmd("DUMP")
                 .arg(format!("b:{k}"))
                 .query_async(&mut conn)
                 .await
@@ -324,6 +353,76 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
             );
         }
     }
+}
+
+/// A group whose items straddle the limit (a key 2 units into a burst of 5, then 7 identical
+/// checks of 1 unit, then 3 of 2 units): the first 3 admitted with remaining 2, 1, 0, the other 4
+/// refused with the same retry, then the 3 of 2 units refused; each item's five numbers are the
+/// lone gcra.lua call's, and the key is left as the lone calls leave it.
+#[tokio::test]
+async fn a_group_straddling_the_limit_answers_each_item_as_alone() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (alone, batch) = (on_a_test_clock(GCRA), on_a_test_clock(GCRA_BATCH));
+    const S: u64 = 1_000_000_000;
+    let (now_s, now_us) = (1_700_000_000_u64, 250_000_u64);
+    set_test_clock(&mut conn, now_s, now_us).await;
+    // 5 a minute, burst 5: one unit every 12 s; the key 2 units (24 s) ahead.
+    let quota = (12 * S, 60 * S, 5);
+    let tat = (now_s * S + now_us * 1000 + 24 * S).to_string();
+    for key in ["a", "b"] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(&tat)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let runs = [(1_u64, 7_usize), (2, 3)];
+    let mut expected = Vec::new();
+    let mut invocation = batch.prepare_invoke();
+    for (quantity, run) in runs {
+        for _ in 0..run {
+            let reply: Vec<i64> = alone
+                .key("a")
+                .arg(quota.0)
+                .arg(quota.1)
+                .arg(quota.2)
+                .arg(quantity)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            expected.push([reply[0], reply[1], reply[2], reply[3], reply[4]]);
+        }
+        invocation
+            .key("b")
+            .arg(quota.0)
+            .arg(quota.1)
+            .arg(quota.2)
+            .arg(quantity)
+            .arg(run);
+    }
+    let backlogs: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(backlogs, [24 * S as i64, 60 * S as i64]);
+    let mut got = Vec::new();
+    for ((quantity, run), backlog) in runs.into_iter().zip(backlogs) {
+        push_replies(&mut got, backlog as u64, quota, quantity, run);
+    }
+    assert_eq!(got, expected);
+    let admitted: Vec<i64> = got.iter().filter(|r| r[0] == 0).map(|r| r[2]).collect();
+    assert_eq!(admitted, [2, 1, 0], "3 admitted, remaining 2, 1, 0");
+    assert_eq!(
+        got[3..7].iter().map(|r| r[3]).collect::<Vec<_>>(),
+        [12 * S as i64; 4]
+    );
+    let stored: Vec<Option<String>> = redis::cmd("MGET")
+        .arg("a")
+        .arg("b")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stored[0], stored[1]);
 }
 
 /// While Redis stalls, every check of a batch fails within its own timeout (the failure policy then

@@ -10,6 +10,10 @@ mod support;
 #[allow(dead_code)]
 mod lua;
 
+/// The client's expansion of `gcra_batch.lua`'s reply (one backlog per group) into each item's reply.
+#[path = "../../src/backend/redis/gcra_group.rs"]
+mod gcra_group;
+
 mod algorithms;
 mod backend;
 mod batch;

@@ -1,6 +1,9 @@
 //! Coalesced exact batches: GCRA decisions that wait on the connection at the same moment go to
 //! Redis in one call of `gcra_batch.lua`, which decides each in arrival order exactly as `gcra.lua`
 //! would have alone (same decision, same stored state), and each waiting check gets its own answer.
+//! A run of identical checks (same key, quota and quantity: a hot key's) is one group, answered by
+//! the script with one number (the backlog its first check met), from which `gcra_group.rs` derives
+//! each check's answer by the script's own step.
 //!
 //! Why: a script call costs Redis about as much in fixed overhead (the call, `TIME`, the key's
 //! `GET` and `SET`) as in deciding, and under concurrency many checks wait on the same connection
@@ -45,6 +48,7 @@ use tokio::sync::oneshot;
 
 use super::args::{Args, CellArgs};
 use super::connection::RedisConnection;
+use super::gcra_group;
 use super::limits_call::LimitsCall;
 use super::scripts::{self, Answer};
 use crate::decision::Decision;
@@ -60,8 +64,9 @@ static LIMITS_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua:
 /// idle or half busy.
 const IN_FLIGHT: usize = 2;
 
-/// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (about
-/// 0.6 µs an item on one key, so well under a millisecond).
+/// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (a group
+/// of one key costs it the same whatever its size; a batch of 128 keys, 128 `SET`s: well under a
+/// millisecond).
 pub(super) const MAX_BATCH: usize = 128;
 
 /// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; lanes named by keys exist
@@ -472,7 +477,7 @@ async fn send_gcra(
     }
     // Runs of the same key, quota and quantity travel as one group (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
-    let mut ceilings = Vec::new();
+    let mut groups = Vec::new();
     let mut rest = &items[..];
     while let [(key, args, quantity), ..] = rest {
         let same = |a: &Args| (a.interval, a.tolerance, a.limit, a.ceiling);
@@ -487,40 +492,47 @@ async fn send_gcra(
             .arg(args.limit)
             .arg(*quantity)
             .arg(run);
-        ceilings.push(args.ceiling);
+        groups.push((*args, *quantity, run));
         rest = &rest[run..];
     }
     // A metered limit's debt is read as debt (see the script's header): only when there is one.
     if items.iter().any(|(_, args, _)| args.metered()) {
-        for ceiling in ceilings {
-            invocation.arg(ceiling);
+        for (args, _, _) in &groups {
+            invocation.arg(args.ceiling);
         }
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
-    if reply.len() != 5 * items.len() {
+    if reply.len() != groups.len() {
         return Err(RedisError::from((
             ErrorKind::UnexpectedReturnType,
             "the batch script returned a reply of the wrong length",
         )));
     }
-    Ok(reply
-        .chunks_exact(5)
-        .map(|r| {
-            if r[0] < 0 {
-                // This item's key holds another type: the error gcra.lua alone would have met.
-                return Err(RedisError::from((
-                    ErrorKind::Server(ServerErrorKind::ResponseError),
-                    "WRONGTYPE",
-                    "Operation against a key holding the wrong kind of value".to_owned(),
-                )));
-            }
+    let mut answers = Vec::with_capacity(items.len());
+    let mut replies = Vec::new();
+    for ((args, quantity, run), backlog) in groups.into_iter().zip(reply) {
+        let Ok(backlog) = u64::try_from(backlog) else {
+            // This group's key holds another type: the error gcra.lua alone would have met.
+            let wrongtype = RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value".to_owned(),
+            ));
+            answers.extend((0..run).map(|_| Err(wrongtype.clone())));
+            continue;
+        };
+        replies.clear();
+        let quota = (args.interval, args.tolerance, args.limit);
+        gcra_group::push_replies(&mut replies, backlog, quota, quantity, run);
+        answers.extend(replies.iter().map(|&r| {
             Ok(Reply::Gcra(Answer {
-                decision: scripts::from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos),
+                decision: scripts::from_reply(r, Duration::from_nanos),
                 whole_seconds: false,
                 banned: false,
             }))
-        })
-        .collect())
+        }));
+    }
+    Ok(answers)
 }
 
 /// A GCRA check's answer (a GCRA or `CL.THROTTLE` call answers in that kind).

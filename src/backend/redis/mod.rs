@@ -45,6 +45,7 @@ mod cluster_nodes;
 pub(crate) mod connection;
 mod deny;
 mod failing;
+mod gcra_group;
 mod health;
 mod lazy_cluster;
 mod lease;
