@@ -51,7 +51,7 @@ const WINDOWS: [Algorithm; 3] = [
 
 /// The server's clock (`TIME`) in nanoseconds, and the local instant no earlier than that reading:
 /// a local instant mapped through it is never ahead of the server.
-async fn server_clock(url: &str) -> (u64, Instant) {
+pub(crate) async fn server_clock(url: &str) -> (u64, Instant) {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();

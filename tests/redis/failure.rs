@@ -292,3 +292,47 @@ async fn requests_in_flight_during_a_freeze_do_not_delay_recovery() {
     let fastest = *recoveries.iter().min().unwrap();
     assert!(fastest < Duration::from_millis(400), "{recoveries:?}");
 }
+
+/// While the circuit is open, checks fail at once; a caller that retries at once on a one-thread
+/// runtime still lets the runtime's other tasks run (a fast failure spends the task's cooperative
+/// budget), the probe that closes the circuit among them. Before, a load task of the resharding
+/// test spun on its node's fast failures while the background probe waited to be polled, and the
+/// test hung with every server idle.
+#[tokio::test]
+async fn a_caller_retrying_fast_failures_at_once_lets_other_tasks_run() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use tower_throttle::{Backend, Key, Limit};
+
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let (limit, key) = (
+        Limit::new("spin", Quota::per_second(10)).unwrap(),
+        Key::from("spin"),
+    );
+    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    let frozen = freeze(&server);
+    // Times out: the circuit opens, and the next checks fail at once.
+    assert!(backend.check(&limit, &key, 1).await.is_err());
+    let ran = Arc::new(AtomicBool::new(false));
+    tokio::spawn({
+        let ran = ran.clone();
+        async move { ran.store(true, Ordering::SeqCst) }
+    });
+    let mut failures = 0;
+    while !ran.load(Ordering::SeqCst) {
+        assert!(backend.check(&limit, &key, 1).await.is_err());
+        failures += 1;
+        assert!(
+            failures <= 1000,
+            "{failures} failures in a row let no other task run"
+        );
+    }
+    drop(frozen);
+}

@@ -53,7 +53,15 @@ async fn a_failover_under_load_forgets_the_admissions_not_yet_replicated() {
         let in_doubt = samples.len() as u64 - admitted;
 
         assert_eq!(cli(replica.port(), &["REPLICAOF", "NO", "ONE"]).await, "OK");
-        let promoted = connect(&replica).await;
+        // Not a test of timeouts: the default 100 ms timed this peek out beside `stress-ng --cpu 2`
+        // (the promoted replica had just finished a full resync).
+        let promoted = RedisBackend::builder()
+            .url(replica.url())
+            .mode(RedisMode::Lua)
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
         let state = promoted
             .peek(std::slice::from_ref(&limit), &Key::from("steady"))
             .await

@@ -215,7 +215,14 @@ where
             ),
             None => "Redis is unreachable (failing fast until a probe gets through)".to_owned(),
         };
-        return Box::pin(std::future::ready(Err(BackendError::new(message))));
+        // Spends the task's cooperative budget: a caller that retries at once (a load loop, a
+        // queue worker) on a one-thread runtime must still let the runtime run its other tasks,
+        // the probe among them (a Cluster node's runs in the background), or the circuit never
+        // closes and the caller spins for ever. Once in 128 calls it yields.
+        return Box::pin(async move {
+            tokio::task::coop::consume_budget().await;
+            Err(BackendError::new(message))
+        });
     }
     let breaker = breaker.clone();
     Box::pin(async move {
