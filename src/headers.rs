@@ -743,6 +743,49 @@ mod tests {
     }
 
     #[test]
+    fn a_json_accept_before_html_prefers_json() {
+        let prefers_html = |accept: &str| {
+            let request = http::Request::get("/")
+                .header("accept", accept)
+                .body(())
+                .unwrap();
+            let default = || Response::new(Bytes::new());
+            Refusal {
+                kind: RefusalKind::Limited,
+                status: StatusCode::TOO_MANY_REQUESTS,
+                policy: None,
+                key: None,
+                decision: None,
+                retry_after: None,
+                detail: "",
+                request: crate::observe::RequestRef::of(&request),
+                default: &default,
+            }
+            .prefers_html()
+        };
+        // The first media type the client names that the layer can answer in wins.
+        assert!(!prefers_html("application/problem+json, text/html"));
+        assert!(!prefers_html("application/json;q=0.9, text/html"));
+        assert!(prefers_html("text/html, application/problem+json"));
+        assert!(prefers_html("image/png, TEXT/HTML"));
+        assert!(!prefers_html("image/png"));
+    }
+
+    #[test]
+    fn ordinary_names_take_the_hand_written_ratelimit_field() {
+        // The fast path (no `sfv` serializer, no allocation) is the one taken for names made of
+        // printable ASCII, escapes included; only a name sfv refuses falls back.
+        let d = [Decision::allowed(16, 15, Duration::from_millis(2001))];
+        for name in ["api", "q\"uote\\d", "~ !"] {
+            let mut buf = FieldBuf::new();
+            let names = [Arc::from(name)];
+            assert!(write_ratelimit(&names, &d, &mut buf).is_some(), "{name}");
+        }
+        let mut buf = FieldBuf::new();
+        assert!(write_ratelimit(&[Arc::from("caf\u{e9}")], &d, &mut buf).is_none());
+    }
+
+    #[test]
     fn the_hand_written_ratelimit_field_is_the_sfv_one() {
         let names: Vec<Arc<str>> = ["a", "api.1s", "q\"uote\\d", &"long".repeat(40)]
             .iter()
