@@ -39,6 +39,15 @@ declare -A TESTS=(
   [src/backend/memory/general.rs]="--lib --test memory -- $SKIP_SLOW"
   [src/backend/memory/general_shard.rs]="--lib --test memory -- $SKIP_SLOW"
   [src/backend/memory/entries.rs]="--lib --test memory -- $SKIP_SLOW"
+  # The Redis glue: the Redis test binary (needs redis-server, and REDIS_CELL_MODULE or
+  # target/redis-cell from `bash scripts/test.sh --setup-only`), only the tests that read it.
+  # gcra_group.rs turns a coalesced group's one backlog into each check's answer: the batch tests
+  # compare that with one-at-a-time gcra.lua calls (the test binary includes the same file).
+  [src/backend/redis/gcra_group.rs]="--all-features --test redis -- batch:: metered_parity::"
+  # A limits.lua call as data, alone or in a batch: the batch and parity tests of every algorithm.
+  [src/backend/redis/limits_call.rs]="--all-features --test redis -- batch_limits:: parity::"
+  # The scripts' arguments and keys: every algorithm's exact-count and parity tests.
+  [src/backend/redis/args.rs]="--all-features --test redis -- batch:: batch_limits:: parity:: algorithms::"
 )
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
@@ -80,6 +89,10 @@ rm -rf "$tree"
 mkdir -p "$tree"
 git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xmf - -C "$tree"
 export CARGO_TARGET_DIR="$PWD/target/mutants-build"
+# The Redis tests find the module through this (the copy has no target/redis-cell of its own).
+if [ -z "${REDIS_CELL_MODULE:-}" ] && [ -f target/redis-cell/libredis_cell.so ]; then
+  export REDIS_CELL_MODULE="$PWD/target/redis-cell/libredis_cell.so"
+fi
 out="$PWD/$out"
 
 # One cargo-mutants run per file, with that file's test binaries; the default features only (the

@@ -488,3 +488,28 @@ async fn auto_with_the_module_loaded_takes_the_coalesced_lua_path() {
     let (evals, cells) = flood_gcra(&server, alone, "auto-alone").await;
     assert_eq!((evals, cells), (0, CHECKS as u64), "auto, not coalesced");
 }
+
+/// On a Cluster, checks of keys in different slots that wait at the same time are batched by their
+/// first key's slot, never together (one script call must not span slots): every case's flood at
+/// once, and each case admits exactly its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_keys_in_different_slots_at_once_on_a_cluster_each_admit_their_limit() {
+    let cluster = RedisCluster::start();
+    let builder = RedisBackend::builder().cluster_urls(cluster.urls());
+    let backend = on_lua(builder, &cluster.urls()[0]).await;
+    let floods: Vec<_> = cases("slots")
+        .into_iter()
+        .map(|(name, limits)| {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                let got = flood(&backend, &limits, &format!("{name}-key")).await;
+                (name, got)
+            })
+        })
+        .collect();
+    for flood in floods {
+        let (name, got) = flood.await.unwrap();
+        let admitted = got.iter().filter(|(allowed, _)| *allowed).count();
+        assert_eq!(admitted, QUOTA as usize, "{name}: {admitted} admitted");
+    }
+}
