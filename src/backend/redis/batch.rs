@@ -475,9 +475,11 @@ async fn send_gcra(
             .await
             .map(|answer| vec![Ok(Reply::Gcra(answer))]);
     }
-    // Runs of the same key, quota and quantity travel as one group (see the script's header).
+    // Runs of the same key, quota and quantity travel as one group, with the quota's numbers only
+    // when they differ from the group's before (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
     let mut groups = Vec::new();
+    let mut last_quota = None;
     let mut rest = &items[..];
     while let [(key, args, quantity), ..] = rest {
         let same = |a: &Args| (a.interval, a.tolerance, a.limit, a.ceiling);
@@ -485,21 +487,14 @@ async fn send_gcra(
             .iter()
             .take_while(|(k, a, q)| k == key && q == quantity && same(a) == same(args))
             .count();
-        invocation
-            .key(*key)
-            .arg(args.interval)
-            .arg(args.tolerance)
-            .arg(args.limit)
-            .arg(*quantity)
-            .arg(run);
+        let quota = (args.interval, args.tolerance, args.ceiling);
+        let (count, numbers) = gcra_group::group_args(&mut last_quota, quota, *quantity, run);
+        invocation.key(*key).arg(count);
+        if let Some(numbers) = numbers {
+            invocation.arg(&numbers[..]);
+        }
         groups.push((*args, *quantity, run));
         rest = &rest[run..];
-    }
-    // A metered limit's debt is read as debt (see the script's header): only when there is one.
-    if items.iter().any(|(_, args, _)| args.metered()) {
-        for (args, _, _) in &groups {
-            invocation.arg(args.ceiling);
-        }
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != groups.len() {
