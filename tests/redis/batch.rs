@@ -300,8 +300,12 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                     }
                 }
             }
-            let (count, numbers) =
-                group_args(&mut last, (interval, tolerance, tolerance), quantity, run as usize);
+            let (count, numbers) = group_args(
+                &mut last,
+                (interval, tolerance, tolerance),
+                quantity,
+                run as usize,
+            );
             invocation.key(format!("b:{k}")).arg(count);
             if let Some(numbers) = numbers {
                 invocation.arg(&numbers[..]);
