@@ -590,3 +590,7 @@ fn mixed_up() -> RedisError {
         "a batch answered a check with a reply of another kind",
     ))
 }
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;
