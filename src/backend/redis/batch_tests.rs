@@ -25,8 +25,10 @@ fn waiting(n: usize) -> Vec<Waiter> {
 
 #[test]
 fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
-    let mut lane = Lane::default();
-    lane.waiting = waiting(10);
+    let mut lane = Lane {
+        waiting: waiting(10),
+        ..Lane::default()
+    };
     let first = lane.take();
     assert_eq!((first.len(), lane.in_flight, lane.flying), (10, 1, 10));
     lane.waiting = waiting(9);
@@ -48,8 +50,10 @@ fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
 
 #[test]
 fn a_lone_check_follows_a_lone_check_at_once() {
-    let mut lane = Lane::default();
-    lane.waiting = waiting(1);
+    let mut lane = Lane {
+        waiting: waiting(1),
+        ..Lane::default()
+    };
     lane.take();
     lane.waiting = waiting(1);
     assert!(
@@ -64,8 +68,10 @@ fn a_lone_check_follows_a_lone_check_at_once() {
 
 #[test]
 fn a_lane_with_nothing_in_flight_counts_no_check_in_flight() {
-    let mut lane = Lane::default();
-    lane.waiting = waiting(MAX_BATCH + 5);
+    let mut lane = Lane {
+        waiting: waiting(MAX_BATCH + 5),
+        ..Lane::default()
+    };
     let batch = lane.take();
     assert_eq!((batch.len(), lane.waiting.len()), (MAX_BATCH, 5));
     // A task that ends with a size it no longer matches (dropped half-way) cannot leave the lane
