@@ -39,6 +39,20 @@
 -- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.
 local keys, argv, n, quantity, token, penalty_after
 
+-- The string states (the GCRA's TAT, the windows' counts) are read and written through these four:
+-- alone they are Redis's own commands; limits_batch.lua puts its cache in their place, so that a
+-- batch reads such a key once and writes it once (what the last item would have written).
+local read_backlog = function(key)
+  return backlog_of(redis.call('GET', key))
+end
+local write_backlog = store_tat
+local read_string = function(key)
+  return redis.call('GET', key)
+end
+local write_string = function(key, value, ms)
+  redis.call('SET', key, value, 'PX', ms)
+end
+
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
 local function ceil_ms(us)
   local ms = math.ceil(us / 1000)
@@ -67,15 +81,15 @@ end
 -- GCRA: gcra.lua's step. A state written under another quota (beyond the ceiling) is rebased at
 -- once, whatever the other limits decide (that records no request).
 local function gcra(key, limit, interval, tolerance, q, ceiling)
-  local backlog = backlog_of(redis.call('GET', key))
+  local backlog = read_backlog(key)
   if backlog > ceiling then
     backlog = ceiling
-    store_tat(key, backlog)
+    write_backlog(key, backlog)
   end
   local reply, ahead = gcra_step(backlog, interval, tolerance, limit, q, ceiling)
   if reply[1] == 0 and q > 0 and ahead then
     return reply, function()
-      store_tat(key, ahead)
+      write_backlog(key, ahead)
     end
   end
   return reply
@@ -124,7 +138,7 @@ local function fixed_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local to_boundary = period - (now_us - window * period)
   local used = 0
-  local stored = redis.call('GET', key)
+  local stored = read_string(key)
   if stored then
     local w, c = string.match(stored, '^(%d+):(%d+)$')
     if w and tonumber(w) == window then
@@ -138,7 +152,7 @@ local function fixed_window(key, limit, period, q)
     if q > 0 then
       write = function()
         -- The window number is stored too, so an expiry rounded up past the boundary is harmless.
-        redis.call('SET', key, int(window) .. ':' .. int(total), 'PX', ceil_ms(to_boundary))
+        write_string(key, int(window) .. ':' .. int(total), ceil_ms(to_boundary))
       end
     end
     local reset_after = 0
@@ -162,7 +176,7 @@ local function sliding_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local left = period - (now_us - window * period)
   local current, previous = 0, 0
-  local stored = redis.call('GET', key)
+  local stored = read_string(key)
   if stored then
     local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
     if w then
@@ -191,7 +205,7 @@ local function sliding_window(key, limit, period, q)
     if q > 0 then
       write = function()
         -- Stale once the next window is over (it becomes nobody's previous).
-        redis.call('SET', key, int(window) .. ':' .. int(now_current) .. ':' .. int(previous), 'PX',
+        write_string(key, int(window) .. ':' .. int(now_current) .. ':' .. int(previous),
           ceil_ms(left + period))
       end
     end

@@ -10,8 +10,115 @@
 --         then zeros, so that it fails alone and the others are answered.
 --
 -- All items are decided at one instant (the prelude's one TIME): as if they had reached Redis in
--- the same microsecond, in the order given. Nothing is shared between items but Redis's keys:
--- every read and write an item makes is the one limits.lua would make alone.
+-- the same microsecond, in the order given.
+--
+-- The string states (a GCRA's TAT, a fixed or sliding window's counts: limits.lua's four
+-- accessors) go through a cache: a key is read from Redis once, by the first item that reads it;
+-- the items after it read what the ones before them wrote; and it is written once, after the last
+-- item, with the value and the expiry (PX, from the one clock) of the last write limits.lua alone
+-- would have made. A hot key's batch of k checks thus costs one GET and one SET instead of k of
+-- each. The sorted sets (sliding log, concurrency) and the penalty box's keys are read and written
+-- by each item, as alone. So that Redis and the cache never disagree about a key, a cached key is
+-- written out and forgotten before an item uses it otherwise (as a sorted set or a penalty key, or
+-- as the other kind of string state), and an item that names one key twice runs on Redis directly:
+-- alone, such a key would meet its other use's command (WRONGTYPE, or a value of the other
+-- format), and it does here too.
+
+-- Per key: {tat = true, v = backlog} (a GCRA's state, as backlog_of reads it) or {tat = false,
+-- v = value or false} (a window's), with `ms` (the expiry of its write) once an item wrote it.
+local cache = {}
+
+local direct_backlog, direct_write_backlog = read_backlog, write_backlog
+local direct_string, direct_write_string = read_string, write_string
+
+-- Writes a key's value as the last item that wrote it left it, and forgets the key.
+local function flush(key)
+  local entry = cache[key]
+  if not entry then
+    return
+  end
+  cache[key] = nil
+  if entry.ms then
+    if entry.tat then
+      store_tat(key, entry.v)
+    else
+      direct_write_string(key, entry.v, entry.ms)
+    end
+  end
+end
+
+-- The entry of `key` read as `tat` (true: a backlog; false: a string): from the cache, or from
+-- Redis (a failed read, WRONGTYPE, fails the item and caches nothing).
+local function entry_of(key, tat)
+  local entry = cache[key]
+  if entry and entry.tat ~= tat then
+    flush(key)
+    entry = nil
+  end
+  if not entry then
+    if tat then
+      entry = {tat = true, v = direct_backlog(key)}
+    else
+      entry = {tat = false, v = direct_string(key) or false}
+    end
+    cache[key] = entry
+  end
+  return entry
+end
+
+local function cached_backlog(key)
+  return entry_of(key, true).v
+end
+
+local function cached_write_backlog(key, ahead)
+  -- The expiry store_tat derives from the backlog (flush): ms only marks the write.
+  cache[key] = {tat = true, v = ahead, ms = true}
+end
+
+local function cached_string(key)
+  return entry_of(key, false).v
+end
+
+local function cached_write_string(key, value, ms)
+  cache[key] = {tat = false, v = value, ms = ms}
+end
+
+local function use(cached)
+  if cached then
+    read_backlog, write_backlog = cached_backlog, cached_write_backlog
+    read_string, write_string = cached_string, cached_write_string
+  else
+    read_backlog, write_backlog = direct_backlog, direct_write_backlog
+    read_string, write_string = direct_string, direct_write_string
+  end
+end
+
+-- Whether the item reads its string states through the cache: its keys are distinct. Before it
+-- runs, every key it uses otherwise than as a string state (or, when it runs directly, every key)
+-- is written out of the cache.
+local function prepare(item_keys, item_argv)
+  -- Arguments limits.lua refuses fail the item there; here they only mean "not cached".
+  local n = tonumber(item_argv[1]) or 0
+  local seen = {}
+  local distinct = true
+  for i = 1, #item_keys do
+    local key = item_keys[i]
+    if seen[key] then
+      distinct = false
+    end
+    seen[key] = true
+  end
+  for i = 1, #item_keys do
+    local kind = nil
+    if i <= n then
+      kind = tonumber(item_argv[6 + 4 * (i - 1) + 1])
+    end
+    if not distinct or not (kind == 0 or kind == 2 or kind == 3) then
+      flush(item_keys[i])
+    end
+  end
+  return distinct
+end
 
 local items = tonumber(ARGV[1])
 local out = {}
@@ -28,7 +135,10 @@ for _ = 1, items do
   end
   at_key = at_key + nkeys
   at_arg = at_arg + 2 + nargs
+  local cached = prepare(item_keys, item_argv)
+  use(cached)
   local ok, reply = pcall(limits, item_keys, item_argv)
+  use(true)
   if ok then
     for i = 1, #reply do
       out[#out + 1] = reply[i]
@@ -43,5 +153,8 @@ for _ = 1, items do
       out[#out + 1] = 0
     end
   end
+end
+for key in pairs(cache) do
+  flush(key)
 end
 return out
