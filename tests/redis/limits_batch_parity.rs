@@ -97,13 +97,21 @@ struct Item {
     args: Vec<u64>,
 }
 
-/// One random item on `limits`: one limit or a stack of them (now and then naming one limit
-/// twice, which limits_batch.lua runs directly, or a limit of another algorithm or quota on a
-/// limit's key, as a reloaded table may send), a quantity (0, 1, 7, or one per limit), and now and
-/// then a penalty box. Returns the item and whether it was one of those two odd shapes.
-fn random_item(rng: &mut Rng, limits: &[[u64; 4]], token: u64) -> (Item, bool) {
+/// The odd items of a round: a key named twice by one item (which limits_batch.lua runs directly),
+/// of which by limits of two kinds, and a limit of another algorithm or quota on a limit's key (as
+/// a reloaded table may send).
+#[derive(Default)]
+struct Odd {
+    twice: usize,
+    mixed: usize,
+    reshaped: usize,
+}
+
+/// One random item on `limits`: one limit or a stack of them (now and then an odd one, counted in
+/// `odd`), a quantity (0, 1, 7, or one per limit), and now and then a penalty box.
+fn random_item(rng: &mut Rng, limits: &[[u64; 4]], token: u64, odd: &mut Odd) -> Item {
     let mut chosen: Vec<usize> = Vec::new();
-    let repeat = rng.below(12) == 0;
+    let repeat = rng.below(8) == 0;
     for _ in 0..1 + rng.below(3) {
         let l = rng.below(limits.len() as u64) as usize;
         if repeat || !chosen.contains(&l) {
@@ -111,11 +119,17 @@ fn random_item(rng: &mut Rng, limits: &[[u64; 4]], token: u64) -> (Item, bool) {
         }
     }
     let mut specs: Vec<[u64; 4]> = chosen.iter().map(|&l| limits[l]).collect();
-    let reshaped = rng.below(16) == 0;
-    if reshaped {
+    if let Some(i) = (1..chosen.len()).find(|&i| chosen[..i].contains(&chosen[i])) {
+        odd.twice += 1;
+        if rng.below(2) == 0 {
+            specs[i] = random_limit(rng);
+            odd.mixed += usize::from(specs[i][0] != limits[chosen[i]][0]);
+        }
+    }
+    if rng.below(16) == 0 {
+        odd.reshaped += 1;
         specs[0] = random_limit(rng);
     }
-    let odd = reshaped || (repeat && (1..chosen.len()).any(|i| chosen[..i].contains(&chosen[i])));
     let n = chosen.len() as u64;
     let quantity = match rng.below(6) {
         0 => 0,
@@ -139,7 +153,7 @@ fn random_item(rng: &mut Rng, limits: &[[u64; 4]], token: u64) -> (Item, bool) {
     if penalty {
         names.extend(["strikes".to_owned(), "ban".to_owned()]);
     }
-    (Item { names, args }, odd)
+    Item { names, args }
 }
 
 fn side_key(side: &str, name: &str) -> String {
@@ -182,7 +196,8 @@ async fn a_limits_batch_decides_each_item_as_limits_lua_alone() {
     let alone = on_a_test_clock(LIMITS);
     let batch = on_a_test_clock(LIMITS_BATCH);
     let mut rng = Rng(0xba7c);
-    let (mut failed, mut banned, mut hot, mut crossed, mut odd) = (0, 0, 0, 0, 0);
+    let (mut failed, mut banned, mut hot, mut crossed) = (0, 0, 0, 0);
+    let mut odd = Odd::default();
     for round in 0..200 {
         run(&mut conn, &strings(&["FLUSHALL"])).await;
         // At least 2 s before a boundary of every period used (10 s, 1 min, 1 h): no key is
@@ -226,9 +241,8 @@ async fn a_limits_batch_decides_each_item_as_limits_lua_alone() {
             // Per limit, the items that check its key (a hot key: several in one batch).
             let mut uses = vec![0; limits.len()];
             for item in 0..items {
-                let (Item { names, args }, shape) =
-                    random_item(&mut rng, &limits, 1000 * step + item);
-                odd += usize::from(shape);
+                let Item { names, args } =
+                    random_item(&mut rng, &limits, 1000 * step + item, &mut odd);
                 for l in 0..limits.len() {
                     uses[l] += usize::from(names.contains(&l.to_string()));
                 }
@@ -277,10 +291,19 @@ async fn a_limits_batch_decides_each_item_as_limits_lua_alone() {
             }
         }
     }
+    let Odd {
+        twice,
+        mixed,
+        reshaped,
+    } = odd;
     assert!(
-        failed > 10 && banned > 10 && hot > 100 && crossed > 50 && odd > 20,
+        failed > 10 && banned > 10 && hot > 100 && crossed > 50,
         "{failed} items failed, {banned} banned, {hot} batches with a hot key, {crossed} crossed \
-         a boundary, {odd} odd items: too few"
+         a boundary: too few"
+    );
+    assert!(
+        twice > 20 && mixed > 5 && reshaped > 20,
+        "{twice} items named a key twice, {mixed} by two kinds, {reshaped} reshaped: too few"
     );
 }
 
