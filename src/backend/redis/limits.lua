@@ -53,6 +53,10 @@ local write_string = function(key, value, ms)
   redis.call('SET', key, value, 'PX', ms)
 end
 
+-- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's,
+-- since the items of a hot key repeat the same ones.
+local arg_number = tonumber
+
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
 local function ceil_ms(us)
   local ms = math.ceil(us / 1000)
@@ -271,12 +275,12 @@ local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurr
 
 local function decide(i, q)
   local base = 6 + 4 * (i - 1)
-  local kind = tonumber(argv[base + 1])
-  local limit = tonumber(argv[base + 2])
-  local a = tonumber(argv[base + 3])
-  local b = tonumber(argv[base + 4])
+  local kind = arg_number(argv[base + 1])
+  local limit = arg_number(argv[base + 2])
+  local a = arg_number(argv[base + 3])
+  local b = arg_number(argv[base + 4])
   if kind == 0 then
-    local ceiling = tonumber(argv[6 + 4 * n + i] or '0')
+    local ceiling = arg_number(argv[6 + 4 * n + i] or '0')
     if ceiling < b then
       ceiling = b
     end
@@ -286,15 +290,15 @@ local function decide(i, q)
 end
 
 local function limit_of(i)
-  return tonumber(argv[6 + 4 * (i - 1) + 2])
+  return arg_number(argv[6 + 4 * (i - 1) + 2])
 end
 
 local function limits(call_keys, call_argv)
   keys, argv = call_keys, call_argv
-  n = tonumber(argv[1])
-  quantity = tonumber(argv[2])
+  n = arg_number(argv[1])
+  quantity = arg_number(argv[2])
   token = argv[3]
-  penalty_after = tonumber(argv[4])
+  penalty_after = arg_number(argv[4])
   if penalty_after > 0 then
     local banned_ms = redis.call('PTTL', keys[n + 2])
     if banned_ms > 0 then
@@ -313,7 +317,7 @@ local function limits(call_keys, call_argv)
   local writes = {}
   local admitted = true
   for i = 1, n do
-    local result, write = decide(i, tonumber(argv[6 + 5 * n + i] or quantity))
+    local result, write = decide(i, arg_number(argv[6 + 5 * n + i] or quantity))
     results[i] = result
     writes[i] = write
     if result[1] == 1 then

@@ -83,6 +83,20 @@ local function cached_write_string(key, value, ms)
   cache[key] = {tat = false, v = value, ms = ms}
 end
 
+-- Each distinct argument's number, parsed once a batch.
+local numbers = {}
+arg_number = function(text)
+  local number = numbers[text]
+  if number == nil then
+    -- tonumber's own error for a missing argument, as alone.
+    number = tonumber(text)
+    if number ~= nil then
+      numbers[text] = number
+    end
+  end
+  return number
+end
+
 local function use(cached)
   if cached then
     read_backlog, write_backlog = cached_backlog, cached_write_backlog
@@ -95,50 +109,54 @@ end
 
 -- Whether the item reads its string states through the cache: its keys are distinct. Before it
 -- runs, every key it uses otherwise than as a string state (or, when it runs directly, every key)
--- is written out of the cache.
+-- is written out of the cache. (No table and no tonumber here: this runs for every item.)
 local function prepare(item_keys, item_argv)
+  local count = #item_keys
+  local distinct = true
+  for i = 2, count do
+    local key = item_keys[i]
+    for j = 1, i - 1 do
+      if item_keys[j] == key then
+        distinct = false
+      end
+    end
+  end
   -- Arguments limits.lua refuses fail the item there; here they only mean "not cached".
   local n = tonumber(item_argv[1]) or 0
-  local seen = {}
-  local distinct = true
-  for i = 1, #item_keys do
-    local key = item_keys[i]
-    if seen[key] then
-      distinct = false
-    end
-    seen[key] = true
-  end
-  for i = 1, #item_keys do
+  for i = 1, count do
     local kind = nil
     if i <= n then
-      kind = tonumber(item_argv[6 + 4 * (i - 1) + 1])
+      kind = item_argv[6 + 4 * (i - 1) + 1]
     end
-    if not distinct or not (kind == 0 or kind == 2 or kind == 3) then
+    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window.
+    if not distinct or not (kind == '0' or kind == '2' or kind == '3') then
       flush(item_keys[i])
     end
   end
   return distinct
 end
 
+use(true)
 local items = tonumber(ARGV[1])
 local out = {}
 local at_key, at_arg = 0, 1
 for _ = 1, items do
   local nkeys = tonumber(ARGV[at_arg + 1])
   local nargs = tonumber(ARGV[at_arg + 2])
-  local item_keys, item_argv = {}, {}
-  for i = 1, nkeys do
-    item_keys[i] = KEYS[at_key + i]
-  end
-  for i = 1, nargs do
-    item_argv[i] = ARGV[at_arg + 2 + i]
-  end
+  -- Each table made at its size at once (a table grown one element at a time is rebuilt as it
+  -- grows).
+  local item_keys = {unpack(KEYS, at_key + 1, at_key + nkeys)}
+  local item_argv = {unpack(ARGV, at_arg + 3, at_arg + 2 + nargs)}
   at_key = at_key + nkeys
   at_arg = at_arg + 2 + nargs
   local cached = prepare(item_keys, item_argv)
-  use(cached)
+  if not cached then
+    use(false)
+  end
   local ok, reply = pcall(limits, item_keys, item_argv)
-  use(true)
+  if not cached then
+    use(true)
+  end
   if ok then
     for i = 1, #reply do
       out[#out + 1] = reply[i]
