@@ -39,18 +39,40 @@
 -- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.
 local keys, argv, n, quantity, token, penalty_after
 
--- The string states (the GCRA's TAT, the windows' counts) are read and written through these four:
--- alone they are Redis's own commands; limits_batch.lua puts its cache in their place, so that a
--- batch reads such a key once and writes it once (what the last item would have written).
+-- The string states are read and written, decoded, through these six: alone they are Redis's own
+-- GET and SET in each state's format; limits_batch.lua puts its cache in their place, so that a
+-- batch reads such a key once and writes it once (what the last item would have written), and
+-- neither parses nor formats it per item.
+-- A GCRA's TAT, as its backlog (the prelude's backlog_of and store_tat).
 local read_backlog = function(key)
   return backlog_of(redis.call('GET', key))
 end
 local write_backlog = store_tat
-local read_string = function(key)
-  return redis.call('GET', key)
+-- A fixed window's "window:count": the window and the count (nothing: no key, or another format).
+local read_fixed = function(key)
+  local stored = redis.call('GET', key)
+  if stored then
+    local w, c = string.match(stored, '^(%d+):(%d+)$')
+    if w then
+      return tonumber(w), tonumber(c)
+    end
+  end
 end
-local write_string = function(key, value, ms)
-  redis.call('SET', key, value, 'PX', ms)
+local write_fixed = function(key, window, count, ms)
+  redis.call('SET', key, int(window) .. ':' .. int(count), 'PX', ms)
+end
+-- A sliding window's "window:current:previous".
+local read_sliding = function(key)
+  local stored = redis.call('GET', key)
+  if stored then
+    local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+    if w then
+      return tonumber(w), tonumber(c), tonumber(p)
+    end
+  end
+end
+local write_sliding = function(key, window, current, previous, ms)
+  redis.call('SET', key, int(window) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ms)
 end
 
 -- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's,
@@ -142,13 +164,10 @@ local function fixed_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local to_boundary = period - (now_us - window * period)
   local used = 0
-  local stored = read_string(key)
-  if stored then
-    local w, c = string.match(stored, '^(%d+):(%d+)$')
-    if w and tonumber(w) == window then
-      -- A count above the limit was written under another quota: it means "full" under this one.
-      used = math.min(tonumber(c), limit)
-    end
+  local w, c = read_fixed(key)
+  if w == window then
+    -- A count above the limit was written under another quota: it means "full" under this one.
+    used = math.min(c, limit)
   end
   if q <= limit - used then
     local total = used + q
@@ -156,7 +175,7 @@ local function fixed_window(key, limit, period, q)
     if q > 0 then
       write = function()
         -- The window number is stored too, so an expiry rounded up past the boundary is harmless.
-        write_string(key, int(window) .. ':' .. int(total), ceil_ms(to_boundary))
+        write_fixed(key, window, total, ceil_ms(to_boundary))
       end
     end
     local reset_after = 0
@@ -180,18 +199,14 @@ local function sliding_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local left = period - (now_us - window * period)
   local current, previous = 0, 0
-  local stored = read_string(key)
-  if stored then
-    local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    if w then
-      w = tonumber(w)
-      c = math.min(tonumber(c), limit)
-      p = math.min(tonumber(p), limit)
-      if w == window then
-        current, previous = c, p
-      elseif w + 1 == window then
-        current, previous = 0, c
-      end
+  local w, c, p = read_sliding(key)
+  if w then
+    c = math.min(c, limit)
+    p = math.min(p, limit)
+    if w == window then
+      current, previous = c, p
+    elseif w + 1 == window then
+      current, previous = 0, c
     end
   end
   -- The estimate times the period, exactly (see the header for the bounds).
@@ -209,8 +224,7 @@ local function sliding_window(key, limit, period, q)
     if q > 0 then
       write = function()
         -- Stale once the next window is over (it becomes nobody's previous).
-        write_string(key, int(window) .. ':' .. int(now_current) .. ':' .. int(previous),
-          ceil_ms(left + period))
+        write_sliding(key, window, now_current, previous, ceil_ms(left + period))
       end
     end
     if now_current > 0 then

@@ -12,26 +12,31 @@
 -- All items are decided at one instant (the prelude's one TIME): as if they had reached Redis in
 -- the same microsecond, in the order given.
 --
--- The string states (a GCRA's TAT, a fixed or sliding window's counts: limits.lua's four
--- accessors) go through a cache: a key is read from Redis once, by the first item that reads it;
--- the items after it read what the ones before them wrote; and it is written once, after the last
--- item, with the value and the expiry (PX, from the one clock) of the last write limits.lua alone
--- would have made. A hot key's batch of k checks thus costs one GET and one SET instead of k of
--- each. The sorted sets (sliding log, concurrency) and the penalty box's keys are read and written
--- by each item, as alone. So that Redis and the cache never disagree about a key, a cached key is
--- written out and forgotten before an item uses it otherwise (as a sorted set or a penalty key, or
--- as the other kind of string state), and an item that names one key twice runs on Redis directly:
--- alone, such a key would meet its other use's command (WRONGTYPE, or a value of the other
--- format), and it does here too.
+-- The string states (a GCRA's TAT, a fixed or sliding window's counts: limits.lua's six
+-- accessors) go through a cache of their decoded numbers: a key is read from Redis once, by the
+-- first item that reads it; the items after it read what the ones before them wrote; and it is
+-- written once, after the last item, with the value and the expiry (PX, from the one clock) of the
+-- last write limits.lua alone would have made. A hot key's batch of k checks thus costs one GET and
+-- one SET instead of k of each, and no parsing or formatting of the state per item. The sorted sets
+-- (sliding log, concurrency) and the penalty box's keys are read and written by each item, as
+-- alone. So that Redis and the cache never disagree about a key, a cached key is written out and
+-- forgotten before an item uses it otherwise (as a sorted set or a penalty key, or as another
+-- algorithm's state), and an item that names one key twice runs on Redis directly: alone, such a
+-- key would meet its other use's command (WRONGTYPE, or a value of the other format), and it does
+-- here too.
 
--- Per key: {tat = true, v = backlog} (a GCRA's state, as backlog_of reads it) or {tat = false,
--- v = value or false} (a window's), with `ms` (the expiry of its write) once an item wrote it.
+-- Per key: {kind = 0 (GCRA: a = backlog), 2 (fixed window: a = window, b = count) or 3 (sliding
+-- window: a = window, b = current, c = previous)}, as limits.lua's accessors read it (a = nil: no
+-- state), with `ms` once an item wrote it (the write's expiry; the TAT's follows from its backlog).
 local cache = {}
 
-local direct_backlog, direct_write_backlog = read_backlog, write_backlog
-local direct_string, direct_write_string = read_string, write_string
+local direct = {
+  [0] = {read_backlog, write_backlog},
+  [2] = {read_fixed, write_fixed},
+  [3] = {read_sliding, write_sliding},
+}
 
--- Writes a key's value as the last item that wrote it left it, and forgets the key.
+-- Writes a key's state as the last item that wrote it left it, and forgets the key.
 local function flush(key)
   local entry = cache[key]
   if not entry then
@@ -39,49 +44,61 @@ local function flush(key)
   end
   cache[key] = nil
   if entry.ms then
-    if entry.tat then
-      store_tat(key, entry.v)
+    local kind, write = entry.kind, direct[entry.kind][2]
+    if kind == 0 then
+      write(key, entry.a)
+    elseif kind == 2 then
+      write(key, entry.a, entry.b, entry.ms)
     else
-      direct_write_string(key, entry.v, entry.ms)
+      write(key, entry.a, entry.b, entry.c, entry.ms)
     end
   end
 end
 
--- The entry of `key` read as `tat` (true: a backlog; false: a string): from the cache, or from
--- Redis (a failed read, WRONGTYPE, fails the item and caches nothing).
-local function entry_of(key, tat)
+-- The entry of `key` read as `kind`: from the cache, or from Redis (a failed read, WRONGTYPE,
+-- fails the item and caches nothing).
+local function entry_of(key, kind)
   local entry = cache[key]
-  if entry and entry.tat ~= tat then
+  if entry and entry.kind ~= kind then
     flush(key)
     entry = nil
   end
   if not entry then
-    if tat then
-      entry = {tat = true, v = direct_backlog(key)}
-    else
-      entry = {tat = false, v = direct_string(key) or false}
-    end
+    local a, b, c = direct[kind][1](key)
+    entry = {kind = kind, a = a, b = b, c = c}
     cache[key] = entry
   end
   return entry
 end
 
-local function cached_backlog(key)
-  return entry_of(key, true).v
+-- A write follows the item's read of the same key, so its entry is there, of its kind.
+local function written(key, kind, a, b, c, ms)
+  local entry = entry_of(key, kind)
+  entry.a, entry.b, entry.c, entry.ms = a, b, c, ms
 end
 
-local function cached_write_backlog(key, ahead)
-  -- The expiry store_tat derives from the backlog (flush): ms only marks the write.
-  cache[key] = {tat = true, v = ahead, ms = true}
-end
-
-local function cached_string(key)
-  return entry_of(key, false).v
-end
-
-local function cached_write_string(key, value, ms)
-  cache[key] = {tat = false, v = value, ms = ms}
-end
+local cached = {
+  function(key)
+    return entry_of(key, 0).a
+  end,
+  function(key, ahead)
+    written(key, 0, ahead, nil, nil, true)
+  end,
+  function(key)
+    local entry = entry_of(key, 2)
+    return entry.a, entry.b
+  end,
+  function(key, window, count, ms)
+    written(key, 2, window, count, nil, ms)
+  end,
+  function(key)
+    local entry = entry_of(key, 3)
+    return entry.a, entry.b, entry.c
+  end,
+  function(key, window, current, previous, ms)
+    written(key, 3, window, current, previous, ms)
+  end,
+}
 
 -- Each distinct argument's number, parsed once a batch.
 local numbers = {}
@@ -97,13 +114,14 @@ arg_number = function(text)
   return number
 end
 
-local function use(cached)
-  if cached then
-    read_backlog, write_backlog = cached_backlog, cached_write_backlog
-    read_string, write_string = cached_string, cached_write_string
+local function use(through_cache)
+  if through_cache then
+    read_backlog, write_backlog, read_fixed, write_fixed, read_sliding, write_sliding =
+      unpack(cached)
   else
-    read_backlog, write_backlog = direct_backlog, direct_write_backlog
-    read_string, write_string = direct_string, direct_write_string
+    read_backlog, write_backlog = direct[0][1], direct[0][2]
+    read_fixed, write_fixed = direct[2][1], direct[2][2]
+    read_sliding, write_sliding = direct[3][1], direct[3][2]
   end
 end
 
