@@ -243,8 +243,8 @@ async fn a_limits_batch_decides_each_item_as_limits_lua_alone() {
             for item in 0..items {
                 let Item { names, args } =
                     random_item(&mut rng, &limits, 1000 * step + item, &mut odd);
-                for l in 0..limits.len() {
-                    uses[l] += usize::from(names.contains(&l.to_string()));
+                for (l, count) in uses.iter_mut().enumerate() {
+                    *count += usize::from(names.contains(&l.to_string()));
                 }
                 let n = args[0];
                 let mut call = alone.prepare_invoke();
