@@ -225,6 +225,9 @@ where
         });
     }
     let breaker = breaker.clone();
+    // The call is large (a script's or a batch's state machine): boxed once here, it is not
+    // copied again into this future's state and then into the timeout's.
+    let call = Box::pin(call);
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
         let on_node = NodeOutcome {
