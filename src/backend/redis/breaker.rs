@@ -185,7 +185,7 @@ impl Breaker {
     }
 
     /// On a Cluster, the primary of `key`'s slot, as the backend's slot map knows it.
-    fn node_for(&self, key: &str) -> Option<Arc<Node>> {
+    pub(super) fn node_for(&self, key: &str) -> Option<Arc<Node>> {
         self.nodes.as_ref()?.for_key(key)
     }
 }
@@ -202,7 +202,21 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, RedisError>> + Send + 'static,
 {
-    let node = breaker.node_for(key);
+    guarded_on(breaker, breaker.node_for(key), timeout, call)
+}
+
+/// [`guarded`], with the Cluster node picked beforehand ([`Breaker::node_for`]): a call that owns
+/// its key need not copy it to pick the node.
+pub(super) fn guarded_on<T, F>(
+    breaker: &Arc<Breaker>,
+    node: Option<Arc<Node>>,
+    timeout: Duration,
+    call: F,
+) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, RedisError>> + Send + 'static,
+{
     let admission = match (&node, &breaker.nodes) {
         (Some(node), Some(nodes)) => nodes.admit(node),
         _ => breaker.admit(),
