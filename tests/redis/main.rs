@@ -22,6 +22,7 @@ mod budget;
 mod cluster_failover;
 mod cluster_lazy;
 mod cluster_resharding;
+mod cluster_tryagain;
 mod count_outcome;
 mod failover;
 mod failure;

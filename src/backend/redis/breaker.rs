@@ -12,6 +12,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use super::circuit::{Admission, Circuit};
 use super::cluster_nodes::{ClusterNodes, Node};
 use super::failing::Failing;
+use super::heard::{self, Heard};
 use super::mode::RedisMode;
 use super::server::{is_not_primary, SingleServer};
 use crate::error::BackendError;
@@ -225,6 +226,9 @@ where
         });
     }
     let breaker = breaker.clone();
+    // On a Cluster: whether the call met TRYAGAIN (a migrating slot) before its time ran out.
+    let listener = breaker.nodes.is_some().then(Arc::<Heard>::default);
+    let call = heard::listening(listener.clone(), call);
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
         let on_node = NodeOutcome {
@@ -268,6 +272,20 @@ where
                     }
                 }
                 Err(BackendError::with_source("Redis failed to decide", e))
+            }
+            Err(_) if listener.as_ref().is_some_and(|h| h.tried_again()) => {
+                // The node answered TRYAGAIN until the time ran out: alive, its slot migrating
+                // with the call's keys split between two nodes. Only this call fails.
+                let why = format_args!(
+                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
+                );
+                breaker.failing.failed(&why);
+                breaker.answered();
+                breaker.call_answered();
+                on_node.answered();
+                Err(BackendError::new(format!(
+                    "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
+                )))
             }
             Err(_) => {
                 let why = format_args!("Redis did not answer within {timeout:?}");
