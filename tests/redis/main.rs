@@ -15,6 +15,7 @@ mod lua;
 mod gcra_group;
 
 mod algorithms;
+mod auto_without_command;
 mod backend;
 mod batch;
 mod batch_limits;
