@@ -4,15 +4,7 @@
 //! two of them a bare `|`). The running configuration stays in force.
 
 use crate::example_server::{admin_addr, json, send, start};
-
-const CONFIG: &str = r#"
-[[route]]
-name = "reply"
-path = "/reply"
-key = "header:x-user-id"
-count = 3
-period = "1m"
-"#;
+use crate::example_server_admin::CONFIG;
 
 #[tokio::test]
 async fn a_refused_reload_says_why_on_one_line() {
