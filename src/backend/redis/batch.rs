@@ -220,7 +220,7 @@ impl Batcher {
         let waiter = Waiter {
             job,
             answer: sender,
-            heard: heard::current(),
+            heard: if self.per_key { heard::current() } else { None },
         };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);

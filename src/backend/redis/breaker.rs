@@ -237,7 +237,29 @@ where
             was_probe,
             started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
-        let result = match tokio::time::timeout(timeout, call).await {
+        let outcome = tokio::time::timeout(timeout, call).await;
+        // Out of time (this call's, or its batch's) after the node answered TRYAGAIN.
+        let tried_again = listener.as_ref().is_some_and(|h| h.tried_again())
+            && match &outcome {
+                Ok(Ok(_)) => false,
+                Ok(Err(e)) => e.is_timeout(),
+                Err(_) => true,
+            };
+        let result = match outcome {
+            _ if tried_again => {
+                // Alive, its slot migrating with the call's keys split between two nodes: only
+                // this call fails.
+                let why = format_args!(
+                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
+                );
+                breaker.failing.failed(&why);
+                breaker.answered();
+                breaker.call_answered();
+                on_node.answered();
+                Err(BackendError::new(format!(
+                    "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
+                )))
+            }
             Ok(Ok(value)) => {
                 breaker.answered();
                 breaker.call_answered();
@@ -272,20 +294,6 @@ where
                     }
                 }
                 Err(BackendError::with_source("Redis failed to decide", e))
-            }
-            Err(_) if listener.as_ref().is_some_and(|h| h.tried_again()) => {
-                // The node answered TRYAGAIN until the time ran out: alive, its slot migrating
-                // with the call's keys split between two nodes. Only this call fails.
-                let why = format_args!(
-                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
-                );
-                breaker.failing.failed(&why);
-                breaker.answered();
-                breaker.call_answered();
-                on_node.answered();
-                Err(BackendError::new(format!(
-                    "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
-                )))
             }
             Err(_) => {
                 let why = format_args!("Redis did not answer within {timeout:?}");
