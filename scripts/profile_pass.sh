@@ -10,6 +10,10 @@
 #   N=20000 TOP=25 bash scripts/profile_pass.sh bare throttle-mem-pass-noheaders
 #   BIN=/tmp/base-server bash scripts/profile_pass.sh throttle-mem-pass   # another build of the server
 #
+# The Redis variants (throttle-cell-pass, redis-cell-peer-pass, ...) need REDIS_URL (a redis-server
+# with redis-cell loaded; REDIS_TIMEOUT_MS=5000 for the slow run); their counts are the server's own
+# work, not Redis's.
+#
 # Needs valgrind (Debian: apt-get install valgrind). The N requests are sent by oha (`-n N`) when it
 # is installed (on PATH or in target/tools/oha, where scripts/loadgen.sh puts it), else by python3's
 # http.client over CONNECTIONS keep-alive connections: only their number matters here, not their
@@ -84,7 +88,7 @@ for v in "${VARIANTS[@]}"; do
   file=$OUT/callgrind.$v
   rm -f "$file"*
   taskset -c 0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
-    "$BIN" "$v" --listen "127.0.0.1:$PORT" >"$OUT/$v.log" 2>&1 &
+    "$BIN" "$v" --listen "127.0.0.1:$PORT" ${REDIS_URL:+--redis "$REDIS_URL"} >"$OUT/$v.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done
   load "$WARMUP" >/dev/null

@@ -34,6 +34,7 @@ const VARIANTS: &[&str] = &[
     "throttle-cell-alone-pass",
     "throttle-lua-lease-pass",
     "throttle-cell-pass",
+    "throttle-cell-pass-noheaders",
     "throttle-lua-deny",
     "throttle-lua-deny-nocache",
     "throttle-cell-deny",
@@ -88,16 +89,36 @@ mod throttle {
         hello().layer(layer)
     }
 
+    /// The backend's timeout: REDIS_TIMEOUT_MS, else the crate's default (a profiler's slow run
+    /// needs more).
+    fn redis_timeout() -> std::time::Duration {
+        let ms = std::env::var("REDIS_TIMEOUT_MS").ok().and_then(|v| v.parse().ok());
+        std::time::Duration::from_millis(ms.unwrap_or(100))
+    }
+
     pub async fn redis(url: &str, mode: RedisMode, pass: bool, deny_cache: bool) -> Router {
+        redis_fields(url, mode, pass, deny_cache, true).await
+    }
+
+    /// [`redis`], with the `RateLimit` fields on or off.
+    pub async fn redis_fields(
+        url: &str,
+        mode: RedisMode,
+        pass: bool,
+        deny_cache: bool,
+        fields: bool,
+    ) -> Router {
         let builder = RedisBackend::builder()
             .url(url)
             .mode(mode)
-            .prefix(format!("lt{}", std::process::id()));
+            .prefix(format!("lt{}", std::process::id()))
+            .timeout(redis_timeout());
         let builder = set_deny_cache(builder, deny_cache);
         let backend = builder.connect().await.expect("connect to Redis");
         let layer = ThrottleLayer::builder()
             .backend(backend)
             .policy(policy(pass))
+            .ratelimit_headers(fields)
             .build()
             .expect("valid layer");
         hello().layer(layer)
@@ -109,6 +130,7 @@ mod throttle {
             .url(url)
             .mode(mode)
             .prefix(format!("lt{}", std::process::id()))
+            .timeout(redis_timeout())
             .coalesce(false)
             .connect()
             .await
@@ -127,6 +149,7 @@ mod throttle {
             .url(url)
             .mode(RedisMode::Lua)
             .prefix(format!("lt{}", std::process::id()))
+            .timeout(redis_timeout())
             .connect()
             .await
             .expect("connect to Redis");
@@ -335,6 +358,10 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         }
         "throttle-cell-pass" | "throttle-cell-deny" => {
             throttle::redis(redis()?, RedisMode::Cell, p, true).await
+        }
+        // As tower-redis-cell answers an admitted request: without rate-limit fields.
+        "throttle-cell-pass-noheaders" => {
+            throttle::redis_fields(redis()?, RedisMode::Cell, true, true, false).await
         }
         "redis-cell-peer-pass" | "redis-cell-peer-deny" => {
             redis_cell_peer::router(redis()?, p).await

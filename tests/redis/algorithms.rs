@@ -203,6 +203,10 @@ async fn every_window_algorithm_computes_window_rs_on_the_server_clock() {
         for (i, &(offset, quantity)) in steps.iter().enumerate() {
             tokio::time::sleep_until(at + ms(offset)).await;
             let redis = backend.check(&limit, &key, quantity).await.unwrap();
+            // The model decides at the step's time, Redis when the check reached it: on a loaded
+            // machine that is later, and its times are shorter by as much (at most this).
+            let late = tokio::time::Instant::now().saturating_duration_since(at + ms(offset));
+            let margin = ms(50) + late;
             let expected = model.decide(boundary + offset * 1_000_000, &params, quantity);
             let context = format!("{algorithm} step {i} at {offset} ms, quantity {quantity}:\n redis {redis:?}\n model {expected:?}");
             assert_eq!(redis.allowed, expected.allowed, "{context}");
@@ -214,10 +218,10 @@ async fn every_window_algorithm_computes_window_rs_on_the_server_clock() {
                 "{context}"
             );
             if let (Some(r), Some(e)) = (redis.retry_after, expected.retry_after) {
-                assert!(close(e, r, ms(50)), "{context}");
+                assert!(close(e, r, margin), "{context}");
             }
             assert!(
-                close(expected.reset_after, redis.reset_after, ms(50)),
+                close(expected.reset_after, redis.reset_after, margin),
                 "{context}"
             );
             assert!(redis.lease.is_none() && !redis.banned, "{context}");

@@ -29,6 +29,7 @@ mod failover;
 mod failure;
 mod full;
 mod harness;
+mod limits_batch_parity;
 mod metered;
 mod metered_parity;
 mod modes_on_backends;

@@ -226,6 +226,9 @@ where
         });
     }
     let breaker = breaker.clone();
+    // The call is large (a script's or a batch's state machine): boxed once here, it is not
+    // copied again into this future's state and then into the timeout's.
+    let call = Box::pin(call);
     // On a Cluster: whether the call met TRYAGAIN (a migrating slot) before its time ran out.
     let listener = breaker.nodes.is_some().then(Arc::<Heard>::default);
     let call = heard::listening(listener.clone(), call);

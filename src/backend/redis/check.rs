@@ -78,7 +78,9 @@ impl RedisState {
                         quantity,
                         want,
                     );
-                    fetched.await?
+                    // Boxed, as the calls of `decide` that do not go in a batch: they are rare,
+                    // and would otherwise make every check's future (moved as it starts) their size.
+                    Box::pin(fetched).await?
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
             };
@@ -275,14 +277,14 @@ impl RedisState {
                 // Coalesced (one pipelined write for the checks waiting at once) on one server.
                 let answer = match &self.batches {
                     Some(batches) if !conn.is_cluster() => batches.cell(key, cell, quantity).await,
-                    _ => scripts::throttle(conn, key, cell, quantity).await,
+                    _ => Box::pin(scripts::throttle(conn, key, cell, quantity)).await,
                 };
                 match answer {
                     Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
                         // The module went away (a restart without it): Lua from now on, and this
                         // request too (the failed command wrote nothing).
                         self.detector.cell_gone();
-                        scripts::gcra(conn, key, args, quantity).await
+                        Box::pin(scripts::gcra(conn, key, args, quantity)).await
                     }
                     other => other,
                 }
@@ -290,7 +292,7 @@ impl RedisState {
             // A penalty box's strikes and bans take keys of their own: such checks go alone.
             _ => match &self.batches {
                 Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
-                _ => scripts::gcra(conn, key, args, quantity).await,
+                _ => Box::pin(scripts::gcra(conn, key, args, quantity)).await,
             },
         }
     }

@@ -394,7 +394,9 @@ impl Detector {
         if known == UNKNOWN || breaker.lost() || now >= self.next_detect.load(Ordering::Relaxed) {
             // The loss is forgotten only once detection has answered, so a call dropped half-way
             // leaves it for the next one.
-            match cell_loaded(conn).await {
+            // Boxed: detection is rare (every 30 s), and its command's future would otherwise be
+            // part of every check's future, which is moved as it starts.
+            match Box::pin(cell_loaded(conn)).await {
                 Ok(loaded) => {
                     let path = if loaded { CELL } else { LUA };
                     if known != UNKNOWN && known != path {
