@@ -15,6 +15,7 @@ mod lua;
 mod gcra_group;
 
 mod algorithms;
+mod auto_without_command;
 mod backend;
 mod batch;
 mod batch_limits;
@@ -22,6 +23,7 @@ mod budget;
 mod cluster_failover;
 mod cluster_lazy;
 mod cluster_resharding;
+mod cluster_tryagain;
 mod count_outcome;
 mod failover;
 mod failure;

@@ -49,6 +49,7 @@ use tokio::sync::oneshot;
 use super::args::{Args, CellArgs};
 use super::connection::RedisConnection;
 use super::gcra_group;
+use super::heard::{self, Heard};
 use super::limits_call::LimitsCall;
 use super::scripts::{self, Answer};
 use crate::decision::Decision;
@@ -111,6 +112,8 @@ enum Reply {
 struct Waiter {
     job: Job,
     answer: oneshot::Sender<Result<Reply, RedisError>>,
+    /// The check's listener for `TRYAGAIN` (on a Cluster: heard.rs).
+    heard: Option<Arc<Heard>>,
 }
 
 #[derive(Default)]
@@ -217,6 +220,7 @@ impl Batcher {
         let waiter = Waiter {
             job,
             answer: sender,
+            heard: if self.per_key { heard::current() } else { None },
         };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -262,7 +266,9 @@ impl Batcher {
             // not decided: it takes nothing from the limit.
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
-                match tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await {
+                let listener = heard::for_batch(batch.iter().filter_map(|w| w.heard.clone()));
+                let sent = heard::listening(listener, send(&mut conn, &batch));
+                match tokio::time::timeout(self.timeout, sent).await {
                     Ok(answers) => {
                         for (waiter, answer) in batch.drain(..).zip(answers) {
                             let _ = waiter.answer.send(answer);
