@@ -38,6 +38,8 @@ fn never_reached(name: &str, algorithm: Algorithm) -> Limit {
 fn limits_of(case: &str) -> Vec<Limit> {
     if case.starts_with("sliding-window") {
         vec![never_reached("sw", Algorithm::SlidingWindow)]
+    } else if case.starts_with("fixed-window") {
+        vec![never_reached("fw", Algorithm::FixedWindow)]
     } else if case.starts_with("stack") {
         vec![
             never_reached("st-gcra", Algorithm::Gcra),
@@ -222,6 +224,8 @@ fn main() {
         "sliding-window-coalesced",
         "stack-alone",
         "stack-coalesced",
+        "fixed-window-alone",
+        "fixed-window-coalesced",
     ];
     let wanted = std::env::var("CASES").unwrap_or_default();
     let cases: Vec<&str> = all

@@ -86,7 +86,7 @@ PY
 for v in "${VARIANTS[@]}"; do
   PORT=$((20000 + RANDOM % 12000))
   file=$OUT/callgrind.$v
-  rm -f "$file"*
+  rm -f "$file" "$file".[0-9]*
   taskset -c 0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
     "$BIN" "$v" --listen "127.0.0.1:$PORT" ${REDIS_URL:+--redis "$REDIS_URL"} >"$OUT/$v.log" 2>&1 &
   SERVER=$!

@@ -102,9 +102,11 @@ impl Reloader {
                 "the server runs the built-in config: start it with --config FILE to reload".into(),
             );
         };
+        // On one line, as at start-up: a TOML error's excerpt would split the log line.
+        let source = crate::Source(path.clone());
         let text = tokio::task::block_in_place(|| std::fs::read_to_string(path))
-            .map_err(|e| format!("{path}: {e}"))?;
-        let mut config = Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?;
+            .map_err(|e| source.error(e))?;
+        let mut config = Config::from_toml(&text).map_err(|e| source.error(e))?;
         if let Some(backend) = &self.backend_override {
             config.backend = backend.clone();
         }
@@ -119,7 +121,7 @@ impl Reloader {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let config = handle
             .reload_config_checked(&running, config)
-            .map_err(|e| format!("{path}: {e}"))?;
+            .map_err(|e| source.error(e))?;
         let policies = config.routes.len();
         *running = config;
         Ok(policies)

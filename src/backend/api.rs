@@ -122,7 +122,9 @@ pub trait Backend: Send + Sync + 'static {
     /// between them, so giving back the whole amount could give back more than was taken; the
     /// middleware only asks while the units still count, `since` < the decision's `reset_after`);
     /// the fixed window takes the units out of the window that admitted
-    /// them if it is still the current one; the sliding window out of the window that admitted them
+    /// them if it is still the current one (known only when `now - since` falls in it too: a
+    /// request admitted within `since` of the window's start is not given back, it may have been
+    /// counted in the window before); the sliding window out of the window that admitted them
     /// (or, within `since` of a boundary, the one before, which weighs less); the sliding log removes
     /// `quantity` units logged at the admission or after the earliest time it may have been, the
     /// oldest first. A concurrency limit has nothing to refund (its slot is given back by

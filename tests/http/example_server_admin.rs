@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::example_server::{admin_addr, json, send, start, Server};
 use crate::support::redis as redis_support;
 
-const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 [[route]]
 name = "reply"
 path = "/reply"

@@ -30,7 +30,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// Generous: a failed decision here is a redirection not followed, not a slow machine. A stack
 /// waits (retrying `TRYAGAIN`) for as long as its slot migrates, seven `redis-cli` calls: with 500
 /// ms, stacks failed beside `stress-ng --cpu 2` (4 runs in 10), and a timeout opened the node's
-/// breaker.
+/// breaker (before tests/redis/cluster_tryagain.rs's fix: a timeout now leaves it closed).
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long each phase of the slow migration lasts under load.
 const PHASE: Duration = Duration::from_millis(400);

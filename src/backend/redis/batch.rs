@@ -51,6 +51,7 @@ use tokio::sync::oneshot;
 use super::args::{Args, CellArgs};
 use super::connection::RedisConnection;
 use super::gcra_group;
+use super::heard::{self, Heard};
 use super::limits_call::LimitsCall;
 use super::scripts::{self, Answer};
 use crate::decision::Decision;
@@ -112,6 +113,8 @@ enum Reply {
 struct Waiter {
     job: Job,
     answer: oneshot::Sender<Result<Reply, RedisError>>,
+    /// The check's listener for `TRYAGAIN` (on a Cluster: heard.rs).
+    heard: Option<Arc<Heard>>,
 }
 
 #[derive(Default)]
@@ -260,6 +263,7 @@ impl Batcher {
         let waiter = Waiter {
             job,
             answer: sender,
+            heard: if self.per_key { heard::current() } else { None },
         };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -303,10 +307,12 @@ impl Batcher {
         loop {
             // A check that went away (timed out, or its client left) before its batch left is
             // not decided: it takes nothing from the limit.
-            let sent = batch.len();
+            let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
-                match tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await {
+                let listener = heard::for_batch(batch.iter().filter_map(|w| w.heard.clone()));
+                let sent = heard::listening(listener, send(&mut conn, &batch));
+                match tokio::time::timeout(self.timeout, sent).await {
                     Ok(answers) => {
                         for (waiter, answer) in batch.drain(..).zip(answers) {
                             let _ = waiter.answer.send(answer);
@@ -326,8 +332,8 @@ impl Batcher {
                 unfinished.batcher = None;
                 return;
             };
-            lane.last_size = sent;
-            lane.ended(sent);
+            lane.last_size = size;
+            lane.ended(size);
             // The next batch leaves now if no other is in flight, or if it is full; otherwise the
             // batch in flight takes it when it answers.
             if lane.waiting.is_empty() || (lane.in_flight > 0 && !lane.full()) {

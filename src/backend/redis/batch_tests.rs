@@ -19,6 +19,7 @@ fn waiting(n: usize) -> Vec<Waiter> {
                 quantity: 1,
             },
             answer: oneshot::channel().0,
+            heard: None,
         })
         .collect()
 }

@@ -12,6 +12,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use super::circuit::{Admission, Circuit};
 use super::cluster_nodes::{ClusterNodes, Node};
 use super::failing::Failing;
+use super::heard::{self, Heard};
 use super::mode::RedisMode;
 use super::server::{is_not_primary, SingleServer};
 use crate::error::BackendError;
@@ -185,7 +186,7 @@ impl Breaker {
     }
 
     /// On a Cluster, the primary of `key`'s slot, as the backend's slot map knows it.
-    fn node_for(&self, key: &str) -> Option<Arc<Node>> {
+    pub(super) fn node_for(&self, key: &str) -> Option<Arc<Node>> {
         self.nodes.as_ref()?.for_key(key)
     }
 }
@@ -202,7 +203,21 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, RedisError>> + Send + 'static,
 {
-    let node = breaker.node_for(key);
+    guarded_on(breaker, breaker.node_for(key), timeout, call)
+}
+
+/// [`guarded`], with the Cluster node picked beforehand ([`Breaker::node_for`]): a call that owns
+/// its key need not copy it to pick the node.
+pub(super) fn guarded_on<T, F>(
+    breaker: &Arc<Breaker>,
+    node: Option<Arc<Node>>,
+    timeout: Duration,
+    call: F,
+) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, RedisError>> + Send + 'static,
+{
     let admission = match (&node, &breaker.nodes) {
         (Some(node), Some(nodes)) => nodes.admit(node),
         _ => breaker.admit(),
@@ -228,6 +243,9 @@ where
     // The call is large (a script's or a batch's state machine): boxed once here, it is not
     // copied again into this future's state and then into the timeout's.
     let call = Box::pin(call);
+    // On a Cluster: whether the call met TRYAGAIN (a migrating slot) before its time ran out.
+    let listener = breaker.nodes.is_some().then(Arc::<Heard>::default);
+    let call = heard::listening(listener.clone(), call);
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
         let on_node = NodeOutcome {
@@ -236,7 +254,29 @@ where
             was_probe,
             started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
-        let result = match tokio::time::timeout(timeout, call).await {
+        let outcome = tokio::time::timeout(timeout, call).await;
+        // Out of time (this call's, or its batch's) after the node answered TRYAGAIN.
+        let tried_again = listener.as_ref().is_some_and(|h| h.tried_again())
+            && match &outcome {
+                Ok(Ok(_)) => false,
+                Ok(Err(e)) => e.is_timeout(),
+                Err(_) => true,
+            };
+        let result = match outcome {
+            _ if tried_again => {
+                // Alive, its slot migrating with the call's keys split between two nodes: only
+                // this call fails.
+                let why = format_args!(
+                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
+                );
+                breaker.failing.failed(&why);
+                breaker.answered();
+                breaker.call_answered();
+                on_node.answered();
+                Err(BackendError::new(format!(
+                    "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
+                )))
+            }
             Ok(Ok(value)) => {
                 breaker.answered();
                 breaker.call_answered();

@@ -433,7 +433,7 @@ impl Settings {
             &self.name,
         );
         let mut conn = state.conn.clone();
-        let mode = self.mode;
+        let mode = state.detector.set_up_mode();
         let probe = async {
             match mode {
                 RedisMode::Lua => scripts::load_gcra(&mut conn).await,

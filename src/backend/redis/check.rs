@@ -10,7 +10,7 @@ use std::time::Instant;
 use redis::RedisError;
 
 use super::args::{stack_error, Args, Spec};
-use super::breaker::guarded;
+use super::breaker::{guarded, guarded_on};
 use super::budget::{Fetching, Gcra, Local};
 use super::connection::is_unknown_command;
 use super::deny::Rejection;
@@ -60,8 +60,8 @@ impl RedisState {
         let state = self.clone();
         let generation = self.deny.as_ref().map_or(0, |d| d.generation());
         // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
-        let slot_key = redis_key.clone();
-        guarded(&self.breaker, &slot_key, self.timeout, async move {
+        let node = self.breaker.node_for(&redis_key);
+        guarded_on(&self.breaker, node, self.timeout, async move {
             let sent = Instant::now();
             let Answer {
                 decision,

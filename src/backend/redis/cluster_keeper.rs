@@ -122,7 +122,7 @@ async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnectio
 /// load or detect again.
 async fn ready(state: &RedisState, lazy: &LazyCluster) {
     let mut conn = state.conn.clone();
-    let prepared = match state.detector.mode() {
+    let prepared = match state.detector.set_up_mode() {
         RedisMode::Lua => scripts::load_gcra(&mut conn).await,
         RedisMode::Cell | RedisMode::Auto => cell_loaded(&mut conn).await.map(|loaded| {
             if state.detector.mode() == RedisMode::Cell && !loaded {

@@ -324,6 +324,17 @@ impl Detector {
         self.mode
     }
 
+    /// What connecting prepares for: `Lua` where detection could not change the path (`Lua`, and
+    /// `Auto` with coalescing on, which takes the Lua path, module or not), so no `COMMAND INFO`
+    /// round trip asks for the module; else the mode.
+    pub(super) fn set_up_mode(&self) -> RedisMode {
+        if self.lua_first {
+            RedisMode::Lua
+        } else {
+            self.mode
+        }
+    }
+
     /// Whether a decision may take `CL.THROTTLE`: `Cell`, or `Auto` without coalescing.
     pub(super) fn may_use_cell(&self) -> bool {
         self.mode == RedisMode::Cell || (self.mode == RedisMode::Auto && !self.lua_first)

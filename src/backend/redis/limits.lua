@@ -39,6 +39,46 @@
 -- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.
 local keys, argv, n, quantity, token, penalty_after
 
+-- The string states are read and written, decoded, through these six: alone they are Redis's own
+-- GET and SET in each state's format; limits_batch.lua puts its cache in their place, so that a
+-- batch reads such a key once and writes it once (what the last item would have written), and
+-- neither parses nor formats it per item.
+-- A GCRA's TAT, as its backlog (the prelude's backlog_of and store_tat).
+local read_backlog = function(key)
+  return backlog_of(redis.call('GET', key))
+end
+local write_backlog = store_tat
+-- A fixed window's "window:count": the window and the count (nothing: no key, or another format).
+local read_fixed = function(key)
+  local stored = redis.call('GET', key)
+  if stored then
+    local w, c = string.match(stored, '^(%d+):(%d+)$')
+    if w then
+      return tonumber(w), tonumber(c)
+    end
+  end
+end
+local write_fixed = function(key, window, count, ms)
+  redis.call('SET', key, int(window) .. ':' .. int(count), 'PX', ms)
+end
+-- A sliding window's "window:current:previous".
+local read_sliding = function(key)
+  local stored = redis.call('GET', key)
+  if stored then
+    local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+    if w then
+      return tonumber(w), tonumber(c), tonumber(p)
+    end
+  end
+end
+local write_sliding = function(key, window, current, previous, ms)
+  redis.call('SET', key, int(window) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ms)
+end
+
+-- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's,
+-- since the items of a hot key repeat the same ones.
+local arg_number = tonumber
+
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
 local function ceil_ms(us)
   local ms = math.ceil(us / 1000)
@@ -67,15 +107,15 @@ end
 -- GCRA: gcra.lua's step. A state written under another quota (beyond the ceiling) is rebased at
 -- once, whatever the other limits decide (that records no request).
 local function gcra(key, limit, interval, tolerance, q, ceiling)
-  local backlog = backlog_of(redis.call('GET', key))
+  local backlog = read_backlog(key)
   if backlog > ceiling then
     backlog = ceiling
-    store_tat(key, backlog)
+    write_backlog(key, backlog)
   end
   local reply, ahead = gcra_step(backlog, interval, tolerance, limit, q, ceiling)
   if reply[1] == 0 and q > 0 and ahead then
     return reply, function()
-      store_tat(key, ahead)
+      write_backlog(key, ahead)
     end
   end
   return reply
@@ -124,13 +164,10 @@ local function fixed_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local to_boundary = period - (now_us - window * period)
   local used = 0
-  local stored = redis.call('GET', key)
-  if stored then
-    local w, c = string.match(stored, '^(%d+):(%d+)$')
-    if w and tonumber(w) == window then
-      -- A count above the limit was written under another quota: it means "full" under this one.
-      used = math.min(tonumber(c), limit)
-    end
+  local w, c = read_fixed(key)
+  if w == window then
+    -- A count above the limit was written under another quota: it means "full" under this one.
+    used = math.min(c, limit)
   end
   if q <= limit - used then
     local total = used + q
@@ -138,7 +175,7 @@ local function fixed_window(key, limit, period, q)
     if q > 0 then
       write = function()
         -- The window number is stored too, so an expiry rounded up past the boundary is harmless.
-        redis.call('SET', key, int(window) .. ':' .. int(total), 'PX', ceil_ms(to_boundary))
+        write_fixed(key, window, total, ceil_ms(to_boundary))
       end
     end
     local reset_after = 0
@@ -162,18 +199,14 @@ local function sliding_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local left = period - (now_us - window * period)
   local current, previous = 0, 0
-  local stored = redis.call('GET', key)
-  if stored then
-    local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    if w then
-      w = tonumber(w)
-      c = math.min(tonumber(c), limit)
-      p = math.min(tonumber(p), limit)
-      if w == window then
-        current, previous = c, p
-      elseif w + 1 == window then
-        current, previous = 0, c
-      end
+  local w, c, p = read_sliding(key)
+  if w then
+    c = math.min(c, limit)
+    p = math.min(p, limit)
+    if w == window then
+      current, previous = c, p
+    elseif w + 1 == window then
+      current, previous = 0, c
     end
   end
   -- The estimate times the period, exactly (see the header for the bounds).
@@ -191,8 +224,7 @@ local function sliding_window(key, limit, period, q)
     if q > 0 then
       write = function()
         -- Stale once the next window is over (it becomes nobody's previous).
-        redis.call('SET', key, int(window) .. ':' .. int(now_current) .. ':' .. int(previous), 'PX',
-          ceil_ms(left + period))
+        write_sliding(key, window, now_current, previous, ceil_ms(left + period))
       end
     end
     if now_current > 0 then
@@ -257,12 +289,12 @@ local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurr
 
 local function decide(i, q)
   local base = 6 + 4 * (i - 1)
-  local kind = tonumber(argv[base + 1])
-  local limit = tonumber(argv[base + 2])
-  local a = tonumber(argv[base + 3])
-  local b = tonumber(argv[base + 4])
+  local kind = arg_number(argv[base + 1])
+  local limit = arg_number(argv[base + 2])
+  local a = arg_number(argv[base + 3])
+  local b = arg_number(argv[base + 4])
   if kind == 0 then
-    local ceiling = tonumber(argv[6 + 4 * n + i] or '0')
+    local ceiling = arg_number(argv[6 + 4 * n + i] or '0')
     if ceiling < b then
       ceiling = b
     end
@@ -272,15 +304,15 @@ local function decide(i, q)
 end
 
 local function limit_of(i)
-  return tonumber(argv[6 + 4 * (i - 1) + 2])
+  return arg_number(argv[6 + 4 * (i - 1) + 2])
 end
 
 local function limits(call_keys, call_argv)
   keys, argv = call_keys, call_argv
-  n = tonumber(argv[1])
-  quantity = tonumber(argv[2])
+  n = arg_number(argv[1])
+  quantity = arg_number(argv[2])
   token = argv[3]
-  penalty_after = tonumber(argv[4])
+  penalty_after = arg_number(argv[4])
   if penalty_after > 0 then
     local banned_ms = redis.call('PTTL', keys[n + 2])
     if banned_ms > 0 then
@@ -299,7 +331,7 @@ local function limits(call_keys, call_argv)
   local writes = {}
   local admitted = true
   for i = 1, n do
-    local result, write = decide(i, tonumber(argv[6 + 5 * n + i] or quantity))
+    local result, write = decide(i, arg_number(argv[6 + 5 * n + i] or quantity))
     results[i] = result
     writes[i] = write
     if result[1] == 1 then

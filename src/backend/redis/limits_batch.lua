@@ -10,25 +10,171 @@
 --         then zeros, so that it fails alone and the others are answered.
 --
 -- All items are decided at one instant (the prelude's one TIME): as if they had reached Redis in
--- the same microsecond, in the order given. Nothing is shared between items but Redis's keys:
--- every read and write an item makes is the one limits.lua would make alone.
+-- the same microsecond, in the order given.
+--
+-- The string states (a GCRA's TAT, a fixed or sliding window's counts: limits.lua's six
+-- accessors) go through a cache of their decoded numbers: a key is read from Redis once, by the
+-- first item that reads it; the items after it read what the ones before them wrote; and it is
+-- written once, after the last item, with the value and the expiry (PX, from the one clock) of the
+-- last write limits.lua alone would have made. A hot key's batch of k checks thus costs one GET and
+-- one SET instead of k of each, and no parsing or formatting of the state per item. The sorted sets
+-- (sliding log, concurrency) and the penalty box's keys are read and written by each item, as
+-- alone. So that Redis and the cache never disagree about a key, a cached key is written out and
+-- forgotten before an item uses it otherwise (as a sorted set or a penalty key, or as another
+-- algorithm's state), and an item that names one key twice runs on Redis directly: alone, such a
+-- key would meet its other use's command (WRONGTYPE, or a value of the other format), and it does
+-- here too.
 
+-- Per key: {kind = 0 (GCRA: a = backlog), 2 (fixed window: a = window, b = count) or 3 (sliding
+-- window: a = window, b = current, c = previous)}, as limits.lua's accessors read it (a = nil: no
+-- state), with `ms` once an item wrote it (the write's expiry; the TAT's follows from its backlog).
+local cache = {}
+
+local direct = {
+  [0] = {read_backlog, write_backlog},
+  [2] = {read_fixed, write_fixed},
+  [3] = {read_sliding, write_sliding},
+}
+
+-- Writes a key's state as the last item that wrote it left it, and forgets the key.
+local function flush(key)
+  local entry = cache[key]
+  if not entry then
+    return
+  end
+  cache[key] = nil
+  if entry.ms then
+    local kind, write = entry.kind, direct[entry.kind][2]
+    if kind == 0 then
+      write(key, entry.a)
+    elseif kind == 2 then
+      write(key, entry.a, entry.b, entry.ms)
+    else
+      write(key, entry.a, entry.b, entry.c, entry.ms)
+    end
+  end
+end
+
+-- The entry of `key` read as `kind`: from the cache, or from Redis (a failed read, WRONGTYPE,
+-- fails the item and caches nothing).
+local function entry_of(key, kind)
+  local entry = cache[key]
+  if entry and entry.kind ~= kind then
+    flush(key)
+    entry = nil
+  end
+  if not entry then
+    local a, b, c = direct[kind][1](key)
+    entry = {kind = kind, a = a, b = b, c = c}
+    cache[key] = entry
+  end
+  return entry
+end
+
+-- A write follows the item's read of the same key, so its entry is there, of its kind.
+local function written(key, kind, a, b, c, ms)
+  local entry = entry_of(key, kind)
+  entry.a, entry.b, entry.c, entry.ms = a, b, c, ms
+end
+
+local cached = {
+  function(key)
+    return entry_of(key, 0).a
+  end,
+  function(key, ahead)
+    written(key, 0, ahead, nil, nil, true)
+  end,
+  function(key)
+    local entry = entry_of(key, 2)
+    return entry.a, entry.b
+  end,
+  function(key, window, count, ms)
+    written(key, 2, window, count, nil, ms)
+  end,
+  function(key)
+    local entry = entry_of(key, 3)
+    return entry.a, entry.b, entry.c
+  end,
+  function(key, window, current, previous, ms)
+    written(key, 3, window, current, previous, ms)
+  end,
+}
+
+-- Each distinct argument's number, parsed once a batch.
+local numbers = {}
+arg_number = function(text)
+  local number = numbers[text]
+  if number == nil then
+    -- tonumber's own error for a missing argument, as alone.
+    number = tonumber(text)
+    if number ~= nil then
+      numbers[text] = number
+    end
+  end
+  return number
+end
+
+local function use(through_cache)
+  if through_cache then
+    read_backlog, write_backlog, read_fixed, write_fixed, read_sliding, write_sliding =
+      unpack(cached)
+  else
+    read_backlog, write_backlog = direct[0][1], direct[0][2]
+    read_fixed, write_fixed = direct[2][1], direct[2][2]
+    read_sliding, write_sliding = direct[3][1], direct[3][2]
+  end
+end
+
+-- Whether the item reads its string states through the cache: its keys are distinct. Before it
+-- runs, every key it uses otherwise than as a string state (or, when it runs directly, every key)
+-- is written out of the cache. (No table and no tonumber here: this runs for every item.)
+local function prepare(item_keys, item_argv)
+  local count = #item_keys
+  local distinct = true
+  for i = 2, count do
+    local key = item_keys[i]
+    for j = 1, i - 1 do
+      if item_keys[j] == key then
+        distinct = false
+      end
+    end
+  end
+  -- Arguments limits.lua refuses fail the item there; here they only mean "not cached".
+  local n = tonumber(item_argv[1]) or 0
+  for i = 1, count do
+    local kind = nil
+    if i <= n then
+      kind = item_argv[6 + 4 * (i - 1) + 1]
+    end
+    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window.
+    if not distinct or not (kind == '0' or kind == '2' or kind == '3') then
+      flush(item_keys[i])
+    end
+  end
+  return distinct
+end
+
+use(true)
 local items = tonumber(ARGV[1])
 local out = {}
 local at_key, at_arg = 0, 1
 for _ = 1, items do
   local nkeys = tonumber(ARGV[at_arg + 1])
   local nargs = tonumber(ARGV[at_arg + 2])
-  local item_keys, item_argv = {}, {}
-  for i = 1, nkeys do
-    item_keys[i] = KEYS[at_key + i]
-  end
-  for i = 1, nargs do
-    item_argv[i] = ARGV[at_arg + 2 + i]
-  end
+  -- Each table made at its size at once (a table grown one element at a time is rebuilt as it
+  -- grows).
+  local item_keys = {unpack(KEYS, at_key + 1, at_key + nkeys)}
+  local item_argv = {unpack(ARGV, at_arg + 3, at_arg + 2 + nargs)}
   at_key = at_key + nkeys
   at_arg = at_arg + 2 + nargs
+  local cached = prepare(item_keys, item_argv)
+  if not cached then
+    use(false)
+  end
   local ok, reply = pcall(limits, item_keys, item_argv)
+  if not cached then
+    use(true)
+  end
   if ok then
     for i = 1, #reply do
       out[#out + 1] = reply[i]
@@ -43,5 +189,8 @@ for _ = 1, items do
       out[#out + 1] = 0
     end
   end
+end
+for key in pairs(cache) do
+  flush(key)
 end
 return out

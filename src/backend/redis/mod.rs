@@ -47,6 +47,7 @@ mod deny;
 mod failing;
 mod gcra_group;
 mod health;
+mod heard;
 mod lazy_cluster;
 mod lease;
 mod limits_call;

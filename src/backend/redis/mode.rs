@@ -23,8 +23,8 @@ pub enum RedisMode {
     /// one `gcra.lua` call, so the module wins there.
     ///
     /// With coalescing off the module is detected at connect and again after the connection was
-    /// lost, so a server that restarts with or without it is followed. `Cell` still forces
-    /// `CL.THROTTLE`.
+    /// lost, so a server that restarts with or without it is followed; with coalescing on nothing
+    /// asks for it (no `COMMAND INFO` at connect). `Cell` still forces `CL.THROTTLE`.
     ///
     /// ```
     /// use tower_throttle::{RedisBackend, RedisMode};

@@ -70,7 +70,7 @@ async fn establish(
         Err(e) if e.code().is_some() && !is_not_primary(&e) => {}
         Err(e) => return Err(failed("ROLE failed on", "run ROLE", e)),
     }
-    let mode = state.detector.mode();
+    let mode = state.detector.set_up_mode();
     let loaded = match mode {
         RedisMode::Lua => None,
         RedisMode::Cell | RedisMode::Auto => {

@@ -47,18 +47,20 @@ impl RedisState {
         coalesce: bool,
         name: &str,
     ) -> Self {
+        let detector = Detector::new(mode, coalesce);
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,
                 !conn.is_cluster(),
                 conn.server().cloned(),
-                mode,
+                // The gauge's path: known from the start where detection cannot change it.
+                detector.set_up_mode(),
                 name,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
             conn,
-            detector: Detector::new(mode, coalesce),
+            detector,
             prefix,
             timeout,
             deny: deny_cache.then(DenyCache::new),

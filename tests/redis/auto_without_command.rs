@@ -1,0 +1,51 @@
+//! Mode `auto` with coalescing on (both the defaults) takes the Lua path whether the redis-cell
+//! module is loaded or not, so connecting asks nothing about the module: no `COMMAND INFO` round
+//! trip at connect, eager or in the background, on a server with the module or without. With
+//! coalescing off, `auto` still looks for the module (it picks `CL.THROTTLE` where it is loaded).
+
+use crate::backend::calls;
+use crate::support::redis::RedisServer;
+
+use std::time::{Duration, Instant};
+
+use tower_throttle::key::Key;
+use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisMode};
+
+fn limit() -> Limit {
+    Limit::new("nocommand", Quota::per_minute(10)).unwrap()
+}
+
+#[tokio::test]
+async fn auto_with_coalescing_sends_no_command_info() {
+    let key = Key::from("k");
+    for server in [RedisServer::start(), RedisServer::start_with_cell()] {
+        // Connected at once, and deciding.
+        let eager = RedisBackend::builder()
+            .url(server.url())
+            .connect()
+            .await
+            .unwrap();
+        assert_eq!(eager.active_path(), Some(RedisMode::Lua));
+        assert!(eager.check(&limit(), &key, 1).await.unwrap().allowed);
+
+        // Connected in the background.
+        let lazy = RedisBackend::builder().url(server.url()).build().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lazy.health().is_healthy() {
+            assert!(Instant::now() < deadline, "{}", lazy.health());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(lazy.check(&limit(), &key, 1).await.unwrap().allowed);
+        assert_eq!(calls(&server, "command|info"), 0);
+
+        // Without coalescing, `auto` looks for the module.
+        let detecting = RedisBackend::builder()
+            .url(server.url())
+            .coalesce(false)
+            .connect()
+            .await
+            .unwrap();
+        assert!(detecting.check(&limit(), &key, 1).await.unwrap().allowed);
+        assert!(calls(&server, "command|info") > 0);
+    }
+}

@@ -1,0 +1,112 @@
+//! A stack whose slot migrates with its keys split between the two nodes: Redis Cluster answers
+//! `TRYAGAIN` until the slot has moved, and the backend retries until its timeout. The decision
+//! fails (the failure policy answers it), but the node answered every try: it is alive, and its
+//! breaker must stay closed, so the other keys it holds keep their decisions from Redis. (Before,
+//! the timeout opened the node's breaker as if the node were dead: every key of a third of the
+//! Cluster failed fast for 50 ms or more, with a warning that the node was unreachable.)
+
+use crate::support::cluster::{key_on, key_slot, owner, LogLines, Migration};
+use crate::support::redis::RedisCluster;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::spawn_blocking;
+use tower_throttle::key::Key;
+use tower_throttle::{Algorithm, Backend, CircuitState, Limit, Quota, RedisBackend, RedisMode};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Short, so that the stack's retries run out while the slot still migrates.
+const TIMEOUT: Duration = Duration::from_millis(300);
+
+// One thread: the subscriber that counts log lines is this thread's, and every task runs here.
+#[tokio::test(flavor = "current_thread")]
+async fn a_timeout_while_the_slot_migrates_leaves_the_nodes_breaker_closed() {
+    let logs = LogLines::default();
+    let _logging = tracing_subscriber::registry()
+        .with(logs.clone())
+        .set_default();
+    let cluster = Arc::new(RedisCluster::start());
+    let backend = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let stack = vec![
+        Limit::with_algorithm("tlog", Algorithm::SlidingLog, Quota::per_hour(50)).unwrap(),
+        // Slow enough that its key outlives the test (a GCRA key expires once refilled).
+        Limit::new("tgcra", Quota::per_day(100)).unwrap(),
+    ];
+    let key = Key::from("mig");
+    // Both of the stack's keys exist, on the slot's owner.
+    assert!(backend.check_all(&stack, &key, 1).await.unwrap()[0].allowed);
+    let c = cluster.clone();
+    let (migration, keys, from) = spawn_blocking(move || {
+        let slot = key_slot(&c, "{mig}");
+        let from = owner(&c, slot);
+        let migration = Migration::begin(&c, slot, (from + 1) % 3);
+        let keys = migration.keys_left(&c);
+        // One key moves: the stack's keys are split, and both nodes answer TRYAGAIN.
+        migration.move_keys(&c, &keys[..1]);
+        (migration, keys, from)
+    })
+    .await
+    .unwrap();
+    assert_eq!(keys.len(), 2, "the stack's keys: {keys:?}");
+    let c = cluster.clone();
+    let cold_key =
+        spawn_blocking(move || key_on(&c, from, "cold", |k| format!("throttle:cold:{{{k}}}")))
+            .await
+            .unwrap();
+    let cold = Limit::new("cold", Quota::per_second(1_000)).unwrap();
+    let warnings = logs.at_least(tracing::Level::WARN);
+
+    let started = Instant::now();
+    let failed = backend.check_all(&stack, &key, 1).await;
+    assert!(failed.is_err(), "the split stack was decided: {failed:?}");
+    assert!(
+        started.elapsed() < TIMEOUT * 3,
+        "the stack took {:?}",
+        started.elapsed()
+    );
+    // The node answered TRYAGAIN all along: alive, its breaker closed, its other keys decided.
+    let health = backend.health();
+    let node = health
+        .nodes
+        .iter()
+        .find(|n| {
+            n.address
+                .ends_with(&format!(":{}", cluster.nodes()[from].port()))
+        })
+        .expect("the source node is in the slot map");
+    assert_eq!(node.state, CircuitState::Closed, "{node:?}");
+    let decided = backend.check(&cold, &Key::from(cold_key.as_str()), 1).await;
+    assert!(
+        decided.is_ok_and(|d| d.allowed),
+        "a key of the live node failed"
+    );
+    assert_eq!(
+        logs.at_least(tracing::Level::WARN),
+        warnings,
+        "warnings: {:?}",
+        logs.by_target()
+    );
+
+    // Once the slot has moved, the stack is decided again.
+    let c = cluster.clone();
+    spawn_blocking(move || {
+        migration.move_keys(&c, &keys[1..]);
+        migration.finish(&c);
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.check_all(&stack, &key, 1).await.is_err() {
+        assert!(Instant::now() < deadline, "the stack failed after the move");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
