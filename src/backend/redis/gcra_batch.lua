@@ -46,13 +46,15 @@ local groups = #KEYS
 -- another type, which GET refuses (WRONGTYPE): when any came back nil, one EXISTS of those tells
 -- whether any exists; only then is each asked alone (GET, below), to fail its own items.
 local values = redis.call('MGET', unpack(KEYS))
-local absent = {}
+local absent = nil
 for g = 1, groups do
   if not values[g] then
+    -- Made only when needed: a hot key's batch finds its key (one table less to collect).
+    absent = absent or {}
     absent[#absent + 1] = KEYS[g]
   end
 end
-local unsure = #absent > 0 and redis.call('EXISTS', unpack(absent)) > 0
+local unsure = absent ~= nil and redis.call('EXISTS', unpack(absent)) > 0
 local arg = 1
 local increment, tolerance, ceiling
 for g = 1, groups do
