@@ -1,7 +1,8 @@
 //! Mode `auto` with coalescing on (both the defaults) takes the Lua path whether the redis-cell
 //! module is loaded or not, so connecting asks nothing about the module: no `COMMAND INFO` round
-//! trip at connect, eager or in the background, on a server with the module or without. With
-//! coalescing off, `auto` still looks for the module (it picks `CL.THROTTLE` where it is loaded).
+//! trip at connect, eager, in the background or on the user's connection manager, on a server with
+//! the module or without. With coalescing off, `auto` still looks for the module (it picks
+//! `CL.THROTTLE` where it is loaded).
 
 use crate::backend::calls;
 use crate::support::redis::RedisServer;
@@ -36,6 +37,20 @@ async fn auto_with_coalescing_sends_no_command_info() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(lazy.check(&limit(), &key, 1).await.unwrap().allowed);
+
+        // On a connection manager of the user's (set up as a Cluster is: builder.rs's open_other).
+        let manager = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap();
+        let managed = RedisBackend::builder()
+            .connection_manager(manager)
+            .connect()
+            .await
+            .unwrap();
+        assert_eq!(managed.active_path(), Some(RedisMode::Lua));
+        assert!(managed.check(&limit(), &key, 1).await.unwrap().allowed);
         assert_eq!(calls(&server, "command|info"), 0);
 
         // Without coalescing, `auto` looks for the module.
