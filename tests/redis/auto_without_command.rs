@@ -5,7 +5,7 @@
 //! `CL.THROTTLE` where it is loaded).
 
 use crate::backend::calls;
-use crate::support::redis::RedisServer;
+use crate::support::redis::{RedisCluster, RedisServer};
 
 use std::time::{Duration, Instant};
 
@@ -62,5 +62,31 @@ async fn auto_with_coalescing_sends_no_command_info() {
             .unwrap();
         assert!(detecting.check(&limit(), &key, 1).await.unwrap().allowed);
         assert!(calls(&server, "command|info") > 0);
+    }
+}
+
+/// On a Cluster too: connected at once (builder.rs) or in the background (cluster_keeper.rs).
+#[tokio::test]
+async fn auto_with_coalescing_sends_no_command_info_to_a_cluster() {
+    let cluster = RedisCluster::start();
+    let key = Key::from("k");
+    let eager = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(eager.active_path(), Some(RedisMode::Lua));
+    assert!(eager.check(&limit(), &key, 1).await.unwrap().allowed);
+    let lazy = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lazy.check(&limit(), &key, 1).await.is_err() {
+        assert!(Instant::now() < deadline, "{}", lazy.health());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for node in cluster.nodes() {
+        assert_eq!(calls(node, "command|info"), 0, "{}", node.url());
     }
 }
