@@ -10,24 +10,25 @@ use crate::support::redis::{RedisCluster, RedisServer};
 use std::time::{Duration, Instant};
 
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisBackendBuilder, RedisMode};
 
 fn limit() -> Limit {
     Limit::new("nocommand", Quota::per_minute(10)).unwrap()
+}
+
+/// `builder` (mode `auto`, coalescing on) connected at once: on the Lua path, and deciding.
+async fn decides_on_lua(builder: RedisBackendBuilder) {
+    let backend = builder.connect().await.unwrap();
+    assert_eq!(backend.active_path(), Some(RedisMode::Lua));
+    let decision = backend.check(&limit(), &Key::from("k"), 1).await.unwrap();
+    assert!(decision.allowed);
 }
 
 #[tokio::test]
 async fn auto_with_coalescing_sends_no_command_info() {
     let key = Key::from("k");
     for server in [RedisServer::start(), RedisServer::start_with_cell()] {
-        // Connected at once, and deciding.
-        let eager = RedisBackend::builder()
-            .url(server.url())
-            .connect()
-            .await
-            .unwrap();
-        assert_eq!(eager.active_path(), Some(RedisMode::Lua));
-        assert!(eager.check(&limit(), &key, 1).await.unwrap().allowed);
+        decides_on_lua(RedisBackend::builder().url(server.url())).await;
 
         // Connected in the background.
         let lazy = RedisBackend::builder().url(server.url()).build().unwrap();
@@ -44,13 +45,7 @@ async fn auto_with_coalescing_sends_no_command_info() {
             .get_connection_manager()
             .await
             .unwrap();
-        let managed = RedisBackend::builder()
-            .connection_manager(manager)
-            .connect()
-            .await
-            .unwrap();
-        assert_eq!(managed.active_path(), Some(RedisMode::Lua));
-        assert!(managed.check(&limit(), &key, 1).await.unwrap().allowed);
+        decides_on_lua(RedisBackend::builder().connection_manager(manager)).await;
         assert_eq!(calls(&server, "command|info"), 0);
 
         // Without coalescing, `auto` looks for the module.
@@ -70,13 +65,7 @@ async fn auto_with_coalescing_sends_no_command_info() {
 async fn auto_with_coalescing_sends_no_command_info_to_a_cluster() {
     let cluster = RedisCluster::start();
     let key = Key::from("k");
-    let eager = RedisBackend::builder()
-        .cluster_urls(cluster.urls())
-        .connect()
-        .await
-        .unwrap();
-    assert_eq!(eager.active_path(), Some(RedisMode::Lua));
-    assert!(eager.check(&limit(), &key, 1).await.unwrap().allowed);
+    decides_on_lua(RedisBackend::builder().cluster_urls(cluster.urls())).await;
     let lazy = RedisBackend::builder()
         .cluster_urls(cluster.urls())
         .build()
