@@ -240,12 +240,14 @@ where
         });
     }
     let breaker = breaker.clone();
-    // The call is large (a script's or a batch's state machine): boxed once here, it is not
-    // copied again into this future's state and then into the timeout's.
-    let call = Box::pin(call);
     // On a Cluster: whether the call met TRYAGAIN (a migrating slot) before its time ran out.
     let listener = breaker.nodes.is_some().then(Arc::<Heard>::default);
-    let call = heard::listening(listener.clone(), call);
+    // The call is large (a script's or a batch's state machine): boxed once here, it is not
+    // copied again into this future's state and then into the timeout's.
+    let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = match &listener {
+        Some(_) => Box::pin(heard::listening(listener.clone(), call)),
+        None => Box::pin(call),
+    };
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
         let on_node = NodeOutcome {

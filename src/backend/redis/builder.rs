@@ -1,6 +1,6 @@
 //! `RedisBackendBuilder`: the settings of a Redis backend, their validation, and the start-up work of
-//! `connect` and `build` (open the connection, then load the script or detect the module; or leave
-//! that to the background task).
+//! `connect` and `build` (open the connection, then load the script or detect the module where the
+//! answer picks the path; or leave that to the background task).
 
 use std::fmt;
 use std::time::Duration;
@@ -237,7 +237,7 @@ impl RedisBackendBuilder {
     /// The longest a decision may take, reconnecting included (default 100 ms). Past it, the call
     /// fails with a timeout and the layer's failure policy answers the request. [`connect`](Self::connect)
     /// itself, once at start-up, may take ten times as long (at least a second) to connect and to
-    /// detect the module.
+    /// load the script or detect the module.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -417,8 +417,9 @@ impl Settings {
         self.timeout.saturating_mul(10).max(Duration::from_secs(1))
     }
 
-    /// A Cluster or a user's connection manager, connected and probed: `Lua` mode loads the script,
-    /// `Cell` and `Auto` detect the module.
+    /// A Cluster or a user's connection manager, connected and probed: `Lua` mode, and `Auto` with
+    /// coalescing on (which takes the Lua path module or not), load the script; `Cell`, and `Auto`
+    /// without coalescing, detect the module.
     async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let timeout = self.timeout;
         let start_budget = self.start_budget();

@@ -1,7 +1,7 @@
 //! The background task that connects a Cluster started by [`build`](super::RedisBackendBuilder::build)
 //! ([`LazyCluster`]): it tries every 50 ms, backing off to 500 ms, until the Cluster has formed
 //! (`CLUSTER INFO` says `cluster_state:ok`: every slot assigned and served), then puts the
-//! connection in service, loads the script or detects the module, and ends: from then on redis-rs
+//! connection in service, loads the script or detects the module (as `connect` would), and ends: from then on redis-rs
 //! reconnects the Cluster's nodes by its own rules, as after [`connect`](super::RedisBackendBuilder::connect).
 
 use std::sync::{Arc, Weak};
@@ -117,8 +117,8 @@ async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnectio
         .map_err(|e| failed("connect to", e))
 }
 
-/// The connection is in service: load the script (`Lua` mode) or detect the module (`Cell`,
-/// `Auto`), as `connect` does before it returns. A failure here only logs: the first decisions
+/// The connection is in service: load the script (`Lua` mode, `Auto` with coalescing on) or detect
+/// the module (`Cell`, `Auto` without coalescing), as `connect` does before it returns. A failure here only logs: the first decisions
 /// load or detect again.
 async fn ready(state: &RedisState, lazy: &LazyCluster) {
     let mut conn = state.conn.clone();

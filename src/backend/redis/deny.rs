@@ -10,8 +10,10 @@ use crate::decision::Decision;
 
 const SHARDS: usize = 16;
 
-/// Keys are the clients' (hostile): foldhash is seeded per process, as the memory backend's table
-/// is, and a lookup costs a fraction of SipHash's (two hashes a check: the shard, then its map).
+/// Keys are the clients' (hostile): foldhash, seeded per process as the memory backend's table is,
+/// and a fraction of SipHash's cost (two hashes a check: the shard, then its map). foldhash does not
+/// claim to resist an attacker who times lookups to find collisions; here only keys Redis limited
+/// are entries, at most `SHARD_CAPACITY` a shard, so a collision flood stays bounded.
 type RandomState = foldhash::fast::RandomState;
 /// Entries per shard. Dropping an entry only costs a round trip, so a full shard refuses new ones
 /// after pruning the expired, rather than grow.

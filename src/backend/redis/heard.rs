@@ -70,3 +70,76 @@ pub(super) fn for_batch(checks: impl Iterator<Item = Arc<Heard>>) -> Option<Arc<
 pub(super) fn tried_again() {
     let _ = LISTENING.try_with(|heard| heard.mark());
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redis::RedisError;
+
+    use super::*;
+    use crate::backend::redis::breaker::{guarded, Breaker};
+    use crate::backend::redis::mode::RedisMode;
+
+    /// A Cluster's breaker (no slot map: the calls below pick no node's breaker).
+    fn cluster_breaker() -> Arc<Breaker> {
+        Arc::new(Breaker::new(
+            Duration::from_secs(1),
+            false,
+            None,
+            RedisMode::Lua,
+            "heard",
+        ))
+    }
+
+    fn timed_out() -> RedisError {
+        RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    }
+
+    #[tokio::test]
+    async fn a_batch_on_another_task_passes_tryagain_on_to_each_check() {
+        let (a, b, quiet) = (
+            Arc::new(Heard::default()),
+            Arc::new(Heard::default()),
+            Arc::new(Heard::default()),
+        );
+        let batch = for_batch([a.clone(), b.clone()].into_iter());
+        tokio::spawn(listening(batch, async { tried_again() }))
+            .await
+            .unwrap();
+        assert!(a.tried_again() && b.tried_again());
+        assert!(!quiet.tried_again());
+        assert!(for_batch(std::iter::empty()).is_none());
+    }
+
+    /// The batch's own timeout may end the call before the check's: its error (an I/O timeout)
+    /// after `TRYAGAIN` is the migrating slot's, as the check's own timeout is.
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_after_tryagain_is_the_migrating_slots() {
+        let breaker = cluster_breaker();
+        let by_the_batch = guarded(&breaker, "k", Duration::from_secs(1), async {
+            tried_again();
+            Err::<(), _>(timed_out())
+        })
+        .await;
+        assert!(
+            by_the_batch.unwrap_err().to_string().contains("TRYAGAIN"),
+            "the batch's timeout"
+        );
+        let by_the_check = guarded(&breaker, "k", Duration::from_secs(1), async {
+            tried_again();
+            std::future::pending::<Result<(), RedisError>>().await
+        })
+        .await;
+        assert!(
+            by_the_check.unwrap_err().to_string().contains("TRYAGAIN"),
+            "the check's timeout"
+        );
+        // Without TRYAGAIN, a timeout is one.
+        let silent = guarded(&breaker, "k", Duration::from_secs(1), async {
+            Err::<(), _>(timed_out())
+        })
+        .await;
+        assert!(!silent.unwrap_err().to_string().contains("TRYAGAIN"));
+    }
+}
