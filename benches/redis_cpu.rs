@@ -6,7 +6,9 @@
 //! `CL.THROTTLE`), whose time includes the commands a script calls inside it (`TIME`, `GET`,
 //! `ZADD`…; those are counted in `INFO commandstats` too, and are not added again), divided by the
 //! decisions. It is Redis's own time, much less sensitive to the machine's load than requests per
-//! second (also printed, for what it is worth on a shared machine).
+//! second (also printed, for what it is worth on a shared machine), as is the latency each check
+//! sees from its caller's side (from the call of `check` to its answer: median and 99th
+//! percentile over the case's decisions).
 //!
 //! A case whose name ends in `-1m` decides on one million keys instead of one: before it, one
 //! million GCRA states (an old TAT each: a key as a limit leaves it) are written, and each check
@@ -104,8 +106,9 @@ async fn stats(conn: &mut redis::aio::MultiplexedConnection) -> (f64, f64, f64) 
 }
 
 /// One case: `decisions` by `callers` tasks at once on one key. Returns (Redis µs per decision,
-/// top-level calls per decision, commands per decision, decisions per second).
-async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 4] {
+/// top-level calls per decision, commands per decision, decisions per second, and the latency a
+/// check sees from the caller's side in µs: median and 99th percentile).
+async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 6] {
     let backend = backend(url, case).await;
     let limits = Arc::new(limits_of(case));
     let client = redis::Client::open(url).unwrap();
@@ -158,6 +161,7 @@ async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 4
             // xorshift64, a stream per caller: which of the MANY keys each check takes.
             let mut x = 0x9E37_79B9_7F4A_7C15_u64 ^ (caller as u64 + 1);
             tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(decisions / callers);
                 for _ in 0..decisions / callers {
                     if many {
                         x ^= x << 13;
@@ -165,24 +169,38 @@ async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 4
                         x ^= x << 17;
                         key = Key::from(format!("u{}", x % MANY));
                     }
+                    let asked = Instant::now();
                     let allowed = if let [limit] = &limits[..] {
                         backend.check(limit, &key, 1).await.unwrap().allowed
                     } else {
                         let all = backend.check_all(&limits, &key, 1).await.unwrap();
                         Decision::combine(&all).unwrap().allowed
                     };
+                    latencies.push(asked.elapsed().as_secs_f64() * 1e6);
                     assert!(allowed, "the quota is never reached");
                 }
+                latencies
             })
         })
         .collect();
+    let mut latencies = Vec::with_capacity(decisions);
     for task in tasks {
-        task.await.unwrap();
+        latencies.extend(task.await.unwrap());
     }
     let elapsed = started.elapsed().as_secs_f64();
     let (usec, calls, all) = stats(&mut conn).await;
     let n = ((decisions / callers) * callers) as f64;
-    [usec / n, calls / n, all / n, n / elapsed]
+    latencies.sort_by(f64::total_cmp);
+    let percentile =
+        |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    [
+        usec / n,
+        calls / n,
+        all / n,
+        n / elapsed,
+        percentile(0.5),
+        percentile(0.99),
+    ]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -218,7 +236,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut figures: Vec<Vec<[f64; 4]>> = vec![Vec::new(); cases.len()];
+    let mut figures: Vec<Vec<[f64; 6]>> = vec![Vec::new(); cases.len()];
     for _ in 0..rounds {
         for (i, case) in cases.iter().enumerate() {
             figures[i].push(runtime.block_on(run(&url, case, callers, decisions)));
@@ -227,8 +245,8 @@ fn main() {
     println!(
         "{callers} callers, one key (-1m: a million), {decisions} decisions per case, medians of {rounds} rounds"
     );
-    println!("| case | Redis µs / decision | range | calls / decision | commands / decision | decisions/s |");
-    println!("|---|---:|---|---:|---:|---:|");
+    println!("| case | Redis µs / decision | range | calls / decision | commands / decision | decisions/s | latency p50 µs | p99 µs |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
     for (case, runs) in cases.iter().zip(figures) {
         let col = |j: usize| runs.iter().map(|r| r[j]).collect::<Vec<_>>();
         let us = col(0);
@@ -237,11 +255,13 @@ fn main() {
             us.iter().copied().fold(0.0, f64::max),
         );
         println!(
-            "| {case} | {:.2} | {lo:.2}-{hi:.2} | {:.3} | {:.2} | {:.0} |",
+            "| {case} | {:.2} | {lo:.2}-{hi:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.0} |",
             median(us),
             median(col(1)),
             median(col(2)),
-            median(col(3))
+            median(col(3)),
+            median(col(4)),
+            median(col(5))
         );
     }
 }

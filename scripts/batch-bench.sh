@@ -80,9 +80,11 @@ rows = {}
 for line in open(sys.argv[1]):
     side, rnd, rest = line.split(' ', 2)
     cells = [c.strip() for c in rest.strip().strip('|').split('|')]
-    rows.setdefault(cells[0], {}).setdefault(side, {})[rnd] = [float(cells[i]) for i in (1, 3, 4, 5)]
-print('| case | Redis µs / decision, before | after | after / before (median of rounds) | calls / decision, before / after | decisions/s, before / after |')
-print('|---|---:|---:|---:|---:|---:|')
+    # Latency columns (p50, p99 in µs) only from binaries that print them.
+    cols = [float(cells[i]) if i < len(cells) else float('nan') for i in (1, 3, 4, 5, 6, 7)]
+    rows.setdefault(cells[0], {}).setdefault(side, {})[rnd] = cols
+print('| case | Redis µs / decision, before | after | after / before (median of rounds) | calls / decision, before / after | decisions/s, before / after | latency p50 µs, before / after | p99 µs, before / after |')
+print('|---|---:|---:|---:|---:|---:|---:|---:|')
 for case, sides in rows.items():
     b, a = sides.get('before', {}), sides.get('after', {})
     med = lambda d, j: statistics.median(v[j] for v in d.values()) if d else float('nan')
@@ -90,7 +92,8 @@ for case, sides in rows.items():
     ratio = statistics.median(ratios) if ratios else float('nan')
     lo, hi = (min(ratios), max(ratios)) if ratios else (ratio, ratio)
     print(f'| {case} | {med(b, 0):.2f} | {med(a, 0):.2f} | {ratio:.2f} ({lo:.2f}-{hi:.2f}) | '
-          f'{med(b, 1):.3f} / {med(a, 1):.3f} | {med(b, 3):.0f} / {med(a, 3):.0f} |')
+          f'{med(b, 1):.3f} / {med(a, 1):.3f} | {med(b, 3):.0f} / {med(a, 3):.0f} | '
+          f'{med(b, 4):.0f} / {med(a, 4):.0f} | {med(b, 5):.0f} / {med(a, 5):.0f} |')
 PY
   exit
 fi

@@ -13,7 +13,7 @@ use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
 
 use crate::backend::calls;
-use crate::gcra_group::push_replies;
+use crate::gcra_group::{group_args, push_replies};
 use crate::lua::{GCRA, GCRA_BATCH};
 
 pub(crate) fn evalsha_calls(server: &RedisServer) -> u64 {
@@ -261,6 +261,7 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
         }
         let groups = 1 + rng.below(20);
         let mut invocation = batch.prepare_invoke();
+        let mut last = None;
         let mut sent = Vec::new();
         let mut expected = Vec::new();
         for _ in 0..groups {
@@ -299,13 +300,16 @@ async fn a_batch_decides_each_item_as_gcra_lua_alone() {
                     }
                 }
             }
-            invocation
-                .key(format!("b:{k}"))
-                .arg(interval)
-                .arg(tolerance)
-                .arg(limit)
-                .arg(quantity)
-                .arg(run);
+            let (count, numbers) = group_args(
+                &mut last,
+                (interval, tolerance, tolerance),
+                quantity,
+                run as usize,
+            );
+            invocation.key(format!("b:{k}")).arg(count);
+            if let Some(numbers) = numbers {
+                invocation.arg(&numbers[..]);
+            }
             sent.push(((interval, tolerance, limit), quantity, run));
         }
         // One backlog per group (-1: not a string), expanded as the backend expands it.
@@ -382,6 +386,7 @@ async fn a_group_straddling_the_limit_answers_each_item_as_alone() {
     let runs = [(1_u64, 7_usize), (2, 3)];
     let mut expected = Vec::new();
     let mut invocation = batch.prepare_invoke();
+    let mut last = None;
     for (quantity, run) in runs {
         for _ in 0..run {
             let reply: Vec<i64> = alone
@@ -395,13 +400,11 @@ async fn a_group_straddling_the_limit_answers_each_item_as_alone() {
                 .unwrap();
             expected.push([reply[0], reply[1], reply[2], reply[3], reply[4]]);
         }
-        invocation
-            .key("b")
-            .arg(quota.0)
-            .arg(quota.1)
-            .arg(quota.2)
-            .arg(quantity)
-            .arg(run);
+        let (count, numbers) = group_args(&mut last, (quota.0, quota.1, quota.1), quantity, run);
+        invocation.key("b").arg(count);
+        if let Some(numbers) = numbers {
+            invocation.arg(&numbers[..]);
+        }
     }
     let backlogs: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
     assert_eq!(backlogs, [24 * S as i64, 60 * S as i64]);

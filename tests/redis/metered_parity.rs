@@ -187,17 +187,19 @@ async fn metered_scripts_compute_the_model_exactly() {
         let context = format!("case {case}: {m:?} {p:?} states {states:?} at {now}");
         match rng.below(4) {
             3 => {
-                // Coalesced checks of the metered limit (gcra_batch.lua, its ceilings after the
-                // groups): each item decided on the state the one before left.
+                // Coalesced checks of the metered limit (gcra_batch.lua, its ceiling in the
+                // group's quota): each item decided on the state the one before left.
                 let (q, items) = (1 + rng.below(m.limit), 1 + rng.below(4));
+                let (count, numbers) = crate::gcra_group::group_args(
+                    &mut None,
+                    (m.interval, m.tolerance, m.ceiling),
+                    q,
+                    items as usize,
+                );
                 let reply: Vec<i64> = batch
                     .key(keys[0])
-                    .arg(m.interval)
-                    .arg(m.tolerance)
-                    .arg(m.limit)
-                    .arg(q)
-                    .arg(items)
-                    .arg(m.ceiling)
+                    .arg(count)
+                    .arg(&numbers.expect("the first group's quota")[..])
                     .invoke_async(&mut conn)
                     .await
                     .unwrap();

@@ -10,10 +10,12 @@
 //! anyway. One call for N of them pays that overhead once, and on a hot key reads and writes its
 //! state once (BENCHMARKS.md, section 8).
 //!
-//! How: a *lane* queues the checks that wait. A check that finds its lane with fewer than
-//! [`IN_FLIGHT`] batches in flight leaves at once (alone, on `gcra.lua`: no added latency without
-//! concurrency); otherwise it waits for the next batch, which leaves as soon as one in flight
-//! answers and takes everything queued up to [`MAX_BATCH`]. A batch runs on a task of its own, under
+//! How: a *lane* queues the checks that wait. A check that finds its lane idle leaves at once
+//! (alone, on `gcra.lua`: no added latency without concurrency); otherwise it waits for the next
+//! batch, which takes everything queued up to [`MAX_BATCH`] and leaves either when a batch in
+//! flight answers or, with one batch in flight (of at most [`IN_FLIGHT`]), as soon as it holds as
+//! many checks as that one or the last to answer ([`Lane::full`]: bigger batches, so fewer calls,
+//! at no cost in latency as measured). A batch runs on a task of its own, under
 //! the backend's timeout; each check keeps its own timeout and breaker (it waits for its answer
 //! inside `guarded`), and a batch that fails fails each of its checks with the same error.
 //!
@@ -60,9 +62,8 @@ static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::G
 /// See the script's header.
 static LIMITS_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::LIMITS_BATCH));
 
-/// Batches in flight per lane. Two: while one is on the wire or in Redis, the next fills, and
-/// leaves as soon as a batch answers; a single check never waits behind a batch when the lane is
-/// idle or half busy.
+/// Batches in flight per lane at most. Two: while one is on the wire or in Redis, the next fills
+/// (see [`Lane::full`] for when it leaves).
 const IN_FLIGHT: usize = 2;
 
 /// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (a group
@@ -119,7 +120,49 @@ struct Waiter {
 #[derive(Default)]
 struct Lane {
     waiting: Vec<Waiter>,
+    /// Batches in flight (each with its task).
     in_flight: usize,
+    /// Checks in those batches.
+    flying: usize,
+    /// Checks in the batch that answered last.
+    last_size: usize,
+}
+
+impl Lane {
+    /// Whether the checks waiting make a batch worth sending while another is in flight: as many
+    /// as are in flight, or as the batch that answered last held, whichever is more. The callers
+    /// of a batch that answered come back together, so under steady concurrency the batches settle
+    /// at about half the callers each, two in flight (one call per ~25 checks at 50 callers,
+    /// against ~16 when a second batch left with whatever waited); a lone waiting check still
+    /// leaves at once when only a lone check is in flight and the last batch was one check. A
+    /// check that finds the lane idle always leaves at once, and one that waits is sent when the
+    /// batch in flight answers (its task takes what waits), so the wait is at most one round
+    /// trip. BENCHMARKS.md, section 10 ("Redis CPU per decision, second pass").
+    fn full(&self) -> bool {
+        self.waiting.len() >= self.flying.max(self.last_size)
+    }
+
+    /// The next batch: what waits, up to [`MAX_BATCH`], counted in flight.
+    fn take(&mut self) -> Vec<Waiter> {
+        let take = self.waiting.len().min(MAX_BATCH);
+        self.in_flight += 1;
+        self.flying += take;
+        if take == self.waiting.len() {
+            mem::take(&mut self.waiting)
+        } else {
+            self.waiting.drain(..take).collect()
+        }
+    }
+
+    /// A batch of `size` checks answered (or failed) and its task ends.
+    fn ended(&mut self, size: usize) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.flying = if self.in_flight == 0 {
+            0
+        } else {
+            self.flying.saturating_sub(size)
+        };
+    }
 }
 
 /// The lanes of one backend.
@@ -229,9 +272,8 @@ impl Batcher {
                 None => lanes.entry(lane_name.into()).or_default(),
             };
             lane.waiting.push(waiter);
-            if lane.in_flight < IN_FLIGHT {
-                lane.in_flight += 1;
-                Some(mem::take(&mut lane.waiting))
+            if lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()) {
+                Some(lane.take())
             } else {
                 None
             }
@@ -260,10 +302,12 @@ impl Batcher {
         let mut unfinished = Unfinished {
             batcher: Some(self.clone()),
             lane: lane_name.clone(),
+            size: batch.len(),
         };
         loop {
             // A check that went away (timed out, or its client left) before its batch left is
             // not decided: it takes nothing from the limit.
+            let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
                 let listener = heard::for_batch(batch.iter().filter_map(|w| w.heard.clone()));
@@ -288,20 +332,19 @@ impl Batcher {
                 unfinished.batcher = None;
                 return;
             };
-            if lane.waiting.is_empty() {
-                lane.in_flight -= 1;
+            lane.last_size = size;
+            lane.ended(size);
+            // The next batch leaves now if no other is in flight, or if it is full; otherwise the
+            // batch in flight takes it when it answers.
+            if lane.waiting.is_empty() || (lane.in_flight > 0 && !lane.full()) {
                 if lane.in_flight == 0 && self.per_key {
                     lanes.remove(&*lane_name);
                 }
                 unfinished.batcher = None;
                 return;
             }
-            let take = lane.waiting.len().min(MAX_BATCH);
-            batch = if take == lane.waiting.len() {
-                mem::take(&mut lane.waiting)
-            } else {
-                lane.waiting.drain(..take).collect()
-            };
+            batch = lane.take();
+            unfinished.size = batch.len();
         }
     }
 }
@@ -312,6 +355,8 @@ impl Batcher {
 struct Unfinished {
     batcher: Option<Arc<Batcher>>,
     lane: Box<str>,
+    /// Checks in the task's batch.
+    size: usize,
 }
 
 impl Drop for Unfinished {
@@ -321,7 +366,7 @@ impl Drop for Unfinished {
         };
         let mut lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(lane) = lanes.get_mut(&*self.lane) {
-            lane.in_flight = lane.in_flight.saturating_sub(1);
+            lane.ended(self.size);
             if lane.in_flight == 0 {
                 lane.waiting.clear();
                 if batcher.per_key {
@@ -481,9 +526,11 @@ async fn send_gcra(
             .await
             .map(|answer| vec![Ok(Reply::Gcra(answer))]);
     }
-    // Runs of the same key, quota and quantity travel as one group (see the script's header).
+    // Runs of the same key, quota and quantity travel as one group, with the quota's numbers only
+    // when they differ from the group's before (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
     let mut groups = Vec::new();
+    let mut last_quota = None;
     let mut rest = &items[..];
     while let [(key, args, quantity), ..] = rest {
         let same = |a: &Args| (a.interval, a.tolerance, a.limit, a.ceiling);
@@ -491,21 +538,14 @@ async fn send_gcra(
             .iter()
             .take_while(|(k, a, q)| k == key && q == quantity && same(a) == same(args))
             .count();
-        invocation
-            .key(*key)
-            .arg(args.interval)
-            .arg(args.tolerance)
-            .arg(args.limit)
-            .arg(*quantity)
-            .arg(run);
+        let quota = (args.interval, args.tolerance, args.ceiling);
+        let (count, numbers) = gcra_group::group_args(&mut last_quota, quota, *quantity, run);
+        invocation.key(*key).arg(count);
+        if let Some(numbers) = numbers {
+            invocation.arg(&numbers[..]);
+        }
         groups.push((*args, *quantity, run));
         rest = &rest[run..];
-    }
-    // A metered limit's debt is read as debt (see the script's header): only when there is one.
-    if items.iter().any(|(_, args, _)| args.metered()) {
-        for (args, _, _) in &groups {
-            invocation.arg(args.ceiling);
-        }
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != groups.len() {
@@ -556,3 +596,7 @@ fn mixed_up() -> RedisError {
         "a batch answered a check with a reply of another kind",
     ))
 }
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;

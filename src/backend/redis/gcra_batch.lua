@@ -5,10 +5,13 @@
 --          items with the same key, quota and quantity (one hot key's requests: one group); a key
 --          may appear in several groups. Items are decided in order, each on the state the one
 --          before it left.
--- ARGV     five per group: emission interval (ns), tolerance (ns), limit, quantity (gcra.lua's),
---          and the number of items in the group; then, optionally, one per group: its ceiling (ns,
---          gcra.lua's ARGV[8]: a metered limit's tolerance plus its debt cap; absent: the
---          tolerance).
+-- ARGV     per group, its number of items; negative (minus the number) when the group's quota
+--          follows it: its increment (ns: emission interval x quantity, gcra.lua's ARGV[1] x
+--          ARGV[4]; a value past the tolerance stands for any larger one), its tolerance (ns), and
+--          its ceiling (ns, gcra.lua's ARGV[8]: a metered limit's tolerance plus its debt cap; the
+--          tolerance when not metered). The first group's quota always follows; a later group's
+--          only when it differs from the group's before it, so a batch of one quota (a hot key's,
+--          or one limit's over many keys) sends three numbers for it and one per group.
 -- Returns  one integer per group: the backlog (ns, within the ceiling) its first item was decided
 --          on, or -1 when its key holds another type (gcra.lua would fail with WRONGTYPE). The
 --          items of a group are decided by the prelude's step one after the other from that
@@ -16,6 +19,9 @@
 --          (gcra_group.rs, the same integer arithmetic) to get each item's five numbers, exactly
 --          gcra.lua's {limited, limit, remaining, retry_after, reset_after}. So the script's work
 --          and its reply are per group, not per item.
+--
+-- Numbers are read from ARGV by arithmetic (`x + 0`: one conversion) rather than by tonumber (two:
+-- it tests, then converts), as the client sends only integers.
 --
 -- Within a group: every item is admitted while the backlog plus its increment stays within the
 -- tolerance, each adding its increment; the first that is refused leaves the backlog as it is, so
@@ -34,27 +40,33 @@ local writes = {}
 local out = {}
 
 local groups = #KEYS
-local ceilings = #ARGV > 5 * groups
 
 -- Every key's value in one MGET rather than a GET per key (one command instead of one a group, on
 -- a batch of many keys). MGET answers nil (false here) both for a missing key and for one of
 -- another type, which GET refuses (WRONGTYPE): when any came back nil, one EXISTS of those tells
 -- whether any exists; only then is each asked alone (GET, below), to fail its own items.
 local values = redis.call('MGET', unpack(KEYS))
-local absent = {}
+local absent = nil
 for g = 1, groups do
   if not values[g] then
+    -- Made only when needed: a hot key's batch finds its key (one table less to collect).
+    absent = absent or {}
     absent[#absent + 1] = KEYS[g]
   end
 end
-local unsure = #absent > 0 and redis.call('EXISTS', unpack(absent)) > 0
+local unsure = absent ~= nil and redis.call('EXISTS', unpack(absent)) > 0
+local arg = 1
+local increment, tolerance, ceiling
 for g = 1, groups do
   local key = KEYS[g]
-  local base = (g - 1) * 5
-  local tolerance = tonumber(ARGV[base + 2])
-  local ceiling = tolerance
-  if ceilings then
-    ceiling = tonumber(ARGV[5 * groups + g])
+  local count = ARGV[arg] + 0
+  arg = arg + 1
+  if count < 0 then
+    count = -count
+    increment = ARGV[arg] + 0
+    tolerance = ARGV[arg + 1] + 0
+    ceiling = ARGV[arg + 2] + 0
+    arg = arg + 3
   end
   local backlog = backlogs[key]
   if backlog == nil then
@@ -80,11 +92,9 @@ for g = 1, groups do
       backlog = ceiling
     end
     out[g] = backlog
-    local increment = tonumber(ARGV[base + 1]) * tonumber(ARGV[base + 4])
     -- Items admitted: the j-th (from 1) passes when backlog + j * increment <= tolerance.
     local admitted = 0
     if increment <= tolerance and backlog + increment <= tolerance then
-      local count = tonumber(ARGV[base + 5])
       if increment == 0 then
         admitted = count
       else
