@@ -383,50 +383,41 @@ impl RateHeaders {
         if !options.ratelimit && !options.legacy {
             return headers;
         }
-        if let ([name], [decision], true, false) =
-            (names, decisions, options.ratelimit, options.legacy)
-        {
-            // One limit, no legacy fields: the commonest answer, shared while its numbers hold.
-            let (remaining, reset) = (decision.remaining, decision.reset_after_secs());
-            headers.ratelimit = header_block::recent_or(name, remaining, reset, || {
-                let mut buf = FieldBuf::new();
-                match write_ratelimit(names, decisions, &mut buf) {
-                    Some(field) => header_block::value(field),
-                    None => ratelimit_field_sfv(names, decisions),
-                }
-            });
-            if headers.ratelimit.is_some() {
-                headers.policy = Some(policy.clone());
-            }
-            return headers;
-        }
-        let mut buf = FieldBuf::new();
-        let ratelimit = options
-            .ratelimit
-            .then(|| write_ratelimit(names, decisions, &mut buf));
-        let legacy = options.legacy.then(|| {
-            LegacyDigits::write([
+        if !options.legacy {
+            headers.ratelimit = match (names, decisions) {
+                // One limit: the commonest answer, shared while its numbers hold.
+                ([name], [decision]) => header_block::recent_or(
+                    name,
+                    decision.remaining,
+                    decision.reset_after_secs(),
+                    || ratelimit_field(names, decisions),
+                ),
+                _ => ratelimit_field(names, decisions),
+            };
+        } else {
+            let mut buf = FieldBuf::new();
+            let ratelimit = options
+                .ratelimit
+                .then(|| write_ratelimit(names, decisions, &mut buf));
+            let (digits, ends) = LegacyDigits::write([
                 combined.limit,
                 combined.remaining,
                 combined.reset_after_secs(),
-            ])
-        });
-        // The values of one response go into the thread's block together (header_block.rs).
-        match (ratelimit, legacy) {
-            (Some(Some(field)), Some((digits, ends))) => {
-                let [field, digits] = header_block::shared([field, digits.written()]);
-                if let Ok(field) = HeaderValue::from_maybe_shared(field) {
-                    headers.ratelimit = Some(field);
-                    headers.legacy = Some(LegacyDigits { digits, ends });
+            ]);
+            // The values of one response go into the thread's block together (header_block.rs).
+            match ratelimit {
+                Some(Some(field)) => {
+                    let [field, digits] = header_block::shared([field, digits.written()]);
+                    if let Ok(field) = HeaderValue::from_maybe_shared(field) {
+                        headers.ratelimit = Some(field);
+                        headers.legacy = Some(LegacyDigits { digits, ends });
+                    }
                 }
-            }
-            (Some(Some(field)), None) => headers.ratelimit = header_block::value(field),
-            (ratelimit, legacy) => {
-                if ratelimit.is_some() {
-                    // Not written by hand (see ratelimit_field): through sfv.
-                    headers.ratelimit = ratelimit_field_sfv(names, decisions);
-                }
-                if let Some((digits, ends)) = legacy {
+                ratelimit => {
+                    if ratelimit.is_some() {
+                        // Not written by hand (see ratelimit_field): through sfv.
+                        headers.ratelimit = ratelimit_field_sfv(names, decisions);
+                    }
                     let [digits] = header_block::shared([digits.written()]);
                     headers.legacy = Some(LegacyDigits { digits, ends });
                 }
@@ -488,7 +479,6 @@ impl RateHeaders {
 /// of values (`header_block.rs`). This runs for every response, and `sfv`'s serializer costs a
 /// `String`, its validation and a second allocation to turn it into a `HeaderValue`;
 /// [`ratelimit_field_sfv`] is the reference it must equal (a unit test compares them).
-#[cfg(test)]
 fn ratelimit_field(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderValue> {
     let mut buf = FieldBuf::new();
     match write_ratelimit(names, decisions, &mut buf) {
