@@ -80,12 +80,6 @@ impl Budget {
     pub const DEFAULT_HOT_AFTER: u32 = 8;
     /// The longest slice lifetime: 60 s.
     pub const MAX_SLICE_TTL: Duration = Duration::from_secs(60);
-    /// Renamed to [`DEFAULT_SLICE_TTL`](Self::DEFAULT_SLICE_TTL).
-    #[deprecated(note = "renamed to DEFAULT_SLICE_TTL")]
-    pub const DEFAULT_LEASE: Duration = Self::DEFAULT_SLICE_TTL;
-    /// Renamed to [`MAX_SLICE_TTL`](Self::MAX_SLICE_TTL).
-    #[deprecated(note = "renamed to MAX_SLICE_TTL")]
-    pub const MAX_LEASE: Duration = Self::MAX_SLICE_TTL;
 
     /// The defaults: slices that live 250 ms, slices of at most 1,000 units, hot after 8 decisions.
     pub const fn new() -> Self {
@@ -129,18 +123,6 @@ impl Budget {
     /// The decisions that make a key hot.
     pub const fn hot_threshold(&self) -> u32 {
         self.hot_after
-    }
-
-    /// Renamed to [`slice_ttl`](Self::slice_ttl): "lease" is a concurrency slot's.
-    #[deprecated(note = "renamed to slice_ttl")]
-    pub const fn lease(self, lease: Duration) -> Self {
-        self.slice_ttl(lease)
-    }
-
-    /// Renamed to [`slice_lifetime`](Self::slice_lifetime).
-    #[deprecated(note = "renamed to slice_lifetime")]
-    pub const fn lease_length(&self) -> Duration {
-        self.slice_ttl
     }
 
     /// Checks the settings: a slice lifetime of more than 0 and at most 60 s, a slice and a threshold of at

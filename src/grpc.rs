@@ -94,7 +94,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use crate::headers::Rejected;
+use crate::refusal::Rejected;
 
 /// `grpc-status`.
 pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");

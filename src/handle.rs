@@ -175,10 +175,6 @@ pub struct PolicyState {
     pub tiers: Vec<TierKeyState>,
 }
 
-/// Renamed to [`TierKeyState`] (a key's state under one tier's limits).
-#[deprecated(note = "renamed to TierKeyState")]
-pub type TierState = TierKeyState;
-
 /// A key's state under one tier's limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -137,8 +137,8 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod access;
-mod backend;
+mod access;
+pub mod backend;
 mod budget;
 pub mod clock;
 #[cfg(feature = "config")]
@@ -148,7 +148,7 @@ mod error;
 pub mod gcra;
 pub mod grpc;
 pub mod guide;
-pub mod handle;
+mod handle;
 mod header_block;
 pub mod headers;
 pub mod key;
@@ -157,51 +157,69 @@ mod meter;
 mod methods;
 mod middleware;
 mod observe;
-pub mod offenders;
+mod offenders;
 mod or_default;
 mod outcome;
 mod penalty;
 mod per_customer;
-mod policy;
+pub mod policy;
 mod policy_decision;
 mod quota;
+pub mod refusal;
 mod rollout;
 mod route;
 mod timer;
-pub mod top;
+mod top;
 pub mod window;
 
-pub use backend::{Backend, KeyState, PeekFuture, ResetFuture, StackFuture};
-#[cfg(feature = "redis")]
-pub use backend::{
-    CircuitState, RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory,
-    RedisMode, RedisNodeHealth,
-};
+pub use backend::Backend;
 #[cfg(feature = "memory")]
-pub use backend::{MemoryBackend, MemoryBackendBuilder};
-pub use budget::Budget;
+pub use backend::MemoryBackend;
 pub use decision::Decision;
-pub use policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};
-/// Renamed to [`PolicyDecision`] (one policy's decision for a request).
-#[deprecated(note = "renamed to PolicyDecision")]
-pub type ThrottleDecision = PolicyDecision;
-/// Renamed to [`RequestDecisions`] (every layer's decision for a request).
-#[deprecated(note = "renamed to RequestDecisions")]
-pub type ThrottleDecisions = RequestDecisions;
-pub use error::{BackendError, BuildError};
-pub use handle::{HandleError, ThrottleHandle};
+pub use error::BuildError;
 pub use key::Key;
-pub use limit::{Algorithm, Limit, DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
+pub use limit::{Algorithm, Limit};
 pub use meter::{Estimate, Meter};
 pub use middleware::body;
 pub use middleware::{
     OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
 };
-pub use observe::{Limited, RedactionSecret};
-pub use penalty::Penalty;
-pub use per_customer::{BoxError, QuotaFuture, QuotaResolver};
-pub use policy::{MissingKey, Policy, PolicyBuilder, Tier};
-pub use quota::{Quota, QuotaError};
+pub use policy::{Policy, PolicyBuilder};
+pub use quota::Quota;
+
+/// The Redis backend (feature `redis`): [`RedisBackend`] shares every decision between the
+/// processes of a fleet, on one server, a Cluster or behind Sentinel, with `CL.THROTTLE` or an
+/// equivalent Lua script; its builder, health and memory reports.
+///
+/// The [Redis guide](crate::guide::redis) tells how to run it.
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use crate::backend::redis::{
+        CircuitState, MemoryReport, RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth,
+        RedisMode, RedisNodeHealth,
+    };
+}
+
+/// Operating a running layer: the [`ThrottleHandle`] (peek at and reset keys, reload the policies,
+/// who is limited most), allow and deny lists ([`AccessList`]), distinct offenders
+/// ([`Offenders`]), and keys in logs as pseudonyms ([`RedactionSecret`]).
+///
+/// The [operations guide](crate::guide::operations) shows them together.
+pub mod ops {
+    #[cfg(feature = "redis")]
+    pub use crate::access::RedisAccessSync;
+    pub use crate::access::{Access, AccessList};
+    pub use crate::handle::{
+        HandleError, KeyFromText, Policies, PolicyState, ThrottleHandle, TierKeyState,
+    };
+    pub use crate::observe::RedactionSecret;
+    pub use crate::offenders::{OffenderCounts, Offenders};
+    pub use crate::top::{TopKey, MAX_TOP};
+    /// How many limited keys the top list tracks per policy.
+    pub use crate::top::CAPACITY as TOP_CAPACITY;
+    /// The minutes the top list counts over.
+    pub use crate::top::WINDOW_MINUTES as TOP_WINDOW_MINUTES;
+}
 
 /// The README's code blocks, compiled (and run, where they can be) as doc tests.
 #[cfg(all(doctest, feature = "axum", feature = "redis"))]

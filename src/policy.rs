@@ -1,23 +1,34 @@
-//! [`Policy`]: which requests a limit applies to, what they are keyed by and what they cost.
+//! [`Policy`]: which requests a limit applies to, what they are keyed by and what they cost; and
+//! what a policy is made of besides its [`Quota`]: [tiers](Tier), a [`Budget`] of leased units, a
+//! [`Penalty`] box, per-customer quotas ([`QuotaResolver`]), the answer to a request without a key
+//! ([`MissingKey`]), the bounds every policy keeps ([`MAX_STACKED_QUOTAS`], [`MAX_UNIT_COUNT`],
+//! [`MAX_DELAY`], [`DEFAULT_LEASE`]), and what it decided, as a handler reads it
+//! ([`PolicyDecision`], [`LimitDecision`], [`RequestDecisions`]).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
-use crate::budget::Budget;
 use crate::error::BuildError;
-use crate::key::PeerIp;
-use crate::limit::{validate_name, MAX_STACKED_QUOTAS};
+use crate::key::{Key, KeyExtractor};
+use crate::limit::validate_name;
 use crate::limit::{Algorithm, Limit};
 use crate::methods::methods_of;
-use crate::penalty::Penalty;
 use crate::per_customer::{ExtrasBuilder, PolicyExtras};
 use crate::quota::Quota;
 use crate::rollout::{RolloutBuilder, Staged};
 use crate::route::Route;
+
+pub use crate::budget::Budget;
+pub use crate::limit::{DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
+pub use crate::penalty::Penalty;
+pub use crate::per_customer::{BoxError, QuotaFuture, QuotaResolver};
+pub use crate::policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};
+pub use crate::quota::QuotaError;
 
 mod metered;
 mod rollout;
@@ -114,10 +125,33 @@ pub struct Policy<K> {
     extras: Option<Arc<PolicyExtras>>,
 }
 
-impl Policy<PeerIp> {
-    /// Starts a policy called `name` (see [`Limit`] for the rules on names), keyed by the peer IP
-    /// until [`key`](PolicyBuilder::key) says otherwise.
-    pub fn builder(name: impl Into<String>) -> PolicyBuilder<PeerIp> {
+/// Why a policy without a key does not build, and what to give it.
+const NO_KEY: &str = "no key: say what its requests count against with .key(…): \
+    key::PeerIp (the client's address; in axum, with the crate's `axum` feature), key::ClientIp \
+    (the client's address behind trusted proxies), key::Header, key::QueryParam, key::Cookie, \
+    key::PathParam, key::Composite (several), key::Global (one key for every request), key::AsyncKey \
+    or a closure";
+
+/// The key of a [`PolicyBuilder`] that has none yet: [`PolicyBuilder::key`] replaces it, and
+/// [`build`](PolicyBuilder::build) refuses a policy that still has it.
+#[derive(Clone, Copy, Debug)]
+pub struct NoKey(());
+
+// A policy keyed by an async key alone still has a type of key; it is never asked.
+impl<B> KeyExtractor<B> for NoKey {
+    fn extract(&self, _: &Request<B>) -> Option<Key> {
+        None
+    }
+
+    fn describe(&self) -> String {
+        "its async key".to_owned()
+    }
+}
+
+impl Policy<NoKey> {
+    /// Starts a policy called `name` (see [`Limit`] for the rules on names). It needs a quota and a
+    /// [`key`](PolicyBuilder::key): what its requests count against.
+    pub fn builder(name: impl Into<String>) -> PolicyBuilder<NoKey> {
         PolicyBuilder {
             name: name.into(),
             quotas: Vec::new(),
@@ -127,7 +161,8 @@ impl Policy<PeerIp> {
             dry_run: false,
             tiers: Vec::new(),
             tier_header: None,
-            key: PeerIp::new(),
+            key: NoKey(()),
+            keyed: false,
             cost: 1,
             methods: None,
             custom_methods: None,
@@ -267,6 +302,9 @@ pub struct PolicyBuilder<K> {
     tiers: Vec<(String, Vec<Quota>)>,
     tier_header: Option<String>,
     key: K,
+    /// Whether [`key`](Self::key) was called: a policy counts requests against a key chosen on
+    /// purpose, never against a default that might not work where it runs.
+    keyed: bool,
     cost: u64,
     methods: Option<Vec<Method>>,
     custom_methods: Option<Vec<Method>>,
@@ -396,7 +434,11 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// The key extractor (default: [`PeerIp`]).
+    /// What the policy's requests count against (required): the client's address
+    /// ([`PeerIp`](crate::key::PeerIp), or [`ClientIp`](crate::key::ClientIp) behind proxies), a
+    /// header, a query parameter, a cookie, a route parameter, one key for everyone
+    /// ([`Global`](crate::key::Global)), several of these ([`Composite`](crate::key::Composite)),
+    /// a closure — see [`key`](crate::key).
     pub fn key<K2>(self, key: K2) -> PolicyBuilder<K2> {
         PolicyBuilder {
             name: self.name,
@@ -408,6 +450,7 @@ impl<K> PolicyBuilder<K> {
             tiers: self.tiers,
             tier_header: self.tier_header,
             key,
+            keyed: true,
             cost: self.cost,
             methods: self.methods,
             custom_methods: self.custom_methods,
@@ -509,6 +552,9 @@ impl<K> PolicyBuilder<K> {
     pub fn build(mut self) -> Result<Policy<K>, BuildError> {
         validate_name(&self.name)?;
         let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        if !self.keyed {
+            return Err(invalid(NO_KEY.into()));
+        }
         let metered = std::mem::take(&mut self.extras.metered);
         if self.quotas.is_empty() && metered.limit.is_none() {
             return Err(invalid("a quota is required".into()));
@@ -562,6 +608,28 @@ impl<K> PolicyBuilder<K> {
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
         }
+        // Tiers never share state, so no two of this policy's limits may share a name (a backend
+        // keys its state by limit name): a stacked `1s` quota and a tier named `1s` both make
+        // "<policy>.1s".
+        let mut named: HashMap<&str, Option<&str>> = HashMap::new();
+        for tier in &tiers {
+            for limit in tier.limits.iter() {
+                if let Some(other) = named.insert(limit.name(), tier.name.as_deref()) {
+                    let by = |tier: Option<&str>| match tier {
+                        None => "the policy's own quotas".to_owned(),
+                        Some(t) => format!("tier {t:?}"),
+                    };
+                    return Err(invalid(format!(
+                        "the limit name {:?} is made twice, by {} and by {}; limits of one policy \
+                         never share state: rename the tier",
+                        limit.name(),
+                        by(other),
+                        by(tier.name.as_deref())
+                    )));
+                }
+            }
+        }
+        drop(named);
         // The cost is what each request takes from every limit but a metered one (which takes
         // its estimate); a policy with only a metered limit has no other.
         let max_cost = tiers
@@ -579,22 +647,21 @@ impl<K> PolicyBuilder<K> {
             });
         }
         let name: Arc<str> = self.name.as_str().into();
-        let limit = &tiers[0].limits[0];
         if let MissingKey::Reject(status) = self.missing_key {
             if !status.is_client_error() {
                 return Err(BuildError::Invalid(format!(
                     "policy {:?}: a request without a key must be rejected with a 4xx status, not {status}",
-                    limit.name()
+                    self.name
                 )));
             }
         }
         let methods = methods_of(self.methods, self.custom_methods)
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
+            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
         let route = self
             .route
             .map(|r| Route::parse(&r))
             .transpose()
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", limit.name())))?;
+            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
         let taken: Vec<&str> = tiers
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
@@ -767,6 +834,7 @@ impl<K> PolicyBuilder<K> {
     /// whose key is refused gets the [missing-key](MissingKey) answer.
     pub fn async_key(mut self, key: crate::key::AsyncKey) -> Self {
         self.extras.async_key = Some(key);
+        self.keyed = true;
         self
     }
 
@@ -842,7 +910,7 @@ mod tests {
     fn methods_are_standard_unless_opted_in() {
         let q = Quota::per_second(5);
         let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
-        let err = |b: PolicyBuilder<PeerIp>| b.build().unwrap_err().to_string();
+        let err = |b: PolicyBuilder<NoKey>| b.build().unwrap_err().to_string();
         let typo = err(Policy::builder("p").quota(q).methods([method("PSOT")]));
         assert_eq!(
             typo,
@@ -891,7 +959,7 @@ mod tests {
     #[test]
     fn bad_policies_are_errors() {
         let q = Quota::per_second(5);
-        let err = |b: PolicyBuilder<PeerIp>| b.build().unwrap_err().to_string();
+        let err = |b: PolicyBuilder<NoKey>| b.build().unwrap_err().to_string();
         assert!(err(Policy::builder("p")).contains("quota is required"));
         assert!(err(Policy::builder("p").quota(q).cost(0)).contains("cost must be at least 1"));
         assert!(err(Policy::builder("p").quota(q).cost(6)).contains("exceeds the limit 5"));

@@ -1,4 +1,5 @@
-//! Backends: where decisions are made and key state lives.
+//! Backends: where decisions are made and key state lives: the [`Backend`] trait, its futures
+//! and the in-memory backend (the Redis backend is in [`redis`](crate::redis)).
 //!
 //! A [`Backend`] answers one question, asynchronously: may `quantity` units pass for `key` under
 //! `limit` now? The [`Limit`] carries the algorithm and the quota, so that one backend serves every
@@ -17,18 +18,10 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-#[cfg(feature = "redis")]
-pub use self::redis::{
-    CircuitState, RedisBackend, RedisBackendBuilder, RedisFuture, RedisHealth, RedisMemory,
-    RedisMode, RedisNodeHealth,
-};
 
 // The backend a configuration file names; public as `config::ConfiguredBackend`.
 #[cfg(all(feature = "config", feature = "redis"))]
-mod configured;
-
-#[cfg(all(feature = "config", feature = "redis"))]
-pub use configured::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
+pub(crate) mod configured;
 
 // Peek and reset: a key's state read without consuming, and forgotten.
 mod key_state;
@@ -39,3 +32,4 @@ pub use key_state::{KeyState, PeekFuture, ResetFuture};
 mod api;
 
 pub use api::{Backend, StackFuture};
+pub use crate::error::BackendError;

@@ -9,7 +9,7 @@ use super::Config;
 use crate::access::{AccessList, RedisAccessSync};
 use crate::backend::MemoryBackend;
 #[cfg(feature = "redis")]
-use crate::backend::{RedisBackend, RedisBackendBuilder, RedisMode};
+use crate::backend::redis::{RedisBackend, RedisBackendBuilder, RedisMode};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
 use crate::error::BuildError;

@@ -48,7 +48,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 #[cfg(feature = "redis")]
-pub use crate::backend::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
+pub use crate::backend::configured::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,

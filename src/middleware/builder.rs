@@ -11,7 +11,7 @@ use http::Response;
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
 use crate::error::BuildError;
-use crate::headers::{Refusal, Rejected};
+use crate::refusal::Refusal;
 use crate::key::ClientIp;
 use crate::middleware::layer::ThrottleLayer;
 use crate::middleware::settings::{OnBackendError, Settings};
@@ -199,20 +199,6 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
-    /// Renamed: answer refusals with [`refusal_response`](Self::refusal_response), which sees every
-    /// refusal (the `429`s through [`Refusal::rejected`]). This one still sets the default `429`.
-    #[deprecated(
-        note = "use refusal_response(|r| r.rejected().map_or_else(|| r.default_response(), |x| f(&x)))"
-    )]
-    pub fn rejection_response(
-        self,
-        f: impl Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync + 'static,
-    ) -> Self {
-        let mut builder = self;
-        builder.settings.rejection = Some(Arc::new(f));
-        builder
-    }
-
     /// Answers every request the layer refuses itself — over the limit or banned (`429`), without a
     /// key (`400`, or the [`MissingKey`](crate::MissingKey) status), on a deny list (`403`), the
     /// backend down under [`OnBackendError::Deny`] (`503`) — with `f`'s response. `f` sees why
@@ -296,10 +282,11 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     ///
     /// The `429` is [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a
     /// [`refusal_response`](Self::refusal_response) still has the last word.
-    #[allow(deprecated)] // the gRPC 429 is the default 429, which only that setter sets
     pub fn grpc(mut self) -> Self {
         self.settings.grpc = true;
-        self.rejection_response(crate::grpc::resource_exhausted)
+        // The gRPC 429 replaces the default 429 only.
+        self.settings.rejection = Some(Arc::new(crate::grpc::resource_exhausted));
+        self
     }
 
     /// Inserts a [`PolicyDecision`](crate::PolicyDecision) into every admitted request, for handlers that want to read

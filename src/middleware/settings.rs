@@ -7,7 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
 
-use crate::headers::{self, HeaderOptions, Refusal, Rejected};
+use crate::headers::{self, HeaderOptions};
+use crate::refusal::{Refusal, Rejected};
 use crate::limit::{Algorithm, Limit};
 use crate::observe::Limited;
 use crate::offenders::Offenders;

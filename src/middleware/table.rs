@@ -138,9 +138,9 @@ fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<
         };
         if !other.same_rules(limit) {
             return Err(BuildError::Invalid(format!(
-                "policy {:?} appears twice with different rules ({} and {}); policies that share \
-                     a name share their keys, so they need one quota, algorithm, delay, lease and \
-                     penalty",
+                "the limit {:?} appears twice with different rules ({} and {}); limits that \
+                     share a name share their keys, so they need one quota, algorithm, delay, lease \
+                     and penalty",
                 limit.name(),
                 other.quota(),
                 limit.quota()

@@ -1,6 +1,5 @@
 //! Every refusal through one hook (`refusal_response`): 429, 400, 403 on memory, 503 with a dead
-//! Redis under `deny`; content negotiation from the request's parts; the old `rejection_response`
-//! still answering 429s. And every layer's decision side by side (`RequestDecisions`).
+//! Redis under `deny`; content negotiation from the request's parts. And every layer's decision side by side (`RequestDecisions`).
 
 use crate::support::redis as redis_support;
 
@@ -168,58 +167,6 @@ async fn one_hook_answers_429_400_and_403_and_sees_the_request() {
             expect(RefusalKind::Denied, 403, Some("stolen"), None, None),
         ]
     );
-}
-
-#[tokio::test]
-#[allow(deprecated)] // the deprecated hook must keep working for one release
-async fn the_old_rejection_response_still_answers_429s_and_is_the_hooks_default() {
-    let policy = || {
-        Policy::builder("api")
-            .quota(Quota::per_minute(1))
-            .key(Header::new("x-api-key"))
-            .build()
-            .unwrap()
-    };
-    let teapot = |_: &tower_throttle::headers::Rejected<'_>| {
-        let mut r = Response::new(Bytes::from_static(b"slow down"));
-        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        r
-    };
-    // Alone, as before.
-    let alone = Router::new().route("/items", get(|| async { "ok" })).layer(
-        ThrottleLayer::builder()
-            .policy(policy())
-            .rejection_response(teapot)
-            .build()
-            .unwrap(),
-    );
-    // With a refusal hook that leaves everything to the default.
-    let both = Router::new().route("/items", get(|| async { "ok" })).layer(
-        ThrottleLayer::builder()
-            .policy(policy())
-            .rejection_response(teapot)
-            .refusal_response(|r: &Refusal<'_>| r.default_response())
-            .build()
-            .unwrap(),
-    );
-    for app in [alone, both] {
-        let req = || {
-            Request::get("/items")
-                .header("x-api-key", "k")
-                .body(Body::empty())
-                .unwrap()
-        };
-        assert_eq!(app.clone().oneshot(req()).await.unwrap().status(), 200);
-        let limited = app.clone().oneshot(req()).await.unwrap();
-        assert_eq!(header(&limited, "retry-after"), Some("60"));
-        assert_eq!(body_string(limited).await, "slow down");
-        let no_key = app.clone().oneshot(request("/items")).await.unwrap();
-        assert_eq!(no_key.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(
-            header(&no_key, "content-type"),
-            Some("application/problem+json")
-        );
-    }
 }
 
 /// Redis is dead and the layer fails closed: the hook answers the 503, which keeps its Retry-After.

@@ -1,4 +1,4 @@
-//! [`RedisMemory`]: what Redis says about its memory (the `maxmemory-policy`, the keys it evicted),
+//! [`MemoryReport`]: what Redis says about its memory (the `maxmemory-policy`, the keys it evicted),
 //! and what the watcher (watch.rs) remembers between two reads.
 
 use std::sync::Mutex;
@@ -8,15 +8,15 @@ use std::sync::Mutex;
 /// the evictions summed.
 ///
 /// ```
-/// use tower_throttle::RedisMemory;
+/// use tower_throttle::MemoryReport;
 ///
-/// assert!(RedisMemory::policy_evicts("allkeys-lru"));
-/// assert!(RedisMemory::policy_evicts("volatile-ttl")); // every limiter key has a TTL
-/// assert!(!RedisMemory::policy_evicts("noeviction"));
+/// assert!(MemoryReport::policy_evicts("allkeys-lru"));
+/// assert!(MemoryReport::policy_evicts("volatile-ttl")); // every limiter key has a TTL
+/// assert!(!MemoryReport::policy_evicts("noeviction"));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RedisMemory {
+pub struct MemoryReport {
     /// `maxmemory-policy`, or `None` where Redis refuses `CONFIG GET` (managed Redis, ACLs).
     pub policy: Option<String>,
     /// `evicted_keys` from `INFO stats`: every key Redis evicted since it started (the limiter's
@@ -27,7 +27,7 @@ pub struct RedisMemory {
     pub evictions_seen: u64,
 }
 
-impl RedisMemory {
+impl MemoryReport {
     /// Whether Redis may evict the limiter's keys under this `maxmemory-policy`: every policy but
     /// `noeviction` (the `volatile-*` ones too, as every limiter key has a TTL).
     pub fn policy_evicts(policy: &str) -> bool {

@@ -80,7 +80,7 @@ pub use self::builder::RedisBackendBuilder;
 pub use self::check::RedisFuture;
 pub use self::circuit::CircuitState;
 pub use self::health::{RedisHealth, RedisNodeHealth};
-pub use self::memory::RedisMemory;
+pub use self::memory::MemoryReport;
 pub use self::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
@@ -331,12 +331,12 @@ impl RedisBackend {
     /// Reads Redis' `maxmemory-policy` (`CONFIG GET`) and `evicted_keys` (`INFO stats`) now, as the
     /// backend does by itself at start-up and then every 30 s: a policy that can evict the
     /// limiter's keys is logged once as a warning, and evictions since the last read are counted
-    /// (`throttle_redis_evicted_keys_total`) and logged. See [`RedisMemory`], and
+    /// (`throttle_redis_evicted_keys_total`) and logged. See [`MemoryReport`], and
     /// [Sizing Redis for the limiter](crate::guide::redis_sizing) for the set-up that keeps limits.
     ///
     /// An error when Redis cannot be reached; a Redis that refuses `CONFIG GET` or `INFO` (managed
     /// Redis, ACLs) answers `None` for what it refused.
-    pub async fn memory(&self) -> Result<RedisMemory, BackendError> {
+    pub async fn memory(&self) -> Result<MemoryReport, BackendError> {
         watch::read_memory(&self.state).await
     }
 

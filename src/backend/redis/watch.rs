@@ -1,6 +1,6 @@
 //! The backend's watcher: one background task per backend that probes a failing Redis when no
 //! request does (failing.rs), and reads Redis' memory settings at start-up and then every 30 s
-//! ([`RedisMemory`]): the `maxmemory-policy` (`CONFIG GET`), which decides whether Redis may evict
+//! ([`MemoryReport`]): the `maxmemory-policy` (`CONFIG GET`), which decides whether Redis may evict
 //! the limiter's keys, and `evicted_keys` (`INFO stats`), the keys it did evict.
 //!
 //! An evicted limiter key forgets its client's usage: the client gets a fresh burst, with no error
@@ -17,7 +17,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{RedisError, Value};
 
 use super::connection::RedisConnection;
-use super::memory::RedisMemory;
+use super::memory::MemoryReport;
 use super::state::RedisState;
 use crate::error::BackendError;
 use crate::key::Key;
@@ -70,7 +70,7 @@ pub(super) fn spawn(state: &Arc<RedisState>) {
 
 /// Reads the policy and the evictions, counts the evictions since the last read, and says what
 /// an operator must know (see the module's header).
-pub(super) async fn read_memory(state: &RedisState) -> Result<RedisMemory, BackendError> {
+pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, BackendError> {
     let mut conn = state.conn.clone();
     let budget = state
         .timeout
@@ -121,7 +121,7 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<RedisMemory, Backe
         }
     };
     let mut seen = state.memory.lock();
-    if let Some(policy) = policy.as_deref().filter(|p| RedisMemory::policy_evicts(p)) {
+    if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p)) {
         if seen.warned_policy.as_deref() != Some(policy) {
             seen.warned_policy = Some(policy.to_owned());
             tracing::warn!(
@@ -148,7 +148,7 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<RedisMemory, Backe
             );
         }
     }
-    Ok(RedisMemory {
+    Ok(MemoryReport {
         policy,
         evicted_keys,
         evictions_seen: seen.evictions_seen,
@@ -201,7 +201,7 @@ fn policy_of(value: &Value) -> Option<String> {
         .collect();
     policies
         .iter()
-        .find(|p| RedisMemory::policy_evicts(p))
+        .find(|p| MemoryReport::policy_evicts(p))
         .or(policies.first())
         .cloned()
 }
@@ -261,8 +261,8 @@ mod tests {
             "volatile-random",
             "volatile-ttl",
         ] {
-            assert!(RedisMemory::policy_evicts(policy), "{policy}");
+            assert!(MemoryReport::policy_evicts(policy), "{policy}");
         }
-        assert!(!RedisMemory::policy_evicts("noeviction"));
+        assert!(!MemoryReport::policy_evicts("noeviction"));
     }
 }

@@ -1,0 +1,236 @@
+//! Refusals: the requests the layer answers itself (`429`, `400`, `403`, `503`), as a custom
+//! answer ([`ThrottleLayerBuilder::refusal_response`](crate::ThrottleLayerBuilder::refusal_response))
+//! and the [`on_limited`](crate::ThrottleLayerBuilder::on_limited) hook see them.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Response, StatusCode};
+//! use tower_throttle::{key::Header, refusal::{Refusal, RefusalKind}, Policy, Quota, ThrottleLayer};
+//!
+//! let policy = Policy::builder("api")
+//!     .quota(Quota::per_second(5))
+//!     .key(Header::new("x-api-key"))
+//!     .build()
+//!     .unwrap();
+//! let layer = ThrottleLayer::builder()
+//!     .policy(policy)
+//!     .refusal_response(|refusal: &Refusal<'_>| match refusal.kind() {
+//!         RefusalKind::Limited => {
+//!             let mut slow = Response::new(Bytes::from_static(b"slow down"));
+//!             *slow.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+//!             slow
+//!         }
+//!         _ => refusal.default_response(),
+//!     })
+//!     .build();
+//! assert!(layer.is_ok());
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HeaderMap;
+use http::{Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::headers::{limited_body, problem_response};
+pub use crate::observe::Limited;
+
+/// A request that a policy limited: what [`Refusal::rejected`] gives for a `429`, and what
+/// [`grpc::resource_exhausted`](crate::grpc::resource_exhausted) answers.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Rejected<'a> {
+    /// The name of the policy that rejected the request.
+    pub policy: &'a str,
+    /// The decision.
+    pub decision: &'a Decision,
+}
+
+impl Rejected<'_> {
+    /// The default rejection: `429 Too Many Requests` with an RFC 9457 `application/problem+json` body
+    /// naming the policy (the middleware adds `Retry-After`).
+    pub fn default_response(&self) -> Response<Bytes> {
+        problem_response(StatusCode::TOO_MANY_REQUESTS, limited_body(self.policy))
+    }
+}
+
+/// Why the layer refused a request itself, as a [`Refusal`] tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefusalKind {
+    /// Over the limit, or banned by a penalty (`429`; [`Refusal::decision`] says which).
+    Limited,
+    /// The matching policy found no key in the request (`400` by default, see
+    /// [`MissingKey`](crate::MissingKey)), or found it ambiguous (a key header sent twice).
+    MissingKey,
+    /// The client or key is on a deny list (`403`).
+    Denied,
+    /// The backend failed under [`OnBackendError::Deny`](crate::OnBackendError::Deny), or a delayed
+    /// request has no timer to wait on (`503`).
+    Unavailable,
+}
+
+impl RefusalKind {
+    /// `"limited"`, `"missing_key"`, `"denied"` or `"unavailable"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::Limited => "limited",
+            RefusalKind::MissingKey => "missing_key",
+            RefusalKind::Denied => "denied",
+            RefusalKind::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// A request the layer refuses, as a custom refusal function
+/// ([`ThrottleLayerBuilder::refusal_response`](crate::ThrottleLayerBuilder::refusal_response)) sees
+/// it: why (its [`kind`](Self::kind) and default [`status`](Self::status)), what was decided (the
+/// policy, the key, the [`Decision`], the retry time), and the request's method, URI, headers and
+/// extensions, for content negotiation (JSON for API clients, HTML for browsers).
+#[non_exhaustive]
+pub struct Refusal<'a> {
+    pub(crate) kind: RefusalKind,
+    pub(crate) status: StatusCode,
+    pub(crate) policy: Option<&'a str>,
+    pub(crate) key: Option<&'a crate::key::Key>,
+    pub(crate) decision: Option<&'a Decision>,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) detail: &'a str,
+    pub(crate) request: crate::observe::RequestRef<'a>,
+    /// Makes the layer's own answer, only if the function asks for it.
+    pub(crate) default: &'a dyn Fn() -> Response<Bytes>,
+}
+
+impl<'a> Refusal<'a> {
+    /// Why the request is refused.
+    pub fn kind(&self) -> RefusalKind {
+        self.kind
+    }
+
+    /// The status the layer would answer with (`429`, `400` or the [`MissingKey`](crate::MissingKey)
+    /// status, `403`, `503`).
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The policy that matched the request (`None` for a deny list that refused a request no policy
+    /// matched).
+    pub fn policy(&self) -> Option<&'a str> {
+        self.policy
+    }
+
+    /// The request's key (`None` when it has none).
+    pub fn key(&self) -> Option<&'a crate::key::Key> {
+        self.key
+    }
+
+    /// A [`RefusalKind::Limited`] refusal as a [`Rejected`] (its policy and decision), for functions
+    /// written for it such as [`grpc::resource_exhausted`](crate::grpc::resource_exhausted);
+    /// `None` for the other kinds.
+    ///
+    /// ```
+    /// use tower_throttle::{grpc, Policy, Quota, ThrottleLayer};
+    ///
+    /// // Only the 429 in gRPC form; `.grpc()` would convert the 400, 403 and 503 as well.
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+    ///     .refusal_response(|r| {
+    ///         r.rejected()
+    ///             .map_or_else(|| r.default_response(), |limited| grpc::resource_exhausted(&limited))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn rejected(&self) -> Option<Rejected<'a>> {
+        match (self.kind, self.policy, self.decision) {
+            (RefusalKind::Limited, Some(policy), Some(decision)) => {
+                Some(Rejected { policy, decision })
+            }
+            _ => None,
+        }
+    }
+
+    /// The decision of a [`RefusalKind::Limited`] refusal (for stacked quotas, the combined one);
+    /// `decision.banned` tells a penalty-box ban from a plain limit.
+    pub fn decision(&self) -> Option<&'a Decision> {
+        self.decision
+    }
+
+    /// When the client may retry: the decision's retry time for a `429` (the rest of a ban for a
+    /// banned key), one second for a `503`, `None` otherwise. The layer sends it as `Retry-After`
+    /// (rounded up to whole seconds) unless the response sets its own.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The reason in words, as the default problem body's `detail` says it.
+    pub fn detail(&self) -> &'a str {
+        self.detail
+    }
+
+    /// The request's method.
+    pub fn method(&self) -> &'a http::Method {
+        self.request.method
+    }
+
+    /// The request's URI.
+    pub fn uri(&self) -> &'a http::Uri {
+        self.request.uri
+    }
+
+    /// The request's headers (`Accept`, `Accept-Language`, ...).
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.request.headers
+    }
+
+    /// The request's extensions (axum's `ConnectInfo`, your authenticated user, ...).
+    pub fn extensions(&self) -> &'a http::Extensions {
+        self.request.extensions
+    }
+
+    /// Whether the client's `Accept` header asks for HTML before JSON (a browser): a quick test for
+    /// content negotiation. Absent or `*/*`: false.
+    pub fn prefers_html(&self) -> bool {
+        for value in self.request.headers.get_all(http::header::ACCEPT) {
+            let Ok(value) = value.to_str() else { continue };
+            for item in value.split(',') {
+                let media = item.split(';').next().unwrap_or("").trim();
+                if media.eq_ignore_ascii_case("text/html") {
+                    return true;
+                }
+                if media.eq_ignore_ascii_case("application/json")
+                    || media.eq_ignore_ascii_case("application/problem+json")
+                {
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// The answer the layer would give: an RFC 9457 problem (or the gRPC status with
+    /// [`grpc`](crate::ThrottleLayerBuilder::grpc)).
+    pub fn default_response(&self) -> Response<Bytes> {
+        (self.default)()
+    }
+}
+
+impl fmt::Debug for Refusal<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refusal")
+            .field("kind", &self.kind)
+            .field("status", &self.status)
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .field("decision", &self.decision)
+            .field("retry_after", &self.retry_after)
+            .field("detail", &self.detail)
+            .field("method", self.request.method)
+            .field("uri", self.request.uri)
+            .finish_non_exhaustive()
+    }
+}
+
