@@ -21,7 +21,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tower_throttle::{Algorithm, Backend, Decision, Key, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, Decision, Key, Limit, Quota,
+};
 
 /// Commands a client sends; the others run inside them.
 const TOP_LEVEL: [&str; 3] = ["evalsha", "eval", "cl.throttle"];

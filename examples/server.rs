@@ -49,7 +49,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tower_throttle::config::{
     BackendConfig, BackendHealth, Config, ConfiguredBackend, RedisConfig, RouteConfig,
 };
-use tower_throttle::{MemoryBackend, Meter, PolicyDecision, RedisMode};
+use tower_throttle::{policy::PolicyDecision, redis::RedisMode, MemoryBackend, Meter};
 
 const DEFAULT_CONFIG: &str = r#"
 listen = "127.0.0.1:3000"

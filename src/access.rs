@@ -31,7 +31,7 @@ pub enum Access {
 /// [`ThrottleLayerBuilder::access_list`]: crate::ThrottleLayerBuilder::access_list
 ///
 /// ```
-/// use tower_throttle::access::{Access, AccessList};
+/// use tower_throttle::ops::{Access, AccessList};
 /// use tower_throttle::Key;
 ///
 /// let lists = AccessList::new();

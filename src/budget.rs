@@ -37,13 +37,14 @@ use crate::error::BuildError;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_throttle::{Budget, Limit, Policy, Quota};
+/// use tower_throttle::{key::PeerIp, policy::Budget, Limit, Policy, Quota};
 ///
 /// let budget = Budget::new()
 ///     .slice_ttl(Duration::from_millis(200))
 ///     .max_slice(500)
 ///     .hot_after(16);
 /// let policy = Policy::builder("api")
+///     .key(PeerIp::new())
 ///     .quota(Quota::per_second(10_000))
 ///     .budget(budget)
 ///     .build()
@@ -52,6 +53,7 @@ use crate::error::BuildError;
 ///
 /// // Only a lone GCRA limit without a penalty or delay can take a budget.
 /// assert!(Policy::builder("two")
+///     .key(PeerIp::new())
 ///     .quotas([Quota::per_second(10), Quota::per_day(1000)])
 ///     .budget(Budget::new())
 ///     .build()

@@ -28,7 +28,7 @@ pub struct Decision {
     pub retry_after: Option<Duration>,
     /// How long until the key is back to its full limit.
     pub reset_after: Duration,
-    /// The key is banned by a [`Penalty`](crate::Penalty): `retry_after` is the end of the ban.
+    /// The key is banned by a [`Penalty`](crate::policy::Penalty): `retry_after` is the end of the ban.
     pub banned: bool,
     /// For an admitted request under a [concurrency](crate::Algorithm::Concurrency) limit, the
     /// token its slot is given back with ([`Backend::release`](crate::Backend::release)); `None`

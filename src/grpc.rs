@@ -84,8 +84,8 @@
 //!
 //! [`ThrottleLayerBuilder::grpc`]: crate::ThrottleLayerBuilder::grpc
 //! [`OnBackendError::Deny`]: crate::OnBackendError::Deny
-//! [`MissingKey`]: crate::MissingKey
-//! [`MissingKey::Reject`]: crate::MissingKey::Reject
+//! [`MissingKey`]: crate::policy::MissingKey
+//! [`MissingKey::Reject`]: crate::policy::MissingKey::Reject
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -111,15 +111,15 @@ const RESOURCE_EXHAUSTED: u8 = 8;
 /// `grpc-retry-pushback-ms` (see the [module documentation](self)).
 ///
 /// [`ThrottleLayerBuilder::grpc`](crate::ThrottleLayerBuilder::grpc) installs it (and answers the
-/// layer's other refusals in gRPC too); on its own, give it the [`Refusal::rejected`](crate::headers::Refusal::rejected)
+/// layer's other refusals in gRPC too); on its own, give it the [`Refusal::rejected`](crate::refusal::Refusal::rejected)
 /// of a [`refusal_response`](crate::ThrottleLayerBuilder::refusal_response).
 ///
 /// ```
-/// use tower_throttle::{grpc, Policy, Quota, ThrottleLayer};
+/// use tower_throttle::{grpc, key::PeerIp, Policy, Quota, ThrottleLayer};
 ///
 /// // Only the 429 in gRPC form; `.grpc()` would convert the 400, 403 and 503 as well.
 /// let layer = ThrottleLayer::builder()
-///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build().unwrap())
 ///     .refusal_response(|r| {
 ///         r.rejected()
 ///             .map_or_else(|| r.default_response(), |limited| grpc::resource_exhausted(&limited))

@@ -273,14 +273,14 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 
     /// The `n` keys policy `policy` limited most over the last few minutes, largest first, as
-    /// the layer's [`Offenders`](crate::offenders::Offenders) counted them (on Redis, every
+    /// the layer's [`Offenders`](crate::ops::Offenders) counted them (on Redis, every
     /// process's; see [`top`](crate::top) for the window and the bounds). Keys appear as the logs
     /// show them: pseudonyms when the layer redacts keys. An error when no policy has this name or
     /// the layer counts no offenders
     /// ([`count_offenders`](crate::ThrottleLayerBuilder::count_offenders); `Config::layer` does).
     ///
     /// ```
-    /// use tower_throttle::{key::Header, offenders::Offenders, Policy, Quota, ThrottleLayer};
+    /// use tower_throttle::{key::Header, ops::Offenders, Policy, Quota, ThrottleLayer};
     /// # use tower::ServiceExt;
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -368,7 +368,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// drops the decisions it cached under them, in every process sharing the Redis.
     ///
     /// What a reload cannot change: the backend, the access lists (change them live through the
-    /// [`AccessList`](crate::access::AccessList) you gave), and the layer's options (headers,
+    /// [`AccessList`](crate::ops::AccessList) you gave), and the layer's options (headers,
     /// rejection response, hooks, failure policy, offender counting): those need a new layer.
     pub fn reload(&self, policies: impl IntoIterator<Item = Policy<K>>) -> Result<(), BuildError> {
         let policies: Box<[Policy<K>]> = policies.into_iter().collect();
@@ -422,7 +422,7 @@ fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
 /// request, for [`ThrottleHandle::peek`] and [`ThrottleHandle::reset`].
 ///
 /// ```
-/// use tower_throttle::handle::KeyFromText;
+/// use tower_throttle::ops::KeyFromText;
 /// use tower_throttle::key::{Header, PeerIp};
 /// use tower_throttle::Key;
 ///

@@ -400,8 +400,8 @@ fn retry_after_value(seconds: u64) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::refusal::{Refusal, RefusalKind, Rejected};
     use crate::quota::Quota;
+    use crate::refusal::{Refusal, RefusalKind};
     use std::time::Duration;
 
     #[test]
@@ -493,6 +493,7 @@ mod tests {
     #[test]
     fn stacked_quotas_are_list_members() {
         let policy = crate::policy::Policy::builder("api")
+            .key(crate::key::PeerIp::new())
             .quotas([Quota::per_second(10), Quota::per_day(1000)])
             .build()
             .unwrap();

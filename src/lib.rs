@@ -214,11 +214,11 @@ pub mod ops {
     };
     pub use crate::observe::RedactionSecret;
     pub use crate::offenders::{OffenderCounts, Offenders};
-    pub use crate::top::{TopKey, MAX_TOP};
     /// How many limited keys the top list tracks per policy.
     pub use crate::top::CAPACITY as TOP_CAPACITY;
     /// The minutes the top list counts over.
     pub use crate::top::WINDOW_MINUTES as TOP_WINDOW_MINUTES;
+    pub use crate::top::{TopKey, MAX_TOP};
 }
 
 /// The README's code blocks, compiled (and run, where they can be) as doc tests.

@@ -372,7 +372,7 @@ impl Limit {
     /// or not at all); the budget's settings are checked too.
     ///
     /// ```
-    /// use tower_throttle::{Algorithm, Budget, Limit, Quota};
+    /// use tower_throttle::{policy::Budget, Algorithm, Limit, Quota};
     ///
     /// let hot = Limit::new("api", Quota::per_second(1000)).unwrap().with_budget(Budget::new()).unwrap();
     /// assert!(hot.budget().is_some());

@@ -27,11 +27,11 @@ use crate::key::Key;
 /// (`openssl rand -hex 32` makes a good one).
 ///
 /// ```
-/// use tower_throttle::{Policy, Quota, RedactionSecret, ThrottleLayer};
+/// use tower_throttle::{key::PeerIp, ops::RedactionSecret, Policy, Quota, ThrottleLayer};
 ///
 /// let secret = RedactionSecret::new("3f9a0c1e5b7d2468ace13579bdf02468").unwrap();
 /// let layer = ThrottleLayer::builder()
-///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build().unwrap())
 ///     .redact_keys_with(secret)
 ///     .build()
 ///     .unwrap();

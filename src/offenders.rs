@@ -34,7 +34,7 @@ pub struct OffenderCounts {
 /// one to read the counts.
 ///
 /// ```
-/// use tower_throttle::offenders::Offenders;
+/// use tower_throttle::ops::Offenders;
 /// use tower_throttle::Key;
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -136,11 +136,11 @@ impl Offenders {
     }
 
     /// The `n` keys `policy` limited most over the last few minutes, largest first (at most
-    /// [`MAX_TOP`](crate::top::MAX_TOP); see [`top`](crate::top) for the window and the bounds).
+    /// [`MAX_TOP`](crate::ops::MAX_TOP); see [`top`](crate::top) for the window and the bounds).
     /// On Redis, every process's refusals, as they have sent them (once a second).
     ///
     /// ```
-    /// use tower_throttle::offenders::Offenders;
+    /// use tower_throttle::ops::Offenders;
     /// use tower_throttle::Key;
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {

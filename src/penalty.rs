@@ -15,9 +15,10 @@ use crate::key::Key;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_throttle::{Penalty, Policy, Quota};
+/// use tower_throttle::{key::PeerIp, policy::Penalty, Policy, Quota};
 ///
 /// let login = Policy::builder("login")
+///     .key(PeerIp::new())
 ///     .quota(Quota::per_minute(5))
 ///     // Three rejections within a minute: banned for ten minutes.
 ///     .penalty(Penalty::new(3, Duration::from_secs(60), Duration::from_secs(600)).unwrap())

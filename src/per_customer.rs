@@ -45,7 +45,7 @@ pub type QuotaFuture = Pin<Box<dyn Future<Output = Result<Option<Quota>, BoxErro
 /// use std::sync::{Arc, Mutex};
 /// use std::time::{Duration, Instant};
 /// use http::request::Parts;
-/// use tower_throttle::{Key, QuotaFuture, QuotaResolver, Quota};
+/// use tower_throttle::{policy::{QuotaFuture, QuotaResolver}, Key, Quota};
 ///
 /// /// The application's plans table (a database in real life).
 /// async fn plan_of(customer: String) -> Result<&'static str, std::io::Error> {

@@ -39,7 +39,7 @@ mod rollout;
 /// [tier header](PolicyBuilder::tier_header). An unknown tier gets the default quota.
 ///
 /// ```
-/// use tower_throttle::Tier;
+/// use tower_throttle::policy::Tier;
 ///
 /// let mut request = http::Request::new(());
 /// request.extensions_mut().insert(Tier::new("paid"));
@@ -91,7 +91,7 @@ impl Default for MissingKey {
 ///
 /// ```
 /// use http::Method;
-/// use tower_throttle::{key::Header, Policy, Quota};
+/// use tower_throttle::{key::{Header, PeerIp}, Policy, Quota};
 ///
 /// let reply = Policy::builder("reply")
 ///     .quota(Quota::per_minute(30).with_max_burst(15))
@@ -104,7 +104,7 @@ impl Default for MissingKey {
 /// assert_eq!(reply.limit().name(), "reply");
 ///
 /// // Invalid configuration is an error when the policy is built:
-/// let err = Policy::builder("reply").quota(Quota::per_second(0)).build().unwrap_err();
+/// let err = Policy::builder("reply").key(PeerIp::new()).quota(Quota::per_second(0)).build().unwrap_err();
 /// assert_eq!(err.to_string(), r#"policy "reply": quota count must be at least 1"#);
 /// ```
 #[derive(Clone, Debug)]
@@ -335,9 +335,10 @@ impl<K> PolicyBuilder<K> {
     /// its own limit, named after the policy and its period (`api.1s`, `api.1d`).
     ///
     /// ```
-    /// use tower_throttle::{Policy, Quota};
+    /// use tower_throttle::{key::PeerIp, Policy, Quota};
     ///
     /// let api = Policy::builder("api")
+    ///     .key(PeerIp::new())
     ///     .quotas([Quota::per_second(10), Quota::per_day(1000)])
     ///     .build()
     ///     .unwrap();
@@ -372,9 +373,9 @@ impl<K> PolicyBuilder<K> {
     /// Per-customer quotas ([`quota_from`](Self::quota_from)) are decided per request as before.
     ///
     /// ```
-    /// use tower_throttle::{Budget, Policy, Quota};
+    /// use tower_throttle::{key::PeerIp, policy::Budget, Policy, Quota};
     ///
-    /// let api = Policy::builder("api").quota(Quota::per_second(5000)).budget(Budget::new()).build();
+    /// let api = Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5000)).budget(Budget::new()).build();
     /// assert!(api.is_ok());
     /// ```
     pub fn budget(mut self, budget: Budget) -> Self {
@@ -393,7 +394,7 @@ impl<K> PolicyBuilder<K> {
     /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
     /// request without a key passes, and so does every request while the backend fails. Requests
     /// that would have been limited are logged at info level ("request would be limited (dry
-    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`](crate::PolicyDecision) extension with
+    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`](crate::policy::PolicyDecision) extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -480,10 +481,11 @@ impl<K> PolicyBuilder<K> {
     ///
     /// ```
     /// use http::Method;
-    /// use tower_throttle::{Policy, Quota};
+    /// use tower_throttle::{key::PeerIp, Policy, Quota};
     ///
     /// let typo = Method::from_bytes(b"PSOT").unwrap();
     /// let err = Policy::builder("writes")
+    ///     .key(PeerIp::new())
     ///     .quota(Quota::per_second(5))
     ///     .methods([typo])
     ///     .build()
@@ -501,9 +503,10 @@ impl<K> PolicyBuilder<K> {
     ///
     /// ```
     /// use http::Method;
-    /// use tower_throttle::{Policy, Quota};
+    /// use tower_throttle::{key::PeerIp, Policy, Quota};
     ///
     /// let dav = Policy::builder("dav")
+    ///     .key(PeerIp::new())
     ///     .quota(Quota::per_second(5))
     ///     .methods([Method::PUT])
     ///     .custom_methods([Method::from_bytes(b"PROPFIND").unwrap()])
@@ -761,8 +764,8 @@ impl<K> PolicyBuilder<K> {
     /// logged and the policy's own applies. The `RateLimit-Policy` field names the quota that applied.
     /// With a single default quota, the customer's and the policy's own quota share the key's state;
     /// a policy's stack of quotas or its tiers count apart (under their own names), so a key that
-    /// falls back to them starts afresh there. [`ThrottleHandle::reset`](crate::ThrottleHandle::reset)
-    /// forgets both; [`peek`](crate::ThrottleHandle::peek) shows the policy's own limits.
+    /// falls back to them starts afresh there. [`ThrottleHandle::reset`](crate::ops::ThrottleHandle::reset)
+    /// forgets both; [`peek`](crate::ops::ThrottleHandle::peek) shows the policy's own limits.
     ///
     /// The quota should be a function of the key (a plan): a key whose requests alternate between
     /// two quotas is decided under each in turn.
@@ -793,7 +796,7 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// The quota of each request's key from a [`QuotaResolver`](crate::QuotaResolver), which may
+    /// The quota of each request's key from a [`QuotaResolver`](crate::policy::QuotaResolver), which may
     /// wait (a plan looked up in the application's database; keep a cache, as the resolver's
     /// example does). As [`quota_from`](Self::quota_from) otherwise.
     ///
@@ -910,28 +913,40 @@ mod tests {
     fn methods_are_standard_unless_opted_in() {
         let q = Quota::per_second(5);
         let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
-        let err = |b: PolicyBuilder<NoKey>| b.build().unwrap_err().to_string();
-        let typo = err(Policy::builder("p").quota(q).methods([method("PSOT")]));
+        let err = |b: PolicyBuilder<crate::key::PeerIp>| b.build().unwrap_err().to_string();
+        let typo = err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .methods([method("PSOT")]));
         assert_eq!(
             typo,
             r#"policy "p": method "PSOT" is not a standard HTTP method (did you mean "POST"?); list a non-standard method in custom_methods"#
         );
         // Methods are case-sensitive: a lowercase `get` is another method.
-        assert!(err(Policy::builder("p").quota(q).methods([method("get")]))
-            .contains(r#"(did you mean "GET"?)"#));
-        assert!(
-            !err(Policy::builder("p").quota(q).methods([method("PROPFIND")]))
-                .contains("did you mean")
-        );
-        assert!(
-            err(Policy::builder("p").quota(q).custom_methods([Method::POST]))
-                .contains("list it in methods")
-        );
-        assert!(err(Policy::builder("p").quota(q).custom_methods([]))
-            .contains("custom_methods is empty"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .methods([method("get")]))
+        .contains(r#"(did you mean "GET"?)"#));
+        assert!(!err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .methods([method("PROPFIND")]))
+        .contains("did you mean"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .custom_methods([Method::POST]))
+        .contains("list it in methods"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .custom_methods([]))
+        .contains("custom_methods is empty"));
 
         let propfind = method("PROPFIND");
         let dav = Policy::builder("p")
+            .key(crate::key::PeerIp::new())
             .quota(q)
             .methods([Method::GET])
             .custom_methods([propfind.clone()])
@@ -948,6 +963,7 @@ mod tests {
             assert_eq!(dav.applies_to(&request(m)), applies, "{m}");
         }
         let only_custom = Policy::builder("p")
+            .key(crate::key::PeerIp::new())
             .quota(q)
             .custom_methods([propfind.clone()])
             .build()
@@ -959,15 +975,41 @@ mod tests {
     #[test]
     fn bad_policies_are_errors() {
         let q = Quota::per_second(5);
-        let err = |b: PolicyBuilder<NoKey>| b.build().unwrap_err().to_string();
-        assert!(err(Policy::builder("p")).contains("quota is required"));
-        assert!(err(Policy::builder("p").quota(q).cost(0)).contains("cost must be at least 1"));
-        assert!(err(Policy::builder("p").quota(q).cost(6)).contains("exceeds the limit 5"));
-        assert!(err(Policy::builder("p").quota(q).methods([])).contains("methods is empty"));
-        assert!(err(Policy::builder("p").quota(q).route("x")).contains("must start with '/'"));
-        assert!(err(Policy::builder("p").quota(q).route("/users/:id")).contains("axum 0.7 syntax"));
-        assert!(err(Policy::builder("bad name").quota(q)).contains("may only contain"));
+        let err = |b: PolicyBuilder<crate::key::PeerIp>| b.build().unwrap_err().to_string();
+        assert!(
+            err(Policy::builder("p").key(crate::key::PeerIp::new())).contains("quota is required")
+        );
         assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .cost(0))
+        .contains("cost must be at least 1"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .cost(6))
+        .contains("exceeds the limit 5"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .methods([]))
+        .contains("methods is empty"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .route("x"))
+        .contains("must start with '/'"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
+            .quota(q)
+            .route("/users/:id"))
+        .contains("axum 0.7 syntax"));
+        assert!(err(Policy::builder("bad name")
+            .key(crate::key::PeerIp::new())
+            .quota(q))
+        .contains("may only contain"));
+        assert!(err(Policy::builder("p")
+            .key(crate::key::PeerIp::new())
             .quota(q)
             .on_missing_key(MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR)))
         .contains("4xx"));

@@ -57,7 +57,7 @@ pub struct LimitDecision {
 /// use http::Request;
 /// use tower::ServiceExt;
 /// use tower_throttle::key::{Global, Header};
-/// use tower_throttle::{Policy, Quota, RequestDecisions, ThrottleLayer};
+/// use tower_throttle::{policy::RequestDecisions, Policy, Quota, ThrottleLayer};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let per_user = ThrottleLayer::builder()

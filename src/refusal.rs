@@ -63,7 +63,7 @@ pub enum RefusalKind {
     /// Over the limit, or banned by a penalty (`429`; [`Refusal::decision`] says which).
     Limited,
     /// The matching policy found no key in the request (`400` by default, see
-    /// [`MissingKey`](crate::MissingKey)), or found it ambiguous (a key header sent twice).
+    /// [`MissingKey`](crate::policy::MissingKey)), or found it ambiguous (a key header sent twice).
     MissingKey,
     /// The client or key is on a deny list (`403`).
     Denied,
@@ -109,7 +109,7 @@ impl<'a> Refusal<'a> {
         self.kind
     }
 
-    /// The status the layer would answer with (`429`, `400` or the [`MissingKey`](crate::MissingKey)
+    /// The status the layer would answer with (`429`, `400` or the [`MissingKey`](crate::policy::MissingKey)
     /// status, `403`, `503`).
     pub fn status(&self) -> StatusCode {
         self.status
@@ -131,11 +131,11 @@ impl<'a> Refusal<'a> {
     /// `None` for the other kinds.
     ///
     /// ```
-    /// use tower_throttle::{grpc, Policy, Quota, ThrottleLayer};
+    /// use tower_throttle::{grpc, key::PeerIp, Policy, Quota, ThrottleLayer};
     ///
     /// // Only the 429 in gRPC form; `.grpc()` would convert the 400, 403 and 503 as well.
     /// let layer = ThrottleLayer::builder()
-    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+    ///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build().unwrap())
     ///     .refusal_response(|r| {
     ///         r.rejected()
     ///             .map_or_else(|| r.default_response(), |limited| grpc::resource_exhausted(&limited))
@@ -233,4 +233,3 @@ impl fmt::Debug for Refusal<'_> {
             .finish_non_exhaustive()
     }
 }
-

@@ -31,7 +31,10 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tower_throttle::config::{BackendConfig, Config, ConfiguredBackend};
 use tower_throttle::key::KeySpec;
-use tower_throttle::{HandleError, KeyState, ThrottleHandle};
+use tower_throttle::{
+    backend::KeyState,
+    ops::{HandleError, ThrottleHandle},
+};
 
 /// What the admin endpoints share: the layer's handle, and how to reload.
 #[derive(Clone)]

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
-use tower_throttle::top::{MAX_TOP, WINDOW_MINUTES};
+use tower_throttle::ops::{MAX_TOP, TOP_WINDOW_MINUTES};
 
 use crate::admin::Admin;
 
@@ -152,7 +152,7 @@ pub struct TopQuery {
 }
 
 /// `GET /top/{policy}?n=20`: `[{"key": "...", "limited": N}, ...]`, largest first, over the last
-/// `WINDOW_MINUTES` minutes (the current one included); `n` at most `MAX_TOP`.
+/// `TOP_WINDOW_MINUTES` minutes (the current one included); `n` at most `MAX_TOP`.
 pub async fn top(
     State(admin): State<Admin>,
     Path(policy): Path<String>,
@@ -204,7 +204,7 @@ pub async fn overview(State(admin): State<Admin>) -> Response {
         "policies": policies,
         "health": health,
         "up": up,
-        "top_window_minutes": WINDOW_MINUTES,
+        "top_window_minutes": TOP_WINDOW_MINUTES,
         "sample_every_ms": SAMPLE_EVERY.as_millis() as u64,
         "rates": admin.history.rates(),
     }))

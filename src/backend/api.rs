@@ -72,7 +72,7 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (limit, key, quantity, lease);
     }
 
-    /// Whether this backend keeps [`Penalty`](crate::Penalty) strikes and bans itself (shared by every
+    /// Whether this backend keeps [`Penalty`](crate::policy::Penalty) strikes and bans itself (shared by every
     /// process, as the Redis backend does). When it does not (the default), the layer keeps them in
     /// process.
     fn keeps_penalties(&self) -> bool {
@@ -183,7 +183,7 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
-    /// Told by a [reload](crate::ThrottleHandle::reload) the names of the limits it changed or
+    /// Told by a [reload](crate::ops::ThrottleHandle::reload) the names of the limits it changed or
     /// removed: a backend that caches decisions drops those it cached under them (the Redis
     /// backend: its deny cache's entries and its leased budgets' slices, in this process and, told
     /// through Redis, in every other process sharing it). The state kept per key is not touched.

@@ -22,7 +22,7 @@ pub type ResetFuture = Pin<Box<dyn Future<Output = Result<(), BackendError>> + S
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_throttle::KeyState;
+/// use tower_throttle::backend::KeyState;
 ///
 /// let state = KeyState::new(10, 0, Duration::from_secs(6))
 ///     .with_retry_after(Some(Duration::from_millis(600)));
@@ -43,7 +43,7 @@ pub struct KeyState {
     /// When a request of cost 1 would be admitted: `None` if it would be admitted now (or, when
     /// banned, the end of the ban or the limit's own retry time, whichever is later).
     pub retry_after: Option<Duration>,
-    /// The rest of the key's [`Penalty`](crate::Penalty) ban, if it is banned.
+    /// The rest of the key's [`Penalty`](crate::policy::Penalty) ban, if it is banned.
     pub banned: Option<Duration>,
 }
 

@@ -18,7 +18,6 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-
 // The backend a configuration file names; public as `config::ConfiguredBackend`.
 #[cfg(all(feature = "config", feature = "redis"))]
 pub(crate) mod configured;
@@ -31,5 +30,5 @@ pub use key_state::{KeyState, PeekFuture, ResetFuture};
 // The `Backend` trait itself, below every backend that implements it.
 mod api;
 
-pub use api::{Backend, StackFuture};
 pub use crate::error::BackendError;
+pub use api::{Backend, StackFuture};

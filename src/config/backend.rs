@@ -7,9 +7,9 @@ use super::schema::RedisConfig;
 use super::Config;
 #[cfg(feature = "redis")]
 use crate::access::{AccessList, RedisAccessSync};
-use crate::backend::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisBackendBuilder, RedisMode};
+use crate::backend::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
 use crate::error::BuildError;
@@ -98,13 +98,13 @@ impl RedisConfig {
     }
 
     /// Connects before returning, as [`RedisBackend::builder`] would with these settings and
-    /// [`connect`](crate::RedisBackendBuilder::connect): fails if Redis cannot be reached.
+    /// [`connect`](crate::redis::RedisBackendBuilder::connect): fails if Redis cannot be reached.
     pub async fn connect(&self) -> Result<RedisBackend, BackendError> {
         self.builder()?.connect().await
     }
 
     /// The backend as `connect` says: `"lazy"` (default) connects in the background
-    /// ([`build`](crate::RedisBackendBuilder::build)) and returns once the first attempt has ended
+    /// ([`build`](crate::redis::RedisBackendBuilder::build)) and returns once the first attempt has ended
     /// ([`first_attempt`](RedisBackend::first_attempt): connected, refused, or one attempt's budget
     /// for a frozen Redis; a Cluster's first attempt connects only once the Cluster has formed);
     /// `"eager"` as [`connect`](Self::connect). Either way, an error when Redis refuses the configuration (a wrong or missing

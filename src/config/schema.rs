@@ -242,7 +242,7 @@ pub struct RouteConfig {
     pub refund_statuses: Option<Vec<String>>,
     /// Sliced budgets for hot keys on Redis (GCRA, one quota): `budget = true` for the defaults, or
     /// `budget = { slice_ttl = "250ms", max_slice = 1000, hot_after = 8 }` (see
-    /// [`Budget`](crate::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
+    /// [`Budget`](crate::policy::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
     #[serde(default)]
     pub budget: Option<BudgetConfig>,
     /// A second limit whose cost is settled after the response, such as tokens:

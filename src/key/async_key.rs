@@ -38,7 +38,7 @@ pub const DEFAULT_ASYNC_KEY_TIMEOUT: Duration = Duration::from_millis(100);
 /// A key extractor that may wait: for [`PolicyBuilder::async_key`](crate::PolicyBuilder::async_key).
 ///
 /// A request whose key comes back `None` — no key, or one the extractor refused (an unknown API
-/// key) — gets the policy's [missing-key](crate::MissingKey) answer (a 400 by default). One whose
+/// key) — gets the policy's [missing-key](crate::policy::MissingKey) answer (a 400 by default). One whose
 /// key takes longer than the [timeout](Self::timeout) (100 ms by default; logged at warn at most
 /// once a second) is the application's trouble, not the client's: the layer's
 /// [`OnBackendError`](crate::OnBackendError) answers, as for a backend that cannot decide (`Local`

@@ -16,7 +16,7 @@ use super::value::Key;
 ///
 /// A value sent twice is ambiguous: a client can put its own `x-user-id` before the one a gateway
 /// appends, and be counted as someone else. The default, [`Refuse`](Self::Refuse), treats such a
-/// request as having no key (the policy's [`MissingKey`](crate::MissingKey) answer, `400` by
+/// request as having no key (the policy's [`MissingKey`](crate::policy::MissingKey) answer, `400` by
 /// default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -329,7 +329,7 @@ impl std::error::Error for InvalidPrefix {}
 /// The raw bytes are the key, so non-UTF-8 values work; values longer than
 /// [`MAX_KEY_LEN`](super::MAX_KEY_LEN) are hashed. A header sent more than once is ambiguous (a
 /// client can put its own `x-user-id` before the one a gateway appends): no key, so the policy's
-/// [`MissingKey`](crate::MissingKey) answer (`400` by default), unless
+/// [`MissingKey`](crate::policy::MissingKey) answer (`400` by default), unless
 /// [`on_duplicate`](Self::on_duplicate) says which line counts.
 ///
 /// ```

@@ -1,7 +1,7 @@
 //! Keys and key extractors: who a request counts against.
 //!
 //! A [`KeyExtractor`] turns a request into a [`Key`] (or `None` when the request carries no key, which
-//! the policy's [`MissingKey`](crate::MissingKey) setting then handles). Built in:
+//! the policy's [`MissingKey`](crate::policy::MissingKey) setting then handles). Built in:
 //!
 //! * [`PeerIp`]: the TCP peer address (axum's `ConnectInfo<SocketAddr>` with the `axum` feature, or
 //!   a [`PeerAddr`] extension), IPv6 grouped by prefix (/64 by default). It never reads

@@ -11,7 +11,6 @@ use http::Response;
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
 use crate::error::BuildError;
-use crate::refusal::Refusal;
 use crate::key::ClientIp;
 use crate::middleware::layer::ThrottleLayer;
 use crate::middleware::settings::{OnBackendError, Settings};
@@ -21,6 +20,7 @@ use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::or_default::OrDefault;
 use crate::policy::Policy;
+use crate::refusal::Refusal;
 
 #[cfg(feature = "memory")]
 use crate::backend::MemoryBackend;
@@ -110,12 +110,14 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// task, so it should be quick; without a hook nothing is spent.
     ///
     /// ```
-    /// use tower_throttle::{access::AccessList, Limited, Policy, Quota, ThrottleLayer};
+    /// use tower_throttle::{
+    ///     key::PeerIp, ops::AccessList, refusal::Limited, Policy, Quota, ThrottleLayer,
+    /// };
     ///
     /// let lists = AccessList::new();
     /// let deny = lists.clone();
     /// let layer = ThrottleLayer::builder()
-    ///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build().unwrap())
+    ///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build().unwrap())
     ///     .access_list(lists)
     ///     .on_limited(move |limited: &Limited<'_>| {
     ///         tracing::warn!(policy = limited.policy, path = %limited.uri.path(), "limited");
@@ -184,9 +186,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// Each is set only if the response does not have it (a proxied upstream's own).
     ///
     /// ```
-    /// use tower_throttle::{Estimate, Limit, Policy, Quota, ThrottleLayer};
+    /// use tower_throttle::{key::PeerIp, Estimate, Limit, Policy, Quota, ThrottleLayer};
     ///
     /// let chat = Policy::builder("chat")
+    ///     .key(PeerIp::new())
     ///     .quota(Quota::per_minute(60))
     ///     .metered(Limit::new("chat.tokens", Quota::per_minute(100_000)).unwrap(), Estimate::fixed(500))
     ///     .build()
@@ -200,7 +203,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     }
 
     /// Answers every request the layer refuses itself — over the limit or banned (`429`), without a
-    /// key (`400`, or the [`MissingKey`](crate::MissingKey) status), on a deny list (`403`), the
+    /// key (`400`, or the [`MissingKey`](crate::policy::MissingKey) status), on a deny list (`403`), the
     /// backend down under [`OnBackendError::Deny`] (`503`) — with `f`'s response. `f` sees why
     /// ([`Refusal::kind`]), what was decided (policy, key, decision, retry time) and the request's
     /// method, URI and headers, so it can negotiate the content (HTML for browsers, JSON for API
@@ -215,7 +218,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// use bytes::Bytes;
     /// use http::{header, Request, Response, StatusCode};
     /// use tower::{service_fn, Layer, ServiceExt};
-    /// use tower_throttle::headers::{Refusal, RefusalKind};
+    /// use tower_throttle::refusal::{Refusal, RefusalKind};
     /// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -289,7 +292,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
-    /// Inserts a [`PolicyDecision`](crate::PolicyDecision) into every admitted request, for handlers that want to read
+    /// Inserts a [`PolicyDecision`](crate::policy::PolicyDecision) into every admitted request, for handlers that want to read
     /// it (`Extension<PolicyDecision>` in axum). Off by default, because it costs an allocation per
     /// request; dry-run and delay-mode policies always insert it.
     pub fn decision_extension(mut self, on: bool) -> Self {

@@ -2,7 +2,7 @@
 //! listed after it (`scripts/import_cycles.py` checks it):
 //!
 //! * [`builder`]: [`ThrottleLayerBuilder`], the layer's options.
-//! * [`layer`]: [`ThrottleLayer`], configuration only (and its [`ThrottleHandle`](crate::ThrottleHandle)).
+//! * [`layer`]: [`ThrottleLayer`], configuration only (and its [`ThrottleHandle`](crate::ops::ThrottleHandle)).
 //! * [`service`]: [`Throttle`]: the request's steps in order, deciding at once when the backend
 //!   answers at once; `extended`: the same steps with async ones between them (an async key, a
 //!   per-customer quota, counting by outcome).

@@ -8,10 +8,10 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 
 use crate::headers::{self, HeaderOptions};
-use crate::refusal::{Refusal, Rejected};
 use crate::limit::{Algorithm, Limit};
 use crate::observe::Limited;
 use crate::offenders::Offenders;
+use crate::refusal::{Refusal, Rejected};
 
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;

@@ -245,6 +245,7 @@ mod tests {
         let policy = |name: &str, count| {
             let quota = Quota::per_second(count);
             Policy::builder(name)
+                .key(crate::key::PeerIp::new())
                 .route(format!("/{name}"))
                 .quota(quota)
                 .build()
@@ -273,7 +274,9 @@ mod tests {
     fn a_policy_hidden_by_an_earlier_one_is_an_error() {
         let q = Quota::per_second(5);
         let policy = |name: &str, route: Option<&str>, methods: Option<&[Method]>| {
-            let mut b = Policy::builder(name).quota(q);
+            let mut b = Policy::builder(name)
+                .key(crate::key::PeerIp::new())
+                .quota(q);
             if let Some(route) = route {
                 b = b.route(route);
             }

@@ -15,13 +15,13 @@ use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::grpc;
 use crate::headers::{self, RateHeaders};
-use crate::refusal::{Refusal, RefusalKind, Rejected};
 use crate::key::Key;
 use crate::middleware::admitted::{add_limits, admit, queue_delay, Admitted, PolicyRules, Verdict};
 use crate::middleware::settings::{CompiledTier, OnBackendError, Settings};
 use crate::middleware::slot::SlotOwner;
 use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::{MissingKey, Policy};
+use crate::refusal::{Refusal, RefusalKind, Rejected};
 use crate::timer::timers_available;
 
 #[cfg(feature = "memory")]

@@ -47,9 +47,10 @@ impl<K> PolicyBuilder<K> {
     /// periods). The policy's requests take the extended path (as with per-customer quotas).
     ///
     /// ```
-    /// use tower_throttle::{Policy, Quota};
+    /// use tower_throttle::{key::PeerIp, Policy, Quota};
     ///
     /// let api = Policy::builder("api")
+    ///     .key(PeerIp::new())
     ///     .quota(Quota::per_minute(100))
     ///     .shadow(Quota::per_minute(50))
     ///     .build()
@@ -66,22 +67,22 @@ impl<K> PolicyBuilder<K> {
     /// by a fixed-seed hash of the key, the same in every process and after a restart (one client
     /// sees one behaviour), and raising the share only adds keys. A key outside the share is
     /// treated as in a [dry run](Self::dry_run) (headers, no wait, no ban, a
-    /// [`PolicyDecision`](crate::PolicyDecision) with `enforced: false`), except that its
+    /// [`PolicyDecision`](crate::policy::PolicyDecision) with `enforced: false`), except that its
     /// refusals are counted as would-limit, not as limited. A request without a key is let
     /// through unless every key is enforced. A share outside 0 to 1 is an error at build, and so
     /// is a staged dry run; 1 (the default) enforces every key.
     ///
     /// ```
-    /// use tower_throttle::{Key, Policy, Quota};
+    /// use tower_throttle::{key::PeerIp, Key, Policy, Quota};
     ///
-    /// let api = Policy::builder("api")
+    /// let api = Policy::b.key(crate::key::PeerIp::new())uilder("api")
     ///     .quota(Quota::per_minute(100))
     ///     .enforce_fraction(0.10)
     ///     .build()
     ///     .unwrap();
     /// let enforced = (0..1000).filter(|i| api.enforces(&Key::from(*i as u64))).count();
     /// assert!((70..=130).contains(&enforced));
-    /// assert!(Policy::builder("api").quota(Quota::per_minute(100)).enforce_fraction(1.1).build().is_err());
+    /// assert!(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_minute(100)).enforce_fraction(1.1).build().is_err());
     /// ```
     pub fn enforce_fraction(mut self, fraction: f64) -> Self {
         self.rollout.enforce = Some(fraction);

@@ -1,6 +1,6 @@
 //! Who is limited most: per policy, a bounded heavy-hitter summary (Space-Saving, in `sketch.rs`) of the
-//! keys refused over the last few minutes. Kept by [`Offenders`](crate::offenders::Offenders)
-//! beside its distinct counts, read with [`ThrottleHandle::top`](crate::ThrottleHandle::top).
+//! keys refused over the last few minutes. Kept by [`Offenders`](crate::ops::Offenders)
+//! beside its distinct counts, read with [`ThrottleHandle::top`](crate::ops::ThrottleHandle::top).
 //!
 //! * **In memory** (one process): one summary of [`CAPACITY`] counters per policy and minute, the
 //!   last [`WINDOW_MINUTES`] minutes kept; a read sums them and trims to `n`.

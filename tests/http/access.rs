@@ -9,9 +9,9 @@ use crate::support::failover::wait_until;
 use crate::support::{from_peer, request, status_of};
 use axum::{routing::get, Router};
 use http::StatusCode;
-use tower_throttle::access::{AccessList, RedisAccessSync};
 use tower_throttle::config::Config;
 use tower_throttle::key::{ClientIp, Header, TrustedProxies};
+use tower_throttle::ops::{AccessList, RedisAccessSync};
 use tower_throttle::{Policy, Quota, ThrottleLayer};
 
 fn app(lists: &AccessList, behind: Option<ClientIp>) -> Router {

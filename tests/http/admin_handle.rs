@@ -17,8 +17,10 @@ use tower::ServiceExt;
 use tower_throttle::config::Config;
 use tower_throttle::key::{Header, PeerIp};
 use tower_throttle::{
-    Algorithm, Backend, HandleError, MemoryBackend, Penalty, Policy, Quota, RedisBackend,
-    RedisMode, ThrottleLayer,
+    ops::HandleError,
+    policy::Penalty,
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, MemoryBackend, Policy, Quota, ThrottleLayer,
 };
 
 async fn redis(url: &str) -> RedisBackend {

@@ -15,8 +15,8 @@ use tokio::sync::oneshot;
 use tower::{Service, ServiceExt};
 use tower_throttle::key::Global;
 use tower_throttle::{
-    Backend, BackendError, Decision, Key, Limit, MemoryBackend, Policy, Quota, ThrottleLayer,
-    ThrottleLayerBuilder,
+    backend::BackendError, Backend, Decision, Key, Limit, MemoryBackend, Policy, Quota,
+    ThrottleLayer, ThrottleLayerBuilder,
 };
 
 /// An inner service that records every call made without a preceding `poll_ready` on the same instance.

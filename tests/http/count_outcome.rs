@@ -222,7 +222,7 @@ fn counting_by_outcome_is_refused_where_it_cannot_work() {
     assert!(err.contains("cannot give units back"), "{err}");
     // A leased budget's units were charged when the slice was granted: no refund can be exact.
     let err = login()
-        .budget(tower_throttle::Budget::new())
+        .budget(tower_throttle::policy::Budget::new())
         .build()
         .unwrap_err()
         .to_string();

@@ -9,11 +9,11 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Code, Status};
-use tower_throttle::access::AccessList;
 use tower_throttle::key::{Header, KeyExtractor};
+use tower_throttle::ops::AccessList;
 use tower_throttle::{
-    Backend, BackendError, Decision, Key, Limit, MissingKey, OnBackendError, Policy, Quota,
-    ThrottleLayer, ThrottleLayerBuilder,
+    backend::BackendError, policy::MissingKey, Backend, Decision, Key, Limit, OnBackendError,
+    Policy, Quota, ThrottleLayer, ThrottleLayerBuilder,
 };
 
 #[path = "../../examples/grpc/greeter.rs"]

@@ -11,7 +11,7 @@ use axum::Router;
 use http::{Method, Request, StatusCode};
 use tower::ServiceExt;
 use tower_throttle::key::{Extension, Global, Header, KeySpec, PeerIp};
-use tower_throttle::{MissingKey, OnBackendError, Policy, Quota, ThrottleLayer};
+use tower_throttle::{policy::MissingKey, OnBackendError, Policy, Quota, ThrottleLayer};
 
 /// A policy with one key for every request.
 fn global_policy(name: &str, quota: Quota) -> Policy<Global> {
@@ -178,6 +178,7 @@ async fn peer_ip_from_connect_info_groups_ipv6_by_64() {
 #[tokio::test]
 async fn mock_connect_info_and_spoofed_forwarded_headers() {
     let policy = Policy::builder("ip")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_minute(1))
         .build()
         .unwrap();
@@ -205,6 +206,7 @@ async fn mock_connect_info_and_spoofed_forwarded_headers() {
 async fn missing_keys_are_a_clear_4xx_or_pass_never_500() {
     // No ConnectInfo at all: a clear 400 naming what is missing.
     let policy = Policy::builder("ip")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_minute(1))
         .build()
         .unwrap();
@@ -451,7 +453,7 @@ async fn stacked_layers_append_their_fields() {
 #[tokio::test]
 async fn on_backend_error_allow_or_deny() {
     use std::future::{ready, Ready};
-    use tower_throttle::{Backend, BackendError, Decision, Key, Limit};
+    use tower_throttle::{backend::BackendError, Backend, Decision, Key, Limit};
 
     #[derive(Clone)]
     struct Broken;

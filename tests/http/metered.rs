@@ -24,8 +24,8 @@ use crate::support::backend;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::key::Header;
 use tower_throttle::{
-    Algorithm, Backend, BuildError, Decision, Estimate, Key, Limit, MemoryBackend, Meter, Policy,
-    PolicyBuilder, Quota, StackFuture, ThrottleLayer,
+    backend::StackFuture, Algorithm, Backend, BuildError, Decision, Estimate, Key, Limit,
+    MemoryBackend, Meter, Policy, PolicyBuilder, Quota, ThrottleLayer,
 };
 
 /// A body of `n` server-sent events, one token each, each reported on the meter as it is produced
@@ -316,6 +316,7 @@ fn a_metered_limit_on_another_algorithm_is_a_build_error() {
     let window =
         Limit::with_algorithm("t", Algorithm::SlidingWindow, Quota::per_minute(9)).unwrap();
     let err = Policy::builder("p")
+        .key(tower_throttle::key::PeerIp::new())
         .metered(window, Estimate::fixed(1))
         .build()
         .unwrap_err()
@@ -325,15 +326,17 @@ fn a_metered_limit_on_another_algorithm_is_a_build_error() {
     let limit = || Limit::new("p.tokens", Quota::per_minute(9)).unwrap();
     let err = |b: PolicyBuilder<_>| b.build().unwrap_err().to_string();
     assert!(err(Policy::builder("p")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_minute(5))
         .tier("paid", [Quota::per_minute(50)])
         .metered(limit(), Estimate::fixed(1)))
     .contains("tiers"));
-    assert!(
-        err(Policy::builder("p").metered(limit(), Estimate::header("bad header", 1)))
-            .contains("not a valid header name")
-    );
     assert!(err(Policy::builder("p")
+        .key(tower_throttle::key::PeerIp::new())
+        .metered(limit(), Estimate::header("bad header", 1)))
+    .contains("not a valid header name"));
+    assert!(err(Policy::builder("p")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_minute(5))
         .usage_header("x-usage"))
     .contains("no limit is metered"));
@@ -344,7 +347,7 @@ fn a_metered_limit_on_another_algorithm_is_a_build_error() {
 struct NoSettle(MemoryBackend);
 
 impl Backend for NoSettle {
-    type Future = std::future::Ready<Result<Decision, tower_throttle::BackendError>>;
+    type Future = std::future::Ready<Result<Decision, tower_throttle::backend::BackendError>>;
 
     fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
         self.0.check(limit, key, quantity)
@@ -464,7 +467,7 @@ async fn a_request_let_through_without_a_key_still_finds_its_meter() {
     let (backend, _clock) = backend();
     let policy = Policy::builder("chat")
         .key(Header::new("x-api-key"))
-        .on_missing_key(tower_throttle::MissingKey::Allow)
+        .on_missing_key(tower_throttle::policy::MissingKey::Allow)
         .metered(
             Limit::new("chat.tokens", Quota::per_minute(60)).unwrap(),
             Estimate::fixed(1),

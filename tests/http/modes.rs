@@ -11,7 +11,10 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
-use tower_throttle::{Algorithm, Policy, PolicyDecision, Quota, ThrottleLayer, Tier};
+use tower_throttle::{
+    policy::{PolicyDecision, Tier},
+    Algorithm, Policy, Quota, ThrottleLayer,
+};
 
 /// `policy` on `backend`, with the layer's defaults.
 fn layer_of<K, B: tower_throttle::Backend>(backend: B, policy: Policy<K>) -> ThrottleLayer<K, B> {
@@ -114,6 +117,7 @@ async fn delay_mode_waits_for_the_slot_instead_of_rejecting() {
 #[test]
 fn delay_mode_is_refused_for_window_algorithms() {
     let err = Policy::builder("w")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_second(2))
         .algorithm(Algorithm::FixedWindow)
         .delay(Duration::from_secs(1))
@@ -661,15 +665,16 @@ async fn a_dry_run_passes_requests_without_a_key_and_through_backend_failures() 
     #[derive(Clone)]
     struct Down;
     impl tower_throttle::Backend for Down {
-        type Future =
-            std::future::Ready<Result<tower_throttle::Decision, tower_throttle::BackendError>>;
+        type Future = std::future::Ready<
+            Result<tower_throttle::Decision, tower_throttle::backend::BackendError>,
+        >;
         fn check(
             &self,
             _: &tower_throttle::Limit,
             _: &tower_throttle::Key,
             _: u64,
         ) -> Self::Future {
-            std::future::ready(Err(tower_throttle::BackendError::new("down")))
+            std::future::ready(Err(tower_throttle::backend::BackendError::new("down")))
         }
     }
     let layer = ThrottleLayer::builder()
@@ -845,6 +850,7 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
     let err = build(lone, stack).unwrap_err();
     assert!(err.contains("two different stacks"), "{err}");
     let err = Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_second(1))
         .tier("paid.1s", [Quota::per_second(2)])
         .build()

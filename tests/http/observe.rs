@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use crate::support::{from_user as from, per_user_policy as policy, status_of};
 use axum::{routing::get, Router};
 use http::Method;
-use tower_throttle::{Limited, ThrottleLayer};
+use tower_throttle::{refusal::Limited, ThrottleLayer};
 
 #[tokio::test]
 async fn the_hook_sees_each_limited_request_with_its_parts() {
@@ -69,7 +69,7 @@ struct DownFuture {
 }
 
 impl std::future::Future for DownFuture {
-    type Output = Result<tower_throttle::Decision, tower_throttle::BackendError>;
+    type Output = Result<tower_throttle::Decision, tower_throttle::backend::BackendError>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
@@ -80,7 +80,7 @@ impl std::future::Future for DownFuture {
             cx.waker().wake_by_ref();
             return std::task::Poll::Pending;
         }
-        std::task::Poll::Ready(Err(tower_throttle::BackendError::new("down")))
+        std::task::Poll::Ready(Err(tower_throttle::backend::BackendError::new("down")))
     }
 }
 
@@ -101,9 +101,9 @@ fn sample(page: &str, series: &str) -> f64 {
 fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
     use http::StatusCode;
     use std::time::Duration;
-    use tower_throttle::access::AccessList;
     use tower_throttle::key::{Global, Header};
-    use tower_throttle::{OnBackendError, Penalty, Policy, Quota};
+    use tower_throttle::ops::AccessList;
+    use tower_throttle::{policy::Penalty, OnBackendError, Policy, Quota};
 
     let (statuses, page) = crate::support::with_metrics(async {
         {

@@ -10,7 +10,11 @@ use axum::{routing::get, Router};
 use tower::ServiceExt;
 use tower_throttle::config::Config;
 use tower_throttle::key::Header;
-use tower_throttle::{Penalty, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+use tower_throttle::{
+    policy::Penalty,
+    redis::{RedisBackend, RedisMode},
+    Policy, Quota, ThrottleLayer,
+};
 
 fn policy(ban: Duration) -> Policy<Header> {
     Policy::builder("login")

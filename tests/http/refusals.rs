@@ -6,17 +6,19 @@ use crate::support::redis as redis_support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::{body_string, header, request};
+use crate::support::{body_string, header};
 use axum::body::Body;
 use axum::{routing::get, Extension, Router};
 use bytes::Bytes;
 use http::{header::ACCEPT, Request, Response, StatusCode};
 use tower::ServiceExt;
-use tower_throttle::access::AccessList;
-use tower_throttle::headers::{Refusal, RefusalKind};
 use tower_throttle::key::{Global, Header};
+use tower_throttle::ops::AccessList;
+use tower_throttle::refusal::{Refusal, RefusalKind};
 use tower_throttle::{
-    OnBackendError, Policy, PolicyDecision, Quota, RedisBackend, RequestDecisions, ThrottleLayer,
+    policy::{PolicyDecision, RequestDecisions},
+    redis::RedisBackend,
+    OnBackendError, Policy, Quota, ThrottleLayer,
 };
 
 /// What the hook saw of one refusal.
@@ -312,7 +314,7 @@ async fn on_redis_the_hook_and_the_per_limit_decisions_work_alike() {
     let server = redis_support::RedisServer::start();
     let backend = RedisBackend::builder()
         .url(server.url())
-        .mode(tower_throttle::RedisMode::Lua)
+        .mode(tower_throttle::redis::RedisMode::Lua)
         .connect()
         .await
         .unwrap();

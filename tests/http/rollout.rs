@@ -11,7 +11,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use tower::ServiceExt;
 use tower_throttle::key::Header;
-use tower_throttle::{Algorithm, Key, Policy, PolicyDecision, Quota, ThrottleLayer};
+use tower_throttle::{policy::PolicyDecision, Algorithm, Key, Policy, Quota, ThrottleLayer};
 
 use crate::support::{
     backend, from_user, header, layer_on, sample_or_zero as sample, with_metrics,
@@ -186,49 +186,60 @@ fn bad_rollouts_are_build_errors() {
         b.build().unwrap_err().to_string()
     };
     for share in [1.1, -0.01, f64::NAN] {
-        let e = err(Policy::builder("api").quota(q).enforce_fraction(share));
+        let e = err(Policy::builder("api")
+            .key(tower_throttle::key::PeerIp::new())
+            .quota(q)
+            .enforce_fraction(share));
         assert!(
             e.contains("enforce must be a share of keys from 0% to 100%"),
             "{e}"
         );
     }
     assert!(err(Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(q)
         .dry_run(true)
         .enforce_fraction(0.5))
     .contains("dry_run and enforce"));
     assert!(err(Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(q)
         .algorithm(Algorithm::Concurrency)
         .shadow(q))
     .contains("a shadow limit needs a rate"));
     assert!(err(Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(q)
         .shadow(q)
         .shadow(Quota::per_minute(5)))
     .contains("named twice"));
     assert!(err(Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(q)
         .tier("shadow", [Quota::per_minute(1), Quota::per_hour(10)])
         .shadow(Quota::per_minute(1)))
     .contains("named twice"));
     assert!(err(Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(q)
         .shadow(Quota::per_minute(2))
         .cost(3))
     .contains("cost 3 exceeds the limit 2"));
     assert!(err(Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(q)
         .shadow(Quota::per_minute(5))
         .count_only(|s| s == 401))
     .contains("shadow limit"));
     // A layer refuses a shadow limit whose name a limit of another stack has.
     let other = Policy::builder("api.shadow")
+        .key(tower_throttle::key::PeerIp::new())
         .route("/other")
         .quotas([Quota::per_second(3), Quota::per_hour(100)])
         .build()
         .unwrap();
     let api = Policy::builder("api")
+        .key(tower_throttle::key::PeerIp::new())
         .route("/api")
         .quota(q)
         .shadow(Quota::per_second(3))

@@ -160,6 +160,7 @@ fn patterns_axum_refuses_are_errors() {
         ("users", "must start with '/'"),
     ] {
         let err = Policy::builder("route")
+            .key(tower_throttle::key::PeerIp::new())
             .quota(Quota::per_hour(1))
             .route(pattern)
             .build()

@@ -122,7 +122,8 @@ fn at_the_cap_the_key_nearest_to_refilled_goes_first_even_among_ties() {
 
 #[test]
 fn bad_sizes_are_errors() {
-    let err = |b: tower_throttle::MemoryBackendBuilder<_>| b.build().unwrap_err().to_string();
+    let err =
+        |b: tower_throttle::backend::MemoryBackendBuilder<_>| b.build().unwrap_err().to_string();
     assert!(err(MemoryBackend::builder().max_keys(0)).contains("max_keys"));
     assert!(err(MemoryBackend::builder().shards(0)).contains("shards"));
     assert!(err(MemoryBackend::builder().shards(usize::MAX)).contains("shards"));

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use tower_throttle::{Algorithm, Budget, Decision, Limit, Penalty, Quota};
+use tower_throttle::{
+    policy::{Budget, Penalty},
+    Algorithm, Decision, Limit, Quota,
+};
 
 #[test]
 fn only_an_admitted_request_of_a_delaying_limit_waits_beyond_the_tolerance() {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tower_throttle::clock::ManualClock;
-use tower_throttle::{Algorithm, Backend, Key, KeyState, Limit, MemoryBackend, Quota};
+use tower_throttle::{backend::KeyState, Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
 fn backend() -> MemoryBackend<ManualClock> {
     MemoryBackend::builder()

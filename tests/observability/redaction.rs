@@ -9,7 +9,7 @@ use axum::{routing::get, Router};
 use sha2::{Digest as _, Sha256};
 use tower_throttle::config::Config;
 use tower_throttle::key::PeerIp;
-use tower_throttle::{Policy, Quota, RedactionSecret, ThrottleLayer};
+use tower_throttle::{ops::RedactionSecret, Policy, Quota, ThrottleLayer};
 
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]
@@ -58,6 +58,7 @@ async fn logs_of(app: Router, peers: &[&str], headers: &[(&'static str, &str)]) 
 
 fn per_ip() -> Policy<PeerIp> {
     Policy::builder("per-ip")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_minute(1))
         .build()
         .unwrap()

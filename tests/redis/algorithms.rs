@@ -16,7 +16,9 @@ use redis_support::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 use tower_throttle::window::{self, FixedState, SlidingState};
 use tower_throttle::{
-    Algorithm, Backend, Decision, Key, Limit, Penalty, Quota, RedisBackend, RedisMode,
+    policy::Penalty,
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, Decision, Key, Limit, Quota,
 };
 
 async fn connect(url: &str) -> RedisBackend {
@@ -854,7 +856,8 @@ async fn failures_reach_the_caller_and_releases_never_block() {
         .await
         .is_err());
     // The failures opened the circuit breaker: the next calls fail at once, without a round trip.
-    let fail_fast = |e: tower_throttle::BackendError| format!("{e:?}").contains("failing fast");
+    let fail_fast =
+        |e: tower_throttle::backend::BackendError| format!("{e:?}").contains("failing fast");
     let mut fast = (false, false);
     for _ in 0..20 {
         fast.0 |= backend.check(&fixed, &key, 1).await.is_err_and(fail_fast);

@@ -10,7 +10,10 @@ use crate::support::redis::{RedisCluster, RedisServer};
 use std::time::{Duration, Instant};
 
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisBackendBuilder, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisBackendBuilder, RedisMode},
+    Backend, Limit, Quota,
+};
 
 fn limit() -> Limit {
     Limit::new("nocommand", Quota::per_minute(10)).unwrap()

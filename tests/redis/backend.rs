@@ -11,7 +11,9 @@ use std::time::Duration;
 use redis_support::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 use tower_throttle::{
-    gcra, Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend, RedisMode,
+    gcra,
+    redis::{RedisBackend, RedisMode},
+    Backend, Decision, Key, Limit, MemoryBackend, Quota,
 };
 
 pub(crate) async fn connect(url: &str, mode: RedisMode) -> RedisBackend {

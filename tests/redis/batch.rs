@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_support::{RedisCluster, RedisServer};
-use tower_throttle::{Backend, Key, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Backend, Key, Limit, Quota,
+};
 
 use crate::backend::calls;
 use crate::gcra_group::{group_args, push_replies};
@@ -140,7 +143,7 @@ async fn with_a_foreign_key(
     per_hour: u64,
     checks: usize,
     every: usize,
-    failure: fn(&tower_throttle::BackendError),
+    failure: fn(&tower_throttle::backend::BackendError),
 ) -> (usize, usize) {
     let limit = Arc::new(Limit::new(name, Quota::per_hour(per_hour)).unwrap());
     let bad = Key::from("bad");

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{
-    Algorithm, Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend,
-    RedisBackendBuilder, RedisMode,
+    redis::{RedisBackend, RedisBackendBuilder, RedisMode},
+    Algorithm, Backend, Decision, Key, Limit, MemoryBackend, Quota,
 };
 
 use crate::algorithms::within_one_window;

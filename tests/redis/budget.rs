@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Budget, Limit, Penalty, Quota, RedisBackend};
+use tower_throttle::{
+    policy::{Budget, Penalty},
+    redis::RedisBackend,
+    Backend, Limit, Quota,
+};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 /// The shared limit: 2,000 a second in bursts of 100.

@@ -20,7 +20,8 @@ use redis_support::RedisCluster;
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
 use tower_throttle::{
-    Backend, CircuitState, Limit, Quota, RedisBackend, RedisMode, RedisNodeHealth,
+    redis::{CircuitState, RedisBackend, RedisMode, RedisNodeHealth},
+    Backend, Limit, Quota,
 };
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;

@@ -1,4 +1,4 @@
-//! A Cluster started lazily ([`build`](tower_throttle::RedisBackendBuilder::build)) while every
+//! A Cluster started lazily ([`build`](tower_throttle::redis::RedisBackendBuilder::build)) while every
 //! node is down: calls fail at once (the failure policy answers), stay failing while the nodes run
 //! but no slot is assigned, and are decided on the Cluster within a second of it forming. Eager
 //! `connect` still fails fast.
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use redis_support::RedisCluster;
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, Quota, RedisBackend};
+use tower_throttle::{redis::RedisBackend, Backend, Limit, Quota};
 
 const TIMEOUT: Duration = RedisBackend::DEFAULT_TIMEOUT;
 /// How soon after the Cluster has formed decisions must come from it.

@@ -22,7 +22,11 @@ use std::time::{Duration, Instant};
 use redis_support::RedisCluster;
 use tokio::task::{spawn_blocking, JoinHandle};
 use tower_throttle::key::Key;
-use tower_throttle::{Algorithm, Backend, Limit, Penalty, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    policy::Penalty,
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, Limit, Quota,
+};
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -237,7 +241,7 @@ impl Load {
     fn spawn<F, Fut>(&mut self, tally: Arc<Tally>, call: F)
     where
         F: Fn() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<bool, tower_throttle::BackendError>>
+        Fut: std::future::Future<Output = Result<bool, tower_throttle::backend::BackendError>>
             + Send
             + 'static,
     {
@@ -450,7 +454,7 @@ async fn migrations_as_fast_as_a_reshard_fail_no_decision_stacks_included() {
 /// two nodes, each command follows its own redirection, and nothing is lost.
 #[tokio::test(flavor = "current_thread")]
 async fn offender_counts_follow_a_slot_split_between_two_nodes() {
-    use tower_throttle::offenders::Offenders;
+    use tower_throttle::ops::Offenders;
 
     let cluster = Arc::new(RedisCluster::start());
     let conn = redis::cluster::ClusterClient::builder(cluster.urls())

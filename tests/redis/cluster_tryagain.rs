@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
-use tower_throttle::{Algorithm, Backend, CircuitState, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{CircuitState, RedisBackend, RedisMode},
+    Algorithm, Backend, Limit, Quota,
+};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 

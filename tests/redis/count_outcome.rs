@@ -13,7 +13,8 @@ use axum::{routing::get, Router};
 use tower::ServiceExt;
 use tower_throttle::key::Header;
 use tower_throttle::{
-    Algorithm, Backend, Key, Limit, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer,
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, Key, Limit, Policy, Quota, ThrottleLayer,
 };
 
 async fn connect(server: &redis_support::RedisServer, mode: RedisMode) -> RedisBackend {

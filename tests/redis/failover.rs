@@ -15,7 +15,10 @@ use crate::support::redis as redis_support;
 use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
-use tower_throttle::{Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Limit, Quota,
+};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// What a call may take beyond the timeout on a loaded 2-core machine. A call that waited for Redis
@@ -33,7 +36,7 @@ fn steady() -> Limit {
     .unwrap()
 }
 
-fn backend_on(url: &str) -> tower_throttle::RedisBackendBuilder {
+fn backend_on(url: &str) -> tower_throttle::redis::RedisBackendBuilder {
     RedisBackend::builder()
         .url(url)
         .mode(RedisMode::Lua)

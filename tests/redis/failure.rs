@@ -12,7 +12,10 @@ use redis_support::RedisServer;
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_throttle::key::Global;
-use tower_throttle::{OnBackendError, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    OnBackendError, Policy, Quota, ThrottleLayer,
+};
 
 const LARGE_BURST: Quota = Quota::cl_throttle(10_000, 1, Duration::from_secs(60));
 const TIMEOUT: Duration = Duration::from_millis(100);

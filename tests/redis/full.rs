@@ -14,7 +14,10 @@ use crate::support::failover::Logs;
 use crate::support::redis as redis_support;
 use redis_support::RedisServer;
 use tower_throttle::key::Key;
-use tower_throttle::{Algorithm, Backend, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, Limit, Quota,
+};
 
 const CAP: u64 = 2 * 1024 * 1024;
 

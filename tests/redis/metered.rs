@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use tokio::time::Instant;
-use tower_throttle::{Backend, Budget, Key, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    policy::Budget,
+    redis::{RedisBackend, RedisMode},
+    Backend, Key, Limit, Quota,
+};
 
 use crate::backend::connect;
 use crate::support::redis::{RedisCluster, RedisServer};

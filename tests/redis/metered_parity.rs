@@ -15,7 +15,8 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use tokio::time::Instant;
 use tower_throttle::{
-    Backend, Decision, Key, Limit, MemoryBackend, Quota, RedisBackend, RedisMode,
+    redis::{RedisBackend, RedisMode},
+    Backend, Decision, Key, Limit, MemoryBackend, Quota,
 };
 
 use crate::algorithms::Rng;

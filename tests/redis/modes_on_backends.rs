@@ -21,8 +21,9 @@ use redis_support::{RedisCluster, RedisServer};
 use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
 use tower_throttle::{
-    Algorithm, Backend, MemoryBackend, Policy, PolicyDecision, Quota, RedisBackend, RedisMode,
-    ThrottleLayer,
+    policy::PolicyDecision,
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, MemoryBackend, Policy, Quota, ThrottleLayer,
 };
 
 fn app<B: Backend>(

@@ -2,7 +2,7 @@
 
 use crate::support::redis as redis_support;
 
-use tower_throttle::offenders::Offenders;
+use tower_throttle::ops::Offenders;
 use tower_throttle::Key;
 
 /// How many times the server ran `command` (`INFO commandstats`; 0 before the first).

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{
-    Algorithm, Backend, Key, KeyState, Limit, Penalty, Quota, RedisBackend, RedisMode,
+    backend::KeyState,
+    policy::Penalty,
+    redis::{RedisBackend, RedisMode},
+    Algorithm, Backend, Key, Limit, Quota,
 };
 
 async fn connect(url: &str, mode: RedisMode) -> RedisBackend {

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Backend, Limit, Quota,
+};
 
 const TRIALS: usize = 5;
 

@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use crate::support::failover::{Sentinels, SERVICE};
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Backend, Limit, Policy, Quota, ThrottleLayer,
+};
 
 const HEARD_WITHIN: Duration = Duration::from_millis(200);
 
@@ -214,6 +217,7 @@ async fn a_reload_is_heard_by_every_process() {
     wait_for_subscribers(|| redis.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 3).await;
     let policy = |count| {
         Policy::builder("reloaded")
+            .key(tower_throttle::key::PeerIp::new())
             .quota(Quota::per_hour(count))
             .build()
             .unwrap()

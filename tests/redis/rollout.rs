@@ -14,7 +14,10 @@ use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_throttle::key::Header;
-use tower_throttle::{Backend, Key, Policy, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Backend, Key, Policy, Quota,
+};
 
 use crate::support::redis::RedisServer;
 use crate::support::{layer_on, sample_or_zero as sample, with_metrics};
@@ -112,6 +115,7 @@ fn shadow_limits_and_staged_enforcement_on_lua_and_cl_throttle() {
     assert_eq!(staged[0], staged[1]);
     assert!((70..=130).contains(&staged[0].len()), "{}", staged[0].len());
     let policy = Policy::builder("staged")
+        .key(tower_throttle::key::PeerIp::new())
         .quota(Quota::per_hour(1))
         .enforce_fraction(0.10)
         .build()

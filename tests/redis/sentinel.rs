@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
 use tower_throttle::config::{BackendHealth, Config};
-use tower_throttle::{Limit, Quota, RedisBackend, RedisMode};
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    Limit, Quota,
+};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 const STALL: Duration = Duration::from_secs(1);

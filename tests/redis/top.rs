@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::support::redis as redis_support;
 use crate::support::zipf::{true_top, zipf_stream};
 
-use tower_throttle::offenders::Offenders;
+use tower_throttle::ops::Offenders;
 use tower_throttle::Key;
 
 /// How many times the server ran `command` (`INFO commandstats`; 0 before the first).
@@ -82,7 +82,7 @@ async fn two_processes_find_the_true_top_10_of_a_zipf_stream() {
         .expect("a set per policy and minute")
         .trim();
     let size: u64 = server.cli(&["ZCARD", key]).trim().parse().unwrap();
-    assert!(size <= tower_throttle::top::CAPACITY as u64, "{size}");
+    assert!(size <= tower_throttle::ops::TOP_CAPACITY as u64, "{size}");
     let ttl: i64 = server.cli(&["TTL", key]).trim().parse().unwrap();
     assert!(ttl > 0 && ttl <= 360, "{ttl}");
 }
@@ -109,7 +109,7 @@ async fn the_top_limited_keys_on_a_cluster() {
     loop {
         let api = offenders.top("api", 10).await.unwrap();
         let login = offenders.top("login", 10).await.unwrap();
-        let shown = |top: &[tower_throttle::top::TopKey]| -> Vec<(String, u64)> {
+        let shown = |top: &[tower_throttle::ops::TopKey]| -> Vec<(String, u64)> {
             top.iter().map(|t| (t.key.clone(), t.limited)).collect()
         };
         if shown(&api) == [("a".to_owned(), 5), ("b".to_owned(), 2)]

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tower_throttle::key::Key;
-use tower_throttle::{Backend, Limit, RedisBackend};
+use tower_throttle::{redis::RedisBackend, Backend, Limit};
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {

@@ -180,7 +180,7 @@ impl GcraTable {
     }
 
     /// `key`'s state under the GCRA limit `id` at `clock`'s now, for a quantity of 0 and of 1,
-    /// read under the shard's read lock: nothing is written (see [`KeyState`](crate::KeyState)).
+    /// read under the shard's read lock: nothing is written (see [`KeyState`](crate::backend::KeyState)).
     pub(super) fn peek<C: Clock>(
         &self,
         params: &gcra::Params,

@@ -388,7 +388,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         Box::pin(ready(self.decide_all(limits, key, quantity)))
     }
 
-    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::MAX_STACKED_QUOTAS)); memory adds nothing to it.
+    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS)); memory adds nothing to it.
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
         check_stack(limits).map_err(BuildError::Invalid)
     }

@@ -24,8 +24,8 @@ use super::server::{SingleServer, Source};
 use super::state::RedisState;
 use crate::error::{redact_url, BackendError};
 
-/// Builds a [`RedisBackend`](crate::RedisBackend); see
-/// [`RedisBackend::builder`](crate::RedisBackend::builder).
+/// Builds a [`RedisBackend`](crate::redis::RedisBackend); see
+/// [`RedisBackend::builder`](crate::redis::RedisBackend::builder).
 #[must_use]
 pub struct RedisBackendBuilder {
     target: Option<Target>,
@@ -122,7 +122,7 @@ impl RedisBackendBuilder {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use tower_throttle::RedisBackend;
+    /// use tower_throttle::redis::RedisBackend;
     ///
     /// let redis = RedisBackend::builder()
     ///     .sentinel(["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], "mymaster")
@@ -186,7 +186,7 @@ impl RedisBackendBuilder {
     ///
     /// ```
     /// use redis::aio::ConnectionManager;
-    /// use tower_throttle::RedisBackend;
+    /// use tower_throttle::redis::RedisBackend;
     ///
     /// # async fn run(manager: ConnectionManager) -> Result<(), Box<dyn std::error::Error>> {
     /// let redis = RedisBackend::builder()
@@ -211,7 +211,7 @@ impl RedisBackendBuilder {
     /// for a connection given as it is.
     ///
     /// ```
-    /// use tower_throttle::RedisBackend;
+    /// use tower_throttle::redis::RedisBackend;
     ///
     /// let builder = RedisBackend::builder().url("redis://10.0.0.5:6379/").name("sessions");
     /// # drop(builder);
@@ -264,7 +264,7 @@ impl RedisBackendBuilder {
     /// `CL.THROTTLE` where the module is loaded.
     ///
     /// ```
-    /// use tower_throttle::{RedisBackend, RedisMode};
+    /// use tower_throttle::redis::{RedisBackend, RedisMode};
     ///
     /// let builder = RedisBackend::builder()
     ///     .url("redis://127.0.0.1:6379/")

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use super::circuit::CircuitState;
 use super::mode::RedisMode;
 
-/// The state of a [`RedisBackend`](crate::RedisBackend)'s connection, from
-/// [`RedisBackend::health`](crate::RedisBackend::health).
+/// The state of a [`RedisBackend`](crate::redis::RedisBackend)'s connection, from
+/// [`RedisBackend::health`](crate::redis::RedisBackend::health).
 ///
 /// A backend is [healthy](Self::is_healthy) when decisions come from Redis: connected, the
 /// circuit breaker closed, and decisions not [failing](Self::decisions_failing). Otherwise requests
@@ -26,7 +26,7 @@ use super::mode::RedisMode;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tower_throttle::{RedisBackend, RedisMode};
+/// use tower_throttle::redis::{RedisBackend, RedisMode};
 ///
 /// // Nothing listens on port 1: the backend starts anyway and keeps connecting in the background.
 /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
@@ -76,7 +76,7 @@ pub struct RedisHealth {
 /// the breaker (1 closed, 0 otherwise).
 ///
 /// ```
-/// use tower_throttle::{CircuitState, RedisBackend};
+/// use tower_throttle::redis::{CircuitState, RedisBackend};
 ///
 /// # async fn run(redis: RedisBackend) {
 /// for node in redis.health().nodes {

@@ -3,12 +3,12 @@
 
 use std::sync::Mutex;
 
-/// What Redis says about its memory, from [`RedisBackend::memory`](crate::RedisBackend::memory).
+/// What Redis says about its memory, from [`RedisBackend::memory`](crate::redis::RedisBackend::memory).
 /// On a Cluster, over every primary: the first policy that can evict (or the first policy), and
 /// the evictions summed.
 ///
 /// ```
-/// use tower_throttle::MemoryReport;
+/// use tower_throttle::redis::MemoryReport;
 ///
 /// assert!(MemoryReport::policy_evicts("allkeys-lru"));
 /// assert!(MemoryReport::policy_evicts("volatile-ttl")); // every limiter key has a TTL
@@ -42,7 +42,7 @@ impl MemoryReport {
 
 /// What the watcher remembers between reads, shared with [`RedisBackend::memory`] calls.
 ///
-/// [`RedisBackend::memory`]: crate::RedisBackend::memory
+/// [`RedisBackend::memory`]: crate::redis::RedisBackend::memory
 #[derive(Default)]
 pub(super) struct MemoryWatch {
     state: Mutex<Seen>,

@@ -139,7 +139,7 @@ pub use self::mode::RedisMode;
 /// functions of [`window`](crate::window) on the server's clock (windows aligned on multiples of the
 /// period since the Unix epoch), so the memory backend and Redis agree. A GCRA limit in a stack uses
 /// the GCRA script's arithmetic and key, so it shares its state with the same limit checked alone.
-/// A stack's [`Penalty`](crate::Penalty) is its first limit's. Stacks hold 1 to 16 limits, never a
+/// A stack's [`Penalty`](crate::policy::Penalty) is its first limit's. Stacks hold 1 to 16 limits, never a
 /// concurrency limit. What the script cannot compute exactly is refused when the layer is built:
 /// window periods that are not a whole number of microseconds (the resolution of `TIME`) or not
 /// shorter than 52 days, and sliding windows whose count × period exceeds 2^51 µs (about 26,000 a
@@ -216,7 +216,7 @@ pub use self::mode::RedisMode;
 ///
 /// # Leased budgets for hot keys
 ///
-/// A GCRA limit with a [`Budget`](crate::Budget) ([`Limit::with_budget`]) is decided locally while
+/// A GCRA limit with a [`Budget`](crate::policy::Budget) ([`Limit::with_budget`]) is decided locally while
 /// its key is hot: the process takes a slice of the key's budget in one atomic call (`budget.lua`,
 /// which grants as many units as fit, up to the slice asked, moving the TAT by one interval per
 /// unit as that many requests would) and admits from it until it runs out or its lease ends. A
@@ -230,7 +230,7 @@ pub use self::mode::RedisMode;
 /// a slice whose fetch started before a reset heard is not credited.
 ///
 /// ```no_run
-/// use tower_throttle::{RedisBackend, Policy, Quota, ThrottleLayer};
+/// use tower_throttle::{key::PeerIp, redis::RedisBackend, Policy, Quota, ThrottleLayer};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let redis = RedisBackend::builder()
@@ -240,7 +240,7 @@ pub use self::mode::RedisMode;
 ///     .await?;
 /// let layer = ThrottleLayer::builder()
 ///     .backend(redis)
-///     .policy(Policy::builder("api").quota(Quota::per_second(5)).build()?)
+///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build()?)
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok(())
@@ -357,7 +357,7 @@ impl RedisBackend {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use tower_throttle::RedisBackend;
+    /// use tower_throttle::redis::RedisBackend;
     ///
     /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
     /// // Refused: returns as soon as that is known.
@@ -442,7 +442,7 @@ impl RedisBackendBuilder {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// use tower_throttle::key::Key;
-    /// use tower_throttle::{Backend, Limit, Quota, RedisBackend};
+    /// use tower_throttle::{redis::RedisBackend, Backend, Limit, Quota};
     ///
     /// // Nothing listens on port 1: built anyway, and calls fail at once.
     /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();

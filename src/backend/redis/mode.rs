@@ -4,12 +4,12 @@ use std::fmt;
 
 use crate::error::BuildError;
 
-/// Which implementation of the GCRA the [`RedisBackend`](crate::RedisBackend) runs.
+/// Which implementation of the GCRA the [`RedisBackend`](crate::redis::RedisBackend) runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RedisMode {
     /// The faster path for the deployment, by a static rule: the Lua scripts, coalesced, when
-    /// [`coalesce`](crate::RedisBackendBuilder::coalesce) is on (the default), whether or not the
+    /// [`coalesce`](crate::redis::RedisBackendBuilder::coalesce) is on (the default), whether or not the
     /// redis-cell module is loaded; with coalescing off, `CL.THROTTLE` when the module is loaded (on
     /// every primary of a Cluster), the Lua script otherwise. The default.
     ///
@@ -27,7 +27,7 @@ pub enum RedisMode {
     /// asks for it (no `COMMAND INFO` at connect). `Cell` still forces `CL.THROTTLE`.
     ///
     /// ```
-    /// use tower_throttle::{RedisBackend, RedisMode};
+    /// use tower_throttle::redis::{RedisBackend, RedisMode};
     ///
     /// // The default: the coalesced Lua path, module or not.
     /// let lua = RedisBackend::builder().url("redis://127.0.0.1:6379/");
