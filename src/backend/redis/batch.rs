@@ -137,7 +137,7 @@ impl Lane {
     /// leaves at once when only a lone check is in flight and the last batch was one check. A
     /// check that finds the lane idle always leaves at once, and one that waits is sent when the
     /// batch in flight answers (its task takes what waits), so the wait is at most one round
-    /// trip. BENCHMARKS.md, section 10 ("Redis CPU per decision, second pass").
+    /// trip. BENCHMARKS.md, section 8.
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
