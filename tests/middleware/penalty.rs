@@ -1,38 +1,13 @@
 //! The penalty box through the layer: in process (memory backend) and shared in Redis by every
 //! process, with `Retry-After` = the rest of the ban.
 
-use crate::support::redis as redis_support;
-
 use std::time::Duration;
 
-use crate::support::{header, request};
+use crate::support::penalty_helpers::{policy, send};
 use axum::{routing::get, Router};
-use tower::ServiceExt;
 use tower_throttle::config::Config;
 use tower_throttle::key::Header;
-use tower_throttle::{
-    policy::Penalty,
-    redis::{RedisBackend, RedisMode},
-    Policy, Quota, ThrottleLayer,
-};
-
-fn policy(ban: Duration) -> Policy<Header> {
-    Policy::builder("login")
-        .quota(Quota::per_minute(2))
-        .key(Header::new("x-user"))
-        .penalty(Penalty::new(3, Duration::from_secs(60), ban).unwrap())
-        .build()
-        .unwrap()
-}
-
-/// Status and Retry-After of one request from `user`.
-async fn send(app: &Router, user: &str) -> (u16, u64) {
-    let mut r = request("/");
-    r.headers_mut().insert("x-user", user.parse().unwrap());
-    let res = app.clone().oneshot(r).await.unwrap();
-    let retry = header(&res, "retry-after").map_or(0, |v| v.parse().unwrap());
-    (res.status().as_u16(), retry)
-}
+use tower_throttle::{policy::Penalty, Policy, Quota, ThrottleLayer};
 
 /// 2 pass, 3 rejections (the third earns the ban), then the ban answers.
 async fn earns_a_ban(app: &Router, user: &str) {
@@ -57,44 +32,6 @@ async fn in_memory_the_layer_keeps_the_penalty_box() {
         .route("/", get(|| async { "ok" }))
         .layer(ThrottleLayer::new(policy(Duration::from_secs(600))));
     earns_a_ban(&app, "mallory").await;
-}
-
-#[tokio::test]
-async fn on_redis_every_process_shares_strikes_and_bans() {
-    let server = redis_support::RedisServer::start_with_cell();
-    for mode in [RedisMode::Lua, RedisMode::Cell, RedisMode::Auto] {
-        let process = |_: usize| async {
-            let backend = RedisBackend::builder()
-                .url(server.url())
-                .mode(mode)
-                .connect()
-                .await
-                .unwrap();
-            Router::new().route("/", get(|| async { "ok" })).layer(
-                ThrottleLayer::builder()
-                    .backend(backend)
-                    .policy(policy(Duration::from_secs(600)))
-                    .build()
-                    .unwrap(),
-            )
-        };
-        let (a, b) = (process(0).await, process(1).await);
-        let user = format!("mallory-{mode}");
-        assert_eq!(send(&a, &user).await.0, 200);
-        assert_eq!(send(&b, &user).await.0, 200);
-        assert_eq!(send(&a, &user).await.0, 429);
-        assert_eq!(send(&b, &user).await.0, 429);
-        assert_eq!(send(&a, &user).await, (429, 600));
-        // The other process sees the ban.
-        let (status, retry) = send(&b, &user).await;
-        assert_eq!(status, 429);
-        assert!((599..=600).contains(&retry), "{retry}");
-        let ttl: i64 = server
-            .cli(&["PTTL", &format!("throttle:login:{{{user}}}:ban")])
-            .parse()
-            .unwrap();
-        assert!(ttl > 590_000, "{ttl}");
-    }
 }
 
 #[tokio::test]

@@ -1,49 +1,13 @@
 //! Allow and deny lists through the layer: static, changed at run time, behind proxies, and shared
 //! through Redis sets; and the configuration keys for them.
 
-use crate::support::redis as redis_support;
-
-use std::time::Duration;
-
-use crate::support::failover::wait_until;
+use crate::support::access_helpers::{app, req, statuses};
 use crate::support::{from_peer, request, status_of};
 use axum::{routing::get, Router};
 use http::StatusCode;
 use tower_throttle::config::Config;
-use tower_throttle::key::{ClientIp, Header, TrustedProxies};
-use tower_throttle::ops::{AccessList, RedisAccessSync};
-use tower_throttle::{Policy, Quota, ThrottleLayer};
-
-fn app(lists: &AccessList, behind: Option<ClientIp>) -> Router {
-    let policy = Policy::builder("api")
-        .quota(Quota::per_minute(2))
-        .key(Header::new("x-api-key"))
-        .build()
-        .unwrap();
-    let builder = ThrottleLayer::builder().policy(policy);
-    let builder = match behind {
-        Some(client_ip) => builder.access_list_behind(lists.clone(), client_ip),
-        None => builder.access_list(lists.clone()),
-    };
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(builder.build().unwrap())
-}
-
-fn req(peer: &str, api_key: &str) -> http::Request<axum::body::Body> {
-    let mut r = from_peer(request("/"), peer);
-    r.headers_mut()
-        .insert("x-api-key", api_key.parse().unwrap());
-    r
-}
-
-async fn statuses(app: &Router, peer: &str, api_key: &str, n: usize) -> Vec<u16> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(status_of(app, req(peer, api_key)).await.as_u16());
-    }
-    out
-}
+use tower_throttle::key::{ClientIp, TrustedProxies};
+use tower_throttle::ops::AccessList;
 
 #[tokio::test]
 async fn allowed_bypass_denied_get_403_others_are_limited() {
@@ -106,49 +70,6 @@ async fn networks_match_the_client_behind_trusted_proxies_only() {
         );
     }
     assert_eq!(statuses, [200, 200, 429]);
-}
-
-/// Every process mirrors the same Redis sets: an operator's SADD reaches a running layer.
-#[tokio::test]
-async fn redis_sets_are_mirrored_into_running_layers() {
-    let server = redis_support::RedisServer::start();
-    let lists = AccessList::new();
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = client.get_multiplexed_async_connection().await.unwrap();
-    RedisAccessSync::new("acl")
-        .every(Duration::from_millis(20))
-        .spawn(conn, &lists)
-        .await
-        .unwrap();
-    let app = app(&lists, None);
-    assert_eq!(statuses(&app, "192.0.2.1:1", "k", 1).await, [200]);
-    server.cli(&["SADD", "{acl}:deny:key", "k"]);
-    server.cli(&[
-        "SADD",
-        "{acl}:allow:net",
-        "198.51.100.0/24",
-        "not-a-network",
-    ]);
-    // The layer sees them at a refresh (every 20 ms): polled with a deadline. The allow list was
-    // written last; a fresh key each time, so that a poll before the refresh spends nothing.
-    let mut polls = 0;
-    wait_until(
-        Duration::from_secs(10),
-        "the allow list never arrived",
-        || {
-            polls += 1;
-            let (app, key) = (&app, format!("x{polls}"));
-            async move { statuses(app, "198.51.100.3:1", &key, 4).await == [200; 4] }
-        },
-    )
-    .await;
-    assert_eq!(statuses(&app, "192.0.2.1:1", "k", 1).await, [403]);
-    server.cli(&["SREM", "{acl}:deny:key", "k"]);
-    // A denied request spends nothing: "k" still has one of its two.
-    wait_until(Duration::from_secs(10), "the deny stayed", || async {
-        statuses(&app, "192.0.2.1:1", "k", 1).await == [200]
-    })
-    .await;
 }
 
 #[tokio::test]

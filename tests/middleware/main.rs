@@ -1,0 +1,31 @@
+//! The middleware in process, with nothing installed: the layer in axum, hyper and tonic apps, its
+//! contract as a tower service, keys behind proxies, access lists, penalties, modes, refusals,
+//! rollouts, metered limits, the `on_limited` hook, the handle, the guide's configuration (and its
+//! reference, complete), and route matching against axum's router. `cargo test` runs it; what
+//! needs a Redis server, the example server, Chromium or promtool is in the `http` binary. One
+//! file per concern.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod access;
+mod admin_handle;
+mod concurrency;
+mod config_builder;
+mod config_reference;
+mod contract;
+mod count_outcome;
+mod grpc;
+mod guide_config;
+mod hyper;
+mod key_sources;
+mod layer;
+mod metered;
+mod modes;
+mod observe;
+mod penalty;
+mod per_customer;
+mod refusals;
+mod rollout;
+mod route_matching;
+mod spoofing;
