@@ -421,6 +421,12 @@ fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
 /// A key extractor that can turn the text an operator types into the [`Key`] it extracts from a
 /// request, for [`ThrottleHandle::peek`] and [`ThrottleHandle::reset`].
 ///
+/// Every extractor takes a key as logs, [`ThrottleHandle::top`] and the admin page show it
+/// ([`Key::from_rendered`]: `!` before an address, other bytes percent-encoded), so a key copied
+/// from any of them works as it is; and also as the request carries it: an address, a header's
+/// value (`user 42`), a composite key's values joined by `|`. Where a text could be either (it
+/// holds a `%` followed by two hex digits, and nothing a rendering escapes), it is read as shown.
+///
 /// ```
 /// use tower_throttle::ops::KeyFromText;
 /// use tower_throttle::key::{Header, PeerIp};
@@ -434,6 +440,10 @@ fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
 ///     PeerIp::new().key_for(ip)
 /// );
 /// assert!(PeerIp::new().key_from_text("alice").is_err());
+/// // As the top list shows them:
+/// assert_eq!(PeerIp::new().key_from_text("!127.0.0.1"), PeerIp::new().key_from_text("127.0.0.1"));
+/// let user = Header::new("x-user-id");
+/// assert_eq!(user.key_from_text("user%2042").unwrap(), user.key_from_text("user 42").unwrap());
 /// ```
 pub trait KeyFromText {
     /// The key this extractor would extract for `text`, or why `text` cannot be one.
@@ -441,9 +451,21 @@ pub trait KeyFromText {
 }
 
 fn parse_ip(text: &str) -> Result<IpAddr, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not an IP address"))
+    let shown = Key::from_rendered(text).and_then(|key| key.ip());
+    shown.map_or_else(
+        || {
+            text.trim()
+                .parse()
+                .map_err(|_| format!("{text:?} is not an IP address"))
+        },
+        Ok,
+    )
+}
+
+/// The byte string of `text` as logs show it, if it is one; extractors of values (headers, query
+/// parameters, cookies, route parameters) take it before the text as the request carries it.
+fn shown_bytes(text: &str) -> Option<Key> {
+    Key::from_rendered(text).filter(|key| key.ip().is_none() && *key != Key::global())
 }
 
 impl KeyFromText for PeerIp {
@@ -463,6 +485,9 @@ impl KeyFromText for ClientIp {
 
 impl KeyFromText for Header {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
+        if let Some(key) = shown_bytes(text) {
+            return Ok(key);
+        }
         // As the header's value: the same bytes, the same key.
         HeaderValue::from_str(text)
             .map(|value| Key::from(&value))
@@ -485,6 +510,9 @@ impl KeyFromText for KeySpec {
             KeySpec::Global => Global.key_from_text(text),
             // The value as it is after decoding: the bytes the extractor would count.
             KeySpec::Query(_) | KeySpec::Cookie(_) | KeySpec::Path(_) => {
+                if let Some(key) = shown_bytes(text).filter(|_| !text.is_empty()) {
+                    return Ok(key);
+                }
                 if text.is_empty() {
                     return Err("an empty value is no key".to_owned());
                 }
@@ -495,11 +523,36 @@ impl KeyFromText for KeySpec {
     }
 }
 
-/// A composite key is given as its parts' texts joined by `|`, one per part, in order (a part whose
-/// value holds a `|` cannot be given as text: use [`ThrottleHandle::peek_key`] with a [`Key`]).
+/// How many parts a composite key's bytes join (`<len>:<part>;` each), if they are such a join.
+fn joined_parts(mut bytes: &[u8]) -> Option<usize> {
+    let mut parts = 0;
+    while !bytes.is_empty() {
+        let colon = bytes.iter().position(|&b| b == b':')?;
+        let len: usize = std::str::from_utf8(&bytes[..colon]).ok()?.parse().ok()?;
+        let rest = bytes.get(colon + 1..)?;
+        if rest.get(len) != Some(&b';') {
+            return None;
+        }
+        bytes = &rest[len + 1..];
+        parts += 1;
+    }
+    Some(parts)
+}
+
+/// A composite key is given as logs show it, or as its parts' texts joined by `|`, one per part, in
+/// order (a part whose value holds a `|` can be given only as shown).
 impl KeyFromText for Composite {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
         use std::fmt::Write as _;
+        // As shown: a rendering never holds a `|` (it is percent-encoded), and its bytes are the
+        // extractor's join of exactly as many parts.
+        let joined = |key: &Key| {
+            key.bytes()
+                .is_some_and(|b| joined_parts(b) == Some(self.parts().len()))
+        };
+        if let Some(key) = shown_bytes(text).filter(joined) {
+            return Ok(key);
+        }
         let texts: Vec<&str> = text.split('|').collect();
         if texts.len() != self.parts().len() {
             return Err(format!(

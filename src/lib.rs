@@ -38,91 +38,80 @@
 //!
 //! 1. **Policy**: [`Throttle`] (the service a [`ThrottleLayer`] makes) picks the first [`Policy`]
 //!    whose route and methods match; no match, no limit.
-//! 2. **Key**: the policy's [`key::KeyExtractor`] names what the request counts against (a missing
-//!    key is answered as [`MissingKey`] says). [`access`] lists may allow or deny the client or key
-//!    outright, and a key in a [`Penalty`] box is answered at once.
-//! 3. **Backend**: [`Backend::check`] (or [`Backend::check_all`] for stacked quotas) asks the
-//!    backend for each limit's [`Decision`]: the pure algorithms ([`gcra`], [`window`]) in memory,
-//!    their Lua twins or `CL.THROTTLE` on Redis.
-//! 4. **Verdict**: the layer turns the decisions into a verdict — admit, admit after a delay
-//!    ([`PolicyBuilder::delay`]), reject (`429`), ban — or, when the backend failed, what
-//!    [`OnBackendError`] says.
+//! 2. **Key**: the policy's [key extractor](key::KeyExtractor) names what the request counts
+//!    against (a missing key is answered as [`MissingKey`](policy::MissingKey) says). Allow and
+//!    deny [lists](ops::AccessList) may decide outright, and a key in a
+//!    [`Penalty`](policy::Penalty) box is answered at once.
+//! 3. **Backend**: the [`Backend`] gives each [`Limit`]'s [`Decision`]: the pure algorithms
+//!    ([`gcra`], [`window`]) in memory, their Lua twins or `CL.THROTTLE` on [`redis`].
+//! 4. **Verdict**: admit, admit after a delay ([`PolicyBuilder::delay`]), refuse (`429`), ban — or,
+//!    when the backend failed, what [`OnBackendError`] says.
 //! 5. **Response**: an admitted request calls the inner service and its response gets the
-//!    [`headers`] fields (and the request a [`PolicyDecision`] where asked); a refused one gets a
-//!    `429` with `Retry-After` (or `403`, `400`, `503`; [`grpc`] status codes for gRPC clients).
+//!    [`headers`] fields (and the request a [`PolicyDecision`](policy::PolicyDecision) where
+//!    asked); a refused one gets a `429` with `Retry-After` (or `403`, `400`, `503`; [`grpc`]
+//!    statuses for gRPC clients), shaped by [`refusal`] where you want your own.
 //!
 //! # Vocabulary
 //!
-//! Each word means one thing, and each thing has one name:
+//! Each word means one thing, and each thing has one name. The names at the crate root:
 //!
 //! | name | what it means |
 //! |---|---|
+//! | [`ThrottleLayer`] | the tower layer: a table of policies on a backend, attached with `.layer()` |
+//! | [`ThrottleLayerBuilder`] | builds a layer: several policies, a shared backend, headers, hooks, the failure policy |
+//! | [`Throttle`] | the service a [`ThrottleLayer`] wraps around yours |
+//! | [`ResponseFuture`] | the future of a [`Throttle`]'s response |
+//! | [`OnBackendError`] | what the layer does when the backend fails: allow, deny (`503`) or decide in memory |
+//! | [`Policy`] | which requests a limit applies to (route, methods), what they count against (the key) and what they cost |
+//! | [`PolicyBuilder`] | builds a [`Policy`]: quotas, key, route, modes; every mistake is a [`BuildError`] |
 //! | [`Quota`] | validated parameters: `count` per `period`, `max_burst` |
 //! | [`Limit`] | a named quota with its algorithm: what a backend *checks* a request against |
-//! | stack | several quotas of one policy ([`PolicyBuilder::quotas`]), checked together |
+//! | [`Algorithm`] | how a limit counts: GCRA, sliding log, fixed or sliding window, concurrency |
+//! | [`Key`] | what a request is counted against within a policy (an address, a header's value…), shown as [`Key::from_rendered`] reads it back |
 //! | [`Decision`] | one limit's answer for one request (`CL.THROTTLE`'s reply) |
-//! | [`LimitDecision`] | one limit's [`Decision`] with the limit's name, within a [`PolicyDecision`] |
-//! | [`PolicyDecision`] | one policy's decision for a request: the combined [`Decision`] and each limit's, as a handler sees it |
-//! | [`RequestDecisions`] | every layer's [`PolicyDecision`] for one request, outermost first |
+//! | [`Backend`] | where key state lives and decisions are made |
+//! | [`MemoryBackend`] | the backend of one process (feature `memory`, on by default) |
+//! | [`BuildError`] | why a policy, a layer or a backend was refused when built |
+//! | [`Meter`] | what a metered limit's response really cost, read when the response ends ([`PolicyBuilder::metered`]) |
+//! | [`Estimate`] | what a metered limit reserves at admission, settled to what the [`Meter`] says |
+//!
+//! And the words of the docs:
+//!
+//! | word | what it means |
+//! |---|---|
+//! | stack | several quotas of one policy ([`PolicyBuilder::quotas`]), checked together: a refusal by one charges none |
+//! | tier | a plan with its own quota or stack ([`PolicyBuilder::tier`], chosen by a [`policy::Tier`]) |
 //! | verdict | what the layer does with a request: admit, delay, refuse, ban |
-//! | refusal | a request the layer answers itself (`429`, `400`, `403`, `503`): observed by [`ThrottleLayerBuilder::on_limited`] (limits and bans), shaped by [`ThrottleLayerBuilder::refusal_response`] ([`headers::Refusal`]) |
-//! | [`Tier`] | a request's tier label; a policy's tier has its own quota or stack |
-//! | [`handle::TierKeyState`] | a key's state under one tier's limits, as [`ThrottleHandle`] reads it |
+//! | refusal | a request the layer answers itself (`429`, `400`, `403`, `503`): observed by [`ThrottleLayerBuilder::on_limited`], shaped by [`ThrottleLayerBuilder::refusal_response`] ([`refusal::Refusal`]) |
 //! | slot | a request's place under a concurrency limit ([`Algorithm::Concurrency`]) |
-//! | lease | a concurrency slot's hold on Redis, renewed while its request runs, freed on release ([`Limit::with_lease`], [`Decision::lease`]) |
-//! | [`Budget`] slice | units of a hot key's budget a process takes from Redis and admits locally for a [`slice_ttl`](Budget::slice_ttl) |
-//! | penalty, ban | [`Penalty`]: a key over its limit too often is refused for a time |
-//! | metered limit | a limit whose cost is known after the response ([`PolicyBuilder::metered`]): it *reserves* an [`Estimate`] at admission and is *settled* ([`Backend::settle`]) to what the [`Meter`] says when the response ends |
+//! | lease | a concurrency slot's hold on Redis, renewed while its request runs, freed on release ([`Limit::with_lease`]) |
+//! | budget slice | units of a hot key's quota a process takes from Redis and admits locally ([`policy::Budget`]) |
+//! | penalty, ban | a key over its limit too often is refused for a time ([`policy::Penalty`]) |
+//! | metered limit | a limit whose cost is known after the response: it *reserves* an [`Estimate`] and is *settled* to what the [`Meter`] says |
 //! | debt | a metered key charged past its burst: refused until paid back, at most [`Limit::max_debt`] units |
 //! | dry run, shadow limit, stage | refusals only counted: a whole policy's ([`PolicyBuilder::dry_run`]), one extra limit's ([`PolicyBuilder::shadow`]), or those of keys outside an enforced share ([`PolicyBuilder::enforce_fraction`]) |
 //!
-//! # Module map
+//! # Modules
 //!
-//! | where | what |
+//! | module | what |
 //! |---|---|
-//! | `quota.rs`, `limit.rs`, `budget.rs` | [`Quota`] (validated parameters), [`Limit`] (a named quota with its algorithm); the one stack rule ([`MAX_STACKED_QUOTAS`]); a sliced [`Budget`] |
-//! | `gcra.rs`, `window.rs`, `decision.rs`, `clock.rs`, `timer.rs` | the pure algorithms (no I/O, time passed in), their [`Decision`], the [`clock`]s; tokio timers without a panic |
-//! | `key/` | [`Key`] (`value.rs`), the [`key`] extractors (`extract.rs`, `sources.rs`, `client_ip.rs` with trusted proxies, `async_key.rs`), [`key::KeySpec`] and [`key::Composite`] (`spec.rs`) |
-//! | `policy.rs`, `route.rs`, `methods.rs`, `per_customer.rs`, `outcome.rs`, `meter.rs`, `rollout.rs` | [`Policy`]: limits (tiers, stacks), key, route, methods, cost, modes; route patterns matched as axum matches them; per-customer quotas; counting by outcome; metered limits ([`Meter`], [`Estimate`]: a cost settled after the response); shadow limits and staged enforcement |
-//! | `policy_decision.rs` | [`PolicyDecision`], [`LimitDecision`], [`RequestDecisions`]: what handlers see |
-//! | `access.rs`, `penalty.rs`, `offenders.rs`, `top/` | allow/deny lists, the penalty box, distinct-offender counts, the top limited keys |
-//! | `backend/` | the [`Backend`] trait (`api.rs`); `memory/` (GCRA table, general store: `general.rs` → `general_shard.rs` → `entries.rs`), `redis/` (layered from `server.rs` up to `check.rs`, see its docs), the configured backend |
-//! | `middleware/` | the tower middleware, one way: `builder` → `layer` → `service` → `extended` → `future` → `steps` (each step of a request, once) → `shared` → `table` → `rollout` → `verdict` → `admitted` → `settings` → `body` → `slot` |
-//! | `handle.rs` | [`ThrottleHandle`]: peek at and reset keys, reload the policies of a running layer |
-//! | `headers.rs`, `grpc.rs` | what the layer answers: `RateLimit` fields, problem bodies, gRPC status |
-//! | `observe.rs` | every `tracing` event and metric of a request's life, and the [`Limited`] hook's view |
-//! | `config/` (feature `config`) | TOML: the schema, building policies, wiring the backend, reloading a running layer |
+//! | [`key`] | the key extractors: the client's address (behind trusted proxies too), headers, query parameters, cookies, route parameters, composites, async keys |
+//! | [`policy`] | what a policy is made of besides its quota (tiers, budgets, penalties, per-customer quotas, the answer to a missing key), and what it decided, as a handler reads it |
+//! | [`backend`] | the [`Backend`] trait, its futures and [`KeyState`](backend::KeyState); the in-memory backend's builder |
+//! | [`redis`] | the Redis backend (feature `redis`): one server, Cluster, Sentinel, TLS; its health |
+//! | [`refusal`] | the requests the layer answers itself, for your own answer and for the `on_limited` hook |
+//! | [`ops`] | operating a running layer: peek, reset and reload through the handle, who is limited most, offenders, allow and deny lists, keys in logs as pseudonyms |
+//! | [`headers`] | the `RateLimit` fields and `Retry-After` the layer writes |
+//! | [`grpc`] | the same answers for gRPC clients |
+//! | [`body`] | the response body, which holds a concurrency slot to its end |
+//! | [`gcra`], [`window`], [`clock`] | the algorithms as pure functions, and the clocks they read |
+//! | [`config`] | per-route policies from TOML (feature `config`), hot reload |
+//! | [`guide`] | the long form, one page per topic |
 //!
-//! Imports go one way: no module imports one that imports it back, directly or around a circle,
-//! and no file holds over 500 lines of code without saying why; `scripts/import_cycles.py` checks
-//! both in CI.
-//! Inside the crate, modules import from the module that defines a name; the re-exports at the root
-//! are for users.
-//!
-//! # Pieces
-//!
-//! * [`Quota`]: `CL.THROTTLE`'s `max_burst`, `count`, `period`; [`Limit`]: a named quota.
-//! * [`gcra::decide`]: the algorithm as a pure function; [`Decision`]: its answer. [`Algorithm`]
-//!   and [`window`]: the sliding log, fixed and sliding windows, and the concurrency limit.
-//! * [`key`]: what a request counts against ([`key::PeerIp`], [`key::Header`], [`key::Extension`],
-//!   [`key::Global`], [`key::QueryParam`], [`key::Cookie`], [`key::PathParam`], [`key::Composite`],
-//!   closures).
-//! * [`Policy`]: a limit (or [stacked quotas](PolicyBuilder::quotas), or [tiers](Tier)), a key, and
-//!   optionally a route, methods and a cost; [delay](PolicyBuilder::delay) and
-//!   [dry-run](PolicyBuilder::dry_run) modes; what was decided reaches the handler as a
-//!   [`PolicyDecision`] (every layer's, in [`RequestDecisions`]).
-//! * Per request: a customer's own quota ([`PolicyBuilder::quota_from`], a [`QuotaResolver`]),
-//!   an async key ([`key::AsyncKey`]), counting only some responses
-//!   ([`PolicyBuilder::count_only`], [`PolicyBuilder::refund_on`]).
-//! * [`Backend`]: where state lives; `MemoryBackend` for one process, `RedisBackend` (feature
-//!   `redis`) for many: `CL.THROTTLE` or an equivalent Lua script, one server or a Cluster.
-//! * [`ThrottleLayer`] / [`Throttle`]: the tower middleware; [`ThrottleHandle`]: peek, reset and
-//!   hot reload while it runs; [`headers`]: what it answers;
-//!   [`OnBackendError`]: allow, deny (503) or decide locally when the backend fails; [`grpc`]: the
-//!   same answers for gRPC clients (`RESOURCE_EXHAUSTED` with retry metadata);
-//!   [`ThrottleLayerBuilder::refusal_response`]: your own answer to every refusal
-//!   ([`headers::Refusal`]); [`RedactionSecret`]: keys in logs as HMAC pseudonyms.
-//! * `config` (feature `config`): per-route policies from TOML.
+//! Inside `src/`, imports go one way (no module imports one that imports it back, directly or
+//! around a circle) and no file holds over 500 lines of code without saying why;
+//! `scripts/import_cycles.py` checks both in CI. Modules import from the module that defines a
+//! name; the names above are for users.
 //!
 //! # Features
 //!

@@ -58,6 +58,15 @@ impl Key {
         }
     }
 
+    /// The bytes of a byte-string key (not an address, a digest or the global key).
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Inline { len, bytes } => Some(&bytes[..usize::from(*len)]),
+            Repr::Bytes(bytes) => Some(bytes),
+            _ => None,
+        }
+    }
+
     /// A byte string of at most [`MAX_KEY_LEN`] bytes, keeping its buffer when it is not inline.
     fn owned(bytes: Vec<u8>) -> Self {
         Key(Repr::inline(&bytes).unwrap_or_else(|| Repr::Bytes(bytes.into_boxed_slice())))
@@ -133,6 +142,79 @@ impl Key {
     }
 }
 
+impl Key {
+    /// The key whose [`render`](Self::render)ing (and `Display`, which logs, the top list and the
+    /// admin page show) is `text`, or `None` when no key renders as `text`: the inverse of
+    /// `render`, so a key copied from a log or from [`top`](crate::ops::ThrottleHandle::top) can be
+    /// given back as it is.
+    ///
+    /// ```
+    /// use tower_throttle::Key;
+    ///
+    /// for key in [Key::from("user 42/x%"), Key::from_ip([127, 0, 0, 1].into()), Key::hashed("t")] {
+    ///     assert_eq!(Key::from_rendered(&key.to_string()), Some(key));
+    /// }
+    /// assert_eq!(Key::from("user 42/x%").to_string(), "user%2042/x%25");
+    /// assert_eq!(Key::from_rendered("user 42"), None); // a space is always percent-encoded
+    /// ```
+    pub fn from_rendered(text: &str) -> Option<Key> {
+        if text == "*" {
+            return Some(Key::global());
+        }
+        if let Some(ip) = text.strip_prefix('!') {
+            let ip: IpAddr = ip.parse().ok()?;
+            // Only the canonical spelling: an address renders one way.
+            let key = Key::from_ip(ip);
+            return (key.to_string() == text).then_some(key);
+        }
+        if let Some(hex) = text.strip_prefix("#sha256:") {
+            let digits = hex.as_bytes();
+            if digits.len() != 64 {
+                return None;
+            }
+            let mut digest = [0u8; 32];
+            for (byte, pair) in digest.iter_mut().zip(digits.chunks(2)) {
+                *byte = hex_value(pair[0])? << 4 | hex_value(pair[1])?;
+            }
+            return (hex.bytes().all(|b| !b.is_ascii_uppercase()))
+                .then(|| Key(Repr::Digest(Box::new(digest))));
+        }
+        let mut bytes = Vec::with_capacity(text.len());
+        let mut rest = text.as_bytes();
+        while let Some((&b, tail)) = rest.split_first() {
+            if b == b'%' {
+                let [hi, lo, ..] = *tail else { return None };
+                // `render` writes upper-case digits, and escapes only what it must.
+                if hi.is_ascii_lowercase() || lo.is_ascii_lowercase() {
+                    return None;
+                }
+                let byte = hex_value(hi)? << 4 | hex_value(lo)?;
+                if is_plain(byte) {
+                    return None;
+                }
+                bytes.push(byte);
+                rest = &tail[2..];
+            } else if is_plain(b) {
+                bytes.push(b);
+                rest = tail;
+            } else {
+                return None;
+            }
+        }
+        // Longer byte strings are stored, and rendered, as their digest.
+        (bytes.len() <= MAX_KEY_LEN).then(|| Key::from(bytes))
+    }
+}
+
+/// A byte that [`Key::render`] writes as itself.
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"._~@+=/-".contains(&b)
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    char::from(digit).to_digit(16).map(|d| d as u8)
+}
+
 /// An IPv4 address in dotted decimal, as its `Display` writes it.
 fn push_ipv4(octets: [u8; 4], out: &mut String) {
     for (i, o) in octets.into_iter().enumerate() {
@@ -153,7 +235,7 @@ fn push_ipv4(octets: [u8; 4], out: &mut String) {
 fn render_bytes(bytes: &[u8], out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in bytes {
-        if b.is_ascii_alphanumeric() || b"._~@+=/-".contains(&b) {
+        if is_plain(b) {
             out.push(char::from(b));
         } else {
             out.push('%');
@@ -256,6 +338,66 @@ mod tests {
 
     fn rendered(k: &Key) -> String {
         k.to_string()
+    }
+
+    #[test]
+    fn every_rendering_reads_back_as_its_key_and_nothing_else_does() {
+        let mut keys = vec![
+            Key::global(),
+            Key::from("*"),
+            Key::from(""),
+            Key::from("10.0.0.1"),
+            Key::from("!10.0.0.1"),
+            Key::from_ip("10.0.0.1".parse().unwrap()),
+            Key::from_ip("2001:db8::7".parse().unwrap()),
+            Key::from_ip("::ffff:10.0.0.1".parse().unwrap()),
+            Key::from("user 42/x%"),
+            Key::from("a%3Ab"),
+            Key::from("#sha256:00"),
+            Key::from_bytes(b"\xff\x00\r\n"),
+            Key::from("x".repeat(MAX_KEY_LEN)),
+            Key::from("x".repeat(MAX_KEY_LEN + 1)),
+            Key::hashed("secret"),
+        ];
+        // Every byte, alone and between plain ones; and pseudo-random byte strings.
+        keys.extend((0..=255u8).map(|b| Key::from_bytes(&[b'a', b, b'z'])));
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..2_000 {
+            let len = (state % 80) as usize;
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            keys.push(Key::from_bytes(&bytes));
+        }
+        for key in &keys {
+            let text = key.to_string();
+            assert_eq!(Key::from_rendered(&text).as_ref(), Some(key), "{text:?}");
+        }
+        // Texts that no key renders as.
+        for text in [
+            "a b",
+            "%41",
+            "%2a",
+            "%2",
+            "!10.0.0.01",
+            "!::ffff:10.0.0.1",
+            "!x",
+            "#sha256:00",
+            "a:b",
+            "é",
+            "**",
+        ] {
+            assert_eq!(Key::from_rendered(text), None, "{text:?}");
+        }
+        assert_eq!(
+            Key::from_rendered(&format!("#sha256:{}", "AB".repeat(32))),
+            None
+        );
     }
 
     #[test]

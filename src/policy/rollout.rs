@@ -75,14 +75,20 @@ impl<K> PolicyBuilder<K> {
     /// ```
     /// use tower_throttle::{key::PeerIp, Key, Policy, Quota};
     ///
-    /// let api = Policy::b.key(crate::key::PeerIp::new())uilder("api")
+    /// let api = Policy::builder("api")
+    ///     .key(PeerIp::new())
     ///     .quota(Quota::per_minute(100))
     ///     .enforce_fraction(0.10)
     ///     .build()
     ///     .unwrap();
     /// let enforced = (0..1000).filter(|i| api.enforces(&Key::from(*i as u64))).count();
     /// assert!((70..=130).contains(&enforced));
-    /// assert!(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_minute(100)).enforce_fraction(1.1).build().is_err());
+    /// assert!(Policy::builder("api")
+    ///     .key(PeerIp::new())
+    ///     .quota(Quota::per_minute(100))
+    ///     .enforce_fraction(1.1)
+    ///     .build()
+    ///     .is_err());
     /// ```
     pub fn enforce_fraction(mut self, fraction: f64) -> Self {
         self.rollout.enforce = Some(fraction);

@@ -151,3 +151,81 @@ async fn top_limited_keys_are_redacted_when_keys_are() {
         assert!(key.starts_with("hmac:") && key.len() == 21, "{key}");
     }
 }
+
+/// Three routes of one request a minute: per address, per user header and per (user, address).
+const SPELLING_CONFIG: &str = r#"
+[[route]]
+name = "by-ip"
+path = "/ip"
+key = "ip"
+count = 1
+period = "1m"
+
+[[route]]
+name = "by-user"
+path = "/user"
+key = "header:x-user-id"
+count = 1
+period = "1m"
+
+[[route]]
+name = "by-both"
+path = "/both"
+key = ["header:x-user-id", "ip"]
+count = 1
+period = "1m"
+"#;
+
+/// A path segment as `encodeURIComponent` writes it (what the admin page sends).
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Every key `/top` lists is one peek and reset take as it is: an address (`!127.0.0.1`), a header
+/// value that needs escaping (`user 42/x%`), and a composite of both.
+#[tokio::test]
+async fn every_key_the_top_list_shows_round_trips_through_peek_and_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("limits.toml");
+    std::fs::write(&file, SPELLING_CONFIG).unwrap();
+    let server = start(&["--config", file.to_str().unwrap(), "--admin", "127.0.0.1:0"]);
+    let admin = admin_addr(&server);
+    let user = [("x-user-id", "user 42/x%")];
+    for (policy, path) in [("by-ip", "/ip"), ("by-user", "/user"), ("by-both", "/both")] {
+        assert_eq!(send(server.addr, "GET", path, &user).await.status, 200);
+        assert_eq!(send(server.addr, "GET", path, &user).await.status, 429);
+        let top = json(
+            &send(admin, "GET", &format!("/top/{policy}"), &[])
+                .await
+                .body,
+        );
+        let key = top[0]["key"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{top}"))
+            .to_owned();
+        let limits = format!("/limits/{policy}/{}", path_segment(&key));
+        let peek = send(admin, "GET", &limits, &[]).await;
+        assert_eq!(peek.status, 200, "{policy}: peek {key:?}: {}", peek.body);
+        assert_eq!(
+            json(&peek.body)["remaining"],
+            0,
+            "{policy}: peek {key:?}: {}",
+            peek.body
+        );
+        let reset = send(admin, "DELETE", &limits, &[]).await;
+        assert_eq!(reset.status, 204, "{policy}: reset {key:?}: {}", reset.body);
+        // The reset reached the key the request counts against: it passes again.
+        assert_eq!(
+            send(server.addr, "GET", path, &user).await.status,
+            200,
+            "{policy}: {key:?}"
+        );
+    }
+}

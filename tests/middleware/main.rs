@@ -15,6 +15,7 @@ mod config_builder;
 mod config_reference;
 mod contract;
 mod count_outcome;
+mod front;
 mod grpc;
 mod guide_config;
 mod hyper;
