@@ -258,12 +258,12 @@ impl RateHeaders {
         if let Some(ratelimit) = self.ratelimit {
             map.append(RATELIMIT.clone(), ratelimit);
         }
-        if let Some([limit, remaining, reset]) = self.legacy.and_then(LegacyDigits::values) {
-            if !map.contains_key(&X_RATELIMIT_LIMIT) {
-                map.insert(X_RATELIMIT_LIMIT.clone(), limit);
-                map.insert(X_RATELIMIT_REMAINING.clone(), remaining);
-                map.insert(X_RATELIMIT_RESET.clone(), reset);
-            }
+        if let Some([limit, remaining, reset]) = self.legacy.and_then(LegacyDigits::values)
+            && !map.contains_key(&X_RATELIMIT_LIMIT)
+        {
+            map.insert(X_RATELIMIT_LIMIT.clone(), limit);
+            map.insert(X_RATELIMIT_REMAINING.clone(), remaining);
+            map.insert(X_RATELIMIT_RESET.clone(), reset);
         }
         // Set only if an inner layer (an upstream's answer, proxied) has not.
         for (name, value) in self.openai.into_iter().flat_map(|f| f.0) {

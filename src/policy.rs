@@ -277,10 +277,10 @@ impl<K> Policy<K> {
 
     /// Whether this policy applies to `request` (its route and method).
     pub fn applies_to<B>(&self, request: &Request<B>) -> bool {
-        if let Some(methods) = &self.methods {
-            if !methods.contains(request.method()) {
-                return false;
-            }
+        if let Some(methods) = &self.methods
+            && !methods.contains(request.method())
+        {
+            return false;
         }
         match &self.route {
             None => true,
@@ -650,13 +650,13 @@ impl<K> PolicyBuilder<K> {
             });
         }
         let name: Arc<str> = self.name.as_str().into();
-        if let MissingKey::Reject(status) = self.missing_key {
-            if !status.is_client_error() {
-                return Err(BuildError::Invalid(format!(
+        if let MissingKey::Reject(status) = self.missing_key
+            && !status.is_client_error()
+        {
+            return Err(BuildError::Invalid(format!(
                     "policy {:?}: a request without a key must be rejected with a 4xx status, not {status}",
                     self.name
                 )));
-            }
         }
         let methods = methods_of(self.methods, self.custom_methods)
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;

@@ -217,7 +217,7 @@ fn penalty(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builde
 fn statuses(
     statuses: Option<&[String]>,
     setting: &str,
-) -> Result<Option<impl Fn(StatusCode) -> bool + Send + Sync + 'static>, String> {
+) -> Result<Option<impl Fn(StatusCode) -> bool + Send + Sync + 'static + use<>>, String> {
     let Some(statuses) = statuses else {
         return Ok(None);
     };

@@ -18,7 +18,8 @@ use crate::error::BuildError;
 /// ```
 /// use tower_throttle::config::Config;
 ///
-/// std::env::set_var("DOC_ADMIN_TOKEN", "a-long-enough-secret");
+/// // SAFETY: a doc test is its own process, with no other thread to read the environment.
+/// unsafe { std::env::set_var("DOC_ADMIN_TOKEN", "a-long-enough-secret") };
 /// let config = Config::from_toml(
 ///     "[admin]\ntoken_env = \"DOC_ADMIN_TOKEN\"\n[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n",
 /// )

@@ -88,10 +88,10 @@ where
                     }
                     // A metered request's usage may come in the trailers.
                     Poll::Ready(Some(Ok(frame))) => {
-                        if let Some(meter) = meter.as_ref() {
-                            if let Some(trailers) = frame.trailers_ref() {
-                                meter.read_usage(trailers);
-                            }
+                        if let Some(meter) = meter.as_ref()
+                            && let Some(trailers) = frame.trailers_ref()
+                        {
+                            meter.read_usage(trailers);
                         }
                     }
                     Poll::Pending => {}

@@ -332,10 +332,10 @@ where
                     // with no status, the request counts). A metered request's guard goes on
                     // with the body.
                     let mut meter = None;
-                    if let Some(outcome) = outcome.take() {
-                        if let Ok(response) = &response {
-                            meter = (*outcome).settle(response.status(), response.headers());
-                        }
+                    if let Some(outcome) = outcome.take()
+                        && let Ok(response) = &response
+                    {
+                        meter = (*outcome).settle(response.status(), response.headers());
                     }
                     // In place: the response's head is large, and every move of it is a copy.
                     let mut response = response?;

@@ -41,18 +41,18 @@ where
     let mut answers: Vec<Option<Result<Decision, BackendError>>> =
         shadows.iter().map(|_| None).collect();
     poll_fn(|cx| {
-        if let Some(future) = check.as_mut() {
-            if let Poll::Ready(answer) = Pin::new(future).poll(cx) {
-                own = Some(answer);
-                check = None;
-            }
+        if let Some(future) = check.as_mut()
+            && let Poll::Ready(answer) = Pin::new(future).poll(cx)
+        {
+            own = Some(answer);
+            check = None;
         }
         for (slot, answer) in pending.iter_mut().zip(answers.iter_mut()) {
-            if let Some(future) = slot.as_mut() {
-                if let Poll::Ready(decided) = Pin::new(future).poll(cx) {
-                    *answer = Some(decided);
-                    *slot = None;
-                }
+            if let Some(future) = slot.as_mut()
+                && let Poll::Ready(decided) = Pin::new(future).poll(cx)
+            {
+                *answer = Some(decided);
+                *slot = None;
             }
         }
         if check.is_none() && pending.iter().all(Option::is_none) {

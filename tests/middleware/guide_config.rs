@@ -54,7 +54,6 @@ fn the_guide_algorithms_and_modes_are_valid() {
 }
 
 /// The configuration reference's metered route parses and builds a policy of requests and tokens;
-
 /// bad metered keys are errors that name them.
 #[test]
 fn the_guide_metered_route_is_valid() {

@@ -127,8 +127,10 @@ async fn the_config_reads_the_secret_from_the_environment_and_refuses_a_short_on
         )
     };
     // Test-only variables, set once, read by this test only.
-    std::env::set_var("TT_TEST_REDACTION_SECRET", SECRET);
-    std::env::set_var("TT_TEST_SHORT_SECRET", "hunter2");
+    // SAFETY: no other test of this binary reads or writes the environment (this test alone calls
+    // `RedactionSecret::from_env`).
+    unsafe { std::env::set_var("TT_TEST_REDACTION_SECRET", SECRET) };
+    unsafe { std::env::set_var("TT_TEST_SHORT_SECRET", "hunter2") };
     let layer = Config::from_toml(&toml("TT_TEST_REDACTION_SECRET"))
         .unwrap()
         .memory_layer()

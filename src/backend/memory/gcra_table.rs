@@ -96,25 +96,25 @@ impl GcraTable {
             // Read the clock under the lock: a sweep (under the write lock) never runs between
             // reading `now` and deciding with it.
             let now = clock.now_nanos();
-            if now < shard.sweep_at_time {
-                if let Some(record) = K::table(&shard).find(hash, eq) {
-                    let mut current = record.tat.load(Relaxed);
-                    loop {
-                        let live = (current > now).then_some(current);
-                        let out = gcra::decide(live, now, params, quantity);
-                        // A TAT not after `now` means no state, as does an expired `current`:
-                        // nothing to write (the sweep drops the record).
-                        let store = out.new_tat.filter(|tat| *tat > now && *tat != current);
-                        let Some(tat) = store else {
-                            return out.decision;
-                        };
-                        match record
-                            .tat
-                            .compare_exchange_weak(current, tat, Relaxed, Relaxed)
-                        {
-                            Ok(_) => return out.decision,
-                            Err(actual) => current = actual,
-                        }
+            if now < shard.sweep_at_time
+                && let Some(record) = K::table(&shard).find(hash, eq)
+            {
+                let mut current = record.tat.load(Relaxed);
+                loop {
+                    let live = (current > now).then_some(current);
+                    let out = gcra::decide(live, now, params, quantity);
+                    // A TAT not after `now` means no state, as does an expired `current`:
+                    // nothing to write (the sweep drops the record).
+                    let store = out.new_tat.filter(|tat| *tat > now && *tat != current);
+                    let Some(tat) = store else {
+                        return out.decision;
+                    };
+                    match record
+                        .tat
+                        .compare_exchange_weak(current, tat, Relaxed, Relaxed)
+                    {
+                        Ok(_) => return out.decision,
+                        Err(actual) => current = actual,
                     }
                 }
             }

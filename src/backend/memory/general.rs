@@ -174,12 +174,12 @@ impl GeneralStore {
             return;
         };
         let cells = &mut occupied.get_mut().cells;
-        if let Some(cell) = cells.find_mut(id, 0) {
-            if let State::InFlight(n) = &mut cell.state {
-                *n = n.saturating_sub(quantity);
-                if *n == 0 {
-                    cell.expires_at = 0;
-                }
+        if let Some(cell) = cells.find_mut(id, 0)
+            && let State::InFlight(n) = &mut cell.state
+        {
+            *n = n.saturating_sub(quantity);
+            if *n == 0 {
+                cell.expires_at = 0;
             }
         }
         // Released slots are the only state of a concurrency key, so the cell goes at 0 at once

@@ -157,10 +157,10 @@ impl RedisState {
             _ => None,
         };
         let state_key = self.state_key(limit, key);
-        if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref()) {
-            if let Some(denied) = deny.get(&state_key, quantity, period, count) {
-                return Box::pin(std::future::ready(Ok(denied)));
-            }
+        if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref())
+            && let Some(denied) = deny.get(&state_key, quantity, period, count)
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
         }
         let penalty = limit.penalty().is_some();
         let state = self.clone();
@@ -178,10 +178,10 @@ impl RedisState {
         });
         Box::pin(async move {
             let decisions = decided.await;
-            if decisions.is_ok() {
-                if let Some(unanswered) = &mut unanswered {
-                    unanswered.answered();
-                }
+            if decisions.is_ok()
+                && let Some(unanswered) = &mut unanswered
+            {
+                unanswered.answered();
             }
             let decision = decisions?
                 .pop()

@@ -480,13 +480,13 @@ impl Backend for RedisBackend {
     }
 
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        if limits.len() > 1 {
-            if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
-                return Err(BuildError::Invalid(format!(
-                    "policy {:?}: a leased budget takes one quota, not a stack",
-                    leased.name()
-                )));
-            }
+        if limits.len() > 1
+            && let Some(leased) = limits.iter().find(|l| l.budget().is_some())
+        {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?}: a leased budget takes one quota, not a stack",
+                leased.name()
+            )));
         }
         validate_stack(limits)
     }

@@ -97,11 +97,11 @@ async fn refresh(mut conn: ClusterConnection, state: &RedisState) -> bool {
         cmd.arg("SLOTS");
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
         let asked = tokio::time::timeout(state.timeout, conn.route_command(cmd, routing)).await;
-        if let Ok(Ok(reply)) = asked {
-            if let Some(shards) = parse_slots(&reply).filter(|s| !s.is_empty()) {
-                nodes.install(shards);
-                return true;
-            }
+        if let Ok(Ok(reply)) = asked
+            && let Some(shards) = parse_slots(&reply).filter(|s| !s.is_empty())
+        {
+            nodes.install(shards);
+            return true;
         }
     }
     false

@@ -121,14 +121,14 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
         }
     };
     let mut seen = state.memory.lock();
-    if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p)) {
-        if seen.warned_policy.as_deref() != Some(policy) {
-            seen.warned_policy = Some(policy.to_owned());
-            tracing::warn!(
+    if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p))
+        && seen.warned_policy.as_deref() != Some(policy)
+    {
+        seen.warned_policy = Some(policy.to_owned());
+        tracing::warn!(
                 maxmemory_policy = policy,
                 "Redis may evict the limiter's keys (maxmemory-policy {policy}; every limiter key has a TTL, so volatile-* policies evict them too): an evicted key forgets its client's usage and admits it again; use maxmemory-policy noeviction on the limiter's Redis"
             );
-        }
     }
     if let Some(now) = evicted_keys {
         // A restarted Redis counts from 0 again: all its evictions are new.
