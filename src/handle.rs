@@ -274,7 +274,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
 
     /// The `n` keys policy `policy` limited most over the last few minutes, largest first, as
     /// the layer's [`Offenders`](crate::ops::Offenders) counted them (on Redis, every
-    /// process's; see [`top`](crate::top) for the window and the bounds). Keys appear as the logs
+    /// process's; see [`TOP_WINDOW_MINUTES`](crate::ops::TOP_WINDOW_MINUTES) and [`TOP_CAPACITY`](crate::ops::TOP_CAPACITY) for the window and the bounds). Keys appear as the logs
     /// show them: pseudonyms when the layer redacts keys. An error when no policy has this name or
     /// the layer counts no offenders
     /// ([`count_offenders`](crate::ThrottleLayerBuilder::count_offenders); `Config::layer` does).

@@ -176,7 +176,7 @@ pub use middleware::{
 pub use policy::{Policy, PolicyBuilder};
 pub use quota::Quota;
 
-/// The Redis backend (feature `redis`): [`RedisBackend`] shares every decision between the
+/// The Redis backend (feature `redis`): [`RedisBackend`](crate::redis::RedisBackend) shares every decision between the
 /// processes of a fleet, on one server, a Cluster or behind Sentinel, with `CL.THROTTLE` or an
 /// equivalent Lua script; its builder, health and memory reports.
 ///
@@ -189,9 +189,9 @@ pub mod redis {
     };
 }
 
-/// Operating a running layer: the [`ThrottleHandle`] (peek at and reset keys, reload the policies,
-/// who is limited most), allow and deny lists ([`AccessList`]), distinct offenders
-/// ([`Offenders`]), and keys in logs as pseudonyms ([`RedactionSecret`]).
+/// Operating a running layer: the [`ThrottleHandle`](crate::ops::ThrottleHandle) (peek at and reset keys, reload the policies,
+/// who is limited most), allow and deny lists ([`AccessList`](crate::ops::AccessList)), distinct offenders
+/// ([`Offenders`](crate::ops::Offenders)), and keys in logs as pseudonyms ([`RedactionSecret`](crate::ops::RedactionSecret)).
 ///
 /// The [operations guide](crate::guide::operations) shows them together.
 pub mod ops {

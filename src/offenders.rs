@@ -136,7 +136,7 @@ impl Offenders {
     }
 
     /// The `n` keys `policy` limited most over the last few minutes, largest first (at most
-    /// [`MAX_TOP`](crate::ops::MAX_TOP); see [`top`](crate::top) for the window and the bounds).
+    /// [`MAX_TOP`](crate::ops::MAX_TOP); see [`TOP_WINDOW_MINUTES`](crate::ops::TOP_WINDOW_MINUTES) and [`TOP_CAPACITY`](crate::ops::TOP_CAPACITY) for the window and the bounds).
     /// On Redis, every process's refusals, as they have sent them (once a second).
     ///
     /// ```

@@ -5,8 +5,6 @@
 //! [`MAX_DELAY`], [`DEFAULT_LEASE`]), and what it decided, as a handler reads it
 //! ([`PolicyDecision`], [`LimitDecision`], [`RequestDecisions`]).
 
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +12,6 @@ use http::header::HeaderName;
 use http::{Method, Request, StatusCode};
 
 use crate::error::BuildError;
-use crate::key::{Key, KeyExtractor};
 use crate::limit::validate_name;
 use crate::limit::{Algorithm, Limit};
 use crate::methods::methods_of;
@@ -30,60 +27,19 @@ pub use crate::per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use crate::policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};
 pub use crate::quota::QuotaError;
 
+mod limits;
 mod metered;
+mod parts;
 mod rollout;
 
-/// A request extension that chooses the tier (plan) of a policy's quota, such as `"paid"`, for
-/// policies with [tiers](PolicyBuilder::tier). An authentication middleware that knows the caller's
-/// plan inserts it before the throttle layer runs; it takes precedence over a
-/// [tier header](PolicyBuilder::tier_header). An unknown tier gets the default quota.
-///
-/// ```
-/// use tower_throttle::policy::Tier;
-///
-/// let mut request = http::Request::new(());
-/// request.extensions_mut().insert(Tier::new("paid"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Tier(Cow<'static, str>);
-
-impl Tier {
-    /// The tier called `name`.
-    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
-        Tier(name.into())
-    }
-
-    /// Its name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
+pub(crate) use parts::NO_KEY;
+pub use parts::{MissingKey, NoKey, Tier};
 
 /// The quotas of one tier, as limits.
 #[derive(Clone, Debug)]
 pub(crate) struct TierStack {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) limits: Box<[Limit]>,
-}
-
-/// What to do with a request from which no key can be extracted (no peer address, a missing header).
-///
-/// The default is to reject with `400 Bad Request`: letting such requests through would let anyone
-/// bypass a per-header limit by leaving the header out. Either way it is logged through `tracing`
-/// (a warning the first time per policy, then at debug level), and it is never a 500.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Answer with this status (4xx) and a problem+json body naming what was missing.
-    Reject(StatusCode),
-    /// Let the request through, unlimited.
-    Allow,
-}
-
-impl Default for MissingKey {
-    fn default() -> Self {
-        MissingKey::Reject(StatusCode::BAD_REQUEST)
-    }
 }
 
 /// A limit applied to some requests: a named [`Quota`], a key extractor, and optionally a route,
@@ -123,29 +79,6 @@ pub struct Policy<K> {
     missing_key: MissingKey,
     /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
     extras: Option<Arc<PolicyExtras>>,
-}
-
-/// Why a policy without a key does not build, and what to give it.
-const NO_KEY: &str = "no key: say what its requests count against with .key(…): \
-    key::PeerIp (the client's address; in axum, with the crate's `axum` feature), key::ClientIp \
-    (the client's address behind trusted proxies), key::Header, key::QueryParam, key::Cookie, \
-    key::PathParam, key::Composite (several), key::Global (one key for every request), key::AsyncKey \
-    or a closure";
-
-/// The key of a [`PolicyBuilder`] that has none yet: [`PolicyBuilder::key`] replaces it, and
-/// [`build`](PolicyBuilder::build) refuses a policy that still has it.
-#[derive(Clone, Copy, Debug)]
-pub struct NoKey(());
-
-// A policy keyed by an async key alone still has a type of key; it is never asked.
-impl<B> KeyExtractor<B> for NoKey {
-    fn extract(&self, _: &Request<B>) -> Option<Key> {
-        None
-    }
-
-    fn describe(&self) -> String {
-        "its async key".to_owned()
-    }
 }
 
 impl Policy<NoKey> {
@@ -394,7 +327,7 @@ impl<K> PolicyBuilder<K> {
     /// nor ban; a [penalty](Self::penalty) is not applied) — for rolling a limit out safely. A
     /// request without a key passes, and so does every request while the backend fails. Requests
     /// that would have been limited are logged at info level ("request would be limited (dry
-    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`](crate::policy::PolicyDecision) extension with
+    /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`] extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -611,28 +544,7 @@ impl<K> PolicyBuilder<K> {
                 limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
             });
         }
-        // Tiers never share state, so no two of this policy's limits may share a name (a backend
-        // keys its state by limit name): a stacked `1s` quota and a tier named `1s` both make
-        // "<policy>.1s".
-        let mut named: HashMap<&str, Option<&str>> = HashMap::new();
-        for tier in &tiers {
-            for limit in tier.limits.iter() {
-                if let Some(other) = named.insert(limit.name(), tier.name.as_deref()) {
-                    let by = |tier: Option<&str>| match tier {
-                        None => "the policy's own quotas".to_owned(),
-                        Some(t) => format!("tier {t:?}"),
-                    };
-                    return Err(invalid(format!(
-                        "the limit name {:?} is made twice, by {} and by {}; limits of one policy \
-                         never share state: rename the tier",
-                        limit.name(),
-                        by(other),
-                        by(tier.name.as_deref())
-                    )));
-                }
-            }
-        }
-        drop(named);
+        Self::check_names(&tiers).map_err(invalid)?;
         // The cost is what each request takes from every limit but a metered one (which takes
         // its estimate); a policy with only a metered limit has no other.
         let max_cost = tiers
@@ -697,62 +609,6 @@ impl<K> PolicyBuilder<K> {
     }
 }
 
-impl<K> PolicyBuilder<K> {
-    /// The limits of one tier's quotas, named `base` (one quota) or `base.{period}` (a stack).
-    fn limits_of(&self, base: &str, quotas: &[Quota]) -> Result<Box<[Limit]>, BuildError> {
-        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
-        if quotas.len() > MAX_STACKED_QUOTAS {
-            return Err(invalid(format!(
-                "{} quotas are stacked; at most {MAX_STACKED_QUOTAS} are allowed",
-                quotas.len()
-            )));
-        }
-        if quotas.len() > 1 && self.algorithm == Algorithm::Concurrency {
-            return Err(invalid(
-                "algorithm \"concurrency\" takes one quota (requests in flight), not a stack"
-                    .into(),
-            ));
-        }
-        let mut limits: Vec<Limit> = Vec::with_capacity(quotas.len());
-        for quota in quotas {
-            let name = if quotas.len() == 1 {
-                base.to_owned()
-            } else {
-                format!("{base}.{}", period_label(quota.period()))
-            };
-            if limits.iter().any(|l| l.name() == name) {
-                return Err(invalid(format!(
-                    "two stacked quotas have the period {:?}; stack quotas of different periods",
-                    quota.period()
-                )));
-            }
-            let mut limit = Limit::with_algorithm(name, self.algorithm, *quota)?;
-            // A dry run never bans.
-            if let Some(penalty) = self.penalty.filter(|_| !self.dry_run) {
-                limit = limit.with_penalty(penalty);
-            }
-            if let Some(delay) = self.delay {
-                limit = limit.with_delay(delay)?;
-            }
-            if let Some(lease) = self.lease {
-                limit = limit.with_lease(lease)?;
-            }
-            if let Some(budget) = self.budget {
-                if quotas.len() > 1 {
-                    return Err(invalid(
-                        "a leased budget takes one quota, not a stack (a slice would have to \
-                         lease every quota at once)"
-                            .into(),
-                    ));
-                }
-                limit = limit.with_budget(budget)?;
-            }
-            limits.push(limit);
-        }
-        Ok(limits.into())
-    }
-}
-
 /// Limits per customer, async keys and counting by outcome (`per_customer.rs`, `outcome.rs`).
 impl<K> PolicyBuilder<K> {
     /// The quota of each request from the request itself: `quota` sees its parts and its key and
@@ -796,7 +652,7 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// The quota of each request's key from a [`QuotaResolver`](crate::policy::QuotaResolver), which may
+    /// The quota of each request's key from a [`QuotaResolver`], which may
     /// wait (a plan looked up in the application's database; keep a cache, as the resolver's
     /// example does). As [`quota_from`](Self::quota_from) otherwise.
     ///

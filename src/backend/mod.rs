@@ -2,7 +2,7 @@
 //! and the in-memory backend (the Redis backend is in [`redis`](crate::redis)).
 //!
 //! A [`Backend`] answers one question, asynchronously: may `quantity` units pass for `key` under
-//! `limit` now? The [`Limit`] carries the algorithm and the quota, so that one backend serves every
+//! `limit` now? The [`Limit`](crate::Limit) carries the algorithm and the quota, so that one backend serves every
 //! policy of an application and later algorithms fit without changing the trait.
 //!
 //! The backends, one directory or file each: `memory/` (one process: the GCRA table and the
