@@ -30,6 +30,8 @@ mod auth;
 mod edge;
 #[path = "server/host.rs"]
 mod host;
+#[path = "server/settings.rs"]
+mod settings;
 #[path = "server/stream.rs"]
 mod stream;
 #[path = "server/view.rs"]
@@ -615,13 +617,11 @@ async fn run() -> Result<(), String> {
 /// The admin token: `--admin-token-env` first, else the config's `[admin] token_env`.
 fn admin_token(args: &Args, config: &Config) -> Result<Option<String>, String> {
     match &args.admin_token_env {
-        Some(name) => tower_throttle::config::admin_token_from_env(name, "--admin-token-env")
+        Some(name) => settings::admin_token_from_env(name, "--admin-token-env")
             .map(Some)
             .map_err(|e| e.to_string()),
-        None => config
-            .admin
-            .as_ref()
-            .map_or(Ok(None), |admin| admin.token())
+        None => settings::AdminConfig::of(config)?
+            .token()
             .map_err(|e| e.to_string()),
     }
 }

@@ -25,23 +25,23 @@ use crate::decision::Decision;
 /// Validated GCRA parameters in nanoseconds; made only by [`Quota::validate`](crate::Quota::validate),
 /// so they are always consistent (`tolerance = emission_interval × limit`, all at least 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Params {
+pub struct GcraParams {
     emission_interval: u64,
     tolerance: u64,
     limit: u64,
-    /// `floor((2^64 - 1) / emission_interval)`, so that [`Params::intervals_in`] divides by the
+    /// `floor((2^64 - 1) / emission_interval)`, so that [`GcraParams::intervals_in`] divides by the
     /// emission interval with a multiplication: a 64-bit `div` costs 35 to 90 cycles on x86-64, as
     /// much as the rest of an in-memory decision. Derived from `emission_interval` alone.
     reciprocal: u64,
     /// How far ahead of `now` a stored TAT is read as it is: the tolerance, plus the debt a settled
-    /// cost may leave for a metered limit ([`Params::with_debt`]). Beyond it, a TAT was written
+    /// cost may leave for a metered limit ([`GcraParams::with_debt`]). Beyond it, a TAT was written
     /// under another quota.
     ceiling: u64,
 }
 
-impl Params {
+impl GcraParams {
     pub(crate) const fn new(emission_interval: u64, tolerance: u64, limit: u64) -> Self {
-        Params {
+        GcraParams {
             emission_interval,
             tolerance,
             limit,
@@ -117,7 +117,7 @@ pub struct Outcome {
 /// tolerance is limited with `retry_after = None`: it can never pass.
 ///
 /// A stored TAT more than the tolerance ahead of `now` is debt for a metered limit (up to its
-/// [`ceiling`](Params::ceiling): the key is refused until it is paid back, and `retry_after` says
+/// [`ceiling`](GcraParams::ceiling): the key is refused until it is paid back, and `retry_after` says
 /// exactly when); otherwise it can only come from another quota (a route whose
 /// quota changed while its keys lived on in Redis), and is read as a full bucket. redis-cell instead
 /// keeps such a key limited until the old TAT passes.
@@ -126,8 +126,8 @@ pub struct Outcome {
 /// expired), redis-cell reports a negative `reset_after` and a `remaining` above the limit for an
 /// oversized request; here both are clamped (`reset_after` ≥ 0, `remaining` ≤ `limit`).
 #[inline]
-pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Outcome {
-    let Params {
+pub fn decide(tat: Option<u64>, now: u64, params: &GcraParams, quantity: u64) -> Outcome {
+    let GcraParams {
         emission_interval: t,
         tolerance: tau,
         limit,
@@ -179,7 +179,7 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
 /// than it reserved at most `since` ns ago.
 ///
 /// More: `max(tat, now) + delta × T` with no admission test (the response has been sent), capped
-/// at the [`ceiling`](Params::ceiling) (`now + tolerance + max_debt × T`); the key is in debt when
+/// at the [`ceiling`](GcraParams::ceiling) (`now + tolerance + max_debt × T`); the key is in debt when
 /// this lies beyond `now + tolerance`. Fewer: as a refund, the TAT moves back by `|delta| × T`
 /// less `since` (the request's units may have drained meanwhile), and never below `now`. A result
 /// not after `now` means no state.
@@ -198,7 +198,13 @@ pub fn decide(tat: Option<u64>, now: u64, params: &Params, quantity: u64) -> Out
 /// assert_eq!(refused.remaining, 0);
 /// assert_eq!(refused.retry_after, Some(std::time::Duration::from_millis(600)));
 /// ```
-pub fn settle(tat: Option<u64>, now: u64, params: &Params, delta: i64, since: u64) -> Option<u64> {
+pub fn settle(
+    tat: Option<u64>,
+    now: u64,
+    params: &GcraParams,
+    delta: i64,
+    since: u64,
+) -> Option<u64> {
     let live = tat.filter(|tat| *tat > now);
     let units = delta.unsigned_abs();
     let moved = if delta >= 0 {
@@ -303,7 +309,7 @@ mod tests {
         let numerators = [0, 1, 2, u64::MAX / 2, u64::MAX - 1, u64::MAX];
         let random: Vec<u64> = (0..2000).map(|i| next() >> (i % 64)).collect();
         for t in divisors.into_iter().chain(random).filter(|t| *t > 0) {
-            let params = Params::new(t, t, 1);
+            let params = GcraParams::new(t, t, 1);
             for n in numerators.into_iter().chain([
                 t - 1,
                 t,

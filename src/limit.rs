@@ -151,11 +151,11 @@ pub struct Limit {
 enum Params {
     /// `admit` decides (its tolerance includes the delay, if any); `tolerance` is the quota's own.
     Gcra {
-        admit: gcra::Params,
+        admit: gcra::GcraParams,
         tolerance: u64,
         delay: Option<Duration>,
     },
-    Window(Algorithm, window::Params),
+    Window(Algorithm, window::WindowParams),
     Concurrency {
         limit: u64,
         lease: Duration,
@@ -243,7 +243,7 @@ impl Limit {
                 .ok()
                 .filter(|p| *p <= 1 << 62)
                 .ok_or_else(|| error(QuotaError::PeriodTooLong(quota.period())))?;
-            Params::Window(algorithm, window::Params::new(period, quota.count()))
+            Params::Window(algorithm, window::WindowParams::new(period, quota.count()))
         };
         Ok(Limit {
             id: intern(&name),
@@ -276,7 +276,8 @@ impl Limit {
             )));
         };
         let extra = max_delay.as_nanos() as u64;
-        let admit = gcra::Params::new(admit.emission_interval(), tolerance + extra, admit.limit());
+        let admit =
+            gcra::GcraParams::new(admit.emission_interval(), tolerance + extra, admit.limit());
         self.params = Params::Gcra {
             admit,
             tolerance,
@@ -332,7 +333,7 @@ impl Limit {
 
     /// The window parameters, for [`Algorithm::SlidingLog`], [`Algorithm::FixedWindow`] and
     /// [`Algorithm::SlidingWindow`].
-    pub fn window(&self) -> Option<&window::Params> {
+    pub fn window(&self) -> Option<&window::WindowParams> {
         match &self.params {
             Params::Window(_, p) => Some(p),
             _ => None,
@@ -483,7 +484,7 @@ impl Limit {
 
     /// The GCRA parameters a backend decides with, when the algorithm is [`Algorithm::Gcra`]. With
     /// a [delay](Limit::with_delay) their tolerance includes the delay.
-    pub fn gcra(&self) -> Option<&gcra::Params> {
+    pub fn gcra(&self) -> Option<&gcra::GcraParams> {
         match &self.params {
             Params::Gcra { admit, .. } => Some(admit),
             _ => None,

@@ -398,6 +398,53 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_names_what_each_holds() {
+        let meter = Meter::new(40);
+        meter.add(7);
+        assert_eq!(
+            format!("{meter:?}"),
+            "Meter { estimate: 40, used: Some(7) }"
+        );
+        assert_eq!(format!("{:?}", Estimate::fixed(3)), "Estimate::fixed(3)");
+        assert_eq!(
+            format!("{:?}", Estimate::header("x-max-tokens", 9)),
+            r#"Estimate::header("x-max-tokens", 9)"#
+        );
+        assert_eq!(
+            format!("{:?}", Estimate::from_fn(|_| 1)),
+            "Estimate::from_fn(..)"
+        );
+        let (_meter, guard, _) = guarded(5, None);
+        assert_eq!(
+            format!("{guard:?}"),
+            "MeterGuard { meter: Meter { estimate: 5, used: None }, settled: false }"
+        );
+    }
+
+    /// A metered limit settles a cost after the response: it can neither delay (nothing is known
+    /// to wait for) nor lease a budget (a slice is charged when granted). Each alone is refused.
+    #[test]
+    fn a_metered_limit_with_a_delay_or_a_budget_alone_is_refused() {
+        use crate::budget::Budget;
+        use crate::quota::Quota;
+        let limit = || Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap();
+        let delayed = limit().with_delay(Duration::from_secs(1)).unwrap();
+        let leased = limit().with_budget(Budget::new()).unwrap();
+        for (what, limit) in [("a delay", delayed), ("a budget", leased)] {
+            let err = crate::Policy::builder("chat")
+                .key(crate::key::Global)
+                .metered(limit, Estimate::fixed(1))
+                .build()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("cannot delay nor lease a budget"),
+                "{what}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn estimates_are_capped_at_the_burst() {
         let rule = |estimate| MeterRule {
             position: 0,

@@ -178,7 +178,7 @@ impl Quota {
     }
 
     /// Checks the quota and derives the GCRA parameters (in nanoseconds).
-    pub fn validate(&self) -> Result<crate::gcra::Params, QuotaError> {
+    pub fn validate(&self) -> Result<crate::gcra::GcraParams, QuotaError> {
         if self.count == 0 {
             return Err(QuotaError::ZeroCount);
         }
@@ -213,7 +213,7 @@ impl Quota {
             .ok_or(QuotaError::BurstTooLarge {
                 max_burst: self.max_burst,
             })?;
-        Ok(crate::gcra::Params::new(
+        Ok(crate::gcra::GcraParams::new(
             emission_interval,
             tolerance,
             self.max_burst + 1,

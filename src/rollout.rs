@@ -241,6 +241,39 @@ mod tests {
         assert_eq!(Staged::of("api", 1.0).unwrap(), None);
     }
 
+    /// Shadow quotas stop at the stack bound, [`MAX_STACKED_QUOTAS`]: that many build, one more
+    /// is refused; a shadow limit takes the cost it can hold, and no more.
+    #[test]
+    fn shadow_quotas_are_bounded_like_a_stack_and_by_the_cost() {
+        let label = |d: Duration| format!("{}s", d.as_secs());
+        let quotas = |n: u64| -> Vec<Quota> {
+            (1..=n)
+                .map(|i| Quota::cl_throttle(1, 10, Duration::from_secs(i)))
+                .collect()
+        };
+        let most = MAX_STACKED_QUOTAS as u64;
+        let built = shadow_limits("api", Algorithm::Gcra, 1, &quotas(most), label, &[]).unwrap();
+        assert_eq!(built.len(), MAX_STACKED_QUOTAS);
+        let err = shadow_limits("api", Algorithm::Gcra, 1, &quotas(most + 1), label, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("{} shadow quotas", most + 1)),
+            "{err}"
+        );
+
+        // A shadow limit of 10 a second with bursts of 2 holds a cost of at most 2 (max_burst + 1).
+        let quota = [Quota::cl_throttle(1, 10, Duration::from_secs(1))];
+        let max = Limit::with_algorithm("x", Algorithm::Gcra, quota[0])
+            .unwrap()
+            .max_cost();
+        assert!(shadow_limits("api", Algorithm::Gcra, max, &quota, label, &[]).is_ok());
+        let err = shadow_limits("api", Algorithm::Gcra, max + 1, &quota, label, &[]).unwrap_err();
+        assert!(
+            matches!(err, BuildError::Cost { cost, limit, .. } if cost == max + 1 && limit == max)
+        );
+    }
+
     #[test]
     fn the_share_is_stable_monotone_and_close_to_its_size() {
         let keys: Vec<Key> = (0..10_000)

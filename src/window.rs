@@ -28,14 +28,14 @@ pub const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
 
 /// Validated window parameters in nanoseconds: at most `limit` units per window of `period`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Params {
+pub struct WindowParams {
     period: u64,
     limit: u64,
 }
 
-impl Params {
+impl WindowParams {
     pub(crate) const fn new(period: u64, limit: u64) -> Self {
-        Params { period, limit }
+        WindowParams { period, limit }
     }
 
     /// The window length in nanoseconds (at least 1).
@@ -70,10 +70,10 @@ pub struct FixedState {
 pub fn fixed_window(
     state: Option<FixedState>,
     now: u64,
-    params: &Params,
+    params: &WindowParams,
     quantity: u64,
 ) -> (Decision, Option<FixedState>) {
-    let Params { period, limit } = *params;
+    let WindowParams { period, limit } = *params;
     let window = now / period;
     let to_boundary = period - now % period;
     let used = match state {
@@ -141,10 +141,10 @@ impl SlidingState {
 pub fn sliding_window(
     state: Option<SlidingState>,
     now: u64,
-    params: &Params,
+    params: &WindowParams,
     quantity: u64,
 ) -> (Decision, Option<SlidingState>) {
-    let Params { period, limit } = *params;
+    let WindowParams { period, limit } = *params;
     let window = now / period;
     let elapsed = now % period;
     let left = period - elapsed;
@@ -206,8 +206,13 @@ pub fn sliding_window(
 ///
 /// A unit admitted at `t` leaves the window when the clock reaches `t + period`.
 /// `log` holds the times in order, oldest first; this function trims it and appends to it.
-pub fn sliding_log(log: &mut VecDeque<u64>, now: u64, params: &Params, quantity: u64) -> Decision {
-    let Params { period, limit } = *params;
+pub fn sliding_log(
+    log: &mut VecDeque<u64>,
+    now: u64,
+    params: &WindowParams,
+    quantity: u64,
+) -> Decision {
+    let WindowParams { period, limit } = *params;
     while log.front().is_some_and(|t| t.saturating_add(period) <= now) {
         log.pop_front();
     }
@@ -261,8 +266,8 @@ mod tests {
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;
 
-    fn params(limit: u64, period: u64) -> Params {
-        Params::new(period, limit)
+    fn params(limit: u64, period: u64) -> WindowParams {
+        WindowParams::new(period, limit)
     }
 
     #[test]

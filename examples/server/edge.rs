@@ -90,7 +90,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The edge that `[server]` describes (defaults where it says nothing).
 pub fn of(config: &tower_throttle::config::Config) -> Result<Edge, String> {
-    let server = config.server.clone().unwrap_or_default();
+    let server = crate::settings::ServerConfig::of(config)?;
     Ok(Edge {
         header_read_timeout: server.header_read_timeout().map_err(|e| e.to_string())?,
         max_connections: server.max_connections().map_err(|e| e.to_string())?,

@@ -40,7 +40,6 @@ mod options;
 mod policies;
 mod reload;
 mod schema;
-mod server;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -54,7 +53,6 @@ pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,
     QuotaConfig, RedisConfig, RouteConfig, TierConfig,
 };
-pub use server::{admin_token_from_env, AdminConfig, ServerConfig, MIN_ADMIN_TOKEN_LEN};
 
 use crate::access::AccessList;
 use crate::backend::MemoryBackend;
@@ -102,12 +100,15 @@ pub struct Config {
     /// How keys appear in log events.
     #[serde(default)]
     pub logging: Option<LoggingConfig>,
-    /// The admin listener's token (read by the example server).
+    /// The `[admin]` table, for the server that runs the layer (the example server reads its admin
+    /// token from it). The library checks nothing in it, but that a reload leaves it alone.
     #[serde(default)]
-    pub admin: Option<AdminConfig>,
-    /// The server's listener: header read timeout, connection cap (read by the example server).
+    pub admin: Option<toml::Table>,
+    /// The `[server]` table, for the server that runs the layer (the example server reads its
+    /// listener's limits from it). The library checks nothing in it, but that a reload leaves it
+    /// alone.
     #[serde(default)]
-    pub server: Option<ServerConfig>,
+    pub server: Option<toml::Table>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,

@@ -662,6 +662,89 @@ mod tests {
         }
     }
 
+    /// An async key that comes too late is answered as a failed backend: refused (503) under
+    /// `Deny` where the policy enforces its refusals, let through by a dry run and under `Allow`.
+    #[test]
+    fn a_late_key_is_refused_under_deny_only_where_refusals_are_enforced() {
+        let deny = || Settings {
+            on_error: OnBackendError::Deny,
+            ..Settings::default()
+        };
+        let request = Request::get("/").body(()).unwrap();
+        let parts = RequestRef::of(&request);
+        let enforced = judge(policy().build().unwrap(), deny());
+        let response = rejected(enforced.key_unavailable(0, parts));
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let dry = judge(policy().dry_run(true).build().unwrap(), deny());
+        assert!(admitted(dry.key_unavailable(0, parts)).headers.is_none());
+        let allow = judge(policy().build().unwrap(), Settings::default());
+        assert!(admitted(allow.key_unavailable(0, parts)).headers.is_none());
+    }
+
+    /// Under `Local`, the in-memory limiter decides every limit of a stack, not only the first.
+    #[cfg(feature = "memory")]
+    #[test]
+    fn under_local_every_limit_of_a_stack_decides() {
+        let local = Settings {
+            on_error: OnBackendError::Local,
+            ..Settings::default()
+        };
+        let stack = Policy::builder("api")
+            .key(Global)
+            .quotas([Quota::per_second(10), Quota::per_minute(2)])
+            .build()
+            .unwrap();
+        let judge = judge(stack, local);
+        let error = || Err(BackendError::new("down"));
+        for _ in 0..2 {
+            admitted(verdict_on(&judge, error()));
+        }
+        // The second limit, 2 a minute, refuses the third request; the first would admit it.
+        let response = rejected(verdict_on(&judge, error()));
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()["retry-after"], "30");
+    }
+
+    /// Under `Local`, a concurrency slot the local limiter gave is given back to it.
+    #[cfg(feature = "memory")]
+    #[test]
+    fn under_local_a_concurrency_slot_is_given_back() {
+        let local = Settings {
+            on_error: OnBackendError::Local,
+            ..Settings::default()
+        };
+        let one = Policy::builder("api")
+            .key(Global)
+            .quota(Quota::per_second(1))
+            .algorithm(crate::limit::Algorithm::Concurrency)
+            .build()
+            .unwrap();
+        let judge = judge(one, local);
+        let error = || Err(BackendError::new("down"));
+        assert!(admitted(verdict_on(&judge, error())).slot.is_some());
+        rejected(verdict_on(&judge, error()));
+        judge.release_local(0, 0, &Key::from("k"));
+        assert!(admitted(verdict_on(&judge, error())).slot.is_some());
+    }
+
+    /// The time the backend took is recorded per policy.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_backend_latency_is_recorded() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let judge = judge(policy().build().unwrap(), Settings::default());
+            judge.latency(0, Duration::from_millis(3));
+        });
+        let page = handle.render();
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with("throttle_backend_latency_seconds_count{policy=\"api\"} 1")),
+            "{page}"
+        );
+    }
+
     #[test]
     fn a_failed_backend_follows_on_backend_error() {
         let error = || Err(BackendError::new("down"));

@@ -4,6 +4,10 @@
 //! `cargo test` alone does not build it: `bash scripts/test.sh` sets up what it needs and runs it
 //! (`cargo test --all-features --test http` after a set-up). One file per concern.
 
+// The example server's own `[admin]` and `[server]` tables (each binary uses part of it).
+#[allow(dead_code)]
+#[path = "../../examples/server/settings.rs"]
+mod server_settings;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -2,6 +2,7 @@
 //! tests (`promtool test rules`), and every metric the Grafana dashboard and the rules use is one
 //! the example server exports (scraped from its `/metrics`, on Redis, after traffic).
 
+use crate::server_settings::{admin_token_from_env, AdminConfig, ServerConfig};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
@@ -152,16 +153,55 @@ fn the_guide_admin_and_server_tables_are_valid() {
     ))
     .unwrap();
     assert_eq!(
-        config.admin.unwrap().token_env.as_deref(),
+        AdminConfig::of(&config).unwrap().token_env.as_deref(),
         Some("ADMIN_TOKEN")
     );
-    let server = config.server.unwrap();
+    let server = ServerConfig::of(&config).unwrap();
     assert_eq!(
         server.header_read_timeout().unwrap(),
-        tower_throttle::config::ServerConfig::DEFAULT_HEADER_READ_TIMEOUT
+        ServerConfig::DEFAULT_HEADER_READ_TIMEOUT
     );
     assert_eq!(
         server.max_connections().unwrap(),
-        tower_throttle::config::ServerConfig::DEFAULT_MAX_CONNECTIONS
+        ServerConfig::DEFAULT_MAX_CONNECTIONS
+    );
+}
+
+/// A bad value or an unknown key in either table is an error that names it.
+#[test]
+fn bad_admin_and_server_settings_are_clear_errors() {
+    let config = |toml: &str| {
+        tower_throttle::config::Config::from_toml(&format!(
+            "{toml}\n[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n"
+        ))
+        .unwrap()
+    };
+    let err = ServerConfig::of(&config("[server]\nmax_conections = 5")).unwrap_err();
+    assert!(
+        err.starts_with("[server]: unknown field `max_conections`"),
+        "{err}"
+    );
+    let err = AdminConfig::of(&config("[admin]\ntoken = \"x\"")).unwrap_err();
+    assert!(err.starts_with("[admin]: unknown field `token`"), "{err}");
+    let server = ServerConfig::of(&config(
+        "[server]\nheader_read_timeout = \"0s\"\nmax_connections = 0",
+    ))
+    .unwrap();
+    assert!(server
+        .header_read_timeout()
+        .unwrap_err()
+        .to_string()
+        .contains("header_read_timeout"));
+    assert!(server
+        .max_connections()
+        .unwrap_err()
+        .to_string()
+        .contains("max_connections"));
+    let err = admin_token_from_env("TOWER_THROTTLE_NO_SUCH_VAR", "--admin-token-env")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--admin-token-env") && err.contains("not set"),
+        "{err}"
     );
 }

@@ -44,3 +44,69 @@ async fn a_thousand_concurrent_requests_admit_exactly_the_limit() {
     }
     assert_eq!((ok, limited), (16, 984));
 }
+
+/// Only a request that holds a concurrency slot gives one back: a rate-limited request releases
+/// nothing, and a concurrency-limited one releases its slot once, when its response ends.
+#[tokio::test]
+async fn only_a_held_slot_is_given_back() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tower_throttle::key::Global;
+    use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend};
+
+    /// The memory backend, counting the slots given back.
+    #[derive(Clone)]
+    struct Counting {
+        inner: MemoryBackend,
+        releases: Arc<AtomicUsize>,
+    }
+
+    impl Backend for Counting {
+        type Future = <MemoryBackend as Backend>::Future;
+
+        fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+            self.inner.check(limit, key, quantity)
+        }
+
+        fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            self.inner.release(limit, key, quantity, lease);
+        }
+    }
+
+    let releases_after = |algorithm: Algorithm| {
+        let releases = Arc::new(AtomicUsize::new(0));
+        let backend = Counting {
+            inner: MemoryBackend::new(),
+            releases: releases.clone(),
+        };
+        let policy = Policy::builder("api")
+            .key(Global)
+            .quota(Quota::per_second(100))
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let layer = ThrottleLayer::builder()
+            .backend(backend)
+            .policy(policy)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        async move {
+            for _ in 0..3 {
+                let response = app
+                    .clone()
+                    .oneshot(Request::get("/").body(Body::empty()).unwrap());
+                let response = response.await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                // The slot is held by the body until it ends.
+                let _ = http_body_util::BodyExt::collect(response.into_body()).await;
+            }
+            releases.load(Ordering::SeqCst)
+        }
+    };
+    assert_eq!(releases_after(Algorithm::Gcra).await, 0);
+    assert_eq!(releases_after(Algorithm::Concurrency).await, 3);
+}

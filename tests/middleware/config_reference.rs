@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
+use crate::server_settings::{AdminConfig, ServerConfig};
 use tower_throttle::config::{BudgetTuning, Config, RedactKeys};
 
 const PAGE: &str = include_str!("../../src/guide/configuration.md");
@@ -84,8 +85,13 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
     }
     tables.insert("`[access]`".to_owned(), probe("[access]\nUNKNOWN = 0"));
     tables.insert("`[logging]`".to_owned(), probe("[logging]\nUNKNOWN = 0"));
-    tables.insert("`[admin]`".to_owned(), probe("[admin]\nUNKNOWN = 0"));
-    tables.insert("`[server]`".to_owned(), probe("[server]\nUNKNOWN = 0"));
+    // The library keeps these two tables for the server that runs it: the example server's types
+    // read them.
+    let unknown = format!("{UNKNOWN} = 0");
+    let admin = toml::from_str::<AdminConfig>(&unknown).unwrap_err();
+    tables.insert("`[admin]`".to_owned(), listed_fields(&admin.to_string()));
+    let server = toml::from_str::<ServerConfig>(&unknown).unwrap_err();
+    tables.insert("`[server]`".to_owned(), listed_fields(&server.to_string()));
     tables.insert("`[[route]]`".to_owned(), probe("[[route]]\nUNKNOWN = 0"));
     let route = "[[route]]\nname = \"a\"\nkey = \"ip\"\n";
     tables.insert(

@@ -5,6 +5,10 @@
 //! needs a Redis server, the example server, Chromium or promtool is in the `http` binary. One
 //! file per concern.
 
+// The example server's own `[admin]` and `[server]` tables (each binary uses part of it).
+#[allow(dead_code)]
+#[path = "../../examples/server/settings.rs"]
+mod server_settings;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -144,3 +144,27 @@ async fn would_limits_log_at_info_at_most_once_a_second_with_the_limit() {
     );
     assert_eq!(logs.matches("would be limited").count(), 1, "{logs}");
 }
+
+/// A dry run logs the refusals it lets through, as would-be refusals, and nothing for what it
+/// admits anyway.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dry_run_logs_what_it_would_refuse_and_nothing_else() {
+    use tower_throttle::key::Header;
+    use tower_throttle::{Policy, Quota};
+
+    let dry = Policy::builder("api")
+        .quota(Quota::per_minute(1))
+        .dry_run(true)
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let logs = logs_through(ThrottleLayer::new(dry), 2).await;
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("request would be limited (dry run)"))
+        .collect();
+    // The second request, the one a minute's quota of one would refuse: its retry time is there.
+    assert_eq!(lines.len(), 1, "{logs}");
+    assert!(lines[0].contains("retry_after_secs=60"), "{}", lines[0]);
+    assert!(!logs.contains("request limited"), "{logs}");
+}

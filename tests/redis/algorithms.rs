@@ -105,7 +105,7 @@ impl Model {
         }
     }
 
-    fn decide(&mut self, now: u64, params: &window::Params, quantity: u64) -> Decision {
+    fn decide(&mut self, now: u64, params: &window::WindowParams, quantity: u64) -> Decision {
         match self {
             Model::Log(log) => window::sliding_log(log, now, params, quantity),
             Model::Fixed(state) => {

@@ -51,7 +51,7 @@ struct Step {
 /// which no request lies within `margin` of a boundary where its decision or `remaining` would
 /// change. Real clocks then give every backend the same allowed / remaining sequence, though each
 /// reads its own clock a little apart from the others.
-fn schedule(params: &gcra::Params, steps: usize, margin: u64, seed: u64) -> Vec<Step> {
+fn schedule(params: &gcra::GcraParams, steps: usize, margin: u64, seed: u64) -> Vec<Step> {
     let interval = params.emission_interval();
     let tau = params.tolerance();
     let mut rng = seed;

@@ -130,9 +130,12 @@ async fn under_noeviction_every_algorithm_is_refused_and_memory_stays_capped() {
         );
         let error = first_error.unwrap_or_default();
         assert!(error.contains("OOM"), "{route}: {error}");
-        // Once full, calls are refused (a few pass as Redis' own buffers shrink and grow).
+        // Once full, calls are refused. A few pass as Redis' own buffers shrink and grow, and a
+        // coalesced call that passes admits its whole batch (up to the 32 checks in flight): on
+        // the 2-core machine 5-6 % passed, on 36d5915 as now, which the 95 % this asked for
+        // refused two runs in three. The cap itself is the assertion below.
         assert!(
-            more_errors >= 6400 * 95 / 100,
+            more_errors >= 6400 * 90 / 100,
             "{route}: {more_errors} refused"
         );
         assert!(

@@ -61,7 +61,7 @@ impl GcraTable {
     /// and records them if admitted. IP keys are stored as their address bits.
     pub(super) fn decide<C: Clock>(
         &self,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: &Key,
         quantity: u64,
@@ -76,7 +76,7 @@ impl GcraTable {
 
     fn decide_in<K: RecordKey + Clone, C: Clock>(
         &self,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: &K,
         quantity: u64,
@@ -157,7 +157,7 @@ impl GcraTable {
         &self,
         shard: &mut GcraShard,
         hash: u64,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: K,
         tat: u64,
@@ -183,7 +183,7 @@ impl GcraTable {
     /// read under the shard's read lock: nothing is written (see [`KeyState`](crate::backend::KeyState)).
     pub(super) fn peek<C: Clock>(
         &self,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: &Key,
         clock: &C,
@@ -240,7 +240,7 @@ impl GcraTable {
     /// more than the request took; by the rest, never (and with no decision since, exactly).
     pub(super) fn refund<C: Clock>(
         &self,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: &Key,
         quantity: u64,

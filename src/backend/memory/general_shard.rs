@@ -149,7 +149,7 @@ pub(super) type ScaleKey = (u32, u8, Algorithm);
 pub(super) enum Scale {
     /// The GCRA's tolerance in nanoseconds (as decided, including a delay, like the GCRA table's).
     Gcra(f32),
-    Window(window::Params),
+    Window(window::WindowParams),
 }
 
 /// The largest share of its limit that any cell of an entry uses at `now`, or `None` while it has
@@ -303,7 +303,7 @@ mod tests {
         // The windows read Unix time: window 10 of 10 s spans [100 s, 110 s); 2.5 s into it, 3/4
         // of the previous window's count still weighs.
         let unix = 100 * S + S * 5 / 2;
-        let window = Some(Scale::Window(window::Params::new(10 * S, 10)));
+        let window = Some(Scale::Window(window::WindowParams::new(10 * S, 10)));
         let gcra = Some(Scale::Gcra((10 * S) as f32));
         let share = |state: &State, scale| share_used(state, scale, now, unix);
         // GCRA: the TAT's distance from now against the tolerance.

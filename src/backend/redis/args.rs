@@ -115,7 +115,7 @@ impl Args {
 }
 
 /// How far ahead of now (ns) a GCRA limit's stored TAT is read as it is, by every script: the
-/// GCRA's [`ceiling`](crate::gcra::Params::ceiling), as `gcra::decide` reads it (the tolerance, and
+/// GCRA's [`ceiling`](crate::gcra::GcraParams::ceiling), as `gcra::decide` reads it (the tolerance, and
 /// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
 /// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
 pub(super) fn ceiling(limit: &Limit) -> u64 {

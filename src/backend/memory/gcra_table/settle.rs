@@ -14,7 +14,7 @@ impl GcraTable {
     /// reserved at most `since` ns ago ([`gcra::settle`]).
     pub(in crate::backend::memory) fn settle<C: Clock>(
         &self,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: &Key,
         delta: i64,
@@ -33,7 +33,7 @@ impl GcraTable {
 
     fn settle_in<K: RecordKey + Clone, C: Clock>(
         &self,
-        params: &gcra::Params,
+        params: &gcra::GcraParams,
         id: u32,
         key: &K,
         delta: i64,

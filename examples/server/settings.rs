@@ -1,31 +1,19 @@
-//! The `[admin]` and `[server]` tables: settings of the server that runs the layer (the example
-//! server reads them), not of the layer itself. A reload refuses to change them (they are read once,
-//! at start-up).
+//! The `[admin]` and `[server]` tables of the configuration file: the example server's own settings,
+//! not the layer's. The library keeps them as tables for the server that runs it
+//! ([`Config::admin`], [`Config::server`]) and refuses a reload that changes them; this file reads
+//! them, once, at start-up.
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
-use crate::error::BuildError;
+use serde::{Deserialize, Deserializer};
+use tower_throttle::config::Config;
+use tower_throttle::BuildError;
 
 /// The `[admin]` table: how the admin listener is guarded.
 ///
 /// ```toml
 /// [admin]
 /// token_env = "THROTTLE_ADMIN_TOKEN"   # every admin request needs `Authorization: Bearer <token>`
-/// ```
-///
-/// ```
-/// use tower_throttle::config::Config;
-///
-/// // SAFETY: a doc test is its own process, with no other thread to read the environment.
-/// unsafe { std::env::set_var("DOC_ADMIN_TOKEN", "a-long-enough-secret") };
-/// let config = Config::from_toml(
-///     "[admin]\ntoken_env = \"DOC_ADMIN_TOKEN\"\n[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n",
-/// )
-/// .unwrap();
-/// let token = config.admin.unwrap().token().unwrap();
-/// assert_eq!(token.as_deref(), Some("a-long-enough-secret"));
 /// ```
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,7 +68,7 @@ pub fn admin_token_from_env(name: &str, setting: &str) -> Result<String, BuildEr
 #[non_exhaustive]
 pub struct ServerConfig {
     /// How long a client may take to send a request head (default 5 s).
-    #[serde(deserialize_with = "super::schema::some_duration")]
+    #[serde(deserialize_with = "some_duration")]
     pub header_read_timeout: Option<Duration>,
     /// The most connections open at once (default 10,000); beyond, new connections wait in the
     /// kernel's accept queue until one closes.
@@ -123,37 +111,42 @@ impl ServerConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bad_settings_are_clear_errors() {
-        let server = ServerConfig {
-            header_read_timeout: Some(Duration::ZERO),
-            max_connections: Some(0),
-        };
-        assert!(server
-            .header_read_timeout()
-            .unwrap_err()
-            .to_string()
-            .contains("header_read_timeout"));
-        assert!(server
-            .max_connections()
-            .unwrap_err()
-            .to_string()
-            .contains("max_connections"));
-        let defaults = ServerConfig::default();
-        assert_eq!(
-            defaults.header_read_timeout().unwrap(),
-            Duration::from_secs(5)
-        );
-        let err = admin_token_from_env("TOWER_THROTTLE_NO_SUCH_VAR", "--admin-token-env")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("--admin-token-env") && err.contains("not set"),
-            "{err}"
-        );
+impl AdminConfig {
+    /// The configuration's `[admin]` table (the defaults without one); an unknown key is an error
+    /// that names it.
+    pub fn of(config: &Config) -> Result<Self, String> {
+        table(config.admin.as_ref(), "[admin]")
     }
+}
+
+impl ServerConfig {
+    /// The configuration's `[server]` table (the defaults without one); an unknown key is an error
+    /// that names it.
+    pub fn of(config: &Config) -> Result<Self, String> {
+        table(config.server.as_ref(), "[server]")
+    }
+}
+
+fn table<T: Default + for<'de> Deserialize<'de>>(
+    table: Option<&toml::Table>,
+    name: &str,
+) -> Result<T, String> {
+    table.map_or_else(
+        || Ok(T::default()),
+        |t| {
+            toml::Value::Table(t.clone())
+                .try_into()
+                .map_err(|e: toml::de::Error| format!("{name}: {}", e.message()))
+        },
+    )
+}
+
+/// A duration written as `"5s"`, `"1m"`, `"500ms"`.
+fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map(Some).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "duration {s:?}: {e} (write e.g. \"60s\", \"1m\", \"500ms\")"
+        ))
+    })
 }
