@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of tower-throttle's pure modules (no Redis, no network): cargo-mutants changes
+# Mutation testing of tower-throttle's pure modules and a request's path (no Redis, no network): cargo-mutants changes
 # one thing in the code at a time (`>` into `>=`, a body into `Default::default()`, ...) and runs
 # the tests that cover that file; a mutant that no test notices is a bug that could ship. Prints,
 # per file, the mutants caught and missed, the score caught / (caught + missed), the time it took
@@ -39,6 +39,13 @@ declare -A TESTS=(
   [src/backend/memory/general.rs]="--lib --test memory -- $SKIP_SLOW"
   [src/backend/memory/general_shard.rs]="--lib --test memory -- $SKIP_SLOW"
   [src/backend/memory/entries.rs]="--lib --test memory -- $SKIP_SLOW"
+  # A request's path, tested in process (no server): the lib's unit tests, the middleware binary
+  # (the layer in axum, hyper and tonic, every mode and refusal), the observability binary (what a
+  # request logs, in its own process) and, for metered limits, the memory backend's.
+  [src/meter.rs]="--lib --test middleware --test memory -- $SKIP_SLOW $SKIP_CAP"
+  [src/middleware/verdict.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
+  [src/middleware/steps.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
+  [src/rollout.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
   # The Redis glue: the Redis test binary (needs redis-server, and REDIS_CELL_MODULE or
   # target/redis-cell from `bash scripts/test.sh --setup-only`), only the tests that read it.
   # gcra_group.rs turns a coalesced group's one backlog into each check's answer: the batch tests
@@ -51,7 +58,8 @@ declare -A TESTS=(
 )
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
-  src/backend/memory/entries.rs)
+  src/backend/memory/entries.rs src/meter.rs src/middleware/verdict.rs src/middleware/steps.rs
+  src/rollout.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"
