@@ -93,17 +93,22 @@ async fn a_request_in_flight_finishes_with_the_table_it_started_with() {
         let app = app.clone();
         async move { get_as(&app, "/download", "u").await }
     });
-    // Wait until the slot is taken.
-    while handle
-        .peek("downloads", "u")
-        .await
-        .unwrap()
-        .summary()
-        .remaining
-        != 0
-    {
-        tokio::task::yield_now().await;
-    }
+    // Wait until the slot is taken, for 10 s at most: a pipeline that never takes it fails here
+    // instead of hanging.
+    let taken = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while handle
+            .peek("downloads", "u")
+            .await
+            .unwrap()
+            .summary()
+            .remaining
+            != 0
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(taken.is_ok(), "the request in flight never took its slot");
     handle
         .reload([policy("api", "/api", Quota::per_second(5))])
         .unwrap();

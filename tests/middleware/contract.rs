@@ -186,9 +186,14 @@ async fn the_inner_service_waits_for_a_remote_decision() {
         tasks.push(Some(tokio::spawn(fut)));
         // Its decision is asked for before the next request is made, so the n-th question is
         // the n-th request's.
-        while remote.waiting.lock().unwrap().is_empty() {
-            tokio::task::yield_now().await;
-        }
+        // For 10 s at most: a pipeline that never asks fails here instead of hanging.
+        let asking = async {
+            while remote.waiting.lock().unwrap().is_empty() {
+                tokio::task::yield_now().await;
+            }
+        };
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(10), asking).await;
+        assert!(waited.is_ok(), "the backend was never asked");
         asked.push(Some(remote.waiting.lock().unwrap().remove(0)));
     }
     // Request n: admitted with n remaining if n is even, else refused with a wait of n + 1 s.

@@ -189,10 +189,16 @@ impl Gate {
             .layer(layer)
     }
 
+    /// Waits until `n` requests have entered the handler, for 10 s at most: a pipeline that never
+    /// lets them in fails here instead of hanging.
     async fn until_inside(&self, n: usize) {
-        while self.inside.load(Ordering::SeqCst) < n {
-            tokio::task::yield_now().await;
-        }
+        let inside = async {
+            while self.inside.load(Ordering::SeqCst) < n {
+                tokio::task::yield_now().await;
+            }
+        };
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(10), inside).await;
+        assert!(waited.is_ok(), "{n} requests never all reached the handler");
     }
 }
 
