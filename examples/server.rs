@@ -526,6 +526,7 @@ async fn run() -> Result<(), String> {
         .map_err(|e| source.error(e))?;
     let mut router = routes(&config, &source)?;
     let edge = edge::of(&config).map_err(|e| source.error(e))?;
+    settings::AdminConfig::of(&config).map_err(|e| source.error(e))?;
     // Errors from here on are the backend's: from the flag when --redis replaced it.
     let mut backend_override = None;
     let backend_source = match &args.redis {

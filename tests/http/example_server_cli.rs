@@ -127,6 +127,28 @@ fn errors_found_after_parsing_name_the_file_and_the_route() {
     );
 }
 
+/// The example server reads `[server]` and `[admin]` itself (the library keeps them as tables): an
+/// unknown key in either is its start-up error, naming the file and the table.
+#[test]
+fn unknown_server_and_admin_settings_name_the_file_and_the_table() {
+    let (line, file) = config_error(
+        "server.toml",
+        &format!("[server]\nmax_conections = 5\n{ROUTE_A}"),
+    );
+    assert_eq!(
+        line,
+        format!(
+            "error: {file}: [server]: unknown field `max_conections`, expected \
+             `header_read_timeout` or `max_connections`"
+        )
+    );
+    let (line, file) = config_error("admin.toml", &format!("[admin]\ntoken = \"x\"\n{ROUTE_A}"));
+    assert_eq!(
+        line,
+        format!("error: {file}: [admin]: unknown field `token`, expected `token_env`")
+    );
+}
+
 #[test]
 fn parse_errors_are_one_line_with_the_file_and_the_position() {
     let (line, file) = config_error("typo.toml", &format!("{ROUTE_A}coutn = 5\n"));
