@@ -565,10 +565,9 @@ impl<K> PolicyBuilder<K> {
         if let MissingKey::Reject(status) = self.missing_key
             && !status.is_client_error()
         {
-            return Err(BuildError::Invalid(format!(
-                    "policy {:?}: a request without a key must be rejected with a 4xx status, not {status}",
-                    self.name
-                )));
+            return Err(invalid(format!(
+                "a request without a key must be rejected with a 4xx status, not {status}"
+            )));
         }
         let methods = methods_of(self.methods, self.custom_methods)
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;

@@ -7,7 +7,7 @@
 //! message HelloReply { string message = 1; }
 //! ```
 //!
-//! so that the example and its test need no `protoc`. Shared by examples/grpc and tests/http/grpc.rs.
+//! so that the example and its test need no `protoc`. Shared by examples/grpc and tests/middleware/grpc.rs.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -3,7 +3,7 @@
 //! that sets them. A new option is one field in [`RouteConfig`] (the schema) and one row here; a
 //! plain `key = value` option needs no function of its own (see the `lease` row).
 //!
-//! `tests/http/config_builder.rs` reads this table's text: it fails when a key of `[[route]]` has
+//! `tests/middleware/config_builder.rs` reads this table's text: it fails when a key of `[[route]]` has
 //! no row, or a public builder option (`PolicyBuilder`'s methods, `Limit`'s `with_*`) is named by
 //! no row and not on its allow-list. So keep each row on one line, in the form `row(&[keys],
 //! &[options], how)`.
@@ -30,11 +30,11 @@ type Apply = fn(&RouteConfig, &ClientIp, Builder) -> Result<Builder, String>;
 /// One row of [`ROUTE_OPTIONS`].
 pub(super) struct RouteOption {
     /// The `[[route]]` keys the row reads (each key is in one row only).
-    #[allow(dead_code)] // Read by tests/http/config_builder.rs, from this file's text.
+    #[allow(dead_code)] // Read by tests/middleware/config_builder.rs, from this file's text.
     keys: &'static [&'static str],
     /// The builder options it sets: `PolicyBuilder` methods, or `Limit::with_*` that the builder
     /// passes the value on to.
-    #[allow(dead_code)] // Read by tests/http/config_builder.rs, from this file's text.
+    #[allow(dead_code)] // Read by tests/middleware/config_builder.rs, from this file's text.
     options: &'static [&'static str],
     /// Sets them.
     pub(super) apply: Apply,

@@ -126,9 +126,9 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     {
         seen.warned_policy = Some(policy.to_owned());
         tracing::warn!(
-                maxmemory_policy = policy,
-                "Redis may evict the limiter's keys (maxmemory-policy {policy}; every limiter key has a TTL, so volatile-* policies evict them too): an evicted key forgets its client's usage and admits it again; use maxmemory-policy noeviction on the limiter's Redis"
-            );
+            maxmemory_policy = policy,
+            "Redis may evict the limiter's keys (maxmemory-policy {policy}; every limiter key has a TTL, so volatile-* policies evict them too): an evicted key forgets its client's usage and admits it again; use maxmemory-policy noeviction on the limiter's Redis"
+        );
     }
     if let Some(now) = evicted_keys {
         // A restarted Redis counts from 0 again: all its evictions are new.
