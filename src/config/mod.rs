@@ -285,6 +285,13 @@ mod tests {
         assert!(err(&format!("{route}methods = [\"PSOT\"]")).contains("did you mean \"POST\"?"));
         assert!(err(&format!("{route}custom_methods = [\"post\"]")).contains("list it in methods"));
         assert!(err(&format!("{route}ipv6_prefix = 200")).contains("ipv6_prefix 200"));
+        assert!(err(&format!("{route}ipv4_prefix = 40"))
+            .contains("ipv4_prefix 40 is not between 1 and 32"));
+        assert!(err(&format!(
+            "{}ipv4_prefix = 24\n",
+            route.replace("\"ip\"", "\"global\"")
+        ))
+        .contains("ipv4_prefix only applies to key = \"ip\""));
         assert!(err(&format!("{route}{}", route.replace("5", "6"))).contains("appears twice"));
         assert!(err("[backend]\nkind = \"memcached\"").contains("memcached"));
         assert!(err(&format!(

@@ -57,7 +57,7 @@ const fn row(
 pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     // TOML keys                                    builder options                        how
     row(&["name"], &["Policy::builder"], |_, _, b| Ok(b)), // the builder starts from the name
-    row(&["key", "on_duplicate", "ipv6_prefix"], &["key"], key),
+    row(&["key", "on_duplicate", "ipv6_prefix", "ipv4_prefix"], &["key"], key),
     row(&["algorithm"], &["algorithm", "Limit::with_algorithm"], |r, _, b| Ok(b.algorithm(algorithm(r)?))),
     row(&["count", "period", "max_burst", "quotas"], &["quotas", "shadow"], quotas),
     row(&["cost"], &["cost"], |r, _, b| Ok(b.cost(r.cost.unwrap_or(1)))),
@@ -110,8 +110,8 @@ fn algorithm(route: &RouteConfig) -> Result<Algorithm, String> {
         .map_or(Ok(Algorithm::Gcra), str::parse)
 }
 
-/// `key`, read behind the trusted proxies, bound to `path`'s parameters, with `on_duplicate` and
-/// `ipv6_prefix`.
+/// `key`, read behind the trusted proxies, bound to `path`'s parameters, with `on_duplicate`,
+/// `ipv6_prefix` and `ipv4_prefix`.
 fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let mut key = route.key.clone();
     bind_client_ip(&mut key, client_ip);
@@ -119,20 +119,45 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     if let Some(on_duplicate) = &route.on_duplicate {
         key = key.with_on_duplicate(on_duplicate.parse()?);
     }
-    match (&mut key, route.ipv6_prefix) {
-        (KeySpec::PeerIp(ip), Some(prefix)) => {
-            *ip = PeerIp::new()
-                .with_ipv6_prefix(prefix)
-                .map_err(|e| e.to_string())?;
+    let (v6, v4) = (route.ipv6_prefix, route.ipv4_prefix);
+    match &mut key {
+        KeySpec::PeerIp(ip) => {
+            let mut grouped = PeerIp::new();
+            if let Some(prefix) = v6 {
+                grouped = grouped
+                    .with_ipv6_prefix(prefix)
+                    .map_err(|e| e.to_string())?;
+            }
+            if let Some(prefix) = v4 {
+                grouped = grouped
+                    .with_ipv4_prefix(prefix)
+                    .map_err(|e| e.to_string())?;
+            }
+            *ip = grouped;
         }
-        (KeySpec::ClientIp(ip), Some(prefix)) => {
-            *ip = ip
-                .clone()
-                .with_ipv6_prefix(prefix)
-                .map_err(|e| e.to_string())?;
+        KeySpec::ClientIp(ip) => {
+            if let Some(prefix) = v6 {
+                *ip = ip
+                    .clone()
+                    .with_ipv6_prefix(prefix)
+                    .map_err(|e| e.to_string())?;
+            }
+            if let Some(prefix) = v4 {
+                *ip = ip
+                    .clone()
+                    .with_ipv4_prefix(prefix)
+                    .map_err(|e| e.to_string())?;
+            }
         }
-        (_, Some(_)) => {
-            return Err("ipv6_prefix only applies to key = \"ip\" or \"client-ip\"".into())
+        _ if v6.is_some() || v4.is_some() => {
+            let setting = if v6.is_some() {
+                "ipv6_prefix"
+            } else {
+                "ipv4_prefix"
+            };
+            return Err(format!(
+                "{setting} only applies to key = \"ip\" or \"client-ip\""
+            ));
         }
         _ => {}
     }

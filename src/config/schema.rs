@@ -180,6 +180,10 @@ pub struct RouteConfig {
     /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
     #[serde(default)]
     pub ipv6_prefix: Option<u8>,
+    /// For `key = "ip"` or `"client-ip"`: group IPv4 clients by this prefix (default 32: one key
+    /// per address).
+    #[serde(default)]
+    pub ipv4_prefix: Option<u8>,
     /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1. GCRA only.
     #[serde(default)]
     pub max_burst: Option<u64>,

@@ -252,6 +252,18 @@ impl ClientIp {
         self.peer.ipv6_prefix()
     }
 
+    /// Groups IPv4 clients by the first `prefix` bits (1 to 32; 32, the default, = one key per
+    /// address).
+    pub fn with_ipv4_prefix(mut self, prefix: u8) -> Result<Self, InvalidPrefix> {
+        self.peer = self.peer.with_ipv4_prefix(prefix)?;
+        Ok(self)
+    }
+
+    /// The IPv4 prefix length.
+    pub fn ipv4_prefix(&self) -> u8 {
+        self.peer.ipv4_prefix()
+    }
+
     /// The client's address for a connection from `peer` with these headers.
     pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -160,16 +160,25 @@ impl<B: 'static> KeyExtractor<B> for Arc<dyn KeyExtractor<B>> {
 /// let key = PeerIp::new().extract(&req).unwrap();
 /// assert_eq!(key.to_string(), "!2001:db8:1:2::");
 /// assert_eq!(PeerIp::new().with_ipv6_prefix(128).unwrap().extract(&req).unwrap().to_string(), "!2001:db8:1:2:aaaa::1");
+///
+/// // IPv4 clients are one key each, unless grouped by a prefix too: a /24 counts a subnet as one.
+/// req.extensions_mut().insert(PeerAddr("10.1.2.200:443".parse().unwrap()));
+/// assert_eq!(PeerIp::new().extract(&req).unwrap().to_string(), "!10.1.2.200");
+/// assert_eq!(PeerIp::new().with_ipv4_prefix(24).unwrap().extract(&req).unwrap().to_string(), "!10.1.2.0");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerIp {
+    ipv4_prefix: u8,
     ipv6_prefix: u8,
 }
 
 impl PeerIp {
-    /// The peer IP, IPv6 grouped by /64.
+    /// The peer IP: IPv4 one key per address, IPv6 grouped by /64.
     pub const fn new() -> Self {
-        PeerIp { ipv6_prefix: 64 }
+        PeerIp {
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+        }
     }
 
     /// Groups IPv6 peers by the first `prefix` bits (1 to 128; 128 = one key per address).
@@ -177,9 +186,23 @@ impl PeerIp {
         if (1..=128).contains(&prefix) {
             Ok(PeerIp {
                 ipv6_prefix: prefix,
+                ..self
             })
         } else {
-            Err(InvalidPrefix(prefix))
+            Err(InvalidPrefix::new("ipv6_prefix", prefix, 128))
+        }
+    }
+
+    /// Groups IPv4 peers by the first `prefix` bits (1 to 32; 32, the default, = one key per
+    /// address; 24 counts a /24 subnet as one client, as a NAT or a rented block is).
+    pub fn with_ipv4_prefix(self, prefix: u8) -> Result<Self, InvalidPrefix> {
+        if (1..=32).contains(&prefix) {
+            Ok(PeerIp {
+                ipv4_prefix: prefix,
+                ..self
+            })
+        } else {
+            Err(InvalidPrefix::new("ipv4_prefix", prefix, 32))
         }
     }
 
@@ -188,10 +211,18 @@ impl PeerIp {
         self.ipv6_prefix
     }
 
+    /// The IPv4 prefix length.
+    pub const fn ipv4_prefix(&self) -> u8 {
+        self.ipv4_prefix
+    }
+
     /// The key for a peer address.
     pub fn key_for(&self, ip: IpAddr) -> Key {
         match ip.to_canonical() {
-            IpAddr::V4(v4) => Key::from_ip(IpAddr::V4(v4)),
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX << (32 - u32::from(self.ipv4_prefix));
+                Key::from_ip(IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask)))
+            }
             IpAddr::V6(v6) => {
                 let mask = u128::MAX << (128 - u32::from(self.ipv6_prefix));
                 Key::from_ip(IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask)))
@@ -312,13 +343,36 @@ const fn peer_address_sources(axum_feature: bool) -> &'static str {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// An IPv6 prefix length outside 1..=128.
+/// A prefix length outside 1..=32 (IPv4) or 1..=128 (IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InvalidPrefix(pub u8);
+pub struct InvalidPrefix {
+    setting: &'static str,
+    prefix: u8,
+    most: u8,
+}
+
+impl InvalidPrefix {
+    fn new(setting: &'static str, prefix: u8, most: u8) -> Self {
+        InvalidPrefix {
+            setting,
+            prefix,
+            most,
+        }
+    }
+
+    /// The prefix length given.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+}
 
 impl fmt::Display for InvalidPrefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ipv6_prefix {} is not between 1 and 128", self.0)
+        write!(
+            f,
+            "{} {} is not between 1 and {}",
+            self.setting, self.prefix, self.most
+        )
     }
 }
 
@@ -506,6 +560,37 @@ mod tests {
         );
         assert!(PeerIp::new().with_ipv6_prefix(0).is_err());
         assert!(PeerIp::new().with_ipv6_prefix(129).is_err());
+    }
+
+    #[test]
+    fn ipv4_peers_are_grouped_by_their_prefix_and_each_family_keeps_its_own() {
+        let ip = PeerIp::new().with_ipv4_prefix(24).unwrap();
+        let key = |peer: &str| ip.extract(&with_peer(peer)).unwrap().to_string();
+        assert_eq!(key("10.1.2.3:1"), "!10.1.2.0");
+        assert_eq!(key("10.1.2.255:1"), "!10.1.2.0");
+        assert_eq!(key("10.1.3.1:1"), "!10.1.3.0");
+        // An IPv4-mapped IPv6 peer is the IPv4 address, grouped as one.
+        assert_eq!(key("[::ffff:10.1.2.9]:1"), "!10.1.2.0");
+        // The IPv6 prefix stays its own: /64 by default.
+        assert_eq!(key("[2001:db8:1:2:aaaa::1]:1"), "!2001:db8:1:2::");
+        let both = ip.with_ipv6_prefix(48).unwrap();
+        assert_eq!((both.ipv4_prefix(), both.ipv6_prefix()), (24, 48));
+        assert_eq!(
+            PeerIp::new()
+                .with_ipv4_prefix(1)
+                .unwrap()
+                .key_for("200.1.1.1".parse().unwrap())
+                .to_string(),
+            "!128.0.0.0"
+        );
+        assert_eq!(PeerIp::new().ipv4_prefix(), 32);
+        let err = PeerIp::new().with_ipv4_prefix(33).unwrap_err();
+        assert_eq!(err.to_string(), "ipv4_prefix 33 is not between 1 and 32");
+        assert!(PeerIp::new().with_ipv4_prefix(0).is_err());
+        assert_eq!(
+            PeerIp::new().with_ipv6_prefix(0).unwrap_err().to_string(),
+            "ipv6_prefix 0 is not between 1 and 128"
+        );
     }
 
     #[test]

@@ -275,3 +275,28 @@ fn bad_key_configurations_are_errors_that_say_why() {
         assert!(e.contains(says), "{text}\n=> {e}");
     }
 }
+
+/// `ipv4_prefix = 24` counts a /24 subnet as one client, through the TOML and the layer, and peek
+/// takes any address of the subnet (or the subnet as `/top` shows it).
+#[tokio::test]
+async fn an_ipv4_prefix_counts_a_subnet_as_one_client() {
+    use crate::support::{from_peer, request, status_of};
+
+    let config = tower_throttle::config::Config::from_toml(
+        "[[route]]\nname = \"ip\"\nkey = \"ip\"\nipv4_prefix = 24\ncount = 1\nperiod = \"1m\"\n",
+    )
+    .unwrap();
+    let layer = config.memory_layer().unwrap();
+    let handle = layer.handle();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let from = |peer: &str| from_peer(request("/"), peer);
+    assert_eq!(status_of(&app, from("10.1.2.3:1")).await, 200);
+    assert_eq!(status_of(&app, from("10.1.2.200:1")).await, 429);
+    assert_eq!(status_of(&app, from("10.1.3.1:1")).await, 200);
+    for text in ["10.1.2.77", "!10.1.2.0"] {
+        let state = handle.peek("ip", text).await.unwrap();
+        assert_eq!(state.summary().remaining, 0, "{text}");
+    }
+}
