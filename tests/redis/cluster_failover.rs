@@ -267,10 +267,14 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
         fast > reached && reached <= 4 + outage_ms / 50,
         "{fast} fast failures, {reached} that reached for the node in {outage_ms} ms: {victim_tally}"
     );
+    // Only the dead slots' nodes fail fast: the killed primary, and the replica taking its slots
+    // over, whose connection can break while it is promoted (seen once in a full run under load: 4
+    // broken pipes, then 3 fast failures until its breaker's probe got through). The other
+    // primaries never fail (above).
     assert!(
-        errors
-            .keys()
-            .all(|e| e.contains(&victim_address) || !e.contains("failing fast")),
+        errors.keys().all(|e| e.contains(&victim_address)
+            || e.contains(&replica_address)
+            || !e.contains("failing fast")),
         "{victim_tally}"
     );
     // ...and they recover once the replica is promoted.
