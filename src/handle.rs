@@ -451,15 +451,13 @@ pub trait KeyFromText {
 }
 
 fn parse_ip(text: &str) -> Result<IpAddr, String> {
-    let shown = Key::from_rendered(text).and_then(|key| key.ip());
-    shown.map_or_else(
-        || {
-            text.trim()
-                .parse()
-                .map_err(|_| format!("{text:?} is not an IP address"))
-        },
-        Ok,
-    )
+    // As the top list shows it (`!10.0.0.1`), or as typed.
+    if let Some(ip) = Key::from_rendered(text).and_then(|key| key.ip()) {
+        return Ok(ip);
+    }
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not an IP address"))
 }
 
 /// The byte string of `text` as logs show it, if it is one; extractors of values (headers, query

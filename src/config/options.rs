@@ -13,7 +13,7 @@ use http::{Method, StatusCode};
 use super::policies::{bind_client_ip, quotas_of, shadow_quotas_of};
 use super::schema::RouteConfig;
 use crate::error::BuildError;
-use crate::key::{ClientIp, KeySpec, PeerIp};
+use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;
 use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
@@ -122,18 +122,12 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     let (v6, v4) = (route.ipv6_prefix, route.ipv4_prefix);
     match &mut key {
         KeySpec::PeerIp(ip) => {
-            let mut grouped = PeerIp::new();
             if let Some(prefix) = v6 {
-                grouped = grouped
-                    .with_ipv6_prefix(prefix)
-                    .map_err(|e| e.to_string())?;
+                *ip = ip.with_ipv6_prefix(prefix).map_err(|e| e.to_string())?;
             }
             if let Some(prefix) = v4 {
-                grouped = grouped
-                    .with_ipv4_prefix(prefix)
-                    .map_err(|e| e.to_string())?;
+                *ip = ip.with_ipv4_prefix(prefix).map_err(|e| e.to_string())?;
             }
-            *ip = grouped;
         }
         KeySpec::ClientIp(ip) => {
             if let Some(prefix) = v6 {

@@ -1,5 +1,5 @@
 //! The tests of tests/middleware/access.rs that need a Redis server.
-use crate::support::access_helpers::{app, statuses};
+use crate::shared::access::{app, statuses};
 use crate::support::redis as redis_support;
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The tests of tests/middleware/admin_handle.rs that need a Redis server.
-use crate::support::admin_handle_helpers::{
+use crate::shared::admin_handle::{
     peek_and_reset_through_the_layer, reload_under_load, table, tiers_and_stacks,
 };
 use crate::support::redis as redis_support;

@@ -1,5 +1,5 @@
 //! The tests of tests/middleware/guide_config.rs that need a Redis server.
-use crate::support::guide_config_helpers::toml_block;
+use crate::shared::guide_config::toml_block;
 use tower_throttle::config::Config;
 
 use crate::support::redis as redis_support;

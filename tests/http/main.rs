@@ -8,6 +8,8 @@
 #[allow(dead_code)]
 #[path = "../../examples/server/settings.rs"]
 mod server_settings;
+#[path = "../shared/mod.rs"]
+mod shared;
 #[path = "../support/mod.rs"]
 mod support;
 

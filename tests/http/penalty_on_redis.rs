@@ -1,5 +1,5 @@
 //! The tests of tests/middleware/penalty.rs that need a Redis server.
-use crate::support::penalty_helpers::{policy, send};
+use crate::shared::penalty::{policy, send};
 use crate::support::redis as redis_support;
 
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The tests of tests/middleware/refusals.rs that need a Redis server.
+use crate::shared::refusals::{negotiating_hook, Log};
 use crate::support::redis as redis_support;
-use crate::support::refusals_helpers::{negotiating_hook, Log};
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Allow and deny lists through the layer: static, changed at run time, behind proxies, and shared
 //! through Redis sets; and the configuration keys for them.
 
-use crate::support::access_helpers::{app, req, statuses};
+use crate::shared::access::{app, req, statuses};
 use crate::support::{from_peer, request, status_of};
 use axum::{routing::get, Router};
 use http::StatusCode;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::support::admin_handle_helpers::{
+use crate::shared::admin_handle::{
     app, get_as, peek_and_reset_through_the_layer, policy, reload_under_load, table,
     tiers_and_stacks, API_FIELD,
 };

@@ -2,7 +2,7 @@
 
 use tower_throttle::config::Config;
 
-use crate::support::guide_config_helpers::toml_block;
+use crate::shared::guide_config::toml_block;
 
 #[test]
 fn the_guide_configuration_file_is_valid() {

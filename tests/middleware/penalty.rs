@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::support::penalty_helpers::{policy, send};
+use crate::shared::penalty::{policy, send};
 use axum::{routing::get, Router};
 use tower_throttle::config::Config;
 use tower_throttle::key::Header;

@@ -1,7 +1,7 @@
 //! Every refusal through one hook (`refusal_response`): 429, 400, 403 on memory, 503 with a dead
 //! Redis under `deny`; content negotiation from the request's parts. And every layer's decision side by side (`RequestDecisions`).
 
-use crate::support::refusals_helpers::{negotiating_hook, Log, Seen};
+use crate::shared::refusals::{negotiating_hook, Log, Seen};
 use crate::support::{body_string, header};
 use axum::body::Body;
 use axum::{routing::get, Extension, Router};

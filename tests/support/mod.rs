@@ -12,14 +12,9 @@
 //! and uses only part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-pub mod access_helpers;
-pub mod admin_handle_helpers;
 pub mod cluster;
 pub mod failover;
-pub mod guide_config_helpers;
-pub mod penalty_helpers;
 pub mod redis;
-pub mod refusals_helpers;
 #[path = "../../src/top/zipf.rs"]
 pub mod zipf;
 
