@@ -7,9 +7,10 @@
 #   loadgen_pick                               # sets LOADGEN (wrk | oha) and LOADGEN_BIN
 #   loadgen_run CPU CONNECTIONS SECONDS URL    # prints "requests/s responses non-2xx"
 #
-# Both run a closed loop on one core (`taskset -c CPU`): CONNECTIONS keep-alive connections, each
-# sending the next GET as soon as the answer to the last one is read, for SECONDS. wrk runs one
-# thread (-t1); oha, a multi-threaded tokio client, runs on the one core it is pinned to. Requests/s
+# Both run a closed loop on CPU (`taskset -c CPU`: one core, or a list such as 8-15): CONNECTIONS
+# keep-alive connections, each sending the next GET as soon as the answer to the last one is read,
+# for SECONDS. wrk runs LOADGEN_THREADS threads (default 1: -t1); oha, a multi-threaded tokio
+# client, runs on the cores it is pinned to. Requests/s
 # counts completed responses only (oha's requests cut off at the deadline are not responses).
 
 # loadgen_pick: sets LOADGEN and LOADGEN_BIN, installing oha when neither tool is found.
@@ -53,7 +54,7 @@ loadgen_pick() {
 loadgen_run() {
   local cpu=$1 connections=$2 seconds=$3 url=$4 out
   if [[ $LOADGEN == wrk ]]; then
-    out=$(taskset -c "$cpu" "$LOADGEN_BIN" -t1 -c"$connections" -d"${seconds}s" "$url")
+    out=$(taskset -c "$cpu" "$LOADGEN_BIN" -t"${LOADGEN_THREADS:-1}" -c"$connections" -d"${seconds}s" "$url")
     echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(awk '/requests in/ {print $1}' <<<"$out") $(
       awk '/Non-2xx or 3xx responses:/ {n = $5} END {print n + 0}' <<<"$out")"
   else
@@ -72,5 +73,5 @@ print("%.2f %d %d" % (responses / report["summary"]["total"], responses, non2xx)
 
 # loadgen_describe CONNECTIONS SECONDS: the command line's load part, for the table's caption.
 loadgen_describe() {
-  if [[ $LOADGEN == wrk ]]; then echo "wrk -t1 -c$1 -d$2s"; else echo "oha -c $1 -z $2s"; fi
+  if [[ $LOADGEN == wrk ]]; then echo "wrk -t${LOADGEN_THREADS:-1} -c$1 -d$2s"; else echo "oha -c $1 -z $2s"; fi
 }

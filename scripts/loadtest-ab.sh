@@ -12,8 +12,16 @@
 # responses the load counted), which other work on the machine disturbs much less than requests/s.
 # Prints the medians of the paired ratios new/base.
 # Run the variant `bare` too: both builds serve it with the same code, so its ratios are the noise.
+# WORKERS=N: N tokio workers per server on CPUs 0..N-1, the load (N wrk threads, 32 connections per
+# worker) on CPUs N..2N-1, as in scripts/loadtest.sh.
 set -euo pipefail
 ROUNDS=${ROUNDS:-21}; DURATION=${DURATION:-2}; VARIANT=${1:-throttle-mem-pass}
+WORKERS=${WORKERS:-1}
+[[ $WORKERS =~ ^[1-9][0-9]*$ ]] || { echo "loadtest-ab.sh: WORKERS must be a count of 1 or more" >&2; exit 2; }
+if ((WORKERS == 1)); then SERVER_CPU=0 LOAD_CPU=1; else SERVER_CPU=0-$((WORKERS - 1)) LOAD_CPU=$WORKERS-$((2 * WORKERS - 1)); fi
+export LOADGEN_THREADS=$WORKERS
+# Only with more than one worker, so that a baseline built before --workers existed still runs.
+WORKER_ARGS=(); ((WORKERS == 1)) || WORKER_ARGS=(--workers "$WORKERS")
 BASE=${BASE:?BASE=path of the baseline loadtest-server}; NEW=${NEW:?NEW=path of the new loadtest-server}
 # shellcheck source=scripts/loadgen.sh
 source "$(dirname "$0")/loadgen.sh"; loadgen_pick
@@ -24,14 +32,14 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 declare -A PORT SPID
 start() { local name=$1 bin=$2 port; port=$(free_port)
-  taskset -c 0 "$bin" "$VARIANT" --listen "127.0.0.1:$port" >/dev/null 2>&1 & PIDS+=($!); SPID[$name]=$!
+  taskset -c "$SERVER_CPU" "$bin" "$VARIANT" --listen "127.0.0.1:$port" ${WORKER_ARGS[@]+"${WORKER_ARGS[@]}"} >/dev/null 2>&1 & PIDS+=($!); SPID[$name]=$!
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done; PORT[$name]=$port; }
 start base $BASE; start new $NEW
 cpu() { awk '{print $14 + $15}' /proc/$1/stat; }
 # measure NAME -> "rps cpu_us_per_request"
 measure() { local c0 c1 rps total
   c0=$(cpu ${SPID[$1]})
-  read -r rps total _ <<<"$(loadgen_run 1 32 "$DURATION" "http://127.0.0.1:${PORT[$1]}/")"
+  read -r rps total _ <<<"$(loadgen_run "$LOAD_CPU" $((32 * WORKERS)) "$DURATION" "http://127.0.0.1:${PORT[$1]}/")"
   c1=$(cpu ${SPID[$1]})
   echo "$rps $(awk -v d=$((c1 - c0)) -v t=$TICK -v n=$total 'BEGIN{printf "%.3f", d / t * 1e6 / n}')"; }
 measure base >/dev/null; measure new >/dev/null

@@ -8,12 +8,17 @@
 #   ROUNDS=6 DURATION=3 bash scripts/loadtest.sh
 #   bash scripts/loadtest.sh bare throttle-mem-pass governor-pass   # only these variants
 #   bash scripts/loadtest.sh && python3 scripts/bench_chart.py      # BENCHMARKS.md's table and chart
+#   WORKERS=8 bash scripts/loadtest.sh bare throttle-mem-pass governor-headers-pass   # many cores
 #
 # The servers come from loadtest/ (its own Cargo workspace, so the peers never enter tower-throttle's
 # dependency graph), built in release into target/. Every server runs on CPU 0 (`taskset -c 0`, one
 # tokio thread each, idle unless measured); the load (`wrk -t1 -c32`) and redis-server run on CPU 1. Each
 # round measures every variant right after bare, and the table gives the median of these paired
 # ratios: interference from other work on the machine hits both halves of a pair alike.
+#
+# WORKERS=N (default 1) measures a many-core server instead: each server runs N tokio workers on
+# CPUs 0..N-1, the load N wrk threads (CONNECTIONS defaults to 32 per worker) on CPUs N..2N-1 and
+# redis-server on those too; SERVER_CPU and LOAD_CPU override the lists (taskset's syntax).
 #
 # The load generator (scripts/loadgen.sh): wrk where installed, else oha (`cargo install oha --locked`
 # into target/tools/oha when missing); LOADGEN=oha picks oha. Needs also redis-server, redis-cli,
@@ -25,9 +30,20 @@ ROOT=$PWD
 
 ROUNDS=${ROUNDS:-4}
 DURATION=${DURATION:-2}
-CONNECTIONS=${CONNECTIONS:-32}
-SERVER_CPU=${SERVER_CPU:-0}
-LOAD_CPU=${LOAD_CPU:-1}
+WORKERS=${WORKERS:-1}
+[[ $WORKERS =~ ^[1-9][0-9]*$ ]] || { echo "loadtest.sh: WORKERS must be a count of 1 or more" >&2; exit 2; }
+CONNECTIONS=${CONNECTIONS:-$((32 * WORKERS))}
+if ((WORKERS == 1)); then
+  SERVER_CPU=${SERVER_CPU:-0}
+  LOAD_CPU=${LOAD_CPU:-1}
+else
+  SERVER_CPU=${SERVER_CPU:-0-$((WORKERS - 1))}
+  LOAD_CPU=${LOAD_CPU:-$WORKERS-$((2 * WORKERS - 1))}
+  (($(nproc) >= 2 * WORKERS)) || echo "loadtest.sh: WORKERS=$WORKERS wants $((2 * WORKERS)) cores; this machine has $(nproc)" >&2
+fi
+export LOADGEN_THREADS=${LOADGEN_THREADS:-$WORKERS}
+# Only with more than one worker, so that a server built before --workers existed (BIN=) still runs.
+WORKER_ARGS=(); ((WORKERS == 1)) || WORKER_ARGS=(--workers "$WORKERS")
 MODULE=${REDIS_CELL_MODULE:-$ROOT/target/redis-cell/libredis_cell.so}
 
 say() { printf 'loadtest.sh: %s\n' "$*" >&2; }
@@ -63,6 +79,7 @@ ALL=(
   throttle-mem-deny
   throttle-mem-pass-noheaders
   governor-pass
+  governor-headers-pass
   governor-deny
   throttle-lua-pass
   throttle-lua-alone-pass
@@ -131,7 +148,7 @@ start() {
   local variant=$1 port attempt pid
   for attempt in 1 2 3; do
     port=$(free_port)
-    taskset -c "$SERVER_CPU" "$BIN" "$variant" --listen "127.0.0.1:$port" --redis "$REDIS_URL" \
+    taskset -c "$SERVER_CPU" "$BIN" "$variant" --listen "127.0.0.1:$port" --redis "$REDIS_URL" ${WORKER_ARGS[@]+"${WORKER_ARGS[@]}"} \
       >"$TMP/$variant.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do
@@ -197,9 +214,9 @@ range() { tr ' ' '\n' | grep -v '^$' | sort -g | awk 'NR == 1 {lo = $1} {hi = $1
 # kind VARIANT: how the chart colours it (this crate, a peer, or the baseline).
 kind() { case $1 in bare) echo bare ;; throttle-*) echo tower-throttle ;; *) echo peer ;; esac; }
 
-CAPTION=$(printf '%s, %s cores, %s; %s; %s rounds, each variant paired with bare' \
+CAPTION=$(printf '%s, %s cores, %s; server: %s tokio worker(s) on CPU %s; %s on CPU %s; %s rounds, each variant paired with bare' \
   "$(uname -m)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(loadgen_describe "$CONNECTIONS" "$DURATION")" "$ROUNDS")
+  "$WORKERS" "$SERVER_CPU" "$(loadgen_describe "$CONNECTIONS" "$DURATION")" "$LOAD_CPU" "$ROUNDS")
 mkdir -p "$(dirname "$CSV")"
 {
   printf '# %s; %s\n' "$CAPTION" "$(date -u +%Y-%m-%dT%H:%MZ)"

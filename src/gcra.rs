@@ -174,6 +174,27 @@ pub fn decide(tat: Option<u64>, now: u64, params: &GcraParams, quantity: u64) ->
     }
 }
 
+/// What [`decide`] would store, and nothing else: the admission test in a few additions and
+/// comparisons, without the division that counts `remaining`. A backend that updates a TAT by
+/// compare-and-swap calls this between reading the TAT and swapping it, so that the window in
+/// which another thread's swap makes it retry stays short when many threads decide on one key,
+/// and computes the decision (with [`decide`], from the same inputs) once its swap has succeeded.
+#[inline]
+pub(crate) fn stored_tat(
+    tat: Option<u64>,
+    now: u64,
+    params: &GcraParams,
+    quantity: u64,
+) -> Option<u64> {
+    let tat = tat.map(|tat| tat.min(now.saturating_add(params.ceiling)));
+    let admitted = params
+        .emission_interval
+        .checked_mul(quantity)
+        .and_then(|inc| tat.unwrap_or(now).max(now).checked_add(inc))
+        .filter(|n| *n <= now.saturating_add(params.tolerance));
+    admitted.or(tat)
+}
+
 /// A metered request's cost settled after its response: the TAT to store for a stored `tat`
 /// (`None`: no state) at `now`, when the request cost `delta` units more (or, negative, fewer)
 /// than it reserved at most `since` ns ago.
@@ -281,6 +302,40 @@ mod tests {
                 assert_eq!(out.new_tat, tat, "case {num}: a rejection must not write");
             }
             tat = out.new_tat;
+        }
+    }
+
+    #[test]
+    fn stored_tat_is_what_decide_stores() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..100_000 {
+            let period = Duration::from_nanos(1 + next() % 10_000_000_000);
+            let quota =
+                crate::Quota::per_period(1 + next() % 1_000, period).with_max_burst(next() % 100);
+            let limit = crate::Limit::new("stored-tat", quota).unwrap();
+            let params = limit.gcra().unwrap();
+            let now = next() % (1 << 50);
+            let tat = match next() % 4 {
+                0 => None,
+                1 => Some(now.saturating_sub(next() % (2 * params.tolerance() + 1))),
+                _ => Some(now + next() % (3 * params.tolerance() + 1)),
+            };
+            let quantity = match next() % 8 {
+                0 => 0,
+                1 => next(),
+                _ => next() % (params.limit() + 2),
+            };
+            assert_eq!(
+                stored_tat(tat, now, params, quantity),
+                decide(tat, now, params, quantity).new_tat,
+                "{tat:?} {now} {quantity} {params:?}"
+            );
         }
     }
 

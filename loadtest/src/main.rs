@@ -1,7 +1,7 @@
 //! One axum hello-world, served bare or behind one rate limiter, for `scripts/loadtest.sh`.
 //!
 //! ```text
-//! loadtest-server VARIANT [--listen ADDR] [--redis URL]
+//! loadtest-server VARIANT [--listen ADDR] [--redis URL] [--workers N]
 //! ```
 //!
 //! Every variant limits per client IP (the TCP peer), on the route `/`. "pass" variants use a quota
@@ -28,6 +28,7 @@ const VARIANTS: &[&str] = &[
     "throttle-mem-deny",
     "throttle-mem-pass-noheaders",
     "governor-pass",
+    "governor-headers-pass",
     "governor-deny",
     "throttle-lua-pass",
     "throttle-lua-alone-pass",
@@ -181,8 +182,16 @@ mod governor_peer {
     use tower_governor::governor::GovernorConfigBuilder;
     use tower_governor::GovernorLayer;
 
-    pub fn router(pass: bool) -> Router {
-        let config = if pass {
+    /// With `headers`, tower_governor's `use_headers()`: `x-ratelimit-*` headers on every
+    /// response, the like-for-like peer of tower-throttle's `RateLimit` fields.
+    pub fn router(pass: bool, headers: bool) -> Router {
+        let config = if pass && headers {
+            GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000)
+                .use_headers()
+                .finish()
+        } else if pass {
             // One cell per nanosecond, bursts of a million: never limited.
             GovernorConfigBuilder::default()
                 .per_nanosecond(1)
@@ -344,7 +353,8 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         "bare" => hello(),
         "throttle-mem-pass" | "throttle-mem-deny" => throttle::memory(p),
         "throttle-mem-pass-noheaders" => throttle::memory_no_headers(true),
-        "governor-pass" | "governor-deny" => governor_peer::router(p),
+        "governor-pass" | "governor-deny" => governor_peer::router(p, false),
+        "governor-headers-pass" => governor_peer::router(true, true),
         "throttle-lua-pass" | "throttle-lua-deny" => {
             throttle::redis(redis()?, RedisMode::Lua, p, true).await
         }
@@ -379,6 +389,7 @@ fn main() {
     let mut variant = None;
     let mut listen: SocketAddr = "127.0.0.1:3000".parse().unwrap();
     let mut redis_url = None;
+    let mut workers: usize = 1;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => {
@@ -389,6 +400,13 @@ fn main() {
                     .expect("address")
             }
             "--redis" => redis_url = Some(args.next().expect("--redis URL")),
+            "--workers" => {
+                workers = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n >= 1)
+                    .expect("--workers N (1 or more)")
+            }
             "--list" => {
                 for v in VARIANTS {
                     println!("{v}");
@@ -399,14 +417,24 @@ fn main() {
         }
     }
     let variant = variant.unwrap_or_else(|| {
-        eprintln!("usage: loadtest-server VARIANT [--listen ADDR] [--redis URL]; --list");
+        eprintln!(
+            "usage: loadtest-server VARIANT [--listen ADDR] [--redis URL] [--workers N]; --list"
+        );
         std::process::exit(2)
     });
-    // One worker thread: the server is pinned to one core by the script.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // One worker thread by default (the script pins the server to one core); with --workers N, a
+    // multi-threaded runtime of N workers (the script pins it to N cores).
+    let rt = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     rt.block_on(async move {
         let app = match app(&variant, redis_url.as_deref()).await {
             Ok(app) => app,

@@ -163,6 +163,55 @@ fn exact_under_concurrency() {
     assert_eq!(admitted, 16);
 }
 
+/// Sixteen threads, as on a sixteen-core server: on one hot key, and on 64 keys spread over every
+/// shard of the default layout, each thread starting at another key, exactly each key's limit
+/// passes (a frozen clock).
+#[test]
+fn exact_under_contention_at_sixteen_threads() {
+    const THREADS: usize = 16;
+    let clock = ManualClock::new();
+    let backend = MemoryBackend::builder().clock(clock).build().unwrap();
+    let limit = Limit::new("race16", Quota::per_minute(100).with_max_burst(99)).unwrap();
+    let keys: Vec<Key> = (0..64u32).map(|i| Key::from(format!("k{i}"))).collect();
+    let hot = Key::from("hot");
+    let start = std::sync::Barrier::new(THREADS);
+    let (hot_admitted, spread_admitted) = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (backend, limit, keys, hot, start) = (&backend, &limit, &keys, &hot, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let hot = (0..2_000)
+                        .filter(|_| backend.decide(limit, hot, 1).unwrap().allowed)
+                        .count();
+                    let mut spread = vec![0usize; keys.len()];
+                    for i in 0..20_000 {
+                        let k = (t * 4 + i) % keys.len();
+                        spread[k] +=
+                            usize::from(backend.decide(limit, &keys[k], 1).unwrap().allowed);
+                    }
+                    (hot, spread)
+                })
+            })
+            .collect();
+        let mut hot = 0;
+        let mut spread = vec![0usize; keys.len()];
+        for run in runs {
+            let (h, s) = run.join().unwrap();
+            hot += h;
+            for (total, n) in spread.iter_mut().zip(s) {
+                *total += n;
+            }
+        }
+        (hot, spread)
+    });
+    assert_eq!(hot_admitted, 100);
+    assert!(
+        spread_admitted.iter().all(|n| *n == 100),
+        "{spread_admitted:?}"
+    );
+}
+
 #[test]
 fn same_decisions_as_governor() {
     use governor::clock::FakeRelativeClock;

@@ -4,13 +4,18 @@
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use std::sync::{RwLock, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
+mod hot;
+mod promote;
 mod settle;
 
-use super::tuning::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
+use hot::{move_back, HotKey, HotSlot, MOVED};
+
+use super::tuning::{Padded, EVICTION_SAMPLE, SWEEP_GRACE_NANOS, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::gcra;
@@ -20,7 +25,7 @@ use crate::key::Key;
 /// shards, each holding at most `shard_cap` keys.
 pub(super) struct GcraTable {
     hasher: foldhash::fast::RandomState,
-    shards: Box<[RwLock<GcraShard>]>,
+    shards: Box<[Padded<Shard>]>,
     shard_cap: usize,
 }
 
@@ -30,13 +35,16 @@ impl GcraTable {
         debug_assert!(shards.is_power_of_two());
         let shards = (0..shards)
             .map(|_| {
-                RwLock::new(GcraShard {
-                    v4: HashTable::new(),
-                    v6: HashTable::new(),
-                    other: HashTable::new(),
-                    tolerances: Vec::new(),
-                    sweep_at_len: 64,
-                    sweep_at_time: 0,
+                Padded(Shard {
+                    table: RwLock::new(GcraShard {
+                        v4: HashTable::new(),
+                        v6: HashTable::new(),
+                        other: HashTable::new(),
+                        tolerances: Vec::new(),
+                        sweep_at_len: 64,
+                        sweep_at_time: 0,
+                    }),
+                    hot: HotSlot::default(),
                 })
             })
             .collect();
@@ -83,51 +91,83 @@ impl GcraTable {
         clock: &C,
     ) -> Decision {
         let hash = key.record_hash(id, &self.hasher);
-        // The shard comes from bits that hashbrown uses for neither the bucket index (low bits) nor
-        // the control byte (top 7 bits), so each shard's table stays well spread.
-        let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
-        let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
+        let shard = self.shard(hash);
+        // The shard's hot key (hot.rs): no lock.
+        if let Some(decision) = shard
+            .hot
+            .decide(params, id, |h| key.is_hot(h), quantity, clock)
         {
+            return decision;
+        }
+        let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
+        let under_read_lock = {
             // A key already in the table: the read lock, and a compare-and-swap of its TAT. Two
             // threads may read the clock in one order and swap in the other; the later swap then
             // decides on the newer TAT with an older `now`, which can only be stricter (never an
             // extra admission), and the exact-count test in tests/memory/backend.rs holds under contention.
-            let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = shard
+                .table
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             // Read the clock under the lock: a sweep (under the write lock) never runs between
             // reading `now` and deciding with it.
             let now = clock.now_nanos();
-            if now < shard.sweep_at_time
-                && let Some(record) = K::table(&shard).find(hash, eq)
+            if now < table.sweep_at_time
+                && let Some(record) = K::table(&table).find(hash, eq)
             {
+                let mut contended = false;
                 let mut current = record.tat.load(Relaxed);
-                loop {
+                // Between the load and the swap only the new TAT is computed (a few additions):
+                // when every thread decides on one hot key, a longer window makes more swaps fail
+                // and retry. The decision, with its division, comes after.
+                let live = loop {
                     let live = (current > now).then_some(current);
-                    let out = gcra::decide(live, now, params, quantity);
                     // A TAT not after `now` means no state, as does an expired `current`:
                     // nothing to write (the sweep drops the record).
-                    let store = out.new_tat.filter(|tat| *tat > now && *tat != current);
+                    let store = gcra::stored_tat(live, now, params, quantity)
+                        .filter(|tat| *tat > now && *tat != current);
                     let Some(tat) = store else {
-                        return out.decision;
+                        break live;
                     };
                     match record
                         .tat
                         .compare_exchange_weak(current, tat, Relaxed, Relaxed)
                     {
-                        Ok(_) => return out.decision,
-                        Err(actual) => current = actual,
+                        Ok(_) => break live,
+                        Err(actual) => {
+                            contended |= actual != current;
+                            current = actual;
+                        }
                     }
-                }
+                };
+                Some((
+                    gcra::decide(live, now, params, quantity).decision,
+                    contended,
+                ))
+            } else {
+                None
             }
+        };
+        if let Some((decision, contended)) = under_read_lock {
+            if contended || hot::sampled_twice(hash) {
+                self.make_hot(shard, hash, id, key, clock);
+            }
+            return decision;
         }
         // A new key, or a sweep is due: the write lock.
-        let mut shard = lock
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = clock.now_nanos();
-        if now >= shard.sweep_at_time {
-            shard.sweep(now, &self.hasher);
+        let mut table = write(&shard.table);
+        // The key may have become hot since it was looked for in the slot.
+        if let Some(decision) = shard
+            .hot
+            .decide(params, id, |h| key.is_hot(h), quantity, clock)
+        {
+            return decision;
         }
-        match K::table_mut(&mut shard).find_entry(hash, eq) {
+        let now = clock.now_nanos();
+        if now >= table.sweep_at_time {
+            table.sweep_refilled(now, &self.hasher);
+        }
+        match K::table_mut(&mut table).find_entry(hash, eq) {
             Ok(mut occupied) => {
                 let tat = occupied.get_mut().tat.get_mut();
                 let live = (*tat > now).then_some(*tat);
@@ -143,11 +183,18 @@ impl GcraTable {
             Err(_) => {
                 let out = gcra::decide(None, now, params, quantity);
                 if let Some(tat) = out.new_tat.filter(|tat| *tat > now) {
-                    self.insert_new(&mut shard, hash, params, id, key.clone(), tat, now);
+                    self.insert_new(&mut table, hash, params, id, key.clone(), tat, now);
                 }
                 out.decision
             }
         }
+    }
+
+    /// The shard of a record's hash. The shard comes from bits that hashbrown uses for neither the
+    /// bucket index (low bits) nor the control byte (top 7 bits), so each shard's table stays well
+    /// spread.
+    fn shard(&self, hash: u64) -> &Shard {
+        &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
     }
 
     /// Adds a key not in `shard` with `tat` (after `now`), sweeping or evicting first as the
@@ -164,7 +211,7 @@ impl GcraTable {
         now: u64,
     ) {
         if shard.len() >= shard.sweep_at_len {
-            shard.sweep(now, &self.hasher);
+            shard.sweep_refilled(now, &self.hasher);
         }
         if shard.len() >= self.shard_cap {
             shard.evict_nearest_refill(now, self.shard_cap, &self.hasher);
@@ -203,10 +250,18 @@ impl GcraTable {
 
     fn stored_tat<K: RecordKey>(&self, id: u32, key: &K) -> Option<u64> {
         let hash = key.record_hash(id, &self.hasher);
-        let shard = self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
+        let shard = self.shard(hash);
+        let hot = shard
+            .hot
+            .with(id, |h| key.is_hot(h), |tat| tat.load(Relaxed));
+        if let Some(tat) = hot.filter(|tat| *tat != MOVED) {
+            return Some(tat);
+        }
+        let table = shard
+            .table
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        K::table(&shard)
+        K::table(&table)
             .find(hash, |s| s.limit == id && s.key == *key)
             .map(|record| record.tat.load(Relaxed))
     }
@@ -222,9 +277,13 @@ impl GcraTable {
 
     fn forget_in<K: RecordKey>(&self, id: u32, key: &K) {
         let hash = key.record_hash(id, &self.hasher);
-        let mut shard = write(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]);
+        let shard = self.shard(hash);
+        let mut table = write(&shard.table);
+        if shard.hot.with(id, |h| key.is_hot(h), |_| ()).is_some() {
+            shard.hot.take();
+        }
         if let Ok(occupied) =
-            K::table_mut(&mut shard).find_entry(hash, |s| s.limit == id && s.key == *key)
+            K::table_mut(&mut table).find_entry(hash, |s| s.limit == id && s.key == *key)
         {
             occupied.remove();
         }
@@ -263,23 +322,22 @@ impl GcraTable {
 
     fn refund_in<K: RecordKey, C: Clock>(&self, id: u32, key: &K, back: u64, clock: &C) {
         let hash = key.record_hash(id, &self.hasher);
-        let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
-        let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = clock.now_nanos();
-        let Some(record) = K::table(&shard).find(hash, |s| s.limit == id && s.key == *key) else {
+        let shard = self.shard(hash);
+        let hot = shard.hot.with(
+            id,
+            |h| key.is_hot(h),
+            |tat| move_back(tat, back, clock.now_nanos()),
+        );
+        if hot == Some(true) {
             return;
-        };
-        // A compare-and-swap, as decisions make.
-        let mut current = record.tat.load(Relaxed);
-        while current > now {
-            let moved = current.saturating_sub(back);
-            match record
-                .tat
-                .compare_exchange_weak(current, moved, Relaxed, Relaxed)
-            {
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
+        }
+        let table = shard
+            .table
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = clock.now_nanos();
+        if let Some(record) = K::table(&table).find(hash, |s| s.limit == id && s.key == *key) {
+            move_back(&record.tat, back, now);
         }
     }
 
@@ -287,16 +345,29 @@ impl GcraTable {
     pub(super) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len())
+            .map(|s| s.table.read().unwrap_or_else(|p| p.into_inner()).len() + s.hot.len())
             .sum()
     }
 
     /// Drops every key whose TAT has passed at `now`.
     pub(super) fn sweep(&self, now: u64) {
         for shard in self.shards.iter() {
-            write(shard).sweep(now, &self.hasher);
+            let mut table = write(&shard.table);
+            if shard.hot.current_tat().is_some_and(|tat| tat <= now)
+                && let Some((limit, key, tat)) = shard.hot.take()
+            {
+                // Live again if a decision swapped it since.
+                self.put_back(&mut table, limit, key, tat, now);
+            }
+            table.sweep(now, now, &self.hasher);
         }
     }
+}
+
+/// A shard: its table behind a read-write lock, and its hot key (hot.rs) beside it.
+struct Shard {
+    table: RwLock<GcraShard>,
+    hot: HotSlot,
 }
 
 /// One live key. The TAT is atomic so that a decision for a key already in the table needs only the
@@ -312,6 +383,10 @@ struct TatRecord<K> {
 /// IPv6 keys as 16 bytes (32-byte record), anything else as the [`Key`] itself (40-byte record).
 trait RecordKey: Sized + PartialEq {
     fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64;
+    /// Whether `hot` is this key.
+    fn is_hot(&self, hot: &HotKey) -> bool;
+    /// This key as a hot key.
+    fn hot(&self) -> HotKey;
     fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>>;
     fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>>;
 }
@@ -319,6 +394,12 @@ trait RecordKey: Sized + PartialEq {
 impl RecordKey for u32 {
     fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
         hasher.hash_one((u64::from(limit) << 32) | u64::from(*self))
+    }
+    fn is_hot(&self, hot: &HotKey) -> bool {
+        matches!(hot, HotKey::V4(k) if k == self)
+    }
+    fn hot(&self) -> HotKey {
+        HotKey::V4(*self)
     }
     fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
         &shard.v4
@@ -332,6 +413,12 @@ impl RecordKey for [u8; 16] {
     fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
         hasher.hash_one((limit, u128::from_ne_bytes(*self)))
     }
+    fn is_hot(&self, hot: &HotKey) -> bool {
+        matches!(hot, HotKey::V6(k) if k == self)
+    }
+    fn hot(&self) -> HotKey {
+        HotKey::V6(*self)
+    }
     fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
         &shard.v6
     }
@@ -343,6 +430,12 @@ impl RecordKey for [u8; 16] {
 impl RecordKey for Key {
     fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
         hasher.hash_one((limit, self))
+    }
+    fn is_hot(&self, hot: &HotKey) -> bool {
+        matches!(hot, HotKey::Other(k) if k == self)
+    }
+    fn hot(&self) -> HotKey {
+        HotKey::Other(self.clone())
     }
     fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
         &shard.other
@@ -406,10 +499,17 @@ impl GcraShard {
         self.v4.len() + self.v6.len() + self.other.len()
     }
 
-    fn sweep(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
-        sweep_table(&mut self.v4, now, hasher);
-        sweep_table(&mut self.v6, now, hasher);
-        sweep_table(&mut self.other, now, hasher);
+    /// The sweep the shard runs itself: drops the keys that refilled at least
+    /// [`SWEEP_GRACE_NANOS`] ago (the constant says why not at once).
+    fn sweep_refilled(&mut self, now: u64, hasher: &foldhash::fast::RandomState) {
+        self.sweep(now.saturating_sub(SWEEP_GRACE_NANOS), now, hasher);
+    }
+
+    /// Drops the keys whose TAT is not after `refilled_by` (at most `now`).
+    fn sweep(&mut self, refilled_by: u64, now: u64, hasher: &foldhash::fast::RandomState) {
+        sweep_table(&mut self.v4, refilled_by, hasher);
+        sweep_table(&mut self.v6, refilled_by, hasher);
+        sweep_table(&mut self.other, refilled_by, hasher);
         self.sweep_at_len = (2 * self.len()).max(64);
         self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
     }
@@ -575,7 +675,7 @@ mod tests {
             let key = Key::from(format!("k{i}"));
             assert!(table.decide(params, limit.id(), &key, 1, &clock).allowed);
         }
-        let capacity = |table: &GcraTable| table.shards[0].read().unwrap().other.capacity();
+        let capacity = |table: &GcraTable| table.shards[0].table.read().unwrap().other.capacity();
         assert!(capacity(&table) >= 5000);
         table.sweep(clock.now_nanos() + S);
         assert_eq!(table.len(), 0);
@@ -615,6 +715,100 @@ mod tests {
         }
         let kept = slow.iter().filter(|k| limited(&table, &hourly, k, &clock));
         assert_eq!(kept.count(), 3);
+    }
+
+    /// Moves a hot key back into its table and returns it, state and all (as a later hot key does).
+    fn cool(table: &GcraTable, now: u64) {
+        let shard = &table.shards[0];
+        let mut locked = write(&shard.table);
+        if let Some((limit, key, tat)) = shard.hot.take() {
+            table.put_back(&mut locked, limit, key, tat, now);
+        }
+    }
+
+    /// A hot key decides exactly what its record in the table did, through every operation; and
+    /// decisions racing with its moves into and out of the slot admit exactly the limit.
+    #[test]
+    fn a_hot_key_keeps_its_state_and_exact_counts_through_its_moves() {
+        let table = GcraTable::new(1, 1000);
+        let clock = ManualClock::new();
+        clock.set(Duration::from_secs(10));
+        let limit = crate::Limit::new("hot", Quota::per_minute(60).with_max_burst(9)).unwrap();
+        let params = limit.gcra().unwrap();
+        let id = limit.id();
+        let key = Key::from("hot");
+        let hash = key.record_hash(id, &table.hasher);
+        let decide = |n| table.decide(params, id, &key, n, &clock);
+        assert!(decide(4).allowed);
+        table.make_hot(&table.shards[0], hash, id, &key, &clock);
+        assert_eq!(table.shards[0].hot.len(), 1);
+        assert_eq!(table.len(), 1, "in the slot, not also in the table");
+        // 4 of 10 used: 6 pass, the 7th does not.
+        let (_, one) = table.peek(params, id, &key, &clock);
+        assert_eq!(one.remaining, 5);
+        assert!(decide(6).allowed);
+        assert!(!decide(1).allowed);
+        // A refund and a settle reach the hot TAT.
+        table.refund(params, id, &key, 2, 0, &clock);
+        assert!(decide(2).allowed);
+        assert!(!decide(1).allowed);
+        table.settle(params, id, &key, -1, 0, &clock);
+        assert!(decide(1).allowed);
+        // Out and back in: the same state.
+        cool(&table, clock.now_nanos());
+        assert_eq!(table.shards[0].hot.len(), 0);
+        assert!(!decide(1).allowed);
+        table.make_hot(&table.shards[0], hash, id, &key, &clock);
+        assert!(!decide(1).allowed);
+        // Forgotten: a full burst again, and no longer hot.
+        table.forget(id, &key);
+        assert_eq!(table.len(), 0);
+        assert!(decide(10).allowed);
+        // An explicit sweep drops an expired hot key.
+        table.make_hot(&table.shards[0], hash, id, &key, &clock);
+        assert_eq!(table.shards[0].hot.len(), 1);
+        table.sweep(clock.now_nanos() + 20 * S);
+        assert_eq!(table.len(), 0);
+
+        // Eight threads decide on two keys of one shard while another moves them into and out of
+        // the hot slot (a frozen clock): exactly each key's limit passes.
+        let keys = [Key::from("a"), Key::from("b")];
+        let hashes = keys.clone().map(|k| k.record_hash(id, &table.hasher));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let admitted: Vec<[usize; 2]> = std::thread::scope(|s| {
+            let mover = s.spawn(|| {
+                let mut moves = 0;
+                while !stop.load(Relaxed) {
+                    for (k, hash) in keys.iter().zip(hashes) {
+                        table.make_hot(&table.shards[0], hash, id, k, &clock);
+                        moves += 1;
+                        cool(&table, clock.now_nanos());
+                    }
+                }
+                moves
+            });
+            let deciders: Vec<_> = (0..8)
+                .map(|t| {
+                    let (table, keys, clock) = (&table, &keys, &clock);
+                    s.spawn(move || {
+                        let mut admitted = [0usize; 2];
+                        for i in 0..20_000 {
+                            let k = (t + i) % 2;
+                            let d = table.decide(params, id, &keys[k], 1, clock);
+                            admitted[k] += usize::from(d.allowed);
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            let admitted = deciders.into_iter().map(|d| d.join().unwrap()).collect();
+            stop.store(true, Relaxed);
+            assert!(mover.join().unwrap() > 0);
+            admitted
+        });
+        for k in 0..2 {
+            assert_eq!(admitted.iter().map(|a| a[k]).sum::<usize>(), 10, "key {k}");
+        }
     }
 
     /// A refund moves back its own key's TAT and no other, however many keys share a shard.

@@ -9,6 +9,7 @@ use hashbrown::HashTable;
 
 use super::entries::*;
 use super::general_shard::*;
+use super::tuning::Padded;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::key::Key;
@@ -19,7 +20,7 @@ use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 /// each shard holding at most `shard_cap` entries (beyond it only while requests are in flight).
 pub(super) struct GeneralStore {
     hasher: foldhash::fast::RandomState,
-    shards: Box<[Mutex<GeneralShard>]>,
+    shards: Box<[Padded<Mutex<GeneralShard>>]>,
     shard_cap: usize,
 }
 
@@ -29,13 +30,13 @@ impl GeneralStore {
         debug_assert!(shards.is_power_of_two());
         let shards = (0..shards)
             .map(|_| {
-                Mutex::new(GeneralShard {
+                Padded(Mutex::new(GeneralShard {
                     table: HashTable::new(),
                     scales: Vec::new(),
                     sweep_at_len: 64,
                     sweep_at_time: 0,
                     latest_now: 0,
-                })
+                }))
             })
             .collect();
         GeneralStore {

@@ -40,12 +40,17 @@ const MAX_SHARDS: usize = 1024;
 /// State is one 64-bit TAT per live key, in a map split into shards behind read-write locks. A
 /// decision for a key already in the map takes its shard's read lock and updates the TAT with a
 /// compare-and-swap, so decisions in one shard run in parallel; a new key takes the write lock for a
-/// few dozen nanoseconds. It never waits on I/O.
+/// few dozen nanoseconds. It never waits on I/O. A key that many threads decide on at once (one
+/// client or one NAT flooding a many-core server) moves out of its shard's map into a slot of its
+/// own, where a decision takes no lock at all: only its TAT's compare-and-swap is shared between
+/// the threads. Shards sit on cache lines of their own.
 ///
 /// **Eviction.** A key whose TAT has passed is indistinguishable from a key never seen, so dropping it
-/// loses nothing. Each shard drops such keys when it has doubled in size since the last sweep, and
-/// at most once a second otherwise, during the calls that use it: no background task, nothing to call.
-/// The cost is amortized O(1) per decision.
+/// loses nothing. Each shard drops the keys that refilled more than a second ago when it has doubled
+/// in size since the last sweep, and at most once a second otherwise, during the calls that use it:
+/// no background task, nothing to call. The cost is amortized O(1) per decision. The second's grace
+/// keeps a client that comes back soon after refilling in place, decided under the read lock rather
+/// than inserted again under the write lock.
 ///
 /// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live in this table
 /// (default 1,000,000, split evenly across the shards). When a shard is full of keys that have not refilled yet (many

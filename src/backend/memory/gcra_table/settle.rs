@@ -2,8 +2,9 @@
 //! for a lone GCRA limit): a compare-and-swap of a key's TAT under the read lock, as decisions
 //! make, or a new key under the write lock when a charge finds none.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::hot::MOVED;
 use super::{write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::clock::Clock;
 use crate::gcra;
@@ -41,27 +42,21 @@ impl GcraTable {
         clock: &C,
     ) {
         let hash = key.record_hash(id, &self.hasher);
-        let lock = &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)];
+        let shard = self.shard(hash);
         let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
+        let settle = |tat: &AtomicU64| settle_tat(tat, params, delta, since, clock.now_nanos());
+        if shard.hot.with(id, |h| key.is_hot(h), settle) == Some(true) {
+            return;
+        }
         {
-            let shard = lock.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = shard
+                .table
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let now = clock.now_nanos();
-            if let Some(record) = K::table(&shard).find(hash, eq) {
-                let mut current = record.tat.load(Relaxed);
-                loop {
-                    // 0: no state (the sweep drops the record).
-                    let next = gcra::settle(Some(current), now, params, delta, since).unwrap_or(0);
-                    if next == current {
-                        return;
-                    }
-                    match record
-                        .tat
-                        .compare_exchange_weak(current, next, Relaxed, Relaxed)
-                    {
-                        Ok(_) => return,
-                        Err(actual) => current = actual,
-                    }
-                }
+            if let Some(record) = K::table(&table).find(hash, eq) {
+                settle_tat(&record.tat, params, delta, since, now);
+                return;
             }
         }
         if delta < 0 {
@@ -69,9 +64,12 @@ impl GcraTable {
             return;
         }
         // A charge for a key with no state (it reserved nothing, or it was forgotten): as a new key.
-        let mut shard = write(lock);
+        let mut table = write(&shard.table);
+        if shard.hot.with(id, |h| key.is_hot(h), settle) == Some(true) {
+            return;
+        }
         let now = clock.now_nanos();
-        match K::table_mut(&mut shard).find_entry(hash, eq) {
+        match K::table_mut(&mut table).find_entry(hash, eq) {
             Ok(mut occupied) => {
                 let tat = occupied.get_mut().tat.get_mut();
                 *tat = gcra::settle(Some(*tat), now, params, delta, since).unwrap_or(0);
@@ -80,8 +78,34 @@ impl GcraTable {
                 let Some(tat) = gcra::settle(None, now, params, delta, since) else {
                     return;
                 };
-                self.insert_new(&mut shard, hash, params, id, key.clone(), tat, now);
+                self.insert_new(&mut table, hash, params, id, key.clone(), tat, now);
             }
+        }
+    }
+}
+
+/// Settles on one TAT by compare-and-swap, as decisions make; false if it left the hot slot
+/// meanwhile ([`MOVED`]).
+fn settle_tat(
+    tat: &AtomicU64,
+    params: &gcra::GcraParams,
+    delta: i64,
+    since: u64,
+    now: u64,
+) -> bool {
+    let mut current = tat.load(Relaxed);
+    loop {
+        if current == MOVED {
+            return false;
+        }
+        // 0: no state (the sweep drops the record).
+        let next = gcra::settle(Some(current), now, params, delta, since).unwrap_or(0);
+        if next == current {
+            return true;
+        }
+        match tat.compare_exchange_weak(current, next, Relaxed, Relaxed) {
+            Ok(_) => return true,
+            Err(actual) => current = actual,
         }
     }
 }

@@ -1,0 +1,180 @@
+//! A shard's hot key: the one key of the shard that several threads were seen deciding on at once,
+//! moved out of the shard's table so that its decisions take no lock at all.
+//!
+//! Under the read lock, every decision writes the lock's word twice (lock, unlock): when sixteen
+//! threads decide on one key (one client or one NAT flooding), that word and the TAT bounce between
+//! their cores three times a decision. Here a decision loads the slot (arc-swap's load writes only
+//! the thread's own debt slot) and swaps the TAT: one shared write, as few as the TAT itself needs.
+//!
+//! The protocol. A key moves into the slot when a decision under the read lock had to retry its
+//! compare-and-swap (another thread swapped between its load and its swap), or when one thread's
+//! sampled decisions ([`sampled_twice`]) found it twice in a row, under the shard's write lock: its record leaves the table and its TAT goes into the slot. It moves out (a later
+//! hot key, [`forget`](super::GcraTable::forget), an explicit sweep) under the write lock too: the
+//! TAT is swapped for [`MOVED`], which no decision's compare-and-swap can expect, so that a decision
+//! that loaded the record before it left retries, finds `MOVED`, and decides through the table
+//! (under the read lock, which waits for the write lock's holder to put the record back). While a
+//! key is hot, a decision that misses the table takes the write lock and looks in the slot again
+//! before inserting it: one key never has two states.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::gcra;
+use crate::key::Key;
+
+/// The TAT of a record that has left the slot: never a real TAT (a TAT so far ahead fails the
+/// admission test's overflow check first).
+pub(super) const MOVED: u64 = u64::MAX;
+
+/// A hot key in its compact form, as its table stores it.
+#[derive(Clone, PartialEq, Eq)]
+pub(super) enum HotKey {
+    V4(u32),
+    V6([u8; 16]),
+    Other(Key),
+}
+
+pub(super) struct HotRecord {
+    pub(super) limit: u32,
+    pub(super) key: HotKey,
+    pub(super) tat: AtomicU64,
+}
+
+/// At most one hot key per shard.
+#[derive(Default)]
+pub(super) struct HotSlot {
+    /// Whether the slot holds a record: one relaxed load on a line nobody writes spares every
+    /// decision in a shard without a hot key the slot's load.
+    occupied: AtomicBool,
+    record: ArcSwapOption<HotRecord>,
+}
+
+impl HotSlot {
+    /// `f` of the TAT of `limit`'s `key` when it is this slot's hot key.
+    pub(super) fn with<R>(
+        &self,
+        limit: u32,
+        is_key: impl FnOnce(&HotKey) -> bool,
+        f: impl FnOnce(&AtomicU64) -> R,
+    ) -> Option<R> {
+        if !self.occupied.load(Relaxed) {
+            return None;
+        }
+        let guard = self.record.load();
+        match guard.as_deref() {
+            Some(record) if record.limit == limit && is_key(&record.key) => Some(f(&record.tat)),
+            _ => None,
+        }
+    }
+
+    /// The hot record's TAT (`MOVED` never: the record is in the slot), under the write lock.
+    pub(super) fn current_tat(&self) -> Option<u64> {
+        self.record.load().as_deref().map(|r| r.tat.load(Relaxed))
+    }
+
+    /// Takes the hot record out, under the write lock: its limit, key and last TAT, after which a
+    /// decision still holding it finds [`MOVED`].
+    pub(super) fn take(&self) -> Option<(u32, HotKey, u64)> {
+        self.occupied.store(false, Relaxed);
+        let record = self.record.swap(None)?;
+        let tat = record.tat.swap(MOVED, Relaxed);
+        Some((record.limit, record.key.clone(), tat))
+    }
+
+    /// Makes `key` of `limit`, with `tat`, the hot key (the slot empty), under the write lock.
+    pub(super) fn put(&self, limit: u32, key: HotKey, tat: u64) {
+        self.record.store(Some(Arc::new(HotRecord {
+            limit,
+            key,
+            tat: AtomicU64::new(tat),
+        })));
+        self.occupied.store(true, Relaxed);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.record.load().is_some())
+    }
+}
+
+impl HotSlot {
+    /// Decides on this slot's hot key, if `is_key` says it is the key (of the limit `id`) and it
+    /// has not just left the slot.
+    pub(super) fn decide<C: Clock>(
+        &self,
+        params: &gcra::GcraParams,
+        id: u32,
+        is_key: impl FnOnce(&HotKey) -> bool,
+        quantity: u64,
+        clock: &C,
+    ) -> Option<Decision> {
+        self.with(id, is_key, |record| {
+            let now = clock.now_nanos();
+            let mut current = record.load(Relaxed);
+            // As under the read lock: only the new TAT between the load and the swap.
+            let live = loop {
+                if current == MOVED {
+                    return None;
+                }
+                let live = (current > now).then_some(current);
+                let store = gcra::stored_tat(live, now, params, quantity)
+                    .filter(|tat| *tat > now && *tat != current);
+                let Some(tat) = store else {
+                    break live;
+                };
+                match record.compare_exchange_weak(current, tat, Relaxed, Relaxed) {
+                    Ok(_) => break live,
+                    Err(actual) => current = actual,
+                }
+            };
+            Some(gcra::decide(live, now, params, quantity).decision)
+        })
+        .flatten()
+    }
+}
+
+/// Moves a live TAT back by `back` (not below `now`: a TAT not after `now` is no state), by
+/// compare-and-swap, as decisions make. False if the TAT left the hot slot meanwhile.
+pub(super) fn move_back(tat: &AtomicU64, back: u64, now: u64) -> bool {
+    let mut current = tat.load(Relaxed);
+    while current > now {
+        if current == MOVED {
+            return false;
+        }
+        let moved = current.saturating_sub(back);
+        match tat.compare_exchange_weak(current, moved, Relaxed, Relaxed) {
+            Ok(_) => return true,
+            Err(actual) => current = actual,
+        }
+    }
+    true
+}
+
+/// One decision in this many is sampled.
+const SAMPLE_EVERY: u32 = 64;
+
+std::thread_local! {
+    /// This thread's decisions until the next sample, and the record hash it sampled last.
+    static SAMPLE: Cell<(u32, u64)> = const { Cell::new((SAMPLE_EVERY, 0)) };
+}
+
+/// Whether this decision, on the record of `hash`, is sampled and the thread's previous sample
+/// was the same record: a key that takes a sixty-fourth of a thread's decisions is caught within a
+/// few thousand of them, and a thread deciding on many keys almost never samples one twice in a
+/// row. Contention itself is seldom seen by the compare-and-swap: under the read lock, the lock's
+/// word is what the threads queue on, and the TAT's window is a few instructions long.
+pub(super) fn sampled_twice(hash: u64) -> bool {
+    SAMPLE.with(|sample| {
+        let (left, last) = sample.get();
+        if left > 1 {
+            sample.set((left - 1, last));
+            return false;
+        }
+        sample.set((SAMPLE_EVERY, hash));
+        last == hash
+    })
+}

@@ -1,0 +1,78 @@
+//! Moving a key into its shard's hot slot and back into the table (the protocol is in hot.rs).
+
+use std::sync::atomic::AtomicU64;
+
+use super::hot::HotKey;
+use super::{write, GcraShard, GcraTable, RecordKey, Shard, TatRecord};
+use crate::clock::Clock;
+
+impl GcraTable {
+    /// Moves `key` of the limit `id` from its shard's table into the shard's hot slot, unless
+    /// another key is hot there and live (one hot key per shard; an expired one gives way).
+    pub(super) fn make_hot<K: RecordKey, C: Clock>(
+        &self,
+        shard: &Shard,
+        hash: u64,
+        id: u32,
+        key: &K,
+        clock: &C,
+    ) {
+        // A live hot key stays: looked at first without the lock, as most calls find one.
+        if shard
+            .hot
+            .current_tat()
+            .is_some_and(|tat| tat > clock.now_nanos())
+        {
+            return;
+        }
+        let mut table = write(&shard.table);
+        let now = clock.now_nanos();
+        if shard.hot.current_tat().is_some_and(|tat| tat > now) {
+            return;
+        }
+        if let Some((limit, old, tat)) = shard.hot.take() {
+            // Expired when looked at; live again if a decision swapped it since.
+            self.put_back(&mut table, limit, old, tat, now);
+        }
+        if let Ok(occupied) =
+            K::table_mut(&mut table).find_entry(hash, |s| s.limit == id && s.key == *key)
+        {
+            let (record, _) = occupied.remove();
+            shard.hot.put(id, key.hot(), record.tat.into_inner());
+        }
+    }
+
+    /// A key that leaves the hot slot goes back into its table if its TAT is live.
+    pub(super) fn put_back(
+        &self,
+        table: &mut GcraShard,
+        limit: u32,
+        key: HotKey,
+        tat: u64,
+        now: u64,
+    ) {
+        if tat <= now {
+            return;
+        }
+        fn insert<K: RecordKey>(
+            table: &mut GcraShard,
+            hasher: &foldhash::fast::RandomState,
+            limit: u32,
+            key: K,
+            tat: u64,
+        ) {
+            let hash = key.record_hash(limit, hasher);
+            let record = TatRecord {
+                tat: AtomicU64::new(tat),
+                limit,
+                key,
+            };
+            K::table_mut(table).insert_unique(hash, record, |s| s.key.record_hash(s.limit, hasher));
+        }
+        match key {
+            HotKey::V4(k) => insert(table, &self.hasher, limit, k, tat),
+            HotKey::V6(k) => insert(table, &self.hasher, limit, k, tat),
+            HotKey::Other(k) => insert(table, &self.hasher, limit, k, tat),
+        }
+    }
+}
