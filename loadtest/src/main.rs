@@ -58,7 +58,8 @@ fn pass(variant: &str) -> bool {
 mod throttle {
     use super::*;
     use tower_throttle::key::PeerIp;
-    use tower_throttle::{Policy, Quota, RedisBackend, RedisMode, ThrottleLayer};
+    use tower_throttle::redis::{RedisBackend, RedisMode};
+    use tower_throttle::{Policy, Quota, ThrottleLayer};
 
     pub fn quota(pass: bool) -> Quota {
         if pass {
@@ -157,7 +158,7 @@ mod throttle {
         let policy = Policy::builder("lt")
             .quota(quota(true))
             .key(PeerIp::new())
-            .budget(tower_throttle::Budget::new())
+            .budget(tower_throttle::policy::Budget::new())
             .build()
             .expect("valid policy");
         let layer = ThrottleLayer::builder()
@@ -170,9 +171,9 @@ mod throttle {
 
     // The deny cache (`RedisBackendBuilder::deny_cache`, on by default).
     fn set_deny_cache(
-        builder: tower_throttle::RedisBackendBuilder,
+        builder: tower_throttle::redis::RedisBackendBuilder,
         on: bool,
-    ) -> tower_throttle::RedisBackendBuilder {
+    ) -> tower_throttle::redis::RedisBackendBuilder {
         builder.deny_cache(on)
     }
 }
@@ -182,16 +183,20 @@ mod governor_peer {
     use tower_governor::governor::GovernorConfigBuilder;
     use tower_governor::GovernorLayer;
 
-    /// With `headers`, tower_governor's `use_headers()`: `x-ratelimit-*` headers on every
-    /// response, the like-for-like peer of tower-throttle's `RateLimit` fields.
-    pub fn router(pass: bool, headers: bool) -> Router {
-        let config = if pass && headers {
-            GovernorConfigBuilder::default()
-                .per_nanosecond(1)
-                .burst_size(1_000_000)
-                .use_headers()
-                .finish()
-        } else if pass {
+    /// tower_governor's `use_headers()`: `x-ratelimit-*` headers on every response, the
+    /// like-for-like peer of tower-throttle's `RateLimit` fields.
+    pub fn router_with_headers() -> Router {
+        let config = GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(1_000_000)
+            .use_headers()
+            .finish()
+            .expect("valid governor config");
+        hello().layer(GovernorLayer::new(config))
+    }
+
+    pub fn router(pass: bool) -> Router {
+        let config = if pass {
             // One cell per nanosecond, bursts of a million: never limited.
             GovernorConfigBuilder::default()
                 .per_nanosecond(1)
@@ -346,15 +351,15 @@ mod handwritten {
 }
 
 async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
-    use tower_throttle::RedisMode;
+    use tower_throttle::redis::RedisMode;
     let redis = || redis_url.ok_or_else(|| format!("{variant} needs --redis URL"));
     let p = pass(variant);
     Ok(match variant {
         "bare" => hello(),
         "throttle-mem-pass" | "throttle-mem-deny" => throttle::memory(p),
         "throttle-mem-pass-noheaders" => throttle::memory_no_headers(true),
-        "governor-pass" | "governor-deny" => governor_peer::router(p, false),
-        "governor-headers-pass" => governor_peer::router(true, true),
+        "governor-pass" | "governor-deny" => governor_peer::router(p),
+        "governor-headers-pass" => governor_peer::router_with_headers(),
         "throttle-lua-pass" | "throttle-lua-deny" => {
             throttle::redis(redis()?, RedisMode::Lua, p, true).await
         }
