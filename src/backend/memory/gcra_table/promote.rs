@@ -4,11 +4,12 @@ use std::sync::atomic::AtomicU64;
 
 use super::hot::HotKey;
 use super::{write, GcraShard, GcraTable, RecordKey, Shard, TatRecord};
+use crate::backend::memory::tuning::SWEEP_GRACE_NANOS;
 use crate::clock::Clock;
 
 impl GcraTable {
     /// Moves `key` of the limit `id` from its shard's table into the shard's hot slot, unless
-    /// another key is hot there and live (one hot key per shard; an expired one gives way).
+    /// another key is hot there and in use (one hot key per shard; an idle one gives way).
     pub(super) fn make_hot<K: RecordKey, C: Clock>(
         &self,
         shard: &Shard,
@@ -17,21 +18,24 @@ impl GcraTable {
         key: &K,
         clock: &C,
     ) {
-        // A live hot key stays: looked at first without the lock, as most calls find one.
-        if shard
-            .hot
-            .current_tat()
-            .is_some_and(|tat| tat > clock.now_nanos())
-        {
+        // A hot key in use stays: one that refilled less than a second ago (a key of a quota that
+        // refills at once is never live for long, and two keys of one shard taking the slot in
+        // turns would take the write lock each time). Looked at first without the lock, as most
+        // calls find one.
+        let in_use = |now: u64| {
+            let since = now.saturating_sub(SWEEP_GRACE_NANOS);
+            shard.hot.current_tat().is_some_and(|tat| tat > since)
+        };
+        if in_use(clock.now_nanos()) {
             return;
         }
         let mut table = write(&shard.table);
         let now = clock.now_nanos();
-        if shard.hot.current_tat().is_some_and(|tat| tat > now) {
+        if in_use(now) {
             return;
         }
         if let Some((limit, old, tat)) = shard.hot.take() {
-            // Expired when looked at; live again if a decision swapped it since.
+            // Idle when looked at; in use again if a decision swapped it since.
             self.put_back(&mut table, limit, old, tat, now);
         }
         if let Ok(occupied) =
