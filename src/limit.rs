@@ -133,7 +133,7 @@ pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 /// assert!(Limit::new("log in", Quota::per_minute(5)).is_err());
 /// assert!(Limit::new("login", Quota::per_minute(0)).is_err());
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
     name: Arc<str>,
     #[cfg_attr(not(feature = "memory"), allow(dead_code))]
@@ -147,7 +147,7 @@ pub struct Limit {
 }
 
 /// The validated parameters of each algorithm.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Params {
     /// `admit` decides (its tolerance includes the delay, if any); `tolerance` is the quota's own.
     Gcra {

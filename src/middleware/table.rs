@@ -25,13 +25,10 @@ impl<K> Table<K> {
     /// The names of this table's limits that `next` changes (any setting) or no longer has: what
     /// a backend may have cached under them no longer holds ([`Backend::reloaded`]).
     pub(crate) fn changed_in<'a>(&'a self, next: &Table<K>) -> Vec<&'a str> {
-        let next: HashMap<&str, String> = next
-            .limits()
-            .map(|l| (l.name(), format!("{l:?}")))
-            .collect();
+        let next: HashMap<&str, &Limit> = next.limits().map(|l| (l.name(), l)).collect();
         let mut changed: Vec<&str> = self
             .limits()
-            .filter(|l| next.get(l.name()) != Some(&format!("{l:?}")))
+            .filter(|l| next.get(l.name()) != Some(l))
             .map(|l| l.name())
             .collect();
         changed.sort_unstable();

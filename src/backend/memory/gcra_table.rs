@@ -13,7 +13,7 @@ mod hot;
 mod promote;
 mod settle;
 
-use hot::{move_back, HotKey, HotSlot, MOVED};
+use hot::{move_back, HotKey, HotSlot, Sampler, MOVED};
 
 use super::tuning::{Padded, EVICTION_SAMPLE, SWEEP_GRACE_NANOS, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
@@ -45,6 +45,7 @@ impl GcraTable {
                         sweep_at_time: 0,
                     }),
                     hot: HotSlot::default(),
+                    sampler: Sampler::default(),
                 })
             })
             .collect();
@@ -100,7 +101,7 @@ impl GcraTable {
             return decision;
         }
         let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
-        let under_read_lock = {
+        {
             // A key already in the table: the read lock, and a compare-and-swap of its TAT. Two
             // threads may read the clock in one order and swap in the other; the later swap then
             // decides on the newer TAT with an older `now`, which can only be stricter (never an
@@ -117,42 +118,35 @@ impl GcraTable {
             {
                 let mut contended = false;
                 let mut current = record.tat.load(Relaxed);
-                // Between the load and the swap only the new TAT is computed (a few additions):
-                // when every thread decides on one hot key, a longer window makes more swaps fail
-                // and retry. The decision, with its division, comes after.
-                let live = loop {
+                // The whole decision between the load and the swap: a key that threads collide
+                // on moves to the hot slot, whose loop computes only the new TAT there.
+                let decision = loop {
                     let live = (current > now).then_some(current);
+                    let out = gcra::decide(live, now, params, quantity);
                     // A TAT not after `now` means no state, as does an expired `current`:
                     // nothing to write (the sweep drops the record).
-                    let store = gcra::stored_tat(live, now, params, quantity)
-                        .filter(|tat| *tat > now && *tat != current);
+                    let store = out.new_tat.filter(|tat| *tat > now && *tat != current);
                     let Some(tat) = store else {
-                        break live;
+                        break out.decision;
                     };
                     match record
                         .tat
                         .compare_exchange_weak(current, tat, Relaxed, Relaxed)
                     {
-                        Ok(_) => break live,
+                        Ok(_) => break out.decision,
                         Err(actual) => {
                             contended |= actual != current;
                             current = actual;
                         }
                     }
                 };
-                Some((
-                    gcra::decide(live, now, params, quantity).decision,
-                    contended,
-                ))
-            } else {
-                None
+                let hot = contended || shard.sampler.another_thread_too(hash, now);
+                drop(table);
+                if hot {
+                    self.make_hot(shard, hash, id, key, clock);
+                }
+                return decision;
             }
-        };
-        if let Some((decision, contended)) = under_read_lock {
-            if contended || hot::sampled_twice(hash) {
-                self.make_hot(shard, hash, id, key, clock);
-            }
-            return decision;
         }
         // A new key, or a sweep is due: the write lock.
         let mut table = write(&shard.table);
@@ -364,10 +358,11 @@ impl GcraTable {
     }
 }
 
-/// A shard: its table behind a read-write lock, and its hot key (hot.rs) beside it.
+/// A shard: its table behind a read-write lock, and its hot key and sampler (hot.rs) beside it.
 struct Shard {
     table: RwLock<GcraShard>,
     hot: HotSlot,
+    sampler: Sampler,
 }
 
 /// One live key. The TAT is atomic so that a decision for a key already in the table needs only the
@@ -809,6 +804,34 @@ mod tests {
         for k in 0..2 {
             assert_eq!(admitted.iter().map(|a| a[k]).sum::<usize>(), 10, "key {k}");
         }
+    }
+
+    /// A key that one thread alone decides on stays in the table (the slot would only cost it
+    /// instructions); one that two threads take turns on moves to the slot.
+    #[test]
+    fn a_key_moves_to_the_hot_slot_when_two_threads_decide_on_it_not_one() {
+        let clock = crate::clock::QuantaClock::new();
+        let limit = crate::Limit::new("sampled", Quota::per_second(1_000_000_000)).unwrap();
+        let params = limit.gcra().unwrap();
+        let key = Key::from(Ipv4Addr::new(192, 0, 2, 9));
+        let hot = |table: &GcraTable| table.shards.iter().map(|s| s.hot.len()).sum::<usize>();
+        let alone = GcraTable::new(4, 1000);
+        for _ in 0..200_000 {
+            assert!(alone.decide(params, limit.id(), &key, 1, &clock).allowed);
+        }
+        assert_eq!(hot(&alone), 0);
+        let shared = GcraTable::new(4, 1000);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..200_000 {
+                        assert!(shared.decide(params, limit.id(), &key, 1, &clock).allowed);
+                    }
+                });
+            }
+        });
+        assert_eq!(hot(&shared), 1);
+        assert_eq!(shared.len(), 1);
     }
 
     /// A refund moves back its own key's TAT and no other, however many keys share a shard.

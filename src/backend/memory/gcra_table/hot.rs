@@ -7,8 +7,8 @@
 //! the thread's own debt slot) and swaps the TAT: one shared write, as few as the TAT itself needs.
 //!
 //! The protocol. A key moves into the slot when a decision under the read lock had to retry its
-//! compare-and-swap (another thread swapped between its load and its swap), or when one thread's
-//! sampled decisions ([`sampled_twice`]) found it twice in a row, under the shard's write lock: its record leaves the table and its TAT goes into the slot. It moves out (a later
+//! compare-and-swap (another thread swapped between its load and its swap), or when two threads'
+//! sampled decisions ([`Sampler`]) found it one after the other, under the shard's write lock: its record leaves the table and its TAT goes into the slot. It moves out (a later
 //! hot key, [`forget`](super::GcraTable::forget), an explicit sweep) under the write lock too: the
 //! TAT is swapped for [`MOVED`], which no decision's compare-and-swap can expect, so that a decision
 //! that loaded the record before it left retries, finds `MOVED`, and decides through the table
@@ -56,6 +56,7 @@ pub(super) struct HotSlot {
 
 impl HotSlot {
     /// `f` of the TAT of `limit`'s `key` when it is this slot's hot key.
+    #[inline]
     pub(super) fn with<R>(
         &self,
         limit: u32,
@@ -104,6 +105,7 @@ impl HotSlot {
 impl HotSlot {
     /// Decides on this slot's hot key, if `is_key` says it is the key (of the limit `id`) and it
     /// has not just left the slot.
+    #[inline]
     pub(super) fn decide<C: Clock>(
         &self,
         params: &gcra::GcraParams,
@@ -115,7 +117,9 @@ impl HotSlot {
         self.with(id, is_key, |record| {
             let now = clock.now_nanos();
             let mut current = record.load(Relaxed);
-            // As under the read lock: only the new TAT between the load and the swap.
+            // Between the load and the swap only the new TAT is computed (a few additions): with
+            // every thread on this key, a longer window makes more swaps fail and retry. The
+            // decision, with its division, comes after.
             let live = loop {
                 if current == MOVED {
                     return None;
@@ -154,27 +158,45 @@ pub(super) fn move_back(tat: &AtomicU64, back: u64, now: u64) -> bool {
     true
 }
 
-/// One decision in this many is sampled.
-const SAMPLE_EVERY: u32 = 64;
+/// The threads' numbers for [`Sampler`], from 1.
+static THREADS: AtomicU64 = AtomicU64::new(1);
 
 std::thread_local! {
-    /// This thread's decisions until the next sample, and the record hash it sampled last.
-    static SAMPLE: Cell<(u32, u64)> = const { Cell::new((SAMPLE_EVERY, 0)) };
+    /// This thread's number (0 until its first sample).
+    static THREAD: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Whether this decision, on the record of `hash`, is sampled and the thread's previous sample
-/// was the same record: a key that takes a sixty-fourth of a thread's decisions is caught within a
-/// few thousand of them, and a thread deciding on many keys almost never samples one twice in a
-/// row. Contention itself is seldom seen by the compare-and-swap: under the read lock, the lock's
-/// word is what the threads queue on, and the TAT's window is a few instructions long.
-pub(super) fn sampled_twice(hash: u64) -> bool {
-    SAMPLE.with(|sample| {
-        let (left, last) = sample.get();
-        if left > 1 {
-            sample.set((left - 1, last));
-            return false;
-        }
-        sample.set((SAMPLE_EVERY, hash));
-        last == hash
-    })
+/// A shard's last sampled decision: its record and its thread.
+#[derive(Default)]
+pub(super) struct Sampler {
+    hash: AtomicU64,
+    thread: AtomicU64,
+}
+
+impl Sampler {
+    /// Whether a decision on the record of `hash`, made at `now`, is sampled (when `now`'s six
+    /// low bits are 0: one in 64, with nothing to count) and the shard's previous sample was the
+    /// same record from another thread: a key that two threads or more keep deciding on. A thread
+    /// alone never moves a key (the slot would only cost it instructions), and a shard's many keys
+    /// seldom meet twice in a row. The shared write is one a sample, not one a decision.
+    /// Contention itself is seldom seen by the compare-and-swap: under the read lock, the lock's
+    /// word is what the threads queue on, and the TAT's window is a few instructions long.
+    #[inline]
+    pub(super) fn another_thread_too(&self, hash: u64, now: u64) -> bool {
+        now & 63 == 0 && self.sample(hash)
+    }
+
+    #[cold]
+    fn sample(&self, hash: u64) -> bool {
+        let me = THREAD.with(|thread| {
+            if thread.get() == 0 {
+                thread.set(THREADS.fetch_add(1, Relaxed));
+            }
+            thread.get()
+        });
+        let another = self.hash.load(Relaxed) == hash && self.thread.load(Relaxed) != me;
+        self.hash.store(hash, Relaxed);
+        self.thread.store(me, Relaxed);
+        another
+    }
 }

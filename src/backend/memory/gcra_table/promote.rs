@@ -10,6 +10,8 @@ use crate::clock::Clock;
 impl GcraTable {
     /// Moves `key` of the limit `id` from its shard's table into the shard's hot slot, unless
     /// another key is hot there and in use (one hot key per shard; an idle one gives way).
+    #[cold]
+    #[inline(never)]
     pub(super) fn make_hot<K: RecordKey, C: Clock>(
         &self,
         shard: &Shard,
