@@ -712,7 +712,7 @@ mod tests {
         assert_eq!(kept.count(), 3);
     }
 
-    /// Moves a hot key back into its table and returns it, state and all (as a later hot key does).
+    /// Moves the hot key back into its table, state and all (as a later hot key does).
     fn cool(table: &GcraTable, now: u64) {
         let shard = &table.shards[0];
         let mut locked = write(&shard.table);

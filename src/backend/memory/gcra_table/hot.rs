@@ -8,8 +8,9 @@
 //!
 //! The protocol. A key moves into the slot when a decision under the read lock had to retry its
 //! compare-and-swap (another thread swapped between its load and its swap), or when two threads'
-//! sampled decisions ([`Sampler`]) found it one after the other, under the shard's write lock: its record leaves the table and its TAT goes into the slot. It moves out (a later
-//! hot key, [`forget`](super::GcraTable::forget), an explicit sweep) under the write lock too: the
+//! sampled decisions ([`Sampler`]) found it one after the other, under the shard's write lock: its
+//! record leaves the table and its TAT goes into the slot. It moves out (a later hot key once this
+//! one is idle, [`forget`](super::GcraTable::forget), an explicit sweep) under the write lock too: the
 //! TAT is swapped for [`MOVED`], which no decision's compare-and-swap can expect, so that a decision
 //! that loaded the record before it left retries, finds `MOVED`, and decides through the table
 //! (under the read lock, which waits for the write lock's holder to put the record back). While a
@@ -48,8 +49,8 @@ pub(super) struct HotRecord {
 /// At most one hot key per shard.
 #[derive(Default)]
 pub(super) struct HotSlot {
-    /// Whether the slot holds a record: one relaxed load on a line nobody writes spares every
-    /// decision in a shard without a hot key the slot's load.
+    /// Whether the slot holds a record: one relaxed load (of a line written only by samples and
+    /// moves) spares every decision in a shard without a hot key the slot's load.
     occupied: AtomicBool,
     record: ArcSwapOption<HotRecord>,
 }
