@@ -145,6 +145,84 @@ async fn under_noeviction_every_algorithm_is_refused_and_memory_stays_capped() {
     }
 }
 
+/// `cell` mode under the same cap: `CL.THROTTLE` checks go through `cell.lua`, which Redis refuses
+/// whole when full (redis-cell does not flag its command `deny-oom`: sent bare, it wrote 16.4 MB past
+/// a 2 MB cap), so memory stays within 10 % of it; and where Redis has no cap they go bare again
+/// (`INFO commandstats` counts which).
+#[tokio::test]
+async fn under_noeviction_cell_mode_is_refused_and_memory_stays_capped() {
+    let server = RedisServer::start_with_cell();
+    server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.cli(&["CONFIG", "SET", "maxmemory", &CAP.to_string()]);
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Cell)
+        .timeout(Duration::from_secs(2))
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let memory = backend.memory().await.unwrap();
+    assert_eq!(memory.maxmemory, Some(CAP), "{memory:?}");
+    let limits = Arc::new(vec![Limit::new("full-cell", Quota::per_hour(10)).unwrap()]);
+    let (mut errors, mut first_error, mut checks) = (0, None, 0);
+    while errors < 1000 && checks < 200_000 {
+        let (e, text) = rotate(&backend, &limits, "cell", 3200).await;
+        errors += e;
+        checks += 3200;
+        first_error = first_error.or(text);
+    }
+    let (more_errors, _) = rotate(&backend, &limits, "cell", 6400).await;
+    let used = info_field(&server, "memory", "used_memory");
+    println!(
+        "cell: {checks} + 6400 checks, {} refused, used_memory {used} B ({:.1} % of the cap)",
+        errors + more_errors,
+        used as f64 * 100.0 / CAP as f64
+    );
+    let error = first_error.unwrap_or_default();
+    assert!(error.contains("OOM"), "cell: {error}");
+    assert!(
+        more_errors >= 6400 * 90 / 100,
+        "cell: {more_errors} refused"
+    );
+    assert!(
+        used <= CAP + CAP / 10,
+        "cell: used_memory {used} against a cap of {CAP}"
+    );
+    let bare_calls = |server: &RedisServer| {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_cl.throttle:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // Through the script, CL.THROTTLE is counted too: the script's calls are the ones to tell.
+    let script_calls = |server: &RedisServer| {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(script_calls(&server) > 0);
+
+    // No cap: once the settings are read again, bare and coalesced.
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    server.cli(&["FLUSHALL"]);
+    assert_eq!(backend.memory().await.unwrap().maxmemory, Some(0));
+    let (scripts_before, bare_before) = (script_calls(&server), bare_calls(&server));
+    let (e, text) = rotate(&backend, &limits, "cell", 3200).await;
+    assert_eq!(e, 0, "{text:?}");
+    assert_eq!(
+        script_calls(&server),
+        scripts_before,
+        "no script without a cap"
+    );
+    assert_eq!(bare_calls(&server), bare_before + 3200);
+}
+
 /// Polls `f` every 10 ms until it holds or `within` has passed since `from`; whether it held.
 async fn within(from: Instant, within: Duration, mut f: impl FnMut() -> bool) -> bool {
     loop {

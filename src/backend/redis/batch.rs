@@ -220,7 +220,7 @@ impl Batcher {
         );
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             let mut conn = self.conn.clone();
-            return scripts::throttle(&mut conn, key, cell, quantity).await;
+            return scripts::throttle(&mut conn, key, cell, quantity, false).await;
         };
         let job = Job::Cell {
             key: key.to_owned(),

@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use redis::RedisError;
 
+use std::sync::atomic::Ordering;
+
 use super::args::{stack_error, Args, Spec};
 use super::breaker::{guarded, guarded_on};
 use super::budget::{Fetching, Gcra, Local};
@@ -274,10 +276,16 @@ impl RedisState {
             Some(cell)
                 if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
             {
-                // Coalesced (one pipelined write for the checks waiting at once) on one server.
+                // Coalesced (one pipelined write for the checks waiting at once) on one server,
+                // unless Redis may be full (state.rs says why the script then).
+                let through_script = self.cell_through_script.load(Ordering::Relaxed);
                 let answer = match &self.batches {
-                    Some(batches) if !conn.is_cluster() => batches.cell(key, cell, quantity).await,
-                    _ => Box::pin(scripts::throttle(conn, key, cell, quantity)).await,
+                    Some(batches) if !conn.is_cluster() && !through_script => {
+                        batches.cell(key, cell, quantity).await
+                    }
+                    _ => {
+                        Box::pin(scripts::throttle(conn, key, cell, quantity, through_script)).await
+                    }
                 };
                 match answer {
                     Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {

@@ -19,6 +19,9 @@ use std::sync::Mutex;
 pub struct MemoryReport {
     /// `maxmemory-policy`, or `None` where Redis refuses `CONFIG GET` (managed Redis, ACLs).
     pub policy: Option<String>,
+    /// `maxmemory` in bytes (0: no cap; on a Cluster, the largest of the primaries'), or `None`
+    /// where Redis refuses `CONFIG GET`.
+    pub maxmemory: Option<u64>,
     /// `evicted_keys` from `INFO stats`: every key Redis evicted since it started (the limiter's
     /// and any other), or `None` where Redis refuses `INFO`.
     pub evicted_keys: Option<u64>,

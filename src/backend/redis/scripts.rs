@@ -79,16 +79,19 @@ pub(super) async fn gcra(
     })
 }
 
-/// One GCRA decision by `CL.THROTTLE`.
+/// One GCRA decision by `CL.THROTTLE`: through `cell.lua` on a Cluster, and on one server when
+/// `through_script` (Redis may be full: see `RedisState::cell_through_script`).
 pub(super) async fn throttle(
     conn: &mut RedisConnection,
     key: &str,
     cell: CellArgs,
     quantity: u64,
+    through_script: bool,
 ) -> Result<Answer, RedisError> {
-    let reply: [i64; 5] = if conn.is_cluster() {
+    let reply: [i64; 5] = if conn.is_cluster() || through_script {
         // CL.THROTTLE declares no key: a node would run it on a slot it is migrating away or no
-        // longer owns. The script declares it, so the node redirects it.
+        // longer owns. The script declares it, so the node redirects it; and, declared a writer,
+        // Redis refuses it whole when full, where the bare command writes past `maxmemory`.
         CELL.key(key)
             .arg(cell.max_burst)
             .arg(cell.count)

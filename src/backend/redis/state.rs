@@ -2,6 +2,7 @@
 //! caches and tables), built once at connect. The ways of a check are `impl RedisState` blocks
 //! above it (check.rs), so this file sits below everything that uses the state.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +35,12 @@ pub(super) struct RedisState {
     pub(super) budgets: Arc<Budgets>,
     /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
     pub(super) memory: MemoryWatch,
+    /// Whether `CL.THROTTLE` checks go through `cell.lua` (one at a time) rather than as the bare
+    /// command (coalesced): while Redis may be full and refuse writes, that is while the watcher
+    /// has not seen an evicting `maxmemory-policy` or `maxmemory 0`. redis-cell does not flag
+    /// its command `deny-oom`, so Redis lets a bare `CL.THROTTLE` write past `maxmemory`; the
+    /// script, declared a writer (`#!lua`), is refused whole, as the Lua path is.
+    pub(super) cell_through_script: AtomicBool,
 }
 
 impl RedisState {
@@ -66,6 +73,8 @@ impl RedisState {
             deny: deny_cache.then(DenyCache::new),
             budgets: Arc::default(),
             memory: MemoryWatch::default(),
+            // Until the watcher has read the settings: the safe way.
+            cell_through_script: AtomicBool::new(true),
         }
     }
 

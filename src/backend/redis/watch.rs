@@ -78,7 +78,7 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
         .max(Duration::from_millis(250));
     let asked = tokio::time::timeout(budget, async {
         let mut config = redis::cmd("CONFIG");
-        config.arg("GET").arg("maxmemory-policy");
+        config.arg("GET").arg("maxmemory-policy").arg("maxmemory");
         let mut info = redis::cmd("INFO");
         info.arg("stats");
         let config = ask_primaries(&mut conn, config).await;
@@ -90,8 +90,8 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     let (config, info) = asked;
     // An error reply (`ERR unknown command`, `NOPERM`) is a refusal; anything else: not reached.
     let refused = |e: &RedisError| e.code().is_some() && !e.is_io_error();
-    let policy = match config {
-        Ok(value) => policy_of(&value),
+    let (policy, maxmemory) = match config {
+        Ok(value) => (policy_of(&value), maxmemory_of(&value)),
         Err(e) if refused(&e) => {
             let mut seen = state.memory.lock();
             if !seen.said_config_refused {
@@ -101,7 +101,7 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
                     "Redis refuses CONFIG GET: the limiter cannot tell whether Redis may evict its keys; give it a dedicated Redis with maxmemory-policy noeviction"
                 );
             }
-            None
+            (None, None)
         }
         Err(e) => {
             return Err(BackendError::with_source(
@@ -120,6 +120,13 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
             ))
         }
     };
+    // Bare CL.THROTTLE only where Redis cannot refuse it for memory: it evicts instead, or has no
+    // cap. Else (a cap under `noeviction`, or settings unknown) through the script.
+    let may_refuse =
+        !policy.as_deref().is_some_and(MemoryReport::policy_evicts) && maxmemory != Some(0);
+    state
+        .cell_through_script
+        .store(may_refuse, std::sync::atomic::Ordering::Relaxed);
     let mut seen = state.memory.lock();
     if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p))
         && seen.warned_policy.as_deref() != Some(policy)
@@ -150,6 +157,7 @@ pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     }
     Ok(MemoryReport {
         policy,
+        maxmemory,
         evicted_keys,
         evictions_seen: seen.evictions_seen,
     })
@@ -204,6 +212,16 @@ fn policy_of(value: &Value) -> Option<String> {
         .find(|p| MemoryReport::policy_evicts(p))
         .or(policies.first())
         .cloned()
+}
+
+/// `maxmemory` in `CONFIG GET` replies: the largest of the nodes' (0: no cap anywhere).
+fn maxmemory_of(value: &Value) -> Option<u64> {
+    let mut all = Vec::new();
+    strings(value, &mut all);
+    all.windows(2)
+        .filter(|w| w[0].eq_ignore_ascii_case("maxmemory"))
+        .filter_map(|w| w[1].parse::<u64>().ok())
+        .max()
 }
 
 /// `evicted_keys` in `INFO stats` replies, summed over the nodes.
