@@ -33,7 +33,7 @@
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -188,8 +188,11 @@ fn run(
         Case::PerThread => t % n,
         Case::Hot | Case::Fresh => 0,
     };
-    // `fresh`: thread `t`'s `i`th address, distinct across threads and calls.
-    let fresh = move |t: usize, i: usize| Ipv4Addr::from((i * threads + t) as u32);
+    // `fresh`: thread `t`'s `i`th address, distinct across threads, calls and runs (each run
+    // starts 2^26 addresses further on, so a later round meets none of an earlier one's keys).
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let base = RUNS.fetch_add(1, Ordering::Relaxed) << 26;
+    let fresh = move |t: usize, i: usize| Ipv4Addr::from(base.wrapping_add(i * threads + t) as u32);
     let (counts, elapsed) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {

@@ -180,6 +180,7 @@ pub fn decide(tat: Option<u64>, now: u64, params: &GcraParams, quantity: u64) ->
 /// which another thread's swap makes it retry stays short when many threads decide on one key,
 /// and computes the decision (with [`decide`], from the same inputs) once its swap has succeeded.
 #[inline]
+#[cfg_attr(not(feature = "memory"), allow(dead_code))]
 pub(crate) fn stored_tat(
     tat: Option<u64>,
     now: u64,
