@@ -28,23 +28,11 @@ use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
 use tower_throttle::clock::{Clock as _, QuantaClock as OurQuantaClock, SystemClock};
 use tower_throttle::{Key, Limit, MemoryBackend, Quota};
 
-const MANY: usize = 1_000_000;
+#[path = "shared/ips.rs"]
+mod ips;
+use ips::shuffled_ips;
 
-fn ips(n: usize) -> Vec<Ipv4Addr> {
-    // A fixed permutation of n distinct addresses (an LCG over a power of two, then a filter).
-    let mut x: u32 = 0x2545_f491;
-    let mut out: Vec<Ipv4Addr> = (0..n as u32)
-        .map(|i| Ipv4Addr::from(0x0a00_0000u32.wrapping_add(i)))
-        .collect();
-    // Fisher-Yates with a xorshift generator: deterministic, no dependency.
-    for i in (1..out.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        out.swap(i, x as usize % (i + 1));
-    }
-    out
-}
+const MANY: usize = 1_000_000;
 
 /// The hot key: one cell per nanosecond (always admitted). The million keys: one cell per 3.6 s,
 /// bursts of ten million, so that every key stays live between two visits and is always admitted.
@@ -186,7 +174,7 @@ fn hot_key(c: &mut Criterion) {
 
 fn many_keys(c: &mut Criterion) {
     let mut g = c.benchmark_group("1M_keys");
-    let addrs = ips(MANY);
+    let addrs = shuffled_ips(MANY);
     let keys: Vec<Key> = addrs.iter().map(|ip| Key::from(*ip)).collect();
     let gkeys: Vec<IpAddr> = addrs.iter().map(|ip| IpAddr::V4(*ip)).collect();
     let (backend, limit) = ours(true);

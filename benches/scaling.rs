@@ -41,6 +41,10 @@ use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
 use tokio_rate_limit::algorithm::{Algorithm as _, TokenBucket};
 use tower_throttle::{Key, Limit, MemoryBackend, Quota};
 
+#[path = "shared/ips.rs"]
+mod ips;
+use ips::shuffled_ips;
+
 const MANY: usize = 1_000_000;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -143,21 +147,6 @@ impl Keys {
             tokio: ips.iter().map(|ip| ip.to_string()).collect(),
         }
     }
-}
-
-/// A fixed permutation of `n` distinct addresses (Fisher-Yates with a xorshift generator).
-fn shuffled_ips(n: usize) -> Vec<Ipv4Addr> {
-    let mut x: u32 = 0x2545_f491;
-    let mut out: Vec<Ipv4Addr> = (0..n as u32)
-        .map(|i| Ipv4Addr::from(0x0a00_0000u32.wrapping_add(i)))
-        .collect();
-    for i in (1..out.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        out.swap(i, x as usize % (i + 1));
-    }
-    out
 }
 
 #[derive(Clone, Copy)]

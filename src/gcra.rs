@@ -306,15 +306,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn stored_tat_is_what_decide_stores() {
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
+    /// A deterministic pseudo-random sequence (xorshift64) from `seed`.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    #[test]
+    fn stored_tat_is_what_decide_stores() {
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for _ in 0..100_000 {
             let period = Duration::from_nanos(1 + next() % 10_000_000_000);
             let quota =
@@ -342,13 +346,7 @@ mod tests {
 
     #[test]
     fn intervals_in_is_the_exact_quotient() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let divisors = [
             1,
             2,

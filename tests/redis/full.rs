@@ -98,6 +98,32 @@ async fn rotate(
     (errors, error)
 }
 
+/// Rotating keys until Redis refuses a thousand checks (it is full: a few thousand keys), then 6,400
+/// more; prints the figures. Returns the first refusal's text, how many of the 6,400 were refused,
+/// and `used_memory` after them.
+async fn fill(
+    server: &RedisServer,
+    backend: &RedisBackend,
+    limits: &Arc<Vec<Limit>>,
+    route: &str,
+) -> (String, usize, u64) {
+    let (mut errors, mut first_error, mut checks) = (0, None, 0);
+    while errors < 1000 && checks < 200_000 {
+        let (e, text) = rotate(backend, limits, route, 3200).await;
+        errors += e;
+        checks += 3200;
+        first_error = first_error.or(text);
+    }
+    let (more_errors, _) = rotate(backend, limits, route, 6400).await;
+    let used = info_field(server, "memory", "used_memory");
+    println!(
+        "{route}: {checks} + 6400 checks, {} refused, used_memory {used} B ({:.1} % of the cap)",
+        errors + more_errors,
+        used as f64 * 100.0 / CAP as f64
+    );
+    (first_error.unwrap_or_default(), more_errors, used)
+}
+
 /// `noeviction`, `maxmemory 2mb`, rotating keys on every route: once Redis is full every call
 /// fails with OOM (before the fix, the sliding log and concurrency scripts kept writing past the
 /// cap), and `used_memory` stays within 10 % of it.
@@ -111,24 +137,7 @@ async fn under_noeviction_every_algorithm_is_refused_and_memory_stays_capped() {
         server.cli(&["FLUSHALL"]);
         server.cli(&["CONFIG", "SET", "maxmemory", &CAP.to_string()]);
         let limits = Arc::new(limits);
-        // Until Redis is full (a few thousand keys), then as many calls again.
-        let mut errors = 0;
-        let mut first_error = None;
-        let mut checks = 0;
-        while errors < 1000 && checks < 200_000 {
-            let (e, text) = rotate(&backend, &limits, route, 3200).await;
-            errors += e;
-            checks += 3200;
-            first_error = first_error.or(text);
-        }
-        let (more_errors, _) = rotate(&backend, &limits, route, 6400).await;
-        let used = info_field(&server, "memory", "used_memory");
-        println!(
-            "{route}: {checks} + 6400 checks, {} refused, used_memory {used} B ({:.1} % of the cap)",
-            errors + more_errors,
-            used as f64 * 100.0 / CAP as f64
-        );
-        let error = first_error.unwrap_or_default();
+        let (error, more_errors, used) = fill(&server, &backend, &limits, route).await;
         assert!(error.contains("OOM"), "{route}: {error}");
         // Once full, calls are refused. A few pass as Redis' own buffers shrink and grow, and a
         // coalesced call that passes admits its whole batch (up to the 32 checks in flight): on
@@ -165,21 +174,7 @@ async fn under_noeviction_cell_mode_is_refused_and_memory_stays_capped() {
     let memory = backend.memory().await.unwrap();
     assert_eq!(memory.maxmemory, Some(CAP), "{memory:?}");
     let limits = Arc::new(vec![Limit::new("full-cell", Quota::per_hour(10)).unwrap()]);
-    let (mut errors, mut first_error, mut checks) = (0, None, 0);
-    while errors < 1000 && checks < 200_000 {
-        let (e, text) = rotate(&backend, &limits, "cell", 3200).await;
-        errors += e;
-        checks += 3200;
-        first_error = first_error.or(text);
-    }
-    let (more_errors, _) = rotate(&backend, &limits, "cell", 6400).await;
-    let used = info_field(&server, "memory", "used_memory");
-    println!(
-        "cell: {checks} + 6400 checks, {} refused, used_memory {used} B ({:.1} % of the cap)",
-        errors + more_errors,
-        used as f64 * 100.0 / CAP as f64
-    );
-    let error = first_error.unwrap_or_default();
+    let (error, more_errors, used) = fill(&server, &backend, &limits, "cell").await;
     assert!(error.contains("OOM"), "cell: {error}");
     assert!(
         more_errors >= 6400 * 90 / 100,
@@ -189,23 +184,17 @@ async fn under_noeviction_cell_mode_is_refused_and_memory_stays_capped() {
         used <= CAP + CAP / 10,
         "cell: used_memory {used} against a cap of {CAP}"
     );
-    let bare_calls = |server: &RedisServer| {
+    let calls = |server: &RedisServer, command: &str| {
         let stats = server.cli(&["INFO", "commandstats"]);
         stats
             .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_cl.throttle:calls="))
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
             .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
             .unwrap_or(0)
     };
+    let bare_calls = |server: &RedisServer| calls(server, "cl.throttle");
     // Through the script, CL.THROTTLE is counted too: the script's calls are the ones to tell.
-    let script_calls = |server: &RedisServer| {
-        let stats = server.cli(&["INFO", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let script_calls = |server: &RedisServer| calls(server, "evalsha");
     assert!(script_calls(&server) > 0);
 
     // No cap: once the settings are read again, bare and coalesced.

@@ -200,13 +200,7 @@ fn strings(value: &Value, out: &mut Vec<String>) {
 
 /// The policy in a `CONFIG GET maxmemory-policy` reply: the first that can evict, or the first.
 fn policy_of(value: &Value) -> Option<String> {
-    let mut all = Vec::new();
-    strings(value, &mut all);
-    let policies: Vec<String> = all
-        .windows(2)
-        .filter(|w| w[0].eq_ignore_ascii_case("maxmemory-policy"))
-        .map(|w| w[1].clone())
-        .collect();
+    let policies = config_values(value, "maxmemory-policy");
     policies
         .iter()
         .find(|p| MemoryReport::policy_evicts(p))
@@ -216,12 +210,20 @@ fn policy_of(value: &Value) -> Option<String> {
 
 /// `maxmemory` in `CONFIG GET` replies: the largest of the nodes' (0: no cap anywhere).
 fn maxmemory_of(value: &Value) -> Option<u64> {
+    config_values(value, "maxmemory")
+        .iter()
+        .filter_map(|v| v.parse::<u64>().ok())
+        .max()
+}
+
+/// The values of the parameter `name` in `CONFIG GET` replies (one per node).
+fn config_values(value: &Value, name: &str) -> Vec<String> {
     let mut all = Vec::new();
     strings(value, &mut all);
     all.windows(2)
-        .filter(|w| w[0].eq_ignore_ascii_case("maxmemory"))
-        .filter_map(|w| w[1].parse::<u64>().ok())
-        .max()
+        .filter(|w| w[0].eq_ignore_ascii_case(name))
+        .map(|w| w[1].clone())
+        .collect()
 }
 
 /// `evicted_keys` in `INFO stats` replies, summed over the nodes.

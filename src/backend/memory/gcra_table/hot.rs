@@ -74,7 +74,8 @@ impl HotSlot {
         }
     }
 
-    /// The hot record's TAT (`MOVED` never: the record is in the slot), under the write lock.
+    /// The hot record's TAT: exact under the write lock (no record leaves meanwhile), a hint
+    /// without it.
     pub(super) fn current_tat(&self) -> Option<u64> {
         self.record.load().as_deref().map(|r| r.tat.load(Relaxed))
     }
@@ -101,9 +102,7 @@ impl HotSlot {
     pub(super) fn len(&self) -> usize {
         usize::from(self.record.load().is_some())
     }
-}
 
-impl HotSlot {
     /// Decides on this slot's hot key, if `is_key` says it is the key (of the limit `id`) and it
     /// has not just left the slot.
     #[inline]
