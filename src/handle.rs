@@ -16,10 +16,10 @@ use std::time::Duration;
 use http::HeaderValue;
 
 use crate::backend::{Backend, KeyState};
+use crate::engine::shared::Shared;
+use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
-use crate::middleware::shared::Shared;
-use crate::middleware::table::Table;
 use crate::policy::Policy;
 use crate::top::TopKey;
 

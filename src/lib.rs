@@ -133,6 +133,7 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
+mod engine;
 mod error;
 pub mod gcra;
 pub mod grpc;
@@ -165,14 +166,13 @@ pub use backend::Backend;
 #[cfg(feature = "memory")]
 pub use backend::MemoryBackend;
 pub use decision::Decision;
+pub use engine::OnBackendError;
 pub use error::BuildError;
 pub use key::Key;
 pub use limit::{Algorithm, Limit};
 pub use meter::{Estimate, Meter};
 pub use middleware::body;
-pub use middleware::{
-    OnBackendError, ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder,
-};
+pub use middleware::{ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder};
 pub use policy::{Policy, PolicyBuilder};
 pub use quota::Quota;
 

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use http::request::Parts;
 
+use crate::engine::settings::CompiledTier;
 use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
 use crate::meter::MeterRule;
-use crate::middleware::settings::CompiledTier;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
 use crate::quota::Quota;

@@ -56,9 +56,10 @@ pub use schema::{
 
 use crate::access::AccessList;
 use crate::backend::MemoryBackend;
+use crate::engine::OnBackendError;
 use crate::error::BuildError;
 use crate::key::{ClientIp, ForwardedHeader, KeySpec, TrustedProxies};
-use crate::middleware::{OnBackendError, ThrottleLayer, ThrottleLayerBuilder};
+use crate::middleware::{ThrottleLayer, ThrottleLayerBuilder};
 #[cfg(feature = "redis")]
 use crate::offenders::Offenders;
 use crate::policy::Policy;

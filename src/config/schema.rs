@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::engine::OnBackendError;
 use crate::key::KeySpec;
-use crate::middleware::OnBackendError;
 
 /// The `[backend]` table.
 // Parsed once per file: the size of the Redis variant costs nothing worth a `Box` in the API.

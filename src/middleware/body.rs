@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::engine::slot::ConcurrencySlot;
 use crate::meter::MeterGuard;
-use crate::middleware::slot::ConcurrencySlot;
 
 pin_project! {
     /// The inner service's body, or the small body of a response the middleware made itself (a 429).

@@ -10,12 +10,12 @@ use http::Response;
 
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
+use crate::engine::settings::{OnBackendError, Settings};
+use crate::engine::shared::Shared;
+use crate::engine::table::Table;
 use crate::error::BuildError;
 use crate::key::ClientIp;
 use crate::middleware::layer::ThrottleLayer;
-use crate::middleware::settings::{OnBackendError, Settings};
-use crate::middleware::shared::Shared;
-use crate::middleware::table::Table;
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::or_default::OrDefault;

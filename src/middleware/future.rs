@@ -19,27 +19,16 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::decision::Decision;
+use crate::engine::admitted::{Admitted, Verdict};
+use crate::engine::extended::{Prepared, Preparing};
+use crate::engine::slot::{ConcurrencySlot, Release};
+use crate::engine::steps::{judged, BackendCheck};
+use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
-use crate::middleware::admitted::{Admitted, Verdict};
 use crate::middleware::body::ThrottleBody;
-use crate::middleware::slot::{ConcurrencySlot, Release};
-use crate::middleware::steps::{judged, BackendCheck};
-use crate::middleware::verdict::{Judge, RequestContext};
 use crate::outcome::OutcomeGuard;
-
-/// The verdict of a request that took the extended path (an async key or quota, or counting by
-/// outcome: `middleware/extended.rs`), with what carrying it out needs besides the request's body.
-pub(crate) struct Prepared {
-    pub(crate) parts: http::request::Parts,
-    pub(crate) verdict: Verdict,
-    pub(crate) release: Option<Release>,
-    pub(crate) outcome: Option<Box<OutcomeGuard>>,
-}
-
-/// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
-pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
 /// A request whose decision is remote: what carrying out its verdict needs once the decision arrives.
 pub(crate) struct AwaitingVerdict<S, ReqBody> {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
+use crate::engine::shared::Shared;
 use crate::handle::{Policies, ThrottleHandle};
 use crate::middleware::service::Throttle;
-use crate::middleware::shared::Shared;
 use crate::offenders::Offenders;
 
 /// A tower [`Layer`] that rate-limits requests with one or more [`Policy`](crate::Policy)s.

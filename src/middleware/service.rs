@@ -15,16 +15,17 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
+use crate::engine::extended::{prepare, KeyAhead};
+use crate::engine::shared::{releaser, Shared};
+use crate::engine::steps;
+use crate::engine::table::Table;
+use crate::engine::verdict::RequestContext;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
-use crate::middleware::extended::call_extended;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
-use crate::middleware::shared::{releaser, take_readied, Shared};
-use crate::middleware::steps;
-use crate::middleware::table::Table;
-use crate::middleware::verdict::RequestContext;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
+use crate::per_customer::PolicyExtras;
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -184,4 +185,37 @@ where
             release,
         },
     )
+}
+
+/// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
+fn call_extended<S, K, B, ReqBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<K, B>>,
+    table: Arc<Table<K>>,
+    policy: usize,
+    extras: Arc<PolicyExtras>,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, ReqBody, B::Future>
+where
+    S: Service<Request<ReqBody>> + Clone,
+    K: KeyExtractor<ReqBody> + Send + Sync + 'static,
+    B: Backend,
+{
+    // A synchronous key is read here, where the body's type is known; an async one later.
+    let key = match &extras.async_key {
+        Some(async_key) => KeyAhead::Async(async_key.clone()),
+        None => KeyAhead::Read(steps::key_of(&table, policy, &request)),
+    };
+    let (parts, body) = request.into_parts();
+    let shared = shared.clone();
+    let service = take_readied(inner);
+    let prepare = prepare(shared, table, policy, extras, key, parts);
+    ResponseFuture::preparing(Box::pin(prepare), service, body)
+}
+
+/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
+/// the caller must `poll_ready` before the next call, as always.
+pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
 }

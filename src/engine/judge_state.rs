@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use crate::engine::verdict::Judge;
 use crate::key::Key;
-use crate::middleware::verdict::Judge;
 
 impl Judge {
     /// Takes over the in-process state of `previous` (the judge of the table a reload replaces) for

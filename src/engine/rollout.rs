@@ -10,12 +10,12 @@ use std::task::Poll;
 
 use crate::backend::Backend;
 use crate::decision::Decision;
+use crate::engine::admitted::PolicyRules;
+use crate::engine::settings::CompiledTier;
+use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
-use crate::middleware::admitted::PolicyRules;
-use crate::middleware::settings::CompiledTier;
-use crate::middleware::verdict::{Judge, RequestContext};
 use crate::observe::ShownKey;
 use crate::rollout::Unenforced;
 

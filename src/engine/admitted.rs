@@ -9,9 +9,9 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::decision::Decision;
+use crate::engine::settings::{CompiledTier, Settings};
+use crate::engine::slot::SlotOwner;
 use crate::headers::{self, RateHeaders};
-use crate::middleware::settings::{CompiledTier, Settings};
-use crate::middleware::slot::SlotOwner;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
 use crate::policy::{MissingKey, Policy};

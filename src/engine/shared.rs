@@ -8,10 +8,10 @@ use arc_swap::ArcSwap;
 
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
+use crate::engine::settings::Settings;
+use crate::engine::slot::{Release, SlotOwner};
+use crate::engine::table::Table;
 use crate::key::Key;
-use crate::middleware::settings::Settings;
-use crate::middleware::slot::{Release, SlotOwner};
-use crate::middleware::table::Table;
 
 /// What every service of one layer shares: the backend, the policy table, the access lists, and
 /// what a reload builds the next table with.
@@ -37,13 +37,6 @@ impl<K, B> Shared<K, B> {
             .field("policies", &names)
             .finish_non_exhaustive()
     }
-}
-
-/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
-/// the caller must `poll_ready` before the next call, as always.
-pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
-    let fresh = inner.clone();
-    std::mem::replace(inner, fresh)
 }
 
 /// The release of a concurrency slot of policy `policy` of `table`, tier `tier`, for `key`: given

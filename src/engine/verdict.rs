@@ -12,13 +12,13 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 
 use crate::decision::Decision;
+use crate::engine::admitted::{add_limits, admit, queue_delay, Admitted, PolicyRules, Verdict};
+use crate::engine::settings::{CompiledTier, OnBackendError, Settings};
+use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
 use crate::grpc;
 use crate::headers::{self, RateHeaders};
 use crate::key::Key;
-use crate::middleware::admitted::{add_limits, admit, queue_delay, Admitted, PolicyRules, Verdict};
-use crate::middleware::settings::{CompiledTier, OnBackendError, Settings};
-use crate::middleware::slot::SlotOwner;
 use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::{MissingKey, Policy};
 use crate::refusal::{Refusal, RefusalKind, Rejected};

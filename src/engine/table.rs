@@ -7,10 +7,10 @@ use std::sync::Arc;
 use http::Method;
 
 use crate::backend::Backend;
+use crate::engine::settings::Settings;
+use crate::engine::verdict::Judge;
 use crate::error::BuildError;
 use crate::limit::Limit;
-use crate::middleware::settings::Settings;
-use crate::middleware::verdict::Judge;
 use crate::policy::Policy;
 use crate::route::Route;
 

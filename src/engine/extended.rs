@@ -4,64 +4,50 @@
 //! with the guard that settles the request by its outcome. Policies that use none of this never come
 //! here: for them the whole cost is the `Option` check in `Throttle::call`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
-use http::Request;
-use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::key::{AsyncKey, Found, Key, KeyExtractor};
+use crate::engine::admitted::Verdict;
+use crate::engine::rollout::with_shadows;
+use crate::engine::shared::Shared;
+use crate::engine::slot::Release;
+use crate::engine::steps::{self, Missing};
+use crate::engine::table::Table;
+use crate::engine::verdict::{Checked, RequestContext};
+use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard, Settle};
-use crate::middleware::admitted::Verdict;
-use crate::middleware::future::{Prepared, ResponseFuture};
-use crate::middleware::rollout::with_shadows;
-use crate::middleware::shared::{take_readied, Shared};
-use crate::middleware::steps::{self, Missing};
-use crate::middleware::table::Table;
-use crate::middleware::verdict::{Checked, RequestContext};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::per_customer::{CustomerQuota, PolicyExtras};
 use crate::timer::within;
 
-/// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
-pub(super) fn call_extended<S, K, B, ReqBody>(
-    inner: &mut S,
-    shared: &Arc<Shared<K, B>>,
-    table: Arc<Table<K>>,
-    policy: usize,
-    extras: Arc<PolicyExtras>,
-    request: Request<ReqBody>,
-) -> ResponseFuture<S, ReqBody, B::Future>
-where
-    S: Service<Request<ReqBody>> + Clone,
-    K: KeyExtractor<ReqBody> + Send + Sync + 'static,
-    B: Backend,
-{
-    // A synchronous key is read here, where the body's type is known; an async one later.
-    let key = match &extras.async_key {
-        Some(async_key) => KeyAhead::Async(async_key.clone()),
-        None => KeyAhead::Read(steps::key_of(&table, policy, &request)),
-    };
-    let (parts, body) = request.into_parts();
-    let shared = shared.clone();
-    let service = take_readied(inner);
-    let prepare = prepare(shared, table, policy, extras, key, parts);
-    ResponseFuture::preparing(Box::pin(prepare), service, body)
+/// The verdict of a request that took the extended path (an async key or quota, or counting by
+/// outcome: `middleware/extended.rs`), with what carrying it out needs besides the request's body.
+pub(crate) struct Prepared {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) verdict: Verdict,
+    pub(crate) release: Option<Release>,
+    pub(crate) outcome: Option<Box<OutcomeGuard>>,
 }
+
+/// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
+pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
 /// A request's key as `call_extended` leaves it: read (a synchronous key, or what was expected of
 /// it), or to be found by the policy's async key.
-enum KeyAhead {
+pub(crate) enum KeyAhead {
     Read(Result<Key, Missing>),
     Async(AsyncKey),
 }
 
 /// The verdict on a request of the extended path, whose key is found first if it is async.
-async fn prepare<K, B>(
+pub(crate) async fn prepare<K, B>(
     shared: Arc<Shared<K, B>>,
     table: Arc<Table<K>>,
     policy: usize,
