@@ -77,16 +77,9 @@ where
             (parts, key)
         }
     };
-    let head = RequestRef::of_parts(&parts);
-    if let Some(verdict) = steps::access(&shared, &table, Some(policy), key.as_ref().ok(), head) {
-        return with_meter(answered(parts, verdict), &extras);
-    }
-    let key = match key {
+    let key = match steps::keyed(&shared, &table, policy, key, RequestRef::of_parts(&parts)) {
         Ok(key) => key,
-        Err(missing) => {
-            let verdict = steps::without_key(&table, policy, missing, head);
-            return with_meter(answered(parts, verdict), &extras);
-        }
+        Err(verdict) => return with_meter(answered(parts, verdict), &extras),
     };
     decide(&shared, &table, policy, &extras, key, parts).await
 }
@@ -106,20 +99,19 @@ where
 {
     let rules = &table.policies[policy];
     let custom = custom_quota(shared, rules.cost(), extras, &parts, &key).await;
-    let tier = match custom {
-        Some(_) => 0,
-        None => steps::tier(table, policy, RequestRef::of_parts(&parts)),
+    let request = RequestRef::of_parts(&parts);
+    let custom_tier = custom.as_deref().map(|c| &c.rules);
+    let tier = match steps::tier_unless_banned(table, policy, custom_tier, &key, request) {
+        Ok(tier) => tier,
+        Err(banned) => return answered(parts, banned),
     };
     let cx = RequestContext {
         policy,
         tier,
         key: &key,
-        request: RequestRef::of_parts(&parts),
-        custom: custom.as_deref().map(|c| &c.rules),
+        request,
+        custom: custom_tier,
     };
-    if let Some(banned) = table.judge.banned(cx) {
-        return answered(parts, banned);
-    }
     let limits = steps::limits_of(table, policy, tier, custom.as_deref());
     let asked = Instant::now();
     // A metered limit reserves the request's estimate; the others take its cost.

@@ -5,18 +5,20 @@
 //!    extended path);
 //! 3. [`access`]: the allow and deny lists, before any limit;
 //! 4. [`without_key`]: a request its policy found no key in;
-//! 5. the ban: [`Judge::banned`], before the backend is asked;
-//! 6. the quota: [`tier`] picks the policy's tier; a customer's own quota is resolved on the
+//! 5. the quota: [`tier`] picks the policy's tier; a customer's own quota is resolved on the
 //!    extended path; [`limits_of`] gives the limits either way;
+//! 6. the ban: [`Judge::banned`], before the backend is asked;
 //! 7. [`ask`]: the backend check ([`BackendCheck`]);
 //! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
 //! 9. carrying the verdict out (the response future), with [`release_of`] for a concurrency slot;
 //! 10. settling a request counted by its outcome, or a metered request's cost (the extended path).
 //!
-//! `Throttle::call` (service.rs) runs them for a synchronous key and a static quota, and decides at
-//! once when the backend answers at once (memory); the extended path (extended.rs) runs the same
-//! functions, with its async steps between them. The steps read the request as a [`RequestRef`],
-//! which the whole request and its parts both give.
+//! Both paths run this one sequence: `Throttle::call` (middleware/service.rs) for a synchronous key
+//! and a static quota, deciding at once when the backend answers at once (memory), and the async
+//! path (extended.rs), which adds only its awaits — the async key before [`keyed`], the customer's
+//! quota before [`tier_unless_banned`], the shadow limits beside [`ask`]. Steps 3–4 and 5–6 are
+//! each one function, so their order is written once. The steps read the request as a
+//! [`RequestRef`], which the whole request and its parts both give.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,6 +32,7 @@ use crate::access::Access;
 use crate::backend::{Backend, StackFuture};
 use crate::decision::Decision;
 use crate::engine::admitted::{Admitted, Verdict};
+use crate::engine::settings::CompiledTier;
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::slot::Release;
 use crate::engine::table::Table;
@@ -103,12 +106,55 @@ pub(crate) fn without_key<K>(
     }
 }
 
-/// Step 6: the tier of policy `policy` that `request` is decided under.
+/// Steps 3 and 4 together, as both paths run them once the key is known: the access lists, then a
+/// request without a key. `Ok`: the key the request goes on with to its limits; `Err`: the verdict
+/// that answers it before them.
+pub(crate) fn keyed<K, B>(
+    shared: &Shared<K, B>,
+    table: &Table<K>,
+    policy: usize,
+    key: Result<Key, Missing>,
+    request: RequestRef<'_>,
+) -> Result<Key, Verdict> {
+    if let Some(verdict) = access(shared, table, Some(policy), key.as_ref().ok(), request) {
+        return Err(verdict);
+    }
+    key.map_err(|missing| without_key(table, policy, missing, request))
+}
+
+/// Steps 5 and 6 together, as both paths run them once the quota is known: the tier (tier 0 under a
+/// customer's own quota, `custom`), then the ban. `Ok`: the tier the backend is asked under; `Err`:
+/// the ban's refusal.
+pub(crate) fn tier_unless_banned<K>(
+    table: &Table<K>,
+    policy: usize,
+    custom: Option<&CompiledTier>,
+    key: &Key,
+    request: RequestRef<'_>,
+) -> Result<usize, Verdict> {
+    let tier = match custom {
+        Some(_) => 0,
+        None => tier(table, policy, request),
+    };
+    let cx = RequestContext {
+        policy,
+        tier,
+        key,
+        request,
+        custom,
+    };
+    match table.judge.banned(cx) {
+        Some(banned) => Err(banned),
+        None => Ok(tier),
+    }
+}
+
+/// Step 5: the tier of policy `policy` that `request` is decided under.
 pub(crate) fn tier<K>(table: &Table<K>, policy: usize, request: RequestRef<'_>) -> usize {
     table.policies[policy].tier_in(request.headers, request.extensions)
 }
 
-/// Step 6: the limits a request is decided under: its per-customer quota's, else its tier's.
+/// Step 5: the limits a request is decided under: its per-customer quota's, else its tier's.
 pub(crate) fn limits_of<'a, K>(
     table: &'a Table<K>,
     policy: usize,

@@ -113,27 +113,23 @@ where
             let (extras, table) = (extras.clone(), table.clone());
             return call_extended(inner, shared, table, i, extras, request);
         }
-        let key = policy.map(|i| steps::key_of(table, i, &request));
         let head = RequestRef::of(&request);
-        let known = key.as_ref().and_then(|k| k.as_ref().ok());
-        if let Some(verdict) = steps::access(shared, table, policy, known, head) {
-            return ResponseFuture::carry_out(verdict, inner, request, None);
-        }
-        let (Some(policy), Some(key)) = (policy, key) else {
-            return ResponseFuture::unlimited(inner.call(request));
+        let Some(policy) = policy else {
+            // No policy applies: only the access lists may answer.
+            return match steps::access(shared, table, None, None, head) {
+                Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
+                None => ResponseFuture::unlimited(inner.call(request)),
+            };
         };
-        let key = match key {
+        let key = steps::key_of(table, policy, &request);
+        let key = match steps::keyed(shared, table, policy, key, head) {
             Ok(key) => key,
-            Err(missing) => {
-                let verdict = steps::without_key(table, policy, missing, head);
-                return ResponseFuture::carry_out(verdict, inner, request, None);
-            }
+            Err(verdict) => return ResponseFuture::carry_out(verdict, inner, request, None),
         };
-        let tier = steps::tier(table, policy, head);
-        let context = RequestContext::new(policy, tier, &key, &request);
-        if let Some(banned) = table.judge.banned(context) {
-            return ResponseFuture::carry_out(banned, inner, request, None);
-        }
+        let tier = match steps::tier_unless_banned(table, policy, None, &key, head) {
+            Ok(tier) => tier,
+            Err(banned) => return ResponseFuture::carry_out(banned, inner, request, None),
+        };
         check(inner, shared, table, policy, tier, key, request)
     }
 }
