@@ -236,9 +236,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// Like [`peek`](Self::peek), with the [`Key`] itself.
     pub async fn peek_key(&self, policy: &str, key: &Key) -> Result<PolicyState, HandleError> {
         let table = self.shared.table.load_full();
-        let index = find(&table, policy)?;
-        let rules = &table.policies[index];
-        let ban = table.judge.ban_of(index, key);
+        let rules = table.policies[find(&table, policy)?].compiled();
+        let ban = table.judge.ban_of(rules, key);
         let mut tiers = Vec::with_capacity(rules.tiers().len());
         for tier in rules.tiers() {
             let states = self.shared.backend.peek(&tier.limits, key).await?;
@@ -337,8 +336,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let index = find(&table, policy)?;
         // The layer's own state first: a request arriving meanwhile is not refused by a ban the
         // backend no longer has.
-        table.judge.forget(index, key);
-        let rules = &table.policies[index];
+        let rules = table.policies[index].compiled();
+        table.judge.forget(rules, key);
         for tier in rules.tiers() {
             self.shared.backend.reset(&tier.limits, key).await?;
         }
@@ -384,7 +383,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             &self.shared.backend,
             policies,
             self.shared.settings.clone(),
-            Some(&previous.judge),
+            Some(&previous),
         )?;
         let changed = previous.changed_in(&table);
         self.shared.table.store(Arc::new(table));

@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use crate::engine::settings::CompiledTier;
 use crate::error::BuildError;
 use crate::key::{AsyncKey, Key};
 use crate::limit::{Algorithm, Limit};
 use crate::meter::MeterRule;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
+use crate::policy::tier::CompiledTier;
 use crate::quota::Quota;
 
 /// An error from a [`QuotaResolver`].

@@ -15,9 +15,9 @@ use crate::error::BuildError;
 use crate::limit::validate_name;
 use crate::limit::{Algorithm, Limit};
 use crate::methods::methods_of;
-use crate::per_customer::{ExtrasBuilder, PolicyExtras};
+use crate::per_customer::ExtrasBuilder;
 use crate::quota::Quota;
-use crate::rollout::{RolloutBuilder, Staged};
+use crate::rollout::RolloutBuilder;
 use crate::route::Route;
 
 pub use crate::budget::Budget;
@@ -27,20 +27,19 @@ pub use crate::per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use crate::policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};
 pub use crate::quota::QuotaError;
 
+mod compiled;
 mod limits;
 mod metered;
 mod parts;
 mod rollout;
+mod spec;
+pub(crate) mod tier;
 
+pub(crate) use compiled::CompiledPolicy;
 pub(crate) use parts::NO_KEY;
 pub use parts::{MissingKey, NoKey, Tier};
-
-/// The quotas of one tier, as limits.
-#[derive(Clone, Debug)]
-pub(crate) struct TierStack {
-    pub(crate) name: Option<Arc<str>>,
-    pub(crate) limits: Box<[Limit]>,
-}
+pub(crate) use spec::PolicySpec;
+pub(crate) use tier::CompiledTier;
 
 /// A limit applied to some requests: a named [`Quota`], a key extractor, and optionally a route,
 /// methods and a cost per request.
@@ -65,20 +64,8 @@ pub(crate) struct TierStack {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Policy<K> {
-    name: Arc<str>,
-    /// The default tier first, then the named ones.
-    tiers: Box<[TierStack]>,
-    tier_header: Option<HeaderName>,
-    dry_run: bool,
-    /// Staged enforcement: the keys its refusals are enforced for (`None`: all).
-    staged: Option<Staged>,
     key: K,
-    cost: u64,
-    methods: Option<Box<[Method]>>,
-    route: Option<Route>,
-    missing_key: MissingKey,
-    /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
-    extras: Option<Arc<PolicyExtras>>,
+    compiled: Arc<CompiledPolicy>,
 }
 
 impl Policy<NoKey> {
@@ -112,70 +99,29 @@ impl Policy<NoKey> {
 impl<K> Policy<K> {
     /// The policy's name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.compiled.name()
     }
 
     /// The limit of the default tier's first quota (the only one, unless quotas are stacked).
     pub fn limit(&self) -> &Limit {
-        &self.tiers[0].limits[0]
+        self.compiled.limit()
     }
 
     /// The limits of the default tier: one per stacked quota, named `{policy}` for a single quota
     /// and `{policy}.{period}` (such as `api.1s` and `api.1d`) for a stack.
     pub fn limits(&self) -> &[Limit] {
-        &self.tiers[0].limits
+        self.compiled.limits()
     }
 
     /// The limits of tier `name` (named `{policy}.{tier}`, or `{policy}.{tier}.{period}` when
     /// stacked), or `None` for a tier the policy does not have.
     pub fn tier_limits(&self, name: &str) -> Option<&[Limit]> {
-        self.tiers[1..]
-            .iter()
-            .find(|t| t.name.as_deref() == Some(name))
-            .map(|t| &*t.limits)
+        self.compiled.tier_limits(name)
     }
 
     /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
     pub fn is_dry_run(&self) -> bool {
-        self.dry_run
-    }
-
-    pub(crate) fn tiers(&self) -> &[TierStack] {
-        &self.tiers
-    }
-
-    /// The tier that applies to a request with these headers and extensions: its [`Tier`]
-    /// extension, else its tier header, else the default (index 0; also for a tier the policy does
-    /// not know).
-    pub(crate) fn tier_in(
-        &self,
-        headers: &http::HeaderMap,
-        extensions: &http::Extensions,
-    ) -> usize {
-        if self.tiers.len() == 1 {
-            return 0;
-        }
-        let named = match extensions.get::<Tier>() {
-            Some(tier) => Some(tier.as_str()),
-            None => self
-                .tier_header
-                .as_ref()
-                .and_then(|h| headers.get(h))
-                .and_then(|v| v.to_str().ok()),
-        };
-        named
-            .and_then(|name| {
-                self.tiers[1..]
-                    .iter()
-                    .position(|t| t.name.as_deref() == Some(name.trim()))
-            })
-            .map_or(0, |i| i + 1)
-    }
-
-    /// Its per-request features, if it uses any (per-customer quota, async key, counting by
-    /// outcome): the one check the fast path makes.
-    pub(crate) fn extras(&self) -> Option<&Arc<PolicyExtras>> {
-        self.extras.as_ref()
+        self.compiled.is_dry_run()
     }
 
     /// The key extractor.
@@ -185,40 +131,48 @@ impl<K> Policy<K> {
 
     /// Units each request costs.
     pub fn cost(&self) -> u64 {
-        self.cost
+        self.compiled.cost()
     }
 
     /// What happens when a request has no key.
     pub fn missing_key(&self) -> MissingKey {
-        self.missing_key
-    }
-
-    /// The route pattern this policy matches, parsed (`None`: every route).
-    pub(crate) fn route_rule(&self) -> Option<&Route> {
-        self.route.as_ref()
-    }
-
-    /// The methods this policy matches (`None`: every method).
-    pub(crate) fn method_list(&self) -> Option<&[Method]> {
-        self.methods.as_deref()
+        self.compiled.missing_key()
     }
 
     /// The route pattern this policy is restricted to, if any.
     pub fn route(&self) -> Option<&str> {
-        self.route.as_ref().map(Route::pattern)
+        self.compiled.route()
     }
 
     /// Whether this policy applies to `request` (its route and method).
     pub fn applies_to<B>(&self, request: &Request<B>) -> bool {
-        if let Some(methods) = &self.methods
-            && !methods.contains(request.method())
-        {
-            return false;
+        self.compiled.applies_to(request)
+    }
+
+    /// The policy as the engine decides by it.
+    pub(crate) fn compiled(&self) -> &Arc<CompiledPolicy> {
+        &self.compiled
+    }
+
+    /// The policy compiled for a new table: see [`CompiledPolicy::new`].
+    pub(crate) fn compile<'p>(
+        self,
+        decision_extension: bool,
+        backend_keeps_penalties: bool,
+        previous: impl Iterator<Item = &'p CompiledPolicy>,
+    ) -> Policy<K> {
+        let spec = Arc::try_unwrap(self.compiled)
+            .map_or_else(|shared| shared.spec().clone(), CompiledPolicy::into_spec);
+        let compiled =
+            CompiledPolicy::new(spec, decision_extension, backend_keeps_penalties, previous);
+        Policy {
+            key: self.key,
+            compiled: Arc::new(compiled),
         }
-        match &self.route {
-            None => true,
-            Some(route) => route.matches(request),
-        }
+    }
+
+    pub(crate) fn spec(&self) -> &PolicySpec {
+        self.compiled.spec()
     }
 }
 
@@ -520,10 +474,7 @@ impl<K> PolicyBuilder<K> {
             }
             None => None,
         };
-        tiers.push(TierStack {
-            name: None,
-            limits: limits.into(),
-        });
+        tiers.push(CompiledTier::of(None, &limits));
         for (tier, quotas) in &self.tiers {
             validate_name(tier).map_err(|e| invalid(format!("tier: {e}")))?;
             if tier.contains('.') {
@@ -539,10 +490,8 @@ impl<K> PolicyBuilder<K> {
             if quotas.is_empty() {
                 return Err(invalid(format!("tier {tier:?} has no quota")));
             }
-            tiers.push(TierStack {
-                name: Some(tier.as_str().into()),
-                limits: self.limits_of(&format!("{}.{tier}", self.name), quotas)?,
-            });
+            let limits = self.limits_of(&format!("{}.{tier}", self.name), quotas)?;
+            tiers.push(CompiledTier::of(Some(tier.as_str().into()), &limits));
         }
         Self::check_names(&tiers).map_err(invalid)?;
         // The cost is what each request takes from every limit but a metered one (which takes
@@ -592,18 +541,22 @@ impl<K> PolicyBuilder<K> {
         let mut extras = self.extras;
         extras.shadows = shadows;
         let extras = extras.build(&self.name, &tiers[0].limits[0], metered)?;
-        Ok(Policy {
+        let spec = PolicySpec {
             name,
             tiers: tiers.into(),
             tier_header,
             dry_run: self.dry_run,
             staged,
-            key: self.key,
             cost: self.cost,
             methods,
             route,
             missing_key: self.missing_key,
             extras,
+        };
+        let compiled = CompiledPolicy::new(spec, false, false, std::iter::empty());
+        Ok(Policy {
+            key: self.key,
+            compiled: Arc::new(compiled),
         })
     }
 }

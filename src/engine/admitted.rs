@@ -1,23 +1,19 @@
 //! What an admitted request carries ([`Admitted`], inside a [`Verdict`]), and how it is made from
-//! a policy's rules ([`PolicyRules`]) and the backend's decisions: the delay of delay mode, each
-//! limit's decision, the [`PolicyDecision`] handlers see.
+//! its [`CompiledPolicy`] and the backend's decisions: the delay of delay mode, each limit's
+//! decision, the [`PolicyDecision`] handlers see.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 
 use crate::decision::Decision;
-use crate::engine::settings::{CompiledTier, Settings};
 use crate::engine::slot::SlotOwner;
-use crate::headers::{self, RateHeaders};
-use crate::observe::Reporter;
-use crate::penalty::PenaltyBox;
-use crate::policy::{MissingKey, Policy};
+use crate::headers::RateHeaders;
+use crate::policy::CompiledPolicy;
+use crate::policy::CompiledTier;
 use crate::policy_decision::LimitDecision;
 use crate::policy_decision::PolicyDecision;
-use crate::rollout::{Staged, WouldLimit};
 
 /// What happens to a request.
 pub(crate) enum Verdict {
@@ -44,66 +40,6 @@ impl Admitted {
             delay: Duration::ZERO,
             decision: None,
             slot: None,
-        }
-    }
-}
-
-/// What the verdict needs of one policy.
-pub(crate) struct PolicyRules {
-    pub(crate) name: Arc<str>,
-    pub(crate) reporter: Reporter,
-    /// The penalty box, unless the backend keeps penalties itself (shared with the table a reload
-    /// replaced, when the policy and its penalty are unchanged).
-    pub(crate) penalty: Option<Arc<PenaltyBox>>,
-    #[cfg(feature = "memory")]
-    pub(crate) cost: u64,
-    /// Only reports what it would refuse: read by `Judge::enforces` (verdict.rs) alone.
-    pub(crate) dry_run: bool,
-    /// Staged enforcement (`rollout.rs`): read by `Judge::enforces` alone too.
-    pub(crate) staged: Option<Staged>,
-    /// Reports the refusals a shadow limit or a staged policy only counts.
-    pub(crate) would_limit: WouldLimit,
-    /// What a request without a key gets.
-    pub(crate) missing_key: MissingKey,
-    /// Every admitted request gets a `PolicyDecision` (dry runs, delay mode, or the layer says so).
-    pub(crate) expose_decision: bool,
-    pub(crate) tiers: Box<[CompiledTier]>,
-    /// The default 429 body, rendered once.
-    pub(crate) limited_body: Bytes,
-}
-
-impl PolicyRules {
-    /// The rules of `policy`; `dry_run`: whether it only reports what it would refuse.
-    pub(crate) fn new<K>(
-        policy: &Policy<K>,
-        settings: &Settings,
-        backend_keeps_penalties: bool,
-        dry_run: bool,
-    ) -> Self {
-        PolicyRules {
-            name: policy.name().into(),
-            reporter: Reporter::default(),
-            penalty: policy
-                .limit()
-                .penalty()
-                .filter(|_| !backend_keeps_penalties)
-                .map(|penalty| Arc::new(PenaltyBox::new(*penalty))),
-            #[cfg(feature = "memory")]
-            cost: policy.cost(),
-            dry_run,
-            staged: policy.staged(),
-            would_limit: WouldLimit::default(),
-            missing_key: policy.missing_key(),
-            expose_decision: settings.decision_extension
-                || dry_run
-                || policy.staged().is_some()
-                || policy.limit().delay().is_some(),
-            tiers: policy
-                .tiers()
-                .iter()
-                .map(|t| CompiledTier::of(t.name.clone(), &t.limits))
-                .collect(),
-            limited_body: headers::limited_body(policy.name()),
         }
     }
 }
@@ -148,7 +84,7 @@ pub(crate) fn add_limits(admitted: &mut Admitted, tier: &CompiledTier, decisions
 /// `enforced`: whether the verdict enforces the decision (not a dry run, which reports the wait in
 /// its `PolicyDecision` but does not wait).
 pub(crate) fn admit(
-    rules: &PolicyRules,
+    rules: &CompiledPolicy,
     tier: &CompiledTier,
     decision: Decision,
     fields: RateHeaders,

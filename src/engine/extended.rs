@@ -97,7 +97,7 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let rules = &table.policies[policy];
+    let rules = table.policies[policy].compiled();
     let custom = custom_quota(shared, rules.cost(), extras, &parts, &key).await;
     let request = RequestRef::of_parts(&parts);
     let custom_tier = custom.as_deref().map(|c| &c.rules);
@@ -106,7 +106,7 @@ where
         Err(banned) => return answered(parts, banned),
     };
     let cx = RequestContext {
-        policy,
+        policy: table.policies[policy].compiled(),
         tier,
         key: &key,
         request,

@@ -12,7 +12,7 @@
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O;
 //!   `judge_state`: the judge's in-process state (penalty boxes, local limiter) for the handle.
 //! * [`admitted`]: what an admitted request carries.
-//! * [`settings`]: the layer-wide settings, hooks, failure policy and each tier's rules.
+//! * [`settings`]: the layer-wide settings, hooks and failure policy.
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
 pub(crate) mod admitted;

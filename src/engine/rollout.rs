@@ -10,13 +10,13 @@ use std::task::Poll;
 
 use crate::backend::Backend;
 use crate::decision::Decision;
-use crate::engine::admitted::PolicyRules;
-use crate::engine::settings::CompiledTier;
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
 use crate::observe::ShownKey;
+use crate::policy::CompiledPolicy;
+use crate::policy::CompiledTier;
 use crate::rollout::Unenforced;
 
 /// The answer of `check` (the policy's own limits) and of each shadow limit for `key`, asked
@@ -80,7 +80,7 @@ impl Judge {
         shadows: &[Limit],
         answers: Vec<Result<Decision, BackendError>>,
     ) {
-        let rules = &self.policies[cx.policy];
+        let rules = cx.policy;
         for (limit, answer) in shadows.iter().zip(answers) {
             match answer {
                 Ok(decision) if decision.allowed => {}
@@ -101,7 +101,7 @@ impl Judge {
     /// counted as would-limit.
     pub(super) fn would_limit(
         &self,
-        rules: &PolicyRules,
+        rules: &CompiledPolicy,
         tier: &CompiledTier,
         decisions: &[Decision],
         shown: ShownKey<'_>,

@@ -1,14 +1,12 @@
 //! What the verdict is configured with: the layer-wide [`Settings`] (hooks, headers, failure
-//! policy) and each tier's [`CompiledTier`]. Below the verdict, the policy and per-customer quotas,
-//! which all build or read them.
+//! policy).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response};
+use http::Response;
 
-use crate::headers::{self, HeaderOptions};
-use crate::limit::{Algorithm, Limit};
+use crate::headers::HeaderOptions;
 use crate::observe::Limited;
 use crate::offenders::Offenders;
 use crate::refusal::{Refusal, Rejected};
@@ -83,34 +81,6 @@ impl Default for Settings {
             offenders: None,
             grpc: false,
             decision_extension: false,
-        }
-    }
-}
-
-/// What the verdict needs of one tier's limits (or of a per-customer quota's).
-pub(crate) struct CompiledTier {
-    pub(crate) name: Option<Arc<str>>,
-    pub(crate) limits: Box<[Limit]>,
-    pub(crate) names: Box<[Arc<str>]>,
-    pub(crate) policy_field: HeaderValue,
-    /// `limits[0].max_cost()`, for the decision of a ban.
-    pub(crate) limit_value: u64,
-    pub(crate) concurrency: bool,
-    /// Whether a limit of the tier is in delay mode (most are not: no request waits).
-    pub(crate) delays: bool,
-}
-
-impl CompiledTier {
-    /// The rules of `limits` (at least one), the tier called `name` (`None`: the default).
-    pub(crate) fn of(name: Option<Arc<str>>, limits: &[Limit]) -> Self {
-        CompiledTier {
-            name,
-            limits: limits.into(),
-            names: limits.iter().map(|l| l.name().into()).collect(),
-            policy_field: headers::policy_field(limits),
-            limit_value: limits[0].max_cost(),
-            concurrency: limits[0].algorithm() == Algorithm::Concurrency,
-            delays: limits.iter().any(|limit| limit.delay().is_some()),
         }
     }
 }

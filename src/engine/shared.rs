@@ -56,11 +56,15 @@ where
     let table = table.clone();
     Box::new(move |owner| match owner {
         SlotOwner::Backend { lease } => {
-            let rules = &table.policies[policy];
+            let rules = table.policies[policy].compiled();
             let limit = &rules.tiers()[tier].limits[0];
             shared.backend.release(limit, &key, rules.cost(), lease);
         }
         #[cfg(feature = "memory")]
-        SlotOwner::Local => table.judge.release_local(policy, tier, &key),
+        SlotOwner::Local => {
+            table
+                .judge
+                .release_local(table.policies[policy].compiled(), tier, &key)
+        }
     })
 }

@@ -32,7 +32,6 @@ use crate::access::Access;
 use crate::backend::{Backend, StackFuture};
 use crate::decision::Decision;
 use crate::engine::admitted::{Admitted, Verdict};
-use crate::engine::settings::CompiledTier;
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::slot::Release;
 use crate::engine::table::Table;
@@ -42,6 +41,7 @@ use crate::key::{Key, KeyExtractor};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
 use crate::per_customer::CustomerQuota;
+use crate::policy::CompiledTier;
 
 /// Step 1: the first policy of `table` whose route and methods match `request`.
 pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
@@ -79,7 +79,10 @@ pub(crate) fn access<K, B>(
     }
     match lists.check(source.address(request.headers, request.extensions), key) {
         Access::Allow => Some(Verdict::Admit(Admitted::unlimited())),
-        Access::Deny => Some(table.judge.forbidden(policy, key, request)),
+        Access::Deny => {
+            let policy = policy.map(|i| &**table.policies[i].compiled());
+            Some(table.judge.forbidden(policy, key, request))
+        }
         Access::Limit => None,
     }
 }
@@ -100,15 +103,24 @@ pub(crate) fn without_key<K>(
     request: RequestRef<'_>,
 ) -> Verdict {
     match missing {
-        Missing::Expected(what) => table.judge.missing_key(policy, &what, request),
+        Missing::Expected(what) => {
+            table
+                .judge
+                .missing_key(table.policies[policy].compiled(), &what, request)
+        }
         // The application's key service is slow: not the client's fault (no 400).
-        Missing::Late => table.judge.key_unavailable(policy, request),
+        Missing::Late => table
+            .judge
+            .key_unavailable(table.policies[policy].compiled(), request),
     }
 }
 
 /// Steps 3 and 4 together, as both paths run them once the key is known: the access lists, then a
 /// request without a key. `Ok`: the key the request goes on with to its limits; `Err`: the verdict
 /// that answers it before them.
+// The verdict is returned by value, as every step returns it (boxing it would allocate for every
+// refusal and every allowed client).
+#[allow(clippy::result_large_err)]
 pub(crate) fn keyed<K, B>(
     shared: &Shared<K, B>,
     table: &Table<K>,
@@ -125,6 +137,7 @@ pub(crate) fn keyed<K, B>(
 /// Steps 5 and 6 together, as both paths run them once the quota is known: the tier (tier 0 under a
 /// customer's own quota, `custom`), then the ban. `Ok`: the tier the backend is asked under; `Err`:
 /// the ban's refusal.
+#[allow(clippy::result_large_err)] // as `keyed`'s
 pub(crate) fn tier_unless_banned<K>(
     table: &Table<K>,
     policy: usize,
@@ -137,7 +150,7 @@ pub(crate) fn tier_unless_banned<K>(
         None => tier(table, policy, request),
     };
     let cx = RequestContext {
-        policy,
+        policy: table.policies[policy].compiled(),
         tier,
         key,
         request,
@@ -151,7 +164,9 @@ pub(crate) fn tier_unless_banned<K>(
 
 /// Step 5: the tier of policy `policy` that `request` is decided under.
 pub(crate) fn tier<K>(table: &Table<K>, policy: usize, request: RequestRef<'_>) -> usize {
-    table.policies[policy].tier_in(request.headers, request.extensions)
+    table.policies[policy]
+        .compiled()
+        .tier_in(request.headers, request.extensions)
 }
 
 /// Step 5: the limits a request is decided under: its per-customer quota's, else its tier's.
@@ -163,7 +178,7 @@ pub(crate) fn limits_of<'a, K>(
 ) -> &'a [Limit] {
     match custom {
         Some(custom) => &custom.limits,
-        None => &table.policies[policy].tiers()[tier].limits,
+        None => &table.policies[policy].compiled().tiers[tier].limits,
     }
 }
 

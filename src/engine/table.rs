@@ -11,13 +11,15 @@ use crate::engine::settings::Settings;
 use crate::engine::verdict::Judge;
 use crate::error::BuildError;
 use crate::limit::Limit;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicySpec};
 use crate::route::Route;
 
-/// The policy table: the policies in the order they are tried, and the verdict's rules for them.
+/// The policy table: the policies in the order they are tried, each compiled for this table, and
+/// the judge that turns their decisions into verdicts.
 pub(crate) struct Table<K> {
     pub(crate) policies: Box<[Policy<K>]>,
-    /// Its own `Arc`: a response future waiting for a remote decision holds the judge, not the table.
+    /// Its own `Arc`: a response future waiting for a remote decision holds the judge and its
+    /// policy's [`CompiledPolicy`], not the table (whose key extractors it has no use for).
     pub(crate) judge: Arc<Judge>,
 }
 
@@ -39,25 +41,36 @@ impl<K> Table<K> {
     fn limits(&self) -> impl Iterator<Item = &Limit> {
         self.policies
             .iter()
-            .flat_map(|p| p.tiers())
+            .flat_map(|p| p.spec().tiers())
             .flat_map(|t| t.limits.iter())
     }
 
-    /// Checks `policies` against `backend` ([`validate_table`]) and makes the verdict's rules for
-    /// them. With `previous` (a reload), the new judge takes over the in-process state it shares
-    /// with the table it replaces (penalty boxes, the local limiter).
+    /// Checks `policies` against `backend` ([`validate_table`]) and compiles them. With
+    /// `previous` (a reload), the new table takes over the in-process state it shares with the
+    /// table it replaces (penalty boxes, the local limiter).
     pub(crate) fn build<B: Backend>(
         backend: &B,
         policies: impl Into<Box<[Policy<K>]>>,
         settings: Settings,
-        previous: Option<&Judge>,
+        previous: Option<&Table<K>>,
     ) -> Result<Self, BuildError> {
         let policies: Box<[Policy<K>]> = policies.into();
-        validate_table(backend, &policies)?;
-        let mut judge = Judge::new(settings, &policies, backend.keeps_penalties());
+        let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
+        validate_table(backend, &specs)?;
+        let exposed = settings.decision_extension;
+        let mut judge = Judge::new(settings);
         if let Some(previous) = previous {
-            judge.carry_over(previous);
+            judge.carry_over(&previous.judge);
         }
+        let old = previous.map_or(&[][..], |t| &t.policies[..]);
+        let keeps_penalties = backend.keeps_penalties();
+        let policies = Vec::from(policies)
+            .into_iter()
+            .map(|policy| {
+                let kept = old.iter().map(|p| &**p.compiled());
+                policy.compile(exposed, keeps_penalties, kept)
+            })
+            .collect();
         Ok(Table {
             policies,
             judge: Arc::new(judge),
@@ -68,7 +81,7 @@ impl<K> Table<K> {
 /// The checks of a policy table, for [`ThrottleLayerBuilder::build`] and for a reload: what the
 /// backend can enforce, limits that share a name share their rules and stacks, and every policy can
 /// be reached.
-fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<(), BuildError> {
+fn validate_table<B: Backend>(backend: &B, policies: &[&PolicySpec]) -> Result<(), BuildError> {
     if policies.is_empty() {
         return Err(BuildError::Invalid(
             "a throttle layer needs at least one policy".into(),
@@ -163,7 +176,7 @@ fn validate_table<K, B: Backend>(backend: &B, policies: &[Policy<K>]) -> Result<
 /// Only routes spelt alike (up to parameter names) count as the same route: under axum's router,
 /// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
 /// other.
-fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
+fn check_reachable(policies: &[&PolicySpec]) -> Result<(), BuildError> {
     // Only a route-less policy or one on the same route can cover another, so each policy is
     // compared with those alone: linear in the number of routes, which tables of thousands have.
     let mut unrouted: Vec<usize> = Vec::new();
@@ -175,7 +188,7 @@ fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
             .iter()
             .chain(same_route.into_iter().flatten())
             .copied()
-            .filter(|&e| covers(&policies[e], later))
+            .filter(|&e| covers(policies[e], later))
             .min();
         if let Some(earlier) = earlier {
             let earlier = &policies[earlier];
@@ -197,7 +210,7 @@ fn check_reachable<K>(policies: &[Policy<K>]) -> Result<(), BuildError> {
 }
 
 /// Whether `this` matches every request that `other` matches.
-fn covers<K>(this: &Policy<K>, other: &Policy<K>) -> bool {
+fn covers(this: &PolicySpec, other: &PolicySpec) -> bool {
     let routes = match (this.route_rule(), other.route_rule()) {
         (None, _) => true,
         (Some(mine), Some(theirs)) => mine.same_route(theirs),
@@ -212,7 +225,7 @@ fn covers<K>(this: &Policy<K>, other: &Policy<K>) -> bool {
 }
 
 /// The requests `policy` matches, in words.
-fn scope<K>(policy: &Policy<K>) -> String {
+fn scope(policy: &PolicySpec) -> String {
     let route = match policy.route_rule() {
         None => "every route".to_owned(),
         Some(route) => format!("route {:?}", route.pattern()),
@@ -282,8 +295,10 @@ mod tests {
             }
             b.build().unwrap()
         };
-        let check =
-            |policies: &[Policy<PeerIp>]| check_reachable(policies).map_err(|e| e.to_string());
+        let check = |policies: &[Policy<PeerIp>]| {
+            let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
+            check_reachable(&specs).map_err(|e| e.to_string())
+        };
         let everything = policy("all", None, None);
         let users = policy("users", Some("/users/{id}"), None);
         let users_again = policy("users2", Some("/users/{user_id}"), None);

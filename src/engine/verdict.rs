@@ -12,15 +12,16 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::engine::admitted::{add_limits, admit, queue_delay, Admitted, PolicyRules, Verdict};
-use crate::engine::settings::{CompiledTier, OnBackendError, Settings};
+use crate::engine::admitted::{add_limits, admit, queue_delay, Admitted, Verdict};
+use crate::engine::settings::{OnBackendError, Settings};
 use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
 use crate::grpc;
 use crate::headers::{self, RateHeaders};
 use crate::key::Key;
 use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
-use crate::policy::{MissingKey, Policy};
+use crate::policy::CompiledPolicy;
+use crate::policy::{CompiledTier, MissingKey};
 use crate::refusal::{Refusal, RefusalKind, Rejected};
 use crate::timer::timers_available;
 
@@ -33,11 +34,11 @@ pub(crate) enum Checked {
     Stack(Vec<Decision>),
 }
 
-/// What a request is judged as: the policy that matched it (its index in the layer), the tier of its
-/// quota, its key, and the parts of the request that reports and hooks see.
+/// What a request is judged as: the policy that matched it, the tier of its quota, its key, and the
+/// parts of the request that reports and hooks see.
 #[derive(Clone, Copy)]
 pub(crate) struct RequestContext<'a> {
-    pub(crate) policy: usize,
+    pub(crate) policy: &'a CompiledPolicy,
     pub(crate) tier: usize,
     pub(crate) key: &'a Key,
     pub(crate) request: RequestRef<'a>,
@@ -47,7 +48,7 @@ pub(crate) struct RequestContext<'a> {
 
 impl<'a> RequestContext<'a> {
     pub(crate) fn new<B>(
-        policy: usize,
+        policy: &'a CompiledPolicy,
         tier: usize,
         key: &'a Key,
         request: &'a Request<B>,
@@ -62,13 +63,10 @@ impl<'a> RequestContext<'a> {
     }
 
     /// The limits the request is decided under: its per-customer quota's, else its tier's.
-    fn tier_in<'r>(&self, rules: &'r PolicyRules) -> &'r CompiledTier
-    where
-        'a: 'r,
-    {
+    fn tier_rules(&self) -> &'a CompiledTier {
         match self.custom {
             Some(custom) => custom,
-            None => &rules.tiers[self.tier],
+            None => &self.policy.tiers[self.tier],
         }
     }
 }
@@ -77,8 +75,6 @@ impl<'a> RequestContext<'a> {
 /// after its backend has answered, so a pending response future holds this and not the backend.
 pub(crate) struct Judge {
     pub(super) settings: Settings,
-    /// Per policy, in the order of the layer's policies.
-    pub(super) policies: Box<[PolicyRules]>,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     pub(super) local: Option<MemoryBackend>,
@@ -97,15 +93,7 @@ struct Source {
 }
 
 impl Judge {
-    pub(crate) fn new<K>(
-        settings: Settings,
-        policies: &[Policy<K>],
-        backend_keeps_penalties: bool,
-    ) -> Self {
-        let rules = policies
-            .iter()
-            .map(|p| PolicyRules::new(p, &settings, backend_keeps_penalties, p.is_dry_run()))
-            .collect();
+    pub(crate) fn new(settings: Settings) -> Self {
         Judge {
             #[cfg(feature = "memory")]
             local: (settings.on_error == OnBackendError::Local).then(MemoryBackend::new),
@@ -114,7 +102,6 @@ impl Judge {
                 secret.unwrap_or_else(RedactionSecret::random).hmac()
             }),
             settings,
-            policies: rules,
             errors: ErrorLog::default(),
         }
     }
@@ -128,11 +115,15 @@ impl Judge {
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
     /// request without a key (nor one whose async key came late): its other keys are as in a dry
     /// run, but their refusals are counted as would-limit (`decided`).
-    fn enforces(&self, policy: Option<usize>, kind: RefusalKind, key: Option<&Key>) -> bool {
+    fn enforces(
+        &self,
+        policy: Option<&CompiledPolicy>,
+        kind: RefusalKind,
+        key: Option<&Key>,
+    ) -> bool {
         match (policy, kind) {
             (_, RefusalKind::Denied) | (None, _) => true,
-            (Some(policy), _) => {
-                let rules = &self.policies[policy];
+            (Some(rules), _) => {
                 !rules.dry_run
                     && rules
                         .staged
@@ -147,7 +138,7 @@ impl Judge {
         cx: RequestContext<'_>,
         answer: Result<Checked, BackendError>,
     ) -> Verdict {
-        let tier = cx.tier_in(&self.policies[cx.policy]);
+        let tier = cx.tier_rules();
         let from_backend = |d: &Decision| Source {
             strike: true,
             slot: SlotOwner::Backend {
@@ -178,10 +169,14 @@ impl Judge {
     /// A policy's async key did not come within its timeout: the application's key service is
     /// slow, not the client at fault, so the failure policy answers as for a backend that cannot
     /// decide (`Local` cannot count a request without a key: it is let through, as by `Allow`).
-    pub(crate) fn key_unavailable(&self, policy: usize, request: RequestRef<'_>) -> Verdict {
-        let rules = &self.policies[policy];
+    pub(crate) fn key_unavailable(
+        &self,
+        policy: &CompiledPolicy,
+        request: RequestRef<'_>,
+    ) -> Verdict {
+        let rules = policy;
         match self.settings.on_error {
-            OnBackendError::Deny if self.enforces(Some(policy), RefusalKind::Unavailable, None) => {
+            OnBackendError::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, None) => {
                 Verdict::Reject(self.unavailable(
                     Some(&rules.name),
                     None,
@@ -195,13 +190,13 @@ impl Judge {
 
     /// The backend could not decide: reported, then what [`OnBackendError`] says.
     fn failed(&self, cx: RequestContext<'_>, error: BackendError) -> Verdict {
-        let rules = &self.policies[cx.policy];
+        let rules = cx.policy;
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
         match on_error {
             OnBackendError::Deny
-                if self.enforces(Some(cx.policy), RefusalKind::Unavailable, Some(cx.key)) =>
+                if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) =>
             {
                 Verdict::Reject(self.unavailable(
                     Some(&rules.name),
@@ -223,8 +218,8 @@ impl Judge {
         let Some(local) = &self.local else {
             return Verdict::Admit(Admitted::unlimited());
         };
-        let rules = &self.policies[cx.policy];
-        let limits = &cx.tier_in(rules).limits;
+        let rules = cx.policy;
+        let limits = &cx.tier_rules().limits;
         let decided = if limits.len() == 1 {
             local
                 .decide(&limits[0], cx.key, rules.cost)
@@ -246,8 +241,8 @@ impl Judge {
 
     /// Gives back a concurrency slot taken by the local limiter.
     #[cfg(feature = "memory")]
-    pub(crate) fn release_local(&self, policy: usize, tier: usize, key: &Key) {
-        let rules = &self.policies[policy];
+    pub(crate) fn release_local(&self, policy: &CompiledPolicy, tier: usize, key: &Key) {
+        let rules = policy;
         if let Some(local) = &self.local {
             Backend::release(local, &rules.tiers[tier].limits[0], key, rules.cost, 0);
         }
@@ -257,9 +252,9 @@ impl Judge {
     /// dry run has no penalty box: its limits carry no penalty, so that a backend that keeps
     /// penalties itself does not ban either.)
     pub(crate) fn banned(&self, cx: RequestContext<'_>) -> Option<Verdict> {
-        let rules = &self.policies[cx.policy];
+        let rules = cx.policy;
         let rest = rules.penalty.as_ref()?.banned(cx.key)?;
-        let tier = cx.tier_in(rules);
+        let tier = cx.tier_rules();
         let decision = Decision::banned(tier.limit_value, rest, None, rest);
         let mut decisions = vec![decision; tier.limits.len()];
         let source = Source {
@@ -273,8 +268,8 @@ impl Judge {
     }
 
     /// Reports how long the backend took to decide.
-    pub(crate) fn latency(&self, policy: usize, took: Duration) {
-        let rules = &self.policies[policy];
+    pub(crate) fn latency(&self, policy: &CompiledPolicy, took: Duration) {
+        let rules = policy;
         rules.reporter.latency(&rules.name, took);
     }
 
@@ -285,9 +280,9 @@ impl Judge {
         decisions: &mut [Decision],
         source: Source,
     ) -> Verdict {
-        let rules = &self.policies[cx.policy];
-        let tier = cx.tier_in(rules);
-        let enforced = self.enforces(Some(cx.policy), RefusalKind::Limited, Some(cx.key));
+        let rules = cx.policy;
+        let tier = cx.tier_rules();
+        let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(cx.key));
         let mut delay = queue_delay(tier, decisions);
         let mut decision = match &*decisions {
             [one] => *one,
@@ -346,7 +341,7 @@ impl Judge {
     }
 
     /// A rejection that earns a ban answers with the ban.
-    fn strike(&self, rules: &PolicyRules, key: &Key, decision: Decision) -> Decision {
+    fn strike(&self, rules: &CompiledPolicy, key: &Key, decision: Decision) -> Decision {
         let Some(penalty) = &rules.penalty else {
             return decision;
         };
@@ -366,7 +361,7 @@ impl Judge {
 
     /// A delayed request with no timer to wait on: a misconfigured server, not the client's fault.
     /// Admitting at once would let the queue through early.
-    fn cannot_delay(&self, rules: &PolicyRules, cx: RequestContext<'_>) -> Response<Bytes> {
+    fn cannot_delay(&self, rules: &CompiledPolicy, cx: RequestContext<'_>) -> Response<Bytes> {
         crate::observe::no_timers(&rules.name);
         self.unavailable(
             Some(&rules.name),
@@ -426,7 +421,7 @@ impl Judge {
     /// The 429 (or the custom rejection), after the offender count and the `on_limited` hook.
     fn reject(
         &self,
-        rules: &PolicyRules,
+        rules: &CompiledPolicy,
         cx: RequestContext<'_>,
         decision: &Decision,
         fields: RateHeaders,
@@ -490,7 +485,7 @@ impl Judge {
     /// The verdict on a client or key on a deny list (`policy`: the one that matched, if any).
     pub(crate) fn forbidden(
         &self,
-        policy: Option<usize>,
+        policy: Option<&CompiledPolicy>,
         key: Option<&Key>,
         request: RequestRef<'_>,
     ) -> Verdict {
@@ -505,7 +500,7 @@ impl Judge {
             Refusal {
                 kind: RefusalKind::Denied,
                 status,
-                policy: policy.map(|i| &*self.policies[i].name),
+                policy: policy.map(|p| &*p.name),
                 key,
                 decision: None,
                 retry_after: None,
@@ -521,14 +516,14 @@ impl Judge {
     /// source): what its [`MissingKey`] says.
     pub(crate) fn missing_key(
         &self,
-        policy: usize,
+        policy: &CompiledPolicy,
         what: &str,
         request: RequestRef<'_>,
     ) -> Verdict {
-        let rules = &self.policies[policy];
+        let rules = policy;
         let status = match rules.missing_key {
             MissingKey::Reject(status)
-                if self.enforces(Some(policy), RefusalKind::MissingKey, None) =>
+                if self.enforces(Some(rules), RefusalKind::MissingKey, None) =>
             {
                 status
             }
@@ -560,13 +555,35 @@ impl Judge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
     use crate::key::Global;
     use crate::penalty::Penalty;
+    use crate::policy::Policy;
     use crate::quota::Quota;
     use http::Request;
 
-    fn judge(policy: Policy<Global>, settings: Settings) -> Judge {
-        Judge::new(settings, &[policy], false)
+    /// A judge, and the one policy it judges for (compiled as a table would).
+    pub(super) struct TestJudge {
+        judge: Judge,
+        pub(super) p: Arc<CompiledPolicy>,
+    }
+
+    impl std::ops::Deref for TestJudge {
+        type Target = Judge;
+
+        fn deref(&self) -> &Judge {
+            &self.judge
+        }
+    }
+
+    pub(super) fn judge(policy: Policy<Global>, settings: Settings) -> TestJudge {
+        let exposed = settings.decision_extension;
+        let policy = policy.compile(exposed, false, std::iter::empty());
+        TestJudge {
+            judge: Judge::new(settings),
+            p: policy.compiled().clone(),
+        }
     }
 
     fn policy() -> crate::policy::PolicyBuilder<Global> {
@@ -576,10 +593,10 @@ mod tests {
     }
 
     /// The verdict of `judge` on `answer`, for a request of key "k" to policy 0, tier 0.
-    fn verdict_on(judge: &Judge, answer: Result<Checked, BackendError>) -> Verdict {
+    fn verdict_on(judge: &TestJudge, answer: Result<Checked, BackendError>) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext::new(0, 0, &key, &request);
+        let cx = RequestContext::new(&judge.p, 0, &key, &request);
         judge.verdict(cx, answer)
     }
 
@@ -673,12 +690,16 @@ mod tests {
         let request = Request::get("/").body(()).unwrap();
         let parts = RequestRef::of(&request);
         let enforced = judge(policy().build().unwrap(), deny());
-        let response = rejected(enforced.key_unavailable(0, parts));
+        let response = rejected(enforced.key_unavailable(&enforced.p, parts));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         let dry = judge(policy().dry_run(true).build().unwrap(), deny());
-        assert!(admitted(dry.key_unavailable(0, parts)).headers.is_none());
+        assert!(admitted(dry.key_unavailable(&dry.p, parts))
+            .headers
+            .is_none());
         let allow = judge(policy().build().unwrap(), Settings::default());
-        assert!(admitted(allow.key_unavailable(0, parts)).headers.is_none());
+        assert!(admitted(allow.key_unavailable(&allow.p, parts))
+            .headers
+            .is_none());
     }
 
     /// Under `Local`, the in-memory limiter decides every limit of a stack, not only the first.
@@ -723,7 +744,7 @@ mod tests {
         let error = || Err(BackendError::new("down"));
         assert!(admitted(verdict_on(&judge, error())).slot.is_some());
         rejected(verdict_on(&judge, error()));
-        judge.release_local(0, 0, &Key::from("k"));
+        judge.release_local(&judge.p, 0, &Key::from("k"));
         assert!(admitted(verdict_on(&judge, error())).slot.is_some());
     }
 
@@ -735,7 +756,7 @@ mod tests {
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             let judge = judge(policy().build().unwrap(), Settings::default());
-            judge.latency(0, Duration::from_millis(3));
+            judge.latency(&judge.p, Duration::from_millis(3));
         });
         let page = handle.render();
         assert!(
@@ -776,7 +797,7 @@ mod tests {
         );
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext::new(0, 0, &key, &request);
+        let cx = RequestContext::new(&judge.p, 0, &key, &request);
         assert!(judge.banned(cx).is_none());
         let first = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
         assert_eq!(first.headers()["retry-after"], "2");
@@ -801,7 +822,7 @@ mod tests {
         let judge = judge(policy().build().unwrap(), Settings::default());
         let request = Request::get("/").body(()).unwrap();
         let parts = RequestRef::of(&request);
-        let response = rejected(judge.missing_key(0, "header x-api-key", parts));
+        let response = rejected(judge.missing_key(&judge.p, "header x-api-key", parts));
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         let body = String::from_utf8(response.into_body().to_vec()).unwrap();
         assert!(body.contains("policy 'api'"), "{body}");
@@ -811,11 +832,11 @@ mod tests {
         );
         // A dry run lets a request without a key through, but not past a deny list (the layer's).
         let dry = super::tests::judge(policy().dry_run(true).build().unwrap(), Settings::default());
-        assert!(admitted(dry.missing_key(0, "header x-api-key", parts))
+        assert!(admitted(dry.missing_key(&dry.p, "header x-api-key", parts))
             .decision
             .is_none());
         assert_eq!(
-            rejected(dry.forbidden(Some(0), None, parts)).status(),
+            rejected(dry.forbidden(Some(&dry.p), None, parts)).status(),
             StatusCode::FORBIDDEN
         );
     }

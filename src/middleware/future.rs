@@ -29,6 +29,7 @@ use crate::headers::RateHeaders;
 use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
 use crate::outcome::OutcomeGuard;
+use crate::policy::CompiledPolicy;
 
 /// A request whose decision is remote: what carrying out its verdict needs once the decision arrives.
 pub(crate) struct AwaitingVerdict<S, ReqBody> {
@@ -36,7 +37,7 @@ pub(crate) struct AwaitingVerdict<S, ReqBody> {
     pub(crate) service: S,
     pub(crate) request: Request<ReqBody>,
     pub(crate) judge: Arc<Judge>,
-    pub(crate) policy: usize,
+    pub(crate) policy: Arc<CompiledPolicy>,
     pub(crate) tier: usize,
     /// For the local limiter of `OnBackendError::Local`, the penalty box and the reports.
     pub(crate) key: Key,
@@ -272,9 +273,12 @@ where
                     let mut awaiting = awaiting
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    let AwaitingVerdict { policy, tier, .. } = awaiting;
-                    let context =
-                        RequestContext::new(policy, tier, &awaiting.key, &awaiting.request);
+                    let context = RequestContext::new(
+                        &awaiting.policy,
+                        awaiting.tier,
+                        &awaiting.key,
+                        &awaiting.request,
+                    );
                     let verdict = judged(&awaiting.judge, context, awaiting.started, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     let service = &mut awaiting.service;

@@ -109,7 +109,9 @@ where
         let policy = steps::match_policy(table, &request);
         // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): the same
         // steps with async ones between them. Unused, they cost this one check.
-        if let Some((i, extras)) = policy.and_then(|i| Some((i, table.policies[i].extras()?))) {
+        if let Some((i, extras)) =
+            policy.and_then(|i| Some((i, table.policies[i].compiled().extras()?)))
+        {
             let (extras, table) = (extras.clone(), table.clone());
             return call_extended(inner, shared, table, i, extras, request);
         }
@@ -157,7 +159,8 @@ where
     // service is called right here, with no clone and no extra state.
     let mut noop = Context::from_waker(Waker::noop());
     if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
-        let context = RequestContext::new(policy, tier, &key, &request);
+        let compiled = table.policies[policy].compiled();
+        let context = RequestContext::new(compiled, tier, &key, &request);
         let verdict = steps::judged(&table.judge, context, started, answer);
         let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
         return ResponseFuture::carry_out(verdict, inner, request, release);
@@ -167,6 +170,7 @@ where
     let release = (limits[0].algorithm() == Algorithm::Concurrency)
         .then(|| releaser(shared, table, policy, tier, key.clone()));
     let judge = table.judge.clone();
+    let compiled = table.policies[policy].compiled().clone();
     let service = take_readied(inner);
     ResponseFuture::checking(
         check,
@@ -174,7 +178,7 @@ where
             service,
             request,
             judge,
-            policy,
+            policy: compiled,
             tier,
             key,
             started,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::{period_label, PolicyBuilder, TierStack};
+use super::{period_label, CompiledTier, PolicyBuilder};
 use crate::error::BuildError;
 use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
 use crate::quota::Quota;
@@ -72,7 +72,7 @@ impl<K> PolicyBuilder<K> {
     /// Refuses two limits of one policy under one name. Tiers never share state, and a backend keys
     /// state by limit name: a stacked `1s` quota and a tier named `1s` would both make
     /// "<policy>.1s".
-    pub(super) fn check_names(tiers: &[TierStack]) -> Result<(), String> {
+    pub(super) fn check_names(tiers: &[CompiledTier]) -> Result<(), String> {
         let mut named: HashMap<&str, Option<&str>> = HashMap::new();
         for tier in tiers {
             for limit in tier.limits.iter() {

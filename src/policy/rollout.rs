@@ -5,6 +5,7 @@ use crate::limit::Limit;
 use crate::quota::Quota;
 use crate::rollout::{self, Staged};
 
+use super::spec::PolicySpec;
 use super::{Policy, PolicyBuilder};
 
 /// Rolling a limit out: what a policy enforces.
@@ -12,12 +13,25 @@ impl<K> Policy<K> {
     /// The share of keys its refusals are enforced for, from 0 to 1
     /// ([`PolicyBuilder::enforce_fraction`]; 1 unless staged, 0 in a dry run).
     pub fn enforce_fraction(&self) -> f64 {
-        rollout::share(self.dry_run, self.staged)
+        rollout::share(self.compiled.dry_run, self.compiled.staged)
     }
 
     /// Whether the policy enforces its refusals for `key` (see
     /// [`PolicyBuilder::enforce_fraction`]): the same answer in every process, for good.
     pub fn enforces(&self, key: &crate::key::Key) -> bool {
+        self.compiled.enforces(key)
+    }
+
+    /// Its shadow limits ([`PolicyBuilder::shadow`]), named `{policy}.shadow.{period}`.
+    pub fn shadow_limits(&self) -> &[Limit] {
+        self.compiled.shadow_limits()
+    }
+}
+
+impl PolicySpec {
+    /// Whether its refusals are enforced for `key`: not in a dry run, and for a staged policy only
+    /// for the keys in its share.
+    pub(crate) fn enforces(&self, key: &crate::key::Key) -> bool {
         !self.dry_run && self.staged.is_none_or(|s| s.enforces(key))
     }
 
@@ -25,8 +39,7 @@ impl<K> Policy<K> {
         self.staged
     }
 
-    /// Its shadow limits ([`PolicyBuilder::shadow`]), named `{policy}.shadow.{period}`.
-    pub fn shadow_limits(&self) -> &[Limit] {
+    pub(crate) fn shadow_limits(&self) -> &[Limit] {
         self.extras.as_deref().map_or(&[], |e| &e.shadows)
     }
 }

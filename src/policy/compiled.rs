@@ -1,0 +1,90 @@
+//! [`CompiledPolicy`]: a policy as the engine decides by it — its options as the builder wrote them
+//! ([`PolicySpec`]: tiers, cost, rollout, shadow and metered limits, per-customer quotas, the answer
+//! to a missing key) and what the layer keeps for it while its table is in force (its reporter,
+//! penalty box, rendered 429 body). Compiled again for each table (`engine/table.rs`); a request
+//! holds it by reference, and a request waiting for a remote decision by `Arc`.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::spec::PolicySpec;
+use crate::headers;
+use crate::observe::Reporter;
+use crate::penalty::PenaltyBox;
+use crate::rollout::WouldLimit;
+
+/// A policy compiled: its options (read through `Deref`) and its state.
+pub(crate) struct CompiledPolicy {
+    spec: PolicySpec,
+    pub(crate) reporter: Reporter,
+    /// The penalty box, unless the backend keeps penalties itself (shared with the table a reload
+    /// replaced, when the policy and its penalty are unchanged).
+    pub(crate) penalty: Option<Arc<PenaltyBox>>,
+    /// Reports the refusals a shadow limit or a staged policy only counts.
+    pub(crate) would_limit: WouldLimit,
+    /// Every admitted request gets a `PolicyDecision` (dry runs, staged and delayed policies, or
+    /// the layer says so).
+    pub(crate) expose_decision: bool,
+    /// The default 429 body, rendered once.
+    pub(crate) limited_body: Bytes,
+}
+
+impl CompiledPolicy {
+    pub(super) fn into_spec(self) -> PolicySpec {
+        self.spec
+    }
+
+    /// The options it was compiled from.
+    pub(crate) fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+
+    /// `spec` compiled for a table: `decision_extension`, whether the layer gives every admitted
+    /// request a `PolicyDecision`; `backend_keeps_penalties`, whether the backend bans by itself
+    /// (then the layer keeps no penalty box); `previous`, the policies of the table a reload
+    /// replaces, whose penalty box (strikes and bans) a policy of the same name and penalty keeps.
+    pub(crate) fn new<'p>(
+        spec: PolicySpec,
+        decision_extension: bool,
+        backend_keeps_penalties: bool,
+        mut previous: impl Iterator<Item = &'p CompiledPolicy>,
+    ) -> Self {
+        let penalty = spec.limit().penalty().filter(|_| !backend_keeps_penalties);
+        let kept = penalty.and_then(|penalty| {
+            previous.find_map(|old| {
+                let same = old.spec.name == spec.name;
+                old.penalty
+                    .as_ref()
+                    .filter(|b| same && b.penalty() == *penalty)
+                    .cloned()
+            })
+        });
+        CompiledPolicy {
+            reporter: Reporter::default(),
+            penalty: kept.or_else(|| penalty.map(|p| Arc::new(PenaltyBox::new(*p)))),
+            would_limit: WouldLimit::default(),
+            expose_decision: decision_extension
+                || spec.is_dry_run()
+                || spec.staged().is_some()
+                || spec.limit().delay().is_some(),
+            limited_body: headers::limited_body(spec.name()),
+            spec,
+        }
+    }
+}
+
+impl std::fmt::Debug for CompiledPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.spec.fmt(f)
+    }
+}
+
+impl Deref for CompiledPolicy {
+    type Target = PolicySpec;
+
+    fn deref(&self) -> &PolicySpec {
+        &self.spec
+    }
+}

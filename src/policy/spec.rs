@@ -1,0 +1,141 @@
+//! [`PolicySpec`]: what a policy is, apart from its key extractor and its state — what
+//! [`PolicyBuilder::build`](super::PolicyBuilder::build) writes and the engine reads.
+
+use std::sync::Arc;
+
+use http::header::HeaderName;
+use http::{Method, Request};
+
+use super::parts::{MissingKey, Tier};
+use super::tier::CompiledTier;
+use crate::limit::Limit;
+use crate::per_customer::PolicyExtras;
+use crate::rollout::Staged;
+use crate::route::Route;
+
+/// What a policy is, apart from its key extractor and its state: what the builder writes, and the
+/// engine reads through the [`CompiledPolicy`].
+#[derive(Clone, Debug)]
+pub(crate) struct PolicySpec {
+    pub(crate) name: Arc<str>,
+    /// The default tier first, then the named ones.
+    pub(crate) tiers: Box<[CompiledTier]>,
+    pub(crate) tier_header: Option<HeaderName>,
+    pub(crate) dry_run: bool,
+    /// Staged enforcement: the keys its refusals are enforced for (`None`: all).
+    pub(crate) staged: Option<Staged>,
+    pub(crate) cost: u64,
+    pub(crate) methods: Option<Box<[Method]>>,
+    pub(crate) route: Option<Route>,
+    pub(crate) missing_key: MissingKey,
+    /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
+    pub(crate) extras: Option<Arc<PolicyExtras>>,
+}
+
+impl PolicySpec {
+    /// The policy's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limit of the default tier's first quota (the only one, unless quotas are stacked).
+    pub(crate) fn limit(&self) -> &Limit {
+        &self.tiers[0].limits[0]
+    }
+
+    /// The limits of the default tier: one per stacked quota, named `{policy}` for a single quota
+    /// and `{policy}.{period}` (such as `api.1s` and `api.1d`) for a stack.
+    pub(crate) fn limits(&self) -> &[Limit] {
+        &self.tiers[0].limits
+    }
+
+    /// The limits of tier `name` (named `{policy}.{tier}`, or `{policy}.{tier}.{period}` when
+    /// stacked), or `None` for a tier the policy does not have.
+    pub(crate) fn tier_limits(&self, name: &str) -> Option<&[Limit]> {
+        self.tiers[1..]
+            .iter()
+            .find(|t| t.name.as_deref() == Some(name))
+            .map(|t| &*t.limits)
+    }
+
+    /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
+    pub(crate) fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    pub(crate) fn tiers(&self) -> &[CompiledTier] {
+        &self.tiers
+    }
+
+    /// The tier that applies to a request with these headers and extensions: its [`Tier`]
+    /// extension, else its tier header, else the default (index 0; also for a tier the policy does
+    /// not know).
+    pub(crate) fn tier_in(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> usize {
+        if self.tiers.len() == 1 {
+            return 0;
+        }
+        let named = match extensions.get::<Tier>() {
+            Some(tier) => Some(tier.as_str()),
+            None => self
+                .tier_header
+                .as_ref()
+                .and_then(|h| headers.get(h))
+                .and_then(|v| v.to_str().ok()),
+        };
+        named
+            .and_then(|name| {
+                self.tiers[1..]
+                    .iter()
+                    .position(|t| t.name.as_deref() == Some(name.trim()))
+            })
+            .map_or(0, |i| i + 1)
+    }
+
+    /// Its per-request features, if it uses any (per-customer quota, async key, counting by
+    /// outcome): the one check the fast path makes.
+    pub(crate) fn extras(&self) -> Option<&Arc<PolicyExtras>> {
+        self.extras.as_ref()
+    }
+
+    /// Units each request costs.
+    pub(crate) fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// What happens when a request has no key.
+    pub(crate) fn missing_key(&self) -> MissingKey {
+        self.missing_key
+    }
+
+    /// The route pattern this policy matches, parsed (`None`: every route).
+    pub(crate) fn route_rule(&self) -> Option<&Route> {
+        self.route.as_ref()
+    }
+
+    /// The methods this policy matches (`None`: every method).
+    pub(crate) fn method_list(&self) -> Option<&[Method]> {
+        self.methods.as_deref()
+    }
+
+    /// The route pattern this policy is restricted to, if any.
+    pub(crate) fn route(&self) -> Option<&str> {
+        self.route.as_ref().map(Route::pattern)
+    }
+
+    /// Whether this policy applies to `request` (its route and method).
+    pub(crate) fn applies_to<B>(&self, request: &Request<B>) -> bool {
+        if let Some(methods) = &self.methods
+            && !methods.contains(request.method())
+        {
+            return false;
+        }
+        match &self.route {
+            None => true,
+            Some(route) => route.matches(request),
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! [`CompiledTier`]: one tier of a policy (or a per-customer quota) as a request is decided under
+//! it — its limits, and what the verdict reads of them, computed once when the policy is built.
+
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use crate::headers;
+use crate::limit::{Algorithm, Limit};
+
+/// One tier's limits (or a per-customer quota's), with what the verdict reads of them.
+#[derive(Clone, Debug)]
+pub(crate) struct CompiledTier {
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) limits: Box<[Limit]>,
+    pub(crate) names: Box<[Arc<str>]>,
+    pub(crate) policy_field: HeaderValue,
+    /// `limits[0].max_cost()`, for the decision of a ban.
+    pub(crate) limit_value: u64,
+    pub(crate) concurrency: bool,
+    /// Whether a limit of the tier is in delay mode (most are not: no request waits).
+    pub(crate) delays: bool,
+}
+
+impl CompiledTier {
+    /// The rules of `limits` (at least one), the tier called `name` (`None`: the default).
+    pub(crate) fn of(name: Option<Arc<str>>, limits: &[Limit]) -> Self {
+        CompiledTier {
+            name,
+            limits: limits.into(),
+            names: limits.iter().map(|l| l.name().into()).collect(),
+            policy_field: headers::policy_field(limits),
+            limit_value: limits[0].max_cost(),
+            concurrency: limits[0].algorithm() == Algorithm::Concurrency,
+            delays: limits.iter().any(|limit| limit.delay().is_some()),
+        }
+    }
+}
