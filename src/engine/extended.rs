@@ -12,12 +12,12 @@ use std::time::Instant;
 use http::request::Parts;
 
 use crate::backend::Backend;
-use crate::engine::admitted::Verdict;
 use crate::engine::rollout::with_shadows;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
 use crate::engine::table::Table;
+use crate::engine::verdict::Verdict;
 use crate::engine::verdict::{Checked, RequestContext};
 use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;

@@ -1,23 +1,26 @@
 //! The decision engine: what the layer decides for a request, apart from tower's plumbing
-//! (`middleware/`). Each file uses only files listed after it (`scripts/import_cycles.py` checks it):
+//! (`middleware/`), around one [`CompiledPolicy`](crate::policy::CompiledPolicy) per policy of the
+//! table in force. A request's life reads in two files: [`steps`] (the sequence, which
+//! `middleware/service.rs` runs and the async path runs too) and [`verdict`] (what the backend's
+//! answer means). Each file uses only files listed after it (`scripts/import_cycles.py` checks it):
 //!
 //! * [`extended`]: the async path — the same steps with an async key, a per-customer quota or a
-//!   metered limit awaited between them.
+//!   metered limit awaited between them, and what settles such a request after its response.
 //! * [`steps`]: each step of a request, written once, in the order the request meets them.
 //! * [`shared`]: what every service of a layer shares.
-//! * [`table`]: the policy table in force, and the one function that checks and builds it (for
+//! * [`table`]: the policy table in force, and the one function that checks and compiles it (for
 //!   the builder and for a reload).
 //! * `rollout`: a policy's shadow limits, asked beside its own, and the refusals a shadow limit or
 //!   a staged policy only counts.
-//! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O;
-//!   `judge_state`: the judge's in-process state (penalty boxes, local limiter) for the handle.
-//! * [`admitted`]: what an admitted request carries.
+//! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
+//! * `refuse`: the refusals' responses (429, 503, 403, the missing key's 4xx).
+//! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
 //! * [`settings`]: the layer-wide settings, hooks and failure policy.
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
-pub(crate) mod admitted;
 pub(crate) mod extended;
 mod judge_state;
+mod refuse;
 mod rollout;
 pub(crate) mod settings;
 pub(crate) mod shared;

@@ -4,29 +4,122 @@
 //! returns a [`Verdict`]; the service and the response future carry it out.
 //!
 //! A decision becomes a verdict in small steps ([`Judge::decided`]): wait for delay mode, combine a
-//! stack's decisions, strike the penalty box, report, then admit or reject.
+//! stack's decisions, strike the penalty box, report, then admit ([`Admitted`]: the fields, the
+//! wait, the slot, the [`PolicyDecision`] handlers see) or reject (the responses: `refuse.rs`).
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 
 use crate::decision::Decision;
-use crate::engine::admitted::{add_limits, admit, queue_delay, Admitted, Verdict};
 use crate::engine::settings::{OnBackendError, Settings};
 use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
-use crate::grpc;
-use crate::headers::{self, RateHeaders};
+use crate::headers::RateHeaders;
 use crate::key::Key;
-use crate::observe::{ErrorLog, Limited, RedactionSecret, Redactor, RequestRef, ShownKey};
+use crate::observe::{ErrorLog, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::CompiledPolicy;
-use crate::policy::{CompiledTier, MissingKey};
-use crate::refusal::{Refusal, RefusalKind, Rejected};
+use crate::policy::CompiledTier;
+use crate::policy_decision::{LimitDecision, PolicyDecision};
+use crate::refusal::RefusalKind;
 use crate::timer::timers_available;
 
 #[cfg(feature = "memory")]
 use crate::backend::{Backend, MemoryBackend};
+
+/// What happens to a request.
+pub(crate) enum Verdict {
+    Admit(Admitted),
+    Reject(Response<Bytes>),
+}
+
+/// How a request is let through.
+pub(crate) struct Admitted {
+    pub(crate) headers: Option<RateHeaders>,
+    /// Delay mode: how long to wait before calling the service.
+    pub(crate) delay: Duration,
+    /// Boxed: it is rarely asked for, and a smaller verdict moves faster on every request.
+    pub(crate) decision: Option<Box<PolicyDecision>>,
+    /// A concurrency slot to give back when the response ends.
+    pub(crate) slot: Option<SlotOwner>,
+}
+
+impl Admitted {
+    /// Through with no limit applied (and no headers): the backend failed and the layer fails open.
+    pub(crate) fn unlimited() -> Self {
+        Admitted {
+            headers: None,
+            delay: Duration::ZERO,
+            decision: None,
+            slot: None,
+        }
+    }
+}
+
+/// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
+/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the longest
+/// of a stack's) and corrects each delayed limit's `remaining` in place.
+pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
+    let mut delay = Duration::ZERO;
+    if !tier.delays {
+        return delay;
+    }
+    for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
+        if limit.delay().is_some() {
+            delay = delay.max(limit.delay_for(decision));
+            if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
+                let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+                decision.remaining = (tolerance.saturating_sub(ahead) / gcra.emission_interval())
+                    .min(decision.limit);
+            }
+        }
+    }
+    delay
+}
+
+/// Adds each limit's decision to an admitted request's [`PolicyDecision`], if it has one.
+pub(crate) fn add_limits(admitted: &mut Admitted, tier: &CompiledTier, decisions: &[Decision]) {
+    if let Some(exposed) = admitted.decision.as_deref_mut() {
+        exposed.limits = tier
+            .names
+            .iter()
+            .zip(decisions)
+            .map(|(name, decision)| LimitDecision {
+                name: name.clone(),
+                decision: *decision,
+            })
+            .collect();
+    }
+}
+
+/// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see.
+/// `enforced`: whether the verdict enforces the decision (not a dry run, which reports the wait in
+/// its `PolicyDecision` but does not wait).
+pub(crate) fn admit(
+    rules: &CompiledPolicy,
+    tier: &CompiledTier,
+    decision: Decision,
+    fields: RateHeaders,
+    delay: Duration,
+    enforced: bool,
+    slot: Option<SlotOwner>,
+) -> Admitted {
+    let exposed = rules.expose_decision.then(|| PolicyDecision {
+        policy: rules.name.clone(),
+        tier: tier.name.clone(),
+        decision,
+        enforced,
+        delayed: delay,
+        limits: Box::new([]),
+    });
+    Admitted {
+        headers: Some(fields),
+        delay: if enforced { delay } else { Duration::ZERO },
+        decision: exposed.map(Box::new),
+        slot,
+    }
+}
 
 /// The backend's answer for one request: one limit's decision, or one per limit of a stack.
 pub(crate) enum Checked {
@@ -115,7 +208,7 @@ impl Judge {
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
     /// request without a key (nor one whose async key came late): its other keys are as in a dry
     /// run, but their refusals are counted as would-limit (`decided`).
-    fn enforces(
+    pub(super) fn enforces(
         &self,
         policy: Option<&CompiledPolicy>,
         kind: RefusalKind,
@@ -358,198 +451,6 @@ impl Judge {
             None => decision,
         }
     }
-
-    /// A delayed request with no timer to wait on: a misconfigured server, not the client's fault.
-    /// Admitting at once would let the queue through early.
-    fn cannot_delay(&self, rules: &CompiledPolicy, cx: RequestContext<'_>) -> Response<Bytes> {
-        crate::observe::no_timers(&rules.name);
-        self.unavailable(
-            Some(&rules.name),
-            Some(cx.key),
-            cx.request,
-            "the rate limiter cannot delay this request",
-        )
-    }
-
-    /// A `503` with `Retry-After: 1` (and gRPC pushback), or the custom refusal.
-    fn unavailable(
-        &self,
-        policy: Option<&str>,
-        key: Option<&Key>,
-        request: RequestRef<'_>,
-        detail: &str,
-    ) -> Response<Bytes> {
-        let status = StatusCode::SERVICE_UNAVAILABLE;
-        let default = || {
-            let mut response = self.problem(status, detail);
-            if self.settings.grpc {
-                grpc::set_pushback(response.headers_mut(), Duration::from_secs(1));
-            }
-            response
-        };
-        let mut response = self.refuse(
-            Refusal {
-                kind: RefusalKind::Unavailable,
-                status,
-                policy,
-                key,
-                decision: None,
-                retry_after: Some(Duration::from_secs(1)),
-                detail,
-                request,
-                default: &default,
-            },
-            &default,
-        );
-        headers::set_retry_after(response.headers_mut(), 1);
-        response
-    }
-
-    /// The custom refusal function's answer to `refusal`, or the layer's own (`default`): with no
-    /// function set, this is one `Option` check.
-    fn refuse(
-        &self,
-        refusal: Refusal<'_>,
-        default: &dyn Fn() -> Response<Bytes>,
-    ) -> Response<Bytes> {
-        match &self.settings.refusal {
-            Some(custom) => custom(&refusal),
-            None => default(),
-        }
-    }
-
-    /// The 429 (or the custom rejection), after the offender count and the `on_limited` hook.
-    fn reject(
-        &self,
-        rules: &CompiledPolicy,
-        cx: RequestContext<'_>,
-        decision: &Decision,
-        fields: RateHeaders,
-    ) -> Response<Bytes> {
-        if let Some(offenders) = &self.settings.offenders {
-            offenders.record(&rules.name, cx.key);
-        }
-        if let Some(hook) = &self.settings.on_limited {
-            hook(&Limited {
-                policy: &rules.name,
-                key: cx.key,
-                decision,
-                method: cx.request.method,
-                uri: cx.request.uri,
-                headers: cx.request.headers,
-                extensions: cx.request.extensions,
-            });
-        }
-        let default = || match &self.settings.rejection {
-            Some(custom) => custom(&Rejected {
-                policy: &rules.name,
-                decision,
-            }),
-            None => {
-                headers::problem_response(StatusCode::TOO_MANY_REQUESTS, rules.limited_body.clone())
-            }
-        };
-        let mut response = match &self.settings.refusal {
-            None => default(),
-            Some(_) => {
-                let detail = format!("rate limit of policy '{}' exceeded", rules.name);
-                self.refuse(
-                    Refusal {
-                        kind: RefusalKind::Limited,
-                        status: StatusCode::TOO_MANY_REQUESTS,
-                        policy: Some(&rules.name),
-                        key: Some(cx.key),
-                        decision: Some(decision),
-                        retry_after: decision.retry_after,
-                        detail: &detail,
-                        request: cx.request,
-                        default: &default,
-                    },
-                    &default,
-                )
-            }
-        };
-        headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
-        fields.apply(response.headers_mut());
-        response
-    }
-
-    fn problem(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
-        if self.settings.grpc {
-            grpc::refusal(status, detail)
-        } else {
-            headers::problem(status, detail)
-        }
-    }
-
-    /// The verdict on a client or key on a deny list (`policy`: the one that matched, if any).
-    pub(crate) fn forbidden(
-        &self,
-        policy: Option<&CompiledPolicy>,
-        key: Option<&Key>,
-        request: RequestRef<'_>,
-    ) -> Verdict {
-        if !self.enforces(policy, RefusalKind::Denied, key) {
-            return Verdict::Admit(Admitted::unlimited());
-        }
-        crate::observe::forbidden();
-        let status = StatusCode::FORBIDDEN;
-        let detail = "this client or key is on a deny list";
-        let default = || self.problem(status, detail);
-        Verdict::Reject(self.refuse(
-            Refusal {
-                kind: RefusalKind::Denied,
-                status,
-                policy: policy.map(|p| &*p.name),
-                key,
-                decision: None,
-                retry_after: None,
-                detail,
-                request,
-                default: &default,
-            },
-            &default,
-        ))
-    }
-
-    /// The verdict on a request without a key for policy `policy` (`what` names the expected
-    /// source): what its [`MissingKey`] says.
-    pub(crate) fn missing_key(
-        &self,
-        policy: &CompiledPolicy,
-        what: &str,
-        request: RequestRef<'_>,
-    ) -> Verdict {
-        let rules = policy;
-        let status = match rules.missing_key {
-            MissingKey::Reject(status)
-                if self.enforces(Some(rules), RefusalKind::MissingKey, None) =>
-            {
-                status
-            }
-            _ => return Verdict::Admit(Admitted::unlimited()),
-        };
-        rules.reporter.missing_key(&rules.name, what);
-        let detail = format!(
-            "no rate-limit key for policy '{}': expected {what}",
-            rules.name
-        );
-        let default = || self.problem(status, &detail);
-        Verdict::Reject(self.refuse(
-            Refusal {
-                kind: RefusalKind::MissingKey,
-                status,
-                policy: Some(&rules.name),
-                key: None,
-                decision: None,
-                retry_after: None,
-                detail: &detail,
-                request,
-                default: &default,
-            },
-            &default,
-        ))
-    }
 }
 
 #[cfg(test)]
@@ -561,7 +462,7 @@ mod tests {
     use crate::penalty::Penalty;
     use crate::policy::Policy;
     use crate::quota::Quota;
-    use http::Request;
+    use http::{Request, StatusCode};
 
     /// A judge, and the one policy it judges for (compiled as a table would).
     pub(super) struct TestJudge {

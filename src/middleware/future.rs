@@ -19,10 +19,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::decision::Decision;
-use crate::engine::admitted::{Admitted, Verdict};
 use crate::engine::extended::{Prepared, Preparing};
 use crate::engine::slot::{ConcurrencySlot, Release};
 use crate::engine::steps::{judged, BackendCheck};
+use crate::engine::verdict::{Admitted, Verdict};
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
