@@ -42,12 +42,12 @@ declare -A TESTS=(
   # A request's path, tested in process (no server): the lib's unit tests, the middleware binary
   # (the layer in axum, hyper and tonic, every mode and refusal), the observability binary (what a
   # request logs, in its own process) and, for metered limits, the memory backend's.
-  [src/meter.rs]="--lib --test middleware --test memory -- $SKIP_SLOW $SKIP_CAP"
-  [src/middleware/verdict.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
+  [src/meter/mod.rs]="--lib --test middleware --test memory -- $SKIP_SLOW $SKIP_CAP"
+  [src/engine/verdict.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
   # steps.rs also by the allocation test: a releaser made for a request that holds no slot is an
   # allocation on the admitted path, and nothing else shows it.
-  [src/middleware/steps.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
-  [src/rollout.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
+  [src/engine/steps.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
+  [src/rollout/mod.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
   # The Redis glue: the Redis test binary (needs redis-server, and REDIS_CELL_MODULE or
   # target/redis-cell from `bash scripts/test.sh --setup-only`), only the tests that read it.
   # gcra_group.rs turns a coalesced group's one backlog into each check's answer: the batch tests
@@ -60,8 +60,8 @@ declare -A TESTS=(
 )
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
-  src/backend/memory/entries.rs src/meter.rs src/middleware/verdict.rs src/middleware/steps.rs
-  src/rollout.rs)
+  src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
+  src/rollout/mod.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"

@@ -189,7 +189,7 @@ impl fmt::Display for ShownKey<'_> {
 /// | `throttle_backend_failures_total` | counter | decisions the backend failed (error or timeout) |
 /// | `throttle_backend_latency_seconds` | histogram | time to a backend's decision |
 /// | `throttle_requests_forbidden_total` | counter (no label) | requests on a deny list (403) |
-/// | `throttle_requests_would_limit_total` | counter (`policy`, `limit`) | refusals only counted: a shadow limit's, a staged policy's (`rollout.rs`) |
+/// | `throttle_requests_would_limit_total` | counter (`policy`, `limit`) | refusals only counted: a shadow limit's, a staged policy's (`rollout/`) |
 #[cfg(feature = "metrics")]
 pub(crate) struct PolicyMetrics {
     allowed: metrics::Counter,

@@ -120,7 +120,7 @@ pub(crate) struct ExtrasBuilder {
     pub(crate) async_key: Option<AsyncKey>,
     pub(crate) outcome: OutcomeRule,
     pub(crate) metered: crate::meter::MeteredBuilder,
-    /// Shadow limits (`rollout.rs`), decided beside the policy's own on the extended path.
+    /// Shadow limits (`rollout/`), decided beside the policy's own on the extended path.
     pub(crate) shadows: Box<[Limit]>,
 }
 

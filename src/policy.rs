@@ -29,9 +29,7 @@ pub use crate::quota::QuotaError;
 
 mod compiled;
 mod limits;
-mod metered;
 mod parts;
-mod rollout;
 mod spec;
 pub(crate) mod tier;
 
@@ -180,13 +178,13 @@ impl<K> Policy<K> {
 #[derive(Debug)]
 #[must_use]
 pub struct PolicyBuilder<K> {
-    name: String,
+    pub(crate) name: String,
     quotas: Vec<Quota>,
-    algorithm: Algorithm,
+    pub(crate) algorithm: Algorithm,
     delay: Option<Duration>,
     lease: Option<Duration>,
     dry_run: bool,
-    tiers: Vec<(String, Vec<Quota>)>,
+    pub(crate) tiers: Vec<(String, Vec<Quota>)>,
     tier_header: Option<String>,
     key: K,
     /// Whether [`key`](Self::key) was called: a policy counts requests against a key chosen on
@@ -199,8 +197,9 @@ pub struct PolicyBuilder<K> {
     missing_key: MissingKey,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
-    extras: ExtrasBuilder,
-    rollout: RolloutBuilder,
+    pub(crate) extras: ExtrasBuilder,
+    /// Its rollout options (`rollout/builder.rs`).
+    pub(crate) rollout: RolloutBuilder,
 }
 
 impl<K> PolicyBuilder<K> {

@@ -12,7 +12,6 @@ use std::time::Instant;
 use http::request::Parts;
 
 use crate::backend::Backend;
-use crate::engine::rollout::with_shadows;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
@@ -25,10 +24,11 @@ use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::per_customer::{CustomerQuota, PolicyExtras};
+use crate::rollout::shadows::with_shadows;
 use crate::timer::within;
 
 /// The verdict of a request that took the extended path (an async key or quota, or counting by
-/// outcome: `middleware/extended.rs`), with what carrying it out needs besides the request's body.
+/// outcome: this file), with what carrying it out needs besides the request's body.
 pub(crate) struct Prepared {
     pub(crate) parts: http::request::Parts,
     pub(crate) verdict: Verdict,

@@ -10,8 +10,6 @@
 //! * [`shared`]: what every service of a layer shares.
 //! * [`table`]: the policy table in force, and the one function that checks and compiles it (for
 //!   the builder and for a reload).
-//! * `rollout`: a policy's shadow limits, asked beside its own, and the refusals a shadow limit or
-//!   a staged policy only counts.
 //! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
 //! * `refuse`: the refusals' responses (429, 503, 403, the missing key's 4xx).
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
@@ -21,7 +19,6 @@
 pub(crate) mod extended;
 mod judge_state;
 mod refuse;
-mod rollout;
 pub(crate) mod settings;
 pub(crate) mod shared;
 pub(crate) mod slot;

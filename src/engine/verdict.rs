@@ -171,9 +171,9 @@ pub(crate) struct Judge {
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     pub(super) local: Option<MemoryBackend>,
-    pub(super) errors: ErrorLog,
+    pub(crate) errors: ErrorLog,
     /// Keys in logs as pseudonyms, when the layer redacts them.
-    pub(super) redactor: Option<Redactor>,
+    pub(crate) redactor: Option<Redactor>,
 }
 
 /// Where a decision comes from, which changes what it may do.

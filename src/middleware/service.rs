@@ -107,7 +107,7 @@ where
         let table: &Arc<Table<K>> = table.load();
         // The steps in order (steps.rs): the first matching policy decides.
         let policy = steps::match_policy(table, &request);
-        // Per-customer quotas, async keys, counting by outcome (middleware/extended.rs): the same
+        // Per-customer quotas, async keys, counting by outcome (engine/extended.rs): the same
         // steps with async ones between them. Unused, they cost this one check.
         if let Some((i, extras)) =
             policy.and_then(|i| Some((i, table.policies[i].compiled().extras()?)))

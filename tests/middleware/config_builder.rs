@@ -2,7 +2,7 @@
 //!
 //! Three sources, none of them copied here: the route table's keys come from serde (the
 //! unknown-field probe of `config_reference.rs`); the builder options from the source text of
-//! `src/policy.rs`, `src/policy/metered.rs` and `src/policy/rollout.rs` (`PolicyBuilder`'s `pub fn`s) and `src/limit.rs` (`Limit`'s `pub fn with_*`);
+//! `src/policy.rs`, `src/meter/builder.rs` and `src/rollout/builder.rs` (`PolicyBuilder`'s `pub fn`s) and `src/limit.rs` (`Limit`'s `pub fn with_*`);
 //! the mapping from the rows of `src/config/options.rs` (`row(&[keys], &[options], how)`). A
 //! builder option that TOML cannot express goes on [`NOT_IN_TOML`] with its reason.
 
@@ -12,8 +12,8 @@ use tower_throttle::config::Config;
 
 const POLICY_RS: &str = include_str!("../../src/policy.rs");
 /// `PolicyBuilder`'s metered-limit options, in a file of their own.
-const POLICY_METERED_RS: &str = include_str!("../../src/policy/metered.rs");
-const POLICY_ROLLOUT_RS: &str = include_str!("../../src/policy/rollout.rs");
+const POLICY_METERED_RS: &str = include_str!("../../src/meter/builder.rs");
+const POLICY_ROLLOUT_RS: &str = include_str!("../../src/rollout/builder.rs");
 const LIMIT_RS: &str = include_str!("../../src/limit.rs");
 const OPTIONS_RS: &str = include_str!("../../src/config/options.rs");
 

@@ -1,30 +1,28 @@
 //! The builder's rollout options ([`PolicyBuilder::shadow`], [`PolicyBuilder::enforce_fraction`])
-//! and what a built policy says of them (`rollout.rs` at the crate root holds the rest).
+//! and what a built policy says of them.
 
 use crate::limit::Limit;
+use crate::policy::{Policy, PolicyBuilder, PolicySpec};
 use crate::quota::Quota;
 use crate::rollout::{self, Staged};
-
-use super::spec::PolicySpec;
-use super::{Policy, PolicyBuilder};
 
 /// Rolling a limit out: what a policy enforces.
 impl<K> Policy<K> {
     /// The share of keys its refusals are enforced for, from 0 to 1
     /// ([`PolicyBuilder::enforce_fraction`]; 1 unless staged, 0 in a dry run).
     pub fn enforce_fraction(&self) -> f64 {
-        rollout::share(self.compiled.dry_run, self.compiled.staged)
+        rollout::share(self.compiled().dry_run, self.compiled().staged)
     }
 
     /// Whether the policy enforces its refusals for `key` (see
     /// [`PolicyBuilder::enforce_fraction`]): the same answer in every process, for good.
     pub fn enforces(&self, key: &crate::key::Key) -> bool {
-        self.compiled.enforces(key)
+        self.compiled().enforces(key)
     }
 
     /// Its shadow limits ([`PolicyBuilder::shadow`]), named `{policy}.shadow.{period}`.
     pub fn shadow_limits(&self) -> &[Limit] {
-        self.compiled.shadow_limits()
+        self.compiled().shadow_limits()
     }
 }
 
@@ -44,7 +42,7 @@ impl PolicySpec {
     }
 }
 
-/// Rolling a limit out (`rollout.rs`): shadow limits and staged enforcement.
+/// Rolling a limit out (`rollout/`): shadow limits and staged enforcement.
 impl<K> PolicyBuilder<K> {
     /// A shadow limit: `quota` is counted for every request of the policy that reaches the backend
     /// (admitted or not), decided on the backend as the policy's own limits are, but never

@@ -1,4 +1,4 @@
-//! Rolling a limit out, in the middleware: a policy's shadow limits are asked beside its own
+//! Rolling a limit out, in the engine: a policy's shadow limits are asked beside its own
 //! limits (concurrently, so they add no round trip) and their refusals only reported; a staged
 //! policy's refusals for keys outside its share are reported the same way. Which refusals are
 //! enforced is decided in one place, `Judge::enforces` (verdict.rs); this file only asks and
@@ -15,8 +15,7 @@ use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
 use crate::observe::ShownKey;
-use crate::policy::CompiledPolicy;
-use crate::policy::CompiledTier;
+use crate::policy::{CompiledPolicy, CompiledTier};
 use crate::rollout::Unenforced;
 
 /// The answer of `check` (the policy's own limits) and of each shadow limit for `key`, asked
@@ -99,7 +98,7 @@ impl Judge {
 
     /// A staged policy's refusal of a key outside its share: each limit of the tier that refused is
     /// counted as would-limit.
-    pub(super) fn would_limit(
+    pub(crate) fn would_limit(
         &self,
         rules: &CompiledPolicy,
         tier: &CompiledTier,

@@ -1,13 +1,11 @@
-//! The builder's metered limit ([`PolicyBuilder::metered`]): a cost settled after the response
-//! (`meter.rs` holds the rest).
+//! The builder's metered limit ([`PolicyBuilder::metered`]): a cost settled after the response.
 
 use crate::error::BuildError;
 use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
 use crate::meter::Estimate;
+use crate::policy::PolicyBuilder;
 
-use super::PolicyBuilder;
-
-/// Metered limits (`meter.rs`): a cost settled after the response.
+/// Metered limits (`meter/`): a cost settled after the response.
 impl<K> PolicyBuilder<K> {
     /// Adds a metered `limit` to the policy's stack: a request reserves `estimate` units of it when
     /// it is admitted (its [`cost`](Self::cost) is taken from the other limits, as usual), and
@@ -60,7 +58,7 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// What a metered limit cannot be used with, in a policy whose other limits are `limits`.
-    pub(super) fn check_metered(
+    pub(crate) fn check_metered(
         &self,
         limits: &[Limit],
         metered: &Limit,

@@ -10,6 +10,14 @@
 //! same keys, so one client sees one behaviour. A key is in the share when its hash is below
 //! `share × 2^64`, so raising the share only adds keys (the 10 % are among the 20 %).
 
+//!
+//! The whole feature lives here: the builder's options and what a policy says of them
+//! (`builder.rs`), what a policy keeps of them (`Staged`, `WouldLimit`: here), and the engine's part
+//! (`shadows.rs`: the shadow limits asked beside the policy's own, and what is only counted).
+
+mod builder;
+pub(crate) mod shadows;
+
 use std::time::Duration;
 
 use crate::error::BuildError;

@@ -10,6 +10,13 @@
 //! handler that reports nothing keeps the reservation; a client that hangs up mid-stream is
 //! charged what was produced until then.
 
+//!
+//! The whole feature lives here but for its TOML glue (`config/metered.rs`): the builder's options
+//! (`builder.rs`), the meter and its settlement (here); the engine reserves the estimate and hands
+//! the guard on (`engine/extended.rs`).
+
+mod builder;
+
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
