@@ -9,7 +9,11 @@ their file); a path resolves to the deepest module file it names, so `crate::pol
 `policy.rs` and `crate::Policy` (a re-export at the root) is `lib.rs` — which is why code inside
 the crate imports a name from the module that defines it.
 
-Reports, and exits non-zero on either:
+Reports, and exits non-zero on any of:
+  * every import against the layer rules (LAYER_RULES below): a module of a lower layer that
+    imports one above it, such as the decision engine (engine/) importing tower's skeleton
+    (middleware/), or the Redis backend importing a policy or the engine — even when no circle
+    closes yet;
   * every import circle: each strongly connected component of the module graph with more than
     one file, with one import (file:line) per edge of a circle through it;
   * every file with more than 500 code lines (non-blank, non-comment, outside `#[cfg(test)]`)
@@ -24,6 +28,24 @@ import re
 import sys
 
 LIMIT = 500
+
+# The layers, as (modules, what they may not import): a module is named by its path from src/
+# (`engine::steps`), a rule's module covers its children, and "crate" is lib.rs, the top. The
+# order, bottom to top: the pure algorithms and keys; backend/ (with backend/redis/); policy/;
+# engine/ (the decisions); handle.rs; middleware/ (tower's skeleton); config/; lib.rs. A feature
+# folder sits where its parts do: rollout/ and meter/ below the engine but for the engine's part
+# of rollout (rollout::shadows).
+ABOVE_BACKEND = ("policy", "per_customer", "rollout", "meter", "engine", "handle", "middleware", "config", "crate")
+LAYER_RULES = [
+    ("backend", ABOVE_BACKEND, ()),
+    ("policy", ("engine", "handle", "middleware", "config", "crate"), ()),
+    ("rollout", ("engine", "handle", "middleware", "config", "crate"), ("rollout::shadows",)),
+    ("meter", ("engine", "handle", "middleware", "config", "crate"), ()),
+    ("rollout::shadows", ("handle", "middleware", "config", "crate"), ()),
+    ("engine", ("handle", "middleware", "config", "crate"), ()),
+    ("handle", ("middleware", "config", "crate"), ()),
+    ("middleware", ("config", "crate"), ()),
+]
 REASON = re.compile(r"over\s+500\s+(code\s+)?lines", re.IGNORECASE)
 CFG_TEST = re.compile(r"#\[cfg\((?:all\()?\s*test\b[^\]]*\]")
 
@@ -274,11 +296,23 @@ def main():
         for a in comp:
             for b in sorted(graph[a] & members):
                 print(f"  {name(a)} -> {name(b)}   ({edges[(a, b)]})")
+    def under(module, prefix):
+        return module == prefix or module.startswith(prefix + "::")
+
+    against = []
+    for (a, b), where in sorted(edges.items()):
+        src, dst = name(a), name(b)
+        for scope, forbidden, exempt in LAYER_RULES:
+            if under(src, scope) and not any(under(src, e) for e in exempt):
+                if any(under(dst, f) for f in forbidden):
+                    against.append(f"{src} -> {dst}   ({where}): {scope} may not import {dst}")
+    for line in against:
+        print(f"import against the layers: {line}")
     for path, count in long_files:
         print(f"{path}: {count} code lines (> {LIMIT}) and no 'over {LIMIT} lines' reason in its opening //! comment")
-    if sccs or long_files:
+    if sccs or long_files or against:
         sys.exit(1)
-    print(f"{len(modules)} modules, {len(edges)} imports between them: no import circle, no unexplained file over {LIMIT} code lines")
+    print(f"{len(modules)} modules, {len(edges)} imports between them: no import circle, none against the layers, no unexplained file over {LIMIT} code lines")
 
 
 if __name__ == "__main__":
