@@ -28,12 +28,14 @@ pub use crate::policy_decision::{LimitDecision, PolicyDecision, RequestDecisions
 pub use crate::quota::QuotaError;
 
 mod compiled;
+mod condition;
 mod limits;
 mod parts;
 mod spec;
 pub(crate) mod tier;
 
 pub(crate) use compiled::CompiledPolicy;
+pub use condition::Condition;
 pub(crate) use parts::NO_KEY;
 pub use parts::{MissingKey, NoKey, Tier};
 pub(crate) use spec::PolicySpec;
@@ -85,6 +87,7 @@ impl Policy<NoKey> {
             methods: None,
             custom_methods: None,
             route: None,
+            conditions: Vec::new(),
             missing_key: MissingKey::default(),
             penalty: None,
             budget: None,
@@ -194,6 +197,8 @@ pub struct PolicyBuilder<K> {
     methods: Option<Vec<Method>>,
     custom_methods: Option<Vec<Method>>,
     route: Option<String>,
+    /// Every condition a request must meet ([`when`](Self::when)).
+    conditions: Vec<Condition>,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
@@ -342,6 +347,7 @@ impl<K> PolicyBuilder<K> {
             methods: self.methods,
             custom_methods: self.custom_methods,
             route: self.route,
+            conditions: self.conditions,
             missing_key: self.missing_key,
             penalty: self.penalty,
             budget: self.budget,
@@ -428,6 +434,15 @@ impl<K> PolicyBuilder<K> {
     /// `*rest`), which axum 0.8 refuses.
     pub fn route(mut self, pattern: impl Into<String>) -> Self {
         self.route = Some(pattern.into());
+        self
+    }
+
+    /// Applies the policy only to requests that meet `condition` too (a header, the host, a query
+    /// parameter: see [`Condition`]). Called several times, a request must meet every condition;
+    /// a request that meets no policy's route, methods and conditions passes unlimited. An invalid
+    /// condition is an error when the policy is built.
+    pub fn when(mut self, condition: Condition) -> Self {
+        self.conditions.push(condition);
         self
     }
 
@@ -524,6 +539,12 @@ impl<K> PolicyBuilder<K> {
             .map(|r| Route::parse(&r))
             .transpose()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
+        let conditions = self
+            .conditions
+            .into_iter()
+            .map(Condition::into_rule)
+            .collect::<Result<Box<[_]>, String>>()
+            .map_err(|why| BuildError::Invalid(format!("policy {:?}: when: {why}", self.name)))?;
         let taken: Vec<&str> = tiers
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
@@ -549,6 +570,7 @@ impl<K> PolicyBuilder<K> {
             cost: self.cost,
             methods,
             route,
+            conditions,
             missing_key: self.missing_key,
             extras,
         };

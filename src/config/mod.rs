@@ -51,7 +51,7 @@ pub use crate::backend::configured::{BackendHealth, ConfiguredBackend, Configure
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,
-    QuotaConfig, RedisConfig, RouteConfig, TierConfig,
+    QuotaConfig, RedisConfig, RouteConfig, TierConfig, WhenConfig,
 };
 
 use crate::access::AccessList;

@@ -17,7 +17,7 @@ use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;
 use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
-use crate::policy::{MissingKey, Policy, PolicyBuilder};
+use crate::policy::{Condition, MissingKey, Policy, PolicyBuilder};
 use crate::rollout::parse_percent;
 
 /// The builder every row works on.
@@ -68,6 +68,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["path"], &["route"], |r, _, b| Ok(set(b, r.path.clone(), Builder::route))),
     row(&["methods"], &["methods"], |r, _, b| methods(b, r.methods.as_deref(), Builder::methods)),
     row(&["custom_methods"], &["custom_methods"], |r, _, b| methods(b, r.custom_methods.as_deref(), Builder::custom_methods)),
+    row(&["when"], &["when"], when),
     row(&["budget"], &["budget", "Limit::with_budget"], |r, _, b| Ok(set(b, r.budget_settings(), Builder::budget))),
     row(&["penalty"], &["penalty", "Limit::with_penalty"], penalty),
     row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
@@ -92,6 +93,37 @@ impl RouteConfig {
         }
         builder.build()
     }
+}
+
+/// `when`: each header, the host and each query parameter as a [`Condition`]; `"*"` alone means
+/// present.
+fn when(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Builder, String> {
+    let Some(when) = &route.when else {
+        return Ok(builder);
+    };
+    let present = |values: &[String]| match values {
+        [one] if one == "*" => Ok(true),
+        _ if values.iter().any(|v| v == "*") => {
+            Err("when: \"*\" (present, any value) stands alone, not in a list of values".to_owned())
+        }
+        _ => Ok(false),
+    };
+    for (name, values) in when.header.iter().flatten() {
+        builder = builder.when(match present(values)? {
+            true => Condition::header_present(name),
+            false => Condition::header_in(name, values),
+        });
+    }
+    if let Some(hosts) = &when.host {
+        builder = builder.when(Condition::host_in(hosts.iter().map(String::as_str)));
+    }
+    for (name, values) in when.query.iter().flatten() {
+        builder = builder.when(match present(values)? {
+            true => Condition::query_present(name),
+            false => Condition::query_in(name, values),
+        });
+    }
+    Ok(builder)
 }
 
 /// `option(builder, value)` if the key is set; the builder's default otherwise.

@@ -2,6 +2,7 @@
 //! the helpers that parse their durations, keys and failure policies. What they build lives in
 //! [`policies`](super::policies) and [`backend`](super::backend).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -168,6 +169,11 @@ pub struct RouteConfig {
     /// that `methods` asks for.
     #[serde(default)]
     pub custom_methods: Option<Vec<String>>,
+    /// Conditions a request must meet too, besides `path` and `methods`:
+    /// `{ header = { "x-client" = "mobile" }, host = "api.example.com", query = { plan = "free" } }`
+    /// (see [`WhenConfig`]).
+    #[serde(default)]
+    pub when: Option<WhenConfig>,
     /// `"ip"`, `"client-ip"`, `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"`,
     /// `"path:<name>"` (a parameter of `path`), or an array of these for a composite key
     /// (`["header:x-api-key", "path:org"]`).
@@ -412,6 +418,54 @@ pub struct TierConfig {
     pub period: Option<Duration>,
     /// Stacked quotas.
     pub quotas: Option<Vec<QuotaConfig>>,
+}
+
+/// A route's `when` table: conditions a request must meet for the route's policy to apply, all of
+/// them (see [`Condition`](crate::policy::Condition)). A value is a string or an array of strings
+/// (any of them); `"*"` alone means present, with any value.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct WhenConfig {
+    /// Headers, by name: `{ "x-client" = "mobile" }`, `{ "x-client" = ["mobile", "tablet"] }`,
+    /// `{ "x-beta" = "*" }`.
+    #[serde(default, deserialize_with = "some_values_by_name")]
+    pub header: Option<BTreeMap<String, Vec<String>>>,
+    /// The host: `"api.example.com"`, `"*.example.com"` (every host under it), or an array of
+    /// these.
+    #[serde(default, deserialize_with = "some_values")]
+    pub host: Option<Vec<String>>,
+    /// Query parameters, by name, compared percent-decoded: `{ plan = "free" }`, `{ debug = "*" }`.
+    #[serde(default, deserialize_with = "some_values_by_name")]
+    pub query: Option<BTreeMap<String, Vec<String>>>,
+}
+
+/// A string or an array of strings.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<OneOrMany> for Vec<String> {
+    fn from(values: OneOrMany) -> Self {
+        match values {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        }
+    }
+}
+
+fn some_values<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    OneOrMany::deserialize(d).map(|v| Some(v.into()))
+}
+
+fn some_values_by_name<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, Vec<String>>>, D::Error> {
+    let map = BTreeMap::<String, OneOrMany>::deserialize(d)?;
+    Ok(Some(map.into_iter().map(|(k, v)| (k, v.into())).collect()))
 }
 
 /// A route's `penalty` table.

@@ -221,7 +221,9 @@ fn covers(this: &PolicySpec, other: &PolicySpec) -> bool {
         (Some(mine), Some(theirs)) => theirs.iter().all(|m| mine.contains(m)),
         (Some(_), None) => false,
     };
-    routes && methods
+    // A condition narrows a policy: `this` still covers `other` if `other` has it too.
+    let conditions = this.conditions.iter().all(|c| other.conditions.contains(c));
+    routes && methods && conditions
 }
 
 /// The requests `policy` matches, in words.
@@ -237,7 +239,10 @@ fn scope(policy: &PolicySpec) -> String {
             format!("methods {}", names.join(", "))
         }
     };
-    format!("{route}, {methods}")
+    match policy.conditions.len() {
+        0 => format!("{route}, {methods}"),
+        n => format!("{route}, {methods}, {n} condition(s)"),
+    }
 }
 
 #[cfg(test)]
@@ -322,5 +327,37 @@ mod tests {
         check(&[users_post, posts]).unwrap();
         // Different routes under axum are matched by MatchedPath: neither hides the other.
         check(&[policy("rest", Some("/{*rest}"), None), users]).unwrap();
+    }
+
+    #[test]
+    fn a_policy_with_conditions_hides_only_what_meets_them_too() {
+        use crate::policy::Condition;
+        let q = Quota::per_second(5);
+        let policy = |name: &str, conditions: &[Condition]| {
+            let mut b = Policy::builder(name).key(PeerIp::new()).quota(q);
+            for c in conditions {
+                b = b.when(c.clone());
+            }
+            b.build().unwrap()
+        };
+        let check = |policies: &[Policy<PeerIp>]| {
+            let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
+            check_reachable(&specs).map_err(|e| e.to_string())
+        };
+        let mobile = Condition::header("x-client", "mobile");
+        let free = Condition::query("plan", "free");
+        let all = policy("all", &[]);
+        let phones = policy("phones", std::slice::from_ref(&mobile));
+        let free_phones = policy("free-phones", &[mobile.clone(), free]);
+        // "Mobile clients, else everyone": the narrower one first.
+        check(&[phones.clone(), all.clone()]).unwrap();
+        check(&[free_phones.clone(), phones.clone()]).unwrap();
+        let hidden = check(&[phones.clone(), free_phones]).unwrap_err();
+        assert!(
+            hidden.contains(r#"policy "free-phones" can never apply"#),
+            "{hidden}"
+        );
+        assert!(hidden.contains("1 condition(s)"), "{hidden}");
+        assert!(check(&[all, phones]).is_err());
     }
 }

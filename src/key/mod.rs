@@ -99,6 +99,7 @@ pub use extract::{
     BoxKeyExtractor, Extension, Global, Header, InvalidPrefix, KeyExtractor, OnDuplicate, PeerAddr,
     PeerIp,
 };
+pub(crate) use sources::percent_decode;
 pub use sources::{Cookie, PathParam, QueryParam};
 pub use spec::{Composite, KeySpec, MAX_KEY_PARTS};
 pub use value::{Key, MAX_KEY_LEN};

@@ -14,7 +14,7 @@ use crate::route::Route;
 
 /// Percent-decodes `bytes` (`%41` is `A`; a `%` not followed by two hex digits stays as it is), and
 /// with `plus_is_space` also `+` as a space (form encoding, for query strings).
-fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
+pub(crate) fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

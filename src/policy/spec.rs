@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::header::HeaderName;
 use http::{Method, Request};
 
+use super::condition::Rule;
 use super::parts::{MissingKey, Tier};
 use super::tier::CompiledTier;
 use crate::limit::Limit;
@@ -27,6 +28,8 @@ pub(crate) struct PolicySpec {
     pub(crate) cost: u64,
     pub(crate) methods: Option<Box<[Method]>>,
     pub(crate) route: Option<Route>,
+    /// Every condition a request must meet besides its route and methods (none: nothing to check).
+    pub(crate) conditions: Box<[Rule]>,
     pub(crate) missing_key: MissingKey,
     /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
     pub(crate) extras: Option<Arc<PolicyExtras>>,
@@ -133,9 +136,14 @@ impl PolicySpec {
         {
             return false;
         }
-        match &self.route {
+        let on_route = match &self.route {
             None => true,
             Some(route) => route.matches(request),
-        }
+        };
+        on_route
+            && self
+                .conditions
+                .iter()
+                .all(|c| c.holds(request.uri(), request.headers()))
     }
 }

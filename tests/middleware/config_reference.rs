@@ -103,6 +103,10 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
         probe(&format!("{route}quotas = [{{ UNKNOWN = 0 }}]")),
     );
     tables.insert(
+        "`when = { .. }`".to_owned(),
+        probe(&format!("{route}when = {{ UNKNOWN = 0 }}")),
+    );
+    tables.insert(
         "`penalty = { .. }`".to_owned(),
         probe(&format!("{route}penalty = {{ UNKNOWN = 0 }}")),
     );

@@ -17,6 +17,7 @@ mod support;
 mod access;
 mod admin_handle;
 mod concurrency;
+mod conditions;
 mod config_builder;
 mod config_reference;
 mod contract;

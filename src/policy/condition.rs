@@ -1,0 +1,366 @@
+//! [`Condition`]: what a request must carry for a policy to apply to it, besides its route and
+//! methods — a header, the host, a query parameter ([`PolicyBuilder::when`]).
+//!
+//! Values are compared as the application reads them: query parameters percent-decoded (as axum's
+//! `Query` does), hosts without their port and in any case. Where a request says a thing twice (a
+//! header or a query parameter sent twice), the condition holds if any of the values matches: a
+//! client cannot step out of a limit by adding a second value.
+//!
+//! [`PolicyBuilder::when`]: crate::PolicyBuilder::when
+
+use http::header::{HeaderName, HOST};
+use http::{HeaderMap, HeaderValue, Uri};
+
+use crate::key::percent_decode;
+
+/// A condition a request must meet for a policy to apply to it ([`PolicyBuilder::when`]): a
+/// header present or equal to a value, the host, a query parameter present or equal to a value.
+/// A policy applies when the request matches its route, its methods and every condition; a
+/// request that matches no policy passes unlimited. A policy without conditions pays nothing
+/// for them.
+///
+/// An invalid condition (a header name that is not one, an empty list of values) is an error when
+/// the policy is built.
+///
+/// ```
+/// use tower_throttle::{key::PeerIp, policy::Condition, Policy, Quota};
+///
+/// let mobile = Policy::builder("mobile")
+///     .quota(Quota::per_minute(60))
+///     .key(PeerIp::new())
+///     .when(Condition::header("x-client", "mobile"))
+///     .when(Condition::host("*.example.com"))
+///     .when(Condition::query_present("plan"))
+///     .build()
+///     .unwrap();
+/// let request = |uri: &str, client: &str| {
+///     http::Request::get(uri).header("x-client", client).body(()).unwrap()
+/// };
+/// assert!(mobile.applies_to(&request("http://api.example.com/?plan=free", "mobile")));
+/// assert!(!mobile.applies_to(&request("http://api.example.com/?plan=free", "desktop")));
+/// assert!(!mobile.applies_to(&request("http://example.com/?plan=free", "mobile")));
+/// assert!(!mobile.applies_to(&request("http://api.example.com/", "mobile")));
+///
+/// let err = Policy::builder("bad")
+///     .quota(Quota::per_minute(60))
+///     .key(PeerIp::new())
+///     .when(Condition::header("x client", "mobile"))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.to_string(), r#"policy "bad": when: "x client" is not a valid header name"#);
+/// ```
+///
+/// [`PolicyBuilder::when`]: crate::PolicyBuilder::when
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition(Result<Rule, String>);
+
+/// A condition as the policy checks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Rule {
+    Header(HeaderName, Values),
+    /// Any of these hosts: lowercase, `*.example.com` as `Suffix(".example.com")`.
+    Host(Box<[HostPattern]>),
+    /// The parameter's decoded name, and its decoded values.
+    Query(Box<[u8]>, Values),
+}
+
+/// What a header or query parameter must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Values {
+    /// Present, with any value.
+    Present,
+    /// Equal to one of these.
+    OneOf(Box<[Box<[u8]>]>),
+}
+
+/// One host a condition admits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HostPattern {
+    Exact(Box<str>),
+    /// `*.example.com`: any host ending in `.example.com` (not `example.com` itself).
+    Suffix(Box<str>),
+}
+
+impl Condition {
+    /// The header `name` is present with the value `value` (exactly).
+    pub fn header(name: &str, value: impl Into<String>) -> Condition {
+        Condition::header_in(name, [value])
+    }
+
+    /// The header `name` is present with one of `values`.
+    pub fn header_in<V: Into<String>>(
+        name: &str,
+        values: impl IntoIterator<Item = V>,
+    ) -> Condition {
+        Condition(header_name(name).and_then(|name| Ok(Rule::Header(name, one_of(values)?))))
+    }
+
+    /// The header `name` is present, with any value.
+    pub fn header_present(name: &str) -> Condition {
+        Condition(header_name(name).map(|name| Rule::Header(name, Values::Present)))
+    }
+
+    /// The request's host (its URI's authority, else its `Host` header; without the port, in any
+    /// case) is `pattern`: a host name such as `api.example.com`, or `*.example.com` for every
+    /// host under `example.com`.
+    pub fn host(pattern: &str) -> Condition {
+        Condition::host_in([pattern])
+    }
+
+    /// The request's host is one of `patterns` (see [`host`](Self::host)).
+    pub fn host_in<'a>(patterns: impl IntoIterator<Item = &'a str>) -> Condition {
+        let patterns: Result<Box<[HostPattern]>, String> =
+            patterns.into_iter().map(host_pattern).collect();
+        Condition(patterns.and_then(|patterns| match patterns.is_empty() {
+            true => Err("a host condition needs at least one host".into()),
+            false => Ok(Rule::Host(patterns)),
+        }))
+    }
+
+    /// The query parameter `name` is present with the value `value` (both percent-decoded).
+    pub fn query(name: &str, value: impl Into<String>) -> Condition {
+        Condition::query_in(name, [value])
+    }
+
+    /// The query parameter `name` is present with one of `values`.
+    pub fn query_in<V: Into<String>>(name: &str, values: impl IntoIterator<Item = V>) -> Condition {
+        Condition(query_name(name).and_then(|name| Ok(Rule::Query(name, one_of(values)?))))
+    }
+
+    /// The query parameter `name` is present, with any value (`?plan` counts).
+    pub fn query_present(name: &str) -> Condition {
+        Condition(query_name(name).map(|name| Rule::Query(name, Values::Present)))
+    }
+
+    /// The condition as the policy checks it, or why it cannot be checked.
+    pub(crate) fn into_rule(self) -> Result<Rule, String> {
+        self.0
+    }
+}
+
+fn header_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::try_from(name).map_err(|_| format!("{name:?} is not a valid header name"))
+}
+
+fn query_name(name: &str) -> Result<Box<[u8]>, String> {
+    match name.is_empty() {
+        true => Err("a query condition needs a parameter name".into()),
+        false => Ok(name.as_bytes().into()),
+    }
+}
+
+fn one_of<V: Into<String>>(values: impl IntoIterator<Item = V>) -> Result<Values, String> {
+    let values: Box<[Box<[u8]>]> = values
+        .into_iter()
+        .map(|v| v.into().into_bytes().into_boxed_slice())
+        .collect();
+    match values.is_empty() {
+        true => Err("a condition needs at least one value".into()),
+        false => Ok(Values::OneOf(values)),
+    }
+}
+
+fn host_pattern(pattern: &str) -> Result<HostPattern, String> {
+    let lower = pattern.trim_end_matches('.').to_ascii_lowercase();
+    let (suffix, name) = match lower.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, lower.as_str()),
+    };
+    let valid = !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !valid {
+        return Err(format!(
+            "{pattern:?} is not a host name (such as \"api.example.com\") or a wildcard (\"*.example.com\")"
+        ));
+    }
+    Ok(match suffix {
+        true => HostPattern::Suffix(format!(".{name}").into()),
+        false => HostPattern::Exact(name.into()),
+    })
+}
+
+impl Rule {
+    /// Whether a request with this URI and these headers meets the condition.
+    pub(crate) fn holds(&self, uri: &Uri, headers: &HeaderMap) -> bool {
+        match self {
+            Rule::Header(name, values) => {
+                let mut sent = headers.get_all(name).iter();
+                match values {
+                    Values::Present => sent.next().is_some(),
+                    Values::OneOf(wanted) => {
+                        sent.any(|v| wanted.iter().any(|w| v.as_bytes() == &**w))
+                    }
+                }
+            }
+            Rule::Host(patterns) => host_of(uri, headers).is_some_and(|host| {
+                patterns.iter().any(|pattern| match pattern {
+                    HostPattern::Exact(exact) => host.eq_ignore_ascii_case(exact),
+                    HostPattern::Suffix(suffix) => {
+                        host.len() > suffix.len()
+                            && host.is_char_boundary(host.len() - suffix.len())
+                            && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+                    }
+                })
+            }),
+            Rule::Query(name, values) => uri.query().is_some_and(|query| {
+                query.split('&').any(|pair| {
+                    let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    // Most names need no decoding; decode only those with escapes.
+                    let same = match n.bytes().any(|b| b == b'%' || b == b'+') {
+                        true => *percent_decode(n.as_bytes(), true) == **name,
+                        false => n.as_bytes() == &**name,
+                    };
+                    same && match values {
+                        Values::Present => true,
+                        Values::OneOf(wanted) => {
+                            let v = percent_decode(v.as_bytes(), true);
+                            wanted.iter().any(|w| **w == *v)
+                        }
+                    }
+                })
+            }),
+        }
+    }
+}
+
+/// The request's host without its port (and a trailing dot): its URI's authority (HTTP/2, or an
+/// absolute-form request), else its `Host` header.
+fn host_of<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str> {
+    let host = match uri.host() {
+        Some(host) => host,
+        None => {
+            let value: &HeaderValue = headers.get(HOST)?;
+            let text = value.to_str().ok()?;
+            // `[::1]:8080` keeps its brackets; `example.com:8080` loses its port.
+            match text.rsplit_once(':') {
+                Some((host, port))
+                    if !host.is_empty()
+                        && port.bytes().all(|b| b.is_ascii_digit())
+                        && !text.ends_with(']') =>
+                {
+                    host
+                }
+                _ => text,
+            }
+        }
+    };
+    Some(host.strip_suffix('.').unwrap_or(host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holds(condition: Condition, uri: &str, headers: &[(&str, &str)]) -> bool {
+        let uri: Uri = uri.parse().unwrap();
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(HeaderName::try_from(*name).unwrap(), value.parse().unwrap());
+        }
+        condition.into_rule().unwrap().holds(&uri, &map)
+    }
+
+    #[test]
+    fn headers_match_by_value_and_any_of_a_repeated_header() {
+        let mobile = || Condition::header("x-client", "mobile");
+        assert!(holds(mobile(), "/", &[("x-client", "mobile")]));
+        assert!(!holds(mobile(), "/", &[("x-client", "Mobile")]));
+        assert!(!holds(mobile(), "/", &[]));
+        // A second value does not take a request out of the limit.
+        assert!(holds(
+            mobile(),
+            "/",
+            &[("x-client", "web"), ("x-client", "mobile")]
+        ));
+        let either = || Condition::header_in("x-client", ["mobile", "tablet"]);
+        assert!(holds(either(), "/", &[("x-client", "tablet")]));
+        assert!(!holds(either(), "/", &[("x-client", "web")]));
+        assert!(holds(
+            Condition::header_present("X-Client"),
+            "/",
+            &[("x-client", "")]
+        ));
+        assert!(!holds(
+            Condition::header_present("x-client"),
+            "/",
+            &[("x-other", "1")]
+        ));
+    }
+
+    #[test]
+    fn hosts_match_without_port_in_any_case_and_wildcards_need_a_label() {
+        let api = || Condition::host("API.example.com");
+        assert!(holds(api(), "/", &[("host", "api.example.com")]));
+        assert!(holds(api(), "/", &[("host", "Api.Example.Com:8443")]));
+        assert!(holds(api(), "http://api.example.com./x", &[]));
+        assert!(holds(
+            api(),
+            "https://api.example.com:443/x",
+            &[("host", "other.org")]
+        ));
+        assert!(!holds(api(), "/", &[("host", "example.com")]));
+        assert!(!holds(api(), "/", &[]));
+        let any = || Condition::host("*.example.com");
+        assert!(holds(any(), "/", &[("host", "a.example.com")]));
+        assert!(holds(any(), "/", &[("host", "a.b.EXAMPLE.com:80")]));
+        assert!(!holds(any(), "/", &[("host", "example.com")]));
+        assert!(!holds(any(), "/", &[("host", "badexample.com")]));
+        let both = || Condition::host_in(["a.org", "*.b.org"]);
+        assert!(holds(both(), "/", &[("host", "a.org")]));
+        assert!(holds(both(), "/", &[("host", "x.b.org")]));
+        assert!(!holds(both(), "/", &[("host", "b.org")]));
+        assert!(!holds(
+            Condition::host("a.org"),
+            "/",
+            &[("host", "[::1]:80")]
+        ));
+    }
+
+    #[test]
+    fn query_parameters_match_decoded_and_any_of_a_repeated_one() {
+        let free = || Condition::query("plan", "free plan");
+        assert!(holds(free(), "/?plan=free+plan", &[]));
+        assert!(holds(free(), "/?a=1&pl%61n=free%20plan", &[]));
+        assert!(holds(free(), "/?plan=paid&plan=free+plan", &[]));
+        assert!(!holds(free(), "/?plan=paid", &[]));
+        assert!(!holds(free(), "/?planx=free+plan", &[]));
+        assert!(!holds(free(), "/", &[]));
+        assert!(holds(Condition::query_present("plan"), "/?plan", &[]));
+        assert!(holds(Condition::query_present("plan"), "/?x=1&plan=", &[]));
+        assert!(!holds(Condition::query_present("plan"), "/?x=plan", &[]));
+        assert!(holds(
+            Condition::query_in("plan", ["a", "b"]),
+            "/?plan=b",
+            &[]
+        ));
+    }
+
+    #[test]
+    fn invalid_conditions_say_why() {
+        let why = |c: Condition| c.into_rule().unwrap_err();
+        assert_eq!(
+            why(Condition::header("a b", "x")),
+            "\"a b\" is not a valid header name"
+        );
+        assert_eq!(
+            why(Condition::header_in("a", Vec::<String>::new())),
+            "a condition needs at least one value"
+        );
+        assert_eq!(
+            why(Condition::query_present("")),
+            "a query condition needs a parameter name"
+        );
+        assert!(why(Condition::host("*.")).contains("is not a host name"));
+        assert!(why(Condition::host("a b.org")).contains("is not a host name"));
+        assert!(why(Condition::host("*.*.org")).contains("is not a host name"));
+        assert_eq!(
+            why(Condition::host_in([])),
+            "a host condition needs at least one host"
+        );
+    }
+}
