@@ -146,6 +146,7 @@ mod limit;
 mod meter;
 mod methods;
 mod middleware;
+mod near_limit;
 mod observe;
 mod offenders;
 mod or_default;
@@ -201,6 +202,7 @@ pub mod ops {
     pub use crate::handle::{
         HandleError, KeyFromText, Policies, PolicyState, ThrottleHandle, TierKeyState,
     };
+    pub use crate::near_limit::{NearLimit, NEAR_LIMIT_HEADER};
     pub use crate::observe::RedactionSecret;
     pub use crate::offenders::{OffenderCounts, Offenders};
     /// How many limited keys the top list tracks per policy.

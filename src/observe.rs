@@ -190,6 +190,7 @@ impl fmt::Display for ShownKey<'_> {
 /// | `throttle_backend_latency_seconds` | histogram | time to a backend's decision |
 /// | `throttle_requests_forbidden_total` | counter (no label) | requests on a deny list (403) |
 /// | `throttle_requests_would_limit_total` | counter (`policy`, `limit`) | refusals only counted: a shadow limit's, a staged policy's (`rollout/`) |
+/// | `throttle_requests_near_limit_total` | counter (`policy`, `limit`) | admitted requests that left a limit used to at least the policy's `near_limit` |
 #[cfg(feature = "metrics")]
 pub(crate) struct PolicyMetrics {
     allowed: metrics::Counter,

@@ -15,6 +15,7 @@ use crate::error::BuildError;
 use crate::limit::validate_name;
 use crate::limit::{Algorithm, Limit};
 use crate::methods::methods_of;
+use crate::near_limit::NearRule;
 use crate::per_customer::ExtrasBuilder;
 use crate::quota::Quota;
 use crate::rollout::RolloutBuilder;
@@ -88,6 +89,8 @@ impl Policy<NoKey> {
             custom_methods: None,
             route: None,
             conditions: Vec::new(),
+            near_limit: None,
+            near_limit_header: false,
             missing_key: MissingKey::default(),
             penalty: None,
             budget: None,
@@ -199,6 +202,9 @@ pub struct PolicyBuilder<K> {
     route: Option<String>,
     /// Every condition a request must meet ([`when`](Self::when)).
     conditions: Vec<Condition>,
+    /// [`near_limit`](Self::near_limit)'s ratio, and whether the handler is told.
+    near_limit: Option<f64>,
+    near_limit_header: bool,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
@@ -348,6 +354,8 @@ impl<K> PolicyBuilder<K> {
             custom_methods: self.custom_methods,
             route: self.route,
             conditions: self.conditions,
+            near_limit: self.near_limit,
+            near_limit_header: self.near_limit_header,
             missing_key: self.missing_key,
             penalty: self.penalty,
             budget: self.budget,
@@ -443,6 +451,24 @@ impl<K> PolicyBuilder<K> {
     /// condition is an error when the policy is built.
     pub fn when(mut self, condition: Condition) -> Self {
         self.conditions.push(condition);
+        self
+    }
+
+    /// Near the limit: an admitted request that leaves one of the policy's limits used to at least
+    /// `ratio` (0.8: 80 %) is counted in `throttle_requests_near_limit_total{policy,limit}` and shown
+    /// to the layer's [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook — a warning
+    /// before the 429. A ratio outside (0, 1] is an error when the policy is built.
+    pub fn near_limit(mut self, ratio: f64) -> Self {
+        self.near_limit = Some(ratio);
+        self
+    }
+
+    /// With [`near_limit`](Self::near_limit): also name the limits a request came near to its
+    /// handler, in the request header
+    /// [`x-ratelimit-near`](crate::ops::NEAR_LIMIT_HEADER) (removed from the policy's other
+    /// requests, so that a client cannot send it).
+    pub fn near_limit_header(mut self, on: bool) -> Self {
+        self.near_limit_header = on;
         self
     }
 
@@ -545,6 +571,13 @@ impl<K> PolicyBuilder<K> {
             .map(Condition::into_rule)
             .collect::<Result<Box<[_]>, String>>()
             .map_err(|why| BuildError::Invalid(format!("policy {:?}: when: {why}", self.name)))?;
+        let near = match (self.near_limit, self.near_limit_header) {
+            (Some(ratio), header) => {
+                Some(NearRule::new(&self.name, ratio, header).map_err(BuildError::Invalid)?)
+            }
+            (None, true) => return Err(invalid("near_limit_header needs near_limit".into())),
+            (None, false) => None,
+        };
         let taken: Vec<&str> = tiers
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
@@ -571,6 +604,7 @@ impl<K> PolicyBuilder<K> {
             methods,
             route,
             conditions,
+            near,
             missing_key: self.missing_key,
             extras,
         };

@@ -239,6 +239,14 @@ pub struct RouteConfig {
     /// `"100%"`; see [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)).
     #[serde(default)]
     pub enforce: Option<String>,
+    /// Near the limit: from this share of a limit used (0.8: 80 %), admitted requests are counted
+    /// in `throttle_requests_near_limit_total` and shown to the `on_near_limit` hook.
+    #[serde(default)]
+    pub near_limit: Option<f64>,
+    /// With `near_limit`: name the limits a request came near to its handler in the request
+    /// header `x-ratelimit-near` (default false).
+    #[serde(default)]
+    pub near_limit_header: Option<bool>,
     /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
     /// banned for `ban`.
     #[serde(default)]

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::headers::HeaderOptions;
+use crate::near_limit::NearLimit;
 use crate::observe::Limited;
 use crate::offenders::Offenders;
 use crate::refusal::{Refusal, Rejected};
@@ -14,6 +15,7 @@ use crate::refusal::{Refusal, Rejected};
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
+pub(crate) type NearLimitHook = dyn Fn(&NearLimit<'_>) + Send + Sync;
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,6 +59,7 @@ pub(crate) struct Settings {
     /// The secret of redacted keys (a random one per layer when `redact_keys` has none).
     pub(crate) redaction_secret: Option<crate::observe::RedactionSecret>,
     pub(crate) on_limited: Option<Arc<LimitedHook>>,
+    pub(crate) on_near_limit: Option<Arc<NearLimitHook>>,
     pub(crate) offenders: Option<Offenders>,
     /// Refusals (400, 403, 503) as gRPC trailers-only responses.
     pub(crate) grpc: bool,
@@ -78,6 +81,7 @@ impl Default for Settings {
             redact_keys: false,
             redaction_secret: None,
             on_limited: None,
+            on_near_limit: None,
             offenders: None,
             grpc: false,
             decision_extension: false,

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 
 use crate::decision::Decision;
 use crate::engine::settings::{OnBackendError, Settings};
@@ -18,6 +18,7 @@ use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
+use crate::near_limit::{NearLimit, NearRule};
 use crate::observe::{ErrorLog, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::CompiledPolicy;
 use crate::policy::CompiledTier;
@@ -43,6 +44,8 @@ pub(crate) struct Admitted {
     pub(crate) decision: Option<Box<PolicyDecision>>,
     /// A concurrency slot to give back when the response ends.
     pub(crate) slot: Option<SlotOwner>,
+    /// The limits it came near, for the handler (`near_limit_header`; boxed: rare).
+    pub(crate) near: Option<Box<HeaderValue>>,
 }
 
 impl Admitted {
@@ -53,6 +56,7 @@ impl Admitted {
             delay: Duration::ZERO,
             decision: None,
             slot: None,
+            near: None,
         }
     }
 }
@@ -118,6 +122,7 @@ pub(crate) fn admit(
         delay: if enforced { delay } else { Duration::ZERO },
         decision: exposed.map(Box::new),
         slot,
+        near: None,
     }
 }
 
@@ -427,10 +432,54 @@ impl Judge {
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
             let mut admitted = admit(rules, tier, decision, fields, delay, enforced, slot);
             add_limits(&mut admitted, tier, decisions);
+            if let Some(near) = &rules.near {
+                admitted.near = self.near_limit(near, cx, tier, decisions);
+            }
             return Verdict::Admit(admitted);
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
+    }
+
+    /// An admitted request's limits that it leaves used to at least the policy's ratio: each
+    /// counted, shown to the `on_near_limit` hook (once a second per policy), and named for the
+    /// handler if the policy says so.
+    fn near_limit(
+        &self,
+        rule: &NearRule,
+        cx: RequestContext<'_>,
+        tier: &CompiledTier,
+        decisions: &[Decision],
+    ) -> Option<Box<HeaderValue>> {
+        let rules = cx.policy;
+        let mut names: Vec<&str> = Vec::new();
+        for (name, decision) in tier.names.iter().zip(decisions) {
+            if !rule.is_near(decision) {
+                continue;
+            }
+            rules.near_report.count(&rules.name, name);
+            if let Some(hook) = &self.settings.on_near_limit
+                && let Some(held_back) = rules.near_report.hook_open()
+            {
+                hook(&NearLimit {
+                    policy: &rules.name,
+                    limit: name,
+                    key: cx.key,
+                    decision,
+                    held_back,
+                    method: cx.request.method,
+                    uri: cx.request.uri,
+                    headers: cx.request.headers,
+                    extensions: cx.request.extensions,
+                });
+            }
+            names.push(name);
+        }
+        if !rule.header || names.is_empty() {
+            return None;
+        }
+        // Limit names are header-safe ([A-Za-z0-9_.-]).
+        HeaderValue::from_str(&names.join(", ")).ok().map(Box::new)
     }
 
     /// A rejection that earns a ban answers with the ban.

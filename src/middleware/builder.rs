@@ -16,6 +16,7 @@ use crate::engine::table::Table;
 use crate::error::BuildError;
 use crate::key::ClientIp;
 use crate::middleware::layer::ThrottleLayer;
+use crate::near_limit::NearLimit;
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::or_default::OrDefault;
@@ -132,6 +133,34 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// ```
     pub fn on_limited(mut self, hook: impl Fn(&Limited<'_>) + Send + Sync + 'static) -> Self {
         self.settings.on_limited = Some(Arc::new(hook));
+        self
+    }
+
+    /// Calls `hook` for an admitted request that came near a limit of a policy with
+    /// [`near_limit`](crate::PolicyBuilder::near_limit): at most once a second per policy (the
+    /// event says how many it held back), so that a warning to a customer cannot become a flood.
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, ops::NearLimit, Policy, Quota, ThrottleLayer};
+    ///
+    /// let layer = ThrottleLayer::builder()
+    ///     .policy(
+    ///         Policy::builder("api")
+    ///             .key(Header::new("x-api-key"))
+    ///             .quota(Quota::per_hour(1000))
+    ///             .near_limit(0.8)
+    ///             .build()
+    ///             .unwrap(),
+    ///     )
+    ///     .on_near_limit(|near: &NearLimit<'_>| {
+    ///         tracing::warn!(policy = near.policy, key = %near.key, "80 % of the hourly quota used");
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn on_near_limit(mut self, hook: impl Fn(&NearLimit<'_>) + Send + Sync + 'static) -> Self {
+        self.settings.on_near_limit = Some(Arc::new(hook));
         self
     }
 

@@ -28,6 +28,7 @@ use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
+use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::outcome::OutcomeGuard;
 use crate::policy::CompiledPolicy;
 
@@ -174,6 +175,7 @@ where
             delay,
             decision,
             slot,
+            near,
         } = match verdict {
             Verdict::Admit(admitted) => admitted,
             Verdict::Reject(response) => return Self::refused(response),
@@ -181,6 +183,9 @@ where
         // Readied in place (the request is large: every move of it is a copy).
         if let Some(decision) = decision {
             crate::policy_decision::record(request.extensions_mut(), *decision);
+        }
+        if let Some(near) = near {
+            request.headers_mut().insert(NEAR_LIMIT_HEADER, *near);
         }
         // The concurrency slot it holds until its response ends.
         let slot = match (slot, release) {

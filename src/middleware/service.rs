@@ -24,6 +24,7 @@ use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
+use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::per_customer::PolicyExtras;
 
@@ -97,7 +98,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let Throttle {
             inner,
             shared,
@@ -107,6 +108,12 @@ where
         let table: &Arc<Table<K>> = table.load();
         // The steps in order (steps.rs): the first matching policy decides.
         let policy = steps::match_policy(table, &request);
+        // A policy that names near limits to its handler: never a name the client sent.
+        if let Some(i) = policy
+            && table.policies[i].compiled().near.is_some_and(|n| n.header)
+        {
+            request.headers_mut().remove(NEAR_LIMIT_HEADER);
+        }
         // Per-customer quotas, async keys, counting by outcome (engine/extended.rs): the same
         // steps with async ones between them. Unused, they cost this one check.
         if let Some((i, extras)) =

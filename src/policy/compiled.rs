@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use super::spec::PolicySpec;
 use crate::headers;
+use crate::near_limit::NearReport;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
 use crate::rollout::WouldLimit;
@@ -24,6 +25,8 @@ pub(crate) struct CompiledPolicy {
     pub(crate) penalty: Option<Arc<PenaltyBox>>,
     /// Reports the refusals a shadow limit or a staged policy only counts.
     pub(crate) would_limit: WouldLimit,
+    /// Reports the requests that come near a limit.
+    pub(crate) near_report: NearReport,
     /// Every admitted request gets a `PolicyDecision` (dry runs, staged and delayed policies, or
     /// the layer says so).
     pub(crate) expose_decision: bool,
@@ -65,6 +68,7 @@ impl CompiledPolicy {
             reporter: Reporter::default(),
             penalty: kept.or_else(|| penalty.map(|p| Arc::new(PenaltyBox::new(*p)))),
             would_limit: WouldLimit::default(),
+            near_report: NearReport::default(),
             expose_decision: decision_extension
                 || spec.is_dry_run()
                 || spec.staged().is_some()

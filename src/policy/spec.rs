@@ -10,6 +10,7 @@ use super::condition::Rule;
 use super::parts::{MissingKey, Tier};
 use super::tier::CompiledTier;
 use crate::limit::Limit;
+use crate::near_limit::NearRule;
 use crate::per_customer::PolicyExtras;
 use crate::rollout::Staged;
 use crate::route::Route;
@@ -30,6 +31,8 @@ pub(crate) struct PolicySpec {
     pub(crate) route: Option<Route>,
     /// Every condition a request must meet besides its route and methods (none: nothing to check).
     pub(crate) conditions: Box<[Rule]>,
+    /// Near the limit: from which share used, and whether the handler is told.
+    pub(crate) near: Option<NearRule>,
     pub(crate) missing_key: MissingKey,
     /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
     pub(crate) extras: Option<Arc<PolicyExtras>>,

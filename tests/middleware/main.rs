@@ -30,6 +30,7 @@ mod key_sources;
 mod layer;
 mod metered;
 mod modes;
+mod near_limit;
 mod observe;
 mod penalty;
 mod per_customer;

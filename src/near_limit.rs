@@ -1,0 +1,126 @@
+//! Near the limit ([`PolicyBuilder::near_limit`](crate::PolicyBuilder::near_limit)): a signal
+//! before the 429, so an application can warn a customer who is about to be refused. An admitted
+//! request whose limit is used to at least the policy's ratio (after it) is counted in
+//! `throttle_requests_near_limit_total{policy,limit}`, shown to the layer's
+//! [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook (at most once a second per
+//! policy, with how many were held back), and, where the policy asks, named to the handler in the
+//! request header `x-ratelimit-near`.
+
+use http::header::HeaderName;
+use http::{Extensions, HeaderMap, Method, Uri};
+
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::observe::OncePerSecond;
+
+/// The request header that names, for the handler, the limits a request came near
+/// ([`PolicyBuilder::near_limit_header`](crate::PolicyBuilder::near_limit_header)): the limit names,
+/// comma-separated. The layer removes it from every request of such a policy that is not near, so a
+/// client cannot send it.
+pub const NEAR_LIMIT_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-near");
+
+/// An admitted request that came near a limit, as the
+/// [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook sees it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct NearLimit<'a> {
+    /// The policy.
+    pub policy: &'a str,
+    /// The limit it came near (for stacked quotas, each one's own name).
+    pub limit: &'a str,
+    /// Its key.
+    pub key: &'a Key,
+    /// The limit's decision: `limit - remaining` units are used.
+    pub decision: &'a Decision,
+    /// How many near-limit requests of this policy the hook was not shown since it last was (it is
+    /// called at most once a second per policy).
+    pub held_back: u64,
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+    /// The request's extensions.
+    pub extensions: &'a Extensions,
+}
+
+/// A policy's near-limit setting.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct NearRule {
+    /// The share of a limit used (after the request) from which it is near, in (0, 1].
+    pub(crate) ratio: f64,
+    /// Whether the handler is told, in [`NEAR_LIMIT_HEADER`].
+    pub(crate) header: bool,
+}
+
+impl NearRule {
+    /// The setting for policy `policy`, or why it cannot be.
+    pub(crate) fn new(policy: &str, ratio: f64, header: bool) -> Result<NearRule, String> {
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(format!(
+                "policy {policy:?}: near_limit must be above 0 and at most 1 (0.8: 80 % used), not {ratio}"
+            ));
+        }
+        Ok(NearRule { ratio, header })
+    }
+
+    /// Whether an admitted decision leaves its limit used to at least the ratio.
+    pub(crate) fn is_near(&self, decision: &Decision) -> bool {
+        let used = decision.limit.saturating_sub(decision.remaining);
+        decision.allowed && used as f64 >= self.ratio * decision.limit as f64
+    }
+}
+
+/// A policy's near-limit reports: the counter, and the hook's once-a-second gate.
+#[derive(Default)]
+pub(crate) struct NearReport {
+    hook: OncePerSecond,
+}
+
+impl NearReport {
+    /// Counts a near-limit request of limit `limit` of policy `policy`.
+    pub(crate) fn count(&self, policy: &str, limit: &str) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "throttle_requests_near_limit_total",
+            "policy" => policy.to_owned(),
+            "limit" => limit.to_owned()
+        )
+        .increment(1);
+        tracing::debug!(policy = %policy, limit = %limit, "request near its limit");
+    }
+
+    /// `Some(how many were held back)` when the hook may be called now (once a second).
+    pub(crate) fn hook_open(&self) -> Option<u64> {
+        self.hook.open()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_limit_is_near_from_the_ratio_of_it_used_and_the_ratio_is_checked() {
+        let rule = NearRule::new("api", 0.8, false).unwrap();
+        let admitted = |remaining| Decision::allowed(10, remaining, Duration::from_secs(1));
+        assert!(!rule.is_near(&admitted(3)), "7 of 10 used");
+        assert!(rule.is_near(&admitted(2)), "8 of 10 used");
+        assert!(rule.is_near(&admitted(0)));
+        let refused =
+            Decision::limited(10, 0, Some(Duration::from_secs(1)), Duration::from_secs(1));
+        assert!(!rule.is_near(&refused), "a refusal is not near: it is over");
+        for bad in [0.0, -0.5, 1.01, f64::NAN] {
+            let err = NearRule::new("api", bad, false).unwrap_err();
+            assert!(
+                err.starts_with("policy \"api\": near_limit must be above 0"),
+                "{err}"
+            );
+        }
+        assert!(NearRule::new("api", 1.0, true)
+            .unwrap()
+            .is_near(&admitted(0)));
+    }
+}
