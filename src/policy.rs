@@ -91,6 +91,7 @@ impl Policy<NoKey> {
             conditions: Vec::new(),
             near_limit: None,
             near_limit_header: false,
+            retry_after_jitter: None,
             missing_key: MissingKey::default(),
             penalty: None,
             budget: None,
@@ -180,6 +181,9 @@ impl<K> Policy<K> {
     }
 }
 
+/// The most [`PolicyBuilder::retry_after_jitter`] adds to a `Retry-After`.
+const MAX_RETRY_AFTER_JITTER: Duration = Duration::from_secs(3600);
+
 /// Builds a [`Policy`].
 #[derive(Debug)]
 #[must_use]
@@ -205,6 +209,7 @@ pub struct PolicyBuilder<K> {
     /// [`near_limit`](Self::near_limit)'s ratio, and whether the handler is told.
     near_limit: Option<f64>,
     near_limit_header: bool,
+    retry_after_jitter: Option<Duration>,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
@@ -356,6 +361,7 @@ impl<K> PolicyBuilder<K> {
             conditions: self.conditions,
             near_limit: self.near_limit,
             near_limit_header: self.near_limit_header,
+            retry_after_jitter: self.retry_after_jitter,
             missing_key: self.missing_key,
             penalty: self.penalty,
             budget: self.budget,
@@ -472,6 +478,14 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
+    /// Adds up to `max` at random to each refusal's `Retry-After` (and gRPC pushback): clients
+    /// that share a key, or were refused together, then come back spread over `max` instead of in
+    /// the same second. Only ever later than the limit asks, never earlier. At most an hour.
+    pub fn retry_after_jitter(mut self, max: Duration) -> Self {
+        self.retry_after_jitter = Some(max);
+        self
+    }
+
     /// What to do when a request has no key (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.missing_key = missing_key;
@@ -578,6 +592,13 @@ impl<K> PolicyBuilder<K> {
             (None, true) => return Err(invalid("near_limit_header needs near_limit".into())),
             (None, false) => None,
         };
+        if let Some(jitter) = self.retry_after_jitter
+            && (jitter.is_zero() || jitter > MAX_RETRY_AFTER_JITTER)
+        {
+            return Err(invalid(format!(
+                "retry_after_jitter must be above 0 and at most {MAX_RETRY_AFTER_JITTER:?}, not {jitter:?}"
+            )));
+        }
         let taken: Vec<&str> = tiers
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
@@ -605,6 +626,7 @@ impl<K> PolicyBuilder<K> {
             route,
             conditions,
             near,
+            retry_after_jitter: self.retry_after_jitter,
             missing_key: self.missing_key,
             extras,
         };

@@ -21,3 +21,21 @@ pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F:
         Some(future.await)
     }
 }
+
+/// A number in [0, 1), different on each call: a per-thread xorshift seeded from the standard
+/// library's random hasher keys. For spreading retries, not for anything secret.
+pub(crate) fn unit_random() -> f64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, RandomState};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(0u64) | 1);
+    }
+    STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    })
+}

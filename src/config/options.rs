@@ -71,6 +71,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["when"], &["when"], when),
     row(&["budget"], &["budget", "Limit::with_budget"], |r, _, b| Ok(set(b, r.budget_settings(), Builder::budget))),
     row(&["penalty"], &["penalty", "Limit::with_penalty"], penalty),
+    row(&["retry_after_jitter"], &["retry_after_jitter"], |r, _, b| Ok(set(b, r.retry_after_jitter, Builder::retry_after_jitter))),
     row(&["near_limit", "near_limit_header"], &["near_limit", "near_limit_header"], |r, _, b| Ok(set(set(b, r.near_limit, Builder::near_limit), r.near_limit_header, Builder::near_limit_header))),
     row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
     row(&["refund_statuses"], &["refund_on"], |r, _, b| Ok(set(b, statuses(r.refund_statuses.as_deref(), "refund_statuses")?, Builder::refund_on))),

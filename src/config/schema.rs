@@ -239,6 +239,10 @@ pub struct RouteConfig {
     /// `"100%"`; see [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)).
     #[serde(default)]
     pub enforce: Option<String>,
+    /// Up to this much added at random to each refusal's `Retry-After`, such as `"5s"`, so that
+    /// refused clients do not all come back in the same second (never shortened).
+    #[serde(default, deserialize_with = "some_duration")]
+    pub retry_after_jitter: Option<Duration>,
     /// Near the limit: from this share of a limit used (0.8: 80 %), admitted requests are counted
     /// in `throttle_requests_near_limit_total` and shown to the `on_near_limit` hook.
     #[serde(default)]

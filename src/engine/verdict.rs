@@ -437,6 +437,10 @@ impl Judge {
             }
             return Verdict::Admit(admitted);
         }
+        if let (Some(jitter), Some(retry)) = (rules.retry_after_jitter, decision.retry_after) {
+            // Clients that share a key do not all come back in the same second. Only ever later.
+            decision.retry_after = Some(retry + jitter.mul_f64(crate::timer::unit_random()));
+        }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
     }

@@ -2,6 +2,7 @@
 //! [`PolicyBuilder::build`](super::PolicyBuilder::build) writes and the engine reads.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::header::HeaderName;
 use http::{Method, Request};
@@ -33,6 +34,8 @@ pub(crate) struct PolicySpec {
     pub(crate) conditions: Box<[Rule]>,
     /// Near the limit: from which share used, and whether the handler is told.
     pub(crate) near: Option<NearRule>,
+    /// At most this much added, at random, to each refusal's `Retry-After` (none: exact).
+    pub(crate) retry_after_jitter: Option<Duration>,
     pub(crate) missing_key: MissingKey,
     /// Per-customer quotas, an async key, counting by outcome: `None` (the fast path) unless used.
     pub(crate) extras: Option<Arc<PolicyExtras>>,

@@ -26,6 +26,7 @@ mod front;
 mod grpc;
 mod guide_config;
 mod hyper;
+mod jitter;
 mod key_sources;
 mod layer;
 mod metered;
