@@ -16,6 +16,8 @@ use std::time::Duration;
 use http::HeaderValue;
 
 use crate::backend::{Backend, KeyState};
+use crate::decision::Decision;
+use crate::engine::message;
 use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
@@ -132,6 +134,14 @@ pub enum HandleError {
     /// The layer counts no offenders, so it cannot say who is limited most
     /// ([`ThrottleLayerBuilder::count_offenders`](crate::ThrottleLayerBuilder::count_offenders)).
     NotCounted,
+    /// The policy cannot check a message ([`ThrottleHandle::check`]): a concurrency or metered
+    /// limit, or a cost it cannot take.
+    Unsupported {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for HandleError {
@@ -144,6 +154,9 @@ impl fmt::Display for HandleError {
             HandleError::Backend(e) => write!(f, "backend: {e}"),
             HandleError::NotCounted => {
                 f.write_str("the layer counts no limited keys: build it with count_offenders")
+            }
+            HandleError::Unsupported { policy, reason } => {
+                write!(f, "policy {policy:?} cannot check messages: {reason}")
             }
         }
     }
@@ -328,6 +341,67 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     {
         let key = self.key_of(policy, key)?;
         self.reset_key(policy, &key).await
+    }
+
+    /// Checks one message of a long-lived stream (a WebSocket, SSE or gRPC-stream message) of
+    /// `cost` units for `key` under policy `policy` (its default tier), as the layer checks a
+    /// request: the same backend and limits, penalty box, dry run and staged enforcement, metrics,
+    /// logs and offender counts. The handler then drops the message or closes the stream on a
+    /// refusal (`allowed == false`, with `retry_after`). A refusal the policy does not enforce (a
+    /// dry run) comes back allowed. `key` is the text the policy extracts (see [`KeyFromText`]);
+    /// the `on_limited` hook is not called (there is no request to show it).
+    ///
+    /// An error when no policy has this name, the policy cannot count messages (a concurrency or
+    /// metered limit, a cost it cannot take), or the backend fails (then the choice is the
+    /// caller's: the layer's failure policy answers requests, not messages).
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let layer = ThrottleLayer::new(
+    ///     Policy::builder("chat")
+    ///         .quota(Quota::per_second(2))
+    ///         .key(Header::new("x-user-id"))
+    ///         .build()
+    ///         .unwrap(),
+    /// );
+    /// let handle = layer.handle();
+    /// // In the WebSocket handler, for each message of user "ann":
+    /// assert!(handle.check("chat", "ann", 1).await.unwrap().allowed);
+    /// assert!(handle.check("chat", "ann", 1).await.unwrap().allowed);
+    /// let third = handle.check("chat", "ann", 1).await.unwrap();
+    /// assert!(!third.allowed && third.retry_after.is_some());
+    /// # });
+    /// ```
+    pub async fn check(&self, policy: &str, key: &str, cost: u64) -> Result<Decision, HandleError>
+    where
+        K: KeyFromText,
+    {
+        let key = self.key_of(policy, key)?;
+        self.check_key(policy, &key, cost).await
+    }
+
+    /// Like [`check`](Self::check), with the [`Key`] itself.
+    pub async fn check_key(
+        &self,
+        policy: &str,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, HandleError> {
+        let table = self.shared.table.load_full();
+        let compiled = table.policies[find(&table, policy)?].compiled();
+        if let Some(reason) = message::unsupported(compiled, cost) {
+            return Err(HandleError::Unsupported {
+                policy: policy.to_owned(),
+                reason,
+            });
+        }
+        let decided = table
+            .judge
+            .message(&self.shared.backend, compiled, key, cost)
+            .await;
+        Ok(decided?)
     }
 
     /// Like [`reset`](Self::reset), with the [`Key`] itself.

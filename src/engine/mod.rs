@@ -10,6 +10,7 @@
 //! * [`shared`]: what every service of a layer shares.
 //! * [`table`]: the policy table in force, and the one function that checks and compiles it (for
 //!   the builder and for a reload).
+//! * [`message`]: a message of a stream, checked by the handler through the layer's handle.
 //! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
 //! * `refuse`: the refusals' responses (429, 503, 403, the missing key's 4xx).
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
@@ -18,6 +19,7 @@
 
 pub(crate) mod extended;
 mod judge_state;
+pub(crate) mod message;
 mod refuse;
 pub(crate) mod settings;
 pub(crate) mod shared;

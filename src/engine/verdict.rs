@@ -487,7 +487,7 @@ impl Judge {
     }
 
     /// A rejection that earns a ban answers with the ban.
-    fn strike(&self, rules: &CompiledPolicy, key: &Key, decision: Decision) -> Decision {
+    pub(super) fn strike(&self, rules: &CompiledPolicy, key: &Key, decision: Decision) -> Decision {
         let Some(penalty) = &rules.penalty else {
             return decision;
         };

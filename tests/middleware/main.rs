@@ -29,6 +29,7 @@ mod hyper;
 mod jitter;
 mod key_sources;
 mod layer;
+mod messages;
 mod metered;
 mod modes;
 mod near_limit;

@@ -1,0 +1,98 @@
+//! One message of a long-lived stream (a WebSocket, SSE or gRPC-stream message), checked by the
+//! handler through [`ThrottleHandle::check`](crate::ops::ThrottleHandle::check) under a policy of
+//! the layer: the same backend, limits, penalty box, dry run and staged enforcement, metrics, logs
+//! and offender counts as the layer's requests, with no request to answer — the handler gets the
+//! [`Decision`] and drops the message or closes the stream.
+
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::decision::Decision;
+use crate::engine::steps;
+use crate::engine::verdict::{Checked, Judge};
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::Algorithm;
+use crate::observe::ShownKey;
+use crate::policy::CompiledPolicy;
+use crate::refusal::RefusalKind;
+
+/// Why a policy cannot check messages, if it cannot.
+pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> {
+    let limits = &policy.tiers[0].limits;
+    if limits[0].algorithm() == Algorithm::Concurrency {
+        return Some("a concurrency limit holds a slot per request, not per message".into());
+    }
+    if limits.iter().any(|l| l.is_metered()) {
+        return Some(
+            "a metered limit settles a cost after a response, which a message has not".into(),
+        );
+    }
+    let most = limits.iter().map(|l| l.max_cost()).min().unwrap_or(0);
+    if cost == 0 || cost > most {
+        return Some(format!("a message costs 1 to {most} units, not {cost}"));
+    }
+    None
+}
+
+impl Judge {
+    /// Checks a message of `cost` units for `key` under `policy`'s default tier: its ban first,
+    /// then the backend; counted and logged as a request would be. A refusal the policy does not
+    /// enforce (a dry run, a key outside a staged policy's share) comes back allowed.
+    pub(crate) async fn message<B: Backend>(
+        &self,
+        backend: &B,
+        policy: &CompiledPolicy,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, BackendError> {
+        let tier = &policy.tiers[0];
+        let enforced = self.enforces(Some(policy), RefusalKind::Limited, Some(key));
+        let shown = ShownKey {
+            key,
+            redact: self.redactor.as_ref(),
+        };
+        let banned = policy.penalty.as_ref().and_then(|p| p.banned(key));
+        let decision = match banned {
+            Some(rest) => Decision::banned(tier.limit_value, rest, None, rest),
+            None => {
+                let answer = steps::ask(backend, &tier.limits, key, cost).await;
+                let decision = match answer {
+                    Ok(Checked::One(one)) => one,
+                    Ok(Checked::Stack(all)) => Decision::combine(&all)
+                        .ok_or_else(|| BackendError::new("the backend returned no decision"))?,
+                    Err(error) => {
+                        policy.reporter.failure(&policy.name);
+                        self.errors
+                            .record(&policy.name, &error, "the caller's choice");
+                        return Err(error);
+                    }
+                };
+                match enforced {
+                    true => self.strike(policy, key, decision),
+                    false => decision,
+                }
+            }
+        };
+        policy
+            .reporter
+            .decision(&policy.name, shown, &decision, Duration::ZERO);
+        if decision.allowed {
+            return Ok(decision);
+        }
+        policy
+            .reporter
+            .limited(&policy.name, shown, &decision, !enforced);
+        if !enforced {
+            return Ok(Decision::allowed(
+                decision.limit,
+                decision.remaining,
+                decision.reset_after,
+            ));
+        }
+        if let Some(offenders) = &self.settings.offenders {
+            offenders.record(&policy.name, key);
+        }
+        Ok(decision)
+    }
+}

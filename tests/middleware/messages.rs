@@ -1,0 +1,92 @@
+//! `ThrottleHandle::check`: messages of a stream under a layer's policy — counted like requests,
+//! banned by its penalty box, reported in its metrics, only counted in a dry run; policies that
+//! cannot count messages say why.
+
+use std::time::Duration;
+
+use tower_throttle::key::Header;
+use tower_throttle::ops::HandleError;
+use tower_throttle::policy::Penalty;
+use tower_throttle::{Algorithm, Policy, Quota, ThrottleLayer};
+
+use crate::support::{sample_or_zero as sample, with_metrics};
+
+fn layer(policy: Policy<Header>) -> ThrottleLayer<Header, tower_throttle::MemoryBackend> {
+    ThrottleLayer::new(policy)
+}
+
+fn chat() -> tower_throttle::PolicyBuilder<Header> {
+    Policy::builder("chat")
+        .quota(Quota::per_hour(3))
+        .key(Header::new("x-user"))
+}
+
+#[test]
+fn messages_count_like_requests_and_are_reported() {
+    let handle = layer(chat().build().unwrap()).handle();
+    let (allowed, page) = with_metrics(async move {
+        let mut allowed = Vec::new();
+        for _ in 0..5 {
+            allowed.push(handle.check("chat", "ann", 1).await.unwrap().allowed);
+        }
+        // Another key has its own count; a cost of 2 takes two units.
+        let bob = handle.check("chat", "bob", 2).await.unwrap();
+        assert_eq!((bob.allowed, bob.remaining), (true, 1));
+        let refused = handle.check("chat", "ann", 1).await.unwrap();
+        assert!(refused.retry_after.unwrap() > Duration::from_secs(1000));
+        allowed
+    });
+    assert_eq!(allowed, [true, true, true, false, false]);
+    let series = |name: &str| sample(&page, &format!("{name}{{policy=\"chat\"}}"));
+    assert_eq!(series("throttle_requests_allowed_total"), 4.0, "{page}");
+    assert_eq!(series("throttle_requests_limited_total"), 3.0, "{page}");
+}
+
+#[tokio::test]
+async fn the_penalty_box_bans_a_flooding_stream_and_a_dry_run_only_counts() {
+    let penalty = Penalty::new(2, Duration::from_secs(60), Duration::from_secs(600)).unwrap();
+    let handle = layer(chat().penalty(penalty).build().unwrap()).handle();
+    for _ in 0..3 {
+        assert!(handle.check("chat", "mal", 1).await.unwrap().allowed);
+    }
+    assert!(!handle.check("chat", "mal", 1).await.unwrap().banned);
+    let banned = handle.check("chat", "mal", 1).await.unwrap();
+    assert!(banned.banned && !banned.allowed, "{banned:?}");
+    // The ban (600 s), or the quota's own wait if longer (a unit of 3 an hour: 1,200 s).
+    assert!(
+        banned.retry_after.unwrap() > Duration::from_secs(1190),
+        "{banned:?}"
+    );
+    // Banned before the backend: still banned, with the rest of the ban.
+    let again = handle.check("chat", "mal", 1).await.unwrap();
+    let rest = again.retry_after.unwrap();
+    assert!(again.banned && rest <= Duration::from_secs(600) && rest > Duration::from_secs(590));
+
+    let dry = layer(chat().dry_run(true).build().unwrap()).handle();
+    for _ in 0..6 {
+        assert!(dry.check("chat", "ann", 1).await.unwrap().allowed);
+    }
+}
+
+#[tokio::test]
+async fn a_policy_that_cannot_count_messages_says_why() {
+    let handle = layer(chat().build().unwrap()).handle();
+    let error = |e: HandleError| e.to_string();
+    assert_eq!(
+        error(handle.check("nope", "ann", 1).await.unwrap_err()),
+        "no policy is called \"nope\""
+    );
+    assert_eq!(
+        error(handle.check("chat", "ann", 4).await.unwrap_err()),
+        "policy \"chat\" cannot check messages: a message costs 1 to 3 units, not 4"
+    );
+    let slots = Policy::builder("slots")
+        .quota(Quota::per_second(2))
+        .algorithm(Algorithm::Concurrency)
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let handle = layer(slots).handle();
+    assert!(error(handle.check("slots", "ann", 1).await.unwrap_err())
+        .contains("a concurrency limit holds a slot per request"));
+}
