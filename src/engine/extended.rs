@@ -16,8 +16,7 @@ use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
 use crate::engine::table::Table;
-use crate::engine::verdict::Verdict;
-use crate::engine::verdict::{Checked, RequestContext};
+use crate::engine::verdict::{Checked, RequestContext, Verdict};
 use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard, Settle};
@@ -39,7 +38,7 @@ pub(crate) struct Prepared {
 /// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
 pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
-/// A request's key as `call_extended` leaves it: read (a synchronous key, or what was expected of
+/// A request's key as `Throttle::call` hands it over: read (a synchronous key, or what was expected of
 /// it), or to be found by the policy's async key.
 pub(crate) enum KeyAhead {
     Read(Result<Key, Missing>),
@@ -106,7 +105,7 @@ where
         Err(banned) => return answered(parts, banned),
     };
     let cx = RequestContext {
-        policy: table.policies[policy].compiled(),
+        policy: rules,
         tier,
         key: &key,
         request,

@@ -1,6 +1,7 @@
 //! The steps of a request, each written once, in the order the request meets them:
 //!
-//! 1. [`match_policy`]: the first policy whose route and methods match (none: no limit);
+//! 1. [`match_policy`]: the first policy whose route, methods and conditions match (none: no
+//!    limit);
 //! 2. the key: the policy's extractor, at once (`Throttle::call`) or awaited (an async key, on the
 //!    extended path);
 //! 3. [`access`]: the allow and deny lists, before any limit;
@@ -34,8 +35,7 @@ use crate::decision::Decision;
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::slot::Release;
 use crate::engine::table::Table;
-use crate::engine::verdict::{Admitted, Verdict};
-use crate::engine::verdict::{Checked, Judge, RequestContext};
+use crate::engine::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Limit;
@@ -43,7 +43,7 @@ use crate::observe::RequestRef;
 use crate::per_customer::CustomerQuota;
 use crate::policy::CompiledTier;
 
-/// Step 1: the first policy of `table` whose route and methods match `request`.
+/// Step 1: the first policy of `table` whose route, methods and conditions match `request`.
 pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
     table.policies.iter().position(|p| p.applies_to(request))
 }
