@@ -12,6 +12,7 @@ use hashbrown::HashTable;
 mod hot;
 mod promote;
 mod settle;
+mod state;
 
 use hot::{move_back, HotKey, HotSlot, Sampler, MOVED};
 

@@ -103,6 +103,14 @@ impl HotSlot {
         usize::from(self.record.load().is_some())
     }
 
+    /// The hot record, if any: its limit, key and TAT (exact under the shard's lock, read or
+    /// write: no record leaves the slot meanwhile).
+    pub(super) fn snapshot(&self) -> Option<(u32, HotKey, u64)> {
+        let guard = self.record.load();
+        let record = guard.as_deref()?;
+        Some((record.limit, record.key.clone(), record.tat.load(Relaxed)))
+    }
+
     /// Decides on this slot's hot key, if `is_key` says it is the key (of the limit `id`) and it
     /// has not just left the slot.
     #[inline]
