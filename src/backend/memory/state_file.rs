@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(after.decide(&hourly, &hot, 0).unwrap().remaining, 2);
         // Loading again never gives a key back what it used.
         after.decide(&hourly, &keys[0], 1).unwrap();
-        assert_eq!(after.load_state(&path, &[hourly.clone()]).unwrap(), 6);
+        assert_eq!(after.load_state(&path, std::slice::from_ref(&hourly)).unwrap(), 6);
         assert_eq!(after.decide(&hourly, &keys[0], 0).unwrap().remaining, 8);
         fs::remove_file(&path).unwrap();
     }
@@ -212,7 +212,7 @@ mod tests {
             fs::write(&path, text).unwrap();
             let fresh = backend();
             let out = fresh
-                .load_state(&path, &[limit.clone()])
+                .load_state(&path, std::slice::from_ref(&limit))
                 .map_err(|e| e.to_string());
             (out, fresh.len())
         };
