@@ -13,15 +13,15 @@ use std::sync::Arc;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, RedisError};
 
-use super::cluster_keeper::spawn_cluster_keeper;
-use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
-use super::lazy_cluster::LazyCluster;
-use super::mode::RedisMode;
-use super::reconnect::{connect_once, spawn_keeper};
+use super::conn::cluster_keeper::spawn_cluster_keeper;
+use super::conn::connection::{cell_loaded, cluster_client, RedisConnection, Target};
+use super::conn::lazy_cluster::LazyCluster;
+use super::conn::reconnect::{connect_once, spawn_keeper};
+use super::conn::server::{SingleServer, Source};
 use super::resets::{self, Listen};
-use super::scripts;
-use super::server::{SingleServer, Source};
 use super::state::RedisState;
+use super::wire::mode::RedisMode;
+use super::wire::scripts;
 use crate::error::{redact_url, BackendError};
 
 /// Builds a [`RedisBackend`](crate::redis::RedisBackend); see

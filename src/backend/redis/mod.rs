@@ -1,75 +1,49 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 //!
-//! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState). The files are
-//! layered: each uses only files listed before it (`scripts/import_cycles.py` checks it).
+//! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState), made by
+//! [`builder`] (the settings and the start-up work of `connect` and `build`). The files are grouped
+//! by what they do:
 //!
-//! 1. [`mode`]: the public [`RedisMode`] and the paths' names; [`args`]: what a limit becomes on
-//!    the wire (its keys, the scripts' and `CL.THROTTLE`'s arguments), and what Redis cannot
-//!    enforce exactly, refused when the layer is built; [`circuit`]: a circuit breaker's states;
-//!    [`health`]: what the backend reports.
-//! 2. [`server`]: one server's own reconnecting connection (a URL, a client or Sentinel), dropped
-//!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts; [`lazy_cluster`]: a
-//!    Cluster started by `build`, its connection once made; [`cluster_nodes`]: a Cluster's slot map
-//!    and a breaker per primary.
-//! 3. [`breaker`]: the circuit breaker and timeout every call runs under (on a Cluster, the breaker
-//!    of the key's primary).
-//! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
-//!    redis-cell detection.
-//! 5. [`limits_call`]: one `limits.lua` call as data (its keys and arguments);
-//!    [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
-//!    [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
-//!    [`deny`]: the local cache of rejections; [`redirect`]: Cluster redirections.
-//! 6. [`batch`]: calls coalesced into one script call (GCRA, `limits.lua`) or one pipelined write
-//!    (`CL.THROTTLE`); [`budget`]: leased budgets of hot keys.
-//! 7. [`state`]: `RedisState`, what every clone of a backend shares.
-//! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
-//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back, and
-//!    metered costs settled after the response (`settle.lua`);
-//!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
-//!    connected (connect, check the role, load the script, detect the path);
-//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`slot_watch`]: the
-//!    task that reads a Cluster's slot map for the breakers; [`resets`]:
-//!    resets published to, and heard from, the other processes.
-//! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
+//! - [`conn`]: reaching Redis. One server's own reconnecting connection (a URL, a client or
+//!   Sentinel) and the task that keeps it connected; the connection every call goes through (that
+//!   server, a user's manager, or a Cluster, started lazily or not) and redis-cell detection; a
+//!   Cluster's slot map with a breaker per primary, the task that reads it, and redirections.
+//! - [`health`]: guarding against Redis' failures and reporting them. The circuit breaker and
+//!   timeout every call runs under, decisions failing, what [`RedisBackend::health`] reports, and
+//!   the watch on Redis' memory.
+//! - [`wire`]: what Redis is sent. A limit's keys and arguments, the Lua scripts (`*.lua`, with
+//!   their shared prelude), the calls that run them and read their replies, and the modes.
+//! - [`decide`]: deciding. One check's way (the deny cache, one call under the breaker, on the
+//!   path the mode picks), units given back and metered costs settled, concurrency leases, peek and
+//!   reset.
+//! - [`speedup`]: optional speed-ups. Checks coalesced into one call, and leased budgets of hot
+//!   keys.
+//! - [`resets`] and [`state`]: what the processes share (resets published and heard) and what
+//!   every clone of one backend shares.
+//!
+//! `scripts/import_cycles.py` checks that no two files import each other, directly or not.
 
-mod admin;
-mod args;
-mod batch;
-mod breaker;
-mod budget;
 mod builder;
-mod check;
-mod circuit;
-mod cluster_keeper;
-mod cluster_nodes;
-pub(crate) mod connection;
-mod deny;
-mod failing;
-mod gcra_group;
+mod conn;
+mod decide;
 mod health;
-mod heard;
-mod lazy_cluster;
-mod lease;
-mod limits_call;
-mod lua;
-mod memory;
-mod mode;
-mod reconnect;
-pub(crate) mod redirect;
-mod refund;
 mod resets;
-mod scripts;
-mod server;
-mod slot_watch;
+mod speedup;
 mod state;
-mod watch;
+mod wire;
+
+// Paths used from outside the backend (offenders, top keys, access lists).
+pub(crate) use self::conn::{connection, redirect};
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::args::validate_stack;
+use self::conn::{server, slot_watch};
+use self::decide::refund;
+use self::health::watch;
 use self::state::RedisState;
+use self::wire::args::{self, validate_stack};
 use crate::backend::api::{Backend, StackFuture};
 use crate::backend::key_state::{PeekFuture, ResetFuture};
 use crate::error::{BackendError, BuildError};
@@ -77,11 +51,11 @@ use crate::key::Key;
 use crate::limit::{Limit, DEFAULT_LEASE};
 
 pub use self::builder::RedisBackendBuilder;
-pub use self::check::RedisFuture;
-pub use self::circuit::CircuitState;
-pub use self::health::{RedisHealth, RedisNodeHealth};
-pub use self::memory::MemoryReport;
-pub use self::mode::RedisMode;
+pub use self::decide::check::RedisFuture;
+pub use self::health::circuit::CircuitState;
+pub use self::health::memory::MemoryReport;
+pub use self::health::report::{RedisHealth, RedisNodeHealth};
+pub use self::wire::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
 /// on one server or a Redis Cluster.

@@ -36,7 +36,7 @@ use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::oneshot;
 
-use super::connection::RedisConnection;
+use super::conn::connection::RedisConnection;
 use super::state::RedisState;
 
 /// The channel of `prefix`'s resets.

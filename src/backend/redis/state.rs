@@ -6,15 +6,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::args;
-use super::batch::Batcher;
-use super::breaker::Breaker;
-use super::budget::Budgets;
-use super::connection::{Detector, RedisConnection};
-use super::deny::DenyCache;
-use super::lease::Leases;
-use super::memory::MemoryWatch;
-use super::mode::RedisMode;
+use super::conn::connection::{Detector, RedisConnection};
+use super::decide::deny::DenyCache;
+use super::decide::lease::Leases;
+use super::health::breaker::Breaker;
+use super::health::memory::MemoryWatch;
+use super::speedup::batch::Batcher;
+use super::speedup::budget::Budgets;
+use super::wire::args;
+use super::wire::mode::RedisMode;
 use crate::key::Key;
 use crate::limit::Limit;
 

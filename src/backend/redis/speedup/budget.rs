@@ -16,21 +16,22 @@ use std::time::{Duration, Instant};
 
 use redis::{RedisError, Script};
 
-use super::args::Args;
-use super::connection::RedisConnection;
-use super::scripts::Answer;
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::wire::args::Args;
+use crate::backend::redis::wire::scripts::Answer;
 use crate::budget::Budget;
 use crate::decision::Decision;
 
 /// See the script's header. Built once per process.
-static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::BUDGET));
+static BUDGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::BUDGET));
 
 /// The most keys one process tracks for hotness; beyond it, keys are decided per request.
 const MAX_KEYS: usize = 100_000;
 
 /// The budget slices this process holds, per Redis key.
 #[derive(Default)]
-pub(super) struct Budgets {
+pub(crate) struct Budgets {
     keys: Mutex<HashMap<Box<str>, Slice>>,
     /// When the full table was last swept: at most once a slice TTL, so that a flood of new keys into
     /// a full table costs each of them a lookup, not a scan of every key under the lock.
@@ -104,14 +105,14 @@ impl Slice {
 
 /// The GCRA's arguments to `budget.lua`: interval and tolerance (ns), limit.
 #[derive(Clone, Copy)]
-pub(super) struct Gcra {
+pub(crate) struct Gcra {
     interval: u64,
     tolerance: u64,
     limit: u64,
 }
 
 impl Gcra {
-    pub(super) fn of(args: &Args) -> Self {
+    pub(crate) fn of(args: &Args) -> Self {
         Gcra {
             interval: args.interval,
             tolerance: args.tolerance,
@@ -121,7 +122,7 @@ impl Gcra {
 }
 
 /// What this process can do about a request without Redis.
-pub(super) enum Local {
+pub(crate) enum Local {
     /// Admitted from the slice.
     Admit(Decision),
     /// Admitted from the slice, which runs low: fetch this many more in the background, so that
@@ -136,7 +137,7 @@ pub(super) enum Local {
 
 /// While held, the key's slice is being fetched; dropped (answered, failed, timed out or
 /// abandoned), the next request may fetch again.
-pub(super) struct Fetching {
+pub(crate) struct Fetching {
     budgets: Arc<Budgets>,
     key: Box<str>,
 }
@@ -156,7 +157,7 @@ impl Budgets {
     }
 
     /// Admits `quantity` units of `key` from its slice, or says how to decide it.
-    pub(super) fn local(
+    pub(crate) fn local(
         self: &Arc<Self>,
         key: &str,
         budget: &Budget,
@@ -231,7 +232,7 @@ impl Budgets {
     /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeps what is
     /// left after the request's, and decides the request. A refill ahead takes no request's
     /// units: `quantity` 0 asks for at least one, and keeps them all.
-    pub(super) async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         conn: &mut RedisConnection,
         key: &str,
@@ -288,7 +289,7 @@ impl Budgets {
     }
 
     /// Drops `key`'s slice (after a reset: Redis forgot the units it granted).
-    pub(super) fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         let mut keys = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
         keys.remove(key);
@@ -296,14 +297,14 @@ impl Budgets {
 
     /// Drops the slices of the keys that start with `prefix` (`prefix:limit:{`: the limit changed
     /// in a reload, and a slice granted under its old quota would admit at the old rate).
-    pub(super) fn forget_prefix(&self, prefix: &str) {
+    pub(crate) fn forget_prefix(&self, prefix: &str) {
         let mut keys = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
         keys.retain(|key, _| !key.starts_with(prefix));
     }
 
     /// Drops every slice (resets may have been missed).
-    pub(super) fn forget_all(&self) {
+    pub(crate) fn forget_all(&self) {
         let mut keys = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
         keys.clear();

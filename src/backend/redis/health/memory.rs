@@ -47,23 +47,23 @@ impl MemoryReport {
 ///
 /// [`RedisBackend::memory`]: crate::redis::RedisBackend::memory
 #[derive(Default)]
-pub(super) struct MemoryWatch {
+pub(crate) struct MemoryWatch {
     state: Mutex<Seen>,
 }
 
 #[derive(Default)]
-pub(super) struct Seen {
+pub(crate) struct Seen {
     /// `evicted_keys` at the last read.
-    pub(super) evicted_keys: Option<u64>,
-    pub(super) evictions_seen: u64,
+    pub(crate) evicted_keys: Option<u64>,
+    pub(crate) evictions_seen: u64,
     /// The evicting policy last warned about.
-    pub(super) warned_policy: Option<String>,
+    pub(crate) warned_policy: Option<String>,
     /// `CONFIG GET` was refused, and that was said.
-    pub(super) said_config_refused: bool,
+    pub(crate) said_config_refused: bool,
 }
 
 impl MemoryWatch {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

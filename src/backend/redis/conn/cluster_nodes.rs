@@ -26,8 +26,8 @@ use std::time::{Duration, SystemTime};
 use redis::{ConnectionAddr, ConnectionInfo, Value};
 use tokio::sync::Notify;
 
-use super::circuit::{Admission, Circuit};
-use super::health::RedisNodeHealth;
+use crate::backend::redis::health::circuit::{Admission, Circuit};
+use crate::backend::redis::health::report::RedisNodeHealth;
 
 /// The number of hash slots of a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -35,11 +35,11 @@ const SLOTS: usize = 16384;
 const NONE: u16 = u16::MAX;
 
 /// One primary: its breaker and what last went wrong there.
-pub(super) struct Node {
-    pub(super) address: Box<str>,
+pub(crate) struct Node {
+    pub(crate) address: Box<str>,
     host: String,
     port: u16,
-    pub(super) circuit: Arc<Circuit>,
+    pub(crate) circuit: Arc<Circuit>,
     last_error: Mutex<Option<(String, SystemTime)>>,
 }
 
@@ -52,13 +52,13 @@ struct Map {
 
 /// The slot map and the primaries' breakers, shared by the backend's calls (which read it) and the
 /// task that refreshes it.
-pub(super) struct ClusterNodes {
+pub(crate) struct ClusterNodes {
     map: RwLock<Map>,
     timeout: Duration,
     /// The `backend` label of the node gauge.
     name: Box<str>,
     /// Wakes the refreshing task: a node failed, the map may be stale.
-    pub(super) stale: Notify,
+    pub(crate) stale: Notify,
     /// A seed's connection settings, when the backend was given seed URLs: the task probes open
     /// nodes itself (see the module docs).
     seed: OnceLock<ConnectionInfo>,
@@ -66,7 +66,7 @@ pub(super) struct ClusterNodes {
 
 impl ClusterNodes {
     /// No map yet (every key is admitted until the first refresh).
-    pub(super) fn new(timeout: Duration, name: &str) -> Self {
+    pub(crate) fn new(timeout: Duration, name: &str) -> Self {
         ClusterNodes {
             map: RwLock::default(),
             timeout,
@@ -78,13 +78,13 @@ impl ClusterNodes {
 
     /// The backend was given seed URLs: open nodes are probed by the task, on connections made
     /// with `seed`'s settings.
-    pub(super) fn probe_with(&self, seed: ConnectionInfo) {
+    pub(crate) fn probe_with(&self, seed: ConnectionInfo) {
         let _ = self.seed.set(seed);
     }
 
     /// Whether a call on `node` may go ahead: while its breaker is open, none (the task probes)
     /// or one at a time (the probe), as [`probe_with`](Self::probe_with) was called or not.
-    pub(super) fn admit(&self, node: &Arc<Node>) -> Admission {
+    pub(crate) fn admit(&self, node: &Arc<Node>) -> Admission {
         if self.seed.get().is_some() && node.circuit.tripped() {
             return Admission::FailFast;
         }
@@ -93,7 +93,7 @@ impl ClusterNodes {
 
     /// The connection settings of `node`, for a probe of its own, and the probe's admission;
     /// `None` when it is not due (or the task does not probe).
-    pub(super) fn probe(&self, node: &Arc<Node>) -> Option<(ConnectionInfo, Admission)> {
+    pub(crate) fn probe(&self, node: &Arc<Node>) -> Option<(ConnectionInfo, Admission)> {
         let seed = self.seed.get()?;
         if !node.circuit.tripped() {
             return None;
@@ -119,7 +119,7 @@ impl ClusterNodes {
     }
 
     /// The nodes whose breaker is not closed.
-    pub(super) fn tripped(&self) -> Vec<Arc<Node>> {
+    pub(crate) fn tripped(&self) -> Vec<Arc<Node>> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         map.nodes
             .iter()
@@ -129,7 +129,7 @@ impl ClusterNodes {
     }
 
     /// A call (or a probe) got an answer from `node`: closes its breaker, says so once.
-    pub(super) fn answered(&self, node: &Node) {
+    pub(crate) fn answered(&self, node: &Node) {
         node.circuit.stamp_answer();
         if node.circuit.answered() {
             tracing::info!(
@@ -144,7 +144,7 @@ impl ClusterNodes {
 
     /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
     /// the breaker (says so once), or keeps it open longer after a failed probe.
-    pub(super) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
         *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((error.to_string(), SystemTime::now()));
         if node.circuit.failed(was_probe) {
@@ -162,7 +162,7 @@ impl ClusterNodes {
     /// A call to `node` that began at `started` (its circuit's `now_ms`) ran out of time. A node
     /// that answered other calls since is slow, not dead (a busy machine, a long command): only
     /// this call fails, and the breaker stays as it is. Otherwise, as [`failed`](Self::failed).
-    pub(super) fn timed_out(
+    pub(crate) fn timed_out(
         &self,
         node: &Node,
         was_probe: bool,
@@ -178,21 +178,21 @@ impl ClusterNodes {
     }
 
     /// The primary that owns `key`'s slot, if the map knows it.
-    pub(super) fn for_key(&self, key: &str) -> Option<Arc<Node>> {
+    pub(crate) fn for_key(&self, key: &str) -> Option<Arc<Node>> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         let owner = *map.owner.get(usize::from(slot_of(key.as_bytes())))?;
         map.nodes.get(usize::from(owner)).map(|(n, _)| n.clone())
     }
 
     /// Whether some node's breaker is not closed.
-    pub(super) fn any_tripped(&self) -> bool {
+    pub(crate) fn any_tripped(&self) -> bool {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         map.nodes.iter().any(|(n, _)| n.circuit.tripped())
     }
 
     /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
     /// (and its last error); a new one starts closed.
-    pub(super) fn install(&self, shards: Vec<(Shard, Ranges)>) {
+    pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let mut known: HashMap<Box<str>, Arc<Node>> = map
             .nodes
@@ -229,7 +229,7 @@ impl ClusterNodes {
     }
 
     /// Each primary's state, in the map's order.
-    pub(super) fn health(&self) -> Vec<RedisNodeHealth> {
+    pub(crate) fn health(&self) -> Vec<RedisNodeHealth> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         map.nodes
             .iter()
@@ -249,7 +249,7 @@ impl ClusterNodes {
 
 /// The hash slot of `key`, as Redis computes it: CRC16 (XMODEM) of the hash tag (the part between
 /// the first `{` and the next `}`, when not empty), else of the whole key, modulo 16384.
-pub(super) fn slot_of(key: &[u8]) -> u16 {
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
     let tagged = key
         .iter()
         .position(|&b| b == b'{')
@@ -279,14 +279,14 @@ fn crc16(bytes: &[u8]) -> u16 {
 }
 
 /// A primary's host and port.
-pub(super) type Shard = (String, u16);
+pub(crate) type Shard = (String, u16);
 /// Slot ranges, inclusive.
-pub(super) type Ranges = Vec<(u16, u16)>;
+pub(crate) type Ranges = Vec<(u16, u16)>;
 
 /// The primaries and their slot ranges from a `CLUSTER SLOTS` reply: `[[start, end, [host, port,
 /// id...], replicas...]...]`. A range whose primary has no usable address (an empty host, or `?`)
 /// is left out: its keys go without a node breaker until a later map names it.
-pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
+pub(crate) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
@@ -334,7 +334,7 @@ pub(super) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::redis::circuit::CircuitState;
+    use crate::backend::redis::health::circuit::CircuitState;
 
     #[test]
     fn slots_are_redis_slots() {

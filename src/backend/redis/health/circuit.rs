@@ -37,7 +37,7 @@ impl CircuitState {
 }
 
 /// The breaker's state: lock-free, one relaxed load on a closed circuit.
-pub(super) struct Circuit {
+pub(crate) struct Circuit {
     epoch: Instant,
     /// Milliseconds since `epoch` (plus one) until which calls fail fast; 0 when closed.
     open_until: AtomicU64,
@@ -53,7 +53,7 @@ pub(super) struct Circuit {
 }
 
 /// What a call may do, given the circuit.
-pub(super) enum Admission {
+pub(crate) enum Admission {
     Closed,
     /// Held until the call ends, for its `Drop`.
     Probe(#[allow(dead_code)] ProbeGuard),
@@ -61,7 +61,7 @@ pub(super) enum Admission {
 }
 
 /// Lets the next call probe when this one ends, however it ends (finished, failed or dropped).
-pub(super) struct ProbeGuard {
+pub(crate) struct ProbeGuard {
     circuit: Arc<Circuit>,
     started: u64,
 }
@@ -79,7 +79,7 @@ impl Drop for ProbeGuard {
 
 impl Circuit {
     /// Closed; a probe may run for `timeout` before another may start.
-    pub(super) fn new(timeout: Duration) -> Self {
+    pub(crate) fn new(timeout: Duration) -> Self {
         Circuit {
             epoch: Instant::now(),
             open_until: AtomicU64::new(0),
@@ -91,13 +91,13 @@ impl Circuit {
     }
 
     /// Milliseconds since the circuit's epoch, plus one (0 means "never").
-    pub(super) fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
 
     /// A call got an answer now (kept for [`answered_since`](Self::answered_since)). Stores only
     /// when the millisecond changed, so busy callers mostly read a shared cache line.
-    pub(super) fn stamp_answer(&self) {
+    pub(crate) fn stamp_answer(&self) {
         let now = self.now_ms();
         if self.last_answer.load(Ordering::Relaxed) < now {
             self.last_answer.fetch_max(now, Ordering::Relaxed);
@@ -106,17 +106,17 @@ impl Circuit {
 
     /// Whether some call got an answer after `started` (a [`now_ms`](Self::now_ms) reading): a call
     /// that timed out meanwhile met a slow node, not a dead one.
-    pub(super) fn answered_since(&self, started: u64) -> bool {
+    pub(crate) fn answered_since(&self, started: u64) -> bool {
         self.last_answer.load(Ordering::Relaxed) > started
     }
 
     /// Whether the circuit was opened and no call has got through since (open or half-open).
-    pub(super) fn tripped(&self) -> bool {
+    pub(crate) fn tripped(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
     }
 
     /// Closed, open, or half-open (its wait is over: the next call, or the running one, probes).
-    pub(super) fn state(&self) -> CircuitState {
+    pub(crate) fn state(&self) -> CircuitState {
         match self.open_until.load(Ordering::Acquire) {
             0 => CircuitState::Closed,
             until if self.now_ms() < until => CircuitState::Open,
@@ -125,7 +125,7 @@ impl Circuit {
     }
 
     /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
-    pub(super) fn admit(self: &Arc<Self>) -> Admission {
+    pub(crate) fn admit(self: &Arc<Self>) -> Admission {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Admission::Closed;
@@ -151,7 +151,7 @@ impl Circuit {
     }
 
     /// Redis answered: closes the circuit. Whether it was tripped (a transition to say).
-    pub(super) fn answered(&self) -> bool {
+    pub(crate) fn answered(&self) -> bool {
         if self.open_until.load(Ordering::Acquire) == 0 {
             return false;
         }
@@ -162,7 +162,7 @@ impl Circuit {
     /// A call could not reach Redis: a probe's failure keeps the circuit open twice as long as the
     /// last time; another call's opens a closed circuit. Whether this call opened it (a transition
     /// to say: calls already under way when it opened say nothing new).
-    pub(super) fn failed(&self, was_probe: bool) -> bool {
+    pub(crate) fn failed(&self, was_probe: bool) -> bool {
         let now = self.now_ms();
         if was_probe {
             let failures = self.failures.fetch_add(1, Ordering::AcqRel).min(8) + 1;

@@ -148,7 +148,7 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
                 // once they are all gone; the target TRYAGAIN while one is missing: the ping-pong
                 // ends when the slot is the target's. Bounded by the wait, not by the redirections.
                 // The node answered: a timeout meanwhile is not a dead node's (heard.rs).
-                super::heard::tried_again();
+                crate::backend::redis::health::heard::tried_again();
                 redirects = 0;
                 tokio::time::sleep(try_again_wait).await;
                 waited += try_again_wait;

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant, SystemTime};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::circuit::{Admission, Circuit};
-use super::cluster_nodes::{ClusterNodes, Node};
 use super::failing::Failing;
 use super::heard::{self, Heard};
-use super::mode::RedisMode;
-use super::server::{is_not_primary, SingleServer};
+use crate::backend::redis::conn::cluster_nodes::{ClusterNodes, Node};
+use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
+use crate::backend::redis::wire::mode::RedisMode;
 use crate::error::BackendError;
 
 /// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
@@ -25,18 +25,18 @@ use crate::error::BackendError;
 /// back is used again within half a second (circuit.rs). Only single-server connections use it: on
 /// a Cluster one node's trouble must not stop the decisions that other nodes can make, so each
 /// primary has a breaker of its own ([`ClusterNodes`]), picked by the key's slot.
-pub(super) struct Breaker {
+pub(crate) struct Breaker {
     /// False on a Cluster: every call is admitted, and failures open nothing.
     enabled: bool,
     epoch: Instant,
     circuit: Arc<Circuit>,
     /// On a Cluster: the slot map and a breaker per primary.
-    pub(super) nodes: Option<Arc<ClusterNodes>>,
+    pub(crate) nodes: Option<Arc<ClusterNodes>>,
     /// Set when a call could not reach Redis, on every topology: the connection may come back to
     /// another server, so `Auto` mode detects the module again ([`Detector`]), which clears it once
     /// detection has answered.
     ///
-    /// [`Detector`]: super::connection::Detector
+    /// [`Detector`]: crate::backend::redis::conn::connection::Detector
     lost: AtomicBool,
     /// The reconnecting server under this breaker, if any: told about timeouts (it drops a
     /// connection that stopped answering), and its task logs the transitions instead.
@@ -45,7 +45,7 @@ pub(super) struct Breaker {
     /// connection manager).
     outcomes: Outcomes,
     /// Whether decisions are failing now, whatever the error (failing.rs).
-    pub(super) failing: Failing,
+    pub(crate) failing: Failing,
 }
 
 /// The outcome of the last calls: when one last got an answer, and the failures to reach Redis
@@ -67,7 +67,7 @@ const SILENT_FOR: Duration = Duration::from_secs(1);
 
 impl Breaker {
     /// A closed breaker; `enabled` is false on a Cluster; `server`, the reconnecting server it guards.
-    pub(super) fn new(
+    pub(crate) fn new(
         timeout: Duration,
         enabled: bool,
         server: Option<Arc<SingleServer>>,
@@ -108,7 +108,7 @@ impl Breaker {
 
     /// From the calls alone: whether Redis is reachable (the last calls did not all fail to reach
     /// it: fewer than three in a row, and an answer within the last second), and the last failure.
-    pub(super) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
+    pub(crate) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
         let failures = self.outcomes.failures_in_a_row.load(Ordering::Relaxed);
         let last_answer = self.outcomes.last_answer.load(Ordering::Relaxed);
         let silent = self.now_ms().saturating_sub(last_answer);
@@ -127,7 +127,7 @@ impl Breaker {
 
     /// Whether the circuit was opened and no call has got through since (open, or waiting for its
     /// probe).
-    pub(super) fn tripped(&self) -> bool {
+    pub(crate) fn tripped(&self) -> bool {
         self.circuit.tripped()
     }
 
@@ -139,22 +139,22 @@ impl Breaker {
     }
 
     /// Milliseconds since the breaker was made, plus one (so that 0 can mean "none").
-    pub(super) fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
 
     /// Whether a call failed to reach Redis since [`forget_loss`](Self::forget_loss) was last called.
-    pub(super) fn lost(&self) -> bool {
+    pub(crate) fn lost(&self) -> bool {
         self.lost.load(Ordering::Relaxed)
     }
 
     /// Redis was found again (detection answered): forget the loss.
-    pub(super) fn forget_loss(&self) {
+    pub(crate) fn forget_loss(&self) {
         self.lost.store(false, Ordering::Relaxed);
     }
 
     /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
-    pub(super) fn admit(&self) -> Admission {
+    pub(crate) fn admit(&self) -> Admission {
         if !self.enabled {
             return Admission::Closed;
         }
@@ -162,7 +162,7 @@ impl Breaker {
     }
 
     /// A call could not reach Redis.
-    pub(super) fn unreachable(&self, was_probe: bool) {
+    pub(crate) fn unreachable(&self, was_probe: bool) {
         self.lost.store(true, Ordering::Relaxed);
         if self.enabled {
             self.failed(was_probe);
@@ -170,7 +170,7 @@ impl Breaker {
     }
 
     /// Redis answered.
-    pub(super) fn answered(&self) {
+    pub(crate) fn answered(&self) {
         // With a reconnecting server, its task says so (once per reconnection).
         if self.enabled && self.circuit.answered() && self.server.is_none() {
             tracing::info!("Redis answers again; rate-limit decisions come from Redis");
@@ -186,14 +186,14 @@ impl Breaker {
     }
 
     /// On a Cluster, the primary of `key`'s slot, as the backend's slot map knows it.
-    pub(super) fn node_for(&self, key: &str) -> Option<Arc<Node>> {
+    pub(crate) fn node_for(&self, key: &str) -> Option<Arc<Node>> {
         self.nodes.as_ref()?.for_key(key)
     }
 }
 
 /// Runs one Redis call under the circuit breaker and the timeout, as every decision does. `key`:
 /// a key the call touches (they share one hash tag), which picks the primary's breaker on a Cluster.
-pub(super) fn guarded<T, F>(
+pub(crate) fn guarded<T, F>(
     breaker: &Arc<Breaker>,
     key: &str,
     timeout: Duration,
@@ -208,7 +208,7 @@ where
 
 /// [`guarded`], with the Cluster node picked beforehand ([`Breaker::node_for`]): a call that owns
 /// its key need not copy it to pick the node.
-pub(super) fn guarded_on<T, F>(
+pub(crate) fn guarded_on<T, F>(
     breaker: &Arc<Breaker>,
     node: Option<Arc<Node>>,
     timeout: Duration,

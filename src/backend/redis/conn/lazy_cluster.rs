@@ -1,4 +1,4 @@
-//! A Redis Cluster started by [`build`](super::RedisBackendBuilder::build): the Cluster's
+//! A Redis Cluster started by [`build`](crate::redis::RedisBackendBuilder::build): the Cluster's
 //! connection once the background task (`cluster_keeper.rs`) has made it, and until then an error at
 //! once for every call, so that requests follow the failure policy instead of waiting.
 //!
@@ -22,12 +22,12 @@ pub(crate) struct LazyCluster {
     /// retrying alone will not fix (a wrong password, missing ACL permissions).
     last_error: Mutex<Option<(String, SystemTime, bool)>>,
     /// The seed nodes, password hidden: for messages.
-    pub(super) target: String,
+    pub(crate) target: String,
 }
 
 impl LazyCluster {
     /// Not connected yet; `target` names the seed nodes (password hidden).
-    pub(super) fn new(target: String) -> Self {
+    pub(crate) fn new(target: String) -> Self {
         LazyCluster {
             conn: OnceLock::new(),
             attempts: AtomicU64::new(0),
@@ -42,20 +42,20 @@ impl LazyCluster {
     }
 
     /// Puts the connection in service; from now on redis-rs reconnects it by its own rules.
-    pub(super) fn install(&self, conn: ClusterConnection) {
+    pub(crate) fn install(&self, conn: ClusterConnection) {
         let _ = self.conn.set(conn);
         self.attempts.fetch_add(1, Ordering::Release);
     }
 
     /// An attempt failed: `error`, and whether it is a configuration error.
-    pub(super) fn failed(&self, error: String, misconfigured: bool) {
+    pub(crate) fn failed(&self, error: String, misconfigured: bool) {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((error, SystemTime::now(), misconfigured));
         self.attempts.fetch_add(1, Ordering::Release);
     }
 
     /// The last attempt's error, and when it happened.
-    pub(super) fn last_error(&self) -> Option<(String, SystemTime)> {
+    pub(crate) fn last_error(&self) -> Option<(String, SystemTime)> {
         self.last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -74,7 +74,7 @@ impl LazyCluster {
 
     /// Waits until the Cluster is connected or the first attempt has ended (at most `budget`);
     /// whether it is connected, or the configuration error the attempt failed on.
-    pub(super) async fn first_attempt(&self, budget: Duration) -> Result<bool, String> {
+    pub(crate) async fn first_attempt(&self, budget: Duration) -> Result<bool, String> {
         let deadline = Instant::now() + budget;
         while self.conn.get().is_none()
             && self.attempts.load(Ordering::Acquire) == 0

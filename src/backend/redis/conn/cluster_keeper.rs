@@ -1,8 +1,8 @@
-//! The background task that connects a Cluster started by [`build`](super::RedisBackendBuilder::build)
+//! The background task that connects a Cluster started by [`build`](crate::redis::RedisBackendBuilder::build)
 //! ([`LazyCluster`]): it tries every 50 ms, backing off to 500 ms, until the Cluster has formed
 //! (`CLUSTER INFO` says `cluster_state:ok`: every slot assigned and served), then puts the
 //! connection in service, loads the script or detects the module (as `connect` would), and ends: from then on redis-rs
-//! reconnects the Cluster's nodes by its own rules, as after [`connect`](super::RedisBackendBuilder::connect).
+//! reconnects the Cluster's nodes by its own rules, as after [`connect`](crate::redis::RedisBackendBuilder::connect).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -13,10 +13,10 @@ use redis::RedisError;
 
 use super::connection::cell_loaded;
 use super::lazy_cluster::LazyCluster;
-use super::mode::{path_name, RedisMode};
-use super::scripts;
 use super::server::{attempt_budget, configuration_error};
-use super::state::RedisState;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::mode::{path_name, RedisMode};
+use crate::backend::redis::wire::scripts;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
@@ -33,7 +33,7 @@ struct Failure {
 }
 
 /// Connects `lazy` in the background for as long as the backend (`state`) lives.
-pub(super) fn spawn_cluster_keeper(
+pub(crate) fn spawn_cluster_keeper(
     client: ClusterClient,
     lazy: Arc<LazyCluster>,
     state: Weak<RedisState>,

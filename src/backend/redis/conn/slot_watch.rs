@@ -23,7 +23,7 @@ use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError};
 use super::cluster_nodes::{parse_slots, ClusterNodes};
 use super::connection::RedisConnection;
 use super::server::attempt_budget;
-use super::state::RedisState;
+use crate::backend::redis::state::RedisState;
 
 /// The map is read this often while every breaker is closed...
 const EVERY: Duration = Duration::from_secs(1);
@@ -33,7 +33,7 @@ const WHILE_TRIPPED: Duration = Duration::from_millis(100);
 const TRIES: usize = 3;
 
 /// Starts the task for a Cluster backend (nothing on one server); it ends with the backend.
-pub(super) fn spawn(state: &Arc<RedisState>) {
+pub(crate) fn spawn(state: &Arc<RedisState>) {
     if state.breaker.nodes.is_none() {
         return;
     }

@@ -48,19 +48,21 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
-use super::args::{Args, CellArgs};
-use super::connection::RedisConnection;
 use super::gcra_group;
-use super::heard::{self, Heard};
-use super::limits_call::LimitsCall;
-use super::scripts::{self, Answer};
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::health::heard::{self, Heard};
+use crate::backend::redis::wire::args::{Args, CellArgs};
+use crate::backend::redis::wire::limits_call::LimitsCall;
+use crate::backend::redis::wire::scripts::{self, Answer};
 use crate::decision::Decision;
 
 /// See the script's header.
-static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::GCRA_BATCH));
+static GCRA_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
 
 /// See the script's header.
-static LIMITS_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::LIMITS_BATCH));
+static LIMITS_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
 
 /// Batches in flight per lane at most. Two: while one is on the wire or in Redis, the next fills
 /// (see [`Lane::full`] for when it leaves).
@@ -69,7 +71,7 @@ const IN_FLIGHT: usize = 2;
 /// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (a group
 /// of one key costs it the same whatever its size; a batch of 128 keys, 128 `SET`s: well under a
 /// millisecond).
-pub(super) const MAX_BATCH: usize = 128;
+pub(crate) const MAX_BATCH: usize = 128;
 
 /// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; lanes named by keys exist
 /// only on a Cluster, where `CL.THROTTLE` checks are not coalesced).
@@ -166,7 +168,7 @@ impl Lane {
 }
 
 /// The lanes of one backend.
-pub(super) struct Batcher {
+pub(crate) struct Batcher {
     conn: RedisConnection,
     timeout: Duration,
     /// A lane per key (a Cluster) rather than one for the connection.
@@ -176,7 +178,7 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// The lanes of a backend on `conn`; a batch gives up after `timeout`.
-    pub(super) fn new(conn: RedisConnection, timeout: Duration) -> Self {
+    pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
         Batcher {
             per_key: conn.is_cluster(),
             conn,
@@ -186,7 +188,7 @@ impl Batcher {
     }
 
     /// One GCRA decision (no penalty box) by `gcra.lua`, alone or in a batch.
-    pub(super) async fn gcra(
+    pub(crate) async fn gcra(
         self: &Arc<Self>,
         key: &str,
         args: &Args,
@@ -208,7 +210,7 @@ impl Batcher {
 
     /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
     /// caller sends it alone.
-    pub(super) async fn cell(
+    pub(crate) async fn cell(
         self: &Arc<Self>,
         key: &str,
         cell: CellArgs,
@@ -232,7 +234,7 @@ impl Batcher {
 
     /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call; a runtime-less
     /// caller sends it alone.
-    pub(super) async fn limits(
+    pub(crate) async fn limits(
         self: &Arc<Self>,
         call: LimitsCall,
     ) -> Result<Vec<Decision>, RedisError> {

@@ -26,21 +26,21 @@ const SHARD_CAPACITY: usize = 8192;
 /// `quantity` units cannot pass with as many units before then. (A key deleted or rebased in Redis
 /// by hand is still refused here until `until`.)
 /// A rejection from Redis, with what the cache needs to know how long its numbers hold.
-pub(super) struct Rejection {
-    pub(super) decision: Decision,
+pub(crate) struct Rejection {
+    pub(crate) decision: Decision,
     /// The GCRA's emission interval and tolerance, in nanoseconds.
-    pub(super) interval: u64,
-    pub(super) tolerance: u64,
+    pub(crate) interval: u64,
+    pub(crate) tolerance: u64,
     /// From `CL.THROTTLE`: whole seconds, rounded up.
-    pub(super) whole_seconds: bool,
+    pub(crate) whole_seconds: bool,
     /// A penalty-box ban: it holds until its end, whatever the bucket does.
-    pub(super) banned: bool,
+    pub(crate) banned: bool,
     /// Its numbers hold until the retry time (a fixed window's, a full sliding log's for one unit):
     /// `interval` and `tolerance` then only tell quotas apart.
-    pub(super) until_retry: bool,
+    pub(crate) until_retry: bool,
 }
 
-pub(super) struct DenyCache {
+pub(crate) struct DenyCache {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
     /// Counts what made keys less limited (resets, refunds, reloads, missed messages): a rejection
@@ -70,7 +70,7 @@ struct Denied {
 }
 
 impl DenyCache {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         DenyCache {
             hasher: RandomState::default(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -79,7 +79,7 @@ impl DenyCache {
     }
 
     /// The generation to give [`insert`](Self::insert): read before the call to Redis is sent.
-    pub(super) fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
@@ -94,7 +94,7 @@ impl DenyCache {
 
     /// The cached rejection of `key` for `quantity` units under the quota with this `interval` and
     /// `tolerance`, aged to now, if it still holds.
-    pub(super) fn get(
+    pub(crate) fn get(
         &self,
         key: &str,
         quantity: u64,
@@ -141,14 +141,14 @@ impl DenyCache {
     /// refund is the one thing besides a reset that makes a key less limited, so a process forgets
     /// what it refunded; another process's cache may hold the rejection until its retry time, which
     /// only admits less).
-    pub(super) fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         self.next_generation();
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         shard.map.remove(key);
     }
 
     /// Forgets every rejection: resets may have been missed (resets.rs).
-    pub(super) fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.next_generation();
         for shard in &self.shards {
             shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
@@ -157,7 +157,7 @@ impl DenyCache {
 
     /// Forgets every rejection of a key that starts with `prefix` (`prefix:limit:`: the limit's
     /// quota changed in a reload).
-    pub(super) fn forget_prefix(&self, prefix: &str) {
+    pub(crate) fn forget_prefix(&self, prefix: &str) {
         self.next_generation();
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
@@ -177,7 +177,7 @@ impl DenyCache {
     /// `generation`: [`generation`](Self::generation) when the call was sent; a key forgotten since
     /// (a reset heard while Redis was deciding) may have been limited by the state the reset
     /// deleted, so the rejection is not kept.
-    pub(super) fn insert(
+    pub(crate) fn insert(
         &self,
         key: &str,
         quantity: u64,

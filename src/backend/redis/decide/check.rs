@@ -11,16 +11,16 @@ use redis::RedisError;
 
 use std::sync::atomic::Ordering;
 
-use super::args::{stack_error, Args, Spec};
-use super::breaker::{guarded, guarded_on};
-use super::budget::{Fetching, Gcra, Local};
-use super::connection::is_unknown_command;
 use super::deny::Rejection;
-use super::limits_call::LimitsCall;
-use super::mode::RedisMode;
-use super::scripts::{self, Answer};
-use super::state::RedisState;
 use crate::backend::api::StackFuture;
+use crate::backend::redis::conn::connection::is_unknown_command;
+use crate::backend::redis::health::breaker::{guarded, guarded_on};
+use crate::backend::redis::speedup::budget::{Fetching, Gcra, Local};
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::{stack_error, Args, Spec};
+use crate::backend::redis::wire::limits_call::LimitsCall;
+use crate::backend::redis::wire::mode::RedisMode;
+use crate::backend::redis::wire::scripts::{self, Answer};
 use crate::budget::Budget;
 use crate::decision::Decision;
 use crate::error::BackendError;
@@ -32,7 +32,7 @@ pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError
 
 impl RedisState {
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
-    pub(super) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+    pub(crate) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
         let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
             return self.check_window(limit, key, quantity);
         };
@@ -107,7 +107,7 @@ impl RedisState {
     }
 
     /// A stack of limits, decided together ([`Backend::check_all`](crate::backend::Backend::check_all)).
-    pub(super) fn check_stack(
+    pub(crate) fn check_stack(
         self: &Arc<Self>,
         limits: &[Limit],
         key: &Key,
@@ -123,7 +123,7 @@ impl RedisState {
     /// A stack with one quantity per limit
     /// ([`Backend::check_each`](crate::backend::Backend::check_each)): the limits script with a
     /// quantity per limit, one atomic call as for [`check_stack`](Self::check_stack).
-    pub(super) fn check_stack_each(
+    pub(crate) fn check_stack_each(
         self: &Arc<Self>,
         limits: &[Limit],
         key: &Key,
@@ -310,7 +310,7 @@ impl RedisState {
     /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
     /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
     /// by a request). A refill that fails or is refused leaves the slice as it is.
-    pub(super) fn refill(
+    pub(crate) fn refill(
         self: &Arc<Self>,
         key: &str,
         args: &Args,

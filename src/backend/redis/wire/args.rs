@@ -21,7 +21,7 @@ const MAX_COUNT: u64 = 1 << 51;
 const SLIDING_MAX_COUNT: u64 = 1 << 41;
 
 /// The Redis key that holds `key`'s state under the policy `policy`: `prefix:policy:{key}`.
-pub(super) fn redis_key(prefix: &str, policy: &str, key: &Key) -> String {
+pub(crate) fn redis_key(prefix: &str, policy: &str, key: &Key) -> String {
     let mut out = String::with_capacity(prefix.len() + policy.len() + 48);
     out.push_str(prefix);
     out.push(':');
@@ -33,7 +33,7 @@ pub(super) fn redis_key(prefix: &str, policy: &str, key: &Key) -> String {
 }
 
 /// The Redis key that holds `key`'s state under `limit`: [`redis_key`] with the algorithm's suffix.
-pub(super) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
+pub(crate) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
     let mut out = redis_key(prefix, limit.name(), key);
     out.push_str(suffix(limit.algorithm()));
     out
@@ -53,38 +53,38 @@ fn suffix(algorithm: Algorithm) -> &'static str {
 
 /// What a policy's quota becomes on each path.
 #[derive(Clone)]
-pub(super) struct Args {
-    pub(super) penalty: Option<Penalty>,
+pub(crate) struct Args {
+    pub(crate) penalty: Option<Penalty>,
     /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
     /// delay, which `CL.THROTTLE` cannot express, so it always runs on Lua.
-    pub(super) delayed: bool,
-    pub(super) interval: u64,
-    pub(super) tolerance: u64,
+    pub(crate) delayed: bool,
+    pub(crate) interval: u64,
+    pub(crate) tolerance: u64,
     /// How far ahead a stored TAT is read as it is (see [`ceiling`]): the tolerance, or a metered
     /// limit's tolerance plus its debt cap.
-    pub(super) ceiling: u64,
-    pub(super) limit: u64,
+    pub(crate) ceiling: u64,
+    pub(crate) limit: u64,
     /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
-    pub(super) cell: Option<CellArgs>,
+    pub(crate) cell: Option<CellArgs>,
 }
 
 #[derive(Clone, Copy)]
-pub(super) struct CellArgs {
-    pub(super) max_burst: u64,
-    pub(super) count: u64,
-    pub(super) period_secs: u64,
+pub(crate) struct CellArgs {
+    pub(crate) max_burst: u64,
+    pub(crate) count: u64,
+    pub(crate) period_secs: u64,
 }
 
 impl Args {
     /// The GCRA's arguments; `None` for the other algorithms.
-    pub(super) fn new(limit: &Limit) -> Option<Args> {
+    pub(crate) fn new(limit: &Limit) -> Option<Args> {
         Self::with_cell(limit, true)
     }
 
     /// The GCRA's arguments, with `CL.THROTTLE`'s only if `cell` (the mode may take that path):
     /// finding its whole-second form takes 128-bit divisions, which a request on the Lua path
     /// need not pay.
-    pub(super) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
+    pub(crate) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
         let params = limit.gcra()?;
         let delayed = limit.delay().is_some();
         Some(Args {
@@ -109,7 +109,7 @@ impl Args {
     }
 
     /// Whether the limit is metered: its keys may hold debt past the tolerance.
-    pub(super) fn metered(&self) -> bool {
+    pub(crate) fn metered(&self) -> bool {
         self.ceiling != self.tolerance
     }
 }
@@ -118,7 +118,7 @@ impl Args {
 /// GCRA's [`ceiling`](crate::gcra::GcraParams::ceiling), as `gcra::decide` reads it (the tolerance, and
 /// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
 /// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
-pub(super) fn ceiling(limit: &Limit) -> u64 {
+pub(crate) fn ceiling(limit: &Limit) -> u64 {
     limit.gcra().map_or(0, |params| params.ceiling())
 }
 
@@ -197,14 +197,14 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
 }
 
 /// One limit as the limits script takes it: its key, `kind`, limit and two parameters.
-pub(super) struct Spec {
-    pub(super) key: String,
-    pub(super) kind: u8,
-    pub(super) limit: u64,
-    pub(super) a: u64,
-    pub(super) b: u64,
+pub(crate) struct Spec {
+    pub(crate) key: String,
+    pub(crate) kind: u8,
+    pub(crate) limit: u64,
+    pub(crate) a: u64,
+    pub(crate) b: u64,
     /// The GCRA's [`ceiling`] (0 for the other algorithms).
-    pub(super) ceiling: u64,
+    pub(crate) ceiling: u64,
 }
 
 const KIND_GCRA: u8 = 0;
@@ -212,7 +212,7 @@ const KIND_CONCURRENCY: u8 = 4;
 
 impl Spec {
     /// The script's arguments for `limit`, or why the script cannot enforce it exactly.
-    pub(super) fn of(limit: &Limit, key: String) -> Result<Spec, String> {
+    pub(crate) fn of(limit: &Limit, key: String) -> Result<Spec, String> {
         let name = limit.name();
         let too_many = |count: u64| {
             format!("policy {name:?}: the Redis backend supports counts up to 2^51, not {count}")
@@ -305,19 +305,19 @@ impl Spec {
     }
 
     /// A concurrency limit: its admitted units hold a lease.
-    pub(super) fn is_concurrency(&self) -> bool {
+    pub(crate) fn is_concurrency(&self) -> bool {
         self.kind == KIND_CONCURRENCY
     }
 
     /// A metered GCRA limit: its keys may hold debt (see [`ceiling`]).
-    pub(super) fn is_metered(&self) -> bool {
+    pub(crate) fn is_metered(&self) -> bool {
         self.kind == KIND_GCRA && self.ceiling != self.b
     }
 }
 
 /// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend
 /// ([`check_stack`]), and one of Redis's own.
-pub(super) fn stack_error(limits: &[Limit]) -> Result<(), String> {
+pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
     check_stack(limits)?;
     for (i, limit) in limits.iter().enumerate() {
         // Same name and algorithm: the same key, which one call would read twice and write twice.
@@ -338,7 +338,7 @@ pub(super) fn stack_error(limits: &[Limit]) -> Result<(), String> {
 /// Whether the Redis backend in `mode` can enforce `limit` ([`Backend::validate`]).
 ///
 /// [`Backend::validate`]: crate::backend::Backend::validate
-pub(super) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
+pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
     if let Some(why) = metered_error(limit) {
         return Err(BuildError::Invalid(why));
     }
@@ -385,7 +385,7 @@ pub(super) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
 /// Whether the Redis backend can enforce `limits` together ([`Backend::validate_all`]).
 ///
 /// [`Backend::validate_all`]: crate::backend::Backend::validate_all
-pub(super) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
+pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
     for limit in limits {
         if let Some(why) = metered_error(limit) {

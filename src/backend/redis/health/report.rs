@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::SystemTime;
 
 use super::circuit::CircuitState;
-use super::mode::RedisMode;
+use crate::backend::redis::wire::mode::RedisMode;
 
 /// The state of a [`RedisBackend`](crate::redis::RedisBackend)'s connection, from
 /// [`RedisBackend::health`](crate::redis::RedisBackend::health).
@@ -139,7 +139,7 @@ impl RedisHealth {
 
     /// The path's name: `"cell"`, `"lua"` or `"unknown"`.
     pub fn path_name(&self) -> &'static str {
-        super::mode::path_name(self.path)
+        crate::backend::redis::wire::mode::path_name(self.path)
     }
 }
 

@@ -7,14 +7,14 @@ use std::time::Duration;
 use redis::{RedisError, Script};
 
 use super::args::{Args, CellArgs};
-use super::connection::RedisConnection;
 use super::limits_call::LimitsCall;
 use super::lua;
+use crate::backend::redis::conn::connection::RedisConnection;
 use crate::decision::Decision;
 
 /// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
 /// once per process (its SHA-1 is what `EVALSHA` sends).
-pub(super) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
+pub(crate) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
 
 /// Every algorithm, and stacks of limits: see the script's header.
 static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
@@ -23,22 +23,22 @@ static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
 static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
 
 /// A decision and how it was made.
-pub(super) struct Answer {
-    pub(super) decision: Decision,
+pub(crate) struct Answer {
+    pub(crate) decision: Decision,
     /// By `CL.THROTTLE`: durations in whole seconds, rounded up.
-    pub(super) whole_seconds: bool,
+    pub(crate) whole_seconds: bool,
     /// By a penalty-box ban.
-    pub(super) banned: bool,
+    pub(crate) banned: bool,
 }
 
 /// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
 /// fails the start, not the first request.
-pub(super) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
+pub(crate) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
     GCRA.load_async(&mut conn.redirecting()).await.map(drop)
 }
 
 /// One GCRA decision (with its penalty box, if any) by `gcra.lua`.
-pub(super) async fn gcra(
+pub(crate) async fn gcra(
     conn: &mut RedisConnection,
     key: &str,
     args: &Args,
@@ -81,7 +81,7 @@ pub(super) async fn gcra(
 
 /// One GCRA decision by `CL.THROTTLE`: through `cell.lua` on a Cluster, and on one server when
 /// `through_script` (Redis may be full: see `RedisState::cell_through_script`).
-pub(super) async fn throttle(
+pub(crate) async fn throttle(
     conn: &mut RedisConnection,
     key: &str,
     cell: CellArgs,
@@ -108,7 +108,7 @@ pub(super) async fn throttle(
 }
 
 /// `CL.THROTTLE key max_burst count period quantity`, for one server.
-pub(super) fn throttle_command(key: &str, cell: CellArgs, quantity: u64) -> redis::Cmd {
+pub(crate) fn throttle_command(key: &str, cell: CellArgs, quantity: u64) -> redis::Cmd {
     let mut cmd = redis::cmd("CL.THROTTLE");
     cmd.arg(key)
         .arg(cell.max_burst)
@@ -119,7 +119,7 @@ pub(super) fn throttle_command(key: &str, cell: CellArgs, quantity: u64) -> redi
 }
 
 /// The answer of a `CL.THROTTLE` reply.
-pub(super) fn cell_answer(reply: [i64; 5]) -> Answer {
+pub(crate) fn cell_answer(reply: [i64; 5]) -> Answer {
     Answer {
         // Whole seconds, truncated: report the next whole second, which is never early.
         decision: from_reply(reply, |secs| Duration::from_secs(secs.saturating_add(1))),
@@ -129,7 +129,7 @@ pub(super) fn cell_answer(reply: [i64; 5]) -> Answer {
 }
 
 /// One decision per spec of `call`, together, by `limits.lua`.
-pub(super) async fn limits(
+pub(crate) async fn limits(
     conn: &mut RedisConnection,
     call: &LimitsCall,
 ) -> Result<Vec<Decision>, RedisError> {
@@ -145,7 +145,7 @@ pub(super) async fn limits(
 }
 
 /// The decisions of `call` in `limits.lua`'s reply to it (alone, or its part of a batch's).
-pub(super) fn limits_decisions(
+pub(crate) fn limits_decisions(
     call: &LimitsCall,
     reply: &[i64],
 ) -> Result<Vec<Decision>, RedisError> {
@@ -171,7 +171,7 @@ pub(super) fn limits_decisions(
 }
 
 /// `[limited, limit, remaining, retry_after, reset_after]`, durations converted by `unit`.
-pub(super) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
+pub(crate) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
     let [limited, limit, remaining, retry_after, reset_after] = reply;
     let limit = limit.max(0) as u64;
     let remaining = remaining.max(0) as u64;

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{RedisError, Value};
 
-use super::connection::RedisConnection;
 use super::memory::MemoryReport;
-use super::state::RedisState;
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::state::RedisState;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -30,7 +30,7 @@ const MEMORY_EVERY: Duration = Duration::from_secs(30);
 const MEMORY_RETRY: Duration = Duration::from_secs(1);
 
 /// Starts the watcher of `state`; it ends when the backend (every clone) is dropped.
-pub(super) fn spawn(state: &Arc<RedisState>) {
+pub(crate) fn spawn(state: &Arc<RedisState>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -70,7 +70,7 @@ pub(super) fn spawn(state: &Arc<RedisState>) {
 
 /// Reads the policy and the evictions, counts the evictions since the last read, and says what
 /// an operator must know (see the module's header).
-pub(super) async fn read_memory(state: &RedisState) -> Result<MemoryReport, BackendError> {
+pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, BackendError> {
     let mut conn = state.conn.clone();
     let budget = state
         .timeout

@@ -27,7 +27,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(1);
 
 /// Where the server is found: a client (its address resolved again at every connect) or the
 /// sentinels, asked for the current primary at every connect.
-pub(super) enum Source {
+pub(crate) enum Source {
     Client(Box<Client>),
     Sentinel {
         client: Box<SentinelClient>,
@@ -44,7 +44,7 @@ pub(super) enum Source {
 
 impl Source {
     /// What to name in messages: the URL without its password, or the Sentinel service.
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Source::Client(client) => redact_url(&client.get_connection_info().addr().to_string()),
             Source::Sentinel { service, .. } => format!("Sentinel service {service:?}"),
@@ -110,7 +110,7 @@ impl Source {
     }
 
     /// A client for the server to connect to now.
-    pub(super) async fn client(&mut self) -> Result<Client, RedisError> {
+    pub(crate) async fn client(&mut self) -> Result<Client, RedisError> {
         match self {
             Source::Client(client) => Ok((**client).clone()),
             Source::Sentinel { client, .. } => client.async_get_client().await,
@@ -127,11 +127,11 @@ struct Live {
 
 /// What [`health`](SingleServer::health) reports besides the connection itself.
 #[derive(Default)]
-pub(super) struct Record {
+pub(crate) struct Record {
     address: Option<String>,
     last_error: Option<(String, SystemTime)>,
     /// The last attempt failed on the configuration, not on reachability (cleared by a connection).
-    pub(super) misconfigured: Option<Misconfigured>,
+    pub(crate) misconfigured: Option<Misconfigured>,
 }
 
 /// A connection attempt that reached Redis and was refused for a reason retrying alone will not
@@ -146,9 +146,9 @@ pub(crate) enum Misconfigured {
 }
 
 /// Why an attempt failed: Redis unreachable (or slow), or a configuration error.
-pub(super) struct AttemptError {
-    pub(super) error: BackendError,
-    pub(super) misconfigured: Option<Misconfigured>,
+pub(crate) struct AttemptError {
+    pub(crate) error: BackendError,
+    pub(crate) misconfigured: Option<Misconfigured>,
 }
 
 impl From<BackendError> for AttemptError {
@@ -161,7 +161,7 @@ impl From<BackendError> for AttemptError {
 }
 
 impl AttemptError {
-    pub(super) fn misconfigured(kind: fn(String) -> Misconfigured, message: String) -> Self {
+    pub(crate) fn misconfigured(kind: fn(String) -> Misconfigured, message: String) -> Self {
         AttemptError {
             error: BackendError::new(message.clone()),
             misconfigured: Some(kind(message)),
@@ -174,22 +174,22 @@ pub(crate) struct SingleServer {
     live: RwLock<Option<Live>>,
     generation: AtomicU64,
     /// Connection attempts the task has finished, failed or not.
-    pub(super) attempts: AtomicU64,
+    pub(crate) attempts: AtomicU64,
     /// When the connection last answered (or was made): ms since `epoch`.
     last_answer: AtomicU64,
     epoch: Instant,
     /// Wakes the task: the connection was dropped.
-    pub(super) lost: Notify,
-    pub(super) timeout: Duration,
+    pub(crate) lost: Notify,
+    pub(crate) timeout: Duration,
     db: i64,
-    pub(super) record: Mutex<Record>,
+    pub(crate) record: Mutex<Record>,
     /// The URL or Sentinel service, for messages.
-    pub(super) target: String,
+    pub(crate) target: String,
 }
 
 impl SingleServer {
     /// Not connected yet.
-    pub(super) fn new(source: &Source, timeout: Duration) -> Self {
+    pub(crate) fn new(source: &Source, timeout: Duration) -> Self {
         let db = match source {
             Source::Client(client) => client.get_connection_info().redis_settings().db(),
             Source::Sentinel { .. } => 0,
@@ -218,7 +218,7 @@ impl SingleServer {
     }
 
     /// Whether a connection is up.
-    pub(super) fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.live
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -226,7 +226,7 @@ impl SingleServer {
     }
 
     /// The address of the server connected to last, and the last error with its time.
-    pub(super) fn record(&self) -> (Option<String>, Option<(String, SystemTime)>) {
+    pub(crate) fn record(&self) -> (Option<String>, Option<(String, SystemTime)>) {
         let record = self.record.lock().unwrap_or_else(|e| e.into_inner());
         (record.address.clone(), record.last_error.clone())
     }
@@ -242,18 +242,18 @@ impl SingleServer {
 
     /// The backend is gone: drop the connection for those still holding this server (an offender
     /// count, an access-list task), and make none again.
-    pub(super) fn close(&self) {
+    pub(crate) fn close(&self) {
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    pub(super) fn note_error(&self, error: &str) {
+    pub(crate) fn note_error(&self, error: &str) {
         self.record
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .last_error = Some((error.to_owned(), SystemTime::now()));
     }
 
-    pub(super) fn install(&self, conn: MultiplexedConnection, address: String) {
+    pub(crate) fn install(&self, conn: MultiplexedConnection, address: String) {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.answered();
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Some(Live { conn, generation });
@@ -306,7 +306,7 @@ impl SingleServer {
     }
 
     /// `PING` on the live connection, within the timeout: whether it answered.
-    pub(super) async fn ping(&self) -> bool {
+    pub(crate) async fn ping(&self) -> bool {
         let cmd = redis::cmd("PING");
         let ping = self.command(&cmd);
         matches!(
@@ -322,7 +322,7 @@ impl SingleServer {
     /// sentinels demote it, and those decisions would be lost. A different answer drops the
     /// connection, so the task connects to the new primary (and checks its role then). One kept
     /// connection to a sentinel answers: no connection to the primary is opened to ask.
-    pub(super) async fn follow_sentinels(&self, source: &mut Source) {
+    pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
         let Some(named) = source.primary_address(self.timeout).await else {
             return;
@@ -339,7 +339,7 @@ impl SingleServer {
     /// A call timed out under the backend's timeout. The connection is dropped if nothing has come
     /// back on it for [`STALL_LIMIT`] (at least two timeouts): a connection made since the call
     /// started is never the one it timed out on.
-    pub(super) fn timed_out(&self) {
+    pub(crate) fn timed_out(&self) {
         let Some(live) = self.current() else { return };
         let silent = self
             .now_ms()
@@ -357,7 +357,7 @@ impl SingleServer {
     /// budget); whether a connection is up, or the configuration error the attempt failed on (a
     /// wrong password, missing permissions, mode "cell" without the module; not a replica, which
     /// a failover may promote).
-    pub(super) async fn first_attempt(&self) -> Result<bool, BackendError> {
+    pub(crate) async fn first_attempt(&self) -> Result<bool, BackendError> {
         let deadline = Instant::now() + attempt_budget(self.timeout) + Duration::from_millis(100);
         while !self.connected()
             && self.attempts.load(Ordering::Acquire) == 0
@@ -375,7 +375,7 @@ impl SingleServer {
     }
 
     /// One command on the live connection, or an error at once without one.
-    pub(super) async fn command(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    pub(crate) async fn command(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let Some(mut live) = self.current() else {
             return Err(not_connected());
         };
@@ -388,7 +388,7 @@ impl SingleServer {
     }
 
     /// A pipeline on the live connection, or an error at once without one.
-    pub(super) async fn pipeline(
+    pub(crate) async fn pipeline(
         &self,
         pipeline: &Pipeline,
         offset: usize,
@@ -408,7 +408,7 @@ impl SingleServer {
     }
 
     /// The database number commands run in.
-    pub(super) fn db(&self) -> i64 {
+    pub(crate) fn db(&self) -> i64 {
         self.db
     }
 }
@@ -433,7 +433,7 @@ fn must_reconnect(error: &RedisError) -> bool {
 }
 
 /// `READONLY`, `MASTERDOWN` or `LOADING`: Redis answered, but cannot decide here.
-pub(super) fn is_not_primary(error: &RedisError) -> bool {
+pub(crate) fn is_not_primary(error: &RedisError) -> bool {
     error.code().is_some_and(is_not_primary_code)
 }
 
@@ -444,7 +444,7 @@ fn is_not_primary_code(code: &str) -> bool {
 /// What is wrong with the configuration, if `error` says so: the password or user refused
 /// (`WRONGPASS`, or redis-rs' authentication failure), none given (`NOAUTH`), or the ACL user lacks
 /// a command (`NOPERM`). `None` for anything a retry may get past.
-pub(super) fn configuration_error(
+pub(crate) fn configuration_error(
     error: &RedisError,
     address: &str,
     doing: &str,
@@ -470,7 +470,7 @@ pub(super) fn configuration_error(
 /// How long one connection attempt (resolve, connect, check, load, detect) may take: several
 /// timeouts, at least 250 ms, as a TLS handshake to a remote server takes round trips. Requests do
 /// not wait for it: they fail fast meanwhile.
-pub(super) fn attempt_budget(timeout: Duration) -> Duration {
+pub(crate) fn attempt_budget(timeout: Duration) -> Duration {
     timeout
         .saturating_mul(5)
         .max(Duration::from_millis(250))
@@ -478,7 +478,7 @@ pub(super) fn attempt_budget(timeout: Duration) -> Duration {
 }
 
 /// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
-pub(super) fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     // Fails only when a provider is installed already, which is then the one used.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

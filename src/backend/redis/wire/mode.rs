@@ -82,12 +82,12 @@ impl std::str::FromStr for RedisMode {
 }
 
 /// A path as one byte (for atomics): not known yet, `CL.THROTTLE`, the Lua script.
-pub(super) const UNKNOWN: u8 = 0;
-pub(super) const CELL: u8 = 1;
-pub(super) const LUA: u8 = 2;
+pub(crate) const UNKNOWN: u8 = 0;
+pub(crate) const CELL: u8 = 1;
+pub(crate) const LUA: u8 = 2;
 
 /// `"cell"`, `"lua"` or `"unknown"`: the path a backend decides on, as logs and health name it.
-pub(super) fn path_name(path: Option<RedisMode>) -> &'static str {
+pub(crate) fn path_name(path: Option<RedisMode>) -> &'static str {
     match path {
         Some(RedisMode::Cell) => "cell",
         Some(RedisMode::Lua) => "lua",

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use redis::{AsyncConnectionConfig, RedisError, Role};
 
 use super::connection::cell_loaded_on;
-use super::mode::{path_name, RedisMode};
 use super::server::{
     attempt_budget, configuration_error, is_not_primary, AttemptError, Misconfigured, SingleServer,
     Source,
 };
-use super::state::RedisState;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::mode::{path_name, RedisMode};
 use crate::error::{redact_url, BackendError};
 
 /// Reconnect attempts back off from 50 ms to 500 ms.
@@ -91,7 +91,7 @@ async fn establish(
     // Every mode runs the script for some calls (peeks, penalties, quotas with no whole-second form).
     // The GCRA script, loaded on every new connection so that the first decision after a
     // reconnect does not pay for `NOSCRIPT` (the very script `EVALSHA` runs, so the same SHA).
-    super::scripts::GCRA
+    crate::backend::redis::wire::scripts::GCRA
         .load_async(&mut conn)
         .await
         .map_err(|e| {
@@ -115,7 +115,7 @@ async fn establish(
 }
 
 /// One attempt, bounded by `budget`.
-pub(super) async fn connect_once(
+pub(crate) async fn connect_once(
     source: &mut Source,
     server: &SingleServer,
     state: &RedisState,
@@ -134,7 +134,7 @@ pub(super) async fn connect_once(
 /// Keeps `server` connected for as long as the backend (`state`) lives: connects with backoff while
 /// there is no connection, then waits until one is dropped. `connected`: the caller connected
 /// already (eager start). Logs each transition once, and "still unreachable" at most every 10 s.
-pub(super) fn spawn_keeper(
+pub(crate) fn spawn_keeper(
     mut source: Source,
     server: Arc<SingleServer>,
     state: Weak<RedisState>,

@@ -8,20 +8,21 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::args::Spec;
-use super::state::RedisState;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::Spec;
 use crate::key::Key;
 use crate::limit::Limit;
 
 /// See the script's header. Built once per process.
-static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::SETTLE));
+static SETTLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::SETTLE));
 
 /// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
 const REFUNDABLE_KINDS: [u8; 4] = [0, 1, 2, 3];
 
 /// Gives back `quantity` units of `limits` for `key` (see
 /// [`Backend::refund`](crate::backend::Backend::refund)): [`settle`] with `-quantity` under each.
-pub(super) fn refund(
+pub(crate) fn refund(
     state: &Arc<RedisState>,
     limits: &[Limit],
     key: &Key,
@@ -38,7 +39,7 @@ pub(super) fn refund(
 /// Settles `deltas[i]` units under `limits[i]` for `key` (see
 /// [`Backend::settle`](crate::backend::Backend::settle)): negative gives back as a refund does,
 /// positive charges a metered GCRA limit (into debt, up to its cap), 0 leaves the limit alone.
-pub(super) fn settle(
+pub(crate) fn settle(
     state: &Arc<RedisState>,
     limits: &[Limit],
     key: &Key,

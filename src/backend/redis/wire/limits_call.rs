@@ -8,17 +8,17 @@ use crate::penalty::Penalty;
 /// One decision of `limits.lua`: `quantity` units under each of `specs` (or `each[i]` under
 /// `specs[i]`), with the first limit's penalty box (on `base:strikes` and `base:ban`), adding units
 /// named by `token`.
-pub(super) struct LimitsCall {
-    pub(super) specs: Vec<Spec>,
-    pub(super) penalty: Option<(Penalty, String)>,
-    pub(super) quantity: u64,
-    pub(super) each: Option<Vec<u64>>,
-    pub(super) token: u64,
+pub(crate) struct LimitsCall {
+    pub(crate) specs: Vec<Spec>,
+    pub(crate) penalty: Option<(Penalty, String)>,
+    pub(crate) quantity: u64,
+    pub(crate) each: Option<Vec<u64>>,
+    pub(crate) token: u64,
 }
 
 impl LimitsCall {
     /// The call's keys, in the script's order: each limit's, then the penalty box's.
-    pub(super) fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.specs.iter().map(|s| s.key.clone()).collect();
         if let Some((_, base)) = &self.penalty {
             // Same hash tag as the state: one slot, one atomic call.
@@ -29,12 +29,12 @@ impl LimitsCall {
     }
 
     /// The call's first key: every other carries its hash tag (one Cluster slot).
-    pub(super) fn first_key(&self) -> &str {
+    pub(crate) fn first_key(&self) -> &str {
         self.specs.first().map_or("", |s| &s.key)
     }
 
     /// The call's arguments (see the script's header).
-    pub(super) fn args(&self) -> Vec<u64> {
+    pub(crate) fn args(&self) -> Vec<u64> {
         let (after, within, ban) = match &self.penalty {
             Some((penalty, _)) => (
                 u64::from(penalty.after()),
@@ -63,7 +63,7 @@ impl LimitsCall {
     }
 
     /// How many integers the script answers: `banned`, then five per limit.
-    pub(super) fn reply_len(&self) -> usize {
+    pub(crate) fn reply_len(&self) -> usize {
         1 + 5 * self.specs.len()
     }
 }

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::args::Spec;
-use super::breaker::guarded;
-use super::resets;
-use super::state::RedisState;
 use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
+use crate::backend::redis::health::breaker::guarded;
+use crate::backend::redis::resets;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::Spec;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -89,12 +89,15 @@ return out
 "#;
 
 fn peek_source() -> String {
-    format!("{PRELUDE}{}{EPILOGUE}", super::lua::LIMITS_BODY.trim_end())
+    format!(
+        "{PRELUDE}{}{EPILOGUE}",
+        crate::backend::redis::wire::lua::LIMITS_BODY.trim_end()
+    )
 }
 
 impl RedisState {
     /// [`Backend::peek`](crate::Backend::peek): one read-only script call.
-    pub(super) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
+    pub(crate) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
         if limits.is_empty() {
             return Box::pin(std::future::ready(Err(BackendError::new(
                 "peek needs at least one limit",
@@ -161,7 +164,7 @@ impl RedisState {
     }
 
     /// [`Backend::reset`](crate::Backend::reset): one `DEL`, and this process's deny cache.
-    pub(super) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
+    pub(crate) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
         let Some(first) = limits.first() else {
             return Box::pin(std::future::ready(Err(BackendError::new(
                 "reset needs at least one limit",
@@ -224,7 +227,7 @@ mod tests {
 
     #[test]
     fn the_peek_knows_every_command_limits_lua_calls() {
-        let script = super::super::lua::LIMITS_BODY;
+        let script = crate::backend::redis::wire::lua::LIMITS_BODY;
         let commands: Vec<&str> = script
             .split("redis.call('")
             .skip(1)

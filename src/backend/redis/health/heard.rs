@@ -22,7 +22,7 @@ tokio::task_local! {
 
 /// Set when the call it listens on met `TRYAGAIN`; passed on to the checks of a batch.
 #[derive(Default)]
-pub(super) struct Heard {
+pub(crate) struct Heard {
     tried_again: AtomicBool,
     /// The checks of a batch, each listening on its own.
     also: Vec<Arc<Heard>>,
@@ -30,7 +30,7 @@ pub(super) struct Heard {
 
 impl Heard {
     /// Whether the call met `TRYAGAIN`.
-    pub(super) fn tried_again(&self) -> bool {
+    pub(crate) fn tried_again(&self) -> bool {
         self.tried_again.load(Ordering::Relaxed)
     }
 
@@ -43,7 +43,7 @@ impl Heard {
 }
 
 /// Runs `call` listening with `heard` (none: as it is).
-pub(super) async fn listening<T>(heard: Option<Arc<Heard>>, call: impl Future<Output = T>) -> T {
+pub(crate) async fn listening<T>(heard: Option<Arc<Heard>>, call: impl Future<Output = T>) -> T {
     match heard {
         Some(heard) => LISTENING.scope(heard, call).await,
         None => call.await,
@@ -51,12 +51,12 @@ pub(super) async fn listening<T>(heard: Option<Arc<Heard>>, call: impl Future<Ou
 }
 
 /// The `Heard` of the call under way, if it listens: a check that waits for a batch.
-pub(super) fn current() -> Option<Arc<Heard>> {
+pub(crate) fn current() -> Option<Arc<Heard>> {
     LISTENING.try_with(Arc::clone).ok()
 }
 
 /// A `Heard` for a batch that passes `TRYAGAIN` on to each of `checks`; none if none listens.
-pub(super) fn for_batch(checks: impl Iterator<Item = Arc<Heard>>) -> Option<Arc<Heard>> {
+pub(crate) fn for_batch(checks: impl Iterator<Item = Arc<Heard>>) -> Option<Arc<Heard>> {
     let also: Vec<Arc<Heard>> = checks.collect();
     (!also.is_empty()).then(|| {
         Arc::new(Heard {
@@ -67,7 +67,7 @@ pub(super) fn for_batch(checks: impl Iterator<Item = Arc<Heard>>) -> Option<Arc<
 }
 
 /// Redis answered `TRYAGAIN`: the call under way has heard from the node.
-pub(super) fn tried_again() {
+pub(crate) fn tried_again() {
     let _ = LISTENING.try_with(|heard| heard.mark());
 }
 
@@ -78,8 +78,8 @@ mod tests {
     use redis::RedisError;
 
     use super::*;
-    use crate::backend::redis::breaker::{guarded, Breaker};
-    use crate::backend::redis::mode::RedisMode;
+    use crate::backend::redis::health::breaker::{guarded, Breaker};
+    use crate::backend::redis::wire::mode::RedisMode;
 
     /// A Cluster's breaker (no slot map: the calls below pick no node's breaker).
     fn cluster_breaker() -> Arc<Breaker> {

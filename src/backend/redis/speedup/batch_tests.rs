@@ -3,7 +3,7 @@
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::backend::redis::args::CellArgs;
+use crate::backend::redis::wire::args::CellArgs;
 
 /// `n` waiting checks (their receivers dropped: nothing is sent here).
 fn waiting(n: usize) -> Vec<Waiter> {

@@ -12,14 +12,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
-use super::breaker::Breaker;
 use super::lazy_cluster::LazyCluster;
-use super::mode::{RedisMode, CELL, LUA, UNKNOWN};
 use super::server::{install_crypto_provider, SingleServer, Source};
+use crate::backend::redis::health::breaker::Breaker;
+use crate::backend::redis::wire::mode::{RedisMode, CELL, LUA, UNKNOWN};
 use crate::error::{redact_url, BackendError};
 
 /// What the builder was given to reach Redis.
-pub(super) enum Target {
+pub(crate) enum Target {
     Urls(Vec<String>),
     Client(Box<Client>),
     Manager(ConnectionManager),
@@ -31,7 +31,7 @@ pub(super) enum Target {
 impl Target {
     /// The way to one server that this crate reconnects itself (a URL, a client, Sentinel), or
     /// `None` for a Cluster or a user's connection manager.
-    pub(super) fn into_source(self, cluster: bool) -> Result<Result<Source, Target>, BackendError> {
+    pub(crate) fn into_source(self, cluster: bool) -> Result<Result<Source, Target>, BackendError> {
         match self {
             Target::Urls(urls) if !cluster => match urls.as_slice() {
                 [] => Err(BackendError::new("no Redis URL given")),
@@ -67,7 +67,7 @@ impl RedisConnection {
     /// Opens the connection to a Cluster or takes the user's connection manager (`cluster`: the
     /// URLs name a Redis Cluster), within `budget`. One server otherwise goes through
     /// [`Target::into_source`] and a [`SingleServer`].
-    pub(super) async fn open(
+    pub(crate) async fn open(
         target: Target,
         cluster: bool,
         timeout: Duration,
@@ -121,7 +121,7 @@ impl RedisConnection {
     }
 
     /// A Redis Cluster, rather than one server.
-    pub(super) fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(
             self,
             RedisConnection::Cluster(_) | RedisConnection::LazyCluster(_)
@@ -137,7 +137,7 @@ impl RedisConnection {
     }
 
     /// `"single"` or `"cluster"`.
-    pub(super) fn topology(&self) -> &'static str {
+    pub(crate) fn topology(&self) -> &'static str {
         match self {
             RedisConnection::Single(_) | RedisConnection::Server(_) => "single",
             RedisConnection::Cluster(_) | RedisConnection::LazyCluster(_) => "cluster",
@@ -145,7 +145,7 @@ impl RedisConnection {
     }
 
     /// The reconnecting server, for one server reached through a URL, a client or Sentinel.
-    pub(super) fn server(&self) -> Option<&Arc<SingleServer>> {
+    pub(crate) fn server(&self) -> Option<&Arc<SingleServer>> {
         match self {
             RedisConnection::Server(server) => Some(server),
             _ => None,
@@ -219,7 +219,7 @@ async fn connect_single(
 }
 
 /// A Cluster client for these seed nodes, with this backend's timeouts.
-pub(super) fn cluster_client(
+pub(crate) fn cluster_client(
     urls: &[String],
     timeout: Duration,
 ) -> Result<ClusterClient, BackendError> {
@@ -245,7 +245,7 @@ async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, Backe
 }
 
 /// Whether `CL.THROTTLE` exists on this one server.
-pub(super) async fn cell_loaded_on<C: ConnectionLike>(conn: &mut C) -> Result<bool, RedisError> {
+pub(crate) async fn cell_loaded_on<C: ConnectionLike>(conn: &mut C) -> Result<bool, RedisError> {
     let mut cmd = redis::cmd("COMMAND");
     cmd.arg("INFO").arg("CL.THROTTLE");
     let reply = conn.req_packed_command(&cmd).await?;
@@ -255,7 +255,7 @@ pub(super) async fn cell_loaded_on<C: ConnectionLike>(conn: &mut C) -> Result<bo
 }
 
 /// Whether `CL.THROTTLE` exists (on every primary, for a Cluster).
-pub(super) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, RedisError> {
+pub(crate) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, RedisError> {
     let mut cmd = redis::cmd("COMMAND");
     cmd.arg("INFO").arg("CL.THROTTLE");
     let reply = match conn {
@@ -286,7 +286,7 @@ async fn on_all_primaries(cluster: &mut ClusterConnection, cmd: Cmd) -> Result<V
 }
 
 /// Whether Redis refused a command it does not know (`CL.THROTTLE` once the module is gone).
-pub(super) fn is_unknown_command(e: &RedisError) -> bool {
+pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
     e.code() == Some("ERR")
         && e.detail()
             .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
@@ -297,7 +297,7 @@ const DETECT_EVERY_MS: u64 = 30_000;
 
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
 /// the connection offers the redis-cell module, the Lua script where it does not.
-pub(super) struct Detector {
+pub(crate) struct Detector {
     mode: RedisMode,
     /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
     lua_first: bool,
@@ -310,7 +310,7 @@ pub(super) struct Detector {
 
 impl Detector {
     /// Nothing detected yet; `coalesce`: whether checks are coalesced (`Auto` then picks Lua).
-    pub(super) fn new(mode: RedisMode, coalesce: bool) -> Self {
+    pub(crate) fn new(mode: RedisMode, coalesce: bool) -> Self {
         Detector {
             mode,
             lua_first: mode == RedisMode::Auto && coalesce,
@@ -320,14 +320,14 @@ impl Detector {
     }
 
     /// The configured mode.
-    pub(super) fn mode(&self) -> RedisMode {
+    pub(crate) fn mode(&self) -> RedisMode {
         self.mode
     }
 
     /// What connecting prepares for: `Lua` where detection could not change the path (`Lua`, and
     /// `Auto` with coalescing on, which takes the Lua path, module or not), so no `COMMAND INFO`
     /// round trip asks for the module; else the mode.
-    pub(super) fn set_up_mode(&self) -> RedisMode {
+    pub(crate) fn set_up_mode(&self) -> RedisMode {
         if self.lua_first {
             RedisMode::Lua
         } else {
@@ -336,12 +336,12 @@ impl Detector {
     }
 
     /// Whether a decision may take `CL.THROTTLE`: `Cell`, or `Auto` without coalescing.
-    pub(super) fn may_use_cell(&self) -> bool {
+    pub(crate) fn may_use_cell(&self) -> bool {
         self.mode == RedisMode::Cell || (self.mode == RedisMode::Auto && !self.lua_first)
     }
 
     /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
-    pub(super) fn active_path(&self) -> Option<RedisMode> {
+    pub(crate) fn active_path(&self) -> Option<RedisMode> {
         match self.mode {
             RedisMode::Auto if self.lua_first => Some(RedisMode::Lua),
             RedisMode::Auto => match self.active.load(Ordering::Relaxed) {
@@ -354,7 +354,7 @@ impl Detector {
     }
 
     /// Detection at connect found the module (`loaded`) or not; the next is due in 30 s.
-    pub(super) fn detected(&self, loaded: bool, breaker: &Breaker) {
+    pub(crate) fn detected(&self, loaded: bool, breaker: &Breaker) {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
         breaker.failing.set_path(self.active_path());
@@ -363,7 +363,7 @@ impl Detector {
     }
 
     /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection.
-    pub(super) async fn use_cell(
+    pub(crate) async fn use_cell(
         &self,
         conn: &mut RedisConnection,
         breaker: &Breaker,
@@ -377,7 +377,7 @@ impl Detector {
     }
 
     /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on.
-    pub(super) fn cell_gone(&self) {
+    pub(crate) fn cell_gone(&self) {
         self.active.store(LUA, Ordering::Relaxed);
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use redis::Script;
 use tokio::task::AbortHandle;
 
-use super::connection::RedisConnection;
+use crate::backend::redis::conn::connection::RedisConnection;
 
 /// Extends every unit of one lease token: see the script's header.
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(super::lua::RENEW));
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::RENEW));
 
 /// Lease tokens, unique within the process (a bijection of a counter, offset by a per-process random
 /// seed), so that releases of concurrent requests never remove each other's slots. Across processes
@@ -53,7 +54,7 @@ impl LeaseTokens {
 /// The concurrency leases of one backend: tokens to draw, the renewal task of each lease held by a
 /// request in flight, and the connection renewals and releases go through (a handle on the
 /// backend's). Renewals hold it weakly, so they stop once the backend and its releases are gone.
-pub(super) struct Leases {
+pub(crate) struct Leases {
     tokens: LeaseTokens,
     conn: RedisConnection,
     timeout: Duration,
@@ -63,7 +64,7 @@ pub(super) struct Leases {
 
 impl Leases {
     /// No lease held; each call on `conn` bounded by `timeout`.
-    pub(super) fn new(conn: RedisConnection, timeout: Duration) -> Self {
+    pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
         Leases {
             tokens: LeaseTokens::new(),
             conn,
@@ -73,14 +74,14 @@ impl Leases {
     }
 
     /// A fresh token, never 0, to name the units one call adds.
-    pub(super) fn next_token(&self) -> u64 {
+    pub(crate) fn next_token(&self) -> u64 {
         self.tokens.next()
     }
 
     /// Keeps a request's concurrency leases alive while it runs: extends them every third of the
     /// lease, until [`release`](Self::release) stops it (or the backend is dropped, or a lease was
     /// lost). A process that dies stops renewing, and its leases expire.
-    pub(super) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
+    pub(crate) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -117,7 +118,7 @@ impl Leases {
     }
 
     /// A request is done with its slots: stops renewing its lease and removes its units.
-    pub(super) fn release(
+    pub(crate) fn release(
         self: &Arc<Self>,
         key: String,
         token: u64,
@@ -132,7 +133,7 @@ impl Leases {
 
     /// Whatever a concurrency check may take under `token` until its answer arrives; see
     /// [`Unanswered`].
-    pub(super) fn unanswered(
+    pub(crate) fn unanswered(
         self: &Arc<Self>,
         key: String,
         token: u64,
@@ -198,7 +199,7 @@ impl Leases {
 /// The units a concurrency check may have taken in Redis before its answer arrived; dropped before
 /// [`answered`](Self::answered) (no answer: timed out, failed, or dropped by a client that went
 /// away), it gives them back.
-pub(super) struct Unanswered {
+pub(crate) struct Unanswered {
     leases: Arc<Leases>,
     key: String,
     token: u64,
@@ -208,7 +209,7 @@ pub(super) struct Unanswered {
 
 impl Unanswered {
     /// The answer arrived: what the check took is known, and no longer given back here.
-    pub(super) fn answered(&mut self) {
+    pub(crate) fn answered(&mut self) {
         self.quantity = 0;
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! The rule: decisions are failing from the first Redis call that ends in an error (any error: a
 //! refused or lost connection, a timeout, `OOM command not allowed`, a script error) until the next
-//! one that succeeds. While they fail, [`RedisHealth`](super::RedisHealth) is unhealthy, its
+//! one that succeeds. While they fail, [`RedisHealth`](crate::redis::RedisHealth) is unhealthy, its
 //! `last_error` is the error of the last failed call, and the gauge is 0 on every path; the first
 //! call that succeeds brings both back. With no traffic, the watcher (watch.rs) probes with a
 //! read-only decision every [`PROBE_EVERY`], so a Redis that recovered is seen within a second even
@@ -18,13 +18,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
-use super::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN};
+use crate::backend::redis::wire::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN};
 
 /// How long the watcher lets a failing backend go without a decision before it probes.
-pub(super) const PROBE_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// Whether decisions are failing, and why.
-pub(super) struct Failing {
+pub(crate) struct Failing {
     failing: AtomicBool,
     /// The error of the last failed call, and when, while failing; taken with every transition so
     /// that the gauge follows the flag in order.
@@ -40,7 +40,7 @@ pub(super) struct Failing {
 
 impl Failing {
     /// Not failing; the path unknown until detection (or the mode) names it.
-    pub(super) fn new(mode: RedisMode, name: &str) -> Self {
+    pub(crate) fn new(mode: RedisMode, name: &str) -> Self {
         let failing = Failing {
             failing: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -56,7 +56,7 @@ impl Failing {
     }
 
     /// A call succeeded: if decisions were failing, they no longer are.
-    pub(super) fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         if !self.failing.load(Ordering::Relaxed) {
             return;
         }
@@ -67,13 +67,13 @@ impl Failing {
     }
 
     /// A call failed with `error`: decisions are failing, and this is why.
-    pub(super) fn failed(&self, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&self, error: &dyn std::fmt::Display) {
         self.failed_with(error.to_string());
     }
 
     /// A call failed with Redis' `error`: an error reply reads as Redis wrote it (`OOM command not
     /// allowed when used memory > 'maxmemory'.`), not as redis-rs shows it (`"OOM": command…`).
-    pub(super) fn failed_on(&self, error: &RedisError) {
+    pub(crate) fn failed_on(&self, error: &RedisError) {
         match (error.code(), error.detail()) {
             (Some(code), Some(detail)) => self.failed_with(format!("{code} {detail}")),
             _ => self.failed_with(error.to_string()),
@@ -93,7 +93,7 @@ impl Failing {
     }
 
     /// The error decisions are failing with now, if they are.
-    pub(super) fn current(&self) -> Option<(String, SystemTime)> {
+    pub(crate) fn current(&self) -> Option<(String, SystemTime)> {
         if !self.failing.load(Ordering::Acquire) {
             return None;
         }
@@ -101,7 +101,7 @@ impl Failing {
     }
 
     /// Whether decisions are failing and none has been tried for [`PROBE_EVERY`]: time to probe.
-    pub(super) fn wants_probe(&self) -> bool {
+    pub(crate) fn wants_probe(&self) -> bool {
         let quiet = (self.epoch.elapsed().as_millis() as u64)
             .saturating_sub(self.last_failure_ms.load(Ordering::Relaxed));
         self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64
@@ -109,7 +109,7 @@ impl Failing {
 
     /// The reconnecting task connected, on `path`: the gauge says so unless decisions are failing
     /// (then the first that succeeds does). (A connection lost sets it to 0: reconnect.rs.)
-    pub(super) fn connected(&self, path: Option<RedisMode>) {
+    pub(crate) fn connected(&self, path: Option<RedisMode>) {
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.set_path(path);
         if !self.failing.load(Ordering::Acquire) {
@@ -118,12 +118,12 @@ impl Failing {
     }
 
     /// The reconnecting task lost the connection: the gauge is 0 on every path.
-    pub(super) fn disconnected(&self) {
+    pub(crate) fn disconnected(&self) {
         crate::observe::backend_up(&self.name, None);
     }
 
     /// Detection found the path decisions take.
-    pub(super) fn set_path(&self, path: Option<RedisMode>) {
+    pub(crate) fn set_path(&self, path: Option<RedisMode>) {
         self.path.store(code(path), Ordering::Relaxed);
     }
 

@@ -1,0 +1,10 @@
+//! Guarding against Redis' failures and reporting its health: the circuit breakers, the timeout,
+//! what the backend reports, and the watch on Redis' memory.
+
+pub(crate) mod breaker;
+pub(crate) mod circuit;
+pub(crate) mod failing;
+pub(crate) mod heard;
+pub(crate) mod memory;
+pub(crate) mod report;
+pub(crate) mod watch;
