@@ -105,8 +105,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Use this client (for instance one built with custom TLS certificates). A connection manager is
-    /// made from it, with this backend's timeout.
+    /// Use this client (for instance one built with custom TLS certificates): one server, kept
+    /// connected by this backend as a [`url`](Self::url) is (after failovers too), with this
+    /// backend's timeout. A client names one server, so [`cluster`](Self::cluster) does not apply.
     pub fn client(mut self, client: Client) -> Self {
         self.target = Some(Target::Client(Box::new(client)));
         self
@@ -349,7 +350,7 @@ impl Start {
     /// source (see resets.rs).
     fn reset_listeners(&self) -> Listen {
         match self {
-            Start::Server(Source::Client(client)) | Start::Other(Target::Client(client)) => {
+            Start::Server(Source::Client(client)) => {
                 Listen::Nodes(vec![(**client).clone()])
             }
             Start::Other(Target::Urls(urls)) => Listen::Shard(
@@ -370,7 +371,6 @@ impl Start {
                 let seeds: Vec<String> = urls.iter().map(|u| address_of(u)).collect();
                 seeds.join(",")
             }
-            Start::Other(Target::Client(client)) => Source::Client(client.clone()).describe(),
             Start::Other(_) => "connection".to_owned(),
         }
     }
@@ -423,7 +423,7 @@ impl Settings {
     async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let timeout = self.timeout;
         let start_budget = self.start_budget();
-        let conn = RedisConnection::open(target, self.cluster, timeout, start_budget).await?;
+        let conn = RedisConnection::open(target, timeout, start_budget).await?;
         let state = RedisState::new(
             conn,
             self.mode,
@@ -462,16 +462,9 @@ impl Settings {
 }
 
 impl Settings {
-    /// A Cluster (or, with `cluster(true)`, a client taken as one server, as `connect` takes it),
-    /// not connected yet: a background task connects it.
+    /// A Cluster, not connected yet: a background task connects it.
     fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let (client, described) = match target {
-            Target::Client(client) => {
-                let source = Source::Client(client);
-                let (state, server) = self.server_state(&source);
-                spawn_keeper(source, server, Arc::downgrade(&state), false);
-                return Ok(state);
-            }
             Target::ClusterConnection(connection) => {
                 return Ok(self.state_on(RedisConnection::Cluster(connection)))
             }
@@ -480,10 +473,8 @@ impl Settings {
                 (cluster_client(&urls, self.timeout)?, described.join(", "))
             }
             Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
-            Target::Manager(_) | Target::Sentinel(_) => {
-                return Err(BackendError::new(
-                    "a connection manager or Sentinel is not a Redis Cluster",
-                ))
+            Target::Manager(_) | Target::Client(_) | Target::Sentinel(_) => {
+                unreachable!("one server or a user's manager is started in start_lazily")
             }
         };
         let lazy = Arc::new(LazyCluster::new(described));
@@ -721,6 +712,16 @@ mod tests {
             let bad = builder().url("redis://10.0.0.5:6379/").name(bad);
             assert!(name(bad).is_err());
         }
+    }
+
+    /// `connect` and `build` start a client alike: as one server this crate reconnects, whatever
+    /// `cluster` says (once a redis-rs `ConnectionManager` under `connect`).
+    #[test]
+    fn a_client_is_one_server_even_with_cluster_set() {
+        let client = Client::open("redis://127.0.0.1:6379/").unwrap();
+        let builder = RedisBackendBuilder::new("p", Duration::from_millis(100));
+        let validated = builder.cluster(true).client(client).validated().unwrap();
+        assert!(matches!(validated.start, Start::Server(Source::Client(_))));
     }
 
     #[test]

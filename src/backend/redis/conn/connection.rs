@@ -30,7 +30,9 @@ pub(crate) enum Target {
 
 impl Target {
     /// The way to one server that this crate reconnects itself (a URL, a client, Sentinel), or
-    /// `None` for a Cluster or a user's connection manager.
+    /// `None` for a Cluster or a user's connection manager. A client names one server whatever
+    /// `cluster` says: `cluster(true).client(c)` is that server, reconnected by this crate under
+    /// `connect` and `build` alike.
     pub(crate) fn into_source(self, cluster: bool) -> Result<Result<Source, Target>, BackendError> {
         match self {
             Target::Urls(urls) if !cluster => match urls.as_slice() {
@@ -42,7 +44,7 @@ impl Target {
                     "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
                 )),
             },
-            Target::Client(client) if !cluster => Ok(Ok(Source::Client(client))),
+            Target::Client(client) => Ok(Ok(Source::Client(client))),
             Target::Sentinel(source) => Ok(Ok(*source)),
             other => Ok(Err(other)),
         }
@@ -64,51 +66,28 @@ pub(crate) enum RedisConnection {
 }
 
 impl RedisConnection {
-    /// Opens the connection to a Cluster or takes the user's connection manager (`cluster`: the
-    /// URLs name a Redis Cluster), within `budget`. One server otherwise goes through
+    /// Opens the connection to a Cluster or takes the user's connection manager, within `budget`.
+    /// One server (a URL without `cluster`, a client, Sentinel) never comes here: it goes through
     /// [`Target::into_source`] and a [`SingleServer`].
     pub(crate) async fn open(
         target: Target,
-        cluster: bool,
         timeout: Duration,
         budget: Duration,
     ) -> Result<RedisConnection, BackendError> {
-        let tls = match &target {
-            Target::Urls(urls) => urls.iter().any(|u| u.starts_with("rediss:")),
-            Target::Client(client) => matches!(
-                client.get_connection_info().addr(),
-                redis::ConnectionAddr::TcpTls { .. }
-            ),
-            _ => false,
-        };
-        if tls {
+        if let Target::Urls(urls) = &target
+            && urls.iter().any(|u| u.starts_with("rediss:"))
+        {
             install_crypto_provider();
         }
         let connecting = async {
             match target {
-                Target::Urls(urls) => {
-                    if urls.is_empty() {
-                        return Err(BackendError::new("no Redis URL given"));
-                    }
-                    if cluster {
-                        connect_cluster(cluster_client(&urls, timeout)?).await
-                    } else if urls.len() > 1 {
-                        Err(BackendError::new(
-                            "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
-                        ))
-                    } else {
-                        let client = Client::open(urls[0].as_str())
-                            .map_err(|e| connect_error(&urls[0], e))?;
-                        connect_single(client, timeout).await
-                    }
-                }
-                Target::Client(client) => connect_single(*client, timeout).await,
+                Target::Urls(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
                 Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
                 Target::ClusterClient(client) => connect_cluster(*client).await,
                 Target::ClusterConnection(connection) => Ok(RedisConnection::Cluster(connection)),
-                Target::Sentinel(_) => Err(BackendError::new(
-                    "Sentinel names one primary: it cannot be a Redis Cluster",
-                )),
+                Target::Client(_) | Target::Sentinel(_) => {
+                    unreachable!("one server is reconnected by a SingleServer (Target::into_source)")
+                }
             }
         };
         tokio::time::timeout(budget, connecting)
@@ -197,25 +176,6 @@ impl ConnectionLike for RedisConnection {
 
 fn connect_error(url: &str, e: RedisError) -> BackendError {
     BackendError::with_source(format!("cannot connect to Redis at {}", redact_url(url)), e)
-}
-
-async fn connect_single(
-    client: Client,
-    timeout: Duration,
-) -> Result<RedisConnection, BackendError> {
-    let url = client.get_connection_info().addr().to_string();
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        // Reconnect quickly after Redis comes back: a limiter that is down costs every request the
-        // failure policy.
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(500))
-        .set_number_of_retries(3);
-    ConnectionManager::new_with_config(client, config)
-        .await
-        .map(RedisConnection::Single)
-        .map_err(|e| connect_error(&url, e))
 }
 
 /// A Cluster client for these seed nodes, with this backend's timeouts.
