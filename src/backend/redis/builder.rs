@@ -350,9 +350,7 @@ impl Start {
     /// source (see resets.rs).
     fn reset_listeners(&self) -> Listen {
         match self {
-            Start::Server(Source::Client(client)) => {
-                Listen::Nodes(vec![(**client).clone()])
-            }
+            Start::Server(Source::Client(client)) => Listen::Nodes(vec![(**client).clone()]),
             Start::Other(Target::Urls(urls)) => Listen::Shard(
                 urls.iter()
                     .filter_map(|url| url.as_str().into_connection_info().ok())

@@ -11,6 +11,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::RedisError;
 
+use super::backoff::CONNECTING;
 use super::connection::cell_loaded;
 use super::lazy_cluster::LazyCluster;
 use super::server::{attempt_budget, configuration_error};
@@ -18,8 +19,6 @@ use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::{path_name, RedisMode};
 use crate::backend::redis::wire::scripts;
 
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// While the Cluster stays down, "still unreachable" is logged at most this often.
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// After a configuration error (a wrong password, missing ACL permissions), attempts go on this
@@ -42,7 +41,7 @@ pub(crate) fn spawn_cluster_keeper(
         return;
     };
     runtime.spawn(async move {
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = CONNECTING;
         let mut last_said: Option<Instant> = None;
         loop {
             let Some(budget) = state.upgrade().map(|s| attempt_budget(s.timeout)) else {
@@ -73,14 +72,14 @@ pub(crate) fn spawn_cluster_keeper(
                 );
                 last_said = Some(Instant::now());
             }
+            let wait = backoff.wait();
             let wait = if failure.misconfigured {
                 MISCONFIGURED_BACKOFF
             } else {
-                backoff
+                wait
             };
             lazy.failed(failure.message, failure.misconfigured);
             tokio::time::sleep(wait).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     });
 }

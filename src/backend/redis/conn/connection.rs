@@ -86,7 +86,9 @@ impl RedisConnection {
                 Target::ClusterClient(client) => connect_cluster(*client).await,
                 Target::ClusterConnection(connection) => Ok(RedisConnection::Cluster(connection)),
                 Target::Client(_) | Target::Sentinel(_) => {
-                    unreachable!("one server is reconnected by a SingleServer (Target::into_source)")
+                    unreachable!(
+                        "one server is reconnected by a SingleServer (Target::into_source)"
+                    )
                 }
             }
         };

@@ -1,6 +1,7 @@
 //! Reaching Redis: one server's own reconnecting connection and the task that keeps it, a
 //! Cluster's connection (started lazily or not), its slot map and redirections.
 
+pub(crate) mod backoff;
 pub(crate) mod cluster_keeper;
 pub(crate) mod cluster_nodes;
 pub(crate) mod connection;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::{AsyncConnectionConfig, RedisError, Role};
 
+use super::backoff::CONNECTING;
 use super::connection::cell_loaded_on;
 use super::server::{
     attempt_budget, configuration_error, is_not_primary, AttemptError, Misconfigured, SingleServer,
@@ -17,9 +18,6 @@ use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::{path_name, RedisMode};
 use crate::error::{redact_url, BackendError};
 
-/// Reconnect attempts back off from 50 ms to 500 ms.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// While Redis stays down, "still unreachable" is logged at most this often.
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
@@ -152,7 +150,11 @@ pub(crate) fn spawn_keeper(
                 // While the breaker is open on a live connection (calls timed out), probe it
                 // often, so that the first calls after Redis recovers are decided there.
                 let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
-                let wait = if tripped { BACKOFF_MIN } else { IDLE_CHECK };
+                let wait = if tripped {
+                    CONNECTING.first()
+                } else {
+                    IDLE_CHECK
+                };
                 let _ = tokio::time::timeout(wait, server.lost.notified()).await;
                 let Some(strong) = state.upgrade() else {
                     server.close();
@@ -186,7 +188,7 @@ pub(crate) fn spawn_keeper(
                     strong.breaker.failing.disconnected();
                 }
             }
-            let mut backoff = BACKOFF_MIN;
+            let mut backoff = CONNECTING;
             let mut last_said = Instant::now();
             let mut attempts = 0u64;
             let mut said_misconfigured: Option<Misconfigured> = None;
@@ -279,8 +281,7 @@ pub(crate) fn spawn_keeper(
                     }
                 }
                 drop(strong);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                tokio::time::sleep(backoff.wait()).await;
             }
             first = false;
         }

@@ -28,6 +28,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
+use super::backoff::Backoff;
 use super::connection::RedisConnection;
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
@@ -35,11 +36,10 @@ use super::connection::RedisConnection;
 const MAX_REDIRECTS: u32 = 5;
 
 /// `TRYAGAIN` (a multi-key command on a migrating slot whose keys are split between the two nodes,
-/// or one of them missing, until the slot has moved) is retried after a wait that starts at [`TRY_AGAIN_WAIT`] and doubles up
-/// to [`TRY_AGAIN_MAX_WAIT`], for at most [`TRY_AGAIN_FOR`] in all. The caller's timeout (the
+/// or one of them missing, until the slot has moved) is retried after a wait that starts at 1 ms and doubles up
+/// to 10 ms ([`TRY_AGAIN`]), for at most [`TRY_AGAIN_FOR`] in all. The caller's timeout (the
 /// backend's, on the request path) usually ends it earlier.
-const TRY_AGAIN_WAIT: Duration = Duration::from_millis(1);
-const TRY_AGAIN_MAX_WAIT: Duration = Duration::from_millis(10);
+const TRY_AGAIN: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
 const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
 
 /// A [`RedisConnection`] whose commands follow a Cluster's redirections (see the module docs); on a
@@ -120,7 +120,7 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
         .and_then(Value::extract_error);
     let mut redirects = 0;
     let mut last_moved = None;
-    let mut try_again_wait = TRY_AGAIN_WAIT;
+    let mut try_again = TRY_AGAIN;
     let mut waited = Duration::ZERO;
     loop {
         let error = match result {
@@ -150,9 +150,9 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
                 // The node answered: a timeout meanwhile is not a dead node's (heard.rs).
                 crate::backend::redis::health::heard::tried_again();
                 redirects = 0;
-                tokio::time::sleep(try_again_wait).await;
-                waited += try_again_wait;
-                try_again_wait = (try_again_wait * 2).min(TRY_AGAIN_MAX_WAIT);
+                let wait = try_again.wait();
+                tokio::time::sleep(wait).await;
+                waited += wait;
                 cluster.req_packed_command(cmd).await
             }
             _ => return Err(error),

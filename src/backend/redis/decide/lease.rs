@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use redis::Script;
 use tokio::task::AbortHandle;
 
+use crate::backend::redis::conn::backoff::Backoff;
 use crate::backend::redis::conn::connection::RedisConnection;
 
 /// Extends every unit of one lease token: see the script's header.
@@ -164,7 +165,7 @@ impl Leases {
         let give_up = Instant::now() + lease;
         runtime.spawn(async move {
             let members: Vec<String> = (0..quantity).map(|i| format!("{token}:{i}")).collect();
-            let mut backoff = Duration::from_millis(20);
+            let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
             loop {
                 let mut cmd = redis::cmd("ZREM");
                 cmd.arg(&key).arg(&members);
@@ -179,12 +180,12 @@ impl Leases {
                     }
                     _ => {}
                 }
-                if Instant::now() + backoff >= give_up {
+                let wait = backoff.wait();
+                if Instant::now() + wait >= give_up {
                     tracing::debug!("Redis stayed unreachable; a concurrency slot will be freed when its lease expires");
                     return;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(wait).await;
             }
         });
     }

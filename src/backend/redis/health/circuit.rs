@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const OPEN_MIN: Duration = Duration::from_millis(50);
-const OPEN_MAX: Duration = Duration::from_millis(500);
+use crate::backend::redis::conn::backoff::Backoff;
+
+/// How long the circuit stays open: 50 ms, twice as long after each failed probe, at most 500 ms.
+const OPEN: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
 
 /// Where a circuit breaker stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,7 +168,7 @@ impl Circuit {
         let now = self.now_ms();
         if was_probe {
             let failures = self.failures.fetch_add(1, Ordering::AcqRel).min(8) + 1;
-            let wait = OPEN_MIN.saturating_mul(1 << failures).min(OPEN_MAX);
+            let wait = OPEN.after(failures);
             self.open_until
                 .store(now + wait.as_millis() as u64, Ordering::Release);
             false
@@ -174,7 +176,7 @@ impl Circuit {
             self.open_until
                 .compare_exchange(
                     0,
-                    now + OPEN_MIN.as_millis() as u64,
+                    now + OPEN.first().as_millis() as u64,
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 )
