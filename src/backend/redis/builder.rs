@@ -11,17 +11,17 @@ use redis::cluster_async::ClusterConnection;
 use std::sync::Arc;
 
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, ConnectionInfo, IntoConnectionInfo, RedisError};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use super::conn::cluster_keeper::spawn_cluster_keeper;
-use super::conn::connection::{cell_loaded, cluster_client, RedisConnection, Target};
+use super::conn::connection::{cluster_client, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
 use super::conn::reconnect::{connect_once, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
+use super::conn::set_up::{set_up, Fresh};
 use super::resets::{self, Listen};
 use super::state::RedisState;
 use super::wire::mode::RedisMode;
-use super::wire::scripts;
 use crate::error::{redact_url, BackendError};
 
 /// Builds a [`RedisBackend`](crate::redis::RedisBackend); see
@@ -415,10 +415,9 @@ impl Settings {
         self.timeout.saturating_mul(10).max(Duration::from_secs(1))
     }
 
-    /// A Cluster or a user's connection manager, connected and probed: `Lua` mode, and `Auto` with
-    /// coalescing on (which takes the Lua path module or not), load the script; `Cell`, and `Auto`
-    /// without coalescing, detect the module.
+    /// A Cluster or a user's connection manager, connected and set up (set_up.rs).
     async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+        let self_name = self.name.to_string();
         let timeout = self.timeout;
         let start_budget = self.start_budget();
         let conn = RedisConnection::open(target, timeout, start_budget).await?;
@@ -432,29 +431,18 @@ impl Settings {
             &self.name,
         );
         let mut conn = state.conn.clone();
-        let mode = state.detector.set_up_mode();
-        let probe = async {
-            match mode {
-                RedisMode::Lua => scripts::load_gcra(&mut conn).await,
-                RedisMode::Cell | RedisMode::Auto => {
-                    let loaded = cell_loaded(&mut conn).await?;
-                    if mode == RedisMode::Cell && !loaded {
-                        return Err(RedisError::from((
-                            redis::ErrorKind::Client,
-                            "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which this Redis has not loaded; use mode \"lua\" or \"auto\"",
-                        )));
-                    }
-                    state.detector.detected(loaded, &state.breaker);
-                    Ok(())
-                }
-            }
-        };
-        tokio::time::timeout(start_budget, probe)
+        tokio::time::timeout(start_budget, set_up(Fresh::Other(&mut conn), &state))
             .await
             .map_err(|_| {
                 BackendError::new(format!("Redis did not answer within {start_budget:?}"))
             })?
-            .map_err(|e| BackendError::with_source("Redis refused the limiter's set-up", e))?;
+            .map_err(|e| {
+                let (message, _) = e.describe(&self_name);
+                match e.source() {
+                    Some(source) => BackendError::with_source(message, source),
+                    None => BackendError::new(message),
+                }
+            })?;
         Ok(Arc::new(state))
     }
 }

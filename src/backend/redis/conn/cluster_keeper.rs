@@ -1,8 +1,9 @@
 //! The background task that connects a Cluster started by [`build`](crate::redis::RedisBackendBuilder::build)
 //! ([`LazyCluster`]): it tries every 50 ms, backing off to 500 ms, until the Cluster has formed
-//! (`CLUSTER INFO` says `cluster_state:ok`: every slot assigned and served), then puts the
-//! connection in service, loads the script or detects the module (as `connect` would), and ends: from then on redis-rs
-//! reconnects the Cluster's nodes by its own rules, as after [`connect`](crate::redis::RedisBackendBuilder::connect).
+//! (`CLUSTER INFO` says `cluster_state:ok`: every slot assigned and served) and is set up as
+//! `connect` sets it up (set_up.rs: a failure there fails the attempt), then puts the connection
+//! in service and ends: from then on redis-rs reconnects the Cluster's nodes by its own rules, as
+//! after [`connect`](crate::redis::RedisBackendBuilder::connect).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -12,12 +13,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::RedisError;
 
 use super::backoff::CONNECTING;
-use super::connection::cell_loaded;
+use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
 use super::server::{attempt_budget, configuration_error};
+use super::set_up::{set_up, Fresh};
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::mode::{path_name, RedisMode};
-use crate::backend::redis::wire::scripts;
+use crate::backend::redis::wire::mode::path_name;
 
 /// While the Cluster stays down, "still unreachable" is logged at most this often.
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
@@ -47,14 +48,38 @@ pub(crate) fn spawn_cluster_keeper(
             let Some(budget) = state.upgrade().map(|s| attempt_budget(s.timeout)) else {
                 return;
             };
-            let failure = match tokio::time::timeout(budget, formed(&client, &lazy.target)).await
-            {
-                Ok(Ok(conn)) => {
+            let attempt = async {
+                let conn = formed(&client, &lazy.target).await?;
+                let Some(strong) = state.upgrade() else {
+                    return Ok(None);
+                };
+                let mut fresh = RedisConnection::Cluster(conn.clone());
+                set_up(Fresh::Other(&mut fresh), &strong)
+                    .await
+                    .map_err(|e| {
+                        let (message, misconfigured) = e.describe(&lazy.target);
+                        Failure {
+                            message,
+                            misconfigured,
+                        }
+                    })?;
+                Ok(Some((conn, strong)))
+            };
+            let failure = match tokio::time::timeout(budget, attempt).await {
+                Ok(Ok(Some((conn, strong)))) => {
                     lazy.install(conn);
-                    let Some(strong) = state.upgrade() else { return };
-                    ready(&strong, &lazy).await;
+                    tracing::info!(
+                        redis = %lazy.target,
+                        path = path_name(strong.detector.active_path()),
+                        "connected to the Redis Cluster"
+                    );
+                    strong
+                        .breaker
+                        .failing
+                        .connected(strong.detector.active_path());
                     return;
                 }
+                Ok(Ok(None)) => return,
                 Ok(Err(failure)) => failure,
                 Err(_) => Failure {
                     message: format!(
@@ -114,35 +139,4 @@ async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnectio
         .get_async_connection()
         .await
         .map_err(|e| failed("connect to", e))
-}
-
-/// The connection is in service: load the script (`Lua` mode, `Auto` with coalescing on) or detect
-/// the module (`Cell`, `Auto` without coalescing), as `connect` does before it returns. A failure here only logs: the first decisions
-/// load or detect again.
-async fn ready(state: &RedisState, lazy: &LazyCluster) {
-    let mut conn = state.conn.clone();
-    let prepared = match state.detector.set_up_mode() {
-        RedisMode::Lua => scripts::load_gcra(&mut conn).await,
-        RedisMode::Cell | RedisMode::Auto => cell_loaded(&mut conn).await.map(|loaded| {
-            if state.detector.mode() == RedisMode::Cell && !loaded {
-                tracing::error!(
-                    redis = %lazy.target,
-                    "mode \"cell\" needs the redis-cell module (CL.THROTTLE) on every primary, which this Cluster has not loaded; use mode \"lua\" or \"auto\""
-                );
-            }
-            state.detector.detected(loaded, &state.breaker);
-        }),
-    };
-    if let Err(e) = prepared {
-        tracing::warn!(redis = %lazy.target, error = %e, "the Redis Cluster is connected, but the limiter's set-up failed; decisions will retry it");
-    }
-    tracing::info!(
-        redis = %lazy.target,
-        path = path_name(state.detector.active_path()),
-        "connected to the Redis Cluster"
-    );
-    state
-        .breaker
-        .failing
-        .connected(state.detector.active_path());
 }

@@ -9,4 +9,5 @@ pub(crate) mod lazy_cluster;
 pub(crate) mod reconnect;
 pub(crate) mod redirect;
 pub(crate) mod server;
+pub(crate) mod set_up;
 pub(crate) mod slot_watch;

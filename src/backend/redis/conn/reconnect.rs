@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use redis::{AsyncConnectionConfig, RedisError, Role};
 
 use super::backoff::CONNECTING;
-use super::connection::cell_loaded_on;
 use super::server::{
     attempt_budget, configuration_error, is_not_primary, AttemptError, Misconfigured, SingleServer,
     Source,
 };
+use super::set_up::{set_up, Fresh};
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::mode::{path_name, RedisMode};
+use crate::backend::redis::wire::mode::path_name;
 use crate::error::{redact_url, BackendError};
 
 /// While Redis stays down, "still unreachable" is logged at most this often.
@@ -68,40 +68,12 @@ async fn establish(
         Err(e) if e.code().is_some() && !is_not_primary(&e) => {}
         Err(e) => return Err(failed("ROLE failed on", "run ROLE", e)),
     }
-    let mode = state.detector.set_up_mode();
-    let loaded = match mode {
-        RedisMode::Lua => None,
-        RedisMode::Cell | RedisMode::Auto => {
-            Some(cell_loaded_on(&mut conn).await.map_err(|e| {
-                failed(
-                    "cannot detect redis-cell on",
-                    "run COMMAND INFO (to detect redis-cell)",
-                    e,
-                )
-            })?)
-        }
-    };
-    if mode == RedisMode::Cell && loaded == Some(false) {
-        return Err(AttemptError::misconfigured(Misconfigured::Fatal, format!(
-            "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which Redis at {address} has not loaded; load the module or use mode \"lua\" or \"auto\""
-        )));
-    }
-    // Every mode runs the script for some calls (peeks, penalties, quotas with no whole-second form).
-    // The GCRA script, loaded on every new connection so that the first decision after a
-    // reconnect does not pay for `NOSCRIPT` (the very script `EVALSHA` runs, so the same SHA).
-    crate::backend::redis::wire::scripts::GCRA
-        .load_async(&mut conn)
+    set_up(Fresh::Server(&mut conn), state)
         .await
-        .map_err(|e| {
-            failed(
-                "cannot load the script on",
-                "load the script (SCRIPT LOAD)",
-                e,
-            )
+        .map_err(|e| match e.describe(&address) {
+            (message, true) => AttemptError::misconfigured(Misconfigured::Fatal, message),
+            (message, false) => BackendError::new(message).into(),
         })?;
-    if let Some(loaded) = loaded {
-        state.detector.detected(loaded, &state.breaker);
-    }
     server.install(conn, address.clone());
     state.breaker.forget_loss();
     state.breaker.answered();
