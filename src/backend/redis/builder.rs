@@ -452,7 +452,7 @@ impl Settings {
     fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let (client, described) = match target {
             Target::ClusterConnection(connection) => {
-                return Ok(self.state_on(RedisConnection::Cluster(connection)))
+                return Ok(self.state_on(RedisConnection::Cluster(connection, None)))
             }
             Target::Urls(urls) => {
                 let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();

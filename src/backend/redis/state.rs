@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::conn::cluster_nodes::ClusterNodes;
 use super::conn::connection::{Detector, RedisConnection};
 use super::decide::deny::DenyCache;
 use super::decide::lease::Leases;
@@ -55,10 +56,15 @@ impl RedisState {
         name: &str,
     ) -> Self {
         let detector = Detector::new(mode, coalesce);
+        // On a Cluster, the slot map and breakers, which redirect.rs tells about `TRYAGAIN`.
+        let nodes = conn
+            .is_cluster()
+            .then(|| Arc::new(ClusterNodes::new(timeout, name)));
+        let conn = conn.with_nodes(nodes.as_ref());
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,
-                !conn.is_cluster(),
+                nodes,
                 conn.server().cloned(),
                 // The gauge's path: known from the start where detection cannot change it.
                 detector.set_up_mode(),

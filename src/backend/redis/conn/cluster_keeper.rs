@@ -53,7 +53,7 @@ pub(crate) fn spawn_cluster_keeper(
                 let Some(strong) = state.upgrade() else {
                     return Ok(None);
                 };
-                let mut fresh = RedisConnection::Cluster(conn.clone());
+                let mut fresh = RedisConnection::Cluster(conn.clone(), None);
                 set_up(Fresh::Other(&mut fresh), &strong)
                     .await
                     .map_err(|e| {

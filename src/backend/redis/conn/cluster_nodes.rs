@@ -20,6 +20,7 @@
 //! as on one server.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -41,6 +42,22 @@ pub(crate) struct Node {
     port: u16,
     pub(crate) circuit: Arc<Circuit>,
     last_error: Mutex<Option<(String, SystemTime)>>,
+    /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never): see
+    /// [`tried_again_since`](Self::tried_again_since).
+    tried_again: AtomicU64,
+}
+
+impl Node {
+    /// Whether the node answered `TRYAGAIN` since `started` (its circuit's `now_ms`). A command on
+    /// several keys whose slot migrates, its keys split between two nodes, is answered `TRYAGAIN`
+    /// until the slot has moved, and redirect.rs retries it until the backend's timeout ends the
+    /// call. Such a call looks like one to a dead node, but the node answered every try: its
+    /// timeout is the migrating slot's, and opens no breaker (breaker.rs). Only `TRYAGAIN`: `ASK`
+    /// comes from a live node too, but is followed at once; `MOVED` may come from a dead
+    /// primary's replica, which says nothing of the primary.
+    pub(crate) fn tried_again_since(&self, started: u64) -> bool {
+        self.tried_again.load(Ordering::Relaxed) >= started
+    }
 }
 
 /// The slot map: the owner of every slot (an index in `nodes`), and each node's ranges.
@@ -179,9 +196,22 @@ impl ClusterNodes {
 
     /// The primary that owns `key`'s slot, if the map knows it.
     pub(crate) fn for_key(&self, key: &str) -> Option<Arc<Node>> {
+        self.for_slot(slot_of(key.as_bytes()))
+    }
+
+    fn for_slot(&self, slot: u16) -> Option<Arc<Node>> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        let owner = *map.owner.get(usize::from(slot_of(key.as_bytes())))?;
+        let owner = *map.owner.get(usize::from(slot))?;
         map.nodes.get(usize::from(owner)).map(|(n, _)| n.clone())
+    }
+
+    /// The node of `key`'s slot answered `TRYAGAIN` now (redirect.rs): its own record says it
+    /// answered ([`Node::tried_again_since`]), for every call on it under way, a batch's included.
+    pub(crate) fn tried_again(&self, key: &[u8]) {
+        if let Some(node) = self.for_slot(slot_of(key)) {
+            node.tried_again
+                .fetch_max(node.circuit.now_ms(), Ordering::Relaxed);
+        }
     }
 
     /// Whether some node's breaker is not closed.
@@ -215,6 +245,7 @@ impl ClusterNodes {
                     port,
                     circuit: Arc::new(Circuit::new(self.timeout)),
                     last_error: Mutex::new(None),
+                    tried_again: AtomicU64::new(0),
                 })
             });
             let index = nodes.len() as u16;

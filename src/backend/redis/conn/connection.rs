@@ -12,6 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
+use super::cluster_nodes::ClusterNodes;
 use super::lazy_cluster::LazyCluster;
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::backend::redis::health::breaker::Breaker;
@@ -60,7 +61,9 @@ pub(crate) enum RedisConnection {
     Single(ConnectionManager),
     /// One server (a URL, a client or Sentinel) that this crate reconnects after failovers too.
     Server(Arc<SingleServer>),
-    Cluster(ClusterConnection),
+    /// A Cluster's connection, and the backend's slot map and breakers that redirect.rs tells about
+    /// `TRYAGAIN` (none outside a backend).
+    Cluster(ClusterConnection, Option<Arc<ClusterNodes>>),
     /// A Cluster started by `build`: its connection once the background task has made it.
     LazyCluster(Arc<LazyCluster>),
 }
@@ -84,7 +87,9 @@ impl RedisConnection {
                 Target::Urls(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
                 Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
                 Target::ClusterClient(client) => connect_cluster(*client).await,
-                Target::ClusterConnection(connection) => Ok(RedisConnection::Cluster(connection)),
+                Target::ClusterConnection(connection) => {
+                    Ok(RedisConnection::Cluster(connection, None))
+                }
                 Target::Client(_) | Target::Sentinel(_) => {
                     unreachable!(
                         "one server is reconnected by a SingleServer (Target::into_source)"
@@ -101,11 +106,25 @@ impl RedisConnection {
             })?
     }
 
+    /// The same connection, telling `nodes` (a Cluster's slot map) about `TRYAGAIN`.
+    pub(crate) fn with_nodes(self, nodes: Option<&Arc<ClusterNodes>>) -> Self {
+        match (self, nodes) {
+            (RedisConnection::Cluster(c, _), Some(nodes)) => {
+                RedisConnection::Cluster(c, Some(nodes.clone()))
+            }
+            (RedisConnection::LazyCluster(lazy), Some(nodes)) => {
+                let _ = lazy.nodes.set(nodes.clone());
+                RedisConnection::LazyCluster(lazy)
+            }
+            (other, _) => other,
+        }
+    }
+
     /// A Redis Cluster, rather than one server.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(
             self,
-            RedisConnection::Cluster(_) | RedisConnection::LazyCluster(_)
+            RedisConnection::Cluster(..) | RedisConnection::LazyCluster(_)
         )
     }
 
@@ -121,7 +140,7 @@ impl RedisConnection {
     pub(crate) fn topology(&self) -> &'static str {
         match self {
             RedisConnection::Single(_) | RedisConnection::Server(_) => "single",
-            RedisConnection::Cluster(_) | RedisConnection::LazyCluster(_) => "cluster",
+            RedisConnection::Cluster(..) | RedisConnection::LazyCluster(_) => "cluster",
         }
     }
 
@@ -139,7 +158,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
             RedisConnection::Server(server) => Box::pin(server.command(cmd)),
-            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c, _) => c.req_packed_command(cmd),
             RedisConnection::LazyCluster(lazy) => match lazy.get() {
                 Some(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
                 None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
@@ -156,7 +175,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
-            RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::LazyCluster(lazy) => match lazy.get() {
                 Some(mut c) => {
                     Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
@@ -170,7 +189,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.get_db(),
             RedisConnection::Server(server) => server.db(),
-            RedisConnection::Cluster(c) => c.get_db(),
+            RedisConnection::Cluster(c, _) => c.get_db(),
             RedisConnection::LazyCluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
         }
     }
@@ -202,7 +221,7 @@ async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, Backe
     client
         .get_async_connection()
         .await
-        .map(RedisConnection::Cluster)
+        .map(|c| RedisConnection::Cluster(c, None))
         .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
 }
 
@@ -223,7 +242,7 @@ pub(crate) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, Redi
     let reply = match conn {
         RedisConnection::Single(manager) => manager.req_packed_command(&cmd).await?,
         RedisConnection::Server(server) => server.command(&cmd).await?,
-        RedisConnection::Cluster(cluster) => on_all_primaries(cluster, cmd).await?,
+        RedisConnection::Cluster(cluster, _) => on_all_primaries(cluster, cmd).await?,
         RedisConnection::LazyCluster(lazy) => match lazy.get() {
             Some(mut cluster) => on_all_primaries(&mut cluster, cmd).await?,
             None => return Err(lazy.not_connected()),

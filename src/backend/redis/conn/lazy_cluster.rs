@@ -7,11 +7,13 @@
 //! call before the Cluster has formed costs nothing, and the task logs one line per transition.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError};
+
+use super::cluster_nodes::ClusterNodes;
 
 /// The Cluster's connection, once made; the attempts and the last error meanwhile.
 pub(crate) struct LazyCluster {
@@ -23,6 +25,8 @@ pub(crate) struct LazyCluster {
     last_error: Mutex<Option<(String, SystemTime, bool)>>,
     /// The seed nodes, password hidden: for messages.
     pub(crate) target: String,
+    /// The backend's slot map and breakers, told about `TRYAGAIN` (redirect.rs).
+    pub(crate) nodes: OnceLock<Arc<ClusterNodes>>,
 }
 
 impl LazyCluster {
@@ -33,6 +37,7 @@ impl LazyCluster {
             attempts: AtomicU64::new(0),
             last_error: Mutex::new(None),
             target,
+            nodes: OnceLock::new(),
         }
     }
 

@@ -21,14 +21,16 @@
 //! and `ASK` to a node the client does not know yet (a new node receiving its first slot: redis-rs
 //! connects to it at the first slot refresh that lists it).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::backoff::Backoff;
+use super::cluster_nodes::ClusterNodes;
 use super::connection::RedisConnection;
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
@@ -46,6 +48,8 @@ const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
 /// single server, the connection itself.
 pub(crate) struct Redirecting<'a> {
     conn: Via<'a>,
+    /// The backend's slot map, told about `TRYAGAIN` (see [`ClusterNodes::tried_again`]).
+    nodes: Option<Arc<ClusterNodes>>,
 }
 
 enum Via<'a> {
@@ -58,15 +62,22 @@ enum Via<'a> {
 impl RedisConnection {
     /// This connection, following a Cluster's redirections: pass it wherever a command is sent.
     pub(crate) fn redirecting(&mut self) -> Redirecting<'_> {
-        if let Some(cluster) = self.lazy_cluster().and_then(|lazy| lazy.get()) {
+        if let Some(lazy) = self.lazy_cluster()
+            && let Some(cluster) = lazy.get()
+        {
             return Redirecting {
                 conn: Via::Owned(cluster),
+                nodes: lazy.nodes.get().cloned(),
             };
         }
         match self {
-            RedisConnection::Cluster(cluster) => Redirecting::cluster(cluster),
+            RedisConnection::Cluster(cluster, nodes) => Redirecting {
+                nodes: nodes.clone(),
+                conn: Via::Cluster(cluster),
+            },
             other => Redirecting {
                 conn: Via::Backend(other),
+                nodes: None,
             },
         }
     }
@@ -77,15 +88,17 @@ impl<'a> Redirecting<'a> {
     pub(crate) fn cluster(cluster: &'a mut ClusterConnection) -> Self {
         Redirecting {
             conn: Via::Cluster(cluster),
+            nodes: None,
         }
     }
 }
 
 impl ConnectionLike for Redirecting<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let nodes = self.nodes.as_deref();
         match &mut self.conn {
-            Via::Cluster(cluster) => Box::pin(command(cluster, cmd)),
-            Via::Owned(cluster) => Box::pin(command(cluster, cmd)),
+            Via::Cluster(cluster) => Box::pin(command(cluster, nodes, cmd)),
+            Via::Owned(cluster) => Box::pin(command(cluster, nodes, cmd)),
             Via::Backend(other) => other.req_packed_command(cmd),
         }
     }
@@ -96,9 +109,10 @@ impl ConnectionLike for Redirecting<'_> {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        let nodes = self.nodes.as_deref();
         match &mut self.conn {
-            Via::Cluster(cluster) => Box::pin(commands(cluster, pipeline, offset, count)),
-            Via::Owned(cluster) => Box::pin(commands(cluster, pipeline, offset, count)),
+            Via::Cluster(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
+            Via::Owned(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
             Via::Backend(other) => other.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -112,8 +126,12 @@ impl ConnectionLike for Redirecting<'_> {
     }
 }
 
-/// One command, following redirections.
-async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisError> {
+/// One command, following redirections; `nodes` hears of its `TRYAGAIN`s.
+async fn command(
+    cluster: &mut ClusterConnection,
+    nodes: Option<&ClusterNodes>,
+    cmd: &Cmd,
+) -> Result<Value, RedisError> {
     let mut result = cluster
         .req_packed_command(cmd)
         .await
@@ -147,8 +165,10 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
                 // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
                 // once they are all gone; the target TRYAGAIN while one is missing: the ping-pong
                 // ends when the slot is the target's. Bounded by the wait, not by the redirections.
-                // The node answered: a timeout meanwhile is not a dead node's (heard.rs).
-                crate::backend::redis::health::heard::tried_again();
+                // The node answered: a timeout meanwhile is not a dead node's.
+                if let (Some(nodes), Some(key)) = (nodes, first_key(cmd)) {
+                    nodes.tried_again(key);
+                }
                 redirects = 0;
                 let wait = try_again.wait();
                 tokio::time::sleep(wait).await;
@@ -167,6 +187,7 @@ async fn command(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, Re
 /// idempotent writes (`PFADD`, `EXPIRE`). A transaction is never split.
 async fn commands(
     cluster: &mut ClusterConnection,
+    nodes: Option<&ClusterNodes>,
     pipeline: &Pipeline,
     offset: usize,
     count: usize,
@@ -182,7 +203,7 @@ async fn commands(
     let mut values = Vec::with_capacity(count);
     for cmd in pipeline.cmd_iter() {
         // As a pipeline would: an error reply is this command's value, not the pipeline's failure.
-        values.push(match command(cluster, cmd).await {
+        values.push(match command(cluster, nodes, cmd).await {
             Ok(value) => value,
             Err(error) => match error.kind() {
                 ErrorKind::Server(_) => redirect_error_value(error)?,
@@ -191,6 +212,39 @@ async fn commands(
         });
     }
     Ok(values)
+}
+
+/// The first key `cmd` names (a script's, after its SHA and count; another command's first
+/// argument): its slot's primary is the node that answered.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        Arg::Simple(arg) => arg,
+        _ => &[],
+    });
+    let name = args.next()?;
+    let script = [
+        &b"EVALSHA"[..],
+        b"EVAL",
+        b"EVALSHA_RO",
+        b"EVAL_RO",
+        b"FCALL",
+        b"FCALL_RO",
+    ]
+    .iter()
+    .any(|s| name.eq_ignore_ascii_case(s));
+    if script {
+        args.nth(2)
+    } else {
+        args.next()
+    }
+}
+
+/// What a `TRYAGAIN` to a command on `key` tells `nodes` (for the tests).
+#[cfg(test)]
+pub(crate) fn heard_tryagain(nodes: &ClusterNodes, key: &str) {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg("sha").arg(1).arg(key);
+    nodes.tried_again(first_key(&cmd).unwrap());
 }
 
 /// A server error as the value a pipeline holds for it.

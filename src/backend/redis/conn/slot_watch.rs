@@ -81,7 +81,7 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
 /// The Cluster connection, once there is one (a lazily started Cluster has none at first).
 fn cluster(conn: &RedisConnection) -> Option<ClusterConnection> {
     match conn {
-        RedisConnection::Cluster(cluster) => Some(cluster.clone()),
+        RedisConnection::Cluster(cluster, _) => Some(cluster.clone()),
         RedisConnection::LazyCluster(lazy) => lazy.get(),
         _ => None,
     }

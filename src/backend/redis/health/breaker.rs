@@ -11,7 +11,6 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::circuit::{Admission, Circuit};
 use super::failing::Failing;
-use super::heard::{self, Heard};
 use crate::backend::redis::conn::cluster_nodes::{ClusterNodes, Node};
 use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
@@ -66,19 +65,20 @@ const UNREACHABLE_AFTER: u32 = 3;
 const SILENT_FOR: Duration = Duration::from_secs(1);
 
 impl Breaker {
-    /// A closed breaker; `enabled` is false on a Cluster; `server`, the reconnecting server it guards.
+    /// A closed breaker; `nodes`: a Cluster's slot map and breakers (this one is then disabled);
+    /// `server`, the reconnecting server it guards.
     pub(crate) fn new(
         timeout: Duration,
-        enabled: bool,
+        nodes: Option<Arc<ClusterNodes>>,
         server: Option<Arc<SingleServer>>,
         mode: RedisMode,
         name: &str,
     ) -> Self {
         Breaker {
-            enabled,
+            enabled: nodes.is_none(),
             epoch: Instant::now(),
             circuit: Arc::new(Circuit::new(timeout)),
-            nodes: (!enabled).then(|| Arc::new(ClusterNodes::new(timeout, name))),
+            nodes,
             lost: AtomicBool::new(false),
             server,
             outcomes: Outcomes::default(),
@@ -240,14 +240,9 @@ where
         });
     }
     let breaker = breaker.clone();
-    // On a Cluster: whether the call met TRYAGAIN (a migrating slot) before its time ran out.
-    let listener = breaker.nodes.is_some().then(Arc::<Heard>::default);
     // The call is large (a script's or a batch's state machine): boxed once here, it is not
     // copied again into this future's state and then into the timeout's.
-    let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = match &listener {
-        Some(_) => Box::pin(heard::listening(listener.clone(), call)),
-        None => Box::pin(call),
-    };
+    let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
         let on_node = NodeOutcome {
@@ -257,8 +252,11 @@ where
             started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
         let outcome = tokio::time::timeout(timeout, call).await;
-        // Out of time (this call's, or its batch's) after the node answered TRYAGAIN.
-        let tried_again = listener.as_ref().is_some_and(|h| h.tried_again())
+        // Out of time (this call's, or its batch's) after the node answered TRYAGAIN: its own
+        // record says so (cluster_nodes.rs), whichever task sent the command.
+        let tried_again = node
+            .as_ref()
+            .is_some_and(|n| n.tried_again_since(on_node.started))
             && match &outcome {
                 Ok(Ok(_)) => false,
                 Ok(Err(e)) => e.is_timeout(),
@@ -370,5 +368,63 @@ impl NodeOutcome<'_> {
         if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
             nodes.timed_out(node, self.was_probe, self.started, error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::conn::redirect;
+
+    fn timed_out() -> RedisError {
+        RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    }
+
+    /// A timeout after the key's node answered `TRYAGAIN` (told by redirect.rs, from any task: a
+    /// batch's included) is the migrating slot's: the node's breaker stays closed. Without it, a
+    /// timeout is one.
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_after_tryagain_is_the_migrating_slots() {
+        let nodes = Arc::new(ClusterNodes::new(Duration::from_secs(1), "test"));
+        nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
+        let breaker = Arc::new(Breaker::new(
+            Duration::from_secs(1),
+            Some(nodes.clone()),
+            None,
+            RedisMode::Lua,
+            "test",
+        ));
+        let key = "throttle:api:{k}";
+        let tried_again = move |nodes: Arc<ClusterNodes>| async move {
+            tokio::spawn(async move { redirect::heard_tryagain(&nodes, key) })
+                .await
+                .unwrap();
+        };
+        let by_the_batch = guarded(&breaker, key, Duration::from_secs(1), {
+            let nodes = nodes.clone();
+            async move {
+                tried_again(nodes).await;
+                Err::<(), _>(timed_out())
+            }
+        });
+        let error = by_the_batch.await.unwrap_err().to_string();
+        assert!(error.contains("TRYAGAIN"), "the batch's timeout: {error}");
+        let by_the_check = guarded(&breaker, key, Duration::from_secs(1), {
+            let nodes = nodes.clone();
+            async move {
+                tried_again(nodes).await;
+                std::future::pending::<Result<(), RedisError>>().await
+            }
+        });
+        let error = by_the_check.await.unwrap_err().to_string();
+        assert!(error.contains("TRYAGAIN"), "the check's timeout: {error}");
+        assert!(!nodes.any_tripped());
+        // The node's record is kept in milliseconds (real ones).
+        std::thread::sleep(Duration::from_millis(3));
+        let silent = guarded(&breaker, key, Duration::from_secs(1), async {
+            Err::<(), _>(timed_out())
+        });
+        assert!(!silent.await.unwrap_err().to_string().contains("TRYAGAIN"));
+        assert!(nodes.any_tripped());
     }
 }

@@ -4,7 +4,6 @@
 pub(crate) mod breaker;
 pub(crate) mod circuit;
 pub(crate) mod failing;
-pub(crate) mod heard;
 pub(crate) mod memory;
 pub(crate) mod report;
 pub(crate) mod watch;

@@ -171,7 +171,7 @@ async fn ask_primaries(conn: &mut RedisConnection, cmd: redis::Cmd) -> Result<Va
         .map(|l| l.get().ok_or_else(|| l.not_connected()));
     match (conn, &mut lazy) {
         (_, Some(Err(e))) => Err(e.clone()),
-        (RedisConnection::Cluster(cluster), _) | (_, Some(Ok(cluster))) => {
+        (RedisConnection::Cluster(cluster, _), _) | (_, Some(Ok(cluster))) => {
             cluster
                 .route_command(
                     cmd,

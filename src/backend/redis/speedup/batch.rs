@@ -50,7 +50,6 @@ use tokio::sync::oneshot;
 
 use super::gcra_group;
 use crate::backend::redis::conn::connection::RedisConnection;
-use crate::backend::redis::health::heard::{self, Heard};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer};
@@ -115,8 +114,6 @@ enum Reply {
 struct Waiter {
     job: Job,
     answer: oneshot::Sender<Result<Reply, RedisError>>,
-    /// The check's listener for `TRYAGAIN` (on a Cluster: heard.rs).
-    heard: Option<Arc<Heard>>,
 }
 
 #[derive(Default)]
@@ -265,7 +262,6 @@ impl Batcher {
         let waiter = Waiter {
             job,
             answer: sender,
-            heard: if self.per_key { heard::current() } else { None },
         };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -312,8 +308,7 @@ impl Batcher {
             let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
-                let listener = heard::for_batch(batch.iter().filter_map(|w| w.heard.clone()));
-                let sent = heard::listening(listener, send(&mut conn, &batch));
+                let sent = send(&mut conn, &batch);
                 match tokio::time::timeout(self.timeout, sent).await {
                     Ok(answers) => {
                         for (waiter, answer) in batch.drain(..).zip(answers) {

@@ -19,7 +19,6 @@ fn waiting(n: usize) -> Vec<Waiter> {
                 quantity: 1,
             },
             answer: oneshot::channel().0,
-            heard: None,
         })
         .collect()
 }
