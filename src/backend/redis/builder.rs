@@ -155,8 +155,8 @@ impl RedisBackendBuilder {
     }
 
     /// Use this connection manager as it is (its own timeouts and reconnect settings apply, under this
-    /// backend's timeout). redis-rs reconnects it after I/O errors only, to the address it resolved
-    /// once: a failover by demotion (`READONLY`) is not handled. Prefer [`url`](Self::url),
+    /// backend's timeout). redis-rs reconnects it after I/O errors only (resolving its host again): a
+    /// failover by demotion (`READONLY`) is not handled, nor Sentinel asked again. Prefer [`url`](Self::url),
     /// [`client`](Self::client) or [`sentinel`](Self::sentinel), which are.
     pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
         self.target = Some(Target::Manager(manager));

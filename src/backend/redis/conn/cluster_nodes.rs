@@ -2,12 +2,16 @@
 //! `CLUSTER SLOTS`), and a circuit breaker per primary, so that a dead primary costs its own slots'
 //! decisions the failure policy, at once, and nothing else.
 //!
-//! Why our own map beside redis-rs's: redis-rs 1.8 sends a request for a dead primary's slot to the
-//! primary's replica (its fallback while the primary reconnects), which answers `MOVED` to the dead
-//! primary; each `MOVED` starts a slot refresh, and while it runs (`CLUSTER SLOTS`, a `PING` on every
-//! node's connection, a new connection to the dead one, up to the connection timeout) the whole
-//! Cluster connection sends nothing: every other key waits too (measured: 5 ms to 20 ms p99 for the
-//! healthy primaries' keys). With a breaker per node, a dead primary's slots fail fast instead of
+//! Why our own map beside redis-rs's: redis-rs 1.8.1 sends a request for a slot whose primary has
+//! no connection (a dead primary) to a random connected node (`get_random_connection`,
+//! src/cluster_handling/async_connection/mod.rs:922; its fallback within the shard serves replica
+//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary;
+//! each `MOVED` starts a slot refresh, which holds the connection map's write lock while it runs
+//! (`refresh_slots`, src/cluster_handling/async_connection/mod.rs:983: `CLUSTER SLOTS`, a `PING` on
+//! every node's connection, a new connection to the dead one, up to the connection timeout), so
+//! the whole Cluster connection sends nothing: every other key waits too (measured: 5 ms to 20 ms
+//! p99 for the healthy primaries' keys). This map can go once redis-rs fails a dead primary's
+//! slots fast and refreshes its slot map without stopping the other nodes' requests. With a breaker per node, a dead primary's slots fail fast instead of
 //! reaching redis-rs. The map is refreshed by a background task (slot_watch.rs), never on the
 //! request path: every second, and every 100 ms while a node's breaker is not closed, or soon after
 //! a node failed.
@@ -154,7 +158,8 @@ impl ClusterNodes {
                 "the Redis Cluster node answers again; its slots' decisions come from Redis"
             );
             crate::observe::cluster_node_up(&self.name, &node.address, true);
-            // Perhaps the promoted replica answered (redis-rs's fallback): read the map again.
+            // Perhaps the promoted replica answered (redis-rs sent the call to another node): read
+            // the map again.
             self.stale.notify_one();
         }
     }

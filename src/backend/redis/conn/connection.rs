@@ -211,7 +211,7 @@ pub(crate) fn cluster_client(
         .connection_timeout(timeout)
         .response_timeout(timeout)
         // Redirections are followed by the backend (redirect.rs), which sends `ASKING` with its
-        // command; redis-rs's retries would not.
+        // command; redis-rs's retries would not (redirect.rs says where, and when this can go).
         .retries(0)
         .build()
         .map_err(|e| connect_error(&urls.join(", "), e))

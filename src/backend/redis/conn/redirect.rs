@@ -2,14 +2,18 @@
 //! command the backend sends: scripts, `CL.THROTTLE`, lease renewals and releases, offender counts,
 //! access-list reads.
 //!
-//! Why not redis-rs's own retries: redis-rs 1.8 answers `ASK` by sending `ASKING` on the target's
-//! shared (multiplexed) connection, awaiting its reply, and only then sending the command. Under
+//! Why not redis-rs's own retries: redis-rs 1.8.1 answers `ASK` by sending `ASKING` on the target's
+//! shared (multiplexed) connection as a request of its own, awaiting its reply, and only then
+//! sending the command (`get_redirected_connection`,
+//! src/cluster_handling/async_connection/mod.rs:943). Under
 //! load other requests' commands slip in between: one of them consumes the `ASKING` flag, the
 //! redirected command reaches the importing node without it, gets `MOVED` back to the migrating
 //! node, which answers `ASK` again... Each `MOVED` also starts a slot refresh (a warning each, and
 //! every request of the connection waits for the refresh), and the ping-pong ends when the 16
 //! retries are spent: an `Ask` error. Measured before this module: 9 to 13 % of a migrating key's
 //! decisions failed, with thousands of warnings a second.
+//!
+//! This module can go once redis-rs pipelines `ASKING` with the redirected command.
 //!
 //! Here `ASKING` and the command travel as one pipeline, written at once on the connection, so
 //! nothing can come between them; `MOVED` is resent once redis-rs has refreshed its slot map;
@@ -278,7 +282,7 @@ async fn asking(
 /// `MOVED`: the command again, by the slot map. The `MOVED` reply made redis-rs refresh its slot
 /// map, and it sends nothing until the refresh is done, so the command goes to the new owner. Not
 /// by the address named: redis-rs treats an address it has no connection to (a dead primary that
-/// its replica still names) as a lost topology and reconnects to every node.
+/// the other nodes still name) as a lost topology and reconnects to every node.
 async fn moved(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisError> {
     cluster.req_packed_command(cmd).await
 }

@@ -331,7 +331,7 @@ where
 
 /// Whether a Cluster's reply says the key's slot is not served: a `MOVED` still there after the
 /// redirections were followed (redirect.rs stops when the same node is named twice: a dead primary,
-/// which its replica names until it is promoted), or `CLUSTERDOWN`. Not `ASK` nor `TRYAGAIN`: a
+/// which the other nodes name until its replica is promoted), or `CLUSTERDOWN`. Not `ASK` nor `TRYAGAIN`: a
 /// slot migrating between two live nodes.
 fn slot_not_served(e: &RedisError) -> bool {
     matches!(
