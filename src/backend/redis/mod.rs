@@ -266,13 +266,14 @@ impl RedisBackend {
         let state = &self.state;
         let (connected, address, last_error) = match state.conn.server() {
             Some(server) => {
-                let (address, last_error) = server.record();
+                let (address, last_error) = server.attempts.snapshot();
                 (server.connected(), address, last_error)
             }
             // A Cluster started lazily, before the background task has connected it.
-            None if state.conn.lazy_cluster().is_some_and(|l| l.get().is_none()) => {
-                let last_error = state.conn.lazy_cluster().and_then(|l| l.last_error());
-                (false, None, last_error)
+            None if let Some(lazy) = state.conn.lazy_cluster()
+                && !lazy.connected() =>
+            {
+                (false, None, lazy.attempts.snapshot().1)
             }
             // A Cluster or a user's connection manager: redis-rs reconnects them, and only the
             // calls' outcomes tell whether Redis is reachable.
@@ -339,14 +340,21 @@ impl RedisBackend {
     /// # }
     /// ```
     pub async fn first_attempt(&self) -> Result<bool, BackendError> {
-        if let Some(lazy) = self.state.conn.lazy_cluster() {
-            let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
-            return lazy.first_attempt(budget).await.map_err(BackendError::new);
-        }
-        match self.state.conn.server() {
-            Some(server) => server.first_attempt().await,
-            None => Ok(true),
-        }
+        let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
+        let conn = &self.state.conn;
+        let first = match (conn.server(), conn.lazy_cluster()) {
+            (Some(server), _) => {
+                let connected = || server.connected();
+                server.attempts.first_attempt(budget, connected).await
+            }
+            (_, Some(lazy)) => {
+                lazy.attempts
+                    .first_attempt(budget, || lazy.connected())
+                    .await
+            }
+            _ => Ok(true),
+        };
+        first.map_err(BackendError::new)
     }
 
     /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.

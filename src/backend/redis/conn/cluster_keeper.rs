@@ -17,6 +17,7 @@ use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
 use super::server::{attempt_budget, configuration_error};
 use super::set_up::{set_up, Fresh};
+use crate::backend::redis::health::attempts::Misconfigured;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
 
@@ -103,7 +104,10 @@ pub(crate) fn spawn_cluster_keeper(
             } else {
                 wait
             };
-            lazy.failed(failure.message, failure.misconfigured);
+            let misconfigured = failure
+                .misconfigured
+                .then(|| Misconfigured::Fatal(failure.message.clone()));
+            lazy.attempts.failed(failure.message, misconfigured);
             tokio::time::sleep(wait).await;
         }
     });

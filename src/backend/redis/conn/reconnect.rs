@@ -2,7 +2,6 @@
 //! connect (resolve, check the role, load the script, detect the path), then wait for the
 //! connection to drop, then connect again with backoff, logging each transition once.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -10,10 +9,10 @@ use redis::{AsyncConnectionConfig, RedisError, Role};
 
 use super::backoff::CONNECTING;
 use super::server::{
-    attempt_budget, configuration_error, is_not_primary, AttemptError, Misconfigured, SingleServer,
-    Source,
+    attempt_budget, configuration_error, is_not_primary, AttemptError, SingleServer, Source,
 };
 use super::set_up::{set_up, Fresh};
+use crate::backend::redis::health::attempts::Misconfigured;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
 use crate::error::{redact_url, BackendError};
@@ -148,7 +147,7 @@ pub(crate) fn spawn_keeper(
                 }
             }
             let down_since = Instant::now();
-            let (_, last) = server.record();
+            let (_, last) = server.attempts.snapshot();
             if !first {
                 let why = last.map(|(e, _)| e).unwrap_or_default();
                 tracing::warn!(
@@ -172,14 +171,13 @@ pub(crate) fn spawn_keeper(
                 };
                 let budget = attempt_budget(strong.timeout);
                 let result = connect_once(&mut source, &server, &strong, budget).await;
-                // Recorded before the attempt counts, so `first_attempt` sees it.
+                // A connection is recorded as it is put in service (`SingleServer::install`).
                 if let Err(e) = &result {
-                    server.note_error(&e.error.to_string());
-                    server.record.lock().unwrap_or_else(|e| e.into_inner()).misconfigured =
-                        e.misconfigured.clone();
+                    server
+                        .attempts
+                        .failed(e.error.to_string(), e.misconfigured.clone());
                 }
                 attempts += 1;
-                server.attempts.fetch_add(1, Ordering::AcqRel);
                 match result {
                     Ok(address) => {
                         let path = path_name(strong.detector.active_path());

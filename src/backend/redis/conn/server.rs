@@ -18,14 +18,15 @@
 //! no connection, calls fail at once, so the layer's failure policy answers without waiting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::SentinelClient;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, Value};
 use tokio::sync::Notify;
 
+use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::error::{redact_url, BackendError};
 
 /// A connection that has not answered anything for this long (and at least two timeouts) when a call
@@ -133,26 +134,6 @@ struct Live {
     generation: u64,
 }
 
-/// What [`health`](SingleServer::health) reports besides the connection itself.
-#[derive(Default)]
-pub(crate) struct Record {
-    address: Option<String>,
-    last_error: Option<(String, SystemTime)>,
-    /// The last attempt failed on the configuration, not on reachability (cleared by a connection).
-    pub(crate) misconfigured: Option<Misconfigured>,
-}
-
-/// A connection attempt that reached Redis and was refused for a reason retrying alone will not
-/// fix. Attempts go on (slowly), as someone may fix it, but it is logged as an error and, but for a
-/// replica, fails `Config::layer` at start-up.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Misconfigured {
-    /// The server is a replica: a failover may promote it, so the start stays lazy.
-    Replica(String),
-    /// Wrong password or user, no password, missing ACL permissions, mode "cell" without the module.
-    Fatal(String),
-}
-
 /// Why an attempt failed: Redis unreachable (or slow), or a configuration error.
 pub(crate) struct AttemptError {
     pub(crate) error: BackendError,
@@ -181,8 +162,6 @@ impl AttemptError {
 pub(crate) struct SingleServer {
     live: RwLock<Option<Live>>,
     generation: AtomicU64,
-    /// Connection attempts the task has finished, failed or not.
-    pub(crate) attempts: AtomicU64,
     /// When the connection last answered (or was made): ms since `epoch`.
     last_answer: AtomicU64,
     epoch: Instant,
@@ -190,7 +169,8 @@ pub(crate) struct SingleServer {
     pub(crate) lost: Notify,
     pub(crate) timeout: Duration,
     db: i64,
-    pub(crate) record: Mutex<Record>,
+    /// The task's attempts, where it connected last and the last error.
+    pub(crate) attempts: Attempts,
     /// The URL or Sentinel service, for messages.
     pub(crate) target: String,
 }
@@ -211,12 +191,11 @@ impl SingleServer {
             live: RwLock::new(None),
             generation: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
-            attempts: AtomicU64::new(0),
             epoch: Instant::now(),
             lost: Notify::new(),
             timeout,
             db,
-            record: Mutex::default(),
+            attempts: Attempts::default(),
             target: source.describe(),
         }
     }
@@ -233,41 +212,17 @@ impl SingleServer {
             .is_some()
     }
 
-    /// The address of the server connected to last, and the last error with its time.
-    pub(crate) fn record(&self) -> (Option<String>, Option<(String, SystemTime)>) {
-        let record = self.record.lock().unwrap_or_else(|e| e.into_inner());
-        (record.address.clone(), record.last_error.clone())
-    }
-
-    /// The configuration error the last attempt failed on, if any.
-    pub(crate) fn misconfigured(&self) -> Option<Misconfigured> {
-        self.record
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .misconfigured
-            .clone()
-    }
-
     /// The backend is gone: drop the connection for those still holding this server (an offender
     /// count, an access-list task), and make none again.
     pub(crate) fn close(&self) {
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    pub(crate) fn note_error(&self, error: &str) {
-        self.record
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .last_error = Some((error.to_owned(), SystemTime::now()));
-    }
-
     pub(crate) fn install(&self, conn: MultiplexedConnection, address: String) {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.answered();
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = Some(Live { conn, generation });
-        let mut record = self.record.lock().unwrap_or_else(|e| e.into_inner());
-        record.address = Some(address);
-        record.misconfigured = None;
+        self.attempts.connected(Some(address));
     }
 
     /// Drops the connection of `generation` (not a newer one made meanwhile) and wakes the task.
@@ -276,7 +231,7 @@ impl SingleServer {
         if live.as_ref().is_some_and(|l| l.generation == generation) {
             *live = None;
             drop(live);
-            self.note_error(why);
+            self.attempts.lost(why);
             self.lost.notify_one();
         }
     }
@@ -335,7 +290,7 @@ impl SingleServer {
         let Some(named) = source.primary_address(self.timeout).await else {
             return;
         };
-        let (current, _) = self.record();
+        let (current, _) = self.attempts.snapshot();
         if current.is_some_and(|c| c != named) {
             self.drop_connection(
                 live.generation,
@@ -358,27 +313,6 @@ impl SingleServer {
                 live.generation,
                 &format!("Redis did not answer within {:?}", self.timeout),
             );
-        }
-    }
-
-    /// Waits until a connection is up or the first attempt has ended (at most one attempt's
-    /// budget); whether a connection is up, or the configuration error the attempt failed on (a
-    /// wrong password, missing permissions, mode "cell" without the module; not a replica, which
-    /// a failover may promote).
-    pub(crate) async fn first_attempt(&self) -> Result<bool, BackendError> {
-        let deadline = Instant::now() + attempt_budget(self.timeout) + Duration::from_millis(100);
-        while !self.connected()
-            && self.attempts.load(Ordering::Acquire) == 0
-            && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        if self.connected() {
-            return Ok(true);
-        }
-        match self.misconfigured() {
-            Some(Misconfigured::Fatal(message)) => Err(BackendError::new(message)),
-            _ => Ok(false),
         }
     }
 

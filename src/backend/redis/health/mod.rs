@@ -1,6 +1,7 @@
 //! Guarding against Redis' failures and reporting its health: the circuit breakers, the timeout,
 //! what the backend reports, and the watch on Redis' memory.
 
+pub(crate) mod attempts;
 pub(crate) mod breaker;
 pub(crate) mod circuit;
 pub(crate) mod failing;
