@@ -278,11 +278,11 @@ impl RedisBackend {
             // A Cluster or a user's connection manager: redis-rs reconnects them, and only the
             // calls' outcomes tell whether Redis is reachable.
             None => {
-                let (reachable, last_error) = state.breaker.reachability();
+                let (reachable, last_error) = state.breaker.recorder.reachability();
                 (reachable, None, last_error)
             }
         };
-        let failing = state.breaker.failing.current();
+        let failing = state.breaker.recorder.current();
         RedisHealth {
             connected,
             path: state.detector.active_path(),

@@ -76,7 +76,7 @@ pub(crate) fn spawn_cluster_keeper(
                     );
                     strong
                         .breaker
-                        .failing
+                        .recorder
                         .connected(strong.detector.active_path());
                     return;
                 }

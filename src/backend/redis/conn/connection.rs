@@ -338,7 +338,7 @@ impl Detector {
     pub(crate) fn detected(&self, loaded: bool, breaker: &Breaker) {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
-        breaker.failing.set_path(self.active_path());
+        breaker.recorder.set_path(self.active_path());
         self.next_detect
             .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
     }
@@ -372,7 +372,10 @@ impl Detector {
     ) -> Result<bool, RedisError> {
         let now = breaker.now_ms();
         let known = self.active.load(Ordering::Relaxed);
-        if known == UNKNOWN || breaker.lost() || now >= self.next_detect.load(Ordering::Relaxed) {
+        if known == UNKNOWN
+            || breaker.recorder.lost()
+            || now >= self.next_detect.load(Ordering::Relaxed)
+        {
             // The loss is forgotten only once detection has answered, so a call dropped half-way
             // leaves it for the next one.
             // Boxed: detection is rare (every 30 s), and its command's future would otherwise be
@@ -393,7 +396,7 @@ impl Detector {
                         );
                     }
                     self.active.store(path, Ordering::Relaxed);
-                    breaker.forget_loss();
+                    breaker.recorder.forget_loss();
                     self.next_detect
                         .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
                 }

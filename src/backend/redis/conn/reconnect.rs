@@ -74,11 +74,11 @@ async fn establish(
             (message, false) => BackendError::new(message).into(),
         })?;
     server.install(conn, address.clone());
-    state.breaker.forget_loss();
+    state.breaker.recorder.forget_loss();
     state.breaker.answered();
     state
         .breaker
-        .failing
+        .recorder
         .connected(state.detector.active_path());
     Ok(address)
 }
@@ -156,7 +156,7 @@ pub(crate) fn spawn_keeper(
                     "lost the Redis connection; reconnecting (requests follow the failure policy meanwhile)"
                 );
                 if let Some(strong) = state.upgrade() {
-                    strong.breaker.failing.disconnected();
+                    strong.breaker.recorder.disconnected();
                 }
             }
             let mut backoff = CONNECTING;
@@ -204,7 +204,7 @@ pub(crate) fn spawn_keeper(
                         let text = error.to_string();
                         if first {
                             first = false;
-                            strong.breaker.failing.disconnected();
+                            strong.breaker.recorder.disconnected();
                         }
                         if said_misconfigured.as_ref() != Some(&wrong) {
                             tracing::error!(
@@ -232,7 +232,7 @@ pub(crate) fn spawn_keeper(
                         let text = error.to_string();
                         if first {
                             first = false;
-                            strong.breaker.failing.disconnected();
+                            strong.breaker.recorder.disconnected();
                             tracing::warn!(
                                 redis = %server.target,
                                 error = %text,

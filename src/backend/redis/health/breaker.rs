@@ -3,14 +3,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::circuit::{Admission, Circuit};
-use super::failing::Failing;
+use super::recorder::{error_text, Recorder};
 use crate::backend::redis::conn::cluster_nodes::{ClusterNodes, Node};
 use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
@@ -27,42 +26,15 @@ use crate::error::BackendError;
 pub(crate) struct Breaker {
     /// False on a Cluster: every call is admitted, and failures open nothing.
     enabled: bool,
-    epoch: Instant,
     circuit: Arc<Circuit>,
     /// On a Cluster: the slot map and a breaker per primary.
     pub(crate) nodes: Option<Arc<ClusterNodes>>,
-    /// Set when a call could not reach Redis, on every topology: the connection may come back to
-    /// another server, so `Auto` mode detects the module again ([`Detector`]), which clears it once
-    /// detection has answered.
-    ///
-    /// [`Detector`]: crate::backend::redis::conn::connection::Detector
-    lost: AtomicBool,
     /// The reconnecting server under this breaker, if any: told about timeouts (it drops a
     /// connection that stopped answering), and its task logs the transitions instead.
     server: Option<Arc<SingleServer>>,
-    /// What the calls met, for `health()` where no reconnecting server knows (a Cluster, a user's
-    /// connection manager).
-    outcomes: Outcomes,
-    /// Whether decisions are failing now, whatever the error (failing.rs).
-    pub(crate) failing: Failing,
+    /// The record of every call's outcome, which `health()` and the gauge read (recorder.rs).
+    pub(crate) recorder: Recorder,
 }
-
-/// The outcome of the last calls: when one last got an answer, and the failures to reach Redis
-/// since.
-#[derive(Default)]
-struct Outcomes {
-    /// Ms since `epoch` (plus one) of the last answer; 0 before any.
-    last_answer: AtomicU64,
-    /// Calls in a row that could not reach Redis.
-    failures_in_a_row: AtomicU32,
-    /// The last of them: its error and time.
-    last_failure: Mutex<Option<(String, SystemTime)>>,
-}
-
-/// Failures in a row past which Redis counts as unreachable, whenever it last answered.
-const UNREACHABLE_AFTER: u32 = 3;
-/// A failing Redis that has not answered for this long counts as unreachable.
-const SILENT_FOR: Duration = Duration::from_secs(1);
 
 impl Breaker {
     /// A closed breaker; `nodes`: a Cluster's slot map and breakers (this one is then disabled);
@@ -76,53 +48,11 @@ impl Breaker {
     ) -> Self {
         Breaker {
             enabled: nodes.is_none(),
-            epoch: Instant::now(),
             circuit: Arc::new(Circuit::new(timeout)),
             nodes,
-            lost: AtomicBool::new(false),
             server,
-            outcomes: Outcomes::default(),
-            failing: Failing::new(mode, name),
+            recorder: Recorder::new(mode, name),
         }
-    }
-
-    /// A call got an answer from Redis (an error reply included).
-    fn call_answered(&self) {
-        self.outcomes
-            .last_answer
-            .store(self.now_ms(), Ordering::Relaxed);
-        self.outcomes.failures_in_a_row.store(0, Ordering::Relaxed);
-    }
-
-    /// A call could not reach Redis: `error` says why.
-    fn call_failed(&self, error: &dyn std::fmt::Display) {
-        self.outcomes
-            .failures_in_a_row
-            .fetch_add(1, Ordering::Relaxed);
-        *self
-            .outcomes
-            .last_failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some((error.to_string(), SystemTime::now()));
-    }
-
-    /// From the calls alone: whether Redis is reachable (the last calls did not all fail to reach
-    /// it: fewer than three in a row, and an answer within the last second), and the last failure.
-    pub(crate) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
-        let failures = self.outcomes.failures_in_a_row.load(Ordering::Relaxed);
-        let last_answer = self.outcomes.last_answer.load(Ordering::Relaxed);
-        let silent = self.now_ms().saturating_sub(last_answer);
-        let reachable = failures == 0
-            || (failures < UNREACHABLE_AFTER
-                && last_answer != 0
-                && silent <= SILENT_FOR.as_millis() as u64);
-        let last_failure = self
-            .outcomes
-            .last_failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        (reachable, last_failure)
     }
 
     /// Whether the circuit was opened and no call has got through since (open, or waiting for its
@@ -138,19 +68,9 @@ impl Breaker {
         }
     }
 
-    /// Milliseconds since the breaker was made, plus one (so that 0 can mean "none").
+    /// Milliseconds on the recorder's clock (see [`Recorder::now_ms`]).
     pub(crate) fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64 + 1
-    }
-
-    /// Whether a call failed to reach Redis since [`forget_loss`](Self::forget_loss) was last called.
-    pub(crate) fn lost(&self) -> bool {
-        self.lost.load(Ordering::Relaxed)
-    }
-
-    /// Redis was found again (detection answered): forget the loss.
-    pub(crate) fn forget_loss(&self) {
-        self.lost.store(false, Ordering::Relaxed);
+        self.recorder.now_ms()
     }
 
     /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
@@ -161,12 +81,25 @@ impl Breaker {
         self.circuit.admit()
     }
 
-    /// A call could not reach Redis.
-    pub(crate) fn unreachable(&self, was_probe: bool) {
-        self.lost.store(true, Ordering::Relaxed);
-        if self.enabled {
-            self.failed(was_probe);
+    /// One call's outcome, recorded once: the recorder, this breaker and (on a Cluster) the node's
+    /// read it.
+    fn record(&self, outcome: Outcome, node: &NodeOutcome<'_>) {
+        if outcome.answered {
+            self.answered();
+        } else {
+            if self.enabled {
+                self.failed(node.was_probe);
+            }
+            if outcome.timed_out {
+                self.timed_out();
+            }
         }
+        match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
+            (_, true) | (None, _) => node.answered(),
+            (Some(error), false) if outcome.timed_out => node.timed_out(error),
+            (Some(error), false) => node.failed(error),
+        }
+        self.recorder.record(outcome.answered, outcome.error);
     }
 
     /// Redis answered.
@@ -244,11 +177,10 @@ where
     // copied again into this future's state and then into the timeout's.
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
-        let was_probe = matches!(admission, Admission::Probe(_));
         let on_node = NodeOutcome {
             node: node.as_deref(),
             nodes: breaker.nodes.as_deref(),
-            was_probe,
+            was_probe: matches!(admission, Admission::Probe(_)),
             started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
         let outcome = tokio::time::timeout(timeout, call).await;
@@ -262,71 +194,77 @@ where
                 Ok(Err(e)) => e.is_timeout(),
                 Err(_) => true,
             };
-        let result = match outcome {
-            _ if tried_again => {
-                // Alive, its slot migrating with the call's keys split between two nodes: only
-                // this call fails.
-                let why = format_args!(
-                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
-                );
-                breaker.failing.failed(&why);
-                breaker.answered();
-                breaker.call_answered();
-                on_node.answered();
+        let (result, outcome) = match outcome {
+            // Alive, its slot migrating with the call's keys split between two nodes: only this
+            // call fails.
+            _ if tried_again => (
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
-                )))
-            }
-            Ok(Ok(value)) => {
-                breaker.answered();
-                breaker.call_answered();
-                breaker.failing.succeeded();
-                on_node.answered();
-                Ok(value)
-            }
+                ))),
+                Outcome::answered(Some(format!(
+                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
+                ))),
+            ),
+            Ok(Ok(value)) => (Ok(value), Outcome::answered(None)),
             Ok(Err(e)) => {
-                breaker.failing.failed_on(&e);
-                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                    breaker.unreachable(was_probe);
-                    breaker.call_failed(&e);
-                    if e.is_timeout() {
-                        breaker.timed_out();
-                        on_node.timed_out(&e);
-                    } else {
-                        on_node.failed(&e);
-                    }
+                let error = Some(error_text(&e));
+                let outcome = if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                    Outcome::unreachable(error, e.is_timeout())
                 } else if is_not_primary(&e) {
                     // Redis answered, but cannot decide here until a failover ends: as unreachable.
-                    breaker.unreachable(was_probe);
-                    breaker.call_failed(&e);
-                    on_node.failed(&e);
+                    Outcome::unreachable(error, false)
                 } else {
                     // An error reply (OOM, NOPERM...) still proves Redis is there.
-                    breaker.answered();
-                    breaker.call_answered();
-                    if slot_not_served(&e) {
-                        on_node.failed(&e);
-                    } else {
-                        on_node.answered();
+                    Outcome {
+                        slot_not_served: slot_not_served(&e),
+                        ..Outcome::answered(error)
                     }
-                }
-                Err(BackendError::with_source("Redis failed to decide", e))
+                };
+                (Err(BackendError::with_source("Redis failed to decide", e)), outcome)
             }
-            Err(_) => {
-                let why = format_args!("Redis did not answer within {timeout:?}");
-                breaker.failing.failed(&why);
-                breaker.unreachable(was_probe);
-                breaker.call_failed(&why);
-                breaker.timed_out();
-                on_node.timed_out(&why);
+            Err(_) => (
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}"
-                )))
-            }
+                ))),
+                Outcome::unreachable(Some(format!("Redis did not answer within {timeout:?}")), true),
+            ),
         };
+        breaker.record(outcome, &on_node);
         drop(admission);
         result
     })
+}
+
+/// One call's outcome: the one record the recorder, the breaker and the node's breaker read.
+struct Outcome {
+    /// Redis answered (an error reply included).
+    answered: bool,
+    /// The call ran out of time without an answer.
+    timed_out: bool,
+    /// Why the decision failed, if it did.
+    error: Option<String>,
+    /// On a Cluster, answered that the key's slot is not served: a failure of the node's.
+    slot_not_served: bool,
+}
+
+impl Outcome {
+    fn answered(error: Option<String>) -> Self {
+        Outcome {
+            answered: true,
+            timed_out: false,
+            error,
+            slot_not_served: false,
+        }
+    }
+
+    fn unreachable(error: Option<String>, timed_out: bool) -> Self {
+        Outcome {
+            answered: false,
+            timed_out,
+            error,
+            slot_not_served: false,
+        }
+    }
 }
 
 /// Whether a Cluster's reply says the key's slot is not served: a `MOVED` still there after the

@@ -4,7 +4,7 @@
 pub(crate) mod attempts;
 pub(crate) mod breaker;
 pub(crate) mod circuit;
-pub(crate) mod failing;
 pub(crate) mod memory;
+pub(crate) mod recorder;
 pub(crate) mod report;
 pub(crate) mod watch;

@@ -1,5 +1,5 @@
 //! The backend's watcher: one background task per backend that probes a failing Redis when no
-//! request does (failing.rs), and reads Redis' memory settings at start-up and then every 30 s
+//! request does (recorder.rs), and reads Redis' memory settings at start-up and then every 30 s
 //! ([`MemoryReport`]): the `maxmemory-policy` (`CONFIG GET`), which decides whether Redis may evict
 //! the limiter's keys, and `evicted_keys` (`INFO stats`), the keys it did evict.
 //!
@@ -42,14 +42,14 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
         // Until the first read succeeds (a backend built before Redis answers), it is tried every
         // second; then every 30 s, whatever the outcome.
         let mut read_once = false;
-        let mut tick = tokio::time::interval(super::failing::PROBE_EVERY);
+        let mut tick = tokio::time::interval(super::recorder::PROBE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             let Some(state) = Weak::upgrade(&weak) else {
                 return;
             };
-            if state.breaker.failing.wants_probe() {
+            if state.breaker.recorder.wants_probe() {
                 // A decision of 0 units on a key of its own: the script runs (and Redis refuses it
                 // when out of memory, as it refuses the real ones) but writes nothing. Its outcome
                 // is recorded like any decision's.
