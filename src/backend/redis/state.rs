@@ -12,6 +12,7 @@ use super::decide::deny::DenyCache;
 use super::decide::lease::Leases;
 use super::health::breaker::Breaker;
 use super::health::memory::MemoryWatch;
+use super::health::recorder::Clock;
 use super::speedup::batch::Batcher;
 use super::speedup::budget::Budgets;
 use super::wire::args;
@@ -57,9 +58,11 @@ impl RedisState {
     ) -> Self {
         let detector = Detector::new(mode, coalesce);
         // On a Cluster, the slot map and breakers, which redirect.rs tells about `TRYAGAIN`.
+        // One clock for every breaker and record of the backend.
+        let clock = Clock::new();
         let nodes = conn
             .is_cluster()
-            .then(|| Arc::new(ClusterNodes::new(timeout, name)));
+            .then(|| Arc::new(ClusterNodes::new(timeout, name, clock)));
         let conn = conn.with_nodes(nodes.as_ref());
         RedisState {
             breaker: Arc::new(Breaker::new(
@@ -69,6 +72,7 @@ impl RedisState {
                 // The gauge's path: known from the start where detection cannot change it.
                 detector.set_up_mode(),
                 name,
+                clock,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),

@@ -32,6 +32,7 @@ use redis::{ConnectionAddr, ConnectionInfo, Value};
 use tokio::sync::Notify;
 
 use crate::backend::redis::health::circuit::{Admission, Circuit};
+use crate::backend::redis::health::recorder::Clock;
 use crate::backend::redis::health::report::RedisNodeHealth;
 
 /// The number of hash slots of a Redis Cluster.
@@ -83,12 +84,15 @@ pub(crate) struct ClusterNodes {
     /// A seed's connection settings, when the backend was given seed URLs: the task probes open
     /// nodes itself (see the module docs).
     seed: OnceLock<ConnectionInfo>,
+    /// The backend's clock, for the nodes' breakers and records.
+    clock: Clock,
 }
 
 impl ClusterNodes {
-    /// No map yet (every key is admitted until the first refresh).
-    pub(crate) fn new(timeout: Duration, name: &str) -> Self {
+    /// No map yet (every key is admitted until the first refresh); breakers on `clock`.
+    pub(crate) fn new(timeout: Duration, name: &str, clock: Clock) -> Self {
         ClusterNodes {
+            clock,
             map: RwLock::default(),
             timeout,
             name: name.into(),
@@ -248,7 +252,7 @@ impl ClusterNodes {
                     address: address.into_boxed_str(),
                     host,
                     port,
-                    circuit: Arc::new(Circuit::new(self.timeout)),
+                    circuit: Arc::new(Circuit::new(self.timeout, self.clock)),
                     last_error: Mutex::new(None),
                     tried_again: AtomicU64::new(0),
                 })
@@ -406,7 +410,7 @@ mod tests {
         let shards = parse_slots(&reply).unwrap();
         assert_eq!(shards[0], (("127.0.0.1".into(), 7000), vec![(0, 5460)]));
         assert_eq!(shards.len(), 3);
-        let nodes = ClusterNodes::new(Duration::from_millis(100), "test");
+        let nodes = ClusterNodes::new(Duration::from_millis(100), "test", Clock::new());
         assert!(nodes.for_key("foo").is_none());
         nodes.install(shards.clone());
         assert_eq!(&*nodes.for_key("foo").unwrap().address, "127.0.0.1:7002");
@@ -440,7 +444,7 @@ mod tests {
 
     #[test]
     fn a_background_probe_reaches_the_node_with_the_seeds_settings() {
-        let nodes = ClusterNodes::new(Duration::from_millis(100), "test");
+        let nodes = ClusterNodes::new(Duration::from_millis(100), "test", Clock::new());
         nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
         nodes.probe_with(
             redis::IntoConnectionInfo::into_connection_info("rediss://u:pw@seed:7000/").unwrap(),

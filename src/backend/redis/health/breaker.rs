@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::circuit::{Admission, Circuit};
-use super::recorder::{error_text, Recorder};
+use super::recorder::{error_text, Clock, Recorder};
 use crate::backend::redis::conn::cluster_nodes::{ClusterNodes, Node};
 use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
@@ -45,13 +45,14 @@ impl Breaker {
         server: Option<Arc<SingleServer>>,
         mode: RedisMode,
         name: &str,
+        clock: Clock,
     ) -> Self {
         Breaker {
             enabled: nodes.is_none(),
-            circuit: Arc::new(Circuit::new(timeout)),
+            circuit: Arc::new(Circuit::new(timeout, clock)),
             nodes,
             server,
-            recorder: Recorder::new(mode, name),
+            recorder: Recorder::new(mode, name, clock),
         }
     }
 
@@ -323,7 +324,8 @@ mod tests {
     /// timeout is one.
     #[tokio::test(start_paused = true)]
     async fn a_timeout_after_tryagain_is_the_migrating_slots() {
-        let nodes = Arc::new(ClusterNodes::new(Duration::from_secs(1), "test"));
+        let clock = Clock::new();
+        let nodes = Arc::new(ClusterNodes::new(Duration::from_secs(1), "test", clock));
         nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
         let breaker = Arc::new(Breaker::new(
             Duration::from_secs(1),
@@ -331,6 +333,7 @@ mod tests {
             None,
             RedisMode::Lua,
             "test",
+            clock,
         ));
         let key = "throttle:api:{k}";
         let tried_again = move |nodes: Arc<ClusterNodes>| async move {

@@ -8,7 +8,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::recorder::Clock;
 
 use crate::backend::redis::conn::backoff::Backoff;
 
@@ -40,8 +42,9 @@ impl CircuitState {
 
 /// The breaker's state: lock-free, one relaxed load on a closed circuit.
 pub(crate) struct Circuit {
-    epoch: Instant,
-    /// Milliseconds since `epoch` (plus one) until which calls fail fast; 0 when closed.
+    /// The backend's one clock (recorder.rs), shared by every breaker of a backend.
+    clock: Clock,
+    /// Milliseconds on `clock` (plus one) until which calls fail fast; 0 when closed.
     open_until: AtomicU64,
     /// Failed probes in a row.
     failures: AtomicU32,
@@ -80,10 +83,10 @@ impl Drop for ProbeGuard {
 }
 
 impl Circuit {
-    /// Closed; a probe may run for `timeout` before another may start.
-    pub(crate) fn new(timeout: Duration) -> Self {
+    /// Closed, on `clock`; a probe may run for `timeout` before another may start.
+    pub(crate) fn new(timeout: Duration, clock: Clock) -> Self {
         Circuit {
-            epoch: Instant::now(),
+            clock,
             open_until: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             probe_started: AtomicU64::new(0),
@@ -92,9 +95,9 @@ impl Circuit {
         }
     }
 
-    /// Milliseconds since the circuit's epoch, plus one (0 means "never").
+    /// Milliseconds on the backend's clock, plus one (0 means "never").
     pub(crate) fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64 + 1
+        self.clock.now_ms()
     }
 
     /// A call got an answer now (kept for [`answered_since`](Self::answered_since)). Stores only
@@ -191,7 +194,7 @@ mod tests {
 
     #[test]
     fn opens_on_a_failure_probes_once_and_closes_on_an_answer() {
-        let circuit = Arc::new(Circuit::new(Duration::from_secs(60)));
+        let circuit = Arc::new(Circuit::new(Duration::from_secs(60), Clock::new()));
         assert!(matches!(circuit.admit(), Admission::Closed));
         assert_eq!(circuit.state(), CircuitState::Closed);
         assert!(circuit.failed(false));
@@ -215,7 +218,7 @@ mod tests {
 
     #[test]
     fn an_answer_after_a_call_began_tells_slow_from_dead() {
-        let circuit = Arc::new(Circuit::new(Duration::from_secs(60)));
+        let circuit = Arc::new(Circuit::new(Duration::from_secs(60), Clock::new()));
         let started = circuit.now_ms();
         assert!(!circuit.answered_since(started), "nothing answered yet");
         circuit.last_answer.store(started + 1, Ordering::Relaxed);
@@ -229,7 +232,7 @@ mod tests {
 
     #[test]
     fn a_failed_probe_waits_longer() {
-        let circuit = Arc::new(Circuit::new(Duration::from_secs(60)));
+        let circuit = Arc::new(Circuit::new(Duration::from_secs(60), Clock::new()));
         circuit.failed(false);
         let first = circuit.open_until.load(Ordering::Acquire);
         assert!(!circuit.failed(true));

@@ -26,6 +26,23 @@ use crate::backend::redis::wire::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
+/// The one clock of a backend: every breaker, the recorder and the nodes' records count
+/// milliseconds from its epoch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock(Instant);
+
+impl Clock {
+    /// A clock starting now.
+    pub(crate) fn new() -> Self {
+        Clock(Instant::now())
+    }
+
+    /// Milliseconds since the epoch, plus one (so that 0 can mean "none").
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.0.elapsed().as_millis() as u64 + 1
+    }
+}
+
 /// Failures in a row past which Redis counts as unreachable, whenever it last answered.
 const UNREACHABLE_AFTER: u32 = 3;
 /// A failing Redis that has not answered for this long counts as unreachable.
@@ -34,7 +51,7 @@ const SILENT_FOR: Duration = Duration::from_secs(1);
 /// What the calls met: when Redis last answered, the failures to reach it since, and whether
 /// decisions are failing, and why.
 pub(crate) struct Recorder {
-    /// Ms since `epoch` (plus one) of the last answer; 0 before any.
+    /// Ms on `clock` of the last answer; 0 before any.
     last_answer: AtomicU64,
     /// Calls in a row that could not reach Redis.
     failures_in_a_row: AtomicU32,
@@ -52,16 +69,16 @@ pub(crate) struct Recorder {
     error: Mutex<Option<(String, SystemTime)>>,
     /// The path decisions take (for the gauge's label): `UNKNOWN`, `CELL` or `LUA`.
     path: AtomicU8,
-    epoch: Instant,
-    /// Ms since `epoch` (plus one) of the last failed call.
+    clock: Clock,
+    /// Ms on `clock` of the last failed call.
     last_failure_ms: AtomicU64,
     /// The gauge's `backend` label.
     name: Box<str>,
 }
 
 impl Recorder {
-    /// Nothing recorded; the path unknown until detection (or the mode) names it.
-    pub(crate) fn new(mode: RedisMode, name: &str) -> Self {
+    /// Nothing recorded, on `clock`; the path unknown until detection (or the mode) names it.
+    pub(crate) fn new(mode: RedisMode, name: &str, clock: Clock) -> Self {
         let failing = Recorder {
             last_answer: AtomicU64::new(0),
             failures_in_a_row: AtomicU32::new(0),
@@ -70,7 +87,7 @@ impl Recorder {
             failing: AtomicBool::new(false),
             error: Mutex::new(None),
             path: AtomicU8::new(UNKNOWN),
-            epoch: Instant::now(),
+            clock,
             last_failure_ms: AtomicU64::new(0),
             name: name.into(),
         };
@@ -80,9 +97,9 @@ impl Recorder {
         failing
     }
 
-    /// Milliseconds since the recorder was made, plus one (so that 0 can mean "none").
+    /// Milliseconds on the backend's clock, plus one (so that 0 can mean "none").
     pub(crate) fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64 + 1
+        self.clock.now_ms()
     }
 
     /// One call's outcome: whether Redis answered (an error reply included), and why the decision
@@ -226,7 +243,7 @@ mod tests {
 
     #[test]
     fn failing_from_the_first_error_until_the_first_success() {
-        let failing = Recorder::new(RedisMode::Lua, "test");
+        let failing = Recorder::new(RedisMode::Lua, "test", Clock::new());
         assert_eq!(failing.current(), None);
         let oom = "OOM command not allowed when used memory > 'maxmemory'";
         failing.record(true, Some(oom.to_owned()));
@@ -245,7 +262,7 @@ mod tests {
         assert!(!failing.wants_probe());
         assert_eq!(failing.path_name(), "lua");
         assert_eq!(
-            Recorder::new(RedisMode::Auto, "test").path_name(),
+            Recorder::new(RedisMode::Auto, "test", Clock::new()).path_name(),
             "unknown"
         );
     }
