@@ -2,6 +2,8 @@
 //! connect (resolve, check the role, load the script, detect the path), then wait for the
 //! connection to drop, then connect again with backoff, logging each transition once.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,7 @@ use super::server::{
     attempt_budget, configuration_error, is_not_primary, AttemptError, SingleServer, Source,
 };
 use super::set_up::{set_up, Fresh};
-use crate::backend::redis::health::attempts::Misconfigured;
+use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
 use crate::error::{redact_url, BackendError};
@@ -159,103 +161,146 @@ pub(crate) fn spawn_keeper(
                     strong.breaker.recorder.disconnected();
                 }
             }
-            let mut backoff = CONNECTING;
-            let mut last_said = Instant::now();
-            let mut attempts = 0u64;
-            let mut said_misconfigured: Option<Misconfigured> = None;
-            let mut replica_since: Option<Instant> = None;
-            loop {
-                let Some(strong) = state.upgrade() else {
-                    server.close();
-                    return;
-                };
-                let budget = attempt_budget(strong.timeout);
-                let result = connect_once(&mut source, &server, &strong, budget).await;
-                // A connection is recorded as it is put in service (`SingleServer::install`).
-                if let Err(e) = &result {
-                    server
-                        .attempts
-                        .failed(e.error.to_string(), e.misconfigured.clone());
-                }
-                attempts += 1;
-                match result {
-                    Ok(address) => {
-                        let path = path_name(strong.detector.active_path());
-                        tracing::info!(
-                            redis = %server.target,
-                            %address,
-                            path,
-                            down_ms = down_since.elapsed().as_millis() as u64,
-                            attempts,
-                            "connected to Redis; rate-limit decisions come from Redis"
-                        );
-                        break;
-                    }
-                    Err(AttemptError {
-                        error,
-                        misconfigured: Some(wrong),
-                    }) if !matches!(wrong, Misconfigured::Replica(_))
-                        || replica_since.get_or_insert_with(Instant::now).elapsed()
-                            >= REPLICA_GRACE =>
-                    {
-                        // Redis answered and refused: not an outage. Said once at error level
-                        // (again if it changes), and retried slowly, as someone may fix it (or
-                        // promote the replica).
-                        let text = error.to_string();
-                        if first {
-                            first = false;
-                            strong.breaker.recorder.disconnected();
-                        }
-                        if said_misconfigured.as_ref() != Some(&wrong) {
-                            tracing::error!(
-                                redis = %server.target,
-                                error = %text,
-                                "Redis refused the limiter's configuration; requests follow the failure policy until it is fixed (retrying every {}s)",
-                                MISCONFIGURED_BACKOFF.as_secs()
-                            );
-                            said_misconfigured = Some(wrong);
-                            last_said = Instant::now();
-                        }
-                        drop(strong);
-                        tokio::time::sleep(MISCONFIGURED_BACKOFF).await;
-                        continue;
-                    }
-                    Err(AttemptError {
-                        error,
-                        misconfigured,
-                    }) => {
-                        // A replica during a failover's first seconds: retried at the usual pace.
-                        if misconfigured.is_none() {
-                            replica_since = None;
-                        }
-                        said_misconfigured = None;
-                        let text = error.to_string();
-                        if first {
-                            first = false;
-                            strong.breaker.recorder.disconnected();
-                            tracing::warn!(
-                                redis = %server.target,
-                                error = %text,
-                                "Redis is not reachable yet; requests follow the failure policy until it answers (connecting in the background)"
-                            );
-                        } else if last_said.elapsed() >= STILL_DOWN_EVERY {
-                            last_said = Instant::now();
-                            tracing::warn!(
-                                redis = %server.target,
-                                error = %text,
-                                down_s = down_since.elapsed().as_secs(),
-                                attempts,
-                                "Redis is still unreachable"
-                            );
-                        }
-                    }
-                }
-                drop(strong);
-                tokio::time::sleep(backoff.wait()).await;
+            let mut keep = (source, server.clone());
+            let connected = connect_with_backoff(
+                &server.target,
+                &server.attempts,
+                &state,
+                &mut first,
+                &mut keep,
+                attempt_server,
+            )
+            .await;
+            source = keep.0;
+            let Some((address, attempts)) = connected else {
+                server.close();
+                return;
+            };
+            if let Some(strong) = state.upgrade() {
+                let path = path_name(strong.detector.active_path());
+                tracing::info!(
+                    redis = %server.target,
+                    %address,
+                    path,
+                    down_ms = down_since.elapsed().as_millis() as u64,
+                    attempts,
+                    "connected to Redis; rate-limit decisions come from Redis"
+                );
             }
             first = false;
         }
     });
+}
+
+/// One connection attempt, boxed: attempts are rare.
+pub(crate) type Attempt<'a, T> = Pin<Box<dyn Future<Output = Result<T, AttemptError>> + Send + 'a>>;
+
+/// One attempt of a server's keeper: the address connected to.
+fn attempt_server(
+    (source, server): &mut (Source, Arc<SingleServer>),
+    state: Arc<RedisState>,
+) -> Attempt<'_, String> {
+    Box::pin(async move {
+        let budget = attempt_budget(state.timeout);
+        connect_once(source, server, &state, budget).await
+    })
+}
+
+/// Tries `attempt` (on `subject`) with backoff (every 50 ms, backing off to 500 ms) until it connects, for as
+/// long as the backend (`state`) lives: the one retry loop of both keepers (one server's, and a
+/// Cluster's started by `build`). Each failure is recorded in `attempts` (for `health()` and
+/// `first_attempt`). A configuration error (a wrong password, missing ACL permissions, mode "cell"
+/// without the module, a replica for longer than a failover takes) is said once at error level and
+/// retried every 5 s; the first failure of an outage (`first`) is said once, then "still
+/// unreachable" at most every 10 s. The connected value and the attempts it took; `None` once the
+/// backend is gone.
+pub(crate) async fn connect_with_backoff<S, T>(
+    target: &str,
+    record: &Attempts,
+    state: &Weak<RedisState>,
+    first: &mut bool,
+    subject: &mut S,
+    attempt: fn(&mut S, Arc<RedisState>) -> Attempt<'_, T>,
+) -> Option<(T, u64)> {
+    let down_since = Instant::now();
+    let mut backoff = CONNECTING;
+    let mut last_said = Instant::now();
+    let mut attempts = 0u64;
+    let mut said_misconfigured: Option<Misconfigured> = None;
+    let mut replica_since: Option<Instant> = None;
+    loop {
+        let strong = state.upgrade()?;
+        let result = attempt(subject, strong.clone()).await;
+        // A connection is recorded as it is put in service.
+        if let Err(e) = &result {
+            record.failed(e.error.to_string(), e.misconfigured.clone());
+        }
+        attempts += 1;
+        match result {
+            Ok(connected) => {
+                *first = false;
+                return Some((connected, attempts));
+            }
+            Err(AttemptError {
+                error,
+                misconfigured: Some(wrong),
+            }) if !matches!(wrong, Misconfigured::Replica(_))
+                || replica_since.get_or_insert_with(Instant::now).elapsed() >= REPLICA_GRACE =>
+            {
+                // Redis answered and refused: not an outage. Said once at error level (again if
+                // it changes), and retried slowly, as someone may fix it (or promote the replica).
+                let text = error.to_string();
+                if *first {
+                    *first = false;
+                    strong.breaker.recorder.disconnected();
+                }
+                if said_misconfigured.as_ref() != Some(&wrong) {
+                    tracing::error!(
+                        redis = %target,
+                        error = %text,
+                        "Redis refused the limiter's configuration; requests follow the failure policy until it is fixed (retrying every {}s)",
+                        MISCONFIGURED_BACKOFF.as_secs()
+                    );
+                    said_misconfigured = Some(wrong);
+                    last_said = Instant::now();
+                }
+                drop(strong);
+                tokio::time::sleep(MISCONFIGURED_BACKOFF).await;
+                continue;
+            }
+            Err(AttemptError {
+                error,
+                misconfigured,
+            }) => {
+                // A replica during a failover's first seconds: retried at the usual pace.
+                if misconfigured.is_none() {
+                    replica_since = None;
+                }
+                said_misconfigured = None;
+                let text = error.to_string();
+                if *first {
+                    *first = false;
+                    strong.breaker.recorder.disconnected();
+                    tracing::warn!(
+                        redis = %target,
+                        error = %text,
+                        "Redis is not reachable yet; requests follow the failure policy until it answers (connecting in the background)"
+                    );
+                } else if last_said.elapsed() >= STILL_DOWN_EVERY {
+                    last_said = Instant::now();
+                    tracing::warn!(
+                        redis = %target,
+                        error = %text,
+                        down_s = down_since.elapsed().as_secs(),
+                        attempts,
+                        "Redis is still unreachable"
+                    );
+                }
+            }
+        }
+        drop(strong);
+        tokio::time::sleep(backoff.wait()).await;
+    }
 }
 
 #[cfg(test)]
