@@ -5,12 +5,15 @@
 //! by what they do:
 //!
 //! - [`conn`]: reaching Redis. One server's own reconnecting connection (a URL, a client or
-//!   Sentinel) and the task that keeps it connected; the connection every call goes through (that
-//!   server, a user's manager, or a Cluster, started lazily or not) and redis-cell detection; a
-//!   Cluster's slot map with a breaker per primary, the task that reads it, and redirections.
+//!   Sentinel); the connection every call goes through (that server, a user's manager, or a
+//!   Cluster, started lazily or not) and redis-cell detection; the one set-up after every connect;
+//!   the keepers (one server's, a lazy Cluster's) and their one retry loop, on the one backoff of
+//!   every retry; a Cluster's slot map with a breaker per primary, the task that reads it, and
+//!   redirections.
 //! - [`health`]: guarding against Redis' failures and reporting them. The circuit breaker and
-//!   timeout every call runs under, decisions failing, what [`RedisBackend::health`] reports, and
-//!   the watch on Redis' memory.
+//!   timeout every call runs under; the one recorder of every call's outcome, on one clock, that
+//!   the breakers, the gauge and [`RedisBackend::health`] read; the keepers' record of their
+//!   attempts; what `health()` reports; and the watch on Redis' memory.
 //! - [`wire`]: what Redis is sent. A limit's keys and arguments, the Lua scripts (`*.lua`, with
 //!   their shared prelude), the calls that run them and read their replies, and the modes.
 //! - [`decide`]: deciding. One check's way (the deny cache, one call under the breaker, on the

@@ -1,5 +1,6 @@
 //! Reaching Redis: one server's own reconnecting connection and the task that keeps it, a
-//! Cluster's connection (started lazily or not), its slot map and redirections.
+//! Cluster's connection (started lazily or not) and its keeper, their one retry loop and backoff,
+//! the one set-up after every connect, a Cluster's slot map and redirections.
 
 pub(crate) mod backoff;
 pub(crate) mod cluster_keeper;

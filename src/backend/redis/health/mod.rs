@@ -1,5 +1,6 @@
-//! Guarding against Redis' failures and reporting its health: the circuit breakers, the timeout,
-//! what the backend reports, and the watch on Redis' memory.
+//! Guarding against Redis' failures and reporting its health: the circuit breakers and the timeout,
+//! the one recorder of every call's outcome (one clock), the keepers' attempts, what the backend
+//! reports, and the watch on Redis' memory.
 
 pub(crate) mod attempts;
 pub(crate) mod breaker;
