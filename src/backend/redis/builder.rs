@@ -14,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use super::conn::cluster_keeper::spawn_cluster_keeper;
-use super::conn::connection::{cluster_client, RedisConnection, Target};
+use super::conn::connection::{cluster_client, Other, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
 use super::conn::reconnect::{connect_once, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
@@ -289,7 +289,7 @@ impl RedisBackendBuilder {
         }
         let listener = self.listener;
         let mut listen = None;
-        let target = match (self.sentinel, self.target) {
+        let start = match (self.sentinel, self.target) {
             (Some(_), Some(_)) => {
                 return Err(BackendError::new(
                     "set either sentinels or a url, urls, client or connection, not both",
@@ -298,18 +298,17 @@ impl RedisBackendBuilder {
             (Some(sentinel), None) => {
                 let (source, listener) = sentinel_source(sentinel, self.sentinel_node)?;
                 listen.get_or_insert(Listen::Sentinel(Box::new(listener)));
-                Target::Sentinel(Box::new(source))
+                Start::Server(source)
             }
-            (None, Some(target)) => target,
+            (None, Some(target)) => match target.into_source(self.cluster)? {
+                Ok(source) => Start::Server(source),
+                Err(other) => Start::Other(other),
+            },
             (None, None) => {
                 return Err(BackendError::new(
                     "no Redis to connect to: set a url, urls, sentinels, client or connection",
                 ))
             }
-        };
-        let start = match target.into_source(self.cluster)? {
-            Ok(source) => Start::Server(source),
-            Err(other) => Start::Other(other),
         };
         let listen = match listener {
             // On a Cluster, a seed node of a Cluster connection of its own (sharded pub/sub).
@@ -325,7 +324,6 @@ impl RedisBackendBuilder {
             start,
             settings: Settings {
                 name: name.into_boxed_str(),
-                cluster: self.cluster,
                 mode: self.mode,
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
@@ -340,7 +338,7 @@ impl RedisBackendBuilder {
 /// manager.
 pub(super) enum Start {
     Server(Source),
-    Other(Target),
+    Other(Other),
 }
 
 impl Start {
@@ -351,7 +349,7 @@ impl Start {
     fn reset_listeners(&self) -> Listen {
         match self {
             Start::Server(Source::Client(client)) => Listen::Nodes(vec![(**client).clone()]),
-            Start::Other(Target::Urls(urls)) => Listen::Shard(
+            Start::Other(Other::Seeds(urls)) => Listen::Shard(
                 urls.iter()
                     .filter_map(|url| url.as_str().into_connection_info().ok())
                     .collect(),
@@ -365,7 +363,7 @@ impl Start {
         match self {
             Start::Server(Source::Sentinel { service, .. }) => format!("sentinel:{service}"),
             Start::Server(source) => source.describe(),
-            Start::Other(Target::Urls(urls)) => {
+            Start::Other(Other::Seeds(urls)) => {
                 let seeds: Vec<String> = urls.iter().map(|u| address_of(u)).collect();
                 seeds.join(",")
             }
@@ -377,7 +375,7 @@ impl Start {
     fn is_cluster(&self) -> bool {
         matches!(
             self,
-            Start::Other(Target::Urls(_) | Target::ClusterClient(_) | Target::ClusterConnection(_))
+            Start::Other(Other::Seeds(_) | Other::ClusterClient(_) | Other::ClusterConnection(_))
         )
     }
 }
@@ -391,7 +389,6 @@ pub(super) struct Validated {
 
 struct Settings {
     name: Box<str>,
-    cluster: bool,
     mode: RedisMode,
     prefix: Box<str>,
     timeout: Duration,
@@ -416,7 +413,7 @@ impl Settings {
     }
 
     /// A Cluster or a user's connection manager, connected and set up (set_up.rs).
-    async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+    async fn open_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
         let self_name = self.name.to_string();
         let timeout = self.timeout;
         let start_budget = self.start_budget();
@@ -448,20 +445,19 @@ impl Settings {
 }
 
 impl Settings {
-    /// A Cluster, not connected yet: a background task connects it.
-    fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+    /// A Cluster, not connected yet (a background task connects it), or a user's connection
+    /// manager as it is.
+    fn lazy_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
         let (client, described) = match target {
-            Target::ClusterConnection(connection) => {
+            Other::Manager(manager) => return Ok(self.state_on(RedisConnection::Single(manager))),
+            Other::ClusterConnection(connection) => {
                 return Ok(self.state_on(RedisConnection::Cluster(connection, None)))
             }
-            Target::Urls(urls) => {
+            Other::Seeds(urls) => {
                 let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
                 (cluster_client(&urls, self.timeout)?, described.join(", "))
             }
-            Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
-            Target::Manager(_) | Target::Client(_) | Target::Sentinel(_) => {
-                unreachable!("one server or a user's manager is started in start_lazily")
-            }
+            Other::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
         };
         let lazy = Arc::new(LazyCluster::new(described));
         let state = self.state_on(RedisConnection::LazyCluster(lazy.clone()));
@@ -500,9 +496,6 @@ impl Validated {
                 let (state, server) = settings.server_state(&source);
                 spawn_keeper(source, server, Arc::downgrade(&state), false);
                 state
-            }
-            Start::Other(Target::Manager(manager)) => {
-                settings.state_on(RedisConnection::Single(manager))
             }
             Start::Other(target) => settings.lazy_other(target)?,
         };
@@ -547,9 +540,7 @@ impl Validated {
     /// probed (cluster_nodes.rs); `None` for a Cluster client or connection of the user's.
     fn seed(&self) -> Option<ConnectionInfo> {
         match &self.start {
-            Start::Other(Target::Urls(urls)) if self.settings.cluster => {
-                urls.first()?.as_str().into_connection_info().ok()
-            }
+            Start::Other(Other::Seeds(urls)) => urls.first()?.as_str().into_connection_info().ok(),
             _ => None,
         }
     }

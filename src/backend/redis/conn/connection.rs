@@ -19,22 +19,30 @@ use crate::backend::redis::health::breaker::Breaker;
 use crate::backend::redis::wire::mode::{RedisMode, CELL, LUA, UNKNOWN};
 use crate::error::{redact_url, BackendError};
 
-/// What the builder was given to reach Redis.
+/// What the builder was given to reach Redis (Sentinel aside: always one server, a [`Source`]).
 pub(crate) enum Target {
     Urls(Vec<String>),
     Client(Box<Client>),
     Manager(ConnectionManager),
     ClusterClient(Box<ClusterClient>),
     ClusterConnection(ClusterConnection),
-    Sentinel(Box<Source>),
+}
+
+/// A target redis-rs reconnects by its own rules: a Cluster (seed URLs, a client or a connection)
+/// or a user's connection manager.
+pub(crate) enum Other {
+    Seeds(Vec<String>),
+    Manager(ConnectionManager),
+    ClusterClient(Box<ClusterClient>),
+    ClusterConnection(ClusterConnection),
 }
 
 impl Target {
-    /// The way to one server that this crate reconnects itself (a URL, a client, Sentinel), or
-    /// `None` for a Cluster or a user's connection manager. A client names one server whatever
-    /// `cluster` says: `cluster(true).client(c)` is that server, reconnected by this crate under
-    /// `connect` and `build` alike.
-    pub(crate) fn into_source(self, cluster: bool) -> Result<Result<Source, Target>, BackendError> {
+    /// The way to one server that this crate reconnects itself (a URL, a client), or a Cluster or a
+    /// user's connection manager. A client names one server whatever `cluster` says:
+    /// `cluster(true).client(c)` is that server, reconnected by this crate under `connect` and
+    /// `build` alike.
+    pub(crate) fn into_source(self, cluster: bool) -> Result<Result<Source, Other>, BackendError> {
         match self {
             Target::Urls(urls) if !cluster => match urls.as_slice() {
                 [] => Err(BackendError::new("no Redis URL given")),
@@ -45,9 +53,11 @@ impl Target {
                     "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
                 )),
             },
+            Target::Urls(urls) => Ok(Err(Other::Seeds(urls))),
             Target::Client(client) => Ok(Ok(Source::Client(client))),
-            Target::Sentinel(source) => Ok(Ok(*source)),
-            other => Ok(Err(other)),
+            Target::Manager(manager) => Ok(Err(Other::Manager(manager))),
+            Target::ClusterClient(client) => Ok(Err(Other::ClusterClient(client))),
+            Target::ClusterConnection(conn) => Ok(Err(Other::ClusterConnection(conn))),
         }
     }
 }
@@ -70,30 +80,24 @@ pub(crate) enum RedisConnection {
 
 impl RedisConnection {
     /// Opens the connection to a Cluster or takes the user's connection manager, within `budget`.
-    /// One server (a URL without `cluster`, a client, Sentinel) never comes here: it goes through
-    /// [`Target::into_source`] and a [`SingleServer`].
+    /// (One server goes through [`Target::into_source`] and a [`SingleServer`] instead.)
     pub(crate) async fn open(
-        target: Target,
+        target: Other,
         timeout: Duration,
         budget: Duration,
     ) -> Result<RedisConnection, BackendError> {
-        if let Target::Urls(urls) = &target
+        if let Other::Seeds(urls) = &target
             && urls.iter().any(|u| u.starts_with("rediss:"))
         {
             install_crypto_provider();
         }
         let connecting = async {
             match target {
-                Target::Urls(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
-                Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
-                Target::ClusterClient(client) => connect_cluster(*client).await,
-                Target::ClusterConnection(connection) => {
+                Other::Seeds(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
+                Other::Manager(manager) => Ok(RedisConnection::Single(manager)),
+                Other::ClusterClient(client) => connect_cluster(*client).await,
+                Other::ClusterConnection(connection) => {
                     Ok(RedisConnection::Cluster(connection, None))
-                }
-                Target::Client(_) | Target::Sentinel(_) => {
-                    unreachable!(
-                        "one server is reconnected by a SingleServer (Target::into_source)"
-                    )
                 }
             }
         };
