@@ -335,28 +335,17 @@ mod tests {
         let budget = Budget::new()
             .hot_after(3)
             .slice_ttl(Duration::from_secs(60));
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::PerRequest
-        ));
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::PerRequest
-        ));
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
+        assert!(matches!(local("k", 1), Local::PerRequest));
+        assert!(matches!(local("k", 1), Local::PerRequest));
         let Local::Fetch(want, fetching) = budgets.local("k", &budget, 100, 1) else {
             panic!("hot after 3");
         };
         assert_eq!(want, 3, "about the units seen");
         // While the slice is on its way, the others are decided per request.
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::PerRequest
-        ));
+        assert!(matches!(local("k", 1), Local::PerRequest));
         drop(fetching);
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::Fetch(..)
-        ));
+        assert!(matches!(local("k", 1), Local::Fetch(..)));
     }
 
     #[test]
@@ -365,6 +354,7 @@ mod tests {
         let budget = Budget::new()
             .hot_after(1)
             .slice_ttl(Duration::from_secs(60));
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         grant(&budgets, "k", 3, 40, Duration::from_secs(60));
         let mut remaining = Vec::new();
         let mut refills = 0;
@@ -383,16 +373,10 @@ mod tests {
         assert_eq!(refills, 1);
         // The slice's units left plus what Redis said was left when it granted them.
         assert_eq!(remaining, [42, 41, 40]);
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::Fetch(..)
-        ));
+        assert!(matches!(local("k", 1), Local::Fetch(..)));
         // A request costing more than the slice holds asks Redis.
         grant(&budgets, "big", 2, 0, Duration::from_secs(60));
-        assert!(matches!(
-            budgets.local("big", &budget, 100, 5),
-            Local::Fetch(5, _)
-        ));
+        assert!(matches!(local("big", 5), Local::Fetch(5, _)));
     }
 
     #[test]
@@ -402,13 +386,11 @@ mod tests {
             .hot_after(1)
             .max_slice(10)
             .slice_ttl(Duration::from_secs(60));
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         for _ in 0..50 {
             drop(budgets.local("k", &budget, 100, 1));
         }
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::Fetch(10, _)
-        ));
+        assert!(matches!(local("k", 1), Local::Fetch(10, _)));
         assert!(matches!(
             budgets.local("j", &budget, 1, 1),
             Local::Fetch(1, _)
@@ -419,11 +401,9 @@ mod tests {
     fn a_forgotten_key_has_no_slice() {
         let budgets = Arc::new(Budgets::default());
         let budget = Budget::new().hot_after(100);
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         grant(&budgets, "k", 5, 0, Duration::from_secs(60));
         budgets.forget("k");
-        assert!(matches!(
-            budgets.local("k", &budget, 100, 1),
-            Local::PerRequest
-        ));
+        assert!(matches!(local("k", 1), Local::PerRequest));
     }
 }
