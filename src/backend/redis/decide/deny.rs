@@ -281,30 +281,25 @@ mod tests {
     #[test]
     fn holds_a_rejection_for_the_same_cost_and_quota() {
         let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
         let now = Instant::now();
         let at = |ms| now + Duration::from_millis(ms);
         cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
         // 2 units wanted, 1 left, TAT 1.1 s ahead: retry in 500 ms, and "remaining: 1" holds as long.
-        let d = cache.get_at("k", 2, I, TAU, at(120)).unwrap();
+        let d = get("k", 2, at(120)).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Some(Duration::from_millis(380)), "aged");
         assert_eq!(d.reset_after, Duration::from_millis(980), "aged");
         assert_eq!((d.limit, d.remaining), (5, 1));
-        assert!(cache.get_at("k", 2, I, TAU, at(499)).is_some());
-        assert!(
-            cache.get_at("k", 2, I, TAU, at(500)).is_none(),
-            "retry time"
-        );
+        assert!(get("k", 2, at(499)).is_some());
+        assert!(get("k", 2, at(500)).is_none(), "retry time");
         // `get` reads the real clock (a minute's hold: no machine is that slow).
         cache.insert("minute", 1, limited(60_000), Instant::now(), 0);
         assert!(cache.get("minute", 1, I, TAU).is_some(), "the real clock");
         cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
+        assert!(get("k", 1, now).is_none(), "fewer units may fit");
         assert!(
-            cache.get_at("k", 1, I, TAU, now).is_none(),
-            "fewer units may fit"
-        );
-        assert!(
-            cache.get_at("k", 3, I, TAU, now).is_none(),
+            get("k", 3, now).is_none(),
             "more units wait longer, or forever"
         );
         assert!(
@@ -315,12 +310,13 @@ mod tests {
             cache.get_at("k", 2, I, 2 * TAU, now).is_none(),
             "another quota"
         );
-        assert!(cache.get_at("other", 2, I, TAU, now).is_none());
+        assert!(get("other", 2, now).is_none());
     }
 
     #[test]
     fn held_only_while_remaining_stays_the_same() {
         let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
         // 3 units wanted, 1 left, TAT 900 ms ahead: a second unit frees up after 300 ms, the third
         // (the retry time) after 500 ms. Held 300 ms, while "remaining: 1" is true.
         let r = rejection(3, 1, 900, false);
@@ -328,84 +324,76 @@ mod tests {
         let now = Instant::now();
         cache.insert("k", 3, r, now, 0);
         assert_eq!(
-            cache
-                .get_at("k", 3, I, TAU, now + Duration::from_millis(299))
+            get("k", 3, now + Duration::from_millis(299))
                 .unwrap()
                 .remaining,
             1
         );
-        assert!(cache
-            .get_at("k", 3, I, TAU, now + Duration::from_millis(300))
-            .is_none());
+        assert!(get("k", 3, now + Duration::from_millis(300)).is_none());
         // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
         cache.insert("c", 3, rejection(3, 1, 2900, true), now, 0);
-        assert!(cache.get_at("c", 3, I, TAU, now).is_none());
+        assert!(get("c", 3, now).is_none());
     }
 
     #[test]
     fn expired_and_never_admitted_rejections_are_not_held() {
         let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
         let now = Instant::now();
         cache.insert("old", 1, limited(300), now, 0);
-        assert!(cache
-            .get_at("old", 1, I, TAU, now + Duration::from_secs(1))
-            .is_none());
-        assert!(
-            cache.get_at("old", 1, I, TAU, now).is_none(),
-            "an expired entry is dropped"
-        );
+        assert!(get("old", 1, now + Duration::from_secs(1)).is_none());
+        assert!(get("old", 1, now).is_none(), "an expired entry is dropped");
         let mut never = limited(300);
         never.decision.retry_after = None;
         cache.insert("never", 9, never, now, 0);
-        assert!(cache.get_at("never", 9, I, TAU, now).is_none());
+        assert!(get("never", 9, now).is_none());
     }
 
     #[test]
     fn whole_second_answers_are_held_a_second_less() {
         let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
         let now = Instant::now();
         let mut one = limited(1000);
         one.whole_seconds = true;
         cache.insert("one", 1, one, now, 0);
         assert!(
-            cache.get_at("one", 1, I, TAU, now).is_none(),
+            get("one", 1, now).is_none(),
             "true retry time may be under a second"
         );
         let mut two = limited(2000);
         two.whole_seconds = true;
         cache.insert("two", 1, two, now, 0);
-        let d = cache.get_at("two", 1, I, TAU, now).unwrap();
+        let d = get("two", 1, now).unwrap();
         assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
-        let d = cache
-            .get_at("two", 1, I, TAU, now + Duration::from_millis(999))
-            .unwrap();
+        let d = get("two", 1, now + Duration::from_millis(999)).unwrap();
         assert_eq!(d.retry_after, Some(Duration::from_millis(1001)));
-        assert!(cache
-            .get_at("two", 1, I, TAU, now + Duration::from_secs(1))
-            .is_none());
+        assert!(get("two", 1, now + Duration::from_secs(1)).is_none());
     }
 
     #[test]
     fn a_rejection_decided_before_a_forget_is_not_kept_after_it() {
         let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
         let now = Instant::now();
         let sent = cache.generation();
         cache.forget("k"); // a reset heard while Redis was deciding
         cache.insert("k", 1, limited(60_000), now, sent);
-        assert!(cache.get_at("k", 1, I, TAU, now).is_none());
+        assert!(get("k", 1, now).is_none());
         // Any forget counts (the generation is the cache's, not the key's): a reset of another
         // key only costs a round trip.
         let sent = cache.generation();
         cache.clear();
         cache.insert("k", 1, limited(60_000), now, sent);
-        assert!(cache.get_at("k", 1, I, TAU, now).is_none());
+        assert!(get("k", 1, now).is_none());
         cache.insert("k", 1, limited(60_000), now, cache.generation());
-        assert!(cache.get_at("k", 1, I, TAU, now).is_some());
+        assert!(get("k", 1, now).is_some());
     }
 
     #[test]
     fn a_reloaded_limit_forgets_its_keys_only() {
         let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
         let now = Instant::now();
         for key in [
             "p:api:{a}",
@@ -416,7 +404,7 @@ mod tests {
             cache.insert(key, 1, limited(60_000), now, cache.generation());
         }
         cache.forget_prefix("p:api:");
-        let held = |key| cache.get_at(key, 1, I, TAU, now).is_some();
+        let held = |key| get(key, 1, now).is_some();
         assert!(!held("p:api:{a}") && !held("p:api:{b}:fixed"));
         assert!(held("p:api.1s:{a}") && held("p:login:{a}"));
     }
