@@ -18,7 +18,7 @@ use super::conn::connection::{cluster_client, Other, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
 use super::conn::reconnect::{connect_once, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
-use super::conn::set_up::{set_up, Fresh};
+use super::conn::set_up::{in_service, set_up, Fresh};
 use super::resets::{self, Listen};
 use super::state::RedisState;
 use super::wire::mode::RedisMode;
@@ -440,6 +440,7 @@ impl Settings {
                     None => BackendError::new(message),
                 }
             })?;
+        in_service(&state);
         Ok(Arc::new(state))
     }
 }

@@ -16,7 +16,7 @@ use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
 use super::reconnect::{connect_with_backoff, Attempt};
 use super::server::{attempt_budget, configuration_error, AttemptError};
-use super::set_up::{set_up, Fresh};
+use super::set_up::{in_service, set_up, Fresh};
 use crate::backend::redis::health::attempts::Misconfigured;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
@@ -51,10 +51,7 @@ pub(crate) fn spawn_cluster_keeper(
             path = path_name(strong.detector.active_path()),
             "connected to the Redis Cluster"
         );
-        strong
-            .breaker
-            .recorder
-            .connected(strong.detector.active_path());
+        in_service(&strong);
     });
 }
 

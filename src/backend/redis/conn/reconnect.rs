@@ -13,7 +13,7 @@ use super::backoff::CONNECTING;
 use super::server::{
     attempt_budget, configuration_error, is_not_primary, AttemptError, SingleServer, Source,
 };
-use super::set_up::{set_up, Fresh};
+use super::set_up::{in_service, set_up, Fresh};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
@@ -76,12 +76,7 @@ async fn establish(
             (message, false) => BackendError::new(message).into(),
         })?;
     server.install(conn, address.clone());
-    state.breaker.recorder.forget_loss();
-    state.breaker.answered();
-    state
-        .breaker
-        .recorder
-        .connected(state.detector.active_path());
+    in_service(state);
     Ok(address)
 }
 

@@ -1,8 +1,9 @@
 //! The one set-up after every connect — one server's (each reconnection too), a Cluster's (at
 //! `connect`, or once a Cluster started by `build` has formed) and a user's connection manager's:
 //! detect redis-cell where the mode reads it, refuse mode `cell` without it, and load the GCRA
-//! script (every mode runs it for some calls), before the connection is put in service. A failure
-//! fails the attempt, the same way everywhere: `connect` returns it, and the keepers retry.
+//! script (every mode runs it for some calls), before the connection is put in service; then
+//! [`in_service`]. A failure fails the attempt, the same way everywhere: `connect` returns it, and
+//! the keepers retry.
 
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;
@@ -85,4 +86,16 @@ pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), Se
         state.detector.detected(loaded, &state.breaker);
     }
     Ok(())
+}
+
+/// A connection set up is in service: Redis was found again (the loss forgotten, the breaker
+/// closed), and the gauge says so on the path decisions take. The same after every connect: one
+/// server's, a Cluster's (lazy or not) and a user's connection manager's.
+pub(crate) fn in_service(state: &RedisState) {
+    state.breaker.recorder.forget_loss();
+    state.breaker.answered();
+    state
+        .breaker
+        .recorder
+        .connected(state.detector.active_path());
 }
