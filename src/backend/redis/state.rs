@@ -58,8 +58,8 @@ impl RedisState {
     ) -> Self {
         let detector = Detector::new(mode, coalesce);
         // On a Cluster, the slot map and breakers, which redirect.rs tells about `TRYAGAIN`.
-        // One clock for every breaker and record of the backend.
-        let clock = Clock::new();
+        // One clock for every breaker and record of the backend (a reconnecting server's too).
+        let clock = conn.server().map_or_else(Clock::new, |server| server.clock);
         let nodes = conn
             .is_cluster()
             .then(|| Arc::new(ClusterNodes::new(timeout, name, clock)));

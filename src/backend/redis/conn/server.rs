@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::SentinelClient;
@@ -27,6 +27,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, Value};
 use tokio::sync::Notify;
 
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
+use crate::backend::redis::health::recorder::Clock;
 use crate::error::{redact_url, BackendError};
 
 /// A connection that has not answered anything for this long (and at least two timeouts) when a call
@@ -162,9 +163,10 @@ impl AttemptError {
 pub(crate) struct SingleServer {
     live: RwLock<Option<Live>>,
     generation: AtomicU64,
-    /// When the connection last answered (or was made): ms since `epoch`.
+    /// When the connection last answered (or was made): ms on `clock`.
     last_answer: AtomicU64,
-    epoch: Instant,
+    /// The backend's one clock (its state takes this one).
+    pub(crate) clock: Clock,
     /// Wakes the task: the connection was dropped.
     pub(crate) lost: Notify,
     pub(crate) timeout: Duration,
@@ -191,7 +193,7 @@ impl SingleServer {
             live: RwLock::new(None),
             generation: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
-            epoch: Instant::now(),
+            clock: Clock::new(),
             lost: Notify::new(),
             timeout,
             db,
@@ -247,7 +249,7 @@ impl SingleServer {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     fn answered(&self) {
