@@ -98,8 +98,8 @@ PY
   exit
 fi
 
-# A script as the crate assembles it (src/backend/redis/lua.rs): shebang, prelude, body.
-assembled() { printf '#!lua\n'; cat src/backend/redis/prelude.lua "src/backend/redis/$1"; }
+# A script as the crate assembles it (src/backend/redis/wire/lua.rs): shebang, prelude, body.
+assembled() { printf '#!lua\n'; cat src/backend/redis/wire/prelude.lua "src/backend/redis/wire/$1"; }
 GCRA=$(cli SCRIPT LOAD "$(assembled gcra.lua)")
 BATCH=$(cli SCRIPT LOAD "$(assembled gcra_batch.lua)")
 ARGS="1000 1000001000 1000001 1"

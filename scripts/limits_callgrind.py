@@ -8,7 +8,7 @@ admitted and written), and the instructions divided by the decisions.
     python3 scripts/limits_callgrind.py DIR ITEMS CALLS      # DIR: prelude.lua, limits.lua, limits_batch.lua
     ALONE=1 python3 scripts/limits_callgrind.py DIR 1 CALLS  # limits.lua alone, one check a call
 
-e.g. DIR=src/backend/redis, and a copy of main's three files in another DIR (git show main:...).
+e.g. DIR=src/backend/redis/wire, and a copy of main's three files in another DIR (git show main:...).
 Cases: sw (sliding window), fw (fixed window), gcra (limits.lua's GCRA), stack (GCRA + fixed +
 sliding window), log (sliding log). Needs valgrind and redis-server.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decisions per second inside one Redis server: tower-throttle's script (src/backend/redis/gcra.lua),
+# Decisions per second inside one Redis server: tower-throttle's script (src/backend/redis/wire/gcra.lua),
 # redis-cell's CL.THROTTLE, and go-redis/redis_rate's allowN script (loadtest/redis_rate_allow_n.lua,
 # a verbatim copy), measured with redis-benchmark on the same server in one run.
 #
@@ -47,8 +47,8 @@ done
 cli() { redis-cli -p "$PORT" "$@"; }
 cli PING | grep -q PONG || die "redis-server did not start: $(cat "$TMP/redis.log")"
 
-# A script as the crate assembles it (src/backend/redis/lua.rs): shebang, prelude, body.
-assembled() { printf '#!lua\n'; cat src/backend/redis/prelude.lua "src/backend/redis/$1"; }
+# A script as the crate assembles it (src/backend/redis/wire/lua.rs): shebang, prelude, body.
+assembled() { printf '#!lua\n'; cat src/backend/redis/wire/prelude.lua "src/backend/redis/wire/$1"; }
 OURS=$(cli SCRIPT LOAD "$(assembled gcra.lua)")
 RATE=$(cli SCRIPT LOAD "$(cat loadtest/redis_rate_allow_n.lua)")
 

@@ -52,11 +52,11 @@ declare -A TESTS=(
   # target/redis-cell from `bash scripts/test.sh --setup-only`), only the tests that read it.
   # gcra_group.rs turns a coalesced group's one backlog into each check's answer: the batch tests
   # compare that with one-at-a-time gcra.lua calls (the test binary includes the same file).
-  [src/backend/redis/gcra_group.rs]="--all-features --test redis -- batch:: metered_parity::"
+  [src/backend/redis/speedup/gcra_group.rs]="--all-features --test redis -- batch:: metered_parity::"
   # A limits.lua call as data, alone or in a batch: the batch and parity tests of every algorithm.
-  [src/backend/redis/limits_call.rs]="--all-features --test redis -- batch_limits:: parity::"
+  [src/backend/redis/wire/limits_call.rs]="--all-features --test redis -- batch_limits:: parity::"
   # The scripts' arguments and keys: every algorithm's exact-count and parity tests.
-  [src/backend/redis/args.rs]="--all-features --test redis -- batch:: batch_limits:: parity:: algorithms::"
+  [src/backend/redis/wire/args.rs]="--all-features --test redis -- batch:: batch_limits:: parity:: algorithms::"
 )
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs

@@ -1,5 +1,5 @@
 //! Sliced budgets for hot keys: the settings ([`Budget`]). The Redis backend does the work
-//! (`src/backend/redis/budget.rs`).
+//! (`src/backend/redis/speedup/budget.rs`).
 
 use std::time::Duration;
 

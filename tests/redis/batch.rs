@@ -1,4 +1,4 @@
-//! Coalesced exact batches (src/backend/redis/batch.rs, gcra_batch.lua): concurrent checks on the
+//! Coalesced exact batches (src/backend/redis/speedup/batch.rs, gcra_batch.lua): concurrent checks on the
 //! Lua path share script calls and still admit exactly the limit, on one server and on a Cluster;
 //! the batch script decides every item as gcra.lua decides it alone, to the nanosecond, and leaves
 //! the same state.

@@ -1,4 +1,4 @@
-//! `limits.lua` coalesced (src/backend/redis/batch.rs, limits_batch.lua): concurrent checks of every
+//! `limits.lua` coalesced (src/backend/redis/speedup/batch.rs, limits_batch.lua): concurrent checks of every
 //! other algorithm than the GCRA, and stacks, share script calls and still admit exactly the limit,
 //! with the decisions the memory backend makes, on one server and on a Cluster; the batch script
 //! decides every item as `limits.lua` decides it alone and leaves the same state

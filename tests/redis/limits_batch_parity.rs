@@ -1,4 +1,4 @@
-//! limits_batch.lua against limits.lua alone (src/backend/redis/limits_batch.lua): random batches
+//! limits_batch.lua against limits.lua alone (src/backend/redis/wire/limits_batch.lua): random batches
 //! of every algorithm and stacks, run once as one batch and once as lone calls, on a test clock,
 //! leave the same replies and the same keys (values, members, scores and expiries), including
 //! batches one after the other across window boundaries, hot keys checked by several items of a

@@ -6,12 +6,12 @@
 mod support;
 
 /// The scripts exactly as the backend assembles them (shebang, prelude, body).
-#[path = "../../src/backend/redis/lua.rs"]
+#[path = "../../src/backend/redis/wire/lua.rs"]
 #[allow(dead_code)]
 mod lua;
 
 /// The client's expansion of `gcra_batch.lua`'s reply (one backlog per group) into each item's reply.
-#[path = "../../src/backend/redis/gcra_group.rs"]
+#[path = "../../src/backend/redis/speedup/gcra_group.rs"]
 mod gcra_group;
 
 mod algorithms;

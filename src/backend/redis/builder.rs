@@ -11,17 +11,17 @@ use redis::cluster_async::ClusterConnection;
 use std::sync::Arc;
 
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Client, ConnectionInfo, IntoConnectionInfo, RedisError};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
-use super::cluster_keeper::spawn_cluster_keeper;
-use super::connection::{cell_loaded, cluster_client, RedisConnection, Target};
-use super::lazy_cluster::LazyCluster;
-use super::mode::RedisMode;
-use super::reconnect::{connect_once, spawn_keeper};
+use super::conn::cluster_keeper::spawn_cluster_keeper;
+use super::conn::connection::{cluster_client, Other, RedisConnection, Target};
+use super::conn::lazy_cluster::LazyCluster;
+use super::conn::reconnect::{connect_once, spawn_keeper};
+use super::conn::server::{SingleServer, Source};
+use super::conn::set_up::{in_service, set_up, Fresh};
 use super::resets::{self, Listen};
-use super::scripts;
-use super::server::{SingleServer, Source};
 use super::state::RedisState;
+use super::wire::mode::RedisMode;
 use crate::error::{redact_url, BackendError};
 
 /// Builds a [`RedisBackend`](crate::redis::RedisBackend); see
@@ -105,8 +105,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Use this client (for instance one built with custom TLS certificates). A connection manager is
-    /// made from it, with this backend's timeout.
+    /// Use this client (for instance one built with custom TLS certificates): one server, kept
+    /// connected by this backend as a [`url`](Self::url) is (after failovers too), with this
+    /// backend's timeout. A client names one server, so [`cluster`](Self::cluster) does not apply.
     pub fn client(mut self, client: Client) -> Self {
         self.target = Some(Target::Client(Box::new(client)));
         self
@@ -154,8 +155,8 @@ impl RedisBackendBuilder {
     }
 
     /// Use this connection manager as it is (its own timeouts and reconnect settings apply, under this
-    /// backend's timeout). redis-rs reconnects it after I/O errors only, to the address it resolved
-    /// once: a failover by demotion (`READONLY`) is not handled. Prefer [`url`](Self::url),
+    /// backend's timeout). redis-rs reconnects it after I/O errors only (resolving its host again): a
+    /// failover by demotion (`READONLY`) is not handled, nor Sentinel asked again. Prefer [`url`](Self::url),
     /// [`client`](Self::client) or [`sentinel`](Self::sentinel), which are.
     pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
         self.target = Some(Target::Manager(manager));
@@ -288,7 +289,7 @@ impl RedisBackendBuilder {
         }
         let listener = self.listener;
         let mut listen = None;
-        let target = match (self.sentinel, self.target) {
+        let start = match (self.sentinel, self.target) {
             (Some(_), Some(_)) => {
                 return Err(BackendError::new(
                     "set either sentinels or a url, urls, client or connection, not both",
@@ -297,18 +298,17 @@ impl RedisBackendBuilder {
             (Some(sentinel), None) => {
                 let (source, listener) = sentinel_source(sentinel, self.sentinel_node)?;
                 listen.get_or_insert(Listen::Sentinel(Box::new(listener)));
-                Target::Sentinel(Box::new(source))
+                Start::Server(source)
             }
-            (None, Some(target)) => target,
+            (None, Some(target)) => match target.into_source(self.cluster)? {
+                Ok(source) => Start::Server(source),
+                Err(other) => Start::Other(other),
+            },
             (None, None) => {
                 return Err(BackendError::new(
                     "no Redis to connect to: set a url, urls, sentinels, client or connection",
                 ))
             }
-        };
-        let start = match target.into_source(self.cluster)? {
-            Ok(source) => Start::Server(source),
-            Err(other) => Start::Other(other),
         };
         let listen = match listener {
             // On a Cluster, a seed node of a Cluster connection of its own (sharded pub/sub).
@@ -324,7 +324,6 @@ impl RedisBackendBuilder {
             start,
             settings: Settings {
                 name: name.into_boxed_str(),
-                cluster: self.cluster,
                 mode: self.mode,
                 prefix: self.prefix.into_boxed_str(),
                 timeout: self.timeout,
@@ -339,7 +338,7 @@ impl RedisBackendBuilder {
 /// manager.
 pub(super) enum Start {
     Server(Source),
-    Other(Target),
+    Other(Other),
 }
 
 impl Start {
@@ -349,10 +348,8 @@ impl Start {
     /// source (see resets.rs).
     fn reset_listeners(&self) -> Listen {
         match self {
-            Start::Server(Source::Client(client)) | Start::Other(Target::Client(client)) => {
-                Listen::Nodes(vec![(**client).clone()])
-            }
-            Start::Other(Target::Urls(urls)) => Listen::Shard(
+            Start::Server(Source::Client(client)) => Listen::Nodes(vec![(**client).clone()]),
+            Start::Other(Other::Seeds(urls)) => Listen::Shard(
                 urls.iter()
                     .filter_map(|url| url.as_str().into_connection_info().ok())
                     .collect(),
@@ -366,11 +363,10 @@ impl Start {
         match self {
             Start::Server(Source::Sentinel { service, .. }) => format!("sentinel:{service}"),
             Start::Server(source) => source.describe(),
-            Start::Other(Target::Urls(urls)) => {
+            Start::Other(Other::Seeds(urls)) => {
                 let seeds: Vec<String> = urls.iter().map(|u| address_of(u)).collect();
                 seeds.join(",")
             }
-            Start::Other(Target::Client(client)) => Source::Client(client.clone()).describe(),
             Start::Other(_) => "connection".to_owned(),
         }
     }
@@ -379,7 +375,7 @@ impl Start {
     fn is_cluster(&self) -> bool {
         matches!(
             self,
-            Start::Other(Target::Urls(_) | Target::ClusterClient(_) | Target::ClusterConnection(_))
+            Start::Other(Other::Seeds(_) | Other::ClusterClient(_) | Other::ClusterConnection(_))
         )
     }
 }
@@ -393,7 +389,6 @@ pub(super) struct Validated {
 
 struct Settings {
     name: Box<str>,
-    cluster: bool,
     mode: RedisMode,
     prefix: Box<str>,
     timeout: Duration,
@@ -417,13 +412,12 @@ impl Settings {
         self.timeout.saturating_mul(10).max(Duration::from_secs(1))
     }
 
-    /// A Cluster or a user's connection manager, connected and probed: `Lua` mode, and `Auto` with
-    /// coalescing on (which takes the Lua path module or not), load the script; `Cell`, and `Auto`
-    /// without coalescing, detect the module.
-    async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+    /// A Cluster or a user's connection manager, connected and set up (set_up.rs).
+    async fn open_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
+        let self_name = self.name.to_string();
         let timeout = self.timeout;
         let start_budget = self.start_budget();
-        let conn = RedisConnection::open(target, self.cluster, timeout, start_budget).await?;
+        let conn = RedisConnection::open(target, timeout, start_budget).await?;
         let state = RedisState::new(
             conn,
             self.mode,
@@ -434,57 +428,37 @@ impl Settings {
             &self.name,
         );
         let mut conn = state.conn.clone();
-        let mode = state.detector.set_up_mode();
-        let probe = async {
-            match mode {
-                RedisMode::Lua => scripts::load_gcra(&mut conn).await,
-                RedisMode::Cell | RedisMode::Auto => {
-                    let loaded = cell_loaded(&mut conn).await?;
-                    if mode == RedisMode::Cell && !loaded {
-                        return Err(RedisError::from((
-                            redis::ErrorKind::Client,
-                            "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which this Redis has not loaded; use mode \"lua\" or \"auto\"",
-                        )));
-                    }
-                    state.detector.detected(loaded, &state.breaker);
-                    Ok(())
-                }
-            }
-        };
-        tokio::time::timeout(start_budget, probe)
+        tokio::time::timeout(start_budget, set_up(Fresh::Other(&mut conn), &state))
             .await
             .map_err(|_| {
                 BackendError::new(format!("Redis did not answer within {start_budget:?}"))
             })?
-            .map_err(|e| BackendError::with_source("Redis refused the limiter's set-up", e))?;
+            .map_err(|e| {
+                let (message, _) = e.describe(&self_name);
+                match e.source() {
+                    Some(source) => BackendError::with_source(message, source),
+                    None => BackendError::new(message),
+                }
+            })?;
+        in_service(&state);
         Ok(Arc::new(state))
     }
 }
 
 impl Settings {
-    /// A Cluster (or, with `cluster(true)`, a client taken as one server, as `connect` takes it),
-    /// not connected yet: a background task connects it.
-    fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
+    /// A Cluster, not connected yet (a background task connects it), or a user's connection
+    /// manager as it is.
+    fn lazy_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
         let (client, described) = match target {
-            Target::Client(client) => {
-                let source = Source::Client(client);
-                let (state, server) = self.server_state(&source);
-                spawn_keeper(source, server, Arc::downgrade(&state), false);
-                return Ok(state);
+            Other::Manager(manager) => return Ok(self.state_on(RedisConnection::Single(manager))),
+            Other::ClusterConnection(connection) => {
+                return Ok(self.state_on(RedisConnection::Cluster(connection, None)))
             }
-            Target::ClusterConnection(connection) => {
-                return Ok(self.state_on(RedisConnection::Cluster(connection)))
-            }
-            Target::Urls(urls) => {
+            Other::Seeds(urls) => {
                 let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
                 (cluster_client(&urls, self.timeout)?, described.join(", "))
             }
-            Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
-            Target::Manager(_) | Target::Sentinel(_) => {
-                return Err(BackendError::new(
-                    "a connection manager or Sentinel is not a Redis Cluster",
-                ))
-            }
+            Other::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
         };
         let lazy = Arc::new(LazyCluster::new(described));
         let state = self.state_on(RedisConnection::LazyCluster(lazy.clone()));
@@ -523,9 +497,6 @@ impl Validated {
                 let (state, server) = settings.server_state(&source);
                 spawn_keeper(source, server, Arc::downgrade(&state), false);
                 state
-            }
-            Start::Other(Target::Manager(manager)) => {
-                settings.state_on(RedisConnection::Single(manager))
             }
             Start::Other(target) => settings.lazy_other(target)?,
         };
@@ -570,9 +541,7 @@ impl Validated {
     /// probed (cluster_nodes.rs); `None` for a Cluster client or connection of the user's.
     fn seed(&self) -> Option<ConnectionInfo> {
         match &self.start {
-            Start::Other(Target::Urls(urls)) if self.settings.cluster => {
-                urls.first()?.as_str().into_connection_info().ok()
-            }
+            Start::Other(Other::Seeds(urls)) => urls.first()?.as_str().into_connection_info().ok(),
             _ => None,
         }
     }
@@ -721,6 +690,16 @@ mod tests {
             let bad = builder().url("redis://10.0.0.5:6379/").name(bad);
             assert!(name(bad).is_err());
         }
+    }
+
+    /// `connect` and `build` start a client alike: as one server this crate reconnects, whatever
+    /// `cluster` says (once a redis-rs `ConnectionManager` under `connect`).
+    #[test]
+    fn a_client_is_one_server_even_with_cluster_set() {
+        let client = Client::open("redis://127.0.0.1:6379/").unwrap();
+        let builder = RedisBackendBuilder::new("p", Duration::from_millis(100));
+        let validated = builder.cluster(true).client(client).validated().unwrap();
+        assert!(matches!(validated.start, Start::Server(Source::Client(_))));
     }
 
     #[test]

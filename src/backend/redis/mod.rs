@@ -1,75 +1,52 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 //!
-//! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState). The files are
-//! layered: each uses only files listed before it (`scripts/import_cycles.py` checks it).
+//! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState), made by
+//! [`builder`] (the settings and the start-up work of `connect` and `build`). The files are grouped
+//! by what they do:
 //!
-//! 1. [`mode`]: the public [`RedisMode`] and the paths' names; [`args`]: what a limit becomes on
-//!    the wire (its keys, the scripts' and `CL.THROTTLE`'s arguments), and what Redis cannot
-//!    enforce exactly, refused when the layer is built; [`circuit`]: a circuit breaker's states;
-//!    [`health`]: what the backend reports.
-//! 2. [`server`]: one server's own reconnecting connection (a URL, a client or Sentinel), dropped
-//!    on `READONLY`, `MASTERDOWN`, `LOADING`, I/O errors and timeouts; [`lazy_cluster`]: a
-//!    Cluster started by `build`, its connection once made; [`cluster_nodes`]: a Cluster's slot map
-//!    and a breaker per primary.
-//! 3. [`breaker`]: the circuit breaker and timeout every call runs under (on a Cluster, the breaker
-//!    of the key's primary).
-//! 4. [`connection`]: the one connection (that server, a user's manager, or a Cluster; TLS) and
-//!    redis-cell detection.
-//! 5. [`limits_call`]: one `limits.lua` call as data (its keys and arguments);
-//!    [`scripts`]: the calls (`gcra.lua`, `limits.lua`, `CL.THROTTLE`) and their replies;
-//!    [`lease`]: concurrency leases, renewed while a request runs (`renew.lua`) and released after;
-//!    [`deny`]: the local cache of rejections; [`redirect`]: Cluster redirections.
-//! 6. [`batch`]: calls coalesced into one script call (GCRA, `limits.lua`) or one pipelined write
-//!    (`CL.THROTTLE`); [`budget`]: leased budgets of hot keys.
-//! 7. [`state`]: `RedisState`, what every clone of a backend shares.
-//! 8. [`check`]: the way of one check — the deny cache, one call under the breaker, on the path
-//!    the mode picks, and what the answer leaves behind; [`refund`]: units given back, and
-//!    metered costs settled after the response (`settle.lua`);
-//!    [`admin`]: peek and reset; [`reconnect`]: the background task that keeps the server
-//!    connected (connect, check the role, load the script, detect the path);
-//!    [`cluster_keeper`]: the task that connects a Cluster started by `build`; [`slot_watch`]: the
-//!    task that reads a Cluster's slot map for the breakers; [`resets`]:
-//!    resets published to, and heard from, the other processes.
-//! 9. [`builder`]: the settings and the start-up work of `connect`; then `RedisBackend` here.
+//! - [`conn`]: reaching Redis. One server's own reconnecting connection (a URL, a client or
+//!   Sentinel); the connection every call goes through (that server, a user's manager, or a
+//!   Cluster, started lazily or not) and redis-cell detection; the one set-up after every connect;
+//!   the keepers (one server's, a lazy Cluster's) and their one retry loop, on the one backoff of
+//!   every retry; a Cluster's slot map with a breaker per primary, the task that reads it, and
+//!   redirections.
+//! - [`health`]: guarding against Redis' failures and reporting them. The circuit breaker and
+//!   timeout every call runs under; the one recorder of every call's outcome, on one clock, that
+//!   the breakers, the gauge and [`RedisBackend::health`] read; the keepers' record of their
+//!   attempts; what `health()` reports; and the watch on Redis' memory.
+//! - [`wire`]: what Redis is sent. A limit's keys and arguments, the Lua scripts (`*.lua`, with
+//!   their shared prelude), the calls that run them and read their replies, and the modes.
+//! - [`decide`]: deciding. One check's way (the deny cache, one call under the breaker, on the
+//!   path the mode picks), units given back and metered costs settled, concurrency leases, peek and
+//!   reset.
+//! - [`speedup`]: optional speed-ups. Checks coalesced into one call, and leased budgets of hot
+//!   keys.
+//! - [`resets`] and [`state`]: what the processes share (resets published and heard) and what
+//!   every clone of one backend shares.
+//!
+//! `scripts/import_cycles.py` checks that no two files import each other, directly or not.
 
-mod admin;
-mod args;
-mod batch;
-mod breaker;
-mod budget;
 mod builder;
-mod check;
-mod circuit;
-mod cluster_keeper;
-mod cluster_nodes;
-pub(crate) mod connection;
-mod deny;
-mod failing;
-mod gcra_group;
+mod conn;
+mod decide;
 mod health;
-mod heard;
-mod lazy_cluster;
-mod lease;
-mod limits_call;
-mod lua;
-mod memory;
-mod mode;
-mod reconnect;
-pub(crate) mod redirect;
-mod refund;
 mod resets;
-mod scripts;
-mod server;
-mod slot_watch;
+mod speedup;
 mod state;
-mod watch;
+mod wire;
+
+// Paths used from outside the backend (offenders, top keys, access lists).
+pub(crate) use self::conn::{connection, redirect};
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::args::validate_stack;
+use self::conn::{server, slot_watch};
+use self::decide::refund;
+use self::health::watch;
 use self::state::RedisState;
+use self::wire::args::{self, validate_stack};
 use crate::backend::api::{Backend, StackFuture};
 use crate::backend::key_state::{PeekFuture, ResetFuture};
 use crate::error::{BackendError, BuildError};
@@ -77,11 +54,11 @@ use crate::key::Key;
 use crate::limit::{Limit, DEFAULT_LEASE};
 
 pub use self::builder::RedisBackendBuilder;
-pub use self::check::RedisFuture;
-pub use self::circuit::CircuitState;
-pub use self::health::{RedisHealth, RedisNodeHealth};
-pub use self::memory::MemoryReport;
-pub use self::mode::RedisMode;
+pub use self::decide::check::RedisFuture;
+pub use self::health::circuit::CircuitState;
+pub use self::health::memory::MemoryReport;
+pub use self::health::report::{RedisHealth, RedisNodeHealth};
+pub use self::wire::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
 /// on one server or a Redis Cluster.
@@ -292,22 +269,23 @@ impl RedisBackend {
         let state = &self.state;
         let (connected, address, last_error) = match state.conn.server() {
             Some(server) => {
-                let (address, last_error) = server.record();
+                let (address, last_error) = server.attempts.snapshot();
                 (server.connected(), address, last_error)
             }
             // A Cluster started lazily, before the background task has connected it.
-            None if state.conn.lazy_cluster().is_some_and(|l| l.get().is_none()) => {
-                let last_error = state.conn.lazy_cluster().and_then(|l| l.last_error());
-                (false, None, last_error)
+            None if let Some(lazy) = state.conn.lazy_cluster()
+                && !lazy.connected() =>
+            {
+                (false, None, lazy.attempts.snapshot().1)
             }
             // A Cluster or a user's connection manager: redis-rs reconnects them, and only the
             // calls' outcomes tell whether Redis is reachable.
             None => {
-                let (reachable, last_error) = state.breaker.reachability();
+                let (reachable, last_error) = state.breaker.recorder.reachability();
                 (reachable, None, last_error)
             }
         };
-        let failing = state.breaker.failing.current();
+        let failing = state.breaker.recorder.current();
         RedisHealth {
             connected,
             path: state.detector.active_path(),
@@ -365,14 +343,21 @@ impl RedisBackend {
     /// # }
     /// ```
     pub async fn first_attempt(&self) -> Result<bool, BackendError> {
-        if let Some(lazy) = self.state.conn.lazy_cluster() {
-            let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
-            return lazy.first_attempt(budget).await.map_err(BackendError::new);
-        }
-        match self.state.conn.server() {
-            Some(server) => server.first_attempt().await,
-            None => Ok(true),
-        }
+        let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
+        let conn = &self.state.conn;
+        let first = match (conn.server(), conn.lazy_cluster()) {
+            (Some(server), _) => {
+                let connected = || server.connected();
+                server.attempts.first_attempt(budget, connected).await
+            }
+            (_, Some(lazy)) => {
+                lazy.attempts
+                    .first_attempt(budget, || lazy.connected())
+                    .await
+            }
+            _ => Ok(true),
+        };
+        first.map_err(BackendError::new)
     }
 
     /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.

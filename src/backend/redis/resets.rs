@@ -36,7 +36,8 @@ use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::oneshot;
 
-use super::connection::RedisConnection;
+use super::conn::backoff::Backoff;
+use super::conn::connection::RedisConnection;
 use super::state::RedisState;
 
 /// The channel of `prefix`'s resets.
@@ -116,22 +117,15 @@ impl Listen {
 }
 
 /// Reconnects back off from 50 ms to 1 s.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const SUBSCRIBING: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 /// One attempt to subscribe, bounded: a sentinel or node that accepts and never answers must not
 /// stall the listener.
 async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Result<T, String> {
-    match tokio::time::timeout(BACKOFF_MAX * 5, subscribe).await {
+    match tokio::time::timeout(Duration::from_secs(5), subscribe).await {
         Ok(subscribed) => subscribed,
         Err(_) => Err("timed out".to_owned()),
     }
-}
-
-/// Sleeps before the next attempt, twice as long as the last time (up to `BACKOFF_MAX`).
-async fn back_off(backoff: &mut Duration) {
-    tokio::time::sleep(*backoff).await;
-    *backoff = (*backoff * 2).min(BACKOFF_MAX);
 }
 
 /// The end of the listener's first attempt to subscribe (made or failed), which
@@ -194,7 +188,7 @@ pub(super) fn spawn_listener(
         _ => {}
     }
     runtime.spawn(async move {
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = SUBSCRIBING;
         for turn in 0.. {
             let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
                 return;
@@ -210,7 +204,7 @@ pub(super) fn spawn_listener(
             });
             match subscribed.await {
                 Ok(pubsub) => {
-                    backoff = BACKOFF_MIN;
+                    backoff = SUBSCRIBING;
                     // Whatever was published while not subscribed is lost: forget everything.
                     match state.upgrade() {
                         Some(strong) => first_attempt.subscribed_on(&strong),
@@ -230,7 +224,7 @@ pub(super) fn spawn_listener(
                 }
                 Err(why) => first_attempt.failed(&why),
             }
-            back_off(&mut backoff).await;
+            tokio::time::sleep(backoff.wait()).await;
         }
     });
     Some(first)
@@ -245,7 +239,7 @@ async fn listen_sharded(
     state: Weak<RedisState>,
     mut first_attempt: FirstAttempt,
 ) {
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = SUBSCRIBING;
     loop {
         let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
             return;
@@ -267,7 +261,7 @@ async fn listen_sharded(
         match subscribed.await {
             // The connection is kept for as long as its pushes are read.
             Ok(_conn) => {
-                backoff = BACKOFF_MIN;
+                backoff = SUBSCRIBING;
                 let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
                 while let Some(push) = next(&mut poll, &state).await {
                     let Some(strong) = state.upgrade() else {
@@ -287,7 +281,7 @@ async fn listen_sharded(
             }
             Err(why) => first_attempt.failed(&why),
         }
-        back_off(&mut backoff).await;
+        tokio::time::sleep(backoff.wait()).await;
     }
 }
 

@@ -6,15 +6,17 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::args;
-use super::batch::Batcher;
-use super::breaker::Breaker;
-use super::budget::Budgets;
-use super::connection::{Detector, RedisConnection};
-use super::deny::DenyCache;
-use super::lease::Leases;
-use super::memory::MemoryWatch;
-use super::mode::RedisMode;
+use super::conn::cluster_nodes::ClusterNodes;
+use super::conn::connection::{Detector, RedisConnection};
+use super::decide::deny::DenyCache;
+use super::decide::lease::Leases;
+use super::health::breaker::Breaker;
+use super::health::memory::MemoryWatch;
+use super::health::recorder::Clock;
+use super::speedup::batch::Batcher;
+use super::speedup::budget::Budgets;
+use super::wire::args;
+use super::wire::mode::RedisMode;
 use crate::key::Key;
 use crate::limit::Limit;
 
@@ -55,14 +57,22 @@ impl RedisState {
         name: &str,
     ) -> Self {
         let detector = Detector::new(mode, coalesce);
+        // On a Cluster, the slot map and breakers, which redirect.rs tells about `TRYAGAIN`.
+        // One clock for every breaker and record of the backend (a reconnecting server's too).
+        let clock = conn.server().map_or_else(Clock::new, |server| server.clock);
+        let nodes = conn
+            .is_cluster()
+            .then(|| Arc::new(ClusterNodes::new(timeout, name, clock)));
+        let conn = conn.with_nodes(nodes.as_ref());
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,
-                !conn.is_cluster(),
+                nodes,
                 conn.server().cloned(),
                 // The gauge's path: known from the start where detection cannot change it.
                 detector.set_up_mode(),
                 name,
+                clock,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
             batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),

@@ -1,0 +1,127 @@
+//! The background task that connects a Cluster started by
+//! [`build`](crate::redis::RedisBackendBuilder::build) ([`LazyCluster`]): the keepers' one retry
+//! loop (reconnect.rs: every 50 ms, backing off to 500 ms, a configuration error every 5 s) until
+//! the Cluster has formed (`CLUSTER INFO` says `cluster_state:ok`: every slot assigned and served)
+//! and is set up as `connect` sets it up (set_up.rs: a failure there fails the attempt); then it
+//! puts the connection in service and ends: from then on redis-rs reconnects the Cluster's nodes by
+//! its own rules, as after [`connect`](crate::redis::RedisBackendBuilder::connect).
+
+use std::sync::{Arc, Weak};
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::RedisError;
+
+use super::connection::RedisConnection;
+use super::lazy_cluster::LazyCluster;
+use super::reconnect::{connect_with_backoff, Attempt};
+use super::server::{attempt_budget, configuration_error, AttemptError};
+use super::set_up::{in_service, set_up, Fresh};
+use crate::backend::redis::health::attempts::Misconfigured;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::mode::path_name;
+use crate::error::BackendError;
+
+/// Connects `lazy` in the background for as long as the backend (`state`) lives.
+pub(crate) fn spawn_cluster_keeper(
+    client: ClusterClient,
+    lazy: Arc<LazyCluster>,
+    state: Weak<RedisState>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut keep = (client, lazy.clone());
+        let connected = connect_with_backoff(
+            &lazy.target,
+            &lazy.attempts,
+            &state,
+            &mut true,
+            &mut keep,
+            attempt_cluster,
+        )
+        .await;
+        let (Some((conn, _)), Some(strong)) = (connected, state.upgrade()) else {
+            return;
+        };
+        lazy.install(conn);
+        tracing::info!(
+            redis = %lazy.target,
+            path = path_name(strong.detector.active_path()),
+            "connected to the Redis Cluster"
+        );
+        in_service(&strong);
+    });
+}
+
+/// One attempt: the Cluster, once formed, set up.
+fn attempt_cluster(
+    (client, lazy): &mut (ClusterClient, Arc<LazyCluster>),
+    state: Arc<RedisState>,
+) -> Attempt<'_, ClusterConnection> {
+    Box::pin(async move {
+        let budget = attempt_budget(state.timeout);
+        let attempt = async {
+            let conn = formed(client, &lazy.target).await?;
+            let mut fresh = RedisConnection::Cluster(conn.clone(), None);
+            set_up(Fresh::Other(&mut fresh), &state)
+                .await
+                .map_err(|e| failure(e.describe(&lazy.target)))?;
+            Ok(conn)
+        };
+        match tokio::time::timeout(budget, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::new(format!(
+                "the Redis Cluster ({}) did not complete a connection within {budget:?}",
+                lazy.target
+            ))
+            .into()),
+        }
+    })
+}
+
+/// An attempt's failure: the message, and whether it is a configuration error.
+fn failure((message, misconfigured): (String, bool)) -> AttemptError {
+    if misconfigured {
+        AttemptError::misconfigured(Misconfigured::Fatal, message)
+    } else {
+        BackendError::new(message).into()
+    }
+}
+
+/// A connection to the Cluster once it has formed. The slot map of a connection made before the
+/// slots were assigned is empty, so the connection that goes into service is a second one, made
+/// after `CLUSTER INFO` said `cluster_state:ok`.
+async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnection, AttemptError> {
+    let failed = |doing: &str, e: RedisError| {
+        failure(match configuration_error(&e, target, doing) {
+            Some(message) => (message, true),
+            None => (
+                format!("cannot {doing} the Redis Cluster ({target}): {e}"),
+                false,
+            ),
+        })
+    };
+    let mut probe = client
+        .get_async_connection()
+        .await
+        .map_err(|e| failed("connect to", e))?;
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query_async(&mut probe)
+        .await
+        .map_err(|e| failed("ask", e))?;
+    if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+        return Err(failure((
+            format!(
+                "the Redis Cluster ({target}) has not formed yet (CLUSTER INFO does not say cluster_state:ok)"
+            ),
+            false,
+        )));
+    }
+    client
+        .get_async_connection()
+        .await
+        .map_err(|e| failed("connect to", e))
+}

@@ -1,0 +1,476 @@
+//! [`ClusterNodes`]: a Redis Cluster's slot map as this backend keeps it (slot → primary, from
+//! `CLUSTER SLOTS`), and a circuit breaker per primary, so that a dead primary costs its own slots'
+//! decisions the failure policy, at once, and nothing else.
+//!
+//! Why our own map beside redis-rs's: redis-rs 1.8.1 sends a request for a slot whose primary has
+//! no connection (a dead primary) to a random connected node (`get_random_connection`,
+//! src/cluster_handling/async_connection/mod.rs:922; its fallback within the shard serves replica
+//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary;
+//! each `MOVED` starts a slot refresh, which holds the connection map's write lock while it runs
+//! (`refresh_slots`, src/cluster_handling/async_connection/mod.rs:983: `CLUSTER SLOTS`, a `PING` on
+//! every node's connection, a new connection to the dead one, up to the connection timeout), so
+//! the whole Cluster connection sends nothing: every other key waits too (measured: 5 ms to 20 ms
+//! p99 for the healthy primaries' keys). This map can go once redis-rs fails a dead primary's
+//! slots fast and refreshes its slot map without stopping the other nodes' requests. With a breaker per node, a dead primary's slots fail fast instead of
+//! reaching redis-rs. The map is refreshed by a background task (slot_watch.rs), never on the
+//! request path: every second, and every 100 ms while a node's breaker is not closed, or soon after
+//! a node failed.
+//!
+//! Probes: with seed URLs (`cluster_urls`), the task probes an open node on a connection of its own
+//! (`PING`, the seed URL's TLS and credentials with the node's host and port), so no request for the
+//! dead slots reaches redis-rs, whose slot refresh would dial the dead node (up to the connection
+//! timeout on a network that drops packets) while every other request waits. With a `ClusterClient`
+//! or `ClusterConnection` of the user's, whose settings the backend cannot read, one request probes,
+//! as on one server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, SystemTime};
+
+use redis::{ConnectionAddr, ConnectionInfo, Value};
+use tokio::sync::Notify;
+
+use crate::backend::redis::health::circuit::{Admission, Circuit};
+use crate::backend::redis::health::recorder::Clock;
+use crate::backend::redis::health::report::RedisNodeHealth;
+
+/// The number of hash slots of a Redis Cluster.
+const SLOTS: usize = 16384;
+/// No node known for the slot.
+const NONE: u16 = u16::MAX;
+
+/// One primary: its breaker and what last went wrong there.
+pub(crate) struct Node {
+    pub(crate) address: Box<str>,
+    host: String,
+    port: u16,
+    pub(crate) circuit: Arc<Circuit>,
+    last_error: Mutex<Option<(String, SystemTime)>>,
+    /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never): see
+    /// [`tried_again_since`](Self::tried_again_since).
+    tried_again: AtomicU64,
+}
+
+impl Node {
+    /// Whether the node answered `TRYAGAIN` since `started` (its circuit's `now_ms`). A command on
+    /// several keys whose slot migrates, its keys split between two nodes, is answered `TRYAGAIN`
+    /// until the slot has moved, and redirect.rs retries it until the backend's timeout ends the
+    /// call. Such a call looks like one to a dead node, but the node answered every try: its
+    /// timeout is the migrating slot's, and opens no breaker (breaker.rs). Only `TRYAGAIN`: `ASK`
+    /// comes from a live node too, but is followed at once; `MOVED` may come from a dead
+    /// primary's replica, which says nothing of the primary.
+    pub(crate) fn tried_again_since(&self, started: u64) -> bool {
+        self.tried_again.load(Ordering::Relaxed) >= started
+    }
+}
+
+/// The slot map: the owner of every slot (an index in `nodes`), and each node's ranges.
+#[derive(Default)]
+struct Map {
+    owner: Vec<u16>,
+    nodes: Vec<(Arc<Node>, Ranges)>,
+}
+
+/// The slot map and the primaries' breakers, shared by the backend's calls (which read it) and the
+/// task that refreshes it.
+pub(crate) struct ClusterNodes {
+    map: RwLock<Map>,
+    timeout: Duration,
+    /// The `backend` label of the node gauge.
+    name: Box<str>,
+    /// Wakes the refreshing task: a node failed, the map may be stale.
+    pub(crate) stale: Notify,
+    /// A seed's connection settings, when the backend was given seed URLs: the task probes open
+    /// nodes itself (see the module docs).
+    seed: OnceLock<ConnectionInfo>,
+    /// The backend's clock, for the nodes' breakers and records.
+    clock: Clock,
+}
+
+impl ClusterNodes {
+    /// No map yet (every key is admitted until the first refresh); breakers on `clock`.
+    pub(crate) fn new(timeout: Duration, name: &str, clock: Clock) -> Self {
+        ClusterNodes {
+            clock,
+            map: RwLock::default(),
+            timeout,
+            name: name.into(),
+            stale: Notify::new(),
+            seed: OnceLock::new(),
+        }
+    }
+
+    /// The backend was given seed URLs: open nodes are probed by the task, on connections made
+    /// with `seed`'s settings.
+    pub(crate) fn probe_with(&self, seed: ConnectionInfo) {
+        let _ = self.seed.set(seed);
+    }
+
+    /// Whether a call on `node` may go ahead: while its breaker is open, none (the task probes)
+    /// or one at a time (the probe), as [`probe_with`](Self::probe_with) was called or not.
+    pub(crate) fn admit(&self, node: &Arc<Node>) -> Admission {
+        if self.seed.get().is_some() && node.circuit.tripped() {
+            return Admission::FailFast;
+        }
+        node.circuit.admit()
+    }
+
+    /// The connection settings of `node`, for a probe of its own, and the probe's admission;
+    /// `None` when it is not due (or the task does not probe).
+    pub(crate) fn probe(&self, node: &Arc<Node>) -> Option<(ConnectionInfo, Admission)> {
+        let seed = self.seed.get()?;
+        if !node.circuit.tripped() {
+            return None;
+        }
+        let admission = node.circuit.admit();
+        if !matches!(admission, Admission::Probe(_)) {
+            return None;
+        }
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: node.host.clone(),
+                port: node.port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
+        };
+        Some((seed.clone().set_addr(addr), admission))
+    }
+
+    /// The nodes whose breaker is not closed.
+    pub(crate) fn tripped(&self) -> Vec<Arc<Node>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.nodes
+            .iter()
+            .filter(|(n, _)| n.circuit.tripped())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// A call (or a probe) got an answer from `node`: closes its breaker, says so once.
+    pub(crate) fn answered(&self, node: &Node) {
+        node.circuit.stamp_answer();
+        if node.circuit.answered() {
+            tracing::info!(
+                node = %node.address,
+                "the Redis Cluster node answers again; its slots' decisions come from Redis"
+            );
+            crate::observe::cluster_node_up(&self.name, &node.address, true);
+            // Perhaps the promoted replica answered (redis-rs sent the call to another node): read
+            // the map again.
+            self.stale.notify_one();
+        }
+    }
+
+    /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
+    /// the breaker (says so once), or keeps it open longer after a failed probe.
+    pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
+        *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((error.to_string(), SystemTime::now()));
+        if node.circuit.failed(was_probe) {
+            tracing::warn!(
+                node = %node.address,
+                error = %error,
+                "a Redis Cluster node is unreachable; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
+            );
+            crate::observe::cluster_node_up(&self.name, &node.address, false);
+        }
+        // The map may be stale (a failover): read it again soon.
+        self.stale.notify_one();
+    }
+
+    /// A call to `node` that began at `started` (its circuit's `now_ms`) ran out of time. A node
+    /// that answered other calls since is slow, not dead (a busy machine, a long command): only
+    /// this call fails, and the breaker stays as it is. Otherwise, as [`failed`](Self::failed).
+    pub(crate) fn timed_out(
+        &self,
+        node: &Node,
+        was_probe: bool,
+        started: u64,
+        error: &dyn std::fmt::Display,
+    ) {
+        if !was_probe && node.circuit.answered_since(started) {
+            *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((error.to_string(), SystemTime::now()));
+            return;
+        }
+        self.failed(node, was_probe, error);
+    }
+
+    /// The primary that owns `key`'s slot, if the map knows it.
+    pub(crate) fn for_key(&self, key: &str) -> Option<Arc<Node>> {
+        self.for_slot(slot_of(key.as_bytes()))
+    }
+
+    fn for_slot(&self, slot: u16) -> Option<Arc<Node>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let owner = *map.owner.get(usize::from(slot))?;
+        map.nodes.get(usize::from(owner)).map(|(n, _)| n.clone())
+    }
+
+    /// The node of `key`'s slot answered `TRYAGAIN` now (redirect.rs): its own record says it
+    /// answered ([`Node::tried_again_since`]), for every call on it under way, a batch's included.
+    pub(crate) fn tried_again(&self, key: &[u8]) {
+        if let Some(node) = self.for_slot(slot_of(key)) {
+            node.tried_again
+                .fetch_max(node.circuit.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some node's breaker is not closed.
+    pub(crate) fn any_tripped(&self) -> bool {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.nodes.iter().any(|(n, _)| n.circuit.tripped())
+    }
+
+    /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
+    /// (and its last error); a new one starts closed.
+    pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut known: HashMap<Box<str>, Arc<Node>> = map
+            .nodes
+            .drain(..)
+            .map(|(n, _)| (n.address.clone(), n))
+            .collect();
+        let mut owner = vec![NONE; SLOTS];
+        let mut nodes = Vec::with_capacity(shards.len());
+        for ((host, port), ranges) in shards {
+            let address = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            let node = known.remove(address.as_str()).unwrap_or_else(|| {
+                crate::observe::cluster_node_up(&self.name, &address, true);
+                Arc::new(Node {
+                    address: address.into_boxed_str(),
+                    host,
+                    port,
+                    circuit: Arc::new(Circuit::new(self.timeout, self.clock)),
+                    last_error: Mutex::new(None),
+                    tried_again: AtomicU64::new(0),
+                })
+            });
+            let index = nodes.len() as u16;
+            for &(start, end) in &ranges {
+                for slot in start..=end.min(SLOTS as u16 - 1) {
+                    owner[usize::from(slot)] = index;
+                }
+            }
+            nodes.push((node, ranges));
+        }
+        *map = Map { owner, nodes };
+    }
+
+    /// Each primary's state, in the map's order.
+    pub(crate) fn health(&self) -> Vec<RedisNodeHealth> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.nodes
+            .iter()
+            .map(|(node, ranges)| RedisNodeHealth {
+                address: node.address.to_string(),
+                slots: ranges.clone(),
+                state: node.circuit.state(),
+                last_error: node
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            })
+            .collect()
+    }
+}
+
+/// The hash slot of `key`, as Redis computes it: CRC16 (XMODEM) of the hash tag (the part between
+/// the first `{` and the next `}`, when not empty), else of the whole key, modulo 16384.
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty());
+    crc16(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// A primary's host and port.
+pub(crate) type Shard = (String, u16);
+/// Slot ranges, inclusive.
+pub(crate) type Ranges = Vec<(u16, u16)>;
+
+/// The primaries and their slot ranges from a `CLUSTER SLOTS` reply: `[[start, end, [host, port,
+/// id...], replicas...]...]`. A range whose primary has no usable address (an empty host, or `?`)
+/// is left out: its keys go without a node breaker until a later map names it.
+pub(crate) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut shards: Vec<(Shard, Ranges)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        let host = match primary.first() {
+            Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
+            Some(Value::SimpleString(host)) => host.clone(),
+            _ => return None,
+        };
+        let Some(Value::Int(port)) = primary.get(1) else {
+            return None;
+        };
+        if host.is_empty() || host == "?" {
+            continue;
+        }
+        let (Ok(start), Ok(end), Ok(port)) = (
+            u16::try_from(*start),
+            u16::try_from(*end),
+            u16::try_from(*port),
+        ) else {
+            return None;
+        };
+        let shard = (host, port);
+        match shards.iter_mut().find(|(s, _)| *s == shard) {
+            Some((_, ranges)) => ranges.push((start, end)),
+            None => shards.push((shard, vec![(start, end)])),
+        }
+    }
+    for (_, ranges) in &mut shards {
+        ranges.sort_unstable();
+    }
+    shards.sort_by_key(|(_, ranges)| ranges.first().copied());
+    Some(shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::health::circuit::CircuitState;
+
+    #[test]
+    fn slots_are_redis_slots() {
+        // CLUSTER KEYSLOT of Redis 7 for these keys.
+        assert_eq!(slot_of(b"123456789"), 12739);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"throttle:api:{alice}"), slot_of(b"alice"));
+        assert_eq!(slot_of(b"a{}b"), slot_of(b"a{}b"));
+        assert_ne!(slot_of(b"a{}b"), slot_of(b""));
+        assert_eq!(slot_of(b"x{user}y{other}"), slot_of(b"user"));
+    }
+
+    fn range(start: i64, end: i64, host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn a_map_routes_keys_to_their_primary_and_keeps_breakers() {
+        let reply = Value::Array(vec![
+            range(5461, 10922, "127.0.0.1", 7001),
+            range(0, 5460, "127.0.0.1", 7000),
+            range(10923, 16383, "127.0.0.1", 7002),
+            range(100, 100, "", 7003),
+        ]);
+        let shards = parse_slots(&reply).unwrap();
+        assert_eq!(shards[0], (("127.0.0.1".into(), 7000), vec![(0, 5460)]));
+        assert_eq!(shards.len(), 3);
+        let nodes = ClusterNodes::new(Duration::from_millis(100), "test", Clock::new());
+        assert!(nodes.for_key("foo").is_none());
+        nodes.install(shards.clone());
+        assert_eq!(&*nodes.for_key("foo").unwrap().address, "127.0.0.1:7002");
+        assert_eq!(
+            &*nodes.for_key("{123456789}").unwrap().address,
+            "127.0.0.1:7002"
+        );
+        let node = nodes.for_key("foo").unwrap();
+        nodes.failed(&node, false, &"connection refused");
+        assert!(nodes.any_tripped());
+        assert_eq!(nodes.tripped().len(), 1);
+        // Without seed URLs, one request probes once the wait is over; with them, none.
+        assert!(matches!(nodes.admit(&node), Admission::FailFast));
+        assert!(nodes.probe(&node).is_none());
+        nodes.probe_with(
+            redis::IntoConnectionInfo::into_connection_info("rediss://u:pw@seed:7000").unwrap(),
+        );
+        assert!(matches!(nodes.admit(&node), Admission::FailFast));
+        // The same node in a new map keeps its breaker.
+        nodes.install(shards);
+        let health = nodes.health();
+        assert_eq!(health[2].state, CircuitState::Open);
+        assert_eq!(health[2].slots, vec![(10923, 16383)]);
+        assert_eq!(
+            health[2].last_error.as_ref().unwrap().0,
+            "connection refused"
+        );
+        assert_eq!(health[0].state, CircuitState::Closed);
+        assert!(parse_slots(&Value::Int(1)).is_none());
+    }
+
+    #[test]
+    fn a_background_probe_reaches_the_node_with_the_seeds_settings() {
+        let nodes = ClusterNodes::new(Duration::from_millis(100), "test", Clock::new());
+        nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
+        nodes.probe_with(
+            redis::IntoConnectionInfo::into_connection_info("rediss://u:pw@seed:7000/").unwrap(),
+        );
+        let node = nodes.for_key("k").unwrap();
+        // Closed: nothing to probe.
+        assert!(nodes.probe(&node).is_none());
+        nodes.failed(&node, false, &"timed out");
+        // Once the breaker's wait (50 ms) is over: one probe at a time.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let (info, admission) = loop {
+            if let Some(probe) = nodes.probe(&node) {
+                break probe;
+            }
+            assert!(std::time::Instant::now() < deadline, "no probe came due");
+            std::thread::yield_now();
+        };
+        assert!(matches!(admission, Admission::Probe(_)));
+        assert!(nodes.probe(&node).is_none());
+        assert!(matches!(
+            info.addr(),
+            ConnectionAddr::TcpTls { host, port: 7001, .. } if host == "10.0.0.7"
+        ));
+        assert_eq!(info.redis_settings().password(), Some("pw"));
+        nodes.answered(&node);
+        drop(admission);
+        assert_eq!(nodes.health()[0].state, CircuitState::Closed);
+    }
+}

@@ -1,0 +1,427 @@
+//! The one connection to Redis (a single server's reconnecting connection, a user's
+//! `ConnectionManager` or a Cluster's connection): where it comes from, how it is opened (TLS
+//! included), and which path it offers (redis-cell detection).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{Client, Cmd, Pipeline, RedisError, Value};
+
+use super::cluster_nodes::ClusterNodes;
+use super::lazy_cluster::LazyCluster;
+use super::server::{install_crypto_provider, SingleServer, Source};
+use crate::backend::redis::health::breaker::Breaker;
+use crate::backend::redis::wire::mode::{RedisMode, CELL, LUA, UNKNOWN};
+use crate::error::{redact_url, BackendError};
+
+/// What the builder was given to reach Redis (Sentinel aside: always one server, a [`Source`]).
+pub(crate) enum Target {
+    Urls(Vec<String>),
+    Client(Box<Client>),
+    Manager(ConnectionManager),
+    ClusterClient(Box<ClusterClient>),
+    ClusterConnection(ClusterConnection),
+}
+
+/// A target redis-rs reconnects by its own rules: a Cluster (seed URLs, a client or a connection)
+/// or a user's connection manager.
+pub(crate) enum Other {
+    Seeds(Vec<String>),
+    Manager(ConnectionManager),
+    ClusterClient(Box<ClusterClient>),
+    ClusterConnection(ClusterConnection),
+}
+
+impl Target {
+    /// The way to one server that this crate reconnects itself (a URL, a client), or a Cluster or a
+    /// user's connection manager. A client names one server whatever `cluster` says:
+    /// `cluster(true).client(c)` is that server, reconnected by this crate under `connect` and
+    /// `build` alike.
+    pub(crate) fn into_source(self, cluster: bool) -> Result<Result<Source, Other>, BackendError> {
+        match self {
+            Target::Urls(urls) if !cluster => match urls.as_slice() {
+                [] => Err(BackendError::new("no Redis URL given")),
+                [url] => Client::open(url.as_str())
+                    .map(|client| Ok(Source::Client(Box::new(client))))
+                    .map_err(|e| connect_error(url, e)),
+                _ => Err(BackendError::new(
+                    "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
+                )),
+            },
+            Target::Urls(urls) => Ok(Err(Other::Seeds(urls))),
+            Target::Client(client) => Ok(Ok(Source::Client(client))),
+            Target::Manager(manager) => Ok(Err(Other::Manager(manager))),
+            Target::ClusterClient(client) => Ok(Err(Other::ClusterClient(client))),
+            Target::ClusterConnection(conn) => Ok(Err(Other::ClusterConnection(conn))),
+        }
+    }
+}
+
+/// The connection every call of a backend goes through. Cloning it is cheap (every kind is a handle
+/// on one shared, reconnecting connection); each call takes its own clone for the `&mut` that
+/// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on any kind alike.
+#[derive(Clone)]
+pub(crate) enum RedisConnection {
+    /// A connection manager the user gave: redis-rs reconnects it after I/O errors only.
+    Single(ConnectionManager),
+    /// One server (a URL, a client or Sentinel) that this crate reconnects after failovers too.
+    Server(Arc<SingleServer>),
+    /// A Cluster's connection, and the backend's slot map and breakers that redirect.rs tells about
+    /// `TRYAGAIN` (none outside a backend).
+    Cluster(ClusterConnection, Option<Arc<ClusterNodes>>),
+    /// A Cluster started by `build`: its connection once the background task has made it.
+    LazyCluster(Arc<LazyCluster>),
+}
+
+impl RedisConnection {
+    /// Opens the connection to a Cluster or takes the user's connection manager, within `budget`.
+    /// (One server goes through [`Target::into_source`] and a [`SingleServer`] instead.)
+    pub(crate) async fn open(
+        target: Other,
+        timeout: Duration,
+        budget: Duration,
+    ) -> Result<RedisConnection, BackendError> {
+        if let Other::Seeds(urls) = &target
+            && urls.iter().any(|u| u.starts_with("rediss:"))
+        {
+            install_crypto_provider();
+        }
+        let connecting = async {
+            match target {
+                Other::Seeds(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
+                Other::Manager(manager) => Ok(RedisConnection::Single(manager)),
+                Other::ClusterClient(client) => connect_cluster(*client).await,
+                Other::ClusterConnection(connection) => {
+                    Ok(RedisConnection::Cluster(connection, None))
+                }
+            }
+        };
+        tokio::time::timeout(budget, connecting)
+            .await
+            .map_err(|_| {
+                BackendError::new(format!(
+                    "Redis did not accept a connection within {budget:?}"
+                ))
+            })?
+    }
+
+    /// The same connection, telling `nodes` (a Cluster's slot map) about `TRYAGAIN`.
+    pub(crate) fn with_nodes(self, nodes: Option<&Arc<ClusterNodes>>) -> Self {
+        match (self, nodes) {
+            (RedisConnection::Cluster(c, _), Some(nodes)) => {
+                RedisConnection::Cluster(c, Some(nodes.clone()))
+            }
+            (RedisConnection::LazyCluster(lazy), Some(nodes)) => {
+                let _ = lazy.nodes.set(nodes.clone());
+                RedisConnection::LazyCluster(lazy)
+            }
+            (other, _) => other,
+        }
+    }
+
+    /// A Redis Cluster, rather than one server.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(
+            self,
+            RedisConnection::Cluster(..) | RedisConnection::LazyCluster(_)
+        )
+    }
+
+    /// A Cluster started by `build`, connected or not yet.
+    pub(crate) fn lazy_cluster(&self) -> Option<&Arc<LazyCluster>> {
+        match self {
+            RedisConnection::LazyCluster(lazy) => Some(lazy),
+            _ => None,
+        }
+    }
+
+    /// `"single"` or `"cluster"`.
+    pub(crate) fn topology(&self) -> &'static str {
+        match self {
+            RedisConnection::Single(_) | RedisConnection::Server(_) => "single",
+            RedisConnection::Cluster(..) | RedisConnection::LazyCluster(_) => "cluster",
+        }
+    }
+
+    /// The reconnecting server, for one server reached through a URL, a client or Sentinel.
+    pub(crate) fn server(&self) -> Option<&Arc<SingleServer>> {
+        match self {
+            RedisConnection::Server(server) => Some(server),
+            _ => None,
+        }
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_command(cmd),
+            RedisConnection::Server(server) => Box::pin(server.command(cmd)),
+            RedisConnection::Cluster(c, _) => c.req_packed_command(cmd),
+            RedisConnection::LazyCluster(lazy) => match lazy.get() {
+                Some(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
+                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
+            },
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
+            RedisConnection::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::LazyCluster(lazy) => match lazy.get() {
+                Some(mut c) => {
+                    Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
+                }
+                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
+            },
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(c) => c.get_db(),
+            RedisConnection::Server(server) => server.db(),
+            RedisConnection::Cluster(c, _) => c.get_db(),
+            RedisConnection::LazyCluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
+        }
+    }
+}
+
+fn connect_error(url: &str, e: RedisError) -> BackendError {
+    BackendError::with_source(format!("cannot connect to Redis at {}", redact_url(url)), e)
+}
+
+/// A Cluster client for these seed nodes, with this backend's timeouts.
+pub(crate) fn cluster_client(
+    urls: &[String],
+    timeout: Duration,
+) -> Result<ClusterClient, BackendError> {
+    if urls.is_empty() {
+        return Err(BackendError::new("no Redis URL given"));
+    }
+    ClusterClient::builder(urls.to_vec())
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        // Redirections are followed by the backend (redirect.rs), which sends `ASKING` with its
+        // command; redis-rs's retries would not (redirect.rs says where, and when this can go).
+        .retries(0)
+        .build()
+        .map_err(|e| connect_error(&urls.join(", "), e))
+}
+
+async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, BackendError> {
+    client
+        .get_async_connection()
+        .await
+        .map(|c| RedisConnection::Cluster(c, None))
+        .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
+}
+
+/// Whether `CL.THROTTLE` exists on this one server.
+pub(crate) async fn cell_loaded_on<C: ConnectionLike>(conn: &mut C) -> Result<bool, RedisError> {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("CL.THROTTLE");
+    let reply = conn.req_packed_command(&cmd).await?;
+    Ok(
+        matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil))),
+    )
+}
+
+/// Whether `CL.THROTTLE` exists (on every primary, for a Cluster).
+pub(crate) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, RedisError> {
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("CL.THROTTLE");
+    let reply = match conn {
+        RedisConnection::Single(manager) => manager.req_packed_command(&cmd).await?,
+        RedisConnection::Server(server) => server.command(&cmd).await?,
+        RedisConnection::Cluster(cluster, _) => on_all_primaries(cluster, cmd).await?,
+        RedisConnection::LazyCluster(lazy) => match lazy.get() {
+            Some(mut cluster) => on_all_primaries(&mut cluster, cmd).await?,
+            None => return Err(lazy.not_connected()),
+        },
+    };
+    // One entry per server asked: the command's description, or nil where it is unknown.
+    Ok(match reply {
+        Value::Array(entries) => {
+            !entries.is_empty() && entries.iter().all(|e| !matches!(e, Value::Nil))
+        }
+        _ => false,
+    })
+}
+
+/// `cmd` on every primary of the Cluster, the replies in one array.
+async fn on_all_primaries(cluster: &mut ClusterConnection, cmd: Cmd) -> Result<Value, RedisError> {
+    let routing = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::CombineArrays),
+    ));
+    cluster.route_command(cmd, routing).await
+}
+
+/// Whether Redis refused a command it does not know (`CL.THROTTLE` once the module is gone).
+pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
+}
+
+/// `Auto` mode detects the module again this often (ms), besides after connection failures.
+const DETECT_EVERY_MS: u64 = 30_000;
+
+/// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
+/// the connection offers the redis-cell module, the Lua script where it does not.
+pub(crate) struct Detector {
+    mode: RedisMode,
+    /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
+    lua_first: bool,
+    /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
+    active: AtomicU8,
+    /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
+    /// run time, or a reconnect that redis-rs did silently (RESP3), is noticed within this period.
+    next_detect: AtomicU64,
+}
+
+impl Detector {
+    /// Nothing detected yet; `coalesce`: whether checks are coalesced (`Auto` then picks Lua).
+    pub(crate) fn new(mode: RedisMode, coalesce: bool) -> Self {
+        Detector {
+            mode,
+            lua_first: mode == RedisMode::Auto && coalesce,
+            active: AtomicU8::new(UNKNOWN),
+            next_detect: AtomicU64::new(0),
+        }
+    }
+
+    /// The configured mode.
+    pub(crate) fn mode(&self) -> RedisMode {
+        self.mode
+    }
+
+    /// What connecting prepares for: `Lua` where detection could not change the path (`Lua`, and
+    /// `Auto` with coalescing on, which takes the Lua path, module or not), so no `COMMAND INFO`
+    /// round trip asks for the module; else the mode.
+    pub(crate) fn set_up_mode(&self) -> RedisMode {
+        if self.lua_first {
+            RedisMode::Lua
+        } else {
+            self.mode
+        }
+    }
+
+    /// Whether a decision may take `CL.THROTTLE`: `Cell`, or `Auto` without coalescing.
+    pub(crate) fn may_use_cell(&self) -> bool {
+        self.mode == RedisMode::Cell || (self.mode == RedisMode::Auto && !self.lua_first)
+    }
+
+    /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
+    pub(crate) fn active_path(&self) -> Option<RedisMode> {
+        match self.mode {
+            RedisMode::Auto if self.lua_first => Some(RedisMode::Lua),
+            RedisMode::Auto => match self.active.load(Ordering::Relaxed) {
+                CELL => Some(RedisMode::Cell),
+                LUA => Some(RedisMode::Lua),
+                _ => None,
+            },
+            fixed => Some(fixed),
+        }
+    }
+
+    /// Detection at connect found the module (`loaded`) or not; the next is due in 30 s.
+    pub(crate) fn detected(&self, loaded: bool, breaker: &Breaker) {
+        self.active
+            .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
+        breaker.recorder.set_path(self.active_path());
+        self.next_detect
+            .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
+    }
+
+    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection.
+    pub(crate) async fn use_cell(
+        &self,
+        conn: &mut RedisConnection,
+        breaker: &Breaker,
+    ) -> Result<bool, RedisError> {
+        match self.mode {
+            RedisMode::Lua => Ok(false),
+            RedisMode::Cell => Ok(true),
+            RedisMode::Auto if self.lua_first => Ok(false),
+            RedisMode::Auto => self.detect_if_due(conn, breaker).await,
+        }
+    }
+
+    /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on.
+    pub(crate) fn cell_gone(&self) {
+        self.active.store(LUA, Ordering::Relaxed);
+        tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
+    }
+
+    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module first when it is unknown,
+    /// after a connection failure, or every 30 s. If detection fails, the last known answer stands.
+    async fn detect_if_due(
+        &self,
+        conn: &mut RedisConnection,
+        breaker: &Breaker,
+    ) -> Result<bool, RedisError> {
+        let now = breaker.now_ms();
+        let known = self.active.load(Ordering::Relaxed);
+        if known == UNKNOWN
+            || breaker.recorder.lost()
+            || now >= self.next_detect.load(Ordering::Relaxed)
+        {
+            // The loss is forgotten only once detection has answered, so a call dropped half-way
+            // leaves it for the next one.
+            // Boxed: detection is rare (every 30 s), and its command's future would otherwise be
+            // part of every check's future, which is moved as it starts.
+            match Box::pin(cell_loaded(conn)).await {
+                Ok(loaded) => {
+                    let path = if loaded { CELL } else { LUA };
+                    if known != UNKNOWN && known != path {
+                        tracing::info!(
+                            cell = loaded,
+                            "redis-cell module {}; rate-limit decisions use {}",
+                            if loaded { "found" } else { "gone" },
+                            if loaded {
+                                "CL.THROTTLE"
+                            } else {
+                                "the Lua script"
+                            }
+                        );
+                    }
+                    self.active.store(path, Ordering::Relaxed);
+                    breaker.recorder.forget_loss();
+                    self.next_detect
+                        .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
+                }
+                Err(e) if known == UNKNOWN => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(self.active.load(Ordering::Relaxed) == CELL)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::redact_url;
+
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(
+            redact_url("rediss://user:s3cret@host:6380/0"),
+            "rediss://user:***@host:6380/0"
+        );
+        assert_eq!(redact_url("redis://host:6379/"), "redis://host:6379/");
+    }
+}

@@ -1,0 +1,320 @@
+//! The background task that keeps a [`SingleServer`] connected for as long as its backend lives:
+//! connect (resolve, check the role, load the script, detect the path), then wait for the
+//! connection to drop, then connect again with backoff, logging each transition once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use redis::{AsyncConnectionConfig, RedisError, Role};
+
+use super::backoff::CONNECTING;
+use super::server::{
+    attempt_budget, configuration_error, is_not_primary, AttemptError, SingleServer, Source,
+};
+use super::set_up::{in_service, set_up, Fresh};
+use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::mode::path_name;
+use crate::error::{redact_url, BackendError};
+
+/// While Redis stays down, "still unreachable" is logged at most this often.
+const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
+/// The task looks this often whether the backend still exists, while there is nothing to do.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// After a configuration error (a wrong password, missing ACL permissions, a replica, no
+/// redis-cell in mode "cell"), attempts go on this slowly: someone has to fix something first.
+const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
+/// A replica where the primary should be is a failover under way for this long (retried at the
+/// usual pace, so the promotion is noticed within a second); past it, a configuration error.
+const REPLICA_GRACE: Duration = Duration::from_secs(30);
+
+/// Connects once: asks the source for the server, connects, checks it is a primary, loads the
+/// script and detects the path, then puts the connection in service. Returns the address.
+async fn establish(
+    source: &mut Source,
+    server: &SingleServer,
+    state: &RedisState,
+) -> Result<String, AttemptError> {
+    let client = source.client().await.map_err(|e| {
+        BackendError::with_source(format!("cannot find Redis ({})", server.target), e)
+    })?;
+    let address = redact_url(&client.get_connection_info().addr().to_string());
+    let failed =
+        |what: &str, doing: &str, e: RedisError| match configuration_error(&e, &address, doing) {
+            Some(message) => AttemptError::misconfigured(Misconfigured::Fatal, message),
+            None => BackendError::with_source(format!("{what} Redis at {address}"), e).into(),
+        };
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(server.timeout))
+        // Bounds what a frozen server can hold: calls are dropped by the backend's own timeout.
+        .set_response_timeout(Some(server.timeout));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| failed("cannot connect to", "log in", e))?;
+    match redis::cmd("ROLE").query_async::<Role>(&mut conn).await {
+        Ok(Role::Primary { .. }) => {}
+        Ok(_) => {
+            return Err(AttemptError::misconfigured(
+                Misconfigured::Replica,
+                format!(
+                    "Redis at {address} is a replica (read-only), not the primary; point the URL at the primary (or use Sentinel)"
+                ),
+            ))
+        }
+        Err(e) if e.code() == Some("NOAUTH") => return Err(failed("", "run ROLE", e)),
+        // `ROLE` may be renamed or forbidden (managed Redis, ACLs): the calls will tell.
+        Err(e) if e.code().is_some() && !is_not_primary(&e) => {}
+        Err(e) => return Err(failed("ROLE failed on", "run ROLE", e)),
+    }
+    set_up(Fresh::Server(&mut conn), state)
+        .await
+        .map_err(|e| match e.describe(&address) {
+            (message, true) => AttemptError::misconfigured(Misconfigured::Fatal, message),
+            (message, false) => BackendError::new(message).into(),
+        })?;
+    server.install(conn, address.clone());
+    in_service(state);
+    Ok(address)
+}
+
+/// One attempt, bounded by `budget`.
+pub(crate) async fn connect_once(
+    source: &mut Source,
+    server: &SingleServer,
+    state: &RedisState,
+    budget: Duration,
+) -> Result<String, AttemptError> {
+    match tokio::time::timeout(budget, establish(source, server, state)).await {
+        Ok(result) => result,
+        Err(_) => Err(BackendError::new(format!(
+            "Redis ({}) did not complete a connection within {budget:?}",
+            server.target
+        ))
+        .into()),
+    }
+}
+
+/// Keeps `server` connected for as long as the backend (`state`) lives: connects with backoff while
+/// there is no connection, then waits until one is dropped. `connected`: the caller connected
+/// already (eager start). Logs each transition once, and "still unreachable" at most every 10 s.
+pub(crate) fn spawn_keeper(
+    mut source: Source,
+    server: Arc<SingleServer>,
+    state: Weak<RedisState>,
+    connected: bool,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut first = !connected;
+        loop {
+            // Connected: wait until the connection is dropped, or the backend is.
+            let mut since_sentinels = Instant::now();
+            while server.connected() {
+                // While the breaker is open on a live connection (calls timed out), probe it
+                // often, so that the first calls after Redis recovers are decided there.
+                let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
+                let wait = if tripped {
+                    CONNECTING.first()
+                } else {
+                    IDLE_CHECK
+                };
+                let _ = tokio::time::timeout(wait, server.lost.notified()).await;
+                let Some(strong) = state.upgrade() else {
+                    server.close();
+                    return;
+                };
+                if strong.breaker.tripped() && server.ping().await {
+                    strong.breaker.answered();
+                }
+                drop(strong);
+                if matches!(source, Source::Sentinel { .. })
+                    && since_sentinels.elapsed() >= IDLE_CHECK
+                {
+                    since_sentinels = Instant::now();
+                    // A lost connection interrupts the question: reconnecting comes first.
+                    tokio::select! {
+                        _ = server.follow_sentinels(&mut source) => {}
+                        _ = server.lost.notified() => {}
+                    }
+                }
+            }
+            let down_since = Instant::now();
+            let (_, last) = server.attempts.snapshot();
+            if !first {
+                let why = last.map(|(e, _)| e).unwrap_or_default();
+                tracing::warn!(
+                    redis = %server.target,
+                    error = %why,
+                    "lost the Redis connection; reconnecting (requests follow the failure policy meanwhile)"
+                );
+                if let Some(strong) = state.upgrade() {
+                    strong.breaker.recorder.disconnected();
+                }
+            }
+            let mut keep = (source, server.clone());
+            let connected = connect_with_backoff(
+                &server.target,
+                &server.attempts,
+                &state,
+                &mut first,
+                &mut keep,
+                attempt_server,
+            )
+            .await;
+            source = keep.0;
+            let Some((address, attempts)) = connected else {
+                server.close();
+                return;
+            };
+            if let Some(strong) = state.upgrade() {
+                let path = path_name(strong.detector.active_path());
+                tracing::info!(
+                    redis = %server.target,
+                    %address,
+                    path,
+                    down_ms = down_since.elapsed().as_millis() as u64,
+                    attempts,
+                    "connected to Redis; rate-limit decisions come from Redis"
+                );
+            }
+            first = false;
+        }
+    });
+}
+
+/// One connection attempt, boxed: attempts are rare.
+pub(crate) type Attempt<'a, T> = Pin<Box<dyn Future<Output = Result<T, AttemptError>> + Send + 'a>>;
+
+/// One attempt of a server's keeper: the address connected to.
+fn attempt_server(
+    (source, server): &mut (Source, Arc<SingleServer>),
+    state: Arc<RedisState>,
+) -> Attempt<'_, String> {
+    Box::pin(async move {
+        let budget = attempt_budget(state.timeout);
+        connect_once(source, server, &state, budget).await
+    })
+}
+
+/// Tries `attempt` (on `subject`) with backoff (every 50 ms, backing off to 500 ms) until it connects, for as
+/// long as the backend (`state`) lives: the one retry loop of both keepers (one server's, and a
+/// Cluster's started by `build`). Each failure is recorded in `attempts` (for `health()` and
+/// `first_attempt`). A configuration error (a wrong password, missing ACL permissions, mode "cell"
+/// without the module, a replica for longer than a failover takes) is said once at error level and
+/// retried every 5 s; the first failure of an outage (`first`) is said once, then "still
+/// unreachable" at most every 10 s. The connected value and the attempts it took; `None` once the
+/// backend is gone.
+pub(crate) async fn connect_with_backoff<S, T>(
+    target: &str,
+    record: &Attempts,
+    state: &Weak<RedisState>,
+    first: &mut bool,
+    subject: &mut S,
+    attempt: fn(&mut S, Arc<RedisState>) -> Attempt<'_, T>,
+) -> Option<(T, u64)> {
+    let down_since = Instant::now();
+    let mut backoff = CONNECTING;
+    let mut last_said = Instant::now();
+    let mut attempts = 0u64;
+    let mut said_misconfigured: Option<Misconfigured> = None;
+    let mut replica_since: Option<Instant> = None;
+    loop {
+        let strong = state.upgrade()?;
+        let result = attempt(subject, strong.clone()).await;
+        // A connection is recorded as it is put in service.
+        if let Err(e) = &result {
+            record.failed(e.error.to_string(), e.misconfigured.clone());
+        }
+        attempts += 1;
+        match result {
+            Ok(connected) => {
+                *first = false;
+                return Some((connected, attempts));
+            }
+            Err(AttemptError {
+                error,
+                misconfigured: Some(wrong),
+            }) if !matches!(wrong, Misconfigured::Replica(_))
+                || replica_since.get_or_insert_with(Instant::now).elapsed() >= REPLICA_GRACE =>
+            {
+                // Redis answered and refused: not an outage. Said once at error level (again if
+                // it changes), and retried slowly, as someone may fix it (or promote the replica).
+                let text = error.to_string();
+                if *first {
+                    *first = false;
+                    strong.breaker.recorder.disconnected();
+                }
+                if said_misconfigured.as_ref() != Some(&wrong) {
+                    tracing::error!(
+                        redis = %target,
+                        error = %text,
+                        "Redis refused the limiter's configuration; requests follow the failure policy until it is fixed (retrying every {}s)",
+                        MISCONFIGURED_BACKOFF.as_secs()
+                    );
+                    said_misconfigured = Some(wrong);
+                    last_said = Instant::now();
+                }
+                drop(strong);
+                tokio::time::sleep(MISCONFIGURED_BACKOFF).await;
+                continue;
+            }
+            Err(AttemptError {
+                error,
+                misconfigured,
+            }) => {
+                // A replica during a failover's first seconds: retried at the usual pace.
+                if misconfigured.is_none() {
+                    replica_since = None;
+                }
+                said_misconfigured = None;
+                let text = error.to_string();
+                if *first {
+                    *first = false;
+                    strong.breaker.recorder.disconnected();
+                    tracing::warn!(
+                        redis = %target,
+                        error = %text,
+                        "Redis is not reachable yet; requests follow the failure policy until it answers (connecting in the background)"
+                    );
+                } else if last_said.elapsed() >= STILL_DOWN_EVERY {
+                    last_said = Instant::now();
+                    tracing::warn!(
+                        redis = %target,
+                        error = %text,
+                        down_s = down_since.elapsed().as_secs(),
+                        attempts,
+                        "Redis is still unreachable"
+                    );
+                }
+            }
+        }
+        drop(strong);
+        tokio::time::sleep(backoff.wait()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_is_bounded() {
+        assert_eq!(
+            attempt_budget(Duration::from_millis(10)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            attempt_budget(Duration::from_millis(100)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            attempt_budget(Duration::from_secs(60)),
+            Duration::from_secs(5)
+        );
+    }
+}

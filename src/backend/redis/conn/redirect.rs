@@ -1,0 +1,353 @@
+//! A Redis Cluster's redirections (`ASK`, `MOVED`, `TRYAGAIN`), followed at the call site for every
+//! command the backend sends: scripts, `CL.THROTTLE`, lease renewals and releases, offender counts,
+//! access-list reads.
+//!
+//! Why not redis-rs's own retries: redis-rs 1.8.1 answers `ASK` by sending `ASKING` on the target's
+//! shared (multiplexed) connection as a request of its own, awaiting its reply, and only then
+//! sending the command (`get_redirected_connection`,
+//! src/cluster_handling/async_connection/mod.rs:943). Under
+//! load other requests' commands slip in between: one of them consumes the `ASKING` flag, the
+//! redirected command reaches the importing node without it, gets `MOVED` back to the migrating
+//! node, which answers `ASK` again... Each `MOVED` also starts a slot refresh (a warning each, and
+//! every request of the connection waits for the refresh), and the ping-pong ends when the 16
+//! retries are spent: an `Ask` error. Measured before this module: 9 to 13 % of a migrating key's
+//! decisions failed, with thousands of warnings a second.
+//!
+//! This module can go once redis-rs pipelines `ASKING` with the redirected command.
+//!
+//! Here `ASKING` and the command travel as one pipeline, written at once on the connection, so
+//! nothing can come between them; `MOVED` is resent once redis-rs has refreshed its slot map;
+//! `TRYAGAIN` after a short wait. The Cluster client is built with `retries(0)` (see
+//! `connection.rs`), so redirections reach this code on the first reply.
+//!
+//! What Redis Cluster itself refuses stays refused: a command on several keys while its slot
+//! migrates and one of the keys is missing on the node asked (`TRYAGAIN` until the slot has moved),
+//! and `ASK` to a node the client does not know yet (a new node receiving its first slot: redis-rs
+//! connects to it at the first slot refresh that lists it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+
+use super::backoff::Backoff;
+use super::cluster_nodes::ClusterNodes;
+use super::connection::RedisConnection;
+
+/// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
+/// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
+const MAX_REDIRECTS: u32 = 5;
+
+/// `TRYAGAIN` (a multi-key command on a migrating slot whose keys are split between the two nodes,
+/// or one of them missing, until the slot has moved) is retried after a wait that starts at 1 ms and doubles up
+/// to 10 ms ([`TRY_AGAIN`]), for at most [`TRY_AGAIN_FOR`] in all. The caller's timeout (the
+/// backend's, on the request path) usually ends it earlier.
+const TRY_AGAIN: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
+const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
+
+/// A [`RedisConnection`] whose commands follow a Cluster's redirections (see the module docs); on a
+/// single server, the connection itself.
+pub(crate) struct Redirecting<'a> {
+    conn: Via<'a>,
+    /// The backend's slot map, told about `TRYAGAIN` (see [`ClusterNodes::tried_again`]).
+    nodes: Option<Arc<ClusterNodes>>,
+}
+
+enum Via<'a> {
+    Backend(&'a mut RedisConnection),
+    Cluster(&'a mut ClusterConnection),
+    /// A lazily started Cluster's connection (a cheap handle, taken when it is connected).
+    Owned(ClusterConnection),
+}
+
+impl RedisConnection {
+    /// This connection, following a Cluster's redirections: pass it wherever a command is sent.
+    pub(crate) fn redirecting(&mut self) -> Redirecting<'_> {
+        if let Some(lazy) = self.lazy_cluster()
+            && let Some(cluster) = lazy.get()
+        {
+            return Redirecting {
+                conn: Via::Owned(cluster),
+                nodes: lazy.nodes.get().cloned(),
+            };
+        }
+        match self {
+            RedisConnection::Cluster(cluster, nodes) => Redirecting {
+                nodes: nodes.clone(),
+                conn: Via::Cluster(cluster),
+            },
+            other => Redirecting {
+                conn: Via::Backend(other),
+                nodes: None,
+            },
+        }
+    }
+}
+
+impl<'a> Redirecting<'a> {
+    /// A Cluster connection that follows redirections.
+    pub(crate) fn cluster(cluster: &'a mut ClusterConnection) -> Self {
+        Redirecting {
+            conn: Via::Cluster(cluster),
+            nodes: None,
+        }
+    }
+}
+
+impl ConnectionLike for Redirecting<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let nodes = self.nodes.as_deref();
+        match &mut self.conn {
+            Via::Cluster(cluster) => Box::pin(command(cluster, nodes, cmd)),
+            Via::Owned(cluster) => Box::pin(command(cluster, nodes, cmd)),
+            Via::Backend(other) => other.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let nodes = self.nodes.as_deref();
+        match &mut self.conn {
+            Via::Cluster(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
+            Via::Owned(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
+            Via::Backend(other) => other.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.conn {
+            Via::Cluster(cluster) => cluster.get_db(),
+            Via::Owned(cluster) => cluster.get_db(),
+            Via::Backend(other) => other.get_db(),
+        }
+    }
+}
+
+/// One command, following redirections; `nodes` hears of its `TRYAGAIN`s.
+async fn command(
+    cluster: &mut ClusterConnection,
+    nodes: Option<&ClusterNodes>,
+    cmd: &Cmd,
+) -> Result<Value, RedisError> {
+    let mut result = cluster
+        .req_packed_command(cmd)
+        .await
+        .and_then(Value::extract_error);
+    let mut redirects = 0;
+    let mut last_moved = None;
+    let mut try_again = TRY_AGAIN;
+    let mut waited = Duration::ZERO;
+    loop {
+        let error = match result {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        result = match redirection(&error) {
+            Some(Redirection::Ask { host, port }) if redirects < MAX_REDIRECTS => {
+                redirects += 1;
+                asking(cluster, cmd, host, port).await
+            }
+            // Named twice in a row, the node is the slot's owner that redis-rs cannot reach (a
+            // dead primary, until its replica is promoted): another try would only cost another
+            // slot refresh.
+            Some(Redirection::Moved { host, port })
+                if redirects < MAX_REDIRECTS
+                    && last_moved.as_ref() != Some(&(host.clone(), port)) =>
+            {
+                redirects += 1;
+                last_moved = Some((host, port));
+                moved(cluster, cmd).await
+            }
+            Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
+                // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
+                // once they are all gone; the target TRYAGAIN while one is missing: the ping-pong
+                // ends when the slot is the target's. Bounded by the wait, not by the redirections.
+                // The node answered: a timeout meanwhile is not a dead node's.
+                if let (Some(nodes), Some(key)) = (nodes, first_key(cmd)) {
+                    nodes.tried_again(key);
+                }
+                redirects = 0;
+                let wait = try_again.wait();
+                tokio::time::sleep(wait).await;
+                waited += wait;
+                cluster.req_packed_command(cmd).await
+            }
+            _ => return Err(error),
+        }
+        .and_then(Value::extract_error);
+    }
+}
+
+/// A pipeline, following redirections: sent whole first; if some command in it was redirected
+/// (redis-rs then reports only that error, not which of the others ran), each command again on its
+/// own. Only for what may run twice: the backend's pipelines are reads (`SMEMBERS`, `PFCOUNT`) and
+/// idempotent writes (`PFADD`, `EXPIRE`). A transaction is never split.
+async fn commands(
+    cluster: &mut ClusterConnection,
+    nodes: Option<&ClusterNodes>,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> Result<Vec<Value>, RedisError> {
+    let error = match cluster.req_packed_commands(pipeline, offset, count).await {
+        Ok(values) => return Ok(values),
+        Err(error) => error,
+    };
+    let whole = offset == 0 && count == pipeline.len() && !pipeline.is_transaction();
+    if !whole || redirection(&error).is_none() {
+        return Err(error);
+    }
+    let mut values = Vec::with_capacity(count);
+    for cmd in pipeline.cmd_iter() {
+        // As a pipeline would: an error reply is this command's value, not the pipeline's failure.
+        values.push(match command(cluster, nodes, cmd).await {
+            Ok(value) => value,
+            Err(error) => match error.kind() {
+                ErrorKind::Server(_) => redirect_error_value(error)?,
+                _ => return Err(error),
+            },
+        });
+    }
+    Ok(values)
+}
+
+/// The first key `cmd` names (a script's, after its SHA and count; another command's first
+/// argument): its slot's primary is the node that answered.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        Arg::Simple(arg) => arg,
+        _ => &[],
+    });
+    let name = args.next()?;
+    let script = [
+        &b"EVALSHA"[..],
+        b"EVAL",
+        b"EVALSHA_RO",
+        b"EVAL_RO",
+        b"FCALL",
+        b"FCALL_RO",
+    ]
+    .iter()
+    .any(|s| name.eq_ignore_ascii_case(s));
+    if script {
+        args.nth(2)
+    } else {
+        args.next()
+    }
+}
+
+/// What a `TRYAGAIN` to a command on `key` tells `nodes` (for the tests).
+#[cfg(test)]
+pub(crate) fn heard_tryagain(nodes: &ClusterNodes, key: &str) {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg("sha").arg(1).arg(key);
+    nodes.tried_again(first_key(&cmd).unwrap());
+}
+
+/// A server error as the value a pipeline holds for it.
+fn redirect_error_value(error: RedisError) -> Result<Value, RedisError> {
+    match error.clone().into_server_errors() {
+        Some(errors) if errors.len() == 1 => Ok(Value::ServerError(errors[0].1.clone())),
+        _ => Err(error),
+    }
+}
+
+/// `ASK`: `ASKING` and the command, as one pipeline on the importing node's connection.
+async fn asking(
+    cluster: &mut ClusterConnection,
+    cmd: &Cmd,
+    host: String,
+    port: u16,
+) -> Result<Value, RedisError> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").add_command(cmd.clone());
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    let mut values = cluster.route_pipeline(pipe, 0, 2, route).await?;
+    match values.pop() {
+        Some(value) if values.len() == 1 => Ok(value),
+        _ => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "ASKING and a redirected command returned a reply of the wrong length",
+        ))),
+    }
+}
+
+/// `MOVED`: the command again, by the slot map. The `MOVED` reply made redis-rs refresh its slot
+/// map, and it sends nothing until the refresh is done, so the command goes to the new owner. Not
+/// by the address named: redis-rs treats an address it has no connection to (a dead primary that
+/// the other nodes still name) as a lost topology and reconnects to every node.
+async fn moved(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisError> {
+    cluster.req_packed_command(cmd).await
+}
+
+/// What a reply asks of the client.
+#[derive(Debug, PartialEq)]
+enum Redirection {
+    /// Once, on this node, after `ASKING`: the slot is migrating there and the key has left.
+    Ask { host: String, port: u16 },
+    /// From now on, this node owns the slot.
+    Moved { host: String, port: u16 },
+    /// A multi-key command's keys are on two nodes for a moment: again, shortly.
+    TryAgain,
+}
+
+fn redirection(error: &RedisError) -> Option<Redirection> {
+    let node = || {
+        let (address, _slot) = error.redirect_node()?;
+        let (host, port) = address.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse().ok()?))
+    };
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::Ask) => {
+            node().map(|(host, port)| Redirection::Ask { host, port })
+        }
+        ErrorKind::Server(ServerErrorKind::Moved) => {
+            node().map(|(host, port)| Redirection::Moved { host, port })
+        }
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirection::TryAgain),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(text: &str) -> RedisError {
+        let value = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn redirections_name_their_node() {
+        assert_eq!(
+            redirection(&reply("ASK 3999 127.0.0.1:6381")),
+            Some(Redirection::Ask {
+                host: "127.0.0.1".into(),
+                port: 6381
+            })
+        );
+        assert_eq!(
+            redirection(&reply("MOVED 3999 ::1:6381")),
+            Some(Redirection::Moved {
+                host: "::1".into(),
+                port: 6381
+            })
+        );
+        assert_eq!(
+            redirection(&reply(
+                "TRYAGAIN Multiple keys request during rehashing of slot"
+            )),
+            Some(Redirection::TryAgain)
+        );
+        assert_eq!(redirection(&reply("ERR unknown command")), None);
+        assert_eq!(redirection(&reply("ASK garbage")), None);
+    }
+}

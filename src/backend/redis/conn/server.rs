@@ -1,0 +1,453 @@
+//! The crate's own reconnecting connection to one Redis server (a URL, a `Client` or Sentinel):
+//! [`SingleServer`], and where it finds the server ([`Source`]).
+//!
+//! Why not redis-rs 1.8.1's `ConnectionManager`: it reconnects only after an error redis-rs counts
+//! as unrecoverable (an I/O error, a dropped connection: `reconnect_if_dropped!`,
+//! src/aio/connection_manager.rs:404, by `RedisError::is_unrecoverable_error`,
+//! src/errors/redis_error.rs:393). It does resolve the host again then (its `Client` connects
+//! anew, src/aio/connection_manager.rs:623, looking the host up at every connect,
+//! src/aio/mod.rs:333), but a managed Redis or Sentinel fails over by demoting the primary: the old
+//! connection stays open and every write answers `READONLY`, which is not such an error, forever.
+//! And a `Client` from Sentinel (`SentinelClient::async_get_client`, src/sentinel.rs:1356) names
+//! the primary found once: nothing asks the sentinels again. This module can go once redis-rs'
+//! manager drops its connection on `READONLY`, `MASTERDOWN` and `LOADING` and can ask Sentinel at
+//! each reconnect. Here the connection is dropped on `READONLY`,
+//! `MASTERDOWN`, `LOADING`, I/O errors and timeouts, and made again by the background task of
+//! `reconnect.rs`, which resolves the address again (DNS, or the sentinels), checks that the server
+//! is a primary, loads the script and detects the path before any decision uses it. While there is
+//! no connection, calls fail at once, so the layer's failure policy answers without waiting.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::SentinelClient;
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, Value};
+use tokio::sync::Notify;
+
+use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
+use crate::backend::redis::health::recorder::Clock;
+use crate::error::{redact_url, BackendError};
+
+/// A connection that has not answered anything for this long (and at least two timeouts) when a call
+/// times out is dropped and made again: a frozen server, or one a network partition hides. Shorter
+/// stalls only open the breaker, as reconnecting would cost as much.
+const STALL_LIMIT: Duration = Duration::from_secs(1);
+
+/// Where the server is found: a client (its address resolved again at every connect) or the
+/// sentinels, asked for the current primary at every connect.
+pub(crate) enum Source {
+    Client(Box<Client>),
+    Sentinel {
+        client: Box<SentinelClient>,
+        service: String,
+        /// TLS to the sentinels or to the primary: the crypto provider must be installed.
+        tls: bool,
+        /// The sentinels' URLs, for the one connection that asks where the primary is.
+        urls: Vec<String>,
+        /// That connection, to `urls[watching]`; made again (on the next sentinel) after an error.
+        watch: Option<MultiplexedConnection>,
+        watching: usize,
+    },
+}
+
+impl Source {
+    /// What to name in messages: the URL without its password, or the Sentinel service.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Source::Client(client) => redact_url(&client.get_connection_info().addr().to_string()),
+            Source::Sentinel { service, .. } => format!("Sentinel service {service:?}"),
+        }
+    }
+
+    fn uses_tls(&self) -> bool {
+        match self {
+            Source::Client(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            ),
+            Source::Sentinel { tls, .. } => *tls,
+        }
+    }
+
+    /// With Sentinel, where the sentinels say the primary is now (`host:port`), asked on one kept
+    /// connection to a sentinel (`SENTINEL GET-MASTER-ADDR-BY-NAME`), the next sentinel after an
+    /// error; each step bounded by `timeout`. `None` when no sentinel answered.
+    async fn primary_address(&mut self, timeout: Duration) -> Option<String> {
+        let Source::Sentinel {
+            service,
+            urls,
+            watch,
+            watching,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        for _ in 0..urls.len() {
+            if watch.is_none() {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout));
+                let opened = match Client::open(urls[*watching].as_str()) {
+                    Ok(client) => tokio::time::timeout(
+                        timeout,
+                        client.get_multiplexed_async_connection_with_config(&config),
+                    )
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
+                    Err(_) => None,
+                };
+                *watch = opened;
+            }
+            if let Some(conn) = watch.as_mut() {
+                let mut cmd = redis::cmd("SENTINEL");
+                cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(service.as_str());
+                let asked =
+                    tokio::time::timeout(timeout, cmd.query_async::<Option<(String, u16)>>(conn))
+                        .await;
+                if let Ok(Ok(Some((host, port)))) = asked {
+                    return Some(format!("{host}:{port}"));
+                }
+            }
+            // No answer (or the sentinel does not know the service): the next sentinel.
+            *watch = None;
+            *watching = (*watching + 1) % urls.len();
+        }
+        None
+    }
+
+    /// A client for the server to connect to now.
+    pub(crate) async fn client(&mut self) -> Result<Client, RedisError> {
+        match self {
+            Source::Client(client) => Ok((**client).clone()),
+            Source::Sentinel { client, .. } => client.async_get_client().await,
+        }
+    }
+}
+
+/// The live connection and where it leads.
+#[derive(Clone)]
+struct Live {
+    conn: MultiplexedConnection,
+    generation: u64,
+}
+
+/// Why an attempt failed: Redis unreachable (or slow), or a configuration error.
+pub(crate) struct AttemptError {
+    pub(crate) error: BackendError,
+    pub(crate) misconfigured: Option<Misconfigured>,
+}
+
+impl From<BackendError> for AttemptError {
+    fn from(error: BackendError) -> Self {
+        AttemptError {
+            error,
+            misconfigured: None,
+        }
+    }
+}
+
+impl AttemptError {
+    pub(crate) fn misconfigured(kind: fn(String) -> Misconfigured, message: String) -> Self {
+        AttemptError {
+            error: BackendError::new(message.clone()),
+            misconfigured: Some(kind(message)),
+        }
+    }
+}
+
+/// One Redis server behind a connection that the background task makes again whenever it fails.
+pub(crate) struct SingleServer {
+    live: RwLock<Option<Live>>,
+    generation: AtomicU64,
+    /// When the connection last answered (or was made): ms on `clock`.
+    last_answer: AtomicU64,
+    /// The backend's one clock (its state takes this one).
+    pub(crate) clock: Clock,
+    /// Wakes the task: the connection was dropped.
+    pub(crate) lost: Notify,
+    pub(crate) timeout: Duration,
+    db: i64,
+    /// The task's attempts, where it connected last and the last error.
+    pub(crate) attempts: Attempts,
+    /// The URL or Sentinel service, for messages.
+    pub(crate) target: String,
+}
+
+impl SingleServer {
+    /// Not connected yet.
+    pub(crate) fn new(source: &Source, timeout: Duration) -> Self {
+        let db = match source {
+            Source::Client(client) => client.get_connection_info().redis_settings().db(),
+            Source::Sentinel { .. } => 0,
+        };
+        // Before any connection: rustls panics without a provider, and the task makes the
+        // connections (to the sentinels and to the primary they name).
+        if source.uses_tls() {
+            install_crypto_provider();
+        }
+        SingleServer {
+            live: RwLock::new(None),
+            generation: AtomicU64::new(0),
+            last_answer: AtomicU64::new(0),
+            clock: Clock::new(),
+            lost: Notify::new(),
+            timeout,
+            db,
+            attempts: Attempts::default(),
+            target: source.describe(),
+        }
+    }
+
+    fn current(&self) -> Option<Live> {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether a connection is up.
+    pub(crate) fn connected(&self) -> bool {
+        self.live
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// The backend is gone: drop the connection for those still holding this server (an offender
+    /// count, an access-list task), and make none again.
+    pub(crate) fn close(&self) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    pub(crate) fn install(&self, conn: MultiplexedConnection, address: String) {
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.answered();
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Some(Live { conn, generation });
+        self.attempts.connected(Some(address));
+    }
+
+    /// Drops the connection of `generation` (not a newer one made meanwhile) and wakes the task.
+    fn drop_connection(&self, generation: u64, why: &str) {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        if live.as_ref().is_some_and(|l| l.generation == generation) {
+            *live = None;
+            drop(live);
+            self.attempts.lost(why);
+            self.lost.notify_one();
+        }
+    }
+
+    /// A call on the connection failed: drop it if the error says the server is gone, read-only or
+    /// not ready.
+    fn failed(&self, generation: u64, error: &RedisError) {
+        if must_reconnect(error) {
+            self.drop_connection(generation, &error.to_string());
+        } else if error.is_timeout() {
+            self.timed_out();
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn answered(&self) {
+        self.last_answer.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// The server replied: error replies come as values (`Value::ServerError`), and a `READONLY`,
+    /// `MASTERDOWN` or `LOADING` among them drops the connection.
+    fn replied(&self, generation: u64, values: &[Value]) {
+        self.answered();
+        let not_primary = values.iter().find_map(|v| match v {
+            Value::ServerError(e) if is_not_primary_code(e.code()) => Some(e),
+            _ => None,
+        });
+        if let Some(e) = not_primary {
+            let text = format!("{}: {}", e.code(), e.details().unwrap_or(""));
+            self.drop_connection(generation, &text);
+        }
+    }
+
+    /// `PING` on the live connection, within the timeout: whether it answered.
+    pub(crate) async fn ping(&self) -> bool {
+        let cmd = redis::cmd("PING");
+        let ping = self.command(&cmd);
+        matches!(
+            tokio::time::timeout(self.timeout, ping).await,
+            Ok(Ok(Value::SimpleString(_)
+                | Value::BulkString(_)
+                | Value::Okay))
+        )
+    }
+
+    /// With Sentinel, asks the sentinels which server is the primary (every second while
+    /// connected): after a failover the old primary may accept writes for seconds until the
+    /// sentinels demote it, and those decisions would be lost. A different answer drops the
+    /// connection, so the task connects to the new primary (and checks its role then). One kept
+    /// connection to a sentinel answers: no connection to the primary is opened to ask.
+    pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
+        let Some(live) = self.current() else { return };
+        let Some(named) = source.primary_address(self.timeout).await else {
+            return;
+        };
+        let (current, _) = self.attempts.snapshot();
+        if current.is_some_and(|c| c != named) {
+            self.drop_connection(
+                live.generation,
+                &format!("the sentinels name a new primary, {named}"),
+            );
+        }
+    }
+
+    /// A call timed out under the backend's timeout. The connection is dropped if nothing has come
+    /// back on it for [`STALL_LIMIT`] (at least two timeouts): a connection made since the call
+    /// started is never the one it timed out on.
+    pub(crate) fn timed_out(&self) {
+        let Some(live) = self.current() else { return };
+        let silent = self
+            .now_ms()
+            .saturating_sub(self.last_answer.load(Ordering::Relaxed));
+        let limit = STALL_LIMIT.max(self.timeout.saturating_mul(2));
+        if silent > limit.as_millis() as u64 {
+            self.drop_connection(
+                live.generation,
+                &format!("Redis did not answer within {:?}", self.timeout),
+            );
+        }
+    }
+
+    /// One command on the live connection, or an error at once without one.
+    pub(crate) async fn command(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let Some(mut live) = self.current() else {
+            return Err(not_connected());
+        };
+        let result = live.conn.req_packed_command(cmd).await;
+        match &result {
+            Ok(value) => self.replied(live.generation, std::slice::from_ref(value)),
+            Err(e) => self.failed(live.generation, e),
+        }
+        result
+    }
+
+    /// A pipeline on the live connection, or an error at once without one.
+    pub(crate) async fn pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> Result<Vec<Value>, RedisError> {
+        let Some(mut live) = self.current() else {
+            return Err(not_connected());
+        };
+        let result = live.conn.req_packed_commands(pipeline, offset, count).await;
+        // As for one command: a reply refreshes `last_answer`, and a `READONLY` among the replies
+        // drops the connection.
+        match &result {
+            Ok(values) => self.replied(live.generation, values),
+            Err(e) => self.failed(live.generation, e),
+        }
+        result
+    }
+
+    /// The database number commands run in.
+    pub(crate) fn db(&self) -> i64 {
+        self.db
+    }
+}
+
+/// The error of a call made while there is no connection.
+fn not_connected() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "not connected to Redis (reconnecting in the background)",
+    ))
+}
+
+/// Whether `error` means this connection leads nowhere useful: the server is gone or unreachable,
+/// read-only (a demoted primary), without a primary (`MASTERDOWN`), or loading its data set.
+/// (Timeouts count only once the connection has been silent for a while: see `timed_out`.)
+fn must_reconnect(error: &RedisError) -> bool {
+    !error.is_timeout()
+        && (error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || is_not_primary(error))
+}
+
+/// `READONLY`, `MASTERDOWN` or `LOADING`: Redis answered, but cannot decide here.
+pub(crate) fn is_not_primary(error: &RedisError) -> bool {
+    error.code().is_some_and(is_not_primary_code)
+}
+
+fn is_not_primary_code(code: &str) -> bool {
+    matches!(code, "READONLY" | "MASTERDOWN" | "LOADING")
+}
+
+/// What is wrong with the configuration, if `error` says so: the password or user refused
+/// (`WRONGPASS`, or redis-rs' authentication failure), none given (`NOAUTH`), or the ACL user lacks
+/// a command (`NOPERM`). `None` for anything a retry may get past.
+pub(crate) fn configuration_error(
+    error: &RedisError,
+    address: &str,
+    doing: &str,
+) -> Option<String> {
+    let auth =
+        error.kind() == redis::ErrorKind::AuthenticationFailed || error.code() == Some("WRONGPASS");
+    if auth {
+        return Some(format!(
+            "Redis at {address} refused the user or password (authentication failed: {error}); fix the password (and user) in the URL or the sentinel node settings"
+        ));
+    }
+    match error.code() {
+        Some("NOAUTH") => Some(format!(
+            "Redis at {address} requires a password (NOAUTH) and none was given; put it in the URL (redis://user:password@host:port/)"
+        )),
+        Some("NOPERM") => Some(format!(
+            "Redis at {address} does not let this user {doing} (NOPERM: {error}); grant it in the user's ACL (the limiter needs EVALSHA, SCRIPT, COMMAND, ROLE, PING and its keys)"
+        )),
+        _ => None,
+    }
+}
+
+/// How long one connection attempt (resolve, connect, check, load, detect) may take: several
+/// timeouts, at least 250 ms, as a TLS handshake to a remote server takes round trips. Requests do
+/// not wait for it: they fail fast meanwhile.
+pub(crate) fn attempt_budget(timeout: Duration) -> Duration {
+    timeout
+        .saturating_mul(5)
+        .max(Duration::from_millis(250))
+        .min(Duration::from_secs(5))
+}
+
+/// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
+pub(crate) fn install_crypto_provider() {
+    // Fails only when a provider is installed already, which is then the one used.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(code: &str) -> RedisError {
+        RedisError::from((redis::ErrorKind::Client, "test", code.to_owned()))
+    }
+
+    #[test]
+    fn which_errors_cost_the_connection() {
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        assert!(must_reconnect(&io(std::io::ErrorKind::BrokenPipe)));
+        assert!(must_reconnect(&io(std::io::ErrorKind::ConnectionRefused)));
+        assert!(must_reconnect(&not_connected()));
+        // A timeout alone does not: only a connection silent for a while (`timed_out`).
+        assert!(!must_reconnect(&io(std::io::ErrorKind::TimedOut)));
+        assert!(!must_reconnect(&reply("NOPERM")));
+        for code in ["READONLY", "MASTERDOWN", "LOADING"] {
+            assert!(is_not_primary_code(code), "{code}");
+        }
+        assert!(!is_not_primary_code("NOSCRIPT"));
+        assert!(!is_not_primary_code("ERR"));
+    }
+}

@@ -1,0 +1,101 @@
+//! The one set-up after every connect — one server's (each reconnection too), a Cluster's (at
+//! `connect`, or once a Cluster started by `build` has formed) and a user's connection manager's:
+//! detect redis-cell where the mode reads it, refuse mode `cell` without it, and load the GCRA
+//! script (every mode runs it for some calls), before the connection is put in service; then
+//! [`in_service`]. A failure fails the attempt, the same way everywhere: `connect` returns it, and
+//! the keepers retry.
+
+use redis::aio::MultiplexedConnection;
+use redis::RedisError;
+
+use super::connection::{cell_loaded, cell_loaded_on, RedisConnection};
+use super::server::configuration_error;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::mode::RedisMode;
+use crate::backend::redis::wire::scripts::{self, GCRA};
+
+/// A connection just made, before it is put in service.
+pub(crate) enum Fresh<'a> {
+    /// One server's own connection (a URL, a client or Sentinel): asked directly.
+    Server(&'a mut MultiplexedConnection),
+    /// A Cluster's connection (every primary asked) or a user's connection manager.
+    Other(&'a mut RedisConnection),
+}
+
+/// Why the set-up failed.
+pub(crate) enum SetUpError {
+    /// Redis failed a step: what it was doing, and its error.
+    Redis(&'static str, RedisError),
+    /// Mode `cell` on a Redis without the redis-cell module (on a Cluster: on some primary).
+    NoCell,
+}
+
+impl SetUpError {
+    /// What to say about Redis at `address`, and whether it is a configuration error that retrying
+    /// alone will not fix (a wrong password, missing ACL permissions, no redis-cell in mode
+    /// `cell`).
+    pub(crate) fn describe(&self, address: &str) -> (String, bool) {
+        match self {
+            SetUpError::NoCell => (
+                format!(
+                    "mode \"cell\" needs the redis-cell module (CL.THROTTLE), which Redis at {address} has not loaded (on every primary, for a Cluster); load the module or use mode \"lua\" or \"auto\""
+                ),
+                true,
+            ),
+            SetUpError::Redis(doing, e) => match configuration_error(e, address, doing) {
+                Some(message) => (message, true),
+                None => (format!("cannot {doing} on Redis at {address}: {e}"), false),
+            },
+        }
+    }
+
+    /// Redis' own error, if it failed a step.
+    pub(crate) fn source(self) -> Option<RedisError> {
+        match self {
+            SetUpError::Redis(_, e) => Some(e),
+            SetUpError::NoCell => None,
+        }
+    }
+}
+
+/// Sets up `conn` for `state`'s mode: detects redis-cell (`Cell`, and `Auto` without coalescing:
+/// the modes where the answer picks the path), refuses `Cell` without it, loads `gcra.lua` (so the
+/// first decision after a connect does not pay for `NOSCRIPT`: the very script `EVALSHA` runs),
+/// and only then records what detection found.
+pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), SetUpError> {
+    let mode = state.detector.set_up_mode();
+    let detect = "run COMMAND INFO (to detect redis-cell)";
+    let load = "load the script (SCRIPT LOAD)";
+    let mut conn = conn;
+    let loaded = match (mode, &mut conn) {
+        (RedisMode::Lua, _) => None,
+        (_, Fresh::Server(c)) => Some(cell_loaded_on(&mut **c).await),
+        (_, Fresh::Other(c)) => Some(cell_loaded(c).await),
+    }
+    .transpose()
+    .map_err(|e| SetUpError::Redis(detect, e))?;
+    if mode == RedisMode::Cell && loaded == Some(false) {
+        return Err(SetUpError::NoCell);
+    }
+    match conn {
+        Fresh::Server(c) => GCRA.load_async(c).await.map(drop),
+        Fresh::Other(c) => scripts::load_gcra(c).await,
+    }
+    .map_err(|e| SetUpError::Redis(load, e))?;
+    if let Some(loaded) = loaded {
+        state.detector.detected(loaded, &state.breaker);
+    }
+    Ok(())
+}
+
+/// A connection set up is in service: Redis was found again (the loss forgotten, the breaker
+/// closed), and the gauge says so on the path decisions take. The same after every connect: one
+/// server's, a Cluster's (lazy or not) and a user's connection manager's.
+pub(crate) fn in_service(state: &RedisState) {
+    state.breaker.recorder.forget_loss();
+    state.breaker.answered();
+    state
+        .breaker
+        .recorder
+        .connected(state.detector.active_path());
+}

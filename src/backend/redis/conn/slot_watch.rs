@@ -1,0 +1,138 @@
+//! The task that keeps a Cluster backend's own slot map ([`ClusterNodes`]) fresh: `CLUSTER SLOTS`
+//! on a random connected node, every second, every 100 ms while a node's breaker is not closed
+//! (so a promoted replica takes its slots within about 100 ms of the Cluster announcing it), and at
+//! once when a call found a node unreachable. Never on the request path: a request only reads the
+//! map.
+//!
+//! The question goes through the Cluster connection with random routing, which redis-rs answers on a
+//! connection it holds as connected, without refreshing its own slot map: an I/O error there only
+//! makes redis-rs reconnect that node in the background.
+//!
+//! With seed URLs, the task also probes each open node when its breaker's wait is over: `PING` on a
+//! connection of its own (cluster_nodes.rs says why).
+//!
+//! [`ClusterNodes`]: super::cluster_nodes::ClusterNodes
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError};
+
+use super::cluster_nodes::{parse_slots, ClusterNodes};
+use super::connection::RedisConnection;
+use super::server::attempt_budget;
+use crate::backend::redis::state::RedisState;
+
+/// The map is read this often while every breaker is closed...
+const EVERY: Duration = Duration::from_secs(1);
+/// ...and this often while one is not, or after a failure woke the task.
+const WHILE_TRIPPED: Duration = Duration::from_millis(100);
+/// Questions that failed in a row (each on a random node) before the task waits again.
+const TRIES: usize = 3;
+
+/// Starts the task for a Cluster backend (nothing on one server); it ends with the backend.
+pub(crate) fn spawn(state: &Arc<RedisState>) {
+    if state.breaker.nodes.is_none() {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(state);
+    runtime.spawn(async move {
+        let mut woken = false;
+        loop {
+            let wait = {
+                let Some(state) = Weak::upgrade(&weak) else {
+                    return;
+                };
+                let Some(nodes) = state.breaker.nodes.clone() else {
+                    return;
+                };
+                let read = match cluster(&state.conn) {
+                    Some(conn) => refresh(conn, &state).await,
+                    None => false,
+                };
+                probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
+                if !read || woken || nodes.any_tripped() {
+                    WHILE_TRIPPED
+                } else {
+                    EVERY
+                }
+            };
+            // Woken by a failure, or at the next period; the backend is looked up again either way.
+            let nodes = match Weak::upgrade(&weak).and_then(|s| s.breaker.nodes.clone()) {
+                Some(nodes) => nodes,
+                None => return,
+            };
+            woken = tokio::time::timeout(wait, nodes.stale.notified())
+                .await
+                .is_ok();
+            if woken {
+                // A burst of failures wakes the task once per period at most.
+                tokio::time::sleep(WHILE_TRIPPED / 2).await;
+            }
+        }
+    });
+}
+
+/// The Cluster connection, once there is one (a lazily started Cluster has none at first).
+fn cluster(conn: &RedisConnection) -> Option<ClusterConnection> {
+    match conn {
+        RedisConnection::Cluster(cluster, _) => Some(cluster.clone()),
+        RedisConnection::LazyCluster(lazy) => lazy.get(),
+        _ => None,
+    }
+}
+
+/// Reads the slot map and installs it; whether it was read.
+async fn refresh(mut conn: ClusterConnection, state: &RedisState) -> bool {
+    let Some(nodes) = &state.breaker.nodes else {
+        return false;
+    };
+    for _ in 0..TRIES {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+        let asked = tokio::time::timeout(state.timeout, conn.route_command(cmd, routing)).await;
+        if let Ok(Ok(reply)) = asked
+            && let Some(shards) = parse_slots(&reply).filter(|s| !s.is_empty())
+        {
+            nodes.install(shards);
+            return true;
+        }
+    }
+    false
+}
+
+/// Probes each open node whose breaker's wait is over (with seed URLs only): `PING` on a new
+/// connection, within `budget`. An answer closes its breaker; a failure keeps it open longer.
+async fn probe_open_nodes(nodes: &ClusterNodes, budget: Duration) {
+    for node in nodes.tripped() {
+        let Some((info, admission)) = nodes.probe(&node) else {
+            continue;
+        };
+        match tokio::time::timeout(budget, ping(info, budget)).await {
+            Ok(Ok(())) => nodes.answered(&node),
+            Ok(Err(e)) => nodes.failed(&node, true, &e),
+            Err(_) => nodes.failed(
+                &node,
+                true,
+                &format_args!("no answer to PING within {budget:?}"),
+            ),
+        }
+        drop(admission);
+    }
+}
+
+async fn ping(info: ConnectionInfo, timeout: Duration) -> Result<(), RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    let mut conn = Client::open(info)?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    redis::cmd("PING").query_async::<()>(&mut conn).await
+}

@@ -1,0 +1,246 @@
+//! Peek and reset on Redis ([`Backend::peek`](crate::Backend::peek),
+//! [`Backend::reset`](crate::Backend::reset)): an operator's look at one key, and forgetting it.
+//!
+//! A peek runs `limits.lua` itself, twice (for a quantity of 0: how things stand; of 1: whether one
+//! more request would pass, and when) inside one read-only script: the script's `redis.call` is
+//! wrapped so that reads reach Redis and writes are skipped, so the numbers come from the very
+//! arithmetic that decides, on the server's clock, and nothing is consumed or written (not even the
+//! rebasing of a state written under another quota). Every algorithm and stack, in every mode:
+//! `CL.THROTTLE` keeps the TAT under the same key as the Lua paths.
+//!
+//! A reset deletes each limit's key and the first limit's penalty keys (`…:strikes`, `…:ban`) in
+//! one `DEL` (they share the client's hash tag, so one Cluster slot), then drops the key from the
+//! deny cache and budget slices of this process, and publishes the keys so that every other
+//! process sharing the Redis drops them too (resets.rs).
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
+use crate::backend::redis::health::breaker::guarded;
+use crate::backend::redis::resets;
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::Spec;
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::Limit;
+
+/// The peek: `limits.lua` as the body of a function, under a `redis` whose writes are no-ops.
+static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
+
+/// The peek's `redis`: the reads `limits.lua` makes reach Redis, its writes are skipped, and any
+/// other command fails the script, so that a change to `limits.lua` cannot make a peek write, or
+/// read wrong, without a test failing.
+const PRELUDE: &str = r#"
+-- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
+-- KEYS   the N limits' state keys, then the first limit's ban key if ARGV[2] is 1.
+-- ARGV   N, whether a ban key follows, then four per limit as limits.lua takes them, then
+--        optionally the N ceilings (metered limits).
+-- Returns {ban PTTL (ms; < 0: none), then per limit limits.lua's five values for a quantity of 0,
+--          then per limit the five for a quantity of 1}.
+local real_redis = redis
+local READS = {TIME = true, GET = true, ZCOUNT = true, ZRANGE = true, ZRANGEBYSCORE = true,
+  PTTL = true}
+local WRITES = {SET = true, ZADD = true, ZREMRANGEBYSCORE = true, PEXPIRE = true, DEL = true,
+  INCR = true}
+local redis = setmetatable({
+  call = function(command, ...)
+    local name = string.upper(command)
+    if READS[name] then
+      return real_redis.call(command, ...)
+    end
+    if WRITES[name] then
+      return false
+    end
+    error('peek: limits.lua calls ' .. name .. ', which the peek does not know')
+  end,
+}, {__index = real_redis})
+local function decide_all(KEYS, ARGV)
+"#;
+
+const EPILOGUE: &str = r#"
+end
+local n = tonumber(ARGV[1])
+local state_keys = {}
+for i = 1, n do
+  state_keys[i] = KEYS[i]
+end
+local function argv(q)
+  -- N, quantity, token, no penalty (nothing is struck), then the limits.
+  local a = {ARGV[1], q, '0', '0', '0', '0'}
+  for i = 3, #ARGV do
+    a[#a + 1] = ARGV[i]
+  end
+  return a
+end
+local out = {-2}
+if ARGV[2] == '1' then
+  out[1] = real_redis.call('PTTL', KEYS[n + 1])
+end
+for _, q in ipairs({'0', '1'}) do
+  local r = decide_all(state_keys, argv(q))
+  for i = 2, #r do
+    out[#out + 1] = r[i]
+  end
+end
+return out
+"#;
+
+fn peek_source() -> String {
+    format!(
+        "{PRELUDE}{}{EPILOGUE}",
+        crate::backend::redis::wire::lua::LIMITS_BODY.trim_end()
+    )
+}
+
+impl RedisState {
+    /// [`Backend::peek`](crate::Backend::peek): one read-only script call.
+    pub(crate) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
+        if limits.is_empty() {
+            return Box::pin(std::future::ready(Err(BackendError::new(
+                "peek needs at least one limit",
+            ))));
+        }
+        let mut specs = Vec::with_capacity(limits.len());
+        for limit in limits {
+            match Spec::of(limit, self.state_key(limit, key)) {
+                Ok(spec) => specs.push(spec),
+                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
+            }
+        }
+        let ban_key = limits[0]
+            .penalty()
+            .map(|_| format!("{}:ban", self.redis_key(limits[0].name(), key)));
+        let mut conn = self.conn.clone();
+        let slot_key = specs[0].key.clone();
+        let call = async move {
+            let mut invocation = PEEK.prepare_invoke();
+            for spec in &specs {
+                invocation.key(&spec.key);
+            }
+            if let Some(ban_key) = &ban_key {
+                invocation.key(ban_key);
+            }
+            invocation.arg(specs.len()).arg(u8::from(ban_key.is_some()));
+            for spec in &specs {
+                invocation
+                    .arg(spec.kind)
+                    .arg(spec.limit)
+                    .arg(spec.a)
+                    .arg(spec.b);
+            }
+            // A metered key's debt is shown as debt: remaining 0, until paid back.
+            if specs.iter().any(Spec::is_metered) {
+                for spec in &specs {
+                    invocation.arg(spec.ceiling);
+                }
+            }
+            invocation
+                .invoke_async::<Vec<i64>>(&mut conn.redirecting())
+                .await
+        };
+        let n = limits.len();
+        let answer = guarded(&self.breaker, &slot_key, self.timeout, call);
+        Box::pin(async move {
+            let reply = answer.await?;
+            if reply.len() != 1 + 10 * n {
+                return Err(BackendError::new(
+                    "the peek script returned a reply of the wrong length",
+                ));
+            }
+            let ban = u64::try_from(reply[0])
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis);
+            let (now, next) = reply[1..].split_at(5 * n);
+            Ok(now
+                .chunks_exact(5)
+                .zip(next.chunks_exact(5))
+                .map(|(now, next)| key_state(now, next, ban))
+                .collect())
+        })
+    }
+
+    /// [`Backend::reset`](crate::Backend::reset): one `DEL`, and this process's deny cache.
+    pub(crate) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
+        let Some(first) = limits.first() else {
+            return Box::pin(std::future::ready(Err(BackendError::new(
+                "reset needs at least one limit",
+            ))));
+        };
+        let state_keys: Vec<String> = limits.iter().map(|l| self.state_key(l, key)).collect();
+        let base = self.redis_key(first.name(), key);
+        let mut command = redis::cmd("DEL");
+        for state_key in &state_keys {
+            command.arg(state_key);
+        }
+        command
+            .arg(format!("{base}:strikes"))
+            .arg(format!("{base}:ban"));
+        let mut conn = self.conn.clone();
+        let call = async move { command.query_async::<i64>(&mut conn.redirecting()).await };
+        let deleted = guarded(&self.breaker, &base, self.timeout, call);
+        let state = self.clone();
+        Box::pin(async move {
+            deleted.await?;
+            // This process's slices were granted by the state just deleted.
+            for state_key in &state_keys {
+                state.budgets.forget(state_key);
+            }
+            // After Redis forgot it: a rejection cached meanwhile would otherwise outlive the reset.
+            if let Some(deny) = &state.deny {
+                for state_key in &state_keys {
+                    deny.forget(state_key);
+                }
+            }
+            let mut conn = state.conn.clone();
+            let publish = resets::publish(&mut conn, &state.prefix, &state_keys);
+            let _ = tokio::time::timeout(state.timeout, publish).await;
+            Ok(())
+        })
+    }
+}
+
+/// A limit's state from the script's two decisions, `[limited, limit, remaining, retry (ns, -1 =
+/// never), reset (ns)]`, and the ban's rest.
+fn key_state(now: &[i64], next: &[i64], ban: Option<Duration>) -> KeyState {
+    let nanos = |v: i64| Duration::from_nanos(v.max(0) as u64);
+    let reset_after = nanos(now[4]);
+    let retry_after = (next[0] == 1).then(|| {
+        u64::try_from(next[3])
+            .map(Duration::from_nanos)
+            .unwrap_or(reset_after)
+    });
+    let state = KeyState::new(now[1].max(0) as u64, now[2].max(0) as u64, reset_after)
+        .with_retry_after(retry_after);
+    match ban {
+        Some(rest) => state.with_ban(rest),
+        None => state,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peek_knows_every_command_limits_lua_calls() {
+        let script = crate::backend::redis::wire::lua::LIMITS_BODY;
+        let commands: Vec<&str> = script
+            .split("redis.call('")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('\'').unwrap()])
+            .collect();
+        assert!(commands.contains(&"SET") && commands.contains(&"ZCOUNT"));
+        for command in commands {
+            assert!(
+                PRELUDE.contains(&format!("{command} = true")),
+                "limits.lua calls {command}: add it to the peek's READS or WRITES"
+            );
+        }
+        // The peek wraps the script whole: its top-level `return` returns from the wrapper.
+        assert!(peek_source().contains(script.trim_end()));
+    }
+}

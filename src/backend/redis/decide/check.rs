@@ -1,0 +1,344 @@
+//! `RedisState`, what every clone of a `RedisBackend` shares, and the way of one check: the deny
+//! cache, the breaker and timeout, the path the mode picks, and what the answer leaves behind (a
+//! cached rejection, a held lease).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use redis::RedisError;
+
+use std::sync::atomic::Ordering;
+
+use super::deny::Rejection;
+use crate::backend::api::StackFuture;
+use crate::backend::redis::conn::connection::is_unknown_command;
+use crate::backend::redis::health::breaker::{guarded, guarded_on};
+use crate::backend::redis::speedup::budget::{Fetching, Gcra, Local};
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::{stack_error, Args, Spec};
+use crate::backend::redis::wire::limits_call::LimitsCall;
+use crate::backend::redis::wire::mode::RedisMode;
+use crate::backend::redis::wire::scripts::{self, Answer};
+use crate::budget::Budget;
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::{Algorithm, Limit};
+
+/// The future of [`RedisBackend::check`](crate::backend::Backend::check).
+pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+
+impl RedisState {
+    /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
+    pub(crate) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+        let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
+            return self.check_window(limit, key, quantity);
+        };
+        // A key known to be limited stays limited, whether Redis answers or not.
+        let redis_key = self.redis_key(limit.name(), key);
+        // Before the budget: a denied hot key costs no slice bookkeeping and asks for no slice.
+        if let Some(denied) = self
+            .deny
+            .as_ref()
+            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
+        // A leased budget: admitted from this process's slice, or a slice to fetch (budget.rs).
+        let fetch = match limit.budget() {
+            Some(budget) => match self.budgets.local(&redis_key, budget, args.limit, quantity) {
+                Local::Admit(decision) => return Box::pin(std::future::ready(Ok(decision))),
+                Local::AdmitAndRefill(decision, want, fetching) => {
+                    self.refill(&redis_key, &args, *budget, want, fetching);
+                    return Box::pin(std::future::ready(Ok(decision)));
+                }
+                Local::Fetch(want, fetching) => Some((*budget, want, fetching)),
+                Local::PerRequest => None,
+            },
+            None => None,
+        };
+        let state = self.clone();
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
+        // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
+        let node = self.breaker.node_for(&redis_key);
+        guarded_on(&self.breaker, node, self.timeout, async move {
+            let sent = Instant::now();
+            let Answer {
+                decision,
+                whole_seconds,
+                banned,
+            } = match fetch {
+                Some((budget, want, _fetching)) => {
+                    let mut conn = state.conn.clone();
+                    let fetched = state.budgets.fetch(
+                        &mut conn,
+                        &redis_key,
+                        Gcra::of(&args),
+                        &budget,
+                        quantity,
+                        want,
+                    );
+                    // Boxed, as the calls of `decide` that do not go in a batch: they are rare,
+                    // and would otherwise make every check's future (moved as it starts) their size.
+                    Box::pin(fetched).await?
+                }
+                None => state.decide(&redis_key, &args, quantity).await?,
+            };
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban,
+            // though, holds whatever comes.
+            let cacheable = args.penalty.is_none() || banned;
+            if let (false, true, Some(cache)) = (decision.allowed, cacheable, &state.deny) {
+                // Timed from when the call was sent: Redis decided after that, so the retry time
+                // is held no later than Redis meant.
+                let rejection = Rejection {
+                    decision,
+                    interval: args.interval,
+                    tolerance: args.tolerance,
+                    whole_seconds,
+                    banned,
+                    until_retry: false,
+                };
+                cache.insert(&redis_key, quantity, rejection, sent, generation);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// A stack of limits, decided together ([`Backend::check_all`](crate::backend::Backend::check_all)).
+    pub(crate) fn check_stack(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+        }
+        let token = self.leases.next_token();
+        self.check_limits(limits, key, quantity, None, token)
+    }
+
+    /// A stack with one quantity per limit
+    /// ([`Backend::check_each`](crate::backend::Backend::check_each)): the limits script with a
+    /// quantity per limit, one atomic call as for [`check_stack`](Self::check_stack).
+    pub(crate) fn check_stack_each(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantities: &[u64],
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+        }
+        if quantities.len() != limits.len() {
+            return Box::pin(std::future::ready(Err(BackendError::new(format!(
+                "{} quantities for a stack of {} limits",
+                quantities.len(),
+                limits.len()
+            )))));
+        }
+        let token = self.leases.next_token();
+        self.check_limits(limits, key, 0, Some(quantities.to_vec()), token)
+    }
+
+    /// One limit of another algorithm than the GCRA, on the limits script.
+    ///
+    /// The deny cache holds a rejection only where it provably stays one until its retry time,
+    /// whatever other processes do (they can only add units): a fixed window's (no unit leaves
+    /// before the boundary, which is the retry time), and a sliding log's for one unit (the log is
+    /// full, and its oldest unit, whose exit is the retry time, leaves first; `remaining` stays 0
+    /// until then). A sliding window's estimate and a larger request's room grow before the retry
+    /// time, and a concurrency slot may be released at any moment: those always reach Redis.
+    fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+        // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
+        let fingerprint = match (limit.algorithm(), limit.window()) {
+            (Algorithm::FixedWindow, Some(w)) => Some((w.period(), w.limit())),
+            (Algorithm::SlidingLog, Some(w)) if quantity == 1 => Some((w.period(), w.limit())),
+            _ => None,
+        };
+        let state_key = self.state_key(limit, key);
+        if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref())
+            && let Some(denied) = deny.get(&state_key, quantity, period, count)
+        {
+            return Box::pin(std::future::ready(Ok(denied)));
+        }
+        let penalty = limit.penalty().is_some();
+        let state = self.clone();
+        let sent = Instant::now();
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
+        let token = self.leases.next_token();
+        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, None, token);
+        let lease = limit.lease().zip(limit.concurrency());
+        // A concurrency check whose answer never arrives (timed out, failed, or dropped by a client
+        // that went away) may still have taken slots in Redis under its token: until the answer is
+        // in hand, this gives them back.
+        let mut unanswered = lease.map(|(lease, count)| {
+            self.leases
+                .unanswered(state_key.clone(), token, quantity.min(count), lease)
+        });
+        Box::pin(async move {
+            let decisions = decided.await;
+            if decisions.is_ok()
+                && let Some(unanswered) = &mut unanswered
+            {
+                unanswered.answered();
+            }
+            let decision = decisions?
+                .pop()
+                .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
+            // Renewed from now until released: the layer holds the slot from this answer on (a
+            // check dropped before it answers starts nothing, and its lease simply expires).
+            if let (true, Some((lease, count)), Some(token)) =
+                (decision.allowed, lease, decision.lease)
+            {
+                state
+                    .leases
+                    .hold(state_key, token, quantity.min(count), lease);
+                return Ok(decision);
+            }
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban holds.
+            let cacheable = !decision.allowed && (!penalty || decision.banned);
+            if let (true, Some((period, count)), Some(deny)) =
+                (cacheable, fingerprint, state.deny.as_ref())
+            {
+                let rejection = Rejection {
+                    decision,
+                    interval: period,
+                    tolerance: count,
+                    whole_seconds: false,
+                    banned: decision.banned,
+                    until_retry: true,
+                };
+                deny.insert(&state_key, quantity, rejection, sent, generation);
+            }
+            Ok(decision)
+        })
+    }
+
+    /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
+    /// client's hash tag, adding units named by `token`; `quantity` units under each limit, or
+    /// `each[i]` under `limits[i]`.
+    fn check_limits(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+        each: Option<Vec<u64>>,
+        token: u64,
+    ) -> StackFuture {
+        let mut specs = Vec::with_capacity(limits.len());
+        for limit in limits {
+            match Spec::of(limit, self.state_key(limit, key)) {
+                Ok(spec) => specs.push(spec),
+                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
+            }
+        }
+        // The first limit's penalty, on the same keys as the GCRA path's: a policy's ban holds
+        // whatever its algorithm.
+        let penalty = limits.first().and_then(|first| {
+            first
+                .penalty()
+                .map(|p| (*p, self.redis_key(first.name(), key)))
+        });
+        // The keys share the client's hash tag: any picks a Cluster node's breaker.
+        let slot_key = specs.first().map(|s| s.key.clone()).unwrap_or_default();
+        let call = LimitsCall {
+            specs,
+            penalty,
+            quantity,
+            each,
+            token,
+        };
+        let mut conn = self.conn.clone();
+        let batches = self.batches.clone();
+        // Coalesced with the checks waiting at once (batch.rs), unless coalescing is off.
+        let decide = async move {
+            match batches {
+                Some(batches) => batches.limits(call).await,
+                None => scripts::limits(&mut conn, &call).await,
+            }
+        };
+        guarded(&self.breaker, &slot_key, self.timeout, decide)
+    }
+
+    /// One GCRA decision on the path the mode picks.
+    async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Answer, RedisError> {
+        let mut conn = self.conn.clone();
+        let use_cell = self.detector.use_cell(&mut conn, &self.breaker).await?;
+        let conn = &mut conn;
+        // Peeks (quantity 0) and quantities beyond the limit go to Lua: redis-cell 0.2.2 writes a key
+        // without expiry for the first, and for a huge quantity overflows into a negative TAT that
+        // crashes the server on the next call. Quotas with no whole-second form, and policies with a
+        // penalty box (strikes and bans go with the decision, atomically), go to Lua too.
+        match args.cell {
+            Some(cell)
+                if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
+            {
+                // Coalesced (one pipelined write for the checks waiting at once) on one server,
+                // unless Redis may be full (state.rs says why the script then).
+                let through_script = self.cell_through_script.load(Ordering::Relaxed);
+                let answer = match &self.batches {
+                    Some(batches) if !conn.is_cluster() && !through_script => {
+                        batches.cell(key, cell, quantity).await
+                    }
+                    _ => {
+                        Box::pin(scripts::throttle(conn, key, cell, quantity, through_script)).await
+                    }
+                };
+                match answer {
+                    Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
+                        // The module went away (a restart without it): Lua from now on, and this
+                        // request too (the failed command wrote nothing).
+                        self.detector.cell_gone();
+                        Box::pin(scripts::gcra(conn, key, args, quantity)).await
+                    }
+                    other => other,
+                }
+            }
+            // A penalty box's strikes and bans take keys of their own: such checks go alone.
+            _ => match &self.batches {
+                Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
+                _ => Box::pin(scripts::gcra(conn, key, args, quantity)).await,
+            },
+        }
+    }
+}
+
+impl RedisState {
+    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
+    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
+    /// by a request). A refill that fails or is refused leaves the slice as it is.
+    pub(crate) fn refill(
+        self: &Arc<Self>,
+        key: &str,
+        args: &Args,
+        budget: Budget,
+        want: u64,
+        fetching: Fetching,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let state = self.clone();
+        let slot_key = key;
+        let key = key.to_owned();
+        let gcra = Gcra::of(args);
+        let call = async move {
+            let mut conn = state.conn.clone();
+            let fetched = state
+                .budgets
+                .fetch(&mut conn, &key, gcra, &budget, 0, want)
+                .await;
+            drop(fetching);
+            fetched.map(drop)
+        };
+        let guarded = guarded(&self.breaker, slot_key, self.timeout, call);
+        runtime.spawn(async move {
+            if let Err(e) = guarded.await {
+                tracing::debug!(error = %e, "a budget refill failed");
+            }
+        });
+    }
+}

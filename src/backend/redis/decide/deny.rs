@@ -1,0 +1,426 @@
+//! The local deny cache: a key that Redis limited is rejected here until its retry time.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::decision::Decision;
+
+const SHARDS: usize = 16;
+
+/// Keys are the clients' (hostile): foldhash, seeded per process as the memory backend's table is,
+/// and a fraction of SipHash's cost (two hashes a check: the shard, then its map). foldhash does not
+/// claim to resist an attacker who times lookups to find collisions; here only keys Redis limited
+/// are entries, at most `SHARD_CAPACITY` a shard, so a collision flood stays bounded.
+type RandomState = foldhash::fast::RandomState;
+/// Entries per shard. Dropping an entry only costs a round trip, so a full shard refuses new ones
+/// after pruning the expired, rather than grow.
+const SHARD_CAPACITY: usize = 8192;
+
+/// Limited keys and until when they stay limited, for requests of the same cost under the same quota.
+///
+/// Caching a rejection can never admit anything, and it stays correct across processes: other
+/// processes' admissions only move a key's TAT later, so a key that Redis limited until `until` for
+/// `quantity` units cannot pass with as many units before then. (A key deleted or rebased in Redis
+/// by hand is still refused here until `until`.)
+/// A rejection from Redis, with what the cache needs to know how long its numbers hold.
+pub(crate) struct Rejection {
+    pub(crate) decision: Decision,
+    /// The GCRA's emission interval and tolerance, in nanoseconds.
+    pub(crate) interval: u64,
+    pub(crate) tolerance: u64,
+    /// From `CL.THROTTLE`: whole seconds, rounded up.
+    pub(crate) whole_seconds: bool,
+    /// A penalty-box ban: it holds until its end, whatever the bucket does.
+    pub(crate) banned: bool,
+    /// Its numbers hold until the retry time (a fixed window's, a full sliding log's for one unit):
+    /// `interval` and `tolerance` then only tell quotas apart.
+    pub(crate) until_retry: bool,
+}
+
+pub(crate) struct DenyCache {
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard>]>,
+    /// Counts what made keys less limited (resets, refunds, reloads, missed messages): a rejection
+    /// Redis made before one of them is not inserted after it, as the budget's slices are not.
+    generation: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Box<str>, Denied, RandomState>,
+    /// A full shard prunes expired entries at most this often, so that a flood of new keys does not
+    /// turn every insertion into a scan.
+    next_prune: Option<Instant>,
+}
+
+const PRUNE_EVERY: Duration = Duration::from_millis(100);
+
+struct Denied {
+    /// When Redis decided.
+    at: Instant,
+    /// Until when the key stays limited: the exact retry time (Lua) or a lower bound of it (Cell).
+    until: Instant,
+    quantity: u64,
+    interval: u64,
+    tolerance: u64,
+    decision: Decision,
+}
+
+impl DenyCache {
+    pub(crate) fn new() -> Self {
+        DenyCache {
+            hasher: RandomState::default(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The generation to give [`insert`](Self::insert): read before the call to Redis is sent.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A new generation, before entries are dropped: a decision in flight is not inserted after.
+    fn next_generation(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// The cached rejection of `key` for `quantity` units under the quota with this `interval` and
+    /// `tolerance`, aged to now, if it still holds.
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        quantity: u64,
+        interval: u64,
+        tolerance: u64,
+    ) -> Option<Decision> {
+        self.get_at(key, quantity, interval, tolerance, Instant::now())
+    }
+
+    /// [`get`](Self::get) at `now` (the tests' manual clock).
+    fn get_at(
+        &self,
+        key: &str,
+        quantity: u64,
+        interval: u64,
+        tolerance: u64,
+        now: Instant,
+    ) -> Option<Decision> {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let entry = shard.map.get(key)?;
+        if now >= entry.until {
+            shard.map.remove(key);
+            return None;
+        }
+        if quantity != entry.quantity || interval != entry.interval || tolerance != entry.tolerance
+        {
+            // Another cost may fit (or never), another quota (the route changed) reads the state
+            // its own way: Redis decides.
+            return None;
+        }
+        let elapsed = now - entry.at;
+        let d = &entry.decision;
+        let mut aged = Decision::limited(
+            d.limit,
+            d.remaining,
+            d.retry_after.map(|r| r.saturating_sub(elapsed)),
+            d.reset_after.saturating_sub(elapsed),
+        );
+        aged.banned = d.banned;
+        Some(aged)
+    }
+
+    /// Forgets the rejection of `key`: the key was reset, or counting by outcome gave units back (a
+    /// refund is the one thing besides a reset that makes a key less limited, so a process forgets
+    /// what it refunded; another process's cache may hold the rejection until its retry time, which
+    /// only admits less).
+    pub(crate) fn forget(&self, key: &str) {
+        self.next_generation();
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.map.remove(key);
+    }
+
+    /// Forgets every rejection: resets may have been missed (resets.rs).
+    pub(crate) fn clear(&self) {
+        self.next_generation();
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
+        }
+    }
+
+    /// Forgets every rejection of a key that starts with `prefix` (`prefix:limit:`: the limit's
+    /// quota changed in a reload).
+    pub(crate) fn forget_prefix(&self, prefix: &str) {
+        self.next_generation();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            shard.map.retain(|key, _| !key.starts_with(prefix));
+        }
+    }
+
+    /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
+    /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
+    /// every `interval`, before a request of several units fits).
+    ///
+    /// `whole_seconds`: the decision came from `CL.THROTTLE`, whose retry time is rounded up to the
+    /// next second and whose reset time is not exact; the key is then held only to a second before
+    /// the retry time (a lower bound of it: never a false rejection), and only when `remaining` cannot
+    /// change before then.
+    ///
+    /// `generation`: [`generation`](Self::generation) when the call was sent; a key forgotten since
+    /// (a reset heard while Redis was deciding) may have been limited by the state the reset
+    /// deleted, so the rejection is not kept.
+    pub(crate) fn insert(
+        &self,
+        key: &str,
+        quantity: u64,
+        rejected: Rejection,
+        at: Instant,
+        generation: u64,
+    ) {
+        let Rejection {
+            decision,
+            interval,
+            tolerance,
+            whole_seconds,
+            banned,
+            until_retry,
+        } = rejected;
+        let Some(retry) = decision.retry_after else {
+            return; // never admitted: Redis still answers, with up-to-date numbers
+        };
+        // `remaining` next grows when tolerance - ttl reaches (remaining + 1) × interval.
+        let next_unit = decision.remaining.saturating_add(1);
+        let hold = if banned || until_retry {
+            retry
+        } else if whole_seconds {
+            if next_unit < quantity {
+                return;
+            }
+            retry.saturating_sub(Duration::from_secs(1))
+        } else {
+            let grows_after = Duration::from_nanos(
+                next_unit
+                    .saturating_mul(interval)
+                    .saturating_add(decision.reset_after.as_nanos() as u64)
+                    .saturating_sub(tolerance),
+            );
+            retry.min(grows_after)
+        };
+        if hold.is_zero() {
+            return;
+        }
+        let entry = Denied {
+            at,
+            until: at + hold,
+            quantity,
+            interval,
+            tolerance,
+            decision,
+        };
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        // Under the shard's lock: a forget of this key either came before (a new generation) or
+        // comes after, and removes the entry.
+        if self.generation() != generation {
+            return;
+        }
+        if shard.map.len() >= SHARD_CAPACITY && !shard.map.contains_key(key) {
+            let now = Instant::now();
+            if shard.next_prune.is_none_or(|t| now >= t) {
+                shard.map.retain(|_, e| e.until > now);
+                shard.next_prune = Some(now + PRUNE_EVERY);
+            }
+            if shard.map.len() >= SHARD_CAPACITY {
+                return;
+            }
+        }
+        shard.map.insert(key.into(), entry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const I: u64 = 200 * MS;
+    const TAU: u64 = 1000 * MS;
+
+    /// A rejection under 5 at once, one every 200 ms (tolerance 1 s), of `quantity` units: the
+    /// bucket holds `remaining` and the TAT is `ttl_ms` ahead.
+    fn rejection(quantity: u64, remaining: u64, ttl_ms: u64, whole_seconds: bool) -> Rejection {
+        let (interval, tolerance) = (I, TAU);
+        let retry = ttl_ms * MS + quantity * interval - tolerance;
+        Rejection {
+            decision: Decision::limited(
+                5,
+                remaining,
+                Some(Duration::from_nanos(retry)),
+                Duration::from_millis(ttl_ms),
+            ),
+            interval,
+            tolerance,
+            whole_seconds,
+            banned: false,
+            until_retry: false,
+        }
+    }
+
+    fn limited(retry_ms: u64) -> Rejection {
+        // One unit, nothing left: the TAT is retry + 800 ms ahead.
+        rejection(1, 0, retry_ms + 800, false)
+    }
+
+    #[test]
+    fn holds_a_rejection_for_the_same_cost_and_quota() {
+        let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let now = Instant::now();
+        let at = |ms| now + Duration::from_millis(ms);
+        cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
+        // 2 units wanted, 1 left, TAT 1.1 s ahead: retry in 500 ms, and "remaining: 1" holds as long.
+        let d = get("k", 2, at(120)).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_millis(380)), "aged");
+        assert_eq!(d.reset_after, Duration::from_millis(980), "aged");
+        assert_eq!((d.limit, d.remaining), (5, 1));
+        assert!(get("k", 2, at(499)).is_some());
+        assert!(get("k", 2, at(500)).is_none(), "retry time");
+        // `get` reads the real clock (a minute's hold: no machine is that slow).
+        cache.insert("minute", 1, limited(60_000), Instant::now(), 0);
+        assert!(cache.get("minute", 1, I, TAU).is_some(), "the real clock");
+        cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
+        assert!(get("k", 1, now).is_none(), "fewer units may fit");
+        assert!(
+            get("k", 3, now).is_none(),
+            "more units wait longer, or forever"
+        );
+        assert!(
+            cache.get_at("k", 2, 2 * I, TAU, now).is_none(),
+            "another rate"
+        );
+        assert!(
+            cache.get_at("k", 2, I, 2 * TAU, now).is_none(),
+            "another quota"
+        );
+        assert!(get("other", 2, now).is_none());
+    }
+
+    #[test]
+    fn held_only_while_remaining_stays_the_same() {
+        let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        // 3 units wanted, 1 left, TAT 900 ms ahead: a second unit frees up after 300 ms, the third
+        // (the retry time) after 500 ms. Held 300 ms, while "remaining: 1" is true.
+        let r = rejection(3, 1, 900, false);
+        assert_eq!(r.decision.retry_after, Some(Duration::from_millis(500)));
+        let now = Instant::now();
+        cache.insert("k", 3, r, now, 0);
+        assert_eq!(
+            get("k", 3, now + Duration::from_millis(299))
+                .unwrap()
+                .remaining,
+            1
+        );
+        assert!(get("k", 3, now + Duration::from_millis(300)).is_none());
+        // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
+        cache.insert("c", 3, rejection(3, 1, 2900, true), now, 0);
+        assert!(get("c", 3, now).is_none());
+    }
+
+    #[test]
+    fn expired_and_never_admitted_rejections_are_not_held() {
+        let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let now = Instant::now();
+        cache.insert("old", 1, limited(300), now, 0);
+        assert!(get("old", 1, now + Duration::from_secs(1)).is_none());
+        assert!(get("old", 1, now).is_none(), "an expired entry is dropped");
+        let mut never = limited(300);
+        never.decision.retry_after = None;
+        cache.insert("never", 9, never, now, 0);
+        assert!(get("never", 9, now).is_none());
+    }
+
+    #[test]
+    fn whole_second_answers_are_held_a_second_less() {
+        let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let now = Instant::now();
+        let mut one = limited(1000);
+        one.whole_seconds = true;
+        cache.insert("one", 1, one, now, 0);
+        assert!(
+            get("one", 1, now).is_none(),
+            "true retry time may be under a second"
+        );
+        let mut two = limited(2000);
+        two.whole_seconds = true;
+        cache.insert("two", 1, two, now, 0);
+        let d = get("two", 1, now).unwrap();
+        assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
+        let d = get("two", 1, now + Duration::from_millis(999)).unwrap();
+        assert_eq!(d.retry_after, Some(Duration::from_millis(1001)));
+        assert!(get("two", 1, now + Duration::from_secs(1)).is_none());
+    }
+
+    #[test]
+    fn a_rejection_decided_before_a_forget_is_not_kept_after_it() {
+        let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let now = Instant::now();
+        let sent = cache.generation();
+        cache.forget("k"); // a reset heard while Redis was deciding
+        cache.insert("k", 1, limited(60_000), now, sent);
+        assert!(get("k", 1, now).is_none());
+        // Any forget counts (the generation is the cache's, not the key's): a reset of another
+        // key only costs a round trip.
+        let sent = cache.generation();
+        cache.clear();
+        cache.insert("k", 1, limited(60_000), now, sent);
+        assert!(get("k", 1, now).is_none());
+        cache.insert("k", 1, limited(60_000), now, cache.generation());
+        assert!(get("k", 1, now).is_some());
+    }
+
+    #[test]
+    fn a_reloaded_limit_forgets_its_keys_only() {
+        let cache = DenyCache::new();
+        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let now = Instant::now();
+        for key in [
+            "p:api:{a}",
+            "p:api:{b}:fixed",
+            "p:api.1s:{a}",
+            "p:login:{a}",
+        ] {
+            cache.insert(key, 1, limited(60_000), now, cache.generation());
+        }
+        cache.forget_prefix("p:api:");
+        let held = |key| get(key, 1, now).is_some();
+        assert!(!held("p:api:{a}") && !held("p:api:{b}:fixed"));
+        assert!(held("p:api.1s:{a}") && held("p:login:{a}"));
+    }
+
+    #[test]
+    fn a_full_shard_refuses_rather_than_grows() {
+        let cache = DenyCache::new();
+        let now = Instant::now();
+        for i in 0..SHARDS * SHARD_CAPACITY * 2 {
+            cache.insert(&format!("k{i}"), 1, limited(60_000), now, 0);
+        }
+        let total: usize = cache
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().map.len())
+            .sum();
+        assert!(total <= SHARDS * SHARD_CAPACITY);
+    }
+}

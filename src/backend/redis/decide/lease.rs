@@ -1,0 +1,237 @@
+//! Concurrency leases: the tokens that name a request's slots, their renewal while the request runs
+//! (`renew.lua`), and their release.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use tokio::task::AbortHandle;
+
+use crate::backend::redis::conn::backoff::Backoff;
+use crate::backend::redis::conn::connection::RedisConnection;
+
+/// Extends every unit of one lease token: see the script's header.
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::RENEW));
+
+/// Lease tokens, unique within the process (a bijection of a counter, offset by a per-process random
+/// seed), so that releases of concurrent requests never remove each other's slots. Across processes
+/// two tokens collide with probability 2^-64.
+struct LeaseTokens {
+    seed: u64,
+    next: AtomicU64,
+}
+
+impl LeaseTokens {
+    fn new() -> Self {
+        use std::hash::BuildHasher;
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        LeaseTokens {
+            seed,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            // splitmix64: distinct counters give distinct tokens. 0 means "no lease".
+            let mut z = self
+                .seed
+                .wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            if z != 0 {
+                return z;
+            }
+        }
+    }
+}
+
+/// The concurrency leases of one backend: tokens to draw, the renewal task of each lease held by a
+/// request in flight, and the connection renewals and releases go through (a handle on the
+/// backend's). Renewals hold it weakly, so they stop once the backend and its releases are gone.
+pub(crate) struct Leases {
+    tokens: LeaseTokens,
+    conn: RedisConnection,
+    timeout: Duration,
+    /// The renewal task of each concurrency lease held by a request in flight, by token.
+    held: Mutex<HashMap<u64, AbortHandle>>,
+}
+
+impl Leases {
+    /// No lease held; each call on `conn` bounded by `timeout`.
+    pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
+        Leases {
+            tokens: LeaseTokens::new(),
+            conn,
+            timeout,
+            held: Mutex::default(),
+        }
+    }
+
+    /// A fresh token, never 0, to name the units one call adds.
+    pub(crate) fn next_token(&self) -> u64 {
+        self.tokens.next()
+    }
+
+    /// Keeps a request's concurrency leases alive while it runs: extends them every third of the
+    /// lease, until [`release`](Self::release) stops it (or the backend is dropped, or a lease was
+    /// lost). A process that dies stops renewing, and its leases expire.
+    pub(crate) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        let lease_us = lease.as_micros().max(1) as u64;
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let task = runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(leases) = weak.upgrade() else {
+                    return;
+                };
+                let mut invocation = RENEW.prepare_invoke();
+                invocation.key(&key).arg(token).arg(quantity).arg(lease_us);
+                let mut conn = leases.conn.clone();
+                let mut conn = conn.redirecting();
+                let renew = invocation.invoke_async::<i64>(&mut conn);
+                match tokio::time::timeout(leases.timeout, renew).await {
+                    // Every lease is gone (ended, or released meanwhile): nothing left to keep.
+                    Ok(Ok(0)) => {
+                        leases.held_mut().remove(&token);
+                        return;
+                    }
+                    Ok(Ok(_)) => {}
+                    // Redis is away: try again at the next tick, while the leases still run.
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "a concurrency lease was not renewed")
+                    }
+                    Err(_) => tracing::debug!("a concurrency lease was not renewed in time"),
+                }
+            }
+        });
+        self.held_mut().insert(token, task.abort_handle());
+    }
+
+    /// A request is done with its slots: stops renewing its lease and removes its units.
+    pub(crate) fn release(
+        self: &Arc<Self>,
+        key: String,
+        token: u64,
+        quantity: u64,
+        lease: Duration,
+    ) {
+        if let Some(renewal) = self.held_mut().remove(&token) {
+            renewal.abort();
+        }
+        self.give_back(key, token, quantity, lease);
+    }
+
+    /// Whatever a concurrency check may take under `token` until its answer arrives; see
+    /// [`Unanswered`].
+    pub(crate) fn unanswered(
+        self: &Arc<Self>,
+        key: String,
+        token: u64,
+        quantity: u64,
+        lease: Duration,
+    ) -> Unanswered {
+        Unanswered {
+            leases: self.clone(),
+            key,
+            token,
+            quantity,
+            lease,
+        }
+    }
+
+    /// Removes a request's concurrency units (`token:0..quantity`), on a spawned task. It bypasses the
+    /// circuit breaker and retries (each try bounded by the timeout, with backoff) until Redis
+    /// answers or the lease would have ended anyway: a release is off every request's path, and a
+    /// lost one would hold a slot for the whole lease. Without a runtime the lease simply expires.
+    fn give_back(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if quantity == 0 {
+            return;
+        }
+        let leases = self.clone();
+        let give_up = Instant::now() + lease;
+        runtime.spawn(async move {
+            let members: Vec<String> = (0..quantity).map(|i| format!("{token}:{i}")).collect();
+            let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+            loop {
+                let mut cmd = redis::cmd("ZREM");
+                cmd.arg(&key).arg(&members);
+                let mut conn = leases.conn.clone();
+                let mut conn = conn.redirecting();
+                let call = cmd.query_async::<u64>(&mut conn);
+                match tokio::time::timeout(leases.timeout, call).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) if !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+                        tracing::debug!(error = %e, "a concurrency slot was not released; its lease will expire");
+                        return;
+                    }
+                    _ => {}
+                }
+                let wait = backoff.wait();
+                if Instant::now() + wait >= give_up {
+                    tracing::debug!("Redis stayed unreachable; a concurrency slot will be freed when its lease expires");
+                    return;
+                }
+                tokio::time::sleep(wait).await;
+            }
+        });
+    }
+
+    fn held_mut(&self) -> MutexGuard<'_, HashMap<u64, AbortHandle>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The units a concurrency check may have taken in Redis before its answer arrived; dropped before
+/// [`answered`](Self::answered) (no answer: timed out, failed, or dropped by a client that went
+/// away), it gives them back.
+pub(crate) struct Unanswered {
+    leases: Arc<Leases>,
+    key: String,
+    token: u64,
+    quantity: u64,
+    lease: Duration,
+}
+
+impl Unanswered {
+    /// The answer arrived: what the check took is known, and no longer given back here.
+    pub(crate) fn answered(&mut self) {
+        self.quantity = 0;
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let key = std::mem::take(&mut self.key);
+        self.leases
+            .give_back(key, self.token, self.quantity, self.lease);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_tokens_are_distinct_and_never_zero() {
+        let tokens = LeaseTokens::new();
+        let drawn: std::collections::HashSet<u64> = (0..100_000).map(|_| tokens.next()).collect();
+        assert_eq!(drawn.len(), 100_000);
+        assert!(!drawn.contains(&0));
+    }
+}

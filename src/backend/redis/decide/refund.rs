@@ -1,0 +1,134 @@
+//! Settling after the response: `settle.lua` gives back, in one atomic call, the units a request
+//! took under each limit of its policy (counting by outcome: [`refund`]), or settles a metered
+//! request's real cost, charging or giving back per limit ([`settle`]); on a spawned task, so
+//! that no response waits for it.
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::Spec;
+use crate::key::Key;
+use crate::limit::Limit;
+
+/// See the script's header. Built once per process.
+static SETTLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::SETTLE));
+
+/// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
+const REFUNDABLE_KINDS: [u8; 4] = [0, 1, 2, 3];
+
+/// Gives back `quantity` units of `limits` for `key` (see
+/// [`Backend::refund`](crate::backend::Backend::refund)): [`settle`] with `-quantity` under each.
+pub(crate) fn refund(
+    state: &Arc<RedisState>,
+    limits: &[Limit],
+    key: &Key,
+    quantity: u64,
+    since: Duration,
+) {
+    if quantity == 0 {
+        return;
+    }
+    let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
+    send(state, limits, key, |_| back, since);
+}
+
+/// Settles `deltas[i]` units under `limits[i]` for `key` (see
+/// [`Backend::settle`](crate::backend::Backend::settle)): negative gives back as a refund does,
+/// positive charges a metered GCRA limit (into debt, up to its cap), 0 leaves the limit alone.
+pub(crate) fn settle(
+    state: &Arc<RedisState>,
+    limits: &[Limit],
+    key: &Key,
+    deltas: &[i64],
+    since: Duration,
+) {
+    if deltas.len() != limits.len() {
+        tracing::debug!(
+            limits = limits.len(),
+            deltas = deltas.len(),
+            "a settle with a delta count that is not the limit count was dropped"
+        );
+        return;
+    }
+    send(state, limits, key, |i| deltas[i], since);
+}
+
+/// One `settle.lua` call, on the current tokio runtime, bounded by the backend's timeout. A
+/// settle that fails or times out is lost (logged at debug level): the request counted as it was
+/// reserved. It is never retried: a late refund could land after the units have drained and give
+/// back more than the request took, and a late charge would fall on a later instant than the
+/// debt it stands for.
+fn send(
+    state: &Arc<RedisState>,
+    limits: &[Limit],
+    key: &Key,
+    delta: impl Fn(usize) -> i64,
+    since: Duration,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let items: Vec<(Spec, i64)> = limits
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| delta(*i) != 0)
+        .filter_map(|(i, limit)| {
+            let spec = Spec::of(limit, state.state_key(limit, key)).ok()?;
+            // Only a metered limit may be charged (with a debt cap of 0, up to its burst): another
+            // reads a TAT past its tolerance as another quota's.
+            let usable =
+                REFUNDABLE_KINDS.contains(&spec.kind) && (delta(i) < 0 || limit.is_metered());
+            usable.then(|| (spec, delta(i)))
+        })
+        .collect();
+    if items.is_empty() {
+        return;
+    }
+    // A rejection this process cached no longer tells the truth: after units were given back the
+    // key is less limited, and after a charge its retry time is later than the cached one (a client
+    // told to come back then would be refused again). Forgotten either way, and nothing is cached:
+    // the next check asks Redis. (Another process's cache may hold its rejection until its retry
+    // time: that only refuses, never admits, more.)
+    if let Some(deny) = &state.deny {
+        for (spec, _) in &items {
+            deny.forget(&spec.key);
+        }
+    }
+    let mut invocation = SETTLE.prepare_invoke();
+    for (spec, _) in &items {
+        invocation.key(&spec.key);
+    }
+    // Plus the timeout: the admission was at most `since` before the sending, and a call answered
+    // in time ran within the timeout of it. (One that times out may still run later, on a stalled
+    // server; its window arithmetic then errs by that delay.) Rounded up: an earlier admission time
+    // only ever gives back less.
+    let since_us = (since + state.timeout).as_nanos().div_ceil(1000) as u64;
+    invocation.arg(items.len()).arg(since_us);
+    for (spec, delta) in &items {
+        invocation
+            .arg(spec.kind)
+            .arg(spec.a)
+            .arg(*delta)
+            .arg(spec.ceiling);
+    }
+    let mut conn = state.conn.clone();
+    let timeout = state.timeout;
+    runtime.spawn(async move {
+        let call = async move {
+            invocation
+                .invoke_async::<i64>(&mut conn.redirecting())
+                .await
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "a settle failed; the request counted as reserved")
+            }
+            Err(_) => tracing::debug!("a settle timed out; the request counted as reserved"),
+        }
+    });
+}

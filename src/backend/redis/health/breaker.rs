@@ -1,0 +1,371 @@
+//! The process-wide circuit breaker of one server, and `guarded`: one Redis call under the breaker
+//! (on a Cluster, the breaker of the key's primary) and the timeout.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use super::circuit::{Admission, Circuit};
+use super::recorder::{error_text, Clock, Recorder};
+use crate::backend::redis::conn::cluster_nodes::{ClusterNodes, Node};
+use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
+use crate::backend::redis::wire::mode::RedisMode;
+use crate::error::BackendError;
+
+/// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
+/// timeout. A call that fails to reach Redis (an I/O error, a dropped connection, a timeout) opens the
+/// circuit for 50 ms. Then one call probes while the others still fail fast: if the probe fails too,
+/// the circuit stays open twice as long (up to 500 ms); any reply from Redis, even an error reply,
+/// closes it. So an outage costs requests nothing beyond the failure policy, and a Redis that comes
+/// back is used again within half a second (circuit.rs). Only single-server connections use it: on
+/// a Cluster one node's trouble must not stop the decisions that other nodes can make, so each
+/// primary has a breaker of its own ([`ClusterNodes`]), picked by the key's slot.
+pub(crate) struct Breaker {
+    /// False on a Cluster: every call is admitted, and failures open nothing.
+    enabled: bool,
+    circuit: Arc<Circuit>,
+    /// On a Cluster: the slot map and a breaker per primary.
+    pub(crate) nodes: Option<Arc<ClusterNodes>>,
+    /// The reconnecting server under this breaker, if any: told about timeouts (it drops a
+    /// connection that stopped answering), and its task logs the transitions instead.
+    server: Option<Arc<SingleServer>>,
+    /// The record of every call's outcome, which `health()` and the gauge read (recorder.rs).
+    pub(crate) recorder: Recorder,
+}
+
+impl Breaker {
+    /// A closed breaker; `nodes`: a Cluster's slot map and breakers (this one is then disabled);
+    /// `server`, the reconnecting server it guards.
+    pub(crate) fn new(
+        timeout: Duration,
+        nodes: Option<Arc<ClusterNodes>>,
+        server: Option<Arc<SingleServer>>,
+        mode: RedisMode,
+        name: &str,
+        clock: Clock,
+    ) -> Self {
+        Breaker {
+            enabled: nodes.is_none(),
+            circuit: Arc::new(Circuit::new(timeout, clock)),
+            nodes,
+            server,
+            recorder: Recorder::new(mode, name, clock),
+        }
+    }
+
+    /// Whether the circuit was opened and no call has got through since (open, or waiting for its
+    /// probe).
+    pub(crate) fn tripped(&self) -> bool {
+        self.circuit.tripped()
+    }
+
+    /// A call ran out of time: the server may drop a connection that stopped answering.
+    fn timed_out(&self) {
+        if let Some(server) = &self.server {
+            server.timed_out();
+        }
+    }
+
+    /// Milliseconds on the recorder's clock (see [`Recorder::now_ms`]).
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.recorder.now_ms()
+    }
+
+    /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
+    pub(crate) fn admit(&self) -> Admission {
+        if !self.enabled {
+            return Admission::Closed;
+        }
+        self.circuit.admit()
+    }
+
+    /// One call's outcome, recorded once: the recorder, this breaker and (on a Cluster) the node's
+    /// read it.
+    fn record(&self, outcome: Outcome, node: &NodeOutcome<'_>) {
+        if outcome.answered {
+            self.answered();
+        } else {
+            if self.enabled {
+                self.failed(node.was_probe);
+            }
+            if outcome.timed_out {
+                self.timed_out();
+            }
+        }
+        match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
+            (_, true) | (None, _) => node.answered(),
+            (Some(error), false) if outcome.timed_out => node.timed_out(error),
+            (Some(error), false) => node.failed(error),
+        }
+        self.recorder.record(outcome.answered, outcome.error);
+    }
+
+    /// Redis answered.
+    pub(crate) fn answered(&self) {
+        // With a reconnecting server, its task says so (once per reconnection).
+        if self.enabled && self.circuit.answered() && self.server.is_none() {
+            tracing::info!("Redis answers again; rate-limit decisions come from Redis");
+        }
+    }
+
+    fn failed(&self, was_probe: bool) {
+        // Calls that were already under way when the circuit opened fail too; they say nothing
+        // new. With a reconnecting server, its task says so (once per loss).
+        if self.circuit.failed(was_probe) && self.server.is_none() {
+            tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
+        }
+    }
+
+    /// On a Cluster, the primary of `key`'s slot, as the backend's slot map knows it.
+    pub(crate) fn node_for(&self, key: &str) -> Option<Arc<Node>> {
+        self.nodes.as_ref()?.for_key(key)
+    }
+}
+
+/// Runs one Redis call under the circuit breaker and the timeout, as every decision does. `key`:
+/// a key the call touches (they share one hash tag), which picks the primary's breaker on a Cluster.
+pub(crate) fn guarded<T, F>(
+    breaker: &Arc<Breaker>,
+    key: &str,
+    timeout: Duration,
+    call: F,
+) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, RedisError>> + Send + 'static,
+{
+    guarded_on(breaker, breaker.node_for(key), timeout, call)
+}
+
+/// [`guarded`], with the Cluster node picked beforehand ([`Breaker::node_for`]): a call that owns
+/// its key need not copy it to pick the node.
+pub(crate) fn guarded_on<T, F>(
+    breaker: &Arc<Breaker>,
+    node: Option<Arc<Node>>,
+    timeout: Duration,
+    call: F,
+) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, RedisError>> + Send + 'static,
+{
+    let admission = match (&node, &breaker.nodes) {
+        (Some(node), Some(nodes)) => nodes.admit(node),
+        _ => breaker.admit(),
+    };
+    if let Admission::FailFast = admission {
+        let message = match &node {
+            Some(node) => format!(
+                "Redis Cluster node {} is unreachable (failing fast until a probe gets through)",
+                node.address
+            ),
+            None => "Redis is unreachable (failing fast until a probe gets through)".to_owned(),
+        };
+        // Spends the task's cooperative budget: a caller that retries at once (a load loop, a
+        // queue worker) on a one-thread runtime must still let the runtime run its other tasks,
+        // the probe among them (a Cluster node's runs in the background), or the circuit never
+        // closes and the caller spins for ever. Once in 128 calls it yields.
+        return Box::pin(async move {
+            tokio::task::coop::consume_budget().await;
+            Err(BackendError::new(message))
+        });
+    }
+    let breaker = breaker.clone();
+    // The call is large (a script's or a batch's state machine): boxed once here, it is not
+    // copied again into this future's state and then into the timeout's.
+    let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
+    Box::pin(async move {
+        let on_node = NodeOutcome {
+            node: node.as_deref(),
+            nodes: breaker.nodes.as_deref(),
+            was_probe: matches!(admission, Admission::Probe(_)),
+            started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
+        };
+        let outcome = tokio::time::timeout(timeout, call).await;
+        // Out of time (this call's, or its batch's) after the node answered TRYAGAIN: its own
+        // record says so (cluster_nodes.rs), whichever task sent the command.
+        let tried_again = node
+            .as_ref()
+            .is_some_and(|n| n.tried_again_since(on_node.started))
+            && match &outcome {
+                Ok(Ok(_)) => false,
+                Ok(Err(e)) => e.is_timeout(),
+                Err(_) => true,
+            };
+        let (result, outcome) = match outcome {
+            // Alive, its slot migrating with the call's keys split between two nodes: only this
+            // call fails.
+            _ if tried_again => (
+                Err(BackendError::new(format!(
+                    "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
+                ))),
+                Outcome::answered(Some(format!(
+                    "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
+                ))),
+            ),
+            Ok(Ok(value)) => (Ok(value), Outcome::answered(None)),
+            Ok(Err(e)) => {
+                let error = Some(error_text(&e));
+                let outcome = if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                    Outcome::unreachable(error, e.is_timeout())
+                } else if is_not_primary(&e) {
+                    // Redis answered, but cannot decide here until a failover ends: as unreachable.
+                    Outcome::unreachable(error, false)
+                } else {
+                    // An error reply (OOM, NOPERM...) still proves Redis is there.
+                    Outcome {
+                        slot_not_served: slot_not_served(&e),
+                        ..Outcome::answered(error)
+                    }
+                };
+                (Err(BackendError::with_source("Redis failed to decide", e)), outcome)
+            }
+            Err(_) => (
+                Err(BackendError::new(format!(
+                    "Redis did not decide within {timeout:?}"
+                ))),
+                Outcome::unreachable(Some(format!("Redis did not answer within {timeout:?}")), true),
+            ),
+        };
+        breaker.record(outcome, &on_node);
+        drop(admission);
+        result
+    })
+}
+
+/// One call's outcome: the one record the recorder, the breaker and the node's breaker read.
+struct Outcome {
+    /// Redis answered (an error reply included).
+    answered: bool,
+    /// The call ran out of time without an answer.
+    timed_out: bool,
+    /// Why the decision failed, if it did.
+    error: Option<String>,
+    /// On a Cluster, answered that the key's slot is not served: a failure of the node's.
+    slot_not_served: bool,
+}
+
+impl Outcome {
+    fn answered(error: Option<String>) -> Self {
+        Outcome {
+            answered: true,
+            timed_out: false,
+            error,
+            slot_not_served: false,
+        }
+    }
+
+    fn unreachable(error: Option<String>, timed_out: bool) -> Self {
+        Outcome {
+            answered: false,
+            timed_out,
+            error,
+            slot_not_served: false,
+        }
+    }
+}
+
+/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` still there after the
+/// redirections were followed (redirect.rs stops when the same node is named twice: a dead primary,
+/// which the other nodes name until its replica is promoted), or `CLUSTERDOWN`. Not `ASK` nor `TRYAGAIN`: a
+/// slot migrating between two live nodes.
+fn slot_not_served(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ClusterDown)
+    )
+}
+
+/// What a call's outcome does to its Cluster node's breaker (nothing on one server).
+struct NodeOutcome<'a> {
+    node: Option<&'a Node>,
+    nodes: Option<&'a ClusterNodes>,
+    was_probe: bool,
+    /// When the call began, on the node's circuit's clock.
+    started: u64,
+}
+
+impl NodeOutcome<'_> {
+    fn answered(&self) {
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.answered(node);
+        }
+    }
+
+    fn failed(&self, error: &dyn std::fmt::Display) {
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.failed(node, self.was_probe, error);
+        }
+    }
+
+    /// The call ran out of time: opens the node's breaker only if the node answered nothing since
+    /// the call began.
+    fn timed_out(&self, error: &dyn std::fmt::Display) {
+        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
+            nodes.timed_out(node, self.was_probe, self.started, error);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::conn::redirect;
+
+    fn timed_out() -> RedisError {
+        RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    }
+
+    /// A timeout after the key's node answered `TRYAGAIN` (told by redirect.rs, from any task: a
+    /// batch's included) is the migrating slot's: the node's breaker stays closed. Without it, a
+    /// timeout is one.
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_after_tryagain_is_the_migrating_slots() {
+        let clock = Clock::new();
+        let nodes = Arc::new(ClusterNodes::new(Duration::from_secs(1), "test", clock));
+        nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
+        let breaker = Arc::new(Breaker::new(
+            Duration::from_secs(1),
+            Some(nodes.clone()),
+            None,
+            RedisMode::Lua,
+            "test",
+            clock,
+        ));
+        let key = "throttle:api:{k}";
+        let tried_again = move |nodes: Arc<ClusterNodes>| async move {
+            tokio::spawn(async move { redirect::heard_tryagain(&nodes, key) })
+                .await
+                .unwrap();
+        };
+        let by_the_batch = guarded(&breaker, key, Duration::from_secs(1), {
+            let nodes = nodes.clone();
+            async move {
+                tried_again(nodes).await;
+                Err::<(), _>(timed_out())
+            }
+        });
+        let error = by_the_batch.await.unwrap_err().to_string();
+        assert!(error.contains("TRYAGAIN"), "the batch's timeout: {error}");
+        let by_the_check = guarded(&breaker, key, Duration::from_secs(1), {
+            let nodes = nodes.clone();
+            async move {
+                tried_again(nodes).await;
+                std::future::pending::<Result<(), RedisError>>().await
+            }
+        });
+        let error = by_the_check.await.unwrap_err().to_string();
+        assert!(error.contains("TRYAGAIN"), "the check's timeout: {error}");
+        assert!(!nodes.any_tripped());
+        // The node's record is kept in milliseconds (real ones).
+        std::thread::sleep(Duration::from_millis(3));
+        let silent = guarded(&breaker, key, Duration::from_secs(1), async {
+            Err::<(), _>(timed_out())
+        });
+        assert!(!silent.await.unwrap_err().to_string().contains("TRYAGAIN"));
+        assert!(nodes.any_tripped());
+    }
+}

@@ -1,0 +1,69 @@
+//! [`MemoryReport`]: what Redis says about its memory (the `maxmemory-policy`, the keys it evicted),
+//! and what the watcher (watch.rs) remembers between two reads.
+
+use std::sync::Mutex;
+
+/// What Redis says about its memory, from [`RedisBackend::memory`](crate::redis::RedisBackend::memory).
+/// On a Cluster, over every primary: the first policy that can evict (or the first policy), and
+/// the evictions summed.
+///
+/// ```
+/// use tower_throttle::redis::MemoryReport;
+///
+/// assert!(MemoryReport::policy_evicts("allkeys-lru"));
+/// assert!(MemoryReport::policy_evicts("volatile-ttl")); // every limiter key has a TTL
+/// assert!(!MemoryReport::policy_evicts("noeviction"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryReport {
+    /// `maxmemory-policy`, or `None` where Redis refuses `CONFIG GET` (managed Redis, ACLs).
+    pub policy: Option<String>,
+    /// `maxmemory` in bytes (0: no cap; on a Cluster, the largest of the primaries'), or `None`
+    /// where Redis refuses `CONFIG GET`.
+    pub maxmemory: Option<u64>,
+    /// `evicted_keys` from `INFO stats`: every key Redis evicted since it started (the limiter's
+    /// and any other), or `None` where Redis refuses `INFO`.
+    pub evicted_keys: Option<u64>,
+    /// The keys evicted since this backend first read `evicted_keys` (what the metric
+    /// `throttle_redis_evicted_keys_total` has counted).
+    pub evictions_seen: u64,
+}
+
+impl MemoryReport {
+    /// Whether Redis may evict the limiter's keys under this `maxmemory-policy`: every policy but
+    /// `noeviction` (the `volatile-*` ones too, as every limiter key has a TTL).
+    pub fn policy_evicts(policy: &str) -> bool {
+        policy.starts_with("allkeys-") || policy.starts_with("volatile-")
+    }
+
+    /// Whether [`policy`](Self::policy) is known and may evict the limiter's keys.
+    pub fn evicts(&self) -> bool {
+        self.policy.as_deref().is_some_and(Self::policy_evicts)
+    }
+}
+
+/// What the watcher remembers between reads, shared with [`RedisBackend::memory`] calls.
+///
+/// [`RedisBackend::memory`]: crate::redis::RedisBackend::memory
+#[derive(Default)]
+pub(crate) struct MemoryWatch {
+    state: Mutex<Seen>,
+}
+
+#[derive(Default)]
+pub(crate) struct Seen {
+    /// `evicted_keys` at the last read.
+    pub(crate) evicted_keys: Option<u64>,
+    pub(crate) evictions_seen: u64,
+    /// The evicting policy last warned about.
+    pub(crate) warned_policy: Option<String>,
+    /// `CONFIG GET` was refused, and that was said.
+    pub(crate) said_config_refused: bool,
+}
+
+impl MemoryWatch {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,269 @@
+//! [`Recorder`]: the one record of every call's outcome, on one clock, that the backend's health is
+//! read from: whether Redis is reachable (for `health()` where no reconnecting server knows: a
+//! Cluster, a user's connection manager), whether a call lost it since `Auto` mode last detected
+//! the module, and whether decisions are failing now, for `health()` and the gauge
+//! `throttle_backend_up{backend, path}`. The breakers read the same outcome (breaker.rs).
+//!
+//! Decisions are failing from the first Redis call that ends in an error (any error: a refused or
+//! lost connection, a timeout, `OOM command not allowed`, a script error) until the next one that
+//! succeeds. While they fail, [`RedisHealth`](crate::redis::RedisHealth) is unhealthy, its
+//! `last_error` is the error of the last failed call, and the gauge is 0 on every path; the first
+//! call that succeeds brings both back. With no traffic, the watcher (watch.rs) probes with a
+//! read-only decision every [`PROBE_EVERY`], so a Redis that recovered is seen within a second even
+//! when nothing asks it (a readiness check that took the instance out of service would otherwise
+//! never let a request prove it).
+//!
+//! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use redis::RedisError;
+
+use crate::backend::redis::wire::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN};
+
+/// How long the watcher lets a failing backend go without a decision before it probes.
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// The one clock of a backend: every breaker, the recorder and the nodes' records count
+/// milliseconds from its epoch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock(Instant);
+
+impl Clock {
+    /// A clock starting now.
+    pub(crate) fn new() -> Self {
+        Clock(Instant::now())
+    }
+
+    /// Milliseconds since the epoch, plus one (so that 0 can mean "none").
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.0.elapsed().as_millis() as u64 + 1
+    }
+}
+
+/// Failures in a row past which Redis counts as unreachable, whenever it last answered.
+const UNREACHABLE_AFTER: u32 = 3;
+/// A failing Redis that has not answered for this long counts as unreachable.
+const SILENT_FOR: Duration = Duration::from_secs(1);
+
+/// What the calls met: when Redis last answered, the failures to reach it since, and whether
+/// decisions are failing, and why.
+pub(crate) struct Recorder {
+    /// Ms on `clock` of the last answer; 0 before any.
+    last_answer: AtomicU64,
+    /// Calls in a row that could not reach Redis.
+    failures_in_a_row: AtomicU32,
+    /// The last of them: its error and time.
+    last_failure: Mutex<Option<(String, SystemTime)>>,
+    /// Set when a call could not reach Redis, on every topology: the connection may come back to
+    /// another server, so `Auto` mode detects the module again ([`Detector`]), which clears it once
+    /// detection has answered.
+    ///
+    /// [`Detector`]: crate::backend::redis::conn::connection::Detector
+    lost: AtomicBool,
+    failing: AtomicBool,
+    /// The error of the last failed call, and when, while failing; taken with every transition so
+    /// that the gauge follows the flag in order.
+    error: Mutex<Option<(String, SystemTime)>>,
+    /// The path decisions take (for the gauge's label): `UNKNOWN`, `CELL` or `LUA`.
+    path: AtomicU8,
+    clock: Clock,
+    /// Ms on `clock` of the last failed call.
+    last_failure_ms: AtomicU64,
+    /// The gauge's `backend` label.
+    name: Box<str>,
+}
+
+impl Recorder {
+    /// Nothing recorded, on `clock`; the path unknown until detection (or the mode) names it.
+    pub(crate) fn new(mode: RedisMode, name: &str, clock: Clock) -> Self {
+        let failing = Recorder {
+            last_answer: AtomicU64::new(0),
+            failures_in_a_row: AtomicU32::new(0),
+            last_failure: Mutex::new(None),
+            lost: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            error: Mutex::new(None),
+            path: AtomicU8::new(UNKNOWN),
+            clock,
+            last_failure_ms: AtomicU64::new(0),
+            name: name.into(),
+        };
+        if mode != RedisMode::Auto {
+            failing.path.store(code(Some(mode)), Ordering::Relaxed);
+        }
+        failing
+    }
+
+    /// Milliseconds on the backend's clock, plus one (so that 0 can mean "none").
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// One call's outcome: whether Redis answered (an error reply included), and why the decision
+    /// failed if it did.
+    pub(crate) fn record(&self, answered: bool, error: Option<String>) {
+        if answered {
+            let now = self.now_ms();
+            if self.last_answer.load(Ordering::Relaxed) != now {
+                self.last_answer.store(now, Ordering::Relaxed);
+            }
+            if self.failures_in_a_row.load(Ordering::Relaxed) != 0 {
+                self.failures_in_a_row.store(0, Ordering::Relaxed);
+            }
+        } else {
+            self.lost.store(true, Ordering::Relaxed);
+            self.failures_in_a_row.fetch_add(1, Ordering::Relaxed);
+            *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                error.clone().map(|error| (error, SystemTime::now()));
+        }
+        match error {
+            None => self.succeeded(),
+            Some(error) => self.failed_with(error),
+        }
+    }
+
+    /// From the calls alone: whether Redis is reachable (the last calls did not all fail to reach
+    /// it: fewer than three in a row, and an answer within the last second), and the last failure.
+    pub(crate) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
+        let failures = self.failures_in_a_row.load(Ordering::Relaxed);
+        let last_answer = self.last_answer.load(Ordering::Relaxed);
+        let silent = self.now_ms().saturating_sub(last_answer);
+        let reachable = failures == 0
+            || (failures < UNREACHABLE_AFTER
+                && last_answer != 0
+                && silent <= SILENT_FOR.as_millis() as u64);
+        let last_failure = self
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        (reachable, last_failure)
+    }
+
+    /// Whether a call failed to reach Redis since [`forget_loss`](Self::forget_loss) was last called.
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Redis was found again (detection answered, or a connection made): forget the loss.
+    pub(crate) fn forget_loss(&self) {
+        self.lost.store(false, Ordering::Relaxed);
+    }
+
+    /// A call succeeded: if decisions were failing, they no longer are.
+    fn succeeded(&self) {
+        if !self.failing.load(Ordering::Relaxed) {
+            return;
+        }
+        let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if self.failing.swap(false, Ordering::AcqRel) {
+            crate::observe::backend_up(&self.name, Some(self.path_name()));
+        }
+    }
+
+    fn failed_with(&self, text: String) {
+        let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        self.last_failure_ms.store(self.now_ms(), Ordering::Relaxed);
+        // Not logged here: the layer logs failed decisions (once a second), and the reconnecting
+        // task the connection's transitions.
+        if !self.failing.swap(true, Ordering::AcqRel) {
+            crate::observe::backend_up(&self.name, None);
+        }
+        *current = Some((text, SystemTime::now()));
+    }
+
+    /// The error decisions are failing with now, if they are.
+    pub(crate) fn current(&self) -> Option<(String, SystemTime)> {
+        if !self.failing.load(Ordering::Acquire) {
+            return None;
+        }
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether decisions are failing and none has been tried for [`PROBE_EVERY`]: time to probe.
+    pub(crate) fn wants_probe(&self) -> bool {
+        let quiet = self
+            .now_ms()
+            .saturating_sub(self.last_failure_ms.load(Ordering::Relaxed));
+        self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64
+    }
+
+    /// The reconnecting task connected, on `path`: the gauge says so unless decisions are failing
+    /// (then the first that succeeds does). (A connection lost sets it to 0: reconnect.rs.)
+    pub(crate) fn connected(&self, path: Option<RedisMode>) {
+        let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        self.set_path(path);
+        if !self.failing.load(Ordering::Acquire) {
+            crate::observe::backend_up(&self.name, Some(self.path_name()));
+        }
+    }
+
+    /// The reconnecting task lost the connection: the gauge is 0 on every path.
+    pub(crate) fn disconnected(&self) {
+        crate::observe::backend_up(&self.name, None);
+    }
+
+    /// Detection found the path decisions take.
+    pub(crate) fn set_path(&self, path: Option<RedisMode>) {
+        self.path.store(code(path), Ordering::Relaxed);
+    }
+
+    fn path_name(&self) -> &'static str {
+        path_name(match self.path.load(Ordering::Relaxed) {
+            CELL => Some(RedisMode::Cell),
+            LUA => Some(RedisMode::Lua),
+            _ => None,
+        })
+    }
+}
+
+/// Why a call failed, as Redis wrote it: an error reply reads `OOM command not allowed when used
+/// memory > 'maxmemory'.`, not as redis-rs shows it (`"OOM": command…`).
+pub(crate) fn error_text(error: &RedisError) -> String {
+    match (error.code(), error.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        _ => error.to_string(),
+    }
+}
+
+fn code(path: Option<RedisMode>) -> u8 {
+    match path {
+        Some(RedisMode::Cell) => CELL,
+        Some(RedisMode::Lua) => LUA,
+        _ => UNKNOWN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_from_the_first_error_until_the_first_success() {
+        let failing = Recorder::new(RedisMode::Lua, "test", Clock::new());
+        assert_eq!(failing.current(), None);
+        let oom = "OOM command not allowed when used memory > 'maxmemory'";
+        failing.record(true, Some(oom.to_owned()));
+        let (error, _) = failing.current().unwrap();
+        assert!(error.starts_with("OOM"), "{error}");
+        assert!(
+            failing.reachability().0 && !failing.lost(),
+            "an error reply is an answer"
+        );
+        // The error now, not the first one.
+        failing.record(false, Some("timed out".to_owned()));
+        assert_eq!(failing.current().unwrap().0, "timed out");
+        assert!(failing.lost());
+        failing.record(true, None);
+        assert_eq!(failing.current(), None);
+        assert!(!failing.wants_probe());
+        assert_eq!(failing.path_name(), "lua");
+        assert_eq!(
+            Recorder::new(RedisMode::Auto, "test", Clock::new()).path_name(),
+            "unknown"
+        );
+    }
+}

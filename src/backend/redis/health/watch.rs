@@ -1,0 +1,288 @@
+//! The backend's watcher: one background task per backend that probes a failing Redis when no
+//! request does (recorder.rs), and reads Redis' memory settings at start-up and then every 30 s
+//! ([`MemoryReport`]): the `maxmemory-policy` (`CONFIG GET`), which decides whether Redis may evict
+//! the limiter's keys, and `evicted_keys` (`INFO stats`), the keys it did evict.
+//!
+//! An evicted limiter key forgets its client's usage: the client gets a fresh burst, with no error
+//! anywhere. Every limiter key has a TTL, so the `volatile-*` policies evict them as surely as the
+//! `allkeys-*` ones; only `noeviction` keeps them (Redis then refuses writes when full, and the
+//! failure policy answers). So a policy that can evict is logged once as a warning, and evictions
+//! seen are counted in `throttle_redis_evicted_keys_total` and logged (at most every 30 s). A
+//! managed Redis that refuses `CONFIG GET` gets one line that says so.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::{RedisError, Value};
+
+use super::memory::MemoryReport;
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::state::RedisState;
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::Limit;
+use crate::quota::Quota;
+
+/// How often the memory settings are read once they have been.
+const MEMORY_EVERY: Duration = Duration::from_secs(30);
+/// How soon to read them again while they have never been read (not connected yet).
+const MEMORY_RETRY: Duration = Duration::from_secs(1);
+
+/// Starts the watcher of `state`; it ends when the backend (every clone) is dropped.
+pub(crate) fn spawn(state: &Arc<RedisState>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(state);
+    runtime.spawn(async move {
+        let probe = Limit::new("health-probe", Quota::per_second(1)).expect("a valid quota");
+        let key = Key::from("probe");
+        let mut next_memory = Instant::now();
+        // Until the first read succeeds (a backend built before Redis answers), it is tried every
+        // second; then every 30 s, whatever the outcome.
+        let mut read_once = false;
+        let mut tick = tokio::time::interval(super::recorder::PROBE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(state) = Weak::upgrade(&weak) else {
+                return;
+            };
+            if state.breaker.recorder.wants_probe() {
+                // A decision of 0 units on a key of its own: the script runs (and Redis refuses it
+                // when out of memory, as it refuses the real ones) but writes nothing. Its outcome
+                // is recorded like any decision's.
+                let _ = state.check(&probe, &key, 0).await;
+            }
+            if Instant::now() >= next_memory {
+                read_once |= read_memory(&state).await.is_ok();
+                next_memory = Instant::now()
+                    + if read_once {
+                        MEMORY_EVERY
+                    } else {
+                        MEMORY_RETRY
+                    };
+            }
+        }
+    });
+}
+
+/// Reads the policy and the evictions, counts the evictions since the last read, and says what
+/// an operator must know (see the module's header).
+pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, BackendError> {
+    let mut conn = state.conn.clone();
+    let budget = state
+        .timeout
+        .saturating_mul(5)
+        .max(Duration::from_millis(250));
+    let asked = tokio::time::timeout(budget, async {
+        let mut config = redis::cmd("CONFIG");
+        config.arg("GET").arg("maxmemory-policy").arg("maxmemory");
+        let mut info = redis::cmd("INFO");
+        info.arg("stats");
+        let config = ask_primaries(&mut conn, config).await;
+        let info = ask_primaries(&mut conn, info).await;
+        (config, info)
+    })
+    .await
+    .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?;
+    let (config, info) = asked;
+    // An error reply (`ERR unknown command`, `NOPERM`) is a refusal; anything else: not reached.
+    let refused = |e: &RedisError| e.code().is_some() && !e.is_io_error();
+    let (policy, maxmemory) = match config {
+        Ok(value) => (policy_of(&value), maxmemory_of(&value)),
+        Err(e) if refused(&e) => {
+            let mut seen = state.memory.lock();
+            if !seen.said_config_refused {
+                seen.said_config_refused = true;
+                tracing::info!(
+                    error = %e,
+                    "Redis refuses CONFIG GET: the limiter cannot tell whether Redis may evict its keys; give it a dedicated Redis with maxmemory-policy noeviction"
+                );
+            }
+            (None, None)
+        }
+        Err(e) => {
+            return Err(BackendError::with_source(
+                "cannot read Redis' memory settings",
+                e,
+            ))
+        }
+    };
+    let evicted_keys = match info {
+        Ok(value) => evicted_keys_of(&value),
+        Err(e) if refused(&e) => None,
+        Err(e) => {
+            return Err(BackendError::with_source(
+                "cannot read Redis' statistics",
+                e,
+            ))
+        }
+    };
+    // Bare CL.THROTTLE only where Redis cannot refuse it for memory: it evicts instead, or has no
+    // cap. Else (a cap under `noeviction`, or settings unknown) through the script.
+    let may_refuse =
+        !policy.as_deref().is_some_and(MemoryReport::policy_evicts) && maxmemory != Some(0);
+    state
+        .cell_through_script
+        .store(may_refuse, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = state.memory.lock();
+    if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p))
+        && seen.warned_policy.as_deref() != Some(policy)
+    {
+        seen.warned_policy = Some(policy.to_owned());
+        tracing::warn!(
+            maxmemory_policy = policy,
+            "Redis may evict the limiter's keys (maxmemory-policy {policy}; every limiter key has a TTL, so volatile-* policies evict them too): an evicted key forgets its client's usage and admits it again; use maxmemory-policy noeviction on the limiter's Redis"
+        );
+    }
+    if let Some(now) = evicted_keys {
+        // A restarted Redis counts from 0 again: all its evictions are new.
+        let new = match seen.evicted_keys {
+            Some(before) if now >= before => now - before,
+            Some(_) => now,
+            None => 0,
+        };
+        seen.evicted_keys = Some(now);
+        if new > 0 {
+            seen.evictions_seen += new;
+            crate::observe::redis_evictions(new);
+            tracing::warn!(
+                evicted = new,
+                maxmemory_policy = policy.as_deref().unwrap_or("unknown"),
+                "Redis evicted keys since the last look; evicted limiter keys admit their clients again"
+            );
+        }
+    }
+    Ok(MemoryReport {
+        policy,
+        maxmemory,
+        evicted_keys,
+        evictions_seen: seen.evictions_seen,
+    })
+}
+
+/// `cmd` on the server, or on every primary of a Cluster (the replies gathered in one value).
+async fn ask_primaries(conn: &mut RedisConnection, cmd: redis::Cmd) -> Result<Value, RedisError> {
+    // A Cluster started lazily: its connection once made (until then, the call fails at once).
+    let mut lazy = conn
+        .lazy_cluster()
+        .map(|l| l.get().ok_or_else(|| l.not_connected()));
+    match (conn, &mut lazy) {
+        (_, Some(Err(e))) => Err(e.clone()),
+        (RedisConnection::Cluster(cluster, _), _) | (_, Some(Ok(cluster))) => {
+            cluster
+                .route_command(
+                    cmd,
+                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                )
+                .await
+        }
+        (other, None) => cmd.query_async(other).await,
+    }
+}
+
+/// Every string in `value`, in order, however nested (one reply per node on a Cluster).
+fn strings(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => out.push(s.clone()),
+        Value::VerbatimString { text, .. } => out.push(text.clone()),
+        Value::Array(items) | Value::Set(items) => items.iter().for_each(|v| strings(v, out)),
+        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            strings(k, out);
+            strings(v, out);
+        }),
+        _ => {}
+    }
+}
+
+/// The policy in a `CONFIG GET maxmemory-policy` reply: the first that can evict, or the first.
+fn policy_of(value: &Value) -> Option<String> {
+    let policies = config_values(value, "maxmemory-policy");
+    policies
+        .iter()
+        .find(|p| MemoryReport::policy_evicts(p))
+        .or(policies.first())
+        .cloned()
+}
+
+/// `maxmemory` in `CONFIG GET` replies: the largest of the nodes' (0: no cap anywhere).
+fn maxmemory_of(value: &Value) -> Option<u64> {
+    config_values(value, "maxmemory")
+        .iter()
+        .filter_map(|v| v.parse::<u64>().ok())
+        .max()
+}
+
+/// The values of the parameter `name` in `CONFIG GET` replies (one per node).
+fn config_values(value: &Value, name: &str) -> Vec<String> {
+    let mut all = Vec::new();
+    strings(value, &mut all);
+    all.windows(2)
+        .filter(|w| w[0].eq_ignore_ascii_case(name))
+        .map(|w| w[1].clone())
+        .collect()
+}
+
+/// `evicted_keys` in `INFO stats` replies, summed over the nodes.
+fn evicted_keys_of(value: &Value) -> Option<u64> {
+    let mut all = Vec::new();
+    strings(value, &mut all);
+    let counts: Vec<u64> = all
+        .iter()
+        .flat_map(|s| s.lines())
+        .filter_map(|line| line.trim().strip_prefix("evicted_keys:"))
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    (!counts.is_empty()).then(|| counts.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn replies_are_read_from_one_server_or_every_primary() {
+        let one = Value::Array(vec![bulk("maxmemory-policy"), bulk("noeviction")]);
+        assert_eq!(policy_of(&one).as_deref(), Some("noeviction"));
+        // A Cluster: one reply per node, the evicting one reported.
+        let nodes = Value::Map(vec![
+            (bulk("127.0.0.1:7000"), one.clone()),
+            (
+                bulk("127.0.0.1:7001"),
+                Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]),
+            ),
+        ]);
+        assert_eq!(policy_of(&nodes).as_deref(), Some("volatile-lru"));
+        assert_eq!(policy_of(&Value::Array(vec![])), None);
+
+        let stats =
+            "# Stats\r\ntotal_connections_received:3\r\nevicted_keys:42\r\nexpired_keys:1\r\n";
+        assert_eq!(evicted_keys_of(&bulk(stats)), Some(42));
+        let both = Value::Map(vec![(bulk("a"), bulk(stats)), (bulk("b"), bulk(stats))]);
+        assert_eq!(evicted_keys_of(&both), Some(84));
+        assert_eq!(evicted_keys_of(&bulk("# Stats\r\n")), None);
+    }
+
+    #[test]
+    fn every_policy_but_noeviction_evicts_limiter_keys() {
+        for policy in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert!(MemoryReport::policy_evicts(policy), "{policy}");
+        }
+        assert!(!MemoryReport::policy_evicts("noeviction"));
+    }
+}

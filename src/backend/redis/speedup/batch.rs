@@ -1,0 +1,599 @@
+//! Coalesced exact batches: GCRA decisions that wait on the connection at the same moment go to
+//! Redis in one call of `gcra_batch.lua`, which decides each in arrival order exactly as `gcra.lua`
+//! would have alone (same decision, same stored state), and each waiting check gets its own answer.
+//! A run of identical checks (same key, quota and quantity: a hot key's) is one group, answered by
+//! the script with one number (the backlog its first check met), from which `gcra_group.rs` derives
+//! each check's answer by the script's own step.
+//!
+//! Why: a script call costs Redis about as much in fixed overhead (the call, `TIME`, the key's
+//! `GET` and `SET`) as in deciding, and under concurrency many checks wait on the same connection
+//! anyway. One call for N of them pays that overhead once, and on a hot key reads and writes its
+//! state once (BENCHMARKS.md, section 8).
+//!
+//! How: a *lane* queues the checks that wait. A check that finds its lane idle leaves at once
+//! (alone, on `gcra.lua`: no added latency without concurrency); otherwise it waits for the next
+//! batch, which takes everything queued up to [`MAX_BATCH`] and leaves either when a batch in
+//! flight answers or, with one batch in flight (of at most [`IN_FLIGHT`]), as soon as it holds as
+//! many checks as that one or the last to answer ([`Lane::full`]: bigger batches, so fewer calls,
+//! at no cost in latency as measured). A batch runs on a task of its own, under
+//! the backend's timeout; each check keeps its own timeout and breaker (it waits for its answer
+//! inside `guarded`), and a batch that fails fails each of its checks with the same error.
+//!
+//! `CL.THROTTLE` checks (the redis-cell module) are coalesced too, on a lane of their own: a batch
+//! of them leaves as one pipelined write of one `CL.THROTTLE` per check, in arrival order, each
+//! decided by the module exactly as if sent alone (each is its own command; nothing is merged),
+//! with one round trip and one write and read on each side for the batch. On a Cluster they go
+//! alone (through `cell.lua`, which declares the key).
+//!
+//! Decisions of `limits.lua` (the other algorithms, and stacks) are coalesced too, on a lane of
+//! their own: a batch of them is one call of `limits_batch.lua`, which runs `limits.lua`'s own
+//! function once per item, in arrival order, each on the state the items before it left (so each is
+//! decided exactly as alone, at the batch's one instant), and a failed item (`WRONGTYPE`) fails
+//! alone. What it saves is the call's fixed cost (`EVALSHA`, `TIME`, the reply): each item still
+//! reads and writes its own keys.
+//!
+//! One server has one lane per kind of call (GCRA, `CL.THROTTLE`, limits). A Cluster has one lane per Redis key: a script's keys must share a
+//! slot, and keys of one slot can still be split between two nodes while the slot migrates (Redis
+//! answers `TRYAGAIN` to a multi-key call then); one key is always on one node. Checks of different
+//! keys on a Cluster are not coalesced: they rarely share a slot (each client key has its own hash
+//! tag). A `limits.lua` check goes on the lane of its first key (its other keys share its hash
+//! tag), so a lane there may hold both kinds: they go in the order they came, one call per run of
+//! one kind.
+
+use std::collections::HashMap;
+use std::mem;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use tokio::sync::oneshot;
+
+use super::gcra_group;
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::wire::args::{Args, CellArgs};
+use crate::backend::redis::wire::limits_call::LimitsCall;
+use crate::backend::redis::wire::scripts::{self, Answer};
+use crate::decision::Decision;
+
+/// See the script's header.
+static GCRA_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
+
+/// See the script's header.
+static LIMITS_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
+
+/// Batches in flight per lane at most. Two: while one is on the wire or in Redis, the next fills
+/// (see [`Lane::full`] for when it leaves).
+const IN_FLIGHT: usize = 2;
+
+/// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (a group
+/// of one key costs it the same whatever its size; a batch of 128 keys, 128 `SET`s: well under a
+/// millisecond).
+pub(crate) const MAX_BATCH: usize = 128;
+
+/// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; lanes named by keys exist
+/// only on a Cluster, where `CL.THROTTLE` checks are not coalesced).
+const CELL_LANE: &str = "CL.THROTTLE";
+
+/// The lane of `limits.lua` checks on one server.
+const LIMITS_LANE: &str = "limits.lua";
+
+/// What a waiting check asks.
+enum Job {
+    /// A GCRA decision by `gcra.lua` (alone) or `gcra_batch.lua`.
+    Gcra {
+        key: String,
+        args: Args,
+        quantity: u64,
+    },
+    /// A GCRA decision by `CL.THROTTLE` (the cell lane).
+    Cell {
+        key: String,
+        cell: CellArgs,
+        quantity: u64,
+    },
+    /// A call of `limits.lua` (alone) or an item of `limits_batch.lua`.
+    Limits(LimitsCall),
+}
+
+impl Job {
+    /// Whether two jobs go in one call (the same script).
+    fn same_call(&self, other: &Job) -> bool {
+        mem::discriminant(self) == mem::discriminant(other)
+    }
+}
+
+/// What a check gets back: a GCRA answer, or `limits.lua`'s decisions.
+enum Reply {
+    Gcra(Answer),
+    Limits(Vec<Decision>),
+}
+
+/// A check waiting for its batch.
+struct Waiter {
+    job: Job,
+    answer: oneshot::Sender<Result<Reply, RedisError>>,
+}
+
+#[derive(Default)]
+struct Lane {
+    waiting: Vec<Waiter>,
+    /// Batches in flight (each with its task).
+    in_flight: usize,
+    /// Checks in those batches.
+    flying: usize,
+    /// Checks in the batch that answered last.
+    last_size: usize,
+}
+
+impl Lane {
+    /// Whether the checks waiting make a batch worth sending while another is in flight: as many
+    /// as are in flight, or as the batch that answered last held, whichever is more. The callers
+    /// of a batch that answered come back together, so under steady concurrency the batches settle
+    /// at about half the callers each, two in flight (one call per ~25 checks at 50 callers,
+    /// against ~16 when a second batch left with whatever waited); a lone waiting check still
+    /// leaves at once when only a lone check is in flight and the last batch was one check. A
+    /// check that finds the lane idle always leaves at once, and one that waits is sent when the
+    /// batch in flight answers (its task takes what waits), so the wait is at most one round
+    /// trip. BENCHMARKS.md, section 8.
+    fn full(&self) -> bool {
+        self.waiting.len() >= self.flying.max(self.last_size)
+    }
+
+    /// The next batch: what waits, up to [`MAX_BATCH`], counted in flight.
+    fn take(&mut self) -> Vec<Waiter> {
+        let take = self.waiting.len().min(MAX_BATCH);
+        self.in_flight += 1;
+        self.flying += take;
+        if take == self.waiting.len() {
+            mem::take(&mut self.waiting)
+        } else {
+            self.waiting.drain(..take).collect()
+        }
+    }
+
+    /// A batch of `size` checks answered (or failed) and its task ends.
+    fn ended(&mut self, size: usize) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.flying = if self.in_flight == 0 {
+            0
+        } else {
+            self.flying.saturating_sub(size)
+        };
+    }
+}
+
+/// The lanes of one backend.
+pub(crate) struct Batcher {
+    conn: RedisConnection,
+    timeout: Duration,
+    /// A lane per key (a Cluster) rather than one for the connection.
+    per_key: bool,
+    lanes: Mutex<HashMap<Box<str>, Lane>>,
+}
+
+impl Batcher {
+    /// The lanes of a backend on `conn`; a batch gives up after `timeout`.
+    pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
+        Batcher {
+            per_key: conn.is_cluster(),
+            conn,
+            timeout,
+            lanes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// One GCRA decision (no penalty box) by `gcra.lua`, alone or in a batch.
+    pub(crate) async fn gcra(
+        self: &Arc<Self>,
+        key: &str,
+        args: &Args,
+        quantity: u64,
+    ) -> Result<Answer, RedisError> {
+        debug_assert!(args.penalty.is_none(), "penalty boxes are never batched");
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            return scripts::gcra(&mut conn, key, args, quantity).await;
+        };
+        let lane_name: &str = if self.per_key { key } else { "" };
+        let job = Job::Gcra {
+            key: key.to_owned(),
+            args: args.clone(),
+            quantity,
+        };
+        gcra_answer(self.queue(runtime, lane_name, job).await?)
+    }
+
+    /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
+    /// caller sends it alone.
+    pub(crate) async fn cell(
+        self: &Arc<Self>,
+        key: &str,
+        cell: CellArgs,
+        quantity: u64,
+    ) -> Result<Answer, RedisError> {
+        debug_assert!(
+            !self.per_key,
+            "CL.THROTTLE checks are coalesced on one server only"
+        );
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            return scripts::throttle(&mut conn, key, cell, quantity, false).await;
+        };
+        let job = Job::Cell {
+            key: key.to_owned(),
+            cell,
+            quantity,
+        };
+        gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
+    }
+
+    /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call; a runtime-less
+    /// caller sends it alone.
+    pub(crate) async fn limits(
+        self: &Arc<Self>,
+        call: LimitsCall,
+    ) -> Result<Vec<Decision>, RedisError> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            return scripts::limits(&mut conn, &call).await;
+        };
+        let lane_name: Box<str> = if self.per_key {
+            call.first_key().into()
+        } else {
+            LIMITS_LANE.into()
+        };
+        match self.queue(runtime, &lane_name, Job::Limits(call)).await? {
+            Reply::Limits(decisions) => Ok(decisions),
+            Reply::Gcra(_) => Err(mixed_up()),
+        }
+    }
+
+    /// Queues a check on `lane_name`, sending a batch at once if fewer than [`IN_FLIGHT`] are in
+    /// flight there, and waits for its answer.
+    async fn queue(
+        self: &Arc<Self>,
+        runtime: tokio::runtime::Handle,
+        lane_name: &str,
+        job: Job,
+    ) -> Result<Reply, RedisError> {
+        let (sender, receiver) = oneshot::channel();
+        let waiter = Waiter {
+            job,
+            answer: sender,
+        };
+        let leaving = {
+            let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+            let lane = match lanes.get_mut(lane_name) {
+                Some(lane) => lane,
+                None => lanes.entry(lane_name.into()).or_default(),
+            };
+            lane.waiting.push(waiter);
+            if lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()) {
+                Some(lane.take())
+            } else {
+                None
+            }
+        };
+        if let Some(batch) = leaving {
+            let batcher = self.clone();
+            let lane_name: Box<str> = lane_name.into();
+            runtime.spawn(async move { batcher.run(lane_name, batch).await });
+        }
+        match receiver.await {
+            Ok(answer) => answer,
+            // The batch's task ended without answering: its runtime is shutting down.
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "the batch of this check was dropped",
+            ))),
+        }
+    }
+
+    /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
+    async fn run(self: Arc<Self>, lane_name: Box<str>, mut batch: Vec<Waiter>) {
+        let mut conn = self.conn.clone();
+        // If this task is dropped half-way (its runtime shut down while the backend lives on in
+        // another), the lane must not keep counting it in flight: it would hold every later check
+        // in `waiting`, unsent, until its timeout.
+        let mut unfinished = Unfinished {
+            batcher: Some(self.clone()),
+            lane: lane_name.clone(),
+            size: batch.len(),
+        };
+        loop {
+            // A check that went away (timed out, or its client left) before its batch left is
+            // not decided: it takes nothing from the limit.
+            let size = batch.len();
+            batch.retain(|w| !w.answer.is_closed());
+            if !batch.is_empty() {
+                let sent = send(&mut conn, &batch);
+                match tokio::time::timeout(self.timeout, sent).await {
+                    Ok(answers) => {
+                        for (waiter, answer) in batch.drain(..).zip(answers) {
+                            let _ = waiter.answer.send(answer);
+                        }
+                    }
+                    Err(_) => {
+                        let e =
+                            RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+                        for waiter in batch.drain(..) {
+                            let _ = waiter.answer.send(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+            let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(lane) = lanes.get_mut(&*lane_name) else {
+                unfinished.batcher = None;
+                return;
+            };
+            lane.last_size = size;
+            lane.ended(size);
+            // The next batch leaves now if no other is in flight, or if it is full; otherwise the
+            // batch in flight takes it when it answers.
+            if lane.waiting.is_empty() || (lane.in_flight > 0 && !lane.full()) {
+                if lane.in_flight == 0 && self.per_key {
+                    lanes.remove(&*lane_name);
+                }
+                unfinished.batcher = None;
+                return;
+            }
+            batch = lane.take();
+            unfinished.size = batch.len();
+        }
+    }
+}
+
+/// The in-flight count of a lane whose task ends without finishing (dropped, or a panic): given
+/// back, and when no other batch is in flight the checks still waiting are dropped (their callers
+/// then fail at once, "the batch of this check was dropped", instead of waiting out the timeout).
+struct Unfinished {
+    batcher: Option<Arc<Batcher>>,
+    lane: Box<str>,
+    /// Checks in the task's batch.
+    size: usize,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(batcher) = self.batcher.take() else {
+            return;
+        };
+        let mut lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(lane) = lanes.get_mut(&*self.lane) {
+            lane.ended(self.size);
+            if lane.in_flight == 0 {
+                lane.waiting.clear();
+                if batcher.per_key {
+                    lanes.remove(&*self.lane);
+                }
+            }
+        }
+    }
+}
+
+/// One batch of the cell lane: one `CL.THROTTLE` per check, pipelined (one write, one round
+/// trip); each command's error (a foreign key's `WRONGTYPE`, "unknown command" once the module is
+/// gone) is its own check's.
+async fn send_cell(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
+    let mut pipe = redis::pipe();
+    for waiter in batch {
+        if let Job::Cell {
+            key,
+            cell,
+            quantity,
+        } = &waiter.job
+        {
+            pipe.add_command(scripts::throttle_command(key, *cell, *quantity));
+        }
+    }
+    let replies: Vec<Result<[i64; 5], RedisError>> = pipe.ignore_errors().query_async(conn).await?;
+    if replies.len() != batch.len() {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the CL.THROTTLE pipeline returned the wrong number of replies",
+        )));
+    }
+    Ok(replies
+        .into_iter()
+        .map(|reply| reply.map(|r| Reply::Gcra(scripts::cell_answer(r))))
+        .collect())
+}
+
+/// One batch, in order, one call per run of one kind (runs of two kinds meet only on a Cluster's
+/// lane): each check's answer, or the error of the call it went in.
+async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply, RedisError>> {
+    let mut answers = Vec::with_capacity(batch.len());
+    let mut rest = batch;
+    while let [first, ..] = rest {
+        let run = rest
+            .iter()
+            .take_while(|w| w.job.same_call(&first.job))
+            .count();
+        let (now, later) = rest.split_at(run);
+        let sent = match first.job {
+            Job::Cell { .. } => send_cell(conn, now).await,
+            Job::Gcra { .. } => send_gcra(conn, now).await,
+            Job::Limits(_) => send_limits(conn, now).await,
+        };
+        match sent {
+            Ok(replies) => answers.extend(replies),
+            Err(e) => answers.extend(now.iter().map(|_| Err(e.clone()))),
+        }
+        rest = later;
+    }
+    answers
+}
+
+/// A run of `limits.lua` checks: alone on `limits.lua`, several on `limits_batch.lua`.
+async fn send_limits(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
+    let calls: Vec<&LimitsCall> = batch
+        .iter()
+        .filter_map(|w| match &w.job {
+            Job::Limits(call) => Some(call),
+            _ => None,
+        })
+        .collect();
+    if let [one] = calls[..] {
+        return scripts::limits(conn, one)
+            .await
+            .map(|decisions| vec![Ok(Reply::Limits(decisions))]);
+    }
+    let mut invocation = LIMITS_BATCH.prepare_invoke();
+    invocation.arg(calls.len());
+    for call in &calls {
+        let (keys, args) = (call.keys(), call.args());
+        invocation.arg(keys.len()).arg(args.len());
+        for arg in args {
+            invocation.arg(arg);
+        }
+        for key in keys {
+            invocation.key(key);
+        }
+    }
+    let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let wrong_length = || {
+        RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the limits batch script returned a reply of the wrong length",
+        ))
+    };
+    let mut answers = Vec::with_capacity(calls.len());
+    let mut rest = &reply[..];
+    for call in calls {
+        let len = call.reply_len();
+        if rest.len() < len {
+            return Err(wrong_length());
+        }
+        let (mine, later) = rest.split_at(len);
+        rest = later;
+        let answer = match &mine[0] {
+            // This item failed (its error's text): the error limits.lua alone would have met.
+            redis::Value::BulkString(text) => {
+                let text = String::from_utf8_lossy(text);
+                let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
+                Err(RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::ResponseError),
+                    "the limits script failed",
+                    format!("{code} {detail}"),
+                )))
+            }
+            _ => mine
+                .iter()
+                .map(redis::from_redis_value_ref::<i64>)
+                .collect::<Result<Vec<i64>, _>>()
+                .map_err(RedisError::from)
+                .and_then(|ints| scripts::limits_decisions(call, &ints))
+                .map(Reply::Limits),
+        };
+        answers.push(answer);
+    }
+    if !rest.is_empty() {
+        return Err(wrong_length());
+    }
+    Ok(answers)
+}
+
+/// A run of GCRA checks: alone on `gcra.lua`, several on `gcra_batch.lua`.
+async fn send_gcra(
+    conn: &mut RedisConnection,
+    batch: &[Waiter],
+) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
+    let items: Vec<(&str, &Args, u64)> = batch
+        .iter()
+        .filter_map(|w| match &w.job {
+            Job::Gcra {
+                key,
+                args,
+                quantity,
+            } => Some((key.as_str(), args, *quantity)),
+            _ => None,
+        })
+        .collect();
+    if let [(key, args, quantity)] = items[..] {
+        return scripts::gcra(conn, key, args, quantity)
+            .await
+            .map(|answer| vec![Ok(Reply::Gcra(answer))]);
+    }
+    // Runs of the same key, quota and quantity travel as one group, with the quota's numbers only
+    // when they differ from the group's before (see the script's header).
+    let mut invocation = GCRA_BATCH.prepare_invoke();
+    let mut groups = Vec::new();
+    let mut last_quota = None;
+    let mut rest = &items[..];
+    while let [(key, args, quantity), ..] = rest {
+        let same = |a: &Args| (a.interval, a.tolerance, a.limit, a.ceiling);
+        let run = rest
+            .iter()
+            .take_while(|(k, a, q)| k == key && q == quantity && same(a) == same(args))
+            .count();
+        let quota = (args.interval, args.tolerance, args.ceiling);
+        let (count, numbers) = gcra_group::group_args(&mut last_quota, quota, *quantity, run);
+        invocation.key(*key).arg(count);
+        if let Some(numbers) = numbers {
+            invocation.arg(&numbers[..]);
+        }
+        groups.push((*args, *quantity, run));
+        rest = &rest[run..];
+    }
+    let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    if reply.len() != groups.len() {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the batch script returned a reply of the wrong length",
+        )));
+    }
+    let mut answers = Vec::with_capacity(items.len());
+    let mut replies = Vec::new();
+    for ((args, quantity, run), backlog) in groups.into_iter().zip(reply) {
+        let Ok(backlog) = u64::try_from(backlog) else {
+            // This group's key holds another type: the error gcra.lua alone would have met.
+            let wrongtype = RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value".to_owned(),
+            ));
+            answers.extend((0..run).map(|_| Err(wrongtype.clone())));
+            continue;
+        };
+        replies.clear();
+        let quota = (args.interval, args.tolerance, args.limit);
+        gcra_group::push_replies(&mut replies, backlog, quota, quantity, run);
+        answers.extend(replies.iter().map(|&r| {
+            Ok(Reply::Gcra(Answer {
+                decision: scripts::from_reply(r, Duration::from_nanos),
+                whole_seconds: false,
+                banned: false,
+            }))
+        }));
+    }
+    Ok(answers)
+}
+
+/// A GCRA check's answer (a GCRA or `CL.THROTTLE` call answers in that kind).
+fn gcra_answer(reply: Reply) -> Result<Answer, RedisError> {
+    match reply {
+        Reply::Gcra(answer) => Ok(answer),
+        Reply::Limits(_) => Err(mixed_up()),
+    }
+}
+
+/// A reply of the wrong kind for its check (a bug: each job's call answers in its own kind).
+fn mixed_up() -> RedisError {
+    RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "a batch answered a check with a reply of another kind",
+    ))
+}
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;

@@ -1,0 +1,81 @@
+//! When a lane's next batch leaves ([`Lane::full`]) and what the lane counts in flight.
+
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::backend::redis::wire::args::CellArgs;
+
+/// `n` waiting checks (their receivers dropped: nothing is sent here).
+fn waiting(n: usize) -> Vec<Waiter> {
+    (0..n)
+        .map(|_| Waiter {
+            job: Job::Cell {
+                key: "k".to_owned(),
+                cell: CellArgs {
+                    max_burst: 1,
+                    count: 1,
+                    period_secs: 1,
+                },
+                quantity: 1,
+            },
+            answer: oneshot::channel().0,
+        })
+        .collect()
+}
+
+#[test]
+fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
+    let mut lane = Lane {
+        waiting: waiting(10),
+        ..Lane::default()
+    };
+    let first = lane.take();
+    assert_eq!((first.len(), lane.in_flight, lane.flying), (10, 1, 10));
+    lane.waiting = waiting(9);
+    assert!(!lane.full(), "9 waiting while 10 are in flight");
+    lane.waiting = waiting(10);
+    assert!(lane.full());
+    let second = lane.take();
+    assert_eq!((second.len(), lane.in_flight, lane.flying), (10, 2, 20));
+    // The first answers; a batch of 25 had answered last: the next waits for the larger of the
+    // one in flight (10) and that (25), as the callers of a batch come back together.
+    lane.last_size = 25;
+    lane.ended(10);
+    assert_eq!((lane.in_flight, lane.flying), (1, 10));
+    lane.waiting = waiting(24);
+    assert!(!lane.full());
+    lane.waiting = waiting(25);
+    assert!(lane.full());
+}
+
+#[test]
+fn a_lone_check_follows_a_lone_check_at_once() {
+    let mut lane = Lane {
+        waiting: waiting(1),
+        ..Lane::default()
+    };
+    lane.take();
+    lane.waiting = waiting(1);
+    assert!(
+        lane.full(),
+        "one check in flight, the last batch (none) empty"
+    );
+    lane.last_size = 1;
+    lane.ended(1);
+    lane.waiting = waiting(1);
+    assert!(lane.full());
+}
+
+#[test]
+fn a_lane_with_nothing_in_flight_counts_no_check_in_flight() {
+    let mut lane = Lane {
+        waiting: waiting(MAX_BATCH + 5),
+        ..Lane::default()
+    };
+    let batch = lane.take();
+    assert_eq!((batch.len(), lane.waiting.len()), (MAX_BATCH, 5));
+    // A task that ends with a size it no longer matches (dropped half-way) cannot leave the lane
+    // counting checks in flight once no batch is.
+    lane.ended(1);
+    assert_eq!((lane.in_flight, lane.flying), (0, 0));
+}

@@ -1,0 +1,409 @@
+//! Sliced budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
+//! one atomic call (`budget.lua`) and admits from it locally, never more than Redis granted.
+//!
+//! Per key (its Redis key), this process keeps how many units it saw in the current and the
+//! previous slice TTL (hotness and the local rate), and its slice: the units left, when they
+//! expire, and what Redis said when it granted them. A request takes from a live slice without a
+//! call; a hot key whose slice ran out asks for a new one sized by the local rate; a cold key, and
+//! a hot key while its slice is being fetched, is decided per request as without a budget (the
+//! other requests do not wait for the fetch). The table is bounded: when full, keys idle for two
+//! slice TTLs are dropped, and keys beyond it stay cold.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::{RedisError, Script};
+
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::wire::args::Args;
+use crate::backend::redis::wire::scripts::Answer;
+use crate::budget::Budget;
+use crate::decision::Decision;
+
+/// See the script's header. Built once per process.
+static BUDGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::BUDGET));
+
+/// The most keys one process tracks for hotness; beyond it, keys are decided per request.
+const MAX_KEYS: usize = 100_000;
+
+/// The budget slices this process holds, per Redis key.
+#[derive(Default)]
+pub(crate) struct Budgets {
+    keys: Mutex<HashMap<Box<str>, Slice>>,
+    /// When the full table was last swept: at most once a slice TTL, so that a flood of new keys into
+    /// a full table costs each of them a lookup, not a scan of every key under the lock.
+    last_sweep: Mutex<Option<Instant>>,
+    /// Counts the resets heard (here or from another process): a slice fetched across one is not
+    /// credited, as Redis may have granted it from the state the reset deleted.
+    generation: AtomicU64,
+}
+
+/// One key: its recent rate and its slice.
+struct Slice {
+    /// The start of the current counting period (one slice TTL long).
+    period_start: Instant,
+    /// Units asked in the current period and in the one before.
+    seen_now: u64,
+    seen_before: u64,
+    /// Units granted by Redis and not yet admitted; lost at `expires`.
+    units: u64,
+    expires: Instant,
+    /// When the slice was granted, with what Redis reported after granting it.
+    granted_at: Instant,
+    redis_remaining: u64,
+    reset_after: Duration,
+    limit: u64,
+    /// The units of the latest grant: the slice is refilled ahead when a quarter is left.
+    last_grant: u64,
+    /// A slice is on its way: requests meanwhile take what is left, then are decided per request.
+    fetching: bool,
+}
+
+impl Slice {
+    fn new(now: Instant) -> Self {
+        Slice {
+            period_start: now,
+            seen_now: 0,
+            seen_before: 0,
+            units: 0,
+            expires: now,
+            granted_at: now,
+            redis_remaining: 0,
+            reset_after: Duration::ZERO,
+            limit: 0,
+            last_grant: 0,
+            fetching: false,
+        }
+    }
+
+    /// The slice to ask for: about the units of one slice TTL at the local rate, within the budget's
+    /// and the limit's bounds, and never less than `least`.
+    fn want(&self, budget: &Budget, limit: u64, least: u64) -> u64 {
+        self.seen_now
+            .max(self.seen_before)
+            .min(budget.max_slice_units().min(limit))
+            .max(least)
+    }
+
+    /// What a request admitted from the slice is told: see [`Budget`]'s headers.
+    fn decision(&self, now: Instant) -> Decision {
+        Decision::allowed(
+            self.limit,
+            // At most the limit: Redis, had the slice's units not been taken, would have said at
+            // most that (units of an earlier slice may be counted in a backlog that has drained).
+            self.units
+                .saturating_add(self.redis_remaining)
+                .min(self.limit),
+            self.reset_after
+                .saturating_sub(now.saturating_duration_since(self.granted_at)),
+        )
+    }
+}
+
+/// The GCRA's arguments to `budget.lua`: interval and tolerance (ns), limit.
+#[derive(Clone, Copy)]
+pub(crate) struct Gcra {
+    interval: u64,
+    tolerance: u64,
+    limit: u64,
+}
+
+impl Gcra {
+    pub(crate) fn of(args: &Args) -> Self {
+        Gcra {
+            interval: args.interval,
+            tolerance: args.tolerance,
+            limit: args.limit,
+        }
+    }
+}
+
+/// What this process can do about a request without Redis.
+pub(crate) enum Local {
+    /// Admitted from the slice.
+    Admit(Decision),
+    /// Admitted from the slice, which runs low: fetch this many more in the background, so that
+    /// the requests after do not wait for Redis when it runs out.
+    AdmitAndRefill(Decision, u64, Fetching),
+    /// The key is hot and its slice ran out: fetch a slice of this many units (the request's
+    /// among them), holding the guard until the answer is in.
+    Fetch(u64, Fetching),
+    /// Decide it per request, as without a budget.
+    PerRequest,
+}
+
+/// While held, the key's slice is being fetched; dropped (answered, failed, timed out or
+/// abandoned), the next request may fetch again.
+pub(crate) struct Fetching {
+    budgets: Arc<Budgets>,
+    key: Box<str>,
+}
+
+impl Drop for Fetching {
+    fn drop(&mut self) {
+        if let Some(slice) = self.budgets.lock().get_mut(&self.key) {
+            slice.fetching = false;
+        }
+    }
+}
+
+impl Budgets {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Box<str>, Slice>> {
+        // A panic elsewhere while holding it leaves only counters behind: still usable.
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits `quantity` units of `key` from its slice, or says how to decide it.
+    pub(crate) fn local(
+        self: &Arc<Self>,
+        key: &str,
+        budget: &Budget,
+        limit: u64,
+        quantity: u64,
+    ) -> Local {
+        if quantity == 0 {
+            return Local::PerRequest;
+        }
+        let now = Instant::now();
+        let ttl = budget.slice_lifetime();
+        let mut keys = self.lock();
+        if !keys.contains_key(key) {
+            if keys.len() >= MAX_KEYS {
+                let mut last_sweep = self.last_sweep.lock().unwrap_or_else(|p| p.into_inner());
+                if last_sweep.is_none_or(|at| now.saturating_duration_since(at) >= ttl) {
+                    *last_sweep = Some(now);
+                    keys.retain(|_, s| now.saturating_duration_since(s.period_start) < ttl * 2);
+                }
+                if keys.len() >= MAX_KEYS {
+                    return Local::PerRequest;
+                }
+            }
+            keys.insert(key.into(), Slice::new(now));
+        }
+        let Some(slice) = keys.get_mut(key) else {
+            return Local::PerRequest;
+        };
+        let since = now.saturating_duration_since(slice.period_start);
+        if since >= ttl {
+            slice.seen_before = if since < ttl * 2 { slice.seen_now } else { 0 };
+            slice.seen_now = 0;
+            slice.period_start = now;
+        }
+        slice.seen_now = slice.seen_now.saturating_add(quantity);
+        if now >= slice.expires {
+            // Granted, unused, and lost: the bounded loss of a slice.
+            slice.units = 0;
+        } else if slice.units >= quantity {
+            slice.units -= quantity;
+            let decision = slice.decision(now);
+            // A quarter of the latest grant left: refilled ahead, while the rest is admitted.
+            if slice.fetching || slice.units.saturating_mul(4) > slice.last_grant {
+                return Local::Admit(decision);
+            }
+            slice.fetching = true;
+            return Local::AdmitAndRefill(
+                decision,
+                slice.want(budget, limit, 1),
+                Fetching {
+                    budgets: self.clone(),
+                    key: key.into(),
+                },
+            );
+        }
+        let hot =
+            slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
+        if !hot || slice.fetching {
+            return Local::PerRequest;
+        }
+        slice.fetching = true;
+        let want = slice.want(budget, limit, quantity);
+        Local::Fetch(
+            want,
+            Fetching {
+                budgets: self.clone(),
+                key: key.into(),
+            },
+        )
+    }
+
+    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeps what is
+    /// left after the request's, and decides the request. A refill ahead takes no request's
+    /// units: `quantity` 0 asks for at least one, and keeps them all.
+    pub(crate) async fn fetch(
+        &self,
+        conn: &mut RedisConnection,
+        key: &str,
+        gcra: Gcra,
+        budget: &Budget,
+        quantity: u64,
+        want: u64,
+    ) -> Result<Answer, RedisError> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let reply: [i64; 5] = BUDGET
+            .key(key)
+            .arg(gcra.interval)
+            .arg(gcra.tolerance)
+            .arg(gcra.limit)
+            .arg(want)
+            .arg(quantity.max(1))
+            .invoke_async(&mut conn.redirecting())
+            .await?;
+        let [granted, limit, remaining, retry_after, reset_after] = reply.map(|v| v.max(-1));
+        let limit = limit.max(0) as u64;
+        let remaining = remaining.max(0) as u64;
+        let reset_after = Duration::from_nanos(reset_after.max(0) as u64);
+        let granted = granted.max(0) as u64;
+        let decision = if granted >= quantity.max(1) {
+            let now = Instant::now();
+            let mut keys = self.lock();
+            let current = self.generation.load(Ordering::Acquire) == generation;
+            match keys.get_mut(key).filter(|_| current) {
+                Some(slice) => {
+                    if now >= slice.expires {
+                        slice.units = 0;
+                    }
+                    slice.units = slice.units.saturating_add(granted - quantity);
+                    slice.last_grant = granted;
+                    slice.expires = now + budget.slice_lifetime();
+                    slice.granted_at = now;
+                    slice.redis_remaining = remaining;
+                    slice.reset_after = reset_after;
+                    slice.limit = limit;
+                    slice.decision(now)
+                }
+                // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
+                None => Decision::allowed(limit, remaining, reset_after),
+            }
+        } else {
+            let retry_after = u64::try_from(retry_after).ok().map(Duration::from_nanos);
+            Decision::limited(limit, remaining, retry_after, reset_after)
+        };
+        Ok(Answer {
+            decision,
+            whole_seconds: false,
+            banned: false,
+        })
+    }
+
+    /// Drops `key`'s slice (after a reset: Redis forgot the units it granted).
+    pub(crate) fn forget(&self, key: &str) {
+        let mut keys = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        keys.remove(key);
+    }
+
+    /// Drops the slices of the keys that start with `prefix` (`prefix:limit:{`: the limit changed
+    /// in a reload, and a slice granted under its old quota would admit at the old rate).
+    pub(crate) fn forget_prefix(&self, prefix: &str) {
+        let mut keys = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        keys.retain(|key, _| !key.starts_with(prefix));
+    }
+
+    /// Drops every slice (resets may have been missed).
+    pub(crate) fn forget_all(&self) {
+        let mut keys = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        keys.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gives `key` a slice of `units`, as a grant with `redis_remaining` left would.
+    fn grant(budgets: &Budgets, key: &str, units: u64, redis_remaining: u64, ttl: Duration) {
+        let now = Instant::now();
+        let mut keys = budgets.lock();
+        let slice = keys.entry(key.into()).or_insert_with(|| Slice::new(now));
+        slice.units = units;
+        slice.expires = now + ttl;
+        slice.granted_at = now;
+        slice.redis_remaining = redis_remaining;
+        slice.reset_after = Duration::from_secs(1);
+        slice.limit = 100;
+        slice.last_grant = units;
+    }
+
+    #[test]
+    fn a_key_is_cold_until_hot_after_decisions() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new()
+            .hot_after(3)
+            .slice_ttl(Duration::from_secs(60));
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
+        assert!(matches!(local("k", 1), Local::PerRequest));
+        assert!(matches!(local("k", 1), Local::PerRequest));
+        let Local::Fetch(want, fetching) = budgets.local("k", &budget, 100, 1) else {
+            panic!("hot after 3");
+        };
+        assert_eq!(want, 3, "about the units seen");
+        // While the slice is on its way, the others are decided per request.
+        assert!(matches!(local("k", 1), Local::PerRequest));
+        drop(fetching);
+        assert!(matches!(local("k", 1), Local::Fetch(..)));
+    }
+
+    #[test]
+    fn a_slice_admits_what_was_granted_and_no_more() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new()
+            .hot_after(1)
+            .slice_ttl(Duration::from_secs(60));
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
+        grant(&budgets, "k", 3, 40, Duration::from_secs(60));
+        let mut remaining = Vec::new();
+        let mut refills = 0;
+        for _ in 0..3 {
+            match budgets.local("k", &budget, 100, 1) {
+                Local::Admit(d) => remaining.push(d.remaining),
+                Local::AdmitAndRefill(d, want, _fetching) => {
+                    remaining.push(d.remaining);
+                    assert!(want >= 1);
+                    refills += 1;
+                }
+                _ => panic!("the slice holds 3"),
+            }
+        }
+        // Refilled ahead once, when a quarter of the grant was left.
+        assert_eq!(refills, 1);
+        // The slice's units left plus what Redis said was left when it granted them.
+        assert_eq!(remaining, [42, 41, 40]);
+        assert!(matches!(local("k", 1), Local::Fetch(..)));
+        // A request costing more than the slice holds asks Redis.
+        grant(&budgets, "big", 2, 0, Duration::from_secs(60));
+        assert!(matches!(local("big", 5), Local::Fetch(5, _)));
+    }
+
+    #[test]
+    fn the_slice_asked_is_bounded_by_max_slice_and_the_limit() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new()
+            .hot_after(1)
+            .max_slice(10)
+            .slice_ttl(Duration::from_secs(60));
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
+        for _ in 0..50 {
+            drop(budgets.local("k", &budget, 100, 1));
+        }
+        assert!(matches!(local("k", 1), Local::Fetch(10, _)));
+        assert!(matches!(
+            budgets.local("j", &budget, 1, 1),
+            Local::Fetch(1, _)
+        ));
+    }
+
+    #[test]
+    fn a_forgotten_key_has_no_slice() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = Budget::new().hot_after(100);
+        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
+        grant(&budgets, "k", 5, 0, Duration::from_secs(60));
+        budgets.forget("k");
+        assert!(matches!(local("k", 1), Local::PerRequest));
+    }
+}

@@ -1,0 +1,444 @@
+//! What a limit becomes on the wire: its Redis keys, the arguments of `gcra.lua`, `limits.lua` and
+//! `CL.THROTTLE`, and what the Redis backend refuses because it cannot enforce it exactly.
+
+use std::time::Duration;
+
+use super::mode::RedisMode;
+use crate::error::BuildError;
+use crate::key::Key;
+use crate::limit::{check_stack, Algorithm, Limit, DEFAULT_LEASE};
+use crate::penalty::Penalty;
+
+/// The Lua path computes `tat - now` and its sums exactly in doubles (53-bit integers) while the
+/// tolerance plus one interval stays within 2^52 ns (about 52 days); longer ones are refused.
+const LUA_MAX_WINDOW_NS: u64 = 1 << 52;
+
+/// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
+/// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
+/// counts below 2^41.
+const WINDOW_MAX_PERIOD_NS: u64 = 1 << 52;
+const MAX_COUNT: u64 = 1 << 51;
+const SLIDING_MAX_COUNT: u64 = 1 << 41;
+
+/// The Redis key that holds `key`'s state under the policy `policy`: `prefix:policy:{key}`.
+pub(crate) fn redis_key(prefix: &str, policy: &str, key: &Key) -> String {
+    let mut out = String::with_capacity(prefix.len() + policy.len() + 48);
+    out.push_str(prefix);
+    out.push(':');
+    out.push_str(policy);
+    out.push_str(":{");
+    key.render(&mut out);
+    out.push('}');
+    out
+}
+
+/// The Redis key that holds `key`'s state under `limit`: [`redis_key`] with the algorithm's suffix.
+pub(crate) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
+    let mut out = redis_key(prefix, limit.name(), key);
+    out.push_str(suffix(limit.algorithm()));
+    out
+}
+
+/// The key suffix of each algorithm: a policy whose algorithm changes reads a key of its own, never
+/// another algorithm's (a ZSET where a string was: WRONGTYPE).
+fn suffix(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => "",
+        Algorithm::SlidingLog => ":log",
+        Algorithm::FixedWindow => ":fixed",
+        Algorithm::SlidingWindow => ":sliding",
+        Algorithm::Concurrency => ":concurrency",
+    }
+}
+
+/// What a policy's quota becomes on each path.
+#[derive(Clone)]
+pub(crate) struct Args {
+    pub(crate) penalty: Option<Penalty>,
+    /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
+    /// delay, which `CL.THROTTLE` cannot express, so it always runs on Lua.
+    pub(crate) delayed: bool,
+    pub(crate) interval: u64,
+    pub(crate) tolerance: u64,
+    /// How far ahead a stored TAT is read as it is (see [`ceiling`]): the tolerance, or a metered
+    /// limit's tolerance plus its debt cap.
+    pub(crate) ceiling: u64,
+    pub(crate) limit: u64,
+    /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
+    pub(crate) cell: Option<CellArgs>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct CellArgs {
+    pub(crate) max_burst: u64,
+    pub(crate) count: u64,
+    pub(crate) period_secs: u64,
+}
+
+impl Args {
+    /// The GCRA's arguments; `None` for the other algorithms.
+    pub(crate) fn new(limit: &Limit) -> Option<Args> {
+        Self::with_cell(limit, true)
+    }
+
+    /// The GCRA's arguments, with `CL.THROTTLE`'s only if `cell` (the mode may take that path):
+    /// finding its whole-second form takes 128-bit divisions, which a request on the Lua path
+    /// need not pay.
+    pub(crate) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
+        let params = limit.gcra()?;
+        let delayed = limit.delay().is_some();
+        Some(Args {
+            penalty: limit.penalty().copied(),
+            delayed,
+            interval: params.emission_interval(),
+            tolerance: params.tolerance(),
+            ceiling: ceiling(limit),
+            limit: params.limit(),
+            cell: if cell && !delayed {
+                cell_args(limit)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn lua_ok(&self) -> bool {
+        self.tolerance
+            .checked_add(self.interval)
+            .is_some_and(|w| w <= LUA_MAX_WINDOW_NS)
+    }
+
+    /// Whether the limit is metered: its keys may hold debt past the tolerance.
+    pub(crate) fn metered(&self) -> bool {
+        self.ceiling != self.tolerance
+    }
+}
+
+/// How far ahead of now (ns) a GCRA limit's stored TAT is read as it is, by every script: the
+/// GCRA's [`ceiling`](crate::gcra::GcraParams::ceiling), as `gcra::decide` reads it (the tolerance, and
+/// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
+/// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
+pub(crate) fn ceiling(limit: &Limit) -> u64 {
+    limit.gcra().map_or(0, |params| params.ceiling())
+}
+
+/// Why the Redis backend cannot settle `limit`'s costs exactly, if it is metered and cannot: a
+/// metered limit is a GCRA limit without a leased budget (a slice is granted before the cost is
+/// known, and settling behind it would charge the key twice or not at all), whose debt the scripts
+/// can hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
+fn metered_error(limit: &Limit) -> Option<String> {
+    if !limit.is_metered() {
+        return None;
+    }
+    let name = limit.name();
+    let Some(params) = limit.gcra() else {
+        return Some(format!(
+            "policy {name:?}: a metered limit settles its cost on a GCRA limit, not a {} limit",
+            limit.algorithm()
+        ));
+    };
+    if limit.budget().is_some() {
+        return Some(format!(
+            "policy {name:?}: a metered limit cannot have a leased budget on the Redis backend (a \
+             slice is granted before the cost is known); remove the budget"
+        ));
+    }
+    let window = ceiling(limit).checked_add(params.emission_interval());
+    if window.is_none_or(|w| w >= LUA_MAX_WINDOW_NS) {
+        return Some(format!(
+            "policy {name:?}: the Redis backend holds debts that are paid back within 52 days \
+             (the burst plus max_debt = {} units, at one every {:?}); lower max_debt",
+            limit.max_debt(),
+            Duration::from_nanos(params.emission_interval())
+        ));
+    }
+    None
+}
+
+/// The quota as `count` per `period_secs` whole seconds, at exactly the same rate: the smallest whole
+/// number of seconds that holds a whole number of emissions.
+fn cell_args(limit: &Limit) -> Option<CellArgs> {
+    const NANOS: u128 = 1_000_000_000;
+    let quota = limit.quota();
+    let period = quota.period().as_nanos();
+    let count = u128::from(quota.count());
+    if period == 0 || count == 0 {
+        return None;
+    }
+    // A whole-second period is sent as it is; otherwise count' / secs = count / period, with the
+    // smallest such secs: period / gcd(period, count × 10^9).
+    let secs = if period.is_multiple_of(NANOS) {
+        period / NANOS
+    } else {
+        period / gcd(period, count * NANOS)
+    };
+    let scaled_count = count * NANOS * secs / period;
+    let max = i64::MAX as u128;
+    if secs == 0 || secs > max / NANOS || scaled_count == 0 || scaled_count > max {
+        return None;
+    }
+    // redis-cell divides the period by the count in nanoseconds, like Quota::validate: same interval.
+    let cell_interval = secs * NANOS / scaled_count;
+    if Some(cell_interval as u64) != limit.gcra().map(|p| p.emission_interval()) {
+        return None;
+    }
+    Some(CellArgs {
+        max_burst: quota.max_burst(),
+        count: scaled_count as u64,
+        period_secs: secs as u64,
+    })
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// One limit as the limits script takes it: its key, `kind`, limit and two parameters.
+pub(crate) struct Spec {
+    pub(crate) key: String,
+    pub(crate) kind: u8,
+    pub(crate) limit: u64,
+    pub(crate) a: u64,
+    pub(crate) b: u64,
+    /// The GCRA's [`ceiling`] (0 for the other algorithms).
+    pub(crate) ceiling: u64,
+}
+
+const KIND_GCRA: u8 = 0;
+const KIND_CONCURRENCY: u8 = 4;
+
+impl Spec {
+    /// The script's arguments for `limit`, or why the script cannot enforce it exactly.
+    pub(crate) fn of(limit: &Limit, key: String) -> Result<Spec, String> {
+        let name = limit.name();
+        let too_many = |count: u64| {
+            format!("policy {name:?}: the Redis backend supports counts up to 2^51, not {count}")
+        };
+        let algorithm = limit.algorithm();
+        let ceiling = ceiling(limit);
+        let spec = |kind, limit, a, b| Spec {
+            key,
+            kind,
+            limit,
+            a,
+            b,
+            ceiling,
+        };
+        if let Some(gcra) = limit.gcra() {
+            let window = gcra.tolerance().checked_add(gcra.emission_interval());
+            if window.is_none_or(|w| w > LUA_MAX_WINDOW_NS) {
+                return Err(format!(
+                    "policy {name:?}: the Redis backend supports bursts that refill within 52 days \
+                     (period / count × (max_burst + 1)); this quota needs {:?}",
+                    Duration::from_nanos(gcra.tolerance())
+                ));
+            }
+            return Ok(spec(
+                KIND_GCRA,
+                gcra.limit(),
+                gcra.emission_interval(),
+                gcra.tolerance(),
+            ));
+        }
+        if let Some(count) = limit.concurrency() {
+            if count > MAX_COUNT {
+                return Err(too_many(count));
+            }
+            let lease = limit.lease().unwrap_or(DEFAULT_LEASE);
+            // Rounded up: a lease never ends before the time it was given.
+            let lease_us = lease.as_nanos().div_ceil(1000) as u64;
+            return Ok(spec(KIND_CONCURRENCY, count, lease_us, 0));
+        }
+        let Some(window) = limit.window() else {
+            return Err(format!(
+                "policy {name:?}: the Redis backend cannot enforce algorithm {algorithm:?}"
+            ));
+        };
+        let (period, count) = (window.period(), window.limit());
+        // Redis' clock (TIME) counts microseconds: windows cut at finer periods would not fall on
+        // the boundaries window.rs computes.
+        if period % 1000 != 0 {
+            return Err(format!(
+                "policy {name:?}: the Redis backend needs the period of a {algorithm} limit to be a \
+                 whole number of microseconds, not {:?}",
+                Duration::from_nanos(period)
+            ));
+        }
+        if period >= WINDOW_MAX_PERIOD_NS {
+            return Err(format!(
+                "policy {name:?}: the Redis backend supports {algorithm} periods shorter than 52 days, \
+                 not {:?}",
+                Duration::from_nanos(period)
+            ));
+        }
+        if count > MAX_COUNT {
+            return Err(too_many(count));
+        }
+        let period_us = period / 1000;
+        let kind = match algorithm {
+            Algorithm::SlidingLog => 1,
+            Algorithm::FixedWindow => 2,
+            _ => {
+                // The weighted estimate is count × period (µs), exact in a double below 2^51; a
+                // retry time's remainder is below count × 1000.
+                if count > SLIDING_MAX_COUNT {
+                    return Err(format!(
+                        "policy {name:?}: the Redis backend supports sliding windows of up to 2^41 \
+                         units, not {count}"
+                    ));
+                }
+                if count.checked_mul(period_us).is_none_or(|p| p > MAX_COUNT) {
+                    return Err(format!(
+                        "policy {name:?}: the Redis backend supports sliding windows whose count × \
+                         period stays below 2^51 µs (about 26,000 a day, 600,000 an hour); this one \
+                         is {count} per {:?}",
+                        Duration::from_nanos(period)
+                    ));
+                }
+                3
+            }
+        };
+        Ok(spec(kind, count, period_us, 0))
+    }
+
+    /// A concurrency limit: its admitted units hold a lease.
+    pub(crate) fn is_concurrency(&self) -> bool {
+        self.kind == KIND_CONCURRENCY
+    }
+
+    /// A metered GCRA limit: its keys may hold debt (see [`ceiling`]).
+    pub(crate) fn is_metered(&self) -> bool {
+        self.kind == KIND_GCRA && self.ceiling != self.b
+    }
+}
+
+/// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend
+/// ([`check_stack`]), and one of Redis's own.
+pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
+    check_stack(limits)?;
+    for (i, limit) in limits.iter().enumerate() {
+        // Same name and algorithm: the same key, which one call would read twice and write twice.
+        if limits[..i]
+            .iter()
+            .any(|l| l.name() == limit.name() && l.algorithm() == limit.algorithm())
+        {
+            return Err(format!(
+                "policy {:?} appears twice in one stack with algorithm {}: give each its own name",
+                limit.name(),
+                limit.algorithm()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the Redis backend in `mode` can enforce `limit` ([`Backend::validate`]).
+///
+/// [`Backend::validate`]: crate::backend::Backend::validate
+pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
+    if let Some(why) = metered_error(limit) {
+        return Err(BuildError::Invalid(why));
+    }
+    let Some(args) = Args::new(limit) else {
+        return Spec::of(limit, String::new())
+            .map(drop)
+            .map_err(BuildError::Invalid);
+    };
+    let lua = || {
+        if args.lua_ok() {
+            Ok(())
+        } else {
+            Err(BuildError::Invalid(format!(
+                "policy {:?}: the Lua path of the Redis backend supports bursts that refill within \
+                 52 days (period / count × (max_burst + 1)); this quota needs {:?}",
+                limit.name(),
+                Duration::from_nanos(args.tolerance)
+            )))
+        }
+    };
+    let cell = || {
+        if args.cell.is_some() {
+            Ok(())
+        } else {
+            Err(BuildError::Invalid(format!(
+                "policy {:?}: CL.THROTTLE cannot express this quota exactly (its period must be \
+                 a whole number of seconds at the same rate); use mode \"lua\"",
+                limit.name()
+            )))
+        }
+    };
+    match mode {
+        RedisMode::Lua => lua(),
+        // A delayed limit runs on Lua in every mode (CL.THROTTLE's whole seconds cannot express
+        // its delay).
+        RedisMode::Cell if args.delayed => lua(),
+        RedisMode::Cell => cell(),
+        // Auto may run either path, and a policy that only one path can enforce runs on Lua: so
+        // Lua must be able to.
+        RedisMode::Auto => lua(),
+    }
+}
+
+/// Whether the Redis backend can enforce `limits` together ([`Backend::validate_all`]).
+///
+/// [`Backend::validate_all`]: crate::backend::Backend::validate_all
+pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
+    stack_error(limits).map_err(BuildError::Invalid)?;
+    for limit in limits {
+        if let Some(why) = metered_error(limit) {
+            return Err(BuildError::Invalid(why));
+        }
+        match Args::new(limit) {
+            // In a stack the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds.
+            Some(args) if !args.lua_ok() => {
+                return Err(BuildError::Invalid(format!(
+                    "policy {:?}: the Redis backend supports bursts that refill within 52 days \
+                     (period / count × (max_burst + 1)); this quota needs {:?}",
+                    limit.name(),
+                    Duration::from_nanos(args.tolerance)
+                )))
+            }
+            Some(_) => {}
+            None => {
+                Spec::of(limit, String::new()).map_err(BuildError::Invalid)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    fn cell(quota: Quota) -> Option<(u64, u64, u64)> {
+        let limit = Limit::new("t", quota).unwrap();
+        cell_args(&limit).map(|c| (c.max_burst, c.count, c.period_secs))
+    }
+
+    #[test]
+    fn quotas_map_to_whole_second_periods_at_the_same_rate() {
+        assert_eq!(cell(Quota::per_second(5)), Some((4, 5, 1)));
+        assert_eq!(
+            cell(Quota::cl_throttle(15, 30, Duration::from_secs(60))),
+            Some((15, 30, 60))
+        );
+        assert_eq!(
+            cell(Quota::per_period(5, Duration::from_millis(500))),
+            Some((4, 10, 1))
+        );
+        assert_eq!(
+            cell(Quota::per_period(1, Duration::from_millis(1500))),
+            Some((0, 2, 3))
+        );
+        assert_eq!(
+            cell(Quota::per_period(3, Duration::from_millis(700))),
+            Some((2, 30, 7))
+        );
+        assert_eq!(cell(Quota::per_day(1000)), Some((999, 1000, 86_400)));
+    }
+}

@@ -1,0 +1,200 @@
+//! The calls that decide — `gcra.lua`, `limits.lua` and `CL.THROTTLE` — sent on a connection, and
+//! their replies read back into decisions.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{RedisError, Script};
+
+use super::args::{Args, CellArgs};
+use super::limits_call::LimitsCall;
+use super::lua;
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::decision::Decision;
+
+/// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
+/// once per process (its SHA-1 is what `EVALSHA` sends).
+pub(crate) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
+
+/// Every algorithm, and stacks of limits: see the script's header.
+static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
+
+/// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
+static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
+
+/// A decision and how it was made.
+pub(crate) struct Answer {
+    pub(crate) decision: Decision,
+    /// By `CL.THROTTLE`: durations in whole seconds, rounded up.
+    pub(crate) whole_seconds: bool,
+    /// By a penalty-box ban.
+    pub(crate) banned: bool,
+}
+
+/// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
+/// fails the start, not the first request.
+pub(crate) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
+    GCRA.load_async(&mut conn.redirecting()).await.map(drop)
+}
+
+/// One GCRA decision (with its penalty box, if any) by `gcra.lua`.
+pub(crate) async fn gcra(
+    conn: &mut RedisConnection,
+    key: &str,
+    args: &Args,
+    quantity: u64,
+) -> Result<Answer, RedisError> {
+    let mut invocation = GCRA.key(key);
+    invocation
+        .arg(args.interval)
+        .arg(args.tolerance)
+        .arg(args.limit)
+        .arg(quantity);
+    if let Some(penalty) = &args.penalty {
+        // Same hash tag as the state: one slot, one atomic call.
+        invocation
+            .key(format!("{key}:strikes"))
+            .key(format!("{key}:ban"))
+            .arg(penalty.after())
+            .arg(penalty.within().as_millis().max(1) as u64)
+            .arg(penalty.ban().as_millis().max(1) as u64);
+    } else if args.metered() {
+        invocation.arg(0).arg(0).arg(0);
+    }
+    if args.metered() {
+        // A metered limit's debt is read as debt, not as another quota's state.
+        invocation.arg(args.ceiling);
+    }
+    let reply: [i64; 6] = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let [limited, limit, remaining, retry, reset, banned] = reply;
+    let mut decision = from_reply(
+        [limited, limit, remaining, retry, reset],
+        Duration::from_nanos,
+    );
+    decision.banned = banned == 1;
+    Ok(Answer {
+        decision,
+        whole_seconds: false,
+        banned: banned == 1,
+    })
+}
+
+/// One GCRA decision by `CL.THROTTLE`: through `cell.lua` on a Cluster, and on one server when
+/// `through_script` (Redis may be full: see `RedisState::cell_through_script`).
+pub(crate) async fn throttle(
+    conn: &mut RedisConnection,
+    key: &str,
+    cell: CellArgs,
+    quantity: u64,
+    through_script: bool,
+) -> Result<Answer, RedisError> {
+    let reply: [i64; 5] = if conn.is_cluster() || through_script {
+        // CL.THROTTLE declares no key: a node would run it on a slot it is migrating away or no
+        // longer owns. The script declares it, so the node redirects it; and, declared a writer,
+        // Redis refuses it whole when full, where the bare command writes past `maxmemory`.
+        CELL.key(key)
+            .arg(cell.max_burst)
+            .arg(cell.count)
+            .arg(cell.period_secs)
+            .arg(quantity)
+            .invoke_async(&mut conn.redirecting())
+            .await?
+    } else {
+        throttle_command(key, cell, quantity)
+            .query_async(conn)
+            .await?
+    };
+    Ok(cell_answer(reply))
+}
+
+/// `CL.THROTTLE key max_burst count period quantity`, for one server.
+pub(crate) fn throttle_command(key: &str, cell: CellArgs, quantity: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("CL.THROTTLE");
+    cmd.arg(key)
+        .arg(cell.max_burst)
+        .arg(cell.count)
+        .arg(cell.period_secs)
+        .arg(quantity);
+    cmd
+}
+
+/// The answer of a `CL.THROTTLE` reply.
+pub(crate) fn cell_answer(reply: [i64; 5]) -> Answer {
+    Answer {
+        // Whole seconds, truncated: report the next whole second, which is never early.
+        decision: from_reply(reply, |secs| Duration::from_secs(secs.saturating_add(1))),
+        whole_seconds: true,
+        banned: false,
+    }
+}
+
+/// One decision per spec of `call`, together, by `limits.lua`.
+pub(crate) async fn limits(
+    conn: &mut RedisConnection,
+    call: &LimitsCall,
+) -> Result<Vec<Decision>, RedisError> {
+    let mut invocation = LIMITS.prepare_invoke();
+    for key in call.keys() {
+        invocation.key(key);
+    }
+    for arg in call.args() {
+        invocation.arg(arg);
+    }
+    let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    limits_decisions(call, &reply)
+}
+
+/// The decisions of `call` in `limits.lua`'s reply to it (alone, or its part of a batch's).
+pub(crate) fn limits_decisions(
+    call: &LimitsCall,
+    reply: &[i64],
+) -> Result<Vec<Decision>, RedisError> {
+    if reply.len() != call.reply_len() {
+        return Err(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "the limits script returned a reply of the wrong length",
+        )));
+    }
+    let banned = reply[0] == 1;
+    Ok(reply[1..]
+        .chunks_exact(5)
+        .zip(&call.specs)
+        .map(|(r, spec)| {
+            let mut decision = from_reply([r[0], r[1], r[2], r[3], r[4]], Duration::from_nanos);
+            decision.banned = banned;
+            if decision.allowed && spec.is_concurrency() {
+                decision = decision.with_lease(call.token);
+            }
+            decision
+        })
+        .collect())
+}
+
+/// `[limited, limit, remaining, retry_after, reset_after]`, durations converted by `unit`.
+pub(crate) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
+    let [limited, limit, remaining, retry_after, reset_after] = reply;
+    let limit = limit.max(0) as u64;
+    let remaining = remaining.max(0) as u64;
+    let reset_after = unit(reset_after.max(0) as u64);
+    if limited == 0 {
+        Decision::allowed(limit, remaining, reset_after)
+    } else {
+        let retry_after = u64::try_from(retry_after).ok().map(unit);
+        Decision::limited(limit, remaining, retry_after, reset_after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cell_replies_round_up_to_whole_seconds() {
+        let limited = from_reply([1, 5, 0, 0, 4], |s| Duration::from_secs(s + 1));
+        assert!(!limited.allowed);
+        assert_eq!(limited.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(limited.retry_after_secs(), 1);
+        let never = from_reply([1, 5, 0, -1, 4], Duration::from_secs);
+        assert_eq!(never.retry_after, None);
+    }
+}
