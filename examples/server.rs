@@ -608,11 +608,30 @@ async fn run() -> Result<(), String> {
         describe_backend(&config, layer.backend()),
         describe_routes(&config)
     );
-    edge::serve(listener, app, edge, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await;
+    edge::serve(listener, app, edge, shutdown_signal()).await;
+    // `[backend] state_file`: the memory backend's keys, for the next process.
+    match config.save_state(&layer) {
+        Ok(Some(keys)) => tracing::info!(keys, "state_file: keys saved"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "state_file: keys not saved"),
+    }
     Ok(())
+}
+
+/// Ctrl-C (SIGINT), or SIGTERM (what `docker stop` and Kubernetes send) on Unix.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// The admin token: `--admin-token-env` first, else the config's `[admin] token_env`.

@@ -9,19 +9,23 @@ use super::Config;
 use crate::access::{AccessList, RedisAccessSync};
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisBackendBuilder, RedisMode};
+use crate::backend::Backend;
 use crate::backend::MemoryBackend;
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
 use crate::error::BuildError;
+use crate::limit::Limit;
+use crate::middleware::ThrottleLayer;
 #[cfg(feature = "redis")]
 use crate::offenders::Offenders;
+use crate::policy::Policy;
 #[cfg(feature = "redis")]
 use std::time::Duration;
 
 impl Config {
     /// The in-memory backend with the configured cap; an error if `[backend]` is not `"memory"`.
     pub(super) fn memory_backend(&self) -> Result<MemoryBackend, BuildError> {
-        let BackendConfig::Memory { max_keys } = &self.backend else {
+        let BackendConfig::Memory { max_keys, .. } = &self.backend else {
             return Err(BuildError::Invalid(format!(
                 "the backend is {}, not memory",
                 self.backend
@@ -32,6 +36,84 @@ impl Config {
             backend = backend.max_keys(*max_keys);
         }
         backend.build()
+    }
+
+    /// With `[backend] state_file`: gives `backend`'s keys the state the file kept for `policies`'
+    /// limits. A missing file is a first start; a damaged one is logged and ignored (every key
+    /// starts afresh).
+    pub(super) fn restore_state<K>(&self, backend: &MemoryBackend, policies: &[Policy<K>]) {
+        let BackendConfig::Memory {
+            state_file: Some(path),
+            ..
+        } = &self.backend
+        else {
+            return;
+        };
+        match backend.load_state(path, &limits_of(policies)) {
+            Ok(keys) => tracing::info!(keys, path = %path.display(), "state_file: keys restored"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::info!(path = %path.display(), "state_file: none yet; every key starts afresh")
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                path = %path.display(),
+                "state_file ignored: every key starts afresh"
+            ),
+        }
+    }
+
+    /// With `[backend] state_file` and the memory backend: writes the live keys of `layer`'s
+    /// policies to the file, for the next process to read when it builds its layer (call it on
+    /// graceful shutdown). `Ok(None)` without a state file or on Redis, whose state outlives the
+    /// process anyway; `Ok(Some(keys))` once written.
+    pub fn save_state<K, B>(&self, layer: &ThrottleLayer<K, B>) -> std::io::Result<Option<usize>>
+    where
+        B: Backend + AsMemory,
+    {
+        let BackendConfig::Memory {
+            state_file: Some(path),
+            ..
+        } = &self.backend
+        else {
+            return Ok(None);
+        };
+        let Some(memory) = layer.backend().as_memory() else {
+            return Ok(None);
+        };
+        memory
+            .save_state(path, &limits_of(&layer.policies()))
+            .map(Some)
+    }
+}
+
+/// Every limit of `policies`, every tier's (shadow limits are never stored: they only count).
+fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
+    policies
+        .iter()
+        .flat_map(|p| p.spec().tiers().iter())
+        .flat_map(|t| t.limits.iter().cloned())
+        .collect()
+}
+
+/// A backend that may be the memory backend: what [`Config::save_state`] writes from.
+pub trait AsMemory {
+    /// The memory backend, if this is one.
+    fn as_memory(&self) -> Option<&MemoryBackend>;
+}
+
+impl AsMemory for MemoryBackend {
+    fn as_memory(&self) -> Option<&MemoryBackend> {
+        Some(self)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl AsMemory for crate::backend::configured::ConfiguredBackend {
+    fn as_memory(&self) -> Option<&MemoryBackend> {
+        match self {
+            crate::backend::configured::ConfiguredBackend::Memory(memory) => Some(memory),
+            crate::backend::configured::ConfiguredBackend::Redis(_) => None,
+        }
     }
 }
 

@@ -48,6 +48,7 @@ use serde::Deserialize;
 
 #[cfg(feature = "redis")]
 pub use crate::backend::configured::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
+pub use backend::AsMemory;
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,
@@ -218,7 +219,9 @@ impl Config {
 
     /// The configured layer on the in-memory backend; an error if `[backend]` is not `"memory"`.
     pub fn memory_layer(&self) -> Result<ThrottleLayer<KeySpec, MemoryBackend>, BuildError> {
-        self.layer_builder(self.memory_backend()?)?.build()
+        let layer = self.layer_builder(self.memory_backend()?)?.build()?;
+        self.restore_state(layer.backend(), &layer.policies());
+        Ok(layer)
     }
 
     /// The configured backend, memory or Redis, and the layer on it. Redis starts as `[backend]
@@ -263,7 +266,11 @@ impl Config {
             }
             builder = self.with_access(builder, lists)?;
         }
-        Ok(builder.build()?)
+        let layer = builder.build()?;
+        if let ConfiguredBackend::Memory(memory) = layer.backend() {
+            self.restore_state(memory, &layer.policies());
+        }
+        Ok(layer)
     }
 }
 

@@ -24,6 +24,11 @@ pub enum BackendConfig {
         /// The most live keys (default 1,000,000).
         #[serde(default)]
         max_keys: Option<usize>,
+        /// A file the live keys are kept in across a restart: read when the layer is built,
+        /// written by [`Config::save_state`](crate::config::Config::save_state) (the example server
+        /// calls it on SIGTERM and SIGINT).
+        #[serde(default)]
+        state_file: Option<std::path::PathBuf>,
     },
     /// `kind = "redis"`: the Redis backend (feature `redis`).
     Redis(RedisConfig),
@@ -113,14 +118,17 @@ impl RedisConfig {
 
 impl Default for BackendConfig {
     fn default() -> Self {
-        BackendConfig::Memory { max_keys: None }
+        BackendConfig::Memory {
+            max_keys: None,
+            state_file: None,
+        }
     }
 }
 
 impl fmt::Display for BackendConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BackendConfig::Memory { max_keys } => {
+            BackendConfig::Memory { max_keys, .. } => {
                 write!(f, "memory (max_keys {})", max_keys.unwrap_or(1_000_000))
             }
             BackendConfig::Redis(redis) => f.write_str(&redis.describe()),

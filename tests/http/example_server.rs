@@ -37,6 +37,18 @@ impl Server {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Waits up to `within` for the server to exit by itself (after a signal); whether it did.
+    pub(crate) fn exited_within(&mut self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
 }
 
 impl Drop for Server {

@@ -25,6 +25,7 @@ mod example_server_edge;
 mod example_server_heads;
 mod example_server_reload_errors;
 mod example_server_sentinel_tls;
+mod example_server_state;
 mod example_server_token;
 mod example_server_tokens;
 mod example_server_top;

@@ -199,7 +199,12 @@ mod tests {
         assert_eq!(after.decide(&hourly, &hot, 0).unwrap().remaining, 2);
         // Loading again never gives a key back what it used.
         after.decide(&hourly, &keys[0], 1).unwrap();
-        assert_eq!(after.load_state(&path, std::slice::from_ref(&hourly)).unwrap(), 6);
+        assert_eq!(
+            after
+                .load_state(&path, std::slice::from_ref(&hourly))
+                .unwrap(),
+            6
+        );
         assert_eq!(after.decide(&hourly, &keys[0], 0).unwrap().remaining, 8);
         fs::remove_file(&path).unwrap();
     }
