@@ -256,6 +256,35 @@ impl Limit {
         })
     }
 
+    /// Where this fixed window's boundaries fall: on the Unix epoch for every key (the default), or
+    /// at a phase of each key's own ([`WindowStart::PerKey`](window::WindowStart::PerKey)), so that
+    /// keys refused together do not all come back at one instant. Only for
+    /// [`Algorithm::FixedWindow`].
+    pub fn with_window_start(mut self, start: window::WindowStart) -> Result<Self, BuildError> {
+        match (&mut self.params, start) {
+            (_, window::WindowStart::Aligned) => Ok(self),
+            (Params::Window(Algorithm::FixedWindow, params), window::WindowStart::PerKey) => {
+                *params = params.per_key();
+                Ok(self)
+            }
+            _ => Err(BuildError::Invalid(format!(
+                "policy {:?}: window_start = \"per-key\" is for the fixed window, not {}",
+                self.name,
+                self.algorithm().as_str()
+            ))),
+        }
+    }
+
+    /// How far the clock moves for `key`'s windows under this limit (see
+    /// [`window::WindowParams`]): 0 unless each key's fixed window starts at its own phase.
+    #[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+    pub(crate) fn window_shift(&self, key: &crate::key::Key) -> u64 {
+        match &self.params {
+            Params::Window(Algorithm::FixedWindow, params) => params.shift_of(key),
+            _ => 0,
+        }
+    }
+
     /// nginx's `burst` with `delay`: a GCRA request beyond the quota's burst waits up to `max_delay`
     /// for its turn instead of being rejected (the middleware sleeps, without blocking a thread);
     /// beyond that it is rejected. The slot is taken when the request is admitted, so waiting never
@@ -496,6 +525,7 @@ impl Limit {
     pub fn same_rules(&self, other: &Limit) -> bool {
         self.quota == other.quota
             && self.algorithm() == other.algorithm()
+            && self.window() == other.window()
             && self.delay() == other.delay()
             && self.lease() == other.lease()
             && self.penalty == other.penalty

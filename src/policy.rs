@@ -20,6 +20,7 @@ use crate::per_customer::ExtrasBuilder;
 use crate::quota::Quota;
 use crate::rollout::RolloutBuilder;
 use crate::route::Route;
+use crate::window::WindowStart;
 
 pub use crate::budget::Budget;
 pub use crate::limit::{DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
@@ -92,6 +93,7 @@ impl Policy<NoKey> {
             near_limit: None,
             near_limit_header: false,
             retry_after_jitter: None,
+            window_start: WindowStart::Aligned,
             missing_key: MissingKey::default(),
             penalty: None,
             budget: None,
@@ -210,6 +212,7 @@ pub struct PolicyBuilder<K> {
     near_limit: Option<f64>,
     near_limit_header: bool,
     retry_after_jitter: Option<Duration>,
+    window_start: WindowStart,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
@@ -362,6 +365,7 @@ impl<K> PolicyBuilder<K> {
             near_limit: self.near_limit,
             near_limit_header: self.near_limit_header,
             retry_after_jitter: self.retry_after_jitter,
+            window_start: self.window_start,
             missing_key: self.missing_key,
             penalty: self.penalty,
             budget: self.budget,
@@ -483,6 +487,16 @@ impl<K> PolicyBuilder<K> {
     /// the same second. Only ever later than the limit asks, never earlier. At most an hour.
     pub fn retry_after_jitter(mut self, max: Duration) -> Self {
         self.retry_after_jitter = Some(max);
+        self
+    }
+
+    /// Where a fixed window's boundaries fall: on the Unix epoch for every key (the default, "100 per
+    /// calendar minute"), or at each key's own phase ([`WindowStart::PerKey`]), derived from a
+    /// hash of the key (stable; every process and backend agree), so that the keys' windows do not
+    /// all reset at one instant. Only for [`Algorithm::FixedWindow`]:
+    /// another algorithm with `PerKey` is an error when the policy is built.
+    pub fn window_start(mut self, start: WindowStart) -> Self {
+        self.window_start = start;
         self
     }
 

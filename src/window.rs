@@ -26,16 +26,59 @@ use crate::decision::Decision;
 /// unknown, so this is a hint, not a promise.
 pub const CONCURRENCY_RETRY: Duration = Duration::from_secs(1);
 
+/// Where a fixed window's boundaries fall
+/// ([`PolicyBuilder::window_start`](crate::PolicyBuilder::window_start)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WindowStart {
+    /// On multiples of the period since the Unix epoch, for every key: "100 per calendar minute".
+    /// Every key's window resets at the same instant, so clients refused together come back
+    /// together.
+    #[default]
+    Aligned,
+    /// At a phase of each key's own, from a hash of the key that every process computes alike:
+    /// the same key always has the same boundaries, and the keys' resets are spread over the
+    /// period.
+    PerKey,
+}
+
 /// Validated window parameters in nanoseconds: at most `limit` units per window of `period`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WindowParams {
     period: u64,
     limit: u64,
+    per_key: bool,
 }
 
 impl WindowParams {
     pub(crate) const fn new(period: u64, limit: u64) -> Self {
-        WindowParams { period, limit }
+        WindowParams {
+            period,
+            limit,
+            per_key: false,
+        }
+    }
+
+    /// These parameters with each key's window starting at a phase of its own.
+    pub(crate) const fn per_key(self) -> Self {
+        WindowParams {
+            per_key: true,
+            ..self
+        }
+    }
+
+    /// How far to move the clock for `key` so that its windows start at its own
+    /// phase (0 for aligned windows): `period - phase`, the phase in whole microseconds (Redis'
+    /// clock), below the period. Moving forward by `period - phase` cuts where moving back by
+    /// `phase` would, without going below 0.
+    #[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+    pub(crate) fn shift_of(&self, key: &crate::key::Key) -> u64 {
+        if !self.per_key {
+            return 0;
+        }
+        let key_hash = key.stable_hash();
+        let period_us = (self.period / 1000).max(1);
+        self.period - (key_hash % period_us) * 1000 % self.period
     }
 
     /// The window length in nanoseconds (at least 1).
@@ -73,7 +116,7 @@ pub fn fixed_window(
     params: &WindowParams,
     quantity: u64,
 ) -> (Decision, Option<FixedState>) {
-    let WindowParams { period, limit } = *params;
+    let WindowParams { period, limit, .. } = *params;
     let window = now / period;
     let to_boundary = period - now % period;
     let used = match state {
@@ -144,7 +187,7 @@ pub fn sliding_window(
     params: &WindowParams,
     quantity: u64,
 ) -> (Decision, Option<SlidingState>) {
-    let WindowParams { period, limit } = *params;
+    let WindowParams { period, limit, .. } = *params;
     let window = now / period;
     let elapsed = now % period;
     let left = period - elapsed;
@@ -212,7 +255,7 @@ pub fn sliding_log(
     params: &WindowParams,
     quantity: u64,
 ) -> Decision {
-    let WindowParams { period, limit } = *params;
+    let WindowParams { period, limit, .. } = *params;
     while log.front().is_some_and(|t| t.saturating_add(period) <= now) {
         log.pop_front();
     }

@@ -218,3 +218,12 @@ impl Future for ConfiguredFuture {
         }
     }
 }
+
+impl crate::backend::memory::state_file::AsMemory for ConfiguredBackend {
+    fn as_memory(&self) -> Option<&MemoryBackend> {
+        match self {
+            ConfiguredBackend::Memory(memory) => Some(memory),
+            ConfiguredBackend::Redis(_) => None,
+        }
+    }
+}

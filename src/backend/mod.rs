@@ -10,7 +10,7 @@
 //! `configured.rs` (either one, as a configuration file names it).
 
 #[cfg(feature = "memory")]
-mod memory;
+pub(crate) mod memory;
 
 #[cfg(feature = "memory")]
 pub use memory::{MemoryBackend, MemoryBackendBuilder};

@@ -7,6 +7,7 @@ use super::schema::RedisConfig;
 use super::Config;
 #[cfg(feature = "redis")]
 use crate::access::{AccessList, RedisAccessSync};
+use crate::backend::memory::state_file::AsMemory;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisBackendBuilder, RedisMode};
 use crate::backend::Backend;
@@ -93,28 +94,6 @@ fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
         .flat_map(|p| p.spec().tiers().iter())
         .flat_map(|t| t.limits.iter().cloned())
         .collect()
-}
-
-/// A backend that may be the memory backend: what [`Config::save_state`] writes from.
-pub trait AsMemory {
-    /// The memory backend, if this is one.
-    fn as_memory(&self) -> Option<&MemoryBackend>;
-}
-
-impl AsMemory for MemoryBackend {
-    fn as_memory(&self) -> Option<&MemoryBackend> {
-        Some(self)
-    }
-}
-
-#[cfg(feature = "redis")]
-impl AsMemory for crate::backend::configured::ConfiguredBackend {
-    fn as_memory(&self) -> Option<&MemoryBackend> {
-        match self {
-            crate::backend::configured::ConfiguredBackend::Memory(memory) => Some(memory),
-            crate::backend::configured::ConfiguredBackend::Redis(_) => None,
-        }
-    }
 }
 
 #[cfg(feature = "redis")]

@@ -48,7 +48,7 @@ use serde::Deserialize;
 
 #[cfg(feature = "redis")]
 pub use crate::backend::configured::{BackendHealth, ConfiguredBackend, ConfiguredFuture};
-pub use backend::AsMemory;
+pub use crate::backend::memory::state_file::AsMemory;
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,

@@ -19,6 +19,7 @@ use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
 use crate::policy::{Condition, MissingKey, Policy, PolicyBuilder};
 use crate::rollout::parse_percent;
+use crate::window::WindowStart;
 
 /// The builder every row works on.
 pub(super) type Builder = PolicyBuilder<KeySpec>;
@@ -71,6 +72,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["when"], &["when"], when),
     row(&["budget"], &["budget", "Limit::with_budget"], |r, _, b| Ok(set(b, r.budget_settings(), Builder::budget))),
     row(&["penalty"], &["penalty", "Limit::with_penalty"], penalty),
+    row(&["window_start"], &["window_start", "Limit::with_window_start"], window_start),
     row(&["retry_after_jitter"], &["retry_after_jitter"], |r, _, b| Ok(set(b, r.retry_after_jitter, Builder::retry_after_jitter))),
     row(&["near_limit", "near_limit_header"], &["near_limit", "near_limit_header"], |r, _, b| Ok(set(set(b, r.near_limit, Builder::near_limit), r.near_limit_header, Builder::near_limit_header))),
     row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
@@ -126,6 +128,20 @@ fn when(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Build
         });
     }
     Ok(builder)
+}
+
+/// `window_start`: `"aligned"` or `"per-key"`.
+fn window_start(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
+    let start = match route.window_start.as_deref() {
+        None | Some("aligned") => WindowStart::Aligned,
+        Some("per-key") => WindowStart::PerKey,
+        Some(other) => {
+            return Err(format!(
+                "window_start {other:?} is not one of \"aligned\", \"per-key\""
+            ))
+        }
+    };
+    Ok(builder.window_start(start))
 }
 
 /// `option(builder, value)` if the key is set; the builder's default otherwise.

@@ -247,6 +247,11 @@ pub struct RouteConfig {
     /// `"100%"`; see [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)).
     #[serde(default)]
     pub enforce: Option<String>,
+    /// With `algorithm = "fixed-window"`: `"aligned"` (the default: every key's window starts on
+    /// the Unix epoch) or `"per-key"` (each key's at a phase of its own, so the keys' windows do
+    /// not all reset at one instant).
+    #[serde(default)]
+    pub window_start: Option<String>,
     /// Up to this much added at random to each refusal's `Retry-After`, such as `"5s"`, so that
     /// refused clients do not all come back in the same second (never shortened).
     #[serde(default, deserialize_with = "some_duration")]

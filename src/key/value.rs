@@ -143,6 +143,28 @@ impl Key {
 }
 
 impl Key {
+    /// A hash of the key that every process computes alike: FNV-1a 64 over the key's rendering (the form
+    /// Redis keys are built from, unambiguous), then MurmurHash3's finaliser, whose output bits all
+    /// depend on every input bit (FNV-1a's high bits barely change between `k1` and `k2`).
+    pub(crate) fn stable_hash(&self) -> u64 {
+        const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+        let mut rendered = String::new();
+        self.render(&mut rendered);
+        let mut h = FNV_OFFSET;
+        for b in rendered.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(FNV_PRIME);
+        }
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+impl Key {
     /// The key whose [`render`](Self::render)ing (and `Display`, which logs, the top list and the
     /// admin page show) is `text`, or `None` when no key renders as `text`: the inverse of
     /// `render`, so a key copied from a log or from [`top`](crate::ops::ThrottleHandle::top) can be

@@ -52,6 +52,7 @@ impl<K> PolicyBuilder<K> {
             if let Some(lease) = self.lease {
                 limit = limit.with_lease(lease)?;
             }
+            limit = limit.with_window_start(self.window_start)?;
             if let Some(budget) = self.budget {
                 if quotas.len() > 1 {
                     return Err(invalid(

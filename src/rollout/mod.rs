@@ -101,28 +101,8 @@ impl Staged {
 
     /// Whether a refusal is enforced for `key`.
     pub(crate) fn enforces(&self, key: &Key) -> bool {
-        key_hash(key) < self.below
+        key.stable_hash() < self.below
     }
-}
-
-/// A hash of a key that every process computes alike: FNV-1a 64 over the key's rendering (the form
-/// Redis keys are built from, unambiguous), then MurmurHash3's finaliser, whose output bits all
-/// depend on every input bit (FNV-1a's high bits barely change between `k1` and `k2`).
-fn key_hash(key: &Key) -> u64 {
-    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut rendered = String::new();
-    key.render(&mut rendered);
-    let mut h = FNV_OFFSET;
-    for b in rendered.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 33)
 }
 
 /// A share written as a percentage (`"10%"`, `"2.5%"`, `"100%"`), as a fraction from 0 to 1.
@@ -298,6 +278,6 @@ mod tests {
         // Fixed seed: these hashes are the same in every process and release (a change here moves
         // clients between behaviours, so it must be deliberate).
         // (Checked against an independent FNV-1a + fmix64 in Python.)
-        assert_eq!(key_hash(&Key::from("alice")), 0x3507_d047_a67c_08f4);
+        assert_eq!(Key::from("alice").stable_hash(), 0x3507_d047_a67c_08f4);
     }
 }

@@ -11,3 +11,4 @@ mod metered;
 mod peek_reset;
 mod refund;
 mod window_accuracy;
+mod window_start;

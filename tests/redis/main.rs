@@ -40,3 +40,4 @@ mod reset_broadcast;
 mod rollout;
 mod sentinel;
 mod top;
+mod window_start;

@@ -181,6 +181,7 @@ pub(super) enum NextState {
 pub(super) fn decide_cells(
     cells: &mut Cells,
     limits: &[Limit],
+    key: &Key,
     now: u64,
     origin: u64,
     quantities: &[u64],
@@ -193,7 +194,7 @@ pub(super) fn decide_cells(
         let index = cells.index_of(limit, position as u8);
         let cell = &mut cells.as_mut_slice()[index];
         let quantity = quantities[position];
-        let (decision, next) = decide_one(&mut cell.state, limit, now, unix_now, quantity);
+        let (decision, next) = decide_one(&mut cell.state, limit, key, now, unix_now, quantity);
         out[position] = decision;
         pending[position] = (index, next);
         every_limit_admits &= decision.allowed;
@@ -203,13 +204,13 @@ pub(super) fn decide_cells(
         let (index, next) = pending[position];
         let cell = &mut slice[index];
         if every_limit_admits {
-            commit(cell, next, limit, now, origin);
+            commit(cell, next, limit, key, now, origin);
         } else if out[position].allowed {
             if let (State::Log(log), NextState::Log) = (&mut cell.state, next) {
                 log.truncate(log.len() - quantities[position] as usize);
             }
             // Nothing was recorded: report the state as it stands.
-            out[position] = decide_one(&mut cell.state, limit, now, unix_now, 0).0;
+            out[position] = decide_one(&mut cell.state, limit, key, now, unix_now, 0).0;
         }
     }
 }
@@ -219,6 +220,7 @@ pub(super) fn decide_cells(
 pub(super) fn decide_one(
     state: &mut State,
     limit: &Limit,
+    key: &Key,
     now: u64,
     unix_now: u64,
     quantity: u64,
@@ -230,7 +232,9 @@ pub(super) fn decide_one(
             (out.decision, NextState::Gcra(out.new_tat))
         }
         (State::Fixed(s), _, Some(params), _) => {
-            let (d, next) = window::fixed_window(Some(*s), unix_now, params, quantity);
+            // A window per key starts at the key's phase: its clock moves by the shift.
+            let at = unix_now + limit.window_shift(key);
+            let (d, next) = window::fixed_window(Some(*s), at, params, quantity);
             (d, NextState::Fixed(next))
         }
         (State::Sliding(s), _, Some(params), _) => {
@@ -256,6 +260,7 @@ pub(super) fn decide_one(
 pub(super) fn refund_state(
     state: &mut State,
     limit: &Limit,
+    key: &Key,
     now: u64,
     unix_now: u64,
     quantity: u64,
@@ -272,10 +277,11 @@ pub(super) fn refund_state(
             *tat = tat.saturating_sub(back);
         }
         (State::Fixed(s), _, Some(params)) => {
-            let window = unix_now / params.period();
+            let shift = limit.window_shift(key);
+            let window = (unix_now + shift) / params.period();
             // Only while the window that admitted the request is still the current one (and it
             // surely is when the earliest admission time falls in it too).
-            if s.window == window && admitted_after / params.period() == window {
+            if s.window == window && (admitted_after + shift) / params.period() == window {
                 s.count = s.count.saturating_sub(quantity);
             }
         }
@@ -337,7 +343,14 @@ pub(super) fn settle_cells(
 }
 
 /// Writes an admitted stack's new state into `cell`, with when it expires on the backend's clock.
-pub(super) fn commit(cell: &mut Cell, next: NextState, limit: &Limit, now: u64, origin: u64) {
+pub(super) fn commit(
+    cell: &mut Cell,
+    next: NextState,
+    limit: &Limit,
+    key: &Key,
+    now: u64,
+    origin: u64,
+) {
     let period = limit.window().map_or(0, |p| p.period());
     // Window states expire on a Unix-time boundary; the backend's clock is Unix time − origin.
     let at_unix = |t: u64| t.saturating_sub(origin);
@@ -348,8 +361,15 @@ pub(super) fn commit(cell: &mut Cell, next: NextState, limit: &Limit, now: u64, 
         }
         (State::Fixed(s), NextState::Fixed(next)) => {
             *s = next.unwrap_or_default();
+            // The window's end on the key's own clock, back on Unix time, then the backend's.
+            let shift = limit.window_shift(key);
             next.map_or(0, |s| {
-                at_unix(s.window.saturating_add(1).saturating_mul(period))
+                at_unix(
+                    s.window
+                        .saturating_add(1)
+                        .saturating_mul(period)
+                        .saturating_sub(shift),
+                )
             })
         }
         (State::Sliding(s), NextState::Sliding(next)) => {

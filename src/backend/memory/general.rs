@@ -116,14 +116,14 @@ impl GeneralStore {
         let eq = |e: &Entry| e.limit == id && e.key == *key;
         if let Ok(mut occupied) = shard.table.find_entry(hash, eq) {
             let cells = &mut occupied.get_mut().cells;
-            decide_cells(cells, limits, now, origin, quantities, out);
+            decide_cells(cells, limits, key, now, origin, quantities, out);
             if !cells.retain_live(now) {
                 occupied.remove();
             }
             return;
         }
         let mut cells = Cells::Empty;
-        decide_cells(&mut cells, limits, now, origin, quantities, out);
+        decide_cells(&mut cells, limits, key, now, origin, quantities, out);
         self.insert(&mut shard, hash, limits, key, cells, now, origin);
     }
 
@@ -220,8 +220,8 @@ impl GeneralStore {
                     })
                 });
                 let copy = || stored.map_or(State::fresh(limit.algorithm()), |c| c.state.copy());
-                let (state_now, _) = decide_one(&mut copy(), limit, now, unix_now, 0);
-                let (next, _) = decide_one(&mut copy(), limit, now, unix_now, 1);
+                let (state_now, _) = decide_one(&mut copy(), limit, key, now, unix_now, 0);
+                let (next, _) = decide_one(&mut copy(), limit, key, now, unix_now, 1);
                 (state_now, next)
             })
             .collect()
@@ -266,7 +266,7 @@ impl GeneralStore {
         let cells = &mut occupied.get_mut().cells;
         for (position, limit) in limits.iter().enumerate() {
             if let Some(cell) = cells.find_mut(limit.id(), position as u8) {
-                refund_state(&mut cell.state, limit, now, unix_now, quantity, since);
+                refund_state(&mut cell.state, limit, key, now, unix_now, quantity, since);
             }
         }
     }

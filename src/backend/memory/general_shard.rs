@@ -8,6 +8,7 @@ use hashbrown::HashTable;
 use super::entries::*;
 use super::tuning::{EVICTION_SAMPLE, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
+use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
 use crate::window;
 
@@ -105,7 +106,7 @@ impl GeneralShard {
         let scales = &*scales;
         let unix_now = now.saturating_add(origin);
         // `None`: requests in flight, never forgotten.
-        let used = |e: &Entry| entry_share_used(&e.cells, scales, now, unix_now);
+        let used = |e: &Entry| entry_share_used(&e.cells, &e.key, scales, now, unix_now);
         let mut sample: Vec<f32> = Vec::with_capacity(EVICTION_SAMPLE);
         let mut scanned = 0;
         for share in table.iter().map(used) {
@@ -156,14 +157,18 @@ pub(super) enum Scale {
 /// requests in flight. A stack is as close to being limited as its most used limit.
 pub(super) fn entry_share_used(
     cells: &Cells,
+    key: &Key,
     scales: &[(ScaleKey, Scale)],
     now: u64,
     unix_now: u64,
 ) -> Option<f32> {
     cells.iter().try_fold(0.0f32, |most, cell| {
-        let key = (cell.limit, cell.position, cell.state.algorithm());
-        let scale = scales.iter().find(|(k, _)| *k == key).map(|(_, s)| *s);
-        Some(most.max(share_used(&cell.state, scale, now, unix_now)?))
+        let scale_key = (cell.limit, cell.position, cell.state.algorithm());
+        let scale = scales
+            .iter()
+            .find(|(k, _)| *k == scale_key)
+            .map(|(_, s)| *s);
+        Some(most.max(share_used(&cell.state, scale, key, now, unix_now)?))
     })
 }
 
@@ -173,6 +178,7 @@ pub(super) fn entry_share_used(
 pub(super) fn share_used(
     state: &State,
     scale: Option<Scale>,
+    key: &Key,
     now: u64,
     unix_now: u64,
 ) -> Option<f32> {
@@ -182,8 +188,8 @@ pub(super) fn share_used(
             tat.saturating_sub(now) as f32 / tolerance
         }
         (State::Fixed(s), Some(Scale::Window(p))) => {
-            // A count of a window that has passed no longer counts.
-            if s.window == unix_now / p.period() {
+            // A count of a window that has passed no longer counts (on the key's own clock).
+            if s.window == (unix_now + p.shift_of(key)) / p.period() {
                 s.count as f32 / p.limit() as f32
             } else {
                 0.0
@@ -305,7 +311,8 @@ mod tests {
         let unix = 100 * S + S * 5 / 2;
         let window = Some(Scale::Window(window::WindowParams::new(10 * S, 10)));
         let gcra = Some(Scale::Gcra((10 * S) as f32));
-        let share = |state: &State, scale| share_used(state, scale, now, unix);
+        let key = Key::from("k");
+        let share = |state: &State, scale| share_used(state, scale, &key, now, unix);
         // GCRA: the TAT's distance from now against the tolerance.
         assert_eq!(share(&State::Gcra(now + 5 * S), gcra), Some(0.5));
         assert_eq!(share(&State::Gcra(now - S), gcra), Some(0.0));

@@ -7,7 +7,7 @@ mod entries;
 mod gcra_table;
 mod general;
 mod general_shard;
-mod state_file;
+pub(crate) mod state_file;
 mod tuning;
 
 use std::future::{ready, Ready};

@@ -100,6 +100,18 @@ impl<C: Clock> MemoryBackend<C> {
     }
 }
 
+/// A backend that may be the memory backend: what [`Config::save_state`](crate::config::Config::save_state) writes from.
+pub trait AsMemory {
+    /// The memory backend, if this is one.
+    fn as_memory(&self) -> Option<&MemoryBackend>;
+}
+
+impl AsMemory for MemoryBackend {
+    fn as_memory(&self) -> Option<&MemoryBackend> {
+        Some(self)
+    }
+}
+
 /// The records of a state file, or what is wrong with it.
 fn parse(text: &str) -> Result<Vec<(&str, Key, u64)>, String> {
     let mut lines = text.lines();

@@ -231,7 +231,7 @@ impl RedisState {
         let mut specs = Vec::with_capacity(limits.len());
         for limit in limits {
             match Spec::of(limit, self.state_key(limit, key)) {
-                Ok(spec) => specs.push(spec),
+                Ok(spec) => specs.push(spec.on_clock_of(limit, key)),
                 Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
             }
         }

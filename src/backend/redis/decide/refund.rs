@@ -77,7 +77,9 @@ fn send(
         .enumerate()
         .filter(|(i, _)| delta(*i) != 0)
         .filter_map(|(i, limit)| {
-            let spec = Spec::of(limit, state.state_key(limit, key)).ok()?;
+            let spec = Spec::of(limit, state.state_key(limit, key))
+                .ok()?
+                .on_clock_of(limit, key);
             // Only a metered limit may be charged (with a debt cap of 0, up to its burst): another
             // reads a TAT past its tolerance as another quota's.
             let usable =
@@ -113,7 +115,7 @@ fn send(
             .arg(spec.kind)
             .arg(spec.a)
             .arg(*delta)
-            .arg(spec.ceiling);
+            .arg(spec.settle_last());
     }
     let mut conn = state.conn.clone();
     let timeout = state.timeout;

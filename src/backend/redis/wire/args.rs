@@ -208,9 +208,28 @@ pub(crate) struct Spec {
 }
 
 const KIND_GCRA: u8 = 0;
+const KIND_FIXED_WINDOW: u8 = 2;
 const KIND_CONCURRENCY: u8 = 4;
 
 impl Spec {
+    /// This spec for `key`: a fixed window whose keys each start at their own phase
+    /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes the key's shift (µs) as
+    /// its second parameter, which the scripts add to the server's clock.
+    pub(crate) fn on_clock_of(mut self, limit: &Limit, key: &Key) -> Spec {
+        if self.kind == KIND_FIXED_WINDOW {
+            self.b = limit.window_shift(key) / 1000;
+        }
+        self
+    }
+
+    /// `settle.lua`'s last parameter for this limit: the GCRA's ceiling, a fixed window's shift.
+    pub(crate) fn settle_last(&self) -> u64 {
+        match self.kind {
+            KIND_FIXED_WINDOW => self.b,
+            _ => self.ceiling,
+        }
+    }
+
     /// The script's arguments for `limit`, or why the script cannot enforce it exactly.
     pub(crate) fn of(limit: &Limit, key: String) -> Result<Spec, String> {
         let name = limit.name();
@@ -280,7 +299,7 @@ impl Spec {
         let period_us = period / 1000;
         let kind = match algorithm {
             Algorithm::SlidingLog => 1,
-            Algorithm::FixedWindow => 2,
+            Algorithm::FixedWindow => KIND_FIXED_WINDOW,
             _ => {
                 // The weighted estimate is count × period (µs), exact in a double below 2^51; a
                 // retry time's remainder is below count × 1000.

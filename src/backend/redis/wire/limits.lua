@@ -11,7 +11,9 @@
 -- ARGV        N, quantity, token (unique per call: the members it adds are token:0 .. token:q-1),
 --             penalty after (0 = none), within (ms), ban (ms), then four per limit:
 --             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 4 concurrency), limit,
---             and GCRA: interval (ns), tolerance (ns); windows: period (µs), 0;
+--             and GCRA: interval (ns), tolerance (ns); fixed window: period (µs), shift (µs: the
+--             key's clock runs that far ahead, so that its windows start at its own phase; 0: on
+--             the epoch); other windows: period (µs), 0;
 --             concurrency: lease (µs), 0.
 --             Then, optionally, N ceilings (a metered GCRA limit's: its tolerance plus its debt
 --             cap, in ns; see the prelude's step; 0 or absent: the tolerance; ignored for the other
@@ -160,9 +162,12 @@ local function sliding_log(key, limit, period, q)
   return {1, limit, math.max(limit - used, 0), retry, reset()}
 end
 
-local function fixed_window(key, limit, period, q)
-  local window = floordiv(now_us, period)
-  local to_boundary = period - (now_us - window * period)
+-- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase
+-- (0: on the epoch, as every key's).
+local function fixed_window(key, limit, period, q, shift)
+  local at = now_us + shift
+  local window = floordiv(at, period)
+  local to_boundary = period - (at - window * period)
   local used = 0
   local w, c = read_fixed(key)
   if w == window then
@@ -300,7 +305,7 @@ local function decide(i, q)
     end
     return gcra(keys[i], limit, a, b, q, ceiling)
   end
-  return deciders[kind](keys[i], limit, a, q)
+  return deciders[kind](keys[i], limit, a, q, b)
 end
 
 local function limit_of(i)

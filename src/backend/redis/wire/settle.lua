@@ -8,7 +8,8 @@
 --             per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window); GCRA: the
 --             emission interval (ns), windows: the period (µs); the delta (units: negative gives
 --             back, positive charges, 0 leaves the limit alone); and the GCRA's ceiling (ns: its
---             tolerance plus its debt cap; 0 for the windows).
+--             tolerance plus its debt cap), a fixed window's shift (µs: its key's clock runs that far
+--             ahead, so that its windows start at the key's own phase), 0 for the other windows.
 -- Returns     N.
 --
 -- Giving back never gives back more than the request took: the state becomes at most what it would
@@ -65,9 +66,9 @@ local function sliding_log(key, quantity)
   end
 end
 
-local function fixed_window(key, period, quantity)
-  local window = floordiv(now_us, period)
-  if floordiv(admitted_after, period) ~= window then
+local function fixed_window(key, period, quantity, shift)
+  local window = floordiv(now_us + shift, period)
+  if floordiv(admitted_after + shift, period) ~= window then
     return
   end
   local stored = redis.call('GET', key)
@@ -135,7 +136,7 @@ for i = 1, n do
     elseif kind == 1 then
       sliding_log(KEYS[i], quantity)
     elseif kind == 2 then
-      fixed_window(KEYS[i], a, quantity)
+      fixed_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
     elseif kind == 3 then
       sliding_window(KEYS[i], a, quantity)
     end
