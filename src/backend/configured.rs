@@ -219,6 +219,7 @@ impl Future for ConfiguredFuture {
     }
 }
 
+#[cfg(feature = "config")]
 impl crate::backend::memory::state_file::AsMemory for ConfiguredBackend {
     fn as_memory(&self) -> Option<&MemoryBackend> {
         match self {

@@ -101,11 +101,13 @@ impl<C: Clock> MemoryBackend<C> {
 }
 
 /// A backend that may be the memory backend: what [`Config::save_state`](crate::config::Config::save_state) writes from.
+#[cfg(feature = "config")]
 pub trait AsMemory {
     /// The memory backend, if this is one.
     fn as_memory(&self) -> Option<&MemoryBackend>;
 }
 
+#[cfg(feature = "config")]
 impl AsMemory for MemoryBackend {
     fn as_memory(&self) -> Option<&MemoryBackend> {
         Some(self)
