@@ -87,12 +87,15 @@ impl Config {
     }
 }
 
-/// Every limit of `policies`, every tier's (shadow limits are never stored: they only count).
+/// Every limit of `policies`: every tier's, and the shadow limits (counted by the backend too).
 fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
     policies
         .iter()
-        .flat_map(|p| p.spec().tiers().iter())
-        .flat_map(|t| t.limits.iter().cloned())
+        .flat_map(|p| {
+            let spec = p.spec();
+            let tiers = spec.tiers().iter().flat_map(|t| t.limits.iter());
+            tiers.chain(spec.shadow_limits()).cloned()
+        })
         .collect()
 }
 

@@ -19,8 +19,8 @@ use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 /// their TAT here, apart from the same limits checked alone): entries in shards behind mutexes,
 /// each shard holding at most `shard_cap` entries (beyond it only while requests are in flight).
 pub(super) struct GeneralStore {
-    hasher: foldhash::fast::RandomState,
-    shards: Box<[Padded<Mutex<GeneralShard>>]>,
+    pub(super) hasher: foldhash::fast::RandomState,
+    pub(super) shards: Box<[Padded<Mutex<GeneralShard>>]>,
     shard_cap: usize,
 }
 
@@ -130,7 +130,7 @@ impl GeneralStore {
     /// Adds a new entry of `cells` for `key` under `limits` to `shard` (unless every cell has
     /// expired at `now`), sweeping or evicting first as the shard's size asks.
     #[allow(clippy::too_many_arguments)]
-    fn insert(
+    pub(super) fn insert(
         &self,
         shard: &mut GeneralShard,
         hash: u64,
@@ -315,7 +315,7 @@ impl GeneralStore {
         }
     }
 
-    fn shard(&self, hash: u64) -> MutexGuard<'_, GeneralShard> {
+    pub(super) fn shard(&self, hash: u64) -> MutexGuard<'_, GeneralShard> {
         // The same bits as the GCRA table's shards, for the same reason.
         lock(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)])
     }

@@ -7,6 +7,7 @@ mod entries;
 mod gcra_table;
 mod general;
 mod general_shard;
+mod general_state;
 pub(crate) mod state_file;
 mod tuning;
 

@@ -2,26 +2,31 @@
 //! [`MemoryBackend::load_state`]): a rolling deploy of in-memory processes would otherwise give every
 //! client a fresh burst.
 //!
-//! The file is text, one key a line: `gcra`, the limit's name, the key as logs show it
-//! ([`Key::render`]) and its TAT as Unix time in nanoseconds — wall-clock time, so that a process
-//! whose monotonic clock started elsewhere reads it exactly. Lone GCRA limits only (the default
-//! algorithm); windows, logs, stacks and concurrency slots start empty.
+//! The file is text, one key a line: `gcra`, a lone GCRA limit's name, the key as logs show it
+//! ([`Key::render`]) and its TAT; or `entry`, the first limit of a stack (or a lone window, log or
+//! stack limit), the key, and each limit's state (`name,position,expires,kind,fields…`, `;` between
+//! them). Every time is Unix time in nanoseconds — wall-clock time, so that a process whose
+//! monotonic clock started elsewhere reads it exactly. Concurrency slots are not kept: a process
+//! that stopped holds no request in flight.
 
 use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 
+use super::general_state::{SavedCell, SavedState};
 use super::MemoryBackend;
 use crate::clock::Clock;
 use crate::key::Key;
 use crate::limit::Limit;
+use crate::window::{FixedState, SlidingState};
 
 /// The first line of a state file: the format and its version.
 const HEADER: &str = "tower-throttle memory state 1";
 
 impl<C: Clock> MemoryBackend<C> {
-    /// Writes the state of every live key of `limits` (the lone GCRA ones: the default algorithm)
-    /// to `path`, for [`load_state`](Self::load_state) in the next process. Written to a temporary
+    /// Writes the state of every live key of `limits` (every algorithm and stack but the
+    /// concurrency limit, whose slots end with the process) to `path`, for
+    /// [`load_state`](Self::load_state) in the next process. Written to a temporary
     /// file beside `path`, then renamed over it, so a crash mid-write leaves the previous file.
     /// Returns how many keys it wrote.
     ///
@@ -46,21 +51,37 @@ impl<C: Clock> MemoryBackend<C> {
         let stores = &*self.stores;
         let now = stores.clock.now_nanos();
         let origin = stores.clock.unix_origin_nanos();
-        let names: Vec<(u32, &str)> = limits
-            .iter()
-            .filter(|l| l.gcra().is_some())
-            .map(|l| (l.id(), l.name()))
-            .collect();
+        let names: Vec<(u32, &str)> = limits.iter().map(|l| (l.id(), l.name())).collect();
+        let name_of = |id: u32| names.iter().find(|(i, _)| *i == id).map(|(_, n)| *n);
         let mut text = format!("{HEADER}\n");
         let mut written = 0;
         let mut rendered = String::new();
         for (id, key, tat) in stores.gcra.records(now) {
-            let Some((_, name)) = names.iter().find(|(i, _)| *i == id) else {
+            let Some(name) = name_of(id) else {
                 continue;
             };
             rendered.clear();
             key.render(&mut rendered);
             text.push_str(&format!("gcra\t{name}\t{rendered}\t{}\n", origin + tat));
+            written += 1;
+        }
+        for (id, key, cells) in stores.general.records(now, origin) {
+            let Some(first) = name_of(id) else {
+                continue;
+            };
+            let cells: Vec<String> = cells
+                .iter()
+                .filter_map(|c| Some(cell_text(name_of(c.limit)?, c)))
+                .collect();
+            if cells.is_empty() {
+                continue;
+            }
+            rendered.clear();
+            key.render(&mut rendered);
+            text.push_str(&format!(
+                "entry\t{first}\t{rendered}\t{}\n",
+                cells.join(";")
+            ));
             written += 1;
         }
         let mut temporary = path.as_os_str().to_owned();
@@ -73,9 +94,10 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     /// Reads a file [`save_state`](Self::save_state) wrote and gives each key of `limits` the state
-    /// it had (the later of it and what this backend holds, so a key never gains). Keys of limits
-    /// not in `limits` (or no longer lone GCRA limits) are dropped, and so are keys that refilled
-    /// since. Returns how many keys it restored. A file that is not a state file, or is damaged
+    /// it had (for a lone GCRA limit the later of it and what this backend holds, so a key never
+    /// gains; for the others, only a key this backend has not seen yet). Keys of limits not in
+    /// `limits` are dropped (a stack's, of those of its limits that are gone), and so are keys
+    /// that refilled since. Returns how many keys it restored. A file that is not a state file, or is damaged
     /// anywhere, is an error and restores nothing.
     pub fn load_state(&self, path: impl AsRef<Path>, limits: &[Limit]) -> io::Result<usize> {
         let text = fs::read_to_string(path)?;
@@ -85,15 +107,43 @@ impl<C: Clock> MemoryBackend<C> {
         let now = stores.clock.now_nanos();
         let origin = stores.clock.unix_origin_nanos();
         let mut restored = 0;
-        for (name, key, unix_tat) in records {
-            let found = limits.iter().find(|l| l.name() == name);
-            let Some((limit, params)) = found.and_then(|l| Some((l, l.gcra()?))) else {
-                continue;
-            };
-            let Some(tat) = unix_tat.checked_sub(origin).filter(|tat| *tat > now) else {
-                continue;
-            };
-            stores.gcra.restore(params, limit.id(), &key, tat, now);
+        let limit_named = |name: &str| limits.iter().find(|l| l.name() == name);
+        for record in records {
+            match record {
+                Record::Gcra(name, key, unix_tat) => {
+                    // Only a lone GCRA limit keeps its keys in the GCRA table.
+                    let Some((limit, params)) =
+                        limit_named(name).and_then(|l| Some((l, l.gcra()?)))
+                    else {
+                        continue;
+                    };
+                    let Some(tat) = unix_tat.checked_sub(origin).filter(|tat| *tat > now) else {
+                        continue;
+                    };
+                    stores.gcra.restore(params, limit.id(), &key, tat, now);
+                }
+                Record::Entry(first, key, cells) => {
+                    let Some(first) = limit_named(first) else {
+                        continue;
+                    };
+                    let cells: Vec<SavedCell> = cells
+                        .into_iter()
+                        .filter_map(|(name, position, state, expires_unix)| {
+                            let limit = limit_named(name)?;
+                            Some(SavedCell {
+                                limit: limit.id(),
+                                position,
+                                state,
+                                expires_unix,
+                            })
+                        })
+                        .collect();
+                    if cells.is_empty() {
+                        continue;
+                    }
+                    stores.general.restore(first, &key, cells, now, origin);
+                }
+            }
             restored += 1;
         }
         Ok(restored)
@@ -114,8 +164,61 @@ impl AsMemory for MemoryBackend {
     }
 }
 
+/// One line of a state file.
+enum Record<'a> {
+    /// A lone GCRA limit's key: the limit's name, the key, the TAT (Unix ns).
+    Gcra(&'a str, Key, u64),
+    /// A general store entry: its first limit's name, the key, and each cell's limit name,
+    /// position, state and expiry (Unix ns).
+    Entry(&'a str, Key, Vec<(&'a str, u8, SavedState, u64)>),
+}
+
+/// A cell as a state file writes it: `name,position,expires,kind,fields…`.
+fn cell_text(name: &str, cell: &SavedCell) -> String {
+    let (position, expires) = (cell.position, cell.expires_unix);
+    match &cell.state {
+        SavedState::Gcra(tat) => format!("{name},{position},{expires},gcra,{tat}"),
+        SavedState::Fixed(s) => {
+            format!("{name},{position},{expires},fixed,{},{}", s.window, s.count)
+        }
+        SavedState::Sliding(s) => format!(
+            "{name},{position},{expires},sliding,{},{},{}",
+            s.window, s.current, s.previous
+        ),
+        SavedState::Log(times) => {
+            let times: Vec<String> = times.iter().map(u64::to_string).collect();
+            format!("{name},{position},{expires},log,{}", times.join(","))
+        }
+    }
+}
+
+/// A cell from its text ([`cell_text`]).
+fn parse_cell(text: &str) -> Option<(&str, u8, SavedState, u64)> {
+    let mut fields = text.split(',');
+    let name = fields.next()?;
+    let position: u8 = fields.next()?.parse().ok()?;
+    let expires: u64 = fields.next()?.parse().ok()?;
+    let kind = fields.next()?;
+    let numbers: Vec<u64> = fields.map(str::parse).collect::<Result<_, _>>().ok()?;
+    let state = match (kind, numbers.as_slice()) {
+        ("gcra", [tat]) => SavedState::Gcra(*tat),
+        ("fixed", [window, count]) => SavedState::Fixed(FixedState {
+            window: *window,
+            count: *count,
+        }),
+        ("sliding", [window, current, previous]) => SavedState::Sliding(SlidingState {
+            window: *window,
+            current: *current,
+            previous: *previous,
+        }),
+        ("log", times) if times.windows(2).all(|w| w[0] <= w[1]) => SavedState::Log(times.to_vec()),
+        _ => return None,
+    };
+    Some((name, position, state, expires))
+}
+
 /// The records of a state file, or what is wrong with it.
-fn parse(text: &str) -> Result<Vec<(&str, Key, u64)>, String> {
+fn parse(text: &str) -> Result<Vec<Record<'_>>, String> {
     let mut lines = text.lines();
     if lines.next() != Some(HEADER) {
         return Err(format!(
@@ -125,9 +228,14 @@ fn parse(text: &str) -> Result<Vec<(&str, Key, u64)>, String> {
     lines
         .enumerate()
         .map(|(i, line)| {
-            let bad = || format!("line {}: not `gcra <limit> <key> <tat>`: {line:?}", i + 2);
+            let bad = || {
+                format!(
+                    "line {}: not `gcra <limit> <key> <tat>` nor `entry <limit> <key> <cells>`: {line:?}",
+                    i + 2
+                )
+            };
             let mut fields = line.split('\t');
-            let (Some("gcra"), Some(name), Some(key), Some(tat), None) = (
+            let (Some(kind), Some(name), Some(key), Some(rest), None) = (
                 fields.next(),
                 fields.next(),
                 fields.next(),
@@ -137,8 +245,14 @@ fn parse(text: &str) -> Result<Vec<(&str, Key, u64)>, String> {
                 return Err(bad());
             };
             let key = Key::from_rendered(key).ok_or_else(bad)?;
-            let tat: u64 = tat.parse().map_err(|_| bad())?;
-            Ok((name, key, tat))
+            match kind {
+                "gcra" => Ok(Record::Gcra(name, key, rest.parse().map_err(|_| bad())?)),
+                "entry" => {
+                    let cells = rest.split(';').map(parse_cell).collect::<Option<Vec<_>>>();
+                    Ok(Record::Entry(name, key, cells.ok_or_else(bad)?))
+                }
+                _ => Err(bad()),
+            }
         })
         .collect()
 }
@@ -241,9 +355,15 @@ mod tests {
         ));
         assert_eq!(
             out.unwrap_err(),
-            "line 3: not `gcra <limit> <key> <tat>`: \"gcra\\tapi\\tbob\""
+            "line 3: not `gcra <limit> <key> <tat>` nor `entry <limit> <key> <cells>`: \"gcra\\tapi\\tbob\""
         );
         assert_eq!(len, 0, "nothing restored from a damaged file");
+        // A damaged cell of an entry: the whole file is refused too.
+        let (out, len) = load(&format!(
+            "{HEADER}\ngcra\tapi\tann\t{far}\nentry\tapi\tbob\tapi,0,{far},fixed,1\n"
+        ));
+        assert!(out.unwrap_err().starts_with("line 3"));
+        assert_eq!(len, 0);
         let (out, _) = load("{\"json\": true}\n");
         assert!(out.unwrap_err().starts_with("not a state file"));
         let (out, _) = load(&format!("{HEADER}\ngcra\tapi\tann bob\t{far}\n"));
@@ -259,5 +379,69 @@ mod tests {
             backend().load_state(&path, &[limit]).unwrap_err().kind(),
             io::ErrorKind::NotFound
         );
+    }
+
+    #[test]
+    fn windows_logs_and_stacks_come_back_and_slots_do_not() {
+        use crate::Algorithm;
+        let limit = |name: &str, algorithm| {
+            Limit::with_algorithm(name, algorithm, Quota::per_hour(5)).unwrap()
+        };
+        let fixed = limit("fixed", Algorithm::FixedWindow);
+        let sliding = limit("sliding", Algorithm::SlidingWindow);
+        let log = limit("log", Algorithm::SlidingLog);
+        let slots = limit("slots", Algorithm::Concurrency);
+        let stack = [
+            Limit::new("stack.1h", Quota::per_hour(5)).unwrap(),
+            Limit::new("stack.1d", Quota::per_day(50)).unwrap(),
+        ];
+        let key = Key::from("ann");
+        let before = backend();
+        for _ in 0..3 {
+            for lone in [&fixed, &sliding, &log, &slots] {
+                assert!(before.decide(lone, &key, 1).unwrap().allowed);
+            }
+            assert!(before
+                .decide_all(&stack, &key, 1)
+                .unwrap()
+                .iter()
+                .all(|d| d.allowed));
+        }
+        let path = file("general");
+        let all = [
+            &[fixed.clone(), sliding.clone(), log.clone(), slots.clone()][..],
+            &stack,
+        ]
+        .concat();
+        assert_eq!(
+            before.save_state(&path, &all).unwrap(),
+            4,
+            "the slots are not kept"
+        );
+        let after = backend();
+        assert_eq!(after.load_state(&path, &all).unwrap(), 4);
+        for lone in [&fixed, &sliding, &log] {
+            assert_eq!(
+                after.decide(lone, &key, 0).unwrap().remaining,
+                2,
+                "{}",
+                lone.name()
+            );
+        }
+        assert_eq!(
+            after.decide(&slots, &key, 0).unwrap().remaining,
+            5,
+            "no slot held"
+        );
+        let stacked = after.decide_all(&stack, &key, 0).unwrap();
+        assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 47));
+        // A stack one of whose limits is gone keeps the others' states.
+        let fresh = backend();
+        let kept = [&[fixed.clone()][..], &stack[..1]].concat();
+        assert_eq!(fresh.load_state(&path, &kept).unwrap(), 2);
+        assert_eq!(fresh.decide(&fixed, &key, 0).unwrap().remaining, 2);
+        let stacked = fresh.decide_all(&stack, &key, 0).unwrap();
+        assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
+        fs::remove_file(&path).unwrap();
     }
 }
