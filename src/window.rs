@@ -119,8 +119,10 @@ pub fn fixed_window(
     let WindowParams { period, limit, .. } = *params;
     let window = now / period;
     let to_boundary = period - now % period;
+    // A count above the limit was kept under a larger quota (a reload, a restored state file): it
+    // means "full" under this one.
     let used = match state {
-        Some(s) if s.window == window => s.count,
+        Some(s) if s.window == window => s.count.min(limit),
         _ => 0,
     };
     let reset = if used == 0 { 0 } else { to_boundary };
@@ -277,7 +279,13 @@ pub fn sliding_log(
         let leaving = (used + quantity - limit - 1) as usize;
         nanos(log[leaving].saturating_add(period) - now)
     });
-    Decision::limited(limit, limit - used, retry, nanos(reset_of(log)))
+    // A log longer than the limit was kept under a larger quota: nothing remains.
+    Decision::limited(
+        limit,
+        limit.saturating_sub(used),
+        retry,
+        nanos(reset_of(log)),
+    )
 }
 
 /// **Concurrency**: at most `limit` units in flight. `in_flight` is the key's count; an admitted
@@ -311,6 +319,21 @@ mod tests {
 
     fn params(limit: u64, period: u64) -> WindowParams {
         WindowParams::new(period, limit)
+    }
+
+    #[test]
+    fn counts_above_a_smaller_limit_read_as_full() {
+        let params = WindowParams::new(10, 3);
+        let kept = FixedState {
+            window: 0,
+            count: 50,
+        };
+        let (d, next) = fixed_window(Some(kept), 5, &params, 1);
+        assert!(!d.allowed && d.remaining == 0, "{d:?}");
+        assert_eq!(next, Some(kept));
+        let mut log: VecDeque<u64> = (0..50).collect();
+        let d = sliding_log(&mut log, 60, &WindowParams::new(1000, 3), 1);
+        assert!(!d.allowed && d.remaining == 0, "{d:?}");
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
     if limits[0].algorithm() == Algorithm::Concurrency {
         return Some("a concurrency limit holds a slot per request, not per message".into());
     }
+    if limits.iter().any(|l| l.delay().is_some()) {
+        return Some(
+            "a delayed limit makes a request wait for its turn, which a message cannot".into(),
+        );
+    }
     if limits.iter().any(|l| l.is_metered()) {
         return Some(
             "a metered limit settles a cost after a response, which a message has not".into(),

@@ -21,6 +21,9 @@ pub(crate) struct Table<K> {
     /// Its own `Arc`: a response future waiting for a remote decision holds the judge and its
     /// policy's [`CompiledPolicy`], not the table (whose key extractors it has no use for).
     pub(crate) judge: Arc<Judge>,
+    /// Whether a policy names near limits to its handler (`near_limit_header`): then no request
+    /// keeps an `x-ratelimit-near` of its own, whichever policy it meets.
+    pub(crate) strips_near: bool,
 }
 
 impl<K> Table<K> {
@@ -71,9 +74,14 @@ impl<K> Table<K> {
                 policy.compile(exposed, keeps_penalties, kept)
             })
             .collect();
+        let policies: Box<[Policy<K>]> = policies;
+        let strips_near = policies
+            .iter()
+            .any(|p| p.spec().near.is_some_and(|near| near.header));
         Ok(Table {
             policies,
             judge: Arc::new(judge),
+            strips_near,
         })
     }
 }

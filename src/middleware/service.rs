@@ -106,14 +106,13 @@ where
         } = self;
         // One load of the policy table: this request is decided by it from start to end.
         let table: &Arc<Table<K>> = table.load();
-        // The steps in order (steps.rs): the first matching policy decides.
-        let policy = steps::match_policy(table, &request);
-        // A policy that names near limits to its handler: never a name the client sent.
-        if let Some(i) = policy
-            && table.policies[i].compiled().near.is_some_and(|n| n.header)
-        {
+        // Where a policy names near limits to its handler, never a name the client sent (whether
+        // or not this request meets that policy).
+        if table.strips_near {
             request.headers_mut().remove(NEAR_LIMIT_HEADER);
         }
+        // The steps in order (steps.rs): the first matching policy decides.
+        let policy = steps::match_policy(table, &request);
         // Per-customer quotas, async keys, counting by outcome (engine/extended.rs): the same
         // steps with async ones between them. Unused, they cost this one check.
         if let Some((i, extras)) =

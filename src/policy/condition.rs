@@ -100,8 +100,8 @@ impl Condition {
         Condition(header_name(name).map(|name| Rule::Header(name, Values::Present)))
     }
 
-    /// The request's host (its URI's authority, else its `Host` header; without the port, in any
-    /// case) is `pattern`: a host name such as `api.example.com`, or `*.example.com` for every
+    /// The request's host (its URI's authority or any `Host` header, either of which an application
+    /// may route by; without the port, in any case) is `pattern`: a host name such as `api.example.com`, or `*.example.com` for every
     /// host under `example.com`.
     pub fn host(pattern: &str) -> Condition {
         Condition::host_in([pattern])
@@ -197,7 +197,9 @@ impl Rule {
                     }
                 }
             }
-            Rule::Host(patterns) => host_of(uri, headers).is_some_and(|host| {
+            // The URI's authority or any `Host` header: the application may route by either, so
+            // a client cannot step out of the limit by sending them different.
+            Rule::Host(patterns) => hosts_of(uri, headers).any(|host| {
                 patterns.iter().any(|pattern| match pattern {
                     HostPattern::Exact(exact) => host.eq_ignore_ascii_case(exact),
                     HostPattern::Suffix(suffix) => {
@@ -228,16 +230,16 @@ impl Rule {
     }
 }
 
-/// The request's host without its port (and a trailing dot): its URI's authority (HTTP/2, or an
-/// absolute-form request), else its `Host` header.
-fn host_of<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str> {
-    let host = match uri.host() {
-        Some(host) => host,
-        None => {
-            let value: &HeaderValue = headers.get(HOST)?;
+/// The request's hosts without their port (and a trailing dot): its URI's authority (HTTP/2, or an
+/// absolute-form request) and each `Host` header.
+fn hosts_of<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> impl Iterator<Item = &'r str> {
+    let from_headers = headers
+        .get_all(HOST)
+        .iter()
+        .filter_map(|value: &HeaderValue| {
             let text = value.to_str().ok()?;
             // `[::1]:8080` keeps its brackets; `example.com:8080` loses its port.
-            match text.rsplit_once(':') {
+            Some(match text.rsplit_once(':') {
                 Some((host, port))
                     if !host.is_empty()
                         && port.bytes().all(|b| b.is_ascii_digit())
@@ -246,10 +248,12 @@ fn host_of<'r>(uri: &'r Uri, headers: &'r HeaderMap) -> Option<&'r str> {
                     host
                 }
                 _ => text,
-            }
-        }
-    };
-    Some(host.strip_suffix('.').unwrap_or(host))
+            })
+        });
+    uri.host()
+        .into_iter()
+        .chain(from_headers)
+        .map(|host| host.strip_suffix('.').unwrap_or(host))
 }
 
 #[cfg(test)]

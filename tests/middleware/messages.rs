@@ -89,4 +89,9 @@ async fn a_policy_that_cannot_count_messages_says_why() {
     let handle = layer(slots).handle();
     assert!(error(handle.check("slots", "ann", 1).await.unwrap_err())
         .contains("a concurrency limit holds a slot per request"));
+    // A message cannot wait for its turn as a delayed request does.
+    let delayed = chat().delay(Duration::from_secs(5)).build().unwrap();
+    let handle = layer(delayed).handle();
+    assert!(error(handle.check("chat", "ann", 1).await.unwrap_err())
+        .contains("a delayed limit makes a request wait"));
 }

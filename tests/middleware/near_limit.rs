@@ -93,6 +93,37 @@ fn near_the_limit_is_counted_shown_once_a_second_and_named_to_the_handler() {
     assert!(seen.len() == 1 || shown <= 3, "{seen:?}");
 }
 
+#[tokio::test]
+async fn a_client_cannot_send_the_near_limit_header_past_a_policy_it_does_not_meet() {
+    let policy = Policy::builder("mobile")
+        .quota(Quota::per_hour(10))
+        .key(Header::new("x-user"))
+        .when(tower_throttle::policy::Condition::header(
+            "x-client", "mobile",
+        ))
+        .near_limit(0.8)
+        .near_limit_header(true)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|headers: HeaderMap| async move {
+                headers.contains_key("x-ratelimit-near").to_string()
+            }),
+        )
+        .layer(ThrottleLayer::new(policy));
+    // No `x-client`: the policy does not apply, and the spoofed header is gone all the same.
+    let request = Request::get("/")
+        .header("x-user", "ann")
+        .header("x-ratelimit-near", "mobile")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "false");
+}
+
 #[test]
 fn bad_near_limit_settings_are_errors() {
     let policy = |ratio: Option<f64>, header: bool| {

@@ -444,4 +444,32 @@ mod tests {
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
         fs::remove_file(&path).unwrap();
     }
+
+    #[test]
+    fn a_state_kept_under_a_larger_quota_reads_as_full_under_a_smaller_one() {
+        use crate::Algorithm;
+        let quota = |count| Quota::per_hour(count);
+        let fixed =
+            |count| Limit::with_algorithm("w", Algorithm::FixedWindow, quota(count)).unwrap();
+        let log = |count| Limit::with_algorithm("l", Algorithm::SlidingLog, quota(count)).unwrap();
+        let key = Key::from("ann");
+        let before = backend();
+        for _ in 0..50 {
+            assert!(before.decide(&fixed(100), &key, 1).unwrap().allowed);
+            assert!(before.decide(&log(100), &key, 1).unwrap().allowed);
+        }
+        let path = file("smaller");
+        before.save_state(&path, &[fixed(100), log(100)]).unwrap();
+        let after = backend();
+        assert_eq!(after.load_state(&path, &[fixed(10), log(10)]).unwrap(), 2);
+        for limit in [fixed(10), log(10)] {
+            let refused = after.decide(&limit, &key, 1).unwrap();
+            assert!(
+                !refused.allowed && refused.remaining == 0,
+                "{}: {refused:?}",
+                limit.name()
+            );
+        }
+        fs::remove_file(&path).unwrap();
+    }
 }
