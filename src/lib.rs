@@ -151,6 +151,7 @@ mod observe;
 mod offenders;
 mod or_default;
 mod outcome;
+mod overrides;
 mod penalty;
 mod per_customer;
 pub mod policy;
@@ -205,6 +206,8 @@ pub mod ops {
     pub use crate::near_limit::{NearLimit, NEAR_LIMIT_HEADER};
     pub use crate::observe::RedactionSecret;
     pub use crate::offenders::{OffenderCounts, Offenders};
+    pub use crate::overrides::cache::MAX_PATTERNS as MAX_OVERRIDE_PATTERNS;
+    pub use crate::overrides::Override;
     /// How many limited keys the top list tracks per policy.
     pub use crate::top::CAPACITY as TOP_CAPACITY;
     /// The minutes the top list counts over.

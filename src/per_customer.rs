@@ -263,6 +263,25 @@ pub(crate) struct CustomerQuota {
 }
 
 impl PolicyExtras {
+    /// The extras of a policy that uses none: what its requests take down the extended path while
+    /// an override or a timed ban names one of its keys (`overrides/`), whose quota overrides
+    /// are per-customer quotas.
+    pub(crate) fn plain(name: &str, template: &Limit) -> Arc<PolicyExtras> {
+        Arc::new(PolicyExtras {
+            name: name.into(),
+            template: template.clone(),
+            quota_from: None,
+            resolver: None,
+            resolve_timeout: DEFAULT_RESOLVE_TIMEOUT,
+            async_key: None,
+            outcome: None,
+            metered: None,
+            custom: Mutex::new(HashMap::new()),
+            log: ResolveLog::default(),
+            shadows: Box::new([]),
+        })
+    }
+
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
@@ -311,10 +330,31 @@ impl PolicyExtras {
         tier
     }
 
+    /// Why `quota` could not be enforced for a request of `cost` (`validate` is the backend's
+    /// check), if it could not: what an override's quota is checked with before it is kept.
+    pub(crate) fn check_quota(
+        &self,
+        quota: Quota,
+        cost: u64,
+        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
+    ) -> Result<(), BuildError> {
+        let limit = self.limit_for(quota)?;
+        validate(&limit)?;
+        if cost > limit.max_cost() {
+            return Err(BuildError::Cost {
+                policy: self.name.to_string(),
+                cost,
+                limit: limit.max_cost(),
+            });
+        }
+        Ok(())
+    }
+
     /// A limit of the namespace per-customer quotas keep their state in (the policy's name, its
     /// algorithm), when the policy chooses quotas per request: what a reset must forget too.
-    pub(crate) fn custom_namespace(&self) -> Option<Limit> {
-        if self.quota_from.is_none() && self.resolver.is_none() {
+    /// `overridden`: whether an override gives the key a quota of its own.
+    pub(crate) fn custom_namespace(&self, overridden: bool) -> Option<Limit> {
+        if self.quota_from.is_none() && self.resolver.is_none() && !overridden {
             return None;
         }
         self.limit_for(*self.template.quota()).ok()

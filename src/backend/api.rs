@@ -12,6 +12,7 @@ use crate::key::Key;
 use crate::limit::Limit;
 
 use super::key_state::{PeekFuture, ResetFuture};
+use super::records::Records;
 
 /// The future of [`Backend::check_all`]: one decision per limit, in order.
 pub type StackFuture = Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;
@@ -191,6 +192,15 @@ pub trait Backend: Send + Sync + 'static {
     fn reloaded(&self, changed: &[&str]) {
         let _ = changed;
     }
+
+    // --- What an operator changes at run time (overrides, timed bans): one block. ---
+
+    /// The tables this backend keeps for every process sharing it ([`Records`]): the layer keeps
+    /// its overrides and timed bans there, so that every process hears a change and it outlives
+    /// restarts. `None` (the default): the layer keeps them in process.
+    fn records(&self) -> Option<Arc<dyn Records>> {
+        None
+    }
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -252,5 +262,9 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn reloaded(&self, changed: &[&str]) {
         (**self).reloaded(changed)
+    }
+
+    fn records(&self) -> Option<Arc<dyn Records>> {
+        (**self).records()
     }
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::api::{Backend, StackFuture};
@@ -182,6 +183,13 @@ impl Backend for ConfiguredBackend {
         match self {
             ConfiguredBackend::Memory(memory) => memory.reloaded(changed),
             ConfiguredBackend::Redis(redis) => redis.reloaded(changed),
+        }
+    }
+
+    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.records(),
+            ConfiguredBackend::Redis(redis) => redis.records(),
         }
     }
 }

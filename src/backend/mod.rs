@@ -27,6 +27,11 @@ mod key_state;
 
 pub use key_state::{KeyState, PeekFuture, ResetFuture};
 
+// Tables an operator writes at run time, shared by the processes of a fleet.
+mod records;
+
+pub use records::{OnRecordsChange, Records, RecordsFuture};
+
 // The `Backend` trait itself, below every backend that implements it.
 mod api;
 

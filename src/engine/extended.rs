@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use http::request::Parts;
 
@@ -16,12 +16,13 @@ use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
 use crate::engine::table::Table;
-use crate::engine::verdict::{Checked, RequestContext, Verdict};
+use crate::engine::verdict::{Admitted, Checked, RequestContext, Verdict};
 use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
+use crate::overrides::{InForce, Override};
 use crate::per_customer::{CustomerQuota, PolicyExtras};
 use crate::rollout::shadows::with_shadows;
 use crate::timer::within;
@@ -97,7 +98,13 @@ where
     B: Backend,
 {
     let rules = table.policies[policy].compiled();
-    let custom = custom_quota(shared, rules.cost(), extras, &parts, &key).await;
+    let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
+        None => custom_quota(shared, rules.cost(), extras, &parts, &key).await,
+        Some(in_force) => match overridden(shared, table, policy, extras, &key, &parts, in_force) {
+            Ok(custom) => custom,
+            Err(verdict) => return with_meter(answered(parts, verdict), extras),
+        },
+    };
     let request = RequestRef::of_parts(&parts);
     let custom_tier = custom.as_deref().map(|c| &c.rules);
     let tier = match steps::tier_unless_banned(table, policy, custom_tier, &key, request) {
@@ -304,6 +311,43 @@ where
         return None;
     };
     extras.custom_tier(quota, cost, |limit| shared.backend.validate(limit))
+}
+
+/// What an override or a timed ban in force makes of a request: `Ok` with the quota it is decided
+/// under (`None`: the policy's own; a quota override on a metered policy, which cannot take one,
+/// or a ban in a dry run), `Err` with its verdict (let through unlimited, or refused).
+#[allow(clippy::result_large_err)] // as `steps::keyed`'s
+fn overridden<K, B: Backend>(
+    shared: &Shared<K, B>,
+    table: &Table<K>,
+    policy: usize,
+    extras: &PolicyExtras,
+    key: &Key,
+    parts: &Parts,
+    in_force: InForce,
+) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
+    let rules = table.policies[policy].compiled();
+    let request = RequestRef::of_parts(parts);
+    match in_force {
+        InForce::Override(Override::Quota(quota)) if extras.metered.is_none() => {
+            Ok(extras.custom_tier(quota, rules.cost(), |l| shared.backend.validate(l)))
+        }
+        InForce::Override(Override::Quota(_)) => Ok(None),
+        InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
+        InForce::Override(Override::Blocked) => {
+            Err(table.judge.forbidden(Some(rules), Some(key), request))
+        }
+        InForce::Banned(rest) => {
+            let cx = RequestContext {
+                policy: rules,
+                tier: steps::tier(table, policy, request),
+                key,
+                request,
+                custom: None,
+            };
+            table.judge.banned_for(cx, rest).map_or(Ok(None), Err)
+        }
+    }
 }
 
 /// A request of a metered policy let through before the backend (an allowed client, a request

@@ -12,6 +12,7 @@ use crate::engine::settings::Settings;
 use crate::engine::slot::{Release, SlotOwner};
 use crate::engine::table::Table;
 use crate::key::Key;
+use crate::overrides::cache::Overrides;
 
 /// What every service of one layer shares: the backend, the policy table, the access lists, and
 /// what a reload builds the next table with.
@@ -26,6 +27,9 @@ pub(crate) struct Shared<K, B> {
     pub(crate) settings: Settings,
     /// Reloads one at a time, so that each builds on the table it replaces.
     pub(crate) reloading: Mutex<()>,
+    /// The overrides and timed bans in force (`overrides/`), kept in the backend's records or in
+    /// the layer.
+    pub(crate) overrides: Arc<Overrides>,
 }
 
 impl<K, B> Shared<K, B> {

@@ -40,12 +40,29 @@ use crate::error::BackendError;
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
-use crate::per_customer::CustomerQuota;
+use crate::per_customer::{CustomerQuota, PolicyExtras};
 use crate::policy::CompiledTier;
 
 /// Step 1: the first policy of `table` whose route, methods and conditions match `request`.
 pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
     table.policies.iter().position(|p| p.applies_to(request))
+}
+
+/// Whether policy `policy`'s requests take the extended path, and with what: its per-request
+/// features, or an override or timed ban on one of its keys.
+#[inline]
+pub(crate) fn extras<'t, K, B>(
+    shared: &Shared<K, B>,
+    table: &'t Table<K>,
+    policy: usize,
+) -> Option<&'t Arc<PolicyExtras>> {
+    let compiled = table.policies[policy].compiled();
+    compiled.extras().or_else(|| {
+        shared
+            .overrides
+            .touches(compiled.name())
+            .then_some(&compiled.overridable)
+    })
 }
 
 /// Step 2, a synchronous key: the key `request` counts against under policy `policy`, or what was

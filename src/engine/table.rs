@@ -27,6 +27,19 @@ pub(crate) struct Table<K> {
 }
 
 impl<K> Table<K> {
+    /// Each policy's name with the names of its limits (every tier's, and the policy's own, under
+    /// which per-customer quotas and overrides keep their state).
+    pub(crate) fn limit_names(&self) -> Vec<(String, Vec<String>)> {
+        let policies = self.policies.iter().map(|p| {
+            let rules = p.compiled();
+            let mut names = vec![rules.name().to_owned()];
+            let limits = rules.tiers().iter().flat_map(|t| t.limits.iter());
+            names.extend(limits.map(|l| l.name().to_owned()));
+            (rules.name().to_owned(), names)
+        });
+        policies.collect()
+    }
+
     /// The names of this table's limits that `next` changes (any setting) or no longer has: what
     /// a backend may have cached under them no longer holds ([`Backend::reloaded`]).
     pub(crate) fn changed_in<'a>(&'a self, next: &Table<K>) -> Vec<&'a str> {

@@ -350,8 +350,13 @@ impl Judge {
     /// dry run has no penalty box: its limits carry no penalty, so that a backend that keeps
     /// penalties itself does not ban either.)
     pub(crate) fn banned(&self, cx: RequestContext<'_>) -> Option<Verdict> {
-        let rules = cx.policy;
-        let rest = rules.penalty.as_ref()?.banned(cx.key)?;
+        let rest = cx.policy.penalty.as_ref()?.banned(cx.key)?;
+        self.banned_for(cx, rest)
+    }
+
+    /// The refusal of a request whose key is banned for `rest` yet (by the penalty box, or an
+    /// operator's timed ban); `None` when the policy does not enforce it (a dry run).
+    pub(crate) fn banned_for(&self, cx: RequestContext<'_>, rest: Duration) -> Option<Verdict> {
         let tier = cx.tier_rules();
         let decision = Decision::banned(tier.limit_value, rest, None, rest);
         let mut decisions = vec![decision; tier.limits.len()];

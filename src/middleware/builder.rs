@@ -20,6 +20,7 @@ use crate::near_limit::NearLimit;
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::or_default::OrDefault;
+use crate::overrides::cache::Overrides;
 use crate::policy::Policy;
 use crate::refusal::Refusal;
 
@@ -353,12 +354,16 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         }
         let backend = self.backend.get();
         let table = Table::build(&backend, self.policies, settings.clone(), None)?;
+        let overrides = Arc::new(Overrides::new(backend.records()));
+        overrides.know(table.limit_names());
+        overrides.listen();
         Ok(ThrottleLayer::from_shared(Shared {
             backend,
             table: Arc::new(ArcSwap::from_pointee(table)),
             access: self.access,
             settings,
             reloading: Default::default(),
+            overrides,
         }))
     }
 }

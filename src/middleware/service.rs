@@ -113,10 +113,9 @@ where
         }
         // The steps in order (steps.rs): the first matching policy decides.
         let policy = steps::match_policy(table, &request);
-        // Per-customer quotas, async keys, counting by outcome (engine/extended.rs): the same
-        // steps with async ones between them. Unused, they cost this one check.
-        if let Some((i, extras)) =
-            policy.and_then(|i| Some((i, table.policies[i].compiled().extras()?)))
+        // Per-customer quotas, async keys, counting by outcome, overrides (engine/extended.rs):
+        // the same steps with async ones between them. Unused, they cost these two checks.
+        if let Some((i, extras)) = policy.and_then(|i| Some((i, steps::extras(shared, table, i)?)))
         {
             let (extras, table) = (extras.clone(), table.clone());
             return call_extended(inner, shared, table, i, extras, request);

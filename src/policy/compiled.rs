@@ -14,6 +14,7 @@ use crate::headers;
 use crate::near_limit::NearReport;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
+use crate::per_customer::PolicyExtras;
 use crate::rollout::WouldLimit;
 
 /// A policy compiled: its options (read through `Deref`) and its state.
@@ -32,6 +33,9 @@ pub(crate) struct CompiledPolicy {
     pub(crate) expose_decision: bool,
     /// The default 429 body, rendered once.
     pub(crate) limited_body: Bytes,
+    /// The extras of its extended path: its own, or none at all (for its requests that an
+    /// override or a timed ban sends there).
+    pub(crate) overridable: Arc<PolicyExtras>,
 }
 
 impl CompiledPolicy {
@@ -74,6 +78,10 @@ impl CompiledPolicy {
                 || spec.staged().is_some()
                 || spec.limit().delay().is_some(),
             limited_body: headers::limited_body(spec.name()),
+            overridable: spec
+                .extras()
+                .cloned()
+                .unwrap_or_else(|| PolicyExtras::plain(spec.name(), &spec.tiers()[0].limits[0])),
             spec,
         }
     }

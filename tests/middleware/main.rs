@@ -34,6 +34,7 @@ mod metered;
 mod modes;
 mod near_limit;
 mod observe;
+mod overrides;
 mod penalty;
 mod per_customer;
 mod refusals;

@@ -7,5 +7,6 @@ pub mod access;
 pub mod admin_handle;
 pub mod conditions;
 pub mod guide_config;
+pub mod overrides;
 pub mod penalty;
 pub mod refusals;

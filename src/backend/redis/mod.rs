@@ -30,6 +30,7 @@ mod builder;
 mod conn;
 mod decide;
 mod health;
+mod records;
 mod resets;
 mod speedup;
 mod state;
@@ -539,5 +540,9 @@ impl Backend for RedisBackend {
     // Heard by every process sharing the Redis (resets.rs).
     fn reloaded(&self, changed: &[&str]) {
         resets::reloaded(&self.state, changed);
+    }
+
+    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
+        Some(Arc::new(records::RedisRecords(self.state.clone())))
     }
 }

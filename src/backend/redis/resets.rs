@@ -38,6 +38,7 @@ use tokio::sync::oneshot;
 
 use super::conn::backoff::Backoff;
 use super::conn::connection::RedisConnection;
+use super::records::{self, RECORDS};
 use super::state::RedisState;
 
 /// The channel of `prefix`'s resets.
@@ -84,7 +85,7 @@ pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
 }
 
 /// `PUBLISH`, or `SPUBLISH` on a Cluster (routed, as a key would be, by the channel's slot).
-fn publish_cmd(conn: &RedisConnection, prefix: &str, message: String) -> redis::Cmd {
+pub(super) fn publish_cmd(conn: &RedisConnection, prefix: &str, message: String) -> redis::Cmd {
     let mut cmd = redis::cmd(if conn.is_cluster() {
         "SPUBLISH"
     } else {
@@ -143,6 +144,7 @@ impl FirstAttempt {
     /// subscription (a slow subscription, under load) would lose them; what it can cost is one
     /// slice credited across a reset published in that moment of start-up.
     fn subscribed_on(&mut self, state: &RedisState) {
+        records::heard(state, None);
         if self.0.is_some() {
             if let Some(deny) = &state.deny {
                 deny.clear();
@@ -307,6 +309,10 @@ fn forget(state: &RedisState, payload: &[u8]) {
     let Ok(payload) = std::str::from_utf8(payload) else {
         return;
     };
+    if let Some(table) = payload.strip_prefix(RECORDS) {
+        records::heard(state, Some(table));
+        return;
+    }
     let mut lines = payload.split('\n');
     if payload.starts_with(RELOAD) {
         lines.next();
@@ -322,7 +328,7 @@ fn forget(state: &RedisState, payload: &[u8]) {
 }
 
 /// Drops what is cached under the limits `names`: their keys are `prefix:name:{…}`.
-fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = &'a str>) {
+pub(super) fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = &'a str>) {
     for name in names {
         let keys = format!("{}:{name}:{{", state.prefix);
         state.budgets.forget_prefix(&keys);

@@ -3,7 +3,7 @@
 //! above it (check.rs), so this file sits below everything that uses the state.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::cluster_nodes::ClusterNodes;
@@ -17,6 +17,7 @@ use super::speedup::batch::Batcher;
 use super::speedup::budget::Budgets;
 use super::wire::args;
 use super::wire::mode::RedisMode;
+use crate::backend::records::OnRecordsChange;
 use crate::key::Key;
 use crate::limit::Limit;
 
@@ -43,6 +44,8 @@ pub(super) struct RedisState {
     /// its command `deny-oom`, so Redis lets a bare `CL.THROTTLE` write past `maxmemory`; the
     /// script, declared a writer (`#!lua`), is refused whole, as the Lua path is.
     pub(super) cell_through_script: AtomicBool,
+    /// The layers told when a table of records changes (records.rs).
+    pub(super) records_heard: Mutex<Vec<OnRecordsChange>>,
 }
 
 impl RedisState {
@@ -85,6 +88,7 @@ impl RedisState {
             memory: MemoryWatch::default(),
             // Until the watcher has read the settings: the safe way.
             cell_through_script: AtomicBool::new(true),
+            records_heard: Mutex::default(),
         }
     }
 

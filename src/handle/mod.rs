@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
@@ -22,8 +22,11 @@ use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
+use crate::overrides::Override;
 use crate::policy::Policy;
 use crate::top::TopKey;
+
+mod overrides;
 
 /// A handle on a running [`ThrottleLayer`](crate::ThrottleLayer) (from
 /// [`ThrottleLayer::handle`](crate::ThrottleLayer::handle)): cheap to clone, `Send + Sync`, and
@@ -134,6 +137,15 @@ pub enum HandleError {
     /// The layer counts no offenders, so it cannot say who is limited most
     /// ([`ThrottleLayerBuilder::count_offenders`](crate::ThrottleLayerBuilder::count_offenders)).
     NotCounted,
+    /// An override or ban the policy cannot take: a pattern with a `*` elsewhere than at its end,
+    /// a quota its backend cannot enforce or its cost exceeds, a quota for a metered policy, a
+    /// ban of no duration.
+    InvalidOverride {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
     /// The policy cannot check a message ([`ThrottleHandle::check`]): a concurrency or metered
     /// limit, or a cost it cannot take.
     Unsupported {
@@ -154,6 +166,9 @@ impl fmt::Display for HandleError {
             HandleError::Backend(e) => write!(f, "backend: {e}"),
             HandleError::NotCounted => {
                 f.write_str("the layer counts no limited keys: build it with count_offenders")
+            }
+            HandleError::InvalidOverride { policy, reason } => {
+                write!(f, "policy {policy:?}: {reason}")
             }
             HandleError::Unsupported { policy, reason } => {
                 write!(f, "policy {policy:?} cannot check messages: {reason}")
@@ -184,8 +199,15 @@ pub struct PolicyState {
     /// The policy.
     pub policy: String,
     /// One per tier: the default tier first, then the named tiers in the order they were given.
-    /// Each tier counts under limits of its own, so a key has a state in each.
+    /// Each tier counts under limits of its own, so a key has a state in each. While a quota
+    /// [override](ThrottleHandle::set_override) is in force, its state comes first, as a tier
+    /// named `override` (then the one [`summary`](Self::summary) shows).
     pub tiers: Vec<TierKeyState>,
+    /// The [override](ThrottleHandle::set_override) in force for the key, if any (its own, a
+    /// pattern's or the policy-wide `*`).
+    pub override_in_force: Option<Override>,
+    /// When the key's timed [ban](ThrottleHandle::ban) ends, if one runs.
+    pub banned_until: Option<SystemTime>,
 }
 
 /// A key's state under one tier's limits.
@@ -251,7 +273,23 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let table = self.shared.table.load_full();
         let rules = table.policies[find(&table, policy)?].compiled();
         let ban = table.judge.ban_of(rules, key);
-        let mut tiers = Vec::with_capacity(rules.tiers().len());
+        let now = SystemTime::now();
+        let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
+        let mut tiers = Vec::with_capacity(rules.tiers().len() + 1);
+        let custom = match override_in_force {
+            Some(Override::Quota(quota)) if rules.overridable.metered.is_none() => rules
+                .overridable
+                .custom_tier(quota, rules.cost(), |l| self.shared.backend.validate(l)),
+            _ => None,
+        };
+        if let Some(custom) = custom {
+            let states = self.shared.backend.peek(&custom.limits, key).await?;
+            let limits = custom.limits.iter().zip(states);
+            tiers.push(TierKeyState {
+                tier: Some("override".to_owned()),
+                limits: limits.map(|(l, s)| (l.name().to_owned(), s)).collect(),
+            });
+        }
         for tier in rules.tiers() {
             let states = self.shared.backend.peek(&tier.limits, key).await?;
             if states.len() != tier.limits.len() {
@@ -281,6 +319,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Ok(PolicyState {
             policy: rules.name().to_owned(),
             tiers,
+            override_in_force,
+            banned_until: timed_ban.map(|rest| now + rest),
         })
     }
 
@@ -417,7 +457,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
         // default does not use.
-        if let Some(custom) = rules.extras().and_then(|e| e.custom_namespace()) {
+        let overridden = self.shared.overrides.touches(rules.name());
+        if let Some(custom) = rules.overridable.custom_namespace(overridden) {
             self.shared.backend.reset(&[custom], key).await?;
         }
         Ok(())
@@ -460,6 +501,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             Some(&previous),
         )?;
         let changed = previous.changed_in(&table);
+        // A reload keeps the overrides (they are not in the policies); a policy it adds may have
+        // some already.
+        self.shared.overrides.know(table.limit_names());
+        self.shared.overrides.reread();
         self.shared.table.store(Arc::new(table));
         if !changed.is_empty() {
             self.shared.backend.reloaded(&changed);
@@ -467,7 +512,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Ok(())
     }
 
-    fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
+    pub(crate) fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
     where
         K: KeyFromText,
     {
@@ -483,7 +528,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 }
 
-fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
+pub(crate) fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
     table
         .policies
         .iter()

@@ -1,0 +1,46 @@
+//! [`Records`]: small tables an operator writes while the service runs (overrides, timed bans),
+//! kept by a backend that every process shares, so that a change made through one process is heard
+//! by all of them and outlives their restarts. The Redis backend keeps each table in a hash and
+//! tells the other processes of a change on its resets channel; the memory backend keeps none (the
+//! layer then keeps its tables in process).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::error::BackendError;
+
+/// The future of a [`Records`] operation.
+pub type RecordsFuture<T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>;
+
+/// Told which table changed (`Some(name)`), or that any may have (`None`: the backend could not
+/// hear changes for a while, so every table should be read again).
+pub type OnRecordsChange = Arc<dyn Fn(Option<&str>) + Send + Sync>;
+
+/// Tables of text fields and values, shared by every process using the backend
+/// ([`Backend::records`](crate::Backend::records)).
+pub trait Records: Send + Sync + 'static {
+    /// Sets `field` of table `table` to `value`, or removes it (`None`), and tells every process
+    /// (this one included) that `table` changed.
+    fn write(&self, table: &str, field: &str, value: Option<&str>) -> RecordsFuture<()>;
+
+    /// Every field of table `table` with its value.
+    fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>>;
+
+    /// Calls `on_change` whenever a table changes, in any process (see [`OnRecordsChange`]).
+    fn on_change(&self, on_change: OnRecordsChange);
+
+    /// Drops what this process cached of decisions under the limits named `limits` (a deny cache,
+    /// leased slices), without telling the other processes (each does it when it hears of the
+    /// change): a key's override changed, so a refusal cached under its old quota no longer
+    /// holds. Must not block; the default does nothing.
+    fn forget_cached(&self, limits: &[&str]) {
+        let _ = limits;
+    }
+
+    /// Whether these records live in this process only (nothing to read at start, no other
+    /// process to hear). The default: no, they are shared.
+    fn in_process(&self) -> bool {
+        false
+    }
+}

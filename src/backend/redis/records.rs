@@ -1,0 +1,80 @@
+//! [`Records`] on Redis (overrides and timed bans): one hash per table, `prefix:records:<table>`,
+//! so they outlive every process and are shared by all. A write is told on the resets channel
+//! (`!records` and the table's name, resets.rs), and every backend listening there tells its layer,
+//! which reads the table again; a subscription made again tells it that any table may have changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::health::breaker::guarded;
+use super::resets;
+use super::state::RedisState;
+use crate::backend::records::{OnRecordsChange, Records, RecordsFuture};
+
+/// The first line of a records message; the table's name follows.
+pub(super) const RECORDS: &str = "!records\n";
+
+/// A Redis backend's records.
+pub(super) struct RedisRecords(pub(super) Arc<RedisState>);
+
+fn hash_key(prefix: &str, table: &str) -> String {
+    format!("{prefix}:records:{table}")
+}
+
+impl Records for RedisRecords {
+    fn write(&self, table: &str, field: &str, value: Option<&str>) -> RecordsFuture<()> {
+        let state = &self.0;
+        let key = hash_key(&state.prefix, table);
+        let mut write = redis::cmd(if value.is_some() { "HSET" } else { "HDEL" });
+        write.arg(&key).arg(field);
+        if let Some(value) = value {
+            write.arg(value);
+        }
+        let tell = resets::publish_cmd(&state.conn, &state.prefix, format!("{RECORDS}{table}"));
+        let mut conn = state.conn.clone();
+        let call = async move {
+            let mut conn = conn.redirecting();
+            write.query_async::<i64>(&mut conn).await?;
+            tell.query_async::<i64>(&mut conn).await?;
+            Ok(())
+        };
+        guarded(&state.breaker, &key, state.timeout, call)
+    }
+
+    fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
+        let state = &self.0;
+        let key = hash_key(&state.prefix, table);
+        let mut conn = state.conn.clone();
+        let mut read = redis::cmd("HGETALL");
+        read.arg(&key);
+        let call = async move {
+            let all: HashMap<String, String> = read.query_async(&mut conn.redirecting()).await?;
+            Ok(all.into_iter().collect())
+        };
+        guarded(&state.breaker, &key, state.timeout, call)
+    }
+
+    fn on_change(&self, on_change: OnRecordsChange) {
+        let mut heard = self
+            .0
+            .records_heard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        heard.push(on_change);
+    }
+
+    fn forget_cached(&self, limits: &[&str]) {
+        resets::forget_limits(&self.0, limits.iter().copied());
+    }
+}
+
+/// Tells every layer listening that `table` changed (`None`: any may have).
+pub(super) fn heard(state: &RedisState, table: Option<&str>) {
+    let heard = state
+        .records_heard
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    for on_change in heard.iter() {
+        on_change(table);
+    }
+}

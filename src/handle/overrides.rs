@@ -1,0 +1,228 @@
+//! [`ThrottleHandle`]'s overrides and timed bans (`overrides/`): set, listed and removed while the
+//! service runs, kept in the backend's records when it has them (so every process applies them
+//! within moments, and they outlive restarts), otherwise in the layer.
+
+use std::time::{Duration, SystemTime};
+
+use super::{find, HandleError, KeyFromText, ThrottleHandle};
+use crate::backend::Backend;
+use crate::overrides::{bans_table, encode_until, overrides_table, Override};
+
+impl<K, B> ThrottleHandle<K, B>
+where
+    B: Backend,
+{
+    /// Overrides policy `policy` for `key`: another quota, unlimited or blocked
+    /// ([`Override`]), from the next request on, in every process sharing the backend (Redis: one
+    /// hash per policy, which outlives restarts; in memory: this layer only).
+    ///
+    /// `key` is a key as [`peek`](Self::peek) takes it, a pattern `prefix*` (every key that starts
+    /// with `prefix`), or `*` (every key of the policy: its quota changed fleet-wide, without a
+    /// reload; a reload keeps it). An exact key wins over a pattern, a longer pattern over a
+    /// shorter one, and any over `*`. Setting an override again replaces it.
+    ///
+    /// The decisions cached under the policy's limits (the Redis backend's deny cache and leased
+    /// slices) are dropped in every process, so a key whose limit was raised is not refused by a
+    /// refusal made under its old one. A quota override keeps the key's state under the policy's
+    /// name and algorithm, as a per-customer quota does: the GCRA rebases the key's backlog on
+    /// the new quota.
+    ///
+    /// An error when the policy does not exist, `key` is not one of its keys or patterns, the
+    /// backend cannot enforce the quota (or the policy's cost exceeds it), the policy is metered
+    /// (its quota cannot be overridden; unlimited and blocked can), or the backend fails.
+    ///
+    /// ```
+    /// use tower_throttle::{key::Header, ops::Override, Policy, Quota, ThrottleLayer};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let layer = ThrottleLayer::new(
+    ///     Policy::builder("api")
+    ///         .quota(Quota::per_minute(10))
+    ///         .key(Header::new("x-customer"))
+    ///         .build()
+    ///         .unwrap(),
+    /// );
+    /// let handle = layer.handle();
+    /// handle.set_override("api", "acme", Override::Quota(Quota::per_minute(1000))).await.unwrap();
+    /// handle.set_override("api", "premium_*", Override::Unlimited).await.unwrap();
+    /// assert_eq!(handle.overrides("api").unwrap().len(), 2);
+    /// assert_eq!(handle.peek("api", "acme").await.unwrap().override_in_force,
+    ///            Some(Override::Quota(Quota::per_minute(1000))));
+    /// handle.remove_override("api", "premium_*").await.unwrap();
+    /// assert!(handle.set_override("api", "a*b*", Override::Blocked).await.is_err());
+    /// # });
+    /// ```
+    pub async fn set_override(
+        &self,
+        policy: &str,
+        key: &str,
+        value: Override,
+    ) -> Result<(), HandleError>
+    where
+        K: KeyFromText,
+    {
+        let field = self.field_of(policy, key)?;
+        if let Override::Quota(quota) = value {
+            let table = self.shared.table.load();
+            let rules = table.policies[find(&table, policy)?].compiled();
+            let invalid = |reason: String| HandleError::InvalidOverride {
+                policy: policy.to_owned(),
+                reason,
+            };
+            if rules.overridable.metered.is_some() {
+                return Err(invalid(
+                    "a metered policy's quota cannot be overridden (unlimited and blocked can)"
+                        .to_owned(),
+                ));
+            }
+            rules
+                .overridable
+                .check_quota(quota, rules.cost(), |l| self.shared.backend.validate(l))
+                .map_err(|e| invalid(e.to_string()))?;
+        }
+        let encoded = value.encode();
+        self.write(policy, &overrides_table(policy), &field, Some(&encoded))
+            .await?;
+        tracing::info!(policy, key = field, to = %value, "override set");
+        Ok(())
+    }
+
+    /// Removes the override of `key` (a key, a pattern or `*`, as
+    /// [`set_override`](Self::set_override) took it) under policy `policy`, everywhere; no error
+    /// when there was none.
+    pub async fn remove_override(&self, policy: &str, key: &str) -> Result<(), HandleError>
+    where
+        K: KeyFromText,
+    {
+        let field = self.field_of(policy, key)?;
+        self.write(policy, &overrides_table(policy), &field, None)
+            .await?;
+        tracing::info!(policy, key = field, "override removed");
+        Ok(())
+    }
+
+    /// Policy `policy`'s overrides as this process holds them (the records' as of their last
+    /// change): each key (as logs show it), pattern or `*`, with its override.
+    pub fn overrides(&self, policy: &str) -> Result<Vec<(String, Override)>, HandleError> {
+        find(&self.shared.table.load(), policy)?;
+        Ok(self.shared.overrides.overrides_of(policy))
+    }
+
+    /// Bans `key` (a key, a pattern or `*`, as [`set_override`](Self::set_override) takes it)
+    /// under policy `policy` for `duration`: its requests are refused with `429` and a
+    /// `Retry-After` of the ban's rest, in every process sharing the backend, until it ends or is
+    /// [lifted](Self::lift_ban). A ban comes before any override of the key. Banning again
+    /// replaces the end. Returns the end (a wall-clock instant, which every process reads alike).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let layer = ThrottleLayer::new(
+    ///     Policy::builder("api").quota(Quota::per_minute(10)).key(Header::new("x-user")).build().unwrap(),
+    /// );
+    /// let handle = layer.handle();
+    /// handle.ban("api", "mallory", Duration::from_secs(3600)).await.unwrap();
+    /// assert_eq!(handle.bans("api").unwrap()[0].0, "mallory");
+    /// assert!(handle.peek("api", "mallory").await.unwrap().banned_until.is_some());
+    /// handle.lift_ban("api", "mallory").await.unwrap();
+    /// assert!(handle.bans("api").unwrap().is_empty());
+    /// # });
+    /// ```
+    pub async fn ban(
+        &self,
+        policy: &str,
+        key: &str,
+        duration: Duration,
+    ) -> Result<SystemTime, HandleError>
+    where
+        K: KeyFromText,
+    {
+        let field = self.field_of(policy, key)?;
+        let until = SystemTime::now()
+            .checked_add(duration)
+            .filter(|_| !duration.is_zero())
+            .ok_or_else(|| HandleError::InvalidOverride {
+                policy: policy.to_owned(),
+                reason: format!(
+                    "a ban lasts more than 0 and a representable time, not {duration:?}"
+                ),
+            })?;
+        self.write(
+            policy,
+            &bans_table(policy),
+            &field,
+            Some(&encode_until(until)),
+        )
+        .await?;
+        tracing::info!(
+            policy,
+            key = field,
+            seconds = duration.as_secs(),
+            "key banned"
+        );
+        Ok(until)
+    }
+
+    /// Lifts the timed ban of `key` (as [`ban`](Self::ban) took it) under policy `policy`,
+    /// everywhere; no error when there was none.
+    pub async fn lift_ban(&self, policy: &str, key: &str) -> Result<(), HandleError>
+    where
+        K: KeyFromText,
+    {
+        let field = self.field_of(policy, key)?;
+        self.write(policy, &bans_table(policy), &field, None)
+            .await?;
+        tracing::info!(policy, key = field, "ban lifted");
+        Ok(())
+    }
+
+    /// Policy `policy`'s timed bans that have not ended, with their ends.
+    pub fn bans(&self, policy: &str) -> Result<Vec<(String, SystemTime)>, HandleError> {
+        find(&self.shared.table.load(), policy)?;
+        Ok(self.shared.overrides.bans_of(policy, SystemTime::now()))
+    }
+
+    /// Reads every policy's overrides and bans from the backend again. A layer reads them when it
+    /// is built (in a tokio runtime) and whenever the backend hears of a change; a server that
+    /// must not serve a request before they are in force awaits this first.
+    pub async fn refresh_overrides(&self) -> Result<(), HandleError> {
+        Ok(self.shared.overrides.refresh_all().await?)
+    }
+
+    /// The records' field for `text` under policy `policy`: `*`, a pattern `prefix*`, or the key
+    /// rendered as logs show it.
+    fn field_of(&self, policy: &str, text: &str) -> Result<String, HandleError>
+    where
+        K: KeyFromText,
+    {
+        match text.find('*') {
+            Some(at) if at + 1 == text.len() => {
+                find(&self.shared.table.load(), policy)?;
+                Ok(text.to_owned())
+            }
+            Some(_) => Err(HandleError::InvalidOverride {
+                policy: policy.to_owned(),
+                reason: format!("{text:?}: a pattern has one `*`, at its end"),
+            }),
+            None => Ok(self.key_of(policy, text)?.to_string()),
+        }
+    }
+
+    /// Writes `field` of `table` and puts the table in force here at once (the other processes
+    /// read it when they hear of the change).
+    async fn write(
+        &self,
+        policy: &str,
+        table: &str,
+        field: &str,
+        value: Option<&str>,
+    ) -> Result<(), HandleError> {
+        find(&self.shared.table.load(), policy)?;
+        let store = self.shared.overrides.store().clone();
+        store.write(table, field, value).await?;
+        self.shared.overrides.refresh(table).await?;
+        Ok(())
+    }
+}
