@@ -31,6 +31,7 @@ mod example_server_tokens;
 mod example_server_top;
 mod guide_config_on_redis;
 mod ops;
+mod overrides_on_redis;
 mod penalty_on_redis;
 mod readme_quickstart;
 mod redis_full;

@@ -1,0 +1,128 @@
+//! Overrides and timed bans on Redis, where two layers on backends of their own stand for two
+//! processes of a fleet: a change made through one is in force in the other within a second (with
+//! no refusal cached under the old limit), and both find it again after a restart.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use tower_throttle::ops::Override;
+use tower_throttle::redis::{RedisBackend, RedisMode};
+use tower_throttle::Quota;
+
+use crate::shared::overrides::{app, overrides_and_bans_apply, passed, send};
+use crate::support::redis as redis_support;
+
+async fn backend(url: &str, prefix: &str, mode: RedisMode) -> RedisBackend {
+    RedisBackend::builder()
+        .url(url)
+        .mode(mode)
+        .prefix(prefix)
+        .deny_cache(true)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Waits until `check` holds, at most a second; how long it took.
+async fn within_a_second<F, Fut>(what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{what}: not within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn on_redis_overrides_and_bans_apply() {
+    let server = redis_support::RedisServer::start_with_cell();
+    for mode in [RedisMode::Lua, RedisMode::Cell] {
+        let prefix = format!("overrides-{}", mode.as_str());
+        overrides_and_bans_apply(backend(&server.url(), &prefix, mode).await).await;
+    }
+}
+
+#[tokio::test]
+async fn on_redis_an_override_set_in_one_process_holds_in_the_other_and_after_restarts() {
+    let server = redis_support::RedisServer::start();
+    let url = server.url();
+    let (one, one_handle) = app(backend(&url, "fleet", RedisMode::Lua).await);
+    let (two, two_handle) = app(backend(&url, "fleet", RedisMode::Lua).await);
+    // Refused in both, with the refusal cached (the deny cache is on).
+    assert_eq!(passed(&one, "bob", 3).await, 2);
+    assert_eq!(send(&two, "bob").await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(send(&two, "bob").await.0, StatusCode::TOO_MANY_REQUESTS);
+    // Unlimited, through the first: through at once there, within a second in the other.
+    one_handle
+        .set_override("api", "bob", Override::Unlimited)
+        .await
+        .unwrap();
+    assert_eq!(send(&one, "bob").await.0, StatusCode::OK);
+    within_a_second("unlimited heard", || async {
+        send(&two, "bob").await.0 == StatusCode::OK
+    })
+    .await;
+    assert_eq!(passed(&two, "bob", 10).await, 10);
+    // A key's own quota, heard by the other. (A key refused under the old quota keeps its GCRA
+    // state, a time, which the new quota reads as it is: 2 of 2 used is 5 of 5.)
+    let five = Override::Quota(Quota::per_minute(5));
+    one_handle.set_override("api", "carol", five).await.unwrap();
+    within_a_second("quota heard", || async {
+        two_handle
+            .peek("api", "carol")
+            .await
+            .unwrap()
+            .override_in_force
+            == Some(five)
+    })
+    .await;
+    assert_eq!(passed(&two, "carol", 8).await, 5);
+    // A pattern and a ban, heard by the other.
+    one_handle
+        .set_override("api", "premium_*", Override::Unlimited)
+        .await
+        .unwrap();
+    one_handle
+        .ban("api", "mallory", Duration::from_secs(60))
+        .await
+        .unwrap();
+    within_a_second("pattern and ban heard", || async {
+        send(&two, "mallory").await.0 == StatusCode::TOO_MANY_REQUESTS
+            && passed(&two, "premium_x", 3).await == 3
+    })
+    .await;
+    assert!(passed(&two, "premium_y", 5).await == 5);
+    // Both processes restart: the overrides are read from Redis again.
+    drop((one, two, one_handle, two_handle));
+    let (three, three_handle) = app(backend(&url, "fleet", RedisMode::Lua).await);
+    three_handle.refresh_overrides().await.unwrap();
+    assert_eq!(passed(&three, "bob", 10).await, 10);
+    assert_eq!(passed(&three, "premium_z", 5).await, 5);
+    assert_eq!(
+        send(&three, "mallory").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let mut listed: Vec<String> = three_handle
+        .overrides("api")
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, ["bob", "carol", "premium_*"]);
+    assert_eq!(three_handle.bans("api").unwrap().len(), 1);
+    // A layer built without awaiting anything reads them on its own, at once.
+    let (four, _) = app(backend(&url, "fleet", RedisMode::Lua).await);
+    within_a_second("read at start", || async {
+        send(&four, "premium_w").await.0 == StatusCode::OK
+            && send(&four, "mallory").await.0 == StatusCode::TOO_MANY_REQUESTS
+    })
+    .await;
+}
