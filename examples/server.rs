@@ -14,7 +14,8 @@
 //! `server/stream.rs`); `/metrics` serves
 //! the limiter's counters in the Prometheus text format; other paths 404. With `--admin ADDR`, a
 //! second listener serves `GET`/`DELETE /limits/{policy}/{key}`, `POST /reload`, `GET /health`,
-//! `GET /top/{policy}`, `GET /overview` and an admin page at `/` (see `server/admin.rs`), behind a
+//! `GET /top/{policy}`, `GET /overview`, overrides and timed bans (`/overrides/…`, `/bans/…`:
+//! `server/overrides.rs`) and an admin page at `/` (see `server/admin.rs`), behind a
 //! token with `--admin-token-env NAME` (`server/auth.rs`); SIGHUP reloads the `--config` file too.
 //! Both listeners close connections whose request head is slow and cap open connections
 //! (`[server]`, `server/edge.rs`).
@@ -30,6 +31,8 @@ mod auth;
 mod edge;
 #[path = "server/host.rs"]
 mod host;
+#[path = "server/overrides.rs"]
+mod overrides;
 #[path = "server/settings.rs"]
 mod settings;
 #[path = "server/stream.rs"]
@@ -556,6 +559,11 @@ async fn run() -> Result<(), String> {
         built => built,
     }
     .map_err(|e| backend_source.error(e))?;
+    // The overrides and bans kept in Redis, in force before the first request (a layer also reads
+    // them on its own, moments after it is built).
+    if let Err(e) = layer.handle().refresh_overrides().await {
+        tracing::warn!(error = %e, "could not read the overrides and bans yet; they apply once Redis answers");
+    }
     let listen = listen_addrs(&args, &config).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {

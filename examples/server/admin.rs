@@ -9,6 +9,7 @@
 //! GET    /health                  the backend's state (200 when it decides, 503 when it cannot)
 //! GET    /top/{policy}?n=20       the keys the policy limited most over the last few minutes (JSON)
 //! GET    /overview                policies, quotas, allowed/limited per second, health (JSON)
+//! …      /overrides/…, /bans/…    overrides and timed bans (see `overrides.rs`)
 //! GET    /                        the admin page (static; it calls the routes above)
 //! ```
 //!
@@ -163,6 +164,7 @@ impl Admin {
             .route("/health", get(health))
             .route("/top/{policy}", get(crate::view::top))
             .route("/overview", get(crate::view::overview))
+            .merge(crate::overrides::routes())
             .with_state(self);
         let api = match token {
             Some(token) => api.layer(axum::middleware::from_fn_with_state(

@@ -120,7 +120,7 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -134,14 +134,27 @@ pub(crate) async fn send(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Reply {
+    send_body(addr, method, path, headers, "").await
+}
+
+/// [`send`] with a body.
+pub(crate) async fn send_body(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
     );
     for (n, v) in headers {
         req.push_str(&format!("{n}: {v}\r\n"));
     }
     req.push_str("\r\n");
+    req.push_str(body);
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
