@@ -5,7 +5,8 @@
 //! GET    /limits/{policy}/{key}   a key's state, without consuming anything (JSON)
 //! DELETE /limits/{policy}/{key}   forget the key's state, strikes and ban (204)
 //! POST   /reload                  re-read the --config file (200, or 400 with the error: the running
-//!                                 policies stay in force)
+//!                                 policies stay in force); `?clear_overrides=true` also removes the
+//!                                 policy-wide overrides (`*`), which otherwise stay in force
 //! GET    /health                  the backend's state (200 when it decides, 503 when it cannot)
 //! GET    /top/{policy}?n=20       the keys the policy limited most over the last few minutes (JSON)
 //! GET    /overview                policies, quotas, allowed/limited per second, health (JSON)
@@ -24,7 +25,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -271,11 +272,26 @@ async fn reset(
     }
 }
 
+#[derive(serde::Deserialize)]
+struct ReloadQuery {
+    #[serde(default)]
+    clear_overrides: bool,
+}
+
 /// `POST /reload`: 200 with the number of policies in force, or 400 with why nothing changed.
-async fn reload(State(admin): State<Admin>) -> Response {
+/// A policy-wide quota set at run time (the override `*`) stays in force over the file's, unless
+/// `?clear_overrides=true` removes every policy's.
+async fn reload(State(admin): State<Admin>, Query(query): Query<ReloadQuery>) -> Response {
     match admin.reload.reload(&admin.handle) {
         Ok(policies) => {
             tracing::info!(policies, "admin: configuration reloaded");
+            if query.clear_overrides {
+                for policy in admin.handle.policies().iter() {
+                    if let Err(e) = admin.handle.remove_override(policy.name(), "*").await {
+                        return handle_error(e);
+                    }
+                }
+            }
             Json(json!({ "reloaded": true, "policies": policies })).into_response()
         }
         Err(e) => {

@@ -12,7 +12,7 @@ use crate::engine::steps;
 use crate::engine::verdict::{Checked, Judge};
 use crate::error::BackendError;
 use crate::key::Key;
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, Limit};
 use crate::observe::ShownKey;
 use crate::policy::CompiledPolicy;
 use crate::refusal::RefusalKind;
@@ -44,24 +44,30 @@ impl Judge {
     /// Checks a message of `cost` units for `key` under `policy`'s default tier: its ban first,
     /// then the backend; counted and logged as a request would be. A refusal the policy does not
     /// enforce (a dry run, a key outside a staged policy's share) comes back allowed.
+    ///
+    /// `custom`: the limits of the key's quota override, if one is in force; `timed_ban`: the rest
+    /// of the key's timed ban, if one runs (it comes before the penalty box's).
     pub(crate) async fn message<B: Backend>(
         &self,
         backend: &B,
         policy: &CompiledPolicy,
         key: &Key,
         cost: u64,
+        custom: Option<&[Limit]>,
+        timed_ban: Option<Duration>,
     ) -> Result<Decision, BackendError> {
         let tier = &policy.tiers[0];
+        let limits = custom.unwrap_or(&tier.limits);
         let enforced = self.enforces(Some(policy), RefusalKind::Limited, Some(key));
         let shown = ShownKey {
             key,
             redact: self.redactor.as_ref(),
         };
-        let banned = policy.penalty.as_ref().and_then(|p| p.banned(key));
+        let banned = timed_ban.or_else(|| policy.penalty.as_ref().and_then(|p| p.banned(key)));
         let decision = match banned {
             Some(rest) => Decision::banned(tier.limit_value, rest, None, rest),
             None => {
-                let answer = steps::ask(backend, &tier.limits, key, cost).await;
+                let answer = steps::ask(backend, limits, key, cost).await;
                 let decision = match answer {
                     Ok(Checked::One(one)) => one,
                     Ok(Checked::Stack(all)) => Decision::combine(&all)

@@ -22,7 +22,7 @@ use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
-use crate::overrides::Override;
+use crate::overrides::{InForce, Override};
 use crate::policy::Policy;
 use crate::top::TopKey;
 
@@ -437,9 +437,33 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 reason,
             });
         }
+        // An override or a timed ban applies to messages as to requests.
+        let in_force = self
+            .shared
+            .overrides
+            .find(compiled.name(), key, SystemTime::now());
+        let limit = compiled.tiers[0].limit_value;
+        let (custom, timed_ban) = match in_force {
+            None => (None, None),
+            Some(InForce::Banned(rest)) => (None, Some(rest)),
+            Some(InForce::Override(Override::Unlimited)) => {
+                return Ok(Decision::allowed(limit, limit, Duration::ZERO))
+            }
+            Some(InForce::Override(Override::Blocked)) => {
+                let mut blocked = Decision::banned(limit, Duration::ZERO, None, Duration::ZERO);
+                blocked.retry_after = None;
+                return Ok(blocked);
+            }
+            Some(InForce::Override(Override::Quota(quota))) => {
+                let validate = |l: &_| self.shared.backend.validate(l);
+                let custom = compiled.overridable.custom_tier(quota, cost, validate);
+                (custom, None)
+            }
+        };
+        let limits = custom.as_ref().map(|c| &c.limits[..]);
         let decided = table
             .judge
-            .message(&self.shared.backend, compiled, key, cost)
+            .message(&self.shared.backend, compiled, key, cost, limits, timed_ban)
             .await;
         Ok(decided?)
     }

@@ -111,6 +111,40 @@ async fn overrides_set_through_one_server_hold_in_the_other_and_after_restarts()
     tokio::time::sleep(Duration::from_millis(2_050).saturating_sub(banned_at.elapsed())).await;
     assert_eq!(replies(&two, "bob", 1).await, [200]);
 
+    // The policy-wide `*`: every other key's quota, in the other within a second; a reload keeps
+    // it, unless asked to clear it.
+    let body = r#"{"count":1,"period":"1m"}"#;
+    let set = send_body(admin, "PUT", "/overrides/reply/*", &json_type, body).await;
+    assert_eq!(set.status, 204, "{}", set.body);
+    let started = Instant::now();
+    loop {
+        let peek = json(
+            &send(admin_addr(&two), "GET", "/limits/reply/zed", &[])
+                .await
+                .body,
+        );
+        if peek["limit"] == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "* not heard: {peek}"
+        );
+    }
+    assert_eq!(replies(&two, "zed", 2).await, [200, 429]);
+    assert_eq!(replies(&two, "team_w", 7).await[5..], [200, 429]);
+    let keys = |listed: serde_json::Value| -> Vec<String> {
+        let all = listed.as_array().unwrap().iter();
+        all.map(|o| o["key"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(send(admin, "POST", "/reload", &[]).await.status, 200);
+    let listed = json(&send(admin, "GET", "/overrides/reply", &[]).await.body);
+    assert!(keys(listed).contains(&"*".to_owned()));
+    let cleared = send(admin, "POST", "/reload?clear_overrides=true", &[]).await;
+    assert_eq!(cleared.status, 200, "{}", cleared.body);
+    let listed = json(&send(admin, "GET", "/overrides/reply", &[]).await.body);
+    assert_eq!(keys(listed), ["alice", "team_*"]);
+
     // Bad input: a clear 400, nothing kept.
     let bad = send_body(
         admin,

@@ -149,4 +149,23 @@ pub async fn overrides_and_bans_apply<B: Backend>(backend: B) {
     let zero = Override::Quota(Quota::per_minute(0));
     assert!(handle.set_override("api", "a", zero).await.is_err());
     assert_eq!(handle.overrides("api").unwrap().len(), 4);
+    // Messages inside a stream (`ThrottleHandle::check`) meet the same overrides and bans.
+    for _ in 0..5 {
+        assert!(handle.check("api", "premium_m", 1).await.unwrap().allowed);
+    }
+    let blocked = handle.check("api", "mallory", 1).await.unwrap();
+    assert!(!blocked.allowed && blocked.retry_after.is_none());
+    handle
+        .ban("api", "gina", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let banned = handle.check("api", "gina", 1).await.unwrap();
+    assert!(!banned.allowed && banned.retry_after.unwrap() <= Duration::from_secs(60));
+    let four = Override::Quota(Quota::per_minute(4));
+    handle.set_override("api", "hal", four).await.unwrap();
+    let mut allowed = 0;
+    for _ in 0..6 {
+        allowed += usize::from(handle.check("api", "hal", 1).await.unwrap().allowed);
+    }
+    assert_eq!(allowed, 4);
 }
