@@ -304,6 +304,45 @@ fn the_page_shows_and_resets(extra: &[&str]) {
     // And the server lets alice through again; bob, not reset, is still refused.
     assert_eq!(status(&runtime, &server, "alice"), 200);
     assert_eq!(status(&runtime, &server, "bob"), 429);
+
+    // An override through the page's form: bob unlimited, listed, and let through.
+    browser.eval(
+        "document.querySelector('#override-policy').value = 'reply';
+         document.querySelector('#override-key').value = 'bob';
+         document.querySelector('#override-kind').value = 'unlimited';
+         document.querySelector('#override-button').click()",
+    );
+    let listed = browser.wait_for(
+        "bob's override in the list",
+        "document.querySelector('#overrides-reply tbody')?.innerText",
+        |t| t.contains("bob"),
+    );
+    assert!(listed.contains("unlimited"), "{listed}");
+    assert_eq!(status(&runtime, &server, "bob"), 200);
+    // A 1-hour ban of carol through the form, listed; then lifted with its button.
+    browser.eval(
+        "document.querySelector('#override-key').value = 'carol';
+         document.querySelector('#override-kind').value = 'ban';
+         document.querySelector('#override-period').value = '1h';
+         document.querySelector('#override-button').click()",
+    );
+    let listed = browser.wait_for(
+        "carol's ban in the list",
+        "document.querySelector('#overrides-reply tbody')?.innerText",
+        |t| t.contains("carol"),
+    );
+    assert!(listed.contains("banned for 3600 s") || listed.contains("banned for 3599 s"), "{listed}");
+    assert_eq!(status(&runtime, &server, "carol"), 429);
+    browser.eval(
+        "[...document.querySelectorAll('#overrides-reply tr')]
+           .find((r) => r.textContent.includes('carol')).querySelector('button').click()",
+    );
+    browser.wait_for(
+        "carol's ban lifted",
+        "document.querySelector('#overrides-reply')?.innerText",
+        |t| !t.contains("carol"),
+    );
+    assert_eq!(status(&runtime, &server, "carol"), 200);
 }
 
 #[test]
