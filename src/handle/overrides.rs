@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{find, HandleError, KeyFromText, ThrottleHandle};
 use crate::backend::Backend;
+use crate::overrides::cache::MAX_PATTERNS;
 use crate::overrides::{bans_table, encode_until, overrides_table, Override};
 
 impl<K, B> ThrottleHandle<K, B>
@@ -81,6 +82,7 @@ where
                 .map_err(|e| invalid(e.to_string()))?;
         }
         let encoded = value.encode();
+        self.has_room(policy, false, &field)?;
         self.write(policy, &overrides_table(policy), &field, Some(&encoded))
             .await?;
         tracing::info!(policy, key = field, to = %value, "override set");
@@ -207,6 +209,20 @@ where
                 reason: format!("{text:?}: a pattern has one `*`, at its end"),
             }),
             None => Ok(self.key_of(policy, text)?.to_string()),
+        }
+    }
+
+    /// An error when policy `policy`'s overrides (or bans) already hold as many patterns as a
+    /// request may scan, and `field` would add one.
+    fn has_room(&self, policy: &str, bans: bool, field: &str) -> Result<(), HandleError> {
+        match self.shared.overrides.has_room(policy, bans, field) {
+            true => Ok(()),
+            false => Err(HandleError::InvalidOverride {
+                policy: policy.to_owned(),
+                reason: format!(
+                    "{field:?}: the policy has {MAX_PATTERNS} patterns already (remove one first)"
+                ),
+            }),
         }
     }
 

@@ -13,9 +13,10 @@ use crate::backend::{OnRecordsChange, Records, RecordsFuture};
 use crate::error::BackendError;
 use crate::key::Key;
 
-/// At most this many patterns (and `*`) per policy and table: a request whose key matches no exact
-/// entry tries each of them, so their number bounds that scan.
-pub const MAX_PATTERNS: usize = 1_000;
+/// At most this many patterns per policy and table (overrides, bans). A byte-string key finds its
+/// pattern in one hash lookup per distinct pattern length, whatever their number; an address's
+/// key is compared with each pattern of addresses, so their number bounds that scan.
+pub const MAX_PATTERNS: usize = 10_000;
 
 /// The overrides and timed bans of every policy, as this process knows them, and where they are
 /// kept.
@@ -53,10 +54,15 @@ impl Entries {
     }
 }
 
-/// The entries of one table: exact keys, patterns (longest first) and `*`.
+/// The entries of one table: exact keys, patterns and `*`. A byte-string key's patterns are
+/// found by its own prefixes, one hash lookup per distinct pattern length (longest first), however
+/// many patterns there are; an address's, by its rendering against each (few, in practice).
 struct Matcher<T> {
     exact: HashMap<Key, T>,
-    prefixes: Vec<(Prefix, T)>,
+    byte_prefixes: HashMap<Box<[u8]>, T>,
+    /// The lengths of `byte_prefixes`, longest first, each once.
+    lengths: Vec<usize>,
+    text_prefixes: Vec<(String, T)>,
     all: Option<T>,
     /// Every entry as the records keep it, for listing.
     listed: BTreeMap<String, T>,
@@ -66,42 +72,11 @@ impl<T> Default for Matcher<T> {
     fn default() -> Self {
         Matcher {
             exact: HashMap::new(),
-            prefixes: Vec::new(),
+            byte_prefixes: HashMap::new(),
+            lengths: Vec::new(),
+            text_prefixes: Vec::new(),
             all: None,
             listed: BTreeMap::new(),
-        }
-    }
-}
-
-/// A pattern's fixed start: the bytes of a byte-string key, or (for keys of another kind, such as
-/// addresses) the text of its rendering.
-enum Prefix {
-    Bytes(Vec<u8>),
-    Text(String),
-}
-
-impl Prefix {
-    fn of(text: &str) -> Prefix {
-        match Key::from_rendered(text).as_ref().and_then(Key::bytes) {
-            Some(bytes) => Prefix::Bytes(bytes.to_vec()),
-            None => Prefix::Text(text.to_owned()),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Prefix::Bytes(b) => b.len(),
-            Prefix::Text(t) => t.len(),
-        }
-    }
-
-    fn starts(&self, key: &Key, rendered: &mut Option<String>) -> bool {
-        match (self, key.bytes()) {
-            (Prefix::Bytes(prefix), Some(bytes)) => bytes.starts_with(prefix),
-            (Prefix::Bytes(_), None) => false,
-            (Prefix::Text(prefix), _) => rendered
-                .get_or_insert_with(|| key.to_string())
-                .starts_with(prefix.as_str()),
         }
     }
 }
@@ -132,31 +107,59 @@ impl<T: Copy> Matcher<T> {
         for (field, value) in fields {
             match Field::of(field) {
                 Field::All => made.all = Some(*value),
-                Field::Prefix(prefix) if made.prefixes.len() < MAX_PATTERNS => {
-                    made.prefixes.push((Prefix::of(prefix), *value));
+                Field::Prefix(prefix) if made.patterns() < MAX_PATTERNS => {
+                    // The bytes a byte-string key starts with, as the pattern renders them.
+                    match Key::from_rendered(prefix).as_ref().and_then(Key::bytes) {
+                        Some(bytes) => {
+                            made.byte_prefixes.insert(bytes.into(), *value);
+                        }
+                        None => made.text_prefixes.push((prefix.to_owned(), *value)),
+                    }
                 }
-                Field::Prefix(_) => continue,
+                Field::Prefix(prefix) => {
+                    tracing::warn!(
+                        prefix,
+                        "more than {MAX_PATTERNS} patterns: this one is ignored"
+                    );
+                    continue;
+                }
                 Field::Exact(key) => {
                     made.exact.insert(key, *value);
                 }
             }
             made.listed.insert(field.clone(), *value);
         }
-        made.prefixes
+        made.lengths = made.byte_prefixes.keys().map(|p| p.len()).collect();
+        made.lengths.sort_unstable_by(|a, b| b.cmp(a));
+        made.lengths.dedup();
+        made.text_prefixes
             .sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         made
+    }
+
+    fn patterns(&self) -> usize {
+        self.byte_prefixes.len() + self.text_prefixes.len()
     }
 
     fn find(&self, key: &Key) -> Option<T> {
         if let Some(value) = self.exact.get(key) {
             return Some(*value);
         }
-        let mut rendered = None;
-        self.prefixes
-            .iter()
-            .find(|(prefix, _)| prefix.starts(key, &mut rendered))
-            .map(|(_, value)| *value)
-            .or(self.all)
+        let by_pattern = match key.bytes() {
+            Some(bytes) => self
+                .lengths
+                .iter()
+                .filter(|&&len| len <= bytes.len())
+                .find_map(|&len| self.byte_prefixes.get(&bytes[..len]).copied()),
+            None if self.text_prefixes.is_empty() => None,
+            None => {
+                let rendered = key.to_string();
+                let mut text = self.text_prefixes.iter();
+                text.find(|(p, _)| rendered.starts_with(p.as_str()))
+                    .map(|(_, value)| *value)
+            }
+        };
+        by_pattern.or(self.all)
     }
 
     fn is_empty(&self) -> bool {
@@ -275,6 +278,29 @@ impl Overrides {
             Some(entries) => (entries.overrides.find(key), entries.ban_of(key, now)),
             None => (None, None),
         }
+    }
+
+    /// Whether policy `policy`'s table of overrides (or of bans) may take `field`: a pattern past
+    /// [`MAX_PATTERNS`] may not (the scan of a request's key is bounded), unless it replaces one.
+    pub(crate) fn has_room(&self, policy: &str, bans: bool, field: &str) -> bool {
+        if !matches!(Field::of(field), Field::Prefix(_)) {
+            return true;
+        }
+        let snapshot = self.snapshot.load();
+        let Some(entries) = snapshot.policies.get(policy) else {
+            return true;
+        };
+        let (patterns, has) = match bans {
+            true => (
+                entries.bans.patterns(),
+                entries.bans.listed.contains_key(field),
+            ),
+            false => (
+                entries.overrides.patterns(),
+                entries.overrides.listed.contains_key(field),
+            ),
+        };
+        has || patterns < MAX_PATTERNS
     }
 
     /// Policy `policy`'s overrides, by field.
@@ -475,6 +501,36 @@ mod tests {
         overrides.install("overrides", "api", &[]);
         overrides.install("overrides", "ip", &[]);
         assert!(!overrides.touches("api") && !overrides.any.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn patterns_are_bounded_and_found_by_the_keys_own_prefixes() {
+        let overrides = Overrides::new(None);
+        // One too many: the last is left out.
+        let mut fields = vec![field("p1_long_*", Override::Unlimited)];
+        fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Blocked)));
+        overrides.install("overrides", "api", &fields);
+        let entries = overrides.snapshot.load().policies["api"].clone();
+        assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
+        assert!(!overrides.has_room("api", false, "more_*"));
+        assert!(overrides.has_room("api", false, "p7_*") && overrides.has_room("api", false, "k"));
+        assert!(overrides.has_room("api", true, "more_*"));
+        let now = SystemTime::now();
+        let found = |key: &str| match overrides.find("api", &Key::from(key), now) {
+            Some(InForce::Override(o)) => Some(o),
+            _ => None,
+        };
+        assert_eq!(found("p7_x"), Some(Override::Blocked));
+        // The longest pattern a key starts with.
+        assert_eq!(found("p1_long_x"), Some(Override::Unlimited));
+        assert_eq!(found("p1_lon"), Some(Override::Blocked));
+        assert_eq!(
+            found(&format!("p{}_x", MAX_PATTERNS - 2)),
+            Some(Override::Blocked)
+        );
+        assert_eq!(found(&format!("p{}_x", MAX_PATTERNS - 1)), None);
+        assert_eq!(found("q7_x"), None);
+        assert_eq!(found("p"), None);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! DevTools protocol through a pipe (`--remote-debugging-pipe`: no port, no WebSocket), loads the
 //! page from a running example server (memory and Redis, behind a token), and the test reads what
 //! it shows — backend health, the policies with their quotas, the drawn rates, the top limited keys
-//! — then peeks and resets a key through the page's own form and buttons, and checks that the
-//! server lets the key through again.
+//! — then peeks and resets a key through the page's own form and buttons, sets an override and a
+//! ban through its form and lifts the ban with its button, and checks that the server follows.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -331,7 +331,10 @@ fn the_page_shows_and_resets(extra: &[&str]) {
         "document.querySelector('#overrides-reply tbody')?.innerText",
         |t| t.contains("carol"),
     );
-    assert!(listed.contains("banned for 3600 s") || listed.contains("banned for 3599 s"), "{listed}");
+    assert!(
+        listed.contains("banned for 3600 s") || listed.contains("banned for 3599 s"),
+        "{listed}"
+    );
     assert_eq!(status(&runtime, &server, "carol"), 429);
     browser.eval(
         "[...document.querySelectorAll('#overrides-reply tr')]
