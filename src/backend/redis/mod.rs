@@ -461,7 +461,7 @@ impl Backend for RedisBackend {
     }
 
     fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
-        self.state.check_stack(limits, key, quantity)
+        self.state.check_stack(limits, key, quantity, None)
     }
 
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
@@ -524,7 +524,7 @@ impl Backend for RedisBackend {
                 let decided = self.state.check(limit, key, *quantity);
                 Box::pin(async move { decided.await.map(|decision| vec![decision]) })
             }
-            _ => self.state.check_stack_each(limits, key, quantities),
+            _ => self.state.check_stack(limits, key, 0, Some(quantities)),
         }
     }
 

@@ -311,9 +311,14 @@ fn forget(state: &RedisState, payload: &[u8]) {
     if payload.starts_with(RELOAD) {
         lines.next();
         forget_limits(state, lines);
-        return;
+    } else {
+        forget_keys(state, lines);
     }
-    for key in lines {
+}
+
+/// Drops the keys a reset deleted from this process's budget slices and deny cache.
+pub(super) fn forget_keys<'a>(state: &RedisState, keys: impl Iterator<Item = &'a str>) {
+    for key in keys {
         state.budgets.forget(key);
         if let Some(deny) = &state.deny {
             deny.forget(key);

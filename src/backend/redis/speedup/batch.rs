@@ -571,7 +571,6 @@ async fn send_gcra(
             Ok(Reply::Gcra(Answer {
                 decision: scripts::from_reply(r, Duration::from_nanos),
                 whole_seconds: false,
-                banned: false,
             }))
         }));
     }
