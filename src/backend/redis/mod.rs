@@ -247,6 +247,13 @@ impl RedisBackend {
     /// The default key prefix: `"throttle"`.
     pub const DEFAULT_PREFIX: &'static str = "throttle";
 
+    /// A backend on `state`, its watchers started (the memory and probes; a Cluster's slot map).
+    fn watched(state: Arc<RedisState>) -> Self {
+        watch::spawn(&state);
+        slot_watch::spawn(&state);
+        RedisBackend { state }
+    }
+
     /// A builder: where to connect, mode, prefix, timeout.
     pub fn builder() -> RedisBackendBuilder {
         RedisBackendBuilder::new(Self::DEFAULT_PREFIX, Self::DEFAULT_TIMEOUT)
@@ -345,10 +352,12 @@ impl RedisBackend {
     pub async fn first_attempt(&self) -> Result<bool, BackendError> {
         let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
         let conn = &self.state.conn;
-        let first = match (conn.server(), conn.lazy_cluster()) {
+        match (conn.server(), conn.lazy_cluster()) {
             (Some(server), _) => {
-                let connected = || server.connected();
-                server.attempts.first_attempt(budget, connected).await
+                server
+                    .attempts
+                    .first_attempt(budget, || server.connected())
+                    .await
             }
             (_, Some(lazy)) => {
                 lazy.attempts
@@ -356,8 +365,8 @@ impl RedisBackend {
                     .await
             }
             _ => Ok(true),
-        };
-        first.map_err(BackendError::new)
+        }
+        .map_err(BackendError::new)
     }
 
     /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.
@@ -407,10 +416,9 @@ impl RedisBackendBuilder {
     /// reached, or when `Cell` mode is asked of a server without the module. An application that
     /// must start while Redis is down uses [`build`](Self::build) instead.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
-        let state = self.validated()?.start_eagerly().await?;
-        watch::spawn(&state);
-        slot_watch::spawn(&state);
-        Ok(RedisBackend { state })
+        Ok(RedisBackend::watched(
+            self.validated()?.start_eagerly().await?,
+        ))
     }
 
     /// Checks the settings and returns at once, without connecting: the lazy start, for one server,
@@ -443,9 +451,7 @@ impl RedisBackendBuilder {
             .validated()
             .and_then(|v| v.start_lazily())
             .map_err(|e| BuildError::Invalid(e.to_string()))?;
-        watch::spawn(&state);
-        slot_watch::spawn(&state);
-        Ok(RedisBackend { state })
+        Ok(RedisBackend::watched(state))
     }
 }
 

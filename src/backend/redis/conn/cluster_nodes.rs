@@ -63,6 +63,12 @@ impl Node {
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
         self.tried_again.load(Ordering::Relaxed) >= started
     }
+
+    /// A call met `error` on the node now.
+    fn met(&self, error: &dyn std::fmt::Display) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((error.to_string(), SystemTime::now()));
+    }
 }
 
 /// The slot map: the owner of every slot (an index in `nodes`), and each node's ranges.
@@ -171,8 +177,7 @@ impl ClusterNodes {
     /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
     /// the breaker (says so once), or keeps it open longer after a failed probe.
     pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
-        *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((error.to_string(), SystemTime::now()));
+        node.met(error);
         if node.circuit.failed(was_probe) {
             tracing::warn!(
                 node = %node.address,
@@ -196,9 +201,7 @@ impl ClusterNodes {
         error: &dyn std::fmt::Display,
     ) {
         if !was_probe && node.circuit.answered_since(started) {
-            *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some((error.to_string(), SystemTime::now()));
-            return;
+            return node.met(error);
         }
         self.failed(node, was_probe, error);
     }
@@ -221,12 +224,6 @@ impl ClusterNodes {
             node.tried_again
                 .fetch_max(node.circuit.now_ms(), Ordering::Relaxed);
         }
-    }
-
-    /// Whether some node's breaker is not closed.
-    pub(crate) fn any_tripped(&self) -> bool {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        map.nodes.iter().any(|(n, _)| n.circuit.tripped())
     }
 
     /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
@@ -420,7 +417,6 @@ mod tests {
         );
         let node = nodes.for_key("foo").unwrap();
         nodes.failed(&node, false, &"connection refused");
-        assert!(nodes.any_tripped());
         assert_eq!(nodes.tripped().len(), 1);
         // Without seed URLs, one request probes once the wait is over; with them, none.
         assert!(matches!(nodes.admit(&node), Admission::FailFast));

@@ -35,7 +35,7 @@ use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorK
 
 use super::backoff::Backoff;
 use super::cluster_nodes::ClusterNodes;
-use super::connection::RedisConnection;
+use super::connection::{unexpected, RedisConnection};
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
@@ -97,13 +97,23 @@ impl<'a> Redirecting<'a> {
     }
 }
 
+impl Via<'_> {
+    /// The Cluster connection whose redirections are followed, or the connection as it is.
+    fn get(&mut self) -> Result<&mut ClusterConnection, &mut RedisConnection> {
+        match self {
+            Via::Cluster(cluster) => Ok(cluster),
+            Via::Owned(cluster) => Ok(cluster),
+            Via::Backend(other) => Err(other),
+        }
+    }
+}
+
 impl ConnectionLike for Redirecting<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let nodes = self.nodes.as_deref();
-        match &mut self.conn {
-            Via::Cluster(cluster) => Box::pin(command(cluster, nodes, cmd)),
-            Via::Owned(cluster) => Box::pin(command(cluster, nodes, cmd)),
-            Via::Backend(other) => other.req_packed_command(cmd),
+        match self.conn.get() {
+            Ok(cluster) => Box::pin(command(cluster, nodes, cmd)),
+            Err(other) => other.req_packed_command(cmd),
         }
     }
 
@@ -114,10 +124,9 @@ impl ConnectionLike for Redirecting<'_> {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let nodes = self.nodes.as_deref();
-        match &mut self.conn {
-            Via::Cluster(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
-            Via::Owned(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
-            Via::Backend(other) => other.req_packed_commands(pipeline, offset, count),
+        match self.conn.get() {
+            Ok(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
+            Err(other) => other.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -163,7 +172,12 @@ async fn command(
             {
                 redirects += 1;
                 last_moved = Some((host, port));
-                moved(cluster, cmd).await
+                // By the slot map, not by the address named: the `MOVED` reply made redis-rs
+                // refresh its map, and it sends nothing until the refresh is done, so the command
+                // goes to the new owner. redis-rs treats an address it has no connection to (a
+                // dead primary that the other nodes still name) as a lost topology and reconnects
+                // to every node.
+                cluster.req_packed_command(cmd).await
             }
             Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
                 // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
@@ -272,19 +286,10 @@ async fn asking(
     let mut values = cluster.route_pipeline(pipe, 0, 2, route).await?;
     match values.pop() {
         Some(value) if values.len() == 1 => Ok(value),
-        _ => Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
+        _ => Err(unexpected(
             "ASKING and a redirected command returned a reply of the wrong length",
-        ))),
+        )),
     }
-}
-
-/// `MOVED`: the command again, by the slot map. The `MOVED` reply made redis-rs refresh its slot
-/// map, and it sends nothing until the refresh is done, so the command goes to the new owner. Not
-/// by the address named: redis-rs treats an address it has no connection to (a dead primary that
-/// the other nodes still name) as a lost topology and reconnects to every node.
-async fn moved(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisError> {
-    cluster.req_packed_command(cmd).await
 }
 
 /// What a reply asks of the client.

@@ -157,6 +157,17 @@ impl AttemptError {
             misconfigured: Some(kind(message)),
         }
     }
+
+    /// A failure as [`SetUpError::describe`] says it: the message, and whether it is a
+    /// configuration error.
+    ///
+    /// [`SetUpError::describe`]: super::set_up::SetUpError::describe
+    pub(crate) fn described((message, misconfigured): (String, bool)) -> Self {
+        match misconfigured {
+            true => Self::misconfigured(Misconfigured::Fatal, message),
+            false => BackendError::new(message).into(),
+        }
+    }
 }
 
 /// One Redis server behind a connection that the background task makes again whenever it fails.

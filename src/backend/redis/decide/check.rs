@@ -78,10 +78,9 @@ impl RedisState {
             } = match fetch {
                 Some((budget, want, _fetching)) => {
                     let mut conn = state.conn.clone();
-                    let fetched =
-                        state
-                            .budgets
-                            .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
+                    let fetched = state
+                        .budgets
+                        .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
                     // Boxed, as the calls of `decide` that do not go in a batch: they are rare,
                     // and would otherwise make every check's future (moved as it starts) their size.
                     Box::pin(fetched).await?

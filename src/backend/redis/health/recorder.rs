@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
-use crate::backend::redis::wire::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN};
+use crate::backend::redis::wire::mode::{path_code, path_name, path_of, RedisMode, UNKNOWN};
 
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
@@ -92,7 +92,7 @@ impl Recorder {
             name: name.into(),
         };
         if mode != RedisMode::Auto {
-            failing.path.store(code(Some(mode)), Ordering::Relaxed);
+            failing.path.store(path_code(Some(mode)), Ordering::Relaxed);
         }
         failing
     }
@@ -208,15 +208,11 @@ impl Recorder {
 
     /// Detection found the path decisions take.
     pub(crate) fn set_path(&self, path: Option<RedisMode>) {
-        self.path.store(code(path), Ordering::Relaxed);
+        self.path.store(path_code(path), Ordering::Relaxed);
     }
 
     fn path_name(&self) -> &'static str {
-        path_name(match self.path.load(Ordering::Relaxed) {
-            CELL => Some(RedisMode::Cell),
-            LUA => Some(RedisMode::Lua),
-            _ => None,
-        })
+        path_name(path_of(self.path.load(Ordering::Relaxed)))
     }
 }
 
@@ -226,14 +222,6 @@ pub(crate) fn error_text(error: &RedisError) -> String {
     match (error.code(), error.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => error.to_string(),
-    }
-}
-
-fn code(path: Option<RedisMode>) -> u8 {
-    match path {
-        Some(RedisMode::Cell) => CELL,
-        Some(RedisMode::Lua) => LUA,
-        _ => UNKNOWN,
     }
 }
 

@@ -49,7 +49,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
 use super::gcra_group;
-use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer};
@@ -394,10 +394,9 @@ async fn send_cell(
     }
     let replies: Vec<Result<[i64; 5], RedisError>> = pipe.ignore_errors().query_async(conn).await?;
     if replies.len() != batch.len() {
-        return Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
+        return Err(unexpected(
             "the CL.THROTTLE pipeline returned the wrong number of replies",
-        )));
+        ));
     }
     Ok(replies
         .into_iter()
@@ -460,12 +459,8 @@ async fn send_limits(
         }
     }
     let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn.redirecting()).await?;
-    let wrong_length = || {
-        RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "the limits batch script returned a reply of the wrong length",
-        ))
-    };
+    let wrong_length =
+        || unexpected("the limits batch script returned a reply of the wrong length");
     let mut answers = Vec::with_capacity(calls.len());
     let mut rest = &reply[..];
     for call in calls {
@@ -546,10 +541,9 @@ async fn send_gcra(
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != groups.len() {
-        return Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
+        return Err(unexpected(
             "the batch script returned a reply of the wrong length",
-        )));
+        ));
     }
     let mut answers = Vec::with_capacity(items.len());
     let mut replies = Vec::new();
@@ -587,10 +581,7 @@ fn gcra_answer(reply: Reply) -> Result<Answer, RedisError> {
 
 /// A reply of the wrong kind for its check (a bug: each job's call answers in its own kind).
 fn mixed_up() -> RedisError {
-    RedisError::from((
-        ErrorKind::UnexpectedReturnType,
-        "a batch answered a check with a reply of another kind",
-    ))
+    unexpected("a batch answered a check with a reply of another kind")
 }
 
 #[cfg(test)]

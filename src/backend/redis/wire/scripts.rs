@@ -9,7 +9,7 @@ use redis::{RedisError, Script};
 use super::args::{penalty_args, Args, CellArgs};
 use super::limits_call::LimitsCall;
 use super::lua;
-use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::decision::Decision;
 
 /// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
@@ -27,11 +27,6 @@ static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
 pub(crate) struct Answer {
     pub(crate) decision: Decision,
     pub(crate) whole_seconds: bool,
-}
-
-/// A reply that is not what the call sends for (a script's reply of the wrong length...).
-pub(crate) fn unexpected(what: &'static str) -> RedisError {
-    RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
 }
 
 /// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
@@ -55,7 +50,9 @@ pub(crate) async fn gcra(
         .arg(quantity);
     if args.penalty.is_some() {
         // Same hash tag as the state: one slot, one atomic call.
-        invocation.key(format!("{key}:strikes")).key(format!("{key}:ban"));
+        invocation
+            .key(format!("{key}:strikes"))
+            .key(format!("{key}:ban"));
     }
     // The penalty's three (0 0 0 without one) come before a metered limit's ceiling.
     if args.penalty.is_some() || args.metered() {
