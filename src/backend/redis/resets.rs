@@ -1,27 +1,20 @@
 //! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
-//! publishes the keys it deleted on the channel `prefix:resets` (`PUBLISH`; on a Cluster
-//! `SPUBLISH`, sharded pub/sub, which only the node that owns the channel's slot carries instead
-//! of every node), a [reload](crate::Backend::reloaded) the names of the limits it
-//! changed, and every backend with the same prefix listens there and drops what it cached under
-//! them: deny-cache entries and budget slices (a reload changes no state in Redis, so the others
-//! do not reload anything; they only forget decisions made under the old quotas). The penalty box
-//! lives in Redis (`…:strikes`, `…:ban`, deleted by the reset itself); what a process remembers of
-//! a ban is its deny cache's entry.
+//! publishes the keys it deleted on `prefix:resets` (`PUBLISH`; on a Cluster `SPUBLISH`, sharded
+//! pub/sub, carried only by the node that owns the channel's slot), a [reload](crate::Backend::reloaded)
+//! the names of the limits it changed, and every backend with the same prefix drops what it cached
+//! under them: deny-cache entries and budget slices (a reload changes nothing in Redis). The penalty
+//! box lives in Redis (deleted by the reset itself); a process remembers a ban only in its deny cache.
 //!
-//! A process that was not listening when a message was published (its subscription dropped, Redis
-//! restarted) cannot know what it missed: each time the subscription is (re)made, it drops its
-//! whole deny cache and every slice, which only sends more decisions to Redis.
+//! A process that was not listening when a message was published cannot know what it missed: each
+//! time the subscription is (re)made, it drops its whole deny cache and every slice.
 //!
-//! The listener holds its own connection (pub/sub takes a connection whole): to the server the
-//! backend was given, or to the primary the sentinels name (asked again at every subscription).
-//! A primary demoted by a failover keeps hearing what is published on the new one (Redis
-//! replicates `PUBLISH` to replicas). On a Cluster it is a RESP3 Cluster connection of its own
-//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner after a failover or migration and
-//! subscribes again after a disconnection; each confirmation of a (new) subscription drops the
-//! caches as above. A user's connection manager or Cluster client/connection cannot lend a
-//! subscription (redis-rs subscribes on those only with RESP3 and a push sender set when they were
-//! built): such a backend listens through the client given to
-//! [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
+//! The listener holds its own connection (pub/sub takes one whole): to the server given, or to the
+//! primary the sentinels name (asked again at every subscription); a demoted primary still hears
+//! (Redis replicates `PUBLISH`). On a Cluster it is a RESP3 Cluster connection of its own
+//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner and subscribes again after a
+//! disconnection. A user's connection manager or Cluster client/connection cannot lend one (redis-rs
+//! subscribes on those only when built with RESP3 and a push sender): such a backend listens through
+//! [`listen_with`](super::RedisBackendBuilder::listen_with), or only publishes.
 
 use std::future::Future;
 use std::pin::Pin;

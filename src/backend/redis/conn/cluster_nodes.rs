@@ -3,25 +3,21 @@
 //! decisions the failure policy, at once, and nothing else.
 //!
 //! Why our own map beside redis-rs's: redis-rs 1.8.1 sends a request for a slot whose primary has
-//! no connection (a dead primary) to a random connected node (`get_random_connection`,
+//! no connection to a random connected node (`get_random_connection`,
 //! src/cluster_handling/async_connection/mod.rs:922; its fallback within the shard serves replica
-//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary;
-//! each `MOVED` starts a slot refresh, which holds the connection map's write lock while it runs
+//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary; each
+//! `MOVED` starts a slot refresh that holds the connection map's write lock while it runs
 //! (`refresh_slots`, src/cluster_handling/async_connection/mod.rs:983: `CLUSTER SLOTS`, a `PING` on
-//! every node's connection, a new connection to the dead one, up to the connection timeout), so
-//! the whole Cluster connection sends nothing: every other key waits too (measured: 5 ms to 20 ms
-//! p99 for the healthy primaries' keys). This map can go once redis-rs fails a dead primary's
-//! slots fast and refreshes its slot map without stopping the other nodes' requests. With a breaker per node, a dead primary's slots fail fast instead of
-//! reaching redis-rs. The map is refreshed by a background task (slot_watch.rs), never on the
-//! request path: every second, and every 100 ms while a node's breaker is not closed, or soon after
-//! a node failed.
+//! every node, a new connection to the dead one, up to the connection timeout), so every other key
+//! waits too (measured: 5 ms to 20 ms p99 for the healthy primaries' keys). This map can go once
+//! redis-rs fails a dead primary's slots fast and refreshes its map without stopping the others.
+//! The map is refreshed in the background (slot_watch.rs), never on the request path.
 //!
-//! Probes: with seed URLs (`cluster_urls`), the task probes an open node on a connection of its own
-//! (`PING`, the seed URL's TLS and credentials with the node's host and port), so no request for the
-//! dead slots reaches redis-rs, whose slot refresh would dial the dead node (up to the connection
-//! timeout on a network that drops packets) while every other request waits. With a `ClusterClient`
-//! or `ClusterConnection` of the user's, whose settings the backend cannot read, one request probes,
-//! as on one server.
+//! Probes: with seed URLs (`cluster_urls`) the task probes an open node on a connection of its own
+//! (`PING`, the seed URL's TLS and credentials with the node's address), so no request for the dead
+//! slots reaches redis-rs, whose refresh would dial the dead node while every other request waits.
+//! With a `ClusterClient` or `ClusterConnection` of the user's, whose settings the backend cannot
+//! read, one request probes, as on one server.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

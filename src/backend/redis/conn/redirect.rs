@@ -1,29 +1,21 @@
 //! A Redis Cluster's redirections (`ASK`, `MOVED`, `TRYAGAIN`), followed at the call site for every
-//! command the backend sends: scripts, `CL.THROTTLE`, lease renewals and releases, offender counts,
-//! access-list reads.
+//! command the backend sends (scripts, `CL.THROTTLE`, leases, offender counts, access lists):
+//! `ASKING` and the command as one pipeline, written at once so that nothing comes between them;
+//! `MOVED` resent once redis-rs has refreshed its slot map; `TRYAGAIN` after a short wait. The
+//! Cluster client is built with `retries(0)` (connection.rs), so redirections reach this code first.
 //!
 //! Why not redis-rs's own retries: redis-rs 1.8.1 answers `ASK` by sending `ASKING` on the target's
-//! shared (multiplexed) connection as a request of its own, awaiting its reply, and only then
-//! sending the command (`get_redirected_connection`,
-//! src/cluster_handling/async_connection/mod.rs:943). Under
-//! load other requests' commands slip in between: one of them consumes the `ASKING` flag, the
-//! redirected command reaches the importing node without it, gets `MOVED` back to the migrating
-//! node, which answers `ASK` again... Each `MOVED` also starts a slot refresh (a warning each, and
-//! every request of the connection waits for the refresh), and the ping-pong ends when the 16
-//! retries are spent: an `Ask` error. Measured before this module: 9 to 13 % of a migrating key's
-//! decisions failed, with thousands of warnings a second.
-//!
-//! This module can go once redis-rs pipelines `ASKING` with the redirected command.
-//!
-//! Here `ASKING` and the command travel as one pipeline, written at once on the connection, so
-//! nothing can come between them; `MOVED` is resent once redis-rs has refreshed its slot map;
-//! `TRYAGAIN` after a short wait. The Cluster client is built with `retries(0)` (see
-//! `connection.rs`), so redirections reach this code on the first reply.
+//! shared connection as a request of its own, awaiting its reply, and only then the command
+//! (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943). Under load
+//! another request's command slips in between and consumes the `ASKING` flag; the command gets
+//! `MOVED` back, then `ASK` again... each `MOVED` starting a slot refresh (a warning each, every
+//! request waiting for it) until the 16 retries are spent. Measured before this module: 9 to 13 % of
+//! a migrating key's decisions failed, with thousands of warnings a second. This module can go once
+//! redis-rs pipelines `ASKING` with the redirected command.
 //!
 //! What Redis Cluster itself refuses stays refused: a command on several keys while its slot
-//! migrates and one of the keys is missing on the node asked (`TRYAGAIN` until the slot has moved),
-//! and `ASK` to a node the client does not know yet (a new node receiving its first slot: redis-rs
-//! connects to it at the first slot refresh that lists it).
+//! migrates and one of them is missing on the node asked (`TRYAGAIN` until the slot has moved), and
+//! `ASK` to a node the client does not know yet (redis-rs learns of it at its next slot refresh).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -263,15 +263,9 @@ mod tests {
 
     #[test]
     fn every_policy_but_noeviction_evicts_limiter_keys() {
-        for policy in [
-            "allkeys-lru",
-            "allkeys-lfu",
-            "allkeys-random",
-            "volatile-lru",
-            "volatile-lfu",
-            "volatile-random",
-            "volatile-ttl",
-        ] {
+        let evicting = "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu \
+                        volatile-random volatile-ttl";
+        for policy in evicting.split_whitespace() {
             assert!(MemoryReport::policy_evicts(policy), "{policy}");
         }
         assert!(!MemoryReport::policy_evicts("noeviction"));

@@ -184,7 +184,7 @@ impl Batcher {
         let lane_name: &str = if self.per_key { key } else { "" };
         let job = Job::Gcra {
             key: key.to_owned(),
-            args: args.clone(),
+            args: *args,
             quantity,
         };
         gcra_answer(self.queue(runtime, lane_name, job).await?)
