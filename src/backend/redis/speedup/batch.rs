@@ -114,14 +114,12 @@ struct Lane {
 
 impl Lane {
     /// Whether the checks waiting make a batch worth sending while another is in flight: as many
-    /// as are in flight, or as the batch that answered last held, whichever is more. The callers
-    /// of a batch that answered come back together, so under steady concurrency the batches settle
-    /// at about half the callers each, two in flight (one call per ~25 checks at 50 callers,
-    /// against ~16 when a second batch left with whatever waited); a lone waiting check still
-    /// leaves at once when only a lone check is in flight and the last batch was one check. A
-    /// check that finds the lane idle always leaves at once, and one that waits is sent when the
-    /// batch in flight answers (its task takes what waits), so the wait is at most one round
-    /// trip. BENCHMARKS.md, section 8.
+    /// as are in flight, or as the batch that answered last held, whichever is more. The callers of
+    /// a batch come back together, so under steady concurrency batches settle at about half the
+    /// callers each, two in flight (one call per ~25 checks at 50 callers, against ~16 when a
+    /// second batch left with whatever waited); a lone check after a lone check still leaves at
+    /// once. A waiting check is sent at the latest when the batch in flight answers (its task takes
+    /// what waits): at most one round trip. BENCHMARKS.md, section 8.
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
