@@ -414,38 +414,25 @@ impl Settings {
 
     /// A Cluster or a user's connection manager, connected and set up (set_up.rs).
     async fn open_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
-        let self_name = self.name.to_string();
-        let timeout = self.timeout;
-        let start_budget = self.start_budget();
-        let conn = RedisConnection::open(target, timeout, start_budget).await?;
-        let state = RedisState::new(
-            conn,
-            self.mode,
-            self.prefix,
-            timeout,
-            self.deny_cache,
-            self.coalesce,
-            &self.name,
-        );
+        let budget = self.start_budget();
+        let name = self.name.to_string();
+        let conn = RedisConnection::open(target, self.timeout, budget).await?;
+        let state = self.state_on(conn);
         let mut conn = state.conn.clone();
-        tokio::time::timeout(start_budget, set_up(Fresh::Other(&mut conn), &state))
+        tokio::time::timeout(budget, set_up(Fresh::Other(&mut conn), &state))
             .await
-            .map_err(|_| {
-                BackendError::new(format!("Redis did not answer within {start_budget:?}"))
-            })?
+            .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?
             .map_err(|e| {
-                let (message, _) = e.describe(&self_name);
+                let (message, _) = e.describe(&name);
                 match e.source() {
                     Some(source) => BackendError::with_source(message, source),
                     None => BackendError::new(message),
                 }
             })?;
         in_service(&state);
-        Ok(Arc::new(state))
+        Ok(state)
     }
-}
 
-impl Settings {
     /// A Cluster, not connected yet (a background task connects it), or a user's connection
     /// manager as it is.
     fn lazy_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
@@ -515,7 +502,6 @@ impl Validated {
         let budget = settings.start_budget();
         let state = match self.start {
             Start::Server(mut source) => {
-                let budget = settings.start_budget();
                 let (state, server) = settings.server_state(&source);
                 connect_once(&mut source, &server, &state, budget)
                     .await
@@ -534,9 +520,7 @@ impl Validated {
         }
         Ok(state)
     }
-}
 
-impl Validated {
     /// A Cluster's first seed URL's settings (TLS, user, password), with which its open nodes are
     /// probed (cluster_nodes.rs); `None` for a Cluster client or connection of the user's.
     fn seed(&self) -> Option<ConnectionInfo> {

@@ -62,7 +62,8 @@ pub use self::health::report::{RedisHealth, RedisNodeHealth};
 pub use self::wire::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
-/// on one server or a Redis Cluster.
+/// on one server or a Redis Cluster. The [Redis guide](crate::guide::redis) tells how to run it
+/// (modes, failover, Sentinel, Cluster, batching, budgets), with what was measured.
 ///
 /// Every decision is one atomic command on one key, `prefix:policy:{key}` (a stack's: on one key per
 /// limit, all with the same tag; see the [layout](#key-layout)); the braces are a hash tag, so a
@@ -77,86 +78,62 @@ pub use self::wire::mode::RedisMode;
 /// # Starting, failover and health
 ///
 /// [`connect`](RedisBackendBuilder::connect) connects before it returns and fails if Redis cannot be
-/// reached; [`build`](RedisBackendBuilder::build) returns at once and connects in the background,
-/// so an application starts while Redis is down (requests follow the failure policy meanwhile).
-/// Either way, one server ([`url`](RedisBackendBuilder::url), [`client`](RedisBackendBuilder::client),
+/// reached; [`build`](RedisBackendBuilder::build) returns at once and connects in the background.
+/// One server ([`url`](RedisBackendBuilder::url), [`client`](RedisBackendBuilder::client),
 /// [`sentinel`](RedisBackendBuilder::sentinel)) is kept connected by a background task: an I/O
 /// error, a timeout, or a server that answers `READONLY` (a primary demoted by a failover),
 /// `MASTERDOWN` or `LOADING` drops the connection; calls then fail at once while the task connects
-/// again (every 50 ms, backing off to 500 ms), resolving the address again (DNS, or asking the
-/// sentinels), checking that the server is a primary (`ROLE`), loading the script and detecting the
-/// path before the first decision uses it. [`health`](RedisBackend::health) tells where it stands.
-/// A Cluster connection and a user's [`connection_manager`](RedisBackendBuilder::connection_manager)
-/// reconnect by redis-rs' own rules instead.
+/// again (every 50 ms, backing off to 500 ms), resolving the address again (DNS, or the sentinels),
+/// checking that the server is a primary (`ROLE`), loading the script and detecting the path before
+/// the first decision uses it. A Cluster connection and a user's
+/// [`connection_manager`](RedisBackendBuilder::connection_manager) reconnect by redis-rs' own rules.
+/// [`health`](RedisBackend::health) tells where it stands.
 ///
 /// # Modes
 ///
 /// - **Lua** (`EVALSHA`, reloaded after `NOSCRIPT`): the server's clock (`TIME`), integer arithmetic,
 ///   results in nanoseconds. Tolerances (`period / count × (max_burst + 1)`) up to about 52 days.
-/// - **Cell** (`CL.THROTTLE`): redis-cell reports retry and reset in whole seconds, truncated; this
-///   backend reports the next whole second instead, an upper bound that is never early. Quotas whose
-///   period is not a whole number of seconds are sent as the equal rate over a whole number of seconds
-///   (5 per 500 ms as 10 per second). `CL.THROTTLE` declares no key, so a Cluster node would run it
-///   on a slot it is migrating away; on a Cluster it is therefore called from a script that declares
-///   the key, and is redirected like the Lua path.
+/// - **Cell** (`CL.THROTTLE`): redis-cell reports whole seconds, truncated; this backend reports the
+///   next whole second, never early. Quotas whose period is not a whole number of seconds are sent
+///   as the equal rate over whole seconds (5 per 500 ms as 10 per second). On a Cluster it is called
+///   from a script that declares the key (the command declares none, so a node would run it on a
+///   slot it is migrating away), and is redirected like the Lua path.
 /// - **Auto** (the default): Lua, coalesced, when [`coalesce`](RedisBackendBuilder::coalesce) is
-///   on (the default: it is the faster path, module or not; see [`RedisMode::Auto`]); with
-///   coalescing off, Cell when the module is loaded, Lua otherwise.
+///   on (the default; see [`RedisMode::Auto`]); with coalescing off, Cell where the module is
+///   loaded, Lua otherwise.
 ///
 /// Both paths store the same value (the TAT in nanoseconds, redis-cell's format) under the same key,
-/// so they agree on every key, and a change of mode loses nothing.
+/// so a change of mode loses nothing.
 ///
 /// # Other algorithms and stacks
 ///
 /// The [sliding log](crate::window::sliding_log), [fixed window](crate::window::fixed_window),
 /// [sliding window](crate::window::sliding_window) and [concurrency](crate::window::concurrency)
-/// limits, and stacks of limits ([`Backend::check_all`]), run a second Lua script in every mode: one
-/// `EVALSHA` per decision that reads every limit's key, decides, and writes only if every limit
-/// admits, so a rejection by one limit of a stack consumes nothing in the others (decisions that
-/// wait on the connection at once share one call, each decided exactly as alone, in order). It computes the
-/// functions of [`window`](crate::window) on the server's clock (windows aligned on multiples of the
-/// period since the Unix epoch), so the memory backend and Redis agree. A GCRA limit in a stack uses
-/// the GCRA script's arithmetic and key, so it shares its state with the same limit checked alone.
-/// A stack's [`Penalty`](crate::policy::Penalty) is its first limit's. Stacks hold 1 to 16 limits, never a
-/// concurrency limit. What the script cannot compute exactly is refused when the layer is built:
-/// window periods that are not a whole number of microseconds (the resolution of `TIME`) or not
-/// shorter than 52 days, and sliding windows whose count × period exceeds 2^51 µs (about 26,000 a
-/// day) or whose count exceeds 2^41.
+/// limits, and stacks ([`Backend::check_all`]), run a second Lua script in every mode: one call
+/// that reads every limit's key, decides, and writes only if every limit admits, so a rejection by
+/// one limit of a stack consumes nothing in the others. It computes the functions of
+/// [`window`](crate::window) on the server's clock, so the memory backend and Redis agree. A GCRA
+/// limit in a stack uses the GCRA script's arithmetic and key, so it shares its state with the same
+/// limit checked alone. A stack's [`Penalty`](crate::policy::Penalty) is its first limit's. Stacks
+/// hold 1 to 16 limits, never a concurrency limit. What the script cannot compute exactly is refused
+/// when the layer is built: window periods that are not a whole number of microseconds (the
+/// resolution of `TIME`) or not shorter than 52 days, and sliding windows whose count × period
+/// exceeds 2^51 µs (about 26,000 a day) or whose count exceeds 2^41.
 ///
 /// The deny cache holds only the rejections that provably last until their retry time: a fixed
-/// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis, and a
-/// concurrency limit is never answered locally.
+/// window's, and a sliding log's for one unit. The others (and stacks) always reach Redis.
 ///
 /// # Metered limits
 ///
 /// A metered limit ([`Limit::with_max_debt`]) reserves an estimate at admission and settles the
-/// real cost after the response ([`Backend::settle`]). On Redis a settle is one atomic call of
-/// `settle.lua` on a task of its own (bounded by the timeout, never retried, as refunds are): a
-/// higher cost moves the TAT on by `delta × interval` from `max(TAT, now)`, at most
-/// [`max_debt`](Limit::max_debt) units past the burst, so the key may owe; a lower one gives back as
-/// a refund does. The TAT keeps redis-cell's format, so `CL.THROTTLE` refuses a key in debt until it
-/// is paid, and every script reads it as debt too: refused, `remaining` 0, and a retry time that is
-/// the time until it is paid (then a request passes). A stack with one quantity per limit ("1
-/// request and 500 tokens", [`Backend::check_each`]) is one `limits.lua` call. A settle forgets
-/// this process's cached rejection of the key (another process's may answer a refusal with its
-/// earlier retry time until then). Metered limits are GCRA limits without a leased budget. Their
-/// checks are coalesced into batches like the others; settles are not: one has no answer to wait
-/// for, and a stack's settle writes several keys, which a Cluster's per-key lanes cannot carry.
-///
-/// # On a Redis Cluster
-///
-/// Every command follows the Cluster's redirections (`ASK`, with `ASKING` pipelined with the
-/// command; `MOVED`; `TRYAGAIN`) within the timeout, so a slot migration under load costs no
-/// decision. A `ClusterClient` given to [`cluster_client`](RedisBackendBuilder::cluster_client)
-/// should be built with `.retries(0)`, as `cluster_urls` builds it: redis-rs's own retries send
-/// `ASKING` apart from the command, which fails under load. Commands on several keys (stacks,
-/// penalty boxes) wait while their slot migrates, as Redis Cluster refuses them (`TRYAGAIN`) while
-/// one of their keys is missing. Each primary has a circuit breaker of its own, picked by the key's
-/// slot in the backend's own slot map (read in the background): when a primary dies, decisions on
-/// its slots fail within the timeout, then at once (the failure policy answers, with no round trip)
-/// until it answers again or its replica takes over, and the other primaries' go on at their usual
-/// latency. [`health`](RedisBackend::health) lists each primary's state
-/// ([`RedisNodeHealth`]).
+/// real cost after the response ([`Backend::settle`]): one atomic call of `settle.lua` on a task of
+/// its own (bounded by the timeout, never retried, as refunds are). A higher cost moves the TAT on by
+/// `delta × interval` from `max(TAT, now)`, at most [`max_debt`](Limit::max_debt) units past the
+/// burst; a lower one gives back as a refund does. Every path reads a key in debt as refused,
+/// `remaining` 0, until it is paid. A stack with one quantity per limit ([`Backend::check_each`]) is
+/// one call. A settle forgets this process's cached rejection of the key. Metered limits are GCRA
+/// limits without a leased budget; their checks are coalesced, their settles are not (a stack's
+/// settle writes several keys, which a Cluster's per-key lanes cannot carry).
 ///
 /// # Key layout
 ///
@@ -174,38 +151,29 @@ pub use self::wire::mode::RedisMode;
 /// | penalty | `prefix:policy:{key}:strikes`, `…:ban` | counters | O(1) | `within`, `ban` |
 ///
 /// Members are `token:i`, with a token drawn per call (unique within a process, random across
-/// processes), so the units of one burst, all within one millisecond or one microsecond, stay
-/// distinct; rejected requests add none; units that left the window are trimmed at each admission.
+/// processes), so the units of one burst stay distinct; rejected requests add none; units that left
+/// the window are trimmed at each admission.
 ///
 /// # Concurrency leases
 ///
 /// An admitted request under a concurrency limit takes `quantity` slots, each a member scored by
 /// the end of its lease ([`Limit::with_lease`], 60 s by default); its
 /// [`Decision::lease`](crate::Decision::lease) is the token. While the request runs, its process
-/// renews the lease every third of its length, so a long download keeps its slot;
-/// [`Backend::release`] stops the renewal and removes the members (a `ZREM`, spawned on the current
-/// tokio runtime: it never blocks). Slots whose lease ended count no more, so those of a process
-/// that died (and stopped renewing) free themselves within one lease.
-/// A release is retried with backoff, past the circuit breaker, until Redis answers or the lease
-/// would have ended anyway; a check that times out or is dropped before its answer arrives gives
-/// back whatever it may have taken the same way. Whoever calls [`Backend::check`] directly must
-/// call `release` for every admitted concurrency decision: until then its lease is renewed (as long
-/// as the backend lives).
+/// renews the lease every third of its length; [`Backend::release`] stops the renewal and removes
+/// the members (a `ZREM` on a spawned task, retried with backoff past the breaker until Redis
+/// answers or the lease would have ended). The slots of a process that died free themselves within
+/// one lease. A check that times out or is dropped before its answer gives back what it may have
+/// taken the same way. Whoever calls [`Backend::check`] directly must call `release` for every
+/// admitted concurrency decision: until then its lease is renewed (as long as the backend lives).
 ///
 /// # Leased budgets for hot keys
 ///
-/// A GCRA limit with a [`Budget`](crate::policy::Budget) ([`Limit::with_budget`]) is decided locally while
-/// its key is hot: the process takes a slice of the key's budget in one atomic call (`budget.lua`,
-/// which grants as many units as fit, up to the slice asked, moving the TAT by one interval per
-/// unit as that many requests would) and admits from it until it runs out or its lease ends. A
-/// process never admits more than Redis granted it, so the processes together never admit more than
-/// the limit allows on Redis's timeline (when the units were granted; a unit may be used up to a
-/// lease later, so over a window `w` at most burst + rate × (`w` + lease) pass); units granted and unused when the lease ends are lost (at most one slice per key and
-/// process per lease). The slice asks for about the requests seen in the last lease, at most
-/// `max_slice` and the limit. Cold keys, and a hot key's requests while its slice is being fetched,
-/// are decided per request as without a budget. A [reset](Backend::reset) drops this process's
-/// slices of the key, and every other process that [hears it](Backend::reset) drops its own;
-/// a slice whose fetch started before a reset heard is not credited.
+/// A GCRA limit with a [`Budget`](crate::policy::Budget) ([`Limit::with_budget`]) is decided locally
+/// while its key is hot, from a slice of the key's budget taken in one atomic call (`budget.lua`,
+/// which moves the TAT as that many requests would). A process never admits more than Redis granted
+/// it; the bounds are [`Budget`](crate::policy::Budget)'s. A [reset](Backend::reset) drops the
+/// slices of the key in every process that [hears it](Backend::reset); a slice whose fetch started
+/// before a reset heard is not credited.
 ///
 /// ```no_run
 /// use tower_throttle::{key::PeerIp, redis::RedisBackend, Policy, Quota, ThrottleLayer};
@@ -247,6 +215,13 @@ impl RedisBackend {
 
     /// The default key prefix: `"throttle"`.
     pub const DEFAULT_PREFIX: &'static str = "throttle";
+
+    /// A backend on `state`, its watchers started (the memory and probes; a Cluster's slot map).
+    fn watched(state: Arc<RedisState>) -> Self {
+        watch::spawn(&state);
+        slot_watch::spawn(&state);
+        RedisBackend { state }
+    }
 
     /// A builder: where to connect, mode, prefix, timeout.
     pub fn builder() -> RedisBackendBuilder {
@@ -346,10 +321,12 @@ impl RedisBackend {
     pub async fn first_attempt(&self) -> Result<bool, BackendError> {
         let budget = server::attempt_budget(self.state.timeout) + Duration::from_millis(100);
         let conn = &self.state.conn;
-        let first = match (conn.server(), conn.lazy_cluster()) {
+        match (conn.server(), conn.lazy_cluster()) {
             (Some(server), _) => {
-                let connected = || server.connected();
-                server.attempts.first_attempt(budget, connected).await
+                server
+                    .attempts
+                    .first_attempt(budget, || server.connected())
+                    .await
             }
             (_, Some(lazy)) => {
                 lazy.attempts
@@ -357,8 +334,8 @@ impl RedisBackend {
                     .await
             }
             _ => Ok(true),
-        };
-        first.map_err(BackendError::new)
+        }
+        .map_err(BackendError::new)
     }
 
     /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.
@@ -408,10 +385,9 @@ impl RedisBackendBuilder {
     /// reached, or when `Cell` mode is asked of a server without the module. An application that
     /// must start while Redis is down uses [`build`](Self::build) instead.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
-        let state = self.validated()?.start_eagerly().await?;
-        watch::spawn(&state);
-        slot_watch::spawn(&state);
-        Ok(RedisBackend { state })
+        Ok(RedisBackend::watched(
+            self.validated()?.start_eagerly().await?,
+        ))
     }
 
     /// Checks the settings and returns at once, without connecting: the lazy start, for one server,
@@ -444,9 +420,7 @@ impl RedisBackendBuilder {
             .validated()
             .and_then(|v| v.start_lazily())
             .map_err(|e| BuildError::Invalid(e.to_string()))?;
-        watch::spawn(&state);
-        slot_watch::spawn(&state);
-        Ok(RedisBackend { state })
+        Ok(RedisBackend::watched(state))
     }
 }
 
@@ -462,7 +436,7 @@ impl Backend for RedisBackend {
     }
 
     fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
-        self.state.check_stack(limits, key, quantity)
+        self.state.check_stack(limits, key, quantity, None)
     }
 
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
@@ -525,7 +499,7 @@ impl Backend for RedisBackend {
                 let decided = self.state.check(limit, key, *quantity);
                 Box::pin(async move { decided.await.map(|decision| vec![decision]) })
             }
-            _ => self.state.check_stack_each(limits, key, quantities),
+            _ => self.state.check_stack(limits, key, 0, Some(quantities)),
         }
     }
 

@@ -1,27 +1,20 @@
 //! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
-//! publishes the keys it deleted on the channel `prefix:resets` (`PUBLISH`; on a Cluster
-//! `SPUBLISH`, sharded pub/sub, which only the node that owns the channel's slot carries instead
-//! of every node), a [reload](crate::Backend::reloaded) the names of the limits it
-//! changed, and every backend with the same prefix listens there and drops what it cached under
-//! them: deny-cache entries and budget slices (a reload changes no state in Redis, so the others
-//! do not reload anything; they only forget decisions made under the old quotas). The penalty box
-//! lives in Redis (`…:strikes`, `…:ban`, deleted by the reset itself); what a process remembers of
-//! a ban is its deny cache's entry.
+//! publishes the keys it deleted on `prefix:resets` (`PUBLISH`; on a Cluster `SPUBLISH`, sharded
+//! pub/sub, carried only by the node that owns the channel's slot), a [reload](crate::Backend::reloaded)
+//! the names of the limits it changed, and every backend with the same prefix drops what it cached
+//! under them: deny-cache entries and budget slices (a reload changes nothing in Redis). The penalty
+//! box lives in Redis (deleted by the reset itself); a process remembers a ban only in its deny cache.
 //!
-//! A process that was not listening when a message was published (its subscription dropped, Redis
-//! restarted) cannot know what it missed: each time the subscription is (re)made, it drops its
-//! whole deny cache and every slice, which only sends more decisions to Redis.
+//! A process that was not listening when a message was published cannot know what it missed: each
+//! time the subscription is (re)made, it drops its whole deny cache and every slice.
 //!
-//! The listener holds its own connection (pub/sub takes a connection whole): to the server the
-//! backend was given, or to the primary the sentinels name (asked again at every subscription).
-//! A primary demoted by a failover keeps hearing what is published on the new one (Redis
-//! replicates `PUBLISH` to replicas). On a Cluster it is a RESP3 Cluster connection of its own
-//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner after a failover or migration and
-//! subscribes again after a disconnection; each confirmation of a (new) subscription drops the
-//! caches as above. A user's connection manager or Cluster client/connection cannot lend a
-//! subscription (redis-rs subscribes on those only with RESP3 and a push sender set when they were
-//! built): such a backend listens through the client given to
-//! [`listen_with`](super::RedisBackendBuilder::listen_with), and otherwise only publishes.
+//! The listener holds its own connection (pub/sub takes one whole): to the server given, or to the
+//! primary the sentinels name (asked again at every subscription); a demoted primary still hears
+//! (Redis replicates `PUBLISH`). On a Cluster it is a RESP3 Cluster connection of its own
+//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner and subscribes again after a
+//! disconnection. A user's connection manager or Cluster client/connection cannot lend one (redis-rs
+//! subscribes on those only when built with RESP3 and a push sender): such a backend listens through
+//! [`listen_with`](super::RedisBackendBuilder::listen_with), or only publishes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -105,16 +98,69 @@ pub(super) enum Listen {
     Shard(Vec<ConnectionInfo>),
 }
 
+/// What a subscription hears: its confirmation (again after each reconnection, on a Cluster), or
+/// a message's payload.
+enum Heard {
+    Subscribed,
+    Message(Vec<u8>),
+}
+
+/// A subscription's events, polled by [`next`].
+type Hearing = Box<dyn FnMut(&mut Context<'_>) -> Poll<Option<Heard>> + Send>;
+
 impl Listen {
-    /// The server to subscribe on at attempt `turn`.
-    async fn client(&mut self, turn: usize) -> Option<Client> {
-        match self {
+    /// Subscribes to `channel` on the server of attempt `turn`, or on the Cluster.
+    async fn subscribe(&mut self, turn: usize, channel: &str) -> Result<Hearing, String> {
+        let client = match self {
+            Listen::Shard(seeds) => return subscribe_sharded(seeds, channel).await,
             Listen::Nodes(nodes) if nodes.is_empty() => None,
             Listen::Nodes(nodes) => Some(nodes[turn % nodes.len()].clone()),
             Listen::Sentinel(sentinel) => sentinel.async_get_client().await.ok(),
-            Listen::Shard(_) => None,
-        }
+        };
+        let client = client.ok_or("no server to listen on")?;
+        let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
+        pubsub.subscribe(channel).await.map_err(|e| e.to_string())?;
+        let mut messages = pubsub.into_on_message();
+        let mut confirmed = false;
+        Ok(Box::new(move |cx| {
+            if !std::mem::replace(&mut confirmed, true) {
+                return Poll::Ready(Some(Heard::Subscribed));
+            }
+            let message = Pin::new(&mut messages).poll_next(cx);
+            message.map(|m| m.map(|m| Heard::Message(m.get_payload_bytes().to_vec())))
+        }))
     }
+}
+
+/// Sharded pub/sub on a Cluster: one RESP3 Cluster connection whose pushes come here. The first
+/// `ssubscribe` push confirms the subscription, later ones a subscription made again (after a
+/// disconnection, or on the slot's new owner).
+async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<Hearing, String> {
+    let (sender, mut pushes) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+    let client = ClusterClientBuilder::new(seeds.to_vec())
+        .use_protocol(ProtocolVersion::RESP3)
+        .push_sender(sender)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    conn.ssubscribe(channel).await.map_err(|e| e.to_string())?;
+    Ok(Box::new(move |cx| loop {
+        // The connection is kept for as long as its pushes are read.
+        let _ = &conn;
+        let Some(push) = std::task::ready!(pushes.poll_recv(cx)) else {
+            return Poll::Ready(None);
+        };
+        match (push.kind, push.data.get(1)) {
+            (PushKind::SSubscribe, _) => return Poll::Ready(Some(Heard::Subscribed)),
+            (PushKind::SMessage, Some(Value::BulkString(payload))) => {
+                return Poll::Ready(Some(Heard::Message(payload.clone())))
+            }
+            _ => {}
+        }
+    }))
 }
 
 /// Reconnects back off from 50 ms to 1 s.
@@ -181,13 +227,8 @@ pub(super) fn spawn_listener(
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     let (done, first) = oneshot::channel();
     let mut first_attempt = FirstAttempt(Some(done));
-    match listen {
-        Listen::Nodes(ref nodes) if nodes.is_empty() => return None,
-        Listen::Shard(seeds) => {
-            runtime.spawn(listen_sharded(seeds, state, first_attempt));
-            return Some(first);
-        }
-        _ => {}
+    if matches!(listen, Listen::Nodes(ref nodes) if nodes.is_empty()) {
+        return None;
     }
     runtime.spawn(async move {
         let mut backoff = SUBSCRIBING;
@@ -195,30 +236,19 @@ pub(super) fn spawn_listener(
             let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
                 return;
             };
-            let subscribed = attempt(async {
-                let client = listen.client(turn).await.ok_or("no server to listen on")?;
-                let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
-                pubsub
-                    .subscribe(&channel)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(pubsub)
-            });
-            match subscribed.await {
-                Ok(pubsub) => {
+            match attempt(listen.subscribe(turn, &channel)).await {
+                Ok(mut hearing) => {
                     backoff = SUBSCRIBING;
-                    // Whatever was published while not subscribed is lost: forget everything.
-                    match state.upgrade() {
-                        Some(strong) => first_attempt.subscribed_on(&strong),
-                        None => return,
-                    }
-                    let mut messages = pubsub.into_on_message();
-                    let mut poll = |cx: &mut Context<'_>| Pin::new(&mut messages).poll_next(cx);
-                    while let Some(message) = next(&mut poll, &state).await {
+                    // Whatever was published while not subscribed is lost: each (new)
+                    // subscription forgets everything.
+                    while let Some(heard) = next(&mut hearing, &state).await {
                         let Some(strong) = state.upgrade() else {
                             return;
                         };
-                        forget(&strong, message.get_payload_bytes());
+                        match heard {
+                            Heard::Subscribed => first_attempt.subscribed_on(&strong),
+                            Heard::Message(payload) => forget(&strong, &payload),
+                        }
                     }
                     if state.strong_count() == 0 {
                         return;
@@ -230,61 +260,6 @@ pub(super) fn spawn_listener(
         }
     });
     Some(first)
-}
-
-/// Listens on a Cluster with sharded pub/sub: one RESP3 Cluster connection whose pushes come to
-/// this task. The first `ssubscribe` push confirms the subscription, later ones a subscription made
-/// again (after a disconnection, or on the slot's new owner): whatever was published meanwhile is
-/// lost, so each drops everything.
-async fn listen_sharded(
-    seeds: Vec<ConnectionInfo>,
-    state: Weak<RedisState>,
-    mut first_attempt: FirstAttempt,
-) {
-    let mut backoff = SUBSCRIBING;
-    loop {
-        let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
-            return;
-        };
-        let (sender, mut pushes) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
-        let client = ClusterClientBuilder::new(seeds.clone())
-            .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(sender)
-            .build();
-        let subscribed = attempt(async {
-            let client = client.map_err(|e| e.to_string())?;
-            let mut conn = client
-                .get_async_connection()
-                .await
-                .map_err(|e| e.to_string())?;
-            conn.ssubscribe(&channel).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>(conn)
-        });
-        match subscribed.await {
-            // The connection is kept for as long as its pushes are read.
-            Ok(_conn) => {
-                backoff = SUBSCRIBING;
-                let mut poll = |cx: &mut Context<'_>| pushes.poll_recv(cx);
-                while let Some(push) = next(&mut poll, &state).await {
-                    let Some(strong) = state.upgrade() else {
-                        return;
-                    };
-                    match (push.kind, push.data.get(1)) {
-                        (PushKind::SSubscribe, _) => first_attempt.subscribed_on(&strong),
-                        (PushKind::SMessage, Some(Value::BulkString(payload))) => {
-                            forget(&strong, payload)
-                        }
-                        _ => {}
-                    }
-                }
-                if state.strong_count() == 0 {
-                    return;
-                }
-            }
-            Err(why) => first_attempt.failed(&why),
-        }
-        tokio::time::sleep(backoff.wait()).await;
-    }
 }
 
 /// The next message, or `None` when the subscription ends or the backend is gone (looked at every
@@ -317,9 +292,14 @@ fn forget(state: &RedisState, payload: &[u8]) {
     if payload.starts_with(RELOAD) {
         lines.next();
         forget_limits(state, lines);
-        return;
+    } else {
+        forget_keys(state, lines);
     }
-    for key in lines {
+}
+
+/// Drops the keys a reset deleted from this process's budget slices and deny cache.
+pub(super) fn forget_keys<'a>(state: &RedisState, keys: impl Iterator<Item = &'a str>) {
+    for key in keys {
         state.budgets.forget(key);
         if let Some(deny) = &state.deny {
             deny.forget(key);

@@ -17,7 +17,6 @@ use super::lazy_cluster::LazyCluster;
 use super::reconnect::{connect_with_backoff, Attempt};
 use super::server::{attempt_budget, configuration_error, AttemptError};
 use super::set_up::{in_service, set_up, Fresh};
-use crate::backend::redis::health::attempts::Misconfigured;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
 use crate::error::BackendError;
@@ -67,7 +66,7 @@ fn attempt_cluster(
             let mut fresh = RedisConnection::Cluster(conn.clone(), None);
             set_up(Fresh::Other(&mut fresh), &state)
                 .await
-                .map_err(|e| failure(e.describe(&lazy.target)))?;
+                .map_err(|e| AttemptError::described(e.describe(&lazy.target)))?;
             Ok(conn)
         };
         match tokio::time::timeout(budget, attempt).await {
@@ -81,21 +80,12 @@ fn attempt_cluster(
     })
 }
 
-/// An attempt's failure: the message, and whether it is a configuration error.
-fn failure((message, misconfigured): (String, bool)) -> AttemptError {
-    if misconfigured {
-        AttemptError::misconfigured(Misconfigured::Fatal, message)
-    } else {
-        BackendError::new(message).into()
-    }
-}
-
 /// A connection to the Cluster once it has formed. The slot map of a connection made before the
 /// slots were assigned is empty, so the connection that goes into service is a second one, made
 /// after `CLUSTER INFO` said `cluster_state:ok`.
 async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnection, AttemptError> {
     let failed = |doing: &str, e: RedisError| {
-        failure(match configuration_error(&e, target, doing) {
+        AttemptError::described(match configuration_error(&e, target, doing) {
             Some(message) => (message, true),
             None => (
                 format!("cannot {doing} the Redis Cluster ({target}): {e}"),
@@ -113,7 +103,7 @@ async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnectio
         .await
         .map_err(|e| failed("ask", e))?;
     if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
-        return Err(failure((
+        return Err(AttemptError::described((
             format!(
                 "the Redis Cluster ({target}) has not formed yet (CLUSTER INFO does not say cluster_state:ok)"
             ),

@@ -3,25 +3,21 @@
 //! decisions the failure policy, at once, and nothing else.
 //!
 //! Why our own map beside redis-rs's: redis-rs 1.8.1 sends a request for a slot whose primary has
-//! no connection (a dead primary) to a random connected node (`get_random_connection`,
+//! no connection to a random connected node (`get_random_connection`,
 //! src/cluster_handling/async_connection/mod.rs:922; its fallback within the shard serves replica
-//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary;
-//! each `MOVED` starts a slot refresh, which holds the connection map's write lock while it runs
+//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary; each
+//! `MOVED` starts a slot refresh that holds the connection map's write lock while it runs
 //! (`refresh_slots`, src/cluster_handling/async_connection/mod.rs:983: `CLUSTER SLOTS`, a `PING` on
-//! every node's connection, a new connection to the dead one, up to the connection timeout), so
-//! the whole Cluster connection sends nothing: every other key waits too (measured: 5 ms to 20 ms
-//! p99 for the healthy primaries' keys). This map can go once redis-rs fails a dead primary's
-//! slots fast and refreshes its slot map without stopping the other nodes' requests. With a breaker per node, a dead primary's slots fail fast instead of
-//! reaching redis-rs. The map is refreshed by a background task (slot_watch.rs), never on the
-//! request path: every second, and every 100 ms while a node's breaker is not closed, or soon after
-//! a node failed.
+//! every node, a new connection to the dead one, up to the connection timeout), so every other key
+//! waits too (measured: 5 ms to 20 ms p99 for the healthy primaries' keys). This map can go once
+//! redis-rs fails a dead primary's slots fast and refreshes its map without stopping the others.
+//! The map is refreshed in the background (slot_watch.rs), never on the request path.
 //!
-//! Probes: with seed URLs (`cluster_urls`), the task probes an open node on a connection of its own
-//! (`PING`, the seed URL's TLS and credentials with the node's host and port), so no request for the
-//! dead slots reaches redis-rs, whose slot refresh would dial the dead node (up to the connection
-//! timeout on a network that drops packets) while every other request waits. With a `ClusterClient`
-//! or `ClusterConnection` of the user's, whose settings the backend cannot read, one request probes,
-//! as on one server.
+//! Probes: with seed URLs (`cluster_urls`) the task probes an open node on a connection of its own
+//! (`PING`, the seed URL's TLS and credentials with the node's address), so no request for the dead
+//! slots reaches redis-rs, whose refresh would dial the dead node while every other request waits.
+//! With a `ClusterClient` or `ClusterConnection` of the user's, whose settings the backend cannot
+//! read, one request probes, as on one server.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,6 +58,12 @@ impl Node {
     /// primary's replica, which says nothing of the primary.
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
         self.tried_again.load(Ordering::Relaxed) >= started
+    }
+
+    /// A call met `error` on the node now.
+    fn met(&self, error: &dyn std::fmt::Display) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((error.to_string(), SystemTime::now()));
     }
 }
 
@@ -171,8 +173,7 @@ impl ClusterNodes {
     /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
     /// the breaker (says so once), or keeps it open longer after a failed probe.
     pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
-        *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((error.to_string(), SystemTime::now()));
+        node.met(error);
         if node.circuit.failed(was_probe) {
             tracing::warn!(
                 node = %node.address,
@@ -196,9 +197,7 @@ impl ClusterNodes {
         error: &dyn std::fmt::Display,
     ) {
         if !was_probe && node.circuit.answered_since(started) {
-            *node.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some((error.to_string(), SystemTime::now()));
-            return;
+            return node.met(error);
         }
         self.failed(node, was_probe, error);
     }
@@ -221,12 +220,6 @@ impl ClusterNodes {
             node.tried_again
                 .fetch_max(node.circuit.now_ms(), Ordering::Relaxed);
         }
-    }
-
-    /// Whether some node's breaker is not closed.
-    pub(crate) fn any_tripped(&self) -> bool {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        map.nodes.iter().any(|(n, _)| n.circuit.tripped())
     }
 
     /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
@@ -420,7 +413,6 @@ mod tests {
         );
         let node = nodes.for_key("foo").unwrap();
         nodes.failed(&node, false, &"connection refused");
-        assert!(nodes.any_tripped());
         assert_eq!(nodes.tripped().len(), 1);
         // Without seed URLs, one request probes once the wait is over; with them, none.
         assert!(matches!(nodes.admit(&node), Admission::FailFast));

@@ -16,7 +16,7 @@ use super::cluster_nodes::ClusterNodes;
 use super::lazy_cluster::LazyCluster;
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::backend::redis::health::breaker::Breaker;
-use crate::backend::redis::wire::mode::{RedisMode, CELL, LUA, UNKNOWN};
+use crate::backend::redis::wire::mode::{path_of, RedisMode, CELL, LUA, UNKNOWN};
 use crate::error::{redact_url, BackendError};
 
 /// What the builder was given to reach Redis (Sentinel aside: always one server, a [`Source`]).
@@ -142,9 +142,22 @@ impl RedisConnection {
 
     /// `"single"` or `"cluster"`.
     pub(crate) fn topology(&self) -> &'static str {
+        if self.is_cluster() {
+            "cluster"
+        } else {
+            "single"
+        }
+    }
+
+    /// A handle on the Cluster's connection (`None` on one server); an error for a Cluster started
+    /// by `build` that is not connected yet.
+    pub(crate) fn cluster(&self) -> Option<Result<ClusterConnection, RedisError>> {
         match self {
-            RedisConnection::Single(_) | RedisConnection::Server(_) => "single",
-            RedisConnection::Cluster(..) | RedisConnection::LazyCluster(_) => "cluster",
+            RedisConnection::Cluster(cluster, _) => Some(Ok(cluster.clone())),
+            RedisConnection::LazyCluster(lazy) => {
+                Some(lazy.get().ok_or_else(|| lazy.not_connected()))
+            }
+            _ => None,
         }
     }
 
@@ -229,28 +242,22 @@ async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, Backe
         .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
 }
 
-/// Whether `CL.THROTTLE` exists on this one server.
-pub(crate) async fn cell_loaded_on<C: ConnectionLike>(conn: &mut C) -> Result<bool, RedisError> {
+/// Whether `CL.THROTTLE` exists on this one server (`cluster`: `None`), or on every primary of
+/// `cluster`.
+pub(crate) async fn cell_loaded<C: ConnectionLike>(
+    conn: &mut C,
+    cluster: Option<Result<ClusterConnection, RedisError>>,
+) -> Result<bool, RedisError> {
     let mut cmd = redis::cmd("COMMAND");
     cmd.arg("INFO").arg("CL.THROTTLE");
-    let reply = conn.req_packed_command(&cmd).await?;
-    Ok(
-        matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| !matches!(e, Value::Nil))),
-    )
-}
-
-/// Whether `CL.THROTTLE` exists (on every primary, for a Cluster).
-pub(crate) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, RedisError> {
-    let mut cmd = redis::cmd("COMMAND");
-    cmd.arg("INFO").arg("CL.THROTTLE");
-    let reply = match conn {
-        RedisConnection::Single(manager) => manager.req_packed_command(&cmd).await?,
-        RedisConnection::Server(server) => server.command(&cmd).await?,
-        RedisConnection::Cluster(cluster, _) => on_all_primaries(cluster, cmd).await?,
-        RedisConnection::LazyCluster(lazy) => match lazy.get() {
-            Some(mut cluster) => on_all_primaries(&mut cluster, cmd).await?,
-            None => return Err(lazy.not_connected()),
-        },
+    let reply = match cluster {
+        // The primaries' replies in one array.
+        Some(cluster) => {
+            let all = MultipleNodeRoutingInfo::AllMasters;
+            let routing = RoutingInfo::MultiNode((all, Some(ResponsePolicy::CombineArrays)));
+            cluster?.route_command(cmd, routing).await?
+        }
+        None => conn.req_packed_command(&cmd).await?,
     };
     // One entry per server asked: the command's description, or nil where it is unknown.
     Ok(match reply {
@@ -261,20 +268,16 @@ pub(crate) async fn cell_loaded(conn: &mut RedisConnection) -> Result<bool, Redi
     })
 }
 
-/// `cmd` on every primary of the Cluster, the replies in one array.
-async fn on_all_primaries(cluster: &mut ClusterConnection, cmd: Cmd) -> Result<Value, RedisError> {
-    let routing = RoutingInfo::MultiNode((
-        MultipleNodeRoutingInfo::AllMasters,
-        Some(ResponsePolicy::CombineArrays),
-    ));
-    cluster.route_command(cmd, routing).await
-}
-
 /// Whether Redis refused a command it does not know (`CL.THROTTLE` once the module is gone).
 pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
     e.code() == Some("ERR")
         && e.detail()
             .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
+}
+
+/// A reply that is not what the call sends for (a script's reply of the wrong length...).
+pub(crate) fn unexpected(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
 }
 
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
@@ -329,11 +332,7 @@ impl Detector {
     pub(crate) fn active_path(&self) -> Option<RedisMode> {
         match self.mode {
             RedisMode::Auto if self.lua_first => Some(RedisMode::Lua),
-            RedisMode::Auto => match self.active.load(Ordering::Relaxed) {
-                CELL => Some(RedisMode::Cell),
-                LUA => Some(RedisMode::Lua),
-                _ => None,
-            },
+            RedisMode::Auto => path_of(self.active.load(Ordering::Relaxed)),
             fixed => Some(fixed),
         }
     }
@@ -384,19 +383,17 @@ impl Detector {
             // leaves it for the next one.
             // Boxed: detection is rare (every 30 s), and its command's future would otherwise be
             // part of every check's future, which is moved as it starts.
-            match Box::pin(cell_loaded(conn)).await {
+            let cluster = conn.cluster();
+            match Box::pin(cell_loaded(conn, cluster)).await {
                 Ok(loaded) => {
-                    let path = if loaded { CELL } else { LUA };
+                    let (path, found, using) = match loaded {
+                        true => (CELL, "found", "CL.THROTTLE"),
+                        false => (LUA, "gone", "the Lua script"),
+                    };
                     if known != UNKNOWN && known != path {
                         tracing::info!(
                             cell = loaded,
-                            "redis-cell module {}; rate-limit decisions use {}",
-                            if loaded { "found" } else { "gone" },
-                            if loaded {
-                                "CL.THROTTLE"
-                            } else {
-                                "the Lua script"
-                            }
+                            "redis-cell module {found}; rate-limit decisions use {using}"
                         );
                     }
                     self.active.store(path, Ordering::Relaxed);

@@ -71,10 +71,7 @@ async fn establish(
     }
     set_up(Fresh::Server(&mut conn), state)
         .await
-        .map_err(|e| match e.describe(&address) {
-            (message, true) => AttemptError::misconfigured(Misconfigured::Fatal, message),
-            (message, false) => BackendError::new(message).into(),
-        })?;
+        .map_err(|e| AttemptError::described(e.describe(&address)))?;
     server.install(conn, address.clone());
     in_service(state);
     Ok(address)
@@ -225,34 +222,35 @@ pub(crate) async fn connect_with_backoff<S, T>(
     let mut replica_since: Option<Instant> = None;
     loop {
         let strong = state.upgrade()?;
-        let result = attempt(subject, strong.clone()).await;
-        // A connection is recorded as it is put in service.
-        if let Err(e) = &result {
-            record.failed(e.error.to_string(), e.misconfigured.clone());
-        }
-        attempts += 1;
-        match result {
+        let (error, misconfigured) = match attempt(subject, strong.clone()).await {
             Ok(connected) => {
                 *first = false;
-                return Some((connected, attempts));
+                return Some((connected, attempts + 1));
             }
             Err(AttemptError {
                 error,
-                misconfigured: Some(wrong),
-            }) if !matches!(wrong, Misconfigured::Replica(_))
-                || replica_since.get_or_insert_with(Instant::now).elapsed() >= REPLICA_GRACE =>
+                misconfigured,
+            }) => (error.to_string(), misconfigured),
+        };
+        // A connection is recorded as it is put in service.
+        record.failed(error.clone(), misconfigured.clone());
+        attempts += 1;
+        let first_failure = std::mem::take(first);
+        if first_failure {
+            strong.breaker.recorder.disconnected();
+        }
+        match misconfigured {
+            Some(wrong)
+                if !matches!(wrong, Misconfigured::Replica(_))
+                    || replica_since.get_or_insert_with(Instant::now).elapsed()
+                        >= REPLICA_GRACE =>
             {
                 // Redis answered and refused: not an outage. Said once at error level (again if
                 // it changes), and retried slowly, as someone may fix it (or promote the replica).
-                let text = error.to_string();
-                if *first {
-                    *first = false;
-                    strong.breaker.recorder.disconnected();
-                }
                 if said_misconfigured.as_ref() != Some(&wrong) {
                     tracing::error!(
                         redis = %target,
-                        error = %text,
+                        %error,
                         "Redis refused the limiter's configuration; requests follow the failure policy until it is fixed (retrying every {}s)",
                         MISCONFIGURED_BACKOFF.as_secs()
                     );
@@ -263,29 +261,23 @@ pub(crate) async fn connect_with_backoff<S, T>(
                 tokio::time::sleep(MISCONFIGURED_BACKOFF).await;
                 continue;
             }
-            Err(AttemptError {
-                error,
-                misconfigured,
-            }) => {
+            misconfigured => {
                 // A replica during a failover's first seconds: retried at the usual pace.
                 if misconfigured.is_none() {
                     replica_since = None;
                 }
                 said_misconfigured = None;
-                let text = error.to_string();
-                if *first {
-                    *first = false;
-                    strong.breaker.recorder.disconnected();
+                if first_failure {
                     tracing::warn!(
                         redis = %target,
-                        error = %text,
+                        %error,
                         "Redis is not reachable yet; requests follow the failure policy until it answers (connecting in the background)"
                     );
                 } else if last_said.elapsed() >= STILL_DOWN_EVERY {
                     last_said = Instant::now();
                     tracing::warn!(
                         redis = %target,
-                        error = %text,
+                        %error,
                         down_s = down_since.elapsed().as_secs(),
                         attempts,
                         "Redis is still unreachable"

@@ -1,29 +1,21 @@
 //! A Redis Cluster's redirections (`ASK`, `MOVED`, `TRYAGAIN`), followed at the call site for every
-//! command the backend sends: scripts, `CL.THROTTLE`, lease renewals and releases, offender counts,
-//! access-list reads.
+//! command the backend sends (scripts, `CL.THROTTLE`, leases, offender counts, access lists):
+//! `ASKING` and the command as one pipeline, written at once so that nothing comes between them;
+//! `MOVED` resent once redis-rs has refreshed its slot map; `TRYAGAIN` after a short wait. The
+//! Cluster client is built with `retries(0)` (connection.rs), so redirections reach this code first.
 //!
 //! Why not redis-rs's own retries: redis-rs 1.8.1 answers `ASK` by sending `ASKING` on the target's
-//! shared (multiplexed) connection as a request of its own, awaiting its reply, and only then
-//! sending the command (`get_redirected_connection`,
-//! src/cluster_handling/async_connection/mod.rs:943). Under
-//! load other requests' commands slip in between: one of them consumes the `ASKING` flag, the
-//! redirected command reaches the importing node without it, gets `MOVED` back to the migrating
-//! node, which answers `ASK` again... Each `MOVED` also starts a slot refresh (a warning each, and
-//! every request of the connection waits for the refresh), and the ping-pong ends when the 16
-//! retries are spent: an `Ask` error. Measured before this module: 9 to 13 % of a migrating key's
-//! decisions failed, with thousands of warnings a second.
-//!
-//! This module can go once redis-rs pipelines `ASKING` with the redirected command.
-//!
-//! Here `ASKING` and the command travel as one pipeline, written at once on the connection, so
-//! nothing can come between them; `MOVED` is resent once redis-rs has refreshed its slot map;
-//! `TRYAGAIN` after a short wait. The Cluster client is built with `retries(0)` (see
-//! `connection.rs`), so redirections reach this code on the first reply.
+//! shared connection as a request of its own, awaiting its reply, and only then the command
+//! (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943). Under load
+//! another request's command slips in between and consumes the `ASKING` flag; the command gets
+//! `MOVED` back, then `ASK` again... each `MOVED` starting a slot refresh (a warning each, every
+//! request waiting for it) until the 16 retries are spent. Measured before this module: 9 to 13 % of
+//! a migrating key's decisions failed, with thousands of warnings a second. This module can go once
+//! redis-rs pipelines `ASKING` with the redirected command.
 //!
 //! What Redis Cluster itself refuses stays refused: a command on several keys while its slot
-//! migrates and one of the keys is missing on the node asked (`TRYAGAIN` until the slot has moved),
-//! and `ASK` to a node the client does not know yet (a new node receiving its first slot: redis-rs
-//! connects to it at the first slot refresh that lists it).
+//! migrates and one of them is missing on the node asked (`TRYAGAIN` until the slot has moved), and
+//! `ASK` to a node the client does not know yet (redis-rs learns of it at its next slot refresh).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +27,7 @@ use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorK
 
 use super::backoff::Backoff;
 use super::cluster_nodes::ClusterNodes;
-use super::connection::RedisConnection;
+use super::connection::{unexpected, RedisConnection};
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
@@ -97,13 +89,23 @@ impl<'a> Redirecting<'a> {
     }
 }
 
+impl Via<'_> {
+    /// The Cluster connection whose redirections are followed, or the connection as it is.
+    fn get(&mut self) -> Result<&mut ClusterConnection, &mut RedisConnection> {
+        match self {
+            Via::Cluster(cluster) => Ok(cluster),
+            Via::Owned(cluster) => Ok(cluster),
+            Via::Backend(other) => Err(other),
+        }
+    }
+}
+
 impl ConnectionLike for Redirecting<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let nodes = self.nodes.as_deref();
-        match &mut self.conn {
-            Via::Cluster(cluster) => Box::pin(command(cluster, nodes, cmd)),
-            Via::Owned(cluster) => Box::pin(command(cluster, nodes, cmd)),
-            Via::Backend(other) => other.req_packed_command(cmd),
+        match self.conn.get() {
+            Ok(cluster) => Box::pin(command(cluster, nodes, cmd)),
+            Err(other) => other.req_packed_command(cmd),
         }
     }
 
@@ -114,10 +116,9 @@ impl ConnectionLike for Redirecting<'_> {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let nodes = self.nodes.as_deref();
-        match &mut self.conn {
-            Via::Cluster(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
-            Via::Owned(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
-            Via::Backend(other) => other.req_packed_commands(pipeline, offset, count),
+        match self.conn.get() {
+            Ok(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
+            Err(other) => other.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -163,7 +164,12 @@ async fn command(
             {
                 redirects += 1;
                 last_moved = Some((host, port));
-                moved(cluster, cmd).await
+                // By the slot map, not by the address named: the `MOVED` reply made redis-rs
+                // refresh its map, and it sends nothing until the refresh is done, so the command
+                // goes to the new owner. redis-rs treats an address it has no connection to (a
+                // dead primary that the other nodes still name) as a lost topology and reconnects
+                // to every node.
+                cluster.req_packed_command(cmd).await
             }
             Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
                 // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
@@ -272,19 +278,10 @@ async fn asking(
     let mut values = cluster.route_pipeline(pipe, 0, 2, route).await?;
     match values.pop() {
         Some(value) if values.len() == 1 => Ok(value),
-        _ => Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
+        _ => Err(unexpected(
             "ASKING and a redirected command returned a reply of the wrong length",
-        ))),
+        )),
     }
-}
-
-/// `MOVED`: the command again, by the slot map. The `MOVED` reply made redis-rs refresh its slot
-/// map, and it sends nothing until the refresh is done, so the command goes to the new owner. Not
-/// by the address named: redis-rs treats an address it has no connection to (a dead primary that
-/// the other nodes still name) as a lost topology and reconnects to every node.
-async fn moved(cluster: &mut ClusterConnection, cmd: &Cmd) -> Result<Value, RedisError> {
-    cluster.req_packed_command(cmd).await
 }
 
 /// What a reply asks of the client.

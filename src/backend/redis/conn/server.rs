@@ -2,20 +2,18 @@
 //! [`SingleServer`], and where it finds the server ([`Source`]).
 //!
 //! Why not redis-rs 1.8.1's `ConnectionManager`: it reconnects only after an error redis-rs counts
-//! as unrecoverable (an I/O error, a dropped connection: `reconnect_if_dropped!`,
-//! src/aio/connection_manager.rs:404, by `RedisError::is_unrecoverable_error`,
-//! src/errors/redis_error.rs:393). It does resolve the host again then (its `Client` connects
-//! anew, src/aio/connection_manager.rs:623, looking the host up at every connect,
-//! src/aio/mod.rs:333), but a managed Redis or Sentinel fails over by demoting the primary: the old
-//! connection stays open and every write answers `READONLY`, which is not such an error, forever.
-//! And a `Client` from Sentinel (`SentinelClient::async_get_client`, src/sentinel.rs:1356) names
-//! the primary found once: nothing asks the sentinels again. This module can go once redis-rs'
-//! manager drops its connection on `READONLY`, `MASTERDOWN` and `LOADING` and can ask Sentinel at
-//! each reconnect. Here the connection is dropped on `READONLY`,
-//! `MASTERDOWN`, `LOADING`, I/O errors and timeouts, and made again by the background task of
-//! `reconnect.rs`, which resolves the address again (DNS, or the sentinels), checks that the server
-//! is a primary, loads the script and detects the path before any decision uses it. While there is
-//! no connection, calls fail at once, so the layer's failure policy answers without waiting.
+//! as unrecoverable (`reconnect_if_dropped!`, src/aio/connection_manager.rs:404, by
+//! `RedisError::is_unrecoverable_error`, src/errors/redis_error.rs:393; it does resolve the host
+//! again then, src/aio/connection_manager.rs:623 and src/aio/mod.rs:333). A managed Redis or
+//! Sentinel fails over by demoting the primary: the old connection stays open and every write
+//! answers `READONLY`, which is not such an error, forever. And a `Client` from Sentinel
+//! (`SentinelClient::async_get_client`, src/sentinel.rs:1356) names the primary found once. This
+//! module can go once redis-rs' manager drops its connection on `READONLY`, `MASTERDOWN` and
+//! `LOADING` and can ask Sentinel at each reconnect.
+//!
+//! Here those, I/O errors and stalls drop the connection, and the task of `reconnect.rs` makes it
+//! again (resolving the address, checking the role, loading the script, detecting the path) before
+//! any decision uses it. Meanwhile calls fail at once, so the failure policy answers at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
@@ -155,6 +153,17 @@ impl AttemptError {
         AttemptError {
             error: BackendError::new(message.clone()),
             misconfigured: Some(kind(message)),
+        }
+    }
+
+    /// A failure as [`SetUpError::describe`] says it: the message, and whether it is a
+    /// configuration error.
+    ///
+    /// [`SetUpError::describe`]: super::set_up::SetUpError::describe
+    pub(crate) fn described((message, misconfigured): (String, bool)) -> Self {
+        match misconfigured {
+            true => Self::misconfigured(Misconfigured::Fatal, message),
+            false => BackendError::new(message).into(),
         }
     }
 }

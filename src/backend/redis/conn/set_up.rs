@@ -8,7 +8,7 @@
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;
 
-use super::connection::{cell_loaded, cell_loaded_on, RedisConnection};
+use super::connection::{cell_loaded, RedisConnection};
 use super::server::configuration_error;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::RedisMode;
@@ -69,8 +69,11 @@ pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), Se
     let mut conn = conn;
     let loaded = match (mode, &mut conn) {
         (RedisMode::Lua, _) => None,
-        (_, Fresh::Server(c)) => Some(cell_loaded_on(&mut **c).await),
-        (_, Fresh::Other(c)) => Some(cell_loaded(c).await),
+        (_, Fresh::Server(c)) => Some(cell_loaded(&mut **c, None).await),
+        (_, Fresh::Other(c)) => {
+            let cluster = c.cluster();
+            Some(cell_loaded(&mut **c, cluster).await)
+        }
     }
     .transpose()
     .map_err(|e| SetUpError::Redis(detect, e))?;

@@ -21,7 +21,6 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError};
 
 use super::cluster_nodes::{parse_slots, ClusterNodes};
-use super::connection::RedisConnection;
 use super::server::attempt_budget;
 use crate::backend::redis::state::RedisState;
 
@@ -51,12 +50,13 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
                 let Some(nodes) = state.breaker.nodes.clone() else {
                     return;
                 };
-                let read = match cluster(&state.conn) {
-                    Some(conn) => refresh(conn, &state).await,
-                    None => false,
+                // A Cluster started by `build` has no connection at first.
+                let read = match state.conn.cluster() {
+                    Some(Ok(conn)) => refresh(conn, &state).await,
+                    _ => false,
                 };
                 probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
-                if !read || woken || nodes.any_tripped() {
+                if !read || woken || !nodes.tripped().is_empty() {
                     WHILE_TRIPPED
                 } else {
                     EVERY
@@ -76,15 +76,6 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
             }
         }
     });
-}
-
-/// The Cluster connection, once there is one (a lazily started Cluster has none at first).
-fn cluster(conn: &RedisConnection) -> Option<ClusterConnection> {
-    match conn {
-        RedisConnection::Cluster(cluster, _) => Some(cluster.clone()),
-        RedisConnection::LazyCluster(lazy) => lazy.get(),
-        _ => None,
-    }
 }
 
 /// Reads the slot map and installs it; whether it was read.

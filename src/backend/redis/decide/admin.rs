@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use redis::Script;
 
+use super::check::failed;
 use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::backend::redis::health::breaker::guarded;
 use crate::backend::redis::resets;
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::Spec;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -35,9 +35,9 @@ static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
 /// read wrong, without a test failing.
 const PRELUDE: &str = r#"
 -- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
--- KEYS   the N limits' state keys, then the first limit's ban key if ARGV[2] is 1.
--- ARGV   N, whether a ban key follows, then four per limit as limits.lua takes them, then
---        optionally the N ceilings (metered limits).
+-- KEYS   the N limits' state keys, then the first limit's ban key if it has one.
+-- ARGV   limits.lua's own, without its optional quantities; the peek sets the quantity, and no
+--        penalty (nothing is struck).
 -- Returns {ban PTTL (ms; < 0: none), then per limit limits.lua's five values for a quantity of 0,
 --          then per limit the five for a quantity of 1}.
 local real_redis = redis
@@ -63,24 +63,14 @@ local function decide_all(KEYS, ARGV)
 const EPILOGUE: &str = r#"
 end
 local n = tonumber(ARGV[1])
-local state_keys = {}
-for i = 1, n do
-  state_keys[i] = KEYS[i]
-end
-local function argv(q)
-  -- N, quantity, token, no penalty (nothing is struck), then the limits.
-  local a = {ARGV[1], q, '0', '0', '0', '0'}
-  for i = 3, #ARGV do
-    a[#a + 1] = ARGV[i]
-  end
-  return a
-end
 local out = {-2}
-if ARGV[2] == '1' then
+if #KEYS > n then
   out[1] = real_redis.call('PTTL', KEYS[n + 1])
 end
 for _, q in ipairs({'0', '1'}) do
-  local r = decide_all(state_keys, argv(q))
+  local argv = {unpack(ARGV)}
+  argv[2], argv[4] = q, '0'
+  local r = decide_all({unpack(KEYS, 1, n)}, argv)
   for i = 2, #r do
     out[#out + 1] = r[i]
   end
@@ -99,44 +89,25 @@ impl RedisState {
     /// [`Backend::peek`](crate::Backend::peek): one read-only script call.
     pub(crate) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
         if limits.is_empty() {
-            return Box::pin(std::future::ready(Err(BackendError::new(
-                "peek needs at least one limit",
-            ))));
+            return failed("peek needs at least one limit");
         }
-        let mut specs = Vec::with_capacity(limits.len());
-        for limit in limits {
-            match Spec::of(limit, self.state_key(limit, key)) {
-                Ok(spec) => specs.push(spec.on_clock_of(limit, key)),
-                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
-            }
-        }
-        let ban_key = limits[0]
-            .penalty()
-            .map(|_| format!("{}:ban", self.redis_key(limits[0].name(), key)));
+        let call = match self.limits_call(limits, key, 0, None, 0) {
+            Ok(call) => call,
+            Err(why) => return failed(why),
+        };
+        let ban_key = call.penalty.as_ref().map(|(_, base)| format!("{base}:ban"));
+        let slot_key = call.first_key().to_owned();
         let mut conn = self.conn.clone();
-        let slot_key = specs[0].key.clone();
         let call = async move {
             let mut invocation = PEEK.prepare_invoke();
-            for spec in &specs {
+            for spec in &call.specs {
                 invocation.key(&spec.key);
             }
             if let Some(ban_key) = &ban_key {
                 invocation.key(ban_key);
             }
-            invocation.arg(specs.len()).arg(u8::from(ban_key.is_some()));
-            for spec in &specs {
-                invocation
-                    .arg(spec.kind)
-                    .arg(spec.limit)
-                    .arg(spec.a)
-                    .arg(spec.b);
-            }
-            // A metered key's debt is shown as debt: remaining 0, until paid back.
-            if specs.iter().any(Spec::is_metered) {
-                for spec in &specs {
-                    invocation.arg(spec.ceiling);
-                }
-            }
+            // A metered key's debt is shown as debt (the ceilings): remaining 0, until paid back.
+            invocation.arg(&call.args()[..]);
             invocation
                 .invoke_async::<Vec<i64>>(&mut conn.redirecting())
                 .await
@@ -166,9 +137,7 @@ impl RedisState {
     /// [`Backend::reset`](crate::Backend::reset): one `DEL`, and this process's deny cache.
     pub(crate) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
         let Some(first) = limits.first() else {
-            return Box::pin(std::future::ready(Err(BackendError::new(
-                "reset needs at least one limit",
-            ))));
+            return failed("reset needs at least one limit");
         };
         let state_keys: Vec<String> = limits.iter().map(|l| self.state_key(l, key)).collect();
         let base = self.redis_key(first.name(), key);
@@ -185,16 +154,9 @@ impl RedisState {
         let state = self.clone();
         Box::pin(async move {
             deleted.await?;
-            // This process's slices were granted by the state just deleted.
-            for state_key in &state_keys {
-                state.budgets.forget(state_key);
-            }
-            // After Redis forgot it: a rejection cached meanwhile would otherwise outlive the reset.
-            if let Some(deny) = &state.deny {
-                for state_key in &state_keys {
-                    deny.forget(state_key);
-                }
-            }
+            // This process's slices were granted by the state just deleted; its rejections are
+            // forgotten after Redis forgot the key: one cached meanwhile would outlive the reset.
+            resets::forget_keys(&state, state_keys.iter().map(String::as_str));
             let mut conn = state.conn.clone();
             let publish = resets::publish(&mut conn, &state.prefix, &state_keys);
             let _ = tokio::time::timeout(state.timeout, publish).await;

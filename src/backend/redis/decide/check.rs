@@ -15,7 +15,7 @@ use super::deny::Rejection;
 use crate::backend::api::StackFuture;
 use crate::backend::redis::conn::connection::is_unknown_command;
 use crate::backend::redis::health::breaker::{guarded, guarded_on};
-use crate::backend::redis::speedup::budget::{Fetching, Gcra, Local};
+use crate::backend::redis::speedup::budget::{Fetching, Local};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::args::{stack_error, Args, Spec};
 use crate::backend::redis::wire::limits_call::LimitsCall;
@@ -29,6 +29,13 @@ use crate::limit::{Algorithm, Limit};
 
 /// The future of [`RedisBackend::check`](crate::backend::Backend::check).
 pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+
+/// A call refused before it reaches Redis: `why`, at once.
+pub(crate) fn failed<T: Send + 'static>(
+    why: impl Into<String>,
+) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>> {
+    Box::pin(std::future::ready(Err(BackendError::new(why))))
+}
 
 impl RedisState {
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
@@ -68,18 +75,12 @@ impl RedisState {
             let Answer {
                 decision,
                 whole_seconds,
-                banned,
             } = match fetch {
                 Some((budget, want, _fetching)) => {
                     let mut conn = state.conn.clone();
-                    let fetched = state.budgets.fetch(
-                        &mut conn,
-                        &redis_key,
-                        Gcra::of(&args),
-                        &budget,
-                        quantity,
-                        want,
-                    );
+                    let fetched = state
+                        .budgets
+                        .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
                     // Boxed, as the calls of `decide` that do not go in a batch: they are rare,
                     // and would otherwise make every check's future (moved as it starts) their size.
                     Box::pin(fetched).await?
@@ -88,7 +89,7 @@ impl RedisState {
             };
             // With a penalty box every rejection must reach Redis to count as a strike; a ban,
             // though, holds whatever comes.
-            let cacheable = args.penalty.is_none() || banned;
+            let cacheable = args.penalty.is_none() || decision.banned;
             if let (false, true, Some(cache)) = (decision.allowed, cacheable, &state.deny) {
                 // Timed from when the call was sent: Redis decided after that, so the retry time
                 // is held no later than Redis meant.
@@ -97,7 +98,6 @@ impl RedisState {
                     interval: args.interval,
                     tolerance: args.tolerance,
                     whole_seconds,
-                    banned,
                     until_retry: false,
                 };
                 cache.insert(&redis_key, quantity, rejection, sent, generation);
@@ -106,41 +106,29 @@ impl RedisState {
         })
     }
 
-    /// A stack of limits, decided together ([`Backend::check_all`](crate::backend::Backend::check_all)).
+    /// A stack of limits, decided together ([`Backend::check_all`]), with `each[i]` units under
+    /// `limits[i]` when given ([`Backend::check_each`]): one atomic call of the limits script.
+    ///
+    /// [`Backend::check_all`]: crate::backend::Backend::check_all
+    /// [`Backend::check_each`]: crate::backend::Backend::check_each
     pub(crate) fn check_stack(
         self: &Arc<Self>,
         limits: &[Limit],
         key: &Key,
         quantity: u64,
+        each: Option<&[u64]>,
     ) -> StackFuture {
         if let Err(why) = stack_error(limits) {
-            return Box::pin(std::future::ready(Err(BackendError::new(why))));
+            return failed(why);
+        }
+        if let Some(each) = each
+            && each.len() != limits.len()
+        {
+            let (n, limits) = (each.len(), limits.len());
+            return failed(format!("{n} quantities for a stack of {limits} limits"));
         }
         let token = self.leases.next_token();
-        self.check_limits(limits, key, quantity, None, token)
-    }
-
-    /// A stack with one quantity per limit
-    /// ([`Backend::check_each`](crate::backend::Backend::check_each)): the limits script with a
-    /// quantity per limit, one atomic call as for [`check_stack`](Self::check_stack).
-    pub(crate) fn check_stack_each(
-        self: &Arc<Self>,
-        limits: &[Limit],
-        key: &Key,
-        quantities: &[u64],
-    ) -> StackFuture {
-        if let Err(why) = stack_error(limits) {
-            return Box::pin(std::future::ready(Err(BackendError::new(why))));
-        }
-        if quantities.len() != limits.len() {
-            return Box::pin(std::future::ready(Err(BackendError::new(format!(
-                "{} quantities for a stack of {} limits",
-                quantities.len(),
-                limits.len()
-            )))));
-        }
-        let token = self.leases.next_token();
-        self.check_limits(limits, key, 0, Some(quantities.to_vec()), token)
+        self.check_limits(limits, key, quantity, each.map(<[u64]>::to_vec), token)
     }
 
     /// One limit of another algorithm than the GCRA, on the limits script.
@@ -208,7 +196,6 @@ impl RedisState {
                     interval: period,
                     tolerance: count,
                     whole_seconds: false,
-                    banned: decision.banned,
                     until_retry: true,
                 };
                 deny.insert(&state_key, quantity, rejection, sent, generation);
@@ -228,29 +215,12 @@ impl RedisState {
         each: Option<Vec<u64>>,
         token: u64,
     ) -> StackFuture {
-        let mut specs = Vec::with_capacity(limits.len());
-        for limit in limits {
-            match Spec::of(limit, self.state_key(limit, key)) {
-                Ok(spec) => specs.push(spec.on_clock_of(limit, key)),
-                Err(why) => return Box::pin(std::future::ready(Err(BackendError::new(why)))),
-            }
-        }
-        // The first limit's penalty, on the same keys as the GCRA path's: a policy's ban holds
-        // whatever its algorithm.
-        let penalty = limits.first().and_then(|first| {
-            first
-                .penalty()
-                .map(|p| (*p, self.redis_key(first.name(), key)))
-        });
-        // The keys share the client's hash tag: any picks a Cluster node's breaker.
-        let slot_key = specs.first().map(|s| s.key.clone()).unwrap_or_default();
-        let call = LimitsCall {
-            specs,
-            penalty,
-            quantity,
-            each,
-            token,
+        let call = match self.limits_call(limits, key, quantity, each, token) {
+            Ok(call) => call,
+            Err(why) => return failed(why),
         };
+        // The keys share the client's hash tag: any picks a Cluster node's breaker.
+        let slot_key = call.first_key().to_owned();
         let mut conn = self.conn.clone();
         let batches = self.batches.clone();
         // Coalesced with the checks waiting at once (batch.rs), unless coalescing is off.
@@ -261,6 +231,35 @@ impl RedisState {
             }
         };
         guarded(&self.breaker, &slot_key, self.timeout, decide)
+    }
+
+    /// The limits script's call for `limits` on `key` (see [`check_limits`](Self::check_limits)),
+    /// or why the script cannot enforce one of them. The first limit's penalty goes on the same keys
+    /// as the GCRA path's: a policy's ban holds whatever its algorithm.
+    pub(crate) fn limits_call(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+        each: Option<Vec<u64>>,
+        token: u64,
+    ) -> Result<LimitsCall, String> {
+        let specs = limits
+            .iter()
+            .map(|l| Spec::of(l, self.state_key(l, key)).map(|s| s.on_clock_of(l, key)))
+            .collect::<Result<_, _>>()?;
+        let penalty = limits.first().and_then(|first| {
+            first
+                .penalty()
+                .map(|p| (*p, self.redis_key(first.name(), key)))
+        });
+        Ok(LimitsCall {
+            specs,
+            penalty,
+            quantity,
+            each,
+            token,
+        })
     }
 
     /// One GCRA decision on the path the mode picks.
@@ -324,12 +323,12 @@ impl RedisState {
         let state = self.clone();
         let slot_key = key;
         let key = key.to_owned();
-        let gcra = Gcra::of(args);
+        let args = *args;
         let call = async move {
             let mut conn = state.conn.clone();
             let fetched = state
                 .budgets
-                .fetch(&mut conn, &key, gcra, &budget, 0, want)
+                .fetch(&mut conn, &key, &args, &budget, 0, want)
                 .await;
             drop(fetching);
             fetched.map(drop)

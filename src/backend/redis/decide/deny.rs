@@ -33,8 +33,6 @@ pub(crate) struct Rejection {
     pub(crate) tolerance: u64,
     /// From `CL.THROTTLE`: whole seconds, rounded up.
     pub(crate) whole_seconds: bool,
-    /// A penalty-box ban: it holds until its end, whatever the bucket does.
-    pub(crate) banned: bool,
     /// Its numbers hold until the retry time (a fixed window's, a full sliding log's for one unit):
     /// `interval` and `tolerance` then only tell quotas apart.
     pub(crate) until_retry: bool,
@@ -190,7 +188,6 @@ impl DenyCache {
             interval,
             tolerance,
             whole_seconds,
-            banned,
             until_retry,
         } = rejected;
         let Some(retry) = decision.retry_after else {
@@ -198,7 +195,8 @@ impl DenyCache {
         };
         // `remaining` next grows when tolerance - ttl reaches (remaining + 1) × interval.
         let next_unit = decision.remaining.saturating_add(1);
-        let hold = if banned || until_retry {
+        // A penalty-box ban holds until its end, whatever the bucket does.
+        let hold = if decision.banned || until_retry {
             retry
         } else if whole_seconds {
             if next_unit < quantity {
@@ -268,7 +266,6 @@ mod tests {
             interval,
             tolerance,
             whole_seconds,
-            banned: false,
             until_retry: false,
         }
     }

@@ -16,26 +16,39 @@ use crate::backend::redis::conn::connection::RedisConnection;
 static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::RENEW));
 
-/// Lease tokens, unique within the process (a bijection of a counter, offset by a per-process random
-/// seed), so that releases of concurrent requests never remove each other's slots. Across processes
-/// two tokens collide with probability 2^-64.
-struct LeaseTokens {
+/// The concurrency leases of one backend: tokens to draw, the renewal task of each lease held by a
+/// request in flight, and the connection renewals and releases go through (a handle on the
+/// backend's). Renewals hold it weakly, so they stop once the backend and its releases are gone.
+pub(crate) struct Leases {
+    /// A per-process random seed and a counter: see [`next_token`](Self::next_token).
     seed: u64,
     next: AtomicU64,
+    conn: RedisConnection,
+    timeout: Duration,
+    /// The renewal task of each concurrency lease held by a request in flight, by token.
+    held: Mutex<HashMap<u64, AbortHandle>>,
 }
 
-impl LeaseTokens {
-    fn new() -> Self {
+impl Leases {
+    /// No lease held; each call on `conn` bounded by `timeout`.
+    pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
         use std::hash::BuildHasher;
         let seed = std::collections::hash_map::RandomState::new()
             .hash_one((std::process::id(), std::time::SystemTime::now()));
-        LeaseTokens {
+        Leases {
             seed,
             next: AtomicU64::new(0),
+            conn,
+            timeout,
+            held: Mutex::default(),
         }
     }
 
-    fn next(&self) -> u64 {
+    /// A fresh token, never 0, to name the units one call adds: unique within the process (a
+    /// bijection of a counter, offset by the per-process random seed), so that releases of
+    /// concurrent requests never remove each other's slots. Across processes two tokens collide
+    /// with probability 2^-64.
+    pub(crate) fn next_token(&self) -> u64 {
         loop {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             // splitmix64: distinct counters give distinct tokens. 0 means "no lease".
@@ -49,34 +62,6 @@ impl LeaseTokens {
                 return z;
             }
         }
-    }
-}
-
-/// The concurrency leases of one backend: tokens to draw, the renewal task of each lease held by a
-/// request in flight, and the connection renewals and releases go through (a handle on the
-/// backend's). Renewals hold it weakly, so they stop once the backend and its releases are gone.
-pub(crate) struct Leases {
-    tokens: LeaseTokens,
-    conn: RedisConnection,
-    timeout: Duration,
-    /// The renewal task of each concurrency lease held by a request in flight, by token.
-    held: Mutex<HashMap<u64, AbortHandle>>,
-}
-
-impl Leases {
-    /// No lease held; each call on `conn` bounded by `timeout`.
-    pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
-        Leases {
-            tokens: LeaseTokens::new(),
-            conn,
-            timeout,
-            held: Mutex::default(),
-        }
-    }
-
-    /// A fresh token, never 0, to name the units one call adds.
-    pub(crate) fn next_token(&self) -> u64 {
-        self.tokens.next()
     }
 
     /// Keeps a request's concurrency leases alive while it runs: extends them every third of the
@@ -226,11 +211,14 @@ impl Drop for Unanswered {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::redis::conn::lazy_cluster::LazyCluster;
 
     #[test]
     fn lease_tokens_are_distinct_and_never_zero() {
-        let tokens = LeaseTokens::new();
-        let drawn: std::collections::HashSet<u64> = (0..100_000).map(|_| tokens.next()).collect();
+        let nowhere = Arc::new(LazyCluster::new(String::new()));
+        let leases = Leases::new(RedisConnection::LazyCluster(nowhere), Duration::ZERO);
+        let drawn: std::collections::HashSet<u64> =
+            (0..100_000).map(|_| leases.next_token()).collect();
         assert_eq!(drawn.len(), 100_000);
         assert!(!drawn.contains(&0));
     }

@@ -62,13 +62,6 @@ impl Breaker {
         self.circuit.tripped()
     }
 
-    /// A call ran out of time: the server may drop a connection that stopped answering.
-    fn timed_out(&self) {
-        if let Some(server) = &self.server {
-            server.timed_out();
-        }
-    }
-
     /// Milliseconds on the recorder's clock (see [`Recorder::now_ms`]).
     pub(crate) fn now_ms(&self) -> u64 {
         self.recorder.now_ms()
@@ -84,21 +77,27 @@ impl Breaker {
 
     /// One call's outcome, recorded once: the recorder, this breaker and (on a Cluster) the node's
     /// read it.
-    fn record(&self, outcome: Outcome, node: &NodeOutcome<'_>) {
+    fn record(&self, outcome: Outcome, on: &OnNode<'_>) {
         if outcome.answered {
             self.answered();
         } else {
             if self.enabled {
-                self.failed(node.was_probe);
+                self.failed(on.was_probe);
             }
-            if outcome.timed_out {
-                self.timed_out();
+            // The server may drop a connection that stopped answering.
+            if let (true, Some(server)) = (outcome.timed_out, &self.server) {
+                server.timed_out();
             }
         }
-        match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
-            (_, true) | (None, _) => node.answered(),
-            (Some(error), false) if outcome.timed_out => node.timed_out(error),
-            (Some(error), false) => node.failed(error),
+        if let Some((node, nodes)) = on.node {
+            match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
+                (_, true) | (None, _) => nodes.answered(node),
+                // Opens the node's breaker only if the node answered nothing since the call began.
+                (Some(e), false) if outcome.timed_out => {
+                    nodes.timed_out(node, on.was_probe, on.started, e)
+                }
+                (Some(e), false) => nodes.failed(node, on.was_probe, e),
+            }
         }
         self.recorder.record(outcome.answered, outcome.error);
     }
@@ -178,9 +177,8 @@ where
     // copied again into this future's state and then into the timeout's.
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
-        let on_node = NodeOutcome {
-            node: node.as_deref(),
-            nodes: breaker.nodes.as_deref(),
+        let on_node = OnNode {
+            node: node.as_deref().zip(breaker.nodes.as_deref()),
             was_probe: matches!(admission, Admission::Probe(_)),
             started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
@@ -279,35 +277,12 @@ fn slot_not_served(e: &RedisError) -> bool {
     )
 }
 
-/// What a call's outcome does to its Cluster node's breaker (nothing on one server).
-struct NodeOutcome<'a> {
-    node: Option<&'a Node>,
-    nodes: Option<&'a ClusterNodes>,
+/// The call's Cluster node, whose breaker its outcome moves (none on one server).
+struct OnNode<'a> {
+    node: Option<(&'a Node, &'a ClusterNodes)>,
     was_probe: bool,
     /// When the call began, on the node's circuit's clock.
     started: u64,
-}
-
-impl NodeOutcome<'_> {
-    fn answered(&self) {
-        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
-            nodes.answered(node);
-        }
-    }
-
-    fn failed(&self, error: &dyn std::fmt::Display) {
-        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
-            nodes.failed(node, self.was_probe, error);
-        }
-    }
-
-    /// The call ran out of time: opens the node's breaker only if the node answered nothing since
-    /// the call began.
-    fn timed_out(&self, error: &dyn std::fmt::Display) {
-        if let (Some(node), Some(nodes)) = (self.node, self.nodes) {
-            nodes.timed_out(node, self.was_probe, self.started, error);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -359,13 +334,13 @@ mod tests {
         });
         let error = by_the_check.await.unwrap_err().to_string();
         assert!(error.contains("TRYAGAIN"), "the check's timeout: {error}");
-        assert!(!nodes.any_tripped());
+        assert!(nodes.tripped().is_empty());
         // The node's record is kept in milliseconds (real ones).
         std::thread::sleep(Duration::from_millis(3));
         let silent = guarded(&breaker, key, Duration::from_secs(1), async {
             Err::<(), _>(timed_out())
         });
         assert!(!silent.await.unwrap_err().to_string().contains("TRYAGAIN"));
-        assert!(nodes.any_tripped());
+        assert!(!nodes.tripped().is_empty());
     }
 }

@@ -1,17 +1,15 @@
 //! [`Recorder`]: the one record of every call's outcome, on one clock, that the backend's health is
-//! read from: whether Redis is reachable (for `health()` where no reconnecting server knows: a
-//! Cluster, a user's connection manager), whether a call lost it since `Auto` mode last detected
-//! the module, and whether decisions are failing now, for `health()` and the gauge
-//! `throttle_backend_up{backend, path}`. The breakers read the same outcome (breaker.rs).
+//! read from: whether Redis is reachable (where no reconnecting server knows: a Cluster, a user's
+//! connection manager), whether a call lost it since `Auto` mode last detected the module, and
+//! whether decisions are failing now, for `health()` and the gauge `throttle_backend_up{backend,
+//! path}`. The breakers read the same outcome (breaker.rs).
 //!
-//! Decisions are failing from the first Redis call that ends in an error (any error: a refused or
-//! lost connection, a timeout, `OOM command not allowed`, a script error) until the next one that
-//! succeeds. While they fail, [`RedisHealth`](crate::redis::RedisHealth) is unhealthy, its
-//! `last_error` is the error of the last failed call, and the gauge is 0 on every path; the first
-//! call that succeeds brings both back. With no traffic, the watcher (watch.rs) probes with a
-//! read-only decision every [`PROBE_EVERY`], so a Redis that recovered is seen within a second even
-//! when nothing asks it (a readiness check that took the instance out of service would otherwise
-//! never let a request prove it).
+//! Decisions are failing from the first call that ends in an error (any: a lost connection, a
+//! timeout, `OOM command not allowed`, a script error) until the next that succeeds; meanwhile
+//! [`RedisHealth`](crate::redis::RedisHealth) is unhealthy with that error and the gauge is 0. With
+//! no traffic the watcher (watch.rs) probes with a read-only decision every [`PROBE_EVERY`], so a
+//! Redis that recovered is seen within a second even when nothing asks it (a readiness check that
+//! took the instance out of service would otherwise never let a request prove it).
 //!
 //! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
 
@@ -21,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use redis::RedisError;
 
-use crate::backend::redis::wire::mode::{path_name, RedisMode, CELL, LUA, UNKNOWN};
+use crate::backend::redis::wire::mode::{path_code, path_name, path_of, RedisMode, UNKNOWN};
 
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
@@ -92,7 +90,7 @@ impl Recorder {
             name: name.into(),
         };
         if mode != RedisMode::Auto {
-            failing.path.store(code(Some(mode)), Ordering::Relaxed);
+            failing.path.store(path_code(Some(mode)), Ordering::Relaxed);
         }
         failing
     }
@@ -208,15 +206,11 @@ impl Recorder {
 
     /// Detection found the path decisions take.
     pub(crate) fn set_path(&self, path: Option<RedisMode>) {
-        self.path.store(code(path), Ordering::Relaxed);
+        self.path.store(path_code(path), Ordering::Relaxed);
     }
 
     fn path_name(&self) -> &'static str {
-        path_name(match self.path.load(Ordering::Relaxed) {
-            CELL => Some(RedisMode::Cell),
-            LUA => Some(RedisMode::Lua),
-            _ => None,
-        })
+        path_name(path_of(self.path.load(Ordering::Relaxed)))
     }
 }
 
@@ -226,14 +220,6 @@ pub(crate) fn error_text(error: &RedisError) -> String {
     match (error.code(), error.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => error.to_string(),
-    }
-}
-
-fn code(path: Option<RedisMode>) -> u8 {
-    match path {
-        Some(RedisMode::Cell) => CELL,
-        Some(RedisMode::Lua) => LUA,
-        _ => UNKNOWN,
     }
 }
 

@@ -7,21 +7,19 @@ use super::circuit::CircuitState;
 use crate::backend::redis::wire::mode::RedisMode;
 
 /// The state of a [`RedisBackend`](crate::redis::RedisBackend)'s connection, from
-/// [`RedisBackend::health`](crate::redis::RedisBackend::health).
+/// [`RedisBackend::health`](crate::redis::RedisBackend::health), for readiness checks.
 ///
 /// A backend is [healthy](Self::is_healthy) when decisions come from Redis: connected, the
-/// circuit breaker closed, and decisions not [failing](Self::decisions_failing). Otherwise requests
+/// circuit breaker closed, and decisions not [failing](Self::decisions_failing); otherwise requests
 /// follow the layer's failure policy. On a Cluster and with a user's connection manager, which
 /// reconnect by themselves, "connected" comes from the calls: not after three calls in a row failed
-/// to reach Redis, or calls failing with no answer in the last second (and `last_error` is the last
-/// such failure).
+/// to reach Redis, or calls failing with no answer in the last second.
 ///
-/// Decisions are failing from the first call to Redis that ends in an error (any error: a refused
-/// or lost connection, a timeout, `OOM command not allowed` from a Redis that is out of memory, a
-/// script error) until the next call that succeeds; meanwhile `last_error` is the error of the last
-/// failed call, and the gauge `throttle_backend_up{backend, path}` is 0. With no requests, the backend
-/// probes a failing Redis every 250 ms with a decision that writes nothing, so the first success
-/// (and a healthy report) comes within a second of Redis recovering, whether traffic asks or not.
+/// Decisions are failing from the first call that ends in an error (any: a lost connection, a
+/// timeout, `OOM command not allowed` from a full Redis, a script error) until the next that
+/// succeeds; meanwhile `last_error` is the last failed call's error and the gauge
+/// `throttle_backend_up{backend, path}` is 0. With no requests, the backend probes a failing Redis
+/// every 250 ms with a decision that writes nothing, so a recovery shows within a second.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -165,21 +165,12 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
 
 /// `cmd` on the server, or on every primary of a Cluster (the replies gathered in one value).
 async fn ask_primaries(conn: &mut RedisConnection, cmd: redis::Cmd) -> Result<Value, RedisError> {
-    // A Cluster started lazily: its connection once made (until then, the call fails at once).
-    let mut lazy = conn
-        .lazy_cluster()
-        .map(|l| l.get().ok_or_else(|| l.not_connected()));
-    match (conn, &mut lazy) {
-        (_, Some(Err(e))) => Err(e.clone()),
-        (RedisConnection::Cluster(cluster, _), _) | (_, Some(Ok(cluster))) => {
-            cluster
-                .route_command(
-                    cmd,
-                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
-                )
-                .await
+    match conn.cluster() {
+        Some(cluster) => {
+            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            cluster?.route_command(cmd, routing).await
         }
-        (other, None) => cmd.query_async(other).await,
+        None => cmd.query_async(conn).await,
     }
 }
 
@@ -272,15 +263,9 @@ mod tests {
 
     #[test]
     fn every_policy_but_noeviction_evicts_limiter_keys() {
-        for policy in [
-            "allkeys-lru",
-            "allkeys-lfu",
-            "allkeys-random",
-            "volatile-lru",
-            "volatile-lfu",
-            "volatile-random",
-            "volatile-ttl",
-        ] {
+        let evicting = "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu \
+                        volatile-random volatile-ttl";
+        for policy in evicting.split_whitespace() {
             assert!(MemoryReport::policy_evicts(policy), "{policy}");
         }
         assert!(!MemoryReport::policy_evicts("noeviction"));

@@ -1,44 +1,29 @@
-//! Coalesced exact batches: GCRA decisions that wait on the connection at the same moment go to
-//! Redis in one call of `gcra_batch.lua`, which decides each in arrival order exactly as `gcra.lua`
-//! would have alone (same decision, same stored state), and each waiting check gets its own answer.
-//! A run of identical checks (same key, quota and quantity: a hot key's) is one group, answered by
-//! the script with one number (the backlog its first check met), from which `gcra_group.rs` derives
-//! each check's answer by the script's own step.
+//! Coalesced exact batches: checks that wait on the connection at the same moment go to Redis in
+//! one call, each decided in arrival order exactly as alone (same decision, same stored state), and
+//! each waiting check gets its own answer. A script call's fixed overhead (the call, `TIME`, the
+//! key's `GET` and `SET`) costs Redis about as much as deciding, and under concurrency many checks
+//! wait on one connection anyway: one call for N pays it once (BENCHMARKS.md, section 8).
 //!
-//! Why: a script call costs Redis about as much in fixed overhead (the call, `TIME`, the key's
-//! `GET` and `SET`) as in deciding, and under concurrency many checks wait on the same connection
-//! anyway. One call for N of them pays that overhead once, and on a hot key reads and writes its
-//! state once (BENCHMARKS.md, section 8).
+//! - GCRA checks: one `gcra_batch.lua` call. A run of identical checks (same key, quota and
+//!   quantity: a hot key's) is one group, answered with one number (the backlog its first check
+//!   met), from which `gcra_group.rs` derives each check's answer by the script's own step.
+//! - `CL.THROTTLE` checks: one pipelined write of one command per check (each decided by the module
+//!   as if sent alone, one round trip for the batch). On a Cluster they go alone (`cell.lua`).
+//! - `limits.lua` checks (other algorithms, stacks): one `limits_batch.lua` call, which runs
+//!   `limits.lua`'s function per item, each on the state the items before it left; a failed item
+//!   (`WRONGTYPE`) fails alone.
 //!
-//! How: a *lane* queues the checks that wait. A check that finds its lane idle leaves at once
-//! (alone, on `gcra.lua`: no added latency without concurrency); otherwise it waits for the next
-//! batch, which takes everything queued up to [`MAX_BATCH`] and leaves either when a batch in
-//! flight answers or, with one batch in flight (of at most [`IN_FLIGHT`]), as soon as it holds as
-//! many checks as that one or the last to answer ([`Lane::full`]: bigger batches, so fewer calls,
-//! at no cost in latency as measured). A batch runs on a task of its own, under
-//! the backend's timeout; each check keeps its own timeout and breaker (it waits for its answer
-//! inside `guarded`), and a batch that fails fails each of its checks with the same error.
+//! A *lane* queues the checks that wait. A check that finds its lane idle leaves at once (alone:
+//! no added latency without concurrency); otherwise it waits for the next batch, which takes up to
+//! [`MAX_BATCH`] and leaves when a batch in flight answers or, with one in flight (of at most
+//! [`IN_FLIGHT`]), once it is as large as that one or the last to answer ([`Lane::full`]). A batch
+//! runs on a task of its own under the backend's timeout; each check keeps its own timeout and
+//! breaker (it waits inside `guarded`), and a failed batch fails each of its checks.
 //!
-//! `CL.THROTTLE` checks (the redis-cell module) are coalesced too, on a lane of their own: a batch
-//! of them leaves as one pipelined write of one `CL.THROTTLE` per check, in arrival order, each
-//! decided by the module exactly as if sent alone (each is its own command; nothing is merged),
-//! with one round trip and one write and read on each side for the batch. On a Cluster they go
-//! alone (through `cell.lua`, which declares the key).
-//!
-//! Decisions of `limits.lua` (the other algorithms, and stacks) are coalesced too, on a lane of
-//! their own: a batch of them is one call of `limits_batch.lua`, which runs `limits.lua`'s own
-//! function once per item, in arrival order, each on the state the items before it left (so each is
-//! decided exactly as alone, at the batch's one instant), and a failed item (`WRONGTYPE`) fails
-//! alone. What it saves is the call's fixed cost (`EVALSHA`, `TIME`, the reply): each item still
-//! reads and writes its own keys.
-//!
-//! One server has one lane per kind of call (GCRA, `CL.THROTTLE`, limits). A Cluster has one lane per Redis key: a script's keys must share a
-//! slot, and keys of one slot can still be split between two nodes while the slot migrates (Redis
-//! answers `TRYAGAIN` to a multi-key call then); one key is always on one node. Checks of different
-//! keys on a Cluster are not coalesced: they rarely share a slot (each client key has its own hash
-//! tag). A `limits.lua` check goes on the lane of its first key (its other keys share its hash
-//! tag), so a lane there may hold both kinds: they go in the order they came, one call per run of
-//! one kind.
+//! One server has a lane per kind of call. A Cluster has a lane per Redis key: a script's keys must
+//! share a slot, and keys of one slot can be split between two nodes while it migrates (`TRYAGAIN`);
+//! one key is always on one node. A `limits.lua` check takes the lane of its first key, so a lane
+//! there may hold both kinds: they go in arrival order, one call per run of one kind.
 
 use std::collections::HashMap;
 use std::mem;
@@ -49,7 +34,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::oneshot;
 
 use super::gcra_group;
-use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer};
@@ -129,14 +114,12 @@ struct Lane {
 
 impl Lane {
     /// Whether the checks waiting make a batch worth sending while another is in flight: as many
-    /// as are in flight, or as the batch that answered last held, whichever is more. The callers
-    /// of a batch that answered come back together, so under steady concurrency the batches settle
-    /// at about half the callers each, two in flight (one call per ~25 checks at 50 callers,
-    /// against ~16 when a second batch left with whatever waited); a lone waiting check still
-    /// leaves at once when only a lone check is in flight and the last batch was one check. A
-    /// check that finds the lane idle always leaves at once, and one that waits is sent when the
-    /// batch in flight answers (its task takes what waits), so the wait is at most one round
-    /// trip. BENCHMARKS.md, section 8.
+    /// as are in flight, or as the batch that answered last held, whichever is more. The callers of
+    /// a batch come back together, so under steady concurrency batches settle at about half the
+    /// callers each, two in flight (one call per ~25 checks at 50 callers, against ~16 when a
+    /// second batch left with whatever waited); a lone check after a lone check still leaves at
+    /// once. A waiting check is sent at the latest when the batch in flight answers (its task takes
+    /// what waits): at most one round trip. BENCHMARKS.md, section 8.
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
@@ -199,7 +182,7 @@ impl Batcher {
         let lane_name: &str = if self.per_key { key } else { "" };
         let job = Job::Gcra {
             key: key.to_owned(),
-            args: args.clone(),
+            args: *args,
             quantity,
         };
         gcra_answer(self.queue(runtime, lane_name, job).await?)
@@ -394,10 +377,9 @@ async fn send_cell(
     }
     let replies: Vec<Result<[i64; 5], RedisError>> = pipe.ignore_errors().query_async(conn).await?;
     if replies.len() != batch.len() {
-        return Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
+        return Err(unexpected(
             "the CL.THROTTLE pipeline returned the wrong number of replies",
-        )));
+        ));
     }
     Ok(replies
         .into_iter()
@@ -460,12 +442,8 @@ async fn send_limits(
         }
     }
     let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn.redirecting()).await?;
-    let wrong_length = || {
-        RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "the limits batch script returned a reply of the wrong length",
-        ))
-    };
+    let wrong_length =
+        || unexpected("the limits batch script returned a reply of the wrong length");
     let mut answers = Vec::with_capacity(calls.len());
     let mut rest = &reply[..];
     for call in calls {
@@ -546,10 +524,9 @@ async fn send_gcra(
     }
     let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
     if reply.len() != groups.len() {
-        return Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
+        return Err(unexpected(
             "the batch script returned a reply of the wrong length",
-        )));
+        ));
     }
     let mut answers = Vec::with_capacity(items.len());
     let mut replies = Vec::new();
@@ -571,7 +548,6 @@ async fn send_gcra(
             Ok(Reply::Gcra(Answer {
                 decision: scripts::from_reply(r, Duration::from_nanos),
                 whole_seconds: false,
-                banned: false,
             }))
         }));
     }
@@ -588,10 +564,7 @@ fn gcra_answer(reply: Reply) -> Result<Answer, RedisError> {
 
 /// A reply of the wrong kind for its check (a bug: each job's call answers in its own kind).
 fn mixed_up() -> RedisError {
-    RedisError::from((
-        ErrorKind::UnexpectedReturnType,
-        "a batch answered a check with a reply of another kind",
-    ))
+    unexpected("a batch answered a check with a reply of another kind")
 }
 
 #[cfg(test)]

@@ -103,24 +103,6 @@ impl Slice {
     }
 }
 
-/// The GCRA's arguments to `budget.lua`: interval and tolerance (ns), limit.
-#[derive(Clone, Copy)]
-pub(crate) struct Gcra {
-    interval: u64,
-    tolerance: u64,
-    limit: u64,
-}
-
-impl Gcra {
-    pub(crate) fn of(args: &Args) -> Self {
-        Gcra {
-            interval: args.interval,
-            tolerance: args.tolerance,
-            limit: args.limit,
-        }
-    }
-}
-
 /// What this process can do about a request without Redis.
 pub(crate) enum Local {
     /// Admitted from the slice.
@@ -169,6 +151,10 @@ impl Budgets {
         }
         let now = Instant::now();
         let ttl = budget.slice_lifetime();
+        let fetching = || Fetching {
+            budgets: self.clone(),
+            key: key.into(),
+        };
         let mut keys = self.lock();
         if !keys.contains_key(key) {
             if keys.len() >= MAX_KEYS {
@@ -204,14 +190,7 @@ impl Budgets {
                 return Local::Admit(decision);
             }
             slice.fetching = true;
-            return Local::AdmitAndRefill(
-                decision,
-                slice.want(budget, limit, 1),
-                Fetching {
-                    budgets: self.clone(),
-                    key: key.into(),
-                },
-            );
+            return Local::AdmitAndRefill(decision, slice.want(budget, limit, 1), fetching());
         }
         let hot =
             slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
@@ -219,14 +198,7 @@ impl Budgets {
             return Local::PerRequest;
         }
         slice.fetching = true;
-        let want = slice.want(budget, limit, quantity);
-        Local::Fetch(
-            want,
-            Fetching {
-                budgets: self.clone(),
-                key: key.into(),
-            },
-        )
+        Local::Fetch(slice.want(budget, limit, quantity), fetching())
     }
 
     /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeps what is
@@ -236,7 +208,7 @@ impl Budgets {
         &self,
         conn: &mut RedisConnection,
         key: &str,
-        gcra: Gcra,
+        args: &Args,
         budget: &Budget,
         quantity: u64,
         want: u64,
@@ -244,9 +216,9 @@ impl Budgets {
         let generation = self.generation.load(Ordering::Acquire);
         let reply: [i64; 5] = BUDGET
             .key(key)
-            .arg(gcra.interval)
-            .arg(gcra.tolerance)
-            .arg(gcra.limit)
+            .arg(args.interval)
+            .arg(args.tolerance)
+            .arg(args.limit)
             .arg(want)
             .arg(quantity.max(1))
             .invoke_async(&mut conn.redirecting())
@@ -284,7 +256,6 @@ impl Budgets {
         Ok(Answer {
             decision,
             whole_seconds: false,
-            banned: false,
         })
     }
 

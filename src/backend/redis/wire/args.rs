@@ -51,8 +51,16 @@ fn suffix(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// A penalty box's arguments to the scripts: after, within (ms), ban (ms); 0 0 0 without one.
+pub(crate) fn penalty_args(penalty: Option<&Penalty>) -> [u64; 3] {
+    penalty.map_or([0; 3], |p| {
+        let ms = |d: Duration| d.as_millis().max(1) as u64;
+        [u64::from(p.after()), ms(p.within()), ms(p.ban())]
+    })
+}
+
 /// What a policy's quota becomes on each path.
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 pub(crate) struct Args {
     pub(crate) penalty: Option<Penalty>,
     /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
@@ -126,33 +134,33 @@ pub(crate) fn ceiling(limit: &Limit) -> u64 {
 /// metered limit is a GCRA limit without a leased budget (a slice is granted before the cost is
 /// known, and settling behind it would charge the key twice or not at all), whose debt the scripts
 /// can hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
-fn metered_error(limit: &Limit) -> Option<String> {
+fn metered_error(limit: &Limit) -> Result<(), String> {
     if !limit.is_metered() {
-        return None;
+        return Ok(());
     }
     let name = limit.name();
     let Some(params) = limit.gcra() else {
-        return Some(format!(
+        return Err(format!(
             "policy {name:?}: a metered limit settles its cost on a GCRA limit, not a {} limit",
             limit.algorithm()
         ));
     };
     if limit.budget().is_some() {
-        return Some(format!(
+        return Err(format!(
             "policy {name:?}: a metered limit cannot have a leased budget on the Redis backend (a \
              slice is granted before the cost is known); remove the budget"
         ));
     }
     let window = ceiling(limit).checked_add(params.emission_interval());
     if window.is_none_or(|w| w >= LUA_MAX_WINDOW_NS) {
-        return Some(format!(
+        return Err(format!(
             "policy {name:?}: the Redis backend holds debts that are paid back within 52 days \
              (the burst plus max_debt = {} units, at one every {:?}); lower max_debt",
             limit.max_debt(),
             Duration::from_nanos(params.emission_interval())
         ));
     }
-    None
+    Ok(())
 }
 
 /// The quota as `count` per `period_secs` whole seconds, at exactly the same rate: the smallest whole
@@ -358,73 +366,41 @@ pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
 ///
 /// [`Backend::validate`]: crate::backend::Backend::validate
 pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
-    if let Some(why) = metered_error(limit) {
-        return Err(BuildError::Invalid(why));
-    }
-    let Some(args) = Args::new(limit) else {
-        return Spec::of(limit, String::new())
-            .map(drop)
-            .map_err(BuildError::Invalid);
-    };
-    let lua = || {
-        if args.lua_ok() {
-            Ok(())
-        } else {
-            Err(BuildError::Invalid(format!(
-                "policy {:?}: the Lua path of the Redis backend supports bursts that refill within \
-                 52 days (period / count × (max_burst + 1)); this quota needs {:?}",
-                limit.name(),
-                Duration::from_nanos(args.tolerance)
-            )))
-        }
-    };
-    let cell = || {
-        if args.cell.is_some() {
-            Ok(())
-        } else {
-            Err(BuildError::Invalid(format!(
-                "policy {:?}: CL.THROTTLE cannot express this quota exactly (its period must be \
-                 a whole number of seconds at the same rate); use mode \"lua\"",
-                limit.name()
-            )))
-        }
-    };
-    match mode {
-        RedisMode::Lua => lua(),
-        // A delayed limit runs on Lua in every mode (CL.THROTTLE's whole seconds cannot express
-        // its delay).
-        RedisMode::Cell if args.delayed => lua(),
-        RedisMode::Cell => cell(),
+    metered_error(limit).map_err(BuildError::Invalid)?;
+    let name = limit.name();
+    match Args::new(limit) {
+        None => Spec::of(limit, String::new()).map(drop),
+        // Cell takes CL.THROTTLE, but for a delayed limit, which runs on Lua in every mode
+        // (CL.THROTTLE's whole seconds cannot express its delay).
+        Some(args) if mode == RedisMode::Cell && !args.delayed => match args.cell {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "policy {name:?}: CL.THROTTLE cannot express this quota exactly (its period must be \
+                 a whole number of seconds at the same rate); use mode \"lua\""
+            )),
+        },
         // Auto may run either path, and a policy that only one path can enforce runs on Lua: so
         // Lua must be able to.
-        RedisMode::Auto => lua(),
+        Some(args) if args.lua_ok() => Ok(()),
+        Some(args) => Err(format!(
+            "policy {name:?}: the Lua path of the Redis backend supports bursts that refill within \
+             52 days (period / count × (max_burst + 1)); this quota needs {:?}",
+            Duration::from_nanos(args.tolerance)
+        )),
     }
+    .map_err(BuildError::Invalid)
 }
 
-/// Whether the Redis backend can enforce `limits` together ([`Backend::validate_all`]).
+/// Whether the Redis backend can enforce `limits` together ([`Backend::validate_all`]). In a stack
+/// the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds ([`Spec::of`]).
 ///
 /// [`Backend::validate_all`]: crate::backend::Backend::validate_all
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
     for limit in limits {
-        if let Some(why) = metered_error(limit) {
-            return Err(BuildError::Invalid(why));
-        }
-        match Args::new(limit) {
-            // In a stack the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds.
-            Some(args) if !args.lua_ok() => {
-                return Err(BuildError::Invalid(format!(
-                    "policy {:?}: the Redis backend supports bursts that refill within 52 days \
-                     (period / count × (max_burst + 1)); this quota needs {:?}",
-                    limit.name(),
-                    Duration::from_nanos(args.tolerance)
-                )))
-            }
-            Some(_) => {}
-            None => {
-                Spec::of(limit, String::new()).map_err(BuildError::Invalid)?;
-            }
-        }
+        metered_error(limit)
+            .and_then(|()| Spec::of(limit, String::new()).map(drop))
+            .map_err(BuildError::Invalid)?;
     }
     Ok(())
 }

@@ -1,38 +1,24 @@
 -- gcra_batch.lua: several GCRA decisions in one call (batch.rs), each exactly as gcra.lua makes it
 -- (the prelude's step), answered per group of identical items rather than per item.
 --
--- KEYS[g]  group g's state, in gcra.lua's format (redis-cell's TAT string). A group is a run of
---          items with the same key, quota and quantity (one hot key's requests: one group); a key
---          may appear in several groups. Items are decided in order, each on the state the one
---          before it left.
+-- KEYS[g]  group g's state (gcra.lua's format). A group is a run of items with the same key, quota
+--          and quantity; a key may appear in several groups. Items are decided in order, each on
+--          the state the one before it left, all at one instant (one TIME).
 -- ARGV     per group, its number of items; negative (minus the number) when the group's quota
---          follows it: its increment (ns: emission interval x quantity, gcra.lua's ARGV[1] x
---          ARGV[4]; a value past the tolerance stands for any larger one), its tolerance (ns), and
---          its ceiling (ns, gcra.lua's ARGV[8]: a metered limit's tolerance plus its debt cap; the
---          tolerance when not metered). The first group's quota always follows; a later group's
---          only when it differs from the group's before it, so a batch of one quota (a hot key's,
---          or one limit's over many keys) sends three numbers for it and one per group.
--- Returns  one integer per group: the backlog (ns, within the ceiling) its first item was decided
---          on, or -1 when its key holds another type (gcra.lua would fail with WRONGTYPE). The
---          items of a group are decided by the prelude's step one after the other from that
---          backlog, by pure arithmetic on the group's arguments: the client runs that step
---          (gcra_group.rs, the same integer arithmetic) to get each item's five numbers, exactly
---          gcra.lua's {limited, limit, remaining, retry_after, reset_after}. So the script's work
---          and its reply are per group, not per item.
+--          follows: its increment (ns: interval x quantity; a value past the tolerance stands for
+--          any larger one), tolerance (ns) and ceiling (ns, gcra.lua's ARGV[8]; the tolerance when
+--          not metered). The first group's quota always follows, a later group's only when it
+--          differs from the one before (a batch of one quota sends three numbers for it).
+-- Returns  per group, the backlog (ns, within the ceiling) its first item was decided on, or -1
+--          when its key holds another type (gcra.lua would fail with WRONGTYPE). The client runs
+--          the prelude's step from it once per item (gcra_group.rs, the same integer arithmetic)
+--          for gcra.lua's five numbers: the script's work and reply are per group, not per item.
 --
--- Numbers are read from ARGV by arithmetic (`x + 0`: one conversion) rather than by tonumber (two:
--- it tests, then converts), as the client sends only integers.
---
--- Within a group: every item is admitted while the backlog plus its increment stays within the
--- tolerance, each adding its increment; the first that is refused leaves the backlog as it is, so
--- every later one is refused on the same backlog. The script needs only how many are admitted to
--- know the state the group leaves.
---
--- All items are decided at one instant (one TIME): as if they had reached Redis in the same
--- microsecond, in the order given. A key's state is read once and written once (when an item
--- wrote it under gcra.lua), after the last of its items: the same value and expiry gcra.lua's last
--- write would leave, for one MGET for the batch and one SET per key instead of a GET and a SET per
--- item.
+-- Within a group every item is admitted while the backlog plus its increment stays within the
+-- tolerance; the first refused leaves the backlog as it is, so every later one is refused on it:
+-- the count admitted is all the script needs. A key is read once (one MGET for the batch) and
+-- written once, after its last item, with the value and expiry gcra.lua's last write would leave.
+-- Numbers are read from ARGV by arithmetic (`x + 0`: one conversion, where tonumber makes two).
 
 -- Per key: its backlog as the groups so far left it (false: not a string), and what to write.
 local backlogs = {}

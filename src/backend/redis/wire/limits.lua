@@ -1,41 +1,33 @@
 -- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically,
 -- after the prelude (prelude.lua: the clock, the GCRA state and step).
 --
--- KEYS[1..N]  each limit's state (all share the client's hash tag, so one Cluster slot):
+-- KEYS[1..N]  each limit's state (all with the client's hash tag: one Cluster slot):
 --             GCRA            the TAT, as gcra.lua and CL.THROTTLE store it
 --             sliding log     a ZSET: one member per admitted unit, scored by its time (µs)
 --             fixed window    "window:count"
 --             sliding window  "window:current:previous"
 --             concurrency     a ZSET: one member per unit in flight, scored by its lease's end (µs)
 -- KEYS[N+1], KEYS[N+2]  with a penalty box: strikes and ban, as in gcra.lua.
--- ARGV        N, quantity, token (unique per call: the members it adds are token:0 .. token:q-1),
---             penalty after (0 = none), within (ms), ban (ms), then four per limit:
---             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 4 concurrency), limit,
---             and GCRA: interval (ns), tolerance (ns); fixed window: period (µs), shift (µs: the
---             key's clock runs that far ahead, so that its windows start at its own phase; 0: on
---             the epoch); other windows: period (µs), 0;
---             concurrency: lease (µs), 0.
---             Then, optionally, N ceilings (a metered GCRA limit's: its tolerance plus its debt
---             cap, in ns; see the prelude's step; 0 or absent: the tolerance; ignored for the other
---             algorithms), and after them, optionally, N quantities (one per limit, for a stack in
---             which a metered limit reserves its estimate while the others take the request's
---             cost; absent: `quantity` for every limit).
+-- ARGV        N, quantity, token (the members added are token:0 .. token:q-1), penalty after (0 =
+--             none), within (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2
+--             fixed window, 3 sliding window, 4 concurrency), limit, and GCRA: interval (ns),
+--             tolerance (ns); fixed window: period (µs), shift (µs: the key's clock runs that far
+--             ahead, so its windows start at its own phase); other windows: period (µs), 0;
+--             concurrency: lease (µs), 0. Then optionally N ceilings (a metered GCRA limit's
+--             tolerance plus debt cap, ns; 0: the tolerance), then optionally N quantities (one per
+--             limit, for a stack whose metered limit reserves an estimate; absent: `quantity`).
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
--- The body defines `limits(keys, argv)`, which decides one such call and returns its reply; lua.rs
--- appends the line that runs it on the script's KEYS and ARGV.
---
--- Phase 1 reads every limit's state and decides; phase 2 writes only if every limit admitted, so a
+-- The body defines `limits(keys, argv)`; lua.rs appends the line that runs it on KEYS and ARGV.
+-- Phase 1 reads every state and decides; phase 2 writes only if every limit admitted, so a
 -- rejection by one consumes nothing in any (a GCRA state written under another quota is still
--- rebased, as gcra.lua does: that records no request, it only makes the foreign state drain).
+-- rebased, as gcra.lua does: that records no request).
 --
--- Time is the server's (TIME) in microseconds: now_us is about 1.8e15, exact in a double until the
--- year 2255, so windows are cut with exact integer division, as window.rs does in nanoseconds (the
--- backend refuses periods that are not a whole number of microseconds, so the boundaries are the
--- same). Products are kept exact by the build-time checks: periods below 2^52 ns, and for the
--- sliding window count x period (µs) below 2^51 and count below 2^41, so every sum and product
--- below stays under 2^53.
+-- Time is TIME in microseconds (exact in a double until 2255), so windows are cut by exact integer
+-- division at the boundaries window.rs computes (periods are whole microseconds). The build-time
+-- bounds (periods below 2^52 ns; sliding window count x period below 2^51 µs, count below 2^41)
+-- keep every sum and product below 2^53.
 
 -- One call's keys and arguments, set by `limits` below for each decision it makes: a script runs
 -- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.

@@ -1,29 +1,19 @@
--- limits_batch.lua: several limits.lua calls in one (batch.rs), after limits.lua's body (its
--- `limits` function): each item is decided by that function exactly as limits.lua alone decides
--- it, in the order given, each on the state the items before it left.
+-- limits_batch.lua: several limits.lua calls in one (batch.rs), after limits.lua's body: each item
+-- is decided by its `limits` function exactly as alone, in order, each on the state the items before
+-- it left, all at the prelude's one TIME.
 --
--- KEYS    every item's keys, one item after the other (as limits.lua takes them).
--- ARGV    the number of items, then per item: its number of keys, its number of arguments, and its
---         arguments (as limits.lua takes them).
--- Returns per item limits.lua's reply ({banned, then five per limit}); an item whose call failed
---         (a key that holds another type: WRONGTYPE) has its error's text in place of `banned`,
---         then zeros, so that it fails alone and the others are answered.
+-- KEYS    every item's keys, one item after the other.
+-- ARGV    the number of items, then per item: its number of keys, of arguments, and its arguments.
+-- Returns per item limits.lua's reply; an item whose call failed (WRONGTYPE) has its error's text
+--         in place of `banned`, then zeros, so that it fails alone.
 --
--- All items are decided at one instant (the prelude's one TIME): as if they had reached Redis in
--- the same microsecond, in the order given.
---
--- The string states (a GCRA's TAT, a fixed or sliding window's counts: limits.lua's six
--- accessors) go through a cache of their decoded numbers: a key is read from Redis once, by the
--- first item that reads it; the items after it read what the ones before them wrote; and it is
--- written once, after the last item, with the value and the expiry (PX, from the one clock) of the
--- last write limits.lua alone would have made. A hot key's batch of k checks thus costs one GET and
--- one SET instead of k of each, and no parsing or formatting of the state per item. The sorted sets
--- (sliding log, concurrency) and the penalty box's keys are read and written by each item, as
--- alone. So that Redis and the cache never disagree about a key, a cached key is written out and
--- forgotten before an item uses it otherwise (as a sorted set or a penalty key, or as another
--- algorithm's state), and an item that names one key twice runs on Redis directly: alone, such a
--- key would meet its other use's command (WRONGTYPE, or a value of the other format), and it does
--- here too.
+-- The string states (limits.lua's six accessors) go through a cache of their decoded numbers: a
+-- key is read once, by the first item that reads it, and written once, after the last item, with
+-- the value and expiry of the last write limits.lua alone would make (a hot key's batch of k checks:
+-- one GET and one SET, no parsing per item). Sorted sets and penalty keys are read and written per
+-- item, as alone. So that Redis and the cache never disagree, a cached key is written out and
+-- forgotten before an item uses it otherwise (a sorted set, a penalty key, another algorithm's
+-- state), and an item that names one key twice runs on Redis directly, meeting what it would alone.
 
 -- Per key: {kind = 0 (GCRA: a = backlog), 2 (fixed window: a = window, b = count) or 3 (sliding
 -- window: a = window, b = current, c = previous)}, as limits.lua's accessors read it (a = nil: no

@@ -2,7 +2,7 @@
 //! reads it back into decisions). Sent alone (scripts.rs) or as one item of a `limits_batch.lua` call (batch.rs), with
 //! the same keys and arguments either way, so that both paths decide alike.
 
-use super::args::Spec;
+use super::args::{penalty_args, Spec};
 use crate::penalty::Penalty;
 
 /// One decision of `limits.lua`: `quantity` units under each of `specs` (or `each[i]` under
@@ -35,22 +35,8 @@ impl LimitsCall {
 
     /// The call's arguments (see the script's header).
     pub(crate) fn args(&self) -> Vec<u64> {
-        let (after, within, ban) = match &self.penalty {
-            Some((penalty, _)) => (
-                u64::from(penalty.after()),
-                penalty.within().as_millis().max(1) as u64,
-                penalty.ban().as_millis().max(1) as u64,
-            ),
-            None => (0, 0, 0),
-        };
-        let mut args = vec![
-            self.specs.len() as u64,
-            self.quantity,
-            self.token,
-            after,
-            within,
-            ban,
-        ];
+        let mut args = vec![self.specs.len() as u64, self.quantity, self.token];
+        args.extend(penalty_args(self.penalty.as_ref().map(|(p, _)| p)));
         for spec in &self.specs {
             args.extend([u64::from(spec.kind), spec.limit, spec.a, spec.b]);
         }

@@ -86,6 +86,23 @@ pub(crate) const UNKNOWN: u8 = 0;
 pub(crate) const CELL: u8 = 1;
 pub(crate) const LUA: u8 = 2;
 
+/// The path a byte stands for, and back.
+pub(crate) fn path_of(code: u8) -> Option<RedisMode> {
+    match code {
+        CELL => Some(RedisMode::Cell),
+        LUA => Some(RedisMode::Lua),
+        _ => None,
+    }
+}
+
+pub(crate) fn path_code(path: Option<RedisMode>) -> u8 {
+    match path {
+        Some(RedisMode::Cell) => CELL,
+        Some(RedisMode::Lua) => LUA,
+        _ => UNKNOWN,
+    }
+}
+
 /// `"cell"`, `"lua"` or `"unknown"`: the path a backend decides on, as logs and health name it.
 pub(crate) fn path_name(path: Option<RedisMode>) -> &'static str {
     match path {

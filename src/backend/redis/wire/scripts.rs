@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use redis::{RedisError, Script};
 
-use super::args::{Args, CellArgs};
+use super::args::{penalty_args, Args, CellArgs};
 use super::limits_call::LimitsCall;
 use super::lua;
-use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::decision::Decision;
 
 /// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
@@ -22,13 +22,11 @@ static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
 /// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
 static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
 
-/// A decision and how it was made.
+/// A decision (`banned` when a penalty-box ban made it), and whether `CL.THROTTLE` made it: its
+/// durations are then whole seconds, rounded up.
 pub(crate) struct Answer {
     pub(crate) decision: Decision,
-    /// By `CL.THROTTLE`: durations in whole seconds, rounded up.
     pub(crate) whole_seconds: bool,
-    /// By a penalty-box ban.
-    pub(crate) banned: bool,
 }
 
 /// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
@@ -50,16 +48,15 @@ pub(crate) async fn gcra(
         .arg(args.tolerance)
         .arg(args.limit)
         .arg(quantity);
-    if let Some(penalty) = &args.penalty {
+    if args.penalty.is_some() {
         // Same hash tag as the state: one slot, one atomic call.
         invocation
             .key(format!("{key}:strikes"))
-            .key(format!("{key}:ban"))
-            .arg(penalty.after())
-            .arg(penalty.within().as_millis().max(1) as u64)
-            .arg(penalty.ban().as_millis().max(1) as u64);
-    } else if args.metered() {
-        invocation.arg(0).arg(0).arg(0);
+            .key(format!("{key}:ban"));
+    }
+    // The penalty's three (0 0 0 without one) come before a metered limit's ceiling.
+    if args.penalty.is_some() || args.metered() {
+        invocation.arg(&penalty_args(args.penalty.as_ref())[..]);
     }
     if args.metered() {
         // A metered limit's debt is read as debt, not as another quota's state.
@@ -75,7 +72,6 @@ pub(crate) async fn gcra(
     Ok(Answer {
         decision,
         whole_seconds: false,
-        banned: banned == 1,
     })
 }
 
@@ -124,7 +120,6 @@ pub(crate) fn cell_answer(reply: [i64; 5]) -> Answer {
         // Whole seconds, truncated: report the next whole second, which is never early.
         decision: from_reply(reply, |secs| Duration::from_secs(secs.saturating_add(1))),
         whole_seconds: true,
-        banned: false,
     }
 }
 
@@ -150,10 +145,9 @@ pub(crate) fn limits_decisions(
     reply: &[i64],
 ) -> Result<Vec<Decision>, RedisError> {
     if reply.len() != call.reply_len() {
-        return Err(RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
+        return Err(unexpected(
             "the limits script returned a reply of the wrong length",
-        )));
+        ));
     }
     let banned = reply[0] == 1;
     Ok(reply[1..]

@@ -1,30 +1,22 @@
--- settle.lua: settles what a request cost, atomically, for one client, after the prelude
--- (prelude.lua): gives back units a request took (counting by outcome, or a metered request that
--- cost less than it reserved), or charges a metered request's extra cost.
+-- settle.lua: settles what a request cost, atomically, for one client, after the prelude: gives
+-- back units it took (counting by outcome, or a metered request that cost less than it reserved),
+-- or charges a metered request's extra cost.
 --
--- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it (the GCRA's TAT is
---             redis-cell's format, so a settle works on either path).
--- ARGV        N, since (µs: an upper bound on the time since the request was admitted), then four
---             per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window); GCRA: the
---             emission interval (ns), windows: the period (µs); the delta (units: negative gives
---             back, positive charges, 0 leaves the limit alone); and the GCRA's ceiling (ns: its
---             tolerance plus its debt cap), a fixed window's shift (µs: its key's clock runs that far
---             ahead, so that its windows start at the key's own phase), 0 for the other windows.
+-- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it.
+-- ARGV        N, since (µs: an upper bound on the time since admission), then four per limit:
+--             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window); the GCRA's interval
+--             (ns) or a window's period (µs); the delta (units: negative gives back, positive
+--             charges, 0 leaves it); the GCRA's ceiling (ns), a fixed window's shift (µs), or 0.
 -- Returns     N.
 --
--- Giving back never gives back more than the request took: the state becomes at most what it would
--- be had the request not come. GCRA: the TAT moves back by |delta| x interval (the caller only asks
--- while the request's units still count, so nothing has drained them). Fixed window: only from the
--- window that admitted the request, while it is the current one. Sliding window: from the window
--- that admitted it (or, when the admission may lie across a boundary, the one before, which weighs
--- less). Sliding log: the oldest units logged at or after the earliest time the request may have
--- been admitted.
+-- Giving back never gives back more than the request took: GCRA, the TAT moves back by |delta| x
+-- interval (asked only while the units still count); fixed window, only from the window that
+-- admitted it, while current; sliding window, from that window (or, across a boundary, the one
+-- before, which weighs less); sliding log, the oldest units logged since the earliest admission.
 --
--- Charging (metered limits are GCRA only; a positive delta for a window is ignored) admits nothing
--- and refuses nothing, the response has been sent: the TAT moves on by delta x interval from
--- max(TAT, now), capped at now + ceiling, so the key may end in debt (past the tolerance), by at
--- most the debt cap; a TAT already beyond the cap (another quota's) is left as it is. The key then
--- expires when the TAT passes, as after a decision.
+-- Charging (GCRA only; a positive delta for a window is ignored) admits and refuses nothing: the TAT
+-- moves on by delta x interval from max(TAT, now), capped at now + ceiling, so the key may owe up to
+-- the debt cap; a TAT already beyond the cap (another quota's) is left as it is.
 
 local n = tonumber(ARGV[1])
 local since_us = tonumber(ARGV[2])
