@@ -34,10 +34,12 @@ LIMIT = 500
 # order, bottom to top: the pure algorithms and keys; backend/ (with backend/redis/); policy/;
 # engine/ (the decisions); handle.rs; middleware/ (tower's skeleton); config/; lib.rs. A feature
 # folder sits where its parts do: rollout/ and meter/ below the engine but for the engine's part
-# of rollout (rollout::shadows).
-ABOVE_BACKEND = ("policy", "per_customer", "rollout", "meter", "engine", "handle", "middleware", "config", "crate")
+# of rollout (rollout::shadows); overrides/ (what an operator changes at run time) above backend/
+# (whose records keep them) and below policy/ and the engine (which read them).
+ABOVE_BACKEND = ("policy", "per_customer", "rollout", "meter", "overrides", "engine", "handle", "middleware", "config", "crate")
 LAYER_RULES = [
     ("backend", ABOVE_BACKEND, ()),
+    ("overrides", ("policy", "per_customer", "engine", "handle", "middleware", "config", "crate"), ()),
     ("policy", ("engine", "handle", "middleware", "config", "crate"), ()),
     ("rollout", ("engine", "handle", "middleware", "config", "crate"), ("rollout::shadows",)),
     ("meter", ("engine", "handle", "middleware", "config", "crate"), ()),

@@ -31,7 +31,6 @@ use tokio::sync::oneshot;
 
 use super::conn::backoff::Backoff;
 use super::conn::connection::RedisConnection;
-use super::records::{self, RECORDS};
 use super::state::RedisState;
 
 /// The channel of `prefix`'s resets.
@@ -42,6 +41,9 @@ pub(super) fn channel(prefix: &str) -> String {
 /// The first line of a reload's message; the names of the limits follow, one a line. A reset's
 /// message is Redis keys, which start with the prefix (which cannot hold `!`).
 const RELOAD: &str = "!reload";
+
+/// The first line of a message of records (records.rs) changed; the table's name follows.
+pub(super) const RECORDS: &str = "!records\n";
 
 /// Tells the other processes that `keys` were reset. Best effort: the reset itself is done, and a
 /// process that misses this message drops its caches when it subscribes again.
@@ -190,7 +192,7 @@ impl FirstAttempt {
     /// subscription (a slow subscription, under load) would lose them; what it can cost is one
     /// slice credited across a reset published in that moment of start-up.
     fn subscribed_on(&mut self, state: &RedisState) {
-        records::heard(state, None);
+        heard(state, None);
         if self.0.is_some() {
             if let Some(deny) = &state.deny {
                 deny.clear();
@@ -285,7 +287,7 @@ fn forget(state: &RedisState, payload: &[u8]) {
         return;
     };
     if let Some(table) = payload.strip_prefix(RECORDS) {
-        records::heard(state, Some(table));
+        heard(state, Some(table));
         return;
     }
     let mut lines = payload.split('\n');
@@ -315,6 +317,17 @@ pub(super) fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = 
         if let Some(deny) = &state.deny {
             deny.forget_prefix(&keys);
         }
+    }
+}
+
+/// Tells every layer listening that `table` changed (`None`: any may have).
+fn heard(state: &RedisState, table: Option<&str>) {
+    let heard = state
+        .records_heard
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    for on_change in heard.iter() {
+        on_change(table);
     }
 }
 
