@@ -16,6 +16,7 @@ mod support;
 mod access_on_redis;
 mod admin_handle_on_redis;
 mod admin_page;
+mod body_keys_on_redis;
 mod conditions_on_redis;
 mod example_server;
 mod example_server_admin;
