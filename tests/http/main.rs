@@ -24,6 +24,7 @@ mod example_server_cli;
 mod example_server_cluster;
 mod example_server_edge;
 mod example_server_heads;
+mod example_server_login;
 mod example_server_reload_errors;
 mod example_server_sentinel_tls;
 mod example_server_state;
