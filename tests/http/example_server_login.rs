@@ -33,17 +33,26 @@ async fn the_built_in_login_route_limits_each_username_from_the_json_body() {
     let server = start(&[]);
     let login = |user: &str| format!(r#"{{"username":{user},"password":"hunter2"}}"#);
     for _ in 0..5 {
-        assert_eq!(post_json(server.addr, "/login", &login(r#""alice""#)).await, 200);
+        assert_eq!(
+            post_json(server.addr, "/login", &login(r#""alice""#)).await,
+            200
+        );
     }
     // The same user re-spelled with escapes shares the budget; another user has their own.
     for alice in [r#""alice""#, r#""\u0061lice""#, r#""al\u0069\u0063e""#] {
         assert_eq!(post_json(server.addr, "/login", &login(alice)).await, 429);
     }
     for _ in 0..5 {
-        assert_eq!(post_json(server.addr, "/login", &login(r#""bob""#)).await, 200);
+        assert_eq!(
+            post_json(server.addr, "/login", &login(r#""bob""#)).await,
+            200
+        );
     }
     // No username, or two: 400.
-    assert_eq!(post_json(server.addr, "/login", r#"{"password":"x"}"#).await, 400);
+    assert_eq!(
+        post_json(server.addr, "/login", r#"{"password":"x"}"#).await,
+        400
+    );
     let two = r#"{"username":"carol","username":"alice"}"#;
     assert_eq!(post_json(server.addr, "/login", two).await, 400);
 }
