@@ -1,6 +1,7 @@
 //! Limits per customer: a policy's quota from the request ([`PolicyBuilder::quota_from`], a
 //! [`QuotaResolver`] that may be async), and what else a policy may decide per request, off the fast
-//! path: an async key ([`AsyncKey`](crate::key::AsyncKey)) and counting by outcome
+//! path: an async key ([`AsyncKey`](crate::key::AsyncKey)), a key from the body
+//! ([`BodyField`](crate::key::BodyField)) and counting by outcome
 //! ([`PolicyBuilder::count_only`]). A policy that uses none of them costs one `Option` check per
 //! request.
 //!
@@ -17,7 +18,8 @@ use std::time::Duration;
 use http::request::Parts;
 
 use crate::error::BuildError;
-use crate::key::{AsyncKey, Key};
+use crate::key::body::BodyRule;
+use crate::key::{AsyncKey, BodyField, Key, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
 use crate::limit::{Algorithm, Limit};
 use crate::meter::MeterRule;
 use crate::observe::ResolveLog;
@@ -118,6 +120,11 @@ pub(crate) struct ExtrasBuilder {
     pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
     pub(crate) resolve_timeout: Option<Duration>,
     pub(crate) async_key: Option<AsyncKey>,
+    /// A key from the body ([`PolicyBuilder::body_key`](crate::PolicyBuilder::body_key)), and
+    /// how much of it may be read, for how long.
+    pub(crate) body_key: Option<BodyField>,
+    pub(crate) max_body: Option<usize>,
+    pub(crate) body_timeout: Option<Duration>,
     pub(crate) outcome: OutcomeRule,
     pub(crate) metered: crate::meter::MeteredBuilder,
     /// Shadow limits (`rollout/`), decided beside the policy's own on the extended path.
@@ -130,6 +137,7 @@ impl fmt::Debug for ExtrasBuilder {
             .field("quota_from", &self.quota_from.is_some())
             .field("resolver", &self.resolver.is_some())
             .field("async_key", &self.async_key)
+            .field("body_key", &self.body_key)
             .field("outcome", &self.outcome)
             .field("shadows", &self.shadows)
             .finish()
@@ -201,9 +209,13 @@ impl ExtrasBuilder {
                  limit would count every response)",
             ));
         }
+        let body = self
+            .body_rule(metered.as_ref())
+            .map_err(|why| invalid(&why))?;
         if self.quota_from.is_none()
             && self.resolver.is_none()
             && self.async_key.is_none()
+            && body.is_none()
             && !self.outcome.is_set()
             && self.shadows.is_empty()
             && metered.is_none()
@@ -217,12 +229,44 @@ impl ExtrasBuilder {
             resolver: self.resolver,
             resolve_timeout: self.resolve_timeout.unwrap_or(DEFAULT_RESOLVE_TIMEOUT),
             async_key: self.async_key,
+            body,
             outcome: self.outcome.is_set().then(|| Arc::new(self.outcome)),
             metered,
             custom: Mutex::new(HashMap::new()),
             log: ResolveLog::default(),
             shadows: self.shadows,
         })))
+    }
+}
+
+impl ExtrasBuilder {
+    /// What the policy reads from the body (its key, its metered estimate), if anything.
+    fn body_rule(&self, metered: Option<&MeterRule>) -> Result<Option<BodyRule>, String> {
+        let estimate = metered.and_then(|m| m.estimate.body_field());
+        if self.body_key.is_some() && self.async_key.is_some() {
+            return Err("a body key and an async key both choose the key; use one".into());
+        }
+        if self.body_key.is_none() && estimate.is_none() {
+            if self.max_body.is_some() || self.body_timeout.is_some() {
+                return Err(
+                    "max_body and body_timeout are set but nothing reads the body (a \
+                     body key or a metered estimate from the body)"
+                        .into(),
+                );
+            }
+            return Ok(None);
+        }
+        if self.max_body == Some(0) {
+            return Err("max_body must be at least 1 byte".into());
+        }
+        if self.body_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("body_timeout must be more than 0".into());
+        }
+        Ok(Some(BodyRule {
+            key: self.body_key.clone(),
+            max: self.max_body.unwrap_or(DEFAULT_MAX_BODY),
+            timeout: self.body_timeout.unwrap_or(DEFAULT_BODY_TIMEOUT),
+        }))
     }
 }
 
@@ -235,6 +279,8 @@ pub(crate) struct PolicyExtras {
     pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
     pub(crate) resolve_timeout: Duration,
     pub(crate) async_key: Option<AsyncKey>,
+    /// What it reads from the request body.
+    pub(crate) body: Option<BodyRule>,
     pub(crate) outcome: Option<Arc<OutcomeRule>>,
     /// The metered limit's rule (its place in the stack, its estimate, its usage header).
     pub(crate) metered: Option<MeterRule>,
@@ -250,6 +296,7 @@ impl fmt::Debug for PolicyExtras {
             .field("quota_from", &self.quota_from.is_some())
             .field("resolver", &self.resolver.is_some())
             .field("async_key", &self.async_key)
+            .field("body", &self.body)
             .field("outcome", &self.outcome)
             .field("metered", &self.metered)
             .finish_non_exhaustive()
@@ -279,6 +326,7 @@ impl PolicyExtras {
             custom: Mutex::new(HashMap::new()),
             log: ResolveLog::default(),
             shadows: Box::new([]),
+            body: None,
         })
     }
 

@@ -29,6 +29,7 @@ pub use crate::per_customer::{BoxError, QuotaFuture, QuotaResolver};
 pub use crate::policy_decision::{LimitDecision, PolicyDecision, RequestDecisions};
 pub use crate::quota::QuotaError;
 
+mod body_key;
 mod compiled;
 mod condition;
 mod limits;

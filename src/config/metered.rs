@@ -11,8 +11,11 @@
 //! period = "1m"
 //! metered = { charge = "after-response", unit = "tokens", count = 100000, period = "1m", estimate = 1000, estimate_header = "x-max-tokens", usage_header = "x-usage-tokens", max_debt = 100000 }
 //! ```
+//!
+//! `estimate = "json:max_tokens"` reserves the number in the JSON body's field instead (the route
+//! reads the body, as for a body key: `max_body`, `body_timeout`).
 
-use super::schema::MeteredConfig;
+use super::schema::{EstimateConfig, MeteredConfig};
 use crate::limit::Limit;
 use crate::meter::Estimate;
 use crate::policy::PolicyBuilder;
@@ -31,7 +34,7 @@ impl MeteredConfig {
                  settled after the response; leave metered out to charge at admission)"
             ));
         }
-        let Some(estimate) = self.estimate else {
+        let Some(estimate) = &self.estimate else {
             return Err(
                 "metered: estimate is required (the units a request reserves, or the default of \
                  estimate_header)"
@@ -48,9 +51,20 @@ impl MeteredConfig {
         if let Some(max_debt) = self.max_debt {
             limit = limit.with_max_debt(max_debt);
         }
-        let estimate = match &self.estimate_header {
-            Some(header) => Estimate::header(header.clone(), estimate),
-            None => Estimate::fixed(estimate),
+        let estimate = match (estimate, &self.estimate_header) {
+            (EstimateConfig::Units(units), Some(header)) => {
+                Estimate::header(header.clone(), *units)
+            }
+            (EstimateConfig::Units(units), None) => Estimate::fixed(*units),
+            // Without the field, the most one request may reserve (an estimate is capped there).
+            (EstimateConfig::Body(field), None) => Estimate::body(field.clone(), u64::MAX),
+            (EstimateConfig::Body(_), Some(_)) => {
+                return Err(
+                    "metered: estimate_header and an estimate from the body both say what \
+                     a request reserves; use one"
+                        .into(),
+                )
+            }
         };
         let mut builder = builder.metered(limit, estimate);
         if let Some(header) = &self.usage_header {

@@ -51,8 +51,8 @@ pub use crate::backend::configured::{BackendHealth, ConfiguredBackend, Configure
 pub use crate::backend::memory::state_file::AsMemory;
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
-    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, MeteredConfig, PenaltyConfig,
-    QuotaConfig, RedisConfig, RouteConfig, TierConfig, WhenConfig,
+    AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, EstimateConfig, MeteredConfig,
+    PenaltyConfig, QuotaConfig, RedisConfig, RouteConfig, TierConfig, WhenConfig,
 };
 
 use crate::access::AccessList;

@@ -58,7 +58,8 @@ const fn row(
 pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     // TOML keys                                    builder options                        how
     row(&["name"], &["Policy::builder"], |_, _, b| Ok(b)), // the builder starts from the name
-    row(&["key", "on_duplicate", "ipv6_prefix", "ipv4_prefix"], &["key"], key),
+    row(&["key", "on_duplicate", "ipv6_prefix", "ipv4_prefix"], &["key", "body_key"], key),
+    row(&["max_body", "body_timeout"], &["max_body", "body_timeout"], |r, _, b| Ok(set(set(b, r.max_body, Builder::max_body), r.body_timeout, Builder::body_timeout))),
     row(&["algorithm"], &["algorithm", "Limit::with_algorithm"], |r, _, b| Ok(b.algorithm(algorithm(r)?))),
     row(&["count", "period", "max_burst", "quotas"], &["quotas", "shadow"], quotas),
     row(&["cost"], &["cost"], |r, _, b| Ok(b.cost(r.cost.unwrap_or(1)))),
@@ -205,7 +206,10 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
         }
         _ => {}
     }
-    Ok(builder.key(key))
+    Ok(match key {
+        KeySpec::Body(field) => builder.body_key(field),
+        key => builder.key(key),
+    })
 }
 
 /// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::engine::OnBackendError;
-use crate::key::KeySpec;
+use crate::key::{BodyField, KeySpec};
 
 /// The `[backend]` table.
 // Parsed once per file: the size of the Redis variant costs nothing worth a `Box` in the API.
@@ -183,8 +183,9 @@ pub struct RouteConfig {
     #[serde(default)]
     pub when: Option<WhenConfig>,
     /// `"ip"`, `"client-ip"`, `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"`,
-    /// `"path:<name>"` (a parameter of `path`), or an array of these for a composite key
-    /// (`["header:x-api-key", "path:org"]`).
+    /// `"path:<name>"` (a parameter of `path`), `"json:<path>"` or `"form:<name>"` (a field of the
+    /// request body), or an array of these for a composite key (`["header:x-api-key",
+    /// "path:org"]`; not with body fields).
     #[serde(deserialize_with = "key_spec")]
     pub key: KeySpec,
     /// A key header, query parameter or cookie sent more than once: `"refuse"` (the default: the
@@ -198,6 +199,14 @@ pub struct RouteConfig {
     /// per address).
     #[serde(default)]
     pub ipv4_prefix: Option<u8>,
+    /// For a key or metered estimate from the body (`json:`, `form:`): the most bytes of a body
+    /// read for it (default 16384); a larger body has no key.
+    #[serde(default)]
+    pub max_body: Option<usize>,
+    /// For a key or metered estimate from the body: how long the body may take to arrive (default
+    /// `"2s"`); a slower one has no key.
+    #[serde(default, deserialize_with = "some_duration")]
+    pub body_timeout: Option<Duration>,
     /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1. GCRA only.
     #[serde(default)]
     pub max_burst: Option<u64>,
@@ -288,6 +297,34 @@ pub struct RouteConfig {
     pub metered: Option<MeteredConfig>,
 }
 
+/// A metered limit's `estimate`: a number of units, or a field of the request body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EstimateConfig {
+    /// `estimate = 1000`.
+    Units(u64),
+    /// `estimate = "json:max_tokens"`.
+    Body(BodyField),
+}
+
+fn some_estimate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EstimateConfig>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(
+        untagged,
+        expecting = "a number of units, or a body field such as \"json:max_tokens\""
+    )]
+    enum Text {
+        Units(u64),
+        Field(String),
+    }
+    Ok(Some(match Text::deserialize(d)? {
+        Text::Units(units) => EstimateConfig::Units(units),
+        Text::Field(field) => {
+            EstimateConfig::Body(field.parse().map_err(serde::de::Error::custom)?)
+        }
+    }))
+}
+
 /// A route's `metered` table: the limit whose cost is settled after the response.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -310,9 +347,11 @@ pub struct MeteredConfig {
     #[serde(default)]
     pub max_burst: Option<u64>,
     /// The units a request reserves when it is admitted (with `estimate_header`: when the header
-    /// is absent or not a number). Required.
-    #[serde(default)]
-    pub estimate: Option<u64>,
+    /// is absent or not a number), or a field of the request body holding them,
+    /// `"json:max_tokens"` (when the body has no such number: the limit's burst, the most one
+    /// request may reserve). Required.
+    #[serde(default, deserialize_with = "some_estimate")]
+    pub estimate: Option<EstimateConfig>,
     /// A request header holding the units to reserve, such as a client's `"x-max-tokens"`.
     #[serde(default)]
     pub estimate_header: Option<String>,

@@ -1,5 +1,5 @@
 //! The extended path of [`Throttle`]: requests of a policy that uses per-customer quotas, an async
-//! key or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
+//! key, a key or estimate from the body, or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
 //! between them (the key, the quota) and makes the verdict; the response future then carries it out
 //! with the guard that settles the request by its outcome. Policies that use none of this never come
 //! here: for them the whole cost is the `Option` check in `Throttle::call`.
@@ -17,6 +17,7 @@ use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Checked, RequestContext, Verdict};
+use crate::key::body::read::{ErasedBody, Reading};
 use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard, Settle};
@@ -34,6 +35,9 @@ pub(crate) struct Prepared {
     pub(crate) verdict: Verdict,
     pub(crate) release: Option<Release>,
     pub(crate) outcome: Option<Box<OutcomeGuard>>,
+    /// The request body, rebuilt after the policy read it (an `Option` of the request's body
+    /// type); `None` when it was not read (the response future kept it).
+    pub(crate) body: Option<ErasedBody>,
 }
 
 /// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
@@ -44,16 +48,68 @@ pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 pub(crate) enum KeyAhead {
     Read(Result<Key, Missing>),
     Async(AsyncKey),
+    /// From the request body, once read.
+    Body,
 }
 
-/// The verdict on a request of the extended path, whose key is found first if it is async.
+/// The request body of a policy that reads it (a body key, a metered estimate from the body):
+/// being read, or of a type the layer cannot rebuild (named), which is not read.
+pub(crate) enum BodyAhead {
+    Reading(Reading),
+    Unreadable(&'static str),
+}
+
+/// The verdict on a request of the extended path, whose body is read first if its policy reads
+/// it, and whose key is found first if it is async.
 pub(crate) async fn prepare<K, B>(
     shared: Arc<Shared<K, B>>,
     table: Arc<Table<K>>,
     policy: usize,
     extras: Arc<PolicyExtras>,
+    (key, body): (KeyAhead, Option<BodyAhead>),
+    parts: Parts,
+) -> Prepared
+where
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let (read, whole) = match body {
+        Some(BodyAhead::Reading(reading)) => {
+            let (read, whole) = reading.await;
+            (Some(read), whole)
+        }
+        Some(BodyAhead::Unreadable(type_name)) => {
+            let why = format!("the layer cannot read request bodies of type {type_name}");
+            extras
+                .log
+                .record(extras.name(), "request body", &why, "no key from the body");
+            (None, None)
+        }
+        None => (None, None),
+    };
+    let mut prepared = prepare_read(
+        &shared,
+        &table,
+        policy,
+        &extras,
+        key,
+        parts,
+        whole.as_deref(),
+    )
+    .await;
+    prepared.body = read;
+    prepared
+}
+
+/// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
+async fn prepare_read<K, B>(
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    policy: usize,
+    extras: &Arc<PolicyExtras>,
     key: KeyAhead,
     parts: Parts,
+    whole: Option<&[u8]>,
 ) -> Prepared
 where
     K: Send + Sync + 'static,
@@ -61,6 +117,16 @@ where
 {
     let (parts, key) = match key {
         KeyAhead::Read(key) => (parts, key),
+        KeyAhead::Body => {
+            let field = extras.body.as_ref().and_then(|rule| rule.key.as_ref());
+            let key = match field {
+                Some(field) => whole
+                    .and_then(|body| field.key(&parts.headers, body))
+                    .ok_or_else(|| Missing::Expected(field.describe())),
+                None => Err(Missing::Expected("a key from the body".into())),
+            };
+            (parts, key)
+        }
         KeyAhead::Async(async_key) => {
             let (parts, found) = async_key.extract(parts).await;
             let key = match found {
@@ -77,11 +143,11 @@ where
             (parts, key)
         }
     };
-    let key = match steps::keyed(&shared, &table, policy, key, RequestRef::of_parts(&parts)) {
+    let key = match steps::keyed(shared, table, policy, key, RequestRef::of_parts(&parts)) {
         Ok(key) => key,
-        Err(verdict) => return with_meter(answered(parts, verdict), &extras),
+        Err(verdict) => return with_meter(answered(parts, verdict), extras),
     };
-    decide(&shared, &table, policy, &extras, key, parts).await
+    decide(shared, table, policy, extras, key, (parts, whole)).await
 }
 
 /// After the access lists and the key: the quota, the ban, the backend and the verdict.
@@ -91,7 +157,7 @@ async fn decide<K, B>(
     policy: usize,
     extras: &Arc<PolicyExtras>,
     key: Key,
-    parts: Parts,
+    (parts, whole): (Parts, Option<&[u8]>),
 ) -> Prepared
 where
     K: Send + Sync + 'static,
@@ -121,7 +187,7 @@ where
     let limits = steps::limits_of(table, policy, tier, custom.as_deref());
     let asked = Instant::now();
     // A metered limit reserves the request's estimate; the others take its cost.
-    let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts));
+    let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
     let check = match (&extras.metered, estimate) {
         (Some(metered), Some(estimate)) => {
             let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
@@ -268,6 +334,7 @@ where
         verdict,
         release,
         outcome,
+        body: None,
     }
 }
 
@@ -367,5 +434,6 @@ fn answered(parts: Parts, verdict: Verdict) -> Prepared {
         verdict,
         release: None,
         outcome: None,
+        body: None,
     }
 }

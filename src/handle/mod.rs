@@ -650,7 +650,7 @@ impl KeyFromText for KeySpec {
             KeySpec::Header(header) => header.key_from_text(text),
             KeySpec::Global => Global.key_from_text(text),
             // The value as it is after decoding: the bytes the extractor would count.
-            KeySpec::Query(_) | KeySpec::Cookie(_) | KeySpec::Path(_) => {
+            KeySpec::Query(_) | KeySpec::Cookie(_) | KeySpec::Path(_) | KeySpec::Body(_) => {
                 if let Some(key) = shown_bytes(text).filter(|_| !text.is_empty()) {
                     return Ok(key);
                 }

@@ -13,6 +13,8 @@
 //!   route (`/orgs/{org}/...`); [`Composite`]: several of these together.
 //! * [`Extension`]: a value that earlier middleware (authentication) put in the request's extensions.
 //! * [`Global`]: one key for every request.
+//! * [`BodyField`]: a field of a JSON or form body (`json:username`), for
+//!   [`PolicyBuilder::body_key`](crate::PolicyBuilder::body_key).
 //! * any closure `Fn(&Request<B>) -> Option<K>` where `K: Into<Key>`.
 //!
 //! ```
@@ -85,6 +87,7 @@
 //! server's (`&Request<axum::body::Body>` in axum).
 
 mod async_key;
+pub(crate) mod body;
 mod client_ip;
 mod extract;
 mod sources;
@@ -93,6 +96,7 @@ mod value;
 
 pub(crate) use async_key::Found;
 pub use async_key::{AsyncKey, DEFAULT_ASYNC_KEY_TIMEOUT};
+pub use body::{BodyField, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
 pub(crate) use client_ip::parse_net;
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies, MAX_HOPS};
 pub use extract::{

@@ -6,6 +6,7 @@ use std::fmt;
 
 use http::Request;
 
+use super::body::BodyField;
 use super::client_ip::ClientIp;
 use super::extract::{Global, Header, KeyExtractor, OnDuplicate, PeerIp};
 use super::sources::{Cookie, PathParam, QueryParam};
@@ -54,6 +55,9 @@ impl Composite {
         }
         if parts.iter().any(|p| matches!(p, KeySpec::Composite(_))) {
             return Err("a composite key's parts are not composite themselves".into());
+        }
+        if parts.iter().any(|p| matches!(p, KeySpec::Body(_))) {
+            return Err("a body key (json:, form:) cannot be part of a composite key yet".into());
         }
         Ok(Composite { parts })
     }
@@ -188,6 +192,10 @@ pub enum KeySpec {
     Path(PathParam),
     /// [`Composite`] (an array of the others).
     Composite(Composite),
+    /// A field of the request body (`"json:<path>"`, `"form:<name>"`), which only the extended
+    /// path reads: [`PolicyBuilder::body_key`](crate::PolicyBuilder::body_key) sets it. As a plain
+    /// extractor (without `body_key`) it finds no key.
+    Body(BodyField),
 }
 
 impl KeySpec {
@@ -267,9 +275,11 @@ impl std::str::FromStr for KeySpec {
                 Some(("path", name)) => {
                     Ok(KeySpec::Path(PathParam::unbound(source_name(s, name)?)))
                 }
+                Some(("json" | "form", _)) => s.parse().map(KeySpec::Body),
                 _ => Err(format!(
                     "key {s:?} is not one of \"ip\", \"client-ip\", \"global\", \"header:<name>\", \
-                     \"query:<name>\", \"cookie:<name>\", \"path:<name>\""
+                     \"query:<name>\", \"cookie:<name>\", \"path:<name>\", \"json:<path>\", \
+                     \"form:<name>\""
                 )),
             },
         }
@@ -287,6 +297,7 @@ impl fmt::Display for KeySpec {
             KeySpec::Cookie(c) => write!(f, "cookie:{}", c.name()),
             KeySpec::Path(p) => write!(f, "path:{}", p.name()),
             KeySpec::Composite(c) => fmt::Display::fmt(c, f),
+            KeySpec::Body(field) => fmt::Display::fmt(field, f),
         }
     }
 }
@@ -333,6 +344,12 @@ impl From<Header> for KeySpec {
     }
 }
 
+impl From<BodyField> for KeySpec {
+    fn from(field: BodyField) -> Self {
+        KeySpec::Body(field)
+    }
+}
+
 impl From<Global> for KeySpec {
     fn from(_: Global) -> Self {
         KeySpec::Global
@@ -350,6 +367,8 @@ impl<B> KeyExtractor<B> for KeySpec {
             KeySpec::Cookie(c) => c.extract(request),
             KeySpec::Path(p) => p.extract(request),
             KeySpec::Composite(c) => c.extract(request),
+            // Read from the body on the extended path (PolicyBuilder::body_key), not here.
+            KeySpec::Body(_) => None,
         }
     }
 
@@ -363,6 +382,7 @@ impl<B> KeyExtractor<B> for KeySpec {
             KeySpec::Cookie(c) => KeyExtractor::<B>::describe(c),
             KeySpec::Path(p) => KeyExtractor::<B>::describe(p),
             KeySpec::Composite(c) => KeyExtractor::<B>::describe(c),
+            KeySpec::Body(field) => field.describe(),
         }
     }
 }

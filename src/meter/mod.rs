@@ -26,6 +26,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName};
 
 use crate::error::BuildError;
+use crate::key::BodyField;
 use crate::limit::{Algorithm, Limit};
 
 /// What a metered request really cost, as its handler reports it: a request extension the
@@ -138,6 +139,7 @@ pub struct Estimate(EstimateKind);
 enum EstimateKind {
     Fixed(u64),
     Header(String, u64),
+    Body(BodyField, u64),
     Fn(Arc<EstimateFn>),
 }
 
@@ -154,6 +156,22 @@ impl Estimate {
         Estimate(EstimateKind::Header(name.into(), default))
     }
 
+    /// Reserves the whole number in `field` of the request body (a JSON request's `max_tokens`:
+    /// `BodyField::json("max_tokens")`), or `default` when the body has no such number (absent,
+    /// not a whole number, a body over the policy's [`max_body`](crate::PolicyBuilder::max_body)).
+    /// The policy reads the body for it, as for a [body key](crate::PolicyBuilder::body_key). The
+    /// client chooses it, as with [`header`](Self::header).
+    ///
+    /// ```
+    /// use tower_throttle::{key::BodyField, Estimate};
+    ///
+    /// let max_tokens = Estimate::body(BodyField::json("max_tokens").unwrap(), 1_000);
+    /// # let _ = max_tokens;
+    /// ```
+    pub fn body(field: BodyField, default: u64) -> Self {
+        Estimate(EstimateKind::Body(field, default))
+    }
+
     /// Reserves what `f` computes from the request's parts (its headers, its URI, an extension an
     /// earlier layer inserted, such as a parsed body's `max_tokens`).
     pub fn from_fn<F>(f: F) -> Self
@@ -161,6 +179,14 @@ impl Estimate {
         F: Fn(&Parts) -> u64 + Send + Sync + 'static,
     {
         Estimate(EstimateKind::Fn(Arc::new(f)))
+    }
+
+    /// The body field this estimate reads, if it reads one.
+    pub(crate) fn body_field(&self) -> Option<&BodyField> {
+        match &self.0 {
+            EstimateKind::Body(field, _) => Some(field),
+            _ => None,
+        }
     }
 
     /// The header this estimate reads, if it reads one (to check its name when the policy is built).
@@ -181,6 +207,11 @@ impl fmt::Debug for Estimate {
                 .field(name)
                 .field(default)
                 .finish(),
+            EstimateKind::Body(field, default) => f
+                .debug_tuple("Estimate::body")
+                .field(&field.to_string())
+                .field(default)
+                .finish(),
             EstimateKind::Fn(_) => f.write_str("Estimate::from_fn(..)"),
         }
     }
@@ -198,8 +229,9 @@ pub(crate) struct MeterRule {
 }
 
 impl MeterRule {
-    /// What a request reserves.
-    pub(crate) fn estimate(&self, parts: &Parts) -> u64 {
+    /// What a request reserves; `body`: the whole request body, when the policy read it and it
+    /// came whole.
+    pub(crate) fn estimate(&self, parts: &Parts, body: Option<&[u8]>) -> u64 {
         let units = match &self.estimate.0 {
             EstimateKind::Fixed(n) => *n,
             EstimateKind::Header(name, default) => parts
@@ -207,6 +239,9 @@ impl MeterRule {
                 .get(name.as_str())
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(*default),
+            EstimateKind::Body(field, default) => body
+                .and_then(|body| field.units(&parts.headers, body))
                 .unwrap_or(*default),
             EstimateKind::Fn(f) => f(parts),
         };
@@ -468,11 +503,23 @@ mod tests {
                 .0
         };
         let header = rule(Estimate::header("x-max-tokens", 7));
-        assert_eq!(header.estimate(&parts("12")), 12);
-        assert_eq!(header.estimate(&parts("-3")), 7);
-        assert_eq!(header.estimate(&parts("99999")), 1000);
+        assert_eq!(header.estimate(&parts("12"), None), 12);
+        assert_eq!(header.estimate(&parts("-3"), None), 7);
+        assert_eq!(header.estimate(&parts("99999"), None), 1000);
         let f = rule(Estimate::from_fn(|p| p.headers.len() as u64));
-        assert_eq!(f.estimate(&parts("1")), 1);
-        assert_eq!(rule(Estimate::fixed(5000)).estimate(&parts("1")), 1000);
+        assert_eq!(f.estimate(&parts("1"), None), 1);
+        assert_eq!(
+            rule(Estimate::fixed(5000)).estimate(&parts("1"), None),
+            1000
+        );
+        let body = rule(Estimate::body(BodyField::json("max_tokens").unwrap(), 9));
+        let mut json = parts("1");
+        json.headers
+            .insert("content-type", "application/json".parse().unwrap());
+        assert_eq!(body.estimate(&json, Some(br#"{"max_tokens":40}"#)), 40);
+        assert_eq!(body.estimate(&json, Some(br#"{"max_tokens":4e4}"#)), 1000);
+        assert_eq!(body.estimate(&json, Some(br#"{"tokens":40}"#)), 9);
+        assert_eq!(body.estimate(&json, None), 9);
+        assert_eq!(body.estimate(&parts("1"), Some(br#"{"max_tokens":40}"#)), 9);
     }
 }

@@ -87,7 +87,8 @@ pin_project! {
         // request's body wait beside it.
         Preparing {
             prepare: Preparing,
-            rest: Option<(S, ReqBody)>,
+            // The body, unless the policy reads it (then `Prepared` brings it back).
+            rest: Option<(S, Option<ReqBody>)>,
         },
         Delaying {
             // Boxed: delays are rare, and a Sleep would make every request's future larger.
@@ -116,8 +117,9 @@ where
     }
 
     /// A request on the extended path: `prepare` makes its verdict, then `service` (readied) is
-    /// called with the request rebuilt from its parts and `body`.
-    pub(crate) fn preparing(prepare: Preparing, service: S, body: ReqBody) -> Self {
+    /// called with the request rebuilt from its parts and `body` (`None`: the body is being read,
+    /// and `prepare` gives it back).
+    pub(crate) fn preparing(prepare: Preparing, service: S, body: Option<ReqBody>) -> Self {
         ResponseFuture {
             state: State::Preparing {
                 prepare,
@@ -244,6 +246,13 @@ where
     }
 }
 
+/// The answer to a request whose body the layer read and could not give back (never expected).
+fn body_lost() -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from_static(b"request body lost\n"));
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
+}
+
 impl<S, ReqBody, D> fmt::Debug for ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
@@ -265,6 +274,7 @@ where
 impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: 'static,
     D: Future<Output = Result<Decision, BackendError>> + Unpin,
 {
     type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
@@ -295,11 +305,27 @@ where
                         verdict,
                         release,
                         outcome,
+                        body: read,
                     } = ready!(prepare.as_mut().poll(cx));
-                    let (mut service, body) =
+                    let (mut service, kept) =
                         rest.take().expect("ResponseFuture polled after completion");
-                    let request = Request::from_parts(parts, body);
-                    Self::carry_out_counted(verdict, &mut service, request, release, outcome).state
+                    // The body read for the policy comes back as the request's own type.
+                    let read = read.and_then(|mut b| b.downcast_mut::<Option<ReqBody>>()?.take());
+                    match kept.or(read) {
+                        Some(body) => {
+                            let request = Request::from_parts(parts, body);
+                            Self::carry_out_counted(
+                                verdict,
+                                &mut service,
+                                request,
+                                release,
+                                outcome,
+                            )
+                            .state
+                        }
+                        // Cannot happen (a body is read only as its own type); answered, not a panic.
+                        None => Self::refused(body_lost()).state,
+                    }
                 }
                 StateProj::Delaying { delayed } => {
                     let delayed = delayed.as_mut().project();

@@ -15,11 +15,12 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::engine::extended::{prepare, KeyAhead};
+use crate::engine::extended::{prepare, BodyAhead, KeyAhead};
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::steps;
 use crate::engine::table::Table;
 use crate::engine::verdict::RequestContext;
+use crate::key::body::{read, BodyRule};
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
@@ -88,6 +89,8 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<ReqBody>,
     B: Backend,
+    // 'static: a policy that reads the body finds its type's reader by `TypeId` (key/body/read.rs).
+    ReqBody: 'static,
     ResBody: http_body::Body<Data = Bytes>,
 {
     type Response = Response<ThrottleBody<ResBody>>;
@@ -205,17 +208,41 @@ where
     S: Service<Request<ReqBody>> + Clone,
     K: KeyExtractor<ReqBody> + Send + Sync + 'static,
     B: Backend,
+    ReqBody: 'static,
 {
-    // A synchronous key is read here, where the body's type is known; an async one later.
+    // A synchronous key is read here, where the body's type is known; an async one or one from
+    // the body later.
+    let body_key = extras.body.as_ref().is_some_and(|rule| rule.key.is_some());
     let key = match &extras.async_key {
         Some(async_key) => KeyAhead::Async(async_key.clone()),
+        None if body_key => KeyAhead::Body,
         None => KeyAhead::Read(steps::key_of(&table, policy, &request)),
     };
     let (parts, body) = request.into_parts();
+    let (ahead, body) = match &extras.body {
+        Some(rule) => read_body(body, rule),
+        None => (None, Some(body)),
+    };
     let shared = shared.clone();
     let service = take_readied(inner);
-    let prepare = prepare(shared, table, policy, extras, key, parts);
+    let prepare = prepare(shared, table, policy, extras, (key, ahead), parts);
     ResponseFuture::preparing(Box::pin(prepare), service, body)
+}
+
+/// Starts reading `body` for a policy that reads it: the reading (which gives the body back,
+/// rebuilt), or, for a body type the layer cannot rebuild, its name and the body as it is.
+fn read_body<ReqBody: 'static>(
+    body: ReqBody,
+    rule: &BodyRule,
+) -> (Option<BodyAhead>, Option<ReqBody>) {
+    let mut slot = Some(body);
+    if let Some(reading) =
+        read::reader::<ReqBody>().and_then(|start| start(&mut slot, rule.max, rule.timeout))
+    {
+        return (Some(BodyAhead::Reading(reading)), None);
+    }
+    let unreadable = BodyAhead::Unreadable(std::any::type_name::<ReqBody>());
+    (Some(unreadable), slot)
 }
 
 /// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which

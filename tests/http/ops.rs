@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::example_server::{send, start};
+use crate::example_server_login::post_json;
 use crate::support::redis as redis_support;
 
 fn ops() -> &'static Path {
@@ -102,7 +103,7 @@ async fn the_dashboard_and_the_rules_use_only_exported_metrics() {
         "127.0.0.1:0",
     ]);
     for _ in 0..7 {
-        send(server.addr, "POST", "/login", &[]).await;
+        post_json(server.addr, "/login", r#"{"username":"alice"}"#).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     let exported = loop {

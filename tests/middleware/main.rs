@@ -16,6 +16,7 @@ mod support;
 
 mod access;
 mod admin_handle;
+mod body_keys;
 mod concurrency;
 mod conditions;
 mod config_builder;

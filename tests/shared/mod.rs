@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod admin_handle;
+pub mod body_keys;
 pub mod conditions;
 pub mod guide_config;
 pub mod overrides;

@@ -1,0 +1,431 @@
+//! The value at a dotted path of a JSON document, read as an application's JSON parser reads it:
+//! strings fully decoded (`"a\u0062c"` is `abc`), numbers in one canonical spelling (`10`, `1e1`
+//! and `10.0` are `10`). One pass over the document, nothing kept but the value sought: the cost
+//! is linear in the document's length, nesting is bounded ([`MAX_DEPTH`]), and a document that
+//! is not valid JSON (bad UTF-8, a lone surrogate, a trailing comma, text after the value) has no
+//! value, as the application would reject it.
+
+/// Deeper documents are refused (serde_json's default recursion limit).
+pub(crate) const MAX_DEPTH: usize = 128;
+
+/// A scalar found at the path.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Scalar {
+    /// A string, decoded.
+    Str(String),
+    /// A number, canonical: an integer as its digits (no `-0`), any other as the shortest
+    /// spelling that reads back as the same `f64`.
+    Num(String),
+}
+
+/// What the path led to so far.
+enum Slot {
+    Empty,
+    /// A scalar, or `None` for another kind of value (an object, `true`, `null`): no key.
+    One(Option<Scalar>),
+    /// The path was met twice (a repeated member): ambiguous, so no value.
+    Ambiguous,
+}
+
+/// The scalar at `path` (object members, outermost first) of the JSON document `doc`; `None` when
+/// the document is invalid, the path leads nowhere or to an object, array, boolean or null, or a
+/// member on the path appears twice (parsers disagree on which one counts).
+pub(crate) fn find(doc: &[u8], path: &[Box<str>]) -> Option<Scalar> {
+    std::str::from_utf8(doc).ok()?;
+    let mut parser = Parser {
+        doc,
+        at: 0,
+        depth: 0,
+        scratch: Vec::new(),
+    };
+    let mut slot = Slot::Empty;
+    parser.value(Some(path), &mut slot)?;
+    parser.space();
+    if parser.at != doc.len() {
+        return None;
+    }
+    match slot {
+        Slot::One(found) => found,
+        Slot::Empty | Slot::Ambiguous => None,
+    }
+}
+
+struct Parser<'a> {
+    doc: &'a [u8],
+    at: usize,
+    depth: usize,
+    scratch: Vec<u8>,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.doc.get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    /// One value. `want`: the rest of the path from here (`Some(&[])`: this value is the one
+    /// sought), or `None` when the value is only checked and skipped. `None` back: invalid.
+    fn value(&mut self, want: Option<&[Box<str>]>, slot: &mut Slot) -> Option<()> {
+        self.space();
+        match self.peek()? {
+            b'{' => self.object(want, slot),
+            b'[' => {
+                self.nested(|p| p.array())?;
+                Self::found(want, slot, None);
+                Some(())
+            }
+            b'"' => {
+                let target = want.is_some_and(|w| w.is_empty());
+                self.string(target)?;
+                if target {
+                    // Decoded from valid UTF-8 and whole characters: valid UTF-8.
+                    let text = String::from_utf8(std::mem::take(&mut self.scratch)).ok()?;
+                    let scalar = (!text.is_empty()).then_some(Scalar::Str(text));
+                    Self::found(want, slot, scalar);
+                }
+                Some(())
+            }
+            b't' => self.literal(b"true", want, slot),
+            b'f' => self.literal(b"false", want, slot),
+            b'n' => self.literal(b"null", want, slot),
+            _ => {
+                let number = self.number()?;
+                if want.is_some_and(|w| w.is_empty()) {
+                    Self::found(want, slot, canonical(number).map(Scalar::Num));
+                }
+                Some(())
+            }
+        }
+    }
+
+    /// Records what the path led to, when this value is the one sought.
+    fn found(want: Option<&[Box<str>]>, slot: &mut Slot, scalar: Option<Scalar>) {
+        if want.is_some_and(|w| w.is_empty()) {
+            *slot = match slot {
+                Slot::Empty => Slot::One(scalar),
+                _ => Slot::Ambiguous,
+            };
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], want: Option<&[Box<str>]>, slot: &mut Slot) -> Option<()> {
+        let end = self.at.checked_add(word.len())?;
+        (self.doc.get(self.at..end)? == word).then_some(())?;
+        self.at = end;
+        Self::found(want, slot, None);
+        Some(())
+    }
+
+    /// Runs `inside` one level deeper, refusing documents nested past [`MAX_DEPTH`].
+    fn nested(&mut self, inside: impl FnOnce(&mut Self) -> Option<()>) -> Option<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return None;
+        }
+        let result = inside(self);
+        self.depth -= 1;
+        result
+    }
+
+    fn array(&mut self) -> Option<()> {
+        self.eat(b'[')?;
+        self.space();
+        if self.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            self.value(None, &mut Slot::Empty)?;
+            self.space();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn object(&mut self, want: Option<&[Box<str>]>, slot: &mut Slot) -> Option<()> {
+        // The object itself is the value sought: no key (but still checked).
+        Self::found(want, slot, None);
+        let next = want.and_then(|w| w.split_first());
+        self.nested(|p| {
+            p.eat(b'{')?;
+            p.space();
+            if p.eat(b'}').is_some() {
+                return Some(());
+            }
+            let mut seen = 0;
+            loop {
+                p.space();
+                let decode = next.is_some();
+                p.string(decode)?;
+                let matches = next.is_some_and(|(head, _)| p.scratch == head.as_bytes());
+                p.space();
+                p.eat(b':')?;
+                if matches {
+                    seen += 1;
+                    if seen > 1 {
+                        *slot = Slot::Ambiguous;
+                    }
+                    p.value(next.map(|(_, rest)| rest), slot)?;
+                } else {
+                    p.value(None, &mut Slot::Empty)?;
+                }
+                p.space();
+                match p.peek()? {
+                    b',' => p.at += 1,
+                    b'}' => {
+                        p.at += 1;
+                        return Some(());
+                    }
+                    _ => return None,
+                }
+            }
+        })
+    }
+
+    /// A string, checked; with `decode`, its decoded bytes are left in `scratch`.
+    fn string(&mut self, decode: bool) -> Option<()> {
+        self.scratch.clear();
+        self.eat(b'"')?;
+        loop {
+            let byte = self.peek()?;
+            self.at += 1;
+            match byte {
+                b'"' => return Some(()),
+                b'\\' => {
+                    let escaped = self.peek()?;
+                    self.at += 1;
+                    let plain = match escaped {
+                        b'"' => b'"',
+                        b'\\' => b'\\',
+                        b'/' => b'/',
+                        b'b' => 0x08,
+                        b'f' => 0x0c,
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'u' => {
+                            let c = self.unicode_escape()?;
+                            if decode {
+                                let mut buf = [0; 4];
+                                self.scratch
+                                    .extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                            }
+                            continue;
+                        }
+                        _ => return None,
+                    };
+                    if decode {
+                        self.scratch.push(plain);
+                    }
+                }
+                0x00..=0x1f => return None,
+                other => {
+                    if decode {
+                        self.scratch.push(other);
+                    }
+                }
+            }
+        }
+    }
+
+    /// After `\u`: four hex digits, and a second escape when they are a high surrogate.
+    fn unicode_escape(&mut self) -> Option<char> {
+        let first = self.hex4()?;
+        match first {
+            0xd800..=0xdbff => {
+                self.eat(b'\\')?;
+                self.eat(b'u')?;
+                let low = self.hex4()?;
+                if !(0xdc00..=0xdfff).contains(&low) {
+                    return None;
+                }
+                char::from_u32(0x10000 + ((first - 0xd800) << 10) + (low - 0xdc00))
+            }
+            0xdc00..=0xdfff => None,
+            _ => char::from_u32(first),
+        }
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let end = self.at.checked_add(4)?;
+        let digits = self.doc.get(self.at..end)?;
+        let mut n = 0;
+        for d in digits {
+            n = n << 4 | (*d as char).to_digit(16)?;
+        }
+        self.at = end;
+        Some(n)
+    }
+
+    /// A number's text, checked against JSON's grammar.
+    fn number(&mut self) -> Option<&str> {
+        let start = self.at;
+        let _ = self.eat(b'-');
+        match self.peek()? {
+            b'0' => self.at += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        if self.eat(b'.').is_some() {
+            self.peek().filter(u8::is_ascii_digit)?;
+            self.digits();
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            self.peek().filter(u8::is_ascii_digit)?;
+            self.digits();
+        }
+        // Checked as UTF-8 by `find`, and only ASCII was read here.
+        std::str::from_utf8(&self.doc[start..self.at]).ok()
+    }
+
+    fn digits(&mut self) {
+        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            self.at += 1;
+        }
+    }
+}
+
+/// A number's one spelling: an integer literal as its digits (`-0` is `0`); any other as the
+/// `f64` it reads as, written as an integer when it is one below 2^53, else in Rust's shortest
+/// round-trip form. Infinite (an exponent past `f64`): no key.
+fn canonical(number: &str) -> Option<String> {
+    if number.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+        return Some(if number == "-0" {
+            "0".into()
+        } else {
+            number.into()
+        });
+    }
+    let value: f64 = number.parse().ok()?;
+    if !value.is_finite() {
+        return None;
+    }
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    if value.fract() == 0.0 && value.abs() < EXACT {
+        // `as` is exact here: an integral value below 2^53.
+        return Some(format!("{}", value as i64));
+    }
+    Some(format!("{value}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(p: &str) -> Vec<Box<str>> {
+        p.split('.').map(Into::into).collect()
+    }
+
+    fn at(doc: &str, p: &str) -> Option<Scalar> {
+        find(doc.as_bytes(), &path(p))
+    }
+
+    fn s(text: &str) -> Option<Scalar> {
+        Some(Scalar::Str(text.into()))
+    }
+
+    fn n(text: &str) -> Option<Scalar> {
+        Some(Scalar::Num(text.into()))
+    }
+
+    #[test]
+    fn strings_are_compared_decoded() {
+        assert_eq!(at(r#"{"username":"abc"}"#, "username"), s("abc"));
+        assert_eq!(at(r#"{"username":"a\u0062c"}"#, "username"), s("abc"));
+        assert_eq!(at(r#"{"user\u006eame":"abc"}"#, "username"), s("abc"));
+        assert_eq!(at(r#"{"u":"\ud83d\ude00 \n\"\\\/"}"#, "u"), s("😀 \n\"\\/"));
+        assert_eq!(
+            at(r#" { "a" : { "b" : "x" } , "c" : [1, {"b": 2}] } "#, "a.b"),
+            s("x")
+        );
+        assert_eq!(at(r#"{"a":{"b":"x"}}"#, "a"), None);
+        assert_eq!(at(r#"{"a":""}"#, "a"), None);
+    }
+
+    #[test]
+    fn numbers_have_one_spelling() {
+        for doc in ["10", "1e1", "10.0", "100e-1", "1.0E+1"] {
+            assert_eq!(at(&format!(r#"{{"n":{doc}}}"#), "n"), n("10"), "{doc}");
+        }
+        assert_eq!(at(r#"{"n":-0}"#, "n"), n("0"));
+        assert_eq!(at(r#"{"n":-0.0}"#, "n"), n("0"));
+        assert_eq!(at(r#"{"n":0.5}"#, "n"), n("0.5"));
+        assert_eq!(at(r#"{"n":1e400}"#, "n"), None);
+        let long = "9".repeat(5000);
+        assert_eq!(at(&format!(r#"{{"n":{long}}}"#), "n"), n(&long));
+    }
+
+    #[test]
+    fn ambiguous_and_other_values_have_no_key() {
+        assert_eq!(at(r#"{"u":"a","u":"b"}"#, "u"), None);
+        assert_eq!(at(r#"{"u":{"n":"a"},"u":5}"#, "u.n"), None);
+        assert_eq!(at(r#"{"u":"a","v":{"u":"b"}}"#, "u"), s("a"));
+        for v in ["true", "false", "null", "[]", "{}", "[\"a\"]"] {
+            assert_eq!(at(&format!(r#"{{"u":{v}}}"#), "u"), None, "{v}");
+        }
+        assert_eq!(at(r#"["u"]"#, "u"), None);
+        assert_eq!(at(r#""u""#, "u"), None);
+    }
+
+    #[test]
+    fn invalid_documents_have_no_key() {
+        for doc in [
+            r#"{"u":"a",}"#,
+            r#"{"u":"a"} x"#,
+            r#"{"u":"a""#,
+            r#"{"u":"a\x"}"#,
+            r#"{"u":"\ud800"}"#,
+            r#"{"u":"\udc00"}"#,
+            r#"{"u":"\u12"}"#,
+            "{\"u\":\"a\tb\"}",
+            r#"{"u":01}"#,
+            r#"{"u":1.}"#,
+            r#"{"u":-}"#,
+            r#"{"u":1e}"#,
+            r#"{"u" "a"}"#,
+            r#"{u:"a"}"#,
+            "",
+            "{",
+            r#"{"u":tru}"#,
+        ] {
+            assert_eq!(at(doc, "u"), None, "{doc}");
+        }
+        assert_eq!(find(b"{\"u\":\"\xff\"}", &path("u")), None);
+    }
+
+    #[test]
+    fn hostile_nesting_is_refused_cheaply() {
+        let deep = format!(
+            "{{\"u\":\"a\",\"x\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert_eq!(at(&deep, "u"), None);
+        let ok = format!(
+            "{{\"u\":\"a\",\"x\":{}{}}}",
+            "[".repeat(100),
+            "]".repeat(100)
+        );
+        assert_eq!(at(&ok, "u"), s("a"));
+        let objects = format!("{}\"u\":1{}", "{\"a\":".repeat(200), "}".repeat(200));
+        assert_eq!(at(&objects, "u"), None);
+    }
+}
