@@ -271,6 +271,41 @@ where
     }
 }
 
+impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: 'static,
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+{
+    /// The state after the extended path's verdict: the request rebuilt from its parts and its
+    /// body (kept aside, or read for the policy and given back), and the verdict carried out.
+    /// Never inlined: kept out of `poll`, the fast path's `poll` stays small enough to be inlined
+    /// into its caller.
+    #[inline(never)]
+    fn prepared(
+        prepared: Prepared,
+        (mut service, kept): (S, Option<ReqBody>),
+    ) -> State<S, ReqBody, D> {
+        let Prepared {
+            parts,
+            verdict,
+            release,
+            outcome,
+            body: read,
+        } = prepared;
+        // The body read for the policy comes back as the request's own type.
+        let read = read.and_then(|mut b| b.downcast_mut::<Option<ReqBody>>()?.take());
+        match kept.or(read) {
+            Some(body) => {
+                let request = Request::from_parts(parts, body);
+                Self::carry_out_counted(verdict, &mut service, request, release, outcome).state
+            }
+            // Cannot happen (a body is read only as its own type); answered, not a panic.
+            None => Self::refused(body_lost()).state,
+        }
+    }
+}
+
 impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -300,32 +335,9 @@ where
                     Self::carry_out(verdict, service, awaiting.request, awaiting.release).state
                 }
                 StateProj::Preparing { prepare, rest } => {
-                    let Prepared {
-                        parts,
-                        verdict,
-                        release,
-                        outcome,
-                        body: read,
-                    } = ready!(prepare.as_mut().poll(cx));
-                    let (mut service, kept) =
-                        rest.take().expect("ResponseFuture polled after completion");
-                    // The body read for the policy comes back as the request's own type.
-                    let read = read.and_then(|mut b| b.downcast_mut::<Option<ReqBody>>()?.take());
-                    match kept.or(read) {
-                        Some(body) => {
-                            let request = Request::from_parts(parts, body);
-                            Self::carry_out_counted(
-                                verdict,
-                                &mut service,
-                                request,
-                                release,
-                                outcome,
-                            )
-                            .state
-                        }
-                        // Cannot happen (a body is read only as its own type); answered, not a panic.
-                        None => Self::refused(body_lost()).state,
-                    }
+                    let prepared = ready!(prepare.as_mut().poll(cx));
+                    let rest = rest.take().expect("ResponseFuture polled after completion");
+                    Self::prepared(prepared, rest)
                 }
                 StateProj::Delaying { delayed } => {
                     let delayed = delayed.as_mut().project();

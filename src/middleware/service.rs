@@ -196,6 +196,9 @@ where
 }
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
+// Never inlined: the extended path boxes its future anyway, and kept out of `call` it leaves
+// the fast path's code as small as before.
+#[inline(never)]
 fn call_extended<S, K, B, ReqBody>(
     inner: &mut S,
     shared: &Arc<Shared<K, B>>,
