@@ -129,6 +129,7 @@
 mod access;
 pub mod backend;
 mod budget;
+mod calendar;
 pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;

@@ -5,11 +5,13 @@
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it (the GCRA's TAT is
 --             redis-cell's format, so a settle works on either path).
 -- ARGV        N, since (µs: an upper bound on the time since the request was admitted), then four
---             per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window); GCRA: the
---             emission interval (ns), windows: the period (µs); the delta (units: negative gives
---             back, positive charges, 0 leaves the limit alone); and the GCRA's ceiling (ns: its
---             tolerance plus its debt cap), a fixed window's shift (µs: its key's clock runs that far
---             ahead, so that its windows start at the key's own phase), 0 for the other windows.
+--             per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 5 calendar
+--             window); GCRA: the emission interval (ns), windows: the period (µs), a calendar
+--             window: its end (Unix seconds, as limits.lua takes it); the delta (units: negative
+--             gives back, positive charges, 0 leaves the limit alone); and the GCRA's ceiling (ns:
+--             its tolerance plus its debt cap), a fixed window's shift (µs: its key's clock runs
+--             that far ahead, so that its windows start at the key's own phase), a calendar
+--             window's lengths (as limits.lua takes them), 0 for the other windows.
 -- Returns     N.
 --
 -- Giving back never gives back more than the request took: the state becomes at most what it would
@@ -66,11 +68,8 @@ local function sliding_log(key, quantity)
   end
 end
 
-local function fixed_window(key, period, quantity, shift)
-  local window = floordiv(now_us + shift, period)
-  if floordiv(admitted_after + shift, period) ~= window then
-    return
-  end
+-- Takes `quantity` units from fixed window `window`'s count, if the key still counts in it.
+local function take_from_window(key, window, quantity)
   local stored = redis.call('GET', key)
   if not stored then
     return
@@ -84,6 +83,33 @@ local function fixed_window(key, period, quantity, shift)
     redis.call('DEL', key)
   else
     redis.call('SET', key, int(window) .. ':' .. int(count), 'KEEPTTL')
+  end
+end
+
+local function fixed_window(key, period, quantity, shift)
+  local window = floordiv(now_us + shift, period)
+  if floordiv(admitted_after + shift, period) == window then
+    take_from_window(key, window, quantity)
+  end
+end
+
+-- limits.lua's calendar_at (the window holding `at`, by its end), the name alone.
+local function calendar_at(at, finish, lengths)
+  local before = floordiv(lengths, 4194304)
+  local after = lengths - before * 4194304
+  local last = finish + after + after
+  for _, ends in ipairs({finish - before, finish, finish + after, last}) do
+    if at < ends * 1000000 then
+      return ends
+    end
+  end
+  return last
+end
+
+local function calendar_window(key, finish, quantity, lengths)
+  local window = calendar_at(now_us, finish, lengths)
+  if calendar_at(admitted_after, finish, lengths) == window then
+    take_from_window(key, window, quantity)
   end
 end
 
@@ -139,6 +165,8 @@ for i = 1, n do
       fixed_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
     elseif kind == 3 then
       sliding_window(KEYS[i], a, quantity)
+    elseif kind == 5 then
+      calendar_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
     end
   end
 end
