@@ -15,7 +15,9 @@
 //! | [concurrency] | yes: at most `count` in flight | a counter (in Redis: one lease per request) | 1 s (unknown) |
 //!
 //! Windows are aligned on multiples of `period` since the clock's epoch (the Unix epoch for the
-//! system clock and for Redis), so every process and every key shares the same boundaries.
+//! system clock and for Redis), so every process and every key shares the same boundaries. A fixed
+//! window may instead follow the calendar of a time zone ([`CalendarWindow`]: days, ISO weeks,
+//! months from an anchor day), or start at a phase of each key's own ([`WindowStart::PerKey`]).
 
 use std::collections::VecDeque;
 use std::time::Duration;
