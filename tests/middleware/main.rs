@@ -16,6 +16,7 @@ mod support;
 
 mod access;
 mod admin_handle;
+mod calendar;
 mod concurrency;
 mod conditions;
 mod config_builder;
