@@ -69,10 +69,14 @@ impl std::str::FromStr for CalendarPeriod {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [CalendarPeriod::Day, CalendarPeriod::Week, CalendarPeriod::Month]
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("calendar {s:?} is not one of \"day\", \"week\", \"month\""))
+        [
+            CalendarPeriod::Day,
+            CalendarPeriod::Week,
+            CalendarPeriod::Month,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+        .ok_or_else(|| format!("calendar {s:?} is not one of \"day\", \"week\", \"month\""))
     }
 }
 
@@ -255,7 +259,10 @@ impl Calendar {
     /// The calendar `window` describes, for a quota of `period`, or why there is none (an unknown
     /// zone, an anchor out of range or where it means nothing, a period that is not the
     /// calendar's, or a build without the feature `calendar`).
-    pub(crate) fn of(window: &CalendarWindow, period: Duration) -> Result<&'static Calendar, String> {
+    pub(crate) fn of(
+        window: &CalendarWindow,
+        period: Duration,
+    ) -> Result<&'static Calendar, String> {
         window.check(period)?;
         static INTERNED: OnceLock<Mutex<Vec<&'static Calendar>>> = OnceLock::new();
         let mut interned = INTERNED
@@ -306,7 +313,8 @@ impl Calendar {
     /// window's name) and the nanoseconds left to it.
     pub(crate) fn window_at_nanos(&self, unix_nanos: u64) -> (u64, u64) {
         const NANOS: u64 = 1_000_000_000;
-        self.bounds_at(unix_nanos / NANOS).window_at(unix_nanos, NANOS)
+        self.bounds_at(unix_nanos / NANOS)
+            .window_at(unix_nanos, NANOS)
     }
 
     #[cfg(not(feature = "calendar"))]
@@ -316,16 +324,21 @@ impl Calendar {
 
     #[cfg(feature = "calendar")]
     fn compute(&self, unix_secs: u64) -> Bounds {
-        civil::bounds(&self.zone, self.window.period, self.window.anchor_day, unix_secs)
-            // Only an instant beyond jiff's range (the year 9999) has no civil date: a UTC day then.
-            .unwrap_or_else(|| {
-                let start = unix_secs - unix_secs % 86_400;
-                Bounds {
-                    start,
-                    end: start + 86_400,
-                    next_end: start + 2 * 86_400,
-                }
-            })
+        civil::bounds(
+            &self.zone,
+            self.window.period,
+            self.window.anchor_day,
+            unix_secs,
+        )
+        // Only an instant beyond jiff's range (the year 9999) has no civil date: a UTC day then.
+        .unwrap_or_else(|| {
+            let start = unix_secs - unix_secs % 86_400;
+            Bounds {
+                start,
+                end: start + 86_400,
+                next_end: start + 2 * 86_400,
+            }
+        })
     }
 }
 

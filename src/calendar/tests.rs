@@ -99,15 +99,25 @@ fn an_anchor_past_a_months_end_falls_on_its_last_day() {
     assert_eq!(end, t("2027-04-30T00:00:00Z"));
     assert_eq!(next, t("2027-05-31T00:00:00Z"));
     // On April 30th itself the new window has begun.
-    assert_eq!(bounds(on_31st(), "2027-04-30T00:00:00Z").0, t("2027-04-30T00:00:00Z"));
+    assert_eq!(
+        bounds(on_31st(), "2027-04-30T00:00:00Z").0,
+        t("2027-04-30T00:00:00Z")
+    );
     // February: the 29th in 2028, the 28th in 2027.
     let (start, end, next) = bounds(on_31st(), "2028-02-10T00:00:00Z");
     assert_eq!(start, t("2028-01-31T00:00:00Z"));
     assert_eq!(end, t("2028-02-29T00:00:00Z"));
     assert_eq!(next, t("2028-03-31T00:00:00Z"));
-    assert_eq!(bounds(on_31st(), "2027-02-27T00:00:00Z").1, t("2027-02-28T00:00:00Z"));
+    assert_eq!(
+        bounds(on_31st(), "2027-02-27T00:00:00Z").1,
+        t("2027-02-28T00:00:00Z")
+    );
     // A billing day in a zone: the 15th at midnight in Paris, before and after it.
-    let billing = || CalendarWindow::month().anchor_day(15).timezone("Europe/Paris");
+    let billing = || {
+        CalendarWindow::month()
+            .anchor_day(15)
+            .timezone("Europe/Paris")
+    };
     let (start, end, _) = bounds(billing(), "2027-01-14T23:59:59+01:00");
     assert_eq!(start, t("2026-12-15T00:00:00+01:00"));
     assert_eq!(end, t("2027-01-15T00:00:00+01:00"));
@@ -174,7 +184,8 @@ fn bounds_are_kept_until_an_instant_leaves_them() {
 
 #[test]
 fn a_wrong_description_is_refused_with_its_reason() {
-    let error = |window: CalendarWindow, period: Duration| Calendar::of(&window, period).unwrap_err();
+    let error =
+        |window: CalendarWindow, period: Duration| Calendar::of(&window, period).unwrap_err();
     let day = Duration::from_secs(86_400);
     let month = CalendarPeriod::Month.nominal();
     assert_eq!(
@@ -197,5 +208,8 @@ fn a_wrong_description_is_refused_with_its_reason() {
         error(CalendarWindow::month(), 30 * day),
         "calendar = \"month\" counts per calendar month: leave the period out (or write \"1month\"), not 2592000s"
     );
-    assert_eq!("year".parse::<CalendarPeriod>().unwrap_err(), "calendar \"year\" is not one of \"day\", \"week\", \"month\"");
+    assert_eq!(
+        "year".parse::<CalendarPeriod>().unwrap_err(),
+        "calendar \"year\" is not one of \"day\", \"week\", \"month\""
+    );
 }

@@ -169,7 +169,9 @@ fn calendar_of(route: &RouteConfig) -> Result<Option<CalendarWindow>, String> {
     let Some(period) = &route.calendar else {
         return match (&route.timezone, route.anchor_day) {
             (None, None) => Ok(None),
-            _ => Err("timezone and anchor_day go with calendar = \"day\", \"week\" or \"month\"".into()),
+            _ => Err(
+                "timezone and anchor_day go with calendar = \"day\", \"week\" or \"month\"".into(),
+            ),
         };
     };
     let mut window = CalendarWindow::new(period.parse::<CalendarPeriod>()?);
@@ -177,7 +179,8 @@ fn calendar_of(route: &RouteConfig) -> Result<Option<CalendarWindow>, String> {
         window = window.timezone(zone.clone());
     }
     if let Some(day) = route.anchor_day {
-        let day = u8::try_from(day).map_err(|_| format!("anchor_day must be 1 to 31, not {day}"))?;
+        let day =
+            u8::try_from(day).map_err(|_| format!("anchor_day must be 1 to 31, not {day}"))?;
         window = window.anchor_day(day);
     }
     Ok(Some(window))
@@ -242,7 +245,10 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
 
 /// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits).
 fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
-    let (algorithm, own) = (algorithm(route)?, with_calendar_period(route, route.own_quota())?);
+    let (algorithm, own) = (
+        algorithm(route)?,
+        with_calendar_period(route, route.own_quota())?,
+    );
     // A metered route may limit its metered units alone.
     if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
         return Ok(builder);

@@ -45,10 +45,15 @@ fn waits_until(window: CalendarWindow, now: u64, boundary: u64) {
     assert!(!refused.allowed);
     assert_eq!(refused.retry_after, Some(wait), "{window:?} at {now}");
     assert_eq!(refused.reset_after, wait);
-    let peeked = backend.peek_now(std::slice::from_ref(&limit), &key).unwrap()[0];
+    let peeked = backend
+        .peek_now(std::slice::from_ref(&limit), &key)
+        .unwrap()[0];
     assert_eq!((peeked.remaining, peeked.reset_after), (0, wait));
     clock.advance(wait - Duration::from_nanos(1));
-    assert!(!backend.decide(&limit, &key, 1).unwrap().allowed, "a ns early");
+    assert!(
+        !backend.decide(&limit, &key, 1).unwrap().allowed,
+        "a ns early"
+    );
     clock.advance(Duration::from_nanos(1));
     let back = backend.decide(&limit, &key, 2).unwrap();
     assert!(back.allowed, "{window:?}: the quota is back at {boundary}");
@@ -120,7 +125,11 @@ fn calendar_windows_are_checked_when_built() {
     let day = Quota::per_period(2, CalendarPeriod::Day.nominal());
     let fixed = || Limit::with_algorithm("c", Algorithm::FixedWindow, day).unwrap();
     assert_eq!(
-        message(Limit::new("c", day).unwrap().with_calendar(CalendarWindow::day())),
+        message(
+            Limit::new("c", day)
+                .unwrap()
+                .with_calendar(CalendarWindow::day())
+        ),
         r#"policy "c": calendar windows are fixed windows (algorithm "fixed-window"), not gcra"#
     );
     assert_eq!(
@@ -137,6 +146,10 @@ fn calendar_windows_are_checked_when_built() {
     assert!(message(calendar.clone().with_window_start(WindowStart::PerKey)).contains("per-key"));
     // Limits that share a name must agree on the calendar.
     assert!(!calendar.same_rules(&fixed()));
-    assert!(!calendar.same_rules(&fixed().with_calendar(CalendarWindow::day().timezone("Europe/Paris")).unwrap()));
+    assert!(!calendar.same_rules(
+        &fixed()
+            .with_calendar(CalendarWindow::day().timezone("Europe/Paris"))
+            .unwrap()
+    ));
     assert!(calendar.same_rules(&fixed().with_calendar(CalendarWindow::day()).unwrap()));
 }

@@ -35,32 +35,52 @@ async fn a_billing_month_answers_with_the_exact_boundary() {
         r
     };
     for _ in 0..2 {
-        assert_eq!(app.clone().oneshot(from()).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(
+            app.clone().oneshot(from()).await.unwrap().status(),
+            StatusCode::OK
+        );
     }
     let refused = app.clone().oneshot(from()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&refused, "retry-after"), Some("43200"));
-    assert_eq!(header(&refused, "ratelimit"), Some(r#""billing";r=0;t=43200"#));
+    assert_eq!(
+        header(&refused, "ratelimit"),
+        Some(r#""billing";r=0;t=43200"#)
+    );
     // At the boundary the month's quota is back.
     clock.advance(Duration::from_secs(43_200));
-    assert_eq!(app.clone().oneshot(from()).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app.clone().oneshot(from()).await.unwrap().status(),
+        StatusCode::OK
+    );
 }
 
 #[test]
 fn the_keys_mistakes_are_errors_that_say_what_is_wrong() {
     let error = |keys: &str| route(&format!("count = 2\n{keys}")).unwrap_err();
-    assert!(error("calendar = \"year\"").contains(r#"calendar "year" is not one of "day", "week", "month""#));
-    assert!(error("calendar = \"day\"\ntimezone = \"Europe/Pariss\"").contains(r#"unknown time zone "Europe/Pariss""#));
-    assert!(error("calendar = \"month\"\nanchor_day = 32").contains("anchor_day must be 1 to 31, not 32"));
-    assert!(error("calendar = \"month\"\nanchor_day = -1").contains("anchor_day must be 1 to 31, not -1"));
-    assert!(error("calendar = \"week\"\nanchor_day = 3").contains(r#"anchor_day is for calendar = "month", not "week""#));
+    assert!(error("calendar = \"year\"")
+        .contains(r#"calendar "year" is not one of "day", "week", "month""#));
+    assert!(error("calendar = \"day\"\ntimezone = \"Europe/Pariss\"")
+        .contains(r#"unknown time zone "Europe/Pariss""#));
+    assert!(error("calendar = \"month\"\nanchor_day = 32")
+        .contains("anchor_day must be 1 to 31, not 32"));
+    assert!(error("calendar = \"month\"\nanchor_day = -1")
+        .contains("anchor_day must be 1 to 31, not -1"));
+    assert!(error("calendar = \"week\"\nanchor_day = 3")
+        .contains(r#"anchor_day is for calendar = "month", not "week""#));
     assert!(error("anchor_day = 3").contains("timezone and anchor_day go with calendar"));
-    assert!(error("timezone = \"UTC\"\nperiod = \"1m\"").contains("timezone and anchor_day go with calendar"));
-    assert!(error("calendar = \"day\"\nalgorithm = \"gcra\"").contains(r#"calendar windows are fixed windows (algorithm "fixed-window"), not gcra"#));
-    assert!(error("calendar = \"day\"\nperiod = \"1h\"").contains(r#"leave the period out (or write "1day")"#));
+    assert!(error("timezone = \"UTC\"\nperiod = \"1m\"")
+        .contains("timezone and anchor_day go with calendar"));
+    assert!(error("calendar = \"day\"\nalgorithm = \"gcra\"")
+        .contains(r#"calendar windows are fixed windows (algorithm "fixed-window"), not gcra"#));
+    assert!(error("calendar = \"day\"\nperiod = \"1h\"")
+        .contains(r#"leave the period out (or write "1day")"#));
     assert!(error("calendar = \"day\"\nwindow_start = \"per-key\"").contains("per-key"));
     // The period, when written, is the calendar's.
     let weekly = route("count = 2\ncalendar = \"week\"\nperiod = \"7days\"").unwrap();
     assert_eq!(weekly.limits()[0].calendar().unwrap().zone(), "UTC");
-    assert!(route("count = 2\ncalendar = \"month\"\nperiod = \"1month\"\nalgorithm = \"fixed-window\"").is_ok());
+    assert!(route(
+        "count = 2\ncalendar = \"month\"\nperiod = \"1month\"\nalgorithm = \"fixed-window\""
+    )
+    .is_ok());
 }

@@ -130,7 +130,11 @@ async fn the_scripts_wait_exactly_until_uneven_boundaries() {
     for batch in [false, true] {
         for case in &CASES {
             let at = format!("{} (batch: {batch})", case.what);
-            let _: () = redis::cmd("DEL").arg("cal").query_async(&mut conn).await.unwrap();
+            let _: () = redis::cmd("DEL")
+                .arg("cal")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             // Two hours before the end, a little past a whole second.
             let now = (case.end - 7200) * S + 250_000;
             assert_eq!(decide(&mut conn, batch, case, now, 2).await.0, 0, "{at}");
@@ -138,7 +142,11 @@ async fn the_scripts_wait_exactly_until_uneven_boundaries() {
             assert_eq!((limited, remaining), (1, 0), "{at}");
             assert_eq!(retry, (7200 * S - 250_000) as i64 * 1000, "{at}");
             // The key expires with its window (rounded up to the millisecond), not later.
-            let ttl: i64 = redis::cmd("PTTL").arg("cal").query_async(&mut conn).await.unwrap();
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg("cal")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             assert!(ttl > 0 && ttl <= 7_200_000, "{at}: PTTL {ttl}");
             // A microsecond before the boundary: still spent; at it, the quota is back.
             let early = decide(&mut conn, batch, case, case.end * S - 1, 1).await;
@@ -149,10 +157,21 @@ async fn the_scripts_wait_exactly_until_uneven_boundaries() {
             // the next window, which ends at `next_end`.
             let ahead = case.end * S + 30 * S;
             let (limited, _, retry) = decide(&mut conn, batch, case, ahead, 1).await;
-            assert_eq!(limited, 1, "{at}: the next window's quota was spent at its start");
-            assert_eq!(retry, ((case.next_end - case.end - 30) * S * 1000) as i64, "{at}");
+            assert_eq!(
+                limited, 1,
+                "{at}: the next window's quota was spent at its start"
+            );
+            assert_eq!(
+                retry,
+                ((case.next_end - case.end - 30) * S * 1000) as i64,
+                "{at}"
+            );
             // Behind it: the window before, which ends at `start`.
-            let _: () = redis::cmd("DEL").arg("cal").query_async(&mut conn).await.unwrap();
+            let _: () = redis::cmd("DEL")
+                .arg("cal")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             let behind = case.start * S - 5 * S;
             assert_eq!(decide(&mut conn, batch, case, behind, 2).await.0, 0, "{at}");
             let (limited, _, retry) = decide(&mut conn, batch, case, behind, 1).await;
@@ -176,7 +195,10 @@ async fn wait_of<B: Backend>(backend: &B, limit: &Limit, key: &Key) -> (Duration
         assert!(backend.check(limit, key, 1).await.unwrap().allowed, "{key}");
     }
     let refused = backend.check(limit, key, 1).await.unwrap();
-    let at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros();
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
     assert!(!refused.allowed, "{key}");
     (refused.retry_after.unwrap(), at)
 }
@@ -191,9 +213,18 @@ fn next_boundary(window: &CalendarWindow) -> u128 {
         tower_throttle::window::CalendarPeriod::Week => {
             let monday = now.date().weekday().to_monday_zero_offset();
             let days = 7 - i64::from(monday);
-            now.start_of_day().unwrap().checked_add(days.days()).unwrap().start_of_day()
+            now.start_of_day()
+                .unwrap()
+                .checked_add(days.days())
+                .unwrap()
+                .start_of_day()
         }
-        _ => now.first_of_month().unwrap().checked_add(1.month()).unwrap().start_of_day(),
+        _ => now
+            .first_of_month()
+            .unwrap()
+            .checked_add(1.month())
+            .unwrap()
+            .start_of_day(),
     };
     next.unwrap().timestamp().as_microsecond() as u128
 }
@@ -227,14 +258,20 @@ async fn the_backend_alone_and_coalesced_agrees_with_memory_on_the_boundary() {
             // The boundary falls a whole second apart from any instant on it, exactly: the wait
             // ends on it (the call's own time aside).
             let ends_at = at + on_redis.as_micros();
-            assert!(ends_at.abs_diff(boundary) < 250_000, "{window:?}: {ends_at} vs {boundary}");
+            assert!(
+                ends_at.abs_diff(boundary) < 250_000,
+                "{window:?}: {ends_at} vs {boundary}"
+            );
             let (in_memory, _) = wait_of(&memory, &limit, &key).await;
             assert!(
                 in_memory.abs_diff(on_redis) < Duration::from_millis(250),
                 "{window:?}: {in_memory:?} in memory, {on_redis:?} on Redis"
             );
             // A peek on Redis names the same reset.
-            let peeked = redis.peek(std::slice::from_ref(&limit), &key).await.unwrap()[0];
+            let peeked = redis
+                .peek(std::slice::from_ref(&limit), &key)
+                .await
+                .unwrap()[0];
             assert_eq!(peeked.remaining, 0);
             assert!(peeked.reset_after.abs_diff(on_redis) < Duration::from_millis(250));
             // Given back in the window: one more passes, on both.
@@ -244,7 +281,10 @@ async fn the_backend_alone_and_coalesced_agrees_with_memory_on_the_boundary() {
             let mut given_back = false;
             // The refund is sent in the background: give it a moment.
             for _ in 0..100 {
-                let state = redis.peek(std::slice::from_ref(&limit), &key).await.unwrap();
+                let state = redis
+                    .peek(std::slice::from_ref(&limit), &key)
+                    .await
+                    .unwrap();
                 if state[0].remaining > 0 {
                     given_back = true;
                     break;
