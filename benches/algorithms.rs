@@ -37,6 +37,30 @@ fn with(name: &str, algorithm: Algorithm, quota: Quota) -> Limit {
 
 fn hot_key(c: &mut Criterion) {
     let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+    // `ALGORITHMS_BENCH_ITERS=n ALGORITHMS_BENCH_CASE=<fixed-window|fixed-window-calendar|gcra>`: `n`
+    // admitted decisions of that case and nothing else, for callgrind (instructions per decision:
+    // the count at n = 1,000,001 less the count at n = 1, over a million).
+    if let Ok(iterations) = std::env::var("ALGORITHMS_BENCH_ITERS") {
+        let iterations: u64 = iterations.parse().unwrap();
+        let case = std::env::var("ALGORITHMS_BENCH_CASE").unwrap();
+        let limit = match case.as_str() {
+            "gcra" => Limit::new("gcra", QUOTA).unwrap(),
+            "fixed-window" => with("fixed", Algorithm::FixedWindow, QUOTA),
+            "fixed-window-calendar" => with(
+                "calendar",
+                Algorithm::FixedWindow,
+                Quota::per_period(1 << 50, CalendarPeriod::Day.nominal()),
+            )
+            .with_calendar(CalendarWindow::day().timezone("Europe/Paris"))
+            .unwrap(),
+            other => panic!("unknown ALGORITHMS_BENCH_CASE {other}"),
+        };
+        let backend = backend();
+        for _ in 0..iterations {
+            assert!(backend.decide(&limit, black_box(&key), 1).unwrap().allowed);
+        }
+        std::process::exit(0);
+    }
     let mut g = c.benchmark_group("algorithms_hot_key");
 
     // A fixed window on the calendar (days in Paris): the same admit path, plus the calendar's

@@ -158,6 +158,7 @@ pub struct FixedState {
 /// Cheap and easy to explain ("100 per calendar minute"), but a client may spend its whole quota at
 /// the end of one window and again at the start of the next: up to `2 × count` within one `period`.
 /// A rejection's `Retry-After` points at the next boundary; `reset_after` is the same.
+#[inline]
 pub fn fixed_window(
     state: Option<FixedState>,
     now: u64,

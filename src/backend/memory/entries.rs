@@ -351,7 +351,8 @@ pub(super) fn commit(
     now: u64,
     origin: u64,
 ) {
-    let period = limit.window().map_or(0, |p| p.period());
+    let params = limit.window();
+    let period = params.map_or(0, |p| p.period());
     // Window states expire on a Unix-time boundary; the backend's clock is Unix time − origin.
     let at_unix = |t: u64| t.saturating_sub(origin);
     cell.expires_at = match (&mut cell.state, next) {
@@ -364,7 +365,6 @@ pub(super) fn commit(
             // The window's end (as long as its calendar says, if it has one) on the key's own
             // clock, back on Unix time, then the backend's.
             let shift = limit.window_shift(key);
-            let params = limit.window();
             next.zip(params).map_or(0, |(s, params)| {
                 at_unix(params.fixed_window_end(s.window).saturating_sub(shift))
             })
