@@ -9,6 +9,8 @@
 //!
 //! - `gcra`: `Limit::new`, a billion a second (as `benches/decide.rs`' hot key): the GCRA table.
 //! - `fixed-window`, `sliding-window`: the same quota with `Limit::with_algorithm`: the general store.
+//! - `fixed-window-calendar`: a fixed window on the calendar (`Limit::with_calendar`, days in
+//!   Paris), admitting every call: the fixed window's path with the calendar's cached bounds.
 //! - `sliding-log`: 10 000 (the cap, `MAX_UNIT_COUNT`) per 200 µs, admitted up to one call per 20 ns:
 //!   the log keeps the last 200 µs of admissions (about 2 000 at 100 ns a call), one popped and one
 //!   pushed per call.
@@ -20,6 +22,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use tower_throttle::window::{CalendarPeriod, CalendarWindow};
 use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
 const QUOTA: Quota = Quota::per_second(1_000_000_000);
@@ -34,11 +37,45 @@ fn with(name: &str, algorithm: Algorithm, quota: Quota) -> Limit {
 
 fn hot_key(c: &mut Criterion) {
     let key = Key::from(Ipv4Addr::new(192, 0, 2, 7));
+    // `ALGORITHMS_BENCH_ITERS=n ALGORITHMS_BENCH_CASE=<fixed-window|fixed-window-calendar|gcra>`: `n`
+    // admitted decisions of that case and nothing else, for callgrind (instructions per decision:
+    // the count at n = 1,000,001 less the count at n = 1, over a million).
+    if let Ok(iterations) = std::env::var("ALGORITHMS_BENCH_ITERS") {
+        let iterations: u64 = iterations.parse().unwrap();
+        let case = std::env::var("ALGORITHMS_BENCH_CASE").unwrap();
+        let limit = match case.as_str() {
+            "gcra" => Limit::new("gcra", QUOTA).unwrap(),
+            "fixed-window" => with("fixed", Algorithm::FixedWindow, QUOTA),
+            "fixed-window-calendar" => with(
+                "calendar",
+                Algorithm::FixedWindow,
+                Quota::per_period(1 << 50, CalendarPeriod::Day.nominal()),
+            )
+            .with_calendar(CalendarWindow::day().timezone("Europe/Paris"))
+            .unwrap(),
+            other => panic!("unknown ALGORITHMS_BENCH_CASE {other}"),
+        };
+        let backend = backend();
+        for _ in 0..iterations {
+            assert!(backend.decide(&limit, black_box(&key), 1).unwrap().allowed);
+        }
+        std::process::exit(0);
+    }
     let mut g = c.benchmark_group("algorithms_hot_key");
 
-    let single: [(&str, Limit); 4] = [
+    // A fixed window on the calendar (days in Paris): the same admit path, plus the calendar's
+    // cached bounds (recomputed once a day).
+    let calendar = with(
+        "calendar",
+        Algorithm::FixedWindow,
+        Quota::per_period(1 << 50, CalendarPeriod::Day.nominal()),
+    )
+    .with_calendar(CalendarWindow::day().timezone("Europe/Paris"))
+    .unwrap();
+    let single: [(&str, Limit); 5] = [
         ("gcra", Limit::new("gcra", QUOTA).unwrap()),
         ("fixed-window", with("fixed", Algorithm::FixedWindow, QUOTA)),
+        ("fixed-window-calendar", calendar),
         (
             "sliding-window",
             with("sliding", Algorithm::SlidingWindow, QUOTA),

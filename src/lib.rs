@@ -120,6 +120,7 @@
 //! | `memory` | yes | `MemoryBackend` |
 //! | `axum` | no | peer addresses from `ConnectInfo` (needed by `PeerIp` / `ClientIp` in axum), routes from `MatchedPath` |
 //! | `config` | no | serde + TOML configuration |
+//! | `calendar` | no | fixed windows on a time zone's days, ISO weeks or months ([`window::CalendarWindow`]), with `jiff` and its bundled time zone database |
 //! | `redis` | no | `RedisBackend`: `CL.THROTTLE` or Lua, one server or a Cluster, TLS |
 //! | `metrics` | no | counters and a latency histogram per policy through the `metrics` facade |
 #![forbid(unsafe_code)]
@@ -129,6 +130,7 @@
 mod access;
 pub mod backend;
 mod budget;
+mod calendar;
 pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;

@@ -263,6 +263,15 @@ impl Limit {
     pub fn with_window_start(mut self, start: window::WindowStart) -> Result<Self, BuildError> {
         match (&mut self.params, start) {
             (_, window::WindowStart::Aligned) => Ok(self),
+            (Params::Window(Algorithm::FixedWindow, params), window::WindowStart::PerKey)
+                if params.calendar().is_some() =>
+            {
+                Err(BuildError::Invalid(format!(
+                    "policy {:?}: a calendar window starts at the calendar's boundaries for every \
+                     key, so it cannot also have window_start = \"per-key\"",
+                    self.name
+                )))
+            }
             (Params::Window(Algorithm::FixedWindow, params), window::WindowStart::PerKey) => {
                 *params = params.per_key();
                 Ok(self)
@@ -273,6 +282,56 @@ impl Limit {
                 self.algorithm().as_str()
             ))),
         }
+    }
+
+    /// A fixed window cut on the calendar of a time zone — days, ISO weeks, months (from an
+    /// anchor day) — instead of on multiples of the period since the Unix epoch: "10,000 a
+    /// calendar month, reset at midnight in Paris on the 15th". `Retry-After` and the reset point
+    /// at the exact next boundary, across DST changes and month ends. Only for
+    /// [`Algorithm::FixedWindow`] whose quota's period is the calendar's
+    /// [`nominal`](window::CalendarPeriod::nominal) one, with aligned windows; an unknown time zone
+    /// or an anchor day outside 1..=31 (or for a day or week) is an error too, as is a build
+    /// without the feature `calendar`.
+    ///
+    /// ```
+    /// use tower_throttle::window::{CalendarPeriod, CalendarWindow};
+    /// use tower_throttle::{Algorithm, Limit, Quota};
+    ///
+    /// let monthly = Quota::per_period(10_000, CalendarPeriod::Month.nominal());
+    /// let billing = CalendarWindow::month().timezone("Europe/Paris").anchor_day(15);
+    /// let limit = Limit::with_algorithm("api", Algorithm::FixedWindow, monthly)
+    ///     .unwrap()
+    ///     .with_calendar(billing.clone())
+    ///     .unwrap();
+    /// assert_eq!(limit.calendar(), Some(&billing));
+    ///
+    /// let gcra = Limit::new("api", monthly).unwrap();
+    /// assert!(gcra.with_calendar(billing).is_err());
+    /// ```
+    pub fn with_calendar(mut self, calendar: window::CalendarWindow) -> Result<Self, BuildError> {
+        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        let period = self.quota.period();
+        match &mut self.params {
+            Params::Window(Algorithm::FixedWindow, params) if params.is_per_key() => Err(invalid(
+                "a calendar window starts at the calendar's boundaries for every key, so it \
+                 cannot also have window_start = \"per-key\""
+                    .into(),
+            )),
+            Params::Window(Algorithm::FixedWindow, params) => {
+                let compiled = crate::calendar::Calendar::of(&calendar, period).map_err(invalid)?;
+                *params = params.on_calendar(compiled);
+                Ok(self)
+            }
+            _ => Err(invalid(format!(
+                "calendar windows are fixed windows (algorithm \"fixed-window\"), not {}",
+                self.algorithm().as_str()
+            ))),
+        }
+    }
+
+    /// The calendar a fixed window's boundaries follow, if any ([`Limit::with_calendar`]).
+    pub fn calendar(&self) -> Option<&window::CalendarWindow> {
+        self.window()?.calendar().map(|c| c.window())
     }
 
     /// How far the clock moves for `key`'s windows under this limit (see

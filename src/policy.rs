@@ -20,7 +20,7 @@ use crate::per_customer::ExtrasBuilder;
 use crate::quota::Quota;
 use crate::rollout::RolloutBuilder;
 use crate::route::Route;
-use crate::window::WindowStart;
+use crate::window::{CalendarWindow, WindowStart};
 
 pub use crate::budget::Budget;
 pub use crate::limit::{DEFAULT_LEASE, MAX_DELAY, MAX_STACKED_QUOTAS, MAX_UNIT_COUNT};
@@ -95,6 +95,7 @@ impl Policy<NoKey> {
             near_limit_header: false,
             retry_after_jitter: None,
             window_start: WindowStart::Aligned,
+            calendar: None,
             missing_key: MissingKey::default(),
             penalty: None,
             budget: None,
@@ -214,6 +215,7 @@ pub struct PolicyBuilder<K> {
     near_limit_header: bool,
     retry_after_jitter: Option<Duration>,
     window_start: WindowStart,
+    calendar: Option<CalendarWindow>,
     missing_key: MissingKey,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
@@ -367,6 +369,7 @@ impl<K> PolicyBuilder<K> {
             near_limit_header: self.near_limit_header,
             retry_after_jitter: self.retry_after_jitter,
             window_start: self.window_start,
+            calendar: self.calendar,
             missing_key: self.missing_key,
             penalty: self.penalty,
             budget: self.budget,
@@ -498,6 +501,44 @@ impl<K> PolicyBuilder<K> {
     /// another algorithm with `PerKey` is an error when the policy is built.
     pub fn window_start(mut self, start: WindowStart) -> Self {
         self.window_start = start;
+        self
+    }
+
+    /// Fixed windows on the calendar of a time zone instead of on multiples of the period since
+    /// the Unix epoch: calendar days, ISO weeks or months, months from an anchor day (a billing
+    /// day; in a month without it, the month's last day). `Retry-After`, the `RateLimit` field's
+    /// `t` and a peek point at the exact next boundary, across DST changes (a day of 23 or 25
+    /// hours) and month ends, on every backend. With [`Algorithm::FixedWindow`] and a quota
+    /// whose period is the calendar's [`nominal`](crate::window::CalendarPeriod::nominal) one;
+    /// anything else, an unknown time zone or an anchor day outside 1..=31 (or on a day or week)
+    /// is an error when the policy is built. Needs the feature `calendar`.
+    ///
+    /// ```
+    /// use tower_throttle::key::Header;
+    /// use tower_throttle::window::{CalendarPeriod, CalendarWindow};
+    /// use tower_throttle::{Algorithm, Policy, Quota};
+    ///
+    /// // 10,000 requests per customer and billing month, from midnight in Paris on the 15th.
+    /// let monthly = Policy::builder("monthly")
+    ///     .key(Header::new("x-customer-id"))
+    ///     .algorithm(Algorithm::FixedWindow)
+    ///     .quota(Quota::per_period(10_000, CalendarPeriod::Month.nominal()))
+    ///     .calendar(CalendarWindow::month().timezone("Europe/Paris").anchor_day(15))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(monthly.limits()[0].calendar().unwrap().zone(), "Europe/Paris");
+    ///
+    /// let typo = Policy::builder("daily")
+    ///     .key(Header::new("x-customer-id"))
+    ///     .algorithm(Algorithm::FixedWindow)
+    ///     .quota(Quota::per_day(100))
+    ///     .calendar(CalendarWindow::day().timezone("Europe/Pariss"))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(typo.to_string().contains("unknown time zone \"Europe/Pariss\""));
+    /// ```
+    pub fn calendar(mut self, calendar: CalendarWindow) -> Self {
+        self.calendar = Some(calendar);
         self
     }
 

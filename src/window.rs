@@ -15,12 +15,17 @@
 //! | [concurrency] | yes: at most `count` in flight | a counter (in Redis: one lease per request) | 1 s (unknown) |
 //!
 //! Windows are aligned on multiples of `period` since the clock's epoch (the Unix epoch for the
-//! system clock and for Redis), so every process and every key shares the same boundaries.
+//! system clock and for Redis), so every process and every key shares the same boundaries. A fixed
+//! window may instead follow the calendar of a time zone ([`CalendarWindow`]: days, ISO weeks,
+//! months from an anchor day), or start at a phase of each key's own ([`WindowStart::PerKey`]).
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::calendar::Calendar;
 use crate::decision::Decision;
+
+pub use crate::calendar::{CalendarPeriod, CalendarWindow};
 
 /// How long a client rejected by a concurrency limit is told to wait: when a slot frees up is
 /// unknown, so this is a hint, not a promise.
@@ -42,12 +47,16 @@ pub enum WindowStart {
     PerKey,
 }
 
-/// Validated window parameters in nanoseconds: at most `limit` units per window of `period`.
+/// Validated window parameters in nanoseconds: at most `limit` units per window of `period`
+/// (for a fixed window on the calendar, per window of the calendar, `period` being its nominal
+/// length).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WindowParams {
     period: u64,
     limit: u64,
     per_key: bool,
+    /// A fixed window's calendar, whose windows replace the period's.
+    calendar: Option<&'static Calendar>,
 }
 
 impl WindowParams {
@@ -56,6 +65,45 @@ impl WindowParams {
             period,
             limit,
             per_key: false,
+            calendar: None,
+        }
+    }
+
+    /// These parameters with windows cut on `calendar`.
+    pub(crate) const fn on_calendar(self, calendar: &'static Calendar) -> Self {
+        WindowParams {
+            calendar: Some(calendar),
+            ..self
+        }
+    }
+
+    /// Whether each key's window starts at a phase of its own.
+    pub(crate) const fn is_per_key(&self) -> bool {
+        self.per_key
+    }
+
+    /// The calendar the windows are cut on, if they are (a fixed window's).
+    pub(crate) fn calendar(&self) -> Option<&'static Calendar> {
+        self.calendar
+    }
+
+    /// The fixed window holding `now` (Unix nanoseconds): its number (on the calendar, its end in
+    /// Unix seconds) and the nanoseconds left to its end.
+    #[inline]
+    pub(crate) fn fixed_window_at(&self, now: u64) -> (u64, u64) {
+        match self.calendar {
+            None => (now / self.period, self.period - now % self.period),
+            Some(calendar) => calendar.window_at_nanos(now),
+        }
+    }
+
+    /// When fixed window `window` (as [`fixed_window_at`](Self::fixed_window_at) numbers it) ends,
+    /// in Unix nanoseconds.
+    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
+    pub(crate) fn fixed_window_end(&self, window: u64) -> u64 {
+        match self.calendar {
+            None => window.saturating_add(1).saturating_mul(self.period),
+            Some(_) => window.saturating_mul(1_000_000_000),
         }
     }
 
@@ -105,20 +153,20 @@ pub struct FixedState {
     pub count: u64,
 }
 
-/// **Fixed window**: a counter per window of `period`, reset at each boundary.
+/// **Fixed window**: a counter per window of `period` (or of its calendar), reset at each boundary.
 ///
 /// Cheap and easy to explain ("100 per calendar minute"), but a client may spend its whole quota at
 /// the end of one window and again at the start of the next: up to `2 × count` within one `period`.
 /// A rejection's `Retry-After` points at the next boundary; `reset_after` is the same.
+#[inline]
 pub fn fixed_window(
     state: Option<FixedState>,
     now: u64,
     params: &WindowParams,
     quantity: u64,
 ) -> (Decision, Option<FixedState>) {
-    let WindowParams { period, limit, .. } = *params;
-    let window = now / period;
-    let to_boundary = period - now % period;
+    let limit = params.limit;
+    let (window, to_boundary) = params.fixed_window_at(now);
     // A count above the limit was kept under a larger quota (a reload, a restored state file): it
     // means "full" under this one.
     let used = match state {

@@ -11,7 +11,7 @@
 use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of, shadow_quotas_of};
-use super::schema::RouteConfig;
+use super::schema::{RouteConfig, TierConfig};
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;
@@ -19,7 +19,7 @@ use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
 use crate::policy::{Condition, MissingKey, Policy, PolicyBuilder};
 use crate::rollout::parse_percent;
-use crate::window::WindowStart;
+use crate::window::{CalendarPeriod, CalendarWindow, WindowStart};
 
 /// The builder every row works on.
 pub(super) type Builder = PolicyBuilder<KeySpec>;
@@ -74,6 +74,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["budget"], &["budget", "Limit::with_budget"], |r, _, b| Ok(set(b, r.budget_settings(), Builder::budget))),
     row(&["penalty"], &["penalty", "Limit::with_penalty"], penalty),
     row(&["window_start"], &["window_start", "Limit::with_window_start"], window_start),
+    row(&["calendar", "timezone", "anchor_day"], &["calendar", "Limit::with_calendar"], |r, _, b| Ok(set(b, calendar_of(r)?, Builder::calendar))),
     row(&["retry_after_jitter"], &["retry_after_jitter"], |r, _, b| Ok(set(b, r.retry_after_jitter, Builder::retry_after_jitter))),
     row(&["near_limit", "near_limit_header"], &["near_limit", "near_limit_header"], |r, _, b| Ok(set(set(b, r.near_limit, Builder::near_limit), r.near_limit_header, Builder::near_limit_header))),
     row(&["count_statuses"], &["count_only"], |r, _, b| Ok(set(b, statuses(r.count_statuses.as_deref(), "count_statuses")?, Builder::count_only))),
@@ -155,10 +156,44 @@ fn set<T>(builder: Builder, value: Option<T>, option: fn(Builder, T) -> Builder)
 
 /// `algorithm`, default GCRA: read by the quota and tier rows too (`max_burst` is GCRA's).
 fn algorithm(route: &RouteConfig) -> Result<Algorithm, String> {
-    route
-        .algorithm
-        .as_deref()
-        .map_or(Ok(Algorithm::Gcra), str::parse)
+    // Calendar windows are fixed windows: `calendar` alone says so.
+    let default = match route.calendar {
+        Some(_) => Algorithm::FixedWindow,
+        None => Algorithm::Gcra,
+    };
+    route.algorithm.as_deref().map_or(Ok(default), str::parse)
+}
+
+/// `calendar`, `timezone` and `anchor_day`: the route's calendar windows, if `calendar` is set
+/// (the others alone are an error). The builder checks the rest.
+fn calendar_of(route: &RouteConfig) -> Result<Option<CalendarWindow>, String> {
+    let Some(period) = &route.calendar else {
+        return match (&route.timezone, route.anchor_day) {
+            (None, None) => Ok(None),
+            _ => Err(
+                "timezone and anchor_day go with calendar = \"day\", \"week\" or \"month\"".into(),
+            ),
+        };
+    };
+    let mut window = CalendarWindow::new(period.parse::<CalendarPeriod>()?);
+    if let Some(zone) = &route.timezone {
+        window = window.timezone(zone.clone());
+    }
+    if let Some(day) = route.anchor_day {
+        let day =
+            u8::try_from(day).map_err(|_| format!("anchor_day must be 1 to 31, not {day}"))?;
+        window = window.anchor_day(day);
+    }
+    Ok(Some(window))
+}
+
+/// The route's (or a tier's) quota keys, with the calendar's period when `calendar` is set and
+/// `count` comes without one.
+fn with_calendar_period(route: &RouteConfig, mut keys: TierConfig) -> Result<TierConfig, String> {
+    if let (Some(window), Some(_), None) = (calendar_of(route)?, keys.count, keys.period) {
+        keys.period = Some(window.period().nominal());
+    }
+    Ok(keys)
 }
 
 /// `key`, read behind the trusted proxies, bound to `path`'s parameters, with `on_duplicate`,
@@ -214,7 +249,10 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
 
 /// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits).
 fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
-    let (algorithm, own) = (algorithm(route)?, route.own_quota());
+    let (algorithm, own) = (
+        algorithm(route)?,
+        with_calendar_period(route, route.own_quota())?,
+    );
     // A metered route may limit its metered units alone.
     if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
         return Ok(builder);
@@ -229,6 +267,7 @@ fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder
 fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Builder, String> {
     let algorithm = algorithm(route)?;
     for (name, tier) in route.tiers.iter().flatten() {
+        let tier = &with_calendar_period(route, tier.clone())?;
         let quotas = quotas_of(algorithm, tier).map_err(|why| format!("tier {name:?}: {why}"))?;
         if !shadow_quotas_of(algorithm, tier)?.is_empty() {
             return Err(format!(

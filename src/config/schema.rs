@@ -261,6 +261,20 @@ pub struct RouteConfig {
     /// not all reset at one instant).
     #[serde(default)]
     pub window_start: Option<String>,
+    /// Fixed windows on the calendar: `"day"`, `"week"` (ISO, from Monday) or `"month"`, cut at
+    /// midnight in `timezone` (see
+    /// [`PolicyBuilder::calendar`](crate::PolicyBuilder::calendar)). Implies `algorithm =
+    /// "fixed-window"`; `period` may be left out (if given: `"1day"`, `"7days"`, `"1month"`).
+    #[serde(default)]
+    pub calendar: Option<String>,
+    /// With `calendar`: the time zone whose midnights cut the windows, an IANA name such as
+    /// `"Europe/Paris"` (default `"UTC"`).
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// With `calendar = "month"`: the day each window starts on, 1 to 31 (a billing day; in a
+    /// month without it, its last day). Default 1.
+    #[serde(default)]
+    pub anchor_day: Option<i64>,
     /// Up to this much added at random to each refusal's `Retry-After`, such as `"5s"`, so that
     /// refused clients do not all come back in the same second (never shortened).
     #[serde(default, deserialize_with = "some_duration")]

@@ -53,6 +53,9 @@ impl<K> PolicyBuilder<K> {
                 limit = limit.with_lease(lease)?;
             }
             limit = limit.with_window_start(self.window_start)?;
+            if let Some(calendar) = &self.calendar {
+                limit = limit.with_calendar(calendar.clone())?;
+            }
             if let Some(budget) = self.budget {
                 if quotas.len() > 1 {
                     return Err(invalid(

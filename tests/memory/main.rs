@@ -6,6 +6,7 @@
 mod algorithms;
 mod attack;
 mod backend;
+mod calendar;
 mod limits;
 mod metered;
 mod peek_reset;

@@ -17,6 +17,7 @@ mod support;
 mod access;
 mod admin_handle;
 mod body_keys;
+mod calendar;
 mod concurrency;
 mod conditions;
 mod config_builder;

@@ -20,6 +20,7 @@ mod backend;
 mod batch;
 mod batch_limits;
 mod budget;
+mod calendar;
 mod cluster_failover;
 mod cluster_lazy;
 mod cluster_resharding;

@@ -278,10 +278,10 @@ pub(super) fn refund_state(
         }
         (State::Fixed(s), _, Some(params)) => {
             let shift = limit.window_shift(key);
-            let window = (unix_now + shift) / params.period();
+            let (window, _) = params.fixed_window_at(unix_now + shift);
             // Only while the window that admitted the request is still the current one (and it
             // surely is when the earliest admission time falls in it too).
-            if s.window == window && (admitted_after + shift) / params.period() == window {
+            if s.window == window && params.fixed_window_at(admitted_after + shift).0 == window {
                 s.count = s.count.saturating_sub(quantity);
             }
         }
@@ -351,7 +351,8 @@ pub(super) fn commit(
     now: u64,
     origin: u64,
 ) {
-    let period = limit.window().map_or(0, |p| p.period());
+    let params = limit.window();
+    let period = params.map_or(0, |p| p.period());
     // Window states expire on a Unix-time boundary; the backend's clock is Unix time − origin.
     let at_unix = |t: u64| t.saturating_sub(origin);
     cell.expires_at = match (&mut cell.state, next) {
@@ -361,15 +362,11 @@ pub(super) fn commit(
         }
         (State::Fixed(s), NextState::Fixed(next)) => {
             *s = next.unwrap_or_default();
-            // The window's end on the key's own clock, back on Unix time, then the backend's.
+            // The window's end (as long as its calendar says, if it has one) on the key's own
+            // clock, back on Unix time, then the backend's.
             let shift = limit.window_shift(key);
-            next.map_or(0, |s| {
-                at_unix(
-                    s.window
-                        .saturating_add(1)
-                        .saturating_mul(period)
-                        .saturating_sub(shift),
-                )
+            next.zip(params).map_or(0, |(s, params)| {
+                at_unix(params.fixed_window_end(s.window).saturating_sub(shift))
             })
         }
         (State::Sliding(s), NextState::Sliding(next)) => {

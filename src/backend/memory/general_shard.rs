@@ -189,7 +189,7 @@ pub(super) fn share_used(
         }
         (State::Fixed(s), Some(Scale::Window(p))) => {
             // A count of a window that has passed no longer counts (on the key's own clock).
-            if s.window == (unix_now + p.shift_of(key)) / p.period() {
+            if s.window == p.fixed_window_at(unix_now + p.shift_of(key)).0 {
                 s.count as f32 / p.limit() as f32
             } else {
                 0.0

@@ -18,7 +18,7 @@ static SETTLE: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::SETTLE));
 
 /// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
-const REFUNDABLE_KINDS: [u8; 4] = [0, 1, 2, 3];
+const REFUNDABLE_KINDS: [u8; 5] = [0, 1, 2, 3, 5];
 
 /// Gives back `quantity` units of `limits` for `key` (see
 /// [`Backend::refund`](crate::backend::Backend::refund)): [`settle`] with `-quantity` under each.

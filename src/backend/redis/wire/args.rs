@@ -218,22 +218,39 @@ pub(crate) struct Spec {
 const KIND_GCRA: u8 = 0;
 const KIND_FIXED_WINDOW: u8 = 2;
 const KIND_CONCURRENCY: u8 = 4;
+const KIND_CALENDAR_WINDOW: u8 = 5;
+
+/// A calendar window's two lengths (whole seconds, under 2^22: 48 days, where a month is at most
+/// 32) travel in one argument, the first times this plus the second (below 2^44: exact in a
+/// double).
+const CALENDAR_SPLIT: u64 = 1 << 22;
 
 impl Spec {
-    /// This spec for `key`: a fixed window whose keys each start at their own phase
+    /// This spec for `key` now: a fixed window whose keys each start at their own phase
     /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes the key's shift (µs) as
-    /// its second parameter, which the scripts add to the server's clock.
+    /// its second parameter, which the scripts add to the server's clock; a calendar window takes
+    /// the bounds around this process's clock (see [`calendar_args`]).
     pub(crate) fn on_clock_of(mut self, limit: &Limit, key: &Key) -> Spec {
-        if self.kind == KIND_FIXED_WINDOW {
-            self.b = limit.window_shift(key) / 1000;
+        match self.kind {
+            KIND_FIXED_WINDOW => self.b = limit.window_shift(key) / 1000,
+            KIND_CALENDAR_WINDOW => {
+                if let Some(calendar) = limit.window().and_then(|w| w.calendar()) {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    (self.a, self.b) = calendar_args(calendar.bounds_at(now));
+                }
+            }
+            _ => {}
         }
         self
     }
 
-    /// `settle.lua`'s last parameter for this limit: the GCRA's ceiling, a fixed window's shift.
+    /// `settle.lua`'s last parameter for this limit: the GCRA's ceiling, a fixed window's shift, a
+    /// calendar window's lengths.
     pub(crate) fn settle_last(&self) -> u64 {
         match self.kind {
-            KIND_FIXED_WINDOW => self.b,
+            KIND_FIXED_WINDOW | KIND_CALENDAR_WINDOW => self.b,
             _ => self.ceiling,
         }
     }
@@ -307,6 +324,10 @@ impl Spec {
         let period_us = period / 1000;
         let kind = match algorithm {
             Algorithm::SlidingLog => 1,
+            // Its bounds come with each call (`on_clock_of`).
+            Algorithm::FixedWindow if window.calendar().is_some() => {
+                return Ok(spec(KIND_CALENDAR_WINDOW, count, 0, 0));
+            }
             Algorithm::FixedWindow => KIND_FIXED_WINDOW,
             _ => {
                 // The weighted estimate is count × period (µs), exact in a double below 2^51; a
@@ -340,6 +361,18 @@ impl Spec {
     pub(crate) fn is_metered(&self) -> bool {
         self.kind == KIND_GCRA && self.ceiling != self.b
     }
+}
+
+/// A calendar window's two parameters, from the bounds around this process's clock: the end of
+/// the window holding it (Unix seconds), and the lengths of that window and the next (seconds, as
+/// `before × 2^22 + after`). The script picks among the windows ending at `end - before`, `end`
+/// and `end + after` the one holding the server's clock (as
+/// [`Bounds::window_at`](crate::calendar::Bounds::window_at) does), so that a server whose clock
+/// is a little behind or ahead of this one still counts in the window its own clock is in.
+fn calendar_args(bounds: crate::calendar::Bounds) -> (u64, u64) {
+    let before = (bounds.end - bounds.start).min(CALENDAR_SPLIT - 1);
+    let after = (bounds.next_end - bounds.end).min(CALENDAR_SPLIT - 1);
+    (bounds.end, before * CALENDAR_SPLIT + after)
 }
 
 /// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend

@@ -10,12 +10,15 @@
 -- KEYS[N+1], KEYS[N+2]  with a penalty box: strikes and ban, as in gcra.lua.
 -- ARGV        N, quantity, token (the members added are token:0 .. token:q-1), penalty after (0 =
 --             none), within (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2
---             fixed window, 3 sliding window, 4 concurrency), limit, and GCRA: interval (ns),
---             tolerance (ns); fixed window: period (µs), shift (µs: the key's clock runs that far
---             ahead, so its windows start at its own phase); other windows: period (µs), 0;
---             concurrency: lease (µs), 0. Then optionally N ceilings (a metered GCRA limit's
---             tolerance plus debt cap, ns; 0: the tolerance), then optionally N quantities (one per
---             limit, for a stack whose metered limit reserves an estimate; absent: `quantity`).
+--             fixed window, 3 sliding window, 4 concurrency, 5 calendar window), limit, and GCRA:
+--             interval (ns), tolerance (ns); fixed window: period (µs), shift (µs: the key's clock
+--             runs that far ahead, so its windows start at its own phase); other windows: period
+--             (µs), 0; concurrency: lease (µs), 0; calendar window: the end (Unix seconds) of the
+--             window holding the client's clock, and that window's length and the next one's
+--             (seconds, as before x 2^22 + after; see calendar_at). Then optionally N ceilings (a
+--             metered GCRA limit's tolerance plus debt cap, ns; 0: the tolerance), then optionally
+--             N quantities (one per limit, for a stack whose metered limit reserves an estimate;
+--             absent: `quantity`).
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
@@ -154,12 +157,9 @@ local function sliding_log(key, limit, period, q)
   return {1, limit, math.max(limit - used, 0), retry, reset()}
 end
 
--- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase
--- (0: on the epoch, as every key's).
-local function fixed_window(key, limit, period, q, shift)
-  local at = now_us + shift
-  local window = floordiv(at, period)
-  local to_boundary = period - (at - window * period)
+-- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs
+-- from now.
+local function window_count(key, limit, q, window, to_boundary)
   local used = 0
   local w, c = read_fixed(key)
   if w == window then
@@ -190,6 +190,37 @@ local function fixed_window(key, limit, period, q, shift)
     reset_after = to_boundary * 1000
   end
   return {1, limit, limit - used, retry, reset_after}
+end
+
+-- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase
+-- (0: on the epoch, as every key's).
+local function fixed_window(key, limit, period, q, shift)
+  local at = now_us + shift
+  local window = floordiv(at, period)
+  return window_count(key, limit, q, window, period - (at - window * period))
+end
+
+-- A calendar window (src/calendar.rs): the client computed, on its clock, the end `finish` (Unix
+-- seconds) of the window holding it and the lengths of that window and the next (`lengths`, as
+-- before x 2^22 + after); the server's clock, a little behind or ahead, is in the window ending
+-- at `finish - before`, `finish` or `finish + after` (or, a whole window ahead, in one as long as
+-- the last after that). Returns that window's end (its name) and the µs left to it. Bounds'
+-- window_at in calendar.rs is the same; settle.lua has a copy.
+local function calendar_at(at, finish, lengths)
+  local before = floordiv(lengths, 4194304)
+  local after = lengths - before * 4194304
+  local last = finish + after + after
+  for _, ends in ipairs({finish - before, finish, finish + after, last}) do
+    if at < ends * 1000000 then
+      return ends, ends * 1000000 - at
+    end
+  end
+  return last, 1
+end
+
+local function calendar_window(key, limit, finish, q, lengths)
+  local window, to_boundary = calendar_at(now_us, finish, lengths)
+  return window_count(key, limit, q, window, to_boundary)
 end
 
 local function sliding_window(key, limit, period, q)
@@ -282,7 +313,8 @@ local function concurrency(key, limit, lease, q)
   return {1, limit, math.max(limit - in_flight, 0), retry, 0}
 end
 
-local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurrency}
+local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurrency,
+  calendar_window}
 
 local function decide(i, q)
   local base = 6 + 4 * (i - 1)

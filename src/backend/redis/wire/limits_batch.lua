@@ -136,8 +136,9 @@ local function prepare(item_keys, item_argv)
     if i <= n then
       kind = item_argv[6 + 4 * (i - 1) + 1]
     end
-    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window.
-    if not distinct or not (kind == '0' or kind == '2' or kind == '3') then
+    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window,
+    -- 5 calendar window (a fixed window's state).
+    if not distinct or not (kind == '0' or kind == '2' or kind == '3' or kind == '5') then
       flush(item_keys[i])
     end
   end

@@ -4,9 +4,11 @@
 --
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it.
 -- ARGV        N, since (µs: an upper bound on the time since admission), then four per limit:
---             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window); the GCRA's interval
---             (ns) or a window's period (µs); the delta (units: negative gives back, positive
---             charges, 0 leaves it); the GCRA's ceiling (ns), a fixed window's shift (µs), or 0.
+--             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 5 calendar window);
+--             the GCRA's interval (ns), a window's period (µs), or a calendar window's end (Unix
+--             seconds); the delta (units: negative gives back, positive charges, 0 leaves it); the
+--             GCRA's ceiling (ns), a fixed window's shift (µs), a calendar window's lengths (as
+--             limits.lua takes them), or 0.
 -- Returns     N.
 --
 -- Giving back never gives back more than the request took: GCRA, the TAT moves back by |delta| x
@@ -58,11 +60,8 @@ local function sliding_log(key, quantity)
   end
 end
 
-local function fixed_window(key, period, quantity, shift)
-  local window = floordiv(now_us + shift, period)
-  if floordiv(admitted_after + shift, period) ~= window then
-    return
-  end
+-- Takes `quantity` units from fixed window `window`'s count, if the key still counts in it.
+local function take_from_window(key, window, quantity)
   local stored = redis.call('GET', key)
   if not stored then
     return
@@ -76,6 +75,33 @@ local function fixed_window(key, period, quantity, shift)
     redis.call('DEL', key)
   else
     redis.call('SET', key, int(window) .. ':' .. int(count), 'KEEPTTL')
+  end
+end
+
+local function fixed_window(key, period, quantity, shift)
+  local window = floordiv(now_us + shift, period)
+  if floordiv(admitted_after + shift, period) == window then
+    take_from_window(key, window, quantity)
+  end
+end
+
+-- limits.lua's calendar_at (the window holding `at`, by its end), the name alone.
+local function calendar_at(at, finish, lengths)
+  local before = floordiv(lengths, 4194304)
+  local after = lengths - before * 4194304
+  local last = finish + after + after
+  for _, ends in ipairs({finish - before, finish, finish + after, last}) do
+    if at < ends * 1000000 then
+      return ends
+    end
+  end
+  return last
+end
+
+local function calendar_window(key, finish, quantity, lengths)
+  local window = calendar_at(now_us, finish, lengths)
+  if calendar_at(admitted_after, finish, lengths) == window then
+    take_from_window(key, window, quantity)
   end
 end
 
@@ -131,6 +157,8 @@ for i = 1, n do
       fixed_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
     elseif kind == 3 then
       sliding_window(KEYS[i], a, quantity)
+    elseif kind == 5 then
+      calendar_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
     end
   end
 end
