@@ -233,6 +233,8 @@ impl ExtrasBuilder {
             outcome: self.outcome.is_set().then(|| Arc::new(self.outcome)),
             metered,
             custom: Mutex::new(HashMap::new()),
+            overridden: Mutex::new(HashMap::new()),
+            override_name: override_name(name),
             log: ResolveLog::default(),
             shadows: self.shadows,
         })))
@@ -286,6 +288,10 @@ pub(crate) struct PolicyExtras {
     pub(crate) metered: Option<MeterRule>,
     /// The limits of each per-customer quota seen, made once.
     custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
+    /// The limits of each override's quota seen, made once (`Namespace::Override`).
+    overridden: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
+    /// The name override quotas keep their state under.
+    override_name: Arc<str>,
     pub(crate) log: ResolveLog,
     pub(crate) shadows: Box<[Limit]>,
 }
@@ -300,6 +306,29 @@ impl fmt::Debug for PolicyExtras {
             .field("outcome", &self.outcome)
             .field("metered", &self.metered)
             .finish_non_exhaustive()
+    }
+}
+
+/// Where a quota chosen for one key keeps the key's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Namespace {
+    /// A per-customer quota (`quota_from`, a resolver): under the policy's name, so that a key
+    /// keeps its state when its plan changes (the GCRA rebases a TAT written under another
+    /// quota, the windows read a count above the limit as full).
+    Customer,
+    /// An operator's override: under `<policy>.override`, so that a key whose limit is raised
+    /// starts afresh under the new quota (a refused key's backlog, read under a raised GCRA
+    /// quota, would otherwise still fill it), and finds its old state when the override goes.
+    Override,
+}
+
+/// The name override quotas of policy `name` keep their state under: `<name>.override`, or the
+/// policy's own name where that would be too long for a limit's name.
+fn override_name(name: &str) -> Arc<str> {
+    let own = format!("{name}.override");
+    match crate::limit::validate_name(&own) {
+        Ok(()) => own.into(),
+        Err(_) => name.into(),
     }
 }
 
@@ -324,6 +353,8 @@ impl PolicyExtras {
             outcome: None,
             metered: None,
             custom: Mutex::new(HashMap::new()),
+            overridden: Mutex::new(HashMap::new()),
+            override_name: override_name(name),
             log: ResolveLog::default(),
             shadows: Box::new([]),
             body: None,
@@ -334,22 +365,26 @@ impl PolicyExtras {
         &self.name
     }
 
-    /// The limits of a per-customer `quota`: named after the policy (so each key keeps its state
-    /// when its quota changes: the GCRA rebases a TAT written under another quota, the windows read
-    /// a count above the limit as full), with the default limit's algorithm, delay, lease and
-    /// penalty. `None` for a quota that cannot be enforced (`validate` is the backend's check) or
-    /// that `cost` exceeds: the request then gets the policy's own quota.
+    /// The limits of a `quota` chosen for one key, with the default limit's algorithm, delay,
+    /// lease and penalty, kept in namespace `ns`. `None` for a quota that cannot be enforced
+    /// (`validate` is the backend's check) or that `cost` exceeds: the request then gets the
+    /// policy's own quota.
     pub(crate) fn custom_tier(
         &self,
+        ns: Namespace,
         quota: Quota,
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
     ) -> Option<Arc<CustomerQuota>> {
-        let mut table = self.custom.lock().unwrap_or_else(|p| p.into_inner());
+        let tiers = match ns {
+            Namespace::Customer => &self.custom,
+            Namespace::Override => &self.overridden,
+        };
+        let mut table = tiers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(known) = table.get(&quota) {
             return known.clone();
         }
-        let made = self.limit_for(quota).and_then(|limit| {
+        let made = self.limit_for(ns, quota).and_then(|limit| {
             validate(&limit)?;
             if cost > limit.max_cost() {
                 return Err(BuildError::Cost {
@@ -386,7 +421,7 @@ impl PolicyExtras {
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
     ) -> Result<(), BuildError> {
-        let limit = self.limit_for(quota)?;
+        let limit = self.limit_for(Namespace::Override, quota)?;
         validate(&limit)?;
         if cost > limit.max_cost() {
             return Err(BuildError::Cost {
@@ -398,19 +433,24 @@ impl PolicyExtras {
         Ok(())
     }
 
-    /// A limit of the namespace per-customer quotas keep their state in (the policy's name, its
-    /// algorithm), when the policy chooses quotas per request: what a reset must forget too.
-    /// `overridden`: whether an override gives the key a quota of its own.
-    pub(crate) fn custom_namespace(&self, overridden: bool) -> Option<Limit> {
-        if self.quota_from.is_none() && self.resolver.is_none() && !overridden {
-            return None;
-        }
-        self.limit_for(*self.template.quota()).ok()
+    /// A limit of namespace `ns` (its name, the policy's algorithm), when the policy may keep
+    /// state there: what a reset must forget too. Per-customer quotas: when the policy chooses
+    /// quotas per request; overrides: when `overridden` (an override gives the key a quota).
+    pub(crate) fn namespace(&self, ns: Namespace, overridden: bool) -> Option<Limit> {
+        let used = match ns {
+            Namespace::Customer => self.quota_from.is_some() || self.resolver.is_some(),
+            Namespace::Override => overridden,
+        };
+        used.then(|| self.limit_for(ns, *self.template.quota()).ok())?
     }
 
-    fn limit_for(&self, quota: Quota) -> Result<Limit, BuildError> {
+    fn limit_for(&self, ns: Namespace, quota: Quota) -> Result<Limit, BuildError> {
         let template = &self.template;
-        let mut limit = Limit::with_algorithm(&*self.name, template.algorithm(), quota)?;
+        let name = match ns {
+            Namespace::Customer => &*self.name,
+            Namespace::Override => &*self.override_name,
+        };
+        let mut limit = Limit::with_algorithm(name, template.algorithm(), quota)?;
         if let Some(penalty) = template.penalty() {
             limit = limit.with_penalty(*penalty);
         }

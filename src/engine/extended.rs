@@ -24,7 +24,7 @@ use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::overrides::{InForce, Override};
-use crate::per_customer::{CustomerQuota, PolicyExtras};
+use crate::per_customer::{CustomerQuota, Namespace, PolicyExtras};
 use crate::rollout::shadows::with_shadows;
 use crate::timer::within;
 
@@ -377,7 +377,9 @@ where
     } else {
         return None;
     };
-    extras.custom_tier(quota, cost, |limit| shared.backend.validate(limit))
+    extras.custom_tier(Namespace::Customer, quota, cost, |limit| {
+        shared.backend.validate(limit)
+    })
 }
 
 /// What an override or a timed ban in force makes of a request: `Ok` with the quota it is decided
@@ -397,7 +399,8 @@ fn overridden<K, B: Backend>(
     let request = RequestRef::of_parts(parts);
     match in_force {
         InForce::Override(Override::Quota(quota)) if extras.metered.is_none() => {
-            Ok(extras.custom_tier(quota, rules.cost(), |l| shared.backend.validate(l)))
+            let validate = |l: &_| shared.backend.validate(l);
+            Ok(extras.custom_tier(Namespace::Override, quota, rules.cost(), validate))
         }
         InForce::Override(Override::Quota(_)) => Ok(None),
         InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),

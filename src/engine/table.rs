@@ -32,7 +32,10 @@ impl<K> Table<K> {
     pub(crate) fn limit_names(&self) -> Vec<(String, Vec<String>)> {
         let policies = self.policies.iter().map(|p| {
             let rules = p.compiled();
-            let mut names = vec![rules.name().to_owned()];
+            let mut names = vec![
+                rules.name().to_owned(),
+                format!("{}.override", rules.name()),
+            ];
             let limits = rules.tiers().iter().flat_map(|t| t.limits.iter());
             names.extend(limits.map(|l| l.name().to_owned()));
             (rules.name().to_owned(), names)

@@ -23,6 +23,7 @@ use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
 use crate::overrides::{InForce, Override};
+use crate::per_customer::Namespace;
 use crate::policy::Policy;
 use crate::top::TopKey;
 
@@ -279,7 +280,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let custom = match override_in_force {
             Some(Override::Quota(quota)) if rules.overridable.metered.is_none() => rules
                 .overridable
-                .custom_tier(quota, rules.cost(), |l| self.shared.backend.validate(l)),
+                .custom_tier(Namespace::Override, quota, rules.cost(), |l| {
+                    self.shared.backend.validate(l)
+                }),
             _ => None,
         };
         if let Some(custom) = custom {
@@ -456,7 +459,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             }
             Some(InForce::Override(Override::Quota(quota))) => {
                 let validate = |l: &_| self.shared.backend.validate(l);
-                let custom = compiled.overridable.custom_tier(quota, cost, validate);
+                let ns = Namespace::Override;
+                let custom = compiled.overridable.custom_tier(ns, quota, cost, validate);
                 (custom, None)
             }
         };
@@ -481,9 +485,12 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
         // default does not use.
+        // And an override's quota, under its own name.
         let overridden = self.shared.overrides.touches(rules.name());
-        if let Some(custom) = rules.overridable.custom_namespace(overridden) {
-            self.shared.backend.reset(&[custom], key).await?;
+        for ns in [Namespace::Customer, Namespace::Override] {
+            if let Some(limit) = rules.overridable.namespace(ns, overridden) {
+                self.shared.backend.reset(&[limit], key).await?;
+            }
         }
         Ok(())
     }

@@ -24,9 +24,11 @@ where
     ///
     /// The decisions cached under the policy's limits (the Redis backend's deny cache and leased
     /// slices) are dropped in every process, so a key whose limit was raised is not refused by a
-    /// refusal made under its old one. A quota override keeps the key's state under the policy's
-    /// name and algorithm, as a per-customer quota does: the GCRA rebases the key's backlog on
-    /// the new quota.
+    /// refusal made under its old one. A quota override keeps the key's state under a name of its
+    /// own, `<policy>.override` (which `RateLimit` fields show), with the policy's algorithm: a key
+    /// refused under its old quota starts afresh under the new one, a changed override's quota
+    /// reads the override's state (the GCRA rebases its backlog), and a removed override leaves
+    /// the key its state under the policy's own quota.
     ///
     /// An error when the policy does not exist, `key` is not one of its keys or patterns, the
     /// backend cannot enforce the quota (or the policy's cost exceeds it), the policy is metered
