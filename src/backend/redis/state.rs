@@ -66,7 +66,7 @@ impl RedisState {
         let nodes = conn
             .is_cluster()
             .then(|| Arc::new(ClusterNodes::new(timeout, name, clock)));
-        let conn = conn.with_nodes(nodes.as_ref());
+        conn.set_nodes(nodes.as_ref());
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,

@@ -63,7 +63,7 @@ fn attempt_cluster(
         let budget = attempt_budget(state.timeout);
         let attempt = async {
             let conn = formed(client, &lazy.target).await?;
-            let mut fresh = RedisConnection::Cluster(conn.clone(), None);
+            let mut fresh = RedisConnection::cluster_of(conn.clone());
             set_up(Fresh::Other(&mut fresh), &state)
                 .await
                 .map_err(|e| AttemptError::described(e.describe(&lazy.target)))?;

@@ -51,7 +51,7 @@ pub(crate) struct Redirecting<'a> {
 enum Via<'a> {
     Backend(&'a mut RedisConnection),
     Cluster(&'a mut ClusterConnection),
-    /// A lazily started Cluster's connection (a cheap handle, taken when it is connected).
+    /// The backend's Cluster connection (a cheap handle, taken when it is connected).
     Owned(ClusterConnection),
 }
 
@@ -66,15 +66,9 @@ impl RedisConnection {
                 nodes: lazy.nodes.get().cloned(),
             };
         }
-        match self {
-            RedisConnection::Cluster(cluster, nodes) => Redirecting {
-                nodes: nodes.clone(),
-                conn: Via::Cluster(cluster),
-            },
-            other => Redirecting {
-                conn: Via::Backend(other),
-                nodes: None,
-            },
+        Redirecting {
+            conn: Via::Backend(self),
+            nodes: None,
         }
     }
 }

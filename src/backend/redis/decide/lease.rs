@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn lease_tokens_are_distinct_and_never_zero() {
         let nowhere = Arc::new(LazyCluster::new(String::new()));
-        let leases = Leases::new(RedisConnection::LazyCluster(nowhere), Duration::ZERO);
+        let leases = Leases::new(RedisConnection::Cluster(nowhere), Duration::ZERO);
         let drawn: std::collections::HashSet<u64> =
             (0..100_000).map(|_| leases.next_token()).collect();
         assert_eq!(drawn.len(), 100_000);
