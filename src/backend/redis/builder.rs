@@ -625,16 +625,6 @@ mod tests {
     }
 
     #[test]
-    fn sentinel_node_may_come_first() {
-        let builder = RedisBackendBuilder::new("p", Duration::from_millis(100))
-            .sentinel_node(
-                SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure),
-            )
-            .sentinel(["redis://127.0.0.1:26379"], "mymaster");
-        assert!(builder.sentinel_node.is_some());
-    }
-
-    #[test]
     fn the_backend_label_names_where_it_connects() {
         let builder = || RedisBackendBuilder::new("p", Duration::from_millis(100));
         let name = |b: RedisBackendBuilder| b.validated().map(|v| v.settings.name);

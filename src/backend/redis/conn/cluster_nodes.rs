@@ -1,23 +1,18 @@
-//! [`ClusterNodes`]: a Redis Cluster's slot map as this backend keeps it (slot → primary, from
-//! `CLUSTER SLOTS`), and a circuit breaker per primary, so that a dead primary costs its own slots'
-//! decisions the failure policy, at once, and nothing else.
+//! [`ClusterNodes`]: a Cluster's slot map as this backend keeps it (from `CLUSTER SLOTS`, read in
+//! the background by slot_watch.rs), and a circuit breaker per primary, so that a dead primary
+//! costs its own slots' decisions the failure policy, at once, and nothing else.
 //!
-//! Why our own map beside redis-rs's: redis-rs 1.8.1 sends a request for a slot whose primary has
-//! no connection to a random connected node (`get_random_connection`,
-//! src/cluster_handling/async_connection/mod.rs:922; its fallback within the shard serves replica
-//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary; each
-//! `MOVED` starts a slot refresh that holds the connection map's write lock while it runs
-//! (`refresh_slots`, src/cluster_handling/async_connection/mod.rs:983: `CLUSTER SLOTS`, a `PING` on
-//! every node, a new connection to the dead one, up to the connection timeout), so every other key
-//! waits too (measured: 5 ms to 20 ms p99 for the healthy primaries' keys). This map can go once
-//! redis-rs fails a dead primary's slots fast and refreshes its map without stopping the others.
-//! The map is refreshed in the background (slot_watch.rs), never on the request path.
+//! Why our own map: redis-rs 1.8.1 sends a request for a slot whose primary has no connection to a
+//! random node (`get_random_connection`, src/cluster_handling/async_connection/mod.rs:922; the
+//! shard fallback serves replica reads only, src/cluster_handling/slot_map.rs:56), which answers
+//! `MOVED` to the dead primary; each `MOVED` starts a slot refresh that holds the connection map's
+//! write lock (`refresh_slots`, same file:983: a `PING` on every node, a dial of the dead one), so
+//! every key waits (measured: 5 to 20 ms p99 on the healthy primaries). This map can go once
+//! redis-rs fails a dead primary's slots fast and refreshes without stopping the others.
 //!
-//! Probes: with seed URLs (`cluster_urls`) the task probes an open node on a connection of its own
-//! (`PING`, the seed URL's TLS and credentials with the node's address), so no request for the dead
-//! slots reaches redis-rs, whose refresh would dial the dead node while every other request waits.
-//! With a `ClusterClient` or `ClusterConnection` of the user's, whose settings the backend cannot
-//! read, one request probes, as on one server.
+//! Probes: with seed URLs the task probes an open node on a connection of its own (`PING`, the
+//! seed's TLS and credentials), so no request reaches redis-rs' refresh; with a Cluster client or
+//! connection of the user's, whose settings are hidden, one request probes, as on one server.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,13 +44,10 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Whether the node answered `TRYAGAIN` since `started` (its circuit's `now_ms`). A command on
-    /// several keys whose slot migrates, its keys split between two nodes, is answered `TRYAGAIN`
-    /// until the slot has moved, and redirect.rs retries it until the backend's timeout ends the
-    /// call. Such a call looks like one to a dead node, but the node answered every try: its
-    /// timeout is the migrating slot's, and opens no breaker (breaker.rs). Only `TRYAGAIN`: `ASK`
-    /// comes from a live node too, but is followed at once; `MOVED` may come from a dead
-    /// primary's replica, which says nothing of the primary.
+    /// Whether the node answered `TRYAGAIN` since `started` (its circuit's `now_ms`): a multi-key
+    /// command on a migrating slot, retried by redirect.rs until the timeout, looks like a call to
+    /// a dead node but was answered every try, so it opens no breaker (breaker.rs). Not `ASK`
+    /// (followed at once) nor `MOVED` (a dead primary's replica says it too).
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
         self.tried_again.load(Ordering::Relaxed) >= started
     }
@@ -83,8 +75,7 @@ pub(crate) struct ClusterNodes {
     name: Box<str>,
     /// Wakes the refreshing task: a node failed, the map may be stale.
     pub(crate) stale: Notify,
-    /// A seed's connection settings, when the backend was given seed URLs: the task probes open
-    /// nodes itself (see the module docs).
+    /// A seed's connection settings, given seed URLs: the task probes open nodes itself.
     seed: OnceLock<ConnectionInfo>,
     /// The backend's clock, for the nodes' breakers and records.
     clock: Clock,
@@ -103,8 +94,7 @@ impl ClusterNodes {
         }
     }
 
-    /// The backend was given seed URLs: open nodes are probed by the task, on connections made
-    /// with `seed`'s settings.
+    /// Seed URLs given: the task probes open nodes, with `seed`'s settings.
     pub(crate) fn probe_with(&self, seed: ConnectionInfo) {
         let _ = self.seed.set(seed);
     }
@@ -164,8 +154,7 @@ impl ClusterNodes {
                 "the Redis Cluster node answers again; its slots' decisions come from Redis"
             );
             crate::observe::cluster_node_up(&self.name, &node.address, true);
-            // Perhaps the promoted replica answered (redis-rs sent the call to another node): read
-            // the map again.
+            // Perhaps the promoted replica answered: read the map again.
             self.stale.notify_one();
         }
     }
@@ -186,9 +175,8 @@ impl ClusterNodes {
         self.stale.notify_one();
     }
 
-    /// A call to `node` that began at `started` (its circuit's `now_ms`) ran out of time. A node
-    /// that answered other calls since is slow, not dead (a busy machine, a long command): only
-    /// this call fails, and the breaker stays as it is. Otherwise, as [`failed`](Self::failed).
+    /// A call to `node` begun at `started` (its circuit's `now_ms`) ran out of time: as
+    /// [`failed`](Self::failed), unless the node answered since (slow, not dead: only this fails).
     pub(crate) fn timed_out(
         &self,
         node: &Node,
@@ -213,8 +201,8 @@ impl ClusterNodes {
         map.nodes.get(usize::from(owner)).map(|(n, _)| n.clone())
     }
 
-    /// The node of `key`'s slot answered `TRYAGAIN` now (redirect.rs): its own record says it
-    /// answered ([`Node::tried_again_since`]), for every call on it under way, a batch's included.
+    /// The node of `key`'s slot answered `TRYAGAIN` now (redirect.rs), for every call on it under
+    /// way ([`Node::tried_again_since`]).
     pub(crate) fn tried_again(&self, key: &[u8]) {
         if let Some(node) = self.for_slot(slot_of(key)) {
             node.tried_again

@@ -1,6 +1,6 @@
-//! The background task that keeps a [`SingleServer`] connected for as long as its backend lives:
-//! connect (resolve, check the role, load the script, detect the path), then wait for the
-//! connection to drop, then connect again with backoff, logging each transition once.
+//! The task that keeps a [`SingleServer`] connected while its backend lives (connect, wait for the
+//! connection to drop, connect again with backoff, each transition logged once), and the keepers'
+//! one retry loop.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,15 +23,14 @@ use crate::error::{redact_url, BackendError};
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
-/// After a configuration error (a wrong password, missing ACL permissions, a replica, no
-/// redis-cell in mode "cell"), attempts go on this slowly: someone has to fix something first.
+/// Attempts after a configuration error go on this slowly: someone has to fix something first.
 const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
 /// A replica where the primary should be is a failover under way for this long (retried at the
 /// usual pace, so the promotion is noticed within a second); past it, a configuration error.
 const REPLICA_GRACE: Duration = Duration::from_secs(30);
 
-/// Connects once: asks the source for the server, connects, checks it is a primary, loads the
-/// script and detects the path, then puts the connection in service. Returns the address.
+/// Connects once: finds the server, connects, checks it is a primary, sets it up (set_up.rs) and
+/// puts the connection in service. Returns the address.
 async fn establish(
     source: &mut Source,
     server: &SingleServer,
@@ -94,9 +93,8 @@ pub(crate) async fn connect_once(
     }
 }
 
-/// Keeps `server` connected for as long as the backend (`state`) lives: connects with backoff while
-/// there is no connection, then waits until one is dropped. `connected`: the caller connected
-/// already (eager start). Logs each transition once, and "still unreachable" at most every 10 s.
+/// Keeps `server` connected while the backend (`state`) lives; `connected`: the caller connected
+/// already (eager start).
 pub(crate) fn spawn_keeper(
     mut source: Source,
     server: Arc<SingleServer>,
@@ -112,8 +110,7 @@ pub(crate) fn spawn_keeper(
             // Connected: wait until the connection is dropped, or the backend is.
             let mut since_sentinels = Instant::now();
             while server.connected() {
-                // While the breaker is open on a live connection (calls timed out), probe it
-                // often, so that the first calls after Redis recovers are decided there.
+                // Breaker open on a live connection (calls timed out): probe it often.
                 let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
                 let wait = if tripped {
                     CONNECTING.first()
@@ -198,14 +195,11 @@ fn attempt_server(
     })
 }
 
-/// Tries `attempt` (on `subject`) with backoff (every 50 ms, backing off to 500 ms) until it connects, for as
-/// long as the backend (`state`) lives: the one retry loop of both keepers (one server's, and a
-/// Cluster's started by `build`). Each failure is recorded in `attempts` (for `health()` and
-/// `first_attempt`). A configuration error (a wrong password, missing ACL permissions, mode "cell"
-/// without the module, a replica for longer than a failover takes) is said once at error level and
-/// retried every 5 s; the first failure of an outage (`first`) is said once, then "still
-/// unreachable" at most every 10 s. The connected value and the attempts it took; `None` once the
-/// backend is gone.
+/// Tries `attempt` on `subject` (every 50 ms, backing off to 500 ms) until it connects, while the
+/// backend lives: both keepers' loop (one server's, a lazy Cluster's). Failures go to `record`. A
+/// configuration error (a replica only past [`REPLICA_GRACE`]) is said once at error level and
+/// retried every 5 s; an outage's first failure (`first`) is said once, then "still unreachable"
+/// at most every 10 s. The connected value and the attempts it took; `None`: the backend is gone.
 pub(crate) async fn connect_with_backoff<S, T>(
     target: &str,
     record: &Attempts,
@@ -245,8 +239,7 @@ pub(crate) async fn connect_with_backoff<S, T>(
                     || replica_since.get_or_insert_with(Instant::now).elapsed()
                         >= REPLICA_GRACE =>
             {
-                // Redis answered and refused: not an outage. Said once at error level (again if
-                // it changes), and retried slowly, as someone may fix it (or promote the replica).
+                // Redis answered and refused: said once (again if it changes), retried slowly.
                 if said_misconfigured.as_ref() != Some(&wrong) {
                     tracing::error!(
                         redis = %target,

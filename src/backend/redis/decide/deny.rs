@@ -10,21 +10,14 @@ use crate::decision::Decision;
 
 const SHARDS: usize = 16;
 
-/// Keys are the clients' (hostile): foldhash, seeded per process as the memory backend's table is,
-/// and a fraction of SipHash's cost (two hashes a check: the shard, then its map). foldhash does not
-/// claim to resist an attacker who times lookups to find collisions; here only keys Redis limited
+/// Keys are the clients' (hostile): foldhash, seeded per process, a fraction of SipHash's cost (two
+/// hashes a check). It does not claim to resist timed collision hunts, but only keys Redis limited
 /// are entries, at most `SHARD_CAPACITY` a shard, so a collision flood stays bounded.
 type RandomState = foldhash::fast::RandomState;
-/// Entries per shard. Dropping an entry only costs a round trip, so a full shard refuses new ones
-/// after pruning the expired, rather than grow.
+/// Entries per shard: a dropped entry only costs a round trip, so a full shard refuses new ones
+/// (after pruning the expired) rather than grow.
 const SHARD_CAPACITY: usize = 8192;
 
-/// Limited keys and until when they stay limited, for requests of the same cost under the same quota.
-///
-/// Caching a rejection can never admit anything, and it stays correct across processes: other
-/// processes' admissions only move a key's TAT later, so a key that Redis limited until `until` for
-/// `quantity` units cannot pass with as many units before then. (A key deleted or rebased in Redis
-/// by hand is still refused here until `until`.)
 /// A rejection from Redis, with what the cache needs to know how long its numbers hold.
 pub(crate) struct Rejection {
     pub(crate) decision: Decision,
@@ -38,19 +31,21 @@ pub(crate) struct Rejection {
     pub(crate) until_retry: bool,
 }
 
+/// Limited keys and until when they stay limited, for requests of the same cost and quota. This
+/// never admits anything, across processes too: their admissions only move a key's TAT later. (A
+/// key deleted or rebased in Redis by hand is still refused here until then.)
 pub(crate) struct DenyCache {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
     /// Counts what made keys less limited (resets, refunds, reloads, missed messages): a rejection
-    /// Redis made before one of them is not inserted after it, as the budget's slices are not.
+    /// Redis made before one is not inserted after it.
     generation: AtomicU64,
 }
 
 #[derive(Default)]
 struct Shard {
     map: HashMap<Box<str>, Denied, RandomState>,
-    /// A full shard prunes expired entries at most this often, so that a flood of new keys does not
-    /// turn every insertion into a scan.
+    /// When a full shard may next prune (not every insertion of a flood scans).
     next_prune: Option<Instant>,
 }
 
@@ -119,8 +114,7 @@ impl DenyCache {
         }
         if quantity != entry.quantity || interval != entry.interval || tolerance != entry.tolerance
         {
-            // Another cost may fit (or never), another quota (the route changed) reads the state
-            // its own way: Redis decides.
+            // Another cost may fit (or never); another quota reads the state its own way.
             return None;
         }
         let elapsed = now - entry.at;
@@ -135,10 +129,8 @@ impl DenyCache {
         Some(aged)
     }
 
-    /// Forgets the rejection of `key`: the key was reset, or counting by outcome gave units back (a
-    /// refund is the one thing besides a reset that makes a key less limited, so a process forgets
-    /// what it refunded; another process's cache may hold the rejection until its retry time, which
-    /// only admits less).
+    /// Forgets the rejection of `key`: it was reset, or given units back (another process may hold
+    /// the rejection until its retry time, which only admits less).
     pub(crate) fn forget(&self, key: &str) {
         self.next_generation();
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
@@ -153,8 +145,7 @@ impl DenyCache {
         }
     }
 
-    /// Forgets every rejection of a key that starts with `prefix` (`prefix:limit:`: the limit's
-    /// quota changed in a reload).
+    /// Forgets every rejection of a key under `prefix` (a limit changed in a reload).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
         self.next_generation();
         for shard in &self.shards {
@@ -163,18 +154,11 @@ impl DenyCache {
         }
     }
 
-    /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
-    /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
-    /// every `interval`, before a request of several units fits).
-    ///
-    /// `whole_seconds`: the decision came from `CL.THROTTLE`, whose retry time is rounded up to the
-    /// next second and whose reset time is not exact; the key is then held only to a second before
-    /// the retry time (a lower bound of it: never a false rejection), and only when `remaining` cannot
-    /// change before then.
-    ///
-    /// `generation`: [`generation`](Self::generation) when the call was sent; a key forgotten since
-    /// (a reset heard while Redis was deciding) may have been limited by the state the reset
-    /// deleted, so the rejection is not kept.
+    /// Remembers a rejection Redis made `at` while its numbers hold: until the retry time, and while
+    /// `remaining` stays (it grows a unit every `interval` before several units fit). From
+    /// `CL.THROTTLE` (whole seconds rounded up, an inexact reset) only to a second before the retry
+    /// time, and only if `remaining` cannot change before. Not if anything was forgotten since
+    /// `generation` (read when the call was sent): the reset's state may have limited it.
     pub(crate) fn insert(
         &self,
         key: &str,
@@ -347,28 +331,6 @@ mod tests {
     }
 
     #[test]
-    fn whole_second_answers_are_held_a_second_less() {
-        let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
-        let now = Instant::now();
-        let mut one = limited(1000);
-        one.whole_seconds = true;
-        cache.insert("one", 1, one, now, 0);
-        assert!(
-            get("one", 1, now).is_none(),
-            "true retry time may be under a second"
-        );
-        let mut two = limited(2000);
-        two.whole_seconds = true;
-        cache.insert("two", 1, two, now, 0);
-        let d = get("two", 1, now).unwrap();
-        assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
-        let d = get("two", 1, now + Duration::from_millis(999)).unwrap();
-        assert_eq!(d.retry_after, Some(Duration::from_millis(1001)));
-        assert!(get("two", 1, now + Duration::from_secs(1)).is_none());
-    }
-
-    #[test]
     fn a_rejection_decided_before_a_forget_is_not_kept_after_it() {
         let cache = DenyCache::new();
         let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
@@ -385,25 +347,6 @@ mod tests {
         assert!(get("k", 1, now).is_none());
         cache.insert("k", 1, limited(60_000), now, cache.generation());
         assert!(get("k", 1, now).is_some());
-    }
-
-    #[test]
-    fn a_reloaded_limit_forgets_its_keys_only() {
-        let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
-        let now = Instant::now();
-        for key in [
-            "p:api:{a}",
-            "p:api:{b}:fixed",
-            "p:api.1s:{a}",
-            "p:login:{a}",
-        ] {
-            cache.insert(key, 1, limited(60_000), now, cache.generation());
-        }
-        cache.forget_prefix("p:api:");
-        let held = |key| get(key, 1, now).is_some();
-        assert!(!held("p:api:{a}") && !held("p:api:{b}:fixed"));
-        assert!(held("p:api.1s:{a}") && held("p:login:{a}"));
     }
 
     #[test]

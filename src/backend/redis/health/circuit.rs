@@ -1,9 +1,6 @@
-//! [`Circuit`]: the state machine of a circuit breaker (closed, open, half-open with one probe),
-//! shared by the process-wide breaker of one server (breaker.rs) and the breaker of each Cluster
-//! node (cluster_nodes.rs).
-//!
-//! A call that fails to reach Redis opens the circuit for 50 ms. Then one call probes while the
-//! others still fail fast: if the probe fails too, the circuit stays open twice as long (up to
+//! [`Circuit`]: a circuit breaker's state machine, for one server's breaker (breaker.rs) and each
+//! Cluster node's (cluster_nodes.rs). A call that fails to reach Redis opens it for 50 ms; then one
+//! call probes while the others fail fast; a failed probe keeps it open twice as long (up to
 //! 500 ms); any answer closes it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -48,12 +45,12 @@ pub(crate) struct Circuit {
     open_until: AtomicU64,
     /// Failed probes in a row.
     failures: AtomicU32,
-    /// When the running probe started (ms since `epoch`), 0 when none. A probe older than the
-    /// timeout no longer blocks the next one, even if its future was never finished nor dropped.
+    /// When the running probe started (ms on `clock`), 0 when none; one older than the timeout no
+    /// longer blocks the next, even if never finished nor dropped.
     probe_started: AtomicU64,
     probe_limit_ms: u64,
-    /// When a call last got an answer (ms since `epoch`), as far as [`stamp_answer`](Self::stamp_answer)
-    /// was told: lets a timed-out call tell a slow node from a dead one.
+    /// When a call last got an answer ([`stamp_answer`](Self::stamp_answer)): tells a timed-out
+    /// call's slow node from a dead one.
     last_answer: AtomicU64,
 }
 
@@ -164,9 +161,8 @@ impl Circuit {
         self.open_until.swap(0, Ordering::AcqRel) != 0
     }
 
-    /// A call could not reach Redis: a probe's failure keeps the circuit open twice as long as the
-    /// last time; another call's opens a closed circuit. Whether this call opened it (a transition
-    /// to say: calls already under way when it opened say nothing new).
+    /// A call could not reach Redis: a probe's failure keeps the circuit open twice as long as last
+    /// time; another's opens a closed circuit. Whether this call opened it (a transition to say).
     pub(crate) fn failed(&self, was_probe: bool) -> bool {
         let now = self.now_ms();
         if was_probe {

@@ -13,9 +13,8 @@ use crate::penalty::Penalty;
 /// tolerance plus one interval stays within 2^52 ns (about 52 days); longer ones are refused.
 const LUA_MAX_WINDOW_NS: u64 = 1 << 52;
 
-/// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
-/// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
-/// counts below 2^41.
+/// Bounds that keep limits.lua's integers exact in doubles: periods below 2^52 ns, counts below
+/// 2^51; sliding windows: count × period (µs) below 2^51, counts below 2^41.
 const WINDOW_MAX_PERIOD_NS: u64 = 1 << 52;
 const MAX_COUNT: u64 = 1 << 51;
 const SLIDING_MAX_COUNT: u64 = 1 << 41;
@@ -90,8 +89,7 @@ impl Args {
     }
 
     /// The GCRA's arguments, with `CL.THROTTLE`'s only if `cell` (the mode may take that path):
-    /// finding its whole-second form takes 128-bit divisions, which a request on the Lua path
-    /// need not pay.
+    /// its whole-second form takes 128-bit divisions, which the Lua path need not pay.
     pub(crate) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
         let params = limit.gcra()?;
         let delayed = limit.delay().is_some();
@@ -110,30 +108,22 @@ impl Args {
         })
     }
 
-    fn lua_ok(&self) -> bool {
-        self.tolerance
-            .checked_add(self.interval)
-            .is_some_and(|w| w <= LUA_MAX_WINDOW_NS)
-    }
-
     /// Whether the limit is metered: its keys may hold debt past the tolerance.
     pub(crate) fn metered(&self) -> bool {
         self.ceiling != self.tolerance
     }
 }
 
-/// How far ahead of now (ns) a GCRA limit's stored TAT is read as it is, by every script: the
-/// GCRA's [`ceiling`](crate::gcra::GcraParams::ceiling), as `gcra::decide` reads it (the tolerance, and
-/// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
-/// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
+/// How far ahead of now (ns) every script reads a stored TAT as it is: the GCRA's
+/// [`ceiling`](crate::gcra::GcraParams::ceiling) (the tolerance, plus a metered limit's debt cap);
+/// beyond it, a TAT was written under another quota. 0 for the other algorithms.
 pub(crate) fn ceiling(limit: &Limit) -> u64 {
     limit.gcra().map_or(0, |params| params.ceiling())
 }
 
-/// Why the Redis backend cannot settle `limit`'s costs exactly, if it is metered and cannot: a
-/// metered limit is a GCRA limit without a leased budget (a slice is granted before the cost is
-/// known, and settling behind it would charge the key twice or not at all), whose debt the scripts
-/// can hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
+/// Why the Redis backend cannot settle metered `limit`'s costs exactly, if it cannot: it must be
+/// a GCRA limit without a leased budget (a slice is granted before the cost is known), whose debt
+/// the scripts hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
 fn metered_error(limit: &Limit) -> Result<(), String> {
     if !limit.is_metered() {
         return Ok(());
@@ -163,8 +153,8 @@ fn metered_error(limit: &Limit) -> Result<(), String> {
     Ok(())
 }
 
-/// The quota as `count` per `period_secs` whole seconds, at exactly the same rate: the smallest whole
-/// number of seconds that holds a whole number of emissions.
+/// The quota as `count` per `period_secs` whole seconds at exactly the same rate, in the fewest
+/// seconds that hold a whole number of emissions.
 fn cell_args(limit: &Limit) -> Option<CellArgs> {
     const NANOS: u128 = 1_000_000_000;
     let quota = limit.quota();
@@ -220,9 +210,8 @@ const KIND_FIXED_WINDOW: u8 = 2;
 const KIND_CONCURRENCY: u8 = 4;
 
 impl Spec {
-    /// This spec for `key`: a fixed window whose keys each start at their own phase
-    /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes the key's shift (µs) as
-    /// its second parameter, which the scripts add to the server's clock.
+    /// This spec for `key`: a fixed window at the key's own phase
+    /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes its shift (µs) as `b`.
     pub(crate) fn on_clock_of(mut self, limit: &Limit, key: &Key) -> Spec {
         if self.kind == KIND_FIXED_WINDOW {
             self.b = limit.window_shift(key) / 1000;
@@ -369,9 +358,7 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
     metered_error(limit).map_err(BuildError::Invalid)?;
     let name = limit.name();
     match Args::new(limit) {
-        None => Spec::of(limit, String::new()).map(drop),
-        // Cell takes CL.THROTTLE, but for a delayed limit, which runs on Lua in every mode
-        // (CL.THROTTLE's whole seconds cannot express its delay).
+        // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
         Some(args) if mode == RedisMode::Cell && !args.delayed => match args.cell {
             Some(_) => Ok(()),
             None => Err(format!(
@@ -379,14 +366,9 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
                  a whole number of seconds at the same rate); use mode \"lua\""
             )),
         },
-        // Auto may run either path, and a policy that only one path can enforce runs on Lua: so
-        // Lua must be able to.
-        Some(args) if args.lua_ok() => Ok(()),
-        Some(args) => Err(format!(
-            "policy {name:?}: the Lua path of the Redis backend supports bursts that refill within \
-             52 days (period / count × (max_burst + 1)); this quota needs {:?}",
-            Duration::from_nanos(args.tolerance)
-        )),
+        // Auto may run either path, and what only one path can enforce runs on Lua: so Lua must
+        // be able to (as the limits script does: the same bounds).
+        _ => Spec::of(limit, String::new()).map(drop),
     }
     .map_err(BuildError::Invalid)
 }
