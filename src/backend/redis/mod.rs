@@ -1,28 +1,11 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 //!
 //! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState), made by
-//! [`builder`] (the settings and the start-up work of `connect` and `build`). The files are grouped
-//! by what they do:
-//!
-//! - [`conn`]: reaching Redis. One server's own reconnecting connection (a URL, a client or
-//!   Sentinel); the connection every call goes through (that server, a user's manager, or a
-//!   Cluster, started lazily or not) and redis-cell detection; the one set-up after every connect;
-//!   the keepers (one server's, a lazy Cluster's) and their one retry loop, on the one backoff of
-//!   every retry; a Cluster's slot map with a breaker per primary, the task that reads it, and
-//!   redirections.
-//! - [`health`]: guarding against Redis' failures and reporting them. The circuit breaker and
-//!   timeout every call runs under; the one recorder of every call's outcome, on one clock, that
-//!   the breakers, the gauge and [`RedisBackend::health`] read; the keepers' record of their
-//!   attempts; what `health()` reports; and the watch on Redis' memory.
-//! - [`wire`]: what Redis is sent. A limit's keys and arguments, the Lua scripts (`*.lua`, with
-//!   their shared prelude), the calls that run them and read their replies, and the modes.
-//! - [`decide`]: deciding. One check's way (the deny cache, one call under the breaker, on the
-//!   path the mode picks), units given back and metered costs settled, concurrency leases, peek and
-//!   reset.
-//! - [`speedup`]: optional speed-ups. Checks coalesced into one call, and leased budgets of hot
-//!   keys.
-//! - [`resets`] and [`state`]: what the processes share (resets published and heard) and what
-//!   every clone of one backend shares.
+//! [`builder`]. The files, by what they do (each folder's header says more): [`conn`] reaches
+//! Redis; [`health`] guards against its failures and reports them; [`wire`] is what Redis is sent
+//! (keys, arguments, the Lua scripts); [`decide`] decides (checks, settles, leases, peek, reset);
+//! [`speedup`] coalesces checks and leases budgets; [`resets`] and [`records`] are what the
+//! processes share, [`state`] what every clone of one backend shares.
 //!
 //! `scripts/import_cycles.py` checks that no two files import each other, directly or not.
 

@@ -1,6 +1,5 @@
-//! `RedisState`: what every clone of a `RedisBackend` shares (the connection, the breaker, the
-//! caches and tables), built once at connect. The ways of a check are `impl RedisState` blocks
-//! above it (check.rs), so this file sits below everything that uses the state.
+//! `RedisState`: what every clone of a `RedisBackend` shares, built once. The ways of a check are
+//! `impl RedisState` blocks above it (check.rs), so this file sits below everything that uses it.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -38,11 +37,10 @@ pub(super) struct RedisState {
     pub(super) budgets: Arc<Budgets>,
     /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
     pub(super) memory: MemoryWatch,
-    /// Whether `CL.THROTTLE` checks go through `cell.lua` (one at a time) rather than as the bare
-    /// command (coalesced): while Redis may be full and refuse writes, that is while the watcher
-    /// has not seen an evicting `maxmemory-policy` or `maxmemory 0`. redis-cell does not flag
-    /// its command `deny-oom`, so Redis lets a bare `CL.THROTTLE` write past `maxmemory`; the
-    /// script, declared a writer (`#!lua`), is refused whole, as the Lua path is.
+    /// Whether `CL.THROTTLE` checks go through `cell.lua` (one at a time) rather than bare
+    /// (coalesced): while Redis may be full (the watcher saw no evicting policy nor `maxmemory 0`).
+    /// redis-cell's command is not `deny-oom`, so bare it writes past `maxmemory`; the script, a
+    /// writer (`#!lua`), is refused whole, as the Lua path is.
     pub(super) cell_through_script: AtomicBool,
     /// The layers told when a table of records changes (records.rs).
     pub(super) records_heard: Mutex<Vec<OnRecordsChange>>,
@@ -60,8 +58,8 @@ impl RedisState {
         name: &str,
     ) -> Self {
         let detector = Detector::new(mode, coalesce);
-        // On a Cluster, the slot map and breakers, which redirect.rs tells about `TRYAGAIN`.
-        // One clock for every breaker and record of the backend (a reconnecting server's too).
+        // One clock for every breaker and record (a reconnecting server's too); on a Cluster, the
+        // slot map and breakers, told about `TRYAGAIN` by redirect.rs.
         let clock = conn.server().map_or_else(Clock::new, |server| server.clock);
         let nodes = conn
             .is_cluster()

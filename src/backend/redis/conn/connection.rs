@@ -1,6 +1,5 @@
-//! The one connection to Redis (a single server's reconnecting connection, a user's
-//! `ConnectionManager` or a Cluster's connection): where it comes from, how it is opened (TLS
-//! included), and which path it offers (redis-cell detection).
+//! The one connection to Redis (one server's own, a user's `ConnectionManager`, or a Cluster's):
+//! where it comes from, how it is opened, and which path it offers (redis-cell detection).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -42,9 +41,8 @@ pub(crate) fn one_server(urls: &[String]) -> Result<Source, BackendError> {
     }
 }
 
-/// The connection every call of a backend goes through. Cloning it is cheap (every kind is a handle
-/// on one shared, reconnecting connection); each call takes its own clone for the `&mut` that
-/// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on any kind alike.
+/// The connection every call goes through: a cheap handle on one shared connection, cloned by
+/// each call for the `&mut` redis-rs asks for; a [`ConnectionLike`], whatever its kind.
 #[derive(Clone)]
 pub(crate) enum RedisConnection {
     /// A connection manager the user gave: redis-rs reconnects it after I/O errors only.
@@ -57,7 +55,6 @@ pub(crate) enum RedisConnection {
 
 impl RedisConnection {
     /// Opens the connection to a Cluster or takes the user's connection manager, within `budget`.
-    /// (One server goes through [`Target::into_source`] and a [`SingleServer`] instead.)
     pub(crate) async fn open(
         target: Target,
         timeout: Duration,
@@ -247,8 +244,7 @@ pub(crate) fn unexpected(what: &'static str) -> RedisError {
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 
-/// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
-/// the connection offers the redis-cell module, the Lua script where it does not.
+/// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
     /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
@@ -256,7 +252,7 @@ pub(crate) struct Detector {
     /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
     active: AtomicU8,
     /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
-    /// run time, or a reconnect that redis-rs did silently (RESP3), is noticed within this period.
+    /// run time, or a silent redis-rs reconnect, is noticed within this period.
     next_detect: AtomicU64,
 }
 
@@ -276,9 +272,8 @@ impl Detector {
         self.mode
     }
 
-    /// What connecting prepares for: `Lua` where detection could not change the path (`Lua`, and
-    /// `Auto` with coalescing on, which takes the Lua path, module or not), so no `COMMAND INFO`
-    /// round trip asks for the module; else the mode.
+    /// What connecting prepares for: `Lua` where detection cannot change the path (no `COMMAND
+    /// INFO` round trip then); else the mode.
     pub(crate) fn set_up_mode(&self) -> RedisMode {
         if self.lua_first {
             RedisMode::Lua
@@ -330,8 +325,8 @@ impl Detector {
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
-    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module first when it is unknown,
-    /// after a connection failure, or every 30 s. If detection fails, the last known answer stands.
+    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module when unknown, after a
+    /// connection failure, or every 30 s; if detection fails, the last answer stands.
     async fn detect_if_due(
         &self,
         conn: &mut RedisConnection,
@@ -343,10 +338,8 @@ impl Detector {
             || breaker.recorder.lost()
             || now >= self.next_detect.load(Ordering::Relaxed)
         {
-            // The loss is forgotten only once detection has answered, so a call dropped half-way
-            // leaves it for the next one.
-            // Boxed: detection is rare (every 30 s), and its command's future would otherwise be
-            // part of every check's future, which is moved as it starts.
+            // The loss is forgotten once detection answered (a call dropped half-way leaves it).
+            // Boxed: rare, and it would otherwise swell every check's future.
             let cluster = conn.cluster();
             match Box::pin(cell_loaded(conn, cluster)).await {
                 Ok(loaded) => {

@@ -11,7 +11,7 @@ use redis::{AsyncConnectionConfig, RedisError, Role};
 
 use super::backoff::CONNECTING;
 use super::server::{
-    attempt_budget, configuration_error, is_not_primary, AttemptError, SingleServer, Source,
+    attempt_budget, configuration_error, is_not_primary, within, AttemptError, SingleServer, Source,
 };
 use super::set_up::{in_service, set_up, Fresh};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
@@ -83,14 +83,8 @@ pub(crate) async fn connect_once(
     state: &RedisState,
     budget: Duration,
 ) -> Result<String, AttemptError> {
-    match tokio::time::timeout(budget, establish(source, server, state)).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::new(format!(
-            "Redis ({}) did not complete a connection within {budget:?}",
-            server.target
-        ))
-        .into()),
-    }
+    let target = || format!("Redis ({})", server.target);
+    within(budget, target, establish(source, server, state)).await
 }
 
 /// Keeps `server` connected while the backend (`state`) lives; `connected`: the caller connected

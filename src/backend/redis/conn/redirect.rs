@@ -1,21 +1,18 @@
-//! A Redis Cluster's redirections (`ASK`, `MOVED`, `TRYAGAIN`), followed at the call site for every
-//! command the backend sends (scripts, `CL.THROTTLE`, leases, offender counts, access lists):
-//! `ASKING` and the command as one pipeline, written at once so that nothing comes between them;
-//! `MOVED` resent once redis-rs has refreshed its slot map; `TRYAGAIN` after a short wait. The
-//! Cluster client is built with `retries(0)` (connection.rs), so redirections reach this code first.
+//! A Redis Cluster's redirections, followed at the call site for every command the backend sends:
+//! `ASK` as `ASKING` and the command in one pipeline (nothing can come between them), `MOVED`
+//! resent once redis-rs has refreshed its map, `TRYAGAIN` after a short wait. The client is built
+//! with `retries(0)` (connection.rs), so redirections reach this code first.
 //!
-//! Why not redis-rs's own retries: redis-rs 1.8.1 answers `ASK` by sending `ASKING` on the target's
-//! shared connection as a request of its own, awaiting its reply, and only then the command
-//! (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943). Under load
-//! another request's command slips in between and consumes the `ASKING` flag; the command gets
-//! `MOVED` back, then `ASK` again... each `MOVED` starting a slot refresh (a warning each, every
-//! request waiting for it) until the 16 retries are spent. Measured before this module: 9 to 13 % of
-//! a migrating key's decisions failed, with thousands of warnings a second. This module can go once
-//! redis-rs pipelines `ASKING` with the redirected command.
+//! Why not redis-rs's retries: redis-rs 1.8.1 sends `ASKING` as a request of its own, awaits it,
+//! then the command (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943);
+//! under load another request's command takes the `ASKING` flag, and the command ping-pongs
+//! `MOVED`/`ASK`, each `MOVED` a slot refresh and a warning, until 16 retries are spent (measured:
+//! 9 to 13 % of a migrating key's decisions failed). This can go once redis-rs pipelines `ASKING`
+//! with the redirected command.
 //!
-//! What Redis Cluster itself refuses stays refused: a command on several keys while its slot
-//! migrates and one of them is missing on the node asked (`TRYAGAIN` until the slot has moved), and
-//! `ASK` to a node the client does not know yet (redis-rs learns of it at its next slot refresh).
+//! What Redis Cluster refuses stays refused: a multi-key command on a migrating slot with a key
+//! missing on the node asked (`TRYAGAIN` until it has moved), `ASK` to a node redis-rs does not
+//! know yet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,26 +30,18 @@ use super::connection::{unexpected, RedisConnection};
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
 const MAX_REDIRECTS: u32 = 5;
 
-/// `TRYAGAIN` (a multi-key command on a migrating slot whose keys are split between the two nodes,
-/// or one of them missing, until the slot has moved) is retried after a wait that starts at 1 ms and doubles up
-/// to 10 ms ([`TRY_AGAIN`]), for at most [`TRY_AGAIN_FOR`] in all. The caller's timeout (the
-/// backend's, on the request path) usually ends it earlier.
+/// `TRYAGAIN` is retried after 1 ms, doubling to 10 ms, for at most [`TRY_AGAIN_FOR`] (the caller's
+/// timeout usually ends it earlier).
 const TRY_AGAIN: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
 const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
 
 /// A [`RedisConnection`] whose commands follow a Cluster's redirections (see the module docs); on a
 /// single server, the connection itself.
 pub(crate) struct Redirecting<'a> {
-    conn: Via<'a>,
+    /// A Cluster's connection (a cheap handle), or the connection as it is.
+    conn: Result<ClusterConnection, &'a mut RedisConnection>,
     /// The backend's slot map, told about `TRYAGAIN` (see [`ClusterNodes::tried_again`]).
     nodes: Option<Arc<ClusterNodes>>,
-}
-
-enum Via<'a> {
-    Backend(&'a mut RedisConnection),
-    Cluster(&'a mut ClusterConnection),
-    /// The backend's Cluster connection (a cheap handle, taken when it is connected).
-    Owned(ClusterConnection),
 }
 
 impl RedisConnection {
@@ -62,12 +51,12 @@ impl RedisConnection {
             && let Some(cluster) = lazy.get()
         {
             return Redirecting {
-                conn: Via::Owned(cluster),
+                conn: Ok(cluster),
                 nodes: lazy.nodes.get().cloned(),
             };
         }
         Redirecting {
-            conn: Via::Backend(self),
+            conn: Err(self),
             nodes: None,
         }
     }
@@ -77,19 +66,8 @@ impl<'a> Redirecting<'a> {
     /// A Cluster connection that follows redirections.
     pub(crate) fn cluster(cluster: &'a mut ClusterConnection) -> Self {
         Redirecting {
-            conn: Via::Cluster(cluster),
+            conn: Ok(cluster.clone()),
             nodes: None,
-        }
-    }
-}
-
-impl Via<'_> {
-    /// The Cluster connection whose redirections are followed, or the connection as it is.
-    fn get(&mut self) -> Result<&mut ClusterConnection, &mut RedisConnection> {
-        match self {
-            Via::Cluster(cluster) => Ok(cluster),
-            Via::Owned(cluster) => Ok(cluster),
-            Via::Backend(other) => Err(other),
         }
     }
 }
@@ -97,7 +75,7 @@ impl Via<'_> {
 impl ConnectionLike for Redirecting<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let nodes = self.nodes.as_deref();
-        match self.conn.get() {
+        match &mut self.conn {
             Ok(cluster) => Box::pin(command(cluster, nodes, cmd)),
             Err(other) => other.req_packed_command(cmd),
         }
@@ -110,7 +88,7 @@ impl ConnectionLike for Redirecting<'_> {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let nodes = self.nodes.as_deref();
-        match self.conn.get() {
+        match &mut self.conn {
             Ok(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
             Err(other) => other.req_packed_commands(pipeline, offset, count),
         }
@@ -118,9 +96,8 @@ impl ConnectionLike for Redirecting<'_> {
 
     fn get_db(&self) -> i64 {
         match &self.conn {
-            Via::Cluster(cluster) => cluster.get_db(),
-            Via::Owned(cluster) => cluster.get_db(),
-            Via::Backend(other) => other.get_db(),
+            Ok(cluster) => cluster.get_db(),
+            Err(other) => other.get_db(),
         }
     }
 }

@@ -415,6 +415,23 @@ pub(crate) fn attempt_budget(timeout: Duration) -> Duration {
         .min(Duration::from_secs(5))
 }
 
+/// `attempt` within `budget`, or an error naming the `target` (`Redis (…)`).
+pub(crate) async fn within<T>(
+    budget: Duration,
+    target: impl FnOnce() -> String,
+    attempt: impl std::future::Future<Output = Result<T, AttemptError>>,
+) -> Result<T, AttemptError> {
+    tokio::time::timeout(budget, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            let message = format!(
+                "{} did not complete a connection within {budget:?}",
+                target()
+            );
+            Err(BackendError::new(message).into())
+        })
+}
+
 /// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.
 pub(crate) fn install_crypto_provider() {
     // Fails only when a provider is installed already, which is then the one used.

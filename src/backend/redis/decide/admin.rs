@@ -1,17 +1,13 @@
 //! Peek and reset on Redis ([`Backend::peek`](crate::Backend::peek),
 //! [`Backend::reset`](crate::Backend::reset)): an operator's look at one key, and forgetting it.
 //!
-//! A peek runs `limits.lua` itself, twice (for a quantity of 0: how things stand; of 1: whether one
-//! more request would pass, and when) inside one read-only script: the script's `redis.call` is
-//! wrapped so that reads reach Redis and writes are skipped, so the numbers come from the very
-//! arithmetic that decides, on the server's clock, and nothing is consumed or written (not even the
-//! rebasing of a state written under another quota). Every algorithm and stack, in every mode:
-//! `CL.THROTTLE` keeps the TAT under the same key as the Lua paths.
+//! A peek runs `limits.lua` itself twice (quantity 0: how things stand; 1: whether one more would
+//! pass, and when) in one read-only script whose `redis.call` lets reads through and skips writes:
+//! the very arithmetic that decides, on the server's clock, consuming and writing nothing (not even
+//! a rebase). Every algorithm and stack, in every mode (`CL.THROTTLE` keeps the same TAT).
 //!
-//! A reset deletes each limit's key and the first limit's penalty keys (`…:strikes`, `…:ban`) in
-//! one `DEL` (they share the client's hash tag, so one Cluster slot), then drops the key from the
-//! deny cache and budget slices of this process, and publishes the keys so that every other
-//! process sharing the Redis drops them too (resets.rs).
+//! A reset deletes each limit's key and the first limit's penalty keys in one `DEL` (one hash tag),
+//! drops them from this process's caches, and publishes them to the others (resets.rs).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -30,9 +26,8 @@ use crate::limit::Limit;
 /// The peek: `limits.lua` as the body of a function, under a `redis` whose writes are no-ops.
 static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
 
-/// The peek's `redis`: the reads `limits.lua` makes reach Redis, its writes are skipped, and any
-/// other command fails the script, so that a change to `limits.lua` cannot make a peek write, or
-/// read wrong, without a test failing.
+/// The peek's `redis`: reads reach Redis, writes are skipped, any other command fails the script,
+/// so that a change to `limits.lua` cannot make a peek write, or read wrong, without a test failing.
 const PRELUDE: &str = r#"
 -- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
 -- KEYS   the N limits' state keys, then the first limit's ban key if it has one.
@@ -154,8 +149,7 @@ impl RedisState {
         let state = self.clone();
         Box::pin(async move {
             deleted.await?;
-            // This process's slices were granted by the state just deleted; its rejections are
-            // forgotten after Redis forgot the key: one cached meanwhile would outlive the reset.
+            // After Redis forgot the key: a rejection cached meanwhile would outlive the reset.
             resets::forget_keys(&state, state_keys.iter().map(String::as_str));
             let mut conn = state.conn.clone();
             let publish = resets::publish(&mut conn, &state.prefix, &state_keys);

@@ -1,29 +1,22 @@
-//! Coalesced exact batches: checks that wait on the connection at the same moment go to Redis in
-//! one call, each decided in arrival order exactly as alone (same decision, same stored state), and
-//! each waiting check gets its own answer. A script call's fixed overhead (the call, `TIME`, the
-//! key's `GET` and `SET`) costs Redis about as much as deciding, and under concurrency many checks
-//! wait on one connection anyway: one call for N pays it once (BENCHMARKS.md, section 8).
+//! Coalesced exact batches: checks waiting on the connection at the same moment go to Redis in one
+//! call, each decided in arrival order exactly as alone. A script call's fixed cost (the call,
+//! `TIME`, `GET`, `SET`) is about that of deciding: one call for N pays it once (BENCHMARKS.md, 8).
 //!
-//! - GCRA checks: one `gcra_batch.lua` call. A run of identical checks (same key, quota and
-//!   quantity: a hot key's) is one group, answered with one number (the backlog its first check
-//!   met), from which `gcra_group.rs` derives each check's answer by the script's own step.
-//! - `CL.THROTTLE` checks: one pipelined write of one command per check (each decided by the module
-//!   as if sent alone, one round trip for the batch). On a Cluster they go alone (`cell.lua`).
-//! - `limits.lua` checks (other algorithms, stacks): one `limits_batch.lua` call, which runs
-//!   `limits.lua`'s function per item, each on the state the items before it left; a failed item
-//!   (`WRONGTYPE`) fails alone.
+//! - GCRA: one `gcra_batch.lua` call; a run of identical checks (a hot key's) is one group,
+//!   answered with one backlog, from which gcra_group.rs derives each answer.
+//! - `CL.THROTTLE`: one pipelined write, a command per check (on a Cluster, alone: `cell.lua`).
+//! - `limits.lua` (other algorithms, stacks): one `limits_batch.lua` call, an item per check; a
+//!   failed item (`WRONGTYPE`) fails alone.
 //!
-//! A *lane* queues the checks that wait. A check that finds its lane idle leaves at once (alone:
-//! no added latency without concurrency); otherwise it waits for the next batch, which takes up to
-//! [`MAX_BATCH`] and leaves when a batch in flight answers or, with one in flight (of at most
-//! [`IN_FLIGHT`]), once it is as large as that one or the last to answer ([`Lane::full`]). A batch
-//! runs on a task of its own under the backend's timeout; each check keeps its own timeout and
-//! breaker (it waits inside `guarded`), and a failed batch fails each of its checks.
+//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once (no added
+//! latency without concurrency); others wait for the next batch (up to [`MAX_BATCH`]), which leaves
+//! when a batch in flight answers or, with fewer than [`IN_FLIGHT`] in flight, once [`Lane::full`].
+//! A batch runs on a task of its own under the timeout; each check keeps its own timeout and breaker
+//! (it waits inside `guarded`), and a failed batch fails each of its checks.
 //!
-//! One server has a lane per kind of call. A Cluster has a lane per Redis key: a script's keys must
-//! share a slot, and keys of one slot can be split between two nodes while it migrates (`TRYAGAIN`);
-//! one key is always on one node. A `limits.lua` check takes the lane of its first key, so a lane
-//! there may hold both kinds: they go in arrival order, one call per run of one kind.
+//! One server has a lane per kind of call; a Cluster one per key (a slot's keys may be split
+//! between two nodes while it migrates; one key never is). A `limits.lua` check takes its first
+//! key's lane, so a lane may hold both kinds: one call per run of one kind, in arrival order.
 
 use std::collections::HashMap;
 use std::mem;
@@ -48,17 +41,14 @@ static GCRA_BATCH: LazyLock<Script> =
 static LIMITS_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
 
-/// Batches in flight per lane at most. Two: while one is on the wire or in Redis, the next fills
-/// (see [`Lane::full`] for when it leaves).
+/// Batches in flight per lane at most: while one is on the wire or in Redis, the next fills.
 const IN_FLIGHT: usize = 2;
 
-/// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (a group
-/// of one key costs it the same whatever its size; a batch of 128 keys, 128 `SET`s: well under a
-/// millisecond).
+/// Checks per batch at most: bounds one call's arguments and time in Redis (128 keys' `SET`s: well
+/// under a millisecond).
 pub(crate) const MAX_BATCH: usize = 128;
 
-/// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; lanes named by keys exist
-/// only on a Cluster, where `CL.THROTTLE` checks are not coalesced).
+/// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; keys name a Cluster's).
 const CELL_LANE: &str = "CL.THROTTLE";
 
 /// The lane of `limits.lua` checks on one server.
@@ -113,13 +103,12 @@ struct Lane {
 }
 
 impl Lane {
-    /// Whether the checks waiting make a batch worth sending while another is in flight: as many
-    /// as are in flight, or as the batch that answered last held, whichever is more. The callers of
-    /// a batch come back together, so under steady concurrency batches settle at about half the
-    /// callers each, two in flight (one call per ~25 checks at 50 callers, against ~16 when a
-    /// second batch left with whatever waited); a lone check after a lone check still leaves at
-    /// once. A waiting check is sent at the latest when the batch in flight answers (its task takes
-    /// what waits): at most one round trip. BENCHMARKS.md, section 8.
+    /// Whether the waiting checks make a batch worth sending while another is in flight: as many as
+    /// in flight, or as the last batch to answer held. A batch's callers come back together, so
+    /// batches settle at about half the callers, two in flight (one call per ~25 checks at 50
+    /// callers, against ~16 with whatever waited; BENCHMARKS.md, 8); a lone check after a lone
+    /// check still leaves at once. A waiting check leaves at the latest when the batch in flight
+    /// answers (its task takes what waits).
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
@@ -277,17 +266,15 @@ impl Batcher {
     /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
     async fn run(self: Arc<Self>, lane_name: Box<str>, mut batch: Vec<Waiter>) {
         let mut conn = self.conn.clone();
-        // If this task is dropped half-way (its runtime shut down while the backend lives on in
-        // another), the lane must not keep counting it in flight: it would hold every later check
-        // in `waiting`, unsent, until its timeout.
+        // Dropped half-way (its runtime shut down, the backend living on in another), this task
+        // must not stay counted in flight: later checks would wait, unsent, until their timeout.
         let mut unfinished = Unfinished {
             batcher: Some(self.clone()),
             lane: lane_name.clone(),
             size: batch.len(),
         };
         loop {
-            // A check that went away (timed out, or its client left) before its batch left is
-            // not decided: it takes nothing from the limit.
+            // A check gone before its batch left (timed out, its client left) takes nothing.
             let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
@@ -329,9 +316,8 @@ impl Batcher {
     }
 }
 
-/// The in-flight count of a lane whose task ends without finishing (dropped, or a panic): given
-/// back, and when no other batch is in flight the checks still waiting are dropped (their callers
-/// then fail at once, "the batch of this check was dropped", instead of waiting out the timeout).
+/// A lane's task that ends unfinished (dropped, a panic) gives its in-flight count back, and with
+/// no other batch in flight drops the waiting checks (their callers fail at once).
 struct Unfinished {
     batcher: Option<Arc<Batcher>>,
     lane: Box<str>,
@@ -357,9 +343,8 @@ impl Drop for Unfinished {
     }
 }
 
-/// One batch of the cell lane: one `CL.THROTTLE` per check, pipelined (one write, one round
-/// trip); each command's error (a foreign key's `WRONGTYPE`, "unknown command" once the module is
-/// gone) is its own check's.
+/// One batch of the cell lane: a `CL.THROTTLE` per check, pipelined; each command's error
+/// (`WRONGTYPE`, "unknown command" once the module is gone) is its own check's.
 async fn send_cell(
     conn: &mut RedisConnection,
     batch: &[Waiter],
@@ -501,8 +486,7 @@ async fn send_gcra(
             .await
             .map(|answer| vec![Ok(Reply::Gcra(answer))]);
     }
-    // Runs of the same key, quota and quantity travel as one group, with the quota's numbers only
-    // when they differ from the group's before (see the script's header).
+    // Runs of the same key, quota and quantity are one group (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
     let mut groups = Vec::new();
     let mut last_quota = None;

@@ -12,8 +12,7 @@ use super::lua;
 use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::decision::Decision;
 
-/// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
-/// once per process (its SHA-1 is what `EVALSHA` sends).
+/// The GCRA, as `CL.THROTTLE` computes it: see the script's header. Built once per process.
 pub(crate) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
 
 /// Every algorithm, and stacks of limits: see the script's header.
@@ -29,8 +28,7 @@ pub(crate) struct Answer {
     pub(crate) whole_seconds: bool,
 }
 
-/// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
-/// fails the start, not the first request.
+/// Loads `gcra.lua` (`SCRIPT LOAD`) at connect: a server that refuses scripts fails the start.
 pub(crate) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
     GCRA.load_async(&mut conn.redirecting()).await.map(drop)
 }
@@ -85,8 +83,7 @@ pub(crate) async fn throttle(
     through_script: bool,
 ) -> Result<Answer, RedisError> {
     let reply: [i64; 5] = if conn.is_cluster() || through_script {
-        // CL.THROTTLE declares no key: a node would run it on a slot it is migrating away or no
-        // longer owns. The script declares it, so the node redirects it; and, declared a writer,
+        // The script declares the key, so a node redirects it (see cell.lua); and, a writer,
         // Redis refuses it whole when full, where the bare command writes past `maxmemory`.
         CELL.key(key)
             .arg(cell.max_burst)
