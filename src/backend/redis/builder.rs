@@ -313,18 +313,15 @@ impl RedisBackendBuilder {
     }
 }
 
-/// Where a backend starts from: one server this crate reconnects, or a Cluster or user's connection
-/// manager.
+/// Where a backend starts from: one server this crate reconnects, or what redis-rs reconnects.
 pub(super) enum Start {
     Server(Source),
     Other(Target),
 }
 
 impl Start {
-    /// Where to listen for other processes' resets: the one server a URL or client names, or a
-    /// Cluster's seed nodes (sharded pub/sub). None for a user's connection unless
-    /// given one ([`listen_with`](RedisBackendBuilder::listen_with)); Sentinel's is made with its
-    /// source (see resets.rs).
+    /// Where to hear other processes' resets: a URL's or client's server, a Cluster's seeds; none
+    /// for a connection given as it is (Sentinel's is made with its source).
     fn reset_listeners(&self) -> Listen {
         match self {
             Start::Server(Source::Client(client)) => Listen::Nodes(vec![(**client).clone()]),
@@ -382,8 +379,7 @@ impl Settings {
         )
     }
 
-    /// How long connecting at start-up may take: a few timeouts' worth (at least a second), as this
-    /// happens once.
+    /// How long connecting at start-up may take (once): ten timeouts, at least a second.
     fn start_budget(&self) -> Duration {
         self.timeout.saturating_mul(10).max(Duration::from_secs(1))
     }
@@ -409,8 +405,7 @@ impl Settings {
         Ok(state)
     }
 
-    /// A Cluster, not connected yet (a background task connects it), or a user's connection
-    /// manager as it is.
+    /// A Cluster, connected by a background task, or a connection given as it is.
     fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let (client, described) = match target {
             Target::Manager(manager) => return Ok(self.state_on(RedisConnection::Single(manager))),
@@ -444,8 +439,7 @@ impl Settings {
 }
 
 impl Validated {
-    /// [`build`](RedisBackendBuilder::build): no connection made here; a background task makes it.
-    /// A user's connection manager is used as it is; a Cluster is connected by its own task.
+    /// [`build`](RedisBackendBuilder::build): no connection made here; background tasks make it.
     pub(super) fn start_lazily(self) -> Result<Arc<RedisState>, BackendError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(BackendError::new(
@@ -469,8 +463,7 @@ impl Validated {
         Ok(state)
     }
 
-    /// [`connect`](RedisBackendBuilder::connect): connected, the script loaded and the path
-    /// detected before it returns; then (one server) kept connected by a background task.
+    /// [`connect`](RedisBackendBuilder::connect): connected and set up before it returns.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let seed = self.seed();
         let settings = self.settings;
@@ -488,17 +481,15 @@ impl Validated {
             Start::Other(target) => settings.open_other(target).await?,
         };
         probe_with(&state, seed);
-        // Listening before it returns: what it decides from then on is cached after the first
-        // subscription dropped the caches. A listener that cannot subscribe yet keeps trying; the
-        // backend works meanwhile.
+        // Listening before it returns (resets.rs says why); one that cannot yet keeps trying.
         if let Some(first) = resets::spawn_listener(nodes, Arc::downgrade(&state)) {
             let _ = tokio::time::timeout(budget, first).await;
         }
         Ok(state)
     }
 
-    /// A Cluster's first seed URL's settings (TLS, user, password), with which its open nodes are
-    /// probed (cluster_nodes.rs); `None` for a Cluster client or connection of the user's.
+    /// A Cluster's first seed URL's settings, with which its open nodes are probed (none for a
+    /// Cluster client or connection of the user's).
     fn seed(&self) -> Option<ConnectionInfo> {
         match &self.start {
             Start::Other(Target::Urls(urls)) => urls.first()?.as_str().into_connection_info().ok(),
@@ -507,15 +498,14 @@ impl Validated {
     }
 }
 
-/// A Cluster backend started from seed URLs: its open nodes are probed on connections of its own.
+/// Seed URLs given: a Cluster's open nodes are probed on connections of their own.
 fn probe_with(state: &RedisState, seed: Option<ConnectionInfo>) {
     if let (Some(nodes), Some(seed)) = (&state.breaker.nodes, seed) {
         nodes.probe_with(seed);
     }
 }
 
-/// The sentinels' client: checks the URLs and the service name. Twice: the second one is the
-/// reset listener's (a `SentinelClient` cannot be cloned).
+/// The sentinels' client, twice (the second the reset listener's: it cannot be cloned).
 fn sentinel_source(
     sentinel: SentinelSettings,
     node: Option<SentinelNodeConnectionInfo>,

@@ -50,25 +50,7 @@ pub use self::wire::mode::RedisMode;
 /// [timeout](RedisBackendBuilder::timeout); a failure reaches the layer as a [`BackendError`], where
 /// [`OnBackendError`](crate::OnBackendError) decides. The [Redis guide](crate::guide::redis) tells
 /// how it decides (modes, stacks, metered limits, key layout, leases, budgets), fails over and
-/// reports its health, with what was measured.
-///
-/// ```no_run
-/// use tower_throttle::{key::PeerIp, redis::RedisBackend, Policy, Quota, ThrottleLayer};
-///
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let redis = RedisBackend::builder()
-///     .url("redis://127.0.0.1:6379/")
-///     .prefix("myapp")
-///     .connect()
-///     .await?;
-/// let layer = ThrottleLayer::builder()
-///     .backend(redis)
-///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build()?)
-///     .build()?;
-/// # let _ = layer;
-/// # Ok(())
-/// # }
-/// ```
+/// reports its health, with what was measured (and an example).
 #[derive(Clone)]
 pub struct RedisBackend {
     state: Arc<RedisState>,

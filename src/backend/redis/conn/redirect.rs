@@ -135,18 +135,15 @@ async fn command(
             {
                 redirects += 1;
                 last_moved = Some((host, port));
-                // By the slot map, not by the address named: the `MOVED` reply made redis-rs
-                // refresh its map, and it sends nothing until the refresh is done, so the command
-                // goes to the new owner. redis-rs treats an address it has no connection to (a
-                // dead primary that the other nodes still name) as a lost topology and reconnects
-                // to every node.
+                // By the slot map, which `MOVED` made redis-rs refresh (it sends nothing until
+                // done), not by the address: one it has no connection to (a dead primary) would
+                // make it reconnect to every node.
                 cluster.req_packed_command(cmd).await
             }
             Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
-                // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
-                // once they are all gone; the target TRYAGAIN while one is missing: the ping-pong
-                // ends when the slot is the target's. Bounded by the wait, not by the redirections.
-                // The node answered: a timeout meanwhile is not a dead node's.
+                // Source and target answer TRYAGAIN or `ASK` until the slot is the target's:
+                // bounded by the wait, not the redirections. The node answered: a timeout
+                // meanwhile is not a dead node's.
                 if let (Some(nodes), Some(key)) = (nodes, first_key(cmd)) {
                     nodes.tried_again(key);
                 }
@@ -162,10 +159,9 @@ async fn command(
     }
 }
 
-/// A pipeline, following redirections: sent whole first; if some command in it was redirected
-/// (redis-rs then reports only that error, not which of the others ran), each command again on its
-/// own. Only for what may run twice: the backend's pipelines are reads (`SMEMBERS`, `PFCOUNT`) and
-/// idempotent writes (`PFADD`, `EXPIRE`). A transaction is never split.
+/// A pipeline, following redirections: whole first; if a command was redirected (redis-rs then
+/// hides which others ran), each again alone. Only for what may run twice (the backend's are
+/// reads and idempotent writes); a transaction is never split.
 async fn commands(
     cluster: &mut ClusterConnection,
     nodes: Option<&ClusterNodes>,

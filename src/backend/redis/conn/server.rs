@@ -151,10 +151,8 @@ impl AttemptError {
         }
     }
 
-    /// A failure as [`SetUpError::describe`] says it: the message, and whether it is a
-    /// configuration error.
-    ///
-    /// [`SetUpError::describe`]: super::set_up::SetUpError::describe
+    /// A failure as [`describe`](super::set_up::SetUpError::describe) says it: the message, and
+    /// whether it is a configuration error.
     pub(crate) fn described((message, misconfigured): (String, bool)) -> Self {
         match misconfigured {
             true => Self::misconfigured(Misconfigured::Fatal, message),

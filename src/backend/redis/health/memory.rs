@@ -43,9 +43,7 @@ impl MemoryReport {
     }
 }
 
-/// What the watcher remembers between reads, shared with [`RedisBackend::memory`] calls.
-///
-/// [`RedisBackend::memory`]: crate::redis::RedisBackend::memory
+/// What the watcher remembers between reads, shared with `RedisBackend::memory` calls.
 #[derive(Default)]
 pub(crate) struct MemoryWatch {
     state: Mutex<Seen>,

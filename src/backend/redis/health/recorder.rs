@@ -50,10 +50,8 @@ pub(crate) struct Recorder {
     failures_in_a_row: AtomicU32,
     /// The last of them: its error and time.
     last_failure: Mutex<Option<(String, SystemTime)>>,
-    /// A call could not reach Redis: the connection may come back to another server, so `Auto`
-    /// mode detects the module again ([`Detector`]), which clears it once answered.
-    ///
-    /// [`Detector`]: crate::backend::redis::conn::connection::Detector
+    /// A call could not reach Redis: it may come back as another server, so `Auto` detects the
+    /// module again (connection.rs), which clears this once answered.
     lost: AtomicBool,
     failing: AtomicBool,
     /// The last failed call's error and time, while failing; locked by every transition, so that

@@ -97,9 +97,8 @@ impl RedisHealth {
         self.reason().is_none()
     }
 
-    /// Why the backend is not healthy, in a few words (`None` when it is): `"not connected"`,
-    /// `"circuit breaker open"` or `"decisions failing"`, the first that holds; `last_error` says
-    /// more.
+    /// Why the backend is not healthy (`None` when it is): `"not connected"`, `"circuit breaker
+    /// open"` or `"decisions failing"`, the first that holds; `last_error` says more.
     pub fn reason(&self) -> Option<&'static str> {
         if !self.connected {
             Some("not connected")

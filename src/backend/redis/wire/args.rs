@@ -351,9 +351,7 @@ pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether the Redis backend in `mode` can enforce `limit` ([`Backend::validate`]).
-///
-/// [`Backend::validate`]: crate::backend::Backend::validate
+/// Whether the Redis backend in `mode` can enforce `limit` (`Backend::validate`).
 pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
     metered_error(limit).map_err(BuildError::Invalid)?;
     let name = limit.name();
@@ -373,10 +371,8 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
     .map_err(BuildError::Invalid)
 }
 
-/// Whether the Redis backend can enforce `limits` together ([`Backend::validate_all`]). In a stack
-/// the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds ([`Spec::of`]).
-///
-/// [`Backend::validate_all`]: crate::backend::Backend::validate_all
+/// Whether the Redis backend can enforce `limits` together (`Backend::validate_all`); in a stack
+/// the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
     for limit in limits {

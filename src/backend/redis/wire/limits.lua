@@ -1,42 +1,30 @@
 -- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically,
 -- after the prelude (prelude.lua: the clock, the GCRA state and step).
 --
--- KEYS[1..N]  each limit's state (all with the client's hash tag: one Cluster slot):
---             GCRA            the TAT, as gcra.lua and CL.THROTTLE store it
---             sliding log     a ZSET: one member per admitted unit, scored by its time (µs)
---             fixed window    "window:count"
---             sliding window  "window:current:previous"
---             concurrency     a ZSET: one member per unit in flight, scored by its lease's end (µs)
+-- KEYS[1..N]  each limit's state (one hash tag: one Cluster slot): GCRA, the TAT; sliding log, a
+--             ZSET of admitted units scored by time (µs); fixed window "window:count"; sliding
+--             window "window:current:previous"; concurrency, a ZSET of units scored by lease end.
 -- KEYS[N+1], KEYS[N+2]  with a penalty box: strikes and ban, as in gcra.lua.
--- ARGV        N, quantity, token (the members added are token:0 .. token:q-1), penalty after (0 =
---             none), within (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2
---             fixed window, 3 sliding window, 4 concurrency), limit, and GCRA: interval (ns),
---             tolerance (ns); fixed window: period (µs), shift (µs: the key's clock runs that far
---             ahead, so its windows start at its own phase); other windows: period (µs), 0;
---             concurrency: lease (µs), 0. Then optionally N ceilings (a metered GCRA limit's
---             tolerance plus debt cap, ns; 0: the tolerance), then optionally N quantities (one per
---             limit, for a stack whose metered limit reserves an estimate; absent: `quantity`).
+-- ARGV        N, quantity, token (members token:0 .. token:q-1), penalty after (0 = none), within
+--             (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3
+--             sliding window, 4 concurrency), limit, then GCRA: interval, tolerance (ns); fixed
+--             window: period, shift (µs: the key's own phase); other windows: period (µs), 0;
+--             concurrency: lease (µs), 0. Then optionally N ceilings (a metered GCRA limit's, ns;
+--             0: the tolerance), then optionally N quantities (absent: `quantity`).
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
--- The body defines `limits(keys, argv)`; lua.rs appends the line that runs it on KEYS and ARGV.
--- Phase 1 reads every state and decides; phase 2 writes only if every limit admitted, so a
--- rejection by one consumes nothing in any (a GCRA state written under another quota is still
--- rebased, as gcra.lua does: that records no request).
---
--- Time is TIME in microseconds (exact in a double until 2255), so windows are cut by exact integer
--- division at the boundaries window.rs computes (periods are whole microseconds). The build-time
--- bounds (periods below 2^52 ns; sliding window count x period below 2^51 µs, count below 2^41)
--- keep every sum and product below 2^53.
+-- The body defines `limits(keys, argv)` (lua.rs appends the line that runs it). Phase 1 reads and
+-- decides; phase 2 writes only if every limit admitted, so a rejection consumes nothing (a GCRA
+-- rebase still happens, as in gcra.lua: it records no request). Windows are cut by exact integer
+-- division of TIME's microseconds at window.rs's boundaries; the build-time bounds keep every sum
+-- and product below 2^53.
 
--- One call's keys and arguments, set by `limits` below for each decision it makes: a script runs
--- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.
+-- One call's keys and arguments, set by `limits` for each decision (once per batch item).
 local keys, argv, n, quantity, token, penalty_after
 
--- The string states are read and written, decoded, through these six: alone they are Redis's own
--- GET and SET in each state's format; limits_batch.lua puts its cache in their place, so that a
--- batch reads such a key once and writes it once (what the last item would have written), and
--- neither parses nor formats it per item.
+-- The string states go through these six: alone, GET and SET in each state's format;
+-- limits_batch.lua puts its cache in their place.
 -- A GCRA's TAT, as its backlog (the prelude's backlog_of and store_tat).
 local read_backlog = function(key)
   return backlog_of(redis.call('GET', key))
@@ -69,8 +57,7 @@ local write_sliding = function(key, window, current, previous, ms)
   redis.call('SET', key, int(window) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ms)
 end
 
--- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's,
--- since the items of a hot key repeat the same ones.
+-- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's.
 local arg_number = tonumber
 
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.

@@ -1,23 +1,19 @@
 -- limits_batch.lua: several limits.lua calls in one (batch.rs), after limits.lua's body: each item
--- is decided by its `limits` function exactly as alone, in order, each on the state the items before
--- it left, all at the prelude's one TIME.
+-- decided by `limits` exactly as alone, in order, on the state the items before left, at one TIME.
 --
 -- KEYS    every item's keys, one item after the other.
 -- ARGV    the number of items, then per item: its number of keys, of arguments, and its arguments.
--- Returns per item limits.lua's reply; an item whose call failed (WRONGTYPE) has its error's text
---         in place of `banned`, then zeros, so that it fails alone.
+-- Returns per item limits.lua's reply; a failed item (WRONGTYPE) has its error's text in place of
+--         `banned`, then zeros, so that it fails alone.
 --
--- The string states (limits.lua's six accessors) go through a cache of their decoded numbers: a
--- key is read once, by the first item that reads it, and written once, after the last item, with
--- the value and expiry of the last write limits.lua alone would make (a hot key's batch of k checks:
--- one GET and one SET, no parsing per item). Sorted sets and penalty keys are read and written per
--- item, as alone. So that Redis and the cache never disagree, a cached key is written out and
--- forgotten before an item uses it otherwise (a sorted set, a penalty key, another algorithm's
--- state), and an item that names one key twice runs on Redis directly, meeting what it would alone.
+-- The string states (limits.lua's six accessors) go through a cache of decoded numbers: a key is
+-- read once and written once, after the last item, as limits.lua's last write would (a hot key's
+-- batch: one GET, one SET, no parsing per item). Sorted sets and penalty keys go per item. A cached
+-- key is written out and forgotten before an item uses it otherwise, and an item naming one key
+-- twice runs on Redis directly, so Redis and the cache never disagree.
 
--- Per key: {kind = 0 (GCRA: a = backlog), 2 (fixed window: a = window, b = count) or 3 (sliding
--- window: a = window, b = current, c = previous)}, as limits.lua's accessors read it (a = nil: no
--- state), with `ms` once an item wrote it (the write's expiry; the TAT's follows from its backlog).
+-- Per key: {kind = 0 (a = backlog), 2 (a = window, b = count) or 3 (a = window, b = current,
+-- c = previous)} as the accessors read it (a = nil: no state), `ms` once written (its expiry).
 local cache = {}
 
 local direct = {
@@ -115,9 +111,8 @@ local function use(through_cache)
   end
 end
 
--- Whether the item reads its string states through the cache: its keys are distinct. Before it
--- runs, every key it uses otherwise than as a string state (or, when it runs directly, every key)
--- is written out of the cache. (No table and no tonumber here: this runs for every item.)
+-- Whether the item goes through the cache (its keys are distinct); first writes out every key it
+-- uses otherwise (all, when it runs directly). No table, no tonumber: this runs for every item.
 local function prepare(item_keys, item_argv)
   local count = #item_keys
   local distinct = true
@@ -151,8 +146,7 @@ local at_key, at_arg = 0, 1
 for _ = 1, items do
   local nkeys = tonumber(ARGV[at_arg + 1])
   local nargs = tonumber(ARGV[at_arg + 2])
-  -- Each table made at its size at once (a table grown one element at a time is rebuilt as it
-  -- grows).
+  -- Made at their size at once (a table grown one element at a time is rebuilt as it grows).
   local item_keys = {unpack(KEYS, at_key + 1, at_key + nkeys)}
   local item_argv = {unpack(ARGV, at_arg + 3, at_arg + 2 + nargs)}
   at_key = at_key + nkeys

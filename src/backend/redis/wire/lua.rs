@@ -39,8 +39,9 @@ pub(crate) const LIMITS_BODY: &str = concat!(
 );
 /// Several `limits.lua` calls in one (`limits_batch.lua`, after `limits.lua`'s body).
 pub(crate) const LIMITS_BATCH: &str = script!("limits.lua", "limits_batch.lua");
-/// Refunds by outcome and metered costs settled after the response (`settle.lua`).
-pub(crate) const SETTLE: &str = script!("settle.lua");
+/// Refunds by outcome and metered costs settled after the response (`settle.lua`, after
+/// `limits.lua`'s body, whose accessors it reads the states with).
+pub(crate) const SETTLE: &str = script!("limits.lua", "settle.lua");
 /// Concurrency lease renewal (`renew.lua`).
 pub(crate) const RENEW: &str = script!("renew.lua");
 /// `CL.THROTTLE` from a script that declares its key (`cell.lua`): a writer, without the prelude.

@@ -1,16 +1,13 @@
--- tower-throttle: the prelude of every script (lua.rs puts it before each script's body when the
--- crate is built): the server's clock, integer helpers, the GCRA state's format and the GCRA step.
+-- tower-throttle: the prelude of every script (lua.rs): the server's clock, integer helpers, the
+-- GCRA state's format and step.
 --
--- Time comes from the server (TIME, microseconds), so every client shares one clock:
---   now_s   whole seconds since the Unix epoch
---   now_us  microseconds since the epoch (about 1.8e15: exact in a double until the year 2255)
---   now_ns  nanoseconds within the second
+-- Time is the server's (TIME), one clock for every client: now_s (seconds since the epoch), now_us
+-- (microseconds: exact in a double until 2255), now_ns (nanoseconds within the second).
 --
--- The GCRA state is the theoretical arrival time (TAT) in nanoseconds since the epoch, as a decimal
--- string: the format redis-cell writes, so CL.THROTTLE and the scripts share keys. The TAT is never
--- handled as one number (1.8e18 ns exceeds 2^53), only as its distance from now (the backlog), which
--- the backend keeps below 2^52 ns (about 52 days) by refusing longer tolerances when the layer is
--- built: every sum and product below is an integer held exactly in a double.
+-- The GCRA state is the TAT in nanoseconds since the epoch, a decimal string: redis-cell's format,
+-- so CL.THROTTLE and the scripts share keys. It is only handled as its distance from now (the
+-- backlog; 1.8e18 ns exceeds 2^53), which the backend keeps below 2^52 ns (about 52 days) by
+-- refusing longer tolerances: every sum and product below is an exact integer in a double.
 
 local S = 1000000000
 
@@ -37,11 +34,10 @@ local now_ns = time[2] + 0
 local now_us = now_s * 1000000 + now_ns
 now_ns = now_ns * 1000
 
--- The backlog a stored GCRA state stands for: max(tat - now, 0) in ns. No key, or a value that is
--- not a TAT (foreign or corrupt: not 10 to 29 characters, or not a number where the seconds and
--- the nanoseconds stand), counts as no state; the next admitted request overwrites it. No scan for
--- non-digits: tonumber refuses what is not a number, and a number that is not a TAT (a sign, a
--- fraction) is a foreign value that the next write replaces, whatever it read as.
+-- The backlog a stored TAT stands for: max(tat - now, 0) in ns. No key, or a value that is not a
+-- TAT (not 10 to 29 characters, or no numbers where the seconds and nanoseconds stand), is no
+-- state, overwritten by the next admission. No scan for non-digits: a number that is not a TAT (a
+-- sign, a fraction) is a foreign value the next write replaces, whatever it read as.
 local function backlog_of(stored)
   if not stored then
     return 0
@@ -62,26 +58,21 @@ local function backlog_of(stored)
   return backlog
 end
 
--- Stores the TAT `ahead` ns from now, expiring when it passes: from then on a missing key means
--- the same as this one.
+-- Stores the TAT `ahead` ns from now, expiring when it passes (then no key means the same).
 local function store_tat(key, ahead)
   local r = now_ns + ahead
   local carry = floordiv(r, S)
   local tat = string.format('%d%09d', now_s + carry, r - carry * S)
-  -- The expiry as digits made here: a number would be printed by Redis with '%.17g', which
-  -- costs it several times more.
+  -- The expiry as digits made here: Redis would print a number with '%.17g', several times dearer.
   redis.call('SET', key, tat, 'PX', string.format('%d', math.ceil(ahead / 1000000)))
 end
 
--- One GCRA decision (CL.THROTTLE's, as src/gcra.rs computes it) for `quantity` units on `backlog`.
--- `ceiling` (optional; the tolerance when nil) is how far ahead a state is read as it is: the
--- tolerance, plus a metered limit's debt cap (max_debt x interval). A key in debt (a backlog past
--- the tolerance, up to the ceiling) is refused, with remaining 0, until it is paid back. A backlog
--- beyond the ceiling was written under another quota (the route's quota changed): it counts as the
--- ceiling (a full bucket, for a limit that is not metered), and is stored as such so that it drains
--- from now on.
--- Returns the reply {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after
--- (ns)}, and the backlog to store (nil: nothing to write; a rejection writes only a rebase).
+-- One GCRA decision (as src/gcra.rs) for `quantity` units on `backlog`. `ceiling` (default: the
+-- tolerance) is how far ahead a state is read as it is: plus a metered limit's debt cap. A key in
+-- debt (past the tolerance) is refused, remaining 0, until paid back. A backlog beyond the ceiling
+-- is another quota's: it counts, and is stored, as the ceiling, so that it drains from now on.
+-- Returns {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after (ns)}, and
+-- the backlog to store (nil: nothing; a rejection writes only a rebase).
 local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
   ceiling = ceiling or tolerance
   local rebased = backlog > ceiling
