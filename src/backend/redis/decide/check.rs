@@ -1,6 +1,5 @@
-//! `RedisState`, what every clone of a `RedisBackend` shares, and the way of one check: the deny
-//! cache, the breaker and timeout, the path the mode picks, and what the answer leaves behind (a
-//! cached rejection, a held lease).
+//! The way of one check: the deny cache, the breaker and timeout, the path the mode picks, and what
+//! the answer leaves behind (a cached rejection, a held lease).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -81,18 +80,15 @@ impl RedisState {
                     let fetched = state
                         .budgets
                         .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
-                    // Boxed, as the calls of `decide` that do not go in a batch: they are rare,
-                    // and would otherwise make every check's future (moved as it starts) their size.
+                    // Boxed, as `decide`'s unbatched calls: rare, and would swell every future.
                     Box::pin(fetched).await?
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
             };
-            // With a penalty box every rejection must reach Redis to count as a strike; a ban,
-            // though, holds whatever comes.
+            // With a penalty box every rejection must reach Redis as a strike; a ban holds.
             let cacheable = args.penalty.is_none() || decision.banned;
             if let (false, true, Some(cache)) = (decision.allowed, cacheable, &state.deny) {
-                // Timed from when the call was sent: Redis decided after that, so the retry time
-                // is held no later than Redis meant.
+                // Timed from the sending: Redis decided later, so it is held no later than meant.
                 let rejection = Rejection {
                     decision,
                     interval: args.interval,
@@ -168,8 +164,7 @@ impl RedisState {
             let decision = decisions?
                 .pop()
                 .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
-            // Renewed from now until released: the layer holds the slot from this answer on (a
-            // check dropped before it answers starts nothing, and its lease simply expires).
+            // Renewed from this answer until released (a check dropped before starts nothing).
             if let (true, Some((lease, count)), Some(token)) =
                 (decision.allowed, lease, decision.lease)
             {
@@ -264,8 +259,7 @@ impl RedisState {
             Some(cell)
                 if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
             {
-                // Coalesced (one pipelined write for the checks waiting at once) on one server,
-                // unless Redis may be full (state.rs says why the script then).
+                // Coalesced on one server, unless Redis may be full (state.rs says why).
                 let through_script = self.cell_through_script.load(Ordering::Relaxed);
                 let answer = match &self.batches {
                     Some(batches) if !conn.is_cluster() && !through_script => {
@@ -277,8 +271,7 @@ impl RedisState {
                 };
                 match answer {
                     Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
-                        // The module went away (a restart without it): Lua from now on, and this
-                        // request too (the failed command wrote nothing).
+                        // The module went away: Lua from now on, this request too.
                         self.detector.cell_gone();
                         Box::pin(scripts::gcra(conn, key, args, quantity)).await
                     }
@@ -292,9 +285,6 @@ impl RedisState {
             },
         }
     }
-}
-
-impl RedisState {
     /// Refills `key`'s slice ahead with `want` more units, on a spawned task under the timeout and
     /// breaker (none without a runtime); one that fails or is refused leaves the slice as it is.
     pub(crate) fn refill(

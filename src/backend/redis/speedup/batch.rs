@@ -230,11 +230,8 @@ impl Batcher {
         lane_name: &str,
         job: Job,
     ) -> Result<Reply, RedisError> {
-        let (sender, receiver) = oneshot::channel();
-        let waiter = Waiter {
-            job,
-            answer: sender,
-        };
+        let (answer, receiver) = oneshot::channel();
+        let waiter = Waiter { job, answer };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             let lane = match lanes.get_mut(lane_name) {
@@ -242,11 +239,8 @@ impl Batcher {
                 None => lanes.entry(lane_name.into()).or_default(),
             };
             lane.waiting.push(waiter);
-            if lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()) {
-                Some(lane.take())
-            } else {
-                None
-            }
+            (lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()))
+                .then(|| lane.take())
         };
         if let Some(batch) = leaving {
             let batcher = self.clone();

@@ -100,11 +100,7 @@ impl Args {
             tolerance: params.tolerance(),
             ceiling: ceiling(limit),
             limit: params.limit(),
-            cell: if cell && !delayed {
-                cell_args(limit)
-            } else {
-                None
-            },
+            cell: (cell && !delayed).then(|| cell_args(limit)).flatten(),
         })
     }
 

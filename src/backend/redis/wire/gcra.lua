@@ -49,10 +49,7 @@ if strikes >= penalty_after then
   redis.call('DEL', KEYS[2])
   redis.call('SET', KEYS[3], 1, 'PX', ban_ms)
   -- The ban, or the limit's own retry time if that is later.
-  local wait = ban_ms * 1000000
-  if reply[4] > wait then
-    wait = reply[4]
-  end
+  local wait = math.max(ban_ms * 1000000, reply[4])
   return {1, limit, 0, wait, math.max(reply[5], wait), 1}
 end
 return reply

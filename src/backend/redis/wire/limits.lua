@@ -62,11 +62,7 @@ local arg_number = tonumber
 
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
 local function ceil_ms(us)
-  local ms = math.ceil(us / 1000)
-  if ms < 1 then
-    ms = 1
-  end
-  return ms
+  return math.max(math.ceil(us / 1000), 1)
 end
 
 -- Adds members token:0 .. token:(q-1) with this score, in chunks (unpack has a stack limit).
@@ -162,20 +158,11 @@ local function fixed_window(key, limit, period, q, shift)
         write_fixed(key, window, total, ceil_ms(to_boundary))
       end
     end
-    local reset_after = 0
-    if total > 0 then
-      reset_after = to_boundary * 1000
-    end
+    local reset_after = total > 0 and to_boundary * 1000 or 0
     return {0, limit, limit - total, -1, reset_after}, write
   end
-  local retry = -1
-  if q <= limit then
-    retry = to_boundary * 1000
-  end
-  local reset_after = 0
-  if used > 0 then
-    reset_after = to_boundary * 1000
-  end
+  local retry = q <= limit and to_boundary * 1000 or -1
+  local reset_after = used > 0 and to_boundary * 1000 or 0
   return {1, limit, limit - used, retry, reset_after}
 end
 
@@ -216,10 +203,7 @@ local function sliding_window(key, limit, period, q)
     end
     return {0, limit, floordiv(capacity - weighted - q * period, period), -1, reset_after}, write
   end
-  local remaining = 0
-  if capacity > weighted then
-    remaining = floordiv(capacity - weighted, period)
-  end
+  local remaining = capacity > weighted and floordiv(capacity - weighted, period) or 0
   -- floor(room × 1000 / by) in nanoseconds without forming room × 1000 (which may pass 2^53).
   local function fits_ns(room, by)
     local whole = floordiv(room, by)
@@ -262,10 +246,8 @@ local function concurrency(key, limit, lease, q)
     end
     return {0, limit, limit - in_flight - q, -1, 0}, write
   end
-  local retry = -1
-  if q <= limit then
-    retry = S -- window.rs's CONCURRENCY_RETRY: when a slot frees up is unknown
-  end
+  -- window.rs's CONCURRENCY_RETRY: when a slot frees up is unknown.
+  local retry = q <= limit and S or -1
   return {1, limit, math.max(limit - in_flight, 0), retry, 0}
 end
 
@@ -278,10 +260,7 @@ local function decide(i, q)
   local a = arg_number(argv[base + 3])
   local b = arg_number(argv[base + 4])
   if kind == 0 then
-    local ceiling = arg_number(argv[6 + 4 * n + i] or '0')
-    if ceiling < b then
-      ceiling = b
-    end
+    local ceiling = math.max(arg_number(argv[6 + 4 * n + i] or '0'), b)
     return gcra(keys[i], limit, a, b, q, ceiling)
   end
   return deciders[kind](keys[i], limit, a, q, b)

@@ -127,10 +127,7 @@ local function prepare(item_keys, item_argv)
   -- Arguments limits.lua refuses fail the item there; here they only mean "not cached".
   local n = tonumber(item_argv[1]) or 0
   for i = 1, count do
-    local kind = nil
-    if i <= n then
-      kind = item_argv[6 + 4 * (i - 1) + 1]
-    end
+    local kind = i <= n and item_argv[6 + 4 * (i - 1) + 1] or nil
     -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window.
     if not distinct or not (kind == '0' or kind == '2' or kind == '3') then
       flush(item_keys[i])

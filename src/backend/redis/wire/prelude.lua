@@ -82,25 +82,16 @@ local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
   local increment = interval * quantity
   local new_backlog = backlog + increment
   if new_backlog <= tolerance then
-    local write = nil
-    if new_backlog > 0 then
-      write = new_backlog
-    end
+    local write = new_backlog > 0 and new_backlog or nil
     return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog}, write
   end
-  local write = nil
-  if rebased and backlog > 0 then
-    write = backlog
-  end
+  local write = rebased and backlog > 0 and backlog or nil
   -- In debt (backlog past the tolerance): nothing is left.
   local remaining = floordiv(math.max(tolerance - backlog, 0), interval)
   if remaining > limit then
     remaining = limit
   end
-  local retry_after = -1
-  if increment <= tolerance then
-    retry_after = new_backlog - tolerance
-  end
+  local retry_after = increment <= tolerance and new_backlog - tolerance or -1
   return {1, limit, remaining, retry_after, backlog}, write
 end
 
