@@ -24,8 +24,7 @@ use super::state::RedisState;
 use super::wire::mode::RedisMode;
 use crate::error::{redact_url, BackendError};
 
-/// Builds a [`RedisBackend`](crate::redis::RedisBackend); see
-/// [`RedisBackend::builder`](crate::redis::RedisBackend::builder).
+/// Builds a [`RedisBackend`](crate::redis::RedisBackend): see its `builder()`.
 #[must_use]
 pub struct RedisBackendBuilder {
     /// What to reach, Sentinel aside (URLs are one server's unless `cluster`: `validated` says).

@@ -98,8 +98,7 @@ impl RedisBackend {
         self.state.detector.mode()
     }
 
-    /// Where the connection stands: connected or not, the path, the breaker, the last error and the
-    /// address. See [`RedisHealth`].
+    /// Where the connection stands: see [`RedisHealth`].
     pub fn health(&self) -> RedisHealth {
         let state = &self.state;
         let (connected, address, last_error) = match state.conn.server() {
@@ -223,8 +222,7 @@ impl Liveness {
     }
 }
 
-// Beside the type it makes: the settings and the work are in builder.rs, which does not need to
-// know `RedisBackend`.
+// Beside the type it makes: builder.rs need not know `RedisBackend`.
 impl RedisBackendBuilder {
     /// Checks the settings, connects, and sets up the path (the script loaded, the module detected
     /// where the mode asks): the eager, fail-fast start ([guide](crate::guide::redis#starting-and-reconnecting)).

@@ -38,8 +38,7 @@ pub(super) fn channel(prefix: &str) -> String {
 /// which start with the prefix (which cannot hold `!`).
 const RELOAD: &str = "!reload";
 
-/// Tells the other processes that `keys` were reset. Best effort: one that misses it drops its
-/// caches when it subscribes again.
+/// Tells the other processes that `keys` were reset (best effort: resubscribing drops all).
 pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
     let cmd = publish_cmd(conn, prefix, keys.join("\n"));
     if let Err(e) = conn.redirecting().req_packed_command(&cmd).await {
@@ -92,8 +91,7 @@ pub(super) enum Listen {
     Shard(Vec<ConnectionInfo>),
 }
 
-/// What a subscription hears: its confirmation (again after each reconnection, on a Cluster), or
-/// a message's payload.
+/// What a subscription hears: its confirmation (again after a reconnection), or a message.
 enum Heard {
     Subscribed,
     Message(Vec<u8>),
@@ -248,8 +246,7 @@ pub(super) fn spawn_listener(
     Some(first)
 }
 
-/// The next message, or `None` when the subscription ends or the backend is gone (checked every
-/// second).
+/// The next message, or `None` when the subscription ends or the backend is gone.
 async fn next<T>(
     poll: &mut impl FnMut(&mut Context<'_>) -> Poll<Option<T>>,
     state: &Weak<RedisState>,
@@ -264,8 +261,7 @@ async fn next<T>(
     }
 }
 
-/// Drops what a message names from this process's caches: a reset's keys, a reload's limits, or
-/// a records table's (records.rs).
+/// Drops what a message names: a reset's keys, a reload's limits, a records table's.
 fn forget(state: &RedisState, payload: &[u8]) {
     let Ok(payload) = std::str::from_utf8(payload) else {
         return;

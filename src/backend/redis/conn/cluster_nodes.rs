@@ -38,8 +38,7 @@ pub(crate) struct Node {
     port: u16,
     pub(crate) circuit: Arc<Circuit>,
     last_error: Mutex<Option<(String, SystemTime)>>,
-    /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never): see
-    /// [`tried_again_since`](Self::tried_again_since).
+    /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never).
     tried_again: AtomicU64,
 }
 
@@ -66,8 +65,7 @@ struct Map {
     nodes: Vec<(Arc<Node>, Ranges)>,
 }
 
-/// The slot map and the primaries' breakers, shared by the backend's calls (which read it) and the
-/// task that refreshes it.
+/// The slot map and the primaries' breakers, read by the calls, refreshed by slot_watch.rs.
 pub(crate) struct ClusterNodes {
     map: RwLock<Map>,
     timeout: Duration,
@@ -201,8 +199,7 @@ impl ClusterNodes {
         map.nodes.get(usize::from(owner)).map(|(n, _)| n.clone())
     }
 
-    /// The node of `key`'s slot answered `TRYAGAIN` now (redirect.rs), for every call on it under
-    /// way ([`Node::tried_again_since`]).
+    /// The node of `key`'s slot answered `TRYAGAIN` now, for every call on it under way.
     pub(crate) fn tried_again(&self, key: &[u8]) {
         if let Some(node) = self.for_slot(slot_of(key)) {
             node.tried_again

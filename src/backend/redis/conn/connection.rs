@@ -118,8 +118,7 @@ impl RedisConnection {
         }
     }
 
-    /// A handle on the Cluster's connection (`None` on one server); an error for a Cluster started
-    /// by `build` that is not connected yet.
+    /// A handle on the Cluster's connection (`None` on one server; an error before it is made).
     pub(crate) fn cluster(&self) -> Option<Result<ClusterConnection, RedisError>> {
         let lazy = self.lazy_cluster()?;
         Some(lazy.get().ok_or_else(|| lazy.not_connected()))
@@ -203,8 +202,7 @@ async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, Backe
         .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
 }
 
-/// Whether `CL.THROTTLE` exists on this one server (`cluster`: `None`), or on every primary of
-/// `cluster`.
+/// Whether `CL.THROTTLE` exists on this server (`cluster`: `None`) or every primary of `cluster`.
 pub(crate) async fn cell_loaded<C: ConnectionLike>(
     conn: &mut C,
     cluster: Option<Result<ClusterConnection, RedisError>>,
@@ -272,8 +270,7 @@ impl Detector {
         self.mode
     }
 
-    /// What connecting prepares for: `Lua` where detection cannot change the path (no `COMMAND
-    /// INFO` round trip then); else the mode.
+    /// What connecting prepares for: `Lua` where detection cannot change the path; else the mode.
     pub(crate) fn set_up_mode(&self) -> RedisMode {
         if self.lua_first {
             RedisMode::Lua

@@ -87,8 +87,7 @@ pub(crate) async fn connect_once(
     within(budget, target, establish(source, server, state)).await
 }
 
-/// Keeps `server` connected while the backend (`state`) lives; `connected`: the caller connected
-/// already (eager start).
+/// Keeps `server` connected while the backend lives; `connected`: already (eager start).
 pub(crate) fn spawn_keeper(
     mut source: Source,
     server: Arc<SingleServer>,

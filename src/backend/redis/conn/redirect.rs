@@ -30,13 +30,11 @@ use super::connection::{unexpected, RedisConnection};
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
 const MAX_REDIRECTS: u32 = 5;
 
-/// `TRYAGAIN` is retried after 1 ms, doubling to 10 ms, for at most [`TRY_AGAIN_FOR`] (the caller's
-/// timeout usually ends it earlier).
+/// `TRYAGAIN` is retried after 1 ms, doubling to 10 ms, for at most [`TRY_AGAIN_FOR`].
 const TRY_AGAIN: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
 const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
 
-/// A [`RedisConnection`] whose commands follow a Cluster's redirections (see the module docs); on a
-/// single server, the connection itself.
+/// A [`RedisConnection`] whose commands follow a Cluster's redirections (one server's: as it is).
 pub(crate) struct Redirecting<'a> {
     /// A Cluster's connection (a cheap handle), or the connection as it is.
     conn: Result<ClusterConnection, &'a mut RedisConnection>,

@@ -151,8 +151,7 @@ impl AttemptError {
         }
     }
 
-    /// A failure as [`describe`](super::set_up::SetUpError::describe) says it: the message, and
-    /// whether it is a configuration error.
+    /// A failure as [`describe`](super::set_up::SetUpError::describe) says it.
     pub(crate) fn described((message, misconfigured): (String, bool)) -> Self {
         match misconfigured {
             true => Self::misconfigured(Misconfigured::Fatal, message),
@@ -379,8 +378,7 @@ fn is_not_primary_code(code: &str) -> bool {
     matches!(code, "READONLY" | "MASTERDOWN" | "LOADING")
 }
 
-/// What is wrong with the configuration, if `error` says so (`WRONGPASS`, `NOAUTH`, `NOPERM`);
-/// `None` for anything a retry may get past.
+/// What is wrong with the configuration, if `error` says so (`WRONGPASS`, `NOAUTH`, `NOPERM`).
 pub(crate) fn configuration_error(
     error: &RedisError,
     address: &str,

@@ -159,8 +159,7 @@ impl RedisState {
     }
 }
 
-/// A limit's state from the script's two decisions, `[limited, limit, remaining, retry (ns, -1 =
-/// never), reset (ns)]`, and the ban's rest.
+/// A limit's state from the script's two decisions (gcra.lua's five numbers) and the ban's rest.
 fn key_state(now: &[i64], next: &[i64], ban: Option<Duration>) -> KeyState {
     let nanos = |v: i64| Duration::from_nanos(v.max(0) as u64);
     let reset_after = nanos(now[4]);

@@ -37,8 +37,7 @@ pub(crate) struct Rejection {
 pub(crate) struct DenyCache {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
-    /// Counts what made keys less limited (resets, refunds, reloads, missed messages): a rejection
-    /// Redis made before one is not inserted after it.
+    /// Counts what made keys less limited: a rejection made before one is not inserted after it.
     generation: AtomicU64,
 }
 
@@ -85,8 +84,7 @@ impl DenyCache {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
-    /// The cached rejection of `key` for `quantity` units under the quota with this `interval` and
-    /// `tolerance`, aged to now, if it still holds.
+    /// The cached rejection of `key` for `quantity` units under this quota, aged, if it holds.
     pub(crate) fn get(
         &self,
         key: &str,
@@ -208,8 +206,7 @@ impl DenyCache {
             decision,
         };
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        // Under the shard's lock: a forget of this key either came before (a new generation) or
-        // comes after, and removes the entry.
+        // Under the shard's lock: a forget of this key came before (a new generation) or after.
         if self.generation() != generation {
             return;
         }
@@ -339,8 +336,7 @@ mod tests {
         cache.forget("k"); // a reset heard while Redis was deciding
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
-        // Any forget counts (the generation is the cache's, not the key's): a reset of another
-        // key only costs a round trip.
+        // Any forget counts (the generation is the cache's): it only costs a round trip.
         let sent = cache.generation();
         cache.clear();
         cache.insert("k", 1, limited(60_000), now, sent);

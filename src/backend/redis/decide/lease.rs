@@ -177,8 +177,7 @@ impl Leases {
     }
 }
 
-/// The units a concurrency check may have taken in Redis; dropped unanswered (timed out, failed,
-/// or its client gone), it gives them back.
+/// The units a concurrency check may have taken; dropped unanswered, it gives them back.
 pub(crate) struct Unanswered {
     leases: Arc<Leases>,
     key: String,

@@ -25,8 +25,7 @@ pub(crate) struct Breaker {
     circuit: Arc<Circuit>,
     /// On a Cluster: the slot map and a breaker per primary.
     pub(crate) nodes: Option<Arc<ClusterNodes>>,
-    /// The reconnecting server under this breaker, if any: told about timeouts; its task logs the
-    /// transitions instead.
+    /// The reconnecting server, if any: told about timeouts; its task logs the transitions.
     server: Option<Arc<SingleServer>>,
     /// The record of every call's outcome, which `health()` and the gauge read (recorder.rs).
     pub(crate) recorder: Recorder,

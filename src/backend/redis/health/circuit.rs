@@ -49,8 +49,7 @@ pub(crate) struct Circuit {
     /// longer blocks the next, even if never finished nor dropped.
     probe_started: AtomicU64,
     probe_limit_ms: u64,
-    /// When a call last got an answer ([`stamp_answer`](Self::stamp_answer)): tells a timed-out
-    /// call's slow node from a dead one.
+    /// When a call last got an answer: tells a timed-out call's slow node from a dead one.
     last_answer: AtomicU64,
 }
 

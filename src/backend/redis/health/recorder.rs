@@ -19,8 +19,7 @@ use crate::backend::redis::wire::mode::{path_code, path_name, path_of, RedisMode
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
-/// The one clock of a backend: every breaker, the recorder and the nodes' records count
-/// milliseconds from its epoch.
+/// The one clock of a backend: every breaker and record counts milliseconds from its epoch.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Clock(Instant);
 
@@ -41,8 +40,7 @@ const UNREACHABLE_AFTER: u32 = 3;
 /// A failing Redis that has not answered for this long counts as unreachable.
 const SILENT_FOR: Duration = Duration::from_secs(1);
 
-/// What the calls met: when Redis last answered, the failures to reach it since, and whether
-/// decisions are failing, and why.
+/// What the calls met: the last answer, the failures since, whether decisions fail, and why.
 pub(crate) struct Recorder {
     /// Ms on `clock` of the last answer; 0 before any.
     last_answer: AtomicU64,
@@ -54,8 +52,7 @@ pub(crate) struct Recorder {
     /// module again (connection.rs), which clears this once answered.
     lost: AtomicBool,
     failing: AtomicBool,
-    /// The last failed call's error and time, while failing; locked by every transition, so that
-    /// the gauge follows the flag in order.
+    /// The last failed call's error and time; locked by transitions (the gauge follows in order).
     error: Mutex<Option<(String, SystemTime)>>,
     /// The path decisions take (for the gauge's label): `UNKNOWN`, `CELL` or `LUA`.
     path: AtomicU8,
@@ -179,8 +176,7 @@ impl Recorder {
         self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64
     }
 
-    /// The reconnecting task connected, on `path`: the gauge says so unless decisions are failing
-    /// (then the first success does).
+    /// The reconnecting task connected, on `path`: the gauge says so, unless decisions fail.
     pub(crate) fn connected(&self, path: Option<RedisMode>) {
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.set_path(path);

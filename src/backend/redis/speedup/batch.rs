@@ -44,8 +44,7 @@ static LIMITS_BATCH: LazyLock<Script> =
 /// Batches in flight per lane at most: while one is on the wire or in Redis, the next fills.
 const IN_FLIGHT: usize = 2;
 
-/// Checks per batch at most: bounds one call's arguments and time in Redis (128 keys' `SET`s: well
-/// under a millisecond).
+/// Checks per batch at most: bounds one call's arguments and time in Redis (well under 1 ms).
 pub(crate) const MAX_BATCH: usize = 128;
 
 /// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; keys name a Cluster's).
@@ -177,8 +176,7 @@ impl Batcher {
         gcra_answer(self.queue(runtime, lane_name, job).await?)
     }
 
-    /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
-    /// caller sends it alone.
+    /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch.
     pub(crate) async fn cell(
         self: &Arc<Self>,
         key: &str,
@@ -201,8 +199,7 @@ impl Batcher {
         gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
     }
 
-    /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call; a runtime-less
-    /// caller sends it alone.
+    /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call.
     pub(crate) async fn limits(
         self: &Arc<Self>,
         call: LimitsCall,
@@ -222,8 +219,7 @@ impl Batcher {
         }
     }
 
-    /// Queues a check on `lane_name`, sending a batch at once if fewer than [`IN_FLIGHT`] are in
-    /// flight there, and waits for its answer.
+    /// Queues a check on `lane_name`, sends a batch if due, and waits for its answer.
     async fn queue(
         self: &Arc<Self>,
         runtime: tokio::runtime::Handle,
@@ -295,8 +291,7 @@ impl Batcher {
             };
             lane.last_size = size;
             lane.ended(size);
-            // The next batch leaves now if no other is in flight, or if it is full; otherwise the
-            // batch in flight takes it when it answers.
+            // The next batch leaves now if none is in flight or it is full; else when one answers.
             if lane.waiting.is_empty() || (lane.in_flight > 0 && !lane.full()) {
                 if lane.in_flight == 0 && self.per_key {
                     lanes.remove(&*lane_name);

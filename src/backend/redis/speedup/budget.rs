@@ -77,8 +77,7 @@ impl Slice {
         }
     }
 
-    /// The slice to ask for: one slice TTL at the local rate, within the budget's and the limit's
-    /// bounds, at least `least`.
+    /// The slice to ask for: a slice TTL at the local rate, within the bounds, at least `least`.
     fn want(&self, budget: &Budget, limit: u64, least: u64) -> u64 {
         self.seen_now
             .max(self.seen_before)
@@ -112,8 +111,7 @@ pub(crate) enum Local {
     PerRequest,
 }
 
-/// While held, the key's slice is being fetched; dropped (answered, failed, timed out or
-/// abandoned), the next request may fetch again.
+/// While held, the key's slice is being fetched; dropped, the next request may fetch again.
 pub(crate) struct Fetching {
     budgets: Arc<Budgets>,
     key: Box<str>,

@@ -67,8 +67,7 @@ pub(crate) struct Args {
     pub(crate) delayed: bool,
     pub(crate) interval: u64,
     pub(crate) tolerance: u64,
-    /// How far ahead a stored TAT is read as it is (see [`ceiling`]): the tolerance, or a metered
-    /// limit's tolerance plus its debt cap.
+    /// How far ahead a stored TAT is read as it is ([`ceiling`]).
     pub(crate) ceiling: u64,
     pub(crate) limit: u64,
     /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
@@ -270,8 +269,7 @@ impl Spec {
             ));
         };
         let (period, count) = (window.period(), window.limit());
-        // Redis' clock (TIME) counts microseconds: windows cut at finer periods would not fall on
-        // the boundaries window.rs computes.
+        // TIME counts microseconds: finer periods would miss window.rs's boundaries.
         if period % 1000 != 0 {
             return Err(format!(
                 "policy {name:?}: the Redis backend needs the period of a {algorithm} limit to be a \
@@ -327,8 +325,7 @@ impl Spec {
     }
 }
 
-/// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend
-/// ([`check_stack`]), and one of Redis's own.
+/// Why `limits` cannot be decided together: every backend's rule ([`check_stack`]), and Redis'.
 pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
     check_stack(limits)?;
     for (i, limit) in limits.iter().enumerate() {

@@ -25,8 +25,6 @@ if reply[1] == 0 then
   store_tat(KEYS[1], new_backlog)
   return {granted, limit, room - granted, -1, new_backlog}
 end
-if ahead then
-  store_tat(KEYS[1], ahead)
-end
+if ahead then store_tat(KEYS[1], ahead) end
 reply[1] = 0
 return reply

@@ -22,29 +22,21 @@ local ceiling = tonumber(ARGV[8] or ARGV[2])
 
 if penalty_after > 0 then
   local banned_ms = redis.call('PTTL', KEYS[3])
-  if banned_ms > 0 then
-    return {1, limit, 0, banned_ms * 1000000, banned_ms * 1000000, 1}
-  end
+  if banned_ms > 0 then return {1, limit, 0, banned_ms * 1000000, banned_ms * 1000000, 1} end
 end
 
 local reply, ahead = gcra_step(backlog_of(redis.call('GET', KEYS[1])), interval, tolerance, limit,
   quantity, ceiling)
-if ahead then
-  store_tat(KEYS[1], ahead)
-end
+if ahead then store_tat(KEYS[1], ahead) end
 reply[6] = 0
-if reply[1] == 0 or penalty_after == 0 then
-  return reply
-end
+if reply[1] == 0 or penalty_after == 0 then return reply end
 
 -- A rejection is a strike, counted in a window that opens with the first (Rack::Attack's
 -- Allow2Ban): one small counter per key, whatever `after` is.
 local within_ms = tonumber(ARGV[6])
 local ban_ms = tonumber(ARGV[7])
 local strikes = redis.call('INCR', KEYS[2])
-if strikes == 1 then
-  redis.call('PEXPIRE', KEYS[2], within_ms)
-end
+if strikes == 1 then redis.call('PEXPIRE', KEYS[2], within_ms) end
 if strikes >= penalty_after then
   redis.call('DEL', KEYS[2])
   redis.call('SET', KEYS[3], 1, 'PX', ban_ms)

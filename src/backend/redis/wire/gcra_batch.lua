@@ -67,9 +67,7 @@ for g = 1, groups do
   else
     -- The step's rebase (another quota's backlog): the first item stores it, admitted or not.
     local rebased = backlog > ceiling
-    if rebased then
-      backlog = ceiling
-    end
+    if rebased then backlog = ceiling end
     out[g] = backlog
     -- Items admitted: the j-th (from 1) passes when backlog + j * increment <= tolerance.
     local admitted = 0
@@ -82,14 +80,10 @@ for g = 1, groups do
       backlog = backlog + admitted * increment
     end
     -- An admitted item writes its backlog when it is not 0; a rebased first item writes.
-    if rebased or (admitted > 0 and backlog > 0) then
-      writes[key] = backlog
-    end
+    if rebased or (admitted > 0 and backlog > 0) then writes[key] = backlog end
   end
   backlogs[key] = backlog
 end
 
-for key, ahead in pairs(writes) do
-  store_tat(key, ahead)
-end
+for key, ahead in pairs(writes) do store_tat(key, ahead) end
 return out

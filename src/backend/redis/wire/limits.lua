@@ -26,18 +26,14 @@ local keys, argv, n, quantity, token, penalty_after
 -- The string states go through these six: alone, GET and SET in each state's format;
 -- limits_batch.lua puts its cache in their place.
 -- A GCRA's TAT, as its backlog (the prelude's backlog_of and store_tat).
-local read_backlog = function(key)
-  return backlog_of(redis.call('GET', key))
-end
+local read_backlog = function(key) return backlog_of(redis.call('GET', key)) end
 local write_backlog = store_tat
 -- A fixed window's "window:count": the window and the count (nothing: no key, or another format).
 local read_fixed = function(key)
   local stored = redis.call('GET', key)
   if stored then
     local w, c = string.match(stored, '^(%d+):(%d+)$')
-    if w then
-      return tonumber(w), tonumber(c)
-    end
+    if w then return tonumber(w), tonumber(c) end
   end
 end
 local write_fixed = function(key, window, count, ms)
@@ -48,9 +44,7 @@ local read_sliding = function(key)
   local stored = redis.call('GET', key)
   if stored then
     local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    if w then
-      return tonumber(w), tonumber(c), tonumber(p)
-    end
+    if w then return tonumber(w), tonumber(c), tonumber(p) end
   end
 end
 local write_sliding = function(key, window, current, previous, ms)
@@ -61,9 +55,7 @@ end
 local arg_number = tonumber
 
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
-local function ceil_ms(us)
-  return math.max(math.ceil(us / 1000), 1)
-end
+local function ceil_ms(us) return math.max(math.ceil(us / 1000), 1) end
 
 -- Adds members token:0 .. token:(q-1) with this score, in chunks (unpack has a stack limit).
 local function add_members(key, score, q)
@@ -106,9 +98,7 @@ local function sliding_log(key, limit, period, q)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if #newest == 2 then
       local t = tonumber(newest[2])
-      if t > gone then
-        return (t + period - now_us) * 1000
-      end
+      if t > gone then return (t + period - now_us) * 1000 end
     end
     return 0
   end
@@ -198,9 +188,7 @@ local function sliding_window(key, limit, period, q)
         write_sliding(key, window, now_current, previous, ceil_ms(left + period))
       end
     end
-    if now_current > 0 then
-      reset_after = (left + period) * 1000
-    end
+    if now_current > 0 then reset_after = (left + period) * 1000 end
     return {0, limit, floordiv(capacity - weighted - q * period, period), -1, reset_after}, write
   end
   local remaining = capacity > weighted and floordiv(capacity - weighted, period) or 0
@@ -219,9 +207,7 @@ local function sliding_window(key, limit, period, q)
     else
       -- Not before the next window, where this window's count (> 0 here) is weighted out.
       local fits, whole = fits_ns((limit - q) * period, current)
-      if whole >= period then
-        fits = period * 1000
-      end
+      if whole >= period then fits = period * 1000 end
       retry = left * 1000 + (period * 1000 - fits)
     end
   end
@@ -239,9 +225,7 @@ local function concurrency(key, limit, lease, q)
         add_members(key, now_us + lease, q)
         -- The key outlives its longest lease, whatever leases earlier calls asked for.
         local want = ceil_ms(lease)
-        if redis.call('PTTL', key) < want then
-          redis.call('PEXPIRE', key, want)
-        end
+        if redis.call('PTTL', key) < want then redis.call('PEXPIRE', key, want) end
       end
     end
     return {0, limit, limit - in_flight - q, -1, 0}, write
@@ -266,9 +250,7 @@ local function decide(i, q)
   return deciders[kind](keys[i], limit, a, q, b)
 end
 
-local function limit_of(i)
-  return arg_number(argv[6 + 4 * (i - 1) + 2])
-end
+local function limit_of(i) return arg_number(argv[6 + 4 * (i - 1) + 2]) end
 
 local function limits(call_keys, call_argv)
   keys, argv = call_keys, call_argv
@@ -282,9 +264,7 @@ local function limits(call_keys, call_argv)
       local out = {1}
       for i = 1, n do
         local rest = banned_ms * 1000000
-        for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do
-          out[#out + 1] = v
-        end
+        for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do out[#out + 1] = v end
       end
       return out
     end
@@ -297,32 +277,20 @@ local function limits(call_keys, call_argv)
     local result, write = decide(i, arg_number(argv[6 + 5 * n + i] or quantity))
     results[i] = result
     writes[i] = write
-    if result[1] == 1 then
-      admitted = false
-    end
+    if result[1] == 1 then admitted = false end
   end
 
   local banned = 0
   if admitted then
-    for i = 1, n do
-      if writes[i] then
-        writes[i]()
-      end
-    end
+    for i = 1, n do if writes[i] then writes[i]() end end
   else
     -- The limits that would have admitted report their state as it stands: nothing was recorded.
-    for i = 1, n do
-      if results[i][1] == 0 then
-        results[i] = decide(i, 0)
-      end
-    end
+    for i = 1, n do if results[i][1] == 0 then results[i] = decide(i, 0) end end
     if penalty_after > 0 then
       local within_ms = tonumber(argv[5])
       local ban_ms = tonumber(argv[6])
       local strikes = redis.call('INCR', keys[n + 1])
-      if strikes == 1 then
-        redis.call('PEXPIRE', keys[n + 1], within_ms)
-      end
+      if strikes == 1 then redis.call('PEXPIRE', keys[n + 1], within_ms) end
       if strikes >= penalty_after then
         redis.call('DEL', keys[n + 1])
         redis.call('SET', keys[n + 2], 1, 'PX', ban_ms)
@@ -331,9 +299,7 @@ local function limits(call_keys, call_argv)
           local r = results[i]
           -- The ban, or the limit's own retry time if that is later.
           local wait = ban_ms * 1000000
-          if r[1] == 1 and r[4] > wait then
-            wait = r[4]
-          end
+          if r[1] == 1 and r[4] > wait then wait = r[4] end
           results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
         end
       end
@@ -342,9 +308,7 @@ local function limits(call_keys, call_argv)
 
   local out = {banned}
   for i = 1, n do
-    for j = 1, 5 do
-      out[#out + 1] = results[i][j]
-    end
+    for j = 1, 5 do out[#out + 1] = results[i][j] end
   end
   return out
 end

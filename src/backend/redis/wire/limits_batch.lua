@@ -25,9 +25,7 @@ local direct = {
 -- Writes a key's state as the last item that wrote it left it, and forgets the key.
 local function flush(key)
   local entry = cache[key]
-  if not entry then
-    return
-  end
+  if not entry then return end
   cache[key] = nil
   if entry.ms then
     local kind, write = entry.kind, direct[entry.kind][2]
@@ -93,9 +91,7 @@ arg_number = function(text)
   if number == nil then
     -- tonumber's own error for a missing argument, as alone.
     number = tonumber(text)
-    if number ~= nil then
-      numbers[text] = number
-    end
+    if number ~= nil then numbers[text] = number end
   end
   return number
 end
@@ -118,20 +114,14 @@ local function prepare(item_keys, item_argv)
   local distinct = true
   for i = 2, count do
     local key = item_keys[i]
-    for j = 1, i - 1 do
-      if item_keys[j] == key then
-        distinct = false
-      end
-    end
+    for j = 1, i - 1 do if item_keys[j] == key then distinct = false end end
   end
   -- Arguments limits.lua refuses fail the item there; here they only mean "not cached".
   local n = tonumber(item_argv[1]) or 0
   for i = 1, count do
     local kind = i <= n and item_argv[6 + 4 * (i - 1) + 1] or nil
     -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window.
-    if not distinct or not (kind == '0' or kind == '2' or kind == '3') then
-      flush(item_keys[i])
-    end
+    if not distinct or not (kind == '0' or kind == '2' or kind == '3') then flush(item_keys[i]) end
   end
   return distinct
 end
@@ -149,29 +139,17 @@ for _ = 1, items do
   at_key = at_key + nkeys
   at_arg = at_arg + 2 + nargs
   local cached = prepare(item_keys, item_argv)
-  if not cached then
-    use(false)
-  end
+  if not cached then use(false) end
   local ok, reply = pcall(limits, item_keys, item_argv)
-  if not cached then
-    use(true)
-  end
+  if not cached then use(true) end
   if ok then
-    for i = 1, #reply do
-      out[#out + 1] = reply[i]
-    end
+    for i = 1, #reply do out[#out + 1] = reply[i] end
   else
     -- A Redis error is a table with an `err` field; a Lua one, a string.
-    if type(reply) == 'table' then
-      reply = reply.err
-    end
+    if type(reply) == 'table' then reply = reply.err end
     out[#out + 1] = tostring(reply)
-    for _ = 1, 5 * tonumber(item_argv[1]) do
-      out[#out + 1] = 0
-    end
+    for _ = 1, 5 * tonumber(item_argv[1]) do out[#out + 1] = 0 end
   end
 end
-for key in pairs(cache) do
-  flush(key)
-end
+for key in pairs(cache) do flush(key) end
 return out

@@ -23,9 +23,7 @@ local function floordiv(a, b)
 end
 
 -- An integer as Redis arguments and stored values want it: decimal digits, no exponent.
-local function int(x)
-  return string.format('%.0f', x)
-end
+local function int(x) return string.format('%.0f', x) end
 
 local time = redis.call('TIME')
 -- Read by arithmetic (one conversion; tonumber makes two): TIME answers digits.
@@ -39,22 +37,14 @@ now_ns = now_ns * 1000
 -- state, overwritten by the next admission. No scan for non-digits: a number that is not a TAT (a
 -- sign, a fraction) is a foreign value the next write replaces, whatever it read as.
 local function backlog_of(stored)
-  if not stored then
-    return 0
-  end
+  if not stored then return 0 end
   local len = #stored
-  if len < 10 or len > 29 then
-    return 0
-  end
+  if len < 10 or len > 29 then return 0 end
   local tat_s = tonumber(string.sub(stored, 1, -10))
   local tat_ns = tonumber(string.sub(stored, -9))
-  if not (tat_s and tat_ns) then
-    return 0
-  end
+  if not (tat_s and tat_ns) then return 0 end
   local backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
-  if backlog < 0 then
-    return 0
-  end
+  if backlog < 0 then return 0 end
   return backlog
 end
 
@@ -76,9 +66,7 @@ end
 local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
   ceiling = ceiling or tolerance
   local rebased = backlog > ceiling
-  if rebased then
-    backlog = ceiling
-  end
+  if rebased then backlog = ceiling end
   local increment = interval * quantity
   local new_backlog = backlog + increment
   if new_backlog <= tolerance then
@@ -88,9 +76,7 @@ local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
   local write = rebased and backlog > 0 and backlog or nil
   -- In debt (backlog past the tolerance): nothing is left.
   local remaining = floordiv(math.max(tolerance - backlog, 0), interval)
-  if remaining > limit then
-    remaining = limit
-  end
+  if remaining > limit then remaining = limit end
   local retry_after = increment <= tolerance and new_backlog - tolerance or -1
   return {1, limit, remaining, retry_after, backlog}, write
 end

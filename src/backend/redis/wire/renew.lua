@@ -16,7 +16,5 @@ for i = 0, tonumber(ARGV[2]) - 1 do
   end
 end
 local want = math.ceil(lease / 1000)
-if renewed > 0 and redis.call('PTTL', KEYS[1]) < want then
-  redis.call('PEXPIRE', KEYS[1], want)
-end
+if renewed > 0 and redis.call('PTTL', KEYS[1]) < want then redis.call('PEXPIRE', KEYS[1], want) end
 return renewed

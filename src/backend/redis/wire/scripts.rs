@@ -21,8 +21,7 @@ static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
 /// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
 static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
 
-/// A decision (`banned` when a penalty-box ban made it), and whether `CL.THROTTLE` made it: its
-/// durations are then whole seconds, rounded up.
+/// A decision, and whether `CL.THROTTLE` made it (its durations then whole seconds, rounded up).
 pub(crate) struct Answer {
     pub(crate) decision: Decision,
     pub(crate) whole_seconds: bool,
@@ -172,20 +171,5 @@ pub(crate) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Dec
     } else {
         let retry_after = u64::try_from(retry_after).ok().map(unit);
         Decision::limited(limit, remaining, retry_after, reset_after)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cell_replies_round_up_to_whole_seconds() {
-        let limited = from_reply([1, 5, 0, 0, 4], |s| Duration::from_secs(s + 1));
-        assert!(!limited.allowed);
-        assert_eq!(limited.retry_after, Some(Duration::from_secs(1)));
-        assert_eq!(limited.retry_after_secs(), 1);
-        let never = from_reply([1, 5, 0, -1, 4], Duration::from_secs);
-        assert_eq!(never.retry_after, None);
     }
 }

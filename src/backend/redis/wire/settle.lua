@@ -24,22 +24,16 @@ local admitted_after = now_us - since_us
 local function charge(key, interval, quantity, ceiling)
   local backlog = read_backlog(key)
   local ahead = math.min(backlog + interval * quantity, ceiling)
-  if ahead > backlog then
-    store_tat(key, ahead)
-  end
+  if ahead > backlog then store_tat(key, ahead) end
 end
 
 local function gcra(key, interval, quantity)
   local backlog = read_backlog(key)
-  if backlog <= 0 then
-    return
-  end
+  if backlog <= 0 then return end
   -- The units less the time since admission: a later decision on an idle bucket absorbed at most
   -- that much, so the rest never exceeds what was taken (exact with no decision since).
   local back = interval * quantity - since_us * 1000
-  if back <= 0 then
-    return
-  end
+  if back <= 0 then return end
   local ahead = backlog - back
   if ahead <= 0 then
     redis.call('DEL', key)
@@ -50,20 +44,14 @@ end
 
 local function sliding_log(key, quantity)
   local members = redis.call('ZRANGEBYSCORE', key, int(admitted_after), '+inf', 'LIMIT', 0, quantity)
-  if #members > 0 then
-    redis.call('ZREM', key, unpack(members))
-  end
+  if #members > 0 then redis.call('ZREM', key, unpack(members)) end
 end
 
 local function fixed_window(key, period, quantity, shift)
   local window = floordiv(now_us + shift, period)
-  if floordiv(admitted_after + shift, period) ~= window then
-    return
-  end
+  if floordiv(admitted_after + shift, period) ~= window then return end
   local w, c = read_fixed(key)
-  if w ~= window then
-    return
-  end
+  if w ~= window then return end
   local count = c - quantity
   if count <= 0 then
     redis.call('DEL', key)
@@ -74,9 +62,7 @@ end
 
 local function sliding_window(key, period, quantity)
   local w, c, p = read_sliding(key)
-  if not w then
-    return
-  end
+  if not w then return end
   local window = floordiv(now_us, period)
   local current, previous
   if w == window then
@@ -107,9 +93,7 @@ for i = 1, n do
   local a = tonumber(ARGV[base + 2])
   local delta = tonumber(ARGV[base + 3])
   if delta > 0 then
-    if kind == 0 then
-      charge(KEYS[i], a, delta, tonumber(ARGV[base + 4]))
-    end
+    if kind == 0 then charge(KEYS[i], a, delta, tonumber(ARGV[base + 4])) end
   elseif delta < 0 then
     local quantity = -delta
     if kind == 0 then
