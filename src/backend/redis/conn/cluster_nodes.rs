@@ -392,10 +392,8 @@ mod tests {
         assert!(nodes.for_key("foo").is_none());
         nodes.install(shards.clone());
         assert_eq!(&*nodes.for_key("foo").unwrap().address, "127.0.0.1:7002");
-        assert_eq!(
-            &*nodes.for_key("{123456789}").unwrap().address,
-            "127.0.0.1:7002"
-        );
+        let tagged = nodes.for_key("{123456789}").unwrap();
+        assert_eq!(&*tagged.address, "127.0.0.1:7002");
         let node = nodes.for_key("foo").unwrap();
         nodes.failed(&node, false, &"connection refused");
         assert_eq!(nodes.tripped().len(), 1);
@@ -411,10 +409,8 @@ mod tests {
         let health = nodes.health();
         assert_eq!(health[2].state, CircuitState::Open);
         assert_eq!(health[2].slots, vec![(10923, 16383)]);
-        assert_eq!(
-            health[2].last_error.as_ref().unwrap().0,
-            "connection refused"
-        );
+        let (error, _) = health[2].last_error.as_ref().unwrap();
+        assert_eq!(error, "connection refused");
         assert_eq!(health[0].state, CircuitState::Closed);
         assert!(parse_slots(&Value::Int(1)).is_none());
     }

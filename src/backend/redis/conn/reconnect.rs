@@ -282,17 +282,9 @@ mod tests {
 
     #[test]
     fn an_attempt_is_bounded() {
-        assert_eq!(
-            attempt_budget(Duration::from_millis(10)),
-            Duration::from_millis(250)
-        );
-        assert_eq!(
-            attempt_budget(Duration::from_millis(100)),
-            Duration::from_millis(500)
-        );
-        assert_eq!(
-            attempt_budget(Duration::from_secs(60)),
-            Duration::from_secs(5)
-        );
+        let ms = Duration::from_millis;
+        for (timeout, budget) in [(10, 250), (100, 500), (60_000, 5_000)] {
+            assert_eq!(attempt_budget(ms(timeout)), ms(budget), "{timeout} ms");
+        }
     }
 }

@@ -289,26 +289,14 @@ mod tests {
 
     #[test]
     fn redirections_name_their_node() {
-        assert_eq!(
-            redirection(&reply("ASK 3999 127.0.0.1:6381")),
-            Some(Redirection::Ask {
-                host: "127.0.0.1".into(),
-                port: 6381
-            })
-        );
-        assert_eq!(
-            redirection(&reply("MOVED 3999 ::1:6381")),
-            Some(Redirection::Moved {
-                host: "::1".into(),
-                port: 6381
-            })
-        );
-        assert_eq!(
-            redirection(&reply(
-                "TRYAGAIN Multiple keys request during rehashing of slot"
-            )),
-            Some(Redirection::TryAgain)
-        );
+        let (host, port) = ("127.0.0.1".to_owned(), 6381);
+        let ask = redirection(&reply("ASK 3999 127.0.0.1:6381"));
+        assert_eq!(ask, Some(Redirection::Ask { host, port }));
+        let (host, port) = ("::1".to_owned(), 6381);
+        let moved = redirection(&reply("MOVED 3999 ::1:6381"));
+        assert_eq!(moved, Some(Redirection::Moved { host, port }));
+        let busy = reply("TRYAGAIN Multiple keys request during rehashing of slot");
+        assert_eq!(redirection(&busy), Some(Redirection::TryAgain));
         assert_eq!(redirection(&reply("ERR unknown command")), None);
         assert_eq!(redirection(&reply("ASK garbage")), None);
     }

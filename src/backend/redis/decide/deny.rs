@@ -301,12 +301,8 @@ mod tests {
         assert_eq!(r.decision.retry_after, Some(Duration::from_millis(500)));
         let now = Instant::now();
         cache.insert("k", 3, r, now, 0);
-        assert_eq!(
-            get("k", 3, now + Duration::from_millis(299))
-                .unwrap()
-                .remaining,
-            1
-        );
+        let held = get("k", 3, now + Duration::from_millis(299));
+        assert_eq!(held.unwrap().remaining, 1);
         assert!(get("k", 3, now + Duration::from_millis(300)).is_none());
         // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
         cache.insert("c", 3, rejection(3, 1, 2900, true), now, 0);

@@ -220,10 +220,8 @@ mod tests {
         failing.record(true, Some(oom.to_owned()));
         let (error, _) = failing.current().unwrap();
         assert!(error.starts_with("OOM"), "{error}");
-        assert!(
-            failing.reachability().0 && !failing.lost(),
-            "an error reply is an answer"
-        );
+        let answered = failing.reachability().0 && !failing.lost();
+        assert!(answered, "an error reply is an answer");
         // The error now, not the first one.
         failing.record(false, Some("timed out".to_owned()));
         assert_eq!(failing.current().unwrap().0, "timed out");
@@ -232,9 +230,7 @@ mod tests {
         assert_eq!(failing.current(), None);
         assert!(!failing.wants_probe());
         assert_eq!(failing.path_name(), "lua");
-        assert_eq!(
-            Recorder::new(RedisMode::Auto, "test", Clock::new()).path_name(),
-            "unknown"
-        );
+        let auto = Recorder::new(RedisMode::Auto, "test", Clock::new());
+        assert_eq!(auto.path_name(), "unknown");
     }
 }

@@ -388,23 +388,16 @@ mod tests {
 
     #[test]
     fn quotas_map_to_whole_second_periods_at_the_same_rate() {
-        assert_eq!(cell(Quota::per_second(5)), Some((4, 5, 1)));
-        assert_eq!(
-            cell(Quota::cl_throttle(15, 30, Duration::from_secs(60))),
-            Some((15, 30, 60))
-        );
-        assert_eq!(
-            cell(Quota::per_period(5, Duration::from_millis(500))),
-            Some((4, 10, 1))
-        );
-        assert_eq!(
-            cell(Quota::per_period(1, Duration::from_millis(1500))),
-            Some((0, 2, 3))
-        );
-        assert_eq!(
-            cell(Quota::per_period(3, Duration::from_millis(700))),
-            Some((2, 30, 7))
-        );
-        assert_eq!(cell(Quota::per_day(1000)), Some((999, 1000, 86_400)));
+        let ms = Duration::from_millis;
+        for (quota, sent) in [
+            (Quota::per_second(5), (4, 5, 1)),
+            (Quota::cl_throttle(15, 30, ms(60_000)), (15, 30, 60)),
+            (Quota::per_period(5, ms(500)), (4, 10, 1)),
+            (Quota::per_period(1, ms(1500)), (0, 2, 3)),
+            (Quota::per_period(3, ms(700)), (2, 30, 7)),
+            (Quota::per_day(1000), (999, 1000, 86_400)),
+        ] {
+            assert_eq!(cell(quota), Some(sent), "{quota:?}");
+        }
     }
 }
