@@ -1,6 +1,5 @@
-//! `RedisBackendBuilder`: the settings of a Redis backend, their validation, and the start-up work of
-//! `connect` and `build` (open the connection, then load the script or detect the module where the
-//! answer picks the path; or leave that to the background task).
+//! `RedisBackendBuilder`: a Redis backend's settings, their validation, and the start-up work of
+//! `connect` (connect and set up) and `build` (leave that to background tasks).
 
 use std::fmt;
 use std::time::Duration;
@@ -107,9 +106,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Use this client (for instance one built with custom TLS certificates): one server, kept
-    /// connected by this backend as a [`url`](Self::url) is (after failovers too), with this
-    /// backend's timeout. A client names one server, so [`cluster`](Self::cluster) does not apply.
+    /// Use this client (one built with custom TLS certificates, say): one server, kept connected as
+    /// a [`url`](Self::url) is, whatever [`cluster`](Self::cluster) says.
     pub fn client(mut self, client: Client) -> Self {
         self.target = Some(Start::Server(Source::Client(Box::new(client))));
         self
@@ -151,9 +149,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Use this connection manager as it is, under this backend's timeout. redis-rs reconnects it
-    /// after I/O errors only (not after a failover by demotion): prefer [`url`](Self::url),
-    /// [`client`](Self::client) or [`sentinel`](Self::sentinel).
+    /// Use this connection manager as it is: redis-rs reconnects it after I/O errors only (not after
+    /// a failover by demotion), so prefer [`url`](Self::url) or [`sentinel`](Self::sentinel).
     pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
         self.target = Some(Start::Other(Target::Manager(manager)));
         self

@@ -1,11 +1,9 @@
 //! The Redis backend: one limiter shared by every process that talks to the same Redis.
 //!
 //! `RedisBackend` (here) is a handle on a shared [`RedisState`](state::RedisState), made by
-//! [`builder`]. The files, by what they do (each folder's header says more): [`conn`] reaches
-//! Redis; [`health`] guards against its failures and reports them; [`wire`] is what Redis is sent
-//! (keys, arguments, the Lua scripts); [`decide`] decides (checks, settles, leases, peek, reset);
-//! [`speedup`] coalesces checks and leases budgets; [`resets`] and [`records`] are what the
-//! processes share, [`state`] what every clone of one backend shares.
+//! [`builder`]. [`conn`] reaches Redis; [`health`] guards against its failures and reports them;
+//! [`wire`] is what Redis is sent; [`decide`] decides; [`speedup`] coalesces checks and leases
+//! budgets; [`resets`] and [`records`] are what the processes share.
 //!
 //! `scripts/import_cycles.py` checks that no two files import each other, directly or not.
 
@@ -224,8 +222,8 @@ impl Liveness {
 
 // Beside the type it makes: builder.rs need not know `RedisBackend`.
 impl RedisBackendBuilder {
-    /// Checks the settings, connects, and sets up the path (the script loaded, the module detected
-    /// where the mode asks): the eager, fail-fast start ([guide](crate::guide::redis#starting-and-reconnecting)).
+    /// Checks the settings, connects and sets up the path: the eager, fail-fast start
+    /// ([guide](crate::guide::redis#starting-and-reconnecting)).
     ///
     /// Fails when the settings are invalid (the message names the setting), when Redis cannot be
     /// reached, or when `Cell` mode is asked of a server without the module.

@@ -165,9 +165,8 @@ async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Resul
     }
 }
 
-/// The end of the listener's first attempt to subscribe, which
-/// [`connect`](super::RedisBackendBuilder::connect) waits for, so that nothing it returns to is
-/// cached before the first subscription dropped the caches. The first failure is logged.
+/// The end of the first attempt to subscribe, which `connect` waits for (nothing it returns to is
+/// cached before the first subscription dropped the caches). The first failure is logged.
 struct FirstAttempt(Option<oneshot::Sender<()>>);
 
 impl FirstAttempt {

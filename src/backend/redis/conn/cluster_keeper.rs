@@ -70,9 +70,8 @@ fn attempt_cluster(
     })
 }
 
-/// A connection to the Cluster once it has formed. The slot map of a connection made before the
-/// slots were assigned is empty, so the connection that goes into service is a second one, made
-/// after `CLUSTER INFO` said `cluster_state:ok`.
+/// A connection to the Cluster once formed: a second one, made after `CLUSTER INFO` said so (the
+/// slot map of one made before the slots were assigned is empty).
 async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnection, AttemptError> {
     let failed = |doing: &str, e: RedisError| {
         AttemptError::described(match configuration_error(&e, target, doing) {

@@ -1,6 +1,5 @@
-//! [`ClusterNodes`]: a Cluster's slot map as this backend keeps it (from `CLUSTER SLOTS`, read in
-//! the background by slot_watch.rs), and a circuit breaker per primary, so that a dead primary
-//! costs its own slots' decisions the failure policy, at once, and nothing else.
+//! [`ClusterNodes`]: a Cluster's slot map as this backend keeps it (slot_watch.rs reads it), and a
+//! breaker per primary, so that a dead primary costs only its own slots' decisions, at once.
 //!
 //! Why our own map: redis-rs 1.8.1 sends a request for a slot whose primary has no connection to a
 //! random node (`get_random_connection`, src/cluster_handling/async_connection/mod.rs:922; the
@@ -301,9 +300,8 @@ pub(crate) type Shard = (String, u16);
 /// Slot ranges, inclusive.
 pub(crate) type Ranges = Vec<(u16, u16)>;
 
-/// The primaries and their slot ranges from a `CLUSTER SLOTS` reply: `[[start, end, [host, port,
-/// id...], replicas...]...]`. A range whose primary has no usable address (an empty host, or `?`)
-/// is left out: its keys go without a node breaker until a later map names it.
+/// The primaries and their slot ranges from a `CLUSTER SLOTS` reply; a range whose primary has no
+/// address (empty, `?`) is left out, its keys without a breaker until a later map names one.
 pub(crate) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
     let Value::Array(ranges) = reply else {
         return None;

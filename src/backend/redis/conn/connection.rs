@@ -18,9 +18,8 @@ use crate::backend::redis::health::breaker::Breaker;
 use crate::backend::redis::wire::mode::{path_of, RedisMode, CELL, LUA, UNKNOWN};
 use crate::error::{redact_url, BackendError};
 
-/// What the builder was given to reach Redis but a server this crate reconnects (a [`Source`]):
-/// URLs (one server's, or with `cluster` a Cluster's seeds; builder.rs tells them apart), a Cluster
-/// client or connection, or a user's connection manager: redis-rs reconnects them.
+/// What the builder was given to reach Redis, but a [`Source`]: URLs (one server's, or a Cluster's
+/// seeds: builder.rs tells), or what redis-rs reconnects (a Cluster's, a connection manager).
 pub(crate) enum Target {
     Urls(Vec<String>),
     Manager(ConnectionManager),

@@ -1,6 +1,5 @@
-//! The task that keeps a [`SingleServer`] connected while its backend lives (connect, wait for the
-//! connection to drop, connect again with backoff, each transition logged once), and the keepers'
-//! one retry loop.
+//! The task that keeps a [`SingleServer`] connected while its backend lives, each transition logged
+//! once, and the keepers' one retry loop.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -10,9 +10,8 @@
 //! 9 to 13 % of a migrating key's decisions failed). This can go once redis-rs pipelines `ASKING`
 //! with the redirected command.
 //!
-//! What Redis Cluster refuses stays refused: a multi-key command on a migrating slot with a key
-//! missing on the node asked (`TRYAGAIN` until it has moved), `ASK` to a node redis-rs does not
-//! know yet.
+//! What Redis Cluster refuses stays refused: a multi-key command with a key missing on the node
+//! asked (`TRYAGAIN` until the slot has moved), `ASK` to a node redis-rs does not know yet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,9 +123,8 @@ async fn command(
                 redirects += 1;
                 asking(cluster, cmd, host, port).await
             }
-            // Named twice in a row, the node is the slot's owner that redis-rs cannot reach (a
-            // dead primary, until its replica is promoted): another try would only cost another
-            // slot refresh.
+            // Named twice in a row, the node is an owner redis-rs cannot reach (a dead primary):
+            // another try would only cost another slot refresh.
             Some(Redirection::Moved { host, port })
                 if redirects < MAX_REDIRECTS
                     && last_moved.as_ref() != Some(&(host.clone(), port)) =>

@@ -281,9 +281,8 @@ impl SingleServer {
         )
     }
 
-    /// With Sentinel, asks which server is the primary (every second while connected): after a
-    /// failover the old primary may accept writes for seconds until it is demoted, and those
-    /// decisions would be lost. A different answer drops the connection.
+    /// With Sentinel, asks which server is the primary (every second): a different answer drops the
+    /// connection, as an old primary may take writes for seconds before its demotion, then lose them.
     pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
         let Some(named) = source.primary_address(self.timeout).await else {

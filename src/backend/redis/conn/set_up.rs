@@ -1,7 +1,6 @@
-//! The one set-up after every connect (one server's, each reconnection too; a Cluster's; a user's
-//! connection manager's), before the connection is put in service ([`in_service`]): detect
-//! redis-cell where the mode reads it, refuse mode `cell` without it, load the GCRA script. A
-//! failure fails the attempt alike everywhere: `connect` returns it, the keepers retry.
+//! The one set-up after every connect, before the connection is put in service ([`in_service`]):
+//! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the GCRA script.
+//! A failure fails the attempt alike everywhere: `connect` returns it, the keepers retry.
 
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;

@@ -3,8 +3,6 @@
 //! replica takes its slots within ~100 ms of the announcement), at once when a call found a node
 //! unreachable. Asked with random routing, which redis-rs answers on a connected node without
 //! refreshing its own map. With seed URLs it also probes open nodes (cluster_nodes.rs says why).
-//!
-//! [`ClusterNodes`]: super::cluster_nodes::ClusterNodes
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

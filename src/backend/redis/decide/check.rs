@@ -218,9 +218,8 @@ impl RedisState {
         guarded(&self.breaker, &slot_key, self.timeout, decide)
     }
 
-    /// The limits script's call (`quantity` units under each limit, or `each[i]`, adding units named
-    /// by `token`), or why it cannot enforce one. The first limit's penalty takes the GCRA path's
-    /// keys: a policy's ban holds whatever its algorithm.
+    /// The limits script's call (`quantity` units each, or `each[i]`, named by `token`), or why it
+    /// cannot. The first limit's penalty takes the GCRA path's keys (a ban holds for any algorithm).
     pub(crate) fn limits_call(
         &self,
         limits: &[Limit],

@@ -31,9 +31,8 @@ pub(crate) struct Rejection {
     pub(crate) until_retry: bool,
 }
 
-/// Limited keys and until when they stay limited, for requests of the same cost and quota. This
-/// never admits anything, across processes too: their admissions only move a key's TAT later. (A
-/// key deleted or rebased in Redis by hand is still refused here until then.)
+/// Limited keys and until when, for requests of the same cost and quota: it never admits, as other
+/// processes only move a TAT later (a key deleted in Redis by hand is refused here until then).
 pub(crate) struct DenyCache {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,

@@ -43,9 +43,8 @@ impl Leases {
         }
     }
 
-    /// A fresh token, never 0, naming the units one call adds: unique within the process (a
-    /// bijection of a counter and a random seed), so that releases never remove another request's
-    /// slots; across processes, colliding with probability 2^-64.
+    /// A fresh token, never 0, naming one call's units: unique in the process (a bijection of a
+    /// counter and a seed), so no release removes another's; across processes, 2^-64 to collide.
     pub(crate) fn next_token(&self) -> u64 {
         loop {
             let n = self.next.fetch_add(1, Ordering::Relaxed);

@@ -35,8 +35,7 @@ pub(crate) fn refund(
     send(state, limits, key, |_| back, since);
 }
 
-/// Settles `deltas[i]` units under `limits[i]` for `key` (see
-/// [`Backend::settle`](crate::backend::Backend::settle)): negative gives back as a refund does,
+/// Settles `deltas[i]` units under `limits[i]` for `key`: negative gives back as a refund does,
 /// positive charges a metered GCRA limit (into debt, up to its cap), 0 leaves the limit alone.
 pub(crate) fn settle(
     state: &Arc<RedisState>,
@@ -87,9 +86,8 @@ fn send(
     if items.is_empty() {
         return;
     }
-    // A cached rejection no longer tells the truth: less limited after a refund, a later retry
-    // time after a charge. Forgotten: the next check asks Redis (another process's cache only
-    // refuses more).
+    // A cached rejection no longer tells the truth (less limited, or a later retry time): the next
+    // check asks Redis (another process's cache only refuses more).
     if let Some(deny) = &state.deny {
         for (spec, _) in &items {
             deny.forget(&spec.key);

@@ -1,6 +1,5 @@
 //! [`Attempts`]: what a connection's keeper records of its attempts, for `health()` and
-//! `first_attempt()`: how many ended, where it connected last, the last error, and whether the last
-//! attempt failed on the configuration.
+//! `first_attempt()`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

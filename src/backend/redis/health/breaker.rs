@@ -279,9 +279,8 @@ mod tests {
         RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
     }
 
-    /// A timeout after the key's node answered `TRYAGAIN` (told by redirect.rs, from any task: a
-    /// batch's included) is the migrating slot's: the node's breaker stays closed. Without it, a
-    /// timeout is one.
+    /// A timeout after the key's node answered `TRYAGAIN` (to any task) is the migrating slot's: the
+    /// node's breaker stays closed. Without it, a timeout opens it.
     #[tokio::test(start_paused = true)]
     async fn a_timeout_after_tryagain_is_the_migrating_slots() {
         let clock = Clock::new();

@@ -1,7 +1,6 @@
-//! [`Circuit`]: a circuit breaker's state machine, for one server's breaker (breaker.rs) and each
-//! Cluster node's (cluster_nodes.rs). A call that fails to reach Redis opens it for 50 ms; then one
-//! call probes while the others fail fast; a failed probe keeps it open twice as long (up to
-//! 500 ms); any answer closes it.
+//! [`Circuit`]: a circuit breaker's state machine (breaker.rs, cluster_nodes.rs). A call that fails
+//! to reach Redis opens it for 50 ms; then one call probes while the others fail fast; a failed
+//! probe keeps it open twice as long (up to 500 ms); any answer closes it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;

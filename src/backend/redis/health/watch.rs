@@ -50,12 +50,12 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
             }
             if Instant::now() >= next_memory {
                 read_once |= read_memory(&state).await.is_ok();
-                next_memory = Instant::now()
-                    + if read_once {
-                        MEMORY_EVERY
-                    } else {
-                        MEMORY_RETRY
-                    };
+                let every = if read_once {
+                    MEMORY_EVERY
+                } else {
+                    MEMORY_RETRY
+                };
+                next_memory = Instant::now() + every;
             }
         }
     });
@@ -82,6 +82,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     let (config, info) = asked;
     // An error reply (`ERR unknown command`, `NOPERM`) is a refusal; anything else: not reached.
     let refused = |e: &RedisError| e.code().is_some() && !e.is_io_error();
+    let unread = |what, e| BackendError::with_source(format!("cannot read Redis' {what}"), e);
     let (policy, maxmemory) = match config {
         Ok(value) => (policy_of(&value), maxmemory_of(&value)),
         Err(e) if refused(&e) => {
@@ -95,22 +96,12 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
             }
             (None, None)
         }
-        Err(e) => {
-            return Err(BackendError::with_source(
-                "cannot read Redis' memory settings",
-                e,
-            ))
-        }
+        Err(e) => return Err(unread("memory settings", e)),
     };
     let evicted_keys = match info {
         Ok(value) => evicted_keys_of(&value),
         Err(e) if refused(&e) => None,
-        Err(e) => {
-            return Err(BackendError::with_source(
-                "cannot read Redis' statistics",
-                e,
-            ))
-        }
+        Err(e) => return Err(unread("statistics", e)),
     };
     // Bare CL.THROTTLE only where Redis cannot refuse it for memory: it evicts instead, or has no
     // cap. Else (a cap under `noeviction`, or settings unknown) through the script.

@@ -2,8 +2,7 @@
 //! and its items' replies from the backlog the script answers, by the prelude's `gcra_step` in the
 //! same integer arithmetic: exactly what `gcra.lua` answers alone.
 //!
-//! No `use` and no paths: the Redis tests include this file as it is (as lua.rs), so they check the
-//! script through this very code.
+//! No `use` and no paths: the Redis tests include this file as it is (as lua.rs).
 
 /// A group's arguments (the script's header): `count`, negative and followed by the quota's three
 /// numbers unless they are the group before's (`last`, updated). The increment saturates at

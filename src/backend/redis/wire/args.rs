@@ -116,9 +116,8 @@ pub(crate) fn ceiling(limit: &Limit) -> u64 {
     limit.gcra().map_or(0, |params| params.ceiling())
 }
 
-/// Why the Redis backend cannot settle metered `limit`'s costs exactly, if it cannot: it must be
-/// a GCRA limit without a leased budget (a slice is granted before the cost is known), whose debt
-/// the scripts hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
+/// Why the Redis backend cannot settle metered `limit`'s costs exactly: not a GCRA limit, a leased
+/// budget (granted before the cost is known), or a debt past 2^52 ns (about 52 days).
 fn metered_error(limit: &Limit) -> Result<(), String> {
     if !limit.is_metered() {
         return Ok(());

@@ -1,5 +1,4 @@
-//! The Lua scripts' sources, assembled at build time: a shebang, the shared `prelude.lua` (the
-//! server's clock, the GCRA state and step), then the script's body.
+//! The Lua scripts' sources, assembled at build time: a shebang, `prelude.lua`, the script's body.
 //!
 //! The shebang (`#!lua`, Redis 7.0+) declares each script a writer, so Redis refuses the whole call
 //! over `maxmemory` (`OOM command not allowed…`) before it runs. Without it Redis refuses a script

@@ -14,8 +14,7 @@ pub enum RedisMode {
     #[default]
     Auto,
     /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. What it cannot
-    /// decide (peeks, oversized quantities, penalties, delays, other algorithms, stacks) runs the Lua
-    /// script.
+    /// decide (peeks, oversized quantities, penalties, delays, other algorithms, stacks) runs on Lua.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,
