@@ -4,12 +4,10 @@
 //! backend with the prefix drops its deny-cache entries and budget slices under them. What a
 //! process missed while not listening is unknown: each (new) subscription drops everything.
 //!
-//! The listener holds its own connection (pub/sub takes one whole): to the server given, or to the
-//! primary the sentinels name (a demoted primary still hears: Redis replicates `PUBLISH`); on a
-//! Cluster a RESP3 Cluster connection of its own, which redis-rs moves to the slot's new owner. A
-//! connection given as it is cannot lend one (redis-rs subscribes only with RESP3 and a push
-//! sender): such a backend listens through [`listen_with`](super::RedisBackendBuilder::listen_with),
-//! or only publishes.
+//! The listener holds a connection of its own: to the server, or the primary the sentinels name (a
+//! demoted one still hears: Redis replicates `PUBLISH`); on a Cluster, a RESP3 Cluster connection,
+//! which redis-rs moves with the slot. A connection given as it is cannot lend one (redis-rs
+//! subscribes only with RESP3 and a push sender): `listen_with` says where, or it only publishes.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -37,10 +37,8 @@ pub(super) struct RedisState {
     pub(super) budgets: Arc<Budgets>,
     /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
     pub(super) memory: MemoryWatch,
-    /// Whether `CL.THROTTLE` checks go through `cell.lua` (one at a time) rather than bare
-    /// (coalesced): while Redis may be full (the watcher saw no evicting policy nor `maxmemory 0`).
-    /// redis-cell's command is not `deny-oom`, so bare it writes past `maxmemory`; the script, a
-    /// writer (`#!lua`), is refused whole, as the Lua path is.
+    /// Whether `CL.THROTTLE` goes through `cell.lua` rather than bare (coalesced): while Redis may be
+    /// full. The command is not `deny-oom` (bare, it writes past `maxmemory`); the script is refused.
     pub(super) cell_through_script: AtomicBool,
     /// The layers told when a table of records changes (records.rs).
     pub(super) records_heard: Mutex<Vec<OnRecordsChange>>,

@@ -9,9 +9,8 @@
 //! every key waits (measured: 5 to 20 ms p99 on the healthy primaries). This map can go once
 //! redis-rs fails a dead primary's slots fast and refreshes without stopping the others.
 //!
-//! Probes: with seed URLs the task probes an open node on a connection of its own (`PING`, the
-//! seed's TLS and credentials), so no request reaches redis-rs' refresh; with a Cluster client or
-//! connection of the user's, whose settings are hidden, one request probes, as on one server.
+//! With seed URLs the task probes an open node itself (`PING` with the seed's TLS and credentials),
+//! so no request reaches that refresh; with a user's Cluster client, one request probes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

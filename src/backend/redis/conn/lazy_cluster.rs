@@ -3,10 +3,8 @@
 //! until then an error at once for every call, so that requests follow the failure policy.
 //!
 //! Why not redis-rs 1.8.1's pending connection (`get_pending_async_connection_with_config`,
-//! src/cluster_handling/client.rs:1010): its calls wait for the Cluster (each up to redis-rs' own
-//! timeouts) and it logs an error per failed slot refresh; here a call before the Cluster has
-//! formed costs nothing, and the task logs one line per transition. This can go once redis-rs'
-//! pending connection fails calls at once until the Cluster has formed.
+//! src/cluster_handling/client.rs:1010): its calls wait for the Cluster, and it logs an error per
+//! failed slot refresh. This can go once it fails calls at once until the Cluster has formed.
 
 use std::sync::{Arc, OnceLock};
 

@@ -5,8 +5,7 @@
 //! the very arithmetic that decides, on the server's clock, consuming and writing nothing (not even
 //! a rebase). Every algorithm and stack, in every mode (`CL.THROTTLE` keeps the same TAT).
 //!
-//! A reset deletes each limit's key and the first limit's penalty keys in one `DEL` (one hash tag),
-//! drops them from this process's caches, and publishes them to the others (resets.rs).
+//! A reset deletes the keys (and penalty keys) in one `DEL`, and is heard everywhere (resets.rs).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;

@@ -124,11 +124,9 @@ impl RedisState {
         self.check_limits(limits, key, quantity, each.map(<[u64]>::to_vec), token)
     }
 
-    /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds
-    /// only rejections that provably last until their retry time, whatever other processes do: a
-    /// fixed window's (no unit leaves before the boundary), a sliding log's for one unit (full, its
-    /// oldest unit leaves first, at the retry time). A sliding window's estimate, a larger
-    /// request's room and a concurrency slot may free up before: those always reach Redis.
+    /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds only
+    /// rejections that last until their retry time whatever others do: a fixed window's, a sliding
+    /// log's for one unit (its oldest leaves first). The others may free up before: Redis decides.
     fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
         // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
         let fingerprint = match (limit.algorithm(), limit.window()) {

@@ -151,11 +151,9 @@ impl DenyCache {
         }
     }
 
-    /// Remembers a rejection Redis made `at` while its numbers hold: until the retry time, and while
-    /// `remaining` stays (it grows a unit every `interval` before several units fit). From
-    /// `CL.THROTTLE` (whole seconds rounded up, an inexact reset) only to a second before the retry
-    /// time, and only if `remaining` cannot change before. Not if anything was forgotten since
-    /// `generation` (read when the call was sent): the reset's state may have limited it.
+    /// Remembers a rejection Redis made `at` while its numbers hold: until the retry time, while
+    /// `remaining` stays; from `CL.THROTTLE` (whole seconds), to a second before, if `remaining`
+    /// cannot change. Not if anything was forgotten since `generation` (read at the sending).
     pub(crate) fn insert(
         &self,
         key: &str,

@@ -130,9 +130,8 @@ impl Leases {
         }
     }
 
-    /// Removes a request's units (`token:0..quantity`) on a spawned task, past the breaker, retried
-    /// with backoff until Redis answers or the lease would have ended: it is off every request's
-    /// path, and a lost one holds a slot a whole lease. Without a runtime the lease expires.
+    /// Removes a request's units on a spawned task, past the breaker, retried until Redis answers or
+    /// the lease ends (a lost release holds a slot a whole lease; without a runtime, it expires).
     fn give_back(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;

@@ -55,9 +55,8 @@ pub(crate) fn settle(
     send(state, limits, key, |i| deltas[i], since);
 }
 
-/// One `settle.lua` call on a spawned task, bounded by the timeout. One that fails is lost (the
-/// request counted as reserved), never retried: a late refund could give back more than the request
-/// took once the units drained, and a late charge would fall on a later instant than its debt.
+/// One `settle.lua` call on a spawned task, under the timeout, never retried (a late refund could
+/// give back more than was taken, a late charge fall after its debt): one that fails is lost.
 fn send(
     state: &Arc<RedisState>,
     limits: &[Limit],

@@ -252,9 +252,8 @@ impl Outcome {
     }
 }
 
-/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` left after redirect.rs
-/// (the same node named twice: a dead primary), or `CLUSTERDOWN`; not `ASK` nor `TRYAGAIN` (a slot
-/// migrating between two live nodes).
+/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` left after redirect.rs (a
+/// dead primary), or `CLUSTERDOWN`; not `ASK` nor `TRYAGAIN` (a slot between two live nodes).
 fn slot_not_served(e: &RedisError) -> bool {
     matches!(
         e.kind(),

@@ -1,10 +1,8 @@
-//! [`Recorder`]: the one record of every call's outcome, on one clock, that health is read from:
-//! whether Redis is reachable (where no reconnecting server knows: a Cluster, a user's connection
-//! manager), whether a call lost it since `Auto` last detected the module, and whether decisions
-//! are failing (from the first error until the next success), for `health()` and the gauge
-//! `throttle_backend_up{backend, path}`. With no traffic the watcher (watch.rs) probes a failing
-//! Redis every [`PROBE_EVERY`]: a readiness check that took the instance out of service would
-//! otherwise never let a request prove it recovered.
+//! [`Recorder`]: the one record of every call's outcome, that health and the gauge read: whether
+//! Redis is reachable (where no reconnecting server knows), whether a call lost it since `Auto`
+//! detected the module, whether decisions are failing (first error to next success). With no
+//! traffic the watcher probes a failing Redis every [`PROBE_EVERY`]: a readiness check that took
+//! the instance out of service would otherwise never let a request prove it recovered.
 //!
 //! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
 

@@ -8,11 +8,9 @@
 //! - `limits.lua` (other algorithms, stacks): one `limits_batch.lua` call, an item per check; a
 //!   failed item (`WRONGTYPE`) fails alone.
 //!
-//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once (no added
-//! latency without concurrency); others wait for the next batch (up to [`MAX_BATCH`]), which leaves
-//! when a batch in flight answers or, with fewer than [`IN_FLIGHT`] in flight, once [`Lane::full`].
-//! A batch runs on a task of its own under the timeout; each check keeps its own timeout and breaker
-//! (it waits inside `guarded`), and a failed batch fails each of its checks.
+//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; others wait for
+//! the next batch, which leaves when a batch in flight answers, or once [`Lane::full`]. A batch runs
+//! on a task of its own; each check keeps its timeout and breaker (it waits inside `guarded`).
 //!
 //! One server has a lane per kind of call; a Cluster one per key (a slot's keys may be split
 //! between two nodes while it migrates; one key never is). A `limits.lua` check takes its first
@@ -103,11 +101,9 @@ struct Lane {
 
 impl Lane {
     /// Whether the waiting checks make a batch worth sending while another is in flight: as many as
-    /// in flight, or as the last batch to answer held. A batch's callers come back together, so
-    /// batches settle at about half the callers, two in flight (one call per ~25 checks at 50
-    /// callers, against ~16 with whatever waited; BENCHMARKS.md, 8); a lone check after a lone
-    /// check still leaves at once. A waiting check leaves at the latest when the batch in flight
-    /// answers (its task takes what waits).
+    /// in flight, or as the last to answer held. A batch's callers come back together, so batches
+    /// settle at half the callers, two in flight (one call per ~25 checks at 50 callers, against ~16
+    /// with whatever waited; BENCHMARKS.md, 8); a lone check after a lone check leaves at once.
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }

@@ -1,11 +1,10 @@
 //! Sliced budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
 //! one atomic call (`budget.lua`) and admits from it locally, never more than Redis granted.
 //!
-//! Per Redis key, this process keeps the units it saw in the current and previous slice TTL
-//! (hotness, the local rate) and its slice (units left, their expiry, what Redis said at the
-//! grant). A request takes from a live slice without a call; a hot key whose slice ran out asks for
-//! one sized by the local rate; a cold key, and a hot one while its slice is on its way, is decided
-//! per request. The table is bounded: when full, keys idle two slice TTLs go; new keys stay cold.
+//! Per key, this process keeps the units it saw lately (hotness, the local rate) and its slice. A
+//! request takes from a live slice; a hot key whose slice ran out asks for one sized by the local
+//! rate; a cold key, or one whose slice is on its way, is decided per request. The table is
+//! bounded: when full, keys idle two slice TTLs go; new keys stay cold.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

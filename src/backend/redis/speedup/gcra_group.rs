@@ -29,9 +29,7 @@ pub(crate) fn group_args(
 }
 
 /// Pushes `count` items' replies (`gcra.lua`'s five numbers), decided in turn from `backlog` (ns,
-/// rebased already). The script's doubles are exact here (below 2^52, an increment past the
-/// tolerance never added); this is in 128 bits: an item costing more than the tolerance is refused
-/// in both, `retry_after` -1.
+/// rebased), in 128 bits where the script's doubles are exact below 2^52: the same answers.
 pub(crate) fn push_replies(
     out: &mut Vec<[i64; 5]>,
     backlog: u64,

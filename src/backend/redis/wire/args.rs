@@ -109,9 +109,8 @@ impl Args {
     }
 }
 
-/// How far ahead of now (ns) every script reads a stored TAT as it is: the GCRA's
-/// [`ceiling`](crate::gcra::GcraParams::ceiling) (the tolerance, plus a metered limit's debt cap);
-/// beyond it, a TAT was written under another quota. 0 for the other algorithms.
+/// How far ahead (ns) the scripts read a stored TAT as it is: the GCRA's `ceiling` (beyond it, a
+/// TAT was written under another quota). 0 for the other algorithms.
 pub(crate) fn ceiling(limit: &Limit) -> u64 {
     limit.gcra().map_or(0, |params| params.ceiling())
 }
