@@ -43,12 +43,10 @@ pub use self::health::report::{RedisHealth, RedisNodeHealth};
 pub use self::wire::mode::RedisMode;
 
 /// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
-/// on one server, behind Sentinel or on a Redis Cluster. Every decision is one atomic call on the
-/// client's keys (`prefix:policy:{key}`: the braces are a Cluster hash tag), bounded by the
-/// [timeout](RedisBackendBuilder::timeout); a failure reaches the layer as a [`BackendError`], where
-/// [`OnBackendError`](crate::OnBackendError) decides. The [Redis guide](crate::guide::redis) tells
-/// how it decides (modes, stacks, metered limits, key layout, leases, budgets), fails over and
-/// reports its health, with what was measured (and an example).
+/// on one server, behind Sentinel or on a Cluster. Every decision is one atomic call on the client's
+/// keys (`prefix:policy:{key}`), bounded by the [timeout](RedisBackendBuilder::timeout); a failure
+/// reaches the layer as a [`BackendError`] ([`OnBackendError`](crate::OnBackendError) decides). The
+/// [Redis guide](crate::guide::redis) tells how it decides, fails over and reports its health.
 #[derive(Clone)]
 pub struct RedisBackend {
     state: Arc<RedisState>,

@@ -1,8 +1,7 @@
-//! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
-//! publishes the keys it deleted on `prefix:resets` (`SPUBLISH` on a Cluster: sharded pub/sub, on
-//! the channel's node only), a [reload](crate::Backend::reloaded) the limits it changed, and every
-//! backend with the prefix drops its deny-cache entries and budget slices under them. What a
-//! process missed while not listening is unknown: each (new) subscription drops everything.
+//! Resets and reloads heard by every process sharing the Redis: a reset publishes the keys it
+//! deleted on `prefix:resets` (`SPUBLISH`, sharded, on a Cluster), a reload the limits it changed;
+//! every backend drops its cached rejections and slices under them. What a process missed while
+//! not listening is unknown: each (new) subscription drops everything.
 //!
 //! The listener holds a connection of its own: to the server, or the primary the sentinels name (a
 //! demoted one still hears: Redis replicates `PUBLISH`); on a Cluster, a RESP3 Cluster connection,

@@ -1,13 +1,12 @@
 //! [`ClusterNodes`]: a Cluster's slot map as this backend keeps it (slot_watch.rs reads it), and a
 //! breaker per primary, so that a dead primary costs only its own slots' decisions, at once.
 //!
-//! Why our own map: redis-rs 1.8.1 sends a request for a slot whose primary has no connection to a
-//! random node (`get_random_connection`, src/cluster_handling/async_connection/mod.rs:922; the
-//! shard fallback serves replica reads only, src/cluster_handling/slot_map.rs:56), which answers
-//! `MOVED` to the dead primary; each `MOVED` starts a slot refresh that holds the connection map's
-//! write lock (`refresh_slots`, same file:983: a `PING` on every node, a dial of the dead one), so
-//! every key waits (measured: 5 to 20 ms p99 on the healthy primaries). This map can go once
-//! redis-rs fails a dead primary's slots fast and refreshes without stopping the others.
+//! Why our own map: redis-rs 1.8.1 sends a request for a dead primary's slot to a random node
+//! (`get_random_connection`, src/cluster_handling/async_connection/mod.rs:922; src/cluster_handling/
+//! slot_map.rs:56), which answers `MOVED`; each `MOVED` starts a slot refresh under the connection
+//! map's write lock (`refresh_slots`, same file:983: a dial of the dead node), so every key waits
+//! (5 to 20 ms p99 measured). This can go once redis-rs fails a dead primary's slots fast and
+//! refreshes without stopping the others.
 //!
 //! With seed URLs the task probes an open node itself (`PING` with the seed's TLS and credentials),
 //! so no request reaches that refresh; with a user's Cluster client, one request probes.

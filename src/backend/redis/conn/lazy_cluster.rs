@@ -1,7 +1,6 @@
 //! A Redis Cluster's connection: made at once (`connect`, a connection given as it is), or by
 //! [`build`](crate::redis::RedisBackendBuilder::build)'s background task (`cluster_keeper.rs`), and
 //! until then an error at once for every call, so that requests follow the failure policy.
-//!
 //! Why not redis-rs 1.8.1's pending connection (`get_pending_async_connection_with_config`,
 //! src/cluster_handling/client.rs:1010): its calls wait for the Cluster, and it logs an error per
 //! failed slot refresh. This can go once it fails calls at once until the Cluster has formed.

@@ -3,12 +3,10 @@
 //! resent once redis-rs has refreshed its map, `TRYAGAIN` after a short wait. The client is built
 //! with `retries(0)` (connection.rs), so redirections reach this code first.
 //!
-//! Why not redis-rs's retries: redis-rs 1.8.1 sends `ASKING` as a request of its own, awaits it,
-//! then the command (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943);
-//! under load another request's command takes the `ASKING` flag, and the command ping-pongs
-//! `MOVED`/`ASK`, each `MOVED` a slot refresh and a warning, until 16 retries are spent (measured:
-//! 9 to 13 % of a migrating key's decisions failed). This can go once redis-rs pipelines `ASKING`
-//! with the redirected command.
+//! Why not redis-rs's retries: redis-rs 1.8.1 sends `ASKING` as a request of its own, then the
+//! command (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943): under
+//! load another command takes the flag, and the command ping-pongs `MOVED`/`ASK` (9 to 13 % of a
+//! migrating key's decisions failed). This can go once redis-rs pipelines `ASKING` with it.
 //!
 //! What Redis Cluster refuses stays refused: a multi-key command with a key missing on the node
 //! asked (`TRYAGAIN` until the slot has moved), `ASK` to a node redis-rs does not know yet.

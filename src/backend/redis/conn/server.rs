@@ -1,6 +1,4 @@
-//! The crate's own reconnecting connection to one Redis server (a URL, a `Client` or Sentinel):
-//! [`SingleServer`], and where it finds the server ([`Source`]).
-//!
+//! [`SingleServer`]: the crate's own reconnecting connection to one server, found by a [`Source`].
 //! Why not redis-rs 1.8.1's `ConnectionManager`: it reconnects only after an error redis-rs counts
 //! as unrecoverable (`reconnect_if_dropped!`, src/aio/connection_manager.rs:404, by
 //! `is_unrecoverable_error`, src/errors/redis_error.rs:393), and a demoted primary answers every
@@ -9,8 +7,7 @@
 //! can go once the manager drops its connection on `READONLY`, `MASTERDOWN` and `LOADING` and asks
 //! Sentinel at each reconnect.
 //!
-//! Here those, I/O errors and stalls drop the connection, and reconnect.rs's task makes it again
-//! (set up before any decision uses it); meanwhile calls fail at once.
+//! Here those, I/O errors and stalls drop it; reconnect.rs makes it again, calls failing meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;

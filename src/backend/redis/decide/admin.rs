@@ -1,5 +1,4 @@
 //! Peek and reset on Redis: an operator's look at one key, and forgetting it.
-//!
 //! A peek runs `limits.lua` itself twice (quantity 0: how things stand; 1: whether one more would
 //! pass, and when) in one read-only script whose `redis.call` lets reads through and skips writes:
 //! the very arithmetic that decides, on the server's clock, consuming and writing nothing (not even

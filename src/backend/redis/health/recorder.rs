@@ -3,7 +3,6 @@
 //! detected the module, whether decisions are failing (first error to next success). With no
 //! traffic the watcher probes a failing Redis every [`PROBE_EVERY`]: a readiness check that took
 //! the instance out of service would otherwise never let a request prove it recovered.
-//!
 //! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};

@@ -1,9 +1,7 @@
-//! The backend's watcher: one task per backend that probes a failing Redis when no request does
-//! (recorder.rs), and reads Redis' `maxmemory-policy` and `evicted_keys` at start-up and every 30 s
-//! ([`MemoryReport`]). An evicted limiter key silently gives its client a fresh burst, and every
-//! limiter key has a TTL, so only `noeviction` keeps them: an evicting policy is logged once as a
-//! warning, evictions are counted (`throttle_redis_evicted_keys_total`) and logged, and a Redis
-//! that refuses `CONFIG GET` gets one line that says so.
+//! The backend's watcher: a task that probes a failing Redis when no request does, and reads Redis'
+//! memory settings and evictions every 30 s ([`MemoryReport`]). An evicted key silently gives its
+//! client a fresh burst, and every limiter key has a TTL, so only `noeviction` keeps them: an
+//! evicting policy is warned about once, evictions are counted and logged.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};

@@ -12,9 +12,8 @@
 //! the next batch, which leaves when a batch in flight answers, or once [`Lane::full`]. A batch runs
 //! on a task of its own; each check keeps its timeout and breaker (it waits inside `guarded`).
 //!
-//! One server has a lane per kind of call; a Cluster one per key (a slot's keys may be split
-//! between two nodes while it migrates; one key never is). A `limits.lua` check takes its first
-//! key's lane, so a lane may hold both kinds: one call per run of one kind, in arrival order.
+//! One server has a lane per kind of call; a Cluster one per key (a migrating slot's keys may be
+//! split between nodes; one key never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
 use std::mem;

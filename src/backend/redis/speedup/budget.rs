@@ -1,5 +1,5 @@
-//! Sliced budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
-//! one atomic call (`budget.lua`) and admits from it locally, never more than Redis granted.
+//! Sliced budgets for hot keys ([`Budget`]): a slice of a hot key's budget, taken in one atomic call
+//! (`budget.lua`), is admitted from locally, never more than Redis granted.
 //!
 //! Per key, this process keeps the units it saw lately (hotness, the local rate) and its slice. A
 //! request takes from a live slice; a hot key whose slice ran out asks for one sized by the local

@@ -1,7 +1,6 @@
 //! A group of `gcra_batch.lua` (a run of identical GCRA checks): its arguments ([`group_args`]),
 //! and its items' replies from the backlog the script answers, by the prelude's `gcra_step` in the
 //! same integer arithmetic: exactly what `gcra.lua` answers alone.
-//!
 //! No `use` and no paths: the Redis tests include this file as it is (as lua.rs).
 
 /// A group's arguments (the script's header): `count`, negative and followed by the quota's three

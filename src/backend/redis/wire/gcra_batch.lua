@@ -1,5 +1,4 @@
--- gcra_batch.lua: several GCRA decisions in one call (batch.rs), each exactly as gcra.lua makes it
--- (the prelude's step), answered per group of identical items rather than per item.
+-- gcra_batch.lua: GCRA decisions in one call (batch.rs), each as gcra.lua makes it, per group.
 --
 -- KEYS[g]  group g's state (gcra.lua's format). A group is a run of items with the same key, quota
 --          and quantity (a key may be in several). Items are decided in order, each on the state
@@ -24,9 +23,8 @@ local out = {}
 
 local groups = #KEYS
 
--- Every key in one MGET. It answers nil (false) for a missing key and for one of another type
--- alike: when any came back nil, one EXISTS tells whether any exists; only then is each asked
--- alone (GET, below), to fail its own items.
+-- Every key in one MGET, which answers nil for a missing key and one of another type alike: then
+-- one EXISTS tells whether any exists, and only then is each asked alone (GET), to fail its items.
 local values = redis.call('MGET', unpack(KEYS))
 local absent = nil
 for g = 1, groups do

@@ -1,5 +1,4 @@
--- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically,
--- after the prelude (prelude.lua: the clock, the GCRA state and step).
+-- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically.
 --
 -- KEYS[1..N]  each limit's state (one hash tag: one Cluster slot): GCRA, the TAT; sliding log, a
 --             ZSET of admitted units scored by time (µs); fixed window "window:count"; sliding
@@ -73,8 +72,7 @@ local function add_members(key, score, q)
   end
 end
 
--- GCRA: gcra.lua's step. A state written under another quota (beyond the ceiling) is rebased at
--- once, whatever the other limits decide (that records no request).
+-- GCRA: gcra.lua's step; another quota's state is rebased at once, whatever the others decide.
 local function gcra(key, limit, interval, tolerance, q, ceiling)
   local backlog = read_backlog(key)
   if backlog > ceiling then
@@ -127,8 +125,7 @@ local function sliding_log(key, limit, period, q)
   return {1, limit, math.max(limit - used, 0), retry, reset()}
 end
 
--- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase
--- (0: on the epoch, as every key's).
+-- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase.
 local function fixed_window(key, limit, period, q, shift)
   local at = now_us + shift
   local window = floordiv(at, period)

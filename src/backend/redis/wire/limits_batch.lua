@@ -6,11 +6,10 @@
 -- Returns per item limits.lua's reply; a failed item (WRONGTYPE) has its error's text in place of
 --         `banned`, then zeros, so that it fails alone.
 --
--- The string states (limits.lua's six accessors) go through a cache of decoded numbers: a key is
--- read once and written once, after the last item, as limits.lua's last write would (a hot key's
--- batch: one GET, one SET, no parsing per item). Sorted sets and penalty keys go per item. A cached
--- key is written out and forgotten before an item uses it otherwise, and an item naming one key
--- twice runs on Redis directly, so Redis and the cache never disagree.
+-- The string states (limits.lua's six accessors) go through a cache: a key is read once and written
+-- once, as limits.lua's last write would (a hot key's batch: one GET, one SET). A cached key is
+-- written out before an item uses it otherwise, and an item naming one key twice runs on Redis
+-- directly, so Redis and the cache never disagree. Sorted sets and penalty keys go per item.
 
 -- Per key: {kind = 0 (a = backlog), 2 (a = window, b = count) or 3 (a = window, b = current,
 -- c = previous)} as the accessors read it (a = nil: no state), `ms` once written (its expiry).
@@ -39,8 +38,7 @@ local function flush(key)
   end
 end
 
--- The entry of `key` read as `kind`: from the cache, or from Redis (a failed read, WRONGTYPE,
--- fails the item and caches nothing).
+-- The entry of `key` read as `kind`: cached, or read (a failed read fails the item, caching nothing).
 local function entry_of(key, kind)
   local entry = cache[key]
   if entry and entry.kind ~= kind then

@@ -1,10 +1,9 @@
 //! The Lua scripts' sources, assembled at build time: a shebang, `prelude.lua`, the script's body.
 //!
 //! The shebang (`#!lua`, Redis 7.0+) declares each script a writer, so Redis refuses the whole call
-//! over `maxmemory` (`OOM command not allowed…`) before it runs. Without it Redis refuses a script
-//! only at its first command that may grow memory, and lets later writes through: the sliding log
-//! and concurrency paths, which start with a `ZREMRANGEBYSCORE`, grew memory past the cap while
-//! the GCRA script was refused. Now every algorithm meets a full Redis alike.
+//! over `maxmemory` before it runs. Without it Redis refuses a script only at its first command that
+//! may grow memory: the sliding log and concurrency paths (a `ZREMRANGEBYSCORE` first) grew memory
+//! past the cap while the GCRA script was refused.
 //!
 //! No `use` and no paths but the scripts': the Redis tests include this file as it is.
 

@@ -1,5 +1,4 @@
--- tower-throttle: the prelude of every script (lua.rs): the server's clock, integer helpers, the
--- GCRA state's format and step.
+-- tower-throttle: every script's prelude (lua.rs): the clock, integer helpers, the GCRA state.
 --
 -- Time is the server's (TIME), one clock for every client: now_s (seconds since the epoch), now_us
 -- (microseconds: exact in a double until 2255), now_ns (nanoseconds within the second).

@@ -1,6 +1,5 @@
--- settle.lua: settles what a request cost, atomically, after limits.lua's body (its accessors read
--- the states as the deciding scripts do): gives back units it took
--- (counting by outcome, or a metered request that cost less), or charges a metered extra cost.
+-- settle.lua, after limits.lua's body (whose accessors it reads states with): settles a request's
+-- cost atomically, giving back units it took (by outcome, or metered) or charging a metered extra.
 --
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it.
 -- ARGV        N, since (µs: an upper bound on the time since admission), then four per limit:
