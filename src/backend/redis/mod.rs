@@ -83,8 +83,7 @@ impl RedisBackend {
         RedisBackendBuilder::new(Self::DEFAULT_PREFIX, Self::DEFAULT_TIMEOUT)
     }
 
-    /// The path decisions take now: `Some(RedisMode::Cell)` or `Some(RedisMode::Lua)`, or `None` in
-    /// `Auto` mode before the module has been detected.
+    /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
     pub fn active_path(&self) -> Option<RedisMode> {
         self.state.detector.active_path()
     }
@@ -136,9 +135,8 @@ impl RedisBackend {
         }
     }
 
-    /// Reads Redis' `maxmemory-policy` and `evicted_keys` now, as the backend does at start-up and
-    /// every 30 s (warning once about an evicting policy, counting evictions in
-    /// `throttle_redis_evicted_keys_total`); see [sizing Redis](crate::guide::redis_sizing).
+    /// Reads Redis' `maxmemory-policy` and `evicted_keys` now, as the backend does every 30 s (see
+    /// [sizing Redis](crate::guide::redis_sizing)).
     ///
     /// An error when Redis cannot be reached; what Redis refuses (`CONFIG GET`, `INFO`) is `None`.
     pub async fn memory(&self) -> Result<MemoryReport, BackendError> {
@@ -328,8 +326,7 @@ impl Backend for RedisBackend {
         true
     }
 
-    // Metered limits: a quantity per limit on the limits script (one limit alone: a plain check,
-    // on the path the mode picks), and settle.lua on a spawned task (see refund.rs).
+    // Metered limits: a quantity per limit on the limits script (one limit: a plain check).
     fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
         match (limits, quantities) {
             ([limit], [quantity]) => {

@@ -43,8 +43,7 @@ pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[St
     }
 }
 
-/// A reload changed (or removed) the limits `changed`: drops what this process cached under them,
-/// and tells the others (on a spawned task: without a tokio runtime, nobody else hears).
+/// A reload changed the limits `changed`: drops what is cached under them, and tells the others.
 pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     forget_limits(state, changed.iter().copied());
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -167,10 +166,8 @@ async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Resul
 struct FirstAttempt(Option<oneshot::Sender<()>>);
 
 impl FirstAttempt {
-    /// The listener has subscribed: what it may have missed is forgotten (the deny cache, and but
-    /// for the first subscription every slice: a slice holds units Redis already took, which a
-    /// slow first subscription would lose; at worst one slice is credited across a reset published
-    /// in that moment of start-up), and `connect` hears of it.
+    /// The listener has subscribed: what it may have missed is forgotten (the first keeps the slices:
+    /// they hold units Redis took; at worst one is credited across a reset at start-up).
     fn subscribed_on(&mut self, state: &RedisState) {
         records::heard(state, None);
         if self.0.is_some() {
@@ -200,8 +197,7 @@ impl FirstAttempt {
     }
 }
 
-/// Listens for `state`'s resets and reloads where `listen` says, for as long as the backend lives.
-/// The receiver says when the first attempt to subscribe ended; `None`: nowhere to listen.
+/// Listens where `listen` says while the backend lives; the receiver hears the first attempt end.
 pub(super) fn spawn_listener(
     mut listen: Listen,
     state: Weak<RedisState>,

@@ -30,8 +30,7 @@ pub(super) struct RedisState {
     pub(super) breaker: Arc<Breaker>,
     pub(super) deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
-    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
-    /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
+    /// Where checks wait to be coalesced (batch.rs); `None` when `coalesce` is off.
     pub(super) batches: Option<Arc<Batcher>>,
     /// Leased budgets of hot keys (budget.rs).
     pub(super) budgets: Arc<Budgets>,

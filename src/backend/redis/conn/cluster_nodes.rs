@@ -40,10 +40,8 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Whether the node answered `TRYAGAIN` since `started` (its circuit's `now_ms`): a multi-key
-    /// command on a migrating slot, retried by redirect.rs until the timeout, looks like a call to
-    /// a dead node but was answered every try, so it opens no breaker (breaker.rs). Not `ASK`
-    /// (followed at once) nor `MOVED` (a dead primary's replica says it too).
+    /// Whether the node answered `TRYAGAIN` since `started`: a multi-key command on a migrating slot,
+    /// retried until the timeout, was answered every try, so it opens no breaker (breaker.rs).
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
         self.tried_again.load(Ordering::Relaxed) >= started
     }
@@ -94,8 +92,7 @@ impl ClusterNodes {
         let _ = self.seed.set(seed);
     }
 
-    /// Whether a call on `node` may go ahead: while its breaker is open, none (the task probes)
-    /// or one at a time (the probe), as [`probe_with`](Self::probe_with) was called or not.
+    /// Whether a call on `node` may go ahead (while open: none if the task probes, else one).
     pub(crate) fn admit(&self, node: &Arc<Node>) -> Admission {
         if self.seed.get().is_some() && node.circuit.tripped() {
             return Admission::FailFast;
@@ -103,8 +100,7 @@ impl ClusterNodes {
         node.circuit.admit()
     }
 
-    /// The connection settings of `node`, for a probe of its own, and the probe's admission;
-    /// `None` when it is not due (or the task does not probe).
+    /// The settings and admission of the task's probe of `node`; `None` when none is due.
     pub(crate) fn probe(&self, node: &Arc<Node>) -> Option<(ConnectionInfo, Admission)> {
         let seed = self.seed.get()?;
         if !node.circuit.tripped() {
@@ -154,8 +150,7 @@ impl ClusterNodes {
         }
     }
 
-    /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
-    /// the breaker (says so once), or keeps it open longer after a failed probe.
+    /// A call or probe could not reach `node` (or its slots are unserved): opens its breaker.
     pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
         node.met(error);
         if node.circuit.failed(was_probe) {
@@ -204,8 +199,7 @@ impl ClusterNodes {
         }
     }
 
-    /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
-    /// (and its last error); a new one starts closed.
+    /// Puts a map in service: a node still in it keeps its breaker; a new one starts closed.
     pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let mut known: HashMap<Box<str>, Arc<Node>> = map

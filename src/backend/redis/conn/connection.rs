@@ -248,8 +248,7 @@ pub(crate) struct Detector {
     lua_first: bool,
     /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
     active: AtomicU8,
-    /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
-    /// run time, or a silent redis-rs reconnect, is noticed within this period.
+    /// In `Auto` mode, when to detect again anyway (a module loaded later, a silent reconnect).
     next_detect: AtomicU64,
 }
 
@@ -321,8 +320,8 @@ impl Detector {
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
-    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module when unknown, after a
-    /// connection failure, or every 30 s; if detection fails, the last answer stands.
+    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module when due (a failed
+    /// detection leaves the last answer).
     async fn detect_if_due(
         &self,
         conn: &mut RedisConnection,

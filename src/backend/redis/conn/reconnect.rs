@@ -24,12 +24,10 @@ const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// Attempts after a configuration error go on this slowly: someone has to fix something first.
 const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
-/// A replica where the primary should be is a failover under way for this long (retried at the
-/// usual pace, so the promotion is noticed within a second); past it, a configuration error.
+/// A replica where the primary should be is a failover under way this long; then a misconfiguration.
 const REPLICA_GRACE: Duration = Duration::from_secs(30);
 
-/// Connects once: finds the server, connects, checks it is a primary, sets it up (set_up.rs) and
-/// puts the connection in service. Returns the address.
+/// Connects once (finds the server, checks it is a primary, sets it up); returns the address.
 async fn establish(
     source: &mut Source,
     server: &SingleServer,
@@ -187,11 +185,9 @@ fn attempt_server(
     })
 }
 
-/// Tries `attempt` on `subject` (every 50 ms, backing off to 500 ms) until it connects, while the
-/// backend lives: both keepers' loop (one server's, a lazy Cluster's). Failures go to `record`. A
-/// configuration error (a replica only past [`REPLICA_GRACE`]) is said once at error level and
-/// retried every 5 s; an outage's first failure (`first`) is said once, then "still unreachable"
-/// at most every 10 s. The connected value and the attempts it took; `None`: the backend is gone.
+/// Tries `attempt` on `subject` with backoff until it connects, while the backend lives (`None`
+/// once gone). A configuration error is said once at error level and retried every 5 s; an
+/// outage's first failure (`first`) once, then "still unreachable" at most every 10 s.
 pub(crate) async fn connect_with_backoff<S, T>(
     target: &str,
     record: &Attempts,

@@ -135,9 +135,8 @@ async fn command(
                 cluster.req_packed_command(cmd).await
             }
             Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
-                // Source and target answer TRYAGAIN or `ASK` until the slot is the target's:
-                // bounded by the wait, not the redirections. The node answered: a timeout
-                // meanwhile is not a dead node's.
+                // Until the slot is the target's: bounded by the wait. The node answered: a
+                // timeout meanwhile is not a dead node's.
                 if let (Some(nodes), Some(key)) = (nodes, first_key(cmd)) {
                     nodes.tried_again(key);
                 }
@@ -153,9 +152,8 @@ async fn command(
     }
 }
 
-/// A pipeline, following redirections: whole first; if a command was redirected (redis-rs then
-/// hides which others ran), each again alone. Only for what may run twice (the backend's are
-/// reads and idempotent writes); a transaction is never split.
+/// A pipeline, following redirections: whole, then (redirected) each command alone, as redis-rs
+/// hides which ran. Only for what may run twice; a transaction is never split.
 async fn commands(
     cluster: &mut ClusterConnection,
     nodes: Option<&ClusterNodes>,

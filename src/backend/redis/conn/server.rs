@@ -22,12 +22,10 @@ use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::backend::redis::health::recorder::Clock;
 use crate::error::{redact_url, BackendError};
 
-/// A connection silent this long (and two timeouts) when a call times out is made again: a frozen
-/// or partitioned server. Shorter stalls only open the breaker (reconnecting costs as much).
+/// A connection silent this long (and two timeouts) at a call's timeout is made again (frozen).
 const STALL_LIMIT: Duration = Duration::from_secs(1);
 
-/// Where the server is found: a client (its address resolved again at every connect) or the
-/// sentinels, asked for the current primary at every connect.
+/// Where the server is found, at every connect: a client's address, or the sentinels' primary.
 pub(crate) enum Source {
     Client(Box<Client>),
     Sentinel {
@@ -182,8 +180,7 @@ impl SingleServer {
             Source::Client(client) => client.get_connection_info().redis_settings().db(),
             Source::Sentinel { .. } => 0,
         };
-        // Before any connection: rustls panics without a provider, and the task makes the
-        // connections (to the sentinels and to the primary they name).
+        // Before any connection (the task's, to sentinels too): rustls panics without a provider.
         if source.uses_tls() {
             install_crypto_provider();
         }
@@ -252,8 +249,7 @@ impl SingleServer {
         self.last_answer.store(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// The server replied: error replies come as values (`Value::ServerError`), and a `READONLY`,
-    /// `MASTERDOWN` or `LOADING` among them drops the connection.
+    /// The server replied: a `READONLY`, `MASTERDOWN` or `LOADING` among the values drops it.
     fn replied(&self, generation: u64, values: &[Value]) {
         self.answered();
         let not_primary = values.iter().find_map(|v| match v {

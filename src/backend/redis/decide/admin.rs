@@ -23,8 +23,7 @@ use crate::limit::Limit;
 /// The peek: `limits.lua` as the body of a function, under a `redis` whose writes are no-ops.
 static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
 
-/// The peek's `redis`: reads reach Redis, writes are skipped, any other command fails the script,
-/// so that a change to `limits.lua` cannot make a peek write, or read wrong, without a test failing.
+/// The peek's `redis`: reads pass, writes are skipped, others fail (a test then says so).
 const PRELUDE: &str = r#"
 -- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
 -- KEYS   the N limits' state keys, then the first limit's ban key if it has one.

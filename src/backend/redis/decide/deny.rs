@@ -10,12 +10,10 @@ use crate::decision::Decision;
 
 const SHARDS: usize = 16;
 
-/// Keys are the clients' (hostile): foldhash, seeded per process, a fraction of SipHash's cost (two
-/// hashes a check). It does not claim to resist timed collision hunts, but only keys Redis limited
-/// are entries, at most `SHARD_CAPACITY` a shard, so a collision flood stays bounded.
+/// foldhash, seeded per process: the keys are hostile, but only keys Redis limited are entries, at
+/// most `SHARD_CAPACITY` a shard, so a collision flood stays bounded (at a fraction of SipHash's cost).
 type RandomState = foldhash::fast::RandomState;
-/// Entries per shard: a dropped entry only costs a round trip, so a full shard refuses new ones
-/// (after pruning the expired) rather than grow.
+/// Entries per shard: a full one refuses new entries rather than grow (a miss costs a round trip).
 const SHARD_CAPACITY: usize = 8192;
 
 /// A rejection from Redis, with what the cache needs to know how long its numbers hold.
@@ -26,8 +24,7 @@ pub(crate) struct Rejection {
     pub(crate) tolerance: u64,
     /// From `CL.THROTTLE`: whole seconds, rounded up.
     pub(crate) whole_seconds: bool,
-    /// Its numbers hold until the retry time (a fixed window's, a full sliding log's for one unit):
-    /// `interval` and `tolerance` then only tell quotas apart.
+    /// Its numbers hold until the retry time (`interval` and `tolerance` only tell quotas apart).
     pub(crate) until_retry: bool,
 }
 

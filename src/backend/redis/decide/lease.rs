@@ -61,8 +61,7 @@ impl Leases {
         }
     }
 
-    /// Extends a request's leases every third of the lease until [`release`](Self::release) (or the
-    /// backend is dropped, or the leases are gone); a process that dies stops, and they expire.
+    /// Extends a request's leases every third of the lease until [`release`](Self::release).
     pub(crate) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;

@@ -19,8 +19,7 @@ static SETTLE: LazyLock<Script> =
 /// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
 const REFUNDABLE_KINDS: [u8; 4] = [0, 1, 2, 3];
 
-/// Gives back `quantity` units of `limits` for `key` (see
-/// [`Backend::refund`](crate::backend::Backend::refund)): [`settle`] with `-quantity` under each.
+/// Gives back `quantity` units of `limits` for `key`: [`settle`] with `-quantity` under each.
 pub(crate) fn refund(
     state: &Arc<RedisState>,
     limits: &[Limit],
@@ -96,8 +95,7 @@ fn send(
     for (spec, _) in &items {
         invocation.key(&spec.key);
     }
-    // Plus the timeout: a call answered in time ran within it of the sending (one that times out
-    // may run later, erring by that delay). Rounded up: an earlier admission only gives back less.
+    // Plus the timeout (a call ran within it of the sending); rounded up: earlier gives back less.
     let since_us = (since + state.timeout).as_nanos().div_ceil(1000) as u64;
     invocation.arg(items.len()).arg(since_us);
     for (spec, delta) in &items {

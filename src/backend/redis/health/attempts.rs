@@ -72,8 +72,7 @@ impl Attempts {
         self.record().misconfigured.clone()
     }
 
-    /// Waits until `connected` or the first attempt ended (at most `budget`): whether connected, or
-    /// the fatal configuration error it failed on (not a replica, which a failover may promote).
+    /// Waits until `connected` or the first attempt ended: whether connected, or its fatal error.
     pub(crate) async fn first_attempt(
         &self,
         budget: Duration,

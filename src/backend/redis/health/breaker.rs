@@ -15,10 +15,8 @@ use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::error::BackendError;
 
-/// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
-/// timeout (circuit.rs: open 50 ms, then one probe, doubling to 500 ms; any reply closes it). Only
-/// one server's: on a Cluster one node's trouble must not stop the others' decisions, so each
-/// primary has a breaker of its own ([`ClusterNodes`]), picked by the key's slot.
+/// Fails calls at once while Redis is unreachable, rather than each at its timeout (circuit.rs). One
+/// server's only: on a Cluster each primary has its own ([`ClusterNodes`]), picked by the slot.
 pub(crate) struct Breaker {
     /// False on a Cluster: every call is admitted, and failures open nothing.
     enabled: bool,
@@ -32,8 +30,7 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    /// A closed breaker; `nodes`: a Cluster's slot map and breakers (this one is then disabled);
-    /// `server`, the reconnecting server it guards.
+    /// A closed breaker (disabled with `nodes`, a Cluster's); `server`: the server it guards.
     pub(crate) fn new(
         timeout: Duration,
         nodes: Option<Arc<ClusterNodes>>,
@@ -116,8 +113,7 @@ impl Breaker {
     }
 }
 
-/// Runs one Redis call under the circuit breaker and the timeout, as every decision does. `key`
-/// (any the call touches: one hash tag) picks a Cluster primary's breaker.
+/// Runs one Redis call under the breaker (`key`'s primary's, on a Cluster) and the timeout.
 pub(crate) fn guarded<T, F>(
     breaker: &Arc<Breaker>,
     key: &str,

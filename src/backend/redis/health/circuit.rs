@@ -44,8 +44,7 @@ pub(crate) struct Circuit {
     open_until: AtomicU64,
     /// Failed probes in a row.
     failures: AtomicU32,
-    /// When the running probe started (ms on `clock`), 0 when none; one older than the timeout no
-    /// longer blocks the next, even if never finished nor dropped.
+    /// When the running probe started (0: none); one older than the timeout blocks nothing.
     probe_started: AtomicU64,
     probe_limit_ms: u64,
     /// When a call last got an answer: tells a timed-out call's slow node from a dead one.
@@ -95,8 +94,7 @@ impl Circuit {
         self.clock.now_ms()
     }
 
-    /// A call got an answer now (kept for [`answered_since`](Self::answered_since)). Stores only
-    /// when the millisecond changed, so busy callers mostly read a shared cache line.
+    /// A call got an answer now (stored only in a new millisecond: busy callers mostly read).
     pub(crate) fn stamp_answer(&self) {
         let now = self.now_ms();
         if self.last_answer.load(Ordering::Relaxed) < now {

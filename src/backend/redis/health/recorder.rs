@@ -108,8 +108,7 @@ impl Recorder {
         }
     }
 
-    /// From the calls alone: whether Redis is reachable (no failure to reach it, or fewer than three
-    /// in a row and an answer within a second), and the last failure.
+    /// From the calls alone: whether Redis is reachable, and the last failure.
     pub(crate) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
         let failures = self.failures_in_a_row.load(Ordering::Relaxed);
         let last_answer = self.last_answer.load(Ordering::Relaxed);

@@ -30,8 +30,7 @@ use crate::backend::redis::wire::mode::RedisMode;
 pub struct RedisHealth {
     /// Whether a connection to a primary is up.
     pub connected: bool,
-    /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection (mode
-    /// `auto` with coalescing off, which looks for the redis-cell module).
+    /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection.
     pub path: Option<RedisMode>,
     /// Whether the circuit breaker is open: calls fail fast until a probe gets through.
     pub breaker_open: bool,

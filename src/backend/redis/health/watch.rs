@@ -101,8 +101,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
         Err(e) if refused(&e) => None,
         Err(e) => return Err(unread("statistics", e)),
     };
-    // Bare CL.THROTTLE only where Redis cannot refuse it for memory: it evicts instead, or has no
-    // cap. Else (a cap under `noeviction`, or settings unknown) through the script.
+    // Bare CL.THROTTLE only where Redis cannot refuse it for memory (it evicts, or has no cap).
     let may_refuse =
         !policy.as_deref().is_some_and(MemoryReport::policy_evicts) && maxmemory != Some(0);
     state

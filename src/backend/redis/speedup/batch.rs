@@ -251,8 +251,7 @@ impl Batcher {
     /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
     async fn run(self: Arc<Self>, lane_name: Box<str>, mut batch: Vec<Waiter>) {
         let mut conn = self.conn.clone();
-        // Dropped half-way (its runtime shut down, the backend living on in another), this task
-        // must not stay counted in flight: later checks would wait, unsent, until their timeout.
+        // Dropped half-way (its runtime shut down), this task must not stay counted in flight.
         let mut unfinished = Unfinished {
             batcher: Some(self.clone()),
             lane: lane_name.clone(),
@@ -356,8 +355,7 @@ async fn send_cell(
         .collect())
 }
 
-/// One batch, in order, one call per run of one kind (runs of two kinds meet only on a Cluster's
-/// lane): each check's answer, or the error of the call it went in.
+/// One batch, one call per run of one kind: each check's answer, or its call's error.
 async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply, RedisError>> {
     let mut answers = Vec::with_capacity(batch.len());
     let mut rest = batch;

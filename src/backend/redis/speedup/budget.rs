@@ -193,8 +193,7 @@ impl Budgets {
         Local::Fetch(slice.want(budget, limit, quantity), fetching())
     }
 
-    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's, which it decides),
-    /// keeping the rest; a refill ahead (`quantity` 0) asks for at least one, and keeps them all.
+    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeping the rest.
     pub(crate) async fn fetch(
         &self,
         conn: &mut RedisConnection,

@@ -3,9 +3,8 @@
 //! same integer arithmetic: exactly what `gcra.lua` answers alone.
 //! No `use` and no paths: the Redis tests include this file as it is (as lua.rs).
 
-/// A group's arguments (the script's header): `count`, negative and followed by the quota's three
-/// numbers unless they are the group before's (`last`, updated). The increment saturates at
-/// `u64::MAX`: any past the tolerance (below 2^52) admits nothing, whatever its size.
+/// A group's arguments (the script's header; `last`: the group before's quota). The increment
+/// saturates at `u64::MAX`: any past the tolerance admits nothing, whatever its size.
 pub(crate) fn group_args(
     last: &mut Option<[u64; 3]>,
     (interval, tolerance, ceiling): (u64, u64, u64),

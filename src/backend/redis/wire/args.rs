@@ -38,8 +38,7 @@ pub(crate) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
     out
 }
 
-/// The key suffix of each algorithm: a policy whose algorithm changes reads a key of its own, never
-/// another algorithm's (a ZSET where a string was: WRONGTYPE).
+/// The key suffix of each algorithm: a changed algorithm never reads another's key (`WRONGTYPE`).
 fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Gcra => "",
@@ -62,8 +61,7 @@ pub(crate) fn penalty_args(penalty: Option<&Penalty>) -> [u64; 3] {
 #[derive(Clone, Copy)]
 pub(crate) struct Args {
     pub(crate) penalty: Option<Penalty>,
-    /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
-    /// delay, which `CL.THROTTLE` cannot express, so it always runs on Lua.
+    /// The limit delays ([`Limit::with_delay`]), which `CL.THROTTLE` cannot express: always Lua.
     pub(crate) delayed: bool,
     pub(crate) interval: u64,
     pub(crate) tolerance: u64,

@@ -8,9 +8,8 @@ use crate::error::BuildError;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RedisMode {
-    /// The default: the coalesced Lua scripts when [`coalesce`](crate::redis::RedisBackendBuilder::coalesce)
-    /// is on (the default), module or not; with coalescing off, `CL.THROTTLE` where the module is
-    /// loaded (on every primary of a Cluster), Lua otherwise. Why: [the guide](crate::guide::redis#modes).
+    /// The default: the coalesced Lua scripts when `coalesce` is on (the default); with it off,
+    /// `CL.THROTTLE` where the module is loaded, Lua otherwise ([why](crate::guide::redis#modes)).
     #[default]
     Auto,
     /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. What it cannot
