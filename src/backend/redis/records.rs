@@ -7,12 +7,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::health::breaker::guarded;
-use super::resets;
+use super::resets::{self, RECORDS};
 use super::state::RedisState;
 use crate::backend::records::{OnRecordsChange, Records, RecordsFuture};
-
-/// The first line of a records message; the table's name follows.
-pub(super) const RECORDS: &str = "!records\n";
 
 /// A Redis backend's records.
 pub(super) struct RedisRecords(pub(super) Arc<RedisState>);
@@ -65,16 +62,5 @@ impl Records for RedisRecords {
 
     fn forget_cached(&self, limits: &[&str]) {
         resets::forget_limits(&self.0, limits.iter().copied());
-    }
-}
-
-/// Tells every layer listening that `table` changed (`None`: any may have).
-pub(super) fn heard(state: &RedisState, table: Option<&str>) {
-    let heard = state
-        .records_heard
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    for on_change in heard.iter() {
-        on_change(table);
     }
 }

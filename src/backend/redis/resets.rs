@@ -23,7 +23,6 @@ use tokio::sync::oneshot;
 
 use super::conn::backoff::Backoff;
 use super::conn::connection::RedisConnection;
-use super::records::{self, RECORDS};
 use super::state::RedisState;
 
 /// The channel of `prefix`'s resets.
@@ -34,6 +33,9 @@ pub(super) fn channel(prefix: &str) -> String {
 /// The first line of a reload's message, before the limits' names; a reset's message is keys,
 /// which start with the prefix (which cannot hold `!`).
 const RELOAD: &str = "!reload";
+
+/// The first line of a message of records (records.rs) changed; the table's name follows.
+pub(super) const RECORDS: &str = "!records\n";
 
 /// Tells the other processes that `keys` were reset (best effort: resubscribing drops all).
 pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
@@ -169,7 +171,7 @@ impl FirstAttempt {
     /// The listener has subscribed: what it may have missed is forgotten (the first keeps the slices:
     /// they hold units Redis took; at worst one is credited across a reset at start-up).
     fn subscribed_on(&mut self, state: &RedisState) {
-        records::heard(state, None);
+        heard(state, None);
         if self.0.is_some() {
             if let Some(deny) = &state.deny {
                 deny.clear();
@@ -259,7 +261,7 @@ fn forget(state: &RedisState, payload: &[u8]) {
         return;
     };
     if let Some(table) = payload.strip_prefix(RECORDS) {
-        records::heard(state, Some(table));
+        heard(state, Some(table));
         return;
     }
     let mut lines = payload.split('\n');
@@ -289,6 +291,17 @@ pub(super) fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = 
         if let Some(deny) = &state.deny {
             deny.forget_prefix(&keys);
         }
+    }
+}
+
+/// Tells every layer listening that `table` changed (`None`: any may have).
+fn heard(state: &RedisState, table: Option<&str>) {
+    let heard = state
+        .records_heard
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    for on_change in heard.iter() {
+        on_change(table);
     }
 }
 
