@@ -411,7 +411,7 @@ impl Offenders {
         connection: redis::cluster_async::ClusterConnection,
         prefix: impl Into<String>,
     ) -> Self {
-        Self::redis_on(RedisConnection::Cluster(connection, None), prefix.into())
+        Self::redis_on(RedisConnection::cluster_of(connection), prefix.into())
     }
 
     /// On the Redis backend's own connection (`Config::layer` shares it).

@@ -1,6 +1,5 @@
-//! `RedisBackendBuilder`: the settings of a Redis backend, their validation, and the start-up work of
-//! `connect` and `build` (open the connection, then load the script or detect the module where the
-//! answer picks the path; or leave that to the background task).
+//! `RedisBackendBuilder`: a Redis backend's settings, their validation, and the start-up work of
+//! `connect` (connect and set up) and `build` (leave that to background tasks).
 
 use std::fmt;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
 use super::conn::cluster_keeper::spawn_cluster_keeper;
-use super::conn::connection::{cluster_client, Other, RedisConnection, Target};
+use super::conn::connection::{cluster_client, one_server, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
 use super::conn::reconnect::{connect_once, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
@@ -24,11 +23,11 @@ use super::state::RedisState;
 use super::wire::mode::RedisMode;
 use crate::error::{redact_url, BackendError};
 
-/// Builds a [`RedisBackend`](crate::redis::RedisBackend); see
-/// [`RedisBackend::builder`](crate::redis::RedisBackend::builder).
+/// Builds a [`RedisBackend`](crate::redis::RedisBackend): see its `builder()`.
 #[must_use]
 pub struct RedisBackendBuilder {
-    target: Option<Target>,
+    /// What to reach, Sentinel aside (URLs are one server's unless `cluster`: `validated` says).
+    target: Option<Start>,
     cluster: bool,
     mode: RedisMode,
     prefix: String,
@@ -84,7 +83,7 @@ impl RedisBackendBuilder {
     /// Connect to this URL: `redis://[user:password@]host:port/[db]`, `rediss://` for TLS, or
     /// `redis+unix:///path`. With [`cluster(true)`](Self::cluster), a seed node of the Cluster.
     pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.target = Some(Target::Urls(vec![url.into()]));
+        self.target = Some(Start::Other(Target::Urls(vec![url.into()])));
         self
     }
 
@@ -94,7 +93,9 @@ impl RedisBackendBuilder {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.target = Some(Target::Urls(urls.into_iter().map(Into::into).collect()));
+        self.target = Some(Start::Other(Target::Urls(
+            urls.into_iter().map(Into::into).collect(),
+        )));
         self.cluster = true;
         self
     }
@@ -105,20 +106,16 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Use this client (for instance one built with custom TLS certificates): one server, kept
-    /// connected by this backend as a [`url`](Self::url) is (after failovers too), with this
-    /// backend's timeout. A client names one server, so [`cluster`](Self::cluster) does not apply.
+    /// Use this client (one built with custom TLS certificates, say): one server, kept connected as
+    /// a [`url`](Self::url) is, whatever [`cluster`](Self::cluster) says.
     pub fn client(mut self, client: Client) -> Self {
-        self.target = Some(Target::Client(Box::new(client)));
+        self.target = Some(Start::Server(Source::Client(Box::new(client))));
         self
     }
 
-    /// Find the primary through Redis Sentinel: `sentinels` are the sentinels' URLs
-    /// (`redis://host:26379`, with `user:password@` if the sentinels ask for one, `rediss://` for
-    /// TLS to the sentinels and to the primary); `service` is the name they monitor (`mymaster`).
-    /// Every connection, the first and each after a failover, asks the sentinels for the current
-    /// primary and checks that it is one. The primary's own password, user and database:
-    /// [`sentinel_node`](Self::sentinel_node).
+    /// Find the primary through Redis Sentinel, on every connection: `sentinels` are their URLs
+    /// (`rediss://` for TLS to them and to the primary), `service` the name they monitor. The
+    /// primary's own password, user and database: [`sentinel_node`](Self::sentinel_node).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -145,45 +142,36 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// With [`sentinel`](Self::sentinel) (before or after it): how to log in to the primary the
-    /// sentinels name (redis-rs' settings: TLS mode, user, password, database, protocol). Without
-    /// it, the primary is reached with TLS when the sentinels' URLs are `rediss://`, and without a
-    /// password.
+    /// With [`sentinel`](Self::sentinel), before or after it: how to log in to the primary (TLS,
+    /// user, password, database). Without it: TLS as the sentinels' URLs say, no password.
     pub fn sentinel_node(mut self, node: SentinelNodeConnectionInfo) -> Self {
         self.sentinel_node = Some(node);
         self
     }
 
-    /// Use this connection manager as it is (its own timeouts and reconnect settings apply, under this
-    /// backend's timeout). redis-rs reconnects it after I/O errors only (resolving its host again): a
-    /// failover by demotion (`READONLY`) is not handled, nor Sentinel asked again. Prefer [`url`](Self::url),
-    /// [`client`](Self::client) or [`sentinel`](Self::sentinel), which are.
+    /// Use this connection manager as it is: redis-rs reconnects it after I/O errors only (not after
+    /// a failover by demotion), so prefer [`url`](Self::url) or [`sentinel`](Self::sentinel).
     pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
-        self.target = Some(Target::Manager(manager));
+        self.target = Some(Start::Other(Target::Manager(manager)));
         self
     }
 
     /// Use this Cluster client.
     pub fn cluster_client(mut self, client: ClusterClient) -> Self {
-        self.target = Some(Target::ClusterClient(Box::new(client)));
+        self.target = Some(Start::Other(Target::ClusterClient(Box::new(client))));
         self
     }
 
     /// Use this Cluster connection as it is.
     pub fn cluster_connection(mut self, connection: ClusterConnection) -> Self {
-        self.target = Some(Target::ClusterConnection(connection));
+        self.target = Some(Start::Other(Target::ClusterConnection(connection)));
         self
     }
 
-    /// Where to hear the other processes' resets and reloads (`SUBSCRIBE prefix:resets`), for a
-    /// backend on a [`connection_manager`](Self::connection_manager), a
-    /// [`cluster_client`](Self::cluster_client) or a [`cluster_connection`](Self::cluster_connection):
-    /// redis-rs subscribes on those only when they were built for it (RESP3, a push sender), so
-    /// without this such a backend publishes its own resets but does not hear the others'. Any
-    /// server of the Redis (on a Cluster, any node: a seed of the listener's own Cluster
-    /// connection, which subscribes with `SSUBSCRIBE` where the channel lives). A backend on a
-    /// [`url`](Self::url), [`client`](Self::client), [`cluster_urls`](Self::cluster_urls) or
-    /// [`sentinel`](Self::sentinel) listens by itself; this replaces where it would.
+    /// Where to hear the other processes' resets and reloads (`prefix:resets`): any server of the
+    /// Redis (on a Cluster, any node). Needed to hear them on a connection given as it is (a
+    /// connection manager, a Cluster client or connection), which redis-rs subscribes on only when
+    /// built for it; the others listen by themselves, and this replaces where.
     ///
     /// ```
     /// use redis::aio::ConnectionManager;
@@ -204,12 +192,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// What this backend is called in metrics: the `backend` label of the gauge
-    /// `throttle_backend_up{backend, path}`, so that an application with two Redis backends (or
-    /// a fleet with several Redis) tells which one is down. 1 to 64 printable characters. The
-    /// default is where it connects, without password: `host:port` for a server, `sentinel:` and
-    /// the service for Sentinel, the seed nodes (comma-separated) for a Cluster, and `connection`
-    /// for a connection given as it is.
+    /// The `backend` label of its metrics (`throttle_backend_up{backend, path}`): 1 to 64 printable
+    /// characters. By default where it connects, without password (`host:port`, `sentinel:service`,
+    /// the seed nodes, or `connection` for a connection given as it is).
     ///
     /// ```
     /// use tower_throttle::redis::RedisBackend;
@@ -235,34 +220,23 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The longest a decision may take, reconnecting included (default 100 ms). Past it, the call
-    /// fails with a timeout and the layer's failure policy answers the request. [`connect`](Self::connect)
-    /// itself, once at start-up, may take ten times as long (at least a second) to connect and to
-    /// load the script or detect the module.
+    /// The longest a decision may take, reconnecting included (default 100 ms); past it the layer's
+    /// failure policy answers. [`connect`](Self::connect) may take ten times as long (at least 1 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// Whether to keep a local deny cache (default `true`): once Redis limits a key, requests for it
-    /// are rejected here, without a round trip, until the retry time Redis gave (for as many units
-    /// or more), with the same numbers aged to now. Other processes can only make a key more limited,
-    /// so the cache never admits anything Redis would not. A flood from one client then costs Redis
-    /// one call per retry period. A [reset](crate::Backend::reset) through any process sharing
-    /// the Redis clears the key here too (published on `prefix:resets`); only a key deleted in Redis
-    /// by hand is refused here a while longer.
+    /// Whether to keep a local deny cache (default `true`): a key Redis limited is rejected here,
+    /// without a round trip, until the retry time Redis gave ([guide](crate::guide::redis#the-deny-cache)).
     pub fn deny_cache(mut self, on: bool) -> Self {
         self.deny_cache = on;
         self
     }
 
-    /// Whether checks that wait on the connection at the same moment go to Redis together
-    /// (default `true`): GCRA checks on the Lua path in one `gcra_batch.lua` call, the other
-    /// algorithms and stacks in one `limits_batch.lua` call, `CL.THROTTLE` checks in one pipelined
-    /// write. Each is decided exactly as alone (same decision, same stored state), in arrival
-    /// order, for a fraction of Redis's CPU; a check on an idle connection still leaves at once.
-    /// Off, every check is its own call (as before 0.2), and [`RedisMode::Auto`] takes
-    /// `CL.THROTTLE` where the module is loaded.
+    /// Whether checks that wait on the connection at the same moment go to Redis together, each
+    /// decided exactly as alone (default `true`; [guide](crate::guide::redis#modes)). Off, every
+    /// check is its own call, and [`RedisMode::Auto`] takes `CL.THROTTLE` where the module is loaded.
     ///
     /// ```
     /// use tower_throttle::redis::{RedisBackend, RedisMode};
@@ -300,10 +274,11 @@ impl RedisBackendBuilder {
                 listen.get_or_insert(Listen::Sentinel(Box::new(listener)));
                 Start::Server(source)
             }
-            (None, Some(target)) => match target.into_source(self.cluster)? {
-                Ok(source) => Start::Server(source),
-                Err(other) => Start::Other(other),
-            },
+            // (A client names one server whatever `cluster` says.)
+            (None, Some(Start::Other(Target::Urls(urls)))) if !self.cluster => {
+                Start::Server(one_server(&urls)?)
+            }
+            (None, Some(start)) => start,
             (None, None) => {
                 return Err(BackendError::new(
                     "no Redis to connect to: set a url, urls, sentinels, client or connection",
@@ -334,22 +309,19 @@ impl RedisBackendBuilder {
     }
 }
 
-/// Where a backend starts from: one server this crate reconnects, or a Cluster or user's connection
-/// manager.
+/// Where a backend starts from: one server this crate reconnects, or what redis-rs reconnects.
 pub(super) enum Start {
     Server(Source),
-    Other(Other),
+    Other(Target),
 }
 
 impl Start {
-    /// Where to listen for other processes' resets: the one server a URL or client names, or a
-    /// Cluster's seed nodes (sharded pub/sub). None for a user's connection unless
-    /// given one ([`listen_with`](RedisBackendBuilder::listen_with)); Sentinel's is made with its
-    /// source (see resets.rs).
+    /// Where to hear other processes' resets: a URL's or client's server, a Cluster's seeds; none
+    /// for a connection given as it is (Sentinel's is made with its source).
     fn reset_listeners(&self) -> Listen {
         match self {
             Start::Server(Source::Client(client)) => Listen::Nodes(vec![(**client).clone()]),
-            Start::Other(Other::Seeds(urls)) => Listen::Shard(
+            Start::Other(Target::Urls(urls)) => Listen::Shard(
                 urls.iter()
                     .filter_map(|url| url.as_str().into_connection_info().ok())
                     .collect(),
@@ -363,7 +335,7 @@ impl Start {
         match self {
             Start::Server(Source::Sentinel { service, .. }) => format!("sentinel:{service}"),
             Start::Server(source) => source.describe(),
-            Start::Other(Other::Seeds(urls)) => {
+            Start::Other(Target::Urls(urls)) => {
                 let seeds: Vec<String> = urls.iter().map(|u| address_of(u)).collect();
                 seeds.join(",")
             }
@@ -373,10 +345,7 @@ impl Start {
 
     /// Whether decisions go to a Cluster (which publishes with `SPUBLISH`).
     fn is_cluster(&self) -> bool {
-        matches!(
-            self,
-            Start::Other(Other::Seeds(_) | Other::ClusterClient(_) | Other::ClusterConnection(_))
-        )
+        matches!(self, Start::Other(t) if !matches!(t, Target::Manager(_)))
     }
 }
 
@@ -406,14 +375,13 @@ impl Settings {
         )
     }
 
-    /// How long connecting at start-up may take: a few timeouts' worth (at least a second), as this
-    /// happens once.
+    /// How long connecting at start-up may take (once): ten timeouts, at least a second.
     fn start_budget(&self) -> Duration {
         self.timeout.saturating_mul(10).max(Duration::from_secs(1))
     }
 
     /// A Cluster or a user's connection manager, connected and set up (set_up.rs).
-    async fn open_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
+    async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let budget = self.start_budget();
         let name = self.name.to_string();
         let conn = RedisConnection::open(target, self.timeout, budget).await?;
@@ -433,22 +401,21 @@ impl Settings {
         Ok(state)
     }
 
-    /// A Cluster, not connected yet (a background task connects it), or a user's connection
-    /// manager as it is.
-    fn lazy_other(self, target: Other) -> Result<Arc<RedisState>, BackendError> {
+    /// A Cluster, connected by a background task, or a connection given as it is.
+    fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let (client, described) = match target {
-            Other::Manager(manager) => return Ok(self.state_on(RedisConnection::Single(manager))),
-            Other::ClusterConnection(connection) => {
-                return Ok(self.state_on(RedisConnection::Cluster(connection, None)))
+            Target::Manager(manager) => return Ok(self.state_on(RedisConnection::Single(manager))),
+            Target::ClusterConnection(connection) => {
+                return Ok(self.state_on(RedisConnection::cluster_of(connection)))
             }
-            Other::Seeds(urls) => {
+            Target::Urls(urls) => {
                 let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
                 (cluster_client(&urls, self.timeout)?, described.join(", "))
             }
-            Other::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
+            Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
         };
         let lazy = Arc::new(LazyCluster::new(described));
-        let state = self.state_on(RedisConnection::LazyCluster(lazy.clone()));
+        let state = self.state_on(RedisConnection::Cluster(lazy.clone()));
         spawn_cluster_keeper(client, lazy, Arc::downgrade(&state));
         Ok(state)
     }
@@ -468,8 +435,7 @@ impl Settings {
 }
 
 impl Validated {
-    /// [`build`](RedisBackendBuilder::build): no connection made here; a background task makes it.
-    /// A user's connection manager is used as it is; a Cluster is connected by its own task.
+    /// [`build`](RedisBackendBuilder::build): no connection made here; background tasks make it.
     pub(super) fn start_lazily(self) -> Result<Arc<RedisState>, BackendError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(BackendError::new(
@@ -493,8 +459,7 @@ impl Validated {
         Ok(state)
     }
 
-    /// [`connect`](RedisBackendBuilder::connect): connected, the script loaded and the path
-    /// detected before it returns; then (one server) kept connected by a background task.
+    /// [`connect`](RedisBackendBuilder::connect): connected and set up before it returns.
     pub(super) async fn start_eagerly(self) -> Result<Arc<RedisState>, BackendError> {
         let seed = self.seed();
         let settings = self.settings;
@@ -512,34 +477,31 @@ impl Validated {
             Start::Other(target) => settings.open_other(target).await?,
         };
         probe_with(&state, seed);
-        // Listening before it returns: what it decides from then on is cached after the first
-        // subscription dropped the caches. A listener that cannot subscribe yet keeps trying; the
-        // backend works meanwhile.
+        // Listening before it returns (resets.rs says why); one that cannot yet keeps trying.
         if let Some(first) = resets::spawn_listener(nodes, Arc::downgrade(&state)) {
             let _ = tokio::time::timeout(budget, first).await;
         }
         Ok(state)
     }
 
-    /// A Cluster's first seed URL's settings (TLS, user, password), with which its open nodes are
-    /// probed (cluster_nodes.rs); `None` for a Cluster client or connection of the user's.
+    /// A Cluster's first seed URL's settings, with which its open nodes are probed (none for a
+    /// Cluster client or connection of the user's).
     fn seed(&self) -> Option<ConnectionInfo> {
         match &self.start {
-            Start::Other(Other::Seeds(urls)) => urls.first()?.as_str().into_connection_info().ok(),
+            Start::Other(Target::Urls(urls)) => urls.first()?.as_str().into_connection_info().ok(),
             _ => None,
         }
     }
 }
 
-/// A Cluster backend started from seed URLs: its open nodes are probed on connections of its own.
+/// Seed URLs given: a Cluster's open nodes are probed on connections of their own.
 fn probe_with(state: &RedisState, seed: Option<ConnectionInfo>) {
     if let (Some(nodes), Some(seed)) = (&state.breaker.nodes, seed) {
         nodes.probe_with(seed);
     }
 }
 
-/// The sentinels' client: checks the URLs and the service name. Twice: the second one is the
-/// reset listener's (a `SentinelClient` cannot be cloned).
+/// The sentinels' client, twice (the second the reset listener's: it cannot be cloned).
 fn sentinel_source(
     sentinel: SentinelSettings,
     node: Option<SentinelNodeConnectionInfo>,
@@ -646,16 +608,6 @@ mod tests {
         let plain = SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(redis::RedisConnectionInfo::default().set_db(1));
         assert!(!tls(sentinel_source(settings(), Some(plain)).unwrap()));
-    }
-
-    #[test]
-    fn sentinel_node_may_come_first() {
-        let builder = RedisBackendBuilder::new("p", Duration::from_millis(100))
-            .sentinel_node(
-                SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure),
-            )
-            .sentinel(["redis://127.0.0.1:26379"], "mymaster");
-        assert!(builder.sentinel_node.is_some());
     }
 
     #[test]

@@ -1,20 +1,12 @@
-//! Resets and reloads heard by every process sharing the Redis: a [reset](crate::Backend::reset)
-//! publishes the keys it deleted on `prefix:resets` (`PUBLISH`; on a Cluster `SPUBLISH`, sharded
-//! pub/sub, carried only by the node that owns the channel's slot), a [reload](crate::Backend::reloaded)
-//! the names of the limits it changed, and every backend with the same prefix drops what it cached
-//! under them: deny-cache entries and budget slices (a reload changes nothing in Redis). The penalty
-//! box lives in Redis (deleted by the reset itself); a process remembers a ban only in its deny cache.
+//! Resets and reloads heard by every process sharing the Redis: a reset publishes the keys it
+//! deleted on `prefix:resets` (`SPUBLISH`, sharded, on a Cluster), a reload the limits it changed;
+//! every backend drops its cached rejections and slices under them. What a process missed while
+//! not listening is unknown: each (new) subscription drops everything.
 //!
-//! A process that was not listening when a message was published cannot know what it missed: each
-//! time the subscription is (re)made, it drops its whole deny cache and every slice.
-//!
-//! The listener holds its own connection (pub/sub takes one whole): to the server given, or to the
-//! primary the sentinels name (asked again at every subscription); a demoted primary still hears
-//! (Redis replicates `PUBLISH`). On a Cluster it is a RESP3 Cluster connection of its own
-//! (`SSUBSCRIBE`), which redis-rs moves to the slot's new owner and subscribes again after a
-//! disconnection. A user's connection manager or Cluster client/connection cannot lend one (redis-rs
-//! subscribes on those only when built with RESP3 and a push sender): such a backend listens through
-//! [`listen_with`](super::RedisBackendBuilder::listen_with), or only publishes.
+//! The listener holds a connection of its own: to the server, or the primary the sentinels name (a
+//! demoted one still hears: Redis replicates `PUBLISH`); on a Cluster, a RESP3 Cluster connection,
+//! which redis-rs moves with the slot. A connection given as it is cannot lend one (redis-rs
+//! subscribes only with RESP3 and a push sender): `listen_with` says where, or it only publishes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,15 +30,14 @@ pub(super) fn channel(prefix: &str) -> String {
     format!("{prefix}:resets")
 }
 
-/// The first line of a reload's message; the names of the limits follow, one a line. A reset's
-/// message is Redis keys, which start with the prefix (which cannot hold `!`).
+/// The first line of a reload's message, before the limits' names; a reset's message is keys,
+/// which start with the prefix (which cannot hold `!`).
 const RELOAD: &str = "!reload";
 
 /// The first line of a message of records (records.rs) changed; the table's name follows.
 pub(super) const RECORDS: &str = "!records\n";
 
-/// Tells the other processes that `keys` were reset. Best effort: the reset itself is done, and a
-/// process that misses this message drops its caches when it subscribes again.
+/// Tells the other processes that `keys` were reset (best effort: resubscribing drops all).
 pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
     let cmd = publish_cmd(conn, prefix, keys.join("\n"));
     if let Err(e) = conn.redirecting().req_packed_command(&cmd).await {
@@ -54,9 +45,7 @@ pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[St
     }
 }
 
-/// A reload changed (or removed) the limits named `changed`: drops what this process cached under
-/// them, and tells the others (on a spawned task; without a tokio runtime, only this process
-/// forgets).
+/// A reload changed the limits `changed`: drops what is cached under them, and tells the others.
 pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     forget_limits(state, changed.iter().copied());
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -100,8 +89,7 @@ pub(super) enum Listen {
     Shard(Vec<ConnectionInfo>),
 }
 
-/// What a subscription hears: its confirmation (again after each reconnection, on a Cluster), or
-/// a message's payload.
+/// What a subscription hears: its confirmation (again after a reconnection), or a message.
 enum Heard {
     Subscribed,
     Message(Vec<u8>),
@@ -134,9 +122,8 @@ impl Listen {
     }
 }
 
-/// Sharded pub/sub on a Cluster: one RESP3 Cluster connection whose pushes come here. The first
-/// `ssubscribe` push confirms the subscription, later ones a subscription made again (after a
-/// disconnection, or on the slot's new owner).
+/// Sharded pub/sub on a Cluster: one RESP3 Cluster connection whose pushes come here; each
+/// `ssubscribe` push confirms a subscription (made again after a disconnection or a move).
 async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<Hearing, String> {
     let (sender, mut pushes) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
     let client = ClusterClientBuilder::new(seeds.to_vec())
@@ -168,8 +155,7 @@ async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<He
 /// Reconnects back off from 50 ms to 1 s.
 const SUBSCRIBING: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
-/// One attempt to subscribe, bounded: a sentinel or node that accepts and never answers must not
-/// stall the listener.
+/// One attempt to subscribe, bounded: a server that never answers must not stall the listener.
 async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Result<T, String> {
     match tokio::time::timeout(Duration::from_secs(5), subscribe).await {
         Ok(subscribed) => subscribed,
@@ -177,20 +163,13 @@ async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Resul
     }
 }
 
-/// The end of the listener's first attempt to subscribe (made or failed), which
-/// [`connect`](super::RedisBackendBuilder::connect) waits for: decisions it returns to are cached
-/// after the first subscription dropped the caches, not before. The first failure is logged.
+/// The end of the first attempt to subscribe, which `connect` waits for (nothing it returns to is
+/// cached before the first subscription dropped the caches). The first failure is logged.
 struct FirstAttempt(Option<oneshot::Sender<()>>);
 
 impl FirstAttempt {
-    /// The listener has subscribed: what it may have missed is forgotten, and `connect` hears of it.
-    ///
-    /// After the first attempt, a subscription made again may follow missed resets: the deny cache
-    /// and every budget slice go. The first subscription follows nothing but this process's own
-    /// start: the deny cache goes (cheap to fill again), but the slices stay. A slice holds units
-    /// Redis has already taken from the key, so dropping one that `connect` returned before the
-    /// subscription (a slow subscription, under load) would lose them; what it can cost is one
-    /// slice credited across a reset published in that moment of start-up.
+    /// The listener has subscribed: what it may have missed is forgotten (the first keeps the slices:
+    /// they hold units Redis took; at worst one is credited across a reset at start-up).
     fn subscribed_on(&mut self, state: &RedisState) {
         heard(state, None);
         if self.0.is_some() {
@@ -220,8 +199,7 @@ impl FirstAttempt {
     }
 }
 
-/// Listens for `state`'s resets and reloads where `listen` says, for as long as the backend lives.
-/// The receiver says when the first attempt to subscribe ended; `None`: nowhere to listen.
+/// Listens where `listen` says while the backend lives; the receiver hears the first attempt end.
 pub(super) fn spawn_listener(
     mut listen: Listen,
     state: Weak<RedisState>,
@@ -241,8 +219,6 @@ pub(super) fn spawn_listener(
             match attempt(listen.subscribe(turn, &channel)).await {
                 Ok(mut hearing) => {
                     backoff = SUBSCRIBING;
-                    // Whatever was published while not subscribed is lost: each (new)
-                    // subscription forgets everything.
                     while let Some(heard) = next(&mut hearing, &state).await {
                         let Some(strong) = state.upgrade() else {
                             return;
@@ -264,8 +240,7 @@ pub(super) fn spawn_listener(
     Some(first)
 }
 
-/// The next message, or `None` when the subscription ends or the backend is gone (looked at every
-/// second while no message comes).
+/// The next message, or `None` when the subscription ends or the backend is gone.
 async fn next<T>(
     poll: &mut impl FnMut(&mut Context<'_>) -> Poll<Option<T>>,
     state: &Weak<RedisState>,
@@ -280,8 +255,7 @@ async fn next<T>(
     }
 }
 
-/// Drops what a message names from this process's deny cache and budget slices: the keys a reset
-/// deleted, or everything cached under the limits a reload changed.
+/// Drops what a message names: a reset's keys, a reload's limits, a records table's.
 fn forget(state: &RedisState, payload: &[u8]) {
     let Ok(payload) = std::str::from_utf8(payload) else {
         return;

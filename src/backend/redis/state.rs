@@ -1,6 +1,5 @@
-//! `RedisState`: what every clone of a `RedisBackend` shares (the connection, the breaker, the
-//! caches and tables), built once at connect. The ways of a check are `impl RedisState` blocks
-//! above it (check.rs), so this file sits below everything that uses the state.
+//! `RedisState`: what every clone of a `RedisBackend` shares, built once. The ways of a check are
+//! `impl RedisState` blocks above it (check.rs), so this file sits below everything that uses it.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -31,18 +30,14 @@ pub(super) struct RedisState {
     pub(super) breaker: Arc<Breaker>,
     pub(super) deny: Option<DenyCache>,
     pub(super) leases: Arc<Leases>,
-    /// Where GCRA decisions on `gcra.lua` wait to be coalesced (batch.rs); `None` when
-    /// [`coalesce`](super::RedisBackendBuilder::coalesce) is off.
+    /// Where checks wait to be coalesced (batch.rs); `None` when `coalesce` is off.
     pub(super) batches: Option<Arc<Batcher>>,
     /// Leased budgets of hot keys (budget.rs).
     pub(super) budgets: Arc<Budgets>,
     /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
     pub(super) memory: MemoryWatch,
-    /// Whether `CL.THROTTLE` checks go through `cell.lua` (one at a time) rather than as the bare
-    /// command (coalesced): while Redis may be full and refuse writes, that is while the watcher
-    /// has not seen an evicting `maxmemory-policy` or `maxmemory 0`. redis-cell does not flag
-    /// its command `deny-oom`, so Redis lets a bare `CL.THROTTLE` write past `maxmemory`; the
-    /// script, declared a writer (`#!lua`), is refused whole, as the Lua path is.
+    /// Whether `CL.THROTTLE` goes through `cell.lua` rather than bare (coalesced): while Redis may be
+    /// full. The command is not `deny-oom` (bare, it writes past `maxmemory`); the script is refused.
     pub(super) cell_through_script: AtomicBool,
     /// The layers told when a table of records changes (records.rs).
     pub(super) records_heard: Mutex<Vec<OnRecordsChange>>,
@@ -60,13 +55,13 @@ impl RedisState {
         name: &str,
     ) -> Self {
         let detector = Detector::new(mode, coalesce);
-        // On a Cluster, the slot map and breakers, which redirect.rs tells about `TRYAGAIN`.
-        // One clock for every breaker and record of the backend (a reconnecting server's too).
+        // One clock for every breaker and record (a reconnecting server's too); on a Cluster, the
+        // slot map and breakers, told about `TRYAGAIN` by redirect.rs.
         let clock = conn.server().map_or_else(Clock::new, |server| server.clock);
         let nodes = conn
             .is_cluster()
             .then(|| Arc::new(ClusterNodes::new(timeout, name, clock)));
-        let conn = conn.with_nodes(nodes.as_ref());
+        conn.set_nodes(nodes.as_ref());
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,

@@ -11,8 +11,7 @@ pub(crate) struct Backoff {
     next: Duration,
 }
 
-/// Connecting (the keeper of one server, and of a Cluster started by `build`): every 50 ms,
-/// backing off to 500 ms.
+/// Connecting (both keepers): every 50 ms, backing off to 500 ms.
 pub(crate) const CONNECTING: Backoff =
     Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
 
@@ -38,8 +37,7 @@ impl Backoff {
         wait
     }
 
-    /// The wait after `failures` failures in a row, for a caller that counts them itself: `first`
-    /// doubled that many times, at most `most`.
+    /// The wait after `failures` failures in a row (the caller counts): `first` doubled that often.
     pub(crate) fn after(&self, failures: u32) -> Duration {
         self.first
             .saturating_mul(1 << failures.min(16))

@@ -1,10 +1,7 @@
-//! The background task that connects a Cluster started by
-//! [`build`](crate::redis::RedisBackendBuilder::build) ([`LazyCluster`]): the keepers' one retry
-//! loop (reconnect.rs: every 50 ms, backing off to 500 ms, a configuration error every 5 s) until
-//! the Cluster has formed (`CLUSTER INFO` says `cluster_state:ok`: every slot assigned and served)
-//! and is set up as `connect` sets it up (set_up.rs: a failure there fails the attempt); then it
-//! puts the connection in service and ends: from then on redis-rs reconnects the Cluster's nodes by
-//! its own rules, as after [`connect`](crate::redis::RedisBackendBuilder::connect).
+//! The task that connects a Cluster started by [`build`](crate::redis::RedisBackendBuilder::build)
+//! ([`LazyCluster`]): the keepers' retry loop (reconnect.rs) until the Cluster has formed (`CLUSTER
+//! INFO` says `cluster_state:ok`) and is set up (set_up.rs); then it installs the connection and
+//! ends: redis-rs reconnects the nodes from then on, as after `connect`.
 
 use std::sync::{Arc, Weak};
 
@@ -15,11 +12,10 @@ use redis::RedisError;
 use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
 use super::reconnect::{connect_with_backoff, Attempt};
-use super::server::{attempt_budget, configuration_error, AttemptError};
+use super::server::{attempt_budget, configuration_error, within, AttemptError};
 use super::set_up::{in_service, set_up, Fresh};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
-use crate::error::BackendError;
 
 /// Connects `lazy` in the background for as long as the backend (`state`) lives.
 pub(crate) fn spawn_cluster_keeper(
@@ -63,26 +59,19 @@ fn attempt_cluster(
         let budget = attempt_budget(state.timeout);
         let attempt = async {
             let conn = formed(client, &lazy.target).await?;
-            let mut fresh = RedisConnection::Cluster(conn.clone(), None);
+            let mut fresh = RedisConnection::cluster_of(conn.clone());
             set_up(Fresh::Other(&mut fresh), &state)
                 .await
                 .map_err(|e| AttemptError::described(e.describe(&lazy.target)))?;
             Ok(conn)
         };
-        match tokio::time::timeout(budget, attempt).await {
-            Ok(result) => result,
-            Err(_) => Err(BackendError::new(format!(
-                "the Redis Cluster ({}) did not complete a connection within {budget:?}",
-                lazy.target
-            ))
-            .into()),
-        }
+        let target = || format!("the Redis Cluster ({})", lazy.target);
+        within(budget, target, attempt).await
     })
 }
 
-/// A connection to the Cluster once it has formed. The slot map of a connection made before the
-/// slots were assigned is empty, so the connection that goes into service is a second one, made
-/// after `CLUSTER INFO` said `cluster_state:ok`.
+/// A connection to the Cluster once formed: a second one, made after `CLUSTER INFO` said so (the
+/// slot map of one made before the slots were assigned is empty).
 async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnection, AttemptError> {
     let failed = |doing: &str, e: RedisError| {
         AttemptError::described(match configuration_error(&e, target, doing) {

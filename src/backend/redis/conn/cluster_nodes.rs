@@ -1,23 +1,15 @@
-//! [`ClusterNodes`]: a Redis Cluster's slot map as this backend keeps it (slot → primary, from
-//! `CLUSTER SLOTS`), and a circuit breaker per primary, so that a dead primary costs its own slots'
-//! decisions the failure policy, at once, and nothing else.
+//! [`ClusterNodes`]: a Cluster's slot map as this backend keeps it (slot_watch.rs reads it), and a
+//! breaker per primary, so that a dead primary costs only its own slots' decisions, at once.
 //!
-//! Why our own map beside redis-rs's: redis-rs 1.8.1 sends a request for a slot whose primary has
-//! no connection to a random connected node (`get_random_connection`,
-//! src/cluster_handling/async_connection/mod.rs:922; its fallback within the shard serves replica
-//! reads only, src/cluster_handling/slot_map.rs:56), which answers `MOVED` to the dead primary; each
-//! `MOVED` starts a slot refresh that holds the connection map's write lock while it runs
-//! (`refresh_slots`, src/cluster_handling/async_connection/mod.rs:983: `CLUSTER SLOTS`, a `PING` on
-//! every node, a new connection to the dead one, up to the connection timeout), so every other key
-//! waits too (measured: 5 ms to 20 ms p99 for the healthy primaries' keys). This map can go once
-//! redis-rs fails a dead primary's slots fast and refreshes its map without stopping the others.
-//! The map is refreshed in the background (slot_watch.rs), never on the request path.
+//! Why our own map: redis-rs 1.8.1 sends a request for a dead primary's slot to a random node
+//! (`get_random_connection`, src/cluster_handling/async_connection/mod.rs:922; src/cluster_handling/
+//! slot_map.rs:56), which answers `MOVED`; each `MOVED` starts a slot refresh under the connection
+//! map's write lock (`refresh_slots`, same file:983: a dial of the dead node), so every key waits
+//! (5 to 20 ms p99 measured). This can go once redis-rs fails a dead primary's slots fast and
+//! refreshes without stopping the others.
 //!
-//! Probes: with seed URLs (`cluster_urls`) the task probes an open node on a connection of its own
-//! (`PING`, the seed URL's TLS and credentials with the node's address), so no request for the dead
-//! slots reaches redis-rs, whose refresh would dial the dead node while every other request waits.
-//! With a `ClusterClient` or `ClusterConnection` of the user's, whose settings the backend cannot
-//! read, one request probes, as on one server.
+//! With seed URLs the task probes an open node itself (`PING` with the seed's TLS and credentials),
+//! so no request reaches that refresh; with a user's Cluster client, one request probes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,19 +35,13 @@ pub(crate) struct Node {
     port: u16,
     pub(crate) circuit: Arc<Circuit>,
     last_error: Mutex<Option<(String, SystemTime)>>,
-    /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never): see
-    /// [`tried_again_since`](Self::tried_again_since).
+    /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never).
     tried_again: AtomicU64,
 }
 
 impl Node {
-    /// Whether the node answered `TRYAGAIN` since `started` (its circuit's `now_ms`). A command on
-    /// several keys whose slot migrates, its keys split between two nodes, is answered `TRYAGAIN`
-    /// until the slot has moved, and redirect.rs retries it until the backend's timeout ends the
-    /// call. Such a call looks like one to a dead node, but the node answered every try: its
-    /// timeout is the migrating slot's, and opens no breaker (breaker.rs). Only `TRYAGAIN`: `ASK`
-    /// comes from a live node too, but is followed at once; `MOVED` may come from a dead
-    /// primary's replica, which says nothing of the primary.
+    /// Whether the node answered `TRYAGAIN` since `started`: a multi-key command on a migrating slot,
+    /// retried until the timeout, was answered every try, so it opens no breaker (breaker.rs).
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
         self.tried_again.load(Ordering::Relaxed) >= started
     }
@@ -74,8 +60,7 @@ struct Map {
     nodes: Vec<(Arc<Node>, Ranges)>,
 }
 
-/// The slot map and the primaries' breakers, shared by the backend's calls (which read it) and the
-/// task that refreshes it.
+/// The slot map and the primaries' breakers, read by the calls, refreshed by slot_watch.rs.
 pub(crate) struct ClusterNodes {
     map: RwLock<Map>,
     timeout: Duration,
@@ -83,8 +68,7 @@ pub(crate) struct ClusterNodes {
     name: Box<str>,
     /// Wakes the refreshing task: a node failed, the map may be stale.
     pub(crate) stale: Notify,
-    /// A seed's connection settings, when the backend was given seed URLs: the task probes open
-    /// nodes itself (see the module docs).
+    /// A seed's connection settings, given seed URLs: the task probes open nodes itself.
     seed: OnceLock<ConnectionInfo>,
     /// The backend's clock, for the nodes' breakers and records.
     clock: Clock,
@@ -103,14 +87,12 @@ impl ClusterNodes {
         }
     }
 
-    /// The backend was given seed URLs: open nodes are probed by the task, on connections made
-    /// with `seed`'s settings.
+    /// Seed URLs given: the task probes open nodes, with `seed`'s settings.
     pub(crate) fn probe_with(&self, seed: ConnectionInfo) {
         let _ = self.seed.set(seed);
     }
 
-    /// Whether a call on `node` may go ahead: while its breaker is open, none (the task probes)
-    /// or one at a time (the probe), as [`probe_with`](Self::probe_with) was called or not.
+    /// Whether a call on `node` may go ahead (while open: none if the task probes, else one).
     pub(crate) fn admit(&self, node: &Arc<Node>) -> Admission {
         if self.seed.get().is_some() && node.circuit.tripped() {
             return Admission::FailFast;
@@ -118,8 +100,7 @@ impl ClusterNodes {
         node.circuit.admit()
     }
 
-    /// The connection settings of `node`, for a probe of its own, and the probe's admission;
-    /// `None` when it is not due (or the task does not probe).
+    /// The settings and admission of the task's probe of `node`; `None` when none is due.
     pub(crate) fn probe(&self, node: &Arc<Node>) -> Option<(ConnectionInfo, Admission)> {
         let seed = self.seed.get()?;
         if !node.circuit.tripped() {
@@ -164,14 +145,12 @@ impl ClusterNodes {
                 "the Redis Cluster node answers again; its slots' decisions come from Redis"
             );
             crate::observe::cluster_node_up(&self.name, &node.address, true);
-            // Perhaps the promoted replica answered (redis-rs sent the call to another node): read
-            // the map again.
+            // Perhaps the promoted replica answered: read the map again.
             self.stale.notify_one();
         }
     }
 
-    /// A call (or a probe) could not reach `node` (or its slots are not served): `error`. Opens
-    /// the breaker (says so once), or keeps it open longer after a failed probe.
+    /// A call or probe could not reach `node` (or its slots are unserved): opens its breaker.
     pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
         node.met(error);
         if node.circuit.failed(was_probe) {
@@ -186,9 +165,8 @@ impl ClusterNodes {
         self.stale.notify_one();
     }
 
-    /// A call to `node` that began at `started` (its circuit's `now_ms`) ran out of time. A node
-    /// that answered other calls since is slow, not dead (a busy machine, a long command): only
-    /// this call fails, and the breaker stays as it is. Otherwise, as [`failed`](Self::failed).
+    /// A call to `node` begun at `started` (its circuit's `now_ms`) ran out of time: as
+    /// [`failed`](Self::failed), unless the node answered since (slow, not dead: only this fails).
     pub(crate) fn timed_out(
         &self,
         node: &Node,
@@ -213,8 +191,7 @@ impl ClusterNodes {
         map.nodes.get(usize::from(owner)).map(|(n, _)| n.clone())
     }
 
-    /// The node of `key`'s slot answered `TRYAGAIN` now (redirect.rs): its own record says it
-    /// answered ([`Node::tried_again_since`]), for every call on it under way, a batch's included.
+    /// The node of `key`'s slot answered `TRYAGAIN` now, for every call on it under way.
     pub(crate) fn tried_again(&self, key: &[u8]) {
         if let Some(node) = self.for_slot(slot_of(key)) {
             node.tried_again
@@ -222,8 +199,7 @@ impl ClusterNodes {
         }
     }
 
-    /// Puts a map read from `CLUSTER SLOTS` in service. A node still in the map keeps its breaker
-    /// (and its last error); a new one starts closed.
+    /// Puts a map in service: a node still in it keeps its breaker; a new one starts closed.
     pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let mut known: HashMap<Box<str>, Arc<Node>> = map
@@ -316,9 +292,8 @@ pub(crate) type Shard = (String, u16);
 /// Slot ranges, inclusive.
 pub(crate) type Ranges = Vec<(u16, u16)>;
 
-/// The primaries and their slot ranges from a `CLUSTER SLOTS` reply: `[[start, end, [host, port,
-/// id...], replicas...]...]`. A range whose primary has no usable address (an empty host, or `?`)
-/// is left out: its keys go without a node breaker until a later map names it.
+/// The primaries and their slot ranges from a `CLUSTER SLOTS` reply; a range whose primary has no
+/// address (empty, `?`) is left out, its keys without a breaker until a later map names one.
 pub(crate) fn parse_slots(reply: &Value) -> Option<Vec<(Shard, Ranges)>> {
     let Value::Array(ranges) = reply else {
         return None;
@@ -407,10 +382,8 @@ mod tests {
         assert!(nodes.for_key("foo").is_none());
         nodes.install(shards.clone());
         assert_eq!(&*nodes.for_key("foo").unwrap().address, "127.0.0.1:7002");
-        assert_eq!(
-            &*nodes.for_key("{123456789}").unwrap().address,
-            "127.0.0.1:7002"
-        );
+        let tagged = nodes.for_key("{123456789}").unwrap();
+        assert_eq!(&*tagged.address, "127.0.0.1:7002");
         let node = nodes.for_key("foo").unwrap();
         nodes.failed(&node, false, &"connection refused");
         assert_eq!(nodes.tripped().len(), 1);
@@ -426,10 +399,8 @@ mod tests {
         let health = nodes.health();
         assert_eq!(health[2].state, CircuitState::Open);
         assert_eq!(health[2].slots, vec![(10923, 16383)]);
-        assert_eq!(
-            health[2].last_error.as_ref().unwrap().0,
-            "connection refused"
-        );
+        let (error, _) = health[2].last_error.as_ref().unwrap();
+        assert_eq!(error, "connection refused");
         assert_eq!(health[0].state, CircuitState::Closed);
         assert!(parse_slots(&Value::Int(1)).is_none());
     }

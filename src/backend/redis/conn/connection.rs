@@ -1,6 +1,5 @@
-//! The one connection to Redis (a single server's reconnecting connection, a user's
-//! `ConnectionManager` or a Cluster's connection): where it comes from, how it is opened (TLS
-//! included), and which path it offers (redis-cell detection).
+//! The one connection to Redis (one server's own, a user's `ConnectionManager`, or a Cluster's):
+//! where it comes from, how it is opened, and which path it offers (redis-cell detection).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -19,86 +18,58 @@ use crate::backend::redis::health::breaker::Breaker;
 use crate::backend::redis::wire::mode::{path_of, RedisMode, CELL, LUA, UNKNOWN};
 use crate::error::{redact_url, BackendError};
 
-/// What the builder was given to reach Redis (Sentinel aside: always one server, a [`Source`]).
+/// What the builder was given to reach Redis, but a [`Source`]: URLs (one server's, or a Cluster's
+/// seeds: builder.rs tells), or what redis-rs reconnects (a Cluster's, a connection manager).
 pub(crate) enum Target {
     Urls(Vec<String>),
-    Client(Box<Client>),
     Manager(ConnectionManager),
     ClusterClient(Box<ClusterClient>),
     ClusterConnection(ClusterConnection),
 }
 
-/// A target redis-rs reconnects by its own rules: a Cluster (seed URLs, a client or a connection)
-/// or a user's connection manager.
-pub(crate) enum Other {
-    Seeds(Vec<String>),
-    Manager(ConnectionManager),
-    ClusterClient(Box<ClusterClient>),
-    ClusterConnection(ClusterConnection),
-}
-
-impl Target {
-    /// The way to one server that this crate reconnects itself (a URL, a client), or a Cluster or a
-    /// user's connection manager. A client names one server whatever `cluster` says:
-    /// `cluster(true).client(c)` is that server, reconnected by this crate under `connect` and
-    /// `build` alike.
-    pub(crate) fn into_source(self, cluster: bool) -> Result<Result<Source, Other>, BackendError> {
-        match self {
-            Target::Urls(urls) if !cluster => match urls.as_slice() {
-                [] => Err(BackendError::new("no Redis URL given")),
-                [url] => Client::open(url.as_str())
-                    .map(|client| Ok(Source::Client(Box::new(client))))
-                    .map_err(|e| connect_error(url, e)),
-                _ => Err(BackendError::new(
-                    "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
-                )),
-            },
-            Target::Urls(urls) => Ok(Err(Other::Seeds(urls))),
-            Target::Client(client) => Ok(Ok(Source::Client(client))),
-            Target::Manager(manager) => Ok(Err(Other::Manager(manager))),
-            Target::ClusterClient(client) => Ok(Err(Other::ClusterClient(client))),
-            Target::ClusterConnection(conn) => Ok(Err(Other::ClusterConnection(conn))),
-        }
+/// The one server `url` names.
+pub(crate) fn one_server(urls: &[String]) -> Result<Source, BackendError> {
+    match urls {
+        [] => Err(BackendError::new("no Redis URL given")),
+        [url] => Client::open(url.as_str())
+            .map(|client| Source::Client(Box::new(client)))
+            .map_err(|e| connect_error(url, e)),
+        _ => Err(BackendError::new(
+            "several Redis URLs given for one server: set cluster = true for a Redis Cluster",
+        )),
     }
 }
 
-/// The connection every call of a backend goes through. Cloning it is cheap (every kind is a handle
-/// on one shared, reconnecting connection); each call takes its own clone for the `&mut` that
-/// redis-rs asks for. It is a [`ConnectionLike`], so commands and scripts run on any kind alike.
+/// The connection every call goes through: a cheap handle on one shared connection, cloned by
+/// each call for the `&mut` redis-rs asks for; a [`ConnectionLike`], whatever its kind.
 #[derive(Clone)]
 pub(crate) enum RedisConnection {
     /// A connection manager the user gave: redis-rs reconnects it after I/O errors only.
     Single(ConnectionManager),
     /// One server (a URL, a client or Sentinel) that this crate reconnects after failovers too.
     Server(Arc<SingleServer>),
-    /// A Cluster's connection, and the backend's slot map and breakers that redirect.rs tells about
-    /// `TRYAGAIN` (none outside a backend).
-    Cluster(ClusterConnection, Option<Arc<ClusterNodes>>),
-    /// A Cluster started by `build`: its connection once the background task has made it.
-    LazyCluster(Arc<LazyCluster>),
+    /// A Cluster: its connection (at once, or once `build`'s background task has made it).
+    Cluster(Arc<LazyCluster>),
 }
 
 impl RedisConnection {
     /// Opens the connection to a Cluster or takes the user's connection manager, within `budget`.
-    /// (One server goes through [`Target::into_source`] and a [`SingleServer`] instead.)
     pub(crate) async fn open(
-        target: Other,
+        target: Target,
         timeout: Duration,
         budget: Duration,
     ) -> Result<RedisConnection, BackendError> {
-        if let Other::Seeds(urls) = &target
+        if let Target::Urls(urls) = &target
             && urls.iter().any(|u| u.starts_with("rediss:"))
         {
             install_crypto_provider();
         }
         let connecting = async {
             match target {
-                Other::Seeds(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
-                Other::Manager(manager) => Ok(RedisConnection::Single(manager)),
-                Other::ClusterClient(client) => connect_cluster(*client).await,
-                Other::ClusterConnection(connection) => {
-                    Ok(RedisConnection::Cluster(connection, None))
-                }
+                Target::Urls(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
+                Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
+                Target::ClusterClient(client) => connect_cluster(*client).await,
+                Target::ClusterConnection(connection) => Ok(Self::cluster_of(connection)),
             }
         };
         tokio::time::timeout(budget, connecting)
@@ -110,32 +81,29 @@ impl RedisConnection {
             })?
     }
 
-    /// The same connection, telling `nodes` (a Cluster's slot map) about `TRYAGAIN`.
-    pub(crate) fn with_nodes(self, nodes: Option<&Arc<ClusterNodes>>) -> Self {
-        match (self, nodes) {
-            (RedisConnection::Cluster(c, _), Some(nodes)) => {
-                RedisConnection::Cluster(c, Some(nodes.clone()))
-            }
-            (RedisConnection::LazyCluster(lazy), Some(nodes)) => {
-                let _ = lazy.nodes.set(nodes.clone());
-                RedisConnection::LazyCluster(lazy)
-            }
-            (other, _) => other,
+    /// A Cluster connected already (by `connect`, or given as it is).
+    pub(crate) fn cluster_of(connection: ClusterConnection) -> Self {
+        let cluster = LazyCluster::new(String::new());
+        cluster.install(connection);
+        RedisConnection::Cluster(Arc::new(cluster))
+    }
+
+    /// Tells `nodes` (a Cluster's slot map) about `TRYAGAIN`s.
+    pub(crate) fn set_nodes(&self, nodes: Option<&Arc<ClusterNodes>>) {
+        if let (Some(lazy), Some(nodes)) = (self.lazy_cluster(), nodes) {
+            let _ = lazy.nodes.set(nodes.clone());
         }
     }
 
     /// A Redis Cluster, rather than one server.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(
-            self,
-            RedisConnection::Cluster(..) | RedisConnection::LazyCluster(_)
-        )
+        self.lazy_cluster().is_some()
     }
 
-    /// A Cluster started by `build`, connected or not yet.
+    /// A Cluster, connected or not yet.
     pub(crate) fn lazy_cluster(&self) -> Option<&Arc<LazyCluster>> {
         match self {
-            RedisConnection::LazyCluster(lazy) => Some(lazy),
+            RedisConnection::Cluster(lazy) => Some(lazy),
             _ => None,
         }
     }
@@ -149,16 +117,10 @@ impl RedisConnection {
         }
     }
 
-    /// A handle on the Cluster's connection (`None` on one server); an error for a Cluster started
-    /// by `build` that is not connected yet.
+    /// A handle on the Cluster's connection (`None` on one server; an error before it is made).
     pub(crate) fn cluster(&self) -> Option<Result<ClusterConnection, RedisError>> {
-        match self {
-            RedisConnection::Cluster(cluster, _) => Some(Ok(cluster.clone())),
-            RedisConnection::LazyCluster(lazy) => {
-                Some(lazy.get().ok_or_else(|| lazy.not_connected()))
-            }
-            _ => None,
-        }
+        let lazy = self.lazy_cluster()?;
+        Some(lazy.get().ok_or_else(|| lazy.not_connected()))
     }
 
     /// The reconnecting server, for one server reached through a URL, a client or Sentinel.
@@ -175,8 +137,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
             RedisConnection::Server(server) => Box::pin(server.command(cmd)),
-            RedisConnection::Cluster(c, _) => c.req_packed_command(cmd),
-            RedisConnection::LazyCluster(lazy) => match lazy.get() {
+            RedisConnection::Cluster(lazy) => match lazy.get() {
                 Some(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
                 None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
             },
@@ -192,8 +153,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
-            RedisConnection::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
-            RedisConnection::LazyCluster(lazy) => match lazy.get() {
+            RedisConnection::Cluster(lazy) => match lazy.get() {
                 Some(mut c) => {
                     Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
                 }
@@ -206,8 +166,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.get_db(),
             RedisConnection::Server(server) => server.db(),
-            RedisConnection::Cluster(c, _) => c.get_db(),
-            RedisConnection::LazyCluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
+            RedisConnection::Cluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
         }
     }
 }
@@ -238,12 +197,11 @@ async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, Backe
     client
         .get_async_connection()
         .await
-        .map(|c| RedisConnection::Cluster(c, None))
+        .map(RedisConnection::cluster_of)
         .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
 }
 
-/// Whether `CL.THROTTLE` exists on this one server (`cluster`: `None`), or on every primary of
-/// `cluster`.
+/// Whether `CL.THROTTLE` exists on this server (`cluster`: `None`) or every primary of `cluster`.
 pub(crate) async fn cell_loaded<C: ConnectionLike>(
     conn: &mut C,
     cluster: Option<Result<ClusterConnection, RedisError>>,
@@ -283,16 +241,14 @@ pub(crate) fn unexpected(what: &'static str) -> RedisError {
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 
-/// The configured [`RedisMode`] and, in `Auto` mode, the path detection found: `CL.THROTTLE` where
-/// the connection offers the redis-cell module, the Lua script where it does not.
+/// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
     /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
     lua_first: bool,
     /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
     active: AtomicU8,
-    /// In `Auto` mode, when to detect again anyway (ms on the breaker's clock): a module loaded at
-    /// run time, or a reconnect that redis-rs did silently (RESP3), is noticed within this period.
+    /// In `Auto` mode, when to detect again anyway (a module loaded later, a silent reconnect).
     next_detect: AtomicU64,
 }
 
@@ -312,9 +268,7 @@ impl Detector {
         self.mode
     }
 
-    /// What connecting prepares for: `Lua` where detection could not change the path (`Lua`, and
-    /// `Auto` with coalescing on, which takes the Lua path, module or not), so no `COMMAND INFO`
-    /// round trip asks for the module; else the mode.
+    /// What connecting prepares for: `Lua` where detection cannot change the path; else the mode.
     pub(crate) fn set_up_mode(&self) -> RedisMode {
         if self.lua_first {
             RedisMode::Lua
@@ -366,8 +320,8 @@ impl Detector {
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
-    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module first when it is unknown,
-    /// after a connection failure, or every 30 s. If detection fails, the last known answer stands.
+    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module when due (a failed
+    /// detection leaves the last answer).
     async fn detect_if_due(
         &self,
         conn: &mut RedisConnection,
@@ -379,10 +333,8 @@ impl Detector {
             || breaker.recorder.lost()
             || now >= self.next_detect.load(Ordering::Relaxed)
         {
-            // The loss is forgotten only once detection has answered, so a call dropped half-way
-            // leaves it for the next one.
-            // Boxed: detection is rare (every 30 s), and its command's future would otherwise be
-            // part of every check's future, which is moved as it starts.
+            // The loss is forgotten once detection answered (a call dropped half-way leaves it).
+            // Boxed: rare, and it would otherwise swell every check's future.
             let cluster = conn.cluster();
             match Box::pin(cell_loaded(conn, cluster)).await {
                 Ok(loaded) => {

@@ -1,12 +1,9 @@
-//! A Redis Cluster started by [`build`](crate::redis::RedisBackendBuilder::build): the Cluster's
-//! connection once the background task (`cluster_keeper.rs`) has made it, and until then an error at
-//! once for every call, so that requests follow the failure policy instead of waiting.
-//!
+//! A Redis Cluster's connection: made at once (`connect`, a connection given as it is), or by
+//! [`build`](crate::redis::RedisBackendBuilder::build)'s background task (`cluster_keeper.rs`), and
+//! until then an error at once for every call, so that requests follow the failure policy.
 //! Why not redis-rs 1.8.1's pending connection (`get_pending_async_connection_with_config`,
-//! src/cluster_handling/client.rs:1010): its calls wait for the Cluster (each up to redis-rs' own
-//! timeouts) and it logs an error per failed slot refresh; here a call before the Cluster has
-//! formed costs nothing, and the task logs one line per transition. This can go once redis-rs'
-//! pending connection fails calls at once until the Cluster has formed.
+//! src/cluster_handling/client.rs:1010): its calls wait for the Cluster, and it logs an error per
+//! failed slot refresh. This can go once it fails calls at once until the Cluster has formed.
 
 use std::sync::{Arc, OnceLock};
 

@@ -1,6 +1,5 @@
-//! Reaching Redis: one server's own reconnecting connection and the task that keeps it, a
-//! Cluster's connection (started lazily or not) and its keeper, their one retry loop and backoff,
-//! the one set-up after every connect, a Cluster's slot map and redirections.
+//! Reaching Redis: one server's own connection and its keeper, a Cluster's and its keeper, their
+//! retry loop and backoff, the set-up after every connect, a Cluster's slot map and redirections.
 
 pub(crate) mod backoff;
 pub(crate) mod cluster_keeper;

@@ -1,6 +1,5 @@
-//! The background task that keeps a [`SingleServer`] connected for as long as its backend lives:
-//! connect (resolve, check the role, load the script, detect the path), then wait for the
-//! connection to drop, then connect again with backoff, logging each transition once.
+//! The task that keeps a [`SingleServer`] connected while its backend lives, each transition logged
+//! once, and the keepers' one retry loop.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +10,7 @@ use redis::{AsyncConnectionConfig, RedisError, Role};
 
 use super::backoff::CONNECTING;
 use super::server::{
-    attempt_budget, configuration_error, is_not_primary, AttemptError, SingleServer, Source,
+    attempt_budget, configuration_error, is_not_primary, within, AttemptError, SingleServer, Source,
 };
 use super::set_up::{in_service, set_up, Fresh};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
@@ -23,15 +22,12 @@ use crate::error::{redact_url, BackendError};
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
-/// After a configuration error (a wrong password, missing ACL permissions, a replica, no
-/// redis-cell in mode "cell"), attempts go on this slowly: someone has to fix something first.
+/// Attempts after a configuration error go on this slowly: someone has to fix something first.
 const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
-/// A replica where the primary should be is a failover under way for this long (retried at the
-/// usual pace, so the promotion is noticed within a second); past it, a configuration error.
+/// A replica where the primary should be is a failover under way this long; then a misconfiguration.
 const REPLICA_GRACE: Duration = Duration::from_secs(30);
 
-/// Connects once: asks the source for the server, connects, checks it is a primary, loads the
-/// script and detects the path, then puts the connection in service. Returns the address.
+/// Connects once (finds the server, checks it is a primary, sets it up); returns the address.
 async fn establish(
     source: &mut Source,
     server: &SingleServer,
@@ -84,19 +80,11 @@ pub(crate) async fn connect_once(
     state: &RedisState,
     budget: Duration,
 ) -> Result<String, AttemptError> {
-    match tokio::time::timeout(budget, establish(source, server, state)).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::new(format!(
-            "Redis ({}) did not complete a connection within {budget:?}",
-            server.target
-        ))
-        .into()),
-    }
+    let target = || format!("Redis ({})", server.target);
+    within(budget, target, establish(source, server, state)).await
 }
 
-/// Keeps `server` connected for as long as the backend (`state`) lives: connects with backoff while
-/// there is no connection, then waits until one is dropped. `connected`: the caller connected
-/// already (eager start). Logs each transition once, and "still unreachable" at most every 10 s.
+/// Keeps `server` connected while the backend lives; `connected`: already (eager start).
 pub(crate) fn spawn_keeper(
     mut source: Source,
     server: Arc<SingleServer>,
@@ -112,8 +100,7 @@ pub(crate) fn spawn_keeper(
             // Connected: wait until the connection is dropped, or the backend is.
             let mut since_sentinels = Instant::now();
             while server.connected() {
-                // While the breaker is open on a live connection (calls timed out), probe it
-                // often, so that the first calls after Redis recovers are decided there.
+                // Breaker open on a live connection (calls timed out): probe it often.
                 let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
                 let wait = if tripped {
                     CONNECTING.first()
@@ -198,14 +185,9 @@ fn attempt_server(
     })
 }
 
-/// Tries `attempt` (on `subject`) with backoff (every 50 ms, backing off to 500 ms) until it connects, for as
-/// long as the backend (`state`) lives: the one retry loop of both keepers (one server's, and a
-/// Cluster's started by `build`). Each failure is recorded in `attempts` (for `health()` and
-/// `first_attempt`). A configuration error (a wrong password, missing ACL permissions, mode "cell"
-/// without the module, a replica for longer than a failover takes) is said once at error level and
-/// retried every 5 s; the first failure of an outage (`first`) is said once, then "still
-/// unreachable" at most every 10 s. The connected value and the attempts it took; `None` once the
-/// backend is gone.
+/// Tries `attempt` on `subject` with backoff until it connects, while the backend lives (`None`
+/// once gone). A configuration error is said once at error level and retried every 5 s; an
+/// outage's first failure (`first`) once, then "still unreachable" at most every 10 s.
 pub(crate) async fn connect_with_backoff<S, T>(
     target: &str,
     record: &Attempts,
@@ -245,8 +227,7 @@ pub(crate) async fn connect_with_backoff<S, T>(
                     || replica_since.get_or_insert_with(Instant::now).elapsed()
                         >= REPLICA_GRACE =>
             {
-                // Redis answered and refused: not an outage. Said once at error level (again if
-                // it changes), and retried slowly, as someone may fix it (or promote the replica).
+                // Redis answered and refused: said once (again if it changes), retried slowly.
                 if said_misconfigured.as_ref() != Some(&wrong) {
                     tracing::error!(
                         redis = %target,
@@ -296,17 +277,9 @@ mod tests {
 
     #[test]
     fn an_attempt_is_bounded() {
-        assert_eq!(
-            attempt_budget(Duration::from_millis(10)),
-            Duration::from_millis(250)
-        );
-        assert_eq!(
-            attempt_budget(Duration::from_millis(100)),
-            Duration::from_millis(500)
-        );
-        assert_eq!(
-            attempt_budget(Duration::from_secs(60)),
-            Duration::from_secs(5)
-        );
+        let ms = Duration::from_millis;
+        for (timeout, budget) in [(10, 250), (100, 500), (60_000, 5_000)] {
+            assert_eq!(attempt_budget(ms(timeout)), ms(budget), "{timeout} ms");
+        }
     }
 }

@@ -1,21 +1,15 @@
-//! A Redis Cluster's redirections (`ASK`, `MOVED`, `TRYAGAIN`), followed at the call site for every
-//! command the backend sends (scripts, `CL.THROTTLE`, leases, offender counts, access lists):
-//! `ASKING` and the command as one pipeline, written at once so that nothing comes between them;
-//! `MOVED` resent once redis-rs has refreshed its slot map; `TRYAGAIN` after a short wait. The
-//! Cluster client is built with `retries(0)` (connection.rs), so redirections reach this code first.
+//! A Redis Cluster's redirections, followed at the call site for every command the backend sends:
+//! `ASK` as `ASKING` and the command in one pipeline (nothing can come between them), `MOVED`
+//! resent once redis-rs has refreshed its map, `TRYAGAIN` after a short wait. The client is built
+//! with `retries(0)` (connection.rs), so redirections reach this code first.
 //!
-//! Why not redis-rs's own retries: redis-rs 1.8.1 answers `ASK` by sending `ASKING` on the target's
-//! shared connection as a request of its own, awaiting its reply, and only then the command
-//! (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943). Under load
-//! another request's command slips in between and consumes the `ASKING` flag; the command gets
-//! `MOVED` back, then `ASK` again... each `MOVED` starting a slot refresh (a warning each, every
-//! request waiting for it) until the 16 retries are spent. Measured before this module: 9 to 13 % of
-//! a migrating key's decisions failed, with thousands of warnings a second. This module can go once
-//! redis-rs pipelines `ASKING` with the redirected command.
+//! Why not redis-rs's retries: redis-rs 1.8.1 sends `ASKING` as a request of its own, then the
+//! command (`get_redirected_connection`, src/cluster_handling/async_connection/mod.rs:943): under
+//! load another command takes the flag, and the command ping-pongs `MOVED`/`ASK` (9 to 13 % of a
+//! migrating key's decisions failed). This can go once redis-rs pipelines `ASKING` with it.
 //!
-//! What Redis Cluster itself refuses stays refused: a command on several keys while its slot
-//! migrates and one of them is missing on the node asked (`TRYAGAIN` until the slot has moved), and
-//! `ASK` to a node the client does not know yet (redis-rs learns of it at its next slot refresh).
+//! What Redis Cluster refuses stays refused: a multi-key command with a key missing on the node
+//! asked (`TRYAGAIN` until the slot has moved), `ASK` to a node redis-rs does not know yet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,26 +27,16 @@ use super::connection::{unexpected, RedisConnection};
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
 const MAX_REDIRECTS: u32 = 5;
 
-/// `TRYAGAIN` (a multi-key command on a migrating slot whose keys are split between the two nodes,
-/// or one of them missing, until the slot has moved) is retried after a wait that starts at 1 ms and doubles up
-/// to 10 ms ([`TRY_AGAIN`]), for at most [`TRY_AGAIN_FOR`] in all. The caller's timeout (the
-/// backend's, on the request path) usually ends it earlier.
+/// `TRYAGAIN` is retried after 1 ms, doubling to 10 ms, for at most [`TRY_AGAIN_FOR`].
 const TRY_AGAIN: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
 const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
 
-/// A [`RedisConnection`] whose commands follow a Cluster's redirections (see the module docs); on a
-/// single server, the connection itself.
+/// A [`RedisConnection`] whose commands follow a Cluster's redirections (one server's: as it is).
 pub(crate) struct Redirecting<'a> {
-    conn: Via<'a>,
+    /// A Cluster's connection (a cheap handle), or the connection as it is.
+    conn: Result<ClusterConnection, &'a mut RedisConnection>,
     /// The backend's slot map, told about `TRYAGAIN` (see [`ClusterNodes::tried_again`]).
     nodes: Option<Arc<ClusterNodes>>,
-}
-
-enum Via<'a> {
-    Backend(&'a mut RedisConnection),
-    Cluster(&'a mut ClusterConnection),
-    /// A lazily started Cluster's connection (a cheap handle, taken when it is connected).
-    Owned(ClusterConnection),
 }
 
 impl RedisConnection {
@@ -62,19 +46,13 @@ impl RedisConnection {
             && let Some(cluster) = lazy.get()
         {
             return Redirecting {
-                conn: Via::Owned(cluster),
+                conn: Ok(cluster),
                 nodes: lazy.nodes.get().cloned(),
             };
         }
-        match self {
-            RedisConnection::Cluster(cluster, nodes) => Redirecting {
-                nodes: nodes.clone(),
-                conn: Via::Cluster(cluster),
-            },
-            other => Redirecting {
-                conn: Via::Backend(other),
-                nodes: None,
-            },
+        Redirecting {
+            conn: Err(self),
+            nodes: None,
         }
     }
 }
@@ -83,19 +61,8 @@ impl<'a> Redirecting<'a> {
     /// A Cluster connection that follows redirections.
     pub(crate) fn cluster(cluster: &'a mut ClusterConnection) -> Self {
         Redirecting {
-            conn: Via::Cluster(cluster),
+            conn: Ok(cluster.clone()),
             nodes: None,
-        }
-    }
-}
-
-impl Via<'_> {
-    /// The Cluster connection whose redirections are followed, or the connection as it is.
-    fn get(&mut self) -> Result<&mut ClusterConnection, &mut RedisConnection> {
-        match self {
-            Via::Cluster(cluster) => Ok(cluster),
-            Via::Owned(cluster) => Ok(cluster),
-            Via::Backend(other) => Err(other),
         }
     }
 }
@@ -103,7 +70,7 @@ impl Via<'_> {
 impl ConnectionLike for Redirecting<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let nodes = self.nodes.as_deref();
-        match self.conn.get() {
+        match &mut self.conn {
             Ok(cluster) => Box::pin(command(cluster, nodes, cmd)),
             Err(other) => other.req_packed_command(cmd),
         }
@@ -116,7 +83,7 @@ impl ConnectionLike for Redirecting<'_> {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let nodes = self.nodes.as_deref();
-        match self.conn.get() {
+        match &mut self.conn {
             Ok(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
             Err(other) => other.req_packed_commands(pipeline, offset, count),
         }
@@ -124,9 +91,8 @@ impl ConnectionLike for Redirecting<'_> {
 
     fn get_db(&self) -> i64 {
         match &self.conn {
-            Via::Cluster(cluster) => cluster.get_db(),
-            Via::Owned(cluster) => cluster.get_db(),
-            Via::Backend(other) => other.get_db(),
+            Ok(cluster) => cluster.get_db(),
+            Err(other) => other.get_db(),
         }
     }
 }
@@ -155,27 +121,22 @@ async fn command(
                 redirects += 1;
                 asking(cluster, cmd, host, port).await
             }
-            // Named twice in a row, the node is the slot's owner that redis-rs cannot reach (a
-            // dead primary, until its replica is promoted): another try would only cost another
-            // slot refresh.
+            // Named twice in a row, the node is an owner redis-rs cannot reach (a dead primary):
+            // another try would only cost another slot refresh.
             Some(Redirection::Moved { host, port })
                 if redirects < MAX_REDIRECTS
                     && last_moved.as_ref() != Some(&(host.clone(), port)) =>
             {
                 redirects += 1;
                 last_moved = Some((host, port));
-                // By the slot map, not by the address named: the `MOVED` reply made redis-rs
-                // refresh its map, and it sends nothing until the refresh is done, so the command
-                // goes to the new owner. redis-rs treats an address it has no connection to (a
-                // dead primary that the other nodes still name) as a lost topology and reconnects
-                // to every node.
+                // By the slot map, which `MOVED` made redis-rs refresh (it sends nothing until
+                // done), not by the address: one it has no connection to (a dead primary) would
+                // make it reconnect to every node.
                 cluster.req_packed_command(cmd).await
             }
             Some(Redirection::TryAgain) if waited < TRY_AGAIN_FOR => {
-                // The source answers TRYAGAIN while a multi-key command's keys are split, or `ASK`
-                // once they are all gone; the target TRYAGAIN while one is missing: the ping-pong
-                // ends when the slot is the target's. Bounded by the wait, not by the redirections.
-                // The node answered: a timeout meanwhile is not a dead node's.
+                // Until the slot is the target's: bounded by the wait. The node answered: a
+                // timeout meanwhile is not a dead node's.
                 if let (Some(nodes), Some(key)) = (nodes, first_key(cmd)) {
                     nodes.tried_again(key);
                 }
@@ -191,10 +152,8 @@ async fn command(
     }
 }
 
-/// A pipeline, following redirections: sent whole first; if some command in it was redirected
-/// (redis-rs then reports only that error, not which of the others ran), each command again on its
-/// own. Only for what may run twice: the backend's pipelines are reads (`SMEMBERS`, `PFCOUNT`) and
-/// idempotent writes (`PFADD`, `EXPIRE`). A transaction is never split.
+/// A pipeline, following redirections: whole, then (redirected) each command alone, as redis-rs
+/// hides which ran. Only for what may run twice; a transaction is never split.
 async fn commands(
     cluster: &mut ClusterConnection,
     nodes: Option<&ClusterNodes>,
@@ -324,26 +283,14 @@ mod tests {
 
     #[test]
     fn redirections_name_their_node() {
-        assert_eq!(
-            redirection(&reply("ASK 3999 127.0.0.1:6381")),
-            Some(Redirection::Ask {
-                host: "127.0.0.1".into(),
-                port: 6381
-            })
-        );
-        assert_eq!(
-            redirection(&reply("MOVED 3999 ::1:6381")),
-            Some(Redirection::Moved {
-                host: "::1".into(),
-                port: 6381
-            })
-        );
-        assert_eq!(
-            redirection(&reply(
-                "TRYAGAIN Multiple keys request during rehashing of slot"
-            )),
-            Some(Redirection::TryAgain)
-        );
+        let (host, port) = ("127.0.0.1".to_owned(), 6381);
+        let ask = redirection(&reply("ASK 3999 127.0.0.1:6381"));
+        assert_eq!(ask, Some(Redirection::Ask { host, port }));
+        let (host, port) = ("::1".to_owned(), 6381);
+        let moved = redirection(&reply("MOVED 3999 ::1:6381"));
+        assert_eq!(moved, Some(Redirection::Moved { host, port }));
+        let busy = reply("TRYAGAIN Multiple keys request during rehashing of slot");
+        assert_eq!(redirection(&busy), Some(Redirection::TryAgain));
         assert_eq!(redirection(&reply("ERR unknown command")), None);
         assert_eq!(redirection(&reply("ASK garbage")), None);
     }

@@ -1,19 +1,13 @@
-//! The crate's own reconnecting connection to one Redis server (a URL, a `Client` or Sentinel):
-//! [`SingleServer`], and where it finds the server ([`Source`]).
-//!
+//! [`SingleServer`]: the crate's own reconnecting connection to one server, found by a [`Source`].
 //! Why not redis-rs 1.8.1's `ConnectionManager`: it reconnects only after an error redis-rs counts
 //! as unrecoverable (`reconnect_if_dropped!`, src/aio/connection_manager.rs:404, by
-//! `RedisError::is_unrecoverable_error`, src/errors/redis_error.rs:393; it does resolve the host
-//! again then, src/aio/connection_manager.rs:623 and src/aio/mod.rs:333). A managed Redis or
-//! Sentinel fails over by demoting the primary: the old connection stays open and every write
-//! answers `READONLY`, which is not such an error, forever. And a `Client` from Sentinel
+//! `is_unrecoverable_error`, src/errors/redis_error.rs:393), and a demoted primary answers every
+//! write `READONLY`, which is not one, forever; a `Client` from Sentinel
 //! (`SentinelClient::async_get_client`, src/sentinel.rs:1356) names the primary found once. This
-//! module can go once redis-rs' manager drops its connection on `READONLY`, `MASTERDOWN` and
-//! `LOADING` and can ask Sentinel at each reconnect.
+//! can go once the manager drops its connection on `READONLY`, `MASTERDOWN` and `LOADING` and asks
+//! Sentinel at each reconnect.
 //!
-//! Here those, I/O errors and stalls drop the connection, and the task of `reconnect.rs` makes it
-//! again (resolving the address, checking the role, loading the script, detecting the path) before
-//! any decision uses it. Meanwhile calls fail at once, so the failure policy answers at once.
+//! Here those, I/O errors and stalls drop it; reconnect.rs makes it again, calls failing meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
@@ -28,13 +22,10 @@ use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::backend::redis::health::recorder::Clock;
 use crate::error::{redact_url, BackendError};
 
-/// A connection that has not answered anything for this long (and at least two timeouts) when a call
-/// times out is dropped and made again: a frozen server, or one a network partition hides. Shorter
-/// stalls only open the breaker, as reconnecting would cost as much.
+/// A connection silent this long (and two timeouts) at a call's timeout is made again (frozen).
 const STALL_LIMIT: Duration = Duration::from_secs(1);
 
-/// Where the server is found: a client (its address resolved again at every connect) or the
-/// sentinels, asked for the current primary at every connect.
+/// Where the server is found, at every connect: a client's address, or the sentinels' primary.
 pub(crate) enum Source {
     Client(Box<Client>),
     Sentinel {
@@ -69,9 +60,8 @@ impl Source {
         }
     }
 
-    /// With Sentinel, where the sentinels say the primary is now (`host:port`), asked on one kept
-    /// connection to a sentinel (`SENTINEL GET-MASTER-ADDR-BY-NAME`), the next sentinel after an
-    /// error; each step bounded by `timeout`. `None` when no sentinel answered.
+    /// With Sentinel, where the primary is now (`host:port`), asked on one kept connection to a
+    /// sentinel (the next after an error), each step within `timeout`; `None`: no sentinel answered.
     async fn primary_address(&mut self, timeout: Duration) -> Option<String> {
         let Source::Sentinel {
             service,
@@ -156,10 +146,7 @@ impl AttemptError {
         }
     }
 
-    /// A failure as [`SetUpError::describe`] says it: the message, and whether it is a
-    /// configuration error.
-    ///
-    /// [`SetUpError::describe`]: super::set_up::SetUpError::describe
+    /// A failure as [`describe`](super::set_up::SetUpError::describe) says it.
     pub(crate) fn described((message, misconfigured): (String, bool)) -> Self {
         match misconfigured {
             true => Self::misconfigured(Misconfigured::Fatal, message),
@@ -193,8 +180,7 @@ impl SingleServer {
             Source::Client(client) => client.get_connection_info().redis_settings().db(),
             Source::Sentinel { .. } => 0,
         };
-        // Before any connection: rustls panics without a provider, and the task makes the
-        // connections (to the sentinels and to the primary they name).
+        // Before any connection (the task's, to sentinels too): rustls panics without a provider.
         if source.uses_tls() {
             install_crypto_provider();
         }
@@ -223,8 +209,7 @@ impl SingleServer {
             .is_some()
     }
 
-    /// The backend is gone: drop the connection for those still holding this server (an offender
-    /// count, an access-list task), and make none again.
+    /// The backend is gone: drop the connection for those still holding this server.
     pub(crate) fn close(&self) {
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
@@ -247,8 +232,7 @@ impl SingleServer {
         }
     }
 
-    /// A call on the connection failed: drop it if the error says the server is gone, read-only or
-    /// not ready.
+    /// A call failed: drop the connection if the server is gone, read-only or not ready.
     fn failed(&self, generation: u64, error: &RedisError) {
         if must_reconnect(error) {
             self.drop_connection(generation, &error.to_string());
@@ -265,8 +249,7 @@ impl SingleServer {
         self.last_answer.store(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// The server replied: error replies come as values (`Value::ServerError`), and a `READONLY`,
-    /// `MASTERDOWN` or `LOADING` among them drops the connection.
+    /// The server replied: a `READONLY`, `MASTERDOWN` or `LOADING` among the values drops it.
     fn replied(&self, generation: u64, values: &[Value]) {
         self.answered();
         let not_primary = values.iter().find_map(|v| match v {
@@ -291,11 +274,8 @@ impl SingleServer {
         )
     }
 
-    /// With Sentinel, asks the sentinels which server is the primary (every second while
-    /// connected): after a failover the old primary may accept writes for seconds until the
-    /// sentinels demote it, and those decisions would be lost. A different answer drops the
-    /// connection, so the task connects to the new primary (and checks its role then). One kept
-    /// connection to a sentinel answers: no connection to the primary is opened to ask.
+    /// With Sentinel, asks which server is the primary (every second): a different answer drops the
+    /// connection, as an old primary may take writes for seconds before its demotion, then lose them.
     pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
         let Some(named) = source.primary_address(self.timeout).await else {
@@ -310,9 +290,8 @@ impl SingleServer {
         }
     }
 
-    /// A call timed out under the backend's timeout. The connection is dropped if nothing has come
-    /// back on it for [`STALL_LIMIT`] (at least two timeouts): a connection made since the call
-    /// started is never the one it timed out on.
+    /// A call timed out: the connection is dropped if silent for [`STALL_LIMIT`] (a connection made
+    /// since the call started answered at its making, so is never dropped for it).
     pub(crate) fn timed_out(&self) {
         let Some(live) = self.current() else { return };
         let silent = self
@@ -351,8 +330,6 @@ impl SingleServer {
             return Err(not_connected());
         };
         let result = live.conn.req_packed_commands(pipeline, offset, count).await;
-        // As for one command: a reply refreshes `last_answer`, and a `READONLY` among the replies
-        // drops the connection.
         match &result {
             Ok(values) => self.replied(live.generation, values),
             Err(e) => self.failed(live.generation, e),
@@ -374,9 +351,8 @@ fn not_connected() -> RedisError {
     ))
 }
 
-/// Whether `error` means this connection leads nowhere useful: the server is gone or unreachable,
-/// read-only (a demoted primary), without a primary (`MASTERDOWN`), or loading its data set.
-/// (Timeouts count only once the connection has been silent for a while: see `timed_out`.)
+/// Whether `error` means the connection leads nowhere useful: the server gone, read-only, without a
+/// primary or loading (a timeout only once the connection is silent: `timed_out`).
 fn must_reconnect(error: &RedisError) -> bool {
     !error.is_timeout()
         && (error.is_io_error()
@@ -394,9 +370,7 @@ fn is_not_primary_code(code: &str) -> bool {
     matches!(code, "READONLY" | "MASTERDOWN" | "LOADING")
 }
 
-/// What is wrong with the configuration, if `error` says so: the password or user refused
-/// (`WRONGPASS`, or redis-rs' authentication failure), none given (`NOAUTH`), or the ACL user lacks
-/// a command (`NOPERM`). `None` for anything a retry may get past.
+/// What is wrong with the configuration, if `error` says so (`WRONGPASS`, `NOAUTH`, `NOPERM`).
 pub(crate) fn configuration_error(
     error: &RedisError,
     address: &str,
@@ -420,14 +394,30 @@ pub(crate) fn configuration_error(
     }
 }
 
-/// How long one connection attempt (resolve, connect, check, load, detect) may take: several
-/// timeouts, at least 250 ms, as a TLS handshake to a remote server takes round trips. Requests do
-/// not wait for it: they fail fast meanwhile.
+/// How long one connection attempt (resolve, connect, check, set up) may take: five timeouts,
+/// 250 ms to 5 s (a remote TLS handshake takes round trips; requests fail fast meanwhile).
 pub(crate) fn attempt_budget(timeout: Duration) -> Duration {
     timeout
         .saturating_mul(5)
         .max(Duration::from_millis(250))
         .min(Duration::from_secs(5))
+}
+
+/// `attempt` within `budget`, or an error naming the `target` (`Redis (…)`).
+pub(crate) async fn within<T>(
+    budget: Duration,
+    target: impl FnOnce() -> String,
+    attempt: impl std::future::Future<Output = Result<T, AttemptError>>,
+) -> Result<T, AttemptError> {
+    tokio::time::timeout(budget, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            let message = format!(
+                "{} did not complete a connection within {budget:?}",
+                target()
+            );
+            Err(BackendError::new(message).into())
+        })
 }
 
 /// redis-rs' rustls needs a process-wide crypto provider; ring, unless the application installed one.

@@ -1,9 +1,6 @@
-//! The one set-up after every connect — one server's (each reconnection too), a Cluster's (at
-//! `connect`, or once a Cluster started by `build` has formed) and a user's connection manager's:
-//! detect redis-cell where the mode reads it, refuse mode `cell` without it, and load the GCRA
-//! script (every mode runs it for some calls), before the connection is put in service; then
-//! [`in_service`]. A failure fails the attempt, the same way everywhere: `connect` returns it, and
-//! the keepers retry.
+//! The one set-up after every connect, before the connection is put in service ([`in_service`]):
+//! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the GCRA script.
+//! A failure fails the attempt alike everywhere: `connect` returns it, the keepers retry.
 
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;
@@ -31,9 +28,7 @@ pub(crate) enum SetUpError {
 }
 
 impl SetUpError {
-    /// What to say about Redis at `address`, and whether it is a configuration error that retrying
-    /// alone will not fix (a wrong password, missing ACL permissions, no redis-cell in mode
-    /// `cell`).
+    /// What to say about Redis at `address`, and whether retrying alone will not fix it.
     pub(crate) fn describe(&self, address: &str) -> (String, bool) {
         match self {
             SetUpError::NoCell => (
@@ -58,10 +53,8 @@ impl SetUpError {
     }
 }
 
-/// Sets up `conn` for `state`'s mode: detects redis-cell (`Cell`, and `Auto` without coalescing:
-/// the modes where the answer picks the path), refuses `Cell` without it, loads `gcra.lua` (so the
-/// first decision after a connect does not pay for `NOSCRIPT`: the very script `EVALSHA` runs),
-/// and only then records what detection found.
+/// Sets up `conn` for `state`'s mode (see the module docs); loading `gcra.lua` spares the first
+/// decision a `NOSCRIPT`. What detection found is recorded last.
 pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), SetUpError> {
     let mode = state.detector.set_up_mode();
     let detect = "run COMMAND INFO (to detect redis-cell)";
@@ -91,9 +84,8 @@ pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), Se
     Ok(())
 }
 
-/// A connection set up is in service: Redis was found again (the loss forgotten, the breaker
-/// closed), and the gauge says so on the path decisions take. The same after every connect: one
-/// server's, a Cluster's (lazy or not) and a user's connection manager's.
+/// A connection set up is in service, after every connect alike: the loss forgotten, the breaker
+/// closed, the gauge up on the path decisions take.
 pub(crate) fn in_service(state: &RedisState) {
     state.breaker.recorder.forget_loss();
     state.breaker.answered();

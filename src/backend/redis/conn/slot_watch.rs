@@ -1,17 +1,8 @@
-//! The task that keeps a Cluster backend's own slot map ([`ClusterNodes`]) fresh: `CLUSTER SLOTS`
-//! on a random connected node, every second, every 100 ms while a node's breaker is not closed
-//! (so a promoted replica takes its slots within about 100 ms of the Cluster announcing it), and at
-//! once when a call found a node unreachable. Never on the request path: a request only reads the
-//! map.
-//!
-//! The question goes through the Cluster connection with random routing, which redis-rs answers on a
-//! connection it holds as connected, without refreshing its own slot map: an I/O error there only
-//! makes redis-rs reconnect that node in the background.
-//!
-//! With seed URLs, the task also probes each open node when its breaker's wait is over: `PING` on a
-//! connection of its own (cluster_nodes.rs says why).
-//!
-//! [`ClusterNodes`]: super::cluster_nodes::ClusterNodes
+//! The task that keeps a Cluster backend's slot map ([`ClusterNodes`]) fresh, off the request
+//! path: `CLUSTER SLOTS` every second, every 100 ms while a breaker is not closed (a promoted
+//! replica takes its slots within ~100 ms of the announcement), at once when a call found a node
+//! unreachable. Asked with random routing, which redis-rs answers on a connected node without
+//! refreshing its own map. With seed URLs it also probes open nodes (cluster_nodes.rs says why).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -98,8 +89,7 @@ async fn refresh(mut conn: ClusterConnection, state: &RedisState) -> bool {
     false
 }
 
-/// Probes each open node whose breaker's wait is over (with seed URLs only): `PING` on a new
-/// connection, within `budget`. An answer closes its breaker; a failure keeps it open longer.
+/// Probes each open node whose wait is over (seed URLs only): `PING` on a new connection.
 async fn probe_open_nodes(nodes: &ClusterNodes, budget: Duration) {
     for node in nodes.tripped() {
         let Some((info, admission)) = nodes.probe(&node) else {

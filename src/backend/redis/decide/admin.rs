@@ -1,17 +1,10 @@
-//! Peek and reset on Redis ([`Backend::peek`](crate::Backend::peek),
-//! [`Backend::reset`](crate::Backend::reset)): an operator's look at one key, and forgetting it.
+//! Peek and reset on Redis: an operator's look at one key, and forgetting it.
+//! A peek runs `limits.lua` itself twice (quantity 0: how things stand; 1: whether one more would
+//! pass, and when) in one read-only script whose `redis.call` lets reads through and skips writes:
+//! the very arithmetic that decides, on the server's clock, consuming and writing nothing (not even
+//! a rebase). Every algorithm and stack, in every mode (`CL.THROTTLE` keeps the same TAT).
 //!
-//! A peek runs `limits.lua` itself, twice (for a quantity of 0: how things stand; of 1: whether one
-//! more request would pass, and when) inside one read-only script: the script's `redis.call` is
-//! wrapped so that reads reach Redis and writes are skipped, so the numbers come from the very
-//! arithmetic that decides, on the server's clock, and nothing is consumed or written (not even the
-//! rebasing of a state written under another quota). Every algorithm and stack, in every mode:
-//! `CL.THROTTLE` keeps the TAT under the same key as the Lua paths.
-//!
-//! A reset deletes each limit's key and the first limit's penalty keys (`…:strikes`, `…:ban`) in
-//! one `DEL` (they share the client's hash tag, so one Cluster slot), then drops the key from the
-//! deny cache and budget slices of this process, and publishes the keys so that every other
-//! process sharing the Redis drops them too (resets.rs).
+//! A reset deletes the keys (and penalty keys) in one `DEL`, and is heard everywhere (resets.rs).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -30,9 +23,7 @@ use crate::limit::Limit;
 /// The peek: `limits.lua` as the body of a function, under a `redis` whose writes are no-ops.
 static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(&peek_source()));
 
-/// The peek's `redis`: the reads `limits.lua` makes reach Redis, its writes are skipped, and any
-/// other command fails the script, so that a change to `limits.lua` cannot make a peek write, or
-/// read wrong, without a test failing.
+/// The peek's `redis`: reads pass, writes are skipped, others fail (a test then says so).
 const PRELUDE: &str = r#"
 -- tower-throttle: peek (generated: limits.lua below, run twice, read-only).
 -- KEYS   the N limits' state keys, then the first limit's ban key if it has one.
@@ -154,8 +145,7 @@ impl RedisState {
         let state = self.clone();
         Box::pin(async move {
             deleted.await?;
-            // This process's slices were granted by the state just deleted; its rejections are
-            // forgotten after Redis forgot the key: one cached meanwhile would outlive the reset.
+            // After Redis forgot the key: a rejection cached meanwhile would outlive the reset.
             resets::forget_keys(&state, state_keys.iter().map(String::as_str));
             let mut conn = state.conn.clone();
             let publish = resets::publish(&mut conn, &state.prefix, &state_keys);
@@ -165,8 +155,7 @@ impl RedisState {
     }
 }
 
-/// A limit's state from the script's two decisions, `[limited, limit, remaining, retry (ns, -1 =
-/// never), reset (ns)]`, and the ban's rest.
+/// A limit's state from the script's two decisions (gcra.lua's five numbers) and the ban's rest.
 fn key_state(now: &[i64], next: &[i64], ban: Option<Duration>) -> KeyState {
     let nanos = |v: i64| Duration::from_nanos(v.max(0) as u64);
     let reset_after = nanos(now[4]);

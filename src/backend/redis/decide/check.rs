@@ -1,6 +1,5 @@
-//! `RedisState`, what every clone of a `RedisBackend` shares, and the way of one check: the deny
-//! cache, the breaker and timeout, the path the mode picks, and what the answer leaves behind (a
-//! cached rejection, a held lease).
+//! The way of one check: the deny cache, the breaker and timeout, the path the mode picks, and what
+//! the answer leaves behind (a cached rejection, a held lease).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -81,18 +80,15 @@ impl RedisState {
                     let fetched = state
                         .budgets
                         .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
-                    // Boxed, as the calls of `decide` that do not go in a batch: they are rare,
-                    // and would otherwise make every check's future (moved as it starts) their size.
+                    // Boxed, as `decide`'s unbatched calls: rare, and would swell every future.
                     Box::pin(fetched).await?
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
             };
-            // With a penalty box every rejection must reach Redis to count as a strike; a ban,
-            // though, holds whatever comes.
+            // With a penalty box every rejection must reach Redis as a strike; a ban holds.
             let cacheable = args.penalty.is_none() || decision.banned;
             if let (false, true, Some(cache)) = (decision.allowed, cacheable, &state.deny) {
-                // Timed from when the call was sent: Redis decided after that, so the retry time
-                // is held no later than Redis meant.
+                // Timed from the sending: Redis decided later, so it is held no later than meant.
                 let rejection = Rejection {
                     decision,
                     interval: args.interval,
@@ -106,11 +102,8 @@ impl RedisState {
         })
     }
 
-    /// A stack of limits, decided together ([`Backend::check_all`]), with `each[i]` units under
-    /// `limits[i]` when given ([`Backend::check_each`]): one atomic call of the limits script.
-    ///
-    /// [`Backend::check_all`]: crate::backend::Backend::check_all
-    /// [`Backend::check_each`]: crate::backend::Backend::check_each
+    /// A stack of limits decided together ([`check_all`](crate::Backend::check_all)), with `each[i]`
+    /// units under `limits[i]` if given ([`check_each`](crate::Backend::check_each)): one call.
     pub(crate) fn check_stack(
         self: &Arc<Self>,
         limits: &[Limit],
@@ -131,14 +124,9 @@ impl RedisState {
         self.check_limits(limits, key, quantity, each.map(<[u64]>::to_vec), token)
     }
 
-    /// One limit of another algorithm than the GCRA, on the limits script.
-    ///
-    /// The deny cache holds a rejection only where it provably stays one until its retry time,
-    /// whatever other processes do (they can only add units): a fixed window's (no unit leaves
-    /// before the boundary, which is the retry time), and a sliding log's for one unit (the log is
-    /// full, and its oldest unit, whose exit is the retry time, leaves first; `remaining` stays 0
-    /// until then). A sliding window's estimate and a larger request's room grow before the retry
-    /// time, and a concurrency slot may be released at any moment: those always reach Redis.
+    /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds only
+    /// rejections that last until their retry time whatever others do: a fixed window's, a sliding
+    /// log's for one unit (its oldest leaves first). The others may free up before: Redis decides.
     fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
         // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
         let fingerprint = match (limit.algorithm(), limit.window()) {
@@ -159,9 +147,7 @@ impl RedisState {
         let token = self.leases.next_token();
         let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, None, token);
         let lease = limit.lease().zip(limit.concurrency());
-        // A concurrency check whose answer never arrives (timed out, failed, or dropped by a client
-        // that went away) may still have taken slots in Redis under its token: until the answer is
-        // in hand, this gives them back.
+        // A concurrency check never answered may still have taken slots: this gives them back.
         let mut unanswered = lease.map(|(lease, count)| {
             self.leases
                 .unanswered(state_key.clone(), token, quantity.min(count), lease)
@@ -176,8 +162,7 @@ impl RedisState {
             let decision = decisions?
                 .pop()
                 .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
-            // Renewed from now until released: the layer holds the slot from this answer on (a
-            // check dropped before it answers starts nothing, and its lease simply expires).
+            // Renewed from this answer until released (a check dropped before starts nothing).
             if let (true, Some((lease, count)), Some(token)) =
                 (decision.allowed, lease, decision.lease)
             {
@@ -204,9 +189,7 @@ impl RedisState {
         })
     }
 
-    /// Decides `limits` for `key` with the limits script: one atomic call on keys that share the
-    /// client's hash tag, adding units named by `token`; `quantity` units under each limit, or
-    /// `each[i]` under `limits[i]`.
+    /// Decides `limits` for `key` in one limits-script call (see [`limits_call`](Self::limits_call)).
     fn check_limits(
         self: &Arc<Self>,
         limits: &[Limit],
@@ -233,9 +216,8 @@ impl RedisState {
         guarded(&self.breaker, &slot_key, self.timeout, decide)
     }
 
-    /// The limits script's call for `limits` on `key` (see [`check_limits`](Self::check_limits)),
-    /// or why the script cannot enforce one of them. The first limit's penalty goes on the same keys
-    /// as the GCRA path's: a policy's ban holds whatever its algorithm.
+    /// The limits script's call (`quantity` units each, or `each[i]`, named by `token`), or why it
+    /// cannot. The first limit's penalty takes the GCRA path's keys (a ban holds for any algorithm).
     pub(crate) fn limits_call(
         &self,
         limits: &[Limit],
@@ -267,16 +249,14 @@ impl RedisState {
         let mut conn = self.conn.clone();
         let use_cell = self.detector.use_cell(&mut conn, &self.breaker).await?;
         let conn = &mut conn;
-        // Peeks (quantity 0) and quantities beyond the limit go to Lua: redis-cell 0.2.2 writes a key
-        // without expiry for the first, and for a huge quantity overflows into a negative TAT that
-        // crashes the server on the next call. Quotas with no whole-second form, and policies with a
-        // penalty box (strikes and bans go with the decision, atomically), go to Lua too.
+        // To Lua: peeks and quantities beyond the limit (redis-cell 0.2.2 writes a key without
+        // expiry for the first, and overflows into a TAT that crashes the server for the second),
+        // quotas with no whole-second form, and penalty boxes (struck atomically with the decision).
         match args.cell {
             Some(cell)
                 if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
             {
-                // Coalesced (one pipelined write for the checks waiting at once) on one server,
-                // unless Redis may be full (state.rs says why the script then).
+                // Coalesced on one server, unless Redis may be full (state.rs says why).
                 let through_script = self.cell_through_script.load(Ordering::Relaxed);
                 let answer = match &self.batches {
                     Some(batches) if !conn.is_cluster() && !through_script => {
@@ -288,8 +268,7 @@ impl RedisState {
                 };
                 match answer {
                     Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
-                        // The module went away (a restart without it): Lua from now on, and this
-                        // request too (the failed command wrote nothing).
+                        // The module went away: Lua from now on, this request too.
                         self.detector.cell_gone();
                         Box::pin(scripts::gcra(conn, key, args, quantity)).await
                     }
@@ -303,12 +282,8 @@ impl RedisState {
             },
         }
     }
-}
-
-impl RedisState {
-    /// Refills `key`'s slice ahead with `want` more units, on a spawned task bounded by the
-    /// backend's timeout and breaker (without a tokio runtime, the slice runs out and is fetched
-    /// by a request). A refill that fails or is refused leaves the slice as it is.
+    /// Refills `key`'s slice ahead with `want` more units, on a spawned task under the timeout and
+    /// breaker (none without a runtime); one that fails or is refused leaves the slice as it is.
     pub(crate) fn refill(
         self: &Arc<Self>,
         key: &str,

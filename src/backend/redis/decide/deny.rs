@@ -10,21 +10,12 @@ use crate::decision::Decision;
 
 const SHARDS: usize = 16;
 
-/// Keys are the clients' (hostile): foldhash, seeded per process as the memory backend's table is,
-/// and a fraction of SipHash's cost (two hashes a check: the shard, then its map). foldhash does not
-/// claim to resist an attacker who times lookups to find collisions; here only keys Redis limited
-/// are entries, at most `SHARD_CAPACITY` a shard, so a collision flood stays bounded.
+/// foldhash, seeded per process: the keys are hostile, but only keys Redis limited are entries, at
+/// most `SHARD_CAPACITY` a shard, so a collision flood stays bounded (at a fraction of SipHash's cost).
 type RandomState = foldhash::fast::RandomState;
-/// Entries per shard. Dropping an entry only costs a round trip, so a full shard refuses new ones
-/// after pruning the expired, rather than grow.
+/// Entries per shard: a full one refuses new entries rather than grow (a miss costs a round trip).
 const SHARD_CAPACITY: usize = 8192;
 
-/// Limited keys and until when they stay limited, for requests of the same cost under the same quota.
-///
-/// Caching a rejection can never admit anything, and it stays correct across processes: other
-/// processes' admissions only move a key's TAT later, so a key that Redis limited until `until` for
-/// `quantity` units cannot pass with as many units before then. (A key deleted or rebased in Redis
-/// by hand is still refused here until `until`.)
 /// A rejection from Redis, with what the cache needs to know how long its numbers hold.
 pub(crate) struct Rejection {
     pub(crate) decision: Decision,
@@ -33,24 +24,23 @@ pub(crate) struct Rejection {
     pub(crate) tolerance: u64,
     /// From `CL.THROTTLE`: whole seconds, rounded up.
     pub(crate) whole_seconds: bool,
-    /// Its numbers hold until the retry time (a fixed window's, a full sliding log's for one unit):
-    /// `interval` and `tolerance` then only tell quotas apart.
+    /// Its numbers hold until the retry time (`interval` and `tolerance` only tell quotas apart).
     pub(crate) until_retry: bool,
 }
 
+/// Limited keys and until when, for requests of the same cost and quota: it never admits, as other
+/// processes only move a TAT later (a key deleted in Redis by hand is refused here until then).
 pub(crate) struct DenyCache {
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
-    /// Counts what made keys less limited (resets, refunds, reloads, missed messages): a rejection
-    /// Redis made before one of them is not inserted after it, as the budget's slices are not.
+    /// Counts what made keys less limited: a rejection made before one is not inserted after it.
     generation: AtomicU64,
 }
 
 #[derive(Default)]
 struct Shard {
     map: HashMap<Box<str>, Denied, RandomState>,
-    /// A full shard prunes expired entries at most this often, so that a flood of new keys does not
-    /// turn every insertion into a scan.
+    /// When a full shard may next prune (not every insertion of a flood scans).
     next_prune: Option<Instant>,
 }
 
@@ -90,8 +80,7 @@ impl DenyCache {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
-    /// The cached rejection of `key` for `quantity` units under the quota with this `interval` and
-    /// `tolerance`, aged to now, if it still holds.
+    /// The cached rejection of `key` for `quantity` units under this quota, aged, if it holds.
     pub(crate) fn get(
         &self,
         key: &str,
@@ -119,8 +108,7 @@ impl DenyCache {
         }
         if quantity != entry.quantity || interval != entry.interval || tolerance != entry.tolerance
         {
-            // Another cost may fit (or never), another quota (the route changed) reads the state
-            // its own way: Redis decides.
+            // Another cost may fit (or never); another quota reads the state its own way.
             return None;
         }
         let elapsed = now - entry.at;
@@ -135,10 +123,8 @@ impl DenyCache {
         Some(aged)
     }
 
-    /// Forgets the rejection of `key`: the key was reset, or counting by outcome gave units back (a
-    /// refund is the one thing besides a reset that makes a key less limited, so a process forgets
-    /// what it refunded; another process's cache may hold the rejection until its retry time, which
-    /// only admits less).
+    /// Forgets the rejection of `key`: it was reset, or given units back (another process may hold
+    /// the rejection until its retry time, which only admits less).
     pub(crate) fn forget(&self, key: &str) {
         self.next_generation();
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
@@ -153,8 +139,7 @@ impl DenyCache {
         }
     }
 
-    /// Forgets every rejection of a key that starts with `prefix` (`prefix:limit:`: the limit's
-    /// quota changed in a reload).
+    /// Forgets every rejection of a key under `prefix` (a limit changed in a reload).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
         self.next_generation();
         for shard in &self.shards {
@@ -163,18 +148,9 @@ impl DenyCache {
         }
     }
 
-    /// Remembers a rejection that Redis made `at`, for as long as its numbers hold: until the retry
-    /// time, and no longer than `remaining` stays what it is (it grows as the bucket drains, one unit
-    /// every `interval`, before a request of several units fits).
-    ///
-    /// `whole_seconds`: the decision came from `CL.THROTTLE`, whose retry time is rounded up to the
-    /// next second and whose reset time is not exact; the key is then held only to a second before
-    /// the retry time (a lower bound of it: never a false rejection), and only when `remaining` cannot
-    /// change before then.
-    ///
-    /// `generation`: [`generation`](Self::generation) when the call was sent; a key forgotten since
-    /// (a reset heard while Redis was deciding) may have been limited by the state the reset
-    /// deleted, so the rejection is not kept.
+    /// Remembers a rejection Redis made `at` while its numbers hold: until the retry time, while
+    /// `remaining` stays; from `CL.THROTTLE` (whole seconds), to a second before, if `remaining`
+    /// cannot change. Not if anything was forgotten since `generation` (read at the sending).
     pub(crate) fn insert(
         &self,
         key: &str,
@@ -224,8 +200,7 @@ impl DenyCache {
             decision,
         };
         let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        // Under the shard's lock: a forget of this key either came before (a new generation) or
-        // comes after, and removes the entry.
+        // Under the shard's lock: a forget of this key came before (a new generation) or after.
         if self.generation() != generation {
             return;
         }
@@ -320,12 +295,8 @@ mod tests {
         assert_eq!(r.decision.retry_after, Some(Duration::from_millis(500)));
         let now = Instant::now();
         cache.insert("k", 3, r, now, 0);
-        assert_eq!(
-            get("k", 3, now + Duration::from_millis(299))
-                .unwrap()
-                .remaining,
-            1
-        );
+        let held = get("k", 3, now + Duration::from_millis(299));
+        assert_eq!(held.unwrap().remaining, 1);
         assert!(get("k", 3, now + Duration::from_millis(300)).is_none());
         // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
         cache.insert("c", 3, rejection(3, 1, 2900, true), now, 0);
@@ -347,28 +318,6 @@ mod tests {
     }
 
     #[test]
-    fn whole_second_answers_are_held_a_second_less() {
-        let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
-        let now = Instant::now();
-        let mut one = limited(1000);
-        one.whole_seconds = true;
-        cache.insert("one", 1, one, now, 0);
-        assert!(
-            get("one", 1, now).is_none(),
-            "true retry time may be under a second"
-        );
-        let mut two = limited(2000);
-        two.whole_seconds = true;
-        cache.insert("two", 1, two, now, 0);
-        let d = get("two", 1, now).unwrap();
-        assert_eq!(d.retry_after, Some(Duration::from_secs(2)));
-        let d = get("two", 1, now + Duration::from_millis(999)).unwrap();
-        assert_eq!(d.retry_after, Some(Duration::from_millis(1001)));
-        assert!(get("two", 1, now + Duration::from_secs(1)).is_none());
-    }
-
-    #[test]
     fn a_rejection_decided_before_a_forget_is_not_kept_after_it() {
         let cache = DenyCache::new();
         let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
@@ -377,33 +326,13 @@ mod tests {
         cache.forget("k"); // a reset heard while Redis was deciding
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
-        // Any forget counts (the generation is the cache's, not the key's): a reset of another
-        // key only costs a round trip.
+        // Any forget counts (the generation is the cache's): it only costs a round trip.
         let sent = cache.generation();
         cache.clear();
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
         cache.insert("k", 1, limited(60_000), now, cache.generation());
         assert!(get("k", 1, now).is_some());
-    }
-
-    #[test]
-    fn a_reloaded_limit_forgets_its_keys_only() {
-        let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
-        let now = Instant::now();
-        for key in [
-            "p:api:{a}",
-            "p:api:{b}:fixed",
-            "p:api.1s:{a}",
-            "p:login:{a}",
-        ] {
-            cache.insert(key, 1, limited(60_000), now, cache.generation());
-        }
-        cache.forget_prefix("p:api:");
-        let held = |key| get(key, 1, now).is_some();
-        assert!(!held("p:api:{a}") && !held("p:api:{b}:fixed"));
-        assert!(held("p:api.1s:{a}") && held("p:login:{a}"));
     }
 
     #[test]

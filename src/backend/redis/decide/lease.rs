@@ -16,9 +16,8 @@ use crate::backend::redis::conn::connection::RedisConnection;
 static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::RENEW));
 
-/// The concurrency leases of one backend: tokens to draw, the renewal task of each lease held by a
-/// request in flight, and the connection renewals and releases go through (a handle on the
-/// backend's). Renewals hold it weakly, so they stop once the backend and its releases are gone.
+/// The concurrency leases of one backend: tokens to draw, the renewal task of each lease in flight
+/// (holding this weakly: they stop with the backend), and the connection they go through.
 pub(crate) struct Leases {
     /// A per-process random seed and a counter: see [`next_token`](Self::next_token).
     seed: u64,
@@ -44,10 +43,8 @@ impl Leases {
         }
     }
 
-    /// A fresh token, never 0, to name the units one call adds: unique within the process (a
-    /// bijection of a counter, offset by the per-process random seed), so that releases of
-    /// concurrent requests never remove each other's slots. Across processes two tokens collide
-    /// with probability 2^-64.
+    /// A fresh token, never 0, naming one call's units: unique in the process (a bijection of a
+    /// counter and a seed), so no release removes another's; across processes, 2^-64 to collide.
     pub(crate) fn next_token(&self) -> u64 {
         loop {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -64,9 +61,7 @@ impl Leases {
         }
     }
 
-    /// Keeps a request's concurrency leases alive while it runs: extends them every third of the
-    /// lease, until [`release`](Self::release) stops it (or the backend is dropped, or a lease was
-    /// lost). A process that dies stops renewing, and its leases expire.
+    /// Extends a request's leases every third of the lease until [`release`](Self::release).
     pub(crate) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -117,8 +112,7 @@ impl Leases {
         self.give_back(key, token, quantity, lease);
     }
 
-    /// Whatever a concurrency check may take under `token` until its answer arrives; see
-    /// [`Unanswered`].
+    /// What a concurrency check may take under `token` until it is answered ([`Unanswered`]).
     pub(crate) fn unanswered(
         self: &Arc<Self>,
         key: String,
@@ -135,10 +129,8 @@ impl Leases {
         }
     }
 
-    /// Removes a request's concurrency units (`token:0..quantity`), on a spawned task. It bypasses the
-    /// circuit breaker and retries (each try bounded by the timeout, with backoff) until Redis
-    /// answers or the lease would have ended anyway: a release is off every request's path, and a
-    /// lost one would hold a slot for the whole lease. Without a runtime the lease simply expires.
+    /// Removes a request's units on a spawned task, past the breaker, retried until Redis answers or
+    /// the lease ends (a lost release holds a slot a whole lease; without a runtime, it expires).
     fn give_back(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -182,9 +174,7 @@ impl Leases {
     }
 }
 
-/// The units a concurrency check may have taken in Redis before its answer arrived; dropped before
-/// [`answered`](Self::answered) (no answer: timed out, failed, or dropped by a client that went
-/// away), it gives them back.
+/// The units a concurrency check may have taken; dropped unanswered, it gives them back.
 pub(crate) struct Unanswered {
     leases: Arc<Leases>,
     key: String,
@@ -194,7 +184,7 @@ pub(crate) struct Unanswered {
 }
 
 impl Unanswered {
-    /// The answer arrived: what the check took is known, and no longer given back here.
+    /// The answer arrived: what the check took is known.
     pub(crate) fn answered(&mut self) {
         self.quantity = 0;
     }
@@ -216,7 +206,7 @@ mod tests {
     #[test]
     fn lease_tokens_are_distinct_and_never_zero() {
         let nowhere = Arc::new(LazyCluster::new(String::new()));
-        let leases = Leases::new(RedisConnection::LazyCluster(nowhere), Duration::ZERO);
+        let leases = Leases::new(RedisConnection::Cluster(nowhere), Duration::ZERO);
         let drawn: std::collections::HashSet<u64> =
             (0..100_000).map(|_| leases.next_token()).collect();
         assert_eq!(drawn.len(), 100_000);

@@ -1,7 +1,6 @@
-//! Settling after the response: `settle.lua` gives back, in one atomic call, the units a request
-//! took under each limit of its policy (counting by outcome: [`refund`]), or settles a metered
-//! request's real cost, charging or giving back per limit ([`settle`]); on a spawned task, so
-//! that no response waits for it.
+//! Settling after the response, on a spawned task: one atomic `settle.lua` call gives back a
+//! request's units under each limit ([`refund`]: counting by outcome), or charges or gives back a
+//! metered request's real cost ([`settle`]).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -20,8 +19,7 @@ static SETTLE: LazyLock<Script> =
 /// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
 const REFUNDABLE_KINDS: [u8; 5] = [0, 1, 2, 3, 5];
 
-/// Gives back `quantity` units of `limits` for `key` (see
-/// [`Backend::refund`](crate::backend::Backend::refund)): [`settle`] with `-quantity` under each.
+/// Gives back `quantity` units of `limits` for `key`: [`settle`] with `-quantity` under each.
 pub(crate) fn refund(
     state: &Arc<RedisState>,
     limits: &[Limit],
@@ -36,8 +34,7 @@ pub(crate) fn refund(
     send(state, limits, key, |_| back, since);
 }
 
-/// Settles `deltas[i]` units under `limits[i]` for `key` (see
-/// [`Backend::settle`](crate::backend::Backend::settle)): negative gives back as a refund does,
+/// Settles `deltas[i]` units under `limits[i]` for `key`: negative gives back as a refund does,
 /// positive charges a metered GCRA limit (into debt, up to its cap), 0 leaves the limit alone.
 pub(crate) fn settle(
     state: &Arc<RedisState>,
@@ -57,11 +54,8 @@ pub(crate) fn settle(
     send(state, limits, key, |i| deltas[i], since);
 }
 
-/// One `settle.lua` call, on the current tokio runtime, bounded by the backend's timeout. A
-/// settle that fails or times out is lost (logged at debug level): the request counted as it was
-/// reserved. It is never retried: a late refund could land after the units have drained and give
-/// back more than the request took, and a late charge would fall on a later instant than the
-/// debt it stands for.
+/// One `settle.lua` call on a spawned task, under the timeout, never retried (a late refund could
+/// give back more than was taken, a late charge fall after its debt): one that fails is lost.
 fn send(
     state: &Arc<RedisState>,
     limits: &[Limit],
@@ -90,11 +84,8 @@ fn send(
     if items.is_empty() {
         return;
     }
-    // A rejection this process cached no longer tells the truth: after units were given back the
-    // key is less limited, and after a charge its retry time is later than the cached one (a client
-    // told to come back then would be refused again). Forgotten either way, and nothing is cached:
-    // the next check asks Redis. (Another process's cache may hold its rejection until its retry
-    // time: that only refuses, never admits, more.)
+    // A cached rejection no longer tells the truth (less limited, or a later retry time): the next
+    // check asks Redis (another process's cache only refuses more).
     if let Some(deny) = &state.deny {
         for (spec, _) in &items {
             deny.forget(&spec.key);
@@ -104,10 +95,7 @@ fn send(
     for (spec, _) in &items {
         invocation.key(&spec.key);
     }
-    // Plus the timeout: the admission was at most `since` before the sending, and a call answered
-    // in time ran within the timeout of it. (One that times out may still run later, on a stalled
-    // server; its window arithmetic then errs by that delay.) Rounded up: an earlier admission time
-    // only ever gives back less.
+    // Plus the timeout (a call ran within it of the sending); rounded up: earlier gives back less.
     let since_us = (since + state.timeout).as_nanos().div_ceil(1000) as u64;
     invocation.arg(items.len()).arg(since_us);
     for (spec, delta) in &items {

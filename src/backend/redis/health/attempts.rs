@@ -1,15 +1,12 @@
-//! [`Attempts`]: what the keeper of a connection (one server's, or a Cluster started by `build`)
-//! records of its attempts, read by `health()` and `first_attempt()`: how many ended, where it
-//! connected last, the last error (an attempt's, or why the connection was lost) and whether the
-//! last attempt failed on the configuration.
+//! [`Attempts`]: what a connection's keeper records of its attempts, for `health()` and
+//! `first_attempt()`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-/// A connection attempt that reached Redis and was refused for a reason retrying alone will not
-/// fix. Attempts go on (slowly), as someone may fix it, but it is logged as an error and, but for a
-/// replica, fails `Config::layer` at start-up.
+/// An attempt Redis refused for a reason retrying alone will not fix: retried slowly, logged as an
+/// error and, but for a replica, fails `Config::layer` at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Misconfigured {
     /// The server is a replica: a failover may promote it, so the start stays lazy.
@@ -75,9 +72,7 @@ impl Attempts {
         self.record().misconfigured.clone()
     }
 
-    /// Waits until `connected` says so or the first attempt has ended (at most `budget`); whether
-    /// it is connected, or the configuration error the attempt failed on (a wrong password, missing
-    /// permissions, mode "cell" without the module; not a replica, which a failover may promote).
+    /// Waits until `connected` or the first attempt ended: whether connected, or its fatal error.
     pub(crate) async fn first_attempt(
         &self,
         budget: Duration,

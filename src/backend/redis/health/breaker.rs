@@ -15,30 +15,22 @@ use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::error::BackendError;
 
-/// Fails calls at once while Redis is known to be unreachable, instead of letting each wait for its
-/// timeout. A call that fails to reach Redis (an I/O error, a dropped connection, a timeout) opens the
-/// circuit for 50 ms. Then one call probes while the others still fail fast: if the probe fails too,
-/// the circuit stays open twice as long (up to 500 ms); any reply from Redis, even an error reply,
-/// closes it. So an outage costs requests nothing beyond the failure policy, and a Redis that comes
-/// back is used again within half a second (circuit.rs). Only single-server connections use it: on
-/// a Cluster one node's trouble must not stop the decisions that other nodes can make, so each
-/// primary has a breaker of its own ([`ClusterNodes`]), picked by the key's slot.
+/// Fails calls at once while Redis is unreachable, rather than each at its timeout (circuit.rs). One
+/// server's only: on a Cluster each primary has its own ([`ClusterNodes`]), picked by the slot.
 pub(crate) struct Breaker {
     /// False on a Cluster: every call is admitted, and failures open nothing.
     enabled: bool,
     circuit: Arc<Circuit>,
     /// On a Cluster: the slot map and a breaker per primary.
     pub(crate) nodes: Option<Arc<ClusterNodes>>,
-    /// The reconnecting server under this breaker, if any: told about timeouts (it drops a
-    /// connection that stopped answering), and its task logs the transitions instead.
+    /// The reconnecting server, if any: told about timeouts; its task logs the transitions.
     server: Option<Arc<SingleServer>>,
     /// The record of every call's outcome, which `health()` and the gauge read (recorder.rs).
     pub(crate) recorder: Recorder,
 }
 
 impl Breaker {
-    /// A closed breaker; `nodes`: a Cluster's slot map and breakers (this one is then disabled);
-    /// `server`, the reconnecting server it guards.
+    /// A closed breaker (disabled with `nodes`, a Cluster's); `server`: the server it guards.
     pub(crate) fn new(
         timeout: Duration,
         nodes: Option<Arc<ClusterNodes>>,
@@ -56,8 +48,7 @@ impl Breaker {
         }
     }
 
-    /// Whether the circuit was opened and no call has got through since (open, or waiting for its
-    /// probe).
+    /// Whether the circuit was opened and no call has got through since.
     pub(crate) fn tripped(&self) -> bool {
         self.circuit.tripped()
     }
@@ -75,8 +66,7 @@ impl Breaker {
         self.circuit.admit()
     }
 
-    /// One call's outcome, recorded once: the recorder, this breaker and (on a Cluster) the node's
-    /// read it.
+    /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's.
     fn record(&self, outcome: Outcome, on: &OnNode<'_>) {
         if outcome.answered {
             self.answered();
@@ -111,8 +101,7 @@ impl Breaker {
     }
 
     fn failed(&self, was_probe: bool) {
-        // Calls that were already under way when the circuit opened fail too; they say nothing
-        // new. With a reconnecting server, its task says so (once per loss).
+        // Said once (not by the calls under way); with a reconnecting server, by its task.
         if self.circuit.failed(was_probe) && self.server.is_none() {
             tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
         }
@@ -124,8 +113,7 @@ impl Breaker {
     }
 }
 
-/// Runs one Redis call under the circuit breaker and the timeout, as every decision does. `key`:
-/// a key the call touches (they share one hash tag), which picks the primary's breaker on a Cluster.
+/// Runs one Redis call under the breaker (`key`'s primary's, on a Cluster) and the timeout.
 pub(crate) fn guarded<T, F>(
     breaker: &Arc<Breaker>,
     key: &str,
@@ -139,8 +127,7 @@ where
     guarded_on(breaker, breaker.node_for(key), timeout, call)
 }
 
-/// [`guarded`], with the Cluster node picked beforehand ([`Breaker::node_for`]): a call that owns
-/// its key need not copy it to pick the node.
+/// [`guarded`], the node picked beforehand ([`Breaker::node_for`]), so a call may own its key.
 pub(crate) fn guarded_on<T, F>(
     breaker: &Arc<Breaker>,
     node: Option<Arc<Node>>,
@@ -163,18 +150,15 @@ where
             ),
             None => "Redis is unreachable (failing fast until a probe gets through)".to_owned(),
         };
-        // Spends the task's cooperative budget: a caller that retries at once (a load loop, a
-        // queue worker) on a one-thread runtime must still let the runtime run its other tasks,
-        // the probe among them (a Cluster node's runs in the background), or the circuit never
-        // closes and the caller spins for ever. Once in 128 calls it yields.
+        // Spends the task's cooperative budget (a yield once in 128 calls): a caller retrying at
+        // once on a one-thread runtime must let the probe's task run, or it spins for ever.
         return Box::pin(async move {
             tokio::task::coop::consume_budget().await;
             Err(BackendError::new(message))
         });
     }
     let breaker = breaker.clone();
-    // The call is large (a script's or a batch's state machine): boxed once here, it is not
-    // copied again into this future's state and then into the timeout's.
+    // Large (a script's or a batch's state machine): boxed once, not copied into two futures.
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
         let on_node = OnNode {
@@ -183,8 +167,7 @@ where
             started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
         };
         let outcome = tokio::time::timeout(timeout, call).await;
-        // Out of time (this call's, or its batch's) after the node answered TRYAGAIN: its own
-        // record says so (cluster_nodes.rs), whichever task sent the command.
+        // Out of time after the node answered TRYAGAIN (its record: whichever task sent it).
         let tried_again = node
             .as_ref()
             .is_some_and(|n| n.tried_again_since(on_node.started))
@@ -194,8 +177,7 @@ where
                 Err(_) => true,
             };
         let (result, outcome) = match outcome {
-            // Alive, its slot migrating with the call's keys split between two nodes: only this
-            // call fails.
+            // Alive, the keys' slot migrating: only this call fails.
             _ if tried_again => (
                 Err(BackendError::new(format!(
                     "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
@@ -266,10 +248,8 @@ impl Outcome {
     }
 }
 
-/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` still there after the
-/// redirections were followed (redirect.rs stops when the same node is named twice: a dead primary,
-/// which the other nodes name until its replica is promoted), or `CLUSTERDOWN`. Not `ASK` nor `TRYAGAIN`: a
-/// slot migrating between two live nodes.
+/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` left after redirect.rs (a
+/// dead primary), or `CLUSTERDOWN`; not `ASK` nor `TRYAGAIN` (a slot between two live nodes).
 fn slot_not_served(e: &RedisError) -> bool {
     matches!(
         e.kind(),
@@ -294,9 +274,8 @@ mod tests {
         RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
     }
 
-    /// A timeout after the key's node answered `TRYAGAIN` (told by redirect.rs, from any task: a
-    /// batch's included) is the migrating slot's: the node's breaker stays closed. Without it, a
-    /// timeout is one.
+    /// A timeout after the key's node answered `TRYAGAIN` (to any task) is the migrating slot's: the
+    /// node's breaker stays closed. Without it, a timeout opens it.
     #[tokio::test(start_paused = true)]
     async fn a_timeout_after_tryagain_is_the_migrating_slots() {
         let clock = Clock::new();

@@ -1,10 +1,6 @@
-//! [`Circuit`]: the state machine of a circuit breaker (closed, open, half-open with one probe),
-//! shared by the process-wide breaker of one server (breaker.rs) and the breaker of each Cluster
-//! node (cluster_nodes.rs).
-//!
-//! A call that fails to reach Redis opens the circuit for 50 ms. Then one call probes while the
-//! others still fail fast: if the probe fails too, the circuit stays open twice as long (up to
-//! 500 ms); any answer closes it.
+//! [`Circuit`]: a circuit breaker's state machine (breaker.rs, cluster_nodes.rs). A call that fails
+//! to reach Redis opens it for 50 ms; then one call probes while the others fail fast; a failed
+//! probe keeps it open twice as long (up to 500 ms); any answer closes it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,12 +44,10 @@ pub(crate) struct Circuit {
     open_until: AtomicU64,
     /// Failed probes in a row.
     failures: AtomicU32,
-    /// When the running probe started (ms since `epoch`), 0 when none. A probe older than the
-    /// timeout no longer blocks the next one, even if its future was never finished nor dropped.
+    /// When the running probe started (0: none); one older than the timeout blocks nothing.
     probe_started: AtomicU64,
     probe_limit_ms: u64,
-    /// When a call last got an answer (ms since `epoch`), as far as [`stamp_answer`](Self::stamp_answer)
-    /// was told: lets a timed-out call tell a slow node from a dead one.
+    /// When a call last got an answer: tells a timed-out call's slow node from a dead one.
     last_answer: AtomicU64,
 }
 
@@ -100,8 +94,7 @@ impl Circuit {
         self.clock.now_ms()
     }
 
-    /// A call got an answer now (kept for [`answered_since`](Self::answered_since)). Stores only
-    /// when the millisecond changed, so busy callers mostly read a shared cache line.
+    /// A call got an answer now (stored only in a new millisecond: busy callers mostly read).
     pub(crate) fn stamp_answer(&self) {
         let now = self.now_ms();
         if self.last_answer.load(Ordering::Relaxed) < now {
@@ -164,9 +157,8 @@ impl Circuit {
         self.open_until.swap(0, Ordering::AcqRel) != 0
     }
 
-    /// A call could not reach Redis: a probe's failure keeps the circuit open twice as long as the
-    /// last time; another call's opens a closed circuit. Whether this call opened it (a transition
-    /// to say: calls already under way when it opened say nothing new).
+    /// A call could not reach Redis: a probe's failure keeps the circuit open twice as long as last
+    /// time; another's opens a closed circuit. Whether this call opened it (a transition to say).
     pub(crate) fn failed(&self, was_probe: bool) -> bool {
         let now = self.now_ms();
         if was_probe {

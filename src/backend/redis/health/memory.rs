@@ -19,14 +19,12 @@ use std::sync::Mutex;
 pub struct MemoryReport {
     /// `maxmemory-policy`, or `None` where Redis refuses `CONFIG GET` (managed Redis, ACLs).
     pub policy: Option<String>,
-    /// `maxmemory` in bytes (0: no cap; on a Cluster, the largest of the primaries'), or `None`
-    /// where Redis refuses `CONFIG GET`.
+    /// `maxmemory` in bytes (0: no cap; a Cluster's largest), or `None` where Redis refuses it.
     pub maxmemory: Option<u64>,
     /// `evicted_keys` from `INFO stats`: every key Redis evicted since it started (the limiter's
     /// and any other), or `None` where Redis refuses `INFO`.
     pub evicted_keys: Option<u64>,
-    /// The keys evicted since this backend first read `evicted_keys` (what the metric
-    /// `throttle_redis_evicted_keys_total` has counted).
+    /// The keys evicted since this backend first read `evicted_keys` (what the metric counted).
     pub evictions_seen: u64,
 }
 
@@ -43,9 +41,7 @@ impl MemoryReport {
     }
 }
 
-/// What the watcher remembers between reads, shared with [`RedisBackend::memory`] calls.
-///
-/// [`RedisBackend::memory`]: crate::redis::RedisBackend::memory
+/// What the watcher remembers between reads, shared with `RedisBackend::memory` calls.
 #[derive(Default)]
 pub(crate) struct MemoryWatch {
     state: Mutex<Seen>,

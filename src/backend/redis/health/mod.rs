@@ -1,6 +1,5 @@
-//! Guarding against Redis' failures and reporting its health: the circuit breakers and the timeout,
-//! the one recorder of every call's outcome (one clock), the keepers' attempts, what the backend
-//! reports, and the watch on Redis' memory.
+//! Guarding against Redis' failures and reporting its health: breakers, the recorder of every
+//! call's outcome, the keepers' attempts, the report, and the watch on Redis' memory.
 
 pub(crate) mod attempts;
 pub(crate) mod breaker;

@@ -1,16 +1,8 @@
-//! [`Recorder`]: the one record of every call's outcome, on one clock, that the backend's health is
-//! read from: whether Redis is reachable (where no reconnecting server knows: a Cluster, a user's
-//! connection manager), whether a call lost it since `Auto` mode last detected the module, and
-//! whether decisions are failing now, for `health()` and the gauge `throttle_backend_up{backend,
-//! path}`. The breakers read the same outcome (breaker.rs).
-//!
-//! Decisions are failing from the first call that ends in an error (any: a lost connection, a
-//! timeout, `OOM command not allowed`, a script error) until the next that succeeds; meanwhile
-//! [`RedisHealth`](crate::redis::RedisHealth) is unhealthy with that error and the gauge is 0. With
-//! no traffic the watcher (watch.rs) probes with a read-only decision every [`PROBE_EVERY`], so a
-//! Redis that recovered is seen within a second even when nothing asks it (a readiness check that
-//! took the instance out of service would otherwise never let a request prove it).
-//!
+//! [`Recorder`]: the one record of every call's outcome, that health and the gauge read: whether
+//! Redis is reachable (where no reconnecting server knows), whether a call lost it since `Auto`
+//! detected the module, whether decisions are failing (first error to next success). With no
+//! traffic the watcher probes a failing Redis every [`PROBE_EVERY`]: a readiness check that took
+//! the instance out of service would otherwise never let a request prove it recovered.
 //! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -24,8 +16,7 @@ use crate::backend::redis::wire::mode::{path_code, path_name, path_of, RedisMode
 /// How long the watcher lets a failing backend go without a decision before it probes.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
-/// The one clock of a backend: every breaker, the recorder and the nodes' records count
-/// milliseconds from its epoch.
+/// The one clock of a backend: every breaker and record counts milliseconds from its epoch.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Clock(Instant);
 
@@ -46,8 +37,7 @@ const UNREACHABLE_AFTER: u32 = 3;
 /// A failing Redis that has not answered for this long counts as unreachable.
 const SILENT_FOR: Duration = Duration::from_secs(1);
 
-/// What the calls met: when Redis last answered, the failures to reach it since, and whether
-/// decisions are failing, and why.
+/// What the calls met: the last answer, the failures since, whether decisions fail, and why.
 pub(crate) struct Recorder {
     /// Ms on `clock` of the last answer; 0 before any.
     last_answer: AtomicU64,
@@ -55,15 +45,11 @@ pub(crate) struct Recorder {
     failures_in_a_row: AtomicU32,
     /// The last of them: its error and time.
     last_failure: Mutex<Option<(String, SystemTime)>>,
-    /// Set when a call could not reach Redis, on every topology: the connection may come back to
-    /// another server, so `Auto` mode detects the module again ([`Detector`]), which clears it once
-    /// detection has answered.
-    ///
-    /// [`Detector`]: crate::backend::redis::conn::connection::Detector
+    /// A call could not reach Redis: it may come back as another server, so `Auto` detects the
+    /// module again (connection.rs), which clears this once answered.
     lost: AtomicBool,
     failing: AtomicBool,
-    /// The error of the last failed call, and when, while failing; taken with every transition so
-    /// that the gauge follows the flag in order.
+    /// The last failed call's error and time; locked by transitions (the gauge follows in order).
     error: Mutex<Option<(String, SystemTime)>>,
     /// The path decisions take (for the gauge's label): `UNKNOWN`, `CELL` or `LUA`.
     path: AtomicU8,
@@ -100,8 +86,7 @@ impl Recorder {
         self.clock.now_ms()
     }
 
-    /// One call's outcome: whether Redis answered (an error reply included), and why the decision
-    /// failed if it did.
+    /// One call's outcome: whether Redis answered (an error reply included), and its error.
     pub(crate) fn record(&self, answered: bool, error: Option<String>) {
         if answered {
             let now = self.now_ms();
@@ -123,8 +108,7 @@ impl Recorder {
         }
     }
 
-    /// From the calls alone: whether Redis is reachable (the last calls did not all fail to reach
-    /// it: fewer than three in a row, and an answer within the last second), and the last failure.
+    /// From the calls alone: whether Redis is reachable, and the last failure.
     pub(crate) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
         let failures = self.failures_in_a_row.load(Ordering::Relaxed);
         let last_answer = self.last_answer.load(Ordering::Relaxed);
@@ -165,8 +149,7 @@ impl Recorder {
     fn failed_with(&self, text: String) {
         let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.last_failure_ms.store(self.now_ms(), Ordering::Relaxed);
-        // Not logged here: the layer logs failed decisions (once a second), and the reconnecting
-        // task the connection's transitions.
+        // Not logged: the layer logs failed decisions, the reconnecting task the transitions.
         if !self.failing.swap(true, Ordering::AcqRel) {
             crate::observe::backend_up(&self.name, None);
         }
@@ -189,8 +172,7 @@ impl Recorder {
         self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64
     }
 
-    /// The reconnecting task connected, on `path`: the gauge says so unless decisions are failing
-    /// (then the first that succeeds does). (A connection lost sets it to 0: reconnect.rs.)
+    /// The reconnecting task connected, on `path`: the gauge says so, unless decisions fail.
     pub(crate) fn connected(&self, path: Option<RedisMode>) {
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.set_path(path);
@@ -214,8 +196,7 @@ impl Recorder {
     }
 }
 
-/// Why a call failed, as Redis wrote it: an error reply reads `OOM command not allowed when used
-/// memory > 'maxmemory'.`, not as redis-rs shows it (`"OOM": command…`).
+/// Why a call failed, as Redis wrote it (`OOM command not allowed…`, not redis-rs' `"OOM": …`).
 pub(crate) fn error_text(error: &RedisError) -> String {
     match (error.code(), error.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
@@ -235,10 +216,8 @@ mod tests {
         failing.record(true, Some(oom.to_owned()));
         let (error, _) = failing.current().unwrap();
         assert!(error.starts_with("OOM"), "{error}");
-        assert!(
-            failing.reachability().0 && !failing.lost(),
-            "an error reply is an answer"
-        );
+        let answered = failing.reachability().0 && !failing.lost();
+        assert!(answered, "an error reply is an answer");
         // The error now, not the first one.
         failing.record(false, Some("timed out".to_owned()));
         assert_eq!(failing.current().unwrap().0, "timed out");
@@ -247,9 +226,7 @@ mod tests {
         assert_eq!(failing.current(), None);
         assert!(!failing.wants_probe());
         assert_eq!(failing.path_name(), "lua");
-        assert_eq!(
-            Recorder::new(RedisMode::Auto, "test", Clock::new()).path_name(),
-            "unknown"
-        );
+        let auto = Recorder::new(RedisMode::Auto, "test", Clock::new());
+        assert_eq!(auto.path_name(), "unknown");
     }
 }

@@ -7,19 +7,8 @@ use super::circuit::CircuitState;
 use crate::backend::redis::wire::mode::RedisMode;
 
 /// The state of a [`RedisBackend`](crate::redis::RedisBackend)'s connection, from
-/// [`RedisBackend::health`](crate::redis::RedisBackend::health), for readiness checks.
-///
-/// A backend is [healthy](Self::is_healthy) when decisions come from Redis: connected, the
-/// circuit breaker closed, and decisions not [failing](Self::decisions_failing); otherwise requests
-/// follow the layer's failure policy. On a Cluster and with a user's connection manager, which
-/// reconnect by themselves, "connected" comes from the calls: not after three calls in a row failed
-/// to reach Redis, or calls failing with no answer in the last second.
-///
-/// Decisions are failing from the first call that ends in an error (any: a lost connection, a
-/// timeout, `OOM command not allowed` from a full Redis, a script error) until the next that
-/// succeeds; meanwhile `last_error` is the last failed call's error and the gauge
-/// `throttle_backend_up{backend, path}` is 0. With no requests, the backend probes a failing Redis
-/// every 250 ms with a decision that writes nothing, so a recovery shows within a second.
+/// [`RedisBackend::health`](crate::redis::RedisBackend::health), for readiness checks: healthy when
+/// decisions come from Redis ([guide](crate::guide::redis#health-in-detail)).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -41,37 +30,24 @@ use crate::backend::redis::wire::mode::RedisMode;
 pub struct RedisHealth {
     /// Whether a connection to a primary is up.
     pub connected: bool,
-    /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection (mode
-    /// `auto` with coalescing off, which looks for the redis-cell module).
+    /// The path decisions take: `Some(Cell)`, `Some(Lua)`, or `None` before detection.
     pub path: Option<RedisMode>,
-    /// Whether the circuit breaker is open: calls fail fast (but for an occasional probe) until
-    /// one gets through or the background probe finds Redis again.
+    /// Whether the circuit breaker is open: calls fail fast until a probe gets through.
     pub breaker_open: bool,
-    /// While connected and decisions are [failing](Self::decisions_failing): the error of the last
-    /// failed call (for example `OOM command not allowed when used memory > 'maxmemory'`).
-    /// Otherwise the last error that cost the connection or a connection attempt (a configuration error among them: a
-    /// wrong password, missing ACL permissions, a replica), and when it happened.
+    /// The last failed call's error while connected and [failing](Self::decisions_failing), else
+    /// the last that cost the connection or an attempt (a wrong password, a replica...); and when.
     pub last_error: Option<(String, SystemTime)>,
     /// Whether the last call to Redis failed (no call has succeeded since): see above.
     pub decisions_failing: bool,
     /// The address connected to last (the primary Sentinel named, for Sentinel), password hidden.
     pub address: Option<String>,
-    /// On a Redis Cluster, each primary of the slot map and its own circuit breaker (empty on one
-    /// server, and before the map is first read): see [`RedisNodeHealth`]. A node's breaker does
-    /// not make the backend unhealthy by itself, as the other primaries' keys are decided.
+    /// On a Redis Cluster, each primary of the slot map (empty on one server, and before the map
+    /// is first read). A node's breaker does not make the backend unhealthy by itself.
     pub nodes: Vec<RedisNodeHealth>,
 }
 
-/// One Redis Cluster primary, in [`RedisHealth::nodes`]: its slots and its circuit breaker.
-///
-/// A call that cannot reach the primary of its key's slot (a refused or lost connection, a
-/// timeout, or a slot that no node serves: `MOVED` back to a dead primary, `CLUSTERDOWN`) opens
-/// that primary's breaker: its slots' decisions then fail at once (the failure policy answers, with
-/// no round trip) but for one probe after 50 ms, then after up to 500 ms, until the primary answers
-/// again or the slot map (read every second, every 100 ms while a breaker is open) names another
-/// primary for the slots, such as its promoted replica, whose breaker starts closed. Keys on the
-/// other primaries are not affected. The gauge `throttle_cluster_node_up{backend, node}` follows
-/// the breaker (1 closed, 0 otherwise).
+/// One Redis Cluster primary, in [`RedisHealth::nodes`]: its slots and its circuit breaker, which
+/// opens when a call cannot reach it ([guide](crate::guide::redis#health-in-detail)).
 ///
 /// ```
 /// use tower_throttle::redis::{CircuitState, RedisBackend};
@@ -120,9 +96,8 @@ impl RedisHealth {
         self.reason().is_none()
     }
 
-    /// Why the backend is not healthy, in a few words (`None` when it is): `"not connected"`,
-    /// `"circuit breaker open"` or `"decisions failing"`, the first that holds; `last_error` says
-    /// more.
+    /// Why the backend is not healthy (`None` when it is): `"not connected"`, `"circuit breaker
+    /// open"` or `"decisions failing"`, the first that holds; `last_error` says more.
     pub fn reason(&self) -> Option<&'static str> {
         if !self.connected {
             Some("not connected")

@@ -1,14 +1,7 @@
-//! The backend's watcher: one background task per backend that probes a failing Redis when no
-//! request does (recorder.rs), and reads Redis' memory settings at start-up and then every 30 s
-//! ([`MemoryReport`]): the `maxmemory-policy` (`CONFIG GET`), which decides whether Redis may evict
-//! the limiter's keys, and `evicted_keys` (`INFO stats`), the keys it did evict.
-//!
-//! An evicted limiter key forgets its client's usage: the client gets a fresh burst, with no error
-//! anywhere. Every limiter key has a TTL, so the `volatile-*` policies evict them as surely as the
-//! `allkeys-*` ones; only `noeviction` keeps them (Redis then refuses writes when full, and the
-//! failure policy answers). So a policy that can evict is logged once as a warning, and evictions
-//! seen are counted in `throttle_redis_evicted_keys_total` and logged (at most every 30 s). A
-//! managed Redis that refuses `CONFIG GET` gets one line that says so.
+//! The backend's watcher: a task that probes a failing Redis when no request does, and reads Redis'
+//! memory settings and evictions every 30 s ([`MemoryReport`]). An evicted key silently gives its
+//! client a fresh burst, and every limiter key has a TTL, so only `noeviction` keeps them: an
+//! evicting policy is warned about once, evictions are counted and logged.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -39,8 +32,7 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
         let probe = Limit::new("health-probe", Quota::per_second(1)).expect("a valid quota");
         let key = Key::from("probe");
         let mut next_memory = Instant::now();
-        // Until the first read succeeds (a backend built before Redis answers), it is tried every
-        // second; then every 30 s, whatever the outcome.
+        // Every second until a read succeeds; then every 30 s, whatever the outcome.
         let mut read_once = false;
         let mut tick = tokio::time::interval(super::recorder::PROBE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -50,26 +42,24 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
                 return;
             };
             if state.breaker.recorder.wants_probe() {
-                // A decision of 0 units on a key of its own: the script runs (and Redis refuses it
-                // when out of memory, as it refuses the real ones) but writes nothing. Its outcome
-                // is recorded like any decision's.
+                // 0 units on a key of its own: the script runs (refused when Redis is full, as
+                // the real ones) but writes nothing; recorded like any decision.
                 let _ = state.check(&probe, &key, 0).await;
             }
             if Instant::now() >= next_memory {
                 read_once |= read_memory(&state).await.is_ok();
-                next_memory = Instant::now()
-                    + if read_once {
-                        MEMORY_EVERY
-                    } else {
-                        MEMORY_RETRY
-                    };
+                let every = if read_once {
+                    MEMORY_EVERY
+                } else {
+                    MEMORY_RETRY
+                };
+                next_memory = Instant::now() + every;
             }
         }
     });
 }
 
-/// Reads the policy and the evictions, counts the evictions since the last read, and says what
-/// an operator must know (see the module's header).
+/// Reads the policy and the evictions, counts the new evictions, and logs (see the module docs).
 pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, BackendError> {
     let mut conn = state.conn.clone();
     let budget = state
@@ -90,6 +80,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     let (config, info) = asked;
     // An error reply (`ERR unknown command`, `NOPERM`) is a refusal; anything else: not reached.
     let refused = |e: &RedisError| e.code().is_some() && !e.is_io_error();
+    let unread = |what, e| BackendError::with_source(format!("cannot read Redis' {what}"), e);
     let (policy, maxmemory) = match config {
         Ok(value) => (policy_of(&value), maxmemory_of(&value)),
         Err(e) if refused(&e) => {
@@ -103,25 +94,14 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
             }
             (None, None)
         }
-        Err(e) => {
-            return Err(BackendError::with_source(
-                "cannot read Redis' memory settings",
-                e,
-            ))
-        }
+        Err(e) => return Err(unread("memory settings", e)),
     };
     let evicted_keys = match info {
         Ok(value) => evicted_keys_of(&value),
         Err(e) if refused(&e) => None,
-        Err(e) => {
-            return Err(BackendError::with_source(
-                "cannot read Redis' statistics",
-                e,
-            ))
-        }
+        Err(e) => return Err(unread("statistics", e)),
     };
-    // Bare CL.THROTTLE only where Redis cannot refuse it for memory: it evicts instead, or has no
-    // cap. Else (a cap under `noeviction`, or settings unknown) through the script.
+    // Bare CL.THROTTLE only where Redis cannot refuse it for memory (it evicts, or has no cap).
     let may_refuse =
         !policy.as_deref().is_some_and(MemoryReport::policy_evicts) && maxmemory != Some(0);
     state
@@ -259,15 +239,5 @@ mod tests {
         let both = Value::Map(vec![(bulk("a"), bulk(stats)), (bulk("b"), bulk(stats))]);
         assert_eq!(evicted_keys_of(&both), Some(84));
         assert_eq!(evicted_keys_of(&bulk("# Stats\r\n")), None);
-    }
-
-    #[test]
-    fn every_policy_but_noeviction_evicts_limiter_keys() {
-        let evicting = "allkeys-lru allkeys-lfu allkeys-random volatile-lru volatile-lfu \
-                        volatile-random volatile-ttl";
-        for policy in evicting.split_whitespace() {
-            assert!(MemoryReport::policy_evicts(policy), "{policy}");
-        }
-        assert!(!MemoryReport::policy_evicts("noeviction"));
     }
 }

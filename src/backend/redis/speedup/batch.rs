@@ -1,29 +1,19 @@
-//! Coalesced exact batches: checks that wait on the connection at the same moment go to Redis in
-//! one call, each decided in arrival order exactly as alone (same decision, same stored state), and
-//! each waiting check gets its own answer. A script call's fixed overhead (the call, `TIME`, the
-//! key's `GET` and `SET`) costs Redis about as much as deciding, and under concurrency many checks
-//! wait on one connection anyway: one call for N pays it once (BENCHMARKS.md, section 8).
+//! Coalesced exact batches: checks waiting on the connection at the same moment go to Redis in one
+//! call, each decided in arrival order exactly as alone. A script call's fixed cost (the call,
+//! `TIME`, `GET`, `SET`) is about that of deciding: one call for N pays it once (BENCHMARKS.md, 8).
 //!
-//! - GCRA checks: one `gcra_batch.lua` call. A run of identical checks (same key, quota and
-//!   quantity: a hot key's) is one group, answered with one number (the backlog its first check
-//!   met), from which `gcra_group.rs` derives each check's answer by the script's own step.
-//! - `CL.THROTTLE` checks: one pipelined write of one command per check (each decided by the module
-//!   as if sent alone, one round trip for the batch). On a Cluster they go alone (`cell.lua`).
-//! - `limits.lua` checks (other algorithms, stacks): one `limits_batch.lua` call, which runs
-//!   `limits.lua`'s function per item, each on the state the items before it left; a failed item
-//!   (`WRONGTYPE`) fails alone.
+//! - GCRA: one `gcra_batch.lua` call; a run of identical checks (a hot key's) is one group,
+//!   answered with one backlog, from which gcra_group.rs derives each answer.
+//! - `CL.THROTTLE`: one pipelined write, a command per check (on a Cluster, alone: `cell.lua`).
+//! - `limits.lua` (other algorithms, stacks): one `limits_batch.lua` call, an item per check; a
+//!   failed item (`WRONGTYPE`) fails alone.
 //!
-//! A *lane* queues the checks that wait. A check that finds its lane idle leaves at once (alone:
-//! no added latency without concurrency); otherwise it waits for the next batch, which takes up to
-//! [`MAX_BATCH`] and leaves when a batch in flight answers or, with one in flight (of at most
-//! [`IN_FLIGHT`]), once it is as large as that one or the last to answer ([`Lane::full`]). A batch
-//! runs on a task of its own under the backend's timeout; each check keeps its own timeout and
-//! breaker (it waits inside `guarded`), and a failed batch fails each of its checks.
+//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; others wait for
+//! the next batch, which leaves when a batch in flight answers, or once [`Lane::full`]. A batch runs
+//! on a task of its own; each check keeps its timeout and breaker (it waits inside `guarded`).
 //!
-//! One server has a lane per kind of call. A Cluster has a lane per Redis key: a script's keys must
-//! share a slot, and keys of one slot can be split between two nodes while it migrates (`TRYAGAIN`);
-//! one key is always on one node. A `limits.lua` check takes the lane of its first key, so a lane
-//! there may hold both kinds: they go in arrival order, one call per run of one kind.
+//! One server has a lane per kind of call; a Cluster one per key (a migrating slot's keys may be
+//! split between nodes; one key never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
 use std::mem;
@@ -48,17 +38,13 @@ static GCRA_BATCH: LazyLock<Script> =
 static LIMITS_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
 
-/// Batches in flight per lane at most. Two: while one is on the wire or in Redis, the next fills
-/// (see [`Lane::full`] for when it leaves).
+/// Batches in flight per lane at most: while one is on the wire or in Redis, the next fills.
 const IN_FLIGHT: usize = 2;
 
-/// Checks per batch at most: bounds one call's arguments and the time Redis spends in it (a group
-/// of one key costs it the same whatever its size; a batch of 128 keys, 128 `SET`s: well under a
-/// millisecond).
+/// Checks per batch at most: bounds one call's arguments and time in Redis (well under 1 ms).
 pub(crate) const MAX_BATCH: usize = 128;
 
-/// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; lanes named by keys exist
-/// only on a Cluster, where `CL.THROTTLE` checks are not coalesced).
+/// The lane of `CL.THROTTLE` checks on one server (the Lua lane is `""`; keys name a Cluster's).
 const CELL_LANE: &str = "CL.THROTTLE";
 
 /// The lane of `limits.lua` checks on one server.
@@ -113,13 +99,10 @@ struct Lane {
 }
 
 impl Lane {
-    /// Whether the checks waiting make a batch worth sending while another is in flight: as many
-    /// as are in flight, or as the batch that answered last held, whichever is more. The callers of
-    /// a batch come back together, so under steady concurrency batches settle at about half the
-    /// callers each, two in flight (one call per ~25 checks at 50 callers, against ~16 when a
-    /// second batch left with whatever waited); a lone check after a lone check still leaves at
-    /// once. A waiting check is sent at the latest when the batch in flight answers (its task takes
-    /// what waits): at most one round trip. BENCHMARKS.md, section 8.
+    /// Whether the waiting checks make a batch worth sending while another is in flight: as many as
+    /// in flight, or as the last to answer held. A batch's callers come back together, so batches
+    /// settle at half the callers, two in flight (one call per ~25 checks at 50 callers, against ~16
+    /// with whatever waited; BENCHMARKS.md, 8); a lone check after a lone check leaves at once.
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
@@ -188,8 +171,7 @@ impl Batcher {
         gcra_answer(self.queue(runtime, lane_name, job).await?)
     }
 
-    /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch; a runtime-less
-    /// caller sends it alone.
+    /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch.
     pub(crate) async fn cell(
         self: &Arc<Self>,
         key: &str,
@@ -212,8 +194,7 @@ impl Batcher {
         gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
     }
 
-    /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call; a runtime-less
-    /// caller sends it alone.
+    /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call.
     pub(crate) async fn limits(
         self: &Arc<Self>,
         call: LimitsCall,
@@ -233,19 +214,15 @@ impl Batcher {
         }
     }
 
-    /// Queues a check on `lane_name`, sending a batch at once if fewer than [`IN_FLIGHT`] are in
-    /// flight there, and waits for its answer.
+    /// Queues a check on `lane_name`, sends a batch if due, and waits for its answer.
     async fn queue(
         self: &Arc<Self>,
         runtime: tokio::runtime::Handle,
         lane_name: &str,
         job: Job,
     ) -> Result<Reply, RedisError> {
-        let (sender, receiver) = oneshot::channel();
-        let waiter = Waiter {
-            job,
-            answer: sender,
-        };
+        let (answer, receiver) = oneshot::channel();
+        let waiter = Waiter { job, answer };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             let lane = match lanes.get_mut(lane_name) {
@@ -253,11 +230,8 @@ impl Batcher {
                 None => lanes.entry(lane_name.into()).or_default(),
             };
             lane.waiting.push(waiter);
-            if lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()) {
-                Some(lane.take())
-            } else {
-                None
-            }
+            (lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()))
+                .then(|| lane.take())
         };
         if let Some(batch) = leaving {
             let batcher = self.clone();
@@ -277,17 +251,14 @@ impl Batcher {
     /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
     async fn run(self: Arc<Self>, lane_name: Box<str>, mut batch: Vec<Waiter>) {
         let mut conn = self.conn.clone();
-        // If this task is dropped half-way (its runtime shut down while the backend lives on in
-        // another), the lane must not keep counting it in flight: it would hold every later check
-        // in `waiting`, unsent, until its timeout.
+        // Dropped half-way (its runtime shut down), this task must not stay counted in flight.
         let mut unfinished = Unfinished {
             batcher: Some(self.clone()),
             lane: lane_name.clone(),
             size: batch.len(),
         };
         loop {
-            // A check that went away (timed out, or its client left) before its batch left is
-            // not decided: it takes nothing from the limit.
+            // A check gone before its batch left (timed out, its client left) takes nothing.
             let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
@@ -314,8 +285,7 @@ impl Batcher {
             };
             lane.last_size = size;
             lane.ended(size);
-            // The next batch leaves now if no other is in flight, or if it is full; otherwise the
-            // batch in flight takes it when it answers.
+            // The next batch leaves now if none is in flight or it is full; else when one answers.
             if lane.waiting.is_empty() || (lane.in_flight > 0 && !lane.full()) {
                 if lane.in_flight == 0 && self.per_key {
                     lanes.remove(&*lane_name);
@@ -329,9 +299,8 @@ impl Batcher {
     }
 }
 
-/// The in-flight count of a lane whose task ends without finishing (dropped, or a panic): given
-/// back, and when no other batch is in flight the checks still waiting are dropped (their callers
-/// then fail at once, "the batch of this check was dropped", instead of waiting out the timeout).
+/// A lane's task that ends unfinished (dropped, a panic) gives its in-flight count back, and with
+/// no other batch in flight drops the waiting checks (their callers fail at once).
 struct Unfinished {
     batcher: Option<Arc<Batcher>>,
     lane: Box<str>,
@@ -357,9 +326,8 @@ impl Drop for Unfinished {
     }
 }
 
-/// One batch of the cell lane: one `CL.THROTTLE` per check, pipelined (one write, one round
-/// trip); each command's error (a foreign key's `WRONGTYPE`, "unknown command" once the module is
-/// gone) is its own check's.
+/// One batch of the cell lane: a `CL.THROTTLE` per check, pipelined; each command's error
+/// (`WRONGTYPE`, "unknown command" once the module is gone) is its own check's.
 async fn send_cell(
     conn: &mut RedisConnection,
     batch: &[Waiter],
@@ -387,8 +355,7 @@ async fn send_cell(
         .collect())
 }
 
-/// One batch, in order, one call per run of one kind (runs of two kinds meet only on a Cluster's
-/// lane): each check's answer, or the error of the call it went in.
+/// One batch, one call per run of one kind: each check's answer, or its call's error.
 async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply, RedisError>> {
     let mut answers = Vec::with_capacity(batch.len());
     let mut rest = batch;
@@ -501,8 +468,7 @@ async fn send_gcra(
             .await
             .map(|answer| vec![Ok(Reply::Gcra(answer))]);
     }
-    // Runs of the same key, quota and quantity travel as one group, with the quota's numbers only
-    // when they differ from the group's before (see the script's header).
+    // Runs of the same key, quota and quantity are one group (see the script's header).
     let mut invocation = GCRA_BATCH.prepare_invoke();
     let mut groups = Vec::new();
     let mut last_quota = None;

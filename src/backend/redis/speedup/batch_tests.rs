@@ -23,12 +23,17 @@ fn waiting(n: usize) -> Vec<Waiter> {
         .collect()
 }
 
+/// A lane with `n` checks waiting.
+fn lane(n: usize) -> Lane {
+    Lane {
+        waiting: waiting(n),
+        ..Lane::default()
+    }
+}
+
 #[test]
 fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
-    let mut lane = Lane {
-        waiting: waiting(10),
-        ..Lane::default()
-    };
+    let mut lane = lane(10);
     let first = lane.take();
     assert_eq!((first.len(), lane.in_flight, lane.flying), (10, 1, 10));
     lane.waiting = waiting(9);
@@ -50,10 +55,7 @@ fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
 
 #[test]
 fn a_lone_check_follows_a_lone_check_at_once() {
-    let mut lane = Lane {
-        waiting: waiting(1),
-        ..Lane::default()
-    };
+    let mut lane = lane(1);
     lane.take();
     lane.waiting = waiting(1);
     assert!(
@@ -68,10 +70,7 @@ fn a_lone_check_follows_a_lone_check_at_once() {
 
 #[test]
 fn a_lane_with_nothing_in_flight_counts_no_check_in_flight() {
-    let mut lane = Lane {
-        waiting: waiting(MAX_BATCH + 5),
-        ..Lane::default()
-    };
+    let mut lane = lane(MAX_BATCH + 5);
     let batch = lane.take();
     assert_eq!((batch.len(), lane.waiting.len()), (MAX_BATCH, 5));
     // A task that ends with a size it no longer matches (dropped half-way) cannot leave the lane

@@ -1,13 +1,10 @@
-//! Sliced budgets for hot keys ([`Budget`]): a process takes a slice of a hot key's GCRA budget in
-//! one atomic call (`budget.lua`) and admits from it locally, never more than Redis granted.
+//! Sliced budgets for hot keys ([`Budget`]): a slice of a hot key's budget, taken in one atomic call
+//! (`budget.lua`), is admitted from locally, never more than Redis granted.
 //!
-//! Per key (its Redis key), this process keeps how many units it saw in the current and the
-//! previous slice TTL (hotness and the local rate), and its slice: the units left, when they
-//! expire, and what Redis said when it granted them. A request takes from a live slice without a
-//! call; a hot key whose slice ran out asks for a new one sized by the local rate; a cold key, and
-//! a hot key while its slice is being fetched, is decided per request as without a budget (the
-//! other requests do not wait for the fetch). The table is bounded: when full, keys idle for two
-//! slice TTLs are dropped, and keys beyond it stay cold.
+//! Per key, this process keeps the units it saw lately (hotness, the local rate) and its slice. A
+//! request takes from a live slice; a hot key whose slice ran out asks for one sized by the local
+//! rate; a cold key, or one whose slice is on its way, is decided per request. The table is
+//! bounded: when full, keys idle two slice TTLs go; new keys stay cold.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,11 +30,11 @@ const MAX_KEYS: usize = 100_000;
 #[derive(Default)]
 pub(crate) struct Budgets {
     keys: Mutex<HashMap<Box<str>, Slice>>,
-    /// When the full table was last swept: at most once a slice TTL, so that a flood of new keys into
-    /// a full table costs each of them a lookup, not a scan of every key under the lock.
+    /// When the full table was last swept: at most once a slice TTL (a flood of new keys costs
+    /// each a lookup, not a scan under the lock).
     last_sweep: Mutex<Option<Instant>>,
-    /// Counts the resets heard (here or from another process): a slice fetched across one is not
-    /// credited, as Redis may have granted it from the state the reset deleted.
+    /// Counts the resets heard: a slice fetched across one is not credited (Redis may have
+    /// granted it from the state the reset deleted).
     generation: AtomicU64,
 }
 
@@ -79,8 +76,7 @@ impl Slice {
         }
     }
 
-    /// The slice to ask for: about the units of one slice TTL at the local rate, within the budget's
-    /// and the limit's bounds, and never less than `least`.
+    /// The slice to ask for: a slice TTL at the local rate, within the bounds, at least `least`.
     fn want(&self, budget: &Budget, limit: u64, least: u64) -> u64 {
         self.seen_now
             .max(self.seen_before)
@@ -92,8 +88,7 @@ impl Slice {
     fn decision(&self, now: Instant) -> Decision {
         Decision::allowed(
             self.limit,
-            // At most the limit: Redis, had the slice's units not been taken, would have said at
-            // most that (units of an earlier slice may be counted in a backlog that has drained).
+            // At most the limit, as Redis would say (an earlier slice's units may have drained).
             self.units
                 .saturating_add(self.redis_remaining)
                 .min(self.limit),
@@ -107,18 +102,15 @@ impl Slice {
 pub(crate) enum Local {
     /// Admitted from the slice.
     Admit(Decision),
-    /// Admitted from the slice, which runs low: fetch this many more in the background, so that
-    /// the requests after do not wait for Redis when it runs out.
+    /// Admitted from the slice, which runs low: fetch this many more in the background.
     AdmitAndRefill(Decision, u64, Fetching),
-    /// The key is hot and its slice ran out: fetch a slice of this many units (the request's
-    /// among them), holding the guard until the answer is in.
+    /// Hot, its slice out: fetch this many units (the request's among them), holding the guard.
     Fetch(u64, Fetching),
     /// Decide it per request, as without a budget.
     PerRequest,
 }
 
-/// While held, the key's slice is being fetched; dropped (answered, failed, timed out or
-/// abandoned), the next request may fetch again.
+/// While held, the key's slice is being fetched; dropped, the next request may fetch again.
 pub(crate) struct Fetching {
     budgets: Arc<Budgets>,
     key: Box<str>,
@@ -201,9 +193,7 @@ impl Budgets {
         Local::Fetch(slice.want(budget, limit, quantity), fetching())
     }
 
-    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeps what is
-    /// left after the request's, and decides the request. A refill ahead takes no request's
-    /// units: `quantity` 0 asks for at least one, and keeps them all.
+    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeping the rest.
     pub(crate) async fn fetch(
         &self,
         conn: &mut RedisConnection,
@@ -266,8 +256,7 @@ impl Budgets {
         keys.remove(key);
     }
 
-    /// Drops the slices of the keys that start with `prefix` (`prefix:limit:{`: the limit changed
-    /// in a reload, and a slice granted under its old quota would admit at the old rate).
+    /// Drops the slices of keys under `prefix` (a limit changed in a reload: its old rate's).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
         let mut keys = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -300,12 +289,17 @@ mod tests {
         slice.last_grant = units;
     }
 
+    /// Hot after `hot_after` units, slices living a minute.
+    fn budget(hot_after: u32) -> Budget {
+        Budget::new()
+            .hot_after(hot_after)
+            .slice_ttl(Duration::from_secs(60))
+    }
+
     #[test]
     fn a_key_is_cold_until_hot_after_decisions() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new()
-            .hot_after(3)
-            .slice_ttl(Duration::from_secs(60));
+        let budget = budget(3);
         let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         assert!(matches!(local("k", 1), Local::PerRequest));
         assert!(matches!(local("k", 1), Local::PerRequest));
@@ -322,9 +316,7 @@ mod tests {
     #[test]
     fn a_slice_admits_what_was_granted_and_no_more() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new()
-            .hot_after(1)
-            .slice_ttl(Duration::from_secs(60));
+        let budget = budget(1);
         let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         grant(&budgets, "k", 3, 40, Duration::from_secs(60));
         let mut remaining = Vec::new();
@@ -353,10 +345,7 @@ mod tests {
     #[test]
     fn the_slice_asked_is_bounded_by_max_slice_and_the_limit() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new()
-            .hot_after(1)
-            .max_slice(10)
-            .slice_ttl(Duration::from_secs(60));
+        let budget = budget(1).max_slice(10);
         let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         for _ in 0..50 {
             drop(budgets.local("k", &budget, 100, 1));
@@ -371,7 +360,7 @@ mod tests {
     #[test]
     fn a_forgotten_key_has_no_slice() {
         let budgets = Arc::new(Budgets::default());
-        let budget = Budget::new().hot_after(100);
+        let budget = budget(100);
         let local = |key: &str, units| budgets.local(key, &budget, 100, units);
         grant(&budgets, "k", 5, 0, Duration::from_secs(60));
         budgets.forget("k");

@@ -1,20 +1,10 @@
-//! The items of one group of `gcra_batch.lua`'s reply: the script answers a run of identical GCRA
-//! checks (same key, quota and quantity) with the backlog the first of them was decided on, and
-//! this runs the prelude's step (`gcra_step` in prelude.lua) on it once per item, in the same
-//! integer arithmetic, for each item's five numbers: exactly what `gcra.lua` answers alone.
-//!
-//! [`group_args`] makes the other direction: a group's arguments as the script reads them.
-//!
-//! No `use` and no paths: the Redis tests include this file as it is (as they include lua.rs), so
-//! they check the script's answer through this very expansion, on arguments made by this very code.
+//! A group of `gcra_batch.lua` (a run of identical GCRA checks): its arguments ([`group_args`]),
+//! and its items' replies from the backlog the script answers, by the prelude's `gcra_step` in the
+//! same integer arithmetic: exactly what `gcra.lua` answers alone.
+//! No `use` and no paths: the Redis tests include this file as it is (as lua.rs).
 
-/// The arguments of one group of `count` identical items for `quantity` units of a quota of
-/// `interval`, `tolerance` and `ceiling` (the script's header): the count, negative and followed by
-/// the quota's three numbers (increment, tolerance, ceiling) unless they are those of the group
-/// before (`last`, which this updates).
-///
-/// The increment (interval × quantity) is sent exact up to `u64::MAX` and as `u64::MAX` beyond:
-/// any increment past the tolerance (below 2^52) admits nothing, whatever its size.
+/// A group's arguments (the script's header; `last`: the group before's quota). The increment
+/// saturates at `u64::MAX`: any past the tolerance admits nothing, whatever its size.
 pub(crate) fn group_args(
     last: &mut Option<[u64; 3]>,
     (interval, tolerance, ceiling): (u64, u64, u64),
@@ -36,15 +26,8 @@ pub(crate) fn group_args(
     }
 }
 
-/// Pushes the replies of `count` identical items, `{limited, limit, remaining, retry_after (ns, -1
-/// = never), reset_after (ns)}` each, decided one after the other from `backlog` (ns ahead of now,
-/// already within the ceiling: the script applied the rebase) for `quantity` units of a quota of
-/// `interval`, `tolerance` and `limit`.
-///
-/// The script computes in doubles, exact below 2^53: the backlog and tolerance stay below 2^52
-/// (the backend refuses longer tolerances), and an increment past the tolerance is never added.
-/// Here the increment is exact (128 bits), so an item whose cost exceeds the tolerance is refused
-/// in both, with `retry_after` -1.
+/// Pushes `count` items' replies (`gcra.lua`'s five numbers), decided in turn from `backlog` (ns,
+/// rebased), in 128 bits where the script's doubles are exact below 2^52: the same answers.
 pub(crate) fn push_replies(
     out: &mut Vec<[i64; 5]>,
     backlog: u64,

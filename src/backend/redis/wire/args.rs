@@ -13,9 +13,8 @@ use crate::penalty::Penalty;
 /// tolerance plus one interval stays within 2^52 ns (about 52 days); longer ones are refused.
 const LUA_MAX_WINDOW_NS: u64 = 1 << 52;
 
-/// Bounds that keep the limits script's integers exact in doubles (see limits.lua): window periods
-/// below 2^52 ns, counts below 2^51, and for the sliding window count × period (µs) below 2^51 and
-/// counts below 2^41.
+/// Bounds that keep limits.lua's integers exact in doubles: periods below 2^52 ns, counts below
+/// 2^51; sliding windows: count × period (µs) below 2^51, counts below 2^41.
 const WINDOW_MAX_PERIOD_NS: u64 = 1 << 52;
 const MAX_COUNT: u64 = 1 << 51;
 const SLIDING_MAX_COUNT: u64 = 1 << 41;
@@ -39,8 +38,7 @@ pub(crate) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
     out
 }
 
-/// The key suffix of each algorithm: a policy whose algorithm changes reads a key of its own, never
-/// another algorithm's (a ZSET where a string was: WRONGTYPE).
+/// The key suffix of each algorithm: a changed algorithm never reads another's key (`WRONGTYPE`).
 fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Gcra => "",
@@ -63,13 +61,11 @@ pub(crate) fn penalty_args(penalty: Option<&Penalty>) -> [u64; 3] {
 #[derive(Clone, Copy)]
 pub(crate) struct Args {
     pub(crate) penalty: Option<Penalty>,
-    /// The limit delays instead of rejecting ([`Limit::with_delay`]): the tolerance includes the
-    /// delay, which `CL.THROTTLE` cannot express, so it always runs on Lua.
+    /// The limit delays ([`Limit::with_delay`]), which `CL.THROTTLE` cannot express: always Lua.
     pub(crate) delayed: bool,
     pub(crate) interval: u64,
     pub(crate) tolerance: u64,
-    /// How far ahead a stored TAT is read as it is (see [`ceiling`]): the tolerance, or a metered
-    /// limit's tolerance plus its debt cap.
+    /// How far ahead a stored TAT is read as it is ([`ceiling`]).
     pub(crate) ceiling: u64,
     pub(crate) limit: u64,
     /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
@@ -90,8 +86,7 @@ impl Args {
     }
 
     /// The GCRA's arguments, with `CL.THROTTLE`'s only if `cell` (the mode may take that path):
-    /// finding its whole-second form takes 128-bit divisions, which a request on the Lua path
-    /// need not pay.
+    /// its whole-second form takes 128-bit divisions, which the Lua path need not pay.
     pub(crate) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
         let params = limit.gcra()?;
         let delayed = limit.delay().is_some();
@@ -102,18 +97,8 @@ impl Args {
             tolerance: params.tolerance(),
             ceiling: ceiling(limit),
             limit: params.limit(),
-            cell: if cell && !delayed {
-                cell_args(limit)
-            } else {
-                None
-            },
+            cell: (cell && !delayed).then(|| cell_args(limit)).flatten(),
         })
-    }
-
-    fn lua_ok(&self) -> bool {
-        self.tolerance
-            .checked_add(self.interval)
-            .is_some_and(|w| w <= LUA_MAX_WINDOW_NS)
     }
 
     /// Whether the limit is metered: its keys may hold debt past the tolerance.
@@ -122,18 +107,14 @@ impl Args {
     }
 }
 
-/// How far ahead of now (ns) a GCRA limit's stored TAT is read as it is, by every script: the
-/// GCRA's [`ceiling`](crate::gcra::GcraParams::ceiling), as `gcra::decide` reads it (the tolerance, and
-/// for a metered limit its debt cap on top: a key in debt is refused until it is paid back).
-/// Beyond it, a TAT was written under another quota. 0 for the other algorithms.
+/// How far ahead (ns) the scripts read a stored TAT as it is: the GCRA's `ceiling` (beyond it, a
+/// TAT was written under another quota). 0 for the other algorithms.
 pub(crate) fn ceiling(limit: &Limit) -> u64 {
     limit.gcra().map_or(0, |params| params.ceiling())
 }
 
-/// Why the Redis backend cannot settle `limit`'s costs exactly, if it is metered and cannot: a
-/// metered limit is a GCRA limit without a leased budget (a slice is granted before the cost is
-/// known, and settling behind it would charge the key twice or not at all), whose debt the scripts
-/// can hold exactly (the tolerance plus the debt cap within 2^52 ns, about 52 days).
+/// Why the Redis backend cannot settle metered `limit`'s costs exactly: not a GCRA limit, a leased
+/// budget (granted before the cost is known), or a debt past 2^52 ns (about 52 days).
 fn metered_error(limit: &Limit) -> Result<(), String> {
     if !limit.is_metered() {
         return Ok(());
@@ -163,8 +144,8 @@ fn metered_error(limit: &Limit) -> Result<(), String> {
     Ok(())
 }
 
-/// The quota as `count` per `period_secs` whole seconds, at exactly the same rate: the smallest whole
-/// number of seconds that holds a whole number of emissions.
+/// The quota as `count` per `period_secs` whole seconds at exactly the same rate, in the fewest
+/// seconds that hold a whole number of emissions.
 fn cell_args(limit: &Limit) -> Option<CellArgs> {
     const NANOS: u128 = 1_000_000_000;
     let quota = limit.quota();
@@ -226,10 +207,9 @@ const KIND_CALENDAR_WINDOW: u8 = 5;
 const CALENDAR_SPLIT: u64 = 1 << 22;
 
 impl Spec {
-    /// This spec for `key` now: a fixed window whose keys each start at their own phase
-    /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes the key's shift (µs) as
-    /// its second parameter, which the scripts add to the server's clock; a calendar window takes
-    /// the bounds around this process's clock (see [`calendar_args`]).
+    /// This spec for `key` now: a fixed window at the key's own phase
+    /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes its shift (µs) as `b`; a
+    /// calendar window, the bounds around this process's clock ([`calendar_args`]).
     pub(crate) fn on_clock_of(mut self, limit: &Limit, key: &Key) -> Spec {
         match self.kind {
             KIND_FIXED_WINDOW => self.b = limit.window_shift(key) / 1000,
@@ -302,8 +282,7 @@ impl Spec {
             ));
         };
         let (period, count) = (window.period(), window.limit());
-        // Redis' clock (TIME) counts microseconds: windows cut at finer periods would not fall on
-        // the boundaries window.rs computes.
+        // TIME counts microseconds: finer periods would miss window.rs's boundaries.
         if period % 1000 != 0 {
             return Err(format!(
                 "policy {name:?}: the Redis backend needs the period of a {algorithm} limit to be a \
@@ -363,20 +342,17 @@ impl Spec {
     }
 }
 
-/// A calendar window's two parameters, from the bounds around this process's clock: the end of
-/// the window holding it (Unix seconds), and the lengths of that window and the next (seconds, as
-/// `before × 2^22 + after`). The script picks among the windows ending at `end - before`, `end`
-/// and `end + after` the one holding the server's clock (as
-/// [`Bounds::window_at`](crate::calendar::Bounds::window_at) does), so that a server whose clock
-/// is a little behind or ahead of this one still counts in the window its own clock is in.
+/// A calendar window's two parameters: the end (Unix seconds) of the window holding this
+/// process's clock, and the lengths of that window and the next (`before × 2^22 + after`). The
+/// script picks the window holding the server's clock among those ending at `end - before`, `end`
+/// and `end + after`, so a server clock a little off still counts in its own window.
 fn calendar_args(bounds: crate::calendar::Bounds) -> (u64, u64) {
     let before = (bounds.end - bounds.start).min(CALENDAR_SPLIT - 1);
     let after = (bounds.next_end - bounds.end).min(CALENDAR_SPLIT - 1);
     (bounds.end, before * CALENDAR_SPLIT + after)
 }
 
-/// Why `limits` cannot be decided together, if they cannot: the stack rule of every backend
-/// ([`check_stack`]), and one of Redis's own.
+/// Why `limits` cannot be decided together: every backend's rule ([`check_stack`]), and Redis'.
 pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
     check_stack(limits)?;
     for (i, limit) in limits.iter().enumerate() {
@@ -395,16 +371,12 @@ pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether the Redis backend in `mode` can enforce `limit` ([`Backend::validate`]).
-///
-/// [`Backend::validate`]: crate::backend::Backend::validate
+/// Whether the Redis backend in `mode` can enforce `limit` (`Backend::validate`).
 pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
     metered_error(limit).map_err(BuildError::Invalid)?;
     let name = limit.name();
     match Args::new(limit) {
-        None => Spec::of(limit, String::new()).map(drop),
-        // Cell takes CL.THROTTLE, but for a delayed limit, which runs on Lua in every mode
-        // (CL.THROTTLE's whole seconds cannot express its delay).
+        // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
         Some(args) if mode == RedisMode::Cell && !args.delayed => match args.cell {
             Some(_) => Ok(()),
             None => Err(format!(
@@ -412,22 +384,15 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
                  a whole number of seconds at the same rate); use mode \"lua\""
             )),
         },
-        // Auto may run either path, and a policy that only one path can enforce runs on Lua: so
-        // Lua must be able to.
-        Some(args) if args.lua_ok() => Ok(()),
-        Some(args) => Err(format!(
-            "policy {name:?}: the Lua path of the Redis backend supports bursts that refill within \
-             52 days (period / count × (max_burst + 1)); this quota needs {:?}",
-            Duration::from_nanos(args.tolerance)
-        )),
+        // Auto may run either path, and what only one path can enforce runs on Lua: so Lua must
+        // be able to (as the limits script does: the same bounds).
+        _ => Spec::of(limit, String::new()).map(drop),
     }
     .map_err(BuildError::Invalid)
 }
 
-/// Whether the Redis backend can enforce `limits` together ([`Backend::validate_all`]). In a stack
-/// the GCRA runs on the limits script, with gcra.lua's arithmetic and bounds ([`Spec::of`]).
-///
-/// [`Backend::validate_all`]: crate::backend::Backend::validate_all
+/// Whether the Redis backend can enforce `limits` together (`Backend::validate_all`); in a stack
+/// the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
     for limit in limits {
@@ -450,23 +415,16 @@ mod tests {
 
     #[test]
     fn quotas_map_to_whole_second_periods_at_the_same_rate() {
-        assert_eq!(cell(Quota::per_second(5)), Some((4, 5, 1)));
-        assert_eq!(
-            cell(Quota::cl_throttle(15, 30, Duration::from_secs(60))),
-            Some((15, 30, 60))
-        );
-        assert_eq!(
-            cell(Quota::per_period(5, Duration::from_millis(500))),
-            Some((4, 10, 1))
-        );
-        assert_eq!(
-            cell(Quota::per_period(1, Duration::from_millis(1500))),
-            Some((0, 2, 3))
-        );
-        assert_eq!(
-            cell(Quota::per_period(3, Duration::from_millis(700))),
-            Some((2, 30, 7))
-        );
-        assert_eq!(cell(Quota::per_day(1000)), Some((999, 1000, 86_400)));
+        let ms = Duration::from_millis;
+        for (quota, sent) in [
+            (Quota::per_second(5), (4, 5, 1)),
+            (Quota::cl_throttle(15, 30, ms(60_000)), (15, 30, 60)),
+            (Quota::per_period(5, ms(500)), (4, 10, 1)),
+            (Quota::per_period(1, ms(1500)), (0, 2, 3)),
+            (Quota::per_period(3, ms(700)), (2, 30, 7)),
+            (Quota::per_day(1000), (999, 1000, 86_400)),
+        ] {
+            assert_eq!(cell(quota), Some(sent), "{quota:?}");
+        }
     }
 }

@@ -1,24 +1,20 @@
--- gcra_batch.lua: several GCRA decisions in one call (batch.rs), each exactly as gcra.lua makes it
--- (the prelude's step), answered per group of identical items rather than per item.
+-- gcra_batch.lua: GCRA decisions in one call (batch.rs), each as gcra.lua makes it, per group.
 --
 -- KEYS[g]  group g's state (gcra.lua's format). A group is a run of items with the same key, quota
---          and quantity; a key may appear in several groups. Items are decided in order, each on
---          the state the one before it left, all at one instant (one TIME).
--- ARGV     per group, its number of items; negative (minus the number) when the group's quota
---          follows: its increment (ns: interval x quantity; a value past the tolerance stands for
---          any larger one), tolerance (ns) and ceiling (ns, gcra.lua's ARGV[8]; the tolerance when
---          not metered). The first group's quota always follows, a later group's only when it
---          differs from the one before (a batch of one quota sends three numbers for it).
+--          and quantity (a key may be in several). Items are decided in order, each on the state
+--          the one before left, all at one TIME.
+-- ARGV     per group, its item count; negative when the group's quota follows (only when it
+--          differs from the group before's): its increment (ns: interval x quantity; any value
+--          past the tolerance stands for larger ones), tolerance (ns) and ceiling (ns, gcra.lua's
+--          ARGV[8]).
 -- Returns  per group, the backlog (ns, within the ceiling) its first item was decided on, or -1
---          when its key holds another type (gcra.lua would fail with WRONGTYPE). The client runs
---          the prelude's step from it once per item (gcra_group.rs, the same integer arithmetic)
---          for gcra.lua's five numbers: the script's work and reply are per group, not per item.
+--          when its key holds another type (WRONGTYPE); gcra_group.rs runs the step from it per
+--          item: the script's work and reply are per group.
 --
--- Within a group every item is admitted while the backlog plus its increment stays within the
--- tolerance; the first refused leaves the backlog as it is, so every later one is refused on it:
--- the count admitted is all the script needs. A key is read once (one MGET for the batch) and
--- written once, after its last item, with the value and expiry gcra.lua's last write would leave.
--- Numbers are read from ARGV by arithmetic (`x + 0`: one conversion, where tonumber makes two).
+-- In a group, items pass while backlog + increment stays within the tolerance; the first refused
+-- leaves the backlog as it is, so all later ones are refused: the count admitted is all it takes.
+-- A key is read once (one MGET) and written once, after its last item, as gcra.lua's last write
+-- would. ARGV is read by arithmetic (`x + 0`: one conversion, where tonumber makes two).
 
 -- Per key: its backlog as the groups so far left it (false: not a string), and what to write.
 local backlogs = {}
@@ -27,15 +23,12 @@ local out = {}
 
 local groups = #KEYS
 
--- Every key's value in one MGET rather than a GET per key (one command instead of one a group, on
--- a batch of many keys). MGET answers nil (false here) both for a missing key and for one of
--- another type, which GET refuses (WRONGTYPE): when any came back nil, one EXISTS of those tells
--- whether any exists; only then is each asked alone (GET, below), to fail its own items.
+-- Every key in one MGET, which answers nil for a missing key and one of another type alike: then
+-- one EXISTS tells whether any exists, and only then is each asked alone (GET), to fail its items.
 local values = redis.call('MGET', unpack(KEYS))
 local absent = nil
 for g = 1, groups do
   if not values[g] then
-    -- Made only when needed: a hot key's batch finds its key (one table less to collect).
     absent = absent or {}
     absent[#absent + 1] = KEYS[g]
   end
@@ -58,8 +51,7 @@ for g = 1, groups do
   if backlog == nil then
     local stored = values[g]
     if not stored and unsure then
-      -- A key that is not a string (WRONGTYPE) fails its own items, as gcra.lua would fail
-      -- alone, not the batch.
+      -- Not a string (WRONGTYPE): fails its own items, as alone, not the batch.
       stored = redis.pcall('GET', key)
     end
     if type(stored) == 'table' and stored.err then
@@ -71,12 +63,9 @@ for g = 1, groups do
   if backlog == false then
     out[g] = -1
   else
-    -- The step's rebase: a backlog past the ceiling was written under another quota; the first
-    -- item stores it as the ceiling, admitted or not.
+    -- The step's rebase (another quota's backlog): the first item stores it, admitted or not.
     local rebased = backlog > ceiling
-    if rebased then
-      backlog = ceiling
-    end
+    if rebased then backlog = ceiling end
     out[g] = backlog
     -- Items admitted: the j-th (from 1) passes when backlog + j * increment <= tolerance.
     local admitted = 0
@@ -89,14 +78,10 @@ for g = 1, groups do
       backlog = backlog + admitted * increment
     end
     -- An admitted item writes its backlog when it is not 0; a rebased first item writes.
-    if rebased or (admitted > 0 and backlog > 0) then
-      writes[key] = backlog
-    end
+    if rebased or (admitted > 0 and backlog > 0) then writes[key] = backlog end
   end
   backlogs[key] = backlog
 end
 
-for key, ahead in pairs(writes) do
-  store_tat(key, ahead)
-end
+for key, ahead in pairs(writes) do store_tat(key, ahead) end
 return out

@@ -1,58 +1,40 @@
--- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically,
--- after the prelude (prelude.lua: the clock, the GCRA state and step).
+-- limits.lua: N limits of any algorithm (src/window.rs, src/gcra.rs) for one client, atomically.
 --
--- KEYS[1..N]  each limit's state (all with the client's hash tag: one Cluster slot):
---             GCRA            the TAT, as gcra.lua and CL.THROTTLE store it
---             sliding log     a ZSET: one member per admitted unit, scored by its time (µs)
---             fixed window    "window:count"
---             sliding window  "window:current:previous"
---             concurrency     a ZSET: one member per unit in flight, scored by its lease's end (µs)
+-- KEYS[1..N]  each limit's state (one hash tag: one Cluster slot): GCRA, the TAT; sliding log, a
+--             ZSET of admitted units scored by time (µs); fixed window "window:count"; sliding
+--             window "window:current:previous"; concurrency, a ZSET of units scored by lease end.
 -- KEYS[N+1], KEYS[N+2]  with a penalty box: strikes and ban, as in gcra.lua.
--- ARGV        N, quantity, token (the members added are token:0 .. token:q-1), penalty after (0 =
---             none), within (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2
---             fixed window, 3 sliding window, 4 concurrency, 5 calendar window), limit, and GCRA:
---             interval (ns), tolerance (ns); fixed window: period (µs), shift (µs: the key's clock
---             runs that far ahead, so its windows start at its own phase); other windows: period
---             (µs), 0; concurrency: lease (µs), 0; calendar window: the end (Unix seconds) of the
---             window holding the client's clock, and that window's length and the next one's
---             (seconds, as before x 2^22 + after; see calendar_at). Then optionally N ceilings (a
---             metered GCRA limit's tolerance plus debt cap, ns; 0: the tolerance), then optionally
---             N quantities (one per limit, for a stack whose metered limit reserves an estimate;
---             absent: `quantity`).
+-- ARGV        N, quantity, token (members token:0 .. token:q-1), penalty after (0 = none), within
+--             (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3
+--             sliding window, 4 concurrency, 5 calendar window), limit, then GCRA: interval,
+--             tolerance (ns); fixed window: period, shift (µs: the key's own phase); other windows:
+--             period (µs), 0; concurrency: lease (µs), 0; calendar window: the end (Unix seconds)
+--             of the window holding the client's clock, and its length and the next one's (s, as
+--             before x 2^22 + after; see calendar_at). Then optionally N ceilings (a metered GCRA
+--             limit's, ns; 0: the tolerance), then optionally N quantities (absent: `quantity`).
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
--- The body defines `limits(keys, argv)`; lua.rs appends the line that runs it on KEYS and ARGV.
--- Phase 1 reads every state and decides; phase 2 writes only if every limit admitted, so a
--- rejection by one consumes nothing in any (a GCRA state written under another quota is still
--- rebased, as gcra.lua does: that records no request).
---
--- Time is TIME in microseconds (exact in a double until 2255), so windows are cut by exact integer
--- division at the boundaries window.rs computes (periods are whole microseconds). The build-time
--- bounds (periods below 2^52 ns; sliding window count x period below 2^51 µs, count below 2^41)
--- keep every sum and product below 2^53.
+-- The body defines `limits(keys, argv)` (lua.rs appends the line that runs it). Phase 1 reads and
+-- decides; phase 2 writes only if every limit admitted, so a rejection consumes nothing (a GCRA
+-- rebase still happens, as in gcra.lua: it records no request). Windows are cut by exact integer
+-- division of TIME's microseconds at window.rs's boundaries; the build-time bounds keep every sum
+-- and product below 2^53.
 
--- One call's keys and arguments, set by `limits` below for each decision it makes: a script runs
--- it once (lua.rs appends `return limits(KEYS, ARGV)`), limits_batch.lua once per item of a batch.
+-- One call's keys and arguments, set by `limits` for each decision (once per batch item).
 local keys, argv, n, quantity, token, penalty_after
 
--- The string states are read and written, decoded, through these six: alone they are Redis's own
--- GET and SET in each state's format; limits_batch.lua puts its cache in their place, so that a
--- batch reads such a key once and writes it once (what the last item would have written), and
--- neither parses nor formats it per item.
+-- The string states go through these six: alone, GET and SET in each state's format;
+-- limits_batch.lua puts its cache in their place.
 -- A GCRA's TAT, as its backlog (the prelude's backlog_of and store_tat).
-local read_backlog = function(key)
-  return backlog_of(redis.call('GET', key))
-end
+local read_backlog = function(key) return backlog_of(redis.call('GET', key)) end
 local write_backlog = store_tat
 -- A fixed window's "window:count": the window and the count (nothing: no key, or another format).
 local read_fixed = function(key)
   local stored = redis.call('GET', key)
   if stored then
     local w, c = string.match(stored, '^(%d+):(%d+)$')
-    if w then
-      return tonumber(w), tonumber(c)
-    end
+    if w then return tonumber(w), tonumber(c) end
   end
 end
 local write_fixed = function(key, window, count, ms)
@@ -63,27 +45,18 @@ local read_sliding = function(key)
   local stored = redis.call('GET', key)
   if stored then
     local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    if w then
-      return tonumber(w), tonumber(c), tonumber(p)
-    end
+    if w then return tonumber(w), tonumber(c), tonumber(p) end
   end
 end
 local write_sliding = function(key, window, current, previous, ms)
   redis.call('SET', key, int(window) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ms)
 end
 
--- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's,
--- since the items of a hot key repeat the same ones.
+-- The arguments' numbers: tonumber alone; limits_batch.lua remembers each distinct argument's.
 local arg_number = tonumber
 
 -- Expiries are whole milliseconds: round up, so that a key never expires before its state is stale.
-local function ceil_ms(us)
-  local ms = math.ceil(us / 1000)
-  if ms < 1 then
-    ms = 1
-  end
-  return ms
-end
+local function ceil_ms(us) return math.max(math.ceil(us / 1000), 1) end
 
 -- Adds members token:0 .. token:(q-1) with this score, in chunks (unpack has a stack limit).
 local function add_members(key, score, q)
@@ -101,8 +74,7 @@ local function add_members(key, score, q)
   end
 end
 
--- GCRA: gcra.lua's step. A state written under another quota (beyond the ceiling) is rebased at
--- once, whatever the other limits decide (that records no request).
+-- GCRA: gcra.lua's step; another quota's state is rebased at once, whatever the others decide.
 local function gcra(key, limit, interval, tolerance, q, ceiling)
   local backlog = read_backlog(key)
   if backlog > ceiling then
@@ -126,9 +98,7 @@ local function sliding_log(key, limit, period, q)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if #newest == 2 then
       local t = tonumber(newest[2])
-      if t > gone then
-        return (t + period - now_us) * 1000
-      end
+      if t > gone then return (t + period - now_us) * 1000 end
     end
     return 0
   end
@@ -157,8 +127,7 @@ local function sliding_log(key, limit, period, q)
   return {1, limit, math.max(limit - used, 0), retry, reset()}
 end
 
--- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs
--- from now.
+-- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs on.
 local function window_count(key, limit, q, window, to_boundary)
   local used = 0
   local w, c = read_fixed(key)
@@ -175,25 +144,15 @@ local function window_count(key, limit, q, window, to_boundary)
         write_fixed(key, window, total, ceil_ms(to_boundary))
       end
     end
-    local reset_after = 0
-    if total > 0 then
-      reset_after = to_boundary * 1000
-    end
+    local reset_after = total > 0 and to_boundary * 1000 or 0
     return {0, limit, limit - total, -1, reset_after}, write
   end
-  local retry = -1
-  if q <= limit then
-    retry = to_boundary * 1000
-  end
-  local reset_after = 0
-  if used > 0 then
-    reset_after = to_boundary * 1000
-  end
+  local retry = q <= limit and to_boundary * 1000 or -1
+  local reset_after = used > 0 and to_boundary * 1000 or 0
   return {1, limit, limit - used, retry, reset_after}
 end
 
--- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase
--- (0: on the epoch, as every key's).
+-- `shift` (µs): how far this key's clock runs ahead, so that its windows start at its own phase.
 local function fixed_window(key, limit, period, q, shift)
   local at = now_us + shift
   local window = floordiv(at, period)
@@ -211,9 +170,7 @@ local function calendar_at(at, finish, lengths)
   local after = lengths - before * 4194304
   local last = finish + after + after
   for _, ends in ipairs({finish - before, finish, finish + after, last}) do
-    if at < ends * 1000000 then
-      return ends, ends * 1000000 - at
-    end
+    if at < ends * 1000000 then return ends, ends * 1000000 - at end
   end
   return last, 1
 end
@@ -255,15 +212,10 @@ local function sliding_window(key, limit, period, q)
         write_sliding(key, window, now_current, previous, ceil_ms(left + period))
       end
     end
-    if now_current > 0 then
-      reset_after = (left + period) * 1000
-    end
+    if now_current > 0 then reset_after = (left + period) * 1000 end
     return {0, limit, floordiv(capacity - weighted - q * period, period), -1, reset_after}, write
   end
-  local remaining = 0
-  if capacity > weighted then
-    remaining = floordiv(capacity - weighted, period)
-  end
+  local remaining = capacity > weighted and floordiv(capacity - weighted, period) or 0
   -- floor(room × 1000 / by) in nanoseconds without forming room × 1000 (which may pass 2^53).
   local function fits_ns(room, by)
     local whole = floordiv(room, by)
@@ -279,9 +231,7 @@ local function sliding_window(key, limit, period, q)
     else
       -- Not before the next window, where this window's count (> 0 here) is weighted out.
       local fits, whole = fits_ns((limit - q) * period, current)
-      if whole >= period then
-        fits = period * 1000
-      end
+      if whole >= period then fits = period * 1000 end
       retry = left * 1000 + (period * 1000 - fits)
     end
   end
@@ -299,17 +249,13 @@ local function concurrency(key, limit, lease, q)
         add_members(key, now_us + lease, q)
         -- The key outlives its longest lease, whatever leases earlier calls asked for.
         local want = ceil_ms(lease)
-        if redis.call('PTTL', key) < want then
-          redis.call('PEXPIRE', key, want)
-        end
+        if redis.call('PTTL', key) < want then redis.call('PEXPIRE', key, want) end
       end
     end
     return {0, limit, limit - in_flight - q, -1, 0}, write
   end
-  local retry = -1
-  if q <= limit then
-    retry = S -- window.rs's CONCURRENCY_RETRY: when a slot frees up is unknown
-  end
+  -- window.rs's CONCURRENCY_RETRY: when a slot frees up is unknown.
+  local retry = q <= limit and S or -1
   return {1, limit, math.max(limit - in_flight, 0), retry, 0}
 end
 
@@ -323,18 +269,13 @@ local function decide(i, q)
   local a = arg_number(argv[base + 3])
   local b = arg_number(argv[base + 4])
   if kind == 0 then
-    local ceiling = arg_number(argv[6 + 4 * n + i] or '0')
-    if ceiling < b then
-      ceiling = b
-    end
+    local ceiling = math.max(arg_number(argv[6 + 4 * n + i] or '0'), b)
     return gcra(keys[i], limit, a, b, q, ceiling)
   end
   return deciders[kind](keys[i], limit, a, q, b)
 end
 
-local function limit_of(i)
-  return arg_number(argv[6 + 4 * (i - 1) + 2])
-end
+local function limit_of(i) return arg_number(argv[6 + 4 * (i - 1) + 2]) end
 
 local function limits(call_keys, call_argv)
   keys, argv = call_keys, call_argv
@@ -348,9 +289,7 @@ local function limits(call_keys, call_argv)
       local out = {1}
       for i = 1, n do
         local rest = banned_ms * 1000000
-        for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do
-          out[#out + 1] = v
-        end
+        for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do out[#out + 1] = v end
       end
       return out
     end
@@ -363,32 +302,20 @@ local function limits(call_keys, call_argv)
     local result, write = decide(i, arg_number(argv[6 + 5 * n + i] or quantity))
     results[i] = result
     writes[i] = write
-    if result[1] == 1 then
-      admitted = false
-    end
+    if result[1] == 1 then admitted = false end
   end
 
   local banned = 0
   if admitted then
-    for i = 1, n do
-      if writes[i] then
-        writes[i]()
-      end
-    end
+    for i = 1, n do if writes[i] then writes[i]() end end
   else
     -- The limits that would have admitted report their state as it stands: nothing was recorded.
-    for i = 1, n do
-      if results[i][1] == 0 then
-        results[i] = decide(i, 0)
-      end
-    end
+    for i = 1, n do if results[i][1] == 0 then results[i] = decide(i, 0) end end
     if penalty_after > 0 then
       local within_ms = tonumber(argv[5])
       local ban_ms = tonumber(argv[6])
       local strikes = redis.call('INCR', keys[n + 1])
-      if strikes == 1 then
-        redis.call('PEXPIRE', keys[n + 1], within_ms)
-      end
+      if strikes == 1 then redis.call('PEXPIRE', keys[n + 1], within_ms) end
       if strikes >= penalty_after then
         redis.call('DEL', keys[n + 1])
         redis.call('SET', keys[n + 2], 1, 'PX', ban_ms)
@@ -397,9 +324,7 @@ local function limits(call_keys, call_argv)
           local r = results[i]
           -- The ban, or the limit's own retry time if that is later.
           local wait = ban_ms * 1000000
-          if r[1] == 1 and r[4] > wait then
-            wait = r[4]
-          end
+          if r[1] == 1 and r[4] > wait then wait = r[4] end
           results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
         end
       end
@@ -408,9 +333,7 @@ local function limits(call_keys, call_argv)
 
   local out = {banned}
   for i = 1, n do
-    for j = 1, 5 do
-      out[#out + 1] = results[i][j]
-    end
+    for j = 1, 5 do out[#out + 1] = results[i][j] end
   end
   return out
 end

@@ -1,23 +1,18 @@
 -- limits_batch.lua: several limits.lua calls in one (batch.rs), after limits.lua's body: each item
--- is decided by its `limits` function exactly as alone, in order, each on the state the items before
--- it left, all at the prelude's one TIME.
+-- decided by `limits` exactly as alone, in order, on the state the items before left, at one TIME.
 --
 -- KEYS    every item's keys, one item after the other.
 -- ARGV    the number of items, then per item: its number of keys, of arguments, and its arguments.
--- Returns per item limits.lua's reply; an item whose call failed (WRONGTYPE) has its error's text
---         in place of `banned`, then zeros, so that it fails alone.
+-- Returns per item limits.lua's reply; a failed item (WRONGTYPE) has its error's text in place of
+--         `banned`, then zeros, so that it fails alone.
 --
--- The string states (limits.lua's six accessors) go through a cache of their decoded numbers: a
--- key is read once, by the first item that reads it, and written once, after the last item, with
--- the value and expiry of the last write limits.lua alone would make (a hot key's batch of k checks:
--- one GET and one SET, no parsing per item). Sorted sets and penalty keys are read and written per
--- item, as alone. So that Redis and the cache never disagree, a cached key is written out and
--- forgotten before an item uses it otherwise (a sorted set, a penalty key, another algorithm's
--- state), and an item that names one key twice runs on Redis directly, meeting what it would alone.
+-- The string states (limits.lua's six accessors) go through a cache: a key is read once and written
+-- once, as limits.lua's last write would (a hot key's batch: one GET, one SET). A cached key is
+-- written out before an item uses it otherwise, and an item naming one key twice runs on Redis
+-- directly, so Redis and the cache never disagree. Sorted sets and penalty keys go per item.
 
--- Per key: {kind = 0 (GCRA: a = backlog), 2 (fixed window: a = window, b = count) or 3 (sliding
--- window: a = window, b = current, c = previous)}, as limits.lua's accessors read it (a = nil: no
--- state), with `ms` once an item wrote it (the write's expiry; the TAT's follows from its backlog).
+-- Per key: {kind = 0 (a = backlog), 2 (a = window, b = count) or 3 (a = window, b = current,
+-- c = previous)} as the accessors read it (a = nil: no state), `ms` once written (its expiry).
 local cache = {}
 
 local direct = {
@@ -29,9 +24,7 @@ local direct = {
 -- Writes a key's state as the last item that wrote it left it, and forgets the key.
 local function flush(key)
   local entry = cache[key]
-  if not entry then
-    return
-  end
+  if not entry then return end
   cache[key] = nil
   if entry.ms then
     local kind, write = entry.kind, direct[entry.kind][2]
@@ -45,8 +38,7 @@ local function flush(key)
   end
 end
 
--- The entry of `key` read as `kind`: from the cache, or from Redis (a failed read, WRONGTYPE,
--- fails the item and caches nothing).
+-- The entry of `key` read as `kind`: cached, or read (a failed read fails the item, caching nothing).
 local function entry_of(key, kind)
   local entry = cache[key]
   if entry and entry.kind ~= kind then
@@ -97,9 +89,7 @@ arg_number = function(text)
   if number == nil then
     -- tonumber's own error for a missing argument, as alone.
     number = tonumber(text)
-    if number ~= nil then
-      numbers[text] = number
-    end
+    if number ~= nil then numbers[text] = number end
   end
   return number
 end
@@ -115,32 +105,23 @@ local function use(through_cache)
   end
 end
 
--- Whether the item reads its string states through the cache: its keys are distinct. Before it
--- runs, every key it uses otherwise than as a string state (or, when it runs directly, every key)
--- is written out of the cache. (No table and no tonumber here: this runs for every item.)
+-- Whether the item goes through the cache (its keys are distinct); first writes out every key it
+-- uses otherwise (all, when it runs directly). No table, no tonumber: this runs for every item.
 local function prepare(item_keys, item_argv)
   local count = #item_keys
   local distinct = true
   for i = 2, count do
     local key = item_keys[i]
-    for j = 1, i - 1 do
-      if item_keys[j] == key then
-        distinct = false
-      end
-    end
+    for j = 1, i - 1 do if item_keys[j] == key then distinct = false end end
   end
   -- Arguments limits.lua refuses fail the item there; here they only mean "not cached".
   local n = tonumber(item_argv[1]) or 0
   for i = 1, count do
-    local kind = nil
-    if i <= n then
-      kind = item_argv[6 + 4 * (i - 1) + 1]
-    end
-    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window,
-    -- 5 calendar window (a fixed window's state).
-    if not distinct or not (kind == '0' or kind == '2' or kind == '3' or kind == '5') then
-      flush(item_keys[i])
-    end
+    local kind = i <= n and item_argv[6 + 4 * (i - 1) + 1] or nil
+    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window, 5
+    -- calendar window (a fixed window's state).
+    local cached = kind == '0' or kind == '2' or kind == '3' or kind == '5'
+    if not distinct or not cached then flush(item_keys[i]) end
   end
   return distinct
 end
@@ -152,36 +133,23 @@ local at_key, at_arg = 0, 1
 for _ = 1, items do
   local nkeys = tonumber(ARGV[at_arg + 1])
   local nargs = tonumber(ARGV[at_arg + 2])
-  -- Each table made at its size at once (a table grown one element at a time is rebuilt as it
-  -- grows).
+  -- Made at their size at once (a table grown one element at a time is rebuilt as it grows).
   local item_keys = {unpack(KEYS, at_key + 1, at_key + nkeys)}
   local item_argv = {unpack(ARGV, at_arg + 3, at_arg + 2 + nargs)}
   at_key = at_key + nkeys
   at_arg = at_arg + 2 + nargs
   local cached = prepare(item_keys, item_argv)
-  if not cached then
-    use(false)
-  end
+  if not cached then use(false) end
   local ok, reply = pcall(limits, item_keys, item_argv)
-  if not cached then
-    use(true)
-  end
+  if not cached then use(true) end
   if ok then
-    for i = 1, #reply do
-      out[#out + 1] = reply[i]
-    end
+    for i = 1, #reply do out[#out + 1] = reply[i] end
   else
     -- A Redis error is a table with an `err` field; a Lua one, a string.
-    if type(reply) == 'table' then
-      reply = reply.err
-    end
+    if type(reply) == 'table' then reply = reply.err end
     out[#out + 1] = tostring(reply)
-    for _ = 1, 5 * tonumber(item_argv[1]) do
-      out[#out + 1] = 0
-    end
+    for _ = 1, 5 * tonumber(item_argv[1]) do out[#out + 1] = 0 end
   end
 end
-for key in pairs(cache) do
-  flush(key)
-end
+for key in pairs(cache) do flush(key) end
 return out

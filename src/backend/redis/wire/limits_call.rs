@@ -1,13 +1,11 @@
-//! One call of `limits.lua` as data: its keys, its arguments and the length of its reply (scripts.rs
-//! reads it back into decisions). Sent alone (scripts.rs) or as one item of a `limits_batch.lua` call (batch.rs), with
-//! the same keys and arguments either way, so that both paths decide alike.
+//! One call of `limits.lua` as data: keys, arguments, reply length. Sent alone (scripts.rs) or as
+//! an item of a `limits_batch.lua` call (batch.rs) alike, so that both paths decide alike.
 
 use super::args::{penalty_args, Spec};
 use crate::penalty::Penalty;
 
-/// One decision of `limits.lua`: `quantity` units under each of `specs` (or `each[i]` under
-/// `specs[i]`), with the first limit's penalty box (on `base:strikes` and `base:ban`), adding units
-/// named by `token`.
+/// `quantity` units under each of `specs` (or `each[i]` under `specs[i]`), with the first limit's
+/// penalty box (on `base:strikes`, `base:ban`), adding units named by `token`.
 pub(crate) struct LimitsCall {
     pub(crate) specs: Vec<Spec>,
     pub(crate) penalty: Option<(Penalty, String)>,

@@ -1,17 +1,11 @@
-//! The Lua scripts' sources, assembled when the crate is built: a shebang, the prelude shared by
-//! every script (`prelude.lua`: the server's clock, the GCRA state's format and the GCRA step), then
-//! the script's own body.
+//! The Lua scripts' sources, assembled at build time: a shebang, `prelude.lua`, the script's body.
 //!
-//! The shebang (`#!lua`, Redis 7.0 and later) declares each script a writer: Redis then refuses the
-//! whole call while memory is over `maxmemory` (`OOM command not allowed…`), before it runs,
-//! whatever its first command. Without it Redis refuses a script only at its first command that
-//! may grow memory, and lets every later write through once the script has written: the sliding
-//! log and concurrency scripts, which start with a `ZREMRANGEBYSCORE`, then grew memory past the
-//! cap while the GCRA script was refused. So every algorithm meets a full Redis the same way, and
-//! the layer's failure policy answers.
+//! The shebang (`#!lua`, Redis 7.0+) declares each script a writer, so Redis refuses the whole call
+//! over `maxmemory` before it runs. Without it Redis refuses a script only at its first command that
+//! may grow memory: the sliding log and concurrency paths (a `ZREMRANGEBYSCORE` first) grew memory
+//! past the cap while the GCRA script was refused.
 //!
-//! No `use` and no paths but the scripts': the Redis tests include this file as it is, so they
-//! run exactly the text the backend sends.
+//! No `use` and no paths but the scripts': the Redis tests include this file as it is.
 
 /// `#!lua`, the prelude and a script's body.
 macro_rules! script {
@@ -33,8 +27,7 @@ pub(crate) const GCRA: &str = script!("gcra.lua");
 pub(crate) const GCRA_BATCH: &str = script!("gcra_batch.lua");
 /// A slice of a hot key's budget (`budget.lua`).
 pub(crate) const BUDGET: &str = script!("budget.lua");
-/// Every algorithm, and stacks (`limits.lua`, whose body defines `limits(keys, argv)`: this runs it
-/// on the call's own keys and arguments).
+/// Every algorithm, and stacks (`limits.lua`, whose `limits(keys, argv)` this runs).
 pub(crate) const LIMITS: &str = concat!(script!("limits.lua"), run_limits!());
 /// `limits.lua` after the prelude, without the shebang: the body of the peek's read-only function.
 pub(crate) const LIMITS_BODY: &str = concat!(
@@ -44,10 +37,10 @@ pub(crate) const LIMITS_BODY: &str = concat!(
 );
 /// Several `limits.lua` calls in one (`limits_batch.lua`, after `limits.lua`'s body).
 pub(crate) const LIMITS_BATCH: &str = script!("limits.lua", "limits_batch.lua");
-/// Refunds by outcome and metered costs settled after the response (`settle.lua`).
-pub(crate) const SETTLE: &str = script!("settle.lua");
+/// Refunds by outcome and metered costs settled after the response (`settle.lua`, after
+/// `limits.lua`'s body, whose accessors it reads the states with).
+pub(crate) const SETTLE: &str = script!("limits.lua", "settle.lua");
 /// Concurrency lease renewal (`renew.lua`).
 pub(crate) const RENEW: &str = script!("renew.lua");
-/// `CL.THROTTLE` from a script that declares its key (`cell.lua`): no prelude (it reads no clock),
-/// but a writer like the others.
+/// `CL.THROTTLE` from a script that declares its key (`cell.lua`): a writer, without the prelude.
 pub(crate) const CELL: &str = concat!("#!lua\n", include_str!("cell.lua"));

@@ -8,42 +8,12 @@ use crate::error::BuildError;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RedisMode {
-    /// The faster path for the deployment, by a static rule: the Lua scripts, coalesced, when
-    /// [`coalesce`](crate::redis::RedisBackendBuilder::coalesce) is on (the default), whether or not the
-    /// redis-cell module is loaded; with coalescing off, `CL.THROTTLE` when the module is loaded (on
-    /// every primary of a Cluster), the Lua script otherwise. The default.
-    ///
-    /// Why: measured side by side on one hot key (BENCHMARKS.md, section 10), the coalesced Lua
-    /// path costs Redis less CPU per decision than `CL.THROTTLE` (a batch pays the call, `TIME`,
-    /// `GET` and `SET` once; each `CL.THROTTLE` is its own module call, pipelined or not) and serves
-    /// more requests a second; on a Cluster `CL.THROTTLE` must go through a script that declares its
-    /// key, which costs more again. A lone check (no concurrency) goes alone on `gcra.lua` and is a
-    /// little slower than on `CL.THROTTLE` (one client: 0.345× against 0.377× bare, section 8),
-    /// where Redis is far from busy. Without coalescing one `CL.THROTTLE` costs Redis a third of
-    /// one `gcra.lua` call, so the module wins there.
-    ///
-    /// With coalescing off the module is detected at connect and again after the connection was
-    /// lost, so a server that restarts with or without it is followed; with coalescing on nothing
-    /// asks for it (no `COMMAND INFO` at connect). `Cell` still forces `CL.THROTTLE`.
-    ///
-    /// ```
-    /// use tower_throttle::redis::{RedisBackend, RedisMode};
-    ///
-    /// // The default: the coalesced Lua path, module or not.
-    /// let lua = RedisBackend::builder().url("redis://127.0.0.1:6379/");
-    /// // CL.THROTTLE where the module is loaded, each check its own call.
-    /// let cell_if_loaded = RedisBackend::builder()
-    ///     .url("redis://127.0.0.1:6379/")
-    ///     .mode(RedisMode::Auto)
-    ///     .coalesce(false);
-    /// # drop((lua, cell_if_loaded));
-    /// ```
+    /// The default: the coalesced Lua scripts when `coalesce` is on (the default); with it off,
+    /// `CL.THROTTLE` where the module is loaded, Lua otherwise ([why](crate::guide::redis#modes)).
     #[default]
     Auto,
-    /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. Peeks
-    /// (quantity 0) and quantities beyond the limit, which redis-cell 0.2.2 mishandles (a key without
-    /// expiry; an overflow that crashes the server), run the Lua script instead, as do limits with a
-    /// penalty box or a delay, other algorithms than the GCRA, and stacks.
+    /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. What it cannot
+    /// decide (peeks, oversized quantities, penalties, delays, other algorithms, stacks) runs on Lua.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,

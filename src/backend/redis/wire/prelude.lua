@@ -1,16 +1,12 @@
--- tower-throttle: the prelude of every script (lua.rs puts it before each script's body when the
--- crate is built): the server's clock, integer helpers, the GCRA state's format and the GCRA step.
+-- tower-throttle: every script's prelude (lua.rs): the clock, integer helpers, the GCRA state.
 --
--- Time comes from the server (TIME, microseconds), so every client shares one clock:
---   now_s   whole seconds since the Unix epoch
---   now_us  microseconds since the epoch (about 1.8e15: exact in a double until the year 2255)
---   now_ns  nanoseconds within the second
+-- Time is the server's (TIME), one clock for every client: now_s (seconds since the epoch), now_us
+-- (microseconds: exact in a double until 2255), now_ns (nanoseconds within the second).
 --
--- The GCRA state is the theoretical arrival time (TAT) in nanoseconds since the epoch, as a decimal
--- string: the format redis-cell writes, so CL.THROTTLE and the scripts share keys. The TAT is never
--- handled as one number (1.8e18 ns exceeds 2^53), only as its distance from now (the backlog), which
--- the backend keeps below 2^52 ns (about 52 days) by refusing longer tolerances when the layer is
--- built: every sum and product below is an integer held exactly in a double.
+-- The GCRA state is the TAT in nanoseconds since the epoch, a decimal string: redis-cell's format,
+-- so CL.THROTTLE and the scripts share keys. It is only handled as its distance from now (the
+-- backlog; 1.8e18 ns exceeds 2^53), which the backend keeps below 2^52 ns (about 52 days) by
+-- refusing longer tolerances: every sum and product below is an exact integer in a double.
 
 local S = 1000000000
 
@@ -26,9 +22,7 @@ local function floordiv(a, b)
 end
 
 -- An integer as Redis arguments and stored values want it: decimal digits, no exponent.
-local function int(x)
-  return string.format('%.0f', x)
-end
+local function int(x) return string.format('%.0f', x) end
 
 local time = redis.call('TIME')
 -- Read by arithmetic (one conversion; tonumber makes two): TIME answers digits.
@@ -37,79 +31,52 @@ local now_ns = time[2] + 0
 local now_us = now_s * 1000000 + now_ns
 now_ns = now_ns * 1000
 
--- The backlog a stored GCRA state stands for: max(tat - now, 0) in ns. No key, or a value that is
--- not a TAT (foreign or corrupt: not 10 to 29 characters, or not a number where the seconds and
--- the nanoseconds stand), counts as no state; the next admitted request overwrites it. No scan for
--- non-digits: tonumber refuses what is not a number, and a number that is not a TAT (a sign, a
--- fraction) is a foreign value that the next write replaces, whatever it read as.
+-- The backlog a stored TAT stands for: max(tat - now, 0) in ns. No key, or a value that is not a
+-- TAT (not 10 to 29 characters, or no numbers where the seconds and nanoseconds stand), is no
+-- state, overwritten by the next admission. No scan for non-digits: a number that is not a TAT (a
+-- sign, a fraction) is a foreign value the next write replaces, whatever it read as.
 local function backlog_of(stored)
-  if not stored then
-    return 0
-  end
+  if not stored then return 0 end
   local len = #stored
-  if len < 10 or len > 29 then
-    return 0
-  end
+  if len < 10 or len > 29 then return 0 end
   local tat_s = tonumber(string.sub(stored, 1, -10))
   local tat_ns = tonumber(string.sub(stored, -9))
-  if not (tat_s and tat_ns) then
-    return 0
-  end
+  if not (tat_s and tat_ns) then return 0 end
   local backlog = (tat_s - now_s) * S + (tat_ns - now_ns)
-  if backlog < 0 then
-    return 0
-  end
+  if backlog < 0 then return 0 end
   return backlog
 end
 
--- Stores the TAT `ahead` ns from now, expiring when it passes: from then on a missing key means
--- the same as this one.
+-- Stores the TAT `ahead` ns from now, expiring when it passes (then no key means the same).
 local function store_tat(key, ahead)
   local r = now_ns + ahead
   local carry = floordiv(r, S)
   local tat = string.format('%d%09d', now_s + carry, r - carry * S)
-  -- The expiry as digits made here: a number would be printed by Redis with '%.17g', which
-  -- costs it several times more.
+  -- The expiry as digits made here: Redis would print a number with '%.17g', several times dearer.
   redis.call('SET', key, tat, 'PX', string.format('%d', math.ceil(ahead / 1000000)))
 end
 
--- One GCRA decision (CL.THROTTLE's, as src/gcra.rs computes it) for `quantity` units on `backlog`.
--- `ceiling` (optional; the tolerance when nil) is how far ahead a state is read as it is: the
--- tolerance, plus a metered limit's debt cap (max_debt x interval). A key in debt (a backlog past
--- the tolerance, up to the ceiling) is refused, with remaining 0, until it is paid back. A backlog
--- beyond the ceiling was written under another quota (the route's quota changed): it counts as the
--- ceiling (a full bucket, for a limit that is not metered), and is stored as such so that it drains
--- from now on.
--- Returns the reply {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after
--- (ns)}, and the backlog to store (nil: nothing to write; a rejection writes only a rebase).
+-- One GCRA decision (as src/gcra.rs) for `quantity` units on `backlog`. `ceiling` (default: the
+-- tolerance) is how far ahead a state is read as it is: plus a metered limit's debt cap. A key in
+-- debt (past the tolerance) is refused, remaining 0, until paid back. A backlog beyond the ceiling
+-- is another quota's: it counts, and is stored, as the ceiling, so that it drains from now on.
+-- Returns {limited (0|1), limit, remaining, retry_after (ns, -1 = never), reset_after (ns)}, and
+-- the backlog to store (nil: nothing; a rejection writes only a rebase).
 local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
   ceiling = ceiling or tolerance
   local rebased = backlog > ceiling
-  if rebased then
-    backlog = ceiling
-  end
+  if rebased then backlog = ceiling end
   local increment = interval * quantity
   local new_backlog = backlog + increment
   if new_backlog <= tolerance then
-    local write = nil
-    if new_backlog > 0 then
-      write = new_backlog
-    end
+    local write = new_backlog > 0 and new_backlog or nil
     return {0, limit, floordiv(tolerance - new_backlog, interval), -1, new_backlog}, write
   end
-  local write = nil
-  if rebased and backlog > 0 then
-    write = backlog
-  end
+  local write = rebased and backlog > 0 and backlog or nil
   -- In debt (backlog past the tolerance): nothing is left.
   local remaining = floordiv(math.max(tolerance - backlog, 0), interval)
-  if remaining > limit then
-    remaining = limit
-  end
-  local retry_after = -1
-  if increment <= tolerance then
-    retry_after = new_backlog - tolerance
-  end
+  if remaining > limit then remaining = limit end
+  local retry_after = increment <= tolerance and new_backlog - tolerance or -1
   return {1, limit, remaining, retry_after, backlog}, write
 end
 

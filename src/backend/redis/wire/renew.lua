@@ -1,13 +1,9 @@
--- renew.lua: extends the concurrency leases of a request still in flight, after the prelude
--- (prelude.lua: the clock).
+-- renew.lua: extends the concurrency leases of a request in flight, after the prelude.
 --
--- KEYS[1]  the concurrency ZSET (members `token:i`, scored by when each lease ends, in µs)
+-- KEYS[1]  the concurrency ZSET (members `token:i`, scored by each lease's end, µs)
 -- ARGV     token, quantity, lease (µs)
--- Returns  how many leases were extended.
---
--- Only leases that have not ended are extended: an ended lease may already have been counted as free
--- by another request, so bringing it back could admit one request too many. Its request then runs on
--- without a slot, as it would have without renewal.
+-- Returns  how many leases were extended: only those not ended (another request may have counted
+--          an ended one as free, and bringing it back could admit one too many).
 local lease = tonumber(ARGV[3])
 local ends = int(now_us + lease)
 local renewed = 0
@@ -20,7 +16,5 @@ for i = 0, tonumber(ARGV[2]) - 1 do
   end
 end
 local want = math.ceil(lease / 1000)
-if renewed > 0 and redis.call('PTTL', KEYS[1]) < want then
-  redis.call('PEXPIRE', KEYS[1], want)
-end
+if renewed > 0 and redis.call('PTTL', KEYS[1]) < want then redis.call('PEXPIRE', KEYS[1], want) end
 return renewed

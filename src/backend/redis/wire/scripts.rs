@@ -12,8 +12,7 @@ use super::lua;
 use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::decision::Decision;
 
-/// The GCRA, as `CL.THROTTLE` computes it, on the server's clock: see the script's header. Built
-/// once per process (its SHA-1 is what `EVALSHA` sends).
+/// The GCRA, as `CL.THROTTLE` computes it: see the script's header. Built once per process.
 pub(crate) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
 
 /// Every algorithm, and stacks of limits: see the script's header.
@@ -22,15 +21,13 @@ static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
 /// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
 static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
 
-/// A decision (`banned` when a penalty-box ban made it), and whether `CL.THROTTLE` made it: its
-/// durations are then whole seconds, rounded up.
+/// A decision, and whether `CL.THROTTLE` made it (its durations then whole seconds, rounded up).
 pub(crate) struct Answer {
     pub(crate) decision: Decision,
     pub(crate) whole_seconds: bool,
 }
 
-/// Loads `gcra.lua` (`SCRIPT LOAD`): at connect in `Lua` mode, so a server that refuses scripts
-/// fails the start, not the first request.
+/// Loads `gcra.lua` (`SCRIPT LOAD`) at connect: a server that refuses scripts fails the start.
 pub(crate) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
     GCRA.load_async(&mut conn.redirecting()).await.map(drop)
 }
@@ -85,8 +82,7 @@ pub(crate) async fn throttle(
     through_script: bool,
 ) -> Result<Answer, RedisError> {
     let reply: [i64; 5] = if conn.is_cluster() || through_script {
-        // CL.THROTTLE declares no key: a node would run it on a slot it is migrating away or no
-        // longer owns. The script declares it, so the node redirects it; and, declared a writer,
+        // The script declares the key, so a node redirects it (see cell.lua); and, a writer,
         // Redis refuses it whole when full, where the bare command writes past `maxmemory`.
         CELL.key(key)
             .arg(cell.max_burst)
@@ -175,20 +171,5 @@ pub(crate) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Dec
     } else {
         let retry_after = u64::try_from(retry_after).ok().map(unit);
         Decision::limited(limit, remaining, retry_after, reset_after)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cell_replies_round_up_to_whole_seconds() {
-        let limited = from_reply([1, 5, 0, 0, 4], |s| Duration::from_secs(s + 1));
-        assert!(!limited.allowed);
-        assert_eq!(limited.retry_after, Some(Duration::from_secs(1)));
-        assert_eq!(limited.retry_after_secs(), 1);
-        let never = from_reply([1, 5, 0, -1, 4], Duration::from_secs);
-        assert_eq!(never.retry_after, None);
     }
 }

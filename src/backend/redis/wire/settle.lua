@@ -1,6 +1,5 @@
--- settle.lua: settles what a request cost, atomically, for one client, after the prelude: gives
--- back units it took (counting by outcome, or a metered request that cost less than it reserved),
--- or charges a metered request's extra cost.
+-- settle.lua, after limits.lua's body (whose accessors it reads states with): settles a request's
+-- cost atomically, giving back units it took (by outcome, or metered) or charging a metered extra.
 --
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it.
 -- ARGV        N, since (µs: an upper bound on the time since admission), then four per limit:
@@ -11,14 +10,12 @@
 --             limits.lua takes them), or 0.
 -- Returns     N.
 --
--- Giving back never gives back more than the request took: GCRA, the TAT moves back by |delta| x
--- interval (asked only while the units still count); fixed window, only from the window that
--- admitted it, while current; sliding window, from that window (or, across a boundary, the one
--- before, which weighs less); sliding log, the oldest units logged since the earliest admission.
+-- Giving back never exceeds what the request took: GCRA, the TAT moves back by |delta| x interval;
+-- fixed window, only in the admitting window, while current; sliding window, from that window (or
+-- the one before, across a boundary); sliding log, the oldest units since the earliest admission.
 --
--- Charging (GCRA only; a positive delta for a window is ignored) admits and refuses nothing: the TAT
--- moves on by delta x interval from max(TAT, now), capped at now + ceiling, so the key may owe up to
--- the debt cap; a TAT already beyond the cap (another quota's) is left as it is.
+-- Charging (GCRA only) admits and refuses nothing: the TAT moves on by delta x interval from
+-- max(TAT, now), capped at now + ceiling (the debt cap); a TAT beyond it (another quota's) stays.
 
 local n = tonumber(ARGV[1])
 local since_us = tonumber(ARGV[2])
@@ -26,25 +23,18 @@ local since_us = tonumber(ARGV[2])
 local admitted_after = now_us - since_us
 
 local function charge(key, interval, quantity, ceiling)
-  local backlog = backlog_of(redis.call('GET', key))
+  local backlog = read_backlog(key)
   local ahead = math.min(backlog + interval * quantity, ceiling)
-  if ahead > backlog then
-    store_tat(key, ahead)
-  end
+  if ahead > backlog then store_tat(key, ahead) end
 end
 
 local function gcra(key, interval, quantity)
-  local backlog = backlog_of(redis.call('GET', key))
-  if backlog <= 0 then
-    return
-  end
-  -- The request's units, less the time since its admission: any later decision that found the
-  -- bucket idle without it absorbed at most that much of them, so giving back the rest never gives
-  -- back more than the request took (for a refund with no decision since, it is exact).
+  local backlog = read_backlog(key)
+  if backlog <= 0 then return end
+  -- The units less the time since admission: a later decision on an idle bucket absorbed at most
+  -- that much, so the rest never exceeds what was taken (exact with no decision since).
   local back = interval * quantity - since_us * 1000
-  if back <= 0 then
-    return
-  end
+  if back <= 0 then return end
   local ahead = backlog - back
   if ahead <= 0 then
     redis.call('DEL', key)
@@ -55,22 +45,14 @@ end
 
 local function sliding_log(key, quantity)
   local members = redis.call('ZRANGEBYSCORE', key, int(admitted_after), '+inf', 'LIMIT', 0, quantity)
-  if #members > 0 then
-    redis.call('ZREM', key, unpack(members))
-  end
+  if #members > 0 then redis.call('ZREM', key, unpack(members)) end
 end
 
 -- Takes `quantity` units from fixed window `window`'s count, if the key still counts in it.
 local function take_from_window(key, window, quantity)
-  local stored = redis.call('GET', key)
-  if not stored then
-    return
-  end
-  local w, c = string.match(stored, '^(%d+):(%d+)$')
-  if not w or tonumber(w) ~= window then
-    return
-  end
-  local count = tonumber(c) - quantity
+  local w, c = read_fixed(key)
+  if w ~= window then return end
+  local count = c - quantity
   if count <= 0 then
     redis.call('DEL', key)
   else
@@ -80,46 +62,24 @@ end
 
 local function fixed_window(key, period, quantity, shift)
   local window = floordiv(now_us + shift, period)
-  if floordiv(admitted_after + shift, period) == window then
-    take_from_window(key, window, quantity)
-  end
+  if floordiv(admitted_after + shift, period) == window then take_from_window(key, window, quantity) end
 end
 
--- limits.lua's calendar_at (the window holding `at`, by its end), the name alone.
-local function calendar_at(at, finish, lengths)
-  local before = floordiv(lengths, 4194304)
-  local after = lengths - before * 4194304
-  local last = finish + after + after
-  for _, ends in ipairs({finish - before, finish, finish + after, last}) do
-    if at < ends * 1000000 then
-      return ends
-    end
-  end
-  return last
-end
-
+-- limits.lua's calendar_at names the window holding a time by its end.
 local function calendar_window(key, finish, quantity, lengths)
   local window = calendar_at(now_us, finish, lengths)
-  if calendar_at(admitted_after, finish, lengths) == window then
-    take_from_window(key, window, quantity)
-  end
+  if calendar_at(admitted_after, finish, lengths) == window then take_from_window(key, window, quantity) end
 end
 
 local function sliding_window(key, period, quantity)
-  local stored = redis.call('GET', key)
-  if not stored then
-    return
-  end
-  local w, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-  if not w then
-    return
-  end
+  local w, c, p = read_sliding(key)
+  if not w then return end
   local window = floordiv(now_us, period)
   local current, previous
-  if tonumber(w) == window then
-    current, previous = tonumber(c), tonumber(p)
-  elseif tonumber(w) + 1 == window then
-    current, previous = 0, tonumber(c)
+  if w == window then
+    current, previous = c, p
+  elseif w + 1 == window then
+    current, previous = 0, c
   else
     return
   end
@@ -144,9 +104,7 @@ for i = 1, n do
   local a = tonumber(ARGV[base + 2])
   local delta = tonumber(ARGV[base + 3])
   if delta > 0 then
-    if kind == 0 then
-      charge(KEYS[i], a, delta, tonumber(ARGV[base + 4]))
-    end
+    if kind == 0 then charge(KEYS[i], a, delta, tonumber(ARGV[base + 4])) end
   elseif delta < 0 then
     local quantity = -delta
     if kind == 0 then
