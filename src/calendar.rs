@@ -294,6 +294,12 @@ impl Calendar {
         &self.window
     }
 
+    /// The bounds of the window holding this process's clock (the Redis backend sends them).
+    pub(crate) fn bounds_now(&self) -> Bounds {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        self.bounds_at(now.map_or(0, |d| d.as_secs()))
+    }
+
     /// The bounds of the window holding `unix_secs`: the last ones computed when they hold it,
     /// computed (and kept, when they are later than those) otherwise.
     pub(crate) fn bounds_at(&self, unix_secs: u64) -> Bounds {

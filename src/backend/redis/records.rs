@@ -1,7 +1,7 @@
 //! [`Records`] on Redis (overrides and timed bans): one hash per table, `prefix:records:<table>`,
-//! so they outlive every process and are shared by all. A write is told on the resets channel
-//! (`!records` and the table's name, resets.rs), and every backend listening there tells its layer,
-//! which reads the table again; a subscription made again tells it that any table may have changed.
+//! shared by every process and kept across restarts. A write is told on the resets channel
+//! (`!records` and the table's name); each backend listening tells its layer, which reads the table
+//! again, and a subscription made again tells it that any table may have changed (resets.rs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,35 +14,26 @@ use crate::backend::records::{OnRecordsChange, Records, RecordsFuture};
 /// A Redis backend's records.
 pub(super) struct RedisRecords(pub(super) Arc<RedisState>);
 
-fn hash_key(prefix: &str, table: &str) -> String {
-    format!("{prefix}:records:{table}")
-}
-
 impl Records for RedisRecords {
     fn write(&self, table: &str, field: &str, value: Option<&str>) -> RecordsFuture<()> {
         let state = &self.0;
-        let key = hash_key(&state.prefix, table);
+        let key = format!("{}:records:{table}", state.prefix);
         let mut write = redis::cmd(if value.is_some() { "HSET" } else { "HDEL" });
-        write.arg(&key).arg(field);
-        if let Some(value) = value {
-            write.arg(value);
-        }
+        write.arg(&key).arg(field).arg(value);
         let tell = resets::publish_cmd(&state.conn, &state.prefix, format!("{RECORDS}{table}"));
         let mut conn = state.conn.clone();
         let call = async move {
             let mut conn = conn.redirecting();
             write.query_async::<i64>(&mut conn).await?;
-            tell.query_async::<i64>(&mut conn).await?;
-            Ok(())
+            tell.query_async::<i64>(&mut conn).await.map(drop)
         };
         guarded(&state.breaker, &key, state.timeout, call)
     }
 
     fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
         let state = &self.0;
-        let key = hash_key(&state.prefix, table);
-        let mut conn = state.conn.clone();
-        let mut read = redis::cmd("HGETALL");
+        let key = format!("{}:records:{table}", state.prefix);
+        let (mut conn, mut read) = (state.conn.clone(), redis::cmd("HGETALL"));
         read.arg(&key);
         let call = async move {
             let all: HashMap<String, String> = read.query_async(&mut conn.redirecting()).await?;

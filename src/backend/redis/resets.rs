@@ -1,7 +1,7 @@
-//! Resets and reloads heard by every process sharing the Redis: a reset publishes the keys it
-//! deleted on `prefix:resets` (`SPUBLISH`, sharded, on a Cluster), a reload the limits it changed;
-//! every backend drops its cached rejections and slices under them. What a process missed while
-//! not listening is unknown: each (new) subscription drops everything.
+//! Resets, reloads and records heard by every process sharing the Redis: a reset publishes the
+//! keys it deleted on `prefix:resets` (`SPUBLISH` on a Cluster), a reload the limits it changed
+//! (every backend drops its cached rejections and slices under them), records.rs a table's name.
+//! What a process missed while not listening is unknown: each subscription drops everything.
 //!
 //! The listener holds a connection of its own: to the server, or the primary the sentinels name (a
 //! demoted one still hears: Redis replicates `PUBLISH`); on a Cluster, a RESP3 Cluster connection,

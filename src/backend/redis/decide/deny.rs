@@ -342,11 +342,7 @@ mod tests {
         for i in 0..SHARDS * SHARD_CAPACITY * 2 {
             cache.insert(&format!("k{i}"), 1, limited(60_000), now, 0);
         }
-        let total: usize = cache
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap().map.len())
-            .sum();
-        assert!(total <= SHARDS * SHARD_CAPACITY);
+        let sizes = cache.shards.iter().map(|s| s.lock().unwrap().map.len());
+        assert!(sizes.sum::<usize>() <= SHARDS * SHARD_CAPACITY);
     }
 }

@@ -10,10 +10,9 @@
 //!
 //! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; others wait for
 //! the next batch, which leaves when a batch in flight answers, or once [`Lane::full`]. A batch runs
-//! on a task of its own; each check keeps its timeout and breaker (it waits inside `guarded`).
-//!
-//! One server has a lane per kind of call; a Cluster one per key (a migrating slot's keys may be
-//! split between nodes; one key never is): a lane may then hold both kinds, one call per run.
+//! on a task of its own; each check keeps its timeout and breaker (it waits inside `guarded`). One
+//! server has a lane per kind of call; a Cluster one per key (a migrating slot's keys may be split
+//! between nodes; one key never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
 use std::mem;

@@ -201,9 +201,8 @@ const KIND_FIXED_WINDOW: u8 = 2;
 const KIND_CONCURRENCY: u8 = 4;
 const KIND_CALENDAR_WINDOW: u8 = 5;
 
-/// A calendar window's two lengths (whole seconds, under 2^22: 48 days, where a month is at most
-/// 32) travel in one argument, the first times this plus the second (below 2^44: exact in a
-/// double).
+/// A calendar window's two lengths (whole seconds, under 2^22: 48 days; a month is at most 32) go
+/// in one argument, the first times this plus the second (below 2^44: exact in a double).
 const CALENDAR_SPLIT: u64 = 1 << 22;
 
 impl Spec {
@@ -215,10 +214,7 @@ impl Spec {
             KIND_FIXED_WINDOW => self.b = limit.window_shift(key) / 1000,
             KIND_CALENDAR_WINDOW => {
                 if let Some(calendar) = limit.window().and_then(|w| w.calendar()) {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    (self.a, self.b) = calendar_args(calendar.bounds_at(now));
+                    (self.a, self.b) = calendar_args(calendar.bounds_now());
                 }
             }
             _ => {}

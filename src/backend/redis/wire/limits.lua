@@ -8,10 +8,9 @@
 --             (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3
 --             sliding window, 4 concurrency, 5 calendar window), limit, then GCRA: interval,
 --             tolerance (ns); fixed window: period, shift (µs: the key's own phase); other windows:
---             period (µs), 0; concurrency: lease (µs), 0; calendar window: the end (Unix seconds)
---             of the window holding the client's clock, and its length and the next one's (s, as
---             before x 2^22 + after; see calendar_at). Then optionally N ceilings (a metered GCRA
---             limit's, ns; 0: the tolerance), then optionally N quantities (absent: `quantity`).
+--             period (µs), 0; concurrency: lease (µs), 0; calendar window: see calendar_at. Then
+--             optionally N ceilings (a metered GCRA limit's, ns; 0: the tolerance), then optionally
+--             N quantities (absent: `quantity`).
 -- Returns     {banned, then per limit: limited, limit, remaining, retry_after (ns, -1 = never),
 --             reset_after (ns)}.
 --
@@ -176,8 +175,7 @@ local function calendar_at(at, finish, lengths)
 end
 
 local function calendar_window(key, limit, finish, q, lengths)
-  local window, to_boundary = calendar_at(now_us, finish, lengths)
-  return window_count(key, limit, q, window, to_boundary)
+  return window_count(key, limit, q, calendar_at(now_us, finish, lengths))
 end
 
 local function sliding_window(key, limit, period, q)

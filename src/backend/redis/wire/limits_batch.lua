@@ -105,8 +105,11 @@ local function use(through_cache)
   end
 end
 
+-- The kinds the cache keeps (as sent): GCRA, fixed, sliding and calendar (a fixed window's state).
+local CACHED_KINDS = {['0'] = true, ['2'] = true, ['3'] = true, ['5'] = true}
+
 -- Whether the item goes through the cache (its keys are distinct); first writes out every key it
--- uses otherwise (all, when it runs directly). No table, no tonumber: this runs for every item.
+-- uses otherwise (all, when it runs directly). Nothing is allocated: this runs for every item.
 local function prepare(item_keys, item_argv)
   local count = #item_keys
   local distinct = true
@@ -118,10 +121,7 @@ local function prepare(item_keys, item_argv)
   local n = tonumber(item_argv[1]) or 0
   for i = 1, count do
     local kind = i <= n and item_argv[6 + 4 * (i - 1) + 1] or nil
-    -- The kinds as the client sends them (digits): 0 GCRA, 2 fixed window, 3 sliding window, 5
-    -- calendar window (a fixed window's state).
-    local cached = kind == '0' or kind == '2' or kind == '3' or kind == '5'
-    if not distinct or not cached then flush(item_keys[i]) end
+    if not distinct or not CACHED_KINDS[kind or ''] then flush(item_keys[i]) end
   end
   return distinct
 end

@@ -3,11 +3,10 @@
 --
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it.
 -- ARGV        N, since (µs: an upper bound on the time since admission), then four per limit:
---             kind (0 GCRA, 1 sliding log, 2 fixed window, 3 sliding window, 5 calendar window);
---             the GCRA's interval (ns), a window's period (µs), or a calendar window's end (Unix
---             seconds); the delta (units: negative gives back, positive charges, 0 leaves it); the
---             GCRA's ceiling (ns), a fixed window's shift (µs), a calendar window's lengths (as
---             limits.lua takes them), or 0.
+--             kind (0 GCRA, 1 sliding log, 2 fixed, 3 sliding, 5 calendar window); the GCRA's
+--             interval (ns), a window's period (µs) or end (a calendar's, as limits.lua takes it);
+--             the delta (units: < 0 gives back, > 0 charges); the GCRA's ceiling (ns), a fixed
+--             window's shift (µs), a calendar window's lengths, or 0.
 -- Returns     N.
 --
 -- Giving back never exceeds what the request took: GCRA, the TAT moves back by |delta| x interval;
@@ -17,8 +16,7 @@
 -- Charging (GCRA only) admits and refuses nothing: the TAT moves on by delta x interval from
 -- max(TAT, now), capped at now + ceiling (the debt cap); a TAT beyond it (another quota's) stays.
 
-local n = tonumber(ARGV[1])
-local since_us = tonumber(ARGV[2])
+local n, since_us = tonumber(ARGV[1]), tonumber(ARGV[2])
 
 local admitted_after = now_us - since_us
 
@@ -53,11 +51,8 @@ local function take_from_window(key, window, quantity)
   local w, c = read_fixed(key)
   if w ~= window then return end
   local count = c - quantity
-  if count <= 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, int(window) .. ':' .. int(count), 'KEEPTTL')
-  end
+  if count <= 0 then return redis.call('DEL', key) end
+  redis.call('SET', key, int(window) .. ':' .. int(count), 'KEEPTTL')
 end
 
 local function fixed_window(key, period, quantity, shift)
