@@ -2,7 +2,7 @@
 //! path reads without a lock, rebuilt from the records table by table when one changes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -25,8 +25,14 @@ pub(crate) struct Overrides {
     any: AtomicBool,
     snapshot: ArcSwap<Snapshot>,
     store: Arc<dyn Records>,
-    /// Installs one at a time, so that each builds on the snapshot it replaces.
-    installing: Mutex<()>,
+    /// Installs one at a time, so that each builds on the snapshot it replaces; and, per table,
+    /// the ticket of the read last put in force.
+    installing: Mutex<HashMap<String, u64>>,
+    /// Each read of a table takes the next ticket before it is sent. A read's answer is put in
+    /// force only if no later read's already is: two reads of one table may answer out of order
+    /// (a change heard while this process's own write reads it back), and the older answer, which
+    /// may miss the change, must not replace the newer.
+    tickets: AtomicU64,
     /// The policies in force and the names of their limits: which tables to read when any may
     /// have changed, and which cached decisions a change of a policy's makes stale.
     policies: Mutex<Vec<(String, Vec<String>)>>,
@@ -174,7 +180,8 @@ impl Overrides {
             any: AtomicBool::new(false),
             snapshot: ArcSwap::default(),
             store: store.unwrap_or_else(|| Arc::new(InProcess::default())),
-            installing: Mutex::new(()),
+            installing: Mutex::default(),
+            tickets: AtomicU64::new(0),
             policies: Mutex::default(),
         }
     }
@@ -341,8 +348,9 @@ impl Overrides {
         if kind != "overrides" && kind != "bans" {
             return Ok(());
         }
+        let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let fields = self.store.read(table).await?;
-        self.install(kind, policy, &fields);
+        self.install(table, ticket, &fields);
         // After the new entries are in force: a decision cached under the old ones would
         // otherwise outlive them (a refusal under a quota just raised).
         let policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
@@ -353,10 +361,21 @@ impl Overrides {
         Ok(())
     }
 
-    /// Puts `fields` in force as policy `policy`'s table `kind`; fields this version cannot read
-    /// are left out (and logged).
-    fn install(&self, kind: &str, policy: &str, fields: &[(String, String)]) {
-        let _one_at_a_time = self.installing.lock().unwrap_or_else(|p| p.into_inner());
+    /// Puts `fields`, read with `ticket`, in force as table `table` (`overrides:<policy>` or
+    /// `bans:<policy>`), unless a later read's are already; fields this version cannot read are
+    /// left out (and logged).
+    fn install(&self, table: &str, ticket: u64, fields: &[(String, String)]) {
+        let Some((kind, policy)) = table.split_once(':') else {
+            return;
+        };
+        let mut installed = self.installing.lock().unwrap_or_else(|p| p.into_inner());
+        match installed.get_mut(table) {
+            Some(last) if *last > ticket => return,
+            Some(last) => *last = ticket,
+            None => {
+                installed.insert(table.to_owned(), ticket);
+            }
+        }
         let current = self.snapshot.load_full();
         let kept = current.policies.get(policy);
         let unread = |field: &str, value: &str| {
@@ -467,8 +486,8 @@ mod tests {
         let overrides = Overrides::new(None);
         let q = |n| Override::Quota(Quota::per_minute(n));
         overrides.install(
-            "overrides",
-            "api",
+            "overrides:api",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
             &[
                 field("*", q(1)),
                 field("premium_*", q(2)),
@@ -491,15 +510,27 @@ mod tests {
         assert!(overrides.touches("api") && !overrides.touches("other"));
         assert_eq!(overrides.overrides_of("api").len(), 5);
         // An address's pattern matches its rendering.
-        overrides.install("overrides", "ip", &[field("!10.0.*", Override::Blocked)]);
+        overrides.install(
+            "overrides:ip",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
+            &[field("!10.0.*", Override::Blocked)],
+        );
         let ip = Key::from_ip([10, 0, 3, 4].into());
         assert!(overrides.find("ip", &ip, now).is_some());
         assert!(overrides
             .find("ip", &Key::from_ip([10, 1, 0, 1].into()), now)
             .is_none());
         // Emptied: gone.
-        overrides.install("overrides", "api", &[]);
-        overrides.install("overrides", "ip", &[]);
+        overrides.install(
+            "overrides:api",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
+            &[],
+        );
+        overrides.install(
+            "overrides:ip",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
+            &[],
+        );
         assert!(!overrides.touches("api") && !overrides.any.load(Ordering::Relaxed));
     }
 
@@ -509,7 +540,11 @@ mod tests {
         // One too many: the last is left out.
         let mut fields = vec![field("p1_long_*", Override::Unlimited)];
         fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Blocked)));
-        overrides.install("overrides", "api", &fields);
+        overrides.install(
+            "overrides:api",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
+            &fields,
+        );
         let entries = overrides.snapshot.load().policies["api"].clone();
         assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
         assert!(!overrides.has_room("api", false, "more_*"));
@@ -534,14 +569,29 @@ mod tests {
     }
 
     #[test]
+    fn an_older_read_answering_late_does_not_replace_a_newer_one() {
+        let overrides = Overrides::new(None);
+        let (older, newer) = (7, 8);
+        overrides.install("overrides:api", newer, &[field("bob", Override::Blocked)]);
+        overrides.install("overrides:api", older, &[]);
+        assert_eq!(overrides.overrides_of("api").len(), 1);
+        overrides.install("overrides:api", 9, &[]);
+        assert!(overrides.overrides_of("api").is_empty());
+    }
+
+    #[test]
     fn a_ban_runs_until_its_end_and_comes_before_an_override() {
         let overrides = Overrides::new(None);
         let now = SystemTime::now();
         let until = now + Duration::from_secs(2);
-        overrides.install("overrides", "api", &[field("bob", Override::Unlimited)]);
         overrides.install(
-            "bans",
-            "api",
+            "overrides:api",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
+            &[field("bob", Override::Unlimited)],
+        );
+        overrides.install(
+            "bans:api",
+            overrides.tickets.fetch_add(1, Ordering::SeqCst),
             &[("bob".into(), super::super::encode_until(until))],
         );
         let bob = Key::from("bob");
