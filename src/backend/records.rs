@@ -14,8 +14,9 @@ use crate::error::BackendError;
 pub type RecordsFuture<T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>;
 
 /// Told which table changed (`Some(name)`), or that any may have (`None`: the backend could not
-/// hear changes for a while, so every table should be read again).
-pub type OnRecordsChange = Arc<dyn Fn(Option<&str>) + Send + Sync>;
+/// hear changes for a while, so every table should be read again). Returns whether it still
+/// listens: `false` once its layer is gone, and the backend forgets it.
+pub type OnRecordsChange = Arc<dyn Fn(Option<&str>) -> bool + Send + Sync>;
 
 /// Tables of text fields and values, shared by every process using the backend
 /// ([`Backend::records`](crate::Backend::records)).

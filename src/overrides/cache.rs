@@ -198,10 +198,11 @@ impl Overrides {
     pub(crate) fn listen(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let on_change: OnRecordsChange = Arc::new(move |table: Option<&str>| {
-            let (Some(overrides), Ok(runtime)) =
-                (weak.upgrade(), tokio::runtime::Handle::try_current())
-            else {
-                return;
+            let Some(overrides) = weak.upgrade() else {
+                return false;
+            };
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return true;
             };
             let table = table.map(str::to_owned);
             runtime.spawn(async move {
@@ -213,6 +214,7 @@ impl Overrides {
                     tracing::warn!(error = %e, "could not read the overrides and bans again");
                 }
             });
+            true
         });
         self.store.on_change(on_change);
         self.reread();

@@ -296,13 +296,11 @@ pub(super) fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = 
 
 /// Tells every layer listening that `table` changed (`None`: any may have).
 fn heard(state: &RedisState, table: Option<&str>) {
-    let heard = state
+    let mut heard = state
         .records_heard
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    for on_change in heard.iter() {
-        on_change(table);
-    }
+    heard.retain(|on_change| on_change(table));
 }
 
 /// Drops the whole deny cache and every slice.
