@@ -134,6 +134,45 @@ impl RedisState {
         })
     }
 
+    /// [`Backend::peek_keyed`](crate::Backend::peek_keyed): each limit peeked alone under its
+    /// own key (a limit keeps one Redis key per key, alone or in a stack), one call each.
+    pub(crate) fn peek_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        if limits.is_empty() || keys.len() != limits.len() {
+            return failed(format!("{} keys for {} limits", keys.len(), limits.len()));
+        }
+        let peeks: Vec<PeekFuture> = limits
+            .iter()
+            .zip(keys)
+            .map(|(limit, key)| self.peek(std::slice::from_ref(limit), key))
+            .collect();
+        Box::pin(async move {
+            let mut states = Vec::with_capacity(peeks.len());
+            for peek in peeks {
+                states.extend(peek.await?);
+            }
+            Ok(states)
+        })
+    }
+
+    /// [`Backend::reset_keyed`](crate::Backend::reset_keyed): each limit reset alone under its
+    /// own key.
+    pub(crate) fn reset_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        if limits.is_empty() || keys.len() != limits.len() {
+            return failed(format!("{} keys for {} limits", keys.len(), limits.len()));
+        }
+        let resets: Vec<ResetFuture> = limits
+            .iter()
+            .zip(keys)
+            .map(|(limit, key)| self.reset(std::slice::from_ref(limit), key))
+            .collect();
+        Box::pin(async move {
+            for reset in resets {
+                reset.await?;
+            }
+            Ok(())
+        })
+    }
+
     /// [`Backend::reset`](crate::Backend::reset): one `DEL`, and this process's deny cache.
     pub(crate) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
         let Some(first) = limits.first() else {

@@ -215,10 +215,63 @@ impl RedisState {
         each: Option<Vec<u64>>,
         token: u64,
     ) -> StackFuture {
-        let call = match self.limits_call(limits, key, quantity, each, token) {
-            Ok(call) => call,
-            Err(why) => return failed(why),
-        };
+        match self.limits_call(limits, key, quantity, each, token) {
+            Ok(call) => self.send_limits(call),
+            Err(why) => failed(why),
+        }
+    }
+
+    /// Limits with a key each ([`Backend::check_keyed`]): `limits[i]` on `keys[i]`'s state, in one
+    /// atomic call of the limits script (alone, or coalesced in a batch) on one server, where keys
+    /// of any hash tag may go in one script. A Cluster is refused when the policy is built
+    /// ([`validate_keyed`](crate::backend::Backend::validate_keyed)): keys in different slots
+    /// cannot go in one script.
+    ///
+    /// [`Backend::check_keyed`]: crate::backend::Backend::check_keyed
+    pub(crate) fn check_keyed(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        keys: &[Key],
+        quantity: u64,
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return failed(why);
+        }
+        match self.keyed_call(limits, keys, quantity, self.leases.next_token()) {
+            Ok(call) => self.send_limits(call),
+            Err(why) => failed(why),
+        }
+    }
+
+    /// The limits script's call for `limits[i]` on `keys[i]` (no penalty box: a policy whose
+    /// quotas have keys of their own has none).
+    pub(crate) fn keyed_call(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+        quantity: u64,
+        token: u64,
+    ) -> Result<LimitsCall, String> {
+        if keys.len() != limits.len() {
+            return Err(format!("{} keys for {} limits", keys.len(), limits.len()));
+        }
+        let specs = limits
+            .iter()
+            .zip(keys)
+            .map(|(l, key)| Spec::of(l, self.state_key(l, key)).map(|s| s.on_clock_of(l, key)))
+            .collect::<Result<_, _>>()?;
+        Ok(LimitsCall {
+            specs,
+            penalty: None,
+            quantity,
+            each: None,
+            token,
+        })
+    }
+
+    /// Sends `call` to the limits script, coalesced with the checks waiting at once unless
+    /// coalescing is off.
+    fn send_limits(self: &Arc<Self>, call: LimitsCall) -> StackFuture {
         // The keys share the client's hash tag: any picks a Cluster node's breaker.
         let slot_key = call.first_key().to_owned();
         let mut conn = self.conn.clone();
