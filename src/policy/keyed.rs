@@ -83,9 +83,8 @@ impl<K> PolicyBuilder<K> {
                 )));
             }
             let bound = std::mem::replace(key, KeySpec::Global).for_route(route.as_deref());
-            *key = bound.map_err(|why| {
-                BuildError::Invalid(format!("policy {:?}: {why}", self.name))
-            })?;
+            *key = bound
+                .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
         }
         Ok(())
     }

@@ -35,10 +35,18 @@ fn quotas_keyed_apart_are_named_by_their_key_and_refuse_what_they_cannot_be_used
     assert_eq!(names, ["api.1m", "api.1m.x-org-id"]);
     let tiers = error(keyed().tier("paid", [Quota::per_minute(100)]).build());
     assert!(tiers.contains("tiers"), "{tiers}");
-    let penalty = Penalty::new(3, std::time::Duration::from_secs(60), std::time::Duration::from_secs(60));
+    let penalty = Penalty::new(
+        3,
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(60),
+    );
     let banned = error(keyed().penalty(penalty.unwrap()).build());
     assert!(banned.contains("penalty"), "{banned}");
-    let counted = error(keyed().count_only(|s: http::StatusCode| s.is_success()).build());
+    let counted = error(
+        keyed()
+            .count_only(|s: http::StatusCode| s.is_success())
+            .build(),
+    );
     assert!(counted.contains("count_only"), "{counted}");
     // Two quotas of one period under one key make one name twice.
     let twice = error(
@@ -70,7 +78,11 @@ period = "1m"
 [route.tiers.paid]
 quotas = [{ count = 100, period = "1m", key = "header:x-org-id" }]
 "#;
-    let why = Config::from_toml(tier).unwrap().policies().unwrap_err().to_string();
+    let why = Config::from_toml(tier)
+        .unwrap()
+        .policies()
+        .unwrap_err()
+        .to_string();
     assert!(why.contains("not a tier's"), "{why}");
     let body = r#"
 [[route]]
@@ -78,6 +90,10 @@ name = "api"
 key = "header:x-user-id"
 quotas = [{ count = 10, period = "1m" }, { count = 100, period = "1m", key = "json:org" }]
 "#;
-    let why = Config::from_toml(body).unwrap().policies().unwrap_err().to_string();
+    let why = Config::from_toml(body)
+        .unwrap()
+        .policies()
+        .unwrap_err()
+        .to_string();
     assert!(why.contains("body"), "{why}");
 }

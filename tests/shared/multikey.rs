@@ -109,14 +109,21 @@ pub async fn several_users_in_one_org<B: Backend>(backend: B) {
         }
     }
     let total: u64 = admitted.values().sum();
-    assert_eq!(total, ORG_LIMIT, "the organisation admits exactly its limit");
+    assert_eq!(
+        total, ORG_LIMIT,
+        "the organisation admits exactly its limit"
+    );
     assert!(admitted.values().all(|n| *n <= USER_LIMIT), "{admitted:?}");
     let mut charged = 0;
     for u in 0..10 {
         let user = format!("user-{u}");
         let left = remaining(&handle, &user, USER).await;
         let own = admitted.get(user.as_str()).copied().unwrap_or(0);
-        assert_eq!(USER_LIMIT - left, own, "{user} was charged for its admissions only");
+        assert_eq!(
+            USER_LIMIT - left,
+            own,
+            "{user} was charged for its admissions only"
+        );
         charged += USER_LIMIT - left;
     }
     assert_eq!(charged, ORG_LIMIT);
@@ -124,7 +131,12 @@ pub async fn several_users_in_one_org<B: Backend>(backend: B) {
     // A refusal by the organisation's limit leaves the user's untouched.
     let mut app = app;
     for _ in 0..3 {
-        let response = app.ready().await.unwrap().call(request("newcomer", Some("acme"))).await;
+        let response = app
+            .ready()
+            .await
+            .unwrap()
+            .call(request("newcomer", Some("acme")))
+            .await;
         let response = response.unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         let fields = response.headers()["ratelimit"].to_str().unwrap().to_owned();
@@ -132,7 +144,12 @@ pub async fn several_users_in_one_org<B: Backend>(backend: B) {
     }
     assert_eq!(remaining(&handle, "newcomer", USER).await, USER_LIMIT);
     // Another organisation is not touched either.
-    let response = app.ready().await.unwrap().call(request("newcomer", Some("globex"))).await;
+    let response = app
+        .ready()
+        .await
+        .unwrap()
+        .call(request("newcomer", Some("globex")))
+        .await;
     assert_eq!(response.unwrap().status(), StatusCode::OK);
     assert_eq!(remaining(&handle, "newcomer", USER).await, USER_LIMIT - 1);
     assert_eq!(remaining(&handle, "globex", ORG).await, ORG_LIMIT - 1);
@@ -152,9 +169,17 @@ pub async fn one_user_in_one_org<B: Backend>(backend: B) {
         .count() as u64;
     assert_eq!((passed, refused), (USER_LIMIT, 200 - USER_LIMIT));
     assert_eq!(remaining(&handle, "solo", USER).await, 0);
-    assert_eq!(remaining(&handle, "initech", ORG).await, ORG_LIMIT - USER_LIMIT);
+    assert_eq!(
+        remaining(&handle, "initech", ORG).await,
+        ORG_LIMIT - USER_LIMIT
+    );
     let mut app = app;
-    let response = app.ready().await.unwrap().call(request("other", None)).await;
+    let response = app
+        .ready()
+        .await
+        .unwrap()
+        .call(request("other", None))
+        .await;
     assert_eq!(response.unwrap().status(), StatusCode::BAD_REQUEST);
     assert_eq!(remaining(&handle, "other", USER).await, USER_LIMIT);
 }

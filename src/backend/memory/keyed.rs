@@ -123,7 +123,10 @@ impl GeneralStore {
                 decide_cells(&mut cells, one, key, now, origin, &[quantity], written);
                 self.insert(shard, *hash, one, key, cells, now, origin);
             }
-            debug_assert!(out[i].allowed, "a limit decides alike on the state it just read");
+            debug_assert!(
+                out[i].allowed,
+                "a limit decides alike on the state it just read"
+            );
         }
         out
     }
