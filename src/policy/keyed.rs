@@ -21,10 +21,11 @@ impl<K> PolicyBuilder<K> {
     /// refusal leaves the user's quota as it was). A request without one of the keys gets the
     /// policy's [missing-key](crate::policy::MissingKey) answer. Each limit is named after the
     /// policy, its period and its key (`api.1m.x-user-id`), so `RateLimit` and
-    /// `RateLimit-Policy` name each one. Memory and Redis (one server or Sentinel, with the Lua
-    /// scripts, alone or coalesced; in `Cell` mode too, where the stack runs on Lua as every
-    /// stack does) decide them; a Redis Cluster is refused when the layer is built (keys in
-    /// different slots cannot be decided in one script).
+    /// `RateLimit-Policy` name each one. Memory and Redis decide them (the Lua scripts, alone or
+    /// coalesced; in `Cell` mode too, where the stack runs on Lua as every stack does). On a
+    /// Redis Cluster the keys of such a policy share one hash tag (its first limit's name), so
+    /// one script on one node decides each request exactly: that policy's load goes to that
+    /// node (see the [key layout](crate::redis::RedisBackend#key-layout)).
     ///
     /// Not with [tiers](Self::tier), a [penalty](Self::penalty), a [budget](Self::budget),
     /// per-customer quotas, counting by outcome or a metered limit, nor a key from the body

@@ -1,15 +1,15 @@
 //! Several keys in one atomic decision on Redis (`tests/shared/multikey.rs`): the limits script
-//! alone and coalesced, and in `Cell` mode (where the stack runs on the limits script, as every
-//! stack does), each admitting exactly what the tightest key allows under 200 concurrent requests
-//! with refusals charging no limit; a Cluster is refused when the layer is built.
+//! alone and coalesced, in `Cell` mode (where the stack runs on the limits script, as every stack
+//! does) and on a 3-node Cluster (users and organisation on different nodes when keyed apart),
+//! each admitting exactly what the tightest key allows under 200 concurrent requests, with
+//! refusals charging no limit.
 
 use std::time::Duration;
 
-use tower_throttle::config::Config;
 use tower_throttle::redis::{RedisBackend, RedisMode};
-use tower_throttle::ThrottleLayer;
 
-use crate::multikey_shared::{one_user_in_one_org, several_users_in_one_org, TOML};
+use crate::multikey_shared::{one_user_in_one_org, several_users_in_one_org};
+use crate::support::cluster::{key_slot, owner};
 use crate::support::redis::{RedisCluster, RedisServer};
 
 async fn connect(url: &str, mode: RedisMode, coalesce: bool, prefix: &str) -> RedisBackend {
@@ -45,25 +45,23 @@ async fn in_cell_mode_quotas_keyed_apart_run_on_the_limits_script() {
     one_user_in_one_org(backend).await;
 }
 
-#[tokio::test]
-async fn a_cluster_refuses_quotas_keyed_apart_when_the_layer_is_built() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_keys_of_different_slots_are_decided_together_on_the_policy_s_slot() {
     let cluster = RedisCluster::start();
-    let backend = RedisBackend::builder()
-        .cluster_urls(cluster.urls())
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap();
-    let built = ThrottleLayer::builder()
-        .backend(backend)
-        .policies(Config::from_toml(TOML).unwrap().policies().unwrap())
-        .build();
-    let why = match built {
-        Ok(_) => panic!("a Cluster is refused"),
-        Err(e) => e.to_string(),
-    };
-    assert!(
-        why.contains("one Redis server or Sentinel, not a Cluster"),
-        "{why}"
-    );
+    // Keyed apart, the user's and the organisation's keys would be in different slots (on
+    // different nodes): a keyed stack's keys take one tag, its first limit's name.
+    let (user, org) = (key_slot(&cluster, "{user-0}"), key_slot(&cluster, "{acme}"));
+    assert_ne!(owner(&cluster, user), owner(&cluster, org));
+    for coalesce in [false, true] {
+        let connect = || {
+            RedisBackend::builder()
+                .cluster_urls(cluster.urls())
+                .coalesce(coalesce)
+                .prefix(format!("multikey-cluster-{coalesce}"))
+                .timeout(Duration::from_secs(2))
+                .connect()
+        };
+        several_users_in_one_org(connect().await.unwrap()).await;
+        one_user_in_one_org(connect().await.unwrap()).await;
+    }
 }

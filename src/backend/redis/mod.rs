@@ -150,6 +150,12 @@ pub use self::wire::mode::RedisMode;
 /// | concurrency | `prefix:policy:{key}:concurrency` | ZSET: a member per slot in flight, scored by its lease's end (µs) | O(count) | when its longest lease ends |
 /// | penalty | `prefix:policy:{key}:strikes`, `…:ban` | counters | O(1) | `within`, `ban` |
 ///
+/// A stack whose limits have keys of their own
+/// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)) keeps each limit's state
+/// under `prefix:limit:{tag}:key` (with the algorithm's suffix), `tag` being the stack's first
+/// limit's name: every key of the stack shares one slot, so one script decides the request
+/// atomically on a Cluster too, and that policy's decisions all go to the node of that slot.
+///
 /// Members are `token:i`, with a token drawn per call (unique within a process, random across
 /// processes), so the units of one burst stay distinct; rejected requests add none; units that left
 /// the window are trimmed at each admission.
@@ -451,20 +457,13 @@ impl Backend for RedisBackend {
         validate_stack(limits)
     }
 
-    // Several keys in one decision: the limits script on one server (check.rs); peeks and resets
-    // limit by limit (admin.rs).
+    // Several keys in one decision: the limits script on keys of one hash tag (check.rs); peeks
+    // and resets on the same keys (admin.rs).
     fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
         self.state.check_keyed(limits, keys, quantity)
     }
 
     fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        if self.state.conn.is_cluster() {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?}: several keys in one decision need one Redis server or Sentinel, not \
-                 a Cluster (keys in different slots cannot be decided in one script)",
-                limits.first().map_or("", |l| l.name())
-            )));
-        }
         if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
             return Err(BuildError::Invalid(format!(
                 "policy {:?}: a leased budget cannot be used with quotas keyed apart",

@@ -17,7 +17,7 @@ use crate::backend::redis::conn::connection::is_unknown_command;
 use crate::backend::redis::health::breaker::{guarded, guarded_on};
 use crate::backend::redis::speedup::budget::{Fetching, Local};
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::{stack_error, Args, Spec};
+use crate::backend::redis::wire::args::{keyed_state_key, stack_error, Args, Spec};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::backend::redis::wire::scripts::{self, Answer};
@@ -222,10 +222,10 @@ impl RedisState {
     }
 
     /// Limits with a key each ([`Backend::check_keyed`]): `limits[i]` on `keys[i]`'s state, in one
-    /// atomic call of the limits script (alone, or coalesced in a batch) on one server, where keys
-    /// of any hash tag may go in one script. A Cluster is refused when the policy is built
-    /// ([`validate_keyed`](crate::backend::Backend::validate_keyed)): keys in different slots
-    /// cannot go in one script.
+    /// atomic call of the limits script (alone, or coalesced in a batch). Every key of such a
+    /// stack carries one hash tag, its first limit's name ([`keyed_state_key`]), so on a Cluster
+    /// too one node decides them in one script: exact, at the cost of that policy's decisions all
+    /// going to the node of that slot.
     ///
     /// [`Backend::check_keyed`]: crate::backend::Backend::check_keyed
     pub(crate) fn check_keyed(
@@ -255,10 +255,14 @@ impl RedisState {
         if keys.len() != limits.len() {
             return Err(format!("{} keys for {} limits", keys.len(), limits.len()));
         }
+        let tag = limits.first().map_or("", |l| l.name());
         let specs = limits
             .iter()
             .zip(keys)
-            .map(|(l, key)| Spec::of(l, self.state_key(l, key)).map(|s| s.on_clock_of(l, key)))
+            .map(|(l, key)| {
+                let state_key = keyed_state_key(&self.prefix, tag, l, key);
+                Spec::of(l, state_key).map(|s| s.on_clock_of(l, key))
+            })
             .collect::<Result<_, _>>()?;
         Ok(LimitsCall {
             specs,
