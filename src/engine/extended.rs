@@ -1,5 +1,5 @@
 //! The extended path of [`Throttle`]: requests of a policy that uses per-customer quotas, an async
-//! key, a key or estimate from the body, or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
+//! key, a key or estimate from the body, quotas with keys of their own, or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
 //! between them (the key, the quota) and makes the verdict; the response future then carries it out
 //! with the guard that settles the request by its outcome. Policies that use none of this never come
 //! here: for them the whole cost is the `Option` check in `Throttle::call`.

@@ -103,6 +103,10 @@ async fn a_message_check_is_refused_for_quotas_keyed_apart() {
     let layer = tower_throttle::ThrottleLayer::new(keyed().build().unwrap());
     let handle = layer.handle();
     let key = tower_throttle::Key::from("alice");
-    let why = handle.check_key("api", &key, 1).await.unwrap_err().to_string();
+    let why = handle
+        .check_key("api", &key, 1)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(why.contains("keys of their own"), "{why}");
 }
