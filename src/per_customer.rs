@@ -19,7 +19,7 @@ use http::request::Parts;
 
 use crate::error::BuildError;
 use crate::key::body::BodyRule;
-use crate::key::{AsyncKey, BodyField, Key, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
+use crate::key::{AsyncKey, BodyField, Key, KeySpec, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
 use crate::limit::{Algorithm, Limit};
 use crate::meter::MeterRule;
 use crate::observe::ResolveLog;
@@ -129,6 +129,10 @@ pub(crate) struct ExtrasBuilder {
     pub(crate) metered: crate::meter::MeteredBuilder,
     /// Shadow limits (`rollout/`), decided beside the policy's own on the extended path.
     pub(crate) shadows: Box<[Limit]>,
+    /// The key of each quota that has one of its own
+    /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)), by the quota's place
+    /// (`None`, or missing: the policy's key); empty when none has.
+    pub(crate) quota_keys: Vec<Option<KeySpec>>,
 }
 
 impl fmt::Debug for ExtrasBuilder {
@@ -140,6 +144,7 @@ impl fmt::Debug for ExtrasBuilder {
             .field("body_key", &self.body_key)
             .field("outcome", &self.outcome)
             .field("shadows", &self.shadows)
+            .field("quota_keys", &self.quota_keys)
             .finish()
     }
 }
@@ -209,6 +214,23 @@ impl ExtrasBuilder {
                  limit would count every response)",
             ));
         }
+        let keyed = !self.quota_keys.is_empty();
+        if keyed && (self.quota_from.is_some() || self.resolver.is_some()) {
+            return Err(invalid(
+                "quotas with keys of their own cannot be used with per-customer quotas \
+                 (quota_from, quota_resolver)",
+            ));
+        }
+        if keyed && self.outcome.is_set() {
+            return Err(invalid(
+                "quotas with keys of their own cannot be used with count_only or refund_on yet",
+            ));
+        }
+        if keyed && metered.is_some() {
+            return Err(invalid(
+                "quotas with keys of their own cannot be used with a metered limit yet",
+            ));
+        }
         let body = self
             .body_rule(metered.as_ref())
             .map_err(|why| invalid(&why))?;
@@ -219,6 +241,7 @@ impl ExtrasBuilder {
             && !self.outcome.is_set()
             && self.shadows.is_empty()
             && metered.is_none()
+            && !keyed
         {
             return Ok(None);
         }
@@ -237,6 +260,7 @@ impl ExtrasBuilder {
             override_name: override_name(name),
             log: ResolveLog::default(),
             shadows: self.shadows,
+            limit_keys: keyed.then(|| self.quota_keys.into()),
         })))
     }
 }
@@ -294,6 +318,9 @@ pub(crate) struct PolicyExtras {
     override_name: Arc<str>,
     pub(crate) log: ResolveLog,
     pub(crate) shadows: Box<[Limit]>,
+    /// The key of each of the default tier's limits that has one of its own, by the limit's
+    /// place (`None`, or missing: the policy's key); `None` when none has.
+    pub(crate) limit_keys: Option<Box<[Option<KeySpec>]>>,
 }
 
 impl fmt::Debug for PolicyExtras {
@@ -358,6 +385,7 @@ impl PolicyExtras {
             log: ResolveLog::default(),
             shadows: Box::new([]),
             body: None,
+            limit_keys: None,
         })
     }
 

@@ -32,6 +32,7 @@ pub use crate::quota::QuotaError;
 mod body_key;
 mod compiled;
 mod condition;
+mod keyed;
 mod limits;
 mod parts;
 mod spec;
@@ -234,6 +235,7 @@ impl<K> PolicyBuilder<K> {
     /// The quota (required, unless [`quotas`](Self::quotas) gives several).
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas = vec![quota];
+        self.extras.quota_keys.clear();
         self
     }
 
@@ -255,6 +257,7 @@ impl<K> PolicyBuilder<K> {
     /// ```
     pub fn quotas(mut self, quotas: impl IntoIterator<Item = Quota>) -> Self {
         self.quotas = quotas.into_iter().collect();
+        self.extras.quota_keys.clear();
         self
     }
 
@@ -551,6 +554,7 @@ impl<K> PolicyBuilder<K> {
     /// Validates the policy.
     pub fn build(mut self) -> Result<Policy<K>, BuildError> {
         validate_name(&self.name)?;
+        self.check_quota_keys()?;
         let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
         if !self.keyed {
             return Err(invalid(NO_KEY.into()));
@@ -573,7 +577,9 @@ impl<K> PolicyBuilder<K> {
         let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
         let mut limits = match self.quotas.len() {
             0 => Vec::new(),
-            _ => self.limits_of(&self.name, &self.quotas)?.into_vec(),
+            _ => self
+                .limits_of(&self.name, &self.quotas, &self.extras.quota_keys)?
+                .into_vec(),
         };
         let metered = metered.build(&self.name, limits.len())?;
         let metered = match metered {
@@ -600,7 +606,7 @@ impl<K> PolicyBuilder<K> {
             if quotas.is_empty() {
                 return Err(invalid(format!("tier {tier:?} has no quota")));
             }
-            let limits = self.limits_of(&format!("{}.{tier}", self.name), quotas)?;
+            let limits = self.limits_of(&format!("{}.{tier}", self.name), quotas, &[])?;
             tiers.push(CompiledTier::of(Some(tier.as_str().into()), &limits));
         }
         Self::check_names(&tiers).map_err(invalid)?;

@@ -60,6 +60,54 @@ pub trait Backend: Send + Sync + 'static {
         )))
     }
 
+    // --- Several keys in one decision: one block (see `PolicyBuilder::quota_keyed`). ---
+
+    /// Like [`check_all`](Backend::check_all), with a key per limit (`keys[i]` for `limits[i]`,
+    /// such as 10 a minute per user and 1,000 a minute per organisation): atomically, the request
+    /// passes only if every limit admits it under its own key, and a refusal by one records
+    /// nothing under any. Each limit keeps its state under its own key, apart from a stack that
+    /// shares one key (and from the same limit checked alone on backends that say so). The
+    /// default fails: a backend that implements it says so in
+    /// [`validate_keyed`](Backend::validate_keyed).
+    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
+        let _ = (keys, quantity);
+        let error = BackendError::new(format!(
+            "this backend cannot decide {} limits with keys of their own together",
+            limits.len()
+        ));
+        Box::pin(std::future::ready(Err(error)))
+    }
+
+    /// Whether this backend can enforce `limits` together with
+    /// [`check_keyed`](Backend::check_keyed). The default refuses.
+    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        let _ = limits;
+        Err(BuildError::Invalid(
+            "this backend cannot decide limits with keys of their own (quotas with a key) in one \
+             decision"
+                .into(),
+        ))
+    }
+
+    /// Reads each limit's state under its own key, as [`check_keyed`](Backend::check_keyed) keeps
+    /// it, without consuming anything: one [`KeyState`](super::KeyState) per limit, in order. The
+    /// default fails.
+    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        let _ = (limits, keys);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            "this backend cannot peek at limits with keys of their own",
+        ))))
+    }
+
+    /// Forgets each limit's state under its own key, as [`check_keyed`](Backend::check_keyed)
+    /// keeps it. The default fails.
+    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        let _ = (limits, keys);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            "this backend cannot reset limits with keys of their own",
+        ))))
+    }
+
     /// Gives back the slot of a request admitted under a
     /// [concurrency](crate::Algorithm::Concurrency) limit, when its response has been sent, failed
     /// or been dropped. `lease` is the decision's [`lease`](Decision::lease) (0 if it had none).
@@ -224,6 +272,23 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
         (**self).validate_all(limits)
+    }
+
+    // Several keys in one decision.
+    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
+        (**self).check_keyed(limits, keys, quantity)
+    }
+
+    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        (**self).validate_keyed(limits)
+    }
+
+    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        (**self).peek_keyed(limits, keys)
+    }
+
+    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        (**self).reset_keyed(limits, keys)
     }
 
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {

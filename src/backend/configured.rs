@@ -121,6 +121,34 @@ impl Backend for ConfiguredBackend {
         }
     }
 
+    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.check_keyed(limits, keys, quantity),
+            ConfiguredBackend::Redis(redis) => redis.check_keyed(limits, keys, quantity),
+        }
+    }
+
+    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.validate_keyed(limits),
+            ConfiguredBackend::Redis(redis) => redis.validate_keyed(limits),
+        }
+    }
+
+    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.peek_keyed(limits, keys),
+            ConfiguredBackend::Redis(redis) => redis.peek_keyed(limits, keys),
+        }
+    }
+
+    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        match self {
+            ConfiguredBackend::Memory(memory) => memory.reset_keyed(limits, keys),
+            ConfiguredBackend::Redis(redis) => redis.reset_keyed(limits, keys),
+        }
+    }
+
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
         match self {
             ConfiguredBackend::Memory(memory) => memory.release(limit, key, quantity, lease),

@@ -11,7 +11,7 @@
 use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of, shadow_quotas_of};
-use super::schema::{RouteConfig, TierConfig};
+use super::schema::{QuotaConfig, RouteConfig, TierConfig};
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;
@@ -61,7 +61,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["key", "on_duplicate", "ipv6_prefix", "ipv4_prefix"], &["key", "body_key"], key),
     row(&["max_body", "body_timeout"], &["max_body", "body_timeout"], |r, _, b| Ok(set(set(b, r.max_body, Builder::max_body), r.body_timeout, Builder::body_timeout))),
     row(&["algorithm"], &["algorithm", "Limit::with_algorithm"], |r, _, b| Ok(b.algorithm(algorithm(r)?))),
-    row(&["count", "period", "max_burst", "quotas"], &["quotas", "shadow"], quotas),
+    row(&["count", "period", "max_burst", "quotas"], &["quotas", "shadow", "quota_keyed"], quotas),
     row(&["cost"], &["cost"], |r, _, b| Ok(b.cost(r.cost.unwrap_or(1)))),
     row(&["mode", "max_delay"], &["dry_run", "delay", "Limit::with_delay"], mode),
     row(&["lease"], &["lease", "Limit::with_lease"], |r, _, b| Ok(set(b, r.lease, Builder::lease))),
@@ -247,8 +247,9 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     })
 }
 
-/// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits).
-fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
+/// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits, those
+/// with a `key` counted against it).
+fn quotas(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let (algorithm, own) = (
         algorithm(route)?,
         with_calendar_period(route, route.own_quota())?,
@@ -257,10 +258,46 @@ fn quotas(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder
     if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
         return Ok(builder);
     }
-    let builder = builder.quotas(quotas_of(algorithm, &own)?);
+    let mut builder = builder.quotas(quotas_of(algorithm, &own)?);
+    builder.extras.quota_keys = quota_keys(route, client_ip, own.quotas.as_deref())?;
     Ok(shadow_quotas_of(algorithm, &own)?
         .into_iter()
         .fold(builder, Builder::shadow))
+}
+
+/// The `key` of each enforced quota of `quotas` (in their order, as `quotas_of` gives them), read
+/// as the route's key is (behind the trusted proxies, with its `on_duplicate`); empty when none
+/// has one.
+fn quota_keys(
+    route: &RouteConfig,
+    client_ip: &ClientIp,
+    quotas: Option<&[QuotaConfig]>,
+) -> Result<Vec<Option<KeySpec>>, String> {
+    let quotas = quotas.unwrap_or_default();
+    if quotas.iter().any(|q| q.shadow && q.key.is_some()) {
+        return Err("a shadow quota counts against the route's key; remove its key".into());
+    }
+    if quotas.iter().all(|q| q.key.is_none()) {
+        return Ok(Vec::new());
+    }
+    let on_duplicate = route.on_duplicate.as_deref().map(str::parse).transpose()?;
+    quotas
+        .iter()
+        .filter(|q| !q.shadow)
+        .map(|q| {
+            q.key
+                .as_deref()
+                .map(|spelled| {
+                    let mut key: KeySpec = spelled.parse()?;
+                    bind_client_ip(&mut key, client_ip);
+                    Ok(match on_duplicate {
+                        Some(on_duplicate) => key.with_on_duplicate(on_duplicate),
+                        None => key,
+                    })
+                })
+                .transpose()
+        })
+        .collect()
 }
 
 /// `[route.tiers.<name>]`: each tier's quotas, checked as the route's own are.
@@ -272,6 +309,11 @@ fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Buil
         if !shadow_quotas_of(algorithm, tier)?.is_empty() {
             return Err(format!(
                 "tier {name:?}: shadow = true is for the route's own quotas, not a tier's"
+            ));
+        }
+        if tier.quotas.iter().flatten().any(|q| q.key.is_some()) {
+            return Err(format!(
+                "tier {name:?}: a quota's own key is for the route's own quotas, not a tier's"
             ));
         }
         builder = builder.tier(name.clone(), quotas);

@@ -480,6 +480,12 @@ pub struct QuotaConfig {
     /// ([`PolicyBuilder::shadow`](crate::PolicyBuilder::shadow)).
     #[serde(default)]
     pub shadow: bool,
+    /// This quota's own key, as the route's `key` is written (`"header:x-org-id"`): the route's
+    /// quotas are decided together, each under its own key, and a refusal by one charges none
+    /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)). Default: the route's
+    /// key. The route's own quotas only (not a tier's, not a shadow).
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 /// A tier's quotas (`[route.tiers.<name>]`): `count`/`period`/`max_burst`, or `quotas`.

@@ -1,5 +1,5 @@
 //! The extended path of [`Throttle`]: requests of a policy that uses per-customer quotas, an async
-//! key, a key or estimate from the body, or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
+//! key, a key or estimate from the body, quotas with keys of their own, or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
 //! between them (the key, the quota) and makes the verdict; the response future then carries it out
 //! with the guard that settles the request by its outcome. Policies that use none of this never come
 //! here: for them the whole cost is the `Option` check in `Throttle::call`.
@@ -164,6 +164,24 @@ where
     B: Backend,
 {
     let rules = table.policies[policy].compiled();
+    // Quotas with keys of their own: each limit's key, or the missing-key answer.
+    let (parts, limit_keys) = match extras.limit_keys.as_deref() {
+        None => (parts, None),
+        Some(specs) => {
+            let request = http::Request::from_parts(parts, ());
+            let count = rules.tiers()[0].limits.len();
+            let keys = steps::limit_keys(specs, count, &key, &request);
+            let (parts, ()) = request.into_parts();
+            match keys {
+                Ok(keys) => (parts, Some(keys)),
+                Err(missing) => {
+                    let request = RequestRef::of_parts(&parts);
+                    let verdict = steps::without_key(table, policy, missing, request);
+                    return answered(parts, verdict);
+                }
+            }
+        }
+    };
     let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
         None => custom_quota(shared, rules.cost(), extras, &parts, &key).await,
         Some(in_force) => match overridden(shared, table, policy, extras, &key, &parts, in_force) {
@@ -195,7 +213,11 @@ where
             let quantities = &quantities[..limits.len()];
             steps::ask_each(&shared.backend, limits, &key, quantities)
         }
-        _ => steps::ask(&shared.backend, limits, &key, rules.cost()),
+        // An override's quota counts against the policy's key alone.
+        _ => match limit_keys.as_deref().filter(|_| custom.is_none()) {
+            Some(keys) => steps::ask_keyed(&shared.backend, limits, keys, rules.cost()),
+            None => steps::ask(&shared.backend, limits, &key, rules.cost()),
+        },
     };
     let answer = if extras.shadows.is_empty() {
         check.await

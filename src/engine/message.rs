@@ -33,6 +33,13 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
             "a metered limit settles a cost after a response, which a message has not".into(),
         );
     }
+    if policy.extras().is_some_and(|e| e.limit_keys.is_some()) {
+        return Some(
+            "its quotas have keys of their own, read from a request, which a message check (one \
+             key) does not give"
+                .into(),
+        );
+    }
     let most = limits.iter().map(|l| l.max_cost()).min().unwrap_or(0);
     if cost == 0 || cost > most {
         return Some(format!("a message costs 1 to {most} units, not {cost}"));

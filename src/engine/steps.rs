@@ -37,7 +37,7 @@ use crate::engine::slot::Release;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
-use crate::key::{Key, KeyExtractor};
+use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
 use crate::per_customer::{CustomerQuota, PolicyExtras};
@@ -241,6 +241,35 @@ pub(crate) fn ask_each<B: Backend>(
     quantities: &[u64],
 ) -> BackendCheck<B::Future> {
     BackendCheck::Stack(backend.check_each(limits, key, quantities))
+}
+
+/// Step 4 for a policy whose quotas have keys of their own: the key of each of its `count`
+/// limits (`specs[i]`'s, or the policy's `key`), or what was expected of the first one missing.
+pub(crate) fn limit_keys(
+    specs: &[Option<KeySpec>],
+    count: usize,
+    key: &Key,
+    request: &Request<()>,
+) -> Result<Vec<Key>, Missing> {
+    (0..count)
+        .map(|i| match specs.get(i).and_then(Option::as_ref) {
+            Some(spec) => spec
+                .extract(request)
+                .ok_or_else(|| Missing::Expected(KeyExtractor::<()>::describe(spec))),
+            None => Ok(key.clone()),
+        })
+        .collect()
+}
+
+/// Step 7 for a policy whose quotas have keys of their own: asks `backend` whether the cost may
+/// pass under each of `limits`, `limits[i]` for `keys[i]`, in one atomic decision.
+pub(crate) fn ask_keyed<B: Backend>(
+    backend: &B,
+    limits: &[Limit],
+    keys: &[Key],
+    cost: u64,
+) -> BackendCheck<B::Future> {
+    BackendCheck::Stack(backend.check_keyed(limits, keys, cost))
 }
 
 /// Step 8: the verdict on the backend's answer; `asked`: when it was asked, if its latency is

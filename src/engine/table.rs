@@ -131,6 +131,11 @@ fn validate_table<B: Backend>(backend: &B, policies: &[&PolicySpec]) -> Result<(
         for shadow in policy.shadow_limits() {
             backend.validate(shadow)?;
         }
+        // Quotas with keys of their own (one tier): decided together, each under its key.
+        if policy.extras().is_some_and(|e| e.limit_keys.is_some()) {
+            backend.validate_keyed(&policy.tiers()[0].limits)?;
+            continue;
+        }
         for tier in policy.tiers() {
             match &*tier.limits {
                 [one] => backend.validate(one)?,

@@ -260,7 +260,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// `key`'s state under policy `policy`, every tier and every limit of its stacks, without
     /// consuming anything: the backend's state, with the ban of the policy's penalty box when the
     /// layer keeps it (backends that keep penalties report their own). `key` is the text the policy
-    /// extracts (see [`KeyFromText`]).
+    /// extracts (see [`KeyFromText`]). A policy whose quotas have keys of their own
+    /// ([`quota_keyed`](crate::PolicyBuilder::quota_keyed)) reports each limit under `key`: peek
+    /// a user's key for the user's limit, an organisation's for the organisation's
+    /// ([`reset`](Self::reset) too).
     pub async fn peek(&self, policy: &str, key: &str) -> Result<PolicyState, HandleError>
     where
         K: KeyFromText,
@@ -293,8 +296,15 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 limits: limits.map(|(l, s)| (l.name().to_owned(), s)).collect(),
             });
         }
+        // Quotas with keys of their own: each limit under the key given.
+        let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
         for tier in rules.tiers() {
-            let states = self.shared.backend.peek(&tier.limits, key).await?;
+            let states = if keyed {
+                let keys = vec![key.clone(); tier.limits.len()];
+                self.shared.backend.peek_keyed(&tier.limits, &keys).await?
+            } else {
+                self.shared.backend.peek(&tier.limits, key).await?
+            };
             if states.len() != tier.limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
                     "the backend returned {} states for {} limits",
@@ -480,8 +490,15 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // backend no longer has.
         let rules = table.policies[index].compiled();
         table.judge.forget(rules, key);
+        let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
         for tier in rules.tiers() {
-            self.shared.backend.reset(&tier.limits, key).await?;
+            if keyed {
+                // Quotas with keys of their own: each limit under the key given.
+                let keys = vec![key.clone(); tier.limits.len()];
+                self.shared.backend.reset_keyed(&tier.limits, &keys).await?;
+            } else {
+                self.shared.backend.reset(&tier.limits, key).await?;
+            }
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
         // default does not use.

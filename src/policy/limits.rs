@@ -3,17 +3,22 @@
 
 use std::collections::HashMap;
 
+use super::keyed::key_label;
 use super::{period_label, CompiledTier, PolicyBuilder};
 use crate::error::BuildError;
+use crate::key::KeySpec;
 use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
 use crate::quota::Quota;
 
 impl<K> PolicyBuilder<K> {
-    /// The limits of one tier's quotas, named `base` (one quota) or `base.{period}` (a stack).
+    /// The limits of one tier's quotas, named `base` (one quota) or `base.{period}` (a stack),
+    /// and `.{key}` after it for a quota with a key of its own (`keys[i]` for `quotas[i]`, `None`
+    /// or missing for the policy's key).
     pub(super) fn limits_of(
         &self,
         base: &str,
         quotas: &[Quota],
+        keys: &[Option<KeySpec>],
     ) -> Result<Box<[Limit]>, BuildError> {
         let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
         if quotas.len() > MAX_STACKED_QUOTAS {
@@ -29,15 +34,21 @@ impl<K> PolicyBuilder<K> {
             ));
         }
         let mut limits: Vec<Limit> = Vec::with_capacity(quotas.len());
-        for quota in quotas {
-            let name = if quotas.len() == 1 {
+        for (i, quota) in quotas.iter().enumerate() {
+            let mut name = if quotas.len() == 1 {
                 base.to_owned()
             } else {
                 format!("{base}.{}", period_label(quota.period()))
             };
+            let own_key = keys.get(i).and_then(Option::as_ref);
+            if let Some(key) = own_key {
+                name = format!("{name}.{}", key_label(key));
+            }
             if limits.iter().any(|l| l.name() == name) {
+                let keyed = if own_key.is_some() { " and key" } else { "" };
                 return Err(invalid(format!(
-                    "two stacked quotas have the period {:?}; stack quotas of different periods",
+                    "two stacked quotas have the period{keyed} {:?}; stack quotas of different \
+                     periods (or keys)",
                     quota.period()
                 )));
             }

@@ -2,7 +2,7 @@
 //!
 //! Three sources, none of them copied here: the route table's keys come from serde (the
 //! unknown-field probe of `config_reference.rs`); the builder options from the source text of
-//! `src/policy.rs`, `src/meter/builder.rs`, `src/rollout/builder.rs` and `src/policy/body_key.rs` (`PolicyBuilder`'s `pub fn`s) and `src/limit.rs` (`Limit`'s `pub fn with_*`);
+//! `src/policy.rs`, `src/meter/builder.rs`, `src/rollout/builder.rs`, `src/policy/body_key.rs` and `src/policy/keyed.rs` (`PolicyBuilder`'s `pub fn`s) and `src/limit.rs` (`Limit`'s `pub fn with_*`);
 //! the mapping from the rows of `src/config/options.rs` (`row(&[keys], &[options], how)`). A
 //! builder option that TOML cannot express goes on [`NOT_IN_TOML`] with its reason.
 
@@ -16,6 +16,8 @@ const POLICY_METERED_RS: &str = include_str!("../../src/meter/builder.rs");
 const POLICY_ROLLOUT_RS: &str = include_str!("../../src/rollout/builder.rs");
 /// `PolicyBuilder`'s keys from the body.
 const POLICY_BODY_RS: &str = include_str!("../../src/policy/body_key.rs");
+/// `PolicyBuilder`'s quotas with keys of their own.
+const POLICY_KEYED_RS: &str = include_str!("../../src/policy/keyed.rs");
 const LIMIT_RS: &str = include_str!("../../src/limit.rs");
 const OPTIONS_RS: &str = include_str!("../../src/config/options.rs");
 
@@ -74,6 +76,7 @@ fn builder_options() -> BTreeSet<String> {
     options.extend(pub_fns_by_type(POLICY_METERED_RS)["PolicyBuilder"].clone());
     options.extend(pub_fns_by_type(POLICY_ROLLOUT_RS)["PolicyBuilder"].clone());
     options.extend(pub_fns_by_type(POLICY_BODY_RS)["PolicyBuilder"].clone());
+    options.extend(pub_fns_by_type(POLICY_KEYED_RS)["PolicyBuilder"].clone());
     options.extend(
         limit["Limit"]
             .iter()

@@ -34,6 +34,7 @@ mod layer;
 mod messages;
 mod metered;
 mod modes;
+mod multikey;
 mod near_limit;
 mod observe;
 mod overrides;

@@ -5,6 +5,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The test of several keys in one decision, shared with `tests/middleware/multikey.rs`.
+#[allow(dead_code)]
+#[path = "../shared/multikey.rs"]
+mod multikey_shared;
+
 /// The scripts exactly as the backend assembles them (shebang, prelude, body).
 #[path = "../../src/backend/redis/wire/lua.rs"]
 #[allow(dead_code)]
@@ -34,6 +39,7 @@ mod limits_batch_parity;
 mod metered;
 mod metered_parity;
 mod modes_on_backends;
+mod multikey;
 mod offenders;
 mod peek_reset;
 mod replication_loss;

@@ -8,6 +8,7 @@ pub mod admin_handle;
 pub mod body_keys;
 pub mod conditions;
 pub mod guide_config;
+pub mod multikey;
 pub mod overrides;
 pub mod penalty;
 pub mod refusals;

@@ -321,6 +321,6 @@ impl GeneralStore {
     }
 }
 
-fn lock(shard: &Mutex<GeneralShard>) -> MutexGuard<'_, GeneralShard> {
+pub(super) fn lock(shard: &Mutex<GeneralShard>) -> MutexGuard<'_, GeneralShard> {
     shard.lock().unwrap_or_else(|p| p.into_inner())
 }

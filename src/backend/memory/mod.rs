@@ -8,6 +8,7 @@ mod gcra_table;
 mod general;
 mod general_shard;
 mod general_state;
+mod keyed;
 pub(crate) mod state_file;
 mod tuning;
 
@@ -398,6 +399,23 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS)); memory adds nothing to it.
     fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
         check_stack(limits).map_err(BuildError::Invalid)
+    }
+
+    // Several keys in one decision (keyed.rs): each limit's state under its own key.
+    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
+        Box::pin(ready(self.decide_keyed(limits, keys, quantity)))
+    }
+
+    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        check_stack(limits).map_err(BuildError::Invalid)
+    }
+
+    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        Box::pin(ready(self.peek_keyed_now(limits, keys)))
+    }
+
+    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        Box::pin(ready(self.reset_keyed_now(limits, keys)))
     }
 
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {

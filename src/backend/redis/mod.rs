@@ -286,6 +286,32 @@ impl Backend for RedisBackend {
         validate_stack(limits)
     }
 
+    // Several keys in one decision: the limits script on keys of one hash tag (check.rs); peeks
+    // and resets on the same keys (admin.rs).
+    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
+        self.state.check_keyed(limits, keys, quantity)
+    }
+
+    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
+        if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?}: a leased budget cannot be used with quotas keyed apart",
+                leased.name()
+            )));
+        }
+        // Decided by the limits script (Lua) in every mode, as a stack is: CL.THROTTLE decides
+        // one key alone.
+        validate_stack(limits)
+    }
+
+    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        self.state.peek_keyed(limits, keys)
+    }
+
+    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        self.state.reset_keyed(limits, keys)
+    }
+
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
         let Some(count) = limit.concurrency() else {
             return;

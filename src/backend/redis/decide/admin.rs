@@ -16,6 +16,7 @@ use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::backend::redis::health::breaker::guarded;
 use crate::backend::redis::resets;
 use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -82,12 +83,18 @@ impl RedisState {
         if limits.is_empty() {
             return failed("peek needs at least one limit");
         }
-        let call = match self.limits_call(limits, key, 0, None, 0) {
-            Ok(call) => call,
-            Err(why) => return failed(why),
-        };
+        match self.limits_call(limits, key, 0, None, 0) {
+            Ok(call) => self.peek_call(call),
+            Err(why) => failed(why),
+        }
+    }
+
+    /// The peek script on `call`'s keys: each limit's state for a quantity of 0 and of 1, and the
+    /// ban of its penalty box if it has one.
+    fn peek_call(self: &Arc<Self>, call: LimitsCall) -> PeekFuture {
         let ban_key = call.penalty.as_ref().map(|(_, base)| format!("{base}:ban"));
         let slot_key = call.first_key().to_owned();
+        let n = call.specs.len();
         let mut conn = self.conn.clone();
         let call = async move {
             let mut invocation = PEEK.prepare_invoke();
@@ -103,7 +110,6 @@ impl RedisState {
                 .invoke_async::<Vec<i64>>(&mut conn.redirecting())
                 .await
         };
-        let n = limits.len();
         let answer = guarded(&self.breaker, &slot_key, self.timeout, call);
         Box::pin(async move {
             let reply = answer.await?;
@@ -125,6 +131,30 @@ impl RedisState {
         })
     }
 
+    /// [`Backend::peek_keyed`](crate::Backend::peek_keyed): the peek script on the keys
+    /// [`check_keyed`](Self::check_keyed) decides (one slot: one call).
+    pub(crate) fn peek_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> PeekFuture {
+        if limits.is_empty() {
+            return failed("peek needs at least one limit");
+        }
+        match self.keyed_call(limits, keys, 0, 0) {
+            Ok(call) => self.peek_call(call),
+            Err(why) => failed(why),
+        }
+    }
+
+    /// [`Backend::reset_keyed`](crate::Backend::reset_keyed): one `DEL` of the keys
+    /// [`check_keyed`](Self::check_keyed) decides (one slot), and this process's deny cache.
+    pub(crate) fn reset_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> ResetFuture {
+        let call = match self.keyed_call(limits, keys, 0, 0) {
+            Ok(call) if !limits.is_empty() => call,
+            Ok(_) => return failed("reset needs at least one limit"),
+            Err(why) => return failed(why),
+        };
+        let state_keys: Vec<String> = call.specs.into_iter().map(|s| s.key).collect();
+        self.delete(state_keys, Vec::new())
+    }
+
     /// [`Backend::reset`](crate::Backend::reset): one `DEL`, and this process's deny cache.
     pub(crate) fn reset(self: &Arc<Self>, limits: &[Limit], key: &Key) -> ResetFuture {
         let Some(first) = limits.first() else {
@@ -132,16 +162,23 @@ impl RedisState {
         };
         let state_keys: Vec<String> = limits.iter().map(|l| self.state_key(l, key)).collect();
         let base = self.redis_key(first.name(), key);
+        self.delete(
+            state_keys,
+            vec![format!("{base}:strikes"), format!("{base}:ban")],
+        )
+    }
+
+    /// Deletes `state_keys` and `others` (all of one slot) in one `DEL`, then forgets what this
+    /// process cached under `state_keys` and tells the other processes.
+    fn delete(self: &Arc<Self>, state_keys: Vec<String>, others: Vec<String>) -> ResetFuture {
         let mut command = redis::cmd("DEL");
-        for state_key in &state_keys {
-            command.arg(state_key);
+        for key in state_keys.iter().chain(&others) {
+            command.arg(key);
         }
-        command
-            .arg(format!("{base}:strikes"))
-            .arg(format!("{base}:ban"));
+        let slot_key = state_keys.first().cloned().unwrap_or_default();
         let mut conn = self.conn.clone();
         let call = async move { command.query_async::<i64>(&mut conn.redirecting()).await };
-        let deleted = guarded(&self.breaker, &base, self.timeout, call);
+        let deleted = guarded(&self.breaker, &slot_key, self.timeout, call);
         let state = self.clone();
         Box::pin(async move {
             deleted.await?;

@@ -16,7 +16,7 @@ use crate::backend::redis::conn::connection::is_unknown_command;
 use crate::backend::redis::health::breaker::{guarded, guarded_on};
 use crate::backend::redis::speedup::budget::{Fetching, Local};
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::{stack_error, Args, Spec};
+use crate::backend::redis::wire::args::{keyed_state_key, stack_error, Args, Spec};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::backend::redis::wire::scripts::{self, Answer};
@@ -198,10 +198,67 @@ impl RedisState {
         each: Option<Vec<u64>>,
         token: u64,
     ) -> StackFuture {
-        let call = match self.limits_call(limits, key, quantity, each, token) {
-            Ok(call) => call,
-            Err(why) => return failed(why),
-        };
+        match self.limits_call(limits, key, quantity, each, token) {
+            Ok(call) => self.send_limits(call),
+            Err(why) => failed(why),
+        }
+    }
+
+    /// Limits with a key each ([`Backend::check_keyed`]): `limits[i]` on `keys[i]`'s state, in one
+    /// atomic call of the limits script (alone, or coalesced in a batch). Every key of such a
+    /// stack carries one hash tag, its first limit's name ([`keyed_state_key`]), so on a Cluster
+    /// too one node decides them in one script: exact, at the cost of that policy's decisions all
+    /// going to the node of that slot.
+    ///
+    /// [`Backend::check_keyed`]: crate::backend::Backend::check_keyed
+    pub(crate) fn check_keyed(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        keys: &[Key],
+        quantity: u64,
+    ) -> StackFuture {
+        if let Err(why) = stack_error(limits) {
+            return failed(why);
+        }
+        match self.keyed_call(limits, keys, quantity, self.leases.next_token()) {
+            Ok(call) => self.send_limits(call),
+            Err(why) => failed(why),
+        }
+    }
+
+    /// The limits script's call for `limits[i]` on `keys[i]` (no penalty box: a policy whose
+    /// quotas have keys of their own has none).
+    pub(crate) fn keyed_call(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+        quantity: u64,
+        token: u64,
+    ) -> Result<LimitsCall, String> {
+        if keys.len() != limits.len() {
+            return Err(format!("{} keys for {} limits", keys.len(), limits.len()));
+        }
+        let tag = limits.first().map_or("", |l| l.name());
+        let specs = limits
+            .iter()
+            .zip(keys)
+            .map(|(l, key)| {
+                let state_key = keyed_state_key(&self.prefix, tag, l, key);
+                Spec::of(l, state_key).map(|s| s.on_clock_of(l, key))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LimitsCall {
+            specs,
+            penalty: None,
+            quantity,
+            each: None,
+            token,
+        })
+    }
+
+    /// Sends `call` to the limits script, coalesced with the checks waiting at once unless
+    /// coalescing is off.
+    fn send_limits(self: &Arc<Self>, call: LimitsCall) -> StackFuture {
         // The keys share the client's hash tag: any picks a Cluster node's breaker.
         let slot_key = call.first_key().to_owned();
         let mut conn = self.conn.clone();

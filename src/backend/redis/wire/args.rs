@@ -38,6 +38,23 @@ pub(crate) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
     out
 }
 
+/// `key`'s state under `limit`, one of a stack whose limits have keys of their own:
+/// `prefix:limit:{tag}:key` and the algorithm's suffix, `tag` the stack's first limit's name, so
+/// the whole stack shares one Cluster slot and one script; `key` is escaped as in [`redis_key`].
+pub(crate) fn keyed_state_key(prefix: &str, tag: &str, limit: &Limit, key: &Key) -> String {
+    let name = limit.name();
+    let mut out = String::with_capacity(prefix.len() + name.len() + tag.len() + 52);
+    out.push_str(prefix);
+    out.push(':');
+    out.push_str(name);
+    out.push_str(":{");
+    out.push_str(tag);
+    out.push_str("}:");
+    key.render(&mut out);
+    out.push_str(suffix(limit.algorithm()));
+    out
+}
+
 /// The key suffix of each algorithm: a changed algorithm never reads another's key (`WRONGTYPE`).
 fn suffix(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -407,6 +424,27 @@ mod tests {
     fn cell(quota: Quota) -> Option<(u64, u64, u64)> {
         let limit = Limit::new("t", quota).unwrap();
         cell_args(&limit).map(|c| (c.max_burst, c.count, c.period_secs))
+    }
+
+    #[test]
+    fn a_keyed_stack_s_keys_share_the_tag_of_its_first_limit() {
+        let user = Limit::new("api.1m.x-user-id", Quota::per_minute(10)).unwrap();
+        let org = Limit::with_algorithm(
+            "api.1m.x-org-id",
+            Algorithm::FixedWindow,
+            Quota::per_minute(100),
+        )
+        .unwrap();
+        let tag = user.name();
+        assert_eq!(
+            keyed_state_key("p", tag, &user, &Key::from("alice")),
+            "p:api.1m.x-user-id:{api.1m.x-user-id}:alice"
+        );
+        // A key cannot open a tag of its own: braces are escaped.
+        let org_key = keyed_state_key("p", tag, &org, &Key::from("{acme}"));
+        assert!(org_key.starts_with("p:api.1m.x-org-id:{api.1m.x-user-id}:"));
+        assert!(org_key.ends_with(":fixed"));
+        assert_eq!(org_key.matches('{').count(), 1, "{org_key}");
     }
 
     #[test]

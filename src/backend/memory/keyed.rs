@@ -1,0 +1,243 @@
+//! Several keys in one decision ([`Backend::check_keyed`](crate::Backend::check_keyed)): each
+//! limit keeps its state in the general store under its own key, and the decision locks every
+//! shard involved (in the order of their indices), decides every limit on its stored state, and
+//! writes the new states only if every limit admits. Exact: nothing else can touch those entries
+//! between the decision and the write.
+
+use std::hash::BuildHasher;
+use std::sync::MutexGuard;
+
+use super::entries::*;
+use super::general::{lock, GeneralStore};
+use super::general_shard::GeneralShard;
+use super::MemoryBackend;
+use crate::backend::key_state::KeyState;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::key::Key;
+use crate::limit::{check_stack, Limit};
+
+/// The shards a keyed decision holds, each once, in ascending order of index.
+struct Locked<'a> {
+    guards: Vec<(usize, MutexGuard<'a, GeneralShard>)>,
+}
+
+impl<'a> Locked<'a> {
+    fn shard(&mut self, index: usize) -> &mut GeneralShard {
+        let at = self
+            .guards
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .expect("every shard of the decision is locked");
+        &mut self.guards[at].1
+    }
+}
+
+impl GeneralStore {
+    /// The index of the shard of `hash` (the same bits as [`shard`](Self::shard)).
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & (self.shards.len() - 1)
+    }
+
+    /// Locks the shards of `hashes`, each once, lowest index first: two keyed decisions that
+    /// share shards take them in the same order, so neither can wait for the other forever (every
+    /// other path holds one shard at a time).
+    fn lock_all(&self, hashes: &[u64]) -> Locked<'_> {
+        let mut indices: Vec<usize> = hashes.iter().map(|h| self.shard_index(*h)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        Locked {
+            guards: indices
+                .into_iter()
+                .map(|i| (i, lock(&self.shards[i])))
+                .collect(),
+        }
+    }
+
+    /// Decides `quantity` units under each of `limits`, `limits[i]` on `keys[i]`'s own entry,
+    /// atomically: one decision per limit, in order; the states are written only if every limit
+    /// admits.
+    pub(super) fn decide_keyed<C: Clock>(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+        quantity: u64,
+        clock: &C,
+    ) -> Vec<Decision> {
+        let hashes: Vec<u64> = limits
+            .iter()
+            .zip(keys)
+            .map(|(l, k)| self.hasher.hash_one((l.id(), k)))
+            .collect();
+        let mut locked = self.lock_all(&hashes);
+        // One time for every limit: the latest any of the shards has used, so each keeps its
+        // keys' times in order.
+        let now = locked
+            .guards
+            .iter_mut()
+            .map(|(_, shard)| shard.now(clock))
+            .max()
+            .unwrap_or_default();
+        let origin = clock.unix_origin_nanos();
+        let unix_now = now.saturating_add(origin);
+        for (_, shard) in locked.guards.iter_mut() {
+            shard.latest_now = now;
+            if now >= shard.sweep_at_time {
+                shard.sweep(now, &self.hasher);
+            }
+        }
+        // First every limit on a copy of its state: nothing is written yet.
+        let mut out: Vec<Decision> = Vec::with_capacity(limits.len());
+        for ((limit, key), hash) in limits.iter().zip(keys).zip(&hashes) {
+            let shard = locked.shard(self.shard_index(*hash));
+            let mut state = stored_state(shard, *hash, limit, key, now);
+            out.push(decide_one(&mut state, limit, key, now, unix_now, quantity).0);
+        }
+        if !out.iter().all(|d| d.allowed) {
+            // Nothing is recorded: an admitting limit reports its state as it stands.
+            for (i, ((limit, key), hash)) in limits.iter().zip(keys).zip(&hashes).enumerate() {
+                if out[i].allowed {
+                    let shard = locked.shard(self.shard_index(*hash));
+                    let mut state = stored_state(shard, *hash, limit, key, now);
+                    out[i] = decide_one(&mut state, limit, key, now, unix_now, 0).0;
+                }
+            }
+            return out;
+        }
+        // Every limit admits: the same decisions again, on the stored states, written this time
+        // (the locks are still held, so the states are the ones just decided on).
+        for (i, ((limit, key), hash)) in limits.iter().zip(keys).zip(&hashes).enumerate() {
+            let shard = locked.shard(self.shard_index(*hash));
+            let one = std::slice::from_ref(limit);
+            let written = &mut out[i..=i];
+            let id = limit.id();
+            let eq = |e: &Entry| e.limit == id && e.key == *key;
+            if let Ok(mut occupied) = shard.table.find_entry(*hash, eq) {
+                let cells = &mut occupied.get_mut().cells;
+                decide_cells(cells, one, key, now, origin, &[quantity], written);
+                if !cells.retain_live(now) {
+                    occupied.remove();
+                }
+            } else {
+                let mut cells = Cells::Empty;
+                decide_cells(&mut cells, one, key, now, origin, &[quantity], written);
+                self.insert(shard, *hash, one, key, cells, now, origin);
+            }
+            debug_assert!(
+                out[i].allowed,
+                "a limit decides alike on the state it just read"
+            );
+        }
+        out
+    }
+
+    /// Each limit's state under its own key (`limits[i]` on `keys[i]`), for a quantity of 0 and
+    /// of 1, nothing written.
+    pub(super) fn peek_keyed<C: Clock>(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+        clock: &C,
+    ) -> Vec<(Decision, Decision)> {
+        limits
+            .iter()
+            .zip(keys)
+            .flat_map(|(limit, key)| self.peek(std::slice::from_ref(limit), key, clock))
+            .collect()
+    }
+
+    /// Forgets each limit's state under its own key.
+    pub(super) fn forget_keyed(&self, limits: &[Limit], keys: &[Key]) {
+        for (limit, key) in limits.iter().zip(keys) {
+            self.forget(std::slice::from_ref(limit), key);
+        }
+    }
+}
+
+/// A copy of `limit`'s live state in `key`'s entry of `shard`, or a fresh one.
+fn stored_state(shard: &GeneralShard, hash: u64, limit: &Limit, key: &Key, now: u64) -> State {
+    let id = limit.id();
+    shard
+        .table
+        .find(hash, |e: &Entry| e.limit == id && e.key == *key)
+        .and_then(|e| {
+            e.cells.iter().find(|c| {
+                c.limit == id
+                    && c.position == 0
+                    && c.state.algorithm() == limit.algorithm()
+                    && c.expires_at > now
+            })
+        })
+        .map_or(State::fresh(limit.algorithm()), |c| c.state.copy())
+}
+
+/// Limits with a key each: as a stack, and one key per limit.
+fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
+    if limits.is_empty() || keys.len() != limits.len() {
+        return Err(BackendError::new(format!(
+            "{} keys for {} limits",
+            keys.len(),
+            limits.len()
+        )));
+    }
+    check_stack(limits).map_err(BackendError::new)
+}
+
+impl<C: Clock> MemoryBackend<C> {
+    /// Decides `quantity` units under each of `limits`, `limits[i]` for `keys[i]`, atomically,
+    /// synchronously ([`Backend::check_keyed`](crate::Backend::check_keyed) wraps this in a ready
+    /// future): a refusal by one limit records nothing under any.
+    ///
+    /// ```
+    /// use tower_throttle::{Key, Limit, MemoryBackend, Quota};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let limits = [
+    ///     Limit::new("user", Quota::per_minute(10)).unwrap(),
+    ///     Limit::new("org", Quota::per_minute(1)).unwrap(),
+    /// ];
+    /// let keys = [Key::from("alice"), Key::from("acme")];
+    /// assert!(backend.decide_keyed(&limits, &keys, 1).unwrap().iter().all(|d| d.allowed));
+    /// // The organisation's limit refuses: alice's is not charged.
+    /// let refused = backend.decide_keyed(&limits, &keys, 1).unwrap();
+    /// assert!(!refused[1].allowed);
+    /// assert_eq!(backend.peek_keyed_now(&limits, &keys).unwrap()[0].remaining, 9);
+    /// ```
+    pub fn decide_keyed(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+        quantity: u64,
+    ) -> Result<Vec<Decision>, BackendError> {
+        check_keyed_stack(limits, keys)?;
+        let stores = &*self.stores;
+        Ok(stores
+            .general
+            .decide_keyed(limits, keys, quantity, &stores.clock))
+    }
+
+    /// Each limit's state under its own key, as [`decide_keyed`](Self::decide_keyed) keeps it,
+    /// without consuming or writing anything.
+    pub fn peek_keyed_now(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+    ) -> Result<Vec<KeyState>, BackendError> {
+        check_keyed_stack(limits, keys)?;
+        let stores = &*self.stores;
+        Ok(stores
+            .general
+            .peek_keyed(limits, keys, &stores.clock)
+            .iter()
+            .map(|(now, next)| KeyState::from_decisions(now, next))
+            .collect())
+    }
+
+    /// Forgets each limit's state under its own key, as [`decide_keyed`](Self::decide_keyed)
+    /// keeps it.
+    pub fn reset_keyed_now(&self, limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
+        check_keyed_stack(limits, keys)?;
+        self.stores.general.forget_keyed(limits, keys);
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! Several keys in one atomic decision on the memory backend (`tests/shared/multikey.rs`; on
+//! Redis: `tests/redis/multikey.rs`), and what such a policy cannot be built with.
+
+use tower_throttle::key::Header;
+use tower_throttle::policy::Penalty;
+use tower_throttle::{BuildError, MemoryBackend, Policy, Quota};
+
+use crate::shared::multikey::{one_user_in_one_org, several_users_in_one_org};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_users_in_one_org_admit_exactly_the_org_limit_and_refusals_charge_no_user() {
+    several_users_in_one_org(MemoryBackend::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_user_in_one_org_admits_exactly_the_user_limit_and_charges_the_org_for_those_only() {
+    one_user_in_one_org(MemoryBackend::new()).await;
+}
+
+fn keyed() -> tower_throttle::PolicyBuilder<Header> {
+    Policy::builder("api")
+        .key(Header::new("x-user-id"))
+        .quota(Quota::per_minute(10))
+        .quota_keyed(Quota::per_minute(1000), Header::new("x-org-id"))
+}
+
+fn error(result: Result<Policy<Header>, BuildError>) -> String {
+    result.unwrap_err().to_string()
+}
+
+#[test]
+fn quotas_keyed_apart_are_named_by_their_key_and_refuse_what_they_cannot_be_used_with() {
+    let policy = keyed().build().unwrap();
+    let names: Vec<&str> = policy.limits().iter().map(|l| l.name()).collect();
+    assert_eq!(names, ["api.1m", "api.1m.x-org-id"]);
+    let tiers = error(keyed().tier("paid", [Quota::per_minute(100)]).build());
+    assert!(tiers.contains("tiers"), "{tiers}");
+    let penalty = Penalty::new(
+        3,
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(60),
+    );
+    let banned = error(keyed().penalty(penalty.unwrap()).build());
+    assert!(banned.contains("penalty"), "{banned}");
+    let counted = error(
+        keyed()
+            .count_only(|s: http::StatusCode| s.is_success())
+            .build(),
+    );
+    assert!(counted.contains("count_only"), "{counted}");
+    // Two quotas of one period under one key make one name twice.
+    let twice = error(
+        keyed()
+            .quota_keyed(Quota::per_minute(5), Header::new("x-org-id"))
+            .build(),
+    );
+    assert!(twice.contains("period and key"), "{twice}");
+    // `quota` and `quotas` set the stack anew, keys included.
+    let plain = keyed().quotas([Quota::per_minute(10)]).build().unwrap();
+    assert_eq!(plain.limits()[0].name(), "api");
+}
+
+#[test]
+fn toml_quota_keys_are_the_route_s_own_quotas_only() {
+    use tower_throttle::config::Config;
+    let policies = Config::from_toml(crate::shared::multikey::TOML)
+        .unwrap()
+        .policies()
+        .unwrap();
+    let names: Vec<&str> = policies[0].limits().iter().map(|l| l.name()).collect();
+    assert_eq!(names, ["api.1h.x-user-id", "api.1h.x-org-id"]);
+    let tier = r#"
+[[route]]
+name = "api"
+key = "header:x-user-id"
+count = 10
+period = "1m"
+[route.tiers.paid]
+quotas = [{ count = 100, period = "1m", key = "header:x-org-id" }]
+"#;
+    let why = Config::from_toml(tier)
+        .unwrap()
+        .policies()
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("not a tier's"), "{why}");
+    let body = r#"
+[[route]]
+name = "api"
+key = "header:x-user-id"
+quotas = [{ count = 10, period = "1m" }, { count = 100, period = "1m", key = "json:org" }]
+"#;
+    let why = Config::from_toml(body)
+        .unwrap()
+        .policies()
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("body"), "{why}");
+}
+
+#[tokio::test]
+async fn a_message_check_is_refused_for_quotas_keyed_apart() {
+    let layer = tower_throttle::ThrottleLayer::new(keyed().build().unwrap());
+    let handle = layer.handle();
+    let key = tower_throttle::Key::from("alice");
+    let why = handle
+        .check_key("api", &key, 1)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("keys of their own"), "{why}");
+}
