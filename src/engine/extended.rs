@@ -420,7 +420,9 @@ fn overridden<K, B: Backend>(
     let rules = table.policies[policy].compiled();
     let request = RequestRef::of_parts(parts);
     match in_force {
-        InForce::Override(Override::Quota(quota)) if extras.metered.is_none() => {
+        InForce::Override(Override::Quota(quota))
+            if extras.metered.is_none() && extras.limit_keys.is_none() =>
+        {
             let validate = |l: &_| shared.backend.validate(l);
             Ok(extras.custom_tier(Namespace::Override, quota, rules.cost(), validate))
         }

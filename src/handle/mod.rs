@@ -281,11 +281,16 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
         let mut tiers = Vec::with_capacity(rules.tiers().len() + 1);
         let custom = match override_in_force {
-            Some(Override::Quota(quota)) if rules.overridable.metered.is_none() => rules
-                .overridable
-                .custom_tier(Namespace::Override, quota, rules.cost(), |l| {
-                    self.shared.backend.validate(l)
-                }),
+            Some(Override::Quota(quota))
+                if rules.overridable.metered.is_none()
+                    && rules.overridable.limit_keys.is_none() =>
+            {
+                let validate = |l: &_| self.shared.backend.validate(l);
+                let ns = Namespace::Override;
+                rules
+                    .overridable
+                    .custom_tier(ns, quota, rules.cost(), validate)
+            }
             _ => None,
         };
         if let Some(custom) = custom {

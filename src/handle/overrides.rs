@@ -31,8 +31,9 @@ where
     /// the key its state under the policy's own quota.
     ///
     /// An error when the policy does not exist, `key` is not one of its keys or patterns, the
-    /// backend cannot enforce the quota (or the policy's cost exceeds it), the policy is metered
-    /// (its quota cannot be overridden; unlimited and blocked can), or the backend fails.
+    /// backend cannot enforce the quota (or the policy's cost exceeds it), the policy is metered or
+    /// its quotas have keys of their own (its quota cannot be overridden; unlimited and blocked
+    /// can), or the backend fails.
     ///
     /// ```
     /// use tower_throttle::{key::Header, ops::Override, Policy, Quota, ThrottleLayer};
@@ -72,9 +73,10 @@ where
                 policy: policy.to_owned(),
                 reason,
             };
-            if rules.overridable.metered.is_some() {
+            if rules.overridable.metered.is_some() || rules.overridable.limit_keys.is_some() {
                 return Err(invalid(
-                    "a metered policy's quota cannot be overridden (unlimited and blocked can)"
+                    "the quota of a metered policy, or of one whose quotas have keys of their own, \
+                     cannot be overridden (unlimited and blocked can)"
                         .to_owned(),
                 ));
             }

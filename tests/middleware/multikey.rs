@@ -110,3 +110,25 @@ async fn a_message_check_is_refused_for_quotas_keyed_apart() {
         .to_string();
     assert!(why.contains("keys of their own"), "{why}");
 }
+
+#[tokio::test]
+async fn quotas_keyed_apart_take_unlimited_and_blocked_overrides_not_a_quota() {
+    use tower_throttle::ops::Override;
+    let layer = tower_throttle::ThrottleLayer::new(keyed().build().unwrap());
+    let handle = layer.handle();
+    let quota = Override::Quota(tower_throttle::Quota::per_minute(100));
+    let why = handle
+        .set_override("api", "alice", quota)
+        .await
+        .unwrap_err();
+    assert!(why.to_string().contains("keys of their own"), "{why}");
+    handle
+        .set_override("api", "alice", Override::Unlimited)
+        .await
+        .unwrap();
+    handle
+        .set_override("api", "mallory", Override::Blocked)
+        .await
+        .unwrap();
+    assert_eq!(handle.overrides("api").unwrap().len(), 2);
+}
