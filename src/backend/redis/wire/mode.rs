@@ -79,14 +79,3 @@ pub(crate) fn path_name(path: Option<RedisMode>) -> &'static str {
         .map_or("unknown", RedisMode::as_str)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_are_named() {
-        assert_eq!(path_name(Some(RedisMode::Cell)), "cell");
-        assert_eq!(path_name(Some(RedisMode::Lua)), "lua");
-        assert_eq!(path_name(None), "unknown");
-    }
-}
