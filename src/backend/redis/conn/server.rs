@@ -203,10 +203,7 @@ impl SingleServer {
 
     /// Whether a connection is up.
     pub(crate) fn connected(&self) -> bool {
-        self.live
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.current().is_some()
     }
 
     /// The backend is gone: drop the connection for those still holding this server.

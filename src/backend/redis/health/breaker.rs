@@ -232,9 +232,7 @@ impl Outcome {
     fn answered(error: Option<String>) -> Self {
         Outcome {
             answered: true,
-            timed_out: false,
-            error,
-            slot_not_served: false,
+            ..Outcome::unreachable(error, false)
         }
     }
 

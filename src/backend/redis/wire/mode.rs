@@ -78,4 +78,3 @@ pub(crate) fn path_name(path: Option<RedisMode>) -> &'static str {
     path.filter(|p| *p != RedisMode::Auto)
         .map_or("unknown", RedisMode::as_str)
 }
-
