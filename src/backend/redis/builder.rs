@@ -169,9 +169,8 @@ impl RedisBackendBuilder {
     }
 
     /// Where to hear the other processes' resets and reloads (`prefix:resets`): any server of the
-    /// Redis (on a Cluster, any node). Needed to hear them on a connection given as it is (a
-    /// connection manager, a Cluster client or connection), which redis-rs subscribes on only when
-    /// built for it; the others listen by themselves, and this replaces where.
+    /// Redis (on a Cluster, any node). Needed on a connection given as it is; others listen by
+    /// themselves, and this replaces where ([guide](crate::guide::operations#peek-reset-and-reload-a-running-layer)).
     ///
     /// ```
     /// use redis::aio::ConnectionManager;

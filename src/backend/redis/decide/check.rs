@@ -191,13 +191,9 @@ impl RedisState {
         })
     }
 
-    /// Limits with a key each ([`Backend::check_keyed`]): `limits[i]` on `keys[i]`'s state, in one
-    /// atomic call of the limits script (alone, or coalesced in a batch). Every key of such a
-    /// stack carries one hash tag, its first limit's name ([`keyed_state_key`]), so on a Cluster
-    /// too one node decides them in one script: exact, at the cost of that policy's decisions all
-    /// going to the node of that slot.
-    ///
-    /// [`Backend::check_keyed`]: crate::backend::Backend::check_keyed
+    /// Limits with a key each ([`check_keyed`](crate::backend::Backend::check_keyed)): `limits[i]`
+    /// on `keys[i]`'s state, in one atomic call of the limits script (alone, or coalesced), on the
+    /// one Cluster slot of the stack's hash tag ([`keyed_state_key`] says why).
     pub(crate) fn check_keyed(
         self: &Arc<Self>,
         limits: &[Limit],
@@ -227,8 +223,8 @@ impl RedisState {
         call_of(limits.iter().zip(keys).map(on), None, quantity, None, token)
     }
 
-    /// Sends `call` to the limits script, coalesced with the checks waiting at once unless
-    /// coalescing is off; or fails at once with why there is no call.
+    /// Sends `call` to the limits script, coalesced with the checks waiting at once (batch.rs)
+    /// unless coalescing is off; or fails at once with why there is no call.
     fn send_limits(self: &Arc<Self>, call: Result<LimitsCall, String>) -> StackFuture {
         let call = match call {
             Ok(call) => call,
@@ -238,7 +234,6 @@ impl RedisState {
         let slot_key = call.first_key().to_owned();
         let mut conn = self.conn.clone();
         let batches = self.batches.clone();
-        // Coalesced with the checks waiting at once (batch.rs), unless coalescing is off.
         let decide = async move {
             match batches {
                 Some(batches) => batches.limits(call).await,
