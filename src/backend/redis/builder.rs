@@ -19,7 +19,7 @@ use super::conn::reconnect::{connect_once, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
 use super::conn::set_up::{in_service, set_up, Fresh};
 use super::resets::{self, Listen};
-use super::state::RedisState;
+use super::state::{RedisState, Settings};
 use super::wire::mode::RedisMode;
 use crate::error::{redact_url, BackendError};
 
@@ -169,9 +169,8 @@ impl RedisBackendBuilder {
     }
 
     /// Where to hear the other processes' resets and reloads (`prefix:resets`): any server of the
-    /// Redis (on a Cluster, any node). Needed to hear them on a connection given as it is (a
-    /// connection manager, a Cluster client or connection), which redis-rs subscribes on only when
-    /// built for it; the others listen by themselves, and this replaces where.
+    /// Redis (on a Cluster, any node). Needed on a connection given as it is; others listen by
+    /// themselves, and this replaces where ([guide](crate::guide::operations#peek-reset-and-reload-a-running-layer)).
     ///
     /// ```
     /// use redis::aio::ConnectionManager;
@@ -356,15 +355,6 @@ pub(super) struct Validated {
     settings: Settings,
 }
 
-struct Settings {
-    name: Box<str>,
-    mode: RedisMode,
-    prefix: Box<str>,
-    timeout: Duration,
-    deny_cache: bool,
-    coalesce: bool,
-}
-
 impl Settings {
     /// The state of a backend on one reconnecting server, not connected yet.
     fn server_state(self, source: &Source) -> (Arc<RedisState>, Arc<SingleServer>) {
@@ -422,15 +412,7 @@ impl Settings {
 
     /// The state of a backend on `conn`.
     fn state_on(self, conn: RedisConnection) -> Arc<RedisState> {
-        Arc::new(RedisState::new(
-            conn,
-            self.mode,
-            self.prefix,
-            self.timeout,
-            self.deny_cache,
-            self.coalesce,
-            &self.name,
-        ))
+        Arc::new(RedisState::new(conn, self))
     }
 }
 

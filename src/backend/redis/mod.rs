@@ -143,10 +143,9 @@ impl RedisBackend {
         watch::read_memory(&self.state).await
     }
 
-    /// After [`build`](RedisBackendBuilder::build): waits for the background task's first
-    /// connection attempt to end (five timeouts, 250 ms to 5 s; a Cluster's once it has formed) and
-    /// says whether it connected. `Ok(true)` at once after [`connect`](RedisBackendBuilder::connect)
-    /// and for a user's connection manager.
+    /// After [`build`](RedisBackendBuilder::build): waits for the background task's first connection
+    /// attempt to end, and says whether it connected; `Ok(true)` at once after
+    /// [`connect`](RedisBackendBuilder::connect) ([guide](crate::guide::redis#starting-and-reconnecting)).
     ///
     /// An error when Redis refused the configuration, which retrying alone will not fix (a wrong
     /// password, `NOPERM`, mode `Cell` without redis-cell; not a replica); the task still retries.

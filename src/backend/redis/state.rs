@@ -43,24 +43,27 @@ pub(super) struct RedisState {
     pub(super) records_heard: Mutex<Vec<OnRecordsChange>>,
 }
 
+/// A backend's settings, checked (builder.rs).
+pub(super) struct Settings {
+    pub(super) name: Box<str>,
+    pub(super) mode: RedisMode,
+    pub(super) prefix: Box<str>,
+    pub(super) timeout: Duration,
+    pub(super) deny_cache: bool,
+    pub(super) coalesce: bool,
+}
+
 impl RedisState {
     /// The state of a backend just connected: nothing detected, cached or held yet.
-    pub(super) fn new(
-        conn: RedisConnection,
-        mode: RedisMode,
-        prefix: Box<str>,
-        timeout: Duration,
-        deny_cache: bool,
-        coalesce: bool,
-        name: &str,
-    ) -> Self {
-        let detector = Detector::new(mode, coalesce);
+    pub(super) fn new(conn: RedisConnection, settings: Settings) -> Self {
+        let Settings { timeout, .. } = settings;
+        let detector = Detector::new(settings.mode, settings.coalesce);
         // One clock for every breaker and record (a reconnecting server's too); on a Cluster, the
         // slot map and breakers, told about `TRYAGAIN` by redirect.rs.
         let clock = conn.server().map_or_else(Clock::new, |server| server.clock);
         let nodes = conn
             .is_cluster()
-            .then(|| Arc::new(ClusterNodes::new(timeout, name, clock)));
+            .then(|| Arc::new(ClusterNodes::new(timeout, &settings.name, clock)));
         conn.set_nodes(nodes.as_ref());
         RedisState {
             breaker: Arc::new(Breaker::new(
@@ -69,16 +72,18 @@ impl RedisState {
                 conn.server().cloned(),
                 // The gauge's path: known from the start where detection cannot change it.
                 detector.set_up_mode(),
-                name,
+                &settings.name,
                 clock,
             )),
             leases: Arc::new(Leases::new(conn.clone(), timeout)),
-            batches: coalesce.then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
+            batches: settings
+                .coalesce
+                .then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
             conn,
             detector,
-            prefix,
+            prefix: settings.prefix,
             timeout,
-            deny: deny_cache.then(DenyCache::new),
+            deny: settings.deny_cache.then(DenyCache::new),
             budgets: Arc::default(),
             memory: MemoryWatch::default(),
             // Until the watcher has read the settings: the safe way.

@@ -117,13 +117,13 @@ async fn command(
             Err(error) => error,
         };
         result = match redirection(&error) {
-            Some(Redirection::Ask { host, port }) if redirects < MAX_REDIRECTS => {
+            Some(Redirection::Ask(host, port)) if redirects < MAX_REDIRECTS => {
                 redirects += 1;
                 asking(cluster, cmd, host, port).await
             }
             // Named twice in a row, the node is an owner redis-rs cannot reach (a dead primary):
             // another try would only cost another slot refresh.
-            Some(Redirection::Moved { host, port })
+            Some(Redirection::Moved(host, port))
                 if redirects < MAX_REDIRECTS
                     && last_moved.as_ref() != Some(&(host.clone(), port)) =>
             {
@@ -246,10 +246,11 @@ async fn asking(
 /// What a reply asks of the client.
 #[derive(Debug, PartialEq)]
 enum Redirection {
-    /// Once, on this node, after `ASKING`: the slot is migrating there and the key has left.
-    Ask { host: String, port: u16 },
-    /// From now on, this node owns the slot.
-    Moved { host: String, port: u16 },
+    /// Once, on this node (host, port), after `ASKING`: the slot is migrating there and the key
+    /// has left.
+    Ask(String, u16),
+    /// From now on, this node (host, port) owns the slot.
+    Moved(String, u16),
     /// A multi-key command's keys are on two nodes for a moment: again, shortly.
     TryAgain,
 }
@@ -261,12 +262,8 @@ fn redirection(error: &RedisError) -> Option<Redirection> {
         Some((host.to_owned(), port.parse().ok()?))
     };
     match error.kind() {
-        ErrorKind::Server(ServerErrorKind::Ask) => {
-            node().map(|(host, port)| Redirection::Ask { host, port })
-        }
-        ErrorKind::Server(ServerErrorKind::Moved) => {
-            node().map(|(host, port)| Redirection::Moved { host, port })
-        }
+        ErrorKind::Server(ServerErrorKind::Ask) => node().map(|(h, p)| Redirection::Ask(h, p)),
+        ErrorKind::Server(ServerErrorKind::Moved) => node().map(|(h, p)| Redirection::Moved(h, p)),
         ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirection::TryAgain),
         _ => None,
     }
@@ -283,12 +280,10 @@ mod tests {
 
     #[test]
     fn redirections_name_their_node() {
-        let (host, port) = ("127.0.0.1".to_owned(), 6381);
         let ask = redirection(&reply("ASK 3999 127.0.0.1:6381"));
-        assert_eq!(ask, Some(Redirection::Ask { host, port }));
-        let (host, port) = ("::1".to_owned(), 6381);
+        assert_eq!(ask, Some(Redirection::Ask("127.0.0.1".into(), 6381)));
         let moved = redirection(&reply("MOVED 3999 ::1:6381"));
-        assert_eq!(moved, Some(Redirection::Moved { host, port }));
+        assert_eq!(moved, Some(Redirection::Moved("::1".into(), 6381)));
         let busy = reply("TRYAGAIN Multiple keys request during rehashing of slot");
         assert_eq!(redirection(&busy), Some(Redirection::TryAgain));
         assert_eq!(redirection(&reply("ERR unknown command")), None);

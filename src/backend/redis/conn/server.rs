@@ -203,10 +203,7 @@ impl SingleServer {
 
     /// Whether a connection is up.
     pub(crate) fn connected(&self) -> bool {
-        self.live
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.current().is_some()
     }
 
     /// The backend is gone: drop the connection for those still holding this server.
@@ -232,15 +229,6 @@ impl SingleServer {
         }
     }
 
-    /// A call failed: drop the connection if the server is gone, read-only or not ready.
-    fn failed(&self, generation: u64, error: &RedisError) {
-        if must_reconnect(error) {
-            self.drop_connection(generation, &error.to_string());
-        } else if error.is_timeout() {
-            self.timed_out();
-        }
-    }
-
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
@@ -249,8 +237,17 @@ impl SingleServer {
         self.last_answer.store(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// The server replied: a `READONLY`, `MASTERDOWN` or `LOADING` among the values drops it.
-    fn replied(&self, generation: u64, values: &[Value]) {
+    /// A call's outcome: a reply with a `READONLY`, `MASTERDOWN` or `LOADING` among its values, or
+    /// an error that says the server is gone, read-only or not ready, drops the connection.
+    fn outcome(&self, generation: u64, result: Result<&[Value], &RedisError>) {
+        let values = match result {
+            Ok(values) => values,
+            Err(error) if must_reconnect(error) => {
+                return self.drop_connection(generation, &error.to_string())
+            }
+            Err(error) if error.is_timeout() => return self.timed_out(),
+            Err(_) => return,
+        };
         self.answered();
         let not_primary = values.iter().find_map(|v| match v {
             Value::ServerError(e) if is_not_primary_code(e.code()) => Some(e),
@@ -312,10 +309,7 @@ impl SingleServer {
             return Err(not_connected());
         };
         let result = live.conn.req_packed_command(cmd).await;
-        match &result {
-            Ok(value) => self.replied(live.generation, std::slice::from_ref(value)),
-            Err(e) => self.failed(live.generation, e),
-        }
+        self.outcome(live.generation, result.as_ref().map(std::slice::from_ref));
         result
     }
 
@@ -330,10 +324,7 @@ impl SingleServer {
             return Err(not_connected());
         };
         let result = live.conn.req_packed_commands(pipeline, offset, count).await;
-        match &result {
-            Ok(values) => self.replied(live.generation, values),
-            Err(e) => self.failed(live.generation, e),
-        }
+        self.outcome(live.generation, result.as_deref());
         result
     }
 

@@ -80,18 +80,23 @@ fn peek_source() -> String {
 impl RedisState {
     /// [`Backend::peek`](crate::Backend::peek): one read-only script call.
     pub(crate) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
-        if limits.is_empty() {
-            return failed("peek needs at least one limit");
-        }
-        match self.limits_call(limits, key, 0, None, 0) {
-            Ok(call) => self.peek_call(call),
-            Err(why) => failed(why),
-        }
+        self.peek_call(limits, || self.limits_call(limits, key, 0, None, 0))
     }
 
     /// The peek script on `call`'s keys: each limit's state for a quantity of 0 and of 1, and the
     /// ban of its penalty box if it has one.
-    fn peek_call(self: &Arc<Self>, call: LimitsCall) -> PeekFuture {
+    fn peek_call(
+        self: &Arc<Self>,
+        limits: &[Limit],
+        call: impl FnOnce() -> Result<LimitsCall, String>,
+    ) -> PeekFuture {
+        if limits.is_empty() {
+            return failed("peek needs at least one limit");
+        }
+        let call = match call() {
+            Ok(call) => call,
+            Err(why) => return failed(why),
+        };
         let ban_key = call.penalty.as_ref().map(|(_, base)| format!("{base}:ban"));
         let slot_key = call.first_key().to_owned();
         let n = call.specs.len();
@@ -134,13 +139,7 @@ impl RedisState {
     /// [`Backend::peek_keyed`](crate::Backend::peek_keyed): the peek script on the keys
     /// [`check_keyed`](Self::check_keyed) decides (one slot: one call).
     pub(crate) fn peek_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> PeekFuture {
-        if limits.is_empty() {
-            return failed("peek needs at least one limit");
-        }
-        match self.keyed_call(limits, keys, 0, 0) {
-            Ok(call) => self.peek_call(call),
-            Err(why) => failed(why),
-        }
+        self.peek_call(limits, || self.keyed_call(limits, keys, 0, 0))
     }
 
     /// [`Backend::reset_keyed`](crate::Backend::reset_keyed): one `DEL` of the keys

@@ -25,6 +25,7 @@ use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
+use crate::penalty::Penalty;
 
 /// The future of [`RedisBackend::check`](crate::backend::Backend::check).
 pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
@@ -121,7 +122,7 @@ impl RedisState {
             return failed(format!("{n} quantities for a stack of {limits} limits"));
         }
         let token = self.leases.next_token();
-        self.check_limits(limits, key, quantity, each.map(<[u64]>::to_vec), token)
+        self.send_limits(self.limits_call(limits, key, quantity, each.map(<[u64]>::to_vec), token))
     }
 
     /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds only
@@ -145,7 +146,8 @@ impl RedisState {
         let sent = Instant::now();
         let generation = self.deny.as_ref().map_or(0, |d| d.generation());
         let token = self.leases.next_token();
-        let decided = self.check_limits(std::slice::from_ref(limit), key, quantity, None, token);
+        let call = self.limits_call(std::slice::from_ref(limit), key, quantity, None, token);
+        let decided = self.send_limits(call);
         let lease = limit.lease().zip(limit.concurrency());
         // A concurrency check never answered may still have taken slots: this gives them back.
         let mut unanswered = lease.map(|(lease, count)| {
@@ -189,28 +191,9 @@ impl RedisState {
         })
     }
 
-    /// Decides `limits` for `key` in one limits-script call (see [`limits_call`](Self::limits_call)).
-    fn check_limits(
-        self: &Arc<Self>,
-        limits: &[Limit],
-        key: &Key,
-        quantity: u64,
-        each: Option<Vec<u64>>,
-        token: u64,
-    ) -> StackFuture {
-        match self.limits_call(limits, key, quantity, each, token) {
-            Ok(call) => self.send_limits(call),
-            Err(why) => failed(why),
-        }
-    }
-
-    /// Limits with a key each ([`Backend::check_keyed`]): `limits[i]` on `keys[i]`'s state, in one
-    /// atomic call of the limits script (alone, or coalesced in a batch). Every key of such a
-    /// stack carries one hash tag, its first limit's name ([`keyed_state_key`]), so on a Cluster
-    /// too one node decides them in one script: exact, at the cost of that policy's decisions all
-    /// going to the node of that slot.
-    ///
-    /// [`Backend::check_keyed`]: crate::backend::Backend::check_keyed
+    /// Limits with a key each ([`check_keyed`](crate::backend::Backend::check_keyed)): `limits[i]`
+    /// on `keys[i]`'s state, in one atomic call of the limits script (alone, or coalesced), on the
+    /// one Cluster slot of the stack's hash tag ([`keyed_state_key`] says why).
     pub(crate) fn check_keyed(
         self: &Arc<Self>,
         limits: &[Limit],
@@ -220,10 +203,7 @@ impl RedisState {
         if let Err(why) = stack_error(limits) {
             return failed(why);
         }
-        match self.keyed_call(limits, keys, quantity, self.leases.next_token()) {
-            Ok(call) => self.send_limits(call),
-            Err(why) => failed(why),
-        }
+        self.send_limits(self.keyed_call(limits, keys, quantity, self.leases.next_token()))
     }
 
     /// The limits script's call for `limits[i]` on `keys[i]` (no penalty box: a policy whose
@@ -239,31 +219,21 @@ impl RedisState {
             return Err(format!("{} keys for {} limits", keys.len(), limits.len()));
         }
         let tag = limits.first().map_or("", |l| l.name());
-        let specs = limits
-            .iter()
-            .zip(keys)
-            .map(|(l, key)| {
-                let state_key = keyed_state_key(&self.prefix, tag, l, key);
-                Spec::of(l, state_key).map(|s| s.on_clock_of(l, key))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(LimitsCall {
-            specs,
-            penalty: None,
-            quantity,
-            each: None,
-            token,
-        })
+        let on = |(l, key)| (l, key, keyed_state_key(&self.prefix, tag, l, key));
+        call_of(limits.iter().zip(keys).map(on), None, quantity, None, token)
     }
 
-    /// Sends `call` to the limits script, coalesced with the checks waiting at once unless
-    /// coalescing is off.
-    fn send_limits(self: &Arc<Self>, call: LimitsCall) -> StackFuture {
+    /// Sends `call` to the limits script, coalesced with the checks waiting at once (batch.rs)
+    /// unless coalescing is off; or fails at once with why there is no call.
+    fn send_limits(self: &Arc<Self>, call: Result<LimitsCall, String>) -> StackFuture {
+        let call = match call {
+            Ok(call) => call,
+            Err(why) => return failed(why),
+        };
         // The keys share the client's hash tag: any picks a Cluster node's breaker.
         let slot_key = call.first_key().to_owned();
         let mut conn = self.conn.clone();
         let batches = self.batches.clone();
-        // Coalesced with the checks waiting at once (batch.rs), unless coalescing is off.
         let decide = async move {
             match batches {
                 Some(batches) => batches.limits(call).await,
@@ -283,22 +253,13 @@ impl RedisState {
         each: Option<Vec<u64>>,
         token: u64,
     ) -> Result<LimitsCall, String> {
-        let specs = limits
-            .iter()
-            .map(|l| Spec::of(l, self.state_key(l, key)).map(|s| s.on_clock_of(l, key)))
-            .collect::<Result<_, _>>()?;
         let penalty = limits.first().and_then(|first| {
             first
                 .penalty()
                 .map(|p| (*p, self.redis_key(first.name(), key)))
         });
-        Ok(LimitsCall {
-            specs,
-            penalty,
-            quantity,
-            each,
-            token,
-        })
+        let on = |l| (l, key, self.state_key(l, key));
+        call_of(limits.iter().map(on), penalty, quantity, each, token)
     }
 
     /// One GCRA decision on the path the mode picks.
@@ -372,4 +333,24 @@ impl RedisState {
             }
         });
     }
+}
+
+/// The limits script's call on `(limit, clock key, state key)` triples (see [`LimitsCall`]).
+fn call_of<'a>(
+    on: impl Iterator<Item = (&'a Limit, &'a Key, String)>,
+    penalty: Option<(Penalty, String)>,
+    quantity: u64,
+    each: Option<Vec<u64>>,
+    token: u64,
+) -> Result<LimitsCall, String> {
+    let specs = on
+        .map(|(l, key, state_key)| Spec::of(l, state_key).map(|s| s.on_clock_of(l, key)))
+        .collect::<Result<_, _>>()?;
+    Ok(LimitsCall {
+        specs,
+        penalty,
+        quantity,
+        each,
+        token,
+    })
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
@@ -76,8 +76,10 @@ impl DenyCache {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    /// `key`'s shard, locked.
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
+        shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The cached rejection of `key` for `quantity` units under this quota, aged, if it holds.
@@ -100,7 +102,7 @@ impl DenyCache {
         tolerance: u64,
         now: Instant,
     ) -> Option<Decision> {
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let mut shard = self.shard(key);
         let entry = shard.map.get(key)?;
         if now >= entry.until {
             shard.map.remove(key);
@@ -127,8 +129,7 @@ impl DenyCache {
     /// the rejection until its retry time, which only admits less).
     pub(crate) fn forget(&self, key: &str) {
         self.next_generation();
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
-        shard.map.remove(key);
+        self.shard(key).map.remove(key);
     }
 
     /// Forgets every rejection: resets may have been missed (resets.rs).
@@ -199,7 +200,7 @@ impl DenyCache {
             tolerance,
             decision,
         };
-        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let mut shard = self.shard(key);
         // Under the shard's lock: a forget of this key came before (a new generation) or after.
         if self.generation() != generation {
             return;

@@ -209,35 +209,3 @@ fn evicted_keys_of(value: &Value) -> Option<u64> {
         .collect();
     (!counts.is_empty()).then(|| counts.iter().sum())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn replies_are_read_from_one_server_or_every_primary() {
-        let one = Value::Array(vec![bulk("maxmemory-policy"), bulk("noeviction")]);
-        assert_eq!(policy_of(&one).as_deref(), Some("noeviction"));
-        // A Cluster: one reply per node, the evicting one reported.
-        let nodes = Value::Map(vec![
-            (bulk("127.0.0.1:7000"), one.clone()),
-            (
-                bulk("127.0.0.1:7001"),
-                Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]),
-            ),
-        ]);
-        assert_eq!(policy_of(&nodes).as_deref(), Some("volatile-lru"));
-        assert_eq!(policy_of(&Value::Array(vec![])), None);
-
-        let stats =
-            "# Stats\r\ntotal_connections_received:3\r\nevicted_keys:42\r\nexpired_keys:1\r\n";
-        assert_eq!(evicted_keys_of(&bulk(stats)), Some(42));
-        let both = Value::Map(vec![(bulk("a"), bulk(stats)), (bulk("b"), bulk(stats))]);
-        assert_eq!(evicted_keys_of(&both), Some(84));
-        assert_eq!(evicted_keys_of(&bulk("# Stats\r\n")), None);
-    }
-}

@@ -51,18 +51,10 @@ const LIMITS_LANE: &str = "limits.lua";
 
 /// What a waiting check asks.
 enum Job {
-    /// A GCRA decision by `gcra.lua` (alone) or `gcra_batch.lua`.
-    Gcra {
-        key: String,
-        args: Args,
-        quantity: u64,
-    },
-    /// A GCRA decision by `CL.THROTTLE` (the cell lane).
-    Cell {
-        key: String,
-        cell: CellArgs,
-        quantity: u64,
-    },
+    /// A GCRA decision (key, arguments, quantity) by `gcra.lua` (alone) or `gcra_batch.lua`.
+    Gcra(String, Args, u64),
+    /// A GCRA decision (key, arguments, quantity) by `CL.THROTTLE` (the cell lane).
+    Cell(String, CellArgs, u64),
     /// A call of `limits.lua` (alone) or an item of `limits_batch.lua`.
     Limits(LimitsCall),
 }
@@ -162,11 +154,7 @@ impl Batcher {
             return scripts::gcra(&mut conn, key, args, quantity).await;
         };
         let lane_name: &str = if self.per_key { key } else { "" };
-        let job = Job::Gcra {
-            key: key.to_owned(),
-            args: *args,
-            quantity,
-        };
+        let job = Job::Gcra(key.to_owned(), *args, quantity);
         gcra_answer(self.queue(runtime, lane_name, job).await?)
     }
 
@@ -185,11 +173,7 @@ impl Batcher {
             let mut conn = self.conn.clone();
             return scripts::throttle(&mut conn, key, cell, quantity, false).await;
         };
-        let job = Job::Cell {
-            key: key.to_owned(),
-            cell,
-            quantity,
-        };
+        let job = Job::Cell(key.to_owned(), cell, quantity);
         gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
     }
 
@@ -333,12 +317,7 @@ async fn send_cell(
 ) -> Result<Vec<Result<Reply, RedisError>>, RedisError> {
     let mut pipe = redis::pipe();
     for waiter in batch {
-        if let Job::Cell {
-            key,
-            cell,
-            quantity,
-        } = &waiter.job
-        {
+        if let Job::Cell(key, cell, quantity) = &waiter.job {
             pipe.add_command(scripts::throttle_command(key, *cell, *quantity));
         }
     }
@@ -365,8 +344,8 @@ async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply,
             .count();
         let (now, later) = rest.split_at(run);
         let sent = match first.job {
-            Job::Cell { .. } => send_cell(conn, now).await,
-            Job::Gcra { .. } => send_gcra(conn, now).await,
+            Job::Cell(..) => send_cell(conn, now).await,
+            Job::Gcra(..) => send_gcra(conn, now).await,
             Job::Limits(_) => send_limits(conn, now).await,
         };
         match sent {
@@ -454,11 +433,7 @@ async fn send_gcra(
     let items: Vec<(&str, &Args, u64)> = batch
         .iter()
         .filter_map(|w| match &w.job {
-            Job::Gcra {
-                key,
-                args,
-                quantity,
-            } => Some((key.as_str(), args, *quantity)),
+            Job::Gcra(key, args, quantity) => Some((key.as_str(), args, *quantity)),
             _ => None,
         })
         .collect();

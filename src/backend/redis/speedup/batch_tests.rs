@@ -9,15 +9,15 @@ use crate::backend::redis::wire::args::CellArgs;
 fn waiting(n: usize) -> Vec<Waiter> {
     (0..n)
         .map(|_| Waiter {
-            job: Job::Cell {
-                key: "k".to_owned(),
-                cell: CellArgs {
+            job: Job::Cell(
+                "k".to_owned(),
+                CellArgs {
                     max_burst: 1,
                     count: 1,
                     period_secs: 1,
                 },
-                quantity: 1,
-            },
+                1,
+            ),
             answer: oneshot::channel().0,
         })
         .collect()

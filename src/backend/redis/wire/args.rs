@@ -42,14 +42,7 @@ pub(crate) fn state_key(prefix: &str, limit: &Limit, key: &Key) -> String {
 /// `prefix:limit:{tag}:key` and the algorithm's suffix, `tag` the stack's first limit's name, so
 /// the whole stack shares one Cluster slot and one script; `key` is escaped as in [`redis_key`].
 pub(crate) fn keyed_state_key(prefix: &str, tag: &str, limit: &Limit, key: &Key) -> String {
-    let name = limit.name();
-    let mut out = String::with_capacity(prefix.len() + name.len() + tag.len() + 52);
-    out.push_str(prefix);
-    out.push(':');
-    out.push_str(name);
-    out.push_str(":{");
-    out.push_str(tag);
-    out.push_str("}:");
+    let mut out = format!("{prefix}:{}:{{{tag}}}:", limit.name());
     key.render(&mut out);
     out.push_str(suffix(limit.algorithm()));
     out

@@ -59,28 +59,16 @@ local function written(key, kind, a, b, c, ms)
   entry.a, entry.b, entry.c, entry.ms = a, b, c, ms
 end
 
+-- The six accessors, through the cache and directly, in the order `use` sets them.
 local cached = {
-  function(key)
-    return entry_of(key, 0).a
-  end,
-  function(key, ahead)
-    written(key, 0, ahead, nil, nil, true)
-  end,
-  function(key)
-    local entry = entry_of(key, 2)
-    return entry.a, entry.b
-  end,
-  function(key, window, count, ms)
-    written(key, 2, window, count, nil, ms)
-  end,
-  function(key)
-    local entry = entry_of(key, 3)
-    return entry.a, entry.b, entry.c
-  end,
-  function(key, window, current, previous, ms)
-    written(key, 3, window, current, previous, ms)
-  end,
+  function(key) return entry_of(key, 0).a end,
+  function(key, ahead) written(key, 0, ahead, nil, nil, true) end,
+  function(key) local entry = entry_of(key, 2) return entry.a, entry.b end,
+  function(key, window, count, ms) written(key, 2, window, count, nil, ms) end,
+  function(key) local entry = entry_of(key, 3) return entry.a, entry.b, entry.c end,
+  function(key, window, current, previous, ms) written(key, 3, window, current, previous, ms) end,
 }
+local uncached = {direct[0][1], direct[0][2], direct[2][1], direct[2][2], direct[3][1], direct[3][2]}
 
 -- Each distinct argument's number, parsed once a batch.
 local numbers = {}
@@ -95,14 +83,8 @@ arg_number = function(text)
 end
 
 local function use(through_cache)
-  if through_cache then
-    read_backlog, write_backlog, read_fixed, write_fixed, read_sliding, write_sliding =
-      unpack(cached)
-  else
-    read_backlog, write_backlog = direct[0][1], direct[0][2]
-    read_fixed, write_fixed = direct[2][1], direct[2][2]
-    read_sliding, write_sliding = direct[3][1], direct[3][2]
-  end
+  read_backlog, write_backlog, read_fixed, write_fixed, read_sliding, write_sliding =
+    unpack(through_cache and cached or uncached)
 end
 
 -- The kinds the cache keeps (as sent): GCRA, fixed, sliding and calendar (a fixed window's state).

@@ -75,21 +75,6 @@ pub(crate) fn path_code(path: Option<RedisMode>) -> u8 {
 
 /// `"cell"`, `"lua"` or `"unknown"`: the path a backend decides on, as logs and health name it.
 pub(crate) fn path_name(path: Option<RedisMode>) -> &'static str {
-    match path {
-        Some(RedisMode::Cell) => "cell",
-        Some(RedisMode::Lua) => "lua",
-        _ => "unknown",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_are_named() {
-        assert_eq!(path_name(Some(RedisMode::Cell)), "cell");
-        assert_eq!(path_name(Some(RedisMode::Lua)), "lua");
-        assert_eq!(path_name(None), "unknown");
-    }
+    path.filter(|p| *p != RedisMode::Auto)
+        .map_or("unknown", RedisMode::as_str)
 }

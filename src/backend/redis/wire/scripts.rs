@@ -40,11 +40,7 @@ pub(crate) async fn gcra(
     quantity: u64,
 ) -> Result<Answer, RedisError> {
     let mut invocation = GCRA.key(key);
-    invocation
-        .arg(args.interval)
-        .arg(args.tolerance)
-        .arg(args.limit)
-        .arg(quantity);
+    invocation.arg(&[args.interval, args.tolerance, args.limit, quantity][..]);
     if args.penalty.is_some() {
         // Same hash tag as the state: one slot, one atomic call.
         invocation
@@ -85,10 +81,7 @@ pub(crate) async fn throttle(
         // The script declares the key, so a node redirects it (see cell.lua); and, a writer,
         // Redis refuses it whole when full, where the bare command writes past `maxmemory`.
         CELL.key(key)
-            .arg(cell.max_burst)
-            .arg(cell.count)
-            .arg(cell.period_secs)
-            .arg(quantity)
+            .arg(&[cell.max_burst, cell.count, cell.period_secs, quantity][..])
             .invoke_async(&mut conn.redirecting())
             .await?
     } else {
@@ -103,10 +96,7 @@ pub(crate) async fn throttle(
 pub(crate) fn throttle_command(key: &str, cell: CellArgs, quantity: u64) -> redis::Cmd {
     let mut cmd = redis::cmd("CL.THROTTLE");
     cmd.arg(key)
-        .arg(cell.max_burst)
-        .arg(cell.count)
-        .arg(cell.period_secs)
-        .arg(quantity);
+        .arg(&[cell.max_burst, cell.count, cell.period_secs, quantity][..]);
     cmd
 }
 
