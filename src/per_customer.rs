@@ -412,18 +412,7 @@ impl PolicyExtras {
         if let Some(known) = table.get(&quota) {
             return known.clone();
         }
-        let made = self.limit_for(ns, quota).and_then(|limit| {
-            validate(&limit)?;
-            if cost > limit.max_cost() {
-                return Err(BuildError::Cost {
-                    policy: self.name.to_string(),
-                    cost,
-                    limit: limit.max_cost(),
-                });
-            }
-            Ok(limit)
-        });
-        let tier = match made {
+        let tier = match self.enforceable(ns, quota, cost, validate) {
             Ok(limit) => Some(Arc::new(CustomerQuota {
                 rules: CompiledTier::of(None, std::slice::from_ref(&limit)),
                 limits: Box::new([limit]),
@@ -441,15 +430,17 @@ impl PolicyExtras {
         tier
     }
 
-    /// Why `quota` could not be enforced for a request of `cost` (`validate` is the backend's
-    /// check), if it could not: what an override's quota is checked with before it is kept.
-    pub(crate) fn check_quota(
+    /// The limit of `quota` in namespace `ns`, or why it cannot be enforced for a request of
+    /// `cost` (`validate` is the backend's check): what a quota chosen per key is made with, and
+    /// what an override's quota is checked with before it is kept.
+    pub(crate) fn enforceable(
         &self,
+        ns: Namespace,
         quota: Quota,
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
-    ) -> Result<(), BuildError> {
-        let limit = self.limit_for(Namespace::Override, quota)?;
+    ) -> Result<Limit, BuildError> {
+        let limit = self.limit_for(ns, quota)?;
         validate(&limit)?;
         if cost > limit.max_cost() {
             return Err(BuildError::Cost {
@@ -458,7 +449,7 @@ impl PolicyExtras {
                 limit: limit.max_cost(),
             });
         }
-        Ok(())
+        Ok(limit)
     }
 
     /// A limit of namespace `ns` (its name, the policy's algorithm), when the policy may keep

@@ -8,6 +8,7 @@ use super::{find, HandleError, KeyFromText, ThrottleHandle};
 use crate::backend::Backend;
 use crate::overrides::cache::MAX_PATTERNS;
 use crate::overrides::{bans_table, encode_until, overrides_table, Override};
+use crate::per_customer::Namespace;
 
 impl<K, B> ThrottleHandle<K, B>
 where
@@ -82,7 +83,9 @@ where
             }
             rules
                 .overridable
-                .check_quota(quota, rules.cost(), |l| self.shared.backend.validate(l))
+                .enforceable(Namespace::Override, quota, rules.cost(), |l| {
+                    self.shared.backend.validate(l)
+                })
                 .map_err(|e| invalid(e.to_string()))?;
         }
         let encoded = value.encode();
