@@ -23,7 +23,9 @@
 # The load generator (scripts/loadgen.sh): wrk where installed, else oha (`cargo install oha --locked`
 # into target/tools/oha when missing); LOADGEN=oha picks oha. Needs also redis-server, redis-cli,
 # taskset, curl, python3 (Debian: apt-get install wrk redis-server redis-tools util-linux curl python3)
-# and the redis-cell module (built by `bash scripts/test.sh --setup-only`).
+# and the redis-cell module (built by `bash scripts/test.sh --setup-only`); redis-server, redis-cli and
+# the module only when a Redis variant is measured. LOADTEST_BIN=PATH runs that prebuilt
+# loadtest-server instead of building one (a machine without cargo: scripts/many-core.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -53,25 +55,6 @@ die() {
 }
 
 CSV=${CSV:-$ROOT/target/loadtest/results.csv}
-for tool in redis-server redis-cli taskset curl python3; do
-  command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl python3)"
-done
-# shellcheck source=scripts/loadgen.sh
-source scripts/loadgen.sh
-loadgen_pick || die "no load generator"
-say "load generator: $LOADGEN ($LOADGEN_BIN)"
-if [[ ! -f $MODULE ]]; then
-  say "the redis-cell module is missing; building it with scripts/test.sh --setup-only"
-  bash scripts/test.sh --setup-only
-fi
-
-# tower-rate-limiter 0.2.0-alpha.0 declares rust-version 1.96; it builds on older toolchains, so the
-# load-test crate (and only it) is built with --ignore-rust-version.
-say "building loadtest/ (release)"
-LOADTEST_TARGET=${LOADTEST_TARGET:-$ROOT/target}
-(cd loadtest && CARGO_TARGET_DIR=$LOADTEST_TARGET cargo build --release --locked --ignore-rust-version -q) ||
-  die "cargo build of loadtest/ failed"
-BIN=$LOADTEST_TARGET/release/loadtest-server
 
 ALL=(
   bare
@@ -101,6 +84,38 @@ if (($#)); then
 else
   VARIANTS=("${ALL[@]}")
 fi
+# Redis is started only for the variants that decide on it.
+NEED_REDIS=
+for v in "${VARIANTS[@]}"; do
+  case $v in bare | throttle-mem-* | governor-*) ;; *) NEED_REDIS=1 ;; esac
+done
+
+TOOLS=(taskset python3)
+[[ -n $NEED_REDIS ]] && TOOLS+=(redis-server redis-cli)
+for tool in "${TOOLS[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (Debian: apt-get install wrk redis-server redis-tools util-linux curl python3)"
+done
+# shellcheck source=scripts/loadgen.sh
+source scripts/loadgen.sh
+loadgen_pick || die "no load generator"
+say "load generator: $LOADGEN ($LOADGEN_BIN)"
+if [[ -n $NEED_REDIS && ! -f $MODULE ]]; then
+  say "the redis-cell module is missing; building it with scripts/test.sh --setup-only"
+  bash scripts/test.sh --setup-only
+fi
+
+if [[ -n ${LOADTEST_BIN:-} ]]; then
+  BIN=$LOADTEST_BIN
+  [[ -x $BIN ]] || die "LOADTEST_BIN=$BIN is not an executable"
+else
+  # tower-rate-limiter 0.2.0-alpha.0 declares rust-version 1.96; it builds on older toolchains, so
+  # the load-test crate (and only it) is built with --ignore-rust-version.
+  say "building loadtest/ (release)"
+  LOADTEST_TARGET=${LOADTEST_TARGET:-$ROOT/target}
+  (cd loadtest && CARGO_TARGET_DIR=$LOADTEST_TARGET cargo build --release --locked --ignore-rust-version -q) ||
+    die "cargo build of loadtest/ failed"
+  BIN=$LOADTEST_TARGET/release/loadtest-server
+fi
 
 TMP=$(mktemp -d)
 REDIS_PID=
@@ -127,19 +142,36 @@ free_port() {
   done
 }
 
-RPORT=$(free_port)
-taskset -c "$LOAD_CPU" redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$TMP" --save "" \
-  --appendonly no --loadmodule "$MODULE" >"$TMP/redis.log" 2>&1 &
-REDIS_PID=$!
-for _ in $(seq 100); do
-  redis-cli -p "$RPORT" PING 2>/dev/null | grep -q PONG && break
-  sleep 0.1
-done
-redis-cli -p "$RPORT" PING 2>/dev/null | grep -q PONG || {
-  cat "$TMP/redis.log" >&2
-  die "redis-server did not start"
+# answers PORT: whether a GET / there gets an HTTP answer (curl where installed, else bash's /dev/tcp).
+answers() {
+  if command -v curl >/dev/null 2>&1; then
+    curl -s -o /dev/null "http://127.0.0.1:$1/"
+  else
+    (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' >&3 &&
+      head -c 5 <&3 | grep -q '^HTTP/') 2>/dev/null
+  fi
 }
-REDIS_URL=redis://127.0.0.1:$RPORT/
+
+# redis_cli ARGS...: redis-cli on the test server, or nothing when no variant needs Redis.
+redis_cli() { [[ -z $NEED_REDIS ]] || redis-cli -p "$RPORT" "$@"; }
+
+if [[ -n $NEED_REDIS ]]; then
+  RPORT=$(free_port)
+  taskset -c "$LOAD_CPU" redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$TMP" --save "" \
+    --appendonly no --loadmodule "$MODULE" >"$TMP/redis.log" 2>&1 &
+  REDIS_PID=$!
+  for _ in $(seq 100); do
+    redis-cli -p "$RPORT" PING 2>/dev/null | grep -q PONG && break
+    sleep 0.1
+  done
+  redis-cli -p "$RPORT" PING 2>/dev/null | grep -q PONG || {
+    cat "$TMP/redis.log" >&2
+    die "redis-server did not start"
+  }
+  REDIS_URL=redis://127.0.0.1:$RPORT/
+else
+  REDIS_URL=redis://127.0.0.1:1/
+fi
 
 # start VARIANT: starts its server on CPU 0 and prints its port. A first request exhausts the "deny"
 # quotas (1 an hour) before anything is measured.
@@ -152,7 +184,7 @@ start() {
       >"$TMP/$variant.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do
-      curl -s -o /dev/null "http://127.0.0.1:$port/" && break
+      answers "$port" && break
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
@@ -187,12 +219,12 @@ for round in $(seq "$ROUNDS"); do
   for v in "${VARIANTS[@]}"; do
     [[ $v == bare ]] && continue
     read -r brps btotal bnon <<<"$(measure bare)"
-    redis-cli -p "$RPORT" CONFIG RESETSTAT >/dev/null
+    redis_cli CONFIG RESETSTAT >/dev/null
     read -r rps total non2xx <<<"$(measure "$v")"
     # Redis's CPU (INFO commandstats: usec of the commands clients sent, which for a script
     # includes the commands it calls; those are listed again on their own lines and not added) and
     # calls, per request measured.
-    read -r usec calls <<<"$(redis-cli -p "$RPORT" INFO commandstats | tr -d '\r' |
+    read -r usec calls <<<"$(redis_cli INFO commandstats | tr -d '\r' |
       awk -F'[=,]' '$1 ~ /^cmdstat_(evalsha|eval|evalsha_ro|eval_ro|fcall|cl\.throttle):calls$/ {c += $2; u += $4} END {print u + 0, c + 0}')"
     REDIS_US[$v]+="$(awk -v u="$usec" -v t="$total" 'BEGIN {printf "%.2f", u / t}') "
     REDIS_CALLS[$v]+="$(awk -v c="$calls" -v t="$total" 'BEGIN {printf "%.3f", c / t}') "
