@@ -61,6 +61,9 @@ ALL=(
   throttle-mem-pass
   throttle-mem-deny
   throttle-mem-pass-noheaders
+  throttle-axumbody-pass
+  throttle-axumbody-deny
+  throttle-axumbody-pass-noheaders
   governor-pass
   governor-headers-pass
   governor-deny
@@ -87,7 +90,7 @@ fi
 # Redis is started only for the variants that decide on it.
 NEED_REDIS=
 for v in "${VARIANTS[@]}"; do
-  case $v in bare | throttle-mem-* | governor-*) ;; *) NEED_REDIS=1 ;; esac
+  case $v in bare | throttle-mem-* | throttle-axumbody-* | governor-*) ;; *) NEED_REDIS=1 ;; esac
 done
 
 TOOLS=(taskset python3)

@@ -175,7 +175,13 @@ pub use error::BuildError;
 pub use key::Key;
 pub use limit::{Algorithm, Limit};
 pub use meter::{Estimate, Meter};
-pub use middleware::body;
+/// The response bodies: [`ThrottleBody`](body::ThrottleBody), which every [`Throttle`] response
+/// carries, and [`AxumBody`](body::AxumBody), the layer that answers with axum's own body instead.
+pub mod body {
+    #[cfg(feature = "axum")]
+    pub use crate::middleware::axum_body::AxumBody;
+    pub use crate::middleware::body::ThrottleBody;
+}
 pub use middleware::{ResponseFuture, Throttle, ThrottleLayer, ThrottleLayerBuilder};
 pub use policy::{Policy, PolicyBuilder};
 pub use quota::Quota;

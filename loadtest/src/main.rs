@@ -27,6 +27,9 @@ const VARIANTS: &[&str] = &[
     "throttle-mem-pass",
     "throttle-mem-deny",
     "throttle-mem-pass-noheaders",
+    "throttle-axumbody-pass",
+    "throttle-axumbody-deny",
+    "throttle-axumbody-pass-noheaders",
     "governor-pass",
     "governor-headers-pass",
     "governor-deny",
@@ -89,6 +92,17 @@ mod throttle {
             .build()
             .expect("valid layer");
         hello().layer(layer)
+    }
+
+    /// [`memory`] and [`memory_no_headers`] answering with axum's own body (`axum_body()`), which
+    /// axum does not box again.
+    pub fn memory_axum_body(pass: bool, fields: bool) -> Router {
+        let layer = ThrottleLayer::builder()
+            .policy(policy(pass))
+            .ratelimit_headers(fields)
+            .build()
+            .expect("valid layer");
+        hello().layer(layer.axum_body())
     }
 
     /// The backend's timeout: REDIS_TIMEOUT_MS, else the crate's default (a profiler's slow run
@@ -358,6 +372,8 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         "bare" => hello(),
         "throttle-mem-pass" | "throttle-mem-deny" => throttle::memory(p),
         "throttle-mem-pass-noheaders" => throttle::memory_no_headers(true),
+        "throttle-axumbody-pass" | "throttle-axumbody-deny" => throttle::memory_axum_body(p, true),
+        "throttle-axumbody-pass-noheaders" => throttle::memory_axum_body(true, false),
         "governor-pass" | "governor-deny" => governor_peer::router(p),
         "governor-headers-pass" => governor_peer::router_with_headers(),
         "throttle-lua-pass" | "throttle-lua-deny" => {

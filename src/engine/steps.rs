@@ -37,6 +37,7 @@ use crate::engine::slot::Release;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
+use crate::headers::RateHeaders;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
@@ -284,6 +285,25 @@ pub(crate) fn judged(
         judge.latency(cx.policy, asked.elapsed());
     }
     judge.verdict(cx, answer)
+}
+
+/// Step 8 for the commonest answer: one decision that admits a request of a policy with nothing
+/// more to do on admission (`Judge::admitted_plainly`): its fields, with no verdict built. `None`:
+/// [`judged`] makes the verdict.
+pub(crate) fn admitted_plainly(
+    judge: &Judge,
+    cx: RequestContext<'_>,
+    asked: Option<Instant>,
+    answer: &Result<Checked, BackendError>,
+) -> Option<Option<RateHeaders>> {
+    let Ok(Checked::One(decision)) = answer else {
+        return None;
+    };
+    let fields = judge.admitted_plainly(cx, decision)?;
+    if let Some(asked) = asked {
+        judge.latency(cx.policy, asked.elapsed());
+    }
+    Some(fields)
 }
 
 /// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given

@@ -376,6 +376,44 @@ impl Judge {
         rules.reporter.latency(&rules.name, took);
     }
 
+    /// The fields of a request admitted by `decision`, its tier's one limit's, when its policy
+    /// asks nothing more of an admission (no wait, no concurrency slot, no dry run or staging, no
+    /// [`PolicyDecision`], no near-limit rule): what [`decided`](Self::decided) would give (the
+    /// decision reported, `None` for no fields), without building a verdict. `None` when any of
+    /// that does not hold: then `decided` judges it.
+    pub(crate) fn admitted_plainly(
+        &self,
+        cx: RequestContext<'_>,
+        decision: &Decision,
+    ) -> Option<Option<RateHeaders>> {
+        let rules = cx.policy;
+        let tier = cx.tier_rules();
+        if !(decision.allowed && rules.plain_admission && tier.plain_admission) {
+            return None;
+        }
+        let shown = ShownKey {
+            key: cx.key,
+            redact: self.redactor.as_ref(),
+        };
+        rules
+            .reporter
+            .decision(&rules.name, shown, decision, Duration::ZERO);
+        let options = self.settings.headers;
+        if !(options.ratelimit || options.legacy || options.openai) {
+            return Some(None);
+        }
+        let decisions = std::slice::from_ref(decision);
+        let mut fields = RateHeaders::new(
+            options,
+            &tier.names,
+            &tier.policy_field,
+            decisions,
+            decision,
+        );
+        fields.add_openai(options, &tier.limits, decisions);
+        Some(Some(fields))
+    }
+
     /// The verdict on the decisions of every limit of the request's tier.
     fn decided(
         &self,

@@ -56,6 +56,24 @@ impl<B> ThrottleBody<B> {
     }
 }
 
+#[cfg(feature = "axum")]
+impl ThrottleBody<axum::body::Body> {
+    /// As axum's own body: the inner body as it is when the request holds nothing until its end,
+    /// a refusal's bytes as they are; else boxed, as axum would box it.
+    #[inline]
+    pub(crate) fn into_axum(self) -> axum::body::Body {
+        match self.content {
+            Content::Inner {
+                body,
+                slot: None,
+                meter: None,
+            } => body,
+            Content::Full { data } => data.map_or_else(axum::body::Body::empty, Into::into),
+            content => axum::body::Body::new(ThrottleBody { content }),
+        }
+    }
+}
+
 impl<B> std::fmt::Debug for ThrottleBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.content {

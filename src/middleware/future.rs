@@ -116,6 +116,12 @@ where
         Self::calling(future, None, None, None)
     }
 
+    /// The inner service's answer to an admitted request that holds nothing until its response
+    /// ends (no slot, no outcome to count): only its fields, if any, go on the response.
+    pub(crate) fn admitted(future: S::Future, fields: Option<RateHeaders>) -> Self {
+        Self::calling(future, fields, None, None)
+    }
+
     /// A request on the extended path: `prepare` makes its verdict, then `service` (readied) is
     /// called with the request rebuilt from its parts and `body` (`None`: the body is being read,
     /// and `prepare` gives it back).

@@ -8,7 +8,11 @@
 //! * [`future`]: [`ResponseFuture`], which waits for a remote decision and carries the verdict out.
 //! * [`body`]: [`ThrottleBody`](body::ThrottleBody), the response body, which holds a concurrency
 //!   slot to its end.
+//! * `axum_body` (feature `axum`): [`AxumBody`](axum_body::AxumBody), the layer, service and future
+//!   that answer with axum's own body; it wraps the others.
 
+#[cfg(feature = "axum")]
+pub(crate) mod axum_body;
 pub mod body;
 pub(crate) mod builder;
 pub(crate) mod future;

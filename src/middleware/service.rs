@@ -169,6 +169,9 @@ where
     if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
         let compiled = table.policies[policy].compiled();
         let context = RequestContext::new(compiled, tier, &key, &request);
+        if let Some(fields) = steps::admitted_plainly(&table.judge, context, started, &answer) {
+            return ResponseFuture::admitted(inner.call(request), fields);
+        }
         let verdict = steps::judged(&table.judge, context, started, answer);
         let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
         return ResponseFuture::carry_out(verdict, inner, request, release);

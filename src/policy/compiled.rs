@@ -31,6 +31,9 @@ pub(crate) struct CompiledPolicy {
     /// Every admitted request gets a `PolicyDecision` (dry runs, staged and delayed policies, or
     /// the layer says so).
     pub(crate) expose_decision: bool,
+    /// Nothing to do on an admission beyond the fields: no `PolicyDecision` (so no dry run,
+    /// staging or delay) and no near-limit rule (`Judge::admitted_plainly`).
+    pub(crate) plain_admission: bool,
     /// The default 429 body, rendered once.
     pub(crate) limited_body: Bytes,
     /// The extras of its extended path: its own, or none at all (for its requests that an
@@ -68,15 +71,17 @@ impl CompiledPolicy {
                     .cloned()
             })
         });
+        let expose_decision = decision_extension
+            || spec.is_dry_run()
+            || spec.staged().is_some()
+            || spec.limit().delay().is_some();
         CompiledPolicy {
             reporter: Reporter::default(),
             penalty: kept.or_else(|| penalty.map(|p| Arc::new(PenaltyBox::new(*p)))),
             would_limit: WouldLimit::default(),
             near_report: NearReport::default(),
-            expose_decision: decision_extension
-                || spec.is_dry_run()
-                || spec.staged().is_some()
-                || spec.limit().delay().is_some(),
+            expose_decision,
+            plain_admission: !expose_decision && spec.near.is_none(),
             limited_body: headers::limited_body(spec.name()),
             overridable: spec
                 .extras()

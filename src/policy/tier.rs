@@ -20,19 +20,25 @@ pub(crate) struct CompiledTier {
     pub(crate) concurrency: bool,
     /// Whether a limit of the tier is in delay mode (most are not: no request waits).
     pub(crate) delays: bool,
+    /// One limit, neither a concurrency limit nor in delay mode: an admission by it is its
+    /// decision's fields and nothing more (`Judge::admitted_plainly`).
+    pub(crate) plain_admission: bool,
 }
 
 impl CompiledTier {
     /// The rules of `limits` (at least one), the tier called `name` (`None`: the default).
     pub(crate) fn of(name: Option<Arc<str>>, limits: &[Limit]) -> Self {
+        let concurrency = limits[0].algorithm() == Algorithm::Concurrency;
+        let delays = limits.iter().any(|limit| limit.delay().is_some());
         CompiledTier {
             name,
             limits: limits.into(),
             names: limits.iter().map(|l| l.name().into()).collect(),
             policy_field: headers::policy_field(limits),
             limit_value: limits[0].max_cost(),
-            concurrency: limits[0].algorithm() == Algorithm::Concurrency,
-            delays: limits.iter().any(|limit| limit.delay().is_some()),
+            concurrency,
+            delays,
+            plain_admission: limits.len() == 1 && !concurrency && !delays,
         }
     }
 }

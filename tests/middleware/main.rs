@@ -16,6 +16,7 @@ mod support;
 
 mod access;
 mod admin_handle;
+mod axum_body;
 mod body_keys;
 mod calendar;
 mod concurrency;
