@@ -13,7 +13,9 @@
 # Settings for the run (environment): SCALING_THREADS, SCALING_ROUNDS (default 2), SCALING_SECS
 # (default 0.5), SCALING_CASES as the bench takes them; WORKERS (default 8), ROUNDS (default 3),
 # DURATION (default 2) and VARIANTS (default: the memory paths with their tower_governor peers) for
-# the HTTP pairs; SKIP_HTTP=1 or SKIP_SCALING=1 to leave one out. Logs go to $OUT when it is set.
+# the HTTP pairs; SKIP_HTTP=1, SKIP_SCALING=1 or SKIP_TESTS=1 to leave one out. Logs go to $OUT
+# when it is set. The memory backend's exact-count tests under contention (tests/memory, the ones
+# named "contention") run first, on every core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -36,6 +38,15 @@ for l in sys.stdin:
         print(m["executable"])')
   [[ -x $bench ]] || die "cargo bench --bench scaling --no-run built no executable"
   cp "$bench" "$DIR/scaling-$LABEL"
+  # The memory backend's exact-count tests under contention, to run where the threads really race.
+  tests=$(cargo test --release --all-features --test memory --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "memory" and m.get("executable"):
+        print(m["executable"])')
+  [[ -x $tests ]] || die "cargo test --release --test memory --no-run built no executable"
+  cp "$tests" "$DIR/memory-tests-$LABEL"
   (cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q) ||
     die "cargo build of loadtest/ failed"
   cp target/release/loadtest-server "$DIR/loadtest-server-$LABEL"
@@ -64,6 +75,14 @@ fi
 mapfile -t LABELS < <(cd "$DIR" && ls scaling-* | sed 's/^scaling-//')
 ((${#LABELS[@]})) || die "no scaling-* binary in $DIR (bash scripts/many-core.sh --pack $DIR)"
 say "$(nproc) cores; builds: ${LABELS[*]}"
+
+if [[ -z ${SKIP_TESTS:-} ]]; then
+  for label in "${LABELS[@]}"; do
+    [[ -x $DIR/memory-tests-$label ]] || continue
+    say "exact counts under contention, build $label"
+    "$DIR/memory-tests-$label" contention 2>&1 | tee "$LOG/contention-$label.log" | grep -E '^test |test result'
+  done
+fi
 
 if [[ -z ${SKIP_SCALING:-} ]]; then
   export SCALING_ROUNDS=${SCALING_ROUNDS:-2} SCALING_SECS=${SCALING_SECS:-0.5}

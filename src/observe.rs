@@ -233,6 +233,7 @@ impl Reporter {
     }
 
     /// A decision the verdict acts on: counted, and logged at debug level.
+    #[inline]
     pub(crate) fn decision(
         &self,
         policy: &str,
@@ -252,14 +253,10 @@ impl Reporter {
                 }
             }
         }
-        tracing::debug!(
-            policy = %policy,
-            key = %key,
-            allowed = decision.allowed,
-            remaining = decision.remaining,
-            delay_ms = delay.as_millis() as u64,
-            "rate-limit decision"
-        );
+        // Checked here, the event itself out of line: most servers do not log at debug level.
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            log_decision(policy, key, decision, delay);
+        }
     }
 
     /// A request over its limit: rejected, or only reported in a dry run. At info at most once a
@@ -424,6 +421,19 @@ pub(crate) fn redis_evictions(keys: u64) {
     metrics::counter!("throttle_redis_evicted_keys_total").increment(keys);
     #[cfg(not(feature = "metrics"))]
     let _ = keys;
+}
+
+/// The debug event of [`Reporter::decision`].
+#[inline(never)]
+fn log_decision(policy: &str, key: ShownKey<'_>, decision: &Decision, delay: Duration) {
+    tracing::debug!(
+        policy = %policy,
+        key = %key,
+        allowed = decision.allowed,
+        remaining = decision.remaining,
+        delay_ms = delay.as_millis() as u64,
+        "rate-limit decision"
+    );
 }
 
 #[cfg(test)]

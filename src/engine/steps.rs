@@ -290,6 +290,7 @@ pub(crate) fn judged(
 /// Step 8 for the commonest answer: one decision that admits a request of a policy with nothing
 /// more to do on admission (`Judge::admitted_plainly`): its fields, with no verdict built. `None`:
 /// [`judged`] makes the verdict.
+#[inline]
 pub(crate) fn admitted_plainly(
     judge: &Judge,
     cx: RequestContext<'_>,

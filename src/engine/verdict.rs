@@ -381,6 +381,7 @@ impl Judge {
     /// [`PolicyDecision`], no near-limit rule): what [`decided`](Self::decided) would give (the
     /// decision reported, `None` for no fields), without building a verdict. `None` when any of
     /// that does not hold: then `decided` judges it.
+    #[inline]
     pub(crate) fn admitted_plainly(
         &self,
         cx: RequestContext<'_>,

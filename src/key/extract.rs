@@ -295,13 +295,20 @@ fn looks_at(seen: u32) -> bool {
 /// the most common misconfiguration of a rate limiter (express-rate-limit's most reported one). Behind
 /// a proxy every client has the proxy's address, so they all share one limit. After the warning
 /// this is one atomic load; before it, three header lookups in the requests it looks at.
+#[inline]
 fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
     if WARNED_FORWARDED.load(Ordering::Relaxed) {
         return;
     }
-    if !looks_at(PEER_KEYED.with(|n| n.replace(n.get().wrapping_add(1)))) {
-        return;
+    if looks_at(PEER_KEYED.with(|n| n.replace(n.get().wrapping_add(1)))) {
+        warn_if_forwarded(headers, peer);
     }
+}
+
+/// The lookups of [`warn_once_if_forwarded`], in the requests it looks at (out of line: the
+/// others pay only the check above).
+#[inline(never)]
+fn warn_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
     let Some(header) = FORWARDING_HEADERS.iter().find(|h| headers.contains_key(*h)) else {
         return;
     };

@@ -28,9 +28,13 @@ pin_project! {
     ///
     /// ```
     /// use axum::{routing::get, Router};
-    /// use tower_throttle::{Policy, Quota, ThrottleLayer};
+    /// use tower_throttle::{key::PeerIp, Policy, Quota, ThrottleLayer};
     ///
-    /// let policy = Policy::builder("api").quota(Quota::per_second(5)).build().unwrap();
+    /// let policy = Policy::builder("api")
+    ///     .quota(Quota::per_second(5))
+    ///     .key(PeerIp::new())
+    ///     .build()
+    ///     .unwrap();
     /// let app: Router = Router::new()
     ///     .route("/", get(|| async { "hello" }))
     ///     .layer(ThrottleLayer::new(policy).axum_body());
