@@ -27,7 +27,8 @@
 //!   keys; governor grows without a bound. tokio-rate-limit is left out (its `&str` keys would have
 //!   to be formatted in the loop).
 //!
-//! `SCALING_THREADS` (default 1, 2, 4, 8, 16 and the machine's cores) lists the thread counts. On a
+//! `SCALING_THREADS` (default 1, 2, 4, 8, 16 and the machine's cores) lists the thread counts;
+//! `SCALING_SHARDS` gives tower-throttle's memory backend that many shards instead of its default. On a
 //! machine with fewer cores than threads, the figures measure time-slicing, not contention.
 
 use std::hint::black_box;
@@ -123,7 +124,12 @@ impl Limiters {
         };
         Limiters {
             // Room for the million keys without reaching the cap (not what is measured).
-            ours: MemoryBackend::builder().max_keys(4 * MANY).build().unwrap(),
+            ours: match shards() {
+                Some(n) => MemoryBackend::builder().max_keys(4 * MANY).shards(n),
+                None => MemoryBackend::builder().max_keys(4 * MANY),
+            }
+            .build()
+            .unwrap(),
             limit: Limit::new("scaling", quota).unwrap(),
             governor: RateLimiter::keyed(gquota),
             tokio,
@@ -245,6 +251,13 @@ fn run(
     (done as f64 / elapsed.as_secs_f64(), refused)
 }
 
+/// `SCALING_SHARDS`: tower-throttle's shard count, when not its default.
+fn shards() -> Option<usize> {
+    std::env::var("SCALING_SHARDS")
+        .ok()
+        .map(|n| n.parse().expect("SCALING_SHARDS: a count of shards"))
+}
+
 fn env_list(name: &str) -> Option<Vec<String>> {
     std::env::var(name).ok().map(|v| {
         v.split(',')
@@ -292,8 +305,9 @@ fn main() {
         None => Case::ALL.to_vec(),
     };
     let many = if quick { 10_000 } else { MANY };
+    let layout = shards().map_or_else(|| "default shards".to_owned(), |n| format!("{n} shards"));
     println!(
-        "scaling: {cores} cores; {secs} s a run, best of {rounds} round(s); decisions per second (M/s)\n"
+        "scaling: {cores} cores; {secs} s a run, best of {rounds} round(s); tower-throttle with {layout}; decisions per second (M/s)\n"
     );
     let mut keys = None;
     for case in cases {

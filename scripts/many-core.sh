@@ -72,8 +72,8 @@ if [[ -x $DIR/wrk ]]; then
   chmod +x "$WRAP/wrk"
   export PATH=$WRAP:$PATH
 fi
-mapfile -t LABELS < <(cd "$DIR" && ls scaling-* | sed 's/^scaling-//')
-((${#LABELS[@]})) || die "no scaling-* binary in $DIR (bash scripts/many-core.sh --pack $DIR)"
+mapfile -t LABELS < <(cd "$DIR" && ls scaling-* loadtest-server-* 2>/dev/null | sed -E 's/^(scaling|loadtest-server)-//' | sort -u)
+((${#LABELS[@]})) || die "no scaling-* or loadtest-server-* binary in $DIR (bash scripts/many-core.sh --pack $DIR)"
 say "$(nproc) cores; builds: ${LABELS[*]}"
 
 if [[ -z ${SKIP_TESTS:-} ]]; then
@@ -87,17 +87,24 @@ fi
 if [[ -z ${SKIP_SCALING:-} ]]; then
   export SCALING_ROUNDS=${SCALING_ROUNDS:-2} SCALING_SECS=${SCALING_SECS:-0.5}
   for label in "${LABELS[@]}"; do
+    [[ -x $DIR/scaling-$label ]] || continue
     say "scaling bench, build $label"
     "$DIR/scaling-$label" --bench | tee "$LOG/scaling-$label.md"
   done
 fi
 
 if [[ -z ${SKIP_HTTP:-} ]]; then
-  read -r -a VARIANTS <<<"${VARIANTS:-throttle-mem-pass governor-headers-pass throttle-mem-pass-noheaders governor-pass throttle-mem-deny governor-deny}"
+  read -r -a VARIANTS <<<"${VARIANTS:-throttle-mem-pass governor-headers-pass throttle-mem-pass-noheaders governor-pass throttle-axumbody-pass throttle-axumbody-pass-noheaders throttle-mem-deny governor-deny}"
   for label in "${LABELS[@]}"; do
-    say "HTTP pairs, build $label"
-    WORKERS=${WORKERS:-8} ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-2} LOADTEST_BIN=$DIR/loadtest-server-$label \
-      CSV=$LOG/loadtest-$label.csv bash scripts/loadtest.sh "${VARIANTS[@]}" 2>"$LOG/loadtest-$label.log" |
+    server=$DIR/loadtest-server-$label
+    [[ -x $server ]] || continue
+    # The variants this build has (an older one may lack the newer ones).
+    known=$("$server" --list)
+    mine=()
+    for v in "${VARIANTS[@]}"; do grep -qx -- "$v" <<<"$known" && mine+=("$v"); done
+    say "HTTP pairs, build $label: ${mine[*]}"
+    WORKERS=${WORKERS:-8} ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-2} LOADTEST_BIN=$server \
+      CSV=$LOG/loadtest-$label.csv bash scripts/loadtest.sh "${mine[@]}" 2>"$LOG/loadtest-$label.log" |
       tee "$LOG/loadtest-$label.md"
   done
 fi
