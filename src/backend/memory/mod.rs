@@ -189,8 +189,8 @@ impl<C: Clock> MemoryBackendBuilder<C> {
     }
 
     /// The number of shards: 1 to 1024 and at most `max_keys`, rounded down to a power of two
-    /// (default: 64, or fewer so that each shard holds at least 64 keys). Each shard holds at most
-    /// `max_keys / shards` keys.
+    /// (default: 16 per core, at least 64, and fewer when a shard would hold under 64 keys). Each
+    /// shard holds at most `max_keys / shards` keys.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -220,7 +220,7 @@ impl<C: Clock> MemoryBackendBuilder<C> {
                 )))
             }
             Some(n) => n,
-            None => (self.max_keys / 64).clamp(1, 64),
+            None => default_shards(self.max_keys),
         };
         // Round down to a power of two, so that a shard is picked with a mask.
         let shards = 1usize << shards.ilog2();
@@ -233,6 +233,14 @@ impl<C: Clock> MemoryBackendBuilder<C> {
             }),
         })
     }
+}
+
+/// 16 shards per core, so that the threads of a many-core server seldom meet in one shard's lock
+/// when they insert keys (at least 64, as on a machine of up to 4 cores), and at least 64 keys a
+/// shard, so that a small `max_keys` is not split into shards too small to rank keys in.
+fn default_shards(max_keys: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores * 16).clamp(64, MAX_SHARDS).min(max_keys / 64).max(1)
 }
 
 impl<C: Clock> MemoryBackend<C> {
