@@ -470,8 +470,10 @@ fn with_metrics(
         }
     };
     // Router::layer runs after routing, so policies see axum's MatchedPath. /metrics is added after
-    // the layer, so scraping it is never limited.
-    router.layer(layer.clone()).route(METRICS_PATH, get(scrape))
+    // the layer, so scraping it is never limited. axum_body(): responses keep axum's own body.
+    router
+        .layer(layer.clone().axum_body())
+        .route(METRICS_PATH, get(scrape))
 }
 
 /// What the start-up line says about the backend: for Redis, the path decisions take (in mode
