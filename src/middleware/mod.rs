@@ -1,6 +1,8 @@
 //! The tower middleware: the skeleton around the decision engine ([`crate::engine`]), as small as
 //! tower-http's. Each file uses only files listed after it (`scripts/import_cycles.py` checks it):
 //!
+//! * `axum_body` (feature `axum`): [`AxumBody`](axum_body::AxumBody), the layer, service and future
+//!   that answer with axum's own body, around those below.
 //! * [`builder`]: [`ThrottleLayerBuilder`], the layer's options.
 //! * [`layer`]: [`ThrottleLayer`], configuration only (and its [`ThrottleHandle`](crate::ops::ThrottleHandle)).
 //! * [`service`]: [`Throttle`]: hands each request to the engine, and carries the verdict out at once
@@ -8,8 +10,6 @@
 //! * [`future`]: [`ResponseFuture`], which waits for a remote decision and carries the verdict out.
 //! * [`body`]: [`ThrottleBody`](body::ThrottleBody), the response body, which holds a concurrency
 //!   slot to its end.
-//! * `axum_body` (feature `axum`): [`AxumBody`](axum_body::AxumBody), the layer, service and future
-//!   that answer with axum's own body; it wraps the others.
 
 #[cfg(feature = "axum")]
 pub(crate) mod axum_body;
