@@ -41,6 +41,7 @@ mod observe;
 mod overrides;
 mod penalty;
 mod per_customer;
+mod plain_admission;
 mod refusals;
 mod rollout;
 mod route_matching;
