@@ -30,23 +30,21 @@ if [[ ${1:-} == --pack ]]; then
   DIR=${2:?--pack DIR [LABEL]}
   LABEL=${3:-$(git rev-parse --short HEAD)}
   mkdir -p "$DIR/lib"
-  bench=$(cargo bench --bench scaling --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
+  # executable TARGET CARGO-ARGS...: builds with cargo (--no-run) and prints TARGET's executable.
+  executable() {
+    local target=$1 path
+    shift
+    path=$(cargo "$@" --no-run --message-format=json 2>/dev/null | TARGET=$target python3 -c 'import json, os, sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scaling" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == os.environ["TARGET"] and m.get("executable"):
         print(m["executable"])')
-  [[ -x $bench ]] || die "cargo bench --bench scaling --no-run built no executable"
-  cp "$bench" "$DIR/scaling-$LABEL"
+    [[ -x $path ]] || die "cargo $* --no-run built no executable $target"
+    echo "$path"
+  }
+  cp "$(executable scaling bench --bench scaling)" "$DIR/scaling-$LABEL"
   # The memory backend's exact-count tests under contention, to run where the threads really race.
-  tests=$(cargo test --release --all-features --test memory --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "memory" and m.get("executable"):
-        print(m["executable"])')
-  [[ -x $tests ]] || die "cargo test --release --test memory --no-run built no executable"
-  cp "$tests" "$DIR/memory-tests-$LABEL"
+  cp "$(executable memory test --release --all-features --test memory)" "$DIR/memory-tests-$LABEL"
   (cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q) ||
     die "cargo build of loadtest/ failed"
   cp target/release/loadtest-server "$DIR/loadtest-server-$LABEL"

@@ -10,6 +10,8 @@ use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
 use tower_throttle::{Algorithm, Policy, Quota, ThrottleLayer};
 
+use crate::support::{seen, Seen};
+
 fn policy() -> Policy<Header> {
     Policy::builder("api")
         // Two at once, then one an hour.
@@ -19,33 +21,16 @@ fn policy() -> Policy<Header> {
         .unwrap()
 }
 
-/// Status, headers (without the date) and body of each of `n` requests for one user.
-async fn answers(app: Router, n: usize) -> Vec<(StatusCode, Vec<(String, String)>, String)> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let request = Request::get("/")
-            .header("x-user-id", "7")
-            .body(Body::empty())
-            .unwrap();
-        let response = app.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let headers = response
-            .headers()
-            .iter()
-            .filter(|(name, _)| *name != "date")
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-            .collect();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        out.push((status, headers, String::from_utf8(body.to_vec()).unwrap()));
-    }
-    out
-}
-
 #[tokio::test]
 async fn answers_as_the_layer_does_in_axums_body() {
     let hello = || Router::new().route("/", get(|| async { "hello" }));
-    let plain = answers(hello().layer(ThrottleLayer::new(policy())), 3).await;
-    let axum = answers(hello().layer(ThrottleLayer::new(policy()).axum_body()), 3).await;
+    let plain = seen(&hello().layer(ThrottleLayer::new(policy())), "7", 3).await;
+    let axum = seen(
+        &hello().layer(ThrottleLayer::new(policy()).axum_body()),
+        "7",
+        3,
+    )
+    .await;
     assert_eq!(plain, axum);
     let statuses: Vec<_> = axum.iter().map(|a| a.0).collect();
     assert_eq!(
@@ -57,9 +42,7 @@ async fn answers_as_the_layer_does_in_axums_body() {
         ]
     );
     assert_eq!(axum[0].2, "hello");
-    let field = |a: &(StatusCode, Vec<(String, String)>, String), name: &str| {
-        a.1.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
-    };
+    let field = |a: &Seen, name: &str| a.1.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
     assert_eq!(
         field(&axum[1], "ratelimit").as_deref(),
         Some("\"api\";r=0;t=7200")

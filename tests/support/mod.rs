@@ -68,6 +68,31 @@ where
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
+/// What a client sees of a response: its status, its headers but the date (sorted), its body.
+pub type Seen = (http::StatusCode, Vec<(String, String)>, String);
+
+/// `n` requests `GET /` with `x-user-id: user`, sent to `app` one after another, as seen.
+pub async fn seen(app: &axum::Router, user: &str, n: usize) -> Vec<Seen> {
+    use tower::ServiceExt;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let request = Request::get("/")
+            .header("x-user-id", user)
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let mut headers: Vec<_> = response
+            .headers()
+            .iter()
+            .filter(|(name, _)| *name != "date")
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        headers.sort();
+        out.push((response.status(), headers, body_string(response).await));
+    }
+    out
+}
+
 /// "api": one request a minute per `x-user` header (the hook and log tests).
 pub fn per_user_policy() -> tower_throttle::Policy<tower_throttle::key::Header> {
     tower_throttle::Policy::builder("api")
