@@ -10,7 +10,7 @@ use tower::ServiceExt;
 use tower_throttle::key::{Global, Header};
 use tower_throttle::{Algorithm, Policy, Quota, ThrottleLayer};
 
-use crate::support::{seen, Seen};
+use crate::support::{backend, seen, Seen};
 
 fn policy() -> Policy<Header> {
     Policy::builder("api")
@@ -24,13 +24,16 @@ fn policy() -> Policy<Header> {
 #[tokio::test]
 async fn answers_as_the_layer_does_in_axums_body() {
     let hello = || Router::new().route("/", get(|| async { "hello" }));
-    let plain = seen(&hello().layer(ThrottleLayer::new(policy())), "7", 3).await;
-    let axum = seen(
-        &hello().layer(ThrottleLayer::new(policy()).axum_body()),
-        "7",
-        3,
-    )
-    .await;
+    // Each on a clock that stands still, so that both see the same instants.
+    let layer = || {
+        ThrottleLayer::builder()
+            .backend(backend().0)
+            .policy(policy())
+            .build()
+            .unwrap()
+    };
+    let plain = seen(&hello().layer(layer()), "7", 3).await;
+    let axum = seen(&hello().layer(layer().axum_body()), "7", 3).await;
     assert_eq!(plain, axum);
     let statuses: Vec<_> = axum.iter().map(|a| a.0).collect();
     assert_eq!(

@@ -8,17 +8,19 @@ use http::StatusCode;
 use tower_throttle::key::Header;
 use tower_throttle::{Policy, Quota, ThrottleLayer};
 
-use crate::support::seen;
+use crate::support::{backend, seen};
 
-/// A layer with every kind of field on; `full`: it also exposes each decision (the full verdict's
-/// way).
+/// A layer with every kind of field on, on a clock that stands still (the OpenAI fields count
+/// milliseconds); `full`: it also exposes each decision (the full verdict's way).
 fn app(full: bool) -> Router {
+    let (backend, _clock) = backend();
     let policy = Policy::builder("api")
         .quota(Quota::per_minute(3))
         .key(Header::new("x-user-id"))
         .build()
         .unwrap();
     let layer = ThrottleLayer::builder()
+        .backend(backend)
         .policy(policy)
         .legacy_headers(true)
         .openai_headers(true)
