@@ -403,16 +403,30 @@ impl Judge {
         if !(options.ratelimit || options.legacy || options.openai) {
             return Some(None);
         }
-        let decisions = std::slice::from_ref(decision);
+        Some(Some(self.fields(
+            tier,
+            std::slice::from_ref(decision),
+            decision,
+        )))
+    }
+
+    /// The fields of `decisions` (one per limit of `tier`), the legacy ones showing `combined`.
+    fn fields(
+        &self,
+        tier: &CompiledTier,
+        decisions: &[Decision],
+        combined: &Decision,
+    ) -> RateHeaders {
+        let options = self.settings.headers;
         let mut fields = RateHeaders::new(
             options,
             &tier.names,
             &tier.policy_field,
             decisions,
-            decision,
+            combined,
         );
         fields.add_openai(options, &tier.limits, decisions);
-        Some(Some(fields))
+        fields
     }
 
     /// The verdict on the decisions of every limit of the request's tier.
@@ -461,14 +475,7 @@ impl Judge {
                 .reporter
                 .decision(&rules.name, shown, &decision, delay);
         }
-        let mut fields = RateHeaders::new(
-            self.settings.headers,
-            &tier.names,
-            &tier.policy_field,
-            decisions,
-            &decision,
-        );
-        fields.add_openai(self.settings.headers, &tier.limits, decisions);
+        let fields = self.fields(tier, decisions, &decision);
         if decision.allowed || !enforced {
             if !decision.allowed && !staged_off {
                 rules.reporter.limited(&rules.name, shown, &decision, true);
