@@ -23,6 +23,8 @@ pin_project! {
 pin_project! {
     #[project = ContentProj]
     enum Content<B> {
+        // The inner service's body, holding nothing: what most responses carry.
+        Plain { #[pin] body: B },
         Inner {
             #[pin] body: B,
             slot: Option<ConcurrencySlot>,
@@ -42,8 +44,17 @@ impl<B> ThrottleBody<B> {
         slot: Option<ConcurrencySlot>,
         meter: Option<Box<MeterGuard>>,
     ) -> Self {
+        let content = match (slot, meter) {
+            (None, None) => Content::Plain { body },
+            (slot, meter) => Content::Inner { body, slot, meter },
+        };
+        ThrottleBody { content }
+    }
+
+    /// The inner service's body, when the request holds nothing until it ends.
+    pub(crate) fn plain(body: B) -> Self {
         ThrottleBody {
-            content: Content::Inner { body, slot, meter },
+            content: Content::Plain { body },
         }
     }
 
@@ -63,11 +74,7 @@ impl ThrottleBody<axum::body::Body> {
     #[inline]
     pub(crate) fn into_axum(self) -> axum::body::Body {
         match self.content {
-            Content::Inner {
-                body,
-                slot: None,
-                meter: None,
-            } => body,
+            Content::Plain { body } => body,
             Content::Full { data } => data.map_or_else(axum::body::Body::empty, Into::into),
             content => axum::body::Body::new(ThrottleBody { content }),
         }
@@ -77,7 +84,7 @@ impl ThrottleBody<axum::body::Body> {
 impl<B> std::fmt::Debug for ThrottleBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.content {
-            Content::Inner { .. } => f.write_str("ThrottleBody::Inner"),
+            Content::Plain { .. } | Content::Inner { .. } => f.write_str("ThrottleBody::Inner"),
             Content::Full { data } => f.debug_tuple("ThrottleBody::Full").field(data).finish(),
         }
     }
@@ -95,6 +102,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().content.project() {
+            ContentProj::Plain { body } => body.poll_frame(cx),
             ContentProj::Inner { body, slot, meter } => {
                 let frame = body.poll_frame(cx);
                 match &frame {
@@ -122,14 +130,14 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.content {
-            Content::Inner { body, .. } => body.is_end_stream(),
+            Content::Plain { body } | Content::Inner { body, .. } => body.is_end_stream(),
             Content::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.content {
-            Content::Inner { body, .. } => body.size_hint(),
+            Content::Plain { body } | Content::Inner { body, .. } => body.size_hint(),
             Content::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -79,6 +79,12 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        // An admitted request with nothing to add to its response: the inner future alone, as
+        // small as the state can be (every move of the future is a copy).
+        Passing {
+            #[pin]
+            future: S::Future,
+        },
         Checking {
             check: BackendCheck<D>,
             awaiting: Option<AwaitingVerdict<S, ReqBody>>,
@@ -113,13 +119,18 @@ where
 {
     /// The inner service's answer to a request no limit applies to.
     pub(crate) fn unlimited(future: S::Future) -> Self {
-        Self::calling(future, None, None, None)
+        ResponseFuture {
+            state: State::Passing { future },
+        }
     }
 
     /// The inner service's answer to an admitted request that holds nothing until its response
     /// ends (no slot, no outcome to count): only its fields, if any, go on the response.
     pub(crate) fn admitted(future: S::Future, fields: Option<RateHeaders>) -> Self {
-        Self::calling(future, fields, None, None)
+        match fields {
+            None => Self::unlimited(future),
+            fields => Self::calling(future, fields, None, None),
+        }
     }
 
     /// A request on the extended path: `prepare` makes its verdict, then `service` (readied) is
@@ -265,6 +276,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
+            State::Passing { .. } => "passing",
             State::Checking { .. } => "checking",
             State::Preparing { .. } => "preparing",
             State::Delaying { .. } => "delaying",
@@ -324,6 +336,10 @@ where
         let mut state = self.project().state;
         loop {
             let next = match state.as_mut().project() {
+                StateProj::Passing { future } => {
+                    let response = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(response.map(ThrottleBody::plain)));
+                }
                 StateProj::Checking { check, awaiting } => {
                     let answer = ready!(Pin::new(check).poll(cx));
                     let mut awaiting = awaiting

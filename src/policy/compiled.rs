@@ -34,6 +34,9 @@ pub(crate) struct CompiledPolicy {
     /// Nothing to do on an admission beyond the fields: no `PolicyDecision` (so no dry run,
     /// staging or delay) and no near-limit rule (`Judge::admitted_plainly`).
     pub(crate) plain_admission: bool,
+    /// One tier and no penalty box: between its key and the backend, a request meets no step but
+    /// the access lists (`Throttle::call` goes straight on when the layer has none).
+    pub(crate) straight: bool,
     /// The default 429 body, rendered once.
     pub(crate) limited_body: Bytes,
     /// The extras of its extended path: its own, or none at all (for its requests that an
@@ -82,6 +85,7 @@ impl CompiledPolicy {
             near_report: NearReport::default(),
             expose_decision,
             plain_admission: !expose_decision && spec.near.is_none(),
+            straight: spec.tiers().len() == 1 && penalty.is_none(),
             limited_body: headers::limited_body(spec.name()),
             overridable: spec
                 .extras()
