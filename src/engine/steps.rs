@@ -37,7 +37,6 @@ use crate::engine::slot::Release;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
-use crate::headers::RateHeaders;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
@@ -288,23 +287,23 @@ pub(crate) fn judged(
 }
 
 /// Step 8 for the commonest answer: one decision that admits a request of a policy with nothing
-/// more to do on admission (`Judge::admitted_plainly`): its fields, with no verdict built. `None`:
-/// [`judged`] makes the verdict.
+/// more to do on admission ([`Judge::admitted_plainly`]), reported with the backend's latency; its
+/// fields are [`Judge::plain_fields`], and no verdict is built. `false`: [`judged`] makes the
+/// verdict.
 #[inline]
 pub(crate) fn admitted_plainly(
     judge: &Judge,
     cx: RequestContext<'_>,
     asked: Option<Instant>,
-    answer: &Result<Checked, BackendError>,
-) -> Option<Option<RateHeaders>> {
-    let Ok(Checked::One(decision)) = answer else {
-        return None;
-    };
-    let fields = judge.admitted_plainly(cx, decision)?;
+    decision: &Decision,
+) -> bool {
+    if !judge.admitted_plainly(cx, decision) {
+        return false;
+    }
     if let Some(asked) = asked {
         judge.latency(cx.policy, asked.elapsed());
     }
-    Some(fields)
+    true
 }
 
 /// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given

@@ -161,7 +161,7 @@ impl<'a> RequestContext<'a> {
     }
 
     /// The limits the request is decided under: its per-customer quota's, else its tier's.
-    fn tier_rules(&self) -> &'a CompiledTier {
+    pub(crate) fn tier_rules(&self) -> &'a CompiledTier {
         match self.custom {
             Some(custom) => custom,
             None => &self.policy.tiers[self.tier],
@@ -376,21 +376,16 @@ impl Judge {
         rules.reporter.latency(&rules.name, took);
     }
 
-    /// The fields of a request admitted by `decision`, its tier's one limit's, when its policy
-    /// asks nothing more of an admission (no wait, no concurrency slot, no dry run or staging, no
-    /// [`PolicyDecision`], no near-limit rule): what [`decided`](Self::decided) would give (the
-    /// decision reported, `None` for no fields), without building a verdict. `None` when any of
-    /// that does not hold: then `decided` judges it.
+    /// Whether `decision` admits a request whose policy asks nothing more of an admission (no
+    /// wait, no concurrency slot, no dry run or staging, no [`PolicyDecision`], no near-limit
+    /// rule) than its fields ([`plain_fields`](Self::plain_fields)); the decision is reported when
+    /// it does. What [`decided`](Self::decided) would do, without building a verdict; `false`:
+    /// `decided` judges it.
     #[inline]
-    pub(crate) fn admitted_plainly(
-        &self,
-        cx: RequestContext<'_>,
-        decision: &Decision,
-    ) -> Option<Option<RateHeaders>> {
+    pub(crate) fn admitted_plainly(&self, cx: RequestContext<'_>, decision: &Decision) -> bool {
         let rules = cx.policy;
-        let tier = cx.tier_rules();
-        if !(decision.allowed && rules.plain_admission && tier.plain_admission) {
-            return None;
+        if !(decision.allowed && rules.plain_admission && cx.tier_rules().plain_admission) {
+            return false;
         }
         let shown = ShownKey {
             key: cx.key,
@@ -399,15 +394,20 @@ impl Judge {
         rules
             .reporter
             .decision(&rules.name, shown, decision, Duration::ZERO);
+        true
+    }
+
+    /// Whether the layer sends any rate-limit fields.
+    #[inline]
+    pub(crate) fn sends_fields(&self) -> bool {
         let options = self.settings.headers;
-        if !(options.ratelimit || options.legacy || options.openai) {
-            return Some(None);
-        }
-        Some(Some(self.fields(
-            tier,
-            std::slice::from_ref(decision),
-            decision,
-        )))
+        options.ratelimit || options.legacy || options.openai
+    }
+
+    /// The fields of a request [admitted plainly](Self::admitted_plainly) by `decision` under
+    /// `tier`, for a layer that [sends fields](Self::sends_fields).
+    pub(crate) fn plain_fields(&self, tier: &CompiledTier, decision: &Decision) -> RateHeaders {
+        self.fields(tier, std::slice::from_ref(decision), decision)
     }
 
     /// The fields of `decisions` (one per limit of `tier`), the legacy ones showing `combined`.

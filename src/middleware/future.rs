@@ -117,7 +117,8 @@ impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
 {
-    /// The inner service's answer to a request no limit applies to.
+    /// The inner service's answer, with nothing added: to a request no limit applies to, or one
+    /// admitted plainly by a layer that sends no fields.
     pub(crate) fn unlimited(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Passing { future },
@@ -125,12 +126,9 @@ where
     }
 
     /// The inner service's answer to an admitted request that holds nothing until its response
-    /// ends (no slot, no outcome to count): only its fields, if any, go on the response.
-    pub(crate) fn admitted(future: S::Future, fields: Option<RateHeaders>) -> Self {
-        match fields {
-            None => Self::unlimited(future),
-            fields => Self::calling(future, fields, None, None),
-        }
+    /// ends (no slot, no outcome to count): only its `fields` go on the response.
+    pub(crate) fn admitted(future: S::Future, fields: RateHeaders) -> Self {
+        Self::calling(future, Some(fields), None, None)
     }
 
     /// A request on the extended path: `prepare` makes its verdict, then `service` (readied) is

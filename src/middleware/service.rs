@@ -17,9 +17,10 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::engine::extended::{prepare, BodyAhead, KeyAhead};
 use crate::engine::shared::{releaser, Shared};
-use crate::engine::steps;
+use crate::engine::steps::{self, BackendCheck};
 use crate::engine::table::Table;
-use crate::engine::verdict::RequestContext;
+use crate::engine::verdict::{Checked, RequestContext};
+use crate::error::BackendError;
 use crate::key::body::{read, BodyRule};
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
@@ -170,19 +171,64 @@ where
 {
     let started = MEASURE_LATENCY.then(Instant::now);
     let limits = steps::limits_of(table, policy, tier, None);
-    let mut check = steps::ask(&shared.backend, limits, &key, table.policies[policy].cost());
+    let cost = table.policies[policy].cost();
     // A backend that decides without waiting is done after one poll: then the readied inner
     // service is called right here, with no clone and no extra state.
     let mut noop = Context::from_waker(Waker::noop());
-    if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
-        let compiled = table.policies[policy].compiled();
-        let context = RequestContext::new(compiled, tier, &key, &request);
-        if let Some(fields) = steps::admitted_plainly(&table.judge, context, started, &answer) {
-            return ResponseFuture::admitted(inner.call(request), fields);
+    let mut check = match limits {
+        // One limit (the commonest policy), polled as the backend's own future: a plain admission
+        // goes out without the answer wrapped for a stack.
+        [one] => {
+            let mut decided = shared.backend.check(one, &key, cost);
+            match Pin::new(&mut decided).poll(&mut noop) {
+                Poll::Ready(Ok(decision)) => {
+                    let compiled = table.policies[policy].compiled();
+                    let context = RequestContext::new(compiled, tier, &key, &request);
+                    if steps::admitted_plainly(&table.judge, context, started, &decision) {
+                        if !table.judge.sends_fields() {
+                            return ResponseFuture::unlimited(inner.call(request));
+                        }
+                        let fields = table.judge.plain_fields(context.tier_rules(), &decision);
+                        return ResponseFuture::admitted(inner.call(request), fields);
+                    }
+                    let answer = Ok(Checked::One(decision));
+                    return carry_out(
+                        inner,
+                        shared,
+                        table,
+                        (policy, tier),
+                        key,
+                        request,
+                        (answer, started),
+                    );
+                }
+                Poll::Ready(Err(error)) => {
+                    let answer = Err(error);
+                    return carry_out(
+                        inner,
+                        shared,
+                        table,
+                        (policy, tier),
+                        key,
+                        request,
+                        (answer, started),
+                    );
+                }
+                Poll::Pending => BackendCheck::One(decided),
+            }
         }
-        let verdict = steps::judged(&table.judge, context, started, answer);
-        let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
-        return ResponseFuture::carry_out(verdict, inner, request, release);
+        all => steps::ask(&shared.backend, all, &key, cost),
+    };
+    if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
+        return carry_out(
+            inner,
+            shared,
+            table,
+            (policy, tier),
+            key,
+            request,
+            (answer, started),
+        );
     }
     // The decision is remote. The service that poll_ready readied goes with the request, to be
     // called once (and only if) the request is admitted.
@@ -204,6 +250,31 @@ where
             release,
         },
     )
+}
+
+/// The verdict on the backend's `answer`, given at once (the backend was asked at `started`),
+/// carried out.
+// Out of line: the plain admission, which `check` makes itself, is the commonest answer.
+#[inline(never)]
+fn carry_out<S, K, B, ReqBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<K, B>>,
+    table: &Arc<Table<K>>,
+    (policy, tier): (usize, usize),
+    key: Key,
+    request: Request<ReqBody>,
+    (answer, started): (Result<Checked, BackendError>, Option<Instant>),
+) -> ResponseFuture<S, ReqBody, B::Future>
+where
+    S: Service<Request<ReqBody>> + Clone,
+    K: Send + Sync + 'static,
+    B: Backend,
+{
+    let compiled = table.policies[policy].compiled();
+    let context = RequestContext::new(compiled, tier, &key, &request);
+    let verdict = steps::judged(&table.judge, context, started, answer);
+    let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
+    ResponseFuture::carry_out(verdict, inner, request, release)
 }
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
