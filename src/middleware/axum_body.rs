@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use http::{Request, Response};
@@ -11,7 +11,12 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::backend::Backend;
+use crate::decision::Decision;
+use crate::error::BackendError;
+use crate::key::KeyExtractor;
 use crate::middleware::body::ThrottleBody;
+use crate::middleware::future::ResponseFuture;
 use crate::middleware::layer::ThrottleLayer;
 use crate::middleware::service::Throttle;
 
@@ -79,11 +84,14 @@ impl<S, K, B> Layer<S> for AxumBody<ThrottleLayer<K, B>> {
 
 impl<S, K, B, ReqBody> Service<Request<ReqBody>> for AxumBody<Throttle<S, K, B>>
 where
-    Throttle<S, K, B>: Service<Request<ReqBody>, Response = Response<ThrottleBody<Body>>>,
+    S: Service<Request<ReqBody>, Response = Response<Body>> + Clone,
+    K: KeyExtractor<ReqBody>,
+    B: Backend,
+    ReqBody: 'static,
 {
     type Response = Response<Body>;
-    type Error = <Throttle<S, K, B> as Service<Request<ReqBody>>>::Error;
-    type Future = AxumBody<<Throttle<S, K, B> as Service<Request<ReqBody>>>::Future>;
+    type Error = S::Error;
+    type Future = AxumBody<ResponseFuture<S, ReqBody, B::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -96,15 +104,18 @@ where
     }
 }
 
-impl<F, E> Future for AxumBody<F>
+impl<S, ReqBody, D> Future for AxumBody<ResponseFuture<S, ReqBody, D>>
 where
-    F: Future<Output = Result<Response<ThrottleBody<Body>>, E>>,
+    S: Service<Request<ReqBody>, Response = Response<Body>> + Clone,
+    ReqBody: 'static,
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
 {
-    type Output = Result<Response<Body>, E>;
+    type Output = Result<Response<Body>, S::Error>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let response = ready!(self.project().inner.poll(cx))?;
-        Poll::Ready(Ok(response.map(ThrottleBody::into_axum)))
+        // The inner body goes out as it came; a body that holds something until it ends is boxed.
+        let (plain, held) = (|body| body, ThrottleBody::into_axum);
+        self.project().inner.poll_as(cx, plain, held)
     }
 }

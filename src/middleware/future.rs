@@ -331,12 +331,33 @@ where
     type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_as(cx, ThrottleBody::plain, |body| body)
+    }
+}
+
+impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: 'static,
+    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+{
+    /// The future's `poll`, giving the response the body that `plain` makes of the inner
+    /// service's body as it came (the request holds nothing until it ends, and no field is added
+    /// to it), or that `held` makes of a [`ThrottleBody`]: a response with another body type
+    /// (`AxumBody`'s) is made in one step.
+    #[inline]
+    pub(crate) fn poll_as<O>(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        plain: impl FnOnce(ResBody) -> O,
+        held: impl FnOnce(ThrottleBody<ResBody>) -> O,
+    ) -> Poll<Result<Response<O>, S::Error>> {
         let mut state = self.project().state;
         loop {
             let next = match state.as_mut().project() {
                 StateProj::Passing { future } => {
                     let response = ready!(future.poll(cx))?;
-                    return Poll::Ready(Ok(response.map(ThrottleBody::plain)));
+                    return Poll::Ready(Ok(response.map(plain)));
                 }
                 StateProj::Checking { check, awaiting } => {
                     let answer = ready!(Pin::new(check).poll(cx));
@@ -400,14 +421,14 @@ where
                     }
                     let slot = slot.take();
                     return Poll::Ready(Ok(
-                        response.map(|body| ThrottleBody::inner(body, slot, meter))
+                        response.map(|body| held(ThrottleBody::inner(body, slot, meter)))
                     ));
                 }
                 StateProj::Ready { response } => {
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response.map(ThrottleBody::full)));
+                    return Poll::Ready(Ok(response.map(|data| held(ThrottleBody::full(data)))));
                 }
             };
             state.set(next);
