@@ -21,6 +21,7 @@ use crate::engine::steps::{self, BackendCheck};
 use crate::engine::table::Table;
 use crate::engine::verdict::{Checked, RequestContext};
 use crate::error::BackendError;
+use crate::headers::RateHeaders;
 use crate::key::body::{read, BodyRule};
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
@@ -135,103 +136,137 @@ where
         let key = steps::key_of(table, policy, &request);
         // Most policies have one tier and no penalty box, and most layers no access lists: then
         // a request with its key goes straight to the backend under tier 0.
-        let key = match key {
-            Ok(key) if table.policies[policy].compiled().straight && shared.access.is_none() => {
-                return check(inner, shared, table, policy, 0, key, request);
+        let straight = table.policies[policy].compiled().straight && shared.access.is_none();
+        let (key, tier) = match key {
+            Ok(key) if straight => (key, 0),
+            key => {
+                let key = match steps::keyed(shared, table, policy, key, head) {
+                    Ok(key) => key,
+                    Err(verdict) => {
+                        return ResponseFuture::carry_out(verdict, inner, request, None)
+                    }
+                };
+                match steps::tier_unless_banned(table, policy, None, &key, head) {
+                    Ok(tier) => (key, tier),
+                    Err(banned) => return ResponseFuture::carry_out(banned, inner, request, None),
+                }
             }
-            key => key,
         };
-        let key = match steps::keyed(shared, table, policy, key, head) {
-            Ok(key) => key,
-            Err(verdict) => return ResponseFuture::carry_out(verdict, inner, request, None),
-        };
-        let tier = match steps::tier_unless_banned(table, policy, None, &key, head) {
-            Ok(tier) => tier,
-            Err(banned) => return ResponseFuture::carry_out(banned, inner, request, None),
-        };
-        check(inner, shared, table, policy, tier, key, request)
+        // The request is moved once, into the inner service or `answered`: every move of it is
+        // a copy.
+        match check(shared, table, policy, tier, &key, &request) {
+            Ask::Passed => ResponseFuture::unlimited(inner.call(request)),
+            Ask::Admitted(fields) => ResponseFuture::admitted(inner.call(request), fields),
+            Ask::Other(asked) => {
+                answered(inner, shared, table, (policy, tier), (key, request), asked)
+            }
+        }
     }
 }
 
-/// Asks the backend, and carries out the verdict at once if the backend decided without waiting
-/// (memory); otherwise the response future waits for it.
-fn check<S, K, B, ReqBody>(
+/// Asks the backend. A backend that decides without waiting (memory) is done after one poll, and a
+/// plain admission goes out from here, with no verdict built; every other answer is [`answered`].
+#[inline(always)]
+fn check<K, B, ReqBody>(
+    shared: &Shared<K, B>,
+    table: &Table<K>,
+    policy: usize,
+    tier: usize,
+    key: &Key,
+    request: &Request<ReqBody>,
+) -> Ask<B::Future>
+where
+    B: Backend,
+{
+    let started = MEASURE_LATENCY.then(Instant::now);
+    let limits = steps::limits_of(table, policy, tier, None);
+    let cost = table.policies[policy].cost();
+    let asked = match limits {
+        // One limit (the commonest policy), polled as the backend's own future: a plain admission
+        // wraps no answer for a stack.
+        [one] => {
+            let mut decided = shared.backend.check(one, key, cost);
+            let mut noop = Context::from_waker(Waker::noop());
+            match Pin::new(&mut decided).poll(&mut noop) {
+                Poll::Ready(Ok(decision)) => {
+                    let compiled = table.policies[policy].compiled();
+                    let context = RequestContext::new(compiled, tier, key, request);
+                    if steps::admitted_plainly(&table.judge, context, started, &decision) {
+                        if !table.judge.sends_fields() {
+                            return Ask::Passed;
+                        }
+                        let tier = context.tier_rules();
+                        return Ask::Admitted(table.judge.plain_fields(tier, &decision));
+                    }
+                    Asked::Answered(Ok(Checked::One(decision)))
+                }
+                Poll::Ready(Err(error)) => Asked::Answered(Err(error)),
+                Poll::Pending => Asked::Waiting(BackendCheck::One(decided)),
+            }
+        }
+        all => Asked::Waiting(steps::ask(&shared.backend, all, key, cost)),
+    };
+    Ask::Other((asked, started))
+}
+
+/// What `check` found.
+enum Ask<D> {
+    /// Admitted plainly by a layer that sends no fields: the request goes through as it is.
+    Passed,
+    /// Admitted plainly: the request goes through, and these fields on its response.
+    Admitted(RateHeaders),
+    /// Every other answer, asked at the instant given (if latency is measured): for [`answered`].
+    Other((Asked<D>, Option<Instant>)),
+}
+
+/// Where the backend's answer stands after `check`.
+enum Asked<D> {
+    Answered(Result<Checked, BackendError>),
+    /// Not polled yet (a stack), or pending (a remote backend).
+    Waiting(BackendCheck<D>),
+}
+
+/// The verdict on every answer but a plain admission by one limit: judged at once if the backend
+/// has answered (it was asked at `started`) and carried out; otherwise the response future waits
+/// for it.
+// Out of line: `check` makes the commonest answer itself.
+#[inline(never)]
+fn answered<S, K, B, ReqBody>(
     inner: &mut S,
     shared: &Arc<Shared<K, B>>,
     table: &Arc<Table<K>>,
-    policy: usize,
-    tier: usize,
-    key: Key,
-    request: Request<ReqBody>,
+    (policy, tier): (usize, usize),
+    (key, request): (Key, Request<ReqBody>),
+    (asked, started): (Asked<B::Future>, Option<Instant>),
 ) -> ResponseFuture<S, ReqBody, B::Future>
 where
     S: Service<Request<ReqBody>> + Clone,
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let started = MEASURE_LATENCY.then(Instant::now);
-    let limits = steps::limits_of(table, policy, tier, None);
-    let cost = table.policies[policy].cost();
-    // A backend that decides without waiting is done after one poll: then the readied inner
-    // service is called right here, with no clone and no extra state.
-    let mut noop = Context::from_waker(Waker::noop());
-    let mut check = match limits {
-        // One limit (the commonest policy), polled as the backend's own future: a plain admission
-        // goes out without the answer wrapped for a stack.
-        [one] => {
-            let mut decided = shared.backend.check(one, &key, cost);
-            match Pin::new(&mut decided).poll(&mut noop) {
-                Poll::Ready(Ok(decision)) => {
-                    let compiled = table.policies[policy].compiled();
-                    let context = RequestContext::new(compiled, tier, &key, &request);
-                    if steps::admitted_plainly(&table.judge, context, started, &decision) {
-                        if !table.judge.sends_fields() {
-                            return ResponseFuture::unlimited(inner.call(request));
-                        }
-                        let fields = table.judge.plain_fields(context.tier_rules(), &decision);
-                        return ResponseFuture::admitted(inner.call(request), fields);
-                    }
-                    let answer = Ok(Checked::One(decision));
-                    return carry_out(
-                        inner,
-                        shared,
-                        table,
-                        (policy, tier),
-                        key,
-                        request,
-                        (answer, started),
-                    );
-                }
-                Poll::Ready(Err(error)) => {
-                    let answer = Err(error);
-                    return carry_out(
-                        inner,
-                        shared,
-                        table,
-                        (policy, tier),
-                        key,
-                        request,
-                        (answer, started),
-                    );
-                }
-                Poll::Pending => BackendCheck::One(decided),
+    let check = match asked {
+        Asked::Answered(answer) => Err(answer),
+        Asked::Waiting(mut check) => {
+            let mut noop = Context::from_waker(Waker::noop());
+            match Pin::new(&mut check).poll(&mut noop) {
+                Poll::Ready(answer) => Err(answer),
+                Poll::Pending => Ok(check),
             }
         }
-        all => steps::ask(&shared.backend, all, &key, cost),
     };
-    if let Poll::Ready(answer) = Pin::new(&mut check).poll(&mut noop) {
-        return carry_out(
-            inner,
-            shared,
-            table,
-            (policy, tier),
-            key,
-            request,
-            (answer, started),
-        );
-    }
+    let check = match check {
+        Ok(check) => check,
+        Err(answer) => {
+            let compiled = table.policies[policy].compiled();
+            let context = RequestContext::new(compiled, tier, &key, &request);
+            let verdict = steps::judged(&table.judge, context, started, answer);
+            let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
+            return ResponseFuture::carry_out(verdict, inner, request, release);
+        }
+    };
     // The decision is remote. The service that poll_ready readied goes with the request, to be
     // called once (and only if) the request is admitted.
+    let limits = steps::limits_of(table, policy, tier, None);
     let release = (limits[0].algorithm() == Algorithm::Concurrency)
         .then(|| releaser(shared, table, policy, tier, key.clone()));
     let judge = table.judge.clone();
@@ -250,31 +285,6 @@ where
             release,
         },
     )
-}
-
-/// The verdict on the backend's `answer`, given at once (the backend was asked at `started`),
-/// carried out.
-// Out of line: the plain admission, which `check` makes itself, is the commonest answer.
-#[inline(never)]
-fn carry_out<S, K, B, ReqBody>(
-    inner: &mut S,
-    shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    (policy, tier): (usize, usize),
-    key: Key,
-    request: Request<ReqBody>,
-    (answer, started): (Result<Checked, BackendError>, Option<Instant>),
-) -> ResponseFuture<S, ReqBody, B::Future>
-where
-    S: Service<Request<ReqBody>> + Clone,
-    K: Send + Sync + 'static,
-    B: Backend,
-{
-    let compiled = table.policies[policy].compiled();
-    let context = RequestContext::new(compiled, tier, &key, &request);
-    let verdict = steps::judged(&table.judge, context, started, answer);
-    let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
-    ResponseFuture::carry_out(verdict, inner, request, release)
 }
 
 /// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
