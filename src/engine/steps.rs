@@ -44,7 +44,11 @@ use crate::per_customer::{CustomerQuota, PolicyExtras};
 use crate::policy::CompiledTier;
 
 /// Step 1: the first policy of `table` whose route, methods and conditions match `request`.
+#[inline]
 pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
+    if table.first_takes_all {
+        return Some(0);
+    }
     table.policies.iter().position(|p| p.applies_to(request))
 }
 
