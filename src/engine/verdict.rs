@@ -381,7 +381,8 @@ impl Judge {
     /// rule) than its fields ([`plain_fields`](Self::plain_fields)); the decision is reported when
     /// it does. What [`decided`](Self::decided) would do, without building a verdict; `false`:
     /// `decided` judges it.
-    #[inline]
+    // Inlined: most requests end here, and out of line the context is passed through memory.
+    #[inline(always)]
     pub(crate) fn admitted_plainly(&self, cx: RequestContext<'_>, decision: &Decision) -> bool {
         let rules = cx.policy;
         if !(decision.allowed && rules.plain_admission && cx.tier_rules().plain_admission) {
