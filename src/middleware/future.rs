@@ -119,6 +119,7 @@ where
 {
     /// The inner service's answer, with nothing added: to a request no limit applies to, or one
     /// admitted plainly by a layer that sends no fields.
+    #[inline(always)]
     pub(crate) fn unlimited(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Passing { future },
