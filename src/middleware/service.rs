@@ -201,10 +201,10 @@ where
                     Asked::Answered(Ok(Checked::One(decision)))
                 }
                 Poll::Ready(Err(error)) => Asked::Answered(Err(error)),
-                Poll::Pending => Asked::Waiting(BackendCheck::One(decided)),
+                Poll::Pending => Asked::Pending(BackendCheck::One(decided)),
             }
         }
-        all => Asked::Waiting(steps::ask(&shared.backend, all, key, cost)),
+        all => Asked::Unpolled(steps::ask(&shared.backend, all, key, cost)),
     };
     Ask::Other((asked, started))
 }
@@ -222,8 +222,10 @@ enum Ask<D> {
 /// Where the backend's answer stands after `check`.
 enum Asked<D> {
     Answered(Result<Checked, BackendError>),
-    /// Not polled yet (a stack), or pending (a remote backend).
-    Waiting(BackendCheck<D>),
+    /// Polled once, and pending (a remote backend).
+    Pending(BackendCheck<D>),
+    /// Not polled yet (a stack).
+    Unpolled(BackendCheck<D>),
 }
 
 /// The verdict on every answer but a plain admission by one limit: judged at once if the backend
@@ -246,7 +248,8 @@ where
 {
     let check = match asked {
         Asked::Answered(answer) => Err(answer),
-        Asked::Waiting(mut check) => {
+        Asked::Pending(check) => Ok(check),
+        Asked::Unpolled(mut check) => {
             let mut noop = Context::from_waker(Waker::noop());
             match Pin::new(&mut check).poll(&mut noop) {
                 Poll::Ready(answer) => Err(answer),
