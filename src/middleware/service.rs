@@ -1,6 +1,9 @@
 //! [`Throttle`], the service: runs the steps of `steps.rs` in order — policy → key → access lists →
 //! missing key → tier → ban → backend → verdict — for a synchronous key and a static quota, and
-//! carries the verdict out at once when the backend decided at once (memory).
+//! carries the verdict out at once when the backend decided at once (memory). A policy with one
+//! tier and no penalty box, behind no access lists, has nothing to do between its key and the
+//! backend (`CompiledPolicy::straight`), and a plain admission builds no verdict (`check`): the
+//! commonest request meets only the steps that can change its answer.
 
 use std::fmt;
 use std::future::Future;
