@@ -160,7 +160,8 @@ where
         match check(shared, table, policy, tier, &key, &request) {
             Ask::Passed => ResponseFuture::unlimited(inner.call(request)),
             Ask::Admitted(fields) => ResponseFuture::admitted(inner.call(request), fields),
-            Ask::Other(asked) => {
+            Ask::Other(asked, started) => {
+                let asked = (asked, started);
                 answered(inner, shared, table, (policy, tier), (key, request), asked)
             }
         }
@@ -209,7 +210,7 @@ where
         }
         all => Asked::Unpolled(steps::ask(&shared.backend, all, key, cost)),
     };
-    Ask::Other((asked, started))
+    Ask::Other(asked, started)
 }
 
 /// What `check` found.
@@ -218,8 +219,9 @@ enum Ask<D> {
     Passed,
     /// Admitted plainly: the request goes through, and these fields on its response.
     Admitted(RateHeaders),
-    /// Every other answer, asked at the instant given (if latency is measured): for [`answered`].
-    Other((Asked<D>, Option<Instant>)),
+    /// Every other answer, and when the backend was asked (if latency is measured): for
+    /// [`answered`].
+    Other(Asked<D>, Option<Instant>),
 }
 
 /// Where the backend's answer stands after `check`.
@@ -249,6 +251,7 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
+    // `Ok`: the check still waits; `Err`: the backend has answered.
     let check = match asked {
         Asked::Answered(answer) => Err(answer),
         Asked::Pending(check) => Ok(check),
