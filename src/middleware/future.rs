@@ -220,12 +220,17 @@ where
         }
     }
 
+    /// The inner service's answer, with what the request carries to it; with nothing to carry
+    /// (a request the access lists allow, an unlimited override), the inner future alone.
     fn calling(
         future: S::Future,
         headers: Option<RateHeaders>,
         slot: Option<ConcurrencySlot>,
         outcome: Option<Box<OutcomeGuard>>,
     ) -> Self {
+        if headers.is_none() && slot.is_none() && outcome.is_none() {
+            return Self::unlimited(future);
+        }
         ResponseFuture {
             state: State::Calling {
                 future,
