@@ -225,7 +225,7 @@ impl AddressSource {
         headers: &http::HeaderMap,
         extensions: &http::Extensions,
     ) -> Option<IpAddr> {
-        let peer = PeerIp::peer(extensions)?.ip();
+        let peer = PeerIp::peer(extensions)?;
         Some(match self {
             AddressSource::Peer => peer.to_canonical(),
             AddressSource::Client(client) => client.resolve(peer, headers),

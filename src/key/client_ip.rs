@@ -398,7 +398,7 @@ impl<B> KeyExtractor<B> for ClientIp {
         let peer = PeerIp::peer(request.extensions())?;
         Some(
             self.peer
-                .key_for(self.resolve(peer.ip(), request.headers())),
+                .key_for(self.resolve(peer, request.headers())),
         )
     }
 

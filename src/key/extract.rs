@@ -230,18 +230,19 @@ impl PeerIp {
         }
     }
 
-    pub(crate) fn peer(request_extensions: &http::Extensions) -> Option<SocketAddr> {
+    /// The peer's IP address: only the address is copied out of the extension, not the port.
+    pub(crate) fn peer(request_extensions: &http::Extensions) -> Option<IpAddr> {
         #[cfg(feature = "axum")]
         if let Some(info) = request_extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
-            return Some(info.0);
+            return Some(info.0.ip());
         }
         #[cfg(feature = "axum")]
         if let Some(mock) =
             request_extensions.get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
         {
-            return Some(mock.0);
+            return Some(mock.0.ip());
         }
-        request_extensions.get::<PeerAddr>().map(|p| p.0)
+        request_extensions.get::<PeerAddr>().map(|p| p.0.ip())
     }
 }
 
@@ -255,7 +256,7 @@ impl<B> KeyExtractor<B> for PeerIp {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         let peer = Self::peer(request.extensions())?;
         warn_once_if_forwarded(request.headers(), peer);
-        Some(self.key_for(peer.ip()))
+        Some(self.key_for(peer))
     }
 
     fn describe(&self) -> String {
@@ -296,7 +297,7 @@ fn looks_at(seen: u32) -> bool {
 /// a proxy every client has the proxy's address, so they all share one limit. After the warning
 /// this is one atomic load; before it, three header lookups in the requests it looks at.
 #[inline]
-fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
+fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: IpAddr) {
     if WARNED_FORWARDED.load(Ordering::Relaxed) {
         return;
     }
@@ -308,14 +309,14 @@ fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
 /// The lookups of [`warn_once_if_forwarded`], in the requests it looks at (out of line: the
 /// others pay only the check above).
 #[inline(never)]
-fn warn_if_forwarded(headers: &http::HeaderMap, peer: SocketAddr) {
+fn warn_if_forwarded(headers: &http::HeaderMap, peer: IpAddr) {
     let Some(header) = FORWARDING_HEADERS.iter().find(|h| headers.contains_key(*h)) else {
         return;
     };
     if !WARNED_FORWARDED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             header = %header,
-            peer = %peer.ip(),
+            peer = %peer,
             "a request keyed on its peer address carries the header {header}: if this server is \
              behind a proxy or load balancer, every client has the proxy's address and shares one \
              limit; key on the client IP behind trusted proxies instead (key::ClientIp, or \
