@@ -5,7 +5,8 @@
 //! A reload swaps the layer's whole policy table at once (an `ArcSwap`): each request loads the
 //! table once, when the layer's service is called, and is decided by that table to its end, so no
 //! request sees half a reload, and requests in flight are never dropped. The cost on the request
-//! path, reload or not, is one atomic load (each service caches the table it last used).
+//! path, reload or not, is one load of the table (arc-swap's: it writes a slot of the calling
+//! thread's own, no reference count shared with other threads).
 
 use std::fmt;
 use std::net::IpAddr;

@@ -396,10 +396,7 @@ fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
 impl<B> KeyExtractor<B> for ClientIp {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
         let peer = PeerIp::peer(request.extensions())?;
-        Some(
-            self.peer
-                .key_for(self.resolve(peer, request.headers())),
-        )
+        Some(self.peer.key_for(self.resolve(peer, request.headers())))
     }
 
     fn describe(&self) -> String {

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use arc_swap::{ArcSwap, Cache};
 use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
@@ -40,19 +39,11 @@ use crate::per_customer::PolicyExtras;
 pub struct Throttle<S, K, B> {
     inner: S,
     shared: Arc<Shared<K, B>>,
-    /// The policy table this service last used: loading it again costs one atomic load while no
-    /// reload has replaced it (a reload is seen by the next request of every service).
-    table: Cache<Arc<ArcSwap<Table<K>>>, Arc<Table<K>>>,
 }
 
 impl<S, K, B> Throttle<S, K, B> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<K, B>>) -> Self {
-        let table = Cache::new(shared.table.clone());
-        Throttle {
-            inner,
-            shared,
-            table,
-        }
+        Throttle { inner, shared }
     }
 
     /// The inner service.
@@ -76,7 +67,6 @@ impl<S: Clone, K, B> Clone for Throttle<S, K, B> {
         Throttle {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            table: self.table.clone(),
         }
     }
 }
@@ -107,13 +97,13 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let Throttle {
-            inner,
-            shared,
-            table,
-        } = self;
-        // One load of the policy table: this request is decided by it from start to end.
-        let table: &Arc<Table<K>> = table.load();
+        let Throttle { inner, shared } = self;
+        // One load of the policy table: this request is decided by it from start to end. Loaded
+        // here, not cached in the service: axum clones the service for every request, and a
+        // cached table is two more reference counts that every core writes per request (a load
+        // writes only this thread's own slot).
+        let table = shared.table.load();
+        let table: &Arc<Table<K>> = &table;
         // Where a policy names near limits to its handler, never a name the client sent (whether
         // or not this request meets that policy).
         if table.strips_near {
