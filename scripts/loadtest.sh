@@ -83,7 +83,9 @@ ALL=(
   handwritten-cell-deny
 )
 if (($#)); then
-  VARIANTS=(bare "$@")
+  # Every variant is paired with bare: named or not, it is measured once.
+  VARIANTS=(bare)
+  for v in "$@"; do [[ $v == bare ]] || VARIANTS+=("$v"); done
 else
   VARIANTS=("${ALL[@]}")
 fi
