@@ -97,9 +97,10 @@ impl<K> Table<K> {
         let strips_near = policies
             .iter()
             .any(|p| p.spec().near.is_some_and(|near| near.header));
-        let first = policies[0].spec();
-        let first_takes_all =
-            first.route.is_none() && first.methods.is_none() && first.conditions.is_empty();
+        let first_takes_all = policies.first().is_some_and(|first| {
+            let first = first.spec();
+            first.route.is_none() && first.methods.is_none() && first.conditions.is_empty()
+        });
         Ok(Table {
             policies,
             judge: Arc::new(judge),
