@@ -9,7 +9,8 @@
 //! - `admit`: a key with room left (a quota that never runs out during the bench).
 //! - `reject`: a key over its limit (the 429 path).
 //! - `admit/reloading`: as `admit`, while another thread reloads the layer's policies without
-//!   pause (the cost of noticing a new table: the next load reads the new one).
+//!   pause (the cost of noticing a new table: the next load reads the new one; a layer never
+//!   reloaded reads its first table in place, with no load).
 //!
 //! `admit` and `reject` use only the API that predates reloads, so they measure an older tree
 //! too: copy this file into that tree's `benches/` without `reloading` and compare the two runs

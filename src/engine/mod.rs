@@ -8,6 +8,7 @@
 //!   metered limit awaited between them, and what settles such a request after its response.
 //! * [`steps`]: each step of a request, written once, in the order the request meets them.
 //! * [`shared`]: what every service of a layer shares.
+//! * [`in_force`]: the policy table in force, read by every request, replaced by a reload.
 //! * [`table`]: the policy table in force, and the one function that checks and compiles it (for
 //!   the builder and for a reload).
 //! * [`message`]: a message of a stream, checked by the handler through the layer's handle.
@@ -18,6 +19,7 @@
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
 pub(crate) mod extended;
+pub(crate) mod in_force;
 mod judge_state;
 pub(crate) mod message;
 mod refuse;

@@ -4,10 +4,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwap;
-
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
+use crate::engine::in_force::InForce;
 use crate::engine::settings::Settings;
 use crate::engine::slot::{Release, SlotOwner};
 use crate::engine::table::Table;
@@ -18,10 +17,10 @@ use crate::overrides::cache::Overrides;
 /// what a reload builds the next table with.
 pub(crate) struct Shared<K, B> {
     pub(crate) backend: B,
-    /// The policies in force. A request loads the table once, in `call`, and uses that table (its
+    /// The policies in force. A request reads the table once, in `call`, and uses that table (its
     /// policies, judge and reporters) to its end; a reload swaps in a new one atomically, so no
-    /// request is decided by a half-applied table, and requests in flight keep the one they loaded.
-    pub(crate) table: Arc<ArcSwap<Table<K>>>,
+    /// request is decided by a half-applied table, and requests in flight keep the one they read.
+    pub(crate) table: InForce<K>,
     pub(crate) access: Option<(AccessList, AddressSource)>,
     /// The layer's settings, for the judge of a reloaded table.
     pub(crate) settings: Settings,
@@ -35,7 +34,7 @@ pub(crate) struct Shared<K, B> {
 impl<K, B> Shared<K, B> {
     /// The `Debug` of a layer or a handle over these: its type name and the policies in force.
     pub(crate) fn debug_as(&self, f: &mut std::fmt::Formatter<'_>, name: &str) -> std::fmt::Result {
-        let table = self.table.load();
+        let table = self.table.load_full();
         let names: Vec<&str> = table.policies.iter().map(|p| p.limit().name()).collect();
         f.debug_struct(name)
             .field("policies", &names)

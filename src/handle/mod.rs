@@ -2,11 +2,12 @@
 //! ([`peek`](ThrottleHandle::peek)), forget it ([`reset`](ThrottleHandle::reset)) and replace the
 //! layer's policies without a restart ([`reload`](ThrottleHandle::reload)).
 //!
-//! A reload swaps the layer's whole policy table at once (an `ArcSwap`): each request loads the
+//! A reload swaps the layer's whole policy table at once (an `ArcSwap`): each request reads the
 //! table once, when the layer's service is called, and is decided by that table to its end, so no
 //! request sees half a reload, and requests in flight are never dropped. The cost on the request
-//! path, reload or not, is one load of the table (arc-swap's: it writes a slot of the calling
-//! thread's own, no reference count shared with other threads).
+//! path: until the first reload, none (the table the layer was built with is read in place);
+//! after it, one load of the table (arc-swap's: it writes a slot of the calling thread's own, no
+//! reference count shared with other threads).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -380,7 +381,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// ```
     pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, HandleError> {
         let name = {
-            let table = self.shared.table.load();
+            let table = self.shared.table.load_full();
             table.policies[find(&table, policy)?].name().to_owned()
         };
         let Some(offenders) = &self.shared.settings.offenders else {
@@ -547,7 +548,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             .reloading
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let previous = self.shared.table.load();
+        let previous = self.shared.table.load_full();
         let table = Table::build(
             &self.shared.backend,
             policies,
@@ -559,7 +560,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // some already.
         self.shared.overrides.know(table.limit_names());
         self.shared.overrides.reread();
-        self.shared.table.store(Arc::new(table));
+        self.shared.table.store(table);
         if !changed.is_empty() {
             self.shared.backend.reloaded(&changed);
         }
@@ -570,7 +571,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     where
         K: KeyFromText,
     {
-        let table = self.shared.table.load();
+        let table = self.shared.table.load_full();
         let index = find(&table, policy)?;
         table.policies[index]
             .key()

@@ -68,7 +68,7 @@ where
     {
         let field = self.field_of(policy, key)?;
         if let Override::Quota(quota) = value {
-            let table = self.shared.table.load();
+            let table = self.shared.table.load_full();
             let rules = table.policies[find(&table, policy)?].compiled();
             let invalid = |reason: String| HandleError::InvalidOverride {
                 policy: policy.to_owned(),
@@ -113,7 +113,7 @@ where
     /// Policy `policy`'s overrides as this process holds them (the records' as of their last
     /// change): each key (as logs show it), pattern or `*`, with its override.
     pub fn overrides(&self, policy: &str) -> Result<Vec<(String, Override)>, HandleError> {
-        find(&self.shared.table.load(), policy)?;
+        find(&self.shared.table.load_full(), policy)?;
         Ok(self.shared.overrides.overrides_of(policy))
     }
 
@@ -189,7 +189,7 @@ where
 
     /// Policy `policy`'s timed bans that have not ended, with their ends.
     pub fn bans(&self, policy: &str) -> Result<Vec<(String, SystemTime)>, HandleError> {
-        find(&self.shared.table.load(), policy)?;
+        find(&self.shared.table.load_full(), policy)?;
         Ok(self.shared.overrides.bans_of(policy, SystemTime::now()))
     }
 
@@ -208,7 +208,7 @@ where
     {
         match text.find('*') {
             Some(at) if at + 1 == text.len() => {
-                find(&self.shared.table.load(), policy)?;
+                find(&self.shared.table.load_full(), policy)?;
                 Ok(text.to_owned())
             }
             Some(_) => Err(HandleError::InvalidOverride {
@@ -242,7 +242,7 @@ where
         field: &str,
         value: Option<&str>,
     ) -> Result<(), HandleError> {
-        find(&self.shared.table.load(), policy)?;
+        find(&self.shared.table.load_full(), policy)?;
         let store = self.shared.overrides.store().clone();
         store.write(table, field, value).await?;
         self.shared.overrides.refresh(table).await?;

@@ -4,12 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::Response;
 
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
+use crate::engine::in_force::InForce;
 use crate::engine::settings::{OnBackendError, Settings};
 use crate::engine::shared::Shared;
 use crate::engine::table::Table;
@@ -359,7 +359,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         overrides.listen();
         Ok(ThrottleLayer::from_shared(Shared {
             backend,
-            table: Arc::new(ArcSwap::from_pointee(table)),
+            table: InForce::new(table),
             access: self.access,
             settings,
             reloading: Default::default(),

@@ -2,8 +2,9 @@
 //! missing key → tier → ban → backend → verdict — for a synchronous key and a static quota, and
 //! carries the verdict out at once when the backend decided at once (memory). A policy with one
 //! tier and no penalty box, behind no access lists, has nothing to do between its key and the
-//! backend (`CompiledPolicy::straight`), and a plain admission builds no verdict (`check`): the
-//! commonest request meets only the steps that can change its answer.
+//! backend (`CompiledPolicy::straight`); a table whose one such policy takes every request has
+//! no policy to match either (`Table::plain`); and a plain admission builds no verdict (`check`):
+//! the commonest request meets only the steps that can change its answer.
 
 use std::fmt;
 use std::future::Future;
@@ -19,7 +20,7 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::engine::extended::{prepare, BodyAhead, KeyAhead};
 use crate::engine::shared::{releaser, Shared};
-use crate::engine::steps::{self, BackendCheck};
+use crate::engine::steps::{self, BackendCheck, Missing};
 use crate::engine::table::Table;
 use crate::engine::verdict::{Checked, RequestContext};
 use crate::error::BackendError;
@@ -98,50 +99,71 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let Throttle { inner, shared } = self;
-        // One load of the policy table: this request is decided by it from start to end. Loaded
+        // One read of the policy table: this request is decided by it from start to end. Read
         // here, not cached in the service: axum clones the service for every request, and a
-        // cached table is two more reference counts that every core writes per request (a load
-        // writes only this thread's own slot).
-        let table = shared.table.load();
-        let table: &Arc<Table<K>> = &table;
-        // Where a policy names near limits to its handler, never a name the client sent (whether
-        // or not this request meets that policy).
-        if table.strips_near {
-            request.headers_mut().remove(NEAR_LIMIT_HEADER);
-        }
-        // The steps in order (steps.rs): the first matching policy decides.
-        let policy = steps::match_policy(table, &request);
-        // Per-customer quotas, async keys, counting by outcome, overrides (engine/extended.rs):
-        // the same steps with async ones between them. Unused, they cost these two checks.
-        if let Some((i, extras)) = policy.and_then(|i| Some((i, steps::extras(shared, table, i)?)))
-        {
-            let (extras, table) = (extras.clone(), table.clone());
-            return call_extended(inner, shared, table, i, extras, request);
-        }
-        let head = RequestRef::of(&request);
-        let Some(policy) = policy else {
-            // No policy applies: only the access lists may answer.
-            return match steps::access(shared, table, None, None, head) {
-                Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
-                None => ResponseFuture::unlimited(inner.call(request)),
-            };
-        };
-        let key = steps::key_of(table, policy, &request);
-        // Most policies have one tier and no penalty box, and most layers no access lists: then
-        // a request with its key goes straight to the backend under tier 0.
-        let straight = table.policies[policy].compiled().straight && shared.access.is_none();
-        let (key, tier) = match key {
-            Ok(key) if straight => (key, 0),
-            key => {
-                let key = match steps::keyed(shared, table, policy, key, head) {
-                    Ok(key) => key,
-                    Err(verdict) => {
-                        return ResponseFuture::carry_out(verdict, inner, request, None)
-                    }
+        // cached table is two more reference counts that every core writes per request.
+        let mut loaded = None;
+        let table = shared.table.read(&mut loaded);
+        // A plain table (`Table::plain`): the key, then the backend.
+        let plain = table.plain
+            && shared.access.is_none()
+            && !shared
+                .overrides
+                .touches(table.policies[0].compiled().name());
+        let (policy, tier, key) = if plain {
+            let extractor = table.policies[0].key();
+            match extractor.extract(&request) {
+                Some(key) => (0, 0, key),
+                None => {
+                    let missing = Missing::Expected(extractor.describe());
+                    let verdict = steps::without_key(table, 0, missing, RequestRef::of(&request));
+                    return ResponseFuture::carry_out(verdict, inner, request, None);
+                }
+            }
+        } else {
+            // Where a policy names near limits to its handler, never a name the client sent
+            // (whether or not this request meets that policy).
+            if table.strips_near {
+                request.headers_mut().remove(NEAR_LIMIT_HEADER);
+            }
+            // The steps in order (steps.rs): the first matching policy decides.
+            let policy = steps::match_policy(table, &request);
+            // Per-customer quotas, async keys, counting by outcome, overrides
+            // (engine/extended.rs): the same steps with async ones between them. Unused, they
+            // cost these two checks.
+            if let Some((i, extras)) =
+                policy.and_then(|i| Some((i, steps::extras(shared, table, i)?)))
+            {
+                let (extras, table) = (extras.clone(), table.clone());
+                return call_extended(inner, shared, table, i, extras, request);
+            }
+            let head = RequestRef::of(&request);
+            let Some(policy) = policy else {
+                // No policy applies: only the access lists may answer.
+                return match steps::access(shared, table, None, None, head) {
+                    Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
+                    None => ResponseFuture::unlimited(inner.call(request)),
                 };
-                match steps::tier_unless_banned(table, policy, None, &key, head) {
-                    Ok(tier) => (key, tier),
-                    Err(banned) => return ResponseFuture::carry_out(banned, inner, request, None),
+            };
+            let key = steps::key_of(table, policy, &request);
+            // Most policies have one tier and no penalty box, and most layers no access lists:
+            // then a request with its key goes straight to the backend under tier 0.
+            let straight = table.policies[policy].compiled().straight && shared.access.is_none();
+            match key {
+                Ok(key) if straight => (policy, 0, key),
+                key => {
+                    let key = match steps::keyed(shared, table, policy, key, head) {
+                        Ok(key) => key,
+                        Err(verdict) => {
+                            return ResponseFuture::carry_out(verdict, inner, request, None)
+                        }
+                    };
+                    match steps::tier_unless_banned(table, policy, None, &key, head) {
+                        Ok(tier) => (policy, tier, key),
+                        Err(banned) => {
+                            return ResponseFuture::carry_out(banned, inner, request, None)
+                        }
+                    }
                 }
             }
         };
