@@ -20,7 +20,7 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::engine::extended::{prepare, BodyAhead, KeyAhead};
 use crate::engine::shared::{releaser, Shared};
-use crate::engine::steps::{self, BackendCheck, Missing};
+use crate::engine::steps::{self, BackendCheck};
 use crate::engine::table::Table;
 use crate::engine::verdict::{Checked, RequestContext};
 use crate::error::BackendError;
@@ -104,18 +104,14 @@ where
         // cached table is two more reference counts that every core writes per request.
         let mut loaded = None;
         let table = shared.table.read(&mut loaded);
-        // A plain table (`Table::plain`): the key, then the backend.
-        let plain = table.plain
-            && shared.access.is_none()
-            && !shared
-                .overrides
-                .touches(table.policies[0].compiled().name());
+        // A plain table (`Table::plain`): the key, then the backend, unless access lists or an
+        // override (the one extra a plain table's policy can meet) have a say.
+        let plain =
+            table.plain && shared.access.is_none() && steps::extras(shared, table, 0).is_none();
         let (policy, tier, key) = if plain {
-            let extractor = table.policies[0].key();
-            match extractor.extract(&request) {
-                Some(key) => (0, 0, key),
-                None => {
-                    let missing = Missing::Expected(extractor.describe());
+            match steps::key_of(table, 0, &request) {
+                Ok(key) => (0, 0, key),
+                Err(missing) => {
                     let verdict = steps::without_key(table, 0, missing, RequestRef::of(&request));
                     return ResponseFuture::carry_out(verdict, inner, request, None);
                 }
