@@ -22,6 +22,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use tower_throttle::backend::{Adjustment, Charges};
 use tower_throttle::window::{CalendarPeriod, CalendarWindow};
 use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
@@ -105,12 +106,18 @@ fn hot_key(c: &mut Criterion) {
     ];
     let stacked = backend();
     assert!(stacked
-        .decide_all(&stack, &key, 1)
+        .decide_charges(Charges::stack(&stack, &key, 1))
         .unwrap()
         .iter()
         .all(|d| d.allowed));
     g.bench_function("gcra+fixed-window", |b| {
-        b.iter(|| black_box(stacked.decide_all(&stack, black_box(&key), 1).unwrap()))
+        b.iter(|| {
+            black_box(
+                stacked
+                    .decide_charges(Charges::stack(&stack, black_box(&key), 1))
+                    .unwrap(),
+            )
+        })
     });
 
     let conc = with("conc", Algorithm::Concurrency, Quota::per_second(10_000));
@@ -119,7 +126,8 @@ fn hot_key(c: &mut Criterion) {
         b.iter(|| {
             let d = inflight.decide(&conc, black_box(&key), 1).unwrap();
             debug_assert!(d.allowed);
-            inflight.release(&conc, &key, 1, d.lease.unwrap_or(0));
+            let lease = d.lease.unwrap_or(0);
+            inflight.adjust(Charges::one(&conc, &key, 1), Adjustment::Release { lease });
             black_box(d)
         })
     });

@@ -21,6 +21,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tower_throttle::backend::Charges;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
     Algorithm, Backend, Decision, Key, Limit, Quota,
@@ -174,9 +175,12 @@ async fn run(url: &str, case: &str, callers: usize, decisions: usize) -> [f64; 6
                     }
                     let asked = Instant::now();
                     let allowed = if let [limit] = &limits[..] {
-                        backend.check(limit, &key, 1).await.unwrap().allowed
+                        backend.check(Charges::one(limit, &key, 1)).await.unwrap()[0].allowed
                     } else {
-                        let all = backend.check_all(&limits, &key, 1).await.unwrap();
+                        let all = backend
+                            .check(Charges::stack(&limits, &key, 1))
+                            .await
+                            .unwrap();
                         Decision::combine(&all).unwrap().allowed
                     };
                     latencies.push(asked.elapsed().as_secs_f64() * 1e6);

@@ -7,13 +7,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::api::{Backend, StackFuture};
+use super::api::Backend;
+use super::charge::{Adjustment, Charges, Decisions, Uses};
 use super::key_state::{PeekFuture, ResetFuture};
 use super::memory::MemoryBackend;
 use super::redis::{RedisBackend, RedisFuture, RedisHealth};
-use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
-use crate::key::Key;
 use crate::limit::Limit;
 
 /// The backend a [`Config`](crate::config::Config) names: memory or Redis, one type for both.
@@ -81,144 +80,96 @@ impl fmt::Display for BackendHealth {
 impl Backend for ConfiguredBackend {
     type Future = ConfiguredFuture;
 
-    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
+    #[inline]
+    fn check(&self, charges: Charges<'_>) -> Self::Future {
         match self {
             // Decided here and now: the layer sees a ready future and skips the pending path.
-            ConfiguredBackend::Memory(memory) => ConfiguredFuture(DecisionSource::Ready(Some(
-                memory.decide(limit, key, quantity),
-            ))),
+            ConfiguredBackend::Memory(memory) => {
+                ConfiguredFuture(DecisionSource::Ready(Some(memory.decide_charges(charges))))
+            }
             ConfiguredBackend::Redis(redis) => {
-                ConfiguredFuture(DecisionSource::Redis(redis.check(limit, key, quantity)))
+                ConfiguredFuture(DecisionSource::Redis(redis.check(charges)))
             }
         }
     }
 
-    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.validate(limit),
-            ConfiguredBackend::Redis(redis) => redis.validate(limit),
-        }
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+        self.as_backend().validate(limits, uses)
+    }
+
+    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+        self.as_backend().adjust(charges, adjustment)
+    }
+
+    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
+        self.as_backend().peek(charges)
+    }
+
+    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
+        self.as_backend().reset(charges)
     }
 
     fn keeps_penalties(&self) -> bool {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.keeps_penalties(),
-            ConfiguredBackend::Redis(redis) => redis.keeps_penalties(),
-        }
-    }
-
-    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.check_all(limits, key, quantity),
-            ConfiguredBackend::Redis(redis) => redis.check_all(limits, key, quantity),
-        }
-    }
-
-    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.validate_all(limits),
-            ConfiguredBackend::Redis(redis) => redis.validate_all(limits),
-        }
-    }
-
-    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.check_keyed(limits, keys, quantity),
-            ConfiguredBackend::Redis(redis) => redis.check_keyed(limits, keys, quantity),
-        }
-    }
-
-    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.validate_keyed(limits),
-            ConfiguredBackend::Redis(redis) => redis.validate_keyed(limits),
-        }
-    }
-
-    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.peek_keyed(limits, keys),
-            ConfiguredBackend::Redis(redis) => redis.peek_keyed(limits, keys),
-        }
-    }
-
-    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.reset_keyed(limits, keys),
-            ConfiguredBackend::Redis(redis) => redis.reset_keyed(limits, keys),
-        }
-    }
-
-    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.release(limit, key, quantity, lease),
-            ConfiguredBackend::Redis(redis) => redis.release(limit, key, quantity, lease),
-        }
-    }
-
-    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.peek(limits, key),
-            ConfiguredBackend::Redis(redis) => redis.peek(limits, key),
-        }
-    }
-
-    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.reset(limits, key),
-            ConfiguredBackend::Redis(redis) => redis.reset(limits, key),
-        }
-    }
-
-    // Counting by outcome.
-    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: std::time::Duration) {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.refund(limits, key, quantity, since),
-            ConfiguredBackend::Redis(redis) => redis.refund(limits, key, quantity, since),
-        }
-    }
-
-    fn can_refund(&self) -> bool {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.can_refund(),
-            ConfiguredBackend::Redis(redis) => redis.can_refund(),
-        }
-    }
-
-    // Metered limits.
-    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.check_each(limits, key, quantities),
-            ConfiguredBackend::Redis(redis) => redis.check_each(limits, key, quantities),
-        }
-    }
-
-    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: std::time::Duration) {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.settle(limits, key, deltas, since),
-            ConfiguredBackend::Redis(redis) => redis.settle(limits, key, deltas, since),
-        }
-    }
-
-    fn can_settle(&self) -> bool {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.can_settle(),
-            ConfiguredBackend::Redis(redis) => redis.can_settle(),
-        }
+        self.as_backend().keeps_penalties()
     }
 
     fn reloaded(&self, changed: &[&str]) {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory.reloaded(changed),
-            ConfiguredBackend::Redis(redis) => redis.reloaded(changed),
-        }
+        self.as_backend().reloaded(changed)
     }
 
     fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
+        self.as_backend().records()
+    }
+}
+
+impl ConfiguredBackend {
+    /// The backend behind, for every call but `check` (whose future is this type's own).
+    fn as_backend(&self) -> &dyn Forwarded {
         match self {
-            ConfiguredBackend::Memory(memory) => memory.records(),
-            ConfiguredBackend::Redis(redis) => redis.records(),
+            ConfiguredBackend::Memory(memory) => memory,
+            ConfiguredBackend::Redis(redis) => redis,
         }
+    }
+}
+
+/// [`Backend`] without its future: what [`ConfiguredBackend`] forwards to either backend.
+trait Forwarded {
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError>;
+    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>);
+    fn peek(&self, charges: Charges<'_>) -> PeekFuture;
+    fn reset(&self, charges: Charges<'_>) -> ResetFuture;
+    fn keeps_penalties(&self) -> bool;
+    fn reloaded(&self, changed: &[&str]);
+    fn records(&self) -> Option<Arc<dyn crate::backend::Records>>;
+}
+
+impl<B: Backend> Forwarded for B {
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+        Backend::validate(self, limits, uses)
+    }
+
+    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+        Backend::adjust(self, charges, adjustment)
+    }
+
+    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
+        Backend::peek(self, charges)
+    }
+
+    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
+        Backend::reset(self, charges)
+    }
+
+    fn keeps_penalties(&self) -> bool {
+        Backend::keeps_penalties(self)
+    }
+
+    fn reloaded(&self, changed: &[&str]) {
+        Backend::reloaded(self, changed)
+    }
+
+    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
+        Backend::records(self)
     }
 }
 
@@ -227,7 +178,7 @@ pub struct ConfiguredFuture(DecisionSource);
 
 /// Where the decision comes from: already made (memory), or Redis's answer to wait for.
 enum DecisionSource {
-    Ready(Option<Result<Decision, BackendError>>),
+    Ready(Option<Result<Decisions, BackendError>>),
     Redis(RedisFuture),
 }
 
@@ -241,7 +192,7 @@ impl fmt::Debug for ConfiguredFuture {
 }
 
 impl Future for ConfiguredFuture {
-    type Output = Result<Decision, BackendError>;
+    type Output = Result<Decisions, BackendError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().0 {
@@ -250,7 +201,7 @@ impl Future for ConfiguredFuture {
                     .take()
                     .expect("ConfiguredFuture polled after completion"),
             ),
-            DecisionSource::Redis(future) => future.as_mut().poll(cx),
+            DecisionSource::Redis(future) => Pin::new(future).poll(cx),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Backends: where decisions are made and key state lives: the [`Backend`] trait, its futures
 //! and the in-memory backend (the Redis backend is in [`redis`](crate::redis)).
 //!
-//! A [`Backend`] answers one question, asynchronously: may `quantity` units pass for `key` under
-//! `limit` now? The [`Limit`](crate::Limit) carries the algorithm and the quota, so that one backend serves every
+//! A [`Backend`] answers one question, asynchronously: may these [`Charges`] (each `quantity` units
+//! for a `key` under a `limit`) pass now, all together? The [`Limit`](crate::Limit) carries the algorithm and the quota, so that one backend serves every
 //! policy of an application and later algorithms fit without changing the trait.
 //!
 //! The backends, one directory or file each: `memory/` (one process: the GCRA table and the
@@ -32,8 +32,13 @@ mod records;
 
 pub use records::{OnRecordsChange, Records, RecordsFuture};
 
+// What a request asks of a backend (charges) and what it gets back (decisions).
+mod charge;
+
+pub use charge::{Adjustment, Charges, Decisions, Uses};
+
 // The `Backend` trait itself, below every backend that implements it.
 mod api;
 
 pub use crate::error::BackendError;
-pub use api::{Backend, StackFuture};
+pub use api::Backend;

@@ -11,12 +11,12 @@ use std::time::{Instant, SystemTime};
 
 use http::request::Parts;
 
-use crate::backend::Backend;
+use crate::backend::{Adjustment, Backend, Charges, Uses};
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
 use crate::engine::table::Table;
-use crate::engine::verdict::{Admitted, Checked, RequestContext, Verdict};
+use crate::engine::verdict::{Admitted, RequestContext, Verdict};
 use crate::key::body::read::{ErasedBody, Reading};
 use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;
@@ -206,19 +206,20 @@ where
     let asked = Instant::now();
     // A metered limit reserves the request's estimate; the others take its cost.
     let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
-    let check = match (&extras.metered, estimate) {
+    // The request's charges: a metered limit reserves the request's estimate, the others take its
+    // cost; an override's quota counts against the policy's key alone.
+    let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
+    let charges = match (&extras.metered, estimate) {
         (Some(metered), Some(estimate)) => {
-            let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
             quantities[metered.position] = estimate;
-            let quantities = &quantities[..limits.len()];
-            steps::ask_each(&shared.backend, limits, &key, quantities)
+            Charges::stack(limits, &key, 0).with_quantities(&quantities[..limits.len()])
         }
-        // An override's quota counts against the policy's key alone.
         _ => match limit_keys.as_deref().filter(|_| custom.is_none()) {
-            Some(keys) => steps::ask_keyed(&shared.backend, limits, keys, rules.cost()),
-            None => steps::ask(&shared.backend, limits, &key, rules.cost()),
+            Some(keys) => Charges::keyed(limits, keys, rules.cost()),
+            None => Charges::stack(limits, &key, rules.cost()),
         },
     };
+    let check = steps::ask(&shared.backend, charges);
     let answer = if extras.shadows.is_empty() {
         check.await
     } else {
@@ -231,10 +232,7 @@ where
     // can be given back, and only until then. (A failed backend took nothing, whatever
     // `OnBackendError` then does.)
     let counts_for = match &answer {
-        Ok(Checked::One(d)) if d.allowed => Some(d.reset_after),
-        Ok(Checked::Stack(all)) if all.iter().all(|d| d.allowed) => {
-            all.iter().map(|d| d.reset_after).min()
-        }
+        Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
         _ => None,
     };
     let verdict = steps::judged(&table.judge, cx, MEASURE_LATENCY.then_some(asked), answer);
@@ -291,9 +289,11 @@ where
         let mut deltas = [0i64; MAX_STACKED_QUOTAS];
         deltas[position] = delta;
         let since = since + CLOCK_MARGIN;
+        let deltas = &deltas[..limits.len()];
+        let charges = Charges::stack(limits, &key, 0);
         shared
             .backend
-            .settle(limits, &key, &deltas[..limits.len()], since);
+            .adjust(charges, Adjustment::Settle { deltas, since });
     });
     Some(MeterGuard::new(
         Meter::new(estimate),
@@ -340,7 +340,8 @@ where
             let cost = table.policies[policy].cost();
             let refund: Refund = Box::new(move |since| {
                 let limits = steps::limits_of(&table, policy, tier, custom.as_deref());
-                shared.backend.refund(limits, &key, cost, since);
+                let charges = Charges::stack(limits, &key, cost);
+                shared.backend.adjust(charges, Adjustment::Refund { since });
             });
             Some(Box::new(OutcomeGuard::new(
                 rule.clone(),
@@ -400,7 +401,9 @@ where
         return None;
     };
     extras.custom_tier(Namespace::Customer, quota, cost, |limit| {
-        shared.backend.validate(limit)
+        shared
+            .backend
+            .validate(std::slice::from_ref(limit), Uses::NOTHING_MORE)
     })
 }
 
@@ -423,7 +426,11 @@ fn overridden<K, B: Backend>(
         InForce::Override(Override::Quota(quota))
             if extras.metered.is_none() && extras.limit_keys.is_none() =>
         {
-            let validate = |l: &_| shared.backend.validate(l);
+            let validate = |l: &_| {
+                shared
+                    .backend
+                    .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
+            };
             Ok(extras.custom_tier(Namespace::Override, quota, rules.cost(), validate))
         }
         InForce::Override(Override::Quota(_)) => Ok(None),

@@ -36,7 +36,8 @@ impl Judge {
         if let Some(local) = &self.local {
             for tier in policy.tiers.iter() {
                 // The local limiter holds what the layer's policies allow: it cannot refuse them.
-                let _ = local.reset_now(&tier.limits, key);
+                let charges = crate::backend::Charges::stack(&tier.limits, key, 0);
+                let _ = local.reset_now(charges);
             }
         }
     }

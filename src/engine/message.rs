@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Charges};
 use crate::decision::Decision;
 use crate::engine::steps;
-use crate::engine::verdict::{Checked, Judge};
+use crate::engine::verdict::Judge;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
@@ -74,10 +74,10 @@ impl Judge {
         let decision = match banned {
             Some(rest) => Decision::banned(tier.limit_value, rest, None, rest),
             None => {
-                let answer = steps::ask(backend, limits, key, cost).await;
+                let answer = steps::ask(backend, Charges::stack(limits, key, cost)).await;
                 let decision = match answer {
-                    Ok(Checked::One(one)) => one,
-                    Ok(Checked::Stack(all)) => Decision::combine(&all)
+                    Ok(all) => all
+                        .combined()
                         .ok_or_else(|| BackendError::new("the backend returned no decision"))?,
                     Err(error) => {
                         policy.reporter.failure(&policy.name);

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::access::{AccessList, AddressSource};
-use crate::backend::Backend;
+use crate::backend::{Adjustment, Backend, Charges};
 use crate::engine::in_force::InForce;
 use crate::engine::settings::Settings;
 use crate::engine::slot::{Release, SlotOwner};
@@ -61,7 +61,8 @@ where
         SlotOwner::Backend { lease } => {
             let rules = table.policies[policy].compiled();
             let limit = &rules.tiers()[tier].limits[0];
-            shared.backend.release(limit, &key, rules.cost(), lease);
+            let charge = Charges::one(limit, &key, rules.cost());
+            shared.backend.adjust(charge, Adjustment::Release { lease });
         }
         #[cfg(feature = "memory")]
         SlotOwner::Local => {

@@ -9,7 +9,7 @@
 //! 5. the quota: [`tier`] picks the policy's tier; a customer's own quota is resolved on the
 //!    extended path; [`limits_of`] gives the limits either way;
 //! 6. the ban: [`Judge::banned`], before the backend is asked;
-//! 7. [`ask`]: the backend check ([`BackendCheck`]);
+//! 7. [`ask`]: the backend check of the request's charges;
 //! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
 //! 9. carrying the verdict out (the response future), with [`release_of`] for a concurrency slot;
 //! 10. settling a request counted by its outcome, or a metered request's cost (the extended path).
@@ -21,21 +21,18 @@
 //! each one function, so their order is written once. The steps read the request as a
 //! [`RequestRef`], which the whole request and its parts both give.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::Request;
 
 use crate::access::Access;
-use crate::backend::{Backend, StackFuture};
+use crate::backend::{Backend, Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::slot::Release;
 use crate::engine::table::Table;
-use crate::engine::verdict::{Admitted, Checked, Judge, RequestContext, Verdict};
+use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
@@ -206,48 +203,11 @@ pub(crate) fn limits_of<'a, K>(
     }
 }
 
-/// A backend check in flight: one limit, or a stack.
-pub(crate) enum BackendCheck<D> {
-    One(D),
-    Stack(StackFuture),
-}
-
-impl<D> Future for BackendCheck<D>
-where
-    D: Future<Output = Result<Decision, BackendError>> + Unpin,
-{
-    type Output = Result<Checked, BackendError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            BackendCheck::One(one) => Pin::new(one).poll(cx).map(|r| r.map(Checked::One)),
-            BackendCheck::Stack(all) => all.as_mut().poll(cx).map(|r| r.map(Checked::Stack)),
-        }
-    }
-}
-
-/// Step 7: asks `backend` whether the request's cost may pass for `key` under `limits`.
-pub(crate) fn ask<B: Backend>(
-    backend: &B,
-    limits: &[Limit],
-    key: &Key,
-    cost: u64,
-) -> BackendCheck<B::Future> {
-    match limits {
-        [one] => BackendCheck::One(backend.check(one, key, cost)),
-        all => BackendCheck::Stack(backend.check_all(all, key, cost)),
-    }
-}
-
-/// Step 7 for a metered policy: asks `backend` whether `quantities[i]` units may pass for `key`
-/// under each of `limits[i]` (a metered limit reserves its estimate, the others take the cost).
-pub(crate) fn ask_each<B: Backend>(
-    backend: &B,
-    limits: &[Limit],
-    key: &Key,
-    quantities: &[u64],
-) -> BackendCheck<B::Future> {
-    BackendCheck::Stack(backend.check_each(limits, key, quantities))
+/// Step 7: asks `backend` whether the request's `charges` may pass (one charge, a stack, a
+/// metered reservation or quotas with keys of their own: one shape).
+#[inline(always)]
+pub(crate) fn ask<B: Backend>(backend: &B, charges: Charges<'_>) -> B::Future {
+    backend.check(charges)
 }
 
 /// Step 4 for a policy whose quotas have keys of their own: the key of each of its `count`
@@ -268,24 +228,13 @@ pub(crate) fn limit_keys(
         .collect()
 }
 
-/// Step 7 for a policy whose quotas have keys of their own: asks `backend` whether the cost may
-/// pass under each of `limits`, `limits[i]` for `keys[i]`, in one atomic decision.
-pub(crate) fn ask_keyed<B: Backend>(
-    backend: &B,
-    limits: &[Limit],
-    keys: &[Key],
-    cost: u64,
-) -> BackendCheck<B::Future> {
-    BackendCheck::Stack(backend.check_keyed(limits, keys, cost))
-}
-
 /// Step 8: the verdict on the backend's answer; `asked`: when it was asked, if its latency is
 /// measured.
 pub(crate) fn judged(
     judge: &Judge,
     cx: RequestContext<'_>,
     asked: Option<Instant>,
-    answer: Result<Checked, BackendError>,
+    answer: Result<Decisions, BackendError>,
 ) -> Verdict {
     if let Some(asked) = asked {
         judge.latency(cx.policy, asked.elapsed());

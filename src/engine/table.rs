@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use http::Method;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Uses};
 use crate::engine::settings::Settings;
 use crate::engine::verdict::Judge;
 use crate::error::BuildError;
@@ -132,36 +132,41 @@ fn validate_table<B: Backend>(backend: &B, policies: &[&PolicySpec]) -> Result<(
         ));
     }
     for policy in policies {
+        for shadow in policy.shadow_limits() {
+            backend.validate(std::slice::from_ref(shadow), Uses::NOTHING_MORE)?;
+        }
+        // Quotas with keys of their own (one tier): decided together, each under its key. The
+        // backend checks each member of a stack as it will run it.
+        let extras = policy.extras();
+        let uses = match extras.is_some_and(|e| e.limit_keys.is_some()) {
+            true => Uses::NOTHING_MORE.keys_apart(),
+            false => Uses::NOTHING_MORE,
+        };
+        let tiers = match uses.keys_apart {
+            true => &policy.tiers()[..1],
+            false => policy.tiers(),
+        };
+        for tier in tiers {
+            backend.validate(&tier.limits, uses)?;
+        }
+        let limits = &policy.tiers()[0].limits;
         // Counting by outcome gives units back: a backend that cannot would count them all.
-        if policy.extras().is_some_and(|e| e.outcome.is_some()) && !backend.can_refund() {
+        let refunds = extras.is_some_and(|e| e.outcome.is_some());
+        if refunds && backend.validate(limits, uses.refunds()).is_err() {
             return Err(BuildError::Invalid(format!(
                 "policy {:?} counts by outcome (count_only, refund_on), but this backend cannot \
-                 give units back (Backend::can_refund)",
+                 give units back (Backend::validate refuses refunds)",
                 policy.name()
             )));
         }
         // A metered limit settles its cost after the response.
-        if policy.extras().is_some_and(|e| e.metered.is_some()) && !backend.can_settle() {
+        let settles = extras.is_some_and(|e| e.metered.is_some());
+        if settles && backend.validate(limits, uses.settles()).is_err() {
             return Err(BuildError::Invalid(format!(
                 "policy {:?} has a metered limit, but this backend cannot settle a cost after the \
-                 response (Backend::can_settle)",
+                 response (Backend::validate refuses settlements)",
                 policy.name()
             )));
-        }
-        for shadow in policy.shadow_limits() {
-            backend.validate(shadow)?;
-        }
-        // Quotas with keys of their own (one tier): decided together, each under its key.
-        if policy.extras().is_some_and(|e| e.limit_keys.is_some()) {
-            backend.validate_keyed(&policy.tiers()[0].limits)?;
-            continue;
-        }
-        for tier in policy.tiers() {
-            match &*tier.limits {
-                [one] => backend.validate(one)?,
-                // The backend checks each member of a stack as it will run it.
-                all => backend.validate_all(all)?,
-            }
         }
     }
     // Every limit, with the names of the stack it belongs to.

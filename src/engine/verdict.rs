@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 
+use crate::backend::Decisions;
 use crate::decision::Decision;
 use crate::engine::settings::{OnBackendError, Settings};
 use crate::engine::slot::SlotOwner;
@@ -27,7 +28,7 @@ use crate::refusal::RefusalKind;
 use crate::timer::timers_available;
 
 #[cfg(feature = "memory")]
-use crate::backend::{Backend, MemoryBackend};
+use crate::backend::{Adjustment, Backend, Charges, MemoryBackend};
 
 /// What happens to a request.
 pub(crate) enum Verdict {
@@ -124,12 +125,6 @@ pub(crate) fn admit(
         slot,
         near: None,
     }
-}
-
-/// The backend's answer for one request: one limit's decision, or one per limit of a stack.
-pub(crate) enum Checked {
-    One(Decision),
-    Stack(Vec<Decision>),
 }
 
 /// What a request is judged as: the policy that matched it, the tier of its quota, its key, and the
@@ -234,7 +229,7 @@ impl Judge {
     pub(crate) fn verdict(
         &self,
         cx: RequestContext<'_>,
-        answer: Result<Checked, BackendError>,
+        answer: Result<Decisions, BackendError>,
     ) -> Verdict {
         let tier = cx.tier_rules();
         let from_backend = |d: &Decision| Source {
@@ -244,15 +239,15 @@ impl Judge {
             },
         };
         match answer {
-            Ok(Checked::One(decision)) => {
+            Ok(Decisions::One(decision)) => {
                 let source = from_backend(&decision);
                 self.decided(cx, &mut [decision], source)
             }
-            Ok(Checked::Stack(mut decisions)) if decisions.len() == tier.limits.len() => {
+            Ok(Decisions::Many(mut decisions)) if decisions.len() == tier.limits.len() => {
                 let source = from_backend(&decisions[0]);
                 self.decided(cx, &mut decisions, source)
             }
-            Ok(Checked::Stack(decisions)) => {
+            Ok(Decisions::Many(decisions)) => {
                 let error = BackendError::new(format!(
                     "the backend returned {} decisions for {} stacked limits",
                     decisions.len(),
@@ -318,14 +313,10 @@ impl Judge {
         };
         let rules = cx.policy;
         let limits = &cx.tier_rules().limits;
-        let decided = if limits.len() == 1 {
-            local
-                .decide(&limits[0], cx.key, rules.cost)
-                .map(|d| vec![d])
-        } else {
-            local.decide_all(limits, cx.key, rules.cost)
-        };
-        match decided {
+        match local
+            .decide_charges(Charges::stack(limits, cx.key, rules.cost))
+            .map(Decisions::into_vec)
+        {
             Ok(mut decisions) => {
                 let source = Source {
                     strike: true,
@@ -342,7 +333,8 @@ impl Judge {
     pub(crate) fn release_local(&self, policy: &CompiledPolicy, tier: usize, key: &Key) {
         let rules = policy;
         if let Some(local) = &self.local {
-            Backend::release(local, &rules.tiers[tier].limits[0], key, rules.cost, 0);
+            let charge = Charges::one(&rules.tiers[tier].limits[0], key, rules.cost);
+            local.adjust(charge, Adjustment::Release { lease: 0 });
         }
     }
 
@@ -599,7 +591,7 @@ mod tests {
     }
 
     /// The verdict of `judge` on `answer`, for a request of key "k" to policy 0, tier 0.
-    fn verdict_on(judge: &TestJudge, answer: Result<Checked, BackendError>) -> Verdict {
+    fn verdict_on(judge: &TestJudge, answer: Result<Decisions, BackendError>) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
         let cx = RequestContext::new(&judge.p, 0, &key, &request);
@@ -631,7 +623,7 @@ mod tests {
     fn an_admitted_decision_admits_with_its_fields_and_no_wait() {
         let judge = judge(policy().build().unwrap(), Settings::default());
         let decision = Decision::allowed(2, 1, Duration::from_millis(500));
-        let admitted = admitted(verdict_on(&judge, Ok(Checked::One(decision))));
+        let admitted = admitted(verdict_on(&judge, Ok(Decisions::One(decision))));
         assert!(admitted.delay.is_zero());
         assert!(admitted.slot.is_none());
         assert!(admitted.decision.is_none(), "PolicyDecision is opt-in");
@@ -643,7 +635,7 @@ mod tests {
     #[test]
     fn a_rejected_decision_answers_429_with_retry_after_rounded_up() {
         let judge = judge(policy().build().unwrap(), Settings::default());
-        let response = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
+        let response = rejected(verdict_on(&judge, Ok(Decisions::One(OVER))));
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()["retry-after"], "2");
         assert_eq!(response.headers()["ratelimit"], r#""api";r=0;t=1"#);
@@ -652,7 +644,7 @@ mod tests {
     #[test]
     fn a_dry_run_admits_what_it_would_reject_and_says_so() {
         let judge = judge(policy().dry_run(true).build().unwrap(), Settings::default());
-        let admitted = admitted(verdict_on(&judge, Ok(Checked::One(OVER))));
+        let admitted = admitted(verdict_on(&judge, Ok(Decisions::One(OVER))));
         let exposed = admitted.decision.expect("dry runs expose their decision");
         assert!(!exposed.enforced);
         assert!(!exposed.decision.allowed);
@@ -789,7 +781,7 @@ mod tests {
         assert_eq!(response.headers()["retry-after"], "1");
 
         // A stack answered with the wrong number of decisions is a backend failure too.
-        let wrong = Ok(Checked::Stack(vec![OVER, OVER]));
+        let wrong = Ok(Decisions::Many(vec![OVER, OVER]));
         let response = rejected(verdict_on(&deny, wrong));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
@@ -805,9 +797,9 @@ mod tests {
         let key = Key::from("k");
         let cx = RequestContext::new(&judge.p, 0, &key, &request);
         assert!(judge.banned(cx).is_none());
-        let first = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
+        let first = rejected(verdict_on(&judge, Ok(Decisions::One(OVER))));
         assert_eq!(first.headers()["retry-after"], "2");
-        let second = rejected(verdict_on(&judge, Ok(Checked::One(OVER))));
+        let second = rejected(verdict_on(&judge, Ok(Decisions::One(OVER))));
         assert_eq!(
             second.headers()["retry-after"],
             "600",

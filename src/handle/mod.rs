@@ -12,12 +12,13 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::ops::Deref;
+use std::slice;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 
-use crate::backend::{Backend, KeyState};
+use crate::backend::{Backend, Charges, KeyState, Uses};
 use crate::decision::Decision;
 use crate::engine::message;
 use crate::engine::shared::Shared;
@@ -287,7 +288,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 if rules.overridable.metered.is_none()
                     && rules.overridable.limit_keys.is_none() =>
             {
-                let validate = |l: &_| self.shared.backend.validate(l);
+                let validate = |l: &_| {
+                    self.shared
+                        .backend
+                        .validate(slice::from_ref(l), Uses::NOTHING_MORE)
+                };
                 let ns = Namespace::Override;
                 rules
                     .overridable
@@ -296,7 +301,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             _ => None,
         };
         if let Some(custom) = custom {
-            let states = self.shared.backend.peek(&custom.limits, key).await?;
+            let states = self
+                .shared
+                .backend
+                .peek(Charges::stack(&custom.limits, key, 0))
+                .await?;
             let limits = custom.limits.iter().zip(states);
             tiers.push(TierKeyState {
                 tier: Some("override".to_owned()),
@@ -308,9 +317,15 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         for tier in rules.tiers() {
             let states = if keyed {
                 let keys = vec![key.clone(); tier.limits.len()];
-                self.shared.backend.peek_keyed(&tier.limits, &keys).await?
+                self.shared
+                    .backend
+                    .peek(Charges::keyed(&tier.limits, &keys, 0))
+                    .await?
             } else {
-                self.shared.backend.peek(&tier.limits, key).await?
+                self.shared
+                    .backend
+                    .peek(Charges::stack(&tier.limits, key, 0))
+                    .await?
             };
             if states.len() != tier.limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
@@ -475,7 +490,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 return Ok(blocked);
             }
             Some(InForce::Override(Override::Quota(quota))) => {
-                let validate = |l: &_| self.shared.backend.validate(l);
+                let validate = |l: &_| {
+                    self.shared
+                        .backend
+                        .validate(slice::from_ref(l), Uses::NOTHING_MORE)
+                };
                 let ns = Namespace::Override;
                 let custom = compiled.overridable.custom_tier(ns, quota, cost, validate);
                 (custom, None)
@@ -502,9 +521,15 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             if keyed {
                 // Quotas with keys of their own: each limit under the key given.
                 let keys = vec![key.clone(); tier.limits.len()];
-                self.shared.backend.reset_keyed(&tier.limits, &keys).await?;
+                self.shared
+                    .backend
+                    .reset(Charges::keyed(&tier.limits, &keys, 0))
+                    .await?;
             } else {
-                self.shared.backend.reset(&tier.limits, key).await?;
+                self.shared
+                    .backend
+                    .reset(Charges::stack(&tier.limits, key, 0))
+                    .await?;
             }
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
@@ -513,7 +538,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let overridden = self.shared.overrides.touches(rules.name());
         for ns in [Namespace::Customer, Namespace::Override] {
             if let Some(limit) = rules.overridable.namespace(ns, overridden) {
-                self.shared.backend.reset(&[limit], key).await?;
+                self.shared
+                    .backend
+                    .reset(Charges::one(&limit, key, 0))
+                    .await?;
             }
         }
         Ok(())

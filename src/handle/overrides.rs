@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::{find, HandleError, KeyFromText, ThrottleHandle};
-use crate::backend::Backend;
+use crate::backend::{Backend, Uses};
 use crate::overrides::cache::MAX_PATTERNS;
 use crate::overrides::{bans_table, encode_until, overrides_table, Override};
 use crate::per_customer::Namespace;
@@ -84,7 +84,9 @@ where
             rules
                 .overridable
                 .enforceable(Namespace::Override, quota, rules.cost(), |l| {
-                    self.shared.backend.validate(l)
+                    self.shared
+                        .backend
+                        .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
                 })
                 .map_err(|e| invalid(e.to_string()))?;
         }

@@ -11,8 +11,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::backend::Backend;
-use crate::decision::Decision;
+use crate::backend::{Backend, Decisions};
 use crate::error::BackendError;
 use crate::key::KeyExtractor;
 use crate::middleware::body::ThrottleBody;
@@ -108,7 +107,7 @@ impl<S, ReqBody, D> Future for AxumBody<ResponseFuture<S, ReqBody, D>>
 where
     S: Service<Request<ReqBody>, Response = Response<Body>> + Clone,
     ReqBody: 'static,
-    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
     type Output = Result<Response<Body>, S::Error>;
 

@@ -18,10 +18,10 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::decision::Decision;
+use crate::backend::Decisions;
 use crate::engine::extended::{Prepared, Preparing};
 use crate::engine::slot::{ConcurrencySlot, Release};
-use crate::engine::steps::{judged, BackendCheck};
+use crate::engine::steps::judged;
 use crate::engine::verdict::{Admitted, Verdict};
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
@@ -86,7 +86,7 @@ pin_project! {
             future: S::Future,
         },
         Checking {
-            check: BackendCheck<D>,
+            check: D,
             awaiting: Option<AwaitingVerdict<S, ReqBody>>,
         },
         // The extended path: the verdict is made by a boxed future; the readied service and the
@@ -154,7 +154,7 @@ where
     }
 
     /// A request waiting for a remote decision.
-    pub(crate) fn checking(check: BackendCheck<D>, awaiting: AwaitingVerdict<S, ReqBody>) -> Self {
+    pub(crate) fn checking(check: D, awaiting: AwaitingVerdict<S, ReqBody>) -> Self {
         ResponseFuture {
             state: State::Checking {
                 check,
@@ -297,7 +297,7 @@ impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ReqBody: 'static,
-    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
     /// The state after the extended path's verdict: the request rebuilt from its parts and its
     /// body (kept aside, or read for the policy and given back), and the verdict carried out.
@@ -332,7 +332,7 @@ impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ReqBody: 'static,
-    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
     type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
 
@@ -345,7 +345,7 @@ impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ReqBody: 'static,
-    D: Future<Output = Result<Decision, BackendError>> + Unpin,
+    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
     /// The future's `poll`, giving the response the body that `plain` makes of the inner
     /// service's body as it came (the request holds nothing until it ends, and no field is added

@@ -17,12 +17,12 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Charges, Decisions};
 use crate::engine::extended::{prepare, BodyAhead, KeyAhead};
 use crate::engine::shared::{releaser, Shared};
-use crate::engine::steps::{self, BackendCheck};
+use crate::engine::steps;
 use crate::engine::table::Table;
-use crate::engine::verdict::{Checked, RequestContext};
+use crate::engine::verdict::RequestContext;
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::body::{read, BodyRule};
@@ -193,30 +193,25 @@ where
     let started = MEASURE_LATENCY.then(Instant::now);
     let limits = steps::limits_of(table, policy, tier, None);
     let cost = table.policies[policy].cost();
-    let asked = match limits {
-        // One limit (the commonest policy), polled as the backend's own future: a plain admission
-        // wraps no answer for a stack.
-        [one] => {
-            let mut decided = shared.backend.check(one, key, cost);
-            let mut noop = Context::from_waker(Waker::noop());
-            match Pin::new(&mut decided).poll(&mut noop) {
-                Poll::Ready(Ok(decision)) => {
-                    let compiled = table.policies[policy].compiled();
-                    let context = RequestContext::new(compiled, tier, key, request);
-                    if steps::admitted_plainly(&table.judge, context, started, &decision) {
-                        if !table.judge.sends_fields() {
-                            return Ask::Passed;
-                        }
-                        let tier = context.tier_rules();
-                        return Ask::Admitted(table.judge.plain_fields(tier, &decision));
-                    }
-                    Asked::Answered(Ok(Checked::One(decision)))
+    // Polled once: a backend that decides without waiting (memory) answers here.
+    let mut decided = steps::ask(&shared.backend, Charges::stack(limits, key, cost));
+    let mut noop = Context::from_waker(Waker::noop());
+    let asked = match Pin::new(&mut decided).poll(&mut noop) {
+        // One limit (the commonest policy): a plain admission wraps no answer for a stack.
+        Poll::Ready(Ok(Decisions::One(decision))) => {
+            let compiled = table.policies[policy].compiled();
+            let context = RequestContext::new(compiled, tier, key, request);
+            if steps::admitted_plainly(&table.judge, context, started, &decision) {
+                if !table.judge.sends_fields() {
+                    return Ask::Passed;
                 }
-                Poll::Ready(Err(error)) => Asked::Answered(Err(error)),
-                Poll::Pending => Asked::Pending(BackendCheck::One(decided)),
+                let tier = context.tier_rules();
+                return Ask::Admitted(table.judge.plain_fields(tier, &decision));
             }
+            Asked::Answered(Ok(Decisions::One(decision)))
         }
-        all => Asked::Unpolled(steps::ask(&shared.backend, all, key, cost)),
+        Poll::Ready(answer) => Asked::Answered(answer),
+        Poll::Pending => Asked::Pending(decided),
     };
     Ask::Other(asked, started)
 }
@@ -234,11 +229,9 @@ enum Ask<D> {
 
 /// Where the backend's answer stands after `check`.
 enum Asked<D> {
-    Answered(Result<Checked, BackendError>),
+    Answered(Result<Decisions, BackendError>),
     /// Polled once, and pending (a remote backend).
-    Pending(BackendCheck<D>),
-    /// Not polled yet (a stack).
-    Unpolled(BackendCheck<D>),
+    Pending(D),
 }
 
 /// The verdict on every answer but a plain admission by one limit: judged at once if the backend
@@ -259,21 +252,9 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    // `Ok`: the check still waits; `Err`: the backend has answered.
     let check = match asked {
-        Asked::Answered(answer) => Err(answer),
-        Asked::Pending(check) => Ok(check),
-        Asked::Unpolled(mut check) => {
-            let mut noop = Context::from_waker(Waker::noop());
-            match Pin::new(&mut check).poll(&mut noop) {
-                Poll::Ready(answer) => Err(answer),
-                Poll::Pending => Ok(check),
-            }
-        }
-    };
-    let check = match check {
-        Ok(check) => check,
-        Err(answer) => {
+        Asked::Pending(check) => check,
+        Asked::Answered(answer) => {
             let compiled = table.policies[policy].compiled();
             let context = RequestContext::new(compiled, tier, &key, &request);
             let verdict = steps::judged(&table.judge, context, started, answer);

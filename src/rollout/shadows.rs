@@ -8,7 +8,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::Poll;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Charges};
 use crate::decision::Decision;
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
@@ -35,7 +35,7 @@ where
     let mut own = None;
     let mut pending: Vec<Option<B::Future>> = shadows
         .iter()
-        .map(|limit| Some(backend.check(limit, key, cost)))
+        .map(|limit| Some(backend.check(Charges::one(limit, key, cost))))
         .collect();
     let mut answers: Vec<Option<Result<Decision, BackendError>>> =
         shadows.iter().map(|_| None).collect();
@@ -50,6 +50,10 @@ where
             if let Some(future) = slot.as_mut()
                 && let Poll::Ready(decided) = Pin::new(future).poll(cx)
             {
+                let decided = decided.and_then(|all| {
+                    let no_answer = || BackendError::new("the backend returned no decision");
+                    all.combined().ok_or_else(no_answer)
+                });
                 *answer = Some(decided);
                 *slot = None;
             }

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Barrier;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use tower_throttle::backend::{Charges, Decisions};
 
+use crate::asks::Asks;
 use tower_throttle::clock::{Clock, ManualClock};
 use tower_throttle::window::CONCURRENCY_RETRY;
 use tower_throttle::{Algorithm, Backend, Decision, Key, Limit, MemoryBackend, Quota};
@@ -48,10 +50,14 @@ fn check<C: Clock>(
     key: &Key,
     quantity: u64,
 ) -> Decision {
-    backend
-        .check(limit, key, quantity)
+    let decisions = backend
+        .check(Charges::one(limit, key, quantity))
         .into_inner()
-        .expect("the memory backend decides every algorithm")
+        .expect("the memory backend decides every algorithm");
+    match decisions {
+        Decisions::One(decision) => decision,
+        many => panic!("one charge, answered as a list: {many:?}"),
+    }
 }
 
 fn check_all<C: Clock>(
@@ -435,7 +441,8 @@ fn stacks_are_validated() {
     assert!(now(backend.check_all(&[], &key, 1)).is_err());
     assert!(now(backend.check_all(&[fixed(0), conc.clone()], &key, 1)).is_err());
     assert!(backend
-        .decide_all(std::slice::from_ref(&conc), &key, 1)
+        .decide_charges(Charges::stack(std::slice::from_ref(&conc), &key, 1))
+        .map(Decisions::into_vec)
         .is_err());
     // Sixteen limits decide together.
     let d = now(backend.check_all(&sixteen, &key, 1)).unwrap();
@@ -451,14 +458,15 @@ fn stacks_are_validated() {
         Algorithm::Concurrency,
     ] {
         assert!(backend
-            .validate(&limit("alone", algorithm, Quota::per_second(1)))
+            .validate_one(&limit("alone", algorithm, Quota::per_second(1)))
             .is_ok());
     }
     // A single limit in decide_all is decided as decide does (a lone GCRA limit in the fast table).
     let gcra = Limit::new("v-gcra", Quota::per_second(1)).unwrap();
     assert!(
         backend
-            .decide_all(std::slice::from_ref(&gcra), &key, 1)
+            .decide_charges(Charges::stack(std::slice::from_ref(&gcra), &key, 1))
+            .map(Decisions::into_vec)
             .unwrap()[0]
             .allowed
     );
@@ -549,9 +557,14 @@ fn every_algorithm_admits_exactly_the_limit_under_contention() {
     ];
     let key = Key::from("hot");
     let admitted = admitted_under_contention(|| {
-        Decision::combine(&backend.decide_all(&gcra, &key, 1).unwrap())
-            .unwrap()
-            .allowed
+        Decision::combine(
+            &backend
+                .decide_charges(Charges::stack(&gcra, &key, 1))
+                .map(Decisions::into_vec)
+                .unwrap(),
+        )
+        .unwrap()
+        .allowed
     });
     assert_eq!(admitted, 100);
     let mixed = [
@@ -564,9 +577,14 @@ fn every_algorithm_admits_exactly_the_limit_under_contention() {
         Limit::new("contended-m3", Quota::per_minute(80)).unwrap(),
     ];
     let admitted = admitted_under_contention(|| {
-        Decision::combine(&backend.decide_all(&mixed, &key, 1).unwrap())
-            .unwrap()
-            .allowed
+        Decision::combine(
+            &backend
+                .decide_charges(Charges::stack(&mixed, &key, 1))
+                .map(Decisions::into_vec)
+                .unwrap(),
+        )
+        .unwrap()
+        .allowed
     });
     assert_eq!(admitted, 70);
 }

@@ -5,10 +5,12 @@
 //! (computed with Python's zoneinfo, not with the crate's own time zone code).
 
 use std::time::Duration;
+use tower_throttle::backend::Charges;
 
+use crate::asks::Asks;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::window::{CalendarPeriod, CalendarWindow, WindowStart};
-use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
+use tower_throttle::{Algorithm, Key, Limit, MemoryBackend, Quota};
 
 const HOUR: u64 = 3600;
 
@@ -46,7 +48,7 @@ fn waits_until(window: CalendarWindow, now: u64, boundary: u64) {
     assert_eq!(refused.retry_after, Some(wait), "{window:?} at {now}");
     assert_eq!(refused.reset_after, wait);
     let peeked = backend
-        .peek_now(std::slice::from_ref(&limit), &key)
+        .peek_now(Charges::stack(std::slice::from_ref(&limit), &key, 0))
         .unwrap()[0];
     assert_eq!((peeked.remaining, peeked.reset_after), (0, wait));
     clock.advance(wait - Duration::from_nanos(1));

@@ -3,6 +3,10 @@
 //!
 //! It needs none of `tests/support/` (no HTTP requests, no Redis), so it does not include it.
 
+/// The shapes the tests ask the backend in, as lists of charges.
+#[path = "../support/asks.rs"]
+mod asks;
+
 mod algorithms;
 mod attack;
 mod backend;

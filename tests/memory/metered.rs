@@ -4,10 +4,12 @@
 //! general store).
 
 use std::time::Duration;
+use tower_throttle::backend::{Charges, Decisions};
 
+use crate::asks::Asks;
 use crate::refund::backend;
 use tower_throttle::clock::ManualClock;
-use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
+use tower_throttle::{Key, Limit, MemoryBackend, Quota};
 
 /// 10 tokens a second (one every 100 ms), metered with the default debt cap (10 tokens).
 fn tokens() -> Limit {
@@ -37,7 +39,8 @@ fn reserve(
         .map(|i| if i == at { estimate } else { 1 })
         .collect();
     let decisions = backend
-        .decide_each(limits, &Key::from("k"), &quantities)
+        .decide_charges(Charges::stack(limits, &Key::from("k"), 0).with_quantities(&quantities))
+        .map(Decisions::into_vec)
         .unwrap();
     decisions.iter().all(|d| d.allowed)
 }
@@ -57,7 +60,8 @@ fn next(
     let mut quantities = vec![0; limits.len()];
     quantities[at] = 1;
     backend
-        .decide_each(limits, &Key::from("k"), &quantities)
+        .decide_charges(Charges::stack(limits, &Key::from("k"), 0).with_quantities(&quantities))
+        .map(Decisions::into_vec)
         .unwrap()[at]
 }
 
@@ -65,7 +69,8 @@ fn next(
 fn remaining(backend: &MemoryBackend<ManualClock>, limits: &[Limit], at: usize) -> u64 {
     let quantities = vec![0; limits.len()];
     backend
-        .decide_each(limits, &Key::from("k"), &quantities)
+        .decide_charges(Charges::stack(limits, &Key::from("k"), 0).with_quantities(&quantities))
+        .map(Decisions::into_vec)
         .unwrap()[at]
         .remaining
 }
@@ -184,15 +189,24 @@ fn the_other_limits_of_a_stack_take_the_request_cost() {
     let (backend, _clock) = backend();
     let limits = [requests(), tokens()];
     let key = Key::from("k");
-    let decisions = backend.decide_each(&limits, &key, &[1, 10]).unwrap();
+    let decisions = backend
+        .decide_charges(Charges::stack(&limits, &key, 0).with_quantities(&[1, 10]))
+        .map(Decisions::into_vec)
+        .unwrap();
     assert!(decisions.iter().all(|d| d.allowed));
     assert_eq!((decisions[0].remaining, decisions[1].remaining), (99, 0));
     // The token limit refuses the next: nothing is taken from the request limit either.
-    let refused = backend.decide_each(&limits, &key, &[1, 1]).unwrap();
+    let refused = backend
+        .decide_charges(Charges::stack(&limits, &key, 0).with_quantities(&[1, 1]))
+        .map(Decisions::into_vec)
+        .unwrap();
     assert!(!refused[1].allowed);
     assert_eq!(refused[0].remaining, 99);
     assert!(
-        backend.decide_each(&limits, &key, &[1]).is_err(),
+        backend
+            .decide_charges(Charges::stack(&limits, &key, 0).with_quantities(&[1]))
+            .map(Decisions::into_vec)
+            .is_err(),
         "a quantity per limit"
     );
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::asks::Asks;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::{backend::KeyState, Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
@@ -15,7 +16,7 @@ fn backend() -> MemoryBackend<ManualClock> {
 }
 
 async fn peek<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> Vec<KeyState> {
-    let states = backend.peek(limits, key).await.unwrap();
+    let states = backend.peek_all(limits, key).await.unwrap();
     assert_eq!(states.len(), limits.len());
     states
 }
@@ -23,7 +24,7 @@ async fn peek<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> Vec<KeySt
 /// Admits one request of cost 1 (through `check` for one limit, `check_all` for a stack).
 async fn admitted<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> bool {
     match limits {
-        [one] => backend.check(one, key, 1).await.unwrap().allowed,
+        [one] => backend.check_one(one, key, 1).await.unwrap().allowed,
         stack => backend
             .check_all(stack, key, 1)
             .await
@@ -67,7 +68,7 @@ async fn peek_then_reset<B: Backend>(backend: &B, limits: &[Limit], key: &Key) {
     // Peeking at a limited key does not change it either.
     assert_eq!(peek(backend, limits, key).await, states);
 
-    backend.reset(limits, key).await.unwrap();
+    backend.reset_all(limits, key).await.unwrap();
     for (limit, state) in limits.iter().zip(peek(backend, limits, key).await) {
         assert_eq!(
             state.remaining,
@@ -133,11 +134,11 @@ async fn a_peek_writes_nothing_and_a_reset_touches_only_its_key() {
     for who in ["a", "b"] {
         assert!(admitted(&backend, gcra, &Key::from(who)).await);
     }
-    backend.reset(gcra, &Key::from("a")).await.unwrap();
+    backend.reset_all(gcra, &Key::from("a")).await.unwrap();
     assert_eq!(peek(&backend, gcra, &Key::from("a")).await[0].remaining, 5);
     assert_eq!(peek(&backend, gcra, &Key::from("b")).await[0].remaining, 4);
     // Resetting a key that has no state is fine.
-    backend.reset(gcra, &Key::from("never")).await.unwrap();
+    backend.reset_all(gcra, &Key::from("never")).await.unwrap();
 }
 
 #[tokio::test]
@@ -184,7 +185,7 @@ async fn a_reset_among_thousands_of_keys_deletes_only_its_own() {
     }
     // Every other key is reset, for one of the two limits.
     for key in keys.iter().step_by(2) {
-        backend.reset(&gcra, key).await.unwrap();
+        backend.reset_all(&gcra, key).await.unwrap();
     }
     for (i, key) in keys.iter().enumerate() {
         let expected = if i % 2 == 0 { 5 } else { 4 };

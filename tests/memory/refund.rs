@@ -2,9 +2,11 @@
 //! took while it still counts, and never more.
 
 use std::time::Duration;
+use tower_throttle::backend::{Charges, Decisions};
 
+use crate::asks::Asks;
 use tower_throttle::clock::ManualClock;
-use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
+use tower_throttle::{Algorithm, Key, Limit, MemoryBackend, Quota};
 
 pub(crate) fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
@@ -20,7 +22,13 @@ pub(crate) fn backend() -> (MemoryBackend<ManualClock>, ManualClock) {
 /// How many of `n` requests of one unit pass now.
 fn admitted(backend: &MemoryBackend<ManualClock>, limits: &[Limit], key: &Key, n: u32) -> u32 {
     (0..n)
-        .filter(|_| backend.decide_all(limits, key, 1).unwrap()[0].allowed)
+        .filter(|_| {
+            backend
+                .decide_charges(Charges::stack(limits, key, 1))
+                .map(Decisions::into_vec)
+                .unwrap()[0]
+                .allowed
+        })
         .count() as u32
 }
 
@@ -69,7 +77,10 @@ fn a_stack_is_refunded_in_every_limit() {
     backend.refund(&stack, &key, 2, Duration::from_millis(5));
     // Both limits gave the units back: two more pass, and then the hourly limit (3) stops them.
     assert_eq!(admitted(&backend, &stack, &key, 3), 2);
-    let decisions = backend.decide_all(&stack, &key, 1).unwrap();
+    let decisions = backend
+        .decide_charges(Charges::stack(&stack, &key, 1))
+        .map(Decisions::into_vec)
+        .unwrap();
     assert!(!decisions[0].allowed);
 }
 
@@ -112,14 +123,26 @@ fn a_gcra_refund_gives_back_no_more_than_the_request_took() {
     let (backend, clock) = backend();
     let limit = [Limit::new("r", Quota::per_second(1).bursts_of(2)).unwrap()];
     let key = Key::from("mallory");
-    assert!(backend.decide_all(&limit, &key, 1).unwrap()[0].allowed); // A
+    assert!(
+        backend
+            .decide_charges(Charges::stack(&limit, &key, 1))
+            .map(Decisions::into_vec)
+            .unwrap()[0]
+            .allowed
+    ); // A
     clock.advance(Duration::from_millis(890));
-    assert!(backend.decide_all(&limit, &key, 1).unwrap()[0].allowed); // B
+    assert!(
+        backend
+            .decide_charges(Charges::stack(&limit, &key, 1))
+            .map(Decisions::into_vec)
+            .unwrap()[0]
+            .allowed
+    ); // B
     clock.advance(Duration::from_millis(10));
     backend.refund(&limit, &key, 1, Duration::from_millis(900)); // A's
                                                                  // As if only B had come at 0.89 s: one more now (the burst's second), then nothing until
                                                                  // 1.89 s less the tolerance.
-    let after = backend.peek_now(&limit, &key).unwrap()[0];
+    let after = backend.peek_now(Charges::stack(&limit, &key, 0)).unwrap()[0];
     let without_a = Duration::from_millis(1890) - Duration::from_millis(900);
     assert!(
         after.reset_after >= without_a,
@@ -128,10 +151,19 @@ fn a_gcra_refund_gives_back_no_more_than_the_request_took() {
     );
     // With no request in between, a refund is whole: the bucket is as if A never came.
     let (fresh, clock) = self::backend();
-    assert!(fresh.decide_all(&limit, &key, 1).unwrap()[0].allowed);
+    assert!(
+        fresh
+            .decide_charges(Charges::stack(&limit, &key, 1))
+            .map(Decisions::into_vec)
+            .unwrap()[0]
+            .allowed
+    );
     clock.advance(Duration::from_millis(5));
     fresh.refund(&limit, &key, 1, Duration::from_millis(5));
-    assert_eq!(fresh.peek_now(&limit, &key).unwrap()[0].remaining, 2);
+    assert_eq!(
+        fresh.peek_now(Charges::stack(&limit, &key, 0)).unwrap()[0].remaining,
+        2
+    );
 }
 
 #[test]

@@ -5,9 +5,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::asks::Asks;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::window::WindowStart;
-use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
+use tower_throttle::{Algorithm, Key, Limit, MemoryBackend, Quota};
 
 const PERIOD: Duration = Duration::from_secs(10);
 

@@ -8,15 +8,14 @@ use crate::shared::admin_handle::{
     app, get_as, peek_and_reset_through_the_layer, policy, reload_under_load, table,
     tiers_and_stacks, API_FIELD,
 };
+use crate::support::asks::Asks;
 use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tower_throttle::config::Config;
 use tower_throttle::key::{Header, PeerIp};
-use tower_throttle::{
-    ops::HandleError, Algorithm, Backend, MemoryBackend, Policy, Quota, ThrottleLayer,
-};
+use tower_throttle::{ops::HandleError, Algorithm, MemoryBackend, Policy, Quota, ThrottleLayer};
 
 /// The table of the reload test: `api` never changes (limit 50, no refill during the test);
 
@@ -150,7 +149,7 @@ async fn keys_are_given_as_the_text_the_policy_extracts() {
     let key = PeerIp::new().key_for("2001:db8::1".parse().unwrap());
     assert!(
         backend
-            .check(&layer.policies()[0].limit().clone(), &key, 1)
+            .check_one(&layer.policies()[0].limit().clone(), &key, 1)
             .await
             .unwrap()
             .allowed

@@ -51,8 +51,9 @@ async fn a_thousand_concurrent_requests_admit_exactly_the_limit() {
 async fn only_a_held_slot_is_given_back() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    use tower_throttle::backend::{Adjustment, Charges};
     use tower_throttle::key::Global;
-    use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend};
+    use tower_throttle::{Algorithm, Backend, MemoryBackend};
 
     /// The memory backend, counting the slots given back.
     #[derive(Clone)]
@@ -64,13 +65,15 @@ async fn only_a_held_slot_is_given_back() {
     impl Backend for Counting {
         type Future = <MemoryBackend as Backend>::Future;
 
-        fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
-            self.inner.check(limit, key, quantity)
+        fn check(&self, charges: Charges<'_>) -> Self::Future {
+            self.inner.check(charges)
         }
 
-        fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
-            self.releases.fetch_add(1, Ordering::SeqCst);
-            self.inner.release(limit, key, quantity, lease);
+        fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+            if let Adjustment::Release { .. } = adjustment {
+                self.releases.fetch_add(1, Ordering::SeqCst);
+            }
+            self.inner.adjust(charges, adjustment);
         }
     }
 

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use tower_throttle::backend::{Charges, Decisions};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -15,8 +16,8 @@ use tokio::sync::oneshot;
 use tower::{Service, ServiceExt};
 use tower_throttle::key::Global;
 use tower_throttle::{
-    backend::BackendError, Backend, Decision, Key, Limit, MemoryBackend, Policy, Quota,
-    ThrottleLayer, ThrottleLayerBuilder,
+    backend::BackendError, Backend, Decision, MemoryBackend, Policy, Quota, ThrottleLayer,
+    ThrottleLayerBuilder,
 };
 
 /// An inner service that records every call made without a preceding `poll_ready` on the same instance.
@@ -65,17 +66,18 @@ struct Remote {
     waiting: Arc<Mutex<Vec<Answer>>>,
 }
 
-type Pending = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+type Pending = Pin<Box<dyn Future<Output = Result<Decisions, BackendError>> + Send>>;
 
 impl Backend for Remote {
     type Future = Pending;
 
-    fn check(&self, _: &Limit, _: &Key, _: u64) -> Pending {
+    fn check(&self, _: Charges<'_>) -> Pending {
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().push(tx);
         Box::pin(async move {
             rx.await
                 .unwrap_or_else(|_| Err(BackendError::new("dropped")))
+                .map(Decisions::One)
         })
     }
 }

@@ -2,6 +2,8 @@
 //! attempts, exact with 100 requests in flight; refunds of server errors; responses that never came.
 
 use std::time::Duration;
+use tower_throttle::backend::{Charges, Uses};
+use tower_throttle::BuildError;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::{routing::get, Router};
@@ -10,7 +12,7 @@ use tower::ServiceExt;
 use crate::support::{backend, request};
 use tower_throttle::key::Header;
 use tower_throttle::{
-    Algorithm, Backend, Key, Limit, MemoryBackend, Policy, PolicyBuilder, Quota, ThrottleLayer,
+    Algorithm, Backend, Limit, MemoryBackend, Policy, PolicyBuilder, Quota, ThrottleLayer,
 };
 
 /// "login": 3 a minute per `x-username`, counting only 401s and 403s.
@@ -200,8 +202,16 @@ struct NoRefunds(MemoryBackend);
 impl Backend for NoRefunds {
     type Future = <MemoryBackend as Backend>::Future;
 
-    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
-        self.0.check(limit, key, quantity)
+    fn check(&self, charges: Charges<'_>) -> Self::Future {
+        self.0.check(charges)
+    }
+
+    // Decides as memory does, and refuses refunds.
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+        match uses.refunds {
+            true => Err(BuildError::Invalid("no refunds here".into())),
+            false => self.0.validate(limits, uses),
+        }
     }
 }
 

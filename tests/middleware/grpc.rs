@@ -3,6 +3,7 @@
 
 use std::future::{ready, Ready};
 use std::net::SocketAddr;
+use tower_throttle::backend::{Charges, Decisions};
 
 use http::StatusCode;
 use tonic::metadata::MetadataMap;
@@ -12,8 +13,8 @@ use tonic::{Code, Status};
 use tower_throttle::key::{Header, KeyExtractor};
 use tower_throttle::ops::AccessList;
 use tower_throttle::{
-    backend::BackendError, policy::MissingKey, Backend, Decision, Key, Limit, OnBackendError,
-    Policy, Quota, ThrottleLayer, ThrottleLayerBuilder,
+    backend::BackendError, policy::MissingKey, Backend, OnBackendError, Policy, Quota,
+    ThrottleLayer, ThrottleLayerBuilder,
 };
 
 #[path = "../../examples/grpc/greeter.rs"]
@@ -179,8 +180,8 @@ async fn backend_failure_with_deny_fails_with_unavailable() {
     #[derive(Clone)]
     struct Broken;
     impl Backend for Broken {
-        type Future = Ready<Result<Decision, BackendError>>;
-        fn check(&self, _: &Limit, _: &Key, _: u64) -> Self::Future {
+        type Future = Ready<Result<Decisions, BackendError>>;
+        fn check(&self, _: Charges<'_>) -> Self::Future {
             ready(Err(BackendError::new("connection refused")))
         }
     }

@@ -453,13 +453,14 @@ async fn stacked_layers_append_their_fields() {
 #[tokio::test]
 async fn on_backend_error_allow_or_deny() {
     use std::future::{ready, Ready};
-    use tower_throttle::{backend::BackendError, Backend, Decision, Key, Limit};
+    use tower_throttle::backend::{BackendError, Charges, Decisions};
+    use tower_throttle::Backend;
 
     #[derive(Clone)]
     struct Broken;
     impl Backend for Broken {
-        type Future = Ready<Result<Decision, BackendError>>;
-        fn check(&self, _: &Limit, _: &Key, _: u64) -> Self::Future {
+        type Future = Ready<Result<Decisions, BackendError>>;
+        fn check(&self, _: Charges<'_>) -> Self::Future {
             ready(Err(BackendError::new("connection refused")))
         }
     }

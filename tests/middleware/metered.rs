@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tower_throttle::backend::{Charges, Uses};
 
 use axum::body::Body;
 use axum::extract::Query;
@@ -24,8 +25,8 @@ use crate::support::backend;
 use tower_throttle::clock::ManualClock;
 use tower_throttle::key::Header;
 use tower_throttle::{
-    backend::StackFuture, Algorithm, Backend, BuildError, Decision, Estimate, Key, Limit,
-    MemoryBackend, Meter, Policy, PolicyBuilder, Quota, ThrottleLayer,
+    Algorithm, Backend, BuildError, Estimate, Key, Limit, MemoryBackend, Meter, Policy,
+    PolicyBuilder, Quota, ThrottleLayer,
 };
 
 /// A body of `n` server-sent events, one token each, each reported on the meter as it is produced
@@ -136,7 +137,9 @@ fn request(key: &str, query: &str) -> Request<Body> {
 
 /// What `key` has been charged under `limits` (nothing drains: the clock stands still).
 fn charged(backend: &MemoryBackend<ManualClock>, limits: &[Limit], key: &str, at: usize) -> u64 {
-    let state = backend.peek_now(limits, &Key::from(key)).unwrap()[at];
+    let state = backend
+        .peek_now(Charges::stack(limits, &Key::from(key), 0))
+        .unwrap()[at];
     state.limit - state.remaining
 }
 
@@ -306,7 +309,10 @@ async fn a_handler_that_reports_nothing_keeps_the_reservation_and_a_usage_header
         b"data: token 1\n\ndata: token 2\n\ndata: token 3\n\n"
     );
     let interval = Duration::from_secs(3600) / 1_000_000;
-    let ahead = backend.peek_now(&limits, &Key::from("stream")).unwrap()[0].reset_after;
+    let ahead = backend
+        .peek_now(Charges::stack(&limits, &Key::from("stream"), 0))
+        .unwrap()[0]
+        .reset_after;
     assert!(ahead >= 3 * interval, "{ahead:?}");
     assert!(ahead < 3 * interval + Duration::from_secs(1), "{ahead:?}");
 }
@@ -347,18 +353,18 @@ fn a_metered_limit_on_another_algorithm_is_a_build_error() {
 struct NoSettle(MemoryBackend);
 
 impl Backend for NoSettle {
-    type Future = std::future::Ready<Result<Decision, tower_throttle::backend::BackendError>>;
+    type Future = <MemoryBackend as Backend>::Future;
 
-    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
-        self.0.check(limit, key, quantity)
+    fn check(&self, charges: Charges<'_>) -> Self::Future {
+        self.0.check(charges)
     }
 
-    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
-        self.0.check_all(limits, key, quantity)
-    }
-
-    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        self.0.validate_all(limits)
+    // Decides stacks as memory does, and refuses settlements.
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+        match uses.settles {
+            true => Err(BuildError::Invalid("no settlements here".into())),
+            false => self.0.validate(limits, uses),
+        }
     }
 }
 

@@ -672,14 +672,9 @@ async fn a_dry_run_passes_requests_without_a_key_and_through_backend_failures() 
     struct Down;
     impl tower_throttle::Backend for Down {
         type Future = std::future::Ready<
-            Result<tower_throttle::Decision, tower_throttle::backend::BackendError>,
+            Result<tower_throttle::backend::Decisions, tower_throttle::backend::BackendError>,
         >;
-        fn check(
-            &self,
-            _: &tower_throttle::Limit,
-            _: &tower_throttle::Key,
-            _: u64,
-        ) -> Self::Future {
+        fn check(&self, _: tower_throttle::backend::Charges<'_>) -> Self::Future {
             std::future::ready(Err(tower_throttle::backend::BackendError::new("down")))
         }
     }

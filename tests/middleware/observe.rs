@@ -54,12 +54,7 @@ struct Down;
 impl tower_throttle::Backend for Down {
     type Future = DownFuture;
 
-    fn check(
-        &self,
-        _limit: &tower_throttle::Limit,
-        _key: &tower_throttle::Key,
-        _quantity: u64,
-    ) -> DownFuture {
+    fn check(&self, _charges: tower_throttle::backend::Charges<'_>) -> DownFuture {
         DownFuture { polled: false }
     }
 }
@@ -69,7 +64,7 @@ struct DownFuture {
 }
 
 impl std::future::Future for DownFuture {
-    type Output = Result<tower_throttle::Decision, tower_throttle::backend::BackendError>;
+    type Output = Result<tower_throttle::backend::Decisions, tower_throttle::backend::BackendError>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,

@@ -12,13 +12,14 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::asks::Asks;
 use redis_support::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 use tower_throttle::window::{self, FixedState, SlidingState};
 use tower_throttle::{
     policy::Penalty,
     redis::{RedisBackend, RedisMode},
-    Algorithm, Backend, Decision, Key, Limit, Quota,
+    Algorithm, Decision, Key, Limit, Quota,
 };
 
 async fn connect(url: &str) -> RedisBackend {
@@ -207,7 +208,7 @@ async fn every_window_algorithm_computes_window_rs_on_the_server_clock() {
             // On a loaded machine the step starts late, by up to seconds: the model decides when
             // the check was sent, not when it was due, and Redis at most the call's time after.
             let sent = tokio::time::Instant::now().saturating_duration_since(at);
-            let redis = backend.check(&limit, &key, quantity).await.unwrap();
+            let redis = backend.check_one(&limit, &key, quantity).await.unwrap();
             let took = tokio::time::Instant::now().saturating_duration_since(at) - sent;
             let margin = ms(50) + took;
             let sent_ns = u64::try_from(sent.as_nanos()).unwrap();
@@ -255,7 +256,7 @@ async fn fixed_window_resets_at_the_boundary_it_names() {
     let redis_key = backend.state_key(&limit, &key);
     let (boundary, at) = align(&server.url(), period, Duration::from_millis(300)).await;
     for left in [2, 1, 0] {
-        let d = backend.check(&limit, &key, 1).await.unwrap();
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
         assert_eq!((d.allowed, d.remaining), (true, left), "{d:?}");
     }
     let stored = server.cli(&["GET", &redis_key]);
@@ -263,7 +264,7 @@ async fn fixed_window_resets_at_the_boundary_it_names() {
     assert_eq!(stored, format!("{window}:3"));
     let ttl = cli_int(&server, &["PTTL", &redis_key]);
     assert!(ttl > 0 && ttl <= 1700, "{ttl}");
-    let rejected = backend.check(&limit, &key, 1).await.unwrap();
+    let rejected = backend.check_one(&limit, &key, 1).await.unwrap();
     assert!(!rejected.allowed && rejected.remaining == 0, "{rejected:?}");
     let retry = rejected.retry_after.unwrap();
     // The next boundary is 2 s after `at` (give or take the latency of reading the server's
@@ -280,7 +281,7 @@ async fn fixed_window_resets_at_the_boundary_it_names() {
         "rejections write nothing"
     );
     tokio::time::sleep(retry + Duration::from_millis(10)).await;
-    let d = backend.check(&limit, &key, 1).await.unwrap();
+    let d = backend.check_one(&limit, &key, 1).await.unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 2), "{d:?}");
     assert_eq!(
         server.cli(&["GET", &redis_key]),
@@ -303,7 +304,7 @@ async fn sliding_log_counts_every_request_of_a_burst_and_stays_bounded() {
     let key = Key::from("burst");
     let redis_key = backend.state_key(&limit, &key);
     let burst = |n: usize| {
-        let calls: Vec<_> = (0..n).map(|_| backend.check(&limit, &key, 1)).collect();
+        let calls: Vec<_> = (0..n).map(|_| backend.check_one(&limit, &key, 1)).collect();
         async move {
             let mut admitted = 0;
             for call in calls {
@@ -320,7 +321,7 @@ async fn sliding_log_counts_every_request_of_a_burst_and_stays_bounded() {
     let unique: HashSet<&str> = members.lines().collect();
     assert_eq!(unique.len(), 100);
     // A request of several units adds as many members, or none.
-    let d = backend.check(&limit, &key, 3).await.unwrap();
+    let d = backend.check_one(&limit, &key, 3).await.unwrap();
     assert!(!d.allowed);
     assert_eq!(cli_int(&server, &["ZCARD", &redis_key]), 100);
     let ttl = cli_int(&server, &["PTTL", &redis_key]);
@@ -335,7 +336,7 @@ async fn sliding_log_counts_every_request_of_a_burst_and_stays_bounded() {
     let short_key = backend.state_key(&short, &key);
     for _ in 0..4 {
         for _ in 0..8 {
-            backend.check(&short, &key, 2).await.unwrap();
+            backend.check_one(&short, &key, 2).await.unwrap();
         }
         assert!(cli_int(&server, &["ZCARD", &short_key]) <= 5);
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -359,7 +360,11 @@ async fn admits_exactly(backends: &[RedisBackend], limits: Vec<Limit>, key: &str
                 let mut admitted = 0;
                 for _ in 0..REQUESTS {
                     let allowed = if limits.len() == 1 {
-                        backend.check(&limits[0], &key, 1).await.unwrap().allowed
+                        backend
+                            .check_one(&limits[0], &key, 1)
+                            .await
+                            .unwrap()
+                            .allowed
                     } else {
                         let decisions = backend.check_all(&limits, &key, 1).await.unwrap();
                         Decision::combine(&decisions).unwrap().allowed
@@ -534,7 +539,7 @@ async fn a_stack_rejected_by_one_limit_consumes_none_of_the_others() {
     );
     assert_eq!(snapshot(&backend), before);
     // The same GCRA limit alone reads the stack's state (3 taken).
-    let alone = backend.check(&gcra, &key, 1).await.unwrap();
+    let alone = backend.check_one(&gcra, &key, 1).await.unwrap();
     assert_eq!((alone.allowed, alone.remaining), (true, 6), "{alone:?}");
     // Without the full limit, the rest of the stack still passes.
     let d = backend
@@ -570,7 +575,7 @@ async fn windows_and_stacks_keep_the_penalty_box() {
         assert!(d.retry_after.unwrap() > Duration::from_secs(29), "{d:?}");
     }
     // The ban is the policy's, whatever the algorithm: the first limit checked alone is banned too.
-    let alone = backend.check(&first, &key, 1).await.unwrap();
+    let alone = backend.check_one(&first, &key, 1).await.unwrap();
     assert!(alone.banned, "{alone:?}");
     let ban_key = format!("{}:ban", backend.redis_key("p-fixed", &key));
     assert!(cli_int(&server, &["PTTL", &ban_key]) > 29_000);
@@ -592,16 +597,20 @@ async fn concurrency_leases_are_released_or_expire() {
     let redis_key = backend.state_key(&limit, &key);
     let mut leases = Vec::new();
     for left in [2, 1, 0] {
-        let d = backend.check(&limit, &key, 1).await.unwrap();
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
         assert_eq!((d.allowed, d.remaining), (true, left), "{d:?}");
         leases.push(d.lease.expect("an admitted request has a lease"));
     }
     assert_eq!(leases.iter().collect::<HashSet<_>>().len(), 3);
-    let full = backend.check(&limit, &key, 1).await.unwrap();
+    let full = backend.check_one(&limit, &key, 1).await.unwrap();
     assert!(!full.allowed && full.lease.is_none(), "{full:?}");
     assert_eq!(full.retry_after, Some(window::CONCURRENCY_RETRY));
     assert_eq!(
-        backend.check(&limit, &key, 4).await.unwrap().retry_after,
+        backend
+            .check_one(&limit, &key, 4)
+            .await
+            .unwrap()
+            .retry_after,
         None
     );
     let ttl = cli_int(&server, &["PTTL", &redis_key]);
@@ -612,7 +621,7 @@ async fn concurrency_leases_are_released_or_expire() {
     let mut freed = None;
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        let d = backend.check(&limit, &key, 1).await.unwrap();
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
         if d.allowed {
             freed = Some(d);
             break;
@@ -630,13 +639,13 @@ async fn concurrency_leases_are_released_or_expire() {
 
     // Requests of several units: one lease, as many slots.
     let multi = self::limit("conc-multi", Algorithm::Concurrency, Quota::per_second(3));
-    let two = backend.check(&multi, &key, 2).await.unwrap();
+    let two = backend.check_one(&multi, &key, 2).await.unwrap();
     assert_eq!((two.allowed, two.remaining), (true, 1));
-    assert!(!backend.check(&multi, &key, 2).await.unwrap().allowed);
+    assert!(!backend.check_one(&multi, &key, 2).await.unwrap().allowed);
     backend.release(&multi, &key, 2, two.lease.unwrap());
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let d = backend.check(&multi, &key, 3).await.unwrap();
+        let d = backend.check_one(&multi, &key, 3).await.unwrap();
         if d.allowed {
             break;
         }
@@ -652,16 +661,16 @@ async fn concurrency_leases_are_released_or_expire() {
     let short_key = backend.state_key(&short, &key);
     let dead = connect(&server.url()).await;
     for _ in 0..2 {
-        assert!(dead.check(&short, &key, 1).await.unwrap().allowed);
+        assert!(dead.check_one(&short, &key, 1).await.unwrap().allowed);
     }
     drop(dead);
     let started = Instant::now();
-    assert!(!backend.check(&short, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check_one(&short, &key, 1).await.unwrap().allowed);
     let mut back = None;
     while started.elapsed() < Duration::from_secs(4) {
         // The server's clock before the check: a lease that ended by then has ended for it.
         let (before_ns, _) = server_clock(&server.url()).await;
-        let d = backend.check(&short, &key, 1).await.unwrap();
+        let d = backend.check_one(&short, &key, 1).await.unwrap();
         if d.allowed {
             back = Some((started.elapsed(), d.lease.unwrap(), before_ns / 1000));
             break;
@@ -714,7 +723,7 @@ async fn hostile_keys_stay_inside_their_namespace_for_every_algorithm() {
     let limits: Vec<Limit> = algorithms.map(|a| hourly("api", a, 10)).collect();
     for key in &hostile {
         for limit in &limits {
-            assert!(backend.check(limit, key, 1).await.unwrap().allowed);
+            assert!(backend.check_one(limit, key, 1).await.unwrap().allowed);
         }
     }
     let keys = server.cli(&["--raw", "KEYS", "*"]);
@@ -751,7 +760,7 @@ async fn changing_a_policys_algorithm_never_hits_another_type() {
         Algorithm::Gcra,
     ] {
         let limit = hourly("changing", algorithm, 5);
-        let d = backend.check(&limit, &key, 1).await.unwrap();
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
         assert!(d.allowed, "{algorithm}: {d:?}");
     }
 }
@@ -760,14 +769,14 @@ async fn changing_a_policys_algorithm_never_hits_another_type() {
 async fn limits_the_script_cannot_keep_exact_are_refused_when_the_layer_is_built() {
     let server = RedisServer::start();
     let backend = connect(&server.url()).await;
-    let refused = |limit: &Limit| backend.validate(limit).unwrap_err().to_string();
+    let refused = |limit: &Limit| backend.validate_one(limit).unwrap_err().to_string();
     for algorithm in WINDOWS {
         let fine = limit(
             "ok",
             algorithm,
             Quota::per_period(10, Duration::from_millis(1500)),
         );
-        assert!(backend.validate(&fine).is_ok(), "{algorithm}");
+        assert!(backend.validate_one(&fine).is_ok(), "{algorithm}");
         let nanos = limit(
             "ns",
             algorithm,
@@ -790,21 +799,21 @@ async fn limits_the_script_cannot_keep_exact_are_refused_when_the_layer_is_built
     let busy = limit("busy", Algorithm::SlidingWindow, Quota::per_day(100_000));
     assert!(refused(&busy).contains("2^51"), "{}", refused(&busy));
     assert!(backend
-        .validate(&limit(
+        .validate_one(&limit(
             "day",
             Algorithm::SlidingWindow,
             Quota::per_day(20_000)
         ))
         .is_ok());
     assert!(backend
-        .validate(&limit(
+        .validate_one(&limit(
             "day",
             Algorithm::FixedWindow,
             Quota::per_day(100_000)
         ))
         .is_ok());
     let conc = limit("c", Algorithm::Concurrency, Quota::per_second(5));
-    assert!(backend.validate(&conc).is_ok());
+    assert!(backend.validate_one(&conc).is_ok());
 
     // Stacks: 1 to 16 limits, no concurrency, no limit twice.
     let a = hourly("a", Algorithm::FixedWindow, 5);
@@ -844,12 +853,12 @@ async fn failures_reach_the_caller_and_releases_never_block() {
     let conc = limit("f-conc", Algorithm::Concurrency, Quota::per_second(1));
     let fixed = hourly("f-fixed", Algorithm::FixedWindow, 1);
     let key = Key::from("k");
-    let held = backend.check(&conc, &key, 1).await.unwrap();
+    let held = backend.check_one(&conc, &key, 1).await.unwrap();
     assert!(held.allowed);
-    assert!(!backend.check(&conc, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check_one(&conc, &key, 1).await.unwrap().allowed);
     server.stop();
     for limit in [&conc, &fixed] {
-        assert!(backend.check(limit, &key, 1).await.is_err());
+        assert!(backend.check_one(limit, &key, 1).await.is_err());
     }
     assert!(backend
         .check_all(std::slice::from_ref(&fixed), &key, 1)
@@ -860,7 +869,10 @@ async fn failures_reach_the_caller_and_releases_never_block() {
         |e: tower_throttle::backend::BackendError| format!("{e:?}").contains("failing fast");
     let mut fast = (false, false);
     for _ in 0..20 {
-        fast.0 |= backend.check(&fixed, &key, 1).await.is_err_and(fail_fast);
+        fast.0 |= backend
+            .check_one(&fixed, &key, 1)
+            .await
+            .is_err_and(fail_fast);
         fast.1 |= backend
             .check_all(std::slice::from_ref(&fixed), &key, 1)
             .await
@@ -887,7 +899,7 @@ async fn failures_reach_the_caller_and_releases_never_block() {
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match backend.check(&conc, &key, 1).await {
+        match backend.check_one(&conc, &key, 1).await {
             Ok(d) => {
                 assert!(d.allowed && d.lease.is_some(), "{d:?}");
                 break;
@@ -931,14 +943,14 @@ async fn the_deny_cache_holds_only_rejections_that_last_until_their_retry_time()
     let mut open_again = Vec::new();
     for limit in [&fixed, &log] {
         for _ in 0..2 {
-            assert!(backend.check(limit, &key, 1).await.unwrap().allowed);
+            assert!(backend.check_one(limit, &key, 1).await.unwrap().allowed);
         }
-        let first = backend.check(limit, &key, 1).await.unwrap();
+        let first = backend.check_one(limit, &key, 1).await.unwrap();
         assert!(!first.allowed, "{first:?}");
         open_again.push(Instant::now() + first.retry_after.unwrap());
         let before = calls(&server, "evalsha");
         for _ in 0..100 {
-            let d = backend.check(limit, &key, 1).await.unwrap();
+            let d = backend.check_one(limit, &key, 1).await.unwrap();
             assert!(!d.allowed);
             assert_eq!((d.limit, d.remaining), (first.limit, first.remaining));
             assert!(d.retry_after.unwrap() <= first.retry_after.unwrap());
@@ -948,7 +960,7 @@ async fn the_deny_cache_holds_only_rejections_that_last_until_their_retry_time()
     // Several units from a full log: its room may grow before the retry time, so Redis decides.
     let before = calls(&server, "evalsha");
     for _ in 0..10 {
-        assert!(!backend.check(&log, &key, 2).await.unwrap().allowed);
+        assert!(!backend.check_one(&log, &key, 2).await.unwrap().allowed);
     }
     assert_eq!(calls(&server, "evalsha"), before + 10);
     // The fixed window opens again at the boundary, the log when its first unit leaves: the
@@ -956,7 +968,7 @@ async fn the_deny_cache_holds_only_rejections_that_last_until_their_retry_time()
     for (limit, at) in [&fixed, &log].into_iter().zip(open_again) {
         tokio::time::sleep_until(at + Duration::from_millis(20)).await;
         assert!(
-            backend.check(limit, &key, 1).await.unwrap().allowed,
+            backend.check_one(limit, &key, 1).await.unwrap().allowed,
             "{}",
             limit.name()
         );
@@ -968,21 +980,21 @@ async fn the_deny_cache_holds_only_rejections_that_last_until_their_retry_time()
         Quota::per_period(2, period),
     );
     let conc = limit("d-conc", Algorithm::Concurrency, Quota::per_second(1));
-    let held = backend.check(&conc, &key, 1).await.unwrap();
+    let held = backend.check_one(&conc, &key, 1).await.unwrap();
     assert!(held.allowed);
     for _ in 0..2 {
-        assert!(backend.check(&sliding, &key, 1).await.unwrap().allowed);
+        assert!(backend.check_one(&sliding, &key, 1).await.unwrap().allowed);
     }
     let before = calls(&server, "evalsha");
     for _ in 0..10 {
-        assert!(!backend.check(&sliding, &key, 1).await.unwrap().allowed);
-        assert!(!backend.check(&conc, &key, 1).await.unwrap().allowed);
+        assert!(!backend.check_one(&sliding, &key, 1).await.unwrap().allowed);
+        assert!(!backend.check_one(&conc, &key, 1).await.unwrap().allowed);
     }
     assert_eq!(calls(&server, "evalsha"), before + 20);
     // A released slot is admitted at once: no cached rejection stands in the way.
     backend.release(&conc, &key, 1, held.lease.unwrap());
     let deadline = Instant::now() + Duration::from_secs(2);
-    while !backend.check(&conc, &key, 1).await.unwrap().allowed {
+    while !backend.check_one(&conc, &key, 1).await.unwrap().allowed {
         assert!(
             Instant::now() < deadline,
             "the released slot was never free"
@@ -1006,11 +1018,11 @@ async fn delayed_gcra_limits_never_take_the_cell_path() {
         .unwrap()
         .with_delay(Duration::from_millis(1500))
         .unwrap();
-    cell.validate(&delayed).unwrap();
+    cell.validate_one(&delayed).unwrap();
     let key = Key::from("k");
     let mut last = None;
     for _ in 0..5 {
-        let d = cell.check(&delayed, &key, 1).await.unwrap();
+        let d = cell.check_one(&delayed, &key, 1).await.unwrap();
         assert!(d.allowed, "{d:?}");
         last = Some(d);
     }
@@ -1020,11 +1032,11 @@ async fn delayed_gcra_limits_never_take_the_cell_path() {
         reset > Duration::from_millis(2400) && reset <= Duration::from_millis(2500),
         "{reset:?}"
     );
-    assert!(!cell.check(&delayed, &key, 1).await.unwrap().allowed);
+    assert!(!cell.check_one(&delayed, &key, 1).await.unwrap().allowed);
     assert_eq!(calls(&server, "cl.throttle"), 0);
     // The same quota without a delay still takes CL.THROTTLE.
     let plain = Limit::new("plain", Quota::per_second(2)).unwrap();
-    assert!(cell.check(&plain, &key, 1).await.unwrap().allowed);
+    assert!(cell.check_one(&plain, &key, 1).await.unwrap().allowed);
     assert_eq!(calls(&server, "cl.throttle"), 1);
 }
 
@@ -1605,7 +1617,7 @@ async fn concurrency_checks_that_time_out_give_their_slots_back() {
     let key = Key::from("k");
     let state = backend.state_key(&conc, &key);
     // Load the script first, so that the stalled calls are the decisions themselves.
-    let d = backend.check(&conc, &key, 1).await.unwrap();
+    let d = backend.check_one(&conc, &key, 1).await.unwrap();
     backend.release(&conc, &key, 1, d.lease.unwrap());
     until_empty(&server, &state, "the first slot never came back").await;
 
@@ -1613,13 +1625,13 @@ async fn concurrency_checks_that_time_out_give_their_slots_back() {
     // began; when it ends, Redis runs them all the same.
     pause_server(&server, 1000);
     let (a, b, c) = tokio::join!(
-        backend.check(&conc, &key, 1),
-        backend.check(&conc, &key, 1),
-        backend.check(&conc, &key, 1)
+        backend.check_one(&conc, &key, 1),
+        backend.check_one(&conc, &key, 1),
+        backend.check_one(&conc, &key, 1)
     );
     assert!(a.is_err() && b.is_err() && c.is_err(), "{a:?} {b:?} {c:?}");
     until_empty(&server, &state, "slots taken by unanswered checks stayed").await;
-    assert!(backend.check(&conc, &key, 3).await.unwrap().allowed);
+    assert!(backend.check_one(&conc, &key, 3).await.unwrap().allowed);
 }
 
 /// A release while the circuit breaker is open (Redis just timed out) is retried, not lost.
@@ -1631,18 +1643,18 @@ async fn a_release_while_the_breaker_is_open_still_gives_the_slot_back() {
     let fixed = limit("f", Algorithm::FixedWindow, Quota::per_hour(100));
     let key = Key::from("k");
     let state = backend.state_key(&conc, &key);
-    let held = backend.check(&conc, &key, 1).await.unwrap();
+    let held = backend.check_one(&conc, &key, 1).await.unwrap();
     assert!(held.allowed);
     // Long enough that the check times out (100 ms) however late this task runs after the pause
     // began; the release comes while the breaker that timeout opened is still open.
     pause_server(&server, 1000);
-    let timed_out = backend.check(&fixed, &key, 1).await;
+    let timed_out = backend.check_one(&fixed, &key, 1).await;
     assert!(timed_out.is_err(), "{timed_out:?}");
     backend.release(&conc, &key, 1, held.lease.unwrap());
     until_empty(&server, &state, "a release during the outage was lost").await;
     // The breaker lets calls through again after a probe.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !matches!(backend.check(&conc, &key, 1).await, Ok(d) if d.allowed) {
+    while !matches!(backend.check_one(&conc, &key, 1).await, Ok(d) if d.allowed) {
         assert!(Instant::now() < deadline, "the slot never came back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -9,10 +9,11 @@ use crate::support::redis::{RedisCluster, RedisServer};
 
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{RedisBackend, RedisBackendBuilder, RedisMode},
-    Backend, Limit, Quota,
+    Limit, Quota,
 };
 
 fn limit() -> Limit {
@@ -23,7 +24,10 @@ fn limit() -> Limit {
 async fn decides_on_lua(builder: RedisBackendBuilder) {
     let backend = builder.connect().await.unwrap();
     assert_eq!(backend.active_path(), Some(RedisMode::Lua));
-    let decision = backend.check(&limit(), &Key::from("k"), 1).await.unwrap();
+    let decision = backend
+        .check_one(&limit(), &Key::from("k"), 1)
+        .await
+        .unwrap();
     assert!(decision.allowed);
 }
 
@@ -40,7 +44,7 @@ async fn auto_with_coalescing_sends_no_command_info() {
             assert!(Instant::now() < deadline, "{}", lazy.health());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(lazy.check(&limit(), &key, 1).await.unwrap().allowed);
+        assert!(lazy.check_one(&limit(), &key, 1).await.unwrap().allowed);
 
         // On a connection manager of the user's (set up as a Cluster is: builder.rs's open_other).
         let manager = redis::Client::open(server.url())
@@ -58,7 +62,13 @@ async fn auto_with_coalescing_sends_no_command_info() {
             .connect()
             .await
             .unwrap();
-        assert!(detecting.check(&limit(), &key, 1).await.unwrap().allowed);
+        assert!(
+            detecting
+                .check_one(&limit(), &key, 1)
+                .await
+                .unwrap()
+                .allowed
+        );
         assert!(calls(&server, "command|info") > 0);
     }
 }
@@ -74,7 +84,7 @@ async fn auto_with_coalescing_sends_no_command_info_to_a_cluster() {
         .build()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while lazy.check(&limit(), &key, 1).await.is_err() {
+    while lazy.check_one(&limit(), &key, 1).await.is_err() {
         assert!(Instant::now() < deadline, "{}", lazy.health());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

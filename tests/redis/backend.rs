@@ -8,12 +8,13 @@ use crate::support::redis as redis_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::asks::Asks;
 use redis_support::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 use tower_throttle::{
     gcra,
     redis::{RedisBackend, RedisMode},
-    Backend, Decision, Key, Limit, MemoryBackend, Quota,
+    Decision, Key, Limit, MemoryBackend, Quota,
 };
 
 pub(crate) async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
@@ -163,9 +164,9 @@ async fn memory_lua_and_cell_agree() {
     for (i, step) in steps.iter().enumerate() {
         tokio::time::sleep_until(start + step.at).await;
         let (m, l, c) = tokio::join!(
-            memory.check(&on_memory, &key, step.quantity),
-            lua.check(&on_lua, &key, step.quantity),
-            cell.check(&on_cell, &key, step.quantity),
+            memory.check_one(&on_memory, &key, step.quantity),
+            lua.check_one(&on_lua, &key, step.quantity),
+            cell.check_one(&on_cell, &key, step.quantity),
         );
         let (m, l, c): (Decision, Decision, Decision) = (m.unwrap(), l.unwrap(), c.unwrap());
         let context = format!("step {i} {step:?}\n memory {m:?}\n lua    {l:?}\n cell   {c:?}");
@@ -232,7 +233,7 @@ async fn admits_exactly_the_limit(backends: Vec<RedisBackend>, name: &str) {
             tasks.push(tokio::spawn(async move {
                 let mut admitted = 0;
                 for _ in 0..REQUESTS {
-                    let decision = backend.check(&limit, &key, 1).await.unwrap();
+                    let decision = backend.check_one(&limit, &key, 1).await.unwrap();
                     admitted += usize::from(decision.allowed);
                 }
                 admitted
@@ -284,7 +285,13 @@ async fn cluster_admits_exactly_the_limit_and_keys_live_on_their_slot() {
         let limit = limit(&name, Quota::per_minute(10));
         for i in 0..30 {
             let key = Key::from(format!("user-{i}"));
-            assert!(backends[0].check(&limit, &key, 1).await.unwrap().allowed);
+            assert!(
+                backends[0]
+                    .check_one(&limit, &key, 1)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
             let redis_key = backends[0].redis_key(&name, &key);
             let holders: Vec<u16> = cluster_servers
                 .nodes()
@@ -329,12 +336,12 @@ async fn auto_follows_the_module() {
     assert_eq!(auto.active_path(), Some(RedisMode::Cell));
     let limit = limit("auto", Quota::per_minute(3));
     let key = Key::from("k");
-    let first = auto.check(&limit, &key, 1).await.unwrap();
+    let first = auto.check_one(&limit, &key, 1).await.unwrap();
     assert_eq!((first.allowed, first.remaining), (true, 2));
 
     // The module goes away: the next decision runs on Lua, from the same state.
     with_cell.cli(&["MODULE", "UNLOAD", "redis-cell"]);
-    let second = auto.check(&limit, &key, 1).await.unwrap();
+    let second = auto.check_one(&limit, &key, 1).await.unwrap();
     assert_eq!(auto.active_path(), Some(RedisMode::Lua));
     assert_eq!((second.allowed, second.remaining), (true, 1));
 
@@ -344,7 +351,7 @@ async fn auto_follows_the_module() {
     with_cell.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
     let mut path = None;
     for _ in 0..50 {
-        if let Ok(third) = auto.check(&limit, &key, 1).await {
+        if let Ok(third) = auto.check_one(&limit, &key, 1).await {
             assert_eq!((third.allowed, third.remaining), (true, 0));
             path = auto.active_path();
             break;
@@ -373,7 +380,7 @@ async fn hostile_keys_stay_inside_their_namespace() {
         Key::from("x".repeat(10_000)),
     ];
     for key in &hostile {
-        assert!(backend.check(&limit, key, 1).await.unwrap().allowed);
+        assert!(backend.check_one(&limit, key, 1).await.unwrap().allowed);
     }
     let keys = server.cli(&["--raw", "KEYS", "*"]);
     let keys: Vec<&str> = keys.lines().collect();
@@ -397,13 +404,13 @@ async fn a_changed_quota_reads_old_state_as_at_most_a_full_bucket() {
     // Old: 100 an hour, all used (the TAT is an hour ahead).
     let old = limit("orders", Quota::per_hour(100));
     for _ in 0..100 {
-        assert!(backend.check(&old, &key, 1).await.unwrap().allowed);
+        assert!(backend.check_one(&old, &key, 1).await.unwrap().allowed);
     }
-    assert!(!backend.check(&old, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check_one(&old, &key, 1).await.unwrap().allowed);
     // New: 5 a second. The exhausted key is an exhausted bucket under the new quota: it refills at
     // the new rate, within a second, not in an hour.
     let new = limit("orders", Quota::per_second(5));
-    let now = backend.check(&new, &key, 1).await.unwrap();
+    let now = backend.check_one(&new, &key, 1).await.unwrap();
     assert!(!now.allowed);
     assert!(
         now.retry_after.unwrap() <= Duration::from_millis(200),
@@ -411,7 +418,7 @@ async fn a_changed_quota_reads_old_state_as_at_most_a_full_bucket() {
     );
     assert!(now.reset_after <= Duration::from_secs(1), "{now:?}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let later = backend.check(&new, &key, 1).await.unwrap();
+    let later = backend.check_one(&new, &key, 1).await.unwrap();
     assert!(later.allowed && later.remaining == 4, "{later:?}");
     // The same rule in memory, through the pure function every backend shares.
     let params_old = old.gcra().unwrap();
@@ -456,7 +463,7 @@ async fn invalid_settings_are_errors_before_any_request() {
         Quota::per_period(10, Duration::from_secs(365 * 86_400)),
     );
     assert!(lua
-        .validate(&too_long)
+        .validate_one(&too_long)
         .unwrap_err()
         .to_string()
         .contains("52 days"));
@@ -467,11 +474,11 @@ async fn invalid_settings_are_errors_before_any_request() {
         Quota::per_period(3, Duration::from_nanos(10_000_000_019)),
     );
     assert!(cell
-        .validate(&odd)
+        .validate_one(&odd)
         .unwrap_err()
         .to_string()
         .contains("CL.THROTTLE"));
-    assert!(lua.validate(&odd).is_ok());
+    assert!(lua.validate_one(&odd).is_ok());
 }
 
 #[tokio::test]
@@ -495,9 +502,9 @@ async fn tls_and_acl_credentials_work() {
         .unwrap();
     let limit = limit("tls", Quota::per_minute(2));
     let key = Key::from("k");
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
-    assert!(!backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check_one(&limit, &key, 1).await.unwrap().allowed);
 
     // A wrong password is an error at connect, without the password in the message.
     let wrong = server.url().replace("s3cret", "wrong-pw");
@@ -528,18 +535,18 @@ async fn lua_reloads_after_flush_writes_nothing_on_rejection_and_expires() {
     let limit = limit("lua", Quota::per_second(1).with_max_burst(1));
     let key = Key::from("k");
     let redis_key = backend.redis_key("lua", &key);
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
     server.cli(&["SCRIPT", "FLUSH"]);
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
     let stored = server.cli(&["GET", &redis_key]);
     let ttl: i64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
     assert!(ttl > 1000 && ttl <= 2000, "{ttl}");
-    let rejected = backend.check(&limit, &key, 1).await.unwrap();
+    let rejected = backend.check_one(&limit, &key, 1).await.unwrap();
     assert!(!rejected.allowed);
     assert_eq!(server.cli(&["GET", &redis_key]), stored);
     tokio::time::sleep(Duration::from_millis(ttl as u64 + 50)).await;
     assert_eq!(server.cli(&["EXISTS", &redis_key]), "0");
-    let fresh = backend.check(&limit, &key, 1).await.unwrap();
+    let fresh = backend.check_one(&limit, &key, 1).await.unwrap();
     assert_eq!((fresh.allowed, fresh.remaining), (true, 1));
 }
 
@@ -552,12 +559,12 @@ async fn cell_mode_never_sends_redis_cell_a_quantity_beyond_the_limit() {
     let limit = limit("huge", Quota::per_second(5));
     let key = Key::from("k");
     for quantity in [6, 50_000_000_000, u64::MAX] {
-        let d = cell.check(&limit, &key, quantity).await.unwrap();
+        let d = cell.check_one(&limit, &key, quantity).await.unwrap();
         assert!(!d.allowed && d.retry_after.is_none(), "{quantity}: {d:?}");
     }
-    let d = cell.check(&limit, &key, 0).await.unwrap();
+    let d = cell.check_one(&limit, &key, 0).await.unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 5));
-    let d = cell.check(&limit, &key, 1).await.unwrap();
+    let d = cell.check_one(&limit, &key, 1).await.unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 4));
     assert_eq!(server.cli(&["PING"]), "PONG");
 }
@@ -589,16 +596,16 @@ async fn the_deny_cache_answers_a_flood_without_round_trips() {
         async move {
             let key = Key::from(format!("flooder-{mode}"));
             let cached = connect(&server.url(), mode).await;
-            assert!(cached.check(limit, &key, 1).await.unwrap().allowed);
-            assert!(cached.check(limit, &key, 1).await.unwrap().allowed);
-            let first = cached.check(limit, &key, 1).await.unwrap();
+            assert!(cached.check_one(limit, &key, 1).await.unwrap().allowed);
+            assert!(cached.check_one(limit, &key, 1).await.unwrap().allowed);
+            let first = cached.check_one(limit, &key, 1).await.unwrap();
             // Redis decided before this instant: the key may pass by `retry_after` after it (for
             // CL.THROTTLE, whose whole seconds are rounded up, by then at the latest).
             let decided = Instant::now();
             assert!(!first.allowed);
             let before = calls(server, command);
             for _ in 0..200 {
-                let d = cached.check(limit, &key, 1).await.unwrap();
+                let d = cached.check_one(limit, &key, 1).await.unwrap();
                 assert!(!d.allowed);
                 assert_eq!((d.limit, d.remaining), (first.limit, first.remaining));
                 assert!(d.retry_after.unwrap() <= first.retry_after.unwrap());
@@ -613,11 +620,11 @@ async fn the_deny_cache_answers_a_flood_without_round_trips() {
             tokio::time::sleep_until(pass_at).await;
             let before = calls(server, command);
             assert!(
-                cached.check(limit, &key, 1).await.unwrap().allowed,
+                cached.check_one(limit, &key, 1).await.unwrap().allowed,
                 "{mode}"
             );
             assert!(
-                !cached.check(limit, &key, 1).await.unwrap().allowed,
+                !cached.check_one(limit, &key, 1).await.unwrap().allowed,
                 "{mode}"
             );
             assert_eq!(calls(server, command), before + 2, "{mode}");
@@ -636,7 +643,7 @@ async fn the_deny_cache_answers_a_flood_without_round_trips() {
     let before = calls(&server, "cl.throttle");
     let mut refused = 0;
     for _ in 0..50 {
-        let d = cell.check(&fine, &key, 1).await.unwrap();
+        let d = cell.check_one(&fine, &key, 1).await.unwrap();
         if !d.allowed {
             assert!(d.retry_after.unwrap() <= Duration::from_secs(1), "{d:?}");
             refused += 1;
@@ -657,11 +664,11 @@ async fn the_deny_cache_answers_a_flood_without_round_trips() {
         .unwrap();
     let key = Key::from("flooder-uncached");
     for _ in 0..2 {
-        assert!(uncached.check(&limit, &key, 1).await.unwrap().allowed);
+        assert!(uncached.check_one(&limit, &key, 1).await.unwrap().allowed);
     }
     let before = calls(&server, "evalsha");
     for _ in 0..50 {
-        assert!(!uncached.check(&limit, &key, 1).await.unwrap().allowed);
+        assert!(!uncached.check_one(&limit, &key, 1).await.unwrap().allowed);
     }
     assert_eq!(calls(&server, "evalsha"), before + 50);
 }

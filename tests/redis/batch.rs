@@ -12,12 +12,13 @@ use std::time::Duration;
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
-    Backend, Key, Limit, Quota,
+    Key, Limit, Quota,
 };
 
 use crate::backend::calls;
 use crate::gcra_group::{group_args, push_replies};
 use crate::lua::{GCRA, GCRA_BATCH};
+use crate::support::asks::Asks;
 
 pub(crate) fn evalsha_calls(server: &RedisServer) -> u64 {
     calls(server, "evalsha")
@@ -31,7 +32,7 @@ async fn flood(backend: &RedisBackend, name: &str, checks: usize) -> (Vec<u64>, 
     let tasks: Vec<_> = (0..checks)
         .map(|_| {
             let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
-            tokio::spawn(async move { backend.check(&limit, &key, 1).await.unwrap() })
+            tokio::spawn(async move { backend.check_one(&limit, &key, 1).await.unwrap() })
         })
         .collect();
     let mut remaining = Vec::new();
@@ -104,7 +105,7 @@ async fn concurrent_checks_on_a_cluster_admit_exactly_the_limit() {
         .map(|i| {
             let (backend, limit) = (backend.clone(), limit.clone());
             let key = Key::from(format!("user-{}", i % 8));
-            tokio::spawn(async move { (i % 8, backend.check(&limit, &key, 1).await.unwrap()) })
+            tokio::spawn(async move { (i % 8, backend.check_one(&limit, &key, 1).await.unwrap()) })
         })
         .collect();
     let mut admitted = [0; 8];
@@ -156,7 +157,7 @@ async fn with_a_foreign_key(
             } else {
                 Key::from("good")
             };
-            tokio::spawn(async move { (i % every == 0, backend.check(&limit, &key, 1).await) })
+            tokio::spawn(async move { (i % every == 0, backend.check_one(&limit, &key, 1).await) })
         })
         .collect();
     let (mut failed, mut admitted) = (0, 0);
@@ -452,7 +453,7 @@ async fn a_stalled_batch_fails_each_check_within_its_timeout() {
     let tasks: Vec<_> = (0..64)
         .map(|_| {
             let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
-            tokio::spawn(async move { backend.check(&limit, &key, 1).await })
+            tokio::spawn(async move { backend.check_one(&limit, &key, 1).await })
         })
         .collect();
     for task in tasks {
@@ -470,7 +471,7 @@ async fn a_stalled_batch_fails_each_check_within_its_timeout() {
     // After the pause (and the breaker's probe), checks are decided again.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let decision = loop {
-        if let Ok(decision) = backend.check(&limit, &key, 1).await {
+        if let Ok(decision) = backend.check_one(&limit, &key, 1).await {
             break decision;
         }
         assert!(

@@ -18,6 +18,7 @@ use tower_throttle::{
 use crate::algorithms::within_one_window;
 use crate::backend::calls;
 use crate::batch::evalsha_calls;
+use crate::support::asks::Asks;
 
 const CHECKS: usize = 200;
 const QUOTA: u64 = 50;
@@ -61,7 +62,7 @@ fn cases(prefix: &str) -> Vec<(String, Vec<Limit>)> {
 /// (a stack's combined one) as `(allowed, remaining)`.
 async fn one<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> (bool, u64) {
     let decision = if let [limit] = limits {
-        backend.check(limit, key, 1).await.unwrap()
+        backend.check_one(limit, key, 1).await.unwrap()
     } else {
         let decisions = backend.check_all(limits, key, 1).await.unwrap();
         Decision::combine(&decisions).unwrap()

@@ -10,12 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::key::Key;
 use tower_throttle::{
     policy::{Budget, Penalty},
     redis::RedisBackend,
-    Backend, Limit, Quota,
+    Limit, Quota,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -58,7 +59,7 @@ async fn hammer(backends: Vec<RedisBackend>) -> (Vec<u64>, Duration) {
             let (stop, errors, admitted) = (stop.clone(), errors.clone(), admitted.clone());
             handles.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    match backend.check(&limit, &key, 1).await {
+                    match backend.check_one(&limit, &key, 1).await {
                         Ok(d) if d.allowed => {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
@@ -176,7 +177,7 @@ async fn a_hot_key_calls_redis_rarely_and_a_cold_key_per_request() {
     for _ in 0..5 {
         assert!(
             redis
-                .check(&limit, &Key::from("cold"), 1)
+                .check_one(&limit, &Key::from("cold"), 1)
                 .await
                 .unwrap()
                 .allowed
@@ -188,7 +189,7 @@ async fn a_hot_key_calls_redis_rarely_and_a_cold_key_per_request() {
     let before = script_calls(&server);
     let requests = 5000;
     for _ in 0..requests {
-        let decision = redis.check(&limit, &Key::from("hot"), 1).await.unwrap();
+        let decision = redis.check_one(&limit, &Key::from("hot"), 1).await.unwrap();
         assert!(decision.allowed);
         assert!(decision.remaining <= decision.limit);
     }
@@ -227,7 +228,7 @@ async fn a_slice_never_outlives_what_redis_granted() {
     let deadline = Instant::now() + Duration::from_secs(8);
     let (mut admitted, mut checks) = (0, 0);
     while checks < 300 || (admitted < 10 && Instant::now() < deadline) {
-        if redis.check(&limit, &key, 1).await.unwrap().allowed {
+        if redis.check_one(&limit, &key, 1).await.unwrap().allowed {
             admitted += 1;
         }
         checks += 1;
@@ -241,7 +242,7 @@ async fn a_slice_never_outlives_what_redis_granted() {
         .connect()
         .await
         .unwrap();
-    assert!(!other.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(!other.check_one(&limit, &key, 1).await.unwrap().allowed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,7 +260,7 @@ async fn what_cannot_lease_is_refused() {
         .with_budget(Budget::new())
         .unwrap()
         .with_penalty(penalty);
-    assert!(redis.validate(&banned).is_err());
+    assert!(redis.validate_one(&banned).is_err());
     let stack = [
         Limit::new("a", Quota::per_second(10))
             .unwrap()

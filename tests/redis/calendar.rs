@@ -14,6 +14,7 @@ use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
 use crate::batch::on_a_test_clock;
 use crate::lua::{LIMITS, LIMITS_BATCH};
+use crate::support::asks::Asks;
 use crate::support::redis::RedisServer;
 
 /// The bounds the backend sends for a calendar window (`start <= its clock < end`, the next window
@@ -192,9 +193,12 @@ fn limit(name: &str, window: CalendarWindow) -> Limit {
 /// refused at.
 async fn wait_of<B: Backend>(backend: &B, limit: &Limit, key: &Key) -> (Duration, u128) {
     for _ in 0..3 {
-        assert!(backend.check(limit, key, 1).await.unwrap().allowed, "{key}");
+        assert!(
+            backend.check_one(limit, key, 1).await.unwrap().allowed,
+            "{key}"
+        );
     }
-    let refused = backend.check(limit, key, 1).await.unwrap();
+    let refused = backend.check_one(limit, key, 1).await.unwrap();
     let at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -269,7 +273,7 @@ async fn the_backend_alone_and_coalesced_agrees_with_memory_on_the_boundary() {
             );
             // A peek on Redis names the same reset.
             let peeked = redis
-                .peek(std::slice::from_ref(&limit), &key)
+                .peek_all(std::slice::from_ref(&limit), &key)
                 .await
                 .unwrap()[0];
             assert_eq!(peeked.remaining, 0);
@@ -277,12 +281,12 @@ async fn the_backend_alone_and_coalesced_agrees_with_memory_on_the_boundary() {
             // Given back in the window: one more passes, on both.
             memory.refund(std::slice::from_ref(&limit), &key, 1, Duration::ZERO);
             redis.refund(std::slice::from_ref(&limit), &key, 1, Duration::ZERO);
-            assert!(memory.check(&limit, &key, 1).await.unwrap().allowed);
+            assert!(memory.check_one(&limit, &key, 1).await.unwrap().allowed);
             let mut given_back = false;
             // The refund is sent in the background: give it a moment.
             for _ in 0..100 {
                 let state = redis
-                    .peek(std::slice::from_ref(&limit), &key)
+                    .peek_all(std::slice::from_ref(&limit), &key)
                     .await
                     .unwrap();
                 if state[0].remaining > 0 {
@@ -292,8 +296,8 @@ async fn the_backend_alone_and_coalesced_agrees_with_memory_on_the_boundary() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             assert!(given_back, "{window:?}: the refund did not land on Redis");
-            assert!(redis.check(&limit, &key, 1).await.unwrap().allowed);
-            assert!(!redis.check(&limit, &key, 1).await.unwrap().allowed);
+            assert!(redis.check_one(&limit, &key, 1).await.unwrap().allowed);
+            assert!(!redis.check_one(&limit, &key, 1).await.unwrap().allowed);
         }
     }
 }

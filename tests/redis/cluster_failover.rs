@@ -16,12 +16,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use redis_support::RedisCluster;
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{CircuitState, RedisBackend, RedisMode, RedisNodeHealth},
-    Backend, Limit, Quota,
+    Limit, Quota,
 };
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
@@ -136,7 +137,7 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
             workers.push(tokio::spawn(async move {
                 while !halt.load(Ordering::Relaxed) {
                     let sent = Instant::now();
-                    let outcome = backend.check(&limit, &key, 1).await.map(|d| d.allowed);
+                    let outcome = backend.check_one(&limit, &key, 1).await.map(|d| d.allowed);
                     tally.record(outcome, sent.elapsed());
                     // A failure comes back at once: pace the retries as clients would.
                     if sent.elapsed() < Duration::from_millis(1) {

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use redis_support::RedisCluster;
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
-use tower_throttle::{redis::RedisBackend, Backend, Limit, Quota};
+use tower_throttle::{redis::RedisBackend, Limit, Quota};
 
 const TIMEOUT: Duration = RedisBackend::DEFAULT_TIMEOUT;
 /// How soon after the Cluster has formed decisions must come from it.
@@ -51,7 +52,7 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
     let key = Key::from("alice");
     for _ in 0..5 {
         let started = Instant::now();
-        let result = backend.check(&limit, &key, 1).await;
+        let result = backend.check_one(&limit, &key, 1).await;
         assert!(result.is_err(), "decided with every node down: {result:?}");
         assert!(
             started.elapsed() < TIMEOUT,
@@ -65,7 +66,7 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
         node.restart();
     }
     tokio::time::sleep(Duration::from_millis(600)).await; // a few of the task's attempts
-    let result = backend.check(&limit, &key, 1).await;
+    let result = backend.check_one(&limit, &key, 1).await;
     assert!(
         result.is_err(),
         "decided before any slot was assigned: {result:?}"
@@ -80,7 +81,7 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
         let (first_decided, stop) = (first_decided.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                if backend.check(&limit, &key, 1).await.is_ok() {
+                if backend.check_one(&limit, &key, 1).await.is_ok() {
                     first_decided
                         .lock()
                         .unwrap()
@@ -148,7 +149,7 @@ async fn a_cluster_down_at_start_is_decided_on_within_a_second_of_forming() {
     let health = backend.health();
     assert!(health.is_healthy(), "{health}");
     assert!(health.path.is_some(), "{health}");
-    let decision = backend.check(&limit, &key, 1).await.unwrap();
+    let decision = backend.check_one(&limit, &key, 1).await.unwrap();
     assert!(decision.allowed);
     let redis_key = backend.redis_key("lazy", &key);
     let stored: Vec<String> = cluster

@@ -19,13 +19,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use redis_support::RedisCluster;
 use tokio::task::{spawn_blocking, JoinHandle};
 use tower_throttle::key::Key;
 use tower_throttle::{
     policy::Penalty,
     redis::{RedisBackend, RedisMode},
-    Algorithm, Backend, Limit, Quota,
+    Algorithm, Limit, Quota,
 };
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
@@ -172,14 +173,14 @@ impl Load {
             let l = limits.clone();
             load.spawn(gcra.clone(), move || {
                 let l = l.clone();
-                async move { l.lua.check(&l.gcra, &l.hot, 1).await.map(|d| d.allowed) }
+                async move { l.lua.check_one(&l.gcra, &l.hot, 1).await.map(|d| d.allowed) }
             });
             let l = limits.clone();
             load.spawn(cell.clone(), move || {
                 let l = l.clone();
                 async move {
                     l.cell
-                        .check(&l.cell_limit, &l.hot, 1)
+                        .check_one(&l.cell_limit, &l.hot, 1)
                         .await
                         .map(|d| d.allowed)
                 }
@@ -194,7 +195,7 @@ impl Load {
             load.spawn(conc.clone(), move || {
                 let (l, in_flight, most) = (l.clone(), in_flight.clone(), most.clone());
                 async move {
-                    let d = l.lua.check(&l.concurrency, &l.hot, 1).await?;
+                    let d = l.lua.check_one(&l.concurrency, &l.hot, 1).await?;
                     if d.allowed {
                         let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
@@ -219,14 +220,19 @@ impl Load {
                 let l = limits.clone();
                 load.spawn(penalty.clone(), move || {
                     let l = l.clone();
-                    async move { l.lua.check(&l.penalty, &l.hot, 1).await.map(|d| d.allowed) }
+                    async move {
+                        l.lua
+                            .check_one(&l.penalty, &l.hot, 1)
+                            .await
+                            .map(|d| d.allowed)
+                    }
                 });
             }
             let (l, n) = (limits.clone(), Arc::new(AtomicU64::new(i)));
             load.spawn(cold.clone(), move || {
                 let l = l.clone();
                 let key = Key::from(format!("cold-{}", n.fetch_add(1, Ordering::Relaxed) % 20));
-                async move { l.lua.check(&l.cold, &key, 1).await.map(|d| d.allowed) }
+                async move { l.lua.check_one(&l.cold, &key, 1).await.map(|d| d.allowed) }
             });
         }
         load

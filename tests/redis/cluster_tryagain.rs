@@ -11,11 +11,12 @@ use crate::support::redis::RedisCluster;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{CircuitState, RedisBackend, RedisMode},
-    Algorithm, Backend, Limit, Quota,
+    Algorithm, Limit, Quota,
 };
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -87,7 +88,9 @@ async fn a_timeout_while_the_slot_migrates_leaves_the_nodes_breaker_closed() {
         })
         .expect("the source node is in the slot map");
     assert_eq!(node.state, CircuitState::Closed, "{node:?}");
-    let decided = backend.check(&cold, &Key::from(cold_key.as_str()), 1).await;
+    let decided = backend
+        .check_one(&cold, &Key::from(cold_key.as_str()), 1)
+        .await;
     assert!(
         decided.is_ok_and(|d| d.allowed),
         "a key of the live node failed"

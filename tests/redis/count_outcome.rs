@@ -8,13 +8,14 @@ use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
+use crate::support::asks::Asks;
 use axum::http::{HeaderMap, StatusCode};
 use axum::{routing::get, Router};
 use tower::ServiceExt;
 use tower_throttle::key::Header;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
-    Algorithm, Backend, Key, Limit, Policy, Quota, ThrottleLayer,
+    Algorithm, Key, Limit, Policy, Quota, ThrottleLayer,
 };
 
 async fn connect(server: &redis_support::RedisServer, mode: RedisMode) -> RedisBackend {
@@ -37,7 +38,7 @@ async fn settle() {
 
 /// The units each limit has left for `key`, as a peek sees them.
 async fn remaining(backend: &RedisBackend, limits: &[Limit], key: &Key) -> Vec<u64> {
-    let states = backend.peek(limits, key).await.unwrap();
+    let states = backend.peek_all(limits, key).await.unwrap();
     states.iter().map(|s| s.remaining).collect()
 }
 
@@ -76,7 +77,7 @@ async fn admitted(backend: &RedisBackend, limits: &[Limit], key: &Key, n: u32) -
     let mut passed = 0;
     for _ in 0..n {
         let decisions = match limits {
-            [one] => vec![backend.check(one, key, 1).await.unwrap()],
+            [one] => vec![backend.check_one(one, key, 1).await.unwrap()],
             all => backend.check_all(all, key, 1).await.unwrap(),
         };
         passed += u32::from(decisions.iter().all(|d| d.allowed));

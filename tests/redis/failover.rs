@@ -14,6 +14,7 @@ use crate::support::redis as redis_support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use redis_support::RedisServer;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
@@ -308,11 +309,11 @@ async fn the_probe_finds_redis_again_before_the_next_requests() {
     let backend = backend_on(&server.url()).connect().await.unwrap();
     let limit = steady();
     let key: tower_throttle::key::Key = "probe".into();
-    use tower_throttle::Backend;
-    assert!(backend.check(&limit, &key, 1).await.is_ok());
+
+    assert!(backend.check_one(&limit, &key, 1).await.is_ok());
 
     cli(server.port(), &["CLIENT", "PAUSE", "600", "ALL"]).await;
-    let stalled = backend.check(&limit, &key, 1).await;
+    let stalled = backend.check_one(&limit, &key, 1).await;
     assert!(stalled.is_err(), "{stalled:?}");
     assert!(backend.health().breaker_open, "{}", backend.health());
     // Paused for 600 ms; nothing is asked until the probe has closed the breaker.
@@ -325,7 +326,9 @@ async fn the_probe_finds_redis_again_before_the_next_requests() {
     let health = backend.health();
     println!("[probe] health before the burst: {health}");
     assert!(health.is_healthy(), "{health}");
-    let burst: Vec<_> = (0..20).map(|_| backend.check(&limit, &key, 1)).collect();
+    let burst: Vec<_> = (0..20)
+        .map(|_| backend.check_one(&limit, &key, 1))
+        .collect();
     let results = futures_join_all(burst).await;
     let decided = results.iter().filter(|r| r.is_ok()).count();
     println!(
@@ -439,8 +442,8 @@ async fn health_of_a_connection_manager_follows_the_calls() {
         .build()
         .unwrap();
     let key = tower_throttle::key::Key::from("health");
-    use tower_throttle::Backend;
-    assert!(backend.check(&steady(), &key, 1).await.is_ok());
+
+    assert!(backend.check_one(&steady(), &key, 1).await.is_ok());
     assert!(backend.health().is_healthy(), "{}", backend.health());
 
     server = tokio::task::spawn_blocking(move || {
@@ -453,7 +456,7 @@ async fn health_of_a_connection_manager_follows_the_calls() {
         Duration::from_secs(10),
         "a killed Redis still reported healthy",
         || async {
-            let _ = backend.check(&steady(), &key, 1).await;
+            let _ = backend.check_one(&steady(), &key, 1).await;
             !backend.health().connected
         },
     )
@@ -467,7 +470,7 @@ async fn health_of_a_connection_manager_follows_the_calls() {
         Duration::from_secs(10),
         "never healthy again after Redis came back",
         || async {
-            let _ = backend.check(&steady(), &key, 1).await;
+            let _ = backend.check_one(&steady(), &key, 1).await;
             backend.health().is_healthy()
         },
     )

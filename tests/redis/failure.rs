@@ -6,6 +6,7 @@ use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
+use crate::support::asks::Asks;
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use redis_support::RedisServer;
@@ -305,7 +306,7 @@ async fn requests_in_flight_during_a_freeze_do_not_delay_recovery() {
 async fn a_caller_retrying_fast_failures_at_once_lets_other_tasks_run() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use tower_throttle::{Backend, Key, Limit};
+    use tower_throttle::{Key, Limit};
 
     let server = RedisServer::start();
     let backend = RedisBackend::builder()
@@ -319,10 +320,10 @@ async fn a_caller_retrying_fast_failures_at_once_lets_other_tasks_run() {
         Limit::new("spin", Quota::per_second(10)).unwrap(),
         Key::from("spin"),
     );
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
     let frozen = freeze(&server);
     // Times out: the circuit opens, and the next checks fail at once.
-    assert!(backend.check(&limit, &key, 1).await.is_err());
+    assert!(backend.check_one(&limit, &key, 1).await.is_err());
     let ran = Arc::new(AtomicBool::new(false));
     tokio::spawn({
         let ran = ran.clone();
@@ -330,7 +331,7 @@ async fn a_caller_retrying_fast_failures_at_once_lets_other_tasks_run() {
     });
     let mut failures = 0;
     while !ran.load(Ordering::SeqCst) {
-        assert!(backend.check(&limit, &key, 1).await.is_err());
+        assert!(backend.check_one(&limit, &key, 1).await.is_err());
         failures += 1;
         assert!(
             failures <= 1000,

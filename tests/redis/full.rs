@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use crate::support::failover::Logs;
 use crate::support::redis as redis_support;
 use redis_support::RedisServer;
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
-    Algorithm, Backend, Limit, Quota,
+    Algorithm, Limit, Quota,
 };
 
 const CAP: u64 = 2 * 1024 * 1024;
@@ -84,7 +85,7 @@ async fn rotate(
                         return backend.check_all(&limits, &key, 1).await.map(drop);
                     }
                     // A concurrency slot is held, not released: a release would free memory.
-                    backend.check(&limits[0], &key, 1).await.map(drop)
+                    backend.check_one(&limits[0], &key, 1).await.map(drop)
                 })
             })
             .collect();
@@ -234,14 +235,14 @@ async fn health_says_decisions_fail_from_the_first_oom_and_recovers_without_traf
     let backend = lua_backend(server.url()).await;
     let limit = Limit::new("health", Quota::per_second(100)).unwrap();
     let key = Key::from("alice");
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
     assert!(backend.health().is_healthy(), "{}", backend.health());
 
     // Less room than Redis uses already: every write is refused from now on.
     let used = info_field(&server, "memory", "used_memory");
     server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     server.cli(&["CONFIG", "SET", "maxmemory", &(used / 2).to_string()]);
-    let error = backend.check(&limit, &key, 1).await.unwrap_err();
+    let error = backend.check_one(&limit, &key, 1).await.unwrap_err();
     let failed_at = Instant::now();
     assert!(format!("{error:?}").contains("OOM"), "{error:?}");
     let health = backend.health();
@@ -273,7 +274,7 @@ async fn health_says_decisions_fail_from_the_first_oom_and_recovers_without_traf
         "still {} a second after Redis had room",
         backend.health()
     );
-    assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
 }
 
 /// A policy that can evict is warned about once (not on every look); evictions are counted; a hot
@@ -301,9 +302,21 @@ async fn an_evicting_policy_is_warned_once_and_evictions_say_why_a_limit_was_los
     let hot_limit = Limit::new("hot", Quota::per_hour(5)).unwrap();
     let hot = Key::from("hot");
     for _ in 0..5 {
-        assert!(backend.check(&hot_limit, &hot, 1).await.unwrap().allowed);
+        assert!(
+            backend
+                .check_one(&hot_limit, &hot, 1)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
-    assert!(!backend.check(&hot_limit, &hot, 1).await.unwrap().allowed);
+    assert!(
+        !backend
+            .check_one(&hot_limit, &hot, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
 
     // Pressure: rotating keys until Redis has evicted thousands of keys.
     let limits = Arc::new(vec![Limit::new("cold", Quota::per_hour(5)).unwrap()]);
@@ -315,7 +328,7 @@ async fn an_evicting_policy_is_warned_once_and_evictions_say_why_a_limit_was_los
     }
     let evicted = info_field(&server, "stats", "evicted_keys");
     assert!(evicted >= 20_000, "{evicted} evictions");
-    let after = backend.check(&hot_limit, &hot, 1).await.unwrap();
+    let after = backend.check_one(&hot_limit, &hot, 1).await.unwrap();
     let memory = backend.memory().await.unwrap();
     println!(
         "allkeys-lru: {evicted} keys evicted; the hot key was {}; evictions seen {}",
@@ -352,7 +365,7 @@ async fn a_redis_that_refuses_config_get_is_said_once() {
     let limit = Limit::new("acl", Quota::per_second(5)).unwrap();
     assert!(
         backend
-            .check(&limit, &Key::from("a"), 1)
+            .check_one(&limit, &Key::from("a"), 1)
             .await
             .unwrap()
             .allowed

@@ -12,10 +12,11 @@ use tokio::time::Instant;
 use tower_throttle::{
     policy::Budget,
     redis::{RedisBackend, RedisMode},
-    Backend, Key, Limit, Quota,
+    Key, Limit, Quota,
 };
 
 use crate::backend::connect;
+use crate::support::asks::Asks;
 use crate::support::redis::{RedisCluster, RedisServer};
 
 const S: u64 = 1_000_000_000;
@@ -68,7 +69,13 @@ async fn settles_from_two_processes_sum_exactly() {
     let key = Key::from("two-processes");
     let redis_key = processes[0].state_key(&limit, &key);
     // A reservation puts the TAT 100 s ahead.
-    assert!(processes[0].check(&limit, &key, 100).await.unwrap().allowed);
+    assert!(
+        processes[0]
+            .check_one(&limit, &key, 100)
+            .await
+            .unwrap()
+            .allowed
+    );
     let start = tat(&mut conn, &redis_key).await.unwrap();
     let mut rng = 0x2b0c_u64;
     let mut tasks = Vec::new();
@@ -136,7 +143,7 @@ async fn cl_throttle_sees_the_debt_a_settle_leaves() {
     assert_eq!(reply[..3], [1, 5, 0], "{reply:?}");
     assert!((10..=11).contains(&reply[3]), "retry {reply:?}");
     assert!((14..=15).contains(&reply[4]), "reset {reply:?}");
-    let refused = cell.check(&limit, &key, 1).await.unwrap();
+    let refused = cell.check_one(&limit, &key, 1).await.unwrap();
     assert!(!refused.allowed);
     assert_eq!(refused.remaining, 0);
     assert!(
@@ -182,13 +189,13 @@ async fn a_stack_reserves_a_quantity_per_limit() {
     let d = a.check_each(&stack, &key, &[1, 800]).await.unwrap();
     assert!(d[0].allowed && !d[1].allowed, "{d:?}");
     assert_eq!((d[0].remaining, d[1].remaining), (9, 700));
-    let states = a.peek(&stack, &key).await.unwrap();
+    let states = a.peek_all(&stack, &key).await.unwrap();
     assert_eq!((states[0].remaining, states[1].remaining), (9, 700));
     // The settle of the first: it used 1,200 tokens, 900 more than reserved (200 past the burst).
     a.settle(&stack, &key, &[0, 900], Duration::ZERO);
     let deadline = Instant::now() + Duration::from_secs(5);
     let state = loop {
-        let states = b.peek(&stack, &key).await.unwrap();
+        let states = b.peek_all(&stack, &key).await.unwrap();
         if states[1].remaining == 0 {
             break states;
         }
@@ -236,7 +243,7 @@ async fn a_debt_is_waited_out_exactly() {
         .unwrap()
         .with_max_debt(3);
     let key = Key::from("waits");
-    assert!(lua.check(&limit, &key, 1).await.unwrap().allowed);
+    assert!(lua.check_one(&limit, &key, 1).await.unwrap().allowed);
     // Reserved 1, used 100: capped at 3 past the burst of 2, 500 ms ahead.
     let mut conn = raw(&server).await;
     let redis_key = lua.state_key(&limit, &key);
@@ -251,10 +258,13 @@ async fn a_debt_is_waited_out_exactly() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let peeked = Instant::now();
-    let state = lua.peek(std::slice::from_ref(&limit), &key).await.unwrap()[0];
+    let state = lua
+        .peek_all(std::slice::from_ref(&limit), &key)
+        .await
+        .unwrap()[0];
     assert_eq!(state.remaining, 0, "{state:?}");
     let checking = Instant::now();
-    let refused = lua.check(&limit, &key, 1).await.unwrap();
+    let refused = lua.check_one(&limit, &key, 1).await.unwrap();
     let (since_settle, since_peek) = (settled.elapsed(), peeked.elapsed());
     assert!(!refused.allowed, "{refused:?}");
     assert_eq!(refused.remaining, 0);
@@ -273,7 +283,7 @@ async fn a_debt_is_waited_out_exactly() {
     let asked = Instant::now();
     tokio::time::sleep_until(asked + retry.saturating_sub(Duration::from_millis(30))).await;
     let sent = asked.elapsed();
-    let early = lua.check(&limit, &key, 1).await.unwrap();
+    let early = lua.check_one(&limit, &key, 1).await.unwrap();
     if early.allowed {
         // Redis decided `refused` after `checking`, and this one before now.
         assert!(
@@ -287,7 +297,7 @@ async fn a_debt_is_waited_out_exactly() {
         );
     }
     tokio::time::sleep_until(asked + retry).await;
-    let passed = lua.check(&limit, &key, 1).await.unwrap();
+    let passed = lua.check_one(&limit, &key, 1).await.unwrap();
     assert!(passed.allowed, "{passed:?}");
     assert_eq!(passed.remaining, 0);
 }
@@ -310,7 +320,7 @@ async fn a_cluster_settles_on_the_clients_slot() {
         assert!(d.iter().all(|d| d.allowed), "{d:?}");
         cluster.settle(&stack, &key, &[0, 150], Duration::ZERO);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while cluster.peek(&stack, &key).await.unwrap()[1].remaining > 0 {
+        while cluster.peek_all(&stack, &key).await.unwrap()[1].remaining > 0 {
             assert!(Instant::now() < deadline, "the settle never landed");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -338,17 +348,17 @@ async fn metered_limits_redis_cannot_settle_exactly_are_refused() {
     assert!(redis.can_settle());
     let tokens = Limit::new("tokens", Quota::per_minute(100_000)).unwrap();
     redis
-        .validate(&tokens.clone().with_max_debt(100_000))
+        .validate_one(&tokens.clone().with_max_debt(100_000))
         .unwrap();
     let budgeted = tokens
         .clone()
         .with_max_debt(10)
         .with_budget(Budget::new())
         .unwrap();
-    let why = redis.validate(&budgeted).unwrap_err().to_string();
+    let why = redis.validate_one(&budgeted).unwrap_err().to_string();
     assert!(why.contains("leased budget"), "{why}");
     let endless = tokens.clone().with_max_debt(u64::MAX / 2);
-    let why = redis.validate(&endless).unwrap_err().to_string();
+    let why = redis.validate_one(&endless).unwrap_err().to_string();
     assert!(why.contains("max_debt"), "{why}");
     let why = redis
         .validate_all(&[Limit::new("r", Quota::per_minute(60)).unwrap(), endless])
@@ -362,7 +372,7 @@ async fn metered_limits_redis_cannot_settle_exactly_are_refused() {
     )
     .unwrap()
     .with_max_debt(5);
-    let why = redis.validate(&window).unwrap_err().to_string();
+    let why = redis.validate_one(&window).unwrap_err().to_string();
     assert!(why.contains("GCRA"), "{why}");
 }
 
@@ -385,7 +395,7 @@ async fn metered_checks_are_coalesced_and_keep_the_debt() {
         let tasks: Vec<_> = (0..n)
             .map(|_| {
                 let (lua, limit, key) = (lua.clone(), limit.clone(), key.clone());
-                tokio::spawn(async move { lua.check(&limit, &key, 1).await.unwrap() })
+                tokio::spawn(async move { lua.check_one(&limit, &key, 1).await.unwrap() })
             })
             .collect();
         async move {
@@ -405,7 +415,10 @@ async fn metered_checks_are_coalesced_and_keep_the_debt() {
     lua.settle(std::slice::from_ref(&*limit), &key, &[30], Duration::ZERO);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let state = lua.peek(std::slice::from_ref(&*limit), &key).await.unwrap()[0];
+        let state = lua
+            .peek_all(std::slice::from_ref(&*limit), &key)
+            .await
+            .unwrap()[0];
         if state.retry_after > Some(Duration::from_secs(30 * 72)) {
             break;
         }

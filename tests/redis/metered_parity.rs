@@ -16,11 +16,12 @@ use redis::AsyncCommands;
 use tokio::time::Instant;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
-    Backend, Decision, Key, Limit, MemoryBackend, Quota,
+    Decision, Key, Limit, MemoryBackend, Quota,
 };
 
 use crate::algorithms::Rng;
 use crate::batch::on_a_test_clock;
+use crate::support::asks::Asks;
 use crate::support::redis::RedisServer;
 
 const MS: u64 = 1_000_000;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::asks::Asks;
 use axum::body::Body;
 use axum::routing::get;
 use axum::{Extension, Router};
@@ -360,7 +361,7 @@ async fn concurrency_admits_exactly_the_limit_in_flight<B: Backend + Clone>(back
             "the slots never came back",
             || async {
                 let states = probe
-                    .peek(&limits, &tower_throttle::Key::global())
+                    .peek_all(&limits, &tower_throttle::Key::global())
                     .await
                     .unwrap();
                 states[0].remaining == 3

@@ -6,6 +6,7 @@ use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
+use crate::support::asks::Asks;
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::{
     backend::KeyState,
@@ -25,7 +26,7 @@ async fn connect(url: &str, mode: RedisMode) -> RedisBackend {
 }
 
 async fn peek<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> Vec<KeyState> {
-    let states = backend.peek(limits, key).await.unwrap();
+    let states = backend.peek_all(limits, key).await.unwrap();
     assert_eq!(states.len(), limits.len());
     states
 }
@@ -33,7 +34,7 @@ async fn peek<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> Vec<KeySt
 /// Admits one request of cost 1 (through `check` for one limit, `check_all` for a stack).
 async fn admitted<B: Backend>(backend: &B, limits: &[Limit], key: &Key) -> bool {
     match limits {
-        [one] => backend.check(one, key, 1).await.unwrap().allowed,
+        [one] => backend.check_one(one, key, 1).await.unwrap().allowed,
         stack => backend
             .check_all(stack, key, 1)
             .await
@@ -83,7 +84,7 @@ async fn peek_then_reset<B: Backend>(backend: &B, limits: &[Limit], key: &Key) {
         .zip(&states)
         .all(|(a, b)| a.reset_after <= b.reset_after));
 
-    backend.reset(limits, key).await.unwrap();
+    backend.reset_all(limits, key).await.unwrap();
     for (limit, state) in limits.iter().zip(peek(backend, limits, key).await) {
         assert_eq!(
             state.remaining,
@@ -211,7 +212,7 @@ async fn reset_lifts_a_ban_in_redis_and_in_the_deny_cache() {
         assert!(admitted(&backend, limits, &key).await);
         assert!(admitted(&backend, limits, &key).await);
         // The rejection is the first strike, and `after` is 1: banned.
-        let decision = backend.check(&limits[0], &key, 1).await.unwrap();
+        let decision = backend.check_one(&limits[0], &key, 1).await.unwrap();
         assert!(decision.banned, "{decision:?}");
         let state = peek(&backend, limits, &key).await[0];
         let ban = state.banned.expect("banned");
@@ -222,9 +223,9 @@ async fn reset_lifts_a_ban_in_redis_and_in_the_deny_cache() {
         assert_eq!(state.remaining, 0);
         assert!(state.retry_after.unwrap() >= ban);
         // Answered from the deny cache now, which a reset must clear too.
-        assert!(backend.check(&limits[0], &key, 1).await.unwrap().banned);
+        assert!(backend.check_one(&limits[0], &key, 1).await.unwrap().banned);
 
-        backend.reset(limits, &key).await.unwrap();
+        backend.reset_all(limits, &key).await.unwrap();
         let state = peek(&backend, limits, &key).await[0];
         assert_eq!(
             (state.banned, state.remaining, state.retry_after),

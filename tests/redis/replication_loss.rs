@@ -13,11 +13,12 @@ use crate::support::redis as redis_support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use redis_support::RedisServer;
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
-    Backend, Limit, Quota,
+    Limit, Quota,
 };
 
 const TRIALS: usize = 5;
@@ -66,7 +67,7 @@ async fn a_failover_under_load_forgets_the_admissions_not_yet_replicated() {
             .await
             .unwrap();
         let state = promoted
-            .peek(std::slice::from_ref(&limit), &Key::from("steady"))
+            .peek_all(std::slice::from_ref(&limit), &Key::from("steady"))
             .await
             .unwrap()[0];
         assert!(

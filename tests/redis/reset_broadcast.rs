@@ -11,12 +11,13 @@ use crate::support::redis as redis_support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::asks::Asks;
 use crate::support::failover::{Sentinels, SERVICE};
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
-    Backend, Limit, Policy, Quota, ThrottleLayer,
+    Limit, Policy, Quota, ThrottleLayer,
 };
 
 const HEARD_WITHIN: Duration = Duration::from_millis(200);
@@ -38,7 +39,7 @@ async fn three(urls: &[String], cluster: bool) -> Vec<RedisBackend> {
 
 /// Whether `backend` admits one unit of `key` now.
 async fn admits(backend: &RedisBackend, limit: &Limit, key: &Key) -> bool {
-    backend.check(limit, key, 1).await.unwrap().allowed
+    backend.check_one(limit, key, 1).await.unwrap().allowed
 }
 
 /// Limits `key` everywhere, proves the deny caches of the second and third hold it (the key deleted
@@ -51,7 +52,7 @@ async fn propagation(backends: &[RedisBackend], delete: impl Fn(&str)) -> Vec<Du
     // The key was deleted already: the reset only has to reach the other processes.
     let started = Instant::now();
     backends[0]
-        .reset(std::slice::from_ref(&limit), &key)
+        .reset_all(std::slice::from_ref(&limit), &key)
         .await
         .unwrap();
     admitted_again(backends, &limit, &key, started).await

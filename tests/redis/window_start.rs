@@ -9,6 +9,7 @@ use tower_throttle::redis::{RedisBackend, RedisMode};
 use tower_throttle::window::WindowStart;
 use tower_throttle::{Algorithm, Backend, Key, Limit, MemoryBackend, Quota};
 
+use crate::support::asks::Asks;
 use crate::support::redis::{RedisCluster, RedisServer};
 
 const PERIOD: Duration = Duration::from_secs(60);
@@ -23,9 +24,12 @@ fn per_key(name: &str) -> Limit {
 /// The wait of `key`'s refusal once its quota is spent on `backend`.
 async fn wait_of<B: Backend>(backend: &B, limit: &Limit, key: &Key) -> Duration {
     for _ in 0..3 {
-        assert!(backend.check(limit, key, 1).await.unwrap().allowed, "{key}");
+        assert!(
+            backend.check_one(limit, key, 1).await.unwrap().allowed,
+            "{key}"
+        );
     }
-    let refused = backend.check(limit, key, 1).await.unwrap();
+    let refused = backend.check_one(limit, key, 1).await.unwrap();
     assert!(!refused.allowed, "{key}");
     refused.retry_after.unwrap()
 }
@@ -55,12 +59,12 @@ async fn agrees_with_memory(redis: RedisBackend, name: &str) {
         // Given back in the key's window: one more passes, on both.
         memory.refund(std::slice::from_ref(&limit), &key, 1, Duration::ZERO);
         redis.refund(std::slice::from_ref(&limit), &key, 1, Duration::ZERO);
-        assert!(memory.check(&limit, &key, 1).await.unwrap().allowed);
+        assert!(memory.check_one(&limit, &key, 1).await.unwrap().allowed);
         let mut allowed = false;
         // The refund is sent in the background: give it a moment.
         for _ in 0..100 {
             let state = redis
-                .peek(std::slice::from_ref(&limit), &key)
+                .peek_all(std::slice::from_ref(&limit), &key)
                 .await
                 .unwrap();
             if state[0].remaining > 0 {
@@ -73,7 +77,10 @@ async fn agrees_with_memory(redis: RedisBackend, name: &str) {
             allowed,
             "{key}: the refund did not land in its window on Redis"
         );
-        assert!(redis.check(&limit, &key, 1).await.unwrap().allowed, "{key}");
+        assert!(
+            redis.check_one(&limit, &key, 1).await.unwrap().allowed,
+            "{key}"
+        );
         compared += 1;
     }
     assert!(compared >= 30, "only {compared} keys compared");

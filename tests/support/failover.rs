@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::asks::Asks;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tower_throttle::key::Key;
-use tower_throttle::{redis::RedisBackend, Backend, Limit};
+use tower_throttle::{redis::RedisBackend, Limit};
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
@@ -334,7 +335,7 @@ impl Load {
                     let key = Key::from("steady");
                     while !stop.load(Ordering::Relaxed) {
                         let sent = Instant::now();
-                        let result = backend.check(&limit, &key, 1).await;
+                        let result = backend.check_one(&limit, &key, 1).await;
                         let sample = Sample {
                             at: sent - started,
                             took: sent.elapsed(),

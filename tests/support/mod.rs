@@ -12,6 +12,7 @@
 //! and uses only part of it, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod asks;
 pub mod cluster;
 pub mod failover;
 pub mod redis;

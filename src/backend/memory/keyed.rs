@@ -1,4 +1,4 @@
-//! Several keys in one decision ([`Backend::check_keyed`](crate::Backend::check_keyed)): each
+//! Several keys in one decision (charges with keys of their own, [`Charges::keyed`](crate::backend::Charges::keyed)): each
 //! limit keeps its state in the general store under its own key, and the decision locks every
 //! shard involved (in the order of their indices), decides every limit on its stored state, and
 //! writes the new states only if every limit admits. Exact: nothing else can touch those entries
@@ -185,25 +185,9 @@ fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError>
 
 impl<C: Clock> MemoryBackend<C> {
     /// Decides `quantity` units under each of `limits`, `limits[i]` for `keys[i]`, atomically,
-    /// synchronously ([`Backend::check_keyed`](crate::Backend::check_keyed) wraps this in a ready
-    /// future): a refusal by one limit records nothing under any.
-    ///
-    /// ```
-    /// use tower_throttle::{Key, Limit, MemoryBackend, Quota};
-    ///
-    /// let backend = MemoryBackend::new();
-    /// let limits = [
-    ///     Limit::new("user", Quota::per_minute(10)).unwrap(),
-    ///     Limit::new("org", Quota::per_minute(1)).unwrap(),
-    /// ];
-    /// let keys = [Key::from("alice"), Key::from("acme")];
-    /// assert!(backend.decide_keyed(&limits, &keys, 1).unwrap().iter().all(|d| d.allowed));
-    /// // The organisation's limit refuses: alice's is not charged.
-    /// let refused = backend.decide_keyed(&limits, &keys, 1).unwrap();
-    /// assert!(!refused[1].allowed);
-    /// assert_eq!(backend.peek_keyed_now(&limits, &keys).unwrap()[0].remaining, 9);
-    /// ```
-    pub fn decide_keyed(
+    /// synchronously (for [`decide_charges`](MemoryBackend::decide_charges)): a refusal by one
+    /// limit records nothing under any.
+    pub(super) fn decide_keyed(
         &self,
         limits: &[Limit],
         keys: &[Key],
@@ -216,9 +200,9 @@ impl<C: Clock> MemoryBackend<C> {
             .decide_keyed(limits, keys, quantity, &stores.clock))
     }
 
-    /// Each limit's state under its own key, as [`decide_keyed`](Self::decide_keyed) keeps it,
+    /// Each limit's state under its own key, as `decide_keyed` keeps it,
     /// without consuming or writing anything.
-    pub fn peek_keyed_now(
+    pub(super) fn peek_keyed_now(
         &self,
         limits: &[Limit],
         keys: &[Key],
@@ -233,9 +217,12 @@ impl<C: Clock> MemoryBackend<C> {
             .collect())
     }
 
-    /// Forgets each limit's state under its own key, as [`decide_keyed`](Self::decide_keyed)
-    /// keeps it.
-    pub fn reset_keyed_now(&self, limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
+    /// Forgets each limit's state under its own key, as `decide_keyed` keeps it.
+    pub(super) fn reset_keyed_now(
+        &self,
+        limits: &[Limit],
+        keys: &[Key],
+    ) -> Result<(), BackendError> {
         check_keyed_stack(limits, keys)?;
         self.stores.general.forget_keyed(limits, keys);
         Ok(())

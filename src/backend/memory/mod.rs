@@ -15,7 +15,8 @@ mod tuning;
 use std::future::{ready, Ready};
 use std::sync::Arc;
 
-use crate::backend::api::{Backend, StackFuture};
+use crate::backend::api::Backend;
+use crate::backend::charge::{Adjustment, Charges, Decisions, Uses};
 use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
@@ -263,16 +264,62 @@ impl<C: Clock> MemoryBackend<C> {
         })
     }
 
-    /// Decides a stack of limits together, synchronously ([`Backend::check_all`] wraps this in a
-    /// ready future): the request passes only if every limit admits it, and only then is it recorded
-    /// by all of them. Returns one decision per limit, in order. When one limit rejects, the others
-    /// that would have admitted report the state they keep (as a request of quantity 0 would).
+    /// Decides `charges` together, synchronously ([`Backend::check`] wraps this in a ready
+    /// future): the request passes only if every charge is admitted, and only then is it recorded
+    /// by all of them. Returns one decision per charge, in order. When one limit rejects, the
+    /// others that would have admitted report the state they keep (as a request of quantity 0
+    /// would).
     ///
-    /// A single limit is decided as [`decide`](Self::decide) does (a lone GCRA limit in the fast
-    /// table). A stack keeps its state apart from the lone limits, keyed by its first limit's name,
-    /// the key, and each limit's position; its GCRA limits keep their TAT there too. Fails for what
-    /// [`Backend::validate_all`] refuses.
-    pub fn decide_all(
+    /// A lone charge is decided as [`decide`](Self::decide) does (a lone GCRA limit in the fast
+    /// table). A stack on one key keeps its state apart from the lone limits, keyed by its first
+    /// limit's name, the key, and each limit's position; its GCRA limits keep their TAT there too,
+    /// and a metered stack's reservations are settled where they were taken. Charges with keys of
+    /// their own keep each limit's state under its own key. Fails for what
+    /// [`Backend::validate`] refuses.
+    ///
+    /// ```
+    /// use tower_throttle::backend::Charges;
+    /// use tower_throttle::{Key, Limit, MemoryBackend, Quota};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let limits = [
+    ///     Limit::new("user", Quota::per_minute(10)).unwrap(),
+    ///     Limit::new("org", Quota::per_minute(1)).unwrap(),
+    /// ];
+    /// let keys = [Key::from("alice"), Key::from("acme")];
+    /// let charges = Charges::keyed(&limits, &keys, 1);
+    /// assert!(backend.decide_charges(charges).unwrap().iter().all(|d| d.allowed));
+    /// // The organisation's limit refuses: alice's is not charged.
+    /// let refused = backend.decide_charges(charges).unwrap();
+    /// assert!(!refused[1].allowed);
+    /// assert_eq!(backend.peek_now(charges).unwrap()[0].remaining, 9);
+    /// ```
+    #[inline]
+    pub fn decide_charges(&self, charges: Charges<'_>) -> Result<Decisions, BackendError> {
+        let limits = charges.limits();
+        match (charges.same_key(), charges.same_quantity()) {
+            (Some(key), Some(quantity)) => match limits {
+                [one] => self.decide(one, key, quantity).map(Decisions::One),
+                all => self.decide_all(all, key, quantity).map(Decisions::Many),
+            },
+            (Some(key), None) => {
+                let quantities = charges.quantities().unwrap_or_default();
+                self.decide_each(limits, key, quantities)
+                    .map(Decisions::Many)
+            }
+            (None, Some(quantity)) => {
+                let keys = charges.keys().unwrap_or_default();
+                self.decide_keyed(limits, keys, quantity)
+                    .map(Decisions::Many)
+            }
+            (None, None) => Err(BackendError::new(
+                "charges with keys of their own take one quantity",
+            )),
+        }
+    }
+
+    /// A stack of limits on one key, decided together (see [`decide_charges`](Self::decide_charges)).
+    fn decide_all(
         &self,
         limits: &[Limit],
         key: &Key,
@@ -288,11 +335,9 @@ impl<C: Clock> MemoryBackend<C> {
             .decide_stack(limits, key, quantity, &stores.clock))
     }
 
-    /// Decides a stack of limits with a quantity per limit (`quantities[i]` under `limits[i]`),
-    /// synchronously ([`Backend::check_each`] wraps this in a ready future): as
-    /// [`decide_all`](Self::decide_all) otherwise, keeping its state in the same place, so a
-    /// metered request's reservation is settled where it was taken.
-    pub fn decide_each(
+    /// A stack with a quantity per limit (`quantities[i]` under `limits[i]`): as `decide_all`
+    /// otherwise, keeping its state in the same place.
+    fn decide_each(
         &self,
         limits: &[Limit],
         key: &Key,
@@ -315,24 +360,31 @@ impl<C: Clock> MemoryBackend<C> {
             .decide_each(limits, key, quantities, &stores.clock))
     }
 
-    /// `key`'s state under `limits` (one limit, or a stack as [`decide_all`](Self::decide_all)
-    /// keeps it), synchronously, without consuming or writing anything ([`Backend::peek`] wraps
-    /// this in a ready future). Bans are not the backend's: the layer's penalty box keeps them.
+    /// The state of each charge's key under its limit (one limit, a stack on one key, or limits
+    /// with keys of their own, as [`decide_charges`](Self::decide_charges) keeps them),
+    /// synchronously, without consuming or writing anything ([`Backend::peek`] wraps this in a
+    /// ready future). Bans are not the backend's: the layer's penalty box keeps them.
     ///
     /// ```
+    /// use tower_throttle::backend::Charges;
     /// use tower_throttle::{Key, Limit, MemoryBackend, Quota};
     ///
     /// let backend = MemoryBackend::new();
-    /// let limit = [Limit::new("api", Quota::per_minute(3)).unwrap()];
+    /// let limit = Limit::new("api", Quota::per_minute(3)).unwrap();
     /// let key = Key::from("alice");
-    /// backend.decide(&limit[0], &key, 1).unwrap();
-    /// let state = backend.peek_now(&limit, &key).unwrap()[0];
+    /// backend.decide(&limit, &key, 1).unwrap();
+    /// let alice = Charges::one(&limit, &key, 1);
+    /// let state = backend.peek_now(alice).unwrap()[0];
     /// assert_eq!((state.limit, state.remaining, state.retry_after), (3, 2, None));
-    /// assert_eq!(backend.peek_now(&limit, &key).unwrap()[0].remaining, 2); // nothing consumed
-    /// backend.reset_now(&limit, &key).unwrap();
-    /// assert_eq!(backend.peek_now(&limit, &key).unwrap()[0].remaining, 3);
+    /// assert_eq!(backend.peek_now(alice).unwrap()[0].remaining, 2); // nothing consumed
+    /// backend.reset_now(alice).unwrap();
+    /// assert_eq!(backend.peek_now(alice).unwrap()[0].remaining, 3);
     /// ```
-    pub fn peek_now(&self, limits: &[Limit], key: &Key) -> Result<Vec<KeyState>, BackendError> {
+    pub fn peek_now(&self, charges: Charges<'_>) -> Result<Vec<KeyState>, BackendError> {
+        let limits = charges.limits();
+        let Some(key) = charges.same_key() else {
+            return self.peek_keyed_now(limits, charges.keys().unwrap_or_default());
+        };
         check_one_or_stack(limits)?;
         let stores = &*self.stores;
         let decisions = match (limits, limits[0].gcra()) {
@@ -347,9 +399,13 @@ impl<C: Clock> MemoryBackend<C> {
             .collect())
     }
 
-    /// Forgets `key`'s state under `limits` (one limit, or a stack), synchronously
-    /// ([`Backend::reset`] wraps this in a ready future).
-    pub fn reset_now(&self, limits: &[Limit], key: &Key) -> Result<(), BackendError> {
+    /// Forgets the state of each charge's key under its limit, as kept for such charges,
+    /// synchronously ([`Backend::reset`] wraps this in a ready future).
+    pub fn reset_now(&self, charges: Charges<'_>) -> Result<(), BackendError> {
+        let limits = charges.limits();
+        let Some(key) = charges.same_key() else {
+            return self.reset_keyed_now(limits, charges.keys().unwrap_or_default());
+        };
         check_one_or_stack(limits)?;
         let stores = &*self.stores;
         match (limits, limits[0].gcra()) {
@@ -388,110 +444,81 @@ fn check_one_or_stack(limits: &[Limit]) -> Result<(), BackendError> {
 }
 
 impl<C: Clock> Backend for MemoryBackend<C> {
-    type Future = Ready<Result<Decision, BackendError>>;
+    type Future = Ready<Result<Decisions, BackendError>>;
 
-    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
-        ready(self.decide(limit, key, quantity))
+    #[inline]
+    fn check(&self, charges: Charges<'_>) -> Self::Future {
+        ready(self.decide_charges(charges))
     }
 
-    /// Every algorithm is implemented.
-    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
-        let _ = limit;
-        Ok(())
-    }
-
-    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
-        Box::pin(ready(self.decide_all(limits, key, quantity)))
-    }
-
-    /// The stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS)); memory adds nothing to it.
-    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        check_stack(limits).map_err(BuildError::Invalid)
-    }
-
-    // Several keys in one decision (keyed.rs): each limit's state under its own key.
-    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
-        Box::pin(ready(self.decide_keyed(limits, keys, quantity)))
-    }
-
-    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        check_stack(limits).map_err(BuildError::Invalid)
-    }
-
-    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
-        Box::pin(ready(self.peek_keyed_now(limits, keys)))
-    }
-
-    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
-        Box::pin(ready(self.reset_keyed_now(limits, keys)))
-    }
-
-    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
-        // Memory counts slots per key; the lease token identifies nothing more.
-        let _ = lease;
-        self.stores.general.release(limit, key, quantity);
-    }
-
-    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
-        Box::pin(ready(self.peek_now(limits, key)))
-    }
-
-    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
-        Box::pin(ready(self.reset_now(limits, key)))
-    }
-
-    // Counting by outcome: a lone GCRA limit lives in the GCRA table, everything else (stacks
-    // included) in the general store, as `decide_all` puts them.
-    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: std::time::Duration) {
-        let stores = &*self.stores;
+    /// Every algorithm, every shape of charges, refunds and settlements are implemented: only the
+    /// stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS))
+    /// applies.
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+        let _ = uses;
         match limits {
-            [] => {}
-            [limit] if limit.gcra().is_some() => {
-                let params = limit.gcra().expect("a GCRA limit");
-                let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
-                stores
-                    .gcra
-                    .refund(params, limit.id(), key, quantity, since, &stores.clock);
-            }
-            _ => {
-                let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
-                stores
-                    .general
-                    .refund(limits, key, quantity, since, &stores.clock);
-            }
+            [_] => Ok(()),
+            stack => check_stack(stack).map_err(BuildError::Invalid),
         }
     }
 
-    fn can_refund(&self) -> bool {
-        true
-    }
-
-    // Metered limits: kept where `decide_each` keeps them, as refunds are.
-    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
-        Box::pin(ready(self.decide_each(limits, key, quantities)))
-    }
-
-    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: std::time::Duration) {
-        if limits.is_empty() || deltas.len() != limits.len() || deltas.iter().all(|d| *d == 0) {
-            return;
-        }
+    // Refunds and settlements go where `decide_charges` keeps the state: a lone GCRA limit in the
+    // GCRA table, everything else (stacks included) in the general store; a slot back to the
+    // general store, which counts slots per key (the lease token identifies nothing more).
+    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
         let stores = &*self.stores;
-        let since = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
-        match (limits, limits[0].gcra()) {
-            ([limit], Some(params)) => {
-                let clock = &stores.clock;
-                stores
-                    .gcra
-                    .settle(params, limit.id(), key, deltas[0], since, clock);
+        let limits = charges.limits();
+        let Some(key) = charges.same_key() else {
+            return; // Quotas with keys of their own are neither refunded nor settled.
+        };
+        let nanos =
+            |since: std::time::Duration| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+        match adjustment {
+            Adjustment::Release { lease: _ } => {
+                for (i, limit) in limits.iter().enumerate() {
+                    stores.general.release(limit, key, charges.quantity(i));
+                }
             }
-            _ => stores
-                .general
-                .settle(limits, key, deltas, since, &stores.clock),
+            Adjustment::Refund { since } => {
+                let quantity = charges.quantity(0);
+                match limits {
+                    [] => {}
+                    [limit] if limit.gcra().is_some() => {
+                        let params = limit.gcra().expect("a GCRA limit");
+                        let (gcra, clock) = (&stores.gcra, &stores.clock);
+                        gcra.refund(params, limit.id(), key, quantity, nanos(since), clock);
+                    }
+                    _ => stores
+                        .general
+                        .refund(limits, key, quantity, nanos(since), &stores.clock),
+                }
+            }
+            Adjustment::Settle { deltas, since } => {
+                if limits.is_empty()
+                    || deltas.len() != limits.len()
+                    || deltas.iter().all(|d| *d == 0)
+                {
+                    return;
+                }
+                match (limits, limits[0].gcra()) {
+                    ([limit], Some(params)) => {
+                        let (gcra, clock) = (&stores.gcra, &stores.clock);
+                        gcra.settle(params, limit.id(), key, deltas[0], nanos(since), clock);
+                    }
+                    _ => stores
+                        .general
+                        .settle(limits, key, deltas, nanos(since), &stores.clock),
+                }
+            }
         }
     }
 
-    fn can_settle(&self) -> bool {
-        true
+    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
+        Box::pin(ready(self.peek_now(charges)))
+    }
+
+    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
+        Box::pin(ready(self.reset_now(charges)))
     }
 }
 

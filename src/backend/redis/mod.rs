@@ -25,18 +25,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::conn::{server, slot_watch};
+use self::decide::check::{DecisionFuture, StackFuture};
 use self::decide::refund;
 use self::health::watch;
 use self::state::RedisState;
 use self::wire::args::{self, validate_stack};
-use crate::backend::api::{Backend, StackFuture};
+use crate::backend::api::Backend;
+use crate::backend::charge::{Adjustment, Charges, Decisions, Uses};
 use crate::backend::key_state::{PeekFuture, ResetFuture};
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
 use crate::limit::{Limit, DEFAULT_LEASE};
 
 pub use self::builder::RedisBackendBuilder;
-pub use self::decide::check::RedisFuture;
 pub use self::health::circuit::CircuitState;
 pub use self::health::memory::MemoryReport;
 pub use self::health::report::{RedisHealth, RedisNodeHealth};
@@ -261,56 +262,115 @@ impl RedisBackendBuilder {
 impl Backend for RedisBackend {
     type Future = RedisFuture;
 
-    fn check(&self, limit: &Limit, key: &Key, quantity: u64) -> Self::Future {
-        self.state.check(limit, key, quantity)
+    // One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script
+    // (check.rs); a stack on one key or limits with keys of their own (their keys on one hash
+    // tag): one call of the limits script, alone or coalesced.
+    fn check(&self, charges: Charges<'_>) -> Self::Future {
+        let limits = charges.limits();
+        RedisFuture(match (charges.same_key(), charges.same_quantity()) {
+            (Some(key), Some(quantity)) => match limits {
+                [one] => Checking::One(self.state.check(one, key, quantity)),
+                all => Checking::Many(self.state.check_stack(all, key, quantity, None)),
+            },
+            (Some(key), None) => {
+                let quantities = charges.quantities().unwrap_or_default();
+                match (limits, quantities) {
+                    // A metered lone limit is a plain check of its estimate, answered as a list.
+                    ([one], [quantity]) => {
+                        Checking::OneAsMany(self.state.check(one, key, *quantity))
+                    }
+                    _ => Checking::Many(self.state.check_stack(limits, key, 0, Some(quantities))),
+                }
+            }
+            (None, Some(quantity)) => {
+                let keys = charges.keys().unwrap_or_default();
+                Checking::Many(self.state.check_keyed(limits, keys, quantity))
+            }
+            (None, None) => Checking::Many(decide::check::failed(
+                "charges with keys of their own take one quantity",
+            )),
+        })
+    }
+
+    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+        if let [limit] = limits
+            && !uses.keys_apart
+        {
+            if let Some(why) = limit.budget().and_then(|_| limit.budget_error()) {
+                return Err(BuildError::Invalid(why));
+            }
+            return args::validate(self.state.detector.mode(), limit);
+        }
+        if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
+            return Err(BuildError::Invalid(if uses.keys_apart {
+                format!(
+                    "policy {:?}: a leased budget cannot be used with quotas keyed apart",
+                    leased.name()
+                )
+            } else {
+                format!(
+                    "policy {:?}: a leased budget takes one quota, not a stack",
+                    leased.name()
+                )
+            }));
+        }
+        // Decided by the limits script (Lua) in every mode: CL.THROTTLE decides one key alone.
+        validate_stack(limits)
+    }
+
+    // Refunds and settlements: settle.lua, on a spawned task (refund.rs); a concurrency slot given
+    // back by its lease.
+    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+        let limits = charges.limits();
+        let Some(key) = charges.same_key() else {
+            return; // Quotas with keys of their own are neither refunded nor settled.
+        };
+        match adjustment {
+            Adjustment::Refund { since } => {
+                refund::refund(&self.state, limits, key, charges.quantity(0), since);
+            }
+            Adjustment::Settle { deltas, since } => {
+                refund::settle(&self.state, limits, key, deltas, since);
+            }
+            Adjustment::Release { lease } => {
+                for (i, limit) in limits.iter().enumerate() {
+                    self.release(limit, key, charges.quantity(i), lease);
+                }
+            }
+        }
+    }
+
+    // Peeks and resets on the keys the charges are decided on (admin.rs).
+    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
+        match charges.keys() {
+            Some(keys) => self.state.peek_keyed(charges.limits(), keys),
+            None => self.state.peek(charges.limits(), charges.key(0)),
+        }
+    }
+
+    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
+        match charges.keys() {
+            Some(keys) => self.state.reset_keyed(charges.limits(), keys),
+            None => self.state.reset(charges.limits(), charges.key(0)),
+        }
     }
 
     fn keeps_penalties(&self) -> bool {
         true
     }
 
-    fn check_all(&self, limits: &[Limit], key: &Key, quantity: u64) -> StackFuture {
-        self.state.check_stack(limits, key, quantity, None)
+    // Heard by every process sharing the Redis (resets.rs).
+    fn reloaded(&self, changed: &[&str]) {
+        resets::reloaded(&self.state, changed);
     }
 
-    fn validate_all(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        if limits.len() > 1
-            && let Some(leased) = limits.iter().find(|l| l.budget().is_some())
-        {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?}: a leased budget takes one quota, not a stack",
-                leased.name()
-            )));
-        }
-        validate_stack(limits)
+    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
+        Some(Arc::new(records::RedisRecords(self.state.clone())))
     }
+}
 
-    // Several keys in one decision: the limits script on keys of one hash tag (check.rs); peeks
-    // and resets on the same keys (admin.rs).
-    fn check_keyed(&self, limits: &[Limit], keys: &[Key], quantity: u64) -> StackFuture {
-        self.state.check_keyed(limits, keys, quantity)
-    }
-
-    fn validate_keyed(&self, limits: &[Limit]) -> Result<(), BuildError> {
-        if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?}: a leased budget cannot be used with quotas keyed apart",
-                leased.name()
-            )));
-        }
-        // Decided by the limits script (Lua) in every mode, as a stack is: CL.THROTTLE decides
-        // one key alone.
-        validate_stack(limits)
-    }
-
-    fn peek_keyed(&self, limits: &[Limit], keys: &[Key]) -> PeekFuture {
-        self.state.peek_keyed(limits, keys)
-    }
-
-    fn reset_keyed(&self, limits: &[Limit], keys: &[Key]) -> ResetFuture {
-        self.state.reset_keyed(limits, keys)
-    }
-
+impl RedisBackend {
+    /// Gives back the slot of a request admitted under a concurrency `limit`, by its lease.
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
         let Some(count) = limit.concurrency() else {
             return;
@@ -326,56 +386,40 @@ impl Backend for RedisBackend {
             lease_length,
         );
     }
+}
 
-    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
-        if let Some(why) = limit.budget().and_then(|_| limit.budget_error()) {
-            return Err(BuildError::Invalid(why));
+/// The future of [`RedisBackend`]'s [`check`](Backend::check): Redis's answer, one decision per
+/// charge.
+pub struct RedisFuture(Checking);
+
+/// What is awaited: one limit's decision, or a list's.
+enum Checking {
+    One(DecisionFuture),
+    /// One limit's decision, answered as a list (a metered lone limit).
+    OneAsMany(DecisionFuture),
+    Many(StackFuture),
+}
+
+impl fmt::Debug for RedisFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RedisFuture")
+    }
+}
+
+impl std::future::Future for RedisFuture {
+    type Output = Result<Decisions, BackendError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Checking::One(one) => one.as_mut().poll(cx).map(|r| r.map(Decisions::One)),
+            Checking::OneAsMany(one) => one
+                .as_mut()
+                .poll(cx)
+                .map(|r| r.map(|d| Decisions::Many(vec![d]))),
+            Checking::Many(all) => all.as_mut().poll(cx).map(|r| r.map(Decisions::Many)),
         }
-        args::validate(self.state.detector.mode(), limit)
-    }
-
-    fn peek(&self, limits: &[Limit], key: &Key) -> PeekFuture {
-        self.state.peek(limits, key)
-    }
-
-    fn reset(&self, limits: &[Limit], key: &Key) -> ResetFuture {
-        self.state.reset(limits, key)
-    }
-
-    // Counting by outcome: settle.lua, on a spawned task (see refund.rs).
-    fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
-        refund::refund(&self.state, limits, key, quantity, since);
-    }
-
-    fn can_refund(&self) -> bool {
-        true
-    }
-
-    // Metered limits: a quantity per limit on the limits script (one limit: a plain check).
-    fn check_each(&self, limits: &[Limit], key: &Key, quantities: &[u64]) -> StackFuture {
-        match (limits, quantities) {
-            ([limit], [quantity]) => {
-                let decided = self.state.check(limit, key, *quantity);
-                Box::pin(async move { decided.await.map(|decision| vec![decision]) })
-            }
-            _ => self.state.check_stack(limits, key, 0, Some(quantities)),
-        }
-    }
-
-    fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: Duration) {
-        refund::settle(&self.state, limits, key, deltas, since);
-    }
-
-    fn can_settle(&self) -> bool {
-        true
-    }
-
-    // Heard by every process sharing the Redis (resets.rs).
-    fn reloaded(&self, changed: &[&str]) {
-        resets::reloaded(&self.state, changed);
-    }
-
-    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
-        Some(Arc::new(records::RedisRecords(self.state.clone())))
     }
 }

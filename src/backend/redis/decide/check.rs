@@ -11,7 +11,6 @@ use redis::RedisError;
 use std::sync::atomic::Ordering;
 
 use super::deny::Rejection;
-use crate::backend::api::StackFuture;
 use crate::backend::redis::conn::connection::is_unknown_command;
 use crate::backend::redis::health::breaker::{guarded, guarded_on};
 use crate::backend::redis::speedup::budget::{Fetching, Local};
@@ -27,8 +26,13 @@ use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
 use crate::penalty::Penalty;
 
-/// The future of [`RedisBackend::check`](crate::backend::Backend::check).
-pub type RedisFuture = Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+/// The future of one limit's decision.
+pub(crate) type DecisionFuture =
+    Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+
+/// The future of a stack's decisions: one per limit, in order.
+pub(crate) type StackFuture =
+    Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;
 
 /// A call refused before it reaches Redis: `why`, at once.
 pub(crate) fn failed<T: Send + 'static>(
@@ -39,7 +43,12 @@ pub(crate) fn failed<T: Send + 'static>(
 
 impl RedisState {
     /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
-    pub(crate) fn check(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+    pub(crate) fn check(
+        self: &Arc<Self>,
+        limit: &Limit,
+        key: &Key,
+        quantity: u64,
+    ) -> DecisionFuture {
         let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
             return self.check_window(limit, key, quantity);
         };
@@ -103,8 +112,8 @@ impl RedisState {
         })
     }
 
-    /// A stack of limits decided together ([`check_all`](crate::Backend::check_all)), with `each[i]`
-    /// units under `limits[i]` if given ([`check_each`](crate::Backend::check_each)): one call.
+    /// A stack of limits on one key decided together, with `each[i]` units under `limits[i]` if
+    /// given (a metered stack): one call.
     pub(crate) fn check_stack(
         self: &Arc<Self>,
         limits: &[Limit],
@@ -128,7 +137,7 @@ impl RedisState {
     /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds only
     /// rejections that last until their retry time whatever others do: a fixed window's, a sliding
     /// log's for one unit (its oldest leaves first). The others may free up before: Redis decides.
-    fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> RedisFuture {
+    fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> DecisionFuture {
         // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
         let fingerprint = match (limit.algorithm(), limit.window()) {
             (Algorithm::FixedWindow, Some(w)) => Some((w.period(), w.limit())),
@@ -191,7 +200,7 @@ impl RedisState {
         })
     }
 
-    /// Limits with a key each ([`check_keyed`](crate::backend::Backend::check_keyed)): `limits[i]`
+    /// Limits with a key each ([`Charges::keyed`](crate::backend::Charges::keyed)): `limits[i]`
     /// on `keys[i]`'s state, in one atomic call of the limits script (alone, or coalesced), on the
     /// one Cluster slot of the stack's hash tag ([`keyed_state_key`] says why).
     pub(crate) fn check_keyed(

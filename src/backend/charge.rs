@@ -1,0 +1,321 @@
+//! What a request asks of a backend, in one shape: a list of charges, each a limit, the key it
+//! counts against and the quantity ([`Charges`]); and what comes back, one decision per charge
+//! ([`Decisions`]). A lone limit, a stack of quotas, quotas with keys of their own and a metered
+//! estimate beside the request's cost are all lists of charges: the backend tells them apart by
+//! what the list holds, not by a method of its own.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::limit::Limit;
+
+/// The charges a request makes, decided together and atomically by
+/// [`Backend::check`](crate::Backend::check): the request passes only if every charge is
+/// admitted, and then every one is recorded; a refusal by one records nothing in any.
+///
+/// Charge `i` counts [`quantity(i)`](Self::quantity) units against [`limits()[i]`](Self::limits)
+/// under [`key(i)`](Self::key). Most requests make one charge; a stack of quotas (10 a second and
+/// 1,000 a day) makes one per quota on one key, which a backend may keep apart from the same limits
+/// checked alone; quotas with keys of their own (per user and per organisation) make one per quota
+/// on each quota's key; a metered limit reserves its estimate beside the request's cost. The
+/// list borrows what the caller holds: building it allocates nothing.
+///
+/// ```
+/// use tower_throttle::backend::Charges;
+/// use tower_throttle::{Key, Limit, Quota};
+///
+/// let stack = [
+///     Limit::new("second", Quota::per_second(10)).unwrap(),
+///     Limit::new("day", Quota::per_day(1000)).unwrap(),
+/// ];
+/// let key = Key::from("alice");
+/// let charges = Charges::stack(&stack, &key, 1);
+/// assert_eq!(charges.len(), 2);
+/// assert_eq!((charges.key(1), charges.quantity(1)), (&key, 1));
+///
+/// let tokens = [3, 250];
+/// let metered = charges.with_quantities(&tokens);
+/// assert_eq!(metered.quantity(1), 250);
+/// assert_eq!(metered.same_quantity(), None);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Charges<'a> {
+    limits: &'a [Limit],
+    keys: Keys<'a>,
+    quantities: Quantities<'a>,
+}
+
+/// One key for every charge, or one each.
+#[derive(Clone, Copy, Debug)]
+enum Keys<'a> {
+    Same(&'a Key),
+    Each(&'a [Key]),
+}
+
+/// One quantity for every charge, or one each.
+#[derive(Clone, Copy, Debug)]
+enum Quantities<'a> {
+    Same(u64),
+    Each(&'a [u64]),
+}
+
+impl<'a> Charges<'a> {
+    /// One charge: `quantity` units against `limit` under `key`.
+    #[inline]
+    pub fn one(limit: &'a Limit, key: &'a Key, quantity: u64) -> Self {
+        Self::stack(std::slice::from_ref(limit), key, quantity)
+    }
+
+    /// A charge of `quantity` units against each of `limits`, all under `key` (a stack of quotas).
+    #[inline]
+    pub const fn stack(limits: &'a [Limit], key: &'a Key, quantity: u64) -> Self {
+        Charges {
+            limits,
+            keys: Keys::Same(key),
+            quantities: Quantities::Same(quantity),
+        }
+    }
+
+    /// A charge of `quantity` units against each of `limits`, `limits[i]` under `keys[i]` (quotas
+    /// with keys of their own). A backend refuses a list whose keys and limits differ in number.
+    #[inline]
+    pub const fn keyed(limits: &'a [Limit], keys: &'a [Key], quantity: u64) -> Self {
+        Charges {
+            limits,
+            keys: Keys::Each(keys),
+            quantities: Quantities::Same(quantity),
+        }
+    }
+
+    /// The same charges, `quantities[i]` units against `limits()[i]` (a metered limit's estimate
+    /// beside the request's cost). A backend refuses a list whose quantities and limits differ in
+    /// number.
+    #[inline]
+    pub const fn with_quantities(self, quantities: &'a [u64]) -> Self {
+        Charges {
+            quantities: Quantities::Each(quantities),
+            ..self
+        }
+    }
+
+    /// The limits charged, in order.
+    #[inline]
+    pub const fn limits(&self) -> &'a [Limit] {
+        self.limits
+    }
+
+    /// How many charges.
+    #[inline]
+    pub const fn len(&self) -> usize {
+        self.limits.len()
+    }
+
+    /// Whether there is no charge.
+    #[inline]
+    pub const fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    /// The key of charge `i` (the last key given, if `keyed` was given fewer).
+    pub fn key(&self, i: usize) -> &'a Key {
+        match self.keys {
+            Keys::Same(key) => key,
+            Keys::Each(keys) => &keys[i.min(keys.len().saturating_sub(1))],
+        }
+    }
+
+    /// The quantity of charge `i` (0 past the quantities given).
+    pub fn quantity(&self, i: usize) -> u64 {
+        match self.quantities {
+            Quantities::Same(quantity) => quantity,
+            Quantities::Each(quantities) => quantities.get(i).copied().unwrap_or(0),
+        }
+    }
+
+    /// The one key every charge is under, or `None` when the charges have keys of their own.
+    #[inline]
+    pub const fn same_key(&self) -> Option<&'a Key> {
+        match self.keys {
+            Keys::Same(key) => Some(key),
+            Keys::Each(_) => None,
+        }
+    }
+
+    /// The keys of the charges, one each, when they were given one each.
+    pub const fn keys(&self) -> Option<&'a [Key]> {
+        match self.keys {
+            Keys::Same(_) => None,
+            Keys::Each(keys) => Some(keys),
+        }
+    }
+
+    /// The one quantity every charge counts, or `None` when they were given one each.
+    #[inline]
+    pub const fn same_quantity(&self) -> Option<u64> {
+        match self.quantities {
+            Quantities::Same(quantity) => Some(quantity),
+            Quantities::Each(_) => None,
+        }
+    }
+
+    /// The quantities of the charges, one each, when they were given one each.
+    pub const fn quantities(&self) -> Option<&'a [u64]> {
+        match self.quantities {
+            Quantities::Same(_) => None,
+            Quantities::Each(quantities) => Some(quantities),
+        }
+    }
+
+    /// The same charges with quantity 0 each: what a peek or a reset names (only the limits and
+    /// keys count there).
+    pub const fn named(self) -> Self {
+        Charges {
+            quantities: Quantities::Same(0),
+            ..self
+        }
+    }
+}
+
+/// One decision per charge, in the order of the [`Charges`] decided: what
+/// [`Backend::check`](crate::Backend::check) answers. One charge's answer is held in place (no
+/// allocation on the commonest path); it reads as a slice either way.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_throttle::backend::Decisions;
+/// use tower_throttle::Decision;
+///
+/// let one = Decisions::One(Decision::allowed(10, 9, Duration::from_secs(1)));
+/// assert_eq!(one.len(), 1);
+/// assert!(one[0].allowed);
+/// assert!(one.combined().unwrap().allowed);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decisions {
+    /// The decision of a lone charge.
+    One(Decision),
+    /// The decisions of several charges (or of one, where the backend answered it as a list).
+    Many(Vec<Decision>),
+}
+
+impl Decisions {
+    /// The charges' decisions taken together ([`Decision::combine`]); `None` for none.
+    pub fn combined(&self) -> Option<Decision> {
+        match self {
+            Decisions::One(decision) => Some(*decision),
+            Decisions::Many(all) => Decision::combine(all),
+        }
+    }
+
+    /// The decisions as a vector.
+    pub fn into_vec(self) -> Vec<Decision> {
+        match self {
+            Decisions::One(decision) => vec![decision],
+            Decisions::Many(all) => all,
+        }
+    }
+}
+
+impl Deref for Decisions {
+    type Target = [Decision];
+
+    fn deref(&self) -> &[Decision] {
+        match self {
+            Decisions::One(decision) => std::slice::from_ref(decision),
+            Decisions::Many(all) => all,
+        }
+    }
+}
+
+/// What changes charges already admitted, after the response
+/// ([`Backend::adjust`](crate::Backend::adjust)): never refused, never blocking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Adjustment<'a> {
+    /// Gives back each charge's quantity: the response does not count
+    /// ([`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only)). `since` bounds the time
+    /// since the backend admitted the request, so a refund may give back less, never more: the
+    /// state becomes at most what it would be had the request never come. Per algorithm: the GCRA
+    /// moves the TAT back by the quantity's emission intervals less `since`; the fixed window takes
+    /// the units out of the window that admitted them if it is still the current one (known only
+    /// when `now - since` falls in it too); the sliding window out of the window that admitted
+    /// them (or, within `since` of a boundary, the one before); the sliding log removes units
+    /// logged at the admission or after the earliest time it may have been, the oldest first. A
+    /// concurrency limit has nothing to refund ([`Release`](Adjustment::Release) gives its slot
+    /// back).
+    Refund {
+        /// An upper bound on the time since the admission.
+        since: Duration,
+    },
+    /// Settles what a metered request really cost: `deltas[i]` is the actual cost less the
+    /// reservation under charge `i` (0: nothing to do). A positive delta charges that many more
+    /// units with no admission test (for the GCRA the TAT moves on, from now if the key was idle,
+    /// by at most [`max_debt`](Limit::max_debt) units past the burst: the key is in debt); a
+    /// negative one gives units back as [`Refund`](Adjustment::Refund) does.
+    Settle {
+        /// Actual cost less reservation, per charge.
+        deltas: &'a [i64],
+        /// An upper bound on the time since the admission.
+        since: Duration,
+    },
+    /// Gives back the slot a request admitted under a
+    /// [concurrency](crate::Algorithm::Concurrency) limit holds, once its response has been sent,
+    /// failed or been dropped; `lease` is the decision's [`lease`](Decision::lease) (0 if none).
+    /// A request whose check was dropped before it completed never learns whether it took a slot:
+    /// a backend that decides asynchronously must let such slots expire (the Redis backend's
+    /// leases do).
+    Release {
+        /// The decision's lease token.
+        lease: u64,
+    },
+}
+
+/// What a layer will ask of a backend for a policy, beyond one charge decided alone: told to
+/// [`Backend::validate`](crate::Backend::validate) when the layer is built, so that what a backend
+/// cannot do is an error at start-up, not at the first request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Uses {
+    /// The charges have keys of their own ([`Charges::keyed`]).
+    pub keys_apart: bool,
+    /// The charges have quantities of their own ([`Charges::with_quantities`]) and are
+    /// [settled](Adjustment::Settle) after the response.
+    pub settles: bool,
+    /// Admitted charges are [refunded](Adjustment::Refund) when the response does not count.
+    pub refunds: bool,
+}
+
+impl Uses {
+    /// One charge per limit under one key, neither refunded nor settled.
+    pub const NOTHING_MORE: Uses = Uses {
+        keys_apart: false,
+        settles: false,
+        refunds: false,
+    };
+
+    /// The same, with keys of their own for the charges.
+    pub const fn keys_apart(self) -> Self {
+        Uses {
+            keys_apart: true,
+            ..self
+        }
+    }
+
+    /// The same, with quantities of their own, settled after the response.
+    pub const fn settles(self) -> Self {
+        Uses {
+            settles: true,
+            ..self
+        }
+    }
+
+    /// The same, refunded when the response does not count.
+    pub const fn refunds(self) -> Self {
+        Uses {
+            refunds: true,
+            ..self
+        }
+    }
+}
