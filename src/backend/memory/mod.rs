@@ -100,6 +100,7 @@ const MAX_SHARDS: usize = 1024;
 ///
 /// ```
 /// use std::time::Duration;
+/// use tower_throttle::backend::Charges;
 /// use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
 /// use tower_throttle::clock::ManualClock;
 ///
@@ -108,13 +109,14 @@ const MAX_SHARDS: usize = 1024;
 /// let backend = MemoryBackend::builder().clock(clock.clone()).build().unwrap();
 /// let limit = Limit::new("api", Quota::per_second(2)).unwrap();
 /// let key = Key::from("alice");
-/// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
-/// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
-/// let third = backend.check(&limit, &key, 1).await.unwrap();
+/// let alice = Charges::one(&limit, &key, 1);
+/// assert!(backend.check(alice).await.unwrap()[0].allowed);
+/// assert!(backend.check(alice).await.unwrap()[0].allowed);
+/// let third = backend.check(alice).await.unwrap()[0];
 /// assert!(!third.allowed);
 /// assert_eq!(third.retry_after, Some(Duration::from_millis(500)));
 /// clock.advance(Duration::from_millis(500));
-/// assert!(backend.check(&limit, &key, 1).await.unwrap().allowed);
+/// assert!(backend.check(alice).await.unwrap()[0].allowed);
 /// # });
 /// ```
 pub struct MemoryBackend<C = QuantaClock> {

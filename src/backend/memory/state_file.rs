@@ -31,20 +31,18 @@ impl<C: Clock> MemoryBackend<C> {
     /// Returns how many keys it wrote.
     ///
     /// ```
-    /// use tower_throttle::{Backend, Key, Limit, MemoryBackend, Quota};
+    /// use tower_throttle::{Key, Limit, MemoryBackend, Quota};
     ///
-    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
     /// let limit = Limit::new("api", Quota::per_hour(2)).unwrap();
     /// let path = std::env::temp_dir().join(format!("throttle-doc-{}.state", std::process::id()));
     /// let before = MemoryBackend::new();
-    /// before.check(&limit, &Key::from("ann"), 2).await.unwrap();
+    /// before.decide(&limit, &Key::from("ann"), 2).unwrap();
     /// assert_eq!(before.save_state(&path, &[limit.clone()]).unwrap(), 1);
     ///
     /// let after = MemoryBackend::new(); // the next process
     /// assert_eq!(after.load_state(&path, &[limit.clone()]).unwrap(), 1);
-    /// assert!(!after.check(&limit, &Key::from("ann"), 1).await.unwrap().allowed);
+    /// assert!(!after.decide(&limit, &Key::from("ann"), 1).unwrap().allowed);
     /// # std::fs::remove_file(&path).unwrap();
-    /// # });
     /// ```
     pub fn save_state(&self, path: impl AsRef<Path>, limits: &[Limit]) -> io::Result<usize> {
         let path = path.as_ref();

@@ -238,13 +238,15 @@ impl RedisBackendBuilder {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
+    /// use tower_throttle::backend::Charges;
     /// use tower_throttle::key::Key;
     /// use tower_throttle::{redis::RedisBackend, Backend, Limit, Quota};
     ///
     /// // Nothing listens on port 1: built anyway, and calls fail at once.
     /// let redis = RedisBackend::builder().url("redis://127.0.0.1:1/").build().unwrap();
     /// let limit = Limit::new("api", Quota::per_second(5)).unwrap();
-    /// assert!(redis.check(&limit, &Key::from("alice"), 1).await.is_err());
+    /// let alice = Key::from("alice");
+    /// assert!(redis.check(Charges::one(&limit, &alice, 1)).await.is_err());
     ///
     /// // Settings are still checked here.
     /// assert!(RedisBackend::builder().url("redis://127.0.0.1:1/").prefix("a b").build().is_err());
