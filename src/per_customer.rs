@@ -160,23 +160,6 @@ impl ExtrasBuilder {
         metered: Option<MeterRule>,
     ) -> Result<Option<Arc<PolicyExtras>>, BuildError> {
         let invalid = |why: &str| BuildError::Invalid(format!("policy {name:?}: {why}"));
-        if metered.is_some() && (self.quota_from.is_some() || self.resolver.is_some()) {
-            return Err(invalid(
-                "a metered limit cannot be used with per-customer quotas (quota_from, \
-                 quota_resolver) yet",
-            ));
-        }
-        if metered.is_some() && self.outcome.is_set() {
-            return Err(invalid(
-                "a metered limit settles its cost after the response; count_only and refund_on \
-                 cannot be used with it",
-            ));
-        }
-        if self.quota_from.is_some() && self.resolver.is_some() {
-            return Err(invalid(
-                "quota_from and quota_resolver both choose the quota; use one",
-            ));
-        }
         if self.resolve_timeout.is_some() && self.resolver.is_none() {
             return Err(invalid(
                 "resolver_timeout is set but there is no quota_resolver",
@@ -192,45 +175,7 @@ impl ExtrasBuilder {
         {
             return Err(invalid("the async key's timeout must be more than 0"));
         }
-        if self.outcome.is_set() && template.algorithm() == Algorithm::Concurrency {
-            return Err(invalid(
-                "count_only and refund_on need a rate (a concurrency slot is given back anyway \
-                 when its request ends)",
-            ));
-        }
-        if self.outcome.is_set() && template.budget().is_some() {
-            // A unit of a leased slice was charged in Redis when the slice was granted, up to a
-            // lease before the request: a refund measured from the request could give back more
-            // than the unit took.
-            return Err(invalid(
-                "count_only and refund_on cannot be used with a budget (a slice's units were \
-                 charged when granted, so a refund could give back more than was taken)",
-            ));
-        }
-        if self.outcome.is_set() && !self.shadows.is_empty() {
-            // A response that does not count gives back the policy's units, not the shadow's.
-            return Err(invalid(
-                "count_only and refund_on cannot be used with a shadow limit yet (the shadow \
-                 limit would count every response)",
-            ));
-        }
         let keyed = !self.quota_keys.is_empty();
-        if keyed && (self.quota_from.is_some() || self.resolver.is_some()) {
-            return Err(invalid(
-                "quotas with keys of their own cannot be used with per-customer quotas \
-                 (quota_from, quota_resolver)",
-            ));
-        }
-        if keyed && self.outcome.is_set() {
-            return Err(invalid(
-                "quotas with keys of their own cannot be used with count_only or refund_on yet",
-            ));
-        }
-        if keyed && metered.is_some() {
-            return Err(invalid(
-                "quotas with keys of their own cannot be used with a metered limit yet",
-            ));
-        }
         let body = self
             .body_rule(metered.as_ref())
             .map_err(|why| invalid(&why))?;
@@ -269,9 +214,6 @@ impl ExtrasBuilder {
     /// What the policy reads from the body (its key, its metered estimate), if anything.
     fn body_rule(&self, metered: Option<&MeterRule>) -> Result<Option<BodyRule>, String> {
         let estimate = metered.and_then(|m| m.estimate.body_field());
-        if self.body_key.is_some() && self.async_key.is_some() {
-            return Err("a body key and an async key both choose the key; use one".into());
-        }
         if self.body_key.is_none() && estimate.is_none() {
             if self.max_body.is_some() || self.body_timeout.is_some() {
                 return Err(

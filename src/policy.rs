@@ -30,6 +30,7 @@ pub use crate::policy_decision::{LimitDecision, PolicyDecision, RequestDecisions
 pub use crate::quota::QuotaError;
 
 mod body_key;
+mod compat;
 mod compiled;
 mod condition;
 mod keyed;
@@ -554,6 +555,7 @@ impl<K> PolicyBuilder<K> {
     /// Validates the policy.
     pub fn build(mut self) -> Result<Policy<K>, BuildError> {
         validate_name(&self.name)?;
+        compat::check(&self.name, &self.features())?;
         self.check_quota_keys()?;
         let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
         if !self.keyed {
@@ -665,14 +667,9 @@ impl<K> PolicyBuilder<K> {
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
             .collect();
-        let (staged, shadows) = self.rollout.build(
-            &self.name,
-            self.dry_run,
-            self.algorithm,
-            self.cost,
-            period_label,
-            &taken,
-        )?;
+        let (staged, shadows) =
+            self.rollout
+                .build(&self.name, self.algorithm, self.cost, period_label, &taken)?;
         drop(taken);
         let mut extras = self.extras;
         extras.shadows = shadows;

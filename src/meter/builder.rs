@@ -64,9 +64,6 @@ impl<K> PolicyBuilder<K> {
         metered: &Limit,
     ) -> Result<(), BuildError> {
         let invalid = |why: &str| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
-        if !self.tiers.is_empty() {
-            return Err(invalid("a metered limit cannot be used with tiers yet"));
-        }
         if limits.iter().any(|l| l.name() == metered.name()) {
             return Err(invalid(
                 "the metered limit needs a name of its own (not the policy's)",

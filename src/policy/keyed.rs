@@ -16,7 +16,7 @@ impl<K> PolicyBuilder<K> {
     /// policy's key.
     ///
     /// The backend decides every quota in one atomic step, each under its own key
-    /// ([`Backend::check_keyed`](crate::Backend::check_keyed)): the request passes only if every
+    /// ([`Charges::keyed`](crate::backend::Charges::keyed)): the request passes only if every
     /// one admits it, and a refusal by one charges none of the others (the organisation's
     /// refusal leaves the user's quota as it was). A request without one of the keys gets the
     /// policy's [missing-key](crate::policy::MissingKey) answer. Each limit is named after the
@@ -52,27 +52,12 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// Checks the quotas with keys of their own against what they cannot be used with, and binds
-    /// their `path:` keys to the route.
+    /// Binds the `path:` keys of the quotas with keys of their own to the route (what they cannot
+    /// be used with is in compat.rs).
     pub(super) fn check_quota_keys(&mut self) -> Result<(), BuildError> {
         if self.extras.quota_keys.iter().all(Option::is_none) {
             self.extras.quota_keys.clear();
             return Ok(());
-        }
-        let invalid = |why: &str| {
-            BuildError::Invalid(format!(
-                "policy {:?}: quotas with keys of their own cannot be used with {why}",
-                self.name
-            ))
-        };
-        if !self.tiers.is_empty() {
-            return Err(invalid("tiers"));
-        }
-        if self.penalty.is_some() {
-            return Err(invalid("a penalty (whose key would it ban?)"));
-        }
-        if self.budget.is_some() {
-            return Err(invalid("a leased budget"));
         }
         let route = self.route.clone();
         for key in self.extras.quota_keys.iter_mut().flatten() {

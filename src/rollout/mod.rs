@@ -35,23 +35,16 @@ pub(crate) struct RolloutBuilder {
 
 impl RolloutBuilder {
     /// The stage and the shadow limits of a policy called `policy` (see [`shadow_limits`]):
-    /// an error for a share outside 0 to 1, or a staged dry run.
+    /// an error for a share outside 0 to 1 (a staged dry run is refused in `policy/compat.rs`).
     pub(crate) fn build(
         self,
         policy: &str,
-        dry_run: bool,
         algorithm: Algorithm,
         cost: u64,
         label: fn(Duration) -> String,
         taken: &[&str],
     ) -> Result<(Option<Staged>, Box<[Limit]>), BuildError> {
         let staged = match self.enforce {
-            Some(_) if dry_run => {
-                return Err(BuildError::Invalid(format!(
-                    "policy {policy:?}: dry_run and enforce both say how many refusals are \
-                     enforced; use one"
-                )))
-            }
             Some(fraction) => Staged::of(policy, fraction)?,
             None => None,
         };

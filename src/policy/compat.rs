@@ -1,0 +1,220 @@
+//! What a policy cannot use together: one table of the features that exclude each other, checked
+//! once when the policy is built, each refusal with its reason. A feature that adds a conflict adds
+//! a row here (and to the test that lists them), not a check of its own elsewhere.
+
+use crate::error::BuildError;
+
+/// A feature of a policy, as far as another one can exclude it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Feature {
+    /// A metered limit (`PolicyBuilder::metered`).
+    Metered,
+    /// `quota_from`: a per-customer quota from a closure.
+    QuotaFrom,
+    /// `quota_resolver`: a per-customer quota from a resolver.
+    Resolver,
+    /// Counting by outcome (`count_only`, `refund_on`).
+    CountOnly,
+    /// Quotas with keys of their own (`quota_keyed`).
+    KeysApart,
+    /// Shadow limits (`shadow_quota`).
+    Shadow,
+    /// A leased budget (`budget`).
+    Budget,
+    /// The concurrency algorithm.
+    Concurrency,
+    /// Tiers (`tier`).
+    Tiers,
+    /// A penalty box (`penalty`).
+    Penalty,
+    /// An async key (`async_key`).
+    AsyncKey,
+    /// A key from the body (`body_key`).
+    BodyKey,
+    /// A dry run (`dry_run`).
+    DryRun,
+    /// A staged roll-out (`enforce`).
+    Enforce,
+}
+
+use Feature::*;
+
+/// Every pair a policy may not use together, and why (after `policy "<name>": `). Where either
+/// feature of a row is in use with the other, the policy is refused with the first row that
+/// matches.
+pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
+    (
+        KeysApart,
+        Tiers,
+        "quotas with keys of their own cannot be used with tiers",
+    ),
+    (
+        KeysApart,
+        Penalty,
+        "quotas with keys of their own cannot be used with a penalty (whose key would it ban?)",
+    ),
+    (
+        KeysApart,
+        Budget,
+        "quotas with keys of their own cannot be used with a leased budget",
+    ),
+    (
+        Metered,
+        Tiers,
+        "a metered limit cannot be used with tiers yet",
+    ),
+    (
+        Metered,
+        QuotaFrom,
+        "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet",
+    ),
+    (
+        Metered,
+        Resolver,
+        "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet",
+    ),
+    (
+        Metered,
+        CountOnly,
+        "a metered limit settles its cost after the response; count_only and refund_on cannot \
+         be used with it",
+    ),
+    (
+        QuotaFrom,
+        Resolver,
+        "quota_from and quota_resolver both choose the quota; use one",
+    ),
+    (
+        CountOnly,
+        Concurrency,
+        "count_only and refund_on need a rate (a concurrency slot is given back anyway when its \
+         request ends)",
+    ),
+    // A unit of a leased slice was charged in Redis when the slice was granted, up to a lease
+    // before the request: a refund measured from the request could give back more than it took.
+    (
+        CountOnly,
+        Budget,
+        "count_only and refund_on cannot be used with a budget (a slice's units were charged \
+         when granted, so a refund could give back more than was taken)",
+    ),
+    // A response that does not count gives back the policy's units, not the shadow's.
+    (
+        CountOnly,
+        Shadow,
+        "count_only and refund_on cannot be used with a shadow limit yet (the shadow limit would \
+         count every response)",
+    ),
+    (
+        KeysApart,
+        QuotaFrom,
+        "quotas with keys of their own cannot be used with per-customer quotas (quota_from, \
+         quota_resolver)",
+    ),
+    (
+        KeysApart,
+        Resolver,
+        "quotas with keys of their own cannot be used with per-customer quotas (quota_from, \
+         quota_resolver)",
+    ),
+    (
+        KeysApart,
+        CountOnly,
+        "quotas with keys of their own cannot be used with count_only or refund_on yet",
+    ),
+    (
+        KeysApart,
+        Metered,
+        "quotas with keys of their own cannot be used with a metered limit yet",
+    ),
+    (
+        BodyKey,
+        AsyncKey,
+        "a body key and an async key both choose the key; use one",
+    ),
+    (
+        DryRun,
+        Enforce,
+        "dry_run and enforce both say how many refusals are enforced; use one",
+    ),
+];
+
+impl<K> super::PolicyBuilder<K> {
+    /// The features of [`EXCLUDED`] this policy uses.
+    pub(super) fn features(&self) -> Vec<Feature> {
+        let extras = &self.extras;
+        [
+            (Metered, extras.metered.limit.is_some()),
+            (QuotaFrom, extras.quota_from.is_some()),
+            (Resolver, extras.resolver.is_some()),
+            (CountOnly, extras.outcome.is_set()),
+            (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
+            (Shadow, !self.rollout.shadows.is_empty()),
+            (Budget, self.budget.is_some()),
+            (
+                Concurrency,
+                self.algorithm == crate::limit::Algorithm::Concurrency,
+            ),
+            (Tiers, !self.tiers.is_empty()),
+            (Penalty, self.penalty.is_some()),
+            (AsyncKey, extras.async_key.is_some()),
+            (BodyKey, extras.body_key.is_some()),
+            (DryRun, self.dry_run),
+            (Enforce, self.rollout.enforce.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(feature, used)| used.then_some(feature))
+        .collect()
+    }
+}
+
+/// Refuses policy `policy` if it uses two features that exclude each other (`uses`: those it uses).
+pub(crate) fn check(policy: &str, uses: &[Feature]) -> Result<(), BuildError> {
+    match EXCLUDED
+        .iter()
+        .find(|(a, b, _)| uses.contains(a) && uses.contains(b))
+    {
+        Some((_, _, why)) => Err(BuildError::Invalid(format!("policy {policy:?}: {why}"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table, as a user reads it: every pair refused, each with its reason, and one feature
+    /// alone never refused.
+    #[test]
+    fn the_excluded_pairs_are_these() {
+        let pairs: Vec<(Feature, Feature)> = EXCLUDED.iter().map(|(a, b, _)| (*a, *b)).collect();
+        assert_eq!(
+            pairs,
+            [
+                (KeysApart, Tiers),
+                (KeysApart, Penalty),
+                (KeysApart, Budget),
+                (Metered, Tiers),
+                (Metered, QuotaFrom),
+                (Metered, Resolver),
+                (Metered, CountOnly),
+                (QuotaFrom, Resolver),
+                (CountOnly, Concurrency),
+                (CountOnly, Budget),
+                (CountOnly, Shadow),
+                (KeysApart, QuotaFrom),
+                (KeysApart, Resolver),
+                (KeysApart, CountOnly),
+                (KeysApart, Metered),
+                (BodyKey, AsyncKey),
+                (DryRun, Enforce),
+            ]
+        );
+        for (a, b, why) in EXCLUDED {
+            let refused = check("api", &[*b, *a]).unwrap_err().to_string();
+            assert!(refused.starts_with("policy \"api\": "), "{refused}");
+            assert!(refused.ends_with(why), "{refused}");
+            assert!(check("api", &[*a]).is_ok() && check("api", &[*b]).is_ok());
+        }
+    }
+}
