@@ -41,6 +41,33 @@ fn key_of(bytes: Vec<u8>) -> Option<Key> {
     (!bytes.is_empty()).then(|| Key::from(bytes))
 }
 
+/// What [`QueryParam`] and [`Cookie`] share: made from a name, with what two values of the name
+/// mean ([`OnDuplicate`]); the three docs are the type's own.
+macro_rules! named_source {
+    ($source:ident, $new:literal, $on_duplicate:literal, $name:literal) => {
+        impl $source {
+            #[doc = $new]
+            pub fn new(name: impl Into<String>) -> Self {
+                $source {
+                    name: name.into().into_boxed_str(),
+                    on_duplicate: OnDuplicate::default(),
+                }
+            }
+
+            #[doc = $on_duplicate]
+            pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
+                self.on_duplicate = on_duplicate;
+                self
+            }
+
+            #[doc = $name]
+            pub fn name(&self) -> &str {
+                &self.name
+            }
+        }
+    };
+}
+
 /// A query parameter's value (`?api_key=...`), percent-decoded (`+` as a space). Missing or empty:
 /// no key; sent twice: as [`OnDuplicate`] says (no key, by default).
 ///
@@ -62,26 +89,14 @@ pub struct QueryParam {
     on_duplicate: OnDuplicate,
 }
 
+named_source!(
+    QueryParam,
+    "The parameter called `name` (compared after decoding, case-sensitively).",
+    "What a parameter given twice means (default [`OnDuplicate::Refuse`]).",
+    "The parameter's name."
+);
+
 impl QueryParam {
-    /// The parameter called `name` (compared after decoding, case-sensitively).
-    pub fn new(name: impl Into<String>) -> Self {
-        QueryParam {
-            name: name.into().into_boxed_str(),
-            on_duplicate: OnDuplicate::default(),
-        }
-    }
-
-    /// What a parameter given twice means (default [`OnDuplicate::Refuse`]).
-    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
-        self.on_duplicate = on_duplicate;
-        self
-    }
-
-    /// The parameter's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     fn value(&self, query: &str) -> Option<Key> {
         let name = self.name.as_bytes();
         let values = query.split('&').filter_map(|pair| {
@@ -137,26 +152,12 @@ pub struct Cookie {
     on_duplicate: OnDuplicate,
 }
 
-impl Cookie {
-    /// The cookie called `name` (case-sensitively, as browsers send it).
-    pub fn new(name: impl Into<String>) -> Self {
-        Cookie {
-            name: name.into().into_boxed_str(),
-            on_duplicate: OnDuplicate::default(),
-        }
-    }
-
-    /// What two cookies of the name mean (default [`OnDuplicate::Refuse`]).
-    pub fn on_duplicate(mut self, on_duplicate: OnDuplicate) -> Self {
-        self.on_duplicate = on_duplicate;
-        self
-    }
-
-    /// The cookie's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
+named_source!(
+    Cookie,
+    "The cookie called `name` (case-sensitively, as browsers send it).",
+    "What two cookies of the name mean (default [`OnDuplicate::Refuse`]).",
+    "The cookie's name."
+);
 
 impl<B> KeyExtractor<B> for Cookie {
     fn extract(&self, request: &Request<B>) -> Option<Key> {

@@ -14,7 +14,7 @@ mod promote;
 mod settle;
 mod state;
 
-use hot::{move_back, HotKey, HotSlot, Sampler, MOVED};
+use hot::{HotKey, HotSlot, Sampler, MOVED};
 
 use super::tuning::{Padded, EVICTION_SAMPLE, SWEEP_GRACE_NANOS, SWEEP_INTERVAL_NANOS};
 use crate::clock::Clock;
@@ -285,8 +285,9 @@ impl GcraTable {
     }
 
     /// Gives back `quantity` units of the GCRA limit `id` for `key`, admitted at most `since` ns
-    /// ago: its TAT moves back by as many emission intervals less `since` (a TAT that falls to
-    /// `now` or before means no state, as everywhere here).
+    /// ago: a settlement of `-quantity` ([`gcra::settle`]), whose TAT moves back by as many
+    /// emission intervals less `since` (a TAT that falls to `now` or before means no state, as
+    /// everywhere here).
     ///
     /// Less `since`, because the request's units may have drained meanwhile: a later request that
     /// would have found the bucket idle without this one (`max(tat, now)`) absorbed up to the time
@@ -301,39 +302,8 @@ impl GcraTable {
         since: u64,
         clock: &C,
     ) {
-        let back = params
-            .emission_interval()
-            .saturating_mul(quantity)
-            .saturating_sub(since);
-        if back == 0 {
-            return;
-        }
-        match Compact::of(key) {
-            Compact::V4(ip) => self.refund_in(id, &ip, back, clock),
-            Compact::V6(ip) => self.refund_in(id, &ip, back, clock),
-            Compact::Other(key) => self.refund_in(id, key, back, clock),
-        }
-    }
-
-    fn refund_in<K: RecordKey, C: Clock>(&self, id: u32, key: &K, back: u64, clock: &C) {
-        let hash = key.record_hash(id, &self.hasher);
-        let shard = self.shard(hash);
-        let hot = shard.hot.with(
-            id,
-            |h| key.is_hot(h),
-            |tat| move_back(tat, back, clock.now_nanos()),
-        );
-        if hot == Some(true) {
-            return;
-        }
-        let table = shard
-            .table
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = clock.now_nanos();
-        if let Some(record) = K::table(&table).find(hash, |s| s.limit == id && s.key == *key) {
-            move_back(&record.tat, back, now);
-        }
+        let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
+        self.settle(params, id, key, back, since, clock);
     }
 
     /// How many keys are live (including keys that have expired but were not swept yet).

@@ -149,23 +149,6 @@ impl HotSlot {
     }
 }
 
-/// Moves a live TAT back by `back` (not below `now`: a TAT not after `now` is no state), by
-/// compare-and-swap, as decisions make. False if the TAT left the hot slot meanwhile.
-pub(super) fn move_back(tat: &AtomicU64, back: u64, now: u64) -> bool {
-    let mut current = tat.load(Relaxed);
-    while current > now {
-        if current == MOVED {
-            return false;
-        }
-        let moved = current.saturating_sub(back);
-        match tat.compare_exchange_weak(current, moved, Relaxed, Relaxed) {
-            Ok(_) => return true,
-            Err(actual) => current = actual,
-        }
-    }
-    true
-}
-
 /// The threads' numbers for [`Sampler`], from 1.
 static THREADS: AtomicU64 = AtomicU64::new(1);
 

@@ -1,8 +1,6 @@
 //! The way of one check: the deny cache, the breaker and timeout, the path the mode picks, and what
 //! the answer leaves behind (a cached rejection, a held lease).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::deny::Rejection;
 use crate::backend::redis::conn::connection::is_unknown_command;
-use crate::backend::redis::health::breaker::{guarded, guarded_on};
+use crate::backend::redis::health::breaker::{guarded, guarded_on, Guarded};
 use crate::backend::redis::speedup::budget::{Fetching, Local};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::args::{keyed_state_key, stack_error, Args, Spec};
@@ -27,17 +25,13 @@ use crate::limit::{Algorithm, Limit};
 use crate::penalty::Penalty;
 
 /// The future of one limit's decision.
-pub(crate) type DecisionFuture =
-    Pin<Box<dyn Future<Output = Result<Decision, BackendError>> + Send>>;
+pub(crate) type DecisionFuture = Guarded<Decision>;
 
 /// The future of a stack's decisions: one per limit, in order.
-pub(crate) type StackFuture =
-    Pin<Box<dyn Future<Output = Result<Vec<Decision>, BackendError>> + Send>>;
+pub(crate) type StackFuture = Guarded<Vec<Decision>>;
 
 /// A call refused before it reaches Redis: `why`, at once.
-pub(crate) fn failed<T: Send + 'static>(
-    why: impl Into<String>,
-) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>> {
+pub(crate) fn failed<T: Send + 'static>(why: impl Into<String>) -> Guarded<T> {
     Box::pin(std::future::ready(Err(BackendError::new(why))))
 }
 

@@ -113,17 +113,16 @@ impl Breaker {
     }
 }
 
+/// A Redis call under the breaker and the timeout: its answer, or why there is none.
+pub(crate) type Guarded<T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>;
+
 /// Runs one Redis call under the breaker (`key`'s primary's, on a Cluster) and the timeout.
-pub(crate) fn guarded<T, F>(
+pub(crate) fn guarded<T: Send + 'static>(
     breaker: &Arc<Breaker>,
     key: &str,
     timeout: Duration,
-    call: F,
-) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
-where
-    T: Send + 'static,
-    F: Future<Output = Result<T, RedisError>> + Send + 'static,
-{
+    call: impl Future<Output = Result<T, RedisError>> + Send + 'static,
+) -> Guarded<T> {
     guarded_on(breaker, breaker.node_for(key), timeout, call)
 }
 
@@ -133,7 +132,7 @@ pub(crate) fn guarded_on<T, F>(
     node: Option<Arc<Node>>,
     timeout: Duration,
     call: F,
-) -> Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>
+) -> Guarded<T>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, RedisError>> + Send + 'static,
