@@ -59,13 +59,19 @@ pub(crate) enum BodyAhead {
     Unreadable(&'static str),
 }
 
+/// What every step of the extended path reads: the layer's shared state, the table in force, and
+/// the policy that applies (its index there, and its per-request features).
+pub(crate) struct Scope<K, B> {
+    pub(crate) shared: Arc<Shared<K, B>>,
+    pub(crate) table: Arc<Table<K>>,
+    pub(crate) policy: usize,
+    pub(crate) extras: Arc<PolicyExtras>,
+}
+
 /// The verdict on a request of the extended path, whose body is read first if its policy reads
 /// it, and whose key is found first if it is async.
 pub(crate) async fn prepare<K, B>(
-    shared: Arc<Shared<K, B>>,
-    table: Arc<Table<K>>,
-    policy: usize,
-    extras: Arc<PolicyExtras>,
+    scope: Scope<K, B>,
     (key, body): (KeyAhead, Option<BodyAhead>),
     parts: Parts,
 ) -> Prepared
@@ -73,6 +79,7 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
+    let extras = &scope.extras;
     let (read, whole) = match body {
         Some(BodyAhead::Reading(reading)) => {
             let (read, whole) = reading.await;
@@ -87,26 +94,14 @@ where
         }
         None => (None, None),
     };
-    let mut prepared = prepare_read(
-        &shared,
-        &table,
-        policy,
-        &extras,
-        key,
-        parts,
-        whole.as_deref(),
-    )
-    .await;
+    let mut prepared = prepare_read(&scope, key, parts, whole.as_deref()).await;
     prepared.body = read;
     prepared
 }
 
 /// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
 async fn prepare_read<K, B>(
-    shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
-    extras: &Arc<PolicyExtras>,
+    scope: &Scope<K, B>,
     key: KeyAhead,
     parts: Parts,
     whole: Option<&[u8]>,
@@ -115,6 +110,12 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
+    let Scope {
+        shared,
+        table,
+        policy,
+        extras,
+    } = scope;
     let (parts, key) = match key {
         KeyAhead::Read(key) => (parts, key),
         KeyAhead::Body => {
@@ -143,19 +144,16 @@ where
             (parts, key)
         }
     };
-    let key = match steps::keyed(shared, table, policy, key, RequestRef::of_parts(&parts)) {
+    let key = match steps::keyed(shared, table, *policy, key, RequestRef::of_parts(&parts)) {
         Ok(key) => key,
         Err(verdict) => return with_meter(answered(parts, verdict), extras),
     };
-    decide(shared, table, policy, extras, key, (parts, whole)).await
+    decide(scope, key, (parts, whole)).await
 }
 
 /// After the access lists and the key: the quota, the ban, the backend and the verdict.
 async fn decide<K, B>(
-    shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
-    extras: &Arc<PolicyExtras>,
+    scope: &Scope<K, B>,
     key: Key,
     (parts, whole): (Parts, Option<&[u8]>),
 ) -> Prepared
@@ -163,6 +161,13 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
+    let Scope {
+        shared,
+        table,
+        extras,
+        ..
+    } = scope;
+    let policy = scope.policy;
     let rules = table.policies[policy].compiled();
     // Quotas with keys of their own: each limit's key, or the missing-key answer.
     let (parts, limit_keys) = match extras.limit_keys.as_deref() {
@@ -183,8 +188,8 @@ where
         }
     };
     let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
-        None => custom_quota(shared, rules.cost(), extras, &parts, &key).await,
-        Some(in_force) => match overridden(shared, table, policy, extras, &key, &parts, in_force) {
+        None => custom_quota(scope, rules.cost(), &parts, &key).await,
+        Some(in_force) => match overridden(scope, &key, &parts, in_force) {
             Ok(custom) => custom,
             Err(verdict) => return with_meter(answered(parts, verdict), extras),
         },
@@ -237,20 +242,9 @@ where
     };
     let verdict = steps::judged(&table.judge, cx, MEASURE_LATENCY.then_some(asked), answer);
     let taken = Taken { asked, counts_for };
-    let mut prepared = settle_later(
-        shared,
-        table,
-        policy,
-        tier,
-        extras,
-        custom,
-        key.clone(),
-        &taken,
-        verdict,
-        parts,
-    );
+    let mut prepared = settle_later(scope, (tier, custom), key.clone(), &taken, verdict, parts);
     if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
-        prepared.outcome = metered(shared, table, policy, extras, key, &taken, estimate)
+        prepared.outcome = metered(scope, key, &taken, estimate)
             .map(|guard| Box::new(OutcomeGuard::metered(guard)));
         // The handler's meter, whether or not the backend took the reservation (it failed and
         // the layer let the request through): the handler reports on it either way.
@@ -266,22 +260,14 @@ where
 
 /// The guard that settles an admitted metered request's cost, if the backend took its
 /// reservation.
-fn metered<K, B>(
-    shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
-    extras: &PolicyExtras,
-    key: Key,
-    taken: &Taken,
-    estimate: u64,
-) -> Option<MeterGuard>
+fn metered<K, B>(scope: &Scope<K, B>, key: Key, taken: &Taken, estimate: u64) -> Option<MeterGuard>
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let rule = extras.metered.as_ref()?;
+    let rule = scope.extras.metered.as_ref()?;
     taken.counts_for?;
-    let (shared, table) = (shared.clone(), table.clone());
+    let (shared, table, policy) = (scope.shared.clone(), scope.table.clone(), scope.policy);
     let position = rule.position;
     let settle: Settle = Box::new(move |delta, since| {
         // Metered policies have one tier and no per-customer quota.
@@ -312,14 +298,9 @@ struct Taken {
 
 /// What an admitted request takes along: its concurrency slot's release, and the guard that gives
 /// its units back if its response does not count.
-#[allow(clippy::too_many_arguments)]
 fn settle_later<K, B>(
-    shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
-    tier: usize,
-    extras: &Arc<PolicyExtras>,
-    custom: Option<Arc<CustomerQuota>>,
+    scope: &Scope<K, B>,
+    (tier, custom): (usize, Option<Arc<CustomerQuota>>),
     key: Key,
     taken: &Taken,
     verdict: Verdict,
@@ -329,6 +310,13 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
+    let Scope {
+        shared,
+        table,
+        policy,
+        extras,
+    } = scope;
+    let policy = *policy;
     let refundable = match &verdict {
         Verdict::Admit(_) => taken.counts_for,
         Verdict::Reject(_) => None,
@@ -365,15 +353,15 @@ where
 /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its timeout
 /// gives `None` too (logged).
 async fn custom_quota<K, B>(
-    shared: &Shared<K, B>,
+    scope: &Scope<K, B>,
     cost: u64,
-    extras: &PolicyExtras,
     parts: &Parts,
     key: &Key,
 ) -> Option<Arc<CustomerQuota>>
 where
     B: Backend,
 {
+    let (shared, extras) = (&scope.shared, &scope.extras);
     let quota = if let Some(quota_from) = &extras.quota_from {
         quota_from(parts, key)?
     } else if let Some(resolver) = &extras.resolver {
@@ -412,14 +400,13 @@ where
 /// or a ban in a dry run), `Err` with its verdict (let through unlimited, or refused).
 #[allow(clippy::result_large_err)] // as `steps::keyed`'s
 fn overridden<K, B: Backend>(
-    shared: &Shared<K, B>,
-    table: &Table<K>,
-    policy: usize,
-    extras: &PolicyExtras,
+    scope: &Scope<K, B>,
     key: &Key,
     parts: &Parts,
     in_force: InForce,
 ) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
+    let (shared, table, policy, extras) =
+        (&scope.shared, &scope.table, scope.policy, &scope.extras);
     let rules = table.policies[policy].compiled();
     let request = RequestRef::of_parts(parts);
     match in_force {

@@ -18,7 +18,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::{Backend, Charges, Decisions};
-use crate::engine::extended::{prepare, BodyAhead, KeyAhead};
+use crate::engine::extended::{prepare, BodyAhead, KeyAhead, Scope};
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::steps;
 use crate::engine::table::Table;
@@ -318,7 +318,13 @@ where
     };
     let shared = shared.clone();
     let service = take_readied(inner);
-    let prepare = prepare(shared, table, policy, extras, (key, ahead), parts);
+    let scope = Scope {
+        shared,
+        table,
+        policy,
+        extras,
+    };
+    let prepare = prepare(scope, (key, ahead), parts);
     ResponseFuture::preparing(Box::pin(prepare), service, body)
 }
 
