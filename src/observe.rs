@@ -187,6 +187,7 @@ impl fmt::Display for ShownKey<'_> {
 /// | `throttle_requests_limited_total` | counter | requests a policy limited (429), bans included |
 /// | `throttle_requests_banned_total` | counter | of those, requests answered by a penalty-box ban |
 /// | `throttle_backend_failures_total` | counter | decisions the backend failed (error or timeout) |
+/// | `throttle_fallback_decisions_total` | counter (`policy`, `on_error`, `outcome`) | of those, what the failure policy answered instead: `admitted` or `refused` |
 /// | `throttle_backend_latency_seconds` | histogram | time to a backend's decision |
 /// | `throttle_requests_forbidden_total` | counter (no label) | requests on a deny list (403) |
 /// | `throttle_requests_would_limit_total` | counter (`policy`, `limit`) | refusals only counted: a shadow limit's, a staged policy's (`rollout/`) |
@@ -309,6 +310,20 @@ impl Reporter {
     pub(crate) fn failure(&self, policy: &str) {
         #[cfg(feature = "metrics")]
         self.metrics(policy).failed.increment(1);
+    }
+
+    /// The failure policy (`on_error`) answered instead of the backend: admitted or refused.
+    /// Only on the failure path, so the counter is looked up each time.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn fallback(&self, policy: &str, on_error: &'static str, admitted: bool) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "throttle_fallback_decisions_total",
+            "policy" => policy.to_owned(),
+            "on_error" => on_error,
+            "outcome" => if admitted { "admitted" } else { "refused" },
+        )
+        .increment(1);
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

@@ -287,7 +287,7 @@ impl Judge {
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
-        match on_error {
+        let verdict = match on_error {
             OnBackendError::Deny
                 if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) =>
             {
@@ -302,7 +302,12 @@ impl Judge {
             // A dry run decides locally too, and reports what it would refuse (`decided`).
             #[cfg(feature = "memory")]
             OnBackendError::Local => self.check_locally(cx),
-        }
+        };
+        let admitted = matches!(verdict, Verdict::Admit(_));
+        rules
+            .reporter
+            .fallback(&rules.name, on_error.as_str(), admitted);
+        verdict
     }
 
     /// `OnBackendError::Local`: the in-memory limiter decides with the same quotas.

@@ -133,6 +133,20 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
                     .build()
                     .unwrap(),
             );
+            // The same outage under `deny`: refused by the failure policy.
+            let strict = Policy::builder("strict")
+                .quota(Quota::per_minute(100))
+                .key(Global)
+                .build()
+                .unwrap();
+            let refusing = Router::new().route("/items", get(|| async { "ok" })).layer(
+                ThrottleLayer::builder()
+                    .backend(Down)
+                    .policy(strict)
+                    .on_backend_error(OnBackendError::Deny)
+                    .build()
+                    .unwrap(),
+            );
             let mut statuses = Vec::new();
             // 2 admitted, 3 limited (the third earns the ban), 2 answered by the ban.
             for _ in 0..7 {
@@ -144,17 +158,24 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
             for _ in 0..3 {
                 statuses.push(status_of(&failing, from("anyone")).await);
             }
+            for _ in 0..2 {
+                statuses.push(status_of(&refusing, from("anyone")).await);
+            }
             statuses
         }
     });
-    let (ok, limited, forbidden) = (
+    let (ok, limited, forbidden, down) = (
         StatusCode::OK,
         StatusCode::TOO_MANY_REQUESTS,
         StatusCode::FORBIDDEN,
+        StatusCode::SERVICE_UNAVAILABLE,
     );
     assert_eq!(
         statuses,
-        [ok, ok, limited, limited, limited, limited, limited, forbidden, forbidden, ok, ok, ok]
+        [
+            ok, ok, limited, limited, limited, limited, limited, forbidden, forbidden, ok, ok, ok,
+            down, down
+        ]
     );
     let count = |series: &str| sample(&page, series);
     for (series, value) in [
@@ -178,6 +199,16 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
             "throttle_backend_latency_seconds_count{policy=\"flaky\"}",
             3.0,
         ),
+        // What the failure policy answered instead, by outcome: how much the outage let through.
+        (
+            "throttle_fallback_decisions_total{policy=\"flaky\",on_error=\"allow\",outcome=\"admitted\"}",
+            3.0,
+        ),
+        (
+            "throttle_fallback_decisions_total{policy=\"strict\",on_error=\"deny\",outcome=\"refused\"}",
+            2.0,
+        ),
+        ("throttle_backend_failures_total{policy=\"strict\"}", 2.0),
     ] {
         assert_eq!(count(series), value, "{series} in\n{page}");
     }
