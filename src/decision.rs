@@ -31,7 +31,7 @@ pub struct Decision {
     /// The key is banned by a [`Penalty`](crate::policy::Penalty): `retry_after` is the end of the ban.
     pub banned: bool,
     /// For an admitted request under a [concurrency](crate::Algorithm::Concurrency) limit, the
-    /// token its slot is given back with ([`Backend::release`](crate::Backend::release)); `None`
+    /// token its slot is given back with ([`Adjustment::Release`](crate::backend::Adjustment)); `None`
     /// otherwise, and for backends that need no token.
     pub lease: Option<u64>,
 }

@@ -1,8 +1,12 @@
 //! The decision engine: what the layer decides for a request, apart from tower's plumbing
 //! (`middleware/`), around one [`CompiledPolicy`](crate::policy::CompiledPolicy) per policy of the
-//! table in force. A request's life reads in two files: [`steps`] (the sequence, which
-//! `middleware/service.rs` runs and the async path runs too) and [`verdict`] (what the backend's
-//! answer means). Each file uses only files listed after it (`scripts/import_cycles.py` checks it):
+//! table in force. An admitted or refused request of the synchronous path passes through
+//! `middleware/service.rs` (which runs the steps), [`steps`] (each step once), [`verdict`] (what
+//! the backend's answer means), `middleware/future.rs` and `middleware/body.rs` (carrying the
+//! verdict out), besides [`in_force`] and [`table`] (the table read) and, for a 429, `refuse`; the
+//! extended path adds [`extended`]. The backend is asked in one shape, a list of
+//! [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
+//! after it (`scripts/import_cycles.py` checks it):
 //!
 //! * [`extended`]: the async path — the same steps with an async key, a per-customer quota or a
 //!   metered limit awaited between them, and what settles such a request after its response.

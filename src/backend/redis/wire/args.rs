@@ -397,7 +397,7 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
     .map_err(BuildError::Invalid)
 }
 
-/// Whether the Redis backend can enforce `limits` together (`Backend::validate_all`); in a stack
+/// Whether the Redis backend can enforce `limits` together (`Backend::validate` of a stack); in a stack
 /// the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
