@@ -14,6 +14,7 @@
 
 pub mod cluster;
 pub mod failover;
+pub mod fault_proxy;
 pub mod redis;
 #[path = "../../src/top/zipf.rs"]
 pub mod zipf;
