@@ -33,6 +33,14 @@ use crate::decision::Decision;
 static GCRA_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
 
+/// Loads `gcra_batch.lua` (`SCRIPT LOAD`) at connect, as `gcra.lua` is: a batch's first call would
+/// otherwise pay a `NOSCRIPT` and the load, three round trips.
+pub(crate) async fn load_gcra_batch(
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> Result<(), RedisError> {
+    GCRA_BATCH.load_async(conn).await.map(drop)
+}
+
 /// See the script's header.
 static LIMITS_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
