@@ -19,6 +19,8 @@ use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis as redis_support;
 
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::{body::Body, routing::get, Router};
@@ -36,11 +38,13 @@ use tower_throttle::{
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// The contract: every request is answered within the timeout and this margin.
 const MARGIN: Duration = Duration::from_millis(50);
-const BOUND: Duration = Duration::from_millis(150);
+const BOUND: Duration = TIMEOUT.saturating_add(MARGIN);
 /// How long a request may take before the test calls it a hang (and fails) rather than wait.
 const HANG: Duration = Duration::from_secs(5);
 /// How long after the heal Redis must decide again (measured: see each test's output).
 const RECOVERY: Duration = Duration::from_secs(3);
+/// The pause of a client between two requests.
+const PACE: Duration = Duration::from_millis(10);
 /// The proxy's seed: jitter is reproducible.
 const SEED: u64 = 50;
 
@@ -67,23 +71,26 @@ fn server_and_proxy(path: Path) -> (RedisServer, FaultProxy) {
     (server, proxy)
 }
 
-/// The layer on a backend that reaches Redis through `proxy`, one policy `api` of `quota` per
-/// `x-user`.
-async fn app(proxy: &FaultProxy, path: Path, on_error: OnBackendError, quota: Quota) -> Router {
+/// A backend that reaches Redis through `proxy` on `path`.
+async fn backend(proxy: &FaultProxy, path: Path) -> RedisBackend {
     let (mode, coalesce) = match path {
         Path::Coalesced => (RedisMode::Lua, true),
         Path::Alone => (RedisMode::Lua, false),
         Path::Cell => (RedisMode::Cell, true),
     };
-    let backend = RedisBackend::builder()
+    RedisBackend::builder()
         .url(proxy.url())
         .mode(mode)
         .coalesce(coalesce)
         .timeout(TIMEOUT)
         .connect()
         .await
-        .unwrap();
-    let policy = Policy::builder("api")
+        .unwrap()
+}
+
+/// The layer of one policy `name` of `quota` per `x-user` on `backend`.
+fn app_on(backend: RedisBackend, name: &str, quota: Quota, on_error: OnBackendError) -> Router {
+    let policy = Policy::builder(name)
         .quota(quota)
         .key(Header::new("x-user"))
         .build()
@@ -99,14 +106,18 @@ async fn app(proxy: &FaultProxy, path: Path, on_error: OnBackendError, quota: Qu
         .layer(layer)
 }
 
-/// The Redis key of `user` under the policy `api` (the default prefix).
-fn redis_key(user: &str) -> String {
-    format!("throttle:api:{{{user}}}")
+/// The layer of the policy `api` of `quota` per `x-user`, on a backend through `proxy`.
+async fn app(proxy: &FaultProxy, path: Path, on_error: OnBackendError, quota: Quota) -> Router {
+    app_on(backend(proxy, path).await, "api", quota, on_error)
+}
+
+/// The Redis key of `user` under the policy `policy` (the default prefix).
+fn redis_key(policy: &str, user: &str) -> String {
+    format!("throttle:{policy}:{{{user}}}")
 }
 
 #[derive(Debug)]
 struct Answer {
-    user: String,
     status: StatusCode,
     took: Duration,
     /// `RateLimit`'s `r`: sent when a limiter decided (Redis or the local one), not by `allow` or
@@ -131,7 +142,6 @@ async fn ask(app: &Router, user: &str) -> Answer {
         r.parse().unwrap()
     });
     Answer {
-        user: user.to_owned(),
         status: response.status(),
         took: start.elapsed(),
         remaining,
@@ -154,11 +164,15 @@ async fn at_once(app: &Router, users: &[String]) -> Vec<Answer> {
     answers
 }
 
-/// How many units Redis admitted for `user` under `per_hour` (the GCRA's state: its TAT is one
-/// interval ahead per unit admitted, less the few seconds a test takes; expired: none).
-fn admitted_by_redis(server: &RedisServer, user: &str, per_hour: u64) -> u64 {
-    let pttl: i64 = server.cli(&["PTTL", &redis_key(user)]).parse().unwrap();
-    let interval_ms = 3_600_000 / per_hour as i64;
+/// How many units Redis admitted for `user` under the policy `policy` of `per_day` a day (the
+/// GCRA's state: its TAT is one interval ahead per unit admitted, less the seconds a test takes,
+/// far shorter than an interval; expired: none).
+fn admitted_by_redis(server: &RedisServer, policy: &str, user: &str, per_day: u64) -> u64 {
+    let pttl: i64 = server
+        .cli(&["PTTL", &redis_key(policy, user)])
+        .parse()
+        .unwrap();
+    let interval_ms = 86_400_000 / per_day as i64;
     if pttl <= 0 {
         0
     } else {
@@ -178,7 +192,7 @@ async fn a_slow_link_below_the_timeout_decides_exactly() {
         &proxy,
         Path::Coalesced,
         OnBackendError::Allow,
-        Quota::per_hour(10),
+        Quota::per_day(10),
     )
     .await;
     let rounds = [
@@ -213,7 +227,273 @@ async fn a_slow_link_below_the_timeout_decides_exactly() {
         // Each admission saw the state the one before it left.
         let distinct: BTreeSet<u64> = admitted.into_iter().collect();
         assert_eq!(distinct, (0..10).collect(), "{answers:?}");
-        assert_eq!(admitted_by_redis(&server, &user, 10), 10);
+        assert_eq!(admitted_by_redis(&server, "api", &user, 10), 10);
         assert!(slowest <= BOUND, "{answers:?}");
+    }
+}
+
+/// The faults of the contract.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Each reply held 150 ± 20 ms: past the timeout.
+    Slow,
+    /// Every connection silent for good, new ones too while it lasts.
+    BlackHole,
+    /// Open connections cut after 7 to 86 more bytes of replies and reset, every 10 ms.
+    Torn,
+    /// Replies in 1-byte writes.
+    Sliced,
+    /// Every connection reset every 10 ms.
+    Reset,
+    /// Connections reset, and new ones refused.
+    Refused,
+    /// Open connections cut after 150 to 1,050 more bytes of replies, in 1-byte slices every other
+    /// 20 ms, every connection reset every 100 ms: some decisions get through.
+    Mixed,
+}
+
+/// Runs `work` while `fault` holds on `proxy` (kept up by a storm where it must be repeated), then
+/// ends the fault and returns what `work` returned.
+async fn under<T>(proxy: &FaultProxy, fault: Fault, work: impl Future<Output = T>) -> T {
+    match fault {
+        Fault::Slow => proxy.latency(
+            Direction::ToClient,
+            Duration::from_millis(150),
+            Duration::from_millis(20),
+        ),
+        Fault::BlackHole => proxy.black_hole(true),
+        Fault::Sliced => proxy.slice_replies(true),
+        Fault::Refused => {
+            proxy.refuse(true).await;
+            proxy.reset_all();
+        }
+        Fault::Torn | Fault::Reset | Fault::Mixed => {}
+    }
+    let done = AtomicBool::new(false);
+    let storm = async {
+        let mut round = 0;
+        while !done.load(Ordering::SeqCst) {
+            match fault {
+                Fault::Torn => proxy.cut_replies_after(Some(7 + round * 13 % 80)),
+                Fault::Reset => proxy.reset_all(),
+                Fault::Mixed if round % 2 == 0 => {
+                    proxy.cut_replies_after(Some(150 + round * 37 % 900));
+                    proxy.slice_replies(round % 4 == 0);
+                    if round % 10 == 0 {
+                        proxy.reset_all();
+                    }
+                }
+                _ => {}
+            }
+            round += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let work = async {
+        let out = work.await;
+        done.store(true, Ordering::SeqCst);
+        out
+    };
+    let (out, ()) = tokio::join!(work, storm);
+    proxy.heal().await;
+    out
+}
+
+/// `workers` clients at once, each sending `each` requests one after another as `{prefix}-{i}`.
+async fn clients(app: &Router, prefix: &str, workers: usize, each: usize) -> Vec<Answer> {
+    let users: Vec<String> = (0..workers).map(|i| format!("{prefix}-{i}")).collect();
+    clients_as(app, &users, each).await
+}
+
+/// A client per entry of `users`, all at once, each sending `each` requests one after another,
+/// [`PACE`] apart.
+async fn clients_as(app: &Router, users: &[String], each: usize) -> Vec<Answer> {
+    let tasks: Vec<_> = users
+        .iter()
+        .map(|user| {
+            let (app, user) = (app.clone(), user.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for _ in 0..each {
+                    answers.push(ask(&app, &user).await);
+                    tokio::time::sleep(PACE).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.extend(task.await.unwrap());
+    }
+    answers
+}
+
+/// Asks as `user` until Redis decides (under `deny`, a 200 is Redis' admission); returns how long
+/// that took. Fails after [`RECOVERY`].
+async fn until_redis_decides(app: &Router, user: &str) -> Duration {
+    let healed = Instant::now();
+    loop {
+        let answer = ask(app, user).await;
+        if answer.status == StatusCode::OK && answer.remaining.is_some() {
+            return healed.elapsed();
+        }
+        assert!(
+            healed.elapsed() < RECOVERY,
+            "Redis did not decide {RECOVERY:?} after the heal; last: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Under `fault`, on each path, under `deny`: 8 clients of 10 requests each are all answered
+/// within [`BOUND`], by Redis (200 or 429 with `RateLimit`) or by the failure policy (503), never
+/// otherwise; the answers the fault cannot disturb (slices) all come from Redis, those it must
+/// (beyond the timeout, silent, refused) all from the policy. After the heal, Redis decides again
+/// within [`RECOVERY`].
+async fn every_request_is_answered_within_the_bound(fault: Fault) {
+    for path in PATHS {
+        let (_server, proxy) = server_and_proxy(path);
+        let app = app(&proxy, path, OnBackendError::Deny, Quota::per_day(1000)).await;
+        let user = format!("{fault:?}");
+        assert_eq!(ask(&app, &user).await.status, StatusCode::OK);
+        let answers = under(&proxy, fault, clients(&app, &user, 8, 10)).await;
+        let recovered = until_redis_decides(&app, &user).await;
+        let slowest = answers.iter().map(|a| a.took).max().unwrap();
+        let by_redis = answers.iter().filter(|a| a.remaining.is_some()).count();
+        eprintln!(
+            "{fault:?} on {path:?}: slowest answer {slowest:?}, {by_redis} of {} decided by Redis; Redis decided again {recovered:?} after the heal",
+            answers.len()
+        );
+        for answer in &answers {
+            match (answer.status, answer.remaining) {
+                (StatusCode::OK | StatusCode::TOO_MANY_REQUESTS, Some(_)) => {}
+                (StatusCode::SERVICE_UNAVAILABLE, None) => {}
+                _ => panic!("{fault:?} on {path:?}: {answer:?}"),
+            }
+            assert!(
+                answer.took <= BOUND,
+                "{fault:?} on {path:?}: answered after {:?}, beyond {BOUND:?}",
+                answer.took
+            );
+        }
+        match fault {
+            Fault::Sliced => assert_eq!(by_redis, answers.len(), "{fault:?} on {path:?}"),
+            Fault::Slow | Fault::BlackHole | Fault::Refused => {
+                assert_eq!(by_redis, 0, "{fault:?} on {path:?}")
+            }
+            Fault::Torn | Fault::Reset | Fault::Mixed => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_slower_than_the_timeout_costs_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Slow).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_costs_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::BlackHole).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_replies_cost_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Torn).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_one_byte_slices_are_decided() {
+    every_request_is_answered_within_the_bound(Fault::Sliced).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_cost_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_cost_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Refused).await;
+}
+
+/// The admissions (their `remaining`) among `answers`, which must each come from a decision.
+fn admissions(answers: &[Answer]) -> Vec<u64> {
+    answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .map(|a| a.remaining.expect("under deny, an admission is a decision"))
+        .collect()
+}
+
+/// Torn, sliced and reset replies, on each path, under `deny`: two policies share one backend
+/// (its batches mix them), `hot` (10 a day) and `cold` (1,000 a day), 6 clients each on one key
+/// each. No more is admitted than Redis admitted, nor than the limit; no caller gets another's
+/// reply (a `hot` caller never sees `cold`'s `remaining`, no two callers the same); and once the link
+/// heals, decisions go on exactly where Redis' state is (no connection desynchronized by a torn
+/// reply is used again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_and_reset_replies_never_admit_more_than_the_limit_nor_mix_replies() {
+    for path in PATHS {
+        let (server, proxy) = server_and_proxy(path);
+        let backend = backend(&proxy, path).await;
+        let hot = app_on(
+            backend.clone(),
+            "hot",
+            Quota::per_day(10),
+            OnBackendError::Deny,
+        );
+        let cold = app_on(backend, "cold", Quota::per_day(1000), OnBackendError::Deny);
+        let accepted = proxy.accepted();
+        let key = vec!["k".to_owned(); 6];
+        let (hot_answers, cold_answers) = under(&proxy, Fault::Mixed, async {
+            tokio::join!(clients_as(&hot, &key, 15), clients_as(&cold, &key, 15))
+        })
+        .await;
+        until_redis_decides(&cold, "probe").await;
+        let reconnects = proxy.accepted() - accepted;
+        let (hot_admitted, cold_admitted) = (admissions(&hot_answers), admissions(&cold_answers));
+        let (hot_redis, cold_redis) = (
+            admitted_by_redis(&server, "hot", "k", 10),
+            admitted_by_redis(&server, "cold", "k", 1000),
+        );
+        eprintln!(
+            "{path:?}: {reconnects} connections; hot: {} admitted of {} decided, Redis counts {hot_redis}; cold: {} admitted, Redis counts {cold_redis}",
+            hot_admitted.len(),
+            hot_answers.iter().filter(|a| a.remaining.is_some()).count(),
+            cold_admitted.len(),
+        );
+        assert!(reconnects > 1, "{path:?}: the faults cut no connection");
+        assert!(
+            hot_admitted.len() as u64 <= hot_redis && hot_redis <= 10,
+            "{path:?}"
+        );
+        assert!(cold_admitted.len() as u64 <= cold_redis, "{path:?}");
+        let distinct: BTreeSet<u64> = hot_admitted.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            hot_admitted.len(),
+            "{path:?}: {hot_admitted:?}"
+        );
+        assert!(
+            distinct.iter().all(|r| *r < 10),
+            "{path:?}: {hot_admitted:?}"
+        );
+        let distinct: BTreeSet<u64> = cold_admitted.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            cold_admitted.len(),
+            "{path:?}: {cold_admitted:?}"
+        );
+        assert!(distinct.iter().all(|r| *r >= 1000 - cold_redis), "{path:?}");
+        // Healed: the rest of the hot key's limit, exactly, counting down from where Redis is.
+        let after = clients_as(&hot, &["k".to_owned()], 12).await;
+        let expected: Vec<u64> = (0..10 - hot_redis).rev().collect();
+        assert_eq!(admissions(&after), expected, "{path:?}: {after:?}");
+        assert!(
+            after.iter().all(|a| a.remaining.is_some()),
+            "{path:?}: {after:?}"
+        );
+        assert_eq!(admitted_by_redis(&server, "hot", "k", 10), 10, "{path:?}");
     }
 }

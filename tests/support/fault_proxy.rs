@@ -11,8 +11,9 @@
 //!   accepted and left silent while it lasts (`timeout` with 0). After the heal, new connections work;
 //!   the silenced ones stay silent until the client drops them.
 //! - [`reset_all`](FaultProxy::reset_all): every connection reset now (RST: `SO_LINGER` 0) (`reset_peer`).
-//! - [`cut_replies_after`](FaultProxy::cut_replies_after): each connection forwards `n` more bytes
-//!   of replies, then is reset (`limit_data`, with a reset).
+//! - [`cut_replies_after`](FaultProxy::cut_replies_after): each connection open now forwards `n`
+//!   more bytes of replies, then is reset (`limit_data`, with a reset, once: later connections are
+//!   not cut, so that a client can set one up again).
 //! - [`slice_replies`](FaultProxy::slice_replies): replies written one byte at a time (`slicer`).
 //! - [`refuse`](FaultProxy::refuse): the listening socket is closed (connections refused), and
 //!   bound again on the same port when it ends.
@@ -71,9 +72,11 @@ struct Faults {
     silenced_below: u64,
     /// Bumped by each `reset_all`.
     resets: u64,
-    /// Bytes of replies each connection still forwards before its reset, and the arming's number
-    /// (a connection counts from the arming it last saw).
+    /// Bytes of replies each connection open at the arming forwards before its reset, and the
+    /// arming's number (a connection counts from the arming it last saw).
     cut: Option<(usize, u64)>,
+    /// Connections with a smaller id were open at the last arming.
+    cut_below: u64,
     cuts_armed: u64,
     slice: bool,
     refuse: bool,
@@ -198,9 +201,12 @@ impl FaultProxy {
         self.shared.change(|f| f.resets += 1);
     }
 
-    /// `Some(n)`: each connection forwards `n` more bytes of replies, then is reset (a torn reply).
+    /// `Some(n)`: each connection open now forwards `n` more bytes of replies, then is reset (a
+    /// torn reply). Connections accepted later are not cut.
     pub fn cut_replies_after(&self, bytes: Option<usize>) {
+        let next = self.shared.next_id.load(Ordering::SeqCst);
         self.shared.change(|f| {
+            f.cut_below = next;
             f.cuts_armed += 1;
             f.cut = bytes.map(|n| (n, f.cuts_armed));
         });
@@ -437,7 +443,7 @@ async fn direction(
             let (slice, cut) = match way {
                 Direction::ToClient => {
                     let faults = shared.faults();
-                    (faults.slice, faults.cut)
+                    (faults.slice, faults.cut.filter(|_| id < faults.cut_below))
                 }
                 Direction::ToServer => (false, None),
             };
