@@ -497,3 +497,90 @@ async fn torn_and_reset_replies_never_admit_more_than_the_limit_nor_mix_replies(
         assert_eq!(admitted_by_redis(&server, "hot", "k", 10), 10, "{path:?}");
     }
 }
+
+/// Set in the child process of [`a_thousand_resets_leave_no_connection_descriptor_or_task_behind`].
+const ALONE: &str = "TOWER_THROTTLE_FAULTS_ALONE";
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Resident memory of this process, in bytes.
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// 1,000 times: every connection reset, then a request until Redis decides again. Afterwards the
+/// process holds no more descriptors than before (but 8 for a busy runtime), the proxy sees two
+/// connections at most (decisions, reset listener), the runtime runs no more tasks than before (but 8), and resident memory grew less
+/// than 16 MiB. In a process of its own (the test runs itself again), where the descriptors and
+/// tasks counted are this test's only.
+#[test]
+fn a_thousand_resets_leave_no_connection_descriptor_or_task_behind() {
+    const NAME: &str = "faults::a_thousand_resets_leave_no_connection_descriptor_or_task_behind";
+    if std::env::var_os(ALONE).is_none() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env(ALONE, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the test alone in its process: {status}");
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (_server, proxy) = server_and_proxy(Path::Coalesced);
+        let app = app(
+            &proxy,
+            Path::Coalesced,
+            OnBackendError::Deny,
+            Quota::per_day(1_000_000),
+        )
+        .await;
+        // Warm: every lazily made thing (connections, the runtime's threads, buffers) made once.
+        for _ in 0..3 {
+            proxy.reset_all();
+            until_redis_decides(&app, "warm").await;
+        }
+        let (fds, rss) = (open_fds(), resident_bytes());
+        let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        let started = Instant::now();
+        let accepted = proxy.accepted();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..1000 {
+            proxy.reset_all();
+            slowest = slowest.max(until_redis_decides(&app, "u").await);
+        }
+        let reconnects = proxy.accepted() - accepted;
+        let took = started.elapsed();
+        // What the last reset ended may close a moment later.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let alive = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        while (proxy.open_connections() > 2 || open_fds() > fds + 8 || alive() > tasks + 8)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let grown = resident_bytes().saturating_sub(rss);
+        eprintln!(
+            "1000 resets in {took:?} ({reconnects} connections made; Redis decided again after {slowest:?} at most): descriptors {fds} -> {}, tasks {tasks} -> {}, resident memory +{} KiB, {} connections open",
+            open_fds(),
+            alive(),
+            grown / 1024,
+            proxy.open_connections(),
+        );
+        assert!(reconnects >= 1000, "{reconnects} connections for 1000 resets");
+        // The decisions' connection, and the reset listener's if it is back.
+        assert!(proxy.open_connections() <= 2, "{}", proxy.open_connections());
+        assert!(open_fds() <= fds + 8, "descriptors {fds} -> {}", open_fds());
+        assert!(alive() <= tasks + 8, "tasks {tasks} -> {}", alive());
+        assert!(grown < 16 << 20, "resident memory grew {grown} bytes");
+    });
+}
