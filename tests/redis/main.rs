@@ -33,6 +33,7 @@ mod cluster_tryagain;
 mod count_outcome;
 mod failover;
 mod failure;
+mod faults;
 mod full;
 mod harness;
 mod limits_batch_parity;

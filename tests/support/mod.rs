@@ -15,6 +15,7 @@
 pub mod asks;
 pub mod cluster;
 pub mod failover;
+pub mod fault_proxy;
 pub mod redis;
 #[path = "../../src/top/zipf.rs"]
 pub mod zipf;

@@ -31,7 +31,11 @@ pub(crate) enum Target {
 pub(crate) fn one_server(urls: &[String]) -> Result<Source, BackendError> {
     match urls {
         [] => Err(BackendError::new("no Redis URL given")),
-        [url] => Client::open(url.as_str())
+        [url] => redis::IntoConnectionInfo::into_connection_info(url.as_str())
+            .map(|info| {
+                info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+            })
+            .and_then(Client::open)
             .map(|client| Source::Client(Box::new(client)))
             .map_err(|e| connect_error(url, e)),
         _ => Err(BackendError::new(

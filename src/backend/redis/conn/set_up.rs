@@ -7,6 +7,7 @@ use redis::RedisError;
 
 use super::connection::{cell_loaded, RedisConnection};
 use super::server::configuration_error;
+use crate::backend::redis::speedup::batch;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::backend::redis::wire::scripts::{self, GCRA};
@@ -53,8 +54,9 @@ impl SetUpError {
     }
 }
 
-/// Sets up `conn` for `state`'s mode (see the module docs); loading `gcra.lua` spares the first
-/// decision a `NOSCRIPT`. What detection found is recorded last.
+/// Sets up `conn` for `state`'s mode (see the module docs); loading `gcra.lua` (and
+/// `gcra_batch.lua` when checks are coalesced) spares the first decision a `NOSCRIPT`, which costs
+/// two more round trips: on a slow link, more than the timeout (issue 50). What detection found is recorded last.
 pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), SetUpError> {
     let mode = state.detector.set_up_mode();
     let detect = "run COMMAND INFO (to detect redis-cell)";
@@ -73,9 +75,16 @@ pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), Se
     if mode == RedisMode::Cell && loaded == Some(false) {
         return Err(SetUpError::NoCell);
     }
+    let batched = state.batches.is_some();
     match conn {
-        Fresh::Server(c) => GCRA.load_async(c).await.map(drop),
-        Fresh::Other(c) => scripts::load_gcra(c).await,
+        Fresh::Server(c) => match GCRA.load_async(&mut *c).await {
+            Ok(_) if batched => batch::load_gcra_batch(c).await,
+            loaded => loaded.map(drop),
+        },
+        Fresh::Other(c) => match scripts::load_gcra(c).await {
+            Ok(()) if batched => batch::load_gcra_batch(&mut c.redirecting()).await,
+            loaded => loaded,
+        },
     }
     .map_err(|e| SetUpError::Redis(load, e))?;
     if let Some(loaded) = loaded {

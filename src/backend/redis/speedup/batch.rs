@@ -9,10 +9,16 @@
 //!   failed item (`WRONGTYPE`) fails alone.
 //!
 //! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; others wait for
-//! the next batch, which leaves when a batch in flight answers, or once [`Lane::full`]. A batch runs
-//! on a task of its own; each check keeps its timeout and breaker (it waits inside `guarded`). One
-//! server has a lane per kind of call; a Cluster one per key (a migrating slot's keys may be split
-//! between nodes; one key never is): a lane may then hold both kinds, one call per run.
+//! the next batch, which leaves when a batch in flight answers, once [`Lane::full`], or at the end
+//! of the *window* (the timeout / 20, at most 5 ms) after the first of them queued, whatever is in
+//! flight. So a check waits at most the window and one round trip (replies come back in order
+//! behind the batches ahead of it, which left earlier), never for the batch ahead of it: on a slow
+//! link (a round trip of 45 ms, a timeout of 100 ms) waiting for it took two round trips and timed
+//! out (issue 50). Where Redis answers within the window (a local one: well under a millisecond)
+//! the window never ends a wait and batches are as before. A batch runs on a task of its own; each
+//! check keeps its timeout and breaker (it waits inside `guarded`). One server has a lane per kind
+//! of call; a Cluster one per key (a migrating slot's keys may be split between nodes; one key
+//! never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
 use std::mem;
@@ -33,12 +39,23 @@ use crate::decision::Decision;
 static GCRA_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
 
+/// Loads `gcra_batch.lua` (`SCRIPT LOAD`) at connect, as `gcra.lua` is: a batch's first call would
+/// otherwise pay a `NOSCRIPT` and the load, three round trips.
+pub(crate) async fn load_gcra_batch(
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> Result<(), RedisError> {
+    GCRA_BATCH.load_async(conn).await.map(drop)
+}
+
 /// See the script's header.
 static LIMITS_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
 
 /// Batches in flight per lane at most: while one is on the wire or in Redis, the next fills.
 const IN_FLIGHT: usize = 2;
+
+/// The window (see the module docs) at most; it is the timeout / 20 below 100 ms.
+const WINDOW: Duration = Duration::from_millis(5);
 
 /// Checks per batch at most: bounds one call's arguments and time in Redis (well under 1 ms).
 pub(crate) const MAX_BATCH: usize = 128;
@@ -87,6 +104,9 @@ struct Lane {
     flying: usize,
     /// Checks in the batch that answered last.
     last_size: usize,
+    /// Batches taken so far: a window's timer ends the wait of the checks queued when it was set
+    /// only if none has left since.
+    taken: u64,
 }
 
 impl Lane {
@@ -102,12 +122,19 @@ impl Lane {
     fn take(&mut self) -> Vec<Waiter> {
         let take = self.waiting.len().min(MAX_BATCH);
         self.in_flight += 1;
+        self.taken += 1;
         self.flying += take;
         if take == self.waiting.len() {
             mem::take(&mut self.waiting)
         } else {
             self.waiting.drain(..take).collect()
         }
+    }
+
+    /// After a take: `Some(taken)` when checks are left waiting (more than [`MAX_BATCH`]), whose
+    /// wait a window must end.
+    fn rest(&self) -> Option<u64> {
+        (!self.waiting.is_empty()).then_some(self.taken)
     }
 
     /// A batch of `size` checks answered (or failed) and its task ends.
@@ -125,6 +152,8 @@ impl Lane {
 pub(crate) struct Batcher {
     conn: RedisConnection,
     timeout: Duration,
+    /// How long queued checks wait for a batch in flight to answer before they leave anyway.
+    window: Duration,
     /// A lane per key (a Cluster) rather than one for the connection.
     per_key: bool,
     lanes: Mutex<HashMap<Box<str>, Lane>>,
@@ -137,6 +166,7 @@ impl Batcher {
             per_key: conn.is_cluster(),
             conn,
             timeout,
+            window: (timeout / 20).min(WINDOW),
             lanes: Mutex::new(HashMap::new()),
         }
     }
@@ -213,13 +243,24 @@ impl Batcher {
                 None => lanes.entry(lane_name.into()).or_default(),
             };
             lane.waiting.push(waiter);
-            (lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()))
-                .then(|| lane.take())
+            if lane.in_flight == 0 || (lane.in_flight < IN_FLIGHT && lane.full()) {
+                Ok((lane.take(), lane.rest()))
+            } else {
+                // The first to queue sets the window of those that queue after it.
+                Err((lane.waiting.len() == 1).then_some(lane.taken))
+            }
         };
-        if let Some(batch) = leaving {
-            let batcher = self.clone();
-            let lane_name: Box<str> = lane_name.into();
-            runtime.spawn(async move { batcher.run(lane_name, batch).await });
+        match leaving {
+            Ok((batch, rest)) => {
+                if let Some(taken) = rest {
+                    self.set_window(&runtime, lane_name, taken);
+                }
+                let batcher = self.clone();
+                let lane_name: Box<str> = lane_name.into();
+                runtime.spawn(async move { batcher.run(lane_name, batch).await });
+            }
+            Err(Some(taken)) => self.set_window(&runtime, lane_name, taken),
+            Err(None) => {}
         }
         match receiver.await {
             Ok(answer) => answer,
@@ -229,6 +270,29 @@ impl Batcher {
                 "the batch of this check was dropped",
             ))),
         }
+    }
+
+    /// Ends the wait of the checks queuing on `lane_name` after the window, unless a batch took them
+    /// (the lane's `taken` moved on from `taken`).
+    fn set_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
+        let batcher = self.clone();
+        let lane_name: Box<str> = lane_name.into();
+        runtime.spawn(async move {
+            tokio::time::sleep(batcher.window).await;
+            let (batch, rest) = {
+                let mut lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+                match lanes.get_mut(&*lane_name) {
+                    Some(lane) if lane.taken == taken && !lane.waiting.is_empty() => {
+                        (lane.take(), lane.rest())
+                    }
+                    _ => return,
+                }
+            };
+            if let Some(taken) = rest {
+                batcher.set_window(&tokio::runtime::Handle::current(), &lane_name, taken);
+            }
+            batcher.run(lane_name, batch).await;
+        });
     }
 
     /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
@@ -278,6 +342,10 @@ impl Batcher {
             }
             batch = lane.take();
             unfinished.size = batch.len();
+            if let Some(taken) = lane.rest() {
+                drop(lanes);
+                self.set_window(&tokio::runtime::Handle::current(), &lane_name, taken);
+            }
         }
     }
 }

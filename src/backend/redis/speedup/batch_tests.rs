@@ -1,4 +1,5 @@
-//! When a lane's next batch leaves ([`Lane::full`]) and what the lane counts in flight.
+//! When a lane's next batch leaves ([`Lane::full`]), what the lane counts in flight, and when a
+//! window must end a wait ([`Lane::rest`]).
 
 use tokio::sync::oneshot;
 
@@ -77,4 +78,15 @@ fn a_lane_with_nothing_in_flight_counts_no_check_in_flight() {
     // counting checks in flight once no batch is.
     lane.ended(1);
     assert_eq!((lane.in_flight, lane.flying), (0, 0));
+}
+
+#[test]
+fn each_take_is_counted_and_what_it_leaves_needs_a_window() {
+    let mut lane = lane(MAX_BATCH + 1);
+    assert_eq!(lane.taken, 0);
+    lane.take();
+    // One check left behind a full batch: a window must end its wait (taken 1 when set).
+    assert_eq!((lane.taken, lane.rest()), (1, Some(1)));
+    lane.take();
+    assert_eq!((lane.taken, lane.rest()), (2, None));
 }

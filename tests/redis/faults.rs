@@ -1,0 +1,586 @@
+//! The failure contract on a faulty link (issue 50): a real `redis-server` behind the fault proxy
+//! (`tests/support/fault_proxy.rs`), reached through the layer as users reach it (an axum `Router`
+//! with a `ThrottleLayer` on a `RedisBackend` pointed at the proxy, timeout 100 ms).
+//!
+//! What each test holds to:
+//! - every request is answered within [`BOUND`] (the timeout + 50 ms), by Redis or by the failure
+//!   policy; never a 500, a panic or a hang: under a slow link (beyond the timeout), a black hole,
+//!   torn replies, 1-byte slices, resets and refused connections; on the coalesced Lua path, the Lua
+//!   path alone and `CL.THROTTLE`;
+//! - torn and reset replies never make the layer admit more than the limit, and a batch never hands
+//!   one caller another's reply: the admissions and `remaining` values seen are checked against
+//!   Redis' own state afterwards;
+//! - a slow link below the timeout decides exactly: 40 concurrent requests for a key of 10 get 10
+//!   admissions and 30 refusals from Redis, none from the failure policy;
+//! - once the link heals, Redis decides again within [`RECOVERY`];
+//! - 1,000 resets leave no connection, descriptor or task behind.
+
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::redis as redis_support;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::{body::Body, routing::get, Router};
+use http::{Request, StatusCode};
+use redis_support::RedisServer;
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_throttle::key::Header;
+use tower_throttle::{
+    redis::{RedisBackend, RedisMode},
+    OnBackendError, Policy, Quota, ThrottleLayer,
+};
+
+/// The backend's timeout.
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// The contract: every request is answered within the timeout and this margin.
+const MARGIN: Duration = Duration::from_millis(50);
+const BOUND: Duration = TIMEOUT.saturating_add(MARGIN);
+/// How long a request may take before the test calls it a hang (and fails) rather than wait.
+const HANG: Duration = Duration::from_secs(5);
+/// How long after the heal Redis must decide again (measured: see each test's output).
+const RECOVERY: Duration = Duration::from_secs(3);
+/// The pause of a client between two requests.
+const PACE: Duration = Duration::from_millis(10);
+/// The proxy's seed: jitter is reproducible.
+const SEED: u64 = 50;
+
+/// Which of the users' paths a backend takes.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// `mode = "lua"`, checks coalesced into batches (the default).
+    Coalesced,
+    /// `mode = "lua"`, each check its own call.
+    Alone,
+    /// `CL.THROTTLE` (redis-cell), pipelined batches.
+    Cell,
+}
+
+const PATHS: [Path; 3] = [Path::Coalesced, Path::Alone, Path::Cell];
+
+/// A server for `path`, and the proxy in front of it.
+fn server_and_proxy(path: Path) -> (RedisServer, FaultProxy) {
+    let server = match path {
+        Path::Cell => RedisServer::start_with_cell(),
+        _ => RedisServer::start(),
+    };
+    let proxy = FaultProxy::start(server.port(), SEED);
+    (server, proxy)
+}
+
+/// A backend that reaches Redis through `proxy` on `path`.
+async fn backend(proxy: &FaultProxy, path: Path) -> RedisBackend {
+    let (mode, coalesce) = match path {
+        Path::Coalesced => (RedisMode::Lua, true),
+        Path::Alone => (RedisMode::Lua, false),
+        Path::Cell => (RedisMode::Cell, true),
+    };
+    RedisBackend::builder()
+        .url(proxy.url())
+        .mode(mode)
+        .coalesce(coalesce)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// The layer of one policy `name` of `quota` per `x-user` on `backend`.
+fn app_on(backend: RedisBackend, name: &str, quota: Quota, on_error: OnBackendError) -> Router {
+    let policy = Policy::builder(name)
+        .quota(quota)
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .on_backend_error(on_error)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// The layer of the policy `api` of `quota` per `x-user`, on a backend through `proxy`.
+async fn app(proxy: &FaultProxy, path: Path, on_error: OnBackendError, quota: Quota) -> Router {
+    app_on(backend(proxy, path).await, "api", quota, on_error)
+}
+
+/// The Redis key of `user` under the policy `policy` (the default prefix).
+fn redis_key(policy: &str, user: &str) -> String {
+    format!("throttle:{policy}:{{{user}}}")
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    took: Duration,
+    /// `RateLimit`'s `r`: sent when a limiter decided (Redis or the local one), not by `allow` or
+    /// `deny` in its stead.
+    remaining: Option<u64>,
+}
+
+/// One request as `user`; fails the test if it takes [`HANG`].
+async fn ask(app: &Router, user: &str) -> Answer {
+    let start = Instant::now();
+    let request = Request::get("/")
+        .header("x-user", user)
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(HANG, app.clone().oneshot(request))
+        .await
+        .unwrap_or_else(|_| panic!("a request hung: no answer within {HANG:?}"))
+        .unwrap();
+    let remaining = response.headers().get("ratelimit").map(|v| {
+        let v = v.to_str().unwrap();
+        let r = v.split(';').find_map(|f| f.strip_prefix("r=")).unwrap();
+        r.parse().unwrap()
+    });
+    Answer {
+        status: response.status(),
+        took: start.elapsed(),
+        remaining,
+    }
+}
+
+/// One request per entry of `users`, all at once.
+async fn at_once(app: &Router, users: &[String]) -> Vec<Answer> {
+    let tasks: Vec<_> = users
+        .iter()
+        .map(|user| {
+            let (app, user) = (app.clone(), user.clone());
+            tokio::spawn(async move { ask(&app, &user).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
+/// How many units Redis admitted for `user` under the policy `policy` of `per_day` a day (the
+/// GCRA's state: its TAT is one interval ahead per unit admitted, less the seconds a test takes,
+/// far shorter than an interval; expired: none).
+fn admitted_by_redis(server: &RedisServer, policy: &str, user: &str, per_day: u64) -> u64 {
+    let pttl: i64 = server
+        .cli(&["PTTL", &redis_key(policy, user)])
+        .parse()
+        .unwrap();
+    let interval_ms = 86_400_000 / per_day as i64;
+    if pttl <= 0 {
+        0
+    } else {
+        ((pttl + interval_ms - 1) / interval_ms) as u64
+    }
+}
+
+/// A slow link below the timeout decides every request exactly: each reply is held 30 ± 15 ms,
+/// then a steady 60 ± 10 ms (a round trip of at most 70 ms, 30 under the timeout); 40 concurrent
+/// requests for a key with a limit of 10, under `allow`, get exactly 10 admissions and 30 refusals
+/// from Redis, and Redis counts 10. Before, checks queued behind the batch in flight waited for it,
+/// took two round trips, timed out, and `allow` let all 40 through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_link_below_the_timeout_decides_exactly() {
+    let (server, proxy) = server_and_proxy(Path::Coalesced);
+    let app = app(
+        &proxy,
+        Path::Coalesced,
+        OnBackendError::Allow,
+        Quota::per_day(10),
+    )
+    .await;
+    let rounds = [
+        (Duration::from_millis(30), Duration::from_millis(15)),
+        (Duration::from_millis(30), Duration::from_millis(15)),
+        (Duration::from_millis(30), Duration::from_millis(15)),
+        (Duration::from_millis(60), Duration::from_millis(10)),
+        (Duration::from_millis(60), Duration::from_millis(10)),
+    ];
+    for (round, (base, jitter)) in rounds.into_iter().enumerate() {
+        proxy.latency(Direction::ToClient, base, jitter);
+        let user = format!("slow-{round}");
+        let answers = at_once(&app, &vec![user.clone(); 40]).await;
+        let slowest = answers.iter().map(|a| a.took).max().unwrap();
+        eprintln!("replies held {base:?} ± {jitter:?}: slowest answer {slowest:?}");
+        let fallback: Vec<&Answer> = answers.iter().filter(|a| a.remaining.is_none()).collect();
+        assert!(
+            fallback.is_empty(),
+            "{base:?} ± {jitter:?}: {} of 40 answered by the failure policy, not Redis: {fallback:?}",
+            fallback.len()
+        );
+        let admitted: Vec<u64> = answers
+            .iter()
+            .filter(|a| a.status == StatusCode::OK)
+            .filter_map(|a| a.remaining)
+            .collect();
+        let refused = answers
+            .iter()
+            .filter(|a| a.status == StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        assert_eq!((admitted.len(), refused), (10, 30), "{answers:?}");
+        // Each admission saw the state the one before it left.
+        let distinct: BTreeSet<u64> = admitted.into_iter().collect();
+        assert_eq!(distinct, (0..10).collect(), "{answers:?}");
+        assert_eq!(admitted_by_redis(&server, "api", &user, 10), 10);
+        assert!(slowest <= BOUND, "{answers:?}");
+    }
+}
+
+/// The faults of the contract.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Each reply held 150 ± 20 ms: past the timeout.
+    Slow,
+    /// Every connection silent for good, new ones too while it lasts.
+    BlackHole,
+    /// Open connections cut after 7 to 86 more bytes of replies and reset, every 10 ms.
+    Torn,
+    /// Replies in 1-byte writes.
+    Sliced,
+    /// Every connection reset every 10 ms.
+    Reset,
+    /// Connections reset, and new ones refused.
+    Refused,
+    /// Open connections cut after 150 to 1,050 more bytes of replies, in 1-byte slices every other
+    /// 20 ms, every connection reset every 100 ms: some decisions get through.
+    Mixed,
+}
+
+/// Runs `work` while `fault` holds on `proxy` (kept up by a storm where it must be repeated), then
+/// ends the fault and returns what `work` returned.
+async fn under<T>(proxy: &FaultProxy, fault: Fault, work: impl Future<Output = T>) -> T {
+    match fault {
+        Fault::Slow => proxy.latency(
+            Direction::ToClient,
+            Duration::from_millis(150),
+            Duration::from_millis(20),
+        ),
+        Fault::BlackHole => proxy.black_hole(true),
+        Fault::Sliced => proxy.slice_replies(true),
+        Fault::Refused => {
+            proxy.refuse(true).await;
+            proxy.reset_all();
+        }
+        Fault::Torn | Fault::Reset | Fault::Mixed => {}
+    }
+    let done = AtomicBool::new(false);
+    let storm = async {
+        let mut round = 0;
+        while !done.load(Ordering::SeqCst) {
+            match fault {
+                Fault::Torn => proxy.cut_replies_after(Some(7 + round * 13 % 80)),
+                Fault::Reset => proxy.reset_all(),
+                Fault::Mixed if round % 2 == 0 => {
+                    proxy.cut_replies_after(Some(150 + round * 37 % 900));
+                    proxy.slice_replies(round % 4 == 0);
+                    if round % 10 == 0 {
+                        proxy.reset_all();
+                    }
+                }
+                _ => {}
+            }
+            round += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let work = async {
+        let out = work.await;
+        done.store(true, Ordering::SeqCst);
+        out
+    };
+    let (out, ()) = tokio::join!(work, storm);
+    proxy.heal().await;
+    out
+}
+
+/// `workers` clients at once, each sending `each` requests one after another as `{prefix}-{i}`.
+async fn clients(app: &Router, prefix: &str, workers: usize, each: usize) -> Vec<Answer> {
+    let users: Vec<String> = (0..workers).map(|i| format!("{prefix}-{i}")).collect();
+    clients_as(app, &users, each).await
+}
+
+/// A client per entry of `users`, all at once, each sending `each` requests one after another,
+/// [`PACE`] apart.
+async fn clients_as(app: &Router, users: &[String], each: usize) -> Vec<Answer> {
+    let tasks: Vec<_> = users
+        .iter()
+        .map(|user| {
+            let (app, user) = (app.clone(), user.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for _ in 0..each {
+                    answers.push(ask(&app, &user).await);
+                    tokio::time::sleep(PACE).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.extend(task.await.unwrap());
+    }
+    answers
+}
+
+/// Asks as `user` until Redis decides (under `deny`, a 200 is Redis' admission); returns how long
+/// that took. Fails after [`RECOVERY`].
+async fn until_redis_decides(app: &Router, user: &str) -> Duration {
+    let healed = Instant::now();
+    loop {
+        let answer = ask(app, user).await;
+        if answer.status == StatusCode::OK && answer.remaining.is_some() {
+            return healed.elapsed();
+        }
+        assert!(
+            healed.elapsed() < RECOVERY,
+            "Redis did not decide {RECOVERY:?} after the heal; last: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Under `fault`, on each path, under `deny`: 8 clients of 10 requests each are all answered
+/// within [`BOUND`], by Redis (200 or 429 with `RateLimit`) or by the failure policy (503), never
+/// otherwise; the answers the fault cannot disturb (slices) all come from Redis, those it must
+/// (beyond the timeout, silent, refused) all from the policy. After the heal, Redis decides again
+/// within [`RECOVERY`].
+async fn every_request_is_answered_within_the_bound(fault: Fault) {
+    for path in PATHS {
+        let (_server, proxy) = server_and_proxy(path);
+        let app = app(&proxy, path, OnBackendError::Deny, Quota::per_day(1000)).await;
+        let user = format!("{fault:?}");
+        assert_eq!(ask(&app, &user).await.status, StatusCode::OK);
+        let answers = under(&proxy, fault, clients(&app, &user, 8, 10)).await;
+        let recovered = until_redis_decides(&app, &user).await;
+        let slowest = answers.iter().map(|a| a.took).max().unwrap();
+        let by_redis = answers.iter().filter(|a| a.remaining.is_some()).count();
+        eprintln!(
+            "{fault:?} on {path:?}: slowest answer {slowest:?}, {by_redis} of {} decided by Redis; Redis decided again {recovered:?} after the heal",
+            answers.len()
+        );
+        for answer in &answers {
+            match (answer.status, answer.remaining) {
+                (StatusCode::OK | StatusCode::TOO_MANY_REQUESTS, Some(_)) => {}
+                (StatusCode::SERVICE_UNAVAILABLE, None) => {}
+                _ => panic!("{fault:?} on {path:?}: {answer:?}"),
+            }
+            assert!(
+                answer.took <= BOUND,
+                "{fault:?} on {path:?}: answered after {:?}, beyond {BOUND:?}",
+                answer.took
+            );
+        }
+        match fault {
+            Fault::Sliced => assert_eq!(by_redis, answers.len(), "{fault:?} on {path:?}"),
+            Fault::Slow | Fault::BlackHole | Fault::Refused => {
+                assert_eq!(by_redis, 0, "{fault:?} on {path:?}")
+            }
+            Fault::Torn | Fault::Reset | Fault::Mixed => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_slower_than_the_timeout_costs_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Slow).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_costs_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::BlackHole).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_replies_cost_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Torn).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_in_one_byte_slices_are_decided() {
+    every_request_is_answered_within_the_bound(Fault::Sliced).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_cost_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_cost_each_request_the_timeout_at_most() {
+    every_request_is_answered_within_the_bound(Fault::Refused).await;
+}
+
+/// The admissions (their `remaining`) among `answers`, which must each come from a decision.
+fn admissions(answers: &[Answer]) -> Vec<u64> {
+    answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .map(|a| a.remaining.expect("under deny, an admission is a decision"))
+        .collect()
+}
+
+/// Torn, sliced and reset replies, on each path, under `deny`: two policies share one backend
+/// (its batches mix them), `hot` (10 a day) and `cold` (1,000 a day), 6 clients each on one key
+/// each. No more is admitted than Redis admitted, nor than the limit; no caller gets another's
+/// reply (a `hot` caller never sees `cold`'s `remaining`, no two callers the same); and once the link
+/// heals, decisions go on exactly where Redis' state is (no connection desynchronized by a torn
+/// reply is used again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_and_reset_replies_never_admit_more_than_the_limit_nor_mix_replies() {
+    for path in PATHS {
+        let (server, proxy) = server_and_proxy(path);
+        let backend = backend(&proxy, path).await;
+        let hot = app_on(
+            backend.clone(),
+            "hot",
+            Quota::per_day(10),
+            OnBackendError::Deny,
+        );
+        let cold = app_on(backend, "cold", Quota::per_day(1000), OnBackendError::Deny);
+        let accepted = proxy.accepted();
+        let key = vec!["k".to_owned(); 6];
+        let (hot_answers, cold_answers) = under(&proxy, Fault::Mixed, async {
+            tokio::join!(clients_as(&hot, &key, 15), clients_as(&cold, &key, 15))
+        })
+        .await;
+        until_redis_decides(&cold, "probe").await;
+        let reconnects = proxy.accepted() - accepted;
+        let (hot_admitted, cold_admitted) = (admissions(&hot_answers), admissions(&cold_answers));
+        let (hot_redis, cold_redis) = (
+            admitted_by_redis(&server, "hot", "k", 10),
+            admitted_by_redis(&server, "cold", "k", 1000),
+        );
+        eprintln!(
+            "{path:?}: {reconnects} connections; hot: {} admitted of {} decided, Redis counts {hot_redis}; cold: {} admitted, Redis counts {cold_redis}",
+            hot_admitted.len(),
+            hot_answers.iter().filter(|a| a.remaining.is_some()).count(),
+            cold_admitted.len(),
+        );
+        assert!(reconnects > 1, "{path:?}: the faults cut no connection");
+        assert!(
+            hot_admitted.len() as u64 <= hot_redis && hot_redis <= 10,
+            "{path:?}"
+        );
+        assert!(cold_admitted.len() as u64 <= cold_redis, "{path:?}");
+        let distinct: BTreeSet<u64> = hot_admitted.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            hot_admitted.len(),
+            "{path:?}: {hot_admitted:?}"
+        );
+        assert!(
+            distinct.iter().all(|r| *r < 10),
+            "{path:?}: {hot_admitted:?}"
+        );
+        let distinct: BTreeSet<u64> = cold_admitted.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            cold_admitted.len(),
+            "{path:?}: {cold_admitted:?}"
+        );
+        assert!(distinct.iter().all(|r| *r >= 1000 - cold_redis), "{path:?}");
+        // Healed: the rest of the hot key's limit, exactly, counting down from where Redis is.
+        let after = clients_as(&hot, &["k".to_owned()], 12).await;
+        let expected: Vec<u64> = (0..10 - hot_redis).rev().collect();
+        assert_eq!(admissions(&after), expected, "{path:?}: {after:?}");
+        assert!(
+            after.iter().all(|a| a.remaining.is_some()),
+            "{path:?}: {after:?}"
+        );
+        assert_eq!(admitted_by_redis(&server, "hot", "k", 10), 10, "{path:?}");
+    }
+}
+
+/// Set in the child process of [`a_thousand_resets_leave_no_connection_descriptor_or_task_behind`].
+const ALONE: &str = "TOWER_THROTTLE_FAULTS_ALONE";
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Resident memory of this process, in bytes.
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// 1,000 times: every connection reset, then a request until Redis decides again. Afterwards the
+/// process holds no more descriptors than before (but 8 for a busy runtime), the proxy sees two
+/// connections at most (decisions, reset listener), the runtime runs no more tasks than before (but 8), and resident memory grew less
+/// than 16 MiB. In a process of its own (the test runs itself again), where the descriptors and
+/// tasks counted are this test's only.
+#[test]
+fn a_thousand_resets_leave_no_connection_descriptor_or_task_behind() {
+    const NAME: &str = "faults::a_thousand_resets_leave_no_connection_descriptor_or_task_behind";
+    if std::env::var_os(ALONE).is_none() {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env(ALONE, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the test alone in its process: {status}");
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (_server, proxy) = server_and_proxy(Path::Coalesced);
+        let app = app(
+            &proxy,
+            Path::Coalesced,
+            OnBackendError::Deny,
+            Quota::per_day(1_000_000),
+        )
+        .await;
+        // Warm: every lazily made thing (connections, the runtime's threads, buffers) made once.
+        for _ in 0..3 {
+            proxy.reset_all();
+            until_redis_decides(&app, "warm").await;
+        }
+        let (fds, rss) = (open_fds(), resident_bytes());
+        let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        let started = Instant::now();
+        let accepted = proxy.accepted();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..1000 {
+            proxy.reset_all();
+            slowest = slowest.max(until_redis_decides(&app, "u").await);
+        }
+        let reconnects = proxy.accepted() - accepted;
+        let took = started.elapsed();
+        // What the last reset ended may close a moment later.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let alive = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        while (proxy.open_connections() > 2 || open_fds() > fds + 8 || alive() > tasks + 8)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let grown = resident_bytes().saturating_sub(rss);
+        eprintln!(
+            "1000 resets in {took:?} ({reconnects} connections made; Redis decided again after {slowest:?} at most): descriptors {fds} -> {}, tasks {tasks} -> {}, resident memory +{} KiB, {} connections open",
+            open_fds(),
+            alive(),
+            grown / 1024,
+            proxy.open_connections(),
+        );
+        assert!(reconnects >= 1000, "{reconnects} connections for 1000 resets");
+        // The decisions' connection, and the reset listener's if it is back.
+        assert!(proxy.open_connections() <= 2, "{}", proxy.open_connections());
+        assert!(open_fds() <= fds + 8, "descriptors {fds} -> {}", open_fds());
+        assert!(alive() <= tasks + 8, "tasks {tasks} -> {}", alive());
+        assert!(grown < 16 << 20, "resident memory grew {grown} bytes");
+    });
+}
