@@ -849,6 +849,33 @@ fn period_label(period: Duration) -> String {
     format!("{}{unit}", nanos / size)
 }
 
+impl<K> PolicyBuilder<K> {
+    /// The features of `compat::EXCLUDED` this policy uses.
+    fn features(&self) -> Vec<compat::Feature> {
+        let extras = &self.extras;
+        use compat::Feature::*;
+        [
+            (Metered, extras.metered.limit.is_some()),
+            (QuotaFrom, extras.quota_from.is_some()),
+            (Resolver, extras.resolver.is_some()),
+            (CountOnly, extras.outcome.is_set()),
+            (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
+            (Shadow, !self.rollout.shadows.is_empty()),
+            (Budget, self.budget.is_some()),
+            (Concurrency, self.algorithm == Algorithm::Concurrency),
+            (Tiers, !self.tiers.is_empty()),
+            (Penalty, self.penalty.is_some()),
+            (AsyncKey, extras.async_key.is_some()),
+            (BodyKey, extras.body_key.is_some()),
+            (DryRun, self.dry_run),
+            (Enforce, self.rollout.enforce.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(feature, used)| used.then_some(feature))
+        .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,35 +139,6 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     ),
 ];
 
-impl<K> super::PolicyBuilder<K> {
-    /// The features of [`EXCLUDED`] this policy uses.
-    pub(super) fn features(&self) -> Vec<Feature> {
-        let extras = &self.extras;
-        [
-            (Metered, extras.metered.limit.is_some()),
-            (QuotaFrom, extras.quota_from.is_some()),
-            (Resolver, extras.resolver.is_some()),
-            (CountOnly, extras.outcome.is_set()),
-            (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
-            (Shadow, !self.rollout.shadows.is_empty()),
-            (Budget, self.budget.is_some()),
-            (
-                Concurrency,
-                self.algorithm == crate::limit::Algorithm::Concurrency,
-            ),
-            (Tiers, !self.tiers.is_empty()),
-            (Penalty, self.penalty.is_some()),
-            (AsyncKey, extras.async_key.is_some()),
-            (BodyKey, extras.body_key.is_some()),
-            (DryRun, self.dry_run),
-            (Enforce, self.rollout.enforce.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(feature, used)| used.then_some(feature))
-        .collect()
-    }
-}
-
 /// Refuses policy `policy` if it uses two features that exclude each other (`uses`: those it uses).
 pub(crate) fn check(policy: &str, uses: &[Feature]) -> Result<(), BuildError> {
     match EXCLUDED
