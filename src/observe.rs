@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac as _};
@@ -364,14 +364,41 @@ impl OncePerSecond {
 }
 
 /// Backend errors are logged at warn at most once a second, with the number left out; the others at
-/// debug. A Redis outage under load would otherwise write one line per request.
+/// debug. A Redis outage under load would otherwise write one line per request. Entering the
+/// failure policy (the first failure after decisions) and leaving it (the first decision after
+/// failures) are one line each, the second with how long it lasted and how many requests the
+/// failure policy answered (each at most once a second too: a link that flaps does not flood).
 #[derive(Default)]
-pub(crate) struct ErrorLog(OncePerSecond);
+pub(crate) struct ErrorLog {
+    gate: OncePerSecond,
+    back_gate: OncePerSecond,
+    /// Whether the last answer was a failure (the failure policy is answering).
+    failing: AtomicBool,
+    /// Requests the failure policy answered since it took over.
+    answered: AtomicU64,
+    /// When it took over.
+    since: Mutex<Option<Instant>>,
+}
 
 impl ErrorLog {
     /// Logs that the backend failed for `policy`; `on_error` says what the layer does about it.
     pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
-        if let Some(suppressed) = self.0.open() {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            *self.since.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            if self.gate.open().is_none() {
+                tracing::debug!(policy, %error, on_error, "rate-limit backend failed again");
+                return;
+            }
+            tracing::warn!(
+                policy,
+                %error,
+                on_error,
+                "rate-limit backend failed: the failure policy answers until it decides again"
+            );
+            return;
+        }
+        if let Some(suppressed) = self.gate.open() {
             tracing::warn!(
                 policy,
                 %error,
@@ -382,6 +409,40 @@ impl ErrorLog {
         } else {
             tracing::debug!(policy, %error, on_error, "rate-limit backend failed");
         }
+    }
+
+    /// The backend decided a request of `policy`: if the failure policy was answering, it no
+    /// longer is (logged once, with how long and how many). One load when it was not.
+    #[inline]
+    pub(crate) fn decided(&self, policy: &str) {
+        if self.failing.load(Ordering::Relaxed) {
+            self.back(policy);
+        }
+    }
+
+    #[cold]
+    fn back(&self, policy: &str) {
+        if !self.failing.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let since = self
+            .since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let after = since.map(|s| s.elapsed()).unwrap_or_default();
+        let answered = self.answered.swap(0, Ordering::Relaxed);
+        if self.back_gate.open().is_none() {
+            tracing::debug!(policy, answered, "rate-limit backend decides again");
+            return;
+        }
+        tracing::warn!(
+            policy,
+            after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            answered,
+            "rate-limit backend decides again; the failure policy answered {answered} requests \
+             over {after:?}"
+        );
     }
 }
 

@@ -75,6 +75,9 @@ impl Judge {
             Some(rest) => Decision::banned(tier.limit_value, rest, None, rest),
             None => {
                 let answer = steps::ask(backend, Charges::stack(limits, key, cost)).await;
+                if answer.is_ok() {
+                    self.errors.decided(&policy.name);
+                }
                 let decision = match answer {
                     Ok(all) => all
                         .combined()

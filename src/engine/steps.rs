@@ -243,9 +243,9 @@ pub(crate) fn judged(
 }
 
 /// Step 8 for the commonest answer: one decision that admits a request of a policy with nothing
-/// more to do on admission ([`Judge::admitted_plainly`]), reported with the backend's latency; its
-/// fields are [`Judge::plain_fields`], and no verdict is built. `false`: [`judged`] makes the
-/// verdict.
+/// more to do on admission ([`Judge::admitted_plainly`], the judge's first step), reported with
+/// the backend's latency; its fields are [`Judge::fields`], and no verdict is built. `false`:
+/// [`judged`] makes the verdict.
 #[inline]
 pub(crate) fn admitted_plainly(
     judge: &Judge,
@@ -256,6 +256,7 @@ pub(crate) fn admitted_plainly(
     if !judge.admitted_plainly(cx, decision) {
         return false;
     }
+    judge.errors.decided(&cx.policy.name);
     if let Some(asked) = asked {
         judge.latency(cx.policy, asked.elapsed());
     }

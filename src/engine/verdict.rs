@@ -238,6 +238,9 @@ impl Judge {
                 lease: d.lease.unwrap_or(0),
             },
         };
+        if answer.is_ok() {
+            self.errors.decided(&cx.policy.name);
+        }
         match answer {
             Ok(Decisions::One(decision)) => {
                 let source = from_backend(&decision);
@@ -373,11 +376,11 @@ impl Judge {
         rules.reporter.latency(&rules.name, took);
     }
 
-    /// Whether `decision` admits a request whose policy asks nothing more of an admission (no
-    /// wait, no concurrency slot, no dry run or staging, no [`PolicyDecision`], no near-limit
-    /// rule) than its fields ([`plain_fields`](Self::plain_fields)); the decision is reported when
-    /// it does. What [`decided`](Self::decided) would do, without building a verdict; `false`:
-    /// `decided` judges it.
+    /// The first step of the judge ([`decided`](Self::decided) opens with it): whether `decision`
+    /// admits a request whose policy asks nothing more of an admission (one limit, no wait, no
+    /// concurrency slot, no [`PolicyDecision`], no near-limit rule) than its fields
+    /// ([`fields`](Self::fields)); the decision is reported when it does. `Throttle::call` asks it
+    /// directly and, when it admits, builds no verdict; `false`: the rest of `decided` judges.
     // Inlined: most requests end here, and out of line the context is passed through memory.
     #[inline(always)]
     pub(crate) fn admitted_plainly(&self, cx: RequestContext<'_>, decision: &Decision) -> bool {
@@ -402,14 +405,8 @@ impl Judge {
         options.ratelimit || options.legacy || options.openai
     }
 
-    /// The fields of a request [admitted plainly](Self::admitted_plainly) by `decision` under
-    /// `tier`, for a layer that [sends fields](Self::sends_fields).
-    pub(crate) fn plain_fields(&self, tier: &CompiledTier, decision: &Decision) -> RateHeaders {
-        self.fields(tier, std::slice::from_ref(decision), decision)
-    }
-
     /// The fields of `decisions` (one per limit of `tier`), the legacy ones showing `combined`.
-    fn fields(
+    pub(crate) fn fields(
         &self,
         tier: &CompiledTier,
         decisions: &[Decision],
@@ -436,6 +433,13 @@ impl Judge {
     ) -> Verdict {
         let rules = cx.policy;
         let tier = cx.tier_rules();
+        if let [decision] = &*decisions
+            && self.admitted_plainly(cx, decision)
+        {
+            let mut admitted = Admitted::unlimited();
+            admitted.headers = Some(self.fields(tier, decisions, decision));
+            return Verdict::Admit(admitted);
+        }
         let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(cx.key));
         let mut delay = queue_delay(tier, decisions);
         let mut decision = match &*decisions {

@@ -9,6 +9,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::slice;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -206,7 +207,10 @@ where
                     return Ask::Passed;
                 }
                 let tier = context.tier_rules();
-                return Ask::Admitted(table.judge.plain_fields(tier, &decision));
+                let fields = table
+                    .judge
+                    .fields(tier, slice::from_ref(&decision), &decision);
+                return Ask::Admitted(fields);
             }
             Asked::Answered(Ok(Decisions::One(decision)))
         }

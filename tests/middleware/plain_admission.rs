@@ -1,6 +1,7 @@
-//! An admission with nothing more to do than its fields takes a shorter way through the layer
-//! (`Judge::admitted_plainly`); a layer that hands every admitted request a `PolicyDecision` takes
-//! the full verdict. Both must give the same answers, field for field.
+//! An admission with nothing more to do than its fields ends at the judge's first step
+//! (`Judge::admitted_plainly`, which `Throttle::call` asks directly); a layer that hands every
+//! admitted request a `PolicyDecision` goes through the rest of the verdict. Both give the same
+//! fields and statuses.
 
 use axum::routing::get;
 use axum::Router;

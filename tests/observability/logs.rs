@@ -168,3 +168,75 @@ async fn a_dry_run_logs_what_it_would_refuse_and_nothing_else() {
     assert!(lines[0].contains("retry_after_secs=60"), "{}", lines[0]);
     assert!(!logs.contains("request limited"), "{logs}");
 }
+
+/// A backend that fails while `down` is set, and decides as memory does otherwise.
+#[derive(Clone)]
+struct Flaky {
+    memory: tower_throttle::MemoryBackend,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tower_throttle::Backend for Flaky {
+    type Future = std::future::Ready<
+        Result<tower_throttle::backend::Decisions, tower_throttle::backend::BackendError>,
+    >;
+
+    fn check(&self, charges: tower_throttle::backend::Charges<'_>) -> Self::Future {
+        if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+            let error = tower_throttle::backend::BackendError::new("connection refused");
+            return std::future::ready(Err(error));
+        }
+        std::future::ready(self.memory.decide_charges(charges))
+    }
+}
+
+/// Entering the failure policy and leaving it are a warning each, the second with how many
+/// requests the failure policy answered: what an operator reads to see what an outage let through.
+#[tokio::test(flavor = "current_thread")]
+async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower_throttle::OnBackendError;
+
+    let down = Arc::new(AtomicBool::new(true));
+    let backend = Flaky {
+        memory: tower_throttle::MemoryBackend::new(),
+        down: down.clone(),
+    };
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy())
+        .on_backend_error(OnBackendError::Allow)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..5 {
+        status_of(&app, from("dave@example.com")).await;
+    }
+    down.store(false, Ordering::Relaxed);
+    for _ in 0..2 {
+        status_of(&app, from("dave@example.com")).await;
+    }
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let entered = "the failure policy answers until it decides again";
+    assert_eq!(text.matches(entered).count(), 1, "{text}");
+    let back = text
+        .lines()
+        .find(|l| l.contains("rate-limit backend decides again"))
+        .unwrap_or_else(|| panic!("no line for the way back in\n{text}"));
+    assert!(
+        back.contains("WARN") && back.contains("policy=api"),
+        "{back}"
+    );
+    assert!(back.contains("answered=5"), "{back}");
+    assert_eq!(text.matches("backend decides again").count(), 1, "{text}");
+}
