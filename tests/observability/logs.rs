@@ -234,7 +234,7 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
         .find(|l| l.contains("rate-limit backend decides again"))
         .unwrap_or_else(|| panic!("no line for the way back in\n{text}"));
     assert!(
-        back.contains("WARN") && back.contains("policy=api"),
+        back.contains("WARN") && back.contains("policy=\"api\""),
         "{back}"
     );
     assert!(back.contains("answered=5"), "{back}");
