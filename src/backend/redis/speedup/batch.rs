@@ -21,6 +21,7 @@
 //! never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::mem;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
@@ -250,7 +251,7 @@ impl Batcher {
                 Err((lane.waiting.len() == 1).then_some(lane.taken))
             }
         };
-        match leaving {
+        let window = match leaving {
             Ok((batch, rest)) => {
                 if let Some(taken) = rest {
                     self.set_window(&runtime, lane_name, taken);
@@ -258,11 +259,18 @@ impl Batcher {
                 let batcher = self.clone();
                 let lane_name: Box<str> = lane_name.into();
                 runtime.spawn(async move { batcher.run(lane_name, batch).await });
+                None
             }
-            Err(Some(taken)) => self.set_window(&runtime, lane_name, taken),
-            Err(None) => {}
-        }
-        match receiver.await {
+            Err(window) => window,
+        };
+        let answered = match window {
+            None => receiver.await,
+            Some(taken) => {
+                self.within_window(&runtime, lane_name, taken, receiver)
+                    .await
+            }
+        };
+        match answered {
             Ok(answer) => answer,
             // The batch's task ended without answering: its runtime is shutting down.
             Err(_) => Err(RedisError::from((
@@ -272,26 +280,60 @@ impl Batcher {
         }
     }
 
-    /// Ends the wait of the checks queuing on `lane_name` after the window, unless a batch took them
-    /// (the lane's `taken` moved on from `taken`).
+    /// The first check to queue behind a batch in flight waits for its answer, and ends the wait
+    /// of the checks queued with it when the window ends first (unless a batch took them: the
+    /// lane's `taken` moved on from `taken`). Held by the check itself: a timer, and no task, on
+    /// the common path where a batch answers within the window. (A first check dropped before
+    /// then, its client gone, leaves the others to the batch ahead, as before the window.)
+    async fn within_window(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        lane_name: &str,
+        taken: u64,
+        mut receiver: oneshot::Receiver<Result<Reply, RedisError>>,
+    ) -> Result<Result<Reply, RedisError>, oneshot::error::RecvError> {
+        let mut window = std::pin::pin!(tokio::time::sleep(self.window));
+        let mut ended = false;
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(answer) = std::pin::Pin::new(&mut receiver).poll(cx) {
+                return std::task::Poll::Ready(answer);
+            }
+            if !ended && window.as_mut().poll(cx).is_ready() {
+                ended = true;
+                self.end_window(runtime, lane_name, taken);
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    /// Sends the checks queued on `lane_name` since `taken` at once, unless a batch took them.
+    fn end_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
+        let (batch, rest) = {
+            let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+            match lanes.get_mut(lane_name) {
+                Some(lane) if lane.taken == taken && !lane.waiting.is_empty() => {
+                    (lane.take(), lane.rest())
+                }
+                _ => return,
+            }
+        };
+        if let Some(taken) = rest {
+            self.set_window(runtime, lane_name, taken);
+        }
+        let batcher = self.clone();
+        let lane_name: Box<str> = lane_name.into();
+        runtime.spawn(async move { batcher.run(lane_name, batch).await });
+    }
+
+    /// Ends the wait of the checks queuing on `lane_name` after the window (those left behind a
+    /// full batch, whose first check is in that batch), unless a batch took them.
     fn set_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
         let batcher = self.clone();
         let lane_name: Box<str> = lane_name.into();
         runtime.spawn(async move {
             tokio::time::sleep(batcher.window).await;
-            let (batch, rest) = {
-                let mut lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
-                match lanes.get_mut(&*lane_name) {
-                    Some(lane) if lane.taken == taken && !lane.waiting.is_empty() => {
-                        (lane.take(), lane.rest())
-                    }
-                    _ => return,
-                }
-            };
-            if let Some(taken) = rest {
-                batcher.set_window(&tokio::runtime::Handle::current(), &lane_name, taken);
-            }
-            batcher.run(lane_name, batch).await;
+            batcher.end_window(&tokio::runtime::Handle::current(), &lane_name, taken);
         });
     }
 
