@@ -32,7 +32,7 @@ use crate::limit::Limit;
 /// ];
 /// let key = Key::from("alice");
 /// let charges = Charges::stack(&stack, &key, 1);
-/// assert_eq!(charges.len(), 2);
+/// assert_eq!(charges.limits().len(), 2);
 /// assert_eq!((charges.key(1), charges.quantity(1)), (&key, 1));
 ///
 /// let tokens = [3, 250];
@@ -106,18 +106,6 @@ impl<'a> Charges<'a> {
         self.limits
     }
 
-    /// How many charges.
-    #[inline]
-    pub const fn len(&self) -> usize {
-        self.limits.len()
-    }
-
-    /// Whether there is no charge.
-    #[inline]
-    pub const fn is_empty(&self) -> bool {
-        self.limits.is_empty()
-    }
-
     /// The key of charge `i` (the last key given, if `keyed` was given fewer).
     pub fn key(&self, i: usize) -> &'a Key {
         match self.keys {
@@ -165,15 +153,6 @@ impl<'a> Charges<'a> {
         match self.quantities {
             Quantities::Same(_) => None,
             Quantities::Each(quantities) => Some(quantities),
-        }
-    }
-
-    /// The same charges with quantity 0 each: what a peek or a reset names (only the limits and
-    /// keys count there).
-    pub const fn named(self) -> Self {
-        Charges {
-            quantities: Quantities::Same(0),
-            ..self
         }
     }
 }
