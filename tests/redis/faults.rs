@@ -584,3 +584,122 @@ fn a_thousand_resets_leave_no_connection_descriptor_or_task_behind() {
         assert!(grown < 16 << 20, "resident memory grew {grown} bytes");
     });
 }
+
+/// How many keys the process that reaches Redis uses up for the heal's probes: the cut-off process
+/// asks for each once, one every [`PACE`] or more, so they last [`RECOVERY`] and then some.
+const USED_KEYS: usize = 400;
+
+/// One process of two cut off from Redis (a black hole, then refused connections) under `local`:
+/// two layers on two backends (two processes) share one Redis, `a` directly, `b` through the proxy;
+/// the quota is 10 a day.
+///
+/// While `b` is cut off: 15 requests from each process for one key are all answered within
+/// [`BOUND`]; `a`'s are decided by Redis (exactly 10 admitted), `b`'s by its local limiter (10 at
+/// most): the fleet admits at most N × the quota (N = 2, 20), and Redis counts only `a`'s 10.
+/// Meanwhile `a` uses up [`USED_KEYS`] more keys on Redis.
+///
+/// After the heal, `b` asks for each used-up key once, in turn (its local limiter has never seen
+/// them, so it admits each; only Redis refuses): `b` refuses one within [`RECOVERY`] of the heal,
+/// and every one after it (it is back on Redis for good), and its Redis refuses the shared key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_of_two_cut_off_under_local_admits_at_most_twice_the_quota() {
+    for fault in [Fault::BlackHole, Fault::Refused] {
+        let (server, proxy) = server_and_proxy(Path::Coalesced);
+        let direct = RedisBackend::builder()
+            .url(server.url())
+            .mode(RedisMode::Lua)
+            .timeout(TIMEOUT)
+            .connect()
+            .await
+            .unwrap();
+        let quota = Quota::per_day(10);
+        let a = app_on(direct, "api", quota, OnBackendError::Local);
+        let b = app(&proxy, Path::Coalesced, OnBackendError::Local, quota).await;
+        // Both decide on Redis: its key exists once a decision was made there.
+        for (app, user) in [(&a, "warm-a"), (&b, "warm-b")] {
+            assert_eq!(ask(app, user).await.status, StatusCode::OK);
+            assert_eq!(admitted_by_redis(&server, "api", user, 10), 1, "{fault:?}");
+        }
+        let used: Vec<String> = (0..USED_KEYS).map(|i| format!("used-{i}")).collect();
+        let ((a_shared, b_shared), a_used) = under(&proxy, fault, async {
+            let shared = ["shared".to_owned()];
+            let both = tokio::join!(clients_as(&a, &shared, 15), clients_as(&b, &shared, 15));
+            let mut using = Vec::new();
+            for _ in 0..10 {
+                using.extend(used.iter().cloned());
+            }
+            (both, at_once(&a, &using).await)
+        })
+        .await;
+        let healed = Instant::now();
+        let count = |answers: &[Answer]| {
+            answers
+                .iter()
+                .filter(|a| a.status == StatusCode::OK)
+                .count()
+        };
+        let (a_admitted, b_admitted) = (count(&a_shared), count(&b_shared));
+        let slowest = b_shared.iter().map(|a| a.took).max().unwrap();
+        eprintln!(
+            "{fault:?}: the shared key admitted {a_admitted} times by a (Redis), {b_admitted} by b (local), fleet {}; b's slowest answer {slowest:?}",
+            a_admitted + b_admitted
+        );
+        for answer in a_shared.iter().chain(&b_shared) {
+            assert!(answer.remaining.is_some(), "{fault:?}: {answer:?}");
+            assert!(
+                matches!(
+                    answer.status,
+                    StatusCode::OK | StatusCode::TOO_MANY_REQUESTS
+                ),
+                "{fault:?}: {answer:?}"
+            );
+            assert!(answer.took <= BOUND, "{fault:?}: {answer:?}");
+        }
+        assert_eq!(a_admitted, 10, "{fault:?}: a decides on Redis");
+        assert!(
+            b_admitted <= 10,
+            "{fault:?}: b's local limiter: {b_shared:?}"
+        );
+        assert!(a_admitted + b_admitted <= 2 * 10, "{fault:?}");
+        assert_eq!(admitted_by_redis(&server, "api", "shared", 10), 10);
+        assert_eq!(count(&a_used), 10 * USED_KEYS, "{fault:?}");
+
+        // Healed: b asks for each used-up key once until Redis refuses one.
+        let mut keys = used.iter();
+        let mut let_through = 0;
+        let first = loop {
+            let user = keys.next().unwrap_or_else(|| {
+                panic!(
+                    "{fault:?}: b admitted all {USED_KEYS} used-up keys, for {:?} after the heal",
+                    healed.elapsed()
+                )
+            });
+            let answer = ask(&b, user).await;
+            assert!(answer.remaining.is_some(), "{fault:?}: {answer:?}");
+            if answer.status == StatusCode::TOO_MANY_REQUESTS {
+                break healed.elapsed();
+            }
+            assert_eq!(answer.status, StatusCode::OK, "{fault:?}: {answer:?}");
+            let_through += 1;
+            assert!(
+                healed.elapsed() < RECOVERY,
+                "{fault:?}: b still decides alone {RECOVERY:?} after the heal"
+            );
+            tokio::time::sleep(PACE).await;
+        };
+        eprintln!(
+            "{fault:?}: b refused a key a used up {first:?} after the heal, having let {let_through} used-up keys through meanwhile"
+        );
+        for user in keys.by_ref().take(20) {
+            let answer = ask(&b, user).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{fault:?}: {user} after b was back on Redis: {answer:?}"
+            );
+        }
+        let answer = ask(&b, "shared").await;
+        assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{answer:?}");
+        assert_eq!(admitted_by_redis(&server, "api", "shared", 10), 10);
+    }
+}
