@@ -33,7 +33,10 @@
 //! - **Redis trouble is a policy, not an outage.** Each call has a timeout (100 ms by default). On an
 //!   error or a timeout the layer lets requests through, answers 503, or hands over to an in-memory
 //!   limiter with the same quotas, your choice. While Redis is down, calls fail at once instead of each
-//!   waiting for its timeout, and Redis is used again within half a second of coming back.
+//!   waiting for its timeout, and Redis is used again within half a second of coming back. The
+//!   failure contract (the page `failure` below, feature `redis`) lists each fault (slow, silent,
+//!   torn, reset, refused, frozen, full, failed over, one process cut off) with what the layer
+//!   does, how long it takes, what it may over-admit, and the test that proves it.
 //!
 //! # Adding a page
 //!
@@ -59,6 +62,7 @@ pages! {
     #[cfg(feature = "config")] configuration = "configuration.md";
     #[cfg(feature = "redis")] redis = "redis.md";
     #[cfg(feature = "redis")] redis_sizing = "redis_sizing.md";
+    #[cfg(feature = "redis")] failure = "failure.md";
     #[cfg(feature = "memory")] operations = "operations.md";
     #[cfg(feature = "memory")] observability = "observability.md";
     #[cfg(feature = "memory")] observability_admin = "observability_admin.md";
