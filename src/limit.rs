@@ -499,7 +499,7 @@ impl Limit {
     }
 
     /// With a cap on debt: a cost settled after the response
-    /// ([`Backend::settle`](crate::Backend::settle)) may push the key at most `units` past its
+    /// ([`Adjustment::Settle`](crate::backend::Adjustment::Settle)) may push the key at most `units` past its
     /// burst, so one runaway request cannot lock a key out for days. The default is one period's
     /// quota (`quota.count()`); 0 forgets any debt, as Gubernator's `DRAIN_OVER_LIMIT` does.
     ///

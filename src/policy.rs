@@ -790,7 +790,7 @@ impl<K> PolicyBuilder<K> {
     /// never a user who logs in.
     ///
     /// Exact under concurrency: a request takes its units when it is admitted, like any other, so
-    /// requests in flight count, and they are given back ([`Backend::refund`](crate::Backend::refund))
+    /// requests in flight count, and they are given back ([`Adjustment::Refund`](crate::backend::Adjustment::Refund))
     /// once the inner service answers with a status that does not count. However many requests are
     /// in flight, at most the quota's count of counted responses pass per period. A request whose
     /// response never comes (the service failed, or the client went away first) counts, whatever

@@ -51,8 +51,8 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Changes charges a request was admitted with, after its response: a refund, a settlement, a
     /// concurrency slot given back ([`Adjustment`]). `charges` are as the request was checked.
-    /// Must not block and never refuses. The default does nothing (and [`validate`]
-    /// (Backend::validate) should then refuse refunds and settlements).
+    /// Must not block and never refuses. The default does nothing (and
+    /// [`validate`](Backend::validate) should then refuse refunds and settlements).
     fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
         let _ = (charges, adjustment);
     }

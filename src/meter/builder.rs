@@ -25,8 +25,8 @@ impl<K> PolicyBuilder<K> {
     /// `RateLimit` fields: `"api";q=60;w=60, "api.tokens";q=100000;w=60`). One metered limit per
     /// policy; not with tiers, per-customer quotas, counting by outcome, delay nor budgets (the
     /// build says which). The policy's [`quota`](Self::quota) may be left out: then it limits
-    /// tokens only. The backend must settle ([`Backend::can_settle`](crate::Backend::can_settle):
-    /// memory and Redis do).
+    /// tokens only. The backend must settle ([`Backend::validate`](crate::Backend::validate) with
+    /// [`Uses::settles`](crate::backend::Uses): memory and Redis do).
     ///
     /// ```
     /// use tower_throttle::{key::Header, Estimate, Limit, Policy, Quota};

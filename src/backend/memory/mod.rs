@@ -70,7 +70,7 @@ const MAX_SHARDS: usize = 1024;
 /// 36 MB (`cargo bench --bench footprint`).
 ///
 /// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
-/// and [stacks of limits](Backend::check_all) (whose GCRA limits keep their TAT here, apart from
+/// and [stacks of limits](crate::backend::Charges::stack) (whose GCRA limits keep their TAT here, apart from
 /// the same limits checked alone) live in a second map with as many shards, each behind a mutex:
 /// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
 /// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
@@ -85,7 +85,7 @@ const MAX_SHARDS: usize = 1024;
 ///
 /// Entries are dropped when their state expires (the end of the window that still counts, the
 /// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
-/// concurrency entry as soon as its last request is [released](Backend::release). The general
+/// concurrency entry as soon as its last request is [released](crate::backend::Adjustment::Release). The general
 /// map has its own cap of `max_keys` entries (so the two stores together hold at most twice that):
 /// when a shard is full, it forgets about an eighth of its entries, those that use the smallest
 /// share of their limit, as the GCRA table does: the count in the current fixed window, the sliding
