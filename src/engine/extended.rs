@@ -94,199 +94,306 @@ where
         }
         None => (None, None),
     };
-    let mut prepared = prepare_read(&scope, key, parts, whole.as_deref()).await;
+    let mut prepared = scope.prepare_read(key, parts, whole.as_deref()).await;
     prepared.body = read;
     prepared
 }
 
-/// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
-async fn prepare_read<K, B>(
-    scope: &Scope<K, B>,
-    key: KeyAhead,
-    parts: Parts,
-    whole: Option<&[u8]>,
-) -> Prepared
+impl<K, B> Scope<K, B>
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let Scope {
-        shared,
-        table,
-        policy,
-        extras,
-    } = scope;
-    let (parts, key) = match key {
-        KeyAhead::Read(key) => (parts, key),
-        KeyAhead::Body => {
-            let field = extras.body.as_ref().and_then(|rule| rule.key.as_ref());
-            let key = match field {
-                Some(field) => whole
-                    .and_then(|body| field.key(&parts.headers, body))
-                    .ok_or_else(|| Missing::Expected(field.describe())),
-                None => Err(Missing::Expected("a key from the body".into())),
-            };
-            (parts, key)
-        }
-        KeyAhead::Async(async_key) => {
-            let (parts, found) = async_key.extract(parts).await;
-            let key = match found {
-                Found::Key(key) => Ok(key),
-                Found::Nothing => Err(Missing::Expected(async_key.what().to_owned())),
-                Found::TimedOut => {
-                    let why = format!("no key within {:?}", async_key.timeout_value());
-                    extras
-                        .log
-                        .record(extras.name(), "async key", &why, "the failure policy");
-                    Err(Missing::Late)
-                }
-            };
-            (parts, key)
-        }
-    };
-    let key = match steps::keyed(shared, table, *policy, key, RequestRef::of_parts(&parts)) {
-        Ok(key) => key,
-        Err(verdict) => return with_meter(answered(parts, verdict), extras),
-    };
-    decide(scope, key, (parts, whole)).await
-}
+    /// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
+    async fn prepare_read(&self, key: KeyAhead, parts: Parts, whole: Option<&[u8]>) -> Prepared {
+        let (shared, table, policy) = (&self.shared, &self.table, self.policy);
+        let extras = &self.extras;
+        let (parts, key) = match key {
+            KeyAhead::Read(key) => (parts, key),
+            KeyAhead::Body => {
+                let field = extras.body.as_ref().and_then(|rule| rule.key.as_ref());
+                let key = match field {
+                    Some(field) => whole
+                        .and_then(|body| field.key(&parts.headers, body))
+                        .ok_or_else(|| Missing::Expected(field.describe())),
+                    None => Err(Missing::Expected("a key from the body".into())),
+                };
+                (parts, key)
+            }
+            KeyAhead::Async(async_key) => {
+                let (parts, found) = async_key.extract(parts).await;
+                let key = match found {
+                    Found::Key(key) => Ok(key),
+                    Found::Nothing => Err(Missing::Expected(async_key.what().to_owned())),
+                    Found::TimedOut => {
+                        let why = format!("no key within {:?}", async_key.timeout_value());
+                        extras
+                            .log
+                            .record(extras.name(), "async key", &why, "the failure policy");
+                        Err(Missing::Late)
+                    }
+                };
+                (parts, key)
+            }
+        };
+        let key = match steps::keyed(shared, table, policy, key, RequestRef::of_parts(&parts)) {
+            Ok(key) => key,
+            Err(verdict) => return with_meter(answered(parts, verdict), extras),
+        };
+        self.decide(key, (parts, whole)).await
+    }
 
-/// After the access lists and the key: the quota, the ban, the backend and the verdict.
-async fn decide<K, B>(
-    scope: &Scope<K, B>,
-    key: Key,
-    (parts, whole): (Parts, Option<&[u8]>),
-) -> Prepared
-where
-    K: Send + Sync + 'static,
-    B: Backend,
-{
-    let Scope {
-        shared,
-        table,
-        extras,
-        ..
-    } = scope;
-    let policy = scope.policy;
-    let rules = table.policies[policy].compiled();
-    // Quotas with keys of their own: each limit's key, or the missing-key answer.
-    let (parts, limit_keys) = match extras.limit_keys.as_deref() {
-        None => (parts, None),
-        Some(specs) => {
-            let request = http::Request::from_parts(parts, ());
-            let count = rules.tiers()[0].limits.len();
-            let keys = steps::limit_keys(specs, count, &key, &request);
-            let (parts, ()) = request.into_parts();
-            match keys {
-                Ok(keys) => (parts, Some(keys)),
-                Err(missing) => {
-                    let request = RequestRef::of_parts(&parts);
-                    let verdict = steps::without_key(table, policy, missing, request);
-                    return answered(parts, verdict);
+    /// After the access lists and the key: the quota, the ban, the backend and the verdict.
+    async fn decide(&self, key: Key, (parts, whole): (Parts, Option<&[u8]>)) -> Prepared {
+        let (shared, table, policy) = (&self.shared, &self.table, self.policy);
+        let extras = &self.extras;
+        let rules = table.policies[policy].compiled();
+        // Quotas with keys of their own: each limit's key, or the missing-key answer.
+        let (parts, limit_keys) = match extras.limit_keys.as_deref() {
+            None => (parts, None),
+            Some(specs) => {
+                let request = http::Request::from_parts(parts, ());
+                let count = rules.tiers()[0].limits.len();
+                let keys = steps::limit_keys(specs, count, &key, &request);
+                let (parts, ()) = request.into_parts();
+                match keys {
+                    Ok(keys) => (parts, Some(keys)),
+                    Err(missing) => {
+                        let request = RequestRef::of_parts(&parts);
+                        let verdict = steps::without_key(table, policy, missing, request);
+                        return answered(parts, verdict);
+                    }
                 }
             }
+        };
+        let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
+            None => self.custom_quota(rules.cost(), &parts, &key).await,
+            Some(in_force) => match self.overridden(&key, &parts, in_force) {
+                Ok(custom) => custom,
+                Err(verdict) => return with_meter(answered(parts, verdict), extras),
+            },
+        };
+        let request = RequestRef::of_parts(&parts);
+        let custom_tier = custom.as_deref().map(|c| &c.rules);
+        let tier = match steps::tier_unless_banned(table, policy, custom_tier, &key, request) {
+            Ok(tier) => tier,
+            Err(banned) => return answered(parts, banned),
+        };
+        let cx = RequestContext {
+            policy: rules,
+            tier,
+            key: &key,
+            request,
+            custom: custom_tier,
+        };
+        let limits = steps::limits_of(table, policy, tier, custom.as_deref());
+        let asked = Instant::now();
+        // A metered limit reserves the request's estimate; the others take its cost.
+        let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
+        // The request's charges: a metered limit reserves the request's estimate, the others take its
+        // cost; an override's quota counts against the policy's key alone.
+        let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
+        let charges = match (&extras.metered, estimate) {
+            (Some(metered), Some(estimate)) => {
+                quantities[metered.position] = estimate;
+                Charges::stack(limits, &key, 0).with_quantities(&quantities[..limits.len()])
+            }
+            _ => match limit_keys.as_deref().filter(|_| custom.is_none()) {
+                Some(keys) => Charges::keyed(limits, keys, rules.cost()),
+                None => Charges::stack(limits, &key, rules.cost()),
+            },
+        };
+        let check = steps::ask(&shared.backend, charges);
+        let answer = if extras.shadows.is_empty() {
+            check.await
+        } else {
+            let (answer, shadowed) =
+                with_shadows(check, &shared.backend, &extras.shadows, &key, rules.cost()).await;
+            table.judge.shadowed(cx, &extras.shadows, shadowed);
+            answer
+        };
+        // What the backend took, and how long it counts there (the shortest `reset_after`): only that
+        // can be given back, and only until then. (A failed backend took nothing, whatever
+        // `OnBackendError` then does.)
+        let counts_for = match &answer {
+            Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
+            _ => None,
+        };
+        let verdict = steps::judged(&table.judge, cx, MEASURE_LATENCY.then_some(asked), answer);
+        let taken = Taken { asked, counts_for };
+        let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
+        if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
+            prepared.outcome = self
+                .metered(key, &taken, estimate)
+                .map(|guard| Box::new(OutcomeGuard::metered(guard)));
+            // The handler's meter, whether or not the backend took the reservation (it failed and
+            // the layer let the request through): the handler reports on it either way.
+            let meter = prepared
+                .outcome
+                .as_ref()
+                .and_then(|o| o.meter())
+                .unwrap_or_else(|| Meter::new(estimate));
+            prepared.parts.extensions.insert(meter);
         }
-    };
-    let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
-        None => custom_quota(scope, rules.cost(), &parts, &key).await,
-        Some(in_force) => match overridden(scope, &key, &parts, in_force) {
-            Ok(custom) => custom,
-            Err(verdict) => return with_meter(answered(parts, verdict), extras),
-        },
-    };
-    let request = RequestRef::of_parts(&parts);
-    let custom_tier = custom.as_deref().map(|c| &c.rules);
-    let tier = match steps::tier_unless_banned(table, policy, custom_tier, &key, request) {
-        Ok(tier) => tier,
-        Err(banned) => return answered(parts, banned),
-    };
-    let cx = RequestContext {
-        policy: rules,
-        tier,
-        key: &key,
-        request,
-        custom: custom_tier,
-    };
-    let limits = steps::limits_of(table, policy, tier, custom.as_deref());
-    let asked = Instant::now();
-    // A metered limit reserves the request's estimate; the others take its cost.
-    let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
-    // The request's charges: a metered limit reserves the request's estimate, the others take its
-    // cost; an override's quota counts against the policy's key alone.
-    let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
-    let charges = match (&extras.metered, estimate) {
-        (Some(metered), Some(estimate)) => {
-            quantities[metered.position] = estimate;
-            Charges::stack(limits, &key, 0).with_quantities(&quantities[..limits.len()])
-        }
-        _ => match limit_keys.as_deref().filter(|_| custom.is_none()) {
-            Some(keys) => Charges::keyed(limits, keys, rules.cost()),
-            None => Charges::stack(limits, &key, rules.cost()),
-        },
-    };
-    let check = steps::ask(&shared.backend, charges);
-    let answer = if extras.shadows.is_empty() {
-        check.await
-    } else {
-        let (answer, shadowed) =
-            with_shadows(check, &shared.backend, &extras.shadows, &key, rules.cost()).await;
-        table.judge.shadowed(cx, &extras.shadows, shadowed);
-        answer
-    };
-    // What the backend took, and how long it counts there (the shortest `reset_after`): only that
-    // can be given back, and only until then. (A failed backend took nothing, whatever
-    // `OnBackendError` then does.)
-    let counts_for = match &answer {
-        Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
-        _ => None,
-    };
-    let verdict = steps::judged(&table.judge, cx, MEASURE_LATENCY.then_some(asked), answer);
-    let taken = Taken { asked, counts_for };
-    let mut prepared = settle_later(scope, (tier, custom), key.clone(), &taken, verdict, parts);
-    if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
-        prepared.outcome = metered(scope, key, &taken, estimate)
-            .map(|guard| Box::new(OutcomeGuard::metered(guard)));
-        // The handler's meter, whether or not the backend took the reservation (it failed and
-        // the layer let the request through): the handler reports on it either way.
-        let meter = prepared
-            .outcome
-            .as_ref()
-            .and_then(|o| o.meter())
-            .unwrap_or_else(|| Meter::new(estimate));
-        prepared.parts.extensions.insert(meter);
+        prepared
     }
-    prepared
-}
 
-/// The guard that settles an admitted metered request's cost, if the backend took its
-/// reservation.
-fn metered<K, B>(scope: &Scope<K, B>, key: Key, taken: &Taken, estimate: u64) -> Option<MeterGuard>
-where
-    K: Send + Sync + 'static,
-    B: Backend,
-{
-    let rule = scope.extras.metered.as_ref()?;
-    taken.counts_for?;
-    let (shared, table, policy) = (scope.shared.clone(), scope.table.clone(), scope.policy);
-    let position = rule.position;
-    let settle: Settle = Box::new(move |delta, since| {
-        // Metered policies have one tier and no per-customer quota.
-        let limits = steps::limits_of(&table, policy, 0, None);
-        let mut deltas = [0i64; MAX_STACKED_QUOTAS];
-        deltas[position] = delta;
-        let since = since + CLOCK_MARGIN;
-        let deltas = &deltas[..limits.len()];
-        let charges = Charges::stack(limits, &key, 0);
-        shared
-            .backend
-            .adjust(charges, Adjustment::Settle { deltas, since });
-    });
-    Some(MeterGuard::new(
-        Meter::new(estimate),
-        rule,
-        settle,
-        taken.asked,
-    ))
+    /// The guard that settles an admitted metered request's cost, if the backend took its
+    /// reservation.
+    fn metered(&self, key: Key, taken: &Taken, estimate: u64) -> Option<MeterGuard> {
+        let rule = self.extras.metered.as_ref()?;
+        taken.counts_for?;
+        let (shared, table, policy) = (self.shared.clone(), self.table.clone(), self.policy);
+        let position = rule.position;
+        let settle: Settle = Box::new(move |delta, since| {
+            // Metered policies have one tier and no per-customer quota.
+            let limits = steps::limits_of(&table, policy, 0, None);
+            let mut deltas = [0i64; MAX_STACKED_QUOTAS];
+            deltas[position] = delta;
+            let since = since + CLOCK_MARGIN;
+            let deltas = &deltas[..limits.len()];
+            let charges = Charges::stack(limits, &key, 0);
+            shared
+                .backend
+                .adjust(charges, Adjustment::Settle { deltas, since });
+        });
+        Some(MeterGuard::new(
+            Meter::new(estimate),
+            rule,
+            settle,
+            taken.asked,
+        ))
+    }
+
+    /// What an admitted request takes along: its concurrency slot's release, and the guard that gives
+    /// its units back if its response does not count.
+    fn settle_later(
+        &self,
+        (tier, custom): (usize, Option<Arc<CustomerQuota>>),
+        key: Key,
+        taken: &Taken,
+        verdict: Verdict,
+        parts: Parts,
+    ) -> Prepared {
+        let (shared, table, policy) = (&self.shared, &self.table, self.policy);
+        let extras = &self.extras;
+        let refundable = match &verdict {
+            Verdict::Admit(_) => taken.counts_for,
+            Verdict::Reject(_) => None,
+        };
+        let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
+        let outcome = match (refundable, &extras.outcome) {
+            (Some(counts_for), Some(rule)) => {
+                let (shared, table) = (shared.clone(), table.clone());
+                let cost = table.policies[policy].cost();
+                let refund: Refund = Box::new(move |since| {
+                    let limits = steps::limits_of(&table, policy, tier, custom.as_deref());
+                    let charges = Charges::stack(limits, &key, cost);
+                    shared.backend.adjust(charges, Adjustment::Refund { since });
+                });
+                Some(Box::new(OutcomeGuard::new(
+                    rule.clone(),
+                    refund,
+                    taken.asked,
+                    counts_for,
+                )))
+            }
+            _ => None,
+        };
+        Prepared {
+            parts,
+            verdict,
+            release,
+            outcome,
+            body: None,
+        }
+    }
+
+    /// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
+    /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its timeout
+    /// gives `None` too (logged).
+    async fn custom_quota(
+        &self,
+        cost: u64,
+        parts: &Parts,
+        key: &Key,
+    ) -> Option<Arc<CustomerQuota>> {
+        let (shared, extras) = (&self.shared, &self.extras);
+        let quota = if let Some(quota_from) = &extras.quota_from {
+            quota_from(parts, key)?
+        } else if let Some(resolver) = &extras.resolver {
+            let fallback = "the policy's quota";
+            match within(extras.resolve_timeout, resolver.resolve(parts, key)).await {
+                Some(Ok(quota)) => quota?,
+                Some(Err(error)) => {
+                    extras.log.record(
+                        extras.name(),
+                        "quota resolver",
+                        &error.to_string(),
+                        fallback,
+                    );
+                    return None;
+                }
+                None => {
+                    let why = format!("no quota within {:?}", extras.resolve_timeout);
+                    extras
+                        .log
+                        .record(extras.name(), "quota resolver", &why, fallback);
+                    return None;
+                }
+            }
+        } else {
+            return None;
+        };
+        extras.custom_tier(Namespace::Customer, quota, cost, |limit| {
+            shared
+                .backend
+                .validate(std::slice::from_ref(limit), Uses::NOTHING_MORE)
+        })
+    }
+
+    /// What an override or a timed ban in force makes of a request: `Ok` with the quota it is decided
+    /// under (`None`: the policy's own; a quota override on a metered policy, which cannot take one,
+    /// or a ban in a dry run), `Err` with its verdict (let through unlimited, or refused).
+    #[allow(clippy::result_large_err)] // as `steps::keyed`'s
+    fn overridden(
+        &self,
+        key: &Key,
+        parts: &Parts,
+        in_force: InForce,
+    ) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
+        let (shared, table, policy, extras) =
+            (&self.shared, &self.table, self.policy, &self.extras);
+        let rules = table.policies[policy].compiled();
+        let request = RequestRef::of_parts(parts);
+        match in_force {
+            InForce::Override(Override::Quota(quota))
+                if extras.metered.is_none() && extras.limit_keys.is_none() =>
+            {
+                let validate = |l: &_| {
+                    shared
+                        .backend
+                        .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
+                };
+                Ok(extras.custom_tier(Namespace::Override, quota, rules.cost(), validate))
+            }
+            InForce::Override(Override::Quota(_)) => Ok(None),
+            InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
+            InForce::Override(Override::Blocked) => {
+                Err(table.judge.forbidden(Some(rules), Some(key), request))
+            }
+            InForce::Banned(rest) => {
+                let cx = RequestContext {
+                    policy: rules,
+                    tier: steps::tier(table, policy, request),
+                    key,
+                    request,
+                    custom: None,
+                };
+                table.judge.banned_for(cx, rest).map_or(Ok(None), Err)
+            }
+        }
+    }
 }
 
 /// What the backend took for a request: when it was asked, and how long the units count there
@@ -294,148 +401,6 @@ where
 struct Taken {
     asked: Instant,
     counts_for: Option<std::time::Duration>,
-}
-
-/// What an admitted request takes along: its concurrency slot's release, and the guard that gives
-/// its units back if its response does not count.
-fn settle_later<K, B>(
-    scope: &Scope<K, B>,
-    (tier, custom): (usize, Option<Arc<CustomerQuota>>),
-    key: Key,
-    taken: &Taken,
-    verdict: Verdict,
-    parts: Parts,
-) -> Prepared
-where
-    K: Send + Sync + 'static,
-    B: Backend,
-{
-    let Scope {
-        shared,
-        table,
-        policy,
-        extras,
-    } = scope;
-    let policy = *policy;
-    let refundable = match &verdict {
-        Verdict::Admit(_) => taken.counts_for,
-        Verdict::Reject(_) => None,
-    };
-    let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
-    let outcome = match (refundable, &extras.outcome) {
-        (Some(counts_for), Some(rule)) => {
-            let (shared, table) = (shared.clone(), table.clone());
-            let cost = table.policies[policy].cost();
-            let refund: Refund = Box::new(move |since| {
-                let limits = steps::limits_of(&table, policy, tier, custom.as_deref());
-                let charges = Charges::stack(limits, &key, cost);
-                shared.backend.adjust(charges, Adjustment::Refund { since });
-            });
-            Some(Box::new(OutcomeGuard::new(
-                rule.clone(),
-                refund,
-                taken.asked,
-                counts_for,
-            )))
-        }
-        _ => None,
-    };
-    Prepared {
-        parts,
-        verdict,
-        release,
-        outcome,
-        body: None,
-    }
-}
-
-/// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
-/// enforced; `None` for the policy's own. A resolver that fails or takes longer than its timeout
-/// gives `None` too (logged).
-async fn custom_quota<K, B>(
-    scope: &Scope<K, B>,
-    cost: u64,
-    parts: &Parts,
-    key: &Key,
-) -> Option<Arc<CustomerQuota>>
-where
-    B: Backend,
-{
-    let (shared, extras) = (&scope.shared, &scope.extras);
-    let quota = if let Some(quota_from) = &extras.quota_from {
-        quota_from(parts, key)?
-    } else if let Some(resolver) = &extras.resolver {
-        let fallback = "the policy's quota";
-        match within(extras.resolve_timeout, resolver.resolve(parts, key)).await {
-            Some(Ok(quota)) => quota?,
-            Some(Err(error)) => {
-                extras.log.record(
-                    extras.name(),
-                    "quota resolver",
-                    &error.to_string(),
-                    fallback,
-                );
-                return None;
-            }
-            None => {
-                let why = format!("no quota within {:?}", extras.resolve_timeout);
-                extras
-                    .log
-                    .record(extras.name(), "quota resolver", &why, fallback);
-                return None;
-            }
-        }
-    } else {
-        return None;
-    };
-    extras.custom_tier(Namespace::Customer, quota, cost, |limit| {
-        shared
-            .backend
-            .validate(std::slice::from_ref(limit), Uses::NOTHING_MORE)
-    })
-}
-
-/// What an override or a timed ban in force makes of a request: `Ok` with the quota it is decided
-/// under (`None`: the policy's own; a quota override on a metered policy, which cannot take one,
-/// or a ban in a dry run), `Err` with its verdict (let through unlimited, or refused).
-#[allow(clippy::result_large_err)] // as `steps::keyed`'s
-fn overridden<K, B: Backend>(
-    scope: &Scope<K, B>,
-    key: &Key,
-    parts: &Parts,
-    in_force: InForce,
-) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
-    let (shared, table, policy, extras) =
-        (&scope.shared, &scope.table, scope.policy, &scope.extras);
-    let rules = table.policies[policy].compiled();
-    let request = RequestRef::of_parts(parts);
-    match in_force {
-        InForce::Override(Override::Quota(quota))
-            if extras.metered.is_none() && extras.limit_keys.is_none() =>
-        {
-            let validate = |l: &_| {
-                shared
-                    .backend
-                    .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
-            };
-            Ok(extras.custom_tier(Namespace::Override, quota, rules.cost(), validate))
-        }
-        InForce::Override(Override::Quota(_)) => Ok(None),
-        InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
-        InForce::Override(Override::Blocked) => {
-            Err(table.judge.forbidden(Some(rules), Some(key), request))
-        }
-        InForce::Banned(rest) => {
-            let cx = RequestContext {
-                policy: rules,
-                tier: steps::tier(table, policy, request),
-                key,
-                request,
-                custom: None,
-            };
-            table.judge.banned_for(cx, rest).map_or(Ok(None), Err)
-        }
-    }
 }
 
 /// A request of a metered policy let through before the backend (an allowed client, a request

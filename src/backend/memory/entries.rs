@@ -253,18 +253,15 @@ pub(super) fn decide_one(
     }
 }
 
-/// Takes `quantity` units admitted at most `since` ago out of `state` (at `now` on the backend's
-/// clock, `unix_now` in Unix time). Whatever cannot be proven to be the request's own is left: a
-/// refund may give back less than the request took, never more. Expiries are left as they are
-/// (later than needed at worst).
+/// Takes `quantity` units of `limit` for `key`, admitted at most `since` ago, out of `state` (at
+/// `now` on the backend's clock, `unix_now` in Unix time). Whatever cannot be proven to be the
+/// request's own is left: a refund may give back less than the request took, never more. Expiries
+/// are left as they are (later than needed at worst).
 pub(super) fn refund_state(
     state: &mut State,
-    limit: &Limit,
-    key: &Key,
-    now: u64,
-    unix_now: u64,
-    quantity: u64,
-    since: u64,
+    (limit, key): (&Limit, &Key),
+    (now, unix_now): (u64, u64),
+    (quantity, since): (u64, u64),
 ) {
     let admitted_after = unix_now.saturating_sub(since);
     match (state, limit.gcra(), limit.window()) {

@@ -266,7 +266,8 @@ impl GeneralStore {
         let cells = &mut occupied.get_mut().cells;
         for (position, limit) in limits.iter().enumerate() {
             if let Some(cell) = cells.find_mut(limit.id(), position as u8) {
-                refund_state(&mut cell.state, limit, key, now, unix_now, quantity, since);
+                let at = (now, unix_now);
+                refund_state(&mut cell.state, (limit, key), at, (quantity, since));
             }
         }
     }
