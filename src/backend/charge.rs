@@ -33,7 +33,8 @@ use crate::limit::Limit;
 /// let key = Key::from("alice");
 /// let charges = Charges::stack(&stack, &key, 1);
 /// assert_eq!(charges.limits().len(), 2);
-/// assert_eq!((charges.key(1), charges.quantity(1)), (&key, 1));
+/// assert_eq!((charges.key(1), charges.quantity(1)), (Some(&key), 1));
+/// assert_eq!(charges.key(2), None);
 ///
 /// let tokens = [3, 250];
 /// let metered = charges.with_quantities(&tokens);
@@ -106,11 +107,11 @@ impl<'a> Charges<'a> {
         self.limits
     }
 
-    /// The key of charge `i` (the last key given, if `keyed` was given fewer).
-    pub fn key(&self, i: usize) -> &'a Key {
+    /// The key of charge `i`; `None` past the keys given.
+    pub fn key(&self, i: usize) -> Option<&'a Key> {
         match self.keys {
-            Keys::Same(key) => key,
-            Keys::Each(keys) => &keys[i.min(keys.len().saturating_sub(1))],
+            Keys::Same(key) => (i < self.limits.len()).then_some(key),
+            Keys::Each(keys) => keys.get(i),
         }
     }
 

@@ -344,16 +344,18 @@ impl Backend for RedisBackend {
 
     // Peeks and resets on the keys the charges are decided on (admin.rs).
     fn peek(&self, charges: Charges<'_>) -> PeekFuture {
-        match charges.keys() {
-            Some(keys) => self.state.peek_keyed(charges.limits(), keys),
-            None => self.state.peek(charges.limits(), charges.key(0)),
+        match (charges.keys(), charges.same_key()) {
+            (Some(keys), _) => self.state.peek_keyed(charges.limits(), keys),
+            (None, Some(key)) => self.state.peek(charges.limits(), key),
+            (None, None) => decide::check::failed("no key to peek at"),
         }
     }
 
     fn reset(&self, charges: Charges<'_>) -> ResetFuture {
-        match charges.keys() {
-            Some(keys) => self.state.reset_keyed(charges.limits(), keys),
-            None => self.state.reset(charges.limits(), charges.key(0)),
+        match (charges.keys(), charges.same_key()) {
+            (Some(keys), _) => self.state.reset_keyed(charges.limits(), keys),
+            (None, Some(key)) => self.state.reset(charges.limits(), key),
+            (None, None) => decide::check::failed("no key to reset"),
         }
     }
 
