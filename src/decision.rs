@@ -28,11 +28,12 @@ pub struct Decision {
     pub retry_after: Option<Duration>,
     /// How long until the key is back to its full limit.
     pub reset_after: Duration,
-    /// The key is banned by a [`Penalty`](crate::policy::Penalty): `retry_after` is the end of the ban.
+    /// The key is banned by a [`Penalty`](crate::policy::Penalty): `retry_after` is the end of the
+    /// ban.
     pub banned: bool,
     /// For an admitted request under a [concurrency](crate::Algorithm::Concurrency) limit, the
-    /// token its slot is given back with ([`Adjustment::Release`](crate::backend::Adjustment)); `None`
-    /// otherwise, and for backends that need no token.
+    /// token its slot is given back with ([`Adjustment::Release`](crate::backend::Adjustment));
+    /// `None` otherwise, and for backends that need no token.
     pub lease: Option<u64>,
 }
 
@@ -94,9 +95,9 @@ impl Decision {
         self
     }
 
-    /// Several decisions taken together (a [stack of quotas](crate::PolicyBuilder::quotas)), as one:
-    /// admitted when every one admits; otherwise the rejecting decision that waits longest (never, if
-    /// one can never pass) and the fewest remaining. `None` for no decisions.
+    /// Several decisions taken together (a [stack of quotas](crate::PolicyBuilder::quotas)), as
+    /// one: admitted when every one admits; otherwise the rejecting decision that waits longest
+    /// (never, if one can never pass) and the fewest remaining. `None` for no decisions.
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let tightest = decisions.iter().min_by_key(|d| d.remaining)?;
         let mut out = *tightest;
@@ -117,8 +118,9 @@ impl Decision {
         Some(out)
     }
 
-    /// `retry_after` in whole seconds for a `Retry-After` header: rounded **up**, and at least 1, so
-    /// that a client is never told to retry at once. A request that can never pass gets `reset_after`.
+    /// `retry_after` in whole seconds for a `Retry-After` header: rounded **up**, and at least 1,
+    /// so that a client is never told to retry at once. A request that can never pass gets
+    /// `reset_after`.
     pub fn retry_after_secs(&self) -> u64 {
         ceil_secs(self.retry_after.unwrap_or(self.reset_after)).max(1)
     }

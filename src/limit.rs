@@ -21,7 +21,8 @@ use crate::{gcra, window};
 #[non_exhaustive]
 pub enum Algorithm {
     /// The generic cell rate algorithm, exactly as redis-cell's `CL.THROTTLE`: `count` per `period`
-    /// at a steady rate, with bursts of `max_burst + 1`. O(1) state per key. `"gcra"` in the config.
+    /// at a steady rate, with bursts of `max_burst + 1`. O(1) state per key. `"gcra"` in the
+    /// config.
     #[default]
     Gcra,
     /// At most `count` in any window of length `period`, exactly; O(count) state per key.
@@ -80,14 +81,15 @@ impl FromStr for Algorithm {
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// The largest `count` of a [sliding log](Algorithm::SlidingLog) or a
-/// [concurrency](Algorithm::Concurrency) limit: their state is one entry per unit (8 bytes in memory,
-/// a sorted-set member of about 100 bytes on Redis, where a request's units are also written in one
-/// atomic call), so larger counts belong to the sliding window, whose state is two counters.
+/// [concurrency](Algorithm::Concurrency) limit: their state is one entry per unit (8 bytes in
+/// memory, a sorted-set member of about 100 bytes on Redis, where a request's units are also
+/// written in one atomic call), so larger counts belong to the sliding window, whose state is two
+/// counters.
 pub const MAX_UNIT_COUNT: u64 = 10_000;
 
 /// The most limits one stack may hold: one policy's (or one tier's) stacked quotas. Every backend
-/// decides a stack in one atomic step (memory: one lock over a fixed array; Redis: one script call on
-/// one key's hash slot), so the size is bounded for all of them here, once.
+/// decides a stack in one atomic step (memory: one lock over a fixed array; Redis: one script call
+/// on one key's hash slot), so the size is bounded for all of them here, once.
 pub const MAX_STACKED_QUOTAS: usize = 16;
 
 /// The rule every stack obeys, whatever the backend: 1 to [`MAX_STACKED_QUOTAS`] limits, and no
@@ -142,7 +144,8 @@ pub struct Limit {
     params: Params,
     penalty: Option<Penalty>,
     budget: Option<Budget>,
-    /// How far past its burst a settled cost may push the key, in units (`None`: one period's quota).
+    /// How far past its burst a settled cost may push the key, in units (`None`: one period's
+    /// quota).
     max_debt: Option<u64>,
 }
 
@@ -344,10 +347,10 @@ impl Limit {
         }
     }
 
-    /// nginx's `burst` with `delay`: a GCRA request beyond the quota's burst waits up to `max_delay`
-    /// for its turn instead of being rejected (the middleware sleeps, without blocking a thread);
-    /// beyond that it is rejected. The slot is taken when the request is admitted, so waiting never
-    /// takes it twice. Only for [`Algorithm::Gcra`]; `max_delay` is at most an hour.
+    /// nginx's `burst` with `delay`: a GCRA request beyond the quota's burst waits up to
+    /// `max_delay` for its turn instead of being rejected (the middleware sleeps, without blocking
+    /// a thread); beyond that it is rejected. The slot is taken when the request is admitted, so
+    /// waiting never takes it twice. Only for [`Algorithm::Gcra`]; `max_delay` is at most an hour.
     pub fn with_delay(mut self, max_delay: Duration) -> Result<Self, BuildError> {
         let invalid =
             |why: &str| BuildError::Invalid(format!("policy {:?}: max_delay {why}", self.name()));
@@ -398,10 +401,10 @@ impl Limit {
         }
     }
 
-    /// How long a Redis concurrency lease lives if its process dies before releasing it (default 60 s,
-    /// [`DEFAULT_LEASE`]). A live process renews the leases of its requests in flight every third of
-    /// this, so a shorter lease frees a dead process's slots sooner, at the cost of more renewals.
-    /// Only for [`Algorithm::Concurrency`].
+    /// How long a Redis concurrency lease lives if its process dies before releasing it (default 60
+    /// s, [`DEFAULT_LEASE`]). A live process renews the leases of its requests in flight every
+    /// third of this, so a shorter lease frees a dead process's slots sooner, at the cost of more
+    /// renewals. Only for [`Algorithm::Concurrency`].
     pub fn with_lease(mut self, lease: Duration) -> Result<Self, BuildError> {
         match &mut self.params {
             Params::Concurrency { lease: l, .. } if !lease.is_zero() && lease <= MAX_DELAY * 24 => {
@@ -499,9 +502,10 @@ impl Limit {
     }
 
     /// With a cap on debt: a cost settled after the response
-    /// ([`Adjustment::Settle`](crate::backend::Adjustment::Settle)) may push the key at most `units` past its
-    /// burst, so one runaway request cannot lock a key out for days. The default is one period's
-    /// quota (`quota.count()`); 0 forgets any debt, as Gubernator's `DRAIN_OVER_LIMIT` does.
+    /// ([`Adjustment::Settle`](crate::backend::Adjustment::Settle)) may push the key at most
+    /// `units` past its burst, so one runaway request cannot lock a key out for days. The default
+    /// is one period's quota (`quota.count()`); 0 forgets any debt, as Gubernator's
+    /// `DRAIN_OVER_LIMIT` does.
     ///
     /// ```
     /// use tower_throttle::{Limit, Quota};
@@ -619,8 +623,9 @@ pub(crate) fn validate_name(name: &str) -> Result<(), BuildError> {
     })
 }
 
-/// Gives each distinct name a small number, so the memory backend keys its map by a `u32` instead of
-/// hashing and storing the name with every key. Names come from configuration, so the table stays small.
+/// Gives each distinct name a small number, so the memory backend keys its map by a `u32` instead
+/// of hashing and storing the name with every key. Names come from configuration, so the table
+/// stays small.
 fn intern(name: &str) -> u32 {
     static NAMES: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
     let mut names = NAMES

@@ -153,9 +153,9 @@ impl<'a> RequestRef<'a> {
     }
 }
 
-/// A key as logs show it: rendered, or with [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys)
-/// its pseudonym under the layer's [`RedactionSecret`] (`hmac:` and 16 hex digits). Computed only
-/// when an event is written.
+/// A key as logs show it: rendered, or with
+/// [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys) its pseudonym under the layer's
+/// [`RedactionSecret`] (`hmac:` and 16 hex digits). Computed only when an event is written.
 #[derive(Clone, Copy)]
 pub(crate) struct ShownKey<'a> {
     pub(crate) key: &'a Key,
@@ -215,9 +215,9 @@ impl PolicyMetrics {
     }
 }
 
-/// Per-policy reporting state: metric handles, made on first use (so that a recorder installed after
-/// the layer was built, but before traffic, still gets them), and whether the policy has warned of a
-/// request without a key yet.
+/// Per-policy reporting state: metric handles, made on first use (so that a recorder installed
+/// after the layer was built, but before traffic, still gets them), and whether the policy has
+/// warned of a request without a key yet.
 #[derive(Default)]
 pub(crate) struct Reporter {
     #[cfg(feature = "metrics")]

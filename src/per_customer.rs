@@ -151,8 +151,8 @@ impl fmt::Debug for ExtrasBuilder {
 
 impl ExtrasBuilder {
     /// The extras of a policy named `name` whose default limit is `template`, or `None` when it
-    /// uses none (its requests then take the fast path).
-    /// `metered`: the rule of its metered limit, if it has one (built by [`MeteredBuilder`](crate::meter::MeteredBuilder)).
+    /// uses none (its requests then take the fast path). `metered`: the rule of its metered limit,
+    /// if it has one (built by [`MeteredBuilder`](crate::meter::MeteredBuilder)).
     pub(crate) fn build(
         self,
         name: &str,
@@ -241,7 +241,8 @@ impl ExtrasBuilder {
 /// The per-request features of one policy.
 pub(crate) struct PolicyExtras {
     name: Arc<str>,
-    /// The policy's default limit: per-customer limits take its algorithm, delay, lease and penalty.
+    /// The policy's default limit: per-customer limits take its algorithm, delay, lease and
+    /// penalty.
     template: Limit,
     pub(crate) quota_from: Option<Arc<QuotaFn>>,
     pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,

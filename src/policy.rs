@@ -473,9 +473,9 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// Near the limit: an admitted request that leaves one of the policy's limits used to at least
-    /// `ratio` (0.8: 80 %) is counted in `throttle_requests_near_limit_total{policy,limit}` and shown
-    /// to the layer's [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook — a warning
-    /// before the 429. A ratio outside (0, 1] is an error when the policy is built.
+    /// `ratio` (0.8: 80 %) is counted in `throttle_requests_near_limit_total{policy,limit}` and
+    /// shown to the layer's [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook — a
+    /// warning before the 429. A ratio outside (0, 1] is an error when the policy is built.
     pub fn near_limit(mut self, ratio: f64) -> Self {
         self.near_limit = Some(ratio);
         self
@@ -498,11 +498,11 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// Where a fixed window's boundaries fall: on the Unix epoch for every key (the default, "100 per
-    /// calendar minute"), or at each key's own phase ([`WindowStart::PerKey`]), derived from a
+    /// Where a fixed window's boundaries fall: on the Unix epoch for every key (the default, "100
+    /// per calendar minute"), or at each key's own phase ([`WindowStart::PerKey`]), derived from a
     /// hash of the key (stable; every process and backend agree), so that the keys' windows do not
-    /// all reset at one instant. Only for [`Algorithm::FixedWindow`]:
-    /// another algorithm with `PerKey` is an error when the policy is built.
+    /// all reset at one instant. Only for [`Algorithm::FixedWindow`]: another algorithm with
+    /// `PerKey` is an error when the policy is built.
     pub fn window_start(mut self, start: WindowStart) -> Self {
         self.window_start = start;
         self
@@ -790,11 +790,12 @@ impl<K> PolicyBuilder<K> {
     /// never a user who logs in.
     ///
     /// Exact under concurrency: a request takes its units when it is admitted, like any other, so
-    /// requests in flight count, and they are given back ([`Adjustment::Refund`](crate::backend::Adjustment::Refund))
-    /// once the inner service answers with a status that does not count. However many requests are
-    /// in flight, at most the quota's count of counted responses pass per period. A request whose
-    /// response never comes (the service failed, or the client went away first) counts, whatever
-    /// `counts` says. Not for concurrency limits; see the guide (`guide::policies`) for the details.
+    /// requests in flight count, and they are given back
+    /// ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)) once the inner service answers
+    /// with a status that does not count. However many requests are in flight, at most the quota's
+    /// count of counted responses pass per period. A request whose response never comes (the
+    /// service failed, or the client went away first) counts, whatever `counts` says. Not for
+    /// concurrency limits; see the guide (`guide::policies`) for the details.
     ///
     /// ```
     /// use tower_throttle::{key::Header, Policy, Quota};

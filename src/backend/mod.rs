@@ -2,8 +2,9 @@
 //! and the in-memory backend (the Redis backend is in [`redis`](crate::redis)).
 //!
 //! A [`Backend`] answers one question, asynchronously: may these [`Charges`] (each `quantity` units
-//! for a `key` under a `limit`) pass now, all together? The [`Limit`](crate::Limit) carries the algorithm and the quota, so that one backend serves every
-//! policy of an application and later algorithms fit without changing the trait.
+//! for a `key` under a `limit`) pass now, all together? The [`Limit`](crate::Limit) carries the
+//! algorithm and the quota, so that one backend serves every policy of an application and later
+//! algorithms fit without changing the trait.
 //!
 //! The backends, one directory or file each: `memory/` (one process: the GCRA table and the
 //! general store), `redis/` (many processes: `CL.THROTTLE` or Lua, one server or a Cluster), and

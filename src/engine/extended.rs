@@ -1,8 +1,9 @@
 //! The extended path of [`Throttle`]: requests of a policy that uses per-customer quotas, an async
-//! key, a key or estimate from the body, quotas with keys of their own, or counting by outcome. One boxed future runs the steps of `steps.rs` with the async ones
-//! between them (the key, the quota) and makes the verdict; the response future then carries it out
-//! with the guard that settles the request by its outcome. Policies that use none of this never come
-//! here: for them the whole cost is the `Option` check in `Throttle::call`.
+//! key, a key or estimate from the body, quotas with keys of their own, or counting by outcome. One
+//! boxed future runs the steps of `steps.rs` with the async ones between them (the key, the quota)
+//! and makes the verdict; the response future then carries it out with the guard that settles the
+//! request by its outcome. Policies that use none of this never come here: for them the whole cost
+//! is the `Option` check in `Throttle::call`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,8 +44,8 @@ pub(crate) struct Prepared {
 /// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
 pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
-/// A request's key as `Throttle::call` hands it over: read (a synchronous key, or what was expected of
-/// it), or to be found by the policy's async key.
+/// A request's key as `Throttle::call` hands it over: read (a synchronous key, or what was expected
+/// of it), or to be found by the policy's async key.
 pub(crate) enum KeyAhead {
     Read(Result<Key, Missing>),
     Async(AsyncKey),
@@ -190,8 +191,8 @@ where
         let asked = Instant::now();
         // A metered limit reserves the request's estimate; the others take its cost.
         let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
-        // The request's charges: a metered limit reserves the request's estimate, the others take its
-        // cost; an override's quota counts against the policy's key alone.
+        // The request's charges: a metered limit reserves the request's estimate, the others take
+        // its cost; an override's quota counts against the policy's key alone.
         let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
         let charges = match (&extras.metered, estimate) {
             (Some(metered), Some(estimate)) => {
@@ -212,8 +213,8 @@ where
             table.judge.shadowed(cx, &extras.shadows, shadowed);
             answer
         };
-        // What the backend took, and how long it counts there (the shortest `reset_after`): only that
-        // can be given back, and only until then. (A failed backend took nothing, whatever
+        // What the backend took, and how long it counts there (the shortest `reset_after`): only
+        // that can be given back, and only until then. (A failed backend took nothing, whatever
         // `OnBackendError` then does.)
         let counts_for = match &answer {
             Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
@@ -265,8 +266,8 @@ where
         ))
     }
 
-    /// What an admitted request takes along: its concurrency slot's release, and the guard that gives
-    /// its units back if its response does not count.
+    /// What an admitted request takes along: its concurrency slot's release, and the guard that
+    /// gives its units back if its response does not count.
     fn settle_later(
         &self,
         (tier, custom): (usize, Option<Arc<CustomerQuota>>),
@@ -310,8 +311,8 @@ where
     }
 
     /// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
-    /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its timeout
-    /// gives `None` too (logged).
+    /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its
+    /// timeout gives `None` too (logged).
     async fn custom_quota(
         &self,
         cost: u64,
@@ -352,9 +353,10 @@ where
         })
     }
 
-    /// What an override or a timed ban in force makes of a request: `Ok` with the quota it is decided
-    /// under (`None`: the policy's own; a quota override on a metered policy, which cannot take one,
-    /// or a ban in a dry run), `Err` with its verdict (let through unlimited, or refused).
+    /// What an override or a timed ban in force makes of a request: `Ok` with the quota it is
+    /// decided under (`None`: the policy's own; a quota override on a metered policy, which cannot
+    /// take one, or a ban in a dry run), `Err` with its verdict (let through unlimited, or
+    /// refused).
     #[allow(clippy::result_large_err)] // as `steps::keyed`'s
     fn overridden(
         &self,

@@ -63,8 +63,8 @@ impl Admitted {
 }
 
 /// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
-/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the longest
-/// of a stack's) and corrects each delayed limit's `remaining` in place.
+/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the
+/// longest of a stack's) and corrects each delayed limit's `remaining` in place.
 pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
     let mut delay = Duration::ZERO;
     if !tier.delays {
@@ -164,8 +164,9 @@ impl<'a> RequestContext<'a> {
     }
 }
 
-/// Turns backend decisions into verdicts: the part of the layer's configuration that a request needs
-/// after its backend has answered, so a pending response future holds this and not the backend.
+/// Turns backend decisions into verdicts: the part of the layer's configuration that a request
+/// needs after its backend has answered, so a pending response future holds this and not the
+/// backend.
 pub(crate) struct Judge {
     pub(super) settings: Settings,
     /// The limiter of `OnBackendError::Local`.

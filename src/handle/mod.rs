@@ -247,8 +247,8 @@ impl TierKeyState {
 }
 
 impl PolicyState {
-    /// The default tier's state, combined over its stack ([`TierKeyState::combined`]): what an admin
-    /// endpoint shows (`limit`, `remaining`, `reset_after`, `banned`).
+    /// The default tier's state, combined over its stack ([`TierKeyState::combined`]): what an
+    /// admin endpoint shows (`limit`, `remaining`, `reset_after`, `banned`).
     pub fn summary(&self) -> KeyState {
         self.tiers[0].combined()
     }

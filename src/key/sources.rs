@@ -213,8 +213,8 @@ pub struct PathParam {
 }
 
 impl PathParam {
-    /// The parameter `name` of the route `pattern` (axum 0.8 syntax); an error if the pattern is not
-    /// a route or has no such parameter.
+    /// The parameter `name` of the route `pattern` (axum 0.8 syntax); an error if the pattern is
+    /// not a route or has no such parameter.
     pub fn new(pattern: &str, name: &str) -> Result<Self, String> {
         PathParam::unbound(name).bind(pattern)
     }

@@ -32,7 +32,8 @@ use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::outcome::OutcomeGuard;
 use crate::policy::CompiledPolicy;
 
-/// A request whose decision is remote: what carrying out its verdict needs once the decision arrives.
+/// A request whose decision is remote: what carrying out its verdict needs once the decision
+/// arrives.
 pub(crate) struct AwaitingVerdict<S, ReqBody> {
     /// The service that `poll_ready` readied, called once (and only if) the request is admitted.
     pub(crate) service: S,
@@ -163,8 +164,8 @@ where
         }
     }
 
-    /// Carries out `verdict` on `request`: a refusal is answered; an admitted request calls `service`
-    /// (which `poll_ready` readied) at once, or after its delay.
+    /// Carries out `verdict` on `request`: a refusal is answered; an admitted request calls
+    /// `service` (which `poll_ready` readied) at once, or after its delay.
     pub(crate) fn carry_out(
         verdict: Verdict,
         service: &mut S,
@@ -177,7 +178,8 @@ where
         Self::carry_out_counted(verdict, service, request, release, None)
     }
 
-    /// [`carry_out`](Self::carry_out), with the guard that settles a request counted by its outcome.
+    /// [`carry_out`](Self::carry_out), with the guard that settles a request counted by its
+    /// outcome.
     pub(crate) fn carry_out_counted(
         verdict: Verdict,
         service: &mut S,

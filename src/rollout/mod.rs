@@ -53,7 +53,8 @@ impl RolloutBuilder {
     }
 }
 
-/// The share of a policy's keys whose refusals are enforced: 0 in a dry run, else its stage's, else 1.
+/// The share of a policy's keys whose refusals are enforced: 0 in a dry run, else its stage's, else
+/// 1.
 pub(crate) fn share(dry_run: bool, staged: Option<Staged>) -> f64 {
     match (dry_run, staged) {
         (true, _) => 0.0,

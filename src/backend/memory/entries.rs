@@ -32,8 +32,8 @@ pub(super) struct Cell {
     pub(super) limit: u32,
     /// The limit's place in its stack, so that a stack may hold two limits of one name.
     pub(super) position: u8,
-    /// When the state becomes the same as no state, on the backend's clock (`now_nanos`); `u64::MAX`
-    /// while requests are in flight, 0 for a state never written.
+    /// When the state becomes the same as no state, on the backend's clock (`now_nanos`);
+    /// `u64::MAX` while requests are in flight, 0 for a state never written.
     pub(super) expires_at: u64,
     pub(super) state: State,
 }

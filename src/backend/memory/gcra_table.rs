@@ -1,5 +1,6 @@
 //! The GCRA table: one TAT per key for lone GCRA limits, in shards behind read-write locks, with
-//! its sweeps and its eviction at the cap (the [`MemoryBackend`](super::MemoryBackend) docs say why).
+//! its sweeps and its eviction at the cap (the [`MemoryBackend`](super::MemoryBackend) docs say
+//! why).
 
 use std::hash::BuildHasher;
 use std::net::IpAddr;
@@ -106,7 +107,8 @@ impl GcraTable {
             // A key already in the table: the read lock, and a compare-and-swap of its TAT. Two
             // threads may read the clock in one order and swap in the other; the later swap then
             // decides on the newer TAT with an older `now`, which can only be stricter (never an
-            // extra admission), and the exact-count test in tests/memory/backend.rs holds under contention.
+            // extra admission), and the exact-count test in tests/memory/backend.rs holds under
+            // contention.
             let table = shard
                 .table
                 .read()
@@ -221,8 +223,9 @@ impl GcraTable {
         K::table_mut(shard).insert_unique(hash, record, rehash);
     }
 
-    /// `key`'s state under the GCRA limit `id` at `clock`'s now, for a quantity of 0 and of 1,
-    /// read under the shard's read lock: nothing is written (see [`KeyState`](crate::backend::KeyState)).
+    /// `key`'s state under the GCRA limit `id` at `clock`'s now, for a quantity of 0 and of 1, read
+    /// under the shard's read lock: nothing is written (see
+    /// [`KeyState`](crate::backend::KeyState)).
     pub(super) fn peek<C: Clock>(
         &self,
         params: &gcra::GcraParams,
@@ -337,16 +340,17 @@ struct Shard {
 }
 
 /// One live key. The TAT is atomic so that a decision for a key already in the table needs only the
-/// shard's read lock (concurrent decisions compare-and-swap it); inserting and removing keys take the
-/// write lock.
+/// shard's read lock (concurrent decisions compare-and-swap it); inserting and removing keys take
+/// the write lock.
 struct TatRecord<K> {
     tat: AtomicU64,
     limit: u32,
     key: K,
 }
 
-/// The three tables of a shard, by the form a key is stored in: IPv4 keys as 4 bytes (a 16-byte record),
-/// IPv6 keys as 16 bytes (32-byte record), anything else as the [`Key`] itself (40-byte record).
+/// The three tables of a shard, by the form a key is stored in: IPv4 keys as 4 bytes (a 16-byte
+/// record), IPv6 keys as 16 bytes (32-byte record), anything else as the [`Key`] itself (40-byte
+/// record).
 trait RecordKey: Sized + PartialEq {
     fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64;
     /// Whether `hot` is this key.
@@ -446,8 +450,8 @@ fn write(shard: &RwLock<GcraShard>) -> RwLockWriteGuard<'_, GcraShard> {
     shard.write().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Drops the records whose TAT has passed, and gives memory back after a burst of keys (an attack, a
-/// spike) has expired.
+/// Drops the records whose TAT has passed, and gives memory back after a burst of keys (an attack,
+/// a spike) has expired.
 fn sweep_table<K: RecordKey>(
     table: &mut HashTable<TatRecord<K>>,
     now: u64,
@@ -511,7 +515,8 @@ impl GcraShard {
             ..
         } = self;
         let tolerances = &*tolerances;
-        // How much of its tolerance a key has used: near 0 = almost fully refilled, 1 = just limited.
+        // How much of its tolerance a key has used: near 0 = almost fully refilled, 1 = just
+        // limited.
         let used = |tat: u64, id: u32| {
             let tolerance = tolerances
                 .iter()

@@ -1,8 +1,8 @@
-//! Several keys in one decision (charges with keys of their own, [`Charges::keyed`](crate::backend::Charges::keyed)): each
-//! limit keeps its state in the general store under its own key, and the decision locks every
-//! shard involved (in the order of their indices), decides every limit on its stored state, and
-//! writes the new states only if every limit admits. Exact: nothing else can touch those entries
-//! between the decision and the write.
+//! Several keys in one decision (charges with keys of their own,
+//! [`Charges::keyed`](crate::backend::Charges::keyed)): each limit keeps its state in the general
+//! store under its own key, and the decision locks every shard involved (in the order of their
+//! indices), decides every limit on its stored state, and writes the new states only if every limit
+//! admits. Exact: nothing else can touch those entries between the decision and the write.
 
 use std::hash::BuildHasher;
 use std::sync::MutexGuard;

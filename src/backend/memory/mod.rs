@@ -70,8 +70,9 @@ const MAX_SHARDS: usize = 1024;
 /// 36 MB (`cargo bench --bench footprint`).
 ///
 /// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
-/// and [stacks of limits](crate::backend::Charges::stack) (whose GCRA limits keep their TAT here, apart from
-/// the same limits checked alone) live in a second map with as many shards, each behind a mutex:
+/// and [stacks of limits](crate::backend::Charges::stack) (whose GCRA limits keep their TAT here,
+/// apart from the same limits checked alone) live in a second map with as many shards, each behind
+/// a mutex:
 /// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
 /// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
 /// time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an 80-byte
@@ -85,16 +86,17 @@ const MAX_SHARDS: usize = 1024;
 ///
 /// Entries are dropped when their state expires (the end of the window that still counts, the
 /// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
-/// concurrency entry as soon as its last request is [released](crate::backend::Adjustment::Release). The general
-/// map has its own cap of `max_keys` entries (so the two stores together hold at most twice that):
-/// when a shard is full, it forgets about an eighth of its entries, those that use the smallest
-/// share of their limit, as the GCRA table does: the count in the current fixed window, the sliding
-/// window's weighted estimate or the sliding log's live units over the limit's `count`, a GCRA
-/// limit's TAT ahead of now over its tolerance, and for a stack the largest share over its limits.
-/// A client being limited uses its whole limit, so it is forgotten last, even if its state expires
-/// before a lighter client's (every fixed-window entry of one window expires together). It
-/// never forgets an entry with requests in flight, since that would admit more than the limit: a
-/// shard full of them grows past the cap, by at most the number of keys with requests in flight.
+/// concurrency entry as soon as its last request is
+/// [released](crate::backend::Adjustment::Release). The general map has its own cap of `max_keys`
+/// entries (so the two stores together hold at most twice that): when a shard is full, it forgets
+/// about an eighth of its entries, those that use the smallest share of their limit, as the GCRA
+/// table does: the count in the current fixed window, the sliding window's weighted estimate or the
+/// sliding log's live units over the limit's `count`, a GCRA limit's TAT ahead of now over its
+/// tolerance, and for a stack the largest share over its limits. A client being limited uses its
+/// whole limit, so it is forgotten last, even if its state expires before a lighter client's (every
+/// fixed-window entry of one window expires together). It never forgets an entry with requests in
+/// flight, since that would admit more than the limit: a shard full of them grows past the cap, by
+/// at most the number of keys with requests in flight.
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///
@@ -157,8 +159,8 @@ impl MemoryBackend<QuantaClock> {
             .expect("the default configuration is valid")
     }
 
-    /// A builder to set the cap and the clock (default [`QuantaClock`]; [`SystemClock`](crate::clock::SystemClock)
-    /// reads std's `Instant` instead).
+    /// A builder to set the cap and the clock (default [`QuantaClock`];
+    /// [`SystemClock`](crate::clock::SystemClock) reads std's `Instant` instead).
     pub fn builder() -> MemoryBackendBuilder<QuantaClock> {
         MemoryBackendBuilder {
             // Made (and calibrated) by `build`, only if `clock` does not replace it.
@@ -185,7 +187,8 @@ pub struct MemoryBackendBuilder<C> {
 }
 
 impl<C: Clock> MemoryBackendBuilder<C> {
-    /// The most keys held at once (default 1,000,000). See [`MemoryBackend`] for what happens at the cap.
+    /// The most keys held at once (default 1,000,000). See [`MemoryBackend`] for what happens at
+    /// the cap.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -320,7 +323,8 @@ impl<C: Clock> MemoryBackend<C> {
         }
     }
 
-    /// A stack of limits on one key, decided together (see [`decide_charges`](Self::decide_charges)).
+    /// A stack of limits on one key, decided together (see
+    /// [`decide_charges`](Self::decide_charges)).
     fn decide_all(
         &self,
         limits: &[Limit],
@@ -547,8 +551,8 @@ mod tests {
     #[test]
     fn a_window_is_never_decided_before_a_time_its_shard_used() {
         let s = 1_000_000_000;
-        // One request a second per fixed window; the second reading is 2 ns behind the first, across
-        // the boundary at 1 s.
+        // One request a second per fixed window; the second reading is 2 ns behind the first,
+        // across the boundary at 1 s.
         let clock = Readings(std::sync::Mutex::new(vec![s + 1, s - 1]));
         let backend = MemoryBackend::builder().clock(clock).build().unwrap();
         let limit = Limit::with_algorithm(

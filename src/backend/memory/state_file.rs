@@ -94,9 +94,9 @@ impl<C: Clock> MemoryBackend<C> {
     /// Reads a file [`save_state`](Self::save_state) wrote and gives each key of `limits` the state
     /// it had (for a lone GCRA limit the later of it and what this backend holds, so a key never
     /// gains; for the others, only a key this backend has not seen yet). Keys of limits not in
-    /// `limits` are dropped (a stack's, of those of its limits that are gone), and so are keys
-    /// that refilled since. Returns how many keys it restored. A file that is not a state file, or is damaged
-    /// anywhere, is an error and restores nothing.
+    /// `limits` are dropped (a stack's, of those of its limits that are gone), and so are keys that
+    /// refilled since. Returns how many keys it restored. A file that is not a state file, or is
+    /// damaged anywhere, is an error and restores nothing.
     pub fn load_state(&self, path: impl AsRef<Path>, limits: &[Limit]) -> io::Result<usize> {
         let text = fs::read_to_string(path)?;
         let records =
@@ -148,7 +148,8 @@ impl<C: Clock> MemoryBackend<C> {
     }
 }
 
-/// A backend that may be the memory backend: what [`Config::save_state`](crate::config::Config::save_state) writes from.
+/// A backend that may be the memory backend: what
+/// [`Config::save_state`](crate::config::Config::save_state) writes from.
 #[cfg(feature = "config")]
 pub trait AsMemory {
     /// The memory backend, if this is one.

@@ -43,11 +43,12 @@ pub use self::health::memory::MemoryReport;
 pub use self::health::report::{RedisHealth, RedisNodeHealth};
 pub use self::wire::mode::RedisMode;
 
-/// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua script,
-/// on one server, behind Sentinel or on a Cluster. Every decision is one atomic call on the client's
-/// keys (`prefix:policy:{key}`), bounded by the [timeout](RedisBackendBuilder::timeout); a failure
-/// reaches the layer as a [`BackendError`] ([`OnBackendError`](crate::OnBackendError) decides). The
-/// [Redis guide](crate::guide::redis) tells how it decides, fails over and reports its health.
+/// A [`Backend`] on Redis: `CL.THROTTLE` (the redis-cell module) or an equivalent atomic Lua
+/// script, on one server, behind Sentinel or on a Cluster. Every decision is one atomic call on the
+/// client's keys (`prefix:policy:{key}`), bounded by the [timeout](RedisBackendBuilder::timeout); a
+/// failure reaches the layer as a [`BackendError`] ([`OnBackendError`](crate::OnBackendError)
+/// decides). The [Redis guide](crate::guide::redis) tells how it decides, fails over and reports
+/// its health.
 #[derive(Clone)]
 pub struct RedisBackend {
     state: Arc<RedisState>,
@@ -199,7 +200,8 @@ impl RedisBackend {
     }
 
     /// The Redis key that holds `key`'s state under `limit`: [`redis_key`](Self::redis_key) for the
-    /// GCRA, with a suffix per algorithm for the others (the [layout](crate::guide::redis#key-layout)).
+    /// GCRA, with a suffix per algorithm for the others (the
+    /// [layout](crate::guide::redis#key-layout)).
     pub fn state_key(&self, limit: &Limit, key: &Key) -> String {
         self.state.state_key(limit, key)
     }

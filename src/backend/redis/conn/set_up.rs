@@ -56,7 +56,8 @@ impl SetUpError {
 
 /// Sets up `conn` for `state`'s mode (see the module docs); loading `gcra.lua` (and
 /// `gcra_batch.lua` when checks are coalesced) spares the first decision a `NOSCRIPT`, which costs
-/// two more round trips: on a slow link, more than the timeout (issue 50). What detection found is recorded last.
+/// two more round trips: on a slow link, more than the timeout (issue 50). What detection found is
+/// recorded last.
 pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), SetUpError> {
     let mode = state.detector.set_up_mode();
     let detect = "run COMMAND INFO (to detect redis-cell)";

@@ -136,14 +136,15 @@ impl RedisState {
         })
     }
 
-    /// [`Backend::peek`](crate::Backend::peek) of charges with keys of their own: the peek script on the keys
-    /// [`check_keyed`](Self::check_keyed) decides (one slot: one call).
+    /// [`Backend::peek`](crate::Backend::peek) of charges with keys of their own: the peek script
+    /// on the keys [`check_keyed`](Self::check_keyed) decides (one slot: one call).
     pub(crate) fn peek_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> PeekFuture {
         self.peek_call(limits, || self.keyed_call(limits, keys, 0, 0))
     }
 
-    /// [`Backend::reset`](crate::Backend::reset) of charges with keys of their own: one `DEL` of the keys
-    /// [`check_keyed`](Self::check_keyed) decides (one slot), and this process's deny cache.
+    /// [`Backend::reset`](crate::Backend::reset) of charges with keys of their own: one `DEL` of
+    /// the keys [`check_keyed`](Self::check_keyed) decides (one slot), and this process's deny
+    /// cache.
     pub(crate) fn reset_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> ResetFuture {
         let call = match self.keyed_call(limits, keys, 0, 0) {
             Ok(call) if !limits.is_empty() => call,

@@ -36,7 +36,8 @@ pub(crate) fn failed<T: Send + 'static>(why: impl Into<String>) -> Guarded<T> {
 }
 
 impl RedisState {
-    /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits script.
+    /// One limit: the GCRA on `gcra.lua` or `CL.THROTTLE`, any other algorithm on the limits
+    /// script.
     pub(crate) fn check(
         self: &Arc<Self>,
         limit: &Limit,
@@ -128,9 +129,10 @@ impl RedisState {
         self.send_limits(self.limits_call(limits, key, quantity, each.map(<[u64]>::to_vec), token))
     }
 
-    /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds only
-    /// rejections that last until their retry time whatever others do: a fixed window's, a sliding
-    /// log's for one unit (its oldest leaves first). The others may free up before: Redis decides.
+    /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds
+    /// only rejections that last until their retry time whatever others do: a fixed window's, a
+    /// sliding log's for one unit (its oldest leaves first). The others may free up before: Redis
+    /// decides.
     fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> DecisionFuture {
         // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
         let fingerprint = match (limit.algorithm(), limit.window()) {
@@ -176,7 +178,8 @@ impl RedisState {
                     .hold(state_key, token, quantity.min(count), lease);
                 return Ok(decision);
             }
-            // With a penalty box every rejection must reach Redis to count as a strike; a ban holds.
+            // With a penalty box every rejection must reach Redis to count as a strike; a ban
+            // holds.
             let cacheable = !decision.allowed && (!penalty || decision.banned);
             if let (true, Some((period, count)), Some(deny)) =
                 (cacheable, fingerprint, state.deny.as_ref())
@@ -247,7 +250,8 @@ impl RedisState {
     }
 
     /// The limits script's call (`quantity` units each, or `each[i]`, named by `token`), or why it
-    /// cannot. The first limit's penalty takes the GCRA path's keys (a ban holds for any algorithm).
+    /// cannot. The first limit's penalty takes the GCRA path's keys (a ban holds for any
+    /// algorithm).
     pub(crate) fn limits_call(
         &self,
         limits: &[Limit],
@@ -272,7 +276,8 @@ impl RedisState {
         let conn = &mut conn;
         // To Lua: peeks and quantities beyond the limit (redis-cell 0.2.2 writes a key without
         // expiry for the first, and overflows into a TAT that crashes the server for the second),
-        // quotas with no whole-second form, and penalty boxes (struck atomically with the decision).
+        // quotas with no whole-second form, and penalty boxes (struck atomically with the
+        // decision).
         match args.cell {
             Some(cell)
                 if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>

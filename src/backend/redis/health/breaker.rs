@@ -15,8 +15,8 @@ use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::error::BackendError;
 
-/// Fails calls at once while Redis is unreachable, rather than each at its timeout (circuit.rs). One
-/// server's only: on a Cluster each primary has its own ([`ClusterNodes`]), picked by the slot.
+/// Fails calls at once while Redis is unreachable, rather than each at its timeout (circuit.rs).
+/// One server's only: on a Cluster each primary has its own ([`ClusterNodes`]), picked by the slot.
 pub(crate) struct Breaker {
     /// False on a Cluster: every call is admitted, and failures open nothing.
     enabled: bool,
@@ -271,8 +271,8 @@ mod tests {
         RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
     }
 
-    /// A timeout after the key's node answered `TRYAGAIN` (to any task) is the migrating slot's: the
-    /// node's breaker stays closed. Without it, a timeout opens it.
+    /// A timeout after the key's node answered `TRYAGAIN` (to any task) is the migrating slot's:
+    /// the node's breaker stays closed. Without it, a timeout opens it.
     #[tokio::test(start_paused = true)]
     async fn a_timeout_after_tryagain_is_the_migrating_slots() {
         let clock = Clock::new();

@@ -113,8 +113,8 @@ struct Lane {
 impl Lane {
     /// Whether the waiting checks make a batch worth sending while another is in flight: as many as
     /// in flight, or as the last to answer held. A batch's callers come back together, so batches
-    /// settle at half the callers, two in flight (one call per ~25 checks at 50 callers, against ~16
-    /// with whatever waited; BENCHMARKS.md, 8); a lone check after a lone check leaves at once.
+    /// settle at half the callers, two in flight (one call per ~25 checks at 50 callers, against
+    /// ~16 with whatever waited; BENCHMARKS.md, 8); a lone check after a lone check leaves at once.
     fn full(&self) -> bool {
         self.waiting.len() >= self.flying.max(self.last_size)
     }

@@ -78,7 +78,8 @@ pub(crate) struct Args {
     /// How far ahead a stored TAT is read as it is ([`ceiling`]).
     pub(crate) ceiling: u64,
     pub(crate) limit: u64,
-    /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second form.
+    /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second
+    /// form.
     pub(crate) cell: Option<CellArgs>,
 }
 
@@ -176,7 +177,8 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
     if secs == 0 || secs > max / NANOS || scaled_count == 0 || scaled_count > max {
         return None;
     }
-    // redis-cell divides the period by the count in nanoseconds, like Quota::validate: same interval.
+    // redis-cell divides the period by the count in nanoseconds, like Quota::validate: same
+    // interval.
     let cell_interval = secs * NANOS / scaled_count;
     if Some(cell_interval as u64) != limit.gcra().map(|p| p.emission_interval()) {
         return None;
@@ -397,8 +399,8 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
     .map_err(BuildError::Invalid)
 }
 
-/// Whether the Redis backend can enforce `limits` together (`Backend::validate` of a stack); in a stack
-/// the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
+/// Whether the Redis backend can enforce `limits` together (`Backend::validate` of a stack); in a
+/// stack the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
     for limit in limits {
