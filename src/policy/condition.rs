@@ -326,6 +326,64 @@ mod tests {
     }
 
     #[test]
+    fn a_port_is_dropped_only_when_it_is_digits_and_an_ipv6_literal_keeps_its_brackets() {
+        let hosts = |values: &[&str]| {
+            let uri = Uri::from_static("/");
+            let mut map = HeaderMap::new();
+            for value in values {
+                map.append(HOST, HeaderValue::from_str(value).unwrap());
+            }
+            hosts_of(&uri, &map).map(str::to_owned).collect::<Vec<_>>()
+        };
+        assert_eq!(hosts(&["a.org:8080"]), ["a.org"]);
+        assert_eq!(hosts(&["a.org."]), ["a.org"]);
+        assert_eq!(hosts(&["a.org.:80"]), ["a.org"]);
+        assert_eq!(hosts(&["[::1]:8080"]), ["[::1]"]);
+        assert_eq!(hosts(&["[::1]"]), ["[::1]"]);
+        assert_eq!(hosts(&["[2001:db8::1]"]), ["[2001:db8::1]"]);
+        // Not a port: the value stays whole (and matches no host name).
+        assert_eq!(hosts(&["a.org:http"]), ["a.org:http"]);
+        assert_eq!(hosts(&[":8080"]), [":8080"]);
+        assert_eq!(hosts(&["a.org", "b.org:1"]), ["a.org", "b.org"]);
+        let uri = Uri::from_static("http://[::1]:8080/x");
+        assert_eq!(
+            hosts_of(&uri, &HeaderMap::new()).collect::<Vec<_>>(),
+            ["[::1]"]
+        );
+
+        let a = || Condition::host("a.org");
+        assert!(holds(a(), "/", &[("host", "a.org:443")]));
+        assert!(!holds(a(), "/", &[("host", "a.org:http")]));
+        assert!(!holds(a(), "/", &[("host", "a.org:4a")]));
+        assert!(!holds(
+            Condition::host("*.a.org"),
+            "/",
+            &[("host", "x.a.org:x1")]
+        ));
+    }
+
+    #[test]
+    fn a_wildcard_needs_a_label_before_its_suffix_and_hosts_are_ascii() {
+        let any = || Condition::host("*.example.com");
+        // The suffix alone, leading dot included, is not under it.
+        assert!(!holds(any(), "/", &[("host", ".example.com")]));
+        assert!(!holds(any(), "/", &[("host", ".example.com:80")]));
+        assert!(holds(any(), "/", &[("host", "x.example.com")]));
+        assert!(!holds(any(), "/", &[("host", "com")]));
+        // A host that is not ASCII never reaches the comparison: the URI refuses it, and a `Host`
+        // header with such bytes is not text (it matches no pattern, and nothing panics).
+        assert!("http://\u{e9}.example.com/".parse::<Uri>().is_err());
+        assert!(!holds(any(), "/", &[]));
+        let mut map = HeaderMap::new();
+        map.append(
+            HOST,
+            HeaderValue::from_bytes("\u{e9}\u{e9}.example.com".as_bytes()).unwrap(),
+        );
+        let rule = any().into_rule().unwrap();
+        assert!(!rule.holds(&Uri::from_static("/"), &map));
+    }
+
+    #[test]
     fn query_parameters_match_decoded_and_any_of_a_repeated_one() {
         let free = || Condition::query("plan", "free plan");
         assert!(holds(free(), "/?plan=free+plan", &[]));
@@ -342,6 +400,17 @@ mod tests {
             "/?plan=b",
             &[]
         ));
+    }
+
+    #[test]
+    fn a_name_of_pluses_alone_is_decoded_too() {
+        // `+` is a space in a query (as axum's `Query` reads it), even when the name has nothing
+        // else: the shortcut that skips decoding must not skip it.
+        assert!(holds(Condition::query(" ", "1"), "/?+=1", &[]));
+        assert!(holds(Condition::query_present("  "), "/?a=1&++", &[]));
+        assert!(!holds(Condition::query_present("+"), "/?+=1", &[]));
+        // A `%` without two hex digits after it stays as it is.
+        assert!(holds(Condition::query_present("%"), "/?%=1", &[]));
     }
 
     #[test]
