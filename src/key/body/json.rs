@@ -5,7 +5,7 @@
 //! is not valid JSON (bad UTF-8, a lone surrogate, a trailing comma, text after the value) has no
 //! value, as the application would reject it.
 
-/// Deeper documents are refused (serde_json's default recursion limit).
+/// Documents nested this deep are refused (serde_json's default recursion limit: 127 levels read).
 pub(crate) const MAX_DEPTH: usize = 128;
 
 /// A scalar found at the path.
@@ -125,10 +125,10 @@ impl Parser<'_> {
         Some(())
     }
 
-    /// Runs `inside` one level deeper, refusing documents nested past [`MAX_DEPTH`].
+    /// Runs `inside` one level deeper, refusing documents nested [`MAX_DEPTH`] deep.
     fn nested(&mut self, inside: impl FnOnce(&mut Self) -> Option<()>) -> Option<()> {
         self.depth += 1;
-        if self.depth > MAX_DEPTH {
+        if self.depth >= MAX_DEPTH {
             return None;
         }
         let result = inside(self);
@@ -427,5 +427,127 @@ mod tests {
         assert_eq!(at(&ok, "u"), s("a"));
         let objects = format!("{}\"u\":1{}", "{\"a\":".repeat(200), "}".repeat(200));
         assert_eq!(at(&objects, "u"), None);
+    }
+
+    #[test]
+    fn a_login_body_keeps_its_key_beside_true_false_and_null() {
+        let login =
+            r#"{"username":"alice","password":"pw","remember":true,"otp":null,"sso":false}"#;
+        assert_eq!(at(login, "username"), s("alice"));
+        for v in ["true", "false", "null"] {
+            let doc = format!(r#"{{"a":[{v},{v}],"u":"k","b":{v}}}"#);
+            assert_eq!(at(&doc, "u"), s("k"), "{doc}");
+        }
+        // A literal cut short, misspelt or run on is not JSON: no key.
+        for v in ["t", "tru", "fals", "nul", "True", "nulll", "truefalse"] {
+            let doc = format!(r#"{{"u":"k","v":{v}}}"#);
+            assert_eq!(at(&doc, "u"), None, "{doc}");
+        }
+    }
+
+    #[test]
+    fn every_short_escape_decodes_to_its_character() {
+        assert_eq!(
+            at(r#"{"u":"a\b\f\n\r\t\"\\\/z"}"#, "u"),
+            s("a\u{8}\u{c}\n\r\t\"\\/z")
+        );
+        for (escape, plain) in [("b", "\u{8}"), ("f", "\u{c}"), ("r", "\r"), ("t", "\t")] {
+            let doc = format!(r#"{{"u":"x\{escape}"}}"#);
+            assert_eq!(at(&doc, "u"), s(&format!("x{plain}")), "{doc}");
+            // In a member's name too.
+            let doc = format!(r#"{{"x\{escape}":"k"}}"#);
+            assert_eq!(
+                find(doc.as_bytes(), &[format!("x{plain}").into()]),
+                s("k"),
+                "{doc}"
+            );
+        }
+    }
+
+    #[test]
+    fn nesting_is_capped_where_serde_json_caps_it() {
+        // The key's object is one level; arrays inside it take the others.
+        let arrays = |levels: usize| {
+            let inner = levels - 1;
+            format!(
+                r#"{{"u":"a","x":{}{}}}"#,
+                "[".repeat(inner),
+                "]".repeat(inner)
+            )
+        };
+        // The key at the deepest level.
+        let objects = |levels: usize| {
+            let doc = format!(r#"{}"k"{}"#, r#"{"a":"#.repeat(levels), "}".repeat(levels));
+            find(doc.as_bytes(), &vec!["a".into(); levels])
+        };
+        assert_eq!(at(&arrays(MAX_DEPTH - 1), "u"), s("a"));
+        assert_eq!(objects(MAX_DEPTH - 1), s("k"));
+        assert_eq!(at(&arrays(MAX_DEPTH), "u"), None);
+        assert_eq!(objects(MAX_DEPTH), None);
+        for levels in [1, 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1] {
+            let doc = arrays(levels);
+            let read = serde_json::from_str::<serde_json::Value>(&doc).is_ok();
+            assert_eq!(at(&doc, "u").is_some(), read, "{levels} levels");
+        }
+        // Depth is how deep, not how many: siblings do not add up.
+        let siblings = format!(r#"{{"u":"a","x":[{}]}}"#, vec!["[[{}]]"; 1000].join(","));
+        assert_eq!(at(&siblings, "u"), s("a"));
+        let members = format!(
+            r#"{{"u":"a",{}}}"#,
+            (0..300)
+                .map(|i| format!(r#""m{i}":{{"n":[]}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(at(&members, "u"), s("a"));
+    }
+
+    #[test]
+    fn a_document_has_a_key_exactly_where_serde_json_reads_it() {
+        for v in [
+            "true",
+            "false",
+            "null",
+            "t",
+            "tru",
+            "nul",
+            "True",
+            "nulll",
+            "[true,false,null]",
+            r#""\b\f\n\r\t\"\\\/""#,
+            r#""\a""#,
+            r#""\u00e9\ud83d\ude00""#,
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800\u0041""#,
+            r#""\u00g1""#,
+            "0",
+            "-0",
+            "1.5e-3",
+            "01",
+            "1.",
+            "-",
+            ".5",
+            "1e",
+            "1E+",
+            "[]",
+            "{}",
+            "[1,]",
+            "[,1]",
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            r#"{"a":}"#,
+            "[1 2]",
+            r#""a"#,
+            "\"\u{1}\"",
+        ] {
+            let doc = format!(r#"{{"u":"k","v":{v}}}"#);
+            let read = serde_json::from_str::<serde_json::Value>(&doc).is_ok();
+            assert_eq!(
+                at(&doc, "u"),
+                read.then(|| Scalar::Str("k".into())),
+                "{doc}"
+            );
+        }
     }
 }
