@@ -611,4 +611,309 @@ mod tests {
         // Installing the bans kept the overrides, and the other way round.
         assert_eq!(overrides.overrides_of("api").len(), 1);
     }
+
+    #[test]
+    fn an_address_pattern_counts_toward_the_bound_too() {
+        let overrides = Overrides::new(None);
+        // One pattern of addresses (compared by rendering), then byte-string patterns up to the
+        // bound: the last of those is left out.
+        let mut fields = vec![field("!10.0.*", Override::Blocked)];
+        fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Unlimited)));
+        overrides.install("overrides:api", 1, &fields);
+        let entries = overrides.snapshot.load().policies["api"].clone();
+        assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
+        assert!(!overrides.has_room("api", false, "more_*"));
+        let now = SystemTime::now();
+        let found = |key: &Key| match overrides.find("api", key, now) {
+            Some(InForce::Override(o)) => Some(o),
+            _ => None,
+        };
+        assert_eq!(
+            found(&Key::from_ip([10, 0, 3, 4].into())),
+            Some(Override::Blocked)
+        );
+        let last_kept = Key::from(format!("p{}_x", MAX_PATTERNS - 2));
+        assert_eq!(found(&last_kept), Some(Override::Unlimited));
+        assert_eq!(found(&Key::from(format!("p{}_x", MAX_PATTERNS - 1))), None);
+    }
+
+    #[test]
+    fn a_ban_ends_at_its_end_and_stands_without_an_override() {
+        let overrides = Overrides::new(None);
+        // Whole milliseconds, as the records keep it.
+        let until = decode_until(&super::super::encode_until(
+            SystemTime::now() + Duration::from_secs(60),
+        ))
+        .unwrap();
+        overrides.install(
+            "bans:api",
+            1,
+            &[(
+                "eve".into(),
+                until
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis()
+                    .to_string(),
+            )],
+        );
+        let eve = Key::from("eve");
+        let just_before = until - Duration::from_millis(1);
+        assert_eq!(
+            overrides.find("api", &eve, just_before),
+            Some(InForce::Banned(Duration::from_millis(1)))
+        );
+        assert_eq!(
+            overrides.bans_of("api", just_before),
+            [("eve".to_owned(), until)]
+        );
+        // At its end it is over, for a request and in the listing alike.
+        assert_eq!(overrides.find("api", &eve, until), None);
+        assert!(overrides.bans_of("api", until).is_empty());
+        assert_eq!(overrides.both("api", &eve, until), (None, None));
+        assert_eq!(
+            overrides.both("api", &eve, just_before),
+            (None, Some(Duration::from_millis(1)))
+        );
+        assert_eq!(overrides.both("web", &eve, just_before), (None, None));
+        assert!(overrides.touches("api"));
+    }
+
+    #[test]
+    fn both_shows_the_override_and_the_ban_apart() {
+        let overrides = Overrides::new(None);
+        let now = SystemTime::now();
+        overrides.install("overrides:api", 1, &[field("bob", Override::Unlimited)]);
+        overrides.install(
+            "bans:api",
+            2,
+            &[(
+                "bob".into(),
+                super::super::encode_until(now + Duration::from_secs(30)),
+            )],
+        );
+        let (o, ban) = overrides.both("api", &Key::from("bob"), now);
+        assert_eq!(o, Some(Override::Unlimited));
+        assert!(ban.is_some_and(|rest| rest > Duration::from_secs(28)));
+        assert_eq!(overrides.both("api", &Key::from("ann"), now), (None, None));
+    }
+
+    /// Records shared with other processes, as a test sees them: what was read, what was forgotten,
+    /// and the listener the layer left.
+    #[derive(Default)]
+    struct Shared {
+        tables: Mutex<HashMap<String, Vec<(String, String)>>>,
+        reads: Mutex<Vec<String>>,
+        forgotten: Mutex<Vec<Vec<String>>>,
+        listener: Mutex<Option<OnRecordsChange>>,
+    }
+
+    impl Shared {
+        fn set(&self, table: &str, fields: Vec<(String, String)>) {
+            self.tables.lock().unwrap().insert(table.into(), fields);
+        }
+
+        fn reads(&self) -> Vec<String> {
+            std::mem::take(&mut *self.reads.lock().unwrap())
+        }
+
+        fn forgotten(&self) -> Vec<Vec<String>> {
+            std::mem::take(&mut *self.forgotten.lock().unwrap())
+        }
+
+        fn changed(&self, table: Option<&str>) -> bool {
+            let listener = self.listener.lock().unwrap().clone().unwrap();
+            listener(table)
+        }
+    }
+
+    impl Records for Shared {
+        fn write(&self, _: &str, _: &str, _: Option<&str>) -> RecordsFuture<()> {
+            unreachable!("the cache only reads")
+        }
+
+        fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
+            self.reads.lock().unwrap().push(table.into());
+            let fields = self.tables.lock().unwrap().get(table).cloned();
+            Box::pin(std::future::ready(Ok(fields.unwrap_or_default())))
+        }
+
+        fn on_change(&self, on_change: OnRecordsChange) {
+            *self.listener.lock().unwrap() = Some(on_change);
+        }
+
+        fn forget_cached(&self, limits: &[&str]) {
+            let limits = limits.iter().map(|l| l.to_string()).collect();
+            self.forgotten.lock().unwrap().push(limits);
+        }
+    }
+
+    fn shared() -> (Arc<Shared>, Arc<Overrides>) {
+        let shared = Arc::new(Shared::default());
+        let overrides = Arc::new(Overrides::new(Some(shared.clone())));
+        overrides.know(vec![
+            ("api".into(), vec!["per_minute".into(), "burst".into()]),
+            ("web".into(), vec!["pages".into()]),
+        ]);
+        (shared, overrides)
+    }
+
+    fn overridden(overrides: &Overrides, policy: &str, key: &str) -> Option<Override> {
+        match overrides.find(policy, &Key::from(key), SystemTime::now()) {
+            Some(InForce::Override(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn banned(overrides: &Overrides, policy: &str, key: &str) -> bool {
+        matches!(
+            overrides.find(policy, &Key::from(key), SystemTime::now()),
+            Some(InForce::Banned(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_refresh_reads_one_table_and_forgets_its_policys_cached_decisions() {
+        let (shared, overrides) = shared();
+        let later = super::super::encode_until(SystemTime::now() + Duration::from_secs(60));
+        shared.set("overrides:api", vec![field("bob", Override::Blocked)]);
+        shared.set("bans:api", vec![("eve".into(), later)]);
+        overrides.refresh("overrides:api").await.unwrap();
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Blocked)
+        );
+        assert!(!banned(&overrides, "api", "eve"));
+        assert_eq!(shared.reads(), ["overrides:api"]);
+        assert_eq!(shared.forgotten(), [["per_minute", "burst"]]);
+        overrides.refresh("bans:api").await.unwrap();
+        assert!(banned(&overrides, "api", "eve"));
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Blocked)
+        );
+        assert_eq!(shared.forgotten(), [["per_minute", "burst"]]);
+        assert_eq!(shared.reads(), ["bans:api"]);
+        // A table of no kind the cache keeps: not read, nothing changed, nothing forgotten.
+        for table in ["other:api", "api", ""] {
+            overrides.refresh(table).await.unwrap();
+        }
+        assert!(shared.reads().is_empty());
+        assert!(shared.forgotten().is_empty());
+        assert!(banned(&overrides, "api", "eve"));
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Blocked)
+        );
+        // A policy no longer in force: its table is read, no policy's decisions are forgotten.
+        overrides.refresh("overrides:gone").await.unwrap();
+        assert_eq!(shared.reads(), ["overrides:gone"]);
+        assert!(shared.forgotten().is_empty());
+    }
+
+    #[tokio::test]
+    async fn refresh_all_reads_both_tables_of_every_policy_it_knows() {
+        let (shared, overrides) = shared();
+        let later = super::super::encode_until(SystemTime::now() + Duration::from_secs(60));
+        shared.set("overrides:api", vec![field("bob", Override::Unlimited)]);
+        shared.set("bans:web", vec![("eve".into(), later)]);
+        overrides.refresh_all().await.unwrap();
+        let mut reads = shared.reads();
+        reads.sort();
+        assert_eq!(
+            reads,
+            ["bans:api", "bans:web", "overrides:api", "overrides:web"]
+        );
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Unlimited)
+        );
+        assert!(banned(&overrides, "web", "eve"));
+        // A reload that leaves only `web`: only its tables are read again.
+        overrides.know(vec![("web".into(), vec!["pages".into()])]);
+        overrides.refresh_all().await.unwrap();
+        let mut reads = shared.reads();
+        reads.sort();
+        assert_eq!(reads, ["bans:web", "overrides:web"]);
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listening_cache_reads_every_table_at_once_then_what_it_hears_changed() {
+        let (shared, overrides) = shared();
+        shared.set("overrides:api", vec![field("bob", Override::Blocked)]);
+        overrides.listen();
+        settle().await;
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Blocked)
+        );
+        assert_eq!(shared.reads().len(), 4);
+        // One table changed (in another process): that one is read again.
+        shared.set("overrides:api", vec![field("bob", Override::Unlimited)]);
+        assert!(shared.changed(Some("overrides:api")));
+        settle().await;
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Unlimited)
+        );
+        assert_eq!(shared.reads(), ["overrides:api"]);
+        // Any may have changed: every policy's tables are read again.
+        let later = super::super::encode_until(SystemTime::now() + Duration::from_secs(60));
+        shared.set("bans:web", vec![("eve".into(), later)]);
+        assert!(shared.changed(None));
+        settle().await;
+        assert!(banned(&overrides, "web", "eve"));
+        assert_eq!(shared.reads().len(), 4);
+        // Heard where no runtime runs: still listening, nothing read.
+        let heard = {
+            let shared = shared.clone();
+            std::thread::spawn(move || shared.changed(Some("overrides:api")))
+                .join()
+                .unwrap()
+        };
+        assert!(heard);
+        settle().await;
+        assert!(shared.reads().is_empty());
+        // Once the layer is gone, the listener says so (and the backend drops it).
+        drop(overrides);
+        assert!(!shared.changed(Some("overrides:api")));
+    }
+
+    #[tokio::test]
+    async fn the_layers_own_records_read_back_what_was_written_and_are_not_read_at_start() {
+        let overrides = Arc::new(Overrides::new(None));
+        overrides.know(vec![("api".into(), vec!["per_minute".into()])]);
+        overrides.listen();
+        let store = overrides.store().clone();
+        assert!(store.in_process());
+        store
+            .write("overrides:api", "bob", Some(&Override::Blocked.encode()))
+            .await
+            .unwrap();
+        store
+            .write("overrides:api", "ann", Some(&Override::Unlimited.encode()))
+            .await
+            .unwrap();
+        store.write("overrides:api", "ann", None).await.unwrap();
+        assert_eq!(
+            store.read("overrides:api").await.unwrap(),
+            [("bob".to_owned(), Override::Blocked.encode())]
+        );
+        assert!(store.read("bans:api").await.unwrap().is_empty());
+        // Not read at start, nor when a change is heard (this process made it): nothing is in
+        // force until the writer puts it there (as the admin routes do).
+        settle().await;
+        assert_eq!(overridden(&overrides, "api", "bob"), None);
+        overrides.refresh("overrides:api").await.unwrap();
+        assert_eq!(
+            overridden(&overrides, "api", "bob"),
+            Some(Override::Blocked)
+        );
+    }
 }
