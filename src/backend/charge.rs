@@ -299,3 +299,99 @@ impl Uses {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    fn limits() -> [Limit; 3] {
+        ["second", "minute", "day"].map(|name| Limit::new(name, Quota::per_second(5)).unwrap())
+    }
+
+    fn names(charges: &Charges<'_>) -> Vec<String> {
+        charges
+            .limits()
+            .iter()
+            .map(|l| l.name().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn one_and_a_stack_charge_one_key_one_quantity() {
+        let limits = limits();
+        let alice = Key::from("alice");
+        let one = Charges::one(&limits[1], &alice, 3);
+        assert_eq!(names(&one), ["minute"]);
+        assert_eq!((one.key(0), one.quantity(0)), (Some(&alice), 3));
+        // Past the charges: no key.
+        assert_eq!(one.key(1), None);
+        let stack = Charges::stack(&limits, &alice, 2);
+        assert_eq!(names(&stack), ["second", "minute", "day"]);
+        assert_eq!((stack.key(2), stack.quantity(2)), (Some(&alice), 2));
+        assert_eq!(stack.key(3), None);
+        assert_eq!(stack.same_key(), Some(&alice));
+        assert_eq!(stack.keys(), None);
+        assert_eq!(stack.same_quantity(), Some(2));
+        assert_eq!(stack.quantities(), None);
+        let none = Charges::stack(&[], &alice, 1);
+        assert_eq!((none.limits().len(), none.key(0)), (0, None));
+    }
+
+    #[test]
+    fn keyed_charges_have_a_key_each_and_metered_ones_a_quantity_each() {
+        let limits = limits();
+        let keys = [Key::from("user"), Key::from("org")];
+        let keyed = Charges::keyed(&limits[..2], &keys, 4);
+        assert_eq!(keyed.same_key(), None);
+        assert_eq!(keyed.keys(), Some(&keys[..]));
+        assert_eq!(
+            (keyed.key(0), keyed.key(1)),
+            (Some(&keys[0]), Some(&keys[1]))
+        );
+        // Fewer keys than limits: none past the keys given.
+        let short = Charges::keyed(&limits, &keys, 4);
+        assert_eq!(short.key(2), None);
+        assert_eq!(keyed.quantity(1), 4);
+        let tokens = [1, 250];
+        let metered = keyed.with_quantities(&tokens);
+        assert_eq!((metered.quantity(0), metered.quantity(1)), (1, 250));
+        // Past the quantities given: nothing.
+        assert_eq!(metered.quantity(2), 0);
+        assert_eq!(metered.same_quantity(), None);
+        assert_eq!(metered.quantities(), Some(&tokens[..]));
+        assert_eq!(metered.keys(), Some(&keys[..]));
+        assert_eq!(names(&metered), ["second", "minute"]);
+    }
+
+    #[test]
+    fn decisions_read_as_a_slice_and_combine() {
+        let second = Duration::from_secs(1);
+        let admitted = Decision::allowed(10, 9, second);
+        let refused = Decision::limited(5, 0, Some(Duration::from_secs(3)), Duration::from_secs(4));
+        let one = Decisions::One(admitted);
+        assert_eq!(&*one, &[admitted]);
+        assert_eq!(one.combined(), Some(admitted));
+        assert_eq!(one.clone().into_vec(), [admitted]);
+        let many = Decisions::Many(vec![admitted, refused]);
+        assert_eq!(&*many, &[admitted, refused]);
+        let both = many.combined().unwrap();
+        assert!(!both.allowed);
+        assert_eq!(both.retry_after, Some(Duration::from_secs(3)));
+        assert_eq!(many.into_vec(), [admitted, refused]);
+        assert_eq!(Decisions::Many(Vec::new()).combined(), None);
+    }
+
+    #[test]
+    fn uses_say_each_thing_asked_beyond_one_charge() {
+        let nothing = Uses::NOTHING_MORE;
+        assert_eq!(nothing, Uses::default());
+        let keys = nothing.keys_apart();
+        assert!(keys.keys_apart && !keys.settles && !keys.refunds);
+        let settles = keys.settles();
+        assert!(settles.keys_apart && settles.settles && !settles.refunds);
+        let all = settles.refunds();
+        assert!(all.keys_apart && all.settles && all.refunds);
+        assert!(nothing.refunds().refunds && !nothing.refunds().keys_apart);
+    }
+}
