@@ -143,9 +143,11 @@ async fn under_noeviction_every_algorithm_is_refused_and_memory_stays_capped() {
         // Once full, calls are refused. A few pass as Redis' own buffers shrink and grow, and a
         // coalesced call that passes admits its whole batch (up to the 32 checks in flight): on
         // the 2-core machine 5-6 % passed, on 36d5915 as now, which the 95 % this asked for
-        // refused two runs in three. The cap itself is the assertion below.
+        // refused two runs in three; with the whole suite beside it in a clean-clone CI run,
+        // 10.5 % (gcra, after the batching window of issue 50: a queue behind a slow batch may
+        // leave as a call of its own). The cap itself is the assertion below.
         assert!(
-            more_errors >= 6400 * 90 / 100,
+            more_errors >= 6400 * 85 / 100,
             "{route}: {more_errors} refused"
         );
         assert!(
