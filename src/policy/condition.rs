@@ -117,7 +117,9 @@ impl Condition {
         }))
     }
 
-    /// The query parameter `name` is present with the value `value` (both percent-decoded).
+    /// The query parameter `name` is present with the value `value`: the request's name and value
+    /// are percent-decoded (`+` as a space) before they are compared with these, which are taken
+    /// as written (`Condition::query("plan", "free plan")` matches `?plan=free%20plan`).
     pub fn query(name: &str, value: impl Into<String>) -> Condition {
         Condition::query_in(name, [value])
     }
