@@ -119,8 +119,9 @@ if [ -z "${REDIS_CELL_MODULE:-}" ] && [ -f target/redis-cell/libredis_cell.so ];
 fi
 out="$PWD/$out"
 
-# One cargo-mutants run per file, with that file's test binaries; the default features only (the
-# listed files need no other, and the crate builds faster without Redis and axum).
+# One cargo-mutants run per file, with that file's test binaries; the default features unless
+# TESTS names others (the crate builds faster without Redis and axum): the Redis glue and
+# calendar.rs need theirs.
 started=$SECONDS
 outcome_files=()
 for file in "${files[@]}"; do
