@@ -58,6 +58,9 @@ declare -A TESTS=(
   # policy cannot use together: the unit tests beside them.
   [src/backend/charge.rs]="--lib -- $SKIP_SLOW"
   [src/policy/compat.rs]="--lib -- $SKIP_SLOW"
+  # Calendar windows (feature `calendar`: all features, as the bodies cut out without it are
+  # excluded): the unit tests beside them, on instants written out by hand.
+  [src/calendar.rs]="--all-features --lib -- $SKIP_SLOW"
   # The Redis glue: the Redis test binary (needs redis-server, and REDIS_CELL_MODULE or
   # target/redis-cell from `bash scripts/test.sh --setup-only`), only the tests that read it.
   # gcra_group.rs turns a coalesced group's one backlog into each check's answer: the batch tests
@@ -72,7 +75,7 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/rollout/mod.rs src/policy/condition.rs src/key/body/json.rs src/overrides/cache.rs
-  src/backend/charge.rs src/policy/compat.rs)
+  src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"
@@ -116,8 +119,9 @@ if [ -z "${REDIS_CELL_MODULE:-}" ] && [ -f target/redis-cell/libredis_cell.so ];
 fi
 out="$PWD/$out"
 
-# One cargo-mutants run per file, with that file's test binaries; the default features only (the
-# listed files need no other, and the crate builds faster without Redis and axum).
+# One cargo-mutants run per file, with that file's test binaries; the default features unless
+# TESTS names others (the crate builds faster without Redis and axum): the Redis glue and
+# calendar.rs need theirs.
 started=$SECONDS
 outcome_files=()
 for file in "${files[@]}"; do

@@ -213,3 +213,54 @@ fn a_wrong_description_is_refused_with_its_reason() {
         "calendar \"year\" is not one of \"day\", \"week\", \"month\""
     );
 }
+
+#[test]
+fn a_description_reads_back_what_it_was_given() {
+    for (period, name, secs) in [
+        (CalendarPeriod::Day, "day", 86_400),
+        (CalendarPeriod::Week, "week", 7 * 86_400),
+        (CalendarPeriod::Month, "month", 2_630_016),
+    ] {
+        assert_eq!(period.as_str(), name);
+        assert_eq!(name.parse::<CalendarPeriod>(), Ok(period));
+        assert_eq!(period.nominal(), Duration::from_secs(secs));
+    }
+    let billing = CalendarWindow::month()
+        .timezone("Europe/Paris")
+        .anchor_day(15);
+    assert_eq!(billing.period(), CalendarPeriod::Month);
+    assert_eq!(billing.zone(), "Europe/Paris");
+    assert_eq!(billing.anchor(), Some(15));
+    let week = CalendarWindow::week();
+    assert_eq!(week.period(), CalendarPeriod::Week);
+    assert_eq!(week.zone(), "UTC");
+    assert_eq!(week.anchor(), None);
+    assert_eq!(CalendarWindow::day().period(), CalendarPeriod::Day);
+}
+
+#[test]
+fn a_calendar_is_equal_hashed_and_printed_as_its_description() {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let window = CalendarWindow::month()
+        .timezone("Australia/Sydney")
+        .anchor_day(28);
+    let sydney = calendar(window.clone());
+    let other = calendar(CalendarWindow::month().timezone("Australia/Sydney"));
+    assert_eq!(sydney, calendar(window.clone()));
+    assert_ne!(sydney, other);
+    assert_eq!(sydney.window(), &window);
+    let hash = BuildHasherDefault::<DefaultHasher>::default();
+    assert_eq!(hash.hash_one(sydney), hash.hash_one(&window));
+    assert_eq!(format!("{sydney:?}"), format!("{window:?}"));
+}
+
+#[test]
+fn an_instant_past_the_year_9999_falls_in_a_utc_day() {
+    // jiff's dates end with the year 9999: 300,000,000,000 s (in the year 11476) is
+    // 3,472,222 UTC days and 19,200 s since the epoch, in a zone or not.
+    let far = calendar(CalendarWindow::day().timezone("Pacific/Auckland"));
+    let b = far.bounds_at(300_000_000_000);
+    assert_eq!(b.start, 299_999_980_800);
+    assert_eq!(b.end, 300_000_067_200);
+    assert_eq!(b.next_end, 300_000_153_600);
+}
