@@ -4,7 +4,7 @@
 //! general store).
 
 use std::time::Duration;
-use tower_throttle::backend::{Charges, Decisions};
+use tower_throttle::backend::Charges;
 
 use crate::asks::Asks;
 use crate::refund::backend;
@@ -40,7 +40,6 @@ fn reserve(
         .collect();
     let decisions = backend
         .decide_charges(Charges::stack(limits, &Key::from("k"), 0).with_quantities(&quantities))
-        .map(Decisions::into_vec)
         .unwrap();
     decisions.iter().all(|d| d.allowed)
 }
@@ -61,7 +60,6 @@ fn next(
     quantities[at] = 1;
     backend
         .decide_charges(Charges::stack(limits, &Key::from("k"), 0).with_quantities(&quantities))
-        .map(Decisions::into_vec)
         .unwrap()[at]
 }
 
@@ -70,7 +68,6 @@ fn remaining(backend: &MemoryBackend<ManualClock>, limits: &[Limit], at: usize) 
     let quantities = vec![0; limits.len()];
     backend
         .decide_charges(Charges::stack(limits, &Key::from("k"), 0).with_quantities(&quantities))
-        .map(Decisions::into_vec)
         .unwrap()[at]
         .remaining
 }
@@ -191,21 +188,18 @@ fn the_other_limits_of_a_stack_take_the_request_cost() {
     let key = Key::from("k");
     let decisions = backend
         .decide_charges(Charges::stack(&limits, &key, 0).with_quantities(&[1, 10]))
-        .map(Decisions::into_vec)
         .unwrap();
     assert!(decisions.iter().all(|d| d.allowed));
     assert_eq!((decisions[0].remaining, decisions[1].remaining), (99, 0));
     // The token limit refuses the next: nothing is taken from the request limit either.
     let refused = backend
         .decide_charges(Charges::stack(&limits, &key, 0).with_quantities(&[1, 1]))
-        .map(Decisions::into_vec)
         .unwrap();
     assert!(!refused[1].allowed);
     assert_eq!(refused[0].remaining, 99);
     assert!(
         backend
             .decide_charges(Charges::stack(&limits, &key, 0).with_quantities(&[1]))
-            .map(Decisions::into_vec)
             .is_err(),
         "a quantity per limit"
     );

@@ -32,11 +32,8 @@ async fn logs_of(redact: bool, requests: usize) -> String {
     logs_through(layer, requests).await
 }
 
-/// What `requests` requests of one user through `layer` log at info.
-async fn logs_through<B: tower_throttle::Backend>(
-    layer: ThrottleLayer<tower_throttle::key::Header, B>,
-    requests: usize,
-) -> String {
+/// Collects what this thread logs at info until the guard is dropped.
+fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -44,7 +41,15 @@ async fn logs_through<B: tower_throttle::Backend>(
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
+/// What `requests` requests of one user through `layer` log at info.
+async fn logs_through<B: tower_throttle::Backend>(
+    layer: ThrottleLayer<tower_throttle::key::Header, B>,
+    requests: usize,
+) -> String {
+    let (logs, _guard) = capture();
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
         .layer(layer);
@@ -202,14 +207,7 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
         memory: tower_throttle::MemoryBackend::new(),
         down: down.clone(),
     };
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture();
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy())
