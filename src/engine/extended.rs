@@ -16,8 +16,7 @@ use crate::backend::{Adjustment, Backend, Charges, Uses};
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
-use crate::engine::table::Table;
-use crate::engine::verdict::{Admitted, RequestContext, Verdict};
+use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::key::body::read::{ErasedBody, Reading};
 use crate::key::{AsyncKey, Found, Key};
 use crate::limit::MAX_STACKED_QUOTAS;
@@ -26,6 +25,7 @@ use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::overrides::{InForce, Override};
 use crate::per_customer::{CustomerQuota, Namespace, PolicyExtras};
+use crate::policy::CompiledPolicy;
 use crate::rollout::shadows::with_shadows;
 use crate::timer::within;
 
@@ -60,12 +60,12 @@ pub(crate) enum BodyAhead {
     Unreadable(&'static str),
 }
 
-/// What every step of the extended path reads: the layer's shared state, the table in force, and
-/// the policy that applies (its index there, and its per-request features).
+/// What every step of the extended path reads: the layer's shared state, the judge and the policy
+/// of the table the request read, and the policy's per-request features.
 pub(crate) struct Scope<K, B> {
     pub(crate) shared: Arc<Shared<K, B>>,
-    pub(crate) table: Arc<Table<K>>,
-    pub(crate) policy: usize,
+    pub(crate) judge: Arc<Judge>,
+    pub(crate) policy: Arc<CompiledPolicy>,
     pub(crate) extras: Arc<PolicyExtras>,
 }
 
@@ -107,7 +107,7 @@ where
 {
     /// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
     async fn prepare_read(&self, key: KeyAhead, parts: Parts, whole: Option<&[u8]>) -> Prepared {
-        let (shared, table, policy) = (&self.shared, &self.table, self.policy);
+        let (shared, judge, policy) = (&self.shared, &self.judge, &*self.policy);
         let extras = &self.extras;
         let (parts, key) = match key {
             KeyAhead::Read(key) => (parts, key),
@@ -137,7 +137,7 @@ where
                 (parts, key)
             }
         };
-        let key = match steps::keyed(shared, table, policy, key, RequestRef::of_parts(&parts)) {
+        let key = match steps::keyed(shared, judge, policy, key, RequestRef::of_parts(&parts)) {
             Ok(key) => key,
             Err(verdict) => return with_meter(answered(parts, verdict), extras),
         };
@@ -146,9 +146,8 @@ where
 
     /// After the access lists and the key: the quota, the ban, the backend and the verdict.
     async fn decide(&self, key: Key, (parts, whole): (Parts, Option<&[u8]>)) -> Prepared {
-        let (shared, table, policy) = (&self.shared, &self.table, self.policy);
+        let (shared, judge, rules) = (&self.shared, &self.judge, &*self.policy);
         let extras = &self.extras;
-        let rules = table.policies[policy].compiled();
         // Quotas with keys of their own: each limit's key, or the missing-key answer.
         let (parts, limit_keys) = match extras.limit_keys.as_deref() {
             None => (parts, None),
@@ -161,7 +160,7 @@ where
                     Ok(keys) => (parts, Some(keys)),
                     Err(missing) => {
                         let request = RequestRef::of_parts(&parts);
-                        let verdict = steps::without_key(table, policy, missing, request);
+                        let verdict = steps::without_key(judge, rules, missing, request);
                         return answered(parts, verdict);
                     }
                 }
@@ -176,7 +175,7 @@ where
         };
         let request = RequestRef::of_parts(&parts);
         let custom_tier = custom.as_deref().map(|c| &c.rules);
-        let tier = match steps::tier_unless_banned(table, policy, custom_tier, &key, request) {
+        let tier = match steps::tier_unless_banned(judge, rules, custom_tier, &key, request) {
             Ok(tier) => tier,
             Err(banned) => return answered(parts, banned),
         };
@@ -187,7 +186,7 @@ where
             request,
             custom: custom_tier,
         };
-        let limits = steps::limits_of(table, policy, tier, custom.as_deref());
+        let limits = steps::limits_of(rules, tier, custom.as_deref());
         let asked = Instant::now();
         // A metered limit reserves the request's estimate; the others take its cost.
         let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
@@ -210,7 +209,7 @@ where
         } else {
             let (answer, shadowed) =
                 with_shadows(check, &shared.backend, &extras.shadows, &key, rules.cost()).await;
-            table.judge.shadowed(cx, &extras.shadows, shadowed);
+            judge.shadowed(cx, &extras.shadows, shadowed);
             answer
         };
         // What the backend took, and how long it counts there (the shortest `reset_after`): only
@@ -220,7 +219,7 @@ where
             Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
             _ => None,
         };
-        let verdict = steps::judged(&table.judge, cx, MEASURE_LATENCY.then_some(asked), answer);
+        let verdict = steps::judged(judge, cx, MEASURE_LATENCY.then_some(asked), answer);
         let taken = Taken { asked, counts_for };
         let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
         if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
@@ -244,11 +243,11 @@ where
     fn metered(&self, key: Key, taken: &Taken, estimate: u64) -> Option<MeterGuard> {
         let rule = self.extras.metered.as_ref()?;
         taken.counts_for?;
-        let (shared, table, policy) = (self.shared.clone(), self.table.clone(), self.policy);
+        let (shared, policy) = (self.shared.clone(), self.policy.clone());
         let position = rule.position;
         let settle: Settle = Box::new(move |delta, since| {
             // Metered policies have one tier and no per-customer quota.
-            let limits = steps::limits_of(&table, policy, 0, None);
+            let limits = steps::limits_of(&policy, 0, None);
             let mut deltas = [0i64; MAX_STACKED_QUOTAS];
             deltas[position] = delta;
             let since = since + CLOCK_MARGIN;
@@ -276,20 +275,19 @@ where
         verdict: Verdict,
         parts: Parts,
     ) -> Prepared {
-        let (shared, table, policy) = (&self.shared, &self.table, self.policy);
+        let (shared, judge, policy) = (&self.shared, &self.judge, &self.policy);
         let extras = &self.extras;
         let refundable = match &verdict {
             Verdict::Admit(_) => taken.counts_for,
             Verdict::Reject(_) => None,
         };
-        let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
+        let release = steps::release_of(&verdict, shared, judge, policy, tier, &key);
         let outcome = match (refundable, &extras.outcome) {
             (Some(counts_for), Some(rule)) => {
-                let (shared, table) = (shared.clone(), table.clone());
-                let cost = table.policies[policy].cost();
+                let (shared, policy) = (shared.clone(), policy.clone());
                 let refund: Refund = Box::new(move |since| {
-                    let limits = steps::limits_of(&table, policy, tier, custom.as_deref());
-                    let charges = Charges::stack(limits, &key, cost);
+                    let limits = steps::limits_of(&policy, tier, custom.as_deref());
+                    let charges = Charges::stack(limits, &key, policy.cost());
                     shared.backend.adjust(charges, Adjustment::Refund { since });
                 });
                 Some(Box::new(OutcomeGuard::new(
@@ -364,9 +362,8 @@ where
         parts: &Parts,
         in_force: InForce,
     ) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
-        let (shared, table, policy, extras) =
-            (&self.shared, &self.table, self.policy, &self.extras);
-        let rules = table.policies[policy].compiled();
+        let (shared, judge, rules, extras) =
+            (&self.shared, &self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
         match in_force {
             InForce::Override(Override::Quota(quota))
@@ -382,17 +379,17 @@ where
             InForce::Override(Override::Quota(_)) => Ok(None),
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
             InForce::Override(Override::Blocked) => {
-                Err(table.judge.forbidden(Some(rules), Some(key), request))
+                Err(judge.forbidden(Some(rules), Some(key), request))
             }
             InForce::Banned(rest) => {
                 let cx = RequestContext {
                     policy: rules,
-                    tier: steps::tier(table, policy, request),
+                    tier: rules.tier_in(request.headers, request.extensions),
                     key,
                     request,
                     custom: None,
                 };
-                table.judge.banned_for(cx, rest).map_or(Ok(None), Err)
+                judge.banned_for(cx, rest).map_or(Ok(None), Err)
             }
         }
     }

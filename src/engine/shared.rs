@@ -9,9 +9,10 @@ use crate::backend::{Adjustment, Backend, Charges};
 use crate::engine::in_force::InForce;
 use crate::engine::settings::Settings;
 use crate::engine::slot::{Release, SlotOwner};
-use crate::engine::table::Table;
+use crate::engine::verdict::Judge;
 use crate::key::Key;
 use crate::overrides::cache::Overrides;
+use crate::policy::CompiledPolicy;
 
 /// What every service of one layer shares: the backend, the policy table, the access lists, and
 /// what a reload builds the next table with.
@@ -42,12 +43,12 @@ impl<K, B> Shared<K, B> {
     }
 }
 
-/// The release of a concurrency slot of policy `policy` of `table`, tier `tier`, for `key`: given
-/// back under the table the request was admitted by, even if a reload has replaced it since.
+/// The release of a concurrency slot of tier `tier` of `policy`, for `key`: given back under the
+/// policy (and judge) the request was admitted by, even if a reload has replaced them since.
 pub(crate) fn releaser<K, B>(
     shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
+    judge: &Arc<Judge>,
+    policy: &Arc<CompiledPolicy>,
     tier: usize,
     key: Key,
 ) -> Release
@@ -55,20 +56,18 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let shared = shared.clone();
-    let table = table.clone();
+    let (shared, policy) = (shared.clone(), policy.clone());
+    #[cfg(feature = "memory")]
+    let judge = judge.clone();
+    #[cfg(not(feature = "memory"))]
+    let _ = judge;
     Box::new(move |owner| match owner {
         SlotOwner::Backend { lease } => {
-            let rules = table.policies[policy].compiled();
-            let limit = &rules.tiers()[tier].limits[0];
-            let charge = Charges::one(limit, &key, rules.cost());
+            let limit = &policy.tiers()[tier].limits[0];
+            let charge = Charges::one(limit, &key, policy.cost());
             shared.backend.adjust(charge, Adjustment::Release { lease });
         }
         #[cfg(feature = "memory")]
-        SlotOwner::Local => {
-            table
-                .judge
-                .release_local(table.policies[policy].compiled(), tier, &key)
-        }
+        SlotOwner::Local => judge.release_local(&policy, tier, &key),
     })
 }

@@ -6,8 +6,8 @@
 //!    extended path);
 //! 3. [`access`]: the allow and deny lists, before any limit;
 //! 4. [`without_key`]: a request its policy found no key in;
-//! 5. the quota: [`tier`] picks the policy's tier; a customer's own quota is resolved on the
-//!    extended path; [`limits_of`] gives the limits either way;
+//! 5. the quota: the policy's tier ([`tier_unless_banned`]), or a customer's own quota resolved on
+//!    the extended path; [`limits_of`] gives the limits either way;
 //! 6. the ban: [`Judge::banned`], before the backend is asked;
 //! 7. [`ask`]: the backend check of the request's charges;
 //! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
@@ -18,8 +18,10 @@
 //! and a static quota, deciding at once when the backend answers at once (memory), and the async
 //! path (extended.rs), which adds only its awaits — the async key before [`keyed`], the customer's
 //! quota before [`tier_unless_banned`], the shadow limits beside [`ask`]. Steps 3–4 and 5–6 are
-//! each one function, so their order is written once. The steps read the request as a
-//! [`RequestRef`], which the whole request and its parts both give.
+//! each one function ([`before_backend`] runs both for a request with nothing to await between
+//! them), so their order is written once. Each step is handed the policy that matched (never
+//! found again by its place in the table), and reads the request as a [`RequestRef`], which the
+//! whole request and its parts both give.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,48 +40,45 @@ use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
 use crate::per_customer::{CustomerQuota, PolicyExtras};
-use crate::policy::CompiledTier;
+use crate::policy::{CompiledPolicy, CompiledTier, Policy};
 
 /// Step 1: the first policy of `table` whose route, methods and conditions match `request`.
-#[inline]
-pub(crate) fn match_policy<K, B>(table: &Table<K>, request: &Request<B>) -> Option<usize> {
+#[inline(always)]
+pub(crate) fn match_policy<'t, K, B>(
+    table: &'t Table<K>,
+    request: &Request<B>,
+) -> Option<&'t Policy<K>> {
     if table.first_takes_all {
-        return Some(0);
+        return table.policies.first();
     }
-    table.policies.iter().position(|p| p.applies_to(request))
+    table.policies.iter().find(|p| p.applies_to(request))
 }
 
-/// Whether policy `policy`'s requests take the extended path, and with what: its per-request
-/// features, or an override or timed ban on one of its keys.
+/// Whether `policy`'s requests take the extended path, and with what: its per-request features,
+/// or an override or timed ban on one of its keys.
 // Always inlined, as `key_of`: every request meets both, and out of line they cost ~50
 // instructions a request.
 #[inline(always)]
 pub(crate) fn extras<'t, K, B>(
     shared: &Shared<K, B>,
-    table: &'t Table<K>,
-    policy: usize,
+    policy: &'t CompiledPolicy,
 ) -> Option<&'t Arc<PolicyExtras>> {
-    let compiled = table.policies[policy].compiled();
-    compiled.extras().or_else(|| {
+    policy.extras().or_else(|| {
         shared
             .overrides
-            .touches(compiled.name())
-            .then_some(&compiled.overridable)
+            .touches(policy.name())
+            .then_some(&policy.overridable)
     })
 }
 
-/// Step 2, a synchronous key: the key `request` counts against under policy `policy`, or what was
+/// Step 2, a synchronous key: the key `request` counts against under `policy`, or what was
 /// expected of it.
 #[inline(always)]
-pub(crate) fn key_of<K, B>(
-    table: &Table<K>,
-    policy: usize,
-    request: &Request<B>,
-) -> Result<Key, Missing>
+pub(crate) fn key_of<K, B>(policy: &Policy<K>, request: &Request<B>) -> Result<Key, Missing>
 where
     K: KeyExtractor<B>,
 {
-    let extractor = table.policies[policy].key();
+    let extractor = policy.key();
     extractor
         .extract(request)
         .ok_or_else(|| Missing::Expected(extractor.describe()))
@@ -89,8 +88,8 @@ where
 /// keys. `Some` when they answer the request: through unlimited, or refused.
 pub(crate) fn access<K, B>(
     shared: &Shared<K, B>,
-    table: &Table<K>,
-    policy: Option<usize>,
+    judge: &Judge,
+    policy: Option<&CompiledPolicy>,
     key: Option<&Key>,
     request: RequestRef<'_>,
 ) -> Option<Verdict> {
@@ -100,10 +99,7 @@ pub(crate) fn access<K, B>(
     }
     match lists.check(source.address(request.headers, request.extensions), key) {
         Access::Allow => Some(Verdict::Admit(Admitted::unlimited())),
-        Access::Deny => {
-            let policy = policy.map(|i| &**table.policies[i].compiled());
-            Some(table.judge.forbidden(policy, key, request))
-        }
+        Access::Deny => Some(judge.forbidden(policy, key, request)),
         Access::Limit => None,
     }
 }
@@ -116,23 +112,17 @@ pub(crate) enum Missing {
     Late,
 }
 
-/// Step 4: the verdict on a request that policy `policy` found no key for.
-pub(crate) fn without_key<K>(
-    table: &Table<K>,
-    policy: usize,
+/// Step 4: the verdict on a request that `policy` found no key for.
+pub(crate) fn without_key(
+    judge: &Judge,
+    policy: &CompiledPolicy,
     missing: Missing,
     request: RequestRef<'_>,
 ) -> Verdict {
     match missing {
-        Missing::Expected(what) => {
-            table
-                .judge
-                .missing_key(table.policies[policy].compiled(), &what, request)
-        }
+        Missing::Expected(what) => judge.missing_key(policy, &what, request),
         // The application's key service is slow: not the client's fault (no 400).
-        Missing::Late => table
-            .judge
-            .key_unavailable(table.policies[policy].compiled(), request),
+        Missing::Late => judge.key_unavailable(policy, request),
     }
 }
 
@@ -144,62 +134,70 @@ pub(crate) fn without_key<K>(
 #[allow(clippy::result_large_err)]
 pub(crate) fn keyed<K, B>(
     shared: &Shared<K, B>,
-    table: &Table<K>,
-    policy: usize,
+    judge: &Judge,
+    policy: &CompiledPolicy,
     key: Result<Key, Missing>,
     request: RequestRef<'_>,
 ) -> Result<Key, Verdict> {
-    if let Some(verdict) = access(shared, table, Some(policy), key.as_ref().ok(), request) {
+    if let Some(verdict) = access(shared, judge, Some(policy), key.as_ref().ok(), request) {
         return Err(verdict);
     }
-    key.map_err(|missing| without_key(table, policy, missing, request))
+    key.map_err(|missing| without_key(judge, policy, missing, request))
 }
 
 /// Steps 5 and 6 together, as both paths run them once the quota is known: the tier (tier 0 under a
 /// customer's own quota, `custom`), then the ban. `Ok`: the tier the backend is asked under; `Err`:
 /// the ban's refusal.
 #[allow(clippy::result_large_err)] // as `keyed`'s
-pub(crate) fn tier_unless_banned<K>(
-    table: &Table<K>,
-    policy: usize,
+pub(crate) fn tier_unless_banned(
+    judge: &Judge,
+    policy: &CompiledPolicy,
     custom: Option<&CompiledTier>,
     key: &Key,
     request: RequestRef<'_>,
 ) -> Result<usize, Verdict> {
     let tier = match custom {
         Some(_) => 0,
-        None => tier(table, policy, request),
+        None => policy.tier_in(request.headers, request.extensions),
     };
     let cx = RequestContext {
-        policy: table.policies[policy].compiled(),
+        policy,
         tier,
         key,
         request,
         custom,
     };
-    match table.judge.banned(cx) {
+    match judge.banned(cx) {
         Some(banned) => Err(banned),
         None => Ok(tier),
     }
 }
 
-/// Step 5: the tier of policy `policy` that `request` is decided under.
-pub(crate) fn tier<K>(table: &Table<K>, policy: usize, request: RequestRef<'_>) -> usize {
-    table.policies[policy]
-        .compiled()
-        .tier_in(request.headers, request.extensions)
+/// Steps 3 to 6, as a request with a synchronous key and a static quota meets them: [`keyed`],
+/// then [`tier_unless_banned`] (the extended path awaits its customer's quota between the two).
+/// `Ok`: the key and the tier the backend is asked under.
+#[allow(clippy::result_large_err)] // as `keyed`'s
+pub(crate) fn before_backend<K, B>(
+    shared: &Shared<K, B>,
+    judge: &Judge,
+    policy: &CompiledPolicy,
+    key: Result<Key, Missing>,
+    request: RequestRef<'_>,
+) -> Result<(Key, usize), Verdict> {
+    let key = keyed(shared, judge, policy, key, request)?;
+    let tier = tier_unless_banned(judge, policy, None, &key, request)?;
+    Ok((key, tier))
 }
 
 /// Step 5: the limits a request is decided under: its per-customer quota's, else its tier's.
-pub(crate) fn limits_of<'a, K>(
-    table: &'a Table<K>,
-    policy: usize,
+pub(crate) fn limits_of<'a>(
+    policy: &'a CompiledPolicy,
     tier: usize,
     custom: Option<&'a CustomerQuota>,
 ) -> &'a [Limit] {
     match custom {
         Some(custom) => &custom.limits,
-        None => &table.policies[policy].compiled().tiers[tier].limits,
+        None => &policy.tiers[tier].limits,
     }
 }
 
@@ -264,13 +262,13 @@ pub(crate) fn admitted_plainly(
 }
 
 /// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given
-/// back under the table it was admitted by. (A per-customer concurrency limit shares the default
+/// back under the policy it was admitted by. (A per-customer concurrency limit shares the default
 /// limit's name, so its key and lease: the default tier's release gives its slot back.)
 pub(crate) fn release_of<K, B>(
     verdict: &Verdict,
     shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    policy: usize,
+    judge: &Arc<Judge>,
+    policy: &Arc<CompiledPolicy>,
     tier: usize,
     key: &Key,
 ) -> Option<Release>
@@ -280,7 +278,7 @@ where
 {
     match verdict {
         Verdict::Admit(admitted) if admitted.slot.is_some() => {
-            Some(releaser(shared, table, policy, tier, key.clone()))
+            Some(releaser(shared, judge, policy, tier, key.clone()))
         }
         _ => None,
     }

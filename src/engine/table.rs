@@ -27,11 +27,6 @@ pub(crate) struct Table<K> {
     /// Whether the first policy applies to every request (no route, methods or conditions): then
     /// it is every request's policy, with nothing to match.
     pub(crate) first_takes_all: bool,
-    /// Whether the first policy takes all, has no per-request extras and goes straight from its
-    /// key to the backend, and no policy strips near-limit names: then a request needs nothing
-    /// but its key and the backend's answer (unless the layer has access lists, or an override
-    /// touches the policy).
-    pub(crate) plain: bool,
 }
 
 impl<K> Table<K> {
@@ -106,18 +101,11 @@ impl<K> Table<K> {
             let first = first.spec();
             first.route.is_none() && first.methods.is_none() && first.conditions.is_empty()
         });
-        let plain = first_takes_all
-            && !strips_near
-            && policies.first().is_some_and(|first| {
-                let first = first.compiled();
-                first.straight && first.extras().is_none()
-            });
         Ok(Table {
             policies,
             judge: Arc::new(judge),
             strips_near,
             first_takes_all,
-            plain,
         })
     }
 }
@@ -337,42 +325,6 @@ mod tests {
             policy("gone", 5),
         ]);
         assert!(before.changed_in(&again).is_empty(), "the same table again");
-    }
-
-    #[test]
-    fn a_table_is_plain_when_one_straight_policy_takes_every_request() {
-        use std::time::Duration;
-        let backend = crate::backend::MemoryBackend::new();
-        let plain = |policies: Vec<Policy<PeerIp>>| {
-            Table::build(&backend, policies, Settings::default(), None)
-                .unwrap()
-                .plain
-        };
-        let policy = || {
-            Policy::builder("p")
-                .key(PeerIp::new())
-                .quota(Quota::per_second(5))
-        };
-        assert!(plain(vec![policy().build().unwrap()]));
-        // A policy to match, a penalty box to look in, a near-limit name to strip: not plain.
-        assert!(!plain(vec![policy().route("/a").build().unwrap()]));
-        let penalty =
-            crate::penalty::Penalty::new(3, Duration::from_secs(60), Duration::from_secs(60));
-        assert!(!plain(vec![policy()
-            .penalty(penalty.unwrap())
-            .build()
-            .unwrap()]));
-        let near = policy().near_limit(0.8).near_limit_header(true);
-        assert!(!plain(vec![near.build().unwrap()]));
-        // Only the first policy can be plain: the later ones are never met when it takes all.
-        let second = Policy::builder("q")
-            .key(PeerIp::new())
-            .route("/b")
-            .quota(Quota::per_second(5));
-        assert!(!plain(vec![
-            second.build().unwrap(),
-            policy().build().unwrap()
-        ]));
     }
 
     #[test]

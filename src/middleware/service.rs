@@ -2,9 +2,8 @@
 //! missing key → tier → ban → backend → verdict — for a synchronous key and a static quota, and
 //! carries the verdict out at once when the backend decided at once (memory). A policy with one
 //! tier and no penalty box, behind no access lists, has nothing to do between its key and the
-//! backend (`CompiledPolicy::straight`); a table whose one such policy takes every request has
-//! no policy to match either (`Table::plain`); and a plain admission builds no verdict (`check`):
-//! the commonest request meets only the steps that can change its answer.
+//! backend (`CompiledPolicy::straight`), and a plain admission builds no verdict (`check`): the
+//! commonest request meets only the steps that can change its answer.
 
 use std::fmt;
 use std::future::Future;
@@ -22,8 +21,7 @@ use crate::backend::{Backend, Charges, Decisions};
 use crate::engine::extended::{prepare, BodyAhead, KeyAhead, Scope};
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::steps;
-use crate::engine::table::Table;
-use crate::engine::verdict::RequestContext;
+use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::body::{read, BodyRule};
@@ -34,6 +32,7 @@ use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::per_customer::PolicyExtras;
+use crate::policy::{CompiledPolicy, Policy};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).
 ///
@@ -105,73 +104,47 @@ where
         // cached table is two more reference counts that every core writes per request.
         let mut loaded = None;
         let table = shared.table.read(&mut loaded);
-        // A plain table (`Table::plain`): the key, then the backend, unless access lists or an
-        // override (the one extra a plain table's policy can meet) have a say.
-        let plain =
-            table.plain && shared.access.is_none() && steps::extras(shared, table, 0).is_none();
-        let (policy, tier, key) = if plain {
-            match steps::key_of(table, 0, &request) {
-                Ok(key) => (0, 0, key),
-                Err(missing) => {
-                    let verdict = steps::without_key(table, 0, missing, RequestRef::of(&request));
-                    return ResponseFuture::carry_out(verdict, inner, request, None);
-                }
-            }
-        } else {
-            // Where a policy names near limits to its handler, never a name the client sent
-            // (whether or not this request meets that policy).
-            if table.strips_near {
-                request.headers_mut().remove(NEAR_LIMIT_HEADER);
-            }
-            // The steps in order (steps.rs): the first matching policy decides.
-            let policy = steps::match_policy(table, &request);
-            // Per-customer quotas, async keys, counting by outcome, overrides
-            // (engine/extended.rs): the same steps with async ones between them. Unused, they
-            // cost these two checks.
-            if let Some((i, extras)) =
-                policy.and_then(|i| Some((i, steps::extras(shared, table, i)?)))
-            {
-                let (extras, table) = (extras.clone(), table.clone());
-                return call_extended(inner, shared, table, i, extras, request);
-            }
+        let judge = &table.judge;
+        // Where a policy names near limits to its handler, never a name the client sent (whether
+        // or not this request meets that policy).
+        if table.strips_near {
+            request.headers_mut().remove(NEAR_LIMIT_HEADER);
+        }
+        // The steps in order (steps.rs). 1: the first matching policy decides.
+        let Some(policy) = steps::match_policy(table, &request) else {
+            // No policy applies: only the access lists may answer.
             let head = RequestRef::of(&request);
-            let Some(policy) = policy else {
-                // No policy applies: only the access lists may answer.
-                return match steps::access(shared, table, None, None, head) {
-                    Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
-                    None => ResponseFuture::unlimited(inner.call(request)),
-                };
+            return match steps::access(shared, judge, None, None, head) {
+                Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
+                None => ResponseFuture::unlimited(inner.call(request)),
             };
-            let key = steps::key_of(table, policy, &request);
-            // Most policies have one tier and no penalty box, and most layers no access lists:
-            // then a request with its key goes straight to the backend under tier 0.
-            let straight = table.policies[policy].compiled().straight && shared.access.is_none();
-            match key {
-                Ok(key) if straight => (policy, 0, key),
-                key => {
-                    let key = match steps::keyed(shared, table, policy, key, head) {
-                        Ok(key) => key,
-                        Err(verdict) => {
-                            return ResponseFuture::carry_out(verdict, inner, request, None)
-                        }
-                    };
-                    match steps::tier_unless_banned(table, policy, None, &key, head) {
-                        Ok(tier) => (policy, tier, key),
-                        Err(banned) => {
-                            return ResponseFuture::carry_out(banned, inner, request, None)
-                        }
-                    }
-                }
-            }
         };
-        // The request is moved once, into the inner service or `answered`: every move of it is
-        // a copy.
-        match check(shared, table, policy, tier, &key, &request) {
+        let rules = policy.compiled();
+        // Per-customer quotas, async keys, counting by outcome, overrides (engine/extended.rs):
+        // the same steps with async ones between them. Unused, they cost this check.
+        if let Some(extras) = steps::extras(shared, rules) {
+            let extras = extras.clone();
+            return call_extended(inner, shared, (judge, policy, extras), request);
+        }
+        // 2: the key; 3-6: access lists, a missing key, the tier, the ban. Most policies have one
+        // tier and no penalty box, and most layers no access lists (`CompiledPolicy::straight`):
+        // then a request with its key goes straight to the backend under tier 0.
+        let (key, tier) = match steps::key_of(policy, &request) {
+            Ok(key) if rules.straight && shared.access.is_none() => (key, 0),
+            key => match steps::before_backend(shared, judge, rules, key, RequestRef::of(&request))
+            {
+                Ok(keyed) => keyed,
+                Err(verdict) => return ResponseFuture::carry_out(verdict, inner, request, None),
+            },
+        };
+        // 7-9: the backend, the verdict, carrying it out. The request is moved once, into the
+        // inner service or `answered`: every move of it is a copy.
+        match check(&shared.backend, judge, (rules, tier), &key, &request) {
             Ask::Passed => ResponseFuture::unlimited(inner.call(request)),
             Ask::Admitted(fields) => ResponseFuture::admitted(inner.call(request), fields),
             Ask::Other(asked, started) => {
                 let asked = (asked, started);
-                answered(inner, shared, table, (policy, tier), (key, request), asked)
+                answered(inner, shared, (judge, rules, tier), (key, request), asked)
             }
         }
     }
@@ -180,11 +153,10 @@ where
 /// Asks the backend. A backend that decides without waiting (memory) is done after one poll, and a
 /// plain admission goes out from here, with no verdict built; every other answer is [`answered`].
 #[inline(always)]
-fn check<K, B, ReqBody>(
-    shared: &Shared<K, B>,
-    table: &Table<K>,
-    policy: usize,
-    tier: usize,
+fn check<B, ReqBody>(
+    backend: &B,
+    judge: &Judge,
+    (policy, tier): (&CompiledPolicy, usize),
     key: &Key,
     request: &Request<ReqBody>,
 ) -> Ask<B::Future>
@@ -192,24 +164,20 @@ where
     B: Backend,
 {
     let started = MEASURE_LATENCY.then(Instant::now);
-    let limits = steps::limits_of(table, policy, tier, None);
-    let cost = table.policies[policy].cost();
+    let limits = steps::limits_of(policy, tier, None);
     // Polled once: a backend that decides without waiting (memory) answers here.
-    let mut decided = steps::ask(&shared.backend, Charges::stack(limits, key, cost));
+    let mut decided = steps::ask(backend, Charges::stack(limits, key, policy.cost()));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {
         // One limit (the commonest policy): a plain admission wraps no answer for a stack.
         Poll::Ready(Ok(Decisions::One(decision))) => {
-            let compiled = table.policies[policy].compiled();
-            let context = RequestContext::new(compiled, tier, key, request);
-            if steps::admitted_plainly(&table.judge, context, started, &decision) {
-                if !table.judge.sends_fields() {
+            let context = RequestContext::new(policy, tier, key, request);
+            if steps::admitted_plainly(judge, context, started, &decision) {
+                if !judge.sends_fields() {
                     return Ask::Passed;
                 }
                 let tier = context.tier_rules();
-                let fields = table
-                    .judge
-                    .fields(tier, slice::from_ref(&decision), &decision);
+                let fields = judge.fields(tier, slice::from_ref(&decision), &decision);
                 return Ask::Admitted(fields);
             }
             Asked::Answered(Ok(Decisions::One(decision)))
@@ -246,8 +214,7 @@ enum Asked<D> {
 fn answered<S, K, B, ReqBody>(
     inner: &mut S,
     shared: &Arc<Shared<K, B>>,
-    table: &Arc<Table<K>>,
-    (policy, tier): (usize, usize),
+    (judge, policy, tier): (&Arc<Judge>, &Arc<CompiledPolicy>, usize),
     (key, request): (Key, Request<ReqBody>),
     (asked, started): (Asked<B::Future>, Option<Instant>),
 ) -> ResponseFuture<S, ReqBody, B::Future>
@@ -259,28 +226,25 @@ where
     let check = match asked {
         Asked::Pending(check) => check,
         Asked::Answered(answer) => {
-            let compiled = table.policies[policy].compiled();
-            let context = RequestContext::new(compiled, tier, &key, &request);
-            let verdict = steps::judged(&table.judge, context, started, answer);
-            let release = steps::release_of(&verdict, shared, table, policy, tier, &key);
+            let context = RequestContext::new(policy, tier, &key, &request);
+            let verdict = steps::judged(judge, context, started, answer);
+            let release = steps::release_of(&verdict, shared, judge, policy, tier, &key);
             return ResponseFuture::carry_out(verdict, inner, request, release);
         }
     };
     // The decision is remote. The service that poll_ready readied goes with the request, to be
     // called once (and only if) the request is admitted.
-    let limits = steps::limits_of(table, policy, tier, None);
+    let limits = steps::limits_of(policy, tier, None);
     let release = (limits[0].algorithm() == Algorithm::Concurrency)
-        .then(|| releaser(shared, table, policy, tier, key.clone()));
-    let judge = table.judge.clone();
-    let compiled = table.policies[policy].compiled().clone();
+        .then(|| releaser(shared, judge, policy, tier, key.clone()));
     let service = take_readied(inner);
     ResponseFuture::checking(
         check,
         AwaitingVerdict {
             service,
             request,
-            judge,
-            policy: compiled,
+            judge: judge.clone(),
+            policy: policy.clone(),
             tier,
             key,
             started,
@@ -289,16 +253,14 @@ where
     )
 }
 
-/// The extended path for a request that policy `policy` of `table` (with `extras`) applies to.
+/// The extended path for a request that `policy` (with `extras`) applies to.
 // Never inlined: the extended path boxes its future anyway, and kept out of `call` it leaves
 // the fast path's code as small as before.
 #[inline(never)]
 fn call_extended<S, K, B, ReqBody>(
     inner: &mut S,
     shared: &Arc<Shared<K, B>>,
-    table: Arc<Table<K>>,
-    policy: usize,
-    extras: Arc<PolicyExtras>,
+    (judge, policy, extras): (&Arc<Judge>, &Policy<K>, Arc<PolicyExtras>),
     request: Request<ReqBody>,
 ) -> ResponseFuture<S, ReqBody, B::Future>
 where
@@ -313,19 +275,18 @@ where
     let key = match &extras.async_key {
         Some(async_key) => KeyAhead::Async(async_key.clone()),
         None if body_key => KeyAhead::Body,
-        None => KeyAhead::Read(steps::key_of(&table, policy, &request)),
+        None => KeyAhead::Read(steps::key_of(policy, &request)),
     };
     let (parts, body) = request.into_parts();
     let (ahead, body) = match &extras.body {
         Some(rule) => read_body(body, rule),
         None => (None, Some(body)),
     };
-    let shared = shared.clone();
     let service = take_readied(inner);
     let scope = Scope {
-        shared,
-        table,
-        policy,
+        shared: shared.clone(),
+        judge: judge.clone(),
+        policy: policy.compiled().clone(),
         extras,
     };
     let prepare = prepare(scope, (key, ahead), parts);
