@@ -37,6 +37,7 @@ mod keyed;
 mod limits;
 mod parts;
 mod spec;
+mod table;
 pub(crate) mod tier;
 
 pub(crate) use compiled::CompiledPolicy;
@@ -44,6 +45,7 @@ pub use condition::Condition;
 pub(crate) use parts::NO_KEY;
 pub use parts::{MissingKey, NoKey, Tier};
 pub(crate) use spec::PolicySpec;
+pub(crate) use table::check_table;
 pub(crate) use tier::CompiledTier;
 
 /// A limit applied to some requests: a named [`Quota`], a key extractor, and optionally a route,

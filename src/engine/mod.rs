@@ -15,7 +15,6 @@
 //! * [`in_force`]: the policy table in force, read by every request, replaced by a reload.
 //! * [`table`]: the policy table in force, and the one function that checks and compiles it (for
 //!   the builder and for a reload).
-//! * [`message`]: a message of a stream, checked by the handler through the layer's handle.
 //! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
 //! * `refuse`: the refusals' responses (429, 503, 403, the missing key's 4xx).
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
@@ -25,7 +24,6 @@
 pub(crate) mod extended;
 pub(crate) mod in_force;
 mod judge_state;
-pub(crate) mod message;
 mod refuse;
 pub(crate) mod settings;
 pub(crate) mod shared;

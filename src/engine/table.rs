@@ -1,18 +1,15 @@
 //! The policy [`Table`] a layer decides by, and the one function that builds it — checked against
 //! the backend, with the verdict's rules made for it — for the builder and for every reload.
 
-use std::collections::hash_map::{Entry, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::Method;
-
-use crate::backend::{Backend, Uses};
+use crate::backend::Backend;
 use crate::engine::settings::Settings;
 use crate::engine::verdict::Judge;
 use crate::error::BuildError;
 use crate::limit::Limit;
-use crate::policy::{Policy, PolicySpec};
-use crate::route::Route;
+use crate::policy::{check_table, Policy, PolicySpec};
 
 /// The policy table: the policies in the order they are tried, each compiled for this table, and
 /// the judge that turns their decisions into verdicts.
@@ -67,7 +64,7 @@ impl<K> Table<K> {
             .flat_map(|t| t.limits.iter())
     }
 
-    /// Checks `policies` against `backend` ([`validate_table`]) and compiles them. With
+    /// Checks `policies` against `backend` ([`check_table`]) and compiles them. With
     /// `previous` (a reload), the new table takes over the in-process state it shares with the
     /// table it replaces (penalty boxes, the local limiter).
     pub(crate) fn build<B: Backend>(
@@ -78,7 +75,7 @@ impl<K> Table<K> {
     ) -> Result<Self, BuildError> {
         let policies: Box<[Policy<K>]> = policies.into();
         let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
-        validate_table(backend, &specs)?;
+        check_table(backend, &specs)?;
         let exposed = settings.decision_extension;
         let mut judge = Judge::new(settings);
         if let Some(previous) = previous {
@@ -107,183 +104,6 @@ impl<K> Table<K> {
             strips_near,
             first_takes_all,
         })
-    }
-}
-
-/// The checks of a policy table, for [`ThrottleLayerBuilder::build`] and for a reload: what the
-/// backend can enforce, limits that share a name share their rules and stacks, and every policy can
-/// be reached.
-fn validate_table<B: Backend>(backend: &B, policies: &[&PolicySpec]) -> Result<(), BuildError> {
-    if policies.is_empty() {
-        return Err(BuildError::Invalid(
-            "a throttle layer needs at least one policy".into(),
-        ));
-    }
-    for policy in policies {
-        for shadow in policy.shadow_limits() {
-            backend.validate(std::slice::from_ref(shadow), Uses::NOTHING_MORE)?;
-        }
-        // Quotas with keys of their own (one tier): decided together, each under its key. The
-        // backend checks each member of a stack as it will run it.
-        let extras = policy.extras();
-        let uses = match extras.is_some_and(|e| e.limit_keys.is_some()) {
-            true => Uses::NOTHING_MORE.keys_apart(),
-            false => Uses::NOTHING_MORE,
-        };
-        let tiers = match uses.keys_apart {
-            true => &policy.tiers()[..1],
-            false => policy.tiers(),
-        };
-        for tier in tiers {
-            backend.validate(&tier.limits, uses)?;
-        }
-        let limits = &policy.tiers()[0].limits;
-        // Counting by outcome gives units back: a backend that cannot would count them all.
-        let refunds = extras.is_some_and(|e| e.outcome.is_some());
-        if refunds && backend.validate(limits, uses.refunds()).is_err() {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?} counts by outcome (count_only, refund_on), but this backend cannot \
-                 give units back (Backend::validate refuses refunds)",
-                policy.name()
-            )));
-        }
-        // A metered limit settles its cost after the response.
-        let settles = extras.is_some_and(|e| e.metered.is_some());
-        if settles && backend.validate(limits, uses.settles()).is_err() {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?} has a metered limit, but this backend cannot settle a cost after the \
-                 response (Backend::validate refuses settlements)",
-                policy.name()
-            )));
-        }
-    }
-    // Every limit, with the names of the stack it belongs to.
-    let limits: Vec<(&Limit, Vec<&str>)> = policies
-        .iter()
-        .flat_map(|p| p.tiers())
-        .flat_map(|t| {
-            let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
-            t.limits.iter().map(move |l| (l, stack.clone()))
-        })
-        // A shadow limit is decided alone: a stack of one.
-        .chain(
-            policies
-                .iter()
-                .flat_map(|p| p.shadow_limits())
-                .map(|l| (l, vec![l.name()])),
-        )
-        .collect();
-    // The first limit of each name, looked up by name: a table of many policies builds in
-    // linear time.
-    let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
-    for entry in &limits {
-        let (limit, stack) = entry;
-        // Limits that share a name share their keys' state, which only makes sense with the same
-        // rules: a TAT written under a one-hour tolerance would lock users out of a per-second
-        // one, and a delayed policy's queue would be erased by one without the delay.
-        let (other, other_stack) = match first_named.entry(limit.name()) {
-            Entry::Vacant(vacant) => {
-                vacant.insert(entry);
-                continue;
-            }
-            Entry::Occupied(occupied) => *occupied.get(),
-        };
-        if !other.same_rules(limit) {
-            return Err(BuildError::Invalid(format!(
-                "the limit {:?} appears twice with different rules ({} and {}); limits that \
-                     share a name share their keys, so they need one quota, algorithm, delay, lease \
-                     and penalty",
-                limit.name(),
-                other.quota(),
-                limit.quota()
-            )));
-        }
-        if stack != other_stack {
-            return Err(BuildError::Invalid(format!(
-                "the limit name {:?} is used by two different stacks of quotas ({} and {}); \
-                     rename a policy or tier",
-                limit.name(),
-                other_stack.join(" + "),
-                stack.join(" + ")
-            )));
-        }
-    }
-    check_reachable(policies)
-}
-
-/// Refuses a list of policies in which one can never apply: the first policy whose route and
-/// methods match a request decides, so a policy after one that matches every request it would
-/// match is dead configuration, most likely a limit its author believes is enforced.
-///
-/// Only routes spelt alike (up to parameter names) count as the same route: under axum's router,
-/// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
-/// other.
-fn check_reachable(policies: &[&PolicySpec]) -> Result<(), BuildError> {
-    // Only a route-less policy or one on the same route can cover another, so each policy is
-    // compared with those alone: linear in the number of routes, which tables of thousands have.
-    let mut unrouted: Vec<usize> = Vec::new();
-    let mut by_route: HashMap<String, Vec<usize>> = HashMap::new();
-    for (i, later) in policies.iter().enumerate() {
-        let shape = later.route_rule().map(Route::shape);
-        let same_route = shape.as_ref().and_then(|s| by_route.get(s));
-        let earlier = unrouted
-            .iter()
-            .chain(same_route.into_iter().flatten())
-            .copied()
-            .filter(|&e| covers(policies[e], later))
-            .min();
-        if let Some(earlier) = earlier {
-            let earlier = &policies[earlier];
-            return Err(BuildError::Invalid(format!(
-                "policy {:?} can never apply: policy {:?}, before it, matches every request it \
-                 would ({}), and the first matching policy decides; put the narrower policy first \
-                 or give them different routes or methods",
-                later.name(),
-                earlier.name(),
-                scope(earlier)
-            )));
-        }
-        match shape {
-            Some(shape) => by_route.entry(shape).or_default().push(i),
-            None => unrouted.push(i),
-        }
-    }
-    Ok(())
-}
-
-/// Whether `this` matches every request that `other` matches.
-fn covers(this: &PolicySpec, other: &PolicySpec) -> bool {
-    let routes = match (this.route_rule(), other.route_rule()) {
-        (None, _) => true,
-        (Some(mine), Some(theirs)) => mine.same_route(theirs),
-        (Some(_), None) => false,
-    };
-    let methods = match (this.method_list(), other.method_list()) {
-        (None, _) => true,
-        (Some(mine), Some(theirs)) => theirs.iter().all(|m| mine.contains(m)),
-        (Some(_), None) => false,
-    };
-    // A condition narrows a policy: `this` still covers `other` if `other` has it too.
-    let conditions = this.conditions.iter().all(|c| other.conditions.contains(c));
-    routes && methods && conditions
-}
-
-/// The requests `policy` matches, in words.
-fn scope(policy: &PolicySpec) -> String {
-    let route = match policy.route_rule() {
-        None => "every route".to_owned(),
-        Some(route) => format!("route {:?}", route.pattern()),
-    };
-    let methods = match policy.method_list() {
-        None => "every method".to_owned(),
-        Some(methods) => {
-            let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
-            format!("methods {}", names.join(", "))
-        }
-    };
-    match policy.conditions.len() {
-        0 => format!("{route}, {methods}"),
-        n => format!("{route}, {methods}, {n} condition(s)"),
     }
 }
 
@@ -325,81 +145,5 @@ mod tests {
             policy("gone", 5),
         ]);
         assert!(before.changed_in(&again).is_empty(), "the same table again");
-    }
-
-    #[test]
-    fn a_policy_hidden_by_an_earlier_one_is_an_error() {
-        let q = Quota::per_second(5);
-        let policy = |name: &str, route: Option<&str>, methods: Option<&[Method]>| {
-            let mut b = Policy::builder(name)
-                .key(crate::key::PeerIp::new())
-                .quota(q);
-            if let Some(route) = route {
-                b = b.route(route);
-            }
-            if let Some(methods) = methods {
-                b = b.methods(methods.to_vec());
-            }
-            b.build().unwrap()
-        };
-        let check = |policies: &[Policy<PeerIp>]| {
-            let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
-            check_reachable(&specs).map_err(|e| e.to_string())
-        };
-        let everything = policy("all", None, None);
-        let users = policy("users", Some("/users/{id}"), None);
-        let users_again = policy("users2", Some("/users/{user_id}"), None);
-        let users_post = policy("users-post", Some("/users/{id}"), Some(&[Method::POST]));
-        let users_get = policy("users-get", Some("/users/{id}"), Some(&[Method::GET]));
-        let posts = policy("posts", None, Some(&[Method::POST]));
-
-        assert_eq!(
-            check(&[everything.clone(), users.clone()]).unwrap_err(),
-            r#"policy "users" can never apply: policy "all", before it, matches every request it would (every route, every method), and the first matching policy decides; put the narrower policy first or give them different routes or methods"#
-        );
-        assert!(check(&[users.clone(), users_again.clone()])
-            .unwrap_err()
-            .contains(r#"policy "users2" can never apply"#));
-        assert!(check(&[users.clone(), users_post.clone()]).is_err());
-        assert!(check(&[posts.clone(), users_post.clone()]).is_err());
-        // Narrower first is the way to say "this route, else everything".
-        check(&[users.clone(), everything.clone()]).unwrap();
-        check(&[users_post.clone(), users.clone(), everything]).unwrap();
-        check(&[users_post.clone(), users_get.clone()]).unwrap();
-        check(&[users_post, posts]).unwrap();
-        // Different routes under axum are matched by MatchedPath: neither hides the other.
-        check(&[policy("rest", Some("/{*rest}"), None), users]).unwrap();
-    }
-
-    #[test]
-    fn a_policy_with_conditions_hides_only_what_meets_them_too() {
-        use crate::policy::Condition;
-        let q = Quota::per_second(5);
-        let policy = |name: &str, conditions: &[Condition]| {
-            let mut b = Policy::builder(name).key(PeerIp::new()).quota(q);
-            for c in conditions {
-                b = b.when(c.clone());
-            }
-            b.build().unwrap()
-        };
-        let check = |policies: &[Policy<PeerIp>]| {
-            let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
-            check_reachable(&specs).map_err(|e| e.to_string())
-        };
-        let mobile = Condition::header("x-client", "mobile");
-        let free = Condition::query("plan", "free");
-        let all = policy("all", &[]);
-        let phones = policy("phones", std::slice::from_ref(&mobile));
-        let free_phones = policy("free-phones", &[mobile.clone(), free]);
-        // "Mobile clients, else everyone": the narrower one first.
-        check(&[phones.clone(), all.clone()]).unwrap();
-        check(&[free_phones.clone(), phones.clone()]).unwrap();
-        let hidden = check(&[phones.clone(), free_phones]).unwrap_err();
-        assert!(
-            hidden.contains(r#"policy "free-phones" can never apply"#),
-            "{hidden}"
-        );
-        assert!(hidden.contains("1 condition(s)"), "{hidden}");
-        assert!(check(&[all, phones]).is_err());
     }
 }

@@ -168,7 +168,7 @@ impl<'a> RequestContext<'a> {
 /// needs after its backend has answered, so a pending response future holds this and not the
 /// backend.
 pub(crate) struct Judge {
-    pub(super) settings: Settings,
+    pub(crate) settings: Settings,
     /// The limiter of `OnBackendError::Local`.
     #[cfg(feature = "memory")]
     pub(super) local: Option<MemoryBackend>,
@@ -209,7 +209,7 @@ impl Judge {
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
     /// request without a key (nor one whose async key came late): its other keys are as in a dry
     /// run, but their refusals are counted as would-limit (`decided`).
-    pub(super) fn enforces(
+    pub(crate) fn enforces(
         &self,
         policy: Option<&CompiledPolicy>,
         kind: RefusalKind,
@@ -541,7 +541,7 @@ impl Judge {
     }
 
     /// A rejection that earns a ban answers with the ban.
-    pub(super) fn strike(&self, rules: &CompiledPolicy, key: &Key, decision: Decision) -> Decision {
+    pub(crate) fn strike(&self, rules: &CompiledPolicy, key: &Key, decision: Decision) -> Decision {
         let Some(penalty) = &rules.penalty else {
             return decision;
         };

@@ -20,7 +20,6 @@ use http::HeaderValue;
 
 use crate::backend::{Backend, Charges, KeyState, Uses};
 use crate::decision::Decision;
-use crate::engine::message;
 use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
@@ -30,6 +29,7 @@ use crate::per_customer::Namespace;
 use crate::policy::Policy;
 use crate::top::TopKey;
 
+mod message;
 mod overrides;
 
 /// A handle on a running [`ThrottleLayer`](crate::ThrottleLayer) (from
