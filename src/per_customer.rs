@@ -1,15 +1,11 @@
-//! Limits per customer: a policy's quota from the request ([`PolicyBuilder::quota_from`], a
-//! [`QuotaResolver`] that may be async), and what else a policy may decide per request, off the fast
-//! path: an async key ([`AsyncKey`](crate::key::AsyncKey)), a key from the body
-//! ([`BodyField`](crate::key::BodyField)) and counting by outcome
-//! ([`PolicyBuilder::count_only`]). A policy that uses none of them costs one `Option` check per
-//! request.
+//! Quotas per customer: a policy's quota chosen per request ([`PolicyBuilder::quota_from`], a
+//! [`QuotaResolver`] that may be async), and the quotas an operator's overrides give single keys —
+//! its options, the limits made for each quota seen, and how a request's quota is found. A policy
+//! that chooses no quota per key pays nothing for it: its requests never come here.
 //!
 //! [`PolicyBuilder::quota_from`]: crate::PolicyBuilder::quota_from
-//! [`PolicyBuilder::count_only`]: crate::PolicyBuilder::count_only
 
 use std::collections::HashMap;
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -18,14 +14,12 @@ use std::time::Duration;
 use http::request::Parts;
 
 use crate::error::BuildError;
-use crate::key::body::BodyRule;
-use crate::key::{AsyncKey, BodyField, Key, KeySpec, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
+use crate::key::Key;
 use crate::limit::{Algorithm, Limit};
-use crate::meter::MeterRule;
 use crate::observe::ResolveLog;
-use crate::outcome::OutcomeRule;
 use crate::policy::tier::CompiledTier;
 use crate::quota::Quota;
+use crate::timer::within;
 
 /// An error from a [`QuotaResolver`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -113,227 +107,109 @@ pub(crate) const DEFAULT_RESOLVE_TIMEOUT: Duration = Duration::from_millis(100);
 /// there are few); past it the table starts again.
 const MAX_CUSTOM_QUOTAS: usize = 1024;
 
-/// What a policy's builder collects for the per-request features.
-#[derive(Default)]
-pub(crate) struct ExtrasBuilder {
-    pub(crate) quota_from: Option<Arc<QuotaFn>>,
-    pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
-    pub(crate) resolve_timeout: Option<Duration>,
-    pub(crate) async_key: Option<AsyncKey>,
-    /// A key from the body ([`PolicyBuilder::body_key`](crate::PolicyBuilder::body_key)), and
-    /// how much of it may be read, for how long.
-    pub(crate) body_key: Option<BodyField>,
-    pub(crate) max_body: Option<usize>,
-    pub(crate) body_timeout: Option<Duration>,
-    pub(crate) outcome: OutcomeRule,
-    pub(crate) metered: crate::meter::MeteredBuilder,
-    /// Shadow limits (`rollout/`), decided beside the policy's own on the extended path.
-    pub(crate) shadows: Box<[Limit]>,
-    /// The key of each quota that has one of its own
-    /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)), by the quota's place
-    /// (`None`, or missing: the policy's key); empty when none has.
-    pub(crate) quota_keys: Vec<Option<KeySpec>>,
-}
-
-impl fmt::Debug for ExtrasBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExtrasBuilder")
-            .field("quota_from", &self.quota_from.is_some())
-            .field("resolver", &self.resolver.is_some())
-            .field("async_key", &self.async_key)
-            .field("body_key", &self.body_key)
-            .field("outcome", &self.outcome)
-            .field("shadows", &self.shadows)
-            .field("quota_keys", &self.quota_keys)
-            .finish()
-    }
-}
-
-impl ExtrasBuilder {
-    /// The extras of a policy named `name` whose default limit is `template`, or `None` when it
-    /// uses none (its requests then take the fast path). `metered`: the rule of its metered limit,
-    /// if it has one (built by [`MeteredBuilder`](crate::meter::MeteredBuilder)).
-    pub(crate) fn build(
-        self,
-        name: &str,
-        template: &Limit,
-        metered: Option<MeterRule>,
-    ) -> Result<Option<Arc<PolicyExtras>>, BuildError> {
-        let invalid = |why: &str| BuildError::Invalid(format!("policy {name:?}: {why}"));
-        if self.resolve_timeout.is_some() && self.resolver.is_none() {
-            return Err(invalid(
-                "resolver_timeout is set but there is no quota_resolver",
-            ));
-        }
-        if self.resolve_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(invalid("resolver_timeout must be more than 0"));
-        }
-        if self
-            .async_key
-            .as_ref()
-            .is_some_and(|k| k.timeout_value().is_zero())
-        {
-            return Err(invalid("the async key's timeout must be more than 0"));
-        }
-        let keyed = !self.quota_keys.is_empty();
-        let body = self
-            .body_rule(metered.as_ref())
-            .map_err(|why| invalid(&why))?;
-        if self.quota_from.is_none()
-            && self.resolver.is_none()
-            && self.async_key.is_none()
-            && body.is_none()
-            && !self.outcome.is_set()
-            && self.shadows.is_empty()
-            && metered.is_none()
-            && !keyed
-        {
-            return Ok(None);
-        }
-        Ok(Some(Arc::new(PolicyExtras {
-            name: name.into(),
-            template: template.clone(),
-            quota_from: self.quota_from,
-            resolver: self.resolver,
-            resolve_timeout: self.resolve_timeout.unwrap_or(DEFAULT_RESOLVE_TIMEOUT),
-            async_key: self.async_key,
-            body,
-            outcome: self.outcome.is_set().then(|| Arc::new(self.outcome)),
-            metered,
-            custom: Mutex::new(HashMap::new()),
-            overridden: Mutex::new(HashMap::new()),
-            override_name: override_name(name),
-            log: ResolveLog::default(),
-            shadows: self.shadows,
-            limit_keys: keyed.then(|| self.quota_keys.into()),
-        })))
-    }
-}
-
-impl ExtrasBuilder {
-    /// What the policy reads from the body (its key, its metered estimate), if anything.
-    fn body_rule(&self, metered: Option<&MeterRule>) -> Result<Option<BodyRule>, String> {
-        let estimate = metered.and_then(|m| m.estimate.body_field());
-        if self.body_key.is_none() && estimate.is_none() {
-            if self.max_body.is_some() || self.body_timeout.is_some() {
-                return Err(
-                    "max_body and body_timeout are set but nothing reads the body (a \
-                     body key or a metered estimate from the body)"
-                        .into(),
-                );
-            }
-            return Ok(None);
-        }
-        if self.max_body == Some(0) {
-            return Err("max_body must be at least 1 byte".into());
-        }
-        if self.body_timeout.is_some_and(|t| t.is_zero()) {
-            return Err("body_timeout must be more than 0".into());
-        }
-        Ok(Some(BodyRule {
-            key: self.body_key.clone(),
-            max: self.max_body.unwrap_or(DEFAULT_MAX_BODY),
-            timeout: self.body_timeout.unwrap_or(DEFAULT_BODY_TIMEOUT),
-        }))
-    }
-}
-
-/// The per-request features of one policy.
-pub(crate) struct PolicyExtras {
+/// A policy's quotas chosen per key: its closure or resolver, and the limits of each quota seen (a
+/// customer's, or an override's), made once.
+pub(crate) struct CustomerQuotas {
     name: Arc<str>,
     /// The policy's default limit: per-customer limits take its algorithm, delay, lease and
     /// penalty.
     template: Limit,
-    pub(crate) quota_from: Option<Arc<QuotaFn>>,
-    pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
-    pub(crate) resolve_timeout: Duration,
-    pub(crate) async_key: Option<AsyncKey>,
-    /// What it reads from the request body.
-    pub(crate) body: Option<BodyRule>,
-    pub(crate) outcome: Option<Arc<OutcomeRule>>,
-    /// The metered limit's rule (its place in the stack, its estimate, its usage header).
-    pub(crate) metered: Option<MeterRule>,
+    quota_from: Option<Arc<QuotaFn>>,
+    resolver: Option<Arc<dyn QuotaResolver>>,
+    resolve_timeout: Duration,
     /// The limits of each per-customer quota seen, made once.
     custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
     /// The limits of each override's quota seen, made once (`Namespace::Override`).
     overridden: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
     /// The name override quotas keep their state under.
     override_name: Arc<str>,
-    pub(crate) log: ResolveLog,
-    pub(crate) shadows: Box<[Limit]>,
-    /// The key of each of the default tier's limits that has one of its own, by the limit's
-    /// place (`None`, or missing: the policy's key); `None` when none has.
-    pub(crate) limit_keys: Option<Box<[Option<KeySpec>]>>,
+    log: ResolveLog,
 }
 
-impl fmt::Debug for PolicyExtras {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PolicyExtras")
+/// How a policy chooses a quota per key, as its builder collects it.
+#[derive(Clone, Default)]
+pub(crate) struct ChoosesQuota {
+    pub(crate) quota_from: Option<Arc<QuotaFn>>,
+    pub(crate) resolver: Option<Arc<dyn QuotaResolver>>,
+    pub(crate) resolve_timeout: Option<Duration>,
+}
+
+impl ChoosesQuota {
+    /// Whether the policy chooses a quota per key at all.
+    pub(crate) fn is_set(&self) -> bool {
+        self.quota_from.is_some() || self.resolver.is_some()
+    }
+
+    /// Why these options cannot be used, if they cannot.
+    pub(crate) fn invalid(&self) -> Option<&'static str> {
+        if self.resolve_timeout.is_some() && self.resolver.is_none() {
+            return Some("resolver_timeout is set but there is no quota_resolver");
+        }
+        if self.resolve_timeout.is_some_and(|t| t.is_zero()) {
+            return Some("resolver_timeout must be more than 0");
+        }
+        None
+    }
+}
+
+impl std::fmt::Debug for ChoosesQuota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChoosesQuota")
             .field("quota_from", &self.quota_from.is_some())
             .field("resolver", &self.resolver.is_some())
-            .field("async_key", &self.async_key)
-            .field("body", &self.body)
-            .field("outcome", &self.outcome)
-            .field("metered", &self.metered)
-            .finish_non_exhaustive()
+            .field("resolve_timeout", &self.resolve_timeout)
+            .finish()
     }
 }
 
-/// Where a quota chosen for one key keeps the key's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Namespace {
-    /// A per-customer quota (`quota_from`, a resolver): under the policy's name, so that a key
-    /// keeps its state when its plan changes (the GCRA rebases a TAT written under another
-    /// quota, the windows read a count above the limit as full).
-    Customer,
-    /// An operator's override: under `<policy>.override`, so that a key whose limit is raised
-    /// starts afresh under the new quota (a refused key's backlog, read under a raised GCRA
-    /// quota, would otherwise still fill it), and finds its old state when the override goes.
-    Override,
-}
-
-/// The name override quotas of policy `name` keep their state under: `<name>.override`, or the
-/// policy's own name where that would be too long for a limit's name.
-fn override_name(name: &str) -> Arc<str> {
-    let own = format!("{name}.override");
-    match crate::limit::validate_name(&own) {
-        Ok(()) => own.into(),
-        Err(_) => name.into(),
-    }
-}
-
-/// The limit of one per-customer quota, and what the verdict needs of it.
-pub(crate) struct CustomerQuota {
-    pub(crate) limits: Box<[Limit]>,
-    pub(crate) rules: CompiledTier,
-}
-
-impl PolicyExtras {
-    /// The extras of a policy that uses none: what its requests take down the extended path while
-    /// an override or a timed ban names one of its keys (`overrides/`), whose quota overrides
-    /// are per-customer quotas.
-    pub(crate) fn plain(name: &str, template: &Limit) -> Arc<PolicyExtras> {
-        Arc::new(PolicyExtras {
+impl CustomerQuotas {
+    /// The quotas per key of policy `name`, whose default limit is `template`.
+    pub(crate) fn new(name: &str, template: &Limit, options: ChoosesQuota) -> Self {
+        CustomerQuotas {
             name: name.into(),
             template: template.clone(),
-            quota_from: None,
-            resolver: None,
-            resolve_timeout: DEFAULT_RESOLVE_TIMEOUT,
-            async_key: None,
-            outcome: None,
-            metered: None,
+            quota_from: options.quota_from,
+            resolver: options.resolver,
+            resolve_timeout: options.resolve_timeout.unwrap_or(DEFAULT_RESOLVE_TIMEOUT),
             custom: Mutex::new(HashMap::new()),
             overridden: Mutex::new(HashMap::new()),
             override_name: override_name(name),
             log: ResolveLog::default(),
-            shadows: Box::new([]),
-            body: None,
-            limit_keys: None,
-        })
+        }
     }
 
-    pub(crate) fn name(&self) -> &str {
-        &self.name
+    /// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
+    /// enforced for a request of `cost` (`validate`: the backend's check); `None` for the policy's
+    /// own. A resolver that fails or takes longer than its timeout gives `None` too (logged).
+    pub(crate) async fn quota_of(
+        &self,
+        parts: &Parts,
+        key: &Key,
+        cost: u64,
+        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
+    ) -> Option<Arc<CustomerQuota>> {
+        let quota = if let Some(quota_from) = &self.quota_from {
+            quota_from(parts, key)?
+        } else {
+            let resolver = self.resolver.as_ref()?;
+            let fallback = "the policy's quota";
+            match within(self.resolve_timeout, resolver.resolve(parts, key)).await {
+                Some(Ok(quota)) => quota?,
+                Some(Err(error)) => {
+                    let why = error.to_string();
+                    self.log
+                        .record(&self.name, "quota resolver", &why, fallback);
+                    return None;
+                }
+                None => {
+                    let why = format!("no quota within {:?}", self.resolve_timeout);
+                    self.log
+                        .record(&self.name, "quota resolver", &why, fallback);
+                    return None;
+                }
+            }
+        };
+        self.custom_tier(Namespace::Customer, quota, cost, validate)
     }
 
     /// The limits of a `quota` chosen for one key, with the default limit's algorithm, delay,
@@ -424,4 +300,33 @@ impl PolicyExtras {
         }
         Ok(limit)
     }
+}
+
+/// Where a quota chosen for one key keeps the key's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Namespace {
+    /// A per-customer quota (`quota_from`, a resolver): under the policy's name, so that a key
+    /// keeps its state when its plan changes (the GCRA rebases a TAT written under another
+    /// quota, the windows read a count above the limit as full).
+    Customer,
+    /// An operator's override: under `<policy>.override`, so that a key whose limit is raised
+    /// starts afresh under the new quota (a refused key's backlog, read under a raised GCRA
+    /// quota, would otherwise still fill it), and finds its old state when the override goes.
+    Override,
+}
+
+/// The name override quotas of policy `name` keep their state under: `<name>.override`, or the
+/// policy's own name where that would be too long for a limit's name.
+fn override_name(name: &str) -> Arc<str> {
+    let own = format!("{name}.override");
+    match crate::limit::validate_name(&own) {
+        Ok(()) => own.into(),
+        Err(_) => name.into(),
+    }
+}
+
+/// The limit of one per-customer quota, and what the verdict needs of it.
+pub(crate) struct CustomerQuota {
+    pub(crate) limits: Box<[Limit]>,
+    pub(crate) rules: CompiledTier,
 }

@@ -16,7 +16,7 @@ use crate::limit::validate_name;
 use crate::limit::{Algorithm, Limit};
 use crate::methods::methods_of;
 use crate::near_limit::NearRule;
-use crate::per_customer::ExtrasBuilder;
+use crate::policy::extras::ExtrasBuilder;
 use crate::quota::Quota;
 use crate::rollout::RolloutBuilder;
 use crate::route::Route;
@@ -33,6 +33,7 @@ mod body_key;
 mod compat;
 mod compiled;
 mod condition;
+pub(crate) mod extras;
 mod keyed;
 mod limits;
 mod parts;
@@ -738,7 +739,7 @@ impl<K> PolicyBuilder<K> {
     where
         F: Fn(&http::request::Parts, &crate::key::Key) -> Option<Quota> + Send + Sync + 'static,
     {
-        self.extras.quota_from = Some(Arc::new(quota));
+        self.extras.quotas.quota_from = Some(Arc::new(quota));
         self
     }
 
@@ -767,14 +768,14 @@ impl<K> PolicyBuilder<K> {
     /// # let _ = api;
     /// ```
     pub fn quota_resolver(mut self, resolver: impl crate::per_customer::QuotaResolver) -> Self {
-        self.extras.resolver = Some(Arc::new(resolver));
+        self.extras.quotas.resolver = Some(Arc::new(resolver));
         self
     }
 
     /// How long the [quota resolver](Self::quota_resolver) may take (default 100 ms, the Redis
     /// backend's default timeout); past it the policy's own quota applies.
     pub fn resolver_timeout(mut self, timeout: Duration) -> Self {
-        self.extras.resolve_timeout = Some(timeout);
+        self.extras.quotas.resolve_timeout = Some(timeout);
         self
     }
 
@@ -859,8 +860,8 @@ impl<K> PolicyBuilder<K> {
         use compat::Feature::*;
         [
             (Metered, extras.metered.limit.is_some()),
-            (QuotaFrom, extras.quota_from.is_some()),
-            (Resolver, extras.resolver.is_some()),
+            (QuotaFrom, extras.quotas.quota_from.is_some()),
+            (Resolver, extras.quotas.resolver.is_some()),
             (CountOnly, extras.outcome.is_set()),
             (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
             (Shadow, !self.rollout.shadows.is_empty()),

@@ -24,10 +24,10 @@ use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::overrides::{InForce, Override};
-use crate::per_customer::{CustomerQuota, Namespace, PolicyExtras};
+use crate::per_customer::{CustomerQuota, Namespace};
+use crate::policy::extras::PolicyExtras;
 use crate::policy::CompiledPolicy;
 use crate::rollout::shadows::with_shadows;
-use crate::timer::within;
 
 /// The verdict of a request that took the extended path (an async key or quota, or counting by
 /// outcome: this file), with what carrying it out needs besides the request's body.
@@ -167,7 +167,14 @@ where
             }
         };
         let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
-            None => self.custom_quota(rules.cost(), &parts, &key).await,
+            None => {
+                let validate = |limit: &_| {
+                    let limits = std::slice::from_ref(limit);
+                    shared.backend.validate(limits, Uses::NOTHING_MORE)
+                };
+                let quotas = &extras.quotas;
+                quotas.quota_of(&parts, &key, rules.cost(), validate).await
+            }
             Some(in_force) => match self.overridden(&key, &parts, in_force) {
                 Ok(custom) => custom,
                 Err(verdict) => return with_meter(answered(parts, verdict), extras),
@@ -308,49 +315,6 @@ where
         }
     }
 
-    /// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
-    /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its
-    /// timeout gives `None` too (logged).
-    async fn custom_quota(
-        &self,
-        cost: u64,
-        parts: &Parts,
-        key: &Key,
-    ) -> Option<Arc<CustomerQuota>> {
-        let (shared, extras) = (&self.shared, &self.extras);
-        let quota = if let Some(quota_from) = &extras.quota_from {
-            quota_from(parts, key)?
-        } else if let Some(resolver) = &extras.resolver {
-            let fallback = "the policy's quota";
-            match within(extras.resolve_timeout, resolver.resolve(parts, key)).await {
-                Some(Ok(quota)) => quota?,
-                Some(Err(error)) => {
-                    extras.log.record(
-                        extras.name(),
-                        "quota resolver",
-                        &error.to_string(),
-                        fallback,
-                    );
-                    return None;
-                }
-                None => {
-                    let why = format!("no quota within {:?}", extras.resolve_timeout);
-                    extras
-                        .log
-                        .record(extras.name(), "quota resolver", &why, fallback);
-                    return None;
-                }
-            }
-        } else {
-            return None;
-        };
-        extras.custom_tier(Namespace::Customer, quota, cost, |limit| {
-            shared
-                .backend
-                .validate(std::slice::from_ref(limit), Uses::NOTHING_MORE)
-        })
-    }
-
     /// What an override or a timed ban in force makes of a request: `Ok` with the quota it is
     /// decided under (`None`: the policy's own; a quota override on a metered policy, which cannot
     /// take one, or a ban in a dry run), `Err` with its verdict (let through unlimited, or
@@ -374,7 +338,7 @@ where
                         .backend
                         .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
                 };
-                Ok(extras.custom_tier(Namespace::Override, quota, rules.cost(), validate))
+                Ok((extras.quotas).custom_tier(Namespace::Override, quota, rules.cost(), validate))
             }
             InForce::Override(Override::Quota(_)) => Ok(None),
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),

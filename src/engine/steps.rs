@@ -39,7 +39,8 @@ use crate::error::BackendError;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
-use crate::per_customer::{CustomerQuota, PolicyExtras};
+use crate::per_customer::CustomerQuota;
+use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier, Policy};
 
 /// Step 1: the first policy of `table` whose route, methods and conditions match `request`.

@@ -296,6 +296,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 let ns = Namespace::Override;
                 rules
                     .overridable
+                    .quotas
                     .custom_tier(ns, quota, rules.cost(), validate)
             }
             _ => None,
@@ -496,7 +497,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                         .validate(slice::from_ref(l), Uses::NOTHING_MORE)
                 };
                 let ns = Namespace::Override;
-                let custom = compiled.overridable.custom_tier(ns, quota, cost, validate);
+                let custom = (compiled.overridable.quotas).custom_tier(ns, quota, cost, validate);
                 (custom, None)
             }
         };
@@ -537,7 +538,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // And an override's quota, under its own name.
         let overridden = self.shared.overrides.touches(rules.name());
         for ns in [Namespace::Customer, Namespace::Override] {
-            if let Some(limit) = rules.overridable.namespace(ns, overridden) {
+            if let Some(limit) = rules.overridable.quotas.namespace(ns, overridden) {
                 self.shared
                     .backend
                     .reset(Charges::one(&limit, key, 0))

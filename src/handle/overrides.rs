@@ -83,6 +83,7 @@ where
             }
             rules
                 .overridable
+                .quotas
                 .enforceable(Namespace::Override, quota, rules.cost(), |l| {
                     self.shared
                         .backend

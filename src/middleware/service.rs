@@ -31,7 +31,7 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::per_customer::PolicyExtras;
+use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, Policy};
 
 /// The rate-limiting service made by [`ThrottleLayer`](crate::ThrottleLayer).

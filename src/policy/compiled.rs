@@ -14,7 +14,7 @@ use crate::headers;
 use crate::near_limit::NearReport;
 use crate::observe::Reporter;
 use crate::penalty::PenaltyBox;
-use crate::per_customer::PolicyExtras;
+use crate::policy::extras::PolicyExtras;
 use crate::rollout::WouldLimit;
 
 /// A policy compiled: its options (read through `Deref`) and its state.

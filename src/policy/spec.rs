@@ -12,7 +12,7 @@ use super::parts::{MissingKey, Tier};
 use super::tier::CompiledTier;
 use crate::limit::Limit;
 use crate::near_limit::NearRule;
-use crate::per_customer::PolicyExtras;
+use crate::policy::extras::PolicyExtras;
 use crate::rollout::Staged;
 use crate::route::Route;
 

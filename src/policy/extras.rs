@@ -1,0 +1,183 @@
+//! The per-request features a policy may use, off the fast path: a quota chosen per key
+//! (`per_customer.rs`), an async key ([`AsyncKey`](crate::key::AsyncKey)), a key or estimate from
+//! the body ([`BodyField`](crate::key::BodyField), `meter/`), counting by outcome (`outcome.rs`),
+//! shadow limits (`rollout/`) and quotas with keys of their own (`keyed.rs`). Each feature's
+//! options and state are its module's types; this is the list of them a policy holds, and a policy
+//! that uses none costs one `Option` check per request.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::BuildError;
+use crate::key::body::BodyRule;
+use crate::key::{AsyncKey, BodyField, KeySpec, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
+use crate::limit::Limit;
+use crate::meter::MeterRule;
+use crate::observe::ResolveLog;
+use crate::outcome::OutcomeRule;
+use crate::per_customer::{ChoosesQuota, CustomerQuotas};
+
+/// What a policy's builder collects for the per-request features.
+#[derive(Default)]
+pub(crate) struct ExtrasBuilder {
+    /// A quota chosen per key (`per_customer.rs`).
+    pub(crate) quotas: ChoosesQuota,
+    pub(crate) async_key: Option<AsyncKey>,
+    /// A key from the body ([`PolicyBuilder::body_key`](crate::PolicyBuilder::body_key)), and
+    /// how much of it may be read, for how long.
+    pub(crate) body_key: Option<BodyField>,
+    pub(crate) max_body: Option<usize>,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) outcome: OutcomeRule,
+    pub(crate) metered: crate::meter::MeteredBuilder,
+    /// Shadow limits (`rollout/`), decided beside the policy's own on the extended path.
+    pub(crate) shadows: Box<[Limit]>,
+    /// The key of each quota that has one of its own
+    /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)), by the quota's place
+    /// (`None`, or missing: the policy's key); empty when none has.
+    pub(crate) quota_keys: Vec<Option<KeySpec>>,
+}
+
+impl fmt::Debug for ExtrasBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtrasBuilder")
+            .field("quotas", &self.quotas)
+            .field("async_key", &self.async_key)
+            .field("body_key", &self.body_key)
+            .field("outcome", &self.outcome)
+            .field("shadows", &self.shadows)
+            .field("quota_keys", &self.quota_keys)
+            .finish()
+    }
+}
+
+impl ExtrasBuilder {
+    /// The extras of a policy named `name` whose default limit is `template`, or `None` when it
+    /// uses none (its requests then take the fast path). `metered`: the rule of its metered limit,
+    /// if it has one (built by [`MeteredBuilder`](crate::meter::MeteredBuilder)).
+    pub(crate) fn build(
+        self,
+        name: &str,
+        template: &Limit,
+        metered: Option<MeterRule>,
+    ) -> Result<Option<Arc<PolicyExtras>>, BuildError> {
+        let invalid = |why: &str| BuildError::Invalid(format!("policy {name:?}: {why}"));
+        if let Some(why) = self.quotas.invalid() {
+            return Err(invalid(why));
+        }
+        if self
+            .async_key
+            .as_ref()
+            .is_some_and(|k| k.timeout_value().is_zero())
+        {
+            return Err(invalid("the async key's timeout must be more than 0"));
+        }
+        let keyed = !self.quota_keys.is_empty();
+        let body = self
+            .body_rule(metered.as_ref())
+            .map_err(|why| invalid(&why))?;
+        if !self.quotas.is_set()
+            && self.async_key.is_none()
+            && body.is_none()
+            && !self.outcome.is_set()
+            && self.shadows.is_empty()
+            && metered.is_none()
+            && !keyed
+        {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(PolicyExtras {
+            name: name.into(),
+            quotas: CustomerQuotas::new(name, template, self.quotas),
+            async_key: self.async_key,
+            body,
+            outcome: self.outcome.is_set().then(|| Arc::new(self.outcome)),
+            metered,
+            log: ResolveLog::default(),
+            shadows: self.shadows,
+            limit_keys: keyed.then(|| self.quota_keys.into()),
+        })))
+    }
+}
+
+impl ExtrasBuilder {
+    /// What the policy reads from the body (its key, its metered estimate), if anything.
+    fn body_rule(&self, metered: Option<&MeterRule>) -> Result<Option<BodyRule>, String> {
+        let estimate = metered.and_then(|m| m.estimate.body_field());
+        if self.body_key.is_none() && estimate.is_none() {
+            if self.max_body.is_some() || self.body_timeout.is_some() {
+                return Err(
+                    "max_body and body_timeout are set but nothing reads the body (a \
+                     body key or a metered estimate from the body)"
+                        .into(),
+                );
+            }
+            return Ok(None);
+        }
+        if self.max_body == Some(0) {
+            return Err("max_body must be at least 1 byte".into());
+        }
+        if self.body_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("body_timeout must be more than 0".into());
+        }
+        Ok(Some(BodyRule {
+            key: self.body_key.clone(),
+            max: self.max_body.unwrap_or(DEFAULT_MAX_BODY),
+            timeout: self.body_timeout.unwrap_or(DEFAULT_BODY_TIMEOUT),
+        }))
+    }
+}
+
+/// The per-request features of one policy.
+pub(crate) struct PolicyExtras {
+    name: Arc<str>,
+    /// A quota chosen per key (a customer's, an override's).
+    pub(crate) quotas: CustomerQuotas,
+    pub(crate) async_key: Option<AsyncKey>,
+    /// What it reads from the request body.
+    pub(crate) body: Option<BodyRule>,
+    pub(crate) outcome: Option<Arc<OutcomeRule>>,
+    /// The metered limit's rule (its place in the stack, its estimate, its usage header).
+    pub(crate) metered: Option<MeterRule>,
+    /// What the extended path logs about the key and the body (once a second at most).
+    pub(crate) log: ResolveLog,
+    pub(crate) shadows: Box<[Limit]>,
+    /// The key of each of the default tier's limits that has one of its own, by the limit's
+    /// place (`None`, or missing: the policy's key); `None` when none has.
+    pub(crate) limit_keys: Option<Box<[Option<KeySpec>]>>,
+}
+
+impl fmt::Debug for PolicyExtras {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyExtras")
+            .field("async_key", &self.async_key)
+            .field("body", &self.body)
+            .field("outcome", &self.outcome)
+            .field("metered", &self.metered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyExtras {
+    /// The extras of a policy that uses none: what its requests take down the extended path while
+    /// an override or a timed ban names one of its keys (`overrides/`), whose quota overrides
+    /// are per-customer quotas.
+    pub(crate) fn plain(name: &str, template: &Limit) -> Arc<PolicyExtras> {
+        Arc::new(PolicyExtras {
+            name: name.into(),
+            quotas: CustomerQuotas::new(name, template, ChoosesQuota::default()),
+            async_key: None,
+            outcome: None,
+            metered: None,
+            log: ResolveLog::default(),
+            shadows: Box::new([]),
+            body: None,
+            limit_keys: None,
+        })
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
