@@ -6,12 +6,17 @@
 //! policy, with how many were held back), and, where the policy asks, named to the handler in the
 //! request header `x-ratelimit-near`.
 
+use std::sync::Arc;
+
 use http::header::HeaderName;
-use http::{Extensions, HeaderMap, Method, Uri};
+use http::{Extensions, HeaderMap, HeaderValue, Method, Uri};
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::observe::OncePerSecond;
+use crate::observe::{OncePerSecond, RequestRef};
+
+/// The layer's [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook.
+pub(crate) type NearLimitHook = dyn Fn(&NearLimit<'_>) + Send + Sync;
 
 /// The request header that names, for the handler, the limits a request came near
 /// ([`PolicyBuilder::near_limit_header`](crate::PolicyBuilder::near_limit_header)): the limit names,
@@ -91,9 +96,46 @@ impl NearReport {
         tracing::debug!(policy = %policy, limit = %limit, "request near its limit");
     }
 
-    /// `Some(how many were held back)` when the hook may be called now (once a second).
-    pub(crate) fn hook_open(&self) -> Option<u64> {
-        self.hook.open()
+    /// An admitted request's limits (`names`, with their `decisions`) that it leaves used to at
+    /// least `rule`'s ratio: each counted, shown to `hook` (once a second per policy), and named
+    /// for the handler (the header's value) if the rule says so.
+    pub(crate) fn near(
+        &self,
+        rule: &NearRule,
+        hook: Option<&NearLimitHook>,
+        (policy, key): (&str, &Key),
+        names: &[Arc<str>],
+        decisions: &[Decision],
+        request: RequestRef<'_>,
+    ) -> Option<Box<HeaderValue>> {
+        let mut near: Vec<&str> = Vec::new();
+        for (name, decision) in names.iter().zip(decisions) {
+            if !rule.is_near(decision) {
+                continue;
+            }
+            self.count(policy, name);
+            if let Some(hook) = hook
+                && let Some(held_back) = self.hook.open()
+            {
+                hook(&NearLimit {
+                    policy,
+                    limit: name,
+                    key,
+                    decision,
+                    held_back,
+                    method: request.method,
+                    uri: request.uri,
+                    headers: request.headers,
+                    extensions: request.extensions,
+                });
+            }
+            near.push(name);
+        }
+        if !rule.header || near.is_empty() {
+            return None;
+        }
+        // Limit names are header-safe ([A-Za-z0-9_.-]).
+        HeaderValue::from_str(&near.join(", ")).ok().map(Box::new)
     }
 }
 

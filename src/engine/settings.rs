@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::headers::HeaderOptions;
-use crate::near_limit::NearLimit;
+use crate::near_limit::NearLimitHook;
 use crate::observe::Limited;
 use crate::offenders::Offenders;
 use crate::refusal::{Refusal, Rejected};
@@ -15,7 +15,6 @@ use crate::refusal::{Refusal, Rejected};
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
 pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
-pub(crate) type NearLimitHook = dyn Fn(&NearLimit<'_>) + Send + Sync;
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
-use crate::near_limit::{NearLimit, NearRule};
+
 use crate::observe::{ErrorLog, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::CompiledPolicy;
 use crate::policy::CompiledTier;
@@ -487,7 +487,11 @@ impl Judge {
             let mut admitted = admit(rules, tier, decision, fields, delay, enforced, slot);
             add_limits(&mut admitted, tier, decisions);
             if let Some(near) = &rules.near {
-                admitted.near = self.near_limit(near, cx, tier, decisions);
+                let hook = self.settings.on_near_limit.as_deref();
+                let (names, key) = (&tier.names[..], cx.key);
+                let report = &rules.near_report;
+                admitted.near =
+                    report.near(near, hook, (&rules.name, key), names, decisions, cx.request);
             }
             return Verdict::Admit(admitted);
         }
@@ -497,47 +501,6 @@ impl Judge {
         }
         rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
-    }
-
-    /// An admitted request's limits that it leaves used to at least the policy's ratio: each
-    /// counted, shown to the `on_near_limit` hook (once a second per policy), and named for the
-    /// handler if the policy says so.
-    fn near_limit(
-        &self,
-        rule: &NearRule,
-        cx: RequestContext<'_>,
-        tier: &CompiledTier,
-        decisions: &[Decision],
-    ) -> Option<Box<HeaderValue>> {
-        let rules = cx.policy;
-        let mut names: Vec<&str> = Vec::new();
-        for (name, decision) in tier.names.iter().zip(decisions) {
-            if !rule.is_near(decision) {
-                continue;
-            }
-            rules.near_report.count(&rules.name, name);
-            if let Some(hook) = &self.settings.on_near_limit
-                && let Some(held_back) = rules.near_report.hook_open()
-            {
-                hook(&NearLimit {
-                    policy: &rules.name,
-                    limit: name,
-                    key: cx.key,
-                    decision,
-                    held_back,
-                    method: cx.request.method,
-                    uri: cx.request.uri,
-                    headers: cx.request.headers,
-                    extensions: cx.request.extensions,
-                });
-            }
-            names.push(name);
-        }
-        if !rule.header || names.is_empty() {
-            return None;
-        }
-        // Limit names are header-safe ([A-Za-z0-9_.-]).
-        HeaderValue::from_str(&names.join(", ")).ok().map(Box::new)
     }
 
     /// A rejection that earns a ban answers with the ban.
