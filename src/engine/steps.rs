@@ -49,9 +49,6 @@ pub(crate) fn match_policy<'t, K, B>(
     table: &'t Table<K>,
     request: &Request<B>,
 ) -> Option<&'t Policy<K>> {
-    if table.first_takes_all {
-        return table.policies.first();
-    }
     table.policies.iter().find(|p| p.applies_to(request))
 }
 

@@ -21,9 +21,6 @@ pub(crate) struct Table<K> {
     /// Whether a policy names near limits to its handler (`near_limit_header`): then no request
     /// keeps an `x-ratelimit-near` of its own, whichever policy it meets.
     pub(crate) strips_near: bool,
-    /// Whether the first policy applies to every request (no route, methods or conditions): then
-    /// it is every request's policy, with nothing to match.
-    pub(crate) first_takes_all: bool,
 }
 
 impl<K> Table<K> {
@@ -94,15 +91,10 @@ impl<K> Table<K> {
         let strips_near = policies
             .iter()
             .any(|p| p.spec().near.is_some_and(|near| near.header));
-        let first_takes_all = policies.first().is_some_and(|first| {
-            let first = first.spec();
-            first.route.is_none() && first.methods.is_none() && first.conditions.is_empty()
-        });
         Ok(Table {
             policies,
             judge: Arc::new(judge),
             strips_near,
-            first_takes_all,
         })
     }
 }
