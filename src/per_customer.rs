@@ -178,9 +178,28 @@ impl CustomerQuotas {
         }
     }
 
+    /// Whether the policy's quota per key comes from a resolver (which may have to be awaited).
+    pub(crate) fn resolves(&self) -> bool {
+        self.resolver.is_some()
+    }
+
+    /// The per-customer quota of `key` from the policy's closure, at once, if it gives one that can
+    /// be enforced for a request of `cost` (`validate`: the backend's check); `None` for the
+    /// policy's own (and with no closure: a resolver is asked by [`quota_of`](Self::quota_of)).
+    pub(crate) fn quota_now(
+        &self,
+        parts: &Parts,
+        key: &Key,
+        cost: u64,
+        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
+    ) -> Option<Arc<CustomerQuota>> {
+        let quota = (self.quota_from.as_ref()?)(parts, key)?;
+        self.custom_tier(Namespace::Customer, quota, cost, validate)
+    }
+
     /// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
-    /// enforced for a request of `cost` (`validate`: the backend's check); `None` for the policy's
-    /// own. A resolver that fails or takes longer than its timeout gives `None` too (logged).
+    /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its
+    /// timeout gives `None` too (logged).
     pub(crate) async fn quota_of(
         &self,
         parts: &Parts,
@@ -188,25 +207,23 @@ impl CustomerQuotas {
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
     ) -> Option<Arc<CustomerQuota>> {
-        let quota = if let Some(quota_from) = &self.quota_from {
-            quota_from(parts, key)?
-        } else {
-            let resolver = self.resolver.as_ref()?;
-            let fallback = "the policy's quota";
-            match within(self.resolve_timeout, resolver.resolve(parts, key)).await {
-                Some(Ok(quota)) => quota?,
-                Some(Err(error)) => {
-                    let why = error.to_string();
-                    self.log
-                        .record(&self.name, "quota resolver", &why, fallback);
-                    return None;
-                }
-                None => {
-                    let why = format!("no quota within {:?}", self.resolve_timeout);
-                    self.log
-                        .record(&self.name, "quota resolver", &why, fallback);
-                    return None;
-                }
+        let Some(resolver) = &self.resolver else {
+            return self.quota_now(parts, key, cost, validate);
+        };
+        let fallback = "the policy's quota";
+        let quota = match within(self.resolve_timeout, resolver.resolve(parts, key)).await {
+            Some(Ok(quota)) => quota?,
+            Some(Err(error)) => {
+                let why = error.to_string();
+                self.log
+                    .record(&self.name, "quota resolver", &why, fallback);
+                return None;
+            }
+            None => {
+                let why = format!("no quota within {:?}", self.resolve_timeout);
+                self.log
+                    .record(&self.name, "quota resolver", &why, fallback);
+                return None;
             }
         };
         self.custom_tier(Namespace::Customer, quota, cost, validate)

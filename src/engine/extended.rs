@@ -1,25 +1,35 @@
 //! The extended path of [`Throttle`]: requests of a policy that uses per-customer quotas, an async
-//! key, a key or estimate from the body, quotas with keys of their own, or counting by outcome. One
-//! boxed future runs the steps of `steps.rs` with the async ones between them (the key, the quota)
-//! and makes the verdict; the response future then carries it out with the guard that settles the
-//! request by its outcome. Policies that use none of this never come here: for them the whole cost
-//! is the `Option` check in `Throttle::call`.
+//! key, a key or estimate from the body, quotas with keys of their own, counting by outcome, shadow
+//! limits, or whose keys an override or timed ban names. It runs the steps of `steps.rs` with these
+//! features' own between them, and stays synchronous until the first step that must wait: a
+//! request that waits for nothing but the backend is decided at once ([`Scope::decide_now`]; a
+//! remote backend's answer is awaited by a boxed future), and one that reads its body, awaits an
+//! async key or a resolver, or checks shadow limits is decided by one boxed future
+//! ([`prepare`]) that runs the same steps with the awaits between them. Either way the response
+//! future carries the verdict out with the guards that settle the request after its response.
+//! Policies that use none of this never come here: for them the whole cost is the `Option` check
+//! in `Throttle::call`.
+//!
+//! [`Throttle`]: crate::Throttle
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime};
 
 use http::request::Parts;
 
-use crate::backend::{Adjustment, Backend, Charges, Uses};
+use crate::backend::{Adjustment, Backend, Charges, Decisions, Uses};
+use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps::{self, Missing};
 use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
+use crate::error::{BackendError, BuildError};
 use crate::key::body::read::{ErasedBody, Reading};
 use crate::key::{AsyncKey, Found, Key};
-use crate::limit::MAX_STACKED_QUOTAS;
+use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
@@ -70,7 +80,8 @@ pub(crate) struct Scope<K, B> {
 }
 
 /// The verdict on a request of the extended path, whose body is read first if its policy reads
-/// it, and whose key is found first if it is async.
+/// it, and whose key is found first if it is async: the steps of [`Scope::decide_now`], with the
+/// awaits between them (the body, the key, a resolver's quota, shadow limits beside the backend).
 pub(crate) async fn prepare<K, B>(
     scope: Scope<K, B>,
     (key, body): (KeyAhead, Option<BodyAhead>),
@@ -100,14 +111,79 @@ where
     prepared
 }
 
+/// How a request of the extended path comes by its quota: given by an override in force (`None`:
+/// the policy's own), or the policy's own way (a customer's, which a resolver may be awaited for).
+enum QuotaAhead {
+    Given(Option<Arc<CustomerQuota>>),
+    Own,
+}
+
+/// A request past its pre-checks, about to ask the backend: what its charges are made of, and what
+/// its verdict needs with the answer.
+pub(crate) struct Asking {
+    key: Key,
+    parts: Parts,
+    tier: usize,
+    custom: Option<Arc<CustomerQuota>>,
+    /// Quotas with keys of their own: each limit's key.
+    limit_keys: Option<Vec<Key>>,
+    /// A metered limit's reservation.
+    estimate: Option<u64>,
+    asked: Instant,
+}
+
 impl<K, B> Scope<K, B>
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
+    /// Whether a request whose key is `key` and body `body` waits for nothing before the backend
+    /// (a key read at once, no body to read, no resolver, no shadow limits): then
+    /// [`decide_now`](Self::decide_now) decides it, with no future boxed unless the backend is
+    /// remote.
+    pub(crate) fn waits_for_backend_only(&self, key: &KeyAhead, body: Option<&BodyAhead>) -> bool {
+        matches!(key, KeyAhead::Read(_))
+            && body.is_none()
+            && !self.extras.quotas.resolves()
+            && self.extras.shadows.is_empty()
+    }
+
+    /// The steps at once, for a request that waits for nothing but the backend: `Ok` with the
+    /// verdict, or `Err` with the future that waits for a remote backend's answer and makes it.
+    pub(crate) fn decide_now(
+        self,
+        key: Result<Key, Missing>,
+        parts: Parts,
+    ) -> Result<Prepared, Preparing> {
+        let (key, parts, limit_keys, quota) = match self.keyed(key, parts) {
+            Ok(keyed) => keyed,
+            Err(answered) => return Ok(answered),
+        };
+        let custom = match quota {
+            QuotaAhead::Given(custom) => custom,
+            QuotaAhead::Own => {
+                let validate = |limit: &_| self.validate(limit);
+                let cost = self.policy.cost();
+                self.extras.quotas.quota_now(&parts, &key, cost, validate)
+            }
+        };
+        let asking = match self.asking((key, parts), limit_keys, custom, None) {
+            Ok(asking) => asking,
+            Err(answered) => return Ok(answered),
+        };
+        let mut check = self.ask(&asking);
+        let mut noop = Context::from_waker(Waker::noop());
+        match Pin::new(&mut check).poll(&mut noop) {
+            Poll::Ready(answer) => Ok(self.finish(asking, answer, None)),
+            Poll::Pending => Err(Box::pin(async move {
+                let answer = check.await;
+                self.finish(asking, answer, None)
+            })),
+        }
+    }
+
     /// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
     async fn prepare_read(&self, key: KeyAhead, parts: Parts, whole: Option<&[u8]>) -> Prepared {
-        let (shared, judge, policy) = (&self.shared, &self.judge, &*self.policy);
         let extras = &self.extras;
         let (parts, key) = match key {
             KeyAhead::Read(key) => (parts, key),
@@ -137,17 +213,48 @@ where
                 (parts, key)
             }
         };
-        let key = match steps::keyed(shared, judge, policy, key, RequestRef::of_parts(&parts)) {
-            Ok(key) => key,
-            Err(verdict) => return with_meter(answered(parts, verdict), extras),
+        let (key, parts, limit_keys, quota) = match self.keyed(key, parts) {
+            Ok(keyed) => keyed,
+            Err(answered) => return answered,
         };
-        self.decide(key, (parts, whole)).await
+        let custom = match quota {
+            QuotaAhead::Given(custom) => custom,
+            QuotaAhead::Own => {
+                let validate = |limit: &_| self.validate(limit);
+                let cost = self.policy.cost();
+                extras.quotas.quota_of(&parts, &key, cost, validate).await
+            }
+        };
+        let asking = match self.asking((key, parts), limit_keys, custom, whole) {
+            Ok(asking) => asking,
+            Err(answered) => return answered,
+        };
+        let check = self.ask(&asking);
+        if extras.shadows.is_empty() {
+            return self.finish(asking, check.await, None);
+        }
+        let (shared, cost) = (&self.shared, self.policy.cost());
+        let shadows = &extras.shadows;
+        let (answer, shadowed) =
+            with_shadows(check, &shared.backend, shadows, &asking.key, cost).await;
+        self.finish(asking, answer, Some(shadowed))
     }
 
-    /// After the access lists and the key: the quota, the ban, the backend and the verdict.
-    async fn decide(&self, key: Key, (parts, whole): (Parts, Option<&[u8]>)) -> Prepared {
+    /// Steps 3 and 4 (the access lists, a request without a key, a quota's own key) and what an
+    /// override or timed ban in force makes of the request: `Ok` with its key, parts, quotas' own
+    /// keys and how it comes by its quota; `Err` answered before the backend.
+    #[allow(clippy::type_complexity, clippy::result_large_err)] // the verdict by value, as `steps::keyed`'s
+    fn keyed(
+        &self,
+        key: Result<Key, Missing>,
+        parts: Parts,
+    ) -> Result<(Key, Parts, Option<Vec<Key>>, QuotaAhead), Prepared> {
         let (shared, judge, rules) = (&self.shared, &self.judge, &*self.policy);
         let extras = &self.extras;
+        let key = match steps::keyed(shared, judge, rules, key, RequestRef::of_parts(&parts)) {
+            Ok(key) => key,
+            Err(verdict) => return Err(with_meter(answered(parts, verdict), extras)),
+        };
         // Quotas with keys of their own: each limit's key, or the missing-key answer.
         let (parts, limit_keys) = match extras.limit_keys.as_deref() {
             None => (parts, None),
@@ -161,64 +268,108 @@ where
                     Err(missing) => {
                         let request = RequestRef::of_parts(&parts);
                         let verdict = steps::without_key(judge, rules, missing, request);
-                        return answered(parts, verdict);
+                        return Err(answered(parts, verdict));
                     }
                 }
             }
         };
-        let custom = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
-            None => {
-                let validate = |limit: &_| {
-                    let limits = std::slice::from_ref(limit);
-                    shared.backend.validate(limits, Uses::NOTHING_MORE)
-                };
-                let quotas = &extras.quotas;
-                quotas.quota_of(&parts, &key, rules.cost(), validate).await
-            }
+        let quota = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
+            None => QuotaAhead::Own,
             Some(in_force) => match self.overridden(&key, &parts, in_force) {
-                Ok(custom) => custom,
-                Err(verdict) => return with_meter(answered(parts, verdict), extras),
+                Ok(custom) => QuotaAhead::Given(custom),
+                Err(verdict) => return Err(with_meter(answered(parts, verdict), extras)),
             },
         };
+        Ok((key, parts, limit_keys, quota))
+    }
+
+    /// Steps 5 and 6 once the quota is known (the tier, the ban), and the request's metered
+    /// estimate (from its parts and `whole` body): `Ok` ready to ask the backend; `Err` banned.
+    #[allow(clippy::result_large_err)] // as `keyed`'s
+    fn asking(
+        &self,
+        (key, parts): (Key, Parts),
+        limit_keys: Option<Vec<Key>>,
+        custom: Option<Arc<CustomerQuota>>,
+        whole: Option<&[u8]>,
+    ) -> Result<Asking, Prepared> {
         let request = RequestRef::of_parts(&parts);
         let custom_tier = custom.as_deref().map(|c| &c.rules);
-        let tier = match steps::tier_unless_banned(judge, rules, custom_tier, &key, request) {
+        let rules = &*self.policy;
+        let tier = match steps::tier_unless_banned(&self.judge, rules, custom_tier, &key, request) {
             Ok(tier) => tier,
-            Err(banned) => return answered(parts, banned),
+            Err(banned) => return Err(answered(parts, banned)),
         };
+        let estimate = self
+            .extras
+            .metered
+            .as_ref()
+            .map(|m| m.estimate(&parts, whole));
+        Ok(Asking {
+            key,
+            parts,
+            tier,
+            custom,
+            limit_keys,
+            estimate,
+            asked: Instant::now(),
+        })
+    }
+
+    /// Step 7: asks the backend for the request's charges: a metered limit reserves the request's
+    /// estimate, the others take its cost; an override's quota counts against the policy's key
+    /// alone.
+    fn ask(&self, asking: &Asking) -> B::Future {
+        let (rules, extras) = (&*self.policy, &self.extras);
+        let limits = steps::limits_of(rules, asking.tier, asking.custom.as_deref());
+        let key = &asking.key;
+        let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
+        let charges = match (&extras.metered, asking.estimate) {
+            (Some(metered), Some(estimate)) => {
+                quantities[metered.position] = estimate;
+                Charges::stack(limits, key, 0).with_quantities(&quantities[..limits.len()])
+            }
+            _ => match asking
+                .limit_keys
+                .as_deref()
+                .filter(|_| asking.custom.is_none())
+            {
+                Some(keys) => Charges::keyed(limits, keys, rules.cost()),
+                None => Charges::stack(limits, key, rules.cost()),
+            },
+        };
+        steps::ask(&self.shared.backend, charges)
+    }
+
+    /// Step 8 and what an admitted request takes along: the verdict on the backend's `answer`
+    /// (and the shadow limits' decisions, reported), the guards that settle it after its
+    /// response.
+    fn finish(
+        &self,
+        asking: Asking,
+        answer: Result<Decisions, BackendError>,
+        shadowed: Option<Vec<Result<Decision, BackendError>>>,
+    ) -> Prepared {
+        let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
+        let Asking {
+            key,
+            parts,
+            tier,
+            custom,
+            estimate,
+            asked,
+            ..
+        } = asking;
         let cx = RequestContext {
             policy: rules,
             tier,
             key: &key,
-            request,
-            custom: custom_tier,
+            request: RequestRef::of_parts(&parts),
+            custom: custom.as_deref().map(|c| &c.rules),
         };
-        let limits = steps::limits_of(rules, tier, custom.as_deref());
-        let asked = Instant::now();
-        // A metered limit reserves the request's estimate; the others take its cost.
-        let estimate = extras.metered.as_ref().map(|m| m.estimate(&parts, whole));
-        // The request's charges: a metered limit reserves the request's estimate, the others take
-        // its cost; an override's quota counts against the policy's key alone.
-        let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
-        let charges = match (&extras.metered, estimate) {
-            (Some(metered), Some(estimate)) => {
-                quantities[metered.position] = estimate;
-                Charges::stack(limits, &key, 0).with_quantities(&quantities[..limits.len()])
-            }
-            _ => match limit_keys.as_deref().filter(|_| custom.is_none()) {
-                Some(keys) => Charges::keyed(limits, keys, rules.cost()),
-                None => Charges::stack(limits, &key, rules.cost()),
-            },
-        };
-        let check = steps::ask(&shared.backend, charges);
-        let answer = if extras.shadows.is_empty() {
-            check.await
-        } else {
-            let (answer, shadowed) =
-                with_shadows(check, &shared.backend, &extras.shadows, &key, rules.cost()).await;
+        if let Some(shadowed) = shadowed {
             judge.shadowed(cx, &extras.shadows, shadowed);
-            answer
-        };
+        }
         // What the backend took, and how long it counts there (the shortest `reset_after`): only
         // that can be given back, and only until then. (A failed backend took nothing, whatever
         // `OnBackendError` then does.)
@@ -243,6 +394,12 @@ where
             prepared.parts.extensions.insert(meter);
         }
         prepared
+    }
+
+    /// The backend's check of a limit made for one key (a customer's or an override's quota).
+    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
+        let limits = std::slice::from_ref(limit);
+        self.shared.backend.validate(limits, Uses::NOTHING_MORE)
     }
 
     /// The guard that settles an admitted metered request's cost, if the backend took its
@@ -326,18 +483,13 @@ where
         parts: &Parts,
         in_force: InForce,
     ) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
-        let (shared, judge, rules, extras) =
-            (&self.shared, &self.judge, &*self.policy, &self.extras);
+        let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
         match in_force {
             InForce::Override(Override::Quota(quota))
                 if extras.metered.is_none() && extras.limit_keys.is_none() =>
             {
-                let validate = |l: &_| {
-                    shared
-                        .backend
-                        .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
-                };
+                let validate = |limit: &_| self.validate(limit);
                 Ok((extras.quotas).custom_tier(Namespace::Override, quota, rules.cost(), validate))
             }
             InForce::Override(Override::Quota(_)) => Ok(None),

@@ -222,6 +222,37 @@ where
         }
     }
 
+    /// Carries out the extended path's verdict: the request rebuilt from its parts and its body
+    /// (`kept` aside, or read for the policy and given back), calling `service` (readied) if it
+    /// is admitted.
+    pub(crate) fn carry_out_prepared(
+        prepared: Prepared,
+        service: &mut S,
+        kept: Option<ReqBody>,
+    ) -> Self
+    where
+        S: Clone,
+        ReqBody: 'static,
+    {
+        let Prepared {
+            parts,
+            verdict,
+            release,
+            outcome,
+            body: read,
+        } = prepared;
+        // The body read for the policy comes back as the request's own type.
+        let read = read.and_then(|mut b| b.downcast_mut::<Option<ReqBody>>()?.take());
+        match kept.or(read) {
+            Some(body) => {
+                let request = Request::from_parts(parts, body);
+                Self::carry_out_counted(verdict, service, request, release, outcome)
+            }
+            // Cannot happen (a body is read only as its own type); answered, not a panic.
+            None => Self::refused(body_lost()),
+        }
+    }
+
     /// The inner service's answer, with what the request carries to it; with nothing to carry
     /// (a request the access lists allow, an unlimited override), the inner future alone.
     fn calling(
@@ -301,32 +332,17 @@ where
     ReqBody: 'static,
     D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
-    /// The state after the extended path's verdict: the request rebuilt from its parts and its
-    /// body (kept aside, or read for the policy and given back), and the verdict carried out.
+    /// The state after the extended path's verdict, made by its future ([`carry_out_prepared`]).
     /// Never inlined: kept out of `poll`, the fast path's `poll` stays small enough to be inlined
     /// into its caller.
+    ///
+    /// [`carry_out_prepared`]: Self::carry_out_prepared
     #[inline(never)]
     fn prepared(
         prepared: Prepared,
         (mut service, kept): (S, Option<ReqBody>),
     ) -> State<S, ReqBody, D> {
-        let Prepared {
-            parts,
-            verdict,
-            release,
-            outcome,
-            body: read,
-        } = prepared;
-        // The body read for the policy comes back as the request's own type.
-        let read = read.and_then(|mut b| b.downcast_mut::<Option<ReqBody>>()?.take());
-        match kept.or(read) {
-            Some(body) => {
-                let request = Request::from_parts(parts, body);
-                Self::carry_out_counted(verdict, &mut service, request, release, outcome).state
-            }
-            // Cannot happen (a body is read only as its own type); answered, not a panic.
-            None => Self::refused(body_lost()).state,
-        }
+        Self::carry_out_prepared(prepared, &mut service, kept).state
     }
 }
 

@@ -282,15 +282,24 @@ where
         Some(rule) => read_body(body, rule),
         None => (None, Some(body)),
     };
-    let service = take_readied(inner);
     let scope = Scope {
         shared: shared.clone(),
         judge: judge.clone(),
         policy: policy.compiled().clone(),
         extras,
     };
+    // Nothing to wait for but the backend: the steps run now, and a verdict made at once is
+    // carried out at once, as on the plain path.
+    if scope.waits_for_backend_only(&key, ahead.as_ref())
+        && let KeyAhead::Read(key) = key
+    {
+        return match scope.decide_now(key, parts) {
+            Ok(prepared) => ResponseFuture::carry_out_prepared(prepared, inner, body),
+            Err(waiting) => ResponseFuture::preparing(waiting, take_readied(inner), body),
+        };
+    }
     let prepare = prepare(scope, (key, ahead), parts);
-    ResponseFuture::preparing(Box::pin(prepare), service, body)
+    ResponseFuture::preparing(Box::pin(prepare), take_readied(inner), body)
 }
 
 /// Starts reading `body` for a policy that reads it: the reading (which gives the body back,
