@@ -302,52 +302,26 @@ impl fmt::Display for KeySpec {
     }
 }
 
-impl From<QueryParam> for KeySpec {
-    fn from(q: QueryParam) -> Self {
-        KeySpec::Query(q)
-    }
+/// `impl From<$source> for KeySpec`: each key source is the spec of its own variant.
+macro_rules! spec_of {
+    ($($source:ty => $variant:ident),* $(,)?) => {$(
+        impl From<$source> for KeySpec {
+            fn from(source: $source) -> Self {
+                KeySpec::$variant(source)
+            }
+        }
+    )*};
 }
 
-impl From<Cookie> for KeySpec {
-    fn from(c: Cookie) -> Self {
-        KeySpec::Cookie(c)
-    }
-}
-
-impl From<PathParam> for KeySpec {
-    fn from(p: PathParam) -> Self {
-        KeySpec::Path(p)
-    }
-}
-
-impl From<Composite> for KeySpec {
-    fn from(c: Composite) -> Self {
-        KeySpec::Composite(c)
-    }
-}
-
-impl From<PeerIp> for KeySpec {
-    fn from(ip: PeerIp) -> Self {
-        KeySpec::PeerIp(ip)
-    }
-}
-
-impl From<ClientIp> for KeySpec {
-    fn from(ip: ClientIp) -> Self {
-        KeySpec::ClientIp(ip)
-    }
-}
-
-impl From<Header> for KeySpec {
-    fn from(header: Header) -> Self {
-        KeySpec::Header(header)
-    }
-}
-
-impl From<BodyField> for KeySpec {
-    fn from(field: BodyField) -> Self {
-        KeySpec::Body(field)
-    }
+spec_of! {
+    QueryParam => Query,
+    Cookie => Cookie,
+    PathParam => Path,
+    Composite => Composite,
+    PeerIp => PeerIp,
+    ClientIp => ClientIp,
+    Header => Header,
+    BodyField => Body,
 }
 
 impl From<Global> for KeySpec {
