@@ -27,6 +27,7 @@ const VARIANTS: &[&str] = &[
     "throttle-mem-pass",
     "throttle-mem-deny",
     "throttle-mem-pass-noheaders",
+    "throttle-mem-count-only-pass",
     "throttle-axumbody-pass",
     "throttle-axumbody-deny",
     "throttle-axumbody-pass-noheaders",
@@ -92,6 +93,18 @@ mod throttle {
             .build()
             .expect("valid layer");
         hello().layer(layer)
+    }
+
+    /// A policy of the extended path (counting by outcome: every response counts), admitted: what
+    /// a per-request feature costs over [`memory`].
+    pub fn memory_count_only() -> Router {
+        let policy = Policy::builder("lt")
+            .quota(quota(true))
+            .key(PeerIp::new())
+            .count_only(|_| true)
+            .build()
+            .expect("valid policy");
+        hello().layer(ThrottleLayer::new(policy))
     }
 
     /// [`memory`] and [`memory_no_headers`] answering with axum's own body (`axum_body()`), which
@@ -372,6 +385,7 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         "bare" => hello(),
         "throttle-mem-pass" | "throttle-mem-deny" => throttle::memory(p),
         "throttle-mem-pass-noheaders" => throttle::memory_no_headers(true),
+        "throttle-mem-count-only-pass" => throttle::memory_count_only(),
         "throttle-axumbody-pass" | "throttle-axumbody-deny" => throttle::memory_axum_body(p, true),
         "throttle-axumbody-pass-noheaders" => throttle::memory_axum_body(true, false),
         "governor-pass" | "governor-deny" => governor_peer::router(p),
