@@ -287,23 +287,34 @@ mod tests {
         let mut tat = None;
         for (num, at, volume, remaining, reset_after, retry_after, limited) in cases {
             let out = decide(tat, start + at, &params, volume);
-            let d = out.decision;
-            assert_eq!(d.allowed, !limited, "case {num}");
-            assert_eq!(d.limit, limit, "case {num}");
-            assert_eq!(d.remaining, remaining, "case {num}");
-            assert_eq!(
-                d.reset_after,
-                Duration::from_nanos(reset_after),
-                "case {num}"
-            );
-            let expected_retry =
-                (retry_after >= 0).then(|| Duration::from_nanos(retry_after as u64));
-            assert_eq!(d.retry_after, expected_retry, "case {num}");
+            let reset_after = Duration::from_nanos(reset_after);
+            let retry_after = nanos_or_none(retry_after);
+            let want = decision(!limited, limit, remaining, retry_after, reset_after);
+            assert_eq!(out.decision, want, "case {num}");
             if limited {
                 assert_eq!(out.new_tat, tat, "case {num}: a rejection must not write");
             }
             tat = out.new_tat;
         }
+    }
+
+    /// A decision with every field given.
+    fn decision(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        retry: Option<Duration>,
+        reset: Duration,
+    ) -> Decision {
+        Decision {
+            allowed,
+            ..Decision::limited(limit, remaining, retry, reset)
+        }
+    }
+
+    /// redis-cell's retry_after: nanoseconds, or -1 for none.
+    fn nanos_or_none(n: i64) -> Option<Duration> {
+        (n >= 0).then(|| Duration::from_nanos(n as u64))
     }
 
     /// A deterministic pseudo-random sequence (xorshift64) from `seed`.
@@ -347,18 +358,9 @@ mod tests {
     #[test]
     fn intervals_in_is_the_exact_quotient() {
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
+        #[rustfmt::skip]
         let divisors = [
-            1,
-            2,
-            3,
-            7,
-            10,
-            1_000,
-            999_999_937,
-            1 << 32,
-            (1 << 63) + 1,
-            u64::MAX - 1,
-            u64::MAX,
+            1, 2, 3, 7, 10, 1_000, 999_999_937, 1 << 32, (1 << 63) + 1, u64::MAX - 1, u64::MAX,
         ];
         let numerators = [0, 1, 2, u64::MAX / 2, u64::MAX - 1, u64::MAX];
         let random: Vec<u64> = (0..2000).map(|i| next() >> (i % 64)).collect();
@@ -444,14 +446,9 @@ mod tests {
                 let (limited, remaining, retry, reset, store) =
                     redis_cell(stored, now, t, max_burst as i64, quantity as i64);
                 let ours = decide(stored.map(|s| s as u64), now as u64, &params, quantity);
-                let d = ours.decision;
-                assert_eq!(d.allowed, !limited);
-                assert_eq!(d.remaining as i64, remaining);
-                assert_eq!(d.reset_after, Duration::from_nanos(reset as u64));
-                assert_eq!(
-                    d.retry_after.map(|r| r.as_nanos() as i64).unwrap_or(-1),
-                    retry
-                );
+                let (reset, retry) = (Duration::from_nanos(reset as u64), nanos_or_none(retry));
+                let want = decision(!limited, params.limit(), remaining as u64, retry, reset);
+                assert_eq!(ours.decision, want);
                 assert_eq!(ours.new_tat.map(|n| n as i64), store);
                 stored = store;
             }
@@ -469,10 +466,9 @@ mod tests {
             assert_eq!(out.decision.remaining, 15 - i);
             tat = out.new_tat;
         }
-        let out = decide(tat, 0, &params, 1);
-        assert!(!out.decision.allowed);
-        assert_eq!(out.decision.retry_after, Some(Duration::from_secs(2)));
-        assert_eq!(out.decision.reset_after, Duration::from_secs(32));
+        let d = decide(tat, 0, &params, 1).decision;
+        let secs = Duration::from_secs;
+        assert_eq!(d, Decision::limited(16, 0, Some(secs(2)), secs(32)));
         // One emission interval later exactly one more passes.
         let out = decide(tat, 2 * S, &params, 1);
         assert!(out.decision.allowed);
@@ -500,10 +496,9 @@ mod tests {
         let params = Quota::per_second(10).validate().unwrap();
         for q in [11, 1_000, u64::MAX / 2, u64::MAX] {
             let out = decide(None, 5 * S, &params, q);
-            assert!(!out.decision.allowed);
-            assert_eq!(out.decision.retry_after, None);
+            let d = out.decision;
+            assert_eq!((d.allowed, d.retry_after, d.remaining), (false, None, 10));
             assert_eq!(out.new_tat, None);
-            assert_eq!(out.decision.remaining, 10);
         }
         // A clock far in the future does not overflow either.
         let out = decide(Some(u64::MAX - 1), u64::MAX - 10, &params, 1);
@@ -514,9 +509,8 @@ mod tests {
     fn a_stale_tat_is_clamped() {
         let params = Quota::per_second(5).validate().unwrap();
         // A TAT 3 s in the past (a key not yet expired): same as a new key.
-        let out = decide(Some(2 * S), 5 * S, &params, 6);
-        assert_eq!(out.decision.reset_after, Duration::ZERO);
-        assert_eq!(out.decision.remaining, 5);
+        let d = decide(Some(2 * S), 5 * S, &params, 6).decision;
+        assert_eq!((d.reset_after, d.remaining), (Duration::ZERO, 5));
         let fresh = decide(None, 5 * S, &params, 1);
         let stale = decide(Some(2 * S), 5 * S, &params, 1);
         assert_eq!(fresh, stale);

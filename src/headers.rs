@@ -404,6 +404,12 @@ mod tests {
     use crate::refusal::{Refusal, RefusalKind};
     use std::time::Duration;
 
+    const LEGACY_TOO: HeaderOptions = HeaderOptions {
+        ratelimit: true,
+        legacy: true,
+        openai: false,
+    };
+
     #[test]
     fn retry_after_values_are_the_seconds_shared_or_not() {
         for seconds in [0, 1, 59, 127, 128, 3_600, u64::MAX] {
@@ -469,17 +475,7 @@ mod tests {
         let policy = policy_field(std::slice::from_ref(&limit));
         assert_eq!(policy, r#""reply";q=16;w=32"#);
         let d = Decision::allowed(16, 15, Duration::from_millis(2001));
-        let h = RateHeaders::new(
-            HeaderOptions {
-                ratelimit: true,
-                legacy: true,
-                openai: false,
-            },
-            &["reply".into()],
-            &policy,
-            &[d],
-            &d,
-        );
+        let h = RateHeaders::new(LEGACY_TOO, &["reply".into()], &policy, &[d], &d);
         let mut map = HeaderMap::new();
         h.apply(&mut map);
         assert_eq!(map[&RATELIMIT], r#""reply";r=15;t=3"#);
@@ -502,27 +498,14 @@ mod tests {
         let names: Vec<Arc<str>> = policy.limits().iter().map(|l| l.name().into()).collect();
         let second = Decision::allowed(10, 9, Duration::from_millis(100));
         let day = Decision::allowed(1000, 999, Duration::from_secs(86));
-        let h = RateHeaders::new(
-            HeaderOptions {
-                ratelimit: true,
-                legacy: true,
-                openai: false,
-            },
-            &names,
-            &field,
-            &[second, day],
-            &Decision::combine(&[second, day]).unwrap(),
-        );
+        let both = Decision::combine(&[second, day]).unwrap();
+        let h = RateHeaders::new(LEGACY_TOO, &names, &field, &[second, day], &both);
         let mut map = HeaderMap::new();
         h.apply(&mut map);
         assert_eq!(map[&RATELIMIT], r#""api.1s";r=9;t=1, "api.1d";r=999;t=86"#);
         assert_eq!(map[&X_RATELIMIT_REMAINING], "9");
-        let conn = Limit::with_algorithm(
-            "dl",
-            crate::limit::Algorithm::Concurrency,
-            Quota::per_second(2),
-        )
-        .unwrap();
+        let conn = crate::limit::Algorithm::Concurrency;
+        let conn = Limit::with_algorithm("dl", conn, Quota::per_second(2)).unwrap();
         assert_eq!(policy_field(&[conn]), r#""dl";q=2"#);
         let delayed = Limit::new("d", Quota::per_second(2))
             .unwrap()

@@ -291,27 +291,17 @@ mod tests {
     #[test]
     fn constructors_say_what_they_mean() {
         let q = Quota::per_second(5);
-        assert_eq!(q.count(), 5);
-        assert_eq!(q.limit(), 5);
-        assert_eq!(q.emission_interval().unwrap(), Duration::from_millis(200));
-        assert_eq!(
-            Quota::per_minute(6).emission_interval().unwrap(),
-            Duration::from_secs(10)
-        );
-        assert_eq!(
-            Quota::per_hour(6).emission_interval().unwrap(),
-            Duration::from_secs(600)
-        );
-        assert_eq!(
-            Quota::per_day(24).emission_interval().unwrap(),
-            Duration::from_secs(3600)
-        );
-        assert_eq!(
-            Quota::per_period(6, Duration::from_secs(120))
-                .emission_interval()
-                .unwrap(),
-            Duration::from_secs(20)
-        );
+        assert_eq!((q.count(), q.limit()), (5, 5));
+        let secs = Duration::from_secs;
+        for (q, interval) in [
+            (q, Duration::from_millis(200)),
+            (Quota::per_minute(6), secs(10)),
+            (Quota::per_hour(6), secs(600)),
+            (Quota::per_day(24), secs(3600)),
+            (Quota::per_period(6, secs(120)), secs(20)),
+        ] {
+            assert_eq!(q.emission_interval().unwrap(), interval, "{q}");
+        }
     }
 
     #[test]
@@ -332,32 +322,15 @@ mod tests {
                 .unwrap()
         );
         // The last word wins, whichever spelling it uses.
+        let one = Quota::per_second(1);
+        let (five, none) = (one.bursts_of(5), one.bursts_of(0));
+        assert_eq!(none.with_max_burst(4), five);
+        assert_eq!(none.bursts_of(5), five);
+        assert!(none.bursts_of(5).validate().is_ok());
+        assert_eq!(one.with_max_burst(4).bursts_of(0), none);
+        assert_eq!(none.validate(), Err(QuotaError::ZeroBurst));
         assert_eq!(
-            Quota::per_second(1).bursts_of(0).with_max_burst(4),
-            Quota::per_second(1).bursts_of(5)
-        );
-        assert_eq!(
-            Quota::per_second(1).bursts_of(0).bursts_of(5),
-            Quota::per_second(1).bursts_of(5)
-        );
-        assert!(Quota::per_second(1)
-            .bursts_of(0)
-            .bursts_of(5)
-            .validate()
-            .is_ok());
-        assert_eq!(
-            Quota::per_second(1).with_max_burst(4).bursts_of(0),
-            Quota::per_second(1).bursts_of(0)
-        );
-        assert_eq!(
-            Quota::per_second(1).bursts_of(0).validate(),
-            Err(QuotaError::ZeroBurst)
-        );
-        assert_eq!(
-            Quota::per_second(1)
-                .with_max_burst(4)
-                .bursts_of(0)
-                .validate(),
+            one.with_max_burst(4).bursts_of(0).validate(),
             Err(QuotaError::ZeroBurst)
         );
         // Every algorithm refuses it, not only the GCRA that reads the burst.
@@ -375,10 +348,15 @@ mod tests {
 
     #[test]
     fn high_rates_are_exact() {
-        let q = Quota::per_second(100_000);
-        assert_eq!(q.emission_interval().unwrap(), Duration::from_micros(10));
-        let q = Quota::per_second(1_000_000_000);
-        assert_eq!(q.emission_interval().unwrap(), Duration::from_nanos(1));
+        // (3 a second: 333,333,333 ns, off by 1 ns in 10^9: accepted, as CL.THROTTLE does.)
+        for (count, interval) in [
+            (100_000, Duration::from_micros(10)),
+            (1_000_000_000, Duration::from_nanos(1)),
+            (3, Duration::from_nanos(333_333_333)),
+        ] {
+            let q = Quota::per_second(count);
+            assert_eq!(q.emission_interval().unwrap(), interval, "{q}");
+        }
         // Ordinary quotas whose interval is rounded: accepted.
         for q in [
             Quota::per_second(600),
@@ -397,12 +375,6 @@ mod tests {
             Quota::per_period(1000, Duration::from_nanos(998_999)).validate(),
             Err(QuotaError::RateTooFine { count: 1000, .. })
         ));
-        // 3 a second: 333,333,333 ns, off by 1 ns in 10^9: accepted, as CL.THROTTLE does.
-        let q = Quota::per_second(3);
-        assert_eq!(
-            q.emission_interval().unwrap(),
-            Duration::from_nanos(333_333_333)
-        );
     }
 
     #[test]
@@ -430,17 +402,10 @@ mod tests {
     fn a_quota_displays_its_count_period_and_burst() {
         // The public Display, for users' logs: count, period and burst (a bursts_of(0) quota says
         // so, since it admits nothing and validation refuses it).
-        assert_eq!(
-            Quota::per_minute(30).to_string(),
-            "30 per 60s (max_burst 29)"
-        );
-        assert_eq!(
-            Quota::per_second(5).with_max_burst(2).to_string(),
-            "5 per 1s (max_burst 2)"
-        );
-        assert_eq!(
-            Quota::per_minute(30).bursts_of(0).to_string(),
-            "30 per 60s (bursts of 0)"
-        );
+        let m30 = Quota::per_minute(30);
+        assert_eq!(m30.to_string(), "30 per 60s (max_burst 29)");
+        assert_eq!(m30.bursts_of(0).to_string(), "30 per 60s (bursts of 0)");
+        let s5 = Quota::per_second(5).with_max_burst(2);
+        assert_eq!(s5.to_string(), "5 per 1s (max_burst 2)");
     }
 }

@@ -369,97 +369,44 @@ mod tests {
         WindowParams::new(period, limit)
     }
 
+    fn fixed(window: u64, count: u64) -> Option<FixedState> {
+        Some(FixedState { window, count })
+    }
+
+    fn sliding(window: u64, current: u64, previous: u64) -> Option<SlidingState> {
+        Some(SlidingState {
+            window,
+            current,
+            previous,
+        })
+    }
+
+    // How each algorithm counts through a sequence of requests, resets on a boundary, weighs the
+    // previous window, trims its log or counts requests in flight: tests/memory/algorithms.rs
+    // (`fixed_window_counts_per_window_and_resets_on_the_boundary`,
+    // `sliding_window_weighs_the_previous_window`,
+    // `sliding_log_is_exact_and_does_not_record_rejections`,
+    // `concurrency_counts_requests_in_flight_until_released`), through the memory backend. Below:
+    // what it cannot show (the stored state, a key without one).
+
     #[test]
-    fn counts_above_a_smaller_limit_read_as_full() {
+    fn a_rejection_keeps_the_state_and_counts_above_a_smaller_limit_read_as_full() {
+        let p = params(3, S);
+        let full = fixed(10, 3);
+        let (d, stored) = fixed_window(full, 10 * S + 700 * MS, &p, 1);
+        assert_eq!((d.allowed, d.retry_after), (false, Some(nanos(300 * MS))));
+        assert_eq!(stored, full);
+        // More than the limit can never pass.
+        let d = fixed_window(None, 0, &p, u64::MAX).0;
+        assert!(!d.allowed && d.retry_after.is_none());
         let params = WindowParams::new(10, 3);
-        let kept = FixedState {
-            window: 0,
-            count: 50,
-        };
-        let (d, next) = fixed_window(Some(kept), 5, &params, 1);
+        let kept = fixed(0, 50);
+        let (d, next) = fixed_window(kept, 5, &params, 1);
         assert!(!d.allowed && d.remaining == 0, "{d:?}");
-        assert_eq!(next, Some(kept));
+        assert_eq!(next, kept);
         let mut log: VecDeque<u64> = (0..50).collect();
         let d = sliding_log(&mut log, 60, &WindowParams::new(1000, 3), 1);
         assert!(!d.allowed && d.remaining == 0, "{d:?}");
-    }
-
-    #[test]
-    fn fixed_window_counts_per_window_and_resets_on_the_boundary() {
-        let p = params(3, S);
-        let mut state = None;
-        let at = |now: u64, q: u64, state: &mut Option<FixedState>| {
-            let (d, s) = fixed_window(*state, now, &p, q);
-            *state = s;
-            d
-        };
-        let t0 = 10 * S + 200 * MS;
-        for left in [2, 1, 0] {
-            let d = at(t0, 1, &mut state);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, left);
-            assert_eq!(d.reset_after, nanos(800 * MS));
-        }
-        let d = at(t0 + 500 * MS, 1, &mut state);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(nanos(300 * MS)));
-        assert_eq!(
-            state,
-            Some(FixedState {
-                window: 10,
-                count: 3
-            })
-        );
-        // The boundary resets the count.
-        let d = at(11 * S, 3, &mut state);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
-        // More than the limit can never pass.
-        let d = at(11 * S, 4, &mut state);
-        assert_eq!(d.retry_after, None);
-        let d = fixed_window(None, 0, &p, u64::MAX).0;
-        assert!(!d.allowed && d.retry_after.is_none());
-    }
-
-    #[test]
-    fn sliding_window_weighs_the_previous_window() {
-        let p = params(10, S);
-        // 10 in window 0; a quarter into window 1 they weigh 7.5, so 2 more fit, not 3.
-        let s = Some(SlidingState {
-            window: 0,
-            current: 10,
-            previous: 0,
-        });
-        let (d, s2) = sliding_window(s, S + 250 * MS, &p, 2);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
-        assert_eq!(
-            s2,
-            Some(SlidingState {
-                window: 1,
-                current: 2,
-                previous: 10
-            })
-        );
-        let (d, _) = sliding_window(s2, S + 250 * MS, &p, 1);
-        assert!(!d.allowed);
-        // 10 × (1 − e) + 3 <= 10 from e = 0.3: 50 ms later.
-        assert_eq!(d.retry_after, Some(nanos(50 * MS)));
-        let (d, _) = sliding_window(s2, S + 300 * MS, &p, 1);
-        assert!(d.allowed);
-        // A full current window must wait into the next one.
-        let full = Some(SlidingState {
-            window: 1,
-            current: 10,
-            previous: 0,
-        });
-        let (d, _) = sliding_window(full, S + 500 * MS, &p, 5);
-        assert!(!d.allowed);
-        // In window 2, 10 × (1 − e) + 5 <= 10 from e = 0.5.
-        assert_eq!(d.retry_after, Some(nanos(S)));
-        let (d, _) = sliding_window(full, 2 * S + 500 * MS, &p, 5);
-        assert!(d.allowed);
-        assert_eq!(sliding_window(None, 0, &p, 11).0.retry_after, None);
     }
 
     #[test]
@@ -467,11 +414,7 @@ mod tests {
         let p = params(10, S);
         let half = S + 500 * MS;
         // 10 in window 0, 2 in window 1; half-way they weigh 5 + 2 = 7: 3 left, 4 wanted.
-        let s = Some(SlidingState {
-            window: 1,
-            current: 2,
-            previous: 10,
-        });
+        let s = sliding(1, 2, 10);
         let (d, stored) = sliding_window(s, half, &p, 4);
         assert!(!d.allowed);
         assert_eq!((d.limit, d.remaining), (10, 3));
@@ -482,33 +425,27 @@ mod tests {
         assert_eq!(stored, s, "a rejection changes nothing");
         // 8 in this window, nothing before: 2 left, 5 wanted, not before the next window, where
         // 8 × (1 − e) + 5 <= 10 from e = 0.375: 875 ms from now.
-        let s = Some(SlidingState {
-            window: 1,
-            current: 8,
-            previous: 0,
-        });
-        let (d, _) = sliding_window(s, half, &p, 5);
+        let (d, _) = sliding_window(sliding(1, 8, 0), half, &p, 5);
         assert_eq!((d.allowed, d.remaining), (false, 2));
         assert_eq!(d.retry_after, Some(nanos(875 * MS)));
         assert_eq!(d.reset_after, nanos(1500 * MS));
-        // Only the previous window's units: they weigh until this window ends. An oversized
+        // A full current window must wait into the next one: in window 2, 10 × (1 − e) + 5 <= 10
+        // from e = 0.5.
+        let full = sliding(1, 10, 0);
+        let (d, _) = sliding_window(full, half, &p, 5);
+        assert_eq!((d.allowed, d.retry_after), (false, Some(nanos(S))));
+        assert!(sliding_window(full, 2 * S + 500 * MS, &p, 5).0.allowed);
+        // Only the previous window's units: they weigh until this window ends. A quarter into
+        // window 1 its 10 weigh 7.5, so 2 more fit (not 3), stored beside them; an oversized
         // request never fits, and stores the roll-over only.
-        let s = Some(SlidingState {
-            window: 0,
-            current: 10,
-            previous: 0,
-        });
+        let s = sliding(0, 10, 0);
+        let (d, stored) = sliding_window(s, S + 250 * MS, &p, 2);
+        assert_eq!((d.allowed, d.remaining), (true, 0));
+        assert_eq!(stored, sliding(1, 2, 10));
         let (d, stored) = sliding_window(s, S + 250 * MS, &p, 11);
         assert_eq!((d.allowed, d.remaining, d.retry_after), (false, 2, None));
         assert_eq!(d.reset_after, nanos(750 * MS));
-        assert_eq!(
-            stored,
-            Some(SlidingState {
-                window: 1,
-                current: 0,
-                previous: 10
-            })
-        );
+        assert_eq!(stored, sliding(1, 0, 10));
     }
 
     #[test]
@@ -525,44 +462,6 @@ mod tests {
             assert_eq!(stored, None, "an oversized request at {now}");
         }
         // A state two windows old is no state.
-        let old = Some(SlidingState {
-            window: 0,
-            current: 10,
-            previous: 10,
-        });
-        assert_eq!(sliding_window(old, 2 * S, &p, 0).1, None);
-    }
-
-    #[test]
-    fn sliding_log_is_exact_over_any_window() {
-        let p = params(3, S);
-        let mut log = VecDeque::new();
-        assert!(sliding_log(&mut log, 0, &p, 1).allowed);
-        assert!(sliding_log(&mut log, 400 * MS, &p, 2).allowed);
-        let d = sliding_log(&mut log, 900 * MS, &p, 1);
-        assert!(!d.allowed);
-        // The first unit leaves at 1 s.
-        assert_eq!(d.retry_after, Some(nanos(100 * MS)));
-        assert_eq!(d.reset_after, nanos(500 * MS));
-        // Two units need the two at 400 ms to leave... after the one at 0.
-        let d = sliding_log(&mut log, 1000 * MS, &p, 2);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(nanos(400 * MS)));
-        assert_eq!(log.len(), 2, "rejections are not recorded");
-        assert!(sliding_log(&mut log, 1000 * MS, &p, 1).allowed);
-        assert!(sliding_log(&mut log, 1400 * MS, &p, 2).allowed);
-        assert_eq!(log.len(), 3, "the log never holds more than the limit");
-        assert_eq!(sliding_log(&mut log, 0, &p, 4).retry_after, None);
-    }
-
-    #[test]
-    fn concurrency_counts_in_flight() {
-        assert_eq!(concurrency(0, 2, 1).1, 1);
-        assert_eq!(concurrency(1, 2, 1).1, 2);
-        let (d, n) = concurrency(2, 2, 1);
-        assert!(!d.allowed);
-        assert_eq!(n, 2);
-        assert_eq!(d.retry_after, Some(CONCURRENCY_RETRY));
-        assert_eq!(concurrency(0, 2, 3).0.retry_after, None);
+        assert_eq!(sliding_window(sliding(0, 10, 10), 2 * S, &p, 0).1, None);
     }
 }

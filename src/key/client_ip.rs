@@ -429,59 +429,55 @@ mod tests {
     const REAL: ForwardedHeader = ForwardedHeader::XRealIp;
     const LB: &[&str] = &["10.0.0.0/8"];
 
-    #[test]
-    fn headers_from_untrusted_peers_are_ignored() {
-        assert_eq!(
-            resolve(LB, XFF, "198.51.100.1", &["1.2.3.4"]),
-            "198.51.100.1"
-        );
-        assert_eq!(
-            resolve(LB, FWD, "198.51.100.1", &["for=1.2.3.4"]),
-            "198.51.100.1"
-        );
-        assert_eq!(
-            resolve(LB, REAL, "198.51.100.1", &["1.2.3.4"]),
-            "198.51.100.1"
-        );
-        assert_eq!(resolve(&[], XFF, "10.0.0.1", &["1.2.3.4"]), "10.0.0.1");
+    /// Checks, for a peer behind `trusted` networks, cases of (header read, header lines, the
+    /// client resolved).
+    fn check(trusted: &[&str], peer: &str, cases: &[(ForwardedHeader, &[&str], &str)]) {
+        for &(header, values, want) in cases {
+            let case = format!("{trusted:?} {peer} {header:?} {values:?}");
+            assert_eq!(resolve(trusted, header, peer, values), want, "{case}");
+        }
+    }
+
+    /// [`check`] for peer 10.0.0.1, a trusted load balancer.
+    fn behind_lb(cases: &[(ForwardedHeader, &[&str], &str)]) {
+        check(LB, "10.0.0.1", cases);
     }
 
     #[test]
-    fn the_rightmost_untrusted_address_is_the_client() {
-        assert_eq!(
-            resolve(LB, XFF, "10.0.0.1", &["203.0.113.7"]),
-            "203.0.113.7"
+    fn headers_from_untrusted_peers_are_ignored() {
+        check(
+            LB,
+            "198.51.100.1",
+            &[
+                (XFF, &["1.2.3.4"], "198.51.100.1"),
+                (FWD, &["for=1.2.3.4"], "198.51.100.1"),
+                (REAL, &["1.2.3.4"], "198.51.100.1"),
+            ],
         );
-        assert_eq!(
-            resolve(LB, XFF, "10.0.0.1", &["6.6.6.6, 203.0.113.7, 10.0.0.2"]),
-            "203.0.113.7"
-        );
-        // Several header lines are one list, in order.
-        assert_eq!(
-            resolve(LB, XFF, "10.0.0.1", &["6.6.6.6", "203.0.113.7,10.0.0.2"]),
-            "203.0.113.7"
-        );
-        assert_eq!(
-            resolve(
-                LB,
-                FWD,
-                "10.0.0.1",
-                &[r#"for=6.6.6.6, for="[2001:db8::1]:4711";proto=https, for=10.0.0.2"#]
-            ),
-            "2001:db8::1"
-        );
-        assert_eq!(
-            resolve(LB, XFF, "10.0.0.1", &["[2001:db8::2]:80"]),
-            "2001:db8::2"
-        );
-        assert_eq!(
-            resolve(LB, XFF, "10.0.0.1", &["203.0.113.9:443"]),
-            "203.0.113.9"
-        );
-        assert_eq!(
-            resolve(LB, REAL, "10.0.0.1", &[" 203.0.113.7 "]),
-            "203.0.113.7"
-        );
+        check(&[], "10.0.0.1", &[(XFF, &["1.2.3.4"], "10.0.0.1")]);
+    }
+
+    #[test]
+    fn the_rightmost_untrusted_address_is_the_client_however_much_is_forged_before_it() {
+        let fwd = r#"for=6.6.6.6, for="[2001:db8::1]:4711";proto=https, for=10.0.0.2"#;
+        let forged: Vec<String> = (0..1000)
+            .map(|i| format!("1.2.{}.{}", i / 256, i % 256))
+            .collect();
+        let forged = format!("{}, 203.0.113.7", forged.join(", "));
+        let garbage = format!("{}, 203.0.113.7", "x".repeat(100_000));
+        behind_lb(&[
+            (XFF, &["203.0.113.7"], "203.0.113.7"),
+            (XFF, &["6.6.6.6, 203.0.113.7, 10.0.0.2"], "203.0.113.7"),
+            // Several header lines are one list, in order.
+            (XFF, &["6.6.6.6", "203.0.113.7,10.0.0.2"], "203.0.113.7"),
+            (FWD, &[fwd], "2001:db8::1"),
+            (XFF, &["[2001:db8::2]:80"], "2001:db8::2"),
+            (XFF, &["203.0.113.9:443"], "203.0.113.9"),
+            (REAL, &[" 203.0.113.7 "], "203.0.113.7"),
+            // A thousand forged entries, or one huge one, cannot choose the key.
+            (XFF, &[&forged], "203.0.113.7"),
+            (XFF, &[&garbage], "203.0.113.7"),
+        ]);
     }
 
     #[test]
@@ -493,11 +489,7 @@ mod tests {
             "unknown",
             "1.2.3.4 5.6.7.8",
         ] {
-            assert_eq!(
-                resolve(LB, XFF, "10.0.0.1", &[value]),
-                "10.0.0.1",
-                "{value:?}"
-            );
+            behind_lb(&[(XFF, &[value], "10.0.0.1")]);
         }
         for value in [
             "for=unknown",
@@ -506,55 +498,30 @@ mod tests {
             "for=1.2.3.4;for=5.6.7.8",
             "for=\"1.2.3.4",
         ] {
-            assert_eq!(
-                resolve(LB, FWD, "10.0.0.1", &[value]),
-                "10.0.0.1",
-                "{value:?}"
-            );
+            behind_lb(&[(FWD, &[value], "10.0.0.1")]);
         }
-        assert_eq!(
-            resolve(LB, REAL, "10.0.0.1", &["1.2.3.4", "5.6.7.8"]),
-            "10.0.0.1"
-        );
-        assert_eq!(
-            resolve(LB, REAL, "10.0.0.1", &["1.2.3.4, 5.6.7.8"]),
-            "10.0.0.1"
-        );
         // MAX_HOPS trusted hops in the header: not believed; one fewer: the client before them.
-        let chain = vec!["10.0.0.9"; MAX_HOPS].join(",");
-        let header = format!("203.0.113.7,{chain}");
-        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&header]), "10.0.0.1");
-        let chain = vec!["10.0.0.9"; MAX_HOPS - 1].join(",");
-        let header = format!("203.0.113.7,{chain}");
-        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&header]), "203.0.113.7");
-        // Only trusted addresses (a relay passing on what its client wrote): the peer.
-        assert_eq!(
-            resolve(LB, XFF, "10.0.0.1", &["10.0.0.7, 10.0.0.9"]),
-            "10.0.0.1"
-        );
-    }
-
-    #[test]
-    fn a_thousand_forged_entries_cannot_choose_the_key() {
-        let forged: Vec<String> = (0..1000)
-            .map(|i| format!("1.2.{}.{}", i / 256, i % 256))
-            .collect();
-        let value = format!("{}, 203.0.113.7", forged.join(", "));
-        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&value]), "203.0.113.7");
-        let garbage = format!("{}, 203.0.113.7", "x".repeat(100_000));
-        assert_eq!(resolve(LB, XFF, "10.0.0.1", &[&garbage]), "203.0.113.7");
+        let hops = |n| format!("203.0.113.7,{}", vec!["10.0.0.9"; n].join(","));
+        behind_lb(&[
+            (REAL, &["1.2.3.4", "5.6.7.8"], "10.0.0.1"),
+            (REAL, &["1.2.3.4, 5.6.7.8"], "10.0.0.1"),
+            (XFF, &[&hops(MAX_HOPS)], "10.0.0.1"),
+            (XFF, &[&hops(MAX_HOPS - 1)], "203.0.113.7"),
+            // Only trusted addresses (a relay passing on what its client wrote): the peer.
+            (XFF, &["10.0.0.7, 10.0.0.9"], "10.0.0.1"),
+        ]);
     }
 
     #[test]
     fn ipv4_mapped_addresses_count_as_ipv4() {
-        assert_eq!(
-            resolve(LB, XFF, "::ffff:10.0.0.1", &["::ffff:203.0.113.7"]),
-            "203.0.113.7"
+        let client = "203.0.113.7";
+        let mapped_lb = &["::ffff:10.0.0.0/104"];
+        check(
+            LB,
+            "::ffff:10.0.0.1",
+            &[(XFF, &["::ffff:203.0.113.7"], client)],
         );
-        assert_eq!(
-            resolve(&["::ffff:10.0.0.0/104"], XFF, "10.0.0.1", &["203.0.113.7"]),
-            "203.0.113.7"
-        );
+        check(mapped_lb, "10.0.0.1", &[(XFF, &[client], client)]);
     }
 
     #[test]
@@ -565,18 +532,18 @@ mod tests {
             ForwardedHeader::FlyClientIp,
         ] {
             assert_eq!(header.as_str().parse::<ForwardedHeader>(), Ok(header));
-            assert_eq!(
-                resolve(LB, header, "10.0.0.1", &["203.0.113.7"]),
-                "203.0.113.7"
-            );
-            assert_eq!(
-                resolve(LB, header, "198.51.100.1", &["203.0.113.7"]),
+            behind_lb(&[
+                (header, &["203.0.113.7"], "203.0.113.7"),
+                (header, &["1.2.3.4", "5.6.7.8"], "10.0.0.1"),
+                (header, &["1.2.3.4, 5.6.7.8"], "10.0.0.1"),
+                (header, &["x"], "10.0.0.1"),
+            ]);
+            // From an untrusted peer: the peer.
+            check(
+                LB,
                 "198.51.100.1",
-                "{header:?} from an untrusted peer"
+                &[(header, &["203.0.113.7"], "198.51.100.1")],
             );
-            for garbage in [&["1.2.3.4", "5.6.7.8"][..], &["1.2.3.4, 5.6.7.8"], &["x"]] {
-                assert_eq!(resolve(LB, header, "10.0.0.1", garbage), "10.0.0.1");
-            }
         }
         assert_eq!(
             "CF-Connecting-IP".parse::<ForwardedHeader>(),
@@ -684,31 +651,23 @@ mod tests {
     /// entry as long as the bound is read: a port may have leading zeros, an element many parameters.
     #[test]
     fn entries_as_long_as_the_bound_are_read() {
-        let xff = format!("198.51.100.7:{}80", "0".repeat(49));
-        assert_eq!(xff.len(), 64);
-        let peer = "10.0.0.1";
-        let xff_header = ForwardedHeader::XForwardedFor;
-        assert_eq!(
-            resolve(&["10.0.0.0/8"], xff_header, peer, &[&xff]),
-            "198.51.100.7"
-        );
-        let longer = format!("198.51.100.7:{}80", "0".repeat(50));
-        assert_eq!(resolve(&["10.0.0.0/8"], xff_header, peer, &[&longer]), peer);
+        let xff = |zeros| format!("198.51.100.7:{}80", "0".repeat(zeros));
+        assert_eq!(xff(49).len(), 64);
         let element = |len: usize| {
             let start = "for=198.51.100.7;proto=https;host=";
             format!("{start}{}", "h".repeat(len - start.len()))
         };
-        let forwarded = ForwardedHeader::Forwarded;
-        for len in [100, 256] {
-            let value = element(len);
-            assert_eq!(
-                resolve(&["10.0.0.0/8"], forwarded, peer, &[&value]),
-                "198.51.100.7"
-            );
-        }
-        assert_eq!(
-            resolve(&["10.0.0.0/8"], forwarded, peer, &[&element(257)]),
-            peer
+        let peer = "10.0.0.1";
+        check(
+            LB,
+            peer,
+            &[
+                (XFF, &[&xff(49)], "198.51.100.7"),
+                (XFF, &[&xff(50)], peer),
+                (FWD, &[&element(100)], "198.51.100.7"),
+                (FWD, &[&element(256)], "198.51.100.7"),
+                (FWD, &[&element(257)], peer),
+            ],
         );
     }
 }

@@ -18,6 +18,20 @@ fn with(algorithm: Algorithm, quota: Quota) -> Result<Limit, BuildError> {
     Limit::with_algorithm("limit-tests", algorithm, quota)
 }
 
+/// Asserts that `error` says `what`.
+fn says(error: impl ToString, what: &str) {
+    let error = error.to_string();
+    assert!(error.contains(what), "{error}");
+}
+
+/// The quota error a limit was refused with.
+fn refused(limit: Result<Limit, BuildError>) -> QuotaError {
+    match limit {
+        Err(BuildError::Quota { source, .. }) => source,
+        other => panic!("{other:?}"),
+    }
+}
+
 fn decision(allowed: bool, reset_after: Duration) -> Decision {
     Decision {
         allowed,
@@ -45,10 +59,7 @@ fn algorithm_names_are_the_config_names_and_parse_back() {
         assert_eq!(name.parse::<Algorithm>(), Ok(algorithm));
     }
     let error = "token-bucket".parse::<Algorithm>().unwrap_err();
-    assert!(
-        error.contains("unknown algorithm \"token-bucket\""),
-        "{error}"
-    );
+    says(error, "unknown algorithm \"token-bucket\"");
 }
 
 #[test]
@@ -60,13 +71,10 @@ fn a_stack_holds_1_to_16_limits_and_no_concurrency_limit() {
     assert_eq!(check_stack(&[gcra.clone(), log]), Ok(()));
     assert_eq!(check_stack(&vec![gcra.clone(); MAX_STACKED_QUOTAS]), Ok(()));
     let error = check_stack(&vec![gcra.clone(); MAX_STACKED_QUOTAS + 1]).unwrap_err();
-    assert!(error.contains("not 17"), "{error}");
+    says(error, "not 17");
     let conn = Limit::with_algorithm("stack-conn", Algorithm::Concurrency, Quota::per_second(5));
     let error = check_stack(&[gcra, conn.unwrap()]).unwrap_err();
-    assert!(
-        error.contains("\"stack-conn\": a concurrency limit"),
-        "{error}"
-    );
+    says(error, "\"stack-conn\": a concurrency limit");
 }
 
 #[test]
@@ -100,40 +108,22 @@ fn with_algorithm_makes_the_algorithm_asked_for() {
     assert!(params.tolerance() > 0);
     for algorithm in [Algorithm::SlidingLog, Algorithm::Concurrency] {
         let limit = with(algorithm, Quota::per_minute(30).with_max_burst(4)).unwrap();
-        assert_eq!(
-            limit.max_cost(),
-            30,
-            "{algorithm}: the count, not the burst"
-        );
+        let max_cost = limit.max_cost();
+        assert_eq!(max_cost, 30, "{algorithm}: the count, not the burst");
     }
 }
 
 #[test]
 fn with_algorithm_refuses_what_cannot_be_enforced() {
     for algorithm in ALL {
-        assert!(matches!(
-            with(algorithm, Quota::per_second(0)),
-            Err(BuildError::Quota {
-                source: QuotaError::ZeroCount,
-                ..
-            })
-        ));
-        assert!(matches!(
-            with(algorithm, Quota::per_second(5).bursts_of(0)),
-            Err(BuildError::Quota {
-                source: QuotaError::ZeroBurst,
-                ..
-            })
-        ));
+        let (zero, zero_burst) = (Quota::per_second(0), Quota::per_second(5).bursts_of(0));
+        assert_eq!(refused(with(algorithm, zero)), QuotaError::ZeroCount);
+        assert_eq!(refused(with(algorithm, zero_burst)), QuotaError::ZeroBurst);
         assert!(with(algorithm, Quota::per_second(MAX_UNIT_COUNT)).is_ok());
         let large = with(algorithm, Quota::per_second(MAX_UNIT_COUNT + 1));
         match algorithm {
             Algorithm::SlidingLog | Algorithm::Concurrency => {
-                let error = large.unwrap_err().to_string();
-                assert!(
-                    error.contains("count is at most 10000, not 10001"),
-                    "{error}"
-                );
+                says(large.unwrap_err(), "count is at most 10000, not 10001")
             }
             _ => assert!(large.is_ok(), "{algorithm}"),
         }
@@ -143,28 +133,11 @@ fn with_algorithm_refuses_what_cannot_be_enforced() {
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
     ] {
-        assert!(matches!(
-            with(algorithm, Quota::per_period(5, Duration::ZERO)),
-            Err(BuildError::Quota {
-                source: QuotaError::ZeroPeriod,
-                ..
-            })
-        ));
-        assert!(with(
-            algorithm,
-            Quota::per_period(5, Duration::from_nanos(1 << 62))
-        )
-        .is_ok());
-        assert!(matches!(
-            with(
-                algorithm,
-                Quota::per_period(5, Duration::from_nanos((1 << 62) + 1))
-            ),
-            Err(BuildError::Quota {
-                source: QuotaError::PeriodTooLong(_),
-                ..
-            })
-        ));
+        let period = |nanos| Quota::per_period(5, Duration::from_nanos(nanos));
+        assert_eq!(refused(with(algorithm, period(0))), QuotaError::ZeroPeriod);
+        assert!(with(algorithm, period(1 << 62)).is_ok());
+        let too_long = refused(with(algorithm, period((1 << 62) + 1)));
+        assert!(matches!(too_long, QuotaError::PeriodTooLong(_)));
     }
     // A concurrency limit has no window: its period is not read.
     assert!(with(Algorithm::Concurrency, Quota::per_period(5, Duration::ZERO)).is_ok());
@@ -195,19 +168,13 @@ fn a_delay_widens_the_admitting_tolerance_only() {
     );
     assert!(limit.clone().with_delay(MAX_DELAY).is_ok());
     for bad in [Duration::ZERO, MAX_DELAY + Duration::from_nanos(1)] {
-        let error = limit.clone().with_delay(bad).unwrap_err().to_string();
-        assert!(error.contains("more than 0 and at most 1 hour"), "{error}");
+        let error = limit.clone().with_delay(bad).unwrap_err();
+        says(error, "more than 0 and at most 1 hour");
     }
     let window = with(Algorithm::FixedWindow, Quota::per_second(10)).unwrap();
     assert_eq!(window.delay(), None);
-    let error = window
-        .with_delay(Duration::from_secs(1))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("needs algorithm \"gcra\", not \"fixed-window\""),
-        "{error}"
-    );
+    let error = window.with_delay(Duration::from_secs(1)).unwrap_err();
+    says(error, "needs algorithm \"gcra\", not \"fixed-window\"");
 }
 
 #[test]
@@ -216,16 +183,14 @@ fn delay_for_is_the_wait_beyond_the_quotas_tolerance() {
     let tolerance = Duration::from_nanos(limit.tolerance().unwrap());
     let ahead = tolerance + Duration::from_millis(30);
     let delayed = limit.clone().with_delay(Duration::from_secs(1)).unwrap();
-    assert_eq!(
-        delayed.delay_for(&decision(true, ahead)),
-        Duration::from_millis(30)
-    );
-    assert_eq!(
-        delayed.delay_for(&decision(true, tolerance)),
-        Duration::ZERO
-    );
-    assert_eq!(delayed.delay_for(&decision(false, ahead)), Duration::ZERO);
-    assert_eq!(limit.delay_for(&decision(true, ahead)), Duration::ZERO);
+    for (limit, decision, delay) in [
+        (&delayed, decision(true, ahead), Duration::from_millis(30)),
+        (&delayed, decision(true, tolerance), Duration::ZERO),
+        (&delayed, decision(false, ahead), Duration::ZERO),
+        (&limit, decision(true, ahead), Duration::ZERO),
+    ] {
+        assert_eq!(limit.delay_for(&decision), delay, "{decision:?}");
+    }
 }
 
 #[test]
@@ -238,22 +203,13 @@ fn a_lease_is_for_concurrency_limits_up_to_a_day() {
     let day = Duration::from_secs(24 * 3600);
     assert_eq!(conn.clone().with_lease(day).unwrap().lease(), Some(day));
     for bad in [Duration::ZERO, day + Duration::from_nanos(1)] {
-        let error = conn.clone().with_lease(bad).unwrap_err().to_string();
-        assert!(
-            error.contains("lease must be more than 0 and at most 1 day"),
-            "{error}"
-        );
+        let error = conn.clone().with_lease(bad).unwrap_err();
+        says(error, "lease must be more than 0 and at most 1 day");
     }
     let gcra = Limit::new("limit-lease", Quota::per_second(2)).unwrap();
     assert_eq!(gcra.lease(), None);
-    let error = gcra
-        .with_lease(Duration::from_secs(5))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("only for algorithm \"concurrency\""),
-        "{error}"
-    );
+    let error = gcra.with_lease(Duration::from_secs(5)).unwrap_err();
+    says(error, "only for algorithm \"concurrency\"");
 }
 
 #[test]
@@ -265,14 +221,16 @@ fn a_budget_goes_only_with_a_plain_gcra_limit() {
     let leased = gcra.clone().with_budget(budget).unwrap();
     assert_eq!(leased.budget(), Some(&budget));
     let delayed = gcra.clone().with_delay(Duration::from_secs(1)).unwrap();
-    let error = delayed.with_budget(budget).unwrap_err().to_string();
-    assert!(error.contains("cannot delay requests"), "{error}");
+    let error = delayed.with_budget(budget).unwrap_err();
+    says(error, "cannot delay requests");
     let penalty = Penalty::new(3, Duration::from_secs(10), Duration::from_secs(60)).unwrap();
     let punished = gcra.clone().with_penalty(penalty);
     assert_eq!(punished.penalty(), Some(&penalty));
     assert_eq!(gcra.penalty(), None);
-    let error = punished.with_budget(budget).unwrap_err().to_string();
-    assert!(error.contains("cannot go with a penalty"), "{error}");
+    says(
+        punished.with_budget(budget).unwrap_err(),
+        "cannot go with a penalty",
+    );
     let window = with(Algorithm::SlidingWindow, Quota::per_second(100)).unwrap();
     let error = window.budget_error().unwrap();
     assert_eq!(

@@ -483,13 +483,38 @@ mod tests {
         (f.to_owned(), o.encode())
     }
 
+    /// A ban's field: its end in whole milliseconds since the epoch, as the records keep it.
+    fn ban(f: &str, until: SystemTime) -> (String, String) {
+        let ms = until.duration_since(std::time::UNIX_EPOCH).unwrap();
+        (f.to_owned(), ms.as_millis().to_string())
+    }
+
+    /// An instant a minute from now.
+    fn in_a_minute() -> SystemTime {
+        SystemTime::now() + Duration::from_secs(60)
+    }
+
+    /// Installs `fields` as table `table` with the next ticket (the newest read).
+    fn put(o: &Overrides, table: &str, fields: &[(String, String)]) {
+        let ticket = o.tickets.fetch_add(1, Ordering::SeqCst);
+        o.install(table, ticket, fields);
+    }
+
+    /// The override in force for `key` under `policy` at `now` (none under a ban).
+    fn found_at(o: &Overrides, policy: &str, key: &Key, now: SystemTime) -> Option<Override> {
+        match o.find(policy, key, now) {
+            Some(InForce::Override(found)) => Some(found),
+            _ => None,
+        }
+    }
+
     #[test]
     fn an_exact_key_wins_then_the_longest_pattern_then_every_key() {
-        let overrides = Overrides::new(None);
+        let o = Overrides::new(None);
         let q = |n| Override::Quota(Quota::per_minute(n));
-        overrides.install(
+        put(
+            &o,
             "overrides:api",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
             &[
                 field("*", q(1)),
                 field("premium_*", q(2)),
@@ -499,203 +524,139 @@ mod tests {
             ],
         );
         let now = SystemTime::now();
-        let found = |key: &str| match overrides.find("api", &Key::from(key), now) {
-            Some(InForce::Override(o)) => Some(o),
-            _ => None,
-        };
-        assert_eq!(found("premium_gold_acme"), Some(Override::Unlimited));
-        assert_eq!(found("premium_gold_x"), Some(q(3)));
-        assert_eq!(found("premium_x"), Some(q(2)));
-        assert_eq!(found("free"), Some(q(1)));
-        assert_eq!(found("user 42"), Some(Override::Blocked));
-        assert_eq!(overrides.find("other", &Key::from("x"), now), None);
-        assert!(overrides.touches("api") && !overrides.touches("other"));
-        assert_eq!(overrides.overrides_of("api").len(), 5);
+        let found = |key: &str| found_at(&o, "api", &Key::from(key), now);
+        for (key, want) in [
+            ("premium_gold_acme", Override::Unlimited),
+            ("premium_gold_x", q(3)),
+            ("premium_x", q(2)),
+            ("free", q(1)),
+            ("user 42", Override::Blocked),
+        ] {
+            assert_eq!(found(key), Some(want), "{key}");
+        }
+        assert_eq!(o.find("other", &Key::from("x"), now), None);
+        assert!(o.touches("api") && !o.touches("other"));
+        assert_eq!(o.overrides_of("api").len(), 5);
         // An address's pattern matches its rendering.
-        overrides.install(
-            "overrides:ip",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
-            &[field("!10.0.*", Override::Blocked)],
-        );
+        put(&o, "overrides:ip", &[field("!10.0.*", Override::Blocked)]);
         let ip = Key::from_ip([10, 0, 3, 4].into());
-        assert!(overrides.find("ip", &ip, now).is_some());
-        assert!(overrides
+        assert!(o.find("ip", &ip, now).is_some());
+        assert!(o
             .find("ip", &Key::from_ip([10, 1, 0, 1].into()), now)
             .is_none());
         // Emptied: gone.
-        overrides.install(
-            "overrides:api",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
-            &[],
-        );
-        overrides.install(
-            "overrides:ip",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
-            &[],
-        );
-        assert!(!overrides.touches("api") && !overrides.any.load(Ordering::Relaxed));
+        put(&o, "overrides:api", &[]);
+        put(&o, "overrides:ip", &[]);
+        assert!(!o.touches("api") && !o.any.load(Ordering::Relaxed));
     }
 
     #[test]
     fn patterns_are_bounded_and_found_by_the_keys_own_prefixes() {
-        let overrides = Overrides::new(None);
+        let o = Overrides::new(None);
         // One too many: the last is left out.
         let mut fields = vec![field("p1_long_*", Override::Unlimited)];
         fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Blocked)));
-        overrides.install(
-            "overrides:api",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
-            &fields,
-        );
-        let entries = overrides.snapshot.load().policies["api"].clone();
+        put(&o, "overrides:api", &fields);
+        let entries = o.snapshot.load().policies["api"].clone();
         assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
-        assert!(!overrides.has_room("api", false, "more_*"));
-        assert!(overrides.has_room("api", false, "p7_*") && overrides.has_room("api", false, "k"));
-        assert!(overrides.has_room("api", true, "more_*"));
+        assert!(!o.has_room("api", false, "more_*"));
+        assert!(o.has_room("api", false, "p7_*") && o.has_room("api", false, "k"));
+        assert!(o.has_room("api", true, "more_*"));
         let now = SystemTime::now();
-        let found = |key: &str| match overrides.find("api", &Key::from(key), now) {
-            Some(InForce::Override(o)) => Some(o),
-            _ => None,
-        };
-        assert_eq!(found("p7_x"), Some(Override::Blocked));
-        // The longest pattern a key starts with.
-        assert_eq!(found("p1_long_x"), Some(Override::Unlimited));
-        assert_eq!(found("p1_lon"), Some(Override::Blocked));
-        assert_eq!(
-            found(&format!("p{}_x", MAX_PATTERNS - 2)),
-            Some(Override::Blocked)
-        );
-        assert_eq!(found(&format!("p{}_x", MAX_PATTERNS - 1)), None);
-        assert_eq!(found("q7_x"), None);
-        assert_eq!(found("p"), None);
+        let found = |key: &str| found_at(&o, "api", &Key::from(key), now);
+        for (key, want) in [
+            ("p7_x".to_owned(), Some(Override::Blocked)),
+            // The longest pattern a key starts with.
+            ("p1_long_x".to_owned(), Some(Override::Unlimited)),
+            ("p1_lon".to_owned(), Some(Override::Blocked)),
+            (format!("p{}_x", MAX_PATTERNS - 2), Some(Override::Blocked)),
+            (format!("p{}_x", MAX_PATTERNS - 1), None),
+            ("q7_x".to_owned(), None),
+            ("p".to_owned(), None),
+        ] {
+            assert_eq!(found(&key), want, "{key}");
+        }
     }
 
     #[test]
     fn an_older_read_answering_late_does_not_replace_a_newer_one() {
-        let overrides = Overrides::new(None);
+        let o = Overrides::new(None);
         let (older, newer) = (7, 8);
-        overrides.install("overrides:api", newer, &[field("bob", Override::Blocked)]);
-        overrides.install("overrides:api", older, &[]);
-        assert_eq!(overrides.overrides_of("api").len(), 1);
-        overrides.install("overrides:api", 9, &[]);
-        assert!(overrides.overrides_of("api").is_empty());
-    }
-
-    #[test]
-    fn a_ban_runs_until_its_end_and_comes_before_an_override() {
-        let overrides = Overrides::new(None);
-        let now = SystemTime::now();
-        let until = now + Duration::from_secs(2);
-        overrides.install(
-            "overrides:api",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
-            &[field("bob", Override::Unlimited)],
-        );
-        overrides.install(
-            "bans:api",
-            overrides.tickets.fetch_add(1, Ordering::SeqCst),
-            &[("bob".into(), super::super::encode_until(until))],
-        );
-        let bob = Key::from("bob");
-        match overrides.find("api", &bob, now) {
-            Some(InForce::Banned(rest)) => assert!(rest <= Duration::from_secs(2)),
-            other => panic!("{other:?}"),
-        }
-        let later = until + Duration::from_millis(1);
-        assert_eq!(
-            overrides.find("api", &bob, later),
-            Some(InForce::Override(Override::Unlimited))
-        );
-        assert_eq!(overrides.bans_of("api", now).len(), 1);
-        assert!(overrides.bans_of("api", later).is_empty());
-        // Installing the bans kept the overrides, and the other way round.
-        assert_eq!(overrides.overrides_of("api").len(), 1);
+        o.install("overrides:api", newer, &[field("bob", Override::Blocked)]);
+        o.install("overrides:api", older, &[]);
+        assert_eq!(o.overrides_of("api").len(), 1);
+        o.install("overrides:api", 9, &[]);
+        assert!(o.overrides_of("api").is_empty());
     }
 
     #[test]
     fn an_address_pattern_counts_toward_the_bound_too() {
-        let overrides = Overrides::new(None);
+        let o = Overrides::new(None);
         // One pattern of addresses (compared by rendering), then byte-string patterns up to the
         // bound: the last of those is left out.
         let mut fields = vec![field("!10.0.*", Override::Blocked)];
         fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Unlimited)));
-        overrides.install("overrides:api", 1, &fields);
-        let entries = overrides.snapshot.load().policies["api"].clone();
+        o.install("overrides:api", 1, &fields);
+        let entries = o.snapshot.load().policies["api"].clone();
         assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
-        assert!(!overrides.has_room("api", false, "more_*"));
+        assert!(!o.has_room("api", false, "more_*"));
         let now = SystemTime::now();
-        let found = |key: &Key| match overrides.find("api", key, now) {
-            Some(InForce::Override(o)) => Some(o),
-            _ => None,
-        };
-        assert_eq!(
-            found(&Key::from_ip([10, 0, 3, 4].into())),
-            Some(Override::Blocked)
-        );
-        let last_kept = Key::from(format!("p{}_x", MAX_PATTERNS - 2));
-        assert_eq!(found(&last_kept), Some(Override::Unlimited));
-        assert_eq!(found(&Key::from(format!("p{}_x", MAX_PATTERNS - 1))), None);
+        for (key, want) in [
+            (Key::from_ip([10, 0, 3, 4].into()), Some(Override::Blocked)),
+            (
+                Key::from(format!("p{}_x", MAX_PATTERNS - 2)),
+                Some(Override::Unlimited),
+            ),
+            (Key::from(format!("p{}_x", MAX_PATTERNS - 1)), None),
+        ] {
+            assert_eq!(found_at(&o, "api", &key, now), want, "{key:?}");
+        }
     }
 
     #[test]
-    fn a_ban_ends_at_its_end_and_stands_without_an_override() {
-        let overrides = Overrides::new(None);
+    fn a_ban_ends_at_its_end_comes_before_an_override_and_both_shows_them_apart() {
+        let o = Overrides::new(None);
         // Whole milliseconds, as the records keep it.
-        let until = decode_until(&super::super::encode_until(
-            SystemTime::now() + Duration::from_secs(60),
-        ))
-        .unwrap();
-        overrides.install(
-            "bans:api",
-            1,
-            &[(
-                "eve".into(),
-                until
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis()
-                    .to_string(),
-            )],
-        );
-        let eve = Key::from("eve");
+        let until = decode_until(&super::super::encode_until(in_a_minute())).unwrap();
+        // Bob has an override and a ban, Eve only a ban; the bans are installed after the
+        // overrides, and keep them.
+        put(&o, "overrides:api", &[field("bob", Override::Unlimited)]);
+        put(&o, "bans:api", &[ban("bob", until), ban("eve", until)]);
+        let (bob, eve, ann) = (Key::from("bob"), Key::from("eve"), Key::from("ann"));
         let just_before = until - Duration::from_millis(1);
+        let (one_ms, unlimited) = (Some(Duration::from_millis(1)), Some(Override::Unlimited));
+        // Before its end a ban stands, over an override too.
+        for key in [&bob, &eve] {
+            assert_eq!(
+                o.find("api", key, just_before),
+                Some(InForce::Banned(Duration::from_millis(1))),
+                "{key:?}"
+            );
+        }
         assert_eq!(
-            overrides.find("api", &eve, just_before),
-            Some(InForce::Banned(Duration::from_millis(1)))
+            o.bans_of("api", just_before),
+            [("bob".to_owned(), until), ("eve".to_owned(), until)]
         );
+        assert_eq!(o.overrides_of("api").len(), 1);
+        // At its end it is over, for a request and in the listing alike: the override is back.
         assert_eq!(
-            overrides.bans_of("api", just_before),
-            [("eve".to_owned(), until)]
+            o.find("api", &bob, until),
+            Some(InForce::Override(Override::Unlimited))
         );
-        // At its end it is over, for a request and in the listing alike.
-        assert_eq!(overrides.find("api", &eve, until), None);
-        assert!(overrides.bans_of("api", until).is_empty());
-        assert_eq!(overrides.both("api", &eve, until), (None, None));
-        assert_eq!(
-            overrides.both("api", &eve, just_before),
-            (None, Some(Duration::from_millis(1)))
-        );
-        assert_eq!(overrides.both("web", &eve, just_before), (None, None));
-        assert!(overrides.touches("api"));
-    }
-
-    #[test]
-    fn both_shows_the_override_and_the_ban_apart() {
-        let overrides = Overrides::new(None);
-        let now = SystemTime::now();
-        overrides.install("overrides:api", 1, &[field("bob", Override::Unlimited)]);
-        overrides.install(
-            "bans:api",
-            2,
-            &[(
-                "bob".into(),
-                super::super::encode_until(now + Duration::from_secs(30)),
-            )],
-        );
-        let (o, ban) = overrides.both("api", &Key::from("bob"), now);
-        assert_eq!(o, Some(Override::Unlimited));
-        assert!(ban.is_some_and(|rest| rest > Duration::from_secs(28)));
-        assert_eq!(overrides.both("api", &Key::from("ann"), now), (None, None));
+        assert_eq!(o.find("api", &eve, until), None);
+        assert!(o.bans_of("api", until).is_empty());
+        // `both` shows each apart.
+        for (policy, key, at, want) in [
+            ("api", &bob, just_before, (unlimited, one_ms)),
+            ("api", &bob, until, (unlimited, None)),
+            ("api", &eve, just_before, (None, one_ms)),
+            ("api", &eve, until, (None, None)),
+            ("api", &ann, just_before, (None, None)),
+            ("web", &eve, just_before, (None, None)),
+        ] {
+            assert_eq!(o.both(policy, key, at), want, "{policy} {key:?} {at:?}");
+        }
+        assert!(o.touches("api"));
     }
 
     /// Records shared with other processes, as a test sees them: what was read, what was forgotten,
@@ -715,6 +676,12 @@ mod tests {
 
         fn reads(&self) -> Vec<String> {
             std::mem::take(&mut *self.reads.lock().unwrap())
+        }
+
+        fn sorted_reads(&self) -> Vec<String> {
+            let mut reads = self.reads();
+            reads.sort();
+            reads
         }
 
         fn forgotten(&self) -> Vec<Vec<String>> {
@@ -758,11 +725,9 @@ mod tests {
         (shared, overrides)
     }
 
-    fn overridden(overrides: &Overrides, policy: &str, key: &str) -> Option<Override> {
-        match overrides.find(policy, &Key::from(key), SystemTime::now()) {
-            Some(InForce::Override(o)) => Some(o),
-            _ => None,
-        }
+    /// The override in force for `key` under policy `api` now.
+    fn overridden(o: &Overrides, key: &str) -> Option<Override> {
+        found_at(o, "api", &Key::from(key), SystemTime::now())
     }
 
     fn banned(overrides: &Overrides, policy: &str, key: &str) -> bool {
@@ -775,23 +740,16 @@ mod tests {
     #[tokio::test]
     async fn a_refresh_reads_one_table_and_forgets_its_policys_cached_decisions() {
         let (shared, overrides) = shared();
-        let later = super::super::encode_until(SystemTime::now() + Duration::from_secs(60));
         shared.set("overrides:api", vec![field("bob", Override::Blocked)]);
-        shared.set("bans:api", vec![("eve".into(), later)]);
+        shared.set("bans:api", vec![ban("eve", in_a_minute())]);
+        let bob_blocked = || overridden(&overrides, "bob") == Some(Override::Blocked);
         overrides.refresh("overrides:api").await.unwrap();
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Blocked)
-        );
+        assert!(bob_blocked());
         assert!(!banned(&overrides, "api", "eve"));
         assert_eq!(shared.reads(), ["overrides:api"]);
         assert_eq!(shared.forgotten(), [["per_minute", "burst"]]);
         overrides.refresh("bans:api").await.unwrap();
-        assert!(banned(&overrides, "api", "eve"));
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Blocked)
-        );
+        assert!(banned(&overrides, "api", "eve") && bob_blocked());
         assert_eq!(shared.forgotten(), [["per_minute", "burst"]]);
         assert_eq!(shared.reads(), ["bans:api"]);
         // A table of no kind the cache keeps: not read, nothing changed, nothing forgotten.
@@ -800,11 +758,7 @@ mod tests {
         }
         assert!(shared.reads().is_empty());
         assert!(shared.forgotten().is_empty());
-        assert!(banned(&overrides, "api", "eve"));
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Blocked)
-        );
+        assert!(banned(&overrides, "api", "eve") && bob_blocked());
         // A policy no longer in force: its table is read, no policy's decisions are forgotten.
         overrides.refresh("overrides:gone").await.unwrap();
         assert_eq!(shared.reads(), ["overrides:gone"]);
@@ -814,27 +768,19 @@ mod tests {
     #[tokio::test]
     async fn refresh_all_reads_both_tables_of_every_policy_it_knows() {
         let (shared, overrides) = shared();
-        let later = super::super::encode_until(SystemTime::now() + Duration::from_secs(60));
         shared.set("overrides:api", vec![field("bob", Override::Unlimited)]);
-        shared.set("bans:web", vec![("eve".into(), later)]);
+        shared.set("bans:web", vec![ban("eve", in_a_minute())]);
         overrides.refresh_all().await.unwrap();
-        let mut reads = shared.reads();
-        reads.sort();
         assert_eq!(
-            reads,
+            shared.sorted_reads(),
             ["bans:api", "bans:web", "overrides:api", "overrides:web"]
         );
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Unlimited)
-        );
+        assert_eq!(overridden(&overrides, "bob"), Some(Override::Unlimited));
         assert!(banned(&overrides, "web", "eve"));
         // A reload that leaves only `web`: only its tables are read again.
         overrides.know(vec![("web".into(), vec!["pages".into()])]);
         overrides.refresh_all().await.unwrap();
-        let mut reads = shared.reads();
-        reads.sort();
-        assert_eq!(reads, ["bans:web", "overrides:web"]);
+        assert_eq!(shared.sorted_reads(), ["bans:web", "overrides:web"]);
     }
 
     async fn settle() {
@@ -849,23 +795,16 @@ mod tests {
         shared.set("overrides:api", vec![field("bob", Override::Blocked)]);
         overrides.listen();
         settle().await;
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Blocked)
-        );
+        assert_eq!(overridden(&overrides, "bob"), Some(Override::Blocked));
         assert_eq!(shared.reads().len(), 4);
         // One table changed (in another process): that one is read again.
         shared.set("overrides:api", vec![field("bob", Override::Unlimited)]);
         assert!(shared.changed(Some("overrides:api")));
         settle().await;
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Unlimited)
-        );
+        assert_eq!(overridden(&overrides, "bob"), Some(Override::Unlimited));
         assert_eq!(shared.reads(), ["overrides:api"]);
         // Any may have changed: every policy's tables are read again.
-        let later = super::super::encode_until(SystemTime::now() + Duration::from_secs(60));
-        shared.set("bans:web", vec![("eve".into(), later)]);
+        shared.set("bans:web", vec![ban("eve", in_a_minute())]);
         assert!(shared.changed(None));
         settle().await;
         assert!(banned(&overrides, "web", "eve"));
@@ -892,28 +831,27 @@ mod tests {
         overrides.listen();
         let store = overrides.store().clone();
         assert!(store.in_process());
-        store
-            .write("overrides:api", "bob", Some(&Override::Blocked.encode()))
-            .await
-            .unwrap();
-        store
-            .write("overrides:api", "ann", Some(&Override::Unlimited.encode()))
-            .await
-            .unwrap();
-        store.write("overrides:api", "ann", None).await.unwrap();
+        let (blocked, unlimited) = (Override::Blocked.encode(), Override::Unlimited.encode());
+        for (key, value) in [
+            ("bob", Some(&blocked)),
+            ("ann", Some(&unlimited)),
+            ("ann", None),
+        ] {
+            store
+                .write("overrides:api", key, value.map(String::as_str))
+                .await
+                .unwrap();
+        }
         assert_eq!(
             store.read("overrides:api").await.unwrap(),
-            [("bob".to_owned(), Override::Blocked.encode())]
+            [("bob".to_owned(), blocked)]
         );
         assert!(store.read("bans:api").await.unwrap().is_empty());
         // Not read at start, nor when a change is heard (this process made it): nothing is in
         // force until the writer puts it there (as the admin routes do).
         settle().await;
-        assert_eq!(overridden(&overrides, "api", "bob"), None);
+        assert_eq!(overridden(&overrides, "bob"), None);
         overrides.refresh("overrides:api").await.unwrap();
-        assert_eq!(
-            overridden(&overrides, "api", "bob"),
-            Some(Override::Blocked)
-        );
+        assert_eq!(overridden(&overrides, "bob"), Some(Override::Blocked));
     }
 }

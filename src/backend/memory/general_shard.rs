@@ -288,11 +288,8 @@ mod tests {
         let scale = Scale::Gcra((10 * S) as f32);
         shard.scales.push(((1, 0, Algorithm::Gcra), scale));
         for i in 0..n {
-            insert(
-                &mut shard,
-                hasher,
-                gcra_entry(i, now + (i + 1) * 10 * S / n),
-            );
+            let entry = gcra_entry(i, now + (i + 1) * 10 * S / n);
+            insert(&mut shard, hasher, entry);
         }
         shard
     }
