@@ -1,13 +1,12 @@
 //! The decision engine: what the layer decides for a request, apart from tower's plumbing
 //! (`middleware/`), around one [`CompiledPolicy`](crate::policy::CompiledPolicy) per policy of the
-//! table in force; the table's build-time checks are `policy/table.rs`', a stream message's check
-//! `handle/message.rs`'. An admitted in-memory request passes through (callgrind on a build with
-//! line tables) `middleware/service.rs`, [`steps`], [`verdict`], `middleware/future.rs`,
+//! table in force (the table's build-time checks live in `policy/table.rs`, a stream message's
+//! check in `handle/message.rs`). An admitted in-memory request passes through (callgrind on a
+//! build with line tables) `middleware/service.rs`, [`steps`], [`verdict`], `middleware/future.rs`,
 //! `middleware/body.rs`, [`in_force`] and `observe.rs` (its report), its fields through
 //! `headers.rs` and `header_block.rs`, and one-line accessors of `policy/spec.rs` and
 //! `overrides/cache.rs`; a 429 adds `refuse`; the extended path adds [`extended`]. The backend is
-//! asked in one shape, a list of
-//! [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
+//! asked in one shape, a list of [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
 //! after it (`scripts/import_cycles.py` checks it):
 //!
 //! * [`extended`]: the steps of a policy with per-request features, synchronous until the first
