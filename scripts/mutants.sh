@@ -47,6 +47,9 @@ declare -A TESTS=(
   # steps.rs also by the allocation test: a releaser made for a request that holds no slot is an
   # allocation on the admitted path, and nothing else shows it.
   [src/engine/steps.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
+  # service.rs runs those steps for a request (`Throttle::call`): the same tests as steps.rs, the
+  # allocation test too, as the plain admission it builds no verdict for is what that test counts.
+  [src/middleware/service.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
   [src/rollout/mod.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
   # What the last round added to a request's path, each covered by the unit tests beside it: a
   # policy's conditions (host, header, query), the JSON reader of a body key, and the overrides and
@@ -74,8 +77,8 @@ declare -A TESTS=(
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
-  src/rollout/mod.rs src/policy/condition.rs src/key/body/json.rs src/overrides/cache.rs
-  src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
+  src/middleware/service.rs src/rollout/mod.rs src/policy/condition.rs src/key/body/json.rs
+  src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"

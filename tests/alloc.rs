@@ -120,19 +120,23 @@ where
     counted
 }
 
-/// The plain path with `key`: the layer adds no allocation to the inner service's.
-fn adds_nothing<K: KeyExtractor<()> + Clone>(key: K, legacy: bool, what: &str) {
+/// An admission with `key`: the layer adds no allocation to the inner service's. `near`: the
+/// policy's near-limit ratio, which none of these requests comes near: not the plain path (the
+/// judge makes a verdict, looking for the limits it came near), and still none.
+fn adds_nothing<K: KeyExtractor<()> + Clone>(key: K, legacy: bool, near: Option<f64>, what: &str) {
     // With the legacy fields, five fields of the layer's and two of the answer's are more than the
     // 6 a `HeaderMap` first makes room for: it grows (twice, without the layer's `reserve`), which is
     // the map's own cost, not the layer's; one field of the answer's keeps the map at its size.
     let inner =
         tower::service_fn(move |_: Request<()>| async move { Ok::<_, Infallible>(hello(!legacy)) });
-    let policy = Policy::builder("api")
+    let mut policy = Policy::builder("api")
         // Never runs out during the test: every request is admitted.
         .quota(Quota::per_second(1_000_000_000).with_max_burst(1_000_000_000))
-        .key(key)
-        .build()
-        .unwrap();
+        .key(key);
+    if let Some(ratio) = near {
+        policy = policy.near_limit(ratio);
+    }
+    let policy = policy.build().unwrap();
     let layer = ThrottleLayer::builder()
         .policy(policy)
         .ratelimit_headers(true)
@@ -173,15 +177,33 @@ fn adds_nothing<K: KeyExtractor<()> + Clone>(key: K, legacy: bool, what: &str) {
 
 #[test]
 fn an_admitted_request_on_a_peer_ip_key_allocates_nothing_in_the_layer() {
-    adds_nothing(PeerIp::new(), false, "peer IP key");
+    adds_nothing(PeerIp::new(), false, None, "peer IP key");
 }
 
 #[test]
 fn an_admitted_request_on_a_header_key_allocates_nothing_in_the_layer() {
-    adds_nothing(Header::new("x-user-id"), false, "header key");
+    adds_nothing(Header::new("x-user-id"), false, None, "header key");
 }
 
 #[test]
 fn the_legacy_fields_allocate_nothing_in_the_layer_either() {
-    adds_nothing(PeerIp::new(), true, "peer IP key, X-RateLimit-* fields on");
+    adds_nothing(
+        PeerIp::new(),
+        true,
+        None,
+        "peer IP key, X-RateLimit-* fields on",
+    );
+}
+
+/// A request admitted by a policy with a near-limit rule is judged (a verdict is made: not a plain
+/// admission), and the layer still allocates nothing for one that comes near no limit: no slot to
+/// give back (so no releaser), no `PolicyDecision`, no limit to name.
+#[test]
+fn an_admission_that_is_judged_allocates_nothing_in_the_layer_either() {
+    adds_nothing(
+        PeerIp::new(),
+        false,
+        Some(0.9),
+        "near-limit rule, near no limit",
+    );
 }

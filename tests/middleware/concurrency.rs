@@ -46,27 +46,45 @@ async fn a_thousand_concurrent_requests_admit_exactly_the_limit() {
 }
 
 /// Only a request that holds a concurrency slot gives one back: a rate-limited request releases
-/// nothing, and a concurrency-limited one releases its slot once, when its response ends.
+/// nothing, and a concurrency-limited one releases its slot once, when its response ends; whether
+/// the backend decides at once (memory) or later (as Redis does: the response future waits for
+/// the decision, and the slot's release is made before it).
 #[tokio::test]
 async fn only_a_held_slot_is_given_back() {
+    use std::future::Future;
+    use std::pin::Pin;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use tower_throttle::backend::{Adjustment, Charges};
+    use std::task::Poll;
+    use tower_throttle::backend::{Adjustment, BackendError, Charges, Decisions};
     use tower_throttle::key::Global;
     use tower_throttle::{Algorithm, Backend, MemoryBackend};
 
-    /// The memory backend, counting the slots given back.
+    /// The memory backend, counting the slots given back; `deferred`: its decisions are pending
+    /// when first polled.
     #[derive(Clone)]
     struct Counting {
         inner: MemoryBackend,
         releases: Arc<AtomicUsize>,
+        deferred: bool,
     }
 
-    impl Backend for Counting {
-        type Future = <MemoryBackend as Backend>::Future;
+    type Deciding = Pin<Box<dyn Future<Output = Result<Decisions, BackendError>> + Send>>;
 
-        fn check(&self, charges: Charges<'_>) -> Self::Future {
-            self.inner.check(charges)
+    impl Backend for Counting {
+        type Future = Deciding;
+
+        fn check(&self, charges: Charges<'_>) -> Deciding {
+            let decided = self.inner.check(charges);
+            let mut pending = self.deferred;
+            let mut decided = Box::pin(decided);
+            Box::pin(std::future::poll_fn(move |cx| {
+                if std::mem::take(&mut pending) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                decided.as_mut().poll(cx)
+            }))
         }
 
         fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
@@ -77,18 +95,21 @@ async fn only_a_held_slot_is_given_back() {
         }
     }
 
-    let releases_after = |algorithm: Algorithm| {
+    let releases_after = |algorithm: Algorithm, deferred: bool, near: Option<f64>| {
         let releases = Arc::new(AtomicUsize::new(0));
         let backend = Counting {
             inner: MemoryBackend::new(),
             releases: releases.clone(),
+            deferred,
         };
-        let policy = Policy::builder("api")
+        let mut policy = Policy::builder("api")
             .key(Global)
             .quota(Quota::per_second(100))
-            .algorithm(algorithm)
-            .build()
-            .unwrap();
+            .algorithm(algorithm);
+        if let Some(ratio) = near {
+            policy = policy.near_limit(ratio);
+        }
+        let policy = policy.build().unwrap();
         let layer = ThrottleLayer::builder()
             .backend(backend)
             .policy(policy)
@@ -110,6 +131,17 @@ async fn only_a_held_slot_is_given_back() {
             releases.load(Ordering::SeqCst)
         }
     };
-    assert_eq!(releases_after(Algorithm::Gcra).await, 0);
-    assert_eq!(releases_after(Algorithm::Concurrency).await, 3);
+    // `near`: a near-limit rule, which no request comes near, makes every admission one the judge
+    // makes a verdict for (not a plain one): still no slot for a rate-limited request.
+    for deferred in [false, true] {
+        for near in [None, Some(0.9)] {
+            let gcra = releases_after(Algorithm::Gcra, deferred, near).await;
+            assert_eq!(gcra, 0, "rate-limited, decided later: {deferred}, {near:?}");
+            let concurrency = releases_after(Algorithm::Concurrency, deferred, near).await;
+            assert_eq!(
+                concurrency, 3,
+                "concurrency-limited, decided later: {deferred}, {near:?}"
+            );
+        }
+    }
 }

@@ -315,3 +315,20 @@ async fn a_rejection_releases_what_poll_ready_reserved() {
         );
     }
 }
+
+/// The service shows the inner service it wraps in `Debug` (and its accessors give it back).
+#[tokio::test]
+async fn the_service_shows_and_gives_back_its_inner_service() {
+    use tower::Layer;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Inner(&'static str);
+
+    let mut svc = ThrottleLayer::new(policy()).layer(Inner("app"));
+    let shown = format!("{svc:?}");
+    assert!(shown.starts_with("Throttle"), "{shown}");
+    assert!(shown.contains(r#"Inner("app")"#), "{shown}");
+    assert_eq!(svc.get_ref(), &Inner("app"));
+    svc.get_mut().0 = "changed";
+    assert_eq!(svc.clone().into_inner(), Inner("changed"));
+}

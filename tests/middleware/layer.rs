@@ -138,6 +138,41 @@ async fn headers_can_be_switched_off() {
     assert!(res.headers().get("ratelimit-policy").is_none());
 }
 
+/// With the RateLimit fields off, a layer that sends only the legacy fields, or only the OpenAI
+/// ones, still sends them on an admitted request (and on a refusal).
+#[tokio::test]
+async fn either_other_kind_of_field_is_sent_without_the_ratelimit_fields() {
+    for (legacy, openai, field) in [
+        (true, false, "x-ratelimit-remaining"),
+        (false, true, "x-ratelimit-remaining-requests"),
+    ] {
+        let layer = ThrottleLayer::builder()
+            .policy(global_policy("p", Quota::per_second(2)))
+            .ratelimit_headers(false)
+            .legacy_headers(legacy)
+            .openai_headers(openai)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        for (n, status) in [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let res = app.clone().oneshot(request("/")).await.unwrap();
+            assert_eq!(res.status(), status, "{field}: request {n}");
+            let remaining = if n == 0 { "1" } else { "0" };
+            assert_eq!(header(&res, field), Some(remaining), "{field}: request {n}");
+            assert!(res.headers().get("ratelimit").is_none(), "{field}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn peer_ip_from_connect_info_groups_ipv6_by_64() {
     let policy = Policy::builder("ip")

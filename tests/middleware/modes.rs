@@ -114,6 +114,47 @@ async fn delay_mode_waits_for_the_slot_instead_of_rejecting() {
     assert_eq!(timed(app.clone()).await.2, Duration::from_millis(500));
 }
 
+/// Delay mode counts what remains against the quota's own burst, not against the wait it allows
+/// on top: a burst's requests show the fields they show without delay mode, and a request that
+/// waits shows none left.
+#[tokio::test(start_paused = true)]
+async fn delay_mode_shows_what_remains_of_the_quota_not_of_the_wait() {
+    let fields = |delay: Option<Duration>| async move {
+        let (backend, _clock) = backend();
+        let mut policy = Policy::builder("slow")
+            .quota(Quota::per_second(4))
+            .key(Global);
+        if let Some(delay) = delay {
+            policy = policy.delay(delay);
+        }
+        let app = answering_ok(layer_of(backend, policy.build().unwrap()));
+        let mut shown = Vec::new();
+        for n in 0..5 {
+            let res = app.clone().oneshot(request("/")).await.unwrap();
+            shown.push((res.status(), header(&res, "ratelimit").map(str::to_owned)));
+            assert!(shown[n].1.is_some(), "request {n}: {:?}", shown[n]);
+        }
+        shown
+    };
+    let plain = fields(None).await;
+    let delaying = fields(Some(Duration::from_secs(2))).await;
+    // The burst of 4: the same fields, what remains going down to none.
+    assert_eq!(delaying[..4], plain[..4]);
+    let remaining: Vec<_> = plain[..4]
+        .iter()
+        .map(|(_, field)| field.as_deref().unwrap().split(';').nth(1).unwrap())
+        .collect();
+    assert_eq!(remaining, ["r=3", "r=2", "r=1", "r=0"]);
+    // The fifth: refused without delay mode, admitted after a wait with it; nothing left either way.
+    assert_eq!(plain[4].0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(delaying[4].0, StatusCode::OK);
+    assert!(
+        delaying[4].1.as_deref().unwrap().contains(";r=0;"),
+        "{:?}",
+        delaying[4]
+    );
+}
+
 #[test]
 fn delay_mode_is_refused_for_window_algorithms() {
     let err = Policy::builder("w")
