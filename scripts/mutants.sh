@@ -44,6 +44,11 @@ declare -A TESTS=(
   # request logs, in its own process) and, for metered limits, the memory backend's.
   [src/meter/mod.rs]="--lib --test middleware --test memory -- $SKIP_SLOW $SKIP_CAP"
   [src/engine/verdict.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
+  # The extended path (per-customer quotas, counting by outcome, keys of their own, overrides,
+  # metered limits, shadows) and the near-limit report: what the middleware binary drives through
+  # the layer, the memory binary for metered settlements.
+  [src/engine/extended.rs]="--lib --test middleware --test memory -- $SKIP_SLOW $SKIP_CAP"
+  [src/near_limit.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
   # steps.rs also by the allocation test: a releaser made for a request that holds no slot is an
   # allocation on the admitted path, and nothing else shows it.
   [src/engine/steps.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
@@ -77,7 +82,7 @@ declare -A TESTS=(
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
-  src/middleware/service.rs src/rollout/mod.rs src/policy/condition.rs src/key/body/json.rs
+  src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/policy/condition.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
