@@ -183,50 +183,35 @@ impl CustomerQuotas {
         self.resolver.is_some()
     }
 
-    /// The per-customer quota of `key` from the policy's closure, at once, if it gives one that can
-    /// be enforced for a request of `cost` (`validate`: the backend's check); `None` for the
-    /// policy's own (and with no closure: a resolver is asked by [`quota_of`](Self::quota_of)).
-    pub(crate) fn quota_now(
-        &self,
-        parts: &Parts,
-        key: &Key,
-        cost: u64,
-        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
-    ) -> Option<Arc<CustomerQuota>> {
-        let quota = (self.quota_from.as_ref()?)(parts, key)?;
-        self.custom_tier(Namespace::Customer, quota, cost, validate)
+    /// The quota of `key` from the policy's closure, at once; `None` for the policy's own (and
+    /// with no closure: a resolver is asked by [`quota_of`](Self::quota_of)). Its limits are
+    /// [`custom_tier`](Self::custom_tier)'s.
+    pub(crate) fn quota_now(&self, parts: &Parts, key: &Key) -> Option<Quota> {
+        (self.quota_from.as_ref()?)(parts, key)
     }
 
-    /// The per-customer quota of `key`, if the policy's closure or resolver gives one that can be
-    /// enforced; `None` for the policy's own. A resolver that fails or takes longer than its
-    /// timeout gives `None` too (logged).
-    pub(crate) async fn quota_of(
-        &self,
-        parts: &Parts,
-        key: &Key,
-        cost: u64,
-        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
-    ) -> Option<Arc<CustomerQuota>> {
+    /// The quota of `key` from the policy's closure or resolver; `None` for the policy's own. A
+    /// resolver that fails or takes longer than its timeout gives `None` too (logged).
+    pub(crate) async fn quota_of(&self, parts: &Parts, key: &Key) -> Option<Quota> {
         let Some(resolver) = &self.resolver else {
-            return self.quota_now(parts, key, cost, validate);
+            return self.quota_now(parts, key);
         };
         let fallback = "the policy's quota";
-        let quota = match within(self.resolve_timeout, resolver.resolve(parts, key)).await {
-            Some(Ok(quota)) => quota?,
+        match within(self.resolve_timeout, resolver.resolve(parts, key)).await {
+            Some(Ok(quota)) => quota,
             Some(Err(error)) => {
                 let why = error.to_string();
                 self.log
                     .record(&self.name, "quota resolver", &why, fallback);
-                return None;
+                None
             }
             None => {
                 let why = format!("no quota within {:?}", self.resolve_timeout);
                 self.log
                     .record(&self.name, "quota resolver", &why, fallback);
-                return None;
+                None
             }
-        };
-        self.custom_tier(Namespace::Customer, quota, cost, validate)
+        }
     }
 
     /// The limits of a `quota` chosen for one key, with the default limit's algorithm, delay,

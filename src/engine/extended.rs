@@ -37,6 +37,7 @@ use crate::overrides::{InForce, Override};
 use crate::per_customer::{CustomerQuota, Namespace};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::CompiledPolicy;
+use crate::quota::Quota;
 use crate::rollout::shadows::with_shadows;
 
 /// The verdict of a request that took the extended path (an async key or quota, or counting by
@@ -162,9 +163,8 @@ where
         let custom = match quota {
             QuotaAhead::Given(custom) => custom,
             QuotaAhead::Own => {
-                let validate = |limit: &_| self.validate(limit);
-                let cost = self.policy.cost();
-                self.extras.quotas.quota_now(&parts, &key, cost, validate)
+                let quota = self.extras.quotas.quota_now(&parts, &key);
+                quota.and_then(|quota| self.customer_quota(quota))
             }
         };
         let asking = match self.asking((key, parts), limit_keys, custom, None) {
@@ -220,9 +220,8 @@ where
         let custom = match quota {
             QuotaAhead::Given(custom) => custom,
             QuotaAhead::Own => {
-                let validate = |limit: &_| self.validate(limit);
-                let cost = self.policy.cost();
-                extras.quotas.quota_of(&parts, &key, cost, validate).await
+                let quota = extras.quotas.quota_of(&parts, &key).await;
+                quota.and_then(|quota| self.customer_quota(quota))
             }
         };
         let asking = match self.asking((key, parts), limit_keys, custom, whole) {
@@ -400,6 +399,13 @@ where
     fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
         let limits = std::slice::from_ref(limit);
         self.shared.backend.validate(limits, Uses::NOTHING_MORE)
+    }
+
+    /// The limits of a customer's `quota`, if they can be enforced for this policy's requests.
+    fn customer_quota(&self, quota: Quota) -> Option<Arc<CustomerQuota>> {
+        let validate = |limit: &_| self.validate(limit);
+        let quotas = &self.extras.quotas;
+        quotas.custom_tier(Namespace::Customer, quota, self.policy.cost(), validate)
     }
 
     /// The guard that settles an admitted metered request's cost, if the backend took its

@@ -18,8 +18,7 @@
 //! and a static quota, deciding at once when the backend answers at once (memory), and the async
 //! path (extended.rs), which adds only its awaits — the async key before [`keyed`], the customer's
 //! quota before [`tier_unless_banned`], the shadow limits beside [`ask`]. Steps 3–4 and 5–6 are
-//! each one function ([`before_backend`] runs both for a request with nothing to await between
-//! them), so their order is written once. Each step is handed the policy that matched (never
+//! each one function, so their order is written once. Each step is handed the policy that matched (never
 //! found again by its place in the table), and reads the request as a [`RequestRef`], which the
 //! whole request and its parts both give.
 
@@ -169,22 +168,6 @@ pub(crate) fn tier_unless_banned(
         Some(banned) => Err(banned),
         None => Ok(tier),
     }
-}
-
-/// Steps 3 to 6, as a request with a synchronous key and a static quota meets them: [`keyed`],
-/// then [`tier_unless_banned`] (the extended path awaits its customer's quota between the two).
-/// `Ok`: the key and the tier the backend is asked under.
-#[allow(clippy::result_large_err)] // as `keyed`'s
-pub(crate) fn before_backend<K, B>(
-    shared: &Shared<K, B>,
-    judge: &Judge,
-    policy: &CompiledPolicy,
-    key: Result<Key, Missing>,
-    request: RequestRef<'_>,
-) -> Result<(Key, usize), Verdict> {
-    let key = keyed(shared, judge, policy, key, request)?;
-    let tier = tier_unless_banned(judge, policy, None, &key, request)?;
-    Ok((key, tier))
 }
 
 /// Step 5: the limits a request is decided under: its per-customer quota's, else its tier's.

@@ -131,11 +131,17 @@ where
         // then a request with its key goes straight to the backend under tier 0.
         let (key, tier) = match steps::key_of(policy, &request) {
             Ok(key) if rules.straight && shared.access.is_none() => (key, 0),
-            key => match steps::before_backend(shared, judge, rules, key, RequestRef::of(&request))
-            {
-                Ok(keyed) => keyed,
-                Err(verdict) => return ResponseFuture::carry_out(verdict, inner, request, None),
-            },
+            key => 'steps: {
+                let head = RequestRef::of(&request);
+                let verdict = match steps::keyed(shared, judge, rules, key, head) {
+                    Ok(key) => match steps::tier_unless_banned(judge, rules, None, &key, head) {
+                        Ok(tier) => break 'steps (key, tier),
+                        Err(banned) => banned,
+                    },
+                    Err(verdict) => verdict,
+                };
+                return ResponseFuture::carry_out(verdict, inner, request, None);
+            }
         };
         // 7-9: the backend, the verdict, carrying it out. The request is moved once, into the
         // inner service or `answered`: every move of it is a copy.
