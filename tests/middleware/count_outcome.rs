@@ -332,3 +332,36 @@ async fn a_delayed_request_is_refunded_too() {
         "no request waited for a refunded slot: {waited:?}"
     );
 }
+
+/// A dry run admits what its limit refuses, and the backend took nothing for it: a response that
+/// does not count gives nothing back (a refund would leave the key more than its quota).
+#[tokio::test]
+async fn a_dry_run_gives_back_nothing_for_what_the_backend_refused() {
+    let (backend, _clock) = backend();
+    let layer = layer_on(backend, login().dry_run(true).build().unwrap());
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/login", get(check_password))
+        .layer(layer);
+    let state = || async { handle.peek("login", "mallory").await.unwrap().summary() };
+    for _ in 0..3 {
+        assert_eq!(
+            attempt(&app, "mallory", "guess").await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    let full = state().await;
+    // Three failures fill the quota of 3 a minute: a minute to empty (the clock stands still).
+    assert_eq!(
+        (full.remaining, full.reset_after),
+        (0, Duration::from_secs(60))
+    );
+    // Over the limit, let through by the dry run, and a success (which does not count): the
+    // backend took nothing for it, so nothing is given back.
+    assert_eq!(attempt(&app, "mallory", "right").await, StatusCode::OK);
+    let after = state().await;
+    assert_eq!(
+        (after.remaining, after.reset_after),
+        (0, Duration::from_secs(60))
+    );
+}

@@ -132,3 +132,45 @@ async fn quotas_keyed_apart_take_unlimited_and_blocked_overrides_not_a_quota() {
         .unwrap();
     assert_eq!(handle.overrides("api").unwrap().len(), 2);
 }
+
+/// An override's quota kept from before a reload gave its policy quotas with keys of their own
+/// is not applied to it (such a policy takes no quota override): the policy's own quotas decide.
+#[tokio::test]
+async fn a_quota_override_from_before_keys_apart_is_not_applied() {
+    use tower_throttle::ops::Override;
+    let one_key = Policy::builder("api")
+        .key(Header::new("x-user-id"))
+        .quota(Quota::per_minute(2))
+        .build()
+        .unwrap();
+    let layer = tower_throttle::ThrottleLayer::new(one_key);
+    let handle = layer.handle();
+    let more = Override::Quota(Quota::per_minute(100));
+    handle.set_override("api", "alice", more).await.unwrap();
+    let keyed = Policy::builder("api")
+        .key(Header::new("x-user-id"))
+        .quota(Quota::per_minute(2))
+        .quota_keyed(Quota::per_minute(1000), Header::new("x-org-id"))
+        .build()
+        .unwrap();
+    handle.reload([keyed]).unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let mut request = crate::support::request("/");
+        request
+            .headers_mut()
+            .insert("x-user-id", "alice".parse().unwrap());
+        request
+            .headers_mut()
+            .insert("x-org-id", "acme".parse().unwrap());
+        statuses.push(crate::support::status_of(&app, request).await.as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "2 a minute, not the override's 100"
+    );
+}

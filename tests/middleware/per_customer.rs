@@ -325,3 +325,55 @@ fn per_customer_settings_are_checked_when_the_policy_is_built() {
     let instant = AsyncKey::new(|_: &Parts| async { None }).timeout(Duration::ZERO);
     assert!(err(api().async_key(instant)).contains("timeout must be more than 0"));
 }
+
+/// A per-customer quota the backend cannot enforce (its `validate` refuses the limit) falls back
+/// to the policy's own quota, as one that is invalid does.
+#[tokio::test]
+async fn a_quota_the_backend_refuses_falls_back_to_the_default() {
+    use tower_throttle::backend::{Charges, Uses};
+    use tower_throttle::{Backend, BuildError, Limit};
+
+    /// Memory, refusing limits of more than 50 a period.
+    struct AtMost50(MemoryBackend);
+
+    impl Backend for AtMost50 {
+        type Future = <MemoryBackend as Backend>::Future;
+
+        fn check(&self, charges: Charges<'_>) -> Self::Future {
+            self.0.check(charges)
+        }
+
+        fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+            match limits.iter().any(|l| l.quota().count() > 50) {
+                true => Err(BuildError::Invalid("at most 50 here".into())),
+                false => self.0.validate(limits, uses),
+            }
+        }
+    }
+
+    let policy = api()
+        .quota_from(|_: &Parts, key: &Key| match key.to_string().as_str() {
+            "big" => Some(Quota::per_minute(100)),
+            "small" => Some(Quota::per_minute(5)),
+            _ => None,
+        })
+        .build()
+        .unwrap();
+    let layer = tower_throttle::ThrottleLayerBuilder::with_backend(AtMost50(MemoryBackend::new()))
+        .policy(policy)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(
+        passes(&app, "small", 7).await,
+        5,
+        "a quota it can enforce applies"
+    );
+    assert_eq!(
+        passes(&app, "big", 4).await,
+        2,
+        "one it cannot: the default, 2 a minute"
+    );
+}
