@@ -28,9 +28,13 @@ async fn passes(app: &Router, user: &str, n: u32) -> u32 {
 }
 
 fn app(policy: Policy<Header>) -> Router {
+    app_of(ThrottleLayer::new(policy))
+}
+
+fn app_of<B: tower_throttle::Backend>(layer: ThrottleLayer<Header, B>) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
-        .layer(ThrottleLayer::new(policy))
+        .layer(layer)
 }
 
 /// "api": 2 a minute by default, keyed by `x-user-id`.
@@ -363,9 +367,7 @@ async fn a_quota_the_backend_refuses_falls_back_to_the_default() {
         .policy(policy)
         .build()
         .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let app = app_of(layer);
     assert_eq!(
         passes(&app, "small", 7).await,
         5,
