@@ -1,5 +1,5 @@
-//! The refusals a [`Judge`] makes: the `429` of a request over its limit (after the offender
-//! count and the `on_limited` hook), the `503` of a backend that failed under
+//! The refusals a [`Judge`] makes: the `429` of a request over its limit (after the `on_limited`
+//! hook), the `503` of a backend that failed under
 //! [`OnBackendError::Deny`](crate::OnBackendError::Deny), the `403` of a deny list, the `4xx` of a
 //! request without a key — each the layer's own problem response, or the application's custom
 //! rejection or refusal.
@@ -82,7 +82,7 @@ impl Judge {
         }
     }
 
-    /// The 429 (or the custom rejection), after the offender count and the `on_limited` hook.
+    /// The 429 (or the custom rejection), after the `on_limited` hook.
     pub(super) fn reject(
         &self,
         rules: &CompiledPolicy,
@@ -90,9 +90,6 @@ impl Judge {
         decision: &Decision,
         fields: RateHeaders,
     ) -> Response<Bytes> {
-        if let Some(offenders) = &self.settings.offenders {
-            offenders.record(&rules.name, cx.key);
-        }
         if let Some(hook) = &self.settings.on_limited {
             hook(&Limited {
                 policy: &rules.name,

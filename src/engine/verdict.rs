@@ -65,7 +65,7 @@ impl Admitted {
 /// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
 /// and what remains is counted against that tolerance, not the delay's. Returns the wait (the
 /// longest of a stack's) and corrects each delayed limit's `remaining` in place.
-pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
+fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
     let mut delay = Duration::ZERO;
     if !tier.delays {
         return delay;
@@ -83,31 +83,14 @@ pub(crate) fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Du
     delay
 }
 
-/// Adds each limit's decision to an admitted request's [`PolicyDecision`], if it has one.
-pub(crate) fn add_limits(admitted: &mut Admitted, tier: &CompiledTier, decisions: &[Decision]) {
-    if let Some(exposed) = admitted.decision.as_deref_mut() {
-        exposed.limits = tier
-            .names
-            .iter()
-            .zip(decisions)
-            .map(|(name, decision)| LimitDecision {
-                name: name.clone(),
-                decision: *decision,
-            })
-            .collect();
-    }
-}
-
-/// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see.
-/// `enforced`: whether the verdict enforces the decision (not a dry run, which reports the wait in
-/// its `PolicyDecision` but does not wait).
-pub(crate) fn admit(
-    rules: &CompiledPolicy,
-    tier: &CompiledTier,
-    decision: Decision,
+/// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see
+/// (with each limit's decision). `enforced`: whether the verdict enforces the decision (not a dry
+/// run, which reports the wait in its `PolicyDecision` but does not wait).
+fn admit(
+    (rules, tier): (&CompiledPolicy, &CompiledTier),
+    (decision, decisions): (Decision, &[Decision]),
     fields: RateHeaders,
-    delay: Duration,
-    enforced: bool,
+    (delay, enforced): (Duration, bool),
     slot: Option<SlotOwner>,
 ) -> Admitted {
     let exposed = rules.expose_decision.then(|| PolicyDecision {
@@ -116,7 +99,12 @@ pub(crate) fn admit(
         decision,
         enforced,
         delayed: delay,
-        limits: Box::new([]),
+        limits: (tier.names.iter().zip(decisions))
+            .map(|(name, decision)| LimitDecision {
+                name: name.clone(),
+                decision: *decision,
+            })
+            .collect(),
     });
     Admitted {
         headers: Some(fields),
@@ -184,6 +172,16 @@ struct Source {
     strike: bool,
     /// Who takes back the concurrency slot of an admitted request.
     slot: SlotOwner,
+}
+
+/// What a policy makes of the decisions of its limits ([`Judge::weigh`]).
+pub(crate) struct Weighed {
+    /// The stack's decisions combined (a strike may have made it a ban).
+    pub(crate) decision: Decision,
+    /// Whether the policy enforces it (not a dry run, nor a key outside a staged policy's share).
+    pub(crate) enforced: bool,
+    /// Delay mode's wait for an admitted request.
+    pub(crate) delay: Duration,
 }
 
 impl Judge {
@@ -441,18 +439,10 @@ impl Judge {
             admitted.headers = Some(self.fields(tier, decisions, decision));
             return Verdict::Admit(admitted);
         }
-        let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(cx.key));
-        let mut delay = queue_delay(tier, decisions);
-        let mut decision = match &*decisions {
-            [one] => *one,
-            all => Decision::combine(all).expect("a tier has at least one limit"),
-        };
-        if !decision.allowed {
-            delay = Duration::ZERO;
-        }
-        if source.strike && enforced {
-            decision = self.strike(rules, cx.key, decision);
-        }
+        let mut weighed = self.weigh(rules, tier, cx.key, decisions, source.strike);
+        let Weighed {
+            enforced, delay, ..
+        } = weighed;
         // A dry run reports the wait it would have made, but does not wait.
         let wait = if enforced { delay } else { Duration::ZERO };
         if !wait.is_zero() {
@@ -463,29 +453,20 @@ impl Judge {
             for d in decisions.iter_mut() {
                 d.reset_after = d.reset_after.saturating_sub(wait);
             }
-            decision.reset_after = decision.reset_after.saturating_sub(wait);
+            weighed.decision.reset_after = weighed.decision.reset_after.saturating_sub(wait);
         }
-        let shown = ShownKey {
-            key: cx.key,
-            redact: self.redactor.as_ref(),
-        };
-        // A staged policy's refusal for a key outside its share is only counted, as would-limit.
-        let staged_off = !decision.allowed && !enforced && rules.staged.is_some();
-        if staged_off {
-            self.would_limit(rules, tier, decisions, shown);
-        } else {
-            rules
-                .reporter
-                .decision(&rules.name, shown, &decision, delay);
-        }
+        self.report(rules, tier, cx.key, decisions, &mut weighed);
+        let decision = weighed.decision;
         let fields = self.fields(tier, decisions, &decision);
         if decision.allowed || !enforced {
-            if !decision.allowed && !staged_off {
-                rules.reporter.limited(&rules.name, shown, &decision, true);
-            }
             let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            let mut admitted = admit(rules, tier, decision, fields, delay, enforced, slot);
-            add_limits(&mut admitted, tier, decisions);
+            let mut admitted = admit(
+                (rules, tier),
+                (decision, decisions),
+                fields,
+                (delay, enforced),
+                slot,
+            );
             if let Some(near) = &rules.near {
                 let hook = self.settings.on_near_limit.as_deref();
                 let (names, key) = (&tier.names[..], cx.key);
@@ -495,12 +476,85 @@ impl Judge {
             }
             return Verdict::Admit(admitted);
         }
-        if let (Some(jitter), Some(retry)) = (rules.retry_after_jitter, decision.retry_after) {
-            // Clients that share a key do not all come back in the same second. Only ever later.
-            decision.retry_after = Some(retry + jitter.mul_f64(crate::timer::unit_random()));
-        }
-        rules.reporter.limited(&rules.name, shown, &decision, false);
         Verdict::Reject(self.reject(rules, cx, &decision, fields))
+    }
+
+    /// The judge's first steps on the decisions of every limit of `tier` for `key`, for a request
+    /// and a stream message alike (`handle/message.rs`): whether the policy enforces them, delay
+    /// mode's wait, the stack's decisions combined into one, and the penalty box's strike
+    /// (`strike`: the decisions are the backend's, not a ban's).
+    pub(crate) fn weigh(
+        &self,
+        rules: &CompiledPolicy,
+        tier: &CompiledTier,
+        key: &Key,
+        decisions: &mut [Decision],
+        strike: bool,
+    ) -> Weighed {
+        let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(key));
+        let mut delay = queue_delay(tier, decisions);
+        let mut decision = match &*decisions {
+            [one] => *one,
+            all => Decision::combine(all).expect("a tier has at least one limit"),
+        };
+        if !decision.allowed {
+            delay = Duration::ZERO;
+        }
+        if strike && enforced {
+            decision = self.strike(rules, key, decision);
+        }
+        Weighed {
+            decision,
+            enforced,
+            delay,
+        }
+    }
+
+    /// The judge's last step before the answer, for a request and a stream message alike: the
+    /// decision reported (a staged policy's refusal for a key outside its share only as
+    /// would-limit), and a refusal counted — as would-limit where the policy does not enforce it;
+    /// where it does, with its retry jittered and the key counted as an offender.
+    pub(crate) fn report(
+        &self,
+        rules: &CompiledPolicy,
+        tier: &CompiledTier,
+        key: &Key,
+        decisions: &[Decision],
+        weighed: &mut Weighed,
+    ) {
+        let Weighed {
+            decision,
+            enforced,
+            delay,
+        } = weighed;
+        let shown = ShownKey {
+            key,
+            redact: self.redactor.as_ref(),
+        };
+        // A staged policy's refusal for a key outside its share is only counted, as would-limit.
+        let staged_off = !decision.allowed && !*enforced && rules.staged.is_some();
+        if staged_off {
+            self.would_limit(rules, tier, decisions, shown);
+        } else {
+            rules
+                .reporter
+                .decision(&rules.name, shown, decision, *delay);
+        }
+        if decision.allowed || staged_off {
+            return;
+        }
+        if *enforced {
+            if let (Some(jitter), Some(retry)) = (rules.retry_after_jitter, decision.retry_after) {
+                // Clients that share a key do not all come back in the same second. Only later.
+                decision.retry_after = Some(retry + jitter.mul_f64(crate::timer::unit_random()));
+            }
+            if let Some(offenders) = &self.settings.offenders {
+                offenders.record(&rules.name, key);
+            }
+        }
+        rules
+            .reporter
+            .limited(&rules.name, shown, decision, !*enforced);
     }
 
     /// A rejection that earns a ban answers with the ban.

@@ -12,10 +12,8 @@ use crate::engine::steps;
 use crate::engine::verdict::Judge;
 use crate::error::BackendError;
 use crate::key::Key;
-use crate::limit::{Algorithm, Limit};
-use crate::observe::ShownKey;
-use crate::policy::CompiledPolicy;
-use crate::refusal::RefusalKind;
+use crate::limit::Algorithm;
+use crate::policy::{CompiledPolicy, CompiledTier};
 
 /// Why a policy cannot check messages, if it cannot.
 pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> {
@@ -49,8 +47,10 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
 
 impl Judge {
     /// Checks a message of `cost` units for `key` under `policy`'s default tier: its ban first,
-    /// then the backend; counted and logged as a request would be. A refusal the policy does not
-    /// enforce (a dry run, a key outside a staged policy's share) comes back allowed.
+    /// then the backend, then the judge's steps that a request's verdict opens and closes with
+    /// ([`Judge::weigh`], [`Judge::report`]): counted and logged as a request would be. A refusal
+    /// the policy does not enforce (a dry run, a key outside a staged policy's share) comes back
+    /// allowed.
     ///
     /// `custom`: the limits of the key's quota override, if one is in force; `timed_ban`: the rest
     /// of the key's timed ban, if one runs (it comes before the penalty box's).
@@ -60,60 +60,42 @@ impl Judge {
         policy: &CompiledPolicy,
         key: &Key,
         cost: u64,
-        custom: Option<&[Limit]>,
+        custom: Option<&CompiledTier>,
         timed_ban: Option<Duration>,
     ) -> Result<Decision, BackendError> {
-        let tier = &policy.tiers[0];
-        let limits = custom.unwrap_or(&tier.limits);
-        let enforced = self.enforces(Some(policy), RefusalKind::Limited, Some(key));
-        let shown = ShownKey {
-            key,
-            redact: self.redactor.as_ref(),
-        };
+        let tier = custom.unwrap_or(&policy.tiers[0]);
         let banned = timed_ban.or_else(|| policy.penalty.as_ref().and_then(|p| p.banned(key)));
-        let decision = match banned {
-            Some(rest) => Decision::banned(tier.limit_value, rest, None, rest),
+        let (mut decisions, strike) = match banned {
+            Some(rest) => {
+                let ban = Decision::banned(tier.limit_value, rest, None, rest);
+                (vec![ban; tier.limits.len()], false)
+            }
             None => {
+                let limits = &tier.limits;
                 let answer = steps::ask(backend, Charges::stack(limits, key, cost)).await;
-                if answer.is_ok() {
-                    self.errors.decided(&policy.name);
-                }
-                let decision = match answer {
-                    Ok(all) => all
-                        .combined()
-                        .ok_or_else(|| BackendError::new("the backend returned no decision"))?,
-                    Err(error) => {
+                match answer {
+                    Ok(all) if all.len() == limits.len() => {
+                        self.errors.decided(&policy.name);
+                        (all.into_vec(), true)
+                    }
+                    answer => {
+                        let error = answer.err().unwrap_or_else(|| {
+                            BackendError::new("the backend did not return a decision per limit")
+                        });
                         policy.reporter.failure(&policy.name);
                         self.errors
                             .record(&policy.name, &error, "the caller's choice");
                         return Err(error);
                     }
-                };
-                match enforced {
-                    true => self.strike(policy, key, decision),
-                    false => decision,
                 }
             }
         };
-        policy
-            .reporter
-            .decision(&policy.name, shown, &decision, Duration::ZERO);
-        if decision.allowed {
-            return Ok(decision);
-        }
-        policy
-            .reporter
-            .limited(&policy.name, shown, &decision, !enforced);
-        if !enforced {
-            return Ok(Decision::allowed(
-                decision.limit,
-                decision.remaining,
-                decision.reset_after,
-            ));
-        }
-        if let Some(offenders) = &self.settings.offenders {
-            offenders.record(&policy.name, key);
-        }
-        Ok(decision)
+        let mut weighed = self.weigh(policy, tier, key, &mut decisions, strike);
+        self.report(policy, tier, key, &decisions, &mut weighed);
+        let decision = weighed.decision;
+        Ok(match decision.allowed || weighed.enforced {
+            true => decision,
+            false => Decision::allowed(decision.limit, decision.remaining, decision.reset_after),
+        })
     }
 }

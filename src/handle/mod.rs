@@ -501,10 +501,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 (custom, None)
             }
         };
-        let limits = custom.as_ref().map(|c| &c.limits[..]);
+        let custom = custom.as_ref().map(|c| &c.rules);
         let decided = table
             .judge
-            .message(&self.shared.backend, compiled, key, cost, limits, timed_ban)
+            .message(&self.shared.backend, compiled, key, cost, custom, timed_ban)
             .await;
         Ok(decided?)
     }

@@ -95,3 +95,68 @@ async fn a_policy_that_cannot_count_messages_says_why() {
     assert!(error(handle.check("chat", "ann", 1).await.unwrap_err())
         .contains("a delayed limit makes a request wait"));
 }
+
+/// A message is judged by the same steps as a request: under a staged policy, a refusal for a key
+/// outside its share comes back allowed and is counted as would-limit only, and one inside it is
+/// refused, counted as limited, and its retry jittered as a request's `Retry-After` is.
+#[test]
+fn a_staged_policy_counts_messages_as_it_counts_requests() {
+    let jitter = Duration::from_secs(600);
+    let policy = chat()
+        .enforce_fraction(0.5)
+        .retry_after_jitter(jitter)
+        .build()
+        .unwrap();
+    let (inside, outside) = (0..100)
+        .map(|i| format!("user-{i}"))
+        .partition::<Vec<_>, _>(|user| policy.enforces(&tower_throttle::Key::from(user.clone())));
+    let (inside, outside) = (inside[0].clone(), outside[0].clone());
+    let handle = layer(policy).handle();
+    let ((enforced, unenforced), page) = with_metrics(async move {
+        for user in [&inside, &outside] {
+            for _ in 0..3 {
+                assert!(handle.check("chat", user, 1).await.unwrap().allowed);
+            }
+        }
+        let mut enforced = Vec::new();
+        for _ in 0..3 {
+            enforced.push(handle.check("chat", &inside, 1).await.unwrap());
+        }
+        let unenforced = handle.check("chat", &outside, 1).await.unwrap();
+        (enforced, unenforced)
+    });
+    // Each refusal: its own wait (a unit of 3 an hour: 1,200 s) with at most the jitter added,
+    // never less; three of them all within 2 s of it would be a 1-in-27-million chance.
+    let own = Duration::from_secs(1200);
+    let retries: Vec<_> = enforced.iter().map(|d| d.retry_after.unwrap()).collect();
+    assert!(enforced.iter().all(|d| !d.allowed), "{enforced:?}");
+    assert!(retries
+        .iter()
+        .all(|&r| r + Duration::from_secs(1) >= own && r <= own + jitter));
+    assert!(
+        retries.iter().any(|&r| r > own + Duration::from_secs(2)),
+        "{retries:?}"
+    );
+    assert!(
+        unenforced.allowed && unenforced.remaining == 0,
+        "{unenforced:?}"
+    );
+    let series = |name: &str, labels: &str| sample(&page, &format!("{name}{{{labels}}}"));
+    let policy = "policy=\"chat\"";
+    assert_eq!(
+        series("throttle_requests_allowed_total", policy),
+        6.0,
+        "{page}"
+    );
+    assert_eq!(
+        series("throttle_requests_limited_total", policy),
+        3.0,
+        "{page}"
+    );
+    let limit = "policy=\"chat\",limit=\"chat\"";
+    assert_eq!(
+        series("throttle_requests_would_limit_total", limit),
+        1.0,
+        "{page}"
+    );
+}
