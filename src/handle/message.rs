@@ -4,15 +4,22 @@
 //! and offender counts as the layer's requests, with no request to answer — the handler gets the
 //! [`Decision`] and drops the message or closes the stream.
 
-use std::time::Duration;
+use std::slice;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use crate::backend::{Backend, Charges};
+use crate::access::Access;
+
+use crate::backend::{Backend, Charges, Uses};
 use crate::decision::Decision;
+use crate::engine::shared::Shared;
 use crate::engine::steps;
 use crate::engine::verdict::Judge;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Algorithm;
+use crate::overrides::{InForce, Override};
+use crate::per_customer::{CustomerQuota, Namespace};
 use crate::policy::{CompiledPolicy, CompiledTier};
 
 /// Why a policy cannot check messages, if it cannot.
@@ -43,6 +50,50 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
         return Some(format!("a message costs 1 to {most} units, not {cost}"));
     }
     None
+}
+
+/// A message's steps before the backend, as a request's with its key given: the access lists by
+/// key (an allowed key is not limited; a denied one is refused with no retry, as a blocked key),
+/// then an override or timed ban in force on the key. `Ok`: the limits of its quota override (if
+/// one is in force) and the rest of its timed ban (if one runs); `Err`: its answer.
+pub(crate) fn before_backend<K, B: Backend>(
+    shared: &Shared<K, B>,
+    policy: &CompiledPolicy,
+    key: &Key,
+    cost: u64,
+) -> Result<(Option<Arc<CustomerQuota>>, Option<Duration>), Decision> {
+    let limit = policy.tiers[0].limit_value;
+    let unlimited = Decision::allowed(limit, limit, Duration::ZERO);
+    let mut blocked = Decision::banned(limit, Duration::ZERO, None, Duration::ZERO);
+    blocked.retry_after = None;
+    match shared
+        .access
+        .as_ref()
+        .map(|(lists, _)| lists.check(None, Some(key)))
+    {
+        Some(Access::Allow) => return Err(unlimited),
+        Some(Access::Deny) => {
+            crate::observe::forbidden();
+            return Err(blocked);
+        }
+        Some(Access::Limit) | None => {}
+    }
+    match shared.overrides.find(policy.name(), key, SystemTime::now()) {
+        None => Ok((None, None)),
+        Some(InForce::Banned(rest)) => Ok((None, Some(rest))),
+        Some(InForce::Override(Override::Unlimited)) => Err(unlimited),
+        Some(InForce::Override(Override::Blocked)) => Err(blocked),
+        Some(InForce::Override(Override::Quota(quota))) => {
+            let validate = |l: &_| {
+                shared
+                    .backend
+                    .validate(slice::from_ref(l), Uses::NOTHING_MORE)
+            };
+            let quotas = &policy.overridable.quotas;
+            let custom = quotas.custom_tier(Namespace::Override, quota, cost, validate);
+            Ok((custom, None))
+        }
+    }
 }
 
 impl Judge {

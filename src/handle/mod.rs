@@ -24,7 +24,7 @@ use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
-use crate::overrides::{InForce, Override};
+use crate::overrides::Override;
 use crate::per_customer::Namespace;
 use crate::policy::Policy;
 use crate::top::TopKey;
@@ -421,8 +421,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
 
     /// Checks one message of a long-lived stream (a WebSocket, SSE or gRPC-stream message) of
     /// `cost` units for `key` under policy `policy` (its default tier), as the layer checks a
-    /// request: the same backend and limits, penalty box, dry run and staged enforcement, metrics,
-    /// logs and offender counts. The handler then drops the message or closes the stream on a
+    /// request: the same access lists (by key), overrides and timed bans, backend and limits,
+    /// penalty box, dry run and staged enforcement, metrics, logs and offender counts. A key on a
+    /// deny list, or blocked by an override, is refused with no `retry_after`. The handler then drops the message or closes the stream on a
     /// refusal (`allowed == false`, with `retry_after`). A refusal the policy does not enforce (a
     /// dry run) comes back allowed. `key` is the text the policy extracts (see [`KeyFromText`]);
     /// the `on_limited` hook is not called (there is no request to show it).
@@ -473,33 +474,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 reason,
             });
         }
-        // An override or a timed ban applies to messages as to requests.
-        let in_force = self
-            .shared
-            .overrides
-            .find(compiled.name(), key, SystemTime::now());
-        let limit = compiled.tiers[0].limit_value;
-        let (custom, timed_ban) = match in_force {
-            None => (None, None),
-            Some(InForce::Banned(rest)) => (None, Some(rest)),
-            Some(InForce::Override(Override::Unlimited)) => {
-                return Ok(Decision::allowed(limit, limit, Duration::ZERO))
-            }
-            Some(InForce::Override(Override::Blocked)) => {
-                let mut blocked = Decision::banned(limit, Duration::ZERO, None, Duration::ZERO);
-                blocked.retry_after = None;
-                return Ok(blocked);
-            }
-            Some(InForce::Override(Override::Quota(quota))) => {
-                let validate = |l: &_| {
-                    self.shared
-                        .backend
-                        .validate(slice::from_ref(l), Uses::NOTHING_MORE)
-                };
-                let ns = Namespace::Override;
-                let custom = (compiled.overridable.quotas).custom_tier(ns, quota, cost, validate);
-                (custom, None)
-            }
+        let (custom, timed_ban) = match message::before_backend(&self.shared, compiled, key, cost) {
+            Ok(ahead) => ahead,
+            Err(answered) => return Ok(answered),
         };
         let custom = custom.as_ref().map(|c| &c.rules);
         let decided = table

@@ -160,3 +160,40 @@ fn a_staged_policy_counts_messages_as_it_counts_requests() {
         "{page}"
     );
 }
+
+/// A message meets the layer's access lists by its key, as a request does: an allowed key is not
+/// limited (nor counted), a denied one is refused with no retry, the others are limited.
+#[tokio::test]
+async fn the_access_lists_answer_messages_by_key() {
+    let lists = tower_throttle::ops::AccessList::new();
+    lists.allow_key("internal");
+    lists.deny_key("stolen");
+    let layer = ThrottleLayer::builder()
+        .policy(chat().build().unwrap())
+        .access_list(lists)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    for _ in 0..5 {
+        assert!(handle.check("chat", "internal", 1).await.unwrap().allowed);
+    }
+    let denied = handle.check("chat", "stolen", 1).await.unwrap();
+    assert!(
+        !denied.allowed && denied.retry_after.is_none(),
+        "{denied:?}"
+    );
+    let others: Vec<_> = allowed_in_turn(&handle, "ann", 4).await;
+    assert_eq!(others, [true, true, true, false]);
+}
+
+async fn allowed_in_turn(
+    handle: &tower_throttle::ops::ThrottleHandle<Header, tower_throttle::MemoryBackend>,
+    key: &str,
+    n: usize,
+) -> Vec<bool> {
+    let mut allowed = Vec::new();
+    for _ in 0..n {
+        allowed.push(handle.check("chat", key, 1).await.unwrap().allowed);
+    }
+    allowed
+}
