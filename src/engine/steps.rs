@@ -17,7 +17,10 @@
 //! Both paths run this one sequence: `Throttle::call` (middleware/service.rs) for a synchronous key
 //! and a static quota, deciding at once when the backend answers at once (memory), and the async
 //! path (extended.rs), which adds only its awaits — the async key before [`keyed`], the customer's
-//! quota before [`tier_unless_banned`], the shadow limits beside [`ask`]. Steps 3–4 and 5–6 are
+//! quota before [`tier_unless_banned`], the shadow limits beside [`ask`]. A stream message's check
+//! (`handle/message.rs`) has its key given and no request to answer: it runs the pre-checks by key,
+//! [`ask`], and the judge's steps a verdict opens and closes with (`Judge::weigh`,
+//! `Judge::report`), and returns the decision. Steps 3–4 and 5–6 are
 //! each one function, so their order is written once. Each step is handed the policy that matched (never
 //! found again by its place in the table), and reads the request as a [`RequestRef`], which the
 //! whole request and its parts both give.
