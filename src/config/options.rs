@@ -259,7 +259,7 @@ fn quotas(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result
         return Ok(builder);
     }
     let mut builder = builder.quotas(quotas_of(algorithm, &own)?);
-    builder.extras.quota_keys = quota_keys(route, client_ip, own.quotas.as_deref())?;
+    builder.opts.extras.quota_keys = quota_keys(route, client_ip, own.quotas.as_deref())?;
     Ok(shadow_quotas_of(algorithm, &own)?
         .into_iter()
         .fold(builder, Builder::shadow))

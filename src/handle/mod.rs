@@ -24,9 +24,10 @@ use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
+use crate::limit::Limit;
 use crate::overrides::{InForce, Override};
 use crate::per_customer::Namespace;
-use crate::policy::Policy;
+use crate::policy::{CompiledPolicy, Policy};
 use crate::top::TopKey;
 
 mod message;
@@ -288,16 +289,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 if rules.overridable.metered.is_none()
                     && rules.overridable.limit_keys.is_none() =>
             {
-                let validate = |l: &_| {
-                    self.shared
-                        .backend
-                        .validate(slice::from_ref(l), Uses::NOTHING_MORE)
-                };
                 let ns = Namespace::Override;
-                rules
-                    .overridable
-                    .quotas
-                    .custom_tier(ns, quota, rules.cost(), validate)
+                let validate = |l: &_| self.validate_one(l);
+                (rules.overridable.quotas).custom_tier(ns, quota, rules.cost(), validate)
             }
             _ => None,
         };
@@ -313,21 +307,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 limits: limits.map(|(l, s)| (l.name().to_owned(), s)).collect(),
             });
         }
-        // Quotas with keys of their own: each limit under the key given.
-        let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
         for tier in rules.tiers() {
-            let states = if keyed {
-                let keys = vec![key.clone(); tier.limits.len()];
-                self.shared
-                    .backend
-                    .peek(Charges::keyed(&tier.limits, &keys, 0))
-                    .await?
-            } else {
-                self.shared
-                    .backend
-                    .peek(Charges::stack(&tier.limits, key, 0))
-                    .await?
-            };
+            let keys = keys_of(rules, &tier.limits, key);
+            let charges = charges(&tier.limits, key, &keys);
+            let states = self.shared.backend.peek(charges).await?;
             if states.len() != tier.limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
                     "the backend returned {} states for {} limits",
@@ -340,10 +323,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 .iter()
                 .zip(states)
                 .map(|(limit, state)| {
-                    let state = match ban {
-                        Some(rest) => state.with_ban(rest),
-                        None => state,
-                    };
+                    let state = ban.map_or(state, |rest| state.with_ban(rest));
                     (limit.name().to_owned(), state)
                 })
                 .collect();
@@ -491,12 +471,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 return Ok(blocked);
             }
             Some(InForce::Override(Override::Quota(quota))) => {
-                let validate = |l: &_| {
-                    self.shared
-                        .backend
-                        .validate(slice::from_ref(l), Uses::NOTHING_MORE)
-                };
-                let ns = Namespace::Override;
+                let (ns, validate) = (Namespace::Override, |l: &_| self.validate_one(l));
                 let custom = (compiled.overridable.quotas).custom_tier(ns, quota, cost, validate);
                 (custom, None)
             }
@@ -517,21 +492,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // backend no longer has.
         let rules = table.policies[index].compiled();
         table.judge.forget(rules, key);
-        let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
         for tier in rules.tiers() {
-            if keyed {
-                // Quotas with keys of their own: each limit under the key given.
-                let keys = vec![key.clone(); tier.limits.len()];
-                self.shared
-                    .backend
-                    .reset(Charges::keyed(&tier.limits, &keys, 0))
-                    .await?;
-            } else {
-                self.shared
-                    .backend
-                    .reset(Charges::stack(&tier.limits, key, 0))
-                    .await?;
-            }
+            let keys = keys_of(rules, &tier.limits, key);
+            let charges = charges(&tier.limits, key, &keys);
+            self.shared.backend.reset(charges).await?;
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
         // default does not use.
@@ -596,6 +560,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Ok(())
     }
 
+    /// Whether the backend can take `limit` alone: the check an override's quota passes.
+    pub(crate) fn validate_one(&self, limit: &Limit) -> Result<(), BuildError> {
+        (self.shared.backend).validate(slice::from_ref(limit), Uses::NOTHING_MORE)
+    }
+
     pub(crate) fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
     where
         K: KeyFromText,
@@ -609,6 +578,25 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 policy: policy.to_owned(),
                 reason,
             })
+    }
+}
+
+/// `key` once per limit of `limits` when `rules`' quotas have keys of their own (each limit is
+/// then peeked and reset under the key given), else none.
+fn keys_of(rules: &CompiledPolicy, limits: &[Limit], key: &Key) -> Vec<Key> {
+    let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
+    match keyed {
+        true => vec![key.clone(); limits.len()],
+        false => Vec::new(),
+    }
+}
+
+/// The charges of nothing for `limits`: under `keys` when there are any ([`keys_of`]), else
+/// `key` for every limit.
+fn charges<'a>(limits: &'a [Limit], key: &'a Key, keys: &'a [Key]) -> Charges<'a> {
+    match keys.is_empty() {
+        true => Charges::stack(limits, key, 0),
+        false => Charges::keyed(limits, keys, 0),
     }
 }
 

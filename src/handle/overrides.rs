@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::{find, HandleError, KeyFromText, ThrottleHandle};
-use crate::backend::{Backend, Uses};
+use crate::backend::Backend;
 use crate::overrides::cache::MAX_PATTERNS;
 use crate::overrides::{bans_table, encode_until, overrides_table, Override};
 use crate::per_customer::Namespace;
@@ -85,9 +85,7 @@ where
                 .overridable
                 .quotas
                 .enforceable(Namespace::Override, quota, rules.cost(), |l| {
-                    self.shared
-                        .backend
-                        .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
+                    self.validate_one(l)
                 })
                 .map_err(|e| invalid(e.to_string()))?;
         }

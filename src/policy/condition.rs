@@ -11,7 +11,7 @@
 use http::header::{HeaderName, HOST};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use crate::key::percent_decode;
+use crate::key::{percent_decode, query_values};
 
 /// A condition a request must meet for a policy to apply to it ([`PolicyBuilder::when`]): a
 /// header present or equal to a value, the host, a query parameter present or equal to a value.
@@ -191,13 +191,7 @@ impl Rule {
     pub(crate) fn holds(&self, uri: &Uri, headers: &HeaderMap) -> bool {
         match self {
             Rule::Header(name, values) => {
-                let mut sent = headers.get_all(name).iter();
-                match values {
-                    Values::Present => sent.next().is_some(),
-                    Values::OneOf(wanted) => {
-                        sent.any(|v| wanted.iter().any(|w| v.as_bytes() == &**w))
-                    }
-                }
+                values.met_by(headers.get_all(name).iter().map(HeaderValue::as_bytes))
             }
             // The URI's authority or any `Host` header: the application may route by either, so
             // a client cannot step out of the limit by sending them different.
@@ -212,22 +206,20 @@ impl Rule {
                 })
             }),
             Rule::Query(name, values) => uri.query().is_some_and(|query| {
-                query.split('&').any(|pair| {
-                    let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
-                    // Most names need no decoding; decode only those with escapes.
-                    let same = match n.bytes().any(|b| b == b'%' || b == b'+') {
-                        true => *percent_decode(n.as_bytes(), true) == **name,
-                        false => n.as_bytes() == &**name,
-                    };
-                    same && match values {
-                        Values::Present => true,
-                        Values::OneOf(wanted) => {
-                            let v = percent_decode(v.as_bytes(), true);
-                            wanted.iter().any(|w| **w == *v)
-                        }
-                    }
-                })
+                let sent = query_values(query, name);
+                values.met_by(sent.map(|v| percent_decode(v.as_bytes(), true)))
             }),
+        }
+    }
+}
+
+impl Values {
+    /// Whether any of the values `sent` (a header's lines, a query parameter's decoded values) is
+    /// one of these.
+    fn met_by<V: AsRef<[u8]>>(&self, mut sent: impl Iterator<Item = V>) -> bool {
+        match self {
+            Values::Present => sent.next().is_some(),
+            Values::OneOf(wanted) => sent.any(|v| wanted.iter().any(|w| **w == *v.as_ref())),
         }
     }
 }
