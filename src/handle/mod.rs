@@ -664,11 +664,7 @@ impl KeyFromText for PeerIp {
 
 impl KeyFromText for ClientIp {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
-        let grouping = PeerIp::new()
-            .with_ipv6_prefix(self.ipv6_prefix())
-            .and_then(|p| p.with_ipv4_prefix(self.ipv4_prefix()))
-            .map_err(|e| e.to_string())?;
-        parse_ip(text).map(|ip| grouping.key_for(ip))
+        parse_ip(text).map(|ip| self.grouping().key_for(ip))
     }
 }
 

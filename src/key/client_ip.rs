@@ -269,6 +269,11 @@ impl ClientIp {
         self.peer.ipv4_prefix()
     }
 
+    /// How client addresses are grouped into keys: the peer IP extractor with these prefixes.
+    pub(crate) fn grouping(&self) -> PeerIp {
+        self.peer
+    }
+
     /// The client's address for a connection from `peer` with these headers.
     pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
