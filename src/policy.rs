@@ -413,21 +413,20 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// Applies the policy to one route only, in axum 0.8 path syntax (`/users/{id}`,
-    /// `/files/{*path}`, `/v{version}/status`; `{{` and `}}` are literal braces).
+    /// `/files/{*path}`, `/v{version}/status`; `{{` and `}}` are literal braces). Only needed for a
+    /// layer that holds several policies; a layer added with `route_layer` to one route applies to
+    /// that route anyway.
     ///
     /// With the `axum` feature and a layer added by `Router::layer`, the route is compared with the
-    /// request's `MatchedPath`, as the router spells it up to the names of its parameters
-    /// (`/users/{user_id}` names the router's `/users/{id}`): the full path (`/api/users/{id}`), or,
-    /// for a layer inside `Router::nest("/api", ..)`, also the nested router's own path
-    /// (`/users/{id}`). Without `MatchedPath` (outside axum, or a layer wrapped around the whole
-    /// router) the request's path is matched by axum's own matcher (`matchit`), so the policy
-    /// applies exactly when a router holding only this route would route the request: `{name}`
-    /// matches one segment (an empty one only before more of the path: `/users//posts` matches
+    /// request's `MatchedPath` up to the names of its parameters (`/users/{user_id}` names the
+    /// router's `/users/{id}`): the full path (`/api/users/{id}`), or, for a layer inside
+    /// `Router::nest("/api", ..)`, also the nested router's own path (`/users/{id}`). Otherwise
+    /// (outside axum, or a layer around the whole router) axum's own matcher (`matchit`) matches
+    /// the request's path, exactly as a router holding only this route would: `{name}` is one
+    /// segment (an empty one only before more of the path: `/users//posts` matches
     /// `/users/{id}/posts`, `/users/` does not match `/users/{id}`), `{*name}` one or more
-    /// characters after the slash
-    /// (`/files/{*path}` does not match `/files` nor `/files/`), and the path is not decoded
-    /// (`%2F` is not a slash). Only needed for a layer that holds several policies; a layer added
-    /// with `route_layer` to one route applies to that route anyway.
+    /// characters after the slash (`/files/{*path}` matches neither `/files` nor `/files/`), and
+    /// the path is not decoded (`%2F` is not a slash).
     ///
     /// A pattern that no request path can match is an error at [`build`](Self::build): one without
     /// a leading `/`, with a space, control character, `?` or `#`, or in axum 0.7 syntax (`:id`,

@@ -279,7 +279,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// Like [`peek`](Self::peek), with the [`Key`] itself.
     pub async fn peek_key(&self, policy: &str, key: &Key) -> Result<PolicyState, HandleError> {
         let table = self.shared.table.load_full();
-        let rules = table.policies[find(&table, policy)?].compiled();
+        let rules = find(&table, policy)?.compiled();
         let ban = table.judge.ban_of(rules, key);
         let now = SystemTime::now();
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
@@ -378,7 +378,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, HandleError> {
         let name = {
             let table = self.shared.table.load_full();
-            table.policies[find(&table, policy)?].name().to_owned()
+            find(&table, policy)?.name().to_owned()
         };
         let Some(offenders) = &self.shared.settings.offenders else {
             return Err(HandleError::NotCounted);
@@ -446,7 +446,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         cost: u64,
     ) -> Result<Decision, HandleError> {
         let table = self.shared.table.load_full();
-        let compiled = table.policies[find(&table, policy)?].compiled();
+        let compiled = find(&table, policy)?.compiled();
         if let Some(reason) = message::unsupported(compiled, cost) {
             return Err(HandleError::Unsupported {
                 policy: policy.to_owned(),
@@ -487,10 +487,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// Like [`reset`](Self::reset), with the [`Key`] itself.
     pub async fn reset_key(&self, policy: &str, key: &Key) -> Result<(), HandleError> {
         let table = self.shared.table.load_full();
-        let index = find(&table, policy)?;
         // The layer's own state first: a request arriving meanwhile is not refused by a ban the
         // backend no longer has.
-        let rules = table.policies[index].compiled();
+        let rules = find(&table, policy)?.compiled();
         table.judge.forget(rules, key);
         for tier in rules.tiers() {
             let keys = keys_of(rules, &tier.limits, key);
@@ -570,8 +569,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         K: KeyFromText,
     {
         let table = self.shared.table.load_full();
-        let index = find(&table, policy)?;
-        table.policies[index]
+        find(&table, policy)?
             .key()
             .key_from_text(text)
             .map_err(|reason| HandleError::InvalidKey {
@@ -600,12 +598,10 @@ fn charges<'a>(limits: &'a [Limit], key: &'a Key, keys: &'a [Key]) -> Charges<'a
     }
 }
 
-pub(crate) fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
-    table
-        .policies
-        .iter()
-        .position(|p| p.name() == policy)
-        .ok_or_else(|| HandleError::UnknownPolicy(policy.to_owned()))
+/// Policy `policy` of `table`.
+pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Policy<K>, HandleError> {
+    let found = table.policies.iter().find(|p| p.name() == policy);
+    found.ok_or_else(|| HandleError::UnknownPolicy(policy.to_owned()))
 }
 
 /// A key extractor that can turn the text an operator types into the [`Key`] it extracts from a

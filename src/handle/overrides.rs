@@ -69,7 +69,7 @@ where
         let field = self.field_of(policy, key)?;
         if let Override::Quota(quota) = value {
             let table = self.shared.table.load_full();
-            let rules = table.policies[find(&table, policy)?].compiled();
+            let rules = find(&table, policy)?.compiled();
             let invalid = |reason: String| HandleError::InvalidOverride {
                 policy: policy.to_owned(),
                 reason,
