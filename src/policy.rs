@@ -80,32 +80,16 @@ impl Policy<NoKey> {
     /// Starts a policy called `name` (see [`Limit`] for the rules on names). It needs a quota and a
     /// [`key`](PolicyBuilder::key): what its requests count against.
     pub fn builder(name: impl Into<String>) -> PolicyBuilder<NoKey> {
+        let name = name.into();
+        let opts = Options {
+            name,
+            cost: 1,
+            ..Options::default()
+        };
         PolicyBuilder {
-            name: name.into(),
-            quotas: Vec::new(),
-            algorithm: Algorithm::Gcra,
-            delay: None,
-            lease: None,
-            dry_run: false,
-            tiers: Vec::new(),
-            tier_header: None,
             key: NoKey(()),
             keyed: false,
-            cost: 1,
-            methods: None,
-            custom_methods: None,
-            route: None,
-            conditions: Vec::new(),
-            near_limit: None,
-            near_limit_header: false,
-            retry_after_jitter: None,
-            window_start: WindowStart::Aligned,
-            calendar: None,
-            missing_key: MissingKey::default(),
-            penalty: None,
-            budget: None,
-            extras: ExtrasBuilder::default(),
-            rollout: RolloutBuilder::default(),
+            opts,
         }
     }
 }
@@ -197,6 +181,17 @@ const MAX_RETRY_AFTER_JITTER: Duration = Duration::from_secs(3600);
 #[derive(Debug)]
 #[must_use]
 pub struct PolicyBuilder<K> {
+    key: K,
+    /// Whether [`key`](Self::key) was called: a policy counts requests against a key chosen on
+    /// purpose, never against a default that might not work where it runs.
+    keyed: bool,
+    /// Everything else, which a [`key`](Self::key) call carries over whole.
+    pub(crate) opts: Options,
+}
+
+/// A [`PolicyBuilder`]'s options but its key.
+#[derive(Debug, Default)]
+pub(crate) struct Options {
     pub(crate) name: String,
     quotas: Vec<Quota>,
     pub(crate) algorithm: Algorithm,
@@ -205,17 +200,13 @@ pub struct PolicyBuilder<K> {
     dry_run: bool,
     pub(crate) tiers: Vec<(String, Vec<Quota>)>,
     tier_header: Option<String>,
-    key: K,
-    /// Whether [`key`](Self::key) was called: a policy counts requests against a key chosen on
-    /// purpose, never against a default that might not work where it runs.
-    keyed: bool,
     cost: u64,
     methods: Option<Vec<Method>>,
     custom_methods: Option<Vec<Method>>,
     route: Option<String>,
-    /// Every condition a request must meet ([`when`](Self::when)).
+    /// Every condition a request must meet ([`when`](PolicyBuilder::when)).
     conditions: Vec<Condition>,
-    /// [`near_limit`](Self::near_limit)'s ratio, and whether the handler is told.
+    /// [`near_limit`](PolicyBuilder::near_limit)'s ratio, and whether the handler is told.
     near_limit: Option<f64>,
     near_limit_header: bool,
     retry_after_jitter: Option<Duration>,
@@ -232,14 +223,14 @@ pub struct PolicyBuilder<K> {
 impl<K> PolicyBuilder<K> {
     /// Bans keys that are limited too often (see [`Penalty`]).
     pub fn penalty(mut self, penalty: Penalty) -> Self {
-        self.penalty = Some(penalty);
+        self.opts.penalty = Some(penalty);
         self
     }
 
     /// The quota (required, unless [`quotas`](Self::quotas) gives several).
     pub fn quota(mut self, quota: Quota) -> Self {
-        self.quotas = vec![quota];
-        self.extras.quota_keys.clear();
+        self.opts.quotas = vec![quota];
+        self.opts.extras.quota_keys.clear();
         self
     }
 
@@ -260,15 +251,15 @@ impl<K> PolicyBuilder<K> {
     /// assert_eq!(names, ["api.1s", "api.1d"]);
     /// ```
     pub fn quotas(mut self, quotas: impl IntoIterator<Item = Quota>) -> Self {
-        self.quotas = quotas.into_iter().collect();
-        self.extras.quota_keys.clear();
+        self.opts.quotas = quotas.into_iter().collect();
+        self.opts.extras.quota_keys.clear();
         self
     }
 
     /// The algorithm (default [`Algorithm::Gcra`]). For the others, each quota is `count` per
     /// `period` (or `count` in flight) and `max_burst` is not used.
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
-        self.algorithm = algorithm;
+        self.opts.algorithm = algorithm;
         self
     }
 
@@ -278,7 +269,7 @@ impl<K> PolicyBuilder<K> {
     /// `#[tokio::main]` server; without one a delayed request gets a 503). A rejected request's
     /// `Retry-After` says when a retry would be admitted, possibly to wait again then.
     pub fn delay(mut self, max_delay: Duration) -> Self {
-        self.delay = Some(max_delay);
+        self.opts.delay = Some(max_delay);
         self
     }
 
@@ -294,14 +285,14 @@ impl<K> PolicyBuilder<K> {
     /// assert!(api.is_ok());
     /// ```
     pub fn budget(mut self, budget: Budget) -> Self {
-        self.budget = Some(budget);
+        self.opts.budget = Some(budget);
         self
     }
 
     /// For [`Algorithm::Concurrency`] on Redis: how long a slot's lease lives if its process dies
     /// before giving it back (default 60 s; see [`Limit::with_lease`]).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
+        self.opts.lease = Some(lease);
         self
     }
 
@@ -312,7 +303,7 @@ impl<K> PolicyBuilder<K> {
     /// run)"), counted as limited in the metrics, and carry a [`PolicyDecision`] extension with
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
-        self.dry_run = dry_run;
+        self.opts.dry_run = dry_run;
         self
     }
 
@@ -338,7 +329,9 @@ impl<K> PolicyBuilder<K> {
         name: impl Into<String>,
         quotas: impl IntoIterator<Item = Quota>,
     ) -> Self {
-        self.tiers.push((name.into(), quotas.into_iter().collect()));
+        self.opts
+            .tiers
+            .push((name.into(), quotas.into_iter().collect()));
         self
     }
 
@@ -346,7 +339,7 @@ impl<K> PolicyBuilder<K> {
     /// header that something you trust sets (a gateway that authenticated the caller) and that
     /// clients cannot send themselves: otherwise anyone can claim the paid tier.
     pub fn tier_header(mut self, name: impl Into<String>) -> Self {
-        self.tier_header = Some(name.into());
+        self.opts.tier_header = Some(name.into());
         self
     }
 
@@ -357,37 +350,15 @@ impl<K> PolicyBuilder<K> {
     /// a closure — see [`key`](crate::key).
     pub fn key<K2>(self, key: K2) -> PolicyBuilder<K2> {
         PolicyBuilder {
-            name: self.name,
-            quotas: self.quotas,
-            algorithm: self.algorithm,
-            delay: self.delay,
-            lease: self.lease,
-            dry_run: self.dry_run,
-            tiers: self.tiers,
-            tier_header: self.tier_header,
             key,
             keyed: true,
-            cost: self.cost,
-            methods: self.methods,
-            custom_methods: self.custom_methods,
-            route: self.route,
-            conditions: self.conditions,
-            near_limit: self.near_limit,
-            near_limit_header: self.near_limit_header,
-            retry_after_jitter: self.retry_after_jitter,
-            window_start: self.window_start,
-            calendar: self.calendar,
-            missing_key: self.missing_key,
-            penalty: self.penalty,
-            budget: self.budget,
-            extras: self.extras,
-            rollout: self.rollout,
+            opts: self.opts,
         }
     }
 
     /// Units each request costs (default 1; at least 1 and at most the limit).
     pub fn cost(mut self, cost: u64) -> Self {
-        self.cost = cost;
+        self.opts.cost = cost;
         self
     }
 
@@ -414,7 +385,7 @@ impl<K> PolicyBuilder<K> {
     /// assert!(err.to_string().contains(r#"method "PSOT" is not a standard HTTP method (did you mean "POST"?)"#));
     /// ```
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = Some(methods.into_iter().collect());
+        self.opts.methods = Some(methods.into_iter().collect());
         self
     }
 
@@ -437,32 +408,31 @@ impl<K> PolicyBuilder<K> {
     /// assert!(dav.applies_to(&propfind));
     /// ```
     pub fn custom_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.custom_methods = Some(methods.into_iter().collect());
+        self.opts.custom_methods = Some(methods.into_iter().collect());
         self
     }
 
     /// Applies the policy to one route only, in axum 0.8 path syntax (`/users/{id}`,
-    /// `/files/{*path}`, `/v{version}/status`; `{{` and `}}` are literal braces).
+    /// `/files/{*path}`, `/v{version}/status`; `{{` and `}}` are literal braces). Only needed for a
+    /// layer that holds several policies; a layer added with `route_layer` to one route applies to
+    /// that route anyway.
     ///
     /// With the `axum` feature and a layer added by `Router::layer`, the route is compared with the
-    /// request's `MatchedPath`, as the router spells it up to the names of its parameters
-    /// (`/users/{user_id}` names the router's `/users/{id}`): the full path (`/api/users/{id}`), or,
-    /// for a layer inside `Router::nest("/api", ..)`, also the nested router's own path
-    /// (`/users/{id}`). Without `MatchedPath` (outside axum, or a layer wrapped around the whole
-    /// router) the request's path is matched by axum's own matcher (`matchit`), so the policy
-    /// applies exactly when a router holding only this route would route the request: `{name}`
-    /// matches one segment (an empty one only before more of the path: `/users//posts` matches
+    /// request's `MatchedPath` up to the names of its parameters (`/users/{user_id}` names the
+    /// router's `/users/{id}`): the full path (`/api/users/{id}`), or, for a layer inside
+    /// `Router::nest("/api", ..)`, also the nested router's own path (`/users/{id}`). Otherwise
+    /// (outside axum, or a layer around the whole router) axum's own matcher (`matchit`) matches
+    /// the request's path, exactly as a router holding only this route would: `{name}` is one
+    /// segment (an empty one only before more of the path: `/users//posts` matches
     /// `/users/{id}/posts`, `/users/` does not match `/users/{id}`), `{*name}` one or more
-    /// characters after the slash
-    /// (`/files/{*path}` does not match `/files` nor `/files/`), and the path is not decoded
-    /// (`%2F` is not a slash). Only needed for a layer that holds several policies; a layer added
-    /// with `route_layer` to one route applies to that route anyway.
+    /// characters after the slash (`/files/{*path}` matches neither `/files` nor `/files/`), and
+    /// the path is not decoded (`%2F` is not a slash).
     ///
     /// A pattern that no request path can match is an error at [`build`](Self::build): one without
     /// a leading `/`, with a space, control character, `?` or `#`, or in axum 0.7 syntax (`:id`,
     /// `*rest`), which axum 0.8 refuses.
     pub fn route(mut self, pattern: impl Into<String>) -> Self {
-        self.route = Some(pattern.into());
+        self.opts.route = Some(pattern.into());
         self
     }
 
@@ -471,7 +441,7 @@ impl<K> PolicyBuilder<K> {
     /// a request that meets no policy's route, methods and conditions passes unlimited. An invalid
     /// condition is an error when the policy is built.
     pub fn when(mut self, condition: Condition) -> Self {
-        self.conditions.push(condition);
+        self.opts.conditions.push(condition);
         self
     }
 
@@ -480,7 +450,7 @@ impl<K> PolicyBuilder<K> {
     /// shown to the layer's [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook — a
     /// warning before the 429. A ratio outside (0, 1] is an error when the policy is built.
     pub fn near_limit(mut self, ratio: f64) -> Self {
-        self.near_limit = Some(ratio);
+        self.opts.near_limit = Some(ratio);
         self
     }
 
@@ -489,7 +459,7 @@ impl<K> PolicyBuilder<K> {
     /// [`x-ratelimit-near`](crate::ops::NEAR_LIMIT_HEADER) (removed from the policy's other
     /// requests, so that a client cannot send it).
     pub fn near_limit_header(mut self, on: bool) -> Self {
-        self.near_limit_header = on;
+        self.opts.near_limit_header = on;
         self
     }
 
@@ -497,7 +467,7 @@ impl<K> PolicyBuilder<K> {
     /// that share a key, or were refused together, then come back spread over `max` instead of in
     /// the same second. Only ever later than the limit asks, never earlier. At most an hour.
     pub fn retry_after_jitter(mut self, max: Duration) -> Self {
-        self.retry_after_jitter = Some(max);
+        self.opts.retry_after_jitter = Some(max);
         self
     }
 
@@ -507,7 +477,7 @@ impl<K> PolicyBuilder<K> {
     /// all reset at one instant. Only for [`Algorithm::FixedWindow`]: another algorithm with
     /// `PerKey` is an error when the policy is built.
     pub fn window_start(mut self, start: WindowStart) -> Self {
-        self.window_start = start;
+        self.opts.window_start = start;
         self
     }
 
@@ -545,30 +515,32 @@ impl<K> PolicyBuilder<K> {
     /// assert!(typo.to_string().contains("unknown time zone \"Europe/Pariss\""));
     /// ```
     pub fn calendar(mut self, calendar: CalendarWindow) -> Self {
-        self.calendar = Some(calendar);
+        self.opts.calendar = Some(calendar);
         self
     }
 
     /// What to do when a request has no key (default: reject with 400).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.opts.missing_key = missing_key;
         self
     }
 
     /// Validates the policy.
     pub fn build(mut self) -> Result<Policy<K>, BuildError> {
-        validate_name(&self.name)?;
-        compat::check(&self.name, &self.features())?;
+        validate_name(&self.opts.name)?;
+        compat::check(&self.opts.name, &self.features())?;
         self.check_quota_keys()?;
-        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        let invalid =
+            |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name));
         if !self.keyed {
             return Err(invalid(NO_KEY.into()));
         }
-        let metered = std::mem::take(&mut self.extras.metered);
-        if self.quotas.is_empty() && metered.limit.is_none() {
+        let metered = std::mem::take(&mut self.opts.extras.metered);
+        if self.opts.quotas.is_empty() && metered.limit.is_none() {
             return Err(invalid("a quota is required".into()));
         }
         let tier_header = self
+            .opts
             .tier_header
             .as_deref()
             .map(|h| {
@@ -576,17 +548,21 @@ impl<K> PolicyBuilder<K> {
                     .map_err(|_| invalid(format!("tier_header {h:?} is not a valid header name")))
             })
             .transpose()?;
-        if tier_header.is_some() && self.tiers.is_empty() {
+        if tier_header.is_some() && self.opts.tiers.is_empty() {
             return Err(invalid("tier_header is set but no tier is defined".into()));
         }
-        let mut tiers = Vec::with_capacity(self.tiers.len() + 1);
-        let mut limits = match self.quotas.len() {
+        let mut tiers = Vec::with_capacity(self.opts.tiers.len() + 1);
+        let mut limits = match self.opts.quotas.len() {
             0 => Vec::new(),
             _ => self
-                .limits_of(&self.name, &self.quotas, &self.extras.quota_keys)?
+                .limits_of(
+                    &self.opts.name,
+                    &self.opts.quotas,
+                    &self.opts.extras.quota_keys,
+                )?
                 .into_vec(),
         };
-        let metered = metered.build(&self.name, limits.len())?;
+        let metered = metered.build(&self.opts.name, limits.len())?;
         let metered = match metered {
             Some((limit, rule)) => {
                 self.check_metered(&limits, &limit)?;
@@ -596,7 +572,7 @@ impl<K> PolicyBuilder<K> {
             None => None,
         };
         tiers.push(CompiledTier::of(None, &limits));
-        for (tier, quotas) in &self.tiers {
+        for (tier, quotas) in &self.opts.tiers {
             validate_name(tier).map_err(|e| invalid(format!("tier: {e}")))?;
             if tier.contains('.') {
                 // Limit names join policy, tier and period with dots: "api.paid.1s".
@@ -611,7 +587,7 @@ impl<K> PolicyBuilder<K> {
             if quotas.is_empty() {
                 return Err(invalid(format!("tier {tier:?} has no quota")));
             }
-            let limits = self.limits_of(&format!("{}.{tier}", self.name), quotas, &[])?;
+            let limits = self.limits_of(&format!("{}.{tier}", self.opts.name), quotas, &[])?;
             tiers.push(CompiledTier::of(Some(tier.as_str().into()), &limits));
         }
         Self::check_names(&tiers).map_err(invalid)?;
@@ -624,42 +600,46 @@ impl<K> PolicyBuilder<K> {
             .map(Limit::max_cost)
             .min()
             .unwrap_or(if metered.is_some() { u64::MAX } else { 0 });
-        if self.cost == 0 || self.cost > max_cost {
+        if self.opts.cost == 0 || self.opts.cost > max_cost {
             return Err(BuildError::Cost {
-                policy: self.name.clone(),
-                cost: self.cost,
+                policy: self.opts.name.clone(),
+                cost: self.opts.cost,
                 limit: max_cost,
             });
         }
-        let name: Arc<str> = self.name.as_str().into();
-        if let MissingKey::Reject(status) = self.missing_key
+        let name: Arc<str> = self.opts.name.as_str().into();
+        if let MissingKey::Reject(status) = self.opts.missing_key
             && !status.is_client_error()
         {
             return Err(invalid(format!(
                 "a request without a key must be rejected with a 4xx status, not {status}"
             )));
         }
-        let methods = methods_of(self.methods, self.custom_methods)
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
+        let methods = methods_of(self.opts.methods, self.opts.custom_methods)
+            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name)))?;
         let route = self
+            .opts
             .route
             .map(|r| Route::parse(&r))
             .transpose()
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
+            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name)))?;
         let conditions = self
+            .opts
             .conditions
             .into_iter()
             .map(Condition::into_rule)
             .collect::<Result<Box<[_]>, String>>()
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: when: {why}", self.name)))?;
-        let near = match (self.near_limit, self.near_limit_header) {
+            .map_err(|why| {
+                BuildError::Invalid(format!("policy {:?}: when: {why}", self.opts.name))
+            })?;
+        let near = match (self.opts.near_limit, self.opts.near_limit_header) {
             (Some(ratio), header) => {
-                Some(NearRule::new(&self.name, ratio, header).map_err(BuildError::Invalid)?)
+                Some(NearRule::new(&self.opts.name, ratio, header).map_err(BuildError::Invalid)?)
             }
             (None, true) => return Err(invalid("near_limit_header needs near_limit".into())),
             (None, false) => None,
         };
-        if let Some(jitter) = self.retry_after_jitter
+        if let Some(jitter) = self.opts.retry_after_jitter
             && (jitter.is_zero() || jitter > MAX_RETRY_AFTER_JITTER)
         {
             return Err(invalid(format!(
@@ -670,26 +650,30 @@ impl<K> PolicyBuilder<K> {
             .iter()
             .flat_map(|t| t.limits.iter().map(Limit::name))
             .collect();
-        let (staged, shadows) =
-            self.rollout
-                .build(&self.name, self.algorithm, self.cost, period_label, &taken)?;
+        let (staged, shadows) = self.opts.rollout.build(
+            &self.opts.name,
+            self.opts.algorithm,
+            self.opts.cost,
+            period_label,
+            &taken,
+        )?;
         drop(taken);
-        let mut extras = self.extras;
+        let mut extras = self.opts.extras;
         extras.shadows = shadows;
-        let extras = extras.build(&self.name, &tiers[0].limits[0], metered)?;
+        let extras = extras.build(&self.opts.name, &tiers[0].limits[0], metered)?;
         let spec = PolicySpec {
             name,
             tiers: tiers.into(),
             tier_header,
-            dry_run: self.dry_run,
+            dry_run: self.opts.dry_run,
             staged,
-            cost: self.cost,
+            cost: self.opts.cost,
             methods,
             route,
             conditions,
             near,
-            retry_after_jitter: self.retry_after_jitter,
-            missing_key: self.missing_key,
+            retry_after_jitter: self.opts.retry_after_jitter,
+            missing_key: self.opts.missing_key,
             extras,
         };
         let compiled = CompiledPolicy::new(spec, false, false, std::iter::empty());
@@ -739,7 +723,7 @@ impl<K> PolicyBuilder<K> {
     where
         F: Fn(&http::request::Parts, &crate::key::Key) -> Option<Quota> + Send + Sync + 'static,
     {
-        self.extras.quotas.quota_from = Some(Arc::new(quota));
+        self.opts.extras.quotas.quota_from = Some(Arc::new(quota));
         self
     }
 
@@ -768,14 +752,14 @@ impl<K> PolicyBuilder<K> {
     /// # let _ = api;
     /// ```
     pub fn quota_resolver(mut self, resolver: impl crate::per_customer::QuotaResolver) -> Self {
-        self.extras.quotas.resolver = Some(Arc::new(resolver));
+        self.opts.extras.quotas.resolver = Some(Arc::new(resolver));
         self
     }
 
     /// How long the [quota resolver](Self::quota_resolver) may take (default 100 ms, the Redis
     /// backend's default timeout); past it the policy's own quota applies.
     pub fn resolver_timeout(mut self, timeout: Duration) -> Self {
-        self.extras.quotas.resolve_timeout = Some(timeout);
+        self.opts.extras.quotas.resolve_timeout = Some(timeout);
         self
     }
 
@@ -783,7 +767,7 @@ impl<K> PolicyBuilder<K> {
     /// validated before it is counted, or an axum extractor the application already has. A request
     /// whose key is refused gets the [missing-key](MissingKey) answer.
     pub fn async_key(mut self, key: crate::key::AsyncKey) -> Self {
-        self.extras.async_key = Some(key);
+        self.opts.extras.async_key = Some(key);
         self.keyed = true;
         self
     }
@@ -816,7 +800,7 @@ impl<K> PolicyBuilder<K> {
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
-        self.extras.outcome.count_only = Some(Arc::new(counts));
+        self.opts.extras.outcome.count_only = Some(Arc::new(counts));
         self
     }
 
@@ -829,7 +813,7 @@ impl<K> PolicyBuilder<K> {
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
-        self.extras.outcome.refund_on = Some(Arc::new(refund));
+        self.opts.extras.outcome.refund_on = Some(Arc::new(refund));
         self
     }
 }
@@ -856,7 +840,7 @@ fn period_label(period: Duration) -> String {
 impl<K> PolicyBuilder<K> {
     /// The features of `compat::EXCLUDED` this policy uses.
     fn features(&self) -> Vec<compat::Feature> {
-        let extras = &self.extras;
+        let extras = &self.opts.extras;
         use compat::Feature::*;
         [
             (Metered, extras.metered.limit.is_some()),
@@ -864,15 +848,15 @@ impl<K> PolicyBuilder<K> {
             (Resolver, extras.quotas.resolver.is_some()),
             (CountOnly, extras.outcome.is_set()),
             (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
-            (Shadow, !self.rollout.shadows.is_empty()),
-            (Budget, self.budget.is_some()),
-            (Concurrency, self.algorithm == Algorithm::Concurrency),
-            (Tiers, !self.tiers.is_empty()),
-            (Penalty, self.penalty.is_some()),
+            (Shadow, !self.opts.rollout.shadows.is_empty()),
+            (Budget, self.opts.budget.is_some()),
+            (Concurrency, self.opts.algorithm == Algorithm::Concurrency),
+            (Tiers, !self.opts.tiers.is_empty()),
+            (Penalty, self.opts.penalty.is_some()),
             (AsyncKey, extras.async_key.is_some()),
             (BodyKey, extras.body_key.is_some()),
-            (DryRun, self.dry_run),
-            (Enforce, self.rollout.enforce.is_some()),
+            (DryRun, self.opts.dry_run),
+            (Enforce, self.opts.rollout.enforce.is_some()),
         ]
         .into_iter()
         .filter_map(|(feature, used)| used.then_some(feature))
@@ -883,50 +867,37 @@ impl<K> PolicyBuilder<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::PeerIp;
+
+    /// Policy "p" on the peer IP at 5 a second.
+    fn p() -> PolicyBuilder<PeerIp> {
+        Policy::builder("p")
+            .key(PeerIp::new())
+            .quota(Quota::per_second(5))
+    }
+
+    fn err(builder: PolicyBuilder<PeerIp>) -> String {
+        builder.build().unwrap_err().to_string()
+    }
 
     #[test]
     fn methods_are_standard_unless_opted_in() {
-        let q = Quota::per_second(5);
         let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
-        let err = |b: PolicyBuilder<crate::key::PeerIp>| b.build().unwrap_err().to_string();
-        let typo = err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .methods([method("PSOT")]));
         assert_eq!(
-            typo,
+            err(p().methods([method("PSOT")])),
             r#"policy "p": method "PSOT" is not a standard HTTP method (did you mean "POST"?); list a non-standard method in custom_methods"#
         );
         // Methods are case-sensitive: a lowercase `get` is another method.
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .methods([method("get")]))
-        .contains(r#"(did you mean "GET"?)"#));
-        assert!(!err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .methods([method("PROPFIND")]))
-        .contains("did you mean"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .custom_methods([Method::POST]))
-        .contains("list it in methods"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .custom_methods([]))
-        .contains("custom_methods is empty"));
+        assert!(err(p().methods([method("get")])).contains(r#"(did you mean "GET"?)"#));
+        assert!(!err(p().methods([method("PROPFIND")])).contains("did you mean"));
+        assert!(err(p().custom_methods([Method::POST])).contains("list it in methods"));
+        assert!(err(p().custom_methods([])).contains("custom_methods is empty"));
 
         let propfind = method("PROPFIND");
-        let dav = Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
+        let dav = p()
             .methods([Method::GET])
-            .custom_methods([propfind.clone()])
-            .build()
-            .unwrap();
+            .custom_methods([propfind.clone()]);
+        let dav = dav.build().unwrap();
         let request = |m: &Method| Request::builder().method(m).body(()).unwrap();
         for (m, applies) in [
             (&Method::GET, true),
@@ -937,56 +908,28 @@ mod tests {
         ] {
             assert_eq!(dav.applies_to(&request(m)), applies, "{m}");
         }
-        let only_custom = Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .custom_methods([propfind.clone()])
-            .build()
-            .unwrap();
+        let only_custom = p().custom_methods([propfind.clone()]).build().unwrap();
         assert!(only_custom.applies_to(&request(&propfind)));
         assert!(!only_custom.applies_to(&request(&Method::GET)));
     }
 
     #[test]
     fn bad_policies_are_errors() {
-        let q = Quota::per_second(5);
-        let err = |b: PolicyBuilder<crate::key::PeerIp>| b.build().unwrap_err().to_string();
-        assert!(
-            err(Policy::builder("p").key(crate::key::PeerIp::new())).contains("quota is required")
-        );
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .cost(0))
-        .contains("cost must be at least 1"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .cost(6))
-        .contains("exceeds the limit 5"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .methods([]))
-        .contains("methods is empty"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .route("x"))
-        .contains("must start with '/'"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .route("/users/:id"))
-        .contains("axum 0.7 syntax"));
-        assert!(err(Policy::builder("bad name")
-            .key(crate::key::PeerIp::new())
-            .quota(q))
-        .contains("may only contain"));
-        assert!(err(Policy::builder("p")
-            .key(crate::key::PeerIp::new())
-            .quota(q)
-            .on_missing_key(MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR)))
-        .contains("4xx"));
+        let unkeyed = Policy::builder("p").key(PeerIp::new());
+        assert!(err(unkeyed).contains("quota is required"));
+        let bad_name = Policy::builder("bad name").key(PeerIp::new());
+        assert!(err(bad_name.quota(Quota::per_second(5))).contains("may only contain"));
+        let server_error = MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR);
+        for (builder, says) in [
+            (p().cost(0), "cost must be at least 1"),
+            (p().cost(6), "exceeds the limit 5"),
+            (p().methods([]), "methods is empty"),
+            (p().route("x"), "must start with '/'"),
+            (p().route("/users/:id"), "axum 0.7 syntax"),
+            (p().on_missing_key(server_error), "4xx"),
+        ] {
+            let err = err(builder);
+            assert!(err.contains(says), "{err}");
+        }
     }
 }

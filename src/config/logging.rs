@@ -18,7 +18,6 @@ pub struct LoggingConfig {
     /// `true` (pseudonyms under a secret made up per process), `false` (the default: keys as they
     /// are), or `{ secret_env = "VAR" }`: pseudonyms under the secret in the environment variable
     /// `VAR` (at least 16 bytes), the same in every process that shares it.
-    #[serde(default)]
     pub redact_keys: Option<RedactKeys>,
 }
 

@@ -71,7 +71,6 @@ use crate::policy::Policy;
 #[non_exhaustive]
 pub struct Config {
     /// Where a server should listen (used by the example server).
-    #[serde(default)]
     pub listen: Option<SocketAddr>,
     /// The backend.
     #[serde(default)]
@@ -94,22 +93,17 @@ pub struct Config {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     /// The header those proxies set: `"x-forwarded-for"` (default), `"forwarded"` or `"x-real-ip"`.
-    #[serde(default)]
     pub client_ip_header: Option<String>,
     /// Allow and deny lists.
-    #[serde(default)]
     pub access: Option<AccessConfig>,
     /// How keys appear in log events.
-    #[serde(default)]
     pub logging: Option<LoggingConfig>,
     /// The `[admin]` table, for the server that runs the layer (the example server reads its admin
     /// token from it). The library checks nothing in it, but that a reload leaves it alone.
-    #[serde(default)]
     pub admin: Option<toml::Table>,
     /// The `[server]` table, for the server that runs the layer (the example server reads its
     /// listener's limits from it). The library checks nothing in it, but that a reload leaves it
     /// alone.
-    #[serde(default)]
     pub server: Option<toml::Table>,
     /// The policies, tried in order; the first whose path and methods match decides.
     #[serde(default, rename = "route")]
@@ -252,16 +246,15 @@ impl Config {
         if let Some(access) = &self.access {
             let lists = access.lists()?;
             if let Some(sets) = &access.redis_sets {
-                let BackendConfig::Redis(redis) = &self.backend else {
+                let (BackendConfig::Redis(redis), ConfiguredBackend::Redis(on)) =
+                    (&self.backend, &backend)
+                else {
                     return Err("[access] redis_sets needs [backend] kind = \"redis\"".into());
                 };
                 let mut sync = crate::access::RedisAccessSync::new(sets.clone());
                 if let Some(every) = access.redis_refresh {
                     sync = sync.every(every);
                 }
-                let ConfiguredBackend::Redis(on) = &backend else {
-                    return Err("[access] redis_sets needs [backend] kind = \"redis\"".into());
-                };
                 redis.spawn_access_sync(on, sync, &lists);
             }
             builder = self.with_access(builder, lists)?;

@@ -10,7 +10,7 @@
 
 use http::{Method, StatusCode};
 
-use super::policies::{bind_client_ip, quotas_of, shadow_quotas_of};
+use super::policies::{bind_client_ip, quotas_of};
 use super::schema::{QuotaConfig, RouteConfig, TierConfig};
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec};
@@ -258,9 +258,9 @@ fn quotas(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result
     if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
         return Ok(builder);
     }
-    let mut builder = builder.quotas(quotas_of(algorithm, &own)?);
-    builder.extras.quota_keys = quota_keys(route, client_ip, own.quotas.as_deref())?;
-    Ok(shadow_quotas_of(algorithm, &own)?
+    let mut builder = builder.quotas(quotas_of(algorithm, &own, false)?);
+    builder.opts.extras.quota_keys = quota_keys(route, client_ip, own.quotas.as_deref())?;
+    Ok(quotas_of(algorithm, &own, true)?
         .into_iter()
         .fold(builder, Builder::shadow))
 }
@@ -305,8 +305,9 @@ fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Buil
     let algorithm = algorithm(route)?;
     for (name, tier) in route.tiers.iter().flatten() {
         let tier = &with_calendar_period(route, tier.clone())?;
-        let quotas = quotas_of(algorithm, tier).map_err(|why| format!("tier {name:?}: {why}"))?;
-        if !shadow_quotas_of(algorithm, tier)?.is_empty() {
+        let quotas =
+            quotas_of(algorithm, tier, false).map_err(|why| format!("tier {name:?}: {why}"))?;
+        if !quotas_of(algorithm, tier, true)?.is_empty() {
             return Err(format!(
                 "tier {name:?}: shadow = true is for the route's own quotas, not a tier's"
             ));

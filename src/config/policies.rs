@@ -65,22 +65,13 @@ pub(super) fn bind_client_ip(key: &mut KeySpec, client_ip: &ClientIp) {
     }
 }
 
-/// The enforced quotas of a route or tier: `quotas` (but its `shadow = true` ones), or
-/// `count`/`period`/`max_burst`.
-pub(super) fn quotas_of(algorithm: Algorithm, keys: &TierConfig) -> Result<Vec<Quota>, String> {
-    stack_of(algorithm, keys, false)
-}
-
-/// The `shadow = true` quotas of a route's or tier's `quotas`.
-pub(super) fn shadow_quotas_of(
+/// The quotas of a route's or tier's `keys` whose `shadow` is `shadow`: the enforced ones are
+/// `quotas` (but its `shadow = true` ones) or `count`/`period`/`max_burst`.
+pub(super) fn quotas_of(
     algorithm: Algorithm,
     keys: &TierConfig,
+    shadow: bool,
 ) -> Result<Vec<Quota>, String> {
-    stack_of(algorithm, keys, true)
-}
-
-/// The quotas of `keys` whose `shadow` is `shadow` (`count`/`period`/`max_burst` is enforced).
-fn stack_of(algorithm: Algorithm, keys: &TierConfig, shadow: bool) -> Result<Vec<Quota>, String> {
     let TierConfig {
         max_burst,
         count,
@@ -96,16 +87,13 @@ fn stack_of(algorithm: Algorithm, keys: &TierConfig, shadow: bool) -> Result<Vec
             (None, Algorithm::Concurrency) => Duration::from_secs(1),
             (None, _) => return Err("period is required with count".to_owned()),
         };
-        let mut quota = Quota::per_period(count, period);
+        let quota = Quota::per_period(count, period);
         match max_burst {
             Some(_) if !gcra => Err(format!(
                 "max_burst is only used by algorithm \"gcra\", not {:?}; remove it",
                 algorithm.as_str()
             )),
-            Some(max_burst) => {
-                quota = quota.with_max_burst(max_burst);
-                Ok(quota)
-            }
+            Some(max_burst) => Ok(quota.with_max_burst(max_burst)),
             None => Ok(quota),
         }
     };

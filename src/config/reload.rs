@@ -73,41 +73,31 @@ impl<B: Backend> ThrottleHandle<KeySpec, B> {
 
 /// The first setting outside the routes that differs between `running` and `new`, if any.
 fn needs_restart(running: &Config, new: &Config) -> Option<&'static str> {
-    // The schema's types are compared by their `Debug` form: they derive it (not `PartialEq`), and
-    // it shows every field.
-    let differs = |a: &dyn fmt::Debug, b: &dyn fmt::Debug| format!("{a:?}") != format!("{b:?}");
+    // Compared by their `Debug` form: the schema's types derive it (not `PartialEq`), and it
+    // shows every field.
+    let changed = |field: fn(&Config) -> &dyn fmt::Debug| {
+        format!("{:?}", field(running)) != format!("{:?}", field(new))
+    };
     let access_uses_proxies = running.access.is_some() || new.access.is_some();
     [
-        ("[backend]", differs(&running.backend, &new.backend)),
-        ("listen", running.listen != new.listen),
-        (
-            "ratelimit_headers",
-            running.ratelimit_headers != new.ratelimit_headers,
-        ),
-        (
-            "legacy_headers",
-            running.legacy_headers != new.legacy_headers,
-        ),
-        (
-            "decision_extension",
-            running.decision_extension != new.decision_extension,
-        ),
-        (
-            "on_backend_error",
-            running.on_backend_error != new.on_backend_error,
-        ),
-        ("[access]", differs(&running.access, &new.access)),
+        ("[backend]", changed(|c| &c.backend)),
+        ("listen", changed(|c| &c.listen)),
+        ("ratelimit_headers", changed(|c| &c.ratelimit_headers)),
+        ("legacy_headers", changed(|c| &c.legacy_headers)),
+        ("decision_extension", changed(|c| &c.decision_extension)),
+        ("on_backend_error", changed(|c| &c.on_backend_error)),
+        ("[access]", changed(|c| &c.access)),
         // Key redaction is the layer's: a reload that turned it on would leave keys in clear.
-        ("[logging]", differs(&running.logging, &new.logging)),
-        ("[admin]", differs(&running.admin, &new.admin)),
-        ("[server]", differs(&running.server, &new.server)),
+        ("[logging]", changed(|c| &c.logging)),
+        ("[admin]", changed(|c| &c.admin)),
+        ("[server]", changed(|c| &c.server)),
         (
             "trusted_proxies (used by [access])",
-            access_uses_proxies && running.trusted_proxies != new.trusted_proxies,
+            access_uses_proxies && changed(|c| &c.trusted_proxies),
         ),
         (
             "client_ip_header (used by [access])",
-            access_uses_proxies && running.client_ip_header != new.client_ip_header,
+            access_uses_proxies && changed(|c| &c.client_ip_header),
         ),
     ]
     .into_iter()

@@ -22,12 +22,10 @@ pub enum BackendConfig {
     #[non_exhaustive]
     Memory {
         /// The most live keys (default 1,000,000).
-        #[serde(default)]
         max_keys: Option<usize>,
         /// A file the live keys are kept in across a restart: read when the layer is built,
         /// written by [`Config::save_state`](crate::config::Config::save_state) (the example server
         /// calls it on SIGTERM and SIGINT).
-        #[serde(default)]
         state_file: Option<std::path::PathBuf>,
     },
     /// `kind = "redis"`: the Redis backend (feature `redis`).
@@ -167,20 +165,16 @@ pub struct RouteConfig {
     /// The policy name: the namespace of its keys.
     pub name: String,
     /// The route, in axum path syntax; without it the policy applies to every path.
-    #[serde(default)]
     pub path: Option<String>,
     /// The methods; without it, every method. Only the standard ones (`GET` also covers `HEAD`): a
     /// typo such as `"PSOT"` is an error, not a limit on a method nobody sends.
-    #[serde(default)]
     pub methods: Option<Vec<String>>,
     /// Non-standard methods the route also applies to, such as `["PROPFIND"]`: the explicit opt-in
     /// that `methods` asks for.
-    #[serde(default)]
     pub custom_methods: Option<Vec<String>>,
     /// Conditions a request must meet too, besides `path` and `methods`:
     /// `{ header = { "x-client" = "mobile" }, host = "api.example.com", query = { plan = "free" } }`
     /// (see [`WhenConfig`]).
-    #[serde(default)]
     pub when: Option<WhenConfig>,
     /// `"ip"`, `"client-ip"`, `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"`,
     /// `"path:<name>"` (a parameter of `path`), `"json:<path>"` or `"form:<name>"` (a field of the
@@ -190,29 +184,23 @@ pub struct RouteConfig {
     pub key: KeySpec,
     /// A key header, query parameter or cookie sent more than once: `"refuse"` (the default: the
     /// missing-key answer), `"first"` or `"last"`.
-    #[serde(default)]
     pub on_duplicate: Option<String>,
     /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
-    #[serde(default)]
     pub ipv6_prefix: Option<u8>,
     /// For `key = "ip"` or `"client-ip"`: group IPv4 clients by this prefix (default 32: one key
     /// per address).
-    #[serde(default)]
     pub ipv4_prefix: Option<u8>,
     /// For a key or metered estimate from the body (`json:`, `form:`): the most bytes of a body
     /// read for it (default 16384); a larger body has no key.
-    #[serde(default)]
     pub max_body: Option<usize>,
     /// For a key or metered estimate from the body: how long the body may take to arrive (default
     /// `"2s"`); a slower one has no key.
     #[serde(default, deserialize_with = "some_duration")]
     pub body_timeout: Option<Duration>,
     /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1. GCRA only.
-    #[serde(default)]
     pub max_burst: Option<u64>,
     /// Requests per period (or in flight, for `algorithm = "concurrency"`). Required unless
     /// `quotas` is given.
-    #[serde(default)]
     pub count: Option<u64>,
     /// The period, such as `"60s"`, `"1m"`, `"500ms"`, `"1day"`. Required with `count` (except for
     /// `algorithm = "concurrency"`).
@@ -221,14 +209,11 @@ pub struct RouteConfig {
     /// Stacked quotas instead of `count`/`period`/`max_burst`:
     /// `[{ max_burst = 9, count = 10, period = "1s" }, { count = 1000, period = "1d" }]`; a request
     /// must pass every one.
-    #[serde(default)]
     pub quotas: Option<Vec<QuotaConfig>>,
     /// `"gcra"` (default), `"sliding-log"`, `"fixed-window"`, `"sliding-window"` or `"concurrency"`.
-    #[serde(default)]
     pub algorithm: Option<String>,
     /// `"enforce"` (default), `"dry-run"` (decide and report, never reject) or `"delay"` (GCRA:
     /// requests beyond the burst wait up to `max_delay`).
-    #[serde(default)]
     pub mode: Option<String>,
     /// With `mode = "delay"`: the longest a request waits, such as `"2s"`.
     #[serde(default, deserialize_with = "some_duration")]
@@ -240,40 +225,31 @@ pub struct RouteConfig {
     /// Quotas per tier (plan): `[route.tiers.paid]` with `count`/`period`/`max_burst` or `quotas`.
     /// The tier comes from a `Tier` request extension or the `tier_header`; other requests get the
     /// route's own quota.
-    #[serde(default)]
     pub tiers: Option<std::collections::BTreeMap<String, TierConfig>>,
     /// The request header naming the tier, such as `"x-plan"`. Only a header that a trusted proxy
     /// sets (and strips from clients).
-    #[serde(default)]
     pub tier_header: Option<String>,
     /// Units each request costs (default 1).
-    #[serde(default)]
     pub cost: Option<u64>,
     /// `"reject"` (400, the default) or `"allow"`: requests without a key.
-    #[serde(default)]
     pub on_missing_key: Option<String>,
     /// Staged enforcement: the share of keys refusals are enforced for, such as `"10%"` (default
     /// `"100%"`; see [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)).
-    #[serde(default)]
     pub enforce: Option<String>,
     /// With `algorithm = "fixed-window"`: `"aligned"` (the default: every key's window starts on
     /// the Unix epoch) or `"per-key"` (each key's at a phase of its own, so the keys' windows do
     /// not all reset at one instant).
-    #[serde(default)]
     pub window_start: Option<String>,
     /// Fixed windows on the calendar: `"day"`, `"week"` (ISO, from Monday) or `"month"`, cut at
     /// midnight in `timezone` (see
     /// [`PolicyBuilder::calendar`](crate::PolicyBuilder::calendar)). Implies `algorithm =
     /// "fixed-window"`; `period` may be left out (if given: `"1day"`, `"7days"`, `"1month"`).
-    #[serde(default)]
     pub calendar: Option<String>,
     /// With `calendar`: the time zone whose midnights cut the windows, an IANA name such as
     /// `"Europe/Paris"` (default `"UTC"`).
-    #[serde(default)]
     pub timezone: Option<String>,
     /// With `calendar = "month"`: the day each window starts on, 1 to 31 (a billing day; in a
     /// month without it, its last day). Default 1.
-    #[serde(default)]
     pub anchor_day: Option<i64>,
     /// Up to this much added at random to each refusal's `Retry-After`, such as `"5s"`, so that
     /// refused clients do not all come back in the same second (never shortened).
@@ -281,15 +257,12 @@ pub struct RouteConfig {
     pub retry_after_jitter: Option<Duration>,
     /// Near the limit: from this share of a limit used (0.8: 80 %), admitted requests are counted
     /// in `throttle_requests_near_limit_total` and shown to the `on_near_limit` hook.
-    #[serde(default)]
     pub near_limit: Option<f64>,
     /// With `near_limit`: name the limits a request came near to its handler in the request
     /// header `x-ratelimit-near` (default false).
-    #[serde(default)]
     pub near_limit_header: Option<bool>,
     /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
     /// banned for `ban`.
-    #[serde(default)]
     pub penalty: Option<PenaltyConfig>,
     /// Counting by outcome: only responses with these statuses count, such as `[401, 403]` on a
     /// login route (statuses 100–599, or classes `"4xx"`); the others are given back.
@@ -301,13 +274,11 @@ pub struct RouteConfig {
     /// Sliced budgets for hot keys on Redis (GCRA, one quota): `budget = true` for the defaults, or
     /// `budget = { slice_ttl = "250ms", max_slice = 1000, hot_after = 8 }` (see
     /// [`Budget`](crate::policy::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
-    #[serde(default)]
     pub budget: Option<BudgetConfig>,
     /// A second limit whose cost is settled after the response, such as tokens:
     /// `metered = { charge = "after-response", unit = "tokens", count = 100000, period = "1m",
     /// estimate = 1000 }` (see [`MeteredConfig`]). With it, the route's own `count`/`period` may
     /// be left out (tokens only).
-    #[serde(default)]
     pub metered: Option<MeteredConfig>,
 }
 
@@ -345,11 +316,9 @@ fn some_estimate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EstimateConfi
 #[non_exhaustive]
 pub struct MeteredConfig {
     /// `"after-response"`, the only charge of a metered limit (optional; it says the intent).
-    #[serde(default)]
     pub charge: Option<String>,
     /// What the limit counts, such as `"tokens"`: the limit is named `{route}.{unit}` (default
     /// `"units"`).
-    #[serde(default)]
     pub unit: Option<String>,
     /// Units per period.
     pub count: u64,
@@ -358,7 +327,6 @@ pub struct MeteredConfig {
     pub period: Duration,
     /// `CL.THROTTLE`'s max_burst (the most one request may reserve is max_burst + 1); default
     /// count - 1.
-    #[serde(default)]
     pub max_burst: Option<u64>,
     /// The units a request reserves when it is admitted (with `estimate_header`: when the header
     /// is absent or not a number), or a field of the request body holding them,
@@ -367,14 +335,11 @@ pub struct MeteredConfig {
     #[serde(default, deserialize_with = "some_estimate")]
     pub estimate: Option<EstimateConfig>,
     /// A request header holding the units to reserve, such as a client's `"x-max-tokens"`.
-    #[serde(default)]
     pub estimate_header: Option<String>,
     /// A response header (or trailer) holding the units the request used, such as
     /// `"x-usage-tokens"`; without it (or when a response lacks it) the handler's `Meter` says.
-    #[serde(default)]
     pub usage_header: Option<String>,
     /// How many units past its burst a settled cost may push a key (default `count`).
-    #[serde(default)]
     pub max_debt: Option<u64>,
 }
 
@@ -469,7 +434,6 @@ fn some_statuses<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>,
 #[non_exhaustive]
 pub struct QuotaConfig {
     /// GCRA only; default count - 1.
-    #[serde(default)]
     pub max_burst: Option<u64>,
     /// Requests per period.
     pub count: u64,
@@ -484,7 +448,6 @@ pub struct QuotaConfig {
     /// quotas are decided together, each under its own key, and a refusal by one charges none
     /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)). Default: the route's
     /// key. The route's own quotas only (not a tier's, not a shadow).
-    #[serde(default)]
     pub key: Option<String>,
 }
 

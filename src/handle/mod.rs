@@ -24,9 +24,10 @@ use crate::engine::shared::Shared;
 use crate::engine::table::Table;
 use crate::error::{BackendError, BuildError};
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
+use crate::limit::Limit;
 use crate::overrides::Override;
 use crate::per_customer::Namespace;
-use crate::policy::Policy;
+use crate::policy::{CompiledPolicy, Policy};
 use crate::top::TopKey;
 
 mod message;
@@ -278,7 +279,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// Like [`peek`](Self::peek), with the [`Key`] itself.
     pub async fn peek_key(&self, policy: &str, key: &Key) -> Result<PolicyState, HandleError> {
         let table = self.shared.table.load_full();
-        let rules = table.policies[find(&table, policy)?].compiled();
+        let rules = find(&table, policy)?.compiled();
         let ban = table.judge.ban_of(rules, key);
         let now = SystemTime::now();
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
@@ -288,16 +289,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 if rules.overridable.metered.is_none()
                     && rules.overridable.limit_keys.is_none() =>
             {
-                let validate = |l: &_| {
-                    self.shared
-                        .backend
-                        .validate(slice::from_ref(l), Uses::NOTHING_MORE)
-                };
                 let ns = Namespace::Override;
-                rules
-                    .overridable
-                    .quotas
-                    .custom_tier(ns, quota, rules.cost(), validate)
+                let validate = |l: &_| self.validate_one(l);
+                (rules.overridable.quotas).custom_tier(ns, quota, rules.cost(), validate)
             }
             _ => None,
         };
@@ -313,21 +307,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 limits: limits.map(|(l, s)| (l.name().to_owned(), s)).collect(),
             });
         }
-        // Quotas with keys of their own: each limit under the key given.
-        let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
         for tier in rules.tiers() {
-            let states = if keyed {
-                let keys = vec![key.clone(); tier.limits.len()];
-                self.shared
-                    .backend
-                    .peek(Charges::keyed(&tier.limits, &keys, 0))
-                    .await?
-            } else {
-                self.shared
-                    .backend
-                    .peek(Charges::stack(&tier.limits, key, 0))
-                    .await?
-            };
+            let keys = keys_of(rules, &tier.limits, key);
+            let charges = charges(&tier.limits, key, &keys);
+            let states = self.shared.backend.peek(charges).await?;
             if states.len() != tier.limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
                     "the backend returned {} states for {} limits",
@@ -340,10 +323,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 .iter()
                 .zip(states)
                 .map(|(limit, state)| {
-                    let state = match ban {
-                        Some(rest) => state.with_ban(rest),
-                        None => state,
-                    };
+                    let state = ban.map_or(state, |rest| state.with_ban(rest));
                     (limit.name().to_owned(), state)
                 })
                 .collect();
@@ -398,7 +378,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, HandleError> {
         let name = {
             let table = self.shared.table.load_full();
-            table.policies[find(&table, policy)?].name().to_owned()
+            find(&table, policy)?.name().to_owned()
         };
         let Some(offenders) = &self.shared.settings.offenders else {
             return Err(HandleError::NotCounted);
@@ -467,7 +447,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         cost: u64,
     ) -> Result<Decision, HandleError> {
         let table = self.shared.table.load_full();
-        let compiled = table.policies[find(&table, policy)?].compiled();
+        let compiled = find(&table, policy)?.compiled();
         if let Some(reason) = message::unsupported(compiled, cost) {
             return Err(HandleError::Unsupported {
                 policy: policy.to_owned(),
@@ -489,26 +469,14 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// Like [`reset`](Self::reset), with the [`Key`] itself.
     pub async fn reset_key(&self, policy: &str, key: &Key) -> Result<(), HandleError> {
         let table = self.shared.table.load_full();
-        let index = find(&table, policy)?;
         // The layer's own state first: a request arriving meanwhile is not refused by a ban the
         // backend no longer has.
-        let rules = table.policies[index].compiled();
+        let rules = find(&table, policy)?.compiled();
         table.judge.forget(rules, key);
-        let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
         for tier in rules.tiers() {
-            if keyed {
-                // Quotas with keys of their own: each limit under the key given.
-                let keys = vec![key.clone(); tier.limits.len()];
-                self.shared
-                    .backend
-                    .reset(Charges::keyed(&tier.limits, &keys, 0))
-                    .await?;
-            } else {
-                self.shared
-                    .backend
-                    .reset(Charges::stack(&tier.limits, key, 0))
-                    .await?;
-            }
+            let keys = keys_of(rules, &tier.limits, key);
+            let charges = charges(&tier.limits, key, &keys);
+            self.shared.backend.reset(charges).await?;
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
         // default does not use.
@@ -573,13 +541,17 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Ok(())
     }
 
+    /// Whether the backend can take `limit` alone: the check an override's quota passes.
+    pub(crate) fn validate_one(&self, limit: &Limit) -> Result<(), BuildError> {
+        (self.shared.backend).validate(slice::from_ref(limit), Uses::NOTHING_MORE)
+    }
+
     pub(crate) fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
     where
         K: KeyFromText,
     {
         let table = self.shared.table.load_full();
-        let index = find(&table, policy)?;
-        table.policies[index]
+        find(&table, policy)?
             .key()
             .key_from_text(text)
             .map_err(|reason| HandleError::InvalidKey {
@@ -589,12 +561,29 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 }
 
-pub(crate) fn find<K>(table: &Table<K>, policy: &str) -> Result<usize, HandleError> {
-    table
-        .policies
-        .iter()
-        .position(|p| p.name() == policy)
-        .ok_or_else(|| HandleError::UnknownPolicy(policy.to_owned()))
+/// `key` once per limit of `limits` when `rules`' quotas have keys of their own (each limit is
+/// then peeked and reset under the key given), else none.
+fn keys_of(rules: &CompiledPolicy, limits: &[Limit], key: &Key) -> Vec<Key> {
+    let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
+    match keyed {
+        true => vec![key.clone(); limits.len()],
+        false => Vec::new(),
+    }
+}
+
+/// The charges of nothing for `limits`: under `keys` when there are any ([`keys_of`]), else
+/// `key` for every limit.
+fn charges<'a>(limits: &'a [Limit], key: &'a Key, keys: &'a [Key]) -> Charges<'a> {
+    match keys.is_empty() {
+        true => Charges::stack(limits, key, 0),
+        false => Charges::keyed(limits, keys, 0),
+    }
+}
+
+/// Policy `policy` of `table`.
+pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Policy<K>, HandleError> {
+    let found = table.policies.iter().find(|p| p.name() == policy);
+    found.ok_or_else(|| HandleError::UnknownPolicy(policy.to_owned()))
 }
 
 /// A key extractor that can turn the text an operator types into the [`Key`] it extracts from a
@@ -653,11 +642,7 @@ impl KeyFromText for PeerIp {
 
 impl KeyFromText for ClientIp {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
-        let grouping = PeerIp::new()
-            .with_ipv6_prefix(self.ipv6_prefix())
-            .and_then(|p| p.with_ipv4_prefix(self.ipv4_prefix()))
-            .map_err(|e| e.to_string())?;
-        parse_ip(text).map(|ip| grouping.key_for(ip))
+        parse_ip(text).map(|ip| self.grouping().key_for(ip))
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::{find, HandleError, KeyFromText, ThrottleHandle};
-use crate::backend::{Backend, Uses};
+use crate::backend::Backend;
 use crate::overrides::cache::MAX_PATTERNS;
 use crate::overrides::{bans_table, encode_until, overrides_table, Override};
 use crate::per_customer::Namespace;
@@ -69,7 +69,7 @@ where
         let field = self.field_of(policy, key)?;
         if let Override::Quota(quota) = value {
             let table = self.shared.table.load_full();
-            let rules = table.policies[find(&table, policy)?].compiled();
+            let rules = find(&table, policy)?.compiled();
             let invalid = |reason: String| HandleError::InvalidOverride {
                 policy: policy.to_owned(),
                 reason,
@@ -85,9 +85,7 @@ where
                 .overridable
                 .quotas
                 .enforceable(Namespace::Override, quota, rules.cost(), |l| {
-                    self.shared
-                        .backend
-                        .validate(std::slice::from_ref(l), Uses::NOTHING_MORE)
+                    self.validate_one(l)
                 })
                 .map_err(|e| invalid(e.to_string()))?;
         }

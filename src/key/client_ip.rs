@@ -145,14 +145,15 @@ impl ForwardedHeader {
 
     /// The header's name.
     fn name(self) -> &'static HeaderName {
-        match self {
-            ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
-            ForwardedHeader::Forwarded => &FORWARDED,
-            ForwardedHeader::XRealIp => &X_REAL_IP,
-            ForwardedHeader::CfConnectingIp => &CF_CONNECTING_IP,
-            ForwardedHeader::TrueClientIp => &TRUE_CLIENT_IP,
-            ForwardedHeader::FlyClientIp => &FLY_CLIENT_IP,
-        }
+        static NAMES: [HeaderName; 6] = [
+            HeaderName::from_static("x-forwarded-for"),
+            FORWARDED,
+            HeaderName::from_static("x-real-ip"),
+            HeaderName::from_static("cf-connecting-ip"),
+            HeaderName::from_static("true-client-ip"),
+            HeaderName::from_static("fly-client-ip"),
+        ];
+        &NAMES[self as usize]
     }
 }
 
@@ -160,18 +161,22 @@ impl FromStr for ForwardedHeader {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "x-forwarded-for" => Ok(ForwardedHeader::XForwardedFor),
-            "forwarded" => Ok(ForwardedHeader::Forwarded),
-            "x-real-ip" => Ok(ForwardedHeader::XRealIp),
-            "cf-connecting-ip" => Ok(ForwardedHeader::CfConnectingIp),
-            "true-client-ip" => Ok(ForwardedHeader::TrueClientIp),
-            "fly-client-ip" => Ok(ForwardedHeader::FlyClientIp),
-            _ => Err(format!(
+        use ForwardedHeader::*;
+        let all = [
+            XForwardedFor,
+            Forwarded,
+            XRealIp,
+            CfConnectingIp,
+            TrueClientIp,
+            FlyClientIp,
+        ];
+        let name = s.to_ascii_lowercase();
+        all.into_iter().find(|h| h.as_str() == name).ok_or_else(|| {
+            format!(
                 "client IP header {s:?} is not \"x-forwarded-for\", \"forwarded\", \"x-real-ip\", \
                  \"cf-connecting-ip\", \"true-client-ip\" or \"fly-client-ip\""
-            )),
-        }
+            )
+        })
     }
 }
 
@@ -264,6 +269,11 @@ impl ClientIp {
         self.peer.ipv4_prefix()
     }
 
+    /// How client addresses are grouped into keys: the peer IP extractor with these prefixes.
+    pub(crate) fn grouping(&self) -> PeerIp {
+        self.peer
+    }
+
     /// The client's address for a connection from `peer` with these headers.
     pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
@@ -285,28 +295,20 @@ impl ClientIp {
                     _ => peer,
                 }
             }
-            ForwardedHeader::XForwardedFor => self.walk(
-                peer,
-                headers.get_all(&X_FORWARDED_FOR).iter(),
-                parse_xff_entry,
-            ),
-            ForwardedHeader::Forwarded => self.walk(
-                peer,
-                headers.get_all(FORWARDED).iter(),
-                parse_forwarded_element,
-            ),
+            ForwardedHeader::XForwardedFor => self.walk(peer, headers, parse_xff_entry),
+            ForwardedHeader::Forwarded => self.walk(peer, headers, parse_forwarded_element),
         }
     }
 
     /// Walks the entries right to left: the first address that is not a trusted proxy is the client.
-    fn walk<'a>(
+    fn walk(
         &self,
         peer: IpAddr,
-        lines: impl DoubleEndedIterator<Item = &'a http::HeaderValue>,
+        headers: &HeaderMap,
         parse: fn(&[u8]) -> Option<IpAddr>,
     ) -> IpAddr {
         let mut trusted_hops = 0;
-        for line in lines.rev() {
+        for line in headers.get_all(self.header.name()).iter().rev() {
             for entry in line.as_bytes().rsplit(|b| *b == b',') {
                 let Some(ip) = parse(entry).map(|ip| ip.to_canonical()) else {
                     return peer;
@@ -326,30 +328,12 @@ impl ClientIp {
     }
 }
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
-static TRUE_CLIENT_IP: HeaderName = HeaderName::from_static("true-client-ip");
-static FLY_CLIENT_IP: HeaderName = HeaderName::from_static("fly-client-ip");
-
-fn trim(bytes: &[u8]) -> &[u8] {
-    let start = bytes
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(bytes.len());
-    let end = bytes
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &bytes[start..end.max(start)]
-}
-
 /// The longest entry worth parsing: `[ffff:...:ffff]:65535` and a little more.
 const MAX_ENTRY: usize = 64;
 
 /// One `X-Forwarded-For` entry: an address, also `[v6]:port` or `v4:port` as some proxies write.
 fn parse_xff_entry(entry: &[u8]) -> Option<IpAddr> {
-    let entry = trim(entry);
+    let entry = entry.trim_ascii();
     if entry.len() > MAX_ENTRY {
         return None;
     }
@@ -369,7 +353,7 @@ fn parse_node(s: &str) -> Option<IpAddr> {
 
 /// One `Forwarded` element: its `for=` parameter, as a node.
 fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
-    let element = trim(element);
+    let element = element.trim_ascii();
     if element.len() > 4 * MAX_ENTRY {
         return None;
     }

@@ -182,28 +182,18 @@ impl PeerIp {
     }
 
     /// Groups IPv6 peers by the first `prefix` bits (1 to 128; 128 = one key per address).
-    pub fn with_ipv6_prefix(self, prefix: u8) -> Result<Self, InvalidPrefix> {
-        if (1..=128).contains(&prefix) {
-            Ok(PeerIp {
-                ipv6_prefix: prefix,
-                ..self
-            })
-        } else {
-            Err(InvalidPrefix::new("ipv6_prefix", prefix, 128))
-        }
+    pub fn with_ipv6_prefix(mut self, prefix: u8) -> Result<Self, InvalidPrefix> {
+        InvalidPrefix::check("ipv6_prefix", prefix, 128)?;
+        self.ipv6_prefix = prefix;
+        Ok(self)
     }
 
     /// Groups IPv4 peers by the first `prefix` bits (1 to 32; 32, the default, = one key per
     /// address; 24 counts a /24 subnet as one client, as a NAT or a rented block is).
-    pub fn with_ipv4_prefix(self, prefix: u8) -> Result<Self, InvalidPrefix> {
-        if (1..=32).contains(&prefix) {
-            Ok(PeerIp {
-                ipv4_prefix: prefix,
-                ..self
-            })
-        } else {
-            Err(InvalidPrefix::new("ipv4_prefix", prefix, 32))
-        }
+    pub fn with_ipv4_prefix(mut self, prefix: u8) -> Result<Self, InvalidPrefix> {
+        InvalidPrefix::check("ipv4_prefix", prefix, 32)?;
+        self.ipv4_prefix = prefix;
+        Ok(self)
     }
 
     /// The IPv6 prefix length.
@@ -360,11 +350,15 @@ pub struct InvalidPrefix {
 }
 
 impl InvalidPrefix {
-    fn new(setting: &'static str, prefix: u8, most: u8) -> Self {
-        InvalidPrefix {
-            setting,
-            prefix,
-            most,
+    /// `prefix` for `setting`, if it is between 1 and `most`.
+    fn check(setting: &'static str, prefix: u8, most: u8) -> Result<(), Self> {
+        match (1..=most).contains(&prefix) {
+            true => Ok(()),
+            false => Err(InvalidPrefix {
+                setting,
+                prefix,
+                most,
+            }),
         }
     }
 

@@ -103,7 +103,7 @@ pub use extract::{
     BoxKeyExtractor, Extension, Global, Header, InvalidPrefix, KeyExtractor, OnDuplicate, PeerAddr,
     PeerIp,
 };
-pub(crate) use sources::percent_decode;
+pub(crate) use sources::{percent_decode, query_values};
 pub use sources::{Cookie, PathParam, QueryParam};
 pub use spec::{Composite, KeySpec, MAX_KEY_PARTS};
 pub use value::{Key, MAX_KEY_LEN};

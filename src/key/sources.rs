@@ -36,6 +36,20 @@ pub(crate) fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
     out
 }
 
+/// The raw values of the query parameter `name` (compared decoded) in `query`, in order.
+pub(crate) fn query_values<'q>(query: &'q str, name: &'q [u8]) -> impl Iterator<Item = &'q str> {
+    query.split('&').filter_map(move |pair| {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        // Most names need no decoding; compare the decoded name only when it has escapes.
+        let matches = if n.bytes().any(|b| b == b'%' || b == b'+') {
+            percent_decode(n.as_bytes(), true) == name
+        } else {
+            n.as_bytes() == name
+        };
+        matches.then_some(v)
+    })
+}
+
 /// A key from non-empty decoded bytes.
 fn key_of(bytes: Vec<u8>) -> Option<Key> {
     (!bytes.is_empty()).then(|| Key::from(bytes))
@@ -98,21 +112,10 @@ named_source!(
 
 impl QueryParam {
     fn value(&self, query: &str) -> Option<Key> {
-        let name = self.name.as_bytes();
-        let values = query.split('&').filter_map(|pair| {
-            let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
-            // Most names need no decoding; compare the decoded name only when it has escapes.
-            let matches = if n.bytes().any(|b| b == b'%' || b == b'+') {
-                percent_decode(n.as_bytes(), true) == name
-            } else {
-                n.as_bytes() == name
-            };
-            matches.then_some(v)
-        });
-        key_of(percent_decode(
-            self.on_duplicate.pick(values)?.as_bytes(),
-            true,
-        ))
+        let value = self
+            .on_duplicate
+            .pick(query_values(query, self.name.as_bytes()))?;
+        key_of(percent_decode(value.as_bytes(), true))
     }
 }
 

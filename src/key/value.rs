@@ -289,11 +289,7 @@ impl From<&str> for Key {
 
 impl From<String> for Key {
     fn from(s: String) -> Self {
-        if s.len() > MAX_KEY_LEN {
-            Key::from_bytes(s.as_bytes())
-        } else {
-            Key::owned(s.into_bytes())
-        }
+        Key::from(s.into_bytes())
     }
 }
 

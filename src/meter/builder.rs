@@ -45,7 +45,7 @@ impl<K> PolicyBuilder<K> {
     /// assert_eq!(chat.limits()[1].max_debt(), 100_000);
     /// ```
     pub fn metered(mut self, limit: Limit, estimate: Estimate) -> Self {
-        self.extras.metered.limit = Some((limit, estimate));
+        self.opts.extras.metered.limit = Some((limit, estimate));
         self
     }
 
@@ -53,7 +53,7 @@ impl<K> PolicyBuilder<K> {
     /// trailer, for a streamed body) when the response has it, instead of the
     /// [`Meter`](crate::Meter): an upstream that reports `x-usage-tokens: 1234`.
     pub fn usage_header(mut self, name: impl Into<String>) -> Self {
-        self.extras.metered.usage_header = Some(name.into());
+        self.opts.extras.metered.usage_header = Some(name.into());
         self
     }
 
@@ -63,7 +63,8 @@ impl<K> PolicyBuilder<K> {
         limits: &[Limit],
         metered: &Limit,
     ) -> Result<(), BuildError> {
-        let invalid = |why: &str| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        let invalid =
+            |why: &str| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name));
         if limits.iter().any(|l| l.name() == metered.name()) {
             return Err(invalid(
                 "the metered limit needs a name of its own (not the policy's)",
@@ -74,7 +75,7 @@ impl<K> PolicyBuilder<K> {
                 "at most {MAX_STACKED_QUOTAS} limits may be stacked, the metered one included"
             )));
         }
-        if self.algorithm == Algorithm::Concurrency && !limits.is_empty() {
+        if self.opts.algorithm == Algorithm::Concurrency && !limits.is_empty() {
             return Err(invalid(
                 "a metered limit cannot be stacked with a concurrency limit",
             ));

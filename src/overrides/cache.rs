@@ -63,6 +63,7 @@ impl Entries {
 /// The entries of one table: exact keys, patterns and `*`. A byte-string key's patterns are
 /// found by its own prefixes, one hash lookup per distinct pattern length (longest first), however
 /// many patterns there are; an address's, by its rendering against each (few, in practice).
+#[derive(Clone)]
 struct Matcher<T> {
     exact: HashMap<Key, T>,
     byte_prefixes: HashMap<Box<[u8]>, T>,
@@ -170,6 +171,17 @@ impl<T: Copy> Matcher<T> {
 
     fn is_empty(&self) -> bool {
         self.listed.is_empty()
+    }
+
+    /// Whether `field` may be set: a pattern past [`MAX_PATTERNS`] may not, unless it replaces one.
+    fn has_room(&self, field: &str) -> bool {
+        self.listed.contains_key(field) || self.patterns() < MAX_PATTERNS
+    }
+
+    /// The entries, by field, whose value `keep` accepts.
+    fn listed(&self, keep: impl Fn(&T) -> bool) -> Vec<(String, T)> {
+        let listed = self.listed.iter().filter(|(_, v)| keep(v));
+        listed.map(|(f, v)| (f.clone(), *v)).collect()
     }
 }
 
@@ -296,49 +308,24 @@ impl Overrides {
             return true;
         }
         let snapshot = self.snapshot.load();
-        let Some(entries) = snapshot.policies.get(policy) else {
-            return true;
-        };
-        let (patterns, has) = match bans {
-            true => (
-                entries.bans.patterns(),
-                entries.bans.listed.contains_key(field),
-            ),
-            false => (
-                entries.overrides.patterns(),
-                entries.overrides.listed.contains_key(field),
-            ),
-        };
-        has || patterns < MAX_PATTERNS
+        snapshot.policies.get(policy).is_none_or(|e| match bans {
+            true => e.bans.has_room(field),
+            false => e.overrides.has_room(field),
+        })
     }
 
     /// Policy `policy`'s overrides, by field.
     pub(crate) fn overrides_of(&self, policy: &str) -> Vec<(String, Override)> {
         let snapshot = self.snapshot.load();
-        let Some(entries) = snapshot.policies.get(policy) else {
-            return Vec::new();
-        };
-        entries
-            .overrides
-            .listed
-            .iter()
-            .map(|(f, o)| (f.clone(), *o))
-            .collect()
+        let entries = snapshot.policies.get(policy);
+        entries.map_or_else(Vec::new, |e| e.overrides.listed(|_| true))
     }
 
     /// Policy `policy`'s timed bans that have not ended at `now`, by field.
     pub(crate) fn bans_of(&self, policy: &str, now: SystemTime) -> Vec<(String, SystemTime)> {
         let snapshot = self.snapshot.load();
-        let Some(entries) = snapshot.policies.get(policy) else {
-            return Vec::new();
-        };
-        entries
-            .bans
-            .listed
-            .iter()
-            .filter(|(_, until)| **until > now)
-            .map(|(f, until)| (f.clone(), *until))
-            .collect()
+        let entries = snapshot.policies.get(policy);
+        entries.map_or_else(Vec::new, |e| e.bans.listed(|until| *until > now))
     }
 
     /// Reads table `table` from the store again and puts it in force. The policy's name is the
@@ -380,43 +367,37 @@ impl Overrides {
         }
         let current = self.snapshot.load_full();
         let kept = current.policies.get(policy);
-        let unread = |field: &str, value: &str| {
-            tracing::warn!(
-                policy,
-                field,
-                value,
-                "an {kind} entry this version cannot read: ignored"
-            );
-        };
-        let entries = if kind == "overrides" {
-            let parsed: Vec<(String, Override)> = fields
+        fn parsed<T: Copy>(
+            (policy, kind): (&str, &str),
+            fields: &[(String, String)],
+            decode: fn(&str) -> Option<T>,
+        ) -> Matcher<T> {
+            let parsed: Vec<(String, T)> = fields
                 .iter()
-                .filter_map(|(f, v)| match Override::decode(v) {
-                    Some(o) => Some((f.clone(), o)),
+                .filter_map(|(field, value)| match decode(value) {
+                    Some(decoded) => Some((field.clone(), decoded)),
                     None => {
-                        unread(f, v);
+                        tracing::warn!(
+                            policy,
+                            field,
+                            value,
+                            "an {kind} entry this version cannot read: ignored"
+                        );
                         None
                     }
                 })
                 .collect();
+            Matcher::of(&parsed)
+        }
+        let entries = if kind == "overrides" {
             Entries {
-                overrides: Matcher::of(&parsed),
-                bans: kept.map(|e| e.bans.clone_all()).unwrap_or_default(),
+                overrides: parsed((policy, kind), fields, Override::decode),
+                bans: kept.map(|e| e.bans.clone()).unwrap_or_default(),
             }
         } else {
-            let parsed: Vec<(String, SystemTime)> = fields
-                .iter()
-                .filter_map(|(f, v)| match decode_until(v) {
-                    Some(until) => Some((f.clone(), until)),
-                    None => {
-                        unread(f, v);
-                        None
-                    }
-                })
-                .collect();
             Entries {
-                overrides: kept.map(|e| e.overrides.clone_all()).unwrap_or_default(),
-                bans: Matcher::of(&parsed),
+                overrides: kept.map(|e| e.overrides.clone()).unwrap_or_default(),
+                bans: parsed((policy, kind), fields, decode_until),
             }
         };
         let mut policies = current.policies.clone();
@@ -427,14 +408,6 @@ impl Overrides {
         }
         self.any.store(!policies.is_empty(), Ordering::Relaxed);
         self.snapshot.store(Arc::new(Snapshot { policies }));
-    }
-}
-
-impl<T: Copy> Matcher<T> {
-    /// A copy, made again from its listing.
-    fn clone_all(&self) -> Matcher<T> {
-        let fields: Vec<(String, T)> = self.listed.iter().map(|(f, v)| (f.clone(), *v)).collect();
-        Matcher::of(&fields)
     }
 }
 

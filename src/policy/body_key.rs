@@ -45,7 +45,7 @@ impl<K> PolicyBuilder<K> {
     /// ```
     pub fn body_key(self, field: BodyField) -> PolicyBuilder<KeySpec> {
         let mut builder = self.key(KeySpec::Body(field.clone()));
-        builder.extras.body_key = Some(field);
+        builder.opts.extras.body_key = Some(field);
         builder
     }
 
@@ -54,14 +54,14 @@ impl<K> PolicyBuilder<K> {
     /// no key (it is still handed on whole). Each request in flight holds at most this much (and
     /// the one frame that crossed it).
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.extras.max_body = Some(bytes);
+        self.opts.extras.max_body = Some(bytes);
         self
     }
 
     /// How long the body may take to arrive, up to [`max_body`](Self::max_body) (default 2 s): a
     /// slower one has no key (the rest of it still goes to the inner service).
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
-        self.extras.body_timeout = Some(timeout);
+        self.opts.extras.body_timeout = Some(timeout);
         self
     }
 }

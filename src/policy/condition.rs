@@ -11,7 +11,7 @@
 use http::header::{HeaderName, HOST};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use crate::key::percent_decode;
+use crate::key::{percent_decode, query_values};
 
 /// A condition a request must meet for a policy to apply to it ([`PolicyBuilder::when`]): a
 /// header present or equal to a value, the host, a query parameter present or equal to a value.
@@ -191,13 +191,7 @@ impl Rule {
     pub(crate) fn holds(&self, uri: &Uri, headers: &HeaderMap) -> bool {
         match self {
             Rule::Header(name, values) => {
-                let mut sent = headers.get_all(name).iter();
-                match values {
-                    Values::Present => sent.next().is_some(),
-                    Values::OneOf(wanted) => {
-                        sent.any(|v| wanted.iter().any(|w| v.as_bytes() == &**w))
-                    }
-                }
+                values.met_by(headers.get_all(name).iter().map(HeaderValue::as_bytes))
             }
             // The URI's authority or any `Host` header: the application may route by either, so
             // a client cannot step out of the limit by sending them different.
@@ -212,22 +206,20 @@ impl Rule {
                 })
             }),
             Rule::Query(name, values) => uri.query().is_some_and(|query| {
-                query.split('&').any(|pair| {
-                    let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
-                    // Most names need no decoding; decode only those with escapes.
-                    let same = match n.bytes().any(|b| b == b'%' || b == b'+') {
-                        true => *percent_decode(n.as_bytes(), true) == **name,
-                        false => n.as_bytes() == &**name,
-                    };
-                    same && match values {
-                        Values::Present => true,
-                        Values::OneOf(wanted) => {
-                            let v = percent_decode(v.as_bytes(), true);
-                            wanted.iter().any(|w| **w == *v)
-                        }
-                    }
-                })
+                let sent = query_values(query, name);
+                values.met_by(sent.map(|v| percent_decode(v.as_bytes(), true)))
             }),
+        }
+    }
+}
+
+impl Values {
+    /// Whether any of the values `sent` (a header's lines, a query parameter's decoded values) is
+    /// one of these.
+    fn met_by<V: AsRef<[u8]>>(&self, mut sent: impl Iterator<Item = V>) -> bool {
+        match self {
+            Values::Present => sent.next().is_some(),
+            Values::OneOf(wanted) => sent.any(|v| wanted.iter().any(|w| **w == *v.as_ref())),
         }
     }
 }
@@ -271,6 +263,11 @@ mod tests {
         condition.into_rule().unwrap().holds(&uri, &map)
     }
 
+    /// Whether `condition` holds for a request to `/` whose `Host` is `host`.
+    fn host_is(condition: &Condition, host: &str) -> bool {
+        holds(condition.clone(), "/", &[("host", host)])
+    }
+
     #[test]
     fn headers_match_by_value_and_any_of_a_repeated_header() {
         let mobile = || Condition::header("x-client", "mobile");
@@ -278,53 +275,45 @@ mod tests {
         assert!(!holds(mobile(), "/", &[("x-client", "Mobile")]));
         assert!(!holds(mobile(), "/", &[]));
         // A second value does not take a request out of the limit.
-        assert!(holds(
-            mobile(),
-            "/",
-            &[("x-client", "web"), ("x-client", "mobile")]
-        ));
+        let twice = [("x-client", "web"), ("x-client", "mobile")];
+        assert!(holds(mobile(), "/", &twice));
         let either = || Condition::header_in("x-client", ["mobile", "tablet"]);
         assert!(holds(either(), "/", &[("x-client", "tablet")]));
         assert!(!holds(either(), "/", &[("x-client", "web")]));
-        assert!(holds(
-            Condition::header_present("X-Client"),
-            "/",
-            &[("x-client", "")]
-        ));
-        assert!(!holds(
-            Condition::header_present("x-client"),
-            "/",
-            &[("x-other", "1")]
-        ));
+        let present = |name| Condition::header_present(name);
+        assert!(holds(present("X-Client"), "/", &[("x-client", "")]));
+        assert!(!holds(present("x-client"), "/", &[("x-other", "1")]));
     }
 
     #[test]
     fn hosts_match_without_port_in_any_case_and_wildcards_need_a_label() {
-        let api = || Condition::host("API.example.com");
-        assert!(holds(api(), "/", &[("host", "api.example.com")]));
-        assert!(holds(api(), "/", &[("host", "Api.Example.Com:8443")]));
-        assert!(holds(api(), "http://api.example.com./x", &[]));
+        let api = Condition::host("API.example.com");
+        let any = Condition::host("*.example.com");
+        let both = Condition::host_in(["a.org", "*.b.org"]);
+        let a = Condition::host("a.org");
+        for (condition, host, want) in [
+            (&api, "api.example.com", true),
+            (&api, "Api.Example.Com:8443", true),
+            (&api, "example.com", false),
+            (&any, "a.example.com", true),
+            (&any, "a.b.EXAMPLE.com:80", true),
+            (&any, "example.com", false),
+            (&any, "badexample.com", false),
+            (&both, "a.org", true),
+            (&both, "x.b.org", true),
+            (&both, "b.org", false),
+            (&a, "[::1]:80", false),
+        ] {
+            assert_eq!(host_is(condition, host), want, "{condition:?} {host}");
+        }
+        assert!(holds(api.clone(), "http://api.example.com./x", &[]));
+        let other_header = [("host", "other.org")];
         assert!(holds(
-            api(),
+            api.clone(),
             "https://api.example.com:443/x",
-            &[("host", "other.org")]
+            &other_header
         ));
-        assert!(!holds(api(), "/", &[("host", "example.com")]));
-        assert!(!holds(api(), "/", &[]));
-        let any = || Condition::host("*.example.com");
-        assert!(holds(any(), "/", &[("host", "a.example.com")]));
-        assert!(holds(any(), "/", &[("host", "a.b.EXAMPLE.com:80")]));
-        assert!(!holds(any(), "/", &[("host", "example.com")]));
-        assert!(!holds(any(), "/", &[("host", "badexample.com")]));
-        let both = || Condition::host_in(["a.org", "*.b.org"]);
-        assert!(holds(both(), "/", &[("host", "a.org")]));
-        assert!(holds(both(), "/", &[("host", "x.b.org")]));
-        assert!(!holds(both(), "/", &[("host", "b.org")]));
-        assert!(!holds(
-            Condition::host("a.org"),
-            "/",
-            &[("host", "[::1]:80")]
-        ));
+        assert!(!holds(api, "/", &[]));
     }
 
     #[test]
@@ -348,40 +337,32 @@ mod tests {
         assert_eq!(hosts(&[":8080"]), [":8080"]);
         assert_eq!(hosts(&["a.org", "b.org:1"]), ["a.org", "b.org"]);
         let uri = Uri::from_static("http://[::1]:8080/x");
-        assert_eq!(
-            hosts_of(&uri, &HeaderMap::new()).collect::<Vec<_>>(),
-            ["[::1]"]
-        );
+        let none = HeaderMap::new();
+        assert_eq!(hosts_of(&uri, &none).collect::<Vec<_>>(), ["[::1]"]);
 
-        let a = || Condition::host("a.org");
-        assert!(holds(a(), "/", &[("host", "a.org:443")]));
-        assert!(!holds(a(), "/", &[("host", "a.org:http")]));
-        assert!(!holds(a(), "/", &[("host", "a.org:4a")]));
-        assert!(!holds(
-            Condition::host("*.a.org"),
-            "/",
-            &[("host", "x.a.org:x1")]
-        ));
+        let a = Condition::host("a.org");
+        assert!(host_is(&a, "a.org:443"));
+        assert!(!host_is(&a, "a.org:http"));
+        assert!(!host_is(&a, "a.org:4a"));
+        assert!(!host_is(&Condition::host("*.a.org"), "x.a.org:x1"));
     }
 
     #[test]
     fn a_wildcard_needs_a_label_before_its_suffix_and_hosts_are_ascii() {
-        let any = || Condition::host("*.example.com");
+        let any = Condition::host("*.example.com");
         // The suffix alone, leading dot included, is not under it.
-        assert!(!holds(any(), "/", &[("host", ".example.com")]));
-        assert!(!holds(any(), "/", &[("host", ".example.com:80")]));
-        assert!(holds(any(), "/", &[("host", "x.example.com")]));
-        assert!(!holds(any(), "/", &[("host", "com")]));
+        assert!(!host_is(&any, ".example.com"));
+        assert!(!host_is(&any, ".example.com:80"));
+        assert!(host_is(&any, "x.example.com"));
+        assert!(!host_is(&any, "com"));
         // A host that is not ASCII never reaches the comparison: the URI refuses it, and a `Host`
         // header with such bytes is not text (it matches no pattern, and nothing panics).
         assert!("http://\u{e9}.example.com/".parse::<Uri>().is_err());
-        assert!(!holds(any(), "/", &[]));
+        assert!(!holds(any.clone(), "/", &[]));
         let mut map = HeaderMap::new();
-        map.append(
-            HOST,
-            HeaderValue::from_bytes("\u{e9}\u{e9}.example.com".as_bytes()).unwrap(),
-        );
-        let rule = any().into_rule().unwrap();
+        let not_ascii = "\u{e9}\u{e9}.example.com".as_bytes();
+        map.append(HOST, HeaderValue::from_bytes(not_ascii).unwrap());
+        let rule = any.into_rule().unwrap();
         assert!(!rule.holds(&Uri::from_static("/"), &map));
     }
 
@@ -394,14 +375,12 @@ mod tests {
         assert!(!holds(free(), "/?plan=paid", &[]));
         assert!(!holds(free(), "/?planx=free+plan", &[]));
         assert!(!holds(free(), "/", &[]));
-        assert!(holds(Condition::query_present("plan"), "/?plan", &[]));
-        assert!(holds(Condition::query_present("plan"), "/?x=1&plan=", &[]));
-        assert!(!holds(Condition::query_present("plan"), "/?x=plan", &[]));
-        assert!(holds(
-            Condition::query_in("plan", ["a", "b"]),
-            "/?plan=b",
-            &[]
-        ));
+        let plan = || Condition::query_present("plan");
+        assert!(holds(plan(), "/?plan", &[]));
+        assert!(holds(plan(), "/?x=1&plan=", &[]));
+        assert!(!holds(plan(), "/?x=plan", &[]));
+        let a_or_b = Condition::query_in("plan", ["a", "b"]);
+        assert!(holds(a_or_b, "/?plan=b", &[]));
     }
 
     #[test]
@@ -418,24 +397,31 @@ mod tests {
     #[test]
     fn invalid_conditions_say_why() {
         let why = |c: Condition| c.into_rule().unwrap_err();
-        assert_eq!(
-            why(Condition::header("a b", "x")),
-            "\"a b\" is not a valid header name"
-        );
-        assert_eq!(
-            why(Condition::header_in("a", Vec::<String>::new())),
-            "a condition needs at least one value"
-        );
-        assert_eq!(
-            why(Condition::query_present("")),
-            "a query condition needs a parameter name"
-        );
-        assert!(why(Condition::host("*.")).contains("is not a host name"));
-        assert!(why(Condition::host("a b.org")).contains("is not a host name"));
-        assert!(why(Condition::host("*.*.org")).contains("is not a host name"));
-        assert_eq!(
-            why(Condition::host_in([])),
-            "a host condition needs at least one host"
-        );
+        for (condition, says) in [
+            (
+                Condition::header("a b", "x"),
+                "\"a b\" is not a valid header name",
+            ),
+            (
+                Condition::header_in("a", Vec::<String>::new()),
+                "a condition needs at least one value",
+            ),
+            (
+                Condition::query_present(""),
+                "a query condition needs a parameter name",
+            ),
+            (
+                Condition::host_in([]),
+                "a host condition needs at least one host",
+            ),
+        ] {
+            assert_eq!(why(condition), says);
+        }
+        for host in ["*.", "a b.org", "*.*.org"] {
+            assert!(
+                why(Condition::host(host)).contains("is not a host name"),
+                "{host}"
+            );
+        }
     }
 }

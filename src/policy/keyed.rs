@@ -46,31 +46,35 @@ impl<K> PolicyBuilder<K> {
     /// assert_eq!(names, ["api.1m", "api.1m.x-org-id"]);
     /// ```
     pub fn quota_keyed(mut self, quota: Quota, key: impl Into<KeySpec>) -> Self {
-        self.extras.quota_keys.resize(self.quotas.len(), None);
-        self.quotas.push(quota);
-        self.extras.quota_keys.push(Some(key.into()));
+        self.opts
+            .extras
+            .quota_keys
+            .resize(self.opts.quotas.len(), None);
+        self.opts.quotas.push(quota);
+        self.opts.extras.quota_keys.push(Some(key.into()));
         self
     }
 
     /// Binds the `path:` keys of the quotas with keys of their own to the route (what they cannot
     /// be used with is in compat.rs).
     pub(super) fn check_quota_keys(&mut self) -> Result<(), BuildError> {
-        if self.extras.quota_keys.iter().all(Option::is_none) {
-            self.extras.quota_keys.clear();
+        if self.opts.extras.quota_keys.iter().all(Option::is_none) {
+            self.opts.extras.quota_keys.clear();
             return Ok(());
         }
-        let route = self.route.clone();
-        for key in self.extras.quota_keys.iter_mut().flatten() {
+        let route = self.opts.route.clone();
+        for key in self.opts.extras.quota_keys.iter_mut().flatten() {
             if matches!(key, KeySpec::Body(_)) {
                 return Err(BuildError::Invalid(format!(
                     "policy {:?}: a quota's own key cannot come from the body ({key}); use the \
                      policy's key (body_key) for it",
-                    self.name
+                    self.opts.name
                 )));
             }
             let bound = std::mem::replace(key, KeySpec::Global).for_route(route.as_deref());
-            *key = bound
-                .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
+            *key = bound.map_err(|why| {
+                BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name))
+            })?;
         }
         Ok(())
     }

@@ -20,14 +20,15 @@ impl<K> PolicyBuilder<K> {
         quotas: &[Quota],
         keys: &[Option<KeySpec>],
     ) -> Result<Box<[Limit]>, BuildError> {
-        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
+        let invalid =
+            |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name));
         if quotas.len() > MAX_STACKED_QUOTAS {
             return Err(invalid(format!(
                 "{} quotas are stacked; at most {MAX_STACKED_QUOTAS} are allowed",
                 quotas.len()
             )));
         }
-        if quotas.len() > 1 && self.algorithm == Algorithm::Concurrency {
+        if quotas.len() > 1 && self.opts.algorithm == Algorithm::Concurrency {
             return Err(invalid(
                 "algorithm \"concurrency\" takes one quota (requests in flight), not a stack"
                     .into(),
@@ -52,22 +53,22 @@ impl<K> PolicyBuilder<K> {
                     quota.period()
                 )));
             }
-            let mut limit = Limit::with_algorithm(name, self.algorithm, *quota)?;
+            let mut limit = Limit::with_algorithm(name, self.opts.algorithm, *quota)?;
             // A dry run never bans.
-            if let Some(penalty) = self.penalty.filter(|_| !self.dry_run) {
+            if let Some(penalty) = self.opts.penalty.filter(|_| !self.opts.dry_run) {
                 limit = limit.with_penalty(penalty);
             }
-            if let Some(delay) = self.delay {
+            if let Some(delay) = self.opts.delay {
                 limit = limit.with_delay(delay)?;
             }
-            if let Some(lease) = self.lease {
+            if let Some(lease) = self.opts.lease {
                 limit = limit.with_lease(lease)?;
             }
-            limit = limit.with_window_start(self.window_start)?;
-            if let Some(calendar) = &self.calendar {
+            limit = limit.with_window_start(self.opts.window_start)?;
+            if let Some(calendar) = &self.opts.calendar {
                 limit = limit.with_calendar(calendar.clone())?;
             }
-            if let Some(budget) = self.budget {
+            if let Some(budget) = self.opts.budget {
                 if quotas.len() > 1 {
                     return Err(invalid(
                         "a leased budget takes one quota, not a stack (a slice would have to \

@@ -69,7 +69,7 @@ impl<K> PolicyBuilder<K> {
     /// assert_eq!(api.shadow_limits()[0].name(), "api.shadow.1m");
     /// ```
     pub fn shadow(mut self, quota: Quota) -> Self {
-        self.rollout.shadows.push(quota);
+        self.opts.rollout.shadows.push(quota);
         self
     }
 
@@ -102,7 +102,7 @@ impl<K> PolicyBuilder<K> {
     ///     .is_err());
     /// ```
     pub fn enforce_fraction(mut self, fraction: f64) -> Self {
-        self.rollout.enforce = Some(fraction);
+        self.opts.rollout.enforce = Some(fraction);
         self
     }
 }

@@ -136,22 +136,30 @@ impl Parser<'_> {
         result
     }
 
-    fn array(&mut self) -> Option<()> {
-        self.eat(b'[')?;
+    /// `open` and the blanks after it; `Some(true)` when `close` follows at once (empty).
+    fn open(&mut self, open: u8, close: u8) -> Option<bool> {
+        self.eat(open)?;
         self.space();
-        if self.eat(b']').is_some() {
+        Some(self.eat(close).is_some())
+    }
+
+    /// After an element or member: past the `,` before the next one (`Some(true)`) or the `close`
+    /// that ends them (`Some(false)`); `None` for anything else.
+    fn more(&mut self, close: u8) -> Option<bool> {
+        self.space();
+        let more = self.peek()? == b',';
+        (more || self.peek()? == close).then(|| self.at += 1)?;
+        Some(more)
+    }
+
+    fn array(&mut self) -> Option<()> {
+        if self.open(b'[', b']')? {
             return Some(());
         }
         loop {
             self.value(None, &mut Slot::Empty)?;
-            self.space();
-            match self.peek()? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if !self.more(b']')? {
+                return Some(());
             }
         }
     }
@@ -161,9 +169,7 @@ impl Parser<'_> {
         Self::found(want, slot, None);
         let next = want.and_then(|w| w.split_first());
         self.nested(|p| {
-            p.eat(b'{')?;
-            p.space();
-            if p.eat(b'}').is_some() {
+            if p.open(b'{', b'}')? {
                 return Some(());
             }
             let mut seen = 0;
@@ -183,14 +189,8 @@ impl Parser<'_> {
                 } else {
                     p.value(None, &mut Slot::Empty)?;
                 }
-                p.space();
-                match p.peek()? {
-                    b',' => p.at += 1,
-                    b'}' => {
-                        p.at += 1;
-                        return Some(());
-                    }
-                    _ => return None,
+                if !p.more(b'}')? {
+                    return Some(());
                 }
             }
         })
