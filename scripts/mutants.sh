@@ -56,6 +56,9 @@ declare -A TESTS=(
   # allocation test too, as the plain admission it builds no verdict for is what that test counts.
   [src/middleware/service.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
   [src/rollout/mod.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
+  # A stream message's check (ThrottleHandle::check): its pre-checks and the judge's steps it
+  # shares with a request, through the handle in the middleware binary.
+  [src/handle/message.rs]="--lib --test middleware -- $SKIP_SLOW"
   # What the last round added to a request's path, each covered by the unit tests beside it: a
   # policy's conditions (host, header, query), the JSON reader of a body key, and the overrides and
   # timed bans in force (read, refreshed and listened for through a test's own shared records).
@@ -82,13 +85,27 @@ declare -A TESTS=(
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
-  src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/policy/condition.rs src/key/body/json.rs
+  src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"
   cargo install cargo-mutants --locked
 fi
+
+# An exclusion anchored to a line (`src/x.rs:LINE:COL: ...`) names one mutant by its place, and an
+# edit above it moves the place: each must still name a mutant, or the run would report that
+# equivalent mutant as missed (and exclude nothing, or the wrong one).
+cargo mutants --list --no-config | python3 -c '
+import re, sys
+listed = sys.stdin.read().splitlines()
+config = open(".cargo/mutants.toml").read()
+stale = [p for p in re.findall(r"^\s*\x27(src/[^\x27]*:\d+:\d+:[^\x27]*)\x27", config, re.M)
+         if not any(re.search(p, m) for m in listed)]
+for p in stale:
+    print(f"mutants.sh: stale exclusion in .cargo/mutants.toml (no mutant at that place): {p}", file=sys.stderr)
+sys.exit(1 if stale else 0)
+' || { say "re-anchor the exclusions above (cargo mutants --list shows where their mutants are now)"; exit 1; }
 
 files=("$@")
 [ ${#files[@]} -gt 0 ] || files=("${FILES[@]}")
