@@ -87,7 +87,19 @@ impl ExtrasBuilder {
         {
             return Ok(None);
         }
-        Ok(Some(Arc::new(PolicyExtras {
+        Ok(Some(self.assemble(name, template, body, metered)))
+    }
+
+    /// The extras, with what `build` checked and made of the body and the metered limit.
+    fn assemble(
+        self,
+        name: &str,
+        template: &Limit,
+        body: Option<BodyRule>,
+        metered: Option<MeterRule>,
+    ) -> Arc<PolicyExtras> {
+        let keyed = !self.quota_keys.is_empty();
+        Arc::new(PolicyExtras {
             name: name.into(),
             quotas: CustomerQuotas::new(name, template, self.quotas),
             async_key: self.async_key,
@@ -97,7 +109,7 @@ impl ExtrasBuilder {
             log: ResolveLog::default(),
             shadows: self.shadows,
             limit_keys: keyed.then(|| self.quota_keys.into()),
-        })))
+        })
     }
 }
 
@@ -164,17 +176,7 @@ impl PolicyExtras {
     /// an override or a timed ban names one of its keys (`overrides/`), whose quota overrides
     /// are per-customer quotas.
     pub(crate) fn plain(name: &str, template: &Limit) -> Arc<PolicyExtras> {
-        Arc::new(PolicyExtras {
-            name: name.into(),
-            quotas: CustomerQuotas::new(name, template, ChoosesQuota::default()),
-            async_key: None,
-            outcome: None,
-            metered: None,
-            log: ResolveLog::default(),
-            shadows: Box::new([]),
-            body: None,
-            limit_keys: None,
-        })
+        ExtrasBuilder::default().assemble(name, template, None, None)
     }
 
     pub(crate) fn name(&self) -> &str {
