@@ -131,16 +131,19 @@ pub enum ForwardedHeader {
 }
 
 impl ForwardedHeader {
+    /// Every header, in the order of [`name`](Self::name)'s table.
+    const ALL: [ForwardedHeader; 6] = [
+        ForwardedHeader::XForwardedFor,
+        ForwardedHeader::Forwarded,
+        ForwardedHeader::XRealIp,
+        ForwardedHeader::CfConnectingIp,
+        ForwardedHeader::TrueClientIp,
+        ForwardedHeader::FlyClientIp,
+    ];
+
     /// `"x-forwarded-for"`, `"forwarded"` or `"x-real-ip"`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ForwardedHeader::XForwardedFor => "x-forwarded-for",
-            ForwardedHeader::Forwarded => "forwarded",
-            ForwardedHeader::XRealIp => "x-real-ip",
-            ForwardedHeader::CfConnectingIp => "cf-connecting-ip",
-            ForwardedHeader::TrueClientIp => "true-client-ip",
-            ForwardedHeader::FlyClientIp => "fly-client-ip",
-        }
+        self.name().as_str()
     }
 
     /// The header's name.
@@ -161,17 +164,9 @@ impl FromStr for ForwardedHeader {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        use ForwardedHeader::*;
-        let all = [
-            XForwardedFor,
-            Forwarded,
-            XRealIp,
-            CfConnectingIp,
-            TrueClientIp,
-            FlyClientIp,
-        ];
         let name = s.to_ascii_lowercase();
-        all.into_iter().find(|h| h.as_str() == name).ok_or_else(|| {
+        let found = Self::ALL.into_iter().find(|h| h.as_str() == name);
+        found.ok_or_else(|| {
             format!(
                 "client IP header {s:?} is not \"x-forwarded-for\", \"forwarded\", \"x-real-ip\", \
                  \"cf-connecting-ip\", \"true-client-ip\" or \"fly-client-ip\""
