@@ -63,6 +63,9 @@ declare -A TESTS=(
   # policy's conditions (host, header, query), the JSON reader of a body key, and the overrides and
   # timed bans in force (read, refreshed and listened for through a test's own shared records).
   [src/policy/condition.rs]="--lib -- $SKIP_SLOW"
+  # The query scan that a policy's query conditions and QueryParam keys share, with the other key
+  # sources.
+  [src/key/sources.rs]="--lib -- $SKIP_SLOW"
   [src/key/body/json.rs]="--lib -- $SKIP_SLOW"
   [src/overrides/cache.rs]="--lib -- $SKIP_SLOW"
   # The charges a request asks of a backend (and the decisions back), and the table of features a
@@ -85,7 +88,7 @@ declare -A TESTS=(
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
-  src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/body/json.rs
+  src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then

@@ -80,6 +80,8 @@ async fn a_policy_that_cannot_count_messages_says_why() {
         error(handle.check("chat", "ann", 4).await.unwrap_err()),
         "policy \"chat\" cannot check messages: a message costs 1 to 3 units, not 4"
     );
+    // The most it names is a cost it takes.
+    assert!(handle.check("chat", "ann", 3).await.unwrap().allowed);
     let slots = Policy::builder("slots")
         .quota(Quota::per_second(2))
         .algorithm(Algorithm::Concurrency)
@@ -196,4 +198,33 @@ async fn allowed_in_turn(
         allowed.push(handle.check("chat", key, 1).await.unwrap().allowed);
     }
     allowed
+}
+
+/// A backend that answers a message's stack with a decision short is failing: the check returns
+/// its error (the caller's choice), not a decision made of part of the stack.
+#[tokio::test]
+async fn a_backend_that_answers_a_stack_short_fails_the_message() {
+    use std::future::{ready, Ready};
+    use tower_throttle::backend::{BackendError, Charges, Decisions, Uses};
+    use tower_throttle::{Backend, BuildError, Decision, Limit, ThrottleLayerBuilder};
+
+    struct Short;
+    impl Backend for Short {
+        type Future = Ready<Result<Decisions, BackendError>>;
+        fn check(&self, _: Charges<'_>) -> Self::Future {
+            let allowed = Decision::allowed(3, 2, Duration::ZERO);
+            ready(Ok(Decisions::Many(vec![allowed])))
+        }
+        // Takes stacks, and answers them short.
+        fn validate(&self, _: &[Limit], _: Uses) -> Result<(), BuildError> {
+            Ok(())
+        }
+    }
+    let stack = chat().quotas([Quota::per_hour(3), Quota::per_minute(2)]);
+    let layer = ThrottleLayerBuilder::with_backend(Short)
+        .policy(stack.build().unwrap())
+        .build()
+        .unwrap();
+    let error = layer.handle().check("chat", "ann", 1).await.unwrap_err();
+    assert!(error.to_string().contains("a decision per limit"), "{error}");
 }
