@@ -12,12 +12,11 @@ use std::sync::Arc;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
-use super::conn::cluster_keeper::spawn_cluster_keeper;
 use super::conn::connection::{cluster_client, one_server, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
-use super::conn::reconnect::{connect_once, spawn_keeper};
+use super::conn::reconnect::{connect_once, spawn_cluster_keeper, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
-use super::conn::set_up::{in_service, set_up, Fresh};
+use super::conn::set_up::{in_service, set_up};
 use super::resets::{self, Listen};
 use super::state::{RedisState, Settings};
 use super::wire::mode::RedisMode;
@@ -377,7 +376,8 @@ impl Settings {
         let conn = RedisConnection::open(target, self.timeout, budget).await?;
         let state = self.state_on(conn);
         let mut conn = state.conn.clone();
-        tokio::time::timeout(budget, set_up(Fresh::Other(&mut conn), &state))
+        let cluster = conn.cluster();
+        tokio::time::timeout(budget, set_up(&mut conn.redirecting(), cluster, &state))
             .await
             .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?
             .map_err(|e| {

@@ -57,7 +57,14 @@ pub struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("topology", &self.state.conn.topology())
+            .field(
+                "topology",
+                &if self.state.conn.is_cluster() {
+                    "cluster"
+                } else {
+                    "single"
+                },
+            )
             .field("mode", &self.state.detector.mode())
             .field("active", &self.active_path())
             .field("prefix", &self.state.prefix)

@@ -64,7 +64,9 @@ impl RedisState {
         let nodes = conn
             .is_cluster()
             .then(|| Arc::new(ClusterNodes::new(timeout, &settings.name, clock)));
-        conn.set_nodes(nodes.as_ref());
+        if let (Some(lazy), Some(nodes)) = (conn.lazy_cluster(), &nodes) {
+            let _ = lazy.nodes.set(nodes.clone());
+        }
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,

@@ -11,7 +11,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
-use super::cluster_nodes::ClusterNodes;
 use super::lazy_cluster::LazyCluster;
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::backend::redis::health::breaker::Breaker;
@@ -92,13 +91,6 @@ impl RedisConnection {
         RedisConnection::Cluster(Arc::new(cluster))
     }
 
-    /// Tells `nodes` (a Cluster's slot map) about `TRYAGAIN`s.
-    pub(crate) fn set_nodes(&self, nodes: Option<&Arc<ClusterNodes>>) {
-        if let (Some(lazy), Some(nodes)) = (self.lazy_cluster(), nodes) {
-            let _ = lazy.nodes.set(nodes.clone());
-        }
-    }
-
     /// A Redis Cluster, rather than one server.
     pub(crate) fn is_cluster(&self) -> bool {
         self.lazy_cluster().is_some()
@@ -109,15 +101,6 @@ impl RedisConnection {
         match self {
             RedisConnection::Cluster(lazy) => Some(lazy),
             _ => None,
-        }
-    }
-
-    /// `"single"` or `"cluster"`.
-    pub(crate) fn topology(&self) -> &'static str {
-        if self.is_cluster() {
-            "cluster"
-        } else {
-            "single"
         }
     }
 
@@ -169,7 +152,7 @@ impl ConnectionLike for RedisConnection {
     fn get_db(&self) -> i64 {
         match self {
             RedisConnection::Single(c) => c.get_db(),
-            RedisConnection::Server(server) => server.db(),
+            RedisConnection::Server(server) => server.db,
             RedisConnection::Cluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
         }
     }
@@ -300,22 +283,10 @@ impl Detector {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
         breaker.recorder.set_path(self.active_path());
-        self.next_detect
-            .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
-    }
-
-    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection.
-    pub(crate) async fn use_cell(
-        &self,
-        conn: &mut RedisConnection,
-        breaker: &Breaker,
-    ) -> Result<bool, RedisError> {
-        match self.mode {
-            RedisMode::Lua => Ok(false),
-            RedisMode::Cell => Ok(true),
-            RedisMode::Auto if self.lua_first => Ok(false),
-            RedisMode::Auto => self.detect_if_due(conn, breaker).await,
-        }
+        self.next_detect.store(
+            breaker.recorder.now_ms() + DETECT_EVERY_MS,
+            Ordering::Relaxed,
+        );
     }
 
     /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on.
@@ -324,14 +295,20 @@ impl Detector {
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
-    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module when due (a failed
-    /// detection leaves the last answer).
-    async fn detect_if_due(
+    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection,
+    /// made again when due (a failed one leaves the last answer).
+    pub(crate) async fn use_cell(
         &self,
         conn: &mut RedisConnection,
         breaker: &Breaker,
     ) -> Result<bool, RedisError> {
-        let now = breaker.now_ms();
+        match self.mode {
+            RedisMode::Lua => return Ok(false),
+            RedisMode::Cell => return Ok(true),
+            RedisMode::Auto if self.lua_first => return Ok(false),
+            RedisMode::Auto => {}
+        }
+        let now = breaker.recorder.now_ms();
         let known = self.active.load(Ordering::Relaxed);
         if known == UNKNOWN
             || breaker.recorder.lost()

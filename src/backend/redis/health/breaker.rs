@@ -53,11 +53,6 @@ impl Breaker {
         self.circuit.tripped()
     }
 
-    /// Milliseconds on the recorder's clock (see [`Recorder::now_ms`]).
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.recorder.now_ms()
-    }
-
     /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
     pub(crate) fn admit(&self) -> Admission {
         if !self.enabled {

@@ -36,17 +36,9 @@ use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer};
 use crate::decision::Decision;
 
-/// See the script's header.
-static GCRA_BATCH: LazyLock<Script> =
+/// See the script's header; loaded at connect (set_up.rs), as `gcra.lua` is.
+pub(crate) static GCRA_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
-
-/// Loads `gcra_batch.lua` (`SCRIPT LOAD`) at connect, as `gcra.lua` is: a batch's first call would
-/// otherwise pay a `NOSCRIPT` and the load, three round trips.
-pub(crate) async fn load_gcra_batch(
-    conn: &mut impl redis::aio::ConnectionLike,
-) -> Result<(), RedisError> {
-    GCRA_BATCH.load_async(conn).await.map(drop)
-}
 
 /// See the script's header.
 static LIMITS_BATCH: LazyLock<Script> =
@@ -75,13 +67,6 @@ enum Job {
     Cell(String, CellArgs, u64),
     /// A call of `limits.lua` (alone) or an item of `limits_batch.lua`.
     Limits(LimitsCall),
-}
-
-impl Job {
-    /// Whether two jobs go in one call (the same script).
-    fn same_call(&self, other: &Job) -> bool {
-        mem::discriminant(self) == mem::discriminant(other)
-    }
 }
 
 /// What a check gets back: a GCRA answer, or `limits.lua`'s decisions.
@@ -180,13 +165,9 @@ impl Batcher {
         quantity: u64,
     ) -> Result<Answer, RedisError> {
         debug_assert!(args.penalty.is_none(), "penalty boxes are never batched");
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let mut conn = self.conn.clone();
-            return scripts::gcra(&mut conn, key, args, quantity).await;
-        };
         let lane_name: &str = if self.per_key { key } else { "" };
         let job = Job::Gcra(key.to_owned(), *args, quantity);
-        gcra_answer(self.queue(runtime, lane_name, job).await?)
+        gcra_answer(self.queue(lane_name, job).await?)
     }
 
     /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch.
@@ -200,12 +181,8 @@ impl Batcher {
             !self.per_key,
             "CL.THROTTLE checks are coalesced on one server only"
         );
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let mut conn = self.conn.clone();
-            return scripts::throttle(&mut conn, key, cell, quantity, false).await;
-        };
         let job = Job::Cell(key.to_owned(), cell, quantity);
-        gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
+        gcra_answer(self.queue(CELL_LANE, job).await?)
     }
 
     /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call.
@@ -213,30 +190,27 @@ impl Batcher {
         self: &Arc<Self>,
         call: LimitsCall,
     ) -> Result<Vec<Decision>, RedisError> {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let mut conn = self.conn.clone();
-            return scripts::limits(&mut conn, &call).await;
-        };
         let lane_name: Box<str> = if self.per_key {
             call.first_key().into()
         } else {
             LIMITS_LANE.into()
         };
-        match self.queue(runtime, &lane_name, Job::Limits(call)).await? {
+        match self.queue(&lane_name, Job::Limits(call)).await? {
             Reply::Limits(decisions) => Ok(decisions),
             Reply::Gcra(_) => Err(mixed_up()),
         }
     }
 
-    /// Queues a check on `lane_name`, sends a batch if due, and waits for its answer.
-    async fn queue(
-        self: &Arc<Self>,
-        runtime: tokio::runtime::Handle,
-        lane_name: &str,
-        job: Job,
-    ) -> Result<Reply, RedisError> {
+    /// Queues a check on `lane_name`, sends a batch if due, and waits for its answer (outside a
+    /// tokio runtime, where no task can send a batch: sends it alone).
+    async fn queue(self: &Arc<Self>, lane_name: &str, job: Job) -> Result<Reply, RedisError> {
         let (answer, receiver) = oneshot::channel();
         let waiter = Waiter { job, answer };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            let alone = send(&mut conn, std::slice::from_ref(&waiter)).await.pop();
+            return alone.unwrap_or_else(|| Err(mixed_up()));
+        };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             let lane = match lanes.get_mut(lane_name) {
@@ -252,13 +226,8 @@ impl Batcher {
             }
         };
         let window = match leaving {
-            Ok((batch, rest)) => {
-                if let Some(taken) = rest {
-                    self.set_window(&runtime, lane_name, taken);
-                }
-                let batcher = self.clone();
-                let lane_name: Box<str> = lane_name.into();
-                runtime.spawn(async move { batcher.run(lane_name, batch).await });
+            Ok(batch) => {
+                self.launch(&runtime, lane_name, batch);
                 None
             }
             Err(window) => window,
@@ -309,7 +278,7 @@ impl Batcher {
 
     /// Sends the checks queued on `lane_name` since `taken` at once, unless a batch took them.
     fn end_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
-        let (batch, rest) = {
+        let batch = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             match lanes.get_mut(lane_name) {
                 Some(lane) if lane.taken == taken && !lane.waiting.is_empty() => {
@@ -318,6 +287,17 @@ impl Batcher {
                 _ => return,
             }
         };
+        self.launch(runtime, lane_name, batch);
+    }
+
+    /// Sends `batch` (just taken) on a task of its own; a window ends the wait of the checks it
+    /// left waiting (`rest`: [`Lane::rest`]).
+    fn launch(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        lane_name: &str,
+        (batch, rest): (Vec<Waiter>, Option<u64>),
+    ) {
         if let Some(taken) = rest {
             self.set_window(runtime, lane_name, taken);
         }
@@ -450,7 +430,8 @@ async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply,
     while let [first, ..] = rest {
         let run = rest
             .iter()
-            .take_while(|w| w.job.same_call(&first.job))
+            // The same script: one call.
+            .take_while(|w| mem::discriminant(&w.job) == mem::discriminant(&first.job))
             .count();
         let (now, later) = rest.split_at(run);
         let sent = match first.job {

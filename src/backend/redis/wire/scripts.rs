@@ -27,11 +27,6 @@ pub(crate) struct Answer {
     pub(crate) whole_seconds: bool,
 }
 
-/// Loads `gcra.lua` (`SCRIPT LOAD`) at connect: a server that refuses scripts fails the start.
-pub(crate) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
-    GCRA.load_async(&mut conn.redirecting()).await.map(drop)
-}
-
 /// One GCRA decision (with its penalty box, if any) by `gcra.lua`.
 pub(crate) async fn gcra(
     conn: &mut RedisConnection,
