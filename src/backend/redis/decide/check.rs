@@ -44,7 +44,7 @@ impl RedisState {
         key: &Key,
         quantity: u64,
     ) -> DecisionFuture {
-        let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
+        let Some(args) = Args::new(limit, self.detector.may_use_cell()) else {
             return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.

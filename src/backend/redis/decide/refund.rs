@@ -16,9 +16,6 @@ use crate::limit::Limit;
 static SETTLE: LazyLock<Script> =
     LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::SETTLE));
 
-/// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
-const REFUNDABLE_KINDS: [u8; 5] = [0, 1, 2, 3, 5];
-
 /// Gives back `quantity` units of `limits` for `key`: [`settle`] with `-quantity` under each.
 pub(crate) fn refund(
     state: &Arc<RedisState>,
@@ -74,10 +71,10 @@ fn send(
             let spec = Spec::of(limit, state.state_key(limit, key))
                 .ok()?
                 .on_clock_of(limit, key);
-            // Only a metered limit may be charged (with a debt cap of 0, up to its burst): another
-            // reads a TAT past its tolerance as another quota's.
-            let usable =
-                REFUNDABLE_KINDS.contains(&spec.kind) && (delta(i) < 0 || limit.is_metered());
+            // A concurrency slot is released, not refunded. Only a metered limit may be charged
+            // (with a debt cap of 0, up to its burst): another reads a TAT past its tolerance as
+            // another quota's.
+            let usable = !spec.is_concurrency() && (delta(i) < 0 || limit.is_metered());
             usable.then(|| (spec, delta(i)))
         })
         .collect();
