@@ -10,7 +10,7 @@ use super::conn::connection::{Detector, RedisConnection};
 use super::decide::deny::DenyCache;
 use super::decide::lease::Leases;
 use super::health::breaker::Breaker;
-use super::health::memory::MemoryWatch;
+use super::health::memory::Seen;
 use super::health::recorder::Clock;
 use super::speedup::batch::Batcher;
 use super::speedup::budget::Budgets;
@@ -35,7 +35,7 @@ pub(super) struct RedisState {
     /// Leased budgets of hot keys (budget.rs).
     pub(super) budgets: Arc<Budgets>,
     /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
-    pub(super) memory: MemoryWatch,
+    pub(super) memory: Mutex<Seen>,
     /// Whether `CL.THROTTLE` goes through `cell.lua` rather than bare (coalesced): while Redis may be
     /// full. The command is not `deny-oom` (bare, it writes past `maxmemory`); the script is refused.
     pub(super) cell_through_script: AtomicBool,
@@ -87,7 +87,7 @@ impl RedisState {
             timeout,
             deny: settings.deny_cache.then(DenyCache::new),
             budgets: Arc::default(),
-            memory: MemoryWatch::default(),
+            memory: Mutex::default(),
             // Until the watcher has read the settings: the safe way.
             cell_through_script: AtomicBool::new(true),
             records_heard: Mutex::default(),

@@ -8,10 +8,9 @@ use redis::RedisError;
 
 use super::connection::cell_loaded;
 use super::server::configuration_error;
-use crate::backend::redis::speedup::batch::GCRA_BATCH;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::RedisMode;
-use crate::backend::redis::wire::scripts::GCRA;
+use crate::backend::redis::wire::scripts::{GCRA, GCRA_BATCH};
 
 /// Why the set-up failed.
 pub(crate) enum SetUpError {

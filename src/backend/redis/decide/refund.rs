@@ -2,19 +2,14 @@
 //! request's units under each limit ([`refund`]: counting by outcome), or charges or gives back a
 //! metered request's real cost ([`settle`]).
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-use redis::Script;
 
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::args::Spec;
+use crate::backend::redis::wire::scripts::SETTLE;
 use crate::key::Key;
 use crate::limit::Limit;
-
-/// See the script's header. Built once per process.
-static SETTLE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::SETTLE));
 
 /// Gives back `quantity` units of `limits` for `key`: [`settle`] with `-quantity` under each.
 pub(crate) fn refund(

@@ -18,10 +18,9 @@ use crate::error::BackendError;
 /// Fails calls at once while Redis is unreachable, rather than each at its timeout (circuit.rs).
 /// One server's only: on a Cluster each primary has its own ([`ClusterNodes`]), picked by the slot.
 pub(crate) struct Breaker {
-    /// False on a Cluster: every call is admitted, and failures open nothing.
-    enabled: bool,
     circuit: Arc<Circuit>,
-    /// On a Cluster: the slot map and a breaker per primary.
+    /// On a Cluster: the slot map and a breaker per primary (then `circuit` admits every call, and
+    /// failures open nothing).
     pub(crate) nodes: Option<Arc<ClusterNodes>>,
     /// The reconnecting server, if any: told about timeouts; its task logs the transitions.
     server: Option<Arc<SingleServer>>,
@@ -40,7 +39,6 @@ impl Breaker {
         clock: Clock,
     ) -> Self {
         Breaker {
-            enabled: nodes.is_none(),
             circuit: Arc::new(Circuit::new(timeout, clock)),
             nodes,
             server,
@@ -53,21 +51,14 @@ impl Breaker {
         self.circuit.tripped()
     }
 
-    /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
-    pub(crate) fn admit(&self) -> Admission {
-        if !self.enabled {
-            return Admission::Closed;
-        }
-        self.circuit.admit()
-    }
-
     /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's.
     fn record(&self, outcome: Outcome, on: &OnNode<'_>) {
         if outcome.answered {
             self.answered();
         } else {
-            if self.enabled {
-                self.failed(on.was_probe);
+            // Said once (not by the calls under way); with a reconnecting server, by its task.
+            if self.nodes.is_none() && self.circuit.failed(on.was_probe) && self.server.is_none() {
+                tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
             }
             // The server may drop a connection that stopped answering.
             if let (true, Some(server)) = (outcome.timed_out, &self.server) {
@@ -90,15 +81,8 @@ impl Breaker {
     /// Redis answered.
     pub(crate) fn answered(&self) {
         // With a reconnecting server, its task says so (once per reconnection).
-        if self.enabled && self.circuit.answered() && self.server.is_none() {
+        if self.nodes.is_none() && self.circuit.answered() && self.server.is_none() {
             tracing::info!("Redis answers again; rate-limit decisions come from Redis");
-        }
-    }
-
-    fn failed(&self, was_probe: bool) {
-        // Said once (not by the calls under way); with a reconnecting server, by its task.
-        if self.circuit.failed(was_probe) && self.server.is_none() {
-            tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
         }
     }
 
@@ -134,7 +118,8 @@ where
 {
     let admission = match (&node, &breaker.nodes) {
         (Some(node), Some(nodes)) => nodes.admit(node),
-        _ => breaker.admit(),
+        _ if breaker.nodes.is_some() => Admission::Closed,
+        _ => breaker.circuit.admit(),
     };
     if let Admission::FailFast = admission {
         let message = match &node {

@@ -103,8 +103,24 @@ impl Recorder {
                 error.clone().map(|error| (error, SystemTime::now()));
         }
         match error {
-            None => self.succeeded(),
-            Some(error) => self.failed_with(error),
+            // If decisions were failing, they no longer are.
+            None if self.failing.load(Ordering::Relaxed) => {
+                let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+                if self.failing.swap(false, Ordering::AcqRel) {
+                    crate::observe::backend_up(&self.name, Some(self.path_name()));
+                }
+            }
+            None => {}
+            Some(text) => {
+                let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
+                self.last_failure_ms.store(self.now_ms(), Ordering::Relaxed);
+                // Not logged: the layer logs failed decisions, the reconnecting task the
+                // transitions.
+                if !self.failing.swap(true, Ordering::AcqRel) {
+                    crate::observe::backend_up(&self.name, None);
+                }
+                *current = Some((text, SystemTime::now()));
+            }
         }
     }
 
@@ -133,27 +149,6 @@ impl Recorder {
     /// Redis was found again (detection answered, or a connection made): forget the loss.
     pub(crate) fn forget_loss(&self) {
         self.lost.store(false, Ordering::Relaxed);
-    }
-
-    /// A call succeeded: if decisions were failing, they no longer are.
-    fn succeeded(&self) {
-        if !self.failing.load(Ordering::Relaxed) {
-            return;
-        }
-        let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        if self.failing.swap(false, Ordering::AcqRel) {
-            crate::observe::backend_up(&self.name, Some(self.path_name()));
-        }
-    }
-
-    fn failed_with(&self, text: String) {
-        let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        self.last_failure_ms.store(self.now_ms(), Ordering::Relaxed);
-        // Not logged: the layer logs failed decisions, the reconnecting task the transitions.
-        if !self.failing.swap(true, Ordering::AcqRel) {
-            crate::observe::backend_up(&self.name, None);
-        }
-        *current = Some((text, SystemTime::now()));
     }
 
     /// The error decisions are failing with now, if they are.

@@ -84,7 +84,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     let (policy, maxmemory) = match config {
         Ok(value) => (policy_of(&value), maxmemory_of(&value)),
         Err(e) if refused(&e) => {
-            let mut seen = state.memory.lock();
+            let mut seen = state.memory.lock().unwrap_or_else(|e| e.into_inner());
             if !seen.said_config_refused {
                 seen.said_config_refused = true;
                 tracing::info!(
@@ -107,7 +107,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     state
         .cell_through_script
         .store(may_refuse, std::sync::atomic::Ordering::Relaxed);
-    let mut seen = state.memory.lock();
+    let mut seen = state.memory.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p))
         && seen.warned_policy.as_deref() != Some(policy)
     {

@@ -23,26 +23,18 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::oneshot;
 
 use super::gcra_group;
 use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
-use crate::backend::redis::wire::scripts::{self, Answer};
+use crate::backend::redis::wire::scripts::{self, Answer, GCRA_BATCH, LIMITS_BATCH};
 use crate::decision::Decision;
-
-/// See the script's header; loaded at connect (set_up.rs), as `gcra.lua` is.
-pub(crate) static GCRA_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
-
-/// See the script's header.
-static LIMITS_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
 
 /// Batches in flight per lane at most: while one is on the wire or in Redis, the next fills.
 const IN_FLIGHT: usize = 2;

@@ -8,20 +8,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis::{RedisError, Script};
+use redis::RedisError;
 
 use crate::backend::redis::conn::connection::RedisConnection;
 use crate::backend::redis::wire::args::Args;
-use crate::backend::redis::wire::scripts::Answer;
+use crate::backend::redis::wire::scripts::{Answer, BUDGET};
 use crate::budget::Budget;
 use crate::decision::Decision;
-
-/// See the script's header. Built once per process.
-static BUDGET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::BUDGET));
 
 /// The most keys one process tracks for hotness; beyond it, keys are decided per request.
 const MAX_KEYS: usize = 100_000;
