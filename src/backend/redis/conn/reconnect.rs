@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, RedisError, Role};
+use redis::{RedisError, Role};
 
 use super::backoff::CONNECTING;
 use super::lazy_cluster::LazyCluster;
 use super::redirect::Redirecting;
 use super::server::{
-    attempt_budget, configuration_error, is_not_primary, within, AttemptError, SingleServer, Source,
+    attempt_budget, configuration_error, is_not_primary, open, within, AttemptError, SingleServer,
+    Source,
 };
 use super::set_up::{in_service, set_up};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
@@ -54,12 +55,7 @@ pub(crate) async fn connect_once(
             Some(message) => AttemptError::misconfigured(Misconfigured::Fatal, message),
             None => BackendError::with_source(format!("{what} Redis at {address}"), e).into(),
         };
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(server.timeout))
-            // Bounds what a frozen server can hold: calls are dropped by the backend's own timeout.
-            .set_response_timeout(Some(server.timeout));
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
+        let mut conn = open(&client, server.timeout)
             .await
             .map_err(|e| failed("cannot connect to", "log in", e))?;
         match redis::cmd("ROLE").query_async::<Role>(&mut conn).await {

@@ -64,21 +64,11 @@ impl Source {
             return None;
         };
         for _ in 0..urls.len() {
-            if watch.is_none() {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout));
-                let opened = match Client::open(urls[*watching].as_str()) {
-                    Ok(client) => tokio::time::timeout(
-                        timeout,
-                        client.get_multiplexed_async_connection_with_config(&config),
-                    )
-                    .await
-                    .ok()
-                    .and_then(Result::ok),
-                    Err(_) => None,
-                };
-                *watch = opened;
+            if watch.is_none()
+                && let Ok(client) = Client::open(urls[*watching].as_str())
+            {
+                let opened = tokio::time::timeout(timeout, open(&client, timeout)).await;
+                *watch = opened.ok().and_then(Result::ok);
             }
             if let Some(conn) = watch.as_mut() {
                 let mut cmd = redis::cmd("SENTINEL");
@@ -371,6 +361,20 @@ pub(crate) fn configuration_error(
         )),
         _ => None,
     }
+}
+
+/// A connection to `client`'s server, connecting and each call bounded by `timeout`: a frozen
+/// server holds nothing longer (the backend's own timeout drops the calls).
+pub(crate) async fn open(
+    client: &Client,
+    timeout: Duration,
+) -> Result<MultiplexedConnection, RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
 }
 
 /// How long one connection attempt (resolve, connect, check, set up) may take: five timeouts,

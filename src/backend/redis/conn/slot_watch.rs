@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError};
+use redis::{Client, ConnectionInfo, RedisError};
 
 use super::cluster_nodes::{parse_slots, ClusterNodes};
-use super::server::attempt_budget;
+use super::server::{attempt_budget, open};
 use crate::backend::redis::state::RedisState;
 
 /// The map is read this often while every breaker is closed...
@@ -109,11 +109,6 @@ async fn probe_open_nodes(nodes: &ClusterNodes, budget: Duration) {
 }
 
 async fn ping(info: ConnectionInfo, timeout: Duration) -> Result<(), RedisError> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    let mut conn = Client::open(info)?
-        .get_multiplexed_async_connection_with_config(&config)
-        .await?;
+    let mut conn = open(&Client::open(info)?, timeout).await?;
     redis::cmd("PING").query_async::<()>(&mut conn).await
 }
