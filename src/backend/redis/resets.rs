@@ -189,11 +189,11 @@ pub(super) fn spawn_listener(
                             // across a reset at start-up).
                             heard(&strong, None);
                             if let Some(deny) = &strong.deny {
-                                deny.clear();
+                                deny.forget_prefix("");
                             }
                             match done.take() {
                                 Some(done) => drop(done.send(())),
-                                None => strong.budgets.forget_all(),
+                                None => strong.budgets.forget_prefix(""),
                             }
                             continue;
                         };

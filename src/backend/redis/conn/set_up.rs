@@ -11,6 +11,7 @@ use super::server::configuration_error;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::backend::redis::wire::scripts::{GCRA, GCRA_BATCH};
+use crate::error::BackendError;
 
 /// Why the set-up failed.
 pub(crate) enum SetUpError {
@@ -37,11 +38,12 @@ impl SetUpError {
         }
     }
 
-    /// Redis' own error, if it failed a step.
-    pub(crate) fn source(self) -> Option<RedisError> {
+    /// The error `connect` returns: the [description](Self::describe), with Redis' own error.
+    pub(crate) fn into_error(self, address: &str) -> BackendError {
+        let (message, _) = self.describe(address);
         match self {
-            SetUpError::Redis(_, e) => Some(e),
-            SetUpError::NoCell => None,
+            SetUpError::Redis(_, e) => BackendError::with_source(message, e),
+            SetUpError::NoCell => BackendError::new(message),
         }
     }
 }

@@ -132,15 +132,8 @@ impl DenyCache {
         self.shard(key).map.remove(key);
     }
 
-    /// Forgets every rejection: resets may have been missed (resets.rs).
-    pub(crate) fn clear(&self) {
-        self.next_generation();
-        for shard in &self.shards {
-            shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
-        }
-    }
-
-    /// Forgets every rejection of a key under `prefix` (a limit changed in a reload).
+    /// Forgets every rejection of a key under `prefix` (a limit changed in a reload; `""`: every
+    /// key, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
         self.next_generation();
         for shard in &self.shards {
@@ -329,7 +322,7 @@ mod tests {
         assert!(get("k", 1, now).is_none());
         // Any forget counts (the generation is the cache's): it only costs a round trip.
         let sent = cache.generation();
-        cache.clear();
+        cache.forget_prefix("");
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
         cache.insert("k", 1, limited(60_000), now, cache.generation());

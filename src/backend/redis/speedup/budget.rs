@@ -252,18 +252,12 @@ impl Budgets {
         keys.remove(key);
     }
 
-    /// Drops the slices of keys under `prefix` (a limit changed in a reload: its old rate's).
+    /// Drops the slices of keys under `prefix` (a limit changed in a reload: its old rate's;
+    /// `""`: every slice, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
         let mut keys = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
         keys.retain(|key, _| !key.starts_with(prefix));
-    }
-
-    /// Drops every slice (resets may have been missed).
-    pub(crate) fn forget_all(&self) {
-        let mut keys = self.lock();
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        keys.clear();
     }
 }
 
