@@ -68,9 +68,14 @@ impl Breaker {
         if let Some((node, nodes)) = on.node {
             match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
                 (_, true) | (None, _) => nodes.answered(node),
-                // Opens the node's breaker only if the node answered nothing since the call began.
-                (Some(e), false) if outcome.timed_out => {
-                    nodes.timed_out(node, on.was_probe, on.started, e)
+                // A call out of time opens the node's breaker only if the node answered nothing
+                // since it began (slow, not dead: only this call fails).
+                (Some(e), false)
+                    if outcome.timed_out
+                        && !on.was_probe
+                        && node.circuit.answered_since(on.started) =>
+                {
+                    node.met(e)
                 }
                 (Some(e), false) => nodes.failed(node, on.was_probe, e),
             }

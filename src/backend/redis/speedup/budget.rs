@@ -15,7 +15,7 @@ use redis::RedisError;
 
 use crate::backend::redis::conn::connection::RedisConnection;
 use crate::backend::redis::wire::args::Args;
-use crate::backend::redis::wire::scripts::{Answer, BUDGET};
+use crate::backend::redis::wire::scripts::{from_reply, Answer, BUDGET};
 use crate::budget::Budget;
 use crate::decision::Decision;
 
@@ -209,36 +209,29 @@ impl Budgets {
             .arg(quantity.max(1))
             .invoke_async(&mut conn.redirecting())
             .await?;
-        let [granted, limit, remaining, retry_after, reset_after] = reply.map(|v| v.max(-1));
-        let limit = limit.max(0) as u64;
-        let remaining = remaining.max(0) as u64;
-        let reset_after = Duration::from_nanos(reset_after.max(0) as u64);
+        let [granted, limit, remaining, retry_after, reset_after] = reply;
         let granted = granted.max(0) as u64;
-        let decision = if granted >= quantity.max(1) {
-            let now = Instant::now();
-            let mut keys = self.lock();
-            let current = self.generation.load(Ordering::Acquire) == generation;
-            match keys.get_mut(key).filter(|_| current) {
-                Some(slice) => {
-                    if now >= slice.expires {
-                        slice.units = 0;
-                    }
-                    slice.units = slice.units.saturating_add(granted - quantity);
-                    slice.last_grant = granted;
-                    slice.expires = now + budget.slice_lifetime();
-                    slice.granted_at = now;
-                    slice.redis_remaining = remaining;
-                    slice.reset_after = reset_after;
-                    slice.limit = limit;
-                    slice.decision(now)
-                }
-                // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
-                None => Decision::allowed(limit, remaining, reset_after),
+        // What Redis left after the grant, or gcra.lua's rejection of the request's units.
+        let refused = i64::from(granted < quantity.max(1));
+        let reply = [refused, limit, remaining, retry_after, reset_after];
+        let mut decision = from_reply(reply, Duration::from_nanos);
+        let now = Instant::now();
+        let mut keys = self.lock();
+        let current = self.generation.load(Ordering::Acquire) == generation;
+        // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
+        if let (true, Some(slice)) = (decision.allowed, keys.get_mut(key).filter(|_| current)) {
+            if now >= slice.expires {
+                slice.units = 0;
             }
-        } else {
-            let retry_after = u64::try_from(retry_after).ok().map(Duration::from_nanos);
-            Decision::limited(limit, remaining, retry_after, reset_after)
-        };
+            slice.units = slice.units.saturating_add(granted - quantity);
+            slice.last_grant = granted;
+            slice.expires = now + budget.slice_lifetime();
+            slice.granted_at = now;
+            slice.redis_remaining = decision.remaining;
+            slice.reset_after = decision.reset_after;
+            slice.limit = decision.limit;
+            decision = slice.decision(now);
+        }
         Ok(Answer {
             decision,
             whole_seconds: false,
