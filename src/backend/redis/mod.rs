@@ -203,14 +203,14 @@ impl RedisBackend {
 
     /// The Redis key that holds `key`'s state under the policy `policy`: `prefix:policy:{key}`.
     pub fn redis_key(&self, policy: &str, key: &Key) -> String {
-        self.state.redis_key(policy, key)
+        args::redis_key(&self.state.prefix, policy, key)
     }
 
     /// The Redis key that holds `key`'s state under `limit`: [`redis_key`](Self::redis_key) for the
     /// GCRA, with a suffix per algorithm for the others (the
     /// [layout](crate::guide::redis#key-layout)).
     pub fn state_key(&self, limit: &Limit, key: &Key) -> String {
-        self.state.state_key(limit, key)
+        args::state_key(&self.state.prefix, limit, key)
     }
 }
 

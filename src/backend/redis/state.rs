@@ -14,11 +14,8 @@ use super::health::memory::Seen;
 use super::health::recorder::Clock;
 use super::speedup::batch::Batcher;
 use super::speedup::budget::Budgets;
-use super::wire::args;
 use super::wire::mode::RedisMode;
 use crate::backend::records::OnRecordsChange;
-use crate::key::Key;
-use crate::limit::Limit;
 
 /// What every clone of a `RedisBackend` shares.
 pub(super) struct RedisState {
@@ -92,15 +89,5 @@ impl RedisState {
             cell_through_script: AtomicBool::new(true),
             records_heard: Mutex::default(),
         }
-    }
-
-    /// `prefix:policy:{key}`: see [`args::redis_key`].
-    pub(super) fn redis_key(&self, policy: &str, key: &Key) -> String {
-        args::redis_key(&self.prefix, policy, key)
-    }
-
-    /// `key`'s state under `limit`: see [`args::state_key`].
-    pub(super) fn state_key(&self, limit: &Limit, key: &Key) -> String {
-        args::state_key(&self.prefix, limit, key)
     }
 }

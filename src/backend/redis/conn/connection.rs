@@ -124,10 +124,10 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
             RedisConnection::Server(server) => Box::pin(server.command(cmd)),
-            RedisConnection::Cluster(lazy) => match lazy.get() {
-                Some(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
-                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
-            },
+            RedisConnection::Cluster(lazy) => {
+                let cluster = lazy.get().ok_or_else(|| lazy.not_connected());
+                Box::pin(async move { cluster?.req_packed_command(cmd).await })
+            }
         }
     }
 
@@ -140,12 +140,10 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
-            RedisConnection::Cluster(lazy) => match lazy.get() {
-                Some(mut c) => {
-                    Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
-                }
-                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
-            },
+            RedisConnection::Cluster(lazy) => {
+                let cluster = lazy.get().ok_or_else(|| lazy.not_connected());
+                Box::pin(async move { cluster?.req_packed_commands(pipeline, offset, count).await })
+            }
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::Spec;
+use crate::backend::redis::wire::args::{state_key, Spec};
 use crate::backend::redis::wire::scripts::SETTLE;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -63,7 +63,7 @@ fn send(
         .enumerate()
         .filter(|(i, _)| delta(*i) != 0)
         .filter_map(|(i, limit)| {
-            let spec = Spec::of(limit, state.state_key(limit, key))
+            let spec = Spec::of(limit, state_key(&state.prefix, limit, key))
                 .ok()?
                 .on_clock_of(limit, key);
             // A concurrency slot is released, not refunded. Only a metered limit may be charged
