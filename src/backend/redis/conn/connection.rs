@@ -282,7 +282,7 @@ impl Detector {
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
         breaker.recorder.set_path(self.active_path());
         self.next_detect.store(
-            breaker.recorder.now_ms() + DETECT_EVERY_MS,
+            breaker.recorder.clock.now_ms() + DETECT_EVERY_MS,
             Ordering::Relaxed,
         );
     }
@@ -306,7 +306,7 @@ impl Detector {
             RedisMode::Auto if self.lua_first => return Ok(false),
             RedisMode::Auto => {}
         }
-        let now = breaker.recorder.now_ms();
+        let now = breaker.recorder.clock.now_ms();
         let known = self.active.load(Ordering::Relaxed);
         if known == UNKNOWN
             || breaker.recorder.lost()

@@ -51,13 +51,14 @@ impl Breaker {
         self.circuit.tripped()
     }
 
-    /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's.
-    fn record(&self, outcome: Outcome, on: &OnNode<'_>) {
+    /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's
+    /// (`node`: the call's, which began at `started` on the node's circuit's clock).
+    fn record(&self, outcome: Outcome, node: Option<&Node>, was_probe: bool, started: u64) {
         if outcome.answered {
             self.answered();
         } else {
             // Said once (not by the calls under way); with a reconnecting server, by its task.
-            if self.nodes.is_none() && self.circuit.failed(on.was_probe) && self.server.is_none() {
+            if self.nodes.is_none() && self.circuit.failed(was_probe) && self.server.is_none() {
                 tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
             }
             // The server may drop a connection that stopped answering.
@@ -65,19 +66,17 @@ impl Breaker {
                 server.timed_out();
             }
         }
-        if let Some((node, nodes)) = on.node {
+        if let (Some(node), Some(nodes)) = (node, &self.nodes) {
             match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
                 (_, true) | (None, _) => nodes.answered(node),
                 // A call out of time opens the node's breaker only if the node answered nothing
                 // since it began (slow, not dead: only this call fails).
                 (Some(e), false)
-                    if outcome.timed_out
-                        && !on.was_probe
-                        && node.circuit.answered_since(on.started) =>
+                    if outcome.timed_out && !was_probe && node.circuit.answered_since(started) =>
                 {
                     node.met(e)
                 }
-                (Some(e), false) => nodes.failed(node, on.was_probe, e),
+                (Some(e), false) => nodes.failed(node, was_probe, e),
             }
         }
         self.recorder.record(outcome.answered, outcome.error);
@@ -145,16 +144,11 @@ where
     // Large (a script's or a batch's state machine): boxed once, not copied into two futures.
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
-        let on_node = OnNode {
-            node: node.as_deref().zip(breaker.nodes.as_deref()),
-            was_probe: matches!(admission, Admission::Probe(_)),
-            started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
-        };
+        let was_probe = matches!(admission, Admission::Probe(_));
+        let started = node.as_deref().map_or(0, |n| n.circuit.now_ms());
         let outcome = tokio::time::timeout(timeout, call).await;
         // Out of time after the node answered TRYAGAIN (its record: whichever task sent it).
-        let tried_again = node
-            .as_ref()
-            .is_some_and(|n| n.tried_again_since(on_node.started))
+        let tried_again = node.as_ref().is_some_and(|n| n.tried_again_since(started))
             && match &outcome {
                 Ok(Ok(_)) => false,
                 Ok(Err(e)) => e.is_timeout(),
@@ -194,7 +188,7 @@ where
                 Outcome::unreachable(Some(format!("Redis did not answer within {timeout:?}")), true),
             ),
         };
-        breaker.record(outcome, &on_node);
+        breaker.record(outcome, node.as_deref(), was_probe, started);
         drop(admission);
         result
     })
@@ -237,14 +231,6 @@ fn slot_not_served(e: &RedisError) -> bool {
         e.kind(),
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ClusterDown)
     )
-}
-
-/// The call's Cluster node, whose breaker its outcome moves (none on one server).
-struct OnNode<'a> {
-    node: Option<(&'a Node, &'a ClusterNodes)>,
-    was_probe: bool,
-    /// When the call began, on the node's circuit's clock.
-    started: u64,
 }
 
 #[cfg(test)]
