@@ -354,7 +354,7 @@ fn call_of<'a>(
     token: u64,
 ) -> Result<LimitsCall, String> {
     let specs = on
-        .map(|(l, key, state_key)| Spec::of(l, state_key).map(|s| s.on_clock_of(l, key)))
+        .map(|(l, key, state_key)| Spec::on(l, key, state_key))
         .collect::<Result<_, _>>()?;
     Ok(LimitsCall {
         specs,

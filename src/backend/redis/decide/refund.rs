@@ -63,9 +63,7 @@ fn send(
         .enumerate()
         .filter(|(i, _)| delta(*i) != 0)
         .filter_map(|(i, limit)| {
-            let spec = Spec::of(limit, state_key(&state.prefix, limit, key))
-                .ok()?
-                .on_clock_of(limit, key);
+            let spec = Spec::on(limit, key, state_key(&state.prefix, limit, key)).ok()?;
             // A concurrency slot is released, not refunded. Only a metered limit may be charged
             // (with a debt cap of 0, up to its burst): another reads a TAT past its tolerance as
             // another quota's.

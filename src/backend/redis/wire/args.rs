@@ -209,20 +209,21 @@ const KIND_CALENDAR_WINDOW: u8 = 5;
 const CALENDAR_SPLIT: u64 = 1 << 22;
 
 impl Spec {
-    /// This spec for `key` now: a fixed window at the key's own phase
+    /// [`of`](Self::of) for `key` now, on `state_key`: a fixed window at the key's own phase
     /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes its shift (µs) as `b`; a
     /// calendar window, the bounds around this process's clock ([`calendar_args`]).
-    pub(crate) fn on_clock_of(mut self, limit: &Limit, key: &Key) -> Spec {
-        match self.kind {
-            KIND_FIXED_WINDOW => self.b = limit.window_shift(key) / 1000,
+    pub(crate) fn on(limit: &Limit, key: &Key, state_key: String) -> Result<Spec, String> {
+        let mut spec = Self::of(limit, state_key)?;
+        match spec.kind {
+            KIND_FIXED_WINDOW => spec.b = limit.window_shift(key) / 1000,
             KIND_CALENDAR_WINDOW => {
                 if let Some(calendar) = limit.window().and_then(|w| w.calendar()) {
-                    (self.a, self.b) = calendar_args(calendar.bounds_now());
+                    (spec.a, spec.b) = calendar_args(calendar.bounds_now());
                 }
             }
             _ => {}
         }
-        self
+        Ok(spec)
     }
 
     /// `settle.lua`'s last parameter for this limit: the GCRA's ceiling, a fixed window's shift, a
@@ -302,7 +303,7 @@ impl Spec {
         let period_us = period / 1000;
         let kind = match algorithm {
             Algorithm::SlidingLog => 1,
-            // Its bounds come with each call (`on_clock_of`).
+            // Its bounds come with each call (`on`).
             Algorithm::FixedWindow if window.calendar().is_some() => {
                 return Ok(spec(KIND_CALENDAR_WINDOW, count, 0, 0));
             }
@@ -394,12 +395,8 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
 /// stack the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
-    for limit in limits {
-        metered_error(limit)
-            .and_then(|()| Spec::of(limit, String::new()).map(drop))
-            .map_err(BuildError::Invalid)?;
-    }
-    Ok(())
+    // As one limit in mode Lua: the limits script's bounds.
+    limits.iter().try_for_each(|l| validate(RedisMode::Lua, l))
 }
 
 #[cfg(test)]
