@@ -127,9 +127,9 @@ pub(crate) fn spawn_keeper(
                 }
             }
             let down_since = Instant::now();
-            let (_, last) = server.attempts.snapshot();
             if !first {
-                let why = last.map(|(e, _)| e).unwrap_or_default();
+                let why = server.attempts.snapshot().1.map(|(e, _)| e);
+                let why = why.unwrap_or_default();
                 tracing::warn!(
                     redis = %server.target,
                     error = %why,
@@ -165,7 +165,6 @@ pub(crate) fn spawn_keeper(
                     "connected to Redis; rate-limit decisions come from Redis"
                 );
             }
-            first = false;
         }
     });
 }

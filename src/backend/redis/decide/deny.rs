@@ -71,11 +71,6 @@ impl DenyCache {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// A new generation, before entries are dropped: a decision in flight is not inserted after.
-    fn next_generation(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
     /// `key`'s shard, locked.
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
@@ -128,14 +123,15 @@ impl DenyCache {
     /// Forgets the rejection of `key`: it was reset, or given units back (another process may hold
     /// the rejection until its retry time, which only admits less).
     pub(crate) fn forget(&self, key: &str) {
-        self.next_generation();
+        // A new generation first: a decision in flight is not inserted after the entry is gone.
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.shard(key).map.remove(key);
     }
 
     /// Forgets every rejection of a key under `prefix` (a limit changed in a reload; `""`: every
     /// key, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
-        self.next_generation();
+        self.generation.fetch_add(1, Ordering::AcqRel);
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             shard.map.retain(|key, _| !key.starts_with(prefix));

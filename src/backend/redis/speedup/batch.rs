@@ -8,17 +8,15 @@
 //! - `limits.lua` (other algorithms, stacks): one `limits_batch.lua` call, an item per check; a
 //!   failed item (`WRONGTYPE`) fails alone.
 //!
-//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; others wait for
-//! the next batch, which leaves when a batch in flight answers, once [`Lane::full`], or at the end
-//! of the *window* (the timeout / 20, at most 5 ms) after the first of them queued, whatever is in
-//! flight. So a check waits at most the window and one round trip (replies come back in order
-//! behind the batches ahead of it, which left earlier), never for the batch ahead of it: on a slow
-//! link (a round trip of 45 ms, a timeout of 100 ms) waiting for it took two round trips and timed
-//! out (issue 50). Where Redis answers within the window (a local one: well under a millisecond)
-//! the window never ends a wait and batches are as before. A batch runs on a task of its own; each
-//! check keeps its timeout and breaker (it waits inside `guarded`). One server has a lane per kind
-//! of call; a Cluster one per key (a migrating slot's keys may be split between nodes; one key
-//! never is): a lane may then hold both kinds, one call per run.
+//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; the others
+//! leave with the next batch: when a batch in flight answers, once [`Lane::full`], or at the end of
+//! the *window* (the timeout / 20, at most 5 ms) after the first of them queued. So a check waits
+//! at most the window and one round trip, never for the batch ahead of it: on a slow link (a round
+//! trip of 45 ms, a timeout of 100 ms) that took two round trips and timed out (issue 50); where
+//! Redis answers within the window, the window never ends a wait. A batch runs on a task of its
+//! own; each check keeps its timeout and breaker (it waits inside `guarded`). One server has a lane
+//! per kind of call; a Cluster one per key (a migrating slot's keys may be split between nodes; one
+//! key never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
 use std::future::Future;
