@@ -321,20 +321,13 @@ impl Batcher {
             let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
-                let sent = send(&mut conn, &batch);
-                match tokio::time::timeout(self.timeout, sent).await {
-                    Ok(answers) => {
-                        for (waiter, answer) in batch.drain(..).zip(answers) {
-                            let _ = waiter.answer.send(answer);
-                        }
-                    }
-                    Err(_) => {
-                        let e =
-                            RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
-                        for waiter in batch.drain(..) {
-                            let _ = waiter.answer.send(Err(e.clone()));
-                        }
-                    }
+                let sent = tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await;
+                let answers = sent.unwrap_or_else(|_| {
+                    let e = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+                    batch.iter().map(|_| Err(e.clone())).collect()
+                });
+                for (waiter, answer) in batch.drain(..).zip(answers) {
+                    let _ = waiter.answer.send(answer);
                 }
             }
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
