@@ -44,11 +44,9 @@ struct Slice {
     /// Units granted by Redis and not yet admitted; lost at `expires`.
     units: u64,
     expires: Instant,
-    /// When the slice was granted, with what Redis reported after granting it.
+    /// When the slice was granted, with what Redis told after granting it.
     granted_at: Instant,
-    redis_remaining: u64,
-    reset_after: Duration,
-    limit: u64,
+    told: Decision,
     /// The units of the latest grant: the slice is refilled ahead when a quarter is left.
     last_grant: u64,
     /// A slice is on its way: requests meanwhile take what is left, then are decided per request.
@@ -64,9 +62,7 @@ impl Slice {
             units: 0,
             expires: now,
             granted_at: now,
-            redis_remaining: 0,
-            reset_after: Duration::ZERO,
-            limit: 0,
+            told: Decision::allowed(0, 0, Duration::ZERO),
             last_grant: 0,
             fetching: false,
         }
@@ -82,13 +78,12 @@ impl Slice {
 
     /// What a request admitted from the slice is told: see [`Budget`]'s headers.
     fn decision(&self, now: Instant) -> Decision {
+        let told = &self.told;
         Decision::allowed(
-            self.limit,
+            told.limit,
             // At most the limit, as Redis would say (an earlier slice's units may have drained).
-            self.units
-                .saturating_add(self.redis_remaining)
-                .min(self.limit),
-            self.reset_after
+            self.units.saturating_add(told.remaining).min(told.limit),
+            told.reset_after
                 .saturating_sub(now.saturating_duration_since(self.granted_at)),
         )
     }
@@ -227,9 +222,7 @@ impl Budgets {
             slice.last_grant = granted;
             slice.expires = now + budget.slice_lifetime();
             slice.granted_at = now;
-            slice.redis_remaining = decision.remaining;
-            slice.reset_after = decision.reset_after;
-            slice.limit = decision.limit;
+            slice.told = decision;
             decision = slice.decision(now);
         }
         Ok(Answer {
@@ -266,9 +259,7 @@ mod tests {
         slice.units = units;
         slice.expires = now + ttl;
         slice.granted_at = now;
-        slice.redis_remaining = redis_remaining;
-        slice.reset_after = Duration::from_secs(1);
-        slice.limit = 100;
+        slice.told = Decision::allowed(100, redis_remaining, Duration::from_secs(1));
         slice.last_grant = units;
     }
 
