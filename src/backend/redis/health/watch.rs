@@ -66,7 +66,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
         .timeout
         .saturating_mul(5)
         .max(Duration::from_millis(250));
-    let asked = tokio::time::timeout(budget, async {
+    let (config, info) = tokio::time::timeout(budget, async {
         let mut config = redis::cmd("CONFIG");
         config.arg("GET").arg("maxmemory-policy").arg("maxmemory");
         let mut info = redis::cmd("INFO");
@@ -77,7 +77,6 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     })
     .await
     .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?;
-    let (config, info) = asked;
     // An error reply (`ERR unknown command`, `NOPERM`) is a refusal; anything else: not reached.
     let refused = |e: &RedisError| e.code().is_some() && !e.is_io_error();
     let unread = |what, e| BackendError::with_source(format!("cannot read Redis' {what}"), e);
