@@ -163,9 +163,7 @@ impl RedisState {
         });
         Box::pin(async move {
             let decisions = decided.await;
-            if decisions.is_ok()
-                && let Some(unanswered) = &mut unanswered
-            {
+            if let (Ok(_), Some(unanswered)) = (&decisions, &mut unanswered) {
                 unanswered.answered();
             }
             let decision = decisions?
