@@ -45,8 +45,12 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
             } else {
                 EVERY
             };
-            // Woken by a failure, or at the next period; the backend is not held meanwhile.
+            // Woken by a failure, or at the next period; the backend is not held meanwhile (and
+            // looked up again either way).
             drop(state);
+            if weak.strong_count() == 0 {
+                return;
+            }
             woken = tokio::time::timeout(wait, nodes.stale.notified())
                 .await
                 .is_ok();
