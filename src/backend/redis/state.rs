@@ -70,7 +70,7 @@ impl RedisState {
                 nodes,
                 conn.server().cloned(),
                 // The gauge's path: known from the start where detection cannot change it.
-                detector.set_up_mode(),
+                detector.set_up_mode,
                 &settings.name,
                 clock,
             )),

@@ -229,8 +229,9 @@ const DETECT_EVERY_MS: u64 = 30_000;
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
-    /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
-    lua_first: bool,
+    /// What connecting prepares for and decisions run on: `Lua` where detection cannot change the
+    /// path (`Auto` with coalescing on: see [`RedisMode::Auto`]); else the mode.
+    pub(crate) set_up_mode: RedisMode,
     /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
     active: AtomicU8,
     /// In `Auto` mode, when to detect again anyway (a module loaded later, a silent reconnect).
@@ -242,7 +243,10 @@ impl Detector {
     pub(crate) fn new(mode: RedisMode, coalesce: bool) -> Self {
         Detector {
             mode,
-            lua_first: mode == RedisMode::Auto && coalesce,
+            set_up_mode: match mode {
+                RedisMode::Auto if coalesce => RedisMode::Lua,
+                mode => mode,
+            },
             active: AtomicU8::new(UNKNOWN),
             next_detect: AtomicU64::new(0),
         }
@@ -253,24 +257,14 @@ impl Detector {
         self.mode
     }
 
-    /// What connecting prepares for: `Lua` where detection cannot change the path; else the mode.
-    pub(crate) fn set_up_mode(&self) -> RedisMode {
-        if self.lua_first {
-            RedisMode::Lua
-        } else {
-            self.mode
-        }
-    }
-
     /// Whether a decision may take `CL.THROTTLE`: `Cell`, or `Auto` without coalescing.
     pub(crate) fn may_use_cell(&self) -> bool {
-        self.mode == RedisMode::Cell || (self.mode == RedisMode::Auto && !self.lua_first)
+        self.set_up_mode != RedisMode::Lua
     }
 
     /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
     pub(crate) fn active_path(&self) -> Option<RedisMode> {
-        match self.mode {
-            RedisMode::Auto if self.lua_first => Some(RedisMode::Lua),
+        match self.set_up_mode {
             RedisMode::Auto => path_of(self.active.load(Ordering::Relaxed)),
             fixed => Some(fixed),
         }
@@ -300,10 +294,9 @@ impl Detector {
         conn: &mut RedisConnection,
         breaker: &Breaker,
     ) -> Result<bool, RedisError> {
-        match self.mode {
+        match self.set_up_mode {
             RedisMode::Lua => return Ok(false),
             RedisMode::Cell => return Ok(true),
-            RedisMode::Auto if self.lua_first => return Ok(false),
             RedisMode::Auto => {}
         }
         let now = breaker.recorder.clock.now_ms();

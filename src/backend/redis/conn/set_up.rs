@@ -58,7 +58,7 @@ pub(crate) async fn set_up(
     cluster: Option<Result<ClusterConnection, RedisError>>,
     state: &RedisState,
 ) -> Result<(), SetUpError> {
-    let mode = state.detector.set_up_mode();
+    let mode = state.detector.set_up_mode;
     let loaded = match mode {
         RedisMode::Lua => None,
         _ => Some(
