@@ -73,7 +73,7 @@ async fn auto_with_coalescing_sends_no_command_info() {
     }
 }
 
-/// On a Cluster too: connected at once (builder.rs) or in the background (cluster_keeper.rs).
+/// On a Cluster too: connected at once (builder.rs) or in the background (reconnect.rs).
 #[tokio::test]
 async fn auto_with_coalescing_sends_no_command_info_to_a_cluster() {
     let cluster = RedisCluster::start();

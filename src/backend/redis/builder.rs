@@ -12,12 +12,11 @@ use std::sync::Arc;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 
-use super::conn::cluster_keeper::spawn_cluster_keeper;
 use super::conn::connection::{cluster_client, one_server, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
-use super::conn::reconnect::{connect_once, spawn_keeper};
+use super::conn::reconnect::{connect_once, spawn_cluster_keeper, spawn_keeper};
 use super::conn::server::{SingleServer, Source};
-use super::conn::set_up::{in_service, set_up, Fresh};
+use super::conn::set_up::{in_service, set_up};
 use super::resets::{self, Listen};
 use super::state::{RedisState, Settings};
 use super::wire::mode::RedisMode;
@@ -377,16 +376,11 @@ impl Settings {
         let conn = RedisConnection::open(target, self.timeout, budget).await?;
         let state = self.state_on(conn);
         let mut conn = state.conn.clone();
-        tokio::time::timeout(budget, set_up(Fresh::Other(&mut conn), &state))
+        let cluster = conn.cluster();
+        tokio::time::timeout(budget, set_up(&mut conn.redirecting(), cluster, &state))
             .await
             .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?
-            .map_err(|e| {
-                let (message, _) = e.describe(&name);
-                match e.source() {
-                    Some(source) => BackendError::with_source(message, source),
-                    None => BackendError::new(message),
-                }
-            })?;
+            .map_err(|e| e.into_error(&name))?;
         in_service(&state);
         Ok(state)
     }
@@ -435,9 +429,8 @@ impl Validated {
             }
             Start::Other(target) => settings.lazy_other(target)?,
         };
-        probe_with(&state, seed);
         // Not waited for: `build` returns at once.
-        let _first = resets::spawn_listener(nodes, Arc::downgrade(&state));
+        let _first = listen(&state, seed, nodes);
         Ok(state)
     }
 
@@ -458,9 +451,8 @@ impl Validated {
             }
             Start::Other(target) => settings.open_other(target).await?,
         };
-        probe_with(&state, seed);
         // Listening before it returns (resets.rs says why); one that cannot yet keeps trying.
-        if let Some(first) = resets::spawn_listener(nodes, Arc::downgrade(&state)) {
+        if let Some(first) = listen(&state, seed, nodes) {
             let _ = tokio::time::timeout(budget, first).await;
         }
         Ok(state)
@@ -476,11 +468,17 @@ impl Validated {
     }
 }
 
-/// Seed URLs given: a Cluster's open nodes are probed on connections of their own.
-fn probe_with(state: &RedisState, seed: Option<ConnectionInfo>) {
+/// What both starts do last: with seed URLs, a Cluster's open nodes probed on connections of
+/// their own; the listener started (the receiver hears its first attempt end).
+fn listen(
+    state: &Arc<RedisState>,
+    seed: Option<ConnectionInfo>,
+    listen: Listen,
+) -> Option<tokio::sync::oneshot::Receiver<()>> {
     if let (Some(nodes), Some(seed)) = (&state.breaker.nodes, seed) {
         nodes.probe_with(seed);
     }
+    resets::spawn_listener(listen, Arc::downgrade(state))
 }
 
 /// The sentinels' client, twice (the second the reset listener's: it cannot be cloned).

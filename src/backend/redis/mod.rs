@@ -57,7 +57,14 @@ pub struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("topology", &self.state.conn.topology())
+            .field(
+                "topology",
+                &if self.state.conn.is_cluster() {
+                    "cluster"
+                } else {
+                    "single"
+                },
+            )
             .field("mode", &self.state.detector.mode())
             .field("active", &self.active_path())
             .field("prefix", &self.state.prefix)
@@ -196,14 +203,14 @@ impl RedisBackend {
 
     /// The Redis key that holds `key`'s state under the policy `policy`: `prefix:policy:{key}`.
     pub fn redis_key(&self, policy: &str, key: &Key) -> String {
-        self.state.redis_key(policy, key)
+        args::redis_key(&self.state.prefix, policy, key)
     }
 
     /// The Redis key that holds `key`'s state under `limit`: [`redis_key`](Self::redis_key) for the
     /// GCRA, with a suffix per algorithm for the others (the
     /// [layout](crate::guide::redis#key-layout)).
     pub fn state_key(&self, limit: &Limit, key: &Key) -> String {
-        self.state.state_key(limit, key)
+        args::state_key(&self.state.prefix, limit, key)
     }
 }
 
@@ -273,7 +280,7 @@ impl Backend for RedisBackend {
         let limits = charges.limits();
         RedisFuture(match (charges.same_key(), charges.same_quantity()) {
             (Some(key), Some(quantity)) => match limits {
-                [one] => Checking::One(self.state.check(one, key, quantity)),
+                [one] => Checking::One(self.state.check(one, key, quantity), false),
                 all => Checking::Many(self.state.check_stack(all, key, quantity, None)),
             },
             (Some(key), None) => {
@@ -281,7 +288,7 @@ impl Backend for RedisBackend {
                 match (limits, quantities) {
                     // A metered lone limit is a plain check of its estimate, answered as a list.
                     ([one], [quantity]) => {
-                        Checking::OneAsMany(self.state.check(one, key, *quantity))
+                        Checking::One(self.state.check(one, key, *quantity), true)
                     }
                     _ => Checking::Many(self.state.check_stack(limits, key, 0, Some(quantities))),
                 }
@@ -306,17 +313,14 @@ impl Backend for RedisBackend {
             return args::validate(self.state.detector.mode(), limit);
         }
         if let Some(leased) = limits.iter().find(|l| l.budget().is_some()) {
-            return Err(BuildError::Invalid(if uses.keys_apart {
-                format!(
-                    "policy {:?}: a leased budget cannot be used with quotas keyed apart",
-                    leased.name()
-                )
-            } else {
-                format!(
-                    "policy {:?}: a leased budget takes one quota, not a stack",
-                    leased.name()
-                )
-            }));
+            let why = match uses.keys_apart {
+                true => "cannot be used with quotas keyed apart",
+                false => "takes one quota, not a stack",
+            };
+            let name = leased.name();
+            return Err(BuildError::Invalid(format!(
+                "policy {name:?}: a leased budget {why}"
+            )));
         }
         // Decided by the limits script (Lua) in every mode: CL.THROTTLE decides one key alone.
         validate_stack(limits)
@@ -378,19 +382,16 @@ impl Backend for RedisBackend {
 impl RedisBackend {
     /// Gives back the slot of a request admitted under a concurrency `limit`, by its lease.
     fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
-        let Some(count) = limit.concurrency() else {
-            return;
-        };
-        if quantity == 0 || lease == 0 {
-            return;
+        if let Some(count) = limit.concurrency()
+            && quantity > 0
+            && lease > 0
+        {
+            let length = limit.lease().unwrap_or(DEFAULT_LEASE);
+            let key = self.state_key(limit, key);
+            self.state
+                .leases
+                .release(key, lease, quantity.min(count), length);
         }
-        let lease_length = limit.lease().unwrap_or(DEFAULT_LEASE);
-        self.state.leases.release(
-            self.state_key(limit, key),
-            lease,
-            quantity.min(count),
-            lease_length,
-        );
     }
 }
 
@@ -398,11 +399,10 @@ impl RedisBackend {
 /// charge.
 pub struct RedisFuture(Checking);
 
-/// What is awaited: one limit's decision, or a list's.
+/// What is awaited: one limit's decision (answered as a list when `true`: a metered lone limit),
+/// or a list's.
 enum Checking {
-    One(DecisionFuture),
-    /// One limit's decision, answered as a list (a metered lone limit).
-    OneAsMany(DecisionFuture),
+    One(DecisionFuture, bool),
     Many(StackFuture),
 }
 
@@ -420,8 +420,8 @@ impl std::future::Future for RedisFuture {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         match &mut self.get_mut().0 {
-            Checking::One(one) => one.as_mut().poll(cx).map(|r| r.map(Decisions::One)),
-            Checking::OneAsMany(one) => one
+            Checking::One(one, false) => one.as_mut().poll(cx).map(|r| r.map(Decisions::One)),
+            Checking::One(one, true) => one
                 .as_mut()
                 .poll(cx)
                 .map(|r| r.map(|d| Decisions::Many(vec![d]))),

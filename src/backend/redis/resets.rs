@@ -8,7 +8,6 @@
 //! which redis-rs moves with the slot. A connection given as it is cannot lend one (redis-rs
 //! subscribes only with RESP3 and a push sender): `listen_with` says where, or it only publishes.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::task::{Context, Poll};
@@ -155,58 +154,16 @@ async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<He
 /// Reconnects back off from 50 ms to 1 s.
 const SUBSCRIBING: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
-/// One attempt to subscribe, bounded: a server that never answers must not stall the listener.
-async fn attempt<T>(subscribe: impl Future<Output = Result<T, String>>) -> Result<T, String> {
-    match tokio::time::timeout(Duration::from_secs(5), subscribe).await {
-        Ok(subscribed) => subscribed,
-        Err(_) => Err("timed out".to_owned()),
-    }
-}
-
-/// The end of the first attempt to subscribe, which `connect` waits for (nothing it returns to is
-/// cached before the first subscription dropped the caches). The first failure is logged.
-struct FirstAttempt(Option<oneshot::Sender<()>>);
-
-impl FirstAttempt {
-    /// The listener has subscribed: what it may have missed is forgotten (the first keeps the slices:
-    /// they hold units Redis took; at worst one is credited across a reset at start-up).
-    fn subscribed_on(&mut self, state: &RedisState) {
-        heard(state, None);
-        if self.0.is_some() {
-            if let Some(deny) = &state.deny {
-                deny.clear();
-            }
-        } else {
-            forget_all(state);
-        }
-        self.subscribed();
-    }
-
-    fn subscribed(&mut self) {
-        if let Some(done) = self.0.take() {
-            let _ = done.send(());
-        }
-    }
-
-    fn failed(&mut self, why: &str) {
-        if self.0.is_some() {
-            tracing::warn!(
-                error = why,
-                "cannot listen for other processes' resets yet (SUBSCRIBE); retrying"
-            );
-        }
-        self.subscribed();
-    }
-}
-
 /// Listens where `listen` says while the backend lives; the receiver hears the first attempt end.
 pub(super) fn spawn_listener(
     mut listen: Listen,
     state: Weak<RedisState>,
 ) -> Option<oneshot::Receiver<()>> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
+    // The end of the first attempt to subscribe, which `connect` waits for (nothing it returns to
+    // is cached before the first subscription dropped the caches). Its failure is logged.
     let (done, first) = oneshot::channel();
-    let mut first_attempt = FirstAttempt(Some(done));
+    let mut done = Some(done);
     if matches!(listen, Listen::Nodes(ref nodes) if nodes.is_empty()) {
         return None;
     }
@@ -216,23 +173,45 @@ pub(super) fn spawn_listener(
             let Some(channel) = state.upgrade().map(|s| channel(&s.prefix)) else {
                 return;
             };
-            match attempt(listen.subscribe(turn, &channel)).await {
+            // Bounded: a server that never answers must not stall the listener.
+            let subscribing = listen.subscribe(turn, &channel);
+            let subscribed = tokio::time::timeout(Duration::from_secs(5), subscribing).await;
+            match subscribed.unwrap_or_else(|_| Err("timed out".to_owned())) {
                 Ok(mut hearing) => {
                     backoff = SUBSCRIBING;
-                    while let Some(heard) = next(&mut hearing, &state).await {
+                    while let Some(event) = next(&mut hearing, &state).await {
                         let Some(strong) = state.upgrade() else {
                             return;
                         };
-                        match heard {
-                            Heard::Subscribed => first_attempt.subscribed_on(&strong),
-                            Heard::Message(payload) => forget(&strong, &payload),
-                        }
+                        let Heard::Message(payload) = event else {
+                            // Subscribed: what it may have missed is forgotten (the first keeps
+                            // the slices: they hold units Redis took; at worst one is credited
+                            // across a reset at start-up).
+                            heard(&strong, None);
+                            if let Some(deny) = &strong.deny {
+                                deny.forget_prefix("");
+                            }
+                            match done.take() {
+                                Some(done) => drop(done.send(())),
+                                None => strong.budgets.forget_prefix(""),
+                            }
+                            continue;
+                        };
+                        forget(&strong, &payload);
                     }
                     if state.strong_count() == 0 {
                         return;
                     }
                 }
-                Err(why) => first_attempt.failed(&why),
+                Err(why) => {
+                    if let Some(done) = done.take() {
+                        tracing::warn!(
+                            error = why,
+                            "cannot listen for other processes' resets yet (SUBSCRIBE); retrying"
+                        );
+                        let _ = done.send(());
+                    }
+                }
             }
             tokio::time::sleep(backoff.wait()).await;
         }
@@ -301,12 +280,4 @@ fn heard(state: &RedisState, table: Option<&str>) {
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     heard.retain(|on_change| on_change(table));
-}
-
-/// Drops the whole deny cache and every slice.
-fn forget_all(state: &RedisState) {
-    state.budgets.forget_all();
-    if let Some(deny) = &state.deny {
-        deny.clear();
-    }
 }

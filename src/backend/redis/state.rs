@@ -10,15 +10,12 @@ use super::conn::connection::{Detector, RedisConnection};
 use super::decide::deny::DenyCache;
 use super::decide::lease::Leases;
 use super::health::breaker::Breaker;
-use super::health::memory::MemoryWatch;
+use super::health::memory::Seen;
 use super::health::recorder::Clock;
 use super::speedup::batch::Batcher;
 use super::speedup::budget::Budgets;
-use super::wire::args;
 use super::wire::mode::RedisMode;
 use crate::backend::records::OnRecordsChange;
-use crate::key::Key;
-use crate::limit::Limit;
 
 /// What every clone of a `RedisBackend` shares.
 pub(super) struct RedisState {
@@ -35,7 +32,7 @@ pub(super) struct RedisState {
     /// Leased budgets of hot keys (budget.rs).
     pub(super) budgets: Arc<Budgets>,
     /// What the watcher saw of Redis' memory settings and evictions (watch.rs).
-    pub(super) memory: MemoryWatch,
+    pub(super) memory: Mutex<Seen>,
     /// Whether `CL.THROTTLE` goes through `cell.lua` rather than bare (coalesced): while Redis may be
     /// full. The command is not `deny-oom` (bare, it writes past `maxmemory`); the script is refused.
     pub(super) cell_through_script: AtomicBool,
@@ -64,14 +61,16 @@ impl RedisState {
         let nodes = conn
             .is_cluster()
             .then(|| Arc::new(ClusterNodes::new(timeout, &settings.name, clock)));
-        conn.set_nodes(nodes.as_ref());
+        if let (Some(lazy), Some(nodes)) = (conn.lazy_cluster(), &nodes) {
+            let _ = lazy.nodes.set(nodes.clone());
+        }
         RedisState {
             breaker: Arc::new(Breaker::new(
                 timeout,
                 nodes,
                 conn.server().cloned(),
                 // The gauge's path: known from the start where detection cannot change it.
-                detector.set_up_mode(),
+                detector.set_up_mode,
                 &settings.name,
                 clock,
             )),
@@ -85,20 +84,10 @@ impl RedisState {
             timeout,
             deny: settings.deny_cache.then(DenyCache::new),
             budgets: Arc::default(),
-            memory: MemoryWatch::default(),
+            memory: Mutex::default(),
             // Until the watcher has read the settings: the safe way.
             cell_through_script: AtomicBool::new(true),
             records_heard: Mutex::default(),
         }
-    }
-
-    /// `prefix:policy:{key}`: see [`args::redis_key`].
-    pub(super) fn redis_key(&self, policy: &str, key: &Key) -> String {
-        args::redis_key(&self.prefix, policy, key)
-    }
-
-    /// `key`'s state under `limit`: see [`args::state_key`].
-    pub(super) fn state_key(&self, limit: &Limit, key: &Key) -> String {
-        args::state_key(&self.prefix, limit, key)
     }
 }

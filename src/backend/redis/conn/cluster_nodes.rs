@@ -47,7 +47,7 @@ impl Node {
     }
 
     /// A call met `error` on the node now.
-    fn met(&self, error: &dyn std::fmt::Display) {
+    pub(crate) fn met(&self, error: &dyn std::fmt::Display) {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((error.to_string(), SystemTime::now()));
     }
@@ -163,21 +163,6 @@ impl ClusterNodes {
         }
         // The map may be stale (a failover): read it again soon.
         self.stale.notify_one();
-    }
-
-    /// A call to `node` begun at `started` (its circuit's `now_ms`) ran out of time: as
-    /// [`failed`](Self::failed), unless the node answered since (slow, not dead: only this fails).
-    pub(crate) fn timed_out(
-        &self,
-        node: &Node,
-        was_probe: bool,
-        started: u64,
-        error: &dyn std::fmt::Display,
-    ) {
-        if !was_probe && node.circuit.answered_since(started) {
-            return node.met(error);
-        }
-        self.failed(node, was_probe, error);
     }
 
     /// The primary that owns `key`'s slot, if the map knows it.

@@ -11,7 +11,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
-use super::cluster_nodes::ClusterNodes;
 use super::lazy_cluster::LazyCluster;
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::backend::redis::health::breaker::Breaker;
@@ -92,13 +91,6 @@ impl RedisConnection {
         RedisConnection::Cluster(Arc::new(cluster))
     }
 
-    /// Tells `nodes` (a Cluster's slot map) about `TRYAGAIN`s.
-    pub(crate) fn set_nodes(&self, nodes: Option<&Arc<ClusterNodes>>) {
-        if let (Some(lazy), Some(nodes)) = (self.lazy_cluster(), nodes) {
-            let _ = lazy.nodes.set(nodes.clone());
-        }
-    }
-
     /// A Redis Cluster, rather than one server.
     pub(crate) fn is_cluster(&self) -> bool {
         self.lazy_cluster().is_some()
@@ -109,15 +101,6 @@ impl RedisConnection {
         match self {
             RedisConnection::Cluster(lazy) => Some(lazy),
             _ => None,
-        }
-    }
-
-    /// `"single"` or `"cluster"`.
-    pub(crate) fn topology(&self) -> &'static str {
-        if self.is_cluster() {
-            "cluster"
-        } else {
-            "single"
         }
     }
 
@@ -141,10 +124,10 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
             RedisConnection::Server(server) => Box::pin(server.command(cmd)),
-            RedisConnection::Cluster(lazy) => match lazy.get() {
-                Some(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
-                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
-            },
+            RedisConnection::Cluster(lazy) => {
+                let cluster = lazy.get().ok_or_else(|| lazy.not_connected());
+                Box::pin(async move { cluster?.req_packed_command(cmd).await })
+            }
         }
     }
 
@@ -157,19 +140,17 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
-            RedisConnection::Cluster(lazy) => match lazy.get() {
-                Some(mut c) => {
-                    Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
-                }
-                None => Box::pin(std::future::ready(Err(lazy.not_connected()))),
-            },
+            RedisConnection::Cluster(lazy) => {
+                let cluster = lazy.get().ok_or_else(|| lazy.not_connected());
+                Box::pin(async move { cluster?.req_packed_commands(pipeline, offset, count).await })
+            }
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConnection::Single(c) => c.get_db(),
-            RedisConnection::Server(server) => server.db(),
+            RedisConnection::Server(server) => server.db,
             RedisConnection::Cluster(lazy) => lazy.get().map_or(0, |c| c.get_db()),
         }
     }
@@ -248,8 +229,9 @@ const DETECT_EVERY_MS: u64 = 30_000;
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
-    /// `Auto` with coalescing on: the Lua path, module or not (see [`RedisMode::Auto`]).
-    lua_first: bool,
+    /// What connecting prepares for and decisions run on: `Lua` where detection cannot change the
+    /// path (`Auto` with coalescing on: see [`RedisMode::Auto`]); else the mode.
+    pub(crate) set_up_mode: RedisMode,
     /// In `Auto` mode, which path runs now: `UNKNOWN`, `CELL` or `LUA`.
     active: AtomicU8,
     /// In `Auto` mode, when to detect again anyway (a module loaded later, a silent reconnect).
@@ -261,7 +243,10 @@ impl Detector {
     pub(crate) fn new(mode: RedisMode, coalesce: bool) -> Self {
         Detector {
             mode,
-            lua_first: mode == RedisMode::Auto && coalesce,
+            set_up_mode: match mode {
+                RedisMode::Auto if coalesce => RedisMode::Lua,
+                mode => mode,
+            },
             active: AtomicU8::new(UNKNOWN),
             next_detect: AtomicU64::new(0),
         }
@@ -272,24 +257,14 @@ impl Detector {
         self.mode
     }
 
-    /// What connecting prepares for: `Lua` where detection cannot change the path; else the mode.
-    pub(crate) fn set_up_mode(&self) -> RedisMode {
-        if self.lua_first {
-            RedisMode::Lua
-        } else {
-            self.mode
-        }
-    }
-
     /// Whether a decision may take `CL.THROTTLE`: `Cell`, or `Auto` without coalescing.
     pub(crate) fn may_use_cell(&self) -> bool {
-        self.mode == RedisMode::Cell || (self.mode == RedisMode::Auto && !self.lua_first)
+        self.set_up_mode != RedisMode::Lua
     }
 
     /// The path decisions take now: `Cell` or `Lua`, or `None` in `Auto` mode before detection.
     pub(crate) fn active_path(&self) -> Option<RedisMode> {
-        match self.mode {
-            RedisMode::Auto if self.lua_first => Some(RedisMode::Lua),
+        match self.set_up_mode {
             RedisMode::Auto => path_of(self.active.load(Ordering::Relaxed)),
             fixed => Some(fixed),
         }
@@ -300,22 +275,10 @@ impl Detector {
         self.active
             .store(if loaded { CELL } else { LUA }, Ordering::Relaxed);
         breaker.recorder.set_path(self.active_path());
-        self.next_detect
-            .store(breaker.now_ms() + DETECT_EVERY_MS, Ordering::Relaxed);
-    }
-
-    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection.
-    pub(crate) async fn use_cell(
-        &self,
-        conn: &mut RedisConnection,
-        breaker: &Breaker,
-    ) -> Result<bool, RedisError> {
-        match self.mode {
-            RedisMode::Lua => Ok(false),
-            RedisMode::Cell => Ok(true),
-            RedisMode::Auto if self.lua_first => Ok(false),
-            RedisMode::Auto => self.detect_if_due(conn, breaker).await,
-        }
+        self.next_detect.store(
+            breaker.recorder.clock.now_ms() + DETECT_EVERY_MS,
+            Ordering::Relaxed,
+        );
     }
 
     /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on.
@@ -324,14 +287,19 @@ impl Detector {
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
-    /// In `Auto` mode: whether to use `CL.THROTTLE`, detecting the module when due (a failed
-    /// detection leaves the last answer).
-    async fn detect_if_due(
+    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection,
+    /// made again when due (a failed one leaves the last answer).
+    pub(crate) async fn use_cell(
         &self,
         conn: &mut RedisConnection,
         breaker: &Breaker,
     ) -> Result<bool, RedisError> {
-        let now = breaker.now_ms();
+        match self.set_up_mode {
+            RedisMode::Lua => return Ok(false),
+            RedisMode::Cell => return Ok(true),
+            RedisMode::Auto => {}
+        }
+        let now = breaker.recorder.clock.now_ms();
         let known = self.active.load(Ordering::Relaxed);
         if known == UNKNOWN
             || breaker.recorder.lost()

@@ -1,5 +1,5 @@
 //! A Redis Cluster's connection: made at once (`connect`, a connection given as it is), or by
-//! [`build`](crate::redis::RedisBackendBuilder::build)'s background task (`cluster_keeper.rs`), and
+//! [`build`](crate::redis::RedisBackendBuilder::build)'s background task (reconnect.rs), and
 //! until then an error at once for every call, so that requests follow the failure policy.
 //! Why not redis-rs 1.8.1's pending connection (`get_pending_async_connection_with_config`,
 //! src/cluster_handling/client.rs:1010): its calls wait for the Cluster, and it logs an error per
@@ -16,7 +16,6 @@ use crate::backend::redis::health::attempts::Attempts;
 /// The Cluster's connection, once made; the attempts and the last error meanwhile.
 pub(crate) struct LazyCluster {
     conn: OnceLock<ClusterConnection>,
-    /// The task's attempts and the last error.
     pub(crate) attempts: Attempts,
     /// The seed nodes, password hidden: for messages.
     pub(crate) target: String,
@@ -40,7 +39,6 @@ impl LazyCluster {
         self.conn.get().cloned()
     }
 
-    /// Whether the connection is made.
     pub(crate) fn connected(&self) -> bool {
         self.conn.get().is_some()
     }

@@ -2,7 +2,6 @@
 //! retry loop and backoff, the set-up after every connect, a Cluster's slot map and redirections.
 
 pub(crate) mod backoff;
-pub(crate) mod cluster_keeper;
 pub(crate) mod cluster_nodes;
 pub(crate) mod connection;
 pub(crate) mod lazy_cluster;

@@ -1,18 +1,26 @@
-//! The task that keeps a [`SingleServer`] connected while its backend lives, each transition logged
-//! once, and the keepers' one retry loop.
+//! The keepers: the task that keeps a [`SingleServer`] connected while its backend lives, each
+//! transition logged once; the task that connects a Cluster started by
+//! [`build`](crate::redis::RedisBackendBuilder::build) ([`LazyCluster`]) until it has formed
+//! (`CLUSTER INFO` says `cluster_state:ok`) and is set up, then installs it and ends (redis-rs
+//! reconnects the nodes from then on, as after `connect`); and their one retry loop.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redis::{AsyncConnectionConfig, RedisError, Role};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Role};
 
 use super::backoff::CONNECTING;
+use super::lazy_cluster::LazyCluster;
+use super::redirect::Redirecting;
 use super::server::{
-    attempt_budget, configuration_error, is_not_primary, within, AttemptError, SingleServer, Source,
+    attempt_budget, configuration_error, is_not_primary, open, within, AttemptError, SingleServer,
+    Source,
 };
-use super::set_up::{in_service, set_up, Fresh};
+use super::set_up::{in_service, set_up};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
@@ -27,53 +35,8 @@ const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
 /// A replica where the primary should be is a failover under way this long; then a misconfiguration.
 const REPLICA_GRACE: Duration = Duration::from_secs(30);
 
-/// Connects once (finds the server, checks it is a primary, sets it up); returns the address.
-async fn establish(
-    source: &mut Source,
-    server: &SingleServer,
-    state: &RedisState,
-) -> Result<String, AttemptError> {
-    let client = source.client().await.map_err(|e| {
-        BackendError::with_source(format!("cannot find Redis ({})", server.target), e)
-    })?;
-    let address = redact_url(&client.get_connection_info().addr().to_string());
-    let failed =
-        |what: &str, doing: &str, e: RedisError| match configuration_error(&e, &address, doing) {
-            Some(message) => AttemptError::misconfigured(Misconfigured::Fatal, message),
-            None => BackendError::with_source(format!("{what} Redis at {address}"), e).into(),
-        };
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(server.timeout))
-        // Bounds what a frozen server can hold: calls are dropped by the backend's own timeout.
-        .set_response_timeout(Some(server.timeout));
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(|e| failed("cannot connect to", "log in", e))?;
-    match redis::cmd("ROLE").query_async::<Role>(&mut conn).await {
-        Ok(Role::Primary { .. }) => {}
-        Ok(_) => {
-            return Err(AttemptError::misconfigured(
-                Misconfigured::Replica,
-                format!(
-                    "Redis at {address} is a replica (read-only), not the primary; point the URL at the primary (or use Sentinel)"
-                ),
-            ))
-        }
-        Err(e) if e.code() == Some("NOAUTH") => return Err(failed("", "run ROLE", e)),
-        // `ROLE` may be renamed or forbidden (managed Redis, ACLs): the calls will tell.
-        Err(e) if e.code().is_some() && !is_not_primary(&e) => {}
-        Err(e) => return Err(failed("ROLE failed on", "run ROLE", e)),
-    }
-    set_up(Fresh::Server(&mut conn), state)
-        .await
-        .map_err(|e| AttemptError::described(e.describe(&address)))?;
-    server.install(conn, address.clone());
-    in_service(state);
-    Ok(address)
-}
-
-/// One attempt, bounded by `budget`.
+/// Connects once within `budget` (finds the server, checks it is a primary, sets it up); returns
+/// the address.
 pub(crate) async fn connect_once(
     source: &mut Source,
     server: &SingleServer,
@@ -81,7 +44,43 @@ pub(crate) async fn connect_once(
     budget: Duration,
 ) -> Result<String, AttemptError> {
     let target = || format!("Redis ({})", server.target);
-    within(budget, target, establish(source, server, state)).await
+    within(budget, target, async {
+        let client = source.client().await.map_err(|e| {
+            BackendError::with_source(format!("cannot find Redis ({})", server.target), e)
+        })?;
+        let address = redact_url(&client.get_connection_info().addr().to_string());
+        let failed = |what: &str, doing: &str, e: RedisError| match configuration_error(
+            &e, &address, doing,
+        ) {
+            Some(message) => AttemptError::misconfigured(Misconfigured::Fatal, message),
+            None => BackendError::with_source(format!("{what} Redis at {address}"), e).into(),
+        };
+        let mut conn = open(&client, server.timeout)
+            .await
+            .map_err(|e| failed("cannot connect to", "log in", e))?;
+        match redis::cmd("ROLE").query_async::<Role>(&mut conn).await {
+            Ok(Role::Primary { .. }) => {}
+            Ok(_) => {
+                return Err(AttemptError::misconfigured(
+                    Misconfigured::Replica,
+                    format!(
+                        "Redis at {address} is a replica (read-only), not the primary; point the URL at the primary (or use Sentinel)"
+                    ),
+                ))
+            }
+            Err(e) if e.code() == Some("NOAUTH") => return Err(failed("", "run ROLE", e)),
+            // `ROLE` may be renamed or forbidden (managed Redis, ACLs): the calls will tell.
+            Err(e) if e.code().is_some() && !is_not_primary(&e) => {}
+            Err(e) => return Err(failed("ROLE failed on", "run ROLE", e)),
+        }
+        set_up(&mut conn, None, state)
+            .await
+            .map_err(|e| AttemptError::described(e.describe(&address)))?;
+        server.install(conn, address.clone());
+        in_service(state);
+        Ok(address)
+    })
+    .await
 }
 
 /// Keeps `server` connected while the backend lives; `connected`: already (eager start).
@@ -128,9 +127,9 @@ pub(crate) fn spawn_keeper(
                 }
             }
             let down_since = Instant::now();
-            let (_, last) = server.attempts.snapshot();
             if !first {
-                let why = last.map(|(e, _)| e).unwrap_or_default();
+                let why = server.attempts.snapshot().1.map(|(e, _)| e);
+                let why = why.unwrap_or_default();
                 tracing::warn!(
                     redis = %server.target,
                     error = %why,
@@ -166,13 +165,12 @@ pub(crate) fn spawn_keeper(
                     "connected to Redis; rate-limit decisions come from Redis"
                 );
             }
-            first = false;
         }
     });
 }
 
 /// One connection attempt, boxed: attempts are rare.
-pub(crate) type Attempt<'a, T> = Pin<Box<dyn Future<Output = Result<T, AttemptError>> + Send + 'a>>;
+type Attempt<'a, T> = Pin<Box<dyn Future<Output = Result<T, AttemptError>> + Send + 'a>>;
 
 /// One attempt of a server's keeper: the address connected to.
 fn attempt_server(
@@ -188,7 +186,7 @@ fn attempt_server(
 /// Tries `attempt` on `subject` with backoff until it connects, while the backend lives (`None`
 /// once gone). A configuration error is said once at error level and retried every 5 s; an
 /// outage's first failure (`first`) once, then "still unreachable" at most every 10 s.
-pub(crate) async fn connect_with_backoff<S, T>(
+async fn connect_with_backoff<S, T>(
     target: &str,
     record: &Attempts,
     state: &Weak<RedisState>,
@@ -269,6 +267,94 @@ pub(crate) async fn connect_with_backoff<S, T>(
         drop(strong);
         tokio::time::sleep(backoff.wait()).await;
     }
+}
+
+/// Connects `lazy` in the background for as long as the backend (`state`) lives.
+pub(crate) fn spawn_cluster_keeper(
+    client: ClusterClient,
+    lazy: Arc<LazyCluster>,
+    state: Weak<RedisState>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut keep = (client, lazy.clone());
+        let connected = connect_with_backoff(
+            &lazy.target,
+            &lazy.attempts,
+            &state,
+            &mut true,
+            &mut keep,
+            attempt_cluster,
+        )
+        .await;
+        let (Some((conn, _)), Some(strong)) = (connected, state.upgrade()) else {
+            return;
+        };
+        lazy.install(conn);
+        tracing::info!(
+            redis = %lazy.target,
+            path = path_name(strong.detector.active_path()),
+            "connected to the Redis Cluster"
+        );
+        in_service(&strong);
+    });
+}
+
+/// One attempt of a Cluster's keeper: the Cluster, once formed, set up.
+fn attempt_cluster(
+    (client, lazy): &mut (ClusterClient, Arc<LazyCluster>),
+    state: Arc<RedisState>,
+) -> Attempt<'_, ClusterConnection> {
+    Box::pin(async move {
+        let budget = attempt_budget(state.timeout);
+        let attempt = async {
+            let mut conn = formed(client, &lazy.target).await?;
+            let cluster = Some(Ok(conn.clone()));
+            set_up(&mut Redirecting::cluster(&mut conn), cluster, &state)
+                .await
+                .map_err(|e| AttemptError::described(e.describe(&lazy.target)))?;
+            Ok(conn)
+        };
+        let target = || format!("the Redis Cluster ({})", lazy.target);
+        within(budget, target, attempt).await
+    })
+}
+
+/// A connection to the Cluster once formed: a second one, made after `CLUSTER INFO` said so (the
+/// slot map of one made before the slots were assigned is empty).
+async fn formed(client: &ClusterClient, target: &str) -> Result<ClusterConnection, AttemptError> {
+    let failed = |doing: &str, e: RedisError| {
+        AttemptError::described(match configuration_error(&e, target, doing) {
+            Some(message) => (message, true),
+            None => (
+                format!("cannot {doing} the Redis Cluster ({target}): {e}"),
+                false,
+            ),
+        })
+    };
+    let mut probe = client
+        .get_async_connection()
+        .await
+        .map_err(|e| failed("connect to", e))?;
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query_async(&mut probe)
+        .await
+        .map_err(|e| failed("ask", e))?;
+    if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+        return Err(AttemptError::described((
+            format!(
+                "the Redis Cluster ({target}) has not formed yet (CLUSTER INFO does not say cluster_state:ok)"
+            ),
+            false,
+        )));
+    }
+    client
+        .get_async_connection()
+        .await
+        .map_err(|e| failed("connect to", e))
 }
 
 #[cfg(test)]

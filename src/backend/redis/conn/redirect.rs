@@ -174,8 +174,10 @@ async fn commands(
         // As a pipeline would: an error reply is this command's value, not the pipeline's failure.
         values.push(match command(cluster, nodes, cmd).await {
             Ok(value) => value,
-            Err(error) => match error.kind() {
-                ErrorKind::Server(_) => redirect_error_value(error)?,
+            Err(error) => match (error.kind(), error.clone().into_server_errors()) {
+                (ErrorKind::Server(_), Some(errors)) if errors.len() == 1 => {
+                    Value::ServerError(errors[0].1.clone())
+                }
                 _ => return Err(error),
             },
         });
@@ -214,14 +216,6 @@ pub(crate) fn heard_tryagain(nodes: &ClusterNodes, key: &str) {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg("sha").arg(1).arg(key);
     nodes.tried_again(first_key(&cmd).unwrap());
-}
-
-/// A server error as the value a pipeline holds for it.
-fn redirect_error_value(error: RedisError) -> Result<Value, RedisError> {
-    match error.clone().into_server_errors() {
-        Some(errors) if errors.len() == 1 => Ok(Value::ServerError(errors[0].1.clone())),
-        _ => Err(error),
-    }
 }
 
 /// `ASK`: `ASKING` and the command, as one pipeline on the importing node's connection.

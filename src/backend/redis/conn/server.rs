@@ -50,16 +50,6 @@ impl Source {
         }
     }
 
-    fn uses_tls(&self) -> bool {
-        match self {
-            Source::Client(client) => matches!(
-                client.get_connection_info().addr(),
-                redis::ConnectionAddr::TcpTls { .. }
-            ),
-            Source::Sentinel { tls, .. } => *tls,
-        }
-    }
-
     /// With Sentinel, where the primary is now (`host:port`), asked on one kept connection to a
     /// sentinel (the next after an error), each step within `timeout`; `None`: no sentinel answered.
     async fn primary_address(&mut self, timeout: Duration) -> Option<String> {
@@ -74,21 +64,11 @@ impl Source {
             return None;
         };
         for _ in 0..urls.len() {
-            if watch.is_none() {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout));
-                let opened = match Client::open(urls[*watching].as_str()) {
-                    Ok(client) => tokio::time::timeout(
-                        timeout,
-                        client.get_multiplexed_async_connection_with_config(&config),
-                    )
-                    .await
-                    .ok()
-                    .and_then(Result::ok),
-                    Err(_) => None,
-                };
-                *watch = opened;
+            if watch.is_none()
+                && let Ok(client) = Client::open(urls[*watching].as_str())
+            {
+                let opened = tokio::time::timeout(timeout, open(&client, timeout)).await;
+                *watch = opened.ok().and_then(Result::ok);
             }
             if let Some(conn) = watch.as_mut() {
                 let mut cmd = redis::cmd("SENTINEL");
@@ -166,7 +146,8 @@ pub(crate) struct SingleServer {
     /// Wakes the task: the connection was dropped.
     pub(crate) lost: Notify,
     pub(crate) timeout: Duration,
-    db: i64,
+    /// The database number commands run in.
+    pub(crate) db: i64,
     /// The task's attempts, where it connected last and the last error.
     pub(crate) attempts: Attempts,
     /// The URL or Sentinel service, for messages.
@@ -176,12 +157,16 @@ pub(crate) struct SingleServer {
 impl SingleServer {
     /// Not connected yet.
     pub(crate) fn new(source: &Source, timeout: Duration) -> Self {
-        let db = match source {
-            Source::Client(client) => client.get_connection_info().redis_settings().db(),
-            Source::Sentinel { .. } => 0,
+        let (db, tls) = match source {
+            Source::Client(client) => {
+                let info = client.get_connection_info();
+                let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+                (info.redis_settings().db(), tls)
+            }
+            Source::Sentinel { tls, .. } => (0, *tls),
         };
         // Before any connection (the task's, to sentinels too): rustls panics without a provider.
-        if source.uses_tls() {
+        if tls {
             install_crypto_provider();
         }
         SingleServer {
@@ -229,12 +214,9 @@ impl SingleServer {
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
-    }
-
     fn answered(&self) {
-        self.last_answer.store(self.now_ms(), Ordering::Relaxed);
+        self.last_answer
+            .store(self.clock.now_ms(), Ordering::Relaxed);
     }
 
     /// A call's outcome: a reply with a `READONLY`, `MASTERDOWN` or `LOADING` among its values, or
@@ -292,6 +274,7 @@ impl SingleServer {
     pub(crate) fn timed_out(&self) {
         let Some(live) = self.current() else { return };
         let silent = self
+            .clock
             .now_ms()
             .saturating_sub(self.last_answer.load(Ordering::Relaxed));
         let limit = STALL_LIMIT.max(self.timeout.saturating_mul(2));
@@ -326,11 +309,6 @@ impl SingleServer {
         let result = live.conn.req_packed_commands(pipeline, offset, count).await;
         self.outcome(live.generation, result.as_deref());
         result
-    }
-
-    /// The database number commands run in.
-    pub(crate) fn db(&self) -> i64 {
-        self.db
     }
 }
 
@@ -383,6 +361,20 @@ pub(crate) fn configuration_error(
         )),
         _ => None,
     }
+}
+
+/// A connection to `client`'s server, connecting and each call bounded by `timeout`: a frozen
+/// server holds nothing longer (the backend's own timeout drops the calls).
+pub(crate) async fn open(
+    client: &Client,
+    timeout: Duration,
+) -> Result<MultiplexedConnection, RedisError> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
 }
 
 /// How long one connection attempt (resolve, connect, check, set up) may take: five timeouts,

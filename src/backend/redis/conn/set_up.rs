@@ -2,23 +2,16 @@
 //! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the GCRA script.
 //! A failure fails the attempt alike everywhere: `connect` returns it, the keepers retry.
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
 use redis::RedisError;
 
-use super::connection::{cell_loaded, RedisConnection};
+use super::connection::cell_loaded;
 use super::server::configuration_error;
-use crate::backend::redis::speedup::batch;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::RedisMode;
-use crate::backend::redis::wire::scripts::{self, GCRA};
-
-/// A connection just made, before it is put in service.
-pub(crate) enum Fresh<'a> {
-    /// One server's own connection (a URL, a client or Sentinel): asked directly.
-    Server(&'a mut MultiplexedConnection),
-    /// A Cluster's connection (every primary asked) or a user's connection manager.
-    Other(&'a mut RedisConnection),
-}
+use crate::backend::redis::wire::scripts::{GCRA, GCRA_BATCH};
+use crate::error::BackendError;
 
 /// Why the set-up failed.
 pub(crate) enum SetUpError {
@@ -45,49 +38,43 @@ impl SetUpError {
         }
     }
 
-    /// Redis' own error, if it failed a step.
-    pub(crate) fn source(self) -> Option<RedisError> {
+    /// The error `connect` returns: the [description](Self::describe), with Redis' own error.
+    pub(crate) fn into_error(self, address: &str) -> BackendError {
+        let (message, _) = self.describe(address);
         match self {
-            SetUpError::Redis(_, e) => Some(e),
-            SetUpError::NoCell => None,
+            SetUpError::Redis(_, e) => BackendError::with_source(message, e),
+            SetUpError::NoCell => BackendError::new(message),
         }
     }
 }
 
-/// Sets up `conn` for `state`'s mode (see the module docs); loading `gcra.lua` (and
-/// `gcra_batch.lua` when checks are coalesced) spares the first decision a `NOSCRIPT`, which costs
-/// two more round trips: on a slow link, more than the timeout (issue 50). What detection found is
-/// recorded last.
-pub(crate) async fn set_up(conn: Fresh<'_>, state: &RedisState) -> Result<(), SetUpError> {
-    let mode = state.detector.set_up_mode();
-    let detect = "run COMMAND INFO (to detect redis-cell)";
-    let load = "load the script (SCRIPT LOAD)";
-    let mut conn = conn;
-    let loaded = match (mode, &mut conn) {
-        (RedisMode::Lua, _) => None,
-        (_, Fresh::Server(c)) => Some(cell_loaded(&mut **c, None).await),
-        (_, Fresh::Other(c)) => {
-            let cluster = c.cluster();
-            Some(cell_loaded(&mut **c, cluster).await)
-        }
-    }
-    .transpose()
-    .map_err(|e| SetUpError::Redis(detect, e))?;
+/// Sets up `conn` (just made, not yet in service; a Cluster's, following redirections, with
+/// `cluster` to ask every primary) for `state`'s mode (see the module docs); loading `gcra.lua`
+/// (and `gcra_batch.lua` when checks are coalesced) spares the first decision a `NOSCRIPT`, which
+/// costs two more round trips: on a slow link, more than the timeout (issue 50). What detection
+/// found is recorded last.
+pub(crate) async fn set_up(
+    conn: &mut (impl ConnectionLike + Send),
+    cluster: Option<Result<ClusterConnection, RedisError>>,
+    state: &RedisState,
+) -> Result<(), SetUpError> {
+    let mode = state.detector.set_up_mode;
+    let loaded = match mode {
+        RedisMode::Lua => None,
+        _ => Some(
+            cell_loaded(conn, cluster)
+                .await
+                .map_err(|e| SetUpError::Redis("run COMMAND INFO (to detect redis-cell)", e))?,
+        ),
+    };
     if mode == RedisMode::Cell && loaded == Some(false) {
         return Err(SetUpError::NoCell);
     }
-    let batched = state.batches.is_some();
-    match conn {
-        Fresh::Server(c) => match GCRA.load_async(&mut *c).await {
-            Ok(_) if batched => batch::load_gcra_batch(c).await,
-            loaded => loaded.map(drop),
-        },
-        Fresh::Other(c) => match scripts::load_gcra(c).await {
-            Ok(()) if batched => batch::load_gcra_batch(&mut c.redirecting()).await,
-            loaded => loaded,
-        },
+    let load = |e| SetUpError::Redis("load the script (SCRIPT LOAD)", e);
+    GCRA.load_async(&mut *conn).await.map_err(load)?;
+    if state.batches.is_some() {
+        GCRA_BATCH.load_async(&mut *conn).await.map_err(load)?;
     }
-    .map_err(|e| SetUpError::Redis(load, e))?;
     if let Some(loaded) = loaded {
         state.detector.detected(loaded, &state.breaker);
     }

@@ -4,15 +4,15 @@
 //! unreachable. Asked with random routing, which redis-rs answers on a connected node without
 //! refreshing its own map. With seed URLs it also probes open nodes (cluster_nodes.rs says why).
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError};
+use redis::{Client, ConnectionInfo, RedisError};
 
 use super::cluster_nodes::{parse_slots, ClusterNodes};
-use super::server::attempt_budget;
+use super::server::{attempt_budget, open};
 use crate::backend::redis::state::RedisState;
 
 /// The map is read this often while every breaker is closed...
@@ -24,40 +24,33 @@ const TRIES: usize = 3;
 
 /// Starts the task for a Cluster backend (nothing on one server); it ends with the backend.
 pub(crate) fn spawn(state: &Arc<RedisState>) {
-    if state.breaker.nodes.is_none() {
-        return;
-    }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    let (Some(nodes), Ok(runtime)) = (
+        state.breaker.nodes.clone(),
+        tokio::runtime::Handle::try_current(),
+    ) else {
         return;
     };
     let weak = Arc::downgrade(state);
     runtime.spawn(async move {
         let mut woken = false;
-        loop {
-            let wait = {
-                let Some(state) = Weak::upgrade(&weak) else {
-                    return;
-                };
-                let Some(nodes) = state.breaker.nodes.clone() else {
-                    return;
-                };
-                // A Cluster started by `build` has no connection at first.
-                let read = match state.conn.cluster() {
-                    Some(Ok(conn)) => refresh(conn, &state).await,
-                    _ => false,
-                };
-                probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
-                if !read || woken || !nodes.tripped().is_empty() {
-                    WHILE_TRIPPED
-                } else {
-                    EVERY
-                }
+        while let Some(state) = weak.upgrade() {
+            // A Cluster started by `build` has no connection at first.
+            let read = match state.conn.cluster() {
+                Some(Ok(conn)) => refresh(conn, &nodes, state.timeout).await,
+                _ => false,
             };
-            // Woken by a failure, or at the next period; the backend is looked up again either way.
-            let nodes = match Weak::upgrade(&weak).and_then(|s| s.breaker.nodes.clone()) {
-                Some(nodes) => nodes,
-                None => return,
+            probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
+            let wait = if !read || woken || !nodes.tripped().is_empty() {
+                WHILE_TRIPPED
+            } else {
+                EVERY
             };
+            // Woken by a failure, or at the next period; the backend is not held meanwhile (and
+            // looked up again either way).
+            drop(state);
+            if weak.strong_count() == 0 {
+                return;
+            }
             woken = tokio::time::timeout(wait, nodes.stale.notified())
                 .await
                 .is_ok();
@@ -70,15 +63,12 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
 }
 
 /// Reads the slot map and installs it; whether it was read.
-async fn refresh(mut conn: ClusterConnection, state: &RedisState) -> bool {
-    let Some(nodes) = &state.breaker.nodes else {
-        return false;
-    };
+async fn refresh(mut conn: ClusterConnection, nodes: &ClusterNodes, timeout: Duration) -> bool {
     for _ in 0..TRIES {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-        let asked = tokio::time::timeout(state.timeout, conn.route_command(cmd, routing)).await;
+        let asked = tokio::time::timeout(timeout, conn.route_command(cmd, routing)).await;
         if let Ok(Ok(reply)) = asked
             && let Some(shards) = parse_slots(&reply).filter(|s| !s.is_empty())
         {
@@ -109,11 +99,6 @@ async fn probe_open_nodes(nodes: &ClusterNodes, budget: Duration) {
 }
 
 async fn ping(info: ConnectionInfo, timeout: Duration) -> Result<(), RedisError> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    let mut conn = Client::open(info)?
-        .get_multiplexed_async_connection_with_config(&config)
-        .await?;
+    let mut conn = open(&Client::open(info)?, timeout).await?;
     redis::cmd("PING").query_async::<()>(&mut conn).await
 }

@@ -16,6 +16,7 @@ use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::backend::redis::health::breaker::guarded;
 use crate::backend::redis::resets;
 use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::args::{redis_key, state_key};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::error::BackendError;
 use crate::key::Key;
@@ -160,8 +161,11 @@ impl RedisState {
         let Some(first) = limits.first() else {
             return failed("reset needs at least one limit");
         };
-        let state_keys: Vec<String> = limits.iter().map(|l| self.state_key(l, key)).collect();
-        let base = self.redis_key(first.name(), key);
+        let state_keys: Vec<String> = limits
+            .iter()
+            .map(|l| state_key(&self.prefix, l, key))
+            .collect();
+        let base = redis_key(&self.prefix, first.name(), key);
         self.delete(
             state_keys,
             vec![format!("{base}:strikes"), format!("{base}:ban")],

@@ -13,7 +13,9 @@ use crate::backend::redis::conn::connection::is_unknown_command;
 use crate::backend::redis::health::breaker::{guarded, guarded_on, Guarded};
 use crate::backend::redis::speedup::budget::{Fetching, Local};
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::{keyed_state_key, stack_error, Args, Spec};
+use crate::backend::redis::wire::args::{
+    keyed_state_key, redis_key, stack_error, state_key, Args, Spec,
+};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::backend::redis::wire::scripts::{self, Answer};
@@ -44,11 +46,11 @@ impl RedisState {
         key: &Key,
         quantity: u64,
     ) -> DecisionFuture {
-        let Some(args) = Args::with_cell(limit, self.detector.may_use_cell()) else {
+        let Some(args) = Args::new(limit, self.detector.may_use_cell()) else {
             return self.check_window(limit, key, quantity);
         };
         // A key known to be limited stays limited, whether Redis answers or not.
-        let redis_key = self.redis_key(limit.name(), key);
+        let redis_key = redis_key(&self.prefix, limit.name(), key);
         // Before the budget: a denied hot key costs no slice bookkeeping and asks for no slice.
         if let Some(denied) = self
             .deny
@@ -140,7 +142,7 @@ impl RedisState {
             (Algorithm::SlidingLog, Some(w)) if quantity == 1 => Some((w.period(), w.limit())),
             _ => None,
         };
-        let state_key = self.state_key(limit, key);
+        let state_key = state_key(&self.prefix, limit, key);
         if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref())
             && let Some(denied) = deny.get(&state_key, quantity, period, count)
         {
@@ -161,9 +163,7 @@ impl RedisState {
         });
         Box::pin(async move {
             let decisions = decided.await;
-            if decisions.is_ok()
-                && let Some(unanswered) = &mut unanswered
-            {
+            if let (Ok(_), Some(unanswered)) = (&decisions, &mut unanswered) {
                 unanswered.answered();
             }
             let decision = decisions?
@@ -263,9 +263,9 @@ impl RedisState {
         let penalty = limits.first().and_then(|first| {
             first
                 .penalty()
-                .map(|p| (*p, self.redis_key(first.name(), key)))
+                .map(|p| (*p, redis_key(&self.prefix, first.name(), key)))
         });
-        let on = |l| (l, key, self.state_key(l, key));
+        let on = |l| (l, key, state_key(&self.prefix, l, key));
         call_of(limits.iter().map(on), penalty, quantity, each, token)
     }
 
@@ -352,7 +352,7 @@ fn call_of<'a>(
     token: u64,
 ) -> Result<LimitsCall, String> {
     let specs = on
-        .map(|(l, key, state_key)| Spec::of(l, state_key).map(|s| s.on_clock_of(l, key)))
+        .map(|(l, key, state_key)| Spec::on(l, key, state_key))
         .collect::<Result<_, _>>()?;
     Ok(LimitsCall {
         specs,

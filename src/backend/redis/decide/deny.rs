@@ -71,11 +71,6 @@ impl DenyCache {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// A new generation, before entries are dropped: a decision in flight is not inserted after.
-    fn next_generation(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
     /// `key`'s shard, locked.
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
@@ -128,21 +123,15 @@ impl DenyCache {
     /// Forgets the rejection of `key`: it was reset, or given units back (another process may hold
     /// the rejection until its retry time, which only admits less).
     pub(crate) fn forget(&self, key: &str) {
-        self.next_generation();
+        // A new generation first: a decision in flight is not inserted after the entry is gone.
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.shard(key).map.remove(key);
     }
 
-    /// Forgets every rejection: resets may have been missed (resets.rs).
-    pub(crate) fn clear(&self) {
-        self.next_generation();
-        for shard in &self.shards {
-            shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
-        }
-    }
-
-    /// Forgets every rejection of a key under `prefix` (a limit changed in a reload).
+    /// Forgets every rejection of a key under `prefix` (a limit changed in a reload; `""`: every
+    /// key, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
-        self.next_generation();
+        self.generation.fetch_add(1, Ordering::AcqRel);
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
             shard.map.retain(|key, _| !key.starts_with(prefix));
@@ -329,7 +318,7 @@ mod tests {
         assert!(get("k", 1, now).is_none());
         // Any forget counts (the generation is the cache's): it only costs a round trip.
         let sent = cache.generation();
-        cache.clear();
+        cache.forget_prefix("");
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
         cache.insert("k", 1, limited(60_000), now, cache.generation());

@@ -3,18 +3,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis::Script;
 use tokio::task::AbortHandle;
 
 use crate::backend::redis::conn::backoff::Backoff;
 use crate::backend::redis::conn::connection::RedisConnection;
-
-/// Extends every unit of one lease token: see the script's header.
-static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::RENEW));
+use crate::backend::redis::wire::scripts::RENEW;
 
 /// The concurrency leases of one backend: tokens to draw, the renewal task of each lease in flight
 /// (holding this weakly: they stop with the backend), and the connection they go through.

@@ -2,22 +2,14 @@
 //! request's units under each limit ([`refund`]: counting by outcome), or charges or gives back a
 //! metered request's real cost ([`settle`]).
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Script;
-
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::Spec;
+use crate::backend::redis::wire::args::{state_key, Spec};
+use crate::backend::redis::wire::scripts::SETTLE;
 use crate::key::Key;
 use crate::limit::Limit;
-
-/// See the script's header. Built once per process.
-static SETTLE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::SETTLE));
-
-/// The script's kinds that hold units to give back (a concurrency slot is released, not refunded).
-const REFUNDABLE_KINDS: [u8; 5] = [0, 1, 2, 3, 5];
 
 /// Gives back `quantity` units of `limits` for `key`: [`settle`] with `-quantity` under each.
 pub(crate) fn refund(
@@ -71,13 +63,11 @@ fn send(
         .enumerate()
         .filter(|(i, _)| delta(*i) != 0)
         .filter_map(|(i, limit)| {
-            let spec = Spec::of(limit, state.state_key(limit, key))
-                .ok()?
-                .on_clock_of(limit, key);
-            // Only a metered limit may be charged (with a debt cap of 0, up to its burst): another
-            // reads a TAT past its tolerance as another quota's.
-            let usable =
-                REFUNDABLE_KINDS.contains(&spec.kind) && (delta(i) < 0 || limit.is_metered());
+            let spec = Spec::on(limit, key, state_key(&state.prefix, limit, key)).ok()?;
+            // A concurrency slot is released, not refunded. Only a metered limit may be charged
+            // (with a debt cap of 0, up to its burst): another reads a TAT past its tolerance as
+            // another quota's.
+            let usable = !spec.is_concurrency() && (delta(i) < 0 || limit.is_metered());
             usable.then(|| (spec, delta(i)))
         })
         .collect();

@@ -67,11 +67,6 @@ impl Attempts {
         (record.address.clone(), record.last_error.clone())
     }
 
-    /// The configuration error the last attempt failed on, if any.
-    pub(crate) fn misconfigured(&self) -> Option<Misconfigured> {
-        self.record().misconfigured.clone()
-    }
-
     /// Waits until `connected` or the first attempt ended: whether connected, or its fatal error.
     pub(crate) async fn first_attempt(
         &self,
@@ -85,7 +80,7 @@ impl Attempts {
         if connected() {
             return Ok(true);
         }
-        match self.misconfigured() {
+        match self.record().misconfigured.clone() {
             Some(Misconfigured::Fatal(message)) => Err(message),
             _ => Ok(false),
         }

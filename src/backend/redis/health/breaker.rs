@@ -18,10 +18,9 @@ use crate::error::BackendError;
 /// Fails calls at once while Redis is unreachable, rather than each at its timeout (circuit.rs).
 /// One server's only: on a Cluster each primary has its own ([`ClusterNodes`]), picked by the slot.
 pub(crate) struct Breaker {
-    /// False on a Cluster: every call is admitted, and failures open nothing.
-    enabled: bool,
     circuit: Arc<Circuit>,
-    /// On a Cluster: the slot map and a breaker per primary.
+    /// On a Cluster: the slot map and a breaker per primary (then `circuit` admits every call, and
+    /// failures open nothing).
     pub(crate) nodes: Option<Arc<ClusterNodes>>,
     /// The reconnecting server, if any: told about timeouts; its task logs the transitions.
     server: Option<Arc<SingleServer>>,
@@ -40,7 +39,6 @@ impl Breaker {
         clock: Clock,
     ) -> Self {
         Breaker {
-            enabled: nodes.is_none(),
             circuit: Arc::new(Circuit::new(timeout, clock)),
             nodes,
             server,
@@ -53,40 +51,32 @@ impl Breaker {
         self.circuit.tripped()
     }
 
-    /// Milliseconds on the recorder's clock (see [`Recorder::now_ms`]).
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.recorder.now_ms()
-    }
-
-    /// Whether a call may go ahead: closed, the one probe of an open circuit, or fail fast.
-    pub(crate) fn admit(&self) -> Admission {
-        if !self.enabled {
-            return Admission::Closed;
-        }
-        self.circuit.admit()
-    }
-
-    /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's.
-    fn record(&self, outcome: Outcome, on: &OnNode<'_>) {
+    /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's
+    /// (`node`: the call's, which began at `started` on the node's circuit's clock).
+    fn record(&self, outcome: Outcome, node: Option<&Node>, was_probe: bool, started: u64) {
         if outcome.answered {
             self.answered();
         } else {
-            if self.enabled {
-                self.failed(on.was_probe);
+            // Said once (not by the calls under way); with a reconnecting server, by its task.
+            if self.nodes.is_none() && self.circuit.failed(was_probe) && self.server.is_none() {
+                tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
             }
             // The server may drop a connection that stopped answering.
             if let (true, Some(server)) = (outcome.timed_out, &self.server) {
                 server.timed_out();
             }
         }
-        if let Some((node, nodes)) = on.node {
+        if let (Some(node), Some(nodes)) = (node, &self.nodes) {
             match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
                 (_, true) | (None, _) => nodes.answered(node),
-                // Opens the node's breaker only if the node answered nothing since the call began.
-                (Some(e), false) if outcome.timed_out => {
-                    nodes.timed_out(node, on.was_probe, on.started, e)
+                // A call out of time opens the node's breaker only if the node answered nothing
+                // since it began (slow, not dead: only this call fails).
+                (Some(e), false)
+                    if outcome.timed_out && !was_probe && node.circuit.answered_since(started) =>
+                {
+                    node.met(e)
                 }
-                (Some(e), false) => nodes.failed(node, on.was_probe, e),
+                (Some(e), false) => nodes.failed(node, was_probe, e),
             }
         }
         self.recorder.record(outcome.answered, outcome.error);
@@ -95,15 +85,8 @@ impl Breaker {
     /// Redis answered.
     pub(crate) fn answered(&self) {
         // With a reconnecting server, its task says so (once per reconnection).
-        if self.enabled && self.circuit.answered() && self.server.is_none() {
+        if self.nodes.is_none() && self.circuit.answered() && self.server.is_none() {
             tracing::info!("Redis answers again; rate-limit decisions come from Redis");
-        }
-    }
-
-    fn failed(&self, was_probe: bool) {
-        // Said once (not by the calls under way); with a reconnecting server, by its task.
-        if self.circuit.failed(was_probe) && self.server.is_none() {
-            tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
         }
     }
 
@@ -139,7 +122,8 @@ where
 {
     let admission = match (&node, &breaker.nodes) {
         (Some(node), Some(nodes)) => nodes.admit(node),
-        _ => breaker.admit(),
+        _ if breaker.nodes.is_some() => Admission::Closed,
+        _ => breaker.circuit.admit(),
     };
     if let Admission::FailFast = admission {
         let message = match &node {
@@ -160,16 +144,11 @@ where
     // Large (a script's or a batch's state machine): boxed once, not copied into two futures.
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
-        let on_node = OnNode {
-            node: node.as_deref().zip(breaker.nodes.as_deref()),
-            was_probe: matches!(admission, Admission::Probe(_)),
-            started: node.as_deref().map_or(0, |n| n.circuit.now_ms()),
-        };
+        let was_probe = matches!(admission, Admission::Probe(_));
+        let started = node.as_deref().map_or(0, |n| n.circuit.now_ms());
         let outcome = tokio::time::timeout(timeout, call).await;
         // Out of time after the node answered TRYAGAIN (its record: whichever task sent it).
-        let tried_again = node
-            .as_ref()
-            .is_some_and(|n| n.tried_again_since(on_node.started))
+        let tried_again = node.as_ref().is_some_and(|n| n.tried_again_since(started))
             && match &outcome {
                 Ok(Ok(_)) => false,
                 Ok(Err(e)) => e.is_timeout(),
@@ -209,7 +188,7 @@ where
                 Outcome::unreachable(Some(format!("Redis did not answer within {timeout:?}")), true),
             ),
         };
-        breaker.record(outcome, &on_node);
+        breaker.record(outcome, node.as_deref(), was_probe, started);
         drop(admission);
         result
     })
@@ -252,14 +231,6 @@ fn slot_not_served(e: &RedisError) -> bool {
         e.kind(),
         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ClusterDown)
     )
-}
-
-/// The call's Cluster node, whose breaker its outcome moves (none on one server).
-struct OnNode<'a> {
-    node: Option<(&'a Node, &'a ClusterNodes)>,
-    was_probe: bool,
-    /// When the call began, on the node's circuit's clock.
-    started: u64,
 }
 
 #[cfg(test)]

@@ -1,7 +1,5 @@
 //! [`MemoryReport`]: what Redis says about its memory (the `maxmemory-policy`, the keys it evicted),
-//! and what the watcher (watch.rs) remembers between two reads.
-
-use std::sync::Mutex;
+//! and what the watcher (watch.rs) remembers between two reads ([`Seen`]).
 
 /// What Redis says about its memory, from [`RedisBackend::memory`](crate::redis::RedisBackend::memory).
 /// On a Cluster, over every primary: the first policy that can evict (or the first policy), and
@@ -43,11 +41,6 @@ impl MemoryReport {
 
 /// What the watcher remembers between reads, shared with `RedisBackend::memory` calls.
 #[derive(Default)]
-pub(crate) struct MemoryWatch {
-    state: Mutex<Seen>,
-}
-
-#[derive(Default)]
 pub(crate) struct Seen {
     /// `evicted_keys` at the last read.
     pub(crate) evicted_keys: Option<u64>,
@@ -56,10 +49,4 @@ pub(crate) struct Seen {
     pub(crate) warned_policy: Option<String>,
     /// `CONFIG GET` was refused, and that was said.
     pub(crate) said_config_refused: bool,
-}
-
-impl MemoryWatch {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }

@@ -53,7 +53,8 @@ pub(crate) struct Recorder {
     error: Mutex<Option<(String, SystemTime)>>,
     /// The path decisions take (for the gauge's label): `UNKNOWN`, `CELL` or `LUA`.
     path: AtomicU8,
-    clock: Clock,
+    /// The backend's one clock.
+    pub(crate) clock: Clock,
     /// Ms on `clock` of the last failed call.
     last_failure_ms: AtomicU64,
     /// The gauge's `backend` label.
@@ -81,15 +82,10 @@ impl Recorder {
         failing
     }
 
-    /// Milliseconds on the backend's clock, plus one (so that 0 can mean "none").
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
-    }
-
     /// One call's outcome: whether Redis answered (an error reply included), and its error.
     pub(crate) fn record(&self, answered: bool, error: Option<String>) {
         if answered {
-            let now = self.now_ms();
+            let now = self.clock.now_ms();
             if self.last_answer.load(Ordering::Relaxed) != now {
                 self.last_answer.store(now, Ordering::Relaxed);
             }
@@ -103,8 +99,25 @@ impl Recorder {
                 error.clone().map(|error| (error, SystemTime::now()));
         }
         match error {
-            None => self.succeeded(),
-            Some(error) => self.failed_with(error),
+            // If decisions were failing, they no longer are.
+            None if self.failing.load(Ordering::Relaxed) => {
+                let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+                if self.failing.swap(false, Ordering::AcqRel) {
+                    crate::observe::backend_up(&self.name, Some(self.path_name()));
+                }
+            }
+            None => {}
+            Some(text) => {
+                let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
+                self.last_failure_ms
+                    .store(self.clock.now_ms(), Ordering::Relaxed);
+                // Not logged: the layer logs failed decisions, the reconnecting task the
+                // transitions.
+                if !self.failing.swap(true, Ordering::AcqRel) {
+                    crate::observe::backend_up(&self.name, None);
+                }
+                *current = Some((text, SystemTime::now()));
+            }
         }
     }
 
@@ -112,7 +125,7 @@ impl Recorder {
     pub(crate) fn reachability(&self) -> (bool, Option<(String, SystemTime)>) {
         let failures = self.failures_in_a_row.load(Ordering::Relaxed);
         let last_answer = self.last_answer.load(Ordering::Relaxed);
-        let silent = self.now_ms().saturating_sub(last_answer);
+        let silent = self.clock.now_ms().saturating_sub(last_answer);
         let reachable = failures == 0
             || (failures < UNREACHABLE_AFTER
                 && last_answer != 0
@@ -135,27 +148,6 @@ impl Recorder {
         self.lost.store(false, Ordering::Relaxed);
     }
 
-    /// A call succeeded: if decisions were failing, they no longer are.
-    fn succeeded(&self) {
-        if !self.failing.load(Ordering::Relaxed) {
-            return;
-        }
-        let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        if self.failing.swap(false, Ordering::AcqRel) {
-            crate::observe::backend_up(&self.name, Some(self.path_name()));
-        }
-    }
-
-    fn failed_with(&self, text: String) {
-        let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        self.last_failure_ms.store(self.now_ms(), Ordering::Relaxed);
-        // Not logged: the layer logs failed decisions, the reconnecting task the transitions.
-        if !self.failing.swap(true, Ordering::AcqRel) {
-            crate::observe::backend_up(&self.name, None);
-        }
-        *current = Some((text, SystemTime::now()));
-    }
-
     /// The error decisions are failing with now, if they are.
     pub(crate) fn current(&self) -> Option<(String, SystemTime)> {
         if !self.failing.load(Ordering::Acquire) {
@@ -167,6 +159,7 @@ impl Recorder {
     /// Whether decisions are failing and none has been tried for [`PROBE_EVERY`]: time to probe.
     pub(crate) fn wants_probe(&self) -> bool {
         let quiet = self
+            .clock
             .now_ms()
             .saturating_sub(self.last_failure_ms.load(Ordering::Relaxed));
         self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64

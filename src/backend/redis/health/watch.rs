@@ -66,7 +66,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
         .timeout
         .saturating_mul(5)
         .max(Duration::from_millis(250));
-    let asked = tokio::time::timeout(budget, async {
+    let (config, info) = tokio::time::timeout(budget, async {
         let mut config = redis::cmd("CONFIG");
         config.arg("GET").arg("maxmemory-policy").arg("maxmemory");
         let mut info = redis::cmd("INFO");
@@ -77,14 +77,13 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     })
     .await
     .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?;
-    let (config, info) = asked;
     // An error reply (`ERR unknown command`, `NOPERM`) is a refusal; anything else: not reached.
     let refused = |e: &RedisError| e.code().is_some() && !e.is_io_error();
     let unread = |what, e| BackendError::with_source(format!("cannot read Redis' {what}"), e);
     let (policy, maxmemory) = match config {
-        Ok(value) => (policy_of(&value), maxmemory_of(&value)),
+        Ok(value) => config_of(&value),
         Err(e) if refused(&e) => {
-            let mut seen = state.memory.lock();
+            let mut seen = state.memory.lock().unwrap_or_else(|e| e.into_inner());
             if !seen.said_config_refused {
                 seen.said_config_refused = true;
                 tracing::info!(
@@ -107,7 +106,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     state
         .cell_through_script
         .store(may_refuse, std::sync::atomic::Ordering::Relaxed);
-    let mut seen = state.memory.lock();
+    let mut seen = state.memory.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(policy) = policy.as_deref().filter(|p| MemoryReport::policy_evicts(p))
         && seen.warned_policy.as_deref() != Some(policy)
     {
@@ -169,32 +168,21 @@ fn strings(value: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// The policy in a `CONFIG GET maxmemory-policy` reply: the first that can evict, or the first.
-fn policy_of(value: &Value) -> Option<String> {
-    let policies = config_values(value, "maxmemory-policy");
-    policies
-        .iter()
-        .find(|p| MemoryReport::policy_evicts(p))
-        .or(policies.first())
-        .cloned()
-}
-
-/// `maxmemory` in `CONFIG GET` replies: the largest of the nodes' (0: no cap anywhere).
-fn maxmemory_of(value: &Value) -> Option<u64> {
-    config_values(value, "maxmemory")
-        .iter()
-        .filter_map(|v| v.parse::<u64>().ok())
-        .max()
-}
-
-/// The values of the parameter `name` in `CONFIG GET` replies (one per node).
-fn config_values(value: &Value, name: &str) -> Vec<String> {
+/// `maxmemory-policy` and `maxmemory` in `CONFIG GET` replies (one per node): the first policy
+/// that can evict, or the first; the largest `maxmemory` (0: no cap anywhere).
+fn config_of(value: &Value) -> (Option<String>, Option<u64>) {
     let mut all = Vec::new();
     strings(value, &mut all);
-    all.windows(2)
-        .filter(|w| w[0].eq_ignore_ascii_case(name))
-        .map(|w| w[1].clone())
-        .collect()
+    let values = |name: &'static str| {
+        all.windows(2)
+            .filter(move |w| w[0].eq_ignore_ascii_case(name))
+            .map(|w| &w[1])
+    };
+    let policy = values("maxmemory-policy")
+        .find(|p| MemoryReport::policy_evicts(p))
+        .or_else(|| values("maxmemory-policy").next());
+    let maxmemory = values("maxmemory").filter_map(|v| v.parse().ok()).max();
+    (policy.cloned(), maxmemory)
 }
 
 /// `evicted_keys` in `INFO stats` replies, summed over the nodes.

@@ -8,49 +8,31 @@
 //! - `limits.lua` (other algorithms, stacks): one `limits_batch.lua` call, an item per check; a
 //!   failed item (`WRONGTYPE`) fails alone.
 //!
-//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; others wait for
-//! the next batch, which leaves when a batch in flight answers, once [`Lane::full`], or at the end
-//! of the *window* (the timeout / 20, at most 5 ms) after the first of them queued, whatever is in
-//! flight. So a check waits at most the window and one round trip (replies come back in order
-//! behind the batches ahead of it, which left earlier), never for the batch ahead of it: on a slow
-//! link (a round trip of 45 ms, a timeout of 100 ms) waiting for it took two round trips and timed
-//! out (issue 50). Where Redis answers within the window (a local one: well under a millisecond)
-//! the window never ends a wait and batches are as before. A batch runs on a task of its own; each
-//! check keeps its timeout and breaker (it waits inside `guarded`). One server has a lane per kind
-//! of call; a Cluster one per key (a migrating slot's keys may be split between nodes; one key
-//! never is): a lane may then hold both kinds, one call per run.
+//! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; the others
+//! leave with the next batch: when a batch in flight answers, once [`Lane::full`], or at the end of
+//! the *window* (the timeout / 20, at most 5 ms) after the first of them queued. So a check waits
+//! at most the window and one round trip, never for the batch ahead of it: on a slow link (a round
+//! trip of 45 ms, a timeout of 100 ms) that took two round trips and timed out (issue 50); where
+//! Redis answers within the window, the window never ends a wait. A batch runs on a task of its
+//! own; each check keeps its timeout and breaker (it waits inside `guarded`). One server has a lane
+//! per kind of call; a Cluster one per key (a migrating slot's keys may be split between nodes; one
+//! key never is): a lane may then hold both kinds, one call per run.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::oneshot;
 
 use super::gcra_group;
 use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
-use crate::backend::redis::wire::scripts::{self, Answer};
+use crate::backend::redis::wire::scripts::{self, Answer, GCRA_BATCH, LIMITS_BATCH};
 use crate::decision::Decision;
-
-/// See the script's header.
-static GCRA_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::GCRA_BATCH));
-
-/// Loads `gcra_batch.lua` (`SCRIPT LOAD`) at connect, as `gcra.lua` is: a batch's first call would
-/// otherwise pay a `NOSCRIPT` and the load, three round trips.
-pub(crate) async fn load_gcra_batch(
-    conn: &mut impl redis::aio::ConnectionLike,
-) -> Result<(), RedisError> {
-    GCRA_BATCH.load_async(conn).await.map(drop)
-}
-
-/// See the script's header.
-static LIMITS_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::LIMITS_BATCH));
 
 /// Batches in flight per lane at most: while one is on the wire or in Redis, the next fills.
 const IN_FLIGHT: usize = 2;
@@ -75,13 +57,6 @@ enum Job {
     Cell(String, CellArgs, u64),
     /// A call of `limits.lua` (alone) or an item of `limits_batch.lua`.
     Limits(LimitsCall),
-}
-
-impl Job {
-    /// Whether two jobs go in one call (the same script).
-    fn same_call(&self, other: &Job) -> bool {
-        mem::discriminant(self) == mem::discriminant(other)
-    }
 }
 
 /// What a check gets back: a GCRA answer, or `limits.lua`'s decisions.
@@ -180,13 +155,9 @@ impl Batcher {
         quantity: u64,
     ) -> Result<Answer, RedisError> {
         debug_assert!(args.penalty.is_none(), "penalty boxes are never batched");
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let mut conn = self.conn.clone();
-            return scripts::gcra(&mut conn, key, args, quantity).await;
-        };
         let lane_name: &str = if self.per_key { key } else { "" };
         let job = Job::Gcra(key.to_owned(), *args, quantity);
-        gcra_answer(self.queue(runtime, lane_name, job).await?)
+        gcra_answer(self.queue(lane_name, job).await?)
     }
 
     /// One `CL.THROTTLE` decision on one server, alone or in a pipelined batch.
@@ -200,12 +171,8 @@ impl Batcher {
             !self.per_key,
             "CL.THROTTLE checks are coalesced on one server only"
         );
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let mut conn = self.conn.clone();
-            return scripts::throttle(&mut conn, key, cell, quantity, false).await;
-        };
         let job = Job::Cell(key.to_owned(), cell, quantity);
-        gcra_answer(self.queue(runtime, CELL_LANE, job).await?)
+        gcra_answer(self.queue(CELL_LANE, job).await?)
     }
 
     /// One call of `limits.lua`, alone or as an item of a `limits_batch.lua` call.
@@ -213,30 +180,27 @@ impl Batcher {
         self: &Arc<Self>,
         call: LimitsCall,
     ) -> Result<Vec<Decision>, RedisError> {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            let mut conn = self.conn.clone();
-            return scripts::limits(&mut conn, &call).await;
-        };
         let lane_name: Box<str> = if self.per_key {
             call.first_key().into()
         } else {
             LIMITS_LANE.into()
         };
-        match self.queue(runtime, &lane_name, Job::Limits(call)).await? {
+        match self.queue(&lane_name, Job::Limits(call)).await? {
             Reply::Limits(decisions) => Ok(decisions),
             Reply::Gcra(_) => Err(mixed_up()),
         }
     }
 
-    /// Queues a check on `lane_name`, sends a batch if due, and waits for its answer.
-    async fn queue(
-        self: &Arc<Self>,
-        runtime: tokio::runtime::Handle,
-        lane_name: &str,
-        job: Job,
-    ) -> Result<Reply, RedisError> {
+    /// Queues a check on `lane_name`, sends a batch if due, and waits for its answer (outside a
+    /// tokio runtime, where no task can send a batch: sends it alone).
+    async fn queue(self: &Arc<Self>, lane_name: &str, job: Job) -> Result<Reply, RedisError> {
         let (answer, receiver) = oneshot::channel();
         let waiter = Waiter { job, answer };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let mut conn = self.conn.clone();
+            let alone = send(&mut conn, std::slice::from_ref(&waiter)).await.pop();
+            return alone.unwrap_or_else(|| Err(mixed_up()));
+        };
         let leaving = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             let lane = match lanes.get_mut(lane_name) {
@@ -252,13 +216,8 @@ impl Batcher {
             }
         };
         let window = match leaving {
-            Ok((batch, rest)) => {
-                if let Some(taken) = rest {
-                    self.set_window(&runtime, lane_name, taken);
-                }
-                let batcher = self.clone();
-                let lane_name: Box<str> = lane_name.into();
-                runtime.spawn(async move { batcher.run(lane_name, batch).await });
+            Ok(batch) => {
+                self.launch(&runtime, lane_name, batch);
                 None
             }
             Err(window) => window,
@@ -309,7 +268,7 @@ impl Batcher {
 
     /// Sends the checks queued on `lane_name` since `taken` at once, unless a batch took them.
     fn end_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
-        let (batch, rest) = {
+        let batch = {
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
             match lanes.get_mut(lane_name) {
                 Some(lane) if lane.taken == taken && !lane.waiting.is_empty() => {
@@ -318,6 +277,17 @@ impl Batcher {
                 _ => return,
             }
         };
+        self.launch(runtime, lane_name, batch);
+    }
+
+    /// Sends `batch` (just taken) on a task of its own; a window ends the wait of the checks it
+    /// left waiting (`rest`: [`Lane::rest`]).
+    fn launch(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        lane_name: &str,
+        (batch, rest): (Vec<Waiter>, Option<u64>),
+    ) {
         if let Some(taken) = rest {
             self.set_window(runtime, lane_name, taken);
         }
@@ -351,20 +321,13 @@ impl Batcher {
             let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
-                let sent = send(&mut conn, &batch);
-                match tokio::time::timeout(self.timeout, sent).await {
-                    Ok(answers) => {
-                        for (waiter, answer) in batch.drain(..).zip(answers) {
-                            let _ = waiter.answer.send(answer);
-                        }
-                    }
-                    Err(_) => {
-                        let e =
-                            RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
-                        for waiter in batch.drain(..) {
-                            let _ = waiter.answer.send(Err(e.clone()));
-                        }
-                    }
+                let sent = tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await;
+                let answers = sent.unwrap_or_else(|_| {
+                    let e = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+                    batch.iter().map(|_| Err(e.clone())).collect()
+                });
+                for (waiter, answer) in batch.drain(..).zip(answers) {
+                    let _ = waiter.answer.send(answer);
                 }
             }
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -450,7 +413,8 @@ async fn send(conn: &mut RedisConnection, batch: &[Waiter]) -> Vec<Result<Reply,
     while let [first, ..] = rest {
         let run = rest
             .iter()
-            .take_while(|w| w.job.same_call(&first.job))
+            // The same script: one call.
+            .take_while(|w| mem::discriminant(&w.job) == mem::discriminant(&first.job))
             .count();
         let (now, later) = rest.split_at(run);
         let sent = match first.job {

@@ -8,20 +8,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis::{RedisError, Script};
+use redis::RedisError;
 
 use crate::backend::redis::conn::connection::RedisConnection;
 use crate::backend::redis::wire::args::Args;
-use crate::backend::redis::wire::scripts::Answer;
+use crate::backend::redis::wire::scripts::{from_reply, Answer, BUDGET};
 use crate::budget::Budget;
 use crate::decision::Decision;
-
-/// See the script's header. Built once per process.
-static BUDGET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(crate::backend::redis::wire::lua::BUDGET));
 
 /// The most keys one process tracks for hotness; beyond it, keys are decided per request.
 const MAX_KEYS: usize = 100_000;
@@ -48,11 +44,9 @@ struct Slice {
     /// Units granted by Redis and not yet admitted; lost at `expires`.
     units: u64,
     expires: Instant,
-    /// When the slice was granted, with what Redis reported after granting it.
+    /// When the slice was granted, with what Redis told after granting it.
     granted_at: Instant,
-    redis_remaining: u64,
-    reset_after: Duration,
-    limit: u64,
+    told: Decision,
     /// The units of the latest grant: the slice is refilled ahead when a quarter is left.
     last_grant: u64,
     /// A slice is on its way: requests meanwhile take what is left, then are decided per request.
@@ -68,9 +62,7 @@ impl Slice {
             units: 0,
             expires: now,
             granted_at: now,
-            redis_remaining: 0,
-            reset_after: Duration::ZERO,
-            limit: 0,
+            told: Decision::allowed(0, 0, Duration::ZERO),
             last_grant: 0,
             fetching: false,
         }
@@ -86,13 +78,12 @@ impl Slice {
 
     /// What a request admitted from the slice is told: see [`Budget`]'s headers.
     fn decision(&self, now: Instant) -> Decision {
+        let told = &self.told;
         Decision::allowed(
-            self.limit,
+            told.limit,
             // At most the limit, as Redis would say (an earlier slice's units may have drained).
-            self.units
-                .saturating_add(self.redis_remaining)
-                .min(self.limit),
-            self.reset_after
+            self.units.saturating_add(told.remaining).min(told.limit),
+            told.reset_after
                 .saturating_sub(now.saturating_duration_since(self.granted_at)),
         )
     }
@@ -213,36 +204,27 @@ impl Budgets {
             .arg(quantity.max(1))
             .invoke_async(&mut conn.redirecting())
             .await?;
-        let [granted, limit, remaining, retry_after, reset_after] = reply.map(|v| v.max(-1));
-        let limit = limit.max(0) as u64;
-        let remaining = remaining.max(0) as u64;
-        let reset_after = Duration::from_nanos(reset_after.max(0) as u64);
+        let [granted, limit, remaining, retry_after, reset_after] = reply;
         let granted = granted.max(0) as u64;
-        let decision = if granted >= quantity.max(1) {
-            let now = Instant::now();
-            let mut keys = self.lock();
-            let current = self.generation.load(Ordering::Acquire) == generation;
-            match keys.get_mut(key).filter(|_| current) {
-                Some(slice) => {
-                    if now >= slice.expires {
-                        slice.units = 0;
-                    }
-                    slice.units = slice.units.saturating_add(granted - quantity);
-                    slice.last_grant = granted;
-                    slice.expires = now + budget.slice_lifetime();
-                    slice.granted_at = now;
-                    slice.redis_remaining = remaining;
-                    slice.reset_after = reset_after;
-                    slice.limit = limit;
-                    slice.decision(now)
-                }
-                // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
-                None => Decision::allowed(limit, remaining, reset_after),
+        // What Redis left after the grant, or gcra.lua's rejection of the request's units.
+        let refused = i64::from(granted < quantity.max(1));
+        let reply = [refused, limit, remaining, retry_after, reset_after];
+        let mut decision = from_reply(reply, Duration::from_nanos);
+        let now = Instant::now();
+        let mut keys = self.lock();
+        let current = self.generation.load(Ordering::Acquire) == generation;
+        // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
+        if let (true, Some(slice)) = (decision.allowed, keys.get_mut(key).filter(|_| current)) {
+            if now >= slice.expires {
+                slice.units = 0;
             }
-        } else {
-            let retry_after = u64::try_from(retry_after).ok().map(Duration::from_nanos);
-            Decision::limited(limit, remaining, retry_after, reset_after)
-        };
+            slice.units = slice.units.saturating_add(granted - quantity);
+            slice.last_grant = granted;
+            slice.expires = now + budget.slice_lifetime();
+            slice.granted_at = now;
+            slice.told = decision;
+            decision = slice.decision(now);
+        }
         Ok(Answer {
             decision,
             whole_seconds: false,
@@ -256,18 +238,12 @@ impl Budgets {
         keys.remove(key);
     }
 
-    /// Drops the slices of keys under `prefix` (a limit changed in a reload: its old rate's).
+    /// Drops the slices of keys under `prefix` (a limit changed in a reload: its old rate's;
+    /// `""`: every slice, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
         let mut keys = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
         keys.retain(|key, _| !key.starts_with(prefix));
-    }
-
-    /// Drops every slice (resets may have been missed).
-    pub(crate) fn forget_all(&self) {
-        let mut keys = self.lock();
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        keys.clear();
     }
 }
 
@@ -283,9 +259,7 @@ mod tests {
         slice.units = units;
         slice.expires = now + ttl;
         slice.granted_at = now;
-        slice.redis_remaining = redis_remaining;
-        slice.reset_after = Duration::from_secs(1);
-        slice.limit = 100;
+        slice.told = Decision::allowed(100, redis_remaining, Duration::from_secs(1));
         slice.last_grant = units;
     }
 

@@ -75,7 +75,8 @@ pub(crate) struct Args {
     pub(crate) delayed: bool,
     pub(crate) interval: u64,
     pub(crate) tolerance: u64,
-    /// How far ahead a stored TAT is read as it is ([`ceiling`]).
+    /// How far ahead (ns) the scripts read a stored TAT as it is: the GCRA's `ceiling` (beyond
+    /// it, a TAT was written under another quota).
     pub(crate) ceiling: u64,
     pub(crate) limit: u64,
     /// `CL.THROTTLE key max_burst count period`: `None` when the quota has no exact whole-second
@@ -91,14 +92,10 @@ pub(crate) struct CellArgs {
 }
 
 impl Args {
-    /// The GCRA's arguments; `None` for the other algorithms.
-    pub(crate) fn new(limit: &Limit) -> Option<Args> {
-        Self::with_cell(limit, true)
-    }
-
-    /// The GCRA's arguments, with `CL.THROTTLE`'s only if `cell` (the mode may take that path):
-    /// its whole-second form takes 128-bit divisions, which the Lua path need not pay.
-    pub(crate) fn with_cell(limit: &Limit, cell: bool) -> Option<Args> {
+    /// The GCRA's arguments (`None` for the other algorithms), with `CL.THROTTLE`'s only if `cell`
+    /// (the mode may take that path): its whole-second form takes 128-bit divisions, which the Lua
+    /// path need not pay.
+    pub(crate) fn new(limit: &Limit, cell: bool) -> Option<Args> {
         let params = limit.gcra()?;
         let delayed = limit.delay().is_some();
         Some(Args {
@@ -106,7 +103,7 @@ impl Args {
             delayed,
             interval: params.emission_interval(),
             tolerance: params.tolerance(),
-            ceiling: ceiling(limit),
+            ceiling: params.ceiling(),
             limit: params.limit(),
             cell: (cell && !delayed).then(|| cell_args(limit)).flatten(),
         })
@@ -116,12 +113,6 @@ impl Args {
     pub(crate) fn metered(&self) -> bool {
         self.ceiling != self.tolerance
     }
-}
-
-/// How far ahead (ns) the scripts read a stored TAT as it is: the GCRA's `ceiling` (beyond it, a
-/// TAT was written under another quota). 0 for the other algorithms.
-pub(crate) fn ceiling(limit: &Limit) -> u64 {
-    limit.gcra().map_or(0, |params| params.ceiling())
 }
 
 /// Why the Redis backend cannot settle metered `limit`'s costs exactly: not a GCRA limit, a leased
@@ -143,7 +134,7 @@ fn metered_error(limit: &Limit) -> Result<(), String> {
              slice is granted before the cost is known); remove the budget"
         ));
     }
-    let window = ceiling(limit).checked_add(params.emission_interval());
+    let window = params.ceiling().checked_add(params.emission_interval());
     if window.is_none_or(|w| w >= LUA_MAX_WINDOW_NS) {
         return Err(format!(
             "policy {name:?}: the Redis backend holds debts that are paid back within 52 days \
@@ -204,7 +195,7 @@ pub(crate) struct Spec {
     pub(crate) limit: u64,
     pub(crate) a: u64,
     pub(crate) b: u64,
-    /// The GCRA's [`ceiling`] (0 for the other algorithms).
+    /// The GCRA's [`Args::ceiling`] (0 for the other algorithms).
     pub(crate) ceiling: u64,
 }
 
@@ -218,20 +209,21 @@ const KIND_CALENDAR_WINDOW: u8 = 5;
 const CALENDAR_SPLIT: u64 = 1 << 22;
 
 impl Spec {
-    /// This spec for `key` now: a fixed window at the key's own phase
+    /// [`of`](Self::of) for `key` now, on `state_key`: a fixed window at the key's own phase
     /// ([`WindowStart::PerKey`](crate::window::WindowStart::PerKey)) takes its shift (µs) as `b`; a
     /// calendar window, the bounds around this process's clock ([`calendar_args`]).
-    pub(crate) fn on_clock_of(mut self, limit: &Limit, key: &Key) -> Spec {
-        match self.kind {
-            KIND_FIXED_WINDOW => self.b = limit.window_shift(key) / 1000,
+    pub(crate) fn on(limit: &Limit, key: &Key, state_key: String) -> Result<Spec, String> {
+        let mut spec = Self::of(limit, state_key)?;
+        match spec.kind {
+            KIND_FIXED_WINDOW => spec.b = limit.window_shift(key) / 1000,
             KIND_CALENDAR_WINDOW => {
                 if let Some(calendar) = limit.window().and_then(|w| w.calendar()) {
-                    (self.a, self.b) = calendar_args(calendar.bounds_now());
+                    (spec.a, spec.b) = calendar_args(calendar.bounds_now());
                 }
             }
             _ => {}
         }
-        self
+        Ok(spec)
     }
 
     /// `settle.lua`'s last parameter for this limit: the GCRA's ceiling, a fixed window's shift, a
@@ -250,7 +242,7 @@ impl Spec {
             format!("policy {name:?}: the Redis backend supports counts up to 2^51, not {count}")
         };
         let algorithm = limit.algorithm();
-        let ceiling = ceiling(limit);
+        let ceiling = limit.gcra().map_or(0, |params| params.ceiling());
         let spec = |kind, limit, a, b| Spec {
             key,
             kind,
@@ -311,7 +303,7 @@ impl Spec {
         let period_us = period / 1000;
         let kind = match algorithm {
             Algorithm::SlidingLog => 1,
-            // Its bounds come with each call (`on_clock_of`).
+            // Its bounds come with each call (`on`).
             Algorithm::FixedWindow if window.calendar().is_some() => {
                 return Ok(spec(KIND_CALENDAR_WINDOW, count, 0, 0));
             }
@@ -344,7 +336,7 @@ impl Spec {
         self.kind == KIND_CONCURRENCY
     }
 
-    /// A metered GCRA limit: its keys may hold debt (see [`ceiling`]).
+    /// A metered GCRA limit: its keys may hold debt (see [`Args::ceiling`]).
     pub(crate) fn is_metered(&self) -> bool {
         self.kind == KIND_GCRA && self.ceiling != self.b
     }
@@ -383,7 +375,7 @@ pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
 pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
     metered_error(limit).map_err(BuildError::Invalid)?;
     let name = limit.name();
-    match Args::new(limit) {
+    match Args::new(limit, true) {
         // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
         Some(args) if mode == RedisMode::Cell && !args.delayed => match args.cell {
             Some(_) => Ok(()),
@@ -403,12 +395,8 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
 /// stack the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
-    for limit in limits {
-        metered_error(limit)
-            .and_then(|()| Spec::of(limit, String::new()).map(drop))
-            .map_err(BuildError::Invalid)?;
-    }
-    Ok(())
+    // As one limit in mode Lua: the limits script's bounds.
+    limits.iter().try_for_each(|l| validate(RedisMode::Lua, l))
 }
 
 #[cfg(test)]

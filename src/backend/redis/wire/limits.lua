@@ -163,7 +163,7 @@ end
 -- before x 2^22 + after); the server's clock, a little behind or ahead, is in the window ending
 -- at `finish - before`, `finish` or `finish + after` (or, a whole window ahead, in one as long as
 -- the last after that). Returns that window's end (its name) and the µs left to it. Bounds'
--- window_at in calendar.rs is the same; settle.lua has a copy.
+-- window_at in calendar.rs is the same; settle.lua uses this one.
 local function calendar_at(at, finish, lengths)
   local before = floordiv(lengths, 4194304)
   local after = lengths - before * 4194304
@@ -178,20 +178,19 @@ local function calendar_window(key, limit, finish, q, lengths)
   return window_count(key, limit, q, calendar_at(now_us, finish, lengths))
 end
 
+-- A sliding window's counts in `window` and the one before, as `key` holds them (nil: none).
+-- settle.lua reads them too.
+local function sliding_counts(key, window)
+  local w, c, p = read_sliding(key)
+  if w == window then return c, p end
+  if w and w + 1 == window then return 0, c end
+end
+
 local function sliding_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local left = period - (now_us - window * period)
-  local current, previous = 0, 0
-  local w, c, p = read_sliding(key)
-  if w then
-    c = math.min(c, limit)
-    p = math.min(p, limit)
-    if w == window then
-      current, previous = c, p
-    elseif w + 1 == window then
-      current, previous = 0, c
-    end
-  end
+  local current, previous = sliding_counts(key, window)
+  current, previous = math.min(current or 0, limit), math.min(previous or 0, limit)
   -- The estimate times the period, exactly (see the header for the bounds).
   local weighted = previous * left + current * period
   local capacity = limit * period

@@ -12,24 +12,20 @@ use super::lua;
 use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
 use crate::decision::Decision;
 
-/// The GCRA, as `CL.THROTTLE` computes it: see the script's header. Built once per process.
+// Each script, built once per process: see its header (lua.rs says which file that is).
 pub(crate) static GCRA: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA));
-
-/// Every algorithm, and stacks of limits: see the script's header.
 static LIMITS: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS));
-
-/// `CL.THROTTLE` called from a script, on a Cluster: see the script's header.
 static CELL: LazyLock<Script> = LazyLock::new(|| Script::new(lua::CELL));
+pub(crate) static GCRA_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(lua::GCRA_BATCH));
+pub(crate) static LIMITS_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(lua::LIMITS_BATCH));
+pub(crate) static BUDGET: LazyLock<Script> = LazyLock::new(|| Script::new(lua::BUDGET));
+pub(crate) static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(lua::SETTLE));
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(lua::RENEW));
 
 /// A decision, and whether `CL.THROTTLE` made it (its durations then whole seconds, rounded up).
 pub(crate) struct Answer {
     pub(crate) decision: Decision,
     pub(crate) whole_seconds: bool,
-}
-
-/// Loads `gcra.lua` (`SCRIPT LOAD`) at connect: a server that refuses scripts fails the start.
-pub(crate) async fn load_gcra(conn: &mut RedisConnection) -> Result<(), RedisError> {
-    GCRA.load_async(&mut conn.redirecting()).await.map(drop)
 }
 
 /// One GCRA decision (with its penalty box, if any) by `gcra.lua`.

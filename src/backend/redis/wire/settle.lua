@@ -67,17 +67,9 @@ local function calendar_window(key, finish, quantity, lengths)
 end
 
 local function sliding_window(key, period, quantity)
-  local w, c, p = read_sliding(key)
-  if not w then return end
   local window = floordiv(now_us, period)
-  local current, previous
-  if w == window then
-    current, previous = c, p
-  elseif w + 1 == window then
-    current, previous = 0, c
-  else
-    return
-  end
+  local current, previous = sliding_counts(key, window)
+  if not current then return end
   local back = window - floordiv(admitted_after, period)
   if back == 0 then
     current = math.max(current - quantity, 0)
