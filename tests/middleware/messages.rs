@@ -226,5 +226,8 @@ async fn a_backend_that_answers_a_stack_short_fails_the_message() {
         .build()
         .unwrap();
     let error = layer.handle().check("chat", "ann", 1).await.unwrap_err();
-    assert!(error.to_string().contains("a decision per limit"), "{error}");
+    assert!(
+        error.to_string().contains("a decision per limit"),
+        "{error}"
+    );
 }

@@ -62,11 +62,6 @@ impl RedisConnection {
         timeout: Duration,
         budget: Duration,
     ) -> Result<RedisConnection, BackendError> {
-        if let Target::Urls(urls) = &target
-            && urls.iter().any(|u| u.starts_with("rediss:"))
-        {
-            install_crypto_provider();
-        }
         let connecting = async {
             match target {
                 Target::Urls(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
@@ -167,6 +162,11 @@ pub(crate) fn cluster_client(
 ) -> Result<ClusterClient, BackendError> {
     if urls.is_empty() {
         return Err(BackendError::new("no Redis URL given"));
+    }
+    // Before any connection, whether the Cluster is connected now or by a background task: rustls
+    // panics without a provider.
+    if urls.iter().any(|u| u.starts_with("rediss:")) {
+        install_crypto_provider();
     }
     ClusterClient::builder(urls.to_vec())
         .connection_timeout(timeout)
