@@ -38,12 +38,15 @@ impl SetUpError {
         }
     }
 
-    /// The error `connect` returns: the [description](Self::describe), with Redis' own error.
+    /// The error `connect` returns: the [description](Self::describe) of a configuration error
+    /// (which says what Redis answered), or what failed with Redis' own error as its source (shown
+    /// once).
     pub(crate) fn into_error(self, address: &str) -> BackendError {
-        let (message, _) = self.describe(address);
         match self {
-            SetUpError::Redis(_, e) => BackendError::with_source(message, e),
-            SetUpError::NoCell => BackendError::new(message),
+            SetUpError::Redis(doing, e) if configuration_error(&e, address, doing).is_none() => {
+                BackendError::with_source(format!("cannot {doing} on Redis at {address}"), e)
+            }
+            other => BackendError::new(other.describe(address).0),
         }
     }
 }
@@ -90,4 +93,20 @@ pub(crate) fn in_service(state: &RedisState) {
         .breaker
         .recorder
         .connected(state.detector.active_path());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_set_up_quotes_redis_once() {
+        let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out");
+        let failed = SetUpError::Redis("load the script", RedisError::from(timed_out));
+        let text = failed.into_error("127.0.0.1:6379").to_string();
+        assert_eq!(
+            text,
+            "cannot load the script on Redis at 127.0.0.1:6379: read timed out"
+        );
+    }
 }
