@@ -20,6 +20,27 @@ pub(super) struct Entry {
     pub(super) cells: Cells,
 }
 
+impl Entry {
+    /// Whether an entry is `key`'s under the limit `id`.
+    pub(super) fn is(id: u32, key: &Key) -> impl Fn(&Entry) -> bool + '_ {
+        move |e| e.limit == id && e.key == *key
+    }
+}
+
+/// A copy of `limit`'s live state at `position` in `entry` (if any), or a fresh one.
+pub(super) fn stored_state(entry: Option<&Entry>, limit: &Limit, position: u8, now: u64) -> State {
+    entry
+        .and_then(|e| {
+            e.cells.iter().find(|c| {
+                c.limit == limit.id()
+                    && c.position == position
+                    && c.state.algorithm() == limit.algorithm()
+                    && c.expires_at > now
+            })
+        })
+        .map_or(State::fresh(limit.algorithm()), |c| c.state.copy())
+}
+
 /// The cells of an entry, without an allocation for the common case of one limit.
 pub(super) enum Cells {
     Empty,

@@ -78,11 +78,7 @@ impl GcraTable {
         quantity: u64,
         clock: &C,
     ) -> Decision {
-        match Compact::of(key) {
-            Compact::V4(ip) => self.decide_in(params, id, &ip, quantity, clock),
-            Compact::V6(ip) => self.decide_in(params, id, &ip, quantity, clock),
-            Compact::Other(key) => self.decide_in(params, id, key, quantity, clock),
-        }
+        by_form!(key, |k| self.decide_in(params, id, k, quantity, clock))
     }
 
     fn decide_in<K: RecordKey + Clone, C: Clock>(
@@ -233,11 +229,7 @@ impl GcraTable {
         key: &Key,
         clock: &C,
     ) -> (Decision, Decision) {
-        let tat = match Compact::of(key) {
-            Compact::V4(ip) => self.stored_tat(id, &ip),
-            Compact::V6(ip) => self.stored_tat(id, &ip),
-            Compact::Other(key) => self.stored_tat(id, key),
-        };
+        let tat = by_form!(key, |k| self.stored_tat(id, k));
         let now = clock.now_nanos();
         let live = tat.filter(|tat| *tat > now);
         (
@@ -266,11 +258,7 @@ impl GcraTable {
 
     /// Forgets `key` under the GCRA limit `id`: it starts again with a full burst.
     pub(super) fn forget(&self, id: u32, key: &Key) {
-        match Compact::of(key) {
-            Compact::V4(ip) => self.forget_in(id, &ip),
-            Compact::V6(ip) => self.forget_in(id, &ip),
-            Compact::Other(key) => self.forget_in(id, key),
-        }
+        by_form!(key, |k| self.forget_in(id, k))
     }
 
     fn forget_in<K: RecordKey>(&self, id: u32, key: &K) {
@@ -414,6 +402,25 @@ impl RecordKey for Key {
         &mut shard.other
     }
 }
+
+/// `$body` with `$k` bound to `$key`'s [`Compact`] form: `&u32`, `&[u8; 16]` or `&Key`, each
+/// typed, so that a generic method is compiled once per form.
+macro_rules! by_form {
+    ($key:expr, |$k:ident| $body:expr) => {
+        match Compact::of($key) {
+            Compact::V4(ip) => {
+                let $k = &ip;
+                $body
+            }
+            Compact::V6(ip) => {
+                let $k = &ip;
+                $body
+            }
+            Compact::Other($k) => $body,
+        }
+    };
+}
+use by_form;
 
 /// The compact form of a key: IP keys as their address bits, anything else as the key itself.
 enum Compact<'a> {

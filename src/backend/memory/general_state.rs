@@ -101,14 +101,8 @@ impl GeneralStore {
             1 => Cells::One(cells.into_iter().next().expect("one cell")),
             _ => Cells::Many(cells),
         };
-        let id = first.id();
-        let hash = std::hash::BuildHasher::hash_one(&self.hasher, (id, key));
-        let mut shard = self.shard(hash);
-        if shard
-            .table
-            .find(hash, |e: &Entry| e.limit == id && e.key == *key)
-            .is_some()
-        {
+        let (hash, mut shard) = self.locate(first.id(), key);
+        if shard.table.find(hash, Entry::is(first.id(), key)).is_some() {
             return;
         }
         if !cells.retain_live(now) {

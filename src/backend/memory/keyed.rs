@@ -90,7 +90,7 @@ impl GeneralStore {
         let mut out: Vec<Decision> = Vec::with_capacity(limits.len());
         for ((limit, key), hash) in limits.iter().zip(keys).zip(&hashes) {
             let shard = locked.shard(self.shard_index(*hash));
-            let mut state = stored_state(shard, *hash, limit, key, now);
+            let mut state = stored(shard, *hash, limit, key, now);
             out.push(decide_one(&mut state, limit, key, now, unix_now, quantity).0);
         }
         if !out.iter().all(|d| d.allowed) {
@@ -98,7 +98,7 @@ impl GeneralStore {
             for (i, ((limit, key), hash)) in limits.iter().zip(keys).zip(&hashes).enumerate() {
                 if out[i].allowed {
                     let shard = locked.shard(self.shard_index(*hash));
-                    let mut state = stored_state(shard, *hash, limit, key, now);
+                    let mut state = stored(shard, *hash, limit, key, now);
                     out[i] = decide_one(&mut state, limit, key, now, unix_now, 0).0;
                 }
             }
@@ -110,19 +110,9 @@ impl GeneralStore {
             let shard = locked.shard(self.shard_index(*hash));
             let one = std::slice::from_ref(limit);
             let written = &mut out[i..=i];
-            let id = limit.id();
-            let eq = |e: &Entry| e.limit == id && e.key == *key;
-            if let Ok(mut occupied) = shard.table.find_entry(*hash, eq) {
-                let cells = &mut occupied.get_mut().cells;
-                decide_cells(cells, one, key, now, origin, &[quantity], written);
-                if !cells.retain_live(now) {
-                    occupied.remove();
-                }
-            } else {
-                let mut cells = Cells::Empty;
-                decide_cells(&mut cells, one, key, now, origin, &[quantity], written);
-                self.insert(shard, *hash, one, key, cells, now, origin);
-            }
+            self.update(shard, *hash, one, key, (now, origin), |cells| {
+                decide_cells(cells, one, key, now, origin, &[quantity], written)
+            });
             debug_assert!(
                 out[i].allowed,
                 "a limit decides alike on the state it just read"
@@ -155,20 +145,13 @@ impl GeneralStore {
 }
 
 /// A copy of `limit`'s live state in `key`'s entry of `shard`, or a fresh one.
-fn stored_state(shard: &GeneralShard, hash: u64, limit: &Limit, key: &Key, now: u64) -> State {
-    let id = limit.id();
-    shard
-        .table
-        .find(hash, |e: &Entry| e.limit == id && e.key == *key)
-        .and_then(|e| {
-            e.cells.iter().find(|c| {
-                c.limit == id
-                    && c.position == 0
-                    && c.state.algorithm() == limit.algorithm()
-                    && c.expires_at > now
-            })
-        })
-        .map_or(State::fresh(limit.algorithm()), |c| c.state.copy())
+fn stored(shard: &GeneralShard, hash: u64, limit: &Limit, key: &Key, now: u64) -> State {
+    stored_state(
+        shard.table.find(hash, Entry::is(limit.id(), key)),
+        limit,
+        0,
+        now,
+    )
 }
 
 /// Limits with a key each: as a stack, and one key per limit.

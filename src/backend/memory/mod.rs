@@ -22,7 +22,7 @@ use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
-use crate::limit::{check_stack, Limit};
+use crate::limit::{check_stack, Limit, MAX_STACKED_QUOTAS};
 use crate::or_default::OrDefault;
 
 use gcra_table::GcraTable;
@@ -324,25 +324,21 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     /// A stack of limits on one key, decided together (see
-    /// [`decide_charges`](Self::decide_charges)).
+    /// [`decide_charges`](Self::decide_charges)): [`decide_each`](Self::decide_each) with one
+    /// quantity for every limit.
     fn decide_all(
         &self,
         limits: &[Limit],
         key: &Key,
         quantity: u64,
     ) -> Result<Vec<Decision>, BackendError> {
-        check_stack(limits).map_err(BackendError::new)?;
-        if let [limit] = limits {
-            return Ok(vec![self.decide(limit, key, quantity)?]);
-        }
-        let stores = &*self.stores;
-        Ok(stores
-            .general
-            .decide_stack(limits, key, quantity, &stores.clock))
+        // More limits than a stack holds fail `check_stack` before the quantities are counted.
+        let quantities = [quantity; MAX_STACKED_QUOTAS];
+        let quantities = quantities.get(..limits.len()).unwrap_or(&quantities);
+        self.decide_each(limits, key, quantities)
     }
 
-    /// A stack with a quantity per limit (`quantities[i]` under `limits[i]`): as `decide_all`
-    /// otherwise, keeping its state in the same place.
+    /// A stack with a quantity per limit (`quantities[i]` under `limits[i]`), on one key.
     fn decide_each(
         &self,
         limits: &[Limit],

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::hot::MOVED;
-use super::{write, Compact, GcraTable, RecordKey, TatRecord};
+use super::{by_form, write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::clock::Clock;
 use crate::gcra;
 use crate::key::Key;
@@ -25,11 +25,7 @@ impl GcraTable {
         if delta == 0 {
             return;
         }
-        match Compact::of(key) {
-            Compact::V4(ip) => self.settle_in(params, id, &ip, delta, since, clock),
-            Compact::V6(ip) => self.settle_in(params, id, &ip, delta, since, clock),
-            Compact::Other(key) => self.settle_in(params, id, key, delta, since, clock),
-        }
+        by_form!(key, |k| self.settle_in(params, id, k, delta, since, clock))
     }
 
     fn settle_in<K: RecordKey + Clone, C: Clock>(

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::hot::{HotKey, MOVED};
-use super::{write, Compact, GcraTable, RecordKey, TatRecord};
+use super::{by_form, write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::gcra;
 use crate::key::Key;
 
@@ -54,18 +54,14 @@ impl GcraTable {
         if tat <= now || tat == MOVED {
             return;
         }
-        match Compact::of(key) {
-            Compact::V4(ip) => self.restore_in(params, id, ip, tat, now),
-            Compact::V6(ip) => self.restore_in(params, id, ip, tat, now),
-            Compact::Other(key) => self.restore_in(params, id, key.clone(), tat, now),
-        }
+        by_form!(key, |k| self.restore_in(params, id, k, tat, now))
     }
 
-    fn restore_in<K: RecordKey>(
+    fn restore_in<K: RecordKey + Clone>(
         &self,
         params: &gcra::GcraParams,
         id: u32,
-        key: K,
+        key: &K,
         tat: u64,
         now: u64,
     ) {
@@ -79,11 +75,11 @@ impl GcraTable {
         {
             return;
         }
-        match K::table_mut(&mut table).find_entry(hash, |s| s.limit == id && s.key == key) {
+        match K::table_mut(&mut table).find_entry(hash, |s| s.limit == id && s.key == *key) {
             Ok(mut occupied) => {
                 occupied.get_mut().tat.fetch_max(tat, Relaxed);
             }
-            Err(_) => self.insert_new(&mut table, hash, params, id, key, tat, now),
+            Err(_) => self.insert_new(&mut table, hash, params, id, key.clone(), tat, now),
         }
     }
 }
