@@ -38,7 +38,7 @@ pub(super) fn stored_state(entry: Option<&Entry>, limit: &Limit, position: u8, n
                     && c.expires_at > now
             })
         })
-        .map_or(State::fresh(limit.algorithm()), |c| c.state.copy())
+        .map_or(State::fresh(limit.algorithm()), |c| c.state.clone())
 }
 
 /// The cells of an entry, without an allocation for the common case of one limit.
@@ -60,6 +60,7 @@ pub(super) struct Cell {
 }
 
 /// The state each algorithm keeps, as [`gcra`] and [`window`] define it.
+#[derive(Clone)]
 pub(super) enum State {
     /// The TAT, on the backend's clock (`now_nanos`, not Unix time).
     Gcra(u64),
@@ -80,17 +81,6 @@ impl State {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
             Algorithm::Concurrency => State::InFlight(0),
             _ => State::Gcra(0),
-        }
-    }
-
-    /// A copy, for a peek to decide on without touching the stored state.
-    pub(super) fn copy(&self) -> State {
-        match self {
-            State::Gcra(tat) => State::Gcra(*tat),
-            State::Fixed(s) => State::Fixed(*s),
-            State::Sliding(s) => State::Sliding(*s),
-            State::Log(log) => State::Log(log.clone()),
-            State::InFlight(n) => State::InFlight(*n),
         }
     }
 

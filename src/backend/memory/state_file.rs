@@ -13,7 +13,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::general_state::{SavedCell, SavedState};
+use super::entries::{Cell, State};
 use super::MemoryBackend;
 use crate::clock::Clock;
 use crate::key::Key;
@@ -124,16 +124,11 @@ impl<C: Clock> MemoryBackend<C> {
                     let Some(first) = limit_named(first) else {
                         continue;
                     };
-                    let cells: Vec<SavedCell> = cells
+                    let cells: Vec<Cell> = cells
                         .into_iter()
-                        .filter_map(|(name, position, state, expires_unix)| {
-                            let limit = limit_named(name)?;
-                            Some(SavedCell {
-                                limit: limit.id(),
-                                position,
-                                state,
-                                expires_unix,
-                            })
+                        .filter_map(|(name, cell)| {
+                            let limit = limit_named(name)?.id();
+                            Some(Cell { limit, ..cell })
                         })
                         .collect();
                     if cells.is_empty() {
@@ -167,32 +162,33 @@ impl AsMemory for MemoryBackend {
 enum Record<'a> {
     /// A lone GCRA limit's key: the limit's name, the key, the TAT (Unix ns).
     Gcra(&'a str, Key, u64),
-    /// A general store entry: its first limit's name, the key, and each cell's limit name,
-    /// position, state and expiry (Unix ns).
-    Entry(&'a str, Key, Vec<(&'a str, u8, SavedState, u64)>),
+    /// A general store entry: its first limit's name, the key, and each cell's limit name and
+    /// cell (its times in Unix ns, its limit id not yet known).
+    Entry(&'a str, Key, Vec<(&'a str, Cell)>),
 }
 
 /// A cell as a state file writes it: `name,position,expires,kind,fields…`.
-fn cell_text(name: &str, cell: &SavedCell) -> String {
-    let (position, expires) = (cell.position, cell.expires_unix);
+fn cell_text(name: &str, cell: &Cell) -> String {
+    let (position, expires) = (cell.position, cell.expires_at);
     match &cell.state {
-        SavedState::Gcra(tat) => format!("{name},{position},{expires},gcra,{tat}"),
-        SavedState::Fixed(s) => {
+        State::Gcra(tat) => format!("{name},{position},{expires},gcra,{tat}"),
+        State::Fixed(s) => {
             format!("{name},{position},{expires},fixed,{},{}", s.window, s.count)
         }
-        SavedState::Sliding(s) => format!(
+        State::Sliding(s) => format!(
             "{name},{position},{expires},sliding,{},{},{}",
             s.window, s.current, s.previous
         ),
-        SavedState::Log(times) => {
+        State::Log(times) => {
             let times: Vec<String> = times.iter().map(u64::to_string).collect();
             format!("{name},{position},{expires},log,{}", times.join(","))
         }
+        State::InFlight(_) => unreachable!("GeneralStore::records leaves slots out"),
     }
 }
 
 /// A cell from its text ([`cell_text`]).
-fn parse_cell(text: &str) -> Option<(&str, u8, SavedState, u64)> {
+fn parse_cell(text: &str) -> Option<(&str, Cell)> {
     let mut fields = text.split(',');
     let name = fields.next()?;
     let position: u8 = fields.next()?.parse().ok()?;
@@ -200,20 +196,28 @@ fn parse_cell(text: &str) -> Option<(&str, u8, SavedState, u64)> {
     let kind = fields.next()?;
     let numbers: Vec<u64> = fields.map(str::parse).collect::<Result<_, _>>().ok()?;
     let state = match (kind, numbers.as_slice()) {
-        ("gcra", [tat]) => SavedState::Gcra(*tat),
-        ("fixed", [window, count]) => SavedState::Fixed(FixedState {
+        ("gcra", [tat]) => State::Gcra(*tat),
+        ("fixed", [window, count]) => State::Fixed(FixedState {
             window: *window,
             count: *count,
         }),
-        ("sliding", [window, current, previous]) => SavedState::Sliding(SlidingState {
+        ("sliding", [window, current, previous]) => State::Sliding(SlidingState {
             window: *window,
             current: *current,
             previous: *previous,
         }),
-        ("log", times) if times.windows(2).all(|w| w[0] <= w[1]) => SavedState::Log(times.to_vec()),
+        ("log", times) if times.windows(2).all(|w| w[0] <= w[1]) => {
+            State::Log(times.to_vec().into())
+        }
         _ => return None,
     };
-    Some((name, position, state, expires))
+    let cell = Cell {
+        limit: 0,
+        position,
+        expires_at: expires,
+        state,
+    };
+    Some((name, cell))
 }
 
 /// The records of a state file, or what is wrong with it.
