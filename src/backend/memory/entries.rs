@@ -277,7 +277,7 @@ pub(super) fn refund_state(
     let admitted_after = unix_now.saturating_sub(since);
     match (state, limit.gcra(), limit.window()) {
         (State::Gcra(tat), Some(params), _) if *tat > now => {
-            // Less the time since the admission: see `GcraTable::refund`.
+            // Less the time since the admission: see `MemoryBackend::adjust`.
             let back = params
                 .emission_interval()
                 .saturating_mul(quantity)

@@ -6,7 +6,7 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use std::sync::{RwLock, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
@@ -105,10 +105,7 @@ impl GcraTable {
             // decides on the newer TAT with an older `now`, which can only be stricter (never an
             // extra admission), and the exact-count test in tests/memory/backend.rs holds under
             // contention.
-            let table = shard
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = read(&shard.table);
             // Read the clock under the lock: a sweep (under the write lock) never runs between
             // reading `now` and deciding with it.
             let now = clock.now_nanos();
@@ -247,10 +244,7 @@ impl GcraTable {
         if let Some(tat) = hot.filter(|tat| *tat != MOVED) {
             return Some(tat);
         }
-        let table = shard
-            .table
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let table = read(&shard.table);
         K::table(&table)
             .find(hash, |s| s.limit == id && s.key == *key)
             .map(|record| record.tat.load(Relaxed))
@@ -275,33 +269,11 @@ impl GcraTable {
         }
     }
 
-    /// Gives back `quantity` units of the GCRA limit `id` for `key`, admitted at most `since` ns
-    /// ago: a settlement of `-quantity` ([`gcra::settle`]), whose TAT moves back by as many
-    /// emission intervals less `since` (a TAT that falls to `now` or before means no state, as
-    /// everywhere here).
-    ///
-    /// Less `since`, because the request's units may have drained meanwhile: a later request that
-    /// would have found the bucket idle without this one (`max(tat, now)`) absorbed up to the time
-    /// between them, at most `since`. Moving the TAT back by the whole amount would then give back
-    /// more than the request took; by the rest, never (and with no decision since, exactly).
-    pub(super) fn refund<C: Clock>(
-        &self,
-        params: &gcra::GcraParams,
-        id: u32,
-        key: &Key,
-        quantity: u64,
-        since: u64,
-        clock: &C,
-    ) {
-        let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
-        self.settle(params, id, key, back, since, clock);
-    }
-
     /// How many keys are live (including keys that have expired but were not swept yet).
     pub(super) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.table.read().unwrap_or_else(|p| p.into_inner()).len() + s.hot.len())
+            .map(|s| read(&s.table).len() + s.hot.len())
             .sum()
     }
 
@@ -349,59 +321,38 @@ trait RecordKey: Sized + PartialEq {
     fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>>;
 }
 
-impl RecordKey for u32 {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((u64::from(limit) << 32) | u64::from(*self))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::V4(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::V4(*self)
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.v4
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.v4
-    }
+/// The [`RecordKey`] impl of one key form: its [`HotKey`] variant, its table in a shard, and what a
+/// record of `$limit` and `$k` (the key, by reference) hashes.
+macro_rules! record_key {
+    ($form:ty, $variant:ident, $table:ident, |$limit:ident, $k:ident| $hashed:expr) => {
+        impl RecordKey for $form {
+            fn record_hash(&self, $limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+                let $k = self;
+                hasher.hash_one($hashed)
+            }
+            fn is_hot(&self, hot: &HotKey) -> bool {
+                matches!(hot, HotKey::$variant(k) if k == self)
+            }
+            fn hot(&self) -> HotKey {
+                HotKey::$variant(Clone::clone(self))
+            }
+            fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
+                &shard.$table
+            }
+            fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
+                &mut shard.$table
+            }
+        }
+    };
 }
 
-impl RecordKey for [u8; 16] {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((limit, u128::from_ne_bytes(*self)))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::V6(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::V6(*self)
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.v6
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.v6
-    }
-}
-
-impl RecordKey for Key {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((limit, self))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::Other(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::Other(self.clone())
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.other
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.other
-    }
-}
+record_key!(u32, V4, v4, |limit, ip| (u64::from(limit) << 32)
+    | u64::from(*ip));
+record_key!([u8; 16], V6, v6, |limit, ip| (
+    limit,
+    u128::from_ne_bytes(*ip)
+));
+record_key!(Key, Other, other, |limit, key| (limit, key));
 
 /// `$body` with `$k` bound to `$key`'s [`Compact`] form: `&u32`, `&[u8; 16]` or `&Key`, each
 /// typed, so that a generic method is compiled once per form.
@@ -451,6 +402,12 @@ struct GcraShard {
     sweep_at_len: usize,
     /// ...or when the clock reaches this time.
     sweep_at_time: u64,
+}
+
+// Always inlined: `read` is on every decision's path, as `shard.table.read()` was.
+#[inline(always)]
+fn read(shard: &RwLock<GcraShard>) -> RwLockReadGuard<'_, GcraShard> {
+    shard.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn write(shard: &RwLock<GcraShard>) -> RwLockWriteGuard<'_, GcraShard> {
@@ -726,8 +683,8 @@ mod tests {
         assert_eq!(one.remaining, 5);
         assert!(decide(6).allowed);
         assert!(!decide(1).allowed);
-        // A refund and a settle reach the hot TAT.
-        table.refund(params, id, &key, 2, 0, &clock);
+        // Settlements (a refund is one of -quantity) reach the hot TAT.
+        table.settle(params, id, &key, -2, 0, &clock);
         assert!(decide(2).allowed);
         assert!(!decide(1).allowed);
         table.settle(params, id, &key, -1, 0, &clock);
@@ -835,7 +792,7 @@ mod tests {
         }
         let params = limit.gcra().unwrap();
         for key in keys.iter().step_by(2) {
-            table.refund(params, limit.id(), key, 1, 0, &clock);
+            table.settle(params, limit.id(), key, -1, 0, &clock);
         }
         for (i, key) in keys.iter().enumerate() {
             assert_eq!(limited(&table, &limit, key, &clock), i % 2 == 1, "{key:?}");

@@ -3,7 +3,7 @@
 //! Concurrency slots are not kept: a process that stopped holds no request in flight.
 
 use super::entries::{Cell, Cells, Entry, State};
-use super::general::GeneralStore;
+use super::general::{lock, GeneralStore};
 use crate::key::Key;
 use crate::limit::Limit;
 
@@ -15,9 +15,7 @@ impl GeneralStore {
     pub(super) fn records(&self, now: u64, origin: u64) -> Vec<(u32, Key, Vec<Cell>)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let shard = shard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let shard = lock(shard);
             for entry in shard.table.iter() {
                 let cells: Vec<Cell> = entry
                     .cells

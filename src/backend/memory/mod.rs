@@ -485,12 +485,19 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             }
             Adjustment::Refund { since } => {
                 let quantity = charges.quantity(0);
-                match limits {
-                    [] => {}
-                    [limit] if limit.gcra().is_some() => {
-                        let params = limit.gcra().expect("a GCRA limit");
+                match (limits, limits.first().and_then(Limit::gcra)) {
+                    ([], _) => {}
+                    // A settlement of `-quantity` (gcra::settle): the TAT moves back by as many
+                    // emission intervals less `since`, because the request's units may have
+                    // drained meanwhile: a later request that would have found the bucket idle
+                    // without this one (`max(tat, now)`) absorbed up to the time between them, at
+                    // most `since`. Moving the TAT back by the whole amount would then give back
+                    // more than the request took; by the rest, never (and with no decision since,
+                    // exactly).
+                    ([limit], Some(params)) => {
+                        let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
-                        gcra.refund(params, limit.id(), key, quantity, nanos(since), clock);
+                        gcra.settle(params, limit.id(), key, back, nanos(since), clock);
                     }
                     _ => stores
                         .general

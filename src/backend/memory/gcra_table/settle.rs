@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::hot::MOVED;
-use super::{by_form, write, Compact, GcraTable, RecordKey, TatRecord};
+use super::{by_form, read, write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::clock::Clock;
 use crate::gcra;
 use crate::key::Key;
@@ -45,10 +45,7 @@ impl GcraTable {
             return;
         }
         {
-            let table = shard
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = read(&shard.table);
             let now = clock.now_nanos();
             if let Some(record) = K::table(&table).find(hash, eq) {
                 settle_tat(&record.tat, params, delta, since, now);

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::hot::{HotKey, MOVED};
-use super::{by_form, write, Compact, GcraTable, RecordKey, TatRecord};
+use super::{by_form, read, write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::gcra;
 use crate::key::Key;
 
@@ -14,10 +14,7 @@ impl GcraTable {
     pub(in crate::backend::memory) fn records(&self, now: u64) -> Vec<(u32, Key, u64)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let table = shard
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = read(&shard.table);
             let live = |tat: u64| tat > now && tat != MOVED;
             collect(&table.v4, &mut out, live, |ip| {
                 Key::from_ip(IpAddr::V4(Ipv4Addr::from_bits(*ip)))
