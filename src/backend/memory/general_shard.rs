@@ -200,13 +200,7 @@ pub(super) fn share_used(
             let period = p.period();
             let window = unix_now / period;
             let left = period - unix_now % period;
-            let (current, previous) = if s.window == window {
-                (s.current, s.previous)
-            } else if s.window.saturating_add(1) == window {
-                (0, s.current)
-            } else {
-                (0, 0)
-            };
+            let (current, previous) = window::SlidingState::at(Some(*s), window);
             let estimate = previous as f64 * left as f64 / period as f64 + current as f64;
             (estimate / p.limit() as f64) as f32
         }
