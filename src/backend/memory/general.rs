@@ -5,8 +5,6 @@
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 
-use hashbrown::HashTable;
-
 use super::entries::*;
 use super::general_shard::*;
 use super::tuning::Padded;
@@ -29,15 +27,7 @@ impl GeneralStore {
     pub(super) fn new(shards: usize, shard_cap: usize) -> Self {
         debug_assert!(shards.is_power_of_two());
         let shards = (0..shards)
-            .map(|_| {
-                Padded(Mutex::new(GeneralShard {
-                    table: HashTable::new(),
-                    scales: Vec::new(),
-                    sweep_at_len: 64,
-                    sweep_at_time: 0,
-                    latest_now: 0,
-                }))
-            })
+            .map(|_| Padded(Mutex::new(GeneralShard::with_capacity(0))))
             .collect();
         GeneralStore {
             hasher: foldhash::fast::RandomState::default(),
