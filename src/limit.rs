@@ -174,19 +174,25 @@ impl Limit {
             policy: name.clone(),
             source,
         })?;
-        Ok(Limit {
+        let params = Params::Gcra {
+            admit: gcra,
+            tolerance: gcra.tolerance(),
+            delay: None,
+        };
+        Ok(Limit::of(name, quota, params))
+    }
+
+    /// A limit of a validated name and parameters, with nothing added.
+    fn of(name: String, quota: Quota, params: Params) -> Self {
+        Limit {
             id: intern(&name),
             name: name.into(),
             quota,
-            params: Params::Gcra {
-                admit: gcra,
-                tolerance: gcra.tolerance(),
-                delay: None,
-            },
+            params,
             penalty: None,
             budget: None,
             max_debt: None,
-        })
+        }
     }
 
     /// A limit called `name` enforced with `algorithm`. For the GCRA this is [`Limit::new`]; for the
@@ -248,15 +254,7 @@ impl Limit {
                 .ok_or_else(|| error(QuotaError::PeriodTooLong(quota.period())))?;
             Params::Window(algorithm, window::WindowParams::new(period, quota.count()))
         };
-        Ok(Limit {
-            id: intern(&name),
-            name: name.into(),
-            quota,
-            params,
-            penalty: None,
-            budget: None,
-            max_debt: None,
-        })
+        Ok(Limit::of(name, quota, params))
     }
 
     /// Where this fixed window's boundaries fall: on the Unix epoch for every key (the default), or
