@@ -86,20 +86,18 @@ impl GeneralStore {
                 shard.sweep(now, &self.hasher);
             }
         }
-        // First every limit on a copy of its state: nothing is written yet.
-        let mut out: Vec<Decision> = Vec::with_capacity(limits.len());
-        for ((limit, key), hash) in limits.iter().zip(keys).zip(&hashes) {
-            let shard = locked.shard(self.shard_index(*hash));
-            let mut state = stored(shard, *hash, limit, key, now);
-            out.push(decide_one(&mut state, limit, key, now, unix_now, quantity).0);
-        }
+        // Limit `i` deciding `quantity` on a copy of its state: nothing is written.
+        let mut on_copy = |i: usize, quantity| {
+            let (limit, key, hash) = (&limits[i], &keys[i], hashes[i]);
+            let mut state = stored(locked.shard(self.shard_index(hash)), hash, limit, key, now);
+            decide_one(&mut state, limit, key, now, unix_now, quantity).0
+        };
+        let mut out: Vec<Decision> = (0..limits.len()).map(|i| on_copy(i, quantity)).collect();
         if !out.iter().all(|d| d.allowed) {
             // Nothing is recorded: an admitting limit reports its state as it stands.
-            for (i, ((limit, key), hash)) in limits.iter().zip(keys).zip(&hashes).enumerate() {
-                if out[i].allowed {
-                    let shard = locked.shard(self.shard_index(*hash));
-                    let mut state = stored(shard, *hash, limit, key, now);
-                    out[i] = decide_one(&mut state, limit, key, now, unix_now, 0).0;
+            for (i, decision) in out.iter_mut().enumerate() {
+                if decision.allowed {
+                    *decision = on_copy(i, 0);
                 }
             }
             return out;
@@ -119,28 +117,6 @@ impl GeneralStore {
             );
         }
         out
-    }
-
-    /// Each limit's state under its own key (`limits[i]` on `keys[i]`), for a quantity of 0 and
-    /// of 1, nothing written.
-    pub(super) fn peek_keyed<C: Clock>(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-        clock: &C,
-    ) -> Vec<(Decision, Decision)> {
-        limits
-            .iter()
-            .zip(keys)
-            .flat_map(|(limit, key)| self.peek(std::slice::from_ref(limit), key, clock))
-            .collect()
-    }
-
-    /// Forgets each limit's state under its own key.
-    pub(super) fn forget_keyed(&self, limits: &[Limit], keys: &[Key]) {
-        for (limit, key) in limits.iter().zip(keys) {
-            self.forget(std::slice::from_ref(limit), key);
-        }
     }
 }
 
@@ -192,11 +168,16 @@ impl<C: Clock> MemoryBackend<C> {
     ) -> Result<Vec<KeyState>, BackendError> {
         check_keyed_stack(limits, keys)?;
         let stores = &*self.stores;
-        Ok(stores
-            .general
-            .peek_keyed(limits, keys, &stores.clock)
+        let one = |(limit, key)| {
+            stores
+                .general
+                .peek(std::slice::from_ref(limit), key, &stores.clock)
+        };
+        Ok(limits
             .iter()
-            .map(|(now, next)| KeyState::from_decisions(now, next))
+            .zip(keys)
+            .flat_map(one)
+            .map(|(now, next)| KeyState::from_decisions(&now, &next))
             .collect())
     }
 
@@ -207,7 +188,9 @@ impl<C: Clock> MemoryBackend<C> {
         keys: &[Key],
     ) -> Result<(), BackendError> {
         check_keyed_stack(limits, keys)?;
-        self.stores.general.forget_keyed(limits, keys);
+        for (limit, key) in limits.iter().zip(keys) {
+            self.stores.general.forget(std::slice::from_ref(limit), key);
+        }
         Ok(())
     }
 }
