@@ -570,6 +570,13 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    /// Decides one unit of `limit` for `key`: whether it passed.
+    fn admit<C: Clock>(table: &GcraTable, limit: &crate::Limit, key: &Key, clock: &C) -> bool {
+        table
+            .decide(limit.gcra().unwrap(), limit.id(), key, 1, clock)
+            .allowed
+    }
+
     fn limited(table: &GcraTable, limit: &crate::Limit, key: &Key, clock: &ManualClock) -> bool {
         let params = limit.gcra().unwrap();
         let (_, one) = table.peek(params, limit.id(), key, clock);
@@ -583,14 +590,13 @@ mod tests {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(10));
         let limit = crate::Limit::new("table-len", Quota::per_second(1)).unwrap();
-        let params = limit.gcra().unwrap();
         let keys = [
             Key::from(Ipv4Addr::new(192, 0, 2, 7)),
             Key::from("2001:db8::1".parse::<Ipv6Addr>().unwrap()),
             Key::from("alice"),
         ];
         for key in &keys {
-            assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
+            assert!(admit(&table, &limit, key, &clock));
         }
         assert_eq!(table.len(), 3);
         // Not yet refilled: a sweep keeps them.
@@ -605,10 +611,8 @@ mod tests {
         let table = GcraTable::new(1, 100_000);
         let clock = ManualClock::new();
         let limit = crate::Limit::new("table-shrink", Quota::per_second(1)).unwrap();
-        let params = limit.gcra().unwrap();
         for i in 0..5000u32 {
-            let key = Key::from(format!("k{i}"));
-            assert!(table.decide(params, limit.id(), &key, 1, &clock).allowed);
+            assert!(admit(&table, &limit, &Key::from(format!("k{i}")), &clock));
         }
         let capacity = |table: &GcraTable| table.shards[0].table.read().unwrap().other.capacity();
         assert!(capacity(&table) >= 5000);
@@ -630,18 +634,14 @@ mod tests {
         let clock = ManualClock::new();
         let hourly = crate::Limit::new("table-evict-hourly", Quota::per_hour(1)).unwrap();
         let second = crate::Limit::new("table-evict-second", Quota::per_second(1)).unwrap();
-        let decide = |limit: &crate::Limit, key: &Key| {
-            let params = limit.gcra().unwrap();
-            assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
-        };
         let slow: Vec<Key> = (0..4).map(|i| Key::from(format!("slow-{i}"))).collect();
         let fast: Vec<Key> = (0..5).map(|i| Key::from(format!("fast-{i}"))).collect();
         for key in &slow {
-            decide(&hourly, key);
+            assert!(admit(&table, &hourly, key, &clock));
         }
         clock.advance(Duration::from_secs(1800));
         for key in &fast {
-            decide(&second, key);
+            assert!(admit(&table, &second, key, &clock));
         }
         // The 9th key met a full shard: one key was forgotten, an hourly one.
         assert_eq!(table.len(), 8);
@@ -752,12 +752,11 @@ mod tests {
     fn a_key_moves_to_the_hot_slot_when_two_threads_decide_on_it_not_one() {
         let clock = crate::clock::QuantaClock::new();
         let limit = crate::Limit::new("sampled", Quota::per_second(1_000_000_000)).unwrap();
-        let params = limit.gcra().unwrap();
         let key = Key::from(Ipv4Addr::new(192, 0, 2, 9));
         let hot = |table: &GcraTable| table.shards.iter().map(|s| s.hot.len()).sum::<usize>();
         let alone = GcraTable::new(4, 1000);
         for _ in 0..200_000 {
-            assert!(alone.decide(params, limit.id(), &key, 1, &clock).allowed);
+            assert!(admit(&alone, &limit, &key, &clock));
         }
         assert_eq!(hot(&alone), 0);
         let shared = GcraTable::new(4, 1000);
@@ -765,7 +764,7 @@ mod tests {
             for _ in 0..2 {
                 s.spawn(|| {
                     for _ in 0..200_000 {
-                        assert!(shared.decide(params, limit.id(), &key, 1, &clock).allowed);
+                        assert!(admit(&shared, &limit, &key, &clock));
                     }
                 });
             }
@@ -785,10 +784,7 @@ mod tests {
             .map(|i| Key::from(format!("user-{i}")))
             .collect();
         for key in &keys {
-            for limit in [&limit, &other] {
-                let params = limit.gcra().unwrap();
-                assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
-            }
+            assert!(admit(&table, &limit, key, &clock) && admit(&table, &other, key, &clock));
         }
         let params = limit.gcra().unwrap();
         for key in keys.iter().step_by(2) {
