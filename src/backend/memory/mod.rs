@@ -72,17 +72,15 @@ const MAX_SHARDS: usize = 1024;
 /// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
 /// and [stacks of limits](crate::backend::Charges::stack) (whose GCRA limits keep their TAT here,
 /// apart from the same limits checked alone) live in a second map with as many shards, each behind
-/// a mutex:
-/// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
-/// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
-/// time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an 80-byte
-/// entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own bytes) holds
-/// the state of one limit in place; a stack keeps its states on the heap instead, 48 bytes per
-/// limit. The state
-/// itself is O(1) for the GCRA (a TAT), the fixed window (a window number and a count), the sliding
-/// window (two counts) and the concurrency limit (a count); the sliding log is O(`count`): 8 bytes
-/// per unit admitted within the last `period` (a `VecDeque`, so up to twice that in spare
-/// capacity), never more than `count` of them.
+/// a mutex: one entry per key and stack (or lone limit), holding one state per limit, so that a
+/// stack is decided under one lock and recorded only if every limit admits it. Windows are aligned
+/// on Unix time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an
+/// 80-byte entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own
+/// bytes) holds the state of one limit in place; a stack keeps its states on the heap instead, 48
+/// bytes per limit. The state itself is O(1) for the GCRA (a TAT), the fixed window (a window
+/// number and a count), the sliding window (two counts) and the concurrency limit (a count); the
+/// sliding log is O(`count`): 8 bytes per unit admitted within the last `period` (a `VecDeque`, so
+/// up to twice that in spare capacity), never more than `count` of them.
 ///
 /// Entries are dropped when their state expires (the end of the window that still counts, the
 /// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
@@ -269,11 +267,10 @@ impl<C: Clock> MemoryBackend<C> {
         })
     }
 
-    /// Decides `charges` together, synchronously ([`Backend::check`] wraps this in a ready
-    /// future): the request passes only if every charge is admitted, and only then is it recorded
-    /// by all of them. Returns one decision per charge, in order. When one limit rejects, the
-    /// others that would have admitted report the state they keep (as a request of quantity 0
-    /// would).
+    /// Decides `charges` together, synchronously ([`Backend::check`] wraps this in a ready future):
+    /// the request passes only if every charge is admitted, and only then is it recorded by all of
+    /// them. Returns one decision per charge, in order. When one limit rejects, the others that
+    /// would have admitted report the state they keep (as a request of quantity 0 would).
     ///
     /// A lone charge is decided as [`decide`](Self::decide) does (a lone GCRA limit in the fast
     /// table). A stack on one key keeps its state apart from the lone limits, keyed by its first
@@ -488,12 +485,11 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                 match (limits, limits.first().and_then(Limit::gcra)) {
                     ([], _) => {}
                     // A settlement of `-quantity` (gcra::settle): the TAT moves back by as many
-                    // emission intervals less `since`, because the request's units may have
-                    // drained meanwhile: a later request that would have found the bucket idle
-                    // without this one (`max(tat, now)`) absorbed up to the time between them, at
-                    // most `since`. Moving the TAT back by the whole amount would then give back
-                    // more than the request took; by the rest, never (and with no decision since,
-                    // exactly).
+                    // emission intervals less `since`, because the request's units may have drained
+                    // meanwhile: a later request that would have found the bucket idle without this
+                    // one (`max(tat, now)`) absorbed up to the time between them, at most `since`.
+                    // Moving the TAT back by the whole amount would then give back more than the
+                    // request took; by the rest, never (and with no decision since, exactly).
                     ([limit], Some(params)) => {
                         let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
