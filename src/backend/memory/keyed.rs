@@ -10,13 +10,12 @@ use std::sync::MutexGuard;
 use super::entries::*;
 use super::general::{lock, GeneralStore};
 use super::general_shard::GeneralShard;
-use super::MemoryBackend;
-use crate::backend::key_state::KeyState;
+use super::{check_keyed_stack, MemoryBackend};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::key::Key;
-use crate::limit::{check_stack, Limit};
+use crate::limit::Limit;
 
 /// The shards a keyed decision holds, each once, in ascending order of index.
 struct Locked<'a> {
@@ -130,18 +129,6 @@ fn stored(shard: &GeneralShard, hash: u64, limit: &Limit, key: &Key, now: u64) -
     )
 }
 
-/// Limits with a key each: as a stack, and one key per limit.
-fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
-    if limits.is_empty() || keys.len() != limits.len() {
-        return Err(BackendError::new(format!(
-            "{} keys for {} limits",
-            keys.len(),
-            limits.len()
-        )));
-    }
-    check_stack(limits).map_err(BackendError::new)
-}
-
 impl<C: Clock> MemoryBackend<C> {
     /// Decides `quantity` units under each of `limits`, `limits[i]` for `keys[i]`, atomically,
     /// synchronously (for [`decide_charges`](MemoryBackend::decide_charges)): a refusal by one
@@ -157,40 +144,5 @@ impl<C: Clock> MemoryBackend<C> {
         Ok(stores
             .general
             .decide_keyed(limits, keys, quantity, &stores.clock))
-    }
-
-    /// Each limit's state under its own key, as `decide_keyed` keeps it,
-    /// without consuming or writing anything.
-    pub(super) fn peek_keyed_now(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-    ) -> Result<Vec<KeyState>, BackendError> {
-        check_keyed_stack(limits, keys)?;
-        let stores = &*self.stores;
-        let one = |(limit, key)| {
-            stores
-                .general
-                .peek(std::slice::from_ref(limit), key, &stores.clock)
-        };
-        Ok(limits
-            .iter()
-            .zip(keys)
-            .flat_map(one)
-            .map(|(now, next)| KeyState::from_decisions(&now, &next))
-            .collect())
-    }
-
-    /// Forgets each limit's state under its own key, as `decide_keyed` keeps it.
-    pub(super) fn reset_keyed_now(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-    ) -> Result<(), BackendError> {
-        check_keyed_stack(limits, keys)?;
-        for (limit, key) in limits.iter().zip(keys) {
-            self.stores.general.forget(std::slice::from_ref(limit), key);
-        }
-        Ok(())
     }
 }

@@ -13,6 +13,7 @@ pub(crate) mod state_file;
 mod tuning;
 
 use std::future::{ready, Ready};
+use std::slice;
 use std::sync::Arc;
 
 use crate::backend::api::Backend;
@@ -380,12 +381,22 @@ impl<C: Clock> MemoryBackend<C> {
     /// assert_eq!(backend.peek_now(alice).unwrap()[0].remaining, 3);
     /// ```
     pub fn peek_now(&self, charges: Charges<'_>) -> Result<Vec<KeyState>, BackendError> {
-        let limits = charges.limits();
+        let (limits, stores) = (charges.limits(), &*self.stores);
         let Some(key) = charges.same_key() else {
-            return self.peek_keyed_now(limits, charges.keys().unwrap_or_default());
+            // Each limit's state under its own key, as `decide_keyed` keeps it.
+            let keys = charges.keys().unwrap_or_default();
+            check_keyed_stack(limits, keys)?;
+            let one = |(limit, key)| {
+                stores
+                    .general
+                    .peek(slice::from_ref(limit), key, &stores.clock)
+            };
+            let states = limits.iter().zip(keys).flat_map(one);
+            return Ok(states
+                .map(|(now, next)| KeyState::from_decisions(&now, &next))
+                .collect());
         };
         check_one_or_stack(limits)?;
-        let stores = &*self.stores;
         let decisions = match (limits, limits[0].gcra()) {
             ([limit], Some(params)) => {
                 vec![stores.gcra.peek(params, limit.id(), key, &stores.clock)]
@@ -401,12 +412,17 @@ impl<C: Clock> MemoryBackend<C> {
     /// Forgets the state of each charge's key under its limit, as kept for such charges,
     /// synchronously ([`Backend::reset`] wraps this in a ready future).
     pub fn reset_now(&self, charges: Charges<'_>) -> Result<(), BackendError> {
-        let limits = charges.limits();
+        let (limits, stores) = (charges.limits(), &*self.stores);
         let Some(key) = charges.same_key() else {
-            return self.reset_keyed_now(limits, charges.keys().unwrap_or_default());
+            // Each limit's state under its own key, as `decide_keyed` keeps it.
+            let keys = charges.keys().unwrap_or_default();
+            check_keyed_stack(limits, keys)?;
+            for (limit, key) in limits.iter().zip(keys) {
+                stores.general.forget(slice::from_ref(limit), key);
+            }
+            return Ok(());
         };
         check_one_or_stack(limits)?;
-        let stores = &*self.stores;
         match (limits, limits[0].gcra()) {
             ([limit], Some(_)) => stores.gcra.forget(limit.id(), key),
             _ => stores.general.forget(limits, key),
@@ -432,6 +448,18 @@ impl<C: Clock> MemoryBackend<C> {
         self.stores.gcra.sweep(now);
         self.stores.general.sweep(now);
     }
+}
+
+/// Limits with a key each: as a stack, and one key per limit.
+fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
+    if limits.is_empty() || keys.len() != limits.len() {
+        return Err(BackendError::new(format!(
+            "{} keys for {} limits",
+            keys.len(),
+            limits.len()
+        )));
+    }
+    check_stack(limits).map_err(BackendError::new)
 }
 
 /// One limit of any algorithm, or a stack that [`check_stack`] accepts.
