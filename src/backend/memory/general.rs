@@ -282,8 +282,13 @@ impl GeneralStore {
     }
 
     pub(super) fn shard(&self, hash: u64) -> MutexGuard<'_, GeneralShard> {
-        // The same bits as the GCRA table's shards, for the same reason.
-        lock(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)])
+        lock(&self.shards[self.shard_index(hash)])
+    }
+
+    /// The index of the shard of `hash`: the same bits as the GCRA table's shards, for the same
+    /// reason.
+    pub(super) fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & (self.shards.len() - 1)
     }
 }
 

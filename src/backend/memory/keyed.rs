@@ -33,11 +33,6 @@ impl<'a> Locked<'a> {
 }
 
 impl GeneralStore {
-    /// The index of the shard of `hash` (the same bits as [`shard`](Self::shard)).
-    fn shard_index(&self, hash: u64) -> usize {
-        (hash >> 32) as usize & (self.shards.len() - 1)
-    }
-
     /// Locks the shards of `hashes`, each once, lowest index first: two keyed decisions that
     /// share shards take them in the same order, so neither can wait for the other forever (every
     /// other path holds one shard at a time).
@@ -88,7 +83,9 @@ impl GeneralStore {
         // Limit `i` deciding `quantity` on a copy of its state: nothing is written.
         let mut on_copy = |i: usize, quantity| {
             let (limit, key, hash) = (&limits[i], &keys[i], hashes[i]);
-            let mut state = stored(locked.shard(self.shard_index(hash)), hash, limit, key, now);
+            let table = &locked.shard(self.shard_index(hash)).table;
+            let mut state =
+                stored_state(table.find(hash, Entry::is(limit.id(), key)), limit, 0, now);
             decide_one(&mut state, limit, key, now, unix_now, quantity).0
         };
         let mut out: Vec<Decision> = (0..limits.len()).map(|i| on_copy(i, quantity)).collect();
@@ -117,16 +114,6 @@ impl GeneralStore {
         }
         out
     }
-}
-
-/// A copy of `limit`'s live state in `key`'s entry of `shard`, or a fresh one.
-fn stored(shard: &GeneralShard, hash: u64, limit: &Limit, key: &Key, now: u64) -> State {
-    stored_state(
-        shard.table.find(hash, Entry::is(limit.id(), key)),
-        limit,
-        0,
-        now,
-    )
 }
 
 impl<C: Clock> MemoryBackend<C> {
