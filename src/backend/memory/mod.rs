@@ -483,12 +483,8 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     /// Every algorithm, every shape of charges, refunds and settlements are implemented: only the
     /// stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS))
     /// applies.
-    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
-        let _ = uses;
-        match limits {
-            [_] => Ok(()),
-            stack => check_stack(stack).map_err(BuildError::Invalid),
-        }
+    fn validate(&self, limits: &[Limit], _uses: Uses) -> Result<(), BuildError> {
+        check_one_or_stack(limits).map_err(|e| BuildError::Invalid(e.to_string()))
     }
 
     // Refunds and settlements go where `decide_charges` keeps the state: a lone GCRA limit in the
