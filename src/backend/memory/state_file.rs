@@ -54,14 +54,16 @@ impl<C: Clock> MemoryBackend<C> {
         let mut text = format!("{HEADER}\n");
         let mut written = 0;
         let mut rendered = String::new();
-        for (id, key, tat) in stores.gcra.records(now) {
-            let Some(name) = name_of(id) else {
-                continue;
-            };
+        let mut line = |kind: &str, name: &str, key: &Key, rest: String| {
             rendered.clear();
             key.render(&mut rendered);
-            text.push_str(&format!("gcra\t{name}\t{rendered}\t{}\n", origin + tat));
+            text.push_str(&format!("{kind}\t{name}\t{rendered}\t{rest}\n"));
             written += 1;
+        };
+        for (id, key, tat) in stores.gcra.records(now) {
+            if let Some(name) = name_of(id) {
+                line("gcra", name, &key, (origin + tat).to_string());
+            }
         }
         for (id, key, cells) in stores.general.records(now, origin) {
             let Some(first) = name_of(id) else {
@@ -74,13 +76,7 @@ impl<C: Clock> MemoryBackend<C> {
             if cells.is_empty() {
                 continue;
             }
-            rendered.clear();
-            key.render(&mut rendered);
-            text.push_str(&format!(
-                "entry\t{first}\t{rendered}\t{}\n",
-                cells.join(";")
-            ));
-            written += 1;
+            line("entry", first, &key, cells.join(";"));
         }
         let mut temporary = path.as_os_str().to_owned();
         temporary.push(".tmp");
@@ -237,14 +233,8 @@ fn parse(text: &str) -> Result<Vec<Record<'_>>, String> {
                     i + 2
                 )
             };
-            let mut fields = line.split('\t');
-            let (Some(kind), Some(name), Some(key), Some(rest), None) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            ) else {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [kind, name, key, rest] = fields[..] else {
                 return Err(bad());
             };
             let key = Key::from_rendered(key).ok_or_else(bad)?;
