@@ -3,6 +3,7 @@
 //! sweeps and eviction by the share of its limits an entry uses.
 
 use std::hash::BuildHasher;
+use std::slice;
 use std::sync::{Mutex, MutexGuard};
 
 use super::entries::*;
@@ -45,13 +46,7 @@ impl GeneralStore {
         clock: &C,
     ) -> Decision {
         let mut out = [PLACEHOLDER];
-        self.decide(
-            std::slice::from_ref(limit),
-            key,
-            &[quantity],
-            clock,
-            &mut out,
-        );
+        self.decide(slice::from_ref(limit), key, &[quantity], clock, &mut out);
         out[0]
     }
 

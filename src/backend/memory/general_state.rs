@@ -70,7 +70,7 @@ impl GeneralStore {
                 })
             })
             .collect();
-        let mut cells = match cells.len() {
+        let cells = match cells.len() {
             0 => return,
             1 => Cells::One(cells.into_iter().next().expect("one cell")),
             _ => Cells::Many(cells),
@@ -79,17 +79,8 @@ impl GeneralStore {
         if shard.table.find(hash, Entry::is(first.id(), key)).is_some() {
             return;
         }
-        if !cells.retain_live(now) {
-            return;
-        }
-        self.insert(
-            &mut shard,
-            hash,
-            std::slice::from_ref(first),
-            key,
-            cells,
-            now,
-            origin,
-        );
+        // `insert` leaves out the cells that expired by `now`, and the entry if all did.
+        let limits = std::slice::from_ref(first);
+        self.insert(&mut shard, hash, limits, key, cells, now, origin);
     }
 }
