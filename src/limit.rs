@@ -37,6 +37,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm.
+    pub(crate) const ALL: [Algorithm; 5] = [
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Concurrency,
+    ];
+
     /// The name used in the TOML configuration.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -59,20 +68,14 @@ impl FromStr for Algorithm {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [
-            Algorithm::Gcra,
-            Algorithm::SlidingLog,
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::Concurrency,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == s)
-        .ok_or_else(|| {
-            format!(
-                "unknown algorithm {s:?} (expected \"gcra\", \"sliding-log\", \"fixed-window\", \"sliding-window\" or \"concurrency\")"
-            )
-        })
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown algorithm {s:?} (expected \"gcra\", \"sliding-log\", \"fixed-window\", \"sliding-window\" or \"concurrency\")"
+                )
+            })
     }
 }
 
