@@ -28,10 +28,16 @@ use crate::key::Key;
 pub(super) struct GcraTable {
     hasher: foldhash::fast::RandomState,
     shards: Box<[Padded<Shard>]>,
-    shard_cap: usize,
+    /// The most keys a shard holds.
+    pub(super) shard_cap: usize,
 }
 
 impl GcraTable {
+    /// How many shards the table has.
+    pub(super) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
     /// `shards` (a power of two) empty shards of at most `shard_cap` keys each.
     pub(super) fn new(shards: usize, shard_cap: usize) -> Self {
         debug_assert!(shards.is_power_of_two());
@@ -56,16 +62,6 @@ impl GcraTable {
             shards,
             shard_cap,
         }
-    }
-
-    /// How many shards the table has.
-    pub(super) fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
-    /// The most keys a shard holds.
-    pub(super) fn shard_cap(&self) -> usize {
-        self.shard_cap
     }
 
     /// Decides `quantity` units of the GCRA limit `id` (with `params`) for `key` at `clock`'s now,
@@ -586,7 +582,7 @@ mod tests {
     #[test]
     fn the_table_counts_and_sweeps_keys_of_every_form() {
         let table = GcraTable::new(4, 1000);
-        assert_eq!((table.shard_count(), table.shard_cap()), (4, 1000));
+        assert_eq!((table.shard_count(), table.shard_cap), (4, 1000));
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(10));
         let limit = crate::Limit::new("table-len", Quota::per_second(1)).unwrap();

@@ -136,7 +136,7 @@ impl<C> std::fmt::Debug for MemoryBackend<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryBackend")
             .field("shards", &self.stores.gcra.shard_count())
-            .field("max_keys_per_shard", &self.stores.gcra.shard_cap())
+            .field("max_keys_per_shard", &self.stores.gcra.shard_cap)
             .finish_non_exhaustive()
     }
 }
