@@ -413,26 +413,18 @@ mod tests {
         );
         let after = backend();
         assert_eq!(after.load_state(&path, &all).unwrap(), 4);
+        let left = |backend: &MemoryBackend<_>, l| backend.decide(l, &key, 0).unwrap().remaining;
         for lone in [&fixed, &sliding, &log] {
-            assert_eq!(
-                after.decide(lone, &key, 0).unwrap().remaining,
-                2,
-                "{}",
-                lone.name()
-            );
+            assert_eq!(left(&after, lone), 2, "{}", lone.name());
         }
-        assert_eq!(
-            after.decide(&slots, &key, 0).unwrap().remaining,
-            5,
-            "no slot held"
-        );
+        assert_eq!(left(&after, &slots), 5, "no slot held");
         let stacked = after.decide_all(&stack, &key, 0).unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 47));
         // A stack one of whose limits is gone keeps the others' states.
         let fresh = backend();
         let kept = [&[fixed.clone()][..], &stack[..1]].concat();
         assert_eq!(fresh.load_state(&path, &kept).unwrap(), 2);
-        assert_eq!(fresh.decide(&fixed, &key, 0).unwrap().remaining, 2);
+        assert_eq!(left(&fresh, &fixed), 2);
         let stacked = fresh.decide_all(&stack, &key, 0).unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
         fs::remove_file(&path).unwrap();
