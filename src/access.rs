@@ -8,7 +8,8 @@ use std::sync::{Arc, RwLock};
 
 use ipnet::IpNet;
 
-use crate::key::{ClientIp, InvalidCidr, Key, PeerIp};
+// `net`: a network or an address, in canonical form (as trusted proxies are parsed).
+use crate::key::{parse_net as net, ClientIp, InvalidCidr, Key, PeerIp};
 
 /// What the lists say of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,11 +73,6 @@ impl Entries {
             && self.allow_keys.is_empty()
             && self.deny_keys.is_empty()
     }
-}
-
-/// A network or an address, in canonical form (as trusted proxies are parsed).
-fn net(cidr: &str) -> Result<IpNet, InvalidCidr> {
-    crate::key::parse_net(cidr)
 }
 
 impl AccessList {

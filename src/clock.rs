@@ -20,6 +20,13 @@ pub trait Clock: Send + Sync + 'static {
     }
 }
 
+/// The Unix time now, in nanoseconds (0 before the epoch).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// The process's monotonic clock ([`Instant`]), with its origin when the clock was created.
 #[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
@@ -30,12 +37,9 @@ pub struct SystemClock {
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        let unix_origin = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
         SystemClock {
             origin: Instant::now(),
-            unix_origin,
+            unix_origin: unix_now(),
         }
     }
 }
@@ -100,14 +104,11 @@ impl QuantaClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
-        let unix_origin = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
         let origin = clock.raw();
         QuantaClock {
             clock,
             origin,
-            unix_origin,
+            unix_origin: unix_now(),
         }
     }
 }

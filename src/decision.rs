@@ -60,12 +60,8 @@ impl Decision {
     ) -> Self {
         Decision {
             allowed: false,
-            limit,
-            remaining,
             retry_after,
-            reset_after,
-            banned: false,
-            lease: None,
+            ..Decision::allowed(limit, remaining, reset_after)
         }
     }
 
@@ -78,13 +74,8 @@ impl Decision {
     ) -> Self {
         let retry = retry_after.map_or(rest, |r| r.max(rest));
         Decision {
-            allowed: false,
-            limit,
-            remaining: 0,
-            retry_after: Some(retry),
-            reset_after: reset_after.max(retry),
             banned: true,
-            lease: None,
+            ..Decision::limited(limit, 0, Some(retry), reset_after.max(retry))
         }
     }
 

@@ -417,13 +417,8 @@ mod tests {
 
     #[test]
     fn agrees_with_redis_cell_on_every_output() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut random = xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: u64| random() % n;
         for _ in 0..200 {
             // Whole microseconds, as redis-cell's remaining is computed in microseconds.
             let t_us = 1 + next(10_000_000);

@@ -410,6 +410,24 @@ mod tests {
         openai: false,
     };
 
+    /// A 429 refusal of `request`, `default` the layer's answer, naming nothing else.
+    fn refusal<'a>(
+        request: &'a http::Request<()>,
+        default: &'a dyn Fn() -> Response<Bytes>,
+    ) -> Refusal<'a> {
+        Refusal {
+            kind: RefusalKind::Limited,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            policy: None,
+            key: None,
+            decision: None,
+            retry_after: None,
+            detail: "",
+            request: crate::observe::RequestRef::of(request),
+            default,
+        }
+    }
+
     #[test]
     fn retry_after_values_are_the_seconds_shared_or_not() {
         for seconds in [0, 1, 59, 127, 128, 3_600, u64::MAX] {
@@ -447,15 +465,12 @@ mod tests {
         let decision = Decision::limited(5, 0, Some(Duration::from_millis(1500)), Duration::ZERO);
         let default = || Response::new(Bytes::from_static(b"default"));
         let refusal = Refusal {
-            kind: RefusalKind::Limited,
-            status: StatusCode::TOO_MANY_REQUESTS,
             policy: Some("login"),
             key: Some(&key),
             decision: Some(&decision),
             retry_after: Some(Duration::from_millis(1500)),
             detail: "over the limit",
-            request: crate::observe::RequestRef::of(&request),
-            default: &default,
+            ..refusal(&request, &default)
         };
         assert_eq!(refusal.kind(), RefusalKind::Limited);
         assert_eq!(refusal.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -525,19 +540,7 @@ mod tests {
                 .header("accept", accept)
                 .body(())
                 .unwrap();
-            let default = || Response::new(Bytes::new());
-            Refusal {
-                kind: RefusalKind::Limited,
-                status: StatusCode::TOO_MANY_REQUESTS,
-                policy: None,
-                key: None,
-                decision: None,
-                retry_after: None,
-                detail: "",
-                request: crate::observe::RequestRef::of(&request),
-                default: &default,
-            }
-            .prefers_html()
+            refusal(&request, &|| Response::new(Bytes::new())).prefers_html()
         };
         // The first media type the client names that the layer can answer in wins.
         assert!(!prefers_html("application/problem+json, text/html"));
@@ -619,14 +622,10 @@ mod tests {
         let default = || Response::new(Bytes::from_static(b"the layer's answer"));
         let refusal = |kind, policy| Refusal {
             kind,
-            status: StatusCode::TOO_MANY_REQUESTS,
             policy,
-            key: None,
             decision: Some(&decision),
-            retry_after: None,
             detail: "over the limit",
-            request: crate::observe::RequestRef::of(&request),
-            default: &default,
+            ..refusal(&request, &default)
         };
         let limited = refusal(RefusalKind::Limited, Some("search"));
         assert_eq!(limited.extensions().get::<User>(), Some(&User("bob")));

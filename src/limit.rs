@@ -37,6 +37,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm.
+    pub(crate) const ALL: [Algorithm; 5] = [
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Concurrency,
+    ];
+
     /// The name used in the TOML configuration.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -59,20 +68,14 @@ impl FromStr for Algorithm {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [
-            Algorithm::Gcra,
-            Algorithm::SlidingLog,
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::Concurrency,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == s)
-        .ok_or_else(|| {
-            format!(
-                "unknown algorithm {s:?} (expected \"gcra\", \"sliding-log\", \"fixed-window\", \"sliding-window\" or \"concurrency\")"
-            )
-        })
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown algorithm {s:?} (expected \"gcra\", \"sliding-log\", \"fixed-window\", \"sliding-window\" or \"concurrency\")"
+                )
+            })
     }
 }
 
@@ -174,19 +177,25 @@ impl Limit {
             policy: name.clone(),
             source,
         })?;
-        Ok(Limit {
+        let params = Params::Gcra {
+            admit: gcra,
+            tolerance: gcra.tolerance(),
+            delay: None,
+        };
+        Ok(Limit::of(name, quota, params))
+    }
+
+    /// A limit of a validated name and parameters, with nothing added.
+    fn of(name: String, quota: Quota, params: Params) -> Self {
+        Limit {
             id: intern(&name),
             name: name.into(),
             quota,
-            params: Params::Gcra {
-                admit: gcra,
-                tolerance: gcra.tolerance(),
-                delay: None,
-            },
+            params,
             penalty: None,
             budget: None,
             max_debt: None,
-        })
+        }
     }
 
     /// A limit called `name` enforced with `algorithm`. For the GCRA this is [`Limit::new`]; for the
@@ -248,15 +257,7 @@ impl Limit {
                 .ok_or_else(|| error(QuotaError::PeriodTooLong(quota.period())))?;
             Params::Window(algorithm, window::WindowParams::new(period, quota.count()))
         };
-        Ok(Limit {
-            id: intern(&name),
-            name: name.into(),
-            quota,
-            params,
-            penalty: None,
-            budget: None,
-            max_debt: None,
-        })
+        Ok(Limit::of(name, quota, params))
     }
 
     /// Where this fixed window's boundaries fall: on the Unix epoch for every key (the default), or

@@ -299,10 +299,6 @@ mod redis_store {
     }
 
     impl RedisOffenders {
-        fn key(&self, policy: &str, window: Window, now: u64) -> String {
-            counter_key(&self.prefix, policy, window, now)
-        }
-
         pub(super) fn record(&self, policy: &str, key: &Key, now: u64) {
             {
                 let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
@@ -385,7 +381,8 @@ mod redis_store {
         ) -> Result<OffenderCounts, BackendError> {
             let mut pipe = redis::pipe();
             for window in Window::ALL {
-                pipe.cmd("PFCOUNT").arg(self.key(policy, window, now));
+                pipe.cmd("PFCOUNT")
+                    .arg(counter_key(&self.prefix, policy, window, now));
             }
             let (minute, hour, day): (u64, u64, u64) = pipe
                 .query_async(&mut self.conn.clone().redirecting())

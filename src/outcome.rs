@@ -114,30 +114,17 @@ impl OutcomeGuard {
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<Box<MeterGuard>> {
-        self.settle_as(status);
+        if let Some(refund) = self.refund.take()
+            && !self.rule.counts(status)
+        {
+            let since = self.asked.elapsed() + CLOCK_MARGIN;
+            if since < self.counts_for {
+                refund(since);
+            }
+        }
         let meter = self.meter.take()?;
         meter.read_usage(headers);
         Some(meter)
-    }
-
-    fn settle_as(&mut self, status: StatusCode) {
-        let Some(refund) = self.refund.take() else {
-            return;
-        };
-        if self.rule.counts(status) {
-            return;
-        }
-        let since = self.asked.elapsed() + CLOCK_MARGIN;
-        if since < self.counts_for {
-            refund(since);
-        }
-    }
-}
-
-impl Drop for OutcomeGuard {
-    fn drop(&mut self) {
-        // Unsettled: no response came, so the request counts (nothing is given back).
-        self.refund = None;
     }
 }
 

@@ -53,12 +53,7 @@ pub struct Quota {
 impl Quota {
     /// `count` requests per `period`, with `max_burst` = `count - 1` (a limit of `count`).
     pub const fn per_period(count: u64, period: Duration) -> Self {
-        Quota {
-            max_burst: count.saturating_sub(1),
-            count,
-            period,
-            empty_burst: false,
-        }
+        Self::cl_throttle(count.saturating_sub(1), count, period)
     }
 
     /// `CL.THROTTLE key max_burst count period`'s three parameters, in that order.
@@ -121,11 +116,7 @@ impl Quota {
     #[must_use]
     pub const fn bursts_of(self, size: u64) -> Self {
         match size.checked_sub(1) {
-            Some(max_burst) => Quota {
-                max_burst,
-                empty_burst: false,
-                ..self
-            },
+            Some(max_burst) => self.with_max_burst(max_burst),
             None => Quota {
                 max_burst: 0,
                 empty_burst: true,

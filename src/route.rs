@@ -36,18 +36,15 @@ impl Route {
         // axum 0.8 refuses these at `Router::route` (unless `without_v07_checks`); as a literal a
         // policy's `/users/:id` would match only the path `/users/:id`, never `/users/7`.
         for segment in pattern.split('/') {
-            if let Some(name) = segment.strip_prefix(':') {
-                return Err(format!(
-                    "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
-                     parameter as {{{name}}}"
-                ));
-            }
-            if let Some(name) = segment.strip_prefix('*') {
-                return Err(format!(
-                    "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a \
-                     wildcard as {{*{name}}}"
-                ));
-            }
+            let (what, written) = match segment.split_at_checked(1) {
+                Some((":", name)) => ("parameter", format!("{{{name}}}")),
+                Some(("*", name)) => ("wildcard", format!("{{*{name}}}")),
+                _ => continue,
+            };
+            return Err(format!(
+                "route {pattern:?}: {segment:?} is axum 0.7 syntax; axum 0.8 writes a {what} as \
+                 {written}"
+            ));
         }
         let mut router = matchit::Router::new();
         router.insert(pattern, ()).map_err(|e| {

@@ -207,10 +207,10 @@ pub struct SlidingState {
 
 impl SlidingState {
     /// The counts (current, previous) as seen from window `window`.
-    fn at(state: Option<SlidingState>, window: u64) -> (u64, u64) {
+    pub(crate) fn at(state: Option<SlidingState>, window: u64) -> (u64, u64) {
         match state {
             Some(s) if s.window == window => (s.current, s.previous),
-            Some(s) if s.window + 1 == window => (0, s.current),
+            Some(s) if s.window.saturating_add(1) == window => (0, s.current),
             _ => (0, 0),
         }
     }

@@ -6,13 +6,7 @@ use std::time::Duration;
 use super::*;
 use crate::decision::Decision;
 
-const ALL: [Algorithm; 5] = [
-    Algorithm::Gcra,
-    Algorithm::SlidingLog,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::Concurrency,
-];
+const ALL: [Algorithm; 5] = Algorithm::ALL;
 
 fn with(algorithm: Algorithm, quota: Quota) -> Result<Limit, BuildError> {
     Limit::with_algorithm("limit-tests", algorithm, quota)

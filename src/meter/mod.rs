@@ -234,12 +234,7 @@ impl MeterRule {
     pub(crate) fn estimate(&self, parts: &Parts, body: Option<&[u8]>) -> u64 {
         let units = match &self.estimate.0 {
             EstimateKind::Fixed(n) => *n,
-            EstimateKind::Header(name, default) => parts
-                .headers
-                .get(name.as_str())
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(*default),
+            EstimateKind::Header(name, default) => number(&parts.headers, name).unwrap_or(*default),
             EstimateKind::Body(field, default) => body
                 .and_then(|body| field.units(&parts.headers, body))
                 .unwrap_or(*default),
@@ -247,6 +242,12 @@ impl MeterRule {
         };
         units.min(self.most)
     }
+}
+
+/// The whole number in header `name`, if it holds one.
+fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
+    let value = headers.get(name)?.to_str().ok()?;
+    value.trim().parse().ok()
 }
 
 /// What a policy's builder collected for its metered limit.
@@ -349,16 +350,14 @@ impl MeterGuard {
         let Some(name) = &self.usage_header else {
             return;
         };
-        let used = headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        if let Some(used) = used {
+        if let Some(used) = number(headers, name.as_str()) {
             self.meter.set(used);
         }
     }
+}
 
-    fn finish(&mut self) {
+impl Drop for MeterGuard {
+    fn drop(&mut self) {
         let Some(settle) = self.settle.take() else {
             return;
         };
@@ -369,12 +368,6 @@ impl MeterGuard {
         if delta != 0 {
             settle(delta, self.asked.elapsed());
         }
-    }
-}
-
-impl Drop for MeterGuard {
-    fn drop(&mut self) {
-        self.finish();
     }
 }
 

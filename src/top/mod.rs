@@ -103,10 +103,6 @@ impl TopLimited {
         let _ = self.redactor.set(redactor);
     }
 
-    fn show(&self, key: &Key) -> String {
-        show(key, &self.redactor)
-    }
-
     pub(crate) fn record(&self, policy: &str, key: &Key) {
         match &self.store {
             Store::Memory(policies) => {
@@ -137,7 +133,7 @@ impl TopLimited {
                 // Summed by key before keys are shown: redaction runs n times, not per counter.
                 largest(pairs, n)
                     .into_iter()
-                    .map(|(key, count)| (self.show(key), count))
+                    .map(|(key, count)| (show(key, &self.redactor), count))
                     .collect()
             }
             #[cfg(feature = "redis")]

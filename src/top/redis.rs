@@ -55,12 +55,9 @@ impl RedisTop {
     }
 
     pub(super) fn record(&self, policy: &str, key: &Key) {
+        let shared = &self.shared;
         {
-            let mut pending = self
-                .shared
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             match pending.get_mut(policy) {
                 Some(sketch) => sketch.add(key, 1),
                 None => pending
@@ -69,13 +66,13 @@ impl RedisTop {
                     .add(key, 1),
             }
         }
-        if self.shared.sending.swap(true, Ordering::AcqRel) {
+        if shared.sending.swap(true, Ordering::AcqRel) {
             return;
         }
         match tokio::runtime::Handle::try_current() {
             // The task ends when the store is dropped (it keeps only a weak reference).
-            Ok(runtime) => drop(runtime.spawn(send_every_second(Arc::downgrade(&self.shared)))),
-            Err(_) => self.shared.sending.store(false, Ordering::Release),
+            Ok(runtime) => drop(runtime.spawn(send_every_second(Arc::downgrade(shared)))),
+            Err(_) => shared.sending.store(false, Ordering::Release),
         }
     }
 

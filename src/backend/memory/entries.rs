@@ -20,6 +20,27 @@ pub(super) struct Entry {
     pub(super) cells: Cells,
 }
 
+impl Entry {
+    /// Whether an entry is `key`'s under the limit `id`.
+    pub(super) fn is(id: u32, key: &Key) -> impl Fn(&Entry) -> bool + '_ {
+        move |e| e.limit == id && e.key == *key
+    }
+}
+
+/// A copy of `limit`'s live state at `position` in `entry` (if any), or a fresh one.
+pub(super) fn stored_state(entry: Option<&Entry>, limit: &Limit, position: u8, now: u64) -> State {
+    entry
+        .and_then(|e| {
+            e.cells.iter().find(|c| {
+                c.limit == limit.id()
+                    && c.position == position
+                    && c.state.algorithm() == limit.algorithm()
+                    && c.expires_at > now
+            })
+        })
+        .map_or(State::fresh(limit.algorithm()), |c| c.state.clone())
+}
+
 /// The cells of an entry, without an allocation for the common case of one limit.
 pub(super) enum Cells {
     Empty,
@@ -39,6 +60,7 @@ pub(super) struct Cell {
 }
 
 /// The state each algorithm keeps, as [`gcra`] and [`window`] define it.
+#[derive(Clone)]
 pub(super) enum State {
     /// The TAT, on the backend's clock (`now_nanos`, not Unix time).
     Gcra(u64),
@@ -59,17 +81,6 @@ impl State {
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
             Algorithm::Concurrency => State::InFlight(0),
             _ => State::Gcra(0),
-        }
-    }
-
-    /// A copy, for a peek to decide on without touching the stored state.
-    pub(super) fn copy(&self) -> State {
-        match self {
-            State::Gcra(tat) => State::Gcra(*tat),
-            State::Fixed(s) => State::Fixed(*s),
-            State::Sliding(s) => State::Sliding(*s),
-            State::Log(log) => State::Log(log.clone()),
-            State::InFlight(n) => State::InFlight(*n),
         }
     }
 
@@ -266,7 +277,7 @@ pub(super) fn refund_state(
     let admitted_after = unix_now.saturating_sub(since);
     match (state, limit.gcra(), limit.window()) {
         (State::Gcra(tat), Some(params), _) if *tat > now => {
-            // Less the time since the admission: see `GcraTable::refund`.
+            // Less the time since the admission: see `MemoryBackend::adjust`.
             let back = params
                 .emission_interval()
                 .saturating_mul(quantity)

@@ -6,7 +6,7 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use std::sync::{RwLock, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
@@ -28,10 +28,16 @@ use crate::key::Key;
 pub(super) struct GcraTable {
     hasher: foldhash::fast::RandomState,
     shards: Box<[Padded<Shard>]>,
-    shard_cap: usize,
+    /// The most keys a shard holds.
+    pub(super) shard_cap: usize,
 }
 
 impl GcraTable {
+    /// How many shards the table has.
+    pub(super) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
     /// `shards` (a power of two) empty shards of at most `shard_cap` keys each.
     pub(super) fn new(shards: usize, shard_cap: usize) -> Self {
         debug_assert!(shards.is_power_of_two());
@@ -58,16 +64,6 @@ impl GcraTable {
         }
     }
 
-    /// How many shards the table has.
-    pub(super) fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
-    /// The most keys a shard holds.
-    pub(super) fn shard_cap(&self) -> usize {
-        self.shard_cap
-    }
-
     /// Decides `quantity` units of the GCRA limit `id` (with `params`) for `key` at `clock`'s now,
     /// and records them if admitted. IP keys are stored as their address bits.
     pub(super) fn decide<C: Clock>(
@@ -78,11 +74,7 @@ impl GcraTable {
         quantity: u64,
         clock: &C,
     ) -> Decision {
-        match Compact::of(key) {
-            Compact::V4(ip) => self.decide_in(params, id, &ip, quantity, clock),
-            Compact::V6(ip) => self.decide_in(params, id, &ip, quantity, clock),
-            Compact::Other(key) => self.decide_in(params, id, key, quantity, clock),
-        }
+        by_form!(key, |k| self.decide_in(params, id, k, quantity, clock))
     }
 
     fn decide_in<K: RecordKey + Clone, C: Clock>(
@@ -109,10 +101,7 @@ impl GcraTable {
             // decides on the newer TAT with an older `now`, which can only be stricter (never an
             // extra admission), and the exact-count test in tests/memory/backend.rs holds under
             // contention.
-            let table = shard
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = read(&shard.table);
             // Read the clock under the lock: a sweep (under the write lock) never runs between
             // reading `now` and deciding with it.
             let now = clock.now_nanos();
@@ -233,11 +222,7 @@ impl GcraTable {
         key: &Key,
         clock: &C,
     ) -> (Decision, Decision) {
-        let tat = match Compact::of(key) {
-            Compact::V4(ip) => self.stored_tat(id, &ip),
-            Compact::V6(ip) => self.stored_tat(id, &ip),
-            Compact::Other(key) => self.stored_tat(id, key),
-        };
+        let tat = by_form!(key, |k| self.stored_tat(id, k));
         let now = clock.now_nanos();
         let live = tat.filter(|tat| *tat > now);
         (
@@ -255,10 +240,7 @@ impl GcraTable {
         if let Some(tat) = hot.filter(|tat| *tat != MOVED) {
             return Some(tat);
         }
-        let table = shard
-            .table
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let table = read(&shard.table);
         K::table(&table)
             .find(hash, |s| s.limit == id && s.key == *key)
             .map(|record| record.tat.load(Relaxed))
@@ -266,11 +248,7 @@ impl GcraTable {
 
     /// Forgets `key` under the GCRA limit `id`: it starts again with a full burst.
     pub(super) fn forget(&self, id: u32, key: &Key) {
-        match Compact::of(key) {
-            Compact::V4(ip) => self.forget_in(id, &ip),
-            Compact::V6(ip) => self.forget_in(id, &ip),
-            Compact::Other(key) => self.forget_in(id, key),
-        }
+        by_form!(key, |k| self.forget_in(id, k))
     }
 
     fn forget_in<K: RecordKey>(&self, id: u32, key: &K) {
@@ -287,33 +265,11 @@ impl GcraTable {
         }
     }
 
-    /// Gives back `quantity` units of the GCRA limit `id` for `key`, admitted at most `since` ns
-    /// ago: a settlement of `-quantity` ([`gcra::settle`]), whose TAT moves back by as many
-    /// emission intervals less `since` (a TAT that falls to `now` or before means no state, as
-    /// everywhere here).
-    ///
-    /// Less `since`, because the request's units may have drained meanwhile: a later request that
-    /// would have found the bucket idle without this one (`max(tat, now)`) absorbed up to the time
-    /// between them, at most `since`. Moving the TAT back by the whole amount would then give back
-    /// more than the request took; by the rest, never (and with no decision since, exactly).
-    pub(super) fn refund<C: Clock>(
-        &self,
-        params: &gcra::GcraParams,
-        id: u32,
-        key: &Key,
-        quantity: u64,
-        since: u64,
-        clock: &C,
-    ) {
-        let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
-        self.settle(params, id, key, back, since, clock);
-    }
-
     /// How many keys are live (including keys that have expired but were not swept yet).
     pub(super) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.table.read().unwrap_or_else(|p| p.into_inner()).len() + s.hot.len())
+            .map(|s| read(&s.table).len() + s.hot.len())
             .sum()
     }
 
@@ -361,59 +317,57 @@ trait RecordKey: Sized + PartialEq {
     fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>>;
 }
 
-impl RecordKey for u32 {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((u64::from(limit) << 32) | u64::from(*self))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::V4(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::V4(*self)
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.v4
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.v4
-    }
+/// The [`RecordKey`] impl of one key form: its [`HotKey`] variant, its table in a shard, and what a
+/// record of `$limit` and `$k` (the key, by reference) hashes.
+macro_rules! record_key {
+    ($form:ty, $variant:ident, $table:ident, |$limit:ident, $k:ident| $hashed:expr) => {
+        impl RecordKey for $form {
+            fn record_hash(&self, $limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+                let $k = self;
+                hasher.hash_one($hashed)
+            }
+            fn is_hot(&self, hot: &HotKey) -> bool {
+                matches!(hot, HotKey::$variant(k) if k == self)
+            }
+            fn hot(&self) -> HotKey {
+                HotKey::$variant(Clone::clone(self))
+            }
+            fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
+                &shard.$table
+            }
+            fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
+                &mut shard.$table
+            }
+        }
+    };
 }
 
-impl RecordKey for [u8; 16] {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((limit, u128::from_ne_bytes(*self)))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::V6(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::V6(*self)
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.v6
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.v6
-    }
-}
+record_key!(u32, V4, v4, |limit, ip| (u64::from(limit) << 32)
+    | u64::from(*ip));
+record_key!([u8; 16], V6, v6, |limit, ip| (
+    limit,
+    u128::from_ne_bytes(*ip)
+));
+record_key!(Key, Other, other, |limit, key| (limit, key));
 
-impl RecordKey for Key {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((limit, self))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::Other(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::Other(self.clone())
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.other
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.other
-    }
+/// `$body` with `$k` bound to `$key`'s [`Compact`] form: `&u32`, `&[u8; 16]` or `&Key`, each
+/// typed, so that a generic method is compiled once per form.
+macro_rules! by_form {
+    ($key:expr, |$k:ident| $body:expr) => {
+        match Compact::of($key) {
+            Compact::V4(ip) => {
+                let $k = &ip;
+                $body
+            }
+            Compact::V6(ip) => {
+                let $k = &ip;
+                $body
+            }
+            Compact::Other($k) => $body,
+        }
+    };
 }
+use by_form;
 
 /// The compact form of a key: IP keys as their address bits, anything else as the key itself.
 enum Compact<'a> {
@@ -444,6 +398,12 @@ struct GcraShard {
     sweep_at_len: usize,
     /// ...or when the clock reaches this time.
     sweep_at_time: u64,
+}
+
+// Always inlined: `read` is on every decision's path, as `shard.table.read()` was.
+#[inline(always)]
+fn read(shard: &RwLock<GcraShard>) -> RwLockReadGuard<'_, GcraShard> {
+    shard.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn write(shard: &RwLock<GcraShard>) -> RwLockWriteGuard<'_, GcraShard> {
@@ -606,6 +566,13 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    /// Decides one unit of `limit` for `key`: whether it passed.
+    fn admit<C: Clock>(table: &GcraTable, limit: &crate::Limit, key: &Key, clock: &C) -> bool {
+        table
+            .decide(limit.gcra().unwrap(), limit.id(), key, 1, clock)
+            .allowed
+    }
+
     fn limited(table: &GcraTable, limit: &crate::Limit, key: &Key, clock: &ManualClock) -> bool {
         let params = limit.gcra().unwrap();
         let (_, one) = table.peek(params, limit.id(), key, clock);
@@ -615,18 +582,17 @@ mod tests {
     #[test]
     fn the_table_counts_and_sweeps_keys_of_every_form() {
         let table = GcraTable::new(4, 1000);
-        assert_eq!((table.shard_count(), table.shard_cap()), (4, 1000));
+        assert_eq!((table.shard_count(), table.shard_cap), (4, 1000));
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(10));
         let limit = crate::Limit::new("table-len", Quota::per_second(1)).unwrap();
-        let params = limit.gcra().unwrap();
         let keys = [
             Key::from(Ipv4Addr::new(192, 0, 2, 7)),
             Key::from("2001:db8::1".parse::<Ipv6Addr>().unwrap()),
             Key::from("alice"),
         ];
         for key in &keys {
-            assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
+            assert!(admit(&table, &limit, key, &clock));
         }
         assert_eq!(table.len(), 3);
         // Not yet refilled: a sweep keeps them.
@@ -641,10 +607,8 @@ mod tests {
         let table = GcraTable::new(1, 100_000);
         let clock = ManualClock::new();
         let limit = crate::Limit::new("table-shrink", Quota::per_second(1)).unwrap();
-        let params = limit.gcra().unwrap();
         for i in 0..5000u32 {
-            let key = Key::from(format!("k{i}"));
-            assert!(table.decide(params, limit.id(), &key, 1, &clock).allowed);
+            assert!(admit(&table, &limit, &Key::from(format!("k{i}")), &clock));
         }
         let capacity = |table: &GcraTable| table.shards[0].table.read().unwrap().other.capacity();
         assert!(capacity(&table) >= 5000);
@@ -666,18 +630,14 @@ mod tests {
         let clock = ManualClock::new();
         let hourly = crate::Limit::new("table-evict-hourly", Quota::per_hour(1)).unwrap();
         let second = crate::Limit::new("table-evict-second", Quota::per_second(1)).unwrap();
-        let decide = |limit: &crate::Limit, key: &Key| {
-            let params = limit.gcra().unwrap();
-            assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
-        };
         let slow: Vec<Key> = (0..4).map(|i| Key::from(format!("slow-{i}"))).collect();
         let fast: Vec<Key> = (0..5).map(|i| Key::from(format!("fast-{i}"))).collect();
         for key in &slow {
-            decide(&hourly, key);
+            assert!(admit(&table, &hourly, key, &clock));
         }
         clock.advance(Duration::from_secs(1800));
         for key in &fast {
-            decide(&second, key);
+            assert!(admit(&table, &second, key, &clock));
         }
         // The 9th key met a full shard: one key was forgotten, an hourly one.
         assert_eq!(table.len(), 8);
@@ -719,8 +679,8 @@ mod tests {
         assert_eq!(one.remaining, 5);
         assert!(decide(6).allowed);
         assert!(!decide(1).allowed);
-        // A refund and a settle reach the hot TAT.
-        table.refund(params, id, &key, 2, 0, &clock);
+        // Settlements (a refund is one of -quantity) reach the hot TAT.
+        table.settle(params, id, &key, -2, 0, &clock);
         assert!(decide(2).allowed);
         assert!(!decide(1).allowed);
         table.settle(params, id, &key, -1, 0, &clock);
@@ -788,12 +748,11 @@ mod tests {
     fn a_key_moves_to_the_hot_slot_when_two_threads_decide_on_it_not_one() {
         let clock = crate::clock::QuantaClock::new();
         let limit = crate::Limit::new("sampled", Quota::per_second(1_000_000_000)).unwrap();
-        let params = limit.gcra().unwrap();
         let key = Key::from(Ipv4Addr::new(192, 0, 2, 9));
         let hot = |table: &GcraTable| table.shards.iter().map(|s| s.hot.len()).sum::<usize>();
         let alone = GcraTable::new(4, 1000);
         for _ in 0..200_000 {
-            assert!(alone.decide(params, limit.id(), &key, 1, &clock).allowed);
+            assert!(admit(&alone, &limit, &key, &clock));
         }
         assert_eq!(hot(&alone), 0);
         let shared = GcraTable::new(4, 1000);
@@ -801,7 +760,7 @@ mod tests {
             for _ in 0..2 {
                 s.spawn(|| {
                     for _ in 0..200_000 {
-                        assert!(shared.decide(params, limit.id(), &key, 1, &clock).allowed);
+                        assert!(admit(&shared, &limit, &key, &clock));
                     }
                 });
             }
@@ -821,14 +780,11 @@ mod tests {
             .map(|i| Key::from(format!("user-{i}")))
             .collect();
         for key in &keys {
-            for limit in [&limit, &other] {
-                let params = limit.gcra().unwrap();
-                assert!(table.decide(params, limit.id(), key, 1, &clock).allowed);
-            }
+            assert!(admit(&table, &limit, key, &clock) && admit(&table, &other, key, &clock));
         }
         let params = limit.gcra().unwrap();
         for key in keys.iter().step_by(2) {
-            table.refund(params, limit.id(), key, 1, 0, &clock);
+            table.settle(params, limit.id(), key, -1, 0, &clock);
         }
         for (i, key) in keys.iter().enumerate() {
             assert_eq!(limited(&table, &limit, key, &clock), i % 2 == 1, "{key:?}");

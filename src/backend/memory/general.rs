@@ -3,9 +3,8 @@
 //! sweeps and eviction by the share of its limits an entry uses.
 
 use std::hash::BuildHasher;
+use std::slice;
 use std::sync::{Mutex, MutexGuard};
-
-use hashbrown::HashTable;
 
 use super::entries::*;
 use super::general_shard::*;
@@ -29,15 +28,7 @@ impl GeneralStore {
     pub(super) fn new(shards: usize, shard_cap: usize) -> Self {
         debug_assert!(shards.is_power_of_two());
         let shards = (0..shards)
-            .map(|_| {
-                Padded(Mutex::new(GeneralShard {
-                    table: HashTable::new(),
-                    scales: Vec::new(),
-                    sweep_at_len: 64,
-                    sweep_at_time: 0,
-                    latest_now: 0,
-                }))
-            })
+            .map(|_| Padded(Mutex::new(GeneralShard::with_capacity(0))))
             .collect();
         GeneralStore {
             hasher: foldhash::fast::RandomState::default(),
@@ -55,26 +46,8 @@ impl GeneralStore {
         clock: &C,
     ) -> Decision {
         let mut out = [PLACEHOLDER];
-        self.decide(
-            std::slice::from_ref(limit),
-            key,
-            &[quantity],
-            clock,
-            &mut out,
-        );
+        self.decide(slice::from_ref(limit), key, &[quantity], clock, &mut out);
         out[0]
-    }
-
-    /// Decides a stack of limits together: one decision per limit, in order.
-    pub(super) fn decide_stack<C: Clock>(
-        &self,
-        limits: &[Limit],
-        key: &Key,
-        quantity: u64,
-        clock: &C,
-    ) -> Vec<Decision> {
-        let quantities = [quantity; MAX_STACKED_QUOTAS];
-        self.decide_each(limits, key, &quantities[..limits.len()], clock)
     }
 
     /// Decides a stack of limits together with a quantity per limit (`quantities[i]` for
@@ -103,9 +76,7 @@ impl GeneralStore {
         out: &mut [Decision],
     ) {
         debug_assert!(!limits.is_empty() && limits.len() <= MAX_STACKED_QUOTAS);
-        let id = limits[0].id();
-        let hash = self.hasher.hash_one((id, key));
-        let mut shard = self.shard(hash);
+        let (hash, mut shard) = self.locate(limits[0].id(), key);
         // Read the clock under the lock, so that each key sees its decisions' times in order (the
         // sliding log and the windows rely on it).
         let now = shard.now(clock);
@@ -113,18 +84,34 @@ impl GeneralStore {
         if now >= shard.sweep_at_time {
             shard.sweep(now, &self.hasher);
         }
-        let eq = |e: &Entry| e.limit == id && e.key == *key;
-        if let Ok(mut occupied) = shard.table.find_entry(hash, eq) {
+        self.update(&mut shard, hash, limits, key, (now, origin), |cells| {
+            decide_cells(cells, limits, key, now, origin, quantities, out)
+        });
+    }
+
+    /// Applies `f` to the cells of `key`'s entry under `limits` in `shard` (to empty cells if it
+    /// has none), then drops the entry if none of them is live at `now`, or adds it if it is new
+    /// and one is.
+    pub(super) fn update(
+        &self,
+        shard: &mut GeneralShard,
+        hash: u64,
+        limits: &[Limit],
+        key: &Key,
+        (now, origin): (u64, u64),
+        f: impl FnOnce(&mut Cells),
+    ) {
+        if let Ok(mut occupied) = shard.table.find_entry(hash, Entry::is(limits[0].id(), key)) {
             let cells = &mut occupied.get_mut().cells;
-            decide_cells(cells, limits, key, now, origin, quantities, out);
+            f(cells);
             if !cells.retain_live(now) {
                 occupied.remove();
             }
             return;
         }
         let mut cells = Cells::Empty;
-        decide_cells(&mut cells, limits, key, now, origin, quantities, out);
-        self.insert(&mut shard, hash, limits, key, cells, now, origin);
+        f(&mut cells);
+        self.insert(shard, hash, limits, key, cells, now, origin);
     }
 
     /// Adds a new entry of `cells` for `key` under `limits` to `shard` (unless every cell has
@@ -168,10 +155,8 @@ impl GeneralStore {
             return;
         }
         let id = limit.id();
-        let hash = self.hasher.hash_one((id, key));
-        let mut shard = self.shard(hash);
-        let eq = |e: &Entry| e.limit == id && e.key == *key;
-        let Ok(mut occupied) = shard.table.find_entry(hash, eq) else {
+        let (hash, mut shard) = self.locate(id, key);
+        let Ok(mut occupied) = shard.table.find_entry(hash, Entry::is(id, key)) else {
             return;
         };
         let cells = &mut occupied.get_mut().cells;
@@ -199,27 +184,15 @@ impl GeneralStore {
         key: &Key,
         clock: &C,
     ) -> Vec<(Decision, Decision)> {
-        let id = limits[0].id();
-        let hash = self.hasher.hash_one((id, key));
-        let mut shard = self.shard(hash);
+        let (hash, mut shard) = self.locate(limits[0].id(), key);
         let now = shard.now(clock);
         let unix_now = now.saturating_add(clock.unix_origin_nanos());
-        let entry = shard
-            .table
-            .find(hash, |e: &Entry| e.limit == id && e.key == *key);
+        let entry = shard.table.find(hash, Entry::is(limits[0].id(), key));
         limits
             .iter()
             .enumerate()
             .map(|(position, limit)| {
-                let stored = entry.and_then(|e| {
-                    e.cells.iter().find(|c| {
-                        c.limit == limit.id()
-                            && c.position == position as u8
-                            && c.state.algorithm() == limit.algorithm()
-                            && c.expires_at > now
-                    })
-                });
-                let copy = || stored.map_or(State::fresh(limit.algorithm()), |c| c.state.copy());
+                let copy = || stored_state(entry, limit, position as u8, now);
                 let (state_now, _) = decide_one(&mut copy(), limit, key, now, unix_now, 0);
                 let (next, _) = decide_one(&mut copy(), limit, key, now, unix_now, 1);
                 (state_now, next)
@@ -229,13 +202,8 @@ impl GeneralStore {
 
     /// Forgets `key`'s entry under `limits` (a lone limit or a stack), requests in flight included.
     pub(super) fn forget(&self, limits: &[Limit], key: &Key) {
-        let id = limits[0].id();
-        let hash = self.hasher.hash_one((id, key));
-        let mut shard = self.shard(hash);
-        if let Ok(occupied) = shard
-            .table
-            .find_entry(hash, |e: &Entry| e.limit == id && e.key == *key)
-        {
+        let (hash, mut shard) = self.locate(limits[0].id(), key);
+        if let Ok(occupied) = shard.table.find_entry(hash, Entry::is(limits[0].id(), key)) {
             occupied.remove();
         }
     }
@@ -254,13 +222,10 @@ impl GeneralStore {
         let Some(first) = limits.first() else {
             return;
         };
-        let id = first.id();
-        let hash = self.hasher.hash_one((id, key));
-        let mut shard = self.shard(hash);
+        let (hash, mut shard) = self.locate(first.id(), key);
         let now = shard.now(clock);
         let unix_now = now.saturating_add(clock.unix_origin_nanos());
-        let eq = |e: &Entry| e.limit == id && e.key == *key;
-        let Ok(mut occupied) = shard.table.find_entry(hash, eq) else {
+        let Ok(mut occupied) = shard.table.find_entry(hash, Entry::is(first.id(), key)) else {
             return;
         };
         let cells = &mut occupied.get_mut().cells;
@@ -285,23 +250,12 @@ impl GeneralStore {
         since: u64,
         clock: &C,
     ) {
-        let id = limits[0].id();
-        let hash = self.hasher.hash_one((id, key));
-        let mut shard = self.shard(hash);
+        let (hash, mut shard) = self.locate(limits[0].id(), key);
         let now = shard.now(clock);
-        let eq = |e: &Entry| e.limit == id && e.key == *key;
-        if let Ok(mut occupied) = shard.table.find_entry(hash, eq) {
-            let cells = &mut occupied.get_mut().cells;
-            settle_cells(cells, limits, deltas, now, since);
-            if !cells.retain_live(now) {
-                occupied.remove();
-            }
-            return;
-        }
-        let mut cells = Cells::Empty;
-        settle_cells(&mut cells, limits, deltas, now, since);
-        let origin = clock.unix_origin_nanos();
-        self.insert(&mut shard, hash, limits, key, cells, now, origin);
+        let at = (now, clock.unix_origin_nanos());
+        self.update(&mut shard, hash, limits, key, at, |cells| {
+            settle_cells(cells, limits, deltas, now, since)
+        });
     }
 
     /// How many entries are live (including entries that have expired but were not swept yet).
@@ -316,9 +270,20 @@ impl GeneralStore {
         }
     }
 
+    /// The hash of `key`'s entry under the limit `id`, and its shard, locked.
+    pub(super) fn locate(&self, id: u32, key: &Key) -> (u64, MutexGuard<'_, GeneralShard>) {
+        let hash = self.hasher.hash_one((id, key));
+        (hash, self.shard(hash))
+    }
+
     pub(super) fn shard(&self, hash: u64) -> MutexGuard<'_, GeneralShard> {
-        // The same bits as the GCRA table's shards, for the same reason.
-        lock(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)])
+        lock(&self.shards[self.shard_index(hash)])
+    }
+
+    /// The index of the shard of `hash`: the same bits as the GCRA table's shards, for the same
+    /// reason.
+    pub(super) fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & (self.shards.len() - 1)
     }
 }
 

@@ -29,6 +29,17 @@ pub(super) struct GeneralShard {
 }
 
 impl GeneralShard {
+    /// An empty shard with room for `capacity` entries.
+    pub(super) fn with_capacity(capacity: usize) -> Self {
+        GeneralShard {
+            table: HashTable::with_capacity(capacity),
+            scales: Vec::new(),
+            sweep_at_len: 64,
+            sweep_at_time: 0,
+            latest_now: 0,
+        }
+    }
+
     /// The clock's reading, never before one an earlier holder of this shard's lock used. The
     /// default [`QuantaClock`](crate::clock::QuantaClock) reads the TSC without a fence, so a
     /// reading taken just after acquiring the lock may be a few nanoseconds older than the previous
@@ -200,13 +211,7 @@ pub(super) fn share_used(
             let period = p.period();
             let window = unix_now / period;
             let left = period - unix_now % period;
-            let (current, previous) = if s.window == window {
-                (s.current, s.previous)
-            } else if s.window.saturating_add(1) == window {
-                (0, s.current)
-            } else {
-                (0, 0)
-            };
+            let (current, previous) = window::SlidingState::at(Some(*s), window);
             let estimate = previous as f64 * left as f64 / period as f64 + current as f64;
             (estimate / p.limit() as f64) as f32
         }
@@ -231,44 +236,26 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
-    fn shard(capacity: usize) -> GeneralShard {
-        GeneralShard {
-            table: HashTable::with_capacity(capacity),
-            scales: Vec::new(),
-            sweep_at_len: 64,
-            sweep_at_time: 0,
-            latest_now: 0,
-        }
+    /// An entry of `key` holding one cell of `limit`.
+    fn entry(limit: u32, key: String, expires_at: u64, state: State) -> Entry {
+        let (position, key) = (0, Key::from(key));
+        let cells = Cells::One(Cell {
+            limit,
+            position,
+            expires_at,
+            state,
+        });
+        Entry { limit, key, cells }
     }
 
     /// An entry of one GCRA cell of limit 1 (scaled as `Scale::Gcra(10 s)` in these tests).
     fn gcra_entry(i: u64, tat: u64) -> Entry {
-        let cell = |expires_at, state| Cell {
-            limit: 1,
-            position: 0,
-            expires_at,
-            state,
-        };
-        Entry {
-            limit: 1,
-            key: Key::from(format!("k{i}")),
-            cells: Cells::One(cell(tat, State::Gcra(tat))),
-        }
+        entry(1, format!("k{i}"), tat, State::Gcra(tat))
     }
 
-    /// An entry of one concurrency cell with `n` requests in flight.
+    /// An entry of one concurrency cell (limit 2) with `n` requests in flight.
     fn in_flight_entry(i: u64, n: u64) -> Entry {
-        let cell = Cell {
-            limit: 2,
-            position: 0,
-            expires_at: u64::MAX,
-            state: State::InFlight(n),
-        };
-        Entry {
-            limit: 2,
-            key: Key::from(format!("f{i}")),
-            cells: Cells::One(cell),
-        }
+        entry(2, format!("f{i}"), u64::MAX, State::InFlight(n))
     }
 
     fn insert(shard: &mut GeneralShard, hasher: &foldhash::fast::RandomState, entry: Entry) {
@@ -284,7 +271,7 @@ mod tests {
         now: u64,
         hasher: &foldhash::fast::RandomState,
     ) -> GeneralShard {
-        let mut shard = shard(capacity);
+        let mut shard = GeneralShard::with_capacity(capacity);
         let scale = Scale::Gcra((10 * S) as f32);
         shard.scales.push(((1, 0, Algorithm::Gcra), scale));
         for i in 0..n {
@@ -359,7 +346,7 @@ mod tests {
 
         // 63 entries in flight and a single idle one: only the idle one goes (fewer than an
         // eighth: the entries in flight are bounded by the requests, not by the cap).
-        let mut shard = self::shard(64);
+        let mut shard = GeneralShard::with_capacity(64);
         for i in 0..63 {
             insert(&mut shard, &hasher, in_flight_entry(i, 1));
         }
@@ -382,7 +369,7 @@ mod tests {
         // holds more than four times the room its entries need.
         let hasher = foldhash::fast::RandomState::default();
         let now = 100 * S;
-        let mut shard = shard(112);
+        let mut shard = GeneralShard::with_capacity(112);
         // 28 live entries in a table of room for 112 (none removed yet, so the room is exactly
         // that: a removal may leave a tombstone, which hashbrown counts out of the room left).
         for i in 0..28 {

@@ -10,13 +10,12 @@ use std::sync::MutexGuard;
 use super::entries::*;
 use super::general::{lock, GeneralStore};
 use super::general_shard::GeneralShard;
-use super::MemoryBackend;
-use crate::backend::key_state::KeyState;
+use super::{check_keyed_stack, MemoryBackend};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::BackendError;
 use crate::key::Key;
-use crate::limit::{check_stack, Limit};
+use crate::limit::Limit;
 
 /// The shards a keyed decision holds, each once, in ascending order of index.
 struct Locked<'a> {
@@ -34,11 +33,6 @@ impl<'a> Locked<'a> {
 }
 
 impl GeneralStore {
-    /// The index of the shard of `hash` (the same bits as [`shard`](Self::shard)).
-    fn shard_index(&self, hash: u64) -> usize {
-        (hash >> 32) as usize & (self.shards.len() - 1)
-    }
-
     /// Locks the shards of `hashes`, each once, lowest index first: two keyed decisions that
     /// share shards take them in the same order, so neither can wait for the other forever (every
     /// other path holds one shard at a time).
@@ -86,20 +80,20 @@ impl GeneralStore {
                 shard.sweep(now, &self.hasher);
             }
         }
-        // First every limit on a copy of its state: nothing is written yet.
-        let mut out: Vec<Decision> = Vec::with_capacity(limits.len());
-        for ((limit, key), hash) in limits.iter().zip(keys).zip(&hashes) {
-            let shard = locked.shard(self.shard_index(*hash));
-            let mut state = stored_state(shard, *hash, limit, key, now);
-            out.push(decide_one(&mut state, limit, key, now, unix_now, quantity).0);
-        }
+        // Limit `i` deciding `quantity` on a copy of its state: nothing is written.
+        let mut on_copy = |i: usize, quantity| {
+            let (limit, key, hash) = (&limits[i], &keys[i], hashes[i]);
+            let table = &locked.shard(self.shard_index(hash)).table;
+            let mut state =
+                stored_state(table.find(hash, Entry::is(limit.id(), key)), limit, 0, now);
+            decide_one(&mut state, limit, key, now, unix_now, quantity).0
+        };
+        let mut out: Vec<Decision> = (0..limits.len()).map(|i| on_copy(i, quantity)).collect();
         if !out.iter().all(|d| d.allowed) {
             // Nothing is recorded: an admitting limit reports its state as it stands.
-            for (i, ((limit, key), hash)) in limits.iter().zip(keys).zip(&hashes).enumerate() {
-                if out[i].allowed {
-                    let shard = locked.shard(self.shard_index(*hash));
-                    let mut state = stored_state(shard, *hash, limit, key, now);
-                    out[i] = decide_one(&mut state, limit, key, now, unix_now, 0).0;
+            for (i, decision) in out.iter_mut().enumerate() {
+                if decision.allowed {
+                    *decision = on_copy(i, 0);
                 }
             }
             return out;
@@ -110,19 +104,9 @@ impl GeneralStore {
             let shard = locked.shard(self.shard_index(*hash));
             let one = std::slice::from_ref(limit);
             let written = &mut out[i..=i];
-            let id = limit.id();
-            let eq = |e: &Entry| e.limit == id && e.key == *key;
-            if let Ok(mut occupied) = shard.table.find_entry(*hash, eq) {
-                let cells = &mut occupied.get_mut().cells;
-                decide_cells(cells, one, key, now, origin, &[quantity], written);
-                if !cells.retain_live(now) {
-                    occupied.remove();
-                }
-            } else {
-                let mut cells = Cells::Empty;
-                decide_cells(&mut cells, one, key, now, origin, &[quantity], written);
-                self.insert(shard, *hash, one, key, cells, now, origin);
-            }
+            self.update(shard, *hash, one, key, (now, origin), |cells| {
+                decide_cells(cells, one, key, now, origin, &[quantity], written)
+            });
             debug_assert!(
                 out[i].allowed,
                 "a limit decides alike on the state it just read"
@@ -130,57 +114,6 @@ impl GeneralStore {
         }
         out
     }
-
-    /// Each limit's state under its own key (`limits[i]` on `keys[i]`), for a quantity of 0 and
-    /// of 1, nothing written.
-    pub(super) fn peek_keyed<C: Clock>(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-        clock: &C,
-    ) -> Vec<(Decision, Decision)> {
-        limits
-            .iter()
-            .zip(keys)
-            .flat_map(|(limit, key)| self.peek(std::slice::from_ref(limit), key, clock))
-            .collect()
-    }
-
-    /// Forgets each limit's state under its own key.
-    pub(super) fn forget_keyed(&self, limits: &[Limit], keys: &[Key]) {
-        for (limit, key) in limits.iter().zip(keys) {
-            self.forget(std::slice::from_ref(limit), key);
-        }
-    }
-}
-
-/// A copy of `limit`'s live state in `key`'s entry of `shard`, or a fresh one.
-fn stored_state(shard: &GeneralShard, hash: u64, limit: &Limit, key: &Key, now: u64) -> State {
-    let id = limit.id();
-    shard
-        .table
-        .find(hash, |e: &Entry| e.limit == id && e.key == *key)
-        .and_then(|e| {
-            e.cells.iter().find(|c| {
-                c.limit == id
-                    && c.position == 0
-                    && c.state.algorithm() == limit.algorithm()
-                    && c.expires_at > now
-            })
-        })
-        .map_or(State::fresh(limit.algorithm()), |c| c.state.copy())
-}
-
-/// Limits with a key each: as a stack, and one key per limit.
-fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
-    if limits.is_empty() || keys.len() != limits.len() {
-        return Err(BackendError::new(format!(
-            "{} keys for {} limits",
-            keys.len(),
-            limits.len()
-        )));
-    }
-    check_stack(limits).map_err(BackendError::new)
 }
 
 impl<C: Clock> MemoryBackend<C> {
@@ -198,33 +131,5 @@ impl<C: Clock> MemoryBackend<C> {
         Ok(stores
             .general
             .decide_keyed(limits, keys, quantity, &stores.clock))
-    }
-
-    /// Each limit's state under its own key, as `decide_keyed` keeps it,
-    /// without consuming or writing anything.
-    pub(super) fn peek_keyed_now(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-    ) -> Result<Vec<KeyState>, BackendError> {
-        check_keyed_stack(limits, keys)?;
-        let stores = &*self.stores;
-        Ok(stores
-            .general
-            .peek_keyed(limits, keys, &stores.clock)
-            .iter()
-            .map(|(now, next)| KeyState::from_decisions(now, next))
-            .collect())
-    }
-
-    /// Forgets each limit's state under its own key, as `decide_keyed` keeps it.
-    pub(super) fn reset_keyed_now(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-    ) -> Result<(), BackendError> {
-        check_keyed_stack(limits, keys)?;
-        self.stores.general.forget_keyed(limits, keys);
-        Ok(())
     }
 }

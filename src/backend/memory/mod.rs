@@ -13,6 +13,7 @@ pub(crate) mod state_file;
 mod tuning;
 
 use std::future::{ready, Ready};
+use std::slice;
 use std::sync::Arc;
 
 use crate::backend::api::Backend;
@@ -22,7 +23,7 @@ use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
 use crate::key::Key;
-use crate::limit::{check_stack, Limit};
+use crate::limit::{check_stack, Limit, MAX_STACKED_QUOTAS};
 use crate::or_default::OrDefault;
 
 use gcra_table::GcraTable;
@@ -72,17 +73,15 @@ const MAX_SHARDS: usize = 1024;
 /// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
 /// and [stacks of limits](crate::backend::Charges::stack) (whose GCRA limits keep their TAT here,
 /// apart from the same limits checked alone) live in a second map with as many shards, each behind
-/// a mutex:
-/// one entry per key and stack (or lone limit), holding one state per limit, so that a stack is
-/// decided under one lock and recorded only if every limit admits it. Windows are aligned on Unix
-/// time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an 80-byte
-/// entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own bytes) holds
-/// the state of one limit in place; a stack keeps its states on the heap instead, 48 bytes per
-/// limit. The state
-/// itself is O(1) for the GCRA (a TAT), the fixed window (a window number and a count), the sliding
-/// window (two counts) and the concurrency limit (a count); the sliding log is O(`count`): 8 bytes
-/// per unit admitted within the last `period` (a `VecDeque`, so up to twice that in spare
-/// capacity), never more than `count` of them.
+/// a mutex: one entry per key and stack (or lone limit), holding one state per limit, so that a
+/// stack is decided under one lock and recorded only if every limit admits it. Windows are aligned
+/// on Unix time ([`Clock::unix_origin_nanos`]), as in Redis. Memory per key, on 64-bit targets: an
+/// 80-byte entry (plus hashbrown's control byte and spare capacity, and a byte-string key's own
+/// bytes) holds the state of one limit in place; a stack keeps its states on the heap instead, 48
+/// bytes per limit. The state itself is O(1) for the GCRA (a TAT), the fixed window (a window
+/// number and a count), the sliding window (two counts) and the concurrency limit (a count); the
+/// sliding log is O(`count`): 8 bytes per unit admitted within the last `period` (a `VecDeque`, so
+/// up to twice that in spare capacity), never more than `count` of them.
 ///
 /// Entries are dropped when their state expires (the end of the window that still counts, the
 /// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
@@ -137,7 +136,7 @@ impl<C> std::fmt::Debug for MemoryBackend<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryBackend")
             .field("shards", &self.stores.gcra.shard_count())
-            .field("max_keys_per_shard", &self.stores.gcra.shard_cap())
+            .field("max_keys_per_shard", &self.stores.gcra.shard_cap)
             .finish_non_exhaustive()
     }
 }
@@ -269,11 +268,10 @@ impl<C: Clock> MemoryBackend<C> {
         })
     }
 
-    /// Decides `charges` together, synchronously ([`Backend::check`] wraps this in a ready
-    /// future): the request passes only if every charge is admitted, and only then is it recorded
-    /// by all of them. Returns one decision per charge, in order. When one limit rejects, the
-    /// others that would have admitted report the state they keep (as a request of quantity 0
-    /// would).
+    /// Decides `charges` together, synchronously ([`Backend::check`] wraps this in a ready future):
+    /// the request passes only if every charge is admitted, and only then is it recorded by all of
+    /// them. Returns one decision per charge, in order. When one limit rejects, the others that
+    /// would have admitted report the state they keep (as a request of quantity 0 would).
     ///
     /// A lone charge is decided as [`decide`](Self::decide) does (a lone GCRA limit in the fast
     /// table). A stack on one key keeps its state apart from the lone limits, keyed by its first
@@ -324,25 +322,21 @@ impl<C: Clock> MemoryBackend<C> {
     }
 
     /// A stack of limits on one key, decided together (see
-    /// [`decide_charges`](Self::decide_charges)).
+    /// [`decide_charges`](Self::decide_charges)): [`decide_each`](Self::decide_each) with one
+    /// quantity for every limit.
     fn decide_all(
         &self,
         limits: &[Limit],
         key: &Key,
         quantity: u64,
     ) -> Result<Vec<Decision>, BackendError> {
-        check_stack(limits).map_err(BackendError::new)?;
-        if let [limit] = limits {
-            return Ok(vec![self.decide(limit, key, quantity)?]);
-        }
-        let stores = &*self.stores;
-        Ok(stores
-            .general
-            .decide_stack(limits, key, quantity, &stores.clock))
+        // More limits than a stack holds fail `check_stack` before the quantities are counted.
+        let quantities = [quantity; MAX_STACKED_QUOTAS];
+        let quantities = quantities.get(..limits.len()).unwrap_or(&quantities);
+        self.decide_each(limits, key, quantities)
     }
 
-    /// A stack with a quantity per limit (`quantities[i]` under `limits[i]`): as `decide_all`
-    /// otherwise, keeping its state in the same place.
+    /// A stack with a quantity per limit (`quantities[i]` under `limits[i]`), on one key.
     fn decide_each(
         &self,
         limits: &[Limit],
@@ -387,12 +381,22 @@ impl<C: Clock> MemoryBackend<C> {
     /// assert_eq!(backend.peek_now(alice).unwrap()[0].remaining, 3);
     /// ```
     pub fn peek_now(&self, charges: Charges<'_>) -> Result<Vec<KeyState>, BackendError> {
-        let limits = charges.limits();
+        let (limits, stores) = (charges.limits(), &*self.stores);
         let Some(key) = charges.same_key() else {
-            return self.peek_keyed_now(limits, charges.keys().unwrap_or_default());
+            // Each limit's state under its own key, as `decide_keyed` keeps it.
+            let keys = charges.keys().unwrap_or_default();
+            check_keyed_stack(limits, keys)?;
+            let one = |(limit, key)| {
+                stores
+                    .general
+                    .peek(slice::from_ref(limit), key, &stores.clock)
+            };
+            let states = limits.iter().zip(keys).flat_map(one);
+            return Ok(states
+                .map(|(now, next)| KeyState::from_decisions(&now, &next))
+                .collect());
         };
         check_one_or_stack(limits)?;
-        let stores = &*self.stores;
         let decisions = match (limits, limits[0].gcra()) {
             ([limit], Some(params)) => {
                 vec![stores.gcra.peek(params, limit.id(), key, &stores.clock)]
@@ -408,12 +412,17 @@ impl<C: Clock> MemoryBackend<C> {
     /// Forgets the state of each charge's key under its limit, as kept for such charges,
     /// synchronously ([`Backend::reset`] wraps this in a ready future).
     pub fn reset_now(&self, charges: Charges<'_>) -> Result<(), BackendError> {
-        let limits = charges.limits();
+        let (limits, stores) = (charges.limits(), &*self.stores);
         let Some(key) = charges.same_key() else {
-            return self.reset_keyed_now(limits, charges.keys().unwrap_or_default());
+            // Each limit's state under its own key, as `decide_keyed` keeps it.
+            let keys = charges.keys().unwrap_or_default();
+            check_keyed_stack(limits, keys)?;
+            for (limit, key) in limits.iter().zip(keys) {
+                stores.general.forget(slice::from_ref(limit), key);
+            }
+            return Ok(());
         };
         check_one_or_stack(limits)?;
-        let stores = &*self.stores;
         match (limits, limits[0].gcra()) {
             ([limit], Some(_)) => stores.gcra.forget(limit.id(), key),
             _ => stores.general.forget(limits, key),
@@ -441,6 +450,18 @@ impl<C: Clock> MemoryBackend<C> {
     }
 }
 
+/// Limits with a key each: as a stack, and one key per limit.
+fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError> {
+    if limits.is_empty() || keys.len() != limits.len() {
+        return Err(BackendError::new(format!(
+            "{} keys for {} limits",
+            keys.len(),
+            limits.len()
+        )));
+    }
+    check_stack(limits).map_err(BackendError::new)
+}
+
 /// One limit of any algorithm, or a stack that [`check_stack`] accepts.
 fn check_one_or_stack(limits: &[Limit]) -> Result<(), BackendError> {
     match limits {
@@ -462,12 +483,8 @@ impl<C: Clock> Backend for MemoryBackend<C> {
     /// Every algorithm, every shape of charges, refunds and settlements are implemented: only the
     /// stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS))
     /// applies.
-    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
-        let _ = uses;
-        match limits {
-            [_] => Ok(()),
-            stack => check_stack(stack).map_err(BuildError::Invalid),
-        }
+    fn validate(&self, limits: &[Limit], _uses: Uses) -> Result<(), BuildError> {
+        check_one_or_stack(limits).map_err(|e| BuildError::Invalid(e.to_string()))
     }
 
     // Refunds and settlements go where `decide_charges` keeps the state: a lone GCRA limit in the
@@ -489,12 +506,18 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             }
             Adjustment::Refund { since } => {
                 let quantity = charges.quantity(0);
-                match limits {
-                    [] => {}
-                    [limit] if limit.gcra().is_some() => {
-                        let params = limit.gcra().expect("a GCRA limit");
+                match (limits, limits.first().and_then(Limit::gcra)) {
+                    ([], _) => {}
+                    // A settlement of `-quantity` (gcra::settle): the TAT moves back by as many
+                    // emission intervals less `since`, because the request's units may have drained
+                    // meanwhile: a later request that would have found the bucket idle without this
+                    // one (`max(tat, now)`) absorbed up to the time between them, at most `since`.
+                    // Moving the TAT back by the whole amount would then give back more than the
+                    // request took; by the rest, never (and with no decision since, exactly).
+                    ([limit], Some(params)) => {
+                        let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
-                        gcra.refund(params, limit.id(), key, quantity, nanos(since), clock);
+                        gcra.settle(params, limit.id(), key, back, nanos(since), clock);
                     }
                     _ => stores
                         .general

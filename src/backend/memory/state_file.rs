@@ -13,7 +13,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::general_state::{SavedCell, SavedState};
+use super::entries::{Cell, State};
 use super::MemoryBackend;
 use crate::clock::Clock;
 use crate::key::Key;
@@ -54,14 +54,16 @@ impl<C: Clock> MemoryBackend<C> {
         let mut text = format!("{HEADER}\n");
         let mut written = 0;
         let mut rendered = String::new();
-        for (id, key, tat) in stores.gcra.records(now) {
-            let Some(name) = name_of(id) else {
-                continue;
-            };
+        let mut line = |kind: &str, name: &str, key: &Key, rest: String| {
             rendered.clear();
             key.render(&mut rendered);
-            text.push_str(&format!("gcra\t{name}\t{rendered}\t{}\n", origin + tat));
+            text.push_str(&format!("{kind}\t{name}\t{rendered}\t{rest}\n"));
             written += 1;
+        };
+        for (id, key, tat) in stores.gcra.records(now) {
+            if let Some(name) = name_of(id) {
+                line("gcra", name, &key, (origin + tat).to_string());
+            }
         }
         for (id, key, cells) in stores.general.records(now, origin) {
             let Some(first) = name_of(id) else {
@@ -74,13 +76,7 @@ impl<C: Clock> MemoryBackend<C> {
             if cells.is_empty() {
                 continue;
             }
-            rendered.clear();
-            key.render(&mut rendered);
-            text.push_str(&format!(
-                "entry\t{first}\t{rendered}\t{}\n",
-                cells.join(";")
-            ));
-            written += 1;
+            line("entry", first, &key, cells.join(";"));
         }
         let mut temporary = path.as_os_str().to_owned();
         temporary.push(".tmp");
@@ -124,16 +120,11 @@ impl<C: Clock> MemoryBackend<C> {
                     let Some(first) = limit_named(first) else {
                         continue;
                     };
-                    let cells: Vec<SavedCell> = cells
+                    let cells: Vec<Cell> = cells
                         .into_iter()
-                        .filter_map(|(name, position, state, expires_unix)| {
-                            let limit = limit_named(name)?;
-                            Some(SavedCell {
-                                limit: limit.id(),
-                                position,
-                                state,
-                                expires_unix,
-                            })
+                        .filter_map(|(name, cell)| {
+                            let limit = limit_named(name)?.id();
+                            Some(Cell { limit, ..cell })
                         })
                         .collect();
                     if cells.is_empty() {
@@ -167,32 +158,33 @@ impl AsMemory for MemoryBackend {
 enum Record<'a> {
     /// A lone GCRA limit's key: the limit's name, the key, the TAT (Unix ns).
     Gcra(&'a str, Key, u64),
-    /// A general store entry: its first limit's name, the key, and each cell's limit name,
-    /// position, state and expiry (Unix ns).
-    Entry(&'a str, Key, Vec<(&'a str, u8, SavedState, u64)>),
+    /// A general store entry: its first limit's name, the key, and each cell's limit name and
+    /// cell (its times in Unix ns, its limit id not yet known).
+    Entry(&'a str, Key, Vec<(&'a str, Cell)>),
 }
 
 /// A cell as a state file writes it: `name,position,expires,kind,fields…`.
-fn cell_text(name: &str, cell: &SavedCell) -> String {
-    let (position, expires) = (cell.position, cell.expires_unix);
+fn cell_text(name: &str, cell: &Cell) -> String {
+    let (position, expires) = (cell.position, cell.expires_at);
     match &cell.state {
-        SavedState::Gcra(tat) => format!("{name},{position},{expires},gcra,{tat}"),
-        SavedState::Fixed(s) => {
+        State::Gcra(tat) => format!("{name},{position},{expires},gcra,{tat}"),
+        State::Fixed(s) => {
             format!("{name},{position},{expires},fixed,{},{}", s.window, s.count)
         }
-        SavedState::Sliding(s) => format!(
+        State::Sliding(s) => format!(
             "{name},{position},{expires},sliding,{},{},{}",
             s.window, s.current, s.previous
         ),
-        SavedState::Log(times) => {
+        State::Log(times) => {
             let times: Vec<String> = times.iter().map(u64::to_string).collect();
             format!("{name},{position},{expires},log,{}", times.join(","))
         }
+        State::InFlight(_) => unreachable!("GeneralStore::records leaves slots out"),
     }
 }
 
 /// A cell from its text ([`cell_text`]).
-fn parse_cell(text: &str) -> Option<(&str, u8, SavedState, u64)> {
+fn parse_cell(text: &str) -> Option<(&str, Cell)> {
     let mut fields = text.split(',');
     let name = fields.next()?;
     let position: u8 = fields.next()?.parse().ok()?;
@@ -200,20 +192,28 @@ fn parse_cell(text: &str) -> Option<(&str, u8, SavedState, u64)> {
     let kind = fields.next()?;
     let numbers: Vec<u64> = fields.map(str::parse).collect::<Result<_, _>>().ok()?;
     let state = match (kind, numbers.as_slice()) {
-        ("gcra", [tat]) => SavedState::Gcra(*tat),
-        ("fixed", [window, count]) => SavedState::Fixed(FixedState {
+        ("gcra", [tat]) => State::Gcra(*tat),
+        ("fixed", [window, count]) => State::Fixed(FixedState {
             window: *window,
             count: *count,
         }),
-        ("sliding", [window, current, previous]) => SavedState::Sliding(SlidingState {
+        ("sliding", [window, current, previous]) => State::Sliding(SlidingState {
             window: *window,
             current: *current,
             previous: *previous,
         }),
-        ("log", times) if times.windows(2).all(|w| w[0] <= w[1]) => SavedState::Log(times.to_vec()),
+        ("log", times) if times.windows(2).all(|w| w[0] <= w[1]) => {
+            State::Log(times.to_vec().into())
+        }
         _ => return None,
     };
-    Some((name, position, state, expires))
+    let cell = Cell {
+        limit: 0,
+        position,
+        expires_at: expires,
+        state,
+    };
+    Some((name, cell))
 }
 
 /// The records of a state file, or what is wrong with it.
@@ -233,14 +233,8 @@ fn parse(text: &str) -> Result<Vec<Record<'_>>, String> {
                     i + 2
                 )
             };
-            let mut fields = line.split('\t');
-            let (Some(kind), Some(name), Some(key), Some(rest), None) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            ) else {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [kind, name, key, rest] = fields[..] else {
                 return Err(bad());
             };
             let key = Key::from_rendered(key).ok_or_else(bad)?;
@@ -419,26 +413,18 @@ mod tests {
         );
         let after = backend();
         assert_eq!(after.load_state(&path, &all).unwrap(), 4);
+        let left = |backend: &MemoryBackend<_>, l| backend.decide(l, &key, 0).unwrap().remaining;
         for lone in [&fixed, &sliding, &log] {
-            assert_eq!(
-                after.decide(lone, &key, 0).unwrap().remaining,
-                2,
-                "{}",
-                lone.name()
-            );
+            assert_eq!(left(&after, lone), 2, "{}", lone.name());
         }
-        assert_eq!(
-            after.decide(&slots, &key, 0).unwrap().remaining,
-            5,
-            "no slot held"
-        );
+        assert_eq!(left(&after, &slots), 5, "no slot held");
         let stacked = after.decide_all(&stack, &key, 0).unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 47));
         // A stack one of whose limits is gone keeps the others' states.
         let fresh = backend();
         let kept = [&[fixed.clone()][..], &stack[..1]].concat();
         assert_eq!(fresh.load_state(&path, &kept).unwrap(), 2);
-        assert_eq!(fresh.decide(&fixed, &key, 0).unwrap().remaining, 2);
+        assert_eq!(left(&fresh, &fixed), 2);
         let stacked = fresh.decide_all(&stack, &key, 0).unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
         fs::remove_file(&path).unwrap();

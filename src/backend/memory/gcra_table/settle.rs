@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::hot::MOVED;
-use super::{write, Compact, GcraTable, RecordKey, TatRecord};
+use super::{by_form, read, write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::clock::Clock;
 use crate::gcra;
 use crate::key::Key;
@@ -25,11 +25,7 @@ impl GcraTable {
         if delta == 0 {
             return;
         }
-        match Compact::of(key) {
-            Compact::V4(ip) => self.settle_in(params, id, &ip, delta, since, clock),
-            Compact::V6(ip) => self.settle_in(params, id, &ip, delta, since, clock),
-            Compact::Other(key) => self.settle_in(params, id, key, delta, since, clock),
-        }
+        by_form!(key, |k| self.settle_in(params, id, k, delta, since, clock))
     }
 
     fn settle_in<K: RecordKey + Clone, C: Clock>(
@@ -49,10 +45,7 @@ impl GcraTable {
             return;
         }
         {
-            let table = shard
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = read(&shard.table);
             let now = clock.now_nanos();
             if let Some(record) = K::table(&table).find(hash, eq) {
                 settle_tat(&record.tat, params, delta, since, now);

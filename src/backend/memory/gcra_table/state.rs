@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::hot::{HotKey, MOVED};
-use super::{write, Compact, GcraTable, RecordKey, TatRecord};
+use super::{by_form, read, write, Compact, GcraTable, RecordKey, TatRecord};
 use crate::gcra;
 use crate::key::Key;
 
@@ -14,10 +14,7 @@ impl GcraTable {
     pub(in crate::backend::memory) fn records(&self, now: u64) -> Vec<(u32, Key, u64)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let table = shard
-                .table
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let table = read(&shard.table);
             let live = |tat: u64| tat > now && tat != MOVED;
             collect(&table.v4, &mut out, live, |ip| {
                 Key::from_ip(IpAddr::V4(Ipv4Addr::from_bits(*ip)))
@@ -54,18 +51,14 @@ impl GcraTable {
         if tat <= now || tat == MOVED {
             return;
         }
-        match Compact::of(key) {
-            Compact::V4(ip) => self.restore_in(params, id, ip, tat, now),
-            Compact::V6(ip) => self.restore_in(params, id, ip, tat, now),
-            Compact::Other(key) => self.restore_in(params, id, key.clone(), tat, now),
-        }
+        by_form!(key, |k| self.restore_in(params, id, k, tat, now))
     }
 
-    fn restore_in<K: RecordKey>(
+    fn restore_in<K: RecordKey + Clone>(
         &self,
         params: &gcra::GcraParams,
         id: u32,
-        key: K,
+        key: &K,
         tat: u64,
         now: u64,
     ) {
@@ -79,11 +72,11 @@ impl GcraTable {
         {
             return;
         }
-        match K::table_mut(&mut table).find_entry(hash, |s| s.limit == id && s.key == key) {
+        match K::table_mut(&mut table).find_entry(hash, |s| s.limit == id && s.key == *key) {
             Ok(mut occupied) => {
                 occupied.get_mut().tat.fetch_max(tat, Relaxed);
             }
-            Err(_) => self.insert_new(&mut table, hash, params, id, key, tat, now),
+            Err(_) => self.insert_new(&mut table, hash, params, id, key.clone(), tat, now),
         }
     }
 }
