@@ -4,8 +4,9 @@
 //! check in `handle/message.rs`). An admitted in-memory request passes through (callgrind on a
 //! build with line tables) `middleware/service.rs`, [`steps`], [`verdict`], `middleware/future.rs`,
 //! `middleware/body.rs`, [`in_force`] and `observe.rs` (its report), its fields through
-//! `headers.rs` and `header_block.rs`, and one-line accessors of `policy/spec.rs` and
-//! `overrides/cache.rs`; a 429 adds `refuse`; the extended path adds [`extended`]. The backend is
+//! `headers.rs` and `header_block.rs`, and one-line accessors of `policy.rs`, `policy/spec.rs`,
+//! `policy/compiled.rs` and `overrides/cache.rs`; a 429 adds `refuse`; the extended path adds
+//! [`extended`] (and the feature's own file: `outcome.rs` for counting by outcome). The backend is
 //! asked in one shape, a list of [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
 //! after it (`scripts/import_cycles.py` checks it):
 //!
