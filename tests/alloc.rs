@@ -22,7 +22,8 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::Full;
 use tower::{Layer, Service};
 use tower_throttle::key::{Header, KeyExtractor, PeerAddr, PeerIp};
-use tower_throttle::{Policy, Quota, ThrottleLayer};
+use tower_throttle::policy::Condition;
+use tower_throttle::{Policy, PolicyBuilder, Quota, ThrottleLayer};
 
 /// Counts allocations (and reallocations, which may move) on the calling thread, then defers to the
 /// system allocator.
@@ -85,7 +86,7 @@ fn hello(length: bool) -> Response<Full<Bytes>> {
 
 /// The request of client `i` (one of 200 peers, each with its own key), made before counting.
 fn request(i: u32) -> Request<()> {
-    let mut request = Request::get("/hello")
+    let mut request = Request::get("/hello?plan=pro")
         .header("x-user-id", HeaderValue::from_static("user-17"))
         .body(())
         .unwrap();
@@ -120,23 +121,24 @@ where
     counted
 }
 
-/// An admission with `key`: the layer adds no allocation to the inner service's. `near`: the
-/// policy's near-limit ratio, which none of these requests comes near: not the plain path (the
-/// judge makes a verdict, looking for the limits it came near), and still none.
-fn adds_nothing<K: KeyExtractor<()> + Clone>(key: K, legacy: bool, near: Option<f64>, what: &str) {
+/// An admission with `key`: the layer adds no allocation to the inner service's. `tune`: what else
+/// the policy has (a near-limit ratio, a condition).
+fn adds_nothing<K: KeyExtractor<()> + Clone>(
+    key: K,
+    legacy: bool,
+    tune: impl FnOnce(PolicyBuilder<K>) -> PolicyBuilder<K>,
+    what: &str,
+) {
     // With the legacy fields, five fields of the layer's and two of the answer's are more than the
     // 6 a `HeaderMap` first makes room for: it grows (twice, without the layer's `reserve`), which is
     // the map's own cost, not the layer's; one field of the answer's keeps the map at its size.
     let inner =
         tower::service_fn(move |_: Request<()>| async move { Ok::<_, Infallible>(hello(!legacy)) });
-    let mut policy = Policy::builder("api")
+    let policy = Policy::builder("api")
         // Never runs out during the test: every request is admitted.
         .quota(Quota::per_second(1_000_000_000).with_max_burst(1_000_000_000))
         .key(key);
-    if let Some(ratio) = near {
-        policy = policy.near_limit(ratio);
-    }
-    let policy = policy.build().unwrap();
+    let policy = tune(policy).build().unwrap();
     let layer = ThrottleLayer::builder()
         .policy(policy)
         .ratelimit_headers(true)
@@ -177,12 +179,12 @@ fn adds_nothing<K: KeyExtractor<()> + Clone>(key: K, legacy: bool, near: Option<
 
 #[test]
 fn an_admitted_request_on_a_peer_ip_key_allocates_nothing_in_the_layer() {
-    adds_nothing(PeerIp::new(), false, None, "peer IP key");
+    adds_nothing(PeerIp::new(), false, |p| p, "peer IP key");
 }
 
 #[test]
 fn an_admitted_request_on_a_header_key_allocates_nothing_in_the_layer() {
-    adds_nothing(Header::new("x-user-id"), false, None, "header key");
+    adds_nothing(Header::new("x-user-id"), false, |p| p, "header key");
 }
 
 #[test]
@@ -190,7 +192,7 @@ fn the_legacy_fields_allocate_nothing_in_the_layer_either() {
     adds_nothing(
         PeerIp::new(),
         true,
-        None,
+        |p| p,
         "peer IP key, X-RateLimit-* fields on",
     );
 }
@@ -200,10 +202,14 @@ fn the_legacy_fields_allocate_nothing_in_the_layer_either() {
 /// give back (so no releaser), no `PolicyDecision`, no limit to name.
 #[test]
 fn an_admission_that_is_judged_allocates_nothing_in_the_layer_either() {
-    adds_nothing(
-        PeerIp::new(),
-        false,
-        Some(0.9),
-        "near-limit rule, near no limit",
-    );
+    let near = |p: PolicyBuilder<PeerIp>| p.near_limit(0.9);
+    adds_nothing(PeerIp::new(), false, near, "near-limit rule, near no limit");
+}
+
+/// A policy that applies to requests with a query parameter, whatever its value, finds it
+/// without decoding the value.
+#[test]
+fn a_query_present_condition_allocates_nothing_in_the_layer_either() {
+    let plan = |p: PolicyBuilder<PeerIp>| p.when(Condition::query_present("plan"));
+    adds_nothing(PeerIp::new(), false, plan, "a query_present condition");
 }

@@ -30,6 +30,13 @@ use crate::timer::timers_available;
 #[cfg(feature = "memory")]
 use crate::backend::{Adjustment, Backend, Charges, MemoryBackend};
 
+/// The failure of a backend that answered `limits` stacked limits with `decisions` decisions.
+pub(crate) fn not_one_per_limit(decisions: usize, limits: usize) -> BackendError {
+    BackendError::new(format!(
+        "the backend returned {decisions} decisions for {limits} stacked limits"
+    ))
+}
+
 /// What happens to a request.
 pub(crate) enum Verdict {
     Admit(Admitted),
@@ -250,12 +257,7 @@ impl Judge {
                 self.decided(cx, &mut decisions, source)
             }
             Ok(Decisions::Many(decisions)) => {
-                let error = BackendError::new(format!(
-                    "the backend returned {} decisions for {} stacked limits",
-                    decisions.len(),
-                    tier.limits.len()
-                ));
-                self.failed(cx, error)
+                self.failed(cx, not_one_per_limit(decisions.len(), tier.limits.len()))
             }
             Err(error) => self.failed(cx, error),
         }
@@ -483,6 +485,7 @@ impl Judge {
     /// and a stream message alike (`handle/message.rs`): whether the policy enforces them, delay
     /// mode's wait, the stack's decisions combined into one, and the penalty box's strike
     /// (`strike`: the decisions are the backend's, not a ban's).
+    #[inline]
     pub(crate) fn weigh(
         &self,
         rules: &CompiledPolicy,
@@ -514,6 +517,7 @@ impl Judge {
     /// decision reported (a staged policy's refusal for a key outside its share only as
     /// would-limit), and a refusal counted — as would-limit where the policy does not enforce it;
     /// where it does, with its retry jittered and the key counted as an offender.
+    #[inline]
     pub(crate) fn report(
         &self,
         rules: &CompiledPolicy,
@@ -548,13 +552,13 @@ impl Judge {
                 // Clients that share a key do not all come back in the same second. Only later.
                 decision.retry_after = Some(retry + jitter.mul_f64(crate::timer::unit_random()));
             }
-            if let Some(offenders) = &self.settings.offenders {
-                offenders.record(&rules.name, key);
-            }
         }
         rules
             .reporter
             .limited(&rules.name, shown, decision, !*enforced);
+        if let (true, Some(offenders)) = (*enforced, &self.settings.offenders) {
+            offenders.record(&rules.name, key);
+        }
     }
 
     /// A rejection that earns a ban answers with the ban.

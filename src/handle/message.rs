@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::access::Access;
 
-use crate::backend::{Backend, Charges, Uses};
+use crate::backend::{Backend, Charges, Decisions, Uses};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::steps;
-use crate::engine::verdict::Judge;
+use crate::engine::verdict::{not_one_per_limit, Judge};
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Algorithm;
@@ -124,20 +124,17 @@ impl Judge {
             None => {
                 let limits = &tier.limits;
                 let answer = steps::ask(backend, Charges::stack(limits, key, cost)).await;
+                // As a request's verdict takes them: a stack's decisions one per limit.
                 match answer {
-                    Ok(all) if all.len() == limits.len() => {
+                    Ok(Decisions::Many(all)) if all.len() != limits.len() => {
+                        let error = not_one_per_limit(all.len(), limits.len());
+                        return Err(self.message_failed(policy, error));
+                    }
+                    Ok(all) => {
                         self.errors.decided(&policy.name);
                         (all.into_vec(), true)
                     }
-                    answer => {
-                        let error = answer.err().unwrap_or_else(|| {
-                            BackendError::new("the backend did not return a decision per limit")
-                        });
-                        policy.reporter.failure(&policy.name);
-                        self.errors
-                            .record(&policy.name, &error, "the caller's choice");
-                        return Err(error);
-                    }
+                    Err(error) => return Err(self.message_failed(policy, error)),
                 }
             }
         };
@@ -148,5 +145,14 @@ impl Judge {
             true => decision,
             false => Decision::allowed(decision.limit, decision.remaining, decision.reset_after),
         })
+    }
+
+    /// A message the backend could not decide: reported as a request's failure is, and returned
+    /// (the failure policy answers requests; for a message the choice is the caller's).
+    fn message_failed(&self, policy: &CompiledPolicy, error: BackendError) -> BackendError {
+        policy.reporter.failure(&policy.name);
+        self.errors
+            .record(&policy.name, &error, "the caller's choice");
+        error
     }
 }

@@ -206,8 +206,14 @@ impl Rule {
                 })
             }),
             Rule::Query(name, values) => uri.query().is_some_and(|query| {
-                let sent = query_values(query, name);
-                values.met_by(sent.map(|v| percent_decode(v.as_bytes(), true)))
+                let mut sent = query_values(query, name);
+                match values {
+                    // Present with any value: nothing to decode.
+                    Values::Present => sent.next().is_some(),
+                    Values::OneOf(_) => {
+                        values.met_by(sent.map(|v| percent_decode(v.as_bytes(), true)))
+                    }
+                }
             }),
         }
     }

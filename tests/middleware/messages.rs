@@ -200,8 +200,8 @@ async fn allowed_in_turn(
     allowed
 }
 
-/// A backend that answers a message's stack with a decision short is failing: the check returns
-/// its error (the caller's choice), not a decision made of part of the stack.
+/// A backend that answers a message's stack with a decision short is failing, as for a request:
+/// the check returns its error (the caller's choice), not a decision made of part of the stack.
 #[tokio::test]
 async fn a_backend_that_answers_a_stack_short_fails_the_message() {
     use std::future::{ready, Ready};
@@ -226,8 +226,9 @@ async fn a_backend_that_answers_a_stack_short_fails_the_message() {
         .build()
         .unwrap();
     let error = layer.handle().check("chat", "ann", 1).await.unwrap_err();
+    let text = error.to_string();
     assert!(
-        error.to_string().contains("a decision per limit"),
-        "{error}"
+        text.contains("returned 1 decisions for 2 stacked limits"),
+        "{text}"
     );
 }

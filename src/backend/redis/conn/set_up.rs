@@ -38,15 +38,17 @@ impl SetUpError {
         }
     }
 
-    /// The error `connect` returns: the [description](Self::describe) of a configuration error
-    /// (which says what Redis answered), or what failed with Redis' own error as its source (shown
-    /// once).
+    /// The error `connect` returns: the [description](Self::describe), with Redis' own error as
+    /// its source (a plain failure's description leaves it to the source, so it is said once).
     pub(crate) fn into_error(self, address: &str) -> BackendError {
         match self {
-            SetUpError::Redis(doing, e) if configuration_error(&e, address, doing).is_none() => {
-                BackendError::with_source(format!("cannot {doing} on Redis at {address}"), e)
-            }
-            other => BackendError::new(other.describe(address).0),
+            SetUpError::Redis(doing, e) => match configuration_error(&e, address, doing) {
+                Some(message) => BackendError::with_source(message, e),
+                None => {
+                    BackendError::with_source(format!("cannot {doing} on Redis at {address}"), e)
+                }
+            },
+            SetUpError::NoCell => BackendError::new(self.describe(address).0),
         }
     }
 }
