@@ -547,11 +547,11 @@ impl Judge {
         if decision.allowed || staged_off {
             return;
         }
-        if *enforced {
-            if let (Some(jitter), Some(retry)) = (rules.retry_after_jitter, decision.retry_after) {
-                // Clients that share a key do not all come back in the same second. Only later.
-                decision.retry_after = Some(retry + jitter.mul_f64(crate::timer::unit_random()));
-            }
+        // Clients that share a key do not all come back in the same second. Only later.
+        if let (true, Some(jitter), Some(retry)) =
+            (*enforced, rules.retry_after_jitter, decision.retry_after)
+        {
+            decision.retry_after = Some(retry + jitter.mul_f64(crate::timer::unit_random()));
         }
         rules
             .reporter
