@@ -64,8 +64,8 @@ declare -A TESTS=(
   # timed bans in force (read, refreshed and listened for through a test's own shared records).
   [src/policy/condition.rs]="--lib -- $SKIP_SLOW"
   # The query scan that a policy's query conditions and QueryParam keys share, with the other key
-  # sources.
-  [src/key/sources.rs]="--lib -- $SKIP_SLOW"
+  # sources: the unit tests beside them, and the middleware binary (every key source in a layer).
+  [src/key/sources.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/key/body/json.rs]="--lib -- $SKIP_SLOW"
   [src/overrides/cache.rs]="--lib -- $SKIP_SLOW"
   # The charges a request asks of a backend (and the decisions back), and the table of features a

@@ -293,6 +293,25 @@ mod tests {
         assert_eq!(percent_decode(b"%ff%00", false), b"\xff\x00");
     }
 
+    /// What a missing-key answer says was expected, and a path parameter's route, which a reload
+    /// compares (a parameter of another route is another key).
+    #[test]
+    fn sources_say_what_they_read() {
+        let describe = |k: &dyn KeyExtractor<()>| k.describe();
+        assert_eq!(
+            describe(&QueryParam::new("api_key")),
+            "query parameter api_key (once)"
+        );
+        assert_eq!(describe(&Cookie::new("session")), "cookie session (once)");
+        let org = PathParam::new("/orgs/{org}", "org").unwrap();
+        assert_eq!(org.route(), Some("/orgs/{org}"));
+        assert_eq!(PathParam::unbound("org").route(), None);
+        assert_eq!(describe(&org), "path parameter {org} of /orgs/{org}");
+        assert_eq!(org, PathParam::new("/orgs/{org}", "org").unwrap());
+        assert_ne!(org, PathParam::new("/teams/{org}", "org").unwrap());
+        assert_ne!(org, PathParam::unbound("org"));
+    }
+
     #[test]
     fn duplicates_follow_the_rule() {
         let v = || ["a", "b"].into_iter();
