@@ -153,6 +153,7 @@ mod observe;
 mod offenders;
 mod or_default;
 mod outcome;
+pub mod overload;
 mod overrides;
 mod penalty;
 mod per_customer;

@@ -1,0 +1,287 @@
+//! [`Gate`]: admits a request while the requests in flight are under the adaptive limit, each
+//! partition within its guaranteed share or borrowing what the others leave idle.
+//!
+//! The partitions' counts share one word (16 bits each), so that one compare-and-swap decides and
+//! counts a request: no check-then-act gap lets partitions together exceed the limit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::limit::AdaptiveLimit;
+use super::options::{drain_time, Overload, PartitionBy};
+use crate::clock::{Clock, SystemClock};
+
+/// A partition idle this long no longer has its share kept for it.
+const ACTIVE_FOR: u64 = 1_000_000_000;
+/// A partition's last arrival is written at most this often (nanoseconds): one write per
+/// partition per grain, not one per request.
+const SEEN_GRAIN: u64 = 10_000_000;
+/// The service counts as under pressure for this long after a request was shed.
+const PRESSED_FOR: u64 = 1_000_000_000;
+
+/// One partition's part of the gate.
+#[derive(Debug)]
+struct Partition {
+    name: Arc<str>,
+    share: f64,
+    /// The last arrival's time + 1 (0: none yet).
+    seen: AtomicU64,
+    shed: AtomicU64,
+    #[cfg(feature = "metrics")]
+    shed_metric: metrics::Counter,
+}
+
+/// The overload gate of one layer: an adaptive limit on requests in flight, shared by partitions.
+///
+/// The layer keeps one and counts every request through it; outside a layer (a queue consumer,
+/// a simulation) call [`try_admit`](Self::try_admit) and [`finish`](Self::finish) with a clock
+/// of your own.
+#[derive(Debug)]
+pub struct Gate {
+    limit: AdaptiveLimit,
+    /// Requests in flight: partition `i`'s count in bits `16 i .. 16 i + 16`.
+    in_flight: AtomicU64,
+    partitions: Box<[Partition]>,
+    partition_by: PartitionBy,
+    /// When a request was last shed, + 1 (0: never).
+    shed_at: AtomicU64,
+    pub(crate) status: StatusCode,
+    clock: SystemClock,
+    #[cfg(feature = "metrics")]
+    gauges: (metrics::Gauge, metrics::Gauge),
+}
+
+/// Why a request was shed, for its refusal.
+#[derive(Clone, Debug)]
+pub(crate) struct Shed {
+    pub(crate) partition: Arc<str>,
+    pub(crate) retry_after: Duration,
+    pub(crate) status: StatusCode,
+}
+
+fn count_of(word: u64, partition: usize) -> u32 {
+    ((word >> (16 * partition)) & 0xFFFF) as u32
+}
+
+fn total_of(word: u64, partitions: usize) -> u32 {
+    (0..partitions).map(|i| count_of(word, i)).sum()
+}
+
+impl Gate {
+    /// A gate with the options of `overload` (validated: [`Overload::validate`]).
+    pub fn new(overload: &Overload) -> Self {
+        let mut named = overload.partitions.clone();
+        if named.is_empty() {
+            named.push(("all".into(), 1.0));
+        }
+        let partitions = named
+            .into_iter()
+            .map(|(name, share)| Partition {
+                #[cfg(feature = "metrics")]
+                shed_metric: metrics::counter!(
+                    "throttle_requests_shed_total",
+                    "partition" => name.clone()
+                ),
+                name: name.into(),
+                share,
+                seen: AtomicU64::new(0),
+                shed: AtomicU64::new(0),
+            })
+            .collect();
+        Gate {
+            limit: AdaptiveLimit::new(&overload.settings()),
+            in_flight: AtomicU64::new(0),
+            partitions,
+            partition_by: overload.partition_by.clone(),
+            shed_at: AtomicU64::new(0),
+            status: overload.status,
+            clock: SystemClock::new(),
+            #[cfg(feature = "metrics")]
+            gauges: (
+                metrics::gauge!("throttle_overload_limit"),
+                metrics::gauge!("throttle_overload_in_flight"),
+            ),
+        }
+    }
+
+    /// The partition named `name` (a policy's or a tier's, as the options say); the last one
+    /// for a name no partition has, or none (`None`).
+    pub fn partition_of(&self, name: Option<&str>) -> usize {
+        let last = self.partitions.len() - 1;
+        name.and_then(|name| self.partitions.iter().position(|p| *p.name == *name))
+            .unwrap_or(last)
+    }
+
+    /// What names a request's partition.
+    pub(crate) fn partition_by(&self) -> &PartitionBy {
+        &self.partition_by
+    }
+
+    /// The partitions' names, highest share of the limit first as configured.
+    pub fn partitions(&self) -> impl Iterator<Item = &str> {
+        self.partitions.iter().map(|p| &*p.name)
+    }
+
+    /// The limit on requests in flight now.
+    pub fn limit(&self) -> u32 {
+        self.limit.current()
+    }
+
+    /// Requests in flight now, in every partition.
+    pub fn in_flight(&self) -> u32 {
+        total_of(self.in_flight.load(Ordering::Relaxed), self.partitions.len())
+    }
+
+    /// Requests in flight now in partition `partition`.
+    pub fn in_flight_of(&self, partition: usize) -> u32 {
+        count_of(self.in_flight.load(Ordering::Relaxed), partition)
+    }
+
+    /// Requests shed in partition `partition` since the gate was made.
+    pub fn shed_of(&self, partition: usize) -> u64 {
+        self.partitions
+            .get(partition)
+            .map_or(0, |p| p.shed.load(Ordering::Relaxed))
+    }
+
+    /// Partition `i`'s guaranteed part of `limit`.
+    fn guaranteed(&self, i: usize, limit: u32) -> u32 {
+        (f64::from(limit) * self.partitions[i].share) as u32
+    }
+
+    /// Whether partition `i` has asked for admission lately, or has requests in flight.
+    fn active(&self, i: usize, word: u64, now: u64) -> bool {
+        let seen = self.partitions[i].seen.load(Ordering::Relaxed);
+        count_of(word, i) > 0 || (seen != 0 && now.saturating_sub(seen - 1) < ACTIVE_FOR)
+    }
+
+    /// Admits a request of `partition` at `now` (nanoseconds of the caller's clock) and counts it
+    /// in flight, or refuses it (`false`): the requests in flight are at the limit, or the
+    /// partition is beyond its share and the rest is kept for other active partitions. An
+    /// admitted request must be [`finish`](Self::finish)ed.
+    pub fn try_admit(&self, partition: usize, now: u64) -> bool {
+        let partition = partition.min(self.partitions.len() - 1);
+        let seen = &self.partitions[partition].seen;
+        if now.saturating_sub(seen.load(Ordering::Relaxed)) >= SEEN_GRAIN {
+            seen.store(now + 1, Ordering::Relaxed);
+        }
+        let limit = self.limit.current();
+        let many = self.partitions.len();
+        let mut word = self.in_flight.load(Ordering::Relaxed);
+        loop {
+            let total = total_of(word, many);
+            let over = total >= limit
+                || (many > 1 && count_of(word, partition) >= self.guaranteed(partition, limit) && {
+                    // Borrowing: leave the unused shares of the other active partitions.
+                    let kept: u32 = (0..many)
+                        .filter(|&i| i != partition && self.active(i, word, now))
+                        .map(|i| self.guaranteed(i, limit).saturating_sub(count_of(word, i)))
+                        .sum();
+                    total + kept >= limit
+                });
+            if over {
+                self.shed(partition, now);
+                return false;
+            }
+            let counted = word + (1 << (16 * partition));
+            match self.in_flight.compare_exchange_weak(
+                word,
+                counted,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now_word) => word = now_word,
+            }
+        }
+    }
+
+    fn shed(&self, partition: usize, now: u64) {
+        let p = &self.partitions[partition];
+        p.shed.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        p.shed_metric.increment(1);
+        if now.saturating_sub(self.shed_at.load(Ordering::Relaxed)) >= SEEN_GRAIN {
+            self.shed_at.store(now + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// A request of `partition` admitted at `started` ended at `now` (`dropped`: it failed): no
+    /// longer in flight, and its latency adapts the limit.
+    pub fn finish(&self, partition: usize, started: u64, now: u64, dropped: bool) {
+        let partition = partition.min(self.partitions.len() - 1);
+        let before = self
+            .in_flight
+            .fetch_sub(1 << (16 * partition), Ordering::AcqRel);
+        let in_flight = total_of(before, self.partitions.len());
+        let _changed = self.limit.record(now, now.saturating_sub(started), dropped, in_flight);
+        #[cfg(feature = "metrics")]
+        if let Some(limit) = _changed {
+            self.gauges.0.set(f64::from(limit));
+            self.gauges.1.set(f64::from(in_flight));
+        }
+    }
+
+    /// Whether the service is under pressure at `now`: a request was shed within the last
+    /// second, or the requests in flight are within a tenth of the limit.
+    pub fn pressed(&self, now: u64) -> bool {
+        let shed_at = self.shed_at.load(Ordering::Relaxed);
+        let limit = self.limit.current();
+        (shed_at != 0 && now.saturating_sub(shed_at - 1) < PRESSED_FOR)
+            || self.in_flight() >= limit - limit / 10
+    }
+
+    /// Whether the service is under pressure now ([`pressed`](Self::pressed) on the gate's own
+    /// clock).
+    pub(crate) fn pressed_now(&self) -> bool {
+        self.pressed(self.clock.now_nanos())
+    }
+
+    /// Admits a request of `partition` on the gate's own clock: what it holds while in flight
+    /// (until its response body ends), or why it was shed.
+    pub(crate) fn admit(self: &Arc<Self>, partition: usize) -> Result<InFlight, Shed> {
+        let now = self.clock.now_nanos();
+        if self.try_admit(partition, now) {
+            return Ok(InFlight {
+                gate: self.clone(),
+                partition,
+                started: now,
+                dropped: false,
+            });
+        }
+        Err(Shed {
+            partition: self.partitions[partition.min(self.partitions.len() - 1)]
+                .name
+                .clone(),
+            retry_after: drain_time(self.limit.latency(), self.in_flight(), self.limit()),
+            status: self.status,
+        })
+    }
+}
+
+/// A request in flight through the gate: counted until dropped, when its latency is recorded.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    gate: Arc<Gate>,
+    partition: usize,
+    started: u64,
+    dropped: bool,
+}
+
+impl InFlight {
+    /// The request failed (the service's error, or its body's): a dropped request to the limit.
+    pub(crate) fn failed(&mut self) {
+        self.dropped = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let now = self.gate.clock.now_nanos();
+        self.gate
+            .finish(self.partition, self.started, now, self.dropped);
+    }
+}

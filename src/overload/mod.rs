@@ -1,0 +1,17 @@
+//! Overload protection: an adaptive limit on the requests a layer has in flight, shared by
+//! partitions with guaranteed shares, and quotas that bite only while the service is under
+//! pressure. Rate limits protect a service from one client; this protects it from all of them at
+//! once.
+//!
+//! * [`options`]: [`Overload`], the options and their validation;
+//! * [`gate`]: [`Gate`], the admission of a request and its count in flight;
+//! * [`limit`]: [`AdaptiveLimit`], the limit and the algorithms that adapt it.
+
+mod gate;
+mod limit;
+mod options;
+
+pub(crate) use gate::{InFlight, Shed};
+pub use gate::Gate;
+pub use limit::{AdaptiveLimit, LimitAlgorithm};
+pub use options::{Overload, PartitionBy, MAX_LIMIT, MAX_PARTITIONS};
