@@ -457,6 +457,12 @@ pub(crate) fn forbidden() {
     metrics::counter!("throttle_requests_forbidden_total").increment(1);
 }
 
+/// A request the overload gate shed (counted by the gate, per partition): at debug level, so
+/// that a flood stays quiet in the logs.
+pub(crate) fn shed(partition: &str) {
+    tracing::debug!(reason = "overload", partition, "request shed");
+}
+
 /// Whether backend latency is measured at all (reading the clock twice per request costs ~50 ns).
 pub(crate) const MEASURE_LATENCY: bool = cfg!(feature = "metrics");
 

@@ -198,6 +198,7 @@ pub(crate) struct Options {
     delay: Option<Duration>,
     lease: Option<Duration>,
     dry_run: bool,
+    under_pressure: bool,
     pub(crate) tiers: Vec<(String, Vec<Quota>)>,
     tier_header: Option<String>,
     cost: u64,
@@ -304,6 +305,19 @@ impl<K> PolicyBuilder<K> {
     /// `enforced: false`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.opts.dry_run = dry_run;
+        self
+    }
+
+    /// Quotas that bite only under pressure: the policy's limits are enforced only while the
+    /// layer's [overload gate](crate::overload) says the service is under pressure (a request
+    /// was shed within the last second, or the requests in flight are within a tenth of its
+    /// limit); otherwise a request over them passes and is counted as would-limit
+    /// (`throttle_requests_would_limit_total`), as a [staged](Self::enforce_fraction) policy's
+    /// key outside its share. Generous until it matters. The layer must have an overload gate
+    /// ([`ThrottleLayerBuilder::overload`](crate::ThrottleLayerBuilder::overload)): without one
+    /// the layer fails to build.
+    pub fn under_pressure_only(mut self, on: bool) -> Self {
+        self.opts.under_pressure = on;
         self
     }
 
@@ -666,6 +680,7 @@ impl<K> PolicyBuilder<K> {
             tiers: tiers.into(),
             tier_header,
             dry_run: self.opts.dry_run,
+            under_pressure: self.opts.under_pressure,
             staged,
             cost: self.opts.cost,
             methods,
@@ -856,6 +871,7 @@ impl<K> PolicyBuilder<K> {
             (AsyncKey, extras.async_key.is_some()),
             (BodyKey, extras.body_key.is_some()),
             (DryRun, self.opts.dry_run),
+            (UnderPressure, self.opts.under_pressure),
             (Enforce, self.opts.rollout.enforce.is_some()),
         ]
         .into_iter()

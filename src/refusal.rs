@@ -70,16 +70,20 @@ pub enum RefusalKind {
     /// The backend failed under [`OnBackendError::Deny`](crate::OnBackendError::Deny), or a delayed
     /// request has no timer to wait on (`503`).
     Unavailable,
+    /// The layer's overload gate shed it: too many requests in flight (`503`, or `429` as
+    /// [`Overload::status`](crate::overload::Overload::status) says).
+    Overloaded,
 }
 
 impl RefusalKind {
-    /// `"limited"`, `"missing_key"`, `"denied"` or `"unavailable"`.
+    /// `"limited"`, `"missing_key"`, `"denied"`, `"unavailable"` or `"overloaded"`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusalKind::Limited => "limited",
             RefusalKind::MissingKey => "missing_key",
             RefusalKind::Denied => "denied",
             RefusalKind::Unavailable => "unavailable",
+            RefusalKind::Overloaded => "overloaded",
         }
     }
 }

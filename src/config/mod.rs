@@ -52,7 +52,8 @@ pub use crate::backend::memory::state_file::AsMemory;
 pub use logging::{LoggingConfig, RedactKeys};
 pub use schema::{
     AccessConfig, BackendConfig, BudgetConfig, BudgetTuning, EstimateConfig, MeteredConfig,
-    PenaltyConfig, QuotaConfig, RedisConfig, RouteConfig, TierConfig, WhenConfig,
+    OverloadConfig, PartitionConfig, PenaltyConfig, QuotaConfig, RedisConfig, RouteConfig,
+    TierConfig, WhenConfig,
 };
 
 use crate::access::AccessList;
@@ -96,6 +97,8 @@ pub struct Config {
     pub client_ip_header: Option<String>,
     /// Allow and deny lists.
     pub access: Option<AccessConfig>,
+    /// The overload gate: an adaptive limit on the requests in flight.
+    pub overload: Option<OverloadConfig>,
     /// How keys appear in log events.
     pub logging: Option<LoggingConfig>,
     /// The `[admin]` table, for the server that runs the layer (the example server reads its admin
@@ -175,6 +178,9 @@ impl Config {
                 (true, Some(secret)) => builder.redact_keys_with(secret),
                 (redact, _) => builder.redact_keys(redact),
             };
+        }
+        if let Some(overload) = &self.overload {
+            builder = builder.overload(overload.overload()?);
         }
         Ok(builder
             .ratelimit_headers(self.ratelimit_headers)

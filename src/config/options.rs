@@ -63,7 +63,7 @@ pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
     row(&["algorithm"], &["algorithm", "Limit::with_algorithm"], |r, _, b| Ok(b.algorithm(algorithm(r)?))),
     row(&["count", "period", "max_burst", "quotas"], &["quotas", "shadow", "quota_keyed"], quotas),
     row(&["cost"], &["cost"], |r, _, b| Ok(b.cost(r.cost.unwrap_or(1)))),
-    row(&["mode", "max_delay"], &["dry_run", "delay", "Limit::with_delay"], mode),
+    row(&["mode", "max_delay"], &["dry_run", "delay", "Limit::with_delay", "under_pressure_only"], mode),
     row(&["lease"], &["lease", "Limit::with_lease"], |r, _, b| Ok(set(b, r.lease, Builder::lease))),
     row(&["tiers"], &["tier"], tiers),
     row(&["tier_header"], &["tier_header"], |r, _, b| Ok(set(b, r.tier_header.clone(), Builder::tier_header))),
@@ -322,18 +322,20 @@ fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Buil
     Ok(builder)
 }
 
-/// `mode` (`"enforce"`, `"dry-run"`, `"delay"`) and the `max_delay` that only `"delay"` takes.
+/// `mode` (`"enforce"`, `"dry-run"`, `"delay"`, `"under-pressure"`) and the `max_delay` that only
+/// `"delay"` takes.
 fn mode(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
     match (route.mode.as_deref(), route.max_delay) {
         (None | Some("enforce"), None) => Ok(builder),
         (Some("dry-run"), None) => Ok(builder.dry_run(true)),
+        (Some("under-pressure"), None) => Ok(builder.under_pressure_only(true)),
         (Some("delay"), Some(max_delay)) => Ok(builder.delay(max_delay)),
         (Some("delay"), None) => Err("mode = \"delay\" needs max_delay, such as \"2s\"".into()),
-        (None | Some("enforce" | "dry-run"), Some(_)) => {
+        (None | Some("enforce" | "dry-run" | "under-pressure"), Some(_)) => {
             Err("max_delay is only used with mode = \"delay\"".into())
         }
         (Some(other), _) => Err(format!(
-            "mode {other:?} is not \"enforce\", \"dry-run\" or \"delay\""
+            "mode {other:?} is not \"enforce\", \"dry-run\", \"delay\" or \"under-pressure\""
         )),
     }
 }

@@ -87,6 +87,7 @@ fn needs_restart(running: &Config, new: &Config) -> Option<&'static str> {
         ("decision_extension", changed(|c| &c.decision_extension)),
         ("on_backend_error", changed(|c| &c.on_backend_error)),
         ("[access]", changed(|c| &c.access)),
+        ("[overload]", changed(|c| &c.overload)),
         // Key redaction is the layer's: a reload that turned it on would leave keys in clear.
         ("[logging]", changed(|c| &c.logging)),
         ("[admin]", changed(|c| &c.admin)),

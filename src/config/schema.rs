@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::engine::OnBackendError;
+use crate::error::BuildError;
 use crate::key::{BodyField, KeySpec};
 
 /// The `[backend]` table.
@@ -589,4 +590,78 @@ pub(super) fn some_on_backend_error<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<OnBackendError>, D::Error> {
     on_backend_error(d).map(Some)
+}
+
+/// The `[overload]` table: the layer's overload gate (see [`Overload`](crate::overload::Overload)).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct OverloadConfig {
+    /// `"gradient"` (default) or `"aimd"`.
+    pub algorithm: Option<String>,
+    /// The lowest the limit on requests in flight goes (default 4).
+    pub min_limit: Option<u32>,
+    /// The highest (default 1,000).
+    pub max_limit: Option<u32>,
+    /// The limit at start (default: ten times `min_limit`).
+    pub initial_limit: Option<u32>,
+    /// `"policy"` (default) or `"tier"`: what names a request's partition.
+    pub partition_by: Option<String>,
+    /// `503` (default) or `429`: the status of a shed request.
+    pub status: Option<u16>,
+    /// The partitions, highest priority first: `[{ name = "paid", share = 0.8 }, ...]`.
+    #[serde(default)]
+    pub partitions: Vec<PartitionConfig>,
+}
+
+/// One of `[overload]`'s `partitions`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PartitionConfig {
+    /// The policy's or tier's name the partition counts.
+    pub name: String,
+    /// Its guaranteed share of the limit, above 0 and at most 1.
+    pub share: f64,
+}
+
+impl OverloadConfig {
+    /// The overload gate's options, validated.
+    pub fn overload(&self) -> Result<crate::overload::Overload, BuildError> {
+        use crate::overload::{Overload, PartitionBy};
+        let invalid = |what: String| BuildError::Invalid(format!("[overload] {what}"));
+        let mut overload = match self.algorithm.as_deref() {
+            None | Some("gradient") => Overload::gradient(),
+            Some("aimd") => Overload::aimd(),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "algorithm {other:?} is not \"gradient\" or \"aimd\""
+                )))
+            }
+        };
+        let (min, max) = (overload.min, overload.max);
+        overload = overload.limits(self.min_limit.unwrap_or(min), self.max_limit.unwrap_or(max));
+        if let Some(initial) = self.initial_limit {
+            overload = overload.initial_limit(initial);
+        }
+        overload = overload.partition_by(match self.partition_by.as_deref() {
+            None | Some("policy") => PartitionBy::Policy,
+            Some("tier") => PartitionBy::Tier,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "partition_by {other:?} is not \"policy\" or \"tier\""
+                )))
+            }
+        });
+        if let Some(status) = self.status {
+            let status = http::StatusCode::from_u16(status)
+                .map_err(|_| invalid(format!("status {status} is not an HTTP status")))?;
+            overload = overload.status(status);
+        }
+        for partition in &self.partitions {
+            overload = overload.partition(partition.name.clone(), partition.share);
+        }
+        overload.validate()?;
+        Ok(overload)
+    }
 }

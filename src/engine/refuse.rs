@@ -15,6 +15,7 @@ use crate::grpc;
 use crate::headers::{self, RateHeaders};
 use crate::key::Key;
 use crate::observe::{Limited, RequestRef};
+use crate::overload::Shed;
 use crate::policy::{CompiledPolicy, MissingKey};
 use crate::refusal::{Refusal, RefusalKind, Rejected};
 
@@ -66,6 +67,43 @@ impl Judge {
             &default,
         );
         headers::set_retry_after(response.headers_mut(), 1);
+        response
+    }
+
+    /// The refusal of a request the overload gate shed (`policy`: the one that matched, if
+    /// any): its status (`503` or `429`, as the gate's options say), a `Retry-After` of the time
+    /// the requests in flight take to drain, the layer's problem body or the custom refusal.
+    pub(crate) fn shed(
+        &self,
+        policy: Option<&CompiledPolicy>,
+        shed: &Shed,
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
+        crate::observe::shed(&shed.partition);
+        let detail = "the service is overloaded; retry later";
+        let default = || {
+            let mut response = self.problem(shed.status, detail);
+            if self.settings.grpc {
+                grpc::set_pushback(response.headers_mut(), shed.retry_after);
+            }
+            response
+        };
+        let mut response = self.refuse(
+            Refusal {
+                kind: RefusalKind::Overloaded,
+                status: shed.status,
+                policy: policy.map(|p| &*p.name),
+                key: None,
+                decision: None,
+                retry_after: Some(shed.retry_after),
+                detail,
+                request,
+                default: &default,
+            },
+            &default,
+        );
+        let seconds = u64::try_from(shed.retry_after.as_millis()).unwrap_or(u64::MAX);
+        headers::set_retry_after(response.headers_mut(), seconds.div_ceil(1000));
         response
     }
 

@@ -10,6 +10,7 @@ use crate::headers::HeaderOptions;
 use crate::near_limit::NearLimitHook;
 use crate::observe::Limited;
 use crate::offenders::Offenders;
+use crate::overload::Gate;
 use crate::refusal::{Refusal, Rejected};
 
 pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
@@ -64,6 +65,8 @@ pub(crate) struct Settings {
     pub(crate) grpc: bool,
     /// Every admitted request gets a [`PolicyDecision`].
     pub(crate) decision_extension: bool,
+    /// The layer's overload gate, one for the layer's life (reloads keep it).
+    pub(crate) overload: Option<Arc<Gate>>,
 }
 
 impl Default for Settings {
@@ -84,6 +87,7 @@ impl Default for Settings {
             offenders: None,
             grpc: false,
             decision_extension: false,
+            overload: None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The steps of a request, each written once, in the order the request meets them:
 //!
 //! 1. [`match_policy`]: the first policy whose route, methods and conditions match (none: no
-//!    limit);
+//!    limit); then [`overload`], the layer's overload gate, for every request;
 //! 2. the key: the policy's extractor, at once (`Throttle::call`) or awaited (an async key, on the
 //!    extended path);
 //! 3. [`access`]: the allow and deny lists, before any limit;
@@ -41,6 +41,7 @@ use crate::error::BackendError;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
+use crate::overload::{Gate, InFlight, PartitionBy, Shed};
 use crate::per_customer::CustomerQuota;
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier, Policy};
@@ -52,6 +53,25 @@ pub(crate) fn match_policy<'t, K, B>(
     request: &Request<B>,
 ) -> Option<&'t Policy<K>> {
     table.policies.iter().find(|p| p.applies_to(request))
+}
+
+/// Step 1b, after the match and before any limit: the layer's overload gate admits the request
+/// (and counts it in flight until its response ends) in its partition — its policy's or its
+/// tier's, as the gate's options say — or sheds it.
+pub(crate) fn overload<K, B>(
+    gate: &Arc<Gate>,
+    policy: Option<&Policy<K>>,
+    request: &Request<B>,
+) -> Result<InFlight, Shed> {
+    let rules = policy.map(Policy::compiled);
+    let name = rules.map(|rules| match gate.partition_by() {
+        PartitionBy::Policy => &*rules.name,
+        PartitionBy::Tier => {
+            let tier = rules.tier_in(request.headers(), request.extensions());
+            rules.tiers[tier].name.as_deref().unwrap_or("default")
+        }
+    });
+    gate.admit(gate.partition_of(name))
 }
 
 /// Whether `policy`'s requests take the extended path, and with what: its per-request features,

@@ -227,8 +227,15 @@ impl Judge {
                     && rules
                         .staged
                         .is_none_or(|s| key.is_some_and(|k| s.enforces(k)))
+                    && !(rules.under_pressure && kind == RefusalKind::Limited && !self.pressed())
             }
         }
+    }
+
+    /// Whether the layer's overload gate says the service is under pressure (no gate: never).
+    fn pressed(&self) -> bool {
+        let gate = self.settings.overload.as_ref();
+        gate.is_some_and(|gate| gate.pressed_now())
     }
 
     /// The verdict on a backend's answer (or failure) for the request `cx`.
@@ -535,8 +542,10 @@ impl Judge {
             key,
             redact: self.redactor.as_ref(),
         };
-        // A staged policy's refusal for a key outside its share is only counted, as would-limit.
-        let staged_off = !decision.allowed && !*enforced && rules.staged.is_some();
+        // A staged policy's refusal for a key outside its share, or one of a policy enforced only
+        // under pressure while there is none, is only counted, as would-limit.
+        let staged_off =
+            !decision.allowed && !*enforced && (rules.staged.is_some() || rules.under_pressure);
         if staged_off {
             self.would_limit(rules, tier, decisions, shown);
         } else {

@@ -256,6 +256,12 @@ impl PolicyState {
 }
 
 impl<K, B: Backend> ThrottleHandle<K, B> {
+    /// The layer's overload gate, if it has one: its limit, the requests in flight and shed per
+    /// partition (the example server's `GET /overload`).
+    pub fn overload(&self) -> Option<&crate::overload::Gate> {
+        self.shared.settings.overload.as_deref()
+    }
+
     /// The policies in force.
     pub fn policies(&self) -> Policies<K> {
         Policies::of(self.shared.table.load_full())

@@ -10,6 +10,7 @@ use pin_project_lite::pin_project;
 
 use crate::engine::slot::ConcurrencySlot;
 use crate::meter::MeterGuard;
+use crate::overload::InFlight;
 
 pin_project! {
     /// The inner service's body, or the small body of a response the middleware made itself (a 429).
@@ -31,22 +32,30 @@ pin_project! {
             // Settles a metered request's cost when the body ends or is dropped: a client that
             // hangs up mid-stream is charged what was produced.
             meter: Option<Box<MeterGuard>>,
+            // Counts the request in flight through the overload gate until the body ends.
+            in_flight: Option<InFlight>,
         },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ThrottleBody<B> {
-    /// The inner service's body; `slot` (a concurrency slot) is given back, and `meter` settles,
-    /// when the body ends or is dropped.
+    /// The inner service's body; `slot` (a concurrency slot) is given back, `meter` settles, and
+    /// the overload gate's count of the request ends, when the body ends or is dropped.
     pub(crate) fn inner(
         body: B,
         slot: Option<ConcurrencySlot>,
         meter: Option<Box<MeterGuard>>,
+        in_flight: Option<InFlight>,
     ) -> Self {
-        let content = match (slot, meter) {
-            (None, None) => Content::Plain { body },
-            (slot, meter) => Content::Inner { body, slot, meter },
+        let content = match (slot, meter, in_flight) {
+            (None, None, None) => Content::Plain { body },
+            (slot, meter, in_flight) => Content::Inner {
+                body,
+                slot,
+                meter,
+                in_flight,
+            },
         };
         ThrottleBody { content }
     }
@@ -103,14 +112,24 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().content.project() {
             ContentProj::Plain { body } => body.poll_frame(cx),
-            ContentProj::Inner { body, slot, meter } => {
+            ContentProj::Inner {
+                body,
+                slot,
+                meter,
+                in_flight,
+            } => {
                 let frame = body.poll_frame(cx);
                 match &frame {
-                    // The body is done (or failed): the request no longer holds its slot, and
-                    // a metered one is settled.
-                    Poll::Ready(None | Some(Err(_))) => {
+                    // The body is done (or failed): the request no longer holds its slot, nor
+                    // counts in flight, and a metered one is settled.
+                    Poll::Ready(ended @ (None | Some(Err(_)))) => {
                         slot.take();
                         meter.take();
+                        if let Some(mut in_flight) = in_flight.take()
+                            && ended.is_some()
+                        {
+                            in_flight.failed();
+                        }
                     }
                     // A metered request's usage may come in the trailers.
                     Poll::Ready(Some(Ok(frame))) => {

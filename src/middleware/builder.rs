@@ -20,6 +20,7 @@ use crate::near_limit::NearLimit;
 use crate::observe::{Limited, RedactionSecret};
 use crate::offenders::Offenders;
 use crate::or_default::OrDefault;
+use crate::overload::{Gate, Overload};
 use crate::overrides::cache::Overrides;
 use crate::policy::Policy;
 use crate::refusal::Refusal;
@@ -53,6 +54,7 @@ pub struct ThrottleLayerBuilder<K, B> {
     access: Option<(AccessList, AddressSource)>,
     /// What the verdict is made of, besides the policies.
     settings: Settings,
+    overload: Option<Overload>,
 }
 
 impl<K, B> ThrottleLayerBuilder<K, B> {
@@ -67,6 +69,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             policies: Vec::new(),
             access: None,
             settings: Settings::default(),
+            overload: None,
         }
     }
 
@@ -77,6 +80,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
             policies: self.policies,
             access: self.access,
             settings: self.settings,
+            overload: self.overload,
         }
     }
 
@@ -330,6 +334,13 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         self
     }
 
+    /// Protects the service from overload: an adaptive limit on the requests in flight through
+    /// the layer, checked before any policy's limits (see [`Overload`]).
+    pub fn overload(mut self, overload: Overload) -> Self {
+        self.overload = Some(overload);
+        self
+    }
+
     /// What to do when the backend fails (default: [`OnBackendError::Allow`]).
     pub fn on_backend_error(mut self, on_error: OnBackendError) -> Self {
         self.settings.on_error = on_error;
@@ -342,6 +353,10 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
         B: Backend,
     {
         let mut settings = self.settings;
+        if let Some(overload) = &self.overload {
+            overload.validate()?;
+            settings.overload = Some(Arc::new(Gate::new(overload)));
+        }
         if settings.redact_keys {
             // One secret for the layer's life: the pseudonyms stay the same across reloads, and
             // the top limited keys show the same ones as the logs.

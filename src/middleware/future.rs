@@ -30,6 +30,7 @@ use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
 use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::outcome::OutcomeGuard;
+use crate::overload::InFlight;
 use crate::policy::CompiledPolicy;
 
 /// A request whose decision is remote: what carrying out its verdict needs once the decision
@@ -71,6 +72,8 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, D>,
+        // The request's count in flight through the overload gate, for its response's body.
+        in_flight: Option<InFlight>,
     }
 }
 
@@ -124,7 +127,16 @@ where
     pub(crate) fn unlimited(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Passing { future },
+            in_flight: None,
         }
+    }
+
+    /// This future, with the request counted in flight through the overload gate until its
+    /// response ends.
+    #[inline(always)]
+    pub(crate) fn holding(mut self, in_flight: Option<InFlight>) -> Self {
+        self.in_flight = in_flight;
+        self
     }
 
     /// The inner service's answer to an admitted request that holds nothing until its response
@@ -142,6 +154,7 @@ where
                 prepare,
                 rest: Some((service, body)),
             },
+            in_flight: None,
         }
     }
 
@@ -151,6 +164,7 @@ where
             state: State::Ready {
                 response: Some(response),
             },
+            in_flight: None,
         }
     }
 
@@ -161,6 +175,7 @@ where
                 check,
                 awaiting: Some(awaiting),
             },
+            in_flight: None,
         }
     }
 
@@ -271,6 +286,7 @@ where
                 slot,
                 outcome,
             },
+            in_flight: None,
         }
     }
 
@@ -296,7 +312,15 @@ where
                     outcome,
                 }),
             },
+            in_flight: None,
         }
+    }
+}
+
+/// The inner service failed the request: a dropped request to the overload gate's limit.
+fn failed(in_flight: &mut Option<InFlight>) {
+    if let Some(in_flight) = in_flight {
+        in_flight.failed();
     }
 }
 
@@ -376,12 +400,18 @@ where
         plain: impl FnOnce(ResBody) -> O,
         held: impl FnOnce(ThrottleBody<ResBody>) -> O,
     ) -> Poll<Result<Response<O>, S::Error>> {
-        let mut state = self.project().state;
+        let this = self.project();
+        let (mut state, in_flight) = (this.state, this.in_flight);
         loop {
             let next = match state.as_mut().project() {
                 StateProj::Passing { future } => {
-                    let response = ready!(future.poll(cx))?;
-                    return Poll::Ready(Ok(response.map(plain)));
+                    let response = ready!(future.poll(cx)).inspect_err(|_| failed(in_flight))?;
+                    return Poll::Ready(Ok(match in_flight.take() {
+                        None => response.map(plain),
+                        some => {
+                            response.map(|body| held(ThrottleBody::inner(body, None, None, some)))
+                        }
+                    }));
                 }
                 StateProj::Checking { check, awaiting } => {
                     let answer = ready!(Pin::new(check).poll(cx));
@@ -439,19 +469,24 @@ where
                         meter = (*outcome).settle(response.status(), response.headers());
                     }
                     // In place: the response's head is large, and every move of it is a copy.
-                    let mut response = response?;
+                    let mut response = response.inspect_err(|_| failed(in_flight))?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
                     let slot = slot.take();
-                    return Poll::Ready(Ok(
-                        response.map(|body| held(ThrottleBody::inner(body, slot, meter)))
-                    ));
+                    return Poll::Ready(Ok(response.map(|body| {
+                        held(ThrottleBody::inner(body, slot, meter, in_flight.take()))
+                    })));
                 }
                 StateProj::Ready { response } => {
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
+                    // Refused by the layer: the inner service never saw it, so its time in
+                    // flight says nothing of the service's latency.
+                    if let Some(in_flight) = in_flight.take() {
+                        in_flight.forget();
+                    }
                     return Poll::Ready(Ok(response.map(|data| held(ThrottleBody::full(data)))));
                 }
             };

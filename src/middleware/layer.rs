@@ -11,6 +11,7 @@ use crate::engine::shared::Shared;
 use crate::handle::{Policies, ThrottleHandle};
 use crate::middleware::service::Throttle;
 use crate::offenders::Offenders;
+use crate::overload::Gate;
 
 /// A tower [`Layer`] that rate-limits requests with one or more [`Policy`](crate::Policy)s.
 ///
@@ -53,6 +54,14 @@ impl<K, B> ThrottleLayer<K, B> {
     /// The counter of distinct limited keys, if the layer has one.
     pub fn offenders(&self) -> Option<&Offenders> {
         self.shared.settings.offenders.as_ref()
+    }
+
+    /// The overload gate, if the layer has one ([`ThrottleLayerBuilder::overload`]): its limit,
+    /// the requests in flight and shed per partition.
+    ///
+    /// [`ThrottleLayerBuilder::overload`]: crate::ThrottleLayerBuilder::overload
+    pub fn overload(&self) -> Option<&Gate> {
+        self.shared.settings.overload.as_deref()
     }
 
     /// The policies in force, in the order they are tried: a snapshot that derefs to

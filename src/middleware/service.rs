@@ -21,6 +21,7 @@ use crate::backend::{Backend, Charges, Decisions};
 use crate::engine::extended::{prepare, BodyAhead, KeyAhead, Scope};
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::steps;
+use crate::engine::table::Table;
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
@@ -111,47 +112,78 @@ where
             request.headers_mut().remove(NEAR_LIMIT_HEADER);
         }
         // The steps in order (steps.rs). 1: the first matching policy decides.
-        let Some(policy) = steps::match_policy(table, &request) else {
-            // No policy applies: only the access lists may answer.
+        let matched = steps::match_policy(table, &request);
+        // 1b: the overload gate, before any limit, counts the request in flight to its end.
+        let in_flight = match &judge.settings.overload {
+            None => None,
+            Some(gate) => match steps::overload(gate, matched, &request) {
+                Ok(in_flight) => Some(in_flight),
+                Err(shed) => {
+                    let rules = matched.map(Policy::compiled).map(|p| &**p);
+                    let refusal = judge.shed(rules, &shed, RequestRef::of(&request));
+                    return ResponseFuture::refused(refusal);
+                }
+            },
+        };
+        decide(inner, shared, (table, matched), request).holding(in_flight)
+    }
+}
+
+/// Steps 1 to 9 of a request that `policy` matched (or none), with its table in force.
+#[inline(always)]
+fn decide<S, K, B, ReqBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<K, B>>,
+    (table, matched): (&Table<K>, Option<&Policy<K>>),
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, ReqBody, B::Future>
+where
+    S: Service<Request<ReqBody>> + Clone,
+    K: KeyExtractor<ReqBody> + Send + Sync + 'static,
+    B: Backend,
+    ReqBody: 'static,
+{
+    let judge = &table.judge;
+    let Some(policy) = matched else {
+        // No policy applies: only the access lists may answer.
+        let head = RequestRef::of(&request);
+        return match steps::access(shared, judge, None, None, head) {
+            Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
+            None => ResponseFuture::unlimited(inner.call(request)),
+        };
+    };
+    let rules = policy.compiled();
+    // Per-customer quotas, async keys, counting by outcome, overrides (engine/extended.rs):
+    // the same steps with async ones between them. Unused, they cost this check.
+    if let Some(extras) = steps::extras(shared, rules) {
+        let extras = extras.clone();
+        return call_extended(inner, shared, (judge, policy, extras), request);
+    }
+    // 2: the key; 3-6: access lists, a missing key, the tier, the ban. Most policies have one
+    // tier and no penalty box, and most layers no access lists (`CompiledPolicy::straight`):
+    // then a request with its key goes straight to the backend under tier 0.
+    let (key, tier) = match steps::key_of(policy, &request) {
+        Ok(key) if rules.straight && shared.access.is_none() => (key, 0),
+        key => 'steps: {
             let head = RequestRef::of(&request);
-            return match steps::access(shared, judge, None, None, head) {
-                Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
-                None => ResponseFuture::unlimited(inner.call(request)),
+            let verdict = match steps::keyed(shared, judge, rules, key, head) {
+                Ok(key) => match steps::tier_unless_banned(judge, rules, None, &key, head) {
+                    Ok(tier) => break 'steps (key, tier),
+                    Err(banned) => banned,
+                },
+                Err(verdict) => verdict,
             };
-        };
-        let rules = policy.compiled();
-        // Per-customer quotas, async keys, counting by outcome, overrides (engine/extended.rs):
-        // the same steps with async ones between them. Unused, they cost this check.
-        if let Some(extras) = steps::extras(shared, rules) {
-            let extras = extras.clone();
-            return call_extended(inner, shared, (judge, policy, extras), request);
+            return ResponseFuture::carry_out(verdict, inner, request, None);
         }
-        // 2: the key; 3-6: access lists, a missing key, the tier, the ban. Most policies have one
-        // tier and no penalty box, and most layers no access lists (`CompiledPolicy::straight`):
-        // then a request with its key goes straight to the backend under tier 0.
-        let (key, tier) = match steps::key_of(policy, &request) {
-            Ok(key) if rules.straight && shared.access.is_none() => (key, 0),
-            key => 'steps: {
-                let head = RequestRef::of(&request);
-                let verdict = match steps::keyed(shared, judge, rules, key, head) {
-                    Ok(key) => match steps::tier_unless_banned(judge, rules, None, &key, head) {
-                        Ok(tier) => break 'steps (key, tier),
-                        Err(banned) => banned,
-                    },
-                    Err(verdict) => verdict,
-                };
-                return ResponseFuture::carry_out(verdict, inner, request, None);
-            }
-        };
-        // 7-9: the backend, the verdict, carrying it out. The request is moved once, into the
-        // inner service or `answered`: every move of it is a copy.
-        match check(&shared.backend, judge, (rules, tier), &key, &request) {
-            Ask::Passed => ResponseFuture::unlimited(inner.call(request)),
-            Ask::Admitted(fields) => ResponseFuture::admitted(inner.call(request), fields),
-            Ask::Other(asked, started) => {
-                let asked = (asked, started);
-                answered(inner, shared, (judge, rules, tier), (key, request), asked)
-            }
+    };
+    // 7-9: the backend, the verdict, carrying it out. The request is moved once, into the
+    // inner service or `answered`: every move of it is a copy.
+    match check(&shared.backend, judge, (rules, tier), &key, &request) {
+        Ask::Passed => ResponseFuture::unlimited(inner.call(request)),
+        Ask::Admitted(fields) => ResponseFuture::admitted(inner.call(request), fields),
+        Ask::Other(asked, started) => {
+            let asked = (asked, started);
+            answered(inner, shared, (judge, rules, tier), (key, request), asked)
         }
     }
 }

@@ -132,7 +132,10 @@ impl Gate {
 
     /// Requests in flight now, in every partition.
     pub fn in_flight(&self) -> u32 {
-        total_of(self.in_flight.load(Ordering::Relaxed), self.partitions.len())
+        total_of(
+            self.in_flight.load(Ordering::Relaxed),
+            self.partitions.len(),
+        )
     }
 
     /// Requests in flight now in partition `partition`.
@@ -174,14 +177,16 @@ impl Gate {
         loop {
             let total = total_of(word, many);
             let over = total >= limit
-                || (many > 1 && count_of(word, partition) >= self.guaranteed(partition, limit) && {
-                    // Borrowing: leave the unused shares of the other active partitions.
-                    let kept: u32 = (0..many)
-                        .filter(|&i| i != partition && self.active(i, word, now))
-                        .map(|i| self.guaranteed(i, limit).saturating_sub(count_of(word, i)))
-                        .sum();
-                    total + kept >= limit
-                });
+                || (many > 1
+                    && count_of(word, partition) >= self.guaranteed(partition, limit)
+                    && {
+                        // Borrowing: leave the unused shares of the other active partitions.
+                        let kept: u32 = (0..many)
+                            .filter(|&i| i != partition && self.active(i, word, now))
+                            .map(|i| self.guaranteed(i, limit).saturating_sub(count_of(word, i)))
+                            .sum();
+                        total + kept >= limit
+                    });
             if over {
                 self.shed(partition, now);
                 return false;
@@ -212,17 +217,25 @@ impl Gate {
     /// A request of `partition` admitted at `started` ended at `now` (`dropped`: it failed): no
     /// longer in flight, and its latency adapts the limit.
     pub fn finish(&self, partition: usize, started: u64, now: u64, dropped: bool) {
-        let partition = partition.min(self.partitions.len() - 1);
-        let before = self
-            .in_flight
-            .fetch_sub(1 << (16 * partition), Ordering::AcqRel);
-        let in_flight = total_of(before, self.partitions.len());
-        let _changed = self.limit.record(now, now.saturating_sub(started), dropped, in_flight);
+        let in_flight = self.release(partition);
+        let _changed = self
+            .limit
+            .record(now, now.saturating_sub(started), dropped, in_flight);
         #[cfg(feature = "metrics")]
         if let Some(limit) = _changed {
             self.gauges.0.set(f64::from(limit));
             self.gauges.1.set(f64::from(in_flight));
         }
+    }
+
+    /// Counts a request of `partition` out of flight, with no sample: how many were in flight
+    /// before.
+    pub(crate) fn release(&self, partition: usize) -> u32 {
+        let partition = partition.min(self.partitions.len() - 1);
+        let before = self
+            .in_flight
+            .fetch_sub(1 << (16 * partition), Ordering::AcqRel);
+        total_of(before, self.partitions.len())
     }
 
     /// Whether the service is under pressure at `now`: a request was shed within the last
@@ -249,7 +262,7 @@ impl Gate {
                 gate: self.clone(),
                 partition,
                 started: now,
-                dropped: false,
+                end: End::Served,
             });
         }
         Err(Shed {
@@ -268,20 +281,42 @@ pub(crate) struct InFlight {
     gate: Arc<Gate>,
     partition: usize,
     started: u64,
-    dropped: bool,
+    end: End,
+}
+
+/// How a request in flight ended, as the limit learns from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Served,
+    /// The service's error, or its body's: a dropped request.
+    Failed,
+    /// Refused by the layer before the service saw it: no sample.
+    Refused,
 }
 
 impl InFlight {
     /// The request failed (the service's error, or its body's): a dropped request to the limit.
     pub(crate) fn failed(&mut self) {
-        self.dropped = true;
+        self.end = End::Failed;
+    }
+
+    /// Ends the count without a sample: the request was refused before the service saw it.
+    pub(crate) fn forget(mut self) {
+        self.end = End::Refused;
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let now = self.gate.clock.now_nanos();
-        self.gate
-            .finish(self.partition, self.started, now, self.dropped);
+        match self.end {
+            End::Refused => {
+                self.gate.release(self.partition);
+            }
+            end => {
+                let now = self.gate.clock.now_nanos();
+                let failed = end == End::Failed;
+                self.gate.finish(self.partition, self.started, now, failed);
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@ mod gate;
 mod limit;
 mod options;
 
-pub(crate) use gate::{InFlight, Shed};
 pub use gate::Gate;
+pub(crate) use gate::{InFlight, Shed};
 pub use limit::{AdaptiveLimit, LimitAlgorithm};
 pub use options::{Overload, PartitionBy, MAX_LIMIT, MAX_PARTITIONS};

@@ -159,7 +159,9 @@ impl Overload {
         let mut total = 0.0;
         for (i, (name, share)) in self.partitions.iter().enumerate() {
             if name.is_empty() || self.partitions[..i].iter().any(|(n, _)| n == name) {
-                return invalid(format!("partition names must be unique and not empty: '{name}'"));
+                return invalid(format!(
+                    "partition names must be unique and not empty: '{name}'"
+                ));
             }
             if !(share.is_finite() && *share > 0.0 && *share <= 1.0) {
                 return invalid(format!(

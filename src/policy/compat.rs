@@ -31,6 +31,8 @@ pub(crate) enum Feature {
     AsyncKey,
     /// A key from the body (`body_key`).
     BodyKey,
+    /// Limits enforced only under pressure (`under_pressure_only`).
+    UnderPressure,
     /// A dry run (`dry_run`).
     DryRun,
     /// A staged roll-out (`enforce`).
@@ -136,6 +138,11 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
         DryRun,
         Enforce,
         "dry_run and enforce both say how many refusals are enforced; use one",
+    ),
+    (
+        DryRun,
+        UnderPressure,
+        "dry_run and under_pressure_only both say when refusals are enforced; use one",
     ),
 ];
 

@@ -25,6 +25,8 @@ pub(crate) struct PolicySpec {
     pub(crate) tiers: Box<[CompiledTier]>,
     pub(crate) tier_header: Option<HeaderName>,
     pub(crate) dry_run: bool,
+    /// Its limits are enforced only while the layer's overload gate is under pressure.
+    pub(crate) under_pressure: bool,
     /// Staged enforcement: the keys its refusals are enforced for (`None`: all).
     pub(crate) staged: Option<Staged>,
     pub(crate) cost: u64,

@@ -38,6 +38,7 @@ mod modes;
 mod multikey;
 mod near_limit;
 mod observe;
+mod overload;
 mod overrides;
 mod penalty;
 mod per_customer;

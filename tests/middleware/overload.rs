@@ -1,0 +1,315 @@
+//! The overload gate (`[overload]`, `ThrottleLayerBuilder::overload`): requests in flight past
+//! its limit are shed with the configured status and a `Retry-After`; partitions keep their
+//! shares for each other; a request counts until its response body ends; quotas enforced only
+//! under pressure pass while there is none.
+
+use std::sync::Arc;
+
+use axum::body::{to_bytes, Body};
+use axum::routing::get;
+use axum::Router;
+use http::{Request, Response, StatusCode};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+use tower_throttle::config::Config;
+use tower_throttle::key::Global;
+use tower_throttle::overload::{Overload, PartitionBy};
+use tower_throttle::{Policy, Quota, ThrottleLayer};
+
+/// A policy named `name` on route `/{name}`, one key for all, `quota`.
+fn policy(name: &str, quota: Quota) -> Policy<Global> {
+    Policy::builder(name)
+        .route(format!("/{name}"))
+        .key(Global)
+        .quota(quota)
+        .build()
+        .unwrap()
+}
+
+/// An app whose `/hold/...` routes answer only when the test adds a permit to the semaphore, and
+/// whose other routes answer at once, behind `layer`.
+fn app(layer: ThrottleLayer<Global, tower_throttle::MemoryBackend>, gate: Arc<Semaphore>) -> Router {
+    let held = move || {
+        let gate = gate.clone();
+        async move {
+            gate.acquire().await.unwrap().forget();
+            "done"
+        }
+    };
+    Router::new()
+        .route("/paid", get(held.clone()))
+        .route("/free", get(held.clone()))
+        .route("/hold", get(held))
+        .route("/soft", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn get_(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+/// Starts a request that waits in the handler until released.
+fn hold(app: &Router, path: &str) -> tokio::task::JoinHandle<Response<Body>> {
+    let (app, request) = (app.clone(), get_(path));
+    tokio::spawn(async move { app.oneshot(request).await.unwrap() })
+}
+
+/// Lets the tasks spawned so far reach the handler.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A fixed limit of `n` (no adaptation: its bounds are equal).
+fn fixed(n: u32) -> Overload {
+    Overload::aimd().limits(n, n)
+}
+
+#[tokio::test]
+async fn requests_past_the_limit_are_shed_until_one_ends() {
+    let layer = ThrottleLayer::builder()
+        .policy(policy("hold", Quota::per_second(1_000)))
+        .overload(fixed(2))
+        .build()
+        .unwrap();
+    let gate = layer.overload().unwrap();
+    assert_eq!(gate.limit(), 2);
+    let release = Arc::new(Semaphore::new(0));
+    let app = app(layer.clone(), release.clone());
+    let first = hold(&app, "/hold");
+    let second = hold(&app, "/hold");
+    settle().await;
+    assert_eq!(layer.overload().unwrap().in_flight(), 2);
+    let shed = app.clone().oneshot(get_("/hold")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let retry: u64 = shed.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry >= 1, "{retry}");
+    assert_eq!(shed.headers()["content-type"], "application/problem+json");
+    let body = to_bytes(shed.into_body(), 1 << 16).await.unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("overloaded"), "{body:?}");
+    // A request that was not shed is not counted once it is answered and its body read.
+    let (gate, shed_count) = (layer.overload().unwrap(), layer.overload().unwrap().shed_of(0));
+    assert_eq!(shed_count, 1);
+    assert_eq!(gate.in_flight(), 2);
+    release.add_permits(1);
+    let response = first.await.unwrap();
+    // Answered, but its body has not ended: still in flight.
+    assert_eq!(gate.in_flight(), 2);
+    to_bytes(response.into_body(), 1 << 16).await.unwrap();
+    assert_eq!(gate.in_flight(), 1);
+    // Room again.
+    let third = hold(&app, "/hold");
+    settle().await;
+    assert_eq!(gate.in_flight(), 2);
+    release.add_permits(2);
+    drop(second.await.unwrap()); // a body dropped unread ends the count too
+    drop(third.await.unwrap());
+    assert_eq!(gate.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn the_status_may_be_429_and_a_request_no_policy_matched_counts_too() {
+    let layer = ThrottleLayer::builder()
+        .policy(policy("soft", Quota::per_second(1_000)))
+        .overload(fixed(1).status(StatusCode::TOO_MANY_REQUESTS))
+        .build()
+        .unwrap();
+    let release = Arc::new(Semaphore::new(0));
+    let app = app(layer.clone(), release.clone());
+    // `/hold` matches no policy: the gate counts it all the same.
+    let held = hold(&app, "/hold");
+    settle().await;
+    let shed = app.clone().oneshot(get_("/soft")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(shed.headers().contains_key("retry-after"));
+    release.add_permits(1);
+    drop(held.await.unwrap());
+    let fine = app.oneshot(get_("/soft")).await.unwrap();
+    assert_eq!(fine.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_refused_request_gives_its_place_back_at_once() {
+    // A quota of one an hour: the second request is refused by its policy, after the gate
+    // admitted it; its place is given back with the 429.
+    let layer = ThrottleLayer::builder()
+        .policy(policy("soft", Quota::per_hour(1)))
+        .overload(fixed(1))
+        .build()
+        .unwrap();
+    let app = app(layer.clone(), Arc::new(Semaphore::new(0)));
+    let ok = app.clone().oneshot(get_("/soft")).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    drop(ok);
+    for _ in 0..3 {
+        let limited = app.clone().oneshot(get_("/soft")).await.unwrap();
+        assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+        drop(limited);
+        assert_eq!(layer.overload().unwrap().in_flight(), 0);
+    }
+}
+
+#[tokio::test]
+async fn partitions_borrow_idle_shares_and_keep_an_active_ones() {
+    let overload = fixed(4)
+        .partition_by(PartitionBy::Policy)
+        .partition("paid", 0.5)
+        .partition("free", 0.5);
+    let layer = ThrottleLayer::builder()
+        .policies([
+            policy("paid", Quota::per_second(1_000)),
+            policy("free", Quota::per_second(1_000)),
+        ])
+        .overload(overload)
+        .build()
+        .unwrap();
+    let gate = layer.overload().unwrap();
+    assert_eq!(gate.partitions().collect::<Vec<_>>(), ["paid", "free"]);
+    let release = Arc::new(Semaphore::new(0));
+    let app = app(layer.clone(), release.clone());
+    // `paid` has never asked: `free` borrows its share, up to the limit.
+    let free: Vec<_> = (0..4).map(|_| hold(&app, "/free")).collect();
+    settle().await;
+    assert_eq!((gate.in_flight_of(0), gate.in_flight_of(1)), (0, 4));
+    // The limit is never exceeded, not even for a partition under its share...
+    let shed = app.clone().oneshot(get_("/paid")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(shed);
+    // ...but once a place frees, `paid` (active now, under its share) gets it, and `free`
+    // (beyond its share) may not take what `paid` is owed.
+    release.add_permits(1);
+    let mut free = free.into_iter();
+    drop(free.next().unwrap().await.unwrap());
+    settle().await;
+    assert_eq!(gate.in_flight(), 3);
+    let paid = hold(&app, "/paid");
+    settle().await;
+    assert_eq!((gate.in_flight_of(0), gate.in_flight_of(1)), (1, 3));
+    let refused = app.clone().oneshot(get_("/free")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(refused);
+    assert_eq!(gate.shed_of(1), 1);
+    assert_eq!(gate.shed_of(0), 1);
+    release.add_permits(4);
+    drop(paid.await.unwrap());
+    for task in free {
+        drop(task.await.unwrap());
+    }
+    assert_eq!(gate.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_quota_enforced_under_pressure_only_bites_while_the_service_is_pressed() {
+    let soft = Policy::builder("soft")
+        .route("/soft")
+        .key(Global)
+        .quota(Quota::per_hour(1))
+        .under_pressure_only(true)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .policies([soft, policy("hold", Quota::per_second(1_000))])
+        .overload(fixed(10))
+        .build()
+        .unwrap();
+    let release = Arc::new(Semaphore::new(0));
+    let app = app(layer.clone(), release.clone());
+    // No pressure: past its quota of one an hour, the route still answers.
+    for _ in 0..3 {
+        let response = app.clone().oneshot(get_("/soft")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // Nine of ten places taken: under pressure, the quota bites (429, not a shed 503).
+    let held: Vec<_> = (0..9).map(|_| hold(&app, "/hold")).collect();
+    settle().await;
+    assert_eq!(layer.overload().unwrap().in_flight(), 9);
+    let limited = app.clone().oneshot(get_("/soft")).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    release.add_permits(9);
+    for task in held {
+        drop(task.await.unwrap());
+    }
+}
+
+#[test]
+fn bad_options_fail_the_build_with_a_clear_error() {
+    let build = |overload: Overload| {
+        ThrottleLayer::builder()
+            .policy(policy("a", Quota::per_second(1)))
+            .overload(overload)
+            .build()
+            .map(drop)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(build(Overload::gradient().limits(0, 5)).contains("1 <= min <= max"));
+    assert!(build(Overload::gradient().limits(9, 5)).contains("min 9 and max 5"));
+    assert!(build(Overload::gradient().limits(1, 70_000)).contains("65535"));
+    assert!(build(Overload::aimd().initial_limit(2_000)).contains("initial_limit 2000"));
+    assert!(build(Overload::aimd().status(StatusCode::BAD_GATEWAY)).contains("429 or 503"));
+    let shares = Overload::aimd().partition("a", 0.7).partition("b", 0.7);
+    assert!(build(shares).contains("add up to 1.4"));
+    let twice = Overload::aimd().partition("a", 0.2).partition("a", 0.2);
+    assert!(build(twice).contains("unique"));
+    assert!(build(Overload::aimd().partition("a", f64::NAN)).contains("share NaN"));
+    let five = (0..5).fold(Overload::aimd(), |o, i| o.partition(format!("p{i}"), 0.1));
+    assert!(build(five).contains("at most 4"));
+    // A quota enforced only under pressure needs a gate to say when.
+    let soft = Policy::builder("soft")
+        .key(Global)
+        .quota(Quota::per_second(1))
+        .under_pressure_only(true)
+        .build()
+        .unwrap();
+    let err = ThrottleLayer::builder().policy(soft).build().unwrap_err();
+    assert!(err.to_string().contains("needs the layer's overload gate"), "{err}");
+    let dry = Policy::builder("dry")
+        .key(Global)
+        .quota(Quota::per_second(1))
+        .under_pressure_only(true)
+        .dry_run(true)
+        .build()
+        .unwrap_err();
+    assert!(dry.to_string().contains("use one"), "{dry}");
+}
+
+#[test]
+fn the_overload_table_configures_the_gate() {
+    let toml = r#"
+        [overload]
+        algorithm = "aimd"
+        min_limit = 8
+        max_limit = 64
+        initial_limit = 16
+        partition_by = "tier"
+        status = 429
+        partitions = [{ name = "paid", share = 0.8 }, { name = "free", share = 0.2 }]
+
+        [[route]]
+        name = "api"
+        key = "global"
+        count = 100
+        period = "1s"
+        mode = "under-pressure"
+    "#;
+    let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
+    let gate = layer.overload().unwrap();
+    assert_eq!(gate.limit(), 16);
+    assert_eq!(gate.partitions().collect::<Vec<_>>(), ["paid", "free"]);
+    let bad = |table: &str, expected: &str| {
+        let toml = format!("[overload]\n{table}\n[[route]]\nname = \"a\"\nkey = \"global\"\ncount = 1\nperiod = \"1s\"\n");
+        let err = Config::from_toml(&toml).unwrap().memory_layer().unwrap_err();
+        assert!(err.to_string().contains(expected), "{table}: {err}");
+    };
+    bad("algorithm = \"vegas\"", "\"gradient\" or \"aimd\"");
+    bad("partition_by = \"route\"", "\"policy\" or \"tier\"");
+    bad("status = 502", "429 or 503");
+    bad("min_limit = 0", "1 <= min <= max");
+    let typo = Config::from_toml("[overload]\nmax_limt = 5\n").unwrap_err();
+    assert!(typo.to_string().contains("max_limt"), "{typo}");
+    // A route enforced under pressure only, with no gate: refused at build.
+    let toml = "[[route]]\nname = \"a\"\nkey = \"global\"\ncount = 1\nperiod = \"1s\"\nmode = \"under-pressure\"\n";
+    let err = Config::from_toml(toml).unwrap().memory_layer().unwrap_err();
+    assert!(err.to_string().contains("overload gate"), "{err}");
+}
