@@ -84,6 +84,8 @@
 //! | verdict | what the layer does with a request: admit, delay, refuse, ban |
 //! | refusal | a request the layer answers itself (`429`, `400`, `403`, `503`): observed by [`ThrottleLayerBuilder::on_limited`], shaped by [`ThrottleLayerBuilder::refusal_response`] ([`refusal::Refusal`]) |
 //! | slot | a request's place under a concurrency limit ([`Algorithm::Concurrency`]) |
+//! | overload gate | the layer's adaptive limit on requests in flight, before any quota; a request past it is *shed* ([`overload::Overload`]) |
+//! | partition | a share of the overload gate's limit kept for a policy or tier ([`overload::Overload::partition`]) |
 //! | lease | a concurrency slot's hold on Redis, renewed while its request runs, freed on release ([`Limit::with_lease`]) |
 //! | budget slice | units of a hot key's quota a process takes from Redis and admits locally ([`policy::Budget`]) |
 //! | penalty, ban | a key over its limit too often is refused for a time ([`policy::Penalty`]) |
@@ -106,6 +108,7 @@
 //! | [`body`] | the response body, which holds a concurrency slot to its end |
 //! | [`gcra`], [`window`], [`clock`] | the algorithms as pure functions, and the clocks they read |
 //! | [`config`] | per-route policies from TOML (feature `config`), hot reload |
+//! | [`overload`] | protection from overload: an adaptive limit on requests in flight, partitions with guaranteed shares |
 //! | [`guide`] | the long form, one page per topic |
 //!
 //! Inside `src/`, imports go one way (no module imports one that imports it back, directly or

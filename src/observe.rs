@@ -192,6 +192,8 @@ impl fmt::Display for ShownKey<'_> {
 /// | `throttle_requests_forbidden_total` | counter (no label) | requests on a deny list (403) |
 /// | `throttle_requests_would_limit_total` | counter (`policy`, `limit`) | refusals only counted: a shadow limit's, a staged policy's (`rollout/`) |
 /// | `throttle_requests_near_limit_total` | counter (`policy`, `limit`) | admitted requests that left a limit used to at least the policy's `near_limit` |
+/// | `throttle_requests_shed_total` | counter (`partition`) | requests the overload gate shed (`overload/`) |
+/// | `throttle_overload_limit`, `throttle_overload_in_flight` | gauges (no label) | the overload gate's limit, and its requests in flight when the limit last adapted |
 #[cfg(feature = "metrics")]
 pub(crate) struct PolicyMetrics {
     allowed: metrics::Counter,

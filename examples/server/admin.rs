@@ -165,6 +165,7 @@ impl Admin {
             .route("/health", get(health))
             .route("/top/{policy}", get(crate::view::top))
             .route("/overview", get(crate::view::overview))
+            .route("/overload", get(crate::view::overload))
             .merge(crate::overrides::routes())
             .with_state(self);
         let api = match token {

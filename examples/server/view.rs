@@ -177,6 +177,36 @@ pub async fn top(
 }
 
 /// `GET /overview`: what the page draws.
+/// `GET /overload`: the overload gate's limit, requests in flight and shed per partition (`null`
+/// without `[overload]`).
+pub async fn overload(State(admin): State<Admin>) -> Response {
+    Json(overload_json(&admin)).into_response()
+}
+
+fn overload_json(admin: &Admin) -> Value {
+    let Some(gate) = admin.handle.overload() else {
+        return Value::Null;
+    };
+    let partitions: Vec<Value> = gate
+        .partitions()
+        .enumerate()
+        .map(|(i, name)| {
+            json!({
+                "name": name,
+                "share": gate.share_of(i),
+                "in_flight": gate.in_flight_of(i),
+                "shed": gate.shed_of(i),
+            })
+        })
+        .collect();
+    json!({
+        "limit": gate.limit(),
+        "in_flight": gate.in_flight(),
+        "pressed": gate.is_pressed(),
+        "partitions": partitions,
+    })
+}
+
 pub async fn overview(State(admin): State<Admin>) -> Response {
     let policies: Vec<Value> = admin
         .handle
@@ -207,6 +237,7 @@ pub async fn overview(State(admin): State<Admin>) -> Response {
         "top_window_minutes": TOP_WINDOW_MINUTES,
         "sample_every_ms": SAMPLE_EVERY.as_millis() as u64,
         "rates": admin.history.rates(),
+        "overload": overload_json(&admin),
     }))
     .into_response()
 }

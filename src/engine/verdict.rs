@@ -235,7 +235,7 @@ impl Judge {
     /// Whether the layer's overload gate says the service is under pressure (no gate: never).
     fn pressed(&self) -> bool {
         let gate = self.settings.overload.as_ref();
-        gate.is_some_and(|gate| gate.pressed_now())
+        gate.is_some_and(|gate| gate.is_pressed())
     }
 
     /// The verdict on a backend's answer (or failure) for the request `cx`.

@@ -91,8 +91,16 @@ impl Gate {
                 shed: AtomicU64::new(0),
             })
             .collect();
+        let limit = AdaptiveLimit::new(&overload.settings());
+        #[cfg(feature = "metrics")]
+        let gauges = (
+            metrics::gauge!("throttle_overload_limit"),
+            metrics::gauge!("throttle_overload_in_flight"),
+        );
+        #[cfg(feature = "metrics")]
+        gauges.0.set(f64::from(limit.current()));
         Gate {
-            limit: AdaptiveLimit::new(&overload.settings()),
+            limit,
             in_flight: AtomicU64::new(0),
             partitions,
             partition_by: overload.partition_by.clone(),
@@ -100,10 +108,7 @@ impl Gate {
             status: overload.status,
             clock: SystemClock::new(),
             #[cfg(feature = "metrics")]
-            gauges: (
-                metrics::gauge!("throttle_overload_limit"),
-                metrics::gauge!("throttle_overload_in_flight"),
-            ),
+            gauges,
         }
     }
 
@@ -128,6 +133,18 @@ impl Gate {
     /// The limit on requests in flight now.
     pub fn limit(&self) -> u32 {
         self.limit.current()
+    }
+
+    /// Partition `partition`'s guaranteed share of the limit (the whole limit for a gate without
+    /// partitions).
+    pub fn share_of(&self, partition: usize) -> f64 {
+        self.partitions.get(partition).map_or(0.0, |p| p.share)
+    }
+
+    /// Whether the service is under pressure now ([`pressed`](Self::pressed) on the gate's own
+    /// clock: what a policy enforced under pressure only asks).
+    pub fn is_pressed(&self) -> bool {
+        self.pressed(self.clock.now_nanos())
     }
 
     /// Requests in flight now, in every partition.
@@ -245,12 +262,6 @@ impl Gate {
         let limit = self.limit.current();
         (shed_at != 0 && now.saturating_sub(shed_at - 1) < PRESSED_FOR)
             || self.in_flight() >= limit - limit / 10
-    }
-
-    /// Whether the service is under pressure now ([`pressed`](Self::pressed) on the gate's own
-    /// clock).
-    pub(crate) fn pressed_now(&self) -> bool {
-        self.pressed(self.clock.now_nanos())
     }
 
     /// Admits a request of `partition` on the gate's own clock: what it holds while in flight

@@ -186,6 +186,7 @@ mod tests {
                 (KeysApart, Metered),
                 (BodyKey, AsyncKey),
                 (DryRun, Enforce),
+                (DryRun, UnderPressure),
             ]
         );
         for (a, b, why) in EXCLUDED {

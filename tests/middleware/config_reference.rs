@@ -85,6 +85,11 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
     }
     tables.insert("`[access]`".to_owned(), probe("[access]\nUNKNOWN = 0"));
     tables.insert("`[logging]`".to_owned(), probe("[logging]\nUNKNOWN = 0"));
+    tables.insert("`[overload]`".to_owned(), probe("[overload]\nUNKNOWN = 0"));
+    tables.insert(
+        "`partitions = [{ .. }]`".to_owned(),
+        probe("[overload]\npartitions = [{ UNKNOWN = 0 }]"),
+    );
     // The library keeps these two tables for the server that runs it: the example server's types
     // read them.
     let unknown = format!("{UNKNOWN} = 0");

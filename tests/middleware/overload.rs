@@ -28,7 +28,10 @@ fn policy(name: &str, quota: Quota) -> Policy<Global> {
 
 /// An app whose `/hold/...` routes answer only when the test adds a permit to the semaphore, and
 /// whose other routes answer at once, behind `layer`.
-fn app(layer: ThrottleLayer<Global, tower_throttle::MemoryBackend>, gate: Arc<Semaphore>) -> Router {
+fn app(
+    layer: ThrottleLayer<Global, tower_throttle::MemoryBackend>,
+    gate: Arc<Semaphore>,
+) -> Router {
     let held = move || {
         let gate = gate.clone();
         async move {
@@ -83,13 +86,23 @@ async fn requests_past_the_limit_are_shed_until_one_ends() {
     assert_eq!(layer.overload().unwrap().in_flight(), 2);
     let shed = app.clone().oneshot(get_("/hold")).await.unwrap();
     assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let retry: u64 = shed.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = shed.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1, "{retry}");
     assert_eq!(shed.headers()["content-type"], "application/problem+json");
     let body = to_bytes(shed.into_body(), 1 << 16).await.unwrap();
-    assert!(String::from_utf8_lossy(&body).contains("overloaded"), "{body:?}");
+    assert!(
+        String::from_utf8_lossy(&body).contains("overloaded"),
+        "{body:?}"
+    );
     // A request that was not shed is not counted once it is answered and its body read.
-    let (gate, shed_count) = (layer.overload().unwrap(), layer.overload().unwrap().shed_of(0));
+    let (gate, shed_count) = (
+        layer.overload().unwrap(),
+        layer.overload().unwrap().shed_of(0),
+    );
     assert_eq!(shed_count, 1);
     assert_eq!(gate.in_flight(), 2);
     release.add_permits(1);
@@ -263,7 +276,10 @@ fn bad_options_fail_the_build_with_a_clear_error() {
         .build()
         .unwrap();
     let err = ThrottleLayer::builder().policy(soft).build().unwrap_err();
-    assert!(err.to_string().contains("needs the layer's overload gate"), "{err}");
+    assert!(
+        err.to_string().contains("needs the layer's overload gate"),
+        "{err}"
+    );
     let dry = Policy::builder("dry")
         .key(Global)
         .quota(Quota::per_second(1))
@@ -299,7 +315,10 @@ fn the_overload_table_configures_the_gate() {
     assert_eq!(gate.partitions().collect::<Vec<_>>(), ["paid", "free"]);
     let bad = |table: &str, expected: &str| {
         let toml = format!("[overload]\n{table}\n[[route]]\nname = \"a\"\nkey = \"global\"\ncount = 1\nperiod = \"1s\"\n");
-        let err = Config::from_toml(&toml).unwrap().memory_layer().unwrap_err();
+        let err = Config::from_toml(&toml)
+            .unwrap()
+            .memory_layer()
+            .unwrap_err();
         assert!(err.to_string().contains(expected), "{table}: {err}");
     };
     bad("algorithm = \"vegas\"", "\"gradient\" or \"aimd\"");
@@ -312,4 +331,49 @@ fn the_overload_table_configures_the_gate() {
     let toml = "[[route]]\nname = \"a\"\nkey = \"global\"\ncount = 1\nperiod = \"1s\"\nmode = \"under-pressure\"\n";
     let err = Config::from_toml(toml).unwrap().memory_layer().unwrap_err();
     assert!(err.to_string().contains("overload gate"), "{err}");
+}
+
+#[test]
+fn shed_requests_are_counted_by_partition_apart_from_limited_ones() {
+    use crate::support::{sample_or_zero, with_metrics};
+    let ((), page) = with_metrics(async {
+        let layer = ThrottleLayer::builder()
+            .policies([
+                policy("paid", Quota::per_second(1_000)),
+                policy("soft", Quota::per_hour(1)),
+            ])
+            .overload(fixed(1).partition("paid", 0.5).partition("soft", 0.5))
+            .build()
+            .unwrap();
+        let release = Arc::new(Semaphore::new(0));
+        let app = app(layer.clone(), release.clone());
+        // One 200 and one 429 of its quota, then a request held: the next one is shed.
+        for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+            let response = app.clone().oneshot(get_("/soft")).await.unwrap();
+            assert_eq!(response.status(), expected);
+        }
+        let held = hold(&app, "/paid");
+        settle().await;
+        for _ in 0..2 {
+            let shed = app.clone().oneshot(get_("/soft")).await.unwrap();
+            assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        release.add_permits(1);
+        drop(held.await.unwrap());
+    });
+    let count = |series: &str| sample_or_zero(&page, series);
+    assert_eq!(
+        count("throttle_requests_shed_total{partition=\"soft\"}"),
+        2.0,
+        "{page}"
+    );
+    assert_eq!(
+        count("throttle_requests_shed_total{partition=\"paid\"}"),
+        0.0
+    );
+    assert_eq!(
+        count("throttle_requests_limited_total{policy=\"soft\"}"),
+        1.0
+    );
+    assert_eq!(count("throttle_overload_limit"), 1.0, "{page}");
 }
