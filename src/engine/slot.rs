@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use crate::overload::InFlight;
+
 /// Who gave a request its concurrency slot, and so who takes it back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SlotOwner {
@@ -29,6 +31,29 @@ pub(crate) struct ConcurrencySlot(Option<(Release, SlotOwner)>);
 impl ConcurrencySlot {
     pub(crate) fn new(release: Release, owner: SlotOwner) -> Self {
         ConcurrencySlot(Some((release, owner)))
+    }
+}
+
+impl ConcurrencySlot {
+    /// A place that is not a slot: the request's count in flight through the overload gate, which
+    /// ends as a slot is given back.
+    pub(crate) fn ending(in_flight: InFlight) -> Self {
+        let release: Release = Box::new(move |_| drop(in_flight));
+        ConcurrencySlot::new(release, SlotOwner::Backend { lease: 0 })
+    }
+
+    /// This slot, whose giving back also ends the request's count in flight.
+    pub(crate) fn and_ending(mut self, in_flight: InFlight) -> Self {
+        match self.0.take() {
+            Some((release, owner)) => {
+                let both: Release = Box::new(move |owner| {
+                    release(owner);
+                    drop(in_flight);
+                });
+                ConcurrencySlot::new(both, owner)
+            }
+            None => ConcurrencySlot::ending(in_flight),
+        }
     }
 }
 

@@ -248,7 +248,7 @@ pub(crate) fn judged(
 /// more to do on admission ([`Judge::admitted_plainly`], the judge's first step), reported with
 /// the backend's latency; its fields are [`Judge::fields`], and no verdict is built. `false`:
 /// [`judged`] makes the verdict.
-#[inline]
+#[inline(always)]
 pub(crate) fn admitted_plainly(
     judge: &Judge,
     cx: RequestContext<'_>,

@@ -1,5 +1,6 @@
 //! [`ThrottleBody`]: the response body of [`Throttle`](crate::Throttle), holding the request's
-//! concurrency slot, and a metered request's guard, until the body ends.
+//! concurrency slot (and its count in flight through the overload gate, given back with it), and
+//! a metered request's guard, until the body ends.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -32,30 +33,52 @@ pin_project! {
             // Settles a metered request's cost when the body ends or is dropped: a client that
             // hangs up mid-stream is charged what was produced.
             meter: Option<Box<MeterGuard>>,
-            // Counts the request in flight through the overload gate until the body ends.
-            in_flight: Option<InFlight>,
         },
         Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ThrottleBody<B> {
-    /// The inner service's body; `slot` (a concurrency slot) is given back, `meter` settles, and
-    /// the overload gate's count of the request ends, when the body ends or is dropped.
+    /// The inner service's body; `slot` (a concurrency slot) is given back, and `meter` settles,
+    /// when the body ends or is dropped.
     pub(crate) fn inner(
         body: B,
         slot: Option<ConcurrencySlot>,
         meter: Option<Box<MeterGuard>>,
-        in_flight: Option<InFlight>,
     ) -> Self {
-        let content = match (slot, meter, in_flight) {
-            (None, None, None) => Content::Plain { body },
-            (slot, meter, in_flight) => Content::Inner {
+        let content = match (slot, meter) {
+            (None, None) => Content::Plain { body },
+            (slot, meter) => Content::Inner { body, slot, meter },
+        };
+        ThrottleBody { content }
+    }
+
+    /// This body, counting its request in flight through the overload gate until it ends (a
+    /// body the layer made, a refusal's, ends the count at once). The count ends as a slot is
+    /// given back, with the slot if the request holds one: the body's type is the same with a
+    /// gate or without, and so is the code that moves it.
+    pub(crate) fn counted(self, in_flight: Option<InFlight>) -> Self {
+        let Some(in_flight) = in_flight else {
+            return self;
+        };
+        let content = match self.content {
+            Content::Plain { body } => Content::Inner {
                 body,
-                slot,
-                meter,
-                in_flight,
+                slot: Some(ConcurrencySlot::ending(in_flight)),
+                meter: None,
             },
+            Content::Inner { body, slot, meter } => Content::Inner {
+                body,
+                slot: Some(match slot {
+                    Some(slot) => slot.and_ending(in_flight),
+                    None => ConcurrencySlot::ending(in_flight),
+                }),
+                meter,
+            },
+            Content::Full { data } => {
+                in_flight.forget();
+                Content::Full { data }
+            }
         };
         ThrottleBody { content }
     }
@@ -112,24 +135,14 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().content.project() {
             ContentProj::Plain { body } => body.poll_frame(cx),
-            ContentProj::Inner {
-                body,
-                slot,
-                meter,
-                in_flight,
-            } => {
+            ContentProj::Inner { body, slot, meter } => {
                 let frame = body.poll_frame(cx);
                 match &frame {
-                    // The body is done (or failed): the request no longer holds its slot, nor
-                    // counts in flight, and a metered one is settled.
-                    Poll::Ready(ended @ (None | Some(Err(_)))) => {
+                    // The body is done (or failed): the request no longer holds its slot, and
+                    // a metered one is settled.
+                    Poll::Ready(None | Some(Err(_))) => {
                         slot.take();
                         meter.take();
-                        if let Some(mut in_flight) = in_flight.take()
-                            && ended.is_some()
-                        {
-                            in_flight.failed();
-                        }
                     }
                     // A metered request's usage may come in the trailers.
                     Poll::Ready(Some(Ok(frame))) => {

@@ -72,8 +72,6 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody, D>,
-        // The request's count in flight through the overload gate, for its response's body.
-        in_flight: Option<InFlight>,
     }
 }
 
@@ -114,6 +112,12 @@ pin_project! {
         Ready {
             response: Option<Response<Bytes>>,
         },
+        // Counted in flight by the overload gate until its response ends: the future of steps
+        // 2-9 boxed beside the count, so that a layer without a gate moves no larger a future.
+        Gated {
+            future: Pin<Box<ResponseFuture<S, ReqBody, D>>>,
+            in_flight: Option<InFlight>,
+        },
     }
 }
 
@@ -127,16 +131,24 @@ where
     pub(crate) fn unlimited(future: S::Future) -> Self {
         ResponseFuture {
             state: State::Passing { future },
-            in_flight: None,
         }
     }
 
     /// This future, with the request counted in flight through the overload gate until its
-    /// response ends.
-    #[inline(always)]
-    pub(crate) fn holding(mut self, in_flight: Option<InFlight>) -> Self {
-        self.in_flight = in_flight;
-        self
+    /// response ends (at once for a refusal: the service never saw the request). Never inlined:
+    /// kept out of `call`, a layer without a gate calls no larger a function.
+    #[inline(never)]
+    pub(crate) fn holding(self, in_flight: InFlight) -> Self {
+        if let State::Ready { .. } = self.state {
+            in_flight.forget();
+            return self;
+        }
+        ResponseFuture {
+            state: State::Gated {
+                future: Box::pin(self),
+                in_flight: Some(in_flight),
+            },
+        }
     }
 
     /// The inner service's answer to an admitted request that holds nothing until its response
@@ -154,7 +166,6 @@ where
                 prepare,
                 rest: Some((service, body)),
             },
-            in_flight: None,
         }
     }
 
@@ -164,7 +175,6 @@ where
             state: State::Ready {
                 response: Some(response),
             },
-            in_flight: None,
         }
     }
 
@@ -175,7 +185,6 @@ where
                 check,
                 awaiting: Some(awaiting),
             },
-            in_flight: None,
         }
     }
 
@@ -286,7 +295,6 @@ where
                 slot,
                 outcome,
             },
-            in_flight: None,
         }
     }
 
@@ -312,15 +320,7 @@ where
                     outcome,
                 }),
             },
-            in_flight: None,
         }
-    }
-}
-
-/// The inner service failed the request: a dropped request to the overload gate's limit.
-fn failed(in_flight: &mut Option<InFlight>) {
-    if let Some(in_flight) = in_flight {
-        in_flight.failed();
     }
 }
 
@@ -343,6 +343,7 @@ where
             State::Delaying { .. } => "delaying",
             State::Calling { .. } => "calling",
             State::Ready { .. } => "ready",
+            State::Gated { future, .. } => return future.fmt(f),
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -389,6 +390,29 @@ where
     ReqBody: 'static,
     D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
+    /// The boxed future of a request counted in flight by the overload gate, whose body then
+    /// holds the count. Never inlined: kept out of `poll_as`, a layer without a gate polls no
+    /// larger a function.
+    #[inline(never)]
+    fn poll_gated(
+        future: &mut Pin<Box<Self>>,
+        in_flight: &mut Option<InFlight>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<ThrottleBody<ResBody>>, S::Error>> {
+        // Function pointers: one instance of `poll_as` polls every boxed future.
+        let plain: fn(ResBody) -> ThrottleBody<ResBody> = ThrottleBody::plain;
+        let held_as_is: fn(ThrottleBody<ResBody>) -> ThrottleBody<ResBody> = |b| b;
+        let response = ready!(future.as_mut().poll_as(cx, plain, held_as_is));
+        let mut in_flight = in_flight.take();
+        let response = response.inspect_err(|_| {
+            // A failure of the service: a dropped request to the overload gate.
+            if let Some(in_flight) = &mut in_flight {
+                in_flight.failed();
+            }
+        })?;
+        Poll::Ready(Ok(response.map(|body| body.counted(in_flight))))
+    }
+
     /// The future's `poll`, giving the response the body that `plain` makes of the inner
     /// service's body as it came (the request holds nothing until it ends, and no field is added
     /// to it), or that `held` makes of a [`ThrottleBody`]: a response with another body type
@@ -400,18 +424,12 @@ where
         plain: impl FnOnce(ResBody) -> O,
         held: impl FnOnce(ThrottleBody<ResBody>) -> O,
     ) -> Poll<Result<Response<O>, S::Error>> {
-        let this = self.project();
-        let (mut state, in_flight) = (this.state, this.in_flight);
+        let mut state = self.project().state;
         loop {
             let next = match state.as_mut().project() {
                 StateProj::Passing { future } => {
-                    let response = ready!(future.poll(cx)).inspect_err(|_| failed(in_flight))?;
-                    return Poll::Ready(Ok(match in_flight.take() {
-                        None => response.map(plain),
-                        some => {
-                            response.map(|body| held(ThrottleBody::inner(body, None, None, some)))
-                        }
-                    }));
+                    let response = ready!(future.poll(cx))?;
+                    return Poll::Ready(Ok(response.map(plain)));
                 }
                 StateProj::Checking { check, awaiting } => {
                     let answer = ready!(Pin::new(check).poll(cx));
@@ -469,24 +487,23 @@ where
                         meter = (*outcome).settle(response.status(), response.headers());
                     }
                     // In place: the response's head is large, and every move of it is a copy.
-                    let mut response = response.inspect_err(|_| failed(in_flight))?;
+                    let mut response = response?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
                     let slot = slot.take();
-                    return Poll::Ready(Ok(response.map(|body| {
-                        held(ThrottleBody::inner(body, slot, meter, in_flight.take()))
-                    })));
+                    return Poll::Ready(Ok(
+                        response.map(|body| held(ThrottleBody::inner(body, slot, meter)))
+                    ));
+                }
+                StateProj::Gated { future, in_flight } => {
+                    let response = ready!(Self::poll_gated(future, in_flight, cx))?;
+                    return Poll::Ready(Ok(response.map(held)));
                 }
                 StateProj::Ready { response } => {
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    // Refused by the layer: the inner service never saw it, so its time in
-                    // flight says nothing of the service's latency.
-                    if let Some(in_flight) = in_flight.take() {
-                        in_flight.forget();
-                    }
                     return Poll::Ready(Ok(response.map(|data| held(ThrottleBody::full(data)))));
                 }
             };

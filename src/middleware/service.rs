@@ -32,6 +32,7 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
+use crate::overload::Gate;
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, Policy};
 
@@ -113,23 +114,41 @@ where
         }
         // The steps in order (steps.rs). 1: the first matching policy decides.
         let matched = steps::match_policy(table, &request);
-        // 1b: the overload gate, before any limit, counts the request in flight to its end.
-        let in_flight = match &judge.settings.overload {
-            None => None,
-            Some(gate) => match steps::overload(gate, matched, &request) {
-                Ok(in_flight) => Some(in_flight),
-                Err(shed) => {
-                    let rules = matched.map(Policy::compiled).map(|p| &**p);
-                    let refusal = judge.shed(rules, &shed, RequestRef::of(&request));
-                    return ResponseFuture::refused(refusal);
-                }
-            },
-        };
-        decide(inner, shared, (table, matched), request).holding(in_flight)
+        // 1b: the overload gate, before any limit (out of line: most layers have none).
+        if let Some(gate) = &judge.settings.overload {
+            return gated(gate, inner, shared, (table, matched), request);
+        }
+        decide(inner, shared, (table, matched), request)
     }
 }
 
-/// Steps 1 to 9 of a request that `policy` matched (or none), with its table in force.
+/// Step 1b, the overload gate: sheds the request, or counts it in flight until its response
+/// ends, through steps 2 to 9.
+#[inline(never)]
+fn gated<S, K, B, ReqBody>(
+    gate: &Arc<Gate>,
+    inner: &mut S,
+    shared: &Arc<Shared<K, B>>,
+    (table, matched): (&Table<K>, Option<&Policy<K>>),
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, ReqBody, B::Future>
+where
+    S: Service<Request<ReqBody>> + Clone,
+    K: KeyExtractor<ReqBody> + Send + Sync + 'static,
+    B: Backend,
+    ReqBody: 'static,
+{
+    match steps::overload(gate, matched, &request) {
+        Ok(in_flight) => decide(inner, shared, (table, matched), request).holding(in_flight),
+        Err(shed) => {
+            let rules = matched.map(|policy| &**policy.compiled());
+            let refusal = table.judge.shed(rules, &shed, RequestRef::of(&request));
+            ResponseFuture::refused(refusal)
+        }
+    }
+}
+
+/// Steps 2 to 9 of a request that `matched` (a policy, or none), with its table in force.
 #[inline(always)]
 fn decide<S, K, B, ReqBody>(
     inner: &mut S,

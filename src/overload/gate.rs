@@ -267,14 +267,9 @@ impl Gate {
     /// Admits a request of `partition` on the gate's own clock: what it holds while in flight
     /// (until its response body ends), or why it was shed.
     pub(crate) fn admit(self: &Arc<Self>, partition: usize) -> Result<InFlight, Shed> {
-        let now = self.clock.now_nanos();
+        let now = self.clock.now_nanos() & STARTED;
         if self.try_admit(partition, now) {
-            return Ok(InFlight {
-                gate: self.clone(),
-                partition,
-                started: now,
-                end: End::Served,
-            });
+            return Ok(InFlight::new(self.clone(), partition, now));
         }
         Err(Shed {
             partition: self.partitions[partition.min(self.partitions.len() - 1)]
@@ -287,46 +282,55 @@ impl Gate {
 }
 
 /// A request in flight through the gate: counted until dropped, when its latency is recorded.
+/// Sixteen bytes (the gate, and one word for its start, partition and end), as every response
+/// future and body that holds one moves it.
 #[derive(Debug)]
 pub(crate) struct InFlight {
     gate: Arc<Gate>,
-    partition: usize,
-    started: u64,
-    end: End,
+    /// Bits 0–59: when it was admitted (the gate's clock, nanoseconds: 36 years); 60–61: its
+    /// partition; 62–63: how it ended ([`SERVED`], [`FAILED`], [`REFUSED`]).
+    word: u64,
 }
 
-/// How a request in flight ended, as the limit learns from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum End {
-    Served,
-    /// The service's error, or its body's: a dropped request.
-    Failed,
-    /// Refused by the layer before the service saw it: no sample.
-    Refused,
-}
+const STARTED: u64 = (1 << 60) - 1;
+const SERVED: u64 = 0;
+/// The service's error, or its body's: a dropped request.
+const FAILED: u64 = 1 << 62;
+/// Refused by the layer before the service saw it: no sample.
+const REFUSED: u64 = 2 << 62;
 
 impl InFlight {
+    fn new(gate: Arc<Gate>, partition: usize, started: u64) -> Self {
+        let word = (started & STARTED) | ((partition as u64 & 3) << 60) | SERVED;
+        InFlight { gate, word }
+    }
+
+    fn partition(&self) -> usize {
+        ((self.word >> 60) & 3) as usize
+    }
+
     /// The request failed (the service's error, or its body's): a dropped request to the limit.
     pub(crate) fn failed(&mut self) {
-        self.end = End::Failed;
+        self.word = (self.word & !(3 << 62)) | FAILED;
     }
 
     /// Ends the count without a sample: the request was refused before the service saw it.
     pub(crate) fn forget(mut self) {
-        self.end = End::Refused;
+        self.word = (self.word & !(3 << 62)) | REFUSED;
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        match self.end {
-            End::Refused => {
-                self.gate.release(self.partition);
+        let partition = self.partition();
+        match self.word & (3 << 62) {
+            REFUSED => {
+                self.gate.release(partition);
             }
             end => {
-                let now = self.gate.clock.now_nanos();
-                let failed = end == End::Failed;
-                self.gate.finish(self.partition, self.started, now, failed);
+                let now = self.gate.clock.now_nanos() & STARTED;
+                let started = self.word & STARTED;
+                self.gate.finish(partition, started, now, end == FAILED);
             }
         }
     }

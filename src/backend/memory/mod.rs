@@ -251,6 +251,9 @@ fn default_shards(max_keys: usize) -> usize {
 impl<C: Clock> MemoryBackend<C> {
     /// Decides synchronously; [`Backend::check`] wraps this in a ready future. Every algorithm is
     /// implemented, so this does not fail today; the `Result` leaves room for one that is not.
+    // Inlined: a lone limit's check is the layer's commonest, and out of line it costs ~30
+    // instructions a request.
+    #[inline(always)]
     pub fn decide(
         &self,
         limit: &Limit,
