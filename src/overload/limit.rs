@@ -1,8 +1,62 @@
 //! [`AdaptiveLimit`]: a limit on requests in flight that follows the service's latency.
 //!
-//! (Skeleton: the algorithms land in the next commit.)
+//! # What is measured
+//!
+//! Each request's latency from admission to the end of its response body (the gate's `finish`).
+//! Requests are sampled in intervals (at least [`DEFAULT_INTERVAL`], and at least three typical
+//! latencies, so that an interval sees the effect of the previous change). An interval's latency
+//! is the **geometric mean** of its samples: a few slow clients holding their slot for seconds move
+//! an arithmetic mean by orders of magnitude and a geometric mean by a little, while a queue, which
+//! delays every request, moves both (`slow_clients` in the simulator).
+//!
+//! The baseline is the unloaded latency: the lowest smoothed interval latency seen. It moves down
+//! at once, and moves **up only on evidence** that the latency is not ours: the limit was cut to
+//! 60 % or less of where a congested episode started (or to the minimum) and the latency did not
+//! fall with it (a queue's delay falls with the concurrency; a slow dependency's does not). Then
+//! the baseline takes the latency of now, within a few intervals of the step (`latency_step`).
+//!
+//! # Why a gradient, and not Vegas
+//!
+//! Vegas estimates the queue as `limit × (1 − rtt_min / rtt)` and needs a true minimum RTT; its
+//! users see it stuck at the minimum after load subsides (go-concurrency-limits #117) because a
+//! stale minimum makes every later sample look queued. The gradient compares the latency of now
+//! with a baseline, multiplicatively (`limit × baseline / latency`), which is scale-free and
+//! drains the queue it measured in one step, and the baseline here has an explicit rule to move.
+//!
+//! # The failure modes avoided
+//!
+//! * Upward drift under a steady queue (Netflix concurrency-limits PR #134: Gradient2's long-term
+//!   average follows the queue, the gradient tends to 1 and the queue-size term grows the limit
+//!   forever): the baseline never follows a latency upward by averaging; under a steady queue the
+//!   latency is above the baseline, so the limit is cut back to where the queue drains.
+//! * Stuck at the minimum (go-concurrency-limits #117): at the minimum, a latency that stays high
+//!   becomes the baseline (the insensitivity rule above), and a latency within the tolerance of
+//!   the baseline grows the limit by at least 1 each interval.
+//! * Pinning spikes (Envoy #8337): the baseline is never measured by forcing the concurrency down;
+//!   the cut after congestion drains the queue, which shows the baseline as a by-product.
+//! * An idle service inflating its limit: the limit grows only in an interval whose peak in flight
+//!   reached [`USED`] of the limit.
+//!
+//! # The defaults, from the simulator (`tests/overload`, `benchmarks/overload-sim.md`)
+//!
+//! * `tolerance` 1.5: the latency ratio above which the limit is cut. Lower (1.2) shed in
+//!   `steady_under_capacity` on noise; higher (2.0) let `latency_rises_with_concurrency` and
+//!   `capacity_drop` queue past 2× the unloaded p99.
+//! * `interval` 50 ms: `capacity_drop` and `bursts` need the cut within a few hundred ms; shorter
+//!   intervals hold too few samples at low rates.
+//! * `backoff` 0.9 (AIMD): Netflix's default; 0.5 halved goodput in `capacity_drop`'s recovery.
+//!
+//! # Concurrency
+//!
+//! `record` does one `fetch_add` on a word packing the interval's sample count and the sum of
+//! its log-latencies, one on the sum of latencies (for [`AdaptiveLimit::latency`]), a load of the
+//! interval's end and of its peak in flight (a `fetch_max` when a new peak), and a `fetch_add`
+//! only for a dropped request. Whoever crosses the interval's end closes it under a
+//! `Mutex::try_lock`, swapping the accumulators out: a sample added after the swap counts in the
+//! next interval, none is lost. `current` is one relaxed load.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Which algorithm adapts the limit.
@@ -17,6 +71,16 @@ pub enum LimitAlgorithm {
     Gradient,
 }
 
+/// The default shortest sampling interval.
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(50);
+/// The default latency ratio (to the baseline) above which the limit is cut.
+pub(crate) const DEFAULT_TOLERANCE: f64 = 1.5;
+/// The default factor AIMD cuts the limit by.
+pub(crate) const DEFAULT_BACKOFF: f64 = 0.9;
+/// An interval whose peak in flight reached this fraction of the limit used it: only such an
+/// interval grows the limit.
+pub const USED: f64 = 0.8;
+
 /// What adapts the limit, validated by [`Overload`](super::Overload)'s build.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct LimitSettings {
@@ -24,20 +88,96 @@ pub(crate) struct LimitSettings {
     pub(crate) min: u32,
     pub(crate) max: u32,
     pub(crate) initial: u32,
+    /// The shortest sampling interval.
+    pub(crate) interval: Duration,
+    /// The latency ratio to the baseline above which the limit is cut.
+    pub(crate) tolerance: f64,
+    /// AIMD's cut: the limit's new fraction.
+    pub(crate) backoff: f64,
+}
+
+/// Fractional bits of a log2 latency in the accumulator.
+const LOG_SCALE: f64 = 256.0;
+/// The accumulator's low bits: the sum of log2 latencies (at most 64 × 256 = 2^14 a sample).
+const SUM_BITS: u32 = 44;
+const SUM_MASK: u64 = (1 << SUM_BITS) - 1;
+/// An interval is closed early past this many samples, far below the 20 bits of its count.
+const MAX_SAMPLES: u64 = 1 << 18;
+/// An interval with fewer samples is extended (too noisy to act on), unless requests dropped.
+const MIN_SAMPLES: u64 = 10;
+/// One latency in the linear sum is capped here (about 68 s): 2^18 samples cannot overflow it.
+const MAX_LATENCY: u64 = 1 << 36;
+/// The weight of an interval in the smoothed latency the baseline is taken from.
+const SMOOTHING: f64 = 0.25;
+/// A congested episode whose limit fell to this fraction without the latency falling with it
+/// shows a latency that is not a queue's.
+const INSENSITIVE_CUT: f64 = 0.6;
+
+/// What only the closer of an interval touches.
+#[derive(Debug)]
+struct State {
+    /// The limit, unrounded (additive growth of less than 1 accumulates).
+    limit: f64,
+    /// The smoothed log2 latency of the last intervals.
+    smoothed: Option<f64>,
+    /// The log2 unloaded latency.
+    baseline: Option<f64>,
+    /// A congested episode: the limit (or the peak in flight, if lower) and the latency ratio
+    /// when it began.
+    episode: Option<(f64, f64)>,
 }
 
 /// A limit on requests in flight, adapted to the latency of the requests that end.
 #[derive(Debug)]
 pub struct AdaptiveLimit {
     limit: AtomicU32,
+    /// The interval's sample count (high bits) and sum of log2 latencies × 256 (low bits).
+    samples: AtomicU64,
+    /// The interval's sum of latencies (nanoseconds, each capped).
+    total: AtomicU64,
+    /// The interval's peak in flight.
+    peak: AtomicU32,
+    drops: AtomicU32,
+    /// When the interval ends (the clock of `record`).
+    end: AtomicU64,
+    /// The last interval's mean latency, nanoseconds.
+    mean: AtomicU64,
+    state: Mutex<State>,
     settings: LimitSettings,
+}
+
+fn log2_fixed(latency: u64) -> u64 {
+    ((latency.max(1) as f64).log2() * LOG_SCALE) as u64
 }
 
 impl AdaptiveLimit {
     pub(crate) fn new(settings: &LimitSettings) -> Self {
+        // Unvalidated settings must not panic (clamp does with min > max): bounds made sane.
+        let mut settings = settings.clone();
+        settings.min = settings.min.max(1);
+        settings.max = settings.max.max(settings.min);
+        settings.initial = settings.initial.clamp(settings.min, settings.max);
+        if !(settings.tolerance.is_finite() && settings.tolerance > 1.0) {
+            settings.tolerance = DEFAULT_TOLERANCE;
+        }
+        if !(settings.backoff.is_finite() && settings.backoff > 0.0 && settings.backoff < 1.0) {
+            settings.backoff = DEFAULT_BACKOFF;
+        }
         AdaptiveLimit {
             limit: AtomicU32::new(settings.initial),
-            settings: settings.clone(),
+            samples: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            peak: AtomicU32::new(0),
+            drops: AtomicU32::new(0),
+            end: AtomicU64::new(0),
+            mean: AtomicU64::new(0),
+            state: Mutex::new(State {
+                limit: f64::from(settings.initial),
+                smoothed: None,
+                baseline: None,
+                episode: None,
+            }),
+            settings,
         }
     }
 
@@ -56,12 +196,117 @@ impl AdaptiveLimit {
         dropped: bool,
         in_flight: u32,
     ) -> Option<u32> {
-        let _ = (now_nanos, latency_nanos, dropped, in_flight, &self.settings);
-        None
+        let before = self.samples.fetch_add(
+            (1 << SUM_BITS) + log2_fixed(latency_nanos),
+            Ordering::Relaxed,
+        );
+        self.total
+            .fetch_add(latency_nanos.min(MAX_LATENCY), Ordering::Relaxed);
+        if in_flight > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(in_flight, Ordering::Relaxed);
+        }
+        if dropped {
+            self.drops.fetch_add(1, Ordering::Relaxed);
+        }
+        let end = self.end.load(Ordering::Relaxed);
+        let interval = self.settings.interval.as_nanos() as u64;
+        // A clock gone back far before the interval's end resynchronizes instead of stalling.
+        let due = now_nanos >= end
+            || now_nanos.saturating_add(4 * interval) < end
+            || (before >> SUM_BITS) + 1 >= MAX_SAMPLES;
+        if !due {
+            return None;
+        }
+        let mut state = self.state.try_lock().ok()?;
+        self.close(&mut state, now_nanos)
+    }
+
+    /// Closes the interval (its closer holds the state): the limit adapted to its samples.
+    fn close(&self, state: &mut State, now: u64) -> Option<u32> {
+        let interval = self.settings.interval.as_nanos() as u64;
+        let word = self.samples.load(Ordering::Relaxed);
+        let count = word >> SUM_BITS;
+        let end = self.end.load(Ordering::Relaxed);
+        let resync = now.saturating_add(4 * interval) < end;
+        let early = count >= MAX_SAMPLES;
+        if !(now >= end || resync || early) {
+            return None; // Another thread closed it meanwhile.
+        }
+        let drops = self.drops.load(Ordering::Relaxed);
+        if count < MIN_SAMPLES && drops == 0 {
+            if resync {
+                self.end
+                    .store(now.saturating_add(interval), Ordering::Relaxed);
+            }
+            return None; // Too few samples yet: the interval goes on.
+        }
+        let word = self.samples.swap(0, Ordering::Relaxed);
+        let total = self.total.swap(0, Ordering::Relaxed);
+        let peak = self.peak.swap(0, Ordering::Relaxed);
+        let drops = self.drops.swap(0, Ordering::Relaxed);
+        let count = (word >> SUM_BITS).max(1);
+        let log = (word & SUM_MASK) as f64 / LOG_SCALE / count as f64;
+        self.mean.store(total / count, Ordering::Relaxed);
+        // The next interval spans at least three typical latencies.
+        let typical = log.exp2().min(1e12) as u64;
+        let span = interval.max(typical.saturating_mul(3));
+        self.end.store(now.saturating_add(span), Ordering::Relaxed);
+
+        let limit = self.adapt(state, log, peak, drops > 0);
+        self.limit.store(limit, Ordering::Relaxed);
+        Some(limit)
+    }
+
+    /// The new limit after an interval of log2 latency `log`, peak in flight `peak`.
+    fn adapt(&self, state: &mut State, log: f64, peak: u32, dropped: bool) -> u32 {
+        let s = &self.settings;
+        let smoothed = state
+            .smoothed
+            .map_or(log, |prev| prev + SMOOTHING * (log - prev));
+        state.smoothed = Some(smoothed);
+        let baseline = state.baseline.map_or(smoothed, |b| b.min(smoothed));
+        state.baseline = Some(baseline);
+        let ratio = (log - baseline).exp2();
+        let (min, max) = (f64::from(s.min), f64::from(s.max));
+        let mut limit = state.limit.clamp(min, max);
+        let used = f64::from(peak) >= USED * limit;
+        let congested = ratio > s.tolerance || (dropped && s.algorithm == LimitAlgorithm::Aimd);
+
+        if congested {
+            let (start, start_ratio) = *state
+                .episode
+                .get_or_insert((limit.min(f64::from(peak)).max(min), ratio));
+            limit = match s.algorithm {
+                LimitAlgorithm::Aimd => limit * s.backoff,
+                // Cut to where the latency was the baseline's, at most by half an interval,
+                // from what was actually in flight (a cut above it would change nothing).
+                LimitAlgorithm::Gradient => limit.min(f64::from(peak)) * (1.0 / ratio).max(0.5),
+            }
+            .max(min);
+            // A queue's delay falls with the concurrency (in proportion, above the workers):
+            // a latency that stays above the geometric middle of "fell in proportion" and "did
+            // not fall" is not ours. It becomes the baseline, and the episode ends.
+            let cut = limit / start;
+            if (cut <= INSENSITIVE_CUT || limit <= min) && ratio >= start_ratio * cut.sqrt() {
+                state.baseline = Some(log);
+                state.smoothed = Some(log);
+                state.episode = None;
+            }
+        } else {
+            state.episode = None;
+            if used {
+                limit += match s.algorithm {
+                    LimitAlgorithm::Aimd => 1.0,
+                    LimitAlgorithm::Gradient => limit.sqrt().max(1.0),
+                };
+            }
+        }
+        state.limit = limit.clamp(min, max);
+        state.limit as u32
     }
 
     /// The recent latency of a request, for a refusal's `Retry-After`.
     pub fn latency(&self) -> Duration {
-        Duration::ZERO
+        Duration::from_nanos(self.mean.load(Ordering::Relaxed))
     }
 }
