@@ -122,8 +122,11 @@ struct State {
     smoothed: Option<f64>,
     /// The log2 unloaded latency.
     baseline: Option<f64>,
-    /// A congested episode: the limit (or the peak in flight, if lower) and the latency ratio
-    /// when it began.
+    /// In a congested episode (intervals above the tolerance, one after the other).
+    congested: bool,
+    /// The episode's reference: the concurrency (the limit, or the peak in flight if lower) and
+    /// the latency ratio of its second interval, the first after a cut took effect (the first
+    /// measured a queue still building, below what its concurrency holds).
     episode: Option<(f64, f64)>,
 }
 
@@ -138,7 +141,16 @@ pub struct AdaptiveLimit {
     /// The interval's peak in flight.
     peak: AtomicU32,
     drops: AtomicU32,
-    /// When the interval ends (the clock of `record`).
+    /// Samples of requests admitted before the last cut took effect, counted apart: they
+    /// measured the concurrency before it, and judging the cut by them reads the old queue as
+    /// the new one.
+    stale: AtomicU64,
+    /// A request admitted before this is stale: `u64::MAX` from a cut until the requests in
+    /// flight fell to the new limit (those admitted meanwhile wait behind the old queue), then
+    /// that time.
+    cut_at: AtomicU64,
+    /// When the interval began and ends (the clock of `record`).
+    start: AtomicU64,
     end: AtomicU64,
     /// The last interval's mean latency, nanoseconds.
     mean: AtomicU64,
@@ -169,12 +181,16 @@ impl AdaptiveLimit {
             total: AtomicU64::new(0),
             peak: AtomicU32::new(0),
             drops: AtomicU32::new(0),
+            stale: AtomicU64::new(0),
+            cut_at: AtomicU64::new(0),
+            start: AtomicU64::new(0),
             end: AtomicU64::new(0),
             mean: AtomicU64::new(0),
             state: Mutex::new(State {
                 limit: f64::from(settings.initial),
                 smoothed: None,
                 baseline: None,
+                congested: false,
                 episode: None,
             }),
             settings,
@@ -196,6 +212,21 @@ impl AdaptiveLimit {
         dropped: bool,
         in_flight: u32,
     ) -> Option<u32> {
+        let end = self.end.load(Ordering::Relaxed);
+        // A clock gone back before the interval began resynchronizes instead of stalling.
+        let resync = now_nanos < self.start.load(Ordering::Relaxed);
+        let cut_at = self.cut_at.load(Ordering::Relaxed);
+        if cut_at == u64::MAX && in_flight <= self.current() {
+            self.cut_at.store(now_nanos, Ordering::Relaxed);
+        }
+        if now_nanos.saturating_sub(latency_nanos) < cut_at {
+            self.stale.fetch_add(1, Ordering::Relaxed);
+            if !resync {
+                return None;
+            }
+            let mut state = self.state.try_lock().ok()?;
+            return self.close(&mut state, now_nanos);
+        }
         let before = self.samples.fetch_add(
             (1 << SUM_BITS) + log2_fixed(latency_nanos),
             Ordering::Relaxed,
@@ -208,12 +239,7 @@ impl AdaptiveLimit {
         if dropped {
             self.drops.fetch_add(1, Ordering::Relaxed);
         }
-        let end = self.end.load(Ordering::Relaxed);
-        let interval = self.settings.interval.as_nanos() as u64;
-        // A clock gone back far before the interval's end resynchronizes instead of stalling.
-        let due = now_nanos >= end
-            || now_nanos.saturating_add(4 * interval) < end
-            || (before >> SUM_BITS) + 1 >= MAX_SAMPLES;
+        let due = now_nanos >= end || resync || (before >> SUM_BITS) + 1 >= MAX_SAMPLES;
         if !due {
             return None;
         }
@@ -227,14 +253,18 @@ impl AdaptiveLimit {
         let word = self.samples.load(Ordering::Relaxed);
         let count = word >> SUM_BITS;
         let end = self.end.load(Ordering::Relaxed);
-        let resync = now.saturating_add(4 * interval) < end;
+        let resync = now < self.start.load(Ordering::Relaxed);
         let early = count >= MAX_SAMPLES;
         if !(now >= end || resync || early) {
             return None; // Another thread closed it meanwhile.
         }
         let drops = self.drops.load(Ordering::Relaxed);
+        if resync {
+            self.cut_at.store(0, Ordering::Relaxed);
+        }
         if count < MIN_SAMPLES && drops == 0 {
             if resync {
+                self.start.store(now, Ordering::Relaxed);
                 self.end
                     .store(now.saturating_add(interval), Ordering::Relaxed);
             }
@@ -250,10 +280,13 @@ impl AdaptiveLimit {
         // The next interval spans at least three typical latencies.
         let typical = log.exp2().min(1e12) as u64;
         let span = interval.max(typical.saturating_mul(3));
+        self.start.store(now, Ordering::Relaxed);
         self.end.store(now.saturating_add(span), Ordering::Relaxed);
 
         let limit = self.adapt(state, log, peak, drops > 0);
-        self.limit.store(limit, Ordering::Relaxed);
+        if limit < self.limit.swap(limit, Ordering::Relaxed) {
+            self.cut_at.store(u64::MAX, Ordering::Relaxed);
+        }
         Some(limit)
     }
 
@@ -270,30 +303,46 @@ impl AdaptiveLimit {
         let (min, max) = (f64::from(s.min), f64::from(s.max));
         let mut limit = state.limit.clamp(min, max);
         let used = f64::from(peak) >= USED * limit;
-        let congested = ratio > s.tolerance || (dropped && s.algorithm == LimitAlgorithm::Aimd);
+        // A latency above the tolerance while the limit is not reached is not the limit's to
+        // fix (yet): cutting then sheds on noise (`steady_under_capacity`).
+        let congested =
+            (ratio > s.tolerance && used) || (dropped && s.algorithm == LimitAlgorithm::Aimd);
 
         if congested {
-            let (start, start_ratio) = *state
-                .episode
-                .get_or_insert((limit.min(f64::from(peak)).max(min), ratio));
+            // What these samples were admitted under (a stale one is counted apart).
+            let under = limit.min(f64::from(peak)).max(min);
+            match state.episode {
+                None if state.congested => state.episode = Some((under, ratio)),
+                None => state.congested = true,
+                // A queue's delay falls with the concurrency (in proportion, above the
+                // workers): a latency above the geometric middle of "fell in proportion" and
+                // "did not fall" after a real cut is not ours. It becomes the baseline, uncut.
+                Some((start, start_ratio)) => {
+                    let cut = under / start;
+                    if (cut <= INSENSITIVE_CUT || under <= min) && ratio >= start_ratio * cut.sqrt()
+                    {
+                        if std::env::var_os("LIMIT_TRACE").is_some() {
+                            eprintln!("TRACE reset at {under} ratio {ratio}");
+                        }
+                        state.baseline = Some(log);
+                        state.smoothed = Some(log);
+                        state.episode = None;
+                        state.congested = false;
+                        state.limit = limit;
+                        return limit as u32;
+                    }
+                }
+            }
             limit = match s.algorithm {
                 LimitAlgorithm::Aimd => limit * s.backoff,
                 // Cut to where the latency was the baseline's, at most by half an interval,
                 // from what was actually in flight (a cut above it would change nothing).
-                LimitAlgorithm::Gradient => limit.min(f64::from(peak)) * (1.0 / ratio).max(0.5),
+                LimitAlgorithm::Gradient => under * (1.0 / ratio).max(0.5),
             }
             .max(min);
-            // A queue's delay falls with the concurrency (in proportion, above the workers):
-            // a latency that stays above the geometric middle of "fell in proportion" and "did
-            // not fall" is not ours. It becomes the baseline, and the episode ends.
-            let cut = limit / start;
-            if (cut <= INSENSITIVE_CUT || limit <= min) && ratio >= start_ratio * cut.sqrt() {
-                state.baseline = Some(log);
-                state.smoothed = Some(log);
-                state.episode = None;
-            }
         } else {
             state.episode = None;
+            state.congested = false;
             if used {
                 limit += match s.algorithm {
                     LimitAlgorithm::Aimd => 1.0,
@@ -302,6 +351,9 @@ impl AdaptiveLimit {
             }
         }
         state.limit = limit.clamp(min, max);
+        if std::env::var_os("LIMIT_TRACE").is_some() {
+            eprintln!("TRACE log {:.2} base {:.2} ratio {:.2} peak {} used {} congested {} ep {:?} -> {:.1}", log.exp2()/1e6, baseline.exp2()/1e6, ratio, peak, used, congested, state.episode, state.limit);
+        }
         state.limit as u32
     }
 

@@ -179,3 +179,11 @@ fn the_simulation_is_deterministic() {
     assert_eq!(a.latencies, b.latencies);
     assert_eq!(a.limit, b.limit);
 }
+
+#[test]
+fn trace() {
+    let i: usize = std::env::var("SCEN").map_or(1, |v| v.parse().unwrap());
+    let s = &scenarios::all()[i];
+    let p = Protection::Adaptive("gradient", Overload::gradient());
+    let _ = sim::run(s, &p);
+}
