@@ -122,6 +122,8 @@ struct State {
     smoothed: Option<f64>,
     /// The log2 unloaded latency.
     baseline: Option<f64>,
+    /// Samples counted in closed intervals (the no-lost-sample test's tally).
+    counted: u64,
     /// In a congested episode (intervals above the tolerance, one after the other).
     congested: bool,
     /// The episode's reference: the concurrency (the limit, or the peak in flight if lower) and
@@ -190,6 +192,7 @@ impl AdaptiveLimit {
                 limit: f64::from(settings.initial),
                 smoothed: None,
                 baseline: None,
+                counted: 0,
                 congested: false,
                 episode: None,
             }),
@@ -274,6 +277,7 @@ impl AdaptiveLimit {
         let total = self.total.swap(0, Ordering::Relaxed);
         let peak = self.peak.swap(0, Ordering::Relaxed);
         let drops = self.drops.swap(0, Ordering::Relaxed);
+        state.counted += word >> SUM_BITS;
         let count = (word >> SUM_BITS).max(1);
         let log = (word & SUM_MASK) as f64 / LOG_SCALE / count as f64;
         self.mean.store(total / count, Ordering::Relaxed);
@@ -356,5 +360,169 @@ impl AdaptiveLimit {
     /// The recent latency of a request, for a refusal's `Retry-After`.
     pub fn latency(&self) -> Duration {
         Duration::from_nanos(self.mean.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::overload::{Gate, Overload};
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+
+    const MS: u64 = 1_000_000;
+
+    fn limit(algorithm: LimitAlgorithm, min: u32, max: u32, initial: u32) -> AdaptiveLimit {
+        AdaptiveLimit::new(&LimitSettings {
+            algorithm,
+            min,
+            max,
+            initial,
+            interval: DEFAULT_INTERVAL,
+            tolerance: DEFAULT_TOLERANCE,
+            backoff: DEFAULT_BACKOFF,
+        })
+    }
+
+    /// `intervals` intervals of 20 samples (virtual time `t`), each of the latency `latency`
+    /// gives at the concurrency in flight (`busy` of the limit, at least 1).
+    fn drive(
+        l: &AdaptiveLimit,
+        t: &mut u64,
+        intervals: u32,
+        busy: f64,
+        dropped: bool,
+        latency: impl Fn(u32) -> u64,
+    ) {
+        for _ in 0..intervals * 20 {
+            let in_flight = ((f64::from(l.current()) * busy) as u32).max(1);
+            let lat = latency(in_flight);
+            *t += 4 * MS.max(lat / 6);
+            l.record(*t, lat, dropped, in_flight);
+        }
+    }
+
+    #[test]
+    fn bounds_hold_and_nothing_panics_on_any_input() {
+        for algorithm in [LimitAlgorithm::Aimd, LimitAlgorithm::Gradient] {
+            let l = limit(algorithm, 3, 50, 10);
+            let mut x = 1u64;
+            for i in 0..20_000u64 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let now = if i % 7 == 0 { x >> 40 } else { x }; // backwards, too
+                let latency = [0, 1, u64::MAX, x >> 20][(x >> 60) as usize % 4];
+                l.record(now, latency, x & 1 == 0, (x >> 32) as u32);
+                assert!((3..=50).contains(&l.current()), "{}", l.current());
+            }
+        }
+        // Unvalidated bounds are made sane, not a panic.
+        assert_eq!(limit(LimitAlgorithm::Gradient, 0, 0, 9).current(), 1);
+    }
+
+    #[test]
+    fn aimd_grows_when_used_not_when_idle_and_backs_off_on_drops_and_slowness() {
+        let (l, mut t) = (limit(LimitAlgorithm::Aimd, 4, 200, 20), 0);
+        drive(&l, &mut t, 10, 0.1, false, |_| 10 * MS);
+        assert_eq!(l.current(), 20, "idle: no growth");
+        drive(&l, &mut t, 10, 1.0, false, |_| 10 * MS);
+        let grown = l.current();
+        assert!(grown >= 27, "{grown}");
+        drive(&l, &mut t, 3, 1.0, true, |_| 10 * MS);
+        assert!(l.current() < grown, "drops back off");
+        let before = l.current();
+        drive(&l, &mut t, 3, 1.0, false, |_| 40 * MS);
+        assert!(l.current() < before, "slowness backs off");
+    }
+
+    #[test]
+    fn gradient_shrinks_under_a_queue_without_drifting_up() {
+        // 20 workers: above 20 in flight, latency grows in proportion (a queue).
+        let queue = |n: u32| 10 * MS * u64::from(n.max(20)) / 20;
+        let (l, mut t) = (limit(LimitAlgorithm::Gradient, 4, 1_000, 100), 0);
+        drive(&l, &mut t, 5, 0.1, false, |_| 10 * MS);
+        drive(&l, &mut t, 40, 1.0, false, queue);
+        assert!(l.current() <= 40, "shrank to the workers: {}", l.current());
+        let mut highest = 0;
+        for _ in 0..300 {
+            drive(&l, &mut t, 1, 1.0, false, queue);
+            highest = highest.max(l.current());
+        }
+        assert!(
+            (10..=40).contains(&highest),
+            "no drift under a steady queue: {highest}"
+        );
+    }
+
+    #[test]
+    fn gradient_recovers_from_the_minimum_and_follows_a_latency_step() {
+        let (l, mut t) = (limit(LimitAlgorithm::Gradient, 4, 1_000, 40), 0);
+        drive(&l, &mut t, 5, 1.0, false, |_| 10 * MS);
+        // A slow dependency: 5x, whatever the concurrency. Not stuck at the minimum.
+        drive(&l, &mut t, 60, 1.0, false, |_| 50 * MS);
+        assert!(
+            l.current() >= 20,
+            "the step became the baseline: {}",
+            l.current()
+        );
+        // Overload to the minimum, then the latency back to the baseline: at least +1 each.
+        drive(&l, &mut t, 30, 1.0, false, |n| {
+            50 * MS * u64::from(n.max(4)) / 4
+        });
+        drive(&l, &mut t, 20, 1.0, false, |_| 10 * MS);
+        assert!(l.current() >= 24, "recovered: {}", l.current());
+    }
+
+    #[test]
+    fn no_sample_is_lost_under_16_threads() {
+        let l = Arc::new(limit(LimitAlgorithm::Gradient, 1, 1_000, 100));
+        let clock = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|scope| {
+            for i in 0..16u64 {
+                let (l, clock) = (l.clone(), clock.clone());
+                scope.spawn(move || {
+                    for j in 0..5_000u64 {
+                        let now = clock.fetch_add(100_000, Ordering::Relaxed);
+                        l.record(now, MS * (1 + (i + j) % 30), j % 97 == 0, 50);
+                    }
+                });
+            }
+        });
+        let counted = l.state.lock().map_or(0, |s| s.counted);
+        let pending = l.samples.load(Ordering::Relaxed) >> SUM_BITS;
+        let stale = l.stale.load(Ordering::Relaxed);
+        assert_eq!(counted + pending + stale, 16 * 5_000);
+    }
+
+    #[test]
+    fn partitions_never_exceed_the_global_limit_under_16_threads() {
+        let overload = Overload::aimd()
+            .limits(8, 8)
+            .partition("paid", 0.8)
+            .partition("free", 0.2);
+        let gate = Arc::new(Gate::new(&overload));
+        let (clock, inside, highest) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
+        std::thread::scope(|scope| {
+            for i in 0..16usize {
+                let gate = gate.clone();
+                let (clock, inside, highest) = (&clock, &inside, &highest);
+                scope.spawn(move || {
+                    for _ in 0..20_000 {
+                        let now = clock.fetch_add(1_000, Ordering::Relaxed);
+                        if gate.try_admit(i % 2, now) {
+                            let n = inside.fetch_add(1, Ordering::AcqRel) + 1;
+                            highest.fetch_max(n.max(gate.in_flight()), Ordering::AcqRel);
+                            inside.fetch_sub(1, Ordering::AcqRel);
+                            gate.finish(i % 2, now, clock.load(Ordering::Relaxed), false);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(
+            highest.load(Ordering::Relaxed) <= 8,
+            "{}",
+            highest.load(Ordering::Relaxed)
+        );
+        assert_eq!(gate.in_flight(), 0);
     }
 }
