@@ -1,59 +1,48 @@
 //! [`AdaptiveLimit`]: a limit on requests in flight that follows the service's latency.
 //!
-//! # What is measured
+//! **Measured**: each request's latency from admission to the end of its response body (the
+//! gate's `finish`), in intervals of at least [`DEFAULT_INTERVAL`] and three typical latencies.
+//! An interval's latency is the **geometric mean** of its samples: slow clients holding their slot
+//! for seconds move it a little, a queue (which delays every request) moves it in full.
 //!
-//! Each request's latency from admission to the end of its response body (the gate's `finish`).
-//! Requests are sampled in intervals (at least [`DEFAULT_INTERVAL`], and at least three typical
-//! latencies, so that an interval sees the effect of the previous change). An interval's latency
-//! is the **geometric mean** of its samples: a few slow clients holding their slot for seconds move
-//! an arithmetic mean by orders of magnitude and a geometric mean by a little, while a queue, which
-//! delays every request, moves both (`slow_clients` in the simulator).
+//! **Baseline** (the unloaded latency): the lowest smoothed interval latency. It moves down at
+//! once, and **up only on evidence** that the latency is not a queue's: after the limit was cut to
+//! 60 % or less of an episode's reference (or to the minimum), the latency did not fall with it
+//! (above the geometric middle of "fell in proportion" and "did not fall"). Samples of requests
+//! admitted before a cut drained are counted apart (stale): they wait behind the old queue, and
+//! judging the cut by them read a queue as a slow dependency (the limit drifted in `capacity_drop`).
 //!
-//! The baseline is the unloaded latency: the lowest smoothed interval latency seen. It moves down
-//! at once, and moves **up only on evidence** that the latency is not ours: the limit was cut to
-//! 60 % or less of where a congested episode started (or to the minimum) and the latency did not
-//! fall with it (a queue's delay falls with the concurrency; a slow dependency's does not). Then
-//! the baseline takes the latency of now, within a few intervals of the step (`latency_step`).
+//! **Gradient, not Vegas**: Vegas's queue estimate `limit × (1 − rtt_min / rtt)` needs a true
+//! minimum RTT; a stale one makes every later sample look queued and sticks it at the minimum
+//! (go-concurrency-limits #117). The gradient is scale-free (`latency / baseline`), and its
+//! baseline has an explicit rule to move. The cut goes to where the latency is back within the
+//! tolerance (`limit × tolerance / ratio`, at most half), from the peak in flight if lower.
 //!
-//! # Why a gradient, and not Vegas
+//! **Failure modes avoided**:
+//! * upward drift under a steady queue (Netflix concurrency-limits PR #134: Gradient2's long-term
+//!   average follows the queue): no average follows a latency up; a queue's latency stays above
+//!   the baseline and keeps the limit cut (`latency_rises_with_concurrency`, test
+//!   `gradient_shrinks_under_a_queue_without_drifting_up`);
+//! * stuck at the minimum (#117): at the minimum a latency that stays high becomes the baseline,
+//!   and a latency within the tolerance grows the limit by at least 1 an interval (`sqrt(limit)`
+//!   for the gradient);
+//! * pinning spikes (Envoy #8337): nothing forces the concurrency down to measure the baseline;
+//! * an idle service inflating its limit: growth only in an interval whose peak in flight reached
+//!   [`USED`] of the limit; a latency above the tolerance with the limit not reached cuts nothing
+//!   either (it shed on noise in `steady_under_capacity`).
 //!
-//! Vegas estimates the queue as `limit × (1 − rtt_min / rtt)` and needs a true minimum RTT; its
-//! users see it stuck at the minimum after load subsides (go-concurrency-limits #117) because a
-//! stale minimum makes every later sample look queued. The gradient compares the latency of now
-//! with a baseline, multiplicatively (`limit × baseline / latency`), which is scale-free and
-//! drains the queue it measured in one step, and the baseline here has an explicit rule to move.
+//! **Defaults, from the simulator** (`tests/overload`, `benchmarks/overload-sim.md`):
+//! `tolerance` 1.5 (1.8 raised `latency_rises_with_concurrency`'s p99 from 1.36 to 1.56 × the
+//! unloaded one for no goodput; 1.3 cut on noise, 62 % goodput in `slow_clients`); `interval`
+//! 50 ms (100 ms: 90 % goodput in `latency_rises_with_concurrency`, 25 ms: fewer samples, 60 % in
+//! `slow_clients`); `backoff` 0.9, Netflix's AIMD default, not tuned (AIMD is the comparison).
 //!
-//! # The failure modes avoided
-//!
-//! * Upward drift under a steady queue (Netflix concurrency-limits PR #134: Gradient2's long-term
-//!   average follows the queue, the gradient tends to 1 and the queue-size term grows the limit
-//!   forever): the baseline never follows a latency upward by averaging; under a steady queue the
-//!   latency is above the baseline, so the limit is cut back to where the queue drains.
-//! * Stuck at the minimum (go-concurrency-limits #117): at the minimum, a latency that stays high
-//!   becomes the baseline (the insensitivity rule above), and a latency within the tolerance of
-//!   the baseline grows the limit by at least 1 each interval.
-//! * Pinning spikes (Envoy #8337): the baseline is never measured by forcing the concurrency down;
-//!   the cut after congestion drains the queue, which shows the baseline as a by-product.
-//! * An idle service inflating its limit: the limit grows only in an interval whose peak in flight
-//!   reached [`USED`] of the limit.
-//!
-//! # The defaults, from the simulator (`tests/overload`, `benchmarks/overload-sim.md`)
-//!
-//! * `tolerance` 1.5: the latency ratio above which the limit is cut. Lower (1.2) shed in
-//!   `steady_under_capacity` on noise; higher (2.0) let `latency_rises_with_concurrency` and
-//!   `capacity_drop` queue past 2× the unloaded p99.
-//! * `interval` 50 ms: `capacity_drop` and `bursts` need the cut within a few hundred ms; shorter
-//!   intervals hold too few samples at low rates.
-//! * `backoff` 0.9 (AIMD): Netflix's default; 0.5 halved goodput in `capacity_drop`'s recovery.
-//!
-//! # Concurrency
-//!
-//! `record` does one `fetch_add` on a word packing the interval's sample count and the sum of
-//! its log-latencies, one on the sum of latencies (for [`AdaptiveLimit::latency`]), a load of the
-//! interval's end and of its peak in flight (a `fetch_max` when a new peak), and a `fetch_add`
-//! only for a dropped request. Whoever crosses the interval's end closes it under a
+//! **Concurrency**: `record` loads the interval's end and last cut, does one `fetch_add` on a word
+//! packing the interval's sample count and sum of log-latencies and one on its sum of latencies
+//! (for [`AdaptiveLimit::latency`]), a `fetch_max` only on a new peak in flight and a `fetch_add`
+//! only for a dropped or stale request. Whoever crosses the interval's end closes it under a
 //! `Mutex::try_lock`, swapping the accumulators out: a sample added after the swap counts in the
-//! next interval, none is lost. `current` is one relaxed load.
+//! next interval; none is lost. `current` is one relaxed load.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -71,15 +60,13 @@ pub enum LimitAlgorithm {
     Gradient,
 }
 
-/// The default shortest sampling interval.
+// The defaults of `LimitSettings`' knobs (the module doc says which scenario set which).
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(50);
-/// The default latency ratio (to the baseline) above which the limit is cut.
 pub(crate) const DEFAULT_TOLERANCE: f64 = 1.5;
-/// The default factor AIMD cuts the limit by.
 pub(crate) const DEFAULT_BACKOFF: f64 = 0.9;
 /// An interval whose peak in flight reached this fraction of the limit used it: only such an
 /// interval grows the limit.
-pub const USED: f64 = 0.8;
+pub(crate) const USED: f64 = 0.8;
 
 /// What adapts the limit, validated by [`Overload`](super::Overload)'s build.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,8 +113,7 @@ struct State {
     counted: u64,
     /// In a congested episode (intervals above the tolerance, one after the other).
     congested: bool,
-    /// The episode's reference: the concurrency (the limit, or the peak in flight if lower) and
-    /// the latency ratio of its second interval, the first after a cut took effect (the first
+    /// The episode's reference: concurrency and latency ratio of its second interval (the first
     /// measured a queue still building, below what its concurrency holds).
     episode: Option<(f64, f64)>,
 }
@@ -367,45 +353,29 @@ impl AdaptiveLimit {
 mod tests {
     use super::*;
     use crate::overload::{Gate, Overload};
-    use std::sync::atomic::AtomicU32;
     use std::sync::Arc;
 
     const MS: u64 = 1_000_000;
 
-    fn limit(algorithm: LimitAlgorithm, min: u32, max: u32, initial: u32) -> AdaptiveLimit {
-        AdaptiveLimit::new(&LimitSettings {
-            algorithm,
-            min,
-            max,
-            initial,
-            interval: DEFAULT_INTERVAL,
-            tolerance: DEFAULT_TOLERANCE,
-            backoff: DEFAULT_BACKOFF,
-        })
+    fn limit(overload: Overload, min: u32, max: u32, initial: u32) -> AdaptiveLimit {
+        AdaptiveLimit::new(&overload.limits(min, max).initial_limit(initial).settings())
     }
 
-    /// `intervals` intervals of 20 samples (virtual time `t`), each of the latency `latency`
-    /// gives at the concurrency in flight (`busy` of the limit, at least 1).
-    fn drive(
-        l: &AdaptiveLimit,
-        t: &mut u64,
-        intervals: u32,
-        busy: f64,
-        dropped: bool,
-        latency: impl Fn(u32) -> u64,
-    ) {
-        for _ in 0..intervals * 20 {
+    /// `n` intervals of 20 samples (virtual time `t`) of the latency `latency` gives at the
+    /// concurrency in flight (`busy` of the limit).
+    fn drive(l: &AdaptiveLimit, t: &mut u64, n: u32, busy: f64, latency: impl Fn(u32) -> u64) {
+        for _ in 0..n * 20 {
             let in_flight = ((f64::from(l.current()) * busy) as u32).max(1);
             let lat = latency(in_flight);
             *t += 4 * MS.max(lat / 6);
-            l.record(*t, lat, dropped, in_flight);
+            l.record(*t, lat, false, in_flight);
         }
     }
 
     #[test]
     fn bounds_hold_and_nothing_panics_on_any_input() {
-        for algorithm in [LimitAlgorithm::Aimd, LimitAlgorithm::Gradient] {
-            let l = limit(algorithm, 3, 50, 10);
+        for overload in [Overload::aimd(), Overload::gradient()] {
+            let l = limit(overload, 3, 50, 10);
             let mut x = 1u64;
             for i in 0..20_000u64 {
                 x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
@@ -416,21 +386,24 @@ mod tests {
             }
         }
         // Unvalidated bounds are made sane, not a panic.
-        assert_eq!(limit(LimitAlgorithm::Gradient, 0, 0, 9).current(), 1);
+        assert_eq!(limit(Overload::gradient(), 0, 0, 9).current(), 1);
     }
 
     #[test]
     fn aimd_grows_when_used_not_when_idle_and_backs_off_on_drops_and_slowness() {
-        let (l, mut t) = (limit(LimitAlgorithm::Aimd, 4, 200, 20), 0);
-        drive(&l, &mut t, 10, 0.1, false, |_| 10 * MS);
+        let (l, mut t) = (limit(Overload::aimd(), 4, 200, 20), 0);
+        drive(&l, &mut t, 10, 0.1, |_| 10 * MS);
         assert_eq!(l.current(), 20, "idle: no growth");
-        drive(&l, &mut t, 10, 1.0, false, |_| 10 * MS);
+        drive(&l, &mut t, 10, 1.0, |_| 10 * MS);
         let grown = l.current();
         assert!(grown >= 27, "{grown}");
-        drive(&l, &mut t, 3, 1.0, true, |_| 10 * MS);
+        for _ in 0..60 {
+            t += 4 * MS;
+            l.record(t, 10 * MS, true, l.current());
+        }
         assert!(l.current() < grown, "drops back off");
         let before = l.current();
-        drive(&l, &mut t, 3, 1.0, false, |_| 40 * MS);
+        drive(&l, &mut t, 3, 1.0, |_| 40 * MS);
         assert!(l.current() < before, "slowness backs off");
     }
 
@@ -438,13 +411,13 @@ mod tests {
     fn gradient_shrinks_under_a_queue_without_drifting_up() {
         // 20 workers: above 20 in flight, latency grows in proportion (a queue).
         let queue = |n: u32| 10 * MS * u64::from(n.max(20)) / 20;
-        let (l, mut t) = (limit(LimitAlgorithm::Gradient, 4, 1_000, 100), 0);
-        drive(&l, &mut t, 5, 0.1, false, |_| 10 * MS);
-        drive(&l, &mut t, 40, 1.0, false, queue);
+        let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 100), 0);
+        drive(&l, &mut t, 5, 0.1, |_| 10 * MS);
+        drive(&l, &mut t, 40, 1.0, queue);
         assert!(l.current() <= 40, "shrank to the workers: {}", l.current());
         let mut highest = 0;
         for _ in 0..300 {
-            drive(&l, &mut t, 1, 1.0, false, queue);
+            drive(&l, &mut t, 1, 1.0, queue);
             highest = highest.max(l.current());
         }
         assert!(
@@ -455,26 +428,24 @@ mod tests {
 
     #[test]
     fn gradient_recovers_from_the_minimum_and_follows_a_latency_step() {
-        let (l, mut t) = (limit(LimitAlgorithm::Gradient, 4, 1_000, 40), 0);
-        drive(&l, &mut t, 5, 1.0, false, |_| 10 * MS);
+        let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 40), 0);
+        drive(&l, &mut t, 5, 1.0, |_| 10 * MS);
         // A slow dependency: 5x, whatever the concurrency. Not stuck at the minimum.
-        drive(&l, &mut t, 60, 1.0, false, |_| 50 * MS);
+        drive(&l, &mut t, 60, 1.0, |_| 50 * MS);
         assert!(
             l.current() >= 20,
             "the step became the baseline: {}",
             l.current()
         );
         // Overload to the minimum, then the latency back to the baseline: at least +1 each.
-        drive(&l, &mut t, 30, 1.0, false, |n| {
-            50 * MS * u64::from(n.max(4)) / 4
-        });
-        drive(&l, &mut t, 20, 1.0, false, |_| 10 * MS);
+        drive(&l, &mut t, 30, 1.0, |n| 50 * MS * u64::from(n.max(4)) / 4);
+        drive(&l, &mut t, 20, 1.0, |_| 10 * MS);
         assert!(l.current() >= 24, "recovered: {}", l.current());
     }
 
     #[test]
     fn no_sample_is_lost_under_16_threads() {
-        let l = Arc::new(limit(LimitAlgorithm::Gradient, 1, 1_000, 100));
+        let l = Arc::new(limit(Overload::gradient(), 1, 1_000, 100));
         let clock = Arc::new(AtomicU64::new(0));
         std::thread::scope(|scope| {
             for i in 0..16u64 {
