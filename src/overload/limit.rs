@@ -1,8 +1,51 @@
 //! [`AdaptiveLimit`]: a limit on requests in flight that follows the service's latency.
 //!
-//! (Skeleton: the algorithms land in the next commit.)
+//! **Measured**: each request's latency from admission to the end of its response body (the
+//! gate's `finish`), in intervals of at least [`DEFAULT_INTERVAL`] and three typical latencies.
+//! An interval's latency is the **geometric mean** of its samples: slow clients holding their slot
+//! for seconds move it a little, a queue (which delays every request) moves it in full.
+//!
+//! **Baseline** (the unloaded latency): the lowest smoothed interval latency. It moves down at
+//! once, and **up only on evidence** that the latency is not a queue's: after the limit was cut to
+//! 60 % or less of an episode's reference (or to the minimum), the latency did not fall with it
+//! (above the geometric middle of "fell in proportion" and "did not fall"). Samples of requests
+//! admitted before a cut drained are counted apart (stale): they wait behind the old queue, and
+//! judging the cut by them read a queue as a slow dependency (the limit drifted in `capacity_drop`).
+//!
+//! **Gradient, not Vegas**: Vegas's queue estimate `limit × (1 − rtt_min / rtt)` needs a true
+//! minimum RTT; a stale one makes every later sample look queued and sticks it at the minimum
+//! (go-concurrency-limits #117). The gradient is scale-free (`latency / baseline`), and its
+//! baseline has an explicit rule to move. The cut goes to where the latency is back within the
+//! tolerance (`limit × tolerance / ratio`, at most half), from the peak in flight if lower.
+//!
+//! **Failure modes avoided**:
+//! * upward drift under a steady queue (Netflix concurrency-limits PR #134: Gradient2's long-term
+//!   average follows the queue): no average follows a latency up; a queue's latency stays above
+//!   the baseline and keeps the limit cut (`latency_rises_with_concurrency`, test
+//!   `gradient_shrinks_under_a_queue_without_drifting_up`);
+//! * stuck at the minimum (#117): at the minimum a latency that stays high becomes the baseline,
+//!   and a latency within the tolerance grows the limit by at least 1 an interval (`sqrt(limit)`
+//!   for the gradient);
+//! * pinning spikes (Envoy #8337): nothing forces the concurrency down to measure the baseline;
+//! * an idle service inflating its limit: growth only in an interval whose peak in flight reached
+//!   [`USED`] of the limit; a latency above the tolerance with the limit not reached cuts nothing
+//!   either (it shed on noise in `steady_under_capacity`).
+//!
+//! **Defaults, from the simulator** (`tests/overload`, `benchmarks/overload-sim.md`):
+//! `tolerance` 1.5 (1.8 raised `latency_rises_with_concurrency`'s p99 from 1.36 to 1.56 × the
+//! unloaded one for no goodput; 1.3 cut on noise, 62 % goodput in `slow_clients`); `interval`
+//! 50 ms (100 ms: 90 % goodput in `latency_rises_with_concurrency`, 25 ms: fewer samples, 60 % in
+//! `slow_clients`); `backoff` 0.9, Netflix's AIMD default, not tuned (AIMD is the comparison).
+//!
+//! **Concurrency**: `record` loads the interval's end and last cut, does one `fetch_add` on a word
+//! packing the interval's sample count and sum of log-latencies and one on its sum of latencies
+//! (for [`AdaptiveLimit::latency`]), a `fetch_max` only on a new peak in flight and a `fetch_add`
+//! only for a dropped or stale request. Whoever crosses the interval's end closes it under a
+//! `Mutex::try_lock`, swapping the accumulators out: a sample added after the swap counts in the
+//! next interval; none is lost. `current` is one relaxed load.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Which algorithm adapts the limit.
@@ -17,6 +60,14 @@ pub enum LimitAlgorithm {
     Gradient,
 }
 
+// The defaults of `LimitSettings`' knobs (the module doc says which scenario set which).
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(50);
+pub(crate) const DEFAULT_TOLERANCE: f64 = 1.5;
+pub(crate) const DEFAULT_BACKOFF: f64 = 0.9;
+/// An interval whose peak in flight reached this fraction of the limit used it: only such an
+/// interval grows the limit.
+pub(crate) const USED: f64 = 0.8;
+
 /// What adapts the limit, validated by [`Overload`](super::Overload)'s build.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct LimitSettings {
@@ -24,20 +75,114 @@ pub(crate) struct LimitSettings {
     pub(crate) min: u32,
     pub(crate) max: u32,
     pub(crate) initial: u32,
+    /// The shortest sampling interval.
+    pub(crate) interval: Duration,
+    /// The latency ratio to the baseline above which the limit is cut.
+    pub(crate) tolerance: f64,
+    /// AIMD's cut: the limit's new fraction.
+    pub(crate) backoff: f64,
+}
+
+/// Fractional bits of a log2 latency in the accumulator.
+const LOG_SCALE: f64 = 256.0;
+/// The accumulator's low bits: the sum of log2 latencies (at most 64 × 256 = 2^14 a sample).
+const SUM_BITS: u32 = 44;
+const SUM_MASK: u64 = (1 << SUM_BITS) - 1;
+/// An interval is closed early past this many samples, far below the 20 bits of its count.
+const MAX_SAMPLES: u64 = 1 << 18;
+/// An interval with fewer samples is extended (too noisy to act on), unless requests dropped.
+const MIN_SAMPLES: u64 = 10;
+/// One latency in the linear sum is capped here (about 68 s): 2^18 samples cannot overflow it.
+const MAX_LATENCY: u64 = 1 << 36;
+/// The weight of an interval in the smoothed latency the baseline is taken from.
+const SMOOTHING: f64 = 0.25;
+/// A congested episode whose limit fell to this fraction without the latency falling with it
+/// shows a latency that is not a queue's.
+const INSENSITIVE_CUT: f64 = 0.6;
+
+/// What only the closer of an interval touches.
+#[derive(Debug)]
+struct State {
+    /// The limit, unrounded (additive growth of less than 1 accumulates).
+    limit: f64,
+    /// The smoothed log2 latency of the last intervals.
+    smoothed: Option<f64>,
+    /// The log2 unloaded latency.
+    baseline: Option<f64>,
+    /// Samples counted in closed intervals (the no-lost-sample test's tally).
+    counted: u64,
+    /// In a congested episode (intervals above the tolerance, one after the other).
+    congested: bool,
+    /// The episode's reference: concurrency and latency ratio of its second interval (the first
+    /// measured a queue still building, below what its concurrency holds).
+    episode: Option<(f64, f64)>,
 }
 
 /// A limit on requests in flight, adapted to the latency of the requests that end.
 #[derive(Debug)]
 pub struct AdaptiveLimit {
     limit: AtomicU32,
+    /// The interval's sample count (high bits) and sum of log2 latencies × 256 (low bits).
+    samples: AtomicU64,
+    /// The interval's sum of latencies (nanoseconds, each capped).
+    total: AtomicU64,
+    /// The interval's peak in flight.
+    peak: AtomicU32,
+    drops: AtomicU32,
+    /// Samples of requests admitted before the last cut took effect, counted apart: they
+    /// measured the concurrency before it, and judging the cut by them reads the old queue as
+    /// the new one.
+    stale: AtomicU64,
+    /// A request admitted before this is stale: `u64::MAX` from a cut until the requests in
+    /// flight fell to the new limit (those admitted meanwhile wait behind the old queue), then
+    /// that time.
+    cut_at: AtomicU64,
+    /// When the interval began and ends (the clock of `record`).
+    start: AtomicU64,
+    end: AtomicU64,
+    /// The last interval's mean latency, nanoseconds.
+    mean: AtomicU64,
+    state: Mutex<State>,
     settings: LimitSettings,
+}
+
+fn log2_fixed(latency: u64) -> u64 {
+    ((latency.max(1) as f64).log2() * LOG_SCALE) as u64
 }
 
 impl AdaptiveLimit {
     pub(crate) fn new(settings: &LimitSettings) -> Self {
+        // Unvalidated settings must not panic (clamp does with min > max): bounds made sane.
+        let mut settings = settings.clone();
+        settings.min = settings.min.max(1);
+        settings.max = settings.max.max(settings.min);
+        settings.initial = settings.initial.clamp(settings.min, settings.max);
+        if !(settings.tolerance.is_finite() && settings.tolerance > 1.0) {
+            settings.tolerance = DEFAULT_TOLERANCE;
+        }
+        if !(settings.backoff.is_finite() && settings.backoff > 0.0 && settings.backoff < 1.0) {
+            settings.backoff = DEFAULT_BACKOFF;
+        }
         AdaptiveLimit {
             limit: AtomicU32::new(settings.initial),
-            settings: settings.clone(),
+            samples: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            peak: AtomicU32::new(0),
+            drops: AtomicU32::new(0),
+            stale: AtomicU64::new(0),
+            cut_at: AtomicU64::new(0),
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            mean: AtomicU64::new(0),
+            state: Mutex::new(State {
+                limit: f64::from(settings.initial),
+                smoothed: None,
+                baseline: None,
+                counted: 0,
+                congested: false,
+                episode: None,
+            }),
+            settings,
         }
     }
 
@@ -56,12 +201,299 @@ impl AdaptiveLimit {
         dropped: bool,
         in_flight: u32,
     ) -> Option<u32> {
-        let _ = (now_nanos, latency_nanos, dropped, in_flight, &self.settings);
-        None
+        let end = self.end.load(Ordering::Relaxed);
+        // A clock gone back before the interval began resynchronizes instead of stalling.
+        let resync = now_nanos < self.start.load(Ordering::Relaxed);
+        let cut_at = self.cut_at.load(Ordering::Relaxed);
+        if cut_at == u64::MAX && in_flight <= self.current() {
+            self.cut_at.store(now_nanos, Ordering::Relaxed);
+        }
+        if now_nanos.saturating_sub(latency_nanos) < cut_at {
+            self.stale.fetch_add(1, Ordering::Relaxed);
+            if !resync {
+                return None;
+            }
+            let mut state = self.state.try_lock().ok()?;
+            return self.close(&mut state, now_nanos);
+        }
+        let before = self.samples.fetch_add(
+            (1 << SUM_BITS) + log2_fixed(latency_nanos),
+            Ordering::Relaxed,
+        );
+        self.total
+            .fetch_add(latency_nanos.min(MAX_LATENCY), Ordering::Relaxed);
+        if in_flight > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(in_flight, Ordering::Relaxed);
+        }
+        if dropped {
+            self.drops.fetch_add(1, Ordering::Relaxed);
+        }
+        let due = now_nanos >= end || resync || (before >> SUM_BITS) + 1 >= MAX_SAMPLES;
+        if !due {
+            return None;
+        }
+        let mut state = self.state.try_lock().ok()?;
+        self.close(&mut state, now_nanos)
+    }
+
+    /// Closes the interval (its closer holds the state): the limit adapted to its samples.
+    fn close(&self, state: &mut State, now: u64) -> Option<u32> {
+        let interval = self.settings.interval.as_nanos() as u64;
+        let word = self.samples.load(Ordering::Relaxed);
+        let count = word >> SUM_BITS;
+        let end = self.end.load(Ordering::Relaxed);
+        let resync = now < self.start.load(Ordering::Relaxed);
+        let early = count >= MAX_SAMPLES;
+        if !(now >= end || resync || early) {
+            return None; // Another thread closed it meanwhile.
+        }
+        let drops = self.drops.load(Ordering::Relaxed);
+        if resync {
+            self.cut_at.store(0, Ordering::Relaxed);
+        }
+        if count < MIN_SAMPLES && drops == 0 {
+            if resync {
+                self.start.store(now, Ordering::Relaxed);
+                self.end
+                    .store(now.saturating_add(interval), Ordering::Relaxed);
+            }
+            return None; // Too few samples yet: the interval goes on.
+        }
+        let word = self.samples.swap(0, Ordering::Relaxed);
+        let total = self.total.swap(0, Ordering::Relaxed);
+        let peak = self.peak.swap(0, Ordering::Relaxed);
+        let drops = self.drops.swap(0, Ordering::Relaxed);
+        state.counted += word >> SUM_BITS;
+        let count = (word >> SUM_BITS).max(1);
+        let log = (word & SUM_MASK) as f64 / LOG_SCALE / count as f64;
+        self.mean.store(total / count, Ordering::Relaxed);
+        // The next interval spans at least three typical latencies.
+        let typical = log.exp2().min(1e12) as u64;
+        let span = interval.max(typical.saturating_mul(3));
+        self.start.store(now, Ordering::Relaxed);
+        self.end.store(now.saturating_add(span), Ordering::Relaxed);
+
+        let limit = self.adapt(state, log, peak, drops > 0);
+        if limit < self.limit.swap(limit, Ordering::Relaxed) {
+            self.cut_at.store(u64::MAX, Ordering::Relaxed);
+        }
+        Some(limit)
+    }
+
+    /// The new limit after an interval of log2 latency `log`, peak in flight `peak`.
+    fn adapt(&self, state: &mut State, log: f64, peak: u32, dropped: bool) -> u32 {
+        let s = &self.settings;
+        let smoothed = state
+            .smoothed
+            .map_or(log, |prev| prev + SMOOTHING * (log - prev));
+        state.smoothed = Some(smoothed);
+        let baseline = state.baseline.map_or(smoothed, |b| b.min(smoothed));
+        state.baseline = Some(baseline);
+        let ratio = (log - baseline).exp2();
+        let (min, max) = (f64::from(s.min), f64::from(s.max));
+        let mut limit = state.limit.clamp(min, max);
+        let used = f64::from(peak) >= USED * limit;
+        // A latency above the tolerance while the limit is not reached is not the limit's to
+        // fix (yet): cutting then sheds on noise (`steady_under_capacity`).
+        let congested =
+            (ratio > s.tolerance && used) || (dropped && s.algorithm == LimitAlgorithm::Aimd);
+
+        if congested {
+            // What these samples were admitted under (a stale one is counted apart).
+            let under = limit.min(f64::from(peak)).max(min);
+            match state.episode {
+                None if state.congested => state.episode = Some((under, ratio)),
+                None => state.congested = true,
+                // A queue's delay falls with the concurrency (in proportion, above the
+                // workers): a latency above the geometric middle of "fell in proportion" and
+                // "did not fall" after a real cut is not ours. It becomes the baseline, uncut.
+                Some((start, start_ratio)) => {
+                    let cut = under / start;
+                    if (cut <= INSENSITIVE_CUT || under <= min) && ratio >= start_ratio * cut.sqrt()
+                    {
+                        state.baseline = Some(log);
+                        state.smoothed = Some(log);
+                        state.episode = None;
+                        state.congested = false;
+                        state.limit = limit;
+                        return limit as u32;
+                    }
+                }
+            }
+            limit = match s.algorithm {
+                LimitAlgorithm::Aimd => limit * s.backoff,
+                // Cut to where the latency is back within the tolerance, at most by half an
+                // interval, from what was actually in flight (a cut above it changes nothing).
+                // A cut to the baseline (1 / ratio) overshoots where part of the latency is
+                // not a queue's: `slow_clients` lost a fifth more goodput with it.
+                LimitAlgorithm::Gradient => under * (s.tolerance / ratio).max(0.5),
+            }
+            .max(min);
+        } else {
+            state.episode = None;
+            state.congested = false;
+            if used {
+                limit += match s.algorithm {
+                    LimitAlgorithm::Aimd => 1.0,
+                    LimitAlgorithm::Gradient => limit.sqrt().max(1.0),
+                };
+            }
+        }
+        state.limit = limit.clamp(min, max);
+        state.limit as u32
     }
 
     /// The recent latency of a request, for a refusal's `Retry-After`.
     pub fn latency(&self) -> Duration {
-        Duration::ZERO
+        Duration::from_nanos(self.mean.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::overload::{Gate, Overload};
+    use std::sync::Arc;
+
+    const MS: u64 = 1_000_000;
+
+    fn limit(overload: Overload, min: u32, max: u32, initial: u32) -> AdaptiveLimit {
+        AdaptiveLimit::new(&overload.limits(min, max).initial_limit(initial).settings())
+    }
+
+    /// `n` intervals of 20 samples (virtual time `t`) of the latency `latency` gives at the
+    /// concurrency in flight (`busy` of the limit).
+    fn drive(l: &AdaptiveLimit, t: &mut u64, n: u32, busy: f64, latency: impl Fn(u32) -> u64) {
+        for _ in 0..n * 20 {
+            let in_flight = ((f64::from(l.current()) * busy) as u32).max(1);
+            let lat = latency(in_flight);
+            *t += 4 * MS.max(lat / 6);
+            l.record(*t, lat, false, in_flight);
+        }
+    }
+
+    #[test]
+    fn bounds_hold_and_nothing_panics_on_any_input() {
+        for overload in [Overload::aimd(), Overload::gradient()] {
+            let l = limit(overload, 3, 50, 10);
+            let mut x = 1u64;
+            for i in 0..20_000u64 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let now = if i % 7 == 0 { x >> 40 } else { x }; // backwards, too
+                let latency = [0, 1, u64::MAX, x >> 20][(x >> 60) as usize % 4];
+                l.record(now, latency, x & 1 == 0, (x >> 32) as u32);
+                assert!((3..=50).contains(&l.current()), "{}", l.current());
+            }
+        }
+        // Unvalidated bounds are made sane, not a panic.
+        assert_eq!(limit(Overload::gradient(), 0, 0, 9).current(), 1);
+    }
+
+    #[test]
+    fn aimd_grows_when_used_not_when_idle_and_backs_off_on_drops_and_slowness() {
+        let (l, mut t) = (limit(Overload::aimd(), 4, 200, 20), 0);
+        drive(&l, &mut t, 10, 0.1, |_| 10 * MS);
+        assert_eq!(l.current(), 20, "idle: no growth");
+        drive(&l, &mut t, 10, 1.0, |_| 10 * MS);
+        let grown = l.current();
+        assert!(grown >= 27, "{grown}");
+        for _ in 0..60 {
+            t += 4 * MS;
+            l.record(t, 10 * MS, true, l.current());
+        }
+        assert!(l.current() < grown, "drops back off");
+        let before = l.current();
+        drive(&l, &mut t, 3, 1.0, |_| 40 * MS);
+        assert!(l.current() < before, "slowness backs off");
+    }
+
+    #[test]
+    fn gradient_shrinks_under_a_queue_without_drifting_up() {
+        // 20 workers: above 20 in flight, latency grows in proportion (a queue).
+        let queue = |n: u32| 10 * MS * u64::from(n.max(20)) / 20;
+        let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 100), 0);
+        drive(&l, &mut t, 5, 0.1, |_| 10 * MS);
+        drive(&l, &mut t, 40, 1.0, queue);
+        assert!(l.current() <= 40, "shrank to the workers: {}", l.current());
+        let mut highest = 0;
+        for _ in 0..300 {
+            drive(&l, &mut t, 1, 1.0, queue);
+            highest = highest.max(l.current());
+        }
+        assert!(
+            (10..=40).contains(&highest),
+            "no drift under a steady queue: {highest}"
+        );
+    }
+
+    #[test]
+    fn gradient_recovers_from_the_minimum_and_follows_a_latency_step() {
+        let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 40), 0);
+        drive(&l, &mut t, 5, 1.0, |_| 10 * MS);
+        // A slow dependency: 5x, whatever the concurrency. Not stuck at the minimum.
+        drive(&l, &mut t, 60, 1.0, |_| 50 * MS);
+        assert!(
+            l.current() >= 20,
+            "the step became the baseline: {}",
+            l.current()
+        );
+        // Overload to the minimum, then the latency back to the baseline: at least +1 each.
+        drive(&l, &mut t, 30, 1.0, |n| 50 * MS * u64::from(n.max(4)) / 4);
+        drive(&l, &mut t, 20, 1.0, |_| 10 * MS);
+        assert!(l.current() >= 24, "recovered: {}", l.current());
+    }
+
+    #[test]
+    fn no_sample_is_lost_under_16_threads() {
+        let l = Arc::new(limit(Overload::gradient(), 1, 1_000, 100));
+        let clock = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|scope| {
+            for i in 0..16u64 {
+                let (l, clock) = (l.clone(), clock.clone());
+                scope.spawn(move || {
+                    for j in 0..5_000u64 {
+                        let now = clock.fetch_add(100_000, Ordering::Relaxed);
+                        l.record(now, MS * (1 + (i + j) % 30), j % 97 == 0, 50);
+                    }
+                });
+            }
+        });
+        let counted = l.state.lock().map_or(0, |s| s.counted);
+        let pending = l.samples.load(Ordering::Relaxed) >> SUM_BITS;
+        let stale = l.stale.load(Ordering::Relaxed);
+        assert_eq!(counted + pending + stale, 16 * 5_000);
+    }
+
+    #[test]
+    fn partitions_never_exceed_the_global_limit_under_16_threads() {
+        let overload = Overload::aimd()
+            .limits(8, 8)
+            .partition("paid", 0.8)
+            .partition("free", 0.2);
+        let gate = Arc::new(Gate::new(&overload));
+        let (clock, inside, highest) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
+        std::thread::scope(|scope| {
+            for i in 0..16usize {
+                let gate = gate.clone();
+                let (clock, inside, highest) = (&clock, &inside, &highest);
+                scope.spawn(move || {
+                    for _ in 0..20_000 {
+                        let now = clock.fetch_add(1_000, Ordering::Relaxed);
+                        if gate.try_admit(i % 2, now) {
+                            let n = inside.fetch_add(1, Ordering::AcqRel) + 1;
+                            highest.fetch_max(n.max(gate.in_flight()), Ordering::AcqRel);
+                            inside.fetch_sub(1, Ordering::AcqRel);
+                            gate.finish(i % 2, now, clock.load(Ordering::Relaxed), false);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(
+            highest.load(Ordering::Relaxed) <= 8,
+            "{}",
+            highest.load(Ordering::Relaxed)
+        );
+        assert_eq!(gate.in_flight(), 0);
     }
 }

@@ -1,0 +1,187 @@
+//! The named scenarios. One server throughout: 16 workers, a mean service of 20 ms, so a
+//! capacity of 800 requests a second (`C` below), unless a phase says otherwise.
+
+use crate::sim::{MS, SECOND};
+
+/// A stretch of a scenario, from `from` to the next phase's start.
+pub struct Phase {
+    pub from: u64,
+    /// Arrivals a second (Poisson).
+    pub rate: f64,
+    pub workers: u32,
+    /// The factor on service times (a slower dependency that keeps the worker busy).
+    pub scale: f64,
+    /// A wait after the worker that holds the request's slot but no worker (an asynchronous
+    /// call to a dependency).
+    pub hold: u64,
+}
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub seed: u64,
+    pub duration: u64,
+    /// The mean service time on a worker.
+    pub service: u64,
+    pub phases: Vec<Phase>,
+    /// Processor sharing past this many busy workers: service times grow with concurrency.
+    pub knee: Option<u32>,
+    /// The share of requests from slow clients, which hold their slot `slow_hold` after the
+    /// worker is done.
+    pub slow_share: f64,
+    pub slow_hold: u64,
+    /// When the service is overloaded: the limit must not drift up in it nor stick after it.
+    pub overload: Option<(u64, u64)>,
+    /// Why this scenario's goodput falls short of 90 % with the defaults, reported, not hidden:
+    /// the report shows the shortfall and the test fails if it grows past the floor given.
+    pub known_shortfall: Option<(f64, &'static str)>,
+}
+
+const WORKERS: u32 = 16;
+const SERVICE: u64 = 20 * MS;
+/// The capacity: WORKERS / SERVICE, requests a second.
+const C: f64 = 800.0;
+
+fn phase(from_s: f64, load: f64) -> Phase {
+    Phase {
+        from: (from_s * SECOND as f64) as u64,
+        rate: load * C,
+        workers: WORKERS,
+        scale: 1.0,
+        hold: 0,
+    }
+}
+
+fn scenario(name: &'static str, what: &'static str, seed: u64, phases: Vec<Phase>) -> Scenario {
+    Scenario {
+        name,
+        what,
+        seed,
+        duration: 20 * SECOND,
+        service: SERVICE,
+        phases,
+        knee: None,
+        slow_share: 0.0,
+        slow_hold: 0,
+        overload: None,
+        known_shortfall: None,
+    }
+}
+
+impl Scenario {
+    pub fn phase(&self, now: u64) -> &Phase {
+        self.phases
+            .iter()
+            .rev()
+            .find(|p| p.from <= now)
+            .unwrap_or(&self.phases[0])
+    }
+
+    /// Requests a second the server completes, fully used, in `phase`.
+    pub fn capacity(&self, phase: &Phase) -> f64 {
+        let working = self.knee.map_or(phase.workers, |k| k.min(phase.workers));
+        f64::from(working) * SECOND as f64 / (self.service as f64 * phase.scale)
+    }
+
+    /// Requests that could have completed: the lesser of arrivals and capacity, phase by phase.
+    pub fn achievable(&self) -> f64 {
+        let mut total = 0.0;
+        for (i, p) in self.phases.iter().enumerate() {
+            let to = self.phases.get(i + 1).map_or(self.duration, |n| n.from);
+            total += p.rate.min(self.capacity(p)) * (to - p.from) as f64 / SECOND as f64;
+        }
+        total
+    }
+
+    /// The concurrency that uses the whole service in `phase` (workers, or the knee).
+    pub fn ideal(&self, phase: &Phase) -> u32 {
+        self.knee.map_or(phase.workers, |k| k.min(phase.workers))
+    }
+}
+
+pub fn all() -> Vec<Scenario> {
+    let mut v = Vec::new();
+    v.push(scenario(
+        "steady_under_capacity",
+        "0.7 C throughout: the unloaded reference",
+        1,
+        vec![phase(0.0, 0.7)],
+    ));
+    let mut s = scenario(
+        "latency_rises_with_concurrency",
+        "1.5 C on 400 workers that share 16 workers' worth of CPU (processor sharing past 16 busy)",
+        2,
+        vec![Phase {
+            workers: 400,
+            ..phase(0.0, 1.5)
+        }],
+    );
+    s.knee = Some(WORKERS);
+    s.overload = Some((2 * SECOND, 20 * SECOND));
+    v.push(s);
+    v.push(scenario(
+        "latency_step",
+        "0.7 C; from 7 s a dependency adds 40 ms to every request (async: holds the slot, not a worker)",
+        3,
+        vec![
+            phase(0.0, 0.7),
+            Phase {
+                hold: 40 * MS,
+                ..phase(7.0, 0.7)
+            },
+        ],
+    ));
+    let mut s = scenario(
+        "capacity_drop",
+        "0.7 C; from 6 s to 13 s the server has 5 workers of 16 (a third), then 16 again",
+        4,
+        vec![
+            phase(0.0, 0.7),
+            Phase {
+                workers: 5,
+                ..phase(6.0, 0.7)
+            },
+            phase(13.0, 0.7),
+        ],
+    );
+    s.overload = Some((6 * SECOND, 13 * SECOND));
+    v.push(s);
+    let mut bursts = Vec::new();
+    for i in 0..5 {
+        let at = 2.0 + 4.0 * f64::from(i);
+        bursts.push(phase(at - 2.0, 0.5));
+        bursts.push(phase(at, 3.0));
+        bursts.push(phase(at + 0.5, 0.5));
+    }
+    bursts.dedup_by(|b, a| a.from == b.from);
+    v.push(scenario(
+        "bursts",
+        "0.5 C with a burst of 3 C for 0.5 s every 4 s",
+        5,
+        bursts,
+    ));
+    let mut s = scenario(
+        "slow_clients",
+        "1.2 C; 5 % of requests hold their slot 1 s after the worker (slow body readers)",
+        6,
+        vec![phase(0.0, 1.2)],
+    );
+    s.slow_share = 0.05;
+    s.slow_hold = SECOND;
+    s.known_shortfall = Some((
+        0.85,
+        "the baseline is learned in the first second, before any slow client ends (they take \
+         1 s), so the mix reads as a 1.2–1.4× latency: the limit saw-tooths below the ~60 slots \
+         the mix needs",
+    ));
+    v.push(s);
+    let mut s = scenario(
+        "recovery_after_overload",
+        "0.7 C, then 2.5 C from 6 s to 12 s, then 0.7 C again",
+        7,
+        vec![phase(0.0, 0.7), phase(6.0, 2.5), phase(12.0, 0.7)],
+    );
+    s.overload = Some((6 * SECOND, 12 * SECOND));
+    v.push(s);
+    v
+}
