@@ -67,5 +67,6 @@ pages! {
     #[cfg(feature = "memory")] observability = "observability.md";
     #[cfg(feature = "memory")] observability_admin = "observability_admin.md";
     #[cfg(feature = "memory")] performance = "performance.md";
+    #[cfg(feature = "config")] overload = "overload.md";
     #[cfg(all(feature = "memory", feature = "axum", feature = "redis"))] migrating = "migrating.md";
 }

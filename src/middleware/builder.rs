@@ -354,8 +354,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     {
         let mut settings = self.settings;
         if let Some(overload) = &self.overload {
-            overload.validate()?;
-            settings.overload = Some(Arc::new(Gate::new(overload)));
+            settings.overload = Some(Arc::new(Gate::new(overload)?));
         }
         if settings.redact_keys {
             // One secret for the layer's life: the pseudonyms stay the same across reloads, and

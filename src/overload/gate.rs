@@ -13,6 +13,7 @@ use http::StatusCode;
 use super::limit::AdaptiveLimit;
 use super::options::{drain_time, Overload, PartitionBy};
 use crate::clock::{Clock, SystemClock};
+use crate::error::BuildError;
 
 /// A partition idle this long no longer has its share kept for it.
 const ACTIVE_FOR: u64 = 1_000_000_000;
@@ -39,6 +40,19 @@ struct Partition {
 /// The layer keeps one and counts every request through it; outside a layer (a queue consumer,
 /// a simulation) call [`try_admit`](Self::try_admit) and [`finish`](Self::finish) with a clock
 /// of your own.
+///
+/// ```
+/// use tower_throttle::overload::{Gate, Overload};
+///
+/// let gate = Gate::new(&Overload::aimd().limits(2, 2)).unwrap(); // a fixed limit of 2
+/// let ms = 1_000_000; // nanoseconds
+/// assert!(gate.try_admit(0, 0));
+/// assert!(gate.try_admit(0, ms));
+/// assert!(!gate.try_admit(0, 2 * ms)); // the third is shed
+/// gate.finish(0, 0, 5 * ms, false); // the first ends after 5 ms
+/// assert!(gate.try_admit(0, 5 * ms));
+/// assert_eq!((gate.in_flight(), gate.shed_of(0)), (2, 1));
+/// ```
 #[derive(Debug)]
 pub struct Gate {
     limit: AdaptiveLimit,
@@ -71,8 +85,9 @@ fn total_of(word: u64, partitions: usize) -> u32 {
 }
 
 impl Gate {
-    /// A gate with the options of `overload` (validated: [`Overload::validate`]).
-    pub fn new(overload: &Overload) -> Self {
+    /// A gate with the options of `overload`, or the error of [`Overload::validate`].
+    pub fn new(overload: &Overload) -> Result<Self, BuildError> {
+        overload.validate()?;
         let mut named = overload.partitions.clone();
         if named.is_empty() {
             named.push(("all".into(), 1.0));
@@ -99,7 +114,7 @@ impl Gate {
         );
         #[cfg(feature = "metrics")]
         gauges.0.set(f64::from(limit.current()));
-        Gate {
+        Ok(Gate {
             limit,
             in_flight: AtomicU64::new(0),
             partitions,
@@ -109,7 +124,7 @@ impl Gate {
             clock: SystemClock::new(),
             #[cfg(feature = "metrics")]
             gauges,
-        }
+        })
     }
 
     /// The partition named `name` (a policy's or a tier's, as the options say); the last one
@@ -255,10 +270,15 @@ impl Gate {
     /// before.
     pub(crate) fn release(&self, partition: usize) -> u32 {
         let partition = partition.min(self.partitions.len() - 1);
+        let one = 1 << (16 * partition);
+        // Never below 0: a `finish` without its `try_admit` (a caller's mistake) would borrow
+        // from the next partition's count.
         let before = self
             .in_flight
-            .fetch_sub(1 << (16 * partition), Ordering::AcqRel);
-        total_of(before, self.partitions.len())
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |word| {
+                (count_of(word, partition) > 0).then(|| word - one)
+            });
+        total_of(before.unwrap_or_else(|word| word), self.partitions.len())
     }
 
     /// Whether the service is under pressure at `now`: a request was shed within the last

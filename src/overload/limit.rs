@@ -470,7 +470,7 @@ mod tests {
             .limits(8, 8)
             .partition("paid", 0.8)
             .partition("free", 0.2);
-        let gate = Arc::new(Gate::new(&overload));
+        let gate = Arc::new(Gate::new(&overload).unwrap());
         let (clock, inside, highest) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
         std::thread::scope(|scope| {
             for i in 0..16usize {

@@ -90,3 +90,17 @@ fn the_guide_metered_route_is_valid() {
     assert_eq!(policies[0].limits()[0].name(), "t.tokens");
     assert_eq!(policies[0].limits()[0].max_debt(), 5);
 }
+
+/// The overload page's configuration builds as written: the gate, its partitions by tier, and a
+/// route enforced under pressure only.
+#[test]
+fn the_guide_overload_configuration_is_valid() {
+    let page = include_str!("../../src/guide/overload.md");
+    let toml = toml_block(page, "## Configuration");
+    let config = Config::from_toml(toml).unwrap();
+    let layer = config.memory_layer().unwrap();
+    let gate = layer.overload().unwrap();
+    assert_eq!(gate.partitions().collect::<Vec<_>>(), ["paid", "default"]);
+    assert_eq!(gate.limit(), 40); // ten times min_limit
+    assert!(layer.policies()[1].route() == Some("/search"));
+}

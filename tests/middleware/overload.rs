@@ -377,3 +377,20 @@ fn shed_requests_are_counted_by_partition_apart_from_limited_ones() {
     );
     assert_eq!(count("throttle_overload_limit"), 1.0, "{page}");
 }
+
+#[test]
+fn a_finish_without_its_admission_takes_nothing_from_another_partition() {
+    use tower_throttle::overload::Gate;
+    let overload = fixed(10).partition("a", 0.5).partition("b", 0.5);
+    let gate = Gate::new(&overload).unwrap();
+    assert!(gate.try_admit(1, 0));
+    // Partition 0 has nothing in flight: ending one there is a caller's mistake, not a borrow
+    // from partition 1's count.
+    gate.finish(0, 0, 1, false);
+    assert_eq!((gate.in_flight_of(0), gate.in_flight_of(1)), (0, 1));
+    gate.finish(1, 0, 1, false);
+    assert_eq!(gate.in_flight(), 0);
+    // Unvalidated options are an error, not a panic.
+    let five = (0..5).fold(Overload::aimd(), |o, i| o.partition(format!("p{i}"), 0.1));
+    assert!(Gate::new(&five).is_err());
+}

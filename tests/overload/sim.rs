@@ -115,8 +115,12 @@ pub fn gate_of(protection: &Protection) -> Option<Gate> {
     };
     match protection {
         Protection::None => None,
-        Protection::Static(n) => Some(Gate::new(&with_partitions(Overload::aimd().limits(*n, *n)))),
-        Protection::Adaptive(_, overload) => Some(Gate::new(&with_partitions(overload.clone()))),
+        Protection::Static(n) => {
+            Some(Gate::new(&with_partitions(Overload::aimd().limits(*n, *n))).unwrap())
+        }
+        Protection::Adaptive(_, overload) => {
+            Some(Gate::new(&with_partitions(overload.clone())).unwrap())
+        }
     }
 }
 
