@@ -9,7 +9,9 @@
 //! cargo run --example server -- --config my.toml --admin 127.0.0.1:3001   # peek, reset, reload, health
 //! ```
 //!
-//! Every configured route answers 200 to any method with a body naming the route (or, with
+//! Every configured route answers 200 to any method with a body naming the route, after
+//! `?sleep_ms=N` or holding one of 16 workers for `?work_ms=N` (a service of bounded capacity, to
+//! try `[overload]` on) (or, with
 //! `?stream_tokens=N&interval_ms=D`, N server-sent tokens reported on a metered route's meter:
 //! `server/stream.rs`); `/metrics` serves
 //! the limiter's counters in the Prometheus text format; other paths 404. With `--admin ADDR`, a
@@ -349,9 +351,22 @@ fn check_routes(config: &Config, source: &Source) -> Result<(), String> {
     Ok(())
 }
 
+/// The workers `?work_ms=N` holds one of: a service of bounded capacity (`WORKERS` / N ms
+/// requests a second), whose latency rises once more arrive, to try the `[overload]` gate on.
+const WORKERS: usize = 16;
+static WORK: std::sync::LazyLock<tokio::sync::Semaphore> =
+    std::sync::LazyLock::new(|| tokio::sync::Semaphore::new(WORKERS));
+
+/// The number `name=N` of a query, if it has one.
+fn query_number(query: Option<&str>, name: &str) -> Option<u64> {
+    let value = query?.split('&').find_map(|p| p.strip_prefix(name)?.strip_prefix('='))?;
+    value.parse().ok()
+}
+
 /// A route's answer: its name, what the limiter decided (dry-run and delay modes show here), after
-/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`); or,
-/// with `?stream_tokens=N&interval_ms=D`, N server-sent tokens on the meter (`server/stream.rs`).
+/// holding the request for `?sleep_ms=N` (at most 10 s; to try `algorithm = "concurrency"`), or
+/// one of 16 workers for `?work_ms=N` (at most 10 s; to try `[overload]`); or, with
+/// `?stream_tokens=N&interval_ms=D`, N server-sent tokens on the meter (`server/stream.rs`).
 async fn answer(
     mut body: String,
     decision: Option<Extension<PolicyDecision>>,
@@ -362,13 +377,16 @@ async fn answer(
     if let Some(stream) = stream::requested(query.as_deref(), meter.map(|Extension(m)| m)) {
         return stream;
     }
-    let sleep_ms = query
-        .as_deref()
-        .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("sleep_ms=")))
-        .and_then(|ms| ms.parse::<u64>().ok())
-        .map_or(0, |ms| ms.min(10_000));
+    let sleep_ms = query_number(query.as_deref(), "sleep_ms").map_or(0, |ms| ms.min(10_000));
     if sleep_ms > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(sleep_ms)).await;
+    }
+    if let Some(work_ms) = query_number(query.as_deref(), "work_ms") {
+        // The semaphore is never closed: `acquire` cannot fail.
+        if let Ok(_worker) = WORK.acquire().await {
+            let work = std::time::Duration::from_millis(work_ms.min(10_000));
+            tokio::time::sleep(work).await;
+        }
     }
     if let Some(Extension(d)) = decision {
         body.push_str(&format!(
