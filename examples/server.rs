@@ -359,7 +359,9 @@ static WORK: std::sync::LazyLock<tokio::sync::Semaphore> =
 
 /// The number `name=N` of a query, if it has one.
 fn query_number(query: Option<&str>, name: &str) -> Option<u64> {
-    let value = query?.split('&').find_map(|p| p.strip_prefix(name)?.strip_prefix('='))?;
+    let value = query?
+        .split('&')
+        .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))?;
     value.parse().ok()
 }
 

@@ -28,6 +28,7 @@ const VARIANTS: &[&str] = &[
     "throttle-mem-deny",
     "throttle-mem-pass-noheaders",
     "throttle-mem-count-only-pass",
+    "throttle-mem-overload-pass",
     "throttle-axumbody-pass",
     "throttle-axumbody-deny",
     "throttle-axumbody-pass-noheaders",
@@ -90,6 +91,17 @@ mod throttle {
         let layer = ThrottleLayer::builder()
             .policy(policy(pass))
             .ratelimit_headers(false)
+            .build()
+            .expect("valid layer");
+        hello().layer(layer)
+    }
+
+    /// [`memory`] behind an overload gate that never sheds (its limit far above the load): what
+    /// counting every request in flight costs.
+    pub fn memory_overload() -> Router {
+        let layer = ThrottleLayer::builder()
+            .policy(policy(true))
+            .overload(tower_throttle::overload::Overload::gradient().limits(10_000, 10_000))
             .build()
             .expect("valid layer");
         hello().layer(layer)
@@ -385,6 +397,7 @@ async fn app(variant: &str, redis_url: Option<&str>) -> Result<Router, String> {
         "bare" => hello(),
         "throttle-mem-pass" | "throttle-mem-deny" => throttle::memory(p),
         "throttle-mem-pass-noheaders" => throttle::memory_no_headers(true),
+        "throttle-mem-overload-pass" => throttle::memory_overload(),
         "throttle-mem-count-only-pass" => throttle::memory_count_only(),
         "throttle-axumbody-pass" | "throttle-axumbody-deny" => throttle::memory_axum_body(p, true),
         "throttle-axumbody-pass-noheaders" => throttle::memory_axum_body(true, false),

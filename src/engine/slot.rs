@@ -1,4 +1,5 @@
-//! [`ConcurrencySlot`]: a request's place under a concurrency limit, given back exactly once.
+//! [`ConcurrencySlot`]: a request's places — under a concurrency limit, in flight through the
+//! overload gate — each given back exactly once.
 //!
 //! A leaf of the middleware, like tower's `OwnedSemaphorePermit`: the response future holds the slot
 //! until the inner service answers, then the response body holds it until the body ends. It knows
@@ -23,44 +24,68 @@ pub(crate) enum SlotOwner {
 /// Gives a slot back to its owner; made by the service, which knows the policy, tier and key.
 pub(crate) type Release = Box<dyn FnOnce(SlotOwner) + Send + Sync>;
 
-/// A held concurrency slot; dropping it gives the slot back. However the request ends — a finished or
-/// failed body, a response dropped unread, a cancelled request, an error from the service — exactly one
-/// drop happens, so the slot is given back exactly once.
-pub(crate) struct ConcurrencySlot(Option<(Release, SlotOwner)>);
+/// What a request holds until its response ends.
+enum Held {
+    /// A concurrency limit's slot.
+    Slot(Release, SlotOwner),
+    /// Its count in flight through the overload gate.
+    Counted(InFlight),
+    /// Both (boxed: rare, and the others stay as small as a slot alone).
+    Both(Box<(Release, SlotOwner, InFlight)>),
+}
+
+/// A held concurrency slot or count in flight; dropping it gives them back. However the request
+/// ends — a finished or failed body, a response dropped unread, a cancelled request, an error from
+/// the service — exactly one drop happens, so each is given back exactly once.
+pub(crate) struct ConcurrencySlot(Option<Held>);
 
 impl ConcurrencySlot {
     pub(crate) fn new(release: Release, owner: SlotOwner) -> Self {
-        ConcurrencySlot(Some((release, owner)))
-    }
-}
-
-impl ConcurrencySlot {
-    /// A place that is not a slot: the request's count in flight through the overload gate, which
-    /// ends as a slot is given back.
-    pub(crate) fn ending(in_flight: InFlight) -> Self {
-        let release: Release = Box::new(move |_| drop(in_flight));
-        ConcurrencySlot::new(release, SlotOwner::Backend { lease: 0 })
+        ConcurrencySlot(Some(Held::Slot(release, owner)))
     }
 
-    /// This slot, whose giving back also ends the request's count in flight.
-    pub(crate) fn and_ending(mut self, in_flight: InFlight) -> Self {
-        match self.0.take() {
-            Some((release, owner)) => {
-                let both: Release = Box::new(move |owner| {
-                    release(owner);
-                    drop(in_flight);
-                });
-                ConcurrencySlot::new(both, owner)
+    /// The request's count in flight through the overload gate, ended as a slot is given back.
+    pub(crate) fn counting(in_flight: InFlight) -> Self {
+        ConcurrencySlot(Some(Held::Counted(in_flight)))
+    }
+
+    /// `slot` (if any), and the request's count in flight.
+    pub(crate) fn and_counting(slot: Option<Self>, in_flight: InFlight) -> Self {
+        match slot.and_then(|mut slot| slot.0.take()) {
+            Some(Held::Slot(release, owner)) => {
+                ConcurrencySlot(Some(Held::Both(Box::new((release, owner, in_flight)))))
             }
-            None => ConcurrencySlot::ending(in_flight),
+            // A request is counted once: another count is ended at once (never expected).
+            Some(held) => {
+                in_flight.forget();
+                ConcurrencySlot(Some(held))
+            }
+            None => ConcurrencySlot::counting(in_flight),
+        }
+    }
+
+    /// The request failed (the service's error, or its body's): its count in flight, if it has
+    /// one, ends as a dropped request.
+    pub(crate) fn failed(&mut self) {
+        match &mut self.0 {
+            Some(Held::Counted(in_flight)) => in_flight.failed(),
+            Some(Held::Both(both)) => both.2.failed(),
+            Some(Held::Slot(..)) | None => {}
         }
     }
 }
 
 impl Drop for ConcurrencySlot {
     fn drop(&mut self) {
-        if let Some((release, owner)) = self.0.take() {
-            release(owner);
+        match self.0.take() {
+            Some(Held::Slot(release, owner)) => release(owner),
+            Some(Held::Both(both)) => {
+                let (release, owner, in_flight) = *both;
+                release(owner);
+                drop(in_flight);
+            }
+            Some(Held::Counted(in_flight)) => drop(in_flight),
+            None => {}
         }
     }
 }

@@ -64,15 +64,12 @@ impl<B> ThrottleBody<B> {
         let content = match self.content {
             Content::Plain { body } => Content::Inner {
                 body,
-                slot: Some(ConcurrencySlot::ending(in_flight)),
+                slot: Some(ConcurrencySlot::counting(in_flight)),
                 meter: None,
             },
             Content::Inner { body, slot, meter } => Content::Inner {
                 body,
-                slot: Some(match slot {
-                    Some(slot) => slot.and_ending(in_flight),
-                    None => ConcurrencySlot::ending(in_flight),
-                }),
+                slot: Some(ConcurrencySlot::and_counting(slot, in_flight)),
                 meter,
             },
             Content::Full { data } => {
@@ -140,7 +137,10 @@ where
                 match &frame {
                     // The body is done (or failed): the request no longer holds its slot, and
                     // a metered one is settled.
-                    Poll::Ready(None | Some(Err(_))) => {
+                    Poll::Ready(ended @ (None | Some(Err(_)))) => {
+                        if let (Some(_), Some(slot)) = (ended, slot.as_mut()) {
+                            slot.failed();
+                        }
                         slot.take();
                         meter.take();
                     }

@@ -135,20 +135,40 @@ where
     }
 
     /// This future, with the request counted in flight through the overload gate until its
-    /// response ends (at once for a refusal: the service never saw the request). Never inlined:
-    /// kept out of `call`, a layer without a gate calls no larger a function.
+    /// response ends (at once for a refusal: the service never saw the request). A request whose
+    /// service is called already holds the count as it would a slot; one that waits (a remote
+    /// decision, a body, a delay) is boxed beside it. Never inlined: kept out of `call`, a layer
+    /// without a gate calls no larger a function.
     #[inline(never)]
     pub(crate) fn holding(self, in_flight: InFlight) -> Self {
-        if let State::Ready { .. } = self.state {
-            in_flight.forget();
-            return self;
-        }
-        ResponseFuture {
-            state: State::Gated {
-                future: Box::pin(self),
+        let state = match self.state {
+            State::Ready { response } => {
+                in_flight.forget();
+                State::Ready { response }
+            }
+            State::Passing { future } => State::Calling {
+                future,
+                headers: None,
+                slot: Some(ConcurrencySlot::counting(in_flight)),
+                outcome: None,
+            },
+            State::Calling {
+                future,
+                headers,
+                slot,
+                outcome,
+            } => State::Calling {
+                future,
+                headers,
+                slot: Some(ConcurrencySlot::and_counting(slot, in_flight)),
+                outcome,
+            },
+            state => State::Gated {
+                future: Box::pin(ResponseFuture { state }),
                 in_flight: Some(in_flight),
             },
-        }
+        };
+        ResponseFuture { state }
     }
 
     /// The inner service's answer to an admitted request that holds nothing until its response
@@ -487,7 +507,12 @@ where
                         meter = (*outcome).settle(response.status(), response.headers());
                     }
                     // In place: the response's head is large, and every move of it is a copy.
-                    let mut response = response?;
+                    let mut response = response.inspect_err(|_| {
+                        // The service failed: a count in flight ends as a dropped request.
+                        if let Some(slot) = slot {
+                            slot.failed();
+                        }
+                    })?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }

@@ -12,7 +12,13 @@ use http::StatusCode;
 
 use super::limit::AdaptiveLimit;
 use super::options::{drain_time, Overload, PartitionBy};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
+
+/// The gate's clock, read twice a request: the TSC where the in-memory backend brings `quanta`.
+#[cfg(feature = "memory")]
+type GateClock = crate::clock::QuantaClock;
+#[cfg(not(feature = "memory"))]
+type GateClock = crate::clock::SystemClock;
 use crate::error::BuildError;
 
 /// A partition idle this long no longer has its share kept for it.
@@ -63,7 +69,7 @@ pub struct Gate {
     /// When a request was last shed, + 1 (0: never).
     shed_at: AtomicU64,
     pub(crate) status: StatusCode,
-    clock: SystemClock,
+    clock: GateClock,
     #[cfg(feature = "metrics")]
     gauges: (metrics::Gauge, metrics::Gauge),
 }
@@ -121,7 +127,7 @@ impl Gate {
             partition_by: overload.partition_by.clone(),
             shed_at: AtomicU64::new(0),
             status: overload.status,
-            clock: SystemClock::new(),
+            clock: GateClock::new(),
             #[cfg(feature = "metrics")]
             gauges,
         })
@@ -131,6 +137,9 @@ impl Gate {
     /// for a name no partition has, or none (`None`).
     pub fn partition_of(&self, name: Option<&str>) -> usize {
         let last = self.partitions.len() - 1;
+        if last == 0 {
+            return 0;
+        }
         name.and_then(|name| self.partitions.iter().position(|p| *p.name == *name))
             .unwrap_or(last)
     }
