@@ -129,6 +129,17 @@ fn adds_nothing<K: KeyExtractor<()> + Clone>(
     tune: impl FnOnce(PolicyBuilder<K>) -> PolicyBuilder<K>,
     what: &str,
 ) {
+    adds_nothing_behind(key, legacy, tune, None, what);
+}
+
+/// [`adds_nothing`], behind an overload gate if `overload` is one.
+fn adds_nothing_behind<K: KeyExtractor<()> + Clone>(
+    key: K,
+    legacy: bool,
+    tune: impl FnOnce(PolicyBuilder<K>) -> PolicyBuilder<K>,
+    overload: Option<tower_throttle::overload::Overload>,
+    what: &str,
+) {
     // With the legacy fields, five fields of the layer's and two of the answer's are more than the
     // 6 a `HeaderMap` first makes room for: it grows (twice, without the layer's `reserve`), which is
     // the map's own cost, not the layer's; one field of the answer's keeps the map at its size.
@@ -139,12 +150,14 @@ fn adds_nothing<K: KeyExtractor<()> + Clone>(
         .quota(Quota::per_second(1_000_000_000).with_max_burst(1_000_000_000))
         .key(key);
     let policy = tune(policy).build().unwrap();
-    let layer = ThrottleLayer::builder()
+    let mut layer = ThrottleLayer::builder()
         .policy(policy)
         .ratelimit_headers(true)
-        .legacy_headers(legacy)
-        .build()
-        .unwrap();
+        .legacy_headers(legacy);
+    if let Some(overload) = overload {
+        layer = layer.overload(overload);
+    }
+    let layer = layer.build().unwrap();
     let mut bare = inner;
     let mut throttled = layer.layer(inner);
     // Warm up both: the keys' entries in the store, lazily made shared values, the thread's state.
@@ -212,4 +225,12 @@ fn an_admission_that_is_judged_allocates_nothing_in_the_layer_either() {
 fn a_query_present_condition_allocates_nothing_in_the_layer_either() {
     let plan = |p: PolicyBuilder<PeerIp>| p.when(Condition::query_present("plan"));
     adds_nothing(PeerIp::new(), false, plan, "a query_present condition");
+}
+
+/// Behind an overload gate, an admitted request counts in flight with no allocation either (the
+/// count is held as a concurrency slot is, and the gate's limit is far above the load).
+#[test]
+fn an_admission_through_the_overload_gate_allocates_nothing_in_the_layer_either() {
+    let gate = tower_throttle::overload::Overload::gradient().limits(10_000, 10_000);
+    adds_nothing_behind(PeerIp::new(), false, |p| p, Some(gate), "an overload gate");
 }

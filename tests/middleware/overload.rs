@@ -394,3 +394,127 @@ fn a_finish_without_its_admission_takes_nothing_from_another_partition() {
     let five = (0..5).fold(Overload::aimd(), |o, i| o.partition(format!("p{i}"), 0.1));
     assert!(Gate::new(&five).is_err());
 }
+
+/// A request counts in flight to the end of its body whatever way it goes: decided later (a
+/// remote backend), holding a concurrency slot too, delayed, or on the extended path; and the
+/// slot it holds beside is given back as before.
+#[tokio::test]
+async fn every_path_counts_in_flight_to_the_end_of_the_body() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    use std::time::Duration;
+    use tower_throttle::backend::{Adjustment, BackendError, Charges, Decisions};
+    use tower_throttle::{Algorithm, Backend, MemoryBackend};
+
+    /// The memory backend; `.1`: pending when first polled (as Redis is).
+    #[derive(Clone)]
+    struct Later(MemoryBackend, bool);
+
+    type Deciding = Pin<Box<dyn Future<Output = Result<Decisions, BackendError>> + Send>>;
+
+    impl Backend for Later {
+        type Future = Deciding;
+
+        fn check(&self, charges: Charges<'_>) -> Deciding {
+            let mut decided = Box::pin(self.0.check(charges));
+            let mut pending = self.1;
+            Box::pin(std::future::poll_fn(move |cx| {
+                if std::mem::take(&mut pending) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                decided.as_mut().poll(cx)
+            }))
+        }
+
+        fn validate(
+            &self,
+            limits: &[tower_throttle::Limit],
+            uses: tower_throttle::backend::Uses,
+        ) -> Result<(), tower_throttle::BuildError> {
+            self.0.validate(limits, uses)
+        }
+
+        fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+            self.0.adjust(charges, adjustment);
+        }
+    }
+
+    let release = Arc::new(Semaphore::new(0));
+    let held = {
+        let release = release.clone();
+        move || {
+            let release = release.clone();
+            async move {
+                release.acquire().await.unwrap().forget();
+                "done"
+            }
+        }
+    };
+    let build = |policy: Policy<Global>, deferred: bool| {
+        ThrottleLayer::builder()
+            .backend(Later(MemoryBackend::new(), deferred))
+            .policy(policy)
+            .overload(fixed(10))
+            .build()
+            .unwrap()
+    };
+    let policies = [
+        // Decided later, plainly.
+        policy("a", Quota::per_second(1_000)),
+        // A concurrency limit: its slot and the count, given back together.
+        Policy::builder("c")
+            .key(Global)
+            .quota(Quota::per_second(5))
+            .algorithm(Algorithm::Concurrency)
+            .build()
+            .unwrap(),
+        // Delay mode (a burst of one: the second request waits).
+        Policy::builder("d")
+            .key(Global)
+            .quota(Quota::per_second(20).with_max_burst(0))
+            .delay(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+        // The extended path: counted by its outcome.
+        Policy::builder("e")
+            .key(Global)
+            .quota(Quota::per_second(1_000))
+            .count_only(|_| true)
+            .build()
+            .unwrap(),
+    ];
+    for (policy, deferred) in policies.iter().flat_map(|p| [(p, true), (p, false)]) {
+        let name = format!("{} (decided later: {deferred})", policy.name());
+        let layer = build(policy.clone(), deferred);
+        let app = Router::new()
+            .route("/", get(held.clone()))
+            .layer(layer.clone());
+        let tasks: Vec<_> = (0..2).map(|_| hold(&app, "/")).collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let gate = layer.overload().unwrap();
+        assert_eq!(gate.in_flight(), 2, "{name}: both in flight");
+        release.add_permits(2);
+        let mut bodies = Vec::new();
+        for task in tasks {
+            let response = task.await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{name}");
+            bodies.push(response.into_body());
+        }
+        assert_eq!(gate.in_flight(), 2, "{name}: answered, bodies not read");
+        for body in bodies {
+            to_bytes(body, 1 << 16).await.unwrap();
+        }
+        assert_eq!(gate.in_flight(), 0, "{name}: bodies read");
+        if policy.name() == "c" {
+            // The concurrency slots were given back with the counts: five fit again.
+            let again: Vec<_> = (0..5).map(|_| hold(&app, "/")).collect();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            release.add_permits(5);
+            for task in again {
+                assert_eq!(task.await.unwrap().status(), StatusCode::OK, "{name}");
+            }
+        }
+    }
+}
