@@ -3,9 +3,11 @@
 //! pressure. Rate limits protect a service from one client; this protects it from all of them at
 //! once.
 //!
-//! * [`options`]: [`Overload`], the options and their validation;
-//! * [`gate`]: [`Gate`], the admission of a request and its count in flight;
-//! * [`limit`]: [`AdaptiveLimit`], the limit and the algorithms that adapt it.
+//! * `options.rs`: [`Overload`], the options and their validation;
+//! * `gate.rs`: [`Gate`], the admission of a request and its count in flight;
+//! * `limit.rs`: [`AdaptiveLimit`], the limit and the algorithms that adapt it.
+//!
+//! The guide's [overload page](crate::guide) says when to use it and what the defaults mean.
 
 mod gate;
 mod limit;
