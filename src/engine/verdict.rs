@@ -213,7 +213,9 @@ impl Judge {
     ///
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
     /// request without a key (nor one whose async key came late): its other keys are as in a dry
-    /// run, but their refusals are counted as would-limit (`decided`).
+    /// run, but their refusals are counted as would-limit (`decided`). A policy enforced only under
+    /// pressure makes its limits' refusals only while the overload gate says so, and counts them
+    /// as would-limit otherwise.
     pub(crate) fn enforces(
         &self,
         policy: Option<&CompiledPolicy>,
