@@ -70,15 +70,7 @@ fn simulate() -> (String, Vec<(&'static str, Row)>) {
             })
             .collect();
         let failures: Vec<&String> = rows.iter().flat_map(|r| &r.failures).collect();
-        let known: Vec<&String> = rows.iter().flat_map(|r| &r.known).collect();
-        let checks = if let (true, Some((_, why))) = (failures.is_empty(), s.known_failures) {
-            let known: Vec<&str> = known.iter().map(|k| k.as_str()).collect();
-            if known.is_empty() {
-                "pass".to_string()
-            } else {
-                format!("known shortfall: {} ({why})", known.join("; "))
-            }
-        } else if let (true, Some((floor, why))) = (failures.is_empty(), s.known_shortfall) {
+        let checks = if let (true, Some((floor, why))) = (failures.is_empty(), s.known_shortfall) {
             format!(
                 "pass, but goodput {:.0} % < 90 % (known, floor {:.0} %): {why}",
                 rows.iter()

@@ -25,8 +25,6 @@ pub struct Row {
     pub settled: Option<[u64; 4]>,
     /// Failed done-when checks, in words.
     pub failures: Vec<String>,
-    /// Failed checks the scenario lists as known.
-    pub known: Vec<String>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -145,11 +143,6 @@ pub fn row(scenario: &Scenario, protection: String, mut out: Outcome, checked: b
             }
         }
     }
-    let (known, failures) = failures.into_iter().partition(|f: &String| {
-        scenario
-            .known_failures
-            .is_some_and(|(known, _)| known.iter().any(|k| f.starts_with(k)))
-    });
     Row {
         protection,
         p50: percentile(&out.latencies, 0.5),
@@ -164,7 +157,6 @@ pub fn row(scenario: &Scenario, protection: String, mut out: Outcome, checked: b
         chart: sparkline(&out.limit),
         settled,
         failures,
-        known,
     }
 }
 
