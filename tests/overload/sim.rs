@@ -178,8 +178,9 @@ impl Server<'_> {
             }
             usize::from(rng.unit() > PAID_TRAFFIC)
         };
-        // Service: half the mean fixed, half exponential (a p99 of 2.8 means).
-        let work = (self.scenario.service as f64 * (0.5 + 0.5 * rng.exp())) as u64;
+        // Service: part of the mean fixed, part (`spread`) exponential.
+        let spread = self.scenario.spread;
+        let work = (self.scenario.service as f64 * (1.0 - spread + spread * rng.exp())) as u64;
         let slow = rng.unit() <= self.scenario.slow_share;
         let hold = phase.hold + if slow { self.scenario.slow_hold } else { 0 };
         self.out.arrivals[partition] += 1;
