@@ -28,7 +28,16 @@
 //! latency`, with the minimum taken where the throughput says it is not a queue's). A confirmed
 //! baseline is not drained again until it falls by a quarter (a new, faster service). Not a
 //! probe: nothing pins the concurrency on a timer; a drain runs only on that evidence, once per
-//! new baseline, and stops at the first fall in throughput (one interval at ¾ of the knee).
+//! new baseline, and stops at the first fall in throughput (one interval at ¾ of the knee). The
+//! throughput counts every completion, stale ones too, over the interval's span; the concurrency
+//! is the limit the interval ran under (its peak in flight if lower): a mean in flight by Little
+//! (latencies over the span) was off by a fifth at an interval's edges and hid the growth past
+//! the knee. Only intervals that used their limit are compared: under it, the throughput is the
+//! arrivals'. The constants (a fifth, ½, 1.2, ¾, the last 4 intervals) are reasoned, not tuned:
+//! with them no earlier scenario's numbers moved. In the simulator the service is seen
+//! unloaded even when overloaded from the start (the first interval closes on its first 10
+//! completions, on idle workers); a unit test drives one that never is:
+//! `gradient_finds_the_workers_when_the_service_was_never_seen_unloaded`.
 //!
 //! **Gradient, not Vegas**: Vegas's queue estimate `limit × (1 − rtt_min / rtt)` needs a true
 //! minimum RTT; a stale one makes every later sample look queued and sticks it at the minimum
@@ -41,10 +50,16 @@
 //!   average follows the queue): no average follows a latency up; a queue's latency stays above
 //!   the baseline and keeps the limit cut (`latency_rises_with_concurrency`, test
 //!   `gradient_shrinks_under_a_queue_without_drifting_up`);
+//!   a drain only cuts, and a confirmed baseline does not drain again;
 //! * stuck at the minimum (#117): at the minimum a latency that stays high becomes the baseline,
 //!   and a latency within the tolerance grows the limit by at least 1 an interval (`sqrt(limit)`
-//!   for the gradient);
-//! * pinning spikes (Envoy #8337): nothing forces the concurrency down to measure the baseline;
+//!   for the gradient); a drain that reaches the minimum takes its latency as the baseline;
+//! * pinning spikes (Envoy #8337): nothing forces the concurrency down on a timer to measure the
+//!   baseline; a drain steps down by quarters, on evidence only, and stops at the first fall in
+//!   throughput;
+//! * a real latency step (a slower dependency) read as a queue: its throughput falls with the
+//!   concurrency (`L / latency`), which the queue test reads as below the knee: a drain that
+//!   meets it confirms it as the baseline (`latency_step`, the slow phase of `slow_then_fast`);
 //! * an idle service inflating its limit: growth only in an interval whose peak in flight reached
 //!   [`USED`] of the limit; a latency above the tolerance with the limit not reached cuts nothing
 //!   either (it shed on noise in `steady_under_capacity`).
@@ -59,8 +74,9 @@
 //! packing the interval's sample count and sum of log-latencies and one on its sum of latencies
 //! (for [`AdaptiveLimit::latency`]), a `fetch_max` only on a new peak in flight and a `fetch_add`
 //! only for a dropped or stale request. Whoever crosses the interval's end closes it under a
-//! `Mutex::try_lock`, swapping the accumulators out: a sample added after the swap counts in the
-//! next interval; none is lost. `current` is one relaxed load.
+//! `Mutex::try_lock`, swapping the accumulators out (the stale count too: the throughput counts
+//! those completions): a sample added after the swap counts in the next interval; none is lost.
+//! The queue test runs in the closer only. `current` is one relaxed load.
 
 mod little;
 

@@ -75,6 +75,42 @@ fn gradient_shrinks_under_a_queue_without_drifting_up() {
     );
 }
 
+/// Virtual time `secs` of a closed loop at the limit: `latency(n)` at `n` in flight, and a
+/// completion every `latency / n` (Little's law: the throughput the service gives at `n`).
+fn drive_closed(l: &AdaptiveLimit, t: &mut u64, secs: u64, latency: impl Fn(u32) -> u64) -> u32 {
+    let (end, mut highest) = (*t + secs * 1_000 * MS, 0);
+    while *t < end {
+        let in_flight = l.current();
+        let lat = latency(in_flight);
+        *t += lat / u64::from(in_flight);
+        l.record(*t, lat, false, in_flight);
+        highest = highest.max(l.current());
+    }
+    highest
+}
+
+#[test]
+fn gradient_finds_the_workers_when_the_service_was_never_seen_unloaded() {
+    // 20 workers of 10 ms, 100 in flight from the first sample: every latency it ever sees is
+    // a queue's (5x), and the throughput is flat past 20.
+    let queue = |n: u32| 10 * MS * u64::from(n.max(20)) / 20;
+    let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 100), 0);
+    drive_closed(&l, &mut t, 5, queue);
+    assert!(l.current() <= 40, "drained to the workers: {}", l.current());
+    let highest = drive_closed(&l, &mut t, 30, queue);
+    assert!(
+        (16..=40).contains(&highest) && l.current() >= 10,
+        "held near the workers, not drifting up nor stuck: {highest}, {}",
+        l.current()
+    );
+    // The service 4x faster under the same queue: the baseline comes down to a queue's
+    // latency, which the throughput tells apart again.
+    let fast = |n: u32| 10 * MS * u64::from(n.max(20)) / 80;
+    drive_closed(&l, &mut t, 5, fast);
+    let highest = drive_closed(&l, &mut t, 30, fast);
+    assert!((16..=40).contains(&highest), "{highest}");
+}
+
 #[test]
 fn gradient_recovers_from_the_minimum_and_follows_a_latency_step() {
     let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 40), 0);
