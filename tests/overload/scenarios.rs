@@ -23,6 +23,9 @@ pub struct Scenario {
     pub duration: u64,
     /// The mean service time on a worker.
     pub service: u64,
+    /// Its exponential share, the rest fixed: 0.5 (a p99 of 2.8 means), or 0.1 for a near-fixed
+    /// work like the trial's (a sleep), whose first completions are not unloaded ones.
+    pub spread: f64,
     pub phases: Vec<Phase>,
     /// Processor sharing past this many busy workers: service times grow with concurrency.
     pub knee: Option<u32>,
@@ -32,6 +35,13 @@ pub struct Scenario {
     pub slow_hold: u64,
     /// When the service is overloaded: the limit must not drift up in it nor stick after it.
     pub overload: Option<(u64, u64)>,
+    /// Closed-loop clients instead of Poisson arrivals: this many, each sending its next request
+    /// when the last one answers (a shed one after `SHED_PAUSE`); 0: open loop.
+    pub clients: u32,
+    /// From this time on, the latency is judged apart against its own unloaded p99 (after the
+    /// last change, once it has had time to settle): an average over the run hides a queue that
+    /// stays after the phase that caused it.
+    pub settle: Option<u64>,
     /// Why this scenario's goodput falls short of 90 % with the defaults, reported, not hidden:
     /// the report shows the shortfall and the test fails if it grows past the floor given.
     pub known_shortfall: Option<(f64, &'static str)>,
@@ -41,6 +51,8 @@ const WORKERS: u32 = 16;
 const SERVICE: u64 = 20 * MS;
 /// The capacity: WORKERS / SERVICE, requests a second.
 const C: f64 = 800.0;
+/// How long a closed-loop client waits after a shed request before it sends again.
+pub const SHED_PAUSE: u64 = 20 * MS;
 
 fn phase(from_s: f64, load: f64) -> Phase {
     Phase {
@@ -59,11 +71,14 @@ fn scenario(name: &'static str, what: &'static str, seed: u64, phases: Vec<Phase
         seed,
         duration: 20 * SECOND,
         service: SERVICE,
+        spread: 0.5,
         phases,
         knee: None,
         slow_share: 0.0,
         slow_hold: 0,
         overload: None,
+        clients: 0,
+        settle: None,
         known_shortfall: None,
     }
 }
@@ -183,5 +198,56 @@ pub fn all() -> Vec<Scenario> {
     );
     s.overload = Some((6 * SECOND, 12 * SECOND));
     v.push(s);
+    let mut s = scenario(
+        "overloaded_from_start",
+        "4 C from the first request: the service is never seen unloaded",
+        8,
+        vec![phase(0.0, 4.0)],
+    );
+    s.overload = Some((0, 20 * SECOND));
+    v.push(s);
+    // Closed-loop clients all send at once: the first interval sees mostly a queue (the trial's
+    // first phase).
+    let mut s = scenario(
+        "overloaded_from_start_closed",
+        "48 closed-loop clients (a shed one waits 20 ms) on 16 workers of 5 ms (nearly fixed) from \
+         the start (3 C of demand); judged apart from 2 s",
+        10,
+        vec![Phase {
+            rate: f64::INFINITY,
+            ..phase(0.0, 1.0)
+        }],
+    );
+    s.service = 5 * MS;
+    s.spread = 0.1;
+    s.clients = 48;
+    s.settle = Some(2 * SECOND);
+    s.overload = Some((0, 20 * SECOND));
+    v.push(s);
+    v.push(slow_then_fast());
     v
+}
+
+/// The user trial that found the queue-as-baseline: 48 closed-loop clients on 16 workers of
+/// 5 ms (overloaded from the start), the service 10× slower from 6 s to 12 s, then fast again.
+fn slow_then_fast() -> Scenario {
+    // Closed loop: demand is whatever the clients send, always above capacity here.
+    let closed = |from_s: f64, scale: f64| Phase {
+        rate: f64::INFINITY,
+        scale,
+        ..phase(from_s, 1.0)
+    };
+    let mut s = scenario(
+        "slow_then_fast",
+        "48 closed-loop clients (a shed one waits 20 ms) on 16 workers of 5 ms (nearly fixed; 3 C of \
+         demand from the start); service × 10 from 6 s to 12 s, then × 1 again; judged apart from 14 s",
+        9,
+        vec![closed(0.0, 1.0), closed(6.0, 10.0), closed(12.0, 1.0)],
+    );
+    s.service = 5 * MS;
+    s.spread = 0.1;
+    s.clients = 48;
+    s.settle = Some(14 * SECOND);
+    s.overload = Some((0, 20 * SECOND));
+    s
 }

@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use tower_throttle::overload::{Gate, Overload};
 
-use crate::scenarios::{Phase, Scenario};
+use crate::scenarios::{Phase, Scenario, SHED_PAUSE};
 
 pub const SECOND: u64 = 1_000_000_000;
 pub const MS: u64 = 1_000_000;
@@ -78,6 +78,8 @@ struct Request {
     work: u64,
     /// What it holds its slot after the worker (slow client, asynchronous dependency).
     hold: u64,
+    /// The closed-loop client that sent it.
+    client: Option<usize>,
 }
 
 /// What a run measured.
@@ -93,11 +95,17 @@ pub struct Outcome {
     pub limit: Vec<u32>,
     /// Shed requests by time, in tenths of a second.
     pub shed_at: Vec<u64>,
+    /// From the scenario's `settle` on: the latencies of requests admitted, and what an
+    /// unloaded server would have given the arrivals.
+    pub settled: Vec<u64>,
+    pub settled_intrinsic: Vec<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival,
+    /// Closed-loop client `id` sends a request.
+    Client(usize),
     /// A worker finished request `id`.
     Served(usize),
     /// Request `id` released its slot.
@@ -158,21 +166,30 @@ impl Server<'_> {
         }
     }
 
-    fn arrive(&mut self, now: u64, rng: &mut Rng) {
+    fn arrive(&mut self, now: u64, rng: &mut Rng, client: Option<usize>) {
         let phase: &Phase = self.scenario.phase(now);
-        let next = now + (rng.exp() * SECOND as f64 / phase.rate) as u64;
-        if next < self.scenario.duration {
-            self.at(next, Event::Arrival);
-        }
-        let partition = usize::from(rng.unit() > PAID_TRAFFIC);
-        // Service: half the mean fixed, half exponential (a p99 of 2.8 means).
-        let work = (self.scenario.service as f64 * (0.5 + 0.5 * rng.exp())) as u64;
+        let partition = if let Some(id) = client {
+            // A client's partition is its own: the first 60 % are paid.
+            usize::from((id as f64 + 0.5) / f64::from(self.scenario.clients) > PAID_TRAFFIC)
+        } else {
+            let next = now + (rng.exp() * SECOND as f64 / phase.rate) as u64;
+            if next < self.scenario.duration {
+                self.at(next, Event::Arrival);
+            }
+            usize::from(rng.unit() > PAID_TRAFFIC)
+        };
+        // Service: part of the mean fixed, part (`spread`) exponential.
+        let spread = self.scenario.spread;
+        let work = (self.scenario.service as f64 * (1.0 - spread + spread * rng.exp())) as u64;
         let slow = rng.unit() <= self.scenario.slow_share;
         let hold = phase.hold + if slow { self.scenario.slow_hold } else { 0 };
         self.out.arrivals[partition] += 1;
-        self.out
-            .intrinsic
-            .push((work as f64 * phase.scale) as u64 + hold);
+        let intrinsic = (work as f64 * phase.scale) as u64 + hold;
+        self.out.intrinsic.push(intrinsic);
+        let settled = self.scenario.settle.is_some_and(|from| now >= from);
+        if settled {
+            self.out.settled_intrinsic.push(intrinsic);
+        }
         let admitted = self
             .gate
             .as_ref()
@@ -180,6 +197,9 @@ impl Server<'_> {
         if !admitted {
             self.out.shed[partition] += 1;
             self.out.shed_at.push(now / (SECOND / 10));
+            if let Some(id) = client {
+                self.resend(now + SHED_PAUSE, id);
+            }
             return;
         }
         self.requests.push(Request {
@@ -187,16 +207,33 @@ impl Server<'_> {
             admitted: now,
             work,
             hold,
+            client,
         });
         self.queue.push_back(self.requests.len() - 1);
         self.start_queued(now);
     }
 
+    fn resend(&mut self, at: u64, client: usize) {
+        if at < self.scenario.duration {
+            self.at(at, Event::Client(client));
+        }
+    }
+
     fn end(&mut self, now: u64, id: usize) {
         let request = &self.requests[id];
         self.out.latencies.push(now - request.admitted);
+        if self
+            .scenario
+            .settle
+            .is_some_and(|from| request.admitted >= from)
+        {
+            self.out.settled.push(now - request.admitted);
+        }
         if let Some(gate) = &self.gate {
             gate.finish(request.partition, request.admitted, now, false);
+        }
+        if let Some(client) = request.client {
+            self.resend(now, client);
         }
     }
 }
@@ -219,9 +256,16 @@ pub fn run(scenario: &Scenario, protection: &Protection) -> Outcome {
             shed: [0; 2],
             limit: Vec::new(),
             shed_at: Vec::new(),
+            settled: Vec::new(),
+            settled_intrinsic: Vec::new(),
         },
     };
-    server.at(0, Event::Arrival);
+    if scenario.clients == 0 {
+        server.at(0, Event::Arrival);
+    }
+    for client in 0..scenario.clients as usize {
+        server.at(0, Event::Client(client));
+    }
     for phase in &scenario.phases {
         server.at(phase.from, Event::Phase);
     }
@@ -235,7 +279,8 @@ pub fn run(scenario: &Scenario, protection: &Protection) -> Outcome {
             break;
         }
         match event {
-            Event::Arrival => server.arrive(now, &mut rng),
+            Event::Arrival => server.arrive(now, &mut rng, None),
+            Event::Client(id) => server.arrive(now, &mut rng, Some(id)),
             Event::Served(id) => {
                 server.busy -= 1;
                 let hold = server.requests[id].hold;

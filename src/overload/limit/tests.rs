@@ -1,0 +1,183 @@
+//! The limit's unit tests (apart: `limit.rs` stays readable).
+
+use super::*;
+use crate::overload::{Gate, Overload};
+use std::sync::Arc;
+
+const MS: u64 = 1_000_000;
+
+fn limit(overload: Overload, min: u32, max: u32, initial: u32) -> AdaptiveLimit {
+    AdaptiveLimit::new(&overload.limits(min, max).initial_limit(initial).settings())
+}
+
+/// `n` intervals of 20 samples (virtual time `t`) of the latency `latency` gives at the
+/// concurrency in flight (`busy` of the limit).
+fn drive(l: &AdaptiveLimit, t: &mut u64, n: u32, busy: f64, latency: impl Fn(u32) -> u64) {
+    for _ in 0..n * 20 {
+        let in_flight = ((f64::from(l.current()) * busy) as u32).max(1);
+        let lat = latency(in_flight);
+        *t += 4 * MS.max(lat / 6);
+        l.record(*t, lat, false, in_flight);
+    }
+}
+
+#[test]
+fn bounds_hold_and_nothing_panics_on_any_input() {
+    for overload in [Overload::aimd(), Overload::gradient()] {
+        let l = limit(overload, 3, 50, 10);
+        let mut x = 1u64;
+        for i in 0..20_000u64 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let now = if i % 7 == 0 { x >> 40 } else { x }; // backwards, too
+            let latency = [0, 1, u64::MAX, x >> 20][(x >> 60) as usize % 4];
+            l.record(now, latency, x & 1 == 0, (x >> 32) as u32);
+            assert!((3..=50).contains(&l.current()), "{}", l.current());
+        }
+    }
+    // Unvalidated bounds are made sane, not a panic.
+    assert_eq!(limit(Overload::gradient(), 0, 0, 9).current(), 1);
+}
+
+#[test]
+fn aimd_grows_when_used_not_when_idle_and_backs_off_on_drops_and_slowness() {
+    let (l, mut t) = (limit(Overload::aimd(), 4, 200, 20), 0);
+    drive(&l, &mut t, 10, 0.1, |_| 10 * MS);
+    assert_eq!(l.current(), 20, "idle: no growth");
+    drive(&l, &mut t, 10, 1.0, |_| 10 * MS);
+    let grown = l.current();
+    assert!(grown >= 27, "{grown}");
+    for _ in 0..60 {
+        t += 4 * MS;
+        l.record(t, 10 * MS, true, l.current());
+    }
+    assert!(l.current() < grown, "drops back off");
+    let before = l.current();
+    drive(&l, &mut t, 3, 1.0, |_| 40 * MS);
+    assert!(l.current() < before, "slowness backs off");
+}
+
+#[test]
+fn gradient_shrinks_under_a_queue_without_drifting_up() {
+    // 20 workers: above 20 in flight, latency grows in proportion (a queue).
+    let queue = |n: u32| 10 * MS * u64::from(n.max(20)) / 20;
+    let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 100), 0);
+    drive(&l, &mut t, 5, 0.1, |_| 10 * MS);
+    drive(&l, &mut t, 40, 1.0, queue);
+    assert!(l.current() <= 40, "shrank to the workers: {}", l.current());
+    let mut highest = 0;
+    for _ in 0..300 {
+        drive(&l, &mut t, 1, 1.0, queue);
+        highest = highest.max(l.current());
+    }
+    assert!(
+        (10..=40).contains(&highest),
+        "no drift under a steady queue: {highest}"
+    );
+}
+
+/// Virtual time `secs` of a closed loop at the limit: `latency(n)` at `n` in flight, and a
+/// completion every `latency / n` (Little's law: the throughput the service gives at `n`).
+fn drive_closed(l: &AdaptiveLimit, t: &mut u64, secs: u64, latency: impl Fn(u32) -> u64) -> u32 {
+    let (end, mut highest) = (*t + secs * 1_000 * MS, 0);
+    while *t < end {
+        let in_flight = l.current();
+        let lat = latency(in_flight);
+        *t += lat / u64::from(in_flight);
+        l.record(*t, lat, false, in_flight);
+        highest = highest.max(l.current());
+    }
+    highest
+}
+
+#[test]
+fn gradient_finds_the_workers_when_the_service_was_never_seen_unloaded() {
+    // 20 workers of 10 ms, 100 in flight from the first sample: every latency it ever sees is
+    // a queue's (5x), and the throughput is flat past 20.
+    let queue = |n: u32| 10 * MS * u64::from(n.max(20)) / 20;
+    let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 100), 0);
+    drive_closed(&l, &mut t, 5, queue);
+    assert!(l.current() <= 40, "drained to the workers: {}", l.current());
+    let highest = drive_closed(&l, &mut t, 30, queue);
+    assert!(
+        (16..=40).contains(&highest) && l.current() >= 10,
+        "held near the workers, not drifting up nor stuck: {highest}, {}",
+        l.current()
+    );
+    // The service 4x faster under the same queue: the baseline comes down to a queue's
+    // latency, which the throughput tells apart again.
+    let fast = |n: u32| 10 * MS * u64::from(n.max(20)) / 80;
+    drive_closed(&l, &mut t, 5, fast);
+    let highest = drive_closed(&l, &mut t, 30, fast);
+    assert!((16..=40).contains(&highest), "{highest}");
+}
+
+#[test]
+fn gradient_recovers_from_the_minimum_and_follows_a_latency_step() {
+    let (l, mut t) = (limit(Overload::gradient(), 4, 1_000, 40), 0);
+    drive(&l, &mut t, 5, 1.0, |_| 10 * MS);
+    // A slow dependency: 5x, whatever the concurrency. Not stuck at the minimum.
+    drive(&l, &mut t, 60, 1.0, |_| 50 * MS);
+    assert!(
+        l.current() >= 20,
+        "the step became the baseline: {}",
+        l.current()
+    );
+    // Overload to the minimum, then the latency back to the baseline: at least +1 each.
+    drive(&l, &mut t, 30, 1.0, |n| 50 * MS * u64::from(n.max(4)) / 4);
+    drive(&l, &mut t, 20, 1.0, |_| 10 * MS);
+    assert!(l.current() >= 24, "recovered: {}", l.current());
+}
+
+#[test]
+fn no_sample_is_lost_under_16_threads() {
+    let l = Arc::new(limit(Overload::gradient(), 1, 1_000, 100));
+    let clock = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        for i in 0..16u64 {
+            let (l, clock) = (l.clone(), clock.clone());
+            scope.spawn(move || {
+                for j in 0..5_000u64 {
+                    let now = clock.fetch_add(100_000, Ordering::Relaxed);
+                    l.record(now, MS * (1 + (i + j) % 30), j % 97 == 0, 50);
+                }
+            });
+        }
+    });
+    let counted = l.state.lock().map_or(0, |s| s.counted);
+    let pending = l.samples.load(Ordering::Relaxed) >> SUM_BITS;
+    let stale = l.stale.load(Ordering::Relaxed);
+    assert_eq!(counted + pending + stale, 16 * 5_000);
+}
+
+#[test]
+fn partitions_never_exceed_the_global_limit_under_16_threads() {
+    let overload = Overload::aimd()
+        .limits(8, 8)
+        .partition("paid", 0.8)
+        .partition("free", 0.2);
+    let gate = Arc::new(Gate::new(&overload).unwrap());
+    let (clock, inside, highest) = (AtomicU64::new(0), AtomicU32::new(0), AtomicU32::new(0));
+    std::thread::scope(|scope| {
+        for i in 0..16usize {
+            let gate = gate.clone();
+            let (clock, inside, highest) = (&clock, &inside, &highest);
+            scope.spawn(move || {
+                for _ in 0..20_000 {
+                    let now = clock.fetch_add(1_000, Ordering::Relaxed);
+                    if gate.try_admit(i % 2, now) {
+                        let n = inside.fetch_add(1, Ordering::AcqRel) + 1;
+                        highest.fetch_max(n.max(gate.in_flight()), Ordering::AcqRel);
+                        inside.fetch_sub(1, Ordering::AcqRel);
+                        gate.finish(i % 2, now, clock.load(Ordering::Relaxed), false);
+                    }
+                }
+            });
+        }
+    });
+    assert!(
+        highest.load(Ordering::Relaxed) <= 8,
+        "{}",
+        highest.load(Ordering::Relaxed)
+    );
+    assert_eq!(gate.in_flight(), 0);
+}
