@@ -405,6 +405,62 @@ pub(super) fn commit(
 mod tests {
     use super::*;
 
+    /// A cell of `limit` at `position` in state `InFlight(n)`, live until `expires_at`.
+    fn cell(limit: u32, position: u8, n: u64, expires_at: u64) -> Cell {
+        let state = State::InFlight(n);
+        Cell {
+            limit,
+            position,
+            expires_at,
+            state,
+        }
+    }
+
+    /// An entry may hold a cell of the same limit at another place in a stack, and another
+    /// limit's at the same place (two stacks that share their first limit): a cell is found by
+    /// both, never by either alone.
+    #[test]
+    fn a_cell_is_found_by_its_limit_and_its_position_together() {
+        let mut cells = Cells::Many(vec![
+            cell(1, 0, 10, 9),
+            cell(2, 1, 20, 9),
+            cell(3, 1, 30, 9),
+        ]);
+        let found = |cells: &mut Cells, limit, position| {
+            let cell = cells.find_mut(limit, position);
+            cell.map(|c| (c.limit, c.position))
+        };
+        assert_eq!(found(&mut cells, 3, 1), Some((3, 1)));
+        assert_eq!(found(&mut cells, 1, 1), None);
+        assert_eq!(found(&mut cells, 2, 0), None);
+        let limit = Limit::with_algorithm("c", Algorithm::Concurrency, crate::Quota::per_second(5))
+            .unwrap();
+        let in_flight =
+            |entry: &Entry, position, now| match stored_state(Some(entry), &limit, position, now) {
+                State::InFlight(n) => n,
+                _ => unreachable!("a concurrency limit's state"),
+            };
+        let id = limit.id();
+        let entry = |cells| Entry {
+            limit: id,
+            key: Key::from("k"),
+            cells,
+        };
+        // Another limit's cell at the place, and this limit's at another: its state is fresh.
+        let others = entry(Cells::Many(vec![
+            cell(id, 0, 10, 9),
+            cell(id + 1, 1, 20, 9),
+        ]));
+        assert_eq!(in_flight(&others, 1, 0), 0);
+        // Its own cell at that place, while live.
+        let own = entry(Cells::Many(vec![
+            cell(id + 1, 1, 20, 9),
+            cell(id, 1, 30, 9),
+        ]));
+        assert_eq!(in_flight(&own, 1, 0), 30);
+        assert_eq!(in_flight(&own, 1, 9), 0);
+    }
+
     #[test]
     fn entries_are_the_size_the_backend_documents() {
         // The general store's entry, as documented on MemoryBackend.
