@@ -125,17 +125,22 @@ for v in variants:
         unsent=unsent / max(1, offered),
         other=sum(1 for s, _ in rows if not (200 <= s < 300 or s in (429, 503))),
     )
-print(f"\ncapacity {capacity}/s; unloaded p99 {base:.1f} ms (none at {capacity // 2}/s); "
-      f"deadline {deadline:.1f} ms; overload window {window:.0f} s")
+# What the service really serves (tokio's timer rounds each sleep up to the next millisecond): the
+# unprotected service's goodput while overloaded, its workers never idle. The goal is judged
+# against it; the nominal capacity is shown too.
+served = res["none"]["good"] if "none" in res else capacity
+print(f"\ncapacity {capacity}/s nominal, {served:.0f}/s measured (none, overloaded); unloaded p99 "
+      f"{base:.1f} ms (none at {capacity // 2}/s); deadline {deadline:.1f} ms; window {window:.0f} s")
 print("| variant | unloaded p99 ms | goodput/s | in deadline/s | p50 ms | p99 ms | shed | unsent "
-      "| p99 / unloaded | goodput / capacity | in deadline / capacity | goal |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| p99 / unloaded | goodput / nominal | goodput / measured | in deadline / measured | goal |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for v in variants:
     r = res[v]
-    goal = r["p99"] <= 2 * base and r["good"] >= 0.9 * capacity
+    goal = r["p99"] <= 2 * base and r["good"] >= 0.9 * served
     print(f"| {v} | {low[v]:.1f} | {r['good']:.0f} | {r['good_dl']:.0f} | {r['p50']:.1f} "
           f"| {r['p99']:.1f} | {r['shed']:.0%} | {r['unsent']:.0%} | {r['p99'] / base:.2f} "
-          f"| {r['good'] / capacity:.2f} | {r['good_dl'] / capacity:.2f} | {'met' if goal else 'no'} |")
+          f"| {r['good'] / capacity:.2f} | {r['good'] / served:.2f} | {r['good_dl'] / served:.2f} "
+          f"| {'met' if goal else 'no'} |")
 ours = [v for v in variants if v.startswith("throttle-")]
 peers = [v for v in variants if not v.startswith("throttle-")]
 if ours and peers:
@@ -144,7 +149,8 @@ if ours and peers:
     print("| peer | " + " | ".join(ours) + " |")
     print("|---|" + "---|" * len(ours))
     for p in peers:
-        cells = [f"{res[o]['p99'] / res[p]['p99']:.2f} / {res[o]['good_dl'] / max(res[p]['good_dl'], 1e-9):.2f}"
+        cells = [f"{res[o]['p99'] / res[p]['p99']:.2f} / "
+                 + (f"{res[o]['good_dl'] / res[p]['good_dl']:.2f}" if res[p]["good_dl"] >= 1 else "inf")
                  for o in ours]
         print(f"| {p} | " + " | ".join(cells) + " |")
 for v in variants:

@@ -14,9 +14,9 @@
 //!
 //! The load is open-loop: requests are due at `R` a second whatever the answers, each sent on the
 //! first of `C` keep-alive connections that is free. A request due while every connection is busy
-//! waits in a one-slot hand-off and is then dropped (counted `unsent`), as a client with `C`
-//! connections and no queue of its own would: the latency measured is the server's, from the
-//! write of the request to the end of the response body.
+//! is dropped (counted `unsent`), as a client with `C` connections and no queue of its own would:
+//! the latency measured is the server's, from the write of the request to the end of the response
+//! body.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -217,12 +217,15 @@ async fn load(args: &[String]) {
         .to_string();
     let addr: SocketAddr = authority.parse().expect("--url http://IP:PORT/");
 
-    let (due, rx) = mpsc::channel::<()>(1);
+    // A permit per idle connection: a request due when none is idle is dropped at once rather
+    // than queued in the client, whose wait the server's latency would not show.
+    let idle = Arc::new(Semaphore::new(conns));
+    let (due, rx) = mpsc::channel::<()>(conns);
     let rx = Arc::new(Mutex::new(rx));
     let start = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..conns {
-        let (rx, authority) = (rx.clone(), authority.clone());
+        let (rx, authority, idle) = (rx.clone(), authority.clone(), idle.clone());
         workers.push(tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut errors = 0u64;
@@ -239,6 +242,7 @@ async fn load(args: &[String]) {
                 }
                 let Some(s) = send.as_mut() else {
                     errors += 1;
+                    idle.add_permits(1);
                     continue;
                 };
                 let request = http::Request::get("/")
@@ -253,6 +257,7 @@ async fn load(args: &[String]) {
                     }
                     Err(_) => None,
                 };
+                idle.add_permits(1);
                 match answer {
                     Some(status) => samples.push(Sample {
                         at: sent - start,
@@ -276,8 +281,12 @@ async fn load(args: &[String]) {
     for i in 0..total {
         let at = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(at.into()).await;
-        if due.try_send(()).is_err() {
-            unsent += 1;
+        match idle.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                due.send(()).await.unwrap();
+            }
+            Err(_) => unsent += 1,
         }
     }
     drop(due);
