@@ -27,7 +27,6 @@ HIGH_SECONDS=${HIGH_SECONDS:-15}
 WARMUP=${WARMUP:-2}
 OVERLOAD=${OVERLOAD:-2}
 CONNS=${CONNS:-256}
-PORT0=${PORT0:-39100}
 OUT=${OUT:-$TARGET/overload-bench}
 CAPACITY=$((WORKERS * 1000 / SERVICE_MS))
 
@@ -51,23 +50,28 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 # Every server starts before any load, so the run measures them all under the same conditions.
-for i in "${!VARIANTS[@]}"; do
-  v=${VARIANTS[$i]}
-  taskset -c 0 "$BIN" serve "$v" --port $((PORT0 + i)) --workers "$WORKERS" \
-    --service-ms "$SERVICE_MS" --slope "$SLOPE" 2>"$OUT/$v.server.log" &
+# Each binds a free port and prints it.
+for v in "${VARIANTS[@]}"; do
+  taskset -c 0 "$BIN" serve "$v" --workers "$WORKERS" --service-ms "$SERVICE_MS" \
+    --slope "$SLOPE" >"$OUT/$v.port" 2>"$OUT/$v.server.log" &
   PIDS+=($!)
 done
-for i in "${!VARIANTS[@]}"; do
+declare -A PORT
+for v in "${VARIANTS[@]}"; do
   for _ in $(seq 50); do
-    curl -sf -o /dev/null "http://127.0.0.1:$((PORT0 + i))/" && break
+    PORT[$v]=$(head -n1 "$OUT/$v.port")
+    [[ -n ${PORT[$v]} ]] && curl -sf -o /dev/null "http://127.0.0.1:${PORT[$v]}/" && break
     sleep 0.1
   done
+  curl -sf -o /dev/null "http://127.0.0.1:${PORT[$v]}/" || {
+    say "error: $v did not start: $(tail -n3 "$OUT/$v.server.log")"
+    exit 1
+  }
 done
 
 say "capacity $CAPACITY/s ($WORKERS workers × $SERVICE_MS ms, slope $SLOPE); $CONNS connections"
-for i in "${!VARIANTS[@]}"; do
-  v=${VARIANTS[$i]}
-  url=http://127.0.0.1:$((PORT0 + i))/
+for v in "${VARIANTS[@]}"; do
+  url=http://127.0.0.1:${PORT[$v]}/
   echo "--- low" >>"$OUT/$v.server.log"
   taskset -c 1 "$BIN" load --url "$url" --rate $((CAPACITY / 2)) --conns "$CONNS" \
     --seconds "$LOW_SECONDS" --out "$OUT/$v.low.csv"

@@ -2,7 +2,7 @@
 //! protection, and the open-loop load that drives it past capacity (`scripts/overload_bench.sh`).
 //!
 //! ```text
-//! overload-bench serve VARIANT --port P [--workers N] [--service-ms MS] [--slope F]
+//! overload-bench serve VARIANT [--port P] [--workers N] [--service-ms MS] [--slope F]
 //! overload-bench load --url URL --rate R --conns C --seconds S --out FILE
 //! ```
 //!
@@ -165,7 +165,9 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: Option<T>) ->
 
 async fn serve(args: &[String]) {
     let variant = args.first().expect("serve VARIANT").clone();
-    let port: u16 = arg(args, "--port", None);
+    // Port 0 (the default): any free one, printed on stdout for the script, which then cannot
+    // collide with whatever else runs on a shared machine.
+    let port: u16 = arg(args, "--port", Some(0));
     let n: u32 = arg(args, "--workers", Some(8));
     let ms: u64 = arg(args, "--service-ms", Some(10));
     let slope: f64 = arg(args, "--slope", Some(0.0));
@@ -180,6 +182,8 @@ async fn serve(args: &[String]) {
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    println!("{port}");
     eprintln!("overload-bench: {variant} on {port}: {n} workers × {ms} ms, slope {slope}");
     axum::serve(listener, app).await.unwrap();
 }
