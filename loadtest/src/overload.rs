@@ -18,7 +18,6 @@
 //! the latency measured is the server's, from the write of the request to the end of the response
 //! body.
 
-use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -340,9 +339,12 @@ fn main() {
             .unwrap()
             .block_on(load(&rest)),
         _ => {
-            eprintln!("usage: overload-bench serve VARIANT --port P | load --url URL --rate R --seconds S --out FILE");
+            eprintln!(
+                "usage: overload-bench serve VARIANT [--port P] | load --url URL --rate R \
+                 --seconds S --out FILE"
+            );
             eprintln!("variants: {VARIANTS:?}");
-            let _: Infallible = std::process::exit(2);
+            std::process::exit(2);
         }
     }
 }
