@@ -133,7 +133,9 @@ mod throttle {
     /// The backend's timeout: REDIS_TIMEOUT_MS, else the crate's default (a profiler's slow run
     /// needs more).
     fn redis_timeout() -> std::time::Duration {
-        let ms = std::env::var("REDIS_TIMEOUT_MS").ok().and_then(|v| v.parse().ok());
+        let ms = std::env::var("REDIS_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok());
         std::time::Duration::from_millis(ms.unwrap_or(100))
     }
 
