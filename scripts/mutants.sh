@@ -72,6 +72,14 @@ declare -A TESTS=(
   # policy cannot use together: the unit tests beside them.
   [src/backend/charge.rs]="--lib -- $SKIP_SLOW"
   [src/policy/compat.rs]="--lib -- $SKIP_SLOW"
+  # The overload gate (step 1b of every request of a layer that has one): its admission,
+  # partitions and count in flight, its options, and the adaptive limit — the unit tests beside
+  # them, the middleware binary (the gate in a layer), the simulator (the limit over scenarios,
+  # whose report must not change) and the allocation test (a gated admission allocates nothing).
+  [src/overload/gate.rs]="--lib --test middleware --test overload --test alloc -- $SKIP_SLOW"
+  [src/overload/options.rs]="--lib --test middleware --test overload -- $SKIP_SLOW"
+  [src/overload/limit.rs]="--lib --test overload -- $SKIP_SLOW"
+  [src/overload/limit/little.rs]="--lib --test overload -- $SKIP_SLOW"
   # Calendar windows (feature `calendar`: all features, as the bodies cut out without it are
   # excluded): the unit tests beside them, on instants written out by hand.
   [src/calendar.rs]="--all-features --lib -- $SKIP_SLOW"
@@ -89,7 +97,8 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
-  src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs)
+  src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
+  src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"
