@@ -389,27 +389,7 @@ where
     ) -> State<S, ReqBody, D> {
         Self::carry_out_prepared(prepared, &mut service, kept).state
     }
-}
 
-impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    ReqBody: 'static,
-    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
-{
-    type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.poll_as(cx, ThrottleBody::plain, |body| body)
-    }
-}
-
-impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    ReqBody: 'static,
-    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
-{
     /// The boxed future of a request counted in flight by the overload gate, whose body then
     /// holds the count. Never inlined: kept out of `poll_as`, a layer without a gate polls no
     /// larger a function.
@@ -432,7 +412,27 @@ where
         })?;
         Poll::Ready(Ok(response.map(|body| body.counted(in_flight))))
     }
+}
 
+impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: 'static,
+    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
+{
+    type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_as(cx, ThrottleBody::plain, |body| body)
+    }
+}
+
+impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: 'static,
+    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
+{
     /// The future's `poll`, giving the response the body that `plain` makes of the inner
     /// service's body as it came (the request holds nothing until it ends, and no field is added
     /// to it), or that `held` makes of a [`ThrottleBody`]: a response with another body type

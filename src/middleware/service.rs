@@ -32,7 +32,7 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::overload::Gate;
+use crate::overload::{Gate, InFlight};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, Policy};
 
@@ -116,36 +116,30 @@ where
         let matched = steps::match_policy(table, &request);
         // 1b: the overload gate, before any limit (out of line: most layers have none).
         if let Some(gate) = &judge.settings.overload {
-            return gated(gate, inner, shared, (table, matched), request);
+            return match gated(gate, judge, matched, &request) {
+                Ok(in_flight) => {
+                    decide(inner, shared, (table, matched), request).holding(in_flight)
+                }
+                Err(refusal) => ResponseFuture::refused(refusal),
+            };
         }
         decide(inner, shared, (table, matched), request)
     }
 }
 
-/// Step 1b, the overload gate: sheds the request, or counts it in flight until its response
-/// ends, through steps 2 to 9.
+/// Step 1b, the overload gate: counts the request in flight until its response ends, or sheds it
+/// (the refusal).
 #[inline(never)]
-fn gated<S, K, B, ReqBody>(
+fn gated<K, ReqBody>(
     gate: &Arc<Gate>,
-    inner: &mut S,
-    shared: &Arc<Shared<K, B>>,
-    (table, matched): (&Table<K>, Option<&Policy<K>>),
-    request: Request<ReqBody>,
-) -> ResponseFuture<S, ReqBody, B::Future>
-where
-    S: Service<Request<ReqBody>> + Clone,
-    K: KeyExtractor<ReqBody> + Send + Sync + 'static,
-    B: Backend,
-    ReqBody: 'static,
-{
-    match steps::overload(gate, matched, &request) {
-        Ok(in_flight) => decide(inner, shared, (table, matched), request).holding(in_flight),
-        Err(shed) => {
-            let rules = matched.map(|policy| &**policy.compiled());
-            let refusal = table.judge.shed(rules, &shed, RequestRef::of(&request));
-            ResponseFuture::refused(refusal)
-        }
-    }
+    judge: &Judge,
+    matched: Option<&Policy<K>>,
+    request: &Request<ReqBody>,
+) -> Result<InFlight, Response<Bytes>> {
+    steps::overload(gate, matched, request).map_err(|shed| {
+        let rules = matched.map(|policy| &**policy.compiled());
+        judge.shed(rules, &shed, RequestRef::of(request))
+    })
 }
 
 /// Steps 2 to 9 of a request that `matched` (a policy, or none), with its table in force.
