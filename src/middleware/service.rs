@@ -129,6 +129,8 @@ where
 
 /// Step 1b, the overload gate: counts the request in flight until its response ends, or sheds it
 /// (the refusal).
+// The refusal by value, as every step returns one (boxing it would allocate for every shed).
+#[allow(clippy::result_large_err)]
 #[inline(never)]
 fn gated<K, ReqBody>(
     gate: &Arc<Gate>,

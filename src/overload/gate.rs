@@ -171,6 +171,13 @@ impl Gate {
         self.pressed(self.clock.now_nanos())
     }
 
+    /// The recent latency of a request, admission to the end of its response (as of the last
+    /// interval that had enough samples; zero before): what a shed request's `Retry-After` is
+    /// derived from.
+    pub fn latency(&self) -> Duration {
+        self.limit.latency()
+    }
+
     /// Requests in flight now, in every partition.
     pub fn in_flight(&self) -> u32 {
         total_of(

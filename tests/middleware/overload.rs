@@ -518,3 +518,93 @@ async fn every_path_counts_in_flight_to_the_end_of_the_body() {
         }
     }
 }
+
+/// What the gate learns from: the time from admission to the end of the response, of requests the
+/// service answered — not of those the layer refused itself after the gate admitted them.
+#[tokio::test]
+async fn the_gate_learns_the_latency_of_served_requests_only() {
+    use std::time::Duration;
+    let layer = ThrottleLayer::builder()
+        .policies([
+            policy("slow", Quota::per_second(1_000_000)),
+            policy("soft", Quota::per_hour(1)),
+        ])
+        .overload(fixed(64).partition("soft", 0.5).partition("slow", 0.5))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                "slow"
+            }),
+        )
+        .route("/soft", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let gate = layer.overload().unwrap();
+    assert_eq!(gate.latency(), Duration::ZERO);
+    // Batches of served requests of 20 ms at least, until an interval has closed on them.
+    for _ in 0..50 {
+        let batch: Vec<_> = (0..10)
+            .map(|_| app.clone().oneshot(get_("/slow")))
+            .collect();
+        for response in futures_util::future::join_all(batch).await {
+            to_bytes(response.unwrap().into_body(), 64).await.unwrap();
+        }
+        if gate.latency() > Duration::ZERO {
+            break;
+        }
+    }
+    assert!(
+        gate.latency() >= Duration::from_millis(20),
+        "{:?}",
+        gate.latency()
+    );
+    // Requests of `soft` past its quota: admitted by the gate, refused by the policy at once, for
+    // longer than an interval. They teach the limit nothing (no sample), and give their place back.
+    let until = std::time::Instant::now() + Duration::from_millis(200);
+    let mut refused = 0;
+    while std::time::Instant::now() < until {
+        let response = app.clone().oneshot(get_("/soft")).await.unwrap();
+        refused += usize::from(response.status() == StatusCode::TOO_MANY_REQUESTS);
+        drop(response);
+        assert_eq!((gate.in_flight_of(0), gate.in_flight_of(1)), (0, 0));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(refused > 10, "{refused}");
+    assert!(
+        gate.latency() >= Duration::from_millis(20),
+        "{:?}",
+        gate.latency()
+    );
+}
+
+/// The gate's own API with a clock of the caller's: pressure lasts a second after a shed; a
+/// partition out of range is the last one; the shares read back.
+#[test]
+fn pressure_lasts_a_second_after_a_shed_and_partitions_are_clamped() {
+    use tower_throttle::overload::Gate;
+    let second = 1_000_000_000;
+    let gate = Gate::new(&fixed(10).partition("a", 0.25).partition("b", 0.75)).unwrap();
+    assert_eq!(
+        (gate.share_of(0), gate.share_of(1), gate.share_of(2)),
+        (0.25, 0.75, 0.0)
+    );
+    for _ in 0..10 {
+        assert!(gate.try_admit(1, second));
+    }
+    assert!(!gate.try_admit(0, second));
+    for _ in 0..10 {
+        gate.finish(1, second, second + 1_000, false);
+    }
+    assert_eq!(gate.in_flight(), 0);
+    // Nothing in flight, but a request was shed a moment ago: under pressure for a second.
+    assert!(gate.pressed(second + second / 2));
+    assert!(!gate.pressed(3 * second));
+    // A partition past the last is the last one, admitted and finished alike.
+    assert!(gate.try_admit(7, 3 * second));
+    assert_eq!(gate.in_flight_of(1), 1);
+    gate.finish(9, 3 * second, 3 * second + 1, false);
+    assert_eq!(gate.in_flight(), 0);
+}
