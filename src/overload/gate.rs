@@ -13,13 +13,13 @@ use http::StatusCode;
 use super::limit::AdaptiveLimit;
 use super::options::{drain_time, Overload, PartitionBy};
 use crate::clock::Clock;
+use crate::error::BuildError;
 
 /// The gate's clock, read twice a request: the TSC where the in-memory backend brings `quanta`.
 #[cfg(feature = "memory")]
 type GateClock = crate::clock::QuantaClock;
 #[cfg(not(feature = "memory"))]
 type GateClock = crate::clock::SystemClock;
-use crate::error::BuildError;
 
 /// A partition idle this long no longer has its share kept for it.
 const ACTIVE_FOR: u64 = 1_000_000_000;
