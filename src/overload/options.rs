@@ -188,3 +188,17 @@ pub(crate) fn drain_time(latency: Duration, in_flight: u32, limit: u32) -> Durat
     let drain = latency.mul_f64(f64::from(in_flight) / f64::from(limit.max(1)));
     drain.max(Duration::from_secs(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shed_request_waits_for_the_requests_in_flight_to_drain_a_second_at_least() {
+        let secs = Duration::from_secs;
+        assert_eq!(drain_time(secs(3), 10, 10), secs(3));
+        assert_eq!(drain_time(secs(4), 5, 10), secs(2));
+        assert_eq!(drain_time(Duration::from_millis(100), 10, 10), secs(1));
+        assert_eq!(drain_time(secs(2), 4, 0), secs(8)); // no limit yet: as of a limit of 1
+    }
+}

@@ -266,6 +266,10 @@ fn bad_options_fail_the_build_with_a_clear_error() {
     let twice = Overload::aimd().partition("a", 0.2).partition("a", 0.2);
     assert!(build(twice).contains("unique"));
     assert!(build(Overload::aimd().partition("a", f64::NAN)).contains("share NaN"));
+    assert!(build(Overload::aimd().partition("a", 0.0)).contains("share 0"));
+    assert!(build(Overload::aimd().partition("a", 1.5)).contains("share 1.5"));
+    let whole = Overload::aimd().partition("a", 0.8).partition("b", 0.2);
+    assert!(whole.validate().is_ok(), "shares adding up to 1 exactly");
     let five = (0..5).fold(Overload::aimd(), |o, i| o.partition(format!("p{i}"), 0.1));
     assert!(build(five).contains("at most 4"));
     // A quota enforced only under pressure needs a gate to say when.
