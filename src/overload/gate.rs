@@ -86,6 +86,13 @@ fn count_of(word: u64, partition: usize) -> u32 {
     ((word >> (16 * partition)) & 0xFFFF) as u32
 }
 
+/// The requests in flight from which the service is under pressure: within a tenth of `limit`
+/// (one at least). Partitions keep their shares from there, and quotas enforced under pressure
+/// only bite.
+fn pressure_at(limit: u32) -> u32 {
+    limit - limit.div_ceil(10)
+}
+
 fn total_of(word: u64, partitions: usize) -> u32 {
     (0..partitions).map(|i| count_of(word, i)).sum()
 }
@@ -228,7 +235,7 @@ impl Gate {
             // says): kept always, a partition beyond its share was refused with the service
             // idle (the free partition shed at 0.7 of capacity in the simulator's
             // steady_under_capacity), and the limit, not reached, never grew to make room.
-            let pressed = total >= limit - limit.div_ceil(10);
+            let pressed = total >= pressure_at(limit);
             let over = total >= limit
                 || (many > 1
                     && pressed
@@ -303,7 +310,7 @@ impl Gate {
         let shed_at = self.shed_at.load(Ordering::Relaxed);
         let limit = self.limit.current();
         (shed_at != 0 && now.saturating_sub(shed_at - 1) < PRESSED_FOR)
-            || self.in_flight() >= limit - limit.div_ceil(10)
+            || self.in_flight() >= pressure_at(limit)
     }
 
     /// Admits a request of `partition` on the gate's own clock: what it holds while in flight
