@@ -8,6 +8,7 @@
 #   bash scripts/overload_bench.sh                          # every variant, about 4 minutes
 #   bash scripts/overload_bench.sh none throttle-gradient   # only these
 #   SLOPE=1 bash scripts/overload_bench.sh                  # service time grows with busy workers
+#   DROP_TO=4 bash scripts/overload_bench.sh                # 4 workers left in the overload's middle third
 #   SUMMARY_ONLY=1 OUT=target/overload-bench bash scripts/overload_bench.sh   # the table again
 #
 # The servers and the load come from loadtest/'s overload-bench (src/overload.rs says how each is
@@ -27,6 +28,9 @@ LOW_SECONDS=${LOW_SECONDS:-8}
 HIGH_SECONDS=${HIGH_SECONDS:-15}
 WARMUP=${WARMUP:-2}
 OVERLOAD=${OVERLOAD:-2}
+# DROP_TO=M: the service has M workers in the middle third of the overload phase (the load stays
+# at OVERLOAD × the full capacity), then WORKERS again.
+DROP_TO=${DROP_TO:-}
 CONNS=${CONNS:-256}
 OUT=${OUT:-$TARGET/overload-bench}
 # With SLOPE, the service time of N busy workers is SERVICE_MS × (1 + SLOPE): the most it serves.
@@ -75,24 +79,36 @@ for v in "${VARIANTS[@]}"; do
   }
 done
 
-say "capacity $CAPACITY/s ($WORKERS workers × $SERVICE_MS ms, slope $SLOPE); $CONNS connections"
+say "capacity $CAPACITY/s ($WORKERS workers × $SERVICE_MS ms, slope $SLOPE${DROP_TO:+, $DROP_TO workers in the middle third of the overload}); $CONNS connections"
 for v in "${VARIANTS[@]}"; do
   url=http://127.0.0.1:${PORT[$v]}/
   echo "--- low" >>"$OUT/$v.server.log"
   taskset -c 1 "$BIN" load --url "$url" --rate $((CAPACITY / 2)) --conns "$CONNS" \
     --seconds "$LOW_SECONDS" --out "$OUT/$v.low.csv"
   echo "--- high" >>"$OUT/$v.server.log"
+  if [[ -n $DROP_TO ]]; then
+    third=$(python3 -c "print($HIGH_SECONDS / 3)")
+    (sleep "$third" && curl -sf -o /dev/null "${url}capacity?workers=$DROP_TO" &&
+      sleep "$third" && curl -sf -o /dev/null "${url}capacity?workers=$WORKERS") &
+  fi
   taskset -c 1 "$BIN" load --url "$url" --rate $((CAPACITY * OVERLOAD)) --conns "$CONNS" \
     --seconds "$HIGH_SECONDS" --out "$OUT/$v.high.csv"
 done
 
 fi
 
+DROP_TO=$DROP_TO WORKERS=$WORKERS \
 python3 - "$OUT" "$CAPACITY" "$WARMUP" "$HIGH_SECONDS" "${VARIANTS[@]}" <<'EOF'
-import sys
+import os, sys
 
 out, capacity, warmup, high = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 variants = sys.argv[5:]
+low_capacity = capacity
+if os.environ.get("DROP_TO"):
+    # The nominal capacity over the window: the middle third of the phase at DROP_TO workers.
+    third = high / 3
+    share = float(os.environ["DROP_TO"]) / float(os.environ["WORKERS"])
+    capacity = int(capacity * ((high - warmup - third) + share * third) / (high - warmup))
 
 
 def read(path, skip):
@@ -144,7 +160,7 @@ for v in variants:
 # against it; the nominal capacity is shown too.
 served = res["none"]["good"] if "none" in res else capacity
 print(f"\ncapacity {capacity}/s nominal, {served:.0f}/s measured (none, overloaded); unloaded p99 "
-      f"{base:.1f} ms (median of the variants at {capacity // 2}/s); deadline {deadline:.1f} ms; window {window:.0f} s")
+      f"{base:.1f} ms (median of the variants at {low_capacity // 2}/s); deadline {deadline:.1f} ms; window {window:.0f} s")
 print("| variant | unloaded p99 ms | goodput/s | in deadline/s | p50 ms | p99 ms | shed | unsent "
       "| p99 / unloaded | goodput / nominal | goodput / measured | in deadline / measured | goal |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -10,7 +10,9 @@
 //! (`tokio::time::sleep`), so capacity is `N / MS` and a request beyond it waits for a worker:
 //! queueing, not failing, is what an unprotected service does when overloaded. With `--slope F`,
 //! the service time grows with the workers busy (`MS × (1 + F × busy / N)`), a service that slows
-//! as it gets loaded (lock contention, a shared database).
+//! as it gets loaded (lock contention, a shared database). `GET /capacity?workers=M` (outside
+//! every protection) takes workers away until `M` are left, or gives them back: a capacity drop
+//! mid-run (a node lost, a noisy neighbour), where a static limit set to the old capacity queues.
 //!
 //! The load is open-loop: requests are due at `R` a second whatever the answers, each sent on the
 //! first of `C` keep-alive connections that is free. A request due while every connection is busy
@@ -25,14 +27,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::{routing::get, BoxError, Router};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use tokio::sync::{mpsc, Mutex, Semaphore};
+use tokio::sync::{mpsc, Mutex, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_resilience_adaptive::{AdaptiveLimiterLayer, Aimd, Vegas};
 
@@ -48,7 +50,9 @@ const VARIANTS: &[&str] = &[
 ];
 
 struct Service {
-    workers: Semaphore,
+    workers: Arc<Semaphore>,
+    /// The workers taken away by `/capacity`.
+    taken: Mutex<Option<OwnedSemaphorePermit>>,
     n: u32,
     busy: AtomicU32,
     service: Duration,
@@ -62,6 +66,24 @@ async fn work(State(s): State<Arc<Service>>) -> &'static str {
     tokio::time::sleep(s.service.mul_f64(factor)).await;
     s.busy.fetch_sub(1, Ordering::Relaxed);
     "ok"
+}
+
+/// `/capacity?workers=M`: gives every worker back, then takes `n - M` away (they are taken as
+/// they finish, in turn with the requests waiting for one).
+async fn capacity(State(s): State<Arc<Service>>, query: RawQuery) -> String {
+    let workers: u32 = query
+        .0
+        .as_deref()
+        .and_then(|q| q.strip_prefix("workers="))
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(s.n)
+        .clamp(1, s.n);
+    let mut taken = s.taken.lock().await;
+    *taken = None;
+    if workers < s.n {
+        *taken = s.workers.clone().acquire_many_owned(s.n - workers).await.ok();
+    }
+    format!("{workers} workers")
 }
 
 /// tower's shedding layers answer with an error; a client must see the same 503 from every
@@ -171,13 +193,18 @@ async fn serve(args: &[String]) {
     let ms: u64 = arg(args, "--service-ms", Some(10));
     let slope: f64 = arg(args, "--slope", Some(0.0));
     let s = Arc::new(Service {
-        workers: Semaphore::new(n as usize),
+        workers: Arc::new(Semaphore::new(n as usize)),
+        taken: Mutex::new(None),
         n,
         busy: AtomicU32::new(0),
         service: Duration::from_millis(ms),
         slope,
     });
-    let app = app(&variant, s);
+    // Outside every protection: the switch must not be shed.
+    let switch = Router::new()
+        .route("/capacity", get(capacity))
+        .with_state(s.clone());
+    let app = app(&variant, s).merge(switch);
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .unwrap();

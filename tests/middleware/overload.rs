@@ -612,3 +612,45 @@ fn pressure_lasts_a_second_after_a_shed_and_partitions_are_clamped() {
     gate.finish(9, 3 * second, 3 * second + 1, false);
     assert_eq!(gate.in_flight(), 0);
 }
+
+#[tokio::test]
+async fn a_grpc_layer_sheds_with_a_grpc_status_and_pushback() {
+    for (status, code) in [
+        (StatusCode::SERVICE_UNAVAILABLE, "14"), // UNAVAILABLE
+        (StatusCode::TOO_MANY_REQUESTS, "8"),    // RESOURCE_EXHAUSTED
+    ] {
+        let layer = ThrottleLayer::builder()
+            .policy(policy("hold", Quota::per_second(1_000)))
+            .overload(fixed(1).status(status))
+            .grpc()
+            .build()
+            .unwrap();
+        let release = Arc::new(Semaphore::new(0));
+        let app = app(layer.clone(), release.clone());
+        let held = hold(&app, "/hold");
+        settle().await;
+        let shed = app.clone().oneshot(get_("/hold")).await.unwrap();
+        // Trailers-only: HTTP 200, the outcome in `grpc-status`, the wait in both headers.
+        assert_eq!(shed.status(), StatusCode::OK);
+        assert_eq!(shed.headers()["content-type"], "application/grpc");
+        assert_eq!(shed.headers()["grpc-status"], code);
+        assert!(shed.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .contains("overloaded"));
+        let seconds: u64 = shed.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let pushback: u64 = shed.headers()["grpc-retry-pushback-ms"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(seconds >= 1 && pushback <= seconds * 1000 && pushback > (seconds - 1) * 1000);
+        assert_eq!(layer.overload().unwrap().shed_of(0), 1);
+        release.add_permits(1);
+        drop(held.await.unwrap());
+    }
+}

@@ -181,3 +181,54 @@ fn partitions_never_exceed_the_global_limit_under_16_threads() {
     );
     assert_eq!(gate.in_flight(), 0);
 }
+
+/// The queue test alone: past the knee (the throughput did not follow the concurrency) it
+/// drains; a drain step whose concurrency did not move (the demand fell) proves nothing and
+/// confirms nothing; one whose throughput fell with the concurrency is below the knee.
+#[test]
+fn the_queue_test_drains_past_the_knee_and_confirms_only_below_it() {
+    use little::{Little, Sample, Verdict};
+    let baseline = 20f64.log2();
+    let at = |in_flight: f64, rate: f64| {
+        Some(Sample {
+            in_flight: in_flight.ln(),
+            rate: rate.ln(),
+            log: baseline,
+            clean: true,
+        })
+    };
+    let past_the_knee = || {
+        let mut little = Little::default();
+        assert_eq!(
+            little.judge(at(40.0, 1000.0), true, baseline, 1.0),
+            Verdict::Go
+        );
+        let drain = little.judge(at(60.0, 1000.0), true, baseline, 1.0);
+        assert!(
+            matches!(drain, Verdict::Cut(to) if (to - 30.0).abs() < 1e-6),
+            "{drain:?}"
+        );
+        little
+    };
+    // The next interval ran at the same concurrency: inconclusive, the baseline not confirmed.
+    let mut little = past_the_knee();
+    assert_eq!(
+        little.judge(at(40.0, 1000.0), true, baseline, 1.0),
+        Verdict::Go
+    );
+    let again = little.judge(at(60.0, 1000.0), true, baseline, 1.0);
+    assert!(
+        matches!(again, Verdict::Cut(_)),
+        "still unconfirmed: {again:?}"
+    );
+    // The throughput fell with the concurrency: below the knee, the baseline confirmed.
+    let mut little = past_the_knee();
+    assert_eq!(
+        little.judge(at(30.0, 750.0), true, baseline, 1.0),
+        Verdict::Baseline
+    );
+    assert_eq!(
+        little.judge(at(60.0, 750.0), true, baseline, 1.0),
+        Verdict::Go
+    );
+}
