@@ -6,8 +6,10 @@
 //! `middleware/body.rs`, [`in_force`] and `observe.rs` (its report), its fields through
 //! `headers.rs` and `header_block.rs`, and one-line accessors of `policy.rs`, `policy/spec.rs`,
 //! `policy/compiled.rs` and `overrides/cache.rs`; a 429 adds `refuse`; the extended path adds
-//! [`extended`] (and the feature's own file: `outcome.rs` for counting by outcome). The backend is
-//! asked in one shape, a list of [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
+//! [`extended`] (and the feature's own file: `outcome.rs` for counting by outcome); an overload
+//! gate adds `overload/gate.rs` and `overload/limit.rs` (admission, release, the sample) and
+//! [`slot`] (the count the response holds). The backend is asked in one shape, a list of
+//! [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
 //! after it (`scripts/import_cycles.py` checks it):
 //!
 //! * [`extended`]: the steps of a policy with per-request features, synchronous until the first

@@ -232,3 +232,21 @@ fn the_queue_test_drains_past_the_knee_and_confirms_only_below_it() {
         Verdict::Go
     );
 }
+
+/// A clock gone back (a restored VM, a reset test clock) starts a new interval at once: the limit
+/// goes on adapting rather than waiting for the clock to reach the old interval's end.
+#[test]
+fn a_clock_gone_back_does_not_stall_the_limit() {
+    for overload in [Overload::aimd(), Overload::gradient()] {
+        let l = limit(overload, 1, 100, 50);
+        let counted = |l: &AdaptiveLimit| l.state.lock().map_or(0, |s| s.counted);
+        let mut t = 3_600_000 * MS; // an hour in
+        drive(&l, &mut t, 5, 1.0, |_| 10 * MS);
+        let (before, limit_before) = (counted(&l), l.current());
+        let mut t = 0;
+        drive(&l, &mut t, 5, 1.0, |_| 100 * MS);
+        // Five intervals' samples, all but the last one's counted in closed intervals.
+        assert!(counted(&l) >= before + 80, "{:?}", l.settings.algorithm);
+        assert_ne!(l.current(), limit_before, "{:?}", l.settings.algorithm);
+    }
+}
