@@ -179,6 +179,9 @@ async fn partitions_borrow_idle_shares_and_keep_an_active_ones() {
         .unwrap();
     let gate = layer.overload().unwrap();
     assert_eq!(gate.partitions().collect::<Vec<_>>(), ["paid", "free"]);
+    // A name no partition has is the last partition's.
+    assert_eq!(gate.partition_of(Some("other")), 1);
+    assert_eq!((gate.shed_of(0), gate.shed_of(1)), (0, 0));
     let release = Arc::new(Semaphore::new(0));
     let app = app(layer.clone(), release.clone());
     // `paid` has never asked: `free` borrows its share, up to the limit.

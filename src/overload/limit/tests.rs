@@ -5,6 +5,7 @@ use crate::overload::{Gate, Overload};
 use std::sync::Arc;
 
 const MS: u64 = 1_000_000;
+const SECOND: u64 = 1_000 * MS;
 
 fn limit(overload: Overload, min: u32, max: u32, initial: u32) -> AdaptiveLimit {
     AdaptiveLimit::new(&overload.limits(min, max).initial_limit(initial).settings())
@@ -221,6 +222,22 @@ fn the_queue_test_drains_past_the_knee_and_confirms_only_below_it() {
         matches!(again, Verdict::Cut(_)),
         "still unconfirmed: {again:?}"
     );
+    // A drain step whose concurrency rose a little (less than a step) cuts nothing more.
+    let mut little = past_the_knee();
+    assert_eq!(
+        little.judge(at(44.0, 1000.0), true, baseline, 1.0),
+        Verdict::Go
+    );
+    // No drain where the lower concurrency is within a tenth of the minimum.
+    let mut near_min = Little::default();
+    assert_eq!(
+        near_min.judge(at(40.0, 1000.0), true, baseline, 38.0),
+        Verdict::Go
+    );
+    assert_eq!(
+        near_min.judge(at(60.0, 1000.0), true, baseline, 38.0),
+        Verdict::Go
+    );
     // The throughput fell with the concurrency: below the knee, the baseline confirmed.
     let mut little = past_the_knee();
     assert_eq!(
@@ -248,5 +265,29 @@ fn a_clock_gone_back_does_not_stall_the_limit() {
         // Five intervals' samples, all but the last one's counted in closed intervals.
         assert!(counted(&l) >= before + 80, "{:?}", l.settings.algorithm);
         assert_ne!(l.current(), limit_before, "{:?}", l.settings.algorithm);
+        assert!(
+            l.latency() >= Duration::from_millis(99),
+            "{:?}",
+            l.latency()
+        );
     }
+}
+
+/// At a very high rate an interval closes on its sample count, not its end; and the typical
+/// latency it measured is what a shed request's `Retry-After` is derived from.
+#[test]
+fn an_interval_closes_early_on_its_sample_count() {
+    let l = limit(Overload::gradient(), 1, 100, 50);
+    let counted = |l: &AdaptiveLimit| l.state.lock().map_or(0, |s| s.counted);
+    // The first interval closes on its tenth sample (its end is 0); the next at the count.
+    for _ in 0..MIN_SAMPLES {
+        l.record(SECOND, 100 * MS, false, 50);
+    }
+    assert_eq!(counted(&l), MIN_SAMPLES);
+    for _ in 0..MAX_SAMPLES {
+        l.record(SECOND, 100 * MS, false, 50); // the clock frozen: only the count can close it
+    }
+    assert_eq!(counted(&l), MIN_SAMPLES + MAX_SAMPLES);
+    let typical = l.latency().as_secs_f64();
+    assert!((0.099..=0.101).contains(&typical), "{typical}");
 }
