@@ -156,8 +156,9 @@ struct State {
     counted: u64,
     /// In a congested episode (intervals above the tolerance, one after the other).
     congested: bool,
-    /// The episode's reference: concurrency and latency ratio of its second interval (the first
-    /// measured a queue still building, below what its concurrency holds).
+    /// The episode's reference: concurrency, latency ratio and log throughput (if measured) of
+    /// its second interval (the first measured a queue still building, below what its
+    /// concurrency holds).
     episode: Option<(f64, f64, Option<f64>)>,
     /// The queue test of the baseline, by throughput against concurrency.
     little: Little,
@@ -398,6 +399,7 @@ impl AdaptiveLimit {
                     // alone, the real side by side's capacity drop (`DROP_TO=3`) raised the
                     // baseline to 2× (its reference measured a queue still building).
                     let fell = match (start_rate, rate) {
+                        // Elasticity ½ or more: the throughput followed the concurrency down.
                         (Some(before), Some((now, _))) => (now - before) / cut.ln() >= 0.5,
                         _ => true,
                     };
@@ -420,9 +422,9 @@ impl AdaptiveLimit {
                 // Cut halfway (geometrically) to where the latency would be back within the
                 // tolerance, at most by half an interval, from what was actually in flight (a cut
                 // above it changes nothing). A cut all the way there (`tolerance / ratio`)
-                // overshoots where part of the latency is not a queue's: `slow_clients` lost 7 %
-                // goodput with it (87 % against 96 %), and a cut to the baseline (1 / ratio) a
-                // fifth more.
+                // overshoots where part of the latency is not a queue's: `slow_clients` lost 9 points
+                // of goodput with it (87 % against 96 %), and a cut to the baseline (1 / ratio)
+                // a fifth more.
                 LimitAlgorithm::Gradient => under * (s.tolerance / ratio).sqrt().max(0.5),
             }
             .max(min);
