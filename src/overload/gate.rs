@@ -279,6 +279,11 @@ impl Gate {
     /// longer in flight, and its latency adapts the limit.
     pub fn finish(&self, partition: usize, started: u64, now: u64, dropped: bool) {
         let in_flight = self.release(partition);
+        self.sample(started, now, dropped, in_flight);
+    }
+
+    /// The latency of a request that ended with `in_flight` in flight, to the limit.
+    fn sample(&self, started: u64, now: u64, dropped: bool, in_flight: u32) {
         let _changed = self
             .limit
             .record(now, now.saturating_sub(started), dropped, in_flight);
@@ -291,7 +296,7 @@ impl Gate {
 
     /// Counts a request of `partition` out of flight, with no sample: how many were in flight
     /// before.
-    pub(crate) fn release(&self, partition: usize) -> u32 {
+    fn release(&self, partition: usize) -> u32 {
         let partition = partition.min(self.partitions.len() - 1);
         let one = 1 << (16 * partition);
         // Never below 0: a `finish` without its `try_admit` (a caller's mistake) would borrow
@@ -318,6 +323,7 @@ impl Gate {
     pub(crate) fn admit(self: &Arc<Self>, partition: usize) -> Result<InFlight, Shed> {
         let now = self.clock.now_nanos() & STARTED;
         if self.try_admit(partition, now) {
+            let partition = partition.min(self.partitions.len() - 1);
             return Ok(InFlight::new(self.clone(), partition, now));
         }
         Err(Shed {
@@ -371,16 +377,16 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let partition = self.partition();
-        match self.word & (3 << 62) {
-            REFUSED => {
-                self.gate.release(partition);
-            }
-            end => {
-                let now = self.gate.clock.now_nanos() & STARTED;
-                let started = self.word & STARTED;
-                self.gate.finish(partition, started, now, end == FAILED);
-            }
+        // Made only by an admission, in its (clamped) partition: the count is there to take, so
+        // one `fetch_sub` ends it, where `finish` (open to any caller) must check it first.
+        let one = 1 << (16 * self.partition());
+        let before = self.gate.in_flight.fetch_sub(one, Ordering::AcqRel);
+        let end = self.word & (3 << 62);
+        if end != REFUSED {
+            let now = self.gate.clock.now_nanos() & STARTED;
+            let in_flight = total_of(before, self.gate.partitions.len());
+            self.gate
+                .sample(self.word & STARTED, now, end == FAILED, in_flight);
         }
     }
 }
