@@ -26,12 +26,11 @@ fn policy(name: &str, quota: Quota) -> Policy<Global> {
         .unwrap()
 }
 
-/// An app whose `/hold/...` routes answer only when the test adds a permit to the semaphore, and
-/// whose other routes answer at once, behind `layer`.
-fn app(
-    layer: ThrottleLayer<Global, tower_throttle::MemoryBackend>,
-    gate: Arc<Semaphore>,
-) -> Router {
+/// An app whose `/hold/...` routes answer only when the test adds a permit to the semaphore it
+/// returns, and whose other routes answer at once, behind `layer`.
+fn app(layer: ThrottleLayer<Global, tower_throttle::MemoryBackend>) -> (Router, Arc<Semaphore>) {
+    let release = Arc::new(Semaphore::new(0));
+    let gate = release.clone();
     let held = move || {
         let gate = gate.clone();
         async move {
@@ -39,12 +38,13 @@ fn app(
             "done"
         }
     };
-    Router::new()
+    let router = Router::new()
         .route("/paid", get(held.clone()))
         .route("/free", get(held.clone()))
         .route("/hold", get(held))
         .route("/soft", get(|| async { "ok" }))
-        .layer(layer)
+        .layer(layer);
+    (router, release)
 }
 
 fn get_(path: &str) -> Request<Body> {
@@ -78,8 +78,7 @@ async fn requests_past_the_limit_are_shed_until_one_ends() {
         .unwrap();
     let gate = layer.overload().unwrap();
     assert_eq!(gate.limit(), 2);
-    let release = Arc::new(Semaphore::new(0));
-    let app = app(layer.clone(), release.clone());
+    let (app, release) = app(layer.clone());
     let first = hold(&app, "/hold");
     let second = hold(&app, "/hold");
     settle().await;
@@ -128,8 +127,7 @@ async fn the_status_may_be_429_and_a_request_no_policy_matched_counts_too() {
         .overload(fixed(1).status(StatusCode::TOO_MANY_REQUESTS))
         .build()
         .unwrap();
-    let release = Arc::new(Semaphore::new(0));
-    let app = app(layer.clone(), release.clone());
+    let (app, release) = app(layer.clone());
     // `/hold` matches no policy: the gate counts it all the same.
     let held = hold(&app, "/hold");
     settle().await;
@@ -151,7 +149,7 @@ async fn a_refused_request_gives_its_place_back_at_once() {
         .overload(fixed(1))
         .build()
         .unwrap();
-    let app = app(layer.clone(), Arc::new(Semaphore::new(0)));
+    let (app, _) = app(layer.clone());
     let ok = app.clone().oneshot(get_("/soft")).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
     drop(ok);
@@ -182,8 +180,7 @@ async fn partitions_borrow_idle_shares_and_keep_an_active_ones() {
     // A name no partition has is the last partition's.
     assert_eq!(gate.partition_of(Some("other")), 1);
     assert_eq!((gate.shed_of(0), gate.shed_of(1)), (0, 0));
-    let release = Arc::new(Semaphore::new(0));
-    let app = app(layer.clone(), release.clone());
+    let (app, release) = app(layer.clone());
     // `paid` has never asked: `free` borrows its share, up to the limit.
     let free: Vec<_> = (0..4).map(|_| hold(&app, "/free")).collect();
     settle().await;
@@ -229,8 +226,7 @@ async fn a_quota_enforced_under_pressure_only_bites_while_the_service_is_pressed
         .overload(fixed(10))
         .build()
         .unwrap();
-    let release = Arc::new(Semaphore::new(0));
-    let app = app(layer.clone(), release.clone());
+    let (app, release) = app(layer.clone());
     // No pressure: past its quota of one an hour, the route still answers.
     for _ in 0..3 {
         let response = app.clone().oneshot(get_("/soft")).await.unwrap();
@@ -352,8 +348,7 @@ fn shed_requests_are_counted_by_partition_apart_from_limited_ones() {
             .overload(fixed(1).partition("paid", 0.5).partition("soft", 0.5))
             .build()
             .unwrap();
-        let release = Arc::new(Semaphore::new(0));
-        let app = app(layer.clone(), release.clone());
+        let (app, release) = app(layer.clone());
         // One 200 and one 429 of its quota, then a request held: the next one is shed.
         for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
             let response = app.clone().oneshot(get_("/soft")).await.unwrap();
@@ -628,8 +623,7 @@ async fn a_grpc_layer_sheds_with_a_grpc_status_and_pushback() {
             .grpc()
             .build()
             .unwrap();
-        let release = Arc::new(Semaphore::new(0));
-        let app = app(layer.clone(), release.clone());
+        let (app, release) = app(layer.clone());
         let held = hold(&app, "/hold");
         settle().await;
         let shed = app.clone().oneshot(get_("/hold")).await.unwrap();
