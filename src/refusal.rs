@@ -37,6 +37,8 @@ use crate::decision::Decision;
 use crate::headers::{limited_body, problem_response};
 pub use crate::observe::Limited;
 
+pub(crate) mod respond;
+
 /// A request that a policy limited: what [`Refusal::rejected`] gives for a `429`, and what
 /// [`grpc::resource_exhausted`](crate::grpc::resource_exhausted) answers.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! build with line tables) `middleware/service.rs`, [`steps`], [`verdict`], `middleware/future.rs`,
 //! `middleware/body.rs`, [`in_force`] and `observe.rs` (its report), its fields through
 //! `headers.rs` and `header_block.rs`, and one-line accessors of `policy.rs`, `policy/spec.rs`,
-//! `policy/compiled.rs` and `overrides/cache.rs`; a 429 adds `refuse`; the extended path adds
+//! `policy/compiled.rs` and `overrides/cache.rs`; a 429 adds `refusal/respond.rs`; the extended path adds
 //! [`extended`] (and the feature's own file: `outcome.rs` for counting by outcome); an overload
 //! gate adds `overload/gate.rs` and `overload/limit.rs` (admission, release, the sample) and
 //! [`slot`] (the count the response holds). The backend is asked in one shape, a list of
@@ -20,7 +20,6 @@
 //! * [`in_force`]: the policy table in force, read by every request, replaced by a reload.
 //! * [`table`]: the policy table, compiled for the backend (for the builder and for a reload).
 //! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
-//! * `refuse`: the refusals' responses (429, 503, 403, the missing key's 4xx).
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
 //! * [`settings`]: the layer-wide settings, hooks and failure policy.
 //! * [`slot`]: a concurrency slot, given back exactly once.
@@ -28,7 +27,6 @@
 pub(crate) mod extended;
 pub(crate) mod in_force;
 mod judge_state;
-mod refuse;
 pub(crate) mod settings;
 pub(crate) mod shared;
 pub(crate) mod slot;

@@ -3,19 +3,11 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::Response;
-
 use crate::headers::HeaderOptions;
 use crate::near_limit::NearLimitHook;
-use crate::observe::Limited;
 use crate::offenders::Offenders;
 use crate::overload::Gate;
-use crate::refusal::{Refusal, Rejected};
-
-pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
-pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
-pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
+use crate::refusal::respond::Refusals;
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,18 +43,14 @@ impl OnBackendError {
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) headers: HeaderOptions,
-    pub(crate) rejection: Option<Arc<RejectionFn>>,
-    /// Answers every refusal (429, 400, 403, 503) when set.
-    pub(crate) refusal: Option<Arc<RefusalFn>>,
+    /// How refusals are answered (custom functions, gRPC, the `on_limited` hook).
+    pub(crate) refusals: Refusals,
     pub(crate) on_error: OnBackendError,
     pub(crate) redact_keys: bool,
     /// The secret of redacted keys (a random one per layer when `redact_keys` has none).
     pub(crate) redaction_secret: Option<crate::observe::RedactionSecret>,
-    pub(crate) on_limited: Option<Arc<LimitedHook>>,
     pub(crate) on_near_limit: Option<Arc<NearLimitHook>>,
     pub(crate) offenders: Option<Offenders>,
-    /// Refusals (400, 403, 503) as gRPC trailers-only responses.
-    pub(crate) grpc: bool,
     /// Every admitted request gets a [`PolicyDecision`].
     pub(crate) decision_extension: bool,
     /// The layer's overload gate, one for the layer's life (reloads keep it).
@@ -77,15 +65,12 @@ impl Default for Settings {
                 legacy: false,
                 openai: false,
             },
-            rejection: None,
-            refusal: None,
+            refusals: Refusals::default(),
             on_error: OnBackendError::default(),
             redact_keys: false,
             redaction_secret: None,
-            on_limited: None,
             on_near_limit: None,
             offenders: None,
-            grpc: false,
             decision_extension: false,
             overload: None,
         }

@@ -5,7 +5,8 @@
 //!
 //! A decision becomes a verdict in small steps ([`Judge::decided`]): wait for delay mode, combine a
 //! stack's decisions, strike the penalty box, report, then admit ([`Admitted`]: the fields, the
-//! wait, the slot, the [`PolicyDecision`] handlers see) or reject (the responses: `refuse.rs`).
+//! wait, the slot, the [`PolicyDecision`] handlers see) or reject (the responses:
+//! `refusal/respond.rs`).
 
 use std::time::Duration;
 
@@ -21,8 +22,7 @@ use crate::headers::RateHeaders;
 use crate::key::Key;
 
 use crate::observe::{ErrorLog, RedactionSecret, Redactor, RequestRef, ShownKey};
-use crate::policy::CompiledPolicy;
-use crate::policy::CompiledTier;
+use crate::policy::{CompiledPolicy, CompiledTier, MissingKey};
 use crate::policy_decision::{LimitDecision, PolicyDecision};
 use crate::refusal::RefusalKind;
 use crate::timer::timers_available;
@@ -283,9 +283,8 @@ impl Judge {
         let rules = policy;
         match self.settings.on_error {
             OnBackendError::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, None) => {
-                Verdict::Reject(self.unavailable(
-                    Some(&rules.name),
-                    None,
+                Verdict::Reject(self.settings.refusals.unavailable(
+                    (Some(&rules.name), None),
                     request,
                     "the rate limiter could not identify this client in time; retry shortly",
                 ))
@@ -304,9 +303,8 @@ impl Judge {
             OnBackendError::Deny
                 if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) =>
             {
-                Verdict::Reject(self.unavailable(
-                    Some(&rules.name),
-                    Some(cx.key),
+                Verdict::Reject(self.settings.refusals.unavailable(
+                    (Some(&rules.name), Some(cx.key)),
                     cx.request,
                     "the rate limiter is unavailable; retry shortly",
                 ))
@@ -457,8 +455,14 @@ impl Judge {
         // A dry run reports the wait it would have made, but does not wait.
         let wait = if enforced { delay } else { Duration::ZERO };
         if !wait.is_zero() {
+            // No timer to wait on: a misconfigured server, not the client's fault. Admitting at
+            // once would let the queue through early.
             if !timers_available() {
-                return Verdict::Reject(self.cannot_delay(rules, cx));
+                crate::observe::no_timers(&rules.name);
+                let why = "the rate limiter cannot delay this request";
+                let (policy, key) = (Some(&*rules.name), Some(cx.key));
+                let refusals = &self.settings.refusals;
+                return Verdict::Reject(refusals.unavailable((policy, key), cx.request, why));
             }
             // The fields go out after the wait: by then the key is that much closer to full.
             for d in decisions.iter_mut() {
@@ -487,7 +491,45 @@ impl Judge {
             }
             return Verdict::Admit(admitted);
         }
-        Verdict::Reject(self.reject(rules, cx, &decision, fields))
+        let refusals = &self.settings.refusals;
+        let (policy, key) = ((&*rules.name, &rules.limited_body), (cx.key, &decision));
+        Verdict::Reject(refusals.limited(policy, key, cx.request, fields))
+    }
+
+    /// The verdict on a client or key on a deny list (`policy`: the one that matched, if any).
+    pub(crate) fn forbidden(
+        &self,
+        policy: Option<&CompiledPolicy>,
+        key: Option<&Key>,
+        request: RequestRef<'_>,
+    ) -> Verdict {
+        if !self.enforces(policy, RefusalKind::Denied, key) {
+            return Verdict::Admit(Admitted::unlimited());
+        }
+        crate::observe::forbidden();
+        let policy = policy.map(|p| &*p.name);
+        Verdict::Reject(self.settings.refusals.forbidden((policy, key), request))
+    }
+
+    /// The verdict on a request without a key for `policy` (`what` names the expected source):
+    /// what its [`MissingKey`] says.
+    pub(crate) fn missing_key(
+        &self,
+        policy: &CompiledPolicy,
+        what: &str,
+        request: RequestRef<'_>,
+    ) -> Verdict {
+        let status = match policy.missing_key {
+            MissingKey::Reject(status)
+                if self.enforces(Some(policy), RefusalKind::MissingKey, None) =>
+            {
+                status
+            }
+            _ => return Verdict::Admit(Admitted::unlimited()),
+        };
+        policy.reporter.missing_key(&policy.name, what);
+        let refusals = &self.settings.refusals;
+        Verdict::Reject(refusals.missing_key((&policy.name, status), what, request))
     }
 
     /// The judge's first steps on the decisions of every limit of `tier` for `key`, for a request

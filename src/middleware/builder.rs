@@ -137,7 +137,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// # let _ = layer;
     /// ```
     pub fn on_limited(mut self, hook: impl Fn(&Limited<'_>) + Send + Sync + 'static) -> Self {
-        self.settings.on_limited = Some(Arc::new(hook));
+        self.settings.refusals.on_limited = Some(Arc::new(hook));
         self
     }
 
@@ -307,7 +307,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     where
         F: Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.settings.refusal = Some(Arc::new(f));
+        self.settings.refusals.custom = Some(Arc::new(f));
         self
     }
 
@@ -320,9 +320,9 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// The `429` is [`grpc::resource_exhausted`](crate::grpc::resource_exhausted); a
     /// [`refusal_response`](Self::refusal_response) still has the last word.
     pub fn grpc(mut self) -> Self {
-        self.settings.grpc = true;
+        self.settings.refusals.grpc = true;
         // The gRPC 429 replaces the default 429 only.
-        self.settings.rejection = Some(Arc::new(crate::grpc::resource_exhausted));
+        self.settings.refusals.rejection = Some(Arc::new(crate::grpc::resource_exhausted));
         self
     }
 

@@ -139,8 +139,8 @@ fn gated<K, ReqBody>(
     request: &Request<ReqBody>,
 ) -> Result<InFlight, Response<Bytes>> {
     steps::overload(gate, matched, request).map_err(|shed| {
-        let rules = matched.map(|policy| &**policy.compiled());
-        judge.shed(rules, &shed, RequestRef::of(request))
+        let policy = matched.map(|policy| policy.compiled().name());
+        (judge.settings.refusals).shed(policy, &shed, RequestRef::of(request))
     })
 }
 

@@ -1,0 +1,210 @@
+//! How the layer answers a request it refuses ([`Refusals`]): its own problem response (a gRPC
+//! status under `grpc()`), or the application's custom refusal or rejection, with its
+//! `Retry-After`; a `429` after the `on_limited` hook. Whether a request is refused at all is the
+//! engine's call (a dry run refuses nothing); what the answer is, this file's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::grpc;
+use crate::headers::{self, RateHeaders};
+use crate::key::Key;
+use crate::observe::{Limited, RequestRef};
+use crate::overload::Shed;
+use crate::refusal::{Refusal, RefusalKind, Rejected};
+
+pub(crate) type RejectionFn = dyn Fn(&Rejected<'_>) -> Response<Bytes> + Send + Sync;
+pub(crate) type RefusalFn = dyn Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync;
+pub(crate) type LimitedHook = dyn Fn(&Limited<'_>) + Send + Sync;
+
+/// The layer's options for the answers it makes itself, as the builder collects them.
+#[derive(Clone, Default)]
+pub(crate) struct Refusals {
+    /// Makes the `429`s in place of the problem response (`grpc()`: `RESOURCE_EXHAUSTED`).
+    pub(crate) rejection: Option<Arc<RejectionFn>>,
+    /// Answers every refusal (429, 400, 403, 503) when set.
+    pub(crate) custom: Option<Arc<RefusalFn>>,
+    pub(crate) on_limited: Option<Arc<LimitedHook>>,
+    /// Refusals (400, 403, 503) as gRPC trailers-only responses.
+    pub(crate) grpc: bool,
+}
+
+impl Refusals {
+    /// The custom refusal function's answer to `refusal`, or the layer's own (its `default`): with
+    /// no function set, this is one `Option` check.
+    fn answer(&self, refusal: Refusal<'_>) -> Response<Bytes> {
+        match &self.custom {
+            Some(custom) => custom(&refusal),
+            None => (refusal.default)(),
+        }
+    }
+
+    fn problem(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
+        if self.grpc {
+            grpc::refusal(status, detail)
+        } else {
+            headers::problem(status, detail)
+        }
+    }
+
+    /// The layer's own answer to a request that may come back after `retry` (with gRPC pushback).
+    fn problem_retrying(
+        &self,
+        status: StatusCode,
+        detail: &str,
+        retry: Duration,
+    ) -> Response<Bytes> {
+        let mut response = self.problem(status, detail);
+        if self.grpc {
+            grpc::set_pushback(response.headers_mut(), retry);
+        }
+        response
+    }
+
+    /// A `503` with `Retry-After: 1` (and gRPC pushback): the backend failed and the layer fails
+    /// closed, or a request cannot be delayed or identified.
+    pub(crate) fn unavailable(
+        &self,
+        (policy, key): (Option<&str>, Option<&Key>),
+        request: RequestRef<'_>,
+        detail: &str,
+    ) -> Response<Bytes> {
+        let (status, retry) = (StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(1));
+        let default = || self.problem_retrying(status, detail, retry);
+        let mut response = self.answer(Refusal {
+            kind: RefusalKind::Unavailable,
+            status,
+            policy,
+            key,
+            decision: None,
+            retry_after: Some(retry),
+            detail,
+            request,
+            default: &default,
+        });
+        headers::set_retry_after(response.headers_mut(), 1);
+        response
+    }
+
+    /// A request the overload gate shed (`policy`: the one that matched, if any): its status
+    /// (`503` or `429`, as the gate's options say), a `Retry-After` of the time the requests in
+    /// flight take to drain.
+    pub(crate) fn shed(
+        &self,
+        policy: Option<&str>,
+        shed: &Shed,
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
+        crate::observe::shed(&shed.partition);
+        let detail = "the service is overloaded; retry later";
+        let default = || self.problem_retrying(shed.status, detail, shed.retry_after);
+        let mut response = self.answer(Refusal {
+            kind: RefusalKind::Overloaded,
+            status: shed.status,
+            policy,
+            key: None,
+            decision: None,
+            retry_after: Some(shed.retry_after),
+            detail,
+            request,
+            default: &default,
+        });
+        let millis = u64::try_from(shed.retry_after.as_millis()).unwrap_or(u64::MAX);
+        headers::set_retry_after(response.headers_mut(), millis.div_ceil(1000));
+        response
+    }
+
+    /// The `429` of a request over the limit of `policy` (whose problem body is `body`), or the
+    /// custom rejection, after the `on_limited` hook; with `Retry-After` and the rate-limit
+    /// `fields`.
+    pub(crate) fn limited(
+        &self,
+        (policy, body): (&str, &Bytes),
+        (key, decision): (&Key, &Decision),
+        request: RequestRef<'_>,
+        fields: RateHeaders,
+    ) -> Response<Bytes> {
+        if let Some(hook) = &self.on_limited {
+            hook(&Limited {
+                policy,
+                key,
+                decision,
+                method: request.method,
+                uri: request.uri,
+                headers: request.headers,
+                extensions: request.extensions,
+            });
+        }
+        let status = StatusCode::TOO_MANY_REQUESTS;
+        let default = || match &self.rejection {
+            Some(custom) => custom(&Rejected { policy, decision }),
+            None => headers::problem_response(status, body.clone()),
+        };
+        let mut response = match &self.custom {
+            None => default(),
+            Some(_) => self.answer(Refusal {
+                kind: RefusalKind::Limited,
+                status,
+                policy: Some(policy),
+                key: Some(key),
+                decision: Some(decision),
+                retry_after: decision.retry_after,
+                detail: &format!("rate limit of policy '{policy}' exceeded"),
+                request,
+                default: &default,
+            }),
+        };
+        headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
+        fields.apply(response.headers_mut());
+        response
+    }
+
+    /// The `403` of a client or key on a deny list (`policy`: the one that matched, if any).
+    pub(crate) fn forbidden(
+        &self,
+        (policy, key): (Option<&str>, Option<&Key>),
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
+        let (status, detail) = (
+            StatusCode::FORBIDDEN,
+            "this client or key is on a deny list",
+        );
+        self.answer(Refusal {
+            kind: RefusalKind::Denied,
+            status,
+            policy,
+            key,
+            decision: None,
+            retry_after: None,
+            detail,
+            request,
+            default: &|| self.problem(status, detail),
+        })
+    }
+
+    /// The `status` answer to a request without a key for `policy` (`what` names the expected
+    /// source).
+    pub(crate) fn missing_key(
+        &self,
+        (policy, status): (&str, StatusCode),
+        what: &str,
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
+        let detail = format!("no rate-limit key for policy '{policy}': expected {what}");
+        self.answer(Refusal {
+            kind: RefusalKind::MissingKey,
+            status,
+            policy: Some(policy),
+            key: None,
+            decision: None,
+            retry_after: None,
+            detail: &detail,
+            request,
+            default: &|| self.problem(status, &detail),
+        })
+    }
+}
