@@ -121,6 +121,31 @@ impl<'a> IntoIterator for &'a RequestDecisions {
     }
 }
 
+impl PolicyDecision {
+    /// The decision of `policy` (its tier, and the names of the tier's limits), for `decisions`
+    /// one per limit combined into `decision`; `delayed`: delay mode's wait, made only if the
+    /// decision is `enforced` (a dry run reports it).
+    pub(crate) fn of(
+        (policy, tier, names): (&Arc<str>, Option<Arc<str>>, &[Arc<str>]),
+        (decision, decisions): (Decision, &[Decision]),
+        (delayed, enforced): (Duration, bool),
+    ) -> Self {
+        PolicyDecision {
+            policy: policy.clone(),
+            tier,
+            decision,
+            enforced,
+            delayed,
+            limits: (names.iter().zip(decisions))
+                .map(|(name, decision)| LimitDecision {
+                    name: name.clone(),
+                    decision: *decision,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Adds a layer's decision to a request: appended to its [`RequestDecisions`], and the single
 /// [`PolicyDecision`] extension set to it.
 pub(crate) fn record(extensions: &mut Extensions, decision: PolicyDecision) {

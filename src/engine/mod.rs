@@ -3,7 +3,7 @@
 //! table in force (the table's build-time checks live in `policy/table.rs`, a stream message's
 //! check in `handle/message.rs`). An admitted in-memory request passes through (callgrind on a
 //! build with line tables) `middleware/service.rs`, [`steps`], [`verdict`], `middleware/future.rs`,
-//! `middleware/body.rs`, [`in_force`] and `observe.rs` (its report), its fields through
+//! `middleware/body.rs`, [`shared`] (the table in force) and `observe.rs` (its report), its fields through
 //! `headers.rs` and `header_block.rs`, and one-line accessors of `policy.rs`, `policy/spec.rs`,
 //! `policy/compiled.rs` and `overrides/cache.rs`; a 429 adds `refusal/respond.rs`; the extended path adds
 //! [`extended`] (and the feature's own file: `outcome.rs` for counting by outcome); an overload
@@ -16,8 +16,7 @@
 //!   step that must wait (a body, an async key, a resolver, shadow limits, a remote backend), and
 //!   what settles such a request after its response.
 //! * [`steps`]: each step of a request, written once, in the order the request meets them.
-//! * [`shared`]: what every service of a layer shares.
-//! * [`in_force`]: the policy table in force, read by every request, replaced by a reload.
+//! * [`shared`]: what every service of a layer shares: the backend, the policy table in force.
 //! * [`table`]: the policy table, compiled for the backend (for the builder and for a reload).
 //! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
@@ -25,7 +24,6 @@
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
 pub(crate) mod extended;
-pub(crate) mod in_force;
 mod judge_state;
 pub(crate) mod settings;
 pub(crate) mod shared;

@@ -23,7 +23,7 @@ use crate::key::Key;
 
 use crate::observe::{ErrorLog, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::{CompiledPolicy, CompiledTier, MissingKey};
-use crate::policy_decision::{LimitDecision, PolicyDecision};
+use crate::policy_decision::PolicyDecision;
 use crate::refusal::RefusalKind;
 use crate::timer::timers_available;
 
@@ -69,27 +69,6 @@ impl Admitted {
     }
 }
 
-/// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
-/// and what remains is counted against that tolerance, not the delay's. Returns the wait (the
-/// longest of a stack's) and corrects each delayed limit's `remaining` in place.
-fn queue_delay(tier: &CompiledTier, decisions: &mut [Decision]) -> Duration {
-    let mut delay = Duration::ZERO;
-    if !tier.delays {
-        return delay;
-    }
-    for (decision, limit) in decisions.iter_mut().zip(tier.limits.iter()) {
-        if limit.delay().is_some() {
-            delay = delay.max(limit.delay_for(decision));
-            if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
-                let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
-                decision.remaining = (tolerance.saturating_sub(ahead) / gcra.emission_interval())
-                    .min(decision.limit);
-            }
-        }
-    }
-    delay
-}
-
 /// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see
 /// (with each limit's decision). `enforced`: whether the verdict enforces the decision (not a dry
 /// run, which reports the wait in its `PolicyDecision` but does not wait).
@@ -100,18 +79,9 @@ fn admit(
     (delay, enforced): (Duration, bool),
     slot: Option<SlotOwner>,
 ) -> Admitted {
-    let exposed = rules.expose_decision.then(|| PolicyDecision {
-        policy: rules.name.clone(),
-        tier: tier.name.clone(),
-        decision,
-        enforced,
-        delayed: delay,
-        limits: (tier.names.iter().zip(decisions))
-            .map(|(name, decision)| LimitDecision {
-                name: name.clone(),
-                decision: *decision,
-            })
-            .collect(),
+    let exposed = rules.expose_decision.then(|| {
+        let names = (&rules.name, tier.name.clone(), &tier.names[..]);
+        PolicyDecision::of(names, (decision, decisions), (delay, enforced))
     });
     Admitted {
         headers: Some(fields),
@@ -546,7 +516,7 @@ impl Judge {
         strike: bool,
     ) -> Weighed {
         let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(key));
-        let mut delay = queue_delay(tier, decisions);
+        let mut delay = tier.queue_delay(decisions);
         let mut decision = match &*decisions {
             [one] => *one,
             all => Decision::combine(all).expect("a tier has at least one limit"),
@@ -554,8 +524,11 @@ impl Judge {
         if !decision.allowed {
             delay = Duration::ZERO;
         }
-        if strike && enforced {
-            decision = self.strike(rules, key, decision);
+        if strike
+            && enforced
+            && let Some(penalty) = &rules.penalty
+        {
+            decision = penalty.struck(key, decision);
         }
         Weighed {
             decision,
@@ -611,25 +584,6 @@ impl Judge {
             .limited(&rules.name, shown, decision, !*enforced);
         if let (true, Some(offenders)) = (*enforced, &self.settings.offenders) {
             offenders.record(&rules.name, key);
-        }
-    }
-
-    /// A rejection that earns a ban answers with the ban.
-    pub(crate) fn strike(&self, rules: &CompiledPolicy, key: &Key, decision: Decision) -> Decision {
-        let Some(penalty) = &rules.penalty else {
-            return decision;
-        };
-        if decision.allowed {
-            return decision;
-        }
-        match penalty.strike(key) {
-            Some(ban) => Decision::banned(
-                decision.limit,
-                ban,
-                decision.retry_after,
-                decision.reset_after,
-            ),
-            None => decision,
         }
     }
 }

@@ -9,9 +9,8 @@ use http::Response;
 
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
-use crate::engine::in_force::InForce;
 use crate::engine::settings::{OnBackendError, Settings};
-use crate::engine::shared::Shared;
+use crate::engine::shared::{InForce, Shared};
 use crate::engine::table::Table;
 use crate::error::BuildError;
 use crate::key::ClientIp;

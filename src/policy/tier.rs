@@ -2,9 +2,11 @@
 //! it — its limits, and what the verdict reads of them, computed once when the policy is built.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderValue;
 
+use crate::decision::Decision;
 use crate::headers;
 use crate::limit::{Algorithm, Limit};
 
@@ -40,5 +42,27 @@ impl CompiledTier {
             delays,
             plain_admission: limits.len() == 1 && !concurrency && !delays,
         }
+    }
+
+    /// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
+    /// and what remains is counted against that tolerance, not the delay's. Returns the wait (the
+    /// longest of a stack's) and corrects each delayed limit's `remaining` in place.
+    pub(crate) fn queue_delay(&self, decisions: &mut [Decision]) -> Duration {
+        let mut delay = Duration::ZERO;
+        if !self.delays {
+            return delay;
+        }
+        for (decision, limit) in decisions.iter_mut().zip(self.limits.iter()) {
+            if limit.delay().is_some() {
+                delay = delay.max(limit.delay_for(decision));
+                if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
+                    let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+                    decision.remaining = (tolerance.saturating_sub(ahead)
+                        / gcra.emission_interval())
+                    .min(decision.limit);
+                }
+            }
+        }
+        delay
     }
 }
