@@ -479,8 +479,8 @@ pub struct WhenConfig {
     /// `{ "x-beta" = "*" }`.
     #[serde(default, deserialize_with = "some_values_by_name")]
     pub header: Option<BTreeMap<String, Vec<String>>>,
-    /// The host: `"api.example.com"`, `"*.example.com"` (every host under it), or an array of
-    /// these.
+    /// The host: `"api.example.com"`, `"*.example.com"` (every host under it), an IP address
+    /// (`"[::1]"`), or an array of these.
     #[serde(default, deserialize_with = "some_values")]
     pub host: Option<Vec<String>>,
     /// Query parameters, by name, compared percent-decoded: `{ plan = "free" }`, `{ debug = "*" }`.

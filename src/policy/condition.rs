@@ -8,6 +8,8 @@
 //!
 //! [`PolicyBuilder::when`]: crate::PolicyBuilder::when
 
+use std::net::Ipv6Addr;
+
 use http::header::{HeaderName, HOST};
 use http::{HeaderMap, HeaderValue, Uri};
 
@@ -77,6 +79,8 @@ pub(crate) enum Values {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum HostPattern {
     Exact(Box<str>),
+    /// An IPv6 literal (`[::1]` or `::1`): any spelling of the same address (`[0:0::1]`).
+    V6(Ipv6Addr),
     /// `*.example.com`: any host ending in `.example.com` (not `example.com` itself).
     Suffix(Box<str>),
 }
@@ -101,8 +105,9 @@ impl Condition {
     }
 
     /// The request's host (its URI's authority or any `Host` header, either of which an application
-    /// may route by; without the port, in any case) is `pattern`: a host name such as `api.example.com`, or `*.example.com` for every
-    /// host under `example.com`.
+    /// may route by; without the port, in any case) is `pattern`: a host name such as `api.example.com`, `*.example.com` for every
+    /// host under `example.com`, or an IP address (`127.0.0.1`; IPv6 as `[::1]` or `::1`, any
+    /// spelling of the same address).
     pub fn host(pattern: &str) -> Condition {
         Condition::host_in([pattern])
     }
@@ -163,6 +168,9 @@ fn one_of<V: Into<String>>(values: impl IntoIterator<Item = V>) -> Result<Values
 }
 
 fn host_pattern(pattern: &str) -> Result<HostPattern, String> {
+    if let Some(address) = ipv6_literal(pattern) {
+        return Ok(HostPattern::V6(address));
+    }
     let lower = pattern.trim_end_matches('.').to_ascii_lowercase();
     let (suffix, name) = match lower.strip_prefix("*.") {
         Some(rest) => (true, rest),
@@ -198,6 +206,7 @@ impl Rule {
             Rule::Host(patterns) => hosts_of(uri, headers).any(|host| {
                 patterns.iter().any(|pattern| match pattern {
                     HostPattern::Exact(exact) => host.eq_ignore_ascii_case(exact),
+                    HostPattern::V6(address) => ipv6_literal(host) == Some(*address),
                     HostPattern::Suffix(suffix) => {
                         host.len() > suffix.len()
                             && host.is_char_boundary(host.len() - suffix.len())
@@ -228,6 +237,12 @@ impl Values {
             Values::OneOf(wanted) => sent.any(|v| wanted.iter().any(|w| **w == *v.as_ref())),
         }
     }
+}
+
+/// The IPv6 address `text` names, bracketed (as a host is sent) or not.
+fn ipv6_literal(text: &str) -> Option<Ipv6Addr> {
+    let inner = text.strip_prefix('[').and_then(|t| t.strip_suffix(']'));
+    inner.unwrap_or(text).parse().ok()
 }
 
 /// The request's hosts without their port (and a trailing dot): its URI's authority (HTTP/2, or an
@@ -351,6 +366,32 @@ mod tests {
         assert!(!host_is(&a, "a.org:http"));
         assert!(!host_is(&a, "a.org:4a"));
         assert!(!host_is(&Condition::host("*.a.org"), "x.a.org:x1"));
+    }
+
+    #[test]
+    fn an_ip_literal_names_its_address_in_any_spelling() {
+        let loopback = Condition::host("[::1]");
+        let bare = Condition::host_in(["2001:DB8::1"]);
+        let v4 = Condition::host("127.0.0.1");
+        for (condition, host, want) in [
+            (&loopback, "[::1]", true),
+            (&loopback, "[::1]:8080", true),
+            (&loopback, "[0:0::1]:80", true),
+            (&loopback, "[::2]", false),
+            // Not bracketed, a Host header's text is not an IPv6 host (a port would be ambiguous).
+            (&loopback, "::1", false),
+            (&loopback, "localhost", false),
+            (&bare, "[2001:db8:0::1]", true),
+            (&bare, "[2001:db8::2]:443", false),
+            (&v4, "127.0.0.1:8080", true),
+            (&v4, "127.0.0.2", false),
+            (&v4, "[::ffff:127.0.0.1]", false),
+        ] {
+            assert_eq!(host_is(condition, host), want, "{condition:?} {host}");
+        }
+        assert!(holds(loopback.clone(), "http://[0::1]:8080/x", &[]));
+        assert!(Condition::host("[::1").into_rule().is_err());
+        assert!(Condition::host("[]").into_rule().is_err());
     }
 
     #[test]
