@@ -9,6 +9,9 @@
 #   bash scripts/profile_pass.sh                                   # bare throttle-mem-pass governor-pass
 #   N=20000 TOP=25 bash scripts/profile_pass.sh bare throttle-mem-pass-noheaders
 #   BIN=/tmp/base-server bash scripts/profile_pass.sh throttle-mem-pass   # another build of the server
+#   FILES=1 N=2000 TOP=0 bash scripts/profile_pass.sh throttle-mem-pass throttle-mem-deny
+#       # also the files of src/ each request runs code of (scripts/request_files.py), from a
+#       # build with line tables (target/lines/; the counts differ a little from the default build)
 #
 # The Redis variants (throttle-cell-pass, redis-cell-peer-pass, ...) need REDIS_URL (a redis-server
 # with redis-cell loaded; REDIS_TIMEOUT_MS=5000 for the slow run); their counts are the server's own
@@ -29,7 +32,12 @@ OUT=$ROOT/target/profile
 say() { printf 'profile_pass.sh: %s\n' "$*" >&2; }
 command -v valgrind >/dev/null 2>&1 || { say "needs valgrind (Debian: apt-get install valgrind)"; exit 1; }
 OHA=$(command -v oha || echo "$ROOT/target/tools/oha/bin/oha")
-if [[ -z ${BIN:-} ]]; then
+if [[ -z ${BIN:-} && -n ${FILES:-} ]]; then
+  say "building loadtest/ (release, with line tables)"
+  (cd loadtest && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_TARGET_DIR=$ROOT/target/lines \
+    cargo build --release --locked --ignore-rust-version -q --bin loadtest-server)
+  BIN=$ROOT/target/lines/release/loadtest-server
+elif [[ -z ${BIN:-} ]]; then
   say "building loadtest/ (release)"
   (cd loadtest && CARGO_TARGET_DIR=$ROOT/target cargo build --release --locked --ignore-rust-version -q)
   BIN=$ROOT/target/release/loadtest-server
@@ -108,4 +116,5 @@ for v in "${VARIANTS[@]}"; do
   callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
     awk -v n="$N" -v top="$TOP" '/file:function/ {table = 1; next} table && /^ *[0-9,]+ / && shown < top {
       x = $1; gsub(",", "", x); $1 = ""; printf "  %8.0f %s\n", x / n, substr($0, 1, 150); shown++ }'
+  if [[ -n ${FILES:-} ]]; then python3 scripts/request_files.py "$dump" "$N" "$ROOT/src"; fi
 done

@@ -72,16 +72,7 @@ impl<K> Table<K> {
     ) -> Result<Self, BuildError> {
         let policies: Box<[Policy<K>]> = policies.into();
         let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
-        check_table(backend, &specs)?;
-        if settings.overload.is_none()
-            && let Some(spec) = specs.iter().find(|spec| spec.under_pressure)
-        {
-            return Err(BuildError::Invalid(format!(
-                "policy {:?}: under_pressure_only needs the layer's overload gate \
-                 (ThrottleLayerBuilder::overload, or [overload] in the configuration)",
-                spec.name
-            )));
-        }
+        check_table(backend, &specs, settings.overload.is_some())?;
         let exposed = settings.decision_extension;
         let mut judge = Judge::new(settings);
         if let Some(previous) = previous {

@@ -13,11 +13,12 @@ use crate::policy::spec::PolicySpec;
 use crate::route::Route;
 
 /// The checks of a policy table, for `ThrottleLayerBuilder::build` and for a reload: what the
-/// backend can enforce, limits that share a name share their rules and stacks, and every policy can
-/// be reached.
+/// backend can enforce, what the layer has (`gated`: an overload gate), limits that share a name
+/// share their rules and stacks, and every policy can be reached.
 pub(crate) fn check_table<B: Backend>(
     backend: &B,
     policies: &[&PolicySpec],
+    gated: bool,
 ) -> Result<(), BuildError> {
     if policies.is_empty() {
         return Err(BuildError::Invalid(
@@ -25,6 +26,13 @@ pub(crate) fn check_table<B: Backend>(
         ));
     }
     for policy in policies {
+        if policy.under_pressure && !gated {
+            return Err(BuildError::Invalid(format!(
+                "policy {:?}: under_pressure_only needs the layer's overload gate \
+                 (ThrottleLayerBuilder::overload, or [overload] in the configuration)",
+                policy.name
+            )));
+        }
         for shadow in policy.shadow_limits() {
             backend.validate(std::slice::from_ref(shadow), Uses::NOTHING_MORE)?;
         }
