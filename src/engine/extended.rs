@@ -24,11 +24,12 @@ use crate::backend::{Adjustment, Backend, Charges, Decisions, Uses};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
-use crate::engine::steps::{self, Missing};
+use crate::engine::steps;
 use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::error::{BackendError, BuildError};
-use crate::key::body::read::{ErasedBody, Reading};
-use crate::key::{AsyncKey, Found, Key};
+use crate::key::ahead::{BodyAhead, KeyAhead, Missing};
+use crate::key::body::read::ErasedBody;
+use crate::key::Key;
 use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
@@ -55,22 +56,6 @@ pub(crate) struct Prepared {
 /// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
 pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
-/// A request's key as `Throttle::call` hands it over: read (a synchronous key, or what was expected
-/// of it), or to be found by the policy's async key.
-pub(crate) enum KeyAhead {
-    Read(Result<Key, Missing>),
-    Async(AsyncKey),
-    /// From the request body, once read.
-    Body,
-}
-
-/// The request body of a policy that reads it (a body key, a metered estimate from the body):
-/// being read, or of a type the layer cannot rebuild (named), which is not read.
-pub(crate) enum BodyAhead {
-    Reading(Reading),
-    Unreadable(&'static str),
-}
-
 /// What every step of the extended path reads: the layer's shared state, the judge and the policy
 /// of the table the request read, and the policy's per-request features.
 pub(crate) struct Scope<K, B> {
@@ -93,18 +78,12 @@ where
     B: Backend,
 {
     let extras = &scope.extras;
+    let unreadable = |why: &str| {
+        let log = &extras.log;
+        log.record(extras.name(), "request body", why, "no key from the body");
+    };
     let (read, whole) = match body {
-        Some(BodyAhead::Reading(reading)) => {
-            let (read, whole) = reading.await;
-            (Some(read), whole)
-        }
-        Some(BodyAhead::Unreadable(type_name)) => {
-            let why = format!("the layer cannot read request bodies of type {type_name}");
-            extras
-                .log
-                .record(extras.name(), "request body", &why, "no key from the body");
-            (None, None)
-        }
+        Some(body) => body.read(unreadable).await,
         None => (None, None),
     };
     let mut prepared = scope.prepare_read(key, parts, whole.as_deref()).await;
@@ -185,34 +164,12 @@ where
     /// [`prepare`], once the body (if the policy reads it) is read: `whole`, if it came whole.
     async fn prepare_read(&self, key: KeyAhead, parts: Parts, whole: Option<&[u8]>) -> Prepared {
         let extras = &self.extras;
-        let (parts, key) = match key {
-            KeyAhead::Read(key) => (parts, key),
-            KeyAhead::Body => {
-                let field = extras.body.as_ref().and_then(|rule| rule.key.as_ref());
-                let key = match field {
-                    Some(field) => whole
-                        .and_then(|body| field.key(&parts.headers, body))
-                        .ok_or_else(|| Missing::Expected(field.describe())),
-                    None => Err(Missing::Expected("a key from the body".into())),
-                };
-                (parts, key)
-            }
-            KeyAhead::Async(async_key) => {
-                let (parts, found) = async_key.extract(parts).await;
-                let key = match found {
-                    Found::Key(key) => Ok(key),
-                    Found::Nothing => Err(Missing::Expected(async_key.what().to_owned())),
-                    Found::TimedOut => {
-                        let why = format!("no key within {:?}", async_key.timeout_value());
-                        extras
-                            .log
-                            .record(extras.name(), "async key", &why, "the failure policy");
-                        Err(Missing::Late)
-                    }
-                };
-                (parts, key)
-            }
+        let field = extras.body.as_ref().and_then(|rule| rule.key.as_ref());
+        let late = |timeout| {
+            let why = format!("no key within {timeout:?}");
+            (extras.log).record(extras.name(), "async key", &why, "the failure policy");
         };
+        let (parts, key) = key.resolve(parts, (whole, field), late).await;
         let (key, parts, limit_keys, quota) = match self.keyed(key, parts) {
             Ok(keyed) => keyed,
             Err(answered) => return answered,

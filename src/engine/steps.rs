@@ -38,6 +38,7 @@ use crate::engine::slot::Release;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
+use crate::key::ahead::Missing;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::limit::Limit;
 use crate::observe::RequestRef;
@@ -122,14 +123,6 @@ pub(crate) fn access<K, B>(
         Access::Deny => Some(judge.forbidden(policy, key, request)),
         Access::Limit => None,
     }
-}
-
-/// Why a request has no key.
-pub(crate) enum Missing {
-    /// The policy's key is not in the request: what was expected (the missing-key answer).
-    Expected(String),
-    /// The async key did not come within its timeout (the failure policy answers).
-    Late,
 }
 
 /// Step 4: the verdict on a request that `policy` found no key for.

@@ -86,6 +86,7 @@
 //! Use it as any extractor: `Policy::builder("api").key(bearer_token)`, with the request type your
 //! server's (`&Request<axum::body::Body>` in axum).
 
+pub(crate) mod ahead;
 mod async_key;
 pub(crate) mod body;
 mod client_ip;
@@ -94,7 +95,6 @@ mod sources;
 mod spec;
 mod value;
 
-pub(crate) use async_key::Found;
 pub use async_key::{AsyncKey, DEFAULT_ASYNC_KEY_TIMEOUT};
 pub use body::{BodyField, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
 pub(crate) use client_ip::parse_net;

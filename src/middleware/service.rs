@@ -18,14 +18,14 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::{Backend, Charges, Decisions};
-use crate::engine::extended::{prepare, BodyAhead, KeyAhead, Scope};
+use crate::engine::extended::{prepare, Scope};
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::steps;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
 use crate::headers::RateHeaders;
-use crate::key::body::{read, BodyRule};
+use crate::key::ahead::{BodyAhead, KeyAhead};
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
@@ -332,7 +332,10 @@ where
     };
     let (parts, body) = request.into_parts();
     let (ahead, body) = match &extras.body {
-        Some(rule) => read_body(body, rule),
+        Some(rule) => {
+            let (ahead, body) = BodyAhead::start(body, rule);
+            (Some(ahead), body)
+        }
         None => (None, Some(body)),
     };
     let scope = Scope {
@@ -353,22 +356,6 @@ where
     }
     let prepare = prepare(scope, (key, ahead), parts);
     ResponseFuture::preparing(Box::pin(prepare), take_readied(inner), body)
-}
-
-/// Starts reading `body` for a policy that reads it: the reading (which gives the body back,
-/// rebuilt), or, for a body type the layer cannot rebuild, its name and the body as it is.
-fn read_body<ReqBody: 'static>(
-    body: ReqBody,
-    rule: &BodyRule,
-) -> (Option<BodyAhead>, Option<ReqBody>) {
-    let mut slot = Some(body);
-    if let Some(reading) =
-        read::reader::<ReqBody>().and_then(|start| start(&mut slot, rule.max, rule.timeout))
-    {
-        return (Some(BodyAhead::Reading(reading)), None);
-    }
-    let unreadable = BodyAhead::Unreadable(std::any::type_name::<ReqBody>());
-    (Some(unreadable), slot)
 }
 
 /// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
