@@ -140,6 +140,7 @@ pub mod config;
 mod decision;
 mod engine;
 mod error;
+mod failure;
 pub mod gcra;
 pub mod grpc;
 pub mod guide;
@@ -174,8 +175,8 @@ pub use backend::Backend;
 #[cfg(feature = "memory")]
 pub use backend::MemoryBackend;
 pub use decision::Decision;
-pub use engine::OnBackendError;
 pub use error::BuildError;
+pub use failure::OnBackendError;
 pub use key::Key;
 pub use limit::{Algorithm, Limit};
 pub use meter::{Estimate, Meter};

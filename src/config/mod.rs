@@ -58,8 +58,8 @@ pub use schema::{
 
 use crate::access::AccessList;
 use crate::backend::MemoryBackend;
-use crate::engine::OnBackendError;
 use crate::error::BuildError;
+use crate::failure::OnBackendError;
 use crate::key::{ClientIp, ForwardedHeader, KeySpec, TrustedProxies};
 use crate::middleware::{ThrottleLayer, ThrottleLayerBuilder};
 #[cfg(feature = "redis")]

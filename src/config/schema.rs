@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::engine::OnBackendError;
 use crate::error::BuildError;
+use crate::failure::OnBackendError;
 use crate::key::{BodyField, KeySpec};
 
 /// The `[backend]` table.

@@ -12,12 +12,7 @@ impl Judge {
     /// keeps its keys, as it keys them by limit name, as backends do. (The penalty boxes carry
     /// over with their policies: [`CompiledPolicy::new`].)
     pub(crate) fn carry_over(&mut self, previous: &Judge) {
-        #[cfg(feature = "memory")]
-        if let (Some(local), Some(old)) = (&mut self.local, &previous.local) {
-            *local = old.clone();
-        }
-        #[cfg(not(feature = "memory"))]
-        let _ = previous;
+        self.fallback.carry_over(&previous.fallback);
     }
 
     /// The rest of `key`'s ban by the penalty box of `policy`, if the layer keeps one and the key
@@ -32,13 +27,7 @@ impl Judge {
         if let Some(penalty) = &policy.penalty {
             penalty.forget(key);
         }
-        #[cfg(feature = "memory")]
-        if let Some(local) = &self.local {
-            for tier in policy.tiers.iter() {
-                // The local limiter holds what the layer's policies allow: it cannot refuse them.
-                let charges = crate::backend::Charges::stack(&tier.limits, key, 0);
-                let _ = local.reset_now(charges);
-            }
-        }
+        let tiers = policy.tiers.iter().map(|tier| &tier.limits[..]);
+        self.fallback.forget(tiers, key);
     }
 }

@@ -31,5 +31,3 @@ pub(crate) mod slot;
 pub(crate) mod steps;
 pub(crate) mod table;
 pub(crate) mod verdict;
-
-pub use settings::OnBackendError;

@@ -71,7 +71,10 @@ where
             shared.backend.adjust(charge, Adjustment::Release { lease });
         }
         #[cfg(feature = "memory")]
-        SlotOwner::Local => judge.release_local(&policy, tier, &key),
+        SlotOwner::Local => {
+            let limit = &policy.tiers()[tier].limits[0];
+            judge.fallback.release(limit, &key, policy.cost());
+        }
     })
 }
 

@@ -16,7 +16,7 @@ pub(crate) enum SlotOwner {
     Backend { lease: u64 },
     /// The in-memory limiter that decides while the backend fails ([`OnBackendError::Local`]).
     ///
-    /// [`OnBackendError::Local`]: crate::engine::verdict::OnBackendError::Local
+    /// [`OnBackendError::Local`]: crate::OnBackendError::Local
     #[cfg(feature = "memory")]
     Local,
 }

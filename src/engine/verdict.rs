@@ -15,9 +15,10 @@ use http::{HeaderValue, Request, Response};
 
 use crate::backend::Decisions;
 use crate::decision::Decision;
-use crate::engine::settings::{OnBackendError, Settings};
+use crate::engine::settings::Settings;
 use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
+use crate::failure::{Fallback, Fallen, OnBackendError};
 use crate::headers::RateHeaders;
 use crate::key::Key;
 
@@ -26,9 +27,6 @@ use crate::policy::{CompiledPolicy, CompiledTier, MissingKey};
 use crate::policy_decision::PolicyDecision;
 use crate::refusal::RefusalKind;
 use crate::timer::timers_available;
-
-#[cfg(feature = "memory")]
-use crate::backend::{Adjustment, Backend, Charges, MemoryBackend};
 
 /// The failure of a backend that answered `limits` stacked limits with `decisions` decisions.
 pub(crate) fn not_one_per_limit(decisions: usize, limits: usize) -> BackendError {
@@ -134,9 +132,8 @@ impl<'a> RequestContext<'a> {
 /// backend.
 pub(crate) struct Judge {
     pub(crate) settings: Settings,
-    /// The limiter of `OnBackendError::Local`.
-    #[cfg(feature = "memory")]
-    pub(super) local: Option<MemoryBackend>,
+    /// The failure policy, with its local limiter.
+    pub(crate) fallback: Fallback,
     pub(crate) errors: ErrorLog,
     /// Keys in logs as pseudonyms, when the layer redacts them.
     pub(crate) redactor: Option<Redactor>,
@@ -164,8 +161,7 @@ pub(crate) struct Weighed {
 impl Judge {
     pub(crate) fn new(settings: Settings) -> Self {
         Judge {
-            #[cfg(feature = "memory")]
-            local: (settings.on_error == OnBackendError::Local).then(MemoryBackend::new),
+            fallback: Fallback::new(settings.on_error),
             redactor: settings.redact_keys.then(|| {
                 let secret = settings.redaction_secret.clone();
                 secret.unwrap_or_else(RedactionSecret::random).hmac()
@@ -269,59 +265,31 @@ impl Judge {
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
-        let verdict = match on_error {
-            OnBackendError::Deny
-                if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) =>
-            {
+        let limits = &cx.tier_rules().limits;
+        let verdict = match self.fallback.decide(limits, cx.key, rules.cost) {
+            Fallen::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) => {
                 Verdict::Reject(self.settings.refusals.unavailable(
                     (Some(&rules.name), Some(cx.key)),
                     cx.request,
                     "the rate limiter is unavailable; retry shortly",
                 ))
             }
-            OnBackendError::Allow | OnBackendError::Deny => Verdict::Admit(Admitted::unlimited()),
+            Fallen::Allow | Fallen::Deny => Verdict::Admit(Admitted::unlimited()),
             // A dry run decides locally too, and reports what it would refuse (`decided`).
             #[cfg(feature = "memory")]
-            OnBackendError::Local => self.check_locally(cx),
-        };
-        let admitted = matches!(verdict, Verdict::Admit(_));
-        rules
-            .reporter
-            .fallback(&rules.name, on_error.as_str(), admitted);
-        verdict
-    }
-
-    /// `OnBackendError::Local`: the in-memory limiter decides with the same quotas.
-    #[cfg(feature = "memory")]
-    fn check_locally(&self, cx: RequestContext<'_>) -> Verdict {
-        let Some(local) = &self.local else {
-            return Verdict::Admit(Admitted::unlimited());
-        };
-        let rules = cx.policy;
-        let limits = &cx.tier_rules().limits;
-        match local
-            .decide_charges(Charges::stack(limits, cx.key, rules.cost))
-            .map(Decisions::into_vec)
-        {
-            Ok(mut decisions) => {
+            Fallen::Decided(mut decisions) => {
                 let source = Source {
                     strike: true,
                     slot: SlotOwner::Local,
                 };
                 self.decided(cx, &mut decisions, source)
             }
-            Err(_) => Verdict::Admit(Admitted::unlimited()),
-        }
-    }
-
-    /// Gives back a concurrency slot taken by the local limiter.
-    #[cfg(feature = "memory")]
-    pub(crate) fn release_local(&self, policy: &CompiledPolicy, tier: usize, key: &Key) {
-        let rules = policy;
-        if let Some(local) = &self.local {
-            let charge = Charges::one(&rules.tiers[tier].limits[0], key, rules.cost);
-            local.adjust(charge, Adjustment::Release { lease: 0 });
-        }
+        };
+        let admitted = matches!(verdict, Verdict::Admit(_));
+        rules
+            .reporter
+            .fallback(&rules.name, on_error.as_str(), admitted);
+        verdict
     }
 
     /// The answer to a key the penalty box has banned, if it has; asked before the backend. (A
@@ -780,7 +748,8 @@ mod tests {
         let error = || Err(BackendError::new("down"));
         assert!(admitted(verdict_on(&judge, error())).slot.is_some());
         rejected(verdict_on(&judge, error()));
-        judge.release_local(&judge.p, 0, &Key::from("k"));
+        let limit = &judge.p.tiers[0].limits[0];
+        judge.fallback.release(limit, &Key::from("k"), judge.p.cost);
         assert!(admitted(verdict_on(&judge, error())).slot.is_some());
     }
 

@@ -9,10 +9,11 @@ use http::Response;
 
 use crate::access::{AccessList, AddressSource};
 use crate::backend::Backend;
-use crate::engine::settings::{OnBackendError, Settings};
+use crate::engine::settings::Settings;
 use crate::engine::shared::{InForce, Shared};
 use crate::engine::table::Table;
 use crate::error::BuildError;
+use crate::failure::OnBackendError;
 use crate::key::ClientIp;
 use crate::middleware::layer::ThrottleLayer;
 use crate::near_limit::NearLimit;

@@ -1,0 +1,125 @@
+//! The failure policy: what the layer does when its backend cannot decide ([`OnBackendError`]) —
+//! let the request through, refuse it with a `503`, or decide in this process with the same quotas
+//! ([`Fallback`]'s local limiter, which a reload keeps). The engine asks it only after a failure,
+//! and turns its answer into a verdict.
+
+use crate::key::Key;
+use crate::limit::Limit;
+
+#[cfg(feature = "memory")]
+use crate::backend::{Adjustment, Backend, Charges, Decisions, MemoryBackend};
+#[cfg(feature = "memory")]
+use crate::decision::Decision;
+
+/// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnBackendError {
+    /// Let the request through (fail open). The default: a limiter outage should not be an API outage.
+    #[default]
+    Allow,
+    /// Reject with `503 Service Unavailable` and `Retry-After: 1` (fail closed).
+    Deny,
+    /// Decide in this process instead: an in-memory limiter with each policy's own quota takes over
+    /// until the backend answers again. Each process then enforces the quota on its own, so the fleet
+    /// admits up to `processes × quota` while the backend is down, which is usually the right trade
+    /// between an outage and no limit at all.
+    #[cfg(feature = "memory")]
+    Local,
+}
+
+impl OnBackendError {
+    /// `"allow"`, `"deny"` or `"local"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBackendError::Allow => "allow",
+            OnBackendError::Deny => "deny",
+            #[cfg(feature = "memory")]
+            OnBackendError::Local => "local",
+        }
+    }
+}
+
+/// The failure policy of a layer's table, with the local limiter of [`OnBackendError::Local`].
+pub(crate) struct Fallback {
+    pub(crate) on_error: OnBackendError,
+    #[cfg(feature = "memory")]
+    local: Option<MemoryBackend>,
+}
+
+/// What the failure policy makes of a request its backend could not decide.
+pub(crate) enum Fallen {
+    /// Through, unlimited.
+    Allow,
+    /// Refused with a `503` (where the policy enforces refusals).
+    Deny,
+    /// Decided by the local limiter: a decision for each limit.
+    #[cfg(feature = "memory")]
+    Decided(Vec<Decision>),
+}
+
+impl Fallback {
+    pub(crate) fn new(on_error: OnBackendError) -> Self {
+        Fallback {
+            on_error,
+            #[cfg(feature = "memory")]
+            local: (on_error == OnBackendError::Local).then(MemoryBackend::new),
+        }
+    }
+
+    /// What the failure policy makes of a request of `key` under `limits` (the request's tier, at
+    /// `cost` each). The local limiter holds what the layer's policies allow: a limit it cannot
+    /// take lets the request through.
+    pub(crate) fn decide(&self, limits: &[Limit], key: &Key, cost: u64) -> Fallen {
+        #[cfg(not(feature = "memory"))]
+        let _ = (limits, key, cost);
+        match self.on_error {
+            OnBackendError::Allow => Fallen::Allow,
+            OnBackendError::Deny => Fallen::Deny,
+            #[cfg(feature = "memory")]
+            OnBackendError::Local => {
+                let Some(local) = &self.local else {
+                    return Fallen::Allow;
+                };
+                match local.decide_charges(Charges::stack(limits, key, cost)) {
+                    Ok(decisions) => Fallen::Decided(Decisions::into_vec(decisions)),
+                    Err(_) => Fallen::Allow,
+                }
+            }
+        }
+    }
+
+    /// Gives back a concurrency slot the local limiter gave under `limit`.
+    #[cfg(feature = "memory")]
+    pub(crate) fn release(&self, limit: &Limit, key: &Key, cost: u64) {
+        if let Some(local) = &self.local {
+            local.adjust(
+                Charges::one(limit, key, cost),
+                Adjustment::Release { lease: 0 },
+            );
+        }
+    }
+
+    /// Takes over the local limiter of `previous` (the failure policy of the table a reload
+    /// replaces): it keeps its keys, as it keys them by limit name, as backends do.
+    pub(crate) fn carry_over(&mut self, previous: &Fallback) {
+        #[cfg(feature = "memory")]
+        if let (Some(local), Some(old)) = (&mut self.local, &previous.local) {
+            *local = old.clone();
+        }
+        #[cfg(not(feature = "memory"))]
+        let _ = previous;
+    }
+
+    /// Forgets `key`'s state in the local limiter under each of `tiers`' limits.
+    pub(crate) fn forget<'a>(&self, tiers: impl Iterator<Item = &'a [Limit]>, key: &Key) {
+        #[cfg(feature = "memory")]
+        if let Some(local) = &self.local {
+            for limits in tiers {
+                let _ = local.reset_now(Charges::stack(limits, key, 0));
+            }
+        }
+        #[cfg(not(feature = "memory"))]
+        let _ = (tiers, key);
+    }
+}
