@@ -18,13 +18,11 @@
 //! * [`steps`]: each step of a request, written once, in the order the request meets them.
 //! * [`shared`]: what every service of a layer shares: the backend, the policy table in force.
 //! * [`table`]: the policy table, compiled for the backend (for the builder and for a reload).
-//! * `judge_state`: the in-process state (penalty boxes, local limiter) for the handle.
 //! * [`verdict`]: what a decision means for the request (admit, delay, reject, ban), with no I/O.
 //! * [`settings`]: the layer-wide settings, hooks and failure policy.
 //! * [`slot`]: a concurrency slot, given back exactly once.
 
 pub(crate) mod extended;
-mod judge_state;
 pub(crate) mod settings;
 pub(crate) mod shared;
 pub(crate) mod slot;

@@ -76,7 +76,7 @@ impl<K> Table<K> {
         let exposed = settings.decision_extension;
         let mut judge = Judge::new(settings);
         if let Some(previous) = previous {
-            judge.carry_over(&previous.judge);
+            judge.fallback.carry_over(&previous.judge.fallback);
         }
         let old = previous.map_or(&[][..], |t| &t.policies[..]);
         let keeps_penalties = backend.keeps_penalties();

@@ -286,7 +286,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     pub async fn peek_key(&self, policy: &str, key: &Key) -> Result<PolicyState, HandleError> {
         let table = self.shared.table.load_full();
         let rules = find(&table, policy)?.compiled();
-        let ban = table.judge.ban_of(rules, key);
+        let ban = rules
+            .penalty
+            .as_ref()
+            .and_then(|penalty| penalty.banned(key));
         let now = SystemTime::now();
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
         let mut tiers = Vec::with_capacity(rules.tiers().len() + 1);
@@ -478,7 +481,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // The layer's own state first: a request arriving meanwhile is not refused by a ban the
         // backend no longer has.
         let rules = find(&table, policy)?.compiled();
-        table.judge.forget(rules, key);
+        if let Some(penalty) = &rules.penalty {
+            penalty.forget(key);
+        }
+        let limits = rules.tiers().iter().map(|tier| &tier.limits[..]);
+        table.judge.fallback.forget(limits, key);
         for tier in rules.tiers() {
             let keys = keys_of(rules, &tier.limits, key);
             let charges = charges(&tier.limits, key, &keys);
