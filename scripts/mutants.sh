@@ -76,6 +76,13 @@ declare -A TESTS=(
   # partitions and count in flight, its options, and the adaptive limit — the unit tests beside
   # them, the middleware binary (the gate in a layer), the simulator (the limit over scenarios,
   # whose report must not change) and the allocation test (a gated admission allocates nothing).
+  # How a refusal is answered (429, 403, 503, the missing key's 4xx; gRPC, the custom functions,
+  # the on_limited hook), how the extended path comes by its key (async, from the body), and the
+  # failure policy (allow, deny, the local limiter): the middleware binary drives each through a
+  # layer.
+  [src/refusal/respond.rs]="--lib --test middleware -- $SKIP_SLOW"
+  [src/key/ahead.rs]="--lib --test middleware -- $SKIP_SLOW"
+  [src/failure.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/overload/gate.rs]="--lib --test middleware --test overload --test alloc -- $SKIP_SLOW"
   [src/overload/options.rs]="--lib --test middleware --test overload -- $SKIP_SLOW"
   [src/overload/limit.rs]="--lib --test overload -- $SKIP_SLOW"
@@ -98,6 +105,7 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
+  src/refusal/respond.rs src/key/ahead.rs src/failure.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
