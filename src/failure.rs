@@ -123,3 +123,43 @@ impl Fallback {
         let _ = (tiers, key);
     }
 }
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    /// Whether `fallback` lets one more request of `key` through under `limits`.
+    fn admits(fallback: &Fallback, limits: &[Limit], key: &Key) -> bool {
+        match fallback.decide(limits, key, 1) {
+            Fallen::Decided(decisions) => decisions.iter().all(|d| d.allowed),
+            Fallen::Allow => true,
+            Fallen::Deny => false,
+        }
+    }
+
+    #[test]
+    fn the_local_limiter_keeps_its_keys_across_a_reload_until_they_are_forgotten() {
+        let limits = [Limit::new("api", Quota::per_hour(1)).unwrap()];
+        let key = Key::from("k");
+        let before = Fallback::new(OnBackendError::Local);
+        assert!(admits(&before, &limits, &key));
+        assert!(!admits(&before, &limits, &key), "one an hour");
+        let mut after = Fallback::new(OnBackendError::Local);
+        after.carry_over(&before);
+        assert!(
+            !admits(&after, &limits, &key),
+            "the reloaded table kept the count"
+        );
+        after.forget([&limits[..]].into_iter(), &key);
+        assert!(admits(&after, &limits, &key), "a reset key starts afresh");
+        assert!(matches!(
+            Fallback::new(OnBackendError::Deny).decide(&limits, &key, 1),
+            Fallen::Deny
+        ));
+        assert!(matches!(
+            Fallback::new(OnBackendError::Allow).decide(&limits, &key, 1),
+            Fallen::Allow
+        ));
+    }
+}
