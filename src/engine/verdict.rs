@@ -484,7 +484,11 @@ impl Judge {
         strike: bool,
     ) -> Weighed {
         let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(key));
-        let mut delay = tier.queue_delay(decisions);
+        // Most tiers have no limit in delay mode: nothing to wait for, nothing to correct.
+        let mut delay = match tier.delays {
+            true => tier.queue_delay(decisions),
+            false => Duration::ZERO,
+        };
         let mut decision = match &*decisions {
             [one] => *one,
             all => Decision::combine(all).expect("a tier has at least one limit"),

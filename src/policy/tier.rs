@@ -46,12 +46,10 @@ impl CompiledTier {
 
     /// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,
     /// and what remains is counted against that tolerance, not the delay's. Returns the wait (the
-    /// longest of a stack's) and corrects each delayed limit's `remaining` in place.
+    /// longest of a stack's) and corrects each delayed limit's `remaining` in place. (Asked only
+    /// of a tier that `delays`.)
     pub(crate) fn queue_delay(&self, decisions: &mut [Decision]) -> Duration {
         let mut delay = Duration::ZERO;
-        if !self.delays {
-            return delay;
-        }
         for (decision, limit) in decisions.iter_mut().zip(self.limits.iter()) {
             if limit.delay().is_some() {
                 delay = delay.max(limit.delay_for(decision));
