@@ -228,26 +228,26 @@ fn the_queue_test_drains_past_the_knee_and_confirms_only_below_it() {
         little.judge(at(44.0, 1000.0), true, baseline, 1.0),
         Verdict::Go
     );
-    // No drain where the lower concurrency is within a tenth of the minimum.
-    let mut near_min = Little::default();
-    assert_eq!(
-        near_min.judge(at(40.0, 1000.0), true, baseline, 38.0),
-        Verdict::Go
-    );
-    assert_eq!(
-        near_min.judge(at(60.0, 1000.0), true, baseline, 38.0),
-        Verdict::Go
-    );
-    // The throughput fell with the concurrency: below the knee, the baseline confirmed.
-    let mut little = past_the_knee();
-    assert_eq!(
-        little.judge(at(30.0, 750.0), true, baseline, 1.0),
-        Verdict::Baseline
-    );
-    assert_eq!(
-        little.judge(at(60.0, 750.0), true, baseline, 1.0),
-        Verdict::Go
-    );
+    // Two intervals each (concurrency, throughput: what follows), under a minimum limit:
+    for (why, mut little, minimum, steps) in [
+        (
+            "no drain where the lower concurrency is within a tenth of the minimum",
+            Little::default(),
+            38.0,
+            [(40.0, 1000.0, Verdict::Go), (60.0, 1000.0, Verdict::Go)],
+        ),
+        (
+            "the throughput fell with the concurrency: below the knee, the baseline confirmed",
+            past_the_knee(),
+            1.0,
+            [(30.0, 750.0, Verdict::Baseline), (60.0, 750.0, Verdict::Go)],
+        ),
+    ] {
+        for (concurrency, rate, want) in steps {
+            let got = little.judge(at(concurrency, rate), true, baseline, minimum);
+            assert_eq!(got, want, "{why}: at {concurrency}");
+        }
+    }
 }
 
 /// A clock gone back (a restored VM, a reset test clock) starts a new interval at once: the limit
