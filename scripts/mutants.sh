@@ -80,6 +80,11 @@ declare -A TESTS=(
   # the on_limited hook), how the extended path comes by its key (async, from the body), and the
   # failure policy (allow, deny, the local limiter): the middleware binary drives each through a
   # layer.
+  # What the judge hands to the features it steps through: the penalty box's strike, delay mode's
+  # wait (a tier's), the decision handlers see.
+  [src/penalty.rs]="--lib --test middleware -- $SKIP_SLOW"
+  [src/policy/tier.rs]="--lib --test middleware -- $SKIP_SLOW"
+  [src/policy_decision.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/refusal/respond.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/key/ahead.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/failure.rs]="--lib --test middleware -- $SKIP_SLOW"
@@ -105,7 +110,7 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
-  src/refusal/respond.rs src/key/ahead.rs src/failure.rs
+  src/penalty.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then

@@ -281,6 +281,110 @@ mod tests {
         assert_eq!(b.banned_at(&k, ms(221)), None);
     }
 
+    /// A box filled to `CAPACITY` with one strike of each of `keys` at `at`.
+    fn fill(b: &PenaltyBox, keys: impl Iterator<Item = String>, at: Instant) {
+        for key in keys {
+            b.strike_at(&Key::from(key), at);
+        }
+    }
+
+    #[test]
+    fn a_full_box_forgets_expired_strikes_first_and_never_a_ban() {
+        let (within, ban) = (Duration::from_millis(100), Duration::from_secs(1));
+        let b = PenaltyBox::new(Penalty::new(2, within, ban).unwrap());
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let banned = Key::from("banned");
+        b.strike_at(&banned, t0);
+        assert_eq!(b.strike_at(&banned, t0), Some(ban));
+        // Half the box struck at 0 ms (expired by 120 ms), half at 60 ms (live until 160 ms).
+        fill(&b, (1..CAPACITY / 2).map(|i| format!("old{i}")), t0);
+        fill(&b, (0..CAPACITY / 2).map(|i| format!("live{i}")), ms(60));
+        assert_eq!(b.entries.lock().unwrap().map.len(), CAPACITY);
+        // A new key in a full box: the expired strikes go, the live ones and the ban stay.
+        assert_eq!(b.strike_at(&Key::from("new"), ms(120)), None);
+        // The ban, the live strikes and the new key.
+        assert_eq!(b.entries.lock().unwrap().map.len(), 1 + CAPACITY / 2 + 1);
+        assert_eq!(
+            b.strike_at(&Key::from("live0"), ms(130)),
+            Some(ban),
+            "a live strike kept"
+        );
+        assert!(b.banned_at(&banned, ms(130)).is_some(), "the ban kept");
+    }
+
+    #[test]
+    fn a_box_full_of_live_strikes_forgets_them_and_one_full_of_bans_tracks_no_new_key() {
+        let (within, ban) = (Duration::from_secs(60), Duration::from_secs(60));
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let b = PenaltyBox::new(Penalty::new(2, within, ban).unwrap());
+        let banned = Key::from("banned");
+        b.strike_at(&banned, t0);
+        b.strike_at(&banned, t0);
+        fill(&b, (1..CAPACITY).map(|i| format!("k{i}")), t0);
+        // A key the full box tracks strikes on as ever: its second strike is its ban.
+        assert_eq!(b.strike_at(&Key::from("k2"), ms(5)), Some(ban));
+        // Nothing has expired: every strike that is not a ban is forgotten.
+        assert_eq!(b.strike_at(&Key::from("new"), ms(10)), None);
+        assert_eq!(
+            b.strike_at(&Key::from("k1"), ms(20)),
+            None,
+            "k1's strike forgotten"
+        );
+        assert!(b.banned_at(&banned, ms(20)).is_some(), "the ban kept");
+        // A box full of bans: a new key is not tracked (its strike earns nothing), the bans stay.
+        let bans = PenaltyBox::new(Penalty::new(1, within, ban).unwrap());
+        fill(&bans, (0..CAPACITY).map(|i| format!("b{i}")), t0);
+        let fresh = Key::from("fresh");
+        assert_eq!(bans.strike_at(&fresh, ms(10)), None, "not tracked");
+        assert_eq!(bans.banned_at(&fresh, ms(10)), None);
+        assert!(bans.banned_at(&Key::from("b0"), ms(10)).is_some());
+        // Pruned at most every PRUNE_EVERY: 50 ms later the full box is not scanned again, and
+        // after it, it is (still full of bans: still not tracked).
+        assert_eq!(bans.strike_at(&fresh, ms(60)), None);
+        assert_eq!(bans.strike_at(&fresh, ms(200)), None);
+    }
+
+    #[test]
+    fn a_full_box_scans_for_expired_strikes_at_most_every_prune_interval() {
+        let within = Duration::from_millis(30);
+        let b = PenaltyBox::new(Penalty::new(2, within, Duration::from_secs(60)).unwrap());
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        fill(&b, (0..CAPACITY).map(|i| format!("a{i}")), t0);
+        // Full of live strikes at 10 ms: scanned (nothing expired), then every strike forgotten.
+        assert_eq!(b.strike_at(&Key::from("n1"), ms(10)), None);
+        // Full again at 55 ms: half struck at 20 ms (expired by 60 ms), half at 55 ms (live).
+        fill(&b, (0..CAPACITY / 2).map(|i| format!("b{i}")), ms(20));
+        fill(&b, (1..CAPACITY / 2).map(|i| format!("c{i}")), ms(55));
+        assert_eq!(b.entries.lock().unwrap().map.len(), CAPACITY);
+        // At 60 ms, within PRUNE_EVERY of the last scan: no scan that would keep the live half;
+        // the full box forgets every strike, c1's with them.
+        assert_eq!(b.strike_at(&Key::from("n2"), ms(60)), None);
+        assert_eq!(
+            b.strike_at(&Key::from("c1"), ms(61)),
+            None,
+            "c1's strike forgotten"
+        );
+    }
+
+    #[test]
+    fn a_penalty_reads_back_as_built() {
+        let p = Penalty::new(3, Duration::from_secs(10), Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            (p.after(), p.within(), p.ban()),
+            (3, Duration::from_secs(10), Duration::from_secs(60))
+        );
+        assert_eq!(p.to_string(), "banned 60s after 3 rejections within 10s");
+        // The longest ban is a year (366 days), the longest window a day.
+        let day = Duration::from_secs(86_400);
+        assert!(Penalty::new(1, day, day * 366).is_ok());
+        assert!(Penalty::new(1, day, day * 366 + Duration::from_millis(1)).is_err());
+        assert!(Penalty::new(1, day + Duration::from_millis(1), day).is_err());
+        assert!(Penalty::new(1000, Duration::from_millis(1), Duration::from_millis(1)).is_ok());
+    }
+
     #[test]
     fn invalid_penalties_are_errors() {
         let s = Duration::from_secs(1);

@@ -159,3 +159,40 @@ pub(crate) fn record(extensions: &mut Extensions, decision: PolicyDecision) {
     }
     extensions.insert(decision);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision_of(policy: &str, remaining: u64) -> PolicyDecision {
+        let decision = Decision::allowed(10, remaining, Duration::from_secs(1));
+        let names: [Arc<str>; 1] = [format!("{policy}.1s").into()];
+        let name: Arc<str> = policy.into();
+        PolicyDecision::of(
+            (&name, None, &names),
+            (decision, &[decision]),
+            (Duration::ZERO, true),
+        )
+    }
+
+    #[test]
+    fn each_layer_adds_its_decision_and_the_last_is_the_extension_too() {
+        let mut extensions = Extensions::new();
+        assert!(extensions.get::<RequestDecisions>().is_none());
+        record(&mut extensions, decision_of("site", 9));
+        let all = extensions.get::<RequestDecisions>().unwrap();
+        assert_eq!((all.len(), all.is_empty()), (1, false));
+        record(&mut extensions, decision_of("user", 4));
+        let all = extensions.get::<RequestDecisions>().unwrap();
+        assert_eq!(all.len(), 2);
+        let names: Vec<&str> = all.iter().map(|d| &*d.policy).collect();
+        assert_eq!(names, ["site", "user"], "the outermost layer's first");
+        assert_eq!(all.get("user").unwrap().decision.remaining, 4);
+        assert_eq!(all.get("site").unwrap().limits[0].decision.remaining, 9);
+        assert!(all.get("other").is_none());
+        assert_eq!((&*all).into_iter().count(), 2);
+        let last = extensions.get::<PolicyDecision>().unwrap();
+        assert_eq!(&*last.policy, "user");
+        assert!(RequestDecisions::default().is_empty());
+    }
+}

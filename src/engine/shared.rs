@@ -87,8 +87,9 @@ pub(crate) type Loaded<K> = Guard<Arc<Table<K>>>;
 /// half-applied table, and a request keeps the table it read to its end. Most layers are never
 /// reloaded, and their requests read the table they were built with, kept here, with no load at
 /// all: a load of an `ArcSwap` takes a slot of the calling thread's (about 45 instructions a
-/// request). After the first reload every request loads the swapped-in table. The first table then stays here until the layer goes (one table: requests
-/// still deciding by it may hold it by reference).
+/// request). After the first reload every request loads the swapped-in table. The first table
+/// then stays here until the layer goes (one table: requests still deciding by it may hold it by
+/// reference).
 pub(crate) struct InForce<K> {
     first: Arc<Table<K>>,
     /// Set (after `current` holds the new table) by the first reload.
