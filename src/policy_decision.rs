@@ -190,7 +190,7 @@ mod tests {
         assert_eq!(all.get("user").unwrap().decision.remaining, 4);
         assert_eq!(all.get("site").unwrap().limits[0].decision.remaining, 9);
         assert!(all.get("other").is_none());
-        assert_eq!((&*all).into_iter().count(), 2);
+        assert_eq!(all.into_iter().count(), 2);
         let last = extensions.get::<PolicyDecision>().unwrap();
         assert_eq!(&*last.policy, "user");
         assert!(RequestDecisions::default().is_empty());
