@@ -114,27 +114,6 @@ async fn delay_mode_waits_for_the_slot_instead_of_rejecting() {
     assert_eq!(timed(app.clone()).await.2, Duration::from_millis(500));
 }
 
-/// Delay mode waits with no `PolicyDecision` asked for too: the plain admission of one limit does
-/// not skip the wait.
-#[tokio::test(start_paused = true)]
-async fn delay_mode_waits_without_the_decision_extension() {
-    let (backend, _clock) = backend();
-    let policy = Policy::builder("slow")
-        .quota(Quota::per_second(2))
-        .delay(Duration::from_secs(2))
-        .key(Global)
-        .build()
-        .unwrap();
-    let app = answering_ok(layer_of(backend, policy));
-    for want in [0, 0, 500, 1000] {
-        let started = tokio::time::Instant::now();
-        let res = app.clone().oneshot(request("/")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        assert!(res.extensions().get::<PolicyDecision>().is_none());
-        assert_eq!(started.elapsed(), Duration::from_millis(want));
-    }
-}
-
 /// Delay mode counts what remains against the quota's own burst, not against the wait it allows
 /// on top: a burst's requests show the fields they show without delay mode, and a request that
 /// waits shows none left.
