@@ -118,9 +118,9 @@ pub(crate) struct CustomerQuotas {
     resolver: Option<Arc<dyn QuotaResolver>>,
     resolve_timeout: Duration,
     /// The limits of each per-customer quota seen, made once.
-    custom: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
+    custom: Mutex<HashMap<Quota, Option<Arc<CompiledTier>>>>,
     /// The limits of each override's quota seen, made once (`Namespace::Override`).
-    overridden: Mutex<HashMap<Quota, Option<Arc<CustomerQuota>>>>,
+    overridden: Mutex<HashMap<Quota, Option<Arc<CompiledTier>>>>,
     /// The name override quotas keep their state under.
     override_name: Arc<str>,
     log: ResolveLog,
@@ -224,7 +224,7 @@ impl CustomerQuotas {
         quota: Quota,
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
-    ) -> Option<Arc<CustomerQuota>> {
+    ) -> Option<Arc<CompiledTier>> {
         let tiers = match ns {
             Namespace::Customer => &self.custom,
             Namespace::Override => &self.overridden,
@@ -234,10 +234,10 @@ impl CustomerQuotas {
             return known.clone();
         }
         let tier = match self.enforceable(ns, quota, cost, validate) {
-            Ok(limit) => Some(Arc::new(CustomerQuota {
-                rules: CompiledTier::of(None, std::slice::from_ref(&limit)),
-                limits: Box::new([limit]),
-            })),
+            Ok(limit) => Some(Arc::new(CompiledTier::of(
+                None,
+                std::slice::from_ref(&limit),
+            ))),
             Err(e) => {
                 self.log
                     .record(&self.name, "quota", &e.to_string(), "the policy's quota");
@@ -325,10 +325,4 @@ fn override_name(name: &str) -> Arc<str> {
         Ok(()) => own.into(),
         Err(_) => name.into(),
     }
-}
-
-/// The limit of one per-customer quota, and what the verdict needs of it.
-pub(crate) struct CustomerQuota {
-    pub(crate) limits: Box<[Limit]>,
-    pub(crate) rules: CompiledTier,
 }

@@ -35,9 +35,9 @@ use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
 use crate::overrides::{InForce, Override};
-use crate::per_customer::{CustomerQuota, Namespace};
+use crate::per_customer::Namespace;
 use crate::policy::extras::PolicyExtras;
-use crate::policy::CompiledPolicy;
+use crate::policy::{CompiledPolicy, CompiledTier};
 use crate::quota::Quota;
 use crate::rollout::shadows::with_shadows;
 
@@ -94,7 +94,7 @@ where
 /// How a request of the extended path comes by its quota: given by an override in force (`None`:
 /// the policy's own), or the policy's own way (a customer's, which a resolver may be awaited for).
 enum QuotaAhead {
-    Given(Option<Arc<CustomerQuota>>),
+    Given(Option<Arc<CompiledTier>>),
     Own,
 }
 
@@ -104,7 +104,7 @@ pub(crate) struct Asking {
     key: Key,
     parts: Parts,
     tier: usize,
-    custom: Option<Arc<CustomerQuota>>,
+    custom: Option<Arc<CompiledTier>>,
     /// Quotas with keys of their own: each limit's key.
     limit_keys: Option<Vec<Key>>,
     /// A metered limit's reservation.
@@ -246,12 +246,12 @@ where
         &self,
         (key, parts): (Key, Parts),
         limit_keys: Option<Vec<Key>>,
-        custom: Option<Arc<CustomerQuota>>,
+        custom: Option<Arc<CompiledTier>>,
         whole: Option<&[u8]>,
     ) -> Result<Asking, Prepared> {
         let request = RequestRef::of_parts(&parts);
-        let custom_tier = custom.as_deref().map(|c| &c.rules);
         let rules = &*self.policy;
+        let custom_tier = custom.as_deref();
         let tier = match steps::tier_unless_banned(&self.judge, rules, custom_tier, &key, request) {
             Ok(tier) => tier,
             Err(banned) => return Err(answered(parts, banned)),
@@ -277,7 +277,11 @@ where
     /// alone.
     fn ask(&self, asking: &Asking) -> B::Future {
         let (rules, extras) = (&*self.policy, &self.extras);
-        let limits = steps::limits_of(rules, asking.tier, asking.custom.as_deref());
+        let tier = asking
+            .custom
+            .as_deref()
+            .unwrap_or(&rules.tiers[asking.tier]);
+        let limits = &tier.limits;
         let key = &asking.key;
         let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
         let charges = match (&extras.metered, asking.estimate) {
@@ -318,10 +322,9 @@ where
         } = asking;
         let cx = RequestContext {
             policy: rules,
-            tier,
+            tier: custom.as_deref().unwrap_or(&rules.tiers[tier]),
             key: &key,
             request: RequestRef::of_parts(&parts),
-            custom: custom.as_deref().map(|c| &c.rules),
         };
         if let Some(shadowed) = shadowed {
             judge.shadowed(cx, &extras.shadows, shadowed);
@@ -359,7 +362,7 @@ where
     }
 
     /// The limits of a customer's `quota`, if they can be enforced for this policy's requests.
-    fn customer_quota(&self, quota: Quota) -> Option<Arc<CustomerQuota>> {
+    fn customer_quota(&self, quota: Quota) -> Option<Arc<CompiledTier>> {
         let validate = |limit: &_| self.validate(limit);
         let quotas = &self.extras.quotas;
         quotas.custom_tier(Namespace::Customer, quota, self.policy.cost(), validate)
@@ -374,7 +377,7 @@ where
         let position = rule.position;
         let settle: Settle = Box::new(move |delta, since| {
             // Metered policies have one tier and no per-customer quota.
-            let limits = steps::limits_of(&policy, 0, None);
+            let limits = &policy.tiers[0].limits;
             let mut deltas = [0i64; MAX_STACKED_QUOTAS];
             deltas[position] = delta;
             let since = since + CLOCK_MARGIN;
@@ -396,7 +399,7 @@ where
     /// gives its units back if its response does not count.
     fn settle_later(
         &self,
-        (tier, custom): (usize, Option<Arc<CustomerQuota>>),
+        (tier, custom): (usize, Option<Arc<CompiledTier>>),
         key: Key,
         taken: &Taken,
         verdict: Verdict,
@@ -413,7 +416,7 @@ where
             (Some(counts_for), Some(rule)) => {
                 let (shared, policy) = (shared.clone(), policy.clone());
                 let refund: Refund = Box::new(move |since| {
-                    let limits = steps::limits_of(&policy, tier, custom.as_deref());
+                    let limits = &custom.as_deref().unwrap_or(&policy.tiers[tier]).limits;
                     let charges = Charges::stack(limits, &key, policy.cost());
                     shared.backend.adjust(charges, Adjustment::Refund { since });
                 });
@@ -445,7 +448,7 @@ where
         key: &Key,
         parts: &Parts,
         in_force: InForce,
-    ) -> Result<Option<Arc<CustomerQuota>>, Verdict> {
+    ) -> Result<Option<Arc<CompiledTier>>, Verdict> {
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
         match in_force {
@@ -461,12 +464,12 @@ where
                 Err(judge.forbidden(Some(rules), Some(key), request))
             }
             InForce::Banned(rest) => {
+                let tier = rules.tier_in(request.headers, request.extensions);
                 let cx = RequestContext {
                     policy: rules,
-                    tier: rules.tier_in(request.headers, request.extensions),
+                    tier: &rules.tiers[tier],
                     key,
                     request,
-                    custom: None,
                 };
                 judge.banned_for(cx, rest).map_or(Ok(None), Err)
             }

@@ -7,7 +7,7 @@
 //! 3. [`access`]: the allow and deny lists, before any limit;
 //! 4. [`without_key`]: a request its policy found no key in;
 //! 5. the quota: the policy's tier ([`tier_unless_banned`]), or a customer's own quota resolved on
-//!    the extended path; [`limits_of`] gives the limits either way;
+//!    the extended path (a tier of its own);
 //! 6. the ban: [`Judge::banned`], before the backend is asked;
 //! 7. [`ask`]: the backend check of the request's charges;
 //! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
@@ -40,10 +40,8 @@ use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
 use crate::key::ahead::Missing;
 use crate::key::{Key, KeyExtractor, KeySpec};
-use crate::limit::Limit;
 use crate::observe::RequestRef;
 use crate::overload::{Gate, InFlight, PartitionBy, Shed};
-use crate::per_customer::CustomerQuota;
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier, Policy};
 
@@ -158,9 +156,9 @@ pub(crate) fn keyed<K, B>(
     key.map_err(|missing| without_key(judge, policy, missing, request))
 }
 
-/// Steps 5 and 6 together, as both paths run them once the quota is known: the tier (tier 0 under a
-/// customer's own quota, `custom`), then the ban. `Ok`: the tier the backend is asked under; `Err`:
-/// the ban's refusal.
+/// Steps 5 and 6 together, as both paths run them once the quota is known: the tier (a customer's
+/// own quota, `custom`, in place of the policy's), then the ban. `Ok`: the tier the backend is
+/// asked under, by its number (0 for a customer's); `Err`: the ban's refusal.
 #[allow(clippy::result_large_err)] // as `keyed`'s
 pub(crate) fn tier_unless_banned(
     judge: &Judge,
@@ -169,32 +167,22 @@ pub(crate) fn tier_unless_banned(
     key: &Key,
     request: RequestRef<'_>,
 ) -> Result<usize, Verdict> {
-    let tier = match custom {
-        Some(_) => 0,
-        None => policy.tier_in(request.headers, request.extensions),
+    let (number, tier) = match custom {
+        Some(custom) => (0, custom),
+        None => {
+            let number = policy.tier_in(request.headers, request.extensions);
+            (number, &policy.tiers[number])
+        }
     };
     let cx = RequestContext {
         policy,
         tier,
         key,
         request,
-        custom,
     };
     match judge.banned(cx) {
         Some(banned) => Err(banned),
-        None => Ok(tier),
-    }
-}
-
-/// Step 5: the limits a request is decided under: its per-customer quota's, else its tier's.
-pub(crate) fn limits_of<'a>(
-    policy: &'a CompiledPolicy,
-    tier: usize,
-    custom: Option<&'a CustomerQuota>,
-) -> &'a [Limit] {
-    match custom {
-        Some(custom) => &custom.limits,
-        None => &policy.tiers[tier].limits,
+        None => Ok(number),
     }
 }
 

@@ -90,19 +90,19 @@ fn admit(
     }
 }
 
-/// What a request is judged as: the policy that matched it, the tier of its quota, its key, and the
-/// parts of the request that reports and hooks see.
+/// What a request is judged as: the policy that matched it, the tier of its quota (one of the
+/// policy's, or a customer's or override's own), its key, and the parts of the request that
+/// reports and hooks see.
 #[derive(Clone, Copy)]
 pub(crate) struct RequestContext<'a> {
     pub(crate) policy: &'a CompiledPolicy,
-    pub(crate) tier: usize,
+    pub(crate) tier: &'a CompiledTier,
     pub(crate) key: &'a Key,
     pub(crate) request: RequestRef<'a>,
-    /// A per-customer quota's limits, in place of tier `tier`'s.
-    pub(crate) custom: Option<&'a CompiledTier>,
 }
 
 impl<'a> RequestContext<'a> {
+    /// A request of `policy` under its tier number `tier`.
     pub(crate) fn new<B>(
         policy: &'a CompiledPolicy,
         tier: usize,
@@ -111,18 +111,9 @@ impl<'a> RequestContext<'a> {
     ) -> Self {
         RequestContext {
             policy,
-            tier,
+            tier: &policy.tiers[tier],
             key,
             request: RequestRef::of(request),
-            custom: None,
-        }
-    }
-
-    /// The limits the request is decided under: its per-customer quota's, else its tier's.
-    pub(crate) fn tier_rules(&self) -> &'a CompiledTier {
-        match self.custom {
-            Some(custom) => custom,
-            None => &self.policy.tiers[self.tier],
         }
     }
 }
@@ -212,7 +203,7 @@ impl Judge {
         cx: RequestContext<'_>,
         answer: Result<Decisions, BackendError>,
     ) -> Verdict {
-        let tier = cx.tier_rules();
+        let tier = cx.tier;
         let from_backend = |d: &Decision| Source {
             strike: true,
             slot: SlotOwner::Backend {
@@ -265,7 +256,7 @@ impl Judge {
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
-        let limits = &cx.tier_rules().limits;
+        let limits = &cx.tier.limits;
         let verdict = match self.fallback.decide(limits, cx.key, rules.cost) {
             Fallen::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) => {
                 Verdict::Reject(self.settings.refusals.unavailable(
@@ -303,7 +294,7 @@ impl Judge {
     /// The refusal of a request whose key is banned for `rest` yet (by the penalty box, or an
     /// operator's timed ban); `None` when the policy does not enforce it (a dry run).
     pub(crate) fn banned_for(&self, cx: RequestContext<'_>, rest: Duration) -> Option<Verdict> {
-        let tier = cx.tier_rules();
+        let tier = cx.tier;
         let decision = Decision::banned(tier.limit_value, rest, None, rest);
         let mut decisions = vec![decision; tier.limits.len()];
         let source = Source {
@@ -331,7 +322,7 @@ impl Judge {
     #[inline(always)]
     pub(crate) fn admitted_plainly(&self, cx: RequestContext<'_>, decision: &Decision) -> bool {
         let rules = cx.policy;
-        if !(decision.allowed && rules.plain_admission && cx.tier_rules().plain_admission) {
+        if !(decision.allowed && rules.plain_admission && cx.tier.plain_admission) {
             return false;
         }
         let shown = ShownKey {
@@ -378,7 +369,7 @@ impl Judge {
         source: Source,
     ) -> Verdict {
         let rules = cx.policy;
-        let tier = cx.tier_rules();
+        let tier = cx.tier;
         if let [decision] = &*decisions
             && self.admitted_plainly(cx, decision)
         {

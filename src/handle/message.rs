@@ -19,7 +19,7 @@ use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Algorithm;
 use crate::overrides::{InForce, Override};
-use crate::per_customer::{CustomerQuota, Namespace};
+use crate::per_customer::Namespace;
 use crate::policy::{CompiledPolicy, CompiledTier};
 
 /// Why a policy cannot check messages, if it cannot.
@@ -61,7 +61,7 @@ pub(crate) fn before_backend<K, B: Backend>(
     policy: &CompiledPolicy,
     key: &Key,
     cost: u64,
-) -> Result<(Option<Arc<CustomerQuota>>, Option<Duration>), Decision> {
+) -> Result<(Option<Arc<CompiledTier>>, Option<Duration>), Decision> {
     let limit = policy.tiers[0].limit_value;
     let unlimited = Decision::allowed(limit, limit, Duration::ZERO);
     let mut blocked = Decision::banned(limit, Duration::ZERO, None, Duration::ZERO);

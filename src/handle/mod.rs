@@ -467,7 +467,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             Ok(ahead) => ahead,
             Err(answered) => return Ok(answered),
         };
-        let custom = custom.as_ref().map(|c| &c.rules);
+        let custom = custom.as_deref();
         let decided = table
             .judge
             .message(&self.shared.backend, compiled, key, cost, custom, timed_ban)

@@ -217,7 +217,7 @@ where
     B: Backend,
 {
     let started = MEASURE_LATENCY.then(Instant::now);
-    let limits = steps::limits_of(policy, tier, None);
+    let limits = &policy.tiers[tier].limits;
     // Polled once: a backend that decides without waiting (memory) answers here.
     let mut decided = steps::ask(backend, Charges::stack(limits, key, policy.cost()));
     let mut noop = Context::from_waker(Waker::noop());
@@ -229,8 +229,7 @@ where
                 if !judge.sends_fields() {
                     return Ask::Passed;
                 }
-                let tier = context.tier_rules();
-                let fields = judge.fields(tier, slice::from_ref(&decision), &decision);
+                let fields = judge.fields(context.tier, slice::from_ref(&decision), &decision);
                 return Ask::Admitted(fields);
             }
             Asked::Answered(Ok(Decisions::One(decision)))
@@ -287,7 +286,7 @@ where
     };
     // The decision is remote. The service that poll_ready readied goes with the request, to be
     // called once (and only if) the request is admitted.
-    let limits = steps::limits_of(policy, tier, None);
+    let limits = &policy.tiers[tier].limits;
     let release = (limits[0].algorithm() == Algorithm::Concurrency)
         .then(|| releaser(shared, judge, policy, tier, key.clone()));
     let service = take_readied(inner);
