@@ -452,13 +452,10 @@ where
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
         match in_force {
-            InForce::Override(Override::Quota(quota))
-                if extras.metered.is_none() && extras.limit_keys.is_none() =>
-            {
+            InForce::Override(Override::Quota(quota)) => {
                 let validate = |limit: &_| self.validate(limit);
-                Ok((extras.quotas).custom_tier(Namespace::Override, quota, rules.cost(), validate))
+                Ok(extras.override_tier(quota, rules.cost(), validate))
             }
-            InForce::Override(Override::Quota(_)) => Ok(None),
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
             InForce::Override(Override::Blocked) => {
                 Err(judge.forbidden(Some(rules), Some(key), request))

@@ -19,7 +19,6 @@ use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Algorithm;
 use crate::overrides::{InForce, Override};
-use crate::per_customer::Namespace;
 use crate::policy::{CompiledPolicy, CompiledTier};
 
 /// Why a policy cannot check messages, if it cannot.
@@ -89,9 +88,10 @@ pub(crate) fn before_backend<K, B: Backend>(
                     .backend
                     .validate(slice::from_ref(l), Uses::NOTHING_MORE)
             };
-            let quotas = &policy.overridable.quotas;
-            let custom = quotas.custom_tier(Namespace::Override, quota, cost, validate);
-            Ok((custom, None))
+            Ok((
+                policy.overridable.override_tier(quota, cost, validate),
+                None,
+            ))
         }
     }
 }

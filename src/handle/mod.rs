@@ -294,13 +294,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
         let mut tiers = Vec::with_capacity(rules.tiers().len() + 1);
         let custom = match override_in_force {
-            Some(Override::Quota(quota))
-                if rules.overridable.metered.is_none()
-                    && rules.overridable.limit_keys.is_none() =>
-            {
-                let ns = Namespace::Override;
+            Some(Override::Quota(quota)) => {
                 let validate = |l: &_| self.validate_one(l);
-                (rules.overridable.quotas).custom_tier(ns, quota, rules.cost(), validate)
+                rules
+                    .overridable
+                    .override_tier(quota, rules.cost(), validate)
             }
             _ => None,
         };

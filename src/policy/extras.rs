@@ -16,7 +16,9 @@ use crate::limit::Limit;
 use crate::meter::MeterRule;
 use crate::observe::ResolveLog;
 use crate::outcome::OutcomeRule;
-use crate::per_customer::{ChoosesQuota, CustomerQuotas};
+use crate::per_customer::{ChoosesQuota, CustomerQuotas, Namespace};
+use crate::policy::tier::CompiledTier;
+use crate::quota::Quota;
 
 /// What a policy's builder collects for the per-request features.
 #[derive(Default)]
@@ -181,5 +183,20 @@ impl PolicyExtras {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The tier of an override's `quota` on one key, made once (`validate`: the backend's check of
+    /// its limit); `None` where the policy cannot take one (a metered policy, quotas with keys of
+    /// their own) or it cannot be enforced: the key then keeps the policy's own quota.
+    pub(crate) fn override_tier(
+        &self,
+        quota: Quota,
+        cost: u64,
+        validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
+    ) -> Option<Arc<CompiledTier>> {
+        if self.metered.is_some() || self.limit_keys.is_some() {
+            return None;
+        }
+        (self.quotas).custom_tier(Namespace::Override, quota, cost, validate)
     }
 }
