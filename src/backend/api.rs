@@ -105,6 +105,49 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+/// The methods of [`Backend`] but `check` (whose future is each type's own), each forwarded by
+/// `$to!(self, method, arguments…)` to the backend behind: for a type that wraps one or more.
+macro_rules! forward_backend {
+    ($to:ident) => {
+        fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
+            $to!(self, validate, limits, uses)
+        }
+
+        fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+            $to!(self, adjust, charges, adjustment)
+        }
+
+        fn peek(&self, charges: Charges<'_>) -> PeekFuture {
+            $to!(self, peek, charges)
+        }
+
+        fn reset(&self, charges: Charges<'_>) -> ResetFuture {
+            $to!(self, reset, charges)
+        }
+
+        fn keeps_penalties(&self) -> bool {
+            $to!(self, keeps_penalties)
+        }
+
+        fn reloaded(&self, changed: &[&str]) {
+            $to!(self, reloaded, changed)
+        }
+
+        fn records(&self) -> Option<Arc<dyn Records>> {
+            $to!(self, records)
+        }
+    };
+}
+
+pub(super) use forward_backend;
+
+/// `Backend::method` of what an `Arc` points to.
+macro_rules! pointee {
+    ($this:ident, $method:ident $(, $arg:expr)*) => {
+        Backend::$method(&**$this $(, $arg)*)
+    };
+}
+
 impl<B: Backend> Backend for Arc<B> {
     type Future = B::Future;
 
@@ -113,31 +156,5 @@ impl<B: Backend> Backend for Arc<B> {
         (**self).check(charges)
     }
 
-    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
-        (**self).validate(limits, uses)
-    }
-
-    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
-        (**self).adjust(charges, adjustment)
-    }
-
-    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
-        (**self).peek(charges)
-    }
-
-    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
-        (**self).reset(charges)
-    }
-
-    fn keeps_penalties(&self) -> bool {
-        (**self).keeps_penalties()
-    }
-
-    fn reloaded(&self, changed: &[&str]) {
-        (**self).reloaded(changed)
-    }
-
-    fn records(&self) -> Option<Arc<dyn Records>> {
-        (**self).records()
-    }
+    forward_backend!(pointee);
 }

@@ -7,10 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::api::Backend;
+use super::api::{forward_backend, Backend};
 use super::charge::{Adjustment, Charges, Decisions, Uses};
 use super::key_state::{PeekFuture, ResetFuture};
 use super::memory::MemoryBackend;
+use super::records::Records;
 use super::redis::{RedisBackend, RedisFuture, RedisHealth};
 use crate::error::{BackendError, BuildError};
 use crate::limit::Limit;
@@ -77,6 +78,16 @@ impl fmt::Display for BackendHealth {
     }
 }
 
+/// `Backend::method` of the backend a [`ConfiguredBackend`] is.
+macro_rules! either {
+    ($this:ident, $method:ident $(, $arg:expr)*) => {
+        match $this {
+            ConfiguredBackend::Memory(memory) => Backend::$method(memory $(, $arg)*),
+            ConfiguredBackend::Redis(redis) => Backend::$method(redis $(, $arg)*),
+        }
+    };
+}
+
 impl Backend for ConfiguredBackend {
     type Future = ConfiguredFuture;
 
@@ -93,84 +104,7 @@ impl Backend for ConfiguredBackend {
         }
     }
 
-    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
-        self.as_backend().validate(limits, uses)
-    }
-
-    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
-        self.as_backend().adjust(charges, adjustment)
-    }
-
-    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
-        self.as_backend().peek(charges)
-    }
-
-    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
-        self.as_backend().reset(charges)
-    }
-
-    fn keeps_penalties(&self) -> bool {
-        self.as_backend().keeps_penalties()
-    }
-
-    fn reloaded(&self, changed: &[&str]) {
-        self.as_backend().reloaded(changed)
-    }
-
-    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
-        self.as_backend().records()
-    }
-}
-
-impl ConfiguredBackend {
-    /// The backend behind, for every call but `check` (whose future is this type's own).
-    fn as_backend(&self) -> &dyn Forwarded {
-        match self {
-            ConfiguredBackend::Memory(memory) => memory,
-            ConfiguredBackend::Redis(redis) => redis,
-        }
-    }
-}
-
-/// [`Backend`] without its future: what [`ConfiguredBackend`] forwards to either backend.
-trait Forwarded {
-    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError>;
-    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>);
-    fn peek(&self, charges: Charges<'_>) -> PeekFuture;
-    fn reset(&self, charges: Charges<'_>) -> ResetFuture;
-    fn keeps_penalties(&self) -> bool;
-    fn reloaded(&self, changed: &[&str]);
-    fn records(&self) -> Option<Arc<dyn crate::backend::Records>>;
-}
-
-impl<B: Backend> Forwarded for B {
-    fn validate(&self, limits: &[Limit], uses: Uses) -> Result<(), BuildError> {
-        Backend::validate(self, limits, uses)
-    }
-
-    fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
-        Backend::adjust(self, charges, adjustment)
-    }
-
-    fn peek(&self, charges: Charges<'_>) -> PeekFuture {
-        Backend::peek(self, charges)
-    }
-
-    fn reset(&self, charges: Charges<'_>) -> ResetFuture {
-        Backend::reset(self, charges)
-    }
-
-    fn keeps_penalties(&self) -> bool {
-        Backend::keeps_penalties(self)
-    }
-
-    fn reloaded(&self, changed: &[&str]) {
-        Backend::reloaded(self, changed)
-    }
-
-    fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
-        Backend::records(self)
-    }
+    forward_backend!(either);
 }
 
 /// The future of [`ConfiguredBackend`]: ready at once for memory, Redis's answer otherwise.
