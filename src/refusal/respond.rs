@@ -51,32 +51,24 @@ impl Refusals {
         }
     }
 
-    /// The layer's own answer to a request that may come back after `retry` (with gRPC pushback).
-    fn problem_retrying(
+    /// A refusal that says when to come back, `retry`: in `Retry-After` (whole seconds, rounded
+    /// up) and, under `grpc()`, as gRPC pushback.
+    fn retrying(
         &self,
-        status: StatusCode,
-        detail: &str,
-        retry: Duration,
-    ) -> Response<Bytes> {
-        let mut response = self.problem(status, detail);
-        if self.grpc {
-            grpc::set_pushback(response.headers_mut(), retry);
-        }
-        response
-    }
-
-    /// A `503` with `Retry-After: 1` (and gRPC pushback): the backend failed and the layer fails
-    /// closed, or a request cannot be delayed or identified.
-    pub(crate) fn unavailable(
-        &self,
+        (kind, status): (RefusalKind, StatusCode),
         (policy, key): (Option<&str>, Option<&Key>),
+        (retry, detail): (Duration, &str),
         request: RequestRef<'_>,
-        detail: &str,
     ) -> Response<Bytes> {
-        let (status, retry) = (StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(1));
-        let default = || self.problem_retrying(status, detail, retry);
+        let default = || {
+            let mut response = self.problem(status, detail);
+            if self.grpc {
+                grpc::set_pushback(response.headers_mut(), retry);
+            }
+            response
+        };
         let mut response = self.answer(Refusal {
-            kind: RefusalKind::Unavailable,
+            kind,
             status,
             policy,
             key,
@@ -86,8 +78,43 @@ impl Refusals {
             request,
             default: &default,
         });
-        headers::set_retry_after(response.headers_mut(), 1);
+        let millis = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX);
+        headers::set_retry_after(response.headers_mut(), millis.div_ceil(1000));
         response
+    }
+
+    /// A refusal that names no time to come back: the layer's own answer is the problem response.
+    fn final_refusal(
+        &self,
+        (kind, status): (RefusalKind, StatusCode),
+        (policy, key): (Option<&str>, Option<&Key>),
+        detail: &str,
+        request: RequestRef<'_>,
+    ) -> Response<Bytes> {
+        self.answer(Refusal {
+            kind,
+            status,
+            policy,
+            key,
+            decision: None,
+            retry_after: None,
+            detail,
+            request,
+            default: &|| self.problem(status, detail),
+        })
+    }
+
+    /// A `503` with `Retry-After: 1` (and gRPC pushback): the backend failed and the layer fails
+    /// closed, or a request cannot be delayed or identified.
+    pub(crate) fn unavailable(
+        &self,
+        policy_key: (Option<&str>, Option<&Key>),
+        request: RequestRef<'_>,
+        detail: &str,
+    ) -> Response<Bytes> {
+        let refused = (RefusalKind::Unavailable, StatusCode::SERVICE_UNAVAILABLE);
+        let retry = Duration::from_secs(1);
+        self.retrying(refused, policy_key, (retry, detail), request)
     }
 
     /// A request the overload gate shed (`policy`: the one that matched, if any): its status
@@ -101,21 +128,8 @@ impl Refusals {
     ) -> Response<Bytes> {
         crate::observe::shed(&shed.partition);
         let detail = "the service is overloaded; retry later";
-        let default = || self.problem_retrying(shed.status, detail, shed.retry_after);
-        let mut response = self.answer(Refusal {
-            kind: RefusalKind::Overloaded,
-            status: shed.status,
-            policy,
-            key: None,
-            decision: None,
-            retry_after: Some(shed.retry_after),
-            detail,
-            request,
-            default: &default,
-        });
-        let millis = u64::try_from(shed.retry_after.as_millis()).unwrap_or(u64::MAX);
-        headers::set_retry_after(response.headers_mut(), millis.div_ceil(1000));
-        response
+        let refused = (RefusalKind::Overloaded, shed.status);
+        self.retrying(refused, (policy, None), (shed.retry_after, detail), request)
     }
 
     /// The `429` of a request over the limit of `policy` (whose problem body is `body`), or the
@@ -166,24 +180,12 @@ impl Refusals {
     /// The `403` of a client or key on a deny list (`policy`: the one that matched, if any).
     pub(crate) fn forbidden(
         &self,
-        (policy, key): (Option<&str>, Option<&Key>),
+        policy_key: (Option<&str>, Option<&Key>),
         request: RequestRef<'_>,
     ) -> Response<Bytes> {
-        let (status, detail) = (
-            StatusCode::FORBIDDEN,
-            "this client or key is on a deny list",
-        );
-        self.answer(Refusal {
-            kind: RefusalKind::Denied,
-            status,
-            policy,
-            key,
-            decision: None,
-            retry_after: None,
-            detail,
-            request,
-            default: &|| self.problem(status, detail),
-        })
+        let refused = (RefusalKind::Denied, StatusCode::FORBIDDEN);
+        let detail = "this client or key is on a deny list";
+        self.final_refusal(refused, policy_key, detail, request)
     }
 
     /// The `status` answer to a request without a key for `policy` (`what` names the expected
@@ -195,16 +197,7 @@ impl Refusals {
         request: RequestRef<'_>,
     ) -> Response<Bytes> {
         let detail = format!("no rate-limit key for policy '{policy}': expected {what}");
-        self.answer(Refusal {
-            kind: RefusalKind::MissingKey,
-            status,
-            policy: Some(policy),
-            key: None,
-            decision: None,
-            retry_after: None,
-            detail: &detail,
-            request,
-            default: &|| self.problem(status, &detail),
-        })
+        let refused = (RefusalKind::MissingKey, status);
+        self.final_refusal(refused, (Some(policy), None), &detail, request)
     }
 }
