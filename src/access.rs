@@ -239,7 +239,7 @@ mod redis_sync {
     use redis::aio::ConnectionLike;
 
     use super::{net, AccessList, Entries};
-    use crate::backend::redis::redirect::Redirecting;
+    use crate::backend::redis::connection::RedisConnection;
     use crate::error::BackendError;
 
     /// Mirrors four Redis sets into an [`AccessList`], so that every process shares the lists an
@@ -331,17 +331,11 @@ mod redis_sync {
         where
             C: ConnectionLike + 'static,
         {
+            // The backend's own connection follows them itself; a Cluster's given as it is, not.
             let any: &mut dyn std::any::Any = conn;
             if let Some(cluster) = any.downcast_mut::<redis::cluster_async::ClusterConnection>() {
-                return self
-                    .refresh(&mut Redirecting::cluster(cluster), lists)
-                    .await;
-            }
-            // The backend's own connection (what a configuration's layer shares with the lists).
-            if let Some(ours) =
-                any.downcast_mut::<crate::backend::redis::connection::RedisConnection>()
-            {
-                return self.refresh(&mut ours.redirecting(), lists).await;
+                let mut conn = RedisConnection::cluster_of(cluster.clone());
+                return self.refresh(&mut conn, lists).await;
             }
             self.refresh(conn, lists).await
         }

@@ -365,8 +365,7 @@ mod redis_store {
                         // Kept for one more bucket, so the last one can still be read as it closes.
                         pipe.cmd("EXPIRE").arg(name).arg(*ttl).ignore();
                     }
-                    let result: redis::RedisResult<()> =
-                        pipe.query_async(&mut conn.clone().redirecting()).await;
+                    let result: redis::RedisResult<()> = pipe.query_async(&mut conn.clone()).await;
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "limited clients were not counted");
                     }
@@ -385,7 +384,7 @@ mod redis_store {
                     .arg(counter_key(&self.prefix, policy, window, now));
             }
             let (minute, hour, day): (u64, u64, u64) = pipe
-                .query_async(&mut self.conn.clone().redirecting())
+                .query_async(&mut self.conn.clone())
                 .await
                 .map_err(|e| BackendError::with_source("cannot count limited clients", e))?;
             Ok(OffenderCounts { minute, hour, day })

@@ -90,7 +90,7 @@ impl RedisTop {
             .arg(keys.len())
             .arg(&keys)
             .arg("WITHSCORES")
-            .query_async(&mut self.shared.conn.clone().redirecting())
+            .query_async(&mut self.shared.conn.clone())
             .await
             .map_err(|e| BackendError::with_source("cannot read the top limited keys", e))?;
         Ok(largest(
@@ -140,8 +140,7 @@ impl Shared {
                 .arg(&name)
                 .arg((WINDOW_MINUTES + 1) * 60)
                 .ignore();
-            let sent: redis::RedisResult<()> =
-                pipe.query_async(&mut self.conn.clone().redirecting()).await;
+            let sent: redis::RedisResult<()> = pipe.query_async(&mut self.conn.clone()).await;
             if let Err(e) = sent {
                 tracing::debug!(error = %e, policy = %policy, "the top limited keys were not sent");
             }

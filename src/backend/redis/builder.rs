@@ -377,7 +377,7 @@ impl Settings {
         let state = self.state_on(conn);
         let mut conn = state.conn.clone();
         let cluster = conn.cluster();
-        tokio::time::timeout(budget, set_up(&mut conn.redirecting(), cluster, &state))
+        tokio::time::timeout(budget, set_up(&mut conn, cluster, &state))
             .await
             .map_err(|_| BackendError::new(format!("Redis did not answer within {budget:?}")))?
             .map_err(|e| e.into_error(&name))?;

@@ -18,7 +18,7 @@ mod state;
 mod wire;
 
 // Paths used from outside the backend (offenders, top keys, access lists).
-pub(crate) use self::conn::{connection, redirect};
+pub(crate) use self::conn::connection;
 
 use std::fmt;
 use std::sync::Arc;

@@ -23,7 +23,6 @@ impl Records for RedisRecords {
         let tell = resets::publish_cmd(&state.conn, &state.prefix, format!("{RECORDS}{table}"));
         let mut conn = state.conn.clone();
         let call = async move {
-            let mut conn = conn.redirecting();
             write.query_async::<i64>(&mut conn).await?;
             tell.query_async::<i64>(&mut conn).await.map(drop)
         };
@@ -36,7 +35,7 @@ impl Records for RedisRecords {
         let (mut conn, mut read) = (state.conn.clone(), redis::cmd("HGETALL"));
         read.arg(&key);
         let call = async move {
-            let all: HashMap<String, String> = read.query_async(&mut conn.redirecting()).await?;
+            let all: HashMap<String, String> = read.query_async(&mut conn).await?;
             Ok(all.into_iter().collect())
         };
         guarded(&state.breaker, &key, state.timeout, call)

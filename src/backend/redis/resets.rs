@@ -39,7 +39,7 @@ pub(super) const RECORDS: &str = "!records\n";
 /// Tells the other processes that `keys` were reset (best effort: resubscribing drops all).
 pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
     let cmd = publish_cmd(conn, prefix, keys.join("\n"));
-    if let Err(e) = conn.redirecting().req_packed_command(&cmd).await {
+    if let Err(e) = conn.req_packed_command(&cmd).await {
         tracing::warn!(error = %e, "a reset could not be published to the other processes");
     }
 }
@@ -59,7 +59,6 @@ pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     let cmd = publish_cmd(&state.conn, &state.prefix, message);
     let (mut conn, timeout) = (state.conn.clone(), state.timeout);
     runtime.spawn(async move {
-        let mut conn = conn.redirecting();
         let sent = tokio::time::timeout(timeout * 10, conn.req_packed_command(&cmd));
         if !matches!(sent.await, Ok(Ok(_))) {
             tracing::warn!("a reload could not be published to the other processes");

@@ -12,6 +12,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use redis::{Client, Cmd, Pipeline, RedisError, Value};
 
 use super::lazy_cluster::LazyCluster;
+use super::redirect;
 use super::server::{install_crypto_provider, SingleServer, Source};
 use crate::backend::redis::health::breaker::Breaker;
 use crate::backend::redis::wire::mode::{path_of, RedisMode, CELL, LUA, UNKNOWN};
@@ -120,8 +121,11 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
             RedisConnection::Server(server) => Box::pin(server.command(cmd)),
             RedisConnection::Cluster(lazy) => {
-                let cluster = lazy.get().ok_or_else(|| lazy.not_connected());
-                Box::pin(async move { cluster?.req_packed_command(cmd).await })
+                let (cluster, nodes) = (lazy.get(), lazy.nodes.get().cloned());
+                let cluster = cluster.ok_or_else(|| lazy.not_connected());
+                Box::pin(
+                    async move { redirect::command(&mut cluster?, nodes.as_deref(), cmd).await },
+                )
             }
         }
     }
@@ -136,8 +140,12 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Server(server) => Box::pin(server.pipeline(pipeline, offset, count)),
             RedisConnection::Cluster(lazy) => {
-                let cluster = lazy.get().ok_or_else(|| lazy.not_connected());
-                Box::pin(async move { cluster?.req_packed_commands(pipeline, offset, count).await })
+                let (cluster, nodes) = (lazy.get(), lazy.nodes.get().cloned());
+                let cluster = cluster.ok_or_else(|| lazy.not_connected());
+                Box::pin(async move {
+                    let nodes = nodes.as_deref();
+                    redirect::commands(&mut cluster?, nodes, pipeline, offset, count).await
+                })
             }
         }
     }

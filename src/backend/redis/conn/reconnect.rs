@@ -14,8 +14,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Role};
 
 use super::backoff::CONNECTING;
+use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
-use super::redirect::Redirecting;
 use super::server::{
     attempt_budget, configuration_error, is_not_primary, open, within, AttemptError, SingleServer,
     Source,
@@ -310,11 +310,15 @@ fn attempt_cluster(
     Box::pin(async move {
         let budget = attempt_budget(state.timeout);
         let attempt = async {
-            let mut conn = formed(client, &lazy.target).await?;
+            let conn = formed(client, &lazy.target).await?;
             let cluster = Some(Ok(conn.clone()));
-            set_up(&mut Redirecting::cluster(&mut conn), cluster, &state)
-                .await
-                .map_err(|e| AttemptError::described(e.describe(&lazy.target)))?;
+            set_up(
+                &mut RedisConnection::cluster_of(conn.clone()),
+                cluster,
+                &state,
+            )
+            .await
+            .map_err(|e| AttemptError::described(e.describe(&lazy.target)))?;
             Ok(conn)
         };
         let target = || format!("the Redis Cluster ({})", lazy.target);

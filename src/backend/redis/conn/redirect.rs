@@ -1,4 +1,4 @@
-//! A Redis Cluster's redirections, followed at the call site for every command the backend sends:
+//! A Redis Cluster's redirections, followed by `RedisConnection` for every command it sends:
 //! `ASK` as `ASKING` and the command in one pipeline (nothing can come between them), `MOVED`
 //! resent once redis-rs has refreshed its map, `TRYAGAIN` after a short wait. The client is built
 //! with `retries(0)` (connection.rs), so redirections reach this code first.
@@ -11,17 +11,16 @@
 //! What Redis Cluster refuses stays refused: a multi-key command with a key missing on the node
 //! asked (`TRYAGAIN` until the slot has moved), `ASK` to a node redis-rs does not know yet.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
-use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
 use super::backoff::Backoff;
 use super::cluster_nodes::ClusterNodes;
-use super::connection::{unexpected, RedisConnection};
+use super::connection::unexpected;
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
@@ -31,74 +30,8 @@ const MAX_REDIRECTS: u32 = 5;
 const TRY_AGAIN: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
 const TRY_AGAIN_FOR: Duration = Duration::from_secs(2);
 
-/// A [`RedisConnection`] whose commands follow a Cluster's redirections (one server's: as it is).
-pub(crate) struct Redirecting<'a> {
-    /// A Cluster's connection (a cheap handle), or the connection as it is.
-    conn: Result<ClusterConnection, &'a mut RedisConnection>,
-    /// The backend's slot map, told about `TRYAGAIN` (see [`ClusterNodes::tried_again`]).
-    nodes: Option<Arc<ClusterNodes>>,
-}
-
-impl RedisConnection {
-    /// This connection, following a Cluster's redirections: pass it wherever a command is sent.
-    pub(crate) fn redirecting(&mut self) -> Redirecting<'_> {
-        if let Some(lazy) = self.lazy_cluster()
-            && let Some(cluster) = lazy.get()
-        {
-            return Redirecting {
-                conn: Ok(cluster),
-                nodes: lazy.nodes.get().cloned(),
-            };
-        }
-        Redirecting {
-            conn: Err(self),
-            nodes: None,
-        }
-    }
-}
-
-impl<'a> Redirecting<'a> {
-    /// A Cluster connection that follows redirections.
-    pub(crate) fn cluster(cluster: &'a mut ClusterConnection) -> Self {
-        Redirecting {
-            conn: Ok(cluster.clone()),
-            nodes: None,
-        }
-    }
-}
-
-impl ConnectionLike for Redirecting<'_> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let nodes = self.nodes.as_deref();
-        match &mut self.conn {
-            Ok(cluster) => Box::pin(command(cluster, nodes, cmd)),
-            Err(other) => other.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        let nodes = self.nodes.as_deref();
-        match &mut self.conn {
-            Ok(cluster) => Box::pin(commands(cluster, nodes, pipeline, offset, count)),
-            Err(other) => other.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match &self.conn {
-            Ok(cluster) => cluster.get_db(),
-            Err(other) => other.get_db(),
-        }
-    }
-}
-
 /// One command, following redirections; `nodes` hears of its `TRYAGAIN`s.
-async fn command(
+pub(super) async fn command(
     cluster: &mut ClusterConnection,
     nodes: Option<&ClusterNodes>,
     cmd: &Cmd,
@@ -154,7 +87,7 @@ async fn command(
 
 /// A pipeline, following redirections: whole, then (redirected) each command alone, as redis-rs
 /// hides which ran. Only for what may run twice; a transaction is never split.
-async fn commands(
+pub(super) async fn commands(
     cluster: &mut ClusterConnection,
     nodes: Option<&ClusterNodes>,
     pipeline: &Pipeline,

@@ -112,9 +112,7 @@ impl RedisState {
             }
             // A metered key's debt is shown as debt (the ceilings): remaining 0, until paid back.
             invocation.arg(&call.args()[..]);
-            invocation
-                .invoke_async::<Vec<i64>>(&mut conn.redirecting())
-                .await
+            invocation.invoke_async::<Vec<i64>>(&mut conn).await
         };
         let answer = guarded(&self.breaker, &slot_key, self.timeout, call);
         Box::pin(async move {
@@ -181,7 +179,7 @@ impl RedisState {
         }
         let slot_key = state_keys.first().cloned().unwrap_or_default();
         let mut conn = self.conn.clone();
-        let call = async move { command.query_async::<i64>(&mut conn.redirecting()).await };
+        let call = async move { command.query_async::<i64>(&mut conn).await };
         let deleted = guarded(&self.breaker, &slot_key, self.timeout, call);
         let state = self.clone();
         Box::pin(async move {

@@ -74,7 +74,6 @@ impl Leases {
                 let mut invocation = RENEW.prepare_invoke();
                 invocation.key(&key).arg(token).arg(quantity).arg(lease_us);
                 let mut conn = leases.conn.clone();
-                let mut conn = conn.redirecting();
                 let renew = invocation.invoke_async::<i64>(&mut conn);
                 match tokio::time::timeout(leases.timeout, renew).await {
                     // Every lease is gone (ended, or released meanwhile): nothing left to keep.
@@ -143,7 +142,6 @@ impl Leases {
                 let mut cmd = redis::cmd("ZREM");
                 cmd.arg(&key).arg(&members);
                 let mut conn = leases.conn.clone();
-                let mut conn = conn.redirecting();
                 let call = cmd.query_async::<u64>(&mut conn);
                 match tokio::time::timeout(leases.timeout, call).await {
                     Ok(Ok(_)) => return,

@@ -98,11 +98,7 @@ fn send(
     let mut conn = state.conn.clone();
     let timeout = state.timeout;
     runtime.spawn(async move {
-        let call = async move {
-            invocation
-                .invoke_async::<i64>(&mut conn.redirecting())
-                .await
-        };
+        let call = async move { invocation.invoke_async::<i64>(&mut conn).await };
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

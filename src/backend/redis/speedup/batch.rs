@@ -460,7 +460,7 @@ async fn send_limits(
             invocation.key(key);
         }
     }
-    let reply: Vec<redis::Value> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
     let wrong_length =
         || unexpected("the limits batch script returned a reply of the wrong length");
     let mut answers = Vec::with_capacity(calls.len());
@@ -536,7 +536,7 @@ async fn send_gcra(
         groups.push((*args, *quantity, run));
         rest = &rest[run..];
     }
-    let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
     if reply.len() != groups.len() {
         return Err(unexpected(
             "the batch script returned a reply of the wrong length",

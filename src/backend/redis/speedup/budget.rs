@@ -202,7 +202,7 @@ impl Budgets {
             .arg(args.limit)
             .arg(want)
             .arg(quantity.max(1))
-            .invoke_async(&mut conn.redirecting())
+            .invoke_async(conn)
             .await?;
         let [granted, limit, remaining, retry_after, reset_after] = reply;
         let granted = granted.max(0) as u64;

@@ -51,7 +51,7 @@ pub(crate) async fn gcra(
         // A metered limit's debt is read as debt, not as another quota's state.
         invocation.arg(args.ceiling);
     }
-    let reply: [i64; 6] = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let reply: [i64; 6] = invocation.invoke_async(conn).await?;
     let [limited, limit, remaining, retry, reset, banned] = reply;
     let mut decision = from_reply(
         [limited, limit, remaining, retry, reset],
@@ -78,7 +78,7 @@ pub(crate) async fn throttle(
         // Redis refuses it whole when full, where the bare command writes past `maxmemory`.
         CELL.key(key)
             .arg(&[cell.max_burst, cell.count, cell.period_secs, quantity][..])
-            .invoke_async(&mut conn.redirecting())
+            .invoke_async(conn)
             .await?
     } else {
         throttle_command(key, cell, quantity)
@@ -117,7 +117,7 @@ pub(crate) async fn limits(
     for arg in call.args() {
         invocation.arg(arg);
     }
-    let reply: Vec<i64> = invocation.invoke_async(&mut conn.redirecting()).await?;
+    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
     limits_decisions(call, &reply)
 }
 
