@@ -133,23 +133,8 @@ impl<'a> Refusal<'a> {
     }
 
     /// A [`RefusalKind::Limited`] refusal as a [`Rejected`] (its policy and decision), for functions
-    /// written for it such as [`grpc::resource_exhausted`](crate::grpc::resource_exhausted);
-    /// `None` for the other kinds.
-    ///
-    /// ```
-    /// use tower_throttle::{grpc, key::PeerIp, Policy, Quota, ThrottleLayer};
-    ///
-    /// // Only the 429 in gRPC form; `.grpc()` would convert the 400, 403 and 503 as well.
-    /// let layer = ThrottleLayer::builder()
-    ///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(5)).build().unwrap())
-    ///     .refusal_response(|r| {
-    ///         r.rejected()
-    ///             .map_or_else(|| r.default_response(), |limited| grpc::resource_exhausted(&limited))
-    ///     })
-    ///     .build()
-    ///     .unwrap();
-    /// # let _ = layer;
-    /// ```
+    /// written for it such as [`grpc::resource_exhausted`](crate::grpc::resource_exhausted) (whose
+    /// example calls it); `None` for the other kinds.
     pub fn rejected(&self) -> Option<Rejected<'a>> {
         match (self.kind, self.policy, self.decision) {
             (RefusalKind::Limited, Some(policy), Some(decision)) => {

@@ -49,3 +49,33 @@ async fn redis_sets_are_mirrored_into_running_layers() {
     })
     .await;
 }
+
+/// A Redis Cluster's own connection, given as it is (access.rs wraps it to follow redirections):
+/// the sets are read through it, and an operator's SADD reaches the running layer.
+#[tokio::test]
+async fn a_cluster_connection_mirrors_the_sets_too() {
+    let cluster = redis_support::RedisCluster::start();
+    let lists = AccessList::new();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    RedisAccessSync::new("acl")
+        .every(Duration::from_millis(20))
+        .spawn(conn.clone(), &lists)
+        .await
+        .unwrap();
+    let app = app(&lists, None);
+    assert_eq!(statuses(&app, "192.0.2.1:1", "k", 1).await, [200]);
+    let added: i64 = redis::cmd("SADD")
+        .arg("{acl}:deny:key")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(added, 1);
+    wait_until(
+        Duration::from_secs(10),
+        "the deny never arrived",
+        || async { statuses(&app, "192.0.2.1:1", "k", 1).await == [403] },
+    )
+    .await;
+}
