@@ -139,6 +139,8 @@ macro_rules! forward_backend {
     };
 }
 
+// For `configured.rs`, the other type that wraps backends.
+#[cfg(all(feature = "config", feature = "redis"))]
 pub(super) use forward_backend;
 
 /// `Backend::method` of what an `Arc` points to.
