@@ -200,3 +200,47 @@ impl PolicyExtras {
         (self.quotas).custom_tier(Namespace::Override, quota, cost, validate)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    fn template() -> Limit {
+        Limit::new("api", Quota::per_second(5)).unwrap()
+    }
+
+    #[test]
+    fn the_extras_show_their_policy_and_features() {
+        let builder = ExtrasBuilder {
+            body_key: Some(BodyField::json("/user").unwrap()),
+            ..ExtrasBuilder::default()
+        };
+        let shown = format!("{builder:?}");
+        assert!(shown.starts_with("ExtrasBuilder {"), "{shown}");
+        assert!(shown.contains("body_key: Some("), "{shown}");
+        let extras = PolicyExtras::plain("api", &template());
+        assert_eq!(extras.name(), "api");
+        let shown = format!("{extras:?}");
+        assert!(shown.starts_with("PolicyExtras {"), "{shown}");
+        assert!(shown.contains("async_key: None"), "{shown}");
+    }
+
+    #[test]
+    fn an_override_quota_is_a_tier_of_its_own_unless_the_policy_cannot_take_one() {
+        let ok = |_: &Limit| Ok(());
+        let plain = PolicyExtras::plain("api", &template());
+        let tier = plain.override_tier(Quota::per_second(50), 1, ok).unwrap();
+        assert_eq!(tier.limit_value, 50);
+        let refused = |_: &Limit| Err(BuildError::Invalid("no".into()));
+        assert!(plain
+            .override_tier(Quota::per_second(60), 1, refused)
+            .is_none());
+        let keyed = ExtrasBuilder {
+            quota_keys: vec![None],
+            ..ExtrasBuilder::default()
+        };
+        let keyed = keyed.assemble("api", &template(), None, None);
+        assert!(keyed.override_tier(Quota::per_second(50), 1, ok).is_none());
+    }
+}
