@@ -18,6 +18,11 @@ use crate::key::Key;
 /// key is compared with each pattern of addresses, so their number bounds that scan.
 pub const MAX_PATTERNS: usize = 10_000;
 
+/// A failed read of the tables is tried again after this, then after twice as long each time...
+const REREAD_AFTER: Duration = Duration::from_millis(100);
+/// ...up to this.
+const REREAD_AT_MOST: Duration = Duration::from_secs(5);
+
 /// The overrides and timed bans of every policy, as this process knows them, and where they are
 /// kept.
 pub(crate) struct Overrides {
@@ -36,6 +41,8 @@ pub(crate) struct Overrides {
     /// The policies in force and the names of their limits: which tables to read when any may
     /// have changed, and which cached decisions a change of a policy's makes stale.
     policies: Mutex<Vec<(String, Vec<String>)>>,
+    /// Whether a task is reading every table again until it can ([`Overrides::reread_until_read`]).
+    rereading: AtomicBool,
 }
 
 #[derive(Default)]
@@ -195,6 +202,7 @@ impl Overrides {
             installing: Mutex::default(),
             tickets: AtomicU64::new(0),
             policies: Mutex::default(),
+            rereading: AtomicBool::new(false),
         }
     }
 
@@ -223,7 +231,7 @@ impl Overrides {
                     None => overrides.refresh_all().await,
                 };
                 if let Err(e) = refreshed {
-                    tracing::warn!(error = %e, "could not read the overrides and bans again");
+                    overrides.reread_until_read(e).await;
                 }
             });
             true
@@ -244,9 +252,41 @@ impl Overrides {
         let overrides = self.clone();
         runtime.spawn(async move {
             if let Err(e) = overrides.refresh_all().await {
-                tracing::warn!(error = %e, "could not read the overrides and bans");
+                overrides.reread_until_read(e).await;
             }
         });
+    }
+
+    /// After a read failed with `error`: every table read again until a read succeeds, waiting
+    /// [`REREAD_AFTER`] doubling to [`REREAD_AT_MOST`] between tries, by one task at a time. A
+    /// change heard when the store came back is read while Redis may still be failing fast (its
+    /// breaker not yet closed): given up, the tables would keep what Redis no longer holds, or miss
+    /// what it does, until the next change. Ends when the layer is gone.
+    async fn reread_until_read(self: Arc<Self>, error: BackendError) {
+        if self.rereading.swap(true, Ordering::AcqRel) {
+            return; // The task already trying reads every table.
+        }
+        tracing::warn!(error = %error, "could not read the overrides and bans again; retrying until they are read");
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        let mut wait = REREAD_AFTER;
+        loop {
+            tokio::time::sleep(wait).await;
+            let Some(overrides) = weak.upgrade() else {
+                return;
+            };
+            match overrides.refresh_all().await {
+                Ok(()) => {
+                    overrides.rereading.store(false, Ordering::Release);
+                    tracing::info!("read the overrides and bans again");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not read the overrides and bans again")
+                }
+            }
+            wait = (wait * 2).min(REREAD_AT_MOST);
+        }
     }
 
     /// Reads every table of every policy in force again.
@@ -826,5 +866,82 @@ mod tests {
         assert_eq!(overridden(&overrides, "bob"), None);
         overrides.refresh("overrides:api").await.unwrap();
         assert_eq!(overridden(&overrides, "bob"), Some(Override::Blocked));
+    }
+
+    /// Records whose reads fail `failing` times, then answer `fields` for table `overrides:api`;
+    /// the layer's listener kept to be told of a change.
+    struct Flaky {
+        failing: std::sync::atomic::AtomicUsize,
+        reads: AtomicU64,
+        fields: Vec<(String, String)>,
+        listener: Mutex<Option<OnRecordsChange>>,
+    }
+
+    impl Records for Flaky {
+        fn write(&self, _: &str, _: &str, _: Option<&str>) -> RecordsFuture<()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let failed = self
+                .failing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let fields = match table {
+                "overrides:api" => self.fields.clone(),
+                _ => Vec::new(),
+            };
+            Box::pin(async move {
+                match failed {
+                    true => Err(BackendError::new("Redis is unreachable")),
+                    false => Ok(fields),
+                }
+            })
+        }
+
+        fn on_change(&self, on_change: OnRecordsChange) {
+            *self.listener.lock().unwrap() = Some(on_change);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_read_is_tried_again_until_the_records_answer() {
+        let store = Arc::new(Flaky {
+            failing: 5.into(),
+            reads: AtomicU64::new(0),
+            fields: vec![field("bob", Override::Blocked)],
+            listener: Mutex::default(),
+        });
+        let overrides = Arc::new(Overrides::new(Some(store.clone())));
+        overrides.know(vec![("api".to_owned(), vec!["api".to_owned()])]);
+        let blocked = |o: &Overrides| found_at(o, "api", &Key::from("bob"), SystemTime::now());
+        // Read at start (fails), then every table again after 100, 200, 400 and 800 ms (the
+        // first table's read fails each time but the last); a change heard meanwhile fails too,
+        // and starts no second task.
+        overrides.listen();
+        let listener = store.listener.lock().unwrap().clone().unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(listener(None));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
+        assert_eq!(blocked(&overrides), None);
+        let mut waited = Duration::ZERO;
+        for wait in [100, 200, 400] {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            waited += Duration::from_millis(wait);
+            assert_eq!(blocked(&overrides), None, "after {waited:?}");
+        }
+        assert_eq!(store.reads.load(Ordering::SeqCst), 5);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(blocked(&overrides), Some(Override::Blocked));
+        // Read: the task has ended, and the next failure starts one again.
+        let reads = store.reads.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(store.reads.load(Ordering::SeqCst), reads);
+        assert!(!overrides.rereading.load(Ordering::SeqCst));
+        // Gone with its layer: a listener told later says so.
+        drop(overrides);
+        assert!(!listener(None));
     }
 }

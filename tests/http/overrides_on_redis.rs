@@ -130,3 +130,35 @@ async fn on_redis_an_override_set_in_one_process_holds_in_the_other_and_after_re
     })
     .await;
 }
+
+/// Redis restarted with nothing kept: its records are gone, and so must be what every process
+/// held of them. Each reads every table again once its subscription is back, retrying while Redis
+/// still fails fast, rather than holding a ban that no longer exists (and that nobody can list in
+/// Redis) until the next change.
+#[tokio::test]
+async fn on_redis_a_restart_that_lost_the_records_is_heard_by_every_process() {
+    let mut server = redis_support::RedisServer::start();
+    let url = server.url();
+    let (one, one_handle) = app(backend(&url, "lost", RedisMode::Lua).await);
+    let (two, two_handle) = app(backend(&url, "lost", RedisMode::Lua).await);
+    one_handle
+        .ban("api", "mallory", Duration::from_secs(600))
+        .await
+        .unwrap();
+    within_a_second("ban heard", || async {
+        send(&two, "mallory").await.0 == StatusCode::TOO_MANY_REQUESTS
+    })
+    .await;
+    server.restart();
+    crate::support::failover::wait_until(
+        Duration::from_secs(15),
+        "the lost ban was still held after Redis came back",
+        || async {
+            one_handle.bans("api").unwrap().is_empty() && two_handle.bans("api").unwrap().is_empty()
+        },
+    )
+    .await;
+    // Polled without a request: each would count under the policy's two a minute.
+    assert_eq!(send(&one, "mallory").await.0, StatusCode::OK);
+    assert_eq!(send(&two, "mallory").await.0, StatusCode::OK);
+}
