@@ -158,7 +158,7 @@ where
             // Alive, the keys' slot migrating: only this call fails.
             _ if tried_again => (
                 Err(BackendError::new(format!(
-                    "Redis did not decide within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
+                    "Redis did not answer within {timeout:?}: the key's slot is migrating (TRYAGAIN)"
                 ))),
                 Outcome::answered(Some(format!(
                     "Redis Cluster answered TRYAGAIN (the key's slot is migrating) for {timeout:?}"
@@ -179,11 +179,11 @@ where
                         ..Outcome::answered(error)
                     }
                 };
-                (Err(BackendError::with_source("Redis failed to decide", e)), outcome)
+                (Err(BackendError::with_source("Redis call failed", e)), outcome)
             }
             Err(_) => (
                 Err(BackendError::new(format!(
-                    "Redis did not decide within {timeout:?}"
+                    "Redis did not answer within {timeout:?}"
                 ))),
                 Outcome::unreachable(Some(format!("Redis did not answer within {timeout:?}")), true),
             ),
