@@ -226,11 +226,6 @@ pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
             .is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
 }
 
-/// A reply that is not what the call sends for (a script's reply of the wrong length...).
-pub(crate) fn unexpected(what: &'static str) -> RedisError {
-    RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
-}
-
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 

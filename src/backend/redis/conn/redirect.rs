@@ -20,7 +20,6 @@ use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
 use super::backoff::Backoff;
 use super::cluster_nodes::ClusterNodes;
-use super::connection::unexpected;
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).
@@ -168,6 +167,11 @@ async fn asking(
             "ASKING and a redirected command returned a reply of the wrong length",
         )),
     }
+}
+
+/// A reply that is not what the call sends for (a script's reply of the wrong length...).
+pub(crate) fn unexpected(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
 }
 
 /// What a reply asks of the client.

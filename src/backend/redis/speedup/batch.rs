@@ -28,7 +28,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::oneshot;
 
 use super::gcra_group;
-use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::redirect::unexpected;
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer, GCRA_BATCH, LIMITS_BATCH};

@@ -9,7 +9,8 @@ use redis::{RedisError, Script};
 use super::args::{penalty_args, Args, CellArgs};
 use super::limits_call::LimitsCall;
 use super::lua;
-use crate::backend::redis::conn::connection::{unexpected, RedisConnection};
+use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::redirect::unexpected;
 use crate::decision::Decision;
 
 // Each script, built once per process: see its header (lua.rs says which file that is).
