@@ -340,3 +340,38 @@ async fn a_caller_retrying_fast_failures_at_once_lets_other_tasks_run() {
     }
     drop(frozen);
 }
+
+/// Redis stops while no request comes: readiness checks still find out (the resets subscription
+/// ends, and the backend probes), and find it back once Redis is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_down_without_traffic_and_up_again() {
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+    server.stop();
+    let deadline = Instant::now() + RECOVERY;
+    while backend.health().is_healthy() {
+        assert!(
+            Instant::now() < deadline,
+            "still healthy {RECOVERY:?} after Redis stopped: {}",
+            backend.health()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.restart();
+    let deadline = Instant::now() + RECOVERY;
+    while !backend.health().is_healthy() {
+        assert!(
+            Instant::now() < deadline,
+            "not healthy {RECOVERY:?} after Redis came back: {}",
+            backend.health()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -198,9 +198,12 @@ pub(super) fn spawn_listener(
                         };
                         forget(&strong, &payload);
                     }
-                    if state.strong_count() == 0 {
+                    // The subscription ended: Redis may be gone, and with no request to find out,
+                    // health would still say up.
+                    let Some(strong) = state.upgrade() else {
                         return;
-                    }
+                    };
+                    strong.breaker.recorder.ask_probe();
                 }
                 Err(why) => {
                     if let Some(done) = done.take() {

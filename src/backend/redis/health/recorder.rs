@@ -2,7 +2,9 @@
 //! Redis is reachable (where no reconnecting server knows), whether a call lost it since `Auto`
 //! detected the module, whether decisions are failing (first error to next success). With no
 //! traffic the watcher probes a failing Redis every [`PROBE_EVERY`]: a readiness check that took
-//! the instance out of service would otherwise never let a request prove it recovered.
+//! the instance out of service would otherwise never let a request prove it recovered. It probes
+//! once, too, when the resets subscription ends: with no traffic, health would otherwise say up
+//! while Redis is gone.
 //! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -59,6 +61,8 @@ pub(crate) struct Recorder {
     last_failure_ms: AtomicU64,
     /// The gauge's `backend` label.
     name: Box<str>,
+    /// Something other than a call saw Redis go: the watcher probes at its next tick.
+    probe_asked: AtomicBool,
 }
 
 impl Recorder {
@@ -75,6 +79,7 @@ impl Recorder {
             clock,
             last_failure_ms: AtomicU64::new(0),
             name: name.into(),
+            probe_asked: AtomicBool::new(false),
         };
         if mode != RedisMode::Auto {
             failing.path.store(path_code(Some(mode)), Ordering::Relaxed);
@@ -156,13 +161,21 @@ impl Recorder {
         self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Whether decisions are failing and none has been tried for [`PROBE_EVERY`]: time to probe.
+    /// Whether it is time to probe: a probe was asked for ([`ask_probe`](Self::ask_probe)), or
+    /// decisions are failing and none has been tried for [`PROBE_EVERY`]. Takes the request.
     pub(crate) fn wants_probe(&self) -> bool {
         let quiet = self
             .clock
             .now_ms()
             .saturating_sub(self.last_failure_ms.load(Ordering::Relaxed));
-        self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64
+        self.probe_asked.swap(false, Ordering::Relaxed)
+            || self.failing.load(Ordering::Relaxed) && quiet >= PROBE_EVERY.as_millis() as u64
+    }
+
+    /// Redis may be gone, as something other than a call saw (the resets subscription ended):
+    /// the watcher probes at its next tick, so that health says so with no request to find out.
+    pub(crate) fn ask_probe(&self) {
+        self.probe_asked.store(true, Ordering::Relaxed);
     }
 
     /// The reconnecting task connected, on `path`: the gauge says so, unless decisions fail.
