@@ -132,6 +132,7 @@
 
 mod access;
 pub mod backend;
+mod backoff;
 mod budget;
 mod calendar;
 pub mod clock;

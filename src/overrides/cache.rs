@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 
 use super::{bans_table, decode_until, overrides_table, InForce, Override};
 use crate::backend::{OnRecordsChange, Records, RecordsFuture};
+use crate::backoff::Backoff;
 use crate::error::BackendError;
 use crate::key::Key;
 
@@ -18,10 +19,8 @@ use crate::key::Key;
 /// key is compared with each pattern of addresses, so their number bounds that scan.
 pub const MAX_PATTERNS: usize = 10_000;
 
-/// A failed read of the tables is tried again after this, then after twice as long each time...
-const REREAD_AFTER: Duration = Duration::from_millis(100);
-/// ...up to this.
-const REREAD_AT_MOST: Duration = Duration::from_secs(5);
+/// A failed read of the tables is tried again after 100 ms, then twice as long each time, up to 5 s.
+const REREAD: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// The overrides and timed bans of every policy, as this process knows them, and where they are
 /// kept.
@@ -257,8 +256,8 @@ impl Overrides {
         });
     }
 
-    /// After a read failed with `error`: every table read again until a read succeeds, waiting
-    /// [`REREAD_AFTER`] doubling to [`REREAD_AT_MOST`] between tries, by one task at a time. A
+    /// After a read failed with `error`: every table read again until a read succeeds, at the pace
+    /// of [`REREAD`], by one task at a time. A
     /// change heard when the store came back is read while Redis may still be failing fast (its
     /// breaker not yet closed): given up, the tables would keep what Redis no longer holds, or miss
     /// what it does, until the next change. Ends when the layer is gone.
@@ -269,9 +268,9 @@ impl Overrides {
         tracing::warn!(error = %error, "could not read the overrides and bans again; retrying until they are read");
         let weak = Arc::downgrade(&self);
         drop(self);
-        let mut wait = REREAD_AFTER;
+        let mut backoff = REREAD;
         loop {
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(backoff.wait()).await;
             let Some(overrides) = weak.upgrade() else {
                 return;
             };
@@ -285,7 +284,6 @@ impl Overrides {
                     tracing::debug!(error = %e, "could not read the overrides and bans again")
                 }
             }
-            wait = (wait * 2).min(REREAD_AT_MOST);
         }
     }
 

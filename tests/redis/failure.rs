@@ -346,13 +346,7 @@ async fn a_caller_retrying_fast_failures_at_once_lets_other_tasks_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_says_down_without_traffic_and_up_again() {
     let mut server = RedisServer::start();
-    let backend = RedisBackend::builder()
-        .url(server.url())
-        .mode(RedisMode::Lua)
-        .timeout(TIMEOUT)
-        .connect()
-        .await
-        .unwrap();
+    let backend = crate::backend::connect(&server.url(), RedisMode::Lua).await;
     assert!(backend.health().is_healthy(), "{}", backend.health());
     server.stop();
     let deadline = Instant::now() + RECOVERY;

@@ -20,9 +20,9 @@ use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::oneshot;
 
-use super::conn::backoff::Backoff;
 use super::conn::connection::RedisConnection;
 use super::state::RedisState;
+use crate::backoff::Backoff;
 
 /// The channel of `prefix`'s resets.
 pub(super) fn channel(prefix: &str) -> String {

@@ -1,7 +1,6 @@
 //! Reaching Redis: one server's own connection and its keeper, a Cluster's and its keeper, their
 //! retry loop and backoff, the set-up after every connect, a Cluster's slot map and redirections.
 
-pub(crate) mod backoff;
 pub(crate) mod cluster_nodes;
 pub(crate) mod connection;
 pub(crate) mod lazy_cluster;

@@ -13,7 +13,6 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Role};
 
-use super::backoff::CONNECTING;
 use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
 use super::server::{
@@ -24,8 +23,11 @@ use super::set_up::{in_service, set_up};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
+use crate::backoff::Backoff;
 use crate::error::{redact_url, BackendError};
 
+/// Connecting (both keepers): every 50 ms, backing off to 500 ms.
+const CONNECTING: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
 /// While Redis stays down, "still unreachable" is logged at most this often.
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// The task looks this often whether the backend still exists, while there is nothing to do.

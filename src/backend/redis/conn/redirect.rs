@@ -18,8 +18,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
-use super::backoff::Backoff;
 use super::cluster_nodes::ClusterNodes;
+use crate::backoff::Backoff;
 
 /// Redirections (`ASK`, `MOVED`) followed for one command before its last error is returned: a slot
 /// migration costs at most two (`ASK`, then `MOVED` once the slot has moved).

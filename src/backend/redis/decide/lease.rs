@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokio::task::AbortHandle;
 
-use crate::backend::redis::conn::backoff::Backoff;
 use crate::backend::redis::conn::connection::RedisConnection;
 use crate::backend::redis::wire::scripts::RENEW;
+use crate::backoff::Backoff;
 
 /// The concurrency leases of one backend: tokens to draw, the renewal task of each lease in flight
 /// (holding this weakly: they stop with the backend), and the connection they go through.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::recorder::Clock;
 
-use crate::backend::redis::conn::backoff::Backoff;
+use crate::backoff::Backoff;
 
 /// How long the circuit stays open: 50 ms, twice as long after each failed probe, at most 500 ms.
 const OPEN: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));

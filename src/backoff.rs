@@ -1,5 +1,6 @@
-//! [`Backoff`]: the one pace of every retry in the backend — connecting one server or a lazily
-//! started Cluster, a Cluster's `TRYAGAIN`, a concurrency slot's release, an open circuit's probes.
+//! [`Backoff`]: the one pace of every retry — on Redis connecting one server or a lazily started
+//! Cluster, a Cluster's `TRYAGAIN`, a concurrency slot's release, an open circuit's probes, the
+//! resets subscription; and reading the overrides and bans again after a failed read.
 
 use std::time::Duration;
 
@@ -10,10 +11,6 @@ pub(crate) struct Backoff {
     most: Duration,
     next: Duration,
 }
-
-/// Connecting (both keepers): every 50 ms, backing off to 500 ms.
-pub(crate) const CONNECTING: Backoff =
-    Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
 
 impl Backoff {
     /// `first`, then twice as long each time, at most `most`.
@@ -26,6 +23,7 @@ impl Backoff {
     }
 
     /// The first wait.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn first(&self) -> Duration {
         self.first
     }
@@ -38,6 +36,7 @@ impl Backoff {
     }
 
     /// The wait after `failures` failures in a row (the caller counts): `first` doubled that often.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn after(&self, failures: u32) -> Duration {
         self.first
             .saturating_mul(1 << failures.min(16))
@@ -52,11 +51,12 @@ mod tests {
     #[test]
     fn doubles_up_to_the_most() {
         let ms = Duration::from_millis;
-        let mut backoff = CONNECTING;
+        let connecting = Backoff::new(ms(50), ms(500));
+        let mut backoff = connecting;
         let waits: Vec<Duration> = (0..6).map(|_| backoff.wait()).collect();
         assert_eq!(waits, [ms(50), ms(100), ms(200), ms(400), ms(500), ms(500)]);
-        assert_eq!(CONNECTING.after(0), ms(50));
-        assert_eq!(CONNECTING.after(2), ms(200));
-        assert_eq!(CONNECTING.after(40), ms(500));
+        assert_eq!(connecting.after(0), ms(50));
+        assert_eq!(connecting.after(2), ms(200));
+        assert_eq!(connecting.after(40), ms(500));
     }
 }
