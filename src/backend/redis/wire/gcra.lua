@@ -21,8 +21,8 @@ local penalty_after = tonumber(ARGV[5] or '0')
 local ceiling = tonumber(ARGV[8] or ARGV[2])
 
 if penalty_after > 0 then
-  local banned_ms = redis.call('PTTL', KEYS[3])
-  if banned_ms > 0 then return {1, limit, 0, banned_ms * 1000000, banned_ms * 1000000, 1} end
+  local rest = banned_ns(KEYS[3])
+  if rest then return {1, limit, 0, rest, rest, 1} end
 end
 
 local reply, ahead = gcra_step(backlog_of(redis.call('GET', KEYS[1])), interval, tolerance, limit,
@@ -31,17 +31,8 @@ if ahead then store_tat(KEYS[1], ahead) end
 reply[6] = 0
 if reply[1] == 0 or penalty_after == 0 then return reply end
 
--- A rejection is a strike, counted in a window that opens with the first (Rack::Attack's
--- Allow2Ban): one small counter per key, whatever `after` is.
-local within_ms = tonumber(ARGV[6])
-local ban_ms = tonumber(ARGV[7])
-local strikes = redis.call('INCR', KEYS[2])
-if strikes == 1 then redis.call('PEXPIRE', KEYS[2], within_ms) end
-if strikes >= penalty_after then
-  redis.call('DEL', KEYS[2])
-  redis.call('SET', KEYS[3], 1, 'PX', ban_ms)
-  -- The ban, or the limit's own retry time if that is later.
-  local wait = math.max(ban_ms * 1000000, reply[4])
-  return {1, limit, 0, wait, math.max(reply[5], wait), 1}
-end
-return reply
+local ban = strike(KEYS[2], KEYS[3], penalty_after, tonumber(ARGV[6]), tonumber(ARGV[7]))
+if not ban then return reply end
+local banned = banned_reply(reply, ban)
+banned[6] = 1
+return banned

@@ -281,11 +281,10 @@ local function limits(call_keys, call_argv)
   token = argv[3]
   penalty_after = arg_number(argv[4])
   if penalty_after > 0 then
-    local banned_ms = redis.call('PTTL', keys[n + 2])
-    if banned_ms > 0 then
+    local rest = banned_ns(keys[n + 2])
+    if rest then
       local out = {1}
       for i = 1, n do
-        local rest = banned_ms * 1000000
         for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do out[#out + 1] = v end
       end
       return out
@@ -308,23 +307,11 @@ local function limits(call_keys, call_argv)
   else
     -- The limits that would have admitted report their state as it stands: nothing was recorded.
     for i = 1, n do if results[i][1] == 0 then results[i] = decide(i, 0) end end
-    if penalty_after > 0 then
-      local within_ms = tonumber(argv[5])
-      local ban_ms = tonumber(argv[6])
-      local strikes = redis.call('INCR', keys[n + 1])
-      if strikes == 1 then redis.call('PEXPIRE', keys[n + 1], within_ms) end
-      if strikes >= penalty_after then
-        redis.call('DEL', keys[n + 1])
-        redis.call('SET', keys[n + 2], 1, 'PX', ban_ms)
-        banned = 1
-        for i = 1, n do
-          local r = results[i]
-          -- The ban, or the limit's own retry time if that is later.
-          local wait = ban_ms * 1000000
-          if r[1] == 1 and r[4] > wait then wait = r[4] end
-          results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
-        end
-      end
+    local ban = penalty_after > 0
+      and strike(keys[n + 1], keys[n + 2], penalty_after, tonumber(argv[5]), tonumber(argv[6]))
+    if ban then
+      banned = 1
+      for i = 1, n do results[i] = banned_reply(results[i], ban) end
     end
   end
 
