@@ -92,9 +92,7 @@ impl RedisState {
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
             };
-            // With a penalty box every rejection must reach Redis as a strike; a ban holds.
-            let cacheable = args.penalty.is_none() || decision.banned;
-            if let (false, true, Some(cache)) = (decision.allowed, cacheable, &state.deny) {
+            if let Some(cache) = &state.deny {
                 // Timed from the sending: Redis decided later, so it is held no later than meant.
                 let rejection = Rejection {
                     decision,
@@ -103,7 +101,8 @@ impl RedisState {
                     whole_seconds,
                     until_retry: false,
                 };
-                cache.insert(&redis_key, quantity, rejection, sent, generation);
+                let penalty = args.penalty.is_some();
+                cache.remember(&redis_key, quantity, rejection, penalty, (sent, generation));
             }
             Ok(decision)
         })
@@ -178,12 +177,7 @@ impl RedisState {
                     .hold(state_key, token, quantity.min(count), lease);
                 return Ok(decision);
             }
-            // With a penalty box every rejection must reach Redis to count as a strike; a ban
-            // holds.
-            let cacheable = !decision.allowed && (!penalty || decision.banned);
-            if let (true, Some((period, count)), Some(deny)) =
-                (cacheable, fingerprint, state.deny.as_ref())
-            {
+            if let (Some((period, count)), Some(deny)) = (fingerprint, state.deny.as_ref()) {
                 let rejection = Rejection {
                     decision,
                     interval: period,
@@ -191,7 +185,7 @@ impl RedisState {
                     whole_seconds: false,
                     until_retry: true,
                 };
-                deny.insert(&state_key, quantity, rejection, sent, generation);
+                deny.remember(&state_key, quantity, rejection, penalty, (sent, generation));
             }
             Ok(decision)
         })
