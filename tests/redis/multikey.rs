@@ -65,3 +65,30 @@ async fn on_a_cluster_keys_of_different_slots_are_decided_together_on_the_policy
         one_user_in_one_org(connect().await.unwrap()).await;
     }
 }
+
+/// A Cluster client or connection the application made itself (`cluster_client`,
+/// `cluster_connection`), given as it is: the same decisions as from the nodes' addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_client_or_connection_given_as_it_is_decides_the_same() {
+    let cluster = RedisCluster::start();
+    for given in ["client", "connection"] {
+        let connect = || async {
+            let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+            let builder = match given {
+                "client" => RedisBackend::builder().cluster_client(client),
+                _ => {
+                    let connection = client.get_async_connection().await.unwrap();
+                    RedisBackend::builder().cluster_connection(connection)
+                }
+            };
+            builder
+                .prefix(format!("multikey-given-{given}"))
+                .timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("connect the given {given}: {e:?}"))
+        };
+        several_users_in_one_org(connect().await).await;
+        one_user_in_one_org(connect().await).await;
+    }
+}
