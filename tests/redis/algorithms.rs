@@ -1439,7 +1439,7 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
             pipe.set(key, value).ignore();
         }
         let () = pipe.query_async(&mut conn).await.unwrap();
-        // The arguments the backend sends (`RedisBackend::check` without a penalty).
+        // The arguments the backend sends (`RedisBackend::check`).
         let reply: Vec<i64> = script
             .key(key)
             .arg(t)
@@ -1463,15 +1463,14 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
             expected.remaining as i64,
             expected.retry_after.map_or(-1, nanos),
             nanos(expected.reset_after),
-            0,
         ];
         assert_eq!(reply, want, "{context}");
-        // Decoded as the backend decodes it (`from_reply` in nanoseconds, then the ban flag).
-        let [limited, limit_value, remaining, retry, reset, banned] = reply[..] else {
+        // Decoded as the backend decodes it (`from_reply` in nanoseconds).
+        let [limited, limit_value, remaining, retry, reset] = reply[..] else {
             panic!("{context}: a reply of {} values", reply.len());
         };
         let reset_after = Duration::from_nanos(reset.max(0) as u64);
-        let mut decoded = if limited == 0 {
+        let decoded = if limited == 0 {
             Decision::allowed(
                 limit_value.max(0) as u64,
                 remaining.max(0) as u64,
@@ -1486,7 +1485,6 @@ async fn the_gcra_script_computes_gcra_rs_exactly() {
                 reset_after,
             )
         };
-        decoded.banned = banned == 1;
         assert_eq!(decoded, expected, "{context}");
 
         // The state left behind.

@@ -13,6 +13,7 @@ use redis_support::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 use tower_throttle::{
     gcra,
+    policy::Penalty,
     redis::{RedisBackend, RedisMode},
     Decision, Key, Limit, MemoryBackend, Quota,
 };
@@ -671,4 +672,41 @@ async fn the_deny_cache_answers_a_flood_without_round_trips() {
         assert!(!uncached.check_one(&limit, &key, 1).await.unwrap().allowed);
     }
     assert_eq!(calls(&server, "evalsha"), before + 50);
+}
+
+/// A GCRA limit with a penalty box runs on the limits script: every rejection before the ban
+/// reaches Redis (a strike each), and the ban, once struck, is answered from the deny cache with no
+/// round trip, in both modes (CL.THROTTLE cannot strike: Cell takes the script for such a limit).
+#[tokio::test]
+async fn a_penalty_box_strikes_on_redis_and_its_ban_is_held_locally() {
+    let server = RedisServer::start_with_cell();
+    let penalty = Penalty::new(3, Duration::from_secs(60), Duration::from_secs(30)).unwrap();
+    let limit = limit("banned", Quota::per_hour(1)).with_penalty(penalty);
+    for mode in [RedisMode::Lua, RedisMode::Cell] {
+        let backend = connect(&server.url(), mode).await;
+        let key = Key::from(format!("striker-{mode}"));
+        assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+        let before = calls(&server, "evalsha");
+        for strike in 1..=3 {
+            let d = backend.check_one(&limit, &key, 1).await.unwrap();
+            assert!(!d.allowed, "{mode}: strike {strike}");
+            assert_eq!(d.banned, strike == 3, "{mode}: strike {strike}");
+        }
+        assert_eq!(
+            calls(&server, "evalsha"),
+            before + 3,
+            "{mode}: every strike"
+        );
+        assert_eq!(calls(&server, "cl.throttle"), 0, "{mode}");
+        for _ in 0..50 {
+            let d = backend.check_one(&limit, &key, 1).await.unwrap();
+            assert!(!d.allowed && d.banned, "{mode}");
+            assert!(d.retry_after.unwrap() > Duration::from_secs(25), "{mode}");
+        }
+        assert_eq!(
+            calls(&server, "evalsha"),
+            before + 3,
+            "{mode}: the ban held"
+        );
+    }
 }

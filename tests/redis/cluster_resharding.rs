@@ -114,7 +114,7 @@ impl Limits {
                 Limit::new("stack-gcra", Quota::per_second(200)).unwrap(),
             ],
             cold: Limit::new("cold", Quota::per_second(1_000_000)).unwrap(),
-            // The GCRA script on three keys (state, strikes, ban); a ban only admits less.
+            // The limits script on three keys (state, strikes, ban); a ban only admits less.
             penalty: Limit::new("penalty", Quota::per_second(RATE).bursts_of(BURST))
                 .unwrap()
                 .with_penalty(

@@ -46,8 +46,10 @@ impl RedisState {
         key: &Key,
         quantity: u64,
     ) -> DecisionFuture {
-        let Some(args) = Args::new(limit, self.detector.may_use_cell()) else {
-            return self.check_window(limit, key, quantity);
+        // A penalty box's strikes and ban are struck by the limits script, in the same call.
+        let args = match Args::new(limit, self.detector.may_use_cell()) {
+            Some(args) if limit.penalty().is_none() => args,
+            _ => return self.check_window(limit, key, quantity),
         };
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = redis_key(&self.prefix, limit.name(), key);
@@ -101,8 +103,7 @@ impl RedisState {
                     whole_seconds,
                     until_retry: false,
                 };
-                let penalty = args.penalty.is_some();
-                cache.remember(&redis_key, quantity, rejection, penalty, (sent, generation));
+                cache.remember(&redis_key, quantity, rejection, false, (sent, generation));
             }
             Ok(decision)
         })
@@ -130,15 +131,17 @@ impl RedisState {
         self.send_limits(self.limits_call(limits, key, quantity, each.map(<[u64]>::to_vec), token))
     }
 
-    /// One limit of another algorithm than the GCRA, on the limits script. The deny cache holds
-    /// only rejections that last until their retry time whatever others do: a fixed window's, a
-    /// sliding log's for one unit (its oldest leaves first). The others may free up before: Redis
-    /// decides.
+    /// One limit of another algorithm than the GCRA, or one with a penalty box, on the limits
+    /// script. The deny cache holds only rejections that last until their retry time whatever
+    /// others do: a fixed window's, a sliding log's for one unit (its oldest leaves first), a ban.
+    /// The others may free up before: Redis decides.
     fn check_window(self: &Arc<Self>, limit: &Limit, key: &Key, quantity: u64) -> DecisionFuture {
         // Period and count stand for the GCRA's interval and tolerance: a changed quota misses.
-        let fingerprint = match (limit.algorithm(), limit.window()) {
-            (Algorithm::FixedWindow, Some(w)) => Some((w.period(), w.limit())),
-            (Algorithm::SlidingLog, Some(w)) if quantity == 1 => Some((w.period(), w.limit())),
+        let fingerprint = match (limit.algorithm(), limit.window(), limit.gcra()) {
+            (Algorithm::FixedWindow, Some(w), _) => Some((w.period(), w.limit())),
+            (Algorithm::SlidingLog, Some(w), _) if quantity == 1 => Some((w.period(), w.limit())),
+            // A GCRA limit comes here with a penalty box: only its bans are held (`remember`).
+            (Algorithm::Gcra, _, Some(p)) => Some((p.emission_interval(), p.tolerance())),
             _ => None,
         };
         let state_key = state_key(&self.prefix, limit, key);
@@ -270,12 +273,9 @@ impl RedisState {
         let conn = &mut conn;
         // To Lua: peeks and quantities beyond the limit (redis-cell 0.2.2 writes a key without
         // expiry for the first, and overflows into a TAT that crashes the server for the second),
-        // quotas with no whole-second form, and penalty boxes (struck atomically with the
-        // decision).
+        // quotas with no whole-second form.
         match args.cell {
-            Some(cell)
-                if use_cell && quantity > 0 && quantity <= args.limit && args.penalty.is_none() =>
-            {
+            Some(cell) if use_cell && quantity > 0 && quantity <= args.limit => {
                 // Coalesced on one server, unless Redis may be full (state.rs says why).
                 let through_script = self.cell_through_script.load(Ordering::Relaxed);
                 let answer = match &self.batches {
@@ -295,10 +295,9 @@ impl RedisState {
                     other => other,
                 }
             }
-            // A penalty box's strikes and bans take keys of their own: such checks go alone.
             _ => match &self.batches {
-                Some(batches) if args.penalty.is_none() => batches.gcra(key, args, quantity).await,
-                _ => Box::pin(scripts::gcra(conn, key, args, quantity)).await,
+                Some(batches) => batches.gcra(key, args, quantity).await,
+                None => Box::pin(scripts::gcra(conn, key, args, quantity)).await,
             },
         }
     }

@@ -155,7 +155,6 @@ impl Batcher {
         args: &Args,
         quantity: u64,
     ) -> Result<Answer, RedisError> {
-        debug_assert!(args.penalty.is_none(), "penalty boxes are never batched");
         let lane_name: &str = if self.per_key { key } else { "" };
         let job = Job::Gcra(key.to_owned(), *args, quantity);
         gcra_answer(self.queue(lane_name, job).await?)

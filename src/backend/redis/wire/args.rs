@@ -70,7 +70,6 @@ pub(crate) fn penalty_args(penalty: Option<&Penalty>) -> [u64; 3] {
 /// What a policy's quota becomes on each path.
 #[derive(Clone, Copy)]
 pub(crate) struct Args {
-    pub(crate) penalty: Option<Penalty>,
     /// The limit delays ([`Limit::with_delay`]), which `CL.THROTTLE` cannot express: always Lua.
     pub(crate) delayed: bool,
     pub(crate) interval: u64,
@@ -99,7 +98,6 @@ impl Args {
         let params = limit.gcra()?;
         let delayed = limit.delay().is_some();
         Some(Args {
-            penalty: limit.penalty().copied(),
             delayed,
             interval: params.emission_interval(),
             tolerance: params.tolerance(),

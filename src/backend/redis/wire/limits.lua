@@ -3,7 +3,8 @@
 -- KEYS[1..N]  each limit's state (one hash tag: one Cluster slot): GCRA, the TAT; sliding log, a
 --             ZSET of admitted units scored by time (µs); fixed window "window:count"; sliding
 --             window "window:current:previous"; concurrency, a ZSET of units scored by lease end.
--- KEYS[N+1], KEYS[N+2]  with a penalty box: strikes and ban, as in gcra.lua.
+-- KEYS[N+1], KEYS[N+2]  with a penalty box (the first limit's): strikes (expiring `within` after
+--             the first) and the ban; a banned key is answered without its limits' states.
 -- ARGV        N, quantity, token (members token:0 .. token:q-1), penalty after (0 = none), within
 --             (ms), ban (ms), then four per limit: kind (0 GCRA, 1 sliding log, 2 fixed window, 3
 --             sliding window, 4 concurrency, 5 calendar window), limit, then GCRA: interval,
@@ -281,10 +282,11 @@ local function limits(call_keys, call_argv)
   token = argv[3]
   penalty_after = arg_number(argv[4])
   if penalty_after > 0 then
-    local rest = banned_ns(keys[n + 2])
-    if rest then
+    local banned_ms = redis.call('PTTL', keys[n + 2])
+    if banned_ms > 0 then
       local out = {1}
       for i = 1, n do
+        local rest = banned_ms * 1000000
         for _, v in ipairs({1, limit_of(i), 0, rest, rest}) do out[#out + 1] = v end
       end
       return out
@@ -307,11 +309,25 @@ local function limits(call_keys, call_argv)
   else
     -- The limits that would have admitted report their state as it stands: nothing was recorded.
     for i = 1, n do if results[i][1] == 0 then results[i] = decide(i, 0) end end
-    local ban = penalty_after > 0
-      and strike(keys[n + 1], keys[n + 2], penalty_after, tonumber(argv[5]), tonumber(argv[6]))
-    if ban then
-      banned = 1
-      for i = 1, n do results[i] = banned_reply(results[i], ban) end
+    -- A rejection is a strike, counted in a window that opens with the first (Rack::Attack's
+    -- Allow2Ban): one small counter per key, whatever `after` is.
+    if penalty_after > 0 then
+      local within_ms = tonumber(argv[5])
+      local ban_ms = tonumber(argv[6])
+      local strikes = redis.call('INCR', keys[n + 1])
+      if strikes == 1 then redis.call('PEXPIRE', keys[n + 1], within_ms) end
+      if strikes >= penalty_after then
+        redis.call('DEL', keys[n + 1])
+        redis.call('SET', keys[n + 2], 1, 'PX', ban_ms)
+        banned = 1
+        for i = 1, n do
+          local r = results[i]
+          -- The ban, or the limit's own retry time if that is later.
+          local wait = ban_ms * 1000000
+          if r[1] == 1 and r[4] > wait then wait = r[4] end
+          results[i] = {1, r[2], 0, wait, math.max(r[5], wait)}
+        end
+      end
     end
   end
 

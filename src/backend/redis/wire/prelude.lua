@@ -80,30 +80,4 @@ local function gcra_step(backlog, interval, tolerance, limit, quantity, ceiling)
   return {1, limit, remaining, retry_after, backlog}, write
 end
 
--- The penalty box (gcra.lua, limits.lua): how long `ban_key` bans its key yet, in ns (nil: not
--- banned). A banned key is answered without its limits' states.
-local function banned_ns(ban_key)
-  local banned_ms = redis.call('PTTL', ban_key)
-  if banned_ms > 0 then return banned_ms * 1000000 end
-end
-
--- A rejection is a strike, counted in a window that opens with the first (Rack::Attack's
--- Allow2Ban): one small counter per key, whatever `after` is. The strike that makes `after` bans
--- the key for `ban_ms`: its length in ns then (nil: no ban yet).
-local function strike(strikes_key, ban_key, after, within_ms, ban_ms)
-  local strikes = redis.call('INCR', strikes_key)
-  if strikes == 1 then redis.call('PEXPIRE', strikes_key, within_ms) end
-  if strikes < after then return nil end
-  redis.call('DEL', strikes_key)
-  redis.call('SET', ban_key, 1, 'PX', ban_ms)
-  return ban_ms * 1000000
-end
-
--- A limit's reply `r` once its key is banned for `ban` ns: refused for the ban, or for the limit's
--- own retry time if that is later.
-local function banned_reply(r, ban)
-  local wait = math.max(ban, r[4])
-  return {1, r[2], 0, wait, math.max(r[5], wait)}
-end
-
 -- tower-throttle: the script.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::{RedisError, Script};
 
-use super::args::{penalty_args, Args, CellArgs};
+use super::args::{Args, CellArgs};
 use super::limits_call::LimitsCall;
 use super::lua;
 use crate::backend::redis::conn::connection::RedisConnection;
@@ -29,7 +29,7 @@ pub(crate) struct Answer {
     pub(crate) whole_seconds: bool,
 }
 
-/// One GCRA decision (with its penalty box, if any) by `gcra.lua`.
+/// One GCRA decision (a limit without a penalty box: see `RedisState::check`) by `gcra.lua`.
 pub(crate) async fn gcra(
     conn: &mut RedisConnection,
     key: &str,
@@ -38,29 +38,13 @@ pub(crate) async fn gcra(
 ) -> Result<Answer, RedisError> {
     let mut invocation = GCRA.key(key);
     invocation.arg(&[args.interval, args.tolerance, args.limit, quantity][..]);
-    if args.penalty.is_some() {
-        // Same hash tag as the state: one slot, one atomic call.
-        invocation
-            .key(format!("{key}:strikes"))
-            .key(format!("{key}:ban"));
-    }
-    // The penalty's three (0 0 0 without one) come before a metered limit's ceiling.
-    if args.penalty.is_some() || args.metered() {
-        invocation.arg(&penalty_args(args.penalty.as_ref())[..]);
-    }
     if args.metered() {
         // A metered limit's debt is read as debt, not as another quota's state.
         invocation.arg(args.ceiling);
     }
-    let reply: [i64; 6] = invocation.invoke_async(conn).await?;
-    let [limited, limit, remaining, retry, reset, banned] = reply;
-    let mut decision = from_reply(
-        [limited, limit, remaining, retry, reset],
-        Duration::from_nanos,
-    );
-    decision.banned = banned == 1;
+    let reply: [i64; 5] = invocation.invoke_async(conn).await?;
     Ok(Answer {
-        decision,
+        decision: from_reply(reply, Duration::from_nanos),
         whole_seconds: false,
     })
 }
