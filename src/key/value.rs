@@ -80,7 +80,7 @@ impl Key {
     /// A key from arbitrary bytes (not necessarily UTF-8).
     pub fn from_bytes(bytes: &[u8]) -> Self {
         if bytes.len() > MAX_KEY_LEN {
-            Key(Repr::Digest(Box::new(Sha256::digest(bytes).into())))
+            Key::hashed(bytes)
         } else {
             Key(Repr::inline(bytes).unwrap_or_else(|| Repr::Bytes(bytes.into())))
         }
@@ -140,9 +140,7 @@ impl Key {
             }
         }
     }
-}
 
-impl Key {
     /// A hash of the key that every process computes alike: FNV-1a 64 over the key's rendering (the form
     /// Redis keys are built from, unambiguous), then MurmurHash3's finaliser, whose output bits all
     /// depend on every input bit (FNV-1a's high bits barely change between `k1` and `k2`).
@@ -162,9 +160,7 @@ impl Key {
         h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
         h ^ (h >> 33)
     }
-}
 
-impl Key {
     /// The key whose [`render`](Self::render)ing (and `Display`, which logs, the top list and the
     /// admin page show) is `text`, or `None` when no key renders as `text`: the inverse of
     /// `render`, so a key copied from a log or from [`top`](crate::ops::ThrottleHandle::top) can be
@@ -281,44 +277,27 @@ impl fmt::Debug for Key {
     }
 }
 
-impl From<&str> for Key {
-    fn from(s: &str) -> Self {
-        Key::from_bytes(s.as_bytes())
-    }
-}
-
-impl From<String> for Key {
-    fn from(s: String) -> Self {
-        Key::from(s.into_bytes())
-    }
-}
-
-impl From<&String> for Key {
-    fn from(s: &String) -> Self {
-        Key::from(s.as_str())
-    }
-}
-
-impl From<&[u8]> for Key {
-    fn from(b: &[u8]) -> Self {
-        Key::from_bytes(b)
-    }
-}
-
-impl From<Vec<u8>> for Key {
-    fn from(b: Vec<u8>) -> Self {
-        if b.len() > MAX_KEY_LEN {
-            Key::from_bytes(&b)
-        } else {
-            Key::owned(b)
+/// `From<$t> for Key`, each made as `$make` says.
+macro_rules! key_from {
+    ($($t:ty => |$v:ident| $make:expr;)*) => {$(
+        impl From<$t> for Key {
+            fn from($v: $t) -> Self {
+                $make
+            }
         }
-    }
+    )*};
 }
-
-impl From<&http::HeaderValue> for Key {
-    fn from(v: &http::HeaderValue) -> Self {
-        Key::from_bytes(v.as_bytes())
-    }
+key_from! {
+    &str => |s| Key::from_bytes(s.as_bytes());
+    &String => |s| Key::from_bytes(s.as_bytes());
+    &[u8] => |b| Key::from_bytes(b);
+    &http::HeaderValue => |v| Key::from_bytes(v.as_bytes());
+    String => |s| Key::from(s.into_bytes());
+    // Its own buffer kept, unless it is hashed.
+    Vec<u8> => |b| if b.len() > MAX_KEY_LEN { Key::hashed(&b) } else { Key::owned(b) };
+    IpAddr => |ip| Key::from_ip(ip);
+    Ipv4Addr => |ip| Key::from_ip(IpAddr::V4(ip));
+    Ipv6Addr => |ip| Key::from_ip(IpAddr::V6(ip));
 }
 
 macro_rules! int_keys {
@@ -331,24 +310,6 @@ macro_rules! int_keys {
     )*};
 }
 int_keys!(u16, u32, u64, u128, i16, i32, i64, i128, usize);
-
-impl From<IpAddr> for Key {
-    fn from(ip: IpAddr) -> Self {
-        Key::from_ip(ip)
-    }
-}
-
-impl From<Ipv4Addr> for Key {
-    fn from(ip: Ipv4Addr) -> Self {
-        Key::from_ip(IpAddr::V4(ip))
-    }
-}
-
-impl From<Ipv6Addr> for Key {
-    fn from(ip: Ipv6Addr) -> Self {
-        Key::from_ip(IpAddr::V6(ip))
-    }
-}
 
 #[cfg(test)]
 mod tests {
