@@ -8,21 +8,13 @@
 /// Documents nested this deep are refused (serde_json's default recursion limit: 127 levels read).
 pub(crate) const MAX_DEPTH: usize = 128;
 
-/// A scalar found at the path.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Scalar {
-    /// A string, decoded.
-    Str(String),
-    /// A number, canonical: an integer as its digits (no `-0`), any other as the shortest
-    /// spelling that reads back as the same `f64`.
-    Num(String),
-}
-
 /// What the path led to so far.
 enum Slot {
     Empty,
-    /// A scalar, or `None` for another kind of value (an object, `true`, `null`): no key.
-    One(Option<Scalar>),
+    /// A string (decoded) or a number (canonical: an integer as its digits, no `-0`; any other
+    /// as the shortest spelling that reads back as the same `f64`), or `None` for another kind of
+    /// value (an object, `true`, `null`): no key.
+    One(Option<String>),
     /// The path was met twice (a repeated member): ambiguous, so no value.
     Ambiguous,
 }
@@ -30,7 +22,7 @@ enum Slot {
 /// The scalar at `path` (object members, outermost first) of the JSON document `doc`; `None` when
 /// the document is invalid, the path leads nowhere or to an object, array, boolean or null, or a
 /// member on the path appears twice (parsers disagree on which one counts).
-pub(crate) fn find(doc: &[u8], path: &[Box<str>]) -> Option<Scalar> {
+pub(crate) fn find(doc: &[u8], path: &[Box<str>]) -> Option<String> {
     std::str::from_utf8(doc).ok()?;
     let mut parser = Parser {
         doc,
@@ -89,7 +81,7 @@ impl Parser<'_> {
                 if target {
                     // Decoded from valid UTF-8 and whole characters: valid UTF-8.
                     let text = String::from_utf8(std::mem::take(&mut self.scratch)).ok()?;
-                    let scalar = (!text.is_empty()).then_some(Scalar::Str(text));
+                    let scalar = (!text.is_empty()).then_some(text);
                     Self::found(want, slot, scalar);
                 }
                 Some(())
@@ -100,7 +92,7 @@ impl Parser<'_> {
             _ => {
                 let number = self.number()?;
                 if want.is_some_and(|w| w.is_empty()) {
-                    Self::found(want, slot, canonical(number).map(Scalar::Num));
+                    Self::found(want, slot, canonical(number));
                 }
                 Some(())
             }
@@ -108,7 +100,7 @@ impl Parser<'_> {
     }
 
     /// Records what the path led to, when this value is the one sought.
-    fn found(want: Option<&[Box<str>]>, slot: &mut Slot, scalar: Option<Scalar>) {
+    fn found(want: Option<&[Box<str>]>, slot: &mut Slot, scalar: Option<String>) {
         if want.is_some_and(|w| w.is_empty()) {
             *slot = match slot {
                 Slot::Empty => Slot::One(scalar),
@@ -334,16 +326,16 @@ mod tests {
         p.split('.').map(Into::into).collect()
     }
 
-    fn at(doc: &str, p: &str) -> Option<Scalar> {
+    fn at(doc: &str, p: &str) -> Option<String> {
         find(doc.as_bytes(), &path(p))
     }
 
-    fn s(text: &str) -> Option<Scalar> {
-        Some(Scalar::Str(text.into()))
+    fn s(text: &str) -> Option<String> {
+        Some(text.into())
     }
 
-    fn n(text: &str) -> Option<Scalar> {
-        Some(Scalar::Num(text.into()))
+    fn n(text: &str) -> Option<String> {
+        Some(text.into())
     }
 
     #[test]
@@ -543,11 +535,7 @@ mod tests {
         ] {
             let doc = format!(r#"{{"u":"k","v":{v}}}"#);
             let read = serde_json::from_str::<serde_json::Value>(&doc).is_ok();
-            assert_eq!(
-                at(&doc, "u"),
-                read.then(|| Scalar::Str("k".into())),
-                "{doc}"
-            );
+            assert_eq!(at(&doc, "u"), read.then(|| "k".to_owned()), "{doc}");
         }
     }
 }

@@ -73,33 +73,30 @@ impl BodyField {
 
     /// The key this field gives a request with `headers` and the whole `body`.
     pub(crate) fn key(&self, headers: &HeaderMap, body: &[u8]) -> Option<Key> {
-        match self.value(headers, body)? {
-            Value::Text(text) => Some(Key::from(text)),
-            Value::Bytes(bytes) => Some(Key::from(bytes)),
-        }
+        self.value(headers, body).map(Key::from)
     }
 
     /// The whole number this field holds, for an estimate.
     pub(crate) fn units(&self, headers: &HeaderMap, body: &[u8]) -> Option<u64> {
-        match self.value(headers, body)? {
-            Value::Text(text) => text.trim().parse().ok(),
-            Value::Bytes(bytes) => std::str::from_utf8(&bytes).ok()?.trim().parse().ok(),
-        }
+        std::str::from_utf8(&self.value(headers, body)?)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
-    fn value(&self, headers: &HeaderMap, body: &[u8]) -> Option<Value> {
+    /// The field's value: the form field's bytes, decoded, or the JSON scalar's text.
+    fn value(&self, headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
         let content_type = headers.get(CONTENT_TYPE)?.to_str().ok()?;
         let essence = content_type.split(';').next()?.trim().to_ascii_lowercase();
         if self.form {
             (essence == "application/x-www-form-urlencoded").then_some(())?;
-            form_value(body, self.path[0].as_bytes()).map(Value::Bytes)
+            form_value(body, self.path[0].as_bytes())
         } else {
             let json = essence == "application/json"
                 || (essence.starts_with("application/") && essence.ends_with("+json"));
             json.then_some(())?;
-            match json::find(body, &self.path)? {
-                json::Scalar::Str(text) | json::Scalar::Num(text) => Some(Value::Text(text)),
-            }
+            json::find(body, &self.path).map(String::into_bytes)
         }
     }
 
@@ -111,11 +108,6 @@ impl BodyField {
             format!("JSON field {} of the body", self.path.join("."))
         }
     }
-}
-
-enum Value {
-    Text(String),
-    Bytes(Vec<u8>),
 }
 
 /// A `json:` member or `form:` name: not empty, printable, at most 256 bytes.
