@@ -317,58 +317,34 @@ trait RecordKey: Sized + PartialEq {
     fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>>;
 }
 
-impl RecordKey for u32 {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((u64::from(limit) << 32) | u64::from(*self))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::V4(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::V4(*self)
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.v4
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.v4
-    }
+/// `RecordKey` for each form: the hot key's variant, the shard's table, what is hashed (with the
+/// limit) to place a record.
+macro_rules! record_key {
+    ($($form:ty => $hot:ident, $table:ident, |$k:ident, $limit:ident| $hashed:expr;)*) => {$(
+        impl RecordKey for $form {
+            fn record_hash(&self, $limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
+                let $k = self;
+                hasher.hash_one($hashed)
+            }
+            fn is_hot(&self, hot: &HotKey) -> bool {
+                matches!(hot, HotKey::$hot(k) if k == self)
+            }
+            fn hot(&self) -> HotKey {
+                HotKey::$hot(self.clone())
+            }
+            fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
+                &shard.$table
+            }
+            fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
+                &mut shard.$table
+            }
+        }
+    )*};
 }
-
-impl RecordKey for [u8; 16] {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((limit, u128::from_ne_bytes(*self)))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::V6(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::V6(*self)
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.v6
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.v6
-    }
-}
-
-impl RecordKey for Key {
-    fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64 {
-        hasher.hash_one((limit, self))
-    }
-    fn is_hot(&self, hot: &HotKey) -> bool {
-        matches!(hot, HotKey::Other(k) if k == self)
-    }
-    fn hot(&self) -> HotKey {
-        HotKey::Other(self.clone())
-    }
-    fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>> {
-        &shard.other
-    }
-    fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>> {
-        &mut shard.other
-    }
+record_key! {
+    u32 => V4, v4, |k, limit| (u64::from(limit) << 32) | u64::from(*k);
+    [u8; 16] => V6, v6, |k, limit| (limit, u128::from_ne_bytes(*k));
+    Key => Other, other, |k, limit| (limit, k);
 }
 
 /// `$body` with `$k` bound to `$key`'s [`Compact`] form: `&u32`, `&[u8; 16]` or `&Key`, each
