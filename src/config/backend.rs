@@ -4,14 +4,14 @@
 use super::schema::BackendConfig;
 #[cfg(feature = "redis")]
 use super::schema::RedisConfig;
-use super::Config;
+use super::{set, Config};
 #[cfg(feature = "redis")]
 use crate::access::{AccessList, RedisAccessSync};
 use crate::backend::memory::state_file::AsMemory;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisBackendBuilder, RedisMode};
 use crate::backend::Backend;
-use crate::backend::MemoryBackend;
+use crate::backend::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
 use crate::error::BuildError;
@@ -32,11 +32,8 @@ impl Config {
                 self.backend
             )));
         };
-        let mut backend = MemoryBackend::builder();
-        if let Some(max_keys) = max_keys {
-            backend = backend.max_keys(*max_keys);
-        }
-        backend.build()
+        let backend = MemoryBackend::builder();
+        set(backend, *max_keys, MemoryBackendBuilder::max_keys).build()
     }
 
     /// With `[backend] state_file`: gives `backend`'s keys the state the file kept for `policies`'
@@ -250,24 +247,20 @@ impl RedisConfig {
                 "[backend] primary_password and primary_username go with sentinels (with url or urls, the password is in the URL: redis://user:password@host:port/)",
             ));
         }
-        if let Some(name) = &self.name {
-            builder = builder.name(name.clone());
-        }
+        builder = set(builder, self.name.clone(), RedisBackendBuilder::name);
         if self.sentinel_service.is_some() && self.sentinels.is_none() {
             return Err(BackendError::new(
                 "[backend] sentinel_service needs sentinels, the sentinels' URLs",
             ));
         }
-        if let Some(prefix) = &self.prefix {
-            builder = builder.prefix(prefix.clone());
-        }
-        if let Some(ms) = self.timeout_ms {
-            builder = builder.timeout(Duration::from_millis(ms));
-        }
-        if let Some(on) = self.deny_cache {
-            builder = builder.deny_cache(on);
-        }
-        Ok(builder)
+        builder = set(builder, self.prefix.clone(), RedisBackendBuilder::prefix);
+        let timeout = self.timeout_ms.map(Duration::from_millis);
+        builder = set(builder, timeout, RedisBackendBuilder::timeout);
+        Ok(set(
+            builder,
+            self.deny_cache,
+            RedisBackendBuilder::deny_cache,
+        ))
     }
 }
 

@@ -16,6 +16,7 @@
 //! reads the body, as for a body key: `max_body`, `body_timeout`).
 
 use super::schema::{EstimateConfig, MeteredConfig};
+use super::set;
 use crate::limit::Limit;
 use crate::meter::Estimate;
 use crate::policy::PolicyBuilder;
@@ -42,15 +43,11 @@ impl MeteredConfig {
             );
         };
         let unit = self.unit.as_deref().unwrap_or("units");
-        let mut quota = Quota::per_period(self.count, self.period);
-        if let Some(max_burst) = self.max_burst {
-            quota = quota.with_max_burst(max_burst);
-        }
-        let mut limit =
+        let quota = Quota::per_period(self.count, self.period);
+        let quota = set(quota, self.max_burst, Quota::with_max_burst);
+        let limit =
             Limit::new(format!("{route}.{unit}"), quota).map_err(|e| format!("metered: {e}"))?;
-        if let Some(max_debt) = self.max_debt {
-            limit = limit.with_max_debt(max_debt);
-        }
+        let limit = set(limit, self.max_debt, Limit::with_max_debt);
         let estimate = match (estimate, &self.estimate_header) {
             (EstimateConfig::Units(units), Some(header)) => {
                 Estimate::header(header.clone(), *units)
@@ -66,10 +63,11 @@ impl MeteredConfig {
                 )
             }
         };
-        let mut builder = builder.metered(limit, estimate);
-        if let Some(header) = &self.usage_header {
-            builder = builder.usage_header(header.clone());
-        }
-        Ok(builder)
+        let builder = builder.metered(limit, estimate);
+        Ok(set(
+            builder,
+            self.usage_header.clone(),
+            PolicyBuilder::usage_header,
+        ))
     }
 }

@@ -257,10 +257,9 @@ impl Config {
                 else {
                     return Err("[access] redis_sets needs [backend] kind = \"redis\"".into());
                 };
-                let mut sync = crate::access::RedisAccessSync::new(sets.clone());
-                if let Some(every) = access.redis_refresh {
-                    sync = sync.every(every);
-                }
+                use crate::access::RedisAccessSync;
+                let sync = RedisAccessSync::new(sets.clone());
+                let sync = set(sync, access.redis_refresh, RedisAccessSync::every);
                 redis.spawn_access_sync(on, sync, &lists);
             }
             builder = self.with_access(builder, lists)?;
@@ -270,6 +269,14 @@ impl Config {
             self.restore_state(memory, &layer.policies());
         }
         Ok(layer)
+    }
+}
+
+/// `option(builder, value)` if the key is set; the builder's default otherwise.
+fn set<B, T>(builder: B, value: Option<T>, option: fn(B, T) -> B) -> B {
+    match value {
+        Some(value) => option(builder, value),
+        None => builder,
     }
 }
 

@@ -12,6 +12,7 @@ use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of};
 use super::schema::{QuotaConfig, RouteConfig, TierConfig};
+use super::set;
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;
@@ -146,14 +147,6 @@ fn window_start(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<B
     Ok(builder.window_start(start))
 }
 
-/// `option(builder, value)` if the key is set; the builder's default otherwise.
-fn set<T>(builder: Builder, value: Option<T>, option: fn(Builder, T) -> Builder) -> Builder {
-    match value {
-        Some(value) => option(builder, value),
-        None => builder,
-    }
-}
-
 /// `algorithm`, default GCRA: read by the quota and tier rows too (`max_burst` is GCRA's).
 fn algorithm(route: &RouteConfig) -> Result<Algorithm, String> {
     // Calendar windows are fixed windows: `calendar` alone says so.
@@ -176,9 +169,7 @@ fn calendar_of(route: &RouteConfig) -> Result<Option<CalendarWindow>, String> {
         };
     };
     let mut window = CalendarWindow::new(period.parse::<CalendarPeriod>()?);
-    if let Some(zone) = &route.timezone {
-        window = window.timezone(zone.clone());
-    }
+    window = set(window, route.timezone.clone(), CalendarWindow::timezone);
     if let Some(day) = route.anchor_day {
         let day =
             u8::try_from(day).map_err(|_| format!("anchor_day must be 1 to 31, not {day}"))?;

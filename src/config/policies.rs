@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::schema::{AccessConfig, BudgetConfig, RouteConfig, TierConfig};
+use super::set;
 use crate::access::{keys_named, AccessList};
 use crate::budget::Budget;
 use crate::error::BuildError;
@@ -20,17 +21,9 @@ impl RouteConfig {
             BudgetConfig::On(false) => None,
             BudgetConfig::On(true) => Some(Budget::new()),
             BudgetConfig::Tuned(tuning) => {
-                let mut budget = Budget::new();
-                if let Some(ttl) = tuning.slice_ttl {
-                    budget = budget.slice_ttl(ttl);
-                }
-                if let Some(max_slice) = tuning.max_slice {
-                    budget = budget.max_slice(max_slice);
-                }
-                if let Some(hot_after) = tuning.hot_after {
-                    budget = budget.hot_after(hot_after);
-                }
-                Some(budget)
+                let budget = set(Budget::new(), tuning.slice_ttl, Budget::slice_ttl);
+                let budget = set(budget, tuning.max_slice, Budget::max_slice);
+                Some(set(budget, tuning.hot_after, Budget::hot_after))
             }
         }
     }

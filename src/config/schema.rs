@@ -641,9 +641,7 @@ impl OverloadConfig {
         };
         let (min, max) = (overload.min, overload.max);
         overload = overload.limits(self.min_limit.unwrap_or(min), self.max_limit.unwrap_or(max));
-        if let Some(initial) = self.initial_limit {
-            overload = overload.initial_limit(initial);
-        }
+        overload = super::set(overload, self.initial_limit, Overload::initial_limit);
         overload = overload.partition_by(match self.partition_by.as_deref() {
             None | Some("policy") => PartitionBy::Policy,
             Some("tier") => PartitionBy::Tier,
