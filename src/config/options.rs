@@ -29,34 +29,16 @@ pub(super) type Builder = PolicyBuilder<KeySpec>;
 /// behind, and the builder so far. An error is the reason alone; the caller names the policy.
 type Apply = fn(&RouteConfig, &ClientIp, Builder) -> Result<Builder, String>;
 
-/// One row of [`ROUTE_OPTIONS`].
-pub(super) struct RouteOption {
-    /// The `[[route]]` keys the row reads (each key is in one row only).
-    #[allow(dead_code)] // Read by tests/middleware/config_builder.rs, from this file's text.
-    keys: &'static [&'static str],
-    /// The builder options it sets: `PolicyBuilder` methods, or `Limit::with_*` that the builder
-    /// passes the value on to.
-    #[allow(dead_code)] // Read by tests/middleware/config_builder.rs, from this file's text.
-    options: &'static [&'static str],
-    /// Sets them.
-    pub(super) apply: Apply,
-}
-
-const fn row(
-    keys: &'static [&'static str],
-    options: &'static [&'static str],
-    apply: Apply,
-) -> RouteOption {
-    RouteOption {
-        keys,
-        options,
-        apply,
-    }
+/// One row of [`ROUTE_OPTIONS`]: the `[[route]]` keys it reads (each key in one row only) and
+/// the builder options it sets (`PolicyBuilder` methods, or `Limit::with_*` that the builder passes
+/// the value on to), which tests/middleware/config_builder.rs reads from this file's text, and how.
+const fn row(_keys: &[&str], _options: &[&str], apply: Apply) -> Apply {
+    apply
 }
 
 /// Every `[[route]]` key, in the order they are applied (so the order in which errors are found).
 #[rustfmt::skip]
-pub(super) const ROUTE_OPTIONS: &[RouteOption] = &[
+pub(super) const ROUTE_OPTIONS: &[Apply] = &[
     // TOML keys                                    builder options                        how
     row(&["name"], &["Policy::builder"], |_, _, b| Ok(b)), // the builder starts from the name
     row(&["key", "on_duplicate", "ipv6_prefix", "ipv4_prefix"], &["key", "body_key"], key),
@@ -94,8 +76,8 @@ impl RouteConfig {
     ) -> Result<Policy<KeySpec>, BuildError> {
         // `Global` until the `key` row sets the route's key.
         let mut builder = Policy::builder(self.name.clone()).key(KeySpec::Global);
-        for option in ROUTE_OPTIONS {
-            builder = (option.apply)(self, client_ip, builder)
+        for apply in ROUTE_OPTIONS {
+            builder = apply(self, client_ip, builder)
                 .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.name)))?;
         }
         builder.build()

@@ -70,12 +70,9 @@ where
         if let Override::Quota(quota) = value {
             let table = self.shared.table.load_full();
             let rules = find(&table, policy)?.compiled();
-            let invalid = |reason: String| HandleError::InvalidOverride {
-                policy: policy.to_owned(),
-                reason,
-            };
             if rules.overridable.metered.is_some() || rules.overridable.limit_keys.is_some() {
                 return Err(invalid(
+                    policy,
                     "the quota of a metered policy, or of one whose quotas have keys of their own, \
                      cannot be overridden (unlimited and blocked can)"
                         .to_owned(),
@@ -87,7 +84,7 @@ where
                 .enforceable(Namespace::Override, quota, rules.cost(), |l| {
                     self.validate_one(l)
                 })
-                .map_err(|e| invalid(e.to_string()))?;
+                .map_err(|e| invalid(policy, e.to_string()))?;
         }
         let encoded = value.encode();
         self.has_room(policy, false, &field)?;
@@ -153,12 +150,12 @@ where
         let until = SystemTime::now()
             .checked_add(duration)
             .filter(|_| !duration.is_zero())
-            .ok_or_else(|| HandleError::InvalidOverride {
-                policy: policy.to_owned(),
-                reason: format!(
-                    "a ban lasts more than 0 and a representable time, not {duration:?}"
-                ),
+            .ok_or_else(|| {
+                let why =
+                    format!("a ban lasts more than 0 and a representable time, not {duration:?}");
+                invalid(policy, why)
             })?;
+        self.has_room(policy, true, &field)?;
         self.write(
             policy,
             &bans_table(policy),
@@ -212,10 +209,10 @@ where
                 find(&self.shared.table.load_full(), policy)?;
                 Ok(text.to_owned())
             }
-            Some(_) => Err(HandleError::InvalidOverride {
-                policy: policy.to_owned(),
-                reason: format!("{text:?}: a pattern has one `*`, at its end"),
-            }),
+            Some(_) => Err(invalid(
+                policy,
+                format!("{text:?}: a pattern has one `*`, at its end"),
+            )),
             None => Ok(self.key_of(policy, text)?.to_string()),
         }
     }
@@ -225,12 +222,12 @@ where
     fn has_room(&self, policy: &str, bans: bool, field: &str) -> Result<(), HandleError> {
         match self.shared.overrides.has_room(policy, bans, field) {
             true => Ok(()),
-            false => Err(HandleError::InvalidOverride {
-                policy: policy.to_owned(),
-                reason: format!(
+            false => Err(invalid(
+                policy,
+                format!(
                     "{field:?}: the policy has {MAX_PATTERNS} patterns already (remove one first)"
                 ),
-            }),
+            )),
         }
     }
 
@@ -248,5 +245,72 @@ where
         store.write(table, field, value).await?;
         self.shared.overrides.refresh(table).await?;
         Ok(())
+    }
+}
+
+/// The error of an override or ban of policy `policy` that cannot be set, and why.
+fn invalid(policy: &str, reason: String) -> HandleError {
+    HandleError::InvalidOverride {
+        policy: policy.to_owned(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+    use crate::key::Header;
+    use crate::{MemoryBackend, Policy, Quota, ThrottleLayer};
+
+    /// A policy holds at most `MAX_PATTERNS` patterns of bans, as of overrides (a request's key is
+    /// scanned against them): one more is refused, saying so, and not kept; a key, or a pattern
+    /// already set, still may be. (The table is filled outside a runtime: each write through the
+    /// handle reads the whole table again.)
+    #[test]
+    fn a_ban_pattern_past_the_cap_is_refused() {
+        let policy = Policy::builder("api")
+            .key(Header::new("x-user"))
+            .quota(Quota::per_minute(2))
+            .build()
+            .unwrap();
+        let layer = ThrottleLayer::builder()
+            .backend(MemoryBackend::new())
+            .policy(policy)
+            .build()
+            .unwrap();
+        let handle = layer.handle();
+        let store = handle.shared.overrides.store().clone();
+        let until = encode_until(SystemTime::now() + Duration::from_secs(86_400));
+        let mut noop = Context::from_waker(Waker::noop());
+        for i in 0..MAX_PATTERNS {
+            let write = store.write(&bans_table("api"), &format!("p{i}_*"), Some(&until));
+            let Poll::Ready(written) = pin!(write).poll(&mut noop) else {
+                panic!("the in-process records write at once");
+            };
+            written.unwrap();
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let overrides = &handle.shared.overrides;
+            overrides.refresh(&bans_table("api")).await.unwrap();
+            let day = Duration::from_secs(86_400);
+            let refused = handle.ban("api", "more_*", day).await.unwrap_err();
+            assert!(
+                refused.to_string().contains("patterns already"),
+                "{refused}"
+            );
+            assert_eq!(handle.bans("api").unwrap().len(), MAX_PATTERNS);
+            handle.ban("api", "p7_*", day).await.unwrap();
+            handle.ban("api", "alice", day).await.unwrap();
+            // Overrides count their own patterns.
+            let blocked = Override::Blocked;
+            handle.set_override("api", "more_*", blocked).await.unwrap();
+        });
     }
 }
