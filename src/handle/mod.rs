@@ -165,15 +165,13 @@ impl fmt::Display for HandleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HandleError::UnknownPolicy(name) => write!(f, "no policy is called {name:?}"),
-            HandleError::InvalidKey { policy, reason } => {
+            HandleError::InvalidKey { policy, reason }
+            | HandleError::InvalidOverride { policy, reason } => {
                 write!(f, "policy {policy:?}: {reason}")
             }
             HandleError::Backend(e) => write!(f, "backend: {e}"),
             HandleError::NotCounted => {
                 f.write_str("the layer counts no limited keys: build it with count_offenders")
-            }
-            HandleError::InvalidOverride { policy, reason } => {
-                write!(f, "policy {policy:?}: {reason}")
             }
             HandleError::Unsupported { policy, reason } => {
                 write!(f, "policy {policy:?} cannot check messages: {reason}")
@@ -383,14 +381,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// # });
     /// ```
     pub async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, HandleError> {
-        let name = {
-            let table = self.shared.table.load_full();
-            find(&table, policy)?.name().to_owned()
-        };
+        find(&self.shared.table.load_full(), policy)?;
         let Some(offenders) = &self.shared.settings.offenders else {
             return Err(HandleError::NotCounted);
         };
-        Ok(offenders.top(&name, n).await?)
+        Ok(offenders.top(policy, n).await?)
     }
 
     /// Forgets `key` under policy `policy`: its state under every tier's limits, its penalty
@@ -684,13 +679,10 @@ impl KeyFromText for KeySpec {
             KeySpec::Global => Global.key_from_text(text),
             // The value as it is after decoding: the bytes the extractor would count.
             KeySpec::Query(_) | KeySpec::Cookie(_) | KeySpec::Path(_) | KeySpec::Body(_) => {
-                if let Some(key) = shown_bytes(text).filter(|_| !text.is_empty()) {
-                    return Ok(key);
-                }
                 if text.is_empty() {
                     return Err("an empty value is no key".to_owned());
                 }
-                Ok(Key::from(text.as_bytes().to_vec()))
+                Ok(shown_bytes(text).unwrap_or_else(|| Key::from(text.as_bytes())))
             }
             KeySpec::Composite(composite) => composite.key_from_text(text),
         }
