@@ -36,15 +36,19 @@ pub(crate) fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
     out
 }
 
-/// The raw values of the query parameter `name` (compared decoded) in `query`, in order.
-pub(crate) fn query_values<'q>(query: &'q str, name: &'q [u8]) -> impl Iterator<Item = &'q str> {
-    query.split('&').filter_map(move |pair| {
-        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+/// The raw values of the parameter `name` (compared decoded) in `query` (a URI's query, or a form
+/// body: bytes, as a body may not be UTF-8), in order.
+pub(crate) fn query_values<'q>(query: &'q [u8], name: &'q [u8]) -> impl Iterator<Item = &'q [u8]> {
+    query.split(|b| *b == b'&').filter_map(move |pair| {
+        let (n, v) = match pair.iter().position(|b| *b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, &b""[..]),
+        };
         // Most names need no decoding; compare the decoded name only when it has escapes.
-        let matches = if n.bytes().any(|b| b == b'%' || b == b'+') {
-            percent_decode(n.as_bytes(), true) == name
+        let matches = if n.iter().any(|b| *b == b'%' || *b == b'+') {
+            percent_decode(n, true) == name
         } else {
-            n.as_bytes() == name
+            n == name
         };
         matches.then_some(v)
     })
@@ -114,8 +118,8 @@ impl QueryParam {
     fn value(&self, query: &str) -> Option<Key> {
         let value = self
             .on_duplicate
-            .pick(query_values(query, self.name.as_bytes()))?;
-        key_of(percent_decode(value.as_bytes(), true))
+            .pick(query_values(query.as_bytes(), self.name.as_bytes()))?;
+        key_of(percent_decode(value, true))
     }
 }
 

@@ -215,13 +215,11 @@ impl Rule {
                 })
             }),
             Rule::Query(name, values) => uri.query().is_some_and(|query| {
-                let mut sent = query_values(query, name);
+                let mut sent = query_values(query.as_bytes(), name);
                 match values {
                     // Present with any value: nothing to decode.
                     Values::Present => sent.next().is_some(),
-                    Values::OneOf(_) => {
-                        values.met_by(sent.map(|v| percent_decode(v.as_bytes(), true)))
-                    }
+                    Values::OneOf(_) => values.met_by(sent.map(|v| percent_decode(v, true))),
                 }
             }),
         }

@@ -13,7 +13,8 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::HeaderMap;
 
-use super::sources::percent_decode;
+use super::extract::OnDuplicate;
+use super::sources::{percent_decode, query_values};
 use super::value::Key;
 
 /// How many bytes of a body a policy reads by default for a body key or estimate (16 KiB).
@@ -123,26 +124,8 @@ fn name(spec: &str, name: &str) -> Result<Box<str>, String> {
 /// The decoded value of the one field called `name` of a form body: `None` if absent, empty, or
 /// given twice.
 fn form_value(body: &[u8], name: &[u8]) -> Option<Vec<u8>> {
-    let mut found = None;
-    for pair in body.split(|b| *b == b'&') {
-        let eq = pair.iter().position(|b| *b == b'=');
-        let (n, v) = match eq {
-            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
-            None => (pair, &b""[..]),
-        };
-        let matches = if n.iter().any(|b| *b == b'%' || *b == b'+') {
-            percent_decode(n, true) == name
-        } else {
-            n == name
-        };
-        if matches {
-            if found.is_some() {
-                return None;
-            }
-            found = Some(percent_decode(v, true));
-        }
-    }
-    found.filter(|v| !v.is_empty())
+    let value = OnDuplicate::Refuse.pick(query_values(body, name))?;
+    Some(percent_decode(value, true)).filter(|v| !v.is_empty())
 }
 
 impl std::str::FromStr for BodyField {
