@@ -21,6 +21,7 @@
 //! src/guide/failure.md is the contract these tests prove, with the figures they print
 //! (`cargo test --all-features --test redis faults:: -- --nocapture`).
 
+use crate::support::asks::Asks;
 use crate::support::fault_proxy::{Direction, FaultProxy};
 use crate::support::redis as redis_support;
 
@@ -36,8 +37,9 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_throttle::key::Header;
 use tower_throttle::{
+    policy::Penalty,
     redis::{RedisBackend, RedisMode},
-    OnBackendError, Policy, Quota, ThrottleLayer,
+    Algorithm, Key, Limit, OnBackendError, Policy, Quota, ThrottleLayer,
 };
 
 /// The backend's timeout.
@@ -767,5 +769,48 @@ async fn one_process_of_two_cut_off_under_local_admits_at_most_twice_the_quota()
         let answer = ask(&b, "shared").await;
         assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS, "{answer:?}");
         assert_eq!(admitted_by_redis(&server, "api", "shared", 10), 10);
+    }
+}
+
+/// The first decisions of a limit on the limits script (a fixed window; a GCRA limit with a penalty
+/// box), on a link slow from the start, are made by Redis: the script was loaded at the connect,
+/// so no `NOSCRIPT` (two more round trips, past the timeout) sends them to the failure policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_decisions_on_the_limits_script_over_a_slow_link_come_from_redis() {
+    let penalty = Penalty::new(100, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+    let limits = [
+        Limit::with_algorithm("window", Algorithm::FixedWindow, Quota::per_day(10)).unwrap(),
+        Limit::new("penalty", Quota::per_day(10))
+            .unwrap()
+            .with_penalty(penalty),
+    ];
+    for path in [Path::Coalesced, Path::Alone] {
+        for limit in &limits {
+            let (_server, proxy) = server_and_proxy(path);
+            let backend = backend(&proxy, path).await;
+            // 60 ± 10 ms a reply: a round trip of at most 70 ms, 30 under the timeout.
+            proxy.latency(
+                Direction::ToClient,
+                Duration::from_millis(60),
+                Duration::from_millis(10),
+            );
+            let checks: Vec<_> = (0..12)
+                .map(|_| {
+                    let (backend, limit) = (backend.clone(), limit.clone());
+                    tokio::spawn(
+                        async move { backend.check_one(&limit, &Key::from("first"), 1).await },
+                    )
+                })
+                .collect();
+            let mut admitted = 0;
+            for (i, check) in checks.into_iter().enumerate() {
+                let name = limit.name();
+                let decision = check.await.unwrap();
+                let decision =
+                    decision.unwrap_or_else(|e| panic!("{path:?} {name}: check {i}: {e}"));
+                admitted += usize::from(decision.allowed);
+            }
+            assert_eq!(admitted, 10, "{path:?} {}", limit.name());
+        }
     }
 }

@@ -1,16 +1,16 @@
 //! The one set-up after every connect, before the connection is put in service ([`in_service`]):
-//! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the GCRA script.
+//! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the scripts that decide.
 //! A failure fails the attempt alike everywhere: `connect` returns it, the keepers retry.
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::RedisError;
+use redis::{RedisError, Script};
 
 use super::connection::cell_loaded;
 use super::server::configuration_error;
 use crate::backend::redis::state::RedisState;
+use crate::backend::redis::wire::lua;
 use crate::backend::redis::wire::mode::RedisMode;
-use crate::backend::redis::wire::scripts::{GCRA, GCRA_BATCH};
 use crate::error::BackendError;
 
 /// Why the set-up failed.
@@ -54,16 +54,17 @@ impl SetUpError {
 }
 
 /// Sets up `conn` (just made, not yet in service; a Cluster's, following redirections, with
-/// `cluster` to ask every primary) for `state`'s mode (see the module docs); loading `gcra.lua`
-/// (and `gcra_batch.lua` when checks are coalesced) spares the first decision a `NOSCRIPT`, which
-/// costs two more round trips: on a slow link, more than the timeout (issue 50). What detection
-/// found is recorded last.
+/// `cluster` to ask every primary) for `state`'s mode (see the module docs); loading the scripts
+/// that decide (`gcra.lua` and `limits.lua`, and their batches when checks are coalesced) spares
+/// the first decision a `NOSCRIPT`, which costs two more round trips: on a slow link, more than
+/// the timeout (issue 50). What detection found is recorded last.
 pub(crate) async fn set_up(
     conn: &mut (impl ConnectionLike + Send),
     cluster: Option<Result<ClusterConnection, RedisError>>,
     state: &RedisState,
 ) -> Result<(), SetUpError> {
     let mode = state.detector.set_up_mode;
+    let on_cluster = cluster.is_some();
     let loaded = match mode {
         RedisMode::Lua => None,
         _ => Some(
@@ -75,10 +76,26 @@ pub(crate) async fn set_up(
     if mode == RedisMode::Cell && loaded == Some(false) {
         return Err(SetUpError::NoCell);
     }
-    let load = |e| SetUpError::Redis("load the script (SCRIPT LOAD)", e);
-    GCRA.load_async(&mut *conn).await.map_err(load)?;
-    if state.batches.is_some() {
-        GCRA_BATCH.load_async(&mut *conn).await.map_err(load)?;
+    let scripts: &[&str] = match state.batches {
+        Some(_) => &[lua::GCRA, lua::LIMITS, lua::GCRA_BATCH, lua::LIMITS_BATCH],
+        None => &[lua::GCRA, lua::LIMITS],
+    };
+    let failed = |e| SetUpError::Redis("load the script (SCRIPT LOAD)", e);
+    if on_cluster {
+        // One call a script, which redis-rs sends to every primary (a pipeline goes to one).
+        for script in scripts {
+            Script::new(script)
+                .load_async(&mut *conn)
+                .await
+                .map_err(failed)?;
+        }
+    } else {
+        // One round trip: on a slow link, each round trip of the set-up counts.
+        let mut load = redis::pipe();
+        for script in scripts {
+            load.cmd("SCRIPT").arg("LOAD").arg(*script).ignore();
+        }
+        load.query_async::<()>(&mut *conn).await.map_err(failed)?;
     }
     if let Some(loaded) = loaded {
         state.detector.detected(loaded, &state.breaker);
