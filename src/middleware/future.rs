@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -209,22 +209,10 @@ where
     }
 
     /// Carries out `verdict` on `request`: a refusal is answered; an admitted request calls
-    /// `service` (which `poll_ready` readied) at once, or after its delay.
+    /// `service` (which `poll_ready` readied) at once, or after its delay, and holds its
+    /// concurrency slot (`release`) and the guard that settles it by its outcome until its
+    /// response ends.
     pub(crate) fn carry_out(
-        verdict: Verdict,
-        service: &mut S,
-        request: Request<ReqBody>,
-        release: Option<Release>,
-    ) -> Self
-    where
-        S: Clone,
-    {
-        Self::carry_out_counted(verdict, service, request, release, None)
-    }
-
-    /// [`carry_out`](Self::carry_out), with the guard that settles a request counted by its
-    /// outcome.
-    pub(crate) fn carry_out_counted(
         verdict: Verdict,
         service: &mut S,
         mut request: Request<ReqBody>,
@@ -262,7 +250,19 @@ where
             // A request that waits must not hold what readying reserved (a permit of an inner
             // concurrency limit) while it sleeps: the readied service is left to the caller, and a
             // clone readies after the wait.
-            Self::delaying(delay, service.clone(), request, (headers, slot, outcome))
+            let delayed = Delayed {
+                sleep: tokio::time::sleep(delay),
+                slept: false,
+                service: service.clone(),
+                request: Some(request),
+                headers,
+                slot,
+                outcome,
+            };
+            let delayed = Box::pin(delayed);
+            ResponseFuture {
+                state: State::Delaying { delayed },
+            }
         }
     }
 
@@ -290,7 +290,7 @@ where
         match kept.or(read) {
             Some(body) => {
                 let request = Request::from_parts(parts, body);
-                Self::carry_out_counted(verdict, service, request, release, outcome)
+                Self::carry_out(verdict, service, request, release, outcome)
             }
             // Cannot happen (a body is read only as its own type); answered, not a panic.
             None => Self::refused(body_lost()),
@@ -314,31 +314,6 @@ where
                 headers,
                 slot,
                 outcome,
-            },
-        }
-    }
-
-    fn delaying(
-        delay: Duration,
-        service: S,
-        request: Request<ReqBody>,
-        (headers, slot, outcome): (
-            Option<RateHeaders>,
-            Option<ConcurrencySlot>,
-            Option<Box<OutcomeGuard>>,
-        ),
-    ) -> Self {
-        ResponseFuture {
-            state: State::Delaying {
-                delayed: Box::pin(Delayed {
-                    sleep: tokio::time::sleep(delay),
-                    slept: false,
-                    service,
-                    request: Some(request),
-                    headers,
-                    slot,
-                    outcome,
-                }),
             },
         }
     }
@@ -465,7 +440,8 @@ where
                     let verdict = judged(&awaiting.judge, context, awaiting.started, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     let service = &mut awaiting.service;
-                    Self::carry_out(verdict, service, awaiting.request, awaiting.release).state
+                    Self::carry_out(verdict, service, awaiting.request, awaiting.release, None)
+                        .state
                 }
                 StateProj::Preparing { prepare, rest } => {
                     let prepared = ready!(prepare.as_mut().poll(cx));

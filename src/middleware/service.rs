@@ -163,7 +163,7 @@ where
         // No policy applies: only the access lists may answer.
         let head = RequestRef::of(&request);
         return match steps::access(shared, judge, None, None, head) {
-            Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None),
+            Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None, None),
             None => ResponseFuture::unlimited(inner.call(request)),
         };
     };
@@ -188,7 +188,7 @@ where
                 },
                 Err(verdict) => verdict,
             };
-            return ResponseFuture::carry_out(verdict, inner, request, None);
+            return ResponseFuture::carry_out(verdict, inner, request, None, None);
         }
     };
     // 7-9: the backend, the verdict, carrying it out. The request is moved once, into the
@@ -281,7 +281,7 @@ where
             let context = RequestContext::new(policy, tier, &key, &request);
             let verdict = steps::judged(judge, context, started, answer);
             let release = steps::release_of(&verdict, shared, judge, policy, tier, &key);
-            return ResponseFuture::carry_out(verdict, inner, request, release);
+            return ResponseFuture::carry_out(verdict, inner, request, release, None);
         }
     };
     // The decision is remote. The service that poll_ready readied goes with the request, to be
