@@ -67,29 +67,6 @@ impl Admitted {
     }
 }
 
-/// An admitted request: its headers, its wait, its slot, and the [`PolicyDecision`] handlers see
-/// (with each limit's decision). `enforced`: whether the verdict enforces the decision (not a dry
-/// run, which reports the wait in its `PolicyDecision` but does not wait).
-fn admit(
-    (rules, tier): (&CompiledPolicy, &CompiledTier),
-    (decision, decisions): (Decision, &[Decision]),
-    fields: RateHeaders,
-    (delay, enforced): (Duration, bool),
-    slot: Option<SlotOwner>,
-) -> Admitted {
-    let exposed = rules.expose_decision.then(|| {
-        let names = (&rules.name, tier.name.clone(), &tier.names[..]);
-        PolicyDecision::of(names, (decision, decisions), (delay, enforced))
-    });
-    Admitted {
-        headers: Some(fields),
-        delay: if enforced { delay } else { Duration::ZERO },
-        decision: exposed.map(Box::new),
-        slot,
-        near: None,
-    }
-}
-
 /// What a request is judged as: the policy that matched it, the tier of its quota (one of the
 /// policy's, or a customer's or override's own), its key, and the parts of the request that
 /// reports and hooks see.
@@ -307,6 +284,15 @@ impl Judge {
         }
     }
 
+    /// `key` as logs show it (a pseudonym when the layer redacts keys).
+    #[inline]
+    pub(crate) fn shown<'k>(&'k self, key: &'k Key) -> ShownKey<'k> {
+        ShownKey {
+            key,
+            redact: self.redactor.as_ref(),
+        }
+    }
+
     /// Reports how long the backend took to decide.
     pub(crate) fn latency(&self, policy: &CompiledPolicy, took: Duration) {
         let rules = policy;
@@ -325,10 +311,7 @@ impl Judge {
         if !(decision.allowed && rules.plain_admission && cx.tier.plain_admission) {
             return false;
         }
-        let shown = ShownKey {
-            key: cx.key,
-            redact: self.redactor.as_ref(),
-        };
+        let shown = self.shown(cx.key);
         rules
             .reporter
             .decision(&rules.name, shown, decision, Duration::ZERO);
@@ -403,22 +386,24 @@ impl Judge {
         let decision = weighed.decision;
         let fields = self.fields(tier, decisions, &decision);
         if decision.allowed || !enforced {
-            let slot = (decision.allowed && tier.concurrency).then_some(source.slot);
-            let mut admitted = admit(
-                (rules, tier),
-                (decision, decisions),
-                fields,
-                (delay, enforced),
-                slot,
-            );
-            if let Some(near) = &rules.near {
+            // What handlers see: each limit's decision, and the wait (reported by a dry run too).
+            let exposed = rules.expose_decision.then(|| {
+                let names = (&rules.name, tier.name.clone(), &tier.names[..]);
+                PolicyDecision::of(names, (decision, &*decisions), (delay, enforced))
+            });
+            let near = rules.near.as_ref().and_then(|near| {
                 let hook = self.settings.on_near_limit.as_deref();
                 let (names, key) = (&tier.names[..], cx.key);
                 let report = &rules.near_report;
-                admitted.near =
-                    report.near(near, hook, (&rules.name, key), names, decisions, cx.request);
-            }
-            return Verdict::Admit(admitted);
+                report.near(near, hook, (&rules.name, key), names, decisions, cx.request)
+            });
+            return Verdict::Admit(Admitted {
+                headers: Some(fields),
+                delay: wait,
+                decision: exposed.map(Box::new),
+                slot: (decision.allowed && tier.concurrency).then_some(source.slot),
+                near,
+            });
         }
         let refusals = &self.settings.refusals;
         let (policy, key) = ((&*rules.name, &rules.limited_body), (cx.key, &decision));
@@ -518,10 +503,7 @@ impl Judge {
             enforced,
             delay,
         } = weighed;
-        let shown = ShownKey {
-            key,
-            redact: self.redactor.as_ref(),
-        };
+        let shown = self.shown(key);
         // A staged policy's refusal for a key outside its share, or one of a policy enforced only
         // under pressure while there is none, is only counted, as would-limit.
         let staged_off =
@@ -591,6 +573,18 @@ mod tests {
             .key(Global)
     }
 
+    fn on_error(on_error: OnBackendError) -> Settings {
+        Settings {
+            on_error,
+            ..Settings::default()
+        }
+    }
+
+    /// A backend's failure.
+    fn down() -> Result<Decisions, BackendError> {
+        Err(BackendError::new("down"))
+    }
+
     /// The verdict of `judge` on `answer`, for a request of key "k" to policy 0, tier 0.
     fn verdict_on(judge: &TestJudge, answer: Result<Decisions, BackendError>) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
@@ -653,27 +647,20 @@ mod tests {
 
     #[test]
     fn a_dry_run_never_refuses_for_a_failed_backend_and_under_local_reports_what_it_would() {
-        let error = || Err(BackendError::new("down"));
-        let deny = Settings {
-            on_error: OnBackendError::Deny,
-            ..Settings::default()
-        };
+        let deny = on_error(OnBackendError::Deny);
         let dry = judge(policy().dry_run(true).build().unwrap(), deny);
-        assert!(admitted(verdict_on(&dry, error())).headers.is_none());
+        assert!(admitted(verdict_on(&dry, down())).headers.is_none());
 
         #[cfg(feature = "memory")]
         {
-            let local = Settings {
-                on_error: OnBackendError::Local,
-                ..Settings::default()
-            };
+            let local = on_error(OnBackendError::Local);
             let dry = judge(policy().dry_run(true).build().unwrap(), local);
             // The local limiter decides (2 a second): the third is what it would refuse.
             for _ in 0..2 {
-                let exposed = admitted(verdict_on(&dry, error())).decision.unwrap();
+                let exposed = admitted(verdict_on(&dry, down())).decision.unwrap();
                 assert!(exposed.decision.allowed && !exposed.enforced);
             }
-            let exposed = admitted(verdict_on(&dry, error())).decision.unwrap();
+            let exposed = admitted(verdict_on(&dry, down())).decision.unwrap();
             assert!(!exposed.decision.allowed && !exposed.enforced);
         }
     }
@@ -682,10 +669,7 @@ mod tests {
     /// `Deny` where the policy enforces its refusals, let through by a dry run and under `Allow`.
     #[test]
     fn a_late_key_is_refused_under_deny_only_where_refusals_are_enforced() {
-        let deny = || Settings {
-            on_error: OnBackendError::Deny,
-            ..Settings::default()
-        };
+        let deny = || on_error(OnBackendError::Deny);
         let request = Request::get("/").body(()).unwrap();
         let parts = RequestRef::of(&request);
         let enforced = judge(policy().build().unwrap(), deny());
@@ -705,22 +689,18 @@ mod tests {
     #[cfg(feature = "memory")]
     #[test]
     fn under_local_every_limit_of_a_stack_decides() {
-        let local = Settings {
-            on_error: OnBackendError::Local,
-            ..Settings::default()
-        };
+        let local = on_error(OnBackendError::Local);
         let stack = Policy::builder("api")
             .key(Global)
             .quotas([Quota::per_second(10), Quota::per_minute(2)])
             .build()
             .unwrap();
         let judge = judge(stack, local);
-        let error = || Err(BackendError::new("down"));
         for _ in 0..2 {
-            admitted(verdict_on(&judge, error()));
+            admitted(verdict_on(&judge, down()));
         }
         // The second limit, 2 a minute, refuses the third request; the first would admit it.
-        let response = rejected(verdict_on(&judge, error()));
+        let response = rejected(verdict_on(&judge, down()));
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()["retry-after"], "30");
     }
@@ -729,10 +709,7 @@ mod tests {
     #[cfg(feature = "memory")]
     #[test]
     fn under_local_a_concurrency_slot_is_given_back() {
-        let local = Settings {
-            on_error: OnBackendError::Local,
-            ..Settings::default()
-        };
+        let local = on_error(OnBackendError::Local);
         let one = Policy::builder("api")
             .key(Global)
             .quota(Quota::per_second(1))
@@ -740,12 +717,11 @@ mod tests {
             .build()
             .unwrap();
         let judge = judge(one, local);
-        let error = || Err(BackendError::new("down"));
-        assert!(admitted(verdict_on(&judge, error())).slot.is_some());
-        rejected(verdict_on(&judge, error()));
+        assert!(admitted(verdict_on(&judge, down())).slot.is_some());
+        rejected(verdict_on(&judge, down()));
         let limit = &judge.p.tiers[0].limits[0];
         judge.fallback.release(limit, &Key::from("k"), judge.p.cost);
-        assert!(admitted(verdict_on(&judge, error())).slot.is_some());
+        assert!(admitted(verdict_on(&judge, down())).slot.is_some());
     }
 
     /// The time the backend took is recorded per policy.
@@ -767,18 +743,14 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_backend_follows_on_backend_error() {
-        let error = || Err(BackendError::new("down"));
+    fn a_failed_backend_follows_on_backend_down() {
         let allow = judge(policy().build().unwrap(), Settings::default());
-        let through = admitted(verdict_on(&allow, error()));
+        let through = admitted(verdict_on(&allow, down()));
         assert!(through.headers.is_none(), "no limit applied, no fields");
 
-        let settings = Settings {
-            on_error: OnBackendError::Deny,
-            ..Settings::default()
-        };
+        let settings = on_error(OnBackendError::Deny);
         let deny = judge(policy().build().unwrap(), settings);
-        let response = rejected(verdict_on(&deny, error()));
+        let response = rejected(verdict_on(&deny, down()));
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()["retry-after"], "1");
 

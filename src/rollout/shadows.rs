@@ -117,11 +117,4 @@ impl Judge {
             }
         }
     }
-
-    fn shown<'k>(&'k self, key: &'k Key) -> ShownKey<'k> {
-        ShownKey {
-            key,
-            redact: self.redactor.as_ref(),
-        }
-    }
 }
