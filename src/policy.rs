@@ -119,7 +119,7 @@ impl<K> Policy<K> {
 
     /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
     pub fn is_dry_run(&self) -> bool {
-        self.compiled.is_dry_run()
+        self.compiled.dry_run
     }
 
     /// The key extractor.
@@ -129,12 +129,12 @@ impl<K> Policy<K> {
 
     /// Units each request costs.
     pub fn cost(&self) -> u64 {
-        self.compiled.cost()
+        self.compiled.cost
     }
 
     /// What happens when a request has no key.
     pub fn missing_key(&self) -> MissingKey {
-        self.compiled.missing_key()
+        self.compiled.missing_key
     }
 
     /// The route pattern this policy is restricted to, if any.

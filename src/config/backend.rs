@@ -90,7 +90,7 @@ fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
         .iter()
         .flat_map(|p| {
             let spec = p.spec();
-            let tiers = spec.tiers().iter().flat_map(|t| t.limits.iter());
+            let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
             tiers.chain(spec.shadow_limits()).cloned()
         })
         .collect()

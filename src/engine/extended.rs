@@ -189,7 +189,7 @@ where
         if extras.shadows.is_empty() {
             return self.finish(asking, check.await, None);
         }
-        let (shared, cost) = (&self.shared, self.policy.cost());
+        let (shared, cost) = (&self.shared, self.policy.cost);
         let shadows = &extras.shadows;
         let (answer, shadowed) =
             with_shadows(check, &shared.backend, shadows, &asking.key, cost).await;
@@ -216,7 +216,7 @@ where
             None => (parts, None),
             Some(specs) => {
                 let request = http::Request::from_parts(parts, ());
-                let count = rules.tiers()[0].limits.len();
+                let count = rules.tiers[0].limits.len();
                 let keys = steps::limit_keys(specs, count, &key, &request);
                 let (parts, ()) = request.into_parts();
                 match keys {
@@ -283,7 +283,7 @@ where
             .unwrap_or(&rules.tiers[asking.tier]);
         let limits = &tier.limits;
         let key = &asking.key;
-        let mut quantities = [rules.cost(); MAX_STACKED_QUOTAS];
+        let mut quantities = [rules.cost; MAX_STACKED_QUOTAS];
         let charges = match (&extras.metered, asking.estimate) {
             (Some(metered), Some(estimate)) => {
                 quantities[metered.position] = estimate;
@@ -294,8 +294,8 @@ where
                 .as_deref()
                 .filter(|_| asking.custom.is_none())
             {
-                Some(keys) => Charges::keyed(limits, keys, rules.cost()),
-                None => Charges::stack(limits, key, rules.cost()),
+                Some(keys) => Charges::keyed(limits, keys, rules.cost),
+                None => Charges::stack(limits, key, rules.cost),
             },
         };
         steps::ask(&self.shared.backend, charges)
@@ -365,7 +365,7 @@ where
     fn customer_quota(&self, quota: Quota) -> Option<Arc<CompiledTier>> {
         let validate = |limit: &_| self.validate(limit);
         let quotas = &self.extras.quotas;
-        quotas.custom_tier(Namespace::Customer, quota, self.policy.cost(), validate)
+        quotas.custom_tier(Namespace::Customer, quota, self.policy.cost, validate)
     }
 
     /// The guard that settles an admitted metered request's cost, if the backend took its
@@ -417,7 +417,7 @@ where
                 let (shared, policy) = (shared.clone(), policy.clone());
                 let refund: Refund = Box::new(move |since| {
                     let limits = &custom.as_deref().unwrap_or(&policy.tiers[tier]).limits;
-                    let charges = Charges::stack(limits, &key, policy.cost());
+                    let charges = Charges::stack(limits, &key, policy.cost);
                     shared.backend.adjust(charges, Adjustment::Refund { since });
                 });
                 Some(Box::new(OutcomeGuard::new(
@@ -454,7 +454,7 @@ where
         match in_force {
             InForce::Override(Override::Quota(quota)) => {
                 let validate = |limit: &_| self.validate(limit);
-                Ok(extras.override_tier(quota, rules.cost(), validate))
+                Ok(extras.override_tier(quota, rules.cost, validate))
             }
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
             InForce::Override(Override::Blocked) => {

@@ -66,14 +66,14 @@ where
     let _ = judge;
     Box::new(move |owner| match owner {
         SlotOwner::Backend { lease } => {
-            let limit = &policy.tiers()[tier].limits[0];
-            let charge = Charges::one(limit, &key, policy.cost());
+            let limit = &policy.tiers[tier].limits[0];
+            let charge = Charges::one(limit, &key, policy.cost);
             shared.backend.adjust(charge, Adjustment::Release { lease });
         }
         #[cfg(feature = "memory")]
         SlotOwner::Local => {
-            let limit = &policy.tiers()[tier].limits[0];
-            judge.fallback.release(limit, &key, policy.cost());
+            let limit = &policy.tiers[tier].limits[0];
+            judge.fallback.release(limit, &key, policy.cost);
         }
     })
 }

@@ -82,7 +82,7 @@ pub(crate) fn extras<'t, K, B>(
     shared: &Shared<K, B>,
     policy: &'t CompiledPolicy,
 ) -> Option<&'t Arc<PolicyExtras>> {
-    policy.extras().or_else(|| {
+    policy.extras.as_ref().or_else(|| {
         shared
             .overrides
             .touches(policy.name())

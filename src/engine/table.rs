@@ -33,7 +33,7 @@ impl<K> Table<K> {
                 rules.name().to_owned(),
                 format!("{}.override", rules.name()),
             ];
-            let limits = rules.tiers().iter().flat_map(|t| t.limits.iter());
+            let limits = rules.tiers.iter().flat_map(|t| t.limits.iter());
             names.extend(limits.map(|l| l.name().to_owned()));
             (rules.name().to_owned(), names)
         });
@@ -57,7 +57,7 @@ impl<K> Table<K> {
     fn limits(&self) -> impl Iterator<Item = &Limit> {
         self.policies
             .iter()
-            .flat_map(|p| p.spec().tiers())
+            .flat_map(|p| &p.spec().tiers)
             .flat_map(|t| t.limits.iter())
     }
 

@@ -37,7 +37,11 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
             "a metered limit settles a cost after a response, which a message has not".into(),
         );
     }
-    if policy.extras().is_some_and(|e| e.limit_keys.is_some()) {
+    if policy
+        .extras
+        .as_ref()
+        .is_some_and(|e| e.limit_keys.is_some())
+    {
         return Some(
             "its quotas have keys of their own, read from a request, which a message check (one \
              key) does not give"

@@ -290,13 +290,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             .and_then(|penalty| penalty.banned(key));
         let now = SystemTime::now();
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
-        let mut tiers = Vec::with_capacity(rules.tiers().len() + 1);
+        let mut tiers = Vec::with_capacity(rules.tiers.len() + 1);
         let custom = match override_in_force {
             Some(Override::Quota(quota)) => {
                 let validate = |l: &_| self.validate_one(l);
-                rules
-                    .overridable
-                    .override_tier(quota, rules.cost(), validate)
+                rules.overridable.override_tier(quota, rules.cost, validate)
             }
             _ => None,
         };
@@ -312,7 +310,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 limits: limits.map(|(l, s)| (l.name().to_owned(), s)).collect(),
             });
         }
-        for tier in rules.tiers() {
+        for tier in &rules.tiers {
             let keys = keys_of(rules, &tier.limits, key);
             let charges = charges(&tier.limits, key, &keys);
             let states = self.shared.backend.peek(charges).await?;
@@ -477,9 +475,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         if let Some(penalty) = &rules.penalty {
             penalty.forget(key);
         }
-        let limits = rules.tiers().iter().map(|tier| &tier.limits[..]);
+        let limits = rules.tiers.iter().map(|tier| &tier.limits[..]);
         table.judge.fallback.forget(limits, key);
-        for tier in rules.tiers() {
+        for tier in &rules.tiers {
             let keys = keys_of(rules, &tier.limits, key);
             let charges = charges(&tier.limits, key, &keys);
             self.shared.backend.reset(charges).await?;
@@ -570,7 +568,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
 /// `key` once per limit of `limits` when `rules`' quotas have keys of their own (each limit is
 /// then peeked and reset under the key given), else none.
 fn keys_of(rules: &CompiledPolicy, limits: &[Limit], key: &Key) -> Vec<Key> {
-    let keyed = rules.extras().is_some_and(|e| e.limit_keys.is_some());
+    let keyed = rules
+        .extras
+        .as_ref()
+        .is_some_and(|e| e.limit_keys.is_some());
     match keyed {
         true => vec![key.clone(); limits.len()],
         false => Vec::new(),

@@ -81,7 +81,7 @@ where
             rules
                 .overridable
                 .quotas
-                .enforceable(Namespace::Override, quota, rules.cost(), |l| {
+                .enforceable(Namespace::Override, quota, rules.cost, |l| {
                     self.validate_one(l)
                 })
                 .map_err(|e| invalid(policy, e.to_string()))?;

@@ -219,7 +219,7 @@ where
     let started = MEASURE_LATENCY.then(Instant::now);
     let limits = &policy.tiers[tier].limits;
     // Polled once: a backend that decides without waiting (memory) answers here.
-    let mut decided = steps::ask(backend, Charges::stack(limits, key, policy.cost()));
+    let mut decided = steps::ask(backend, Charges::stack(limits, key, policy.cost));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {
         // One limit (the commonest policy): a plain admission wraps no answer for a stack.

@@ -75,7 +75,7 @@ impl CompiledPolicy {
             })
         });
         let expose_decision = decision_extension
-            || spec.is_dry_run()
+            || spec.dry_run
             || spec.staged().is_some()
             || spec.limit().delay().is_some();
         CompiledPolicy {
@@ -85,12 +85,13 @@ impl CompiledPolicy {
             near_report: NearReport::default(),
             expose_decision,
             plain_admission: !expose_decision && spec.near.is_none(),
-            straight: spec.tiers().len() == 1 && penalty.is_none(),
+            straight: spec.tiers.len() == 1 && penalty.is_none(),
             limited_body: headers::limited_body(spec.name()),
             overridable: spec
-                .extras()
+                .extras
+                .as_ref()
                 .cloned()
-                .unwrap_or_else(|| PolicyExtras::plain(spec.name(), &spec.tiers()[0].limits[0])),
+                .unwrap_or_else(|| PolicyExtras::plain(spec.name(), &spec.tiers[0].limits[0])),
             spec,
         }
     }

@@ -69,15 +69,6 @@ impl PolicySpec {
             .map(|t| &*t.limits)
     }
 
-    /// Whether the policy only reports what it would do ([`PolicyBuilder::dry_run`]).
-    pub(crate) fn is_dry_run(&self) -> bool {
-        self.dry_run
-    }
-
-    pub(crate) fn tiers(&self) -> &[CompiledTier] {
-        &self.tiers
-    }
-
     /// The tier that applies to a request with these headers and extensions: its [`Tier`]
     /// extension, else its tier header, else the default (index 0; also for a tier the policy does
     /// not know).
@@ -104,32 +95,6 @@ impl PolicySpec {
                     .position(|t| t.name.as_deref() == Some(name.trim()))
             })
             .map_or(0, |i| i + 1)
-    }
-
-    /// Its per-request features, if it uses any (per-customer quota, async key, counting by
-    /// outcome): the one check the fast path makes.
-    pub(crate) fn extras(&self) -> Option<&Arc<PolicyExtras>> {
-        self.extras.as_ref()
-    }
-
-    /// Units each request costs.
-    pub(crate) fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// What happens when a request has no key.
-    pub(crate) fn missing_key(&self) -> MissingKey {
-        self.missing_key
-    }
-
-    /// The route pattern this policy matches, parsed (`None`: every route).
-    pub(crate) fn route_rule(&self) -> Option<&Route> {
-        self.route.as_ref()
-    }
-
-    /// The methods this policy matches (`None`: every method).
-    pub(crate) fn method_list(&self) -> Option<&[Method]> {
-        self.methods.as_deref()
     }
 
     /// The route pattern this policy is restricted to, if any.

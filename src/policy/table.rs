@@ -38,19 +38,19 @@ pub(crate) fn check_table<B: Backend>(
         }
         // Quotas with keys of their own (one tier): decided together, each under its key. The
         // backend checks each member of a stack as it will run it.
-        let extras = policy.extras();
+        let extras = policy.extras.as_ref();
         let uses = match extras.is_some_and(|e| e.limit_keys.is_some()) {
             true => Uses::NOTHING_MORE.keys_apart(),
             false => Uses::NOTHING_MORE,
         };
         let tiers = match uses.keys_apart {
-            true => &policy.tiers()[..1],
-            false => policy.tiers(),
+            true => &policy.tiers[..1],
+            false => &policy.tiers,
         };
         for tier in tiers {
             backend.validate(&tier.limits, uses)?;
         }
-        let limits = &policy.tiers()[0].limits;
+        let limits = &policy.tiers[0].limits;
         // Counting by outcome gives units back: a backend that cannot would count them all.
         let refunds = extras.is_some_and(|e| e.outcome.is_some());
         if refunds && backend.validate(limits, uses.refunds()).is_err() {
@@ -73,7 +73,7 @@ pub(crate) fn check_table<B: Backend>(
     // Every limit, with the names of the stack it belongs to.
     let limits: Vec<(&Limit, Vec<&str>)> = policies
         .iter()
-        .flat_map(|p| p.tiers())
+        .flat_map(|p| &p.tiers)
         .flat_map(|t| {
             let stack: Vec<&str> = t.limits.iter().map(|l| l.name()).collect();
             t.limits.iter().map(move |l| (l, stack.clone()))
@@ -137,7 +137,7 @@ fn check_reachable(policies: &[&PolicySpec]) -> Result<(), BuildError> {
     let mut unrouted: Vec<usize> = Vec::new();
     let mut by_route: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, later) in policies.iter().enumerate() {
-        let shape = later.route_rule().map(Route::shape);
+        let shape = later.route.as_ref().map(Route::shape);
         let same_route = shape.as_ref().and_then(|s| by_route.get(s));
         let earlier = unrouted
             .iter()
@@ -166,12 +166,12 @@ fn check_reachable(policies: &[&PolicySpec]) -> Result<(), BuildError> {
 
 /// Whether `this` matches every request that `other` matches.
 fn covers(this: &PolicySpec, other: &PolicySpec) -> bool {
-    let routes = match (this.route_rule(), other.route_rule()) {
+    let routes = match (this.route.as_ref(), other.route.as_ref()) {
         (None, _) => true,
         (Some(mine), Some(theirs)) => mine.same_route(theirs),
         (Some(_), None) => false,
     };
-    let methods = match (this.method_list(), other.method_list()) {
+    let methods = match (this.methods.as_deref(), other.methods.as_deref()) {
         (None, _) => true,
         (Some(mine), Some(theirs)) => theirs.iter().all(|m| mine.contains(m)),
         (Some(_), None) => false,
@@ -183,11 +183,11 @@ fn covers(this: &PolicySpec, other: &PolicySpec) -> bool {
 
 /// The requests `policy` matches, in words.
 fn scope(policy: &PolicySpec) -> String {
-    let route = match policy.route_rule() {
+    let route = match policy.route.as_ref() {
         None => "every route".to_owned(),
         Some(route) => format!("route {:?}", route.pattern()),
     };
-    let methods = match policy.method_list() {
+    let methods = match policy.methods.as_deref() {
         None => "every method".to_owned(),
         Some(methods) => {
             let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
