@@ -279,23 +279,12 @@ impl Reporter {
         } else {
             "request limited"
         };
-        match self.limited_log.open() {
-            Some(suppressed) => tracing::info!(
-                policy = %policy,
-                key = %key,
-                retry_after_secs,
-                banned,
-                suppressed,
-                "{message}"
-            ),
-            None => tracing::debug!(
-                policy = %policy,
-                key = %key,
-                retry_after_secs,
-                banned,
-                "{message}"
-            ),
-        }
+        sampled!(
+            self.limited_log,
+            info,
+            (policy = %policy, key = %key, retry_after_secs, banned,),
+            "{message}"
+        );
     }
 
     /// A request with no key for the policy: warned once, then at debug level.
@@ -334,6 +323,18 @@ impl Reporter {
         self.metrics(policy).latency.record(took.as_secs_f64());
     }
 }
+
+/// A line logged at `$level` (info, warn) through `$gate` (a [`OncePerSecond`]) with `suppressed`,
+/// how many it held back since the last; at debug while it is shut. `$fields` end with a comma.
+macro_rules! sampled {
+    ($gate:expr, $level:ident, ($($fields:tt)*), $($message:tt)+) => {
+        match $gate.open() {
+            Some(suppressed) => tracing::$level!($($fields)* suppressed, $($message)+),
+            None => tracing::debug!($($fields)* $($message)+),
+        }
+    };
+}
+pub(crate) use sampled;
 
 /// A gate that opens at most once a second and counts what it held back: a flood (of rejections, or
 /// of failures while Redis is down) writes one line a second at its level, the rest at debug.
@@ -560,17 +561,11 @@ pub(crate) struct ResolveLog(OncePerSecond);
 
 impl ResolveLog {
     pub(crate) fn record(&self, policy: &str, what: &str, why: &str, fallback: &'static str) {
-        if let Some(suppressed) = self.0.open() {
-            tracing::warn!(
-                policy,
-                what,
-                why,
-                fallback,
-                suppressed,
-                "rate-limit {what} failed"
-            );
-        } else {
-            tracing::debug!(policy, what, why, fallback, "rate-limit {what} failed");
-        }
+        sampled!(
+            self.0,
+            warn,
+            (policy, what, why, fallback,),
+            "rate-limit {what} failed"
+        );
     }
 }

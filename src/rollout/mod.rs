@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::error::BuildError;
 use crate::key::Key;
 use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
-use crate::observe::{OncePerSecond, ShownKey};
+use crate::observe::{sampled, OncePerSecond, ShownKey};
 use crate::quota::Quota;
 
 /// What a policy's builder collects for rolling out: shadow quotas and the share of keys enforced.
@@ -193,12 +193,7 @@ impl WouldLimit {
             Unenforced::Shadow => "request would be limited (shadow limit)",
             Unenforced::Staged => "request would be limited (not enforced for this key yet)",
         };
-        match self.log.open() {
-            Some(suppressed) => {
-                tracing::info!(policy = %policy, limit = %limit, key = %key, suppressed, "{message}")
-            }
-            None => tracing::debug!(policy = %policy, limit = %limit, key = %key, "{message}"),
-        }
+        sampled!(self.log, info, (policy = %policy, limit = %limit, key = %key,), "{message}");
     }
 }
 
