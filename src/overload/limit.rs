@@ -1,7 +1,7 @@
 //! [`AdaptiveLimit`]: a limit on requests in flight that follows the service's latency.
 //!
 //! **Measured**: each request's latency from admission to the end of its response body (the
-//! gate's `finish`), in intervals of at least [`DEFAULT_INTERVAL`] and three typical latencies.
+//! gate's `finish`), in intervals of at least [`INTERVAL`] and three typical latencies.
 //! An interval's latency is the **geometric mean** of its samples: slow clients holding their slot
 //! for seconds move it a little, a queue (which delays every request) moves it in full.
 //!
@@ -105,10 +105,12 @@ pub enum LimitAlgorithm {
     Gradient,
 }
 
-// The defaults of `LimitSettings`' knobs (the module doc says which scenario set which).
-pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(25);
-pub(crate) const DEFAULT_TOLERANCE: f64 = 1.5;
-pub(crate) const DEFAULT_BACKOFF: f64 = 0.9;
+// The adaptation's constants (the module doc says which scenario set which): the shortest
+// sampling interval; the latency ratio to the baseline above which the limit is cut; AIMD's cut,
+// the limit's new fraction.
+const INTERVAL: Duration = Duration::from_millis(25);
+const TOLERANCE: f64 = 1.5;
+const BACKOFF: f64 = 0.9;
 /// An interval whose peak in flight reached this fraction of the limit used it: only such an
 /// interval grows the limit.
 pub(crate) const USED: f64 = 0.8;
@@ -120,12 +122,6 @@ pub(crate) struct LimitSettings {
     pub(crate) min: u32,
     pub(crate) max: u32,
     pub(crate) initial: u32,
-    /// The shortest sampling interval.
-    pub(crate) interval: Duration,
-    /// The latency ratio to the baseline above which the limit is cut.
-    pub(crate) tolerance: f64,
-    /// AIMD's cut: the limit's new fraction.
-    pub(crate) backoff: f64,
 }
 
 /// Fractional bits of a log2 latency in the accumulator.
@@ -201,12 +197,6 @@ impl AdaptiveLimit {
         settings.min = settings.min.max(1);
         settings.max = settings.max.max(settings.min);
         settings.initial = settings.initial.clamp(settings.min, settings.max);
-        if !(settings.tolerance.is_finite() && settings.tolerance > 1.0) {
-            settings.tolerance = DEFAULT_TOLERANCE;
-        }
-        if !(settings.backoff.is_finite() && settings.backoff > 0.0 && settings.backoff < 1.0) {
-            settings.backoff = DEFAULT_BACKOFF;
-        }
         AdaptiveLimit {
             limit: AtomicU32::new(settings.initial),
             samples: AtomicU64::new(0),
@@ -280,7 +270,7 @@ impl AdaptiveLimit {
 
     /// Closes the interval (its closer holds the state): the limit adapted to its samples.
     fn close(&self, state: &mut State, now: u64) -> Option<u32> {
-        let interval = self.settings.interval.as_nanos() as u64;
+        let interval = INTERVAL.as_nanos() as u64;
         let word = self.samples.load(Ordering::Relaxed);
         let count = word >> SUM_BITS;
         let end = self.end.load(Ordering::Relaxed);
@@ -382,7 +372,7 @@ impl AdaptiveLimit {
         // A latency above the tolerance while the limit is not reached is not the limit's to
         // fix (yet): cutting then sheds on noise (`steady_under_capacity`).
         let congested =
-            (ratio > s.tolerance && used) || (dropped && s.algorithm == LimitAlgorithm::Aimd);
+            (ratio > TOLERANCE && used) || (dropped && s.algorithm == LimitAlgorithm::Aimd);
 
         if congested {
             match state.episode {
@@ -418,14 +408,14 @@ impl AdaptiveLimit {
                 }
             }
             limit = match s.algorithm {
-                LimitAlgorithm::Aimd => limit * s.backoff,
+                LimitAlgorithm::Aimd => limit * BACKOFF,
                 // Cut halfway (geometrically) to where the latency would be back within the
                 // tolerance, at most by half an interval, from what was actually in flight (a cut
                 // above it changes nothing). A cut all the way there (`tolerance / ratio`)
                 // overshoots where part of the latency is not a queue's: `slow_clients` lost 9 points
                 // of goodput with it (87 % against 96 %), and a cut to the baseline (1 / ratio)
                 // a fifth more.
-                LimitAlgorithm::Gradient => under * (s.tolerance / ratio).sqrt().max(0.5),
+                LimitAlgorithm::Gradient => under * (TOLERANCE / ratio).sqrt().max(0.5),
             }
             .max(min);
         } else {
@@ -437,7 +427,7 @@ impl AdaptiveLimit {
                     // Slower near the tolerance: full growth there overshot into a standing queue
                     // (the real side by side's p99 at 2.3 × the unloaded one, 1.8 without).
                     LimitAlgorithm::Gradient => (limit.sqrt()
-                        * ((s.tolerance - ratio) / (s.tolerance - 1.0)).clamp(0.0, 1.0))
+                        * ((TOLERANCE - ratio) / (TOLERANCE - 1.0)).clamp(0.0, 1.0))
                     .max(1.0),
                 };
             }

@@ -128,9 +128,6 @@ impl Overload {
             initial: self.initial(),
             // The algorithms' knobs: defaults tuned by the simulator (limit.rs says which
             // scenario set which).
-            interval: super::limit::DEFAULT_INTERVAL,
-            tolerance: super::limit::DEFAULT_TOLERANCE,
-            backoff: super::limit::DEFAULT_BACKOFF,
         }
     }
 
