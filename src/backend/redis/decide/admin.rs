@@ -174,9 +174,7 @@ impl RedisState {
     /// process cached under `state_keys` and tells the other processes.
     fn delete(self: &Arc<Self>, state_keys: Vec<String>, others: Vec<String>) -> ResetFuture {
         let mut command = redis::cmd("DEL");
-        for key in state_keys.iter().chain(&others) {
-            command.arg(key);
-        }
+        command.arg(&state_keys).arg(&others);
         let slot_key = state_keys.first().cloned().unwrap_or_default();
         let mut conn = self.conn.clone();
         let call = async move { command.query_async::<i64>(&mut conn).await };

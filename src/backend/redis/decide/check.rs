@@ -54,11 +54,15 @@ impl RedisState {
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = redis_key(&self.prefix, limit.name(), key);
         // Before the budget: a denied hot key costs no slice bookkeeping and asks for no slice.
-        if let Some(denied) = self
-            .deny
-            .as_ref()
-            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance))
-        {
+        if let Some(denied) = self.deny.as_ref().and_then(|d| {
+            d.get(
+                &redis_key,
+                quantity,
+                args.interval,
+                args.tolerance,
+                Instant::now(),
+            )
+        }) {
             return Box::pin(std::future::ready(Ok(denied)));
         }
         // A leased budget: admitted from this process's slice, or a slice to fetch (budget.rs).
@@ -146,7 +150,7 @@ impl RedisState {
         };
         let state_key = state_key(&self.prefix, limit, key);
         if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref())
-            && let Some(denied) = deny.get(&state_key, quantity, period, count)
+            && let Some(denied) = deny.get(&state_key, quantity, period, count, Instant::now())
         {
             return Box::pin(std::future::ready(Ok(denied)));
         }

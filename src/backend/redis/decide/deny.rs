@@ -77,19 +77,9 @@ impl DenyCache {
         shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The cached rejection of `key` for `quantity` units under this quota, aged, if it holds.
+    /// The cached rejection of `key` for `quantity` units under this quota at `now`, aged, if it
+    /// holds.
     pub(crate) fn get(
-        &self,
-        key: &str,
-        quantity: u64,
-        interval: u64,
-        tolerance: u64,
-    ) -> Option<Decision> {
-        self.get_at(key, quantity, interval, tolerance, Instant::now())
-    }
-
-    /// [`get`](Self::get) at `now` (the tests' manual clock).
-    fn get_at(
         &self,
         key: &str,
         quantity: u64,
@@ -260,7 +250,7 @@ mod tests {
     #[test]
     fn holds_a_rejection_for_the_same_cost_and_quota() {
         let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         let now = Instant::now();
         let at = |ms| now + Duration::from_millis(ms);
         cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
@@ -272,21 +262,15 @@ mod tests {
         assert_eq!((d.limit, d.remaining), (5, 1));
         assert!(get("k", 2, at(499)).is_some());
         assert!(get("k", 2, at(500)).is_none(), "retry time");
-        // `get` reads the real clock (a minute's hold: no machine is that slow).
-        cache.insert("minute", 1, limited(60_000), Instant::now(), 0);
-        assert!(cache.get("minute", 1, I, TAU).is_some(), "the real clock");
         cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
         assert!(get("k", 1, now).is_none(), "fewer units may fit");
         assert!(
             get("k", 3, now).is_none(),
             "more units wait longer, or forever"
         );
+        assert!(cache.get("k", 2, 2 * I, TAU, now).is_none(), "another rate");
         assert!(
-            cache.get_at("k", 2, 2 * I, TAU, now).is_none(),
-            "another rate"
-        );
-        assert!(
-            cache.get_at("k", 2, I, 2 * TAU, now).is_none(),
+            cache.get("k", 2, I, 2 * TAU, now).is_none(),
             "another quota"
         );
         assert!(get("other", 2, now).is_none());
@@ -295,7 +279,7 @@ mod tests {
     #[test]
     fn held_only_while_remaining_stays_the_same() {
         let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         // 3 units wanted, 1 left, TAT 900 ms ahead: a second unit frees up after 300 ms, the third
         // (the retry time) after 500 ms. Held 300 ms, while "remaining: 1" is true.
         let r = rejection(3, 1, 900, false);
@@ -313,7 +297,7 @@ mod tests {
     #[test]
     fn expired_and_never_admitted_rejections_are_not_held() {
         let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         let now = Instant::now();
         cache.insert("old", 1, limited(300), now, 0);
         assert!(get("old", 1, now + Duration::from_secs(1)).is_none());
@@ -327,7 +311,7 @@ mod tests {
     #[test]
     fn a_rejection_decided_before_a_forget_is_not_kept_after_it() {
         let cache = DenyCache::new();
-        let get = |key: &str, units, at| cache.get_at(key, units, I, TAU, at);
+        let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         let now = Instant::now();
         let sent = cache.generation();
         cache.forget("k"); // a reset heard while Redis was deciding

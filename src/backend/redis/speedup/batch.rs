@@ -452,13 +452,11 @@ async fn send_limits(
     invocation.arg(calls.len());
     for call in &calls {
         let (keys, args) = (call.keys(), call.args());
-        invocation.arg(keys.len()).arg(args.len());
-        for arg in args {
-            invocation.arg(arg);
-        }
-        for key in keys {
-            invocation.key(key);
-        }
+        invocation
+            .arg(keys.len())
+            .arg(args.len())
+            .arg(args)
+            .key(keys);
     }
     let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
     let wrong_length =

@@ -6,7 +6,7 @@
 -- ARGV     per group, its item count; negative when the group's quota follows (only when it
 --          differs from the group before's): its increment (ns: interval x quantity; any value
 --          past the tolerance stands for larger ones), tolerance (ns) and ceiling (ns, gcra.lua's
---          ARGV[8]).
+--          ARGV[5]).
 -- Returns  per group, the backlog (ns, within the ceiling) its first item was decided on, or -1
 --          when its key holds another type (WRONGTYPE); gcra_group.rs runs the step from it per
 --          item: the script's work and reply are per group.

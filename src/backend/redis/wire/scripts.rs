@@ -96,12 +96,7 @@ pub(crate) async fn limits(
     call: &LimitsCall,
 ) -> Result<Vec<Decision>, RedisError> {
     let mut invocation = LIMITS.prepare_invoke();
-    for key in call.keys() {
-        invocation.key(key);
-    }
-    for arg in call.args() {
-        invocation.arg(arg);
-    }
+    invocation.key(call.keys()).arg(call.args());
     let reply: Vec<i64> = invocation.invoke_async(conn).await?;
     limits_decisions(call, &reply)
 }

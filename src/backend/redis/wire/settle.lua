@@ -41,7 +41,7 @@ local function gcra(key, interval, quantity)
   store_tat(key, ahead)
 end
 
-local function sliding_log(key, quantity)
+local function sliding_log(key, _, quantity)
   local members = redis.call('ZRANGEBYSCORE', key, int(admitted_after), '+inf', 'LIMIT', 0, quantity)
   if #members > 0 then redis.call('ZREM', key, unpack(members)) end
 end
@@ -85,26 +85,18 @@ local function sliding_window(key, period, quantity)
   end
 end
 
+-- Giving back, by kind (a concurrency slot is released, not settled).
+local give_back = {[0] = gcra, [1] = sliding_log, [2] = fixed_window, [3] = sliding_window,
+  [5] = calendar_window}
+
 for i = 1, n do
   local base = 2 + 4 * (i - 1)
-  local kind = tonumber(ARGV[base + 1])
-  local a = tonumber(ARGV[base + 2])
-  local delta = tonumber(ARGV[base + 3])
-  if delta > 0 then
-    if kind == 0 then charge(KEYS[i], a, delta, tonumber(ARGV[base + 4])) end
-  elseif delta < 0 then
-    local quantity = -delta
-    if kind == 0 then
-      gcra(KEYS[i], a, quantity)
-    elseif kind == 1 then
-      sliding_log(KEYS[i], quantity)
-    elseif kind == 2 then
-      fixed_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
-    elseif kind == 3 then
-      sliding_window(KEYS[i], a, quantity)
-    elseif kind == 5 then
-      calendar_window(KEYS[i], a, quantity, tonumber(ARGV[base + 4]))
-    end
+  local kind, a = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local delta, last = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  if delta > 0 and kind == 0 then
+    charge(KEYS[i], a, delta, last)
+  elseif delta < 0 and give_back[kind] then
+    give_back[kind](KEYS[i], a, -delta, last)
   end
 end
 return n
