@@ -94,6 +94,17 @@ pub(crate) struct HeaderOptions {
     pub(crate) openai: bool,
 }
 
+impl Default for HeaderOptions {
+    /// The `RateLimit` fields alone.
+    fn default() -> Self {
+        HeaderOptions {
+            ratelimit: true,
+            legacy: false,
+            openai: false,
+        }
+    }
+}
+
 /// The header values of one decision, rendered when the decision is made.
 #[derive(Debug, Default)]
 pub(crate) struct RateHeaders {

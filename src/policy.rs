@@ -629,23 +629,20 @@ impl<K> PolicyBuilder<K> {
                 "a request without a key must be rejected with a 4xx status, not {status}"
             )));
         }
-        let methods = methods_of(self.opts.methods, self.opts.custom_methods)
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name)))?;
+        let methods = methods_of(self.opts.methods, self.opts.custom_methods).map_err(invalid)?;
         let route = self
             .opts
             .route
             .map(|r| Route::parse(&r))
             .transpose()
-            .map_err(|why| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name)))?;
+            .map_err(invalid)?;
         let conditions = self
             .opts
             .conditions
             .into_iter()
             .map(Condition::into_rule)
             .collect::<Result<Box<[_]>, String>>()
-            .map_err(|why| {
-                BuildError::Invalid(format!("policy {:?}: when: {why}", self.opts.name))
-            })?;
+            .map_err(|why| invalid(format!("when: {why}")))?;
         let near = match (self.opts.near_limit, self.opts.near_limit_header) {
             (Some(ratio), header) => {
                 Some(NearRule::new(&self.opts.name, ratio, header).map_err(BuildError::Invalid)?)

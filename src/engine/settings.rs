@@ -12,7 +12,7 @@ use crate::refusal::respond::Refusals;
 
 /// The layer-wide settings of the verdict, as the builder collects them (cloned for the judge of
 /// each policy table a reload builds).
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct Settings {
     pub(crate) headers: HeaderOptions,
     /// How refusals are answered (custom functions, gRPC, the `on_limited` hook).
@@ -27,24 +27,4 @@ pub(crate) struct Settings {
     pub(crate) decision_extension: bool,
     /// The layer's overload gate, one for the layer's life (reloads keep it).
     pub(crate) overload: Option<Arc<Gate>>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            headers: HeaderOptions {
-                ratelimit: true,
-                legacy: false,
-                openai: false,
-            },
-            refusals: Refusals::default(),
-            on_error: OnBackendError::default(),
-            redact_keys: false,
-            redaction_secret: None,
-            on_near_limit: None,
-            offenders: None,
-            decision_extension: false,
-            overload: None,
-        }
-    }
 }

@@ -21,7 +21,7 @@ use crate::policy::tier::CompiledTier;
 use crate::quota::Quota;
 
 /// What a policy's builder collects for the per-request features.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct ExtrasBuilder {
     /// A quota chosen per key (`per_customer.rs`).
     pub(crate) quotas: ChoosesQuota,
@@ -39,19 +39,6 @@ pub(crate) struct ExtrasBuilder {
     /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)), by the quota's place
     /// (`None`, or missing: the policy's key); empty when none has.
     pub(crate) quota_keys: Vec<Option<KeySpec>>,
-}
-
-impl fmt::Debug for ExtrasBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExtrasBuilder")
-            .field("quotas", &self.quotas)
-            .field("async_key", &self.async_key)
-            .field("body_key", &self.body_key)
-            .field("outcome", &self.outcome)
-            .field("shadows", &self.shadows)
-            .field("quota_keys", &self.quota_keys)
-            .finish()
-    }
 }
 
 impl ExtrasBuilder {

@@ -63,18 +63,17 @@ impl<K> PolicyBuilder<K> {
             return Ok(());
         }
         let route = self.opts.route.clone();
+        let invalid =
+            |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name));
         for key in self.opts.extras.quota_keys.iter_mut().flatten() {
             if matches!(key, KeySpec::Body(_)) {
-                return Err(BuildError::Invalid(format!(
-                    "policy {:?}: a quota's own key cannot come from the body ({key}); use the \
-                     policy's key (body_key) for it",
-                    self.opts.name
+                return Err(invalid(format!(
+                    "a quota's own key cannot come from the body ({key}); use the policy's key \
+                     (body_key) for it"
                 )));
             }
             let bound = std::mem::replace(key, KeySpec::Global).for_route(route.as_deref());
-            *key = bound.map_err(|why| {
-                BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name))
-            })?;
+            *key = bound.map_err(invalid)?;
         }
         Ok(())
     }
