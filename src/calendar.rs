@@ -404,12 +404,12 @@ mod civil {
                 date.checked_sub(i64::from(back).days()).ok()
             }
             CalendarPeriod::Month => {
-                let this = anchored(date.year(), date.month(), anchor)?;
+                let month = date.first_of_month();
+                let this = anchored(month, anchor)?;
                 if date >= this {
                     Some(this)
                 } else {
-                    let (year, month) = month_before(date.year(), date.month());
-                    anchored(year, month, anchor)
+                    anchored(month.checked_sub(1.month()).ok()?, anchor)
                 }
             }
         }
@@ -421,33 +421,20 @@ mod civil {
             CalendarPeriod::Day => start.tomorrow().ok(),
             CalendarPeriod::Week => start.checked_add(7.days()).ok(),
             CalendarPeriod::Month => {
-                let (year, month) = month_after(start.year(), start.month());
-                anchored(year, month, anchor)
+                anchored(start.first_of_month().checked_add(1.month()).ok()?, anchor)
             }
         }
     }
 
-    /// The anchor day in a month: the anchor, or the month's last day when it has no such day.
-    fn anchored(year: i16, month: i8, anchor: Option<u8>) -> Option<Date> {
-        let first = Date::new(year, month, 1).ok()?;
+    /// The anchor day in the month that starts on `first`: the anchor, or the month's last day
+    /// when it has no such day.
+    fn anchored(first: Date, anchor: Option<u8>) -> Option<Date> {
         let day = i8::try_from(anchor.unwrap_or(1)).ok()?;
-        Date::new(year, month, day.min(first.days_in_month())).ok()
-    }
-
-    fn month_before(year: i16, month: i8) -> (i16, i8) {
-        if month == 1 {
-            (year - 1, 12)
-        } else {
-            (year, month - 1)
-        }
-    }
-
-    fn month_after(year: i16, month: i8) -> (i16, i8) {
-        if month == 12 {
-            (year + 1, 1)
-        } else {
-            (year, month + 1)
-        }
+        first
+            .with()
+            .day(day.min(first.days_in_month()))
+            .build()
+            .ok()
     }
 }
 
