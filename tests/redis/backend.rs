@@ -710,3 +710,33 @@ async fn a_penalty_box_strikes_on_redis_and_its_ban_is_held_locally() {
         );
     }
 }
+
+/// The gauge `throttle_backend_up{path}` follows the path decisions take: when the module goes
+/// away under an `Auto` backend, `lua` is up and `cell` down from the decision that finds out
+/// (before, the gauge kept saying `cell` until the next reconnect).
+#[test]
+fn the_up_gauge_follows_the_module() {
+    let with_cell = RedisServer::start_with_cell();
+    let ((), page) = crate::support::with_metrics(async {
+        let auto = RedisBackend::builder()
+            .url(with_cell.url())
+            .name("auto")
+            .mode(RedisMode::Auto)
+            .coalesce(false)
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let (limit, key) = (limit("gauge", Quota::per_minute(3)), Key::from("k"));
+        assert!(auto.check_one(&limit, &key, 1).await.unwrap().allowed);
+        assert_eq!(auto.active_path(), Some(RedisMode::Cell));
+        with_cell.cli(&["MODULE", "UNLOAD", "redis-cell"]);
+        assert!(auto.check_one(&limit, &key, 1).await.unwrap().allowed);
+        assert_eq!(auto.active_path(), Some(RedisMode::Lua));
+    });
+    let up = |path: &str| {
+        let series = format!("throttle_backend_up{{backend=\"auto\",path=\"{path}\"}}");
+        crate::support::sample_or_zero(&page, &series)
+    };
+    assert_eq!((up("lua"), up("cell")), (1.0, 0.0), "{page}");
+}

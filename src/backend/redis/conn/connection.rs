@@ -284,9 +284,11 @@ impl Detector {
         );
     }
 
-    /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on.
-    pub(crate) fn cell_gone(&self) {
+    /// `CL.THROTTLE` answered "unknown command" (a restart without the module): Lua from now on,
+    /// and the gauge says so.
+    pub(crate) fn cell_gone(&self, breaker: &Breaker) {
         self.active.store(LUA, Ordering::Relaxed);
+        breaker.recorder.connected(self.active_path());
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
@@ -317,13 +319,16 @@ impl Detector {
                         true => (CELL, "found", "CL.THROTTLE"),
                         false => (LUA, "gone", "the Lua script"),
                     };
+                    self.active.store(path, Ordering::Relaxed);
+                    if known != path {
+                        breaker.recorder.connected(self.active_path());
+                    }
                     if known != UNKNOWN && known != path {
                         tracing::info!(
                             cell = loaded,
                             "redis-cell module {found}; rate-limit decisions use {using}"
                         );
                     }
-                    self.active.store(path, Ordering::Relaxed);
                     breaker.recorder.forget_loss();
                     self.next_detect
                         .store(now + DETECT_EVERY_MS, Ordering::Relaxed);

@@ -293,7 +293,7 @@ impl RedisState {
                 match answer {
                     Err(e) if self.detector.mode() == RedisMode::Auto && is_unknown_command(&e) => {
                         // The module went away: Lua from now on, this request too.
-                        self.detector.cell_gone();
+                        self.detector.cell_gone(&self.breaker);
                         Box::pin(scripts::gcra(conn, key, args, quantity)).await
                     }
                     other => other,

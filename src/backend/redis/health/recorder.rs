@@ -178,7 +178,8 @@ impl Recorder {
         self.probe_asked.store(true, Ordering::Relaxed);
     }
 
-    /// The reconnecting task connected, on `path`: the gauge says so, unless decisions fail.
+    /// The reconnecting task connected, or detection changed the path, on `path`: the gauge says
+    /// so, unless decisions fail.
     pub(crate) fn connected(&self, path: Option<RedisMode>) {
         let _error = self.error.lock().unwrap_or_else(|e| e.into_inner());
         self.set_path(path);
