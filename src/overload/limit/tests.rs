@@ -198,13 +198,13 @@ fn the_queue_test_drains_past_the_knee_and_confirms_only_below_it() {
             clean: true,
         })
     };
+    let judge = |little: &mut Little, in_flight, rate| {
+        little.judge(at(in_flight, rate), true, baseline, 1.0)
+    };
     let past_the_knee = || {
         let mut little = Little::default();
-        assert_eq!(
-            little.judge(at(40.0, 1000.0), true, baseline, 1.0),
-            Verdict::Go
-        );
-        let drain = little.judge(at(60.0, 1000.0), true, baseline, 1.0);
+        assert_eq!(judge(&mut little, 40.0, 1000.0), Verdict::Go);
+        let drain = judge(&mut little, 60.0, 1000.0);
         assert!(
             matches!(drain, Verdict::Cut(to) if (to - 30.0).abs() < 1e-6),
             "{drain:?}"
@@ -213,21 +213,15 @@ fn the_queue_test_drains_past_the_knee_and_confirms_only_below_it() {
     };
     // The next interval ran at the same concurrency: inconclusive, the baseline not confirmed.
     let mut little = past_the_knee();
-    assert_eq!(
-        little.judge(at(40.0, 1000.0), true, baseline, 1.0),
-        Verdict::Go
-    );
-    let again = little.judge(at(60.0, 1000.0), true, baseline, 1.0);
+    assert_eq!(judge(&mut little, 40.0, 1000.0), Verdict::Go);
+    let again = judge(&mut little, 60.0, 1000.0);
     assert!(
         matches!(again, Verdict::Cut(_)),
         "still unconfirmed: {again:?}"
     );
     // A drain step whose concurrency rose a little (less than a step) cuts nothing more.
     let mut little = past_the_knee();
-    assert_eq!(
-        little.judge(at(44.0, 1000.0), true, baseline, 1.0),
-        Verdict::Go
-    );
+    assert_eq!(judge(&mut little, 44.0, 1000.0), Verdict::Go);
     // Two intervals each (concurrency, throughput: what follows), under a minimum limit:
     for (why, mut little, minimum, steps) in [
         (
