@@ -184,19 +184,24 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    fn counting_refunds(rule: OutcomeRule) -> (OutcomeGuard, Arc<AtomicU32>) {
+    /// How many refunds a guard under `rule` gives, settled with `status` (dropped without one).
+    fn refunds(rule: &OutcomeRule, status: Option<u16>) -> u32 {
         let refunds = Arc::new(AtomicU32::new(0));
         let seen = refunds.clone();
         let refund: Refund = Box::new(move |_| {
             seen.fetch_add(1, Ordering::SeqCst);
         });
         let guard = OutcomeGuard::new(
-            Arc::new(rule),
+            Arc::new(rule.clone()),
             refund,
             Instant::now(),
             Duration::from_secs(3600),
         );
-        (guard, refunds)
+        match status.map(|code| StatusCode::from_u16(code).unwrap()) {
+            Some(status) => drop(guard.settle(status, &HeaderMap::new())),
+            None => drop(guard),
+        }
+        refunds.load(Ordering::SeqCst)
     }
 
     #[test]
@@ -205,26 +210,16 @@ mod tests {
             count_only: Some(Arc::new(|s: StatusCode| s == 401 || s == 403)),
             refund_on: None,
         };
-        let (guard, refunds) = counting_refunds(failures.clone());
-        guard.settle(StatusCode::UNAUTHORIZED, &HeaderMap::new());
-        assert_eq!(refunds.load(Ordering::SeqCst), 0, "a 401 counts");
-        let (guard, refunds) = counting_refunds(failures.clone());
-        guard.settle(StatusCode::OK, &HeaderMap::new());
-        assert_eq!(refunds.load(Ordering::SeqCst), 1, "a 200 is given back");
-        let (guard, refunds) = counting_refunds(failures);
-        drop(guard);
-        assert_eq!(refunds.load(Ordering::SeqCst), 0, "no response: it counts");
+        assert_eq!(refunds(&failures, Some(401)), 0, "a 401 counts");
+        assert_eq!(refunds(&failures, Some(200)), 1, "a 200 is given back");
+        assert_eq!(refunds(&failures, None), 0, "no response: it counts");
 
         let server_errors = OutcomeRule {
             count_only: None,
             refund_on: Some(Arc::new(|s: StatusCode| s.is_server_error())),
         };
-        let (guard, refunds) = counting_refunds(server_errors.clone());
-        guard.settle(StatusCode::OK, &HeaderMap::new());
-        assert_eq!(refunds.load(Ordering::SeqCst), 0);
-        let (guard, refunds) = counting_refunds(server_errors);
-        guard.settle(StatusCode::BAD_GATEWAY, &HeaderMap::new());
-        assert_eq!(refunds.load(Ordering::SeqCst), 1);
+        assert_eq!(refunds(&server_errors, Some(200)), 0);
+        assert_eq!(refunds(&server_errors, Some(502)), 1);
     }
 
     #[cfg(feature = "config")]
