@@ -108,9 +108,6 @@ mod tests {
     #[test]
     fn a_reload_names_the_limits_it_changed_or_removed() {
         let backend = crate::backend::MemoryBackend::new();
-        let table = |policies: Vec<Policy<PeerIp>>| {
-            Table::build(&backend, policies, Settings::default(), None).unwrap()
-        };
         let policy = |name: &str, count| {
             let quota = Quota::per_second(count);
             Policy::builder(name)
@@ -120,22 +117,16 @@ mod tests {
                 .build()
                 .unwrap()
         };
-        let before = table(vec![
-            policy("same", 5),
-            policy("faster", 5),
-            policy("gone", 5),
-        ]);
-        let after = table(vec![
-            policy("same", 5),
-            policy("faster", 10),
-            policy("new", 5),
-        ]);
+        // A table of a policy for each (name, count a second), on route `/{name}`.
+        let table = |policies: &[(&str, u64)]| {
+            let policies: Box<[Policy<PeerIp>]> =
+                policies.iter().map(|&(n, c)| policy(n, c)).collect();
+            Table::build(&backend, policies, Settings::default(), None).unwrap()
+        };
+        let before = table(&[("same", 5), ("faster", 5), ("gone", 5)]);
+        let after = table(&[("same", 5), ("faster", 10), ("new", 5)]);
         assert_eq!(before.changed_in(&after), ["faster", "gone"]);
-        let again = table(vec![
-            policy("same", 5),
-            policy("faster", 5),
-            policy("gone", 5),
-        ]);
+        let again = table(&[("same", 5), ("faster", 5), ("gone", 5)]);
         assert!(before.changed_in(&again).is_empty(), "the same table again");
     }
 }
