@@ -597,15 +597,9 @@ mod tests {
 
     #[test]
     fn ipv4_peers_and_mapped_peers_agree() {
-        let ip = PeerIp::new();
-        assert_eq!(
-            ip.extract(&with_peer("192.0.2.1:80")),
-            ip.extract(&with_peer("[::ffff:192.0.2.1]:80"))
-        );
-        assert_ne!(
-            ip.extract(&with_peer("192.0.2.1:80")),
-            ip.extract(&with_peer("192.0.2.2:80"))
-        );
+        let key = |peer: &str| PeerIp::new().extract(&with_peer(peer));
+        assert_eq!(key("192.0.2.1:80"), key("[::ffff:192.0.2.1]:80"));
+        assert_ne!(key("192.0.2.1:80"), key("192.0.2.2:80"));
     }
 
     #[test]
