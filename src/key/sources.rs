@@ -308,7 +308,7 @@ mod tests {
         );
         assert_eq!(describe(&Cookie::new("session")), "cookie session (once)");
         let org = PathParam::new("/orgs/{org}", "org").unwrap();
-        assert_eq!(org.route(), Some("/orgs/{org}"));
+        assert_eq!((org.name(), org.route()), ("org", Some("/orgs/{org}")));
         assert_eq!(PathParam::unbound("org").route(), None);
         assert_eq!(describe(&org), "path parameter {org} of /orgs/{org}");
         assert_eq!(org, PathParam::new("/orgs/{org}", "org").unwrap());
