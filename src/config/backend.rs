@@ -1,10 +1,10 @@
 //! Turning `[backend]` into a backend: the memory backend with its cap, or a connection to Redis,
 //! and the extra Redis connections that the access lists and the offender counts read through.
 
-use super::schema::BackendConfig;
 #[cfg(feature = "redis")]
 use super::schema::RedisConfig;
-use super::{set, Config};
+use super::schema::{set, BackendConfig};
+use super::Config;
 #[cfg(feature = "redis")]
 use crate::access::{AccessList, RedisAccessSync};
 use crate::backend::memory::state_file::AsMemory;

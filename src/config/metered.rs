@@ -15,8 +15,7 @@
 //! `estimate = "json:max_tokens"` reserves the number in the JSON body's field instead (the route
 //! reads the body, as for a body key: `max_body`, `body_timeout`).
 
-use super::schema::{EstimateConfig, MeteredConfig};
-use super::set;
+use super::schema::{set, EstimateConfig, MeteredConfig};
 use crate::limit::Limit;
 use crate::meter::Estimate;
 use crate::policy::PolicyBuilder;

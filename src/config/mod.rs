@@ -259,7 +259,7 @@ impl Config {
                 };
                 use crate::access::RedisAccessSync;
                 let sync = RedisAccessSync::new(sets.clone());
-                let sync = set(sync, access.redis_refresh, RedisAccessSync::every);
+                let sync = schema::set(sync, access.redis_refresh, RedisAccessSync::every);
                 redis.spawn_access_sync(on, sync, &lists);
             }
             builder = self.with_access(builder, lists)?;
@@ -269,14 +269,6 @@ impl Config {
             self.restore_state(memory, &layer.policies());
         }
         Ok(layer)
-    }
-}
-
-/// `option(builder, value)` if the key is set; the builder's default otherwise.
-fn set<B, T>(builder: B, value: Option<T>, option: fn(B, T) -> B) -> B {
-    match value {
-        Some(value) => option(builder, value),
-        None => builder,
     }
 }
 

@@ -11,8 +11,7 @@
 use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of};
-use super::schema::{QuotaConfig, RouteConfig, TierConfig};
-use super::set;
+use super::schema::{set, QuotaConfig, RouteConfig, TierConfig};
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use super::schema::{AccessConfig, BudgetConfig, RouteConfig, TierConfig};
-use super::set;
+use super::schema::{set, AccessConfig, BudgetConfig, RouteConfig, TierConfig};
 use crate::access::{keys_named, AccessList};
 use crate::budget::Budget;
 use crate::error::BuildError;

@@ -531,6 +531,14 @@ pub struct PenaltyConfig {
     pub ban: Duration,
 }
 
+/// `option(builder, value)` if the key is set; the builder's default otherwise.
+pub(super) fn set<B, T>(builder: B, value: Option<T>, option: fn(B, T) -> B) -> B {
+    match value {
+        Some(value) => option(builder, value),
+        None => builder,
+    }
+}
+
 /// `#[serde(default = "schema::yes")]`: a flag that is on unless set.
 pub(super) fn yes() -> bool {
     true
@@ -641,7 +649,7 @@ impl OverloadConfig {
         };
         let (min, max) = (overload.min, overload.max);
         overload = overload.limits(self.min_limit.unwrap_or(min), self.max_limit.unwrap_or(max));
-        overload = super::set(overload, self.initial_limit, Overload::initial_limit);
+        overload = set(overload, self.initial_limit, Overload::initial_limit);
         overload = overload.partition_by(match self.partition_by.as_deref() {
             None | Some("policy") => PartitionBy::Policy,
             Some("tier") => PartitionBy::Tier,
