@@ -308,6 +308,20 @@ async fn cluster_admits_exactly_the_limit_and_keys_live_on_their_slot() {
     assert_eq!(auto.active_path(), Some(RedisMode::Lua));
 }
 
+/// An `Auto` backend named `name` on `server` whose checks are not coalesced: it follows the
+/// module (`CL.THROTTLE` where loaded).
+async fn auto_alone(server: &RedisServer, name: &str) -> RedisBackend {
+    RedisBackend::builder()
+        .url(server.url())
+        .name(name)
+        .mode(RedisMode::Auto)
+        .coalesce(false)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn auto_follows_the_module() {
     let plain = RedisServer::start();
@@ -326,14 +340,7 @@ async fn auto_follows_the_module() {
     let with_cell = RedisServer::start_with_cell();
     let auto = connect(&with_cell.url(), RedisMode::Auto).await;
     assert_eq!(auto.active_path(), Some(RedisMode::Lua));
-    let auto = RedisBackend::builder()
-        .url(with_cell.url())
-        .mode(RedisMode::Auto)
-        .coalesce(false)
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap();
+    let auto = auto_alone(&with_cell, "follows").await;
     assert_eq!(auto.active_path(), Some(RedisMode::Cell));
     let limit = limit("auto", Quota::per_minute(3));
     let key = Key::from("k");
@@ -718,15 +725,7 @@ async fn a_penalty_box_strikes_on_redis_and_its_ban_is_held_locally() {
 fn the_up_gauge_follows_the_module() {
     let with_cell = RedisServer::start_with_cell();
     let ((), page) = crate::support::with_metrics(async {
-        let auto = RedisBackend::builder()
-            .url(with_cell.url())
-            .name("auto")
-            .mode(RedisMode::Auto)
-            .coalesce(false)
-            .timeout(Duration::from_secs(2))
-            .connect()
-            .await
-            .unwrap();
+        let auto = auto_alone(&with_cell, "auto").await;
         let (limit, key) = (limit("gauge", Quota::per_minute(3)), Key::from("k"));
         assert!(auto.check_one(&limit, &key, 1).await.unwrap().allowed);
         assert_eq!(auto.active_path(), Some(RedisMode::Cell));
