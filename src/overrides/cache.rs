@@ -40,8 +40,9 @@ pub(crate) struct Overrides {
     /// The policies in force and the names of their limits: which tables to read when any may
     /// have changed, and which cached decisions a change of a policy's makes stale.
     policies: Mutex<Vec<(String, Vec<String>)>>,
-    /// Whether a task is reading every table again until it can ([`Overrides::reread_until_read`]).
-    rereading: AtomicBool,
+    /// The reads failed since the task reading every table again until it can began
+    /// ([`Overrides::reread_until_read`]); 0 when no task is.
+    failures: AtomicU64,
 }
 
 #[derive(Default)]
@@ -201,7 +202,7 @@ impl Overrides {
             installing: Mutex::default(),
             tickets: AtomicU64::new(0),
             policies: Mutex::default(),
-            rereading: AtomicBool::new(false),
+            failures: AtomicU64::new(0),
         }
     }
 
@@ -262,8 +263,8 @@ impl Overrides {
     /// breaker not yet closed): given up, the tables would keep what Redis no longer holds, or miss
     /// what it does, until the next change. Ends when the layer is gone.
     async fn reread_until_read(self: Arc<Self>, error: BackendError) {
-        if self.rereading.swap(true, Ordering::AcqRel) {
-            return; // The task already trying reads every table.
+        if self.failures.fetch_add(1, Ordering::AcqRel) > 0 {
+            return; // The task already trying reads every table again after this failure too.
         }
         tracing::warn!(error = %error, "could not read the overrides and bans again; retrying until they are read");
         let weak = Arc::downgrade(&self);
@@ -274,12 +275,19 @@ impl Overrides {
             let Some(overrides) = weak.upgrade() else {
                 return;
             };
+            let failures = overrides.failures.load(Ordering::Acquire);
             match overrides.refresh_all().await {
-                Ok(()) => {
-                    overrides.rereading.store(false, Ordering::Release);
+                // Ended only if no read failed since this one began: a change that read missed
+                // may be newer than what this one found.
+                Ok(())
+                    if (overrides.failures)
+                        .compare_exchange(failures, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok() =>
+                {
                     tracing::info!("read the overrides and bans again");
                     return;
                 }
+                Ok(()) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "could not read the overrides and bans again")
                 }
@@ -937,9 +945,70 @@ mod tests {
         let reads = store.reads.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(store.reads.load(Ordering::SeqCst), reads);
-        assert!(!overrides.rereading.load(Ordering::SeqCst));
+        assert_eq!(overrides.failures.load(Ordering::SeqCst), 0);
         // Gone with its layer: a listener told later says so.
         drop(overrides);
         assert!(!listener(None));
+    }
+
+    /// Records whose next read fails when `fail` is set, and whose reads wait for `gate` while it
+    /// is there, answering what `fields` held when they were sent.
+    #[derive(Default)]
+    struct Gated {
+        fail: AtomicBool,
+        gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+        fields: Mutex<Vec<(String, String)>>,
+    }
+
+    impl Records for Gated {
+        fn write(&self, _: &str, _: &str, _: Option<&str>) -> RecordsFuture<()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
+            let failed = self.fail.swap(false, Ordering::SeqCst);
+            let fields = match table {
+                "overrides:api" => self.fields.lock().unwrap().clone(),
+                _ => Vec::new(),
+            };
+            let gate = self.gate.lock().unwrap().clone();
+            Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.acquire().await.unwrap().forget();
+                }
+                match failed {
+                    true => Err(BackendError::new("Redis is unreachable")),
+                    false => Ok(fields),
+                }
+            })
+        }
+
+        fn on_change(&self, _: OnRecordsChange) {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_failing_while_the_retry_reads_is_tried_again() {
+        let store = Arc::new(Gated::default());
+        store.fail.store(true, Ordering::SeqCst);
+        let overrides = Arc::new(Overrides::new(Some(store.clone())));
+        overrides.know(vec![("api".to_owned(), vec!["api".to_owned()])]);
+        let blocked = |o: &Overrides| found_at(o, "api", &Key::from("bob"), SystemTime::now());
+        overrides.listen(); // The first read fails: a task tries again in 100 ms.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        *store.gate.lock().unwrap() = Some(gate.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The task's read is sent (and finds no override); then bob is blocked and a read of the
+        // change fails, before the task's read answers.
+        *store.fields.lock().unwrap() = vec![field("bob", Override::Blocked)];
+        overrides
+            .clone()
+            .reread_until_read(BackendError::new("Redis is unreachable"))
+            .await;
+        *store.gate.lock().unwrap() = None;
+        gate.add_permits(2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(blocked(&overrides), Some(Override::Blocked));
+        assert_eq!(overrides.failures.load(Ordering::SeqCst), 0);
     }
 }
