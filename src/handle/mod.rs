@@ -623,6 +623,22 @@ pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Polic
 pub trait KeyFromText {
     /// The key this extractor would extract for `text`, or why `text` cannot be one.
     fn key_from_text(&self, text: &str) -> Result<Key, String>;
+
+    /// The start of a pattern (`prefix*`) of this extractor's keys as the records keep it, as
+    /// [`Key::render`] writes keys. The default, for byte strings: `prefix` as shown or as a request
+    /// carries it (`org%3Aacme%3A` and `org:acme:` alike); an address's starts with `!`
+    /// (`10.0.` and `!10.0.` alike).
+    fn pattern_from_text(&self, prefix: &str) -> String {
+        Key::rendered_prefix(prefix)
+    }
+}
+
+/// The start of a pattern of addresses, as their keys render (`!10.0.`).
+fn address_pattern(prefix: &str) -> String {
+    match prefix.starts_with('!') {
+        true => prefix.to_owned(),
+        false => format!("!{prefix}"),
+    }
 }
 
 fn parse_ip(text: &str) -> Result<IpAddr, String> {
@@ -645,11 +661,19 @@ impl KeyFromText for PeerIp {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
         parse_ip(text).map(|ip| self.key_for(ip))
     }
+
+    fn pattern_from_text(&self, prefix: &str) -> String {
+        address_pattern(prefix)
+    }
 }
 
 impl KeyFromText for ClientIp {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
         parse_ip(text).map(|ip| self.grouping().key_for(ip))
+    }
+
+    fn pattern_from_text(&self, prefix: &str) -> String {
+        address_pattern(prefix)
     }
 }
 
@@ -686,6 +710,13 @@ impl KeyFromText for KeySpec {
                 Ok(shown_bytes(text).unwrap_or_else(|| Key::from(text.as_bytes())))
             }
             KeySpec::Composite(composite) => composite.key_from_text(text),
+        }
+    }
+
+    fn pattern_from_text(&self, prefix: &str) -> String {
+        match self {
+            KeySpec::PeerIp(_) | KeySpec::ClientIp(_) => address_pattern(prefix),
+            _ => Key::rendered_prefix(prefix),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use super::{find, HandleError, KeyFromText, ThrottleHandle};
 use crate::backend::Backend;
 use crate::overrides::cache::MAX_PATTERNS;
-use crate::overrides::{bans_table, encode_until, overrides_table, Override};
+use crate::overrides::{bans_table, decode_until, encode_until, overrides_table, Override};
 use crate::per_customer::Namespace;
 
 impl<K, B> ThrottleHandle<K, B>
@@ -147,9 +147,10 @@ where
         K: KeyFromText,
     {
         let field = self.field_of(policy, key)?;
+        // Representable, and as the records keep it (milliseconds in 64 bits).
         let until = SystemTime::now()
             .checked_add(duration)
-            .filter(|_| !duration.is_zero())
+            .filter(|until| !duration.is_zero() && decode_until(&encode_until(*until)).is_some())
             .ok_or_else(|| {
                 let why =
                     format!("a ban lasts more than 0 and a representable time, not {duration:?}");
@@ -198,16 +199,21 @@ where
         Ok(self.shared.overrides.refresh_all().await?)
     }
 
-    /// The records' field for `text` under policy `policy`: `*`, a pattern `prefix*`, or the key
-    /// rendered as logs show it.
+    /// The records' field for `text` under policy `policy`: `*`, a pattern `prefix*`, or the key,
+    /// each rendered as logs show keys.
     fn field_of(&self, policy: &str, text: &str) -> Result<String, HandleError>
     where
         K: KeyFromText,
     {
         match text.find('*') {
-            Some(at) if at + 1 == text.len() => {
+            Some(0) if text == "*" => {
                 find(&self.shared.table.load_full(), policy)?;
                 Ok(text.to_owned())
+            }
+            Some(at) if at + 1 == text.len() => {
+                let table = self.shared.table.load_full();
+                let prefix = find(&table, policy)?.key().pattern_from_text(&text[..at]);
+                Ok(prefix + "*")
             }
             Some(_) => Err(invalid(
                 policy,
@@ -263,7 +269,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use super::*;
-    use crate::key::Header;
+    use crate::key::{Header, KeySpec, PeerIp};
     use crate::{MemoryBackend, Policy, Quota, ThrottleLayer};
 
     /// A policy holds at most `MAX_PATTERNS` patterns of bans, as of overrides (a request's key is
@@ -312,5 +318,67 @@ mod tests {
             let blocked = Override::Blocked;
             handle.set_override("api", "more_*", blocked).await.unwrap();
         });
+    }
+
+    /// A pattern is written as a key is given: as a request carries it or as logs show it, and for
+    /// an address policy without its `!`; it matches the keys that start with it.
+    #[tokio::test]
+    async fn a_pattern_matches_keys_as_they_are_given() {
+        let layer = |key: KeySpec| {
+            let policy = Policy::builder("api").key(key).quota(Quota::per_minute(2));
+            let layer = ThrottleLayer::builder().policy(policy.build().unwrap());
+            layer.build().unwrap().handle()
+        };
+        let orgs = layer(KeySpec::Header(Header::new("x-org")));
+        orgs.set_override("api", "org:acme:*", Override::Blocked)
+            .await
+            .unwrap();
+        let listed: Vec<String> = orgs
+            .overrides("api")
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(listed, ["org%3Aacme%3A*"]);
+        let orgs = &orgs;
+        let state = |key| async move { orgs.peek("api", key).await.unwrap().override_in_force };
+        assert_eq!(state("org:acme:42").await, Some(Override::Blocked));
+        assert_eq!(state("org:other:42").await, None);
+        // As shown, the same pattern.
+        orgs.remove_override("api", "org%3Aacme%3A*").await.unwrap();
+        assert_eq!(state("org:acme:42").await, None);
+
+        let peers = layer(KeySpec::PeerIp(PeerIp::new()));
+        let day = Duration::from_secs(86_400);
+        peers.ban("api", "10.0.*", day).await.unwrap();
+        peers.ban("api", "!192.168.*", day).await.unwrap();
+        let peers = &peers;
+        let banned =
+            |key| async move { peers.peek("api", key).await.unwrap().banned_until.is_some() };
+        assert!(banned("10.0.3.4").await && banned("192.168.0.1").await);
+        assert!(!banned("10.1.3.4").await);
+        let listed: Vec<String> = peers
+            .bans("api")
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(listed, ["!10.0.*", "!192.168.*"]);
+    }
+
+    /// A ban whose end the records cannot keep is refused, not written and then ignored.
+    #[tokio::test]
+    async fn a_ban_past_what_the_records_keep_is_refused() {
+        let policy = Policy::builder("api")
+            .key(Header::new("x-user"))
+            .quota(Quota::per_minute(2));
+        let handle = ThrottleLayer::new(policy.build().unwrap()).handle();
+        let ages = Duration::from_secs(u64::MAX / 1_000 + 1);
+        let refused = handle.ban("api", "mallory", ages).await;
+        assert!(
+            matches!(refused, Err(HandleError::InvalidOverride { .. })),
+            "{refused:?}"
+        );
+        assert!(handle.bans("api").unwrap().is_empty());
     }
 }

@@ -161,6 +161,18 @@ impl Key {
         h ^ (h >> 33)
     }
 
+    /// The start of a pattern of byte-string keys as [`render`](Self::render) writes keys:
+    /// `prefix` as shown (the start of a rendering, `org%3Aacme%3A`), else rendered from the bytes
+    /// a request carries (`org:acme:`), so that a key matches when its rendering starts with it.
+    pub(crate) fn rendered_prefix(prefix: &str) -> String {
+        if Key::from_rendered(prefix).is_some_and(|key| key.bytes().is_some()) {
+            return prefix.to_owned();
+        }
+        let mut out = String::with_capacity(prefix.len());
+        render_bytes(prefix.as_bytes(), &mut out);
+        out
+    }
+
     /// The key whose [`render`](Self::render)ing (and `Display`, which logs, the top list and the
     /// admin page show) is `text`, or `None` when no key renders as `text`: the inverse of
     /// `render`, so a key copied from a log or from [`top`](crate::ops::ThrottleHandle::top) can be
