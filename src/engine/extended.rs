@@ -411,7 +411,8 @@ where
             Verdict::Admit(_) => taken.counts_for,
             Verdict::Reject(_) => None,
         };
-        let release = steps::release_of(&verdict, shared, judge, policy, tier, &key);
+        let charged = custom.as_deref().unwrap_or(&policy.tiers[tier]);
+        let release = steps::release_of(&verdict, shared, judge, (charged, policy.cost), &key);
         let outcome = match (refundable, &extras.outcome) {
             (Some(counts_for), Some(rule)) => {
                 let (shared, policy) = (shared.clone(), policy.clone());

@@ -14,8 +14,8 @@ use crate::engine::slot::{Release, SlotOwner};
 use crate::engine::table::Table;
 use crate::engine::verdict::Judge;
 use crate::key::Key;
+use crate::limit::Limit;
 use crate::overrides::cache::Overrides;
-use crate::policy::CompiledPolicy;
 
 /// What every service of one layer shares: the backend, the policy table, the access lists, and
 /// what a reload builds the next table with.
@@ -46,35 +46,32 @@ impl<K, B> Shared<K, B> {
     }
 }
 
-/// The release of a concurrency slot of tier `tier` of `policy`, for `key`: given back under the
-/// policy (and judge) the request was admitted by, even if a reload has replaced them since.
+/// The release of a concurrency slot of `limit` (the limit the request was charged under: its
+/// tier's, a customer's or an override's) for `key` at `cost`: given back under the judge the
+/// request was admitted by, even if a reload has replaced it since.
 pub(crate) fn releaser<K, B>(
     shared: &Arc<Shared<K, B>>,
     judge: &Arc<Judge>,
-    policy: &Arc<CompiledPolicy>,
-    tier: usize,
+    limit: &Limit,
+    cost: u64,
     key: Key,
 ) -> Release
 where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    let (shared, policy) = (shared.clone(), policy.clone());
+    let (shared, limit) = (shared.clone(), limit.clone());
     #[cfg(feature = "memory")]
     let judge = judge.clone();
     #[cfg(not(feature = "memory"))]
     let _ = judge;
     Box::new(move |owner| match owner {
         SlotOwner::Backend { lease } => {
-            let limit = &policy.tiers[tier].limits[0];
-            let charge = Charges::one(limit, &key, policy.cost);
+            let charge = Charges::one(&limit, &key, cost);
             shared.backend.adjust(charge, Adjustment::Release { lease });
         }
         #[cfg(feature = "memory")]
-        SlotOwner::Local => {
-            let limit = &policy.tiers[tier].limits[0];
-            judge.fallback.release(limit, &key, policy.cost);
-        }
+        SlotOwner::Local => judge.fallback.release(&limit, &key, cost),
     })
 }
 

@@ -247,14 +247,13 @@ pub(crate) fn admitted_plainly(
 }
 
 /// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given
-/// back under the policy it was admitted by. (A per-customer concurrency limit shares the default
-/// limit's name, so its key and lease: the default tier's release gives its slot back.)
+/// back under the limit it was charged under, `tier`'s first (a customer's or an override's tier
+/// has limits of its own).
 pub(crate) fn release_of<K, B>(
     verdict: &Verdict,
     shared: &Arc<Shared<K, B>>,
     judge: &Arc<Judge>,
-    policy: &Arc<CompiledPolicy>,
-    tier: usize,
+    (tier, cost): (&CompiledTier, u64),
     key: &Key,
 ) -> Option<Release>
 where
@@ -263,7 +262,7 @@ where
 {
     match verdict {
         Verdict::Admit(admitted) if admitted.slot.is_some() => {
-            Some(releaser(shared, judge, policy, tier, key.clone()))
+            Some(releaser(shared, judge, &tier.limits[0], cost, key.clone()))
         }
         _ => None,
     }

@@ -280,15 +280,16 @@ where
         Asked::Answered(answer) => {
             let context = RequestContext::new(policy, tier, &key, &request);
             let verdict = steps::judged(judge, context, started, answer);
-            let release = steps::release_of(&verdict, shared, judge, policy, tier, &key);
+            let charged = (&policy.tiers[tier], policy.cost);
+            let release = steps::release_of(&verdict, shared, judge, charged, &key);
             return ResponseFuture::carry_out(verdict, inner, request, release, None);
         }
     };
     // The decision is remote. The service that poll_ready readied goes with the request, to be
     // called once (and only if) the request is admitted.
-    let limits = &policy.tiers[tier].limits;
-    let release = (limits[0].algorithm() == Algorithm::Concurrency)
-        .then(|| releaser(shared, judge, policy, tier, key.clone()));
+    let limit = &policy.tiers[tier].limits[0];
+    let release = (limit.algorithm() == Algorithm::Concurrency)
+        .then(|| releaser(shared, judge, limit, policy.cost, key.clone()));
     let service = take_readied(inner);
     ResponseFuture::checking(
         check,

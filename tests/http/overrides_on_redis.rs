@@ -9,7 +9,9 @@ use tower_throttle::ops::Override;
 use tower_throttle::redis::{RedisBackend, RedisMode};
 use tower_throttle::Quota;
 
-use crate::shared::overrides::{app, overrides_and_bans_apply, passed, send};
+use crate::shared::overrides::{
+    an_overridden_concurrency_slot_is_given_back, app, overrides_and_bans_apply, passed, send,
+};
 use crate::support::redis as redis_support;
 
 async fn backend(url: &str, prefix: &str, mode: RedisMode) -> RedisBackend {
@@ -47,6 +49,13 @@ async fn on_redis_overrides_and_bans_apply() {
         let prefix = format!("overrides-{}", mode.as_str());
         overrides_and_bans_apply(backend(&server.url(), &prefix, mode).await).await;
     }
+}
+
+#[tokio::test]
+async fn on_redis_an_overridden_concurrency_slot_is_given_back() {
+    let server = redis_support::RedisServer::start();
+    let backend = backend(&server.url(), "slots", RedisMode::Lua).await;
+    an_overridden_concurrency_slot_is_given_back(backend).await;
 }
 
 #[tokio::test]

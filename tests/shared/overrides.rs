@@ -169,3 +169,28 @@ pub async fn overrides_and_bans_apply<B: Backend>(backend: B) {
     }
     assert_eq!(allowed, 4);
 }
+
+/// A concurrency policy whose key has its own quota: each request's slot is given back under the
+/// override's limit it was taken under, so requests one after another all pass, however many.
+pub async fn an_overridden_concurrency_slot_is_given_back<B: Backend>(backend: B) {
+    let policy = Policy::builder("api")
+        .quota(Quota::per_second(5))
+        .algorithm(tower_throttle::Algorithm::Concurrency)
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let one = Override::Quota(Quota::per_second(1));
+    handle.set_override("api", "alice", one).await.unwrap();
+    // Each response is dropped before the next request is sent.
+    assert_eq!(passed(&app, "alice", 4).await, 4);
+    assert_eq!(passed(&app, "bob", 7).await, 7);
+}
