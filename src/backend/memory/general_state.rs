@@ -61,6 +61,12 @@ impl GeneralStore {
                 let expires_at = c.expires_at.checked_sub(origin).filter(|t| *t > now)?;
                 let state = match c.state {
                     State::Gcra(tat) => State::Gcra(tat.checked_sub(origin)?),
+                    // Kept by a clock ahead of this one: a time past now would come before the
+                    // next one this clock appends, and a log is in order (as a file must be).
+                    State::Log(times) => {
+                        let unix_now = now.saturating_add(origin);
+                        State::Log(times.into_iter().map(|t| t.min(unix_now)).collect())
+                    }
                     state => state,
                 };
                 Some(Cell {

@@ -430,6 +430,49 @@ mod tests {
         fs::remove_file(&path).unwrap();
     }
 
+    /// A clock `at` nanoseconds past an origin at Unix time `origin`.
+    struct At {
+        origin: u64,
+        at: u64,
+    }
+
+    impl crate::clock::Clock for At {
+        fn now_nanos(&self) -> u64 {
+            self.at
+        }
+
+        fn unix_origin_nanos(&self) -> u64 {
+            self.origin
+        }
+    }
+
+    /// A log kept by a process whose clock was ahead of the next one's comes back in order: the
+    /// next process's file loads, with every unit counted.
+    #[test]
+    fn a_log_kept_by_a_clock_ahead_comes_back_in_order() {
+        let log = Limit::with_algorithm("log", crate::Algorithm::SlidingLog, Quota::per_hour(5));
+        let log = [log.unwrap()];
+        let key = Key::from("ann");
+        let t0 = 1_700_000_000 * 1_000_000_000;
+        let second = 1_000_000_000;
+        let at = |origin, at| {
+            let clock = At { origin, at };
+            MemoryBackend::builder().clock(clock).build().unwrap()
+        };
+        let path = file("skewed");
+        let ahead = at(t0 + 2 * second, second);
+        assert!(ahead.decide(&log[0], &key, 1).unwrap().allowed);
+        assert_eq!(ahead.save_state(&path, &log).unwrap(), 1);
+        let behind = at(t0, second);
+        assert_eq!(behind.load_state(&path, &log).unwrap(), 1);
+        assert!(behind.decide(&log[0], &key, 1).unwrap().allowed);
+        assert_eq!(behind.save_state(&path, &log).unwrap(), 1);
+        let next = at(t0, 2 * second);
+        assert_eq!(next.load_state(&path, &log).unwrap(), 1);
+        assert_eq!(next.decide(&log[0], &key, 0).unwrap().remaining, 3);
+        fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn a_state_kept_under_a_larger_quota_reads_as_full_under_a_smaller_one() {
         use crate::Algorithm;
