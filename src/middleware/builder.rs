@@ -31,11 +31,17 @@ use crate::backend::MemoryBackend;
 #[cfg(feature = "memory")]
 impl<K> ThrottleLayer<K, MemoryBackend> {
     /// A layer enforcing one policy with a new in-memory backend and the default options.
+    ///
+    /// # Panics
+    ///
+    /// If the policy needs an option only the [builder](Self::builder) sets: an
+    /// `under_pressure_only` policy needs the layer's overload gate (the builder's `build` says so
+    /// as an error).
     pub fn new(policy: Policy<K>) -> Self {
         Self::builder()
             .policy(policy)
             .build()
-            .expect("one policy is a valid configuration")
+            .expect("one policy needs no more than the default options")
     }
 
     /// A builder for several policies, a shared backend or other options; the backend is a new
