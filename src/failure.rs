@@ -3,11 +3,12 @@
 //! ([`Fallback`]'s local limiter, which a reload keeps). The engine asks it only after a failure,
 //! and turns its answer into a verdict.
 
+use crate::backend::Charges;
 use crate::key::Key;
 use crate::limit::Limit;
 
 #[cfg(feature = "memory")]
-use crate::backend::{Adjustment, Backend, Charges, Decisions, MemoryBackend};
+use crate::backend::{Adjustment, Backend, Decisions, MemoryBackend};
 #[cfg(feature = "memory")]
 use crate::decision::Decision;
 
@@ -67,12 +68,13 @@ impl Fallback {
         }
     }
 
-    /// What the failure policy makes of a request of `key` under `limits` (the request's tier, at
-    /// `cost` each). The local limiter holds what the layer's policies allow: a limit it cannot
-    /// take lets the request through.
-    pub(crate) fn decide(&self, limits: &[Limit], key: &Key, cost: u64) -> Fallen {
+    /// What the failure policy makes of a request whose `charges` the backend could not decide:
+    /// the local limiter decides the same charges (each limit under its own key, a metered
+    /// estimate as reserved), and holds what the layer's policies allow: a limit it cannot take
+    /// lets the request through.
+    pub(crate) fn decide(&self, charges: Charges<'_>) -> Fallen {
         #[cfg(not(feature = "memory"))]
-        let _ = (limits, key, cost);
+        let _ = charges;
         match self.on_error {
             OnBackendError::Allow => Fallen::Allow,
             OnBackendError::Deny => Fallen::Deny,
@@ -81,7 +83,7 @@ impl Fallback {
                 let Some(local) = &self.local else {
                     return Fallen::Allow;
                 };
-                match local.decide_charges(Charges::stack(limits, key, cost)) {
+                match local.decide_charges(charges) {
                     Ok(decisions) => Fallen::Decided(Decisions::into_vec(decisions)),
                     Err(_) => Fallen::Allow,
                 }
@@ -131,7 +133,7 @@ mod tests {
 
     /// Whether `fallback` lets one more request of `key` through under `limits`.
     fn admits(fallback: &Fallback, limits: &[Limit], key: &Key) -> bool {
-        match fallback.decide(limits, key, 1) {
+        match fallback.decide(Charges::stack(limits, key, 1)) {
             Fallen::Decided(decisions) => decisions.iter().all(|d| d.allowed),
             Fallen::Allow => true,
             Fallen::Deny => false,
@@ -154,11 +156,11 @@ mod tests {
         after.forget([&limits[..]].into_iter(), &key);
         assert!(admits(&after, &limits, &key), "a reset key starts afresh");
         assert!(matches!(
-            Fallback::new(OnBackendError::Deny).decide(&limits, &key, 1),
+            Fallback::new(OnBackendError::Deny).decide(Charges::stack(&limits, &key, 1)),
             Fallen::Deny
         ));
         assert!(matches!(
-            Fallback::new(OnBackendError::Allow).decide(&limits, &key, 1),
+            Fallback::new(OnBackendError::Allow).decide(Charges::stack(&limits, &key, 1)),
             Fallen::Allow
         ));
     }

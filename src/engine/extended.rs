@@ -276,6 +276,16 @@ where
     /// estimate, the others take its cost; an override's quota counts against the policy's key
     /// alone.
     fn ask(&self, asking: &Asking) -> B::Future {
+        let mut quantities = [0; MAX_STACKED_QUOTAS];
+        steps::ask(&self.shared.backend, self.charges(asking, &mut quantities))
+    }
+
+    /// The request's charges (`quantities`: room for a metered request's, one per limit).
+    fn charges<'a>(
+        &'a self,
+        asking: &'a Asking,
+        quantities: &'a mut [u64; MAX_STACKED_QUOTAS],
+    ) -> Charges<'a> {
         let (rules, extras) = (&*self.policy, &self.extras);
         let tier = asking
             .custom
@@ -283,9 +293,9 @@ where
             .unwrap_or(&rules.tiers[asking.tier]);
         let limits = &tier.limits;
         let key = &asking.key;
-        let mut quantities = [rules.cost; MAX_STACKED_QUOTAS];
-        let charges = match (&extras.metered, asking.estimate) {
+        match (&extras.metered, asking.estimate) {
             (Some(metered), Some(estimate)) => {
+                *quantities = [rules.cost; MAX_STACKED_QUOTAS];
                 quantities[metered.position] = estimate;
                 Charges::stack(limits, key, 0).with_quantities(&quantities[..limits.len()])
             }
@@ -297,8 +307,7 @@ where
                 Some(keys) => Charges::keyed(limits, keys, rules.cost),
                 None => Charges::stack(limits, key, rules.cost),
             },
-        };
-        steps::ask(&self.shared.backend, charges)
+        }
     }
 
     /// Step 8 and what an admitted request takes along: the verdict on the backend's `answer`
@@ -311,20 +320,16 @@ where
         shadowed: Option<Vec<Result<Decision, BackendError>>>,
     ) -> Prepared {
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
-        let Asking {
-            key,
-            parts,
-            tier,
-            custom,
-            estimate,
-            asked,
-            ..
-        } = asking;
+        let mut quantities = [0; MAX_STACKED_QUOTAS];
+        let charges = self.charges(&asking, &mut quantities);
         let cx = RequestContext {
             policy: rules,
-            tier: custom.as_deref().unwrap_or(&rules.tiers[tier]),
-            key: &key,
-            request: RequestRef::of_parts(&parts),
+            tier: asking
+                .custom
+                .as_deref()
+                .unwrap_or(&rules.tiers[asking.tier]),
+            key: &asking.key,
+            request: RequestRef::of_parts(&asking.parts),
         };
         if let Some(shadowed) = shadowed {
             judge.shadowed(cx, &extras.shadows, shadowed);
@@ -336,7 +341,21 @@ where
             Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
             _ => None,
         };
-        let verdict = steps::judged(judge, cx, MEASURE_LATENCY.then_some(asked), answer);
+        let asked = asking.asked;
+        let verdict = steps::judged(
+            judge,
+            (cx, charges),
+            MEASURE_LATENCY.then_some(asked),
+            answer,
+        );
+        let Asking {
+            key,
+            parts,
+            tier,
+            custom,
+            estimate,
+            ..
+        } = asking;
         let taken = Taken { asked, counts_for };
         let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
         if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {

@@ -211,18 +211,18 @@ pub(crate) fn limit_keys(
         .collect()
 }
 
-/// Step 8: the verdict on the backend's answer; `asked`: when it was asked, if its latency is
-/// measured.
+/// Step 8: the verdict on the backend's answer to `charges`; `asked`: when it was asked, if its
+/// latency is measured.
 pub(crate) fn judged(
     judge: &Judge,
-    cx: RequestContext<'_>,
+    (cx, charges): (RequestContext<'_>, Charges<'_>),
     asked: Option<Instant>,
     answer: Result<Decisions, BackendError>,
 ) -> Verdict {
     if let Some(asked) = asked {
         judge.latency(cx.policy, asked.elapsed());
     }
-    judge.verdict(cx, answer)
+    judge.verdict(cx, charges, answer)
 }
 
 /// Step 8 for the commonest answer: one decision that admits a request of a policy with nothing

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 
-use crate::backend::Decisions;
+use crate::backend::{Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::settings::Settings;
 use crate::engine::slot::SlotOwner;
@@ -79,6 +79,12 @@ pub(crate) struct RequestContext<'a> {
 }
 
 impl<'a> RequestContext<'a> {
+    /// The request's charges when its tier's limits count its policy's cost under its key (every
+    /// request but the extended path's keyed-apart and metered ones).
+    pub(crate) fn charges(&self) -> Charges<'a> {
+        Charges::stack(&self.tier.limits, self.key, self.policy.cost)
+    }
+
     /// A request of `policy` under its tier number `tier`.
     pub(crate) fn new<B>(
         policy: &'a CompiledPolicy,
@@ -174,10 +180,11 @@ impl Judge {
         gate.is_some_and(|gate| gate.is_pressed())
     }
 
-    /// The verdict on a backend's answer (or failure) for the request `cx`.
+    /// The verdict on a backend's answer (or failure) to the request `cx`'s `charges`.
     pub(crate) fn verdict(
         &self,
         cx: RequestContext<'_>,
+        charges: Charges<'_>,
         answer: Result<Decisions, BackendError>,
     ) -> Verdict {
         let tier = cx.tier;
@@ -200,9 +207,10 @@ impl Judge {
                 self.decided(cx, &mut decisions, source)
             }
             Ok(Decisions::Many(decisions)) => {
-                self.failed(cx, not_one_per_limit(decisions.len(), tier.limits.len()))
+                let error = not_one_per_limit(decisions.len(), tier.limits.len());
+                self.failed(cx, charges, error)
             }
-            Err(error) => self.failed(cx, error),
+            Err(error) => self.failed(cx, charges, error),
         }
     }
 
@@ -228,13 +236,12 @@ impl Judge {
     }
 
     /// The backend could not decide: reported, then what [`OnBackendError`] says.
-    fn failed(&self, cx: RequestContext<'_>, error: BackendError) -> Verdict {
+    fn failed(&self, cx: RequestContext<'_>, charges: Charges<'_>, error: BackendError) -> Verdict {
         let rules = cx.policy;
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
-        let limits = &cx.tier.limits;
-        let verdict = match self.fallback.decide(limits, cx.key, rules.cost) {
+        let verdict = match self.fallback.decide(charges) {
             Fallen::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) => {
                 Verdict::Reject(self.settings.refusals.unavailable(
                     (Some(&rules.name), Some(cx.key)),
@@ -590,7 +597,7 @@ mod tests {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
         let cx = RequestContext::new(&judge.p, 0, &key, &request);
-        judge.verdict(cx, answer)
+        judge.verdict(cx, cx.charges(), answer)
     }
 
     fn rejected(verdict: Verdict) -> Response<Bytes> {

@@ -437,7 +437,8 @@ where
                         &awaiting.key,
                         &awaiting.request,
                     );
-                    let verdict = judged(&awaiting.judge, context, awaiting.started, answer);
+                    let asked = (context, context.charges());
+                    let verdict = judged(&awaiting.judge, asked, awaiting.started, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     let service = &mut awaiting.service;
                     Self::carry_out(verdict, service, awaiting.request, awaiting.release, None)

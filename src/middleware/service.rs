@@ -279,7 +279,7 @@ where
         Asked::Pending(check) => check,
         Asked::Answered(answer) => {
             let context = RequestContext::new(policy, tier, &key, &request);
-            let verdict = steps::judged(judge, context, started, answer);
+            let verdict = steps::judged(judge, (context, context.charges()), started, answer);
             let charged = (&policy.tiers[tier], policy.cost);
             let release = steps::release_of(&verdict, shared, judge, charged, &key);
             return ResponseFuture::carry_out(verdict, inner, request, release, None);

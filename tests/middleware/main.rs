@@ -25,6 +25,7 @@ mod config_builder;
 mod config_reference;
 mod contract;
 mod count_outcome;
+mod failure_local;
 mod front;
 mod grpc;
 mod guide_config;

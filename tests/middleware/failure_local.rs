@@ -1,0 +1,101 @@
+//! `OnBackendError::Local`: while the backend fails, the local limiter decides the charges the
+//! backend was asked for, as the memory backend would: quotas keyed apart each under their own key,
+//! a metered limit at the request's estimate.
+
+use std::future::{ready, Ready};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_throttle::backend::{BackendError, Charges, Decisions, Uses};
+use tower_throttle::config::Config;
+use tower_throttle::key::Header;
+use tower_throttle::{
+    Backend, BuildError, Estimate, Limit, OnBackendError, Policy, Quota, ThrottleLayer,
+};
+
+/// A backend that takes every policy and decides none.
+#[derive(Clone)]
+struct Down;
+
+impl Backend for Down {
+    type Future = Ready<Result<Decisions, BackendError>>;
+
+    fn check(&self, _: Charges<'_>) -> Self::Future {
+        ready(Err(BackendError::new("down")))
+    }
+
+    fn validate(&self, _: &[Limit], _: Uses) -> Result<(), BuildError> {
+        Ok(())
+    }
+}
+
+fn app<K>(policies: Vec<Policy<K>>) -> Router
+where
+    K: tower_throttle::key::KeyExtractor<Body> + Send + Sync + 'static,
+{
+    let layer = ThrottleLayer::builder()
+        .backend(Down)
+        .policies(policies)
+        .on_backend_error(OnBackendError::Local)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// How many of `requests` (each a list of headers) pass, sent one after another.
+async fn passed(app: &Router, requests: &[&[(&str, &str)]]) -> usize {
+    let mut ok = 0;
+    for headers in requests {
+        let mut request = Request::get("/");
+        for (name, value) in *headers {
+            request = request.header(*name, *value);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await;
+        ok += usize::from(response.unwrap().status() == StatusCode::OK);
+    }
+    ok
+}
+
+#[tokio::test]
+async fn the_local_limiter_counts_quotas_keyed_apart_under_their_own_keys() {
+    let config = Config::from_toml(
+        r#"
+        [[route]]
+        name = "api"
+        key = "header:x-user-id"
+        quotas = [
+          { count = 10, period = "1h", key = "header:x-user-id" },
+          { count = 3, period = "1h", key = "header:x-org-id" },
+        ]
+        "#,
+    )
+    .unwrap();
+    let app = app(config.policies().unwrap());
+    let user = |id| [("x-user-id", id), ("x-org-id", "acme")];
+    let (ann, bob, cy) = (user("ann"), user("bob"), user("cy"));
+    // Three users of one organisation, two requests each: the organisation's 3 an hour.
+    let requests: [&[(&str, &str)]; 6] = [&ann, &bob, &cy, &ann, &bob, &cy];
+    assert_eq!(passed(&app, &requests).await, 3);
+}
+
+#[tokio::test]
+async fn the_local_limiter_reserves_a_metered_requests_estimate() {
+    let tokens = Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap();
+    let policy = Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(100))
+        .metered(tokens, Estimate::fixed(600))
+        .build()
+        .unwrap();
+    let app = app(vec![policy]);
+    let key: &[(&str, &str)] = &[("x-api-key", "k")];
+    assert_eq!(passed(&app, &[key, key, key]).await, 1);
+}
