@@ -194,7 +194,8 @@ impl fmt::Debug for AccessList {
 }
 
 /// The keys a list entry names: the value itself (a header value, a user id) and, when it is an IP
-/// address, that address as an `ip` / `client-ip` key too.
+/// address, that address as an `ip` / `client-ip` key too: the address itself, and the key those
+/// extractors give it by default (an IPv6 address's /64).
 #[cfg_attr(not(any(feature = "config", feature = "redis")), allow(dead_code))]
 pub(crate) fn keys_named(value: &[u8]) -> Vec<Key> {
     let mut keys = vec![Key::from_bytes(value)];
@@ -203,6 +204,10 @@ pub(crate) fn keys_named(value: &[u8]) -> Vec<Key> {
         .and_then(|s| s.trim().parse::<IpAddr>().ok())
     {
         keys.push(Key::from_ip(ip.to_canonical()));
+        let grouped = PeerIp::new().key_for(ip);
+        if !keys.contains(&grouped) {
+            keys.push(grouped);
+        }
     }
     keys
 }
@@ -396,6 +401,9 @@ mod tests {
         assert_eq!(keys.len(), 2);
         assert!(keys.contains(&Key::from_ip("10.0.0.1".parse().unwrap())));
         assert_eq!(keys_named(b"user-42"), [Key::from("user-42")]);
+        // An IPv6 address also names its /64, the key `ip` and `client-ip` give it by default.
+        let client = "2001:db8::1".parse().unwrap();
+        assert!(keys_named(b"2001:db8::1").contains(&PeerIp::new().key_for(client)));
     }
 
     #[test]

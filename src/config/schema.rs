@@ -146,7 +146,8 @@ pub struct AccessConfig {
     /// Networks or addresses answered `403 Forbidden`.
     pub deny_networks: Vec<String>,
     /// Keys that bypass every limit (a value that is an IP address also matches `ip` and `client-ip`
-    /// keys).
+    /// keys: an IPv6 address its /64, as they group it by default; list other groupings in
+    /// `allow_networks`).
     pub allow_keys: Vec<String>,
     /// Keys answered `403 Forbidden`.
     pub deny_keys: Vec<String>,

@@ -121,3 +121,34 @@ async fn the_config_builds_lists_and_client_ip_keys() {
         assert!(err.to_string().contains(says), "{err}");
     }
 }
+
+/// An address in `deny_keys` refuses the client an `ip` route keys by it: an IPv6 address by its
+/// /64, as the key groups it.
+#[tokio::test]
+async fn an_ipv6_address_in_deny_keys_refuses_its_client() {
+    let toml = r#"
+        [access]
+        deny_keys = ["2001:db8::1", "192.0.2.7"]
+        [[route]]
+        name = "api"
+        key = "ip"
+        count = 100
+        period = "1m"
+    "#;
+    let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    for (peer, status) in [
+        ("[2001:db8::1]:1", StatusCode::FORBIDDEN),
+        ("192.0.2.7:1", StatusCode::FORBIDDEN),
+        ("[2001:db8:0:1::1]:1", StatusCode::OK),
+        ("192.0.2.8:1", StatusCode::OK),
+    ] {
+        assert_eq!(
+            status_of(&app, from_peer(request("/"), peer)).await,
+            status,
+            "{peer}"
+        );
+    }
+}
