@@ -443,7 +443,7 @@ impl Overrides {
         } else {
             Entries {
                 overrides: kept.map(|e| e.overrides.clone()).unwrap_or_default(),
-                bans: parsed((policy, kind), fields, decode_until),
+                bans: parsed((policy, kind), fields, running_until),
             }
         };
         let mut policies = current.policies.clone();
@@ -455,6 +455,12 @@ impl Overrides {
         self.any.store(!policies.is_empty(), Ordering::Relaxed);
         self.snapshot.store(Arc::new(Snapshot { policies }));
     }
+}
+
+/// The end of a timed ban still running: an ended one is left out of the bans in force, so that
+/// it takes no room among the policy's patterns and keeps no policy on the extended path.
+fn running_until(text: &str) -> Option<SystemTime> {
+    decode_until(text).filter(|until| *until > SystemTime::now())
 }
 
 /// Records kept in the layer, for a backend that keeps none (memory): one process hears its own
@@ -567,6 +573,21 @@ mod tests {
         put(&o, "overrides:api", &[]);
         put(&o, "overrides:ip", &[]);
         assert!(!o.touches("api") && !o.any.load(Ordering::Relaxed));
+    }
+
+    /// Bans that have ended take no room and keep no policy touched.
+    #[test]
+    fn ended_bans_are_left_out() {
+        let o = Overrides::new(None);
+        let ended = SystemTime::now() - Duration::from_secs(1);
+        let mut fields = vec![ban("mallory", ended)];
+        fields.extend((0..MAX_PATTERNS).map(|i| ban(&format!("p{i}_*"), ended)));
+        put(&o, "bans:api", &fields);
+        assert!(!o.touches("api"));
+        assert!(o.has_room("api", true, "more_*"));
+        put(&o, "bans:api", &[ban("mallory", ended), ban("eve", in_a_minute())]);
+        assert!(o.touches("api"));
+        assert_eq!(o.bans_of("api", SystemTime::now()).len(), 1);
     }
 
     #[test]
