@@ -457,17 +457,19 @@ fn with_metrics(
     metrics: PrometheusHandle,
 ) -> Router {
     let offenders = layer.offenders().cloned();
-    let mut policies: Vec<String> = layer
-        .policies()
-        .iter()
-        .map(|p| p.name().to_owned())
-        .collect();
-    policies.dedup();
+    let handle = layer.handle();
     let scrape = move || {
-        let (offenders, policies, metrics) = (offenders.clone(), policies.clone(), metrics.clone());
+        let (offenders, handle, metrics) = (offenders.clone(), handle.clone(), metrics.clone());
         async move {
-            // Distinct limited clients, read when scraped (from Redis with a Redis backend).
+            // Distinct limited clients, read when scraped (from Redis with a Redis backend), of
+            // the policies in force then (a reload may have renamed or added some).
             if let Some(offenders) = &offenders {
+                let mut policies: Vec<String> = handle
+                    .policies()
+                    .iter()
+                    .map(|p| p.name().to_owned())
+                    .collect();
+                policies.dedup();
                 for policy in &policies {
                     let Ok(counts) = offenders.count(policy).await else {
                         continue;

@@ -585,7 +585,11 @@ mod tests {
         put(&o, "bans:api", &fields);
         assert!(!o.touches("api"));
         assert!(o.has_room("api", true, "more_*"));
-        put(&o, "bans:api", &[ban("mallory", ended), ban("eve", in_a_minute())]);
+        put(
+            &o,
+            "bans:api",
+            &[ban("mallory", ended), ban("eve", in_a_minute())],
+        );
         assert!(o.touches("api"));
         assert_eq!(o.bans_of("api", SystemTime::now()).len(), 1);
     }

@@ -134,6 +134,14 @@ async fn peek_reset_reload(extra: &[&str]) {
     }
     assert_eq!(limit, 7, "SIGHUP did not reload");
 
+    // A policy renamed by a reload is the one `/metrics` counts limited clients of.
+    std::fs::write(&file, CONFIG.replace("\"reply\"", "\"answer\"")).unwrap();
+    assert_eq!(send(admin, "POST", "/reload", &[]).await.status, 200);
+    replies(&server, "erin", 4).await;
+    let metrics = send(server.addr, "GET", "/metrics", &[]).await.body;
+    let distinct = "throttle_distinct_limited_clients{policy=\"answer\"";
+    assert!(metrics.contains(distinct), "{metrics}");
+
     let health = send(admin, "GET", "/health", &[]).await;
     assert_eq!(health.status, 200, "{}", health.body);
     assert_eq!(json(&health.body)["up"], true, "{}", health.body);
