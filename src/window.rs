@@ -241,7 +241,10 @@ pub fn sliding_window(
     let window = now / period;
     let elapsed = now % period;
     let left = period - elapsed;
+    // Counts above the limit were kept under a larger quota: "full" under this one, as in the
+    // fixed window (and as the Redis script reads them).
     let (current, previous) = SlidingState::at(state, window);
+    let (current, previous) = (current.min(limit), previous.min(limit));
     let p = u128::from(period);
     // estimate × period, exactly.
     let weighted = u128::from(previous) * u128::from(left) + u128::from(current) * p;
@@ -446,6 +449,18 @@ mod tests {
         assert_eq!((d.allowed, d.remaining, d.retry_after), (false, 2, None));
         assert_eq!(d.reset_after, nanos(750 * MS));
         assert_eq!(stored, sliding(1, 0, 10));
+    }
+
+    /// Counts kept under a larger quota read as the limit (full), as the fixed window's do: half
+    /// into window 1, 50 from window 0 weigh as 10 × 0.5 = 5.
+    #[test]
+    fn a_sliding_window_counts_past_the_limit_as_full() {
+        let p = params(10, S);
+        let (d, stored) = sliding_window(sliding(1, 0, 50), S + 500 * MS, &p, 1);
+        assert_eq!((d.allowed, d.remaining), (true, 4));
+        assert_eq!(stored, sliding(1, 1, 10));
+        let (d, _) = sliding_window(sliding(1, u64::MAX, 0), S + 500 * MS, &p, 1);
+        assert_eq!((d.allowed, d.remaining), (false, 0));
     }
 
     #[test]

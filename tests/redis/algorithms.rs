@@ -1179,7 +1179,8 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
                 Algorithm::FixedWindow => {
                     let state = (rng.below(3) != 0).then(|| FixedState {
                         window: window - rng.pick(&[0, 0, 1, 5]),
-                        count: rng.below(count) + 1,
+                        // Up to thrice the limit: kept under a larger quota.
+                        count: rng.below(3 * count) + 1,
                     });
                     if let Some(s) = state {
                         pipe.set(key, format!("{}:{}", s.window, s.count)).ignore();
@@ -1189,8 +1190,8 @@ async fn the_script_computes_window_rs_and_gcra_rs_exactly() {
                 _ => {
                     let state = (rng.below(4) != 0).then(|| SlidingState {
                         window: window - rng.pick(&[0, 0, 1, 1, 2]),
-                        current: rng.below(count + 1),
-                        previous: rng.below(count + 1),
+                        current: rng.below(3 * count + 1),
+                        previous: rng.below(3 * count + 1),
                     });
                     if let Some(s) = state {
                         let v = format!("{}:{}:{}", s.window, s.current, s.previous);
