@@ -141,6 +141,34 @@ fn close(a: Duration, b: Duration, within: Duration) -> bool {
     a.abs_diff(b) <= within
 }
 
+/// A quota whose interval between units is not a whole number of microseconds is decided on the
+/// script in mode Cell: redis-cell counts what remains in whole microseconds (under one, it says
+/// i64::MAX remain).
+#[tokio::test]
+async fn cell_mode_reports_what_remains_of_a_sub_microsecond_interval_exactly() {
+    let server = RedisServer::start_with_cell();
+    let cell = connect(&server.url(), RedisMode::Cell).await;
+    let memory = MemoryBackend::new();
+    let key = Key::from("fast");
+    for (name, quota) in [
+        ("two-million", Quota::per_second(2_000_000)),
+        ("three", Quota::per_second(3)),
+    ] {
+        let limit = limit(name, quota);
+        for _ in 0..3 {
+            let (m, c) = (
+                memory.check_one(&limit, &key, 1).await.unwrap(),
+                cell.check_one(&limit, &key, 1).await.unwrap(),
+            );
+            assert_eq!(
+                (c.allowed, c.remaining),
+                (m.allowed, m.remaining),
+                "{name}: {c:?}"
+            );
+        }
+    }
+}
+
 /// Memory, Lua and `CL.THROTTLE` see the same requests at the same times and must agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_lua_and_cell_agree() {

@@ -13,7 +13,8 @@ pub enum RedisMode {
     #[default]
     Auto,
     /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. What it cannot
-    /// decide (peeks, oversized quantities, penalties, delays, other algorithms, stacks) runs on Lua.
+    /// decide exactly (peeks, oversized quantities, penalties, delays, other algorithms, stacks, an
+    /// interval between units that is not a whole number of microseconds) runs on Lua.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,
