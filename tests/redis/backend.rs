@@ -141,6 +141,30 @@ fn close(a: Duration, b: Duration, within: Duration) -> bool {
     a.abs_diff(b) <= within
 }
 
+/// Every script is loaded when a backend connects (and so after each restart or failover, which
+/// Redis keeps no script across): no first call of one pays `NOSCRIPT`'s two more round trips.
+#[tokio::test]
+async fn every_script_is_loaded_at_connect() {
+    let server = RedisServer::start();
+    let cached = || {
+        let info = server.cli(&["INFO", "memory"]);
+        let line = info
+            .lines()
+            .find(|l| l.starts_with("number_of_cached_scripts:"));
+        line.unwrap()
+            .trim_end()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+    };
+    assert_eq!(cached(), 0);
+    let _backend = connect(&server.url(), RedisMode::Lua).await;
+    // The deciding scripts (GCRA, limits, their batches, CL.THROTTLE's), settle, budget, renew.
+    assert_eq!(cached(), 8);
+}
+
 /// A quota whose interval between units is not a whole number of microseconds is decided on the
 /// script in mode Cell: redis-cell counts what remains in whole microseconds (under one, it says
 /// i64::MAX remain).

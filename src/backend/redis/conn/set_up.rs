@@ -54,10 +54,9 @@ impl SetUpError {
 }
 
 /// Sets up `conn` (just made, not yet in service; a Cluster's, following redirections, with
-/// `cluster` to ask every primary) for `state`'s mode (see the module docs); loading the scripts
-/// that decide (`gcra.lua` and `limits.lua`, and their batches when checks are coalesced) spares
-/// the first decision a `NOSCRIPT`, which costs two more round trips: on a slow link, more than
-/// the timeout (issue 50). What detection found is recorded last.
+/// `cluster` to ask every primary) for `state`'s mode (see the module docs); loading every script
+/// spares the first call of each a `NOSCRIPT`, which costs two more round trips: on a slow link,
+/// more than the timeout (issue 50). What detection found is recorded last.
 pub(crate) async fn set_up(
     conn: &mut (impl ConnectionLike + Send),
     cluster: Option<Result<ClusterConnection, RedisError>>,
@@ -76,10 +75,19 @@ pub(crate) async fn set_up(
     if mode == RedisMode::Cell && loaded == Some(false) {
         return Err(SetUpError::NoCell);
     }
-    let scripts: &[&str] = match state.batches {
-        Some(_) => &[lua::GCRA, lua::LIMITS, lua::GCRA_BATCH, lua::LIMITS_BATCH],
-        None => &[lua::GCRA, lua::LIMITS],
-    };
+    // Every script a decision, a settlement or a lease may run, whatever the policies: Redis
+    // keeps no script across a restart or a failover, and a script missing costs its first call
+    // two more round trips (`NOSCRIPT`, then `SCRIPT LOAD`), past the timeout on a slow link.
+    let scripts = [
+        lua::GCRA,
+        lua::LIMITS,
+        lua::GCRA_BATCH,
+        lua::LIMITS_BATCH,
+        lua::CELL,
+        lua::SETTLE,
+        lua::BUDGET,
+        lua::RENEW,
+    ];
     let failed = |e| SetUpError::Redis("load the script (SCRIPT LOAD)", e);
     if on_cluster {
         // One call a script, which redis-rs sends to every primary (a pipeline goes to one).
@@ -93,7 +101,7 @@ pub(crate) async fn set_up(
         // One round trip: on a slow link, each round trip of the set-up counts.
         let mut load = redis::pipe();
         for script in scripts {
-            load.cmd("SCRIPT").arg("LOAD").arg(*script).ignore();
+            load.cmd("SCRIPT").arg("LOAD").arg(script).ignore();
         }
         load.query_async::<()>(&mut *conn).await.map_err(failed)?;
     }
