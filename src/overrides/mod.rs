@@ -24,8 +24,9 @@ use crate::quota::Quota;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Override {
-    /// Another quota, in place of the policy's (every tier, every stacked limit): the key keeps
-    /// its state under the policy's name and algorithm, as a per-customer quota does.
+    /// Another quota, in place of the policy's (every tier, every stacked limit), with the policy's
+    /// algorithm: the key counts under a name of its own, `<policy>.override`, so it starts afresh
+    /// under the override and finds its old state when the override goes.
     Quota(Quota),
     /// No limit: let through without asking the backend.
     Unlimited,
