@@ -592,6 +592,14 @@ impl<K> PolicyBuilder<K> {
                 // Limit names join policy, tier and period with dots: "api.paid.1s".
                 return Err(invalid(format!("tier {tier:?} may not contain '.'")));
             }
+            if tier == "override" {
+                // Its limit would be "api.override", where operators' override quotas count.
+                return Err(invalid(
+                    "tier \"override\" is reserved: the policy's override quotas count under \
+                     <policy>.override; rename the tier"
+                        .to_owned(),
+                ));
+            }
             if tiers
                 .iter()
                 .any(|t| t.name.as_deref() == Some(tier.as_str()))

@@ -899,6 +899,15 @@ fn limits_that_share_a_name_must_share_every_rule_and_stack() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("may not contain '.'"), "{err}");
+    // A tier "override" would count where the policy's override quotas count.
+    let err = Policy::builder("api")
+        .key(Global)
+        .quota(Quota::per_second(1))
+        .tier("override", [Quota::per_second(2)])
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tier \"override\" is reserved"), "{err}");
 }
 
 /// What sharing a name means: the tier "paid" of "api" and the policy "api.paid" count in one
