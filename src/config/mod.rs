@@ -219,6 +219,10 @@ impl Config {
 
     /// The configured layer on the in-memory backend; an error if `[backend]` is not `"memory"`.
     pub fn memory_layer(&self) -> Result<ThrottleLayer<KeySpec, MemoryBackend>, BuildError> {
+        if self.access.as_ref().is_some_and(|a| a.redis_sets.is_some()) {
+            let why = "[access] redis_sets needs [backend] kind = \"redis\"";
+            return Err(BuildError::Invalid(why.into()));
+        }
         let layer = self.layer_builder(self.memory_backend()?)?.build()?;
         self.restore_state(layer.backend(), &layer.policies());
         Ok(layer)

@@ -117,6 +117,12 @@ pub(super) fn quotas_of(
 impl AccessConfig {
     /// The static lists.
     pub fn lists(&self) -> Result<AccessList, BuildError> {
+        if self.redis_refresh.is_some() && self.redis_sets.is_none() {
+            return Err(BuildError::Invalid(
+                "[access] redis_refresh is how often redis_sets are read: set redis_sets too"
+                    .into(),
+            ));
+        }
         let lists = AccessList::new();
         let bad =
             |setting: &str, e: InvalidCidr| BuildError::Invalid(format!("[access] {setting}: {e}"));

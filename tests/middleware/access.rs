@@ -116,6 +116,8 @@ async fn the_config_builds_lists_and_client_ip_keys() {
         ("trusted_proxies = [\"10.0.0.0/99\"]\n[[route]]\nname = \"a\"\nkey = \"client-ip\"\ncount = 1\nperiod = \"1s\"", "trusted_proxies"),
         ("client_ip_header = \"x-client\"\n[[route]]\nname = \"a\"\nkey = \"client-ip\"\ncount = 1\nperiod = \"1s\"", "client_ip_header"),
         ("[access]\ndeny_networks = [\"nope\"]\n[[route]]\nname = \"a\"\nkey = \"ip\"\ncount = 1\nperiod = \"1s\"", "[access]"),
+        ("[access]\nredis_refresh = \"2s\"\n[[route]]\nname = \"a\"\nkey = \"ip\"\ncount = 1\nperiod = \"1s\"", "set redis_sets too"),
+        ("[access]\nredis_sets = \"acl\"\n[[route]]\nname = \"a\"\nkey = \"ip\"\ncount = 1\nperiod = \"1s\"", "redis_sets needs"),
     ] {
         let err = Config::from_toml(bad).unwrap().memory_layer().unwrap_err();
         assert!(err.to_string().contains(says), "{err}");
