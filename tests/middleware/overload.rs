@@ -311,11 +311,24 @@ fn the_overload_table_configures_the_gate() {
         count = 100
         period = "1s"
         mode = "under-pressure"
+        tier_header = "x-plan"
+
+        [route.tiers.paid]
+        count = 1000
+        period = "1s"
     "#;
     let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
     let gate = layer.overload().unwrap();
     assert_eq!(gate.limit(), 16);
     assert_eq!(gate.partitions().collect::<Vec<_>>(), ["paid", "free"]);
+    // A partition but the last names a tier (or a policy) of the layer: a misspelled one is an
+    // error, not requests left to the last partition.
+    let typo = toml.replace("name = \"paid\"", "name = \"payd\"");
+    let err = Config::from_toml(&typo)
+        .unwrap()
+        .memory_layer()
+        .unwrap_err();
+    assert!(err.to_string().contains("\"payd\" names no tier"), "{err}");
     let bad = |table: &str, expected: &str| {
         let toml = format!("[overload]\n{table}\n[[route]]\nname = \"a\"\nkey = \"global\"\ncount = 1\nperiod = \"1s\"\n");
         let err = Config::from_toml(&toml)
