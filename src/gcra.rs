@@ -52,11 +52,12 @@ impl GcraParams {
 
     /// The same parameters for a metered limit, whose key may owe up to `units` past its burst
     /// ([`settle`]): a TAT up to `units` emission intervals beyond the tolerance is debt, read as
-    /// it is, not another quota's state.
+    /// it is, not another quota's state. At most 2^63 ns (292 years): a TAT of now plus the
+    /// ceiling stays below `u64::MAX`, which the memory backend's hot slot reserves.
     pub(crate) const fn with_debt(mut self, units: u64) -> Self {
-        self.ceiling = self
-            .tolerance
-            .saturating_add(self.emission_interval.saturating_mul(units));
+        let debt = self.emission_interval.saturating_mul(units);
+        let ceiling = self.tolerance.saturating_add(debt);
+        self.ceiling = if ceiling < 1 << 63 { ceiling } else { 1 << 63 };
         self
     }
 
@@ -250,6 +251,17 @@ pub fn settle(
 mod tests {
     use super::*;
     use crate::quota::Quota;
+
+    /// However large the debt allowed, a settled TAT stays a TAT (below `u64::MAX`).
+    #[test]
+    fn a_settled_debt_stays_below_the_largest_tat() {
+        let limit = crate::Limit::new("m", Quota::per_second(1))
+            .unwrap()
+            .with_max_debt(u64::MAX);
+        let params = limit.gcra().unwrap();
+        let tat = settle(Some(0), 1_000, params, i64::MAX, 0).unwrap();
+        assert_eq!(tat, 1_000 + (1 << 63));
+    }
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;
