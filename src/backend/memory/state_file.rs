@@ -78,8 +78,12 @@ impl<C: Clock> MemoryBackend<C> {
             }
             line("entry", first, &key, cells.join(";"));
         }
+        // A name of this save's own: two saves at once (two processes, or a signal's beside a
+        // shutdown's) each write whole, and the last renamed wins.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut temporary = path.as_os_str().to_owned();
-        temporary.push(".tmp");
+        temporary.push(format!(".{}-{save}.tmp", std::process::id()));
         let mut file = fs::File::create(&temporary)?;
         file.write_all(text.as_bytes())?;
         file.sync_all()?;
@@ -427,6 +431,33 @@ mod tests {
         assert_eq!(left(&fresh, &fixed), 2);
         let stacked = fresh.decide_all(&stack, &key, 0).unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
+        fs::remove_file(&path).unwrap();
+    }
+
+    /// Saves at once to one file each write a whole file: the last renamed is read back whole.
+    #[test]
+    fn saves_at_once_leave_a_whole_file() {
+        let limit = [Limit::new("many", Quota::per_hour(10)).unwrap()];
+        let saving = backend();
+        for i in 0..300 {
+            assert!(
+                saving
+                    .decide(&limit[0], &Key::from(format!("k{i}")), 1)
+                    .unwrap()
+                    .allowed
+            );
+        }
+        let path = file("at-once");
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..25 {
+                        assert_eq!(saving.save_state(&path, &limit).unwrap(), 300);
+                    }
+                });
+            }
+        });
+        assert_eq!(backend().load_state(&path, &limit).unwrap(), 300);
         fs::remove_file(&path).unwrap();
     }
 
