@@ -84,11 +84,15 @@ impl<C: Clock> MemoryBackend<C> {
         let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut temporary = path.as_os_str().to_owned();
         temporary.push(format!(".{}-{save}.tmp", std::process::id()));
-        let mut file = fs::File::create(&temporary)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        fs::rename(&temporary, path)?;
-        Ok(written)
+        let saved = fs::File::create(&temporary).and_then(|mut file| {
+            file.write_all(text.as_bytes())?;
+            file.sync_all()?;
+            fs::rename(&temporary, path)
+        });
+        if saved.is_err() {
+            let _ = fs::remove_file(&temporary); // Not left behind, under a name no save reuses.
+        }
+        saved.map(|()| written)
     }
 
     /// Reads a file [`save_state`](Self::save_state) wrote and gives each key of `limits` the state
