@@ -19,6 +19,7 @@ use crate::limit::Limit;
 use crate::middleware::ThrottleLayer;
 #[cfg(feature = "redis")]
 use crate::offenders::Offenders;
+use crate::per_customer::Namespace;
 use crate::policy::Policy;
 #[cfg(feature = "redis")]
 use std::time::Duration;
@@ -84,14 +85,22 @@ impl Config {
     }
 }
 
-/// Every limit of `policies`: every tier's, and the shadow limits (counted by the backend too).
+/// Every limit of `policies`: every tier's, the shadow limits (counted by the backend too), and
+/// those a customer's or an override's quota counts under (one each: their state is found by
+/// name).
 fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
     policies
         .iter()
         .flat_map(|p| {
             let spec = p.spec();
             let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
-            tiers.chain(spec.shadow_limits()).cloned()
+            let quotas = &p.compiled().overridable.quotas;
+            let chosen =
+                [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns, true));
+            tiers
+                .chain(spec.shadow_limits())
+                .cloned()
+                .chain(chosen.into_iter().flatten())
         })
         .collect()
 }
