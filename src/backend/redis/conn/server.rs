@@ -330,6 +330,16 @@ fn must_reconnect(error: &RedisError) -> bool {
             || is_not_primary(error))
 }
 
+/// Whether `error` says Redis cannot answer here for now — the link lost or silent, or the node
+/// not a primary (a failover under way) — so that a call is worth trying again, unlike after an
+/// error reply.
+pub(crate) fn is_unreachable(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_timeout()
+        || is_not_primary(error)
+}
+
 /// `READONLY`, `MASTERDOWN` or `LOADING`: Redis answered, but cannot decide here.
 pub(crate) fn is_not_primary(error: &RedisError) -> bool {
     error.code().is_some_and(is_not_primary_code)

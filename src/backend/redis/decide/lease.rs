@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::task::AbortHandle;
 
 use crate::backend::redis::conn::connection::RedisConnection;
+use crate::backend::redis::conn::server::is_unreachable;
 use crate::backend::redis::wire::scripts::RENEW;
 use crate::backoff::Backoff;
 
@@ -145,7 +146,8 @@ impl Leases {
                 let call = cmd.query_async::<u64>(&mut conn);
                 match tokio::time::timeout(leases.timeout, call).await {
                     Ok(Ok(_)) => return,
-                    Ok(Err(e)) if !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()) => {
+                    // A failover's READONLY too is tried again: the slot is held until it ends.
+                    Ok(Err(e)) if !is_unreachable(&e) => {
                         tracing::debug!(error = %e, "a concurrency slot was not released; its lease will expire");
                         return;
                     }

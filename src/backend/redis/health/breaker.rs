@@ -11,7 +11,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use super::circuit::{Admission, Circuit};
 use super::recorder::{error_text, Clock, Recorder};
 use crate::backend::redis::conn::cluster_nodes::{ClusterNodes, Node};
-use crate::backend::redis::conn::server::{is_not_primary, SingleServer};
+use crate::backend::redis::conn::server::{is_unreachable, SingleServer};
 use crate::backend::redis::wire::mode::RedisMode;
 use crate::error::BackendError;
 
@@ -167,11 +167,9 @@ where
             Ok(Ok(value)) => (Ok(value), Outcome::answered(None)),
             Ok(Err(e)) => {
                 let error = Some(error_text(&e));
-                let outcome = if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                // Not a primary: Redis answered, but cannot decide here until a failover ends.
+                let outcome = if is_unreachable(&e) {
                     Outcome::unreachable(error, e.is_timeout())
-                } else if is_not_primary(&e) {
-                    // Redis answered, but cannot decide here until a failover ends: as unreachable.
-                    Outcome::unreachable(error, false)
                 } else {
                     // An error reply (OOM, NOPERM...) still proves Redis is there.
                     Outcome {
