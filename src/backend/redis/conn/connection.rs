@@ -229,6 +229,11 @@ pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
 /// `Auto` mode detects the module again this often (ms), besides after connection failures.
 const DETECT_EVERY_MS: u64 = 30_000;
 
+/// After a failed detection, the next one waits this long (ms), whatever fails meanwhile: while
+/// Redis (or one node of a Cluster, which detection asks) does not answer, decisions would
+/// otherwise each detect first, and wait for it.
+const DETECT_RETRY_MS: u64 = 1_000;
+
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
@@ -239,6 +244,8 @@ pub(crate) struct Detector {
     active: AtomicU8,
     /// In `Auto` mode, when to detect again anyway (a module loaded later, a silent reconnect).
     next_detect: AtomicU64,
+    /// In `Auto` mode, when a connection failure may make a decision detect again.
+    retry_detect: AtomicU64,
 }
 
 impl Detector {
@@ -252,6 +259,7 @@ impl Detector {
             },
             active: AtomicU8::new(UNKNOWN),
             next_detect: AtomicU64::new(0),
+            retry_detect: AtomicU64::new(0),
         }
     }
 
@@ -307,8 +315,8 @@ impl Detector {
         let now = breaker.recorder.clock.now_ms();
         let known = self.active.load(Ordering::Relaxed);
         if known == UNKNOWN
-            || breaker.recorder.lost()
             || now >= self.next_detect.load(Ordering::Relaxed)
+            || (breaker.recorder.lost() && now >= self.retry_detect.load(Ordering::Relaxed))
         {
             // The loss is forgotten once detection answered (a call dropped half-way leaves it).
             // Boxed: rare, and it would otherwise swell every check's future.
@@ -334,7 +342,11 @@ impl Detector {
                         .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
                 }
                 Err(e) if known == UNKNOWN => return Err(e),
-                Err(_) => {}
+                Err(_) => {
+                    let retry = now + DETECT_RETRY_MS;
+                    self.retry_detect.store(retry, Ordering::Relaxed);
+                    self.next_detect.fetch_max(retry, Ordering::Relaxed);
+                }
             }
         }
         Ok(self.active.load(Ordering::Relaxed) == CELL)
