@@ -26,7 +26,13 @@ pub(crate) fn redis_key(prefix: &str, policy: &str, key: &Key) -> String {
     out.push(':');
     out.push_str(policy);
     out.push_str(":{");
+    let start = out.len();
     key.render(&mut out);
+    if out.len() == start {
+        // The empty key: `{}` is no hash tag (Redis hashes the whole name), and a stack's keys
+        // would fall in different Cluster slots. A lone `%` is no key's rendering.
+        out.push('%');
+    }
     out.push('}');
     out
 }
@@ -431,6 +437,18 @@ mod tests {
         assert!(org_key.starts_with("p:api.1m.x-org-id:{api.1m.x-user-id}:"));
         assert!(org_key.ends_with(":fixed"));
         assert_eq!(org_key.matches('{').count(), 1, "{org_key}");
+    }
+
+    /// The empty key has a hash tag too: a stack's keys for it share one Cluster slot.
+    #[test]
+    fn the_empty_key_s_state_keys_share_a_slot() {
+        use crate::backend::redis::conn::cluster_nodes::slot_of;
+        let (a, b) = (
+            redis_key("p", "a", &Key::from("")),
+            redis_key("p", "b", &Key::from("")),
+        );
+        assert_eq!(a, "p:a:{%}");
+        assert_eq!(slot_of(a.as_bytes()), slot_of(b.as_bytes()));
     }
 
     #[test]
