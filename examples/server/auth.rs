@@ -1,6 +1,7 @@
 //! The admin listener's token (`--admin-token-env NAME` or `[admin] token_env`): with one, every
-//! admin request needs `Authorization: Bearer <token>`, else 401 — the page at `/` included (the
-//! browser asks for the token and sends it with every call).
+//! admin request needs `Authorization: Bearer <token>`, else 401 — but the page at `/`, which is
+//! static and holds no data (a browser cannot send a bearer token when it navigates): the page
+//! asks for the token and sends it with every call it makes.
 //!
 //! The comparison takes the same time whatever the request sends: both sides are hashed with
 //! SHA-256 and the digests compared byte by byte without an early exit, so neither a wrong prefix
