@@ -10,6 +10,7 @@ use crate::engine::verdict::Judge;
 use crate::error::BuildError;
 use crate::limit::Limit;
 use crate::overload::{Gate, PartitionBy};
+use crate::per_customer::Namespace;
 use crate::policy::{check_table, Policy, PolicySpec};
 
 /// The policy table: the policies in the order they are tried, each compiled for this table, and
@@ -25,15 +26,16 @@ pub(crate) struct Table<K> {
 }
 
 impl<K> Table<K> {
-    /// Each policy's name with the names of its limits (every tier's, and the policy's own, under
-    /// which per-customer quotas and overrides keep their state).
+    /// Each policy's name with the names of its limits (every tier's, and those per-customer
+    /// quotas and overrides keep their state under).
     pub(crate) fn limit_names(&self) -> Vec<(String, Vec<String>)> {
         let policies = self.policies.iter().map(|p| {
             let rules = p.compiled();
-            let mut names = vec![
-                rules.name().to_owned(),
-                format!("{}.override", rules.name()),
-            ];
+            let quotas = &rules.overridable.quotas;
+            let overridden = quotas.namespace(Namespace::Override, true);
+            let override_name = overridden.map(|l| l.name().to_owned());
+            let mut names = vec![rules.name().to_owned()];
+            names.extend(override_name);
             let limits = rules.tiers.iter().flat_map(|t| t.limits.iter());
             names.extend(limits.map(|l| l.name().to_owned()));
             (rules.name().to_owned(), names)
