@@ -180,15 +180,12 @@ impl RedisConfig {
     /// `"eager"` as [`connect`](Self::connect). Either way, an error when Redis refuses the configuration (a wrong or missing
     /// password, missing ACL permissions, mode "cell" without the module).
     pub async fn start(&self) -> Result<RedisBackend, BackendError> {
-        let eager = match self.connect.as_deref() {
-            None | Some("lazy") => false,
-            Some("eager") => true,
-            Some(other) => {
-                return Err(BackendError::new(format!(
-                    "[backend] connect = {other:?} is not \"lazy\" or \"eager\""
-                )))
-            }
-        };
+        let eager = super::schema::one_of(
+            "[backend] connect",
+            self.connect.as_deref(),
+            &[("lazy", false), ("eager", true)],
+        )
+        .map_err(BackendError::new)?;
         let builder = self.builder()?;
         if eager {
             builder.connect().await

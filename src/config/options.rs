@@ -11,7 +11,7 @@
 use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of};
-use super::schema::{set, QuotaConfig, RouteConfig, TierConfig};
+use super::schema::{one_of, set, QuotaConfig, RouteConfig, TierConfig};
 use crate::error::BuildError;
 use crate::key::{ClientIp, KeySpec};
 use crate::limit::Algorithm;
@@ -116,15 +116,11 @@ fn when(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Build
 
 /// `window_start`: `"aligned"` or `"per-key"`.
 fn window_start(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
-    let start = match route.window_start.as_deref() {
-        None | Some("aligned") => WindowStart::Aligned,
-        Some("per-key") => WindowStart::PerKey,
-        Some(other) => {
-            return Err(format!(
-                "window_start {other:?} is not one of \"aligned\", \"per-key\""
-            ))
-        }
-    };
+    let starts = [
+        ("aligned", WindowStart::Aligned),
+        ("per-key", WindowStart::PerKey),
+    ];
+    let start = one_of("window_start", route.window_start.as_deref(), &starts)?;
     Ok(builder.window_start(start))
 }
 
@@ -356,15 +352,10 @@ fn statuses(
 
 /// `on_missing_key`: `"reject"` (400, the default) or `"allow"`.
 fn on_missing_key(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
-    Ok(
-        builder.on_missing_key(match route.on_missing_key.as_deref() {
-            None | Some("reject") => MissingKey::Reject(StatusCode::BAD_REQUEST),
-            Some("allow") => MissingKey::Allow,
-            Some(other) => {
-                return Err(format!(
-                    "on_missing_key {other:?} is not \"reject\" or \"allow\""
-                ))
-            }
-        }),
-    )
+    let answers = [
+        ("reject", MissingKey::Reject(StatusCode::BAD_REQUEST)),
+        ("allow", MissingKey::Allow),
+    ];
+    let answer = one_of("on_missing_key", route.on_missing_key.as_deref(), &answers)?;
+    Ok(builder.on_missing_key(answer))
 }

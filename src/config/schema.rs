@@ -540,6 +540,26 @@ pub(super) fn set<B, T>(builder: B, value: Option<T>, option: fn(B, T) -> B) -> 
     }
 }
 
+/// `value` of setting `setting` as one of `choices`, by name (the first when unset), or an error
+/// that lists them: `setting "x" is not "a", "b" or "c"`.
+pub(super) fn one_of<T: Clone>(
+    setting: &str,
+    value: Option<&str>,
+    choices: &[(&str, T)],
+) -> Result<T, String> {
+    let value = value.unwrap_or(choices[0].0);
+    if let Some((_, chosen)) = choices.iter().find(|(name, _)| *name == value) {
+        return Ok(chosen.clone());
+    }
+    let names: Vec<String> = choices
+        .iter()
+        .map(|(name, _)| format!("{name:?}"))
+        .collect();
+    let (last, first) = names.split_last().expect("a setting has choices");
+    let first = first.join(", ");
+    Err(format!("{setting} {value:?} is not {first} or {last}"))
+}
+
 /// `#[serde(default = "schema::yes")]`: a flag that is on unless set.
 pub(super) fn yes() -> bool {
     true
@@ -585,14 +605,13 @@ pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 pub(super) fn on_backend_error<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<OnBackendError, D::Error> {
-    match String::deserialize(d)?.as_str() {
-        "allow" => Ok(OnBackendError::Allow),
-        "deny" => Ok(OnBackendError::Deny),
-        "local" => Ok(OnBackendError::Local),
-        other => Err(serde::de::Error::custom(format!(
-            "on_backend_error {other:?} is not \"allow\", \"deny\" or \"local\""
-        ))),
-    }
+    let choices = [
+        ("allow", OnBackendError::Allow),
+        ("deny", OnBackendError::Deny),
+        ("local", OnBackendError::Local),
+    ];
+    let value = String::deserialize(d)?;
+    one_of("on_backend_error", Some(&value), &choices).map_err(serde::de::Error::custom)
 }
 
 pub(super) fn some_on_backend_error<'de, D: Deserializer<'de>>(
@@ -639,27 +658,18 @@ impl OverloadConfig {
     pub fn overload(&self) -> Result<crate::overload::Overload, BuildError> {
         use crate::overload::{Overload, PartitionBy};
         let invalid = |what: String| BuildError::Invalid(format!("[overload] {what}"));
-        let mut overload = match self.algorithm.as_deref() {
-            None | Some("gradient") => Overload::gradient(),
-            Some("aimd") => Overload::aimd(),
-            Some(other) => {
-                return Err(invalid(format!(
-                    "algorithm {other:?} is not \"gradient\" or \"aimd\""
-                )))
-            }
-        };
+        let algorithms = [
+            ("gradient", Overload::gradient()),
+            ("aimd", Overload::aimd()),
+        ];
+        let mut overload =
+            one_of("algorithm", self.algorithm.as_deref(), &algorithms).map_err(invalid)?;
         let (min, max) = (overload.min, overload.max);
         overload = overload.limits(self.min_limit.unwrap_or(min), self.max_limit.unwrap_or(max));
         overload = set(overload, self.initial_limit, Overload::initial_limit);
-        overload = overload.partition_by(match self.partition_by.as_deref() {
-            None | Some("policy") => PartitionBy::Policy,
-            Some("tier") => PartitionBy::Tier,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "partition_by {other:?} is not \"policy\" or \"tier\""
-                )))
-            }
-        });
+        let by = [("policy", PartitionBy::Policy), ("tier", PartitionBy::Tier)];
+        let by = one_of("partition_by", self.partition_by.as_deref(), &by).map_err(invalid)?;
+        overload = overload.partition_by(by);
         if let Some(status) = self.status {
             let status = http::StatusCode::from_u16(status)
                 .map_err(|_| invalid(format!("status {status} is not an HTTP status")))?;
