@@ -64,6 +64,16 @@ impl ConcurrencySlot {
         }
     }
 
+    /// The service is called only now, after the layer's own wait: the count in flight, if any,
+    /// measures its latency from here ([`InFlight::called`]).
+    pub(crate) fn called(&mut self) {
+        match &mut self.0 {
+            Some(Held::Counted(in_flight)) => in_flight.called(),
+            Some(Held::Both(both)) => both.2.called(),
+            Some(Held::Slot(..)) | None => {}
+        }
+    }
+
     /// The request failed (the service's error, or its body's): its count in flight, if it has
     /// one, ends as a dropped request.
     pub(crate) fn failed(&mut self) {

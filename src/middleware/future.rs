@@ -136,8 +136,8 @@ where
 
     /// This future, with the request counted in flight through the overload gate until its
     /// response ends (at once for a refusal: the service never saw the request). A request whose
-    /// service is called already holds the count as it would a slot; one that waits (a remote
-    /// decision, a body, a delay) is boxed beside it. Never inlined: kept out of `call`, a layer
+    /// service is called already, or after delay mode's wait, holds the count as it would a slot;
+    /// one that waits for a remote decision or a body is boxed beside it. Never inlined: kept out of `call`, a layer
     /// without a gate calls no larger a function.
     #[inline(never)]
     pub(crate) fn holding(self, in_flight: InFlight) -> Self {
@@ -163,6 +163,13 @@ where
                 slot: Some(ConcurrencySlot::and_counting(slot, in_flight)),
                 outcome,
             },
+            // Held as a slot too, so that the service's call can restart its clock: the gate
+            // learns the service's latency, not delay mode's wait.
+            State::Delaying { mut delayed } => {
+                let slot = delayed.as_mut().project().slot;
+                *slot = Some(ConcurrencySlot::and_counting(slot.take(), in_flight));
+                State::Delaying { delayed }
+            }
             state => State::Gated {
                 future: Box::pin(ResponseFuture { state }),
                 in_flight: Some(in_flight),
@@ -455,15 +462,25 @@ where
                         ready!(delayed.sleep.poll(cx));
                         *delayed.slept = true;
                     }
-                    ready!(delayed.service.poll_ready(cx))?;
+                    if let Err(e) = ready!(delayed.service.poll_ready(cx)) {
+                        // A failure of the service: a dropped request to the overload gate.
+                        if let Some(slot) = delayed.slot {
+                            slot.failed();
+                        }
+                        return Poll::Ready(Err(e));
+                    }
                     let request = delayed
                         .request
                         .take()
                         .expect("ResponseFuture polled after completion");
+                    let mut slot = delayed.slot.take();
+                    if let Some(slot) = &mut slot {
+                        slot.called();
+                    }
                     State::Calling {
                         future: delayed.service.call(request),
                         headers: delayed.headers.take(),
-                        slot: delayed.slot.take(),
+                        slot,
                         outcome: delayed.outcome.take(),
                     }
                 }

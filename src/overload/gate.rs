@@ -369,6 +369,13 @@ impl InFlight {
         self.word = (self.word & !(3 << 62)) | FAILED;
     }
 
+    /// The service is called only now, after a wait the layer made (delay mode's): the latency
+    /// the limit learns is measured from here, the service's and not the wait's.
+    pub(crate) fn called(&mut self) {
+        let now = self.gate.clock.now_nanos() & STARTED;
+        self.word = (self.word & !STARTED) | now;
+    }
+
     /// Ends the count without a sample: the request was refused before the service saw it.
     pub(crate) fn forget(mut self) {
         self.word = (self.word & !(3 << 62)) | REFUSED;

@@ -595,6 +595,55 @@ async fn the_gate_learns_the_latency_of_served_requests_only() {
     );
 }
 
+/// A request delay mode makes wait teaches the gate the service's latency, not the wait: the
+/// service's time starts when it is called.
+#[tokio::test]
+async fn the_gate_learns_the_service_latency_of_a_delayed_request_not_its_wait() {
+    use std::time::Duration;
+    // One request every 50 ms, the others waiting their turn (up to 2 s); a handler of ~1 ms.
+    let waits = Policy::builder("wait")
+        .route("/wait")
+        .key(Global)
+        .quota(Quota::per_second(20).bursts_of(1))
+        .delay(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .policy(waits)
+        .overload(fixed(64))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/wait",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                "ok"
+            }),
+        )
+        .layer(layer.clone());
+    let gate = layer.overload().unwrap();
+    // Batches of ten, waiting 0 to 450 ms each, each read to its end as it comes, until an
+    // interval has closed on them.
+    for _ in 0..10 {
+        let batch = (0..10).map(|_| async {
+            let response = app.clone().oneshot(get_("/wait")).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            to_bytes(response.into_body(), 64).await.unwrap();
+        });
+        futures_util::future::join_all(batch).await;
+        if gate.latency() > Duration::ZERO {
+            break;
+        }
+    }
+    let learned = gate.latency();
+    assert!(learned > Duration::ZERO, "no interval closed");
+    assert!(
+        learned < Duration::from_millis(40),
+        "{learned:?}: the waits were learned"
+    );
+}
+
 /// The gate's own API with a clock of the caller's: pressure lasts a second after a shed; a
 /// partition out of range is the last one; the shares read back.
 #[test]
