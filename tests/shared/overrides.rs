@@ -16,11 +16,15 @@ use tower_throttle::{Backend, Policy, Quota, ThrottleLayer};
 
 /// An app of one policy, `api`: 2 a minute per `x-user`; and its handle.
 pub fn app<B: Backend>(backend: B) -> (Router, ThrottleHandle<Header, B>) {
-    let policy = Policy::builder("api")
-        .quota(Quota::per_minute(2))
-        .key(Header::new("x-user"))
-        .build()
-        .unwrap();
+    app_of(backend, Policy::builder("api").quota(Quota::per_minute(2)))
+}
+
+/// An app of one policy, `policy` keyed by `x-user`, on `/`; and its handle.
+fn app_of<B: Backend>(
+    backend: B,
+    policy: tower_throttle::PolicyBuilder<tower_throttle::policy::NoKey>,
+) -> (Router, ThrottleHandle<Header, B>) {
+    let policy = policy.key(Header::new("x-user")).build().unwrap();
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy)
@@ -175,19 +179,8 @@ pub async fn overrides_and_bans_apply<B: Backend>(backend: B) {
 pub async fn an_overridden_concurrency_slot_is_given_back<B: Backend>(backend: B) {
     let policy = Policy::builder("api")
         .quota(Quota::per_second(5))
-        .algorithm(tower_throttle::Algorithm::Concurrency)
-        .key(Header::new("x-user"))
-        .build()
-        .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+        .algorithm(tower_throttle::Algorithm::Concurrency);
+    let (app, handle) = app_of(backend, policy);
     let one = Override::Quota(Quota::per_second(1));
     handle.set_override("api", "alice", one).await.unwrap();
     // Each response is dropped before the next request is sent.
