@@ -9,7 +9,7 @@ use crate::engine::settings::Settings;
 use crate::engine::verdict::Judge;
 use crate::error::BuildError;
 use crate::limit::Limit;
-use crate::overload::{Gate, PartitionBy};
+use crate::overload::PartitionBy;
 use crate::per_customer::Namespace;
 use crate::policy::{check_table, Policy, PolicySpec};
 
@@ -77,7 +77,16 @@ impl<K> Table<K> {
         let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
         check_table(backend, &specs, settings.overload.is_some())?;
         if let Some(gate) = &settings.overload {
-            check_partitions(gate, &specs)?;
+            // The names a request's partition may have: its policy's, or its tier's.
+            let names = specs.iter().flat_map(|spec| match gate.partition_by() {
+                PartitionBy::Policy => vec![&*spec.name],
+                PartitionBy::Tier => spec
+                    .tiers
+                    .iter()
+                    .map(|t| t.name.as_deref().unwrap_or("default"))
+                    .collect(),
+            });
+            gate.check_partitions(names.collect())?;
         }
         let exposed = settings.decision_extension;
         let mut judge = Judge::new(settings);
@@ -103,34 +112,6 @@ impl<K> Table<K> {
             strips_near,
         })
     }
-}
-
-/// Every partition of the overload gate but the last (which takes the requests no other names)
-/// names a policy, or a tier, of the table: a misspelled name would leave its requests to the
-/// last partition, unsaid.
-fn check_partitions(gate: &Gate, specs: &[&PolicySpec]) -> Result<(), BuildError> {
-    let names: Vec<&str> = gate.partitions().collect();
-    let Some((_, named)) = names.split_last() else {
-        return Ok(());
-    };
-    let by_tier = matches!(gate.partition_by(), PartitionBy::Tier);
-    for name in named {
-        let found = specs.iter().any(|spec| match by_tier {
-            false => &*spec.name == *name,
-            true => spec
-                .tiers
-                .iter()
-                .any(|t| t.name.as_deref().unwrap_or("default") == *name),
-        });
-        if !found {
-            let what = if by_tier { "tier" } else { "policy" };
-            return Err(BuildError::Invalid(format!(
-                "overload partition {name:?} names no {what} of the layer (only the last \
-                 partition takes the requests no other names)"
-            )));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

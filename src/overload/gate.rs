@@ -151,6 +151,27 @@ impl Gate {
             .unwrap_or(last)
     }
 
+    /// Every partition but the last (which takes the requests no other names) is one of `names`
+    /// (the layer's policies', or its tiers', as the gate partitions by): a misspelled name would
+    /// leave its requests to the last partition, unsaid.
+    pub(crate) fn check_partitions(&self, names: Vec<&str>) -> Result<(), BuildError> {
+        let Some((_, named)) = self.partitions.split_last() else {
+            return Ok(());
+        };
+        match named.iter().find(|p| !names.contains(&&*p.name)) {
+            None => Ok(()),
+            Some(missing) => Err(BuildError::Invalid(format!(
+                "overload partition {:?} names no {} of the layer (only the last partition takes \
+                 the requests no other names)",
+                missing.name,
+                match self.partition_by {
+                    PartitionBy::Policy => "policy",
+                    PartitionBy::Tier => "tier",
+                }
+            ))),
+        }
+    }
+
     /// What names a request's partition.
     pub(crate) fn partition_by(&self) -> &PartitionBy {
         &self.partition_by
