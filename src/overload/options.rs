@@ -25,8 +25,15 @@ pub const MAX_LIMIT: u32 = u16::MAX as u32;
 ///     .partition_by(PartitionBy::Tier)
 ///     .partition("paid", 0.8)
 ///     .partition("free", 0.2);
+/// let api = Policy::builder("api")
+///     .key(PeerIp::new())
+///     .quota(Quota::per_second(50))
+///     .tier_header("x-plan")
+///     .tier("paid", [Quota::per_second(500)])
+///     .build()
+///     .unwrap();
 /// let layer = ThrottleLayer::builder()
-///     .policy(Policy::builder("api").key(PeerIp::new()).quota(Quota::per_second(50)).build().unwrap())
+///     .policy(api)
 ///     .overload(overload)
 ///     .build()
 ///     .unwrap();
