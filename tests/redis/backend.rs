@@ -165,31 +165,34 @@ async fn every_script_is_loaded_at_connect() {
     assert_eq!(cached(), 8);
 }
 
-/// A quota whose interval between units is not a whole number of microseconds is decided on the
-/// script in mode Cell: redis-cell counts what remains in whole microseconds (under one, it says
-/// i64::MAX remain).
+/// A quota of more than a million a second is not `CL.THROTTLE`'s (redis-cell counts what
+/// remains in whole microseconds of the interval, and under one says i64::MAX remain): mode Cell
+/// refuses it at build, and `Auto` decides it on the script, exactly.
 #[tokio::test]
-async fn cell_mode_reports_what_remains_of_a_sub_microsecond_interval_exactly() {
+async fn a_quota_past_a_million_a_second_is_not_cl_throttle_s() {
     let server = RedisServer::start_with_cell();
+    let fast = limit("two-million", Quota::per_second(2_000_000));
     let cell = connect(&server.url(), RedisMode::Cell).await;
+    use tower_throttle::Backend as _;
+    let refused = cell
+        .validate(
+            std::slice::from_ref(&fast),
+            tower_throttle::backend::Uses::NOTHING_MORE,
+        )
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("use mode \"lua\""),
+        "{refused}"
+    );
+    let auto = auto_alone(&server, "fast").await;
     let memory = MemoryBackend::new();
     let key = Key::from("fast");
-    for (name, quota) in [
-        ("two-million", Quota::per_second(2_000_000)),
-        ("three", Quota::per_second(3)),
-    ] {
-        let limit = limit(name, quota);
-        for _ in 0..3 {
-            let (m, c) = (
-                memory.check_one(&limit, &key, 1).await.unwrap(),
-                cell.check_one(&limit, &key, 1).await.unwrap(),
-            );
-            assert_eq!(
-                (c.allowed, c.remaining),
-                (m.allowed, m.remaining),
-                "{name}: {c:?}"
-            );
-        }
+    for _ in 0..3 {
+        let (m, a) = (
+            memory.check_one(&fast, &key, 1).await.unwrap(),
+            auto.check_one(&fast, &key, 1).await.unwrap(),
+        );
+        assert_eq!((a.allowed, a.remaining), (m.allowed, m.remaining), "{a:?}");
     }
 }
 

@@ -178,9 +178,9 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
     if Some(cell_interval as u64) != limit.gcra().map(|p| p.emission_interval()) {
         return None;
     }
-    // redis-cell counts what remains in whole microseconds of the interval: exact only for a whole
-    // number of them (under one, it divides by zero and says i64::MAX remain).
-    if !cell_interval.is_multiple_of(1_000) {
+    // redis-cell counts what remains in whole microseconds of the interval: under one, it divides
+    // by zero and says i64::MAX remain.
+    if cell_interval < 1_000 {
         return None;
     }
     Some(CellArgs {
@@ -459,18 +459,15 @@ mod tests {
             (Quota::cl_throttle(15, 30, ms(60_000)), (15, 30, 60)),
             (Quota::per_period(5, ms(500)), (4, 10, 1)),
             (Quota::per_period(1, ms(1500)), (0, 2, 3)),
-            (Quota::per_period(3, ms(600)), (2, 5, 1)),
+            (Quota::per_period(3, ms(700)), (2, 30, 7)),
             (Quota::per_day(1000), (999, 1000, 86_400)),
         ] {
             assert_eq!(cell(quota), Some(sent), "{quota:?}");
         }
-        // An interval of a fraction of a microsecond goes to the script.
-        for quota in [
-            Quota::per_period(3, ms(700)),
-            Quota::per_second(3),
-            Quota::per_second(2_000_000),
-        ] {
+        // An interval under a microsecond is not CL.THROTTLE's.
+        for quota in [Quota::per_second(2_000_000), Quota::per_second(4_000_000)] {
             assert_eq!(cell(quota), None, "{quota:?}");
         }
+        assert!(cell(Quota::per_second(1_000_000)).is_some());
     }
 }

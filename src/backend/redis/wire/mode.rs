@@ -13,8 +13,9 @@ pub enum RedisMode {
     #[default]
     Auto,
     /// `CL.THROTTLE`: requires the redis-cell module; decisions report whole seconds. What it cannot
-    /// decide exactly (peeks, oversized quantities, penalties, delays, other algorithms, stacks, an
-    /// interval between units that is not a whole number of microseconds) runs on Lua.
+    /// decide (peeks, oversized quantities, penalties, delays, other algorithms, stacks) runs on Lua;
+    /// a quota it cannot express (more than a million a second, a period that is no whole number
+    /// of seconds at the same rate) is refused at build.
     Cell,
     /// Always the Lua script (`EVALSHA`): any Redis 7.0 or newer, nanosecond results.
     Lua,
