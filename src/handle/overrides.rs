@@ -333,13 +333,7 @@ mod tests {
         orgs.set_override("api", "org:acme:*", Override::Blocked)
             .await
             .unwrap();
-        let listed: Vec<String> = orgs
-            .overrides("api")
-            .unwrap()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(listed, ["org%3Aacme%3A*"]);
+        assert_eq!(fields(orgs.overrides("api").unwrap()), ["org%3Aacme%3A*"]);
         let orgs = &orgs;
         let state = |key| async move { orgs.peek("api", key).await.unwrap().override_in_force };
         assert_eq!(state("org:acme:42").await, Some(Override::Blocked));
@@ -357,13 +351,15 @@ mod tests {
             |key| async move { peers.peek("api", key).await.unwrap().banned_until.is_some() };
         assert!(banned("10.0.3.4").await && banned("192.168.0.1").await);
         assert!(!banned("10.1.3.4").await);
-        let listed: Vec<String> = peers
-            .bans("api")
-            .unwrap()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(listed, ["!10.0.*", "!192.168.*"]);
+        assert_eq!(
+            fields(peers.bans("api").unwrap()),
+            ["!10.0.*", "!192.168.*"]
+        );
+    }
+
+    /// The fields of a listing, in order.
+    fn fields<T>(listed: Vec<(String, T)>) -> Vec<String> {
+        listed.into_iter().map(|(field, _)| field).collect()
     }
 
     /// A ban whose end the records cannot keep is refused, not written and then ignored.
