@@ -31,6 +31,14 @@ pub trait Records: Send + Sync + 'static {
     /// Calls `on_change` whenever a table changes, in any process (see [`OnRecordsChange`]).
     fn on_change(&self, on_change: OnRecordsChange);
 
+    /// Removes each of `fields` from table `table` whose value is still the one given (an ended
+    /// timed ban, read a moment ago: a ban written again since is kept), without telling the other
+    /// processes, as nothing in force changes. The default keeps them: they are only read again.
+    fn remove_unchanged(&self, table: &str, fields: Vec<(String, String)>) -> RecordsFuture<()> {
+        let _ = (table, fields);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Drops what this process cached of decisions under the limits named `limits` (a deny cache,
     /// leased slices), without telling the other processes (each does it when it hears of the
     /// change): a key's override changed, so a refusal cached under its old quota no longer

@@ -181,7 +181,7 @@ impl RedisConfig {
     /// password, missing ACL permissions, mode "cell" without the module).
     pub async fn start(&self) -> Result<RedisBackend, BackendError> {
         let eager = super::schema::one_of(
-            "[backend] connect",
+            "[backend] connect =",
             self.connect.as_deref(),
             &[("lazy", false), ("eager", true)],
         )

@@ -386,6 +386,9 @@ impl Overrides {
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let fields = self.store.read(table).await?;
         self.install(table, ticket, &fields);
+        if kind == "bans" {
+            self.remove_ended(table, &fields).await;
+        }
         // After the new entries are in force: a decision cached under the old ones would
         // otherwise outlive them (a refusal under a quota just raised).
         let policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
@@ -394,6 +397,25 @@ impl Overrides {
             self.store.forget_cached(&limits);
         }
         Ok(())
+    }
+
+    /// Removes the ended bans among `fields` (table `table`) from the store, so that bans come
+    /// and go without the table growing for good; a ban written again meanwhile is kept. A
+    /// failure is only logged: they are removed at a later read.
+    async fn remove_ended(&self, table: &str, fields: &[(String, String)]) {
+        let ended: Vec<(String, String)> = fields
+            .iter()
+            .filter(|(_, value)| {
+                decode_until(value).is_some_and(|until| until <= SystemTime::now())
+            })
+            .cloned()
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        if let Err(error) = self.store.remove_unchanged(table, ended).await {
+            tracing::debug!(table, %error, "ended bans not removed yet");
+        }
     }
 
     /// Puts `fields`, read with `ticket`, in force as table `table` (`overrides:<policy>` or
@@ -490,6 +512,18 @@ impl Records for InProcess {
         Box::pin(std::future::ready(Ok(fields)))
     }
 
+    fn remove_unchanged(&self, table: &str, fields: Vec<(String, String)>) -> RecordsFuture<()> {
+        let mut tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(kept) = tables.get_mut(table) {
+            for (field, value) in fields {
+                if kept.get(&field) == Some(&value) {
+                    kept.remove(&field);
+                }
+            }
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn on_change(&self, on_change: OnRecordsChange) {
         let _ = on_change;
     }
@@ -502,6 +536,7 @@ impl Records for InProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::overrides::encode_until;
     use crate::quota::Quota;
 
     fn field(f: &str, o: Override) -> (String, String) {
@@ -661,7 +696,7 @@ mod tests {
     fn a_ban_ends_at_its_end_comes_before_an_override_and_both_shows_them_apart() {
         let o = Overrides::new(None);
         // Whole milliseconds, as the records keep it.
-        let until = decode_until(&super::super::encode_until(in_a_minute())).unwrap();
+        let until = decode_until(&encode_until(in_a_minute())).unwrap();
         // Bob has an override and a ban, Eve only a ban; the bans are installed after the
         // overrides, and keep them.
         put(&o, "overrides:api", &[field("bob", Override::Unlimited)]);
@@ -897,6 +932,29 @@ mod tests {
         assert_eq!(overridden(&overrides, "bob"), None);
         overrides.refresh("overrides:api").await.unwrap();
         assert_eq!(overridden(&overrides, "bob"), Some(Override::Blocked));
+    }
+
+    /// A read removes the ended bans from the store, but not a ban written again since.
+    #[tokio::test]
+    async fn ended_bans_are_removed_from_the_store() {
+        let overrides = Overrides::new(None);
+        let store = overrides.store().clone();
+        let ended = encode_until(SystemTime::now() - Duration::from_secs(1));
+        let running = encode_until(in_a_minute());
+        for (key, until) in [("mallory", &ended), ("eve", &running), ("trent", &ended)] {
+            store.write("bans:api", key, Some(until)).await.unwrap();
+        }
+        overrides.refresh("bans:api").await.unwrap();
+        let kept = store.read("bans:api").await.unwrap();
+        assert_eq!(kept, [("eve".to_owned(), running.clone())]);
+        // Banned again between the read and the removal: kept.
+        store
+            .write("bans:api", "mallory", Some(&running))
+            .await
+            .unwrap();
+        let stale = vec![("mallory".to_owned(), ended)];
+        store.remove_unchanged("bans:api", stale).await.unwrap();
+        assert_eq!(store.read("bans:api").await.unwrap().len(), 2);
     }
 
     /// Records whose reads fail `failing` times, then answer `fields` for table `overrides:api`;

@@ -171,3 +171,37 @@ async fn on_redis_a_restart_that_lost_the_records_is_heard_by_every_process() {
     assert_eq!(send(&one, "mallory").await.0, StatusCode::OK);
     assert_eq!(send(&two, "mallory").await.0, StatusCode::OK);
 }
+
+/// A ban that has ended leaves the policy's Redis hash at the next read of its bans, so that bans
+/// come and go without the hash growing for good; a field written again since the read is kept.
+#[tokio::test]
+async fn on_redis_ended_bans_leave_the_records() {
+    use tower_throttle::Backend;
+    let server = redis_support::RedisServer::start();
+    let backend = backend(&server.url(), "ended", RedisMode::Lua).await;
+    let records = backend.records().expect("Redis keeps records");
+    let (_app, handle) = app(backend);
+    let short = Duration::from_millis(50);
+    handle.ban("api", "mallory", short).await.unwrap();
+    tokio::time::sleep(short * 3).await;
+    handle
+        .ban("api", "eve", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let fields = || async { records.read("bans:api").await.unwrap() };
+    within_a_second("the ended ban removed", || async {
+        let kept = fields().await;
+        kept.len() == 1 && kept[0].0 == "eve"
+    })
+    .await;
+    // Removed only while unchanged.
+    let (eve, value) = fields().await.remove(0);
+    let stale = vec![(eve.clone(), "1".to_owned())];
+    records.remove_unchanged("bans:api", stale).await.unwrap();
+    assert_eq!(fields().await.len(), 1);
+    records
+        .remove_unchanged("bans:api", vec![(eve, value)])
+        .await
+        .unwrap();
+    assert!(fields().await.is_empty());
+}

@@ -172,7 +172,7 @@ async fn sentinel_keys_parse_and_conflicts_are_refused() {
     ))
     .await;
     assert!(
-        bad_connect.contains("\"lazy\" or \"eager\""),
+        bad_connect.contains("[backend] connect = \"soon\" is not \"lazy\" or \"eager\""),
         "{bad_connect}"
     );
     assert!(

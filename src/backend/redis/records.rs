@@ -11,6 +11,15 @@ use super::resets::{self, RECORDS};
 use super::state::RedisState;
 use crate::backend::records::{OnRecordsChange, Records, RecordsFuture};
 
+/// HDEL of each field (ARGV odd) whose value is still the one that follows it (ARGV even).
+const REMOVE_UNCHANGED: &str = "local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return n";
+
 /// A Redis backend's records.
 pub(super) struct RedisRecords(pub(super) Arc<RedisState>);
 
@@ -37,6 +46,31 @@ impl Records for RedisRecords {
         let call = async move {
             let all: HashMap<String, String> = read.query_async(&mut conn).await?;
             Ok(all.into_iter().collect())
+        };
+        guarded(&state.breaker, &key, state.timeout, call)
+    }
+
+    fn remove_unchanged(&self, table: &str, fields: Vec<(String, String)>) -> RecordsFuture<()> {
+        let state = &self.0;
+        let key = format!("{}:records:{table}", state.prefix);
+        let mut conn = state.conn.clone();
+        // A few hundred fields a script, so that a long list does not hold the server up.
+        let removes: Vec<redis::Cmd> = fields
+            .chunks(256)
+            .map(|chunk| {
+                let mut remove = redis::cmd("EVAL");
+                remove.arg(REMOVE_UNCHANGED).arg(1).arg(&key);
+                for (field, value) in chunk {
+                    remove.arg(field).arg(value);
+                }
+                remove
+            })
+            .collect();
+        let call = async move {
+            for remove in removes {
+                remove.query_async::<i64>(&mut conn).await?;
+            }
+            Ok(())
         };
         guarded(&state.breaker, &key, state.timeout, call)
     }
