@@ -43,6 +43,10 @@ pub(crate) struct Overrides {
     /// The reads failed since the task reading every table again until it can began
     /// ([`Overrides::reread_until_read`]); 0 when no task is.
     failures: AtomicU64,
+    /// The tables a heard change is being read for, each with whether another change was heard
+    /// meanwhile: a burst of changes (a thousand bans from a script) is read once or twice by
+    /// each process, not once per change.
+    heard: Mutex<HashMap<String, bool>>,
 }
 
 #[derive(Default)]
@@ -203,6 +207,7 @@ impl Overrides {
             tickets: AtomicU64::new(0),
             policies: Mutex::default(),
             failures: AtomicU64::new(0),
+            heard: Mutex::default(),
         }
     }
 
@@ -224,10 +229,18 @@ impl Overrides {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return true;
             };
+            if let Some(table) = table {
+                let mut heard = overrides.heard.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(again) = heard.get_mut(table) {
+                    *again = true;
+                    return true;
+                }
+                heard.insert(table.to_owned(), false);
+            }
             let table = table.map(str::to_owned);
             runtime.spawn(async move {
                 let refreshed = match table {
-                    Some(table) => overrides.refresh(&table).await,
+                    Some(table) => overrides.refresh_heard(&table).await,
                     None => overrides.refresh_all().await,
                 };
                 if let Err(e) = refreshed {
@@ -290,6 +303,22 @@ impl Overrides {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "could not read the overrides and bans again")
+                }
+            }
+        }
+    }
+
+    /// Reads table `table` again for a heard change, and again for as long as more are heard
+    /// meanwhile (a read that began before a change may miss it).
+    async fn refresh_heard(&self, table: &str) -> Result<(), BackendError> {
+        loop {
+            let read = self.refresh(table).await;
+            let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+            match heard.get_mut(table) {
+                Some(again) if *again && read.is_ok() => *again = false,
+                _ => {
+                    heard.remove(table);
+                    return read;
                 }
             }
         }
@@ -882,6 +911,16 @@ mod tests {
         settle().await;
         assert_eq!(overridden(&overrides, "bob"), Some(Override::Unlimited));
         assert_eq!(shared.reads(), ["overrides:api"]);
+        // A burst of changes to one table: read once, and once more for those heard meanwhile.
+        for n in 0..100 {
+            let quota = Override::Quota(Quota::per_second(n + 1));
+            shared.set("overrides:api", vec![field("bob", quota)]);
+            assert!(shared.changed(Some("overrides:api")));
+        }
+        settle().await;
+        let last = Override::Quota(Quota::per_second(100));
+        assert_eq!(overridden(&overrides, "bob"), Some(last));
+        assert_eq!(shared.reads(), ["overrides:api"; 2]);
         // Any may have changed: every policy's tables are read again.
         shared.set("bans:web", vec![ban("eve", in_a_minute())]);
         assert!(shared.changed(None));
