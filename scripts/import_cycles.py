@@ -34,7 +34,8 @@ LIMIT = 500
 # order, bottom to top: the pure algorithms and keys; backend/ (with backend/redis/); policy/;
 # engine/ (the decisions); handle.rs; middleware/ (tower's skeleton); config/; lib.rs. A feature
 # folder sits where its parts do: rollout/ and meter/ below the engine but for the engine's part
-# of rollout (rollout::shadows); overrides/ (what an operator changes at run time) above backend/
+# of rollout (rollout::shadows), and failure/ below the backend's users but for the engine's part
+# of the failure policy (failure::verdict); overrides/ (what an operator changes at run time) above backend/
 # (whose records keep them) and below policy/ and the engine (which read them).
 ABOVE_BACKEND = ("policy", "per_customer", "rollout", "meter", "overrides", "engine", "handle", "middleware", "config", "crate")
 LAYER_RULES = [
@@ -44,6 +45,8 @@ LAYER_RULES = [
     ("rollout", ("engine", "handle", "middleware", "config", "crate"), ("rollout::shadows",)),
     ("meter", ("engine", "handle", "middleware", "config", "crate"), ()),
     ("rollout::shadows", ("handle", "middleware", "config", "crate"), ()),
+    ("failure", ABOVE_BACKEND, ("failure::verdict",)),
+    ("failure::verdict", ("handle", "middleware", "config", "crate"), ()),
     ("engine", ("handle", "middleware", "config", "crate"), ()),
     ("handle", ("middleware", "config", "crate"), ()),
     ("middleware", ("config", "crate"), ()),

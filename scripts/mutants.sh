@@ -87,7 +87,8 @@ declare -A TESTS=(
   [src/policy_decision.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/refusal/respond.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/key/ahead.rs]="--lib --test middleware -- $SKIP_SLOW"
-  [src/failure.rs]="--lib --test middleware -- $SKIP_SLOW"
+  [src/failure/mod.rs]="--lib --test middleware -- $SKIP_SLOW"
+  [src/failure/verdict.rs]="--lib --test middleware -- $SKIP_SLOW"
   # extras.rs: the per-request features a policy keeps, and the rule for an override's quota.
   [src/policy/extras.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/overload/gate.rs]="--lib --test middleware --test overload --test alloc -- $SKIP_SLOW"
@@ -112,7 +113,7 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
-  src/penalty.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure.rs src/policy/extras.rs
+  src/penalty.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then

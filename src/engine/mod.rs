@@ -11,7 +11,7 @@
 //! and the feature's own file (`outcome.rs` for counting by outcome, `key/ahead.rs` for an async
 //! key or a key from the body); an overload gate adds `overload/gate.rs` and `overload/limit.rs`
 //! (admission, release, the sample) and [`slot`] (the count the response holds); a failed backend
-//! adds `failure.rs` (the failure policy). The backend is asked in one shape, a list of
+//! adds `failure/` (the failure policy and its verdict). The backend is asked in one shape, a list of
 //! [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files listed
 //! after it (`scripts/import_cycles.py` checks it):
 //!

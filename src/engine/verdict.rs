@@ -18,7 +18,7 @@ use crate::decision::Decision;
 use crate::engine::settings::Settings;
 use crate::engine::slot::SlotOwner;
 use crate::error::BackendError;
-use crate::failure::{Fallback, Fallen, OnBackendError};
+use crate::failure::Fallback;
 use crate::headers::RateHeaders;
 use crate::key::Key;
 
@@ -113,15 +113,6 @@ pub(crate) struct Judge {
     pub(crate) redactor: Option<Redactor>,
 }
 
-/// Where a decision comes from, which changes what it may do.
-#[derive(Clone, Copy)]
-struct Source {
-    /// A rejection counts as a strike towards a ban (not for a ban itself).
-    strike: bool,
-    /// Who takes back the concurrency slot of an admitted request.
-    slot: SlotOwner,
-}
-
 /// What a policy makes of the decisions of its limits ([`Judge::weigh`]).
 pub(crate) struct Weighed {
     /// The stack's decisions combined (a strike may have made it a ban).
@@ -188,23 +179,20 @@ impl Judge {
         answer: Result<Decisions, BackendError>,
     ) -> Verdict {
         let tier = cx.tier;
-        let from_backend = |d: &Decision| Source {
-            strike: true,
-            slot: SlotOwner::Backend {
-                lease: d.lease.unwrap_or(0),
-            },
+        let from_backend = |d: &Decision| SlotOwner::Backend {
+            lease: d.lease.unwrap_or(0),
         };
         if answer.is_ok() {
             self.errors.decided(&cx.policy.name);
         }
         match answer {
             Ok(Decisions::One(decision)) => {
-                let source = from_backend(&decision);
-                self.decided(cx, &mut [decision], source)
+                let slot = from_backend(&decision);
+                self.decided(cx, &mut [decision], true, slot)
             }
             Ok(Decisions::Many(mut decisions)) if decisions.len() == tier.limits.len() => {
-                let source = from_backend(&decisions[0]);
-                self.decided(cx, &mut decisions, source)
+                let slot = from_backend(&decisions[0]);
+                self.decided(cx, &mut decisions, true, slot)
             }
             Ok(Decisions::Many(decisions)) => {
                 let error = not_one_per_limit(decisions.len(), tier.limits.len());
@@ -212,59 +200,6 @@ impl Judge {
             }
             Err(error) => self.failed(cx, charges, error),
         }
-    }
-
-    /// A policy's async key did not come within its timeout: the application's key service is
-    /// slow, not the client at fault, so the failure policy answers as for a backend that cannot
-    /// decide (`Local` cannot count a request without a key: it is let through, as by `Allow`).
-    pub(crate) fn key_unavailable(
-        &self,
-        policy: &CompiledPolicy,
-        request: RequestRef<'_>,
-    ) -> Verdict {
-        let rules = policy;
-        match self.settings.on_error {
-            OnBackendError::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, None) => {
-                Verdict::Reject(self.settings.refusals.unavailable(
-                    (Some(&rules.name), None),
-                    request,
-                    "the rate limiter could not identify this client in time; retry shortly",
-                ))
-            }
-            _ => Verdict::Admit(Admitted::unlimited()),
-        }
-    }
-
-    /// The backend could not decide: reported, then what [`OnBackendError`] says.
-    fn failed(&self, cx: RequestContext<'_>, charges: Charges<'_>, error: BackendError) -> Verdict {
-        let rules = cx.policy;
-        let on_error = self.settings.on_error;
-        rules.reporter.failure(&rules.name);
-        self.errors.record(&rules.name, &error, on_error.as_str());
-        let verdict = match self.fallback.decide(charges) {
-            Fallen::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) => {
-                Verdict::Reject(self.settings.refusals.unavailable(
-                    (Some(&rules.name), Some(cx.key)),
-                    cx.request,
-                    "the rate limiter is unavailable; retry shortly",
-                ))
-            }
-            Fallen::Allow | Fallen::Deny => Verdict::Admit(Admitted::unlimited()),
-            // A dry run decides locally too, and reports what it would refuse (`decided`).
-            #[cfg(feature = "memory")]
-            Fallen::Decided(mut decisions) => {
-                let source = Source {
-                    strike: true,
-                    slot: SlotOwner::Local,
-                };
-                self.decided(cx, &mut decisions, source)
-            }
-        };
-        let admitted = matches!(verdict, Verdict::Admit(_));
-        rules
-            .reporter
-            .fallback(&rules.name, on_error.as_str(), admitted);
-        verdict
     }
 
     /// The answer to a key the penalty box has banned, if it has; asked before the backend. (A
@@ -281,11 +216,7 @@ impl Judge {
         let tier = cx.tier;
         let decision = Decision::banned(tier.limit_value, rest, None, rest);
         let mut decisions = vec![decision; tier.limits.len()];
-        let source = Source {
-            strike: false,
-            slot: SlotOwner::Backend { lease: 0 },
-        };
-        match self.decided(cx, &mut decisions, source) {
+        match self.decided(cx, &mut decisions, false, SlotOwner::Backend { lease: 0 }) {
             Verdict::Reject(response) => Some(Verdict::Reject(response)),
             Verdict::Admit(_) => None,
         }
@@ -351,12 +282,15 @@ impl Judge {
         fields
     }
 
-    /// The verdict on the decisions of every limit of the request's tier.
-    fn decided(
+    /// The verdict on the decisions of every limit of the request's tier: `strike`, whether a
+    /// refusal counts towards a ban (not for a ban itself); `slot`, who takes back the concurrency
+    /// slot of an admitted request.
+    pub(crate) fn decided(
         &self,
         cx: RequestContext<'_>,
         decisions: &mut [Decision],
-        source: Source,
+        strike: bool,
+        slot: SlotOwner,
     ) -> Verdict {
         let rules = cx.policy;
         let tier = cx.tier;
@@ -367,7 +301,7 @@ impl Judge {
             admitted.headers = Some(self.fields(tier, decisions, decision));
             return Verdict::Admit(admitted);
         }
-        let mut weighed = self.weigh(rules, tier, cx.key, decisions, source.strike);
+        let mut weighed = self.weigh(rules, tier, cx.key, decisions, strike);
         let Weighed {
             enforced, delay, ..
         } = weighed;
@@ -408,7 +342,7 @@ impl Judge {
                 headers: Some(fields),
                 delay: wait,
                 decision: exposed.map(Box::new),
-                slot: (decision.allowed && tier.concurrency).then_some(source.slot),
+                slot: (decision.allowed && tier.concurrency).then_some(slot),
                 near,
             });
         }
@@ -541,7 +475,7 @@ impl Judge {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
 
@@ -552,9 +486,9 @@ mod tests {
     use http::{Request, StatusCode};
 
     /// A judge, and the one policy it judges for (compiled as a table would).
-    pub(super) struct TestJudge {
+    pub(crate) struct TestJudge {
         judge: Judge,
-        pub(super) p: Arc<CompiledPolicy>,
+        pub(crate) p: Arc<CompiledPolicy>,
     }
 
     impl std::ops::Deref for TestJudge {
@@ -565,7 +499,7 @@ mod tests {
         }
     }
 
-    pub(super) fn judge(policy: Policy<Global>, settings: Settings) -> TestJudge {
+    pub(crate) fn judge(policy: Policy<Global>, settings: Settings) -> TestJudge {
         let exposed = settings.decision_extension;
         let policy = policy.compile(exposed, false, std::iter::empty());
         TestJudge {
@@ -574,47 +508,38 @@ mod tests {
         }
     }
 
-    fn policy() -> crate::policy::PolicyBuilder<Global> {
+    pub(crate) fn policy() -> crate::policy::PolicyBuilder<Global> {
         Policy::builder("api")
             .quota(Quota::per_second(2))
             .key(Global)
     }
 
-    fn on_error(on_error: OnBackendError) -> Settings {
-        Settings {
-            on_error,
-            ..Settings::default()
-        }
-    }
-
-    /// A backend's failure.
-    fn down() -> Result<Decisions, BackendError> {
-        Err(BackendError::new("down"))
-    }
-
     /// The verdict of `judge` on `answer`, for a request of key "k" to policy 0, tier 0.
-    fn verdict_on(judge: &TestJudge, answer: Result<Decisions, BackendError>) -> Verdict {
+    pub(crate) fn verdict_on(
+        judge: &TestJudge,
+        answer: Result<Decisions, BackendError>,
+    ) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
         let cx = RequestContext::new(&judge.p, 0, &key, &request);
         judge.verdict(cx, cx.charges(), answer)
     }
 
-    fn rejected(verdict: Verdict) -> Response<Bytes> {
+    pub(crate) fn rejected(verdict: Verdict) -> Response<Bytes> {
         match verdict {
             Verdict::Reject(response) => response,
             Verdict::Admit(_) => panic!("admitted"),
         }
     }
 
-    fn admitted(verdict: Verdict) -> Admitted {
+    pub(crate) fn admitted(verdict: Verdict) -> Admitted {
         match verdict {
             Verdict::Admit(admitted) => admitted,
             Verdict::Reject(response) => panic!("rejected with {}", response.status()),
         }
     }
 
-    const OVER: Decision = Decision::limited(
+    pub(crate) const OVER: Decision = Decision::limited(
         2,
         0,
         Some(Duration::from_millis(1500)),
@@ -652,85 +577,6 @@ mod tests {
         assert!(!exposed.decision.allowed);
     }
 
-    #[test]
-    fn a_dry_run_never_refuses_for_a_failed_backend_and_under_local_reports_what_it_would() {
-        let deny = on_error(OnBackendError::Deny);
-        let dry = judge(policy().dry_run(true).build().unwrap(), deny);
-        assert!(admitted(verdict_on(&dry, down())).headers.is_none());
-
-        #[cfg(feature = "memory")]
-        {
-            let local = on_error(OnBackendError::Local);
-            let dry = judge(policy().dry_run(true).build().unwrap(), local);
-            // The local limiter decides (2 a second): the third is what it would refuse.
-            for _ in 0..2 {
-                let exposed = admitted(verdict_on(&dry, down())).decision.unwrap();
-                assert!(exposed.decision.allowed && !exposed.enforced);
-            }
-            let exposed = admitted(verdict_on(&dry, down())).decision.unwrap();
-            assert!(!exposed.decision.allowed && !exposed.enforced);
-        }
-    }
-
-    /// An async key that comes too late is answered as a failed backend: refused (503) under
-    /// `Deny` where the policy enforces its refusals, let through by a dry run and under `Allow`.
-    #[test]
-    fn a_late_key_is_refused_under_deny_only_where_refusals_are_enforced() {
-        let deny = || on_error(OnBackendError::Deny);
-        let request = Request::get("/").body(()).unwrap();
-        let parts = RequestRef::of(&request);
-        let enforced = judge(policy().build().unwrap(), deny());
-        let response = rejected(enforced.key_unavailable(&enforced.p, parts));
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let dry = judge(policy().dry_run(true).build().unwrap(), deny());
-        assert!(admitted(dry.key_unavailable(&dry.p, parts))
-            .headers
-            .is_none());
-        let allow = judge(policy().build().unwrap(), Settings::default());
-        assert!(admitted(allow.key_unavailable(&allow.p, parts))
-            .headers
-            .is_none());
-    }
-
-    /// Under `Local`, the in-memory limiter decides every limit of a stack, not only the first.
-    #[cfg(feature = "memory")]
-    #[test]
-    fn under_local_every_limit_of_a_stack_decides() {
-        let local = on_error(OnBackendError::Local);
-        let stack = Policy::builder("api")
-            .key(Global)
-            .quotas([Quota::per_second(10), Quota::per_minute(2)])
-            .build()
-            .unwrap();
-        let judge = judge(stack, local);
-        for _ in 0..2 {
-            admitted(verdict_on(&judge, down()));
-        }
-        // The second limit, 2 a minute, refuses the third request; the first would admit it.
-        let response = rejected(verdict_on(&judge, down()));
-        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(response.headers()["retry-after"], "30");
-    }
-
-    /// Under `Local`, a concurrency slot the local limiter gave is given back to it.
-    #[cfg(feature = "memory")]
-    #[test]
-    fn under_local_a_concurrency_slot_is_given_back() {
-        let local = on_error(OnBackendError::Local);
-        let one = Policy::builder("api")
-            .key(Global)
-            .quota(Quota::per_second(1))
-            .algorithm(crate::limit::Algorithm::Concurrency)
-            .build()
-            .unwrap();
-        let judge = judge(one, local);
-        assert!(admitted(verdict_on(&judge, down())).slot.is_some());
-        rejected(verdict_on(&judge, down()));
-        let limit = &judge.p.tiers[0].limits[0];
-        judge.fallback.release(limit, &Key::from("k"), judge.p.cost);
-        assert!(admitted(verdict_on(&judge, down())).slot.is_some());
-    }
-
     /// The time the backend took is recorded per policy.
     #[cfg(feature = "metrics")]
     #[test]
@@ -747,24 +593,6 @@ mod tests {
                 .any(|l| l.starts_with("throttle_backend_latency_seconds_count{policy=\"api\"} 1")),
             "{page}"
         );
-    }
-
-    #[test]
-    fn a_failed_backend_follows_on_backend_down() {
-        let allow = judge(policy().build().unwrap(), Settings::default());
-        let through = admitted(verdict_on(&allow, down()));
-        assert!(through.headers.is_none(), "no limit applied, no fields");
-
-        let settings = on_error(OnBackendError::Deny);
-        let deny = judge(policy().build().unwrap(), settings);
-        let response = rejected(verdict_on(&deny, down()));
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(response.headers()["retry-after"], "1");
-
-        // A stack answered with the wrong number of decisions is a backend failure too.
-        let wrong = Ok(Decisions::Many(vec![OVER, OVER]));
-        let response = rejected(verdict_on(&deny, wrong));
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! ([`Fallback`]'s local limiter, which a reload keeps). The engine asks it only after a failure,
 //! and turns its answer into a verdict.
 
+pub(crate) mod verdict;
+
 use crate::backend::Charges;
 use crate::key::Key;
 use crate::limit::Limit;
