@@ -277,7 +277,7 @@ where
     /// alone.
     fn ask(&self, asking: &Asking) -> B::Future {
         let mut quantities = [0; MAX_STACKED_QUOTAS];
-        steps::ask(&self.shared.backend, self.charges(asking, &mut quantities))
+        self.shared.backend.check(self.charges(asking, &mut quantities))
     }
 
     /// The request's charges (`quantities`: room for a metered request's, one per limit).
@@ -342,12 +342,7 @@ where
             _ => None,
         };
         let asked = asking.asked;
-        let verdict = steps::judged(
-            judge,
-            (cx, charges),
-            MEASURE_LATENCY.then_some(asked),
-            answer,
-        );
+        let verdict = judge.verdict(cx, charges, MEASURE_LATENCY.then_some(asked), answer);
         let Asking {
             key,
             parts,

@@ -9,35 +9,32 @@
 //! 5. the quota: the policy's tier ([`tier_unless_banned`]), or a customer's own quota resolved on
 //!    the extended path (a tier of its own);
 //! 6. the ban: [`Judge::banned`], before the backend is asked;
-//! 7. [`ask`]: the backend check of the request's charges;
-//! 8. [`judged`]: the verdict on its answer, with the backend's latency reported;
+//! 7. the backend's check of the request's charges, `Backend::check`;
+//! 8. [`Judge::verdict`]: the verdict on its answer, with the backend's latency reported;
 //! 9. carrying the verdict out (the response future), with [`release_of`] for a concurrency slot;
 //! 10. settling a request counted by its outcome, or a metered request's cost (the extended path).
 //!
 //! Both paths run this one sequence: `Throttle::call` (middleware/service.rs) for a synchronous key
 //! and a static quota, deciding at once when the backend answers at once (memory), and the async
 //! path (extended.rs), which adds only its awaits — the async key before [`keyed`], the customer's
-//! quota before [`tier_unless_banned`], the shadow limits beside [`ask`]. A stream message's check
-//! (`handle/message.rs`) has its key given and no request to answer: it runs the pre-checks by key,
-//! [`ask`], and the judge's steps a verdict opens and closes with (`Judge::weigh`,
+//! quota before [`tier_unless_banned`], the shadow limits beside the check. A stream message's
+//! check (`handle/message.rs`) has its key given and no request to answer: it runs the pre-checks
+//! by key, the check, and the judge's steps a verdict opens and closes with (`Judge::weigh`,
 //! `Judge::report`), and returns the decision. Steps 3–4 and 5–6 are
 //! each one function, so their order is written once. Each step is handed the policy that matched (never
 //! found again by its place in the table), and reads the request as a [`RequestRef`], which the
 //! whole request and its parts both give.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::Request;
 
 use crate::access::Access;
-use crate::backend::{Backend, Charges, Decisions};
-use crate::decision::Decision;
+use crate::backend::Backend;
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::slot::Release;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
-use crate::error::BackendError;
 use crate::key::ahead::Missing;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::observe::RequestRef;
@@ -186,13 +183,6 @@ pub(crate) fn tier_unless_banned(
     }
 }
 
-/// Step 7: asks `backend` whether the request's `charges` may pass (one charge, a stack, a
-/// metered reservation or quotas with keys of their own: one shape).
-#[inline(always)]
-pub(crate) fn ask<B: Backend>(backend: &B, charges: Charges<'_>) -> B::Future {
-    backend.check(charges)
-}
-
 /// Step 4 for a policy whose quotas have keys of their own: the key of each of its `count`
 /// limits (`specs[i]`'s, or the policy's `key`), or what was expected of the first one missing.
 pub(crate) fn limit_keys(
@@ -209,41 +199,6 @@ pub(crate) fn limit_keys(
             None => Ok(key.clone()),
         })
         .collect()
-}
-
-/// Step 8: the verdict on the backend's answer to `charges`; `asked`: when it was asked, if its
-/// latency is measured.
-pub(crate) fn judged(
-    judge: &Judge,
-    (cx, charges): (RequestContext<'_>, Charges<'_>),
-    asked: Option<Instant>,
-    answer: Result<Decisions, BackendError>,
-) -> Verdict {
-    if let Some(asked) = asked {
-        judge.latency(cx.policy, asked.elapsed());
-    }
-    judge.verdict(cx, charges, answer)
-}
-
-/// Step 8 for the commonest answer: one decision that admits a request of a policy with nothing
-/// more to do on admission ([`Judge::admitted_plainly`], the judge's first step), reported with
-/// the backend's latency; its fields are [`Judge::fields`], and no verdict is built. `false`:
-/// [`judged`] makes the verdict.
-#[inline(always)]
-pub(crate) fn admitted_plainly(
-    judge: &Judge,
-    cx: RequestContext<'_>,
-    asked: Option<Instant>,
-    decision: &Decision,
-) -> bool {
-    if !judge.admitted_plainly(cx, decision) {
-        return false;
-    }
-    judge.errors.decided(&cx.policy.name);
-    if let Some(asked) = asked {
-        judge.latency(cx.policy, asked.elapsed());
-    }
-    true
 }
 
 /// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given

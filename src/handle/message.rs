@@ -1,8 +1,6 @@
-//! One message of a long-lived stream (a WebSocket, SSE or gRPC-stream message), checked by the
-//! handler through [`ThrottleHandle::check`](crate::ops::ThrottleHandle::check) under a policy of
-//! the layer: the same backend, limits, penalty box, dry run and staged enforcement, metrics, logs
-//! and offender counts as the layer's requests, with no request to answer — the handler gets the
-//! [`Decision`] and drops the message or closes the stream.
+//! One message of a long-lived stream, checked through
+//! [`ThrottleHandle::check`](crate::ops::ThrottleHandle::check) as the layer checks a request, with
+//! no request to answer: the handler gets the [`Decision`].
 
 use std::slice;
 use std::sync::Arc;
@@ -13,7 +11,6 @@ use crate::access::Access;
 use crate::backend::{Backend, Charges, Decisions, Uses};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
-use crate::engine::steps;
 use crate::engine::verdict::{not_one_per_limit, Judge};
 use crate::error::BackendError;
 use crate::key::Key;
@@ -56,9 +53,8 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
 }
 
 /// A message's steps before the backend, as a request's with its key given: the access lists by
-/// key (an allowed key is not limited; a denied one is refused with no retry, as a blocked key),
-/// then an override or timed ban in force on the key. `Ok`: the limits of its quota override (if
-/// one is in force) and the rest of its timed ban (if one runs); `Err`: its answer.
+/// key, then an override or timed ban in force on the key. `Ok`: the limits of its quota override
+/// and the rest of its timed ban, if any; `Err`: its answer.
 pub(crate) fn before_backend<K, B: Backend>(
     shared: &Shared<K, B>,
     policy: &CompiledPolicy,
@@ -102,13 +98,9 @@ pub(crate) fn before_backend<K, B: Backend>(
 
 impl Judge {
     /// Checks a message of `cost` units for `key` under `policy`'s default tier: its ban first,
-    /// then the backend, then the judge's steps that a request's verdict opens and closes with
-    /// ([`Judge::weigh`], [`Judge::report`]): counted and logged as a request would be. A refusal
-    /// the policy does not enforce (a dry run, a key outside a staged policy's share) comes back
-    /// allowed.
-    ///
-    /// `custom`: the limits of the key's quota override, if one is in force; `timed_ban`: the rest
-    /// of the key's timed ban, if one runs (it comes before the penalty box's).
+    /// then the backend, then the steps a request's verdict opens and closes with
+    /// ([`Judge::weigh`], [`Judge::report`]). A refusal the policy does not enforce comes back
+    /// allowed. `timed_ban`, if one runs, comes before the penalty box's.
     pub(crate) async fn message<B: Backend>(
         &self,
         backend: &B,
@@ -127,7 +119,7 @@ impl Judge {
             }
             None => {
                 let limits = &tier.limits;
-                let answer = steps::ask(backend, Charges::stack(limits, key, cost)).await;
+                let answer = backend.check(Charges::stack(limits, key, cost)).await;
                 // As a request's verdict takes them: a stack's decisions one per limit.
                 match answer {
                     Ok(Decisions::Many(all)) if all.len() != limits.len() => {

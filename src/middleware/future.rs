@@ -21,7 +21,6 @@ use tower_service::Service;
 use crate::backend::Decisions;
 use crate::engine::extended::{Prepared, Preparing};
 use crate::engine::slot::{ConcurrencySlot, Release};
-use crate::engine::steps::judged;
 use crate::engine::verdict::{Admitted, Verdict};
 use crate::engine::verdict::{Judge, RequestContext};
 use crate::error::BackendError;
@@ -444,8 +443,8 @@ where
                         &awaiting.key,
                         &awaiting.request,
                     );
-                    let asked = (context, context.charges());
-                    let verdict = judged(&awaiting.judge, asked, awaiting.started, answer);
+                    let (judge, asked) = (&awaiting.judge, awaiting.started);
+                    let verdict = judge.verdict(context, context.charges(), asked, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     let service = &mut awaiting.service;
                     Self::carry_out(verdict, service, awaiting.request, awaiting.release, None)

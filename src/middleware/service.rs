@@ -219,13 +219,14 @@ where
     let started = MEASURE_LATENCY.then(Instant::now);
     let limits = &policy.tiers[tier].limits;
     // Polled once: a backend that decides without waiting (memory) answers here.
-    let mut decided = steps::ask(backend, Charges::stack(limits, key, policy.cost));
+    let mut decided = backend.check(Charges::stack(limits, key, policy.cost));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {
         // One limit (the commonest policy): a plain admission wraps no answer for a stack.
         Poll::Ready(Ok(Decisions::One(decision))) => {
             let context = RequestContext::new(policy, tier, key, request);
-            if steps::admitted_plainly(judge, context, started, &decision) {
+            if judge.admitted_plainly(context, &decision) {
+                judge.backend_answered(policy, started, true);
                 if !judge.sends_fields() {
                     return Ask::Passed;
                 }
@@ -279,7 +280,7 @@ where
         Asked::Pending(check) => check,
         Asked::Answered(answer) => {
             let context = RequestContext::new(policy, tier, &key, &request);
-            let verdict = steps::judged(judge, (context, context.charges()), started, answer);
+            let verdict = judge.verdict(context, context.charges(), started, answer);
             let charged = (&policy.tiers[tier], policy.cost);
             let release = steps::release_of(&verdict, shared, judge, charged, &key);
             return ResponseFuture::carry_out(verdict, inner, request, release, None);
