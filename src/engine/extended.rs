@@ -277,7 +277,9 @@ where
     /// alone.
     fn ask(&self, asking: &Asking) -> B::Future {
         let mut quantities = [0; MAX_STACKED_QUOTAS];
-        self.shared.backend.check(self.charges(asking, &mut quantities))
+        self.shared
+            .backend
+            .check(self.charges(asking, &mut quantities))
     }
 
     /// The request's charges (`quantities`: room for a metered request's, one per limit).
