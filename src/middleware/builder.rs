@@ -254,61 +254,8 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// Without it, refusals cost what they always did (one `Option` check). It is the one hook that
     /// shapes refusals; [`on_limited`](Self::on_limited) only observes them.
     ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http::{header, Request, Response, StatusCode};
-    /// use tower::{service_fn, Layer, ServiceExt};
-    /// use tower_throttle::refusal::{Refusal, RefusalKind};
-    /// use tower_throttle::{key::Header, Policy, Quota, ThrottleLayer};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let layer = ThrottleLayer::builder()
-    ///     .policy(
-    ///         Policy::builder("api")
-    ///             .quota(Quota::per_minute(1))
-    ///             .key(Header::new("x-api-key"))
-    ///             .build()
-    ///             .unwrap(),
-    ///     )
-    ///     .refusal_response(|r: &Refusal<'_>| {
-    ///         if !r.prefers_html() {
-    ///             return r.default_response(); // problem+json for API clients
-    ///         }
-    ///         let text = match r.kind() {
-    ///             RefusalKind::Limited => format!(
-    ///                 "<p>Slow down: try again in {} s.</p>",
-    ///                 r.retry_after().map_or(1, |d| d.as_secs_f64().ceil() as u64)
-    ///             ),
-    ///             RefusalKind::MissingKey => "<p>Sign in first.</p>".to_owned(),
-    ///             _ => format!("<p>{}</p>", r.detail()),
-    ///         };
-    ///         let mut res = Response::new(Bytes::from(text));
-    ///         *res.status_mut() = r.status();
-    ///         res.headers_mut().insert(header::CONTENT_TYPE, "text/html".parse().unwrap());
-    ///         res
-    ///     })
-    ///     .build()
-    ///     .unwrap();
-    /// let service = layer.layer(service_fn(|_: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
-    /// }));
-    /// let call = |key: Option<&str>, accept: &str| {
-    ///     let mut request = Request::get("/").header(header::ACCEPT, accept);
-    ///     if let Some(key) = key {
-    ///         request = request.header("x-api-key", key);
-    ///     }
-    ///     service.clone().oneshot(request.body(()).unwrap())
-    /// };
-    /// assert_eq!(call(Some("k"), "text/html").await.unwrap().status(), StatusCode::OK);
-    /// let limited = call(Some("k"), "text/html").await.unwrap();
-    /// assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(limited.headers()["content-type"], "text/html");
-    /// assert_eq!(limited.headers()["retry-after"], "60");
-    /// let no_key = call(None, "application/json").await.unwrap();
-    /// assert_eq!(no_key.status(), StatusCode::BAD_REQUEST);
-    /// assert_eq!(no_key.headers()["content-type"], "application/problem+json");
-    /// # });
-    /// ```
+    /// The [`refusal`](crate::refusal) module's example answers browsers in HTML and API clients
+    /// as the layer does.
     pub fn refusal_response<F>(mut self, f: F) -> Self
     where
         F: Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync + 'static,
