@@ -112,6 +112,13 @@ pub(crate) struct Asking {
     asked: Instant,
 }
 
+impl Asking {
+    /// The tier the request is charged under: a customer's or override's, or one of `policy`'s.
+    fn tier<'a>(&'a self, policy: &'a CompiledPolicy) -> &'a CompiledTier {
+        self.custom.as_deref().unwrap_or(&policy.tiers[self.tier])
+    }
+}
+
 impl<K, B> Scope<K, B>
 where
     K: Send + Sync + 'static,
@@ -289,11 +296,7 @@ where
         quantities: &'a mut [u64; MAX_STACKED_QUOTAS],
     ) -> Charges<'a> {
         let (rules, extras) = (&*self.policy, &self.extras);
-        let tier = asking
-            .custom
-            .as_deref()
-            .unwrap_or(&rules.tiers[asking.tier]);
-        let limits = &tier.limits;
+        let limits = &asking.tier(rules).limits;
         let key = &asking.key;
         match (&extras.metered, asking.estimate) {
             (Some(metered), Some(estimate)) => {
@@ -324,15 +327,8 @@ where
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let mut quantities = [0; MAX_STACKED_QUOTAS];
         let charges = self.charges(&asking, &mut quantities);
-        let cx = RequestContext {
-            policy: rules,
-            tier: asking
-                .custom
-                .as_deref()
-                .unwrap_or(&rules.tiers[asking.tier]),
-            key: &asking.key,
-            request: RequestRef::of_parts(&asking.parts),
-        };
+        let request = RequestRef::of_parts(&asking.parts);
+        let cx = RequestContext::at(rules, asking.tier(rules), &asking.key, request);
         if let Some(shadowed) = shadowed {
             judge.shadowed(cx, &extras.shadows, shadowed);
         }
@@ -478,13 +474,8 @@ where
                 Err(judge.forbidden(Some(rules), Some(key), request))
             }
             InForce::Banned(rest) => {
-                let tier = rules.tier_in(request.headers, request.extensions);
-                let cx = RequestContext {
-                    policy: rules,
-                    tier: &rules.tiers[tier],
-                    key,
-                    request,
-                };
+                let tier = &rules.tiers[rules.tier_in(request.headers, request.extensions)];
+                let cx = RequestContext::at(rules, tier, key, request);
                 judge.banned_for(cx, rest).map_or(Ok(None), Err)
             }
         }

@@ -44,12 +44,8 @@ impl ConcurrencySlot {
         ConcurrencySlot(Some(Held::Slot(release, owner)))
     }
 
-    /// The request's count in flight through the overload gate, ended as a slot is given back.
-    pub(crate) fn counting(in_flight: InFlight) -> Self {
-        ConcurrencySlot(Some(Held::Counted(in_flight)))
-    }
-
-    /// `slot` (if any), and the request's count in flight.
+    /// `slot` (if any), and the request's count in flight through the overload gate, ended as a
+    /// slot is given back.
     pub(crate) fn and_counting(slot: Option<Self>, in_flight: InFlight) -> Self {
         match slot.and_then(|mut slot| slot.0.take()) {
             Some(Held::Slot(release, owner)) => {
@@ -60,27 +56,31 @@ impl ConcurrencySlot {
                 in_flight.forget();
                 ConcurrencySlot(Some(held))
             }
-            None => ConcurrencySlot::counting(in_flight),
+            None => ConcurrencySlot(Some(Held::Counted(in_flight))),
         }
     }
 
     /// The service is called only now, after the layer's own wait: the count in flight, if any,
     /// measures its latency from here ([`InFlight::called`]).
     pub(crate) fn called(&mut self) {
-        match &mut self.0 {
-            Some(Held::Counted(in_flight)) => in_flight.called(),
-            Some(Held::Both(both)) => both.2.called(),
-            Some(Held::Slot(..)) | None => {}
+        if let Some(in_flight) = self.in_flight() {
+            in_flight.called();
         }
     }
 
     /// The request failed (the service's error, or its body's): its count in flight, if it has
     /// one, ends as a dropped request.
     pub(crate) fn failed(&mut self) {
+        if let Some(in_flight) = self.in_flight() {
+            in_flight.failed();
+        }
+    }
+
+    fn in_flight(&mut self) -> Option<&mut InFlight> {
         match &mut self.0 {
-            Some(Held::Counted(in_flight)) => in_flight.failed(),
-            Some(Held::Both(both)) => both.2.failed(),
-            Some(Held::Slot(..)) | None => {}
+            Some(Held::Counted(in_flight)) => Some(in_flight),
+            Some(Held::Both(both)) => Some(&mut both.2),
+            Some(Held::Slot(..)) | None => None,
         }
     }
 }
@@ -89,13 +89,12 @@ impl Drop for ConcurrencySlot {
     fn drop(&mut self) {
         match self.0.take() {
             Some(Held::Slot(release, owner)) => release(owner),
+            // The count in flight ends after the slot is given back.
             Some(Held::Both(both)) => {
-                let (release, owner, in_flight) = *both;
+                let (release, owner, _in_flight) = *both;
                 release(owner);
-                drop(in_flight);
             }
-            Some(Held::Counted(in_flight)) => drop(in_flight),
-            None => {}
+            Some(Held::Counted(_)) | None => {}
         }
     }
 }

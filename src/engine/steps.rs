@@ -171,13 +171,7 @@ pub(crate) fn tier_unless_banned(
             (number, &policy.tiers[number])
         }
     };
-    let cx = RequestContext {
-        policy,
-        tier,
-        key,
-        request,
-    };
-    match judge.banned(cx) {
+    match judge.banned(RequestContext::at(policy, tier, key, request)) {
         Some(banned) => Err(banned),
         None => Ok(number),
     }

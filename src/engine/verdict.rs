@@ -85,6 +85,22 @@ impl<'a> RequestContext<'a> {
         Charges::stack(&self.tier.limits, self.key, self.policy.cost)
     }
 
+    /// A request of `policy` under `tier` (one of its own, or a customer's or override's).
+    #[inline(always)]
+    pub(crate) fn at(
+        policy: &'a CompiledPolicy,
+        tier: &'a CompiledTier,
+        key: &'a Key,
+        request: RequestRef<'a>,
+    ) -> Self {
+        RequestContext {
+            policy,
+            tier,
+            key,
+            request,
+        }
+    }
+
     /// A request of `policy` under its tier number `tier`.
     pub(crate) fn new<B>(
         policy: &'a CompiledPolicy,
@@ -92,12 +108,7 @@ impl<'a> RequestContext<'a> {
         key: &'a Key,
         request: &'a Request<B>,
     ) -> Self {
-        RequestContext {
-            policy,
-            tier: &policy.tiers[tier],
-            key,
-            request: RequestRef::of(request),
-        }
+        Self::at(policy, &policy.tiers[tier], key, RequestRef::of(request))
     }
 }
 

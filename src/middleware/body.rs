@@ -64,7 +64,7 @@ impl<B> ThrottleBody<B> {
         let content = match self.content {
             Content::Plain { body } => Content::Inner {
                 body,
-                slot: Some(ConcurrencySlot::counting(in_flight)),
+                slot: Some(ConcurrencySlot::and_counting(None, in_flight)),
                 meter: None,
             },
             Content::Inner { body, slot, meter } => Content::Inner {

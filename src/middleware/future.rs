@@ -148,7 +148,7 @@ where
             State::Passing { future } => State::Calling {
                 future,
                 headers: None,
-                slot: Some(ConcurrencySlot::counting(in_flight)),
+                slot: Some(ConcurrencySlot::and_counting(None, in_flight)),
                 outcome: None,
             },
             State::Calling {
