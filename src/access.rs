@@ -169,7 +169,6 @@ impl AccessList {
         lists.local.is_empty() && lists.remote.is_empty()
     }
 
-    /// Replaces the part mirrored from Redis.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_remote(&self, remote: Entries) {
         let mut lists = self.inner.write().unwrap_or_else(|e| e.into_inner());
@@ -193,9 +192,8 @@ impl fmt::Debug for AccessList {
     }
 }
 
-/// The keys a list entry names: the value itself (a header value, a user id) and, when it is an IP
-/// address, that address as an `ip` / `client-ip` key too: the address itself, and the key those
-/// extractors give it by default (an IPv6 address's /64).
+/// The keys a list entry names: the value itself and, for an IP address, also the address as an
+/// `ip` / `client-ip` key and the key those extractors give it by default (an IPv6 address's /64).
 #[cfg_attr(not(any(feature = "config", feature = "redis")), allow(dead_code))]
 pub(crate) fn keys_named(value: &[u8]) -> Vec<Key> {
     let mut keys = vec![Key::from_bytes(value)];
@@ -220,7 +218,6 @@ pub(crate) enum AddressSource {
 }
 
 impl AddressSource {
-    /// The client's address, from the request's headers and extensions.
     pub(crate) fn address(
         &self,
         headers: &http::HeaderMap,

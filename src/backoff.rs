@@ -1,6 +1,4 @@
-//! [`Backoff`]: the one pace of every retry — on Redis connecting one server or a lazily started
-//! Cluster, a Cluster's `TRYAGAIN`, a concurrency slot's release, an open circuit's probes, the
-//! resets subscription; and reading the overrides and bans again after a failed read.
+//! [`Backoff`]: the one pace of every retry, on Redis and in reading the overrides and bans again.
 
 use std::time::Duration;
 
@@ -13,7 +11,6 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// `first`, then twice as long each time, at most `most`.
     pub(crate) const fn new(first: Duration, most: Duration) -> Self {
         Backoff {
             first,
@@ -22,13 +19,11 @@ impl Backoff {
         }
     }
 
-    /// The first wait.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn first(&self) -> Duration {
         self.first
     }
 
-    /// The wait now; the next one is twice as long (at most `most`).
     pub(crate) fn wait(&mut self) -> Duration {
         let wait = self.next;
         self.next = wait.saturating_mul(2).min(self.most);

@@ -156,7 +156,6 @@ impl CalendarWindow {
         self.anchor_day
     }
 
-    /// What is wrong with this description, if anything, for a policy whose quota has `period`.
     fn check(&self, period: Duration) -> Result<(), String> {
         match (self.period, self.anchor_day) {
             (CalendarPeriod::Month, Some(day)) if !(1..=31).contains(&day) => {
@@ -196,12 +195,11 @@ pub(crate) struct Bounds {
 
 impl Bounds {
     /// The window holding `at` (Unix time in units of `1 / per_second` s: 10^6 for Redis'
-    /// microseconds, 10^9 for the memory backend's nanoseconds) among those these bounds know —
-    /// the one ending at `start`, the one ending at `end`, the one ending at `next_end` — as its
-    /// end (Unix seconds: the window's name) and the time left to it (in `at`'s unit). An instant
-    /// past `next_end` (a clock a whole window ahead of the one that computed the bounds) falls in
-    /// a window as long as the last, after it. limits.lua's `calendar_at` is the same, on the
-    /// server's clock.
+    /// microseconds, 10^9 for the memory backend's nanoseconds) among those these bounds know, as
+    /// its end (Unix seconds: the window's name) and the time left to it (in `at`'s unit). An
+    /// instant past `next_end` (a clock a whole window ahead of the one that computed the bounds)
+    /// falls in a window as long as the last, after it. limits.lua's `calendar_at` is the same, on
+    /// the server's clock.
     pub(crate) fn window_at(&self, at: u64, per_second: u64) -> (u64, u64) {
         let after = self.next_end + (self.next_end - self.end);
         for end in [self.start, self.end, self.next_end, after] {
@@ -256,9 +254,8 @@ impl std::fmt::Debug for Calendar {
 }
 
 impl Calendar {
-    /// The calendar `window` describes, for a quota of `period`, or why there is none (an unknown
-    /// zone, an anchor out of range or where it means nothing, a period that is not the
-    /// calendar's, or a build without the feature `calendar`).
+    /// The calendar `window` describes, for a quota of `period`, or why there is none (always, in a
+    /// build without the feature `calendar`).
     pub(crate) fn of(
         window: &CalendarWindow,
         period: Duration,
@@ -289,7 +286,6 @@ impl Calendar {
         Ok(calendar)
     }
 
-    /// What this calendar was made from.
     pub(crate) fn window(&self) -> &CalendarWindow {
         &self.window
     }
@@ -395,7 +391,6 @@ mod civil {
         })
     }
 
-    /// The first date of the window holding `date`.
     fn window_start(date: Date, period: CalendarPeriod, anchor: Option<u8>) -> Option<Date> {
         match period {
             CalendarPeriod::Day => Some(date),
@@ -415,7 +410,6 @@ mod civil {
         }
     }
 
-    /// The first date of the window after the one starting on `start`.
     fn next_start(start: Date, period: CalendarPeriod, anchor: Option<u8>) -> Option<Date> {
         match period {
             CalendarPeriod::Day => start.tomorrow().ok(),

@@ -122,7 +122,6 @@ impl Decision {
     }
 }
 
-/// Rounds a duration up to whole seconds.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }

@@ -175,11 +175,10 @@ pub fn decide(tat: Option<u64>, now: u64, params: &GcraParams, quantity: u64) ->
     }
 }
 
-/// What [`decide`] would store, and nothing else: the admission test in a few additions and
-/// comparisons, without the division that counts `remaining`. A backend that updates a TAT by
-/// compare-and-swap calls this between reading the TAT and swapping it, so that the window in
-/// which another thread's swap makes it retry stays short when many threads decide on one key,
-/// and computes the decision (with [`decide`], from the same inputs) once its swap has succeeded.
+/// What [`decide`] would store, and nothing else: no division to count `remaining`. A backend that
+/// updates a TAT by compare-and-swap calls this between the read and the swap, so that the window
+/// in which another thread's swap makes it retry stays short when many threads decide on one key,
+/// and calls [`decide`] with the same inputs once its swap has succeeded.
 #[inline]
 #[cfg_attr(not(feature = "memory"), allow(dead_code))]
 pub(crate) fn stored_tat(
@@ -310,7 +309,6 @@ mod tests {
         }
     }
 
-    /// A decision with every field given.
     fn decision(
         allowed: bool,
         limit: u64,
@@ -329,7 +327,6 @@ mod tests {
         (n >= 0).then(|| Duration::from_nanos(n as u64))
     }
 
-    /// A deterministic pseudo-random sequence (xorshift64) from `seed`.
     fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
         move || {
             x ^= x << 13;

@@ -103,7 +103,6 @@ pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: how long a gRPC client should wait before it retries, in milliseconds.
 pub static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
-/// `RESOURCE_EXHAUSTED`.
 const RESOURCE_EXHAUSTED: u8 = 8;
 
 /// The gRPC answer to a call over the limit: a trailers-only response with `grpc-status: 8`
@@ -145,12 +144,10 @@ pub fn resource_exhausted(rejected: &Rejected<'_>) -> Response<Bytes> {
     response
 }
 
-/// The gRPC form of one of the layer's own refusals (`status` and the problem's `detail`).
 pub(crate) fn refusal(status: StatusCode, detail: &str) -> Response<Bytes> {
     trailers_only(code_for(status), detail)
 }
 
-/// Sets `grpc-retry-pushback-ms` unless the response has one.
 pub(crate) fn set_pushback(headers: &mut HeaderMap, delay: Duration) {
     if !headers.contains_key(&GRPC_RETRY_PUSHBACK_MS) {
         headers.insert(

@@ -3,10 +3,9 @@
 //!
 //! `HeaderValue::from_bytes` copies its bytes into a new allocation, one (or four, with the legacy
 //! fields) for every response. Here a value is a slice of the thread's 8 KiB block (shared by
-//! reference count), so a block serves hundreds of values; once the values of a full block are all
-//! dropped (their responses written), the block is reused from its start, and a thread whose
-//! responses do not outlive the next one's decision never allocates again. A response that lives
-//! long (a stream) keeps at most one block of 8 KiB alive.
+//! reference count); once the values of a full block are all dropped, the block is reused from its
+//! start, so a thread whose responses do not outlive the next one's decision never allocates again.
+//! A response that lives long (a stream) keeps at most one block alive.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -39,11 +38,10 @@ thread_local! {
 }
 
 /// The `RateLimit` value of one limit's decision: the one this thread made last for the same name
-/// and numbers, or `make`'s (kept for the next request). Most admitted requests of a key well
-/// under its quota show the same numbers (a full burst less one, refilled within the same
-/// second), so they share one value instead of each writing and validating its own: a clone is a
-/// reference count. What it costs: each kept value holds its block (at most `RECENT` blocks of 8 KiB
-/// a thread beyond the one in use).
+/// and numbers, or `make`'s (kept for the next request). Most admitted requests of a key well under
+/// its quota show the same numbers, so they share one value (a clone is a reference count) instead
+/// of each writing and validating its own. Each kept value holds its block: at most `RECENT` blocks
+/// of 8 KiB a thread beyond the one in use.
 pub(crate) fn recent_or(
     name: &Arc<str>,
     remaining: u64,
@@ -78,7 +76,6 @@ pub(crate) fn recent_or(
     Some(value)
 }
 
-/// Where [`recent_or`] keeps the value of `name`, `remaining` and `reset`.
 fn slot_of(name: &Arc<str>, remaining: u64, reset: u64) -> usize {
     let address = Arc::as_ptr(name).cast::<u8>() as usize as u64;
     let mixed =
@@ -86,14 +83,12 @@ fn slot_of(name: &Arc<str>, remaining: u64, reset: u64) -> usize {
     (mixed >> 60) as usize % RECENT
 }
 
-/// `bytes` as a header value in the thread's block, or `None` if they are not a valid one.
 pub(crate) fn value(bytes: &[u8]) -> Option<HeaderValue> {
     values([bytes]).map(|[value]| value)
 }
 
-/// Header values of `parts`, written together into the thread's block (so that one value never
-/// makes room for the next while alive: the block is started over only between decisions), or
-/// `None` if a part is not a valid value.
+/// Header values of `parts`, written together into the thread's block so that one value never makes
+/// room for the next while alive: the block is started over only between decisions.
 pub(crate) fn values<const N: usize>(parts: [&[u8]; N]) -> Option<[HeaderValue; N]> {
     let values = shared(parts).map(HeaderValue::from_maybe_shared);
     if values.iter().any(Result::is_err) {
@@ -194,7 +189,6 @@ mod tests {
         };
         let first = recent_or(&api, 9, 1, || make("\"api\";r=9;t=1")).unwrap();
         assert_eq!(first, "\"api\";r=9;t=1");
-        // The same limit and numbers: the kept value, not a new one.
         let again = recent_or(&api, 9, 1, || make("never")).unwrap();
         assert_eq!((again, made.get()), (first, 1));
         // Another number, or another limit of the same name (another `Arc`): made anew.
@@ -202,7 +196,6 @@ mod tests {
         assert_eq!(recent_or(&api, 9, 2, || make("t2")).unwrap(), "t2");
         assert_eq!(recent_or(&other, 9, 1, || make("other")).unwrap(), "other");
         assert_eq!(made.get(), 4);
-        // A value that cannot be made is not kept.
         assert!(recent_or(&api, 7, 7, || None).is_none());
         assert_eq!(recent_or(&api, 7, 7, || make("r7")).unwrap(), "r7");
     }

@@ -67,7 +67,6 @@ pub(crate) fn problem_response(status: StatusCode, body: Bytes) -> Response<Byte
     response
 }
 
-/// The JSON of a problem, escaping what `detail` needs.
 fn problem_body(status: StatusCode, detail: &str) -> Bytes {
     let mut escaped = String::with_capacity(detail.len());
     for c in detail.chars() {
@@ -86,7 +85,6 @@ fn problem_body(status: StatusCode, detail: &str) -> Bytes {
     ))
 }
 
-/// Which header fields to send.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HeaderOptions {
     pub(crate) ratelimit: bool,
@@ -95,7 +93,6 @@ pub(crate) struct HeaderOptions {
 }
 
 impl Default for HeaderOptions {
-    /// The `RateLimit` fields alone.
     fn default() -> Self {
         HeaderOptions {
             ratelimit: true,
@@ -285,12 +282,10 @@ impl RateHeaders {
     }
 }
 
-/// The `RateLimit` value of one decision per limit, or `None` if a name cannot be a Structured Field
-/// string (limit names are validated, so only in theory), as [`RateHeaders::new`] makes it: written
-/// by hand into a buffer on the stack ([`write_ratelimit`]) and copied once into the thread's block
-/// of values (`header_block.rs`). This runs for every response, and `sfv`'s serializer costs a
-/// `String`, its validation and a second allocation to turn it into a `HeaderValue`;
-/// [`ratelimit_field_sfv`] is the reference it must equal (a unit test compares them).
+/// The `RateLimit` value of one decision per limit, written by hand on the stack
+/// ([`write_ratelimit`]) and copied once into the thread's block of values (`header_block.rs`):
+/// this runs for every response, and `sfv`'s serializer costs a `String`, its validation and a
+/// second allocation. A unit test checks it equals [`ratelimit_field_sfv`].
 fn ratelimit_field(names: &[Arc<str>], decisions: &[Decision]) -> Option<HeaderValue> {
     let mut buf = FieldBuf::new();
     match write_ratelimit(names, decisions, &mut buf) {
@@ -384,7 +379,6 @@ impl FieldBuf {
     }
 }
 
-/// Sets `Retry-After` on a rejection unless the response already has one.
 pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
     if !map.contains_key(RETRY_AFTER) {
         map.insert(RETRY_AFTER, retry_after_value(seconds.max(1)));
@@ -394,8 +388,7 @@ pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
 /// How many `Retry-After` values are made once and shared: most refusals wait seconds, not hours.
 const SHARED_RETRY_AFTER: usize = 128;
 
-/// `seconds` as a header value: one of the values made once (a clone is a reference count) below
-/// `SHARED_RETRY_AFTER`, else a new one (an allocation, as every value was before).
+/// `seconds` as a header value, shared below `SHARED_RETRY_AFTER` (a clone is a reference count).
 fn retry_after_value(seconds: u64) -> HeaderValue {
     static SHARED: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
         (0..SHARED_RETRY_AFTER as u64)

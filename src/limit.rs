@@ -37,7 +37,6 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm.
     pub(crate) const ALL: [Algorithm; 5] = [
         Algorithm::Gcra,
         Algorithm::SlidingLog,
@@ -95,10 +94,9 @@ pub const MAX_UNIT_COUNT: u64 = 10_000;
 /// on one key's hash slot), so the size is bounded for all of them here, once.
 pub const MAX_STACKED_QUOTAS: usize = 16;
 
-/// The rule every stack obeys, whatever the backend: 1 to [`MAX_STACKED_QUOTAS`] limits, and no
-/// concurrency limit (its slot is given back per limit when the request ends, which a stack has no
-/// way to name; "N per period" and "N in flight" are different questions). Backends add only their
-/// own constraints.
+/// The rule every stack obeys, whatever the backend (backends add only their own constraints): 1 to
+/// [`MAX_STACKED_QUOTAS`] limits, and no concurrency limit, whose slot is given back per limit when
+/// the request ends, which a stack has no way to name.
 #[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 pub(crate) fn check_stack(limits: &[Limit]) -> Result<(), String> {
     if limits.is_empty() || limits.len() > MAX_STACKED_QUOTAS {
@@ -152,7 +150,6 @@ pub struct Limit {
     max_debt: Option<u64>,
 }
 
-/// The validated parameters of each algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Params {
     /// `admit` decides (its tolerance includes the delay, if any); `tolerance` is the quota's own.
@@ -544,8 +541,7 @@ impl Limit {
         &self.name
     }
 
-    /// A number unique to the name within this process (names come from configuration, so the
-    /// table behind it stays small).
+    /// A number unique to the name within this process.
     #[cfg_attr(not(feature = "memory"), allow(dead_code))]
     pub(crate) fn id(&self) -> u32 {
         self.id

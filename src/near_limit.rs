@@ -15,7 +15,6 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::observe::{OncePerSecond, RequestRef};
 
-/// The layer's [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook.
 pub(crate) type NearLimitHook = dyn Fn(&NearLimit<'_>) + Send + Sync;
 
 /// The request header that names, for the handler, the limits a request came near
@@ -50,7 +49,6 @@ pub struct NearLimit<'a> {
     pub extensions: &'a Extensions,
 }
 
-/// A policy's near-limit setting.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct NearRule {
     /// The share of a limit used (after the request) from which it is near, in (0, 1].
@@ -60,7 +58,6 @@ pub(crate) struct NearRule {
 }
 
 impl NearRule {
-    /// The setting for policy `policy`, or why it cannot be.
     pub(crate) fn new(policy: &str, ratio: f64, header: bool) -> Result<NearRule, String> {
         if !(ratio > 0.0 && ratio <= 1.0) {
             return Err(format!(
@@ -70,7 +67,6 @@ impl NearRule {
         Ok(NearRule { ratio, header })
     }
 
-    /// Whether an admitted decision leaves its limit used to at least the ratio.
     pub(crate) fn is_near(&self, decision: &Decision) -> bool {
         let used = decision.limit.saturating_sub(decision.remaining);
         decision.allowed && used as f64 >= self.ratio * decision.limit as f64
@@ -84,7 +80,6 @@ pub(crate) struct NearReport {
 }
 
 impl NearReport {
-    /// Counts a near-limit request of limit `limit` of policy `policy`.
     pub(crate) fn count(&self, policy: &str, limit: &str) {
         #[cfg(feature = "metrics")]
         metrics::counter!(

@@ -86,7 +86,6 @@ impl RedactionSecret {
         RedactionSecret(seed.finalize().to_vec().into())
     }
 
-    /// The keyed HMAC, ready to clone per use.
     pub(crate) fn hmac(&self) -> Redactor {
         Redactor(Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length"))
     }
@@ -153,9 +152,8 @@ impl<'a> RequestRef<'a> {
     }
 }
 
-/// A key as logs show it: rendered, or with
-/// [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys) its pseudonym under the layer's
-/// [`RedactionSecret`] (`hmac:` and 16 hex digits). Computed only when an event is written.
+/// A key as logs show it: rendered, or its [`RedactionSecret`] pseudonym under
+/// [`redact_keys`](crate::ThrottleLayerBuilder::redact_keys). Computed only when written.
 #[derive(Clone, Copy)]
 pub(crate) struct ShownKey<'a> {
     pub(crate) key: &'a Key,
@@ -178,22 +176,8 @@ impl fmt::Display for ShownKey<'_> {
     }
 }
 
-/// The metrics of one policy. Names say what they count; the only label is the policy (never the key,
-/// so the number of series stays bounded):
-///
-/// | metric | kind | counts |
-/// |---|---|---|
-/// | `throttle_requests_allowed_total` | counter | requests a policy admitted |
-/// | `throttle_requests_limited_total` | counter | requests a policy limited (429), bans included |
-/// | `throttle_requests_banned_total` | counter | of those, requests answered by a penalty-box ban |
-/// | `throttle_backend_failures_total` | counter | decisions the backend failed (error or timeout) |
-/// | `throttle_fallback_decisions_total` | counter (`policy`, `on_error`, `outcome`) | of those, what the failure policy answered instead: `admitted` or `refused` |
-/// | `throttle_backend_latency_seconds` | histogram | time to a backend's decision |
-/// | `throttle_requests_forbidden_total` | counter (no label) | requests on a deny list (403) |
-/// | `throttle_requests_would_limit_total` | counter (`policy`, `limit`) | refusals only counted: a shadow limit's, a staged policy's (`rollout/`) |
-/// | `throttle_requests_near_limit_total` | counter (`policy`, `limit`) | admitted requests that left a limit used to at least the policy's `near_limit` |
-/// | `throttle_requests_shed_total` | counter (`partition`) | requests the overload gate shed (`overload/`) |
-/// | `throttle_overload_limit`, `throttle_overload_in_flight` | gauges (no label) | the overload gate's limit, and its requests in flight when the limit last adapted |
+/// The metrics of one policy. The only label is the policy, never the key, so that the number of
+/// series stays bounded; `src/guide/observability.md` lists every metric the crate exports.
 #[cfg(feature = "metrics")]
 pub(crate) struct PolicyMetrics {
     allowed: metrics::Counter,
@@ -217,15 +201,13 @@ impl PolicyMetrics {
     }
 }
 
-/// Per-policy reporting state: metric handles, made on first use (so that a recorder installed
-/// after the layer was built, but before traffic, still gets them), and whether the policy has
-/// warned of a request without a key yet.
+/// Per-policy reporting state. Metric handles are made on first use, so that a recorder installed
+/// after the layer was built, but before traffic, still gets them.
 #[derive(Default)]
 pub(crate) struct Reporter {
     #[cfg(feature = "metrics")]
     metrics: OnceLock<PolicyMetrics>,
     warned_missing_key: AtomicBool,
-    /// Rejections logged at info at most once a second.
     limited_log: OncePerSecond,
 }
 
@@ -235,7 +217,6 @@ impl Reporter {
         self.metrics.get_or_init(|| PolicyMetrics::new(policy))
     }
 
-    /// A decision the verdict acts on: counted, and logged at debug level.
     #[inline]
     pub(crate) fn decision(
         &self,
@@ -262,9 +243,8 @@ impl Reporter {
         }
     }
 
-    /// A request over its limit: rejected, or only reported in a dry run. At info at most once a
-    /// second per policy (with how many were left out), the others at debug: a flood from one
-    /// client would otherwise write a line per request.
+    /// Logged at info at most once a second per policy (with how many were left out), the others at
+    /// debug: a flood from one client would otherwise write a line per request.
     pub(crate) fn limited(
         &self,
         policy: &str,
@@ -287,7 +267,6 @@ impl Reporter {
         );
     }
 
-    /// A request with no key for the policy: warned once, then at debug level.
     pub(crate) fn missing_key(&self, policy: &str, what: &str) {
         if !self.warned_missing_key.swap(true, Ordering::Relaxed) {
             tracing::warn!(policy = %policy, source = %what, "request without a rate-limit key (further ones are logged at debug level)");
@@ -303,7 +282,6 @@ impl Reporter {
         self.metrics(policy).failed.increment(1);
     }
 
-    /// The failure policy (`on_error`) answered instead of the backend: admitted or refused.
     /// Only on the failure path, so the counter is looked up each time.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn fallback(&self, policy: &str, on_error: &'static str, admitted: bool) {
@@ -336,8 +314,8 @@ macro_rules! sampled {
 }
 pub(crate) use sampled;
 
-/// A gate that opens at most once a second and counts what it held back: a flood (of rejections, or
-/// of failures while Redis is down) writes one line a second at its level, the rest at debug.
+/// A gate that opens at most once a second and counts what it held back, so that a flood writes one
+/// line a second at its level and the rest at debug.
 #[derive(Default)]
 pub(crate) struct OncePerSecond {
     /// Seconds since `start` of the last opening, plus one (0: never).
@@ -347,7 +325,6 @@ pub(crate) struct OncePerSecond {
 }
 
 impl OncePerSecond {
-    /// `Some(how many were held back since the last opening)` at most once a second, else `None`.
     pub(crate) fn open(&self) -> Option<u64> {
         let start = *self.start.get_or_init(Instant::now);
         let now = start.elapsed().as_secs() + 1;
@@ -366,25 +343,20 @@ impl OncePerSecond {
     }
 }
 
-/// Backend errors are logged at warn at most once a second, with the number left out; the others at
-/// debug. A Redis outage under load would otherwise write one line per request. Entering the
-/// failure policy (the first failure after decisions) and leaving it (the first decision after
-/// failures) are one line each, the second with how long it lasted and how many requests the
-/// failure policy answered (each at most once a second too: a link that flaps does not flood).
+/// Backend errors are logged at warn at most once a second, the rest at debug: a Redis outage under
+/// load would otherwise write one line per request. Entering and leaving the failure policy are one
+/// line each, also at most once a second, so that a link that flaps does not flood.
 #[derive(Default)]
 pub(crate) struct ErrorLog {
     gate: OncePerSecond,
     back_gate: OncePerSecond,
-    /// Whether the last answer was a failure (the failure policy is answering).
     failing: AtomicBool,
     /// Requests the failure policy answered since it took over.
     answered: AtomicU64,
-    /// When it took over.
     since: Mutex<Option<Instant>>,
 }
 
 impl ErrorLog {
-    /// Logs that the backend failed for `policy`; `on_error` says what the layer does about it.
     pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
         self.answered.fetch_add(1, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::Relaxed) {
@@ -414,8 +386,7 @@ impl ErrorLog {
         }
     }
 
-    /// The backend decided a request of `policy`: if the failure policy was answering, it no
-    /// longer is (logged once, with how long and how many). One load when it was not.
+    /// Logs, once, that the failure policy no longer answers; one load when it was not answering.
     #[inline]
     pub(crate) fn decided(&self, policy: &str) {
         if self.failing.load(Ordering::Relaxed) {
@@ -454,14 +425,12 @@ pub(crate) fn no_timers(policy: &str) {
     tracing::error!(policy = %policy, "delay mode needs a tokio runtime with timers enabled (`enable_time`); answering 503");
 }
 
-/// Counts a request on a deny list.
 pub(crate) fn forbidden() {
     #[cfg(feature = "metrics")]
     metrics::counter!("throttle_requests_forbidden_total").increment(1);
 }
 
-/// A request the overload gate shed (counted by the gate, per partition): at debug level, so
-/// that a flood stays quiet in the logs.
+/// Logged at debug level, so that a flood stays quiet; the gate counts what it sheds.
 pub(crate) fn shed(partition: &str) {
     tracing::debug!(reason = "overload", partition, "request shed");
 }
@@ -508,7 +477,6 @@ pub(crate) fn redis_evictions(keys: u64) {
     let _ = keys;
 }
 
-/// The debug event of [`Reporter::decision`].
 #[inline(never)]
 fn log_decision(policy: &str, key: ShownKey<'_>, decision: &Decision, delay: Duration) {
     tracing::debug!(
@@ -553,9 +521,8 @@ mod tests {
     }
 }
 
-/// Per-customer quotas and async keys (`per_customer.rs`): a resolver or an async key extractor
-/// that failed or took too long, logged at warn at most once a second per policy (the rest at
-/// debug); `fallback` says what the layer did instead.
+/// A resolver or an async key extractor (`per_customer.rs`) that failed or took too long, logged at
+/// warn at most once a second per policy, the rest at debug.
 #[derive(Default)]
 pub(crate) struct ResolveLog(OncePerSecond);
 

@@ -49,14 +49,12 @@ pub struct OffenderCounts {
 #[derive(Clone)]
 pub struct Offenders {
     store: Arc<Store>,
-    /// Who is limited most ([`top`](Self::top)), kept where the counts are.
     top: Arc<TopLimited>,
 }
 
 /// Per policy and window: the current bucket's number and its HyperLogLog.
 type Buckets = HashMap<(Box<str>, Window), (u64, Hll)>;
 
-/// Where the counts live: in this process, or in Redis (shared by every process).
 enum Store {
     Memory(Mutex<Buckets>),
     #[cfg(feature = "redis")]
@@ -81,7 +79,6 @@ impl Window {
         }
     }
 
-    /// The number of the current bucket.
     fn bucket(self, now: u64) -> u64 {
         now / self.seconds()
     }
@@ -157,8 +154,7 @@ impl Offenders {
         self.top.top(policy, n).await
     }
 
-    /// Shows the keys of [`top`](Self::top) as the layer's logs do (set by a layer that redacts
-    /// keys; the first one stays).
+    /// Shows the keys of [`top`](Self::top) as the layer's logs do; the first redactor set stays.
     pub(crate) fn redact_with(&self, redactor: Redactor) {
         self.top.redact_with(redactor);
     }
@@ -284,7 +280,6 @@ mod redis_store {
         )
     }
 
-    /// Limited keys waiting to be sent, and whether a task is sending them.
     #[derive(Default)]
     pub(super) struct Outbox {
         pending: Mutex<Vec<(Box<str>, String, u64)>>,
@@ -349,7 +344,6 @@ mod redis_store {
                         }
                         return;
                     }
-                    // One PFADD per counter with every member of the batch, in one round trip.
                     let mut counters: HashMap<String, (u64, Vec<String>)> = HashMap::new();
                     for (policy, member, now) in batch {
                         for window in Window::ALL {
@@ -410,7 +404,6 @@ impl Offenders {
         Self::redis_on(RedisConnection::cluster_of(connection), prefix.into())
     }
 
-    /// On the Redis backend's own connection (`Config::layer` shares it).
     pub(crate) fn redis_on(conn: RedisConnection, prefix: String) -> Self {
         Offenders {
             top: Arc::new(TopLimited::redis(conn.clone(), prefix.clone())),

@@ -4,7 +4,6 @@
 
 use std::fmt;
 
-/// The caller's value, or how to make the default.
 pub(crate) enum OrDefault<T> {
     Given(T),
     // Only the memory backend's defaults are made this way (its clock, and the layer's default
@@ -14,7 +13,6 @@ pub(crate) enum OrDefault<T> {
 }
 
 impl<T> OrDefault<T> {
-    /// The value, making the default now if none was given.
     pub(crate) fn get(self) -> T {
         match self {
             OrDefault::Given(value) => value,

@@ -27,7 +27,6 @@ pub(crate) struct OutcomeRule {
 }
 
 impl OutcomeRule {
-    /// Whether a response with `status` counts against the quota.
     pub(crate) fn counts(&self, status: StatusCode) -> bool {
         self.count_only.as_ref().is_none_or(|f| f(status))
             && !self.refund_on.as_ref().is_some_and(|f| f(status))
@@ -101,7 +100,6 @@ impl OutcomeGuard {
         }
     }
 
-    /// A metered request's meter, for its handler.
     pub(crate) fn meter(&self) -> Option<crate::meter::Meter> {
         self.meter.as_ref().map(|m| m.meter().clone())
     }

@@ -142,19 +142,16 @@ impl PenaltyBox {
         }
     }
 
-    /// The penalty this box applies.
     pub(crate) fn penalty(&self) -> Penalty {
         self.penalty
     }
 
-    /// Forgets `key`'s strikes and ban.
     pub(crate) fn forget(&self, key: &Key) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.map.remove(key);
     }
 
-    /// `decision` for `key` as the penalty box answers it: a rejection that earns a ban is the
-    /// ban.
+    /// A rejection that earns a ban becomes the ban; any other decision passes through.
     pub(crate) fn struck(&self, key: &Key, decision: Decision) -> Decision {
         if decision.allowed {
             return decision;
@@ -275,13 +272,11 @@ mod tests {
         // The ban consumed the strikes: one more rejection is a first strike, not a ban.
         assert_eq!(b.strike_at(&k, ms(220)), None);
         assert_eq!(b.banned_at(&k, ms(220)), None);
-        // Another key's strikes are its own.
         let other = Key::from("other");
         assert_eq!(b.strike_at(&other, ms(221)), None);
         assert_eq!(b.banned_at(&k, ms(221)), None);
     }
 
-    /// A box filled to `CAPACITY` with one strike of each of `keys` at `at`.
     fn fill(b: &PenaltyBox, keys: impl Iterator<Item = String>, at: Instant) {
         for key in keys {
             b.strike_at(&Key::from(key), at);

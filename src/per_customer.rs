@@ -1,7 +1,6 @@
 //! Quotas per customer: a policy's quota chosen per request ([`PolicyBuilder::quota_from`], a
-//! [`QuotaResolver`] that may be async), and the quotas an operator's overrides give single keys —
-//! its options, the limits made for each quota seen, and how a request's quota is found. A policy
-//! that chooses no quota per key pays nothing for it: its requests never come here.
+//! [`QuotaResolver`] that may be async), and the quotas an operator's overrides give single keys. A
+//! policy that chooses no quota per key pays nothing for it: its requests never come here.
 //!
 //! [`PolicyBuilder::quota_from`]: crate::PolicyBuilder::quota_from
 
@@ -117,11 +116,8 @@ pub(crate) struct CustomerQuotas {
     quota_from: Option<Arc<QuotaFn>>,
     resolver: Option<Arc<dyn QuotaResolver>>,
     resolve_timeout: Duration,
-    /// The limits of each per-customer quota seen, made once.
     custom: Mutex<HashMap<Quota, Option<Arc<CompiledTier>>>>,
-    /// The limits of each override's quota seen, made once (`Namespace::Override`).
     overridden: Mutex<HashMap<Quota, Option<Arc<CompiledTier>>>>,
-    /// The name override quotas keep their state under.
     override_name: Arc<str>,
     log: ResolveLog,
 }
@@ -135,12 +131,10 @@ pub(crate) struct ChoosesQuota {
 }
 
 impl ChoosesQuota {
-    /// Whether the policy chooses a quota per key at all.
     pub(crate) fn is_set(&self) -> bool {
         self.quota_from.is_some() || self.resolver.is_some()
     }
 
-    /// Why these options cannot be used, if they cannot.
     pub(crate) fn invalid(&self) -> Option<&'static str> {
         if self.resolve_timeout.is_some() && self.resolver.is_none() {
             return Some("resolver_timeout is set but there is no quota_resolver");
@@ -163,7 +157,6 @@ impl std::fmt::Debug for ChoosesQuota {
 }
 
 impl CustomerQuotas {
-    /// The quotas per key of policy `name`, whose default limit is `template`.
     pub(crate) fn new(name: &str, template: &Limit, options: ChoosesQuota) -> Self {
         CustomerQuotas {
             name: name.into(),
@@ -183,9 +176,8 @@ impl CustomerQuotas {
         self.resolver.is_some()
     }
 
-    /// The quota of `key` from the policy's closure, at once; `None` for the policy's own (and
-    /// with no closure: a resolver is asked by [`quota_of`](Self::quota_of)). Its limits are
-    /// [`custom_tier`](Self::custom_tier)'s.
+    /// The quota of `key` from the policy's closure, at once; `None` for the policy's own, or when
+    /// a resolver must be asked ([`quota_of`](Self::quota_of)).
     pub(crate) fn quota_now(&self, parts: &Parts, key: &Key) -> Option<Quota> {
         (self.quota_from.as_ref()?)(parts, key)
     }
@@ -214,10 +206,9 @@ impl CustomerQuotas {
         }
     }
 
-    /// The limits of a `quota` chosen for one key, with the default limit's algorithm, delay,
-    /// lease and penalty, kept in namespace `ns`. `None` for a quota that cannot be enforced
-    /// (`validate` is the backend's check) or that `cost` exceeds: the request then gets the
-    /// policy's own quota.
+    /// The limits of a `quota` chosen for one key, kept in namespace `ns`. `None` for a quota that
+    /// cannot be enforced (`validate` is the backend's check) or that `cost` exceeds: the request
+    /// then gets the policy's own quota.
     pub(crate) fn custom_tier(
         &self,
         ns: Namespace,

@@ -146,8 +146,6 @@ impl PolicyDecision {
     }
 }
 
-/// Adds a layer's decision to a request: appended to its [`RequestDecisions`], and the single
-/// [`PolicyDecision`] extension set to it.
 pub(crate) fn record(extensions: &mut Extensions, decision: PolicyDecision) {
     match extensions.get_mut::<RequestDecisions>() {
         Some(all) => all.decisions.push(decision.clone()),

@@ -163,7 +163,6 @@ impl Quota {
             .map(|p| Duration::from_nanos(p.emission_interval()))
     }
 
-    /// Whether the quota was given a burst of no request ([`bursts_of(0)`](Self::bursts_of)).
     pub(crate) const fn empty_burst(&self) -> bool {
         self.empty_burst
     }
@@ -391,8 +390,7 @@ mod tests {
 
     #[test]
     fn a_quota_displays_its_count_period_and_burst() {
-        // The public Display, for users' logs: count, period and burst (a bursts_of(0) quota says
-        // so, since it admits nothing and validation refuses it).
+        // A bursts_of(0) quota says so: it admits nothing, and validation refuses it.
         let m30 = Quota::per_minute(30);
         assert_eq!(m30.to_string(), "30 per 60s (max_burst 29)");
         assert_eq!(m30.bursts_of(0).to_string(), "30 per 60s (bursts of 0)");

@@ -3,7 +3,6 @@
 
 use http::Request;
 
-/// A route pattern in axum 0.8 syntax, matched as axum's router matches it.
 #[derive(Clone, Debug)]
 pub(crate) struct Route {
     pattern: String,
@@ -13,7 +12,6 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    /// The pattern as written.
     pub(crate) fn pattern(&self) -> &str {
         &self.pattern
     }
@@ -93,7 +91,6 @@ impl Route {
         shape
     }
 
-    /// Whether the pattern has a parameter (or wildcard) called `name`.
     pub(crate) fn has_param(&self, name: &str) -> bool {
         let (plain, wildcard) = (format!("{{{name}}}"), format!("{{*{name}}}"));
         [plain, wildcard].iter().any(|p| {
@@ -160,8 +157,7 @@ fn same_shape(a: &str, b: &str) -> bool {
     a == b || pieces(a).eq(pieces(b))
 }
 
-/// A pattern's pieces: its characters, with `{{`/`}}` as literal braces and each parameter as one
-/// piece.
+/// A pattern's pieces: its characters, `{{`/`}}` as literal braces, each parameter as one piece.
 fn pieces(pattern: &str) -> impl Iterator<Item = Piece> + '_ {
     let mut chars = pattern.chars().peekable();
     std::iter::from_fn(move || {

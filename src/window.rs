@@ -69,7 +69,6 @@ impl WindowParams {
         }
     }
 
-    /// These parameters with windows cut on `calendar`.
     pub(crate) const fn on_calendar(self, calendar: &'static Calendar) -> Self {
         WindowParams {
             calendar: Some(calendar),
@@ -77,12 +76,10 @@ impl WindowParams {
         }
     }
 
-    /// Whether each key's window starts at a phase of its own.
     pub(crate) const fn is_per_key(&self) -> bool {
         self.per_key
     }
 
-    /// The calendar the windows are cut on, if they are (a fixed window's).
     pub(crate) fn calendar(&self) -> Option<&'static Calendar> {
         self.calendar
     }
@@ -107,7 +104,6 @@ impl WindowParams {
         }
     }
 
-    /// These parameters with each key's window starting at a phase of its own.
     pub(crate) const fn per_key(self) -> Self {
         WindowParams {
             per_key: true,
@@ -115,10 +111,10 @@ impl WindowParams {
         }
     }
 
-    /// How far to move the clock for `key` so that its windows start at its own
-    /// phase (0 for aligned windows): `period - phase`, the phase in whole microseconds (Redis'
-    /// clock), below the period. Moving forward by `period - phase` cuts where moving back by
-    /// `phase` would, without going below 0.
+    /// How far to move the clock for `key` so that its windows start at its own phase (0 for
+    /// aligned windows): `period - phase`, the phase in whole microseconds (Redis' clock), below
+    /// the period. Moving forward by `period - phase` cuts where moving back by `phase` would,
+    /// without going below 0.
     #[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
     pub(crate) fn shift_of(&self, key: &crate::key::Key) -> u64 {
         if !self.per_key {
@@ -384,13 +380,12 @@ mod tests {
         })
     }
 
-    // How each algorithm counts through a sequence of requests, resets on a boundary, weighs the
-    // previous window, trims its log or counts requests in flight: tests/memory/algorithms.rs
+    // tests/memory/algorithms.rs shows, through the memory backend, how each algorithm counts
     // (`fixed_window_counts_per_window_and_resets_on_the_boundary`,
     // `sliding_window_weighs_the_previous_window`,
     // `sliding_log_is_exact_and_does_not_record_rejections`,
-    // `concurrency_counts_requests_in_flight_until_released`), through the memory backend. Below:
-    // what it cannot show (the stored state, a key without one).
+    // `concurrency_counts_requests_in_flight_until_released`). Below: what it cannot show (the
+    // stored state, a key without one).
 
     #[test]
     fn a_rejection_keeps_the_state_and_counts_above_a_smaller_limit_read_as_full() {

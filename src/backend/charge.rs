@@ -1,8 +1,6 @@
-//! What a request asks of a backend, in one shape: a list of charges, each a limit, the key it
-//! counts against and the quantity ([`Charges`]); and what comes back, one decision per charge
-//! ([`Decisions`]). A lone limit, a stack of quotas, quotas with keys of their own and a metered
-//! estimate beside the request's cost are all lists of charges: the backend tells them apart by
-//! what the list holds, not by a method of its own.
+//! What a request asks of a backend ([`Charges`]) and what comes back ([`Decisions`]). A lone
+//! limit, a stack of quotas, keys apart and a metered estimate are all lists of charges: the
+//! backend tells them apart by what the list holds, not by a method of its own.
 
 use std::ops::Deref;
 use std::time::Duration;

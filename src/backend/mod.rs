@@ -23,22 +23,18 @@ pub(crate) mod redis;
 #[cfg(all(feature = "config", feature = "redis"))]
 pub(crate) mod configured;
 
-// Peek and reset: a key's state read without consuming, and forgotten.
 mod key_state;
 
 pub use key_state::{KeyState, PeekFuture, ResetFuture};
 
-// Tables an operator writes at run time, shared by the processes of a fleet.
 mod records;
 
 pub use records::{OnRecordsChange, Records, RecordsFuture};
 
-// What a request asks of a backend (charges) and what it gets back (decisions).
 mod charge;
 
 pub use charge::{Adjustment, Charges, Decisions, Uses};
 
-// The `Backend` trait itself, below every backend that implements it.
 mod api;
 
 pub use crate::error::BackendError;

@@ -1,8 +1,7 @@
 //! [`Records`]: small tables an operator writes while the service runs (overrides, timed bans),
-//! kept by a backend that every process shares, so that a change made through one process is heard
-//! by all of them and outlives their restarts. The Redis backend keeps each table in a hash and
-//! tells the other processes of a change on its resets channel; the memory backend keeps none (the
-//! layer then keeps its tables in process).
+//! shared by every process so that a change is heard by all and outlives restarts. The Redis
+//! backend keeps each table in a hash and announces changes on its resets channel; the memory
+//! backend keeps none.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -174,7 +174,6 @@ fn bounds_are_kept_until_an_instant_leaves_them() {
     let tomorrow = calendar.bounds_at(noon + 24 * HOUR);
     assert_eq!(tomorrow.start, today.end);
     assert_eq!(**calendar.last.load(), tomorrow);
-    // One calendar per description.
     assert!(std::ptr::eq(calendar, self::calendar(window)));
     // The memory backend's view: the end names the window, the rest is in nanoseconds.
     let (end, left) = calendar.window_at_nanos(noon * 1_000_000_000 + 1);

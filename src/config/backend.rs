@@ -38,8 +38,7 @@ impl Config {
     }
 
     /// With `[backend] state_file`: gives `backend`'s keys the state the file kept for `policies`'
-    /// limits. A missing file is a first start; a damaged one is logged and ignored (every key
-    /// starts afresh).
+    /// limits. A missing file is a first start; a damaged one is logged and ignored.
     pub(super) fn restore_state<K>(&self, backend: &MemoryBackend, policies: &[Policy<K>]) {
         let BackendConfig::Memory {
             state_file: Some(path),
@@ -86,8 +85,7 @@ impl Config {
 }
 
 /// Every limit of `policies`: every tier's, the shadow limits (counted by the backend too), and
-/// those a customer's or an override's quota counts under (one each: their state is found by
-/// name).
+/// those a customer's or an override's quota counts under (one each: state is found by name).
 fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
     policies
         .iter()
@@ -108,9 +106,8 @@ fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
 #[cfg(feature = "redis")]
 impl RedisConfig {
     /// Mirrors the access-list sets from this Redis into `lists`, in a background task, through the
-    /// backend's own connection. If Redis does not answer yet, the first read is retried in the
-    /// background (the lists hold only their local entries until then), for as long as the backend
-    /// lives: the task holds its connection, and must not keep it open past the backend.
+    /// backend's own connection. A first read Redis does not answer is retried for as long as the
+    /// backend lives: the task holds its connection, and must not keep it open past the backend.
     pub(super) fn spawn_access_sync(
         &self,
         backend: &RedisBackend,
@@ -157,8 +154,7 @@ impl RedisConfig {
         });
     }
 
-    /// Distinct limited clients counted in this Redis, under the backend's prefix, through the
-    /// backend's own connection.
+    /// Distinct limited clients counted in this Redis, under the backend's prefix and connection.
     pub(super) fn offenders(&self, backend: &RedisBackend) -> Offenders {
         let prefix = self
             .prefix
@@ -193,9 +189,8 @@ impl RedisConfig {
             let backend = builder
                 .build()
                 .map_err(|e| BackendError::new(e.to_string()))?;
-            // Redis up: start on it. Down: go on as soon as the first attempt says so. Refused
-            // (wrong password, missing ACL permissions, mode "cell" without the module): fail
-            // now, as retrying will not fix it and requests would follow the failure policy.
+            // Redis up: start on it. Down: go on as soon as the first attempt says so. Refused:
+            // fail now, as retrying will not fix it and requests would follow the failure policy.
             backend.first_attempt().await?;
             Ok(backend)
         }

@@ -167,8 +167,7 @@ impl Config {
         self.with_options(builder.policies(self.policies()?))
     }
 
-    /// The layer-wide options: header fields, the decision extension, the failure policy, key
-    /// redaction.
+    /// The layer-wide options.
     fn with_options<B>(
         &self,
         mut builder: ThrottleLayerBuilder<KeySpec, B>,
@@ -239,8 +238,6 @@ impl Config {
     ) -> Result<ThrottleLayer<KeySpec, ConfiguredBackend>, Box<dyn std::error::Error + Send + Sync>>
     {
         let policies = self.policies()?;
-        // Redis: started as `[backend] connect` says (lazily by default: Redis being down does
-        // not stop the application).
         let backend = match &self.backend {
             BackendConfig::Memory { .. } => ConfiguredBackend::Memory(self.memory_backend()?),
             BackendConfig::Redis(redis) => ConfiguredBackend::Redis(redis.start().await?),

@@ -1,12 +1,10 @@
 //! The `[[route]]` table mapped onto [`PolicyBuilder`], in one place: each row of
 //! [`ROUTE_OPTIONS`] ties the TOML keys it reads to the builder options it sets and the function
-//! that sets them. A new option is one field in [`RouteConfig`] (the schema) and one row here; a
-//! plain `key = value` option needs no function of its own (see the `lease` row).
+//! that sets them. A new option is one field in [`RouteConfig`] and one row here.
 //!
-//! `tests/middleware/config_builder.rs` reads this table's text: it fails when a key of `[[route]]` has
-//! no row, or a public builder option (`PolicyBuilder`'s methods, `Limit`'s `with_*`) is named by
-//! no row and not on its allow-list. So keep each row on one line, in the form `row(&[keys],
-//! &[options], how)`.
+//! `tests/middleware/config_builder.rs` reads this table's text: it fails when a key of `[[route]]`
+//! has no row, or a public builder option is named by no row and not on its allow-list. So keep
+//! each row on one line, in the form `row(&[keys], &[options], how)`.
 
 use http::{Method, StatusCode};
 
@@ -28,9 +26,8 @@ pub(super) type Builder = PolicyBuilder<KeySpec>;
 /// behind, and the builder so far. An error is the reason alone; the caller names the policy.
 type Apply = fn(&RouteConfig, &ClientIp, Builder) -> Result<Builder, String>;
 
-/// One row of [`ROUTE_OPTIONS`]: the `[[route]]` keys it reads (each key in one row only) and
-/// the builder options it sets (`PolicyBuilder` methods, or `Limit::with_*` that the builder passes
-/// the value on to), which tests/middleware/config_builder.rs reads from this file's text, and how.
+/// One row of [`ROUTE_OPTIONS`]: the `[[route]]` keys it reads (each in one row only), the builder
+/// options it sets, and how. Only the test reads the first two, from this file's text.
 const fn row(_keys: &[&str], _options: &[&str], apply: Apply) -> Apply {
     apply
 }
@@ -67,8 +64,7 @@ pub(super) const ROUTE_OPTIONS: &[Apply] = &[
 ];
 
 impl RouteConfig {
-    /// The policy this route describes, `client-ip` keys read behind `client_ip`'s proxies: each
-    /// row of [`ROUTE_OPTIONS`] applied in turn.
+    /// The policy this route describes, `client-ip` keys read behind `client_ip`'s proxies.
     pub(super) fn policy_behind(
         &self,
         client_ip: &ClientIp,
@@ -83,8 +79,7 @@ impl RouteConfig {
     }
 }
 
-/// `when`: each header, the host and each query parameter as a [`Condition`]; `"*"` alone means
-/// present.
+/// `when`'s headers, hosts and query parameters as [`Condition`]s; `"*"` alone means present.
 fn when(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Builder, String> {
     let Some(when) = &route.when else {
         return Ok(builder);
@@ -114,7 +109,6 @@ fn when(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Build
     Ok(builder)
 }
 
-/// `window_start`: `"aligned"` or `"per-key"`.
 fn window_start(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let starts = [
         ("aligned", WindowStart::Aligned),
@@ -164,8 +158,7 @@ fn with_calendar_period(route: &RouteConfig, mut keys: TierConfig) -> Result<Tie
     Ok(keys)
 }
 
-/// `key`, read behind the trusted proxies, bound to `path`'s parameters, with `on_duplicate`,
-/// `ipv6_prefix` and `ipv4_prefix`.
+/// `key` and the settings that shape it, read behind the trusted proxies.
 fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let mut key = route.key.clone();
     bind_client_ip(&mut key, client_ip);
@@ -215,8 +208,7 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     })
 }
 
-/// `count`/`period`/`max_burst`, or `quotas` (those with `shadow = true` as shadow limits, those
-/// with a `key` counted against it).
+/// The route's quotas, with its shadow limits and the keys of quotas that have their own.
 fn quotas(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let (algorithm, own) = (
         algorithm(route)?,
@@ -233,9 +225,8 @@ fn quotas(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result
         .fold(builder, Builder::shadow))
 }
 
-/// The `key` of each enforced quota of `quotas` (in their order, as `quotas_of` gives them), read
-/// as the route's key is (behind the trusted proxies, with its `on_duplicate`); empty when none
-/// has one.
+/// The `key` of each enforced quota, in the order `quotas_of` gives them, read as the route's key
+/// is (behind the trusted proxies, with its `on_duplicate`); empty when none has one.
 fn quota_keys(
     route: &RouteConfig,
     client_ip: &ClientIp,
@@ -290,8 +281,7 @@ fn tiers(route: &RouteConfig, _: &ClientIp, mut builder: Builder) -> Result<Buil
     Ok(builder)
 }
 
-/// `mode` (`"enforce"`, `"dry-run"`, `"delay"`, `"under-pressure"`) and the `max_delay` that only
-/// `"delay"` takes.
+/// `mode`, and the `max_delay` that only `"delay"` takes.
 fn mode(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
     match (route.mode.as_deref(), route.max_delay) {
         (None | Some("enforce"), None) => Ok(builder),
@@ -308,8 +298,7 @@ fn mode(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, 
     }
 }
 
-/// `methods` / `custom_methods`: parsed alike; the builder tells standard methods from opted-in
-/// ones.
+/// `methods` / `custom_methods`, parsed alike: the builder tells standard from opted-in ones.
 fn methods(
     builder: Builder,
     names: Option<&[String]>,
@@ -328,7 +317,6 @@ fn methods(
     Ok(option(builder, methods))
 }
 
-/// `penalty = { after, within, ban }`.
 fn penalty(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let Some(p) = &route.penalty else {
         return Ok(builder);
@@ -337,8 +325,7 @@ fn penalty(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builde
     Ok(builder.penalty(penalty))
 }
 
-/// Counting by outcome: `count_statuses` / `refund_statuses` (codes, and classes such as `"5xx"`)
-/// as the filter the builder option takes.
+/// `count_statuses` / `refund_statuses` (codes, and classes such as `"5xx"`) as a filter.
 fn statuses(
     statuses: Option<&[String]>,
     setting: &str,
@@ -350,7 +337,6 @@ fn statuses(
     Ok(Some(move |status| set.contains(status)))
 }
 
-/// `on_missing_key`: `"reject"` (400, the default) or `"allow"`.
 fn on_missing_key(route: &RouteConfig, _: &ClientIp, builder: Builder) -> Result<Builder, String> {
     let answers = [
         ("reject", MissingKey::Reject(StatusCode::BAD_REQUEST)),

@@ -1,6 +1,5 @@
-//! What the schema builds for the layer: a [`Policy`] per `[[route]]` (through the table in
-//! [`options`](super::options), which ties each key to its builder option; the quota helpers it
-//! shares live here) and the static `[access]` lists.
+//! What the schema builds for the layer: a [`Policy`] per `[[route]]` (through
+//! [`options`](super::options)'s table, with the quota helpers it shares) and the `[access]` lists.
 
 use std::time::Duration;
 
@@ -32,8 +31,7 @@ impl RouteConfig {
         self.policy_behind(&ClientIp::default())
     }
 
-    /// The route's own quota keys (`count`, `period`, `max_burst`, `quotas`), which a tier's table
-    /// has too.
+    /// The route's own quota keys, which a tier's table has too.
     pub(super) fn own_quota(&self) -> TierConfig {
         TierConfig {
             max_burst: self.max_burst,

@@ -1,6 +1,5 @@
-//! Reloading a running layer from a configuration file: [`ThrottleHandle::reload_config`],
-//! [`reload_toml`](ThrottleHandle::reload_toml) and what a reload cannot change. Here, above the
-//! handle, because the handle knows nothing of configuration files.
+//! Reloading a running layer from a configuration file ([`ThrottleHandle::reload_config`]). Here,
+//! above the handle, because the handle knows nothing of configuration files.
 
 use std::fmt;
 

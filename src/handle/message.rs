@@ -1,6 +1,5 @@
-//! One message of a long-lived stream, checked through
-//! [`ThrottleHandle::check`](crate::ops::ThrottleHandle::check) as the layer checks a request, with
-//! no request to answer: the handler gets the [`Decision`].
+//! One message of a long-lived stream (`ThrottleHandle::check`), checked as the layer checks a
+//! request, with no request to answer: the handler gets the [`Decision`].
 
 use std::slice;
 use std::sync::Arc;

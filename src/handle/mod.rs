@@ -1,13 +1,10 @@
-//! [`ThrottleHandle`]: what an application keeps of a running layer, to look at a key's state
-//! ([`peek`](ThrottleHandle::peek)), forget it ([`reset`](ThrottleHandle::reset)) and replace the
-//! layer's policies without a restart ([`reload`](ThrottleHandle::reload)).
+//! [`ThrottleHandle`]: what an application keeps of a running layer.
 //!
 //! A reload swaps the layer's whole policy table at once (an `ArcSwap`): each request reads the
 //! table once, when the layer's service is called, and is decided by that table to its end, so no
 //! request sees half a reload, and requests in flight are never dropped. The cost on the request
-//! path: until the first reload, none (the table the layer was built with is read in place);
-//! after it, one load of the table (arc-swap's: it writes a slot of the calling thread's own, no
-//! reference count shared with other threads).
+//! path: until the first reload, none (the table the layer was built with is read in place); after
+//! it, one load of the table (arc-swap's, which shares no reference count with other threads).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -483,8 +480,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             self.shared.backend.reset(charges).await?;
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
-        // default does not use.
-        // And an override's quota, under its own name.
+        // default does not use; an override's quota keeps it under its own name.
         let overridden = self.shared.overrides.touches(rules.name());
         for ns in [Namespace::Customer, Namespace::Override] {
             if let Some(limit) = rules.overridable.quotas.namespace(ns, overridden) {
@@ -578,8 +574,7 @@ fn keys_of(rules: &CompiledPolicy, limits: &[Limit], key: &Key) -> Vec<Key> {
     }
 }
 
-/// The charges of nothing for `limits`: under `keys` when there are any ([`keys_of`]), else
-/// `key` for every limit.
+/// The charges of nothing for `limits`, under `keys` when there are any ([`keys_of`]).
 fn charges<'a>(limits: &'a [Limit], key: &'a Key, keys: &'a [Key]) -> Charges<'a> {
     match keys.is_empty() {
         true => Charges::stack(limits, key, 0),
@@ -587,7 +582,6 @@ fn charges<'a>(limits: &'a [Limit], key: &'a Key, keys: &'a [Key]) -> Charges<'a
     }
 }
 
-/// Policy `policy` of `table`.
 pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Policy<K>, HandleError> {
     let found = table.policies.iter().find(|p| p.name() == policy);
     found.ok_or_else(|| HandleError::UnknownPolicy(policy.to_owned()))

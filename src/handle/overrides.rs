@@ -1,6 +1,5 @@
 //! [`ThrottleHandle`]'s overrides and timed bans (`overrides/`): set, listed and removed while the
-//! service runs, kept in the backend's records when it has them (so every process applies them
-//! within moments, and they outlive restarts), otherwise in the layer.
+//! service runs.
 
 use std::time::{Duration, SystemTime};
 
@@ -199,8 +198,7 @@ where
         Ok(self.shared.overrides.refresh_all().await?)
     }
 
-    /// The records' field for `text` under policy `policy`: `*`, a pattern `prefix*`, or the key,
-    /// each rendered as logs show keys.
+    /// The records' field for `text` under `policy`: `*`, `prefix*` or a key, as logs show keys.
     fn field_of(&self, policy: &str, text: &str) -> Result<String, HandleError>
     where
         K: KeyFromText,
@@ -254,7 +252,6 @@ where
     }
 }
 
-/// The error of an override or ban of policy `policy` that cannot be set, and why.
 fn invalid(policy: &str, reason: String) -> HandleError {
     HandleError::InvalidOverride {
         policy: policy.to_owned(),
@@ -272,10 +269,9 @@ mod tests {
     use crate::key::{Header, KeySpec, PeerIp};
     use crate::{MemoryBackend, Policy, Quota, ThrottleLayer};
 
-    /// A policy holds at most `MAX_PATTERNS` patterns of bans, as of overrides (a request's key is
-    /// scanned against them): one more is refused, saying so, and not kept; a key, or a pattern
-    /// already set, still may be. (The table is filled outside a runtime: each write through the
-    /// handle reads the whole table again.)
+    /// A policy holds at most `MAX_PATTERNS` patterns of bans, as of overrides: one more is
+    /// refused, saying so, and not kept; a key, or a pattern already set, still may be. (The table
+    /// is filled outside a runtime: each write through the handle reads the whole table again.)
     #[test]
     fn a_ban_pattern_past_the_cap_is_refused() {
         let policy = Policy::builder("api")

@@ -1,9 +1,6 @@
-//! The OpenAI-style rate-limit fields, opt in
-//! ([`ThrottleLayerBuilder::openai_headers`](crate::ThrottleLayerBuilder::openai_headers)), which
-//! LLM clients and SDKs read: `x-ratelimit-{limit,remaining,reset}-requests` for the first limit
-//! of the stack that is not metered, and `…-tokens` for the [metered](crate::PolicyBuilder::metered)
-//! one. `remaining` is in the limit's unit (0 while the key is in debt); `reset` is the time until
-//! the limit is full again, as OpenAI writes it (`1s`, `6m0s`, `20ms`).
+//! The OpenAI-style rate-limit fields that LLM clients and SDKs read, opt in with
+//! [`openai_headers`](crate::ThrottleLayerBuilder::openai_headers). `remaining` is in the limit's
+//! unit (0 while the key is in debt); `reset` is the time until the limit is full again.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -27,7 +24,6 @@ static NAMES: [[HeaderName; 3]; 2] = [
     ],
 ];
 
-/// The fields to set, in order.
 #[derive(Debug)]
 pub(crate) struct Fields(pub(crate) Vec<(HeaderName, HeaderValue)>);
 

@@ -1,6 +1,5 @@
-//! How a request of the layer's extended path comes by its key ([`KeyAhead`]): read at once (a
-//! synchronous key), found by the policy's async key, or taken from the request body once read
-//! ([`BodyAhead`], started before the steps); and why a request has none ([`Missing`]).
+//! How a request of the layer's extended path comes by its key ([`KeyAhead`], [`BodyAhead`], the
+//! body read started before the steps), and why a request has none ([`Missing`]).
 
 use std::time::Duration;
 
@@ -20,24 +19,21 @@ pub(crate) enum Missing {
     Late,
 }
 
-/// A request's key as `Throttle::call` hands it over: read (a synchronous key, or what was expected
-/// of it), to be found by the policy's async key, or to be taken from the body once read.
+/// A request's key as `Throttle::call` hands it over.
 pub(crate) enum KeyAhead {
     Read(Result<Key, Missing>),
     Async(AsyncKey),
     Body,
 }
 
-/// The request body of a policy that reads it (a body key, a metered estimate from the body):
-/// being read, or of a type the layer cannot rebuild (named), which is not read.
+/// The request body of a policy that reads it; a body type the layer cannot rebuild is not read.
 pub(crate) enum BodyAhead {
     Reading(Reading),
     Unreadable(&'static str),
 }
 
 impl BodyAhead {
-    /// Starts reading `body` as `rule` says: the reading (which gives the body back, rebuilt), or,
-    /// for a body type the layer cannot rebuild, its name and the body as it is.
+    /// Starts reading `body`; a body type the layer cannot rebuild comes back as it is.
     pub(crate) fn start<ReqBody: 'static>(
         body: ReqBody,
         rule: &BodyRule,

@@ -11,12 +11,10 @@ use http::request::Parts;
 
 use super::value::Key;
 
-/// What an async key extractor found.
 pub(crate) enum Found {
     Key(Key),
     /// No key, or a key the extractor refused.
     Nothing,
-    /// No answer within the timeout.
     TimedOut,
 }
 
@@ -185,7 +183,6 @@ impl AsyncKey {
         self.timeout
     }
 
-    /// Finds the key, within the timeout; the parts come back with it.
     pub(crate) fn extract(&self, parts: Parts) -> Finding {
         (self.extract)(parts, self.timeout)
     }

@@ -1,6 +1,5 @@
-//! The client's address behind trusted proxies: `X-Forwarded-For`, `Forwarded` (RFC 7239),
-//! `X-Real-IP`, or a CDN's client-IP header (`CF-Connecting-IP`, `True-Client-IP`,
-//! `Fly-Client-IP`), believed only when the peer is a trusted proxy.
+//! The client's address behind trusted proxies, from their forwarding header, believed only when
+//! the peer is a trusted proxy.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -81,7 +80,6 @@ pub(crate) fn parse_net(s: &str) -> Result<IpNet, InvalidCidr> {
             .map(IpNet::from)
             .map_err(|_| InvalidCidr(s.to_owned()))?,
     };
-    // An IPv4-mapped IPv6 network means its IPv4 network: addresses are compared in canonical form.
     Ok(match net {
         IpNet::V6(v6) => match v6.addr().to_ipv4_mapped() {
             Some(v4) if v6.prefix_len() >= 96 => IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96)
@@ -146,7 +144,6 @@ impl ForwardedHeader {
         self.name().as_str()
     }
 
-    /// The header's name.
     fn name(self) -> &'static HeaderName {
         static NAMES: [HeaderName; 6] = [
             HeaderName::from_static("x-forwarded-for"),
@@ -335,7 +332,7 @@ fn parse_xff_entry(entry: &[u8]) -> Option<IpAddr> {
     parse_node(std::str::from_utf8(entry).ok()?)
 }
 
-/// An address with an optional port: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`, `[2001:db8::1]:80`.
+/// An address with an optional port: `192.0.2.1`, `192.0.2.1:80`, `[2001:db8::1]:80`.
 fn parse_node(s: &str) -> Option<IpAddr> {
     if let Ok(ip) = s.parse::<IpAddr>() {
         return Some(ip);
@@ -408,8 +405,7 @@ mod tests {
     const REAL: ForwardedHeader = ForwardedHeader::XRealIp;
     const LB: &[&str] = &["10.0.0.0/8"];
 
-    /// Checks, for a peer behind `trusted` networks, cases of (header read, header lines, the
-    /// client resolved).
+    /// Checks each case (header read, header lines, client resolved) for `peer` behind `trusted`.
     fn check(trusted: &[&str], peer: &str, cases: &[(ForwardedHeader, &[&str], &str)]) {
         for &(header, values, want) in cases {
             let case = format!("{trusted:?} {peer} {header:?} {values:?}");
@@ -517,7 +513,6 @@ mod tests {
                 (header, &["1.2.3.4, 5.6.7.8"], "10.0.0.1"),
                 (header, &["x"], "10.0.0.1"),
             ]);
-            // From an untrusted peer: the peer.
             check(
                 LB,
                 "198.51.100.1",
@@ -537,7 +532,6 @@ mod tests {
         }
         let t = TrustedProxies::new(["10.1.2.3/8"]).unwrap();
         assert!(t.contains("10.200.0.1".parse().unwrap()));
-        // The message names the entry and shows what is expected.
         let err = TrustedProxies::new(["10.0.0.0/8", " ten "]).unwrap_err();
         assert_eq!(err, InvalidCidr("ten".into()));
         assert_eq!(

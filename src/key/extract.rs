@@ -1,5 +1,4 @@
-//! The [`KeyExtractor`] trait and the built-in extractors: peer IP, header, extension, global,
-//! closures; and what a source does with a value sent twice ([`OnDuplicate`]).
+//! The [`KeyExtractor`] trait, the built-in extractors and [`OnDuplicate`].
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -254,21 +253,17 @@ impl<B> KeyExtractor<B> for PeerIp {
     }
 }
 
-/// Whether the warning of [`warn_once_if_forwarded`] has been written (once per process).
 static WARNED_FORWARDED: AtomicBool = AtomicBool::new(false);
 
-/// The headers a proxy forwards the client's address in.
 static FORWARDING_HEADERS: [HeaderName; 3] = [
     http::header::FORWARDED,
     HeaderName::from_static("x-forwarded-for"),
     HeaderName::from_static("x-real-ip"),
 ];
 
-/// Each thread looks for the forwarding headers in its first `LOOK_FIRST` requests, then in one
-/// request in `LOOK_EVERY`: the three lookups cost ~390 instructions, 2 % of a hello-world request
-/// (BENCHMARKS.md, section 10), paid by every request of a server that is not behind a proxy
-/// (where the warning never comes). Behind a proxy nearly every request carries one, so the
-/// warning still comes with the first requests.
+/// Each thread looks for the forwarding headers in its first `LOOK_FIRST` requests, then in one in
+/// `LOOK_EVERY`: the lookups cost 2 % of a hello-world request (BENCHMARKS.md, section 10). Behind
+/// a proxy nearly every request carries one, so the warning still comes with the first requests.
 const LOOK_FIRST: u32 = 1024;
 const LOOK_EVERY: u32 = 64;
 
@@ -277,15 +272,13 @@ thread_local! {
     static PEER_KEYED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether a thread's `seen`-th request keyed on its peer address is looked at for the headers.
 fn looks_at(seen: u32) -> bool {
     seen < LOOK_FIRST || seen.is_multiple_of(LOOK_EVERY)
 }
 
-/// Warns, once per process, that a request keyed on its peer address carries a forwarding header:
-/// the most common misconfiguration of a rate limiter (express-rate-limit's most reported one). Behind
-/// a proxy every client has the proxy's address, so they all share one limit. After the warning
-/// this is one atomic load; before it, three header lookups in the requests it looks at.
+/// Warns, once per process, that a request keyed on its peer address carries a forwarding header
+/// (the most common misconfiguration of a rate limiter): behind a proxy every client has the
+/// proxy's address, so they all share one limit. After the warning this is one atomic load.
 #[inline]
 fn warn_once_if_forwarded(headers: &http::HeaderMap, peer: IpAddr) {
     if WARNED_FORWARDED.load(Ordering::Relaxed) {
@@ -316,12 +309,9 @@ fn warn_if_forwarded(headers: &http::HeaderMap, peer: IpAddr) {
     }
 }
 
-/// Where [`PeerIp`] and [`ClientIp`](super::ClientIp) find the peer address, as the `400` answer and
-/// the warning for a request without one say it.
-///
-/// Chosen at compile time. A build without the `axum` feature cannot see axum's `ConnectInfo` at
-/// all, so telling its user to "serve with connect info" (which their code already does) would be
-/// wrong: it names the feature to enable instead.
+/// Where [`PeerIp`] and [`ClientIp`](super::ClientIp) find the peer address, as the `400` answer
+/// says it. A build without the `axum` feature cannot see axum's `ConnectInfo` at all, so telling
+/// its user to "serve with connect info" would be wrong: it names the feature to enable instead.
 pub(crate) const PEER_ADDRESS_SOURCES: &str = peer_address_sources(cfg!(feature = "axum"));
 
 const fn peer_address_sources(axum_feature: bool) -> &'static str {

@@ -1,9 +1,7 @@
 //! Keys from the rest of the request: a query parameter, a cookie, a path parameter of the route.
 //!
-//! Values are bounded like every key (longer than [`MAX_KEY_LEN`](super::MAX_KEY_LEN): hashed), and
-//! decoded as the application decodes them (query and path parameters are percent-decoded, as
-//! axum's `Query` and `Path` do), so that `acme` and `ac%6De` are one key and not a way around the
-//! limit.
+//! Values are decoded as the application decodes them (query and path parameters as axum's `Query`
+//! and `Path` do), so that `acme` and `ac%6De` are one key and not a way around the limit.
 
 use http::header::COOKIE;
 use http::Request;
@@ -59,8 +57,7 @@ fn key_of(bytes: Vec<u8>) -> Option<Key> {
     (!bytes.is_empty()).then(|| Key::from(bytes))
 }
 
-/// What [`QueryParam`] and [`Cookie`] share: made from a name, with what two values of the name
-/// mean ([`OnDuplicate`]); the three docs are the type's own.
+/// The constructor and accessors [`QueryParam`] and [`Cookie`] share; the docs are the type's own.
 macro_rules! named_source {
     ($source:ident, $new:literal, $on_duplicate:literal, $name:literal) => {
         impl $source {
@@ -234,7 +231,6 @@ impl PathParam {
         }
     }
 
-    /// Binds the parameter to its route.
     pub(crate) fn bind(mut self, pattern: &str) -> Result<Self, String> {
         let route = Route::parse(pattern)?;
         if !route.has_param(&self.name) {

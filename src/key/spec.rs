@@ -1,6 +1,5 @@
-//! [`KeySpec`]: a built-in key extractor chosen at run time (as configuration names it), and
-//! [`Composite`], several of them together. The two hold each other, so they live together, above
-//! the extractors they choose from.
+//! [`KeySpec`]: a built-in key extractor chosen at run time, and [`Composite`], several of them
+//! together. The two hold each other, so they live together, above the extractors they choose from.
 
 use std::fmt;
 
@@ -302,7 +301,6 @@ impl fmt::Display for KeySpec {
     }
 }
 
-/// `impl From<$source> for KeySpec`: each key source is the spec of its own variant.
 macro_rules! spec_of {
     ($($source:ty => $variant:ident),* $(,)?) => {$(
         impl From<$source> for KeySpec {
@@ -341,7 +339,6 @@ impl<B> KeyExtractor<B> for KeySpec {
             KeySpec::Cookie(c) => c.extract(request),
             KeySpec::Path(p) => p.extract(request),
             KeySpec::Composite(c) => c.extract(request),
-            // Read from the body on the extended path (PolicyBuilder::body_key), not here.
             KeySpec::Body(_) => None,
         }
     }

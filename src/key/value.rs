@@ -1,5 +1,4 @@
-//! [`Key`]: what a request counts against, bounded in length (longer keys are hashed), and its
-//! conversions from strings, bytes, header values and addresses.
+//! [`Key`]: what a request counts against, bounded in length, and its conversions.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -37,7 +36,6 @@ enum Repr {
 }
 
 impl Repr {
-    /// A byte string of at most [`INLINE`] bytes, inline.
     fn inline(bytes: &[u8]) -> Option<Self> {
         let mut inline = [0; INLINE];
         inline.get_mut(..bytes.len())?.copy_from_slice(bytes);
@@ -141,9 +139,9 @@ impl Key {
         }
     }
 
-    /// A hash of the key that every process computes alike: FNV-1a 64 over the key's rendering (the form
-    /// Redis keys are built from, unambiguous), then MurmurHash3's finaliser, whose output bits all
-    /// depend on every input bit (FNV-1a's high bits barely change between `k1` and `k2`).
+    /// A hash of the key that every process computes alike: FNV-1a 64 over the key's rendering,
+    /// then MurmurHash3's finaliser, whose output bits all depend on every input bit (FNV-1a's high
+    /// bits barely change between `k1` and `k2`).
     pub(crate) fn stable_hash(&self) -> u64 {
         const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
         const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -289,7 +287,6 @@ impl fmt::Debug for Key {
     }
 }
 
-/// `From<$t> for Key`, each made as `$make` says.
 macro_rules! key_from {
     ($($t:ty => |$v:ident| $make:expr;)*) => {$(
         impl From<$t> for Key {

@@ -12,7 +12,6 @@ fn with(algorithm: Algorithm, quota: Quota) -> Result<Limit, BuildError> {
     Limit::with_algorithm("limit-tests", algorithm, quota)
 }
 
-/// Asserts that `error` says `what`.
 fn says(error: impl ToString, what: &str) {
     let error = error.to_string();
     assert!(error.contains(what), "{error}");

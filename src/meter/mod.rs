@@ -181,7 +181,6 @@ impl Estimate {
         Estimate(EstimateKind::Fn(Arc::new(f)))
     }
 
-    /// The body field this estimate reads, if it reads one.
     pub(crate) fn body_field(&self) -> Option<&BodyField> {
         match &self.0 {
             EstimateKind::Body(field, _) => Some(field),
@@ -189,7 +188,6 @@ impl Estimate {
         }
     }
 
-    /// The header this estimate reads, if it reads one (to check its name when the policy is built).
     pub(crate) fn header_name(&self) -> Option<&str> {
         match &self.0 {
             EstimateKind::Header(name, _) => Some(name),
@@ -244,13 +242,11 @@ impl MeterRule {
     }
 }
 
-/// The whole number in header `name`, if it holds one.
 fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
     let value = headers.get(name)?.to_str().ok()?;
     value.trim().parse().ok()
 }
 
-/// What a policy's builder collected for its metered limit.
 #[derive(Debug, Default)]
 pub(crate) struct MeteredBuilder {
     pub(crate) limit: Option<(Limit, Estimate)>,
@@ -258,9 +254,8 @@ pub(crate) struct MeteredBuilder {
 }
 
 impl MeteredBuilder {
-    /// Checks the metered limit of policy `policy` and makes its rule, the limit placed at
-    /// `position` in the stack (marked metered, so that its decisions read debt as debt). `None`
-    /// when the policy has no metered limit.
+    /// Checks the metered limit and makes its rule, the limit placed at `position` in the stack and
+    /// marked metered, so that its decisions read debt as debt.
     pub(crate) fn build(
         self,
         policy: &str,

@@ -29,7 +29,6 @@ const SEEN_GRAIN: u64 = 10_000_000;
 /// The service counts as under pressure for this long after a request was shed.
 const PRESSED_FOR: u64 = 1_000_000_000;
 
-/// One partition's part of the gate.
 #[derive(Debug)]
 struct Partition {
     name: Arc<str>,
@@ -74,7 +73,6 @@ pub struct Gate {
     gauges: (metrics::Gauge, metrics::Gauge),
 }
 
-/// Why a request was shed, for its refusal.
 #[derive(Clone, Debug)]
 pub(crate) struct Shed {
     pub(crate) partition: Arc<str>,
@@ -151,9 +149,8 @@ impl Gate {
             .unwrap_or(last)
     }
 
-    /// Every partition but the last (which takes the requests no other names) is one of `names`
-    /// (the layer's policies', or its tiers', as the gate partitions by): a misspelled name would
-    /// leave its requests to the last partition, unsaid.
+    /// Every partition but the last is one of `names` (the layer's policies or tiers, as the gate
+    /// partitions by): a misspelled name would leave its requests to the last partition, unsaid.
     pub(crate) fn check_partitions(&self, names: Vec<&str>) -> Result<(), BuildError> {
         let Some((_, named)) = self.partitions.split_last() else {
             return Ok(());
@@ -172,7 +169,6 @@ impl Gate {
         }
     }
 
-    /// What names a request's partition.
     pub(crate) fn partition_by(&self) -> &PartitionBy {
         &self.partition_by
     }
@@ -226,12 +222,10 @@ impl Gate {
             .map_or(0, |p| p.shed.load(Ordering::Relaxed))
     }
 
-    /// Partition `i`'s guaranteed part of `limit`.
     fn guaranteed(&self, i: usize, limit: u32) -> u32 {
         (f64::from(limit) * self.partitions[i].share) as u32
     }
 
-    /// Whether partition `i` has asked for admission lately, or has requests in flight.
     fn active(&self, i: usize, word: u64, now: u64) -> bool {
         let seen = self.partitions[i].seen.load(Ordering::Relaxed);
         count_of(word, i) > 0 || (seen != 0 && now.saturating_sub(seen - 1) < ACTIVE_FOR)
@@ -303,7 +297,6 @@ impl Gate {
         self.sample(started, now, dropped, in_flight);
     }
 
-    /// The latency of a request that ended with `in_flight` in flight, to the limit.
     fn sample(&self, started: u64, now: u64, dropped: bool, in_flight: u32) {
         let _changed = self
             .limit
@@ -315,8 +308,7 @@ impl Gate {
         }
     }
 
-    /// Counts a request of `partition` out of flight, with no sample: how many were in flight
-    /// before.
+    /// Counts a request out of flight, with no sample; returns how many were in flight before.
     fn release(&self, partition: usize) -> u32 {
         let partition = partition.min(self.partitions.len() - 1);
         let one = 1 << (16 * partition);
@@ -385,7 +377,6 @@ impl InFlight {
         ((self.word >> 60) & 3) as usize
     }
 
-    /// The request failed (the service's error, or its body's): a dropped request to the limit.
     pub(crate) fn failed(&mut self) {
         self.word = (self.word & !(3 << 62)) | FAILED;
     }
@@ -397,7 +388,6 @@ impl InFlight {
         self.word = (self.word & !STARTED) | now;
     }
 
-    /// Ends the count without a sample: the request was refused before the service saw it.
     pub(crate) fn forget(mut self) {
         self.word = (self.word & !(3 << 62)) | REFUSED;
     }

@@ -1,9 +1,9 @@
 //! [`AdaptiveLimit`]: a limit on requests in flight that follows the service's latency.
 //!
-//! **Measured**: each request's latency from admission to the end of its response body (the
-//! gate's `finish`), in intervals of at least [`INTERVAL`] and three typical latencies.
-//! An interval's latency is the **geometric mean** of its samples: slow clients holding their slot
-//! for seconds move it a little, a queue (which delays every request) moves it in full.
+//! **Measured**: each request's latency from admission to the end of its response body, in
+//! intervals of at least [`INTERVAL`] and three typical latencies. An interval's latency is the
+//! **geometric mean** of its samples: slow clients holding their slot for seconds move it a little,
+//! a queue (which delays every request) moves it in full.
 //!
 //! **Baseline** (the unloaded latency): the lowest smoothed interval latency. It moves down at
 //! once, and **up only on evidence** that the latency is not a queue's: after the limit was cut to
@@ -15,31 +15,25 @@
 //! judging the cut by them read a queue as a slow dependency (the limit drifted in `capacity_drop`).
 //!
 //! **A baseline is not trusted until the throughput vouches for it** (`little.rs`): the lowest
-//! latency seen is a queue's where the service was never seen unloaded (overloaded from the
-//! start) or where it became faster under a queue (the baseline came down to the new latency at
-//! the old concurrency: the trial's `slow_then_fast`, 48 clients over 16 workers, 3× the
-//! unloaded latency and nothing shed). Little's law tells the two apart without an idle service:
-//! the concurrency is useful while raising it raises the completion rate. Each interval whose
-//! limit was used is compared with the last few: where the concurrency differs by a fifth or more
-//! and the throughput did not follow it (elasticity under ½), both were past the knee. If the
-//! lower one's latency reads as the baseline (within 1.2×) and the baseline is not confirmed, the
-//! baseline holds a queue: the limit **drains**, to ¾ of the lower concurrency an interval at a
-//! time (each judged after the cut's stale requests drained), while the throughput holds. The
-//! first step where the throughput falls with the concurrency is below the knee: its latency is
-//! the baseline, confirmed, and the gradient goes on from there (BBR's `max throughput × min
-//! latency`, with the minimum taken where the throughput says it is not a queue's). A confirmed
-//! baseline is not drained again until it falls by a quarter (a new, faster service). Not a
-//! probe: nothing pins the concurrency on a timer; a drain runs only on that evidence, once per
-//! new baseline, and stops at the first fall in throughput (one interval at ¾ of the knee). The
-//! throughput counts every completion, stale ones too, over the interval's span; the concurrency
-//! is the limit the interval ran under (its peak in flight if lower): a mean in flight by Little
-//! (latencies over the span) was off by a fifth at an interval's edges and hid the growth past
-//! the knee. Only intervals that used their limit are compared: under it, the throughput is the
-//! arrivals'. The constants (a fifth, ½, 1.2, ¾, the last 4 intervals) are reasoned, not tuned:
-//! with them no earlier scenario's numbers moved. In the simulator the service is seen
-//! unloaded even when overloaded from the start (the first interval closes on its first 10
-//! completions, on idle workers); a unit test drives one that never is:
-//! `gradient_finds_the_workers_when_the_service_was_never_seen_unloaded`.
+//! latency seen is a queue's where the service was never seen unloaded (overloaded from the start)
+//! or where it became faster under a queue (the baseline came down to the new latency at the old
+//! concurrency: the trial's `slow_then_fast`, 48 clients over 16 workers, 3× the unloaded latency
+//! and nothing shed). Little's law tells the two apart without an idle service: the concurrency is
+//! useful while raising it raises the completion rate. Where two recent intervals that used their
+//! limit differ in concurrency by a fifth or more and the throughput did not follow (elasticity
+//! under ½), both were past the knee; if the lower one's latency reads as a baseline not yet
+//! confirmed (within 1.2×), the baseline holds a queue, and the limit **drains** to ¾ of the lower
+//! concurrency an interval at a time (each judged after the cut's stale requests drained) while the
+//! throughput holds. The first step where the throughput falls with the concurrency is below the
+//! knee: its latency is the baseline, confirmed, and the gradient goes on from there (BBR's `max
+//! throughput × min latency`, the minimum taken where the throughput says it is not a queue's). A
+//! confirmed baseline is not drained again until it falls by a quarter (a new, faster service). The
+//! concurrency is the limit the interval ran under (its peak in flight if lower): a mean in flight
+//! by Little (latencies over the span) was off by a fifth at an interval's edges and hid the growth
+//! past the knee. The constants (`little.rs`) are reasoned, not tuned: with them no earlier
+//! scenario's numbers moved. The simulator sees the service unloaded even when overloaded from the
+//! start (its first interval closes on 10 completions, on idle workers); the unit test
+//! `gradient_finds_the_workers_when_the_service_was_never_seen_unloaded` drives one that never is.
 //!
 //! **Gradient, not Vegas**: Vegas's queue estimate `limit × (1 − rtt_min / rtt)` needs a true
 //! minimum RTT; a stale one makes every later sample look queued and sticks it at the minimum
@@ -50,20 +44,18 @@
 //!
 //! **Failure modes avoided**:
 //! * upward drift under a steady queue (Netflix concurrency-limits PR #134: Gradient2's long-term
-//!   average follows the queue): no average follows a latency up; a queue's latency stays above
-//!   the baseline and keeps the limit cut (`latency_rises_with_concurrency`, test
-//!   `gradient_shrinks_under_a_queue_without_drifting_up`);
-//!   a drain only cuts, and a confirmed baseline does not drain again;
+//!   average follows the queue): no average follows a latency up; a queue's latency stays above the
+//!   baseline and keeps the limit cut (`latency_rises_with_concurrency`, test
+//!   `gradient_shrinks_under_a_queue_without_drifting_up`); a drain only cuts;
 //! * stuck at the minimum (#117): at the minimum a latency that stays high becomes the baseline,
-//!   and a latency within the tolerance grows the limit by at least 1 an interval (for the
-//!   gradient up to `sqrt(limit)`, in proportion to how far below the tolerance the latency is:
-//!   full growth at the baseline, 1 at the edge); a drain that reaches the minimum takes its
-//!   latency as the baseline;
+//!   and a latency within the tolerance grows the limit by at least 1 an interval (for the gradient
+//!   up to `sqrt(limit)`, in proportion to how far below the tolerance the latency is); a drain
+//!   that reaches the minimum takes its latency as the baseline;
 //! * pinning spikes (Envoy #8337): nothing forces the concurrency down on a timer to measure the
-//!   baseline; a drain steps down by quarters, on evidence only, and stops at the first fall in
-//!   throughput;
+//!   baseline; a drain steps down by quarters, on evidence only, once per new baseline, and stops
+//!   at the first fall in throughput (one interval at ¾ of the knee);
 //! * a real latency step (a slower dependency) read as a queue: its throughput falls with the
-//!   concurrency (`L / latency`), which the queue test reads as below the knee: a drain that
+//!   concurrency (`L / latency`), which the queue test reads as below the knee, so a drain that
 //!   meets it confirms it as the baseline (`latency_step`, the slow phase of `slow_then_fast`);
 //! * an idle service inflating its limit: growth only in an interval whose peak in flight reached
 //!   [`USED`] of the limit; a latency above the tolerance with the limit not reached cuts nothing
@@ -77,13 +69,11 @@
 //! at 2.06 ×); `backoff` 0.9, Netflix's AIMD default, not tuned (AIMD is the comparison).
 //!
 //! **Concurrency**: `record` loads the interval's end and last cut, does one `fetch_add` on a word
-//! packing the interval's sample count and sum of log-latencies (their geometric mean is the
-//! typical latency [`AdaptiveLimit::latency`] gives for `Retry-After`), a `fetch_max` only on a
-//! new peak in flight and a `fetch_add` only for a dropped or stale request. Whoever crosses the
-//! interval's end closes it under a `Mutex::try_lock`, swapping the accumulators out (the stale
-//! count too: the throughput counts those completions): a sample added after the swap counts in
-//! the next interval; none is lost. The queue test runs in the closer only. `current` is one
-//! relaxed load.
+//! packing the interval's sample count and sum of log-latencies, a `fetch_max` only on a new peak
+//! in flight and a `fetch_add` only for a dropped or stale request. Whoever crosses the interval's
+//! end closes it under a `Mutex::try_lock`, swapping the accumulators out: a sample added after the
+//! swap counts in the next interval; none is lost. The queue test runs in the closer only.
+//! `current` is one relaxed load.
 
 mod little;
 
@@ -156,7 +146,6 @@ struct State {
     /// its second interval (the first measured a queue still building, below what its
     /// concurrency holds).
     episode: Option<(f64, f64, Option<f64>)>,
-    /// The queue test of the baseline, by throughput against concurrency.
     little: Little,
 }
 
@@ -166,7 +155,6 @@ pub struct AdaptiveLimit {
     limit: AtomicU32,
     /// The interval's sample count (high bits) and sum of log2 latencies × 256 (low bits).
     samples: AtomicU64,
-    /// The interval's peak in flight.
     peak: AtomicU32,
     drops: AtomicU32,
     /// Samples of requests admitted before the last cut took effect, counted apart: they
@@ -303,9 +291,7 @@ impl AdaptiveLimit {
         self.mean.store(typical, Ordering::Relaxed);
         // The next interval spans at least three typical latencies.
         let span = interval.max(typical.saturating_mul(3));
-        // The throughput: completions over the interval's span (the concurrency is the limit
-        // it ran under; a mean in flight by Little's law, latencies over the span, was off by a
-        // fifth at an interval's edges).
+        // The throughput: completions over the interval's span, stale ones too.
         let began = self.start.load(Ordering::Relaxed);
         let rate = (!resync && now > began)
             .then(|| (((word >> SUM_BITS) + stale) as f64 / (now - began) as f64).ln());

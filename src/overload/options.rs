@@ -119,14 +119,12 @@ impl Overload {
         self
     }
 
-    /// The limit at start.
     pub(crate) fn initial(&self) -> u32 {
         self.initial
             .unwrap_or(self.min.saturating_mul(10))
             .clamp(self.min, self.max.max(self.min))
     }
 
-    /// What adapts the limit.
     pub(crate) fn settings(&self) -> LimitSettings {
         LimitSettings {
             algorithm: self.algorithm,

@@ -19,11 +19,8 @@ use crate::key::Key;
 /// key is compared with each pattern of addresses, so their number bounds that scan.
 pub const MAX_PATTERNS: usize = 10_000;
 
-/// A failed read of the tables is tried again after 100 ms, then twice as long each time, up to 5 s.
 const REREAD: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
-/// The overrides and timed bans of every policy, as this process knows them, and where they are
-/// kept.
 pub(crate) struct Overrides {
     /// Whether any policy has one: the whole cost for a layer without any.
     any: AtomicBool,
@@ -32,10 +29,9 @@ pub(crate) struct Overrides {
     /// Installs one at a time, so that each builds on the snapshot it replaces; and, per table,
     /// the ticket of the read last put in force.
     installing: Mutex<HashMap<String, u64>>,
-    /// Each read of a table takes the next ticket before it is sent. A read's answer is put in
-    /// force only if no later read's already is: two reads of one table may answer out of order
-    /// (a change heard while this process's own write reads it back), and the older answer, which
-    /// may miss the change, must not replace the newer.
+    /// Each read of a table takes the next ticket before it is sent; its answer is put in force
+    /// only if no later read's already is: two reads of a table may answer out of order (a change
+    /// heard while this process's own write reads it back), and the older one may miss the change.
     tickets: AtomicU64,
     /// The policies in force and the names of their limits: which tables to read when any may
     /// have changed, and which cached decisions a change of a policy's makes stale.
@@ -43,9 +39,8 @@ pub(crate) struct Overrides {
     /// The reads failed since the task reading every table again until it can began
     /// ([`Overrides::reread_until_read`]); 0 when no task is.
     failures: AtomicU64,
-    /// The tables a heard change is being read for, each with whether another change was heard
-    /// meanwhile: a burst of changes (a thousand bans from a script) is read once or twice by
-    /// each process, not once per change.
+    /// The tables a heard change is being read for, each with whether another was heard meanwhile:
+    /// a burst of changes is read once or twice by each process, not once per change.
     heard: Mutex<HashMap<String, bool>>,
 }
 
@@ -71,9 +66,8 @@ impl Entries {
     }
 }
 
-/// The entries of one table: exact keys, patterns and `*`. A byte-string key's patterns are
-/// found by its own prefixes, one hash lookup per distinct pattern length (longest first), however
-/// many patterns there are; an address's, by its rendering against each (few, in practice).
+/// The entries of one table: exact keys, patterns (longest first) and `*`; [`MAX_PATTERNS`] says
+/// what matching a pattern costs.
 #[derive(Clone)]
 struct Matcher<T> {
     exact: HashMap<Key, T>,
@@ -189,7 +183,6 @@ impl<T: Copy> Matcher<T> {
         self.listed.contains_key(field) || self.patterns() < MAX_PATTERNS
     }
 
-    /// The entries, by field, whose value `keep` accepts.
     fn listed(&self, keep: impl Fn(&T) -> bool) -> Vec<(String, T)> {
         let listed = self.listed.iter().filter(|(_, v)| keep(v));
         listed.map(|(f, v)| (f.clone(), *v)).collect()
@@ -211,15 +204,14 @@ impl Overrides {
         }
     }
 
-    /// The policies in force (at build and at each reload), with the names of their limits.
+    /// The policies in force, with the names of their limits.
     pub(crate) fn know(&self, policies: Vec<(String, Vec<String>)>) {
         *self.policies.lock().unwrap_or_else(|p| p.into_inner()) = policies;
     }
 
     /// Keeps these overrides current: when the store hears that a table changed (in any process),
-    /// reads it again; when it may have missed changes, reads every policy's. On a spawned task:
-    /// the store tells from its listener. Also reads every policy's tables once now, when the
-    /// store is shared and a runtime is there (the layer is being built in one).
+    /// reads it again on a spawned task; when it may have missed changes, reads every policy's.
+    /// Also reads every policy's tables once now, when the store is shared and a runtime is there.
     pub(crate) fn listen(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let on_change: OnRecordsChange = Arc::new(move |table: Option<&str>| {
@@ -253,8 +245,7 @@ impl Overrides {
         self.reread();
     }
 
-    /// Reads every policy's tables again, on a spawned task, when the store is shared and a
-    /// runtime is there.
+    /// Reads every policy's tables again, on a spawned task, if the store is shared.
     pub(crate) fn reread(self: &Arc<Self>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -271,10 +262,9 @@ impl Overrides {
     }
 
     /// After a read failed with `error`: every table read again until a read succeeds, at the pace
-    /// of [`REREAD`], by one task at a time. A
-    /// change heard when the store came back is read while Redis may still be failing fast (its
-    /// breaker not yet closed): given up, the tables would keep what Redis no longer holds, or miss
-    /// what it does, until the next change. Ends when the layer is gone.
+    /// of [`REREAD`], by one task at a time. A change heard when the store came back is read while
+    /// Redis may still be failing fast (its breaker not yet closed): given up, the tables would
+    /// keep what Redis no longer holds, or miss what it does, until the next change.
     async fn reread_until_read(self: Arc<Self>, error: BackendError) {
         if self.failures.fetch_add(1, Ordering::AcqRel) > 0 {
             return; // The task already trying reads every table again after this failure too.
@@ -324,7 +314,6 @@ impl Overrides {
         }
     }
 
-    /// Reads every table of every policy in force again.
     pub(crate) async fn refresh_all(&self) -> Result<(), BackendError> {
         let names: Vec<String> = {
             let policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
@@ -376,8 +365,7 @@ impl Overrides {
         }
     }
 
-    /// Whether policy `policy`'s table of overrides (or of bans) may take `field`: a pattern past
-    /// [`MAX_PATTERNS`] may not (the scan of a request's key is bounded), unless it replaces one.
+    /// Whether policy `policy`'s overrides (or bans) may take `field`: see [`Matcher::has_room`].
     pub(crate) fn has_room(&self, policy: &str, bans: bool, field: &str) -> bool {
         if !matches!(Field::of(field), Field::Prefix(_)) {
             return true;
@@ -447,9 +435,8 @@ impl Overrides {
         }
     }
 
-    /// Puts `fields`, read with `ticket`, in force as table `table` (`overrides:<policy>` or
-    /// `bans:<policy>`), unless a later read's are already; fields this version cannot read are
-    /// left out (and logged).
+    /// Puts `fields`, read with `ticket`, in force as table `table`, unless a later read's are
+    /// already; fields this version cannot read are left out (and logged).
     fn install(&self, table: &str, ticket: u64, fields: &[(String, String)]) {
         let Some((kind, policy)) = table.split_once(':') else {
             return;
@@ -578,7 +565,6 @@ mod tests {
         (f.to_owned(), ms.as_millis().to_string())
     }
 
-    /// An instant a minute from now.
     fn in_a_minute() -> SystemTime {
         SystemTime::now() + Duration::from_secs(60)
     }
@@ -633,7 +619,6 @@ mod tests {
         assert!(o
             .find("ip", &Key::from_ip([10, 1, 0, 1].into()), now)
             .is_none());
-        // Emptied: gone.
         put(&o, "overrides:api", &[]);
         put(&o, "overrides:ip", &[]);
         assert!(!o.touches("api") && !o.any.load(Ordering::Relaxed));
@@ -724,7 +709,6 @@ mod tests {
     #[test]
     fn a_ban_ends_at_its_end_comes_before_an_override_and_both_shows_them_apart() {
         let o = Overrides::new(None);
-        // Whole milliseconds, as the records keep it.
         let until = decode_until(&encode_until(in_a_minute())).unwrap();
         // Bob has an override and a ban, Eve only a ban; the bans are installed after the
         // overrides, and keep them.
@@ -753,7 +737,6 @@ mod tests {
         );
         assert_eq!(o.find("api", &eve, until), None);
         assert!(o.bans_of("api", until).is_empty());
-        // `both` shows each apart.
         for (policy, key, at, want) in [
             ("api", &bob, just_before, (unlimited, one_ms)),
             ("api", &bob, until, (unlimited, None)),

@@ -1,16 +1,12 @@
 //! Overrides and timed bans: what an operator changes for one key, a pattern of keys or every key
-//! of a policy while the service runs ([`ThrottleHandle::set_override`], [`ThrottleHandle::ban`]).
+//! of a policy while the service runs.
 //!
 //! They are kept in the backend's [`Records`](crate::backend::Records) when it has them (Redis:
 //! one hash per policy, so every process applies them and they outlive restarts), otherwise in the
 //! layer. Each process holds them as a snapshot ([`cache`]) that the request path reads: a policy
 //! without any costs one relaxed atomic load per request.
 //!
-//! Who matches: an exact key first, then the longest pattern (`premium_*`: keys that start with
-//! `premium_`), then `*` (every key of the policy).
-//!
-//! [`ThrottleHandle::set_override`]: crate::ops::ThrottleHandle::set_override
-//! [`ThrottleHandle::ban`]: crate::ops::ThrottleHandle::ban
+//! Who matches: an exact key first, then the longest pattern (`premium_*`), then `*`.
 
 pub(crate) mod cache;
 
@@ -84,7 +80,6 @@ impl fmt::Display for Override {
 /// What applies to one request's key under its policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum InForce {
-    /// An override.
     Override(Override),
     /// A timed ban, for this long yet.
     Banned(Duration),

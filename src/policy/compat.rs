@@ -19,21 +19,14 @@ pub(crate) enum Feature {
     KeysApart,
     /// Shadow limits (`shadow_quota`).
     Shadow,
-    /// A leased budget (`budget`).
     Budget,
-    /// The concurrency algorithm.
     Concurrency,
-    /// Tiers (`tier`).
     Tiers,
-    /// A penalty box (`penalty`).
     Penalty,
-    /// An async key (`async_key`).
     AsyncKey,
-    /// A key from the body (`body_key`).
     BodyKey,
     /// Limits enforced only under pressure (`under_pressure_only`).
     UnderPressure,
-    /// A dry run (`dry_run`).
     DryRun,
     /// A staged roll-out (`enforce`).
     Enforce,
@@ -41,9 +34,8 @@ pub(crate) enum Feature {
 
 use Feature::*;
 
-/// Every pair a policy may not use together, and why (after `policy "<name>": `). Where either
-/// feature of a row is in use with the other, the policy is refused with the first row that
-/// matches.
+/// Every pair a policy may not use together, and why (after `policy "<name>": `); a policy using
+/// both features of a row is refused with the first such row.
 pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     (
         KeysApart,
@@ -92,15 +84,12 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
         "count_only and refund_on need a rate (a concurrency slot is given back anyway when its \
          request ends)",
     ),
-    // A unit of a leased slice was charged in Redis when the slice was granted, up to a lease
-    // before the request: a refund measured from the request could give back more than it took.
     (
         CountOnly,
         Budget,
         "count_only and refund_on cannot be used with a budget (a slice's units were charged \
          when granted, so a refund could give back more than was taken)",
     ),
-    // A response that does not count gives back the policy's units, not the shadow's.
     (
         CountOnly,
         Shadow,

@@ -1,8 +1,6 @@
-//! [`CompiledPolicy`]: a policy as the engine decides by it — its options as the builder wrote them
-//! ([`PolicySpec`]: tiers, cost, rollout, shadow and metered limits, per-customer quotas, the answer
-//! to a missing key) and what the layer keeps for it while its table is in force (its reporter,
-//! penalty box, rendered 429 body). Compiled again for each table (`engine/table.rs`); a request
-//! holds it by reference, and a request waiting for a remote decision by `Arc`.
+//! [`CompiledPolicy`]: a policy as the engine decides by it: its options ([`PolicySpec`]) and what
+//! the layer keeps for it while its table is in force. Compiled again for each table
+//! (`engine/table.rs`); a request holds it by reference, one awaiting a remote decision by `Arc`.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -28,11 +26,9 @@ pub(crate) struct CompiledPolicy {
     pub(crate) would_limit: WouldLimit,
     /// Reports the requests that come near a limit.
     pub(crate) near_report: NearReport,
-    /// Every admitted request gets a `PolicyDecision` (dry runs, staged and delayed policies, or
-    /// the layer says so).
+    /// Every admitted request gets a `PolicyDecision`.
     pub(crate) expose_decision: bool,
-    /// Nothing to do on an admission beyond the fields: no `PolicyDecision` (so no dry run,
-    /// staging or delay) and no near-limit rule (`Judge::admitted_plainly`).
+    /// Nothing to do on an admission beyond the fields (`Judge::admitted_plainly`).
     pub(crate) plain_admission: bool,
     /// One tier and no penalty box: between its key and the backend, a request meets no step but
     /// the access lists (`Throttle::call` goes straight on when the layer has none).
@@ -54,10 +50,8 @@ impl CompiledPolicy {
         &self.spec
     }
 
-    /// `spec` compiled for a table: `decision_extension`, whether the layer gives every admitted
-    /// request a `PolicyDecision`; `backend_keeps_penalties`, whether the backend bans by itself
-    /// (then the layer keeps no penalty box); `previous`, the policies of the table a reload
-    /// replaces, whose penalty box (strikes and bans) a policy of the same name and penalty keeps.
+    /// `spec` compiled for a table. `previous`: the policies of the table a reload replaces, whose
+    /// penalty box (strikes and bans) a policy of the same name and penalty keeps.
     pub(crate) fn new<'p>(
         spec: PolicySpec,
         decision_extension: bool,

@@ -1,10 +1,9 @@
 //! [`Condition`]: what a request must carry for a policy to apply to it, besides its route and
 //! methods — a header, the host, a query parameter ([`PolicyBuilder::when`]).
 //!
-//! Values are compared as the application reads them: query parameters percent-decoded (as axum's
-//! `Query` does), hosts without their port and in any case. Where a request says a thing twice (a
-//! header or a query parameter sent twice), the condition holds if any of the values matches: a
-//! client cannot step out of a limit by adding a second value.
+//! Values are compared as the application reads them (query parameters percent-decoded, hosts
+//! without their port and in any case). Where a request says a thing twice, the condition holds if
+//! any of the values matches: a client cannot step out of a limit by adding a second value.
 //!
 //! [`PolicyBuilder::when`]: crate::PolicyBuilder::when
 
@@ -69,9 +68,7 @@ pub(crate) enum Rule {
 /// What a header or query parameter must be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Values {
-    /// Present, with any value.
     Present,
-    /// Equal to one of these.
     OneOf(Box<[Box<[u8]>]>),
 }
 
@@ -195,7 +192,6 @@ fn host_pattern(pattern: &str) -> Result<HostPattern, String> {
 }
 
 impl Rule {
-    /// Whether a request with this URI and these headers meets the condition.
     pub(crate) fn holds(&self, uri: &Uri, headers: &HeaderMap) -> bool {
         match self {
             Rule::Header(name, values) => {
@@ -227,8 +223,7 @@ impl Rule {
 }
 
 impl Values {
-    /// Whether any of the values `sent` (a header's lines, a query parameter's decoded values) is
-    /// one of these.
+    /// Whether any of `sent` (a header's lines, a parameter's decoded values) is one of these.
     fn met_by<V: AsRef<[u8]>>(&self, mut sent: impl Iterator<Item = V>) -> bool {
         match self {
             Values::Present => sent.next().is_some(),

@@ -1,9 +1,6 @@
-//! The per-request features a policy may use, off the fast path: a quota chosen per key
-//! (`per_customer.rs`), an async key ([`AsyncKey`](crate::key::AsyncKey)), a key or estimate from
-//! the body ([`BodyField`](crate::key::BodyField), `meter/`), counting by outcome (`outcome.rs`),
-//! shadow limits (`rollout/`) and quotas with keys of their own (`keyed.rs`). Each feature's
-//! options and state are its module's types; this is the list of them a policy holds, and a policy
-//! that uses none costs one `Option` check per request.
+//! The per-request features a policy may use, off the fast path. Each feature's options and state
+//! are its module's types; this is the list of them a policy holds, and a policy that uses none
+//! costs one `Option` check per request.
 
 use std::fmt;
 use std::sync::Arc;
@@ -35,16 +32,14 @@ pub(crate) struct ExtrasBuilder {
     pub(crate) metered: crate::meter::MeteredBuilder,
     /// Shadow limits (`rollout/`), decided beside the policy's own on the extended path.
     pub(crate) shadows: Box<[Limit]>,
-    /// The key of each quota that has one of its own
-    /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)), by the quota's place
-    /// (`None`, or missing: the policy's key); empty when none has.
+    /// The key of each quota that has one of its own, by the quota's place (`None`, or missing: the
+    /// policy's key); empty when none has.
     pub(crate) quota_keys: Vec<Option<KeySpec>>,
 }
 
 impl ExtrasBuilder {
     /// The extras of a policy named `name` whose default limit is `template`, or `None` when it
-    /// uses none (its requests then take the fast path). `metered`: the rule of its metered limit,
-    /// if it has one (built by [`MeteredBuilder`](crate::meter::MeteredBuilder)).
+    /// uses none (its requests then take the fast path).
     pub(crate) fn build(
         self,
         name: &str,
@@ -136,7 +131,6 @@ pub(crate) struct PolicyExtras {
     /// A quota chosen per key (a customer's, an override's).
     pub(crate) quotas: CustomerQuotas,
     pub(crate) async_key: Option<AsyncKey>,
-    /// What it reads from the request body.
     pub(crate) body: Option<BodyRule>,
     pub(crate) outcome: Option<Arc<OutcomeRule>>,
     /// The metered limit's rule (its place in the stack, its estimate, its usage header).
@@ -161,9 +155,8 @@ impl fmt::Debug for PolicyExtras {
 }
 
 impl PolicyExtras {
-    /// The extras of a policy that uses none: what its requests take down the extended path while
-    /// an override or a timed ban names one of its keys (`overrides/`), whose quota overrides
-    /// are per-customer quotas.
+    /// The extras of a policy that uses none, for its requests an override or a timed ban sends
+    /// down the extended path (a quota override is a per-customer quota).
     pub(crate) fn plain(name: &str, template: &Limit) -> Arc<PolicyExtras> {
         ExtrasBuilder::default().assemble(name, template, None, None)
     }

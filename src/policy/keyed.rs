@@ -1,6 +1,5 @@
-//! Quotas with keys of their own ([`PolicyBuilder::quota_keyed`]): "10 a minute per user **and**
-//! 1,000 a minute per organisation", decided together in one atomic step. What the builder
-//! checks, and how such a limit is named.
+//! Quotas with keys of their own ([`PolicyBuilder::quota_keyed`]): what the builder checks, and how
+//! such a limit is named.
 
 use crate::error::BuildError;
 use crate::key::KeySpec;

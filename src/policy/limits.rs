@@ -11,9 +11,8 @@ use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
 use crate::quota::Quota;
 
 impl<K> PolicyBuilder<K> {
-    /// The limits of one tier's quotas, named `base` (one quota) or `base.{period}` (a stack),
-    /// and `.{key}` after it for a quota with a key of its own (`keys[i]` for `quotas[i]`, `None`
-    /// or missing for the policy's key).
+    /// The limits of one tier's quotas, named `base` (one quota) or `base.{period}` (a stack), and
+    /// `.{key}` after it for a quota with a key of its own (`keys[i]`, if any, for `quotas[i]`).
     pub(super) fn limits_of(
         &self,
         base: &str,
@@ -86,8 +85,7 @@ impl<K> PolicyBuilder<K> {
 
 impl<K> PolicyBuilder<K> {
     /// Refuses two limits of one policy under one name. Tiers never share state, and a backend keys
-    /// state by limit name: a stacked `1s` quota and a tier named `1s` would both make
-    /// "<policy>.1s".
+    /// state by limit name: a stacked `1s` quota and a tier named `1s` both make "<policy>.1s".
     pub(super) fn check_names(tiers: &[CompiledTier]) -> Result<(), String> {
         let mut named: HashMap<&str, Option<&str>> = HashMap::new();
         for tier in tiers {

@@ -1,6 +1,4 @@
-//! The parts of a [`Policy`](super::Policy) a request meets before any limit: its [`Tier`], the
-//! answer to a request without a key ([`MissingKey`]), and the key of a builder that has none yet
-//! ([`NoKey`]).
+//! The parts of a [`Policy`](super::Policy) a request meets before any limit.
 
 use std::borrow::Cow;
 

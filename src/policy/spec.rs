@@ -1,5 +1,4 @@
-//! [`PolicySpec`]: what a policy is, apart from its key extractor and its state — what
-//! [`PolicyBuilder::build`](super::PolicyBuilder::build) writes and the engine reads.
+//! [`PolicySpec`]: what [`PolicyBuilder::build`](super::PolicyBuilder::build) writes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +15,7 @@ use crate::policy::extras::PolicyExtras;
 use crate::rollout::Staged;
 use crate::route::Route;
 
-/// What a policy is, apart from its key extractor and its state: what the builder writes, and the
-/// engine reads through the [`CompiledPolicy`].
+/// A policy apart from its key extractor and state, as the engine reads it via [`CompiledPolicy`].
 #[derive(Clone, Debug)]
 pub(crate) struct PolicySpec {
     pub(crate) name: Arc<str>,
@@ -44,7 +42,6 @@ pub(crate) struct PolicySpec {
 }
 
 impl PolicySpec {
-    /// The policy's name.
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
@@ -54,14 +51,12 @@ impl PolicySpec {
         &self.tiers[0].limits[0]
     }
 
-    /// The limits of the default tier: one per stacked quota, named `{policy}` for a single quota
-    /// and `{policy}.{period}` (such as `api.1s` and `api.1d`) for a stack.
+    /// The limits of the default tier, one per stacked quota.
     pub(crate) fn limits(&self) -> &[Limit] {
         &self.tiers[0].limits
     }
 
-    /// The limits of tier `name` (named `{policy}.{tier}`, or `{policy}.{tier}.{period}` when
-    /// stacked), or `None` for a tier the policy does not have.
+    /// The limits of tier `name`, or `None` for a tier the policy does not have.
     pub(crate) fn tier_limits(&self, name: &str) -> Option<&[Limit]> {
         self.tiers[1..]
             .iter()
@@ -69,9 +64,8 @@ impl PolicySpec {
             .map(|t| &*t.limits)
     }
 
-    /// The tier that applies to a request with these headers and extensions: its [`Tier`]
-    /// extension, else its tier header, else the default (index 0; also for a tier the policy does
-    /// not know).
+    /// The tier that applies to a request: its [`Tier`] extension, else its tier header, else the
+    /// default (index 0; also for a tier the policy does not know).
     pub(crate) fn tier_in(
         &self,
         headers: &http::HeaderMap,
@@ -97,12 +91,10 @@ impl PolicySpec {
             .map_or(0, |i| i + 1)
     }
 
-    /// The route pattern this policy is restricted to, if any.
     pub(crate) fn route(&self) -> Option<&str> {
         self.route.as_ref().map(Route::pattern)
     }
 
-    /// Whether this policy applies to `request` (its route and method).
     pub(crate) fn applies_to<B>(&self, request: &Request<B>) -> bool {
         if let Some(methods) = &self.methods
             && !methods.contains(request.method())

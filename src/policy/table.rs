@@ -1,6 +1,5 @@
 //! What a table of policies must hold together, checked when a layer is built and on every reload
-//! (a policy alone is checked by its builder, `compat.rs`): the backend can enforce each policy,
-//! limits that share a name share their rules and stack, and no policy is hidden by an earlier one.
+//! (a policy alone is checked by its builder, `compat.rs`).
 
 use std::collections::hash_map::{Entry, HashMap};
 
@@ -12,9 +11,8 @@ use crate::limit::Limit;
 use crate::policy::spec::PolicySpec;
 use crate::route::Route;
 
-/// The checks of a policy table, for `ThrottleLayerBuilder::build` and for a reload: what the
-/// backend can enforce, what the layer has (`gated`: an overload gate), limits that share a name
-/// share their rules and stacks, and every policy can be reached.
+/// The checks of a policy table: what the backend can enforce, what the layer has (`gated`: an
+/// overload gate), limits that share a name share rules and stacks, and all policies are reachable.
 pub(crate) fn check_table<B: Backend>(
     backend: &B,
     policies: &[&PolicySpec],
@@ -60,7 +58,6 @@ pub(crate) fn check_table<B: Backend>(
                 policy.name()
             )));
         }
-        // A metered limit settles its cost after the response.
         let settles = extras.is_some_and(|e| e.metered.is_some());
         if settles && backend.validate(limits, uses.settles()).is_err() {
             return Err(BuildError::Invalid(format!(
@@ -86,8 +83,7 @@ pub(crate) fn check_table<B: Backend>(
                 .map(|l| (l, vec![l.name()])),
         )
         .collect();
-    // The first limit of each name, looked up by name: a table of many policies builds in
-    // linear time.
+    // The first limit of each name: a table of many policies builds in linear time.
     let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
     for entry in &limits {
         let (limit, stack) = entry;
@@ -126,11 +122,9 @@ pub(crate) fn check_table<B: Backend>(
 
 /// Refuses a list of policies in which one can never apply: the first policy whose route and
 /// methods match a request decides, so a policy after one that matches every request it would
-/// match is dead configuration, most likely a limit its author believes is enforced.
-///
-/// Only routes spelt alike (up to parameter names) count as the same route: under axum's router,
-/// `/{*rest}` and `/users` are different routes, matched by `MatchedPath`, and neither hides the
-/// other.
+/// match is dead configuration, most likely a limit its author believes is enforced. Only routes
+/// spelt alike (up to parameter names) count as the same: under axum's router, `/{*rest}` and
+/// `/users` are different routes, and neither hides the other.
 fn check_reachable(policies: &[&PolicySpec]) -> Result<(), BuildError> {
     // Only a route-less policy or one on the same route can cover another, so each policy is
     // compared with those alone: linear in the number of routes, which tables of thousands have.

@@ -1,5 +1,4 @@
-//! [`CompiledTier`]: one tier of a policy (or a per-customer quota) as a request is decided under
-//! it — its limits, and what the verdict reads of them, computed once when the policy is built.
+//! [`CompiledTier`]: one tier of a policy as a request is decided under it, computed at build.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -117,9 +117,8 @@ impl Refusals {
         self.retrying(refused, policy_key, (retry, detail), request)
     }
 
-    /// A request the overload gate shed (`policy`: the one that matched, if any): its status
-    /// (`503` or `429`, as the gate's options say), a `Retry-After` of the time the requests in
-    /// flight take to drain.
+    /// A request the overload gate shed (`policy`: the one that matched, if any), with a
+    /// `Retry-After` of the time the requests in flight take to drain.
     pub(crate) fn shed(
         &self,
         policy: Option<&str>,

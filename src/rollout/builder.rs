@@ -27,8 +27,6 @@ impl<K> Policy<K> {
 }
 
 impl PolicySpec {
-    /// Whether its refusals are enforced for `key`: not in a dry run, and for a staged policy only
-    /// for the keys in its share.
     pub(crate) fn enforces(&self, key: &crate::key::Key) -> bool {
         !self.dry_run && self.staged.is_none_or(|s| s.enforces(key))
     }

@@ -1,9 +1,7 @@
 //! Rolling a limit out safely ([`PolicyBuilder::shadow`](crate::PolicyBuilder::shadow),
 //! [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)): which keys a
 //! staged policy enforces its refusals for, the shadow limits a policy counts but never enforces,
-//! and how the refusals that are only counted are reported — the counter
-//! `throttle_requests_would_limit_total{policy,limit}` and a log line sampled at most once a second
-//! per policy.
+//! and how the refusals that are only counted are reported.
 //!
 //! The share of keys is chosen by a hash with a fixed seed (FNV-1a, then a 64-bit finaliser for
 //! its high bits), never by `RandomState`: every process, before and after a restart, picks the
@@ -11,9 +9,8 @@
 //! `share × 2^64`, so raising the share only adds keys (the 10 % are among the 20 %).
 
 //!
-//! The whole feature lives here: the builder's options and what a policy says of them
-//! (`builder.rs`), what a policy keeps of them (`Staged`, `WouldLimit`: here), and the engine's part
-//! (`shadows.rs`: the shadow limits asked beside the policy's own, and what is only counted).
+//! The whole feature lives here: the builder's options (`builder.rs`), what a policy keeps of them
+//! (`Staged`, `WouldLimit`) and the engine's part (`shadows.rs`).
 
 mod builder;
 pub(crate) mod shadows;
@@ -26,7 +23,6 @@ use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
 use crate::observe::{sampled, OncePerSecond, ShownKey};
 use crate::quota::Quota;
 
-/// What a policy's builder collects for rolling out: shadow quotas and the share of keys enforced.
 #[derive(Debug, Default)]
 pub(crate) struct RolloutBuilder {
     pub(crate) shadows: Vec<Quota>,
@@ -34,8 +30,7 @@ pub(crate) struct RolloutBuilder {
 }
 
 impl RolloutBuilder {
-    /// The stage and the shadow limits of a policy called `policy` (see [`shadow_limits`]):
-    /// an error for a share outside 0 to 1 (a staged dry run is refused in `policy/compat.rs`).
+    /// The stage and shadow limits of `policy` (a staged dry run is refused in `policy/compat.rs`).
     pub(crate) fn build(
         self,
         policy: &str,
@@ -53,8 +48,7 @@ impl RolloutBuilder {
     }
 }
 
-/// The share of a policy's keys whose refusals are enforced: 0 in a dry run, else its stage's, else
-/// 1.
+/// The share of a policy's keys whose refusals are enforced.
 pub(crate) fn share(dry_run: bool, staged: Option<Staged>) -> f64 {
     match (dry_run, staged) {
         (true, _) => 0.0,
@@ -71,8 +65,7 @@ pub(crate) struct Staged {
 }
 
 impl Staged {
-    /// The stage of a policy enforced for `fraction` of its keys: `None` when it enforces all of
-    /// them (1.0, the default); an error for a share that is not a number from 0 to 1.
+    /// The stage of a policy enforced for `fraction` of its keys; `None` when that is all of them.
     pub(crate) fn of(policy: &str, fraction: f64) -> Result<Option<Staged>, BuildError> {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(BuildError::Invalid(format!(
@@ -88,12 +81,10 @@ impl Staged {
         Ok(Some(Staged { below }))
     }
 
-    /// The share of keys it enforces, from 0 to 1.
     pub(crate) fn fraction(&self) -> f64 {
         self.below as f64 / 18_446_744_073_709_551_616.0
     }
 
-    /// Whether a refusal is enforced for `key`.
     pub(crate) fn enforces(&self, key: &Key) -> bool {
         key.stable_hash() < self.below
     }
@@ -171,16 +162,14 @@ pub(crate) enum Unenforced {
     Staged,
 }
 
-/// Reports one policy's refusals that were only counted: each limit that would have refused is
-/// counted, and a line is logged at info at most once a second per policy (with how many were left
-/// out), the rest at debug.
+/// Reports one policy's refusals that were only counted: a count per limit, and a line at info at
+/// most once a second per policy (with how many were left out), the rest at debug.
 #[derive(Default)]
 pub(crate) struct WouldLimit {
     log: OncePerSecond,
 }
 
 impl WouldLimit {
-    /// Limit `limit` of policy `policy` would have refused a request of `key`.
     pub(crate) fn record(&self, policy: &str, limit: &str, key: ShownKey<'_>, why: Unenforced) {
         #[cfg(feature = "metrics")]
         metrics::counter!(

@@ -100,8 +100,7 @@ impl Judge {
         }
     }
 
-    /// A staged policy's refusal of a key outside its share: each limit of the tier that refused is
-    /// counted as would-limit.
+    /// A staged policy's refusal of a key outside its share, counted for each limit that refused.
     pub(crate) fn would_limit(
         &self,
         rules: &CompiledPolicy,

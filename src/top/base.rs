@@ -13,7 +13,6 @@ pub const WINDOW_MINUTES: u64 = 5;
 /// The most keys one read answers.
 pub const MAX_TOP: usize = CAPACITY;
 
-/// `key` as logs show it: rendered, or its pseudonym.
 pub(super) fn show(key: &Key, redactor: &OnceLock<Redactor>) -> String {
     ShownKey {
         key,

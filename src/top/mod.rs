@@ -118,7 +118,6 @@ impl TopLimited {
         }
     }
 
-    /// The `n` keys `policy` refused most over the window, largest first.
     pub(crate) async fn top(&self, policy: &str, n: usize) -> Result<Vec<TopKey>, BackendError> {
         let n = n.min(MAX_TOP);
         let pairs: Vec<(String, u64)> = match &self.store {

@@ -27,7 +27,6 @@ struct Shared {
     redactor: Arc<OnceLock<Redactor>>,
     /// Refusals since the last send, per policy.
     pending: Mutex<HashMap<Box<str>, SpaceSaving<Key>>>,
-    /// Whether the sending task runs.
     sending: AtomicBool,
 }
 

@@ -18,7 +18,6 @@ pub(crate) struct Counter<K> {
     pub(crate) error: u64,
 }
 
-/// A Space-Saving summary of at most `capacity` keys.
 #[derive(Clone, Debug)]
 pub(crate) struct SpaceSaving<K> {
     capacity: usize,
@@ -27,7 +26,6 @@ pub(crate) struct SpaceSaving<K> {
 }
 
 impl<K: Hash + Eq + Clone> SpaceSaving<K> {
-    /// A summary of `capacity` counters (at least one).
     pub(crate) fn new(capacity: usize) -> Self {
         SpaceSaving {
             capacity: capacity.max(1),
@@ -36,7 +34,6 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
         }
     }
 
-    /// Counts `weight` occurrences of `key`.
     pub(crate) fn add(&mut self, key: &K, weight: u64) {
         if let Some(&i) = self.index.get(key) {
             self.heap[i].count = self.heap[i].count.saturating_add(weight);

@@ -1,5 +1,4 @@
-//! The general store's entries: one per key and stack (or lone limit), holding one state per
-//! limit, and how a decision, a release or a refund changes them.
+//! The general store's entries, and how a decision, a release or a refund changes them.
 
 use std::collections::VecDeque;
 
@@ -21,7 +20,6 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    /// Whether an entry is `key`'s under the limit `id`.
     pub(super) fn is(id: u32, key: &Key) -> impl Fn(&Entry) -> bool + '_ {
         move |e| e.limit == id && e.key == *key
     }
@@ -186,9 +184,8 @@ pub(super) enum NextState {
     InFlight(u64),
 }
 
-/// Decides every limit of `limits` on `cells` at `now` (the backend's clock; windows add `origin`
-/// to it for Unix time), `quantities[i]` units under `limits[i]`, writing the new states only if
-/// every limit admits.
+/// Decides `quantities[i]` units under each `limits[i]` on `cells` at `now` (the backend's clock;
+/// windows add `origin` for Unix time), writing the new states only if every limit admits.
 pub(super) fn decide_cells(
     cells: &mut Cells,
     limits: &[Limit],

@@ -1,6 +1,5 @@
-//! The GCRA table: one TAT per key for lone GCRA limits, in shards behind read-write locks, with
-//! its sweeps and its eviction at the cap (the [`MemoryBackend`](super::MemoryBackend) docs say
-//! why).
+//! The GCRA table: one TAT per key for lone GCRA limits, in shards behind read-write locks (the
+//! [`MemoryBackend`](super::MemoryBackend) docs say why, and how it sweeps and evicts).
 
 use std::hash::BuildHasher;
 use std::net::IpAddr;
@@ -23,17 +22,14 @@ use crate::decision::Decision;
 use crate::gcra;
 use crate::key::Key;
 
-/// Exact `CL.THROTTLE` decisions for lone GCRA limits: a map from (limit, key) to TAT, split into
-/// shards, each holding at most `shard_cap` keys.
+/// A map from (limit, key) to TAT, split into shards of at most `shard_cap` keys.
 pub(super) struct GcraTable {
     hasher: foldhash::fast::RandomState,
     shards: Box<[Padded<Shard>]>,
-    /// The most keys a shard holds.
     pub(super) shard_cap: usize,
 }
 
 impl GcraTable {
-    /// How many shards the table has.
     pub(super) fn shard_count(&self) -> usize {
         self.shards.len()
     }
@@ -64,8 +60,8 @@ impl GcraTable {
         }
     }
 
-    /// Decides `quantity` units of the GCRA limit `id` (with `params`) for `key` at `clock`'s now,
-    /// and records them if admitted. IP keys are stored as their address bits.
+    /// Decides `quantity` units of limit `id` for `key` and records them if admitted. IP keys are
+    /// stored as their address bits.
     pub(super) fn decide<C: Clock>(
         &self,
         params: &gcra::GcraParams,
@@ -183,8 +179,7 @@ impl GcraTable {
         &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
     }
 
-    /// Adds a key not in `shard` with `tat` (after `now`), sweeping or evicting first as the
-    /// shard's size asks.
+    /// Adds a key not in `shard`, sweeping or evicting first as the shard's size asks.
     #[allow(clippy::too_many_arguments)]
     fn insert_new<K: RecordKey>(
         &self,
@@ -212,9 +207,7 @@ impl GcraTable {
         K::table_mut(shard).insert_unique(hash, record, rehash);
     }
 
-    /// `key`'s state under the GCRA limit `id` at `clock`'s now, for a quantity of 0 and of 1, read
-    /// under the shard's read lock: nothing is written (see
-    /// [`KeyState`](crate::backend::KeyState)).
+    /// `key`'s state under limit `id`, for a quantity of 0 and of 1: nothing is written.
     pub(super) fn peek<C: Clock>(
         &self,
         params: &gcra::GcraParams,
@@ -288,7 +281,6 @@ impl GcraTable {
     }
 }
 
-/// A shard: its table behind a read-write lock, and its hot key and sampler (hot.rs) beside it.
 struct Shard {
     table: RwLock<GcraShard>,
     hot: HotSlot,
@@ -309,9 +301,7 @@ struct TatRecord<K> {
 /// record).
 trait RecordKey: Sized + PartialEq {
     fn record_hash(&self, limit: u32, hasher: &foldhash::fast::RandomState) -> u64;
-    /// Whether `hot` is this key.
     fn is_hot(&self, hot: &HotKey) -> bool;
-    /// This key as a hot key.
     fn hot(&self) -> HotKey;
     fn table(shard: &GcraShard) -> &HashTable<TatRecord<Self>>;
     fn table_mut(shard: &mut GcraShard) -> &mut HashTable<TatRecord<Self>>;
@@ -383,7 +373,6 @@ impl<'a> Compact<'a> {
     }
 }
 
-/// One shard of the table: a hash table per key form, behind one read-write lock.
 struct GcraShard {
     v4: HashTable<TatRecord<u32>>,
     v6: HashTable<TatRecord<[u8; 16]>>,
@@ -448,12 +437,10 @@ impl GcraShard {
         }
     }
 
-    /// At the cap: forget about an eighth of the keys, those that have used the smallest share of
-    /// their limit's tolerance (the closest to fully refilled, whatever their limit's period).
-    ///
-    /// The threshold comes from a sample (the table's order has nothing to do with the TATs), so the
-    /// work under the lock is one pass over the tables per `cap / 8` new keys, with no allocation
-    /// proportional to the shard.
+    /// At the cap: forgets about an eighth of the keys, those that have used the smallest share of
+    /// their limit's tolerance. The threshold comes from a sample (the table's order has nothing to
+    /// do with the TATs), so the work under the lock is one pass over the tables per `cap / 8` new
+    /// keys, with no allocation proportional to the shard.
     fn evict_nearest_refill(&mut self, now: u64, cap: usize, hasher: &foldhash::fast::RandomState) {
         // Expired records (left by decisions under the read lock) go first, and count.
         let before = self.len();

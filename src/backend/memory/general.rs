@@ -1,6 +1,5 @@
 //! The general store: every algorithm but a lone GCRA limit, and stacks of limits. One entry per
-//! key and stack (or lone limit) holds one state per limit, decided under its shard's mutex, with
-//! sweeps and eviction by the share of its limits an entry uses.
+//! key and stack (or lone limit) holds one state per limit, decided under its shard's mutex.
 
 use std::hash::BuildHasher;
 use std::slice;
@@ -14,9 +13,8 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 
-/// The windows, the sliding log, the concurrency limit and stacks of limits (whose GCRA limits keep
-/// their TAT here, apart from the same limits checked alone): entries in shards behind mutexes,
-/// each shard holding at most `shard_cap` entries (beyond it only while requests are in flight).
+/// Entries in shards behind mutexes, at most `shard_cap` a shard (beyond it only while requests
+/// are in flight). A stack's GCRA limits keep their TAT here, apart from the same limits alone.
 pub(super) struct GeneralStore {
     pub(super) hasher: foldhash::fast::RandomState,
     pub(super) shards: Box<[Padded<Mutex<GeneralShard>>]>,
@@ -50,8 +48,8 @@ impl GeneralStore {
         out[0]
     }
 
-    /// Decides a stack of limits together with a quantity per limit (`quantities[i]` for
-    /// `limits[i]`, as lengths the caller checked): one decision per limit, in order.
+    /// Decides a stack together, `quantities[i]` units under `limits[i]` (lengths the caller
+    /// checked): one decision per limit, in order.
     pub(super) fn decide_each<C: Clock>(
         &self,
         limits: &[Limit],
@@ -89,9 +87,8 @@ impl GeneralStore {
         });
     }
 
-    /// Applies `f` to the cells of `key`'s entry under `limits` in `shard` (to empty cells if it
-    /// has none), then drops the entry if none of them is live at `now`, or adds it if it is new
-    /// and one is.
+    /// Applies `f` to the cells of `key`'s entry (to empty cells if it has none), then drops the
+    /// entry if none of them is live at `now`, or adds it if it is new and one is.
     pub(super) fn update(
         &self,
         shard: &mut GeneralShard,
@@ -175,9 +172,8 @@ impl GeneralStore {
         }
     }
 
-    /// `key`'s state under each of `limits` (a lone limit or a stack, as decided) at `clock`'s now,
-    /// for a quantity of 0 and of 1: each decided on a copy of the stored state, so nothing is
-    /// written.
+    /// `key`'s state under each of `limits`, for a quantity of 0 and of 1, each decided on a copy
+    /// of the stored state: nothing is written.
     pub(super) fn peek<C: Clock>(
         &self,
         limits: &[Limit],
@@ -208,9 +204,8 @@ impl GeneralStore {
         }
     }
 
-    /// Gives back `quantity` units that `limits` (a lone limit or a stack, keyed as
-    /// [`decide`](Self::decide) keys them) admitted for `key` at most `since` ago: see
-    /// [`Backend::refund`](crate::Backend::refund) for what each algorithm gives back.
+    /// Gives back `quantity` units that `limits` admitted for `key` at most `since` ago; what each
+    /// algorithm gives back is told on [`Adjustment::Refund`](crate::backend::Adjustment::Refund).
     pub(super) fn refund<C: Clock>(
         &self,
         limits: &[Limit],
@@ -237,11 +232,9 @@ impl GeneralStore {
         }
     }
 
-    /// Settles a metered request's cost ([`Backend::settle`](crate::Backend::settle)) on `key`'s
-    /// entry under `limits` (a lone limit or a stack, keyed as [`decide`](Self::decide) keys
-    /// them): `deltas[i]` units more (or fewer) under each GCRA limit `limits[i]`
-    /// ([`gcra::settle`](crate::gcra::settle)). A charge may make the entry (a reservation of 0
-    /// left none).
+    /// Settles a metered request's cost on `key`'s entry under `limits`: `deltas[i]` units more (or
+    /// fewer) under each GCRA limit ([`gcra::settle`](crate::gcra::settle)). A charge may make the
+    /// entry (a reservation of 0 left none).
     pub(super) fn settle<C: Clock>(
         &self,
         limits: &[Limit],

@@ -1,5 +1,4 @@
-//! A shard of the general store: its entries behind one mutex, swept of refilled entries and
-//! evicted at the cap by the share of its limits each entry uses.
+//! A shard of the general store: its entries behind one mutex, with its sweeps and eviction.
 
 use std::hash::BuildHasher;
 
@@ -29,7 +28,6 @@ pub(super) struct GeneralShard {
 }
 
 impl GeneralShard {
-    /// An empty shard with room for `capacity` entries.
     pub(super) fn with_capacity(capacity: usize) -> Self {
         GeneralShard {
             table: HashTable::with_capacity(capacity),
@@ -90,16 +88,15 @@ impl GeneralShard {
         }
     }
 
-    /// At the cap: forget about an eighth of the entries, those that use the smallest share of their
-    /// limits (see [`share_used`]), but never one with requests in flight (forgetting it would admit
-    /// more than the limit; those entries are bounded by the requests in flight, not by the cap).
-    /// Ranking by expiry instead would let an attacker rotating through fresh keys push out a client
-    /// being limited (a heavy sliding-log user expires before a later light one, and every fixed-window
+    /// At the cap: forgets about an eighth of the entries, those that use the smallest share of
+    /// their limits ([`share_used`]), but never one with requests in flight (that would admit more
+    /// than the limit; such entries are bounded by the requests in flight, not by the cap). Ranking
+    /// by expiry instead would let an attacker rotating through fresh keys push out a client being
+    /// limited (a heavy sliding-log user expires before a later light one, and every fixed-window
     /// entry of one window expires together), which would then start over with a full quota.
     ///
-    /// As in the GCRA table, the threshold comes from a sample (the table's order has nothing to do
-    /// with the states), so the work under the lock is one pass over the table per `cap / 8` new
-    /// keys, with no allocation proportional to the shard.
+    /// As in the GCRA table, the threshold comes from a sample, so the work under the lock is one
+    /// pass over the table per `cap / 8` new keys, with no allocation proportional to the shard.
     pub(super) fn evict_least_used(
         &mut self,
         now: u64,

@@ -8,10 +8,9 @@ use crate::key::Key;
 use crate::limit::Limit;
 
 impl GeneralStore {
-    /// Every live entry (first limit's id, key, cells), its concurrency cells left out, every time
-    /// in Unix nanoseconds (a TAT and an expiry moved there from the backend's clock; the windows'
-    /// numbers and the log's times are Unix time already); `origin`: the Unix time of the
-    /// backend's clock's zero.
+    /// Every live entry (first limit's id, key, cells) but its concurrency cells, every time in
+    /// Unix nanoseconds (TATs and expiries moved by `origin`, the Unix time of the clock's zero;
+    /// the windows' numbers and the log's times are Unix time already).
     pub(super) fn records(&self, now: u64, origin: u64) -> Vec<(u32, Key, Vec<Cell>)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
@@ -43,10 +42,10 @@ impl GeneralStore {
         out
     }
 
-    /// Puts back an entry of `key` under `first` (the first limit of its stack, which names the
-    /// entry), unless the store already has one (a newer state), from `saved` cells in Unix time
-    /// (as [`records`](Self::records) gives them). Cells that expired by `now` are left out. Only `first`'s scale is noted for eviction: the other limits of a stack are noted
-    /// at their next new key in the shard, and until then rank as fully used (forgotten last).
+    /// Puts back `key`'s entry under `first` (the first limit of its stack, which names the entry)
+    /// from `saved` cells in Unix time, unless the store already has one (a newer state). Only
+    /// `first`'s scale is noted for eviction: the stack's other limits are noted at their next new
+    /// key in the shard, and until then rank as fully used (forgotten last).
     pub(super) fn restore(
         &self,
         first: &Limit,

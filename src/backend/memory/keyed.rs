@@ -1,8 +1,7 @@
-//! Several keys in one decision (charges with keys of their own,
-//! [`Charges::keyed`](crate::backend::Charges::keyed)): each limit keeps its state in the general
-//! store under its own key, and the decision locks every shard involved (in the order of their
-//! indices), decides every limit on its stored state, and writes the new states only if every limit
-//! admits. Exact: nothing else can touch those entries between the decision and the write.
+//! Charges with keys of their own ([`Charges::keyed`](crate::backend::Charges::keyed)): each limit
+//! keeps its state in the general store under its own key, and the decision locks every shard
+//! involved, decides every limit on its stored state, and writes the new states only if every
+//! limit admits. Exact: nothing else can touch those entries between the decision and the write.
 
 use std::hash::BuildHasher;
 use std::sync::MutexGuard;
@@ -48,9 +47,7 @@ impl GeneralStore {
         }
     }
 
-    /// Decides `quantity` units under each of `limits`, `limits[i]` on `keys[i]`'s own entry,
-    /// atomically: one decision per limit, in order; the states are written only if every limit
-    /// admits.
+    /// Decides `quantity` units under each of `limits`, `limits[i]` on `keys[i]`'s own entry.
     pub(super) fn decide_keyed<C: Clock>(
         &self,
         limits: &[Limit],
@@ -117,9 +114,7 @@ impl GeneralStore {
 }
 
 impl<C: Clock> MemoryBackend<C> {
-    /// Decides `quantity` units under each of `limits`, `limits[i]` for `keys[i]`, atomically,
-    /// synchronously (for [`decide_charges`](MemoryBackend::decide_charges)): a refusal by one
-    /// limit records nothing under any.
+    /// Charges with keys of their own, for [`decide_charges`](MemoryBackend::decide_charges).
     pub(super) fn decide_keyed(
         &self,
         limits: &[Limit],

@@ -1,7 +1,6 @@
-//! The in-memory backend: [`MemoryBackend`], its builder and its [`Backend`] impl, which hand each
-//! decision to one of two stores: the [GCRA table](gcra_table) for a lone GCRA limit, the
-//! [general store](general) for everything else. Why two, and how the cap evicts, is told on
-//! [`MemoryBackend`].
+//! The in-memory backend: [`MemoryBackend`] hands each decision to one of two stores, the
+//! [GCRA table](gcra_table) for a lone GCRA limit and the [general store](general) for the rest.
+//! Why two, and how the cap evicts, is told on [`MemoryBackend`].
 
 mod entries;
 mod gcra_table;
@@ -324,9 +323,7 @@ impl<C: Clock> MemoryBackend<C> {
         }
     }
 
-    /// A stack of limits on one key, decided together (see
-    /// [`decide_charges`](Self::decide_charges)): [`decide_each`](Self::decide_each) with one
-    /// quantity for every limit.
+    /// [`decide_each`](Self::decide_each) with one quantity for every limit.
     fn decide_all(
         &self,
         limits: &[Limit],
@@ -417,7 +414,6 @@ impl<C: Clock> MemoryBackend<C> {
     pub fn reset_now(&self, charges: Charges<'_>) -> Result<(), BackendError> {
         let (limits, stores) = (charges.limits(), &*self.stores);
         let Some(key) = charges.same_key() else {
-            // Each limit's state under its own key, as `decide_keyed` keeps it.
             let keys = charges.keys().unwrap_or_default();
             check_keyed_stack(limits, keys)?;
             for (limit, key) in limits.iter().zip(keys) {
@@ -483,9 +479,8 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         ready(self.decide_charges(charges))
     }
 
-    /// Every algorithm, every shape of charges, refunds and settlements are implemented: only the
-    /// stack rule of every backend ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS))
-    /// applies.
+    /// Every algorithm, shape of charges, refund and settlement is implemented: only the stack
+    /// rule ([`MAX_STACKED_QUOTAS`](crate::policy::MAX_STACKED_QUOTAS)) applies.
     fn validate(&self, limits: &[Limit], _uses: Uses) -> Result<(), BuildError> {
         check_one_or_stack(limits).map_err(|e| BuildError::Invalid(e.to_string()))
     }
@@ -511,12 +506,12 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                 let quantity = charges.quantity(0);
                 match (limits, limits.first().and_then(Limit::gcra)) {
                     ([], _) => {}
-                    // A settlement of `-quantity` (gcra::settle): the TAT moves back by as many
-                    // emission intervals less `since`, because the request's units may have drained
-                    // meanwhile: a later request that would have found the bucket idle without this
-                    // one (`max(tat, now)`) absorbed up to the time between them, at most `since`.
-                    // Moving the TAT back by the whole amount would then give back more than the
-                    // request took; by the rest, never (and with no decision since, exactly).
+                    // A settlement of `-quantity` (gcra::settle): the TAT moves back by as
+                    // many emission intervals less `since`, as the request's units may have
+                    // drained meanwhile (a later request that found the bucket idle,
+                    // `max(tat, now)`, absorbed up to `since`). Moving it back by the whole
+                    // amount would give back more than the request took; by the rest, never
+                    // (and with no decision since, exactly).
                     ([limit], Some(params)) => {
                         let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
                         let (gcra, clock) = (&stores.gcra, &stores.clock);

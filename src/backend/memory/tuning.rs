@@ -1,5 +1,4 @@
-//! What both in-memory stores share: how often a shard sweeps, how many entries eviction samples,
-//! and the padding that keeps shards off each other's cache lines.
+//! What both in-memory stores share: sweep timing, the eviction sample and shard padding.
 
 /// How often (at most) a shard drops keys that have refilled completely, when it is in use.
 pub(super) const SWEEP_INTERVAL_NANOS: u64 = 1_000_000_000;

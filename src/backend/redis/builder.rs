@@ -404,7 +404,6 @@ impl Settings {
         Ok(state)
     }
 
-    /// The state of a backend on `conn`.
     fn state_on(self, conn: RedisConnection) -> Arc<RedisState> {
         Arc::new(RedisState::new(conn, self))
     }

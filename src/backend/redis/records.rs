@@ -20,7 +20,6 @@ for i = 1, #ARGV, 2 do
 end
 return n";
 
-/// A Redis backend's records.
 pub(super) struct RedisRecords(pub(super) Arc<RedisState>);
 
 impl Records for RedisRecords {

@@ -24,7 +24,6 @@ use super::conn::connection::RedisConnection;
 use super::state::RedisState;
 use crate::backoff::Backoff;
 
-/// The channel of `prefix`'s resets.
 pub(super) fn channel(prefix: &str) -> String {
     format!("{prefix}:resets")
 }

@@ -17,7 +17,6 @@ use super::speedup::budget::Budgets;
 use super::wire::mode::RedisMode;
 use crate::backend::records::OnRecordsChange;
 
-/// What every clone of a `RedisBackend` shares.
 pub(super) struct RedisState {
     pub(super) conn: RedisConnection,
     /// The configured mode, and the path it runs on now.

@@ -1,9 +1,7 @@
-//! The value at a dotted path of a JSON document, read as an application's JSON parser reads it:
-//! strings fully decoded (`"a\u0062c"` is `abc`), numbers in one canonical spelling (`10`, `1e1`
-//! and `10.0` are `10`). One pass over the document, nothing kept but the value sought: the cost
-//! is linear in the document's length, nesting is bounded ([`MAX_DEPTH`]), and a document that
-//! is not valid JSON (bad UTF-8, a lone surrogate, a trailing comma, text after the value) has no
-//! value, as the application would reject it.
+//! The value at a dotted path of a JSON document, read as an application's JSON parser reads it
+//! (`"a\u0062c"` is `abc`; `10`, `1e1` and `10.0` are `10`). One pass, nothing kept but the value
+//! sought: the cost is linear in the document's length, nesting is bounded ([`MAX_DEPTH`]), and a
+//! document that is not valid JSON has no value, as the application would reject it.
 
 /// Documents nested this deep are refused (serde_json's default recursion limit: 127 levels read).
 pub(crate) const MAX_DEPTH: usize = 128;
@@ -11,17 +9,15 @@ pub(crate) const MAX_DEPTH: usize = 128;
 /// What the path led to so far.
 enum Slot {
     Empty,
-    /// A string (decoded) or a number (canonical: an integer as its digits, no `-0`; any other
-    /// as the shortest spelling that reads back as the same `f64`), or `None` for another kind of
-    /// value (an object, `true`, `null`): no key.
+    /// A string (decoded) or a number ([`canonical`]), or `None` for another kind of value (an
+    /// object, `true`, `null`): no key.
     One(Option<String>),
     /// The path was met twice (a repeated member): ambiguous, so no value.
     Ambiguous,
 }
 
 /// The scalar at `path` (object members, outermost first) of the JSON document `doc`; `None` when
-/// the document is invalid, the path leads nowhere or to an object, array, boolean or null, or a
-/// member on the path appears twice (parsers disagree on which one counts).
+/// there is none, or a member on the path appears twice (parsers disagree on which one counts).
 pub(crate) fn find(doc: &[u8], path: &[Box<str>]) -> Option<String> {
     std::str::from_utf8(doc).ok()?;
     let mut parser = Parser {

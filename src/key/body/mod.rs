@@ -1,7 +1,5 @@
-//! Keys (and metered estimates) from the request body: [`BodyField`], a field of a JSON body
-//! (`json:username`, `json:user.name`) or of a form (`form:email`), read as the application reads it
-//! (`json.rs`: strings decoded, numbers in one spelling; forms percent-decoded); and reading the
-//! body itself (`read.rs`: at most `max_body` bytes within a timeout, then the whole body handed on).
+//! Keys (and metered estimates) from the request body: [`BodyField`], read as the application
+//! reads it (`json.rs`), and reading the body itself (`read.rs`).
 
 mod json;
 pub(crate) mod read;
@@ -121,8 +119,7 @@ fn name(spec: &str, name: &str) -> Result<Box<str>, String> {
     Ok(name.into())
 }
 
-/// The decoded value of the one field called `name` of a form body: `None` if absent, empty, or
-/// given twice.
+/// The decoded value of the one field `name` of a form body; `None` if absent, empty or twice.
 fn form_value(body: &[u8], name: &[u8]) -> Option<Vec<u8>> {
     let value = OnDuplicate::Refuse.pick(query_values(body, name))?;
     Some(percent_decode(value, true)).filter(|v| !v.is_empty())
@@ -153,8 +150,7 @@ impl fmt::Display for BodyField {
     }
 }
 
-/// What a policy reads from the body (its key, or only its metered estimate, which the meter's
-/// rule names), and how much of the body it may read for them, for how long.
+/// What a policy reads from the body: its key, or (`None`) only the estimate its meter names.
 #[derive(Clone, Debug)]
 pub(crate) struct BodyRule {
     pub(crate) key: Option<BodyField>,

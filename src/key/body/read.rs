@@ -1,14 +1,9 @@
 //! Reading a request body for a body key: at most `max` bytes within a timeout, then the whole
-//! body, unchanged, rebuilt in its own type for the inner service — the bytes read, then the rest
-//! of the stream ([`Replay`]).
-//!
-//! The layer's request body type is generic and most types cannot be rebuilt from bytes (hyper's
-//! `Incoming`), so the layer reads the types it knows how to rebuild ([`reader`]): axum's `Body`,
-//! and http-body-util's `Full<Bytes>`, `BoxBody<Bytes, BoxError>` and `UnsyncBoxBody<Bytes,
-//! BoxError>`. Other bodies are not read (no key: the missing-key answer, logged). The types meet
-//! here at run time (`Any`), so that a layer whose policies read no body asks nothing of its
-//! request body type, and axum's `Router::layer` (which needs the inner service to take the same
-//! body) keeps working.
+//! body, unchanged, rebuilt in its own type for the inner service ([`Replay`]). Most body types
+//! cannot be rebuilt from bytes (hyper's `Incoming`), so the layer reads only those it knows how to
+//! rebuild ([`reader`]). The types meet here at run time (`Any`), so that a layer whose policies
+//! read no body asks nothing of its request body type, and axum's `Router::layer` (which needs the
+//! inner service to take the same body) keeps working.
 
 use std::any::{Any, TypeId};
 use std::future::{poll_fn, Future};
@@ -100,16 +95,14 @@ impl ReplayBody for Full<Bytes> {
     }
 }
 
-/// Reads `body`: its frames until it ends, passes `max` bytes, fails or `timeout` passes. Back:
-/// the body rebuilt (everything it would have given, in order), and the whole of it if it ended
-/// within `max` bytes, in time and without an error. At most `max` bytes are copied; the frame
-/// that crosses the cap is kept as it came (no copy), and nothing after it is read.
+/// Reads `body` until it ends, passes `max` bytes, fails or `timeout` passes: the body rebuilt, and
+/// the whole of it if it ended within `max` bytes, in time and without an error. The frame that
+/// crosses the cap is kept as it came (no copy), and nothing after it is read.
 pub(crate) async fn read<T: ReplayBody>(
     mut body: T,
     max: usize,
     timeout: Duration,
 ) -> (T, WholeBody) {
-    // A body that says it is larger than the cap is not read at all.
     if body.size_hint().lower() > max as u64 {
         return (body, None);
     }

@@ -37,7 +37,6 @@ pub(super) struct Sample {
     pub(super) clean: bool,
 }
 
-/// What the gradient does with an interval, as the test says.
 #[derive(Debug, PartialEq)]
 pub(super) enum Verdict {
     /// The gradient as usual.
@@ -63,7 +62,6 @@ pub(super) struct Little {
 }
 
 impl Little {
-    /// The baseline `baseline` is confirmed (not a queue's).
     pub(super) fn confirm(&mut self, baseline: f64) {
         self.confirmed = Some(baseline);
         self.draining = false;

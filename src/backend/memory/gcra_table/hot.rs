@@ -165,13 +165,12 @@ pub(super) struct Sampler {
 }
 
 impl Sampler {
-    /// Whether a decision on the record of `hash`, made at `now`, is sampled (when `now`'s six
-    /// low bits are 0: one in 64, with nothing to count) and the shard's previous sample was the
-    /// same record from another thread: a key that two threads or more keep deciding on. A thread
-    /// alone never moves a key (the slot would only cost it instructions), and a shard's many keys
-    /// seldom meet twice in a row. The shared write is one a sample, not one a decision.
-    /// Contention itself is seldom seen by the compare-and-swap: under the read lock, the lock's
-    /// word is what the threads queue on, and the TAT's window is a few instructions long.
+    /// Whether a decision on the record of `hash` at `now` is sampled (`now`'s six low bits are 0:
+    /// one in 64, nothing to count) and the shard's previous sample was the same record from
+    /// another thread. A thread alone never moves a key (the slot would only cost it instructions),
+    /// and a shard's many keys seldom meet twice in a row; the shared write is one a sample, not
+    /// one a decision. The compare-and-swap itself seldom sees contention: under the read lock the
+    /// threads queue on the lock's word, and the TAT's window is a few instructions long.
     #[inline]
     pub(super) fn another_thread_too(&self, hash: u64, now: u64) -> bool {
         now & 63 == 0 && self.sample(hash)

@@ -1,6 +1,6 @@
-//! Settling a metered request's cost on the GCRA table ([`Backend::settle`](crate::Backend::settle)
-//! for a lone GCRA limit): a compare-and-swap of a key's TAT under the read lock, as decisions
-//! make, or a new key under the write lock when a charge finds none.
+//! Settling a metered request's cost on a lone GCRA limit: a compare-and-swap of the key's TAT
+//! under the read lock, as decisions make, or a new key under the write lock when a charge finds
+//! none.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

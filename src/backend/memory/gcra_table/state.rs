@@ -37,9 +37,8 @@ impl GcraTable {
         out
     }
 
-    /// Puts back `key`'s TAT under the GCRA limit `id` (with `params`), read from a state file:
-    /// the later of it and what the table holds now, so a restore never gives a key more than it
-    /// had. A TAT not after `now` is nothing to restore.
+    /// Puts back `key`'s TAT read from a state file: the later of it and what the table holds now,
+    /// so a restore never gives a key more than it had.
     pub(in crate::backend::memory) fn restore(
         &self,
         params: &gcra::GcraParams,

@@ -87,7 +87,6 @@ impl RedisConnection {
         RedisConnection::Cluster(Arc::new(cluster))
     }
 
-    /// A Redis Cluster, rather than one server.
     pub(crate) fn is_cluster(&self) -> bool {
         self.lazy_cluster().is_some()
     }
@@ -263,7 +262,6 @@ impl Detector {
         }
     }
 
-    /// The configured mode.
     pub(crate) fn mode(&self) -> RedisMode {
         self.mode
     }

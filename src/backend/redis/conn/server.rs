@@ -186,7 +186,6 @@ impl SingleServer {
         self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Whether a connection is up.
     pub(crate) fn connected(&self) -> bool {
         self.current().is_some()
     }
@@ -241,7 +240,6 @@ impl SingleServer {
         }
     }
 
-    /// `PING` on the live connection, within the timeout: whether it answered.
     pub(crate) async fn ping(&self) -> bool {
         let cmd = redis::cmd("PING");
         let ping = self.command(&cmd);
@@ -312,7 +310,6 @@ impl SingleServer {
     }
 }
 
-/// The error of a call made while there is no connection.
 fn not_connected() -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::NotConnected,

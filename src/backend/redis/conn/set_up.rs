@@ -1,5 +1,5 @@
 //! The one set-up after every connect, before the connection is put in service ([`in_service`]):
-//! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the scripts that decide.
+//! detect redis-cell where the mode reads it, refuse mode `cell` without it, load the scripts.
 //! A failure fails the attempt alike everywhere: `connect` returns it, the keepers retry.
 
 use redis::aio::ConnectionLike;
@@ -54,9 +54,8 @@ impl SetUpError {
 }
 
 /// Sets up `conn` (just made, not yet in service; a Cluster's, following redirections, with
-/// `cluster` to ask every primary) for `state`'s mode (see the module docs); loading every script
-/// spares the first call of each a `NOSCRIPT`, which costs two more round trips: on a slow link,
-/// more than the timeout (issue 50). What detection found is recorded last.
+/// `cluster` to ask every primary) for `state`'s mode (see the module docs). What detection found
+/// is recorded last.
 pub(crate) async fn set_up(
     conn: &mut (impl ConnectionLike + Send),
     cluster: Option<Result<ClusterConnection, RedisError>>,
@@ -75,9 +74,9 @@ pub(crate) async fn set_up(
     if mode == RedisMode::Cell && loaded == Some(false) {
         return Err(SetUpError::NoCell);
     }
-    // Every script a decision, a settlement or a lease may run, whatever the policies: Redis
-    // keeps no script across a restart or a failover, and a script missing costs its first call
-    // two more round trips (`NOSCRIPT`, then `SCRIPT LOAD`), past the timeout on a slow link.
+    // Every script a decision, a settlement or a lease may run, whatever the policies: Redis keeps
+    // no script across a restart or a failover, and a missing one costs its first call two more
+    // round trips (`NOSCRIPT`, `SCRIPT LOAD`): past the timeout on a slow link (issue 50).
     let scripts = [
         lua::GCRA,
         lua::LIMITS,

@@ -71,7 +71,6 @@ impl DenyCache {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// `key`'s shard, locked.
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
         shard.lock().unwrap_or_else(|e| e.into_inner())

@@ -1,11 +1,8 @@
-//! [`Recorder`]: the one record of every call's outcome, that health and the gauge read: whether
-//! Redis is reachable (where no reconnecting server knows), whether a call lost it since `Auto`
-//! detected the module, whether decisions are failing (first error to next success). With no
+//! [`Recorder`]: the one record of every call's outcome, that health and the gauge read. With no
 //! traffic the watcher probes a failing Redis every [`PROBE_EVERY`]: a readiness check that took
-//! the instance out of service would otherwise never let a request prove it recovered. It probes
-//! once, too, when the resets subscription ends: with no traffic, health would otherwise say up
-//! while Redis is gone.
-//! A call that succeeds while decisions are not failing costs two relaxed stores and one load.
+//! the instance out of service would otherwise never let a request prove it recovered (and once
+//! when the resets subscription ends: [`ask_probe`](Recorder::ask_probe)). A call that succeeds
+//! while decisions are not failing costs two relaxed stores and one load.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -55,7 +52,6 @@ pub(crate) struct Recorder {
     error: Mutex<Option<(String, SystemTime)>>,
     /// The path decisions take (for the gauge's label): `UNKNOWN`, `CELL` or `LUA`.
     path: AtomicU8,
-    /// The backend's one clock.
     pub(crate) clock: Clock,
     /// Ms on `clock` of the last failed call.
     last_failure_ms: AtomicU64,

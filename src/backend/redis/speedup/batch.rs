@@ -60,13 +60,11 @@ enum Job {
     Limits(LimitsCall),
 }
 
-/// What a check gets back: a GCRA answer, or `limits.lua`'s decisions.
 enum Reply {
     Gcra(Answer),
     Limits(Vec<Decision>),
 }
 
-/// A check waiting for its batch.
 struct Waiter {
     job: Job,
     answer: oneshot::Sender<Result<Reply, RedisError>>,
@@ -137,7 +135,6 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    /// The lanes of a backend on `conn`; a batch gives up after `timeout`.
     pub(crate) fn new(conn: RedisConnection, timeout: Duration) -> Self {
         Batcher {
             per_key: conn.is_cluster(),

@@ -404,7 +404,6 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
 /// stack the GCRA runs on the limits script, with gcra.lua's bounds ([`Spec::of`]).
 pub(crate) fn validate_stack(limits: &[Limit]) -> Result<(), BuildError> {
     stack_error(limits).map_err(BuildError::Invalid)?;
-    // As one limit in mode Lua: the limits script's bounds.
     limits.iter().try_for_each(|l| validate(RedisMode::Lua, l))
 }
 
