@@ -27,7 +27,8 @@
 
 use std::sync::Arc;
 
-use http::Request;
+use bytes::Bytes;
+use http::{Request, Response};
 
 use crate::access::Access;
 use crate::backend::Backend;
@@ -38,7 +39,7 @@ use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::key::ahead::Missing;
 use crate::key::{Key, KeyExtractor, KeySpec};
 use crate::observe::RequestRef;
-use crate::overload::{Gate, InFlight, PartitionBy, Shed};
+use crate::overload::{Gate, InFlight, PartitionBy};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier, Policy};
 
@@ -53,12 +54,17 @@ pub(crate) fn match_policy<'t, K, B>(
 
 /// Step 1b, after the match and before any limit: the layer's overload gate admits the request
 /// (and counts it in flight until its response ends) in its partition — its policy's or its
-/// tier's, as the gate's options say — or sheds it.
+/// tier's, as the gate's options say — or sheds it (the refusal).
+// The refusal by value, as every step returns one (boxing it would allocate for every shed). Out
+// of line: most layers have no gate.
+#[allow(clippy::result_large_err)]
+#[inline(never)]
 pub(crate) fn overload<K, B>(
     gate: &Arc<Gate>,
+    judge: &Judge,
     policy: Option<&Policy<K>>,
     request: &Request<B>,
-) -> Result<InFlight, Shed> {
+) -> Result<InFlight, Response<Bytes>> {
     let rules = policy.map(Policy::compiled);
     let name = rules.map(|rules| match gate.partition_by() {
         PartitionBy::Policy => &*rules.name,
@@ -67,7 +73,10 @@ pub(crate) fn overload<K, B>(
             rules.tiers[tier].name.as_deref().unwrap_or("default")
         }
     });
-    gate.admit(gate.partition_of(name))
+    gate.admit(gate.partition_of(name)).map_err(|shed| {
+        let policy = rules.map(|rules| rules.name());
+        (judge.settings.refusals).shed(policy, &shed, RequestRef::of(request))
+    })
 }
 
 /// Whether `policy`'s requests take the extended path, and with what: its per-request features,

@@ -9,7 +9,6 @@ use crate::engine::settings::Settings;
 use crate::engine::verdict::Judge;
 use crate::error::BuildError;
 use crate::limit::Limit;
-use crate::overload::PartitionBy;
 use crate::per_customer::Namespace;
 use crate::policy::{check_table, Policy, PolicySpec};
 
@@ -75,19 +74,7 @@ impl<K> Table<K> {
     ) -> Result<Self, BuildError> {
         let policies: Box<[Policy<K>]> = policies.into();
         let specs: Vec<&PolicySpec> = policies.iter().map(Policy::spec).collect();
-        check_table(backend, &specs, settings.overload.is_some())?;
-        if let Some(gate) = &settings.overload {
-            // The names a request's partition may have: its policy's, or its tier's.
-            let names = specs.iter().flat_map(|spec| match gate.partition_by() {
-                PartitionBy::Policy => vec![&*spec.name],
-                PartitionBy::Tier => spec
-                    .tiers
-                    .iter()
-                    .map(|t| t.name.as_deref().unwrap_or("default"))
-                    .collect(),
-            });
-            gate.check_partitions(names.collect())?;
-        }
+        check_table(backend, &specs, settings.overload.as_deref())?;
         let exposed = settings.decision_extension;
         let mut judge = Judge::new(settings);
         if let Some(previous) = previous {

@@ -32,7 +32,6 @@ use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
 use crate::near_limit::NEAR_LIMIT_HEADER;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::overload::{Gate, InFlight};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, Policy};
 
@@ -114,9 +113,9 @@ where
         }
         // The steps in order (steps.rs). 1: the first matching policy decides.
         let matched = steps::match_policy(table, &request);
-        // 1b: the overload gate, before any limit (out of line: most layers have none).
+        // 1b: the overload gate, before any limit.
         if let Some(gate) = &judge.settings.overload {
-            return match gated(gate, judge, matched, &request) {
+            return match steps::overload(gate, judge, matched, &request) {
                 Ok(in_flight) => {
                     decide(inner, shared, (table, matched), request).holding(in_flight)
                 }
@@ -125,23 +124,6 @@ where
         }
         decide(inner, shared, (table, matched), request)
     }
-}
-
-/// Step 1b, the overload gate: counts the request in flight until its response ends, or sheds it
-/// (the refusal).
-// The refusal by value, as every step returns one (boxing it would allocate for every shed).
-#[allow(clippy::result_large_err)]
-#[inline(never)]
-fn gated<K, ReqBody>(
-    gate: &Arc<Gate>,
-    judge: &Judge,
-    matched: Option<&Policy<K>>,
-    request: &Request<ReqBody>,
-) -> Result<InFlight, Response<Bytes>> {
-    steps::overload(gate, matched, request).map_err(|shed| {
-        let policy = matched.map(|policy| policy.compiled().name());
-        (judge.settings.refusals).shed(policy, &shed, RequestRef::of(request))
-    })
 }
 
 /// Steps 2 to 9 of a request that `matched` (a policy, or none), with its table in force.

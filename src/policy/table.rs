@@ -8,23 +8,35 @@ use http::Method;
 use crate::backend::{Backend, Uses};
 use crate::error::BuildError;
 use crate::limit::Limit;
+use crate::overload::{Gate, PartitionBy};
 use crate::policy::spec::PolicySpec;
 use crate::route::Route;
 
-/// The checks of a policy table: what the backend can enforce, what the layer has (`gated`: an
-/// overload gate), limits that share a name share rules and stacks, and all policies are reachable.
+/// The checks of a policy table: what the backend can enforce, what the layer has (`gate`: an
+/// overload gate, whose partitions name policies or tiers of the table), limits that share a name
+/// share rules and stacks, and all policies are reachable.
 pub(crate) fn check_table<B: Backend>(
     backend: &B,
     policies: &[&PolicySpec],
-    gated: bool,
+    gate: Option<&Gate>,
 ) -> Result<(), BuildError> {
     if policies.is_empty() {
         return Err(BuildError::Invalid(
             "a throttle layer needs at least one policy".into(),
         ));
     }
+    if let Some(gate) = gate {
+        // The names a request's partition may have: its policy's, or its tier's.
+        let names = policies.iter().flat_map(|spec| match gate.partition_by() {
+            PartitionBy::Policy => vec![&*spec.name],
+            PartitionBy::Tier => (spec.tiers.iter())
+                .map(|t| t.name.as_deref().unwrap_or("default"))
+                .collect(),
+        });
+        gate.check_partitions(names.collect())?;
+    }
     for policy in policies {
-        if policy.under_pressure && !gated {
+        if policy.under_pressure && gate.is_none() {
             return Err(BuildError::Invalid(format!(
                 "policy {:?}: under_pressure_only needs the layer's overload gate \
                  (ThrottleLayerBuilder::overload, or [overload] in the configuration)",
