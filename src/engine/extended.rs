@@ -219,21 +219,13 @@ where
             Err(verdict) => return Err(with_meter(answered(parts, verdict), extras)),
         };
         // Quotas with keys of their own: each limit's key, or the missing-key answer.
-        let (parts, limit_keys) = match extras.limit_keys.as_deref() {
-            None => (parts, None),
-            Some(specs) => {
-                let request = http::Request::from_parts(parts, ());
-                let count = rules.tiers[0].limits.len();
-                let keys = steps::limit_keys(specs, count, &key, &request);
-                let (parts, ()) = request.into_parts();
-                match keys {
-                    Ok(keys) => (parts, Some(keys)),
-                    Err(missing) => {
-                        let request = RequestRef::of_parts(&parts);
-                        let verdict = steps::without_key(judge, rules, missing, request);
-                        return Err(answered(parts, verdict));
-                    }
-                }
+        let (parts, limit_keys) = extras.limit_keys_of(rules.tiers[0].limits.len(), &key, parts);
+        let limit_keys = match limit_keys.transpose() {
+            Ok(keys) => keys,
+            Err(missing) => {
+                let request = RequestRef::of_parts(&parts);
+                let verdict = steps::without_key(judge, rules, missing, request);
+                return Err(answered(parts, verdict));
             }
         };
         let quota = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {

@@ -37,7 +37,7 @@ use crate::engine::slot::Release;
 use crate::engine::table::Table;
 use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
 use crate::key::ahead::Missing;
-use crate::key::{Key, KeyExtractor, KeySpec};
+use crate::key::{Key, KeyExtractor};
 use crate::observe::RequestRef;
 use crate::overload::{Gate, InFlight, PartitionBy};
 use crate::policy::extras::PolicyExtras;
@@ -184,24 +184,6 @@ pub(crate) fn tier_unless_banned(
         Some(banned) => Err(banned),
         None => Ok(number),
     }
-}
-
-/// Step 4 for a policy whose quotas have keys of their own: the key of each of its `count`
-/// limits (`specs[i]`'s, or the policy's `key`), or what was expected of the first one missing.
-pub(crate) fn limit_keys(
-    specs: &[Option<KeySpec>],
-    count: usize,
-    key: &Key,
-    request: &Request<()>,
-) -> Result<Vec<Key>, Missing> {
-    (0..count)
-        .map(|i| match specs.get(i).and_then(Option::as_ref) {
-            Some(spec) => spec
-                .extract(request)
-                .ok_or_else(|| Missing::Expected(KeyExtractor::<()>::describe(spec))),
-            None => Ok(key.clone()),
-        })
-        .collect()
 }
 
 /// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given

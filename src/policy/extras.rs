@@ -6,9 +6,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::request::Parts;
+
 use crate::error::BuildError;
+use crate::key::ahead::Missing;
 use crate::key::body::BodyRule;
-use crate::key::{AsyncKey, BodyField, KeySpec, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
+use crate::key::{AsyncKey, BodyField, Key, KeyExtractor, KeySpec};
+use crate::key::{DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY};
 use crate::limit::Limit;
 use crate::meter::MeterRule;
 use crate::observe::ResolveLog;
@@ -163,6 +167,28 @@ impl PolicyExtras {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Quotas with keys of their own: the key of each of the `count` limits of a request with
+    /// `parts` (its own, or the policy's `key`), or what was expected of the first one missing;
+    /// `None` when the limits share the policy's key.
+    pub(crate) fn limit_keys_of(
+        &self,
+        count: usize,
+        key: &Key,
+        parts: Parts,
+    ) -> (Parts, Option<Result<Vec<Key>, Missing>>) {
+        let Some(specs) = self.limit_keys.as_deref() else {
+            return (parts, None);
+        };
+        let request = http::Request::from_parts(parts, ());
+        let keys = (0..count).map(|i| match specs.get(i).and_then(Option::as_ref) {
+            Some(spec) => (spec.extract(&request))
+                .ok_or_else(|| Missing::Expected(KeyExtractor::<()>::describe(spec))),
+            None => Ok(key.clone()),
+        });
+        let keys = keys.collect();
+        (request.into_parts().0, Some(keys))
     }
 
     /// The tier of an override's `quota` on one key, made once (`validate`: the backend's check of
