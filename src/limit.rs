@@ -267,20 +267,15 @@ impl Limit {
             (Params::Window(Algorithm::FixedWindow, params), window::WindowStart::PerKey)
                 if params.calendar().is_some() =>
             {
-                Err(BuildError::Invalid(format!(
-                    "policy {:?}: a calendar window starts at the calendar's boundaries for every \
-                     key, so it cannot also have window_start = \"per-key\"",
-                    self.name
-                )))
+                Err(self.invalid(CALENDAR_NOT_PER_KEY))
             }
             (Params::Window(Algorithm::FixedWindow, params), window::WindowStart::PerKey) => {
                 *params = params.per_key();
                 Ok(self)
             }
-            _ => Err(BuildError::Invalid(format!(
-                "policy {:?}: window_start = \"per-key\" is for the fixed window, not {}",
-                self.name,
-                self.algorithm().as_str()
+            _ => Err(self.invalid(format_args!(
+                "window_start = \"per-key\" is for the fixed window, not {}",
+                self.algorithm()
             ))),
         }
     }
@@ -310,22 +305,21 @@ impl Limit {
     /// assert!(gcra.with_calendar(billing).is_err());
     /// ```
     pub fn with_calendar(mut self, calendar: window::CalendarWindow) -> Result<Self, BuildError> {
-        let invalid = |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.name));
         let period = self.quota.period();
         match &mut self.params {
-            Params::Window(Algorithm::FixedWindow, params) if params.is_per_key() => Err(invalid(
-                "a calendar window starts at the calendar's boundaries for every key, so it \
-                 cannot also have window_start = \"per-key\""
-                    .into(),
-            )),
+            Params::Window(Algorithm::FixedWindow, p) if p.is_per_key() => {
+                Err(self.invalid(CALENDAR_NOT_PER_KEY))
+            }
             Params::Window(Algorithm::FixedWindow, params) => {
-                let compiled = crate::calendar::Calendar::of(&calendar, period).map_err(invalid)?;
-                *params = params.on_calendar(compiled);
+                match crate::calendar::Calendar::of(&calendar, period) {
+                    Ok(compiled) => *params = params.on_calendar(compiled),
+                    Err(why) => return Err(self.invalid(why)),
+                }
                 Ok(self)
             }
-            _ => Err(invalid(format!(
+            _ => Err(self.invalid(format_args!(
                 "calendar windows are fixed windows (algorithm \"fixed-window\"), not {}",
-                self.algorithm().as_str()
+                self.algorithm()
             ))),
         }
     }
@@ -350,17 +344,15 @@ impl Limit {
     /// a thread); beyond that it is rejected. The slot is taken when the request is admitted, so
     /// waiting never takes it twice. Only for [`Algorithm::Gcra`]; `max_delay` is at most an hour.
     pub fn with_delay(mut self, max_delay: Duration) -> Result<Self, BuildError> {
-        let invalid =
-            |why: &str| BuildError::Invalid(format!("policy {:?}: max_delay {why}", self.name()));
         if max_delay.is_zero() || max_delay > MAX_DELAY {
-            return Err(invalid("must be more than 0 and at most 1 hour"));
+            return Err(self.invalid("max_delay must be more than 0 and at most 1 hour"));
         }
         let Params::Gcra {
             admit, tolerance, ..
         } = self.params
         else {
-            return Err(invalid(&format!(
-                "(mode = \"delay\") needs algorithm \"gcra\", not {:?}",
+            return Err(self.invalid(format_args!(
+                "max_delay (mode = \"delay\") needs algorithm \"gcra\", not {:?}",
                 self.algorithm().as_str()
             )));
         };
@@ -409,14 +401,10 @@ impl Limit {
                 *l = lease;
                 Ok(self)
             }
-            Params::Concurrency { .. } => Err(BuildError::Invalid(format!(
-                "policy {:?}: lease must be more than 0 and at most 1 day",
-                self.name()
-            ))),
-            _ => Err(BuildError::Invalid(format!(
-                "policy {:?}: a lease is only for algorithm \"concurrency\"",
-                self.name()
-            ))),
+            Params::Concurrency { .. } => {
+                Err(self.invalid("lease must be more than 0 and at most 1 day"))
+            }
+            _ => Err(self.invalid("a lease is only for algorithm \"concurrency\"")),
         }
     }
 
@@ -470,9 +458,7 @@ impl Limit {
     /// assert!(log.with_budget(Budget::new()).is_err());
     /// ```
     pub fn with_budget(mut self, budget: Budget) -> Result<Self, BuildError> {
-        budget
-            .validate()
-            .map_err(|e| BuildError::Invalid(format!("policy {:?}: {e}", self.name())))?;
+        budget.validate().map_err(|e| self.invalid(e))?;
         self.budget = Some(budget);
         self.budget_error()
             .map_or(Ok(self), |why| Err(BuildError::Invalid(why)))
@@ -592,6 +578,11 @@ impl Limit {
             && self.max_debt() == other.max_debt()
     }
 
+    /// An error of a setting this limit cannot take: `policy "name": why`.
+    fn invalid(&self, why: impl fmt::Display) -> BuildError {
+        BuildError::Invalid(format!("policy {:?}: {why}", self.name))
+    }
+
     /// The quota's own GCRA tolerance in nanoseconds (without a delay), for the GCRA.
     pub(crate) fn tolerance(&self) -> Option<u64> {
         match self.params {
@@ -600,6 +591,10 @@ impl Limit {
         }
     }
 }
+
+/// Why a calendar window cannot start per key (asked for either way round).
+const CALENDAR_NOT_PER_KEY: &str = "a calendar window starts at the calendar's boundaries for \
+                                    every key, so it cannot also have window_start = \"per-key\"";
 
 pub(crate) fn validate_name(name: &str) -> Result<(), BuildError> {
     let reason = if name.is_empty() {

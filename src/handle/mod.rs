@@ -308,8 +308,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             });
         }
         for tier in &rules.tiers {
-            let keys = keys_of(rules, &tier.limits, key);
-            let charges = charges(&tier.limits, key, &keys);
+            let mut keys = Vec::new();
+            let charges = charges(rules, &tier.limits, key, &mut keys);
             let states = self.shared.backend.peek(charges).await?;
             if states.len() != tier.limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
@@ -475,8 +475,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let limits = rules.tiers.iter().map(|tier| &tier.limits[..]);
         table.judge.fallback.forget(limits, key);
         for tier in &rules.tiers {
-            let keys = keys_of(rules, &tier.limits, key);
-            let charges = charges(&tier.limits, key, &keys);
+            let mut keys = Vec::new();
+            let charges = charges(rules, &tier.limits, key, &mut keys);
             self.shared.backend.reset(charges).await?;
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
@@ -561,25 +561,20 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 }
 
-/// `key` once per limit of `limits` when `rules`' quotas have keys of their own (each limit is
-/// then peeked and reset under the key given), else none.
-fn keys_of(rules: &CompiledPolicy, limits: &[Limit], key: &Key) -> Vec<Key> {
-    let keyed = rules
-        .extras
-        .as_ref()
-        .is_some_and(|e| e.limit_keys.is_some());
-    match keyed {
-        true => vec![key.clone(); limits.len()],
-        false => Vec::new(),
+/// The charges of nothing for `limits` under `key`; when `rules`' quotas have keys of their own,
+/// under `key` once per limit, kept in `keys` (each limit is then peeked and reset under the key
+/// given).
+fn charges<'a>(
+    rules: &CompiledPolicy,
+    limits: &'a [Limit],
+    key: &'a Key,
+    keys: &'a mut Vec<Key>,
+) -> Charges<'a> {
+    if (rules.extras.as_ref()).is_some_and(|e| e.limit_keys.is_some()) {
+        *keys = vec![key.clone(); limits.len()];
+        return Charges::keyed(limits, keys, 0);
     }
-}
-
-/// The charges of nothing for `limits`, under `keys` when there are any ([`keys_of`]).
-fn charges<'a>(limits: &'a [Limit], key: &'a Key, keys: &'a [Key]) -> Charges<'a> {
-    match keys.is_empty() {
-        true => Charges::stack(limits, key, 0),
-        false => Charges::keyed(limits, keys, 0),
-    }
+    Charges::stack(limits, key, 0)
 }
 
 pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Policy<K>, HandleError> {

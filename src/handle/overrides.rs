@@ -85,9 +85,7 @@ where
                 })
                 .map_err(|e| invalid(policy, e.to_string()))?;
         }
-        let encoded = value.encode();
-        self.has_room(policy, false, &field)?;
-        self.write(policy, &overrides_table(policy), &field, Some(&encoded))
+        self.write(policy, false, &field, Some(&value.encode()))
             .await?;
         tracing::info!(policy, key = field, to = %value, "override set");
         Ok(())
@@ -100,11 +98,7 @@ where
     where
         K: KeyFromText,
     {
-        let field = self.field_of(policy, key)?;
-        self.write(policy, &overrides_table(policy), &field, None)
-            .await?;
-        tracing::info!(policy, key = field, "override removed");
-        Ok(())
+        self.remove(policy, false, key, "override removed").await
     }
 
     /// Policy `policy`'s overrides as this process holds them (the records' as of their last
@@ -155,14 +149,8 @@ where
                     format!("a ban lasts more than 0 and a representable time, not {duration:?}");
                 invalid(policy, why)
             })?;
-        self.has_room(policy, true, &field)?;
-        self.write(
-            policy,
-            &bans_table(policy),
-            &field,
-            Some(&encode_until(until)),
-        )
-        .await?;
+        self.write(policy, true, &field, Some(&encode_until(until)))
+            .await?;
         tracing::info!(
             policy,
             key = field,
@@ -178,11 +166,7 @@ where
     where
         K: KeyFromText,
     {
-        let field = self.field_of(policy, key)?;
-        self.write(policy, &bans_table(policy), &field, None)
-            .await?;
-        tracing::info!(policy, key = field, "ban lifted");
-        Ok(())
+        self.remove(policy, true, key, "ban lifted").await
     }
 
     /// Policy `policy`'s timed bans that have not ended, with their ends.
@@ -221,33 +205,48 @@ where
         }
     }
 
-    /// An error when policy `policy`'s overrides (or bans) already hold as many patterns as a
-    /// request may scan, and `field` would add one.
-    fn has_room(&self, policy: &str, bans: bool, field: &str) -> Result<(), HandleError> {
-        match self.shared.overrides.has_room(policy, bans, field) {
-            true => Ok(()),
-            false => Err(invalid(
-                policy,
-                format!(
-                    "{field:?}: the policy has {MAX_PATTERNS} patterns already (remove one first)"
-                ),
-            )),
-        }
+    /// Removes `key`'s field (as [`field_of`](Self::field_of) reads it) from policy `policy`'s
+    /// bans (or overrides), logging `removed`.
+    async fn remove(
+        &self,
+        policy: &str,
+        bans: bool,
+        key: &str,
+        removed: &str,
+    ) -> Result<(), HandleError>
+    where
+        K: KeyFromText,
+    {
+        let field = self.field_of(policy, key)?;
+        self.write(policy, bans, &field, None).await?;
+        tracing::info!(policy, key = field, "{removed}");
+        Ok(())
     }
 
-    /// Writes `field` of `table` and puts the table in force here at once (the other processes
-    /// read it when they hear of the change).
+    /// Writes `field` of policy `policy`'s bans (or overrides) and puts the table in force here at
+    /// once (the other processes read it when they hear of the change). A value is refused when
+    /// the table already holds as many patterns as a request may scan, and `field` would add one.
     async fn write(
         &self,
         policy: &str,
-        table: &str,
+        bans: bool,
         field: &str,
         value: Option<&str>,
     ) -> Result<(), HandleError> {
+        if value.is_some() && !self.shared.overrides.has_room(policy, bans, field) {
+            let why = format!(
+                "{field:?}: the policy has {MAX_PATTERNS} patterns already (remove one first)"
+            );
+            return Err(invalid(policy, why));
+        }
         find(&self.shared.table.load_full(), policy)?;
+        let table = match bans {
+            true => bans_table(policy),
+            false => overrides_table(policy),
+        };
         let store = self.shared.overrides.store().clone();
-        store.write(table, field, value).await?;
-        self.shared.overrides.refresh(table).await?;
+        store.write(&table, field, value).await?;
+        self.shared.overrides.refresh(&table).await?;
         Ok(())
     }
 }

@@ -229,16 +229,7 @@ impl Overrides {
                 }
                 heard.insert(table.to_owned(), false);
             }
-            let table = table.map(str::to_owned);
-            runtime.spawn(async move {
-                let refreshed = match table {
-                    Some(table) => overrides.refresh_heard(&table).await,
-                    None => overrides.refresh_all().await,
-                };
-                if let Err(e) = refreshed {
-                    overrides.reread_until_read(e).await;
-                }
-            });
+            overrides.spawn_refresh(&runtime, table.map(str::to_owned));
             true
         });
         self.store.on_change(on_change);
@@ -253,10 +244,20 @@ impl Overrides {
         if self.store.in_process() {
             return;
         }
-        let overrides = self.clone();
+        self.clone().spawn_refresh(&runtime, None);
+    }
+
+    /// On a task spawned on `runtime`: reads table `table` for a heard change
+    /// ([`Overrides::refresh_heard`]), or every policy's tables for `None`; a failure starts
+    /// [`Overrides::reread_until_read`].
+    fn spawn_refresh(self: Arc<Self>, runtime: &tokio::runtime::Handle, table: Option<String>) {
         runtime.spawn(async move {
-            if let Err(e) = overrides.refresh_all().await {
-                overrides.reread_until_read(e).await;
+            let refreshed = match table {
+                Some(table) => self.refresh_heard(&table).await,
+                None => self.refresh_all().await,
+            };
+            if let Err(e) = refreshed {
+                self.reread_until_read(e).await;
             }
         });
     }
@@ -646,8 +647,12 @@ mod tests {
     #[test]
     fn patterns_are_bounded_and_found_by_the_keys_own_prefixes() {
         let o = Overrides::new(None);
-        // One too many: the last is left out.
-        let mut fields = vec![field("p1_long_*", Override::Unlimited)];
+        // Two too many (a pattern of addresses, compared by rendering, counts too): the last two
+        // are left out.
+        let mut fields = vec![
+            field("p1_long_*", Override::Unlimited),
+            field("!10.0.*", Override::Blocked),
+        ];
         fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Blocked)));
         put(&o, "overrides:api", &fields);
         let entries = o.snapshot.load().policies["api"].clone();
@@ -662,13 +667,15 @@ mod tests {
             // The longest pattern a key starts with.
             ("p1_long_x".to_owned(), Some(Override::Unlimited)),
             ("p1_lon".to_owned(), Some(Override::Blocked)),
-            (format!("p{}_x", MAX_PATTERNS - 2), Some(Override::Blocked)),
-            (format!("p{}_x", MAX_PATTERNS - 1), None),
+            (format!("p{}_x", MAX_PATTERNS - 3), Some(Override::Blocked)),
+            (format!("p{}_x", MAX_PATTERNS - 2), None),
             ("q7_x".to_owned(), None),
             ("p".to_owned(), None),
         ] {
             assert_eq!(found(&key), want, "{key}");
         }
+        let address = Key::from_ip([10, 0, 3, 4].into());
+        assert_eq!(found_at(&o, "api", &address, now), Some(Override::Blocked));
     }
 
     #[test]
@@ -680,30 +687,6 @@ mod tests {
         assert_eq!(o.overrides_of("api").len(), 1);
         o.install("overrides:api", 9, &[]);
         assert!(o.overrides_of("api").is_empty());
-    }
-
-    #[test]
-    fn an_address_pattern_counts_toward_the_bound_too() {
-        let o = Overrides::new(None);
-        // One pattern of addresses (compared by rendering), then byte-string patterns up to the
-        // bound: the last of those is left out.
-        let mut fields = vec![field("!10.0.*", Override::Blocked)];
-        fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Unlimited)));
-        o.install("overrides:api", 1, &fields);
-        let entries = o.snapshot.load().policies["api"].clone();
-        assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
-        assert!(!o.has_room("api", false, "more_*"));
-        let now = SystemTime::now();
-        for (key, want) in [
-            (Key::from_ip([10, 0, 3, 4].into()), Some(Override::Blocked)),
-            (
-                Key::from(format!("p{}_x", MAX_PATTERNS - 2)),
-                Some(Override::Unlimited),
-            ),
-            (Key::from(format!("p{}_x", MAX_PATTERNS - 1)), None),
-        ] {
-            assert_eq!(found_at(&o, "api", &key, now), want, "{key:?}");
-        }
     }
 
     #[test]
@@ -751,13 +734,16 @@ mod tests {
     }
 
     /// Records shared with other processes, as a test sees them: what was read, what was forgotten,
-    /// and the listener the layer left.
+    /// and the listener the layer left. The next `failing` reads fail, and reads wait for `gate`
+    /// while it is there, answering what the table held when they were sent.
     #[derive(Default)]
     struct Shared {
         tables: Mutex<HashMap<String, Vec<(String, String)>>>,
         reads: Mutex<Vec<String>>,
         forgotten: Mutex<Vec<Vec<String>>>,
         listener: Mutex<Option<OnRecordsChange>>,
+        failing: std::sync::atomic::AtomicUsize,
+        gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
     }
 
     impl Shared {
@@ -792,8 +778,20 @@ mod tests {
 
         fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
             self.reads.lock().unwrap().push(table.into());
+            let failed = (self.failing)
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
             let fields = self.tables.lock().unwrap().get(table).cloned();
-            Box::pin(std::future::ready(Ok(fields.unwrap_or_default())))
+            let gate = self.gate.lock().unwrap().clone();
+            Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.acquire().await.unwrap().forget();
+                }
+                match failed {
+                    true => Err(BackendError::new("Redis is unreachable")),
+                    false => Ok(fields.unwrap_or_default()),
+                }
+            })
         }
 
         fn on_change(&self, on_change: OnRecordsChange) {
@@ -979,141 +977,55 @@ mod tests {
         assert_eq!(store.read("bans:api").await.unwrap().len(), 2);
     }
 
-    /// Records whose reads fail `failing` times, then answer `fields` for table `overrides:api`;
-    /// the layer's listener kept to be told of a change.
-    struct Flaky {
-        failing: std::sync::atomic::AtomicUsize,
-        reads: AtomicU64,
-        fields: Vec<(String, String)>,
-        listener: Mutex<Option<OnRecordsChange>>,
-    }
-
-    impl Records for Flaky {
-        fn write(&self, _: &str, _: &str, _: Option<&str>) -> RecordsFuture<()> {
-            Box::pin(async { Ok(()) })
-        }
-
-        fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            let failed = self
-                .failing
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            let fields = match table {
-                "overrides:api" => self.fields.clone(),
-                _ => Vec::new(),
-            };
-            Box::pin(async move {
-                match failed {
-                    true => Err(BackendError::new("Redis is unreachable")),
-                    false => Ok(fields),
-                }
-            })
-        }
-
-        fn on_change(&self, on_change: OnRecordsChange) {
-            *self.listener.lock().unwrap() = Some(on_change);
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_failed_read_is_tried_again_until_the_records_answer() {
-        let store = Arc::new(Flaky {
-            failing: 5.into(),
-            reads: AtomicU64::new(0),
-            fields: vec![field("bob", Override::Blocked)],
-            listener: Mutex::default(),
-        });
-        let overrides = Arc::new(Overrides::new(Some(store.clone())));
-        overrides.know(vec![("api".to_owned(), vec!["api".to_owned()])]);
-        let blocked = |o: &Overrides| found_at(o, "api", &Key::from("bob"), SystemTime::now());
+        let (shared, overrides) = shared();
+        shared.failing.store(5, Ordering::SeqCst);
+        shared.set("overrides:api", vec![field("bob", Override::Blocked)]);
         // Read at start (fails), then every table again after 100, 200, 400 and 800 ms (the
         // first table's read fails each time but the last); a change heard meanwhile fails too,
         // and starts no second task.
         overrides.listen();
-        let listener = store.listener.lock().unwrap().clone().unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(listener(None));
+        assert!(shared.changed(None));
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(store.reads.load(Ordering::SeqCst), 2);
-        assert_eq!(blocked(&overrides), None);
-        let mut waited = Duration::ZERO;
+        assert_eq!(shared.reads().len(), 2);
+        assert_eq!(overridden(&overrides, "bob"), None);
         for wait in [100, 200, 400] {
             tokio::time::sleep(Duration::from_millis(wait)).await;
-            waited += Duration::from_millis(wait);
-            assert_eq!(blocked(&overrides), None, "after {waited:?}");
+            assert_eq!(overridden(&overrides, "bob"), None, "{wait} ms later");
         }
-        assert_eq!(store.reads.load(Ordering::SeqCst), 5);
+        assert_eq!(shared.reads().len(), 3);
         tokio::time::sleep(Duration::from_millis(800)).await;
-        assert_eq!(blocked(&overrides), Some(Override::Blocked));
+        assert_eq!(overridden(&overrides, "bob"), Some(Override::Blocked));
         // Read: the task has ended, and the next failure starts one again.
-        let reads = store.reads.load(Ordering::SeqCst);
+        shared.reads();
         tokio::time::sleep(Duration::from_secs(60)).await;
-        assert_eq!(store.reads.load(Ordering::SeqCst), reads);
+        assert!(shared.reads().is_empty());
         assert_eq!(overrides.failures.load(Ordering::SeqCst), 0);
         // Gone with its layer: a listener told later says so.
         drop(overrides);
-        assert!(!listener(None));
-    }
-
-    /// Records whose next read fails when `fail` is set, and whose reads wait for `gate` while it
-    /// is there, answering what `fields` held when they were sent.
-    #[derive(Default)]
-    struct Gated {
-        fail: AtomicBool,
-        gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
-        fields: Mutex<Vec<(String, String)>>,
-    }
-
-    impl Records for Gated {
-        fn write(&self, _: &str, _: &str, _: Option<&str>) -> RecordsFuture<()> {
-            Box::pin(async { Ok(()) })
-        }
-
-        fn read(&self, table: &str) -> RecordsFuture<Vec<(String, String)>> {
-            let failed = self.fail.swap(false, Ordering::SeqCst);
-            let fields = match table {
-                "overrides:api" => self.fields.lock().unwrap().clone(),
-                _ => Vec::new(),
-            };
-            let gate = self.gate.lock().unwrap().clone();
-            Box::pin(async move {
-                if let Some(gate) = gate {
-                    gate.acquire().await.unwrap().forget();
-                }
-                match failed {
-                    true => Err(BackendError::new("Redis is unreachable")),
-                    false => Ok(fields),
-                }
-            })
-        }
-
-        fn on_change(&self, _: OnRecordsChange) {}
+        assert!(!shared.changed(None));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_read_failing_while_the_retry_reads_is_tried_again() {
-        let store = Arc::new(Gated::default());
-        store.fail.store(true, Ordering::SeqCst);
-        let overrides = Arc::new(Overrides::new(Some(store.clone())));
-        overrides.know(vec![("api".to_owned(), vec!["api".to_owned()])]);
-        let blocked = |o: &Overrides| found_at(o, "api", &Key::from("bob"), SystemTime::now());
+        let (shared, overrides) = shared();
+        shared.failing.store(1, Ordering::SeqCst);
         overrides.listen(); // The first read fails: a task tries again in 100 ms.
         tokio::time::sleep(Duration::from_millis(1)).await;
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        *store.gate.lock().unwrap() = Some(gate.clone());
+        *shared.gate.lock().unwrap() = Some(gate.clone());
         tokio::time::sleep(Duration::from_millis(100)).await;
         // The task's read is sent (and finds no override); then bob is blocked and a read of the
         // change fails, before the task's read answers.
-        *store.fields.lock().unwrap() = vec![field("bob", Override::Blocked)];
-        overrides
-            .clone()
-            .reread_until_read(BackendError::new("Redis is unreachable"))
-            .await;
-        *store.gate.lock().unwrap() = None;
+        shared.set("overrides:api", vec![field("bob", Override::Blocked)]);
+        let unreachable = BackendError::new("Redis is unreachable");
+        overrides.clone().reread_until_read(unreachable).await;
+        *shared.gate.lock().unwrap() = None;
         gate.add_permits(2);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(blocked(&overrides), Some(Override::Blocked));
+        assert_eq!(overridden(&overrides, "bob"), Some(Override::Blocked));
         assert_eq!(overrides.failures.load(Ordering::SeqCst), 0);
     }
 }
