@@ -125,3 +125,10 @@ pub(crate) fn redact_url(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+/// Each URL redacted ([`redact_url`]), joined with `", "`.
+#[cfg_attr(not(any(feature = "redis", feature = "config")), allow(dead_code))]
+pub(crate) fn redact_urls<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> String {
+    let urls: Vec<String> = urls.into_iter().map(|u| redact_url(u.as_ref())).collect();
+    urls.join(", ")
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::error::BuildError;
+use crate::error::{redact_urls, BuildError};
 use crate::failure::OnBackendError;
 use crate::key::{BodyField, KeySpec};
 
@@ -87,31 +87,21 @@ impl RedisConfig {
 
     /// The URLs to connect to, with the password hidden: for messages.
     pub fn describe(&self) -> String {
-        let urls: Vec<&str> = self
-            .url
-            .iter()
-            .map(String::as_str)
-            .chain(self.urls.iter().flatten().map(String::as_str))
-            .collect();
-        let urls: Vec<String> = urls.iter().map(|u| crate::error::redact_url(u)).collect();
         let mode = self.mode.as_deref().unwrap_or("auto");
         if let Some(sentinels) = &self.sentinels {
-            let sentinels: Vec<String> = sentinels
-                .iter()
-                .map(|u| crate::error::redact_url(u))
-                .collect();
             return format!(
                 "redis sentinel {:?} via {} (mode {mode})",
                 self.sentinel_service.as_deref().unwrap_or(""),
-                sentinels.join(", ")
+                redact_urls(sentinels)
             );
         }
+        let urls = redact_urls(self.url.iter().chain(self.urls.iter().flatten()));
         let cluster = if self.cluster || self.urls.is_some() {
             "cluster "
         } else {
             ""
         };
-        format!("redis {cluster}{} (mode {mode})", urls.join(", "))
+        format!("redis {cluster}{urls} (mode {mode})")
     }
 }
 

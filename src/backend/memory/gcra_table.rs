@@ -396,6 +396,18 @@ fn write(shard: &RwLock<GcraShard>) -> RwLockWriteGuard<'_, GcraShard> {
     shard.write().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `$body` for each of `$shard`'s three tables in turn, with `$t` bound to it (`&mut`).
+macro_rules! each_table {
+    ($shard:expr, |$t:ident| $body:expr) => {{
+        let $t = &mut $shard.v4;
+        $body;
+        let $t = &mut $shard.v6;
+        $body;
+        let $t = &mut $shard.other;
+        $body;
+    }};
+}
+
 /// Drops the records whose TAT has passed, and gives memory back after a burst of keys (an attack,
 /// a spike) has expired.
 fn sweep_table<K: RecordKey>(
@@ -423,9 +435,7 @@ impl GcraShard {
 
     /// Drops the keys whose TAT is not after `refilled_by` (at most `now`).
     fn sweep(&mut self, refilled_by: u64, now: u64, hasher: &foldhash::fast::RandomState) {
-        sweep_table(&mut self.v4, refilled_by, hasher);
-        sweep_table(&mut self.v6, refilled_by, hasher);
-        sweep_table(&mut self.other, refilled_by, hasher);
+        each_table!(self, |t| sweep_table(t, refilled_by, hasher));
         self.sweep_at_len = (2 * self.len()).max(64);
         self.sweep_at_time = now.saturating_add(SWEEP_INTERVAL_NANOS);
     }
@@ -444,21 +454,12 @@ impl GcraShard {
     fn evict_nearest_refill(&mut self, now: u64, cap: usize, hasher: &foldhash::fast::RandomState) {
         // Expired records (left by decisions under the read lock) go first, and count.
         let before = self.len();
-        sweep_table(&mut self.v4, now, hasher);
-        sweep_table(&mut self.v6, now, hasher);
-        sweep_table(&mut self.other, now, hasher);
+        each_table!(self, |t| sweep_table(t, now, hasher));
         let target = (cap / 8).max(1).saturating_sub(before - self.len());
         if target == 0 {
             return;
         }
-        let GcraShard {
-            v4,
-            v6,
-            other,
-            tolerances,
-            ..
-        } = self;
-        let tolerances = &*tolerances;
+        let tolerances = &self.tolerances;
         // How much of its tolerance a key has used: near 0 = almost fully refilled, 1 = just
         // limited.
         let used = |tat: u64, id: u32| {
@@ -468,26 +469,15 @@ impl GcraShard {
                 .map_or(1.0, |(_, t)| *t);
             tat.saturating_sub(now) as f32 / tolerance
         };
-        let len = v4.len() + v6.len() + other.len();
+        let len = self.len();
         // A sample from each table in proportion to its size.
         let share = |n: usize| (n * EVICTION_SAMPLE).div_ceil(len);
         let mut sample: Vec<f32> = Vec::with_capacity(EVICTION_SAMPLE + 3);
-        sample.extend(
-            v4.iter()
-                .take(share(v4.len()))
-                .map(|s| used(s.tat.load(Relaxed), s.limit)),
-        );
-        sample.extend(
-            v6.iter()
-                .take(share(v6.len()))
-                .map(|s| used(s.tat.load(Relaxed), s.limit)),
-        );
-        sample.extend(
-            other
-                .iter()
-                .take(share(other.len()))
-                .map(|s| used(s.tat.load(Relaxed), s.limit)),
-        );
+        each_table!(self, |t| sample.extend(
+            t.iter()
+                .take(share(t.len()))
+                .map(|s| used(s.tat.load(Relaxed), s.limit))
+        ));
         let nth = (sample.len() * target / len).min(sample.len() - 1);
         let (_, threshold, _) = sample.select_nth_unstable_by(nth, f32::total_cmp);
         let threshold = *threshold;
@@ -501,9 +491,7 @@ impl GcraShard {
                 evicted += usize::from(forget);
                 !forget
             };
-            v4.retain(|s| forget(*s.tat.get_mut(), s.limit));
-            v6.retain(|s| forget(*s.tat.get_mut(), s.limit));
-            other.retain(|s| forget(*s.tat.get_mut(), s.limit));
+            each_table!(self, |t| t.retain(|s| forget(*s.tat.get_mut(), s.limit)));
             if evicted >= target {
                 break;
             }

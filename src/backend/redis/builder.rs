@@ -20,7 +20,7 @@ use super::conn::set_up::{in_service, set_up};
 use super::resets::{self, Listen};
 use super::state::{RedisState, Settings};
 use super::wire::mode::RedisMode;
-use crate::error::{redact_url, BackendError};
+use crate::error::{redact_url, redact_urls, BackendError};
 
 /// Builds a [`RedisBackend`](crate::redis::RedisBackend): see its `builder()`.
 #[must_use]
@@ -392,10 +392,7 @@ impl Settings {
             Target::ClusterConnection(connection) => {
                 return Ok(self.state_on(RedisConnection::cluster_of(connection)))
             }
-            Target::Urls(urls) => {
-                let described = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
-                (cluster_client(&urls, self.timeout)?, described.join(", "))
-            }
+            Target::Urls(urls) => (cluster_client(&urls, self.timeout)?, redact_urls(&urls)),
             Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
         };
         let lazy = Arc::new(LazyCluster::new(described));
@@ -509,12 +506,7 @@ fn sentinel_source(
             node
         }
     });
-    let described = sentinel
-        .urls
-        .iter()
-        .map(|u| redact_url(u))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let described = redact_urls(&sentinel.urls);
     let build = || {
         SentinelClient::build(
             sentinel.urls.clone(),

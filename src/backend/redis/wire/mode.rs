@@ -42,14 +42,12 @@ impl std::str::FromStr for RedisMode {
     type Err = BuildError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(RedisMode::Auto),
-            "cell" => Ok(RedisMode::Cell),
-            "lua" => Ok(RedisMode::Lua),
-            other => Err(BuildError::Invalid(format!(
-                "unknown Redis mode {other:?}: expected \"auto\", \"cell\" or \"lua\""
-            ))),
-        }
+        let modes = [RedisMode::Auto, RedisMode::Cell, RedisMode::Lua];
+        modes.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
+            BuildError::Invalid(format!(
+                "unknown Redis mode {s:?}: expected \"auto\", \"cell\" or \"lua\""
+            ))
+        })
     }
 }
 
