@@ -2,13 +2,9 @@
 //! key, a key or estimate from the body, quotas with keys of their own, counting by outcome, shadow
 //! limits, or whose keys an override or timed ban names. It runs the steps of `steps.rs` with these
 //! features' own between them, and stays synchronous until the first step that must wait: a
-//! request that waits for nothing but the backend is decided at once ([`Scope::decide_now`]; a
-//! remote backend's answer is awaited by a boxed future), and one that reads its body, awaits an
-//! async key or a resolver, or checks shadow limits is decided by one boxed future
-//! ([`prepare`]) that runs the same steps with the awaits between them. Either way the response
-//! future carries the verdict out with the guards that settle the request after its response.
-//! Policies that use none of this never come here: for them the whole cost is the `Option` check
-//! in `Throttle::call`.
+//! request that waits for nothing but the backend is decided at once ([`Scope::decide_now`]), any
+//! other by one boxed future ([`prepare`]). Policies that use none of this never come here: for
+//! them the whole cost is the `Option` check in `Throttle::call`.
 //!
 //! [`Throttle`]: crate::Throttle
 
@@ -41,8 +37,7 @@ use crate::policy::{CompiledPolicy, CompiledTier};
 use crate::quota::Quota;
 use crate::rollout::shadows::with_shadows;
 
-/// The verdict of a request that took the extended path (an async key or quota, or counting by
-/// outcome: this file), with what carrying it out needs besides the request's body.
+/// The extended path's verdict, with what carrying it out needs besides a body kept aside.
 pub(crate) struct Prepared {
     pub(crate) parts: http::request::Parts,
     pub(crate) verdict: Verdict,
@@ -56,8 +51,7 @@ pub(crate) struct Prepared {
 /// The future that makes a [`Prepared`] verdict: key, quota, access lists, ban and backend.
 pub(crate) type Preparing = Pin<Box<dyn Future<Output = Prepared> + Send>>;
 
-/// What every step of the extended path reads: the layer's shared state, the judge and the policy
-/// of the table the request read, and the policy's per-request features.
+/// What every step of the extended path reads (`judge`, `policy`: of the table the request read).
 pub(crate) struct Scope<K, B> {
     pub(crate) shared: Arc<Shared<K, B>>,
     pub(crate) judge: Arc<Judge>,
@@ -65,9 +59,8 @@ pub(crate) struct Scope<K, B> {
     pub(crate) extras: Arc<PolicyExtras>,
 }
 
-/// The verdict on a request of the extended path, whose body is read first if its policy reads
-/// it, and whose key is found first if it is async: the steps of [`Scope::decide_now`], with the
-/// awaits between them (the body, the key, a resolver's quota, shadow limits beside the backend).
+/// The steps of [`Scope::decide_now`], with the awaits between them (the body, an async key, a
+/// resolver's quota, shadow limits beside the backend).
 pub(crate) async fn prepare<K, B>(
     scope: Scope<K, B>,
     (key, body): (KeyAhead, Option<BodyAhead>),
@@ -98,8 +91,7 @@ enum QuotaAhead {
     Own,
 }
 
-/// A request past its pre-checks, about to ask the backend: what its charges are made of, and what
-/// its verdict needs with the answer.
+/// A request past its pre-checks: what its charges and, with the answer, its verdict are made of.
 pub(crate) struct Asking {
     key: Key,
     parts: Parts,
@@ -124,10 +116,8 @@ where
     K: Send + Sync + 'static,
     B: Backend,
 {
-    /// Whether a request whose key is `key` and body `body` waits for nothing before the backend
-    /// (a key read at once, no body to read, no resolver, no shadow limits): then
-    /// [`decide_now`](Self::decide_now) decides it, with no future boxed unless the backend is
-    /// remote.
+    /// Whether the request waits for nothing but the backend: then [`Self::decide_now`] decides it,
+    /// with no future boxed unless the backend is remote.
     pub(crate) fn waits_for_backend_only(&self, key: &KeyAhead, body: Option<&BodyAhead>) -> bool {
         matches!(key, KeyAhead::Read(_))
             && body.is_none()
@@ -135,8 +125,7 @@ where
             && self.extras.shadows.is_empty()
     }
 
-    /// The steps at once, for a request that waits for nothing but the backend: `Ok` with the
-    /// verdict, or `Err` with the future that waits for a remote backend's answer and makes it.
+    /// The steps at once: `Ok` with the verdict, or `Err` with the future that awaits it remotely.
     pub(crate) fn decide_now(
         self,
         key: Result<Key, Missing>,
@@ -203,9 +192,8 @@ where
         self.finish(asking, answer, Some(shadowed))
     }
 
-    /// Steps 3 and 4 (the access lists, a request without a key, a quota's own key) and what an
-    /// override or timed ban in force makes of the request: `Ok` with its key, parts, quotas' own
-    /// keys and how it comes by its quota; `Err` answered before the backend.
+    /// Steps 3 and 4 (with a quota's own key), and what an override or timed ban in force makes of
+    /// the request; `Err`: answered before the backend.
     #[allow(clippy::type_complexity, clippy::result_large_err)] // the verdict by value, as `steps::keyed`'s
     fn keyed(
         &self,
@@ -218,7 +206,6 @@ where
             Ok(key) => key,
             Err(verdict) => return Err(with_meter(answered(parts, verdict), extras)),
         };
-        // Quotas with keys of their own: each limit's key, or the missing-key answer.
         let (parts, limit_keys) = extras.limit_keys_of(rules.tiers[0].limits.len(), &key, parts);
         let limit_keys = match limit_keys.transpose() {
             Ok(keys) => keys,
@@ -238,8 +225,7 @@ where
         Ok((key, parts, limit_keys, quota))
     }
 
-    /// Steps 5 and 6 once the quota is known (the tier, the ban), and the request's metered
-    /// estimate (from its parts and `whole` body): `Ok` ready to ask the backend; `Err` banned.
+    /// Steps 5 and 6, and the metered estimate (from the parts and `whole` body); `Err`: banned.
     #[allow(clippy::result_large_err)] // as `keyed`'s
     fn asking(
         &self,
@@ -271,9 +257,7 @@ where
         })
     }
 
-    /// Step 7: asks the backend for the request's charges: a metered limit reserves the request's
-    /// estimate, the others take its cost; an override's quota counts against the policy's key
-    /// alone.
+    /// Step 7: asks the backend for the request's [`charges`](Self::charges).
     fn ask(&self, asking: &Asking) -> B::Future {
         let mut quantities = [0; MAX_STACKED_QUOTAS];
         self.shared
@@ -281,7 +265,8 @@ where
             .check(self.charges(asking, &mut quantities))
     }
 
-    /// The request's charges (`quantities`: room for a metered request's, one per limit).
+    /// A metered limit reserves the request's estimate, the others take its cost (`quantities`:
+    /// room for one per limit); an override's quota counts against the policy's key alone.
     fn charges<'a>(
         &'a self,
         asking: &'a Asking,
@@ -307,9 +292,8 @@ where
         }
     }
 
-    /// Step 8 and what an admitted request takes along: the verdict on the backend's `answer`
-    /// (and the shadow limits' decisions, reported), the guards that settle it after its
-    /// response.
+    /// Step 8: the verdict on the backend's `answer` (the shadow limits' decisions reported), with
+    /// the guards that settle an admitted request after its response.
     fn finish(
         &self,
         asking: Asking,
@@ -324,9 +308,8 @@ where
         if let Some(shadowed) = shadowed {
             judge.shadowed(cx, &extras.shadows, shadowed);
         }
-        // What the backend took, and how long it counts there (the shortest `reset_after`): only
-        // that can be given back, and only until then. (A failed backend took nothing, whatever
-        // `OnBackendError` then does.)
+        // Only what the backend took can be given back, and only while it counts there (the
+        // shortest `reset_after`). A failed backend took nothing, whatever `OnBackendError` does.
         let counts_for = match &answer {
             Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
             _ => None,
@@ -372,8 +355,7 @@ where
         quotas.custom_tier(Namespace::Customer, quota, self.policy.cost, validate)
     }
 
-    /// The guard that settles an admitted metered request's cost, if the backend took its
-    /// reservation.
+    /// The guard that settles a metered request's cost, if the backend took its reservation.
     fn metered(&self, key: Key, taken: &Taken, estimate: u64) -> Option<MeterGuard> {
         let rule = self.extras.metered.as_ref()?;
         taken.counts_for?;
@@ -399,8 +381,7 @@ where
         ))
     }
 
-    /// What an admitted request takes along: its concurrency slot's release, and the guard that
-    /// gives its units back if its response does not count.
+    /// The slot's release, and the guard that gives the units back if the response does not count.
     fn settle_later(
         &self,
         (tier, custom): (usize, Option<Arc<CompiledTier>>),
@@ -443,10 +424,9 @@ where
         }
     }
 
-    /// What an override or a timed ban in force makes of a request: `Ok` with the quota it is
-    /// decided under (`None`: the policy's own; a quota override on a metered policy, which cannot
-    /// take one, or a ban in a dry run), `Err` with its verdict (let through unlimited, or
-    /// refused).
+    /// What an override or timed ban in force makes of a request: `Ok` with the quota it is decided
+    /// under (`None`: the policy's own, as for a quota override on a metered policy, which cannot
+    /// take one, or a ban in a dry run).
     #[allow(clippy::result_large_err)] // as `steps::keyed`'s
     fn overridden(
         &self,
@@ -474,16 +454,14 @@ where
     }
 }
 
-/// What the backend took for a request: when it was asked, and how long the units count there
-/// (`None`: it took nothing).
+/// When the backend was asked, and how long the units it took count there (`None`: it took none).
 struct Taken {
     asked: Instant,
     counts_for: Option<std::time::Duration>,
 }
 
-/// A request of a metered policy let through before the backend (an allowed client, a request
-/// without a key that the policy lets through): its handler still finds a [`Meter`], on which
-/// nothing is settled (nothing was reserved).
+/// A metered policy's request let through before the backend (an allowed client, a missing key):
+/// its handler still finds a [`Meter`], on which nothing is settled (nothing was reserved).
 fn with_meter(mut prepared: Prepared, extras: &PolicyExtras) -> Prepared {
     if let (Some(_), Verdict::Admit(_)) = (&extras.metered, &prepared.verdict) {
         prepared.parts.extensions.insert(Meter::new(0));

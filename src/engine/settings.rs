@@ -1,5 +1,4 @@
-//! What the verdict is configured with: the layer-wide [`Settings`] (hooks, headers, failure
-//! policy, refusals).
+//! What the verdict is configured with: the layer-wide [`Settings`].
 
 use std::sync::Arc;
 
@@ -10,8 +9,7 @@ use crate::offenders::Offenders;
 use crate::overload::Gate;
 use crate::refusal::respond::Refusals;
 
-/// The layer-wide settings of the verdict, as the builder collects them (cloned for the judge of
-/// each policy table a reload builds).
+/// As the builder collects them; cloned for the judge of each policy table a reload builds.
 #[derive(Clone, Default)]
 pub(crate) struct Settings {
     pub(crate) headers: HeaderOptions,

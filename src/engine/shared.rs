@@ -1,6 +1,5 @@
-//! What every service of one layer shares ([`Shared`]: the backend, the policy table in force
-//! ([`InForce`], read by every request, replaced by a reload), the access lists), and the release of
-//! a concurrency slot under the policy that admitted it.
+//! What every service of one layer shares ([`Shared`], with the policy table in force,
+//! [`InForce`]), and the release of a concurrency slot under the policy that admitted it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,26 +16,22 @@ use crate::key::Key;
 use crate::limit::Limit;
 use crate::overrides::cache::Overrides;
 
-/// What every service of one layer shares: the backend, the policy table, the access lists, and
-/// what a reload builds the next table with.
+/// What every service of one layer shares, and what a reload builds the next table with.
 pub(crate) struct Shared<K, B> {
     pub(crate) backend: B,
-    /// The policies in force. A request reads the table once, in `call`, and uses that table (its
-    /// policies, judge and reporters) to its end; a reload swaps in a new one atomically, so no
-    /// request is decided by a half-applied table, and requests in flight keep the one they read.
+    /// Read once per request, in `call`, and used to its end (see [`InForce`]).
     pub(crate) table: InForce<K>,
     pub(crate) access: Option<(AccessList, AddressSource)>,
     /// The layer's settings, for the judge of a reloaded table.
     pub(crate) settings: Settings,
     /// Reloads one at a time, so that each builds on the table it replaces.
     pub(crate) reloading: Mutex<()>,
-    /// The overrides and timed bans in force (`overrides/`), kept in the backend's records or in
-    /// the layer.
+    /// The overrides and timed bans in force, kept in the backend's records or in the layer.
     pub(crate) overrides: Arc<Overrides>,
 }
 
 impl<K, B> Shared<K, B> {
-    /// The `Debug` of a layer or a handle over these: its type name and the policies in force.
+    /// The `Debug` of a layer or a handle over these.
     pub(crate) fn debug_as(&self, f: &mut std::fmt::Formatter<'_>, name: &str) -> std::fmt::Result {
         let table = self.table.load_full();
         let names: Vec<&str> = table.policies.iter().map(|p| p.limit().name()).collect();
@@ -46,9 +41,8 @@ impl<K, B> Shared<K, B> {
     }
 }
 
-/// The release of a concurrency slot of `limit` (the limit the request was charged under: its
-/// tier's, a customer's or an override's) for `key` at `cost`: given back under the judge the
-/// request was admitted by, even if a reload has replaced it since.
+/// The release of `key`'s concurrency slot of `limit` (the one charged: a tier's, a customer's or
+/// an override's), under the judge that admitted the request, even if a reload has replaced it.
 pub(crate) fn releaser<K, B>(
     shared: &Arc<Shared<K, B>>,
     judge: &Arc<Judge>,
@@ -82,11 +76,9 @@ pub(crate) type Loaded<K> = Guard<Arc<Table<K>>>;
 ///
 /// A reload swaps the whole table at once (an [`ArcSwap`]), so no request is decided by a
 /// half-applied table, and a request keeps the table it read to its end. Most layers are never
-/// reloaded, and their requests read the table they were built with, kept here, with no load at
-/// all: a load of an `ArcSwap` takes a slot of the calling thread's (about 45 instructions a
-/// request). After the first reload every request loads the swapped-in table. The first table
-/// then stays here until the layer goes (one table: requests still deciding by it may hold it by
-/// reference).
+/// reloaded, and their requests read the first table, kept here, with no load at all: a load of an
+/// `ArcSwap` takes a slot of the calling thread's (about 45 instructions a request). The first
+/// table stays here until the layer goes: requests still deciding by it may hold it by reference.
 pub(crate) struct InForce<K> {
     first: Arc<Table<K>>,
     /// Set (after `current` holds the new table) by the first reload.
@@ -104,8 +96,7 @@ impl<K> InForce<K> {
         }
     }
 
-    /// The table in force, for a request to read until it ends: the first table in place, or,
-    /// after a reload, the table loaded into `loaded`.
+    /// The first table, or after a reload the one loaded into `loaded`.
     #[inline(always)]
     pub(crate) fn read<'a>(&'a self, loaded: &'a mut Option<Loaded<K>>) -> &'a Arc<Table<K>> {
         // Acquire: a request that sees the flag sees the table stored before it. One that does
@@ -118,7 +109,7 @@ impl<K> InForce<K> {
         }
     }
 
-    /// The table in force, to keep (the handle, the admin page, a reload).
+    /// The table in force, to keep.
     pub(crate) fn load_full(&self) -> Arc<Table<K>> {
         self.current.load_full()
     }

@@ -1,9 +1,8 @@
 //! [`ConcurrencySlot`]: a request's places — under a concurrency limit, in flight through the
 //! overload gate — each given back exactly once.
 //!
-//! A leaf of the middleware, like tower's `OwnedSemaphorePermit`: the response future holds the slot
-//! until the inner service answers, then the response body holds it until the body ends. It knows
-//! nothing of either; it only knows how to give itself back.
+//! A leaf, like tower's `OwnedSemaphorePermit`: the response future holds the slot until the inner
+//! service answers, then the response body until the body ends. It knows nothing of either.
 
 use std::fmt;
 
@@ -26,7 +25,6 @@ pub(crate) type Release = Box<dyn FnOnce(SlotOwner) + Send + Sync>;
 
 /// What a request holds until its response ends.
 enum Held {
-    /// A concurrency limit's slot.
     Slot(Release, SlotOwner),
     /// Its count in flight through the overload gate.
     Counted(InFlight),
@@ -34,9 +32,8 @@ enum Held {
     Both(Box<(Release, SlotOwner, InFlight)>),
 }
 
-/// A held concurrency slot or count in flight; dropping it gives them back. However the request
-/// ends — a finished or failed body, a response dropped unread, a cancelled request, an error from
-/// the service — exactly one drop happens, so each is given back exactly once.
+/// Dropping it gives back what it holds. However the request ends — a finished or failed body, a
+/// response dropped unread, a cancelled request, an error from the service — one drop happens.
 pub(crate) struct ConcurrencySlot(Option<Held>);
 
 impl ConcurrencySlot {
@@ -44,8 +41,7 @@ impl ConcurrencySlot {
         ConcurrencySlot(Some(Held::Slot(release, owner)))
     }
 
-    /// `slot` (if any), and the request's count in flight through the overload gate, ended as a
-    /// slot is given back.
+    /// `slot` (if any), also holding the request's count in flight through the overload gate.
     pub(crate) fn and_counting(slot: Option<Self>, in_flight: InFlight) -> Self {
         match slot.and_then(|mut slot| slot.0.take()) {
             Some(Held::Slot(release, owner)) => {
@@ -60,16 +56,14 @@ impl ConcurrencySlot {
         }
     }
 
-    /// The service is called only now, after the layer's own wait: the count in flight, if any,
-    /// measures its latency from here ([`InFlight::called`]).
+    /// Called after delay mode's wait: the gate measures the service's latency from here.
     pub(crate) fn called(&mut self) {
         if let Some(in_flight) = self.in_flight() {
             in_flight.called();
         }
     }
 
-    /// The request failed (the service's error, or its body's): its count in flight, if it has
-    /// one, ends as a dropped request.
+    /// The service or the body failed: the count in flight, if any, ends as a dropped request.
     pub(crate) fn failed(&mut self) {
         if let Some(in_flight) = self.in_flight() {
             in_flight.failed();

@@ -15,15 +15,13 @@
 //! 10. settling a request counted by its outcome, or a metered request's cost (the extended path).
 //!
 //! Both paths run this one sequence: `Throttle::call` (middleware/service.rs) for a synchronous key
-//! and a static quota, deciding at once when the backend answers at once (memory), and the async
-//! path (extended.rs), which adds only its awaits — the async key before [`keyed`], the customer's
-//! quota before [`tier_unless_banned`], the shadow limits beside the check. A stream message's
-//! check (`handle/message.rs`) has its key given and no request to answer: it runs the pre-checks
-//! by key, the check, and the judge's steps a verdict opens and closes with (`Judge::weigh`,
-//! `Judge::report`), and returns the decision. Steps 3–4 and 5–6 are
-//! each one function, so their order is written once. Each step is handed the policy that matched (never
-//! found again by its place in the table), and reads the request as a [`RequestRef`], which the
-//! whole request and its parts both give.
+//! and a static quota, and the extended path (extended.rs), which adds only its awaits — the async
+//! key before [`keyed`], the customer's quota before [`tier_unless_banned`], the shadow limits
+//! beside the check. A stream message's check (`handle/message.rs`) has its key given: it runs the
+//! pre-checks by key, the check, `Judge::weigh` and `Judge::report`. Steps 3–4 and 5–6 are each
+//! one function, so their order is written once. Each step is handed the policy that matched
+//! (never found again by its place in the table), and reads the request as a [`RequestRef`], which
+//! the whole request and its parts both give.
 
 use std::sync::Arc;
 
@@ -43,7 +41,7 @@ use crate::overload::{Gate, InFlight, PartitionBy};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier, Policy};
 
-/// Step 1: the first policy of `table` whose route, methods and conditions match `request`.
+/// Step 1: the first policy of `table` that matches `request`.
 #[inline(always)]
 pub(crate) fn match_policy<'t, K, B>(
     table: &'t Table<K>,
@@ -52,9 +50,8 @@ pub(crate) fn match_policy<'t, K, B>(
     table.policies.iter().find(|p| p.applies_to(request))
 }
 
-/// Step 1b, after the match and before any limit: the layer's overload gate admits the request
-/// (and counts it in flight until its response ends) in its partition — its policy's or its
-/// tier's, as the gate's options say — or sheds it (the refusal).
+/// Step 1b, before any limit: the overload gate admits the request in its partition (its policy's
+/// or its tier's), counting it in flight until its response ends, or sheds it.
 // The refusal by value, as every step returns one (boxing it would allocate for every shed). Out
 // of line: most layers have no gate.
 #[allow(clippy::result_large_err)]
@@ -96,8 +93,7 @@ pub(crate) fn extras<'t, K, B>(
     })
 }
 
-/// Step 2, a synchronous key: the key `request` counts against under `policy`, or what was
-/// expected of it.
+/// Step 2, a synchronous key: `request`'s key under `policy`, or what was expected of it.
 #[inline(always)]
 pub(crate) fn key_of<K, B>(policy: &Policy<K>, request: &Request<B>) -> Result<Key, Missing>
 where
@@ -143,9 +139,8 @@ pub(crate) fn without_key(
     }
 }
 
-/// Steps 3 and 4 together, as both paths run them once the key is known: the access lists, then a
-/// request without a key. `Ok`: the key the request goes on with to its limits; `Err`: the verdict
-/// that answers it before them.
+/// Steps 3 and 4, as both paths run them once the key is known. `Ok`: the key the request goes on
+/// with to its limits; `Err`: the verdict that answers it before them.
 // The verdict is returned by value, as every step returns it (boxing it would allocate for every
 // refusal and every allowed client).
 #[allow(clippy::result_large_err)]
@@ -162,9 +157,8 @@ pub(crate) fn keyed<K, B>(
     key.map_err(|missing| without_key(judge, policy, missing, request))
 }
 
-/// Steps 5 and 6 together, as both paths run them once the quota is known: the tier (a customer's
-/// own quota, `custom`, in place of the policy's), then the ban. `Ok`: the tier the backend is
-/// asked under, by its number (0 for a customer's); `Err`: the ban's refusal.
+/// Steps 5 and 6, as both paths run them once the quota is known (`custom`: a customer's, in place
+/// of the policy's tiers). `Ok`: the tier's number (0 for a customer's); `Err`: the ban's refusal.
 #[allow(clippy::result_large_err)] // as `keyed`'s
 pub(crate) fn tier_unless_banned(
     judge: &Judge,
@@ -186,9 +180,8 @@ pub(crate) fn tier_unless_banned(
     }
 }
 
-/// Step 9: what gives back the concurrency slot an admitted request holds, if it holds one: given
-/// back under the limit it was charged under, `tier`'s first (a customer's or an override's tier
-/// has limits of its own).
+/// Step 9: the release of an admitted request's concurrency slot, if it holds one, under `tier`'s
+/// first limit (a customer's or an override's tier has limits of its own).
 pub(crate) fn release_of<K, B>(
     verdict: &Verdict,
     shared: &Arc<Shared<K, B>>,

@@ -12,8 +12,7 @@ use crate::limit::Limit;
 use crate::per_customer::Namespace;
 use crate::policy::{check_table, Policy, PolicySpec};
 
-/// The policy table: the policies in the order they are tried, each compiled for this table, and
-/// the judge that turns their decisions into verdicts.
+/// The policies in the order they are tried, each compiled for this table, and their judge.
 pub(crate) struct Table<K> {
     pub(crate) policies: Box<[Policy<K>]>,
     /// Its own `Arc`: a response future waiting for a remote decision holds the judge and its
@@ -25,8 +24,7 @@ pub(crate) struct Table<K> {
 }
 
 impl<K> Table<K> {
-    /// Each policy's name with the names of its limits (every tier's, and those per-customer
-    /// quotas and overrides keep their state under).
+    /// Each policy's name with the names its limits keep state under (tiers, customers, overrides).
     pub(crate) fn limit_names(&self) -> Vec<(String, Vec<String>)> {
         let policies = self.policies.iter().map(|p| {
             let rules = p.compiled();
@@ -63,9 +61,8 @@ impl<K> Table<K> {
             .flat_map(|t| t.limits.iter())
     }
 
-    /// Checks `policies` against `backend` ([`check_table`]) and compiles them. With
-    /// `previous` (a reload), the new table takes over the in-process state it shares with the
-    /// table it replaces (penalty boxes, the local limiter).
+    /// Checks `policies` against `backend` and compiles them. With `previous` (a reload), the new
+    /// table takes over the in-process state of the one it replaces (penalty boxes, local limiter).
     pub(crate) fn build<B: Backend>(
         backend: &B,
         policies: impl Into<Box<[Policy<K>]>>,

@@ -1,12 +1,8 @@
 //! The verdict: what the layer does with a request once its backend has decided — admit it (at once
 //! or after a delay), reject it (`429`, a ban, or `503` when the backend failed and the layer fails
 //! closed). No I/O and no futures: given a [`RequestContext`] and the backend's answer, a [`Judge`]
-//! returns a [`Verdict`]; the service and the response future carry it out.
-//!
-//! A decision becomes a verdict in small steps ([`Judge::decided`]): wait for delay mode, combine a
-//! stack's decisions, strike the penalty box, report, then admit ([`Admitted`]: the fields, the
-//! wait, the slot, the [`PolicyDecision`] handlers see) or reject (the responses:
-//! `refusal/respond.rs`).
+//! returns a [`Verdict`]; the service and the response future carry it out. The refusals'
+//! responses are made in `refusal/respond.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +31,6 @@ pub(crate) fn not_one_per_limit(decisions: usize, limits: usize) -> BackendError
     ))
 }
 
-/// What happens to a request.
 pub(crate) enum Verdict {
     Admit(Admitted),
     Reject(Response<Bytes>),
@@ -67,9 +62,7 @@ impl Admitted {
     }
 }
 
-/// What a request is judged as: the policy that matched it, the tier of its quota (one of the
-/// policy's, or a customer's or override's own), its key, and the parts of the request that
-/// reports and hooks see.
+/// What a request is judged as (`tier`: one of the policy's, or a customer's or override's own).
 #[derive(Clone, Copy)]
 pub(crate) struct RequestContext<'a> {
     pub(crate) policy: &'a CompiledPolicy,
@@ -85,7 +78,6 @@ impl<'a> RequestContext<'a> {
         Charges::stack(&self.tier.limits, self.key, self.policy.cost)
     }
 
-    /// A request of `policy` under `tier` (one of its own, or a customer's or override's).
     #[inline(always)]
     pub(crate) fn at(
         policy: &'a CompiledPolicy,
@@ -112,9 +104,8 @@ impl<'a> RequestContext<'a> {
     }
 }
 
-/// Turns backend decisions into verdicts: the part of the layer's configuration that a request
-/// needs after its backend has answered, so a pending response future holds this and not the
-/// backend.
+/// Turns backend decisions into verdicts: what a request needs of the configuration after its
+/// backend has answered, so that a pending response future holds this and not the backend.
 pub(crate) struct Judge {
     pub(crate) settings: Settings,
     /// The failure policy, with its local limiter.
@@ -147,17 +138,14 @@ impl Judge {
         }
     }
 
-    /// Whether the layer makes a refusal of `kind` for a request of policy `policy`, or only reports
-    /// it: the one place a dry run is decided. Every refusal comes here — over the limit or banned,
-    /// a missing key, the failure policy's `503`, a deny list — and so does delay mode's wait. A
-    /// dry run makes none of them but a deny list's: the access lists are the layer's, checked
-    /// before and apart from any policy, so a policy's dry run does not lift them.
+    /// Whether the layer makes a refusal of `kind` for a request of `policy`, or only reports it:
+    /// the one place a dry run is decided, for every refusal and for delay mode's wait. A dry run
+    /// makes none of them but a deny list's: the access lists are the layer's, checked before and
+    /// apart from any policy, so a policy's dry run does not lift them.
     ///
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
-    /// request without a key (nor one whose async key came late): its other keys are as in a dry
-    /// run, but their refusals are counted as would-limit (`decided`). A policy enforced only under
-    /// pressure makes its limits' refusals only while the overload gate says so, and counts them
-    /// as would-limit otherwise.
+    /// request without a key (nor one whose async key came late); a policy enforced only under
+    /// pressure, only while the overload gate says so. Both count the others as would-limit.
     pub(crate) fn enforces(
         &self,
         policy: Option<&CompiledPolicy>,
@@ -182,8 +170,7 @@ impl Judge {
         gate.is_some_and(|gate| gate.is_pressed())
     }
 
-    /// The verdict on a backend's answer (or failure) to the request `cx`'s `charges`, asked at
-    /// `asked` (if its latency is measured).
+    /// The verdict on the backend's answer (or failure) to `cx`'s `charges`, asked at `asked`.
     pub(crate) fn verdict(
         &self,
         cx: RequestContext<'_>,
@@ -213,9 +200,8 @@ impl Judge {
         }
     }
 
-    /// The answer to a key the penalty box has banned, if it has; asked before the backend. (A
-    /// dry run has no penalty box: its limits carry no penalty, so that a backend that keeps
-    /// penalties itself does not ban either.)
+    /// The answer to a key the penalty box has banned, asked before the backend. (A dry run has no
+    /// penalty box: its limits carry no penalty, so that a backend that keeps them bans no one.)
     pub(crate) fn banned(&self, cx: RequestContext<'_>) -> Option<Verdict> {
         let rest = cx.policy.penalty.as_ref()?.banned(cx.key)?;
         self.banned_for(cx, rest)
@@ -242,8 +228,7 @@ impl Judge {
         }
     }
 
-    /// The backend answered `policy`'s check, asked at `asked` (if its latency is measured):
-    /// `decided`, it decided (the failure policy no longer answers); its latency reported.
+    /// Reports the backend's latency; `decided`: it decided (the failure policy no longer answers).
     #[inline(always)]
     pub(crate) fn backend_answered(
         &self,
@@ -259,11 +244,9 @@ impl Judge {
         }
     }
 
-    /// The first step of the judge ([`decided`](Self::decided) opens with it): whether `decision`
-    /// admits a request whose policy asks nothing more of an admission (one limit, no wait, no
-    /// concurrency slot, no [`PolicyDecision`], no near-limit rule) than its fields
-    /// ([`fields`](Self::fields)); the decision is reported when it does. `Throttle::call` asks it
-    /// directly and, when it admits, builds no verdict; `false`: the rest of `decided` judges.
+    /// The judge's first step: whether `decision` admits a request whose policy asks nothing of an
+    /// admission (one limit, no wait, slot, [`PolicyDecision`] or near-limit rule) but its fields;
+    /// reported if so. `Throttle::call` asks it directly, to build no verdict for such a request.
     // Inlined: most requests end here, and out of line the context is passed through memory.
     #[inline(always)]
     pub(crate) fn admitted_plainly(&self, cx: RequestContext<'_>, decision: &Decision) -> bool {
@@ -278,7 +261,6 @@ impl Judge {
         true
     }
 
-    /// Whether the layer sends any rate-limit fields.
     #[inline]
     pub(crate) fn sends_fields(&self) -> bool {
         let options = self.settings.headers;
@@ -304,9 +286,8 @@ impl Judge {
         fields
     }
 
-    /// The verdict on the decisions of every limit of the request's tier: `strike`, whether a
-    /// refusal counts towards a ban (not for a ban itself); `slot`, who takes back the concurrency
-    /// slot of an admitted request.
+    /// The verdict on the decisions of every limit of the tier. `strike`: a refusal counts towards
+    /// a ban (not for a ban itself); `slot`: who takes back an admitted request's concurrency slot.
     pub(crate) fn decided(
         &self,
         cx: RequestContext<'_>,
@@ -388,8 +369,7 @@ impl Judge {
         Verdict::Reject(self.settings.refusals.forbidden((policy, key), request))
     }
 
-    /// The verdict on a request without a key for `policy` (`what` names the expected source):
-    /// what its [`MissingKey`] says.
+    /// A request without a key, as `policy`'s [`MissingKey`] says (`what`: the expected source).
     pub(crate) fn missing_key(
         &self,
         policy: &CompiledPolicy,
@@ -409,10 +389,8 @@ impl Judge {
         Verdict::Reject(refusals.missing_key((&policy.name, status), what, request))
     }
 
-    /// The judge's first steps on the decisions of every limit of `tier` for `key`, for a request
-    /// and a stream message alike (`handle/message.rs`): whether the policy enforces them, delay
-    /// mode's wait, the stack's decisions combined into one, and the penalty box's strike
-    /// (`strike`: the decisions are the backend's, not a ban's).
+    /// The judge's first steps on the decisions of `tier`'s limits, for a request and a stream
+    /// message alike (`handle/message.rs`); `strike`: the decisions are the backend's, not a ban's.
     #[inline]
     pub(crate) fn weigh(
         &self,
@@ -449,9 +427,8 @@ impl Judge {
     }
 
     /// The judge's last step before the answer, for a request and a stream message alike: the
-    /// decision reported (a staged policy's refusal for a key outside its share only as
-    /// would-limit), and a refusal counted — as would-limit where the policy does not enforce it;
-    /// where it does, with its retry jittered and the key counted as an offender.
+    /// decision reported, and a refusal counted — as would-limit where the policy does not enforce
+    /// it; where it does, with its retry jittered and the key counted as an offender.
     #[inline]
     pub(crate) fn report(
         &self,

@@ -39,8 +39,7 @@ pin_project! {
 }
 
 impl<B> ThrottleBody<B> {
-    /// The inner service's body; `slot` (a concurrency slot) is given back, and `meter` settles,
-    /// when the body ends or is dropped.
+    /// The inner body; `slot` is given back, and `meter` settles, when it ends or is dropped.
     pub(crate) fn inner(
         body: B,
         slot: Option<ConcurrencySlot>,
@@ -53,10 +52,9 @@ impl<B> ThrottleBody<B> {
         ThrottleBody { content }
     }
 
-    /// This body, counting its request in flight through the overload gate until it ends (a
-    /// body the layer made, a refusal's, ends the count at once). The count ends as a slot is
-    /// given back, with the slot if the request holds one: the body's type is the same with a
-    /// gate or without, and so is the code that moves it.
+    /// This body, counting its request in flight through the overload gate until it ends (at once
+    /// for a refusal's). The count is held as a slot, with the slot if the request holds one: the
+    /// body's type is the same with a gate or without, and so is the code that moves it.
     pub(crate) fn counted(self, in_flight: Option<InFlight>) -> Self {
         let Some(in_flight) = in_flight else {
             return self;
@@ -135,8 +133,7 @@ where
             ContentProj::Inner { body, slot, meter } => {
                 let frame = body.poll_frame(cx);
                 match &frame {
-                    // The body is done (or failed): the request no longer holds its slot, and
-                    // a metered one is settled.
+                    // Done (or failed): the slot is given back, a metered request settled.
                     Poll::Ready(ended @ (None | Some(Err(_)))) => {
                         if let (Some(_), Some(slot)) = (ended, slot.as_mut()) {
                             slot.failed();

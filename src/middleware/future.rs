@@ -32,8 +32,7 @@ use crate::outcome::OutcomeGuard;
 use crate::overload::InFlight;
 use crate::policy::CompiledPolicy;
 
-/// A request whose decision is remote: what carrying out its verdict needs once the decision
-/// arrives.
+/// What carrying out the verdict of a remote decision needs once it arrives.
 pub(crate) struct AwaitingVerdict<S, ReqBody> {
     /// The service that `poll_ready` readied, called once (and only if) the request is admitted.
     pub(crate) service: S,
@@ -90,8 +89,7 @@ pin_project! {
             check: D,
             awaiting: Option<AwaitingVerdict<S, ReqBody>>,
         },
-        // The extended path: the verdict is made by a boxed future; the readied service and the
-        // request's body wait beside it.
+        // The extended path: a boxed future makes the verdict; the readied service waits beside it.
         Preparing {
             prepare: Preparing,
             // The body, unless the policy reads it (then `Prepared` brings it back).
@@ -124,8 +122,7 @@ impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
 {
-    /// The inner service's answer, with nothing added: to a request no limit applies to, or one
-    /// admitted plainly by a layer that sends no fields.
+    /// The inner service's answer, with nothing added.
     #[inline(always)]
     pub(crate) fn unlimited(future: S::Future) -> Self {
         ResponseFuture {
@@ -133,11 +130,10 @@ where
         }
     }
 
-    /// This future, with the request counted in flight through the overload gate until its
-    /// response ends (at once for a refusal: the service never saw the request). A request whose
-    /// service is called already, or after delay mode's wait, holds the count as it would a slot;
-    /// one that waits for a remote decision or a body is boxed beside it. Never inlined: kept out of `call`, a layer
-    /// without a gate calls no larger a function.
+    /// This future, counting the request in flight through the overload gate until its response
+    /// ends (at once for a refusal: the service never saw it). A called or delayed request holds
+    /// the count as it would a slot; one waiting for a remote decision or a body is boxed beside
+    /// it. Never inlined: kept out of `call`, a layer without a gate calls no larger a function.
     #[inline(never)]
     pub(crate) fn holding(self, in_flight: InFlight) -> Self {
         let state = match self.state {
@@ -177,15 +173,13 @@ where
         ResponseFuture { state }
     }
 
-    /// The inner service's answer to an admitted request that holds nothing until its response
-    /// ends (no slot, no outcome to count): only its `fields` go on the response.
+    /// The inner service's answer to a request that holds nothing: only `fields` go on it.
     pub(crate) fn admitted(future: S::Future, fields: RateHeaders) -> Self {
         Self::calling(future, Some(fields), None, None)
     }
 
-    /// A request on the extended path: `prepare` makes its verdict, then `service` (readied) is
-    /// called with the request rebuilt from its parts and `body` (`None`: the body is being read,
-    /// and `prepare` gives it back).
+    /// `prepare` makes the verdict, then `service` (readied) is called with the request rebuilt
+    /// (`body`: `None` while the policy reads it, and `prepare` gives it back).
     pub(crate) fn preparing(prepare: Preparing, service: S, body: Option<ReqBody>) -> Self {
         ResponseFuture {
             state: State::Preparing {
@@ -214,10 +208,8 @@ where
         }
     }
 
-    /// Carries out `verdict` on `request`: a refusal is answered; an admitted request calls
-    /// `service` (which `poll_ready` readied) at once, or after its delay, and holds its
-    /// concurrency slot (`release`) and the guard that settles it by its outcome until its
-    /// response ends.
+    /// Carries out `verdict`: a refusal is answered; an admitted request calls `service` (readied)
+    /// at once or after its delay, and holds its slot and outcome guard until its response ends.
     pub(crate) fn carry_out(
         verdict: Verdict,
         service: &mut S,
@@ -245,7 +237,6 @@ where
         if let Some(near) = near {
             request.headers_mut().insert(NEAR_LIMIT_HEADER, *near);
         }
-        // The concurrency slot it holds until its response ends.
         let slot = match (slot, release) {
             (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),
             _ => None,
@@ -272,9 +263,8 @@ where
         }
     }
 
-    /// Carries out the extended path's verdict: the request rebuilt from its parts and its body
-    /// (`kept` aside, or read for the policy and given back), calling `service` (readied) if it
-    /// is admitted.
+    /// Carries out the extended path's verdict on the request rebuilt from its parts and body
+    /// (`kept` aside, or read for the policy and given back).
     pub(crate) fn carry_out_prepared(
         prepared: Prepared,
         service: &mut S,
@@ -303,8 +293,7 @@ where
         }
     }
 
-    /// The inner service's answer, with what the request carries to it; with nothing to carry
-    /// (a request the access lists allow, an unlimited override), the inner future alone.
+    /// The inner service's answer with what the request carries; with nothing, the future alone.
     fn calling(
         future: S::Future,
         headers: Option<RateHeaders>,
@@ -358,11 +347,8 @@ where
     ReqBody: 'static,
     D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
-    /// The state after the extended path's verdict, made by its future ([`carry_out_prepared`]).
-    /// Never inlined: kept out of `poll`, the fast path's `poll` stays small enough to be inlined
-    /// into its caller.
-    ///
-    /// [`carry_out_prepared`]: Self::carry_out_prepared
+    /// The state after the extended path's verdict. Never inlined: kept out of `poll`, the fast
+    /// path's `poll` stays small enough to be inlined into its caller.
     #[inline(never)]
     fn prepared(
         prepared: Prepared,
@@ -371,9 +357,8 @@ where
         Self::carry_out_prepared(prepared, &mut service, kept).state
     }
 
-    /// The boxed future of a request counted in flight by the overload gate, whose body then
-    /// holds the count. Never inlined: kept out of `poll_as`, a layer without a gate polls no
-    /// larger a function.
+    /// A request counted by the overload gate, whose body then holds the count. Never inlined:
+    /// kept out of `poll_as`, a layer without a gate polls no larger a function.
     #[inline(never)]
     fn poll_gated(
         future: &mut Pin<Box<Self>>,
@@ -414,9 +399,8 @@ where
     ReqBody: 'static,
     D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
-    /// The future's `poll`, giving the response the body that `plain` makes of the inner
-    /// service's body as it came (the request holds nothing until it ends, and no field is added
-    /// to it), or that `held` makes of a [`ThrottleBody`]: a response with another body type
+    /// The future's `poll`, with the body made by `plain` of the inner body as it came (nothing
+    /// held, no field added) or by `held` of a [`ThrottleBody`]: a response with another body type
     /// (`AxumBody`'s) is made in one step.
     #[inline]
     pub(crate) fn poll_as<O>(
@@ -462,7 +446,6 @@ where
                         *delayed.slept = true;
                     }
                     if let Err(e) = ready!(delayed.service.poll_ready(cx)) {
-                        // A failure of the service: a dropped request to the overload gate.
                         if let Some(slot) = delayed.slot {
                             slot.failed();
                         }
@@ -501,7 +484,6 @@ where
                     }
                     // In place: the response's head is large, and every move of it is a copy.
                     let mut response = response.inspect_err(|_| {
-                        // The service failed: a count in flight ends as a dropped request.
                         if let Some(slot) = slot {
                             slot.failed();
                         }

@@ -1,6 +1,6 @@
-//! [`ThrottleLayer`]: the tower [`Layer`]. Configuration only — it holds what every service it makes
-//! shares, and makes [`Throttle`] services. Its constructors ([`ThrottleLayer::new`],
-//! [`ThrottleLayer::builder`]) live with the builder, which validates what it is given.
+//! [`ThrottleLayer`]: the tower [`Layer`] that makes [`Throttle`] services. Its constructors
+//! ([`ThrottleLayer::new`], [`ThrottleLayer::builder`]) live with the builder, which validates
+//! what it is given.
 
 use std::fmt;
 use std::sync::Arc;

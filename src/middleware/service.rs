@@ -1,9 +1,8 @@
-//! [`Throttle`], the service: runs the steps of `steps.rs` in order — policy → key → access lists →
-//! missing key → tier → ban → backend → verdict — for a synchronous key and a static quota, and
-//! carries the verdict out at once when the backend decided at once (memory). A policy with one
-//! tier and no penalty box, behind no access lists, has nothing to do between its key and the
-//! backend (`CompiledPolicy::straight`), and a plain admission builds no verdict (`check`): the
-//! commonest request meets only the steps that can change its answer.
+//! [`Throttle`], the service: runs the steps of `steps.rs` for a synchronous key and a static
+//! quota, and carries the verdict out at once when the backend decided at once (memory). A policy
+//! with one tier and no penalty box, behind no access lists, has nothing to do between its key and
+//! the backend (`CompiledPolicy::straight`), and a plain admission builds no verdict (`check`):
+//! the commonest request meets only the steps that can change its answer.
 
 use std::fmt;
 use std::future::Future;
@@ -111,7 +110,7 @@ where
         if table.strips_near {
             request.headers_mut().remove(NEAR_LIMIT_HEADER);
         }
-        // The steps in order (steps.rs). 1: the first matching policy decides.
+        // 1 (steps.rs): the first matching policy decides.
         let matched = steps::match_policy(table, &request);
         // 1b: the overload gate, before any limit.
         if let Some(gate) = &judge.settings.overload {
@@ -150,15 +149,13 @@ where
         };
     };
     let rules = policy.compiled();
-    // Per-customer quotas, async keys, counting by outcome, overrides (engine/extended.rs):
-    // the same steps with async ones between them. Unused, they cost this check.
+    // The extended path (engine/extended.rs): unused, its features cost this check.
     if let Some(extras) = steps::extras(shared, rules) {
         let extras = extras.clone();
         return call_extended(inner, shared, (judge, policy, extras), request);
     }
-    // 2: the key; 3-6: access lists, a missing key, the tier, the ban. Most policies have one
-    // tier and no penalty box, and most layers no access lists (`CompiledPolicy::straight`):
-    // then a request with its key goes straight to the backend under tier 0.
+    // 2: the key; 3-6: access lists, a missing key, the tier, the ban, unless the policy is
+    // `straight` (the commonest) and the layer has no access lists: then tier 0 at once.
     let (key, tier) = match steps::key_of(policy, &request) {
         Ok(key) if rules.straight && shared.access.is_none() => (key, 0),
         key => 'steps: {
@@ -200,7 +197,6 @@ where
 {
     let started = MEASURE_LATENCY.then(Instant::now);
     let limits = &policy.tiers[tier].limits;
-    // Polled once: a backend that decides without waiting (memory) answers here.
     let mut decided = backend.check(Charges::stack(limits, key, policy.cost));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {
@@ -229,8 +225,7 @@ enum Ask<D> {
     Passed,
     /// Admitted plainly: the request goes through, and these fields on its response.
     Admitted(RateHeaders),
-    /// Every other answer, and when the backend was asked (if latency is measured): for
-    /// [`answered`].
+    /// Every other answer, and when the backend was asked (if measured): for [`answered`].
     Other(Asked<D>, Option<Instant>),
 }
 
@@ -241,9 +236,8 @@ enum Asked<D> {
     Pending(D),
 }
 
-/// The verdict on every answer but a plain admission by one limit: judged at once if the backend
-/// has answered (it was asked at `started`) and carried out; otherwise the response future waits
-/// for it.
+/// The verdict on every answer but a plain admission by one limit: judged and carried out at once
+/// if the backend has answered; otherwise the response future waits for it.
 // Out of line: `check` makes the commonest answer itself.
 #[inline(never)]
 fn answered<S, K, B, ReqBody>(
@@ -268,8 +262,7 @@ where
             return ResponseFuture::carry_out(verdict, inner, request, release, None);
         }
     };
-    // The decision is remote. The service that poll_ready readied goes with the request, to be
-    // called once (and only if) the request is admitted.
+    // The decision is remote: the readied service goes with the request (`AwaitingVerdict`).
     let limit = &policy.tiers[tier].limits[0];
     let release = (limit.algorithm() == Algorithm::Concurrency)
         .then(|| releaser(shared, judge, limit, policy.cost, key.clone()));
@@ -327,8 +320,7 @@ where
         policy: policy.compiled().clone(),
         extras,
     };
-    // Nothing to wait for but the backend: the steps run now, and a verdict made at once is
-    // carried out at once, as on the plain path.
+    // As on the plain path: a verdict made at once is carried out at once.
     if scope.waits_for_backend_only(&key, ahead.as_ref())
         && let KeyAhead::Read(key) = key
     {

@@ -174,3 +174,33 @@ async fn a_quota_override_from_before_keys_apart_is_not_applied() {
         "2 a minute, not the override's 100"
     );
 }
+
+/// `peek` and `reset` of a policy whose quotas have keys of their own read and clear each limit
+/// under the key given: a user's key for the user's limit, an organisation's for the
+/// organisation's.
+#[tokio::test]
+async fn peek_and_reset_read_each_keyed_quota_under_the_key_given() {
+    let layer = tower_throttle::ThrottleLayer::new(keyed().build().unwrap());
+    let handle = layer.handle();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..3 {
+        let mut request = crate::support::request("/");
+        let headers = request.headers_mut();
+        headers.insert("x-user-id", "alice".parse().unwrap());
+        headers.insert("x-org-id", "acme".parse().unwrap());
+        assert_eq!(crate::support::status_of(&app, request).await, 200);
+    }
+    let remaining = |state: tower_throttle::ops::PolicyState, limit: usize| {
+        state.tiers[0].limits[limit].1.remaining
+    };
+    assert_eq!(remaining(handle.peek("api", "alice").await.unwrap(), 0), 7);
+    assert_eq!(remaining(handle.peek("api", "acme").await.unwrap(), 1), 997);
+    assert_eq!(remaining(handle.peek("api", "alice").await.unwrap(), 1), 1000);
+    handle.reset("api", "alice").await.unwrap();
+    assert_eq!(remaining(handle.peek("api", "alice").await.unwrap(), 0), 10);
+    assert_eq!(remaining(handle.peek("api", "acme").await.unwrap(), 1), 997);
+    handle.reset("api", "acme").await.unwrap();
+    assert_eq!(remaining(handle.peek("api", "acme").await.unwrap(), 1), 1000);
+}
