@@ -11,7 +11,6 @@ use pin_project_lite::pin_project;
 
 use crate::engine::slot::ConcurrencySlot;
 use crate::meter::MeterGuard;
-use crate::overload::InFlight;
 
 pin_project! {
     /// The inner service's body, or the small body of a response the middleware made itself (a 429).
@@ -48,32 +47,6 @@ impl<B> ThrottleBody<B> {
         let content = match (slot, meter) {
             (None, None) => Content::Plain { body },
             (slot, meter) => Content::Inner { body, slot, meter },
-        };
-        ThrottleBody { content }
-    }
-
-    /// This body, counting its request in flight through the overload gate until it ends (at once
-    /// for a refusal's). The count is held as a slot, with the slot if the request holds one: the
-    /// body's type is the same with a gate or without, and so is the code that moves it.
-    pub(crate) fn counted(self, in_flight: Option<InFlight>) -> Self {
-        let Some(in_flight) = in_flight else {
-            return self;
-        };
-        let content = match self.content {
-            Content::Plain { body } => Content::Inner {
-                body,
-                slot: Some(ConcurrencySlot::and_counting(None, in_flight)),
-                meter: None,
-            },
-            Content::Inner { body, slot, meter } => Content::Inner {
-                body,
-                slot: Some(ConcurrencySlot::and_counting(slot, in_flight)),
-                meter,
-            },
-            Content::Full { data } => {
-                in_flight.forget();
-                Content::Full { data }
-            }
         };
         ThrottleBody { content }
     }

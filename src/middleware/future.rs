@@ -46,6 +46,8 @@ pub(crate) struct AwaitingVerdict<S, ReqBody> {
     pub(crate) started: Option<Instant>,
     /// For a concurrency limit: how to give the slot back.
     pub(crate) release: Option<Release>,
+    /// Its count in flight through the overload gate, if the layer has one.
+    pub(crate) in_flight: Option<InFlight>,
 }
 
 pin_project! {
@@ -94,6 +96,7 @@ pin_project! {
             prepare: Preparing,
             // The body, unless the policy reads it (then `Prepared` brings it back).
             rest: Option<(S, Option<ReqBody>)>,
+            in_flight: Option<InFlight>,
         },
         Delaying {
             // Boxed: delays are rare, and a Sleep would make every request's future larger.
@@ -108,12 +111,6 @@ pin_project! {
         },
         Ready {
             response: Option<Response<Bytes>>,
-        },
-        // Counted in flight by the overload gate until its response ends: the future of steps
-        // 2-9 boxed beside the count, so that a layer without a gate moves no larger a future.
-        Gated {
-            future: Pin<Box<ResponseFuture<S, ReqBody, D>>>,
-            in_flight: Option<InFlight>,
         },
     }
 }
@@ -165,12 +162,34 @@ where
                 *slot = Some(ConcurrencySlot::and_counting(slot.take(), in_flight));
                 State::Delaying { delayed }
             }
-            state => State::Gated {
-                future: Box::pin(ResponseFuture { state }),
+            // Held until the decision (or the body) has come: the service's call restarts its
+            // clock, so that the gate learns the service's latency, not the backend's or the
+            // client's.
+            State::Checking {
+                check,
+                mut awaiting,
+            } => {
+                if let Some(awaiting) = &mut awaiting {
+                    awaiting.in_flight = Some(in_flight);
+                }
+                State::Checking { check, awaiting }
+            }
+            State::Preparing { prepare, rest, .. } => State::Preparing {
+                prepare,
+                rest,
                 in_flight: Some(in_flight),
             },
         };
         ResponseFuture { state }
+    }
+
+    /// This future, carried out after the request waited for its decision or its body, counted
+    /// in flight if `in_flight`, whose clock restarted as the service was called.
+    fn counted(self, in_flight: Option<InFlight>) -> Self {
+        match in_flight {
+            Some(in_flight) => self.holding(in_flight),
+            None => self,
+        }
     }
 
     /// The inner service's answer to a request that holds nothing: only `fields` go on it.
@@ -185,6 +204,7 @@ where
             state: State::Preparing {
                 prepare,
                 rest: Some((service, body)),
+                in_flight: None,
             },
         }
     }
@@ -314,6 +334,14 @@ where
     }
 }
 
+/// A count in flight whose request's service is called now: its latency is measured from here.
+fn called(mut in_flight: Option<InFlight>) -> Option<InFlight> {
+    if let Some(in_flight) = &mut in_flight {
+        in_flight.called();
+    }
+    in_flight
+}
+
 /// The answer to a request whose body the layer read and could not give back (never expected).
 fn body_lost() -> Response<Bytes> {
     let mut response = Response::new(Bytes::from_static(b"request body lost\n"));
@@ -333,7 +361,6 @@ where
             State::Delaying { .. } => "delaying",
             State::Calling { .. } => "calling",
             State::Ready { .. } => "ready",
-            State::Gated { future, .. } => return future.fmt(f),
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -353,30 +380,11 @@ where
     fn prepared(
         prepared: Prepared,
         (mut service, kept): (S, Option<ReqBody>),
+        in_flight: Option<InFlight>,
     ) -> State<S, ReqBody, D> {
-        Self::carry_out_prepared(prepared, &mut service, kept).state
-    }
-
-    /// A request counted by the overload gate, whose body then holds the count. Never inlined:
-    /// kept out of `poll_as`, a layer without a gate polls no larger a function.
-    #[inline(never)]
-    fn poll_gated(
-        future: &mut Pin<Box<Self>>,
-        in_flight: &mut Option<InFlight>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<ThrottleBody<ResBody>>, S::Error>> {
-        // Function pointers: one instance of `poll_as` polls every boxed future.
-        let plain: fn(ResBody) -> ThrottleBody<ResBody> = ThrottleBody::plain;
-        let held_as_is: fn(ThrottleBody<ResBody>) -> ThrottleBody<ResBody> = |b| b;
-        let response = ready!(future.as_mut().poll_as(cx, plain, held_as_is));
-        let mut in_flight = in_flight.take();
-        let response = response.inspect_err(|_| {
-            // A failure of the service: a dropped request to the overload gate.
-            if let Some(in_flight) = &mut in_flight {
-                in_flight.failed();
-            }
-        })?;
-        Poll::Ready(Ok(response.map(|body| body.counted(in_flight))))
+        let in_flight = called(in_flight);
+        let carried = Self::carry_out_prepared(prepared, &mut service, kept);
+        carried.counted(in_flight).state
     }
 }
 
@@ -431,13 +439,20 @@ where
                     let verdict = judge.verdict(context, context.charges(), asked, answer);
                     // The readied `service` is dropped here if the request waits (see carry_out).
                     let service = &mut awaiting.service;
-                    Self::carry_out(verdict, service, awaiting.request, awaiting.release, None)
+                    let (request, release) = (awaiting.request, awaiting.release);
+                    let in_flight = called(awaiting.in_flight);
+                    Self::carry_out(verdict, service, request, release, None)
+                        .counted(in_flight)
                         .state
                 }
-                StateProj::Preparing { prepare, rest } => {
+                StateProj::Preparing {
+                    prepare,
+                    rest,
+                    in_flight,
+                } => {
                     let prepared = ready!(prepare.as_mut().poll(cx));
                     let rest = rest.take().expect("ResponseFuture polled after completion");
-                    Self::prepared(prepared, rest)
+                    Self::prepared(prepared, rest, in_flight.take())
                 }
                 StateProj::Delaying { delayed } => {
                     let delayed = delayed.as_mut().project();
@@ -495,10 +510,6 @@ where
                     return Poll::Ready(Ok(
                         response.map(|body| held(ThrottleBody::inner(body, slot, meter)))
                     ));
-                }
-                StateProj::Gated { future, in_flight } => {
-                    let response = ready!(Self::poll_gated(future, in_flight, cx))?;
-                    return Poll::Ready(Ok(response.map(held)));
                 }
                 StateProj::Ready { response } => {
                     let response = response

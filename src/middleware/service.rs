@@ -278,6 +278,7 @@ where
             key,
             started,
             release,
+            in_flight: None,
         },
     )
 }

@@ -197,10 +197,16 @@ async fn peek_and_reset_read_each_keyed_quota_under_the_key_given() {
     };
     assert_eq!(remaining(handle.peek("api", "alice").await.unwrap(), 0), 7);
     assert_eq!(remaining(handle.peek("api", "acme").await.unwrap(), 1), 997);
-    assert_eq!(remaining(handle.peek("api", "alice").await.unwrap(), 1), 1000);
+    assert_eq!(
+        remaining(handle.peek("api", "alice").await.unwrap(), 1),
+        1000
+    );
     handle.reset("api", "alice").await.unwrap();
     assert_eq!(remaining(handle.peek("api", "alice").await.unwrap(), 0), 10);
     assert_eq!(remaining(handle.peek("api", "acme").await.unwrap(), 1), 997);
     handle.reset("api", "acme").await.unwrap();
-    assert_eq!(remaining(handle.peek("api", "acme").await.unwrap(), 1), 1000);
+    assert_eq!(
+        remaining(handle.peek("api", "acme").await.unwrap(), 1),
+        1000
+    );
 }

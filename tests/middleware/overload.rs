@@ -646,6 +646,93 @@ async fn the_gate_learns_the_service_latency_of_a_delayed_request_not_its_wait()
     assert_eq!((gate.in_flight_of(0), gate.in_flight_of(1)), (0, 0));
 }
 
+/// A request whose backend is slow to decide (a Redis over a slow link), or that takes the
+/// extended path while it waits, teaches the gate the service's latency, not the backend's.
+#[tokio::test]
+async fn the_gate_learns_the_service_latency_not_a_slow_backend_s() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::time::Duration;
+    use tower_throttle::backend::{BackendError, Charges, Decisions, Uses};
+    use tower_throttle::{Backend, MemoryBackend};
+
+    /// The memory backend, deciding 100 ms late.
+    #[derive(Clone)]
+    struct Slow(MemoryBackend);
+
+    impl Backend for Slow {
+        type Future = Pin<Box<dyn Future<Output = Result<Decisions, BackendError>> + Send>>;
+
+        fn check(&self, charges: Charges<'_>) -> Self::Future {
+            let decided = self.0.check(charges);
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                decided.await
+            })
+        }
+
+        fn validate(
+            &self,
+            limits: &[tower_throttle::Limit],
+            uses: Uses,
+        ) -> Result<(), tower_throttle::BuildError> {
+            self.0.validate(limits, uses)
+        }
+
+        fn adjust(
+            &self,
+            charges: Charges<'_>,
+            adjustment: tower_throttle::backend::Adjustment<'_>,
+        ) {
+            self.0.adjust(charges, adjustment);
+        }
+    }
+
+    let plain = policy("a", Quota::per_second(1_000));
+    let extended = Policy::builder("e")
+        .key(Global)
+        .quota(Quota::per_second(1_000))
+        .count_only(|_| true)
+        .build()
+        .unwrap();
+    for policy in [plain, extended] {
+        let layer = ThrottleLayer::builder()
+            .backend(Slow(MemoryBackend::new()))
+            .policy(policy)
+            .overload(fixed(64))
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route(
+                "/",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    "ok"
+                }),
+            )
+            .layer(layer.clone());
+        let gate = layer.overload().unwrap();
+        for _ in 0..20 {
+            let batch = (0..10).map(|_| async {
+                let response = app.clone().oneshot(get_("/")).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                to_bytes(response.into_body(), 64).await.unwrap();
+            });
+            futures_util::future::join_all(batch).await;
+            if gate.latency() > Duration::ZERO {
+                break;
+            }
+        }
+        let learned = gate.latency();
+        assert!(learned >= Duration::from_millis(1), "{learned:?}");
+        assert!(
+            learned < Duration::from_millis(40),
+            "{learned:?}: the backend's wait was learned"
+        );
+        assert_eq!(gate.in_flight(), 0);
+    }
+}
+
 /// The gate's own API with a clock of the caller's: pressure lasts a second after a shed; a
 /// partition out of range is the last one; the shares read back.
 #[test]
