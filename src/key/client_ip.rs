@@ -301,7 +301,17 @@ impl ClientIp {
     ) -> IpAddr {
         let mut trusted_hops = 0;
         for line in headers.get_all(self.header.name()).iter().rev() {
-            for entry in line.as_bytes().rsplit(|b| *b == b',') {
+            let line = line.as_bytes();
+            // A quoted value may hold a `,` (`host="a, for=6.6.6.6"`): split outside quotes.
+            let (mut plain, mut quoted);
+            let entries: &mut dyn Iterator<Item = &[u8]> = if line.contains(&b'"') {
+                quoted = split_unquoted(line, b',').collect::<Vec<_>>().into_iter().rev();
+                &mut quoted
+            } else {
+                plain = line.rsplit(|b| *b == b',');
+                &mut plain
+            };
+            for entry in entries {
                 let Some(ip) = parse(entry).map(|ip| ip.to_canonical()) else {
                     return peer;
                 };
@@ -343,16 +353,40 @@ fn parse_node(s: &str) -> Option<IpAddr> {
     })
 }
 
+/// `s` split at each `sep` outside a quoted string (with its `\` escapes): in
+/// `for=1.2.3.4;host="x, for=6.6.6.6;y="` the quoted `,` and `;` separate nothing. An unclosed
+/// quote runs to the end (and its element then names no address).
+fn split_unquoted(s: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let s = rest?;
+        let (mut quoted, mut escaped) = (false, false);
+        for (i, &b) in s.iter().enumerate() {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if quoted => escaped = true,
+                b'"' => quoted = !quoted,
+                _ if b == sep && !quoted => {
+                    rest = Some(&s[i + 1..]);
+                    return Some(&s[..i]);
+                }
+                _ => {}
+            }
+        }
+        rest = None;
+        Some(s)
+    })
+}
+
 /// One `Forwarded` element: its `for=` parameter, as a node.
 fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
     let element = element.trim_ascii();
     if element.len() > 4 * MAX_ENTRY {
         return None;
     }
-    let element = std::str::from_utf8(element).ok()?;
     let mut found = None;
-    for pair in element.split(';') {
-        let (name, value) = pair.split_once('=')?;
+    for pair in split_unquoted(element, b';') {
+        let (name, value) = std::str::from_utf8(pair).ok()?.split_once('=')?;
         if name.trim().eq_ignore_ascii_case("for") {
             if found.is_some() {
                 return None; // two `for`s: not from a proxy that follows the RFC
@@ -461,6 +495,14 @@ mod tests {
         ] {
             behind_lb(&[(FWD, &[value], "10.0.0.1")]);
         }
+        // A `,` or `;` inside a quoted value (a proxy copying the client's Host) is no separator:
+        // the client cannot slip in an element or a `for` of its own.
+        behind_lb(&[
+            (FWD, &[r#"for=203.0.113.7;host="x, for=6.6.6.6;y=""#], "203.0.113.7"),
+            (FWD, &[r#"for=203.0.113.7;host="a;for=6.6.6.6""#], "203.0.113.7"),
+            (FWD, &[r#"for=203.0.113.7;host="a\", for=6.6.6.6""#], "203.0.113.7"),
+            (FWD, &[r#"for=203.0.113.7;host="unclosed, for=6.6.6.6"#], "203.0.113.7"),
+        ]);
         // MAX_HOPS trusted hops in the header: not believed; one fewer: the client before them.
         let hops = |n| format!("203.0.113.7,{}", vec!["10.0.0.9"; n].join(","));
         behind_lb(&[
