@@ -23,7 +23,8 @@
 //! * `grpc-retry-pushback-ms`: the same delay in milliseconds, rounded up but not to whole seconds
 //!   (`retry-after` − 1000 < pushback ≤ `retry-after` × 1000). gRPC clients with a
 //!   [retry policy](https://github.com/grpc/proposal/blob/master/A6-client-retries.md#pushback) that
-//!   lists the status wait exactly this long before retrying;
+//!   lists the status wait exactly this long before retrying; `-1`, which stops their retries, for
+//!   a call that costs more than its limit ever admits;
 //! * `ratelimit-policy` / `ratelimit` (and the legacy fields if switched on), as on every response.
 //!
 //! Admitted calls carry `ratelimit-policy` / `ratelimit` as initial metadata.
@@ -128,19 +129,26 @@ const RESOURCE_EXHAUSTED: u8 = 8;
 /// # let _ = layer;
 /// ```
 pub fn resource_exhausted(rejected: &Rejected<'_>) -> Response<Bytes> {
-    let decision = rejected.decision;
-    let delay = decision.retry_after.unwrap_or(decision.reset_after);
-    let millis = ceil_millis(delay);
-    let mut response = trailers_only(
-        RESOURCE_EXHAUSTED,
-        &format!(
-            "rate limit of policy '{}' exceeded; retry after {millis} ms",
-            rejected.policy
+    let (decision, policy) = (rejected.decision, rejected.policy);
+    let (why, pushback) = match decision.retry_after {
+        Some(delay) => {
+            let millis = ceil_millis(delay);
+            (
+                format!("retry after {millis} ms"),
+                HeaderValue::from(millis),
+            )
+        }
+        // Never admitted (it costs more than the limit): a negative pushback stops the retries.
+        None => (
+            "the call costs more than the limit admits".to_owned(),
+            HeaderValue::from_static("-1"),
         ),
-    );
+    };
+    let detail = format!("rate limit of policy '{policy}' exceeded; {why}");
+    let mut response = trailers_only(RESOURCE_EXHAUSTED, &detail);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
-    headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(millis));
+    headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), pushback);
     response
 }
 
@@ -242,6 +250,13 @@ mod tests {
             assert_eq!(r.headers()[&GRPC_RETRY_PUSHBACK_MS], millis.to_string());
             assert!((secs - 1) * 1000 < millis && millis <= secs * 1000);
         }
+        // A call over the whole limit is never admitted: no retry.
+        let never = Decision::limited(16, 0, None, Duration::from_secs(60));
+        let r = resource_exhausted(&Rejected {
+            policy: "p",
+            decision: &never,
+        });
+        assert_eq!(r.headers()[&GRPC_RETRY_PUSHBACK_MS], "-1");
     }
 
     #[test]

@@ -379,9 +379,13 @@ impl FieldBuf {
     }
 }
 
-pub(crate) fn set_retry_after(map: &mut HeaderMap, seconds: u64) {
-    if !map.contains_key(RETRY_AFTER) {
-        map.insert(RETRY_AFTER, retry_after_value(seconds.max(1)));
+/// `Retry-After: seconds` (at least 1) on a refusal, unless its answer set one, or redirects: on a
+/// redirection (a custom answer's `303` to a "slow down" page) it means how long to wait before
+/// following it.
+pub(crate) fn set_retry_after<B>(response: &mut http::Response<B>, seconds: u64) {
+    if !response.headers().contains_key(RETRY_AFTER) && !response.status().is_redirection() {
+        let value = retry_after_value(seconds.max(1));
+        response.headers_mut().insert(RETRY_AFTER, value);
     }
 }
 
@@ -437,14 +441,23 @@ mod tests {
         for seconds in [0, 1, 59, 127, 128, 3_600, u64::MAX] {
             assert_eq!(retry_after_value(seconds), HeaderValue::from(seconds));
         }
-        let mut map = HeaderMap::new();
-        set_retry_after(&mut map, 0);
+        let mut response = http::Response::new(());
+        set_retry_after(&mut response, 0);
+        let map = response.headers();
         assert_eq!(
             map[RETRY_AFTER], "1",
             "never 0: a client would retry at once"
         );
-        set_retry_after(&mut map, 30);
-        assert_eq!(map[RETRY_AFTER], "1", "a value already there is kept");
+        set_retry_after(&mut response, 30);
+        assert_eq!(
+            response.headers()[RETRY_AFTER],
+            "1",
+            "a value already there is kept"
+        );
+        let mut redirect = http::Response::new(());
+        *redirect.status_mut() = http::StatusCode::SEE_OTHER;
+        set_retry_after(&mut redirect, 30);
+        assert!(!redirect.headers().contains_key(RETRY_AFTER));
     }
 
     #[test]
@@ -517,11 +530,17 @@ mod tests {
                 .unwrap();
             refusal(&request, &|| Response::new(Bytes::new())).prefers_html()
         };
-        // The first media type the client names that the layer can answer in wins.
+        // The higher quality wins, then the first named; `q=0` refuses the type.
         assert!(!prefers_html("application/problem+json, text/html"));
-        assert!(!prefers_html("application/json;q=0.9, text/html"));
+        assert!(prefers_html("application/json;q=0.9, text/html"));
+        assert!(!prefers_html("text/html;q=0, application/json"));
+        assert!(!prefers_html("text/html; Q=0"));
+        assert!(prefers_html("application/json;q=0, text/html"));
         assert!(prefers_html("text/html, application/problem+json"));
         assert!(prefers_html("image/png, TEXT/HTML"));
+        assert!(prefers_html(
+            "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+        ));
         assert!(!prefers_html("image/png"));
     }
 

@@ -214,24 +214,40 @@ impl<'a> Refusal<'a> {
         self.request.extensions
     }
 
-    /// Whether the client's `Accept` header asks for HTML before JSON (a browser): a quick test for
-    /// content negotiation. Absent or `*/*`: false.
+    /// Whether the client's `Accept` header asks for HTML rather than JSON (a browser): a quick
+    /// test for content negotiation, by quality (`q`; `q=0` refuses a type), then by order.
+    /// Absent or `*/*`: false.
     pub fn prefers_html(&self) -> bool {
-        for value in self.request.headers.get_all(http::header::ACCEPT) {
-            let Ok(value) = value.to_str() else { continue };
-            for item in value.split(',') {
-                let media = item.split(';').next().unwrap_or("").trim();
-                if media.eq_ignore_ascii_case("text/html") {
-                    return true;
-                }
-                if media.eq_ignore_ascii_case("application/json")
-                    || media.eq_ignore_ascii_case("application/problem+json")
-                {
-                    return false;
-                }
+        // The best (quality, place) of each.
+        let (mut html, mut json) = ((0.0, usize::MAX), (0.0, usize::MAX));
+        let accept = self.request.headers.get_all(http::header::ACCEPT).iter();
+        let items = accept
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','));
+        for (place, item) in items.enumerate() {
+            let mut parts = item.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let best = if media.eq_ignore_ascii_case("text/html") {
+                &mut html
+            } else if media.eq_ignore_ascii_case("application/json")
+                || media.eq_ignore_ascii_case("application/problem+json")
+            {
+                &mut json
+            } else {
+                continue;
+            };
+            let q = parts.find_map(|p| {
+                let (name, value) = p.split_once('=')?;
+                name.trim()
+                    .eq_ignore_ascii_case("q")
+                    .then(|| value.trim().parse().ok())?
+            });
+            let q: f32 = q.unwrap_or(1.0);
+            if q > best.0 {
+                *best = (q, place);
             }
         }
-        false
+        html.0 > json.0 || (html.0 > 0.0 && html.0 == json.0 && html.1 < json.1)
     }
 
     /// The answer the layer would give: an RFC 9457 problem (or the gRPC status with

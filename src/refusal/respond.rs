@@ -78,8 +78,7 @@ impl Refusals {
             request,
             default: &default,
         });
-        let millis = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX);
-        headers::set_retry_after(response.headers_mut(), millis.div_ceil(1000));
+        headers::set_retry_after(&mut response, crate::decision::ceil_secs(retry));
         response
     }
 
@@ -171,7 +170,7 @@ impl Refusals {
                 default: &default,
             }),
         };
-        headers::set_retry_after(response.headers_mut(), decision.retry_after_secs());
+        headers::set_retry_after(&mut response, decision.retry_after_secs());
         fields.apply(response.headers_mut());
         response
     }
