@@ -199,3 +199,31 @@ impl Refusals {
         self.final_refusal(refused, (Some(policy), None), &detail, request)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shed's wait goes out in whole seconds rounded up from the nanosecond, and its gRPC
+    /// pushback within the second below (`retry-after` − 1000 < pushback ≤ `retry-after` × 1000).
+    #[test]
+    fn a_shed_s_retry_after_is_rounded_up() {
+        let request = http::Request::get("/").body(()).unwrap();
+        let shed = Shed {
+            partition: Arc::from("p"),
+            retry_after: Duration::from_nanos(2_000_400_000),
+            status: StatusCode::SERVICE_UNAVAILABLE,
+        };
+        for grpc in [false, true] {
+            let refusals = Refusals {
+                grpc,
+                ..Refusals::default()
+            };
+            let response = refusals.shed(None, &shed, RequestRef::of(&request));
+            assert_eq!(response.headers()[http::header::RETRY_AFTER], "3");
+            if grpc {
+                assert_eq!(response.headers()[&grpc::GRPC_RETRY_PUSHBACK_MS], "2001");
+            }
+        }
+    }
+}
