@@ -305,7 +305,10 @@ impl ClientIp {
             // A quoted value may hold a `,` (`host="a, for=6.6.6.6"`): split outside quotes.
             let (mut plain, mut quoted);
             let entries: &mut dyn Iterator<Item = &[u8]> = if line.contains(&b'"') {
-                quoted = split_unquoted(line, b',').collect::<Vec<_>>().into_iter().rev();
+                quoted = split_unquoted(line, b',')
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev();
                 &mut quoted
             } else {
                 plain = line.rsplit(|b| *b == b',');
@@ -498,10 +501,26 @@ mod tests {
         // A `,` or `;` inside a quoted value (a proxy copying the client's Host) is no separator:
         // the client cannot slip in an element or a `for` of its own.
         behind_lb(&[
-            (FWD, &[r#"for=203.0.113.7;host="x, for=6.6.6.6;y=""#], "203.0.113.7"),
-            (FWD, &[r#"for=203.0.113.7;host="a;for=6.6.6.6""#], "203.0.113.7"),
-            (FWD, &[r#"for=203.0.113.7;host="a\", for=6.6.6.6""#], "203.0.113.7"),
-            (FWD, &[r#"for=203.0.113.7;host="unclosed, for=6.6.6.6"#], "203.0.113.7"),
+            (
+                FWD,
+                &[r#"for=203.0.113.7;host="x, for=6.6.6.6;y=""#],
+                "203.0.113.7",
+            ),
+            (
+                FWD,
+                &[r#"for=203.0.113.7;host="a;for=6.6.6.6""#],
+                "203.0.113.7",
+            ),
+            (
+                FWD,
+                &[r#"for=203.0.113.7;host="a\", for=6.6.6.6""#],
+                "203.0.113.7",
+            ),
+            (
+                FWD,
+                &[r#"for=203.0.113.7;host="unclosed, for=6.6.6.6"#],
+                "203.0.113.7",
+            ),
         ]);
         // MAX_HOPS trusted hops in the header: not believed; one fewer: the client before them.
         let hops = |n| format!("203.0.113.7,{}", vec!["10.0.0.9"; n].join(","));
