@@ -794,3 +794,36 @@ fn the_up_gauge_follows_the_module() {
     };
     assert_eq!((up("lua"), up("cell")), (1.0, 0.0), "{page}");
 }
+
+/// A refund that Redis applies after a check it let through as refused: the refusal that check
+/// cached is forgotten once the refund has landed, not held to the window's end.
+#[tokio::test]
+async fn a_refusal_decided_before_a_refund_lands_is_not_kept_in_the_deny_cache() {
+    use tower_throttle::Algorithm;
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .mode(RedisMode::Lua)
+        .coalesce(false)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let hour = Limit::with_algorithm("hourly", Algorithm::FixedWindow, Quota::per_hour(1)).unwrap();
+    let key = Key::from("refunded");
+    assert!(backend.check_one(&hour, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check_one(&hour, &key, 1).await.unwrap().allowed);
+    // The refund goes out on a task; this check is sent before it, and refused.
+    backend.refund(std::slice::from_ref(&hour), &key, 1, Duration::from_secs(1));
+    assert!(!backend.check_one(&hour, &key, 1).await.unwrap().allowed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let state = backend
+        .peek_all(std::slice::from_ref(&hour), &key)
+        .await
+        .unwrap();
+    assert_eq!(state[0].remaining, 1, "Redis took the refund");
+    assert!(
+        backend.check_one(&hour, &key, 1).await.unwrap().allowed,
+        "the refusal cached before the refund landed was kept"
+    );
+}

@@ -97,10 +97,22 @@ fn send(
     }
     let mut conn = state.conn.clone();
     let timeout = state.timeout;
+    // Forgotten again once Redis has applied it: a check decided between the first forget and
+    // the settle is refused, and would be cached until its retry time (a fixed window's end).
+    let cached = state.deny.is_some().then(|| {
+        let keys: Vec<String> = items.iter().map(|(spec, _)| spec.key.clone()).collect();
+        (state.clone(), keys)
+    });
     runtime.spawn(async move {
         let call = async move { invocation.invoke_async::<i64>(&mut conn).await };
         match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => {
+                if let Some((state, keys)) = &cached
+                    && let Some(deny) = &state.deny
+                {
+                    keys.iter().for_each(|key| deny.forget(key));
+                }
+            }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "a settle failed; the request counted as reserved")
             }
