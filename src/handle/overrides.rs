@@ -245,8 +245,11 @@ where
             false => overrides_table(policy),
         };
         let store = self.shared.overrides.store().clone();
-        store.write(&table, field, value).await?;
-        self.shared.overrides.refresh(&table).await?;
+        let written = store.write(&table, field, value).await;
+        // Read back whatever came of it: a write kept whose telling failed is in force here.
+        let read = self.shared.overrides.refresh(&table).await;
+        written?;
+        read?;
         Ok(())
     }
 }

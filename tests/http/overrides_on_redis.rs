@@ -205,3 +205,27 @@ async fn on_redis_ended_bans_leave_the_records() {
         .unwrap();
     assert!(fields().await.is_empty());
 }
+
+/// An override Redis keeps but cannot announce (PUBLISH refused) is an error to its writer, and
+/// in force in the writer's process all the same.
+#[tokio::test]
+async fn on_redis_an_override_kept_but_not_told_is_an_error_and_in_force_here() {
+    let server = redis_support::RedisServer::start();
+    server.cli(&["ACL", "SETUSER", "writer", "on", ">pw", "~*", "&*", "+@all"]);
+    let url = server.url().replacen("redis://", "redis://writer:pw@", 1);
+    let (app, handle) = app(backend(&url, "untold", RedisMode::Lua).await);
+    server.cli(&["ACL", "SETUSER", "writer", "-publish"]);
+    let error = handle
+        .set_override("api", "bob", Override::Unlimited)
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("no permissions to run the 'publish'"),
+        "{error}"
+    );
+    let listed = handle.overrides("api").unwrap();
+    assert_eq!(listed, [("bob".to_owned(), Override::Unlimited)]);
+    drop(app);
+}

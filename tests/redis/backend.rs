@@ -827,3 +827,32 @@ async fn a_refusal_decided_before_a_refund_lands_is_not_kept_in_the_deny_cache()
         "the refusal cached before the refund landed was kept"
     );
 }
+
+/// A reset that Redis applies but cannot announce to the other processes (PUBLISH refused) says
+/// so, rather than answering as if every process had dropped what it cached.
+#[tokio::test]
+async fn a_reset_the_others_were_not_told_of_is_an_error() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "ACL", "SETUSER", "resetter", "on", ">pw", "~*", "&*", "+@all",
+    ]);
+    let url = server.url().replacen("redis://", "redis://resetter:pw@", 1);
+    let backend = connect(&url, RedisMode::Lua).await;
+    let limit = limit("told", Quota::per_minute(1));
+    let key = Key::from("k");
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    backend
+        .reset_all(std::slice::from_ref(&limit), &key)
+        .await
+        .unwrap();
+    server.cli(&["ACL", "SETUSER", "resetter", "-publish"]);
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    let error = backend
+        .reset_all(std::slice::from_ref(&limit), &key)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("other processes were not told"), "{error}");
+    // Reset all the same, here and in Redis.
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+}

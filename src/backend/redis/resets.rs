@@ -35,12 +35,17 @@ const RELOAD: &str = "!reload";
 /// The first line of a message of records (records.rs) changed; the table's name follows.
 pub(super) const RECORDS: &str = "!records\n";
 
-/// Tells the other processes that `keys` were reset (best effort: resubscribing drops all).
-pub(super) async fn publish(conn: &mut RedisConnection, prefix: &str, keys: &[String]) {
+/// Tells the other processes that `keys` were reset (a process that misses it drops all it
+/// cached when it subscribes again).
+pub(super) async fn publish(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    keys: &[String],
+) -> redis::RedisResult<()> {
     let cmd = publish_cmd(conn, prefix, keys.join("\n"));
-    if let Err(e) = conn.req_packed_command(&cmd).await {
-        tracing::warn!(error = %e, "a reset could not be published to the other processes");
-    }
+    // A refusal (NOPERM) comes as a value, not as an error.
+    let answer = conn.req_packed_command(&cmd).await;
+    answer.and_then(redis::Value::extract_error).map(drop)
 }
 
 /// A reload changed the limits `changed`: drops what is cached under them, and tells the others.
@@ -59,7 +64,10 @@ pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     let (mut conn, timeout) = (state.conn.clone(), state.timeout);
     runtime.spawn(async move {
         let sent = tokio::time::timeout(timeout * 10, conn.req_packed_command(&cmd));
-        if !matches!(sent.await, Ok(Ok(_))) {
+        if !matches!(
+            sent.await.map(|a| a.and_then(redis::Value::extract_error)),
+            Ok(Ok(_))
+        ) {
             tracing::warn!("a reload could not be published to the other processes");
         }
     });

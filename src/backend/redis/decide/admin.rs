@@ -186,8 +186,21 @@ impl RedisState {
             resets::forget_keys(&state, state_keys.iter().map(String::as_str));
             let mut conn = state.conn.clone();
             let publish = resets::publish(&mut conn, &state.prefix, &state_keys);
-            let _ = tokio::time::timeout(state.timeout, publish).await;
-            Ok(())
+            // Reset here and in Redis, but another process may still refuse from its cache until
+            // the retry time: said, so that the operator can reset again.
+            let why = match tokio::time::timeout(state.timeout, publish).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {:?}", state.timeout),
+            };
+            tracing::warn!(
+                error = why,
+                "a reset could not be published to the other processes"
+            );
+            Err(BackendError::new(format!(
+                "the key was reset, but the other processes were not told ({why}): they may \
+                 refuse it from their caches until its retry time; reset again"
+            )))
         })
     }
 }
