@@ -62,6 +62,9 @@ struct MeterState {
     estimate: u64,
     used: AtomicU64,
     reported: AtomicBool,
+    /// The response's usage header said the whole cost: what the handler reports after it (tokens
+    /// it streams on) is left out, as the header is read instead of the meter.
+    from_header: AtomicBool,
 }
 
 impl Meter {
@@ -73,12 +76,16 @@ impl Meter {
                 estimate,
                 used: AtomicU64::new(0),
                 reported: AtomicBool::new(false),
+                from_header: AtomicBool::new(false),
             }),
         }
     }
 
     /// Reports `units` more used (saturating).
     pub fn add(&self, units: u64) {
+        if self.state.from_header.load(Ordering::Acquire) {
+            return;
+        }
         let _ = self
             .state
             .used
@@ -90,6 +97,12 @@ impl Meter {
 
     /// Reports that the request used `units` in all (an upstream's total, read at once).
     pub fn set(&self, units: u64) {
+        if !self.state.from_header.load(Ordering::Acquire) {
+            self.set_used(units);
+        }
+    }
+
+    fn set_used(&self, units: u64) {
         self.state.used.store(units, Ordering::Relaxed);
         self.state.reported.store(true, Ordering::Release);
     }
@@ -243,8 +256,7 @@ impl MeterRule {
 }
 
 fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
-    let value = headers.get(name)?.to_str().ok()?;
-    value.trim().parse().ok()
+    crate::key::body::units_of(headers.get(name)?.to_str().ok()?)
 }
 
 #[derive(Debug, Default)]
@@ -346,7 +358,8 @@ impl MeterGuard {
             return;
         };
         if let Some(used) = number(headers, name.as_str()) {
-            self.meter.set(used);
+            self.meter.state.from_header.store(true, Ordering::Release);
+            self.meter.set_used(used);
         }
     }
 }
@@ -423,6 +436,9 @@ mod tests {
         // Not a number: ignored.
         headers.insert("x-usage-tokens", "lots".parse().unwrap());
         guard.read_usage(&headers);
+        // Tokens the handler streams after the header are the header's already.
+        meter.add(5);
+        meter.set(40);
         drop(guard);
         assert_eq!(*settled.lock().unwrap(), [15]);
     }
@@ -494,6 +510,11 @@ mod tests {
         assert_eq!(header.estimate(&parts("12"), None), 12);
         assert_eq!(header.estimate(&parts("-3"), None), 7);
         assert_eq!(header.estimate(&parts("99999"), None), 1000);
+        // Past u64, or written with an exponent: the cap, not the default.
+        assert_eq!(header.estimate(&parts("99999999999999999999"), None), 1000);
+        assert_eq!(header.estimate(&parts("1e20"), None), 1000);
+        assert_eq!(header.estimate(&parts("12.7"), None), 12);
+        assert_eq!(header.estimate(&parts("NaN"), None), 7);
         let f = rule(Estimate::from_fn(|p| p.headers.len() as u64));
         assert_eq!(f.estimate(&parts("1"), None), 1);
         assert_eq!(

@@ -77,11 +77,7 @@ impl BodyField {
 
     /// The whole number this field holds, for an estimate.
     pub(crate) fn units(&self, headers: &HeaderMap, body: &[u8]) -> Option<u64> {
-        std::str::from_utf8(&self.value(headers, body)?)
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        units_of(std::str::from_utf8(&self.value(headers, body)?).ok()?)
     }
 
     /// The field's value: the form field's bytes, decoded, or the JSON scalar's text.
@@ -161,6 +157,21 @@ pub(crate) struct BodyRule {
 /// A body as reading left it: the whole of it when it ended within the cap, in time and without
 /// an error; `None` otherwise (over the cap, failed, late, or of a type that cannot be read).
 pub(crate) type WholeBody = Option<Bytes>;
+
+/// A count of units written as a number: a whole number, or one past `u64` (`1e20`,
+/// `99999999999999999999`) as the most there is, so that a cap applies to it rather than a
+/// default; a fraction rounded down. `None` for text that is no such number (or is negative).
+pub(crate) fn units_of(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if let Ok(units) = text.parse::<u64>() {
+        return Some(units);
+    }
+    let number: f64 = text
+        .parse()
+        .ok()
+        .filter(|n: &f64| !n.is_nan() && *n >= 0.0)?;
+    Some(number as u64) // saturating: infinity and past u64::MAX are u64::MAX
+}
 
 #[cfg(test)]
 mod tests {
