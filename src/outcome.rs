@@ -100,10 +100,6 @@ impl OutcomeGuard {
         }
     }
 
-    pub(crate) fn meter(&self) -> Option<crate::meter::Meter> {
-        self.meter.as_ref().map(|m| m.meter().clone())
-    }
-
     /// The response has this status and these headers: its units are given back if it does not
     /// count. Returns a metered request's guard, for the response's body to settle when it ends
     /// (after reading the usage header, if the headers have it).

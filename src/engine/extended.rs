@@ -327,16 +327,12 @@ where
         let taken = Taken { asked, counts_for };
         let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
         if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
-            prepared.outcome = self
-                .metered(key, &taken, estimate)
-                .map(|guard| Box::new(OutcomeGuard::metered(guard)));
             // The handler's meter, whether or not the backend took the reservation (it failed and
             // the layer let the request through): the handler reports on it either way.
-            let meter = prepared
-                .outcome
-                .as_ref()
-                .and_then(|o| o.meter())
-                .unwrap_or_else(|| Meter::new(estimate));
+            let meter = within_outer(&prepared.parts, estimate);
+            prepared.outcome = self
+                .metered(key, &taken, meter.clone())
+                .map(|guard| Box::new(OutcomeGuard::metered(guard)));
             prepared.parts.extensions.insert(meter);
         }
         prepared
@@ -356,7 +352,7 @@ where
     }
 
     /// The guard that settles a metered request's cost, if the backend took its reservation.
-    fn metered(&self, key: Key, taken: &Taken, estimate: u64) -> Option<MeterGuard> {
+    fn metered(&self, key: Key, taken: &Taken, meter: Meter) -> Option<MeterGuard> {
         let rule = self.extras.metered.as_ref()?;
         taken.counts_for?;
         let (shared, policy) = (self.shared.clone(), self.policy.clone());
@@ -373,12 +369,7 @@ where
                 .backend
                 .adjust(charges, Adjustment::Settle { deltas, since });
         });
-        Some(MeterGuard::new(
-            Meter::new(estimate),
-            rule,
-            settle,
-            taken.asked,
-        ))
+        Some(MeterGuard::new(meter, rule, settle, taken.asked))
     }
 
     /// The slot's release, and the guard that gives the units back if the response does not count.
@@ -464,9 +455,16 @@ struct Taken {
 /// its handler still finds a [`Meter`], on which nothing is settled (nothing was reserved).
 fn with_meter(mut prepared: Prepared, extras: &PolicyExtras) -> Prepared {
     if let (Some(_), Verdict::Admit(_)) = (&extras.metered, &prepared.verdict) {
-        prepared.parts.extensions.insert(Meter::new(0));
+        let meter = within_outer(&prepared.parts, 0);
+        prepared.parts.extensions.insert(meter);
     }
     prepared
+}
+
+/// The handler's meter of `estimate` units; inside another metered layer, reporting to its meter
+/// too (which it would otherwise replace).
+fn within_outer(parts: &Parts, estimate: u64) -> Meter {
+    Meter::within(estimate, parts.extensions.get::<Meter>().cloned())
 }
 
 /// Answered before the backend (a refusal, or let through unlimited).

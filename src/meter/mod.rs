@@ -33,7 +33,8 @@ use crate::limit::{Algorithm, Limit};
 /// middleware inserts for every request a [metered](crate::PolicyBuilder::metered) policy lets
 /// through (a handler behind routes of other policies too should take `Option<Extension<Meter>>`).
 /// Clones share one count, so a streaming handler can move one into its stream and
-/// [`add`](Self::add) as units go out.
+/// [`add`](Self::add) as units go out. Behind several metered layers (an organisation's around a
+/// user's), the handler's meter is the innermost layer's, and what it reports counts in each.
 ///
 /// ```
 /// use axum::{routing::post, Extension, Router};
@@ -65,24 +66,36 @@ struct MeterState {
     /// The response's usage header said the whole cost: what the handler reports after it (tokens
     /// it streams on) is left out, as the header is read instead of the meter.
     from_header: AtomicBool,
+    /// The meter of a metered layer around this one: the handler's reports count there too.
+    outer: Option<Meter>,
 }
 
 impl Meter {
     /// A meter for a request that reserved `estimate` units (the middleware makes them; this is
     /// for testing handlers).
     pub fn new(estimate: u64) -> Self {
+        Self::within(estimate, None)
+    }
+
+    /// A meter for a request inside another metered layer, whose meter (`outer`) is told what
+    /// the handler reports here.
+    pub(crate) fn within(estimate: u64, outer: Option<Meter>) -> Self {
         Meter {
             state: Arc::new(MeterState {
                 estimate,
                 used: AtomicU64::new(0),
                 reported: AtomicBool::new(false),
                 from_header: AtomicBool::new(false),
+                outer,
             }),
         }
     }
 
     /// Reports `units` more used (saturating).
     pub fn add(&self, units: u64) {
+        if let Some(outer) = &self.state.outer {
+            outer.add(units);
+        }
         if self.state.from_header.load(Ordering::Acquire) {
             return;
         }
@@ -97,6 +110,9 @@ impl Meter {
 
     /// Reports that the request used `units` in all (an upstream's total, read at once).
     pub fn set(&self, units: u64) {
+        if let Some(outer) = &self.state.outer {
+            outer.set(units);
+        }
         if !self.state.from_header.load(Ordering::Acquire) {
             self.set_used(units);
         }
@@ -345,10 +361,6 @@ impl MeterGuard {
             settle: Some(settle),
             asked,
         }
-    }
-
-    pub(crate) fn meter(&self) -> &Meter {
-        &self.meter
     }
 
     /// Reads the usage header from a response's headers or trailers, if it is there: it is the

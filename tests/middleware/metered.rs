@@ -486,3 +486,42 @@ async fn a_request_let_through_without_a_key_still_finds_its_meter() {
     assert_eq!(response.status(), StatusCode::OK);
     response.into_body().collect().await.unwrap();
 }
+
+/// Two metered layers, an organisation's around a user's: what the handler reports on its meter
+/// (the inner layer's) is charged under both, not only the inner one.
+#[tokio::test]
+async fn nested_metered_layers_are_both_charged_what_the_handler_reports() {
+    let (backend, _clock) = backend();
+    let org = Policy::builder("org")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(1000))
+        .metered(
+            Limit::new("org.tokens", Quota::per_minute(1000)).unwrap(),
+            Estimate::fixed(1),
+        )
+        .build()
+        .unwrap();
+    let user = chat(60, 1000, Estimate::fixed(1));
+    let (org_limits, user_limits) = (org.limits().to_vec(), user.limits().to_vec());
+    let outer = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(org)
+        .build()
+        .unwrap();
+    let inner = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(user)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(meter): Extension<Meter>| async move { meter.add(500) }),
+        )
+        .layer(inner)
+        .layer(outer);
+    let response = app.oneshot(request("k", "")).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
+    assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
+}
