@@ -79,7 +79,7 @@ impl RedisState {
             None => None,
         };
         let state = self.clone();
-        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation(&redis_key));
         // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
         let node = self.breaker.node_for(&redis_key);
         guarded_on(&self.breaker, node, self.timeout, async move {
@@ -157,7 +157,7 @@ impl RedisState {
         let penalty = limit.penalty().is_some();
         let state = self.clone();
         let sent = Instant::now();
-        let generation = self.deny.as_ref().map_or(0, |d| d.generation());
+        let generation = self.deny.as_ref().map_or(0, |d| d.generation(&state_key));
         let token = self.leases.next_token();
         let call = self.limits_call(std::slice::from_ref(limit), key, quantity, None, token);
         let decided = self.send_limits(call);

@@ -32,8 +32,14 @@ pub(crate) struct Rejection {
 /// processes only move a TAT later (a key deleted in Redis by hand is refused here until then).
 pub(crate) struct DenyCache {
     hasher: RandomState,
-    shards: Box<[Mutex<Shard>]>,
-    /// Counts what made keys less limited: a rejection made before one is not inserted after it.
+    shards: Box<[Slot]>,
+}
+
+struct Slot {
+    shard: Mutex<Shard>,
+    /// Counts what made the shard's keys less limited: a rejection made before one is not
+    /// inserted after it. One a shard: a refund or settle on one key (every response of a metered
+    /// policy) must not keep every other key's rejections out of the cache.
     generation: AtomicU64,
 }
 
@@ -59,21 +65,28 @@ struct Denied {
 
 impl DenyCache {
     pub(crate) fn new() -> Self {
+        let slot = || Slot {
+            shard: Mutex::default(),
+            generation: AtomicU64::new(0),
+        };
         DenyCache {
             hasher: RandomState::default(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            generation: AtomicU64::new(0),
+            shards: (0..SHARDS).map(|_| slot()).collect(),
         }
     }
 
-    /// The generation to give [`insert`](Self::insert): read before the call to Redis is sent.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+    /// The generation of `key`'s shard to give [`insert`](Self::insert): read before the call to
+    /// Redis is sent.
+    pub(crate) fn generation(&self, key: &str) -> u64 {
+        self.slot(key).generation.load(Ordering::Acquire)
+    }
+
+    fn slot(&self, key: &str) -> &Slot {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
-        shard.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.slot(key).shard)
     }
 
     /// The cached rejection of `key` for `quantity` units under this quota at `now`, aged, if it
@@ -113,17 +126,19 @@ impl DenyCache {
     /// the rejection until its retry time, which only admits less).
     pub(crate) fn forget(&self, key: &str) {
         // A new generation first: a decision in flight is not inserted after the entry is gone.
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.shard(key).map.remove(key);
+        let slot = self.slot(key);
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        lock(&slot.shard).map.remove(key);
     }
 
     /// Forgets every rejection of a key under `prefix` (a limit changed in a reload; `""`: every
     /// key, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            shard.map.retain(|key, _| !key.starts_with(prefix));
+        for slot in &self.shards {
+            slot.generation.fetch_add(1, Ordering::AcqRel);
+            lock(&slot.shard)
+                .map
+                .retain(|key, _| !key.starts_with(prefix));
         }
     }
 
@@ -195,9 +210,10 @@ impl DenyCache {
             tolerance,
             decision,
         };
-        let mut shard = self.shard(key);
+        let slot = self.slot(key);
+        let mut shard = lock(&slot.shard);
         // Under the shard's lock: a forget of this key came before (a new generation) or after.
-        if self.generation() != generation {
+        if slot.generation.load(Ordering::Acquire) != generation {
             return;
         }
         if shard.map.len() >= SHARD_CAPACITY && !shard.map.contains_key(key) {
@@ -212,6 +228,10 @@ impl DenyCache {
         }
         shard.map.insert(key.into(), entry);
     }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -312,17 +332,27 @@ mod tests {
         let cache = DenyCache::new();
         let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         let now = Instant::now();
-        let sent = cache.generation();
+        let sent = cache.generation("k");
         cache.forget("k"); // a reset heard while Redis was deciding
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
-        // Any forget counts (the generation is the cache's): it only costs a round trip.
-        let sent = cache.generation();
+        // A forget of every key counts too.
+        let sent = cache.generation("k");
         cache.forget_prefix("");
         cache.insert("k", 1, limited(60_000), now, sent);
         assert!(get("k", 1, now).is_none());
-        cache.insert("k", 1, limited(60_000), now, cache.generation());
+        cache.insert("k", 1, limited(60_000), now, cache.generation("k"));
         assert!(get("k", 1, now).is_some());
+        // A forget of a key in another shard does not (a refund there on every response would
+        // keep every rejection out).
+        let other = (0..)
+            .map(|i| format!("o{i}"))
+            .find(|o| !std::ptr::eq(cache.slot(o), cache.slot("j")));
+        let other = other.unwrap();
+        let sent = cache.generation("j");
+        cache.forget(&other);
+        cache.insert("j", 1, limited(60_000), now, sent);
+        assert!(get("j", 1, now).is_some());
     }
 
     #[test]
@@ -332,7 +362,10 @@ mod tests {
         for i in 0..SHARDS * SHARD_CAPACITY * 2 {
             cache.insert(&format!("k{i}"), 1, limited(60_000), now, 0);
         }
-        let sizes = cache.shards.iter().map(|s| s.lock().unwrap().map.len());
+        let sizes = cache
+            .shards
+            .iter()
+            .map(|s| s.shard.lock().unwrap().map.len());
         assert!(sizes.sum::<usize>() <= SHARDS * SHARD_CAPACITY);
     }
 }
