@@ -525,7 +525,7 @@ mod tests {
         // Past u64, or written with an exponent: the cap, not the default.
         assert_eq!(header.estimate(&parts("99999999999999999999"), None), 1000);
         assert_eq!(header.estimate(&parts("1e20"), None), 1000);
-        assert_eq!(header.estimate(&parts("12.7"), None), 12);
+        assert_eq!(header.estimate(&parts("12.7"), None), 7);
         assert_eq!(header.estimate(&parts("NaN"), None), 7);
         let f = rule(Estimate::from_fn(|p| p.headers.len() as u64));
         assert_eq!(f.estimate(&parts("1"), None), 1);

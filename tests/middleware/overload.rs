@@ -595,6 +595,36 @@ async fn the_gate_learns_the_latency_of_served_requests_only() {
     );
 }
 
+/// A router whose `path` answers in about a millisecond.
+fn a_millisecond(path: &str) -> Router {
+    let handler = || async {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        "ok"
+    };
+    Router::new().route(path, get(handler))
+}
+
+/// What `gate` learns of batches of ten requests to `path` on `app`, each read to its end as it
+/// comes, once an interval has closed on them.
+async fn learned_latency(
+    app: &Router,
+    gate: &tower_throttle::overload::Gate,
+    path: &str,
+) -> std::time::Duration {
+    for _ in 0..20 {
+        let batch = (0..10).map(|_| async {
+            let response = app.clone().oneshot(get_(path)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            to_bytes(response.into_body(), 64).await.unwrap();
+        });
+        futures_util::future::join_all(batch).await;
+        if !gate.latency().is_zero() {
+            break;
+        }
+    }
+    gate.latency()
+}
+
 /// A request delay mode makes wait teaches the gate the service's latency, not the wait: the
 /// service's time starts when it is called (and the request still ends in its own partition).
 #[tokio::test]
@@ -613,31 +643,11 @@ async fn the_gate_learns_the_service_latency_of_a_delayed_request_not_its_wait()
         .overload(fixed(64).partition("soft", 0.5).partition("wait", 0.5))
         .build()
         .unwrap();
-    let app = Router::new()
-        .route(
-            "/wait",
-            get(|| async {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                "ok"
-            }),
-        )
-        .layer(layer.clone());
+    let app = a_millisecond("/wait").layer(layer.clone());
     let gate = layer.overload().unwrap();
-    // Batches of ten, waiting 0 to 450 ms each, each read to its end as it comes, until an
-    // interval has closed on them.
-    for _ in 0..10 {
-        let batch = (0..10).map(|_| async {
-            let response = app.clone().oneshot(get_("/wait")).await.unwrap();
-            assert_eq!(response.status(), StatusCode::OK);
-            to_bytes(response.into_body(), 64).await.unwrap();
-        });
-        futures_util::future::join_all(batch).await;
-        if gate.latency() > Duration::ZERO {
-            break;
-        }
-    }
-    // The handler's millisecond at least (not nothing), and not the waits.
-    let learned = gate.latency();
+    // Batches of ten, waiting 0 to 450 ms each: the handler's millisecond at least (not
+    // nothing), and not the waits.
+    let learned = learned_latency(&app, gate, "/wait").await;
     assert!(learned >= Duration::from_millis(1), "{learned:?}");
     assert!(
         learned < Duration::from_millis(40),
@@ -702,34 +712,14 @@ async fn the_gate_learns_the_service_latency_not_a_slow_backend_s() {
             .overload(fixed(64))
             .build()
             .unwrap();
-        let app = Router::new()
-            .route(
-                "/",
-                get(|| async {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    "ok"
-                }),
-            )
-            .layer(layer.clone());
-        let gate = layer.overload().unwrap();
-        for _ in 0..20 {
-            let batch = (0..10).map(|_| async {
-                let response = app.clone().oneshot(get_("/")).await.unwrap();
-                assert_eq!(response.status(), StatusCode::OK);
-                to_bytes(response.into_body(), 64).await.unwrap();
-            });
-            futures_util::future::join_all(batch).await;
-            if gate.latency() > Duration::ZERO {
-                break;
-            }
-        }
-        let learned = gate.latency();
+        let app = a_millisecond("/").layer(layer.clone());
+        let learned = learned_latency(&app, layer.overload().unwrap(), "/").await;
         assert!(learned >= Duration::from_millis(1), "{learned:?}");
         assert!(
             learned < Duration::from_millis(40),
             "{learned:?}: the backend's wait was learned"
         );
-        assert_eq!(gate.in_flight(), 0);
+        assert_eq!(layer.overload().unwrap().in_flight(), 0);
     }
 }
 

@@ -158,19 +158,16 @@ pub(crate) struct BodyRule {
 /// an error; `None` otherwise (over the cap, failed, late, or of a type that cannot be read).
 pub(crate) type WholeBody = Option<Bytes>;
 
-/// A count of units written as a number: a whole number, or one past `u64` (`1e20`,
-/// `99999999999999999999`) as the most there is, so that a cap applies to it rather than a
-/// default; a fraction rounded down. `None` for text that is no such number (or is negative).
+/// A count of units written as a whole number (`512`, `5e2`); one past `u64` (`1e20`,
+/// `99999999999999999999`) is the most there is, so that a cap applies to it rather than a
+/// default. `None` for text that is no whole number (a fraction, a negative one).
 pub(crate) fn units_of(text: &str) -> Option<u64> {
     let text = text.trim();
     if let Ok(units) = text.parse::<u64>() {
         return Some(units);
     }
-    let number: f64 = text
-        .parse()
-        .ok()
-        .filter(|n: &f64| !n.is_nan() && *n >= 0.0)?;
-    Some(number as u64) // saturating: infinity and past u64::MAX are u64::MAX
+    let number: f64 = text.parse().ok()?;
+    (number >= 0.0 && number.fract() == 0.0).then_some(number as u64) // `as` saturates
 }
 
 #[cfg(test)]
@@ -204,6 +201,11 @@ mod tests {
         assert_eq!(tokens.units(&json, br#"{"max_tokens":5e2}"#), Some(500));
         assert_eq!(tokens.units(&json, br#"{"max_tokens":-1}"#), None);
         assert_eq!(tokens.units(&json, br#"{"max_tokens":0.5}"#), None);
+        // Past what u64 holds: the most there is (the estimate's cap then applies).
+        assert_eq!(
+            tokens.units(&json, br#"{"max_tokens":1e20}"#),
+            Some(u64::MAX)
+        );
     }
 
     #[test]
