@@ -602,6 +602,12 @@ async fn run() -> Result<(), String> {
     admin::register_reload_metrics();
     let app = with_metrics(router, &layer, metrics.clone())
         .layer(axum::middleware::from_fn(host::require_host));
+    let reloader = std::sync::Arc::new(admin::Reloader::new(
+        args.config.clone(),
+        config.clone(),
+        backend_override,
+    ));
+    admin::reload_on_sighup(layer.handle(), reloader.clone());
     let admin = match &args.admin {
         Some(addr) => {
             let addrs = resolve("--admin", addr).await?;
@@ -610,12 +616,10 @@ async fn run() -> Result<(), String> {
                 .map_err(|e| {
                     format!("--admin: cannot listen on {}: {e}", describe_addrs(&addrs))
                 })?;
-            let reloader =
-                admin::Reloader::new(args.config.clone(), config.clone(), backend_override);
             let admin = admin::Admin::new(
                 layer.handle(),
                 layer.backend().clone(),
-                std::sync::Arc::new(reloader),
+                reloader,
                 view::History::start(metrics),
             );
             let local = listener.local_addr().map_err(|e| e.to_string())?;
@@ -626,7 +630,6 @@ async fn run() -> Result<(), String> {
                     "--admin {local}: not a loopback address, and no token: set one with --admin-token-env NAME or [admin] token_env"
                 ));
             }
-            admin.reload_on_sighup();
             let router = admin.router(token.as_deref().map(auth::AdminToken::new));
             tokio::spawn(edge::serve(listener, router, edge, std::future::pending()));
             format!("; admin on http://{local}")

@@ -107,6 +107,8 @@ impl Reloader {
                 "the server runs the built-in config: start it with --config FILE to reload".into(),
             );
         };
+        // Held from the read on: of two reloads at once, the later file is the one in force.
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         // On one line, as at start-up: a TOML error's excerpt would split the log line.
         let source = crate::Source(path.clone());
         let text = tokio::task::block_in_place(|| std::fs::read_to_string(path))
@@ -123,7 +125,6 @@ impl Reloader {
                 "{path}: the server routes the paths it started with; restart to change them (added {added:?}, removed {removed:?})"
             ));
         }
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let config = handle
             .reload_config_checked(&running, config)
             .map_err(|e| source.error(e))?;
@@ -178,28 +179,29 @@ impl Admin {
         api.route("/", get(crate::view::page))
     }
 
-    /// Reloads on every SIGHUP, logging the outcome (Unix only).
-    pub fn reload_on_sighup(&self) {
-        #[cfg(unix)]
-        {
-            let admin = self.clone();
-            let Ok(mut hangups) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                tracing::warn!("cannot listen for SIGHUP; reload with POST /reload");
-                return;
-            };
-            tokio::spawn(async move {
-                while hangups.recv().await.is_some() {
-                    match admin.reload.reload(&admin.handle) {
-                        Ok(n) => tracing::info!(policies = n, "SIGHUP: configuration reloaded"),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "SIGHUP: reload refused; the running configuration stays in force")
-                        }
+}
+
+/// Reloads on every SIGHUP, logging the outcome (Unix only): with or without the admin listener,
+/// as a SIGHUP nobody listens for ends the process (and its state file is not saved).
+pub fn reload_on_sighup(handle: ThrottleHandle<KeySpec, ConfiguredBackend>, reload: Arc<Reloader>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP; reload with POST /reload");
+            return;
+        };
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                match reload.reload(&handle) {
+                    Ok(n) => tracing::info!(policies = n, "SIGHUP: configuration reloaded"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "SIGHUP: reload refused; the running configuration stays in force")
                     }
                 }
-            });
-        }
+            }
+        });
     }
 }
 

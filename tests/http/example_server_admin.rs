@@ -164,3 +164,29 @@ fn admin_is_off_by_default() {
     let server = start(&[]);
     assert!(!server.line.contains("admin on"), "{}", server.line);
 }
+
+/// Without `--admin`, SIGHUP still reloads the file, and the server lives on (a SIGHUP nobody
+/// listens for ends the process).
+#[tokio::test]
+async fn sighup_reloads_without_the_admin_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("limits.toml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let server = start(&["--config", file.to_str().unwrap()]);
+    assert_eq!(replies(&server, "alice", 4).await, [200, 200, 200, 429]);
+    std::fs::write(&file, CONFIG.replace("count = 3", "count = 7")).unwrap();
+    let pid = server.pid().to_string();
+    let hup = std::process::Command::new("kill").args(["-HUP", &pid]).status();
+    assert!(hup.unwrap().success());
+    // Seven a minute once reloaded: bob's seventh passes, his eighth does not.
+    let mut statuses = Vec::new();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        statuses = replies(&server, "bob", 1).await;
+        if statuses != [200] {
+            break;
+        }
+    }
+    let served = replies(&server, "carol", 8).await;
+    assert_eq!(served.iter().filter(|s| **s == 200).count(), 7, "{served:?}");
+}
