@@ -121,7 +121,9 @@ impl Offenders {
                     let entry = map
                         .entry((policy.into(), window))
                         .or_insert_with(|| (bucket, Hll::new()));
-                    if entry.0 != bucket {
+                    // Only ever to a later bucket: a thread that read the clock just before another
+                    // moved on (or a clock stepped back) must not empty the newer one.
+                    if entry.0 < bucket {
                         *entry = (bucket, Hll::new());
                     }
                     entry.1.insert(hash);
@@ -257,8 +259,8 @@ mod redis_store {
     use crate::key::Key;
 
     /// Keys already sent to Redis in this minute, per policy, so that a flood from one key (answered
-    /// by the deny cache) costs Redis one write a minute, not one per request. Bounded: past the cap,
-    /// every rejection is written.
+    /// by the deny cache) costs Redis one write a minute, not one per request. Bounded: a full set
+    /// starts again (a key may then be written twice in a minute; the outbox bounds the writes).
     #[derive(Default)]
     pub(super) struct Recent {
         minute: u64,
@@ -302,12 +304,14 @@ mod redis_store {
                     recent.minute = minute;
                     recent.seen.clear();
                 }
-                // Sent already this minute; or so many distinct keys that this is a flood of
-                // invented ones: dropping some then costs a little accuracy, not Redis's time.
-                if recent.seen.len() >= RECENT_CAP
-                    || !recent.seen.insert((policy.into(), key.clone()))
-                {
-                    return;
+                // So many distinct keys that this is a flood of invented ones: forgetting them
+                // costs a second write of some, while refusing to count more would leave every
+                // other policy uncounted for the rest of the minute.
+                if recent.seen.len() >= RECENT_CAP {
+                    recent.seen.clear();
+                }
+                if !recent.seen.insert((policy.into(), key.clone())) {
+                    return; // sent already this minute
                 }
             }
             let outbox = &self.outbox;

@@ -116,3 +116,27 @@ async fn a_limited_key_is_written_once_a_minute() {
     }
     panic!("two minute boundaries in two attempts");
 }
+
+/// A flood of invented keys on one policy (past the 100,000 keys a process remembers a minute)
+/// does not stop another policy's limited clients from being counted.
+#[tokio::test]
+async fn a_flood_of_invented_keys_leaves_other_policies_counted() {
+    let server = redis_support::RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let offenders = Offenders::redis(conn, "app");
+    for batch in 0..20 {
+        let written = calls(&server, "pfadd");
+        for i in 0..5_000 {
+            offenders.record("search", &Key::from(format!("invented-{batch}-{i}")));
+        }
+        until("the batch is written", || {
+            calls(&server, "pfadd") >= written + 3
+        })
+        .await;
+    }
+    let written = calls(&server, "pfadd");
+    offenders.record("login", &Key::from("eve"));
+    until("eve is written", || calls(&server, "pfadd") >= written + 3).await;
+    assert_eq!(offenders.count("login").await.unwrap().minute, 1);
+}
