@@ -645,13 +645,20 @@ async fn run() -> Result<(), String> {
         describe_backend(&config, layer.backend()),
         describe_routes(&config)
     );
-    edge::serve(listener, app, edge, shutdown_signal()).await;
-    // `[backend] state_file`: the memory backend's keys, for the next process.
-    match config.save_state(&layer) {
+    // `[backend] state_file`: the memory backend's keys, for the next process. Saved as the signal
+    // comes, before the requests in flight are waited for (up to 10 s, when `docker stop` may
+    // kill), then again with what they did.
+    let save = || match config.save_state(&layer) {
         Ok(Some(keys)) => tracing::info!(keys, "state_file: keys saved"),
         Ok(None) => {}
         Err(e) => tracing::warn!(error = %e, "state_file: keys not saved"),
-    }
+    };
+    let stopping = async {
+        shutdown_signal().await;
+        save();
+    };
+    edge::serve(listener, app, edge, stopping).await;
+    save();
     Ok(())
 }
 

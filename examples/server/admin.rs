@@ -178,7 +178,6 @@ impl Admin {
         };
         api.route("/", get(crate::view::page))
     }
-
 }
 
 /// Reloads on every SIGHUP, logging the outcome (Unix only): with or without the admin listener,

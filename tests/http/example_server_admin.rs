@@ -176,7 +176,9 @@ async fn sighup_reloads_without_the_admin_listener() {
     assert_eq!(replies(&server, "alice", 4).await, [200, 200, 200, 429]);
     std::fs::write(&file, CONFIG.replace("count = 3", "count = 7")).unwrap();
     let pid = server.pid().to_string();
-    let hup = std::process::Command::new("kill").args(["-HUP", &pid]).status();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status();
     assert!(hup.unwrap().success());
     // Seven a minute once reloaded: bob's seventh passes, his eighth does not.
     let mut statuses = Vec::new();
@@ -188,5 +190,9 @@ async fn sighup_reloads_without_the_admin_listener() {
         }
     }
     let served = replies(&server, "carol", 8).await;
-    assert_eq!(served.iter().filter(|s| **s == 200).count(), 7, "{served:?}");
+    assert_eq!(
+        served.iter().filter(|s| **s == 200).count(),
+        7,
+        "{served:?}"
+    );
 }

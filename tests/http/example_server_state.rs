@@ -78,3 +78,46 @@ async fn a_client_refused_before_a_restart_is_refused_after_it() {
     drop(third);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The state is saved as SIGTERM comes, before the requests in flight are waited for (up to
+/// 10 s, by when `docker stop` kills), and again once they are done.
+#[tokio::test]
+async fn the_state_is_saved_at_once_while_requests_are_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("keys.state");
+    let file = dir.path().join("throttle.toml");
+    std::fs::write(&file, CONFIG.replace("STATE", state.to_str().unwrap())).unwrap();
+    let mut server = start(&["--config", file.to_str().unwrap()]);
+    assert_eq!(replies(&server, "mallory", 4).await, [200, 200, 200, 429]);
+    let addr = server.addr;
+    let held = tokio::spawn(async move {
+        send(
+            addr,
+            "GET",
+            "/reply?sleep_ms=5000",
+            &[("x-user-id", "slow")],
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = server.pid().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(term.unwrap().success());
+    let mut saved = String::new();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        saved = std::fs::read_to_string(&state).unwrap_or_default();
+        if !saved.is_empty() {
+            break;
+        }
+    }
+    assert!(saved.contains("mallory"), "not saved within 2 s: {saved:?}");
+    assert_eq!(
+        held.await.unwrap().status,
+        200,
+        "the request in flight is answered"
+    );
+    assert!(server.exited_within(Duration::from_secs(15)));
+}
