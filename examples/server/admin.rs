@@ -174,7 +174,7 @@ impl Admin {
                 token,
                 crate::auth::require_token,
             )),
-            None => api,
+            None => api.layer(axum::middleware::from_fn(crate::auth::same_machine_only)),
         };
         api.route("/", get(crate::view::page))
     }

@@ -43,10 +43,11 @@ pub async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    let offered = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let offered = request.headers().get(header::AUTHORIZATION).and_then(|v| {
+        // The scheme's name is case-insensitive (RFC 9110 §11.1).
+        let (scheme, token) = v.as_bytes().split_at_checked(7)?;
+        scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
+    });
     match offered {
         Some(offered) if token.matches(offered) => next.run(request).await,
         _ => (
@@ -61,4 +62,43 @@ pub async fn require_token(
         )
             .into_response(),
     }
+}
+
+/// Over a token-less admin listener (loopback only): 403 for a request a web page made the
+/// operator's browser send — from another site (`Origin`, `Sec-Fetch-Site`), or through a name
+/// that resolves to this machine (DNS rebinding: a `Host` that is not a loopback one). A simple
+/// cross-site POST needs no preflight, and `/reload?clear_overrides=true` takes no body.
+pub async fn same_machine_only(request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let host_ok = text(header::HOST.as_str()).is_none_or(is_loopback);
+    let origin_ok = text(header::ORIGIN.as_str()).is_none_or(|origin| {
+        let host = origin
+            .strip_prefix("http://")
+            .or(origin.strip_prefix("https://"));
+        host.is_some_and(is_loopback)
+    });
+    let site_ok = text("sec-fetch-site").is_none_or(|site| site != "cross-site");
+    if host_ok && origin_ok && site_ok {
+        return next.run(request).await;
+    }
+    let error = "this admin listener answers requests made on this machine only \
+                 (a loopback Host and Origin): set a token to reach it otherwise";
+    (
+        StatusCode::FORBIDDEN,
+        axum::Json(serde_json::json!({ "error": error })),
+    )
+        .into_response()
+}
+
+/// Whether `authority` (`host[:port]`) names this machine: `localhost`, 127.0.0.0/8 or `[::1]`.
+fn is_loopback(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

@@ -146,10 +146,14 @@ pub(crate) async fn send_body(
     body: &str,
 ) -> Reply {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The address as the Host, unless the caller names one.
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (n, v) in headers {
         req.push_str(&format!("{n}: {v}\r\n"));
     }

@@ -196,3 +196,29 @@ async fn sighup_reloads_without_the_admin_listener() {
         "{served:?}"
     );
 }
+
+/// A token-less admin listener answers what is sent from this machine only: not a request a web
+/// page made the operator's browser send (another site's `Origin`, `Sec-Fetch-Site: cross-site`),
+/// nor one through a name that resolves here (DNS rebinding: a `Host` that is not a loopback one).
+#[tokio::test]
+async fn a_tokenless_admin_listener_refuses_what_a_web_page_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("limits.toml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let server = start(&["--config", file.to_str().unwrap(), "--admin", "127.0.0.1:0"]);
+    let admin = admin_addr(&server);
+    for headers in [
+        &[("origin", "http://evil.example")][..],
+        &[("origin", "null")],
+        &[("sec-fetch-site", "cross-site")],
+        &[("host", "evil.example:80")],
+    ] {
+        let reply = send(admin, "POST", "/reload?clear_overrides=true", headers).await;
+        assert_eq!(reply.status, 403, "{headers:?}: {}", reply.body);
+    }
+    let own = format!("http://{admin}");
+    let same = send(admin, "POST", "/reload", &[("origin", &own)]).await;
+    assert_eq!(same.status, 200, "{}", same.body);
+    let local = send(admin, "GET", "/health", &[("host", "localhost")]).await;
+    assert_eq!(local.status, 200, "{}", local.body);
+}

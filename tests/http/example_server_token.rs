@@ -40,6 +40,10 @@ async fn every_route_needs_the_token(admin: SocketAddr) {
         }
         let reply = send(admin, method, path, &[("authorization", &bearer)]).await;
         assert_eq!(reply.status, ok, "{method} {path}: {}", reply.body);
+        // The scheme's name is case-insensitive.
+        let any_case = bearer.replacen("Bearer", "BEARER", 1);
+        let reply = send(admin, method, path, &[("authorization", &any_case)]).await;
+        assert_eq!(reply.status, ok, "{method} {path}: {}", reply.body);
     }
     // The page itself is static (a browser cannot send a bearer token when it navigates): it
     // holds no data, and gets everything it shows from the routes above, with the token.
