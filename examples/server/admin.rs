@@ -240,6 +240,13 @@ async fn peek(State(admin): State<Admin>, Path((policy, key)): Path<(String, Str
             let mut body = state_json(&state.summary());
             body["policy"] = json!(state.policy);
             body["key"] = json!(key);
+            // An operator's timed ban (`PUT /bans`) and override (`PUT /overrides`) in force.
+            if let Some(until) = state.banned_until {
+                let rest = until.duration_since(std::time::SystemTime::now());
+                body["banned"] = json!(true);
+                body["ban_remaining_ms"] = json!(ms(rest.unwrap_or_default()));
+            }
+            body["override"] = json!(state.override_in_force.map(|o| o.to_string()));
             body["tiers"] = state
                 .tiers
                 .iter()

@@ -107,6 +107,10 @@ async fn overrides_set_through_one_server_hold_in_the_other_and_after_restarts()
             .body,
     );
     assert_eq!(peek["limit"], 6, "{peek}");
+    assert!(
+        peek["override"].as_str().unwrap().starts_with("6 per"),
+        "{peek}"
+    );
 
     // A 2 s ban: 429 with Retry-After 2 in the other, and through after.
     let ban = send(admin, "PUT", "/bans/reply/bob?for=2s", &[]).await;
@@ -121,6 +125,13 @@ async fn overrides_set_through_one_server_hold_in_the_other_and_after_restarts()
     assert_eq!(
         json(&send(admin, "GET", "/bans/reply", &[]).await.body)[0]["key"],
         "bob"
+    );
+    // A peek shows the ban.
+    let peek = json(&send(admin, "GET", "/limits/reply/bob", &[]).await.body);
+    assert_eq!(peek["banned"], true, "{peek}");
+    assert!(
+        peek["ban_remaining_ms"].as_u64().unwrap() <= 2_000,
+        "{peek}"
     );
     tokio::time::sleep(Duration::from_millis(2_050).saturating_sub(banned_at.elapsed())).await;
     assert_eq!(replies(&two, "bob", 1).await, [200]);
