@@ -551,13 +551,23 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         K: KeyFromText,
     {
         let table = self.shared.table.load_full();
+        let invalid = |reason| HandleError::InvalidKey {
+            policy: policy.to_owned(),
+            reason,
+        };
+        // A pseudonym a redacting layer shows (`top`, logs) names no key it can find again: taken
+        // for a key of those bytes, a reset or a ban would answer done and touch nobody.
+        let pseudonym = text
+            .strip_prefix("hmac:")
+            .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()));
+        if pseudonym && table.judge.redactor.is_some() {
+            let why = format!("{text:?} is a pseudonym (keys are redacted): name the key itself");
+            return Err(invalid(why));
+        }
         find(&table, policy)?
             .key()
             .key_from_text(text)
-            .map_err(|reason| HandleError::InvalidKey {
-                policy: policy.to_owned(),
-                reason,
-            })
+            .map_err(invalid)
     }
 }
 
@@ -590,6 +600,8 @@ pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Polic
 /// from any of them works as it is; and also as the request carries it: an address, a header's
 /// value (`user 42`), a composite key's values joined by `|`. Where a text could be either (it
 /// holds a `%` followed by two hex digits, and nothing a rendering escapes), it is read as shown.
+/// Where the layer redacts keys, what they show is a pseudonym (`hmac:…`), which the handle
+/// refuses: it names no key it can find again.
 ///
 /// ```
 /// use tower_throttle::ops::KeyFromText;

@@ -223,3 +223,34 @@ async fn a_config_reload_applies_routes_and_refuses_what_needs_a_restart() {
 async fn memory_peek_and_reset_cover_every_tier_and_stacked_limit() {
     tiers_and_stacks(MemoryBackend::new()).await;
 }
+
+/// Under redacted keys, a pseudonym copied from `top` or a log is refused by name: taken for a
+/// key of those bytes, a reset or a ban would answer done and touch nobody.
+#[tokio::test]
+async fn a_pseudonym_is_refused_where_keys_are_redacted() {
+    let policy = || {
+        Policy::builder("api")
+            .key(Header::new("x-user-id"))
+            .quota(Quota::per_minute(1))
+            .build()
+            .unwrap()
+    };
+    let redacting = ThrottleLayer::builder()
+        .policy(policy())
+        .redact_keys(true)
+        .build()
+        .unwrap();
+    let pseudonym = "hmac:0123456789abcdef";
+    let handle = redacting.handle();
+    match handle.reset("api", pseudonym).await {
+        Err(HandleError::InvalidKey { reason, .. }) => assert!(reason.contains("pseudonym")),
+        other => panic!("{other:?}"),
+    }
+    assert!(handle
+        .ban("api", pseudonym, std::time::Duration::from_secs(60))
+        .await
+        .is_err());
+    // Without redaction it is a key like another.
+    let plain = ThrottleLayer::new(policy());
+    assert!(plain.handle().reset("api", pseudonym).await.is_ok());
+}
