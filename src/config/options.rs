@@ -214,8 +214,15 @@ fn quotas(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result
         algorithm(route)?,
         with_calendar_period(route, route.own_quota())?,
     );
-    // A metered route may limit its metered units alone.
+    // A metered route may limit its metered units alone (then with no period of its own).
     if route.metered.is_some() && own.count.is_none() && own.quotas.is_none() {
+        if own.period.is_some() || own.max_burst.is_some() {
+            return Err(
+                "period and max_burst go with count (a metered route without count \
+                        limits its metered units alone)"
+                    .to_owned(),
+            );
+        }
         return Ok(builder);
     }
     let mut builder = builder.quotas(quotas_of(algorithm, &own, false)?);

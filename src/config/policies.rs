@@ -69,6 +69,13 @@ pub(super) fn quotas_of(
         quotas,
     } = keys;
     let (count, period, max_burst) = (*count, *period, *max_burst);
+    if algorithm == Algorithm::Concurrency && count.is_some() && period.is_some() {
+        return Err(
+            "period is not for algorithm \"concurrency\" (it counts requests in flight, \
+                    not per period); remove it"
+                .to_owned(),
+        );
+    }
     let gcra = algorithm == Algorithm::Gcra;
     let one = |count: u64, period: Option<Duration>, max_burst: Option<u64>| {
         let period = match (period, algorithm) {

@@ -680,6 +680,8 @@ fn config_mistakes_are_clear_errors() {
         ("quotas = [{ count = 1, period = \"1m\" }, { count = 2, period = \"60s\" }]", "have the period 60s"),
         ("algorithm = \"concurrency\"\nquotas = [{ count = 1, period = \"1m\" }, { count = 2, period = \"1s\" }]", "not a stack"),
         ("count = 5\nperiod = \"1s\"\nlease = \"10s\"", "only for algorithm \"concurrency\""),
+        ("algorithm = \"concurrency\"\ncount = 2\nperiod = \"1m\"", "period is not for algorithm \"concurrency\""),
+        ("period = \"1m\"\nmetered = { unit = \"tokens\", count = 10, period = \"1m\", estimate = 1 }", "period and max_burst go with count"),
         ("algorithm = \"sliding-log\"\ncount = 20000\nperiod = \"1h\"", "at most 10000"),
         ("count = 5\nperiod = \"1s\"\ntier_header = \"x-plan\"", "no tier is defined"),
         ("count = 5\nperiod = \"1s\"\n[route.tiers.\"bad tier\"]\ncount = 1\nperiod = \"1s\"", "tier"),
