@@ -144,6 +144,9 @@ pub struct Limit {
     quota: Quota,
     params: Params,
     penalty: Option<Penalty>,
+    /// Whose penalty box strikes and bans count in (a backend that keeps them: Redis): the
+    /// policy's, whatever tier or override quota the key is under (`None`: this limit's own).
+    penalty_box: Option<Arc<str>>,
     budget: Option<Budget>,
     /// How far past its burst a settled cost may push the key, in units (`None`: one period's
     /// quota).
@@ -190,6 +193,7 @@ impl Limit {
             quota,
             params,
             penalty: None,
+            penalty_box: None,
             budget: None,
             max_debt: None,
         }
@@ -442,6 +446,26 @@ impl Limit {
     /// The penalty, if any.
     pub fn penalty(&self) -> Option<&Penalty> {
         self.penalty.as_ref()
+    }
+
+    /// Its penalty counted in the box named `name` (its policy's), not its own.
+    pub(crate) fn in_penalty_box(mut self, name: &str) -> Self {
+        self.penalty_box = Some(name.into());
+        self
+    }
+
+    /// The name of the penalty box its strikes and bans count in.
+    pub(crate) fn penalty_box(&self) -> &str {
+        self.penalty_box.as_deref().unwrap_or(&self.name)
+    }
+
+    /// This limit with no penalty: what a request whose refusal is not enforced is asked under,
+    /// so that a backend that keeps penalties does not strike it.
+    pub(crate) fn without_penalty(&self) -> Self {
+        Limit {
+            penalty: None,
+            ..self.clone()
+        }
     }
 
     /// With a leased [`Budget`]: on Redis, a process takes slices of a hot key's budget and admits

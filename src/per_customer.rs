@@ -283,7 +283,9 @@ impl CustomerQuotas {
         };
         let mut limit = Limit::with_algorithm(name, template.algorithm(), quota)?;
         if let Some(penalty) = template.penalty() {
-            limit = limit.with_penalty(*penalty);
+            limit = limit
+                .with_penalty(*penalty)
+                .in_penalty_box(template.penalty_box());
         }
         if let Some(delay) = template.delay() {
             limit = limit.with_delay(delay)?;

@@ -273,7 +273,9 @@ where
         quantities: &'a mut [u64; MAX_STACKED_QUOTAS],
     ) -> Charges<'a> {
         let (rules, extras) = (&*self.policy, &self.extras);
-        let limits = &asking.tier(rules).limits;
+        let limits = self
+            .judge
+            .limits_to_ask(rules, asking.tier(rules), &asking.key);
         let key = &asking.key;
         match (&extras.metered, asking.estimate) {
             (Some(metered), Some(estimate)) => {

@@ -17,6 +17,7 @@ use crate::error::BackendError;
 use crate::failure::Fallback;
 use crate::headers::RateHeaders;
 use crate::key::Key;
+use crate::limit::Limit;
 
 use crate::observe::{ErrorLog, RedactionSecret, Redactor, RequestRef, ShownKey};
 use crate::policy::{CompiledPolicy, CompiledTier, MissingKey};
@@ -161,6 +162,25 @@ impl Judge {
                         .is_none_or(|s| key.is_some_and(|k| s.enforces(k)))
                     && !(rules.under_pressure && kind == RefusalKind::Limited && !self.pressed())
             }
+        }
+    }
+
+    /// The limits a request of `rules` for `key` asks the backend under `tier`: without their
+    /// penalty when the policy does not enforce its refusal (a staged key outside the share, a
+    /// policy enforced under pressure only while there is none), so that a backend that keeps
+    /// penalties strikes only refusals that are made, as the layer's own penalty box does.
+    #[inline(always)]
+    pub(crate) fn limits_to_ask<'t>(
+        &self,
+        rules: &CompiledPolicy,
+        tier: &'t CompiledTier,
+        key: &Key,
+    ) -> &'t [Limit] {
+        match &tier.unenforced {
+            Some(unenforced) if !self.enforces(Some(rules), RefusalKind::Limited, Some(key)) => {
+                unenforced
+            }
+            _ => &tier.limits,
         }
     }
 

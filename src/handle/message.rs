@@ -117,7 +117,7 @@ impl Judge {
                 (vec![ban; tier.limits.len()], false)
             }
             None => {
-                let limits = &tier.limits;
+                let limits = self.limits_to_ask(policy, tier, key);
                 let answer = backend.check(Charges::stack(limits, key, cost)).await;
                 // As a request's verdict takes them: a stack's decisions one per limit.
                 match answer {

@@ -196,7 +196,7 @@ where
     B: Backend,
 {
     let started = MEASURE_LATENCY.then(Instant::now);
-    let limits = &policy.tiers[tier].limits;
+    let limits = judge.limits_to_ask(policy, &policy.tiers[tier], key);
     let mut decided = backend.check(Charges::stack(limits, key, policy.cost));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {

@@ -55,7 +55,7 @@ impl<K> PolicyBuilder<K> {
             let mut limit = Limit::with_algorithm(name, self.opts.algorithm, *quota)?;
             // A dry run never bans.
             if let Some(penalty) = self.opts.penalty.filter(|_| !self.opts.dry_run) {
-                limit = limit.with_penalty(penalty);
+                limit = limit.with_penalty(penalty).in_penalty_box(&self.opts.name);
             }
             if let Some(delay) = self.opts.delay {
                 limit = limit.with_delay(delay)?;

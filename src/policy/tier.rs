@@ -24,6 +24,10 @@ pub(crate) struct CompiledTier {
     /// One limit, neither a concurrency limit nor in delay mode: an admission by it is its
     /// decision's fields and nothing more (`Judge::admitted_plainly`).
     pub(crate) plain_admission: bool,
+    /// `limits` without their penalty, where they have one: what a request whose refusal its
+    /// policy does not enforce (a staged key outside the share, no pressure) is asked under, so
+    /// that a backend that keeps penalties (Redis) strikes only refusals that are made.
+    pub(crate) unenforced: Option<Box<[Limit]>>,
 }
 
 impl CompiledTier {
@@ -40,6 +44,8 @@ impl CompiledTier {
             concurrency,
             delays,
             plain_admission: limits.len() == 1 && !concurrency && !delays,
+            unenforced: (limits.iter().any(|l| l.penalty().is_some()))
+                .then(|| limits.iter().map(Limit::without_penalty).collect()),
         }
     }
 

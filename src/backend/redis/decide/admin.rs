@@ -163,7 +163,7 @@ impl RedisState {
             .iter()
             .map(|l| state_key(&self.prefix, l, key))
             .collect();
-        let base = redis_key(&self.prefix, first.name(), key);
+        let base = redis_key(&self.prefix, first.penalty_box(), key);
         self.delete(
             state_keys,
             vec![format!("{base}:strikes"), format!("{base}:ban")],

@@ -264,7 +264,7 @@ impl RedisState {
         let penalty = limits.first().and_then(|first| {
             first
                 .penalty()
-                .map(|p| (*p, redis_key(&self.prefix, first.name(), key)))
+                .map(|p| (*p, redis_key(&self.prefix, first.penalty_box(), key)))
         });
         let on = |l| (l, key, state_key(&self.prefix, l, key));
         call_of(limits.iter().map(on), penalty, quantity, each, token)
