@@ -31,7 +31,10 @@ use crate::key::Key;
 ///
 /// The Redis backend keeps strikes and bans in Redis, next to the key's state (`…:{key}:strikes`, a
 /// counter expiring `within` after the first strike, and `…:{key}:ban`), in the same atomic call, so
-/// every process shares them. Other backends get an in-process penalty box from the layer.
+/// every process shares them, one box per policy whatever tier or override quota a key is under;
+/// a refusal the policy does not enforce (staged, under pressure only) is no strike. Other
+/// backends get an in-process penalty box from the layer, which tracks 100,000 keys a policy at
+/// most: one full of bans (keys that rotate get banned too) tracks no new key until a ban ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Penalty {
     after: u32,
