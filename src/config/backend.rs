@@ -255,6 +255,11 @@ impl RedisConfig {
             ));
         }
         builder = set(builder, self.prefix.clone(), RedisBackendBuilder::prefix);
+        if self.timeout_ms == Some(0) {
+            return Err(BackendError::new(
+                "[backend] timeout_ms must be more than 0",
+            ));
+        }
         let timeout = self.timeout_ms.map(Duration::from_millis);
         builder = set(builder, timeout, RedisBackendBuilder::timeout);
         Ok(set(

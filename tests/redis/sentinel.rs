@@ -175,6 +175,14 @@ async fn sentinel_keys_parse_and_conflicts_are_refused() {
         bad_connect.contains("[backend] connect = \"soon\" is not \"lazy\" or \"eager\""),
         "{bad_connect}"
     );
+    let zero = layer_error(&format!(
+        "{redis}\nurl = \"redis://127.0.0.1:{free}\"\ntimeout_ms = 0"
+    ))
+    .await;
+    assert!(
+        zero.contains("[backend] timeout_ms must be more than 0"),
+        "{zero}"
+    );
     assert!(
         Config::from_toml(&format!("[backend]\n{redis}\nsentinel = [\"x\"]\n{ROUTE}")).is_err()
     );
