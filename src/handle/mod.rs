@@ -534,6 +534,24 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // some already.
         self.shared.overrides.know(table.limit_names());
         self.shared.overrides.reread();
+        // Kept, but a policy that became metered or keyed apart cannot take a quota override:
+        // listed and shown by peek, it would otherwise be ignored without a word.
+        for policy in table.policies.iter().map(Policy::compiled) {
+            let extras = policy.extras.as_deref();
+            let takes_none = extras.is_some_and(|e| e.metered.is_some() || e.limit_keys.is_some());
+            let overrides = self.shared.overrides.overrides_of(policy.name());
+            if takes_none
+                && overrides
+                    .iter()
+                    .any(|(_, o)| matches!(o, Override::Quota(_)))
+            {
+                tracing::warn!(
+                    policy = policy.name(),
+                    "quota overrides kept by the reload are not applied: the policy is metered or \
+                     keyed apart now, and takes unlimited and blocked overrides only"
+                );
+            }
+        }
         self.shared.table.store(table);
         if !changed.is_empty() {
             self.shared.backend.reloaded(&changed);

@@ -147,6 +147,7 @@ async fn a_quota_override_from_before_keys_apart_is_not_applied() {
     let handle = layer.handle();
     let more = Override::Quota(Quota::per_minute(100));
     handle.set_override("api", "alice", more).await.unwrap();
+    let (logs, _guard) = crate::support::failover::Logs::capture();
     let keyed = Policy::builder("api")
         .key(Header::new("x-user-id"))
         .quota(Quota::per_minute(2))
@@ -154,6 +155,10 @@ async fn a_quota_override_from_before_keys_apart_is_not_applied() {
         .build()
         .unwrap();
     handle.reload([keyed]).unwrap();
+    assert_eq!(
+        logs.count("quota overrides kept by the reload are not applied"),
+        1
+    );
     let app = axum::Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
         .layer(layer);
