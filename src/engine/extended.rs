@@ -12,7 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::request::Parts;
 
@@ -311,9 +311,13 @@ where
             judge.shadowed(cx, &extras.shadows, shadowed);
         }
         // Only what the backend took can be given back, and only while it counts there (the
-        // shortest `reset_after`). A failed backend took nothing, whatever `OnBackendError` does.
+        // shortest `reset_after`). A failed backend took nothing; the local limiter that decides
+        // in its stead (`OnBackendError::Local`) is adjusted instead, as long as it keeps the key
+        // (a refund's `since` keeps it from giving back more than was taken).
+        let local = answer.is_err() && judge.fallback.is_local();
         let counts_for = match &answer {
             Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
+            Err(_) if local => Some(Duration::MAX),
             _ => None,
         };
         let asked = asking.asked;
@@ -326,7 +330,11 @@ where
             estimate,
             ..
         } = asking;
-        let taken = Taken { asked, counts_for };
+        let taken = Taken {
+            asked,
+            counts_for,
+            local,
+        };
         let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
         if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
             // The handler's meter, whether or not the backend took the reservation (it failed and
@@ -357,7 +365,7 @@ where
     fn metered(&self, key: Key, taken: &Taken, meter: Meter) -> Option<MeterGuard> {
         let rule = self.extras.metered.as_ref()?;
         taken.counts_for?;
-        let (shared, policy) = (self.shared.clone(), self.policy.clone());
+        let (adjust, policy) = (self.adjuster(taken.local), self.policy.clone());
         let position = rule.position;
         let settle: Settle = Box::new(move |delta, since| {
             // Metered policies have one tier and no per-customer quota.
@@ -366,12 +374,25 @@ where
             deltas[position] = delta;
             let since = since + CLOCK_MARGIN;
             let deltas = &deltas[..limits.len()];
-            let charges = Charges::stack(limits, &key, 0);
-            shared
-                .backend
-                .adjust(charges, Adjustment::Settle { deltas, since });
+            adjust(
+                Charges::stack(limits, &key, 0),
+                Adjustment::Settle { deltas, since },
+            );
         });
         Some(MeterGuard::new(meter, rule, settle, taken.asked))
+    }
+
+    /// Where what an admitted request took is adjusted after its response: the backend, or the
+    /// local limiter that decided it in the backend's stead (`local`).
+    fn adjuster(
+        &self,
+        local: bool,
+    ) -> impl Fn(Charges<'_>, Adjustment<'_>) + Send + Sync + 'static {
+        let (shared, judge) = (self.shared.clone(), self.judge.clone());
+        move |charges: Charges<'_>, adjustment: Adjustment<'_>| match local {
+            true => judge.fallback.adjust(charges, adjustment),
+            false => shared.backend.adjust(charges, adjustment),
+        }
     }
 
     /// The slot's release, and the guard that gives the units back if the response does not count.
@@ -393,11 +414,11 @@ where
         let release = steps::release_of(&verdict, shared, judge, (charged, policy.cost), &key);
         let outcome = match (refundable, &extras.outcome) {
             (Some(counts_for), Some(rule)) => {
-                let (shared, policy) = (shared.clone(), policy.clone());
+                let (adjust, policy) = (self.adjuster(taken.local), policy.clone());
                 let refund: Refund = Box::new(move |since| {
                     let limits = &custom.as_deref().unwrap_or(&policy.tiers[tier]).limits;
                     let charges = Charges::stack(limits, &key, policy.cost);
-                    shared.backend.adjust(charges, Adjustment::Refund { since });
+                    adjust(charges, Adjustment::Refund { since });
                 });
                 Some(Box::new(OutcomeGuard::new(
                     rule.clone(),
@@ -450,7 +471,9 @@ where
 /// When the backend was asked, and how long the units it took count there (`None`: it took none).
 struct Taken {
     asked: Instant,
-    counts_for: Option<std::time::Duration>,
+    counts_for: Option<Duration>,
+    /// Taken by the local limiter, the backend having failed.
+    local: bool,
 }
 
 /// A metered policy's request let through before the backend (an allowed client, a missing key):

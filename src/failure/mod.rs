@@ -5,12 +5,12 @@
 
 pub(crate) mod verdict;
 
-use crate::backend::Charges;
+use crate::backend::{Adjustment, Charges};
 use crate::key::Key;
 use crate::limit::Limit;
 
 #[cfg(feature = "memory")]
-use crate::backend::{Adjustment, Backend, Decisions, MemoryBackend};
+use crate::backend::{Backend, Decisions, MemoryBackend};
 #[cfg(feature = "memory")]
 use crate::decision::Decision;
 
@@ -96,12 +96,27 @@ impl Fallback {
     /// Gives back a concurrency slot the local limiter gave under `limit`.
     #[cfg(feature = "memory")]
     pub(crate) fn release(&self, limit: &Limit, key: &Key, cost: u64) {
+        let release = Adjustment::Release { lease: 0 };
+        self.adjust(Charges::one(limit, key, cost), release);
+    }
+
+    /// Adjusts what the local limiter took for a request it decided in the backend's stead (a
+    /// refund, a settlement, a slot given back).
+    pub(crate) fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
+        #[cfg(feature = "memory")]
         if let Some(local) = &self.local {
-            local.adjust(
-                Charges::one(limit, key, cost),
-                Adjustment::Release { lease: 0 },
-            );
+            local.adjust(charges, adjustment);
         }
+        #[cfg(not(feature = "memory"))]
+        let _ = (charges, adjustment);
+    }
+
+    /// Whether the local limiter decides what the backend could not.
+    pub(crate) fn is_local(&self) -> bool {
+        #[cfg(feature = "memory")]
+        return self.local.is_some();
+        #[cfg(not(feature = "memory"))]
+        false
     }
 
     /// Takes over the local limiter of `previous` (the failure policy of the table a reload

@@ -99,3 +99,38 @@ async fn the_local_limiter_reserves_a_metered_requests_estimate() {
     let key: &[(&str, &str)] = &[("x-api-key", "k")];
     assert_eq!(passed(&app, &[key, key, key]).await, 1);
 }
+
+/// What the local limiter took is adjusted there after the response, as the backend's would be:
+/// responses that do not count are given back, and a metered request is charged what it used.
+#[tokio::test]
+async fn the_local_limiter_takes_refunds_and_settlements() {
+    let counted = Policy::builder("login")
+        .key(Header::new("x-user-id"))
+        .quota(Quota::per_hour(2))
+        .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .build()
+        .unwrap();
+    let user: &[(&str, &str)] = &[("x-user-id", "ann")];
+    assert_eq!(passed(&app(vec![counted]), &[user; 5]).await, 5);
+
+    let tokens = Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap();
+    let metered = Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(100))
+        .metered(tokens, Estimate::fixed(600))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(Down)
+        .policy(metered)
+        .on_backend_error(OnBackendError::Local)
+        .build()
+        .unwrap();
+    let used_ten = |axum::Extension(meter): axum::Extension<tower_throttle::Meter>| async move {
+        meter.add(10);
+        "ok"
+    };
+    let chat = Router::new().route("/", get(used_ten)).layer(layer);
+    let key: &[(&str, &str)] = &[("x-api-key", "k")];
+    assert_eq!(passed(&chat, &[key; 3]).await, 3);
+}
