@@ -521,6 +521,12 @@ mod tests {
                 &[r#"for=203.0.113.7;host="unclosed, for=6.6.6.6"#],
                 "203.0.113.7",
             ),
+            // A `\` escapes only inside quotes: outside, the `,` after it still separates.
+            (
+                FWD,
+                &[r#"for=6.6.6.6\, for=203.0.113.7;host="x""#],
+                "203.0.113.7",
+            ),
         ]);
         // MAX_HOPS trusted hops in the header: not believed; one fewer: the client before them.
         let hops = |n| format!("203.0.113.7,{}", vec!["10.0.0.9"; n].join(","));
