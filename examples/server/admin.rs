@@ -294,14 +294,22 @@ async fn reload(State(admin): State<Admin>, Query(query): Query<ReloadQuery>) ->
     match admin.reload.reload(&admin.handle) {
         Ok(policies) => {
             tracing::info!(policies, "admin: configuration reloaded");
+            // Every policy's `*` tried, whatever fails: the reload is in force either way, and
+            // the answer says which could not be cleared (to try again).
+            let mut not_cleared = Vec::new();
             if query.clear_overrides {
                 for policy in admin.handle.policies().iter() {
                     if let Err(e) = admin.handle.remove_override(policy.name(), "*").await {
-                        return handle_error(e);
+                        not_cleared
+                            .push(json!({ "policy": policy.name(), "error": e.to_string() }));
                     }
                 }
             }
-            Json(json!({ "reloaded": true, "policies": policies })).into_response()
+            let mut body = json!({ "reloaded": true, "policies": policies });
+            if !not_cleared.is_empty() {
+                body["overrides_not_cleared"] = json!(not_cleared);
+            }
+            Json(body).into_response()
         }
         Err(e) => {
             tracing::warn!(error = %e, "admin: reload refused; the running configuration stays in force");
