@@ -6,7 +6,6 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::decision::Decision;
 use crate::error::BuildError;
 use crate::key::Key;
 
@@ -152,22 +151,6 @@ impl PenaltyBox {
     pub(crate) fn forget(&self, key: &Key) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.map.remove(key);
-    }
-
-    /// A rejection that earns a ban becomes the ban; any other decision passes through.
-    pub(crate) fn struck(&self, key: &Key, decision: Decision) -> Decision {
-        if decision.allowed {
-            return decision;
-        }
-        match self.strike(key) {
-            Some(ban) => Decision::banned(
-                decision.limit,
-                ban,
-                decision.retry_after,
-                decision.reset_after,
-            ),
-            None => decision,
-        }
     }
 
     /// Counts a rejection of `key`; returns the ban it earned, if any.

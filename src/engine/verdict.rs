@@ -435,9 +435,15 @@ impl Judge {
         }
         if strike
             && enforced
+            && !decision.allowed
             && let Some(penalty) = &rules.penalty
+            && let Some(ban) = penalty.strike(key)
         {
-            decision = penalty.struck(key, decision);
+            // Every limit's fields show the ban too, as a backend that keeps penalties answers.
+            let banned =
+                |d: &Decision| Decision::banned(d.limit, ban, d.retry_after, d.reset_after);
+            decision = banned(&decision);
+            decisions.iter_mut().for_each(|d| *d = banned(d));
         }
         Weighed {
             decision,

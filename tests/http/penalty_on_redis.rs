@@ -1,5 +1,5 @@
 //! The tests of tests/middleware/penalty.rs that need a Redis server.
-use crate::shared::penalty::{policy, send};
+use crate::shared::penalty::{policy, send, stacked, the_ban_shows_on_every_limit};
 use crate::support::redis as redis_support;
 
 use std::time::Duration;
@@ -120,4 +120,11 @@ async fn on_redis_a_ban_holds_under_every_tier_of_its_policy() {
         status, 429,
         "the ban is the policy's, not the default tier's"
     );
+}
+
+#[tokio::test]
+async fn on_redis_the_ban_shows_on_every_limit_of_a_stack() {
+    let server = redis_support::RedisServer::start();
+    let app = layer_on(&server.url(), stacked()).await;
+    the_ban_shows_on_every_limit(&app).await;
 }

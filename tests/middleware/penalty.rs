@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::shared::penalty::{policy, send};
+use crate::shared::penalty::{policy, send, stacked, the_ban_shows_on_every_limit};
 use axum::{routing::get, Router};
 use tower_throttle::config::Config;
 use tower_throttle::key::Header;
@@ -79,4 +79,13 @@ fn the_config_accepts_a_penalty_table() {
     let bad = toml.replace("after = 3", "after = 0");
     let err = Config::from_toml(&bad).unwrap().memory_layer().unwrap_err();
     assert!(err.to_string().contains("penalty"), "{err}");
+}
+
+#[tokio::test]
+async fn in_memory_the_ban_shows_on_every_limit_of_a_stack() {
+    let layer = ThrottleLayer::new(stacked());
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    the_ban_shows_on_every_limit(&app).await;
 }
