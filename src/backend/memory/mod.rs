@@ -92,7 +92,9 @@ const MAX_SHARDS: usize = 1024;
 /// sliding log's live units over the limit's `count`, a GCRA limit's TAT ahead of now over its
 /// tolerance, and for a stack the largest share over its limits. A client being limited uses its
 /// whole limit, so it is forgotten last, even if its state expires before a lighter client's (every
-/// fixed-window entry of one window expires together). It never forgets an entry with requests in
+/// fixed-window entry of one window expires together): only with keys that use their whole limit
+/// too, in table order, so resetting it this way costs whole limits of requests on an eighth of a
+/// shard's keys a round. It never forgets an entry with requests in
 /// flight, since that would admit more than the limit: a shard full of them grows past the cap, by
 /// at most the number of keys with requests in flight.
 ///
