@@ -327,7 +327,9 @@ const fn peer_address_sources(axum_feature: bool) -> &'static str {
 
 /// The TCP peer's address, as a request extension, for servers without axum's `ConnectInfo`
 /// (plain hyper: insert it per connection). A newtype, so that no other `SocketAddr` extension (a
-/// local address, say) is mistaken for the client.
+/// local address, say) is mistaken for the client. Where a request has both, axum's
+/// `ConnectInfo` is the one read: to name another client (one the PROXY protocol gives, say),
+/// serve without connect info, or use [`ClientIp`](crate::key::ClientIp) behind trusted proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PeerAddr(pub SocketAddr);
 
