@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{find, HandleError, KeyFromText, ThrottleHandle};
 use crate::backend::Backend;
-use crate::overrides::cache::MAX_PATTERNS;
+use crate::overrides::cache::{Field, MAX_PATTERNS};
 use crate::overrides::{bans_table, decode_until, encode_until, overrides_table, Override};
 use crate::per_customer::Namespace;
 
@@ -87,7 +87,7 @@ where
         }
         self.write(policy, false, &field, Some(&value.encode()))
             .await?;
-        tracing::info!(policy, key = field, to = %value, "override set");
+        tracing::info!(policy, key = %self.logged(&field), to = %value, "override set");
         Ok(())
     }
 
@@ -153,7 +153,7 @@ where
             .await?;
         tracing::info!(
             policy,
-            key = field,
+            key = %self.logged(&field),
             seconds = duration.as_secs(),
             "key banned"
         );
@@ -205,6 +205,15 @@ where
         }
     }
 
+    /// `field` as the layer's logs show keys: a key's pseudonym where the layer redacts keys (a
+    /// pattern or `*` is the operator's rule, shown as written).
+    fn logged(&self, field: &str) -> String {
+        match Field::of(field) {
+            Field::Exact(key) => (self.shared.table.load_full().judge.shown(&key)).to_string(),
+            Field::Prefix(_) | Field::All => field.to_owned(),
+        }
+    }
+
     /// Removes `key`'s field (as [`field_of`](Self::field_of) reads it) from policy `policy`'s
     /// bans (or overrides), logging `removed`.
     async fn remove(
@@ -219,7 +228,7 @@ where
     {
         let field = self.field_of(policy, key)?;
         self.write(policy, bans, &field, None).await?;
-        tracing::info!(policy, key = field, "{removed}");
+        tracing::info!(policy, key = %self.logged(&field), "{removed}");
         Ok(())
     }
 

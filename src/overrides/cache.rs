@@ -58,7 +58,8 @@ struct Entries {
 impl Entries {
     /// How long `key`'s timed ban runs yet at `now`, if it has one.
     fn ban_of(&self, key: &Key, now: SystemTime) -> Option<Duration> {
-        let until = self.bans.find(key)?;
+        // The ban that ends last: an ended exact ban hides no pattern's ban still running.
+        let until = self.bans.matching(key).max()?;
         until
             .duration_since(now)
             .ok()
@@ -153,25 +154,33 @@ impl<T: Copy> Matcher<T> {
         self.byte_prefixes.len() + self.text_prefixes.len()
     }
 
+    /// The entry that decides for `key`: its own, else the longest pattern it starts with, else `*`.
     fn find(&self, key: &Key) -> Option<T> {
-        if let Some(value) = self.exact.get(key) {
-            return Some(*value);
-        }
-        let by_pattern = match key.bytes() {
-            Some(bytes) => self
-                .lengths
-                .iter()
-                .filter(|&&len| len <= bytes.len())
-                .find_map(|&len| self.byte_prefixes.get(&bytes[..len]).copied()),
-            None if self.text_prefixes.is_empty() => None,
-            None => {
+        self.matching(key).next()
+    }
+
+    /// Every entry that matches `key`, in the order [`Self::find`] prefers them.
+    fn matching<'m>(&'m self, key: &'m Key) -> impl Iterator<Item = T> + 'm {
+        let bytes = key.bytes().unwrap_or_default();
+        let by_bytes = (self.lengths.iter())
+            .filter(move |&&len| key.bytes().is_some() && len <= bytes.len())
+            .filter_map(move |&len| self.byte_prefixes.get(&bytes[..len]).copied());
+        let by_text: Vec<T> = match key.bytes() {
+            None if !self.text_prefixes.is_empty() => {
                 let rendered = key.to_string();
                 let mut text = self.text_prefixes.iter();
-                text.find(|(p, _)| rendered.starts_with(p.as_str()))
+                text.filter(|(p, _)| rendered.starts_with(p.as_str()))
                     .map(|(_, value)| *value)
+                    .collect()
             }
+            _ => Vec::new(),
         };
-        by_pattern.or(self.all)
+        let exact = self.exact.get(key).copied();
+        exact
+            .into_iter()
+            .chain(by_bytes)
+            .chain(by_text)
+            .chain(self.all)
     }
 
     fn is_empty(&self) -> bool {
@@ -731,6 +740,29 @@ mod tests {
             assert_eq!(o.both(policy, key, at), want, "{policy} {key:?} {at:?}");
         }
         assert!(o.touches("api"));
+    }
+
+    /// An exact key's ban that has ended, or ends first, hides no pattern's or `*`'s ban: the key
+    /// is banned until the last one ends.
+    #[test]
+    fn a_key_is_banned_until_its_last_ban_ends() {
+        let o = Overrides::new(None);
+        let now = decode_until(&encode_until(SystemTime::now())).unwrap();
+        let (soon, later) = (
+            now + Duration::from_secs(1),
+            now + Duration::from_secs(3600),
+        );
+        let (mallory, ann) = (Key::from("mallory"), Key::from("ann"));
+        for pattern in ["mall*", "*"] {
+            put(&o, "bans:api", &[ban("mallory", soon), ban(pattern, later)]);
+            for at in [now, soon, soon + Duration::from_secs(5)] {
+                let rest = later.duration_since(at).unwrap();
+                let want = Some(InForce::Banned(rest));
+                assert_eq!(o.find("api", &mallory, at), want, "{pattern} {at:?}");
+            }
+            let banned = o.find("api", &ann, now).is_some();
+            assert_eq!(banned, pattern == "*", "{pattern}");
+        }
     }
 
     /// Records shared with other processes, as a test sees them: what was read, what was forgotten,

@@ -34,6 +34,24 @@ impl Logs {
 /// What `app` logs at info and above while `peers` each send two requests (one a minute is
 /// allowed, so the second is limited and logged).
 async fn logs_of(app: Router, peers: &[&str], headers: &[(&'static str, &str)]) -> String {
+    logged_while(async {
+        for peer in peers {
+            for _ in 0..2 {
+                let mut r = from_peer(request("/"), peer);
+                for (name, value) in headers {
+                    r.headers_mut().insert(*name, value.parse().unwrap());
+                }
+                status_of(&app, r).await;
+            }
+            // The rejection log opens once a second per policy: a fresh layer per peer would be
+            // needed to see each; here one peer's line is enough.
+        }
+    })
+    .await
+}
+
+/// What is logged at info and above while `work` runs (on a current-thread runtime).
+async fn logged_while(work: impl std::future::Future<Output = ()>) -> String {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -42,17 +60,7 @@ async fn logs_of(app: Router, peers: &[&str], headers: &[(&'static str, &str)]) 
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    for peer in peers {
-        for _ in 0..2 {
-            let mut r = from_peer(request("/"), peer);
-            for (name, value) in headers {
-                r.headers_mut().insert(*name, value.parse().unwrap());
-            }
-            status_of(&app, r).await;
-        }
-        // The rejection log opens once a second per policy: a fresh layer per peer would be
-        // needed to see each; here one peer's line is enough.
-    }
+    work.await;
     logs.text()
 }
 
@@ -116,6 +124,39 @@ async fn an_ipv4_key_is_logged_as_an_hmac_pseudonym_stable_under_one_secret() {
     let made_up = limited_key(&logs_of(app_with(None), &["192.0.2.7:1"], &[]).await);
     assert!(made_up.starts_with("hmac:"), "{made_up}");
     assert_ne!(made_up, one);
+}
+
+/// What the handle logs of an operator's overrides and bans names keys as requests' lines do.
+#[tokio::test(flavor = "current_thread")]
+async fn overrides_and_bans_are_logged_with_the_keys_pseudonym() {
+    let layer = ThrottleLayer::builder()
+        .policy(per_ip())
+        .redact_keys_with(RedactionSecret::new(SECRET).unwrap())
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let logs = logged_while(async {
+        let hour = std::time::Duration::from_secs(3600);
+        handle.ban("per-ip", "192.0.2.7", hour).await.unwrap();
+        handle.lift_ban("per-ip", "192.0.2.7").await.unwrap();
+        let blocked = tower_throttle::ops::Override::Blocked;
+        handle
+            .set_override("per-ip", "192.0.2.7", blocked)
+            .await
+            .unwrap();
+        handle.remove_override("per-ip", "192.0.2.7").await.unwrap();
+    })
+    .await;
+    let limited = limited_key(&logs_of(app_with(Some(SECRET)), &["192.0.2.7:1"], &[]).await);
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(lines.len(), 4, "{logs}");
+    for line in lines {
+        assert!(!line.contains("192.0.2"), "{line}");
+        assert!(
+            line.contains(&format!("key={limited}")),
+            "{line} vs {limited}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
