@@ -198,6 +198,8 @@ fn parse_cell(text: &str) -> Option<(&str, Cell)> {
     let position: u8 = fields.next()?.parse().ok()?;
     let expires: u64 = fields.next()?.parse().ok()?;
     let kind = fields.next()?;
+    // An empty log (every unit given back) is written with no times: `log,`.
+    let fields = fields.filter(|field| !field.is_empty());
     let numbers: Vec<u64> = fields.map(str::parse).collect::<Result<_, _>>().ok()?;
     let state = match (kind, numbers.as_slice()) {
         ("gcra", [tat]) => State::Gcra(*tat),
@@ -435,6 +437,30 @@ mod tests {
         assert_eq!(left(&fresh, &fixed), 2);
         let stacked = fresh.decide_all(&stack, &key, 0).unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
+        fs::remove_file(&path).unwrap();
+    }
+
+    /// A log whose every unit was given back is kept empty, and read back with the other keys.
+    #[test]
+    fn an_emptied_log_is_read_back() {
+        use crate::backend::{Adjustment, Backend, Charges};
+        let hourly = Limit::new("hourly", Quota::per_hour(2)).unwrap();
+        let log =
+            Limit::with_algorithm("log", crate::Algorithm::SlidingLog, Quota::per_hour(5)).unwrap();
+        let (ann, bob) = (Key::from("ann"), Key::from("bob"));
+        let before = backend();
+        for _ in 0..2 {
+            assert!(before.decide(&hourly, &bob, 1).unwrap().allowed);
+        }
+        assert!(before.decide(&log, &ann, 1).unwrap().allowed);
+        let since = Duration::from_secs(1);
+        before.adjust(Charges::one(&log, &ann, 1), Adjustment::Refund { since });
+        let (path, limits) = (file("emptied"), [hourly.clone(), log.clone()]);
+        before.save_state(&path, &limits).unwrap();
+        let after = backend();
+        assert!(after.load_state(&path, &limits).is_ok());
+        assert!(!after.decide(&hourly, &bob, 1).unwrap().allowed);
+        assert_eq!(after.decide(&log, &ann, 0).unwrap().remaining, 5);
         fs::remove_file(&path).unwrap();
     }
 
