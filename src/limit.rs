@@ -599,7 +599,7 @@ impl Limit {
             && self.delay() == other.delay()
             && self.lease() == other.lease()
             && self.penalty == other.penalty
-            && self.max_debt() == other.max_debt()
+            && self.max_debt == other.max_debt
     }
 
     /// An error of a setting this limit cannot take: `policy "name": why`.

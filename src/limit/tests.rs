@@ -250,6 +250,8 @@ fn same_rules_compares_every_rule_but_the_name() {
         base.clone().with_delay(Duration::from_secs(1)).unwrap(),
         base.clone().with_penalty(penalty),
         base.clone().with_max_debt(3),
+        // Metered with the default debt (its count): still a debt a plain limit would forgive.
+        base.clone().with_max_debt(10),
     ];
     for other in &different {
         assert!(!base.same_rules(other), "{other:?}");
