@@ -278,6 +278,38 @@ enum Fault {
     Mixed,
 }
 
+/// A link that decides within the timeout connects too, though connecting takes more round trips
+/// than a call: TLS (its handshake, then logging in) over a 70 ms round trip, timeout 100 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_link_that_decides_within_the_timeout_connects() {
+    let server = RedisServer::start_tls();
+    let proxy = FaultProxy::start(server.port(), SEED);
+    for direction in [Direction::ToServer, Direction::ToClient] {
+        proxy.latency(direction, Duration::from_millis(35), Duration::ZERO);
+    }
+    let url = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", proxy.addr().port()),
+    );
+    let ca = std::fs::read(server.ca_cert_path().unwrap()).unwrap();
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca),
+    };
+    let client = redis::Client::build_with_tls(url, certificates).unwrap();
+    let backend = RedisBackend::builder()
+        .client(client)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .expect("a link that decides within the timeout connects");
+    let limit = Limit::new("tls-slow", Quota::per_minute(1)).unwrap();
+    let key = Key::from("k");
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    assert!(!backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+}
+
 /// Runs `work` while `fault` holds on `proxy` (kept up by a storm where it must be repeated), then
 /// ends the fault and returns what `work` returned.
 async fn under<T>(proxy: &FaultProxy, fault: Fault, work: impl Future<Output = T>) -> T {

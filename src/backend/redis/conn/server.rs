@@ -67,7 +67,8 @@ impl Source {
             if watch.is_none()
                 && let Ok(client) = Client::open(urls[*watching].as_str())
             {
-                let opened = tokio::time::timeout(timeout, open(&client, timeout)).await;
+                let connecting = attempt_budget(timeout);
+                let opened = tokio::time::timeout(connecting, open(&client, timeout)).await;
                 *watch = opened.ok().and_then(Result::ok);
             }
             if let Some(conn) = watch.as_mut() {
@@ -370,14 +371,15 @@ pub(crate) fn configuration_error(
     }
 }
 
-/// A connection to `client`'s server, connecting and each call bounded by `timeout`: a frozen
-/// server holds nothing longer (the backend's own timeout drops the calls).
+/// A connection to `client`'s server, each call bounded by `timeout`: a frozen server holds
+/// nothing longer (the backend's own timeout drops the calls). Connecting takes more round trips
+/// than a call (TLS's handshake, then logging in): it has an [`attempt_budget`].
 pub(crate) async fn open(
     client: &Client,
     timeout: Duration,
 ) -> Result<MultiplexedConnection, RedisError> {
     let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
+        .set_connection_timeout(Some(attempt_budget(timeout)))
         .set_response_timeout(Some(timeout));
     client
         .get_multiplexed_async_connection_with_config(&config)
