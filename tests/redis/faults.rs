@@ -278,6 +278,36 @@ enum Fault {
     Mixed,
 }
 
+/// A connection idle for longer than the stall limit is not dropped for one slow reply: it
+/// answered nothing meanwhile only because nothing was asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connections_one_slow_reply_keeps_it() {
+    let (_server, proxy) = server_and_proxy(Path::Alone);
+    let app = app(
+        &proxy,
+        Path::Alone,
+        OnBackendError::Allow,
+        Quota::per_day(10),
+    )
+    .await;
+    assert!(ask(&app, "idle").await.remaining.is_some());
+    let connections = proxy.accepted();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.latency(
+        Direction::ToClient,
+        Duration::from_millis(150),
+        Duration::ZERO,
+    );
+    assert_eq!(ask(&app, "idle").await.remaining, None, "timed out");
+    proxy.latency(Direction::ToClient, Duration::ZERO, Duration::ZERO);
+    until_redis_decides(&app, "idle").await;
+    assert_eq!(
+        proxy.accepted(),
+        connections,
+        "the connection was made again"
+    );
+}
+
 /// A link that decides within the timeout connects too, though connecting takes more round trips
 /// than a call: TLS (its handshake, then logging in) over a 70 ms round trip, timeout 100 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,6 +142,8 @@ pub(crate) struct SingleServer {
     generation: AtomicU64,
     /// When the connection last answered (or was made): ms on `clock`.
     last_answer: AtomicU64,
+    /// When the first call that timed out since then began: ms on `clock`.
+    stalled_since: AtomicU64,
     /// The backend's one clock (its state takes this one).
     pub(crate) clock: Clock,
     /// Wakes the task: the connection was dropped.
@@ -174,6 +176,7 @@ impl SingleServer {
             live: RwLock::new(None),
             generation: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
+            stalled_since: AtomicU64::new(0),
             clock: Clock::new(),
             lost: Notify::new(),
             timeout,
@@ -268,16 +271,23 @@ impl SingleServer {
         }
     }
 
-    /// A call timed out: the connection is dropped if silent for [`STALL_LIMIT`] (a connection made
-    /// since the call started answered at its making, so is never dropped for it).
+    /// A call timed out: the connection is dropped if calls have gone unanswered for
+    /// [`STALL_LIMIT`], counted from the first that timed out since the last answer (an idle
+    /// connection's one slow reply is no stall; a connection made since the call started answered
+    /// at its making, so is never dropped for it).
     pub(crate) fn timed_out(&self) {
         let Some(live) = self.current() else { return };
-        let silent = self
-            .clock
-            .now_ms()
-            .saturating_sub(self.last_answer.load(Ordering::Relaxed));
+        let now = self.clock.now_ms();
+        let answered = self.last_answer.load(Ordering::Relaxed);
+        let mut stalled = self.stalled_since.load(Ordering::Relaxed);
+        if stalled <= answered {
+            stalled = now
+                .saturating_sub(self.timeout.as_millis() as u64)
+                .max(answered);
+            self.stalled_since.store(stalled, Ordering::Relaxed);
+        }
         let limit = STALL_LIMIT.max(self.timeout.saturating_mul(2));
-        if silent > limit.as_millis() as u64 {
+        if now.saturating_sub(stalled) > limit.as_millis() as u64 {
             self.drop_connection(
                 live.generation,
                 &format!("Redis did not answer within {:?}", self.timeout),
