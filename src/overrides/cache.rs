@@ -168,7 +168,7 @@ impl<T: Copy> Matcher<T> {
         let by_text: Vec<T> = match key.bytes() {
             None if !self.text_prefixes.is_empty() => {
                 let rendered = key.to_string();
-                let mut text = self.text_prefixes.iter();
+                let text = self.text_prefixes.iter();
                 text.filter(|(p, _)| rendered.starts_with(p.as_str()))
                     .map(|(_, value)| *value)
                     .collect()

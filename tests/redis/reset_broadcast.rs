@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::asks::Asks;
 use crate::support::failover::{Sentinels, SERVICE};
+use crate::support::fault_proxy::FaultProxy;
 use redis_support::{RedisCluster, RedisServer};
 use tower_throttle::key::Key;
 use tower_throttle::{
@@ -127,6 +128,50 @@ async fn a_reset_is_heard_by_every_process_on_one_server() {
     )
     .await;
     println!("reset_broadcast: deny cache dropped {dropped:?} after the subscription was killed");
+}
+
+/// A subscription whose connection goes silent without a word (a NAT's idle timeout, a
+/// partition) is found out by its keep-alive ping and made again: the process hears resets again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_silenced_without_a_word_is_made_again() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.port(), 7);
+    let mut backends = Vec::new();
+    for url in [redis.url(), proxy.url()] {
+        let builder = RedisBackend::builder().mode(RedisMode::Lua).url(url);
+        backends.push(builder.connect().await.unwrap());
+    }
+    wait_for_subscribers(|| redis.cli(&["PUBSUB", "NUMSUB", "throttle:resets"]), 2).await;
+    // Every connection of the proxied process is silenced for good; its requests' connection is
+    // made again by its keeper, its subscription only if it finds the silence out.
+    proxy.black_hole(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.black_hole(false);
+    let limit = Limit::new("keep-alive", Quota::per_hour(3)).unwrap();
+    let (key, started) = (Key::from("bob"), Instant::now());
+    while backends[1].check_one(&limit, &key, 0).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no reconnection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let delete = |k: &str| drop(redis.cli(&["DEL", k]));
+    cached_everywhere(&backends, &limit, &key, delete).await;
+    let reset = Instant::now();
+    let limits = std::slice::from_ref(&limit);
+    backends[0].reset_all(limits, &key).await.unwrap();
+    while !admits(&backends[1], &limit, &key).await {
+        assert!(
+            reset.elapsed() < Duration::from_secs(15),
+            "the reset was never heard"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "reset_broadcast: a silenced subscription heard again {:?} after the reset",
+        reset.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

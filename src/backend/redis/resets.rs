@@ -8,13 +8,14 @@
 //! which redis-rs moves with the slot. A connection given as it is cannot lend one (redis-rs
 //! subscribes only with RESP3 and a push sender): `listen_with` says where, or it only publishes.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, PubSubSink};
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
@@ -113,18 +114,48 @@ impl Listen {
             Listen::Sentinel(sentinel) => sentinel.async_get_client().await.ok(),
         };
         let client = client.ok_or("no server to listen on")?;
-        let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
-        pubsub.subscribe(channel).await.map_err(|e| e.to_string())?;
-        let mut messages = pubsub.into_on_message();
+        let pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
+        let (mut sink, mut messages) = pubsub.split();
+        sink.subscribe(channel).await.map_err(|e| e.to_string())?;
+        let mut lost = keep_alive(sink);
         let mut confirmed = false;
         Ok(Box::new(move |cx| {
             if !std::mem::replace(&mut confirmed, true) {
                 return Poll::Ready(Some(Heard::Subscribed));
             }
+            if Pin::new(&mut lost).poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
             let message = Pin::new(&mut messages).poll_next(cx);
             message.map(|m| m.map(|m| Heard::Message(m.get_payload_bytes().to_vec())))
         }))
     }
+}
+
+/// How often a subscription's connection is pinged, and how long its answer may take.
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+/// Pings the subscription's connection every [`KEEP_ALIVE`]: a connection lost without a word (a
+/// NAT's or balancer's idle timeout, a partition) delivers nothing, and would keep this process
+/// deaf to the others' resets, reloads and overrides for good. The receiver hears the first ping
+/// that fails (the subscription is made again); the task ends with it.
+fn keep_alive(mut sink: PubSubSink) -> oneshot::Receiver<()> {
+    let (lost, heard) = oneshot::channel();
+    tokio::spawn(async move {
+        let mut lost = lost;
+        loop {
+            tokio::select! {
+                () = lost.closed() => return,
+                () = tokio::time::sleep(KEEP_ALIVE) => {}
+            }
+            let pinged = tokio::time::timeout(KEEP_ALIVE, sink.ping::<Value>()).await;
+            if !matches!(pinged, Ok(Ok(_))) {
+                let _ = lost.send(());
+                return;
+            }
+        }
+    });
+    heard
 }
 
 /// Sharded pub/sub on a Cluster: one RESP3 Cluster connection whose pushes come here; each
