@@ -351,7 +351,8 @@ impl<K> PolicyBuilder<K> {
 
     /// Reads the tier from this request header when no [`Tier`] extension is present. Only use a
     /// header that something you trust sets (a gateway that authenticated the caller) and that
-    /// clients cannot send themselves: otherwise anyone can claim the paid tier.
+    /// clients cannot send themselves: otherwise anyone can claim the paid tier. A request that
+    /// has the header more than once gets the default tier.
     pub fn tier_header(mut self, name: impl Into<String>) -> Self {
         self.opts.tier_header = Some(name.into());
         self
@@ -827,8 +828,8 @@ impl<K> PolicyBuilder<K> {
     /// Gives back the units of requests whose response `refund` accepts, such as server errors
     /// (`refund_on(|s| s.is_server_error())`): a client is not charged for the server's failures.
     /// As [`count_only`](Self::count_only) otherwise (with both, a response counts when
-    /// `count_only` accepts it and `refund_on` does not). A response that never comes counts as a
-    /// `500`, so it is refunded here.
+    /// `count_only` accepts it and `refund_on` does not). A response that never comes counts,
+    /// whatever `refund` says, as under `count_only`.
     pub fn refund_on<F>(mut self, refund: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,

@@ -79,7 +79,7 @@ impl PolicySpec {
             None => self
                 .tier_header
                 .as_ref()
-                .and_then(|h| headers.get(h))
+                .and_then(|h| only_value(headers, h))
                 .and_then(|v| v.to_str().ok()),
         };
         named
@@ -111,4 +111,15 @@ impl PolicySpec {
                 .iter()
                 .all(|c| c.holds(request.uri(), request.headers()))
     }
+}
+
+/// `name`'s value when the request has it once: sent twice, it is ambiguous (a client's own before
+/// the one a gateway appends), and names nothing.
+fn only_value<'h>(
+    headers: &'h http::HeaderMap,
+    name: &http::HeaderName,
+) -> Option<&'h http::HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    values.next().is_none().then_some(value)
 }

@@ -444,36 +444,39 @@ async fn tiers_choose_the_quota_per_request() {
         .unwrap();
     let layer = layer_of(backend, policy);
     let app = answering_ok(layer);
-    let admitted = |user: &'static str, plan: Option<&'static str>, tier: Option<&'static str>| {
-        let app = app.clone();
-        async move {
-            // A bound, not a loop: a broken pipeline that never refuses fails here, not by hanging.
-            for n in 0..100 {
-                let mut req = from_user(user);
-                *req.uri_mut() = "/".parse().unwrap();
-                if let Some(plan) = plan {
-                    req.headers_mut().insert("x-plan", plan.parse().unwrap());
+    let admitted =
+        |user: &'static str, plan: &'static [&'static str], tier: Option<&'static str>| {
+            let app = app.clone();
+            async move {
+                // A bound, not a loop: a broken pipeline that never refuses fails here, not by hanging.
+                for n in 0..100 {
+                    let mut req = from_user(user);
+                    *req.uri_mut() = "/".parse().unwrap();
+                    for plan in plan {
+                        req.headers_mut().append("x-plan", plan.parse().unwrap());
+                    }
+                    if let Some(tier) = tier {
+                        req.extensions_mut().insert(Tier::new(tier));
+                    }
+                    let res = app.clone().oneshot(req).await.unwrap();
+                    if res.status() != StatusCode::OK {
+                        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+                        return (n, header(&res, "ratelimit-policy").map(str::to_owned));
+                    }
                 }
-                if let Some(tier) = tier {
-                    req.extensions_mut().insert(Tier::new(tier));
-                }
-                let res = app.clone().oneshot(req).await.unwrap();
-                if res.status() != StatusCode::OK {
-                    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-                    return (n, header(&res, "ratelimit-policy").map(str::to_owned));
-                }
+                panic!("{user}: 100 requests and none refused")
             }
-            panic!("{user}: 100 requests and none refused")
-        }
-    };
-    assert_eq!(admitted("free", None, None).await.0, 1);
-    let (n, policy) = admitted("payer", Some("paid"), None).await;
+        };
+    assert_eq!(admitted("free", &[], None).await.0, 1);
+    let (n, policy) = admitted("payer", &["paid"], None).await;
     assert_eq!(n, 3);
     assert_eq!(policy.as_deref(), Some(r#""api.paid";q=3;w=60"#));
-    assert_eq!(admitted("app", None, Some("paid")).await.0, 3);
+    assert_eq!(admitted("app", &[], Some("paid")).await.0, 3);
     // The extension wins over the header; an unknown tier gets the default quota.
-    assert_eq!(admitted("liar", Some("paid"), Some("free")).await.0, 1);
-    assert_eq!(admitted("gold", Some("gold"), None).await.0, 1);
+    assert_eq!(admitted("liar", &["paid"], Some("free")).await.0, 1);
+    assert_eq!(admitted("gold", &["gold"], None).await.0, 1);
+    // A header sent twice (the client's own before the one a gateway appends) names no tier.
+    assert_eq!(admitted("twice", &["paid", "free"], None).await.0, 1);
 }
 
 #[tokio::test]
