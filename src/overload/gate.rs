@@ -274,7 +274,11 @@ impl Gate {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    #[cfg(feature = "metrics")]
+                    self.gauges.1.set(f64::from(total + 1));
+                    return true;
+                }
                 Err(now_word) => word = now_word,
             }
         }
@@ -301,10 +305,14 @@ impl Gate {
         let _changed = self
             .limit
             .record(now, now.saturating_sub(started), dropped, in_flight);
+        // The count as it moves (this request out), not as each interval closes: an interval
+        // does not close while requests are stuck, or once traffic stops.
         #[cfg(feature = "metrics")]
-        if let Some(limit) = _changed {
-            self.gauges.0.set(f64::from(limit));
-            self.gauges.1.set(f64::from(in_flight));
+        {
+            if let Some(limit) = _changed {
+                self.gauges.0.set(f64::from(limit));
+            }
+            self.gauges.1.set(f64::from(in_flight.saturating_sub(1)));
         }
     }
 

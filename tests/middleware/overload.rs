@@ -393,6 +393,39 @@ fn shed_requests_are_counted_by_partition_apart_from_limited_ones() {
     assert_eq!(count("throttle_overload_limit"), 1.0, "{page}");
 }
 
+/// `throttle_overload_in_flight` follows the count: one while a request is held, none once every
+/// request has ended (it was set only as a sampling interval closed, before its request left).
+#[test]
+fn the_in_flight_gauge_follows_the_requests() {
+    use crate::support::{sample_or_zero, with_metrics};
+    let gauge = |page: &str| sample_or_zero(page, "throttle_overload_in_flight");
+    let run = |hold_one: bool| {
+        with_metrics(async move {
+            let layer = ThrottleLayer::builder()
+                .policy(policy("soft", Quota::per_second(1_000)))
+                .overload(fixed(100))
+                .build()
+                .unwrap();
+            let (app, release) = app(layer);
+            // Past a sampling interval (ten requests and 25 ms).
+            for _ in 0..12 {
+                let response = app.clone().oneshot(get_("/soft")).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+            }
+            if hold_one {
+                let held = hold(&app, "/hold");
+                settle().await;
+                std::mem::forget((held, release));
+            }
+        })
+        .1
+    };
+    let ended = run(false);
+    assert_eq!(gauge(&ended), 0.0, "{ended}");
+    assert_eq!(gauge(&run(true)), 1.0);
+}
+
 #[test]
 fn a_finish_without_its_admission_takes_nothing_from_another_partition() {
     use tower_throttle::overload::Gate;
