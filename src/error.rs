@@ -74,6 +74,8 @@ impl std::error::Error for BuildError {
 pub struct BackendError {
     message: String,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// Nothing reached the backend (a circuit failing fast, no connection): the call took nothing.
+    unsent: bool,
 }
 
 impl BackendError {
@@ -82,6 +84,7 @@ impl BackendError {
         BackendError {
             message: message.into(),
             source: None,
+            unsent: false,
         }
     }
 
@@ -93,7 +96,21 @@ impl BackendError {
         BackendError {
             message: message.into(),
             source: Some(source.into()),
+            unsent: false,
         }
+    }
+
+    /// This error, of a call that never reached the backend (`unsent`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn unsent_if(mut self, unsent: bool) -> Self {
+        self.unsent = unsent;
+        self
+    }
+
+    /// Whether the call may have reached the backend (and taken units there).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn may_have_been_sent(&self) -> bool {
+        !self.unsent
     }
 }
 

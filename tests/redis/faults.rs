@@ -278,6 +278,35 @@ enum Fault {
     Mixed,
 }
 
+/// A concurrency check that failed without reaching Redis (no connection, a circuit failing fast)
+/// took no slot: it gives nothing back, where each spawned a release retried for a whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_checks_that_never_left_give_nothing_back() {
+    let (server, proxy) = server_and_proxy(Path::Alone);
+    let backend = backend(&proxy, Path::Alone).await;
+    let limit = Limit::with_algorithm("slots", Algorithm::Concurrency, Quota::per_second(5))
+        .unwrap()
+        .with_lease(Duration::from_secs(5))
+        .unwrap();
+    let key = Key::from("k");
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    proxy.refuse(true).await;
+    proxy.reset_all();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..200 {
+        assert!(backend.check_one(&limit, &key, 1).await.is_err());
+    }
+    proxy.heal().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let zrem = stats.lines().find(|l| l.starts_with("cmdstat_zrem:"));
+    assert_eq!(
+        zrem, None,
+        "slots given back that were never taken: {zrem:?}"
+    );
+}
+
 /// A connection idle for longer than the stall limit is not dropped for one slow reply: it
 /// answered nothing meanwhile only because nothing was asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 use std::sync::{Arc, OnceLock};
 
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError};
+use redis::RedisError;
 
 use super::cluster_nodes::ClusterNodes;
 use crate::backend::redis::health::attempts::Attempts;
@@ -51,10 +51,9 @@ impl LazyCluster {
 
     /// The error of every call before the Cluster is connected.
     pub(crate) fn not_connected(&self) -> RedisError {
-        RedisError::from((
-            ErrorKind::Io,
-            "the Redis Cluster is not connected yet",
-            self.target.clone(),
+        RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            format!("the Redis Cluster is not connected yet ({})", self.target),
         ))
     }
 }

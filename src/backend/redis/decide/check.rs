@@ -169,7 +169,11 @@ impl RedisState {
         });
         Box::pin(async move {
             let decisions = decided.await;
-            if let (Ok(_), Some(unanswered)) = (&decisions, &mut unanswered) {
+            let took_nothing = decisions
+                .as_ref()
+                .err()
+                .is_some_and(|e| !e.may_have_been_sent());
+            if let (true, Some(unanswered)) = (decisions.is_ok() || took_nothing, &mut unanswered) {
                 unanswered.answered();
             }
             let decision = decisions?

@@ -137,7 +137,7 @@ where
         // once on a one-thread runtime must let the probe's task run, or it spins for ever.
         return Box::pin(async move {
             tokio::task::coop::consume_budget().await;
-            Err(BackendError::new(message))
+            Err(BackendError::new(message).unsent_if(true))
         });
     }
     let breaker = breaker.clone();
@@ -177,7 +177,9 @@ where
                         ..Outcome::answered(error)
                     }
                 };
-                (Err(BackendError::with_source("Redis call failed", e)), outcome)
+                let unsent = never_sent(&e);
+                let error = BackendError::with_source("Redis call failed", e).unsent_if(unsent);
+                (Err(error), outcome)
             }
             Err(_) => (
                 Err(BackendError::new(format!(
@@ -190,6 +192,16 @@ where
         drop(admission);
         result
     })
+}
+
+/// Whether `error` says the call never left: there was no connection to send it on.
+fn never_sent(error: &RedisError) -> bool {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    // redis-rs keeps the I/O error behind an `Arc`, which `source` gives.
+    let io = std::error::Error::source(error)
+        .and_then(|e| e.downcast_ref::<Shared>())
+        .and_then(|e| e.downcast_ref::<std::io::Error>());
+    io.is_some_and(|io| io.kind() == std::io::ErrorKind::NotConnected)
 }
 
 /// One call's outcome: the one record the recorder, the breaker and the node's breaker read.
