@@ -24,10 +24,12 @@ impl Backoff {
         self.first
     }
 
+    /// The next wait: from half to all of the step (processes that failed together, as at a
+    /// Redis restart, do not all try again at once), then the step doubles.
     pub(crate) fn wait(&mut self) -> Duration {
-        let wait = self.next;
-        self.next = wait.saturating_mul(2).min(self.most);
-        wait
+        let step = self.next;
+        self.next = step.saturating_mul(2).min(self.most);
+        step.mul_f64(0.5 + crate::timer::unit_random() / 2.0)
     }
 
     /// The wait after `failures` failures in a row (the caller counts): `first` doubled that often.
@@ -48,8 +50,18 @@ mod tests {
         let ms = Duration::from_millis;
         let connecting = Backoff::new(ms(50), ms(500));
         let mut backoff = connecting;
+        let steps = [ms(50), ms(100), ms(200), ms(400), ms(500), ms(500)];
         let waits: Vec<Duration> = (0..6).map(|_| backoff.wait()).collect();
-        assert_eq!(waits, [ms(50), ms(100), ms(200), ms(400), ms(500), ms(500)]);
+        for (wait, step) in waits.iter().zip(steps) {
+            assert!(*wait >= step / 2 && *wait <= step, "{wait:?} for {step:?}");
+        }
+        let again: Vec<Duration> = (0..6)
+            .map(|_| {
+                let mut first = connecting;
+                first.wait()
+            })
+            .collect();
+        assert!(again.iter().any(|w| *w != again[0]), "spread: {again:?}");
         assert_eq!(connecting.after(0), ms(50));
         assert_eq!(connecting.after(2), ms(200));
         assert_eq!(connecting.after(40), ms(500));

@@ -735,6 +735,7 @@ impl KeyFromText for KeySpec {
     fn pattern_from_text(&self, prefix: &str) -> String {
         match self {
             KeySpec::PeerIp(_) | KeySpec::ClientIp(_) => address_pattern(prefix),
+            KeySpec::Composite(composite) => composite.pattern_from_text(prefix),
             _ => Key::rendered_prefix(prefix),
         }
     }
@@ -760,7 +761,6 @@ fn joined_parts(mut bytes: &[u8]) -> Option<usize> {
 /// order (a part whose value holds a `|` can be given only as shown).
 impl KeyFromText for Composite {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
-        use std::fmt::Write as _;
         // As shown: a rendering never holds a `|` (it is percent-encoded), and its bytes are the
         // extractor's join of exactly as many parts.
         let joined = |key: &Key| {
@@ -777,13 +777,33 @@ impl KeyFromText for Composite {
                 self.parts().len()
             ));
         }
-        // Joined as the extractor joins them, so both give the same key.
-        let (mut joined, mut part) = (String::new(), String::new());
-        for (spec, text) in self.parts().iter().zip(texts) {
-            part.clear();
-            spec.key_from_text(text)?.render(&mut part);
-            let _ = write!(joined, "{}:{part};", part.len());
-        }
-        Ok(Key::from(joined))
+        Ok(Key::from(join(self, &texts)?))
     }
+
+    /// Whole parts (`acme|*`, joined as the extractor joins them): a part's key starts with its
+    /// length, so a pattern that ends inside a part (`ac*`) matches no key.
+    fn pattern_from_text(&self, prefix: &str) -> String {
+        match prefix
+            .strip_suffix('|')
+            .map(|whole| whole.split('|').collect::<Vec<_>>())
+        {
+            Some(texts) if texts.len() < self.parts().len() => match join(self, &texts) {
+                Ok(joined) => Key::rendered_prefix(&joined),
+                Err(_) => Key::rendered_prefix(prefix),
+            },
+            _ => Key::rendered_prefix(prefix),
+        }
+    }
+}
+
+/// `composite`'s first parts' `texts` joined as it joins its parts' keys (`<len>:<key>;`).
+fn join(composite: &Composite, texts: &[&str]) -> Result<String, String> {
+    use std::fmt::Write as _;
+    let (mut joined, mut part) = (String::new(), String::new());
+    for (spec, text) in composite.parts().iter().zip(texts) {
+        part.clear();
+        spec.key_from_text(text)?.render(&mut part);
+        let _ = write!(joined, "{}:{part};", part.len());
+    }
+    Ok(joined)
 }

@@ -111,7 +111,8 @@ where
     /// Bans `key` (a key, a pattern or `*`, as [`set_override`](Self::set_override) takes it)
     /// under policy `policy` for `duration`: its requests are refused with `429` and a
     /// `Retry-After` of the ban's rest, in every process sharing the backend, until it ends or is
-    /// [lifted](Self::lift_ban). A ban comes before any override of the key. Banning again
+    /// [lifted](Self::lift_ban). A ban comes before any override of the key, and of the bans
+    /// that match a key (its own, patterns, `*`) the one that ends last holds. Banning again
     /// replaces the end. Returns the end (a wall-clock instant, which every process reads alike).
     ///
     /// ```
@@ -277,7 +278,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use super::*;
-    use crate::key::{Header, KeySpec, PeerIp};
+    use crate::key::{Composite, Header, KeySpec, PeerIp};
     use crate::{MemoryBackend, Policy, Quota, ThrottleLayer};
 
     /// A policy holds at most `MAX_PATTERNS` patterns of bans, as of overrides: one more is
@@ -362,6 +363,25 @@ mod tests {
             fields(peers.bans("api").unwrap()),
             ["!10.0.*", "!192.168.*"]
         );
+
+        // A composite key's pattern names its first parts whole, as its keys are given.
+        let parts = [
+            KeySpec::Header(Header::new("x-org")),
+            KeySpec::Header(Header::new("x-user")),
+        ];
+        let members = layer(KeySpec::Composite(Composite::new(parts).unwrap()));
+        members.ban("api", "acme|*", day).await.unwrap();
+        let members = &members;
+        let banned = |key| async move {
+            members
+                .peek("api", key)
+                .await
+                .unwrap()
+                .banned_until
+                .is_some()
+        };
+        assert!(banned("acme|bob").await);
+        assert!(!banned("acme2|bob").await && !banned("other|acme").await);
     }
 
     /// The fields of a listing, in order.
