@@ -8,8 +8,8 @@
 //! * At most `[server] max_connections` (default 10,000) connections are open at once: at the cap
 //!   the loop stops accepting, and new connections wait in the kernel's accept queue until one
 //!   closes, instead of the process running out of file descriptors.
-//! * On shutdown (Ctrl-C on the main listener) the loop stops accepting and waits up to 10 s for the
-//!   open connections to finish.
+//! * On shutdown (Ctrl-C or SIGTERM) the listener is closed, idle connections are closed, and the
+//!   requests in flight get up to 10 s to finish.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -38,6 +39,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let open = Arc::new(Semaphore::new(edge.max_connections));
+    let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -58,7 +60,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let router = router.clone();
+        let (router, watcher) = (router.clone(), graceful.watcher());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
                 request.extensions_mut().insert(ConnectInfo(peer));
@@ -70,19 +72,18 @@ pub async fn serve(
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(edge.header_read_timeout);
-            let served = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .await;
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let served = watcher.watch(connection.into_owned()).await;
             if let Err(e) = served {
                 tracing::debug!(error = %e, %peer, "connection closed");
             }
             drop(permit);
         });
     }
-    // Stopped accepting: give the requests in flight up to SHUTDOWN_GRACE to finish (every
-    // connection's permit back), as axum's graceful shutdown would, but bounded.
-    let all = u32::try_from(edge.max_connections).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, open.acquire_many(all)).await;
+    // Stopped accepting, as axum's graceful shutdown does: new connections are refused at once,
+    // idle ones closed, and the requests in flight given up to SHUTDOWN_GRACE to finish.
+    drop(listener);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
 }
 
 /// How long a shutdown waits for open connections.

@@ -113,3 +113,32 @@ async fn futures_join_all<F: std::future::Future<Output = bool> + Send + 'static
     }
     out
 }
+
+/// SIGTERM closes the listener at once and an idle keep-alive connection with it: the server exits
+/// without waiting out its grace period for a client that sends nothing more.
+#[tokio::test]
+async fn sigterm_closes_idle_connections_and_the_listener_at_once() {
+    let (mut server, _dir) = server("5s", 100);
+    let mut idle = TcpStream::connect(server.addr).await.unwrap();
+    idle.write_all(b"GET /reply HTTP/1.1\r\nhost: test\r\nx-user-id: idle\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let read = idle.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..read].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..read])
+    );
+    let pid = server.pid().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(term.unwrap().success());
+    let closed = closed_by(idle, Instant::now() + Duration::from_secs(3)).await;
+    assert!(closed, "the idle connection was kept past the signal");
+    assert!(
+        server.exited_within(Duration::from_secs(3)),
+        "waited out the grace period"
+    );
+}
