@@ -178,6 +178,38 @@ fn code_for(status: StatusCode) -> u8 {
     }
 }
 
+/// The HTTP status a gRPC response's `grpc-status` (in its headers: a trailers-only response, as
+/// a handler's error is sent) stands for, as gRPC's own HTTP mapping gives it (grpc-gateway's),
+/// so that counting by outcome reads a gRPC call's outcome, not the HTTP `200` every call has.
+pub(crate) fn http_status_of(headers: &HeaderMap) -> Option<StatusCode> {
+    let grpc = headers
+        .get(CONTENT_TYPE)?
+        .as_bytes()
+        .starts_with(b"application/grpc");
+    let code: u8 = headers
+        .get(&GRPC_STATUS)
+        .filter(|_| grpc)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    let status = match code {
+        0 => 200,
+        1 => 499,
+        3 | 9 | 11 => 400,
+        4 => 504,
+        5 => 404,
+        6 | 10 => 409,
+        7 => 403,
+        8 => 429,
+        12 => 501,
+        14 => 503,
+        16 => 401,
+        _ => 500,
+    };
+    StatusCode::from_u16(status).ok()
+}
+
 /// A trailers-only response: HTTP 200, `content-type: application/grpc`, the status in the headers,
 /// an empty body (so the server ends the stream with the headers).
 fn trailers_only(code: u8, message: &str) -> Response<Bytes> {

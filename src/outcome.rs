@@ -101,13 +101,14 @@ impl OutcomeGuard {
     }
 
     /// The response has this status and these headers: its units are given back if it does not
-    /// count. Returns a metered request's guard, for the response's body to settle when it ends
+    /// count (a gRPC response by its `grpc-status`, when its headers have it). Returns a metered request's guard, for the response's body to settle when it ends
     /// (after reading the usage header, if the headers have it).
     pub(crate) fn settle(
         mut self,
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<Box<MeterGuard>> {
+        let status = crate::grpc::http_status_of(headers).unwrap_or(status);
         if let Some(refund) = self.refund.take()
             && !self.rule.counts(status)
         {

@@ -802,8 +802,11 @@ impl<K> PolicyBuilder<K> {
     /// ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)) once the inner service answers
     /// with a status that does not count. However many requests are in flight, at most the quota's
     /// count of counted responses pass per period. A request whose response never comes (the
-    /// service failed, or the client went away first) counts, whatever `counts` says. Not for
-    /// concurrency limits; see the guide (`guide::policies`) for the details.
+    /// service failed, or the client went away first) counts, whatever `counts` says. A gRPC
+    /// call is judged by the `grpc-status` in its response headers, as a handler's error is sent
+    /// (`UNAUTHENTICATED` as `401`, `PERMISSION_DENIED` as `403`, gRPC's HTTP mapping); a call
+    /// that sends a body is judged by its HTTP status. Not for concurrency limits; see the guide
+    /// (`guide::policies`) for the details.
     ///
     /// ```
     /// use tower_throttle::{key::Header, Policy, Quota};

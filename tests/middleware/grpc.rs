@@ -266,3 +266,55 @@ async fn without_grpc_a_429_is_not_resource_exhausted() {
         "{status:?}"
     );
 }
+
+/// Counting by outcome reads a gRPC call's `grpc-status`, not the HTTP `200` every call has: a
+/// login counted only when it fails (`401`) counts a call answered `UNAUTHENTICATED`.
+#[tokio::test]
+async fn counting_by_outcome_reads_the_grpc_status() {
+    use tower::ServiceExt;
+    let policy = Policy::builder("login")
+        .quota(Quota::per_minute(2).with_max_burst(1))
+        .key(Header::new("x-api-key"))
+        .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .build()
+        .unwrap();
+    let answer = |code: &'static str| {
+        move || async move {
+            let mut response = http::Response::new(axum::body::Body::empty());
+            let headers = response.headers_mut();
+            headers.insert("content-type", "application/grpc".parse().unwrap());
+            headers.insert("grpc-status", code.parse().unwrap());
+            response
+        }
+    };
+    let app = axum::Router::new()
+        .route("/ok", axum::routing::post(answer("0")))
+        .route("/denied", axum::routing::post(answer("16")))
+        .layer(grpc_layer(policy));
+    let call = |path: &'static str| {
+        let request = http::Request::post(path)
+            .header("x-api-key", "mallory")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            response.headers()["grpc-status"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            call("/ok").await,
+            "0",
+            "a call that succeeds does not count"
+        );
+    }
+    // A refund gives back its units less a clock margin (10 ms each): let it pass.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(call("/denied").await, "16");
+    assert_eq!(call("/denied").await, "16");
+    assert_eq!(call("/ok").await, "8", "two failed logins used the quota");
+}
