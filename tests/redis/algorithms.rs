@@ -1658,3 +1658,27 @@ async fn a_release_while_the_breaker_is_open_still_gives_the_slot_back() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A window newer than the server's clock (it stepped back across a boundary: a failover to a
+/// replica whose clock runs behind, an NTP step) still holds: the key is decided in it, not
+/// afresh in the older window, which would erase its count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_newer_than_the_servers_clock_still_holds() {
+    let server = RedisServer::start();
+    let backend = connect(&server.url()).await;
+    let time = server.cli(&["TIME"]);
+    let seconds: u64 = time.lines().next().unwrap().trim().parse().unwrap();
+    let next = seconds / 3600 + 1;
+    for (algorithm, state) in [
+        (Algorithm::FixedWindow, format!("{next}:5")),
+        (Algorithm::SlidingWindow, format!("{next}:5:0")),
+    ] {
+        let limit = hourly(&format!("newer-{algorithm}"), algorithm, 5);
+        let key = Key::from("stepped");
+        let redis_key = backend.state_key(&limit, &key);
+        server.cli(&["SET", &redis_key, &state, "PX", "7200000"]);
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
+        assert!(!d.allowed, "{algorithm}: {d:?}");
+        assert_eq!(server.cli(&["GET", &redis_key]), state, "{algorithm}");
+    }
+}

@@ -131,6 +131,9 @@ end
 local function window_count(key, limit, q, window, to_boundary)
   local used = 0
   local w, c = read_fixed(key)
+  -- A newer window than the server's clock holds (it stepped back across a boundary: a failover
+  -- to a replica behind, an NTP step) is the one the key counts in, as memory decides.
+  if w and w > window then window = w end
   if w == window then
     -- A count above the limit was written under another quota: it means "full" under this one.
     used = math.min(c, limit)
@@ -179,18 +182,26 @@ local function calendar_window(key, limit, finish, q, lengths)
   return window_count(key, limit, q, calendar_at(now_us, finish, lengths))
 end
 
--- A sliding window's counts in `window` and the one before, as `key` holds them (nil: none).
--- settle.lua reads them too.
-local function sliding_counts(key, window)
-  local w, c, p = read_sliding(key)
+-- A sliding window's counts in `window` and the one before, as a key holds them (`w`, `c`, `p`,
+-- as read_sliding reads them; nil: none).
+local function counts_in(window, w, c, p)
   if w == window then return c, p end
   if w and w + 1 == window then return 0, c end
+end
+
+-- As counts_in, read from `key`. settle.lua reads them too.
+local function sliding_counts(key, window)
+  return counts_in(window, read_sliding(key))
 end
 
 local function sliding_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local left = period - (now_us - window * period)
-  local current, previous = sliding_counts(key, window)
+  local w, c, p = read_sliding(key)
+  -- A newer window than the server's clock holds (as window_count's): decided at its start,
+  -- where its previous count weighs most.
+  if w and w > window then window, left = w, period end
+  local current, previous = counts_in(window, w, c, p)
   current, previous = math.min(current or 0, limit), math.min(previous or 0, limit)
   -- The estimate times the period, exactly (see the header for the bounds).
   local weighted = previous * left + current * period
