@@ -307,6 +307,43 @@ async fn concurrency_checks_that_never_left_give_nothing_back() {
     );
 }
 
+/// In `Auto` mode the module is detected again every 30 s: by one decision, while those arriving
+/// meanwhile take the path known (each ran a detection of its own, and on a slow link waited for
+/// it). Waits out the 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_mode_detects_once_for_decisions_arriving_together() {
+    let (server, proxy) = server_and_proxy(Path::Cell);
+    let backend = connect(proxy.url(), RedisMode::Auto, false).await;
+    let limit = Limit::new("detect", Quota::per_second(1_000)).unwrap();
+    let key = Key::from("k");
+    assert!(backend.check_one(&limit, &key, 1).await.is_ok());
+    tokio::time::sleep(Duration::from_millis(30_500)).await;
+    proxy.latency(
+        Direction::ToClient,
+        Duration::from_millis(20),
+        Duration::ZERO,
+    );
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let checks: Vec<_> = (0..50)
+        .map(|_| {
+            let (backend, limit, key) = (backend.clone(), limit.clone(), key.clone());
+            tokio::spawn(async move { backend.check_one(&limit, &key, 1).await.is_ok() })
+        })
+        .collect();
+    for check in checks {
+        assert!(check.await.unwrap());
+    }
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let detections = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_command|info:"));
+    let calls: u64 = detections.map_or(0, |l| {
+        let calls = l.split_once("calls=").unwrap().1;
+        calls.split(',').next().unwrap().parse().unwrap()
+    });
+    assert_eq!(calls, 1, "{detections:?}");
+}
+
 /// A connection idle for longer than the stall limit is not dropped for one slow reply: it
 /// answered nothing meanwhile only because nothing was asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

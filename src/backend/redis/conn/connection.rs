@@ -1,7 +1,7 @@
 //! The one connection to Redis (one server's own, a user's `ConnectionManager`, or a Cluster's):
 //! where it comes from, how it is opened, and which path it offers (redis-cell detection).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -233,6 +233,15 @@ const DETECT_EVERY_MS: u64 = 30_000;
 /// otherwise each detect first, and wait for it.
 const DETECT_RETRY_MS: u64 = 1_000;
 
+/// A flag set while its holder lives.
+struct Claimed<'a>(&'a AtomicBool);
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
@@ -245,6 +254,9 @@ pub(crate) struct Detector {
     next_detect: AtomicU64,
     /// In `Auto` mode, when a connection failure may make a decision detect again.
     retry_detect: AtomicU64,
+    /// A decision is detecting: the others meanwhile take the path known (on a slow link, each
+    /// would wait for a detection of its own).
+    detecting: AtomicBool,
 }
 
 impl Detector {
@@ -259,6 +271,7 @@ impl Detector {
             active: AtomicU8::new(UNKNOWN),
             next_detect: AtomicU64::new(0),
             retry_detect: AtomicU64::new(0),
+            detecting: AtomicBool::new(false),
         }
     }
 
@@ -312,10 +325,12 @@ impl Detector {
         }
         let now = breaker.recorder.clock.now_ms();
         let known = self.active.load(Ordering::Relaxed);
-        if known == UNKNOWN
+        let due = known == UNKNOWN
             || now >= self.next_detect.load(Ordering::Relaxed)
-            || (breaker.recorder.lost() && now >= self.retry_detect.load(Ordering::Relaxed))
-        {
+            || (breaker.recorder.lost() && now >= self.retry_detect.load(Ordering::Relaxed));
+        if due && !self.detecting.swap(true, Ordering::Acquire) {
+            // Given back however the detection ends (a decision's timeout drops it half-way).
+            let _detecting = Claimed(&self.detecting);
             // The loss is forgotten once detection answered (a call dropped half-way leaves it).
             // Boxed: rare, and it would otherwise swell every check's future.
             let cluster = conn.cluster();
