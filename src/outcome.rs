@@ -5,7 +5,7 @@
 //!
 //! Exact under concurrency: a request takes its units when it is admitted, like any other, so
 //! requests in flight count; once the inner service answers, the units of a response that does not
-//! count are given back ([`Backend::refund`](crate::Backend::refund)). A policy counting failures
+//! count are given back ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)). A policy counting failures
 //! thus admits at most its quota of failures per period, however many requests are in flight.
 
 use std::fmt;
