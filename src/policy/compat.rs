@@ -119,6 +119,11 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
         "quotas with keys of their own cannot be used with a metered limit yet",
     ),
     (
+        KeysApart,
+        Concurrency,
+        "quotas with keys of their own cannot be used with a concurrency limit (whose key would          hold the slot?)",
+    ),
+    (
         BodyKey,
         AsyncKey,
         "a body key and an async key both choose the key; use one",
@@ -173,6 +178,7 @@ mod tests {
                 (KeysApart, Resolver),
                 (KeysApart, CountOnly),
                 (KeysApart, Metered),
+                (KeysApart, Concurrency),
                 (BodyKey, AsyncKey),
                 (DryRun, Enforce),
                 (DryRun, UnderPressure),
