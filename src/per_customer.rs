@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::slice;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use crate::observe::ResolveLog;
 use crate::policy::tier::CompiledTier;
 use crate::quota::Quota;
 use crate::timer::within;
+use crate::window::WindowStart;
 
 /// An error from a [`QuotaResolver`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -188,19 +190,18 @@ impl CustomerQuotas {
         let Some(resolver) = &self.resolver else {
             return self.quota_now(parts, key);
         };
-        let fallback = "the policy's quota";
         match within(self.resolve_timeout, resolver.resolve(parts, key)).await {
             Some(Ok(quota)) => quota,
             Some(Err(error)) => {
                 let why = error.to_string();
                 self.log
-                    .record(&self.name, "quota resolver", &why, fallback);
+                    .record(&self.name, "quota resolver", &why, FALLBACK);
                 None
             }
             None => {
                 let why = format!("no quota within {:?}", self.resolve_timeout);
                 self.log
-                    .record(&self.name, "quota resolver", &why, fallback);
+                    .record(&self.name, "quota resolver", &why, FALLBACK);
                 None
             }
         }
@@ -221,25 +222,43 @@ impl CustomerQuotas {
             Namespace::Override => &self.overridden,
         };
         let mut table = tiers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(known) = table.get(&quota) {
-            return known.clone();
-        }
-        let tier = match self.enforceable(ns, quota, cost, validate) {
-            Ok(limit) => Some(Arc::new(CompiledTier::of(
-                None,
-                std::slice::from_ref(&limit),
-            ))),
-            Err(e) => {
-                self.log
-                    .record(&self.name, "quota", &e.to_string(), "the policy's quota");
-                None
+        let tier = match table.get(&quota) {
+            Some(known) => known.clone(),
+            None => {
+                let made = self
+                    .limit_for(ns, quota)
+                    .and_then(|l| validate(&l).map(|()| l));
+                let tier = match made {
+                    Ok(limit) => Some(Arc::new(CompiledTier::of(None, slice::from_ref(&limit)))),
+                    Err(e) => {
+                        self.log
+                            .record(&self.name, "quota", &e.to_string(), FALLBACK);
+                        None
+                    }
+                };
+                if table.len() >= MAX_CUSTOM_QUOTAS {
+                    table.clear();
+                }
+                table.insert(quota, tier.clone());
+                tier
             }
         };
-        if table.len() >= MAX_CUSTOM_QUOTAS {
-            table.clear();
+        drop(table);
+        // The cost is the caller's (a stream message's, or the policy's), so it is checked each
+        // time, not kept with the quota.
+        let tier = tier?;
+        let most = tier.limits[0].max_cost();
+        if cost > most {
+            let why = BuildError::Cost {
+                policy: self.name.to_string(),
+                cost,
+                limit: most,
+            };
+            self.log
+                .record(&self.name, "quota", &why.to_string(), FALLBACK);
+            return None;
         }
-        table.insert(quota, tier.clone());
-        tier
+        Some(tier)
     }
 
     /// The limit of `quota` in namespace `ns`, or why it cannot be enforced for a request of
@@ -293,9 +312,23 @@ impl CustomerQuotas {
         if let (Algorithm::Concurrency, Some(lease)) = (template.algorithm(), template.lease()) {
             limit = limit.with_lease(lease)?;
         }
+        // The policy's window boundaries: its calendar, for a quota of the calendar's period (a
+        // customer's plan, billed on the policy's day; another period is cut from the epoch),
+        // and each key's own phase.
+        if let Some(calendar) = template.calendar()
+            && let Ok(on_calendar) = limit.clone().with_calendar(calendar.clone())
+        {
+            limit = on_calendar;
+        }
+        if template.window().is_some_and(|window| window.is_per_key()) {
+            limit = limit.with_window_start(WindowStart::PerKey)?;
+        }
         Ok(limit)
     }
 }
+
+/// What a request gets when its own quota cannot be enforced.
+const FALLBACK: &str = "the policy's quota";
 
 /// Where a quota chosen for one key keeps the key's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@ use tower::ServiceExt;
 
 use crate::support::{backend, header, layer_on, request};
 use tower_throttle::config::Config;
+use tower_throttle::Quota;
 
 fn route(keys: &str) -> Result<tower_throttle::Policy<tower_throttle::key::KeySpec>, String> {
     let text = format!("[[route]]\nname = \"billing\"\nkey = \"header:x-customer\"\n{keys}\n");
@@ -83,4 +84,36 @@ fn the_keys_mistakes_are_errors_that_say_what_is_wrong() {
         "count = 2\ncalendar = \"month\"\nperiod = \"1month\"\nalgorithm = \"fixed-window\""
     )
     .is_ok());
+}
+
+/// A quota override of the calendar's period keeps the policy's calendar: its key's window ends
+/// at the same boundary (it was cut from the epoch, 30.44 days long).
+#[tokio::test]
+async fn an_overridden_quota_keeps_the_calendar() {
+    use tower_throttle::ops::Override;
+    use tower_throttle::window::CalendarPeriod;
+    let policy =
+        route("count = 2\ncalendar = \"month\"\ntimezone = \"Europe/Paris\"\nanchor_day = 31")
+            .unwrap();
+    let (backend, clock) = backend();
+    clock.set(Duration::from_secs(1_835_348_400));
+    let layer = layer_on(backend, policy);
+    let month = Quota::per_period(5, CalendarPeriod::Month.nominal());
+    let handle = layer.handle();
+    handle
+        .set_override("billing", "c-2", Override::Quota(month))
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let mut from = request("/");
+    from.headers_mut()
+        .insert("x-customer", "c-2".parse().unwrap());
+    let admitted = app.oneshot(from).await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(
+        header(&admitted, "ratelimit"),
+        Some(r#""billing.override";r=4;t=43200"#)
+    );
 }

@@ -49,7 +49,11 @@ fn quotas_keyed_apart_are_named_by_their_key_and_refuse_what_they_cannot_be_used
     );
     assert!(counted.contains("count_only"), "{counted}");
     // A slot held under one key and given back under another would leak: refused.
-    let slots = error(keyed().algorithm(tower_throttle::Algorithm::Concurrency).build());
+    let slots = error(
+        keyed()
+            .algorithm(tower_throttle::Algorithm::Concurrency)
+            .build(),
+    );
     assert!(slots.contains("concurrency"), "{slots}");
     // Two quotas of one period under one key make one name twice.
     let twice = error(
