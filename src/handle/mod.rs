@@ -301,10 +301,13 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 .backend
                 .peek(Charges::stack(&custom.limits, key, 0))
                 .await?;
-            let limits = custom.limits.iter().zip(states);
+            let limits = custom.limits.iter().zip(states).map(|(limit, state)| {
+                let state = ban.map_or(state, |rest| state.with_ban(rest));
+                (limit.name().to_owned(), state)
+            });
             tiers.push(TierKeyState {
                 tier: Some("override".to_owned()),
-                limits: limits.map(|(l, s)| (l.name().to_owned(), s)).collect(),
+                limits: limits.collect(),
             });
         }
         for tier in &rules.tiers {

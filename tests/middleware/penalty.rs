@@ -89,3 +89,20 @@ async fn in_memory_the_ban_shows_on_every_limit_of_a_stack() {
         .layer(layer);
     the_ban_shows_on_every_limit(&app).await;
 }
+
+/// A key with a quota override that earns a ban shows it when peeked, as without the override.
+#[tokio::test]
+async fn a_ban_shows_when_peeked_under_a_quota_override() {
+    use tower_throttle::ops::Override;
+    let layer = ThrottleLayer::new(policy(Duration::from_secs(600)));
+    let handle = layer.handle();
+    let two = Override::Quota(Quota::per_minute(2));
+    handle.set_override("login", "mallory", two).await.unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    earns_a_ban(&app, "mallory").await;
+    let state = handle.peek("login", "mallory").await.unwrap();
+    assert_eq!(state.tiers[0].tier.as_deref(), Some("override"));
+    assert!(state.summary().banned.is_some(), "{state:?}");
+}
