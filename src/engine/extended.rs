@@ -218,7 +218,7 @@ where
         let quota = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
             None => QuotaAhead::Own,
             Some(in_force) => match self.overridden(&key, &parts, in_force) {
-                Ok(custom) => QuotaAhead::Given(custom),
+                Ok(quota) => quota,
                 Err(verdict) => return Err(with_meter(answered(parts, verdict), extras)),
             },
         };
@@ -438,22 +438,24 @@ where
         }
     }
 
-    /// What an override or timed ban in force makes of a request: `Ok` with the quota it is decided
-    /// under (`None`: the policy's own, as for a quota override on a metered policy, which cannot
-    /// take one, or a ban in a dry run).
+    /// What an override or timed ban in force makes of a request: `Ok` with how it comes by its
+    /// quota (`Given(None)`: the policy's own, as for a quota override on a metered policy, which
+    /// cannot take one); a ban the policy does not enforce (a dry run, a key outside a staged
+    /// share) leaves the key the quota it has without it.
     #[allow(clippy::result_large_err)] // as `steps::keyed`'s
     fn overridden(
         &self,
         key: &Key,
         parts: &Parts,
         in_force: InForce,
-    ) -> Result<Option<Arc<CompiledTier>>, Verdict> {
+    ) -> Result<QuotaAhead, Verdict> {
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
         match in_force {
             InForce::Override(Override::Quota(quota)) => {
                 let validate = |limit: &_| self.validate(limit);
-                Ok(extras.override_tier(quota, rules.cost, validate))
+                let tier = extras.override_tier(quota, rules.cost, validate);
+                Ok(QuotaAhead::Given(tier))
             }
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
             InForce::Override(Override::Blocked) => {
@@ -462,7 +464,14 @@ where
             InForce::Banned(rest) => {
                 let tier = &rules.tiers[rules.tier_in(request.headers, request.extensions)];
                 let cx = RequestContext::at(rules, tier, key, request);
-                judge.banned_for(cx, rest).map_or(Ok(None), Err)
+                if let Some(refusal) = judge.banned_for(cx, rest) {
+                    return Err(refusal);
+                }
+                let overrides = &self.shared.overrides;
+                match overrides.both(rules.name(), key, SystemTime::now()).0 {
+                    Some(under) => self.overridden(key, parts, InForce::Override(under)),
+                    None => Ok(QuotaAhead::Own),
+                }
             }
         }
     }

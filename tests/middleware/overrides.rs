@@ -59,3 +59,46 @@ async fn an_override_quota_s_state_is_kept_in_the_state_file() {
         0
     );
 }
+
+/// A timed ban the policy does not enforce (a dry run) leaves the key the quota it has without
+/// the ban: its customer quota, or its quota override (it was decided under the policy's own).
+#[tokio::test]
+async fn an_unenforced_ban_leaves_the_key_its_quota() {
+    use http::request::Parts;
+    use tower::ServiceExt;
+    use tower_throttle::key::{Header, Key};
+    use tower_throttle::ops::Override;
+    use tower_throttle::{Policy, Quota, ThrottleLayer};
+    let policy = Policy::builder("api")
+        .quota(Quota::per_minute(10))
+        .key(Header::new("x-user"))
+        .dry_run(true)
+        .quota_from(|_: &Parts, key: &Key| {
+            (*key == Key::from("pro")).then(|| Quota::per_minute(6000))
+        })
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::new(policy);
+    let handle = layer.handle();
+    let hour = std::time::Duration::from_secs(3600);
+    for user in ["pro", "vip"] {
+        handle.ban("api", user, hour).await.unwrap();
+    }
+    let vip = Override::Quota(Quota::per_minute(500));
+    handle.set_override("api", "vip", vip).await.unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    for (user, policy) in [
+        ("pro", r#""api";q=6000;w=60"#),
+        ("vip", r#""api.override";q=500;w=60"#),
+    ] {
+        let request = http::Request::get("/")
+            .header("x-user", user)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK, "{user}");
+        assert_eq!(response.headers()["ratelimit-policy"], policy, "{user}");
+    }
+}
