@@ -262,7 +262,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Policies::of(self.shared.table.load_full())
     }
 
-    /// `key`'s state under policy `policy`, every tier and every limit of its stacks, without
+    /// `key`'s state under policy `policy`, every tier and every limit of its stacks (and its
+    /// override's quota; not a per-customer quota, which is chosen from a request), without
     /// consuming anything: the backend's state, with the ban of the policy's penalty box when the
     /// layer keeps it (backends that keep penalties report their own). `key` is the text the policy
     /// extracts (see [`KeyFromText`]). A policy whose quotas have keys of their own
@@ -400,8 +401,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 
     /// Checks one message of a long-lived stream (a WebSocket, SSE or gRPC-stream message) of
-    /// `cost` units for `key` under policy `policy` (its default tier), as the layer checks a
-    /// request: the same access lists (by key), overrides and timed bans, backend and limits,
+    /// `cost` units for `key` under policy `policy` (its default tier: a per-customer quota,
+    /// which `quota_from` or a resolver chooses from a request, is not asked), as the layer checks
+    /// a request: the same access lists (by key), overrides and timed bans, backend and limits,
     /// penalty box, dry run and staged enforcement, metrics, logs and offender counts. A key on a
     /// deny list, or blocked by an override, is refused with no `retry_after`. The handler then drops the message or closes the stream on a
     /// refusal (`allowed == false`, with `retry_after`). A refusal the policy does not enforce (a
