@@ -199,6 +199,15 @@ where
             Some(at) if at + 1 == text.len() => {
                 let table = self.shared.table.load_full();
                 let prefix = find(&table, policy)?.key().pattern_from_text(&text[..at]);
+                // An address's keys render as `!` and its digits: another character matches none.
+                let address = |c: char| c.is_ascii_hexdigit() || c == '.' || c == ':';
+                if let Some(digits) = prefix.strip_prefix('!')
+                    && !digits.chars().all(address)
+                {
+                    let why =
+                        format!("{text:?}: an address pattern is an address's start (10.0.*)");
+                    return Err(invalid(policy, why));
+                }
                 Ok(prefix + "*")
             }
             Some(_) => Err(invalid(
@@ -362,6 +371,12 @@ mod tests {
             |key| async move { peers.peek("api", key).await.unwrap().banned_until.is_some() };
         assert!(banned("10.0.3.4").await && banned("192.168.0.1").await);
         assert!(!banned("10.1.3.4").await);
+        assert!(
+            peers.ban("api", "bob*", day).await.is_err(),
+            "no address starts so"
+        );
+        let shown = orgs.ban("api", "!bob*", day).await;
+        assert!(shown.is_ok(), "a header's value may: {shown:?}");
         assert_eq!(
             fields(peers.bans("api").unwrap()),
             ["!10.0.*", "!192.168.*"]
