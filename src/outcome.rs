@@ -5,8 +5,9 @@
 //!
 //! Exact under concurrency: a request takes its units when it is admitted, like any other, so
 //! requests in flight count; once the inner service answers, the units of a response that does not
-//! count are given back ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)). A policy counting failures
-//! thus admits at most its quota of failures per period, however many requests are in flight.
+//! count are given back ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)). A policy
+//! counting failures thus admits at most its quota of failures per period, however many requests
+//! are in flight.
 
 use std::fmt;
 use std::sync::Arc;
@@ -101,8 +102,9 @@ impl OutcomeGuard {
     }
 
     /// The response has this status and these headers: its units are given back if it does not
-    /// count (a gRPC response by its `grpc-status`, when its headers have it). Returns a metered request's guard, for the response's body to settle when it ends
-    /// (after reading the usage header, if the headers have it).
+    /// count (a gRPC response by its `grpc-status`, when its headers have it). Returns a metered
+    /// request's guard, for the response's body to settle when it ends (after reading the usage
+    /// header, if the headers have it).
     pub(crate) fn settle(
         mut self,
         status: StatusCode,

@@ -5,10 +5,10 @@
 //! The handler reports what the request really cost on its [`Meter`], a request extension; or the
 //! middleware reads it from a response header or trailer
 //! ([`usage_header`](crate::PolicyBuilder::usage_header)). The difference from the reservation is
-//! settled with [`Adjustment::Settle`](crate::backend::Adjustment::Settle): a larger cost may leave the key in
-//! debt (its next requests are refused until it is paid back), a smaller one is given back. A
-//! handler that reports nothing keeps the reservation; a client that hangs up mid-stream is
-//! charged what was produced until then.
+//! settled with [`Adjustment::Settle`](crate::backend::Adjustment::Settle): a larger cost may
+//! leave the key in debt (its next requests are refused until it is paid back), a smaller one is
+//! given back. A handler that reports nothing keeps the reservation; a client that hangs up
+//! mid-stream is charged what was produced until then.
 
 //!
 //! The whole feature lives here but for its TOML glue (`config/metered.rs`): the builder's options

@@ -121,7 +121,8 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     (
         KeysApart,
         Concurrency,
-        "quotas with keys of their own cannot be used with a concurrency limit (whose key would          hold the slot?)",
+        "quotas with keys of their own cannot be used with a concurrency limit (whose key would \
+         hold the slot?)",
     ),
     (
         BodyKey,
