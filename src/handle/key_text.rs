@@ -7,11 +7,12 @@ use http::HeaderValue;
 use crate::key::{ClientIp, Composite, Global, Header, Key, KeySpec, PeerIp};
 
 /// A key extractor that can turn the text an operator types into the [`Key`] it extracts from a
-/// request, for [`ThrottleHandle::peek`] and [`ThrottleHandle::reset`].
+/// request, for [`ThrottleHandle::peek`](super::ThrottleHandle::peek) and
+/// [`ThrottleHandle::reset`](super::ThrottleHandle::reset).
 ///
-/// Every extractor takes a key as logs, [`ThrottleHandle::top`] and the admin page show it
-/// ([`Key::from_rendered`]: `!` before an address, other bytes percent-encoded), so a key copied
-/// from any of them works as it is; and also as the request carries it: an address, a header's
+/// Every extractor takes a key as logs, [`ThrottleHandle::top`](super::ThrottleHandle::top) and the
+/// admin page show it ([`Key::from_rendered`]: `!` before an address, other bytes
+/// percent-encoded), so a key copied from any of them works as it is; and also as the request carries it: an address, a header's
 /// value (`user 42`), a composite key's values joined by `|`. Where a text could be either (it
 /// holds a `%` followed by two hex digits, and nothing a rendering escapes), it is read as shown.
 /// Where the layer redacts keys, what they show is a pseudonym (`hmac:…`), which the handle
