@@ -107,10 +107,10 @@ impl BackendError {
         self
     }
 
-    /// Whether the call may have reached the backend (and taken units there).
+    /// Whether the call never reached the backend (so took nothing there).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn may_have_been_sent(&self) -> bool {
-        !self.unsent
+    pub(crate) fn unsent(&self) -> bool {
+        self.unsent
     }
 }
 

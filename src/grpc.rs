@@ -182,17 +182,11 @@ fn code_for(status: StatusCode) -> u8 {
 /// a handler's error is sent) stands for, as gRPC's own HTTP mapping gives it (grpc-gateway's),
 /// so that counting by outcome reads a gRPC call's outcome, not the HTTP `200` every call has.
 pub(crate) fn http_status_of(headers: &HeaderMap) -> Option<StatusCode> {
-    let grpc = headers
-        .get(CONTENT_TYPE)?
-        .as_bytes()
-        .starts_with(b"application/grpc");
-    let code: u8 = headers
-        .get(&GRPC_STATUS)
-        .filter(|_| grpc)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()?;
+    let content_type = headers.get(CONTENT_TYPE)?.as_bytes();
+    if !content_type.starts_with(b"application/grpc") {
+        return None;
+    }
+    let code: u8 = headers.get(&GRPC_STATUS)?.to_str().ok()?.parse().ok()?;
     let status = match code {
         0 => 200,
         1 => 499,

@@ -110,9 +110,8 @@ impl OutcomeGuard {
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<Box<MeterGuard>> {
-        let status = crate::grpc::http_status_of(headers).unwrap_or(status);
         if let Some(refund) = self.refund.take()
-            && !self.rule.counts(status)
+            && !(self.rule).counts(crate::grpc::http_status_of(headers).unwrap_or(status))
         {
             let since = self.asked.elapsed() + CLOCK_MARGIN;
             if since < self.counts_for {

@@ -225,10 +225,8 @@ impl CustomerQuotas {
         let tier = match table.get(&quota) {
             Some(known) => known.clone(),
             None => {
-                let made = self
-                    .limit_for(ns, quota)
-                    .and_then(|l| validate(&l).map(|()| l));
-                let tier = match made {
+                // Of no cost: the caller's is checked below, each time.
+                let tier = match self.enforceable(ns, quota, 0, validate) {
                     Ok(limit) => Some(Arc::new(CompiledTier::of(None, slice::from_ref(&limit)))),
                     Err(e) => {
                         self.log
@@ -244,18 +242,11 @@ impl CustomerQuotas {
             }
         };
         drop(table);
-        // The cost is the caller's (a stream message's, or the policy's), so it is checked each
-        // time, not kept with the quota.
+        // The cost is the caller's (a stream message's, or the policy's): not kept with the quota.
         let tier = tier?;
-        let most = tier.limits[0].max_cost();
-        if cost > most {
-            let why = BuildError::Cost {
-                policy: self.name.to_string(),
-                cost,
-                limit: most,
-            };
+        if let Err(e) = self.cost_fits(cost, tier.limit_value) {
             self.log
-                .record(&self.name, "quota", &why.to_string(), FALLBACK);
+                .record(&self.name, "quota", &e.to_string(), FALLBACK);
             return None;
         }
         Some(tier)
@@ -273,14 +264,20 @@ impl CustomerQuotas {
     ) -> Result<Limit, BuildError> {
         let limit = self.limit_for(ns, quota)?;
         validate(&limit)?;
-        if cost > limit.max_cost() {
-            return Err(BuildError::Cost {
+        self.cost_fits(cost, limit.max_cost())?;
+        Ok(limit)
+    }
+
+    /// Whether a request of `cost` fits a quota whose largest cost is `most`.
+    fn cost_fits(&self, cost: u64, most: u64) -> Result<(), BuildError> {
+        match cost > most {
+            true => Err(BuildError::Cost {
                 policy: self.name.to_string(),
                 cost,
-                limit: limit.max_cost(),
-            });
+                limit: most,
+            }),
+            false => Ok(()),
         }
-        Ok(limit)
     }
 
     /// A limit of namespace `ns` (its name, the policy's algorithm), when the policy may keep

@@ -388,10 +388,14 @@ where
         &self,
         local: bool,
     ) -> impl Fn(Charges<'_>, Adjustment<'_>) + Send + Sync + 'static {
-        let (shared, judge) = (self.shared.clone(), self.judge.clone());
-        move |charges: Charges<'_>, adjustment: Adjustment<'_>| match local {
-            true => judge.fallback.adjust(charges, adjustment),
-            false => shared.backend.adjust(charges, adjustment),
+        // Only the one it adjusts is kept (each clone is a count every core writes).
+        let to = match local {
+            true => Err(self.judge.clone()),
+            false => Ok(self.shared.clone()),
+        };
+        move |charges: Charges<'_>, adjustment: Adjustment<'_>| match &to {
+            Ok(shared) => shared.backend.adjust(charges, adjustment),
+            Err(judge) => judge.fallback.adjust(charges, adjustment),
         }
     }
 

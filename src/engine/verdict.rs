@@ -177,7 +177,11 @@ impl Judge {
         key: &Key,
     ) -> &'t [Limit] {
         match &tier.unenforced {
-            Some(unenforced) if !self.enforces(Some(rules), RefusalKind::Limited, Some(key)) => {
+            // Where the layer keeps the penalty box (`rules.penalty`), the backend ignores it.
+            Some(unenforced)
+                if rules.penalty.is_none()
+                    && !self.enforces(Some(rules), RefusalKind::Limited, Some(key)) =>
+            {
                 unenforced
             }
             _ => &tier.limits,

@@ -296,19 +296,20 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             }
             _ => None,
         };
+        // Each limit's state by name, with the ban of the layer's penalty box.
+        let shown = |(limit, state): (&Limit, KeyState)| {
+            let state = ban.map_or(state, |rest| state.with_ban(rest));
+            (limit.name().to_owned(), state)
+        };
         if let Some(custom) = custom {
             let states = self
                 .shared
                 .backend
                 .peek(Charges::stack(&custom.limits, key, 0))
                 .await?;
-            let limits = custom.limits.iter().zip(states).map(|(limit, state)| {
-                let state = ban.map_or(state, |rest| state.with_ban(rest));
-                (limit.name().to_owned(), state)
-            });
             tiers.push(TierKeyState {
                 tier: Some("override".to_owned()),
-                limits: limits.collect(),
+                limits: custom.limits.iter().zip(states).map(shown).collect(),
             });
         }
         for tier in &rules.tiers {
@@ -322,15 +323,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                     tier.limits.len()
                 ))));
             }
-            let limits = tier
-                .limits
-                .iter()
-                .zip(states)
-                .map(|(limit, state)| {
-                    let state = ban.map_or(state, |rest| state.with_ban(rest));
-                    (limit.name().to_owned(), state)
-                })
-                .collect();
+            let limits = tier.limits.iter().zip(states).map(shown).collect();
             tiers.push(TierKeyState {
                 tier: tier.name.as_deref().map(str::to_owned),
                 limits,
@@ -542,12 +535,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // Kept, but a policy that became metered or keyed apart cannot take a quota override:
         // listed and shown by peek, it would otherwise be ignored without a word.
         for policy in table.policies.iter().map(Policy::compiled) {
-            let extras = policy.extras.as_deref();
-            let takes_none = extras.is_some_and(|e| e.metered.is_some() || e.limit_keys.is_some());
-            let overrides = self.shared.overrides.overrides_of(policy.name());
-            if takes_none
-                && overrides
-                    .iter()
+            if !policy.overridable.takes_quota_override()
+                && (self.shared.overrides.overrides_of(policy.name()).iter())
                     .any(|(_, o)| matches!(o, Override::Quota(_)))
             {
                 tracing::warn!(

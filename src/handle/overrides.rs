@@ -69,7 +69,7 @@ where
         if let Override::Quota(quota) = value {
             let table = self.shared.table.load_full();
             let rules = find(&table, policy)?.compiled();
-            if rules.overridable.metered.is_some() || rules.overridable.limit_keys.is_some() {
+            if !rules.overridable.takes_quota_override() {
                 return Err(invalid(
                     policy,
                     "the quota of a metered policy, or of one whose quotas have keys of their own, \

@@ -302,9 +302,11 @@ impl ClientIp {
         let mut trusted_hops = 0;
         for line in headers.get_all(self.header.name()).iter().rev() {
             let line = line.as_bytes();
-            // A quoted value may hold a `,` (`host="a, for=6.6.6.6"`): split outside quotes.
+            // A `Forwarded` value may be quoted and hold a `,` (`host="a, for=6.6.6.6"`): split
+            // outside quotes. `X-Forwarded-For` has no quoting.
+            let quoting = matches!(self.header, ForwardedHeader::Forwarded);
             let (mut plain, mut quoted);
-            let entries: &mut dyn Iterator<Item = &[u8]> = if line.contains(&b'"') {
+            let entries: &mut dyn Iterator<Item = &[u8]> = if quoting && line.contains(&b'"') {
                 quoted = split_unquoted(line, b',')
                     .collect::<Vec<_>>()
                     .into_iter()

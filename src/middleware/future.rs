@@ -129,8 +129,8 @@ where
 
     /// This future, counting the request in flight through the overload gate until its response
     /// ends (at once for a refusal: the service never saw it). A called or delayed request holds
-    /// the count as it would a slot; one waiting for a remote decision or a body is boxed beside
-    /// it. Never inlined: kept out of `call`, a layer without a gate calls no larger a function.
+    /// the count as it would a slot; one waiting for a remote decision or a body holds it in its
+    /// state. Never inlined: kept out of `call`, a layer without a gate calls no larger a function.
     #[inline(never)]
     pub(crate) fn holding(self, in_flight: InFlight) -> Self {
         let state = match self.state {

@@ -160,21 +160,22 @@ impl<T: Copy> Matcher<T> {
     }
 
     /// Every entry that matches `key`, in the order [`Self::find`] prefers them.
+    // Lazy: `find` stops at the first, and an exact key renders nothing.
     fn matching<'m>(&'m self, key: &'m Key) -> impl Iterator<Item = T> + 'm {
-        let bytes = key.bytes().unwrap_or_default();
-        let by_bytes = (self.lengths.iter())
-            .filter(move |&&len| key.bytes().is_some() && len <= bytes.len())
-            .filter_map(move |&len| self.byte_prefixes.get(&bytes[..len]).copied());
-        let by_text: Vec<T> = match key.bytes() {
-            None if !self.text_prefixes.is_empty() => {
-                let rendered = key.to_string();
+        let bytes = key.bytes();
+        let by_bytes = bytes.into_iter().flat_map(move |bytes| {
+            let lengths = self.lengths.iter().filter(move |&&len| len <= bytes.len());
+            lengths.filter_map(move |&len| self.byte_prefixes.get(&bytes[..len]).copied())
+        });
+        let texts = bytes.is_none() && !self.text_prefixes.is_empty();
+        let by_text = texts
+            .then(|| key.to_string())
+            .into_iter()
+            .flat_map(move |rendered| {
                 let text = self.text_prefixes.iter();
-                text.filter(|(p, _)| rendered.starts_with(p.as_str()))
+                text.filter(move |(p, _)| rendered.starts_with(p.as_str()))
                     .map(|(_, value)| *value)
-                    .collect()
-            }
-            _ => Vec::new(),
-        };
+            });
         let exact = self.exact.get(key).copied();
         exact
             .into_iter()
@@ -413,15 +414,17 @@ impl Overrides {
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let fields = self.store.read(table).await?;
         self.install(table, ticket, &fields);
-        if kind == "bans" {
-            self.remove_ended(table, &fields).await;
-        }
         // After the new entries are in force: a decision cached under the old ones would
         // otherwise outlive them (a refusal under a quota just raised).
-        let policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, limits)) = policies.iter().find(|(name, _)| name == policy) {
-            let limits: Vec<&str> = limits.iter().map(String::as_str).collect();
-            self.store.forget_cached(&limits);
+        {
+            let policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, limits)) = policies.iter().find(|(name, _)| name == policy) {
+                let limits: Vec<&str> = limits.iter().map(String::as_str).collect();
+                self.store.forget_cached(&limits);
+            }
+        }
+        if kind == "bans" {
+            self.remove_ended(table, &fields).await;
         }
         Ok(())
     }
@@ -430,11 +433,10 @@ impl Overrides {
     /// and go without the table growing for good; a ban written again meanwhile is kept. A
     /// failure is only logged: they are removed at a later read.
     async fn remove_ended(&self, table: &str, fields: &[(String, String)]) {
+        let now = SystemTime::now();
         let ended: Vec<(String, String)> = fields
             .iter()
-            .filter(|(_, value)| {
-                decode_until(value).is_some_and(|until| until <= SystemTime::now())
-            })
+            .filter(|(_, value)| decode_until(value).is_some_and(|until| until <= now))
             .cloned()
             .collect();
         if ended.is_empty() {

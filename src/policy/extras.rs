@@ -200,10 +200,16 @@ impl PolicyExtras {
         cost: u64,
         validate: impl FnOnce(&Limit) -> Result<(), BuildError>,
     ) -> Option<Arc<CompiledTier>> {
-        if self.metered.is_some() || self.limit_keys.is_some() {
+        if !self.takes_quota_override() {
             return None;
         }
         (self.quotas).custom_tier(Namespace::Override, quota, cost, validate)
+    }
+
+    /// Whether a quota override can apply: not to a metered policy, nor one whose quotas have
+    /// keys of their own (unlimited and blocked can).
+    pub(crate) fn takes_quota_override(&self) -> bool {
+        self.metered.is_none() && self.limit_keys.is_none()
     }
 }
 

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
-use redis::aio::{ConnectionLike, PubSubSink};
+use redis::aio::PubSubSink;
 use redis::cluster::ClusterClientBuilder;
 use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
@@ -43,10 +43,9 @@ pub(super) async fn publish(
     prefix: &str,
     keys: &[String],
 ) -> redis::RedisResult<()> {
+    // A refusal (NOPERM) comes as a value, which `query_async` makes an error.
     let cmd = publish_cmd(conn, prefix, keys.join("\n"));
-    // A refusal (NOPERM) comes as a value, not as an error.
-    let answer = conn.req_packed_command(&cmd).await;
-    answer.and_then(redis::Value::extract_error).map(drop)
+    cmd.query_async::<()>(conn).await
 }
 
 /// A reload changed the limits `changed`: drops what is cached under them, and tells the others.
@@ -64,11 +63,8 @@ pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     let cmd = publish_cmd(&state.conn, &state.prefix, message);
     let (mut conn, timeout) = (state.conn.clone(), state.timeout);
     runtime.spawn(async move {
-        let sent = tokio::time::timeout(timeout * 10, conn.req_packed_command(&cmd));
-        if !matches!(
-            sent.await.map(|a| a.and_then(redis::Value::extract_error)),
-            Ok(Ok(_))
-        ) {
+        let sent = tokio::time::timeout(timeout * 10, cmd.query_async::<()>(&mut conn));
+        if !matches!(sent.await, Ok(Ok(()))) {
             tracing::warn!("a reload could not be published to the other processes");
         }
     });

@@ -157,7 +157,9 @@ impl RedisState {
         let penalty = limit.penalty().is_some();
         let state = self.clone();
         let sent = Instant::now();
-        let generation = self.deny.as_ref().map_or(0, |d| d.generation(&state_key));
+        // Only a decision the deny cache may keep needs its generation (one more hash of the key).
+        let deny = fingerprint.and(self.deny.as_ref());
+        let generation = deny.map_or(0, |d| d.generation(&state_key));
         let token = self.leases.next_token();
         let call = self.limits_call(std::slice::from_ref(limit), key, quantity, None, token);
         let decided = self.send_limits(call);
@@ -169,11 +171,8 @@ impl RedisState {
         });
         Box::pin(async move {
             let decisions = decided.await;
-            let took_nothing = decisions
-                .as_ref()
-                .err()
-                .is_some_and(|e| !e.may_have_been_sent());
-            if let (true, Some(unanswered)) = (decisions.is_ok() || took_nothing, &mut unanswered) {
+            let known = !matches!(&decisions, Err(e) if !e.unsent());
+            if let (true, Some(unanswered)) = (known, &mut unanswered) {
                 unanswered.answered();
             }
             let decision = decisions?

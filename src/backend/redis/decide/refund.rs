@@ -100,7 +100,7 @@ fn send(
     // Forgotten again once Redis has applied it: a check decided between the first forget and
     // the settle is refused, and would be cached until its retry time (a fixed window's end).
     let cached = state.deny.is_some().then(|| {
-        let keys: Vec<String> = items.iter().map(|(spec, _)| spec.key.clone()).collect();
+        let keys: Vec<String> = items.into_iter().map(|(spec, _)| spec.key).collect();
         (state.clone(), keys)
     });
     runtime.spawn(async move {
