@@ -176,7 +176,8 @@ pub(crate) fn cluster_client(
         install_crypto_provider();
     }
     ClusterClient::builder(urls.to_vec())
-        .connection_timeout(timeout)
+        // Connecting takes more round trips than a call (TLS's handshake, then logging in).
+        .connection_timeout(super::server::attempt_budget(timeout))
         .response_timeout(timeout)
         // Redirections are followed by the backend (redirect.rs), which sends `ASKING` with its
         // command; redis-rs's retries would not (redirect.rs says where, and when this can go).

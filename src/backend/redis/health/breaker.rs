@@ -54,11 +54,16 @@ impl Breaker {
     /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's
     /// (`node`: the call's, which began at `started` on the node's circuit's clock).
     fn record(&self, outcome: Outcome, node: Option<&Node>, was_probe: bool, started: u64) {
+        // A call out of time opens a breaker only if its server answered nothing since the call
+        // began (slow, not dead: only this call fails), on one server as on a Cluster's node.
+        let slow =
+            |circuit: &Circuit| outcome.timed_out && !was_probe && circuit.answered_since(started);
         if outcome.answered {
             self.answered();
         } else {
             // Said once (not by the calls under way); with a reconnecting server, by its task.
-            if self.nodes.is_none() && self.circuit.failed(was_probe) && self.server.is_none() {
+            let opens = self.nodes.is_none() && !slow(&self.circuit);
+            if opens && self.circuit.failed(was_probe) && self.server.is_none() {
                 tracing::warn!("Redis is unreachable; failing fast until a probe gets through");
             }
             // The server may drop a connection that stopped answering.
@@ -69,13 +74,7 @@ impl Breaker {
         if let (Some(node), Some(nodes)) = (node, &self.nodes) {
             match (&outcome.error, outcome.answered && !outcome.slot_not_served) {
                 (_, true) | (None, _) => nodes.answered(node),
-                // A call out of time opens the node's breaker only if the node answered nothing
-                // since it began (slow, not dead: only this call fails).
-                (Some(e), false)
-                    if outcome.timed_out && !was_probe && node.circuit.answered_since(started) =>
-                {
-                    node.met(e)
-                }
+                (Some(e), false) if slow(&node.circuit) => node.met(e),
                 (Some(e), false) => nodes.failed(node, was_probe, e),
             }
         }
@@ -84,8 +83,12 @@ impl Breaker {
 
     /// Redis answered.
     pub(crate) fn answered(&self) {
+        if self.nodes.is_some() {
+            return;
+        }
+        self.circuit.stamp_answer();
         // With a reconnecting server, its task says so (once per reconnection).
-        if self.nodes.is_none() && self.circuit.answered() && self.server.is_none() {
+        if self.circuit.answered() && self.server.is_none() {
             tracing::info!("Redis answers again; rate-limit decisions come from Redis");
         }
     }
@@ -145,7 +148,8 @@ where
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
-        let started = node.as_deref().map_or(0, |n| n.circuit.now_ms());
+        // Every breaker of a backend reads the same clock.
+        let started = breaker.circuit.now_ms();
         let outcome = tokio::time::timeout(timeout, call).await;
         // Out of time after the node answered TRYAGAIN (its record: whichever task sent it).
         let tried_again = node.as_ref().is_some_and(|n| n.tried_again_since(started))
@@ -250,6 +254,44 @@ mod tests {
 
     fn timed_out() -> RedisError {
         RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+    }
+
+    /// One server's call out of time opens its breaker only if no call got an answer since it
+    /// began: a slow reply among answered ones fails alone, not every call for the next 50 ms.
+    #[tokio::test]
+    async fn a_timeout_opens_one_servers_breaker_only_if_nothing_answered_since() {
+        let clock = Clock::new();
+        let breaker = Arc::new(Breaker::new(
+            Duration::from_secs(1),
+            None,
+            None,
+            RedisMode::Lua,
+            "test",
+            clock,
+        ));
+        let timeout = Duration::from_millis(100);
+        let slow = guarded(
+            &breaker,
+            "k",
+            timeout,
+            std::future::pending::<Result<(), _>>(),
+        );
+        let answered = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guarded(&breaker, "k", timeout, async { Ok::<_, RedisError>(()) }).await
+        };
+        let (slow, answered) = tokio::join!(slow, answered);
+        assert!(slow.unwrap_err().to_string().contains("did not answer"));
+        answered.unwrap();
+        assert!(!breaker.tripped(), "one slow reply among answers");
+        let silent = guarded(
+            &breaker,
+            "k",
+            timeout,
+            std::future::pending::<Result<(), _>>(),
+        );
+        silent.await.unwrap_err();
+        assert!(breaker.tripped(), "nothing answered while the call waited");
     }
 
     /// A timeout after the key's node answered `TRYAGAIN` (to any task) is the migrating slot's:
