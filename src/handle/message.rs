@@ -52,14 +52,16 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
 }
 
 /// A message's steps before the backend, as a request's with its key given: the access lists by
-/// key, then an override or timed ban in force on the key. `Ok`: the limits of its quota override
-/// and the rest of its timed ban, if any; `Err`: its answer.
+/// key, then an override or timed ban in force on the key (a ban the policy does not enforce
+/// leaves the key the quota it has without it). `Ok`: the limits of its quota override, if any;
+/// `Err`: its answer.
 pub(crate) fn before_backend<K, B: Backend>(
     shared: &Shared<K, B>,
+    judge: &Judge,
     policy: &CompiledPolicy,
     key: &Key,
     cost: u64,
-) -> Result<(Option<Arc<CompiledTier>>, Option<Duration>), Decision> {
+) -> Result<Option<Arc<CompiledTier>>, Decision> {
     let limit = policy.tiers[0].limit_value;
     let unlimited = Decision::allowed(limit, limit, Duration::ZERO);
     let mut blocked = Decision::banned(limit, Duration::ZERO, None, Duration::ZERO);
@@ -76,21 +78,28 @@ pub(crate) fn before_backend<K, B: Backend>(
         }
         Some(Access::Limit) | None => {}
     }
-    match shared.overrides.find(policy.name(), key, SystemTime::now()) {
-        None => Ok((None, None)),
-        Some(InForce::Banned(rest)) => Ok((None, Some(rest))),
-        Some(InForce::Override(Override::Unlimited)) => Err(unlimited),
-        Some(InForce::Override(Override::Blocked)) => Err(blocked),
-        Some(InForce::Override(Override::Quota(quota))) => {
+    let (overrides, now) = (&shared.overrides, SystemTime::now());
+    let in_force = match overrides.find(policy.name(), key, now) {
+        Some(InForce::Banned(rest)) => {
+            match judge.message_banned(policy, &policy.tiers[0], key, rest) {
+                Some(refused) => return Err(refused),
+                None => overrides.both(policy.name(), key, now).0,
+            }
+        }
+        Some(InForce::Override(in_force)) => Some(in_force),
+        None => None,
+    };
+    match in_force {
+        None => Ok(None),
+        Some(Override::Unlimited) => Err(unlimited),
+        Some(Override::Blocked) => Err(blocked),
+        Some(Override::Quota(quota)) => {
             let validate = |l: &_| {
                 shared
                     .backend
                     .validate(slice::from_ref(l), Uses::NOTHING_MORE)
             };
-            Ok((
-                policy.overridable.override_tier(quota, cost, validate),
-                None,
-            ))
+            Ok(policy.overridable.override_tier(quota, cost, validate))
         }
     }
 }
@@ -99,7 +108,7 @@ impl Judge {
     /// Checks a message of `cost` units for `key` under `policy`'s default tier: its ban first,
     /// then the backend, then the steps a request's verdict opens and closes with
     /// ([`Judge::weigh`], [`Judge::report`]). A refusal the policy does not enforce comes back
-    /// allowed. `timed_ban`, if one runs, comes before the penalty box's.
+    /// allowed.
     pub(crate) async fn message<B: Backend>(
         &self,
         backend: &B,
@@ -107,39 +116,51 @@ impl Judge {
         key: &Key,
         cost: u64,
         custom: Option<&CompiledTier>,
-        timed_ban: Option<Duration>,
     ) -> Result<Decision, BackendError> {
         let tier = custom.unwrap_or(&policy.tiers[0]);
-        let banned = timed_ban.or_else(|| policy.penalty.as_ref().and_then(|p| p.banned(key)));
-        let (mut decisions, strike) = match banned {
-            Some(rest) => {
-                let ban = Decision::banned(tier.limit_value, rest, None, rest);
-                (vec![ban; tier.limits.len()], false)
+        if let Some(rest) = policy.penalty.as_ref().and_then(|p| p.banned(key))
+            && let Some(refused) = self.message_banned(policy, tier, key, rest)
+        {
+            return Ok(refused);
+        }
+        let limits = self.limits_to_ask(policy, tier, key);
+        let answer = backend.check(Charges::stack(limits, key, cost)).await;
+        // As a request's verdict takes them: a stack's decisions one per limit.
+        let mut decisions = match answer {
+            Ok(Decisions::Many(all)) if all.len() != limits.len() => {
+                let error = not_one_per_limit(all.len(), limits.len());
+                return Err(self.message_failed(policy, error));
             }
-            None => {
-                let limits = self.limits_to_ask(policy, tier, key);
-                let answer = backend.check(Charges::stack(limits, key, cost)).await;
-                // As a request's verdict takes them: a stack's decisions one per limit.
-                match answer {
-                    Ok(Decisions::Many(all)) if all.len() != limits.len() => {
-                        let error = not_one_per_limit(all.len(), limits.len());
-                        return Err(self.message_failed(policy, error));
-                    }
-                    Ok(all) => {
-                        self.errors.decided(&policy.name);
-                        (all.into_vec(), true)
-                    }
-                    Err(error) => return Err(self.message_failed(policy, error)),
-                }
+            Ok(all) => {
+                self.errors.decided(&policy.name);
+                all.into_vec()
             }
+            Err(error) => return Err(self.message_failed(policy, error)),
         };
-        let mut weighed = self.weigh(policy, tier, key, &mut decisions, strike);
+        let mut weighed = self.weigh(policy, tier, key, &mut decisions, true);
         self.report(policy, tier, key, &decisions, &mut weighed);
         let decision = weighed.decision;
         Ok(match decision.allowed || weighed.enforced {
             true => decision,
             false => Decision::allowed(decision.limit, decision.remaining, decision.reset_after),
         })
+    }
+
+    /// The refusal of a message whose key is banned for `rest` yet (by the penalty box or an
+    /// operator's timed ban), reported; `None`, reported as would-limit, where the policy does not
+    /// enforce it (a dry run, a key outside a staged share): the message is checked as without it.
+    fn message_banned(
+        &self,
+        policy: &CompiledPolicy,
+        tier: &CompiledTier,
+        key: &Key,
+        rest: Duration,
+    ) -> Option<Decision> {
+        let ban = Decision::banned(tier.limit_value, rest, None, rest);
+        let mut decisions = vec![ban; tier.limits.len()];
+        let mut weighed = self.weigh(policy, tier, key, &mut decisions, false);
+        self.report(policy, tier, key, &decisions, &mut weighed);
+        weighed.enforced.then_some(weighed.decision)
     }
 
     /// A message the backend could not decide: reported as a request's failure is, and returned

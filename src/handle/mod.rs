@@ -449,15 +449,14 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                 reason,
             });
         }
-        let (custom, timed_ban) = match message::before_backend(&self.shared, compiled, key, cost) {
-            Ok(ahead) => ahead,
+        let judge = &table.judge;
+        let custom = match message::before_backend(&self.shared, judge, compiled, key, cost) {
+            Ok(custom) => custom,
             Err(answered) => return Ok(answered),
         };
         let custom = custom.as_deref();
-        let decided = table
-            .judge
-            .message(&self.shared.backend, compiled, key, cost, custom, timed_ban)
-            .await;
+        let backend = &self.shared.backend;
+        let decided = judge.message(backend, compiled, key, cost, custom).await;
         Ok(decided?)
     }
 

@@ -101,4 +101,15 @@ async fn an_unenforced_ban_leaves_the_key_its_quota() {
         assert_eq!(response.status(), http::StatusCode::OK, "{user}");
         assert_eq!(response.headers()["ratelimit-policy"], policy, "{user}");
     }
+    // A stream's message too: checked and charged under the quota it has without the ban.
+    handle.ban("api", "eve", hour).await.unwrap();
+    for (user, limit, remaining) in [("vip", 500, 498), ("eve", 10, 9)] {
+        let decision = handle.check("api", user, 1).await.unwrap();
+        assert!(decision.allowed, "{user}");
+        assert_eq!(
+            (decision.limit, decision.remaining),
+            (limit, remaining),
+            "{user}"
+        );
+    }
 }
