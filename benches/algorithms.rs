@@ -14,7 +14,7 @@
 //! - `sliding-log`: 10 000 (the cap, `MAX_UNIT_COUNT`) per 200 µs, admitted up to one call per 20 ns:
 //!   the log keeps the last 200 µs of admissions (about 2 000 at 100 ns a call), one popped and one
 //!   pushed per call.
-//! - `gcra+fixed-window`: a stack of two (`decide_all`: one lock, one `Vec` of decisions).
+//! - `gcra+fixed-window`: a stack of two (`decide_charges`: one lock, one `Vec` of decisions).
 //! - `concurrency`: acquire (`decide`) then release (`Backend::release`), one unit in flight.
 
 use std::hint::black_box;

@@ -83,22 +83,14 @@ fn slot_of(name: &Arc<str>, remaining: u64, reset: u64) -> usize {
     (mixed >> 60) as usize % RECENT
 }
 
+/// A header value of `bytes`, written into the thread's block (`None`: not a header value).
 pub(crate) fn value(bytes: &[u8]) -> Option<HeaderValue> {
-    values([bytes]).map(|[value]| value)
-}
-
-/// Header values of `parts`, written together into the thread's block so that one value never makes
-/// room for the next while alive: the block is started over only between decisions.
-pub(crate) fn values<const N: usize>(parts: [&[u8]; N]) -> Option<[HeaderValue; N]> {
-    let values = shared(parts).map(HeaderValue::from_maybe_shared);
-    if values.iter().any(Result::is_err) {
-        return None;
-    }
-    Some(values.map(|value| value.expect("checked above")))
+    let [bytes] = shared([bytes]);
+    HeaderValue::from_maybe_shared(bytes).ok()
 }
 
 /// `parts` written together into the thread's block, each a slice of it (not checked as header
-/// values: [`values`] does that).
+/// values: [`value`] checks its one).
 pub(crate) fn shared<const N: usize>(parts: [&[u8]; N]) -> [Bytes; N] {
     let total: usize = parts.iter().map(|part| part.len()).sum();
     let all = if total > BLOCK / 4 {
@@ -168,10 +160,6 @@ mod tests {
         for n in [0, 7, 10, 999, u64::MAX] {
             assert_eq!(int(n), HeaderValue::from(n));
         }
-        let [a, b] = values([b"one", b"two"]).unwrap();
-        assert_eq!(a, "one");
-        assert_eq!(b, "two");
-        assert!(values([&b"fine"[..], &b"not\0fine"[..]]).is_none());
         assert_eq!(value(b"\"api\";r=9;t=1").unwrap(), "\"api\";r=9;t=1");
         assert!(value(b"bad\nvalue").is_none());
         let long = vec![b'x'; BLOCK];

@@ -12,6 +12,14 @@ pub(crate) fn timers_available() -> bool {
         && std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }
 
+/// Spawns `task` on the tokio runtime running here; outside one, drops it (nothing could run it).
+pub(crate) fn spawn<F>(task: F) -> Option<tokio::task::JoinHandle<()>>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    Some(tokio::runtime::Handle::try_current().ok()?.spawn(task))
+}
+
 /// `future`'s output, or `None` if it takes longer than `timeout` (with no timer to measure it,
 /// outside a tokio runtime with time enabled, it is awaited as it is).
 pub(crate) async fn within<F: Future>(timeout: Duration, future: F) -> Option<F::Output> {

@@ -9,9 +9,9 @@
 use http::{Method, StatusCode};
 
 use super::policies::{bind_client_ip, quotas_of};
-use super::schema::{one_of, set, QuotaConfig, RouteConfig, TierConfig};
+use super::schema::{one_of, set, try_set, QuotaConfig, RouteConfig, TierConfig};
 use crate::error::BuildError;
-use crate::key::{ClientIp, KeySpec};
+use crate::key::{ClientIp, KeySpec, PeerIp};
 use crate::limit::Algorithm;
 use crate::outcome::StatusSet;
 use crate::penalty::Penalty;
@@ -163,32 +163,17 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     let mut key = route.key.clone();
     bind_client_ip(&mut key, client_ip);
     key = key.for_route(route.path.as_deref())?;
-    if let Some(on_duplicate) = &route.on_duplicate {
-        key = key.with_on_duplicate(on_duplicate.parse()?);
-    }
+    let on_duplicate = route.on_duplicate.as_deref().map(str::parse).transpose()?;
+    key = set(key, on_duplicate, KeySpec::with_on_duplicate);
     let (v6, v4) = (route.ipv6_prefix, route.ipv4_prefix);
     match &mut key {
         KeySpec::PeerIp(ip) => {
-            if let Some(prefix) = v6 {
-                *ip = ip.with_ipv6_prefix(prefix).map_err(|e| e.to_string())?;
-            }
-            if let Some(prefix) = v4 {
-                *ip = ip.with_ipv4_prefix(prefix).map_err(|e| e.to_string())?;
-            }
+            let with_v6 = try_set(*ip, v6, PeerIp::with_ipv6_prefix)?;
+            *ip = try_set(with_v6, v4, PeerIp::with_ipv4_prefix)?;
         }
         KeySpec::ClientIp(ip) => {
-            if let Some(prefix) = v6 {
-                *ip = ip
-                    .clone()
-                    .with_ipv6_prefix(prefix)
-                    .map_err(|e| e.to_string())?;
-            }
-            if let Some(prefix) = v4 {
-                *ip = ip
-                    .clone()
-                    .with_ipv4_prefix(prefix)
-                    .map_err(|e| e.to_string())?;
-            }
+            let with_v6 = try_set(ip.clone(), v6, ClientIp::with_ipv6_prefix)?;
+            *ip = try_set(with_v6, v4, ClientIp::with_ipv4_prefix)?;
         }
         _ if v6.is_some() || v4.is_some() => {
             let setting = if v6.is_some() {
@@ -256,10 +241,7 @@ fn quota_keys(
                 .map(|spelled| {
                     let mut key: KeySpec = spelled.parse()?;
                     bind_client_ip(&mut key, client_ip);
-                    Ok(match on_duplicate {
-                        Some(on_duplicate) => key.with_on_duplicate(on_duplicate),
-                        None => key,
-                    })
+                    Ok(set(key, on_duplicate, KeySpec::with_on_duplicate))
                 })
                 .transpose()
         })

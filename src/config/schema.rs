@@ -530,6 +530,21 @@ pub(super) fn set<B, T>(builder: B, value: Option<T>, option: fn(B, T) -> B) -> 
     }
 }
 
+/// [`set`], for an option that may refuse the value (its error is the message).
+pub(super) fn try_set<B, T, E>(
+    builder: B,
+    value: Option<T>,
+    option: fn(B, T) -> Result<B, E>,
+) -> Result<B, String>
+where
+    E: ToString,
+{
+    match value {
+        Some(value) => option(builder, value).map_err(|e| e.to_string()),
+        None => Ok(builder),
+    }
+}
+
 /// `value` of setting `setting` as one of `choices`, by name (the first when unset), or an error
 /// that lists them: `setting "x" is not "a", "b" or "c"`.
 pub(super) fn one_of<T: Clone>(

@@ -301,32 +301,26 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             let state = ban.map_or(state, |rest| state.with_ban(rest));
             (limit.name().to_owned(), state)
         };
-        if let Some(custom) = custom {
-            let states = self
-                .shared
-                .backend
-                .peek(Charges::stack(&custom.limits, key, 0))
-                .await?;
-            tiers.push(TierKeyState {
-                tier: Some("override".to_owned()),
-                limits: custom.limits.iter().zip(states).map(shown).collect(),
-            });
-        }
-        for tier in &rules.tiers {
+        // An override's quota first (it counts against the policy's key alone), then each tier.
+        let custom = custom.as_deref().map(|c| (Some("override"), &c.limits[..]));
+        let own = rules
+            .tiers
+            .iter()
+            .map(|t| (t.name.as_deref(), &t.limits[..]));
+        for (name, limits) in custom.into_iter().chain(own) {
             let mut keys = Vec::new();
-            let charges = charges(rules, &tier.limits, key, &mut keys);
+            let charges = charges(rules, limits, key, &mut keys);
             let states = self.shared.backend.peek(charges).await?;
-            if states.len() != tier.limits.len() {
+            if states.len() != limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
                     "the backend returned {} states for {} limits",
                     states.len(),
-                    tier.limits.len()
+                    limits.len()
                 ))));
             }
-            let limits = tier.limits.iter().zip(states).map(shown).collect();
             tiers.push(TierKeyState {
-                tier: tier.name.as_deref().map(str::to_owned),
-                limits,
+                tier: name.map(str::to_owned),
+                limits: limits.iter().zip(states).map(shown).collect(),
             });
         }
         Ok(PolicyState {

@@ -11,7 +11,7 @@ use http::{HeaderMap, Request};
 use ipnet::IpNet;
 
 use super::extract::KeyExtractor;
-use super::extract::{InvalidPrefix, PeerIp, PEER_ADDRESS_SOURCES};
+use super::extract::{InvalidPrefix, OnDuplicate, PeerIp, PEER_ADDRESS_SOURCES};
 use super::value::Key;
 
 /// The networks of the proxies in front of the service, whose forwarding headers are believed.
@@ -278,14 +278,11 @@ impl ClientIp {
             | ForwardedHeader::CfConnectingIp
             | ForwardedHeader::TrueClientIp
             | ForwardedHeader::FlyClientIp => {
-                let mut values = headers.get_all(self.header.name()).iter();
-                match (values.next(), values.next()) {
-                    (Some(value), None) => std::str::from_utf8(value.as_bytes())
-                        .ok()
-                        .and_then(|v| v.trim().parse::<IpAddr>().ok())
-                        .map_or(peer, |ip| ip.to_canonical()),
-                    _ => peer,
-                }
+                let values = headers.get_all(self.header.name()).iter();
+                let value = OnDuplicate::Refuse.pick(values);
+                value
+                    .and_then(|v| std::str::from_utf8(v.as_bytes()).ok()?.trim().parse().ok())
+                    .map_or(peer, |ip: IpAddr| ip.to_canonical())
             }
             ForwardedHeader::XForwardedFor => self.walk(peer, headers, parse_xff_entry),
             ForwardedHeader::Forwarded => self.walk(peer, headers, parse_forwarded_element),

@@ -9,7 +9,6 @@
 //! leave the key in debt (its next requests are refused until it is paid back), a smaller one is
 //! given back. A handler that reports nothing keeps the reservation; a client that hangs up
 //! mid-stream is charged what was produced until then.
-
 //!
 //! The whole feature lives here but for its TOML glue (`config/metered.rs`): the builder's options
 //! (`builder.rs`), the meter and its settlement (here); the engine reserves the estimate and hands

@@ -9,6 +9,7 @@ use http::{Method, Request};
 use super::condition::Rule;
 use super::parts::{MissingKey, Tier};
 use super::tier::CompiledTier;
+use crate::key::OnDuplicate;
 use crate::limit::Limit;
 use crate::near_limit::NearRule;
 use crate::policy::extras::PolicyExtras;
@@ -79,7 +80,8 @@ impl PolicySpec {
             None => self
                 .tier_header
                 .as_ref()
-                .and_then(|h| only_value(headers, h))
+                // Sent twice, it is ambiguous (a client's own before the one a gateway appends).
+                .and_then(|h| OnDuplicate::Refuse.pick(headers.get_all(h).iter()))
                 .and_then(|v| v.to_str().ok()),
         };
         named
@@ -111,15 +113,4 @@ impl PolicySpec {
                 .iter()
                 .all(|c| c.holds(request.uri(), request.headers()))
     }
-}
-
-/// `name`'s value when the request has it once: sent twice, it is ambiguous (a client's own before
-/// the one a gateway appends), and names nothing.
-fn only_value<'h>(
-    headers: &'h http::HeaderMap,
-    name: &http::HeaderName,
-) -> Option<&'h http::HeaderValue> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next()?;
-    values.next().is_none().then_some(value)
 }

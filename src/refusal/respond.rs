@@ -51,18 +51,18 @@ impl Refusals {
         }
     }
 
-    /// A refusal that says when to come back, `retry`: in `Retry-After` (whole seconds, rounded
-    /// up) and, under `grpc()`, as gRPC pushback.
-    fn retrying(
+    /// A refusal that says when to come back, if `retry`: in `Retry-After` (whole seconds,
+    /// rounded up) and, under `grpc()`, as gRPC pushback; without, the problem response alone.
+    fn refuse(
         &self,
         (kind, status): (RefusalKind, StatusCode),
         (policy, key): (Option<&str>, Option<&Key>),
-        (retry, detail): (Duration, &str),
+        (retry, detail): (Option<Duration>, &str),
         request: RequestRef<'_>,
     ) -> Response<Bytes> {
         let default = || {
             let mut response = self.problem(status, detail);
-            if self.grpc {
+            if let (true, Some(retry)) = (self.grpc, retry) {
                 grpc::set_pushback(response.headers_mut(), retry);
             }
             response
@@ -73,34 +73,15 @@ impl Refusals {
             policy,
             key,
             decision: None,
-            retry_after: Some(retry),
+            retry_after: retry,
             detail,
             request,
             default: &default,
         });
-        headers::set_retry_after(&mut response, crate::decision::ceil_secs(retry));
+        if let Some(retry) = retry {
+            headers::set_retry_after(&mut response, crate::decision::ceil_secs(retry));
+        }
         response
-    }
-
-    /// A refusal that names no time to come back: the layer's own answer is the problem response.
-    fn final_refusal(
-        &self,
-        (kind, status): (RefusalKind, StatusCode),
-        (policy, key): (Option<&str>, Option<&Key>),
-        detail: &str,
-        request: RequestRef<'_>,
-    ) -> Response<Bytes> {
-        self.answer(Refusal {
-            kind,
-            status,
-            policy,
-            key,
-            decision: None,
-            retry_after: None,
-            detail,
-            request,
-            default: &|| self.problem(status, detail),
-        })
     }
 
     /// A `503` with `Retry-After: 1` (and gRPC pushback): the backend failed and the layer fails
@@ -112,8 +93,8 @@ impl Refusals {
         detail: &str,
     ) -> Response<Bytes> {
         let refused = (RefusalKind::Unavailable, StatusCode::SERVICE_UNAVAILABLE);
-        let retry = Duration::from_secs(1);
-        self.retrying(refused, policy_key, (retry, detail), request)
+        let retry = Some(Duration::from_secs(1));
+        self.refuse(refused, policy_key, (retry, detail), request)
     }
 
     /// A request the overload gate shed (`policy`: the one that matched, if any), with a
@@ -127,7 +108,8 @@ impl Refusals {
         crate::observe::shed(&shed.partition);
         let detail = "the service is overloaded; retry later";
         let refused = (RefusalKind::Overloaded, shed.status);
-        self.retrying(refused, (policy, None), (shed.retry_after, detail), request)
+        let retry = Some(shed.retry_after);
+        self.refuse(refused, (policy, None), (retry, detail), request)
     }
 
     /// The `429` of a request over the limit of `policy` (whose problem body is `body`), or the
@@ -183,7 +165,7 @@ impl Refusals {
     ) -> Response<Bytes> {
         let refused = (RefusalKind::Denied, StatusCode::FORBIDDEN);
         let detail = "this client or key is on a deny list";
-        self.final_refusal(refused, policy_key, detail, request)
+        self.refuse(refused, policy_key, (None, detail), request)
     }
 
     /// The `status` answer to a request without a key for `policy` (`what` names the expected
@@ -196,7 +178,7 @@ impl Refusals {
     ) -> Response<Bytes> {
         let detail = format!("no rate-limit key for policy '{policy}': expected {what}");
         let refused = (RefusalKind::MissingKey, status);
-        self.final_refusal(refused, (Some(policy), None), &detail, request)
+        self.refuse(refused, (Some(policy), None), (None, &detail), request)
     }
 }
 

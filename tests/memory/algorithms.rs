@@ -462,7 +462,7 @@ fn stacks_are_validated() {
             .validate_one(&limit("alone", algorithm, Quota::per_second(1)))
             .is_ok());
     }
-    // A single limit in decide_all is decided as decide does (a lone GCRA limit in the fast table).
+    // A single limit in a stack is decided as decide does (a lone GCRA limit in the fast table).
     let gcra = Limit::new("v-gcra", Quota::per_second(1)).unwrap();
     assert!(
         backend

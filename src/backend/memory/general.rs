@@ -48,24 +48,10 @@ impl GeneralStore {
         out[0]
     }
 
-    /// Decides a stack together, `quantities[i]` units under `limits[i]` (lengths the caller
-    /// checked): one decision per limit, in order.
-    pub(super) fn decide_each<C: Clock>(
-        &self,
-        limits: &[Limit],
-        key: &Key,
-        quantities: &[u64],
-        clock: &C,
-    ) -> Vec<Decision> {
-        let mut out = vec![PLACEHOLDER; limits.len()];
-        self.decide(limits, key, quantities, clock, &mut out);
-        out
-    }
-
     /// Decides `limits` (1 to [`MAX_STACKED_QUOTAS`], concurrency only alone), `quantities[i]`
     /// units under `limits[i]`, one decision per limit into `out`, under one lock: each limit
     /// decides on the stored state, and the new states are written only if every limit admits.
-    fn decide<C: Clock>(
+    pub(super) fn decide<C: Clock>(
         &self,
         limits: &[Limit],
         key: &Key,

@@ -9,10 +9,8 @@ use std::sync::MutexGuard;
 use super::entries::*;
 use super::general::{lock, GeneralStore};
 use super::general_shard::GeneralShard;
-use super::{check_keyed_stack, MemoryBackend};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
 
@@ -110,21 +108,5 @@ impl GeneralStore {
             );
         }
         out
-    }
-}
-
-impl<C: Clock> MemoryBackend<C> {
-    /// Charges with keys of their own, for [`decide_charges`](MemoryBackend::decide_charges).
-    pub(super) fn decide_keyed(
-        &self,
-        limits: &[Limit],
-        keys: &[Key],
-        quantity: u64,
-    ) -> Result<Vec<Decision>, BackendError> {
-        check_keyed_stack(limits, keys)?;
-        let stores = &*self.stores;
-        Ok(stores
-            .general
-            .decide_keyed(limits, keys, quantity, &stores.clock))
     }
 }

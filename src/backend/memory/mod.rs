@@ -25,6 +25,7 @@ use crate::key::Key;
 use crate::limit::{check_stack, Limit, MAX_STACKED_QUOTAS};
 use crate::or_default::OrDefault;
 
+use entries::PLACEHOLDER;
 use gcra_table::GcraTable;
 use general::GeneralStore;
 
@@ -307,7 +308,12 @@ impl<C: Clock> MemoryBackend<C> {
         match (charges.same_key(), charges.same_quantity()) {
             (Some(key), Some(quantity)) => match limits {
                 [one] => self.decide(one, key, quantity).map(Decisions::One),
-                all => self.decide_all(all, key, quantity).map(Decisions::Many),
+                // More limits than a stack holds fail `check_stack` before the quantities count.
+                all => {
+                    let quantities = [quantity; MAX_STACKED_QUOTAS];
+                    let quantities = quantities.get(..all.len()).unwrap_or(&quantities);
+                    self.decide_each(all, key, quantities).map(Decisions::Many)
+                }
             },
             (Some(key), None) => {
                 let quantities = charges.quantities().unwrap_or_default();
@@ -316,26 +322,16 @@ impl<C: Clock> MemoryBackend<C> {
             }
             (None, Some(quantity)) => {
                 let keys = charges.keys().unwrap_or_default();
-                self.decide_keyed(limits, keys, quantity)
-                    .map(Decisions::Many)
+                check_keyed_stack(limits, keys)?;
+                let (general, clock) = (&self.stores.general, &self.stores.clock);
+                Ok(Decisions::Many(
+                    general.decide_keyed(limits, keys, quantity, clock),
+                ))
             }
             (None, None) => Err(BackendError::new(
                 "charges with keys of their own take one quantity",
             )),
         }
-    }
-
-    /// [`decide_each`](Self::decide_each) with one quantity for every limit.
-    fn decide_all(
-        &self,
-        limits: &[Limit],
-        key: &Key,
-        quantity: u64,
-    ) -> Result<Vec<Decision>, BackendError> {
-        // More limits than a stack holds fail `check_stack` before the quantities are counted.
-        let quantities = [quantity; MAX_STACKED_QUOTAS];
-        let quantities = quantities.get(..limits.len()).unwrap_or(&quantities);
-        self.decide_each(limits, key, quantities)
     }
 
     /// A stack with a quantity per limit (`quantities[i]` under `limits[i]`), on one key.
@@ -356,10 +352,9 @@ impl<C: Clock> MemoryBackend<C> {
         if let [limit] = limits {
             return Ok(vec![self.decide(limit, key, quantities[0])?]);
         }
-        let stores = &*self.stores;
-        Ok(stores
-            .general
-            .decide_each(limits, key, quantities, &stores.clock))
+        let (stores, mut out) = (&*self.stores, vec![PLACEHOLDER; limits.len()]);
+        (stores.general).decide(limits, key, quantities, &stores.clock, &mut out);
+        Ok(out)
     }
 
     /// The state of each charge's key under its limit (one limit, a stack on one key, or limits

@@ -265,6 +265,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::backend::Charges;
     use crate::clock::SystemClock;
     use crate::quota::Quota;
 
@@ -404,11 +405,10 @@ mod tests {
             for lone in [&fixed, &sliding, &log, &slots] {
                 assert!(before.decide(lone, &key, 1).unwrap().allowed);
             }
-            assert!(before
-                .decide_all(&stack, &key, 1)
-                .unwrap()
-                .iter()
-                .all(|d| d.allowed));
+            let stacked = before
+                .decide_charges(Charges::stack(&stack, &key, 1))
+                .unwrap();
+            assert!(stacked.iter().all(|d| d.allowed));
         }
         let path = file("general");
         let all = [
@@ -428,14 +428,18 @@ mod tests {
             assert_eq!(left(&after, lone), 2, "{}", lone.name());
         }
         assert_eq!(left(&after, &slots), 5, "no slot held");
-        let stacked = after.decide_all(&stack, &key, 0).unwrap();
+        let stacked = after
+            .decide_charges(Charges::stack(&stack, &key, 0))
+            .unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 47));
         // A stack one of whose limits is gone keeps the others' states.
         let fresh = backend();
         let kept = [&[fixed.clone()][..], &stack[..1]].concat();
         assert_eq!(fresh.load_state(&path, &kept).unwrap(), 2);
         assert_eq!(left(&fresh, &fixed), 2);
-        let stacked = fresh.decide_all(&stack, &key, 0).unwrap();
+        let stacked = fresh
+            .decide_charges(Charges::stack(&stack, &key, 0))
+            .unwrap();
         assert_eq!((stacked[0].remaining, stacked[1].remaining), (2, 50));
         fs::remove_file(&path).unwrap();
     }

@@ -25,6 +25,7 @@ use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::mode::path_name;
 use crate::backoff::Backoff;
 use crate::error::{redact_url, BackendError};
+use crate::timer::spawn;
 
 /// Connecting (both keepers): every 50 ms, backing off to 500 ms.
 const CONNECTING: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
@@ -92,10 +93,7 @@ pub(crate) fn spawn_keeper(
     state: Weak<RedisState>,
     connected: bool,
 ) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
+    spawn(async move {
         let mut first = !connected;
         loop {
             // Connected: wait until the connection is dropped, or the backend is.
@@ -277,10 +275,7 @@ pub(crate) fn spawn_cluster_keeper(
     lazy: Arc<LazyCluster>,
     state: Weak<RedisState>,
 ) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
+    spawn(async move {
         let mut keep = (client, lazy.clone());
         let connected = connect_with_backoff(
             &lazy.target,

@@ -24,14 +24,11 @@ const TRIES: usize = 3;
 
 /// Starts the task for a Cluster backend (nothing on one server); it ends with the backend.
 pub(crate) fn spawn(state: &Arc<RedisState>) {
-    let (Some(nodes), Ok(runtime)) = (
-        state.breaker.nodes.clone(),
-        tokio::runtime::Handle::try_current(),
-    ) else {
+    let Some(nodes) = state.breaker.nodes.clone() else {
         return;
     };
     let weak = Arc::downgrade(state);
-    runtime.spawn(async move {
+    crate::timer::spawn(async move {
         let mut woken = false;
         while let Some(state) = weak.upgrade() {
             // A Cluster started by `build` has no connection at first.

@@ -98,7 +98,9 @@ impl RedisState {
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
             };
-            if let Some(cache) = &state.deny {
+            if let Some(cache) = &state.deny
+                && !decision.allowed
+            {
                 // Timed from the sending: Redis decided later, so it is held no later than meant.
                 let rejection = Rejection {
                     decision,
@@ -107,7 +109,7 @@ impl RedisState {
                     whole_seconds,
                     until_retry: false,
                 };
-                cache.remember(&redis_key, quantity, rejection, false, (sent, generation));
+                cache.insert(&redis_key, quantity, rejection, sent, generation);
             }
             Ok(decision)
         })
@@ -144,7 +146,7 @@ impl RedisState {
         let fingerprint = match (limit.algorithm(), limit.window(), limit.gcra()) {
             (Algorithm::FixedWindow, Some(w), _) => Some((w.period(), w.limit())),
             (Algorithm::SlidingLog, Some(w), _) if quantity == 1 => Some((w.period(), w.limit())),
-            // A GCRA limit comes here with a penalty box: only its bans are held (`remember`).
+            // A GCRA limit comes here with a penalty box: only its bans are held (below).
             (Algorithm::Gcra, _, Some(p)) => Some((p.emission_interval(), p.tolerance())),
             _ => None,
         };
@@ -187,7 +189,11 @@ impl RedisState {
                     .hold(state_key, token, quantity.min(count), lease);
                 return Ok(decision);
             }
-            if let (Some((period, count)), Some(deny)) = (fingerprint, state.deny.as_ref()) {
+            // Under a penalty box only a ban: every other rejection must reach Redis to strike.
+            if let (Some((period, count)), Some(deny)) = (fingerprint, state.deny.as_ref())
+                && !decision.allowed
+                && (!penalty || decision.banned)
+            {
                 let rejection = Rejection {
                     decision,
                     interval: period,
@@ -195,7 +201,7 @@ impl RedisState {
                     whole_seconds: false,
                     until_retry: true,
                 };
-                deny.remember(&state_key, quantity, rejection, penalty, (sent, generation));
+                deny.insert(&state_key, quantity, rejection, sent, generation);
             }
             Ok(decision)
         })

@@ -142,23 +142,6 @@ impl DenyCache {
         }
     }
 
-    /// [`insert`](Self::insert)s `rejection`, if it is one that holds: under a penalty box
-    /// (`penalty`) only a ban, as every other rejection must reach Redis to count as a strike.
-    #[inline]
-    pub(crate) fn remember(
-        &self,
-        key: &str,
-        quantity: u64,
-        rejection: Rejection,
-        penalty: bool,
-        (at, generation): (Instant, u64),
-    ) {
-        let decision = &rejection.decision;
-        if !decision.allowed && (!penalty || decision.banned) {
-            self.insert(key, quantity, rejection, at, generation);
-        }
-    }
-
     /// Remembers a rejection Redis made `at` while its numbers hold: until the retry time, while
     /// `remaining` stays; from `CL.THROTTLE` (whole seconds), to a second before, if `remaining`
     /// cannot change. Not if anything was forgotten since `generation` (read at the sending).

@@ -12,6 +12,7 @@ use crate::backend::redis::conn::connection::RedisConnection;
 use crate::backend::redis::conn::server::is_unreachable;
 use crate::backend::redis::wire::scripts::RENEW;
 use crate::backoff::Backoff;
+use crate::timer::spawn;
 
 /// The concurrency leases of one backend: tokens to draw, the renewal task of each lease in flight
 /// (holding this weakly: they stop with the backend), and the connection they go through.
@@ -60,13 +61,10 @@ impl Leases {
 
     /// Extends a request's leases every third of the lease until [`release`](Self::release).
     pub(crate) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let weak = Arc::downgrade(self);
         let lease_us = lease.as_micros().max(1) as u64;
         let every = (lease / 3).max(Duration::from_millis(10));
-        let task = runtime.spawn(async move {
+        let Some(task) = spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(leases) = weak.upgrade() else {
@@ -90,7 +88,9 @@ impl Leases {
                     Err(_) => tracing::debug!("a concurrency lease was not renewed in time"),
                 }
             }
-        });
+        }) else {
+            return;
+        };
         self.held_mut().insert(token, task.abort_handle());
     }
 
@@ -128,15 +128,12 @@ impl Leases {
     /// Removes a request's units on a spawned task, past the breaker, retried until Redis answers or
     /// the lease ends (a lost release holds a slot a whole lease; without a runtime, it expires).
     fn give_back(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         if quantity == 0 {
             return;
         }
         let leases = self.clone();
         let give_up = Instant::now() + lease;
-        runtime.spawn(async move {
+        spawn(async move {
             let members: Vec<String> = (0..quantity).map(|i| format!("{token}:{i}")).collect();
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
             loop {

@@ -24,11 +24,8 @@ const MEMORY_RETRY: Duration = Duration::from_secs(1);
 
 /// Starts the watcher of `state`; it ends when the backend (every clone) is dropped.
 pub(crate) fn spawn(state: &Arc<RedisState>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
     let weak = Arc::downgrade(state);
-    runtime.spawn(async move {
+    crate::timer::spawn(async move {
         let probe = Limit::new("health-probe", Quota::per_second(1)).expect("a valid quota");
         let key = Key::from("probe");
         let mut next_memory = Instant::now();
