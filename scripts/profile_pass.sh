@@ -12,6 +12,8 @@
 #   FILES=1 N=2000 TOP=0 bash scripts/profile_pass.sh throttle-mem-pass throttle-mem-deny
 #       # also the files of src/ each request runs code of (scripts/request_files.py), from a
 #       # build with line tables (target/lines/; the counts differ a little from the default build)
+#   CALLGRIND_EXTRA=--dump-instr=yes BIN=... bash scripts/profile_pass.sh throttle-mem-pass
+#       # more callgrind options (per instruction: which memcpy call sites run, for objdump)
 #
 # The Redis variants (throttle-cell-pass, redis-cell-peer-pass, ...) need REDIS_URL (a redis-server
 # with redis-cell loaded; REDIS_TIMEOUT_MS=5000 for the slow run); their counts are the server's own
@@ -95,7 +97,7 @@ for v in "${VARIANTS[@]}"; do
   PORT=$((20000 + RANDOM % 12000))
   file=$OUT/callgrind.$v
   rm -f "$file" "$file".[0-9]*
-  taskset -c 0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$file" \
+  taskset -c 0 valgrind --tool=callgrind ${CALLGRIND_EXTRA:-} --instr-atstart=no --callgrind-out-file="$file" \
     "$BIN" "$v" --listen "127.0.0.1:$PORT" ${REDIS_URL:+--redis "$REDIS_URL"} >"$OUT/$v.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.1; done

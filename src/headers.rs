@@ -275,8 +275,8 @@ impl RateHeaders {
         }
         // Set only if an inner layer (an upstream's answer, proxied) has not.
         for (name, value) in self.openai.into_iter().flat_map(|f| f.0) {
-            if !map.contains_key(&name) {
-                map.insert(name, value);
+            if let http::header::Entry::Vacant(entry) = map.entry(name) {
+                entry.insert(value);
             }
         }
     }
@@ -383,9 +383,12 @@ impl FieldBuf {
 /// redirection (a custom answer's `303` to a "slow down" page) it means how long to wait before
 /// following it.
 pub(crate) fn set_retry_after<B>(response: &mut http::Response<B>, seconds: u64) {
-    if !response.headers().contains_key(RETRY_AFTER) && !response.status().is_redirection() {
-        let value = retry_after_value(seconds.max(1));
-        response.headers_mut().insert(RETRY_AFTER, value);
+    if response.status().is_redirection() {
+        return;
+    }
+    // One lookup for the test and the insertion: every refusal comes here.
+    if let http::header::Entry::Vacant(entry) = response.headers_mut().entry(RETRY_AFTER) {
+        entry.insert(retry_after_value(seconds.max(1)));
     }
 }
 

@@ -415,7 +415,9 @@ impl Judge {
 
     /// The judge's first steps on the decisions of `tier`'s limits, for a request and a stream
     /// message alike (`handle/message.rs`); `strike`: the decisions are the backend's, not a ban's.
-    #[inline]
+    // Always inlined: a request's verdict is most of their callers' work, and out of line the
+    // decisions and the weighing go through memory.
+    #[inline(always)]
     pub(crate) fn weigh(
         &self,
         rules: &CompiledPolicy,
@@ -459,7 +461,7 @@ impl Judge {
     /// The judge's last step before the answer, for a request and a stream message alike: the
     /// decision reported, and a refusal counted — as would-limit where the policy does not enforce
     /// it; where it does, with its retry jittered and the key counted as an offender.
-    #[inline]
+    #[inline(always)] // as `weigh`
     pub(crate) fn report(
         &self,
         rules: &CompiledPolicy,

@@ -97,6 +97,9 @@ impl PolicySpec {
         self.route.as_ref().map(Route::pattern)
     }
 
+    // Inlined: every request asks it of each policy until one matches, and most policies match
+    // every request (no methods, route or condition).
+    #[inline]
     pub(crate) fn applies_to<B>(&self, request: &Request<B>) -> bool {
         if let Some(methods) = &self.methods
             && !methods.contains(request.method())
