@@ -208,11 +208,11 @@ impl RateHeaders {
             let ratelimit = options
                 .ratelimit
                 .then(|| write_ratelimit(names, decisions, &mut buf));
-            let (digits, ends) = LegacyDigits::write([
-                combined.limit,
-                combined.remaining,
-                combined.reset_after_secs(),
-            ]);
+            // One quota's three numbers: the one with the fewest left, as `combined`'s limit and
+            // remaining are (its reset is the whole stack's, which may be another quota's).
+            let tightest = decisions.iter().min_by_key(|d| d.remaining);
+            let reset = tightest.unwrap_or(combined).reset_after_secs();
+            let (digits, ends) = LegacyDigits::write([combined.limit, combined.remaining, reset]);
             // The values of one response go into the thread's block together (header_block.rs).
             match ratelimit {
                 Some(Some(field)) => {
@@ -510,6 +510,9 @@ mod tests {
         h.apply(&mut map);
         assert_eq!(map[&RATELIMIT], r#""api.1s";r=9;t=1, "api.1d";r=999;t=86"#);
         assert_eq!(map[&X_RATELIMIT_REMAINING], "9");
+        // The legacy three describe one quota: the per-second one's reset, not the day's.
+        assert_eq!(map[&X_RATELIMIT_LIMIT], "10");
+        assert_eq!(map[&X_RATELIMIT_RESET], "1");
         let conn = crate::limit::Algorithm::Concurrency;
         let conn = Limit::with_algorithm("dl", conn, Quota::per_second(2)).unwrap();
         assert_eq!(policy_field(&[conn]), r#""dl";q=2"#);

@@ -234,9 +234,7 @@ impl Judge {
     /// The refusal of a request whose key is banned for `rest` yet (by the penalty box, or an
     /// operator's timed ban); `None` when the policy does not enforce it (a dry run).
     pub(crate) fn banned_for(&self, cx: RequestContext<'_>, rest: Duration) -> Option<Verdict> {
-        let tier = cx.tier;
-        let decision = Decision::banned(tier.limit_value, rest, None, rest);
-        let mut decisions = vec![decision; tier.limits.len()];
+        let mut decisions = cx.tier.banned_for(rest);
         match self.decided(cx, &mut decisions, false, SlotOwner::Backend { lease: 0 }) {
             Verdict::Reject(response) => Some(Verdict::Reject(response)),
             Verdict::Admit(_) => None,

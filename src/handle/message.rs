@@ -156,8 +156,7 @@ impl Judge {
         key: &Key,
         rest: Duration,
     ) -> Option<Decision> {
-        let ban = Decision::banned(tier.limit_value, rest, None, rest);
-        let mut decisions = vec![ban; tier.limits.len()];
+        let mut decisions = tier.banned_for(rest);
         let mut weighed = self.weigh(policy, tier, key, &mut decisions, false);
         self.report(policy, tier, key, &decisions, &mut weighed);
         weighed.enforced.then_some(weighed.decision)

@@ -88,7 +88,8 @@ fn count_of(word: u64, partition: usize) -> u32 {
 /// (one at least). Partitions keep their shares from there, and quotas enforced under pressure
 /// only bite.
 fn pressure_at(limit: u32) -> u32 {
-    limit - limit.div_ceil(10)
+    // A limit of one: under pressure with its one request in flight, not with none.
+    (limit - limit.div_ceil(10)).max(1)
 }
 
 fn total_of(word: u64, partitions: usize) -> u32 {

@@ -16,7 +16,7 @@ pub(crate) struct CompiledTier {
     pub(crate) limits: Box<[Limit]>,
     pub(crate) names: Box<[Arc<str>]>,
     pub(crate) policy_field: HeaderValue,
-    /// `limits[0].max_cost()`, for the decision of a ban.
+    /// `limits[0].max_cost()`: a message's limit, a quota's room for a cost.
     pub(crate) limit_value: u64,
     pub(crate) concurrency: bool,
     /// Whether a limit of the tier is in delay mode (most are not: no request waits).
@@ -47,6 +47,12 @@ impl CompiledTier {
             unenforced: (limits.iter().any(|l| l.penalty().is_some()))
                 .then(|| limits.iter().map(Limit::without_penalty).collect()),
         }
+    }
+
+    /// The decisions of a key banned for `rest` yet, one per limit, each with its own limit.
+    pub(crate) fn banned_for(&self, rest: Duration) -> Vec<Decision> {
+        let ban = |limit: &Limit| Decision::banned(limit.max_cost(), rest, None, rest);
+        self.limits.iter().map(ban).collect()
     }
 
     /// Delay mode: an admitted request waits for the part of its TAT beyond its quota's own tolerance,

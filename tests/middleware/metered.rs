@@ -409,6 +409,27 @@ async fn the_fields_carry_each_limit_by_name_and_the_openai_set_on_request() {
     assert_eq!(h["x-ratelimit-reset-tokens"], "600ms");
 }
 
+/// A banned key's refusal shows each limit with its own size, as any refusal does.
+#[tokio::test]
+async fn a_banned_keys_fields_show_each_limits_own_size() {
+    let (backend, _clock) = backend();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(chat(60, 100_000, Estimate::fixed(1000)))
+        .openai_headers(true)
+        .build()
+        .unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    layer.handle().ban("chat", "k", hour).await.unwrap();
+    let app = Router::new().route("/", get(handler)).layer(layer);
+    let response = app.oneshot(request("k", "")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = response.headers();
+    assert_eq!(h["x-ratelimit-limit-requests"], "60");
+    assert_eq!(h["x-ratelimit-limit-tokens"], "100000");
+    assert_eq!(h["x-ratelimit-remaining-tokens"], "0");
+}
+
 #[tokio::test]
 async fn the_usage_may_come_in_a_trailer() {
     let (backend, _clock) = backend();

@@ -783,6 +783,11 @@ fn pressure_lasts_a_second_after_a_shed_and_partitions_are_clamped() {
     assert_eq!(gate.in_flight_of(1), 1);
     gate.finish(9, 3 * second, 3 * second + 1, false);
     assert_eq!(gate.in_flight(), 0);
+    // A limit of one is under pressure with its one request in flight, not idle.
+    let one = Gate::new(&fixed(1)).unwrap();
+    assert!(!one.pressed(second));
+    assert!(one.try_admit(0, second));
+    assert!(one.pressed(second));
 }
 
 #[tokio::test]
