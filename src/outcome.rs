@@ -68,8 +68,9 @@ pub(crate) struct OutcomeGuard {
     refund: Option<Refund>,
     /// When the backend was asked: the admission came after.
     asked: Instant,
-    /// How long the request's units count in the backend (the shortest `reset_after` of its
-    /// limits): after that nothing is left to give back, and a refund could give back more.
+    /// How long the request's units count in the backend (the longest `reset_after` of its
+    /// limits): after that nothing is left to give back. Each limit bounds its own share by the
+    /// time since the admission (a sliding log gives back nothing once a period has passed).
     counts_for: Duration,
     meter: Option<Box<MeterGuard>>,
 }

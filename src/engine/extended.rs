@@ -311,12 +311,13 @@ where
             judge.shadowed(cx, &extras.shadows, shadowed);
         }
         // Only what the backend took can be given back, and only while it counts there (the
-        // shortest `reset_after`). A failed backend took nothing; the local limiter that decides
-        // in its stead (`OnBackendError::Local`) is adjusted instead, as long as it keeps the key
-        // (a refund's `since` keeps it from giving back more than was taken).
+        // longest `reset_after`: each limit bounds its own give-back by `since`, so a stack's
+        // shorter limit does not forfeit its longer one's). A failed backend took nothing; the
+        // local limiter that decides in its stead (`OnBackendError::Local`) is adjusted instead,
+        // as long as it keeps the key.
         let local = answer.is_err() && judge.fallback.is_local();
         let counts_for = match &answer {
-            Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).min(),
+            Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).max(),
             Err(_) if local => Some(Duration::MAX),
             _ => None,
         };

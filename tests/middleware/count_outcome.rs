@@ -145,6 +145,75 @@ async fn server_errors_are_refunded() {
     assert_eq!(send("/ok").await, StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// A stack's server errors are given back in every limit, the longer ones too, however long the
+/// response took: each limit bounds its own give-back (the per-second limit's unit has drained by
+/// the time the slow 502 comes; the day's has not).
+#[tokio::test]
+async fn a_slow_server_error_is_refunded_in_a_stacks_longer_limit() {
+    let policy = Policy::builder("api")
+        .key(Header::new("x-username"))
+        .quotas([Quota::per_second(10), Quota::per_day(2)])
+        .refund_on(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let (memory, _clock) = backend();
+    let slow_failure = || async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        StatusCode::BAD_GATEWAY
+    };
+    let app = Router::new()
+        .route("/fail", get(slow_failure))
+        .layer(layer_on(memory, policy));
+    for _ in 0..3 {
+        let mut r = request("/fail");
+        r.headers_mut().insert("x-username", "bob".parse().unwrap());
+        let status = app.clone().oneshot(r).await.unwrap().status();
+        assert_eq!(
+            status,
+            StatusCode::BAD_GATEWAY,
+            "the day's two units given back"
+        );
+    }
+}
+
+/// A sliding log gives back nothing once a period has passed since the admission: the request's
+/// own entry has left the log, and what is there is a later request's (real clock: the refund's
+/// time since the admission is real).
+#[tokio::test]
+async fn a_sliding_log_gives_back_nothing_a_period_on() {
+    let half_second = Duration::from_millis(500);
+    let policy = Policy::builder("api")
+        .key(Header::new("x-username"))
+        .quotas([Quota::per_period(1, half_second), Quota::per_day(10)])
+        .algorithm(Algorithm::SlidingLog)
+        .refund_on(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let slow_failure = || async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        StatusCode::BAD_GATEWAY
+    };
+    let app = Router::new()
+        .route("/fail", get(slow_failure))
+        .route("/ok", get(|| async { "ok" }))
+        .layer(layer_on(MemoryBackend::new(), policy));
+    let send = |uri: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut r = request(uri);
+            r.headers_mut().insert("x-username", "bob".parse().unwrap());
+            app.oneshot(r).await.unwrap().status()
+        }
+    };
+    let failing = tokio::spawn(send("/fail"));
+    // Past the half-second log, while the failure is still on its way: admitted, logged.
+    tokio::time::sleep(Duration::from_millis(550)).await;
+    assert_eq!(send("/ok").await, StatusCode::OK);
+    assert_eq!(failing.await.unwrap(), StatusCode::BAD_GATEWAY);
+    // The 502's refund took nothing from the log: the last admission still holds it.
+    assert_eq!(send("/ok").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
 /// Longer than the time a refunded GCRA request keeps (the real time since its admission plus the
 /// 10 ms clock margin, summed over the refunds of a test: a second per refund leaves room for any
 /// machine), and shorter than one emission interval of the quotas here (20 s, 30 s), so that the

@@ -149,6 +149,21 @@ async fn a_refund_never_gives_back_units_of_an_ended_window() {
     assert_eq!(admitted(&backend, &limit, &key, 1).await, 0);
 }
 
+/// A sliding log gives back nothing for a request admitted a period ago or more: its own entry has
+/// left the log, and the entries there are later requests'.
+#[tokio::test]
+async fn a_sliding_log_gives_back_nothing_a_period_on() {
+    let server = redis_support::RedisServer::start();
+    let backend = connect(&server, RedisMode::Lua).await;
+    let log = Algorithm::SlidingLog;
+    let limit = [Limit::with_algorithm("l", log, Quota::per_hour(2)).unwrap()];
+    let key = Key::from("dave");
+    assert_eq!(admitted(&backend, &limit, &key, 2).await, 2);
+    backend.refund(&limit, &key, 1, Duration::from_secs(3600));
+    settle().await;
+    assert_eq!(admitted(&backend, &limit, &key, 1).await, 0);
+}
+
 /// 200 for the right password, 401 otherwise, after a short check.
 async fn check_password(headers: HeaderMap) -> StatusCode {
     tokio::time::sleep(Duration::from_millis(20)).await;

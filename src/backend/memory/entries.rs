@@ -311,6 +311,8 @@ pub(super) fn refund_state(
                 previous,
             };
         }
+        // A period on, the request's own units have left the log: what is there is newer.
+        (State::Log(_), _, Some(params)) if since >= params.period() => {}
         (State::Log(log), _, Some(_)) => {
             // The oldest units logged at or after the earliest admission time: the request's own,
             // or older ones (which leave the window sooner, so removing them gives back less).

@@ -41,7 +41,9 @@ local function gcra(key, interval, quantity)
   store_tat(key, ahead)
 end
 
-local function sliding_log(key, _, quantity)
+local function sliding_log(key, period, quantity)
+  -- A period on, the request's own units have left the log: what is there is newer.
+  if since_us >= period then return end
   local members = redis.call('ZRANGEBYSCORE', key, int(admitted_after), '+inf', 'LIMIT', 0, quantity)
   if #members > 0 then redis.call('ZREM', key, unpack(members)) end
 end
