@@ -132,7 +132,13 @@ where
     /// the count as it would a slot; one waiting for a remote decision or a body holds it in its
     /// state. Never inlined: kept out of `call`, a layer without a gate calls no larger a function.
     #[inline(never)]
-    pub(crate) fn holding(self, in_flight: InFlight) -> Self {
+    pub(crate) fn holding(self, mut in_flight: InFlight) -> Self {
+        // Until the service is called, the count learns nothing if the client goes away.
+        if let State::Delaying { .. } | State::Checking { .. } | State::Preparing { .. } =
+            self.state
+        {
+            in_flight.waiting();
+        }
         let state = match self.state {
             State::Ready { response } => {
                 in_flight.forget();

@@ -365,7 +365,7 @@ impl Gate {
 pub(crate) struct InFlight {
     gate: Arc<Gate>,
     /// Bits 0–59: when it was admitted (the gate's clock, nanoseconds: 36 years); 60–61: its
-    /// partition; 62–63: how it ended ([`SERVED`], [`FAILED`], [`REFUSED`]).
+    /// partition; 62–63: how it ended ([`SERVED`], [`FAILED`], [`REFUSED`], [`WAITING`]).
     word: u64,
 }
 
@@ -375,6 +375,9 @@ const SERVED: u64 = 0;
 const FAILED: u64 = 1 << 62;
 /// Refused by the layer before the service saw it: no sample.
 const REFUSED: u64 = 2 << 62;
+/// Waiting, before its service is called (delay mode's wait, a remote decision, a body): dropped
+/// so (the client went away), no sample either: the limit learns the service's latency only.
+const WAITING: u64 = 3 << 62;
 
 impl InFlight {
     fn new(gate: Arc<Gate>, partition: usize, started: u64) -> Self {
@@ -390,11 +393,17 @@ impl InFlight {
         self.word = (self.word & !(3 << 62)) | FAILED;
     }
 
-    /// The service is called only now, after a wait the layer made (delay mode's): the latency
-    /// the limit learns is measured from here, the service's and not the wait's.
+    /// The request waits before its service is called ([`WAITING`]), until [`called`](Self::called).
+    pub(crate) fn waiting(&mut self) {
+        self.word = (self.word & !(3 << 62)) | WAITING;
+    }
+
+    /// The service is called only now, after a wait the layer made (delay mode's, a remote
+    /// decision's): the latency the limit learns is measured from here, the service's and not the
+    /// wait's.
     pub(crate) fn called(&mut self) {
         let now = self.gate.clock.now_nanos() & STARTED;
-        self.word = (self.word & !STARTED) | now;
+        self.word = (self.word & !STARTED & !(3 << 62)) | now | SERVED;
     }
 
     pub(crate) fn forget(mut self) {
@@ -409,7 +418,7 @@ impl Drop for InFlight {
         let one = 1 << (16 * self.partition());
         let before = self.gate.in_flight.fetch_sub(one, Ordering::AcqRel);
         let end = self.word & (3 << 62);
-        if end != REFUSED {
+        if end != REFUSED && end != WAITING {
             let now = self.gate.clock.now_nanos() & STARTED;
             let in_flight = total_of(before, self.gate.partitions.len());
             self.gate

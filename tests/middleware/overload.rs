@@ -689,6 +689,50 @@ async fn the_gate_learns_the_service_latency_of_a_delayed_request_not_its_wait()
     assert_eq!((gate.in_flight_of(0), gate.in_flight_of(1)), (0, 0));
 }
 
+/// A delayed request whose client goes away while it waits teaches the gate nothing: its service
+/// was never called, and its wait is not the service's latency.
+#[tokio::test]
+async fn a_request_dropped_while_it_waits_teaches_the_gate_nothing() {
+    use std::time::Duration;
+    let waits = Policy::builder("wait")
+        .route("/wait")
+        .key(Global)
+        .quota(Quota::per_second(20).bursts_of(1))
+        .delay(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .policies([waits])
+        .overload(fixed(64))
+        .build()
+        .unwrap();
+    let app = a_millisecond("/wait").layer(layer.clone());
+    let gate = layer.overload().unwrap();
+    // Batches of ten waiting 0 to 450 ms, their clients gone after 100 ms: two served, eight
+    // dropped while they wait (each a 100 ms latency, were it learned).
+    for _ in 0..20 {
+        let batch = (0..10).map(|_| async {
+            let call = app.clone().oneshot(get_("/wait"));
+            if let Ok(response) = tokio::time::timeout(Duration::from_millis(100), call).await {
+                to_bytes(response.unwrap().into_body(), 64).await.unwrap();
+            }
+        });
+        futures_util::future::join_all(batch).await;
+        if !gate.latency().is_zero() {
+            break;
+        }
+        // The waits of the dropped requests drain: the next batch starts afresh.
+        tokio::time::sleep(Duration::from_millis(450)).await;
+    }
+    // The two served requests' millisecond (learned: the loop ended), not the 100 ms waits.
+    let learned = gate.latency();
+    assert!(
+        learned < Duration::from_millis(20),
+        "{learned:?}: the dropped requests' waits were learned"
+    );
+    assert_eq!(gate.in_flight(), 0);
+}
+
 /// A request whose backend is slow to decide (a Redis over a slow link), or that takes the
 /// extended path while it waits, teaches the gate the service's latency, not the backend's.
 #[tokio::test]
