@@ -223,6 +223,48 @@ async fn a_reset_is_heard_by_every_process_on_a_cluster() {
     );
 }
 
+/// A reshard that moves the channel's slot ends every process's subscription on the node that had
+/// it (`sunsubscribe`): each subscribes again on the slot's new owner, and hears resets again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_listener_follows_its_channel_to_another_node() {
+    use crate::support::cluster::{key_slot, owner, Migration};
+    let cluster = RedisCluster::start();
+    let backends = three(&cluster.urls(), true).await;
+    let subscribers_on = |node: usize| {
+        let reply = cluster.nodes()[node].cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]);
+        reply
+            .lines()
+            .nth(1)
+            .and_then(|c| c.trim().parse::<usize>().ok())
+    };
+    let slot = key_slot(&cluster, "throttle:resets");
+    let from = owner(&cluster, slot);
+    let to = (from + 1) % 3;
+    wait_until_true(|| subscribers_on(from) == Some(3), "subscribed").await;
+    // The slot holds the channel, no key: it moves without a MIGRATE.
+    Migration::begin(&cluster, slot, to).finish(&cluster);
+    wait_until_true(
+        || subscribers_on(to) == Some(3),
+        "subscribed again on the new owner",
+    )
+    .await;
+    let node = &cluster.nodes()[0];
+    let heard = propagation(&backends, |k| {
+        node.cli(&["-c", "DEL", k]);
+    })
+    .await;
+    assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+}
+
+/// Waits (up to 10 s) until `done`, or fails saying `what`.
+async fn wait_until_true(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "never {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_and_user_connections_listen_too() {
     let redis = RedisServer::start();

@@ -155,7 +155,8 @@ fn keep_alive(mut sink: PubSubSink) -> oneshot::Receiver<()> {
 }
 
 /// Sharded pub/sub on a Cluster: one RESP3 Cluster connection whose pushes come here; each
-/// `ssubscribe` push confirms a subscription (made again after a disconnection or a move).
+/// `ssubscribe` push confirms a subscription (made again after a disconnection), an `sunsubscribe`
+/// ends it (its slot moved).
 async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<Hearing, String> {
     let (sender, mut pushes) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
     let client = ClusterClientBuilder::new(seeds.to_vec())
@@ -176,6 +177,10 @@ async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<He
         };
         match (push.kind, push.data.get(1)) {
             (PushKind::SSubscribe, _) => return Poll::Ready(Some(Heard::Subscribed)),
+            // The channel's slot moved to another node (a reshard): the node that had it ends the
+            // subscription, and redis-rs takes it for ours and never makes it again. Ended here,
+            // it is made anew (on the slot's new owner), and what was missed is forgotten.
+            (PushKind::SUnsubscribe, _) => return Poll::Ready(None),
             (PushKind::SMessage, Some(Value::BulkString(payload))) => {
                 return Poll::Ready(Some(Heard::Message(payload.clone())))
             }
