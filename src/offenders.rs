@@ -348,24 +348,32 @@ mod redis_store {
                         }
                         return;
                     }
-                    let mut counters: HashMap<String, (u64, Vec<String>)> = HashMap::new();
+                    // One pipeline per policy: a policy's counters share a hash tag, and a
+                    // Cluster refuses a pipeline across slots (CROSSSLOT) whole.
+                    type Counters = HashMap<String, (u64, Vec<String>)>;
+                    let mut by_policy: HashMap<Box<str>, Counters> = HashMap::new();
                     for (policy, member, now) in batch {
                         for window in Window::ALL {
+                            let name = counter_key(&prefix, &policy, window, now);
+                            let counters = by_policy.entry(policy.clone()).or_default();
                             let entry = counters
-                                .entry(counter_key(&prefix, &policy, window, now))
+                                .entry(name)
                                 .or_insert_with(|| (2 * window.seconds(), Vec::new()));
                             entry.1.push(member.clone());
                         }
                     }
-                    let mut pipe = redis::pipe();
-                    for (name, (ttl, members)) in &counters {
-                        pipe.cmd("PFADD").arg(name).arg(members).ignore();
-                        // Kept for one more bucket, so the last one can still be read as it closes.
-                        pipe.cmd("EXPIRE").arg(name).arg(*ttl).ignore();
-                    }
-                    let result: redis::RedisResult<()> = pipe.query_async(&mut conn.clone()).await;
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "limited clients were not counted");
+                    for counters in by_policy.values() {
+                        let mut pipe = redis::pipe();
+                        for (name, (ttl, members)) in counters {
+                            pipe.cmd("PFADD").arg(name).arg(members).ignore();
+                            // Kept one more bucket, so the last can still be read as it closes.
+                            pipe.cmd("EXPIRE").arg(name).arg(*ttl).ignore();
+                        }
+                        let result: redis::RedisResult<()> =
+                            pipe.query_async(&mut conn.clone()).await;
+                        if let Err(e) = result {
+                            tracing::debug!(error = %e, "limited clients were not counted");
+                        }
                     }
                 }
             });

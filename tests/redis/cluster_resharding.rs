@@ -456,6 +456,36 @@ async fn migrations_as_fast_as_a_reshard_fail_no_decision_stacks_included() {
     );
 }
 
+/// Limited clients of several policies sent together are counted in each: a policy's counters
+/// share a hash tag, not the others', and a Cluster refuses a pipeline across slots whole.
+#[tokio::test(flavor = "current_thread")]
+async fn offenders_of_several_policies_are_counted_together_on_a_cluster() {
+    use tower_throttle::ops::Offenders;
+
+    let cluster = RedisCluster::start();
+    let conn = redis::cluster::ClusterClient::builder(cluster.urls())
+        .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let offenders = Offenders::redis_cluster(conn, "app");
+    let policies = ["api", "login", "search"];
+    // One flush takes them all: its task runs only once this test awaits.
+    for policy in policies {
+        for i in 0..4 {
+            offenders.record(policy, &Key::from(format!("client-{i}")));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for policy in policies {
+        while offenders.count(policy).await.unwrap().day != 4 {
+            assert!(Instant::now() < deadline, "{policy}: never counted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// Offender counts read and write three keys in one pipeline: while their slot is split between
 /// two nodes, each command follows its own redirection, and nothing is lost.
 #[tokio::test(flavor = "current_thread")]
