@@ -134,8 +134,9 @@ impl<B> KeyExtractor<B> for QueryParam {
     }
 }
 
-/// A cookie's value (`Cookie: session=...`), as sent (cookie values are not percent-decoded). Missing
-/// or empty: no key; two cookies of the name: as [`OnDuplicate`] says (no key, by default).
+/// A cookie's value (`Cookie: session=...`), name and value percent-decoded as cookie jars decode
+/// them (axum-extra's `CookieJar`: `%73ession=RE%41L` is `session=REAL`). Missing or empty: no
+/// key; two cookies of the name: as [`OnDuplicate`] says (no key, by default).
 ///
 /// A cookie is whatever the client sends: key on one your application issued and checks (a session
 /// id; hash it with a closure and [`Key::hashed`] if it is a secret), behind a per-IP policy.
@@ -149,6 +150,9 @@ impl<B> KeyExtractor<B> for QueryParam {
 /// assert_eq!(by_session.extract(&req("theme=dark; session=s-42")), Some(Key::from("s-42")));
 /// assert_eq!(by_session.extract(&req("theme=dark")), None);
 /// assert_eq!(by_session.extract(&req("session=a; session=b")), None); // ambiguous
+/// // One session however it is spelled, and no way around it by spelling the name.
+/// assert_eq!(by_session.extract(&req("session=s%2D42")), Some(Key::from("s-42")));
+/// assert_eq!(by_session.extract(&req("session=x; %73ession=s-42")), None);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cookie {
@@ -175,7 +179,11 @@ impl<B> KeyExtractor<B> for Cookie {
             .filter_map(|pair| {
                 let pair = pair.trim_ascii();
                 let eq = pair.iter().position(|b| *b == b'=')?;
-                (pair[..eq].trim_ascii() == name).then(|| pair[eq + 1..].trim_ascii())
+                let sent = pair[..eq].trim_ascii();
+                // Decoded only where it may be: most names are sent plain.
+                let named =
+                    sent == name || (sent.contains(&b'%') && percent_decode(sent, false) == name);
+                named.then(|| pair[eq + 1..].trim_ascii())
             });
         let value = self.on_duplicate.pick(values)?;
         // A quoted value (RFC 6265 allows DQUOTE *cookie-octet DQUOTE) is its content.
@@ -183,7 +191,7 @@ impl<B> KeyExtractor<B> for Cookie {
             [b'"', inner @ .., b'"'] => inner,
             v => v,
         };
-        key_of(value.to_vec())
+        key_of(percent_decode(value, false))
     }
 
     fn describe(&self) -> String {
