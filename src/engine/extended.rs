@@ -35,6 +35,7 @@ use crate::per_customer::Namespace;
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier};
 use crate::quota::Quota;
+use crate::refusal::RefusalKind;
 use crate::rollout::shadows::with_shadows;
 
 /// The extended path's verdict, with what carrying it out needs besides a body kept aside.
@@ -321,6 +322,12 @@ where
             Err(_) if local => Some(Duration::MAX),
             _ => None,
         };
+        // The local limiter's refusal that the policy lets through (a dry run, a key outside a
+        // staged share) took nothing: only an enforcing policy's admission shows it took the
+        // units (its refusal would be a 429).
+        let counts_for = counts_for.filter(|_| {
+            !local || judge.enforces(Some(rules), RefusalKind::Limited, Some(&asking.key))
+        });
         let asked = asking.asked;
         let verdict = judge.verdict(cx, charges, MEASURE_LATENCY.then_some(asked), answer);
         let Asking {

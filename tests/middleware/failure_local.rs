@@ -134,3 +134,69 @@ async fn the_local_limiter_takes_refunds_and_settlements() {
     let key: &[(&str, &str)] = &[("x-api-key", "k")];
     assert_eq!(passed(&chat, &[key; 3]).await, 3);
 }
+
+/// A request the local limiter refused, let through by a dry run, took nothing there: its response
+/// that does not count gives nothing back (it would undo another request's count).
+#[tokio::test]
+async fn a_refusal_let_through_gives_nothing_back_to_the_local_limiter() {
+    use tower_throttle::policy::PolicyDecision;
+    let counted = Policy::builder("login")
+        .key(Header::new("x-user-id"))
+        .quota(Quota::per_hour(2))
+        .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(Down)
+        .policy(counted)
+        .on_backend_error(OnBackendError::Local)
+        .decision_extension(true)
+        .build()
+        .unwrap();
+    // 401 unless `x-ok`; the body says whether the local limiter admitted the request.
+    let handler = |axum::Extension(d): axum::Extension<PolicyDecision>, h: http::HeaderMap| async move {
+        let status = match h.contains_key("x-ok") {
+            true => StatusCode::OK,
+            false => StatusCode::UNAUTHORIZED,
+        };
+        (
+            status,
+            if d.decision.allowed {
+                "admitted"
+            } else {
+                "refused"
+            },
+        )
+    };
+    let app = Router::new().route("/", get(handler)).layer(layer);
+    let send = |ok: bool| {
+        let app = app.clone();
+        async move {
+            let mut request = Request::get("/").header("x-user-id", "ann");
+            if ok {
+                request = request.header("x-ok", "1");
+            }
+            let response = app
+                .oneshot(request.body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let fields = response.headers()["ratelimit"].to_str().unwrap().to_owned();
+            let body = axum::body::to_bytes(response.into_body(), 64)
+                .await
+                .unwrap();
+            (String::from_utf8(body.to_vec()).unwrap(), fields)
+        }
+    };
+    assert_eq!(send(false).await.0, "admitted");
+    assert_eq!(send(false).await.0, "admitted");
+    // Over the quota, let through by the dry run, and not counted: nothing to give back.
+    assert_eq!(send(true).await.0, "refused");
+    let (admitted, fields) = send(false).await;
+    assert_eq!(admitted, "refused");
+    // Both failures still count: full for an hour (given back, half an hour).
+    assert_eq!(
+        fields, r#""login";r=0;t=3600"#,
+        "a counted failure was given back"
+    );
+}
