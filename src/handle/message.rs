@@ -92,7 +92,10 @@ pub(crate) fn before_backend<K, B: Backend>(
     match in_force {
         None => Ok(None),
         Some(Override::Unlimited) => Err(unlimited),
-        Some(Override::Blocked) => Err(blocked),
+        Some(Override::Blocked) => {
+            crate::observe::forbidden();
+            Err(blocked)
+        }
         Some(Override::Quota(quota)) => {
             let validate = |l: &_| {
                 shared

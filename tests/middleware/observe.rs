@@ -161,6 +161,20 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
             for _ in 0..2 {
                 statuses.push(status_of(&refusing, from("anyone")).await);
             }
+            // A stream's message of a blocked key counts as a forbidden request does.
+            let blocked = Policy::builder("chat")
+                .quota(Quota::per_minute(100))
+                .key(Header::new("x-user"))
+                .build()
+                .unwrap();
+            let handle = ThrottleLayer::builder()
+                .policy(blocked)
+                .build()
+                .unwrap()
+                .handle();
+            let block = tower_throttle::ops::Override::Blocked;
+            handle.set_override("chat", "eve", block).await.unwrap();
+            assert!(!handle.check("chat", "eve", 1).await.unwrap().allowed);
             statuses
         }
     });
@@ -188,8 +202,8 @@ fn metrics_count_bans_forbidden_requests_failures_and_timed_decisions() {
             "throttle_backend_latency_seconds_count{policy=\"login\"}",
             5.0,
         ),
-        // Deny-listed requests reach no policy.
-        ("throttle_requests_forbidden_total", 2.0),
+        // Deny-listed requests reach no policy; the blocked message counts too.
+        ("throttle_requests_forbidden_total", 3.0),
         // A failure admitted by the failure policy is no decision: counted only as a failure.
         ("throttle_requests_allowed_total{policy=\"flaky\"}", 0.0),
         ("throttle_requests_limited_total{policy=\"flaky\"}", 0.0),
