@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! GET    /limits/{policy}/{key}   a key's state, without consuming anything (JSON)
-//! DELETE /limits/{policy}/{key}   forget the key's state, strikes and ban (204)
+//! DELETE /limits/{policy}/{key}   forget the key's state, strikes and penalty ban (204; a timed
+//!                                 ban stays: DELETE /bans/…)
 //! POST   /reload                  re-read the --config file (200, or 400 with the error: the running
 //!                                 policies stay in force); `?clear_overrides=true` also removes the
 //!                                 policy-wide overrides (`*`), which otherwise stay in force
@@ -240,11 +241,13 @@ async fn peek(State(admin): State<Admin>, Path((policy, key)): Path<(String, Str
             let mut body = state_json(&state.summary());
             body["policy"] = json!(state.policy);
             body["key"] = json!(key);
-            // An operator's timed ban (`PUT /bans`) and override (`PUT /overrides`) in force.
+            // An operator's timed ban (`PUT /bans`) and override (`PUT /overrides`) in force; with
+            // the penalty box's ban too, the key is refused until the later one ends.
             if let Some(until) = state.banned_until {
                 let rest = until.duration_since(std::time::SystemTime::now());
+                let penalty = state.summary().banned.unwrap_or_default();
                 body["banned"] = json!(true);
-                body["ban_remaining_ms"] = json!(ms(rest.unwrap_or_default()));
+                body["ban_remaining_ms"] = json!(ms(rest.unwrap_or_default().max(penalty)));
             }
             body["override"] = json!(state.override_in_force.map(|o| o.to_string()));
             body["tiers"] = state
