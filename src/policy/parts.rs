@@ -42,7 +42,10 @@ impl Tier {
 pub enum MissingKey {
     /// Answer with this status (4xx) and a problem+json body naming what was missing.
     Reject(StatusCode),
-    /// Let the request through, unlimited.
+    /// Let the request through, unlimited. A key sent twice counts as missing too (by default,
+    /// [`OnDuplicate::Refuse`](crate::key::OnDuplicate::Refuse)): with `Allow`, pick one of the
+    /// values ([`OnDuplicate::First`](crate::key::OnDuplicate::First)) where your application
+    /// reads that one, or a client sending its key twice is never limited.
     Allow,
 }
 
