@@ -49,10 +49,12 @@ pub trait KeyFromText {
     }
 }
 
-/// The start of a pattern of addresses, as their keys render (`!10.0.`).
+/// The start of a pattern of addresses, as their keys render (`!10.0.`, `!2001:db8:` in lower
+/// case).
 fn address_pattern(prefix: &str) -> String {
+    let prefix = prefix.to_ascii_lowercase();
     match prefix.starts_with('!') {
-        true => prefix.to_owned(),
+        true => prefix,
         false => format!("!{prefix}"),
     }
 }

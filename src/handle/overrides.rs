@@ -381,6 +381,9 @@ mod tests {
             fields(peers.bans("api").unwrap()),
             ["!10.0.*", "!192.168.*"]
         );
+        // An IPv6 address's key is written in lower case, whatever case the pattern was given in.
+        peers.ban("api", "2001:DB8:*", day).await.unwrap();
+        assert!(banned("2001:db8::1").await);
 
         // A composite key's pattern names its first parts whole, as its keys are given.
         let parts = [
