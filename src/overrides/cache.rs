@@ -27,8 +27,8 @@ pub(crate) struct Overrides {
     snapshot: ArcSwap<Snapshot>,
     store: Arc<dyn Records>,
     /// Installs one at a time, so that each builds on the snapshot it replaces; and, per table,
-    /// the ticket of the read last put in force.
-    installing: Mutex<HashMap<String, u64>>,
+    /// the ticket of the read last put in force and its fields' fingerprint.
+    installing: Mutex<HashMap<String, (u64, u64)>>,
     /// Each read of a table takes the next ticket before it is sent; its answer is put in force
     /// only if no later read's already is: two reads of a table may answer out of order (a change
     /// heard while this process's own write reads it back), and the older one may miss the change.
@@ -413,10 +413,10 @@ impl Overrides {
         }
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let fields = self.store.read(table).await?;
-        self.install(table, ticket, &fields);
-        // After the new entries are in force: a decision cached under the old ones would
-        // otherwise outlive them (a refusal under a quota just raised).
-        {
+        // After new entries are in force: a decision cached under the old ones would otherwise
+        // outlive them (a refusal under a quota just raised). A table read as it was (every table
+        // is read again after a reload) drops nothing: the caches hold units Redis took.
+        if self.install(table, ticket, &fields) {
             let policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((_, limits)) = policies.iter().find(|(name, _)| name == policy) {
                 let limits: Vec<&str> = limits.iter().map(String::as_str).collect();
@@ -448,19 +448,26 @@ impl Overrides {
     }
 
     /// Puts `fields`, read with `ticket`, in force as table `table`, unless a later read's are
-    /// already; fields this version cannot read are left out (and logged).
-    fn install(&self, table: &str, ticket: u64, fields: &[(String, String)]) {
+    /// already; fields this version cannot read are left out (and logged). Whether the fields put
+    /// in force differ from the last read's.
+    fn install(&self, table: &str, ticket: u64, fields: &[(String, String)]) -> bool {
         let Some((kind, policy)) = table.split_once(':') else {
-            return;
+            return false;
         };
+        // In any order (a store may list a table's fields in another order each time).
+        let hasher: &std::hash::RandomState = &FINGERPRINT;
+        let fingerprint = fields.iter().fold(0u64, |sum, field| {
+            sum.wrapping_add(std::hash::BuildHasher::hash_one(hasher, field))
+        });
         let mut installed = self.installing.lock().unwrap_or_else(|p| p.into_inner());
-        match installed.get_mut(table) {
-            Some(last) if *last > ticket => return,
-            Some(last) => *last = ticket,
+        let changed = match installed.get_mut(table) {
+            Some((last, _)) if *last > ticket => return false,
+            Some(last) => std::mem::replace(last, (ticket, fingerprint)).1 != fingerprint,
             None => {
-                installed.insert(table.to_owned(), ticket);
+                installed.insert(table.to_owned(), (ticket, fingerprint));
+                true
             }
-        }
+        };
         let current = self.snapshot.load_full();
         let kept = current.policies.get(policy);
         fn parsed<T: Copy>(
@@ -504,8 +511,13 @@ impl Overrides {
         }
         self.any.store(!policies.is_empty(), Ordering::Relaxed);
         self.snapshot.store(Arc::new(Snapshot { policies }));
+        changed
     }
 }
+
+/// The hasher of a table's fingerprint: the same in every read of this process.
+static FINGERPRINT: std::sync::LazyLock<std::hash::RandomState> =
+    std::sync::LazyLock::new(std::hash::RandomState::new);
 
 /// The end of a timed ban still running: an ended one is left out of the bans in force, so that
 /// it takes no room among the policy's patterns and keeps no policy on the extended path.

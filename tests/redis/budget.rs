@@ -276,3 +276,62 @@ async fn what_cannot_lease_is_refused() {
         .with_budget(Budget::new())
         .is_err());
 }
+
+/// A reload that changes nothing keeps what the process holds of Redis's decisions (its cached
+/// refusals, its leased slices): every policy's overrides and bans are read again after a reload,
+/// and a table read as it was drops nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_nothing_keeps_the_cached_refusals() {
+    use axum::{routing::get, Router};
+    use tower::ServiceExt;
+    use tower_throttle::{key::Header, Policy, ThrottleLayer};
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder()
+        .url(server.url())
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let policy = || {
+        Policy::builder("api")
+            .key(Header::new("x-user"))
+            .quota(Quota::per_hour(1))
+            .build()
+            .unwrap()
+    };
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy())
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let status = || {
+        let request = http::Request::get("/").header("x-user", "ann");
+        let request = request.body(axum::body::Body::empty()).unwrap();
+        let app = app.clone();
+        async move { app.oneshot(request).await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status().await, 200);
+    assert_eq!(status().await, 429);
+    let reads = || {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        let line = stats.lines().find(|l| l.starts_with("cmdstat_hgetall:"));
+        line.and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls=")))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (before, calls) = (reads(), script_calls(&server));
+    handle.reload([policy()]).unwrap();
+    // Its tables (overrides, bans) read again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reads() < before + 2 {
+        assert!(Instant::now() < deadline, "the tables were not read again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(status().await, 429);
+    assert_eq!(script_calls(&server), calls, "the refusal was still cached");
+}
