@@ -108,6 +108,17 @@ async fn a_sentinel_failover_under_load() {
     );
     let key = backend.redis_key("steady", &"steady".into());
     assert_eq!(cli(replica.port(), &["EXISTS", &key]).await, "1");
+    // The resets listener followed too: the demoted primary still answers it, but hears nothing
+    // published on the new one.
+    wait_until(
+        Duration::from_secs(10),
+        "the resets listener stayed on the demoted primary",
+        || async {
+            let subscribers = cli(replica.port(), &["PUBSUB", "NUMSUB", "throttle:resets"]).await;
+            subscribers.lines().nth(1).map(str::trim) == Some("1")
+        },
+    )
+    .await;
 }
 
 const ROUTE: &str = "[[route]]\nname = \"r\"\nkey = \"ip\"\ncount = 5\nperiod = \"1s\"\n";

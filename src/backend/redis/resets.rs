@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use super::conn::connection::RedisConnection;
 use super::state::RedisState;
 use crate::backoff::Backoff;
+use crate::error::redact_url;
 
 pub(super) fn channel(prefix: &str) -> String {
     format!("{prefix}:resets")
@@ -102,7 +103,12 @@ type Hearing = Box<dyn FnMut(&mut Context<'_>) -> Poll<Option<Heard>> + Send>;
 
 impl Listen {
     /// Subscribes to `channel` on the server of attempt `turn`, or on the Cluster.
-    async fn subscribe(&mut self, turn: usize, channel: &str) -> Result<Hearing, String> {
+    async fn subscribe(
+        &mut self,
+        turn: usize,
+        channel: &str,
+        state: &Weak<RedisState>,
+    ) -> Result<Hearing, String> {
         let client = match self {
             Listen::Shard(seeds) => return subscribe_sharded(seeds, channel).await,
             Listen::Nodes(nodes) if nodes.is_empty() => None,
@@ -110,10 +116,15 @@ impl Listen {
             Listen::Sentinel(sentinel) => sentinel.async_get_client().await.ok(),
         };
         let client = client.ok_or("no server to listen on")?;
+        // With Sentinel, the primary decisions are sent to may change while this one still
+        // answers (demoted, it hears nothing published on the new one): followed.
+        let elsewhere = matches!(self, Listen::Sentinel(_))
+            .then(|| redact_url(&client.get_connection_info().addr().to_string()))
+            .map(|here| follow_primary(here, state.clone()));
         let pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
         let (mut sink, mut messages) = pubsub.split();
         sink.subscribe(channel).await.map_err(|e| e.to_string())?;
-        let mut lost = keep_alive(sink);
+        let mut lost = keep_alive(sink, elsewhere);
         let mut confirmed = false;
         Ok(Box::new(move |cx| {
             if !std::mem::replace(&mut confirmed, true) {
@@ -135,23 +146,47 @@ const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// NAT's or balancer's idle timeout, a partition) delivers nothing, and would keep this process
 /// deaf to the others' resets, reloads and overrides for good. The receiver hears the first ping
 /// that fails (the subscription is made again); the task ends with it.
-fn keep_alive(mut sink: PubSubSink) -> oneshot::Receiver<()> {
+fn keep_alive(
+    mut sink: PubSubSink,
+    elsewhere: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+) -> oneshot::Receiver<()> {
     let (lost, heard) = oneshot::channel();
+    let mut elsewhere = elsewhere.unwrap_or_else(|| Box::pin(std::future::pending()));
     tokio::spawn(async move {
         let mut lost = lost;
         loop {
             tokio::select! {
                 () = lost.closed() => return,
+                () = &mut elsewhere => break,
                 () = tokio::time::sleep(KEEP_ALIVE) => {}
             }
             let pinged = tokio::time::timeout(KEEP_ALIVE, sink.ping::<Value>()).await;
             if !matches!(pinged, Ok(Ok(_))) {
-                let _ = lost.send(());
+                break;
+            }
+        }
+        let _ = lost.send(());
+    });
+    heard
+}
+
+/// Ends once the backend's connection is to another primary than `here` (the sentinels named a
+/// new one), or the backend is gone; looked at every second, as the connection follows them.
+fn follow_primary(
+    here: String,
+    state: Weak<RedisState>,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(state) = state.upgrade() else { return };
+            if let RedisConnection::Server(server) = &state.conn
+                && server.attempts.snapshot().0.is_some_and(|now| now != here)
+            {
                 return;
             }
         }
-    });
-    heard
+    })
 }
 
 /// Sharded pub/sub on a Cluster: one RESP3 Cluster connection whose pushes come here; each
@@ -212,7 +247,7 @@ pub(super) fn spawn_listener(
                 return;
             };
             // Bounded: a server that never answers must not stall the listener.
-            let subscribing = listen.subscribe(turn, &channel);
+            let subscribing = listen.subscribe(turn, &channel, &state);
             let subscribed = tokio::time::timeout(Duration::from_secs(5), subscribing).await;
             match subscribed.unwrap_or_else(|_| Err("timed out".to_owned())) {
                 Ok(mut hearing) => {
