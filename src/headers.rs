@@ -180,7 +180,7 @@ fn sf_int(n: u64) -> i64 {
 
 impl RateHeaders {
     /// The fields of one decision per limit (`names[i]` decided `decisions[i]`); the legacy fields
-    /// show `combined`, the decision that binds.
+    /// show the quota of `combined`, the decision that binds (its limit and remaining).
     pub(crate) fn new(
         options: HeaderOptions,
         names: &[Arc<str>],
@@ -208,9 +208,10 @@ impl RateHeaders {
             let ratelimit = options
                 .ratelimit
                 .then(|| write_ratelimit(names, decisions, &mut buf));
-            // One quota's three numbers: the one with the fewest left, as `combined`'s limit and
-            // remaining are (its reset is the whole stack's, which may be another quota's).
-            let tightest = decisions.iter().min_by_key(|d| d.remaining);
+            // One quota's three numbers: the one `combined`'s limit and remaining are (its reset is
+            // the whole stack's, which may be another quota's).
+            let tightest = (decisions.iter())
+                .find(|d| (d.limit, d.remaining) == (combined.limit, combined.remaining));
             let reset = tightest.unwrap_or(combined).reset_after_secs();
             let (digits, ends) = LegacyDigits::write([combined.limit, combined.remaining, reset]);
             // The values of one response go into the thread's block together (header_block.rs).

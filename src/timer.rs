@@ -13,6 +13,7 @@ pub(crate) fn timers_available() -> bool {
 }
 
 /// Spawns `task` on the tokio runtime running here; outside one, drops it (nothing could run it).
+#[cfg(feature = "redis")]
 pub(crate) fn spawn<F>(task: F) -> Option<tokio::task::JoinHandle<()>>
 where
     F: Future<Output = ()> + Send + 'static,

@@ -220,9 +220,11 @@ pub enum Adjustment<'a> {
     /// the units out of the window that admitted them if it is still the current one (known only
     /// when `now - since` falls in it too); the sliding window out of the window that admitted
     /// them (or, within `since` of a boundary, the one before); the sliding log removes units
-    /// logged at the admission or after the earliest time it may have been, the oldest first. A
-    /// concurrency limit has nothing to refund ([`Release`](Adjustment::Release) gives its slot
-    /// back).
+    /// logged at the admission or after the earliest time it may have been, the oldest first, and
+    /// nothing once `since` reaches its period (the request's own have left the log: what is there
+    /// is later requests'). A concurrency limit has nothing to refund
+    /// ([`Release`](Adjustment::Release) gives its slot back). A stack's refund comes while any of
+    /// its limits may hold the units, so each limit bounds its own give-back by `since`.
     Refund {
         /// An upper bound on the time since the admission.
         since: Duration,

@@ -35,7 +35,6 @@ use crate::per_customer::Namespace;
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier};
 use crate::quota::Quota;
-use crate::refusal::RefusalKind;
 use crate::rollout::shadows::with_shadows;
 
 /// The extended path's verdict, with what carrying it out needs besides a body kept aside.
@@ -317,19 +316,23 @@ where
         // local limiter that decides in its stead (`OnBackendError::Local`) is adjusted instead,
         // as long as it keeps the key.
         let local = answer.is_err() && judge.fallback.is_local();
-        let counts_for = match &answer {
+        let mut counts_for = match &answer {
             Ok(all) if all.iter().all(|d| d.allowed) => all.iter().map(|d| d.reset_after).max(),
-            Err(_) if local => Some(Duration::MAX),
             _ => None,
         };
-        // The local limiter's refusal that the policy lets through (a dry run, a key outside a
-        // staged share) took nothing: only an enforcing policy's admission shows it took the
-        // units (its refusal would be a 429).
-        let counts_for = counts_for.filter(|_| {
-            !local || judge.enforces(Some(rules), RefusalKind::Limited, Some(&asking.key))
-        });
         let asked = asking.asked;
-        let verdict = judge.verdict(cx, charges, MEASURE_LATENCY.then_some(asked), answer);
+        let started = MEASURE_LATENCY.then_some(asked);
+        let verdict = match answer {
+            // The local limiter keeps what it took (every limit admitting) until adjusted; a
+            // refusal a dry run let through took nothing there.
+            Err(error) if local => {
+                judge.backend_answered(rules, started, false);
+                let (verdict, took) = judge.failed_taking(cx, charges, error);
+                counts_for = took.then_some(Duration::MAX);
+                verdict
+            }
+            answer => judge.verdict(cx, charges, started, answer),
+        };
         let Asking {
             key,
             parts,

@@ -38,6 +38,18 @@ impl Judge {
         charges: Charges<'_>,
         error: BackendError,
     ) -> Verdict {
+        self.failed_taking(cx, charges, error).0
+    }
+
+    /// [`failed`](Self::failed), and whether the local limiter took the request's units (it
+    /// decided, every limit admitting): only then has it anything to give back or settle.
+    pub(crate) fn failed_taking(
+        &self,
+        cx: RequestContext<'_>,
+        charges: Charges<'_>,
+        error: BackendError,
+    ) -> (Verdict, bool) {
+        let mut took = false;
         let rules = cx.policy;
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
@@ -54,6 +66,7 @@ impl Judge {
             // A dry run decides locally too, and reports what it would refuse (`decided`).
             #[cfg(feature = "memory")]
             Fallen::Decided(mut decisions) => {
+                took = decisions.iter().all(|d| d.allowed);
                 let local = crate::engine::slot::SlotOwner::Local;
                 self.decided(cx, &mut decisions, true, local)
             }
@@ -62,7 +75,7 @@ impl Judge {
         rules
             .reporter
             .fallback(&rules.name, on_error.as_str(), admitted);
-        verdict
+        (verdict, took)
     }
 }
 

@@ -136,7 +136,8 @@ async fn the_local_limiter_takes_refunds_and_settlements() {
 }
 
 /// A request the local limiter refused, let through by a dry run, took nothing there: its response
-/// that does not count gives nothing back (it would undo another request's count).
+/// that does not count gives nothing back (it would undo another request's count). One it admitted
+/// is given back, dry run or not.
 #[tokio::test]
 async fn a_refusal_let_through_gives_nothing_back_to_the_local_limiter() {
     use tower_throttle::policy::PolicyDecision;
@@ -188,6 +189,10 @@ async fn a_refusal_let_through_gives_nothing_back_to_the_local_limiter() {
             (String::from_utf8(body.to_vec()).unwrap(), fields)
         }
     };
+    // A success the local limiter admitted is given back there, dry run or not.
+    assert_eq!(send(true).await.0, "admitted");
+    // (Given back less the time since its admission, a few ms that drain as fast.)
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert_eq!(send(false).await.0, "admitted");
     assert_eq!(send(false).await.0, "admitted");
     // Over the quota, let through by the dry run, and not counted: nothing to give back.

@@ -456,20 +456,24 @@ async fn migrations_as_fast_as_a_reshard_fail_no_decision_stacks_included() {
     );
 }
 
-/// Limited clients of several policies sent together are counted in each: a policy's counters
-/// share a hash tag, not the others', and a Cluster refuses a pipeline across slots whole.
-#[tokio::test(flavor = "current_thread")]
-async fn offenders_of_several_policies_are_counted_together_on_a_cluster() {
-    use tower_throttle::ops::Offenders;
-
-    let cluster = RedisCluster::start();
+/// Offender counts on `cluster` (prefix "app"), on a connection that follows redirections itself.
+async fn offenders_on(cluster: &RedisCluster) -> tower_throttle::ops::Offenders {
     let conn = redis::cluster::ClusterClient::builder(cluster.urls())
+        .retries(0)
         .build()
         .unwrap()
         .get_async_connection()
         .await
         .unwrap();
-    let offenders = Offenders::redis_cluster(conn, "app");
+    tower_throttle::ops::Offenders::redis_cluster(conn, "app")
+}
+
+/// Limited clients of several policies sent together are counted in each: a policy's counters
+/// share a hash tag, not the others', and a Cluster refuses a pipeline across slots whole.
+#[tokio::test(flavor = "current_thread")]
+async fn offenders_of_several_policies_are_counted_together_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let offenders = offenders_on(&cluster).await;
     let policies = ["api", "login", "search"];
     // One flush takes them all: its task runs only once this test awaits.
     for policy in policies {
@@ -490,17 +494,8 @@ async fn offenders_of_several_policies_are_counted_together_on_a_cluster() {
 /// two nodes, each command follows its own redirection, and nothing is lost.
 #[tokio::test(flavor = "current_thread")]
 async fn offender_counts_follow_a_slot_split_between_two_nodes() {
-    use tower_throttle::ops::Offenders;
-
     let cluster = Arc::new(RedisCluster::start());
-    let conn = redis::cluster::ClusterClient::builder(cluster.urls())
-        .retries(0)
-        .build()
-        .unwrap()
-        .get_async_connection()
-        .await
-        .unwrap();
-    let offenders = Offenders::redis_cluster(conn, "app");
+    let offenders = offenders_on(&cluster).await;
     let day_count = || async { offenders.count("api").await.map(|c| c.day) };
     let until_counted = |n: u64| async move {
         let deadline = Instant::now() + Duration::from_secs(10);

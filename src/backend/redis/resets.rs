@@ -170,19 +170,25 @@ fn keep_alive(
     heard
 }
 
-/// Ends once the backend's connection is to another primary than `here` (the sentinels named a
-/// new one), or the backend is gone; looked at every second, as the connection follows them.
+/// Ends once the backend's connection has moved, since the subscription was made, to another
+/// primary than `here` (the sentinels named a new one), or the backend is gone; looked at every
+/// second, as the connection follows the sentinels. (Only a move ends it: a backend still on its
+/// old address while the listener is on the new one is left to catch up.)
 fn follow_primary(
     here: String,
     state: Weak<RedisState>,
 ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    let address = |state: &RedisState| match &state.conn {
+        RedisConnection::Server(server) => server.attempts.snapshot().0,
+        _ => None,
+    };
+    let before = state.upgrade().and_then(|state| address(&state));
     Box::pin(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let Some(state) = state.upgrade() else { return };
-            if let RedisConnection::Server(server) = &state.conn
-                && server.attempts.snapshot().0.is_some_and(|now| now != here)
-            {
+            let now = address(&state);
+            if now.is_some() && now != before && now.as_deref() != Some(here.as_str()) {
                 return;
             }
         }
