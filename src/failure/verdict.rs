@@ -49,12 +49,16 @@ impl Judge {
         charges: Charges<'_>,
         error: BackendError,
     ) -> (Verdict, bool) {
-        let mut took = false;
         let rules = cx.policy;
         let on_error = self.settings.on_error;
         rules.reporter.failure(&rules.name);
         self.errors.record(&rules.name, &error, on_error.as_str());
-        let verdict = match self.fallback.decide(charges) {
+        let fallen = self.fallback.decide(charges);
+        #[cfg(feature = "memory")]
+        let took = matches!(&fallen, Fallen::Decided(all) if all.iter().all(|d| d.allowed));
+        #[cfg(not(feature = "memory"))]
+        let took = false;
+        let verdict = match fallen {
             Fallen::Deny if self.enforces(Some(rules), RefusalKind::Unavailable, Some(cx.key)) => {
                 Verdict::Reject(self.settings.refusals.unavailable(
                     (Some(&rules.name), Some(cx.key)),
@@ -66,7 +70,6 @@ impl Judge {
             // A dry run decides locally too, and reports what it would refuse (`decided`).
             #[cfg(feature = "memory")]
             Fallen::Decided(mut decisions) => {
-                took = decisions.iter().all(|d| d.allowed);
                 let local = crate::engine::slot::SlotOwner::Local;
                 self.decided(cx, &mut decisions, true, local)
             }
