@@ -128,14 +128,7 @@ async fn server_errors_are_refunded() {
         .route("/fail", get(|| async { StatusCode::BAD_GATEWAY }))
         .route("/ok", get(|| async { "ok" }))
         .layer(layer_on(memory, policy));
-    let send = |uri: &'static str| {
-        let app = app.clone();
-        async move {
-            let mut r = request(uri);
-            r.headers_mut().insert("x-username", "bob".parse().unwrap());
-            app.oneshot(r).await.unwrap().status()
-        }
-    };
+    let send = |uri: &'static str| as_bob(&app, uri);
     for _ in 0..10 {
         assert_eq!(send("/fail").await, StatusCode::BAD_GATEWAY);
     }
@@ -165,9 +158,7 @@ async fn a_slow_server_error_is_refunded_in_a_stacks_longer_limit() {
         .route("/fail", get(slow_failure))
         .layer(layer_on(memory, policy));
     for _ in 0..3 {
-        let mut r = request("/fail");
-        r.headers_mut().insert("x-username", "bob".parse().unwrap());
-        let status = app.clone().oneshot(r).await.unwrap().status();
+        let status = as_bob(&app, "/fail").await;
         assert_eq!(
             status,
             StatusCode::BAD_GATEWAY,
@@ -197,21 +188,24 @@ async fn a_sliding_log_gives_back_nothing_a_period_on() {
         .route("/fail", get(slow_failure))
         .route("/ok", get(|| async { "ok" }))
         .layer(layer_on(MemoryBackend::new(), policy));
-    let send = |uri: &'static str| {
+    let send = |uri: &'static str| as_bob(&app, uri);
+    let failing = tokio::spawn({
         let app = app.clone();
-        async move {
-            let mut r = request(uri);
-            r.headers_mut().insert("x-username", "bob".parse().unwrap());
-            app.oneshot(r).await.unwrap().status()
-        }
-    };
-    let failing = tokio::spawn(send("/fail"));
+        async move { as_bob(&app, "/fail").await }
+    });
     // Past the half-second log, while the failure is still on its way: admitted, logged.
     tokio::time::sleep(Duration::from_millis(550)).await;
     assert_eq!(send("/ok").await, StatusCode::OK);
     assert_eq!(failing.await.unwrap(), StatusCode::BAD_GATEWAY);
     // The 502's refund took nothing from the log: the last admission still holds it.
     assert_eq!(send("/ok").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// The status of a request to `uri` on `app` by `x-username: bob`.
+async fn as_bob(app: &Router, uri: &str) -> StatusCode {
+    let mut r = request(uri);
+    r.headers_mut().insert("x-username", "bob".parse().unwrap());
+    app.clone().oneshot(r).await.unwrap().status()
 }
 
 /// Longer than the time a refunded GCRA request keeps (the real time since its admission plus the
@@ -348,9 +342,7 @@ async fn the_config_counts_by_status_and_refuses_bad_statuses() {
         StatusCode::TOO_MANY_REQUESTS
     );
     for _ in 0..5 {
-        let mut r = request("/boom");
-        r.headers_mut().insert("x-username", "bob".parse().unwrap());
-        let status = app.clone().oneshot(r).await.unwrap().status();
+        let status = as_bob(&app, "/boom").await;
         assert_eq!(
             status,
             StatusCode::SERVICE_UNAVAILABLE,

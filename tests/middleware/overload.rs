@@ -658,19 +658,23 @@ async fn learned_latency(
     gate.latency()
 }
 
+/// Route `/wait`: one request every 50 ms, the others waiting their turn (up to 2 s).
+fn one_every_50_ms() -> Policy<Global> {
+    Policy::builder("wait")
+        .route("/wait")
+        .key(Global)
+        .quota(Quota::per_second(20).bursts_of(1))
+        .delay(std::time::Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
 /// A request delay mode makes wait teaches the gate the service's latency, not the wait: the
 /// service's time starts when it is called (and the request still ends in its own partition).
 #[tokio::test]
 async fn the_gate_learns_the_service_latency_of_a_delayed_request_not_its_wait() {
     use std::time::Duration;
-    // One request every 50 ms, the others waiting their turn (up to 2 s); a handler of ~1 ms.
-    let waits = Policy::builder("wait")
-        .route("/wait")
-        .key(Global)
-        .quota(Quota::per_second(20).bursts_of(1))
-        .delay(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let waits = one_every_50_ms();
     let layer = ThrottleLayer::builder()
         .policies([policy("soft", Quota::per_hour(1)), waits])
         .overload(fixed(64).partition("soft", 0.5).partition("wait", 0.5))
@@ -694,13 +698,7 @@ async fn the_gate_learns_the_service_latency_of_a_delayed_request_not_its_wait()
 #[tokio::test]
 async fn a_request_dropped_while_it_waits_teaches_the_gate_nothing() {
     use std::time::Duration;
-    let waits = Policy::builder("wait")
-        .route("/wait")
-        .key(Global)
-        .quota(Quota::per_second(20).bursts_of(1))
-        .delay(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let waits = one_every_50_ms();
     let layer = ThrottleLayer::builder()
         .policies([waits])
         .overload(fixed(64))
