@@ -832,6 +832,55 @@ fn pressure_lasts_a_second_after_a_shed_and_partitions_are_clamped() {
     assert!(one.pressed(second));
 }
 
+/// An AIMD gate cuts its limit when requests fail — the service's error or its body's — and not
+/// when they are served, however many: a failure is a drop, whatever its latency.
+#[tokio::test]
+async fn an_aimd_gate_cuts_its_limit_on_failed_requests_only() {
+    use std::time::Duration;
+    #[derive(Clone, Copy, Debug)]
+    enum End {
+        Served,
+        ServiceError,
+        BodyError,
+    }
+    for end in [End::Served, End::ServiceError, End::BodyError] {
+        let layer = ThrottleLayer::builder()
+            .policies([policy("all", Quota::per_second(1_000_000))])
+            .overload(Overload::aimd().limits(4, 100).initial_limit(40))
+            .build()
+            .unwrap();
+        let gate = layer.overload().unwrap();
+        let service = tower::ServiceBuilder::new()
+            .layer(layer.clone())
+            .service_fn(move |_: Request<Body>| async move {
+                let body = match end {
+                    End::ServiceError => return Err(std::io::Error::other("down")),
+                    End::BodyError => {
+                        Body::from_stream(futures_util::stream::iter([
+                            Err::<axum::body::Bytes, _>(std::io::Error::other("cut")),
+                        ]))
+                    }
+                    End::Served => Body::from("ok"),
+                };
+                Ok(Response::new(body))
+            });
+        // Rounds of twelve requests, one at a time, each a sampling interval (25 ms) apart.
+        for _ in 0..8 {
+            for _ in 0..12 {
+                if let Ok(response) = service.clone().oneshot(get_("/all")).await {
+                    let _ = to_bytes(Body::new(response.into_body()), 64).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        assert_eq!(gate.in_flight(), 0, "{end:?}");
+        match end {
+            End::Served => assert_eq!(gate.limit(), 40, "{end:?}"),
+            _ => assert!(gate.limit() < 40, "{end:?}: {}", gate.limit()),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_grpc_layer_sheds_with_a_grpc_status_and_pushback() {
     for (status, code) in [
