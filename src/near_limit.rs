@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use http::header::HeaderName;
-use http::{Extensions, HeaderMap, HeaderValue, Method, Uri};
+use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Uri};
 
 use crate::decision::Decision;
 use crate::key::Key;
@@ -19,9 +19,38 @@ pub(crate) type NearLimitHook = dyn Fn(&NearLimit<'_>) + Send + Sync;
 
 /// The request header that names, for the handler, the limits a request came near
 /// ([`PolicyBuilder::near_limit_header`](crate::PolicyBuilder::near_limit_header)): the limit names,
-/// comma-separated. The layer removes it from every request of such a policy that is not near, so a
-/// client cannot send it.
+/// comma-separated (stacked layers' names together, the outer layer's first). The layer removes a
+/// client's own from every request, so a client cannot send it.
 pub const NEAR_LIMIT_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-near");
+
+/// Marks a request whose [`NEAR_LIMIT_HEADER`] a layer wrote (a client cannot set an extension):
+/// an inner layer keeps the outer one's names and adds its own.
+#[derive(Clone, Copy)]
+struct NamedByLayer;
+
+/// Removes the near-limit header a client sent, not one an outer layer wrote.
+pub(crate) fn strip_clients<B>(request: &mut Request<B>) {
+    if request.extensions().get::<NamedByLayer>().is_none() {
+        request.headers_mut().remove(NEAR_LIMIT_HEADER);
+    }
+}
+
+/// Names the limits an admitted request came near (`near`) to its handler, after an outer layer's.
+pub(crate) fn name<B>(request: &mut Request<B>, near: HeaderValue) {
+    let outer = match request.extensions().get::<NamedByLayer>() {
+        Some(_) => request.headers().get(NEAR_LIMIT_HEADER),
+        None => None,
+    };
+    let value = match outer {
+        Some(outer) => {
+            HeaderValue::from_bytes(&[outer.as_bytes(), b", ", near.as_bytes()].concat())
+                .unwrap_or(near)
+        }
+        None => near,
+    };
+    request.headers_mut().insert(NEAR_LIMIT_HEADER, value);
+    request.extensions_mut().insert(NamedByLayer);
+}
 
 /// An admitted request that came near a limit, as the
 /// [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook sees it.

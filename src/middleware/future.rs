@@ -27,7 +27,7 @@ use crate::error::BackendError;
 use crate::headers::RateHeaders;
 use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
-use crate::near_limit::NEAR_LIMIT_HEADER;
+use crate::near_limit;
 use crate::outcome::OutcomeGuard;
 use crate::overload::InFlight;
 use crate::policy::CompiledPolicy;
@@ -261,7 +261,7 @@ where
             crate::policy_decision::record(request.extensions_mut(), *decision);
         }
         if let Some(near) = near {
-            request.headers_mut().insert(NEAR_LIMIT_HEADER, *near);
+            near_limit::name(&mut request, *near);
         }
         let slot = match (slot, release) {
             (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),

@@ -29,7 +29,7 @@ use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
 use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
-use crate::near_limit::NEAR_LIMIT_HEADER;
+use crate::near_limit;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, Policy};
@@ -108,7 +108,7 @@ where
         // Where a policy names near limits to its handler, never a name the client sent (whether
         // or not this request meets that policy).
         if table.strips_near {
-            request.headers_mut().remove(NEAR_LIMIT_HEADER);
+            near_limit::strip_clients(&mut request);
         }
         // 1 (steps.rs): the first matching policy decides.
         let matched = steps::match_policy(table, &request);

@@ -124,6 +124,50 @@ async fn a_client_cannot_send_the_near_limit_header_past_a_policy_it_does_not_me
     assert_eq!(body, "false");
 }
 
+/// Stacked layers (a global one outside, a route's inside) name their limits together to the
+/// handler, the outer layer's first; a client's own name is still removed.
+#[tokio::test]
+async fn a_stacked_inner_layer_keeps_the_outer_layers_near_limit_names() {
+    let policy = |name: &str, ratio| {
+        Policy::builder(name)
+            .quota(Quota::per_hour(10))
+            .key(Header::new("x-user"))
+            .near_limit(ratio)
+            .near_limit_header(true)
+            .build()
+            .unwrap()
+    };
+    let handler = |headers: HeaderMap| async move {
+        match headers.get("x-ratelimit-near") {
+            Some(v) => v.to_str().unwrap().to_owned(),
+            None => "-".to_owned(),
+        }
+    };
+    let app = Router::new()
+        .route(
+            "/",
+            get(handler).layer(ThrottleLayer::new(policy("route", 0.9))),
+        )
+        .layer(ThrottleLayer::new(policy("global", 0.8)));
+    let got = run(&app, "ann", 10).await;
+    let names: Vec<&str> = got.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "global",
+            "global, route",
+            "global, route"
+        ]
+    );
+}
+
 #[test]
 fn bad_near_limit_settings_are_errors() {
     let policy = |ratio: Option<f64>, header: bool| {
