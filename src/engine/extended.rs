@@ -102,6 +102,8 @@ pub(crate) struct Asking {
     /// A metered limit's reservation.
     estimate: Option<u64>,
     asked: Instant,
+    /// [`RequestContext::pressed`], read once for what is asked and what is made of the answer.
+    pressed: bool,
 }
 
 impl Asking {
@@ -254,6 +256,7 @@ where
             limit_keys,
             estimate,
             asked: Instant::now(),
+            pressed: self.judge.pressed_for(rules),
         })
     }
 
@@ -273,9 +276,9 @@ where
         quantities: &'a mut [u64; MAX_STACKED_QUOTAS],
     ) -> Charges<'a> {
         let (rules, extras) = (&*self.policy, &self.extras);
-        let limits = self
-            .judge
-            .limits_to_ask(rules, asking.tier(rules), &asking.key);
+        let limits =
+            self.judge
+                .limits_to_ask(rules, asking.tier(rules), &asking.key, asking.pressed);
         let key = &asking.key;
         match (&extras.metered, asking.estimate) {
             (Some(metered), Some(estimate)) => {
@@ -306,7 +309,8 @@ where
         let mut quantities = [0; MAX_STACKED_QUOTAS];
         let charges = self.charges(&asking, &mut quantities);
         let request = RequestRef::of_parts(&asking.parts);
-        let cx = RequestContext::at(rules, asking.tier(rules), &asking.key, request);
+        let tier = asking.tier(rules);
+        let cx = RequestContext::at(rules, tier, &asking.key, request, asking.pressed);
         if let Some(shadowed) = shadowed {
             judge.shadowed(cx, &extras.shadows, shadowed);
         }
@@ -478,7 +482,7 @@ where
             }
             InForce::Banned(rest) => {
                 let tier = &rules.tiers[rules.tier_in(request.headers, request.extensions)];
-                let cx = RequestContext::at(rules, tier, key, request);
+                let cx = RequestContext::at(rules, tier, key, request, judge.pressed_for(rules));
                 if let Some(refusal) = judge.banned_for(cx, rest) {
                     return Err(refusal);
                 }

@@ -174,7 +174,8 @@ pub(crate) fn tier_unless_banned(
             (number, &policy.tiers[number])
         }
     };
-    match judge.banned(RequestContext::at(policy, tier, key, request)) {
+    let pressed = judge.pressed_for(policy);
+    match judge.banned(RequestContext::at(policy, tier, key, request, pressed)) {
         Some(banned) => Err(banned),
         None => Ok(number),
     }

@@ -70,6 +70,10 @@ pub(crate) struct RequestContext<'a> {
     pub(crate) tier: &'a CompiledTier,
     pub(crate) key: &'a Key,
     pub(crate) request: RequestRef<'a>,
+    /// Whether its policy's limits bite because the overload gate is under pressure
+    /// ([`Judge::pressed_for`]): read once, when the request is checked, so that what the backend
+    /// is asked and what the verdict makes of its answer agree.
+    pub(crate) pressed: bool,
 }
 
 impl<'a> RequestContext<'a> {
@@ -85,12 +89,14 @@ impl<'a> RequestContext<'a> {
         tier: &'a CompiledTier,
         key: &'a Key,
         request: RequestRef<'a>,
+        pressed: bool,
     ) -> Self {
         RequestContext {
             policy,
             tier,
             key,
             request,
+            pressed,
         }
     }
 
@@ -100,8 +106,10 @@ impl<'a> RequestContext<'a> {
         tier: usize,
         key: &'a Key,
         request: &'a Request<B>,
+        pressed: bool,
     ) -> Self {
-        Self::at(policy, &policy.tiers[tier], key, RequestRef::of(request))
+        let request = RequestRef::of(request);
+        Self::at(policy, &policy.tiers[tier], key, request, pressed)
     }
 }
 
@@ -145,8 +153,8 @@ impl Judge {
     /// apart from any policy, so a policy's dry run does not lift them.
     ///
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
-    /// request without a key (nor one whose async key came late); a policy enforced only under
-    /// pressure, only while the overload gate says so. Both count the others as would-limit.
+    /// request without a key (nor one whose async key came late), counting the others as
+    /// would-limit. (A policy enforced only under pressure: [`enforces_limits`](Self::enforces_limits).)
     pub(crate) fn enforces(
         &self,
         policy: Option<&CompiledPolicy>,
@@ -160,9 +168,29 @@ impl Judge {
                     && rules
                         .staged
                         .is_none_or(|s| key.is_some_and(|k| s.enforces(k)))
-                    && !(rules.under_pressure && kind == RefusalKind::Limited && !self.pressed())
             }
         }
+    }
+
+    /// Whether the layer makes the refusals of `rules`'s limits for `key` ([`enforces`](Self::enforces)),
+    /// `pressed` being [`pressed_for`](Self::pressed_for) as the request read it: a policy enforced
+    /// only under pressure makes them only then, and counts the others as would-limit.
+    fn enforces_limits(&self, rules: &CompiledPolicy, key: &Key, pressed: bool) -> bool {
+        (pressed || !rules.under_pressure)
+            && self.enforces(Some(rules), RefusalKind::Limited, Some(key))
+    }
+
+    /// Whether `rules` is enforced only under pressure and the overload gate says there is some
+    /// now. Read once a request, into its [`RequestContext`]: the gate's pressure may change while
+    /// the backend decides.
+    #[inline]
+    pub(crate) fn pressed_for(&self, rules: &CompiledPolicy) -> bool {
+        rules.under_pressure
+            && self
+                .settings
+                .overload
+                .as_ref()
+                .is_some_and(|g| g.is_pressed())
     }
 
     /// The limits a request of `rules` for `key` asks the backend under `tier`: without their
@@ -175,23 +203,17 @@ impl Judge {
         rules: &CompiledPolicy,
         tier: &'t CompiledTier,
         key: &Key,
+        pressed: bool,
     ) -> &'t [Limit] {
         match &tier.unenforced {
             // Where the layer keeps the penalty box (`rules.penalty`), the backend ignores it.
             Some(unenforced)
-                if rules.penalty.is_none()
-                    && !self.enforces(Some(rules), RefusalKind::Limited, Some(key)) =>
+                if rules.penalty.is_none() && !self.enforces_limits(rules, key, pressed) =>
             {
                 unenforced
             }
             _ => &tier.limits,
         }
-    }
-
-    /// Whether the layer's overload gate says the service is under pressure (no gate: never).
-    fn pressed(&self) -> bool {
-        let gate = self.settings.overload.as_ref();
-        gate.is_some_and(|gate| gate.is_pressed())
     }
 
     /// The verdict on the backend's answer (or failure) to `cx`'s `charges`, asked at `asked`.
@@ -326,7 +348,7 @@ impl Judge {
             admitted.headers = Some(self.fields(tier, decisions, decision));
             return Verdict::Admit(admitted);
         }
-        let mut weighed = self.weigh(rules, tier, cx.key, decisions, strike);
+        let mut weighed = self.weigh(rules, tier, cx.key, decisions, (strike, cx.pressed));
         let Weighed {
             enforced, delay, ..
         } = weighed;
@@ -412,7 +434,8 @@ impl Judge {
     }
 
     /// The judge's first steps on the decisions of `tier`'s limits, for a request and a stream
-    /// message alike (`handle/message.rs`); `strike`: the decisions are the backend's, not a ban's.
+    /// message alike (`handle/message.rs`); `strike`: the decisions are the backend's, not a ban's;
+    /// `pressed`: as the request read it ([`RequestContext::pressed`]).
     // Always inlined: a request's verdict is most of their callers' work, and out of line the
     // decisions and the weighing go through memory.
     #[inline(always)]
@@ -422,9 +445,9 @@ impl Judge {
         tier: &CompiledTier,
         key: &Key,
         decisions: &mut [Decision],
-        strike: bool,
+        (strike, pressed): (bool, bool),
     ) -> Weighed {
-        let enforced = self.enforces(Some(rules), RefusalKind::Limited, Some(key));
+        let enforced = self.enforces_limits(rules, key, pressed);
         // Most tiers have no limit in delay mode: nothing to wait for, nothing to correct.
         let mut delay = match tier.delays {
             true => tier.queue_delay(decisions),
@@ -550,7 +573,7 @@ pub(crate) mod tests {
     ) -> Verdict {
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext::new(&judge.p, 0, &key, &request);
+        let cx = RequestContext::new(&judge.p, 0, &key, &request, false);
         judge.verdict(cx, cx.charges(), None, answer)
     }
 
@@ -615,7 +638,7 @@ pub(crate) mod tests {
         );
         let request = Request::get("/").body(()).unwrap();
         let key = Key::from("k");
-        let cx = RequestContext::new(&judge.p, 0, &key, &request);
+        let cx = RequestContext::new(&judge.p, 0, &key, &request, false);
         assert!(judge.banned(cx).is_none());
         let first = rejected(verdict_on(&judge, Ok(Decisions::One(OVER))));
         assert_eq!(first.headers()["retry-after"], "2");

@@ -81,7 +81,8 @@ pub(crate) fn before_backend<K, B: Backend>(
     let (overrides, now) = (&shared.overrides, SystemTime::now());
     let in_force = match overrides.find(policy.name(), key, now) {
         Some(InForce::Banned(rest)) => {
-            match judge.message_banned(policy, &policy.tiers[0], key, rest) {
+            let pressed = judge.pressed_for(policy);
+            match judge.message_banned(policy, &policy.tiers[0], key, (rest, pressed)) {
                 Some(refused) => return Err(refused),
                 None => overrides.both(policy.name(), key, now).0,
             }
@@ -121,12 +122,14 @@ impl Judge {
         custom: Option<&CompiledTier>,
     ) -> Result<Decision, BackendError> {
         let tier = custom.unwrap_or(&policy.tiers[0]);
+        // Read once: what the backend is asked and what is made of its answer agree.
+        let pressed = self.pressed_for(policy);
         if let Some(rest) = policy.penalty.as_ref().and_then(|p| p.banned(key))
-            && let Some(refused) = self.message_banned(policy, tier, key, rest)
+            && let Some(refused) = self.message_banned(policy, tier, key, (rest, pressed))
         {
             return Ok(refused);
         }
-        let limits = self.limits_to_ask(policy, tier, key);
+        let limits = self.limits_to_ask(policy, tier, key, pressed);
         let answer = backend.check(Charges::stack(limits, key, cost)).await;
         // As a request's verdict takes them: a stack's decisions one per limit.
         let mut decisions = match answer {
@@ -140,7 +143,7 @@ impl Judge {
             }
             Err(error) => return Err(self.message_failed(policy, error)),
         };
-        let mut weighed = self.weigh(policy, tier, key, &mut decisions, true);
+        let mut weighed = self.weigh(policy, tier, key, &mut decisions, (true, pressed));
         self.report(policy, tier, key, &decisions, &mut weighed);
         let decision = weighed.decision;
         Ok(match decision.allowed || weighed.enforced {
@@ -157,10 +160,10 @@ impl Judge {
         policy: &CompiledPolicy,
         tier: &CompiledTier,
         key: &Key,
-        rest: Duration,
+        (rest, pressed): (Duration, bool),
     ) -> Option<Decision> {
         let mut decisions = tier.banned_for(rest);
-        let mut weighed = self.weigh(policy, tier, key, &mut decisions, false);
+        let mut weighed = self.weigh(policy, tier, key, &mut decisions, (false, pressed));
         self.report(policy, tier, key, &decisions, &mut weighed);
         weighed.enforced.then_some(weighed.decision)
     }

@@ -44,6 +44,8 @@ pub(crate) struct AwaitingVerdict<S, ReqBody> {
     pub(crate) key: Key,
     /// When the backend was asked (only to report its latency).
     pub(crate) started: Option<Instant>,
+    /// [`RequestContext::pressed`] as the request was asked.
+    pub(crate) pressed: bool,
     /// For a concurrency limit: how to give the slot back.
     pub(crate) release: Option<Release>,
     /// Its count in flight through the overload gate, if the layer has one.
@@ -440,6 +442,7 @@ where
                         awaiting.tier,
                         &awaiting.key,
                         &awaiting.request,
+                        awaiting.pressed,
                     );
                     let (judge, asked) = (&awaiting.judge, awaiting.started);
                     let verdict = judge.verdict(context, context.charges(), asked, answer);

@@ -175,8 +175,8 @@ where
     match check(&shared.backend, judge, (rules, tier), &key, &request) {
         Ask::Passed => ResponseFuture::unlimited(inner.call(request)),
         Ask::Admitted(fields) => ResponseFuture::admitted(inner.call(request), fields),
-        Ask::Other(asked, started) => {
-            let asked = (asked, started);
+        Ask::Other(asked, started, pressed) => {
+            let asked = (asked, started, pressed);
             answered(inner, shared, (judge, rules, tier), (key, request), asked)
         }
     }
@@ -196,13 +196,14 @@ where
     B: Backend,
 {
     let started = MEASURE_LATENCY.then(Instant::now);
-    let limits = judge.limits_to_ask(policy, &policy.tiers[tier], key);
+    let pressed = judge.pressed_for(policy);
+    let limits = judge.limits_to_ask(policy, &policy.tiers[tier], key, pressed);
     let mut decided = backend.check(Charges::stack(limits, key, policy.cost));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {
         // One limit (the commonest policy): a plain admission wraps no answer for a stack.
         Poll::Ready(Ok(Decisions::One(decision))) => {
-            let context = RequestContext::new(policy, tier, key, request);
+            let context = RequestContext::new(policy, tier, key, request, pressed);
             if judge.admitted_plainly(context, &decision) {
                 judge.backend_answered(policy, started, true);
                 if !judge.sends_fields() {
@@ -216,7 +217,7 @@ where
         Poll::Ready(answer) => Asked::Answered(answer),
         Poll::Pending => Asked::Pending(decided),
     };
-    Ask::Other(asked, started)
+    Ask::Other(asked, started, pressed)
 }
 
 /// What `check` found.
@@ -225,8 +226,9 @@ enum Ask<D> {
     Passed,
     /// Admitted plainly: the request goes through, and these fields on its response.
     Admitted(RateHeaders),
-    /// Every other answer, and when the backend was asked (if measured): for [`answered`].
-    Other(Asked<D>, Option<Instant>),
+    /// Every other answer, when the backend was asked (if measured) and whether the request's
+    /// limits bite under pressure ([`RequestContext::pressed`]): for [`answered`].
+    Other(Asked<D>, Option<Instant>, bool),
 }
 
 /// Where the backend's answer stands after `check`.
@@ -245,7 +247,7 @@ fn answered<S, K, B, ReqBody>(
     shared: &Arc<Shared<K, B>>,
     (judge, policy, tier): (&Arc<Judge>, &Arc<CompiledPolicy>, usize),
     (key, request): (Key, Request<ReqBody>),
-    (asked, started): (Asked<B::Future>, Option<Instant>),
+    (asked, started, pressed): (Asked<B::Future>, Option<Instant>, bool),
 ) -> ResponseFuture<S, ReqBody, B::Future>
 where
     S: Service<Request<ReqBody>> + Clone,
@@ -255,7 +257,7 @@ where
     let check = match asked {
         Asked::Pending(check) => check,
         Asked::Answered(answer) => {
-            let context = RequestContext::new(policy, tier, &key, &request);
+            let context = RequestContext::new(policy, tier, &key, &request, pressed);
             let verdict = judge.verdict(context, context.charges(), started, answer);
             let charged = (&policy.tiers[tier], policy.cost);
             let release = steps::release_of(&verdict, shared, judge, charged, &key);
@@ -277,6 +279,7 @@ where
             tier,
             key,
             started,
+            pressed,
             release,
             in_flight: None,
         },

@@ -244,6 +244,141 @@ async fn a_quota_enforced_under_pressure_only_bites_while_the_service_is_pressed
     }
 }
 
+/// Whether a quota enforced only under pressure bites is read once a request: the pressure the
+/// backend was asked under (with the penalty that strikes a refusal, or without it) is the one its
+/// answer is judged under, however the pressure changed while it decided. Otherwise a backend
+/// that keeps penalties could strike a refusal that is not made, or a refusal be made unstruck.
+#[tokio::test]
+async fn a_request_is_judged_under_the_pressure_it_was_asked_under() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::time::Duration;
+    use tower_throttle::backend::{Adjustment, BackendError, Charges, Decisions, Uses};
+    use tower_throttle::policy::Penalty;
+    use tower_throttle::{Backend, Decision};
+
+    /// Refuses every request, once the test adds a permit, as a backend that keeps penalties
+    /// (Redis): `asked` records whether each was asked with its limit's penalty.
+    #[derive(Clone)]
+    struct Striking {
+        answer: Arc<Semaphore>,
+        asked: Arc<Mutex<Vec<bool>>>,
+    }
+
+    impl Backend for Striking {
+        type Future = Pin<Box<dyn Future<Output = Result<Decisions, BackendError>> + Send>>;
+
+        fn check(&self, charges: Charges<'_>) -> Self::Future {
+            let limit = &charges.limits()[0];
+            if limit.name() != "soft" {
+                let admitted = Decision::allowed(1_000, 999, Duration::from_secs(1));
+                return Box::pin(async move { Ok(Decisions::One(admitted)) });
+            }
+            self.asked.lock().unwrap().push(limit.penalty().is_some());
+            let answer = self.answer.clone();
+            Box::pin(async move {
+                answer.acquire().await.unwrap().forget();
+                let second = Duration::from_secs(1);
+                Ok(Decisions::One(Decision::limited(
+                    1,
+                    0,
+                    Some(second),
+                    second,
+                )))
+            })
+        }
+
+        fn validate(
+            &self,
+            _: &[tower_throttle::Limit],
+            _: Uses,
+        ) -> Result<(), tower_throttle::BuildError> {
+            Ok(())
+        }
+
+        fn adjust(&self, _: Charges<'_>, _: Adjustment<'_>) {}
+
+        fn keeps_penalties(&self) -> bool {
+            true
+        }
+    }
+
+    // Pressure changes while the backend decides: from pressed to not (the held requests end),
+    // and from not to pressed (they start).
+    let cases = [(true, false), (false, false), (true, true), (false, true)];
+    for (pressed_when_asked, extended) in cases {
+        let backend = Striking {
+            answer: Arc::new(Semaphore::new(0)),
+            asked: Arc::default(),
+        };
+        let soft = Policy::builder("soft")
+            .route("/soft")
+            .key(Global)
+            .quota(Quota::per_hour(1))
+            .under_pressure_only(true)
+            .penalty(Penalty::new(2, Duration::from_secs(60), Duration::from_secs(600)).unwrap());
+        // Counting by outcome takes the extended path.
+        let soft = match extended {
+            true => soft.count_only(|_| true),
+            false => soft,
+        };
+        let soft = soft.build().unwrap();
+        let layer = ThrottleLayer::builder()
+            .backend(backend.clone())
+            .policies([soft, policy("hold", Quota::per_second(1_000))])
+            .overload(fixed(20))
+            .build()
+            .unwrap();
+        let release = Arc::new(Semaphore::new(0));
+        let held = {
+            let release = release.clone();
+            move || {
+                let release = release.clone();
+                async move {
+                    release.acquire().await.unwrap().forget();
+                    "done"
+                }
+            }
+        };
+        let app = Router::new()
+            .route("/hold", get(held))
+            .route("/soft", get(|| async { "ok" }))
+            .layer(layer.clone());
+        let gate = layer.overload().unwrap();
+        // 18 of 20 in flight (with `/soft`'s own): under pressure.
+        let holds = if pressed_when_asked { 18 } else { 0 };
+        let mut holding: Vec<_> = (0..holds).map(|_| hold(&app, "/hold")).collect();
+        settle().await;
+        let soft = hold(&app, "/soft");
+        settle().await;
+        assert_eq!(*backend.asked.lock().unwrap(), [pressed_when_asked]);
+        if pressed_when_asked {
+            release.add_permits(18);
+            for task in holding.drain(..) {
+                drop(task.await.unwrap());
+            }
+            assert!(!gate.is_pressed());
+        } else {
+            holding = (0..17).map(|_| hold(&app, "/hold")).collect();
+            settle().await;
+            assert!(gate.is_pressed());
+        }
+        backend.answer.add_permits(1);
+        let status = soft.await.unwrap().status();
+        let expected = match pressed_when_asked {
+            true => StatusCode::TOO_MANY_REQUESTS,
+            false => StatusCode::OK,
+        };
+        let case = format!("pressed when asked: {pressed_when_asked}, extended: {extended}");
+        assert_eq!(status, expected, "{case}");
+        release.add_permits(holding.len());
+        for task in holding {
+            drop(task.await.unwrap());
+        }
+    }
+}
+
 #[test]
 fn bad_options_fail_the_build_with_a_clear_error() {
     let build = |overload: Overload| {
