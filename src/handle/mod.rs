@@ -525,6 +525,17 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         // some already.
         self.shared.overrides.know(table.limit_names());
         self.shared.overrides.reread();
+        for gone in previous.policies.iter().map(Policy::name) {
+            if table.policies.iter().all(|p| p.name() != gone) && self.shared.overrides.holds(gone)
+            {
+                tracing::warn!(
+                    policy = gone,
+                    "the reload removed a policy that has overrides or timed bans: they are out \
+                     of force but kept, in force again if a policy of that name comes back; \
+                     list and remove them under its name"
+                );
+            }
+        }
         // Kept, but a policy that became metered or keyed apart cannot take a quota override:
         // listed and shown by peek, it would otherwise be ignored without a word.
         for policy in table.policies.iter().map(Policy::compiled) {

@@ -103,8 +103,13 @@ where
 
     /// Policy `policy`'s overrides as this process holds them (the records' as of their last
     /// change): each key (as logs show it), pattern or `*`, with its override.
+    ///
+    /// A policy a [reload](Self::reload) removed while it held overrides or bans still has them
+    /// listed here, and removable by [`remove_override`](Self::remove_override) and
+    /// [`lift_ban`](Self::lift_ban) with the keys as listed: out of force, they are kept (another
+    /// process may still run the policy) and in force again if a policy of that name comes back.
     pub fn overrides(&self, policy: &str) -> Result<Vec<(String, Override)>, HandleError> {
-        find(&self.shared.table.load_full(), policy)?;
+        self.holding(policy)?;
         Ok(self.shared.overrides.overrides_of(policy))
     }
 
@@ -173,9 +178,10 @@ where
         self.remove(policy, true, key, "ban lifted").await
     }
 
-    /// Policy `policy`'s timed bans that have not ended, with their ends.
+    /// Policy `policy`'s timed bans that have not ended, with their ends (a policy a reload
+    /// removed too, as [`overrides`](Self::overrides) says).
     pub fn bans(&self, policy: &str) -> Result<Vec<(String, SystemTime)>, HandleError> {
-        find(&self.shared.table.load_full(), policy)?;
+        self.holding(policy)?;
         Ok(self.shared.overrides.bans_of(policy, SystemTime::now()))
     }
 
@@ -239,10 +245,24 @@ where
     where
         K: KeyFromText,
     {
-        let field = self.field_of(policy, key)?;
+        let field = match self.field_of(policy, key) {
+            // A policy a reload removed: its keys as listed (there is no key kind to read them).
+            Err(HandleError::UnknownPolicy(_)) if self.shared.overrides.holds(policy) => {
+                key.to_owned()
+            }
+            field => field?,
+        };
         self.write(policy, bans, &field, None).await?;
         tracing::info!(policy, key = %self.logged(&field), "{removed}");
         Ok(())
+    }
+
+    /// Policy `policy` in force, or one a reload removed that holds overrides or bans yet.
+    fn holding(&self, policy: &str) -> Result<(), HandleError> {
+        match find(&self.shared.table.load_full(), policy) {
+            Err(_) if self.shared.overrides.holds(policy) => Ok(()),
+            found => found.map(drop),
+        }
     }
 
     /// Writes `field` of policy `policy`'s bans (or overrides) and puts the table in force here at
@@ -261,7 +281,10 @@ where
             );
             return Err(invalid(policy, why));
         }
-        find(&self.shared.table.load_full(), policy)?;
+        match value {
+            Some(_) => find(&self.shared.table.load_full(), policy).map(drop)?,
+            None => self.holding(policy)?,
+        }
         let table = match bans {
             true => bans_table(policy),
             false => overrides_table(policy),

@@ -395,6 +395,11 @@ impl Overrides {
         entries.map_or_else(Vec::new, |e| e.overrides.listed(|_| true))
     }
 
+    /// Whether policy `policy` holds overrides or timed bans here (ended bans aside).
+    pub(crate) fn holds(&self, policy: &str) -> bool {
+        !self.overrides_of(policy).is_empty() || !self.bans_of(policy, SystemTime::now()).is_empty()
+    }
+
     /// Policy `policy`'s timed bans that have not ended at `now`, by field.
     pub(crate) fn bans_of(&self, policy: &str, now: SystemTime) -> Vec<(String, SystemTime)> {
         let snapshot = self.snapshot.load();

@@ -113,3 +113,62 @@ async fn an_unenforced_ban_leaves_the_key_its_quota() {
         );
     }
 }
+
+/// A reload that removes a policy (or renames it) leaves its overrides and bans out of force,
+/// says so, and keeps them listed and removable under the old name; removed, they do not come
+/// back with the name.
+#[tokio::test]
+async fn a_policy_removed_by_a_reload_keeps_its_overrides_listed_and_removable() {
+    use tower_throttle::key::Header;
+    use tower_throttle::ops::{HandleError, Override};
+    use tower_throttle::{Policy, Quota, ThrottleLayer};
+    let policy = |name: &str| {
+        Policy::builder(name)
+            .route(format!("/{name}"))
+            .quota(Quota::per_minute(10))
+            .key(Header::new("x-user"))
+            .build()
+            .unwrap()
+    };
+    let layer = ThrottleLayer::new(policy("api"));
+    let handle = layer.handle();
+    let hour = std::time::Duration::from_secs(3600);
+    handle
+        .set_override("api", "alice", Override::Blocked)
+        .await
+        .unwrap();
+    handle.ban("api", "mallory", hour).await.unwrap();
+    let (logs, _guard) = crate::support::failover::Logs::capture();
+    handle.reload([policy("web")]).unwrap();
+    let warning = "the reload removed a policy that has overrides or timed bans";
+    assert_eq!(logs.count(warning), 1, "{:?}", logs.lines());
+    assert!(
+        logs.lines()[0].contains("policy=\"api\""),
+        "{:?}",
+        logs.lines()
+    );
+    // Listed under the old name, and not settable there.
+    let overrides = handle.overrides("api").unwrap();
+    assert_eq!(overrides, [("alice".to_owned(), Override::Blocked)]);
+    assert_eq!(handle.bans("api").unwrap()[0].0, "mallory");
+    let set = handle.set_override("api", "bob", Override::Unlimited).await;
+    assert!(matches!(set, Err(HandleError::UnknownPolicy(_))), "{set:?}");
+    // Removed with the keys as listed: the name is unknown once nothing is left.
+    handle.remove_override("api", "alice").await.unwrap();
+    handle.lift_ban("api", "mallory").await.unwrap();
+    assert!(matches!(
+        handle.overrides("api"),
+        Err(HandleError::UnknownPolicy(_))
+    ));
+    assert!(matches!(
+        handle.bans("api"),
+        Err(HandleError::UnknownPolicy(_))
+    ));
+    // A reload without a removed policy that holds any says nothing; the name back, nothing
+    // comes back with it.
+    handle.reload([policy("web"), policy("api")]).unwrap();
+    assert!(handle.overrides("api").unwrap().is_empty());
+    assert!(handle.bans("api").unwrap().is_empty());
+    handle.reload([policy("api")]).unwrap();
+    assert_eq!(logs.count(warning), 1, "{:?}", logs.lines());
+}
