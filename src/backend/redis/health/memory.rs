@@ -42,8 +42,8 @@ impl MemoryReport {
 /// What the watcher remembers between reads, shared with `RedisBackend::memory` calls.
 #[derive(Default)]
 pub(crate) struct Seen {
-    /// `evicted_keys` at the last read.
-    pub(crate) evicted_keys: Option<u64>,
+    /// `evicted_keys` at the last read, per node (by address on a Cluster).
+    pub(crate) evicted_keys: Vec<(String, u64)>,
     pub(crate) evictions_seen: u64,
     /// The evicting policy last warned about.
     pub(crate) warned_policy: Option<String>,

@@ -94,7 +94,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     };
     let evicted_keys = match info {
         Ok(value) => evicted_keys_of(&value),
-        Err(e) if refused(&e) => None,
+        Err(e) if refused(&e) => Vec::new(),
         Err(e) => return Err(unread("statistics", e)),
     };
     // Bare CL.THROTTLE only where Redis cannot refuse it for memory (it evicts, or has no cap).
@@ -113,14 +113,10 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
             "Redis may evict the limiter's keys (maxmemory-policy {policy}; every limiter key has a TTL, so volatile-* policies evict them too): an evicted key forgets its client's usage and admits it again; use maxmemory-policy noeviction on the limiter's Redis"
         );
     }
-    if let Some(now) = evicted_keys {
-        // A restarted Redis counts from 0 again: all its evictions are new.
-        let new = match seen.evicted_keys {
-            Some(before) if now >= before => now - before,
-            Some(_) => now,
-            None => 0,
-        };
-        seen.evicted_keys = Some(now);
+    let total = (!evicted_keys.is_empty()).then(|| evicted_keys.iter().map(|(_, n)| n).sum());
+    if !evicted_keys.is_empty() {
+        let new = newly_evicted(&seen.evicted_keys, &evicted_keys);
+        seen.evicted_keys = evicted_keys;
         if new > 0 {
             seen.evictions_seen += new;
             crate::observe::redis_evictions(new);
@@ -134,7 +130,7 @@ pub(crate) async fn read_memory(state: &RedisState) -> Result<MemoryReport, Back
     Ok(MemoryReport {
         policy,
         maxmemory,
-        evicted_keys,
+        evicted_keys: total,
         evictions_seen: seen.evictions_seen,
     })
 }
@@ -182,15 +178,80 @@ fn config_of(value: &Value) -> (Option<String>, Option<u64>) {
     (policy.cloned(), maxmemory)
 }
 
-/// `evicted_keys` in `INFO stats` replies, summed over the nodes.
-fn evicted_keys_of(value: &Value) -> Option<u64> {
-    let mut all = Vec::new();
-    strings(value, &mut all);
-    let counts: Vec<u64> = all
-        .iter()
-        .flat_map(|s| s.lines())
-        .filter_map(|line| line.trim().strip_prefix("evicted_keys:"))
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    (!counts.is_empty()).then(|| counts.iter().sum())
+/// `evicted_keys` in `INFO stats` replies: one count per node (a Cluster's replies are a map by
+/// node address; one server's is the only one, unnamed).
+fn evicted_keys_of(value: &Value) -> Vec<(String, u64)> {
+    let replies: Vec<(String, &Value)> = match value {
+        Value::Map(pairs) => pairs
+            .iter()
+            .map(|(node, reply)| {
+                let mut name = Vec::new();
+                strings(node, &mut name);
+                (name.concat(), reply)
+            })
+            .collect(),
+        one => vec![(String::new(), one)],
+    };
+    let count = |reply: &Value| {
+        let mut all = Vec::new();
+        strings(reply, &mut all);
+        all.iter()
+            .flat_map(|s| s.lines())
+            .find_map(|line| line.trim().strip_prefix("evicted_keys:")?.parse().ok())
+    };
+    (replies.into_iter())
+        .filter_map(|(node, reply)| Some((node, count(reply)?)))
+        .collect()
+}
+
+/// The keys evicted between two reads of each node's count (`before`, `now`). A node whose count
+/// went down restarted: all its count is new. A node not read before (the first read, a new
+/// primary) starts its count: nothing new yet.
+fn newly_evicted(before: &[(String, u64)], now: &[(String, u64)]) -> u64 {
+    let was = |node: &str| before.iter().find(|(n, _)| n == node).map(|(_, c)| *c);
+    now.iter()
+        .map(|(node, count)| match was(node) {
+            Some(before) if *count >= before => count - before,
+            Some(_) => *count,
+            None => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Cluster's counts are read per node: one node's restart (its count back to 0) does not
+    /// count the other nodes' evictions again, as a drop of their sum would.
+    #[test]
+    fn evictions_are_counted_per_node() {
+        let info = |counts: &[(&str, u64)]| {
+            let reply = |n| Value::VerbatimString {
+                format: redis::VerbatimFormat::Text,
+                text: format!("# Stats\r\nevicted_keys:{n}\r\nexpired_keys:3\r\n"),
+            };
+            Value::Map(
+                (counts.iter())
+                    .map(|(node, n)| (Value::BulkString(node.as_bytes().to_vec()), reply(*n)))
+                    .collect(),
+            )
+        };
+        let first = evicted_keys_of(&info(&[("a:7000", 50), ("b:7001", 70)]));
+        assert_eq!(
+            first,
+            [("a:7000".to_owned(), 50), ("b:7001".to_owned(), 70)]
+        );
+        assert_eq!(newly_evicted(&[], &first), 0);
+        // a restarted (5 since), b evicted 2 more, c is new.
+        let then = evicted_keys_of(&info(&[("a:7000", 5), ("b:7001", 72), ("c:7002", 9)]));
+        assert_eq!(newly_evicted(&first, &then), 7);
+        // One server's reply: one unnamed count.
+        let one = Value::BulkString(b"evicted_keys:12\r\n".to_vec());
+        assert_eq!(evicted_keys_of(&one), [(String::new(), 12)]);
+        assert_eq!(
+            newly_evicted(&[(String::new(), 10)], &[(String::new(), 12)]),
+            2
+        );
+    }
 }
