@@ -980,8 +980,18 @@ async fn an_aimd_gate_cuts_its_limit_on_failed_requests_only() {
     }
     for end in [End::Served, End::ServiceError, End::BodyError] {
         let layer = ThrottleLayer::builder()
-            .policies([policy("all", Quota::per_second(1_000_000))])
-            .overload(Overload::aimd().limits(4, 100).initial_limit(40))
+            .policies([
+                policy("other", Quota::per_second(1)),
+                policy("all", Quota::per_second(1_000_000)),
+            ])
+            // Its requests in the second partition: a failure ends in its own.
+            .overload(
+                Overload::aimd()
+                    .limits(4, 100)
+                    .initial_limit(40)
+                    .partition("other", 0.5)
+                    .partition("all", 0.5),
+            )
             .build()
             .unwrap();
         let gate = layer.overload().unwrap();
@@ -1008,7 +1018,13 @@ async fn an_aimd_gate_cuts_its_limit_on_failed_requests_only() {
             }
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
-        assert_eq!(gate.in_flight(), 0, "{end:?}");
+        assert_eq!(
+            (gate.in_flight_of(0), gate.in_flight_of(1)),
+            (0, 0),
+            "{end:?}"
+        );
+        // Their latency, from their admission: well under a second.
+        assert!(gate.latency() < Duration::from_secs(1), "{end:?}");
         match end {
             End::Served => assert_eq!(gate.limit(), 40, "{end:?}"),
             _ => assert!(gate.limit() < 40, "{end:?}: {}", gate.limit()),
