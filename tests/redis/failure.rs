@@ -193,9 +193,9 @@ async fn local_limiter_enforces_the_quota() {
 
 /// Freezes the server's process (SIGSTOP) until dropped (SIGCONT): a frozen Redis keeps its
 /// connections open and answers nothing.
-struct Frozen(String);
+pub(crate) struct Frozen(String);
 
-fn freeze(server: &RedisServer) -> Frozen {
+pub(crate) fn freeze(server: &RedisServer) -> Frozen {
     let info = server.cli(&["INFO", "server"]);
     let pid = info
         .lines()

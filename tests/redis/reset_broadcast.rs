@@ -15,6 +15,7 @@ use crate::support::asks::Asks;
 use crate::support::failover::{Sentinels, SERVICE};
 use crate::support::fault_proxy::FaultProxy;
 use redis_support::{RedisCluster, RedisServer};
+use tower_throttle::backend::Charges;
 use tower_throttle::key::Key;
 use tower_throttle::{
     redis::{RedisBackend, RedisMode},
@@ -254,6 +255,71 @@ async fn a_cluster_listener_follows_its_channel_to_another_node() {
     })
     .await;
     assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+}
+
+/// A frozen node that owns the channel's slot (SIGSTOP: its connections stay open, silent) and
+/// is replaced by its replica: each process's listener finds the silence by its ping, and
+/// subscribes again on the new primary, where the resets are published now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_listener_leaves_a_frozen_node_for_its_replica() {
+    use crate::support::cluster::{is_primary, key_slot, owner, replica_of, wait_for_replicas};
+    let cluster = RedisCluster::start_with_replicas();
+    for node in cluster.nodes() {
+        node.cli(&["CONFIG", "SET", "cluster-node-timeout", "1000"]);
+        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    wait_for_replicas(&cluster);
+    let backends = three(&cluster.urls(), true).await;
+    let subscribers_on = |node: usize| {
+        let reply = cluster.nodes()[node].cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]);
+        reply
+            .lines()
+            .nth(1)
+            .and_then(|c| c.trim().parse::<usize>().ok())
+    };
+    let slot = key_slot(&cluster, "throttle:resets");
+    let from = owner(&cluster, slot);
+    let replica = replica_of(&cluster, from);
+    wait_until_true(|| subscribers_on(from) == Some(3), "subscribed").await;
+    let frozen = crate::failure::freeze(&cluster.nodes()[from]);
+    cluster.nodes()[replica].cli(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    let port = cluster.nodes()[replica].port();
+    wait_until_true(|| is_primary(port), "the replica promoted").await;
+    // Within two keep-alives (a ping, its timeout) and a new subscription.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while subscribers_on(replica) != Some(3) {
+        assert!(
+            Instant::now() < deadline,
+            "the listeners stayed on the frozen node: {:?} on the new primary",
+            subscribers_on(replica)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The decisions follow the slot too (they time out on the frozen node until then): peeked
+    // until they answer, five times in a row.
+    let limit = Limit::new("broadcast", Quota::per_hour(3)).unwrap();
+    let key = Key::from("bob");
+    for backend in &backends {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut answered = 0;
+        while answered < 5 {
+            let peeked = tower_throttle::Backend::peek(backend, Charges::one(&limit, &key, 1));
+            answered = if peeked.await.is_ok() {
+                answered + 1
+            } else {
+                0
+            };
+            assert!(Instant::now() < deadline, "decisions never moved");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let node = &cluster.nodes()[replica];
+    let heard = propagation(&backends, |k| {
+        node.cli(&["-c", "DEL", k]);
+    })
+    .await;
+    assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
+    drop(frozen);
 }
 
 /// Waits (up to 10 s) until `done`, or fails saying `what`.

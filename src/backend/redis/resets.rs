@@ -15,8 +15,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
-use redis::aio::PubSubSink;
 use redis::cluster::ClusterClientBuilder;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::SentinelClient;
 use redis::{Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::oneshot;
@@ -124,7 +124,11 @@ impl Listen {
         let pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
         let (mut sink, mut messages) = pubsub.split();
         sink.subscribe(channel).await.map_err(|e| e.to_string())?;
-        let mut lost = keep_alive(sink, elsewhere);
+        let ping = move || {
+            let mut sink = sink.clone();
+            async move { sink.ping::<Value>().await.is_ok() }
+        };
+        let mut lost = keep_alive(ping, elsewhere);
         let mut confirmed = false;
         Ok(Box::new(move |cx| {
             if !std::mem::replace(&mut confirmed, true) {
@@ -142,14 +146,19 @@ impl Listen {
 /// How often a subscription's connection is pinged, and how long its answer may take.
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
-/// Pings the subscription's connection every [`KEEP_ALIVE`]: a connection lost without a word (a
-/// NAT's or balancer's idle timeout, a partition) delivers nothing, and would keep this process
-/// deaf to the others' resets, reloads and overrides for good. The receiver hears the first ping
-/// that fails (the subscription is made again); the task ends with it.
-fn keep_alive(
-    mut sink: PubSubSink,
+/// Pings the subscription's connection every [`KEEP_ALIVE`] (`ping`: whether it answered): a
+/// connection lost without a word (a NAT's or balancer's idle timeout, a partition, a frozen
+/// node) delivers nothing, and would keep this process deaf to the others' resets, reloads and
+/// overrides for good. The receiver hears the first ping that fails (the subscription is made
+/// again); the task ends with it.
+fn keep_alive<P, F>(
+    mut ping: P,
     elsewhere: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-) -> oneshot::Receiver<()> {
+) -> oneshot::Receiver<()>
+where
+    P: FnMut() -> F + Send + 'static,
+    F: Future<Output = bool> + Send,
+{
     let (lost, heard) = oneshot::channel();
     let mut elsewhere = elsewhere.unwrap_or_else(|| Box::pin(std::future::pending()));
     tokio::spawn(async move {
@@ -160,8 +169,8 @@ fn keep_alive(
                 () = &mut elsewhere => break,
                 () = tokio::time::sleep(KEEP_ALIVE) => {}
             }
-            let pinged = tokio::time::timeout(KEEP_ALIVE, sink.ping::<Value>()).await;
-            if !matches!(pinged, Ok(Ok(_))) {
+            let pinged = tokio::time::timeout(KEEP_ALIVE, ping()).await;
+            if !matches!(pinged, Ok(true)) {
                 break;
             }
         }
@@ -210,9 +219,24 @@ async fn subscribe_sharded(seeds: &[ConnectionInfo], channel: &str) -> Result<He
         .await
         .map_err(|e| e.to_string())?;
     conn.ssubscribe(channel).await.map_err(|e| e.to_string())?;
+    // Pinged on the node that owns the channel's slot: redis-rs keeps one connection a node, the
+    // one the pushes come on (a plain PING would go to every primary, and fail with any of them).
+    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+        channel,
+        SlotAddr::Master,
+    )));
+    let pinger = conn.clone();
+    let ping = move || {
+        let (mut conn, route) = (pinger.clone(), route.clone());
+        async move { conn.route_command(redis::cmd("PING"), route).await.is_ok() }
+    };
+    let mut lost = keep_alive(ping, None);
     Ok(Box::new(move |cx| loop {
         // The connection is kept for as long as its pushes are read.
         let _ = &conn;
+        if Pin::new(&mut lost).poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
         let Some(push) = std::task::ready!(pushes.poll_recv(cx)) else {
             return Poll::Ready(None);
         };
