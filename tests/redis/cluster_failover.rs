@@ -295,3 +295,55 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
         logs.by_target()
     );
 }
+
+/// A primary frozen (SIGSTOP: its connections stay open, silent) and replaced by its replica:
+/// its slots' decisions move to the replica, though no call on the frozen node ever fails with
+/// anything but a timeout (redis-rs reads its map again only on a `MOVED`, which the backend's
+/// own map brings about).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primarys_slots_are_decided_by_its_replica_once_promoted() {
+    let cluster = RedisCluster::start_with_replicas();
+    for node in cluster.nodes() {
+        node.cli(&["CONFIG", "SET", "cluster-node-timeout", "1000"]);
+        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    wait_for_replicas(&cluster);
+    let backend = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    let limit = Limit::new("frozen", Quota::per_second(1_000_000)).unwrap();
+    let redis_key = |k: &str| backend.redis_key("frozen", &Key::from(k));
+    let victim = 0;
+    let key = Key::from(key_on(&cluster, victim, "victim", redis_key).as_str());
+    assert!(backend.check_one(&limit, &key, 1).await.unwrap().allowed);
+    let replica = replica_of(&cluster, victim);
+    let frozen = crate::failure::freeze(&cluster.nodes()[victim]);
+    let port = cluster.nodes()[replica].port();
+    let started = Instant::now();
+    // Its own vote, not the cluster's failure detection: the frozen node cannot take part.
+    cluster.nodes()[replica].cli(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    while !spawn_blocking(move || is_primary(port)).await.unwrap() {
+        assert!(started.elapsed() < FAILOVER_WITHIN, "never promoted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Decided again, five times in a row.
+    let mut answered = 0;
+    while answered < 5 {
+        let decided = backend.check_one(&limit, &key, 1).await;
+        answered = if decided.is_ok() { answered + 1 } else { 0 };
+        assert!(
+            started.elapsed() < FAILOVER_WITHIN,
+            "the frozen primary's slots were never decided again: {decided:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "cluster_failover (frozen primary): decided by the replica {:?} after the takeover",
+        started.elapsed()
+    );
+    drop(frozen);
+}

@@ -185,8 +185,12 @@ impl ClusterNodes {
     }
 
     /// Puts a map in service: a node still in it keeps its breaker; a new one starts closed.
-    pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) {
+    /// Returns a slot whose primary changed since the last map, and another primary, which answers
+    /// a key of that slot with `MOVED`: see [`Nudge`].
+    pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) -> Option<Nudge> {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let before: Vec<Box<str>> = map.nodes.iter().map(|(n, _)| n.address.clone()).collect();
+        let owned_before = std::mem::take(&mut map.owner);
         let mut known: HashMap<Box<str>, Arc<Node>> = map
             .nodes
             .drain(..)
@@ -219,7 +223,24 @@ impl ClusterNodes {
             }
             nodes.push((node, ranges));
         }
+        let address = |i: u16| &nodes[usize::from(i)].0.address;
+        let moved = (owned_before.iter().zip(&owner)).position(|(&was, &is)| {
+            was != NONE && is != NONE && *before[usize::from(was)] != **address(is)
+        });
+        let nudge = moved.and_then(|slot| {
+            let owner = owner[slot];
+            let (other, _) = nodes
+                .iter()
+                .enumerate()
+                .find(|(i, _)| *i != usize::from(owner))?
+                .1;
+            Some(Nudge {
+                slot: slot as u16,
+                to: (other.host.clone(), other.port),
+            })
+        });
         *map = Map { owner, nodes };
+        nudge
     }
 
     /// Each primary's state, in the map's order.
@@ -238,6 +259,27 @@ impl ClusterNodes {
                     .clone(),
             })
             .collect()
+    }
+}
+
+/// A slot that changed primary, and another primary to ask a key of it. redis-rs 1.8.1 reads its
+/// own slot map again on a `MOVED` only: a primary frozen or cut off, then replaced by its
+/// replica, times out every call routed to it (redis-rs retries none: connection.rs), and would
+/// keep its slots in redis-rs's map for as long as it stays silent. Another primary answers
+/// `MOVED` for the slot, which makes redis-rs read the map (slot_watch.rs sends it). This can go
+/// once redis-rs reads its map again when a node stops answering.
+pub(crate) struct Nudge {
+    pub(crate) slot: u16,
+    pub(crate) to: Shard,
+}
+
+impl Nudge {
+    /// A key of the slot under `prefix` (its hash tag the slot's), for the ACL's key patterns.
+    pub(crate) fn key(&self, prefix: &str) -> String {
+        (0u32..)
+            .map(|i| format!("{prefix}:slot-moved:{{{i}}}"))
+            .find(|key| slot_of(key.as_bytes()) == self.slot)
+            .expect("every slot has a key")
     }
 }
 
@@ -365,7 +407,10 @@ mod tests {
         assert_eq!(shards.len(), 3);
         let nodes = ClusterNodes::new(Duration::from_millis(100), "test", Clock::new());
         assert!(nodes.for_key("foo").is_none());
-        nodes.install(shards.clone());
+        assert!(
+            nodes.install(shards.clone()).is_none(),
+            "the first map moves nothing"
+        );
         assert_eq!(&*nodes.for_key("foo").unwrap().address, "127.0.0.1:7002");
         let tagged = nodes.for_key("{123456789}").unwrap();
         assert_eq!(&*tagged.address, "127.0.0.1:7002");
@@ -379,8 +424,8 @@ mod tests {
             redis::IntoConnectionInfo::into_connection_info("rediss://u:pw@seed:7000").unwrap(),
         );
         assert!(matches!(nodes.admit(&node), Admission::FailFast));
-        // The same node in a new map keeps its breaker.
-        nodes.install(shards);
+        // The same node in a new map keeps its breaker (and no slot moved).
+        assert!(nodes.install(shards.clone()).is_none());
         let health = nodes.health();
         assert_eq!(health[2].state, CircuitState::Open);
         assert_eq!(health[2].slots, vec![(10923, 16383)]);
@@ -388,6 +433,15 @@ mod tests {
         assert_eq!(error, "connection refused");
         assert_eq!(health[0].state, CircuitState::Closed);
         assert!(parse_slots(&Value::Int(1)).is_none());
+        // 7002's slots taken over by its replica 7005: another primary is asked a key of one.
+        let mut promoted = shards;
+        promoted[2].0 = ("127.0.0.1".into(), 7005);
+        let nudge = nodes.install(promoted).unwrap();
+        assert_eq!(nudge.slot, 10923);
+        assert_eq!(nudge.to, ("127.0.0.1".into(), 7000));
+        let key = nudge.key("throttle");
+        assert!(key.starts_with("throttle:slot-moved:{"), "{key}");
+        assert_eq!(slot_of(key.as_bytes()), 10923);
     }
 
     #[test]

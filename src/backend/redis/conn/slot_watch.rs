@@ -33,7 +33,7 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
         while let Some(state) = weak.upgrade() {
             // A Cluster started by `build` has no connection at first.
             let read = match state.conn.cluster() {
-                Some(Ok(conn)) => refresh(conn, &nodes, state.timeout).await,
+                Some(Ok(conn)) => refresh(conn, &nodes, &state.prefix, state.timeout).await,
                 _ => false,
             };
             probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
@@ -59,8 +59,14 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
     });
 }
 
-/// Reads the slot map and installs it; whether it was read.
-async fn refresh(mut conn: ClusterConnection, nodes: &ClusterNodes, timeout: Duration) -> bool {
+/// Reads the slot map and installs it; whether it was read. A slot that changed primary
+/// [nudges](super::cluster_nodes::Nudge) redis-rs's own map.
+async fn refresh(
+    mut conn: ClusterConnection,
+    nodes: &ClusterNodes,
+    prefix: &str,
+    timeout: Duration,
+) -> bool {
     for _ in 0..TRIES {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
@@ -69,7 +75,15 @@ async fn refresh(mut conn: ClusterConnection, nodes: &ClusterNodes, timeout: Dur
         if let Ok(Ok(reply)) = asked
             && let Some(shards) = parse_slots(&reply).filter(|s| !s.is_empty())
         {
-            nodes.install(shards);
+            if let Some(nudge) = nodes.install(shards) {
+                // A script that does not exist, on a key of the slot: `MOVED` from a node
+                // that does not own it, before anything runs (`NOSCRIPT` if it does).
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg("0".repeat(40)).arg(1).arg(nudge.key(prefix));
+                let (host, port) = nudge.to;
+                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                let _ = tokio::time::timeout(timeout, conn.route_command(cmd, to)).await;
+            }
             return true;
         }
     }
