@@ -2,7 +2,7 @@
 //! `SENTINEL FAILOVER` under load. Also the `[backend]` keys for Sentinel and for the lazy start.
 
 use crate::support::failover::{
-    cli, replicate, wait_until, Figures, Load, Logs, Sentinels, SERVICE,
+    cli, free_port, replicate, wait_until, Figures, Load, Logs, Sentinels, SERVICE,
 };
 use crate::support::redis as redis_support;
 
@@ -260,6 +260,51 @@ async fn connections_received(port: u16, args: &[&str]) -> u64 {
                 .ok()
         })
         .unwrap_or(0)
+}
+
+/// One sentinel that lags the others (it names a primary that does not answer, as one that has
+/// not seen a failover names the old one) does not make the backend drop its connection to the
+/// right primary every second: its answer is confirmed first, and the next sentinel asked.
+#[tokio::test]
+async fn a_lagging_sentinel_does_not_drop_the_connection_to_the_primary() {
+    let primary = RedisServer::start();
+    let sentinels = Sentinels::start(primary.port()).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the sentinels never named the primary",
+        || async { sentinels.primary_port().await == Some(primary.port()) },
+    )
+    .await;
+    let backend = RedisBackend::builder()
+        .sentinel(sentinels.urls(), SERVICE)
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
+    // The first sentinel, the one the backend asks, now names a server that is not there.
+    let (logs, _guard) = Logs::capture();
+    let nowhere = free_port().to_string();
+    sentinels.cli(0, &["SENTINEL", "REMOVE", SERVICE]).await;
+    let monitor = ["SENTINEL", "MONITOR", SERVICE, "127.0.0.1", &nowhere, "2"];
+    sentinels.cli(0, &monitor).await;
+    let before = connections_received(primary.port(), &[]).await;
+    // An observation window of four rounds of following (one a second).
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let after = connections_received(primary.port(), &[]).await;
+    assert_eq!(
+        logs.count("the sentinels name a new primary"),
+        0,
+        "{:?}",
+        logs.lines()
+    );
+    assert!(backend.health().is_healthy(), "{}", backend.health());
+    // The confirmation's check of the primary's role, and redis-cli's.
+    assert!(
+        after - before <= 3,
+        "{} connections to the primary in 4.5 s",
+        after - before
+    );
 }
 
 /// Following the sentinels costs the primary nothing: the backend asks one kept sentinel

@@ -88,6 +88,20 @@ impl Source {
         None
     }
 
+    /// With Sentinel, asks the next sentinel from now on (the one asked disagrees with the others).
+    fn watch_next(&mut self) {
+        if let Source::Sentinel {
+            urls,
+            watch,
+            watching,
+            ..
+        } = self
+        {
+            *watch = None;
+            *watching = (*watching + 1) % urls.len();
+        }
+    }
+
     /// A client for the server to connect to now.
     pub(crate) async fn client(&mut self) -> Result<Client, RedisError> {
         match self {
@@ -257,18 +271,34 @@ impl SingleServer {
 
     /// With Sentinel, asks which server is the primary (every second): a different answer drops the
     /// connection, as an old primary may take writes for seconds before its demotion, then lose them.
+    /// The answer is one sentinel's, which may lag the others (a failover it has not seen, a
+    /// partition's minority side): it is confirmed as a reconnect finds the primary (the first
+    /// sentinel whose primary says so itself) before the connection is dropped, else the next
+    /// sentinel is asked from then on. Unconfirmed, a lagging sentinel would drop the connection to
+    /// the right primary every second.
     pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
         let Some(named) = source.primary_address(self.timeout).await else {
             return;
         };
         let (current, _) = self.attempts.snapshot();
-        if current.is_some_and(|c| c != named) {
-            self.drop_connection(
-                live.generation,
-                &format!("the sentinels name a new primary, {named}"),
-            );
+        let Some(current) = current.filter(|c| *c != named) else {
+            return;
+        };
+        let finding = tokio::time::timeout(attempt_budget(self.timeout), source.client()).await;
+        let found = match finding {
+            Ok(Ok(client)) => redact_url(&client.get_connection_info().addr().to_string()),
+            // No primary confirmed: the connection stays (a reconnect would find none either).
+            _ => return,
+        };
+        if found == current {
+            source.watch_next();
+            return;
         }
+        self.drop_connection(
+            live.generation,
+            &format!("the sentinels name a new primary, {found}"),
+        );
     }
 
     /// A call timed out: the connection is dropped if calls have gone unanswered for
