@@ -14,7 +14,7 @@ impl<K> PolicyBuilder<K> {
     /// [`Meter`](crate::Meter) request extension (`Extension(meter): Extension<Meter>`, then
     /// `meter.add(n)` as tokens stream out), or the middleware reads it from the
     /// [`usage_header`](Self::usage_header); a handler that reports nothing keeps the
-    /// reservation, and a client that hangs up mid-stream is charged what was produced.
+    /// reservation, and a client that hangs up mid-stream is charged what was reported until then.
     ///
     /// A cost beyond what the key had left puts it in debt: its next requests get `429` with a
     /// `Retry-After` of exactly the time until the debt is paid back, and `remaining` shows 0.

@@ -8,7 +8,7 @@
 //! settled with [`Adjustment::Settle`](crate::backend::Adjustment::Settle): a larger cost may
 //! leave the key in debt (its next requests are refused until it is paid back), a smaller one is
 //! given back. A handler that reports nothing keeps the reservation; a client that hangs up
-//! mid-stream is charged what was produced until then.
+//! mid-stream is charged what was reported until then.
 //!
 //! The whole feature lives here but for its TOML glue (`config/metered.rs`): the builder's options
 //! (`builder.rs`), the meter and its settlement (here); the engine reserves the estimate and hands
@@ -335,6 +335,14 @@ impl MeteredBuilder {
             usage_header,
         };
         Ok(Some((limit, rule)))
+    }
+}
+
+/// A request a layer answers itself (a refusal), never served: an outer layer that metered it used
+/// nothing, and gives its reservation back (its [`Meter`] is in the request's extensions).
+pub(crate) fn unserved(extensions: &http::Extensions) {
+    if let Some(meter) = extensions.get::<Meter>() {
+        meter.set(0);
     }
 }
 

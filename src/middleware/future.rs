@@ -256,7 +256,10 @@ where
             near,
         } = match verdict {
             Verdict::Admit(admitted) => admitted,
-            Verdict::Reject(response) => return Self::refused(response),
+            Verdict::Reject(response) => {
+                crate::meter::unserved(request.extensions());
+                return Self::refused(response);
+            }
         };
         // Readied in place (the request is large: every move of it is a copy).
         if let Some(decision) = decision {

@@ -118,7 +118,10 @@ where
                 Ok(in_flight) => {
                     decide(inner, shared, (table, matched), request).holding(in_flight)
                 }
-                Err(refusal) => ResponseFuture::refused(refusal),
+                Err(refusal) => {
+                    crate::meter::unserved(request.extensions());
+                    ResponseFuture::refused(refusal)
+                }
             };
         }
         decide(inner, shared, (table, matched), request)

@@ -546,3 +546,53 @@ async fn nested_metered_layers_are_both_charged_what_the_handler_reports() {
     assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
     assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
 }
+
+/// A request the inner layer refuses (its own quota used up) is never served: the outer layer
+/// that metered it is charged nothing, not its estimate, for each try a client's retries make.
+#[tokio::test]
+async fn a_request_an_inner_layer_refuses_gives_the_outer_layer_its_reservation_back() {
+    let (backend, _clock) = backend();
+    let org = Policy::builder("org")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(1000))
+        .metered(
+            Limit::new("org.tokens", Quota::per_minute(100_000)).unwrap(),
+            Estimate::fixed(4000),
+        )
+        .build()
+        .unwrap();
+    let org_limits = org.limits().to_vec();
+    let user = Policy::builder("user")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(1))
+        .build()
+        .unwrap();
+    let outer = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(org)
+        .build()
+        .unwrap();
+    let inner = ThrottleLayer::builder()
+        .backend(backend.clone())
+        .policy(user)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(meter): Extension<Meter>| async move { meter.add(500) }),
+        )
+        .layer(inner)
+        .layer(outer);
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let response = app.clone().oneshot(request("k", "")).await.unwrap();
+        statuses.push(response.status().as_u16());
+        response.into_body().collect().await.unwrap();
+    }
+    assert_eq!(statuses, [200, 429, 429, 429, 429]);
+    // The one served request's 500 tokens; the four refused ones give back their 4000 but the
+    // time since they were reserved and the refunds' 10 ms clock margin (17 tokens each here).
+    let charged = charged(&backend, &org_limits, "k", 1);
+    assert!((500..=500 + 4 * 40).contains(&charged), "{charged}");
+}
