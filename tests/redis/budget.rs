@@ -245,6 +245,42 @@ async fn a_slice_never_outlives_what_redis_granted() {
     assert!(!other.check_one(&limit, &key, 1).await.unwrap().allowed);
 }
 
+/// A request decided per request while its key's slice is on its way, refused because the grant
+/// took the room, is not cached as a refusal that then refuses the units the slice holds.
+#[tokio::test]
+async fn a_refusal_made_while_a_slice_was_fetched_does_not_hide_the_slice() {
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder()
+        .url(server.url())
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    // 3 an hour, in one burst: the second fetch asks for 2 (the key's count so far), all that is
+    // left after the first.
+    let limit = Limit::new("three", Quota::per_hour(3))
+        .unwrap()
+        .with_budget(
+            Budget::new()
+                .hot_after(1)
+                .slice_ttl(Duration::from_secs(60)),
+        )
+        .unwrap();
+    let key = Key::from("k");
+    assert!(redis.check_one(&limit, &key, 1).await.unwrap().allowed);
+    // A fetch of 2 (one for itself, one for the slice), and a check sent behind it while it is on
+    // its way: per request, it finds the room taken.
+    let (fetched, behind) = tokio::join!(
+        redis.check_one(&limit, &key, 1),
+        redis.check_one(&limit, &key, 1)
+    );
+    assert!(fetched.unwrap().allowed);
+    assert!(!behind.unwrap().allowed);
+    // The slice's unit: Redis granted it to this process.
+    assert!(redis.check_one(&limit, &key, 1).await.unwrap().allowed);
+    assert!(!redis.check_one(&limit, &key, 1).await.unwrap().allowed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_lease_is_refused() {
     let server = RedisServer::start();

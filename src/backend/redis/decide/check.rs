@@ -94,7 +94,9 @@ impl RedisState {
                         .budgets
                         .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
                     // Boxed, as `decide`'s unbatched calls: rare, and would swell every future.
-                    Box::pin(fetched).await?
+                    let answer = Box::pin(fetched).await?;
+                    state.granted(&redis_key, answer.decision.allowed);
+                    answer
                 }
                 None => state.decide(&redis_key, &args, quantity).await?,
             };
@@ -314,6 +316,15 @@ impl RedisState {
             },
         }
     }
+    /// A slice of `key` was fetched (`allowed`: units granted): a refusal cached while it was on
+    /// its way (a request decided per request meanwhile, refused as the grant took the room) would
+    /// otherwise refuse the units this process holds, until they expire unused.
+    fn granted(&self, key: &str, allowed: bool) {
+        if let (true, Some(deny)) = (allowed, &self.deny) {
+            deny.forget(key);
+        }
+    }
+
     /// Refills `key`'s slice ahead with `want` more units, on a spawned task under the timeout and
     /// breaker (none without a runtime); one that fails or is refused leaves the slice as it is.
     pub(crate) fn refill(
@@ -338,7 +349,7 @@ impl RedisState {
                 .fetch(&mut conn, &key, &args, &budget, 0, want)
                 .await;
             drop(fetching);
-            fetched.map(drop)
+            fetched.map(|answer| state.granted(&key, answer.decision.allowed))
         };
         let guarded = guarded(&self.breaker, slot_key, self.timeout, call);
         runtime.spawn(async move {
