@@ -144,7 +144,12 @@ impl Budgets {
                 let mut last_sweep = self.last_sweep.lock().unwrap_or_else(|p| p.into_inner());
                 if last_sweep.is_none_or(|at| now.saturating_duration_since(at) >= ttl) {
                     *last_sweep = Some(now);
-                    keys.retain(|_, s| now.saturating_duration_since(s.period_start) < ttl * 2);
+                    // A slice still holding units stays, whatever this budget's life: another
+                    // policy's may be longer, and Redis counted its units as taken.
+                    keys.retain(|_, s| {
+                        now.saturating_duration_since(s.period_start) < ttl * 2
+                            || (s.units > 0 && now < s.expires)
+                    });
                 }
                 if keys.len() >= MAX_KEYS {
                     return Local::PerRequest;
@@ -329,6 +334,36 @@ mod tests {
             budgets.local("j", &budget, 1, 1),
             Local::Fetch(1, _)
         ));
+    }
+
+    /// A full table is swept of keys idle for two of the sweeping budget's slice lives, but a
+    /// slice of a longer-lived budget that still holds units is kept.
+    #[test]
+    fn a_sweep_keeps_the_slices_that_hold_units() {
+        let budgets = Arc::new(Budgets::default());
+        let short = budget(100).slice_ttl(Duration::from_millis(250));
+        grant(&budgets, "long", 5, 0, Duration::from_secs(60));
+        grant(&budgets, "spent", 0, 0, Duration::from_secs(60));
+        {
+            let mut keys = budgets.lock();
+            let idle = Instant::now() - Duration::from_secs(1);
+            for i in 0..MAX_KEYS - 2 {
+                let mut slice = Slice::new(idle);
+                slice.seen_now = 1;
+                keys.insert(format!("flood-{i}").into(), slice);
+            }
+            for key in ["long", "spent"] {
+                keys.get_mut(key).unwrap().period_start = idle;
+            }
+        }
+        assert!(matches!(
+            budgets.local("new", &short, 100, 1),
+            Local::PerRequest
+        ));
+        let keys = budgets.lock();
+        assert_eq!(keys.len(), 2, "the flood and the spent slice swept");
+        assert_eq!(keys["long"].units, 5);
+        assert!(keys.contains_key("new"));
     }
 
     #[test]
