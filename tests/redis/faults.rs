@@ -258,6 +258,48 @@ async fn a_slow_link_below_the_timeout_decides_exactly() {
     }
 }
 
+/// More checks at once than two batches hold, over a link of 25 ms each way: every one is decided
+/// by Redis within the timeout. Before, a lane sent at most two batches (256 checks) a round trip,
+/// and the checks queued behind them waited round trips until they timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_checks_than_two_batches_hold_are_decided_over_a_slow_link() {
+    let (_server, proxy) = server_and_proxy(Path::Coalesced);
+    let backend = backend(&proxy, Path::Coalesced).await;
+    proxy.latency(
+        Direction::ToClient,
+        Duration::from_millis(25),
+        Duration::ZERO,
+    );
+    let limit = Limit::new("wide", Quota::per_second(1_000_000)).unwrap();
+    let checks: Vec<_> = (0..2_500)
+        .map(|i| {
+            let (backend, limit) = (backend.clone(), limit.clone());
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let decided = backend.check_one(&limit, &Key::from(i as u64), 1).await;
+                (decided.map(|d| d.allowed), sent.elapsed())
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for check in checks {
+        let (decided, took) = check.await.unwrap();
+        slowest = slowest.max(took);
+        match decided {
+            Ok(true) => {}
+            other => failed.push(other),
+        }
+    }
+    eprintln!("2,500 checks at once over 25 ms: slowest {slowest:?}");
+    assert!(
+        failed.is_empty(),
+        "{} of 2,500 not decided: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+}
+
 /// The faults of the contract.
 #[derive(Clone, Copy, Debug)]
 enum Fault {

@@ -54,6 +54,24 @@ fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
     assert!(lane.full());
 }
 
+/// A full batch leaves however many are in flight: a lane is not capped at two batches a round
+/// trip when checks come faster.
+#[test]
+fn a_batch_of_max_batch_leaves_whatever_is_in_flight() {
+    let mut lane = lane(MAX_BATCH);
+    assert!(lane.due(), "nothing in flight");
+    lane.take();
+    lane.waiting = waiting(MAX_BATCH);
+    lane.take();
+    assert_eq!(lane.in_flight, IN_FLIGHT);
+    lane.waiting = waiting(MAX_BATCH - 1);
+    assert!(!lane.due(), "two in flight, and not a full batch waiting");
+    lane.waiting = waiting(MAX_BATCH);
+    assert!(lane.due());
+    lane.take();
+    assert_eq!((lane.in_flight, lane.flying), (3, 3 * MAX_BATCH));
+}
+
 #[test]
 fn a_lone_check_follows_a_lone_check_at_once() {
     let mut lane = lane(1);
