@@ -300,6 +300,42 @@ async fn more_checks_than_two_batches_hold_are_decided_over_a_slow_link() {
     );
 }
 
+/// The first check to queue behind two batches in flight ends the wait of those that queue after
+/// it when the window ends; if its client goes away first, the window still ends theirs. Before,
+/// they waited for a batch ahead to answer, then their own round trip: past the timeout on a
+/// link of 60 ms.
+#[tokio::test]
+async fn checks_queued_behind_a_dropped_check_still_leave_at_the_window() {
+    let (_server, proxy) = server_and_proxy(Path::Coalesced);
+    let backend = backend(&proxy, Path::Coalesced).await;
+    proxy.latency(
+        Direction::ToClient,
+        Duration::from_millis(60),
+        Duration::ZERO,
+    );
+    let limit = Limit::new("window", Quota::per_second(1_000_000)).unwrap();
+    let check = |i: u64| {
+        let (backend, limit) = (backend.clone(), limit.clone());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let decided = backend.check_one(&limit, &Key::from(i), 1).await;
+            (decided.map(|d| d.allowed), sent.elapsed())
+        })
+    };
+    // Two batches in flight (one check each), then the first to queue, gone at once.
+    let ahead = [check(0), check(1)];
+    tokio::task::yield_now().await;
+    let first = check(2);
+    tokio::task::yield_now().await;
+    first.abort();
+    tokio::task::yield_now().await;
+    let behind = [check(3), check(4)];
+    for task in behind.into_iter().chain(ahead) {
+        let (decided, took) = task.await.unwrap();
+        assert!(matches!(decided, Ok(true)), "{decided:?} after {took:?}");
+    }
+}
+
 /// The faults of the contract.
 #[derive(Clone, Copy, Debug)]
 enum Fault {

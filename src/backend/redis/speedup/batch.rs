@@ -133,6 +133,22 @@ impl Lane {
     }
 }
 
+/// The window of the checks queued behind the first one, held by it ([`Batcher::within_window`]):
+/// dropped with the check (its client gone before its answer or the window's end), the window is
+/// handed to a task.
+struct WindowHeld<'a> {
+    batcher: &'a Arc<Batcher>,
+    runtime: &'a tokio::runtime::Handle,
+    lane_name: &'a str,
+    taken: u64,
+}
+
+impl Drop for WindowHeld<'_> {
+    fn drop(&mut self) {
+        (self.batcher).set_window(self.runtime, self.lane_name, self.taken);
+    }
+}
+
 /// The lanes of one backend.
 pub(crate) struct Batcher {
     conn: RedisConnection,
@@ -249,8 +265,9 @@ impl Batcher {
     /// The first check to queue behind a batch in flight waits for its answer, and ends the wait
     /// of the checks queued with it when the window ends first (unless a batch took them: the
     /// lane's `taken` moved on from `taken`). Held by the check itself: a timer, and no task, on
-    /// the common path where a batch answers within the window. (A first check dropped before
-    /// then, its client gone, leaves the others to the batch ahead, as before the window.)
+    /// the common path where a batch answers within the window. A first check dropped before then
+    /// (its client gone) hands the window to a task, or the others would wait for the batches
+    /// ahead, round trips on a slow link.
     async fn within_window(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
@@ -259,13 +276,19 @@ impl Batcher {
         mut receiver: oneshot::Receiver<Result<Reply, RedisError>>,
     ) -> Result<Result<Reply, RedisError>, oneshot::error::RecvError> {
         let mut window = std::pin::pin!(tokio::time::sleep(self.window));
-        let mut ended = false;
+        let mut held = Some(WindowHeld {
+            batcher: self,
+            runtime,
+            lane_name,
+            taken,
+        });
         std::future::poll_fn(|cx| {
             if let std::task::Poll::Ready(answer) = std::pin::Pin::new(&mut receiver).poll(cx) {
+                mem::forget(held.take());
                 return std::task::Poll::Ready(answer);
             }
-            if !ended && window.as_mut().poll(cx).is_ready() {
-                ended = true;
+            if held.is_some() && window.as_mut().poll(cx).is_ready() {
+                mem::forget(held.take());
                 self.end_window(runtime, lane_name, taken);
             }
             std::task::Poll::Pending
