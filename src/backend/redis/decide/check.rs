@@ -88,11 +88,11 @@ impl RedisState {
                 decision,
                 whole_seconds,
             } = match fetch {
-                Some((budget, want, _fetching)) => {
+                Some((budget, want, fetching)) => {
                     let mut conn = state.conn.clone();
                     let fetched = state
                         .budgets
-                        .fetch(&mut conn, &redis_key, &args, &budget, quantity, want);
+                        .fetch(&mut conn, &fetching, &args, &budget, quantity, want);
                     // Boxed, as `decide`'s unbatched calls: rare, and would swell every future.
                     let answer = Box::pin(fetched).await?;
                     state.granted(&redis_key, answer.decision.allowed);
@@ -346,7 +346,7 @@ impl RedisState {
             let mut conn = state.conn.clone();
             let fetched = state
                 .budgets
-                .fetch(&mut conn, &key, &args, &budget, 0, want)
+                .fetch(&mut conn, &fetching, &args, &budget, 0, want)
                 .await;
             drop(fetching);
             fetched.map(|answer| state.granted(&key, answer.decision.allowed))

@@ -29,9 +29,10 @@ pub(crate) struct Budgets {
     /// When the full table was last swept: at most once a slice TTL (a flood of new keys costs
     /// each a lookup, not a scan under the lock).
     last_sweep: Mutex<Option<Instant>>,
-    /// Counts the resets heard: a slice fetched across one is not credited (Redis may have
-    /// granted it from the state the reset deleted).
-    generation: AtomicU64,
+    /// The next slice's id: a fetch credits the slice it was asked for, not one put in its
+    /// place after a reset or a reload dropped it (Redis may have granted the units from the
+    /// state the reset deleted). Resets of other keys leave it be.
+    next_id: AtomicU64,
 }
 
 /// One key: its recent rate and its slice.
@@ -51,11 +52,14 @@ struct Slice {
     last_grant: u64,
     /// A slice is on its way: requests meanwhile take what is left, then are decided per request.
     fetching: bool,
+    /// Which slice this is ([`Budgets::next_id`]).
+    id: u64,
 }
 
 impl Slice {
-    fn new(now: Instant) -> Self {
+    fn new(now: Instant, id: u64) -> Self {
         Slice {
+            id,
             period_start: now,
             seen_now: 0,
             seen_before: 0,
@@ -105,11 +109,14 @@ pub(crate) enum Local {
 pub(crate) struct Fetching {
     budgets: Arc<Budgets>,
     key: Box<str>,
+    /// The slice fetched for: one put in its place meanwhile is not this fetch's.
+    id: u64,
 }
 
 impl Drop for Fetching {
     fn drop(&mut self) {
-        if let Some(slice) = self.budgets.lock().get_mut(&self.key) {
+        let mut keys = self.budgets.lock();
+        if let Some(slice) = keys.get_mut(&self.key).filter(|s| s.id == self.id) {
             slice.fetching = false;
         }
     }
@@ -134,9 +141,10 @@ impl Budgets {
         }
         let now = Instant::now();
         let ttl = budget.slice_lifetime();
-        let fetching = || Fetching {
+        let fetching = |id| Fetching {
             budgets: self.clone(),
             key: key.into(),
+            id,
         };
         let mut keys = self.lock();
         if !keys.contains_key(key) {
@@ -155,7 +163,8 @@ impl Budgets {
                     return Local::PerRequest;
                 }
             }
-            keys.insert(key.into(), Slice::new(now));
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            keys.insert(key.into(), Slice::new(now, id));
         }
         let Some(slice) = keys.get_mut(key) else {
             return Local::PerRequest;
@@ -178,7 +187,8 @@ impl Budgets {
                 return Local::Admit(decision);
             }
             slice.fetching = true;
-            return Local::AdmitAndRefill(decision, slice.want(budget, limit, 1), fetching());
+            let want = slice.want(budget, limit, 1);
+            return Local::AdmitAndRefill(decision, want, fetching(slice.id));
         }
         let hot =
             slice.seen_now.saturating_add(slice.seen_before) >= u64::from(budget.hot_threshold());
@@ -186,22 +196,22 @@ impl Budgets {
             return Local::PerRequest;
         }
         slice.fetching = true;
-        Local::Fetch(slice.want(budget, limit, quantity), fetching())
+        Local::Fetch(slice.want(budget, limit, quantity), fetching(slice.id))
     }
 
-    /// Asks Redis for `want` units of `key` (at least `quantity`, the request's), keeping the rest.
+    /// Asks Redis for `want` units of the slice `fetching` is for (at least `quantity`, the
+    /// request's), keeping the rest in it.
     pub(crate) async fn fetch(
         &self,
         conn: &mut RedisConnection,
-        key: &str,
+        fetching: &Fetching,
         args: &Args,
         budget: &Budget,
         quantity: u64,
         want: u64,
     ) -> Result<Answer, RedisError> {
-        let generation = self.generation.load(Ordering::Acquire);
         let reply: [i64; 5] = BUDGET
-            .key(key)
+            .key(&*fetching.key)
             .arg(args.interval)
             .arg(args.tolerance)
             .arg(args.limit)
@@ -217,9 +227,9 @@ impl Budgets {
         let mut decision = from_reply(reply, Duration::from_nanos);
         let now = Instant::now();
         let mut keys = self.lock();
-        let current = self.generation.load(Ordering::Acquire) == generation;
-        // Dropped from the table meanwhile, or a reset came: the rest of the slice is lost.
-        if let (true, Some(slice)) = (decision.allowed, keys.get_mut(key).filter(|_| current)) {
+        // Dropped from the table meanwhile (a reset, a reload): the rest of the slice is lost.
+        let slice = keys.get_mut(&*fetching.key).filter(|s| s.id == fetching.id);
+        if let (true, Some(slice)) = (decision.allowed, slice) {
             if now >= slice.expires {
                 slice.units = 0;
             }
@@ -238,17 +248,13 @@ impl Budgets {
 
     /// Drops `key`'s slice (after a reset: Redis forgot the units it granted).
     pub(crate) fn forget(&self, key: &str) {
-        let mut keys = self.lock();
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        keys.remove(key);
+        self.lock().remove(key);
     }
 
     /// Drops the slices of keys under `prefix` (a limit changed in a reload: its old rate's;
     /// `""`: every slice, as resets may have been missed).
     pub(crate) fn forget_prefix(&self, prefix: &str) {
-        let mut keys = self.lock();
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        keys.retain(|key, _| !key.starts_with(prefix));
+        self.lock().retain(|key, _| !key.starts_with(prefix));
     }
 }
 
@@ -260,7 +266,7 @@ mod tests {
     fn grant(budgets: &Budgets, key: &str, units: u64, redis_remaining: u64, ttl: Duration) {
         let now = Instant::now();
         let mut keys = budgets.lock();
-        let slice = keys.entry(key.into()).or_insert_with(|| Slice::new(now));
+        let slice = keys.entry(key.into()).or_insert_with(|| Slice::new(now, 0));
         slice.units = units;
         slice.expires = now + ttl;
         slice.granted_at = now;
@@ -348,7 +354,7 @@ mod tests {
             let mut keys = budgets.lock();
             let idle = Instant::now() - Duration::from_secs(1);
             for i in 0..MAX_KEYS - 2 {
-                let mut slice = Slice::new(idle);
+                let mut slice = Slice::new(idle, 0);
                 slice.seen_now = 1;
                 keys.insert(format!("flood-{i}").into(), slice);
             }
@@ -364,6 +370,32 @@ mod tests {
         assert_eq!(keys.len(), 2, "the flood and the spent slice swept");
         assert_eq!(keys["long"].units, 5);
         assert!(keys.contains_key("new"));
+    }
+
+    /// A fetch outlived by its slice (a reset dropped it, a request made another) answers for its
+    /// own slice only: it does not end the new slice's fetch, which stays the only one.
+    #[test]
+    fn a_fetch_for_a_dropped_slice_leaves_the_new_one_alone() {
+        let budgets = Arc::new(Budgets::default());
+        let budget = budget(1);
+        let Local::Fetch(_, old) = budgets.local("k", &budget, 100, 1) else {
+            panic!("hot after 1");
+        };
+        budgets.forget("k");
+        let Local::Fetch(_, new) = budgets.local("k", &budget, 100, 1) else {
+            panic!("a new slice, hot at once");
+        };
+        assert_ne!(old.id, new.id);
+        drop(old);
+        assert!(
+            matches!(budgets.local("k", &budget, 100, 1), Local::PerRequest),
+            "the new slice is still on its way: one fetch at a time"
+        );
+        drop(new);
+        assert!(matches!(
+            budgets.local("k", &budget, 100, 1),
+            Local::Fetch(..)
+        ));
     }
 
     #[test]
