@@ -468,9 +468,10 @@ impl Overrides {
         let changed = match installed.get_mut(table) {
             Some((last, _)) if *last > ticket => return false,
             Some(last) => std::mem::replace(last, (ticket, fingerprint)).1 != fingerprint,
+            // A first read that finds nothing finds what was in force before it: nothing.
             None => {
                 installed.insert(table.to_owned(), (ticket, fingerprint));
-                true
+                !fields.is_empty()
             }
         };
         let current = self.snapshot.load_full();
@@ -715,6 +716,21 @@ mod tests {
         assert_eq!(o.overrides_of("api").len(), 1);
         o.install("overrides:api", 9, &[]);
         assert!(o.overrides_of("api").is_empty());
+    }
+
+    /// What a read changes (and so which cached decisions it drops): a first read that finds
+    /// nothing changes nothing (no override was in force before it either); the same table read
+    /// again, nothing; a new entry or one gone, something.
+    #[test]
+    fn a_read_changes_something_only_if_its_entries_do() {
+        let o = Overrides::new(None);
+        assert!(!o.install("overrides:api", 1, &[]));
+        assert!(!o.install("overrides:api", 2, &[]));
+        let bob = [field("bob", Override::Blocked)];
+        assert!(o.install("overrides:api", 3, &bob));
+        assert!(!o.install("overrides:api", 4, &bob));
+        assert!(o.install("overrides:api", 5, &[]));
+        assert!(o.install("bans:web", 6, &[ban("eve", in_a_minute())]));
     }
 
     #[test]
