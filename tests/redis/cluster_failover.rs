@@ -8,16 +8,14 @@
 //! `cargo test --all-features --test redis -- cluster_failover --nocapture` prints the figures.
 
 use crate::support::cluster::{
-    is_primary, key_on, key_slot, replica_of, wait_for_replicas, LogLines, Tally,
+    cluster_ready_to_fail_over, is_primary, key_on, key_slot, replica_of, LogLines, Tally,
 };
-use crate::support::redis as redis_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::asks::Asks;
-use redis_support::RedisCluster;
 use tokio::task::spawn_blocking;
 use tower_throttle::key::Key;
 use tower_throttle::{
@@ -67,13 +65,7 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
     let _logging = tracing_subscriber::registry()
         .with(logs.clone())
         .set_default();
-    let mut cluster = RedisCluster::start_with_replicas();
-    for node in cluster.nodes() {
-        node.cli(&["CONFIG", "SET", "cluster-node-timeout", "1000"]);
-        // Otherwise every node refuses every key (CLUSTERDOWN) while one slot has no primary.
-        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
-    }
-    wait_for_replicas(&cluster);
+    let mut cluster = cluster_ready_to_fail_over();
     let backend = RedisBackend::builder()
         .cluster_urls(cluster.urls())
         .mode(RedisMode::Lua)
@@ -302,12 +294,7 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
 /// own map brings about).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_primarys_slots_are_decided_by_its_replica_once_promoted() {
-    let cluster = RedisCluster::start_with_replicas();
-    for node in cluster.nodes() {
-        node.cli(&["CONFIG", "SET", "cluster-node-timeout", "1000"]);
-        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
-    }
-    wait_for_replicas(&cluster);
+    let cluster = cluster_ready_to_fail_over();
     let backend = RedisBackend::builder()
         .cluster_urls(cluster.urls())
         .mode(RedisMode::Lua)

@@ -231,13 +231,7 @@ async fn a_cluster_listener_follows_its_channel_to_another_node() {
     use crate::support::cluster::{key_slot, owner, Migration};
     let cluster = RedisCluster::start();
     let backends = three(&cluster.urls(), true).await;
-    let subscribers_on = |node: usize| {
-        let reply = cluster.nodes()[node].cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]);
-        reply
-            .lines()
-            .nth(1)
-            .and_then(|c| c.trim().parse::<usize>().ok())
-    };
+    let subscribers_on = |node: usize| shard_subscribers(&cluster, node);
     let slot = key_slot(&cluster, "throttle:resets");
     let from = owner(&cluster, slot);
     let to = (from + 1) % 3;
@@ -262,21 +256,12 @@ async fn a_cluster_listener_follows_its_channel_to_another_node() {
 /// subscribes again on the new primary, where the resets are published now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_listener_leaves_a_frozen_node_for_its_replica() {
-    use crate::support::cluster::{is_primary, key_slot, owner, replica_of, wait_for_replicas};
-    let cluster = RedisCluster::start_with_replicas();
-    for node in cluster.nodes() {
-        node.cli(&["CONFIG", "SET", "cluster-node-timeout", "1000"]);
-        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
-    }
-    wait_for_replicas(&cluster);
-    let backends = three(&cluster.urls(), true).await;
-    let subscribers_on = |node: usize| {
-        let reply = cluster.nodes()[node].cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]);
-        reply
-            .lines()
-            .nth(1)
-            .and_then(|c| c.trim().parse::<usize>().ok())
+    use crate::support::cluster::{
+        cluster_ready_to_fail_over, is_primary, key_slot, owner, replica_of,
     };
+    let cluster = cluster_ready_to_fail_over();
+    let backends = three(&cluster.urls(), true).await;
+    let subscribers_on = |node: usize| shard_subscribers(&cluster, node);
     let slot = key_slot(&cluster, "throttle:resets");
     let from = owner(&cluster, slot);
     let replica = replica_of(&cluster, from);
@@ -320,6 +305,15 @@ async fn a_cluster_listener_leaves_a_frozen_node_for_its_replica() {
     .await;
     assert!(heard.iter().all(|d| *d < HEARD_WITHIN), "{heard:?}");
     drop(frozen);
+}
+
+/// How many subscribe to the resets channel on Cluster node `node` (`PUBSUB SHARDNUMSUB`).
+fn shard_subscribers(cluster: &RedisCluster, node: usize) -> Option<usize> {
+    let reply = cluster.nodes()[node].cli(&["PUBSUB", "SHARDNUMSUB", "throttle:resets"]);
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|c| c.trim().parse::<usize>().ok())
 }
 
 /// Waits (up to 10 s) until `done`, or fails saying `what`.

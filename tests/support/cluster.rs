@@ -76,6 +76,19 @@ pub fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
     panic!("node {primary} has no replica:\n{listing}");
 }
 
+/// Three primaries with a replica each, ready to fail over: `cluster-node-timeout` 1000 ms,
+/// `cluster-require-full-coverage no` (otherwise every node refuses every key, `CLUSTERDOWN`,
+/// while one slot has no primary), every replica synchronized.
+pub fn cluster_ready_to_fail_over() -> RedisCluster {
+    let cluster = RedisCluster::start_with_replicas();
+    for node in cluster.nodes() {
+        node.cli(&["CONFIG", "SET", "cluster-node-timeout", "1000"]);
+        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    wait_for_replicas(&cluster);
+    cluster
+}
+
 /// Waits (up to 30 s) until every replica has synchronized with its primary
 /// (`master_link_status:up`): a replica that never synchronized cannot take over.
 pub fn wait_for_replicas(cluster: &RedisCluster) {
