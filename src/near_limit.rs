@@ -19,8 +19,8 @@ pub(crate) type NearLimitHook = dyn Fn(&NearLimit<'_>) + Send + Sync;
 
 /// The request header that names, for the handler, the limits a request came near
 /// ([`PolicyBuilder::near_limit_header`](crate::PolicyBuilder::near_limit_header)): the limit names,
-/// comma-separated (stacked layers' names together, the outer layer's first). The layer removes a
-/// client's own from every request, so a client cannot send it.
+/// comma-separated (stacked layers' names together, the outer layer's first). A layer with such a
+/// policy removes a client's own from every request, so a client cannot send it.
 pub const NEAR_LIMIT_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-near");
 
 /// Marks a request whose [`NEAR_LIMIT_HEADER`] a layer wrote (a client cannot set an extension):

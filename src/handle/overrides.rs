@@ -104,10 +104,11 @@ where
     /// Policy `policy`'s overrides as this process holds them (the records' as of their last
     /// change): each key (as logs show it), pattern or `*`, with its override.
     ///
-    /// A policy a [reload](Self::reload) removed while it held overrides or bans still has them
-    /// listed here, and removable by [`remove_override`](Self::remove_override) and
-    /// [`lift_ban`](Self::lift_ban) with the keys as listed: out of force, they are kept (another
-    /// process may still run the policy) and in force again if a policy of that name comes back.
+    /// A policy not in force that still has overrides or bans here (one a [reload](Self::reload)
+    /// removed, or another process's, heard on a shared Redis) has them listed too, and removable
+    /// by [`remove_override`](Self::remove_override) and [`lift_ban`](Self::lift_ban) with the keys
+    /// as listed: out of force, they are kept (another process may still run the policy) and in
+    /// force again if a policy of that name comes back.
     pub fn overrides(&self, policy: &str) -> Result<Vec<(String, Override)>, HandleError> {
         self.holding(policy)?;
         Ok(self.shared.overrides.overrides_of(policy))
@@ -257,7 +258,7 @@ where
         Ok(())
     }
 
-    /// Policy `policy` in force, or one a reload removed that holds overrides or bans yet.
+    /// Policy `policy` in force, or one not in force that holds overrides or bans here yet.
     fn holding(&self, policy: &str) -> Result<(), HandleError> {
         match find(&self.shared.table.load_full(), policy) {
             Err(_) if self.shared.overrides.holds(policy) => Ok(()),

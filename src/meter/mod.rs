@@ -339,9 +339,10 @@ impl MeteredBuilder {
 }
 
 /// A request a layer answers itself (a refusal), never served: an outer layer that metered it used
-/// nothing, and gives its reservation back (its [`Meter`] is in the request's extensions).
+/// nothing, and gives its reservation back (its [`Meter`] is in the request's extensions), unless
+/// usage was reported already (a retry's earlier attempt, served, shares the meter).
 pub(crate) fn unserved(extensions: &http::Extensions) {
-    if let Some(meter) = extensions.get::<Meter>() {
+    if let Some(meter) = extensions.get::<Meter>().filter(|m| m.used().is_none()) {
         meter.set(0);
     }
 }

@@ -258,7 +258,7 @@ async fn a_slow_link_below_the_timeout_decides_exactly() {
     }
 }
 
-/// More checks at once than two batches hold, over a link of 25 ms each way: every one is decided
+/// More checks at once than two batches hold, over a link whose replies take 25 ms: every one is decided
 /// by Redis within the timeout. Before, a lane sent at most two batches (256 checks) a round trip,
 /// and the checks queued behind them waited round trips until they timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,15 +302,21 @@ async fn more_checks_than_two_batches_hold_are_decided_over_a_slow_link() {
 
 /// The first check to queue behind two batches in flight ends the wait of those that queue after
 /// it when the window ends; if its client goes away first, the window still ends theirs. Before,
-/// they waited for a batch ahead to answer, then their own round trip: past the timeout on a
-/// link of 60 ms.
+/// they waited for a batch ahead to answer, then their own round trip: past a timeout of 200 ms
+/// with replies taking 120 ms (about 125 ms now, 240 before).
 #[tokio::test]
 async fn checks_queued_behind_a_dropped_check_still_leave_at_the_window() {
     let (_server, proxy) = server_and_proxy(Path::Coalesced);
-    let backend = backend(&proxy, Path::Coalesced).await;
+    let backend = RedisBackend::builder()
+        .url(proxy.url())
+        .mode(RedisMode::Lua)
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
     proxy.latency(
         Direction::ToClient,
-        Duration::from_millis(60),
+        Duration::from_millis(120),
         Duration::ZERO,
     );
     let limit = Limit::new("window", Quota::per_second(1_000_000)).unwrap();

@@ -299,9 +299,10 @@ async fn a_lagging_sentinel_does_not_drop_the_connection_to_the_primary() {
         logs.lines()
     );
     assert!(backend.health().is_healthy(), "{}", backend.health());
-    // The confirmation's check of the primary's role, and redis-cli's.
+    // The confirmations' checks of the primary's role (the two sentinels that name it, each
+    // time: after 1 s, then 1 and 2 s more, doubted), and redis-cli's.
     assert!(
-        after - before <= 3,
+        after - before <= 8,
         "{} connections to the primary in 4.5 s",
         after - before
     );

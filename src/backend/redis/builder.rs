@@ -524,6 +524,7 @@ fn sentinel_source(
         urls: sentinel.urls,
         watch: None,
         watching: 0,
+        doubted: None,
     };
     Ok((source, listener))
 }

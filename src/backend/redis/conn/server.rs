@@ -38,8 +38,23 @@ pub(crate) enum Source {
         /// That connection, to `urls[watching]`; made again (on the next sentinel) after an error.
         watch: Option<MultiplexedConnection>,
         watching: usize,
+        /// A primary the watched sentinel named that a reconnect would not find (the sentinel
+        /// lags), and when to look again, and the wait after that.
+        doubted: Option<Doubt>,
     },
 }
+
+/// A primary one sentinel names and the others do not confirm: asked about again after a wait
+/// that doubles (up to [`DOUBT_AT_MOST`]), not every second.
+pub(crate) struct Doubt {
+    named: String,
+    again: std::time::Instant,
+    wait: Duration,
+}
+
+/// A confirmation asks every sentinel and the primary they name: at most this often for one
+/// doubted name.
+const DOUBT_AT_MOST: Duration = Duration::from_secs(8);
 
 impl Source {
     /// What to name in messages: the URL without its password, or the Sentinel service.
@@ -88,18 +103,30 @@ impl Source {
         None
     }
 
-    /// With Sentinel, asks the next sentinel from now on (the one asked disagrees with the others).
-    fn watch_next(&mut self) {
-        if let Source::Sentinel {
-            urls,
-            watch,
-            watching,
-            ..
-        } = self
-        {
-            *watch = None;
-            *watching = (*watching + 1) % urls.len();
-        }
+    /// With Sentinel, whether `named` is a primary not to confirm again yet.
+    fn doubts(&self, named: &str) -> bool {
+        matches!(self, Source::Sentinel { doubted: Some(d), .. }
+            if d.named == named && std::time::Instant::now() < d.again)
+    }
+
+    /// With Sentinel, `named` was not confirmed (`Some`), or the primary named is the one connected
+    /// to again (`None`).
+    fn doubt(&mut self, named: Option<&str>) {
+        let Source::Sentinel { doubted, .. } = self else {
+            return;
+        };
+        *doubted = named.map(|named| {
+            let wait = match doubted.take() {
+                Some(d) if d.named == named => (d.wait * 2).min(DOUBT_AT_MOST),
+                _ => Duration::from_secs(1),
+            };
+            let again = std::time::Instant::now() + wait;
+            Doubt {
+                named: named.to_owned(),
+                again,
+                wait,
+            }
+        });
     }
 
     /// A client for the server to connect to now.
@@ -273,9 +300,10 @@ impl SingleServer {
     /// connection, as an old primary may take writes for seconds before its demotion, then lose them.
     /// The answer is one sentinel's, which may lag the others (a failover it has not seen, a
     /// partition's minority side): it is confirmed as a reconnect finds the primary (the first
-    /// sentinel whose primary says so itself) before the connection is dropped, else the next
-    /// sentinel is asked from then on. Unconfirmed, a lagging sentinel would drop the connection to
-    /// the right primary every second.
+    /// sentinel whose primary says so itself) before the connection is dropped. Unconfirmed (or
+    /// not confirmed in time), the name is doubted: confirmed again after 1 s, then 2, 4... up to
+    /// 8 s. Without it, a lagging sentinel dropped the connection to the right primary every
+    /// second.
     pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
         let Some(named) = source.primary_address(self.timeout).await else {
@@ -283,16 +311,19 @@ impl SingleServer {
         };
         let (current, _) = self.attempts.snapshot();
         let Some(current) = current.filter(|c| *c != named) else {
+            source.doubt(None);
             return;
         };
+        if source.doubts(&named) {
+            return;
+        }
         let finding = tokio::time::timeout(attempt_budget(self.timeout), source.client()).await;
         let found = match finding {
             Ok(Ok(client)) => redact_url(&client.get_connection_info().addr().to_string()),
-            // No primary confirmed: the connection stays (a reconnect would find none either).
-            _ => return,
+            _ => current.clone(),
         };
         if found == current {
-            source.watch_next();
+            source.doubt(Some(&named));
             return;
         }
         self.drop_connection(

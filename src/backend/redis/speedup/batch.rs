@@ -141,11 +141,19 @@ struct WindowHeld<'a> {
     runtime: &'a tokio::runtime::Handle,
     lane_name: &'a str,
     taken: u64,
+    /// When the window ends: the task ends it then, not a window after the drop.
+    ends: tokio::time::Instant,
 }
 
 impl Drop for WindowHeld<'_> {
     fn drop(&mut self) {
-        (self.batcher).set_window(self.runtime, self.lane_name, self.taken);
+        let (batcher, lane_name, taken) = (self.batcher, self.lane_name, self.taken);
+        let lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        // A batch took them already: nothing to end.
+        if lanes.get(lane_name).is_some_and(|lane| lane.taken == taken) {
+            drop(lanes);
+            batcher.window_until(self.runtime, lane_name, taken, self.ends);
+        }
     }
 }
 
@@ -275,12 +283,14 @@ impl Batcher {
         taken: u64,
         mut receiver: oneshot::Receiver<Result<Reply, RedisError>>,
     ) -> Result<Result<Reply, RedisError>, oneshot::error::RecvError> {
-        let mut window = std::pin::pin!(tokio::time::sleep(self.window));
+        let ends = tokio::time::Instant::now() + self.window;
+        let mut window = std::pin::pin!(tokio::time::sleep_until(ends));
         let mut held = Some(WindowHeld {
             batcher: self,
             runtime,
             lane_name,
             taken,
+            ends,
         });
         std::future::poll_fn(|cx| {
             if let std::task::Poll::Ready(answer) = std::pin::Pin::new(&mut receiver).poll(cx) {
@@ -329,10 +339,22 @@ impl Batcher {
     /// Ends the wait of the checks queuing on `lane_name` after the window (those left behind a
     /// full batch, whose first check is in that batch), unless a batch took them.
     fn set_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
+        let ends = tokio::time::Instant::now() + self.window;
+        self.window_until(runtime, lane_name, taken, ends);
+    }
+
+    /// [`set_window`](Self::set_window) of a window that ends at `ends`.
+    fn window_until(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        lane_name: &str,
+        taken: u64,
+        ends: tokio::time::Instant,
+    ) {
         let batcher = self.clone();
         let lane_name: Box<str> = lane_name.into();
         runtime.spawn(async move {
-            tokio::time::sleep(batcher.window).await;
+            tokio::time::sleep_until(ends).await;
             batcher.end_window(&tokio::runtime::Handle::current(), &lane_name, taken);
         });
     }
