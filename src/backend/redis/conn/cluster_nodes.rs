@@ -185,9 +185,8 @@ impl ClusterNodes {
     }
 
     /// Puts a map in service: a node still in it keeps its breaker; a new one starts closed.
-    /// Returns a slot whose primary changed since the last map, and another primary, which answers
-    /// a key of that slot with `MOVED`: see [`Nudge`].
-    pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) -> Option<Nudge> {
+    /// Returns a slot whose primary changed since the last map: see [`Nudge`].
+    pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) -> Option<u16> {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let before: Vec<Box<str>> = map.nodes.iter().map(|(n, _)| n.address.clone()).collect();
         let owned_before = std::mem::take(&mut map.owner);
@@ -227,20 +226,19 @@ impl ClusterNodes {
         let moved = (owned_before.iter().zip(&owner)).position(|(&was, &is)| {
             was != NONE && is != NONE && *before[usize::from(was)] != **address(is)
         });
-        let nudge = moved.and_then(|slot| {
-            let owner = owner[slot];
-            let (other, _) = nodes
-                .iter()
-                .enumerate()
-                .find(|(i, _)| *i != usize::from(owner))?
-                .1;
-            Some(Nudge {
-                slot: slot as u16,
-                to: (other.host.clone(), other.port),
-            })
-        });
         *map = Map { owner, nodes };
-        nudge
+        moved.map(|slot| slot as u16)
+    }
+
+    /// A primary that does not own `slot` and whose breaker is closed: it answers a key of the
+    /// slot with `MOVED`.
+    pub(crate) fn other_than_owner(&self, slot: u16) -> Option<Shard> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let owner = usize::from(*map.owner.get(usize::from(slot))?);
+        let (other, _) = (map.nodes.iter().enumerate())
+            .find(|(i, (node, _))| *i != owner && !node.circuit.tripped())?
+            .1;
+        Some((other.host.clone(), other.port))
     }
 
     /// Each primary's state, in the map's order.
@@ -262,24 +260,32 @@ impl ClusterNodes {
     }
 }
 
-/// A slot that changed primary, and another primary to ask a key of it. redis-rs 1.8.1 reads its
-/// own slot map again on a `MOVED` only: a primary frozen or cut off, then replaced by its
+/// A slot that changed primary, until redis-rs sends its keys to the new one. redis-rs 1.8.1 reads
+/// its own slot map again on a `MOVED` only: a primary frozen or cut off, then replaced by its
 /// replica, times out every call routed to it (redis-rs retries none: connection.rs), and would
 /// keep its slots in redis-rs's map for as long as it stays silent. Another primary answers
-/// `MOVED` for the slot, which makes redis-rs read the map (slot_watch.rs sends it). This can go
-/// once redis-rs reads its map again when a node stops answering.
+/// `MOVED` for a key of the slot, which makes redis-rs read the map (slot_watch.rs sends it while
+/// a key of the slot, routed by redis-rs, meets silence: the map it read may have come from a node
+/// that had not heard of the failover yet). This can go once redis-rs reads its map again when a
+/// node stops answering.
 pub(crate) struct Nudge {
     pub(crate) slot: u16,
-    pub(crate) to: Shard,
+    /// A key of the slot (its hash tag the slot's) under the backend's prefix, for ACL patterns.
+    pub(crate) key: String,
+    pub(crate) since: std::time::Instant,
 }
 
 impl Nudge {
-    /// A key of the slot under `prefix` (its hash tag the slot's), for the ACL's key patterns.
-    pub(crate) fn key(&self, prefix: &str) -> String {
-        (0u32..)
+    pub(crate) fn new(slot: u16, prefix: &str) -> Self {
+        let key = (0u32..)
             .map(|i| format!("{prefix}:slot-moved:{{{i}}}"))
-            .find(|key| slot_of(key.as_bytes()) == self.slot)
-            .expect("every slot has a key")
+            .find(|key| slot_of(key.as_bytes()) == slot)
+            .expect("every slot has a key");
+        Nudge {
+            slot,
+            key,
+            since: std::time::Instant::now(),
+        }
     }
 }
 
@@ -436,10 +442,13 @@ mod tests {
         // 7002's slots taken over by its replica 7005: another primary is asked a key of one.
         let mut promoted = shards;
         promoted[2].0 = ("127.0.0.1".into(), 7005);
-        let nudge = nodes.install(promoted).unwrap();
-        assert_eq!(nudge.slot, 10923);
-        assert_eq!(nudge.to, ("127.0.0.1".into(), 7000));
-        let key = nudge.key("throttle");
+        let slot = nodes.install(promoted).unwrap();
+        assert_eq!(slot, 10923);
+        assert_eq!(
+            nodes.other_than_owner(slot),
+            Some(("127.0.0.1".into(), 7000))
+        );
+        let key = Nudge::new(slot, "throttle").key;
         assert!(key.starts_with("throttle:slot-moved:{"), "{key}");
         assert_eq!(slot_of(key.as_bytes()), 10923);
     }

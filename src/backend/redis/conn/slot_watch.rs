@@ -7,11 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Client, ConnectionInfo, RedisError};
 
-use super::cluster_nodes::{parse_slots, ClusterNodes};
+use super::cluster_nodes::{parse_slots, ClusterNodes, Nudge};
 use super::server::{attempt_budget, open};
 use crate::backend::redis::state::RedisState;
 
@@ -30,14 +31,26 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
     let weak = Arc::downgrade(state);
     crate::timer::spawn(async move {
         let mut woken = false;
+        let mut moved: Option<Nudge> = None;
         while let Some(state) = weak.upgrade() {
             // A Cluster started by `build` has no connection at first.
             let read = match state.conn.cluster() {
-                Some(Ok(conn)) => refresh(conn, &nodes, &state.prefix, state.timeout).await,
+                Some(Ok(conn)) => {
+                    let (read, slot) = refresh(conn.clone(), &nodes, state.timeout).await;
+                    if let Some(slot) = slot {
+                        moved = Some(Nudge::new(slot, &state.prefix));
+                    }
+                    if let Some(nudge) = &moved
+                        && nudged(conn, &nodes, nudge, state.timeout).await
+                    {
+                        moved = None;
+                    }
+                    read
+                }
                 _ => false,
             };
             probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
-            let wait = if !read || woken || !nodes.tripped().is_empty() {
+            let wait = if !read || woken || moved.is_some() || !nodes.tripped().is_empty() {
                 WHILE_TRIPPED
             } else {
                 EVERY
@@ -59,14 +72,12 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
     });
 }
 
-/// Reads the slot map and installs it; whether it was read. A slot that changed primary
-/// [nudges](super::cluster_nodes::Nudge) redis-rs's own map.
+/// Reads the slot map and installs it: whether it was read, and a slot that changed primary.
 async fn refresh(
     mut conn: ClusterConnection,
     nodes: &ClusterNodes,
-    prefix: &str,
     timeout: Duration,
-) -> bool {
+) -> (bool, Option<u16>) {
     for _ in 0..TRIES {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
@@ -75,17 +86,39 @@ async fn refresh(
         if let Ok(Ok(reply)) = asked
             && let Some(shards) = parse_slots(&reply).filter(|s| !s.is_empty())
         {
-            if let Some(nudge) = nodes.install(shards) {
-                // A script that does not exist, on a key of the slot: `MOVED` from a node
-                // that does not own it, before anything runs (`NOSCRIPT` if it does).
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg("0".repeat(40)).arg(1).arg(nudge.key(prefix));
-                let (host, port) = nudge.to;
-                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                let _ = tokio::time::timeout(timeout, conn.route_command(cmd, to)).await;
-            }
-            return true;
+            return (true, nodes.install(shards));
         }
+    }
+    (false, None)
+}
+
+/// How long a [`Nudge`] is tried before it is given up (a Cluster that never settles).
+const NUDGE_FOR: Duration = Duration::from_secs(30);
+
+/// Whether redis-rs sends `nudge`'s slot to a node that answers, else sends another primary a key
+/// of it (see [`Nudge`]). A script that does not exist, on a key of the slot: the owner answers
+/// `NOSCRIPT` (nothing runs), another node `MOVED` or `ASK`, which redis-rs follows by itself (a
+/// reshard's moves are left to it). Only silence means it sends the slot where no one answers.
+async fn nudged(
+    mut conn: ClusterConnection,
+    nodes: &ClusterNodes,
+    nudge: &Nudge,
+    timeout: Duration,
+) -> bool {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg("0".repeat(40)).arg(1).arg(&nudge.key);
+    let routed = tokio::time::timeout(timeout, conn.req_packed_command(&cmd)).await;
+    let silent = match &routed {
+        Ok(Err(e)) => e.is_timeout() || e.is_io_error() || e.is_connection_dropped(),
+        Ok(Ok(_)) => false,
+        Err(_) => true,
+    };
+    if !silent || nudge.since.elapsed() > NUDGE_FOR {
+        return true;
+    }
+    if let Some((host, port)) = nodes.other_than_owner(nudge.slot) {
+        let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        let _ = tokio::time::timeout(timeout, conn.route_command(cmd, to)).await;
     }
     false
 }
