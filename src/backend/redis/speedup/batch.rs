@@ -150,10 +150,9 @@ impl Drop for WindowHeld<'_> {
         let (batcher, lane_name, taken) = (self.batcher, self.lane_name, self.taken);
         let lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
         // A batch took them already: nothing to end.
-        if lanes.get(lane_name).is_some_and(|lane| lane.taken == taken) {
-            drop(lanes);
-            batcher.window_until(self.runtime, lane_name, taken, self.ends);
-        }
+        let open = lanes.get(lane_name).is_some_and(|lane| lane.taken == taken);
+        drop(lanes);
+        open.then(|| batcher.set_window(self.runtime, (lane_name, taken), Some(self.ends)));
     }
 }
 
@@ -329,28 +328,23 @@ impl Batcher {
         (batch, rest): (Vec<Waiter>, Option<u64>),
     ) {
         if let Some(taken) = rest {
-            self.set_window(runtime, lane_name, taken);
+            self.set_window(runtime, (lane_name, taken), None);
         }
         let batcher = self.clone();
         let lane_name: Box<str> = lane_name.into();
         runtime.spawn(async move { batcher.run(lane_name, batch).await });
     }
 
-    /// Ends the wait of the checks queuing on `lane_name` after the window (those left behind a
-    /// full batch, whose first check is in that batch), unless a batch took them.
-    fn set_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
-        let ends = tokio::time::Instant::now() + self.window;
-        self.window_until(runtime, lane_name, taken, ends);
-    }
-
-    /// [`set_window`](Self::set_window) of a window that ends at `ends`.
-    fn window_until(
+    /// Ends the wait of the checks queuing on `lane_name` when the window `ends` (`None`: a
+    /// window from now; those left behind a full batch, whose first check is in that batch),
+    /// unless a batch took them.
+    fn set_window(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
-        lane_name: &str,
-        taken: u64,
-        ends: tokio::time::Instant,
+        (lane_name, taken): (&str, u64),
+        ends: Option<tokio::time::Instant>,
     ) {
+        let ends = ends.unwrap_or_else(|| tokio::time::Instant::now() + self.window);
         let batcher = self.clone();
         let lane_name: Box<str> = lane_name.into();
         runtime.spawn(async move {
@@ -401,7 +395,8 @@ impl Batcher {
             unfinished.size = batch.len();
             if let Some(taken) = lane.rest() {
                 drop(lanes);
-                self.set_window(&tokio::runtime::Handle::current(), &lane_name, taken);
+                let runtime = tokio::runtime::Handle::current();
+                self.set_window(&runtime, (&lane_name, taken), None);
             }
         }
     }
