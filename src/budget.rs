@@ -106,7 +106,8 @@ impl Budget {
         self
     }
 
-    /// Decisions on one key within one slice lifetime that make it hot (at least 1).
+    /// Units asked for on one key within one slice lifetime (a request of cost 1 asks for one)
+    /// that make it hot (at least 1).
     pub const fn hot_after(mut self, hot_after: u32) -> Self {
         self.hot_after = hot_after;
         self
