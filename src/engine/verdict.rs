@@ -154,7 +154,8 @@ impl Judge {
     ///
     /// A staged policy (`enforce_fraction`) makes them for the keys in its share only, and for no
     /// request without a key (nor one whose async key came late), counting the others as
-    /// would-limit. (A policy enforced only under pressure: [`enforces_limits`](Self::enforces_limits).)
+    /// would-limit. (A policy enforced only under pressure:
+    /// [`enforces_limits`](Self::enforces_limits).)
     pub(crate) fn enforces(
         &self,
         policy: Option<&CompiledPolicy>,
@@ -172,9 +173,10 @@ impl Judge {
         }
     }
 
-    /// Whether the layer makes the refusals of `rules`'s limits for `key` ([`enforces`](Self::enforces)),
-    /// `pressed` being [`pressed_for`](Self::pressed_for) as the request read it: a policy enforced
-    /// only under pressure makes them only then, and counts the others as would-limit.
+    /// Whether the layer makes the refusals of `rules`'s limits for `key`
+    /// ([`enforces`](Self::enforces)), `pressed` being [`pressed_for`](Self::pressed_for) as the
+    /// request read it: a policy enforced only under pressure makes them only then, and counts the
+    /// others as would-limit.
     fn enforces_limits(&self, rules: &CompiledPolicy, key: &Key, pressed: bool) -> bool {
         (pressed || !rules.under_pressure)
             && self.enforces(Some(rules), RefusalKind::Limited, Some(key))

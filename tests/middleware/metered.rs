@@ -508,6 +508,28 @@ async fn a_request_let_through_without_a_key_still_finds_its_meter() {
     response.into_body().collect().await.unwrap();
 }
 
+/// `org`'s layer around `user`'s, on `backend`, over a handler that reports 500 units used.
+fn nested(
+    backend: &MemoryBackend<ManualClock>,
+    org: Policy<Header>,
+    user: Policy<Header>,
+) -> Router {
+    let layer = |policy| {
+        ThrottleLayer::builder()
+            .backend(backend.clone())
+            .policy(policy)
+            .build()
+            .unwrap()
+    };
+    Router::new()
+        .route(
+            "/",
+            get(|Extension(meter): Extension<Meter>| async move { meter.add(500) }),
+        )
+        .layer(layer(user))
+        .layer(layer(org))
+}
+
 /// Two metered layers, an organisation's around a user's: what the handler reports on its meter
 /// (the inner layer's) is charged under both, not only the inner one.
 #[tokio::test]
@@ -524,23 +546,7 @@ async fn nested_metered_layers_are_both_charged_what_the_handler_reports() {
         .unwrap();
     let user = chat(60, 1000, Estimate::fixed(1));
     let (org_limits, user_limits) = (org.limits().to_vec(), user.limits().to_vec());
-    let outer = ThrottleLayer::builder()
-        .backend(backend.clone())
-        .policy(org)
-        .build()
-        .unwrap();
-    let inner = ThrottleLayer::builder()
-        .backend(backend.clone())
-        .policy(user)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route(
-            "/",
-            get(|Extension(meter): Extension<Meter>| async move { meter.add(500) }),
-        )
-        .layer(inner)
-        .layer(outer);
+    let app = nested(&backend, org, user);
     let response = app.oneshot(request("k", "")).await.unwrap();
     response.into_body().collect().await.unwrap();
     assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
@@ -567,23 +573,7 @@ async fn a_request_an_inner_layer_refuses_gives_the_outer_layer_its_reservation_
         .quota(Quota::per_minute(1))
         .build()
         .unwrap();
-    let outer = ThrottleLayer::builder()
-        .backend(backend.clone())
-        .policy(org)
-        .build()
-        .unwrap();
-    let inner = ThrottleLayer::builder()
-        .backend(backend.clone())
-        .policy(user)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route(
-            "/",
-            get(|Extension(meter): Extension<Meter>| async move { meter.add(500) }),
-        )
-        .layer(inner)
-        .layer(outer);
+    let app = nested(&backend, org, user);
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let response = app.clone().oneshot(request("k", "")).await.unwrap();

@@ -30,21 +30,25 @@ fn policy(name: &str, quota: Quota) -> Policy<Global> {
 /// returns, and whose other routes answer at once, behind `layer`.
 fn app(layer: ThrottleLayer<Global, tower_throttle::MemoryBackend>) -> (Router, Arc<Semaphore>) {
     let release = Arc::new(Semaphore::new(0));
-    let gate = release.clone();
-    let held = move || {
-        let gate = gate.clone();
-        async move {
-            gate.acquire().await.unwrap().forget();
-            "done"
-        }
-    };
     let router = Router::new()
-        .route("/paid", get(held.clone()))
-        .route("/free", get(held.clone()))
-        .route("/hold", get(held))
+        .route("/paid", held(&release))
+        .route("/free", held(&release))
+        .route("/hold", held(&release))
         .route("/soft", get(|| async { "ok" }))
         .layer(layer);
     (router, release)
+}
+
+/// A `GET` route that answers only when the test adds a permit to `release`.
+fn held(release: &Arc<Semaphore>) -> axum::routing::MethodRouter {
+    let release = release.clone();
+    get(move || {
+        let release = release.clone();
+        async move {
+            release.acquire().await.unwrap().forget();
+            "done"
+        }
+    })
 }
 
 fn get_(path: &str) -> Request<Body> {
@@ -331,18 +335,8 @@ async fn a_request_is_judged_under_the_pressure_it_was_asked_under() {
             .build()
             .unwrap();
         let release = Arc::new(Semaphore::new(0));
-        let held = {
-            let release = release.clone();
-            move || {
-                let release = release.clone();
-                async move {
-                    release.acquire().await.unwrap().forget();
-                    "done"
-                }
-            }
-        };
         let app = Router::new()
-            .route("/hold", get(held))
+            .route("/hold", held(&release))
             .route("/soft", get(|| async { "ok" }))
             .layer(layer.clone());
         let gate = layer.overload().unwrap();
@@ -625,16 +619,6 @@ async fn every_path_counts_in_flight_to_the_end_of_the_body() {
     }
 
     let release = Arc::new(Semaphore::new(0));
-    let held = {
-        let release = release.clone();
-        move || {
-            let release = release.clone();
-            async move {
-                release.acquire().await.unwrap().forget();
-                "done"
-            }
-        }
-    };
     let build = |policy: Policy<Global>, deferred: bool| {
         ThrottleLayer::builder()
             .backend(Later(MemoryBackend::new(), deferred))
@@ -672,7 +656,7 @@ async fn every_path_counts_in_flight_to_the_end_of_the_body() {
         let name = format!("{} (decided later: {deferred})", policy.name());
         let layer = build(policy.clone(), deferred);
         let app = Router::new()
-            .route("/", get(held.clone()))
+            .route("/", held(&release))
             .layer(layer.clone());
         let tasks: Vec<_> = (0..2).map(|_| hold(&app, "/")).collect();
         tokio::time::sleep(Duration::from_millis(100)).await;

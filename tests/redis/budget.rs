@@ -201,26 +201,32 @@ async fn a_hot_key_calls_redis_rarely_and_a_cold_key_per_request() {
     assert!(per_request <= 0.05, "{per_request} calls per request");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slice_never_outlives_what_redis_granted() {
-    // 10 a minute: the slice can hold at most the 10 Redis grants, whatever is asked.
-    let server = RedisServer::start();
-    // A fetch that times out after Redis granted its units loses them (never more admitted): so a
-    // timeout that a loaded machine cannot reach, or the count below could fall short of 10.
-    let redis = RedisBackend::builder()
+/// A backend on `server` whose timeout a loaded machine cannot reach: a fetch that times out after
+/// Redis granted its units loses them, which would make the counts below fall short.
+async fn patient(server: &RedisServer) -> RedisBackend {
+    RedisBackend::builder()
         .url(server.url())
         .timeout(Duration::from_secs(5))
         .connect()
         .await
-        .unwrap();
-    let limit = Limit::new("tiny", Quota::per_minute(10))
         .unwrap()
-        .with_budget(
-            Budget::new()
-                .hot_after(1)
-                .slice_ttl(Duration::from_secs(10)),
-        )
-        .unwrap();
+}
+
+/// `name` with `quota`, leased in slices living `slice_ttl`, hot from its first unit.
+fn hot_at_once(name: &str, quota: Quota, slice_ttl: Duration) -> Limit {
+    let budget = Budget::new().hot_after(1).slice_ttl(slice_ttl);
+    Limit::new(name, quota)
+        .unwrap()
+        .with_budget(budget)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_never_outlives_what_redis_granted() {
+    // 10 a minute: the slice can hold at most the 10 Redis grants, whatever is asked.
+    let server = RedisServer::start();
+    let redis = patient(&server).await;
+    let limit = hot_at_once("tiny", Quota::per_minute(10), Duration::from_secs(10));
     let key = Key::from("k");
     // At least 300 checks, 1 ms apart: a slice refilled in the background lands between them, and
     // every unit Redis granted is admitted, within the 10 s lease; never one more. On a machine too
@@ -250,22 +256,10 @@ async fn a_slice_never_outlives_what_redis_granted() {
 #[tokio::test]
 async fn a_refusal_made_while_a_slice_was_fetched_does_not_hide_the_slice() {
     let server = RedisServer::start();
-    let redis = RedisBackend::builder()
-        .url(server.url())
-        .timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap();
+    let redis = patient(&server).await;
     // 3 an hour, in one burst: the second fetch asks for 2 (the key's count so far), all that is
     // left after the first.
-    let limit = Limit::new("three", Quota::per_hour(3))
-        .unwrap()
-        .with_budget(
-            Budget::new()
-                .hot_after(1)
-                .slice_ttl(Duration::from_secs(60)),
-        )
-        .unwrap();
+    let limit = hot_at_once("three", Quota::per_hour(3), Duration::from_secs(60));
     let key = Key::from("k");
     assert!(redis.check_one(&limit, &key, 1).await.unwrap().allowed);
     // A fetch of 2 (one for itself, one for the slice), and a check sent behind it while it is on

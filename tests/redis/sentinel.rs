@@ -262,11 +262,8 @@ async fn connections_received(port: u16, args: &[&str]) -> u64 {
         .unwrap_or(0)
 }
 
-/// One sentinel that lags the others (it names a primary that does not answer, as one that has
-/// not seen a failover names the old one) does not make the backend drop its connection to the
-/// right primary every second: its answer is confirmed first, and the next sentinel asked.
-#[tokio::test]
-async fn a_lagging_sentinel_does_not_drop_the_connection_to_the_primary() {
+/// A primary, three sentinels that name it, and a backend that follows them (Lua, the timeout).
+async fn followed_primary() -> (RedisServer, Sentinels, RedisBackend) {
     let primary = RedisServer::start();
     let sentinels = Sentinels::start(primary.port()).await;
     wait_until(
@@ -282,6 +279,15 @@ async fn a_lagging_sentinel_does_not_drop_the_connection_to_the_primary() {
         .connect()
         .await
         .unwrap();
+    (primary, sentinels, backend)
+}
+
+/// One sentinel that lags the others (it names a primary that does not answer, as one that has
+/// not seen a failover names the old one) does not make the backend drop its connection to the
+/// right primary every second: its answer is confirmed first, and doubted for a while.
+#[tokio::test]
+async fn a_lagging_sentinel_does_not_drop_the_connection_to_the_primary() {
+    let (primary, sentinels, backend) = followed_primary().await;
     // The first sentinel, the one the backend asks, now names a server that is not there.
     let (logs, _guard) = Logs::capture();
     let nowhere = free_port().to_string();
@@ -313,21 +319,7 @@ async fn a_lagging_sentinel_does_not_drop_the_connection_to_the_primary() {
 /// check its role. And `sentinel_node` given before `sentinel` is not lost: its password logs in.
 #[tokio::test]
 async fn following_the_sentinels_opens_no_connection_to_the_primary() {
-    let primary = RedisServer::start();
-    let sentinels = Sentinels::start(primary.port()).await;
-    wait_until(
-        Duration::from_secs(10),
-        "the sentinels never named the primary",
-        || async { sentinels.primary_port().await == Some(primary.port()) },
-    )
-    .await;
-    let backend = RedisBackend::builder()
-        .sentinel(sentinels.urls(), SERVICE)
-        .mode(RedisMode::Lua)
-        .timeout(TIMEOUT)
-        .connect()
-        .await
-        .unwrap();
+    let (primary, sentinels, backend) = followed_primary().await;
     let before = connections_received(primary.port(), &[]).await;
     // An observation window of three rounds of following (one a second), not a wait for a condition.
     tokio::time::sleep(Duration::from_millis(3500)).await;

@@ -10,7 +10,8 @@
 //!
 //! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; the others
 //! leave with the next batch: when a batch in flight answers, once [`Lane::full`] (at once when
-//! [`MAX_BATCH`] wait, however many are in flight: [`Lane::due`]), or at the end of the *window* (the timeout / 20, at most 5 ms) after the first of them queued. So a check waits
+//! [`MAX_BATCH`] wait, however many are in flight: [`Lane::due`]), or at the end of the *window*
+//! (the timeout / 20, at most 5 ms) after the first of them queued. So a check waits
 //! at most the window and one round trip, never for the batch ahead of it: on a slow link (a round
 //! trip of 45 ms, a timeout of 100 ms) that took two round trips and timed out (issue 50); where
 //! Redis answers within the window, the window never ends a wait. A batch runs on a task of its
@@ -93,10 +94,10 @@ impl Lane {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
 
-    /// Whether a check just queued sends the waiting checks now: none in flight, a full batch behind
-    /// fewer than [`IN_FLIGHT`], or a batch of [`MAX_BATCH`] however many are in flight. Without
-    /// the last, a lane drained at most two batches a round trip (25,600 checks a second at 10 ms):
-    /// past that the queue grew until every check timed out.
+    /// Whether a check just queued sends the waiting checks now: none in flight, a full batch
+    /// behind fewer than [`IN_FLIGHT`], or a batch of [`MAX_BATCH`] however many are in flight.
+    /// Without the last, a lane drained at most two batches a round trip (25,600 checks a second
+    /// at 10 ms): past that the queue grew until every check timed out.
     fn due(&self) -> bool {
         self.in_flight == 0
             || (self.in_flight < IN_FLIGHT && self.full())
