@@ -116,3 +116,65 @@ async fn a_timeout_while_the_slot_migrates_leaves_the_nodes_breaker_closed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A decision on a sorted set (a sliding log, leases) adds its members before it removes the old
+/// ones. Removed first, the key would be gone for a moment: a node whose slot is migrating then
+/// refuses the rest of the script the key (Redis would ask for it on the target), after part of
+/// it was written. A set whose members have all ended while the key lives on (a period of an hour
+/// made a second, a lease of a minute made a second: the key keeps its old expiry) meets that on
+/// its next decision, and a stack whose other limit was written first would be charged twice if
+/// the decision were sent again.
+#[tokio::test]
+async fn a_sorted_set_whose_members_all_ended_is_decided_while_its_slot_migrates() {
+    let cluster = Arc::new(RedisCluster::start());
+    let backend = RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let gcra = Limit::new("egcra", Quota::per_day(100)).unwrap();
+    let log = Limit::with_algorithm("elog", Algorithm::SlidingLog, Quota::per_second(5)).unwrap();
+    let leases =
+        Limit::with_algorithm("eleases", Algorithm::Concurrency, Quota::per_second(5)).unwrap();
+    // The GCRA is written before the log: a log that failed after it would leave it charged.
+    let stack = vec![gcra.clone(), log.clone()];
+    let key = Key::from("ended");
+    assert!(backend.check_all(&stack, &key, 1).await.unwrap()[0].allowed);
+    let sets = [
+        backend.state_key(&log, &key),
+        backend.state_key(&leases, &key),
+    ];
+    let c = cluster.clone();
+    let migration = spawn_blocking(move || {
+        let slot = key_slot(&c, &sets[0]);
+        let node = &c.nodes()[owner(&c, slot)];
+        // Each set holds only an ended member (1 µs after the epoch), and lives on for an hour.
+        for set in &sets {
+            node.cli(&["DEL", set]);
+            node.cli(&["ZADD", set, "1", "ended:0"]);
+            node.cli(&["PEXPIRE", set, "3600000"]);
+        }
+        Migration::begin(&c, slot, (owner(&c, slot) + 1) % 3)
+    })
+    .await
+    .unwrap();
+
+    let decided = backend.check_all(&stack, &key, 1).await;
+    let decided = decided.expect("the stack failed on the migrating node");
+    assert!(decided.iter().all(|d| d.allowed), "{decided:?}");
+    assert_eq!(
+        decided[0].remaining,
+        100 - 2,
+        "the GCRA charged once a decision"
+    );
+    let lease = backend.check_one(&leases, &key, 1).await;
+    assert!(
+        lease.as_ref().is_ok_and(|d| d.allowed && d.remaining == 4),
+        "the lease: {lease:?}"
+    );
+    let c = cluster.clone();
+    spawn_blocking(move || migration.finish(&c)).await.unwrap();
+}

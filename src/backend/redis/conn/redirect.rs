@@ -182,8 +182,21 @@ enum Redirection {
     Ask(String, u16),
     /// From now on, this node (host, port) owns the slot.
     Moved(String, u16),
-    /// A multi-key command's keys are on two nodes for a moment: again, shortly.
+    /// A multi-key command's keys are on two nodes for a moment, or a script met a key that left
+    /// its migrating slot while it ran: again, shortly.
     TryAgain,
+}
+
+/// Whether a script failed on a key that was on the node when Redis let the script run and gone
+/// once it read it, in a migrating slot: Redis answers then as for a key outside the node's slots.
+/// Redis 7.0 checks a script's keys on the clock before the script starts and the script reads on
+/// its own (later) clock, so a key that expires between the two fails the script at its first
+/// read, before it writes anything (every script here reads its keys before it writes; settle.lua
+/// and limits.lua's sorted sets see to that). Sent again, the check finds the key gone and
+/// redirects (`ASK`) or waits (`TRYAGAIN`) as for any missing key.
+pub(crate) fn left_mid_script(error: &RedisError) -> bool {
+    let text = |part: Option<&str>| part.is_some_and(|t| t.contains("non local key"));
+    text(error.detail()) || text(error.code())
 }
 
 fn redirection(error: &RedisError) -> Option<Redirection> {
@@ -196,6 +209,7 @@ fn redirection(error: &RedisError) -> Option<Redirection> {
         ErrorKind::Server(ServerErrorKind::Ask) => node().map(|(h, p)| Redirection::Ask(h, p)),
         ErrorKind::Server(ServerErrorKind::Moved) => node().map(|(h, p)| Redirection::Moved(h, p)),
         ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirection::TryAgain),
+        _ if left_mid_script(error) => Some(Redirection::TryAgain),
         _ => None,
     }
 }
@@ -219,5 +233,11 @@ mod tests {
         assert_eq!(redirection(&busy), Some(Redirection::TryAgain));
         assert_eq!(redirection(&reply("ERR unknown command")), None);
         assert_eq!(redirection(&reply("ASK garbage")), None);
+        // Redis 7.0.15's reply to a script whose key expired between its check and its read.
+        let left = reply("ERR Script attempted to access a non local key in a cluster node script: 1a2b, on @user_script:30.");
+        assert_eq!(redirection(&left), Some(Redirection::TryAgain));
+        let other_script_error =
+            reply("ERR user_script:1: Script attempted to access nonexistent global variable 'x'");
+        assert_eq!(redirection(&other_script_error), None);
     }
 }

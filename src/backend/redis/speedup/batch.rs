@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use super::gcra_group;
 use crate::backend::redis::conn::connection::RedisConnection;
-use crate::backend::redis::conn::redirect::unexpected;
+use crate::backend::redis::conn::redirect::{left_mid_script, unexpected};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer, GCRA_BATCH, LIMITS_BATCH};
@@ -523,11 +523,18 @@ async fn send_limits(
             redis::Value::BulkString(text) => {
                 let text = String::from_utf8_lossy(text);
                 let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
-                Err(RedisError::from((
+                let error = RedisError::from((
                     ErrorKind::Server(ServerErrorKind::ResponseError),
                     "the limits script failed",
                     format!("{code} {detail}"),
-                )))
+                ));
+                if left_mid_script(&error) {
+                    // Its key left its migrating slot as it ran (before the item wrote): alone,
+                    // it is redirected or waits like any check on a missing key.
+                    scripts::limits(conn, call).await.map(Reply::Limits)
+                } else {
+                    Err(error)
+                }
             }
             _ => mine
                 .iter()

@@ -107,8 +107,10 @@ local function sliding_log(key, limit, period, q)
     local reset_after = period * 1000
     if q > 0 then
       write = function()
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(gone))
+        -- Added before the old leave: emptied first, the key would be gone for a moment, and a
+        -- migrating slot's node refuses a script a key it no longer has (redirect.rs).
         add_members(key, now_us, q)
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(gone))
         -- The newest member leaves the window last: then the key is empty anyway.
         redis.call('PEXPIRE', key, ceil_ms(period))
       end
@@ -254,8 +256,9 @@ local function concurrency(key, limit, lease, q)
     local write = nil
     if q > 0 then
       write = function()
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_us))
+        -- Added first, as the sliding log's (its new leases end after now).
         add_members(key, now_us + lease, q)
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_us))
         -- The key outlives its longest lease, whatever leases earlier calls asked for.
         local want = ceil_ms(lease)
         if redis.call('PTTL', key) < want then redis.call('PEXPIRE', key, want) end

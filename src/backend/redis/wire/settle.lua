@@ -18,6 +18,11 @@
 
 local n, since_us = tonumber(ARGV[1]), tonumber(ARGV[2])
 
+-- Every key touched before any is written: a key gone mid-script (its slot migrating: see
+-- redirect.rs) fails the script before it has settled some limits and not others, so that it can
+-- be sent again.
+if n > 1 then redis.call('EXISTS', unpack(KEYS, 1, n)) end
+
 local admitted_after = now_us - since_us
 
 local function charge(key, interval, quantity, ceiling)
