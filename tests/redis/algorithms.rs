@@ -19,7 +19,7 @@ use tower_throttle::window::{self, FixedState, SlidingState};
 use tower_throttle::{
     policy::Penalty,
     redis::{RedisBackend, RedisMode},
-    Algorithm, Decision, Key, Limit, Quota,
+    Algorithm, Decision, Key, Limit, MemoryBackend, Quota,
 };
 
 async fn connect(url: &str) -> RedisBackend {
@@ -1680,5 +1680,84 @@ async fn a_window_newer_than_the_servers_clock_still_holds() {
         let d = backend.check_one(&limit, &key, 1).await.unwrap();
         assert!(!d.allowed, "{algorithm}: {d:?}");
         assert_eq!(server.cli(&["GET", &redis_key]), state, "{algorithm}");
+    }
+    // Counted in the newer window, the key lives until that window's count no longer counts:
+    // with the server's window's expiry, its count would be gone when the server's clock got
+    // there, and as many again admitted.
+    for (algorithm, state, counts_until) in [
+        (Algorithm::FixedWindow, format!("{next}:2"), next + 1),
+        (Algorithm::SlidingWindow, format!("{next}:2:0"), next + 2),
+    ] {
+        let limit = hourly(&format!("newer-ttl-{algorithm}"), algorithm, 5);
+        let key = Key::from("stepped");
+        let redis_key = backend.state_key(&limit, &key);
+        server.cli(&["SET", &redis_key, &state, "PX", "7200000"]);
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
+        assert!(d.allowed && d.remaining == 2, "{algorithm}: {d:?}");
+        let ttl_ms: u64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
+        let needed_ms = (counts_until * 3600 - seconds - 1) * 1000;
+        assert!(
+            ttl_ms >= needed_ms,
+            "{algorithm}: {ttl_ms} ms < {needed_ms} ms"
+        );
+    }
+}
+
+/// A GCRA limit's state stored under a larger quota (its route was changed in a shared store) is
+/// rebased to the smaller quota's ceiling when that quota decides. Alone, at once (gcra.lua, as
+/// memory's GCRA table); in a stack, only when the stack admits: a rejected stack writes nothing,
+/// on Redis as in memory, so the larger quota still finds the units it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_stack_leaves_another_quotas_state_as_memory_does() {
+    let server = RedisServer::start();
+    let redis = connect(&server.url()).await;
+    let memory = MemoryBackend::new();
+    let wide = Limit::new("rebased", Quota::per_minute(60)).unwrap();
+    let narrow = Limit::new("rebased", Quota::per_second(2)).unwrap();
+    let other = hourly("rebased-other", Algorithm::FixedWindow, 100);
+    let key = Key::from("moved");
+    let mut remaining = Vec::new();
+    for backend in [&redis as &dyn Probe, &memory] {
+        let taken = backend
+            .stack(vec![wide.clone(), other.clone()], &key, 50)
+            .await;
+        assert!(taken.allowed, "{taken:?}");
+        let refused = backend
+            .stack(vec![narrow.clone(), other.clone()], &key, 1)
+            .await;
+        assert!(!refused.allowed, "{refused:?}");
+        remaining.push(
+            backend
+                .stack(vec![wide.clone(), other.clone()], &key, 1)
+                .await
+                .remaining,
+        );
+    }
+    // 60 less the 50 taken and this one (one more may have dripped back in between).
+    assert!(
+        remaining.iter().all(|r| (9..=10).contains(r)),
+        "redis, memory: {remaining:?}"
+    );
+}
+
+/// A stack's first decision on either backend, for the test above.
+trait Probe: Sync {
+    fn stack<'a>(
+        &'a self,
+        limits: Vec<Limit>,
+        key: &'a Key,
+        quantity: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>>;
+}
+
+impl<B: Asks + Sync> Probe for B {
+    fn stack<'a>(
+        &'a self,
+        limits: Vec<Limit>,
+        key: &'a Key,
+        quantity: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>> {
+        let decided = self.check_all(&limits, key, quantity);
+        Box::pin(async move { decided.await.unwrap()[0] })
     }
 }

@@ -265,15 +265,14 @@ async fn metered_scripts_compute_the_model_exactly() {
                 }
                 invocation.arg(m.ceiling).arg(0).arg(qs[0]).arg(qs[1]);
                 let reply: Vec<i64> = invocation.invoke_async(&mut conn).await.unwrap();
-                // Each key rebased first (beyond its ceiling), then decided; written only if both
-                // admit; a limit that would have admitted in a refused stack reports quantity 0.
+                // Each key rebased (beyond its ceiling), then decided; written, a rebase too, only
+                // if both admit; a limit that would have admitted in a refused stack reports
+                // quantity 0.
                 let models = [m, p];
                 let mut rebased = backlogs;
+                let was_rebased = [0, 1].map(|i| backlogs[i] > models[i].ceiling);
                 for i in 0..2 {
-                    if rebased[i] > models[i].ceiling {
-                        rebased[i] = models[i].ceiling;
-                        expected[i] = Some(Some(rebased[i]));
-                    }
+                    rebased[i] = rebased[i].min(models[i].ceiling);
                 }
                 let decided: Vec<_> = (0..2)
                     .map(|i| models[i].decide(rebased[i], qs[i]))
@@ -283,7 +282,7 @@ async fn metered_scripts_compute_the_model_exactly() {
                 for i in 0..2 {
                     let (mut r, write) = decided[i];
                     if admitted {
-                        if let (true, Some(w)) = (qs[i] > 0, write) {
+                        if let (true, Some(w)) = (qs[i] > 0 || was_rebased[i], write) {
                             expected[i] = Some(Some(w));
                         }
                     } else if r[0] == 0 {

@@ -191,12 +191,14 @@ enum Redirection {
 /// once it read it, in a migrating slot: Redis answers then as for a key outside the node's slots.
 /// Redis 7.0 checks a script's keys on the clock before the script starts and the script reads on
 /// its own (later) clock, so a key that expires between the two fails the script at its first
-/// read, before it writes anything (every script here reads its keys before it writes; settle.lua
-/// and limits.lua's sorted sets see to that). Sent again, the check finds the key gone and
-/// redirects (`ASK`) or waits (`TRYAGAIN`) as for any missing key.
+/// read, before it writes anything a second run would not write the same (every script here reads
+/// its keys before it charges; settle.lua's first `EXISTS` and limits.lua's sorted sets, which add
+/// before they remove, see to that; a lone GCRA's rebase is the same twice). Sent again, the check
+/// finds the key gone and redirects (`ASK`) or waits (`TRYAGAIN`) as for any missing key.
+/// Redis 7.2+ and Valkey name a multi-key command's case (`EXISTS`, `MGET`) otherwise.
 pub(crate) fn left_mid_script(error: &RedisError) -> bool {
-    let text = |part: Option<&str>| part.is_some_and(|t| t.contains("non local key"));
-    text(error.detail()) || text(error.code())
+    let says = |t: &str| t.contains("non local key") || t.contains("during rehashing of the slot");
+    error.detail().is_some_and(says) || error.code().is_some_and(says)
 }
 
 fn redirection(error: &RedisError) -> Option<Redirection> {
@@ -236,6 +238,9 @@ mod tests {
         // Redis 7.0.15's reply to a script whose key expired between its check and its read.
         let left = reply("ERR Script attempted to access a non local key in a cluster node script: 1a2b, on @user_script:30.");
         assert_eq!(redirection(&left), Some(Redirection::TryAgain));
+        // Redis 7.2+ and Valkey, for a multi-key command in a script.
+        let split = reply("ERR Unable to execute command 'exists' in script because undeclared keys were accessed during rehashing of the slot script: 1a2b, on @user_script:24.");
+        assert_eq!(redirection(&split), Some(Redirection::TryAgain));
         let other_script_error =
             reply("ERR user_script:1: Script attempted to access nonexistent global variable 'x'");
         assert_eq!(redirection(&other_script_error), None);

@@ -74,15 +74,18 @@ local function add_members(key, score, q)
   end
 end
 
--- GCRA: gcra.lua's step; another quota's state is rebased at once, whatever the others decide.
+-- GCRA: gcra.lua's step. Another quota's state is rebased: alone at once, as gcra.lua does; in a
+-- stack only if the stack admits, as memory does (a rejected stack writes nothing), and after
+-- every key has been read (redirect.rs: a script that fails must fail before it writes).
 local function gcra(key, limit, interval, tolerance, q, ceiling)
   local backlog = read_backlog(key)
-  if backlog > ceiling then
+  local rebased = backlog > ceiling
+  if rebased then
     backlog = ceiling
-    write_backlog(key, backlog)
+    if n == 1 then write_backlog(key, backlog) end
   end
   local reply, ahead = gcra_step(backlog, interval, tolerance, limit, q, ceiling)
-  if reply[1] == 0 and q > 0 and ahead then
+  if reply[1] == 0 and (q > 0 or rebased) and ahead then
     return reply, function()
       write_backlog(key, ahead)
     end
@@ -129,13 +132,18 @@ local function sliding_log(key, limit, period, q)
   return {1, limit, math.max(limit - used, 0), retry, reset()}
 end
 
--- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs on.
-local function window_count(key, limit, q, window, to_boundary)
+-- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs on;
+-- a window named one more ends `unit` µs later.
+local function window_count(key, limit, q, window, to_boundary, unit)
   local used = 0
   local w, c = read_fixed(key)
   -- A newer window than the server's clock holds (it stepped back across a boundary: a failover
-  -- to a replica behind, an NTP step) is the one the key counts in, as memory decides.
-  if w and w > window then window = w end
+  -- to a replica behind, an NTP step) is the one the key counts in, as memory decides, until
+  -- that window ends: its count must not expire with the server's window.
+  if w and w > window then
+    to_boundary = to_boundary + (w - window) * unit
+    window = w
+  end
   if w == window then
     -- A count above the limit was written under another quota: it means "full" under this one.
     used = math.min(c, limit)
@@ -161,7 +169,7 @@ end
 local function fixed_window(key, limit, period, q, shift)
   local at = now_us + shift
   local window = floordiv(at, period)
-  return window_count(key, limit, q, window, period - (at - window * period))
+  return window_count(key, limit, q, window, period - (at - window * period), period)
 end
 
 -- A calendar window (src/calendar.rs): the client computed, on its clock, the end `finish` (Unix
@@ -180,8 +188,10 @@ local function calendar_at(at, finish, lengths)
   return last, 1
 end
 
+-- A calendar window is named by its end (Unix seconds).
 local function calendar_window(key, limit, finish, q, lengths)
-  return window_count(key, limit, q, calendar_at(now_us, finish, lengths))
+  local window, to_boundary = calendar_at(now_us, finish, lengths)
+  return window_count(key, limit, q, window, to_boundary, 1000000)
 end
 
 -- A sliding window's counts in `window` and the one before, as a key holds them (`w`, `c`, `p`,
@@ -200,9 +210,14 @@ local function sliding_window(key, limit, period, q)
   local window = floordiv(now_us, period)
   local left = period - (now_us - window * period)
   local w, c, p = read_sliding(key)
+  -- Its count is stale once the next window is over (it becomes nobody's previous).
+  local stale_in = left + period
   -- A newer window than the server's clock holds (as window_count's): decided at its start,
-  -- where its previous count weighs most.
-  if w and w > window then window, left = w, period end
+  -- where its previous count weighs most, and stale once the window after it is over.
+  if w and w > window then
+    stale_in = (w + 2) * period - now_us
+    window, left = w, period
+  end
   local current, previous = counts_in(window, w, c, p)
   current, previous = math.min(current or 0, limit), math.min(previous or 0, limit)
   -- The estimate times the period, exactly (see the header for the bounds).
@@ -219,8 +234,7 @@ local function sliding_window(key, limit, period, q)
     local write = nil
     if q > 0 then
       write = function()
-        -- Stale once the next window is over (it becomes nobody's previous).
-        write_sliding(key, window, now_current, previous, ceil_ms(left + period))
+        write_sliding(key, window, now_current, previous, ceil_ms(stale_in))
       end
     end
     if now_current > 0 then reset_after = (left + period) * 1000 end
