@@ -435,9 +435,7 @@ mod tests {
 
     #[test]
     fn the_estimate_is_within_a_few_percent() {
-        // `hash_key` is keyed at random per process, which made this test fail about once in four
-        // runs; the same SipHash with fixed keys (one per seed) makes it deterministic, and several
-        // seeds keep it from resting on one lucky hash.
+        // SipHash with fixed keys (`hash_key`'s are random per process), several seeds.
         for seed in 0..4u64 {
             let hash = |key: &Key| {
                 let mut h = std::hash::DefaultHasher::new();

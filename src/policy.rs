@@ -496,29 +496,14 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// Fixed windows on the calendar of a time zone instead of on multiples of the period since
-    /// the Unix epoch: calendar days, ISO weeks or months, months from an anchor day (a billing
-    /// day; in a month without it, the month's last day). `Retry-After`, the `RateLimit` field's
-    /// `t` and a peek point at the exact next boundary, across DST changes (a day of 23 or 25
-    /// hours) and month ends, on every backend. With [`Algorithm::FixedWindow`] and a quota
-    /// whose period is the calendar's [`nominal`](crate::window::CalendarPeriod::nominal) one;
-    /// anything else, an unknown time zone or an anchor day outside 1..=31 (or on a day or week)
-    /// is an error when the policy is built. Needs the feature `calendar`.
+    /// Fixed windows on the calendar of a time zone, with the rules of
+    /// [`Limit::with_calendar`](crate::Limit::with_calendar), checked when the policy is built
+    /// (feature `calendar`; [guide](crate::guide::policies#calendar-periods)).
     ///
     /// ```
     /// use tower_throttle::key::Header;
-    /// use tower_throttle::window::{CalendarPeriod, CalendarWindow};
+    /// use tower_throttle::window::CalendarWindow;
     /// use tower_throttle::{Algorithm, Policy, Quota};
-    ///
-    /// // 10,000 requests per customer and billing month, from midnight in Paris on the 15th.
-    /// let monthly = Policy::builder("monthly")
-    ///     .key(Header::new("x-customer-id"))
-    ///     .algorithm(Algorithm::FixedWindow)
-    ///     .quota(Quota::per_period(10_000, CalendarPeriod::Month.nominal()))
-    ///     .calendar(CalendarWindow::month().timezone("Europe/Paris").anchor_day(15))
-    ///     .build()
-    ///     .unwrap();
-    /// assert_eq!(monthly.limits()[0].calendar().unwrap().zone(), "Europe/Paris");
     ///
     /// let typo = Policy::builder("daily")
     ///     .key(Header::new("x-customer-id"))
@@ -720,26 +705,8 @@ impl<K> PolicyBuilder<K> {
     /// forgets both; [`peek`](crate::ops::ThrottleHandle::peek) shows the policy's own limits.
     ///
     /// The quota should be a function of the key (a plan): a key whose requests alternate between
-    /// two quotas is decided under each in turn.
-    ///
-    /// ```
-    /// use tower_throttle::{key::Header, Policy, Quota};
-    ///
-    /// #[derive(Clone, Copy)]
-    /// enum Plan { Free, Pro }
-    ///
-    /// // An authentication layer before this one inserts the caller's `Plan`.
-    /// let api = Policy::builder("api")
-    ///     .key(Header::new("x-user-id"))
-    ///     .quota(Quota::per_minute(60))
-    ///     .quota_from(|parts, _key| match parts.extensions.get::<Plan>()? {
-    ///         Plan::Pro => Some(Quota::per_minute(6000)),
-    ///         Plan::Free => None,
-    ///     })
-    ///     .build()
-    ///     .unwrap();
-    /// # let _ = api;
-    /// ```
+    /// two quotas is decided under each in turn. An example is in the guide's
+    /// [limits per customer](crate::guide::policies#limits-per-customer).
     pub fn quota_from<F>(mut self, quota: F) -> Self
     where
         F: Fn(&http::request::Parts, &crate::key::Key) -> Option<Quota> + Send + Sync + 'static,
@@ -793,33 +760,14 @@ impl<K> PolicyBuilder<K> {
         self
     }
 
-    /// Counts only the requests whose response `counts` accepts; the others are given back. On a
-    /// login route, `count_only(|s| s == 401 || s == 403)` limits failed attempts (brute force) and
-    /// never a user who logs in.
-    ///
-    /// Exact under concurrency: a request takes its units when it is admitted, like any other, so
-    /// requests in flight count, and they are given back
-    /// ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)) once the inner service answers
-    /// with a status that does not count. However many requests are in flight, at most the quota's
-    /// count of counted responses pass per period. A request whose response never comes (the
-    /// service failed, or the client went away first) counts, whatever `counts` says. A gRPC
-    /// call is judged by the `grpc-status` in its response headers, as a handler's error is sent
-    /// (`UNAUTHENTICATED` as `401`, `PERMISSION_DENIED` as `403`, gRPC's HTTP mapping); a call
-    /// that sends a body is judged by its HTTP status. Not for concurrency limits; see the guide
-    /// (`guide::policies`) for the details.
-    ///
-    /// ```
-    /// use tower_throttle::{key::Header, Policy, Quota};
-    ///
-    /// let login = Policy::builder("login")
-    ///     .key(Header::new("x-username"))
-    ///     .route("/login")
-    ///     .quota(Quota::per_hour(5).with_max_burst(4))
-    ///     .count_only(|status| status == 401 || status == 403)
-    ///     .build()
-    ///     .unwrap();
-    /// # let _ = login;
-    /// ```
+    /// Counts only the requests whose response `counts` accepts; the others are given back
+    /// ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)), exactly under concurrency
+    /// ([guide](crate::guide::policies#counting-by-outcome)). On a login route,
+    /// `count_only(|s| s == 401 || s == 403)` limits failed attempts and never a user who logs in.
+    /// A request whose response never comes counts. A gRPC call is judged by the `grpc-status` in
+    /// its response headers, as a handler's error is sent (`UNAUTHENTICATED` as `401`,
+    /// `PERMISSION_DENIED` as `403`, gRPC's HTTP mapping); a call that sends a body is judged by
+    /// its HTTP status. Not for concurrency limits.
     pub fn count_only<F>(mut self, counts: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,

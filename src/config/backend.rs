@@ -122,7 +122,7 @@ impl RedisConfig {
             let mut warned = false;
             let mut refused = false;
             loop {
-                if !alive.alive() {
+                if !alive() {
                     return;
                 }
                 match sync.read(&mut conn, &lists).await {

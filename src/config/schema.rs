@@ -33,13 +33,13 @@ pub enum BackendConfig {
     Redis(RedisConfig),
 }
 
-/// The `[backend]` table with `kind = "redis"`.
+/// The `[backend]` table with `kind = "redis"`; every key is in the
+/// [configuration reference](crate::guide::configuration#backend-with-kind--redis).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// One server, or with `cluster = true` one seed node: `redis://[user:password@]host:port/[db]`,
-    /// `rediss://` for TLS.
+    /// One server or Cluster seed: `redis://[user:password@]host:port/[db]` (TLS: `rediss://`).
     pub url: Option<String>,
     /// Seed nodes of a Cluster (implies `cluster = true`).
     pub urls: Option<Vec<String>>,
@@ -49,30 +49,24 @@ pub struct RedisConfig {
     pub prefix: Option<String>,
     /// The longest a decision may take, in milliseconds (default 100).
     pub timeout_ms: Option<u64>,
-    /// `"allow"`, `"deny"` or `"local"`: what to do when Redis fails or times out (default: the
-    /// top-level `on_backend_error`, itself `"allow"` by default).
+    /// `"allow"`, `"deny"` or `"local"` on a Redis failure (default: top-level `on_backend_error`).
     #[serde(deserialize_with = "some_on_backend_error")]
     pub on_error: Option<OnBackendError>,
     /// Whether `url` / `urls` name a Redis Cluster.
     pub cluster: bool,
     /// Reject keys that Redis limited locally until their retry time (default true).
     pub deny_cache: Option<bool>,
-    /// The sentinels' URLs (`redis://host:26379`; `rediss://` for TLS): find the primary through
-    /// Redis Sentinel instead of `url`. Needs `sentinel_service`.
+    /// Sentinel URLs: find the primary through them instead of `url` (needs `sentinel_service`).
     pub sentinels: Option<Vec<String>>,
     /// The name the sentinels monitor the primary under (`sentinel monitor <name> ...`).
     pub sentinel_service: Option<String>,
-    /// With `sentinels`: the password of the primary the sentinels name (and of its replicas,
-    /// when one is promoted). The sentinels' own password goes in their URLs.
+    /// With `sentinels`: the password of the primary and of its replicas, when one is promoted.
     pub primary_password: Option<String>,
     /// With `sentinels`: the ACL user to log in to the primary as (default: `default`).
     pub primary_username: Option<String>,
-    /// What metrics call this backend (the `backend` label of `throttle_backend_up`); default:
-    /// where it connects.
+    /// Its `backend` label on `throttle_backend_up` in metrics (default: where it connects).
     pub name: Option<String>,
-    /// `"lazy"` (default): start at once and connect in the background (requests follow the
-    /// failure policy until Redis answers); `"eager"`: connect before starting, and fail if Redis
-    /// cannot be reached. A Cluster starts lazily too: in service once it has formed.
+    /// `"lazy"` (default: connect in the background) or `"eager"` (fail at start if Redis is down).
     pub connect: Option<String>,
 }
 
@@ -126,7 +120,8 @@ impl fmt::Display for BackendConfig {
 }
 
 /// The `[access]` table: allow and deny lists. Networks are matched against the client IP (behind
-/// `trusted_proxies` when there are any, else the peer), keys against the matching policy's key.
+/// `trusted_proxies` when there are any, else the peer), keys against the matching policy's key
+/// ([reference](crate::guide::configuration#access)).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
@@ -135,21 +130,19 @@ pub struct AccessConfig {
     pub allow_networks: Vec<String>,
     /// Networks or addresses answered `403 Forbidden`.
     pub deny_networks: Vec<String>,
-    /// Keys that bypass every limit (a value that is an IP address also matches `ip` and `client-ip`
-    /// keys: an IPv6 address its /64, as they group it by default; list other groupings in
-    /// `allow_networks`).
+    /// Keys that bypass every limit (an IP also matches `ip` and `client-ip` keys; IPv6: its /64).
     pub allow_keys: Vec<String>,
     /// Keys answered `403 Forbidden`.
     pub deny_keys: Vec<String>,
-    /// With a Redis backend: also mirror the sets `{<this>}:allow:net`, `:deny:net`, `:allow:key` and
-    /// `:deny:key`, read every `redis_refresh` (default `"1s"`).
+    /// Also mirror the Redis sets `{<this>}:allow:net`, `:deny:net`, `:allow:key`, `:deny:key`.
     pub redis_sets: Option<String>,
-    /// How often the Redis sets are read again.
+    /// How often the Redis sets are read again (default 1s).
     #[serde(deserialize_with = "some_duration")]
     pub redis_refresh: Option<Duration>,
 }
 
-/// One `[[route]]`: a policy.
+/// One `[[route]]`: a policy. Each key's values and defaults are in the
+/// [configuration reference](crate::guide::configuration#route).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -158,119 +151,81 @@ pub struct RouteConfig {
     pub name: String,
     /// The route, in axum path syntax; without it the policy applies to every path.
     pub path: Option<String>,
-    /// The methods; without it, every method. Only the standard ones (`GET` also covers `HEAD`): a
-    /// typo such as `"PSOT"` is an error, not a limit on a method nobody sends.
+    /// Standard methods only (default: every method; `GET` also covers `HEAD`); a typo is an error.
     pub methods: Option<Vec<String>>,
-    /// Non-standard methods the route also applies to, such as `["PROPFIND"]`: the explicit opt-in
-    /// that `methods` asks for.
+    /// Non-standard methods the route also applies to, such as `["PROPFIND"]`.
     pub custom_methods: Option<Vec<String>>,
-    /// Conditions a request must meet too, besides `path` and `methods`:
-    /// `{ header = { "x-client" = "mobile" }, host = "api.example.com", query = { plan = "free" } }`
-    /// (see [`WhenConfig`]).
+    /// Conditions a request must meet too, besides `path` and `methods` (see [`WhenConfig`]).
     pub when: Option<WhenConfig>,
-    /// `"ip"`, `"client-ip"`, `"global"`, `"header:<name>"`, `"query:<name>"`, `"cookie:<name>"`,
-    /// `"path:<name>"` (a parameter of `path`), `"json:<path>"` or `"form:<name>"` (a field of the
-    /// request body), or an array of these for a composite key (`["header:x-api-key",
-    /// "path:org"]`; not with body fields).
+    /// The key, such as `"ip"` or `"header:x-api-key"`; an array of keys is a composite key.
     #[serde(deserialize_with = "key_spec")]
     pub key: KeySpec,
-    /// A key header, query parameter or cookie sent more than once: `"refuse"` (the default: the
-    /// missing-key answer), `"first"` or `"last"`.
+    /// A key sent twice: `"refuse"` (default: the missing-key answer), `"first"` or `"last"`.
     pub on_duplicate: Option<String>,
-    /// For `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
+    /// With `key = "ip"` or `"client-ip"`: group IPv6 clients by this prefix (default 64).
     pub ipv6_prefix: Option<u8>,
-    /// For `key = "ip"` or `"client-ip"`: group IPv4 clients by this prefix (default 32: one key
-    /// per address).
+    /// With `key = "ip"` or `"client-ip"`: group IPv4 clients by this prefix (default 32).
     pub ipv4_prefix: Option<u8>,
-    /// For a key or metered estimate from the body (`json:`, `form:`): the most bytes of a body
-    /// read for it (default 16384); a larger body has no key.
+    /// With a key or metered estimate from the body: the most bytes read for it (default 16384).
     pub max_body: Option<usize>,
-    /// For a key or metered estimate from the body: how long the body may take to arrive (default
-    /// `"2s"`); a slower one has no key.
+    /// With a key or metered estimate from the body: how long it may take to arrive (default 2s).
     #[serde(default, deserialize_with = "some_duration")]
     pub body_timeout: Option<Duration>,
     /// `CL.THROTTLE`'s max_burst (the limit is max_burst + 1); default count - 1. GCRA only.
     pub max_burst: Option<u64>,
-    /// Requests per period (or in flight, for `algorithm = "concurrency"`). Required unless
-    /// `quotas` is given.
+    /// Requests per period (in flight, for `"concurrency"`); required unless `quotas` is given.
     pub count: Option<u64>,
-    /// The period, such as `"60s"`, `"1m"`, `"500ms"`, `"1day"`. Required with `count` (except for
-    /// `algorithm = "concurrency"`).
+    /// The period, such as `"60s"` or `"1day"`; required with `count` (not for `"concurrency"`).
     #[serde(default, deserialize_with = "some_duration")]
     pub period: Option<Duration>,
-    /// Stacked quotas instead of `count`/`period`/`max_burst`:
-    /// `[{ max_burst = 9, count = 10, period = "1s" }, { count = 1000, period = "1d" }]`; a request
-    /// must pass every one.
+    /// Stacked quotas instead of `count`/`period`/`max_burst`: a request must pass every one.
     pub quotas: Option<Vec<QuotaConfig>>,
     /// `"gcra"` (default), `"sliding-log"`, `"fixed-window"`, `"sliding-window"` or `"concurrency"`.
     pub algorithm: Option<String>,
-    /// `"enforce"` (default), `"dry-run"` (decide and report, never reject) or `"delay"` (GCRA:
-    /// requests beyond the burst wait up to `max_delay`).
+    /// `"enforce"` (default), `"dry-run"`, `"delay"` (GCRA) or `"under-pressure"`.
     pub mode: Option<String>,
     /// With `mode = "delay"`: the longest a request waits, such as `"2s"`.
     #[serde(default, deserialize_with = "some_duration")]
     pub max_delay: Option<Duration>,
-    /// With `algorithm = "concurrency"` on Redis: how long a slot's lease lives if its process dies
-    /// (default `"60s"`).
+    /// With `"concurrency"` on Redis: how long a dead process's slot lives (default 60s).
     #[serde(default, deserialize_with = "some_duration")]
     pub lease: Option<Duration>,
-    /// Quotas per tier (plan): `[route.tiers.paid]` with `count`/`period`/`max_burst` or `quotas`.
-    /// The tier comes from a `Tier` request extension or the `tier_header`; other requests get the
-    /// route's own quota.
+    /// Quotas per plan (`[route.tiers.<name>]`), by a `Tier` request extension or `tier_header`.
     pub tiers: Option<std::collections::BTreeMap<String, TierConfig>>,
-    /// The request header naming the tier, such as `"x-plan"`. Only a header that a trusted proxy
-    /// sets (and strips from clients).
+    /// The request header naming the tier: only one a trusted proxy sets and strips from clients.
     pub tier_header: Option<String>,
     /// Units each request costs (default 1).
     pub cost: Option<u64>,
     /// `"reject"` (400, the default) or `"allow"`: requests without a key.
     pub on_missing_key: Option<String>,
-    /// Staged enforcement: the share of keys refusals are enforced for, such as `"10%"` (default
-    /// `"100%"`; see [`PolicyBuilder::enforce_fraction`](crate::PolicyBuilder::enforce_fraction)).
+    /// Staged enforcement: the share of keys refusals are enforced for, `"10%"` (default `"100%"`).
     pub enforce: Option<String>,
-    /// With `algorithm = "fixed-window"`: `"aligned"` (the default: every key's window starts on
-    /// the Unix epoch) or `"per-key"` (each key's at a phase of its own, so the keys' windows do
-    /// not all reset at one instant).
+    /// With `algorithm = "fixed-window"`: `"aligned"` (default, on the Unix epoch) or `"per-key"`.
     pub window_start: Option<String>,
-    /// Fixed windows on the calendar: `"day"`, `"week"` (ISO, from Monday) or `"month"`, cut at
-    /// midnight in `timezone` (see
-    /// [`PolicyBuilder::calendar`](crate::PolicyBuilder::calendar)). Implies `algorithm =
-    /// "fixed-window"`; `period` may be left out (if given: `"1day"`, `"7days"`, `"1month"`).
+    /// Calendar windows, `"day"`, `"week"` or `"month"` (implies `algorithm = "fixed-window"`).
     pub calendar: Option<String>,
-    /// With `calendar`: the time zone whose midnights cut the windows, an IANA name such as
-    /// `"Europe/Paris"` (default `"UTC"`).
+    /// With `calendar`: the IANA time zone whose midnights cut the windows (default `"UTC"`).
     pub timezone: Option<String>,
-    /// With `calendar = "month"`: the day each window starts on, 1 to 31 (a billing day; in a
-    /// month without it, its last day). Default 1.
+    /// With `calendar = "month"`: the day each window starts on, 1 to 31 (default 1).
     pub anchor_day: Option<i64>,
-    /// Up to this much added at random to each refusal's `Retry-After`, such as `"5s"`, so that
-    /// refused clients do not all come back in the same second (never shortened).
+    /// Up to this much added at random to each refusal's `Retry-After` (never shortened).
     #[serde(default, deserialize_with = "some_duration")]
     pub retry_after_jitter: Option<Duration>,
-    /// Near the limit: from this share of a limit used (0.8: 80 %), admitted requests are counted
-    /// in `throttle_requests_near_limit_total` and shown to the `on_near_limit` hook.
+    /// From this share of a limit used (0.8: 80 %), admitted requests count as near the limit.
     pub near_limit: Option<f64>,
-    /// With `near_limit`: name the limits a request came near to its handler in the request
-    /// header `x-ratelimit-near` (default false).
+    /// With `near_limit`: name those limits to the handler in `x-ratelimit-near` (default false).
     pub near_limit_header: Option<bool>,
-    /// `{ after = 3, within = "1m", ban = "10m" }`: a key limited `after` times within `within` is
-    /// banned for `ban`.
+    /// `{ after, within, ban }`: a key limited `after` times within `within` is banned for `ban`.
     pub penalty: Option<PenaltyConfig>,
-    /// Counting by outcome: only responses with these statuses count, such as `[401, 403]` on a
-    /// login route (statuses 100–599, or classes `"4xx"`); the others are given back.
+    /// Only responses with these statuses (100–599, or `"4xx"`) count; the others are given back.
     #[serde(default, deserialize_with = "some_statuses")]
     pub count_statuses: Option<Vec<String>>,
-    /// Counting by outcome: responses with these statuses are given back, such as `["5xx"]`.
+    /// Responses with these statuses are given back, such as `["5xx"]`.
     #[serde(default, deserialize_with = "some_statuses")]
     pub refund_statuses: Option<Vec<String>>,
-    /// Sliced budgets for hot keys on Redis (GCRA, one quota): `budget = true` for the defaults, or
-    /// `budget = { slice_ttl = "250ms", max_slice = 1000, hot_after = 8 }` (see
-    /// [`Budget`](crate::policy::Budget)). Called `budget` because `lease` is a concurrency slot's lease.
+    /// Sliced budgets for hot keys on Redis (GCRA, one quota; [`Budget`](crate::policy::Budget)).
     pub budget: Option<BudgetConfig>,
-    /// A second limit whose cost is settled after the response, such as tokens:
-    /// `metered = { charge = "after-response", unit = "tokens", count = 100000, period = "1m",
-    /// estimate = 1000 }` (see [`MeteredConfig`]). With it, the route's own `count`/`period` may
-    /// be left out (tokens only).
+    /// A limit whose cost, such as tokens, is settled after the response ([`MeteredConfig`]).
     pub metered: Option<MeteredConfig>,
 }
 
@@ -302,34 +257,29 @@ fn some_estimate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EstimateConfi
     }))
 }
 
-/// A route's `metered` table: the limit whose cost is settled after the response.
+/// A route's `metered` table: the limit whose cost is settled after the response
+/// ([reference](crate::guide::configuration#metered----)).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct MeteredConfig {
     /// `"after-response"`, the only charge of a metered limit (optional; it says the intent).
     pub charge: Option<String>,
-    /// What the limit counts, such as `"tokens"`: the limit is named `{route}.{unit}` (default
-    /// `"units"`).
+    /// What the limit counts, such as `"tokens"`, naming it `{route}.{unit}` (default `"units"`).
     pub unit: Option<String>,
     /// Units per period.
     pub count: u64,
     /// The period, such as `"1m"`.
     #[serde(deserialize_with = "duration")]
     pub period: Duration,
-    /// `CL.THROTTLE`'s max_burst (the most one request may reserve is max_burst + 1); default
-    /// count - 1.
+    /// `CL.THROTTLE`'s max_burst: one request may reserve max_burst + 1 (default count - 1).
     pub max_burst: Option<u64>,
-    /// The units a request reserves when it is admitted (with `estimate_header`: when the header
-    /// is absent or not a number), or a field of the request body holding them,
-    /// `"json:max_tokens"` (when the body has no such number: the limit's burst, the most one
-    /// request may reserve). Required.
+    /// Units to reserve (if `estimate_header` is absent or not a number) or a body field; required.
     #[serde(default, deserialize_with = "some_estimate")]
     pub estimate: Option<EstimateConfig>,
     /// A request header holding the units to reserve, such as a client's `"x-max-tokens"`.
     pub estimate_header: Option<String>,
-    /// A response header (or trailer) holding the units the request used, such as
-    /// `"x-usage-tokens"`; without it (or when a response lacks it) the handler's `Meter` says.
+    /// A response header or trailer holding the units used; without it, the handler's `Meter` says.
     pub usage_header: Option<String>,
     /// How many units past its burst a settled cost may push a key (default `count`).
     pub max_debt: Option<u64>,
@@ -420,7 +370,7 @@ fn some_statuses<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>,
     ))
 }
 
-/// One quota of a stack (`quotas = [...]`).
+/// One quota of a stack (`quotas = [...]`; [reference](crate::guide::configuration#quotas----)).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -432,14 +382,11 @@ pub struct QuotaConfig {
     /// The period.
     #[serde(deserialize_with = "duration")]
     pub period: Duration,
-    /// A shadow limit of the route (not of a tier): counted and reported, never enforced
-    /// ([`PolicyBuilder::shadow`](crate::PolicyBuilder::shadow)).
+    /// Counted, never enforced ([`PolicyBuilder::shadow`](crate::PolicyBuilder::shadow)).
     #[serde(default)]
     pub shadow: bool,
-    /// This quota's own key, as the route's `key` is written (`"header:x-org-id"`): the route's
-    /// quotas are decided together, each under its own key, and a refusal by one charges none
-    /// ([`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)). Default: the route's
-    /// key. The route's own quotas only (not a tier's, not a shadow).
+    /// Its own key, written as `key` is (default: the route's; see
+    /// [`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)).
     pub key: Option<String>,
 }
 

@@ -16,17 +16,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::request::Parts;
 
-use crate::backend::{Adjustment, Backend, Charges, Decisions, Uses};
+use crate::backend::{Adjustment, Backend, Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps;
 use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
-use crate::error::{BackendError, BuildError};
+use crate::error::BackendError;
 use crate::key::ahead::{BodyAhead, KeyAhead, Missing};
 use crate::key::body::read::ErasedBody;
 use crate::key::Key;
-use crate::limit::{Limit, MAX_STACKED_QUOTAS};
+use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard, Settle};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
@@ -363,15 +363,9 @@ where
         prepared
     }
 
-    /// The backend's check of a limit made for one key (a customer's or an override's quota).
-    fn validate(&self, limit: &Limit) -> Result<(), BuildError> {
-        let limits = std::slice::from_ref(limit);
-        self.shared.backend.validate(limits, Uses::NOTHING_MORE)
-    }
-
     /// The limits of a customer's `quota`, if they can be enforced for this policy's requests.
     fn customer_quota(&self, quota: Quota) -> Option<Arc<CompiledTier>> {
-        let validate = |limit: &_| self.validate(limit);
+        let validate = |limit: &_| self.shared.validate_one(limit);
         let quotas = &self.extras.quotas;
         quotas.custom_tier(Namespace::Customer, quota, self.policy.cost, validate)
     }
@@ -472,7 +466,7 @@ where
         let request = RequestRef::of_parts(parts);
         match in_force {
             InForce::Override(Override::Quota(quota)) => {
-                let validate = |limit: &_| self.validate(limit);
+                let validate = |limit: &_| self.shared.validate_one(limit);
                 let tier = extras.override_tier(quota, rules.cost, validate);
                 Ok(QuotaAhead::Given(tier))
             }

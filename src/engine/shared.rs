@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use arc_swap::{ArcSwap, Guard};
 
 use crate::access::{AccessList, AddressSource};
-use crate::backend::{Adjustment, Backend, Charges};
+use crate::backend::{Adjustment, Backend, Charges, Uses};
 use crate::engine::settings::Settings;
 use crate::engine::slot::{Release, SlotOwner};
 use crate::engine::table::Table;
 use crate::engine::verdict::Judge;
+use crate::error::BuildError;
 use crate::key::Key;
 use crate::limit::Limit;
 use crate::overrides::cache::Overrides;
@@ -38,6 +39,16 @@ impl<K, B> Shared<K, B> {
         f.debug_struct(name)
             .field("policies", &names)
             .finish_non_exhaustive()
+    }
+
+    /// Whether the backend can take `limit` alone: the check a customer's or an override's quota
+    /// passes.
+    pub(crate) fn validate_one(&self, limit: &Limit) -> Result<(), BuildError>
+    where
+        B: Backend,
+    {
+        self.backend
+            .validate(std::slice::from_ref(limit), Uses::NOTHING_MORE)
     }
 }
 

@@ -1,13 +1,12 @@
 //! One message of a long-lived stream (`ThrottleHandle::check`), checked as the layer checks a
 //! request, with no request to answer: the handler gets the [`Decision`].
 
-use std::slice;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::access::Access;
 
-use crate::backend::{Backend, Charges, Decisions, Uses};
+use crate::backend::{Backend, Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::verdict::{not_one_per_limit, Judge};
@@ -98,11 +97,7 @@ pub(crate) fn before_backend<K, B: Backend>(
             Err(blocked)
         }
         Some(Override::Quota(quota)) => {
-            let validate = |l: &_| {
-                shared
-                    .backend
-                    .validate(slice::from_ref(l), Uses::NOTHING_MORE)
-            };
+            let validate = |l: &_| shared.validate_one(l);
             Ok(policy.overridable.override_tier(quota, cost, validate))
         }
     }

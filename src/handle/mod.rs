@@ -8,11 +8,10 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::slice;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::backend::{Backend, Charges, KeyState, Uses};
+use crate::backend::{Backend, Charges, KeyState};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::table::Table;
@@ -291,7 +290,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let mut tiers = Vec::with_capacity(rules.tiers.len() + 1);
         let custom = match override_in_force {
             Some(Override::Quota(quota)) => {
-                let validate = |l: &_| self.validate_one(l);
+                let validate = |l: &_| self.shared.validate_one(l);
                 rules.overridable.override_tier(quota, rules.cost, validate)
             }
             _ => None,
@@ -555,11 +554,6 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             self.shared.backend.reloaded(&changed);
         }
         Ok(())
-    }
-
-    /// Whether the backend can take `limit` alone: the check an override's quota passes.
-    pub(crate) fn validate_one(&self, limit: &Limit) -> Result<(), BuildError> {
-        (self.shared.backend).validate(slice::from_ref(limit), Uses::NOTHING_MORE)
     }
 
     pub(crate) fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>

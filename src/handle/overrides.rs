@@ -81,7 +81,7 @@ where
                 .overridable
                 .quotas
                 .enforceable(Namespace::Override, quota, rules.cost, |l| {
-                    self.validate_one(l)
+                    self.shared.validate_one(l)
                 })
                 .map_err(|e| invalid(policy, e.to_string()))?;
         }

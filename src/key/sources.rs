@@ -52,6 +52,13 @@ pub(crate) fn query_values<'q>(query: &'q [u8], name: &'q [u8]) -> impl Iterator
     })
 }
 
+/// The decoded value of the parameter `name` of `query` (a query string or a form body), picked as
+/// `on_duplicate` says; `None` if absent or empty.
+pub(crate) fn query_value(query: &[u8], name: &[u8], on_duplicate: OnDuplicate) -> Option<Vec<u8>> {
+    let value = on_duplicate.pick(query_values(query, name))?;
+    Some(percent_decode(value, true)).filter(|v| !v.is_empty())
+}
+
 /// A key from non-empty decoded bytes.
 fn key_of(bytes: Vec<u8>) -> Option<Key> {
     (!bytes.is_empty()).then(|| Key::from(bytes))
@@ -111,18 +118,10 @@ named_source!(
     "The parameter's name."
 );
 
-impl QueryParam {
-    fn value(&self, query: &str) -> Option<Key> {
-        let value = self
-            .on_duplicate
-            .pick(query_values(query.as_bytes(), self.name.as_bytes()))?;
-        key_of(percent_decode(value, true))
-    }
-}
-
 impl<B> KeyExtractor<B> for QueryParam {
     fn extract(&self, request: &Request<B>) -> Option<Key> {
-        self.value(request.uri().query()?)
+        let query = request.uri().query()?.as_bytes();
+        query_value(query, self.name.as_bytes(), self.on_duplicate).map(Key::from)
     }
 
     fn describe(&self) -> String {

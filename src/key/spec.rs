@@ -143,35 +143,11 @@ impl fmt::Display for Composite {
 /// # Ok(()) }
 /// ```
 ///
-/// ```text
-/// error[E0308]: mismatched types
-///   |     let layer = ThrottleLayer::builder().policy(per_ip).policy(per_user).build()?;
-///   |                                                  ------ ^^^^^^^^ expected `Policy<PeerIp>`, found `Policy<Header>`
-/// ```
-///
 /// Give every policy a `KeySpec` instead: each built-in extractor converts into one with `From`
-/// (`KeySpec::from(PeerIp::new())`), and the keys are the extractors' own. For extractors of your own
-/// (closures, [`Extension`](super::Extension)), use [`BoxKeyExtractor`](super::BoxKeyExtractor) the same way.
-///
-/// ```
-/// use tower_throttle::key::{Header, KeySpec, PeerIp};
-/// use tower_throttle::{Policy, Quota, ThrottleLayer};
-///
-/// # fn layer() -> Result<(), tower_throttle::BuildError> {
-/// let per_ip = Policy::builder("ip")
-///     .quota(Quota::per_second(10))
-///     .key(KeySpec::from(PeerIp::new()))
-///     .build()?;
-/// let per_user = Policy::builder("user")
-///     .quota(Quota::per_second(5))
-///     .key(KeySpec::from(Header::new("x-user-id")))
-///     .route("/reply")
-///     .build()?;
-/// let layer = ThrottleLayer::builder().policy(per_user).policy(per_ip).build()?;
-/// # let _ = layer;
-/// # Ok(()) }
-/// # layer().unwrap();
-/// ```
+/// (`KeySpec::from(PeerIp::new())`), and the keys are the extractors' own; the guide's
+/// [conditions example](crate::guide::policies#conditions-headers-host-query) mixes two kinds. For
+/// extractors of your own (closures, [`Extension`](super::Extension)), use
+/// [`BoxKeyExtractor`](super::BoxKeyExtractor) the same way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeySpec {

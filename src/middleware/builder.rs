@@ -101,8 +101,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// for keys that are personal data (IP addresses, user ids, API keys). Default false.
     ///
     /// Without a secret ([`redact_keys_with`](Self::redact_keys_with)) the layer makes one up:
-    /// pseudonyms are then stable within the process only. (Earlier versions showed a bare SHA-256 of
-    /// the key, which gives an IPv4 address away to anyone who hashes all 2^32 of them.)
+    /// pseudonyms are then stable within the process only.
     pub fn redact_keys(mut self, redact: bool) -> Self {
         self.settings.redact_keys = redact;
         self

@@ -379,26 +379,6 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    ReqBody: 'static,
-    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
-{
-    /// The state after the extended path's verdict. Never inlined: kept out of `poll`, the fast
-    /// path's `poll` stays small enough to be inlined into its caller.
-    #[inline(never)]
-    fn prepared(
-        prepared: Prepared,
-        (mut service, kept): (S, Option<ReqBody>),
-        in_flight: Option<InFlight>,
-    ) -> State<S, ReqBody, D> {
-        let in_flight = called(in_flight);
-        let carried = Self::carry_out_prepared(prepared, &mut service, kept);
-        carried.counted(in_flight).state
-    }
-}
-
 impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -418,6 +398,19 @@ where
     ReqBody: 'static,
     D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
+    /// The state after the extended path's verdict. Never inlined: kept out of `poll`, the fast
+    /// path's `poll` stays small enough to be inlined into its caller.
+    #[inline(never)]
+    fn prepared(
+        prepared: Prepared,
+        (mut service, kept): (S, Option<ReqBody>),
+        in_flight: Option<InFlight>,
+    ) -> State<S, ReqBody, D> {
+        let in_flight = called(in_flight);
+        let carried = Self::carry_out_prepared(prepared, &mut service, kept);
+        carried.counted(in_flight).state
+    }
+
     /// The future's `poll`, with the body made by `plain` of the inner body as it came (nothing
     /// held, no field added) or by `held` of a [`ThrottleBody`]: a response with another body type
     /// (`AxumBody`'s) is made in one step.

@@ -48,9 +48,7 @@ impl<K, B> ThrottleLayer<K, B> {
             shared: Arc::new(shared),
         }
     }
-}
 
-impl<K, B> ThrottleLayer<K, B> {
     /// The counter of distinct limited keys, if the layer has one.
     pub fn offenders(&self) -> Option<&Offenders> {
         self.shared.settings.offenders.as_ref()

@@ -30,10 +30,7 @@
 //! confirmed baseline is not drained again until it falls by a quarter (a new, faster service). The
 //! concurrency is the limit the interval ran under (its peak in flight if lower): a mean in flight
 //! by Little (latencies over the span) was off by a fifth at an interval's edges and hid the growth
-//! past the knee. The constants (`little.rs`) are reasoned, not tuned: with them no earlier
-//! scenario's numbers moved. The simulator sees the service unloaded even when overloaded from the
-//! start (its first interval closes on 10 completions, on idle workers); the unit test
-//! `gradient_finds_the_workers_when_the_service_was_never_seen_unloaded` drives one that never is.
+//! past the knee. The constants are in `little.rs`.
 //!
 //! **Gradient, not Vegas**: Vegas's queue estimate `limit × (1 − rtt_min / rtt)` needs a true
 //! minimum RTT; a stale one makes every later sample look queued and sticks it at the minimum

@@ -131,8 +131,6 @@ impl Overload {
             min: self.min,
             max: self.max,
             initial: self.initial(),
-            // The algorithms' knobs: defaults tuned by the simulator (limit.rs says which
-            // scenario set which).
         }
     }
 

@@ -198,13 +198,7 @@ impl GcraTable {
             shard.evict_nearest_refill(now, self.shard_cap, &self.hasher);
         }
         shard.note_tolerance(id, params.tolerance() as f32);
-        let record = TatRecord {
-            tat: AtomicU64::new(tat),
-            limit: id,
-            key,
-        };
-        let rehash = |s: &TatRecord<K>| s.key.record_hash(s.limit, &self.hasher);
-        K::table_mut(shard).insert_unique(hash, record, rehash);
+        shard.insert_record(&self.hasher, hash, id, key, tat);
     }
 
     /// `key`'s state under limit `id`, for a quantity of 0 and of 1: nothing is written.
@@ -423,6 +417,23 @@ fn sweep_table<K: RecordKey>(
 }
 
 impl GcraShard {
+    /// Inserts `key`'s TAT under `limit`, whose record hashes to `hash`: not in the table yet.
+    fn insert_record<K: RecordKey>(
+        &mut self,
+        hasher: &foldhash::fast::RandomState,
+        hash: u64,
+        limit: u32,
+        key: K,
+        tat: u64,
+    ) {
+        let record = TatRecord {
+            tat: AtomicU64::new(tat),
+            limit,
+            key,
+        };
+        K::table_mut(self).insert_unique(hash, record, |s| s.key.record_hash(s.limit, hasher));
+    }
+
     fn len(&self) -> usize {
         self.v4.len() + self.v6.len() + self.other.len()
     }

@@ -50,25 +50,15 @@ const MAX_SHARDS: usize = 1024;
 /// own, where a decision takes no lock at all: only its TAT's compare-and-swap is shared between
 /// the threads. Shards sit on cache lines of their own.
 ///
-/// **Eviction.** A key whose TAT has passed is indistinguishable from a key never seen, so dropping it
-/// loses nothing. Each shard drops the keys that refilled more than a second ago when it has doubled
-/// in size since the last sweep, and at most once a second otherwise, during the calls that use it:
-/// no background task, nothing to call. The cost is amortized O(1) per decision. The second's grace
-/// keeps a client that comes back soon after refilling in place, decided under the read lock rather
-/// than inserted again under the write lock.
-///
-/// **The cap.** At most [`max_keys`](MemoryBackendBuilder::max_keys) keys are live in this table
-/// (default 1,000,000, split evenly across the shards). When a shard is full of keys that have not refilled yet (many
-/// distinct clients within one refill period, such as an attack from rotating addresses), it forgets
-/// about an eighth of its keys: those that have used the smallest share of their own limit's tolerance
-/// (the closest to fully refilled, whatever the limit's period). They start again with a full burst.
-/// A client being limited has used all of its tolerance, so it is forgotten last: an attacker rotating
-/// through fresh keys cannot reset it without spending each key's whole limit.
-/// Memory is therefore bounded by the cap: each key is one table entry (plus hashbrown's control byte
-/// and spare capacity) of 16 bytes for an IPv4 key, 32 for an IPv6 key and 40 for any other key,
-/// and a byte-string key also owns its bytes on the heap (at most 64; longer keys are stored as a
-/// 32-byte SHA-256 digest). IP keys own nothing beyond the entry: a million live IPv4 keys take about
-/// 36 MB (`cargo bench --bench footprint`).
+/// **Eviction and the cap** ([the guide](crate::guide::performance#the-in-memory-backend) says
+/// more): a key whose TAT has passed is the same as a key never seen; each shard drops those that
+/// refilled over a second ago (the grace keeps a returning client under the read lock) when it has
+/// doubled in size since its last sweep, and at most once a second otherwise, during the calls that
+/// use it: no background task. At [`max_keys`](MemoryBackendBuilder::max_keys) (default 1,000,000,
+/// split over the shards) a full shard forgets about an eighth of its keys, those that used the
+/// smallest share of their own limit's tolerance: a client being limited is forgotten last. An
+/// entry is 16 bytes for an IPv4 key, 32 for IPv6, 40 for any other (whose bytes, at most 64, or a
+/// longer key's SHA-256, are on the heap): about 36 MB a million IPv4 keys (`--bench footprint`).
 ///
 /// **Other algorithms and stacks.** The [window algorithms](crate::window), the concurrency limit
 /// and [stacks of limits](crate::backend::Charges::stack) (whose GCRA limits keep their TAT here,

@@ -373,7 +373,28 @@ impl Settings {
     async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
         let budget = self.start_budget();
         let name = self.name.to_string();
-        let conn = RedisConnection::open(target, self.timeout, budget).await?;
+        let connecting = async {
+            let client = match target {
+                Target::Manager(manager) => return Ok(RedisConnection::Single(manager)),
+                Target::ClusterConnection(connection) => {
+                    return Ok(RedisConnection::cluster_of(connection))
+                }
+                Target::Urls(urls) => cluster_client(&urls, self.timeout)?,
+                Target::ClusterClient(client) => *client,
+            };
+            client
+                .get_async_connection()
+                .await
+                .map(RedisConnection::cluster_of)
+                .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
+        };
+        let conn = tokio::time::timeout(budget, connecting)
+            .await
+            .map_err(|_| {
+                BackendError::new(format!(
+                    "Redis did not accept a connection within {budget:?}"
+                ))
+            })??;
         let state = self.state_on(conn);
         let mut conn = state.conn.clone();
         let cluster = conn.cluster();

@@ -189,10 +189,12 @@ impl RedisBackend {
         .map_err(BackendError::new)
     }
 
-    /// Whether the backend (some clone of it) still exists, for tasks that must not outlive it.
+    /// Says whether the backend (some clone of it) still exists, without keeping it alive: for
+    /// tasks that must not outlive it.
     #[cfg(feature = "config")]
-    pub(crate) fn liveness(&self) -> Liveness {
-        Liveness(Arc::downgrade(&self.state))
+    pub(crate) fn liveness(&self) -> impl Fn() -> bool + Send + 'static {
+        let state = Arc::downgrade(&self.state);
+        move || state.strong_count() > 0
     }
 
     /// The backend's connection, shared by the offender counts and the access lists.
@@ -211,17 +213,6 @@ impl RedisBackend {
     /// [layout](crate::guide::redis#key-layout)).
     pub fn state_key(&self, limit: &Limit, key: &Key) -> String {
         args::state_key(&self.state.prefix, limit, key)
-    }
-}
-
-/// Says whether a [`RedisBackend`] still exists, without keeping it alive.
-#[cfg(feature = "config")]
-pub(crate) struct Liveness(std::sync::Weak<RedisState>);
-
-#[cfg(feature = "config")]
-impl Liveness {
-    pub(crate) fn alive(&self) -> bool {
-        self.0.strong_count() > 0
     }
 }
 
@@ -342,7 +333,17 @@ impl Backend for RedisBackend {
             }
             Adjustment::Release { lease } => {
                 for (i, limit) in limits.iter().enumerate() {
-                    self.release(limit, key, charges.quantity(i), lease);
+                    let quantity = charges.quantity(i);
+                    if let Some(count) = limit.concurrency()
+                        && quantity > 0
+                        && lease > 0
+                    {
+                        let length = limit.lease().unwrap_or(DEFAULT_LEASE);
+                        let key = self.state_key(limit, key);
+                        self.state
+                            .leases
+                            .release(key, lease, quantity.min(count), length);
+                    }
                 }
             }
         }
@@ -376,22 +377,6 @@ impl Backend for RedisBackend {
 
     fn records(&self) -> Option<Arc<dyn crate::backend::Records>> {
         Some(Arc::new(records::RedisRecords(self.state.clone())))
-    }
-}
-
-impl RedisBackend {
-    /// Gives back the slot of a request admitted under a concurrency `limit`, by its lease.
-    fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
-        if let Some(count) = limit.concurrency()
-            && quantity > 0
-            && lease > 0
-        {
-            let length = limit.lease().unwrap_or(DEFAULT_LEASE);
-            let key = self.state_key(limit, key);
-            self.state
-                .leases
-                .release(key, lease, quantity.min(count), length);
-        }
     }
 }
 

@@ -37,18 +37,6 @@ const RELOAD: &str = "!reload";
 /// The first line of a message of records (records.rs) changed; the table's name follows.
 pub(super) const RECORDS: &str = "!records\n";
 
-/// Tells the other processes that `keys` were reset (a process that misses it drops all it
-/// cached when it subscribes again).
-pub(super) async fn publish(
-    conn: &mut RedisConnection,
-    prefix: &str,
-    keys: &[String],
-) -> redis::RedisResult<()> {
-    // A refusal (NOPERM) comes as a value, which `query_async` makes an error.
-    let cmd = publish_cmd(conn, prefix, keys.join("\n"));
-    cmd.query_async::<()>(conn).await
-}
-
 /// A reload changed the limits `changed`: drops what is cached under them, and tells the others.
 pub(super) fn reloaded(state: &RedisState, changed: &[&str]) {
     forget_limits(state, changed.iter().copied());

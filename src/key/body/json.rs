@@ -330,10 +330,6 @@ mod tests {
         Some(text.into())
     }
 
-    fn n(text: &str) -> Option<String> {
-        Some(text.into())
-    }
-
     #[test]
     fn strings_are_compared_decoded() {
         assert_eq!(at(r#"{"username":"abc"}"#, "username"), s("abc"));
@@ -351,14 +347,14 @@ mod tests {
     #[test]
     fn numbers_have_one_spelling() {
         for doc in ["10", "1e1", "10.0", "100e-1", "1.0E+1"] {
-            assert_eq!(at(&format!(r#"{{"n":{doc}}}"#), "n"), n("10"), "{doc}");
+            assert_eq!(at(&format!(r#"{{"n":{doc}}}"#), "n"), s("10"), "{doc}");
         }
-        assert_eq!(at(r#"{"n":-0}"#, "n"), n("0"));
-        assert_eq!(at(r#"{"n":-0.0}"#, "n"), n("0"));
-        assert_eq!(at(r#"{"n":0.5}"#, "n"), n("0.5"));
+        assert_eq!(at(r#"{"n":-0}"#, "n"), s("0"));
+        assert_eq!(at(r#"{"n":-0.0}"#, "n"), s("0"));
+        assert_eq!(at(r#"{"n":0.5}"#, "n"), s("0.5"));
         assert_eq!(at(r#"{"n":1e400}"#, "n"), None);
         let long = "9".repeat(5000);
-        assert_eq!(at(&format!(r#"{{"n":{long}}}"#), "n"), n(&long));
+        assert_eq!(at(&format!(r#"{{"n":{long}}}"#), "n"), s(&long));
     }
 
     #[test]

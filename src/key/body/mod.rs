@@ -12,7 +12,7 @@ use http::header::CONTENT_TYPE;
 use http::HeaderMap;
 
 use super::extract::OnDuplicate;
-use super::sources::{percent_decode, query_values};
+use super::sources::query_value;
 use super::value::Key;
 
 /// How many bytes of a body a policy reads by default for a body key or estimate (16 KiB).
@@ -86,7 +86,7 @@ impl BodyField {
         let essence = content_type.split(';').next()?.trim().to_ascii_lowercase();
         if self.form {
             (essence == "application/x-www-form-urlencoded").then_some(())?;
-            form_value(body, self.path[0].as_bytes())
+            query_value(body, self.path[0].as_bytes(), OnDuplicate::Refuse)
         } else {
             let json = essence == "application/json"
                 || (essence.starts_with("application/") && essence.ends_with("+json"));
@@ -113,12 +113,6 @@ fn name(spec: &str, name: &str) -> Result<Box<str>, String> {
         ));
     }
     Ok(name.into())
-}
-
-/// The decoded value of the one field `name` of a form body; `None` if absent, empty or twice.
-fn form_value(body: &[u8], name: &[u8]) -> Option<Vec<u8>> {
-    let value = OnDuplicate::Refuse.pick(query_values(body, name))?;
-    Some(percent_decode(value, true)).filter(|v| !v.is_empty())
 }
 
 impl std::str::FromStr for BodyField {

@@ -1,9 +1,7 @@
 //! Moving a key into its shard's hot slot and back into the table (the protocol is in hot.rs).
 
-use std::sync::atomic::AtomicU64;
-
 use super::hot::HotKey;
-use super::{write, GcraShard, GcraTable, RecordKey, Shard, TatRecord};
+use super::{write, GcraShard, GcraTable, RecordKey, Shard};
 use crate::backend::memory::tuning::SWEEP_GRACE_NANOS;
 use crate::clock::Clock;
 
@@ -60,25 +58,17 @@ impl GcraTable {
         if tat <= now {
             return;
         }
-        fn insert<K: RecordKey>(
-            table: &mut GcraShard,
-            hasher: &foldhash::fast::RandomState,
-            limit: u32,
-            key: K,
-            tat: u64,
-        ) {
-            let hash = key.record_hash(limit, hasher);
-            let record = TatRecord {
-                tat: AtomicU64::new(tat),
-                limit,
-                key,
-            };
-            K::table_mut(table).insert_unique(hash, record, |s| s.key.record_hash(s.limit, hasher));
-        }
+        let hasher = &self.hasher;
         match key {
-            HotKey::V4(k) => insert(table, &self.hasher, limit, k, tat),
-            HotKey::V6(k) => insert(table, &self.hasher, limit, k, tat),
-            HotKey::Other(k) => insert(table, &self.hasher, limit, k, tat),
+            HotKey::V4(k) => {
+                table.insert_record(hasher, k.record_hash(limit, hasher), limit, k, tat)
+            }
+            HotKey::V6(k) => {
+                table.insert_record(hasher, k.record_hash(limit, hasher), limit, k, tat)
+            }
+            HotKey::Other(k) => {
+                table.insert_record(hasher, k.record_hash(limit, hasher), limit, k, tat)
+            }
         }
     }
 }

@@ -57,29 +57,6 @@ pub(crate) enum RedisConnection {
 }
 
 impl RedisConnection {
-    /// Opens the connection to a Cluster or takes the user's connection manager, within `budget`.
-    pub(crate) async fn open(
-        target: Target,
-        timeout: Duration,
-        budget: Duration,
-    ) -> Result<RedisConnection, BackendError> {
-        let connecting = async {
-            match target {
-                Target::Urls(urls) => connect_cluster(cluster_client(&urls, timeout)?).await,
-                Target::Manager(manager) => Ok(RedisConnection::Single(manager)),
-                Target::ClusterClient(client) => connect_cluster(*client).await,
-                Target::ClusterConnection(connection) => Ok(Self::cluster_of(connection)),
-            }
-        };
-        tokio::time::timeout(budget, connecting)
-            .await
-            .map_err(|_| {
-                BackendError::new(format!(
-                    "Redis did not accept a connection within {budget:?}"
-                ))
-            })?
-    }
-
     /// A Cluster connected already (by `connect`, or given as it is).
     pub(crate) fn cluster_of(connection: ClusterConnection) -> Self {
         let cluster = LazyCluster::new(String::new());
@@ -184,14 +161,6 @@ pub(crate) fn cluster_client(
         .retries(0)
         .build()
         .map_err(|e| connect_error(&urls.join(", "), e))
-}
-
-async fn connect_cluster(client: ClusterClient) -> Result<RedisConnection, BackendError> {
-    client
-        .get_async_connection()
-        .await
-        .map(RedisConnection::cluster_of)
-        .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
 }
 
 /// Whether `CL.THROTTLE` exists on this server (`cluster`: `None`) or every primary of `cluster`.

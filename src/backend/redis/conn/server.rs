@@ -302,8 +302,7 @@ impl SingleServer {
     /// partition's minority side): it is confirmed as a reconnect finds the primary (the first
     /// sentinel whose primary says so itself) before the connection is dropped. Unconfirmed (or
     /// not confirmed in time), the name is doubted: confirmed again after 1 s, then 2, 4... up to
-    /// 8 s. Without it, a lagging sentinel dropped the connection to the right primary every
-    /// second.
+    /// 8 s.
     pub(crate) async fn follow_sentinels(&self, source: &mut Source) {
         let Some(live) = self.current() else { return };
         let Some(named) = source.primary_address(self.timeout).await else {

@@ -184,8 +184,11 @@ impl RedisState {
             deleted.await?;
             // After Redis forgot the key: a rejection cached meanwhile would outlive the reset.
             resets::forget_keys(&state, state_keys.iter().map(String::as_str));
+            // Tells the others (one that misses it drops all it cached when it subscribes again).
             let mut conn = state.conn.clone();
-            let publish = resets::publish(&mut conn, &state.prefix, &state_keys);
+            let tell = resets::publish_cmd(&conn, &state.prefix, state_keys.join("\n"));
+            // A refusal (NOPERM) comes as a value, which `query_async` makes an error.
+            let publish = tell.query_async::<()>(&mut conn);
             // Reset here and in Redis, but another process may still refuse from its cache until
             // the retry time: said, so that the operator can reset again.
             let why = match tokio::time::timeout(state.timeout, publish).await {

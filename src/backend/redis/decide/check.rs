@@ -9,6 +9,7 @@ use redis::RedisError;
 use std::sync::atomic::Ordering;
 
 use super::deny::Rejection;
+use super::lease::Unanswered;
 use crate::backend::redis::conn::connection::is_unknown_command;
 use crate::backend::redis::health::breaker::{guarded, guarded_on, Guarded};
 use crate::backend::redis::speedup::budget::{Fetching, Local};
@@ -169,15 +170,19 @@ impl RedisState {
         let decided = self.send_limits(call);
         let lease = limit.lease().zip(limit.concurrency());
         // A concurrency check never answered may still have taken slots: this gives them back.
-        let mut unanswered = lease.map(|(lease, count)| {
-            self.leases
-                .unanswered(state_key.clone(), token, quantity.min(count), lease)
+        let mut unanswered = lease.map(|(lease, count)| Unanswered {
+            leases: self.leases.clone(),
+            key: state_key.clone(),
+            token,
+            quantity: quantity.min(count),
+            lease,
         });
         Box::pin(async move {
             let decisions = decided.await;
             let known = !matches!(&decisions, Err(e) if !e.unsent());
             if let (true, Some(unanswered)) = (known, &mut unanswered) {
-                unanswered.answered();
+                // The answer arrived: what the check took is known, nothing to give back.
+                unanswered.quantity = 0;
             }
             let decision = decisions?
                 .pop()

@@ -108,23 +108,6 @@ impl Leases {
         self.give_back(key, token, quantity, lease);
     }
 
-    /// What a concurrency check may take under `token` until it is answered ([`Unanswered`]).
-    pub(crate) fn unanswered(
-        self: &Arc<Self>,
-        key: String,
-        token: u64,
-        quantity: u64,
-        lease: Duration,
-    ) -> Unanswered {
-        Unanswered {
-            leases: self.clone(),
-            key,
-            token,
-            quantity,
-            lease,
-        }
-    }
-
     /// Removes a request's units on a spawned task, past the breaker, retried until Redis answers or
     /// the lease ends (a lost release holds a slot a whole lease; without a runtime, it expires).
     fn give_back(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
@@ -169,18 +152,11 @@ impl Leases {
 
 /// The units a concurrency check may have taken; dropped unanswered, it gives them back.
 pub(crate) struct Unanswered {
-    leases: Arc<Leases>,
-    key: String,
-    token: u64,
-    quantity: u64,
-    lease: Duration,
-}
-
-impl Unanswered {
-    /// The answer arrived: what the check took is known.
-    pub(crate) fn answered(&mut self) {
-        self.quantity = 0;
-    }
+    pub(crate) leases: Arc<Leases>,
+    pub(crate) key: String,
+    pub(crate) token: u64,
+    pub(crate) quantity: u64,
+    pub(crate) lease: Duration,
 }
 
 impl Drop for Unanswered {

@@ -252,6 +252,13 @@ mod tests {
     use super::*;
     use crate::backend::redis::conn::redirect;
 
+    /// A Lua-mode breaker with a second's timeout, on `nodes` (a Cluster's) or one server.
+    fn breaker(nodes: Option<Arc<ClusterNodes>>, clock: Clock) -> Arc<Breaker> {
+        let second = Duration::from_secs(1);
+        let breaker = Breaker::new(second, nodes, None, RedisMode::Lua, "test", clock);
+        Arc::new(breaker)
+    }
+
     fn timed_out() -> RedisError {
         RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
     }
@@ -261,14 +268,7 @@ mod tests {
     #[tokio::test]
     async fn a_timeout_opens_one_servers_breaker_only_if_nothing_answered_since() {
         let clock = Clock::new();
-        let breaker = Arc::new(Breaker::new(
-            Duration::from_secs(1),
-            None,
-            None,
-            RedisMode::Lua,
-            "test",
-            clock,
-        ));
+        let breaker = breaker(None, clock);
         let timeout = Duration::from_millis(100);
         let slow = guarded(
             &breaker,
@@ -301,14 +301,7 @@ mod tests {
         let clock = Clock::new();
         let nodes = Arc::new(ClusterNodes::new(Duration::from_secs(1), "test", clock));
         nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
-        let breaker = Arc::new(Breaker::new(
-            Duration::from_secs(1),
-            Some(nodes.clone()),
-            None,
-            RedisMode::Lua,
-            "test",
-            clock,
-        ));
+        let breaker = breaker(Some(nodes.clone()), clock);
         let key = "throttle:api:{k}";
         let tried_again = move |nodes: Arc<ClusterNodes>| async move {
             tokio::spawn(async move { redirect::heard_tryagain(&nodes, key) })

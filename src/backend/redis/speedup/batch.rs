@@ -95,9 +95,8 @@ impl Lane {
     }
 
     /// Whether a check just queued sends the waiting checks now: none in flight, a full batch
-    /// behind fewer than [`IN_FLIGHT`], or a batch of [`MAX_BATCH`] however many are in flight.
-    /// Without the last, a lane drained at most two batches a round trip (25,600 checks a second
-    /// at 10 ms): past that the queue grew until every check timed out.
+    /// behind fewer than [`IN_FLIGHT`], or a batch of [`MAX_BATCH`] however many are in flight:
+    /// two batches a round trip would cap a lane (25,600 checks a second at 10 ms).
     fn due(&self) -> bool {
         self.in_flight == 0
             || (self.in_flight < IN_FLIGHT && self.full())
@@ -136,7 +135,7 @@ impl Lane {
 
 /// The window of the checks queued behind the first one, held by it ([`Batcher::within_window`]):
 /// dropped with the check (its client gone before its answer or the window's end), the window is
-/// handed to a task.
+/// handed to a task, or the others would wait for the batches ahead (round trips on a slow link).
 struct WindowHeld<'a> {
     batcher: &'a Arc<Batcher>,
     runtime: &'a tokio::runtime::Handle,
@@ -272,10 +271,8 @@ impl Batcher {
 
     /// The first check to queue behind a batch in flight waits for its answer, and ends the wait
     /// of the checks queued with it when the window ends first (unless a batch took them: the
-    /// lane's `taken` moved on from `taken`). Held by the check itself: a timer, and no task, on
-    /// the common path where a batch answers within the window. A first check dropped before then
-    /// (its client gone) hands the window to a task, or the others would wait for the batches
-    /// ahead, round trips on a slow link.
+    /// lane's `taken` moved on from `taken`). Held by the check itself ([`WindowHeld`]): a timer,
+    /// and no task, on the common path where a batch answers within the window.
     async fn within_window(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
@@ -520,22 +517,14 @@ async fn send_limits(
         rest = later;
         let answer = match &mine[0] {
             // This item failed (its error's text): the error limits.lua alone would have met.
-            redis::Value::BulkString(text) => {
-                let text = String::from_utf8_lossy(text);
-                let (code, detail) = text.split_once(' ').unwrap_or((&text, ""));
-                let error = RedisError::from((
-                    ErrorKind::Server(ServerErrorKind::ResponseError),
-                    "the limits script failed",
-                    format!("{code} {detail}"),
-                ));
-                if left_mid_script(&error) {
-                    // Its key left its migrating slot as it ran (before the item wrote): alone,
-                    // it is redirected or waits like any check on a missing key.
+            redis::Value::BulkString(text) => match scripts::failed_item(text) {
+                // Its key left its migrating slot as it ran (before the item wrote): alone, it is
+                // redirected or waits like any check on a missing key.
+                error if left_mid_script(&error) => {
                     scripts::limits(conn, call).await.map(Reply::Limits)
-                } else {
-                    Err(error)
                 }
-            }
+                error => Err(error),
+            },
             _ => mine
                 .iter()
                 .map(redis::from_redis_value_ref::<i64>)

@@ -73,21 +73,6 @@ fn a_batch_of_max_batch_leaves_whatever_is_in_flight() {
 }
 
 #[test]
-fn a_lone_check_follows_a_lone_check_at_once() {
-    let mut lane = lane(1);
-    lane.take();
-    lane.waiting = waiting(1);
-    assert!(
-        lane.full(),
-        "one check in flight, the last batch (none) empty"
-    );
-    lane.last_size = 1;
-    lane.ended(1);
-    lane.waiting = waiting(1);
-    assert!(lane.full());
-}
-
-#[test]
 fn a_lane_with_nothing_in_flight_counts_no_check_in_flight() {
     let mut lane = lane(MAX_BATCH + 5);
     let batch = lane.take();

@@ -397,14 +397,4 @@ mod tests {
             Local::Fetch(..)
         ));
     }
-
-    #[test]
-    fn a_forgotten_key_has_no_slice() {
-        let budgets = Arc::new(Budgets::default());
-        let budget = budget(100);
-        let local = |key: &str, units| budgets.local(key, &budget, 100, units);
-        grant(&budgets, "k", 5, 0, Duration::from_secs(60));
-        budgets.forget("k");
-        assert!(matches!(local("k", 1), Local::PerRequest));
-    }
 }

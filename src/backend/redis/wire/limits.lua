@@ -195,15 +195,10 @@ local function calendar_window(key, limit, finish, q, lengths)
 end
 
 -- A sliding window's counts in `window` and the one before, as a key holds them (`w`, `c`, `p`,
--- as read_sliding reads them; nil: none).
+-- as read_sliding reads them; nil: none). settle.lua reads them too.
 local function counts_in(window, w, c, p)
   if w == window then return c, p end
   if w and w + 1 == window then return 0, c end
-end
-
--- As counts_in, read from `key`. settle.lua reads them too.
-local function sliding_counts(key, window)
-  return counts_in(window, read_sliding(key))
 end
 
 local function sliding_window(key, limit, period, q)

@@ -101,6 +101,14 @@ pub(crate) async fn limits(
     limits_decisions(call, &reply)
 }
 
+/// A batch item's failure, from the error's text in its reply (limits_batch.lua): the error
+/// `limits.lua` alone would have met.
+pub(crate) fn failed_item(text: &[u8]) -> RedisError {
+    let text = String::from_utf8_lossy(text).into_owned();
+    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError);
+    RedisError::from((kind, "the limits script failed", text))
+}
+
 /// The decisions of `call` in `limits.lua`'s reply to it (alone, or its part of a batch's).
 pub(crate) fn limits_decisions(
     call: &LimitsCall,

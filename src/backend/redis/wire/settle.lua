@@ -75,7 +75,7 @@ end
 
 local function sliding_window(key, period, quantity)
   local window = floordiv(now_us, period)
-  local current, previous = sliding_counts(key, window)
+  local current, previous = counts_in(window, read_sliding(key))
   if not current then return end
   local back = window - floordiv(admitted_after, period)
   if back == 0 then
