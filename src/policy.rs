@@ -498,7 +498,7 @@ impl<K> PolicyBuilder<K> {
 
     /// Fixed windows on the calendar of a time zone, with the rules of
     /// [`Limit::with_calendar`](crate::Limit::with_calendar), checked when the policy is built
-    /// (feature `calendar`; [guide](crate::guide::policies#calendar-periods)).
+    /// (feature `calendar`; the policies guide's *Calendar periods*, `guide::policies`).
     ///
     /// ```
     /// use tower_throttle::key::Header;
@@ -705,8 +705,8 @@ impl<K> PolicyBuilder<K> {
     /// forgets both; [`peek`](crate::ops::ThrottleHandle::peek) shows the policy's own limits.
     ///
     /// The quota should be a function of the key (a plan): a key whose requests alternate between
-    /// two quotas is decided under each in turn. An example is in the guide's
-    /// [limits per customer](crate::guide::policies#limits-per-customer).
+    /// two quotas is decided under each in turn. An example is in the policies guide's *Limits per
+    /// customer* (`guide::policies`).
     pub fn quota_from<F>(mut self, quota: F) -> Self
     where
         F: Fn(&http::request::Parts, &crate::key::Key) -> Option<Quota> + Send + Sync + 'static,
@@ -762,7 +762,7 @@ impl<K> PolicyBuilder<K> {
 
     /// Counts only the requests whose response `counts` accepts; the others are given back
     /// ([`Adjustment::Refund`](crate::backend::Adjustment::Refund)), exactly under concurrency
-    /// ([guide](crate::guide::policies#counting-by-outcome)). On a login route,
+    /// (the policies guide's *Counting by outcome*). On a login route,
     /// `count_only(|s| s == 401 || s == 403)` limits failed attempts and never a user who logs in.
     /// A request whose response never comes counts. A gRPC call is judged by the `grpc-status` in
     /// its response headers, as a handler's error is sent (`UNAUTHENTICATED` as `401`,

@@ -145,7 +145,7 @@ impl fmt::Display for Composite {
 ///
 /// Give every policy a `KeySpec` instead: each built-in extractor converts into one with `From`
 /// (`KeySpec::from(PeerIp::new())`), and the keys are the extractors' own; the guide's
-/// [conditions example](crate::guide::policies#conditions-headers-host-query) mixes two kinds. For
+/// conditions example (`guide::policies`) mixes two kinds. For
 /// extractors of your own (closures, [`Extension`](super::Extension)), use
 /// [`BoxKeyExtractor`](super::BoxKeyExtractor) the same way.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -370,8 +370,20 @@ impl Batcher {
                     let e = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
                     batch.iter().map(|_| Err(e.clone())).collect()
                 });
-                for (waiter, answer) in batch.drain(..).zip(answers) {
-                    let _ = waiter.answer.send(answer);
+                for (Waiter { job, answer: to }, answer) in batch.drain(..).zip(answers) {
+                    match (answer, job) {
+                        // Its key left its migrating slot as the batch ran (before the item
+                        // wrote): alone, on a task (the batch's answers are not held up), it is
+                        // redirected or waits like any check on a missing key.
+                        (Err(e), Job::Limits(call)) if left_mid_script(&e) => {
+                            let (mut conn, timeout) = (conn.clone(), self.timeout);
+                            tokio::spawn(async move {
+                                let answer = scripts::limits_within(&mut conn, &call, timeout);
+                                let _ = to.send(answer.await.map(Reply::Limits));
+                            });
+                        }
+                        (answer, _) => drop(to.send(answer)),
+                    }
                 }
             }
             let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -517,14 +529,7 @@ async fn send_limits(
         rest = later;
         let answer = match &mine[0] {
             // This item failed (its error's text): the error limits.lua alone would have met.
-            redis::Value::BulkString(text) => match scripts::failed_item(text) {
-                // Its key left its migrating slot as it ran (before the item wrote): alone, it is
-                // redirected or waits like any check on a missing key.
-                error if left_mid_script(&error) => {
-                    scripts::limits(conn, call).await.map(Reply::Limits)
-                }
-                error => Err(error),
-            },
+            redis::Value::BulkString(text) => Err(scripts::failed_item(text)),
             _ => mine
                 .iter()
                 .map(redis::from_redis_value_ref::<i64>)

@@ -16,8 +16,8 @@
 --             reset_after (ns)}.
 --
 -- The body defines `limits(keys, argv)` (lua.rs appends the line that runs it). Phase 1 reads and
--- decides; phase 2 writes only if every limit admitted, so a rejection consumes nothing (a GCRA
--- rebase still happens, as in gcra.lua: it records no request). Windows are cut by exact integer
+-- decides; phase 2 writes only if every limit admitted, so a rejection consumes nothing (a lone
+-- GCRA's rebase still happens, as in gcra.lua: it records no request). Windows are cut by exact integer
 -- division of TIME's microseconds at window.rs's boundaries; the build-time bounds keep every sum
 -- and product below 2^53.
 

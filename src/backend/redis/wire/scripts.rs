@@ -101,6 +101,18 @@ pub(crate) async fn limits(
     limits_decisions(call, &reply)
 }
 
+/// [`limits`] within `timeout`.
+pub(crate) async fn limits_within(
+    conn: &mut RedisConnection,
+    call: &LimitsCall,
+    timeout: Duration,
+) -> Result<Vec<Decision>, RedisError> {
+    match tokio::time::timeout(timeout, limits(conn, call)).await {
+        Ok(decided) => decided,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+    }
+}
+
 /// A batch item's failure, from the error's text in its reply (limits_batch.lua): the error
 /// `limits.lua` alone would have met.
 pub(crate) fn failed_item(text: &[u8]) -> RedisError {
