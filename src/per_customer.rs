@@ -282,11 +282,11 @@ impl CustomerQuotas {
 
     /// A limit of namespace `ns` (its name, the policy's algorithm), when the policy may keep
     /// state there: what a reset must forget too. Per-customer quotas: when the policy chooses
-    /// quotas per request; overrides: when `overridden` (an override gives the key a quota).
-    pub(crate) fn namespace(&self, ns: Namespace, overridden: bool) -> Option<Limit> {
+    /// quotas per request; overrides: always (an override may give any key a quota).
+    pub(crate) fn namespace(&self, ns: Namespace) -> Option<Limit> {
         let used = match ns {
             Namespace::Customer => self.quota_from.is_some() || self.resolver.is_some(),
-            Namespace::Override => overridden,
+            Namespace::Override => true,
         };
         used.then(|| self.limit_for(ns, *self.template.quota()).ok())?
     }

@@ -93,8 +93,7 @@ fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
             let spec = p.spec();
             let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
             let quotas = &p.compiled().overridable.quotas;
-            let chosen =
-                [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns, true));
+            let chosen = [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns));
             tiers
                 .chain(spec.shadow_limits())
                 .cloned()

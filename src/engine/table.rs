@@ -29,7 +29,7 @@ impl<K> Table<K> {
         let policies = self.policies.iter().map(|p| {
             let rules = p.compiled();
             let quotas = &rules.overridable.quotas;
-            let overridden = quotas.namespace(Namespace::Override, true);
+            let overridden = quotas.namespace(Namespace::Override);
             let override_name = overridden.map(|l| l.name().to_owned());
             let mut names = vec![rules.name().to_owned()];
             names.extend(override_name);

@@ -470,10 +470,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             self.shared.backend.reset(charges).await?;
         }
         // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
-        // default does not use; an override's quota keeps it under its own name.
-        let overridden = self.shared.overrides.touches(rules.name());
+        // default does not use; an override's quota keeps it under its own name, whether or not
+        // an override is in force now (one set again finds what the key counted).
         for ns in [Namespace::Customer, Namespace::Override] {
-            if let Some(limit) = rules.overridable.quotas.namespace(ns, overridden) {
+            if let Some(limit) = rules.overridable.quotas.namespace(ns) {
                 self.shared
                     .backend
                     .reset(Charges::one(&limit, key, 0))

@@ -172,3 +172,26 @@ async fn a_policy_removed_by_a_reload_keeps_its_overrides_listed_and_removable()
     handle.reload([policy("api")]).unwrap();
     assert_eq!(logs.count(warning), 1, "{:?}", logs.lines());
 }
+
+/// A reset forgets what a key counted under an override's quota even once the override is gone:
+/// set again, the override's quota starts full, as the reset promised.
+#[tokio::test]
+async fn a_reset_forgets_an_override_quotas_count_after_the_override_is_removed() {
+    use tower_throttle::config::Config;
+    use tower_throttle::ops::Override;
+    use tower_throttle::Quota;
+
+    let toml = "[[route]]\nname = \"api\"\nkey = \"header:x-user\"\ncount = 5\nperiod = \"1h\"\n";
+    let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
+    let handle = layer.handle();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let two = Override::Quota(Quota::per_hour(2));
+    handle.set_override("api", "acme", two).await.unwrap();
+    assert_eq!(crate::shared::overrides::passed(&app, "acme", 3).await, 2);
+    handle.remove_override("api", "acme").await.unwrap();
+    handle.reset("api", "acme").await.unwrap();
+    handle.set_override("api", "acme", two).await.unwrap();
+    assert_eq!(crate::shared::overrides::passed(&app, "acme", 3).await, 2);
+}
