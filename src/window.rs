@@ -96,7 +96,6 @@ impl WindowParams {
 
     /// When fixed window `window` (as [`fixed_window_at`](Self::fixed_window_at) numbers it) ends,
     /// in Unix nanoseconds.
-    #[cfg_attr(not(feature = "memory"), allow(dead_code))]
     pub(crate) fn fixed_window_end(&self, window: u64) -> u64 {
         match self.calendar {
             None => window.saturating_add(1).saturating_mul(self.period),
@@ -162,7 +161,12 @@ pub fn fixed_window(
     quantity: u64,
 ) -> (Decision, Option<FixedState>) {
     let limit = params.limit;
-    let (window, to_boundary) = params.fixed_window_at(now);
+    let (mut window, mut to_boundary) = params.fixed_window_at(now);
+    // A window newer than this clock's (kept by a clock ahead: a restored state file) is the one
+    // the key counts in until it ends, as the Redis script decides on a clock that steps back.
+    if let Some(s) = state.filter(|s| s.window > window) {
+        (window, to_boundary) = (s.window, params.fixed_window_end(s.window) - now);
+    }
     // A count above the limit was kept under a larger quota (a reload, a restored state file): it
     // means "full" under this one.
     let used = match state {
@@ -234,9 +238,12 @@ pub fn sliding_window(
     quantity: u64,
 ) -> (Decision, Option<SlidingState>) {
     let WindowParams { period, limit, .. } = *params;
-    let window = now / period;
-    let elapsed = now % period;
-    let left = period - elapsed;
+    let (mut window, mut left) = (now / period, period - now % period);
+    // A window newer than this clock's (as the fixed window's): decided at its start, where its
+    // previous count weighs most, as the Redis script decides.
+    if let Some(s) = state.filter(|s| s.window > window) {
+        (window, left) = (s.window, period);
+    }
     // Counts above the limit were kept under a larger quota: "full" under this one, as in the
     // fixed window (and as the Redis script reads them).
     let (current, previous) = SlidingState::at(state, window);
@@ -273,7 +280,10 @@ pub fn sliding_window(
     let remaining = (capacity.saturating_sub(weighted) / p) as u64;
     let retry = if quantity > limit {
         None
-    } else if current + quantity <= limit {
+    } else if current
+        .checked_add(quantity)
+        .is_some_and(|total| total <= limit)
+    {
         // Later in this window, as the previous window is weighted out: previous × (left − w) must
         // fit in (limit − current − quantity) × period.
         let room = u128::from(limit - current - quantity) * p;
@@ -405,6 +415,39 @@ mod tests {
         let mut log: VecDeque<u64> = (0..50).collect();
         let d = sliding_log(&mut log, 60, &WindowParams::new(1000, 3), 1);
         assert!(!d.allowed && d.remaining == 0, "{d:?}");
+    }
+
+    /// A window newer than the clock's (a state file written by a clock ahead) still counts, until
+    /// it ends: decided afresh in the clock's window, the key would get its limit again.
+    #[test]
+    fn a_window_newer_than_the_clock_still_counts() {
+        let p = params(3, S);
+        let (d, stored) = fixed_window(fixed(11, 3), 10 * S + 700 * MS, &p, 1);
+        assert_eq!((d.allowed, d.retry_after), (false, Some(nanos(1300 * MS))));
+        assert_eq!(stored, fixed(11, 3));
+        let (d, stored) = fixed_window(fixed(11, 1), 10 * S + 700 * MS, &p, 1);
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_after),
+            (true, 1, nanos(1300 * MS))
+        );
+        assert_eq!(stored, fixed(11, 2));
+        // The sliding window: window 11's 3 weigh in full, at its start.
+        let (d, stored) = sliding_window(sliding(11, 3, 0), 10 * S + 700 * MS, &p, 1);
+        assert!(!d.allowed && d.remaining == 0, "{d:?}");
+        assert_eq!(stored, sliding(11, 3, 0));
+        let (d, stored) = sliding_window(sliding(11, 1, 0), 10 * S + 700 * MS, &p, 1);
+        assert!(d.allowed && d.remaining == 1, "{d:?}");
+        assert_eq!(stored, sliding(11, 2, 0));
+    }
+
+    /// A count near `u64::MAX` (no bound in memory) is refused without overflowing.
+    #[test]
+    fn a_sliding_window_of_the_largest_count_refuses_without_overflow() {
+        let p = params(u64::MAX, S);
+        let (d, full) = sliding_window(None, 0, &p, u64::MAX);
+        assert!(d.allowed, "{d:?}");
+        let d = sliding_window(full, 1, &p, 1).0;
+        assert!(!d.allowed && d.retry_after.is_some(), "{d:?}");
     }
 
     #[test]

@@ -219,3 +219,25 @@ fn a_limit_without_a_debt_cap_set_is_read_as_before() {
         Some(Duration::from_millis(100))
     );
 }
+
+/// A settlement's negative delta on a window limit gives units back as a refund does (the Redis
+/// backend's settle.lua does too); a positive one charges only a GCRA limit.
+#[tokio::test]
+async fn a_negative_settlement_gives_a_window_limit_its_units_back() {
+    use tower_throttle::Algorithm;
+    let backend = MemoryBackend::new();
+    let key = Key::from("k");
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let limit = Limit::with_algorithm("settled", algorithm, Quota::per_hour(5)).unwrap();
+        let limits = [limit];
+        assert!(backend.check_each(&limits, &key, &[4]).await.unwrap()[0].allowed);
+        backend.settle(&limits, &key, &[-3], Duration::from_secs(1));
+        let left = backend.check_one(&limits[0], &key, 0).await.unwrap();
+        assert_eq!(left.remaining, 4, "{algorithm}");
+        backend.reset_all(&limits, &key).await.unwrap();
+    }
+}

@@ -294,7 +294,7 @@ pub(super) fn refund_state(
             let window = unix_now / params.period();
             let (mut current, mut previous) = match *s {
                 ref s if s.window == window => (s.current, s.previous),
-                ref s if s.window + 1 == window => (0, s.current),
+                ref s if s.window.saturating_add(1) == window => (0, s.current),
                 _ => return,
             };
             match window - admitted_after / params.period() {
@@ -325,21 +325,32 @@ pub(super) fn refund_state(
 }
 
 /// Settles `deltas[i]` units more (or fewer) under each GCRA limit `limits[i]` on `cells` at `now`
-/// ([`gcra::settle`]); a charge makes the cell if it has none, a refund never does.
+/// ([`gcra::settle`]), fewer under a window (as [`refund_state`], as settle.lua does); a charge
+/// makes the cell if it has none, a refund never does.
 pub(super) fn settle_cells(
     cells: &mut Cells,
-    limits: &[Limit],
+    (limits, key): (&[Limit], &Key),
     deltas: &[i64],
-    now: u64,
+    (now, origin): (u64, u64),
     since: u64,
 ) {
     for (position, (limit, &delta)) in limits.iter().zip(deltas).enumerate() {
-        let (Some(params), position) = (limit.gcra(), position as u8) else {
-            continue;
-        };
+        let position = position as u8;
         if delta == 0 || (delta < 0 && cells.find_mut(limit.id(), position).is_none()) {
             continue;
         }
+        let Some(params) = limit.gcra() else {
+            if let (true, Some(cell)) = (delta < 0, cells.find_mut(limit.id(), position)) {
+                let at = (now, now.saturating_add(origin));
+                refund_state(
+                    &mut cell.state,
+                    (limit, key),
+                    at,
+                    (delta.unsigned_abs(), since),
+                );
+            }
+            continue;
+        };
         let index = cells.index_of(limit, position);
         let cell = &mut cells.as_mut_slice()[index];
         if let State::Gcra(tat) = &mut cell.state {

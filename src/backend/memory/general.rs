@@ -219,8 +219,8 @@ impl GeneralStore {
     }
 
     /// Settles a metered request's cost on `key`'s entry under `limits`: `deltas[i]` units more (or
-    /// fewer) under each GCRA limit ([`gcra::settle`](crate::gcra::settle)). A charge may make the
-    /// entry (a reservation of 0 left none).
+    /// fewer) under each GCRA limit ([`gcra::settle`](crate::gcra::settle)), fewer under a window
+    /// (as a refund). A charge may make the entry (a reservation of 0 left none).
     pub(super) fn settle<C: Clock>(
         &self,
         limits: &[Limit],
@@ -233,7 +233,7 @@ impl GeneralStore {
         let now = shard.now(clock);
         let at = (now, clock.unix_origin_nanos());
         self.update(&mut shard, hash, limits, key, at, |cells| {
-            settle_cells(cells, limits, deltas, now, since)
+            settle_cells(cells, (limits, key), deltas, at, since)
         });
     }
 
