@@ -434,11 +434,11 @@ impl Overrides {
         Ok(())
     }
 
-    /// Removes the ended bans among `fields` (table `table`) from the store, so that bans come
-    /// and go without the table growing for good; a ban written again meanwhile is kept. A
-    /// failure is only logged: they are removed at a later read.
+    /// Removes the bans among `fields` (table `table`) that ended over [`REMOVED_AFTER`] ago from
+    /// the store, so that bans come and go without the table growing for good; a ban written
+    /// again meanwhile is kept. A failure is only logged: they are removed at a later read.
     async fn remove_ended(&self, table: &str, fields: &[(String, String)]) {
-        let now = SystemTime::now();
+        let now = SystemTime::now() - REMOVED_AFTER;
         let ended: Vec<(String, String)> = fields
             .iter()
             .filter(|(_, value)| decode_until(value).is_some_and(|until| until <= now))
@@ -524,6 +524,10 @@ impl Overrides {
 /// The hasher of a table's fingerprint: the same in every read of this process.
 static FINGERPRINT: std::sync::LazyLock<std::hash::RandomState> =
     std::sync::LazyLock::new(std::hash::RandomState::new);
+
+/// How long after its end a ban leaves the store: a process whose clock runs ahead of the
+/// writer's by less does not remove a ban that the others still enforce.
+const REMOVED_AFTER: Duration = Duration::from_secs(60);
 
 /// The end of a timed ban still running: an ended one is left out of the bans in force, so that
 /// it takes no room among the policy's patterns and keeps no policy on the extended path.
@@ -1026,14 +1030,25 @@ mod tests {
     async fn ended_bans_are_removed_from_the_store() {
         let overrides = Overrides::new(None);
         let store = overrides.store().clone();
-        let ended = encode_until(SystemTime::now() - Duration::from_secs(1));
+        let ended = encode_until(SystemTime::now() - REMOVED_AFTER - Duration::from_secs(1));
+        // Ended, but less than REMOVED_AFTER ago: a clock a little ahead of the writer's would
+        // see it ended while others still enforce it.
+        let just_ended = encode_until(SystemTime::now() - Duration::from_secs(1));
         let running = encode_until(in_a_minute());
-        for (key, until) in [("mallory", &ended), ("eve", &running), ("trent", &ended)] {
+        let bans = [
+            ("mallory", &ended),
+            ("eve", &running),
+            ("trent", &ended),
+            ("oscar", &just_ended),
+        ];
+        for (key, until) in bans {
             store.write("bans:api", key, Some(until)).await.unwrap();
         }
         overrides.refresh("bans:api").await.unwrap();
-        let kept = store.read("bans:api").await.unwrap();
-        assert_eq!(kept, [("eve".to_owned(), running.clone())]);
+        let mut kept = store.read("bans:api").await.unwrap();
+        kept.sort();
+        let want = [("eve", &running), ("oscar", &just_ended)];
+        assert_eq!(kept, want.map(|(k, v)| (k.to_owned(), v.clone())));
         // Banned again between the read and the removal: kept.
         store
             .write("bans:api", "mallory", Some(&running))
@@ -1041,7 +1056,7 @@ mod tests {
             .unwrap();
         let stale = vec![("mallory".to_owned(), ended)];
         store.remove_unchanged("bans:api", stale).await.unwrap();
-        assert_eq!(store.read("bans:api").await.unwrap().len(), 2);
+        assert_eq!(store.read("bans:api").await.unwrap().len(), 3);
     }
 
     #[tokio::test(start_paused = true)]

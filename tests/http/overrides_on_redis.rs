@@ -172,8 +172,9 @@ async fn on_redis_a_restart_that_lost_the_records_is_heard_by_every_process() {
     assert_eq!(send(&two, "mallory").await.0, StatusCode::OK);
 }
 
-/// A ban that has ended leaves the policy's Redis hash at the next read of its bans, so that bans
-/// come and go without the hash growing for good; a field written again since the read is kept.
+/// A ban that ended over a minute ago leaves the policy's Redis hash at the next read of its bans,
+/// so that bans come and go without the hash growing for good; a field written again since the
+/// read is kept.
 #[tokio::test]
 async fn on_redis_ended_bans_leave_the_records() {
     use tower_throttle::Backend;
@@ -181,9 +182,14 @@ async fn on_redis_ended_bans_leave_the_records() {
     let backend = backend(&server.url(), "ended", RedisMode::Lua).await;
     let records = backend.records().expect("Redis keeps records");
     let (_app, handle) = app(backend);
-    let short = Duration::from_millis(50);
-    handle.ban("api", "mallory", short).await.unwrap();
-    tokio::time::sleep(short * 3).await;
+    // Ended two minutes ago (a ban stays a minute past its end: clocks differ).
+    let ended = std::time::SystemTime::now() - Duration::from_secs(120);
+    let ms = ended
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let written = records.write("bans:api", "mallory", Some(&ms.to_string()));
+    written.await.unwrap();
     handle
         .ban("api", "eve", Duration::from_secs(60))
         .await
@@ -228,4 +234,36 @@ async fn on_redis_an_override_kept_but_not_told_is_an_error_and_in_force_here() 
     let listed = handle.overrides("api").unwrap();
     assert_eq!(listed, [("bob".to_owned(), Override::Unlimited)]);
     drop(app);
+}
+
+/// An override that another process never heard of (its writer could not announce it) is in
+/// force there too within a minute: every process reads its tables again unasked.
+#[tokio::test]
+async fn on_redis_an_untold_override_reaches_the_other_processes_within_a_minute() {
+    let server = redis_support::RedisServer::start();
+    server.cli(&["ACL", "SETUSER", "writer", "on", ">pw", "~*", "&*", "+@all"]);
+    let url = server.url().replacen("redis://", "redis://writer:pw@", 1);
+    let (writer, handle) = app(backend(&url, "reread", RedisMode::Lua).await);
+    let (other, other_handle) = app(backend(&server.url(), "reread", RedisMode::Lua).await);
+    // Told: the other process has read the table since it started.
+    handle
+        .set_override("api", "alice", Override::Blocked)
+        .await
+        .unwrap();
+    let heard = || other_handle.overrides("api").unwrap().len();
+    within_a_second("the told override", || async { heard() == 1 }).await;
+    server.cli(&["ACL", "SETUSER", "writer", "-publish"]);
+    let told = handle.set_override("api", "bob", Override::Unlimited).await;
+    assert!(told.is_err(), "the PUBLISH was refused: {told:?}");
+    assert_eq!(heard(), 1);
+    let deadline = Instant::now() + Duration::from_secs(75);
+    while heard() == 1 {
+        assert!(Instant::now() < deadline, "never read again");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut listed = other_handle.overrides("api").unwrap();
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
+    let want = [("alice", Override::Blocked), ("bob", Override::Unlimited)];
+    assert_eq!(listed, want.map(|(k, o)| (k.to_owned(), o)));
+    drop((writer, other));
 }

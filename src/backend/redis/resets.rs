@@ -258,6 +258,7 @@ pub(super) fn spawn_listener(
     if matches!(listen, Listen::Nodes(ref nodes) if nodes.is_empty()) {
         return None;
     }
+    runtime.spawn(reread_records(state.clone()));
     runtime.spawn(async move {
         let mut backoff = SUBSCRIBING;
         for turn in 0.. {
@@ -364,6 +365,22 @@ pub(super) fn forget_limits<'a>(state: &RedisState, names: impl Iterator<Item = 
         if let Some(deny) = &state.deny {
             deny.forget_prefix(&keys);
         }
+    }
+}
+
+/// How often every layer reads its records again unasked.
+const REREAD_RECORDS: Duration = Duration::from_secs(60);
+
+/// Tells every layer, every [`REREAD_RECORDS`] while the backend lives, that any table may have
+/// changed: a change whose announcement was lost (its writer timed out between writing and
+/// telling, a `PUBLISH` refused) is in force everywhere within that time all the same.
+async fn reread_records(state: Weak<RedisState>) {
+    loop {
+        tokio::time::sleep(REREAD_RECORDS).await;
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        heard(&state, None);
     }
 }
 
