@@ -12,7 +12,7 @@
 //! so no request reaches that refresh; with a user's Cluster client, one request probes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -37,36 +37,9 @@ pub(crate) struct Node {
     last_error: Mutex<Option<(String, SystemTime)>>,
     /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never).
     tried_again: AtomicU64,
-    /// When its breaker's opening was last logged (its circuit's `now_ms`; 0: never), and whether
-    /// the opening in force was ([`Node::says_down`]).
-    said_down: AtomicU64,
-    down_said: AtomicBool,
 }
 
-/// A breaker that opens again within this long (ms) of its last logged opening logs it, and its
-/// closing, at debug only: a node that flaps (a replica being promoted, a link that drops
-/// connections) does not log a pair a cycle. Its gauge and `health` say every change.
-const FLAPPING_MS: u64 = 30_000;
-
 impl Node {
-    /// Whether the breaker's opening now is logged: the first, or over [`FLAPPING_MS`] after
-    /// the last logged.
-    fn says_down(&self) -> bool {
-        let now = self.circuit.now_ms();
-        let last = self.said_down.load(Ordering::Relaxed);
-        let says = last == 0 || now.saturating_sub(last) >= FLAPPING_MS;
-        if says {
-            self.said_down.store(now, Ordering::Relaxed);
-        }
-        self.down_said.store(says, Ordering::Relaxed);
-        says
-    }
-
-    /// Whether the breaker's closing now is logged: its opening was.
-    fn says_up(&self) -> bool {
-        self.down_said.swap(false, Ordering::Relaxed)
-    }
-
     /// Whether the node answered `TRYAGAIN` since `started`: a multi-key command on a migrating slot,
     /// retried until the timeout, was answered every try, so it opens no breaker (breaker.rs).
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
@@ -167,14 +140,10 @@ impl ClusterNodes {
     pub(crate) fn answered(&self, node: &Node) {
         node.circuit.stamp_answer();
         if node.circuit.answered() {
-            if node.says_up() {
-                tracing::info!(
-                    node = %node.address,
-                    "the Redis Cluster node answers again; its slots' decisions come from Redis"
-                );
-            } else {
-                tracing::debug!(node = %node.address, "the Redis Cluster node answers again");
-            }
+            tracing::info!(
+                node = %node.address,
+                "the Redis Cluster node answers again; its slots' decisions come from Redis"
+            );
             crate::observe::cluster_node_up(&self.name, &node.address, true);
             // Perhaps the promoted replica answered: read the map again.
             self.stale.notify_one();
@@ -185,15 +154,11 @@ impl ClusterNodes {
     pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
         node.met(error);
         if node.circuit.failed(was_probe) {
-            if node.says_down() {
-                tracing::warn!(
-                    node = %node.address,
-                    error = %error,
-                    "a Redis Cluster node is unreachable; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
-                );
-            } else {
-                tracing::debug!(node = %node.address, error = %error, "the Redis Cluster node is unreachable again");
-            }
+            tracing::warn!(
+                node = %node.address,
+                error = %error,
+                "a Redis Cluster node is unreachable; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
+            );
             crate::observe::cluster_node_up(&self.name, &node.address, false);
         }
         // The map may be stale (a failover): read it again soon.
@@ -247,8 +212,6 @@ impl ClusterNodes {
                     circuit: Arc::new(Circuit::new(self.timeout, self.clock)),
                     last_error: Mutex::new(None),
                     tried_again: AtomicU64::new(0),
-                    said_down: AtomicU64::new(0),
-                    down_said: AtomicBool::new(false),
                 })
             });
             let index = nodes.len() as u16;
@@ -488,23 +451,6 @@ mod tests {
         let key = Nudge::new(slot, "throttle").key;
         assert!(key.starts_with("throttle:slot-moved:{"), "{key}");
         assert_eq!(slot_of(key.as_bytes()), 10923);
-    }
-
-    /// A node that flaps logs its first opening and closing; the next pair within
-    /// [`FLAPPING_MS`] only at debug.
-    #[test]
-    fn a_flapping_node_logs_one_opening_and_closing() {
-        let nodes = ClusterNodes::new(Duration::from_millis(100), "test", Clock::new());
-        nodes.install(vec![(("10.0.0.7".into(), 7001), vec![(0, 16383)])]);
-        let node = nodes.for_key("k").unwrap();
-        let mut said = Vec::new();
-        for _ in 0..3 {
-            assert!(node.circuit.failed(false));
-            said.push(node.says_down());
-            assert!(node.circuit.answered());
-            said.push(node.says_up());
-        }
-        assert_eq!(said, [true, true, false, false, false, false]);
     }
 
     #[test]
