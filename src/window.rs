@@ -162,9 +162,11 @@ pub fn fixed_window(
 ) -> (Decision, Option<FixedState>) {
     let limit = params.limit;
     let (mut window, mut to_boundary) = params.fixed_window_at(now);
-    // A window newer than this clock's (kept by a clock ahead: a restored state file) is the one
-    // the key counts in until it ends, as the Redis script decides on a clock that steps back.
-    if let Some(s) = state.filter(|s| s.window > window) {
+    // The next window (kept by a clock ahead: a restored state file) is the one the key counts in
+    // until it ends, as the Redis script decides on a clock that steps back. Only the next, and
+    // not on the calendar: a window further on was numbered under another period.
+    let next = |s: &FixedState| s.window == window.saturating_add(1) && params.calendar.is_none();
+    if let Some(s) = state.filter(next) {
         (window, to_boundary) = (s.window, params.fixed_window_end(s.window) - now);
     }
     // A count above the limit was kept under a larger quota (a reload, a restored state file): it
@@ -239,9 +241,9 @@ pub fn sliding_window(
 ) -> (Decision, Option<SlidingState>) {
     let WindowParams { period, limit, .. } = *params;
     let (mut window, mut left) = (now / period, period - now % period);
-    // A window newer than this clock's (as the fixed window's): decided at its start, where its
-    // previous count weighs most, as the Redis script decides.
-    if let Some(s) = state.filter(|s| s.window > window) {
+    // The next window (as the fixed window's): decided at its start, where its previous count
+    // weighs most, as the Redis script decides.
+    if let Some(s) = state.filter(|s| s.window == window.saturating_add(1)) {
         (window, left) = (s.window, period);
     }
     // Counts above the limit were kept under a larger quota: "full" under this one, as in the
@@ -438,6 +440,13 @@ mod tests {
         let (d, stored) = sliding_window(sliding(11, 1, 0), 10 * S + 700 * MS, &p, 1);
         assert!(d.allowed && d.remaining == 1, "{d:?}");
         assert_eq!(stored, sliding(11, 2, 0));
+        // A window further on was numbered under another (shorter) period: it counts for nothing.
+        let (d, stored) = fixed_window(fixed(600, 3), 10 * S + 700 * MS, &p, 1);
+        assert!(d.allowed && d.remaining == 2, "{d:?}");
+        assert_eq!(stored, fixed(10, 1));
+        let (d, stored) = sliding_window(sliding(600, 3, 0), 10 * S + 700 * MS, &p, 1);
+        assert!(d.allowed && d.remaining == 2, "{d:?}");
+        assert_eq!(stored, sliding(10, 1, 0));
     }
 
     /// A count near `u64::MAX` (no bound in memory) is refused without overflowing.

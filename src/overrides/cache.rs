@@ -474,6 +474,11 @@ impl Overrides {
                 !fields.is_empty()
             }
         };
+        // The same fields are in force already (a read every minute mostly finds them): neither
+        // parsed nor warned about again.
+        if !changed {
+            return false;
+        }
         let current = self.snapshot.load_full();
         let kept = current.policies.get(policy);
         fn parsed<T: Copy>(

@@ -1707,6 +1707,21 @@ async fn a_window_newer_than_the_servers_clock_still_holds() {
             assert!(reset_ms >= needed_ms, "{reset_ms} ms < {needed_ms} ms");
         }
     }
+    // A window further on was numbered under another period (here a minute's: the quota was
+    // changed): it counts for nothing, and the key lives no longer than the server's windows.
+    for (algorithm, state) in [
+        (Algorithm::FixedWindow, format!("{}:5", next * 60)),
+        (Algorithm::SlidingWindow, format!("{}:5:0", next * 60)),
+    ] {
+        let limit = hourly(&format!("renumbered-{algorithm}"), algorithm, 5);
+        let key = Key::from("stepped");
+        let redis_key = backend.state_key(&limit, &key);
+        server.cli(&["SET", &redis_key, &state, "PX", "7200000"]);
+        let d = backend.check_one(&limit, &key, 1).await.unwrap();
+        assert!(d.allowed && d.remaining == 4, "{algorithm}: {d:?}");
+        let ttl_ms: u64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
+        assert!(ttl_ms <= 2 * 3_600_000, "{algorithm}: {ttl_ms} ms");
+    }
 }
 
 /// A GCRA limit's state stored under a larger quota (its route was changed in a shared store) is

@@ -281,8 +281,11 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
     );
     // redis-rs warns at each slot refresh, and refreshes at each MOVED: while the primary is
     // down, about one per request on its slots. The example server's filter keeps its errors only.
+    // The backend logs each breaker's opening and closing: the killed primary's, and the promoted
+    // replica's, which under load may drop connections while promoted (its breaker opened and
+    // closed four times in one CI run: 9 lines). Per request would be thousands.
     assert!(
-        quiet_lines <= 5,
+        quiet_lines <= 12,
         "log lines during the failover: {:?}",
         logs.by_target()
     );

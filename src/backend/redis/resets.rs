@@ -255,10 +255,11 @@ pub(super) fn spawn_listener(
     // is cached before the first subscription dropped the caches). Its failure is logged.
     let (done, first) = oneshot::channel();
     let mut done = Some(done);
+    // Without a listener too (a Cluster connection of the user's own: nothing is heard).
+    runtime.spawn(reread_records(state.clone()));
     if matches!(listen, Listen::Nodes(ref nodes) if nodes.is_empty()) {
         return None;
     }
-    runtime.spawn(reread_records(state.clone()));
     runtime.spawn(async move {
         let mut backoff = SUBSCRIBING;
         for turn in 0.. {

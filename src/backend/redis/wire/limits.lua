@@ -133,14 +133,15 @@ local function sliding_log(key, limit, period, q)
 end
 
 -- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs on;
--- a window named one more ends `unit` µs later.
-local function window_count(key, limit, q, window, to_boundary, unit)
+-- `next` names the window after it, which ends `unit` µs later a name's difference.
+local function window_count(key, limit, q, window, to_boundary, next, unit)
   local used = 0
   local w, c = read_fixed(key)
-  -- A newer window than the server's clock holds (it stepped back across a boundary: a failover
-  -- to a replica behind, an NTP step) is the one the key counts in, as memory decides, until
-  -- that window ends: its count must not expire with the server's window.
-  if w and w > window then
+  -- The next window (the server's clock stepped back across a boundary: a failover to a replica
+  -- behind, an NTP step) is the one the key counts in, as memory decides, until that window
+  -- ends: its count must not expire with the server's window. Only the next: a window further
+  -- on was numbered under another period (a quota changed), and counts for nothing.
+  if w and w == next then
     to_boundary = to_boundary + (w - window) * unit
     window = w
   end
@@ -169,7 +170,7 @@ end
 local function fixed_window(key, limit, period, q, shift)
   local at = now_us + shift
   local window = floordiv(at, period)
-  return window_count(key, limit, q, window, period - (at - window * period), period)
+  return window_count(key, limit, q, window, period - (at - window * period), window + 1, period)
 end
 
 -- A calendar window (src/calendar.rs): the client computed, on its clock, the end `finish` (Unix
@@ -182,16 +183,18 @@ local function calendar_at(at, finish, lengths)
   local before = floordiv(lengths, 4194304)
   local after = lengths - before * 4194304
   local last = finish + after + after
-  for _, ends in ipairs({finish - before, finish, finish + after, last}) do
-    if at < ends * 1000000 then return ends, ends * 1000000 - at end
+  local all = {finish - before, finish, finish + after, last}
+  for i, ends in ipairs(all) do
+    -- The third value: the end of the window after (nil past the last known).
+    if at < ends * 1000000 then return ends, ends * 1000000 - at, all[i + 1] end
   end
   return last, 1
 end
 
 -- A calendar window is named by its end (Unix seconds).
 local function calendar_window(key, limit, finish, q, lengths)
-  local window, to_boundary = calendar_at(now_us, finish, lengths)
-  return window_count(key, limit, q, window, to_boundary, 1000000)
+  local window, to_boundary, next = calendar_at(now_us, finish, lengths)
+  return window_count(key, limit, q, window, to_boundary, next, 1000000)
 end
 
 -- A sliding window's counts in `window` and the one before, as a key holds them (`w`, `c`, `p`,
@@ -207,9 +210,9 @@ local function sliding_window(key, limit, period, q)
   local w, c, p = read_sliding(key)
   -- Its count is stale once the next window is over (it becomes nobody's previous).
   local stale_in = left + period
-  -- A newer window than the server's clock holds (as window_count's): decided at its start,
-  -- where its previous count weighs most, and stale once the window after it is over.
-  if w and w > window then
+  -- The next window (as window_count's): decided at its start, where its previous count weighs
+  -- most, and stale once the window after it is over.
+  if w and w == window + 1 then
     stale_in = (w + 2) * period - now_us
     window, left = w, period
   end
