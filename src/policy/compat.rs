@@ -36,109 +36,27 @@ use Feature::*;
 
 /// Every pair a policy may not use together, and why (after `policy "<name>": `); a policy using
 /// both features of a row is refused with the first such row.
+#[rustfmt::skip]
 pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
-    (
-        KeysApart,
-        Tiers,
-        "quotas with keys of their own cannot be used with tiers",
-    ),
-    (
-        KeysApart,
-        Penalty,
-        "quotas with keys of their own cannot be used with a penalty (whose key would it ban?)",
-    ),
-    (
-        KeysApart,
-        Budget,
-        "quotas with keys of their own cannot be used with a leased budget",
-    ),
-    (
-        Metered,
-        Tiers,
-        "a metered limit cannot be used with tiers yet",
-    ),
-    (
-        Metered,
-        QuotaFrom,
-        "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet",
-    ),
-    (
-        Metered,
-        Resolver,
-        "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet",
-    ),
-    (
-        Metered,
-        CountOnly,
-        "a metered limit settles its cost after the response; count_only and refund_on cannot \
-         be used with it",
-    ),
-    (
-        QuotaFrom,
-        Resolver,
-        "quota_from and quota_resolver both choose the quota; use one",
-    ),
-    (
-        CountOnly,
-        Concurrency,
-        "count_only and refund_on need a rate (a concurrency slot is given back anyway when its \
-         request ends)",
-    ),
-    (
-        CountOnly,
-        Budget,
-        "count_only and refund_on cannot be used with a budget (a slice's units were charged \
-         when granted, so a refund could give back more than was taken)",
-    ),
-    (
-        CountOnly,
-        Shadow,
-        "count_only and refund_on cannot be used with a shadow limit yet (the shadow limit would \
-         count every response)",
-    ),
-    (
-        KeysApart,
-        QuotaFrom,
-        "quotas with keys of their own cannot be used with per-customer quotas (quota_from, \
-         quota_resolver)",
-    ),
-    (
-        KeysApart,
-        Resolver,
-        "quotas with keys of their own cannot be used with per-customer quotas (quota_from, \
-         quota_resolver)",
-    ),
-    (
-        KeysApart,
-        CountOnly,
-        "quotas with keys of their own cannot be used with count_only or refund_on yet",
-    ),
-    (
-        KeysApart,
-        Metered,
-        "quotas with keys of their own cannot be used with a metered limit yet",
-    ),
-    (
-        KeysApart,
-        Concurrency,
-        "quotas with keys of their own cannot be used with a concurrency limit (whose key would \
-         hold the slot?)",
-    ),
-    (
-        BodyKey,
-        AsyncKey,
-        "a body key and an async key both choose the key; use one",
-    ),
-    (
-        DryRun,
-        Enforce,
-        "dry_run and enforce both say how many refusals are enforced; use one",
-    ),
-    (
-        DryRun,
-        UnderPressure,
-        "dry_run and under_pressure_only both say when refusals are enforced; use one",
-    ),
+    (KeysApart, Tiers, "quotas with keys of their own cannot be used with tiers"),
+    (KeysApart, Penalty, "quotas with keys of their own cannot be used with a penalty (whose key would it ban?)"),
+    (KeysApart, Budget, "quotas with keys of their own cannot be used with a leased budget"),
+    (Metered, Tiers, "a metered limit cannot be used with tiers yet"),
+    (Metered, QuotaFrom, "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet"),
+    (Metered, Resolver, "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet"),
+    (Metered, CountOnly, "a metered limit settles its cost after the response; count_only and refund_on cannot be used with it"),
+    (QuotaFrom, Resolver, "quota_from and quota_resolver both choose the quota; use one"),
+    (CountOnly, Concurrency, "count_only and refund_on need a rate (a concurrency slot is given back anyway when its request ends)"),
+    (CountOnly, Budget, "count_only and refund_on cannot be used with a budget (a slice's units were charged when granted, so a refund could give back more than was taken)"),
+    (CountOnly, Shadow, "count_only and refund_on cannot be used with a shadow limit yet (the shadow limit would count every response)"),
+    (KeysApart, QuotaFrom, "quotas with keys of their own cannot be used with per-customer quotas (quota_from, quota_resolver)"),
+    (KeysApart, Resolver, "quotas with keys of their own cannot be used with per-customer quotas (quota_from, quota_resolver)"),
+    (KeysApart, CountOnly, "quotas with keys of their own cannot be used with count_only or refund_on yet"),
+    (KeysApart, Metered, "quotas with keys of their own cannot be used with a metered limit yet"),
+    (KeysApart, Concurrency, "quotas with keys of their own cannot be used with a concurrency limit (whose key would hold the slot?)"),
+    (BodyKey, AsyncKey, "a body key and an async key both choose the key; use one"),
+    (DryRun, Enforce, "dry_run and enforce both say how many refusals are enforced; use one"),
+    (DryRun, UnderPressure, "dry_run and under_pressure_only both say when refusals are enforced; use one"),
 ];
 
 /// Refuses policy `policy` if it uses two features that exclude each other (`uses`: those it uses).
@@ -160,31 +78,17 @@ mod tests {
     /// alone never refused.
     #[test]
     fn the_excluded_pairs_are_these() {
+        #[rustfmt::skip]
+        let listed = [
+            (KeysApart, Tiers), (KeysApart, Penalty), (KeysApart, Budget), (Metered, Tiers),
+            (Metered, QuotaFrom), (Metered, Resolver), (Metered, CountOnly),
+            (QuotaFrom, Resolver), (CountOnly, Concurrency), (CountOnly, Budget),
+            (CountOnly, Shadow), (KeysApart, QuotaFrom), (KeysApart, Resolver),
+            (KeysApart, CountOnly), (KeysApart, Metered), (KeysApart, Concurrency),
+            (BodyKey, AsyncKey), (DryRun, Enforce), (DryRun, UnderPressure),
+        ];
         let pairs: Vec<(Feature, Feature)> = EXCLUDED.iter().map(|(a, b, _)| (*a, *b)).collect();
-        assert_eq!(
-            pairs,
-            [
-                (KeysApart, Tiers),
-                (KeysApart, Penalty),
-                (KeysApart, Budget),
-                (Metered, Tiers),
-                (Metered, QuotaFrom),
-                (Metered, Resolver),
-                (Metered, CountOnly),
-                (QuotaFrom, Resolver),
-                (CountOnly, Concurrency),
-                (CountOnly, Budget),
-                (CountOnly, Shadow),
-                (KeysApart, QuotaFrom),
-                (KeysApart, Resolver),
-                (KeysApart, CountOnly),
-                (KeysApart, Metered),
-                (KeysApart, Concurrency),
-                (BodyKey, AsyncKey),
-                (DryRun, Enforce),
-                (DryRun, UnderPressure),
-            ]
-        );
+        assert_eq!(pairs, listed);
         for (a, b, why) in EXCLUDED {
             let refused = check("api", &[*b, *a]).unwrap_err().to_string();
             assert!(refused.starts_with("policy \"api\": "), "{refused}");
