@@ -17,9 +17,9 @@
 --
 -- The body defines `limits(keys, argv)` (lua.rs appends the line that runs it). Phase 1 reads and
 -- decides; phase 2 writes only if every limit admitted, so a rejection consumes nothing (a lone
--- GCRA's rebase still happens, as in gcra.lua: it records no request). Windows are cut by exact integer
--- division of TIME's microseconds at window.rs's boundaries; the build-time bounds keep every sum
--- and product below 2^53.
+-- GCRA's rebase still happens, as in gcra.lua: it records no request). Windows are cut by exact
+-- integer division of TIME's microseconds at window.rs's boundaries; the build-time bounds keep
+-- every sum and product below 2^53.
 
 -- One call's keys and arguments, set by `limits` for each decision (once per batch item).
 local keys, argv, n, quantity, token, penalty_after
@@ -133,7 +133,7 @@ local function sliding_log(key, limit, period, q)
 end
 
 -- A fixed window's count: `window` names the window holding now, which ends `to_boundary` µs on;
--- `next` names the window after it, which ends `unit` µs later a name's difference.
+-- `next` names the window after it (a window's end is `unit` µs later for each step of its name).
 local function window_count(key, limit, q, window, to_boundary, next, unit)
   local used = 0
   local w, c = read_fixed(key)
