@@ -163,9 +163,12 @@ pub fn fixed_window(
     let limit = params.limit;
     let (mut window, mut to_boundary) = params.fixed_window_at(now);
     // The next window (kept by a clock ahead: a restored state file) is the one the key counts in
-    // until it ends, as the Redis script decides on a clock that steps back. Only the next, and
-    // not on the calendar: a window further on was numbered under another period.
-    let next = |s: &FixedState| s.window == window.saturating_add(1) && params.calendar.is_none();
+    // until it ends, as the Redis script decides on a clock that steps back. Only the next (the
+    // window holding the instant this one ends): one further on was numbered under another
+    // period. Looked for only past this window, so a calendar's is reckoned then alone.
+    let next = |s: &FixedState| {
+        s.window > window && s.window == params.fixed_window_at(params.fixed_window_end(window)).0
+    };
     if let Some(s) = state.filter(next) {
         (window, to_boundary) = (s.window, params.fixed_window_end(s.window) - now);
     }
@@ -447,6 +450,27 @@ mod tests {
         let (d, stored) = sliding_window(sliding(600, 3, 0), 10 * S + 700 * MS, &p, 1);
         assert!(d.allowed && d.remaining == 2, "{d:?}");
         assert_eq!(stored, sliding(10, 1, 0));
+    }
+
+    /// On the calendar too: the next day's count, kept by a clock a little ahead, counts on a
+    /// clock still in the day before (the window holding the instant this one ends).
+    #[cfg(feature = "calendar")]
+    #[test]
+    fn a_calendar_day_counted_by_a_clock_ahead_still_counts() {
+        let day = crate::window::CalendarWindow::day();
+        let nominal = day.period().nominal();
+        let calendar = crate::calendar::Calendar::of(&day, nominal).unwrap();
+        let p = WindowParams::new(nominal.as_nanos() as u64, 2).on_calendar(calendar);
+        let midnight = 1_767_225_600; // 2026-01-01T00:00:00Z
+        let (d, spent) = fixed_window(None, (midnight + 10) * S, &p, 2);
+        assert!(d.allowed);
+        let (d, kept) = fixed_window(spent, (midnight - 5) * S, &p, 1);
+        assert!(!d.allowed, "{d:?}");
+        assert_eq!(d.retry_after, Some(nanos((24 * 3600 + 5) * S)));
+        assert_eq!(kept, spent);
+        // Two days on was counted under another period: nothing.
+        let (d, _) = fixed_window(spent, (midnight - 86_400 - 5) * S, &p, 1);
+        assert!(d.allowed, "{d:?}");
     }
 
     /// A count near `u64::MAX` (no bound in memory) is refused without overflowing.
