@@ -1659,6 +1659,22 @@ async fn a_release_while_the_breaker_is_open_still_gives_the_slot_back() {
     }
 }
 
+/// One check of an hourly limit of 5 named `name`, on a key whose Redis state is `state`, and
+/// the key's name.
+async fn decide_on(
+    server: &RedisServer,
+    backend: &RedisBackend,
+    name: &str,
+    algorithm: Algorithm,
+    state: &str,
+) -> (Decision, String) {
+    let limit = hourly(name, algorithm, 5);
+    let key = Key::from("stepped");
+    let redis_key = backend.state_key(&limit, &key);
+    server.cli(&["SET", &redis_key, state, "PX", "7200000"]);
+    (backend.check_one(&limit, &key, 1).await.unwrap(), redis_key)
+}
+
 /// A window newer than the server's clock (it stepped back across a boundary: a failover to a
 /// replica whose clock runs behind, an NTP step) still holds: the key is decided in it, not
 /// afresh in the older window, which would erase its count.
@@ -1673,11 +1689,14 @@ async fn a_window_newer_than_the_servers_clock_still_holds() {
         (Algorithm::FixedWindow, format!("{next}:5")),
         (Algorithm::SlidingWindow, format!("{next}:5:0")),
     ] {
-        let limit = hourly(&format!("newer-{algorithm}"), algorithm, 5);
-        let key = Key::from("stepped");
-        let redis_key = backend.state_key(&limit, &key);
-        server.cli(&["SET", &redis_key, &state, "PX", "7200000"]);
-        let d = backend.check_one(&limit, &key, 1).await.unwrap();
+        let (d, redis_key) = decide_on(
+            &server,
+            &backend,
+            &format!("newer-{algorithm}"),
+            algorithm,
+            &state,
+        )
+        .await;
         assert!(!d.allowed, "{algorithm}: {d:?}");
         assert_eq!(server.cli(&["GET", &redis_key]), state, "{algorithm}");
     }
@@ -1688,11 +1707,14 @@ async fn a_window_newer_than_the_servers_clock_still_holds() {
         (Algorithm::FixedWindow, format!("{next}:2"), next + 1),
         (Algorithm::SlidingWindow, format!("{next}:2:0"), next + 2),
     ] {
-        let limit = hourly(&format!("newer-ttl-{algorithm}"), algorithm, 5);
-        let key = Key::from("stepped");
-        let redis_key = backend.state_key(&limit, &key);
-        server.cli(&["SET", &redis_key, &state, "PX", "7200000"]);
-        let d = backend.check_one(&limit, &key, 1).await.unwrap();
+        let (d, redis_key) = decide_on(
+            &server,
+            &backend,
+            &format!("newer-ttl-{algorithm}"),
+            algorithm,
+            &state,
+        )
+        .await;
         assert!(d.allowed && d.remaining == 2, "{algorithm}: {d:?}");
         let ttl_ms: u64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
         // Less a minute: the test's own time (the old expiry fell an hour or more short).
@@ -1713,11 +1735,14 @@ async fn a_window_newer_than_the_servers_clock_still_holds() {
         (Algorithm::FixedWindow, format!("{}:5", next * 60)),
         (Algorithm::SlidingWindow, format!("{}:5:0", next * 60)),
     ] {
-        let limit = hourly(&format!("renumbered-{algorithm}"), algorithm, 5);
-        let key = Key::from("stepped");
-        let redis_key = backend.state_key(&limit, &key);
-        server.cli(&["SET", &redis_key, &state, "PX", "7200000"]);
-        let d = backend.check_one(&limit, &key, 1).await.unwrap();
+        let (d, redis_key) = decide_on(
+            &server,
+            &backend,
+            &format!("renumbered-{algorithm}"),
+            algorithm,
+            &state,
+        )
+        .await;
         assert!(d.allowed && d.remaining == 4, "{algorithm}: {d:?}");
         let ttl_ms: u64 = server.cli(&["PTTL", &redis_key]).parse().unwrap();
         assert!(ttl_ms <= 2 * 3_600_000, "{algorithm}: {ttl_ms} ms");
@@ -1738,45 +1763,20 @@ async fn a_rejected_stack_leaves_another_quotas_state_as_memory_does() {
     let narrow = Limit::new("rebased", Quota::per_minute(2)).unwrap();
     let other = hourly("rebased-other", Algorithm::FixedWindow, 100);
     let key = Key::from("moved");
-    let mut remaining = Vec::new();
-    for backend in [&redis as &dyn Probe, &memory] {
-        let taken = backend
-            .stack(vec![wide.clone(), other.clone()], &key, 50)
-            .await;
-        assert!(taken.allowed, "{taken:?}");
-        let refused = backend
-            .stack(vec![narrow.clone(), other.clone()], &key, 1)
-            .await;
-        assert!(!refused.allowed, "{refused:?}");
-        remaining.push(
-            backend
-                .stack(vec![wide.clone(), other.clone()], &key, 1)
-                .await
-                .remaining,
-        );
-    }
+    let stacks = [vec![wide, other.clone()], vec![narrow, other]];
+    let remaining = [
+        taken_refused_taken(&redis, &stacks, &key).await,
+        taken_refused_taken(&memory, &stacks, &key).await,
+    ];
     // 60 less the 50 taken and this one.
     assert_eq!(remaining, [9, 9], "redis, memory");
 }
 
-/// A stack's first decision on either backend, for the test above.
-trait Probe: Sync {
-    fn stack<'a>(
-        &'a self,
-        limits: Vec<Limit>,
-        key: &'a Key,
-        quantity: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>>;
-}
-
-impl<B: Asks + Sync> Probe for B {
-    fn stack<'a>(
-        &'a self,
-        limits: Vec<Limit>,
-        key: &'a Key,
-        quantity: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send + 'a>> {
-        let decided = self.check_all(&limits, key, quantity);
-        Box::pin(async move { decided.await.unwrap()[0] })
-    }
+/// 50 units of `stacks[0]`, refused 1 of `stacks[1]`, and what 1 more of `stacks[0]` leaves.
+async fn taken_refused_taken<B: Asks>(backend: &B, stacks: &[Vec<Limit>; 2], key: &Key) -> u64 {
+    let taken = backend.check_all(&stacks[0], key, 50).await.unwrap()[0];
+    assert!(taken.allowed, "{taken:?}");
+    let refused = backend.check_all(&stacks[1], key, 1).await.unwrap()[0];
+    assert!(!refused.allowed, "{refused:?}");
+    backend.check_all(&stacks[0], key, 1).await.unwrap()[0].remaining
 }

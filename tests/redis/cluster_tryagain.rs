@@ -24,6 +24,18 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// Short, so that the stack's retries run out while the slot still migrates.
 const TIMEOUT: Duration = Duration::from_millis(300);
 
+/// A Lua backend on `cluster`, every decision from Redis (no cached refusal).
+async fn lua_backend(cluster: &RedisCluster) -> RedisBackend {
+    RedisBackend::builder()
+        .cluster_urls(cluster.urls())
+        .mode(RedisMode::Lua)
+        .timeout(TIMEOUT)
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap()
+}
+
 // One thread: the subscriber that counts log lines is this thread's, and every task runs here.
 #[tokio::test(flavor = "current_thread")]
 async fn a_timeout_while_the_slot_migrates_leaves_the_nodes_breaker_closed() {
@@ -32,14 +44,7 @@ async fn a_timeout_while_the_slot_migrates_leaves_the_nodes_breaker_closed() {
         .with(logs.clone())
         .set_default();
     let cluster = Arc::new(RedisCluster::start());
-    let backend = RedisBackend::builder()
-        .cluster_urls(cluster.urls())
-        .mode(RedisMode::Lua)
-        .timeout(TIMEOUT)
-        .deny_cache(false)
-        .connect()
-        .await
-        .unwrap();
+    let backend = lua_backend(&cluster).await;
     let stack = vec![
         Limit::with_algorithm("tlog", Algorithm::SlidingLog, Quota::per_hour(50)).unwrap(),
         // Slow enough that its key outlives the test (a GCRA key expires once refilled).
@@ -127,14 +132,7 @@ async fn a_timeout_while_the_slot_migrates_leaves_the_nodes_breaker_closed() {
 #[tokio::test]
 async fn a_sorted_set_whose_members_all_ended_is_decided_while_its_slot_migrates() {
     let cluster = Arc::new(RedisCluster::start());
-    let backend = RedisBackend::builder()
-        .cluster_urls(cluster.urls())
-        .mode(RedisMode::Lua)
-        .timeout(TIMEOUT)
-        .deny_cache(false)
-        .connect()
-        .await
-        .unwrap();
+    let backend = lua_backend(&cluster).await;
     let gcra = Limit::new("egcra", Quota::per_day(100)).unwrap();
     let log = Limit::with_algorithm("elog", Algorithm::SlidingLog, Quota::per_second(5)).unwrap();
     let leases =

@@ -169,6 +169,11 @@ async fn asking(
     }
 }
 
+/// A call out of time.
+pub(crate) fn timed_out() -> RedisError {
+    std::io::Error::from(std::io::ErrorKind::TimedOut).into()
+}
+
 /// A reply that is not what the call sends for (a script's reply of the wrong length...).
 pub(crate) fn unexpected(what: &'static str) -> RedisError {
     RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))

@@ -251,16 +251,13 @@ fn slot_not_served(e: &RedisError) -> bool {
 mod tests {
     use super::*;
     use crate::backend::redis::conn::redirect;
+    use crate::backend::redis::conn::redirect::timed_out;
 
     /// A Lua-mode breaker with a second's timeout, on `nodes` (a Cluster's) or one server.
     fn breaker(nodes: Option<Arc<ClusterNodes>>, clock: Clock) -> Arc<Breaker> {
         let second = Duration::from_secs(1);
         let breaker = Breaker::new(second, nodes, None, RedisMode::Lua, "test", clock);
         Arc::new(breaker)
-    }
-
-    fn timed_out() -> RedisError {
-        RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
     }
 
     /// One server's call out of time opens its breaker only if no call got an answer since it

@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use super::gcra_group;
 use crate::backend::redis::conn::connection::RedisConnection;
-use crate::backend::redis::conn::redirect::{left_mid_script, unexpected};
+use crate::backend::redis::conn::redirect::{left_mid_script, timed_out, unexpected};
 use crate::backend::redis::wire::args::{Args, CellArgs};
 use crate::backend::redis::wire::limits_call::LimitsCall;
 use crate::backend::redis::wire::scripts::{self, Answer, GCRA_BATCH, LIMITS_BATCH};
@@ -366,10 +366,8 @@ impl Batcher {
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
                 let sent = tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await;
-                let answers = sent.unwrap_or_else(|_| {
-                    let e = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
-                    batch.iter().map(|_| Err(e.clone())).collect()
-                });
+                let answers =
+                    sent.unwrap_or_else(|_| batch.iter().map(|_| Err(timed_out())).collect());
                 for (Waiter { job, answer: to }, answer) in batch.drain(..).zip(answers) {
                     match (answer, job) {
                         // Its key left its migrating slot as the batch ran (before the item
