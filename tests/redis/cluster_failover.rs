@@ -320,6 +320,7 @@ async fn a_frozen_primarys_slots_are_decided_by_its_replica_once_promoted() {
         assert!(started.elapsed() < FAILOVER_WITHIN, "never promoted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let promoted = started.elapsed();
     // Decided again, five times in a row.
     let mut answered = 0;
     while answered < 5 {
@@ -332,7 +333,8 @@ async fn a_frozen_primarys_slots_are_decided_by_its_replica_once_promoted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
-        "cluster_failover (frozen primary): decided by the replica {:?} after the takeover",
+        "cluster_failover (frozen primary): promoted {promoted:?} and decided by the replica {:?} \
+         after the takeover",
         started.elapsed()
     );
     drop(frozen);

@@ -32,6 +32,7 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
     crate::timer::spawn(async move {
         let mut woken = false;
         let mut moved: Option<Nudge> = None;
+        let mut probing: Option<tokio::task::JoinHandle<()>> = None;
         while let Some(state) = weak.upgrade() {
             // A Cluster started by `build` has no connection at first.
             let read = match state.conn.cluster() {
@@ -49,7 +50,12 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
                 }
                 _ => false,
             };
-            probe_open_nodes(&nodes, attempt_budget(state.timeout)).await;
+            // On a task of their own: a probe of a silent node (a frozen primary) waits out its
+            // budget (up to 5 s), and the map must not wait for it, nor a moved slot's nudge.
+            if probing.as_ref().is_none_or(|p| p.is_finished()) {
+                let budget = attempt_budget(state.timeout);
+                probing = crate::timer::spawn(probe_open_nodes(nodes.clone(), budget));
+            }
             let wait = if !read || woken || moved.is_some() || !nodes.tripped().is_empty() {
                 WHILE_TRIPPED
             } else {
@@ -124,7 +130,7 @@ async fn nudged(
 }
 
 /// Probes each open node whose wait is over (seed URLs only): `PING` on a new connection.
-async fn probe_open_nodes(nodes: &ClusterNodes, budget: Duration) {
+async fn probe_open_nodes(nodes: Arc<ClusterNodes>, budget: Duration) {
     for node in nodes.tripped() {
         let Some((info, admission)) = nodes.probe(&node) else {
             continue;
