@@ -458,8 +458,11 @@ fn with_metrics(
 ) -> Router {
     let offenders = layer.offenders().cloned();
     let handle = layer.handle();
+    // The policies whose counts the last scrape set: one a reload removed reads 0 after it.
+    let reported = std::sync::Arc::new(std::sync::Mutex::new(HashSet::<String>::new()));
     let scrape = move || {
         let (offenders, handle, metrics) = (offenders.clone(), handle.clone(), metrics.clone());
+        let reported = reported.clone();
         async move {
             // Distinct limited clients, read when scraped (from Redis with a Redis backend), of
             // the policies in force then (a reload may have renamed or added some).
@@ -487,6 +490,15 @@ fn with_metrics(
                         .set(n as f64);
                     }
                 }
+                let mut reported = reported.lock().unwrap_or_else(|e| e.into_inner());
+                for gone in reported.iter().filter(|p| !policies.contains(p)) {
+                    for window in ["minute", "hour", "day"] {
+                        let policy = gone.clone();
+                        let labels = [("policy", policy), ("window", window.to_owned())];
+                        metrics::gauge!("throttle_distinct_limited_clients", &labels).set(0.0);
+                    }
+                }
+                *reported = policies.into_iter().collect();
             }
             metrics.render()
         }

@@ -388,14 +388,15 @@ impl ErrorLog {
 
     /// Logs, once, that the failure policy no longer answers; one load when it was not answering.
     #[inline]
-    pub(crate) fn decided(&self, policy: &str) {
+    pub(crate) fn decided(&self) {
         if self.failing.load(Ordering::Relaxed) {
-            self.back(policy);
+            self.back();
         }
     }
 
+    /// The way back, for the layer: its count is every policy's requests, so no policy is named.
     #[cold]
-    fn back(&self, policy: &str) {
+    fn back(&self) {
         if !self.failing.swap(false, Ordering::Relaxed) {
             return;
         }
@@ -407,15 +408,14 @@ impl ErrorLog {
         let after = since.map(|s| s.elapsed()).unwrap_or_default();
         let answered = self.answered.swap(0, Ordering::Relaxed);
         if self.back_gate.open().is_none() {
-            tracing::debug!(policy, answered, "rate-limit backend decides again");
+            tracing::debug!(answered, "rate-limit backend decides again");
             return;
         }
         tracing::warn!(
-            policy,
             after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
             answered,
             "rate-limit backend decides again; the failure policy answered {answered} requests \
-             over {after:?}"
+             (of every policy) over {after:?}"
         );
     }
 }

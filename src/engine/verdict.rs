@@ -283,7 +283,7 @@ impl Judge {
         decided: bool,
     ) {
         if decided {
-            self.errors.decided(&policy.name);
+            self.errors.decided();
         }
         if let Some(asked) = asked {
             policy.reporter.latency(&policy.name, asked.elapsed());

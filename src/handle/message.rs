@@ -133,7 +133,7 @@ impl Judge {
                 return Err(self.message_failed(policy, error));
             }
             Ok(all) => {
-                self.errors.decided(&policy.name);
+                self.errors.decided();
                 all.into_vec()
             }
             Err(error) => return Err(self.message_failed(policy, error)),

@@ -134,13 +134,33 @@ async fn peek_reset_reload(extra: &[&str]) {
     }
     assert_eq!(limit, 7, "SIGHUP did not reload");
 
-    // A policy renamed by a reload is the one `/metrics` counts limited clients of.
+    // A policy renamed by a reload is the one `/metrics` counts limited clients of, and the old
+    // name's counts read 0, not what they were before the reload.
+    let old_counts = |metrics: &str| -> Vec<String> {
+        let old = "throttle_distinct_limited_clients{policy=\"reply\"";
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(old))
+            .map(str::to_owned)
+            .collect()
+    };
+    let metrics = send(server.addr, "GET", "/metrics", &[]).await.body;
+    let before = old_counts(&metrics);
+    assert!(
+        before.len() == 3 && before.iter().all(|l| !l.ends_with(" 0")),
+        "{metrics}"
+    );
     std::fs::write(&file, CONFIG.replace("\"reply\"", "\"answer\"")).unwrap();
     assert_eq!(send(admin, "POST", "/reload", &[]).await.status, 200);
     replies(&server, "erin", 4).await;
     let metrics = send(server.addr, "GET", "/metrics", &[]).await.body;
     let distinct = "throttle_distinct_limited_clients{policy=\"answer\"";
     assert!(metrics.contains(distinct), "{metrics}");
+    let after = old_counts(&metrics);
+    assert!(
+        after.len() == 3 && after.iter().all(|l| l.ends_with(" 0")),
+        "{metrics}"
+    );
 
     let health = send(admin, "GET", "/health", &[]).await;
     assert_eq!(health.status, 200, "{}", health.body);

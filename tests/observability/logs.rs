@@ -231,10 +231,8 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
         .lines()
         .find(|l| l.contains("rate-limit backend decides again"))
         .unwrap_or_else(|| panic!("no line for the way back in\n{text}"));
-    assert!(
-        back.contains("WARN") && back.contains("policy=\"api\""),
-        "{back}"
-    );
+    // The count is every policy's: the line names none.
+    assert!(back.contains("WARN") && !back.contains("policy="), "{back}");
     assert!(back.contains("answered=5"), "{back}");
     assert_eq!(text.matches("backend decides again").count(), 1, "{text}");
 }

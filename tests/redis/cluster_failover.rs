@@ -283,9 +283,10 @@ async fn a_killed_primary_fails_only_its_slots_and_they_recover_after_promotion(
     // down, about one per request on its slots. The example server's filter keeps its errors only.
     // The backend logs each breaker's opening and closing: the killed primary's, and the promoted
     // replica's, which under load may drop connections while promoted (its breaker opened and
-    // closed four times in one CI run: 9 lines). Per request would be thousands.
+    // closed four times in one CI run: 9 lines, before a node that flaps logged its state once a
+    // steady second at most). Per request would be thousands.
     assert!(
-        quiet_lines <= 12,
+        quiet_lines <= 8,
         "log lines during the failover: {:?}",
         logs.by_target()
     );

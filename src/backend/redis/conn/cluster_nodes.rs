@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use redis::{ConnectionAddr, ConnectionInfo, Value};
 use tokio::sync::Notify;
@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 use crate::backend::redis::health::circuit::{Admission, Circuit};
 use crate::backend::redis::health::recorder::Clock;
 use crate::backend::redis::health::report::RedisNodeHealth;
+use crate::backend::redis::health::told::Told;
 
 /// The number of hash slots of a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -37,6 +38,8 @@ pub(crate) struct Node {
     last_error: Mutex<Option<(String, SystemTime)>>,
     /// When the node last answered `TRYAGAIN` (its circuit's `now_ms`; 0: never).
     tried_again: AtomicU64,
+    /// What the log last said of its breaker (a node that flaps logs a line per quiet).
+    told: Told,
 }
 
 impl Node {
@@ -50,6 +53,30 @@ impl Node {
     pub(crate) fn met(&self, error: &dyn std::fmt::Display) {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((error.to_string(), SystemTime::now()));
+    }
+}
+
+/// Logs that `node` is unreachable (`down`) or answers again, with the transitions of its breaker
+/// left untold before (`flaps`: a node that flaps logs a line per quiet, health/told.rs).
+fn say(node: &Node, down: bool, flaps: u32) {
+    let address = &node.address;
+    let flapped = match flaps {
+        0 => String::new(),
+        n => format!(" (its breaker opened and closed {n} times more since the last line)"),
+    };
+    if down {
+        let error = node.last_error.lock().unwrap_or_else(|e| e.into_inner());
+        let error = error.as_ref().map_or("", |(e, _)| e.as_str());
+        tracing::warn!(
+            node = %address,
+            error = %error,
+            "a Redis Cluster node is unreachable{flapped}; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
+        );
+    } else {
+        tracing::info!(
+            node = %address,
+            "the Redis Cluster node answers again{flapped}; its slots' decisions come from Redis"
+        );
     }
 }
 
@@ -140,10 +167,9 @@ impl ClusterNodes {
     pub(crate) fn answered(&self, node: &Node) {
         node.circuit.stamp_answer();
         if node.circuit.answered() {
-            tracing::info!(
-                node = %node.address,
-                "the Redis Cluster node answers again; its slots' decisions come from Redis"
-            );
+            if let Some(flaps) = node.told.transition(Instant::now()) {
+                say(node, false, flaps);
+            }
             crate::observe::cluster_node_up(&self.name, &node.address, true);
             // Perhaps the promoted replica answered: read the map again.
             self.stale.notify_one();
@@ -154,15 +180,25 @@ impl ClusterNodes {
     pub(crate) fn failed(&self, node: &Node, was_probe: bool, error: &dyn std::fmt::Display) {
         node.met(error);
         if node.circuit.failed(was_probe) {
-            tracing::warn!(
-                node = %node.address,
-                error = %error,
-                "a Redis Cluster node is unreachable; its slots' decisions fail fast (the failure policy answers) until a probe gets through or the slot map names another primary"
-            );
+            if let Some(flaps) = node.told.transition(Instant::now()) {
+                say(node, true, flaps);
+            }
             crate::observe::cluster_node_up(&self.name, &node.address, false);
         }
         // The map may be stale (a failover): read it again soon.
         self.stale.notify_one();
+    }
+
+    /// Says the state of each node whose transitions were counted, not logged, once it is due
+    /// ([`Told::due`]): at each round of the slot-map task.
+    pub(crate) fn tell_flaps(&self) {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        for (node, _) in &map.nodes {
+            if let Some((flaps, down)) = node.told.due(now, || node.circuit.tripped()) {
+                say(node, down, flaps);
+            }
+        }
     }
 
     /// The primary that owns `key`'s slot, if the map knows it.
@@ -212,6 +248,7 @@ impl ClusterNodes {
                     circuit: Arc::new(Circuit::new(self.timeout, self.clock)),
                     last_error: Mutex::new(None),
                     tried_again: AtomicU64::new(0),
+                    told: Told::default(),
                 })
             });
             let index = nodes.len() as u16;

@@ -50,6 +50,7 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
                 }
                 _ => false,
             };
+            nodes.tell_flaps();
             // On a task of their own: a probe of a silent node (a frozen primary) waits out its
             // budget (up to 5 s), and the map must not wait for it, nor a moved slot's nudge.
             if probing.as_ref().is_none_or(|p| p.is_finished()) {

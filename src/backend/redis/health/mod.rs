@@ -7,4 +7,5 @@ pub(crate) mod circuit;
 pub(crate) mod memory;
 pub(crate) mod recorder;
 pub(crate) mod report;
+pub(crate) mod told;
 pub(crate) mod watch;
