@@ -663,6 +663,14 @@ impl<K> PolicyBuilder<K> {
             &taken,
         )?;
         drop(taken);
+        // A shadow limit counts in the policy's windows: its calendar, each key's own phase.
+        let calendar = &self.opts.calendar;
+        let shadows = (shadows.into_vec().into_iter())
+            .map(|limit| {
+                let limit = limit.with_window_start(self.opts.window_start)?;
+                calendar.iter().try_fold(limit, |l, c| l.with_calendar(c.clone()))
+            })
+            .collect::<Result<_, BuildError>>()?;
         let mut extras = self.opts.extras;
         extras.shadows = shadows;
         let extras = extras.build(&self.opts.name, &tiers[0].limits[0], metered)?;

@@ -117,3 +117,21 @@ async fn an_overridden_quota_keeps_the_calendar() {
         Some(r#""billing.override";r=4;t=43200"#)
     );
 }
+
+/// A shadow quota counts in the policy's calendar windows (its week was cut from the epoch, ending
+/// on Thursdays), and one of another period is refused, as an enforced one is.
+#[test]
+fn a_shadow_quota_keeps_the_calendar() {
+    let quotas = |shadow: &str| {
+        format!(
+            "calendar = \"week\"\ntimezone = \"Europe/Paris\"\nquotas = [\
+             {{ count = 10, period = \"7days\" }}, {{ count = 5, period = \"{shadow}\", shadow = true }}]"
+        )
+    };
+    let policy = route(&quotas("7days")).unwrap();
+    let shadow = &policy.shadow_limits()[0];
+    assert_eq!(shadow.name(), "billing.shadow.7d");
+    assert_eq!(shadow.calendar().map(|c| c.zone()), Some("Europe/Paris"));
+    let error = route(&quotas("1day")).unwrap_err();
+    assert!(error.contains("billing.shadow"), "{error}");
+}
