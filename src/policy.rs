@@ -668,7 +668,9 @@ impl<K> PolicyBuilder<K> {
         let shadows = (shadows.into_vec().into_iter())
             .map(|limit| {
                 let limit = limit.with_window_start(self.opts.window_start)?;
-                calendar.iter().try_fold(limit, |l, c| l.with_calendar(c.clone()))
+                calendar
+                    .iter()
+                    .try_fold(limit, |l, c| l.with_calendar(c.clone()))
             })
             .collect::<Result<_, BuildError>>()?;
         let mut extras = self.opts.extras;

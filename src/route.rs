@@ -127,9 +127,10 @@ impl Route {
                 return true;
             }
             // Inside `Router::nest("/api", ..)` axum's MatchedPath is the full "/api/users/{id}"; the
-            // nested router's own "/users/{id}" names the same route.
+            // nested router's own "/users/{id}" names the same route (nested at "/api/" too).
             let nested = request.extensions().get::<axum::extract::NestedPath>();
-            return match nested.and_then(|n| matched.strip_prefix(n.as_str())) {
+            let rest = nested.and_then(|n| matched.strip_prefix(n.as_str().trim_end_matches('/')));
+            return match rest {
                 Some("") => self.pattern == "/",
                 Some(rest) => same_shape(rest, &self.pattern),
                 None => false,

@@ -561,24 +561,45 @@ async fn routes_in_nested_routers_match_by_full_or_nested_path() {
             .build()
             .unwrap()
     };
-    let layer = ThrottleLayer::builder()
-        .policy(policy("users", "/users/{id}"))
-        .policy(policy("orders", "/api/orders/{id}"))
-        .build()
-        .unwrap();
-    let api = Router::new()
-        .route("/users/{id}", get(|| async { "user" }))
-        .route("/orders/{id}", get(|| async { "order" }))
-        .layer(layer);
-    let app = Router::new().nest("/api", api);
-    for path in ["/api/users/1", "/api/orders/1"] {
-        let first = status_of(&app, request(path)).await;
-        let second = status_of(&app, request(path)).await;
-        assert_eq!(
-            (first, second),
-            (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS),
-            "{path}"
-        );
+    // Nested at "/api" or "/api/" (axum's NestedPath keeps the slash), or two levels deep.
+    for (outer, inner) in [("/api", None), ("/api/", None), ("/api", Some("/v2/"))] {
+        let layer = ThrottleLayer::builder()
+            .policy(policy("users", "/users/{id}"))
+            .policy(policy("orders", "/api/orders/{id}"))
+            .build()
+            .unwrap();
+        let api = Router::new()
+            .route("/users/{id}", get(|| async { "user" }))
+            .route("/orders/{id}", get(|| async { "order" }))
+            .layer(layer);
+        let (app, paths) = match inner {
+            None => (
+                Router::new().nest(outer, api),
+                ["/api/users/1", "/api/orders/1"],
+            ),
+            Some(inner) => (
+                Router::new().nest(outer, Router::new().nest(inner, api)),
+                ["/api/v2/users/1", "/api/v2/orders/1"],
+            ),
+        };
+        // The orders policy names the route as seen from `/api`: not two levels deep.
+        let orders = if inner.is_some() {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        for (path, second) in paths
+            .into_iter()
+            .zip([StatusCode::TOO_MANY_REQUESTS, orders])
+        {
+            let first = status_of(&app, request(path)).await;
+            let then = status_of(&app, request(path)).await;
+            assert_eq!(
+                (first, then),
+                (StatusCode::OK, second),
+                "{outer} {inner:?} {path}"
+            );
+        }
     }
 }
 
