@@ -373,8 +373,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Ok(offenders.top(policy, n).await?)
     }
 
-    /// Forgets `key` under policy `policy`: its state under every tier's limits, its penalty
-    /// strikes and ban (in the backend or in the layer), and what the layer's local limiter
+    /// Forgets `key` under policy `policy`: its state under every tier's limits and its shadow
+    /// limits, its penalty strikes and ban (in the backend or in the layer), and what the layer's local limiter
     /// (`OnBackendError::Local`, feature `memory`) knows of it. The key starts again
     /// with its full quota. Limits are state by name: a policy sharing a limit name shares the
     /// reset.
@@ -479,6 +479,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
                     .reset(Charges::one(&limit, key, 0))
                     .await?;
             }
+        }
+        // Shadow limits count the key too: a reset starts their count again.
+        for shadow in rules.shadow_limits() {
+            self.shared.backend.reset(Charges::one(shadow, key, 0)).await?;
         }
         Ok(())
     }

@@ -79,6 +79,35 @@ fn a_shadow_limit_never_refuses_and_counts_exactly_what_it_would() {
     );
 }
 
+/// A reset starts the key's shadow count again, as it does its enforced one.
+#[test]
+fn a_reset_starts_the_shadow_count_again() {
+    let policy = Policy::builder("api")
+        .quota(Quota::per_minute(100))
+        .shadow(Quota::per_minute(2))
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let (backend, _clock) = backend();
+    let layer = layer_on(backend, policy);
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .layer(layer);
+    let ((), page) = with_metrics(async {
+        for _ in 0..3 {
+            app.clone().oneshot(from_user("ann")).await.unwrap();
+        }
+        handle.reset("api", "ann").await.unwrap();
+        for _ in 0..2 {
+            app.clone().oneshot(from_user("ann")).await.unwrap();
+        }
+    });
+    // One over the shadow quota before the reset; the two after it fit a fresh count.
+    let would = "throttle_requests_would_limit_total{policy=\"api\",limit=\"api.shadow.1m\"}";
+    assert_eq!(sample(&page, would), 1.0, "{page}");
+}
+
 /// The users of 1,000 keys whose second request (of a quota of one) is refused by a layer of its
 /// own; every other second request is let through with `enforced: false`.
 async fn refused_keys(policy: Policy<Header>) -> BTreeSet<u32> {
