@@ -614,6 +614,24 @@ impl Limit {
             _ => None,
         }
     }
+
+    /// Delay mode: what is left of the quota's own tolerance, not the delay's, when the key's
+    /// state ends `reset_after` from now (at most `limit`); `remaining` as the backend reckoned it
+    /// for any other limit. What the fields and a peek show.
+    pub(crate) fn remaining_in_quota(
+        &self,
+        reset_after: Duration,
+        remaining: u64,
+        limit: u64,
+    ) -> u64 {
+        match (self.delay(), self.tolerance(), self.gcra()) {
+            (Some(_), Some(tolerance), Some(gcra)) => {
+                let ahead = u64::try_from(reset_after.as_nanos()).unwrap_or(u64::MAX);
+                (tolerance.saturating_sub(ahead) / gcra.emission_interval()).min(limit)
+            }
+            _ => remaining,
+        }
+    }
 }
 
 /// Why a calendar window cannot start per key (asked for either way round).

@@ -296,7 +296,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             _ => None,
         };
         // Each limit's state by name, with the ban of the layer's penalty box.
-        let shown = |(limit, state): (&Limit, KeyState)| {
+        let shown = |(limit, mut state): (&Limit, KeyState)| {
+            // Delay mode: what is left of the quota, as the fields say, not of the delay's room.
+            state.remaining =
+                limit.remaining_in_quota(state.reset_after, state.remaining, state.limit);
             let state = ban.map_or(state, |rest| state.with_ban(rest));
             (limit.name().to_owned(), state)
         };
@@ -482,7 +485,10 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         }
         // Shadow limits count the key too: a reset starts their count again.
         for shadow in rules.shadow_limits() {
-            self.shared.backend.reset(Charges::one(shadow, key, 0)).await?;
+            self.shared
+                .backend
+                .reset(Charges::one(shadow, key, 0))
+                .await?;
         }
         Ok(())
     }

@@ -64,12 +64,8 @@ impl CompiledTier {
         for (decision, limit) in decisions.iter_mut().zip(self.limits.iter()) {
             if limit.delay().is_some() {
                 delay = delay.max(limit.delay_for(decision));
-                if let (Some(tolerance), Some(gcra)) = (limit.tolerance(), limit.gcra()) {
-                    let ahead = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
-                    decision.remaining = (tolerance.saturating_sub(ahead)
-                        / gcra.emission_interval())
-                    .min(decision.limit);
-                }
+                let (ahead, remaining) = (decision.reset_after, decision.remaining);
+                decision.remaining = limit.remaining_in_quota(ahead, remaining, decision.limit);
             }
         }
         delay

@@ -155,6 +155,35 @@ async fn delay_mode_shows_what_remains_of_the_quota_not_of_the_wait() {
     );
 }
 
+/// A peek in delay mode shows what remains of the quota, as the fields do, not the wait's room.
+#[tokio::test(start_paused = true)]
+async fn a_peek_in_delay_mode_shows_what_remains_of_the_quota() {
+    let (backend, _clock) = backend();
+    let policy = Policy::builder("slow")
+        .quota(Quota::per_second(4))
+        .delay(Duration::from_secs(2))
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let layer = layer_of(backend, policy);
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .layer(layer);
+    let remaining = || async {
+        let state = handle.peek("slow", "ann").await.unwrap();
+        let (_, state) = &state.tiers[0].limits[0];
+        (state.limit, state.remaining)
+    };
+    assert_eq!(remaining().await, (4, 4));
+    for n in 0..6 {
+        let res = app.clone().oneshot(from_user("ann")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "request {n}");
+    }
+    // Four of the burst and two that waited: nothing left of the quota.
+    assert_eq!(remaining().await, (4, 0));
+}
+
 #[test]
 fn delay_mode_is_refused_for_window_algorithms() {
     let err = Policy::builder("w")
