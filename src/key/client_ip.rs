@@ -388,6 +388,10 @@ fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
     }
     let mut found = None;
     for pair in split_unquoted(element, b';') {
+        // An empty pair is allowed (`for=192.0.2.43;`): RFC 7239's `[ forwarded-pair ]`.
+        if pair.trim_ascii().is_empty() {
+            continue;
+        }
         let (name, value) = std::str::from_utf8(pair).ok()?.split_once('=')?;
         if name.trim().eq_ignore_ascii_case("for") {
             if found.is_some() {
@@ -398,11 +402,29 @@ fn parse_forwarded_element(element: &[u8]) -> Option<IpAddr> {
                 Some(quoted) => quoted.strip_suffix('"')?,
                 None => value,
             };
-            // `unknown` and obfuscated identifiers (`_hidden`) name no address.
+            // `unknown` and obfuscated identifiers (`_hidden`) name no address; an obfuscated
+            // port (`192.0.2.43:_p1`, `[2001:db8::1]:_p1`) hides only the port.
+            let value = match value.rsplit_once(":_") {
+                Some((node, port))
+                    if obfuscated(port) && (node.ends_with(']') || !node.contains(':')) =>
+                {
+                    node
+                }
+                _ => value,
+            };
             found = Some(parse_node(value)?);
         }
     }
     found
+}
+
+/// Whether `port` (after its `_`) is an obfuscated port of RFC 7239: `_` then letters, digits,
+/// `.`, `_` or `-`.
+fn obfuscated(port: &str) -> bool {
+    !port.is_empty()
+        && port
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 impl<B> KeyExtractor<B> for ClientIp {
@@ -470,6 +492,15 @@ mod tests {
             (FWD, &[fwd], "2001:db8::1"),
             (XFF, &["[2001:db8::2]:80"], "2001:db8::2"),
             (XFF, &["203.0.113.9:443"], "203.0.113.9"),
+            // RFC 7239: an obfuscated port hides the port only; an empty pair is allowed.
+            (FWD, &[r#"for="192.0.2.43:_hidden""#], "192.0.2.43"),
+            (
+                FWD,
+                &[r#"for="[2001:db8:cafe::17]:_p1""#],
+                "2001:db8:cafe::17",
+            ),
+            (FWD, &["for=192.0.2.44;"], "192.0.2.44"),
+            (FWD, &["proto=https;;for=192.0.2.45"], "192.0.2.45"),
             (REAL, &[" 203.0.113.7 "], "203.0.113.7"),
             // A thousand forged entries, or one huge one, cannot choose the key.
             (XFF, &[&forged], "203.0.113.7"),
@@ -491,6 +522,9 @@ mod tests {
         for value in [
             "for=unknown",
             "for=_hidden",
+            "for=_hidden:_port",
+            "for=\"unknown:_p1\"",
+            "for=\"1.2.3.4:_p/1\"",
             "by=1.2.3.4",
             "for=1.2.3.4;for=5.6.7.8",
             "for=\"1.2.3.4",
