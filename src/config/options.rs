@@ -166,7 +166,30 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     let on_duplicate = route.on_duplicate.as_deref().map(str::parse).transpose()?;
     key = set(key, on_duplicate, KeySpec::with_on_duplicate);
     let (v6, v4) = (route.ipv6_prefix, route.ipv4_prefix);
-    match &mut key {
+    // The prefixes group the route's addresses, and those of a quota keyed by one of its own.
+    let quota_ips = (route.own_quota().quotas.iter().flatten())
+        .filter_map(|q| q.key.as_deref()?.parse().ok())
+        .any(|mut key: KeySpec| grouped(route, &mut key).is_ok_and(|ip| ip));
+    if !grouped(route, &mut key)? && !quota_ips && (v6.is_some() || v4.is_some()) {
+        let setting = if v6.is_some() {
+            "ipv6_prefix"
+        } else {
+            "ipv4_prefix"
+        };
+        return Err(format!(
+            "{setting} only applies to key = \"ip\" or \"client-ip\" (the route's or a quota's)"
+        ));
+    }
+    Ok(match key {
+        KeySpec::Body(field) => builder.body_key(field),
+        key => builder.key(key),
+    })
+}
+
+/// Groups an address `key` by the route's `ipv4_prefix` and `ipv6_prefix`: whether it is one.
+fn grouped(route: &RouteConfig, key: &mut KeySpec) -> Result<bool, String> {
+    let (v6, v4) = (route.ipv6_prefix, route.ipv4_prefix);
+    match key {
         KeySpec::PeerIp(ip) => {
             let with_v6 = try_set(*ip, v6, PeerIp::with_ipv6_prefix)?;
             *ip = try_set(with_v6, v4, PeerIp::with_ipv4_prefix)?;
@@ -175,22 +198,9 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
             let with_v6 = try_set(ip.clone(), v6, ClientIp::with_ipv6_prefix)?;
             *ip = try_set(with_v6, v4, ClientIp::with_ipv4_prefix)?;
         }
-        _ if v6.is_some() || v4.is_some() => {
-            let setting = if v6.is_some() {
-                "ipv6_prefix"
-            } else {
-                "ipv4_prefix"
-            };
-            return Err(format!(
-                "{setting} only applies to key = \"ip\" or \"client-ip\""
-            ));
-        }
-        _ => {}
+        _ => return Ok(false),
     }
-    Ok(match key {
-        KeySpec::Body(field) => builder.body_key(field),
-        key => builder.key(key),
-    })
+    Ok(true)
 }
 
 /// The route's quotas, with its shadow limits and the keys of quotas that have their own.
@@ -241,6 +251,7 @@ fn quota_keys(
                 .map(|spelled| {
                     let mut key: KeySpec = spelled.parse()?;
                     bind_client_ip(&mut key, client_ip);
+                    grouped(route, &mut key)?;
                     Ok(set(key, on_duplicate, KeySpec::with_on_duplicate))
                 })
                 .transpose()

@@ -222,3 +222,42 @@ async fn peek_and_reset_read_each_keyed_quota_under_the_key_given() {
         1000
     );
 }
+
+/// A quota keyed by the client's address groups it as the route's prefixes say (a /24 counts as
+/// one), under a route keyed otherwise too (the prefixes were refused there, and ignored for the
+/// quota's own key).
+#[tokio::test]
+async fn a_quota_keyed_by_address_takes_the_route_s_prefixes() {
+    use crate::support::{from_peer, request, status_of};
+    use axum::{routing::get, Router};
+    use http::StatusCode;
+    use tower_throttle::{config::Config, ThrottleLayer};
+    let toml = r#"
+[[route]]
+name = "api"
+key = "header:x-user-id"
+ipv4_prefix = 24
+quotas = [{ count = 10, period = "1m" }, { count = 1, period = "1m", key = "ip" }]
+"#;
+    let policies = Config::from_toml(toml).unwrap().policies().unwrap();
+    let layer = ThrottleLayer::builder().policies(policies).build().unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let from = |user: &str, peer: &str| {
+        let mut r = from_peer(request("/"), peer);
+        r.headers_mut().insert("x-user-id", user.parse().unwrap());
+        r
+    };
+    assert_eq!(
+        status_of(&app, from("a", "192.0.2.1:1")).await,
+        StatusCode::OK
+    );
+    // Another user at another address of the same /24: its address quota is spent.
+    let same_24 = status_of(&app, from("b", "192.0.2.200:1")).await;
+    assert_eq!(same_24, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status_of(&app, from("c", "192.0.3.1:1")).await,
+        StatusCode::OK
+    );
+}
