@@ -143,7 +143,8 @@ const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin
     \x20                 on ADDR (off by default; keep it on loopback: it can lift any limit)\n\
     --admin-token-env NAME  every admin request needs Authorization: Bearer <the value of $NAME>\n\
     \x20                 (or [admin] token_env in the config); required off loopback\n\
-    --redis URL       replace the configured backend with Redis at URL (redis:// or rediss://)\n\
+    --redis URL       use Redis at URL (redis:// or rediss://): the file's [backend] Redis settings\n\
+    \x20                 with this URL, or Redis's defaults in place of a memory backend\n\
     --redis-mode M    with --redis: auto (default), cell (CL.THROTTLE) or lua";
 
 struct Args {
@@ -572,8 +573,21 @@ async fn run() -> Result<(), String> {
     let mut backend_override = None;
     let backend_source = match &args.redis {
         Some(url) => {
-            let mut redis = RedisConfig::new(url.clone());
-            redis.mode = args.redis_mode.map(|m| m.as_str().to_owned());
+            // The file's Redis settings (on_error, prefix, timeout...) with the flag's URL: only
+            // one server's URL can be replaced, not Cluster seeds nor Sentinels.
+            let mut redis = match &config.backend {
+                BackendConfig::Redis(file) if file.urls.is_some() || file.sentinels.is_some() => {
+                    let why = "--redis replaces one server's url, and [backend] names Cluster \
+                               seeds (urls) or sentinels: change them in the file";
+                    return Err(source.error(why));
+                }
+                BackendConfig::Redis(file) => file.clone(),
+                _ => RedisConfig::new(url.clone()),
+            };
+            redis.url = Some(url.clone());
+            if let Some(mode) = args.redis_mode {
+                redis.mode = Some(mode.as_str().to_owned());
+            }
             config.backend = BackendConfig::Redis(redis);
             backend_override = Some(config.backend.clone());
             // "redis redis://host:6379/ (mode auto)", password hidden: "--" makes it the flag.

@@ -179,6 +179,35 @@ fn a_config_error_with_a_redis_flag_still_names_the_file() {
     );
 }
 
+/// `--redis URL` replaces the file's Redis URL only: its failure policy (here `deny`) and prefix
+/// stay (a fail-closed file was made fail-open). Cluster seeds or sentinels cannot be replaced by
+/// one URL: a start-up error.
+#[test]
+fn the_redis_flag_keeps_the_files_redis_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = "[backend]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\non_error = \"deny\"\nprefix = \"myapp\"\n";
+    let file = config_file(dir.path(), "deny.toml", &format!("{backend}{ROUTE_A}"));
+    let unreachable = "redis://127.0.0.1:2/";
+    let server = start(&[
+        "--config",
+        &file,
+        "--listen",
+        "127.0.0.1:0",
+        "--redis",
+        unreachable,
+    ]);
+    assert!(
+        server.first_line.contains(unreachable),
+        "{}",
+        server.first_line
+    );
+    assert_eq!(send(server.addr(), "GET /items/1"), 503);
+    let seeds = backend.replace("url = ", "urls = [\"redis://127.0.0.1:3/\"]\n#");
+    let file = config_file(dir.path(), "seeds.toml", &format!("{seeds}{ROUTE_A}"));
+    let line = start_up_error(&run(&["--config", &file, "--redis", unreachable]));
+    assert!(line.contains("Cluster seeds (urls) or sentinels"), "{line}");
+}
+
 #[test]
 fn flag_errors_name_the_flag() {
     let line = start_up_error(&run(&[
