@@ -44,10 +44,18 @@ pub(crate) fn methods_of(
         }
     }
     for method in custom.iter().flatten() {
-        if STANDARD_METHODS.contains(method) {
+        let name = method.as_str();
+        // Methods are case-sensitive: a standard one in another case is one no client sends.
+        if let Some(standard) = STANDARD_METHODS
+            .iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(name))
+        {
+            let spelled = match standard.as_str() == name {
+                true => String::new(),
+                false => format!(" {:?} (methods are case-sensitive)", standard.as_str()),
+            };
             return Err(format!(
-                "{:?} is a standard method: list it in methods, not custom_methods",
-                method.as_str()
+                "{name:?} is a standard method{spelled}: list it in methods, not custom_methods"
             ));
         }
     }

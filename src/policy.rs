@@ -874,6 +874,9 @@ mod tests {
         assert!(err(p().methods([method("get")])).contains(r#"(did you mean "GET"?)"#));
         assert!(!err(p().methods([method("PROPFIND")])).contains("did you mean"));
         assert!(err(p().custom_methods([Method::POST])).contains("list it in methods"));
+        let lower = Method::from_bytes(b"get").unwrap();
+        assert!(err(p().custom_methods([lower]))
+            .contains(r#""get" is a standard method "GET" (methods are case-sensitive)"#));
         assert!(err(p().custom_methods([])).contains("custom_methods is empty"));
 
         let propfind = method("PROPFIND");
