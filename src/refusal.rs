@@ -183,8 +183,10 @@ impl<'a> Refusal<'a> {
     }
 
     /// When the client may retry: the decision's retry time for a `429` (the rest of a ban for a
-    /// banned key), one second for a `503`, `None` otherwise. The layer sends it as `Retry-After`
-    /// (rounded up to whole seconds) unless the response sets its own.
+    /// banned key; the reset time for a request that no wait admits), the time the requests in
+    /// flight take to drain for an overload shed, one second for another `503`, `None` otherwise.
+    /// The layer sends it as `Retry-After` (rounded up to whole seconds, at least one for a `429`)
+    /// unless the response sets its own.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }

@@ -146,7 +146,9 @@ impl Refusals {
                 policy: Some(policy),
                 key: Some(key),
                 decision: Some(decision),
-                retry_after: decision.retry_after,
+                // As `Retry-After` says it: a request that no wait admits (its cost is over
+                // the limit) is told the reset time.
+                retry_after: Some(decision.retry_after.unwrap_or(decision.reset_after)),
                 detail: &format!("rate limit of policy '{policy}' exceeded"),
                 request,
                 default: &default,
