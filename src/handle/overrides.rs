@@ -107,7 +107,7 @@ where
     /// A policy not in force that still has overrides or bans here (one a [reload](Self::reload)
     /// removed, or another process's, heard on a shared Redis) has them listed too, and removable
     /// by [`remove_override`](Self::remove_override) and [`lift_ban`](Self::lift_ban) with the keys
-    /// as listed: out of force, they are kept (another process may still run the policy) and in
+    /// as listed (so are those of a policy a reload gave another kind of key): out of force, they are kept (another process may still run the policy) and in
     /// force again if a policy of that name comes back.
     pub fn overrides(&self, policy: &str) -> Result<Vec<(String, Override)>, HandleError> {
         self.holding(policy)?;
@@ -246,11 +246,21 @@ where
     where
         K: KeyFromText,
     {
-        let field = match self.field_of(policy, key) {
-            // A policy a reload removed: its keys as listed (there is no key kind to read them).
-            Err(HandleError::UnknownPolicy(_)) if self.shared.overrides.holds(policy) => {
-                key.to_owned()
+        // A field as listed is removed as it is: a policy a reload removed has no key kind to
+        // read it, and one a reload gave another kind of key reads it otherwise, or not at all.
+        let overrides = &self.shared.overrides;
+        let listed = match bans {
+            true => {
+                (overrides.bans_of(policy, SystemTime::now()).into_iter()).any(|(f, _)| f == key)
             }
+            false => overrides
+                .overrides_of(policy)
+                .into_iter()
+                .any(|(f, _)| f == key),
+        };
+        let field = match self.field_of(policy, key) {
+            _ if listed => key.to_owned(),
+            Err(HandleError::UnknownPolicy(_)) if overrides.holds(policy) => key.to_owned(),
             field => field?,
         };
         self.write(policy, bans, &field, None).await?;

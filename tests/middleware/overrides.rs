@@ -173,6 +173,46 @@ async fn a_policy_removed_by_a_reload_keeps_its_overrides_listed_and_removable()
     assert_eq!(logs.count(warning), 1, "{:?}", logs.lines());
 }
 
+/// A reload that gives a policy another kind of key leaves its overrides and bans listed as they
+/// were, and removable as listed (the new kind refused their keys: "not an IP address").
+#[tokio::test]
+async fn overrides_of_a_key_kind_a_reload_changed_are_removable_as_listed() {
+    use tower_throttle::key::KeySpec;
+    use tower_throttle::ops::Override;
+    use tower_throttle::{Policy, Quota, ThrottleLayer};
+    let policy = |key: KeySpec| {
+        Policy::builder("api")
+            .quota(Quota::per_minute(10))
+            .key(key)
+            .build()
+            .unwrap()
+    };
+    let header: KeySpec = "header:x-user".parse().unwrap();
+    let layer = ThrottleLayer::new(policy(header));
+    let handle = layer.handle();
+    handle
+        .set_override("api", "alice", Override::Blocked)
+        .await
+        .unwrap();
+    handle
+        .set_override("api", "premium_*", Override::Unlimited)
+        .await
+        .unwrap();
+    handle
+        .ban("api", "mallory", std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    handle.reload([policy("ip".parse().unwrap())]).unwrap();
+    assert_eq!(handle.overrides("api").unwrap().len(), 2);
+    handle.remove_override("api", "alice").await.unwrap();
+    handle.remove_override("api", "premium_*").await.unwrap();
+    handle.lift_ban("api", "mallory").await.unwrap();
+    assert!(handle.overrides("api").unwrap().is_empty());
+    assert!(handle.bans("api").unwrap().is_empty());
+    // A key of the new kind is read as one.
+    assert!(handle.remove_override("api", "bob").await.is_err());
+}
+
 /// A reset forgets what a key counted under an override's quota even once the override is gone:
 /// set again, the override's quota starts full, as the reset promised.
 #[tokio::test]
