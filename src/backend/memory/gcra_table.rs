@@ -221,13 +221,14 @@ impl GcraTable {
     fn stored_tat<K: RecordKey>(&self, id: u32, key: &K) -> Option<u64> {
         let hash = key.record_hash(id, &self.hasher);
         let shard = self.shard(hash);
+        // The slot under the lock: a key moved into it meanwhile would be in neither.
+        let table = read(&shard.table);
         let hot = shard
             .hot
             .with(id, |h| key.is_hot(h), |tat| tat.load(Relaxed));
         if let Some(tat) = hot.filter(|tat| *tat != MOVED) {
             return Some(tat);
         }
-        let table = read(&shard.table);
         K::table(&table)
             .find(hash, |s| s.limit == id && s.key == *key)
             .map(|record| record.tat.load(Relaxed))
@@ -723,6 +724,49 @@ mod tests {
         for k in 0..2 {
             assert_eq!(admitted.iter().map(|a| a[k]).sum::<usize>(), 10, "key {k}");
         }
+    }
+
+    /// A peek and a refund racing with the key's moves into and out of the hot slot find its state
+    /// every time (looked for in the slot before the lock, a key moved in meanwhile was in neither:
+    /// a spent key peeked as untouched, a refund lost).
+    #[test]
+    fn a_peek_and_a_refund_find_a_key_moving_into_the_hot_slot() {
+        let table = GcraTable::new(1, 1000);
+        let clock = ManualClock::new();
+        clock.set(Duration::from_secs(10));
+        let limit = crate::Limit::new("hot", Quota::per_minute(60).with_max_burst(9)).unwrap();
+        let (params, id, key) = (limit.gcra().unwrap(), limit.id(), Key::from("hot"));
+        let hash = key.record_hash(id, &table.hasher);
+        assert!(table.decide(params, id, &key, 10, &clock).allowed);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        // Stops the mover however this thread leaves the scope (a failed assertion too).
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Relaxed);
+            }
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    table.make_hot(&table.shards[0], hash, id, &key, &clock);
+                    cool(&table, clock.now_nanos());
+                }
+            });
+            let _stop = Stop(&stop);
+            for i in 0..50_000 {
+                let (_, one) = table.peek(params, id, &key, &clock);
+                assert!(!one.allowed, "peek {i} found no state");
+            }
+            // A refund of one and a charge of one, 20,000 times: the key stays spent.
+            for i in 0..20_000 {
+                table.settle(params, id, &key, -1, 0, &clock);
+                assert!(
+                    table.decide(params, id, &key, 1, &clock).allowed,
+                    "refund {i} lost"
+                );
+            }
+        });
     }
 
     /// A key that one thread alone decides on stays in the table (the slot would only cost it

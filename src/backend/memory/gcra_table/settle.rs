@@ -41,11 +41,13 @@ impl GcraTable {
         let shard = self.shard(hash);
         let eq = |s: &TatRecord<K>| s.limit == id && s.key == *key;
         let settle = |tat: &AtomicU64| settle_tat(tat, params, delta, since, clock.now_nanos());
-        if shard.hot.with(id, |h| key.is_hot(h), settle) == Some(true) {
-            return;
-        }
         {
+            // The slot under the lock: a key moved into it meanwhile would be in neither, and
+            // its refund lost.
             let table = read(&shard.table);
+            if shard.hot.with(id, |h| key.is_hot(h), settle) == Some(true) {
+                return;
+            }
             let now = clock.now_nanos();
             if let Some(record) = K::table(&table).find(hash, eq) {
                 settle_tat(&record.tat, params, delta, since, now);
