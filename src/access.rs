@@ -274,7 +274,7 @@ mod redis_sync {
             }
         }
 
-        /// How often to read the sets again.
+        /// How often to read the sets again (at least every 10 ms: a shorter period reads as 10 ms).
         pub fn every(mut self, every: Duration) -> Self {
             self.every = every.max(Duration::from_millis(10));
             self

@@ -23,7 +23,11 @@ pub struct LoggingConfig {
 
 /// `redact_keys` of `[logging]`.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(untagged, expecting = "true, false or { secret_env = \"VAR\" }")]
+#[serde(
+    untagged,
+    deny_unknown_fields,
+    expecting = "true, false or { secret_env = \"VAR\" }"
+)]
 #[non_exhaustive]
 pub enum RedactKeys {
     /// `true` or `false`.

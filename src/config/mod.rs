@@ -301,6 +301,16 @@ mod tests {
         .contains("ipv4_prefix only applies to key = \"ip\""));
         assert!(err(&format!("{route}{}", route.replace("5", "6"))).contains("appears twice"));
         assert!(err("[backend]\nkind = \"memcached\"").contains("memcached"));
+        let refresh = "[access]\nredis_sets = \"acl\"\nredis_refresh = \"1ms\"\n";
+        let config = Config::from_toml(&format!("{refresh}{route}")).unwrap();
+        let why = config
+            .access
+            .as_ref()
+            .unwrap()
+            .lists()
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("redis_refresh is at least 10ms"), "{why}");
         assert!(err(&format!(
             "[backend]\nkind = \"memory\"\nmax_keys = 0\n{route}"
         ))

@@ -128,6 +128,14 @@ impl AccessConfig {
                     .into(),
             ));
         }
+        if let Some(every) = self
+            .redis_refresh
+            .filter(|e| *e < Duration::from_millis(10))
+        {
+            return Err(BuildError::Invalid(format!(
+                "[access] redis_refresh is at least 10ms (each is a read of the sets), not {every:?}"
+            )));
+        }
         let lists = AccessList::new();
         let bad =
             |setting: &str, e: InvalidCidr| BuildError::Invalid(format!("[access] {setting}: {e}"));

@@ -125,7 +125,7 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
         "`budget = { .. }`".to_owned(),
         listed_fields(&budget.to_string()),
     );
-    // Untagged and open: the pattern names every field of the variant (no `..`), so a field added
+    // Untagged: the pattern names every field of the variant (no `..`), so a field added
     // or renamed fails to compile here; the parse shows that the TOML key is the field's name.
     let redact: BTreeMap<String, RedactKeys> =
         toml::from_str("r = { secret_env = \"VAR\" }").unwrap();
@@ -133,6 +133,10 @@ fn schema() -> BTreeMap<String, BTreeSet<String>> {
         panic!("{{ secret_env = .. }} did not parse as RedactKeys::Secret")
     };
     assert_eq!(secret_env, "VAR");
+    // A misspelt key beside it is an error, not ignored.
+    let typo =
+        toml::from_str::<BTreeMap<String, RedactKeys>>("r = { secret_env = \"V\", typo = 1 }");
+    assert!(typo.is_err(), "{typo:?}");
     tables.insert(
         "`redact_keys = { .. }`".to_owned(),
         BTreeSet::from(["secret_env".to_owned()]),
