@@ -833,6 +833,7 @@ impl<K> PolicyBuilder<K> {
             (Shadow, !self.opts.rollout.shadows.is_empty()),
             (Budget, self.opts.budget.is_some()),
             (Concurrency, self.opts.algorithm == Algorithm::Concurrency),
+            (Delay, self.opts.delay.is_some()),
             (Tiers, !self.opts.tiers.is_empty()),
             (Penalty, self.opts.penalty.is_some()),
             (AsyncKey, extras.async_key.is_some()),

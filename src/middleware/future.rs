@@ -467,6 +467,9 @@ where
                     }
                     if let Err(e) = ready!(delayed.service.poll_ready(cx)) {
                         if let Some(slot) = delayed.slot {
+                            // From its readiness: the gate learns the service's failure, not
+                            // delay mode's wait.
+                            slot.called();
                             slot.failed();
                         }
                         return Poll::Ready(Err(e));

@@ -418,11 +418,18 @@ impl Drop for InFlight {
         let one = 1 << (16 * self.partition());
         let before = self.gate.in_flight.fetch_sub(one, Ordering::AcqRel);
         let end = self.word & (3 << 62);
+        let in_flight = total_of(before, self.gate.partitions.len());
         if end != REFUSED && end != WAITING {
             let now = self.gate.clock.now_nanos() & STARTED;
-            let in_flight = total_of(before, self.gate.partitions.len());
             self.gate
                 .sample(self.word & STARTED, now, end == FAILED, in_flight);
+        } else {
+            // No sample, but the count the gauge shows moves all the same.
+            #[cfg(feature = "metrics")]
+            self.gate
+                .gauges
+                .1
+                .set(f64::from(in_flight.saturating_sub(1)));
         }
     }
 }

@@ -21,6 +21,8 @@ pub(crate) enum Feature {
     Shadow,
     Budget,
     Concurrency,
+    /// Delay mode (`delay`).
+    Delay,
     Tiers,
     Penalty,
     AsyncKey,
@@ -45,6 +47,7 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     (Metered, QuotaFrom, "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet"),
     (Metered, Resolver, "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet"),
     (Metered, CountOnly, "a metered limit settles its cost after the response; count_only and refund_on cannot be used with it"),
+    (Metered, Delay, "a metered limit cannot be used with delay mode (a request that waits holds its reservation)"),
     (QuotaFrom, Resolver, "quota_from and quota_resolver both choose the quota; use one"),
     (CountOnly, Concurrency, "count_only and refund_on need a rate (a concurrency slot is given back anyway when its request ends)"),
     (CountOnly, Budget, "count_only and refund_on cannot be used with a budget (a slice's units were charged when granted, so a refund could give back more than was taken)"),
@@ -81,7 +84,7 @@ mod tests {
         #[rustfmt::skip]
         let listed = [
             (KeysApart, Tiers), (KeysApart, Penalty), (KeysApart, Budget), (Metered, Tiers),
-            (Metered, QuotaFrom), (Metered, Resolver), (Metered, CountOnly),
+            (Metered, QuotaFrom), (Metered, Resolver), (Metered, CountOnly), (Metered, Delay),
             (QuotaFrom, Resolver), (CountOnly, Concurrency), (CountOnly, Budget),
             (CountOnly, Shadow), (KeysApart, QuotaFrom), (KeysApart, Resolver),
             (KeysApart, CountOnly), (KeysApart, Metered), (KeysApart, Concurrency),

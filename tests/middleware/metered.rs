@@ -337,6 +337,13 @@ fn a_metered_limit_on_another_algorithm_is_a_build_error() {
         .tier("paid", [Quota::per_minute(50)])
         .metered(limit(), Estimate::fixed(1)))
     .contains("tiers"));
+    // The policy's other quotas in delay mode: a request that waits would hold its reservation.
+    assert!(err(Policy::builder("p")
+        .key(tower_throttle::key::PeerIp::new())
+        .quota(Quota::per_minute(5))
+        .delay(Duration::from_secs(2))
+        .metered(limit(), Estimate::fixed(1)))
+    .contains("delay mode"));
     assert!(err(Policy::builder("p")
         .key(tower_throttle::key::PeerIp::new())
         .metered(limit(), Estimate::header("bad header", 1)))

@@ -555,6 +555,31 @@ fn the_in_flight_gauge_follows_the_requests() {
     assert_eq!(gauge(&run(true)), 1.0);
 }
 
+/// A request the gate admitted and its quota refused is out of flight on the gauge too (it stayed
+/// at 1 after a 429, with nothing in flight).
+#[test]
+fn the_in_flight_gauge_falls_back_after_a_refusal() {
+    use crate::support::{sample_or_zero, with_metrics};
+    let ((), page) = with_metrics(async {
+        let layer = ThrottleLayer::builder()
+            .policy(policy("soft", Quota::per_hour(1)))
+            .overload(fixed(100))
+            .build()
+            .unwrap();
+        let (app, _release) = app(layer);
+        let served = app.clone().oneshot(get_("/soft")).await.unwrap();
+        assert_eq!(served.status(), StatusCode::OK);
+        drop(served);
+        let refused = app.clone().oneshot(get_("/soft")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    });
+    assert_eq!(
+        sample_or_zero(&page, "throttle_overload_in_flight"),
+        0.0,
+        "{page}"
+    );
+}
+
 #[test]
 fn a_finish_without_its_admission_takes_nothing_from_another_partition() {
     use tower_throttle::overload::Gate;
