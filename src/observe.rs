@@ -373,6 +373,12 @@ impl ErrorLog {
             );
             return;
         }
+        self.aside(policy, error, on_error);
+    }
+
+    /// A failure the failure policy does not answer (a shadow limit's, a stream message's): logged
+    /// as other failures are, without the failure policy taking over, nor counting it answered.
+    pub(crate) fn aside(&self, policy: &str, error: &BackendError, on_error: &'static str) {
         if let Some(suppressed) = self.gate.open() {
             tracing::warn!(
                 policy,

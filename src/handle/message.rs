@@ -168,7 +168,7 @@ impl Judge {
     fn message_failed(&self, policy: &CompiledPolicy, error: BackendError) -> BackendError {
         policy.reporter.failure(&policy.name);
         self.errors
-            .record(&policy.name, &error, "the caller's choice");
+            .aside(&policy.name, &error, "the caller's choice");
         error
     }
 }

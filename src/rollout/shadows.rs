@@ -95,7 +95,7 @@ impl Judge {
                 ),
                 Err(error) => self
                     .errors
-                    .record(&rules.name, &error, "ignored (shadow limit)"),
+                    .aside(&rules.name, &error, "ignored (shadow limit)"),
             }
         }
     }

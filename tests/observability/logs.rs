@@ -236,3 +236,37 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
     assert!(back.contains("answered=5"), "{back}");
     assert_eq!(text.matches("backend decides again").count(), 1, "{text}");
 }
+
+/// A stream message the backend could not decide is logged as a failure, but the failure policy
+/// did not answer it: nothing says it took over, nor that it answered any request on the way back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_message_check_is_no_failure_policy_taking_over() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let down = Arc::new(AtomicBool::new(true));
+    let backend = Flaky {
+        memory: tower_throttle::MemoryBackend::new(),
+        down: down.clone(),
+    };
+    let (logs, _guard) = capture();
+    let layer = ThrottleLayer::builder()
+        .backend(backend)
+        .policy(policy())
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .layer(layer);
+    let failed = handle.check("api", "dave@example.com", 1).await;
+    assert!(
+        matches!(failed, Err(tower_throttle::ops::HandleError::Backend(_))),
+        "{failed:?}"
+    );
+    down.store(false, Ordering::Relaxed);
+    status_of(&app, from("dave@example.com")).await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("rate-limit backend failed"), "{text}");
+    assert!(!text.contains("the failure policy answers"), "{text}");
+    assert!(!text.contains("decides again"), "{text}");
+}
