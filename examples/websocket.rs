@@ -1,6 +1,6 @@
 //! A WebSocket chat limited per user, inside the stream: the upgrade request and every message
 //! count against the policy `chat` (5 a second, bursts of 10). The layer limits the upgrades; the
-//! handler asks the layer's handle about each message (`ThrottleHandle::check`), answers a message
+//! handler asks the layer's handle about each message (`ThrottleHandle::check_key`), answers a message
 //! over the rate with a notice instead of an echo, and closes a client that keeps flooding
 //! (`1008 policy violation`). The same policy, backend, metrics and logs as the HTTP routes.
 //!
@@ -20,7 +20,7 @@ use axum::Router;
 use serde::Deserialize;
 use tower_throttle::key::{KeySpec, QueryParam};
 use tower_throttle::ops::ThrottleHandle;
-use tower_throttle::{MemoryBackend, Policy, Quota, ThrottleLayer};
+use tower_throttle::{Key, MemoryBackend, Policy, Quota, ThrottleLayer};
 
 /// Refusals in a row after which a client is closed: it ignores the notices.
 const CLOSE_AFTER: u32 = 5;
@@ -67,7 +67,11 @@ async fn chat(mut socket: WebSocket, handle: Handle, user: String) {
             Message::Close(_) => return,
             _ => continue,
         };
-        let reply = match handle.check("chat", &user, 1).await {
+        // The key as the layer counted the upgrade: the query value's own bytes. (`check` reads
+        // text as logs show keys, where `org%3Aacme` names `org:acme`: a value a client chose goes
+        // in as a `Key`.)
+        let key = Key::from(user.as_bytes());
+        let reply = match handle.check_key("chat", &key, 1).await {
             Ok(decision) if !decision.allowed => {
                 refused += 1;
                 if refused >= CLOSE_AFTER {
@@ -172,5 +176,32 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         polite.close(None).await.unwrap();
+    }
+
+    /// A user whose name reads like a key as logs show it (`org%3Aacme`) spends its own quota, not
+    /// that of the user that name would render (`org:acme`).
+    #[tokio::test]
+    async fn a_name_that_reads_as_a_logged_key_spends_its_own_quota() {
+        let addr = serve().await;
+        let url = |user: &str| format!("ws://{addr}/ws?user={user}");
+        let (mut flood, _) = tokio_tungstenite::connect_async(url("org%253Aacme"))
+            .await
+            .unwrap();
+        for i in 0..40 {
+            if flood.send(Frame::text(format!("spam {i}"))).await.is_err() {
+                break;
+            }
+        }
+        while let Some(Ok(frame)) = flood.next().await {
+            if let Frame::Close(_) = frame {
+                break;
+            }
+        }
+        let (mut victim, _) = tokio_tungstenite::connect_async(url("org%3Aacme"))
+            .await
+            .expect("the upgrade of org:acme is admitted");
+        victim.send(Frame::text("hello")).await.unwrap();
+        let reply = victim.next().await.unwrap().unwrap();
+        assert_eq!(reply, Frame::text("echo: hello"));
     }
 }

@@ -396,8 +396,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// penalty box, dry run and staged enforcement, metrics, logs and offender counts. A key on a
     /// deny list, or blocked by an override, is refused with no `retry_after`. The handler then drops the message or closes the stream on a
     /// refusal (`allowed == false`, with `retry_after`). A refusal the policy does not enforce (a
-    /// dry run) comes back allowed. `key` is the text the policy extracts (see [`KeyFromText`]);
-    /// the `on_limited` hook is not called (there is no request to show it).
+    /// dry run) comes back allowed. `key` is read as an operator types one ([`KeyFromText`]: as
+    /// logs show keys, where `org%3Aacme` names `org:acme`, or as a request carries it): a key a
+    /// client chose goes to [`check_key`](Self::check_key) as a [`Key`] of its bytes, or a client
+    /// could name another's key. The `on_limited` hook is not called (there is no request to show
+    /// it).
     ///
     /// An error when no policy has this name, the policy cannot count messages (a concurrency or
     /// metered limit, a cost it cannot take), or the backend fails (then the choice is the
