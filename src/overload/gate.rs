@@ -36,8 +36,17 @@ struct Partition {
     /// The last arrival's time + 1 (0: none yet).
     seen: AtomicU64,
     shed: AtomicU64,
-    #[cfg(feature = "metrics")]
-    shed_metric: metrics::Counter,
+}
+
+/// The gate's metric handles, made on first use: a recorder installed after the layer was built,
+/// but before traffic, still gets them (as the policies' do).
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct GateMetrics {
+    limit: metrics::Gauge,
+    in_flight: metrics::Gauge,
+    /// `throttle_requests_shed_total` of each partition.
+    shed: Box<[metrics::Counter]>,
 }
 
 /// The overload gate of one layer: an adaptive limit on requests in flight, shared by partitions.
@@ -70,7 +79,7 @@ pub struct Gate {
     pub(crate) status: StatusCode,
     clock: GateClock,
     #[cfg(feature = "metrics")]
-    gauges: (metrics::Gauge, metrics::Gauge),
+    metrics: std::sync::OnceLock<GateMetrics>,
 }
 
 #[derive(Clone, Debug)]
@@ -107,11 +116,6 @@ impl Gate {
         let partitions = named
             .into_iter()
             .map(|(name, share)| Partition {
-                #[cfg(feature = "metrics")]
-                shed_metric: metrics::counter!(
-                    "throttle_requests_shed_total",
-                    "partition" => name.clone()
-                ),
                 name: name.into(),
                 share,
                 seen: AtomicU64::new(0),
@@ -119,13 +123,6 @@ impl Gate {
             })
             .collect();
         let limit = AdaptiveLimit::new(&overload.settings());
-        #[cfg(feature = "metrics")]
-        let gauges = (
-            metrics::gauge!("throttle_overload_limit"),
-            metrics::gauge!("throttle_overload_in_flight"),
-        );
-        #[cfg(feature = "metrics")]
-        gauges.0.set(f64::from(limit.current()));
         Ok(Gate {
             limit,
             in_flight: AtomicU64::new(0),
@@ -135,7 +132,24 @@ impl Gate {
             status: overload.status,
             clock: GateClock::new(),
             #[cfg(feature = "metrics")]
-            gauges,
+            metrics: std::sync::OnceLock::new(),
+        })
+    }
+
+    #[cfg(feature = "metrics")]
+    fn metrics(&self) -> &GateMetrics {
+        self.metrics.get_or_init(|| {
+            let shed = |p: &Partition| {
+                let partition = p.name.to_string();
+                metrics::counter!("throttle_requests_shed_total", "partition" => partition)
+            };
+            let made = GateMetrics {
+                limit: metrics::gauge!("throttle_overload_limit"),
+                in_flight: metrics::gauge!("throttle_overload_in_flight"),
+                shed: self.partitions.iter().map(shed).collect(),
+            };
+            made.limit.set(f64::from(self.limit.current()));
+            made
         })
     }
 
@@ -277,7 +291,7 @@ impl Gate {
             ) {
                 Ok(_) => {
                     #[cfg(feature = "metrics")]
-                    self.gauges.1.set(f64::from(total + 1));
+                    self.metrics().in_flight.set(f64::from(total + 1));
                     return true;
                 }
                 Err(now_word) => word = now_word,
@@ -289,7 +303,7 @@ impl Gate {
         let p = &self.partitions[partition];
         p.shed.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        p.shed_metric.increment(1);
+        self.metrics().shed[partition].increment(1);
         if now.saturating_sub(self.shed_at.load(Ordering::Relaxed)) >= SEEN_GRAIN {
             self.shed_at.store(now + 1, Ordering::Relaxed);
         }
@@ -310,10 +324,13 @@ impl Gate {
         // does not close while requests are stuck, or once traffic stops.
         #[cfg(feature = "metrics")]
         {
+            let metrics = self.metrics();
             if let Some(limit) = _changed {
-                self.gauges.0.set(f64::from(limit));
+                metrics.limit.set(f64::from(limit));
             }
-            self.gauges.1.set(f64::from(in_flight.saturating_sub(1)));
+            metrics
+                .in_flight
+                .set(f64::from(in_flight.saturating_sub(1)));
         }
     }
 
@@ -426,10 +443,7 @@ impl Drop for InFlight {
         } else {
             // No sample, but the count the gauge shows moves all the same.
             #[cfg(feature = "metrics")]
-            self.gate
-                .gauges
-                .1
-                .set(f64::from(in_flight.saturating_sub(1)));
+            (self.gate.metrics().in_flight).set(f64::from(in_flight.saturating_sub(1)));
         }
     }
 }

@@ -481,15 +481,17 @@ fn the_overload_table_configures_the_gate() {
 #[test]
 fn shed_requests_are_counted_by_partition_apart_from_limited_ones() {
     use crate::support::{sample_or_zero, with_metrics};
-    let ((), page) = with_metrics(async {
-        let layer = ThrottleLayer::builder()
-            .policies([
-                policy("paid", Quota::per_second(1_000)),
-                policy("soft", Quota::per_hour(1)),
-            ])
-            .overload(fixed(1).partition("paid", 0.5).partition("soft", 0.5))
-            .build()
-            .unwrap();
+    // Built before the recorder is installed: the gate's metrics are made on first use, as the
+    // policies' are (they were no-ops then).
+    let layer = ThrottleLayer::builder()
+        .policies([
+            policy("paid", Quota::per_second(1_000)),
+            policy("soft", Quota::per_hour(1)),
+        ])
+        .overload(fixed(1).partition("paid", 0.5).partition("soft", 0.5))
+        .build()
+        .unwrap();
+    let ((), page) = with_metrics(async move {
         let (app, release) = app(layer.clone());
         // One 200 and one 429 of its quota, then a request held: the next one is shed.
         for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
