@@ -98,6 +98,8 @@ declare -A TESTS=(
   # Calendar windows (feature `calendar`: all features, as the bodies cut out without it are
   # excluded): the unit tests beside them, on instants written out by hand.
   [src/calendar.rs]="--all-features --lib -- $SKIP_SLOW"
+  # What the log last said of a Cluster node's breaker (a node that flaps): its unit test.
+  [src/backend/redis/health/told.rs]="--all-features --lib -- told::"
   # The Redis glue: the Redis test binary (needs redis-server, and REDIS_CELL_MODULE or
   # target/redis-cell from `bash scripts/test.sh --setup-only`), only the tests that read it.
   # gcra_group.rs turns a coalesced group's one backlog into each check's answer: the batch tests
@@ -114,7 +116,8 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
   src/penalty.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
-  src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs)
+  src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs
+  src/backend/redis/health/told.rs)
 
 if ! cargo mutants --version >/dev/null 2>&1; then
   say "installing cargo-mutants (cargo install cargo-mutants --locked)"

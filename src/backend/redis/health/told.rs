@@ -80,7 +80,11 @@ mod tests {
             assert_eq!(told.due(at(ms + 100), || "up"), None, "at {ms} ms");
         }
         assert_eq!(told.due(at(11_400), || "up").map(|d| d.1), Some("up"));
-        // After a quiet with nothing to say, a transition goes out at once.
-        assert_eq!(told.transition(at(30_000)), Some(0));
+        // Once the quiet after the last line is over (to the nanosecond), a transition goes out
+        // at once.
+        let quiet_over = t0 + Duration::from_millis(11_400) + QUIET;
+        assert_eq!(told.transition(quiet_over - Duration::from_nanos(1)), None);
+        assert_eq!(told.due(quiet_over, || "up").map(|d| d.0), Some(1));
+        assert_eq!(told.transition(quiet_over + QUIET), Some(0));
     }
 }
