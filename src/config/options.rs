@@ -169,7 +169,7 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     // The prefixes group the route's addresses, and those of a quota keyed by one of its own.
     let quota_ips = (route.own_quota().quotas.iter().flatten())
         .filter_map(|q| q.key.as_deref()?.parse().ok())
-        .any(|mut key: KeySpec| grouped(route, &mut key).is_ok_and(|ip| ip));
+        .any(|key: KeySpec| matches!(key, KeySpec::PeerIp(_) | KeySpec::ClientIp(_)));
     if !grouped(route, &mut key)? && !quota_ips && (v6.is_some() || v4.is_some()) {
         let setting = if v6.is_some() {
             "ipv6_prefix"

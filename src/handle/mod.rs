@@ -377,8 +377,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 
     /// Forgets `key` under policy `policy`: its state under every tier's limits and its shadow
-    /// limits, its penalty strikes and ban (in the backend or in the layer), and what the layer's local limiter
-    /// (`OnBackendError::Local`, feature `memory`) knows of it. The key starts again
+    /// limits, its penalty strikes and ban (in the backend or in the layer), and what the layer's
+    /// local limiter (`OnBackendError::Local`, feature `memory`) knows of it. The key starts again
     /// with its full quota. Limits are state by name: a policy sharing a limit name shares the
     /// reset.
     pub async fn reset(&self, policy: &str, key: &str) -> Result<(), HandleError>

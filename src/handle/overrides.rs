@@ -107,8 +107,9 @@ where
     /// A policy not in force that still has overrides or bans here (one a [reload](Self::reload)
     /// removed, or another process's, heard on a shared Redis) has them listed too, and removable
     /// by [`remove_override`](Self::remove_override) and [`lift_ban`](Self::lift_ban) with the keys
-    /// as listed (so are those of a policy a reload gave another kind of key): out of force, they are kept (another process may still run the policy) and in
-    /// force again if a policy of that name comes back.
+    /// as listed (so are those of a policy a reload gave another kind of key): out of force, they
+    /// are kept (another process may still run the policy) and in force again if a policy of that
+    /// name comes back.
     pub fn overrides(&self, policy: &str) -> Result<Vec<(String, Override)>, HandleError> {
         self.holding(policy)?;
         Ok(self.shared.overrides.overrides_of(policy))

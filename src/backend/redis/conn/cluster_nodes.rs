@@ -62,7 +62,7 @@ fn say(node: &Node, down: bool, flaps: u32) {
     let address = &node.address;
     let flapped = match flaps {
         0 => String::new(),
-        n => format!(" (its breaker opened and closed {n} times more since the last line)"),
+        n => format!(" ({n} more openings and closings of its breaker since the last line)"),
     };
     if down {
         let error = node.last_error.lock().unwrap_or_else(|e| e.into_inner());
