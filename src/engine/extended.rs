@@ -312,7 +312,7 @@ where
         let tier = asking.tier(rules);
         let cx = RequestContext::at(rules, tier, &asking.key, request, asking.pressed);
         if let Some(shadowed) = shadowed {
-            judge.shadowed(cx, &extras.shadows, shadowed);
+            judge.shadowed((rules, &asking.key), &extras.shadows, shadowed);
         }
         // Only what the backend took can be given back, and only while it counts there (the
         // longest `reset_after`: each limit bounds its own give-back by `since`, so a stack's

@@ -15,6 +15,7 @@ use crate::key::Key;
 use crate::limit::Algorithm;
 use crate::overrides::{InForce, Override};
 use crate::policy::{CompiledPolicy, CompiledTier};
+use crate::rollout::shadows::with_shadows;
 
 /// Why a policy cannot check messages, if it cannot.
 pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> {
@@ -125,7 +126,17 @@ impl Judge {
             return Ok(refused);
         }
         let limits = self.limits_to_ask(policy, tier, key, pressed);
-        let answer = backend.check(Charges::stack(limits, key, cost)).await;
+        let check = backend.check(Charges::stack(limits, key, cost));
+        // Shadow limits count messages as they count requests, beside the policy's own.
+        let shadows = policy.shadow_limits();
+        let answer = match shadows.is_empty() {
+            true => check.await,
+            false => {
+                let (answer, shadowed) = with_shadows(check, backend, shadows, key, cost).await;
+                self.shadowed((policy, key), shadows, shadowed);
+                answer
+            }
+        };
         // As a request's verdict takes them: a stack's decisions one per limit.
         let mut decisions = match answer {
             Ok(Decisions::Many(all)) if all.len() != limits.len() => {

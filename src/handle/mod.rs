@@ -393,7 +393,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// `cost` units for `key` under policy `policy` (its default tier: a per-customer quota,
     /// which `quota_from` or a resolver chooses from a request, is not asked), as the layer checks
     /// a request: the same access lists (by key), overrides and timed bans, backend and limits,
-    /// penalty box, dry run and staged enforcement, metrics, logs and offender counts. A key on a
+    /// shadow limits, penalty box, dry run and staged enforcement, metrics, logs and offender
+    /// counts. A key on a
     /// deny list, or blocked by an override, is refused with no `retry_after`. The handler then drops the message or closes the stream on a
     /// refusal (`allowed == false`, with `retry_after`). A refusal the policy does not enforce (a
     /// dry run) comes back allowed. `key` is read as an operator types one ([`KeyFromText`]: as

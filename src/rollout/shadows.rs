@@ -2,7 +2,8 @@
 //! limits (concurrently, so they add no round trip) and their refusals only reported; a staged
 //! policy's refusals for keys outside its share are reported the same way. Which refusals are
 //! enforced is decided in one place, `Judge::enforces` (verdict.rs); this file only asks and
-//! reports. Only the extended path comes here for shadow limits: a policy without them never does.
+//! reports. Only the extended path and a stream message's check come here for shadow limits: a
+//! policy without them never does.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -10,7 +11,7 @@ use std::task::Poll;
 
 use crate::backend::{Backend, Charges};
 use crate::decision::Decision;
-use crate::engine::verdict::{Judge, RequestContext};
+use crate::engine::verdict::Judge;
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Limit;
@@ -79,18 +80,17 @@ impl Judge {
     /// error log, at warn at most once a second) and changes nothing.
     pub(crate) fn shadowed(
         &self,
-        cx: RequestContext<'_>,
+        (rules, key): (&CompiledPolicy, &Key),
         shadows: &[Limit],
         answers: Vec<Result<Decision, BackendError>>,
     ) {
-        let rules = cx.policy;
         for (limit, answer) in shadows.iter().zip(answers) {
             match answer {
                 Ok(decision) if decision.allowed => {}
                 Ok(_) => rules.would_limit.record(
                     &rules.name,
                     limit.name(),
-                    self.shown(cx.key),
+                    self.shown(key),
                     Unenforced::Shadow,
                 ),
                 Err(error) => self

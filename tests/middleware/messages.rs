@@ -21,6 +21,29 @@ fn chat() -> tower_throttle::PolicyBuilder<Header> {
         .key(Header::new("x-user"))
 }
 
+/// A shadow limit counts messages as it counts requests: their refusals only reported, as
+/// would-limit (it never saw them).
+#[test]
+fn a_shadow_limit_counts_messages_too() {
+    let policy = Policy::builder("chat")
+        .quota(Quota::per_hour(100))
+        .shadow(Quota::per_minute(1))
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let handle = layer(policy).handle();
+    let (allowed, page) = with_metrics(async move {
+        let mut allowed = Vec::new();
+        for _ in 0..3 {
+            allowed.push(handle.check("chat", "ann", 1).await.unwrap().allowed);
+        }
+        allowed
+    });
+    assert_eq!(allowed, [true, true, true]);
+    let would = "throttle_requests_would_limit_total{policy=\"chat\",limit=\"chat.shadow.1m\"}";
+    assert_eq!(sample(&page, would), 2.0, "{page}");
+}
+
 #[test]
 fn messages_count_like_requests_and_are_reported() {
     let handle = layer(chat().build().unwrap()).handle();
