@@ -3,6 +3,7 @@
 //! could make it miss events.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::support::{from_user as from, per_user_policy as policy, status_of};
@@ -195,28 +196,44 @@ impl tower_throttle::Backend for Flaky {
     }
 }
 
-/// Entering the failure policy and leaving it are a warning each, the second with how many
-/// requests the failure policy answered: what an operator reads to see what an outage let through.
-#[tokio::test(flavor = "current_thread")]
-async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use tower_throttle::OnBackendError;
-
+/// The `api` policy on a backend that fails while `down` is set (it starts set), letting requests
+/// through then (`OnBackendError::Allow`).
+fn flaky_layer() -> (
+    Arc<AtomicBool>,
+    ThrottleLayer<tower_throttle::key::Header, Flaky>,
+) {
     let down = Arc::new(AtomicBool::new(true));
     let backend = Flaky {
         memory: tower_throttle::MemoryBackend::new(),
         down: down.clone(),
     };
-    let (logs, _guard) = capture();
     let layer = ThrottleLayer::builder()
         .backend(backend)
         .policy(policy())
-        .on_backend_error(OnBackendError::Allow)
+        .on_backend_error(tower_throttle::OnBackendError::Allow)
         .build()
         .unwrap();
-    let app = Router::new()
+    (down, layer)
+}
+
+/// `/items` answering "ok", behind `layer`.
+fn items<K, B>(layer: ThrottleLayer<K, B>) -> Router
+where
+    K: tower_throttle::key::KeyExtractor<axum::body::Body>,
+    B: tower_throttle::Backend,
+{
+    Router::new()
         .route("/items", get(|| async { "ok" }))
-        .layer(layer);
+        .layer(layer)
+}
+
+/// Entering the failure policy and leaving it are a warning each, the second with how many
+/// requests the failure policy answered: what an operator reads to see what an outage let through.
+#[tokio::test(flavor = "current_thread")]
+async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back() {
+    let (logs, _guard) = capture();
+    let (down, layer) = flaky_layer();
+    let app = items(layer);
     for _ in 0..5 {
         status_of(&app, from("dave@example.com")).await;
     }
@@ -241,23 +258,10 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
 /// did not answer it: nothing says it took over, nor that it answered any request on the way back.
 #[tokio::test(flavor = "current_thread")]
 async fn a_failed_message_check_is_no_failure_policy_taking_over() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    let down = Arc::new(AtomicBool::new(true));
-    let backend = Flaky {
-        memory: tower_throttle::MemoryBackend::new(),
-        down: down.clone(),
-    };
     let (logs, _guard) = capture();
-    let layer = ThrottleLayer::builder()
-        .backend(backend)
-        .policy(policy())
-        .build()
-        .unwrap();
+    let (down, layer) = flaky_layer();
     let handle = layer.handle();
-    let app = Router::new()
-        .route("/items", get(|| async { "ok" }))
-        .layer(layer);
+    let app = items(layer);
     let failed = handle.check("api", "dave@example.com", 1).await;
     assert!(
         matches!(failed, Err(tower_throttle::ops::HandleError::Backend(_))),
