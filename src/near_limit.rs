@@ -1,7 +1,7 @@
 //! Near the limit ([`PolicyBuilder::near_limit`](crate::PolicyBuilder::near_limit)): a signal
 //! before the 429, so an application can warn a customer who is about to be refused. An admitted
 //! request whose limit is used to at least the policy's ratio (after it) is counted in
-//! `throttle_requests_near_limit_total{policy,limit}`, shown to the layer's
+//! `throttle_requests_near_limit_total{policy,limit}` (a stream message too), shown to the layer's
 //! [`on_near_limit`](crate::ThrottleLayerBuilder::on_near_limit) hook (at most once a second per
 //! policy, with how many were held back), and, where the policy asks, named to the handler in the
 //! request header `x-ratelimit-near`.
@@ -118,6 +118,21 @@ impl NearReport {
         )
         .increment(1);
         tracing::debug!(policy = %policy, limit = %limit, "request near its limit");
+    }
+
+    /// A stream message's limits that it leaves used to at least `rule`'s ratio: counted as a
+    /// request's are. The hook and the header are a request's (the message's caller has its
+    /// [`Decision`]).
+    pub(crate) fn near_message(
+        &self,
+        rule: &NearRule,
+        policy: &str,
+        names: &[Arc<str>],
+        decisions: &[Decision],
+    ) {
+        for (name, _) in names.iter().zip(decisions).filter(|(_, d)| rule.is_near(d)) {
+            self.count(policy, name);
+        }
     }
 
     /// An admitted request's limits (`names`, with their `decisions`) that it leaves used to at

@@ -152,6 +152,11 @@ impl Judge {
         let mut weighed = self.weigh(policy, tier, key, &mut decisions, (true, pressed));
         self.report(policy, tier, key, &decisions, &mut weighed);
         let decision = weighed.decision;
+        if let Some(near) = policy.near.as_ref().filter(|_| decision.allowed) {
+            policy
+                .near_report
+                .near_message(near, &policy.name, &tier.names, &decisions);
+        }
         Ok(match decision.allowed || weighed.enforced {
             true => decision,
             false => Decision::allowed(decision.limit, decision.remaining, decision.reset_after),

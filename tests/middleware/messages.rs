@@ -44,6 +44,20 @@ fn a_shadow_limit_counts_messages_too() {
     assert_eq!(sample(&page, would), 2.0, "{page}");
 }
 
+/// Messages that leave a limit near its end are counted as near-limit requests are.
+#[test]
+fn a_message_near_its_limit_is_counted() {
+    let handle = layer(chat().near_limit(0.6).build().unwrap()).handle();
+    let ((), page) = with_metrics(async move {
+        for _ in 0..4 {
+            handle.check("chat", "ann", 1).await.unwrap();
+        }
+    });
+    // 1 of 3 used: not near; 2 and 3: near; the 4th is refused, which is not near.
+    let near = "throttle_requests_near_limit_total{policy=\"chat\",limit=\"chat\"}";
+    assert_eq!(sample(&page, near), 2.0, "{page}");
+}
+
 #[test]
 fn messages_count_like_requests_and_are_reported() {
     let handle = layer(chat().build().unwrap()).handle();
