@@ -52,7 +52,8 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
 }
 
 /// A message's steps before the backend, as a request's with its key given: the access lists by
-/// key, then an override or timed ban in force on the key (a ban the policy does not enforce
+/// key (and, for a key that is an address, by network: the address the upgrade was counted by),
+/// then an override or timed ban in force on the key (a ban the policy does not enforce
 /// leaves the key the quota it has without it). `Ok`: the limits of its quota override, if any;
 /// `Err`: its answer.
 pub(crate) fn before_backend<K, B: Backend>(
@@ -69,7 +70,7 @@ pub(crate) fn before_backend<K, B: Backend>(
     match shared
         .access
         .as_ref()
-        .map(|(lists, _)| lists.check(None, Some(key)))
+        .map(|(lists, _)| lists.check(key.ip(), Some(key)))
     {
         Some(Access::Allow) => return Err(unlimited),
         Some(Access::Deny) => {

@@ -392,7 +392,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// Checks one message of a long-lived stream (a WebSocket, SSE or gRPC-stream message) of
     /// `cost` units for `key` under policy `policy` (its default tier: a per-customer quota,
     /// which `quota_from` or a resolver chooses from a request, is not asked), as the layer checks
-    /// a request: the same access lists (by key), overrides and timed bans, backend and limits,
+    /// a request: the same access lists (by key, and by network for a key that is an address), overrides and timed bans, backend and limits,
     /// shadow limits, penalty box, dry run and staged enforcement, metrics, logs and offender
     /// counts. A key on a
     /// deny list, or blocked by an override, is refused with no `retry_after`. The handler then drops the message or closes the stream on a

@@ -225,6 +225,39 @@ async fn the_access_lists_answer_messages_by_key() {
     assert_eq!(others, [true, true, true, false]);
 }
 
+/// A policy keyed by address: a message meets the network lists by its key's address, as its
+/// upgrade met them by the client's.
+#[tokio::test]
+async fn the_network_lists_answer_messages_of_a_policy_keyed_by_address() {
+    let lists = tower_throttle::ops::AccessList::new();
+    lists.allow_network("10.0.0.0/8").unwrap();
+    lists.deny_network("203.0.113.0/24").unwrap();
+    let policy = Policy::builder("chat")
+        .quota(Quota::per_hour(3))
+        .key(tower_throttle::key::PeerIp::new())
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .policy(policy)
+        .access_list(lists)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    for _ in 0..5 {
+        assert!(handle.check("chat", "10.1.2.3", 1).await.unwrap().allowed);
+    }
+    let denied = handle.check("chat", "203.0.113.9", 1).await.unwrap();
+    assert!(
+        !denied.allowed && denied.retry_after.is_none(),
+        "{denied:?}"
+    );
+    let mut others = Vec::new();
+    for _ in 0..4 {
+        others.push(handle.check("chat", "192.0.2.1", 1).await.unwrap().allowed);
+    }
+    assert_eq!(others, [true, true, true, false]);
+}
+
 async fn allowed_in_turn(
     handle: &tower_throttle::ops::ThrottleHandle<Header, tower_throttle::MemoryBackend>,
     key: &str,
