@@ -428,6 +428,46 @@ async fn auto_mode_detects_once_for_decisions_arriving_together() {
     assert_eq!(calls, 1, "{detections:?}");
 }
 
+/// A check that timed out makes the module be detected again (a failover may have changed the
+/// server), beside the checks: on a link slow enough that a detection and a check together
+/// outlast the timeout, the check that carried it would time out, and each after it in turn
+/// (the breaker opened by each, its probe carrying the next detection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detecting_again_after_a_slow_reply_fails_no_check() {
+    let (_server, proxy) = server_and_proxy(Path::Cell);
+    let backend = connect(proxy.url(), RedisMode::Auto, false).await;
+    let limit = Limit::new("redetect", Quota::per_second(1_000)).unwrap();
+    let key = Key::from("k");
+    assert!(backend.check_one(&limit, &key, 1).await.is_ok());
+    let slow = |ms| {
+        proxy.latency(
+            Direction::ToClient,
+            Duration::from_millis(ms),
+            Duration::ZERO,
+        )
+    };
+    slow(150);
+    assert!(
+        backend.check_one(&limit, &key, 1).await.is_err(),
+        "past the timeout"
+    );
+    slow(60);
+    // The one check failing let nothing answer: the breaker opened, and its probe is a check.
+    let waited = Instant::now();
+    while backend.check_one(&limit, &key, 1).await.is_err() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "no check passed in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..8 {
+        let check = backend.check_one(&limit, &key, 1).await;
+        assert!(check.is_ok(), "check {i}: {:?}", check.err());
+    }
+    assert_eq!(backend.active_path(), Some(RedisMode::Cell));
+}
+
 /// A connection idle for longer than the stall limit is not dropped for one slow reply: it
 /// answered nothing meanwhile only because nothing was asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use crate::backend::records::OnRecordsChange;
 pub(super) struct RedisState {
     pub(super) conn: RedisConnection,
     /// The configured mode, and the path it runs on now.
-    pub(super) detector: Detector,
+    pub(super) detector: Arc<Detector>,
     pub(super) prefix: Box<str>,
     pub(super) timeout: Duration,
     pub(super) breaker: Arc<Breaker>,
@@ -78,7 +78,7 @@ impl RedisState {
                 .coalesce
                 .then(|| Arc::new(Batcher::new(conn.clone(), timeout))),
             conn,
-            detector,
+            detector: Arc::new(detector),
             prefix: settings.prefix,
             timeout,
             deny: settings.deny_cache.then(DenyCache::new),

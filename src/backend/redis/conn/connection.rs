@@ -281,12 +281,16 @@ impl Detector {
         tracing::warn!("CL.THROTTLE is no longer available; using the Lua script");
     }
 
-    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection,
-    /// made again when due (a failed one leaves the last answer).
+    /// Whether this decision may use `CL.THROTTLE`: by the mode, or in `Auto` mode by detection.
+    /// The first decision waits for it (no path is known yet); a detection due later runs beside
+    /// the decisions, which keep the path known meanwhile: carried by a decision, it would make
+    /// that decision outlast its timeout on a link slower than half of it. (A path gone meanwhile
+    /// is found by the decision it fails: [`Self::cell_gone`].)
     pub(crate) async fn use_cell(
-        &self,
-        conn: &mut RedisConnection,
-        breaker: &Breaker,
+        self: &Arc<Self>,
+        conn: &RedisConnection,
+        breaker: &Arc<Breaker>,
+        timeout: Duration,
     ) -> Result<bool, RedisError> {
         match self.set_up_mode {
             RedisMode::Lua => return Ok(false),
@@ -299,40 +303,63 @@ impl Detector {
             || now >= self.next_detect.load(Ordering::Relaxed)
             || (breaker.recorder.lost() && now >= self.retry_detect.load(Ordering::Relaxed));
         if due && !self.detecting.swap(true, Ordering::Acquire) {
-            // Given back however the detection ends (a decision's timeout drops it half-way).
-            let _detecting = Claimed(&self.detecting);
-            // The loss is forgotten once detection answered (a call dropped half-way leaves it).
-            // Boxed: rare, and it would otherwise swell every check's future.
-            let cluster = conn.cluster();
-            match Box::pin(cell_loaded(conn, cluster)).await {
-                Ok(loaded) => {
-                    let (path, found, using) = match loaded {
-                        true => (CELL, "found", "CL.THROTTLE"),
-                        false => (LUA, "gone", "the Lua script"),
-                    };
-                    self.active.store(path, Ordering::Relaxed);
-                    if known != path {
-                        breaker.recorder.connected(self.active_path());
-                    }
-                    if known != UNKNOWN && known != path {
-                        tracing::info!(
-                            cell = loaded,
-                            "redis-cell module {found}; rate-limit decisions use {using}"
-                        );
-                    }
-                    breaker.recorder.forget_loss();
-                    self.next_detect
-                        .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
-                }
-                Err(e) if known == UNKNOWN => return Err(e),
-                Err(_) => {
-                    let retry = now + DETECT_RETRY_MS;
-                    self.retry_detect.store(retry, Ordering::Relaxed);
-                    self.next_detect.fetch_max(retry, Ordering::Relaxed);
-                }
+            let detection = self
+                .clone()
+                .detect(conn.clone(), breaker.clone(), now, timeout);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) if known != UNKNOWN => drop(runtime.spawn(detection)),
+                // Boxed: rare, and it would otherwise swell every check's future.
+                _ => Box::pin(detection).await?,
             }
         }
         Ok(self.active.load(Ordering::Relaxed) == CELL)
+    }
+
+    /// Detects the module (at most `timeout`), and the path follows; a failed detection leaves the
+    /// path known, and the next waits [`DETECT_RETRY_MS`]. Started at `now`, by the one caller
+    /// that set `detecting`.
+    async fn detect(
+        self: Arc<Self>,
+        mut conn: RedisConnection,
+        breaker: Arc<Breaker>,
+        now: u64,
+        timeout: Duration,
+    ) -> Result<(), RedisError> {
+        // Given back however the detection ends (a decision's timeout drops it half-way).
+        let _detecting = Claimed(&self.detecting);
+        let known = self.active.load(Ordering::Relaxed);
+        let cluster = conn.cluster();
+        let detected = tokio::time::timeout(timeout, cell_loaded(&mut conn, cluster)).await;
+        match detected.unwrap_or_else(|_| Err(redirect::timed_out())) {
+            Ok(loaded) => {
+                let (path, found, using) = match loaded {
+                    true => (CELL, "found", "CL.THROTTLE"),
+                    false => (LUA, "gone", "the Lua script"),
+                };
+                self.active.store(path, Ordering::Relaxed);
+                if known != path {
+                    breaker.recorder.connected(self.active_path());
+                }
+                if known != UNKNOWN && known != path {
+                    tracing::info!(
+                        cell = loaded,
+                        "redis-cell module {found}; rate-limit decisions use {using}"
+                    );
+                }
+                // The loss is forgotten once detection answered (a call dropped half-way leaves it).
+                breaker.recorder.forget_loss();
+                self.next_detect
+                    .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if known == UNKNOWN => Err(e),
+            Err(_) => {
+                let retry = now + DETECT_RETRY_MS;
+                self.retry_detect.store(retry, Ordering::Relaxed);
+                self.next_detect.fetch_max(retry, Ordering::Relaxed);
+                Ok(())
+            }
+        }
     }
 }
 

@@ -289,7 +289,9 @@ impl RedisState {
     /// One GCRA decision on the path the mode picks.
     async fn decide(&self, key: &str, args: &Args, quantity: u64) -> Result<Answer, RedisError> {
         let mut conn = self.conn.clone();
-        let use_cell = self.detector.use_cell(&mut conn, &self.breaker).await?;
+        let use_cell = (self.detector)
+            .use_cell(&conn, &self.breaker, self.timeout)
+            .await?;
         let conn = &mut conn;
         // To Lua: peeks and quantities beyond the limit (redis-cell 0.2.2 writes a key without
         // expiry for the first, and overflows into a TAT that crashes the server for the second),
