@@ -516,6 +516,15 @@ async fn invalid_settings_are_errors_before_any_request() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("timeout"), "{err}");
+    // One no request would wait for, whose deadlines would overflow.
+    for timeout in [Duration::from_secs(3601), Duration::MAX] {
+        let err = RedisBackend::builder()
+            .url(server.url())
+            .timeout(timeout)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("at most 3600s"), "{err}");
+    }
     let err = RedisBackend::builder()
         .url("redis://127.0.0.1:1/")
         .connect()
@@ -546,6 +555,9 @@ async fn invalid_settings_are_errors_before_any_request() {
         .to_string()
         .contains("CL.THROTTLE"));
     assert!(lua.validate_one(&odd).is_ok());
+    // CL.THROTTLE could take a year, but peeks, refunds and a penalty's strikes run the script.
+    let err = cell.validate_one(&too_long).unwrap_err();
+    assert!(err.to_string().contains("52 days"), "{err}");
 }
 
 #[tokio::test]

@@ -136,6 +136,24 @@ async fn every_algorithm_gives_back_what_a_request_took() {
     }
 }
 
+/// A sliding log's refund of more entries than Lua can unpack at once (about 8,000) gives them all
+/// back, and a stack's other limit with them (the script failed half-way).
+#[tokio::test]
+async fn a_sliding_log_gives_back_thousands_of_units() {
+    let server = redis_support::RedisServer::start();
+    let backend = connect(&server, RedisMode::Lua).await;
+    let log = Algorithm::SlidingLog;
+    let stack = [
+        Limit::new("big.s", Quota::per_second(10_000)).unwrap(),
+        Limit::with_algorithm("big.m", log, Quota::per_minute(9_000)).unwrap(),
+    ];
+    let key = Key::from("erin");
+    let taken = backend.check_all(&stack, &key, 8_500).await.unwrap();
+    assert!(taken.iter().all(|d| d.allowed), "{taken:?}");
+    refund(&backend, &stack, &key, 8_500, Duration::from_millis(1)).await;
+    assert_eq!(remaining(&backend, &stack[1..], &key).await, [9_000]);
+}
+
 #[tokio::test]
 async fn a_refund_never_gives_back_units_of_an_ended_window() {
     let server = redis_support::RedisServer::start();

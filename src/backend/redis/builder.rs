@@ -22,6 +22,10 @@ use super::state::{RedisState, Settings};
 use super::wire::mode::RedisMode;
 use crate::error::{redact_url, redact_urls, BackendError};
 
+/// The longest [`RedisBackendBuilder::timeout`]: longer ones are no bound on a request, and
+/// overflow the deadlines computed from it.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Builds a [`RedisBackend`](crate::redis::RedisBackend): see its `builder()`.
 #[must_use]
 pub struct RedisBackendBuilder {
@@ -220,6 +224,7 @@ impl RedisBackendBuilder {
 
     /// The longest a decision may take, reconnecting included (default 100 ms); past it the layer's
     /// failure policy answers. [`connect`](Self::connect) may take ten times as long (at least 1 s).
+    /// At most an hour.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -253,8 +258,10 @@ impl RedisBackendBuilder {
     /// Checks the settings: what [`build`](Self::build) and [`connect`](Self::connect) start from.
     pub(super) fn validated(self) -> Result<Validated, BackendError> {
         validate_prefix(&self.prefix).map_err(BackendError::new)?;
-        if self.timeout.is_zero() {
-            return Err(BackendError::new("Redis timeout must be greater than zero"));
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            let why =
+                format!("Redis timeout must be greater than zero and at most {MAX_TIMEOUT:?}");
+            return Err(BackendError::new(why));
         }
         if let Some(name) = &self.name {
             validate_name(name).map_err(BackendError::new)?;

@@ -386,8 +386,9 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
     let name = limit.name();
     match Args::new(limit, true) {
         // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
+        // Peeks, refunds and a penalty's strikes run the limits script: Lua must be able to.
         Some(args) if mode == RedisMode::Cell && !args.delayed => match args.cell {
-            Some(_) => Ok(()),
+            Some(_) => Spec::of(limit, String::new()).map(drop),
             None => Err(format!(
                 "policy {name:?}: CL.THROTTLE cannot express this quota exactly (its period must be \
                  a whole number of seconds at the same rate); use mode \"lua\""

@@ -50,7 +50,10 @@ local function sliding_log(key, period, quantity)
   -- A period on, the request's own units have left the log: what is there is newer.
   if since_us >= period then return end
   local members = redis.call('ZRANGEBYSCORE', key, int(admitted_after), '+inf', 'LIMIT', 0, quantity)
-  if #members > 0 then redis.call('ZREM', key, unpack(members)) end
+  -- In chunks, as limits.lua adds them (unpack has a stack limit).
+  for i = 1, #members, 256 do
+    redis.call('ZREM', key, unpack(members, i, math.min(#members, i + 255)))
+  end
 end
 
 -- Takes `quantity` units from fixed window `window`'s count, if the key still counts in it.
