@@ -364,10 +364,9 @@ pub fn concurrency(in_flight: u64, limit: u64, quantity: u64) -> (Decision, u64)
         None => {
             let retry = (quantity <= limit).then_some(CONCURRENCY_RETRY);
             let remaining = limit.saturating_sub(in_flight);
-            (
-                Decision::limited(limit, remaining, retry, Duration::ZERO),
-                in_flight,
-            )
+            // The fields' reset is no sooner than the retry: `t=0` tells a client to come back now.
+            let reset = retry.unwrap_or(Duration::ZERO);
+            (Decision::limited(limit, remaining, retry, reset), in_flight)
         }
     }
 }

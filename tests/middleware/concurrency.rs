@@ -145,3 +145,51 @@ async fn only_a_held_slot_is_given_back() {
         }
     }
 }
+
+/// A concurrency limit's 429 tells the client no sooner a reset than its `Retry-After`: `t=0`
+/// (or `X-RateLimit-Reset: 0`) reads as "the quota is back now", and a client that follows the
+/// fields would retry at once.
+#[tokio::test]
+async fn a_concurrency_refusal_resets_no_sooner_than_it_retries() {
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+    use tower_throttle::Algorithm;
+
+    let policy = Policy::builder("uploads")
+        .quota(Quota::per_second(1))
+        .algorithm(Algorithm::Concurrency)
+        .key(Header::new("x-user-id"))
+        .build()
+        .unwrap();
+    let done = Arc::new(Notify::new());
+    let held = done.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let held = held.clone();
+                async move { held.notified().await }
+            }),
+        )
+        .layer(
+            ThrottleLayer::builder()
+                .policy(policy)
+                .legacy_headers(true)
+                .build()
+                .unwrap(),
+        );
+    let request = || {
+        let request = Request::get("/").header("x-user-id", "7");
+        request.body(Body::empty()).unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    tokio::task::yield_now().await;
+    let refused = app.oneshot(request()).await.unwrap();
+    done.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let field = |name: &str| refused.headers()[name].to_str().unwrap().to_owned();
+    assert_eq!(field("retry-after"), "1");
+    assert_eq!(field("ratelimit"), "\"uploads\";r=0;t=1");
+    assert_eq!(field("x-ratelimit-reset"), "1");
+}

@@ -280,7 +280,7 @@ local function concurrency(key, limit, lease, q)
   end
   -- window.rs's CONCURRENCY_RETRY: when a slot frees up is unknown.
   local retry = q <= limit and S or -1
-  return {1, limit, math.max(limit - in_flight, 0), retry, 0}
+  return {1, limit, math.max(limit - in_flight, 0), retry, math.max(retry, 0)}
 end
 
 local deciders = {[0] = gcra, sliding_log, fixed_window, sliding_window, concurrency,
