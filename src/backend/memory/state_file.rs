@@ -84,7 +84,12 @@ impl<C: Clock> MemoryBackend<C> {
         let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut temporary = path.as_os_str().to_owned();
         temporary.push(format!(".{}-{save}.tmp", std::process::id()));
-        let saved = fs::File::create(&temporary).and_then(|mut file| {
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        // Keys are clients' own (API keys, user ids): readable by this user alone.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let saved = options.open(&temporary).and_then(|mut file| {
             file.write_all(text.as_bytes())?;
             file.sync_all()?;
             fs::rename(&temporary, path)
@@ -338,6 +343,12 @@ mod tests {
             6
         );
         assert_eq!(after.decide(&hourly, &keys[0], 0).unwrap().remaining, 8);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "the keys are readable by others: {mode:o}");
+        }
         fs::remove_file(&path).unwrap();
     }
 
