@@ -468,6 +468,31 @@ async fn detecting_again_after_a_slow_reply_fails_no_check() {
     assert_eq!(backend.active_path(), Some(RedisMode::Cell));
 }
 
+/// A link fast enough for decisions but slow for the set-up's scripts (about 90 KB, loaded at once
+/// on every connection) still connects: the set-up has the connection attempt's budget, not one
+/// decision's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_too_slow_to_load_the_scripts_in_one_timeout_connects() {
+    let (_server, proxy) = server_and_proxy(Path::Alone);
+    proxy.bandwidth(Direction::ToServer, Some(400_000));
+    let started = RedisBackend::builder()
+        .url(proxy.url())
+        .mode(RedisMode::Lua)
+        .coalesce(false)
+        .timeout(TIMEOUT)
+        .connect()
+        .await;
+    let backend = started.expect("connected");
+    let limit = Limit::new("slow-setup", Quota::per_second(10)).unwrap();
+    assert!(
+        backend
+            .check_one(&limit, &Key::from("k"), 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
 /// A connection idle for longer than the stall limit is not dropped for one slow reply: it
 /// answered nothing meanwhile only because nothing was asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,6 +61,9 @@ pub(crate) async fn connect_once(
         let mut conn = open(&client, server.timeout)
             .await
             .map_err(|e| failed("cannot connect to", "log in", e))?;
+        // The set-up's replies have the attempt's budget: its scripts (about 90 KB) take longer
+        // than a decision's timeout on a link that is slow for bytes, not for round trips.
+        conn.set_response_timeout(budget);
         match redis::cmd("ROLE").query_async::<Role>(&mut conn).await {
             Ok(Role::Primary { .. }) => {}
             Ok(_) => {
@@ -79,6 +82,7 @@ pub(crate) async fn connect_once(
         set_up(&mut conn, None, state)
             .await
             .map_err(|e| AttemptError::described(e.describe(&address)))?;
+        conn.set_response_timeout(server.timeout);
         server.install(conn, address.clone());
         in_service(state);
         Ok(address)
