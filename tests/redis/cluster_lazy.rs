@@ -178,3 +178,58 @@ fn cluster_ok(port: u16) -> bool {
                 .any(|l| l.trim() == "cluster_state:ok")
         })
 }
+
+/// A wrong password on a Cluster is a configuration error, said as such, as on one server: not
+/// "unreachable", retried twice a second (redis-rs reports a Cluster's first connections failing
+/// as one I/O error, whose text alone names the nodes' `WRONGPASS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_on_a_cluster_is_a_configuration_error() {
+    let cluster = RedisCluster::start();
+    for node in cluster.nodes() {
+        node.cli(&["CONFIG", "SET", "requirepass", "right"]);
+    }
+    let with = |password: &str| -> Vec<String> {
+        let urls = cluster.urls().into_iter();
+        urls.map(|url| url.replace("redis://", &format!("redis://:{password}@")))
+            .collect()
+    };
+    let eager = RedisBackend::builder()
+        .cluster_urls(with("wrong"))
+        .timeout(TIMEOUT)
+        .connect()
+        .await;
+    let err = eager
+        .expect_err("connected with a wrong password")
+        .to_string();
+    assert!(err.contains("refused the user or password"), "{err}");
+    let lazy = RedisBackend::builder()
+        .cluster_urls(with("wrong"))
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let err = lazy
+        .first_attempt()
+        .await
+        .expect_err("a first attempt that is not refused");
+    assert!(
+        err.to_string().contains("refused the user or password"),
+        "{err}"
+    );
+    let right = RedisBackend::builder()
+        .cluster_urls(with("right"))
+        .timeout(TIMEOUT)
+        .connect()
+        .await;
+    assert!(right.is_ok(), "{:?}", right.err());
+    for node in cluster.nodes() {
+        node.cli(&[
+            "-a",
+            "right",
+            "--no-auth-warning",
+            "CONFIG",
+            "SET",
+            "requirepass",
+            "",
+        ]);
+    }
+}

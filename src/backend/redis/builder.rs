@@ -15,7 +15,7 @@ use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 use super::conn::connection::{cluster_client, one_server, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
 use super::conn::reconnect::{connect_once, spawn_cluster_keeper, spawn_keeper};
-use super::conn::server::{SingleServer, Source};
+use super::conn::server::{configuration_error, SingleServer, Source};
 use super::conn::set_up::{in_service, set_up};
 use super::resets::{self, Listen};
 use super::state::{RedisState, Settings};
@@ -381,19 +381,20 @@ impl Settings {
         let budget = self.start_budget();
         let name = self.name.to_string();
         let connecting = async {
-            let client = match target {
+            let (client, described) = match target {
                 Target::Manager(manager) => return Ok(RedisConnection::Single(manager)),
                 Target::ClusterConnection(connection) => {
                     return Ok(RedisConnection::cluster_of(connection))
                 }
-                Target::Urls(urls) => cluster_client(&urls, self.timeout)?,
-                Target::ClusterClient(client) => *client,
+                Target::Urls(urls) => (cluster_client(&urls, self.timeout)?, redact_urls(&urls)),
+                Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
             };
-            client
-                .get_async_connection()
-                .await
-                .map(RedisConnection::cluster_of)
-                .map_err(|e| BackendError::with_source("cannot connect to the Redis Cluster", e))
+            let failed = |e| match configuration_error(&e, &described, "connect") {
+                Some(message) => BackendError::new(message),
+                None => BackendError::with_source("cannot connect to the Redis Cluster", e),
+            };
+            let connected = client.get_async_connection().await;
+            connected.map(RedisConnection::cluster_of).map_err(failed)
         };
         let conn = tokio::time::timeout(budget, connecting)
             .await

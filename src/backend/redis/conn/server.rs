@@ -417,20 +417,38 @@ fn is_not_primary_code(code: &str) -> bool {
     matches!(code, "READONLY" | "MASTERDOWN" | "LOADING")
 }
 
+/// The configuration error a Cluster's first connections failed with: redis-rs makes it one I/O
+/// error, "Failed to create initial connections", that has the nodes' last error as text only.
+fn cluster_nodes_code(error: &RedisError) -> Option<&'static str> {
+    let detail = error
+        .detail()
+        .filter(|_| error.kind() == redis::ErrorKind::Io)?;
+    let named = |names: &[&str]| names.iter().any(|name| detail.contains(name));
+    if named(&["WRONGPASS", "AuthenticationFailed"]) {
+        Some("WRONGPASS")
+    } else if named(&["NOAUTH", "NoAuth"]) {
+        Some("NOAUTH")
+    } else if named(&["NOPERM", "NoPerm"]) {
+        Some("NOPERM")
+    } else {
+        None
+    }
+}
+
 /// What is wrong with the configuration, if `error` says so (`WRONGPASS`, `NOAUTH`, `NOPERM`).
 pub(crate) fn configuration_error(
     error: &RedisError,
     address: &str,
     doing: &str,
 ) -> Option<String> {
-    let auth =
-        error.kind() == redis::ErrorKind::AuthenticationFailed || error.code() == Some("WRONGPASS");
+    let code = error.code().or_else(|| cluster_nodes_code(error));
+    let auth = error.kind() == redis::ErrorKind::AuthenticationFailed || code == Some("WRONGPASS");
     if auth {
         return Some(format!(
             "Redis at {address} refused the user or password (authentication failed: {error}); fix the password (and user) in the URL or the sentinel node settings"
         ));
     }
-    match error.code() {
+    match code {
         Some("NOAUTH") => Some(format!(
             "Redis at {address} requires a password (NOAUTH) and none was given; put it in the URL (redis://user:password@host:port/)"
         )),
