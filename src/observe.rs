@@ -463,7 +463,8 @@ pub(crate) fn backend_up(backend: &str, path: Option<&'static str>) {
 
 /// A Redis Cluster primary's breaker closed (`up`) or opened: the gauge
 /// `throttle_cluster_node_up{backend, node}` (`node`: the primary's `host:port`) is 1 while its
-/// slots' decisions go to it, 0 while they fail fast.
+/// slots' decisions go to it, 0 while they fail fast; 1 again once it leaves the slot map (its
+/// replica promoted: none of its slots fail).
 #[cfg(feature = "redis")]
 pub(crate) fn cluster_node_up(backend: &str, node: &str, up: bool) {
     #[cfg(feature = "metrics")]

@@ -220,7 +220,8 @@ impl ClusterNodes {
         }
     }
 
-    /// Puts a map in service: a node still in it keeps its breaker; a new one starts closed.
+    /// Puts a map in service: a node still in it keeps its breaker; a new one starts closed; one
+    /// gone is told up (no slot of it fails).
     /// Returns a slot whose primary changed since the last map: see [`Nudge`].
     pub(crate) fn install(&self, shards: Vec<(Shard, Ranges)>) -> Option<u16> {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
@@ -258,6 +259,11 @@ impl ClusterNodes {
                 }
             }
             nodes.push((node, ranges));
+        }
+        // A primary gone from the map (its replica promoted) has no slot to fail: its gauge must
+        // not read 0 for the life of the process.
+        for gone in known.keys() {
+            crate::observe::cluster_node_up(&self.name, gone, true);
         }
         let address = |i: u16| &nodes[usize::from(i)].0.address;
         let moved = (owned_before.iter().zip(&owner)).position(|(&was, &is)| {
@@ -488,6 +494,32 @@ mod tests {
         let key = Nudge::new(slot, "throttle").key;
         assert!(key.starts_with("throttle:slot-moved:{"), "{key}");
         assert_eq!(slot_of(key.as_bytes()), 10923);
+    }
+
+    /// A failed primary's gauge reads 0 until its replica's promotion takes it out of the map.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_primary_gone_from_the_map_is_no_longer_down() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let up = |page: &str, port: u16| {
+            let series =
+                format!("throttle_cluster_node_up{{backend=\"gauge\",node=\"127.0.0.1:{port}\"}} ");
+            let line = page.lines().find(|l| l.starts_with(&series));
+            line.map(|l| l[series.len()..].to_owned())
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let one = |port| (("127.0.0.1".into(), port), vec![(0, SLOTS as u16 - 1)]);
+            let nodes = ClusterNodes::new(Duration::from_millis(100), "gauge", Clock::new());
+            nodes.install(vec![one(7000)]);
+            let node = nodes.for_key("k").unwrap();
+            nodes.failed(&node, false, &"connection refused");
+            assert_eq!(up(&handle.render(), 7000).as_deref(), Some("0"));
+            nodes.install(vec![one(7003)]);
+        });
+        let page = handle.render();
+        assert_eq!(up(&page, 7000).as_deref(), Some("1"), "{page}");
+        assert_eq!(up(&page, 7003).as_deref(), Some("1"), "{page}");
     }
 
     #[test]
