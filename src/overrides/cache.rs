@@ -189,8 +189,12 @@ impl<T: Copy> Matcher<T> {
     }
 
     /// Whether `field` may be set: a pattern past [`MAX_PATTERNS`] may not, unless it replaces one.
-    fn has_room(&self, field: &str) -> bool {
-        self.listed.contains_key(field) || self.patterns() < MAX_PATTERNS
+    /// `counts`: whether a pattern's entry takes room (a ban that ended since the table was read
+    /// does not).
+    fn has_room(&self, field: &str, counts: impl Fn(&T) -> bool) -> bool {
+        let bytes = self.byte_prefixes.values();
+        let patterns = bytes.chain(self.text_prefixes.iter().map(|(_, value)| value));
+        self.listed.contains_key(field) || patterns.filter(|v| counts(v)).count() < MAX_PATTERNS
     }
 
     fn listed(&self, keep: impl Fn(&T) -> bool) -> Vec<(String, T)> {
@@ -382,9 +386,10 @@ impl Overrides {
             return true;
         }
         let snapshot = self.snapshot.load();
+        let now = SystemTime::now();
         snapshot.policies.get(policy).is_none_or(|e| match bans {
-            true => e.bans.has_room(field),
-            false => e.overrides.has_room(field),
+            true => e.bans.has_room(field, |until| *until > now),
+            false => e.overrides.has_room(field, |_| true),
         })
     }
 
@@ -486,7 +491,7 @@ impl Overrides {
             fields: &[(String, String)],
             decode: fn(&str) -> Option<T>,
         ) -> Matcher<T> {
-            let parsed: Vec<(String, T)> = fields
+            let mut parsed: Vec<(String, T)> = fields
                 .iter()
                 .filter_map(|(field, value)| match decode(value) {
                     Some(decoded) => Some((field.clone(), decoded)),
@@ -501,6 +506,9 @@ impl Overrides {
                     }
                 })
                 .collect();
+            // In one order in every process, which then keep the same patterns past the cap (a
+            // table written past it by several at once; Redis' order is a hash's).
+            parsed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             Matcher::of(&parsed)
         }
         let entries = if kind == "overrides" {
@@ -673,6 +681,15 @@ mod tests {
         put(&o, "bans:api", &fields);
         assert!(!o.touches("api"));
         assert!(o.has_room("api", true, "more_*"));
+        // Running when read, ended since: no room taken either.
+        let soon = SystemTime::now() + Duration::from_millis(50);
+        let fields: Vec<_> = (0..MAX_PATTERNS)
+            .map(|i| ban(&format!("p{i}_*"), soon))
+            .collect();
+        put(&o, "bans:api", &fields);
+        assert!(!o.has_room("api", true, "more_*"));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(o.has_room("api", true, "more_*"));
         put(
             &o,
             "bans:api",
@@ -686,12 +703,13 @@ mod tests {
     fn patterns_are_bounded_and_found_by_the_keys_own_prefixes() {
         let o = Overrides::new(None);
         // Two too many (a pattern of addresses, compared by rendering, counts too): the last two
-        // are left out.
+        // in the fields' order are left out (`p99_*` and `p9_*`), in every process alike.
         let mut fields = vec![
             field("p1_long_*", Override::Unlimited),
             field("!10.0.*", Override::Blocked),
         ];
         fields.extend((0..MAX_PATTERNS).map(|i| field(&format!("p{i}_*"), Override::Blocked)));
+        fields.reverse(); // another process reads them in another order
         put(&o, "overrides:api", &fields);
         let entries = o.snapshot.load().policies["api"].clone();
         assert_eq!(entries.overrides.patterns(), MAX_PATTERNS);
@@ -705,8 +723,10 @@ mod tests {
             // The longest pattern a key starts with.
             ("p1_long_x".to_owned(), Some(Override::Unlimited)),
             ("p1_lon".to_owned(), Some(Override::Blocked)),
-            (format!("p{}_x", MAX_PATTERNS - 3), Some(Override::Blocked)),
-            (format!("p{}_x", MAX_PATTERNS - 2), None),
+            (format!("p{}_x", MAX_PATTERNS - 1), Some(Override::Blocked)),
+            ("p999_x".to_owned(), Some(Override::Blocked)),
+            ("p99_x".to_owned(), None),
+            ("p9_x".to_owned(), None),
             ("q7_x".to_owned(), None),
             ("p".to_owned(), None),
         ] {
