@@ -113,7 +113,7 @@ impl RedisConfig {
         sync: RedisAccessSync,
         lists: &AccessList,
     ) {
-        let mut conn = backend.connection();
+        let conn = backend.connection();
         let alive = backend.liveness();
         let lists = lists.clone();
         tokio::spawn(async move {
@@ -124,8 +124,10 @@ impl RedisConfig {
                 if !alive() {
                     return;
                 }
-                match sync.read(&mut conn, &lists).await {
-                    Ok(()) => break,
+                // Reads, and once that succeeds keeps reading (a read is not made twice: the
+                // second failing would start no refresh, for good).
+                match sync.clone().spawn(conn.clone(), &lists).await {
+                    Ok(()) => return,
                     // Redis answered and refused (NOPERM, WRONGTYPE, NOAUTH...): retrying will not
                     // fix it; said once, at error level, with the reply.
                     Err(e) if is_refusal(&e) => {
@@ -148,8 +150,6 @@ impl RedisConfig {
                 };
                 wait = (wait * 2).min(most);
             }
-            // Read once: keeps reading them for as long as the lists live.
-            let _ = sync.spawn(conn, &lists).await;
         });
     }
 
