@@ -469,23 +469,28 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         if let Some(penalty) = &rules.penalty {
             penalty.forget(key);
         }
+        // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
+        // default does not use; an override's quota keeps it under its own name, whether or not
+        // an override is in force now (one set again finds what the key counted).
+        let namespaces = [Namespace::Customer, Namespace::Override];
+        let quotas = &rules.overridable.quotas;
+        let apart: Vec<Limit> = namespaces
+            .into_iter()
+            .filter_map(|ns| quotas.namespace(ns))
+            .collect();
         let limits = rules.tiers.iter().map(|tier| &tier.limits[..]);
+        let limits = limits.chain(apart.iter().map(std::slice::from_ref));
         table.judge.fallback.forget(limits, key);
         for tier in &rules.tiers {
             let mut keys = Vec::new();
             let charges = charges(rules, &tier.limits, key, &mut keys);
             self.shared.backend.reset(charges).await?;
         }
-        // Per-customer quotas keep their state under the policy's name, which a stacked or tiered
-        // default does not use; an override's quota keeps it under its own name, whether or not
-        // an override is in force now (one set again finds what the key counted).
-        for ns in [Namespace::Customer, Namespace::Override] {
-            if let Some(limit) = rules.overridable.quotas.namespace(ns) {
-                self.shared
-                    .backend
-                    .reset(Charges::one(&limit, key, 0))
-                    .await?;
-            }
+        for limit in &apart {
+            self.shared
+                .backend
+                .reset(Charges::one(limit, key, 0))
+                .await?;
         }
         // Shadow limits count the key too: a reset starts their count again.
         for shadow in rules.shadow_limits() {

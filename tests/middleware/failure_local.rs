@@ -205,3 +205,32 @@ async fn a_refusal_let_through_gives_nothing_back_to_the_local_limiter() {
         "a counted failure was given back"
     );
 }
+
+/// A reset forgets what the local limiter counted of the key under an override's quota too (it
+/// counts there apart from the policy's own limits).
+#[tokio::test]
+async fn a_reset_forgets_the_local_limiters_count_under_an_override() {
+    use tower_throttle::ops::Override;
+    let policy = Policy::builder("api")
+        .quota(Quota::per_minute(10))
+        .key(Header::new("x-user-id"))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(Down)
+        .policy(policy)
+        .on_backend_error(OnBackendError::Local)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let quota = Override::Quota(Quota::per_minute(1));
+    handle.set_override("api", "acme", quota).await.unwrap();
+    let acme: &[(&str, &str)] = &[("x-user-id", "acme")];
+    assert_eq!(passed(&app, &[acme, acme]).await, 1);
+    // The backend cannot reset (it is down): the layer's own state is forgotten first.
+    let _ = handle.reset("api", "acme").await;
+    assert_eq!(passed(&app, &[acme]).await, 1);
+}
