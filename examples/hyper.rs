@@ -41,7 +41,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listener.local_addr()?
     );
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            // Out of file descriptors under a flood, or a connection reset before it was
+            // accepted: the server goes on; a short pause keeps the error from spinning.
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
         // hyper has no ConnectInfo: put the peer address in each request's extensions for PeerIp.
         let service = ServiceBuilder::new()
             .map_request(move |mut req: Request<Incoming>| {

@@ -139,7 +139,7 @@ const USAGE: &str = "usage: server [--config FILE] [--listen HOST:PORT] [--admin
     --listen ADDR     such as 127.0.0.1:3000, [::1]:3000 or localhost:3000 (default: the config's\n\
     \x20                 listen, else 127.0.0.1:3000)\n\
     --admin ADDR      also serve GET/DELETE /limits/{policy}/{key}, POST /reload, GET /health,\n\
-    \x20                 GET /top/{policy}, GET /overview and an admin page at /\n\
+    \x20                 GET /top/{policy}, GET /overview, GET /overload and an admin page at /\n\
     \x20                 on ADDR (off by default; keep it on loopback: it can lift any limit)\n\
     --admin-token-env NAME  every admin request needs Authorization: Bearer <the value of $NAME>\n\
     \x20                 (or [admin] token_env in the config); required off loopback\n\

@@ -11,6 +11,7 @@
 //! GET    /health                  the backend's state (200 when it decides, 503 when it cannot)
 //! GET    /top/{policy}?n=20       the keys the policy limited most over the last few minutes (JSON)
 //! GET    /overview                policies, quotas, allowed/limited per second, health (JSON)
+//! GET    /overload                the overload gate: its limit, in flight and shed (JSON)
 //! …      /overrides/…, /bans/…    overrides and timed bans (see `overrides.rs`)
 //! GET    /                        the admin page (static; it calls the routes above)
 //! ```

@@ -81,11 +81,12 @@ impl ServerConfig {
     /// The default `max_connections`.
     pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
-    /// `header_read_timeout`, checked (not zero), or the default.
+    /// `header_read_timeout`, checked (more than zero, at most an hour: hyper adds it to the
+    /// clock, which a larger one overflows, on every connection), or the default.
     pub fn header_read_timeout(&self) -> Result<Duration, BuildError> {
         match self.header_read_timeout {
-            Some(d) if d.is_zero() => Err(BuildError::Invalid(
-                "[server] header_read_timeout must be more than 0s".into(),
+            Some(d) if d.is_zero() || d > Duration::from_secs(3600) => Err(BuildError::Invalid(
+                "[server] header_read_timeout must be more than 0s and at most 1h".into(),
             )),
             Some(d) => Ok(d),
             None => Ok(Self::DEFAULT_HEADER_READ_TIMEOUT),

@@ -135,11 +135,15 @@ fn unix_ms() -> u64 {
 }
 
 /// `GET /`: the page. It holds no data: everything it shows comes from the guarded endpoints.
+/// Never framed: another site framing it could lead an operator's clicks to lift a ban (its
+/// requests would come from the operator's machine).
 pub async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
         ],
         PAGE,
     )
@@ -176,7 +180,6 @@ pub async fn top(
     }
 }
 
-/// `GET /overview`: what the page draws.
 /// `GET /overload`: the overload gate's limit, requests in flight and shed per partition (`null`
 /// without `[overload]`).
 pub async fn overload(State(admin): State<Admin>) -> Response {
@@ -207,6 +210,7 @@ fn overload_json(admin: &Admin) -> Value {
     })
 }
 
+/// `GET /overview`: what the page draws.
 pub async fn overview(State(admin): State<Admin>) -> Response {
     let policies: Vec<Value> = admin
         .handle

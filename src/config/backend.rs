@@ -38,15 +38,27 @@ impl Config {
     }
 
     /// With `[backend] state_file`: gives `backend`'s keys the state the file kept for `policies`'
-    /// limits. A missing file is a first start; a damaged one is logged and ignored.
-    pub(super) fn restore_state<K>(&self, backend: &MemoryBackend, policies: &[Policy<K>]) {
+    /// limits. A missing file is a first start; a damaged one is logged and ignored. An error when
+    /// no file can be written there: found at shutdown, every restart would start afresh.
+    pub(super) fn restore_state<K>(
+        &self,
+        backend: &MemoryBackend,
+        policies: &[Policy<K>],
+    ) -> Result<(), BuildError> {
         let BackendConfig::Memory {
             state_file: Some(path),
             ..
         } = &self.backend
         else {
-            return;
+            return Ok(());
         };
+        writable(path).map_err(|e| {
+            BuildError::Invalid(format!(
+                "[backend] state_file {:?}: no file can be written there ({e}), so no key would be \
+                 kept across a restart",
+                path.display()
+            ))
+        })?;
         match backend.load_state(path, &limits_of(policies)) {
             Ok(keys) => tracing::info!(keys, path = %path.display(), "state_file: keys restored"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -58,6 +70,7 @@ impl Config {
                 "state_file ignored: every key starts afresh"
             ),
         }
+        Ok(())
     }
 
     /// With `[backend] state_file` and the memory backend: writes the live keys of `layer`'s
@@ -82,6 +95,20 @@ impl Config {
             .save_state(path, &limits_of(&layer.policies()))
             .map(Some)
     }
+}
+
+/// Whether a state file can be written at `path`: in its directory, as a save writes it (a file
+/// beside it, renamed over it).
+fn writable(path: &std::path::Path) -> std::io::Result<()> {
+    let name = path.file_name().ok_or(std::io::ErrorKind::InvalidInput)?;
+    if path.is_dir() {
+        return Err(std::io::ErrorKind::IsADirectory.into());
+    }
+    let mut probe = name.to_owned();
+    probe.push(format!(".{}-probe.tmp", std::process::id()));
+    let probe = path.with_file_name(probe);
+    std::fs::File::create(&probe)?;
+    std::fs::remove_file(&probe)
 }
 
 /// Every limit of `policies`: every tier's, the shadow limits (counted by the backend too), and

@@ -223,7 +223,7 @@ impl Config {
             return Err(BuildError::Invalid(why.into()));
         }
         let layer = self.layer_builder(self.memory_backend()?)?.build()?;
-        self.restore_state(layer.backend(), &layer.policies());
+        self.restore_state(layer.backend(), &layer.policies())?;
         Ok(layer)
     }
 
@@ -267,7 +267,7 @@ impl Config {
         }
         let layer = builder.build()?;
         if let ConfiguredBackend::Memory(memory) = layer.backend() {
-            self.restore_state(memory, &layer.policies());
+            self.restore_state(memory, &layer.policies())?;
         }
         Ok(layer)
     }

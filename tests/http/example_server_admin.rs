@@ -242,4 +242,8 @@ async fn a_tokenless_admin_listener_refuses_what_a_web_page_sends() {
     assert_eq!(same.status, 200, "{}", same.body);
     let local = send(admin, "GET", "/health", &[("host", "localhost")]).await;
     assert_eq!(local.status, 200, "{}", local.body);
+    // Nor can another site frame the page, to lead the operator's clicks.
+    let page = send(admin, "GET", "/", &[]).await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
 }

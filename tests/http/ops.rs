@@ -198,6 +198,13 @@ fn bad_admin_and_server_settings_are_clear_errors() {
         .unwrap_err()
         .to_string()
         .contains("max_connections"));
+    // One hyper would add to the clock on every connection, and overflow it.
+    let huge = ServerConfig::of(&config(
+        "[server]\nheader_read_timeout = \"10000000000000000000s\"",
+    ))
+    .unwrap();
+    let err = huge.header_read_timeout().unwrap_err().to_string();
+    assert!(err.contains("at most 1h"), "{err}");
     let err = admin_token_from_env("TOWER_THROTTLE_NO_SUCH_VAR", "--admin-token-env")
         .unwrap_err()
         .to_string();

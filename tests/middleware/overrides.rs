@@ -17,6 +17,30 @@ async fn an_overridden_concurrency_slot_is_given_back_in_memory() {
     an_overridden_concurrency_slot_is_given_back(MemoryBackend::new()).await;
 }
 
+/// A `state_file` no file can be written at (a directory that does not exist, as in a container
+/// without its volume) is a build error, not found at shutdown: every restart would start afresh.
+#[test]
+fn a_state_file_that_cannot_be_written_is_a_build_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for state in [
+        dir.path().join("missing/keys.state"),
+        dir.path().to_path_buf(),
+    ] {
+        let toml = format!(
+            "[backend]\nkind = \"memory\"\nstate_file = {state:?}\n\n[[route]]\nname = \"api\"\n\
+             key = \"header:x-user\"\ncount = 5\nperiod = \"1h\"\n"
+        );
+        let config = tower_throttle::config::Config::from_toml(&toml).unwrap();
+        let err = config.memory_layer().unwrap_err().to_string();
+        assert!(
+            err.contains("[backend] state_file") && err.contains("written"),
+            "{err}"
+        );
+    }
+    // Nothing is left behind by the check.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 /// `[backend] state_file` keeps what a key's override quota counted: set again after a restart
 /// (in memory, overrides live in the process), it finds the key's state where it was.
 #[tokio::test]
