@@ -266,14 +266,15 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// consuming anything: the backend's state, with the ban of the policy's penalty box when the
     /// layer keeps it (backends that keep penalties report their own). `key` is the text the policy
     /// extracts (see [`KeyFromText`]). A policy whose quotas have keys of their own
-    /// ([`quota_keyed`](crate::PolicyBuilder::quota_keyed)) reports each limit under `key`: peek
-    /// a user's key for the user's limit, an organisation's for the organisation's
-    /// ([`reset`](Self::reset) too).
+    /// ([`quota_keyed`](crate::PolicyBuilder::quota_keyed)) reports each limit under `key` as
+    /// that limit's key reads it (an address for a quota keyed by address; a key the policy's own
+    /// cannot read is taken by a quota's): peek a user's key for the user's limit, an
+    /// organisation's for the organisation's ([`reset`](Self::reset) too).
     pub async fn peek(&self, policy: &str, key: &str) -> Result<PolicyState, HandleError>
     where
         K: KeyFromText,
     {
-        let key = self.key_of(policy, key)?;
+        let key = self.quota_or_policy_key(policy, key)?;
         self.peek_key(policy, &key).await
     }
 
@@ -385,7 +386,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     where
         K: KeyFromText,
     {
-        let key = self.key_of(policy, key)?;
+        let key = self.quota_or_policy_key(policy, key)?;
         self.reset_key(policy, &key).await
     }
 
@@ -577,6 +578,18 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         Ok(())
     }
 
+    /// [`Self::key_of`], or else the key of a quota keyed apart that reads `text`.
+    fn quota_or_policy_key(&self, policy: &str, text: &str) -> Result<Key, HandleError>
+    where
+        K: KeyFromText,
+    {
+        self.key_of(policy, text).or_else(|error| {
+            let table = self.shared.table.load_full();
+            let rules = find(&table, policy)?.compiled();
+            quota_key_of(rules, text).ok_or(error)
+        })
+    }
+
     pub(crate) fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
     where
         K: KeyFromText,
@@ -603,19 +616,37 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
 }
 
 /// The charges of nothing for `limits` under `key`; when `rules`' quotas have keys of their own,
-/// under `key` once per limit, kept in `keys` (each limit is then peeked and reset under the key
-/// given).
+/// under `key` once per limit, kept in `keys`, as each limit's own key reads it (an address
+/// given as text is an address for a quota keyed by address): each limit is peeked and reset
+/// under the key given.
 fn charges<'a>(
     rules: &CompiledPolicy,
     limits: &'a [Limit],
     key: &'a Key,
     keys: &'a mut Vec<Key>,
 ) -> Charges<'a> {
-    if (rules.extras.as_ref()).is_some_and(|e| e.limit_keys.is_some()) {
-        *keys = vec![key.clone(); limits.len()];
-        return Charges::keyed(limits, keys, 0);
-    }
-    Charges::stack(limits, key, 0)
+    let Some(specs) = rules.extras.as_ref().and_then(|e| e.limit_keys.as_deref()) else {
+        return Charges::stack(limits, key, 0);
+    };
+    let text = key.to_string();
+    let own = |i: usize| specs.get(i).and_then(Option::as_ref);
+    *keys = (0..limits.len())
+        .map(|i| match own(i).map(|spec| spec.key_from_text(&text)) {
+            Some(Ok(read)) => read,
+            _ => key.clone(),
+        })
+        .collect();
+    Charges::keyed(limits, keys, 0)
+}
+
+/// `text` as the key of one of `rules`' quotas keyed apart, where the policy's own key cannot
+/// read it (an organisation's name, on a policy keyed by address).
+fn quota_key_of(rules: &CompiledPolicy, text: &str) -> Option<Key> {
+    let specs = rules.extras.as_ref()?.limit_keys.as_deref()?;
+    specs
+        .iter()
+        .flatten()
+        .find_map(|spec| spec.key_from_text(text).ok())
 }
 
 pub(crate) fn find<'t, K>(table: &'t Table<K>, policy: &str) -> Result<&'t Policy<K>, HandleError> {

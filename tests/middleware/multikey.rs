@@ -241,6 +241,7 @@ quotas = [{ count = 10, period = "1m" }, { count = 1, period = "1m", key = "ip" 
 "#;
     let policies = Config::from_toml(toml).unwrap().policies().unwrap();
     let layer = ThrottleLayer::builder().policies(policies).build().unwrap();
+    let handle = layer.handle();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
@@ -260,4 +261,44 @@ quotas = [{ count = 10, period = "1m" }, { count = 1, period = "1m", key = "ip" 
         status_of(&app, from("c", "192.0.3.1:1")).await,
         StatusCode::OK
     );
+    // An operator names the address as the quota's key reads it (the route's key reads text): the
+    // peek shows its quota spent, and the reset lifts it.
+    let peeked = handle.peek("api", "192.0.2.7").await.unwrap();
+    assert_eq!(peeked.tiers[0].limits[1].1.remaining, 0, "{peeked:?}");
+    handle.reset("api", "192.0.2.7").await.unwrap();
+    assert_eq!(
+        status_of(&app, from("d", "192.0.2.9:1")).await,
+        StatusCode::OK
+    );
+}
+
+/// A route keyed by address with a quota keyed by a header: the header's value is peeked and
+/// reset under that quota (it is no address, which the route's key would refuse).
+#[tokio::test]
+async fn an_address_route_peeks_and_resets_its_header_quota_by_the_header_s_value() {
+    use tower_throttle::{config::Config, ThrottleLayer};
+    let toml = r#"
+[[route]]
+name = "api"
+key = "ip"
+quotas = [{ count = 10, period = "1m" }, { count = 2, period = "1m", key = "header:x-org-id" }]
+"#;
+    let policies = Config::from_toml(toml).unwrap().policies().unwrap();
+    let layer = ThrottleLayer::builder().policies(policies).build().unwrap();
+    let handle = layer.handle();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    for peer in ["192.0.2.1:1", "192.0.2.2:1"] {
+        let mut request = crate::support::from_peer(crate::support::request("/"), peer);
+        request
+            .headers_mut()
+            .insert("x-org-id", "acme".parse().unwrap());
+        assert_eq!(crate::support::status_of(&app, request).await, 200);
+    }
+    let peeked = handle.peek("api", "acme").await.unwrap();
+    assert_eq!(peeked.tiers[0].limits[1].1.remaining, 0, "{peeked:?}");
+    handle.reset("api", "acme").await.unwrap();
+    let peeked = handle.peek("api", "acme").await.unwrap();
+    assert_eq!(peeked.tiers[0].limits[1].1.remaining, 2, "{peeked:?}");
 }
