@@ -247,3 +247,17 @@ async fn a_tokenless_admin_listener_refuses_what_a_web_page_sends() {
     assert_eq!(page.status, 200);
     assert_eq!(page.header("x-frame-options"), Some("DENY"));
 }
+
+/// The built-in config has no file to reload: a reload says so, and is no failed reload for the
+/// alert on them (which says the file on disk is not what runs).
+#[tokio::test]
+async fn a_reload_of_the_built_in_config_is_refused_and_not_counted_as_failed() {
+    let server = start(&["--admin", "127.0.0.1:0"]);
+    let admin = admin_addr(&server);
+    let reload = send(admin, "POST", "/reload", &[]).await;
+    assert_eq!(reload.status, 400, "{}", reload.body);
+    assert!(reload.body.contains("built-in config"), "{}", reload.body);
+    let metrics = send(server.addr, "GET", "/metrics", &[]).await.body;
+    let failed = "throttle_config_reloads_total{result=\"error\"} 0";
+    assert!(metrics.lines().any(|l| l == failed), "{metrics}");
+}
