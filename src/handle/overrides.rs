@@ -209,12 +209,22 @@ where
                 let prefix = find(&table, policy)?.key().pattern_from_text(&text[..at]);
                 // An address's keys render as `!` and its digits: another character matches none.
                 let address = |c: char| c.is_ascii_hexdigit() || c == '.' || c == ':';
-                if let Some(digits) = prefix.strip_prefix('!')
-                    && !digits.chars().all(address)
-                {
-                    let why =
-                        format!("{text:?}: an address pattern is an address's start (10.0.*)");
-                    return Err(invalid(policy, why));
+                if let Some(digits) = prefix.strip_prefix('!') {
+                    if !digits.chars().all(address) {
+                        let why =
+                            format!("{text:?}: an address pattern is an address's start (10.0.*)");
+                        return Err(invalid(policy, why));
+                    }
+                    if digits.contains(':') {
+                        let groups = ipv6_groups(digits).ok_or_else(|| {
+                            let why = format!(
+                                "{text:?}: an IPv6 pattern is whole groups, each followed by `:` \
+                                 (2001:db8:0:*), with no `::`"
+                            );
+                            invalid(policy, why)
+                        })?;
+                        return Ok(format!("!{groups}*"));
+                    }
                 }
                 Ok(prefix + "*")
             }
@@ -318,6 +328,20 @@ fn invalid(policy: &str, reason: String) -> HandleError {
     }
 }
 
+/// The start of an IPv6 address as whole groups (`2001:0DB8:0:`), written as the overrides'
+/// matching reads IPv6 keys: each group in lower case without leading zeros (`2001:db8:0:`).
+/// `None` for a partial group, `::` or more than seven groups.
+fn ipv6_groups(digits: &str) -> Option<String> {
+    let groups = digits.strip_suffix(':')?.split(':');
+    let mut written = String::new();
+    for (i, group) in groups.enumerate() {
+        let value = (i < 7 && (1..=4).contains(&group.len()))
+            .then(|| u16::from_str_radix(group, 16).ok())??;
+        written.push_str(&format!("{value:x}:"));
+    }
+    Some(written)
+}
+
 #[cfg(test)]
 mod tests {
     use std::future::Future;
@@ -419,6 +443,19 @@ mod tests {
         // An IPv6 address's key is written in lower case, whatever case the pattern was given in.
         peers.ban("api", "2001:DB8:*", day).await.unwrap();
         assert!(banned("2001:db8::1").await);
+        // Whole groups, zeros and all, match their network: its keys show as `2001:db9::`
+        // (a /64, zero groups dropped), and a group written with leading zeros is the same group.
+        peers.ban("api", "2001:0db9:0:*", day).await.unwrap();
+        assert!(banned("2001:db9::1").await && banned("2001:db9:0:7::1").await);
+        assert!(!banned("2001:db9:1::1").await);
+        for refused in ["2001:db9::*", "2001:db9:0*", "2001:db9:12345:*"] {
+            let err = peers
+                .ban("api", refused, day)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("whole groups"), "{refused}: {err}");
+        }
 
         // A composite key's pattern names its first parts whole, as its keys are given.
         let parts = [

@@ -94,6 +94,19 @@ impl<T> Default for Matcher<T> {
     }
 }
 
+/// `key` as patterns of text match it: as logs show it, but an IPv6 address in whole groups
+/// (`!2001:db8:0:0:0:0:0:1`), whose shown form drops zero groups (`!2001:db8::1`): a pattern of
+/// its first groups then matches every address in their network.
+fn pattern_text(key: &Key) -> String {
+    match key.ip() {
+        Some(std::net::IpAddr::V6(ip)) => {
+            let groups = ip.segments().map(|group| format!("{group:x}"));
+            format!("!{}", groups.join(":"))
+        }
+        _ => key.to_string(),
+    }
+}
+
 /// What a field of the records names.
 pub(crate) enum Field<'a> {
     Exact(Key),
@@ -169,7 +182,7 @@ impl<T: Copy> Matcher<T> {
         });
         let texts = bytes.is_none() && !self.text_prefixes.is_empty();
         let by_text = texts
-            .then(|| key.to_string())
+            .then(|| pattern_text(key))
             .into_iter()
             .flat_map(move |rendered| {
                 let text = self.text_prefixes.iter();
