@@ -130,16 +130,14 @@ impl Fallback {
         let _ = previous;
     }
 
-    /// Forgets `key`'s state in the local limiter under each of `tiers`' limits.
-    pub(crate) fn forget<'a>(&self, tiers: impl Iterator<Item = &'a [Limit]>, key: &Key) {
+    /// Forgets what the local limiter counted of `charges` (their keys under their limits).
+    pub(crate) fn forget(&self, charges: Charges<'_>) {
         #[cfg(feature = "memory")]
         if let Some(local) = &self.local {
-            for limits in tiers {
-                let _ = local.reset_now(Charges::stack(limits, key, 0));
-            }
+            let _ = local.reset_now(charges);
         }
         #[cfg(not(feature = "memory"))]
-        let _ = (tiers, key);
+        let _ = charges;
     }
 }
 
@@ -170,7 +168,7 @@ mod tests {
             !admits(&after, &limits, &key),
             "the reloaded table kept the count"
         );
-        after.forget([&limits[..]].into_iter(), &key);
+        after.forget(Charges::stack(&limits, &key, 0));
         assert!(admits(&after, &limits, &key), "a reset key starts afresh");
     }
 }

@@ -274,12 +274,22 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     where
         K: KeyFromText,
     {
-        let key = self.quota_or_policy_key(policy, key)?;
-        self.peek_key(policy, &key).await
+        let read = self.quota_or_policy_key(policy, key)?;
+        self.peek_as(policy, &read, key).await
     }
 
     /// Like [`peek`](Self::peek), with the [`Key`] itself.
     pub async fn peek_key(&self, policy: &str, key: &Key) -> Result<PolicyState, HandleError> {
+        self.peek_as(policy, key, &key.to_string()).await
+    }
+
+    /// [`Self::peek_key`], each quota keyed apart reading its own key from `text`.
+    async fn peek_as(
+        &self,
+        policy: &str,
+        key: &Key,
+        text: &str,
+    ) -> Result<PolicyState, HandleError> {
         let table = self.shared.table.load_full();
         let rules = find(&table, policy)?.compiled();
         let ban = rules
@@ -312,7 +322,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             .map(|t| (t.name.as_deref(), &t.limits[..]));
         for (name, limits) in custom.into_iter().chain(own) {
             let mut keys = Vec::new();
-            let charges = charges(rules, limits, key, &mut keys);
+            let charges = charges(rules, limits, (key, text), &mut keys);
             let states = self.shared.backend.peek(charges).await?;
             if states.len() != limits.len() {
                 return Err(HandleError::Backend(BackendError::new(format!(
@@ -386,8 +396,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     where
         K: KeyFromText,
     {
-        let key = self.quota_or_policy_key(policy, key)?;
-        self.reset_key(policy, &key).await
+        let read = self.quota_or_policy_key(policy, key)?;
+        self.reset_as(policy, &read, key).await
     }
 
     /// Checks one message of a long-lived stream (a WebSocket, SSE or gRPC-stream message) of
@@ -463,6 +473,11 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
 
     /// Like [`reset`](Self::reset), with the [`Key`] itself.
     pub async fn reset_key(&self, policy: &str, key: &Key) -> Result<(), HandleError> {
+        self.reset_as(policy, key, &key.to_string()).await
+    }
+
+    /// [`Self::reset_key`], each quota keyed apart reading its own key from `text`.
+    async fn reset_as(&self, policy: &str, key: &Key, text: &str) -> Result<(), HandleError> {
         let table = self.shared.table.load_full();
         // The layer's own state first: a request arriving meanwhile is not refused by a ban the
         // backend no longer has.
@@ -479,19 +494,18 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             .into_iter()
             .filter_map(|ns| quotas.namespace(ns))
             .collect();
-        let limits = rules.tiers.iter().map(|tier| &tier.limits[..]);
-        let limits = limits.chain(apart.iter().map(std::slice::from_ref));
-        table.judge.fallback.forget(limits, key);
-        for tier in &rules.tiers {
-            let mut keys = Vec::new();
-            let charges = charges(rules, &tier.limits, key, &mut keys);
-            self.shared.backend.reset(charges).await?;
+        let mut keys = vec![Vec::new(); rules.tiers.len()];
+        let tiers = (rules.tiers.iter().zip(&mut keys))
+            .map(|(tier, keys)| charges(rules, &tier.limits, (key, text), keys));
+        let all: Vec<Charges<'_>> = tiers
+            .chain(apart.iter().map(|limit| Charges::one(limit, key, 0)))
+            .collect();
+        // What the local limiter counted in the backend's stead is the layer's own too.
+        for charges in &all {
+            table.judge.fallback.forget(*charges);
         }
-        for limit in &apart {
-            self.shared
-                .backend
-                .reset(Charges::one(limit, key, 0))
-                .await?;
+        for charges in all {
+            self.shared.backend.reset(charges).await?;
         }
         // Shadow limits count the key too: a reset starts their count again.
         for shadow in rules.shadow_limits() {
@@ -586,8 +600,22 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         self.key_of(policy, text).or_else(|error| {
             let table = self.shared.table.load_full();
             let rules = find(&table, policy)?.compiled();
-            quota_key_of(rules, text).ok_or(error)
+            // A pseudonym names no key, whoever reads it.
+            let named = !self.pseudonym(text);
+            named
+                .then(|| quota_key_of(rules, text))
+                .flatten()
+                .ok_or(error)
         })
+    }
+
+    /// Whether `text` is a pseudonym a redacting layer shows (`top`, logs): it names no key it
+    /// can find again; taken for a key of those bytes, a reset or a ban would answer done and
+    /// touch nobody.
+    fn pseudonym(&self, text: &str) -> bool {
+        let tag = text.strip_prefix("hmac:");
+        let tag = tag.filter(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()));
+        tag.is_some() && self.shared.table.load_full().judge.redactor.is_some()
     }
 
     pub(crate) fn key_of(&self, policy: &str, text: &str) -> Result<Key, HandleError>
@@ -599,12 +627,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             policy: policy.to_owned(),
             reason,
         };
-        // A pseudonym a redacting layer shows (`top`, logs) names no key it can find again: taken
-        // for a key of those bytes, a reset or a ban would answer done and touch nobody.
-        let pseudonym = text
-            .strip_prefix("hmac:")
-            .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()));
-        if pseudonym && table.judge.redactor.is_some() {
+        if self.pseudonym(text) {
             let why = format!("{text:?} is a pseudonym (keys are redacted): name the key itself");
             return Err(invalid(why));
         }
@@ -616,22 +639,21 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
 }
 
 /// The charges of nothing for `limits` under `key`; when `rules`' quotas have keys of their own,
-/// under `key` once per limit, kept in `keys`, as each limit's own key reads it (an address
-/// given as text is an address for a quota keyed by address): each limit is peeked and reset
-/// under the key given.
+/// once per limit, kept in `keys`, as each limit's own key reads `text` (what the operator typed:
+/// an address for a quota keyed by address; `key` where it cannot): each limit is peeked and
+/// reset under the key given.
 fn charges<'a>(
     rules: &CompiledPolicy,
     limits: &'a [Limit],
-    key: &'a Key,
+    (key, text): (&'a Key, &str),
     keys: &'a mut Vec<Key>,
 ) -> Charges<'a> {
     let Some(specs) = rules.extras.as_ref().and_then(|e| e.limit_keys.as_deref()) else {
         return Charges::stack(limits, key, 0);
     };
-    let text = key.to_string();
     let own = |i: usize| specs.get(i).and_then(Option::as_ref);
     *keys = (0..limits.len())
-        .map(|i| match own(i).map(|spec| spec.key_from_text(&text)) {
+        .map(|i| match own(i).map(|spec| spec.key_from_text(text)) {
             Some(Ok(read)) => read,
             _ => key.clone(),
         })

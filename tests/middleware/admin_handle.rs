@@ -225,13 +225,15 @@ async fn memory_peek_and_reset_cover_every_tier_and_stacked_limit() {
 }
 
 /// Under redacted keys, a pseudonym copied from `top` or a log is refused by name: taken for a
-/// key of those bytes, a reset or a ban would answer done and touch nobody.
+/// key of those bytes, a reset or a ban would answer done and touch nobody; by a quota keyed apart
+/// either.
 #[tokio::test]
 async fn a_pseudonym_is_refused_where_keys_are_redacted() {
     let policy = || {
         Policy::builder("api")
             .key(Header::new("x-user-id"))
             .quota(Quota::per_minute(1))
+            .quota_keyed(Quota::per_minute(5), Header::new("x-org-id"))
             .build()
             .unwrap()
     };

@@ -234,3 +234,34 @@ async fn a_reset_forgets_the_local_limiters_count_under_an_override() {
     let _ = handle.reset("api", "acme").await;
     assert_eq!(passed(&app, &[acme]).await, 1);
 }
+
+/// A reset forgets what the local limiter counted of a quota keyed apart, under its own key.
+#[tokio::test]
+async fn a_reset_forgets_the_local_limiters_count_of_a_quota_keyed_apart() {
+    let config = Config::from_toml(
+        r#"
+        [[route]]
+        name = "api"
+        key = "header:x-user-id"
+        quotas = [
+          { count = 10, period = "1h" },
+          { count = 1, period = "1h", key = "header:x-org-id" },
+        ]
+        "#,
+    )
+    .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(Down)
+        .policies(config.policies().unwrap())
+        .on_backend_error(OnBackendError::Local)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let ann: &[(&str, &str)] = &[("x-user-id", "ann"), ("x-org-id", "acme")];
+    assert_eq!(passed(&app, &[ann, ann]).await, 1);
+    let _ = handle.reset("api", "acme").await;
+    assert_eq!(passed(&app, &[ann]).await, 1);
+}

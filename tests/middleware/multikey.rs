@@ -272,6 +272,35 @@ quotas = [{ count = 10, period = "1m" }, { count = 1, period = "1m", key = "ip" 
     );
 }
 
+/// A route with one global quota and one per user: the user's name is peeked and reset under
+/// the user's quota (the route's own key reads any text as the one global key).
+#[tokio::test]
+async fn a_global_route_peeks_and_resets_its_per_user_quota_by_the_user_s_name() {
+    use tower_throttle::key::Global;
+    let policy = Policy::builder("api")
+        .key(Global)
+        .quota(Quota::per_minute(100))
+        .quota_keyed(Quota::per_minute(2), Header::new("x-user"))
+        .build()
+        .unwrap();
+    let layer = tower_throttle::ThrottleLayer::new(policy);
+    let handle = layer.handle();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..2 {
+        let mut request = crate::support::request("/");
+        request
+            .headers_mut()
+            .insert("x-user", "alice".parse().unwrap());
+        assert_eq!(crate::support::status_of(&app, request).await, 200);
+    }
+    let user = |state: tower_throttle::ops::PolicyState| state.tiers[0].limits[1].1.remaining;
+    assert_eq!(user(handle.peek("api", "alice").await.unwrap()), 0);
+    handle.reset("api", "alice").await.unwrap();
+    assert_eq!(user(handle.peek("api", "alice").await.unwrap()), 2);
+}
+
 /// A route keyed by address with a quota keyed by a header: the header's value is peeked and
 /// reset under that quota (it is no address, which the route's key would refuse).
 #[tokio::test]
