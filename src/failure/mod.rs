@@ -6,13 +6,13 @@
 pub(crate) mod verdict;
 
 use crate::backend::{Adjustment, Charges};
-use crate::key::Key;
-use crate::limit::Limit;
 
 #[cfg(feature = "memory")]
 use crate::backend::{Backend, Decisions, MemoryBackend};
 #[cfg(feature = "memory")]
 use crate::decision::Decision;
+#[cfg(feature = "memory")]
+use crate::{key::Key, limit::Limit};
 
 /// What to do when the backend cannot decide (an error or, for remote backends, a timeout).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
