@@ -216,7 +216,7 @@ where
                         return Err(invalid(policy, why));
                     }
                     if digits.contains(':') {
-                        let groups = ipv6_groups(digits).ok_or_else(|| {
+                        let groups = crate::overrides::ipv6_groups(digits).ok_or_else(|| {
                             let why = format!(
                                 "{text:?}: an IPv6 pattern is whole groups, each followed by `:` \
                                  (2001:db8:0:*), with no `::`"
@@ -326,20 +326,6 @@ fn invalid(policy: &str, reason: String) -> HandleError {
         policy: policy.to_owned(),
         reason,
     }
-}
-
-/// The start of an IPv6 address as whole groups (`2001:0DB8:0:`), written as the overrides'
-/// matching reads IPv6 keys: each group in lower case without leading zeros (`2001:db8:0:`).
-/// `None` for a partial group, `::` or more than seven groups.
-fn ipv6_groups(digits: &str) -> Option<String> {
-    let groups = digits.strip_suffix(':')?.split(':');
-    let mut written = String::new();
-    for (i, group) in groups.enumerate() {
-        let value = (i < 7 && (1..=4).contains(&group.len()))
-            .then(|| u16::from_str_radix(group, 16).ok())??;
-        written.push_str(&format!("{value:x}:"));
-    }
-    Some(written)
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 
 pub(crate) mod cache;
 
+pub(crate) use cache::ipv6_groups;
+
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
