@@ -183,7 +183,11 @@ impl ClusterNodes {
             if let Some(flaps) = node.told.transition(Instant::now()) {
                 say(node, true, flaps);
             }
-            crate::observe::cluster_node_up(&self.name, &node.address, false);
+            // Not for a node gone from the map (a call under way when it left): its 1 stands.
+            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+            if map.nodes.iter().any(|(n, _)| n.address == node.address) {
+                crate::observe::cluster_node_up(&self.name, &node.address, false);
+            }
         }
         // The map may be stale (a failover): read it again soon.
         self.stale.notify_one();
@@ -516,10 +520,15 @@ mod tests {
             nodes.failed(&node, false, &"connection refused");
             assert_eq!(up(&handle.render(), 7000).as_deref(), Some("0"));
             nodes.install(vec![one(7003)]);
+            // A call under way on a node that left while it was up fails after.
+            let up_then_gone = nodes.for_key("k").unwrap();
+            nodes.install(vec![one(7004)]);
+            nodes.failed(&up_then_gone, false, &"connection refused");
         });
         let page = handle.render();
         assert_eq!(up(&page, 7000).as_deref(), Some("1"), "{page}");
         assert_eq!(up(&page, 7003).as_deref(), Some("1"), "{page}");
+        assert_eq!(up(&page, 7004).as_deref(), Some("1"), "{page}");
     }
 
     #[test]

@@ -203,15 +203,6 @@ const DETECT_EVERY_MS: u64 = 30_000;
 /// otherwise each detect first, and wait for it.
 const DETECT_RETRY_MS: u64 = 1_000;
 
-/// A flag set while its holder lives.
-struct Claimed<'a>(&'a AtomicBool);
-
-impl Drop for Claimed<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 /// The configured [`RedisMode`] and, in `Auto` mode, the path detection found.
 pub(crate) struct Detector {
     mode: RedisMode,
@@ -303,9 +294,10 @@ impl Detector {
             || now >= self.next_detect.load(Ordering::Relaxed)
             || (breaker.recorder.lost() && now >= self.retry_detect.load(Ordering::Relaxed));
         if due && !self.detecting.swap(true, Ordering::Acquire) {
-            let detection = self
-                .clone()
-                .detect(conn.clone(), breaker.clone(), now, timeout);
+            // Given back however the detection ends: dropped half-way by a decision's timeout, or
+            // never polled (a runtime shutting down).
+            let claimed = Detecting(self.clone());
+            let detection = claimed.detect(conn.clone(), breaker.clone(), now, timeout);
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) if known != UNKNOWN => drop(runtime.spawn(detection)),
                 // Boxed: rare, and it would otherwise swell every check's future.
@@ -314,20 +306,29 @@ impl Detector {
         }
         Ok(self.active.load(Ordering::Relaxed) == CELL)
     }
+}
 
+/// A detection under way: [`Detector`]'s `detecting` flag is set while it lives.
+struct Detecting(Arc<Detector>);
+
+impl Drop for Detecting {
+    fn drop(&mut self) {
+        self.0.detecting.store(false, Ordering::Release);
+    }
+}
+
+impl Detecting {
     /// Detects the module (at most `timeout`), and the path follows; a failed detection leaves the
-    /// path known, and the next waits [`DETECT_RETRY_MS`]. Started at `now`, by the one caller
-    /// that set `detecting`.
+    /// path known, and the next waits [`DETECT_RETRY_MS`]. Started at `now`.
     async fn detect(
-        self: Arc<Self>,
+        self,
         mut conn: RedisConnection,
         breaker: Arc<Breaker>,
         now: u64,
         timeout: Duration,
     ) -> Result<(), RedisError> {
-        // Given back however the detection ends (a decision's timeout drops it half-way).
-        let _detecting = Claimed(&self.detecting);
-        let known = self.active.load(Ordering::Relaxed);
+        let detector = &*self.0;
+        let known = detector.active.load(Ordering::Relaxed);
         let cluster = conn.cluster();
         let detected = tokio::time::timeout(timeout, cell_loaded(&mut conn, cluster)).await;
         match detected.unwrap_or_else(|_| Err(redirect::timed_out())) {
@@ -336,9 +337,9 @@ impl Detector {
                     true => (CELL, "found", "CL.THROTTLE"),
                     false => (LUA, "gone", "the Lua script"),
                 };
-                self.active.store(path, Ordering::Relaxed);
+                detector.active.store(path, Ordering::Relaxed);
                 if known != path {
-                    breaker.recorder.connected(self.active_path());
+                    breaker.recorder.connected(detector.active_path());
                 }
                 if known != UNKNOWN && known != path {
                     tracing::info!(
@@ -348,15 +349,16 @@ impl Detector {
                 }
                 // The loss is forgotten once detection answered (a call dropped half-way leaves it).
                 breaker.recorder.forget_loss();
-                self.next_detect
+                detector
+                    .next_detect
                     .store(now + DETECT_EVERY_MS, Ordering::Relaxed);
                 Ok(())
             }
             Err(e) if known == UNKNOWN => Err(e),
             Err(_) => {
                 let retry = now + DETECT_RETRY_MS;
-                self.retry_detect.store(retry, Ordering::Relaxed);
-                self.next_detect.fetch_max(retry, Ordering::Relaxed);
+                detector.retry_detect.store(retry, Ordering::Relaxed);
+                detector.next_detect.fetch_max(retry, Ordering::Relaxed);
                 Ok(())
             }
         }
