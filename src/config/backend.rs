@@ -104,10 +104,13 @@ fn writable(path: &std::path::Path) -> std::io::Result<()> {
     if path.is_dir() {
         return Err(std::io::ErrorKind::IsADirectory.into());
     }
+    // A name of this check's own: two layers built at once from one config each probe theirs.
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let probe_number = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut probe = name.to_owned();
-    probe.push(format!(".{}-probe.tmp", std::process::id()));
+    probe.push(format!(".{}-probe{probe_number}.tmp", std::process::id()));
     let probe = path.with_file_name(probe);
-    std::fs::File::create(&probe)?;
+    std::fs::File::create_new(&probe)?;
     std::fs::remove_file(&probe)
 }
 

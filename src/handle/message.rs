@@ -52,8 +52,8 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
 }
 
 /// A message's steps before the backend, as a request's with its key given: the access lists by
-/// key (and, for a key that is an address, by network: the address the upgrade was counted by),
-/// then an override or timed ban in force on the key (a ban the policy does not enforce
+/// key (and, for a key that is an address, by network: the key's address, as the policy's key
+/// groups it, where the upgrade met them by its client's), then an override or timed ban in force on the key (a ban the policy does not enforce
 /// leaves the key the quota it has without it). `Ok`: the limits of its quota override, if any;
 /// `Err`: its answer.
 pub(crate) fn before_backend<K, B: Backend>(
@@ -153,7 +153,12 @@ impl Judge {
         let mut weighed = self.weigh(policy, tier, key, &mut decisions, (true, pressed));
         self.report(policy, tier, key, &decisions, &mut weighed);
         let decision = weighed.decision;
-        if let Some(near) = policy.near.as_ref().filter(|_| decision.allowed) {
+        // As a request's: what a dry run lets through counts as near too.
+        if let Some(near) = policy
+            .near
+            .as_ref()
+            .filter(|_| decision.allowed || !weighed.enforced)
+        {
             policy
                 .near_report
                 .near_message(near, &policy.name, &tier.names, &decisions);

@@ -384,21 +384,19 @@ pub(crate) fn stack_error(limits: &[Limit]) -> Result<(), String> {
 pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError> {
     metered_error(limit).map_err(BuildError::Invalid)?;
     let name = limit.name();
-    match Args::new(limit, true) {
-        // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
-        // Peeks, refunds and a penalty's strikes run the limits script: Lua must be able to.
-        Some(args) if mode == RedisMode::Cell && !args.delayed => match args.cell {
-            Some(_) => Spec::of(limit, String::new()).map(drop),
-            None => Err(format!(
-                "policy {name:?}: CL.THROTTLE cannot express this quota exactly (its period must be \
-                 a whole number of seconds at the same rate); use mode \"lua\""
-            )),
-        },
-        // Auto may run either path, and what only one path can enforce runs on Lua: so Lua must
-        // be able to (as the limits script does: the same bounds).
-        _ => Spec::of(limit, String::new()).map(drop),
+    // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
+    let cell = Args::new(limit, true).filter(|args| mode == RedisMode::Cell && !args.delayed);
+    if cell.is_some_and(|args| args.cell.is_none()) {
+        return Err(BuildError::Invalid(format!(
+            "policy {name:?}: CL.THROTTLE cannot express this quota exactly (its period must be a \
+             whole number of seconds at the same rate); use mode \"lua\""
+        )));
     }
-    .map_err(BuildError::Invalid)
+    // Every mode runs the limits script, for peeks, refunds and a penalty's strikes in Cell mode,
+    // for what only Lua can enforce in Auto mode: Lua must be able to (the same bounds).
+    Spec::of(limit, String::new())
+        .map(drop)
+        .map_err(BuildError::Invalid)
 }
 
 /// Whether the Redis backend can enforce `limits` together (`Backend::validate` of a stack); in a
