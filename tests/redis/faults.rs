@@ -435,7 +435,16 @@ async fn auto_mode_detects_once_for_decisions_arriving_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detecting_again_after_a_slow_reply_fails_no_check() {
     let (_server, proxy) = server_and_proxy(Path::Cell);
-    let backend = connect(proxy.url(), RedisMode::Auto, false).await;
+    // A timeout of 300 ms and replies of 180: a check alone has 120 ms to spare on a loaded
+    // machine, a detection and a check together outlast it.
+    let backend = RedisBackend::builder()
+        .url(proxy.url())
+        .mode(RedisMode::Auto)
+        .coalesce(false)
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
     let limit = Limit::new("redetect", Quota::per_second(1_000)).unwrap();
     let key = Key::from("k");
     assert!(backend.check_one(&limit, &key, 1).await.is_ok());
@@ -446,12 +455,12 @@ async fn detecting_again_after_a_slow_reply_fails_no_check() {
             Duration::ZERO,
         )
     };
-    slow(150);
+    slow(400);
     assert!(
         backend.check_one(&limit, &key, 1).await.is_err(),
         "past the timeout"
     );
-    slow(60);
+    slow(180);
     // The one check failing let nothing answer: the breaker opened, and its probe is a check.
     let waited = Instant::now();
     while backend.check_one(&limit, &key, 1).await.is_err() {
