@@ -434,7 +434,13 @@ mod tests {
         peers.ban("api", "2001:0db9:0:*", day).await.unwrap();
         assert!(banned("2001:db9::1").await && banned("2001:db9:0:7::1").await);
         assert!(!banned("2001:db9:1::1").await);
-        for refused in ["2001:db9::*", "2001:db9:0*", "2001:db9:12345:*"] {
+        let eight_groups = "2001:db9:0:0:0:0:0:1:*";
+        for refused in [
+            "2001:db9::*",
+            "2001:db9:0*",
+            "2001:db9:12345:*",
+            eight_groups,
+        ] {
             let err = peers
                 .ban("api", refused, day)
                 .await
