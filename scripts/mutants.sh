@@ -68,6 +68,8 @@ declare -A TESTS=(
   [src/key/sources.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/key/body/json.rs]="--lib -- $SKIP_SLOW"
   [src/overrides/cache.rs]="--lib -- $SKIP_SLOW"
+  # IPv6 patterns: written (the handle's tests) and matched (the cache's) in whole groups.
+  [src/overrides/ipv6.rs]="--lib -- $SKIP_SLOW"
   # The charges a request asks of a backend (and the decisions back), and the table of features a
   # policy cannot use together: the unit tests beside them.
   [src/backend/charge.rs]="--lib -- $SKIP_SLOW"
@@ -114,7 +116,7 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
-  src/overrides/cache.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
+  src/overrides/cache.rs src/overrides/ipv6.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
   src/penalty.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs
   src/backend/redis/health/told.rs)

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 
-use super::{bans_table, decode_until, overrides_table, InForce, Override};
+use super::{bans_table, decode_until, ipv6, overrides_table, InForce, Override};
 use crate::backend::{OnRecordsChange, Records, RecordsFuture};
 use crate::backoff::Backoff;
 use crate::error::BackendError;
@@ -94,56 +94,6 @@ impl<T> Default for Matcher<T> {
     }
 }
 
-/// The start of an IPv6 address as whole groups (`2001:0DB8:0:`), written as the overrides'
-/// matching reads IPv6 keys: each group in lower case without leading zeros (`2001:db8:0:`).
-/// `None` for a partial group, `::` or more than seven groups.
-pub(crate) fn ipv6_groups(digits: &str) -> Option<String> {
-    let groups = digits.strip_suffix(':')?.split(':');
-    let mut written = String::new();
-    for (i, group) in groups.enumerate() {
-        let value = (i < 7 && (1..=4).contains(&group.len()))
-            .then(|| u16::from_str_radix(group, 16).ok())??;
-        written.push_str(&format!("{value:x}:"));
-    }
-    Some(written)
-}
-
-/// A pattern of text as keys are matched against it: an IPv6 one in whole groups (as written by
-/// this version); one written as such keys show (`!2001:db8::`, by an earlier one) matches none,
-/// and says so.
-fn address_text(prefix: &str) -> String {
-    let Some(digits) = prefix.strip_prefix('!').filter(|d| d.contains(':')) else {
-        return prefix.to_owned();
-    };
-    match ipv6_groups(digits) {
-        Some(groups) => format!("!{groups}"),
-        None => {
-            tracing::warn!(
-                prefix,
-                "an IPv6 pattern not in whole groups matches no key: write them (2001:db8:0:*)"
-            );
-            prefix.to_owned()
-        }
-    }
-}
-
-/// `key` as patterns of text match it: as logs show it, but an IPv6 address in whole groups
-/// (`!2001:db8:0:0:0:0:0:1`), whose shown form drops zero groups (`!2001:db8::1`): a pattern of
-/// its first groups then matches every address in their network.
-fn pattern_text(key: &Key) -> String {
-    use std::fmt::Write;
-    match key.ip() {
-        Some(std::net::IpAddr::V6(ip)) => {
-            let mut text = String::with_capacity(40);
-            for group in ip.segments() {
-                let _ = write!(text, "{}{group:x}", if text.is_empty() { '!' } else { ':' });
-            }
-            text
-        }
-        _ => key.to_string(),
-    }
-}
-
 /// What a field of the records names.
 pub(crate) enum Field<'a> {
     Exact(Key),
@@ -176,7 +126,9 @@ impl<T: Copy> Matcher<T> {
                         Some(bytes) => {
                             made.byte_prefixes.insert(bytes.into(), *value);
                         }
-                        None => made.text_prefixes.push((address_text(prefix), *value)),
+                        None => made
+                            .text_prefixes
+                            .push((ipv6::address_text(prefix), *value)),
                     }
                 }
                 Field::Prefix(prefix) => {
@@ -218,14 +170,15 @@ impl<T: Copy> Matcher<T> {
             lengths.filter_map(move |&len| self.byte_prefixes.get(&bytes[..len]).copied())
         });
         let texts = bytes.is_none() && !self.text_prefixes.is_empty();
-        let by_text = texts
-            .then(|| pattern_text(key))
-            .into_iter()
-            .flat_map(move |rendered| {
-                let text = self.text_prefixes.iter();
-                text.filter(move |(p, _)| rendered.starts_with(p.as_str()))
-                    .map(|(_, value)| *value)
-            });
+        let by_text =
+            texts
+                .then(|| ipv6::pattern_text(key))
+                .into_iter()
+                .flat_map(move |rendered| {
+                    let text = self.text_prefixes.iter();
+                    text.filter(move |(p, _)| rendered.starts_with(p.as_str()))
+                        .map(|(_, value)| *value)
+                });
         let exact = self.exact.get(key).copied();
         exact
             .into_iter()

@@ -9,8 +9,9 @@
 //! Who matches: an exact key first, then the longest pattern (`premium_*`), then `*`.
 
 pub(crate) mod cache;
+pub(crate) mod ipv6;
 
-pub(crate) use cache::ipv6_groups;
+pub(crate) use ipv6::ipv6_groups;
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
