@@ -51,11 +51,11 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
     None
 }
 
-/// A message's steps before the backend, as a request's with its key given: the access lists by
-/// key (and, for a key that is an address, by network: the key's address, as the policy's key
-/// groups it, where the upgrade met them by its client's), then an override or timed ban in force on the key (a ban the policy does not enforce
-/// leaves the key the quota it has without it). `Ok`: the limits of its quota override, if any;
-/// `Err`: its answer.
+/// A message's steps before the backend, as a request's with its key given: the access lists by key
+/// (and, for a key that is an address, by network: the key's address, as the policy's key groups
+/// it, where the upgrade met them by its client's), then an override or timed ban in force on the
+/// key (a ban the policy does not enforce leaves the key the quota it has without it). `Ok`: the
+/// limits of its quota override, if any; `Err`: its answer.
 pub(crate) fn before_backend<K, B: Backend>(
     shared: &Shared<K, B>,
     judge: &Judge,

@@ -401,18 +401,18 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     }
 
     /// Checks one message of a long-lived stream (a WebSocket, SSE or gRPC-stream message) of
-    /// `cost` units for `key` under policy `policy` (its default tier: a per-customer quota,
-    /// which `quota_from` or a resolver chooses from a request, is not asked), as the layer checks
-    /// a request: the same access lists (by key, and by network for a key that is an address), overrides and timed bans, backend and limits,
-    /// shadow limits, penalty box, dry run and staged enforcement, metrics, logs and offender
-    /// counts. A key on a
-    /// deny list, or blocked by an override, is refused with no `retry_after`. The handler then drops the message or closes the stream on a
-    /// refusal (`allowed == false`, with `retry_after`). A refusal the policy does not enforce (a
-    /// dry run) comes back allowed. `key` is read as an operator types one ([`KeyFromText`]: as
-    /// logs show keys, where `org%3Aacme` names `org:acme`, or as a request carries it): a key a
-    /// client chose goes to [`check_key`](Self::check_key) as a [`Key`] of its bytes, or a client
-    /// could name another's key. The `on_limited` hook is not called (there is no request to show
-    /// it).
+    /// `cost` units for `key` under policy `policy` (its default tier: a per-customer quota, which
+    /// `quota_from` or a resolver chooses from a request, is not asked), as the layer checks a
+    /// request: the same access lists (by key, and by network for a key that is an address),
+    /// overrides and timed bans, backend and limits, shadow limits, penalty box, dry run and staged
+    /// enforcement, metrics, logs and offender counts. A key on a deny list, or blocked by an
+    /// override, is refused with no `retry_after`. The handler then drops the message or closes the
+    /// stream on a refusal (`allowed == false`, with `retry_after`). A refusal the policy does not
+    /// enforce (a dry run) comes back allowed. `key` is read as an operator types one
+    /// ([`KeyFromText`]: as logs show keys, where `org%3Aacme` names `org:acme`, or as a request
+    /// carries it): a key a client chose goes to [`check_key`](Self::check_key) as a [`Key`] of its
+    /// bytes, or a client could name another's key. The `on_limited` hook is not called (there is
+    /// no request to show it).
     ///
     /// An error when no policy has this name, the policy cannot count messages (a concurrency or
     /// metered limit, a cost it cannot take), or the backend fails (then the choice is the
@@ -526,13 +526,13 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// What carries over: backends keep state by limit name, so a policy whose name and quota are
     /// unchanged keeps every key's count exactly. A changed quota under the same name reads the
     /// existing state under the new quota: the GCRA's state is a time (the backlog of the key's
-    /// TAT), so one request at 2 an hour (half an hour of backlog) counts as two at 4 an hour, and a
-    /// backlog beyond the new tolerance counts as a full bucket (rebased); a window's count counts
-    /// as it is (one above the new limit as full). On the memory backend, a stack's limits count
-    /// together, apart from the same limits alone: a quota added to or taken from a policy starts
-    /// its others' keys afresh (Redis keeps each limit's apart). The layer's penalty boxes (strikes and bans,
-    /// when the backend does not keep them) carry over for policies whose name and penalty are
-    /// unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
+    /// TAT), so one request at 2 an hour (half an hour of backlog) counts as two at 4 an hour, and
+    /// a backlog beyond the new tolerance counts as a full bucket (rebased); a window's count
+    /// counts as it is (one above the new limit as full). On the memory backend, a stack's limits
+    /// count together, apart from the same limits alone: a quota added to or taken from a policy
+    /// starts its others' keys afresh (Redis keeps each limit's apart). The layer's penalty boxes
+    /// (strikes and bans, when the backend does not keep them) carry over for policies whose name
+    /// and penalty are unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
     /// The backend is told which limits changed or went ([`Backend::reloaded`]): the Redis backend
     /// drops the decisions it cached under them, in every process sharing the Redis.
     ///

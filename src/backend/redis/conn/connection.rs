@@ -347,7 +347,8 @@ impl Detecting {
                         "redis-cell module {found}; rate-limit decisions use {using}"
                     );
                 }
-                // The loss is forgotten once detection answered (a call dropped half-way leaves it).
+                // The loss is forgotten once detection answered (a call dropped half-way leaves
+                // it).
                 breaker.recorder.forget_loss();
                 detector
                     .next_detect
