@@ -36,15 +36,27 @@ fn app<K>(policies: Vec<Policy<K>>) -> Router
 where
     K: tower_throttle::key::KeyExtractor<Body> + Send + Sync + 'static,
 {
+    app_and_handle(policies).0
+}
+
+/// [`app`], and its layer's handle.
+fn app_and_handle<K>(
+    policies: Vec<Policy<K>>,
+) -> (Router, tower_throttle::ops::ThrottleHandle<K, Down>)
+where
+    K: tower_throttle::key::KeyExtractor<Body> + Send + Sync + 'static,
+{
     let layer = ThrottleLayer::builder()
         .backend(Down)
         .policies(policies)
         .on_backend_error(OnBackendError::Local)
         .build()
         .unwrap();
-    Router::new()
+    let handle = layer.handle();
+    let app = Router::new()
         .route("/", get(|| async { "ok" }))
-        .layer(layer)
+        .layer(layer);
+    (app, handle)
 }
 
 /// How many of `requests` (each a list of headers) pass, sent one after another.
@@ -216,16 +228,7 @@ async fn a_reset_forgets_the_local_limiters_count_under_an_override() {
         .key(Header::new("x-user-id"))
         .build()
         .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(Down)
-        .policy(policy)
-        .on_backend_error(OnBackendError::Local)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let (app, handle) = app_and_handle(vec![policy]);
     let quota = Override::Quota(Quota::per_minute(1));
     handle.set_override("api", "acme", quota).await.unwrap();
     let acme: &[(&str, &str)] = &[("x-user-id", "acme")];
@@ -250,16 +253,7 @@ async fn a_reset_forgets_the_local_limiters_count_of_a_quota_keyed_apart() {
         "#,
     )
     .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(Down)
-        .policies(config.policies().unwrap())
-        .on_backend_error(OnBackendError::Local)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let (app, handle) = app_and_handle(config.policies().unwrap());
     let ann: &[(&str, &str)] = &[("x-user-id", "ann"), ("x-org-id", "acme")];
     assert_eq!(passed(&app, &[ann, ann]).await, 1);
     let _ = handle.reset("api", "acme").await;
