@@ -203,7 +203,8 @@ pub(crate) fn stored_tat(
 /// More: `max(tat, now) + delta × T` with no admission test (the response has been sent), capped
 /// at the [`ceiling`](GcraParams::ceiling) (`now + tolerance + max_debt × T`); the key is in debt when
 /// this lies beyond `now + tolerance`. Fewer: as a refund, the TAT moves back by `|delta| × T`
-/// less `since` (the request's units may have drained meanwhile), and never below `now`. A result
+/// less `since` (the request's units may have drained meanwhile: a backend that knows the key
+/// stayed busy without them passes only the time beyond that), and never below `now`. A result
 /// not after `now` means no state.
 ///
 /// ```
@@ -244,6 +245,25 @@ pub fn settle(
         live.map(|tat| tat.saturating_sub(back))
     };
     moved.filter(|tat| *tat > now)
+}
+
+/// The `since` (ns) that [`settle`] takes to give back `units` admitted at most `since` ago: less
+/// the time none of them can have drained, while the key stayed busy without them (their
+/// decision's `reset_after` less their emission intervals; `None`: not known). A later decision
+/// that found the key idle absorbed only what passed beyond that, so the TAT moved back by the
+/// rest lands exactly where it would be had the units never been taken, never earlier.
+#[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
+pub(crate) fn drain_bound(
+    since: u64,
+    reset_after: Option<Duration>,
+    units: u64,
+    params: &GcraParams,
+) -> u64 {
+    let busy = reset_after.map_or(0, |reset| {
+        let reset = u64::try_from(reset.as_nanos()).unwrap_or(u64::MAX);
+        reset.saturating_sub(params.emission_interval.saturating_mul(units))
+    });
+    since.saturating_sub(busy)
 }
 
 #[cfg(test)]
@@ -518,6 +538,50 @@ mod tests {
         let fresh = decide(None, 5 * S, &params, 1);
         let stale = decide(Some(2 * S), 5 * S, &params, 1);
         assert_eq!(fresh, stale);
+    }
+
+    /// A refund told its admission's `reset_after` leaves the TAT where it would be had the units
+    /// never been taken, however long ago they were (exactly with no decision since; with one,
+    /// never earlier); told nothing, it takes the whole time since off a busy key's units too.
+    #[test]
+    fn a_refund_told_its_reset_after_leaves_the_state_as_if_never_taken() {
+        // 10 a second: one unit every 100 ms, a tolerance of 1 s.
+        let params = Quota::per_second(10).validate().unwrap();
+        let backlog = |tat: Option<u64>, now: u64| tat.map_or(0, |t| t.saturating_sub(now));
+        for before_ms in [0, 50, 300, 700] {
+            for elapsed_ms in [0, 30, 100, 250, 400, 2_000] {
+                for other_at in [None, Some(elapsed_ms / 2)] {
+                    let t0 = 10 * S;
+                    let before = (before_ms > 0).then_some(t0 + before_ms * MS);
+                    let taken = decide(before, t0, &params, 2);
+                    assert!(taken.decision.allowed);
+                    let (mut tat, mut never) = (taken.new_tat, before);
+                    // Another request meanwhile, admitted with the units and without them.
+                    if let Some(at) = other_at {
+                        let at = t0 + at * MS;
+                        (tat, never) = (decide(tat, at, &params, 1).new_tat, {
+                            decide(never, at, &params, 1).new_tat
+                        });
+                    }
+                    let now = t0 + elapsed_ms * MS;
+                    let reset = Some(taken.decision.reset_after);
+                    let since = drain_bound(elapsed_ms * MS, reset, 2, &params);
+                    let back = settle(tat, now, &params, -2, since);
+                    let case = (before_ms, elapsed_ms, other_at);
+                    match other_at {
+                        None => assert_eq!(backlog(back, now), backlog(never, now), "{case:?}"),
+                        Some(_) => assert!(backlog(back, now) >= backlog(never, now), "{case:?}"),
+                    }
+                }
+            }
+        }
+        // A busy key (700 ms ahead before them), 250 ms on: both units back told, none untold.
+        let (t0, reset) = (10 * S, Some(Duration::from_millis(900)));
+        let tat = Some(t0 + 900 * MS);
+        let now = t0 + 250 * MS;
+        let told = drain_bound(250 * MS, reset, 2, &params);
+        assert_eq!(settle(tat, now, &params, -2, told), Some(t0 + 700 * MS));
+        assert_eq!(settle(tat, now, &params, -2, 250 * MS), tat);
     }
 
     #[test]

@@ -168,6 +168,31 @@ fn a_refund_gives_back_less_the_time_since_the_reservation() {
     }
 }
 
+/// Told the reservation's `reset_after`, a settlement gives back all it can: the key stayed busy
+/// without the units given back, so none of them drained, and the state is what it would be had the
+/// request reserved its real cost.
+#[test]
+fn a_refund_told_the_reservations_reset_after_gives_back_what_never_drained() {
+    for (limits, at) in stacks() {
+        let (backend, clock) = backend();
+        let quantities: Vec<u64> = (0..limits.len())
+            .map(|i| if i == at { 10 } else { 1 })
+            .collect();
+        let key = Key::from("k");
+        let charges = Charges::stack(&limits, &key, 0).with_quantities(&quantities);
+        let decisions = backend.decide_charges(charges).unwrap();
+        let reset_after: Vec<Duration> = decisions.iter().map(|d| d.reset_after).collect();
+        assert_eq!(reset_after[at], Duration::from_secs(1));
+        clock.advance(Duration::from_millis(300));
+        let mut deltas = vec![0; limits.len()];
+        deltas[at] = -5;
+        let since = Duration::from_millis(300);
+        backend.settle_told(&limits, &key, &deltas, (since, &reset_after));
+        // Had it reserved 5: 500 ms ahead, 300 ms on: 200 ms ahead, 8 remaining (5 untold).
+        assert_eq!(remaining(&backend, &limits, at), 8);
+    }
+}
+
 #[test]
 fn a_charge_on_a_key_that_reserved_nothing_is_recorded() {
     for (limits, at) in stacks() {

@@ -167,6 +167,28 @@ async fn a_slow_server_error_is_refunded_in_a_stacks_longer_limit() {
     }
 }
 
+/// At a thousand a second (one unit a millisecond), every refund comes later than an emission
+/// interval after its admission; on a busy key none of the units can have drained meanwhile, and
+/// all of them are given back: 600 server errors in a row on a burst of 500 are never limited. (The
+/// backend's manual clock stands still: the real time since each admission is what bounds the
+/// give-back, and the first refunds, before the key is that busy, give back nothing.)
+#[tokio::test]
+async fn a_busy_keys_server_errors_are_refunded_at_a_thousand_a_second() {
+    let policy = Policy::builder("api")
+        .key(Header::new("x-username"))
+        .quota(Quota::per_second(1_000).with_max_burst(499))
+        .refund_on(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let (memory, _clock) = backend();
+    let app = Router::new()
+        .route("/fail", get(|| async { StatusCode::BAD_GATEWAY }))
+        .layer(layer_on(memory, policy));
+    for n in 0..600 {
+        assert_eq!(as_bob(&app, "/fail").await, StatusCode::BAD_GATEWAY, "{n}");
+    }
+}
+
 /// A sliding log gives back nothing once a period has passed since the admission: the request's
 /// own entry has left the log, and what is there is a later request's (real clock: the refund's
 /// time since the admission is real).

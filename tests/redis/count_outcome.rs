@@ -136,6 +136,37 @@ async fn every_algorithm_gives_back_what_a_request_took() {
     }
 }
 
+/// Told its decision's `reset_after`, a GCRA refund on a busy key gives its units back whole, on
+/// the Lua path and on `CL.THROTTLE`'s (whose whole seconds it allows for): untold, it would keep
+/// the time since the admission and the backend's timeout (1.1 s of a 10 s unit: 2 of 3 back).
+#[tokio::test]
+async fn a_gcra_refund_told_its_reset_after_gives_a_busy_keys_units_back_whole() {
+    let server = redis_support::RedisServer::start_with_cell();
+    for mode in [RedisMode::Lua, RedisMode::Cell] {
+        let backend = connect(&server, mode).await;
+        // One unit every 10 s, six at once.
+        let limit = [Limit::new("busy", Quota::per_minute(6)).unwrap()];
+        let key = Key::from(format!("busy-{mode}"));
+        let mut last = None;
+        for _ in 0..6 {
+            let decision = backend.check_one(&limit[0], &key, 1).await.unwrap();
+            assert!(decision.allowed, "{mode}");
+            last = Some(decision.reset_after);
+        }
+        let told = [last.unwrap()];
+        let before = remaining(&backend, &limit, &key).await;
+        let since = Duration::from_millis(100);
+        backend.refund_told(&limit, &key, 3, (since, &told));
+        wait_until(
+            Duration::from_secs(10),
+            "the refund never landed",
+            || async { remaining(&backend, &limit, &key).await != before },
+        )
+        .await;
+        assert_eq!(remaining(&backend, &limit, &key).await, vec![3], "{mode}");
+    }
+}
+
 /// A sliding log's refund of more entries than Lua can unpack at once (about 8,000) gives them all
 /// back, and a stack's other limit with them (the script failed half-way).
 #[tokio::test]

@@ -305,15 +305,16 @@ async fn metered_scripts_compute_the_model_exactly() {
                     .key(keys[0])
                     .key(keys[1])
                     .arg(2)
-                    .arg(since_us)
                     .arg(0)
                     .arg(m.interval)
                     .arg(deltas[0])
                     .arg(m.ceiling)
+                    .arg(since_us)
                     .arg(0)
                     .arg(p.interval)
                     .arg(deltas[1])
                     .arg(p.ceiling)
+                    .arg(since_us)
                     .invoke_async(&mut conn)
                     .await
                     .unwrap();

@@ -77,14 +77,41 @@ pub trait Asks: Backend {
 
     /// Gives back `quantity` units of each of `limits` for `key`, admitted within `since`.
     fn refund(&self, limits: &[Limit], key: &Key, quantity: u64, since: Duration) {
+        self.refund_told(limits, key, quantity, (since, &[]));
+    }
+
+    /// [`Self::refund`], told each limit's `reset_after` when the units were admitted.
+    fn refund_told(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        quantity: u64,
+        (since, reset_after): (Duration, &[Duration]),
+    ) {
         let charges = Charges::stack(limits, key, quantity);
-        self.adjust(charges, Adjustment::Refund { since });
+        self.adjust(charges, Adjustment::Refund { since, reset_after });
     }
 
     /// Settles a metered request: `deltas[i]` more (or fewer) units under `limits[i]`.
     fn settle(&self, limits: &[Limit], key: &Key, deltas: &[i64], since: Duration) {
+        self.settle_told(limits, key, deltas, (since, &[]));
+    }
+
+    /// [`Self::settle`], told each limit's `reset_after` when the reservation was admitted.
+    fn settle_told(
+        &self,
+        limits: &[Limit],
+        key: &Key,
+        deltas: &[i64],
+        (since, reset_after): (Duration, &[Duration]),
+    ) {
         let charges = Charges::stack(limits, key, 0);
-        self.adjust(charges, Adjustment::Settle { deltas, since });
+        let adjustment = Adjustment::Settle {
+            deltas,
+            since,
+            reset_after,
+        };
+        self.adjust(charges, adjustment);
     }
 
     /// Gives back a concurrency slot of `quantity` units, taken under `lease`.

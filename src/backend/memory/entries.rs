@@ -1,6 +1,7 @@
 //! The general store's entries, and how a decision, a release or a refund changes them.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::gcra;
@@ -261,20 +262,21 @@ pub(super) fn decide_one(
     }
 }
 
-/// Takes `quantity` units of `limit` for `key`, admitted at most `since` ago, out of `state` (at
-/// `now` on the backend's clock, `unix_now` in Unix time). Whatever cannot be proven to be the
-/// request's own is left: a refund may give back less than the request took, never more. Expiries
-/// are left as they are (later than needed at worst).
+/// Takes `quantity` units of `limit` for `key`, admitted at most `since` ago (with its decision's
+/// `reset_after`, if known), out of `state` (at `now` on the backend's clock, `unix_now` in Unix
+/// time). Whatever cannot be proven to be the request's own is left: a refund may give back less
+/// than the request took, never more. Expiries are left as they are (later than needed at worst).
 pub(super) fn refund_state(
     state: &mut State,
     (limit, key): (&Limit, &Key),
     (now, unix_now): (u64, u64),
-    (quantity, since): (u64, u64),
+    (quantity, since, reset_after): (u64, u64, Option<Duration>),
 ) {
     let admitted_after = unix_now.saturating_sub(since);
     match (state, limit.gcra(), limit.window()) {
         (State::Gcra(tat), Some(params), _) if *tat > now => {
-            // Less the time since the admission: see `MemoryBackend::adjust`.
+            // Less the time they may have drained: see `MemoryBackend::adjust`.
+            let since = gcra::drain_bound(since, reset_after, quantity, params);
             let back = params
                 .emission_interval()
                 .saturating_mul(quantity)
@@ -332,9 +334,10 @@ pub(super) fn settle_cells(
     (limits, key): (&[Limit], &Key),
     deltas: &[i64],
     (now, origin): (u64, u64),
-    since: u64,
+    (since, reset_after): (u64, &[Duration]),
 ) {
     for (position, (limit, &delta)) in limits.iter().zip(deltas).enumerate() {
+        let reset = reset_after.get(position).copied();
         let position = position as u8;
         if delta == 0 || (delta < 0 && cells.find_mut(limit.id(), position).is_none()) {
             continue;
@@ -346,7 +349,7 @@ pub(super) fn settle_cells(
                     &mut cell.state,
                     (limit, key),
                     at,
-                    (delta.unsigned_abs(), since),
+                    (delta.unsigned_abs(), since, reset),
                 );
             }
             continue;
@@ -354,6 +357,10 @@ pub(super) fn settle_cells(
         let index = cells.index_of(limit, position);
         let cell = &mut cells.as_mut_slice()[index];
         if let State::Gcra(tat) = &mut cell.state {
+            let since = match delta < 0 {
+                true => gcra::drain_bound(since, reset, delta.unsigned_abs(), params),
+                false => since,
+            };
             *tat = gcra::settle(Some(*tat), now, params, delta, since).unwrap_or(0);
             cell.expires_at = *tat;
         }

@@ -4,6 +4,7 @@
 use std::hash::BuildHasher;
 use std::slice;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::entries::*;
 use super::general_shard::*;
@@ -190,14 +191,14 @@ impl GeneralStore {
         }
     }
 
-    /// Gives back `quantity` units that `limits` admitted for `key` at most `since` ago; what each
-    /// algorithm gives back is told on [`Adjustment::Refund`](crate::backend::Adjustment::Refund).
+    /// Gives back `quantity` units that `limits` admitted for `key` at most `since` ago (with
+    /// their decisions' `reset_after`, if known); what each algorithm gives back is told on
+    /// [`Adjustment::Refund`](crate::backend::Adjustment::Refund).
     pub(super) fn refund<C: Clock>(
         &self,
         limits: &[Limit],
         key: &Key,
-        quantity: u64,
-        since: u64,
+        (quantity, since, reset_after): (u64, u64, &[Duration]),
         clock: &C,
     ) {
         let Some(first) = limits.first() else {
@@ -213,7 +214,8 @@ impl GeneralStore {
         for (position, limit) in limits.iter().enumerate() {
             if let Some(cell) = cells.find_mut(limit.id(), position as u8) {
                 let at = (now, unix_now);
-                refund_state(&mut cell.state, (limit, key), at, (quantity, since));
+                let reset = reset_after.get(position).copied();
+                refund_state(&mut cell.state, (limit, key), at, (quantity, since, reset));
             }
         }
     }
@@ -226,7 +228,7 @@ impl GeneralStore {
         limits: &[Limit],
         key: &Key,
         deltas: &[i64],
-        since: u64,
+        since: (u64, &[Duration]),
         clock: &C,
     ) {
         let (hash, mut shard) = self.locate(limits[0].id(), key);

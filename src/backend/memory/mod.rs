@@ -21,6 +21,7 @@ use crate::backend::key_state::{KeyState, PeekFuture, ResetFuture};
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{BackendError, BuildError};
+use crate::gcra;
 use crate::key::Key;
 use crate::limit::{check_stack, Limit, MAX_STACKED_QUOTAS};
 use crate::or_default::OrDefault;
@@ -489,27 +490,34 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     stores.general.release(limit, key, charges.quantity(i));
                 }
             }
-            Adjustment::Refund { since } => {
+            Adjustment::Refund { since, reset_after } => {
                 let quantity = charges.quantity(0);
                 match (limits, limits.first().and_then(Limit::gcra)) {
                     ([], _) => {}
                     // A settlement of `-quantity` (gcra::settle): the TAT moves back by as
-                    // many emission intervals less `since`, as the request's units may have
-                    // drained meanwhile (a later request that found the bucket idle,
-                    // `max(tat, now)`, absorbed up to `since`). Moving it back by the whole
-                    // amount would give back more than the request took; by the rest, never
-                    // (and with no decision since, exactly).
+                    // many emission intervals less the time they may have drained (a later
+                    // request that found the bucket idle, `max(tat, now)`, absorbed it): less,
+                    // never more, than the request took (and with no decision since, exactly).
                     ([limit], Some(params)) => {
                         let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
+                        let reset = reset_after.first().copied();
+                        let since = gcra::drain_bound(nanos(since), reset, quantity, params);
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
-                        gcra.settle(params, limit.id(), key, back, nanos(since), clock);
+                        gcra.settle(params, limit.id(), key, back, since, clock);
                     }
-                    _ => stores
-                        .general
-                        .refund(limits, key, quantity, nanos(since), &stores.clock),
+                    _ => stores.general.refund(
+                        limits,
+                        key,
+                        (quantity, nanos(since), reset_after),
+                        &stores.clock,
+                    ),
                 }
             }
-            Adjustment::Settle { deltas, since } => {
+            Adjustment::Settle {
+                deltas,
+                since,
+                reset_after,
+            } => {
                 if limits.is_empty()
                     || deltas.len() != limits.len()
                     || deltas.iter().all(|d| *d == 0)
@@ -518,12 +526,21 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                 }
                 match (limits, limits[0].gcra()) {
                     ([limit], Some(params)) => {
+                        let (units, reset) = (deltas[0].unsigned_abs(), reset_after.first());
+                        let since = match deltas[0] < 0 {
+                            true => gcra::drain_bound(nanos(since), reset.copied(), units, params),
+                            false => nanos(since),
+                        };
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
-                        gcra.settle(params, limit.id(), key, deltas[0], nanos(since), clock);
+                        gcra.settle(params, limit.id(), key, deltas[0], since, clock);
                     }
-                    _ => stores
-                        .general
-                        .settle(limits, key, deltas, nanos(since), &stores.clock),
+                    _ => stores.general.settle(
+                        limits,
+                        key,
+                        deltas,
+                        (nanos(since), reset_after),
+                        &stores.clock,
+                    ),
                 }
             }
         }

@@ -469,7 +469,13 @@ mod tests {
         }
         assert!(before.decide(&log, &ann, 1).unwrap().allowed);
         let since = Duration::from_secs(1);
-        before.adjust(Charges::one(&log, &ann, 1), Adjustment::Refund { since });
+        before.adjust(
+            Charges::one(&log, &ann, 1),
+            Adjustment::Refund {
+                since,
+                reset_after: &[],
+            },
+        );
         let (path, limits) = (file("emptied"), [hourly.clone(), log.clone()]);
         before.save_state(&path, &limits).unwrap();
         let after = backend();

@@ -325,11 +325,16 @@ impl Backend for RedisBackend {
             return; // Quotas with keys of their own are neither refunded nor settled.
         };
         match adjustment {
-            Adjustment::Refund { since } => {
-                refund::refund(&self.state, limits, key, charges.quantity(0), since);
+            Adjustment::Refund { since, reset_after } => {
+                let quantity = charges.quantity(0);
+                refund::refund(&self.state, limits, key, quantity, (since, reset_after));
             }
-            Adjustment::Settle { deltas, since } => {
-                refund::settle(&self.state, limits, key, deltas, since);
+            Adjustment::Settle {
+                deltas,
+                since,
+                reset_after,
+            } => {
+                refund::settle(&self.state, limits, key, deltas, (since, reset_after));
             }
             Adjustment::Release { lease } => {
                 for (i, limit) in limits.iter().enumerate() {

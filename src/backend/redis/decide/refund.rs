@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::backend::redis::state::RedisState;
 use crate::backend::redis::wire::args::{state_key, Spec};
 use crate::backend::redis::wire::scripts::SETTLE;
+use crate::gcra;
 use crate::key::Key;
 use crate::limit::Limit;
 
@@ -17,7 +18,7 @@ pub(crate) fn refund(
     limits: &[Limit],
     key: &Key,
     quantity: u64,
-    since: Duration,
+    since: Since<'_>,
 ) {
     if quantity == 0 {
         return;
@@ -33,7 +34,7 @@ pub(crate) fn settle(
     limits: &[Limit],
     key: &Key,
     deltas: &[i64],
-    since: Duration,
+    since: Since<'_>,
 ) {
     if deltas.len() != limits.len() {
         tracing::debug!(
@@ -46,6 +47,9 @@ pub(crate) fn settle(
     send(state, limits, key, |i| deltas[i], since);
 }
 
+/// An upper bound on the time since the admission, and each limit's `reset_after` then (if known).
+type Since<'a> = (Duration, &'a [Duration]);
+
 /// One `settle.lua` call on a spawned task, under the timeout, never retried (a late refund could
 /// give back more than was taken, a late charge fall after its debt): one that fails is lost.
 fn send(
@@ -53,12 +57,24 @@ fn send(
     limits: &[Limit],
     key: &Key,
     delta: impl Fn(usize) -> i64,
-    since: Duration,
+    (since, reset_after): Since<'_>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let items: Vec<(Spec, i64)> = limits
+    // Plus the timeout (a call ran within it of the sending); in ns, rounded up to µs below:
+    // earlier gives back less.
+    let since = u64::try_from((since + state.timeout).as_nanos()).unwrap_or(u64::MAX);
+    // `CL.THROTTLE` tells `reset_after` in whole seconds, one more than it truncated: up to a
+    // second longer than the key was busy.
+    let told = |i: usize| {
+        let reset = reset_after.get(i).copied();
+        match state.detector.may_use_cell() {
+            true => reset.map(|r| r.saturating_sub(Duration::from_secs(1))),
+            false => reset,
+        }
+    };
+    let items: Vec<(Spec, i64, u64)> = limits
         .iter()
         .enumerate()
         .filter(|(i, _)| delta(*i) != 0)
@@ -68,7 +84,14 @@ fn send(
             // (with a debt cap of 0, up to its burst): another reads a TAT past its tolerance as
             // another quota's.
             let usable = !spec.is_concurrency() && (delta(i) < 0 || limit.is_metered());
-            usable.then(|| (spec, delta(i)))
+            // A GCRA's give-back allows only for the time its units may have drained.
+            let since = match (limit.gcra(), delta(i) < 0) {
+                (Some(params), true) => {
+                    gcra::drain_bound(since, told(i), delta(i).unsigned_abs(), params)
+                }
+                _ => since,
+            };
+            usable.then(|| (spec, delta(i), since.div_ceil(1000)))
         })
         .collect();
     if items.is_empty() {
@@ -77,30 +100,29 @@ fn send(
     // A cached rejection no longer tells the truth (less limited, or a later retry time): the next
     // check asks Redis (another process's cache only refuses more).
     if let Some(deny) = &state.deny {
-        for (spec, _) in &items {
+        for (spec, ..) in &items {
             deny.forget(&spec.key);
         }
     }
     let mut invocation = SETTLE.prepare_invoke();
-    for (spec, _) in &items {
+    for (spec, ..) in &items {
         invocation.key(&spec.key);
     }
-    // Plus the timeout (a call ran within it of the sending); rounded up: earlier gives back less.
-    let since_us = (since + state.timeout).as_nanos().div_ceil(1000) as u64;
-    invocation.arg(items.len()).arg(since_us);
-    for (spec, delta) in &items {
+    invocation.arg(items.len());
+    for (spec, delta, since_us) in &items {
         invocation
             .arg(spec.kind)
             .arg(spec.a)
             .arg(*delta)
-            .arg(spec.settle_last());
+            .arg(spec.settle_last())
+            .arg(*since_us);
     }
     let mut conn = state.conn.clone();
     let timeout = state.timeout;
     // Forgotten again once Redis has applied it: a check decided between the first forget and
     // the settle is refused, and would be cached until its retry time (a fixed window's end).
     let cached = state.deny.is_some().then(|| {
-        let keys: Vec<String> = items.into_iter().map(|(spec, _)| spec.key).collect();
+        let keys: Vec<String> = items.into_iter().map(|(spec, ..)| spec.key).collect();
         (state.clone(), keys)
     });
     runtime.spawn(async move {

@@ -2,11 +2,12 @@
 -- cost atomically, giving back units it took (by outcome, or metered) or charging a metered extra.
 --
 -- KEYS[1..N]  each limit's state, as limits.lua, gcra.lua and CL.THROTTLE keep it.
--- ARGV        N, since (µs: an upper bound on the time since admission), then four per limit:
---             kind (0 GCRA, 1 sliding log, 2 fixed, 3 sliding, 5 calendar window); the GCRA's
---             interval (ns), a window's period (µs) or end (a calendar's, as limits.lua takes it);
---             the delta (units: < 0 gives back, > 0 charges); the GCRA's ceiling (ns), a fixed
---             window's shift (µs), a calendar window's lengths, or 0.
+-- ARGV        N, then five per limit: kind (0 GCRA, 1 sliding log, 2 fixed, 3 sliding, 5
+--             calendar window); the GCRA's interval (ns), a window's period (µs) or end (a
+--             calendar's, as limits.lua takes it); the delta (units: < 0 gives back, > 0 charges);
+--             the GCRA's ceiling (ns), a fixed window's shift (µs), a calendar window's lengths, or
+--             0; since (µs: an upper bound on the time since admission; a GCRA's, on the time its
+--             units may have drained since: see gcra::drain_bound).
 -- Returns     N.
 --
 -- Giving back never exceeds what the request took: GCRA, the TAT moves back by |delta| x interval;
@@ -16,14 +17,15 @@
 -- Charging (GCRA only) admits and refuses nothing: the TAT moves on by delta x interval from
 -- max(TAT, now), capped at now + ceiling (the debt cap); a TAT beyond it (another quota's) stays.
 
-local n, since_us = tonumber(ARGV[1]), tonumber(ARGV[2])
+local n = tonumber(ARGV[1])
 
 -- Every key touched before any is written: a key gone mid-script (its slot migrating: see
 -- redirect.rs) fails the script before it has settled some limits and not others, so that it can
 -- be sent again.
 if n > 1 then redis.call('EXISTS', unpack(KEYS, 1, n)) end
 
-local admitted_after = now_us - since_us
+-- The item's bound on the time since admission (µs), and the earliest time it may have been.
+local since_us, admitted_after
 
 local function charge(key, interval, quantity, ceiling)
   local backlog = read_backlog(key)
@@ -34,8 +36,9 @@ end
 local function gcra(key, interval, quantity)
   local backlog = read_backlog(key)
   if backlog <= 0 then return end
-  -- The units less the time since admission: a later decision on an idle bucket absorbed at most
-  -- that much, so the rest never exceeds what was taken (exact with no decision since).
+  -- The units less the time they may have drained (since_us: the time since admission beyond what
+  -- the key stayed busy without them): a later decision on an idle bucket absorbed at most that
+  -- much, so the rest never exceeds what was taken (exact with no decision since).
   local back = interval * quantity - since_us * 1000
   if back <= 0 then return end
   local ahead = backlog - back
@@ -100,9 +103,11 @@ local give_back = {[0] = gcra, [1] = sliding_log, [2] = fixed_window, [3] = slid
   [5] = calendar_window}
 
 for i = 1, n do
-  local base = 2 + 4 * (i - 1)
+  local base = 1 + 5 * (i - 1)
   local kind, a = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local delta, last = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  since_us = tonumber(ARGV[base + 5])
+  admitted_after = now_us - since_us
   if delta > 0 and kind == 0 then
     charge(KEYS[i], a, delta, last)
   elseif delta < 0 and give_back[kind] then
