@@ -357,7 +357,8 @@ fn parse_node(s: &str) -> Option<IpAddr> {
 
 /// `s` split at each `sep` outside a quoted string (with its `\` escapes): in
 /// `for=1.2.3.4;host="x, for=6.6.6.6;y="` the quoted `,` and `;` separate nothing. An unclosed
-/// quote runs to the end (and its element then names no address).
+/// quote runs to the end, and that last piece is empty: it names no address, since a client that
+/// leaves a quote open swallows what a proxy appends to its line (`for=6.6.6.6;x=", for=<client>`).
 fn split_unquoted(s: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
     let mut rest = Some(s);
     std::iter::from_fn(move || {
@@ -376,7 +377,7 @@ fn split_unquoted(s: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
             }
         }
         rest = None;
-        Some(s)
+        Some(if quoted { &s[s.len()..] } else { s })
     })
 }
 
@@ -549,10 +550,18 @@ mod tests {
                 &[r#"for=203.0.113.7;host="a\", for=6.6.6.6""#],
                 "203.0.113.7",
             ),
+            // A quote left open swallows what follows it on the line, what a proxy appended
+            // among it too: the line names no address, and the peer counts.
             (
                 FWD,
                 &[r#"for=203.0.113.7;host="unclosed, for=6.6.6.6"#],
-                "203.0.113.7",
+                "10.0.0.1",
+            ),
+            (FWD, &[r#"for=6.6.6.6;x=", for=203.0.113.7"#], "10.0.0.1"),
+            (
+                FWD,
+                &[r#"for=6.6.6.6;x=", for="[2001:db8::7]""#],
+                "10.0.0.1",
             ),
             // A `\` escapes only inside quotes: outside, the `,` after it still separates.
             (

@@ -302,6 +302,14 @@ async fn a_thousand_attacker_entries_through_the_trusted_proxy() {
         || request(PROXY, &[line("forwarded", "for=203.0.113.8;by=10.0.0.5")]),
     )
     .await;
+    // A quote the attacker leaves open, which the proxy's element, appended to the same line,
+    // falls into: the line names no address (the proxy's key counts, not the forged one).
+    let open = app(client_ip().header(ForwardedHeader::Forwarded));
+    assert_no_bypass(&open, "a quote left open in Forwarded", |i| {
+        let value = format!("for={};x=\", for={attacker}", v4(i));
+        request(PROXY, &[line("forwarded", value)])
+    })
+    .await;
 
     // The attacker is the key, not the proxy: another client behind the proxy is unaffected.
     assert_fresh(&xff, "another client behind the proxy", || {
