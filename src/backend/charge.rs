@@ -226,15 +226,17 @@ pub enum Adjustment<'a> {
     /// ([`Release`](Adjustment::Release) gives its slot back). A stack's refund comes while any of
     /// its limits may hold the units, so each limit bounds its own give-back by `since`.
     ///
-    /// With `reset_after`, a GCRA gives back more: while the key stayed busy without the request's
+    /// Told the decisions, a GCRA gives back more: while the key stayed busy without the request's
     /// units (its decision's `reset_after` less those units' emission intervals), none of them can
     /// have drained, so only `since` beyond that is taken off. A key near its limit gets its units
-    /// back whole, however short its emission interval and however long the response took.
+    /// back whole, however short its emission interval and however long the response took. What
+    /// takes units otherwise is not seen: after a reset or an eviction of the key, or a metered
+    /// charge clipped at its debt cap, a give-back may return units the key no longer held.
     Refund {
         /// An upper bound on the time since the admission.
         since: Duration,
-        /// Each charge's [`Decision::reset_after`] when admitted, or empty if not known.
-        reset_after: &'a [Duration],
+        /// Each charge's decision when it was admitted, or empty if not known.
+        admitted: &'a [Decision],
     },
     /// Settles what a metered request really cost: `deltas[i]` is the actual cost less the
     /// reservation under charge `i` (0: nothing to do). A positive delta charges that many more
@@ -246,8 +248,8 @@ pub enum Adjustment<'a> {
         deltas: &'a [i64],
         /// An upper bound on the time since the admission.
         since: Duration,
-        /// Each charge's [`Decision::reset_after`] when admitted, or empty if not known.
-        reset_after: &'a [Duration],
+        /// Each charge's decision when it was admitted, or empty if not known.
+        admitted: &'a [Decision],
     },
     /// Gives back the slot a request admitted under a
     /// [concurrency](crate::Algorithm::Concurrency) limit holds, once its response has been sent,

@@ -320,16 +320,16 @@ where
         // local limiter that decides in its stead (`OnBackendError::Local`) is adjusted instead,
         // as long as it keeps the key.
         let local = answer.is_err() && judge.fallback.is_local();
-        // And each limit's `reset_after` then: a GCRA gives a busy key's units back whole.
-        let (mut counts_for, reset_after) = match &answer {
+        // And the decisions, for what is given back: a GCRA gives a busy key's units back whole.
+        let (mut counts_for, admitted) = match &answer {
             Ok(all) if all.iter().all(|d| d.allowed) => {
-                let reset_after = all.iter().map(|d| d.reset_after);
                 let gives_back = extras.outcome.is_some() || extras.metered.is_some();
-                let kept = match gives_back {
-                    true => reset_after.clone().collect(),
+                let gives_back = gives_back && all.len() == charges.limits().len();
+                let admitted = match gives_back {
+                    true => Arc::from(&all[..]),
                     false => Arc::default(),
                 };
-                (reset_after.max(), kept)
+                (all.iter().map(|d| d.reset_after).max(), admitted)
             }
             _ => (None, Arc::default()),
         };
@@ -358,7 +358,7 @@ where
             asked,
             counts_for,
             local,
-            reset_after,
+            admitted,
         };
         let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
         if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
@@ -385,7 +385,7 @@ where
         let rule = self.extras.metered.as_ref()?;
         taken.counts_for?;
         let (adjust, policy) = (self.adjuster(taken.local), self.policy.clone());
-        let (position, reset_after) = (rule.position, taken.reset_after.clone());
+        let (position, admitted) = (rule.position, taken.admitted.clone());
         let settle: Settle = Box::new(move |delta, since| {
             // Metered policies have one tier and no per-customer quota.
             let limits = &policy.tiers[0].limits;
@@ -398,7 +398,7 @@ where
                 Adjustment::Settle {
                     deltas,
                     since,
-                    reset_after: &reset_after,
+                    admitted: &admitted,
                 },
             );
         });
@@ -442,12 +442,12 @@ where
         let outcome = match (refundable, &extras.outcome) {
             (Some(counts_for), Some(rule)) => {
                 let (adjust, policy) = (self.adjuster(taken.local), policy.clone());
-                let reset_after = taken.reset_after.clone();
+                let admitted = taken.admitted.clone();
                 let refund: Refund = Box::new(move |since| {
                     let limits = &custom.as_deref().unwrap_or(&policy.tiers[tier]).limits;
                     let charges = Charges::stack(limits, &key, policy.cost);
-                    let reset_after = &reset_after;
-                    adjust(charges, Adjustment::Refund { since, reset_after });
+                    let admitted = &admitted;
+                    adjust(charges, Adjustment::Refund { since, admitted });
                 });
                 Some(Box::new(OutcomeGuard::new(
                     rule.clone(),
@@ -512,9 +512,9 @@ struct Taken {
     counts_for: Option<Duration>,
     /// Taken by the local limiter, the backend having failed.
     local: bool,
-    /// Each limit's `reset_after` as the backend took the units, for a policy that gives units
-    /// back (else empty).
-    reset_after: Arc<[Duration]>,
+    /// Each limit's decision as the backend took the units, for a policy that gives units back
+    /// (else empty).
+    admitted: Arc<[Decision]>,
 }
 
 /// A metered policy's request let through before the backend (an allowed client, a missing key):

@@ -168,7 +168,7 @@ fn a_refund_gives_back_less_the_time_since_the_reservation() {
     }
 }
 
-/// Told the reservation's `reset_after`, a settlement gives back all it can: the key stayed busy
+/// Told the reservation's decisions, a settlement gives back all it can: the key stayed busy
 /// without the units given back, so none of them drained, and the state is what it would be had the
 /// request reserved its real cost.
 #[test]
@@ -181,13 +181,12 @@ fn a_refund_told_the_reservations_reset_after_gives_back_what_never_drained() {
         let key = Key::from("k");
         let charges = Charges::stack(&limits, &key, 0).with_quantities(&quantities);
         let decisions = backend.decide_charges(charges).unwrap();
-        let reset_after: Vec<Duration> = decisions.iter().map(|d| d.reset_after).collect();
-        assert_eq!(reset_after[at], Duration::from_secs(1));
+        assert_eq!(decisions[at].reset_after, Duration::from_secs(1));
         clock.advance(Duration::from_millis(300));
         let mut deltas = vec![0; limits.len()];
         deltas[at] = -5;
         let since = Duration::from_millis(300);
-        backend.settle_told(&limits, &key, &deltas, (since, &reset_after));
+        backend.settle_told(&limits, &key, &deltas, (since, &decisions));
         // Had it reserved 5: 500 ms ahead, 300 ms on: 200 ms ahead, 8 remaining (5 untold).
         assert_eq!(remaining(&backend, &limits, at), 8);
     }

@@ -136,8 +136,8 @@ async fn every_algorithm_gives_back_what_a_request_took() {
     }
 }
 
-/// Told its decision's `reset_after`, a GCRA refund on a busy key gives its units back whole, on
-/// the Lua path and on `CL.THROTTLE`'s (whose whole seconds it allows for): untold, it would keep
+/// Told its decision, a GCRA refund on a busy key gives its units back whole, on the Lua path and
+/// on `CL.THROTTLE`'s (whose whole seconds it allows for): untold, it would keep
 /// the time since the admission and the backend's timeout (1.1 s of a 10 s unit: 2 of 3 back).
 #[tokio::test]
 async fn a_gcra_refund_told_its_reset_after_gives_a_busy_keys_units_back_whole() {
@@ -151,7 +151,7 @@ async fn a_gcra_refund_told_its_reset_after_gives_a_busy_keys_units_back_whole()
         for _ in 0..6 {
             let decision = backend.check_one(&limit[0], &key, 1).await.unwrap();
             assert!(decision.allowed, "{mode}");
-            last = Some(decision.reset_after);
+            last = Some(decision);
         }
         let told = [last.unwrap()];
         let before = remaining(&backend, &limit, &key).await;
@@ -164,6 +164,29 @@ async fn a_gcra_refund_told_its_reset_after_gives_a_busy_keys_units_back_whole()
         )
         .await;
         assert_eq!(remaining(&backend, &limit, &key).await, vec![3], "{mode}");
+    }
+}
+
+/// A key busy for two seconds, at one unit every 100 ms: `CL.THROTTLE`'s whole seconds alone would
+/// leave one second of it, less than the refund's bound on its time since admission (1.1 s with the
+/// timeout), and nothing would come back; its `remaining` bounds the time within two units, and the
+/// five units come back whole (more may drain meanwhile: the machine's time passes).
+#[tokio::test]
+async fn a_gcra_refund_on_a_key_busy_for_seconds_comes_back_whole_on_either_path() {
+    let server = redis_support::RedisServer::start_with_cell();
+    for mode in [RedisMode::Lua, RedisMode::Cell] {
+        let backend = connect(&server, mode).await;
+        let limit = [Limit::new("seconds", Quota::per_second(10).with_max_burst(19)).unwrap()];
+        let key = Key::from(format!("seconds-{mode}"));
+        let mut last = None;
+        for _ in 0..20 {
+            last = Some(backend.check_one(&limit[0], &key, 1).await.unwrap());
+        }
+        let told = [last.unwrap()];
+        assert!(told[0].allowed && told[0].remaining < 3, "{mode}: {told:?}");
+        let since = Duration::from_millis(100);
+        backend.refund_told(&limit, &key, 5, (since, &told));
+        drained(&backend, &limit, &key, 5).await;
     }
 }
 

@@ -80,16 +80,16 @@ pub trait Asks: Backend {
         self.refund_told(limits, key, quantity, (since, &[]));
     }
 
-    /// [`Self::refund`], told each limit's `reset_after` when the units were admitted.
+    /// [`Self::refund`], told each limit's decision when the units were admitted.
     fn refund_told(
         &self,
         limits: &[Limit],
         key: &Key,
         quantity: u64,
-        (since, reset_after): (Duration, &[Duration]),
+        (since, admitted): (Duration, &[Decision]),
     ) {
         let charges = Charges::stack(limits, key, quantity);
-        self.adjust(charges, Adjustment::Refund { since, reset_after });
+        self.adjust(charges, Adjustment::Refund { since, admitted });
     }
 
     /// Settles a metered request: `deltas[i]` more (or fewer) units under `limits[i]`.
@@ -97,19 +97,19 @@ pub trait Asks: Backend {
         self.settle_told(limits, key, deltas, (since, &[]));
     }
 
-    /// [`Self::settle`], told each limit's `reset_after` when the reservation was admitted.
+    /// [`Self::settle`], told each limit's decision when the reservation was admitted.
     fn settle_told(
         &self,
         limits: &[Limit],
         key: &Key,
         deltas: &[i64],
-        (since, reset_after): (Duration, &[Duration]),
+        (since, admitted): (Duration, &[Decision]),
     ) {
         let charges = Charges::stack(limits, key, 0);
         let adjustment = Adjustment::Settle {
             deltas,
             since,
-            reset_after,
+            admitted,
         };
         self.adjust(charges, adjustment);
     }

@@ -334,10 +334,10 @@ pub(super) fn settle_cells(
     (limits, key): (&[Limit], &Key),
     deltas: &[i64],
     (now, origin): (u64, u64),
-    (since, reset_after): (u64, &[Duration]),
+    (since, admitted): (u64, &[Decision]),
 ) {
     for (position, (limit, &delta)) in limits.iter().zip(deltas).enumerate() {
-        let reset = reset_after.get(position).copied();
+        let reset = admitted.get(position).map(|d| d.reset_after);
         let position = position as u8;
         if delta == 0 || (delta < 0 && cells.find_mut(limit.id(), position).is_none()) {
             continue;

@@ -4,7 +4,6 @@
 use std::hash::BuildHasher;
 use std::slice;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 use super::entries::*;
 use super::general_shard::*;
@@ -192,13 +191,13 @@ impl GeneralStore {
     }
 
     /// Gives back `quantity` units that `limits` admitted for `key` at most `since` ago (with
-    /// their decisions' `reset_after`, if known); what each algorithm gives back is told on
+    /// their decisions, if known); what each algorithm gives back is told on
     /// [`Adjustment::Refund`](crate::backend::Adjustment::Refund).
     pub(super) fn refund<C: Clock>(
         &self,
         limits: &[Limit],
         key: &Key,
-        (quantity, since, reset_after): (u64, u64, &[Duration]),
+        (quantity, since, admitted): (u64, u64, &[Decision]),
         clock: &C,
     ) {
         let Some(first) = limits.first() else {
@@ -214,7 +213,7 @@ impl GeneralStore {
         for (position, limit) in limits.iter().enumerate() {
             if let Some(cell) = cells.find_mut(limit.id(), position as u8) {
                 let at = (now, unix_now);
-                let reset = reset_after.get(position).copied();
+                let reset = admitted.get(position).map(|d| d.reset_after);
                 refund_state(&mut cell.state, (limit, key), at, (quantity, since, reset));
             }
         }
@@ -228,7 +227,7 @@ impl GeneralStore {
         limits: &[Limit],
         key: &Key,
         deltas: &[i64],
-        since: (u64, &[Duration]),
+        since: (u64, &[Decision]),
         clock: &C,
     ) {
         let (hash, mut shard) = self.locate(limits[0].id(), key);

@@ -490,7 +490,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     stores.general.release(limit, key, charges.quantity(i));
                 }
             }
-            Adjustment::Refund { since, reset_after } => {
+            Adjustment::Refund { since, admitted } => {
                 let quantity = charges.quantity(0);
                 match (limits, limits.first().and_then(Limit::gcra)) {
                     ([], _) => {}
@@ -500,7 +500,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     // never more, than the request took (and with no decision since, exactly).
                     ([limit], Some(params)) => {
                         let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
-                        let reset = reset_after.first().copied();
+                        let reset = admitted.first().map(|d| d.reset_after);
                         let since = gcra::drain_bound(nanos(since), reset, quantity, params);
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
                         gcra.settle(params, limit.id(), key, back, since, clock);
@@ -508,7 +508,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     _ => stores.general.refund(
                         limits,
                         key,
-                        (quantity, nanos(since), reset_after),
+                        (quantity, nanos(since), admitted),
                         &stores.clock,
                     ),
                 }
@@ -516,7 +516,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
             Adjustment::Settle {
                 deltas,
                 since,
-                reset_after,
+                admitted,
             } => {
                 if limits.is_empty()
                     || deltas.len() != limits.len()
@@ -526,9 +526,10 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                 }
                 match (limits, limits[0].gcra()) {
                     ([limit], Some(params)) => {
-                        let (units, reset) = (deltas[0].unsigned_abs(), reset_after.first());
+                        let units = deltas[0].unsigned_abs();
+                        let reset = admitted.first().map(|d| d.reset_after);
                         let since = match deltas[0] < 0 {
-                            true => gcra::drain_bound(nanos(since), reset.copied(), units, params),
+                            true => gcra::drain_bound(nanos(since), reset, units, params),
                             false => nanos(since),
                         };
                         let (gcra, clock) = (&stores.gcra, &stores.clock);
@@ -538,7 +539,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                         limits,
                         key,
                         deltas,
-                        (nanos(since), reset_after),
+                        (nanos(since), admitted),
                         &stores.clock,
                     ),
                 }

@@ -473,7 +473,7 @@ mod tests {
             Charges::one(&log, &ann, 1),
             Adjustment::Refund {
                 since,
-                reset_after: &[],
+                admitted: &[],
             },
         );
         let (path, limits) = (file("emptied"), [hourly.clone(), log.clone()]);

@@ -325,16 +325,16 @@ impl Backend for RedisBackend {
             return; // Quotas with keys of their own are neither refunded nor settled.
         };
         match adjustment {
-            Adjustment::Refund { since, reset_after } => {
+            Adjustment::Refund { since, admitted } => {
                 let quantity = charges.quantity(0);
-                refund::refund(&self.state, limits, key, quantity, (since, reset_after));
+                refund::refund(&self.state, limits, key, quantity, (since, admitted));
             }
             Adjustment::Settle {
                 deltas,
                 since,
-                reset_after,
+                admitted,
             } => {
-                refund::settle(&self.state, limits, key, deltas, (since, reset_after));
+                refund::settle(&self.state, limits, key, deltas, (since, admitted));
             }
             Adjustment::Release { lease } => {
                 for (i, limit) in limits.iter().enumerate() {

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::redis::state::RedisState;
-use crate::backend::redis::wire::args::{state_key, Spec};
+use crate::backend::redis::wire::args::{state_key, Args, Spec};
 use crate::backend::redis::wire::scripts::SETTLE;
-use crate::gcra;
+use crate::decision::Decision;
+use crate::gcra::{self, GcraParams};
 use crate::key::Key;
 use crate::limit::Limit;
 
@@ -47,8 +48,8 @@ pub(crate) fn settle(
     send(state, limits, key, |i| deltas[i], since);
 }
 
-/// An upper bound on the time since the admission, and each limit's `reset_after` then (if known).
-type Since<'a> = (Duration, &'a [Duration]);
+/// An upper bound on the time since the admission, and each limit's decision then (if known).
+type Since<'a> = (Duration, &'a [Decision]);
 
 /// One `settle.lua` call on a spawned task, under the timeout, never retried (a late refund could
 /// give back more than was taken, a late charge fall after its debt): one that fails is lost.
@@ -57,7 +58,7 @@ fn send(
     limits: &[Limit],
     key: &Key,
     delta: impl Fn(usize) -> i64,
-    (since, reset_after): Since<'_>,
+    (since, admitted): Since<'_>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
@@ -65,14 +66,11 @@ fn send(
     // Plus the timeout (a call ran within it of the sending); in ns, rounded up to µs below:
     // earlier gives back less.
     let since = u64::try_from((since + state.timeout).as_nanos()).unwrap_or(u64::MAX);
-    // `CL.THROTTLE` tells `reset_after` in whole seconds, one more than it truncated: up to a
-    // second longer than the key was busy.
-    let told = |i: usize| {
-        let reset = reset_after.get(i).copied();
-        match state.detector.may_use_cell() {
-            true => reset.map(|r| r.saturating_sub(Duration::from_secs(1))),
-            false => reset,
-        }
+    // A lone limit `CL.THROTTLE` can hold may have been decided by it (check.rs picks the path so).
+    let cell = |limit: &Limit| {
+        let lone = limits.len() == 1 && limit.penalty().is_none();
+        let held = Args::new(limit, true).is_some_and(|args| args.cell.is_some());
+        lone && held && state.detector.may_use_cell()
     };
     let items: Vec<(Spec, i64, u64)> = limits
         .iter()
@@ -87,7 +85,10 @@ fn send(
             // A GCRA's give-back allows only for the time its units may have drained.
             let since = match (limit.gcra(), delta(i) < 0) {
                 (Some(params), true) => {
-                    gcra::drain_bound(since, told(i), delta(i).unsigned_abs(), params)
+                    // A leased budget's slice tells each request it admits the slice's time.
+                    let told = admitted.get(i).filter(|_| limit.budget().is_none());
+                    let busy = told.map(|d| busy_for(d, params, cell(limit)));
+                    gcra::drain_bound(since, busy, delta(i).unsigned_abs(), params)
                 }
                 _ => since,
             };
@@ -141,4 +142,20 @@ fn send(
             Err(_) => tracing::debug!("a settle timed out; the request counted as reserved"),
         }
     });
+}
+
+/// How long the key was surely busy after `decision` (a lower bound on its `reset_after`): as the
+/// Lua scripts tell it, to the nanosecond; `CL.THROTTLE` (if it may have decided: `cell`) tells
+/// whole seconds plus one, and a `remaining` that puts it within two emission intervals (truncated,
+/// of intervals it rounds to microseconds): `tolerance - (remaining + 2) x interval`.
+fn busy_for(decision: &Decision, params: &GcraParams, cell: bool) -> Duration {
+    if !cell {
+        return decision.reset_after;
+    }
+    let told = decision.reset_after.saturating_sub(Duration::from_secs(1));
+    let intervals = decision.remaining.saturating_add(2);
+    let room = params.emission_interval().saturating_mul(intervals);
+    told.max(Duration::from_nanos(
+        params.tolerance().saturating_sub(room),
+    ))
 }
