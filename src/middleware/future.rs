@@ -276,8 +276,11 @@ where
             Self::calling(service.call(request), headers, slot, outcome)
         } else {
             // A request that waits must not hold what readying reserved (a permit of an inner
-            // concurrency limit) while it sleeps: the readied service is left to the caller, and a
-            // clone readies after the wait.
+            // concurrency limit) while it sleeps, nor leave it to the caller, which may keep its
+            // service readied until its next request (a `Buffer`'s worker): the readied service
+            // is dropped, the caller gets a fresh clone (readied again before its next call, as
+            // always), and another clone readies after the wait.
+            drop(take_readied(service));
             let delayed = Delayed {
                 sleep: tokio::time::sleep(delay),
                 slept: false,
@@ -343,6 +346,13 @@ where
             },
         }
     }
+}
+
+/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
+/// the caller must `poll_ready` before the next call, as always.
+pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
 }
 
 /// A count in flight whose request's service is called now: its latency is measured from here.

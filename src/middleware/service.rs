@@ -28,7 +28,7 @@ use crate::key::ahead::{BodyAhead, KeyAhead};
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
-use crate::middleware::future::{AwaitingVerdict, ResponseFuture};
+use crate::middleware::future::{take_readied, AwaitingVerdict, ResponseFuture};
 use crate::near_limit;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::policy::extras::PolicyExtras;
@@ -338,11 +338,4 @@ where
     }
     let prepare = prepare(scope, (key, ahead), parts);
     ResponseFuture::preparing(Box::pin(prepare), take_readied(inner), body)
-}
-
-/// Takes the service that `poll_ready` readied, to call later; `inner` keeps a fresh clone, which
-/// the caller must `poll_ready` before the next call, as always.
-pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
-    let fresh = inner.clone();
-    std::mem::replace(inner, fresh)
 }
