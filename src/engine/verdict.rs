@@ -256,8 +256,12 @@ impl Judge {
     }
 
     /// The refusal of a request whose key is banned for `rest` yet (by the penalty box, or an
-    /// operator's timed ban); `None` when the policy does not enforce it (a dry run).
+    /// operator's timed ban); `None` when the policy does not enforce it (a dry run, a key outside
+    /// a staged share): the request goes on to the backend, whose decision is the one reported.
     pub(crate) fn banned_for(&self, cx: RequestContext<'_>, rest: Duration) -> Option<Verdict> {
+        if !self.enforces_limits(cx.policy, cx.key, cx.pressed) {
+            return None;
+        }
         let mut decisions = cx.tier.banned_for(rest);
         match self.decided(cx, &mut decisions, false, SlotOwner::Backend { lease: 0 }) {
             Verdict::Reject(response) => Some(Verdict::Reject(response)),

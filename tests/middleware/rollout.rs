@@ -208,6 +208,35 @@ fn a_dry_run_is_unchanged_and_counts_no_would_limit() {
     );
 }
 
+/// An operator's ban on a dry-run policy is not enforced, and the request is counted once: as the
+/// backend decides it (allowed), not also as limited and banned.
+#[test]
+fn a_dry_runs_ban_counts_each_request_once() {
+    let policy = Policy::builder("api")
+        .quota(Quota::per_minute(2))
+        .dry_run(true)
+        .key(Header::new("x-user"))
+        .build()
+        .unwrap();
+    let (_, page) = with_metrics(async {
+        let layer = layer_on(backend().0, policy);
+        let handle = layer.handle();
+        handle
+            .ban("api", "ann", std::time::Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let app = Router::new()
+            .route("/items", get(|| async { "ok" }))
+            .layer(layer);
+        let res = app.oneshot(from_user("ann")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    });
+    let count = |name: &str| sample(&page, &format!("{name}{{policy=\"api\"}}"));
+    assert_eq!(count("throttle_requests_allowed_total"), 1.0, "{page}");
+    assert_eq!(count("throttle_requests_limited_total"), 0.0, "{page}");
+    assert_eq!(count("throttle_requests_banned_total"), 0.0, "{page}");
+}
+
 #[test]
 fn bad_rollouts_are_build_errors() {
     let q = Quota::per_minute(10);
