@@ -122,6 +122,17 @@ impl Meter {
         self.state.reported.store(true, Ordering::Release);
     }
 
+    /// The whole cost, as a response's usage header says it: here and in the meters of the
+    /// metered layers around this one, where it counts as the handler's reports do; what the
+    /// handler reports after it is left out.
+    fn set_from_header(&self, units: u64) {
+        if let Some(outer) = &self.state.outer {
+            outer.set_from_header(units);
+        }
+        self.state.from_header.store(true, Ordering::Release);
+        self.set_used(units);
+    }
+
     /// What was reported so far; `None` if nothing was (the reservation then stands).
     pub fn used(&self) -> Option<u64> {
         self.state
@@ -378,8 +389,7 @@ impl MeterGuard {
             return;
         };
         if let Some(used) = number(headers, name.as_str()) {
-            self.meter.state.from_header.store(true, Ordering::Release);
-            self.meter.set_used(used);
+            self.meter.set_from_header(used);
         }
     }
 }

@@ -560,6 +560,52 @@ async fn nested_metered_layers_are_both_charged_what_the_handler_reports() {
     assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
 }
 
+/// The inner layer's usage header is the request's whole cost: the outer layer (which reads no
+/// header of its own) is charged it too, not its estimate, nor what the handler streamed.
+#[tokio::test]
+async fn an_inner_layers_usage_header_is_charged_under_the_outer_layer_too() {
+    let (backend, _clock) = backend();
+    let org = Policy::builder("org")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(1000))
+        .metered(
+            Limit::new("org.tokens", Quota::per_minute(1000)).unwrap(),
+            Estimate::fixed(1),
+        )
+        .build()
+        .unwrap();
+    let user = Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(60))
+        .metered(
+            Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap(),
+            Estimate::fixed(1),
+        )
+        .usage_header("x-usage-tokens")
+        .build()
+        .unwrap();
+    let (org_limits, user_limits) = (org.limits().to_vec(), user.limits().to_vec());
+    let layer = |policy| {
+        ThrottleLayer::builder()
+            .backend(backend.clone())
+            .policy(policy)
+            .build()
+            .unwrap()
+    };
+    let handler = |Extension(meter): Extension<Meter>| async move {
+        meter.add(10);
+        ([("x-usage-tokens", "500")], "ok")
+    };
+    let app = Router::new()
+        .route("/", get(handler))
+        .layer(layer(user))
+        .layer(layer(org));
+    let response = app.oneshot(request("k", "")).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
+    assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
+}
+
 /// A request the inner layer refuses (its own quota used up) is never served: the outer layer
 /// that metered it is charged nothing, not its estimate, for each try a client's retries make.
 #[tokio::test]
