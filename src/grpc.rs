@@ -186,7 +186,13 @@ pub(crate) fn http_status_of(headers: &HeaderMap) -> Option<StatusCode> {
     if !content_type.starts_with(b"application/grpc") {
         return None;
     }
-    let code: u8 = headers.get(&GRPC_STATUS)?.to_str().ok()?.parse().ok()?;
+    // One that is no status code (`abc`, `300`) is UNKNOWN, as a gRPC client reads it.
+    let status = headers.get(&GRPC_STATUS)?;
+    let code: u8 = status
+        .to_str()
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
     let status = match code {
         0 => 200,
         1 => 499,
@@ -283,6 +289,25 @@ mod tests {
             decision: &never,
         });
         assert_eq!(r.headers()[&GRPC_RETRY_PUSHBACK_MS], "-1");
+    }
+
+    #[test]
+    fn a_grpc_status_reads_as_its_http_status_and_one_that_is_none_as_unknown() {
+        let status_of = |code: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(GRPC_STATUS.clone(), HeaderValue::from_bytes(code).unwrap());
+            http_status_of(&headers).map(|s| s.as_u16())
+        };
+        assert_eq!(status_of(b"0"), Some(200));
+        assert_eq!(status_of(b"16"), Some(401));
+        for unknown in [&b"2"[..], b"300", b"-1", b"abc", b"", b"\xff"] {
+            assert_eq!(status_of(unknown), Some(500), "{unknown:?}");
+        }
+        // Not a gRPC response: its HTTP status stands.
+        let mut plain = HeaderMap::new();
+        plain.insert(GRPC_STATUS.clone(), HeaderValue::from_static("16"));
+        assert_eq!(http_status_of(&plain), None);
     }
 
     #[test]
