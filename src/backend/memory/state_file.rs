@@ -78,14 +78,19 @@ impl<C: Clock> MemoryBackend<C> {
             }
             line("entry", first, &key, cells.join(";"));
         }
-        // A name of this save's own: two saves at once (two processes, or a signal's beside a
-        // shutdown's) each write whole, and the last renamed wins.
+        // Last, the count: a file cut short anywhere (a full disk, a crash of the copy that
+        // brought it) is told from a whole one.
+        text.push_str(&format!("end\t{written}\n"));
+        // A name of this save's own, made new: two saves at once (two processes, both pid 1 in
+        // their containers on one volume, or a signal's beside a shutdown's) each write whole,
+        // and the last renamed wins; nothing there before is written through (a link).
         static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let unique = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), save);
         let mut temporary = path.as_os_str().to_owned();
-        temporary.push(format!(".{}-{save}.tmp", std::process::id()));
+        temporary.push(format!(".{}-{save}-{unique:016x}.tmp", std::process::id()));
         let mut options = fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
+        options.write(true).create_new(true);
         // Keys are clients' own (API keys, user ids): readable by this user alone.
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
@@ -94,7 +99,10 @@ impl<C: Clock> MemoryBackend<C> {
             file.sync_all()?;
             fs::rename(&temporary, path)
         });
-        if saved.is_err() {
+        if saved
+            .as_ref()
+            .is_err_and(|e| e.kind() != io::ErrorKind::AlreadyExists)
+        {
             let _ = fs::remove_file(&temporary); // Not left behind, under a name no save reuses.
         }
         saved.map(|()| written)
@@ -233,36 +241,50 @@ fn parse_cell(text: &str) -> Option<(&str, Cell)> {
 
 /// The records of a state file, or what is wrong with it.
 fn parse(text: &str) -> Result<Vec<Record<'_>>, String> {
-    let mut lines = text.lines();
-    if lines.next() != Some(HEADER) {
+    let mut lines = text.lines().enumerate();
+    if lines.next().map(|(_, line)| line) != Some(HEADER) {
         return Err(format!(
             "not a state file: its first line is not {HEADER:?}"
         ));
     }
-    lines
-        .enumerate()
-        .map(|(i, line)| {
-            let bad = || {
-                format!(
-                    "line {}: not `gcra <limit> <key> <tat>` nor `entry <limit> <key> <cells>`: {line:?}",
-                    i + 2
-                )
-            };
-            let fields: Vec<&str> = line.split('\t').collect();
-            let [kind, name, key, rest] = fields[..] else {
-                return Err(bad());
-            };
-            let key = Key::from_rendered(key).ok_or_else(bad)?;
-            match kind {
-                "gcra" => Ok(Record::Gcra(name, key, rest.parse().map_err(|_| bad())?)),
-                "entry" => {
-                    let cells = rest.split(';').map(parse_cell).collect::<Option<Vec<_>>>();
-                    Ok(Record::Entry(name, key, cells.ok_or_else(bad)?))
-                }
-                _ => Err(bad()),
-            }
-        })
-        .collect()
+    let mut records = Vec::new();
+    while let Some((i, line)) = lines.next() {
+        let Some(count) = line.strip_prefix("end\t") else {
+            records.push(record(i + 1, line)?);
+            continue;
+        };
+        // The last line, whole (with its newline), and the count of the lines before it.
+        if lines.next().is_some() || !text.ends_with('\n') || count.parse() != Ok(records.len()) {
+            let read = records.len();
+            return Err(format!(
+                "damaged: {read} records, then the end line {line:?}"
+            ));
+        }
+        return Ok(records);
+    }
+    Err("cut short: no end line (`end <records>`)".into())
+}
+
+/// Line `number` of a state file: a record.
+fn record(number: usize, line: &str) -> Result<Record<'_>, String> {
+    let bad = || {
+        format!(
+            "line {number}: not `gcra <limit> <key> <tat>` nor `entry <limit> <key> <cells>`: {line:?}"
+        )
+    };
+    let fields: Vec<&str> = line.split('\t').collect();
+    let [kind, name, key, rest] = fields[..] else {
+        return Err(bad());
+    };
+    let key = Key::from_rendered(key).ok_or_else(bad)?;
+    match kind {
+        "gcra" => Ok(Record::Gcra(name, key, rest.parse().map_err(|_| bad())?)),
+        "entry" => {
+            let cells = rest.split(';').map(parse_cell).collect::<Option<Vec<_>>>();
+            Ok(Record::Entry(name, key, cells.ok_or_else(bad)?))
+        }
+        _ => Err(bad()),
+    }
 }
 
 #[cfg(test)]
@@ -284,6 +306,43 @@ mod tests {
 
     fn file(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("throttle-{name}-{}.state", std::process::id()))
+    }
+
+    /// A file (or link) already at a name a save could pick for its temporary file is never
+    /// written: the names this process's saves took before (a counter from 0; the module's other
+    /// tests save about 120 times) hold links to a victim.
+    #[cfg(unix)]
+    #[test]
+    fn a_save_writes_through_no_link_left_beside_the_file() {
+        let limit = Limit::new("api", Quota::per_hour(2)).unwrap();
+        let (path, victim) = (file("linked"), file("victim"));
+        fs::write(&victim, "untouched").unwrap();
+        let links: Vec<_> = (0..512)
+            .map(|n| {
+                let mut link = path.as_os_str().to_owned();
+                link.push(format!(".{}-{n}.tmp", std::process::id()));
+                let _ = fs::remove_file(&link);
+                std::os::unix::fs::symlink(&victim, &link).unwrap();
+                link
+            })
+            .collect();
+        let saver = backend();
+        saver.decide(&limit, &Key::from("ann"), 1).unwrap();
+        for _ in 0..4 {
+            assert_eq!(
+                saver
+                    .save_state(&path, std::slice::from_ref(&limit))
+                    .unwrap(),
+                1
+            );
+        }
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "untouched");
+        for link in links
+            .iter()
+            .chain([path.as_os_str().to_owned(), victim.into()].iter())
+        {
+            fs::remove_file(link).unwrap();
+        }
     }
 
     #[test]
@@ -387,8 +446,23 @@ mod tests {
             "a key with a space is not a rendering"
         );
         // A stale file: every key has refilled since, so nothing comes back.
-        let (out, len) = load(&format!("{HEADER}\ngcra\tapi\tann\t1000\n"));
+        let (out, len) = load(&format!("{HEADER}\ngcra\tapi\tann\t1000\nend\t1\n"));
         assert_eq!((out.unwrap(), len), (0, 0));
+        // Cut short: mid-line (a TAT missing digits, no newline), between lines, or with its
+        // end line miscounted; each restores nothing.
+        let whole = format!("{HEADER}\ngcra\tapi\tann\t{far}\ngcra\tapi\tbob\t{far}\nend\t2\n");
+        for cut in [
+            whole[..whole.len() - 1].to_owned(),
+            whole[..whole.find("end").unwrap() - 3].to_owned(),
+            whole[..whole.find("gcra\tapi\tbob").unwrap()].to_owned(),
+            whole.replace("end\t2", "end\t3"),
+            format!("{whole}gcra\tapi\tcid\t{far}\n"),
+        ] {
+            let (out, len) = load(&cut);
+            assert!(out.is_err(), "{cut:?}");
+            assert_eq!(len, 0, "{cut:?}");
+        }
+        assert_eq!(load(&whole), (Ok(2), 2));
         fs::remove_file(&path).unwrap();
         assert_eq!(
             backend().load_state(&path, &[limit]).unwrap_err().kind(),
