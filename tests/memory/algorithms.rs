@@ -230,6 +230,33 @@ fn sliding_log_admits_at_most_the_count_in_any_window() {
     assert_eq!(admitted.len(), 5);
 }
 
+/// A reset forgets a key's slots; the requests that held them give back nothing when they end
+/// (their lease is the key's no longer), so the requests after the reset keep theirs.
+#[tokio::test]
+async fn releases_of_slots_taken_before_a_reset_free_no_slot_after_it() {
+    let (backend, _clock) = backend(1_000);
+    let l = limit("slots", Algorithm::Concurrency, Quota::per_second(2));
+    let key = Key::from("alice");
+    let before: Vec<Decision> = (0..2).map(|_| check(&backend, &l, &key, 1)).collect();
+    assert!(before.iter().all(|d| d.allowed));
+    backend
+        .reset_all(std::slice::from_ref(&l), &key)
+        .await
+        .unwrap();
+    let after: Vec<Decision> = (0..2).map(|_| check(&backend, &l, &key, 1)).collect();
+    assert!(after.iter().all(|d| d.allowed));
+    assert_ne!(before[0].lease, after[0].lease);
+    for d in &before {
+        backend.release(&l, &key, 1, d.lease.unwrap());
+    }
+    assert!(
+        !check(&backend, &l, &key, 1).allowed,
+        "the two after it hold both slots"
+    );
+    backend.release(&l, &key, 1, after[0].lease.unwrap());
+    assert!(check(&backend, &l, &key, 1).allowed);
+}
+
 #[test]
 fn concurrency_counts_requests_in_flight_until_released() {
     let (backend, clock) = backend(1_000);
@@ -237,7 +264,8 @@ fn concurrency_counts_requests_in_flight_until_released() {
     let key = Key::from("alice");
     let d = check(&backend, &l, &key, 1);
     assert!(d.allowed);
-    assert_eq!((d.limit, d.remaining, d.lease), (2, 1, None));
+    assert_eq!((d.limit, d.remaining), (2, 1));
+    assert!(d.lease.is_some(), "the slots' lease");
     assert_eq!(check(&backend, &l, &key, 1).remaining, 0);
     let d = check(&backend, &l, &key, 1);
     assert!(!d.allowed);

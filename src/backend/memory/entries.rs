@@ -67,7 +67,9 @@ pub(super) enum State {
     Sliding(SlidingState),
     /// Times of admitted units, oldest first (Unix time): at most the limit's count of them.
     Log(VecDeque<u64>),
-    InFlight(u64),
+    /// Slots in flight, and the lease they were taken under (0: none yet): a release under
+    /// another lease (its key reset since) gives back nothing.
+    InFlight(u64, u64),
 }
 
 impl State {
@@ -78,7 +80,7 @@ impl State {
             Algorithm::FixedWindow => State::Fixed(FixedState::default()),
             Algorithm::SlidingWindow => State::Sliding(SlidingState::default()),
             Algorithm::SlidingLog => State::Log(VecDeque::new()),
-            Algorithm::Concurrency => State::InFlight(0),
+            Algorithm::Concurrency => State::InFlight(0, 0),
             _ => State::Gcra(0),
         }
     }
@@ -89,7 +91,7 @@ impl State {
             State::Fixed(_) => Algorithm::FixedWindow,
             State::Sliding(_) => Algorithm::SlidingWindow,
             State::Log(_) => Algorithm::SlidingLog,
-            State::InFlight(_) => Algorithm::Concurrency,
+            State::InFlight(..) => Algorithm::Concurrency,
         }
     }
 }
@@ -182,7 +184,7 @@ pub(super) enum NextState {
     /// The log was trimmed and, if admitted, the units appended in place (removed again if the
     /// stack is rejected).
     Log,
-    InFlight(u64),
+    InFlight(u64, u64),
 }
 
 /// Decides `quantities[i]` units under each `limits[i]` on `cells` at `now` (the backend's clock;
@@ -224,6 +226,10 @@ pub(super) fn decide_cells(
     }
 }
 
+/// The next lease of a concurrency key's slots: a key reset while requests are in flight takes a
+/// new one, so that their releases do not give back the slots of the requests after it.
+static LEASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// One limit's decision on `state`. Only the sliding log is changed in place (trimmed, and appended
 /// to if admitted); the other states come back in [`NextState`].
 pub(super) fn decide_one(
@@ -254,9 +260,15 @@ pub(super) fn decide_one(
             window::sliding_log(log, unix_now, params, quantity),
             NextState::Log,
         ),
-        (State::InFlight(n), _, _, Some(max)) => {
+        (State::InFlight(n, lease), _, _, Some(max)) => {
             let (d, next) = window::concurrency(*n, max, quantity);
-            (d, NextState::InFlight(next))
+            // A key's slots share one lease, new when it had none in flight.
+            let lease = match *lease {
+                0 => LEASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                lease => lease,
+            };
+            let d = if d.allowed { d.with_lease(lease) } else { d };
+            (d, NextState::InFlight(next, lease))
         }
         _ => unreachable!("Cells::index_of gives each limit the state of its algorithm"),
     }
@@ -406,8 +418,9 @@ pub(super) fn commit(
         (State::Log(log), NextState::Log) => log
             .back()
             .map_or(0, |newest| at_unix(newest.saturating_add(period))),
-        (State::InFlight(n), NextState::InFlight(next)) => {
+        (State::InFlight(n, lease), NextState::InFlight(next, next_lease)) => {
             *n = next;
+            *lease = next_lease;
             if next > 0 {
                 u64::MAX
             } else {
@@ -424,7 +437,7 @@ mod tests {
 
     /// A cell of `limit` at `position` in state `InFlight(n)`, live until `expires_at`.
     fn cell(limit: u32, position: u8, n: u64, expires_at: u64) -> Cell {
-        let state = State::InFlight(n);
+        let state = State::InFlight(n, 1);
         Cell {
             limit,
             position,
@@ -454,7 +467,7 @@ mod tests {
             .unwrap();
         let in_flight =
             |entry: &Entry, position, now| match stored_state(Some(entry), &limit, position, now) {
-                State::InFlight(n) => n,
+                State::InFlight(n, _) => n,
                 _ => unreachable!("a concurrency limit's state"),
             };
         let id = limit.id();

@@ -131,9 +131,10 @@ impl GeneralStore {
             .insert_unique(hash, entry, |e| self.hasher.hash_one((e.limit, &e.key)));
     }
 
-    /// Gives back `quantity` in-flight units of a concurrency `limit` for `key` (saturating), and
-    /// forgets the key when none are left. Does nothing for other algorithms.
-    pub(super) fn release(&self, limit: &Limit, key: &Key, quantity: u64) {
+    /// Gives back `quantity` in-flight units of a concurrency `limit` for `key` (saturating), taken
+    /// under `lease` (0: any), and forgets the key when none are left. Does nothing for other
+    /// algorithms, nor for slots of a lease the key no longer holds (it was reset since).
+    pub(super) fn release(&self, limit: &Limit, key: &Key, quantity: u64, lease: u64) {
         if limit.concurrency().is_none() {
             return;
         }
@@ -144,7 +145,8 @@ impl GeneralStore {
         };
         let cells = &mut occupied.get_mut().cells;
         if let Some(cell) = cells.find_mut(id, 0)
-            && let State::InFlight(n) = &mut cell.state
+            && let State::InFlight(n, held) = &mut cell.state
+            && (lease == 0 || lease == *held)
         {
             *n = n.saturating_sub(quantity);
             if *n == 0 {

@@ -191,7 +191,7 @@ pub(super) fn share_used(
     unix_now: u64,
 ) -> Option<f32> {
     let share = match (state, scale) {
-        (State::InFlight(n), _) => return (*n == 0).then_some(0.0),
+        (State::InFlight(n, _), _) => return (*n == 0).then_some(0.0),
         (State::Gcra(tat), Some(Scale::Gcra(tolerance))) => {
             tat.saturating_sub(now) as f32 / tolerance
         }
@@ -252,7 +252,7 @@ mod tests {
 
     /// An entry of one concurrency cell (limit 2) with `n` requests in flight.
     fn in_flight_entry(i: u64, n: u64) -> Entry {
-        entry(2, format!("f{i}"), u64::MAX, State::InFlight(n))
+        entry(2, format!("f{i}"), u64::MAX, State::InFlight(n, 1))
     }
 
     fn insert(shard: &mut GeneralShard, hasher: &foldhash::fast::RandomState, entry: Entry) {
@@ -320,8 +320,8 @@ mod tests {
         let log = State::Log([unix - 10 * S, unix - 9 * S, unix - S].into());
         close(share(&log, window), 0.2);
         // In flight: never forgotten while requests are in flight; nothing used at 0.
-        assert_eq!(share(&State::InFlight(3), None), None);
-        assert_eq!(share(&State::InFlight(0), None), Some(0.0));
+        assert_eq!(share(&State::InFlight(3, 1), None), None);
+        assert_eq!(share(&State::InFlight(0, 1), None), Some(0.0));
         // No scale known (or another algorithm's): ranked as fully used.
         assert_eq!(share(&State::Gcra(now + 5 * S), None), Some(1.0));
         assert_eq!(share(&fixed(10, 4), gcra), Some(1.0));

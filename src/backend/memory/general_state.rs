@@ -23,7 +23,7 @@ impl GeneralStore {
                     .filter_map(|c| {
                         let state = match &c.state {
                             State::Gcra(tat) => State::Gcra(tat + origin),
-                            State::InFlight(_) => return None,
+                            State::InFlight(..) => return None,
                             state => state.clone(),
                         };
                         let expires_at = c.expires_at + origin;

@@ -475,7 +475,7 @@ impl<C: Clock> Backend for MemoryBackend<C> {
 
     // Refunds and settlements go where `decide_charges` keeps the state: a lone GCRA limit in the
     // GCRA table, everything else (stacks included) in the general store; a slot back to the
-    // general store, which counts slots per key (the lease token identifies nothing more).
+    // general store, which counts slots per key under one lease a key (new after a reset).
     fn adjust(&self, charges: Charges<'_>, adjustment: Adjustment<'_>) {
         let stores = &*self.stores;
         let limits = charges.limits();
@@ -485,9 +485,11 @@ impl<C: Clock> Backend for MemoryBackend<C> {
         let nanos =
             |since: std::time::Duration| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
         match adjustment {
-            Adjustment::Release { lease: _ } => {
+            Adjustment::Release { lease } => {
                 for (i, limit) in limits.iter().enumerate() {
-                    stores.general.release(limit, key, charges.quantity(i));
+                    stores
+                        .general
+                        .release(limit, key, charges.quantity(i), lease);
                 }
             }
             Adjustment::Refund { since, admitted } => {

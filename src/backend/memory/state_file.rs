@@ -200,7 +200,7 @@ fn cell_text(name: &str, cell: &Cell) -> String {
             let times: Vec<String> = times.iter().map(u64::to_string).collect();
             format!("{name},{position},{expires},log,{}", times.join(","))
         }
-        State::InFlight(_) => unreachable!("GeneralStore::records leaves slots out"),
+        State::InFlight(..) => unreachable!("GeneralStore::records leaves slots out"),
     }
 }
 
