@@ -63,6 +63,14 @@ impl ConcurrencySlot {
         }
     }
 
+    /// The service answered: the count in flight, if any, ends as a sample of its latency (until
+    /// then, one dropped is a client that went away, no sample).
+    pub(crate) fn answered(&mut self) {
+        if let Some(in_flight) = self.in_flight() {
+            in_flight.answered();
+        }
+    }
+
     /// The service or the body failed: the count in flight, if any, ends as a dropped request.
     pub(crate) fn failed(&mut self) {
         if let Some(in_flight) = self.in_flight() {

@@ -521,6 +521,9 @@ where
                             slot.failed();
                         }
                     })?;
+                    if let Some(slot) = slot {
+                        slot.answered();
+                    }
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }

@@ -381,12 +381,18 @@ impl Gate {
 #[derive(Debug)]
 pub(crate) struct InFlight {
     gate: Arc<Gate>,
-    /// Bits 0–59: when it was admitted (the gate's clock, nanoseconds: 36 years); 60–61: its
-    /// partition; 62–63: how it ended ([`SERVED`], [`FAILED`], [`REFUSED`], [`WAITING`]).
+    /// Bits 0–58: when it was admitted (the gate's clock, nanoseconds: 18 years); 59: the
+    /// service answered ([`ANSWERED`]); 60–61: its partition; 62–63: how it ended ([`SERVED`],
+    /// [`FAILED`], [`REFUSED`], [`WAITING`]).
     word: u64,
 }
 
-const STARTED: u64 = (1 << 60) - 1;
+const STARTED: u64 = (1 << 59) - 1;
+/// The service answered (its response's head came): the request's end is a sample of its latency.
+/// One that ends before, its client gone, took the service at least that long: a sample only if
+/// that says more than the latency learned already (a client that hangs up after a millisecond
+/// says nothing of a service that answers in fifty).
+const ANSWERED: u64 = 1 << 59;
 const SERVED: u64 = 0;
 /// The service's error, or its body's: a dropped request.
 const FAILED: u64 = 1 << 62;
@@ -420,7 +426,12 @@ impl InFlight {
     /// wait's.
     pub(crate) fn called(&mut self) {
         let now = self.gate.clock.now_nanos() & STARTED;
-        self.word = (self.word & !STARTED & !(3 << 62)) | now | SERVED;
+        self.word = (self.word & !STARTED & !ANSWERED & !(3 << 62)) | now | SERVED;
+    }
+
+    /// The service answered: see [`ANSWERED`].
+    pub(crate) fn answered(&mut self) {
+        self.word |= ANSWERED;
     }
 
     pub(crate) fn forget(mut self) {
@@ -436,10 +447,13 @@ impl Drop for InFlight {
         let before = self.gate.in_flight.fetch_sub(one, Ordering::AcqRel);
         let end = self.word & (3 << 62);
         let in_flight = total_of(before, self.gate.partitions.len());
-        if end != REFUSED && end != WAITING {
-            let now = self.gate.clock.now_nanos() & STARTED;
-            self.gate
-                .sample(self.word & STARTED, now, end == FAILED, in_flight);
+        let now = self.gate.clock.now_nanos() & STARTED;
+        let started = self.word & STARTED;
+        let unanswered = end == SERVED && self.word & ANSWERED == 0;
+        let learned = u64::try_from(self.gate.latency().as_nanos()).unwrap_or(u64::MAX);
+        let telling = !unanswered || (learned > 0 && now.saturating_sub(started) > learned);
+        if end != REFUSED && end != WAITING && telling {
+            self.gate.sample(started, now, end == FAILED, in_flight);
         } else {
             // No sample, but the count the gauge shows moves all the same.
             #[cfg(feature = "metrics")]

@@ -774,6 +774,47 @@ async fn the_gate_learns_the_latency_of_served_requests_only() {
     );
 }
 
+/// Requests their clients give up on before the service answers teach the gate nothing: how
+/// soon a client hangs up is no latency of the service's (a client resetting its requests after a
+/// millisecond would otherwise read as a fast service, and the next normal latency as pressure).
+#[tokio::test]
+async fn requests_abandoned_before_the_answer_teach_the_gate_nothing() {
+    use std::time::Duration;
+    let layer = ThrottleLayer::builder()
+        .policy(policy("slow", Quota::per_second(1_000_000)))
+        .overload(fixed(64))
+        .build()
+        .unwrap();
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        "slow"
+    };
+    let app = Router::new().route("/", get(slow)).layer(layer.clone());
+    let gate = layer.overload().unwrap();
+    // Longer than an interval (25 ms at the least) of requests dropped after 2 ms.
+    let abandon = || async {
+        let until = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < until {
+            let batch = (0..10).map(|_| {
+                tokio::time::timeout(Duration::from_millis(2), app.clone().oneshot(get_("/")))
+            });
+            for abandoned in futures_util::future::join_all(batch).await {
+                assert!(abandoned.is_err(), "answered within 2 ms");
+            }
+        }
+        assert_eq!(gate.in_flight(), 0);
+    };
+    abandon().await;
+    let latency = gate.latency();
+    assert_eq!(latency, Duration::ZERO, "learned from abandoned requests");
+    let learned = learned_latency(&app, gate, "/").await;
+    assert!(learned >= Duration::from_millis(50), "{learned:?}");
+    // Nor once it has learned the service's latency: they end sooner than that.
+    abandon().await;
+    let latency = gate.latency();
+    assert!(latency >= Duration::from_millis(50), "{latency:?}");
+}
+
 /// A router whose `path` answers in about a millisecond.
 fn a_millisecond(path: &str) -> Router {
     let handler = || async {
