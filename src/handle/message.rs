@@ -100,7 +100,16 @@ pub(crate) fn before_backend<K, B: Backend>(
         }
         Some(Override::Quota(quota)) => {
             let validate = |l: &_| shared.validate_one(l);
-            Ok(policy.overridable.override_tier(quota, cost, validate))
+            // A cost the override's quota cannot take is refused for good, not checked against the
+            // policy's own quota (a key held to less would get more by costlier messages); one
+            // the backend cannot enforce falls back to the policy's (logged), as for a request.
+            match policy.overridable.override_tier(quota, 0, validate) {
+                Some(tier) if cost > tier.limit_value => {
+                    let limit = tier.limit_value;
+                    Err(Decision::limited(limit, limit, None, Duration::ZERO))
+                }
+                tier => Ok(tier),
+            }
         }
     }
 }

@@ -405,8 +405,9 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// `quota_from` or a resolver chooses from a request, is not asked), as the layer checks a
     /// request: the same access lists (by key, and by network for a key that is an address),
     /// overrides and timed bans, backend and limits, shadow limits, penalty box, dry run and staged
-    /// enforcement, metrics, logs and offender counts. A key on a deny list, or blocked by an
-    /// override, is refused with no `retry_after`. The handler then drops the message or closes the
+    /// enforcement, metrics, logs and offender counts. A key on a deny list, blocked by an
+    /// override, or under an override's quota too small for `cost`, is refused with no
+    /// `retry_after`. The handler then drops the message or closes the
     /// stream on a refusal (`allowed == false`, with `retry_after`). A refusal the policy does not
     /// enforce (a dry run) comes back allowed. `key` is read as an operator types one
     /// ([`KeyFromText`]: as logs show keys, where `org%3Aacme` names `org:acme`, or as a request

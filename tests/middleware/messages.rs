@@ -303,15 +303,20 @@ async fn a_backend_that_answers_a_stack_short_fails_the_message() {
     );
 }
 
-/// A message's cost past an override's quota falls back to the policy's quota for that message
-/// only: the override still holds for the key's requests (the fallback was kept for the quota).
+/// A message costing more than an override's quota holds is refused for good (it would pass the
+/// policy's more generous quota), and the override still holds for the key's other messages.
 #[tokio::test]
 async fn a_costly_message_leaves_an_override_in_force() {
     use tower_throttle::ops::Override;
     let handle = layer(chat().quota(Quota::per_minute(100)).build().unwrap()).handle();
     let ten = Override::Quota(Quota::per_minute(10));
     handle.set_override("chat", "abuser", ten).await.unwrap();
-    assert!(handle.check("chat", "abuser", 50).await.unwrap().allowed);
+    let costly = handle.check("chat", "abuser", 50).await.unwrap();
+    assert!(
+        !costly.allowed && costly.retry_after.is_none(),
+        "{costly:?}"
+    );
+    assert!(handle.check("chat", "bob", 50).await.unwrap().allowed);
     let mut admitted = 0;
     while handle.check("chat", "abuser", 1).await.unwrap().allowed {
         admitted += 1;
