@@ -1,7 +1,9 @@
 //! An LLM proxy limited in requests *and* tokens: 60 requests and 10,000 tokens a minute per API
-//! key. Each request reserves its `max_tokens` (read from the JSON body by a small middleware
-//! before the limiter), and is settled to the upstream's `usage.total_tokens` once answered, so
-//! a request that used less gives the rest back and one that used more leaves the key in debt.
+//! key. Each request reserves its `max_tokens` and its prompt's tokens (a token per 4 bytes of
+//! the body: an estimate; `max_tokens` bounds only the answer), read by a small middleware before
+//! the limiter, and is settled to the upstream's `usage.total_tokens` once answered (from its JSON,
+//! or from the last event of a stream that reports usage), so a request that used less gives the
+//! rest back and one that used more leaves the key in debt.
 //!
 //! ```text
 //! cargo run --example llm_proxy
@@ -30,9 +32,9 @@ use tower_throttle::{Estimate, Limit, Meter, Policy, Quota, ThrottleLayer};
 /// The largest request body the proxy reads (to find `max_tokens`).
 const MAX_BODY: usize = 1 << 20;
 
-/// What a request may generate, from its JSON body: the reservation.
+/// What a request may cost, from its JSON body: the reservation.
 #[derive(Clone, Copy)]
-struct MaxTokens(u64);
+struct Reservation(u64);
 
 #[derive(Clone)]
 struct Upstream {
@@ -64,8 +66,7 @@ fn proxy(url: String) -> Router {
         .quota(Quota::per_minute(60))
         .metered(
             Limit::new("chat.tokens", Quota::per_minute(10_000)).unwrap(),
-            // A request without max_tokens reserves 1,000.
-            Estimate::from_fn(|parts| parts.extensions.get::<MaxTokens>().map_or(1_000, |m| m.0)),
+            Estimate::from_fn(|parts| parts.extensions.get::<Reservation>().map_or(1_000, |r| r.0)),
         )
         .build()
         .unwrap();
@@ -86,7 +87,8 @@ fn proxy(url: String) -> Router {
         .layer(middleware::from_fn(read_max_tokens))
 }
 
-/// Reads the JSON body's `max_tokens` into a [`MaxTokens`] extension, and passes the body on.
+/// Reads the JSON body's `max_tokens` (1,000 without it), plus a token per 4 bytes of the body
+/// for the prompt, into a [`Reservation`] extension, and passes the body on.
 async fn read_max_tokens(request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let Ok(bytes) = to_bytes(body, MAX_BODY).await else {
@@ -94,10 +96,12 @@ async fn read_max_tokens(request: Request, next: Next) -> Response {
     };
     let max_tokens = serde_json::from_slice::<Value>(&bytes)
         .ok()
-        .and_then(|v| v["max_tokens"].as_u64());
-    if let Some(max) = max_tokens {
-        parts.extensions.insert(MaxTokens(max));
-    }
+        .and_then(|v| v["max_tokens"].as_u64())
+        .unwrap_or(1_000);
+    let prompt = bytes.len().div_ceil(4) as u64;
+    parts
+        .extensions
+        .insert(Reservation(max_tokens.saturating_add(prompt)));
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
@@ -125,13 +129,23 @@ async fn forward(
     let Ok(bytes) = answer.into_body().collect().await.map(|b| b.to_bytes()) else {
         return StatusCode::BAD_GATEWAY.into_response();
     };
-    let usage = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["usage"]["total_tokens"].as_u64());
-    if let Some(total) = usage {
+    if let Some(total) = total_tokens(&bytes) {
         meter.set(total);
     }
     (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+}
+
+/// The upstream's `usage.total_tokens`: in its JSON answer, or in the last `data:` event of a
+/// stream that reports usage (`"stream_options": {"include_usage": true}`).
+fn total_tokens(body: &[u8]) -> Option<u64> {
+    let total =
+        |json: &[u8]| serde_json::from_slice::<Value>(json).ok()?["usage"]["total_tokens"].as_u64();
+    total(body).or_else(|| {
+        let events = body
+            .split(|b| *b == b'\n')
+            .filter_map(|l| l.strip_prefix(b"data:"));
+        events.filter_map(|event| total(event.trim_ascii())).last()
+    })
 }
 
 /// A stand-in for an OpenAI-compatible API: answers with up to `max_tokens` words, and counts a
@@ -175,7 +189,8 @@ mod tests {
     use super::*;
     use tower::ServiceExt;
 
-    /// Through the proxy: a request reserving 400 tokens that used 202 is charged 202.
+    /// Through the proxy: a request reserving its 400 `max_tokens` and its prompt's tokens (a
+    /// quarter of its body's bytes) that used 202 is charged 202.
     #[tokio::test]
     async fn the_reservation_is_settled_to_the_upstream_usage() {
         let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -185,9 +200,10 @@ mod tests {
         );
         tokio::spawn(async move { axum::serve(upstream, fake_llm()).await.unwrap() });
         let app = proxy(url);
+        let body =
+            r#"{"max_tokens": 400, "messages": [{"role": "user", "content": "hello there"}]}"#;
+        let reserved = 400 + body.len().div_ceil(4) as u64;
         let ask = || {
-            let body =
-                r#"{"max_tokens": 400, "messages": [{"role": "user", "content": "hello there"}]}"#;
             axum::http::Request::post("/v1/chat/completions")
                 .header("x-api-key", "k1")
                 .body(Body::from(body))
@@ -195,19 +211,32 @@ mod tests {
         };
         let first = app.clone().oneshot(ask()).await.unwrap();
         assert_eq!(first.status(), StatusCode::OK);
-        // At admission the 400 were reserved.
-        assert_eq!(first.headers()["x-ratelimit-remaining-tokens"], "9600");
+        // At admission the reservation was taken.
+        let left = (10_000 - reserved).to_string();
+        assert_eq!(
+            first.headers()["x-ratelimit-remaining-tokens"],
+            left.as_str()
+        );
         first.into_body().collect().await.unwrap();
         let second = app.clone().oneshot(ask()).await.unwrap();
-        // 202 (2 + 200) charged, then 400 reserved again. The give-back of the other 198 falls
-        // short by the time since the reservation (plus a 10 ms margin), a few tokens at one
-        // every 6 ms: it never gives back more than the request took.
+        // 202 (2 + 200) charged, then the reservation taken again. The rest of the first comes
+        // back whole (the key is busy for longer than the request took), and a token drains every
+        // 6 ms meanwhile.
         let remaining: u64 = second.headers()["x-ratelimit-remaining-tokens"]
             .to_str()
             .unwrap()
             .parse()
             .unwrap();
-        let exact = 10_000 - 202 - 400;
-        assert!((exact - 20..=exact).contains(&remaining), "{remaining}");
+        let exact = 10_000 - 202 - reserved;
+        assert!((exact..=exact + 20).contains(&remaining), "{remaining}");
+    }
+
+    #[test]
+    fn usage_is_read_from_an_answer_or_the_last_event_of_a_stream() {
+        let answer = br#"{"choices": [], "usage": {"total_tokens": 12}}"#;
+        assert_eq!(total_tokens(answer), Some(12));
+        let stream = b"data: {\"choices\": [{\"delta\": {\"content\": \"hi\"}}]}\n\ndata: {\"choices\": [], \"usage\": {\"total_tokens\": 7}}\n\ndata: [DONE]\n\n";
+        assert_eq!(total_tokens(stream), Some(7));
+        assert_eq!(total_tokens(b"data: [DONE]\n\n"), None);
     }
 }
