@@ -141,10 +141,10 @@ fn total_tokens(body: &[u8]) -> Option<u64> {
     let total =
         |json: &[u8]| serde_json::from_slice::<Value>(json).ok()?["usage"]["total_tokens"].as_u64();
     total(body).or_else(|| {
-        let events = body
-            .split(|b| *b == b'\n')
+        let mut events = body
+            .rsplit(|b| *b == b'\n')
             .filter_map(|l| l.strip_prefix(b"data:"));
-        events.filter_map(|event| total(event.trim_ascii())).last()
+        events.find_map(|event| total(event.trim_ascii()))
     })
 }
 
