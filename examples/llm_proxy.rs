@@ -126,13 +126,22 @@ async fn forward(
         Err(_) => return StatusCode::BAD_GATEWAY.into_response(),
     };
     let status = answer.status();
+    // JSON, or a stream's events (`text/event-stream`), passed on as they came, once whole (a
+    // proxy that streams them on would set the meter from the last one as it passes).
+    let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
     let Ok(bytes) = answer.into_body().collect().await.map(|b| b.to_bytes()) else {
         return StatusCode::BAD_GATEWAY.into_response();
     };
     if let Some(total) = total_tokens(&bytes) {
         meter.set(total);
     }
-    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+    let mut response = (status, bytes).into_response();
+    if let Some(content_type) = content_type {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
+    }
+    response
 }
 
 /// The upstream's `usage.total_tokens`: in its JSON answer, or in the last `data:` event of a
@@ -228,7 +237,8 @@ mod tests {
             .parse()
             .unwrap();
         let exact = 10_000 - 202 - reserved;
-        assert!((exact..=exact + 20).contains(&remaining), "{remaining}");
+        // (A loaded machine's round trips to the upstream may take a few hundred ms.)
+        assert!((exact..=exact + 500).contains(&remaining), "{remaining}");
     }
 
     #[test]

@@ -251,7 +251,8 @@ pub fn settle(
 /// the time none of them can have drained, while the key stayed busy without them (their
 /// decision's `reset_after` less their emission intervals; `None`: not known). A later decision
 /// that found the key idle absorbed only what passed beyond that, so the TAT moved back by the
-/// rest lands exactly where it would be had the units never been taken, never earlier.
+/// rest lands exactly where it would be had the units never been taken, never earlier (unless
+/// something else moved the state back meanwhile: another request's give-back, a reset).
 #[cfg_attr(not(any(feature = "memory", feature = "redis")), allow(dead_code))]
 pub(crate) fn drain_bound(
     since: u64,

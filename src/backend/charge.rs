@@ -230,8 +230,9 @@ pub enum Adjustment<'a> {
     /// units (its decision's `reset_after` less those units' emission intervals), none of them can
     /// have drained, so only `since` beyond that is taken off. A key near its limit gets its units
     /// back whole, however short its emission interval and however long the response took. What
-    /// takes units otherwise is not seen: after a reset or an eviction of the key, or a metered
-    /// charge clipped at its debt cap, a give-back may return units the key no longer held.
+    /// else moves the key's state is not seen: after a reset or an eviction of the key, another
+    /// request's give-back, or a metered charge clipped at its debt cap, a give-back may return
+    /// what the key no longer held (at most `since`'s worth more than untold).
     Refund {
         /// An upper bound on the time since the admission.
         since: Duration,

@@ -76,7 +76,7 @@ where
             shared.backend.adjust(charge, Adjustment::Release { lease });
         }
         #[cfg(feature = "memory")]
-        SlotOwner::Local => judge.fallback.release(&limit, &key, cost),
+        SlotOwner::Local { lease } => judge.fallback.release(&limit, &key, cost, lease),
     })
 }
 

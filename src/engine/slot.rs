@@ -17,7 +17,7 @@ pub(crate) enum SlotOwner {
     ///
     /// [`OnBackendError::Local`]: crate::OnBackendError::Local
     #[cfg(feature = "memory")]
-    Local,
+    Local { lease: u64 },
 }
 
 /// Gives a slot back to its owner; made by the service, which knows the policy, tier and key.

@@ -93,10 +93,10 @@ impl Fallback {
         }
     }
 
-    /// Gives back a concurrency slot the local limiter gave under `limit`.
+    /// Gives back a concurrency slot the local limiter gave under `limit` (and `lease`).
     #[cfg(feature = "memory")]
-    pub(crate) fn release(&self, limit: &Limit, key: &Key, cost: u64) {
-        let release = Adjustment::Release { lease: 0 };
+    pub(crate) fn release(&self, limit: &Limit, key: &Key, cost: u64, lease: u64) {
+        let release = Adjustment::Release { lease };
         self.adjust(Charges::one(limit, key, cost), release);
     }
 

@@ -70,7 +70,8 @@ impl Judge {
             // A dry run decides locally too, and reports what it would refuse (`decided`).
             #[cfg(feature = "memory")]
             Fallen::Decided(mut decisions) => {
-                let local = crate::engine::slot::SlotOwner::Local;
+                let lease = decisions.first().and_then(|d| d.lease).unwrap_or(0);
+                let local = crate::engine::slot::SlotOwner::Local { lease };
                 self.decided(cx, &mut decisions, true, local)
             }
         };
@@ -178,10 +179,16 @@ mod tests {
             .build()
             .unwrap();
         let judge = judge(one, local);
-        assert!(admitted(verdict_on(&judge, down())).slot.is_some());
+        let slot = admitted(verdict_on(&judge, down())).slot;
+        let Some(crate::engine::slot::SlotOwner::Local { lease }) = slot else {
+            panic!("the local limiter's slot: {slot:?}");
+        };
+        assert_ne!(lease, 0, "taken under the local limiter's lease");
         rejected(verdict_on(&judge, down()));
         let limit = &judge.p.tiers[0].limits[0];
-        judge.fallback.release(limit, &Key::from("k"), judge.p.cost);
+        judge
+            .fallback
+            .release(limit, &Key::from("k"), judge.p.cost, lease);
         assert!(admitted(verdict_on(&judge, down())).slot.is_some());
     }
 

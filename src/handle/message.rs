@@ -61,7 +61,6 @@ pub(crate) fn before_backend<K, B: Backend>(
     judge: &Judge,
     policy: &CompiledPolicy,
     key: &Key,
-    cost: u64,
 ) -> Result<Option<Arc<CompiledTier>>, Decision> {
     let limit = policy.tiers[0].limit_value;
     let unlimited = Decision::allowed(limit, limit, Duration::ZERO);
@@ -100,16 +99,10 @@ pub(crate) fn before_backend<K, B: Backend>(
         }
         Some(Override::Quota(quota)) => {
             let validate = |l: &_| shared.validate_one(l);
-            // A cost the override's quota cannot take is refused for good, not checked against the
-            // policy's own quota (a key held to less would get more by costlier messages); one
-            // the backend cannot enforce falls back to the policy's (logged), as for a request.
-            match policy.overridable.override_tier(quota, 0, validate) {
-                Some(tier) if cost > tier.limit_value => {
-                    let limit = tier.limit_value;
-                    Err(Decision::limited(limit, limit, None, Duration::ZERO))
-                }
-                tier => Ok(tier),
-            }
+            // Whatever the cost: one past the override's quota is refused for good there, not
+            // checked against the policy's more generous quota. A quota the backend cannot enforce
+            // falls back to the policy's (logged), as for a request.
+            Ok(policy.overridable.override_tier(quota, 0, validate))
         }
     }
 }
@@ -179,8 +172,8 @@ impl Judge {
     }
 
     /// The refusal of a message whose key is banned for `rest` yet (by the penalty box or an
-    /// operator's timed ban), reported; `None`, reported as would-limit, where the policy does not
-    /// enforce it (a dry run, a key outside a staged share): the message is checked as without it.
+    /// operator's timed ban), reported; `None` where the policy does not enforce it (a dry run, a
+    /// key outside a staged share): the message is checked, and counted, as without it.
     fn message_banned(
         &self,
         policy: &CompiledPolicy,
@@ -190,8 +183,12 @@ impl Judge {
     ) -> Option<Decision> {
         let mut decisions = tier.banned_for(rest);
         let mut weighed = self.weigh(policy, tier, key, &mut decisions, (false, pressed));
+        // Not enforced: the message goes on to the backend, whose decision is the one reported.
+        if !weighed.enforced {
+            return None;
+        }
         self.report(policy, tier, key, &decisions, &mut weighed);
-        weighed.enforced.then_some(weighed.decision)
+        Some(weighed.decision)
     }
 
     /// A message the backend could not decide: reported as a request's failure is, and returned

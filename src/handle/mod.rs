@@ -462,7 +462,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             });
         }
         let judge = &table.judge;
-        let custom = match message::before_backend(&self.shared, judge, compiled, key, cost) {
+        let custom = match message::before_backend(&self.shared, judge, compiled, key) {
             Ok(custom) => custom,
             Err(answered) => return Ok(answered),
         };

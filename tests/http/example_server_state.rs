@@ -57,7 +57,11 @@ async fn a_client_refused_before_a_restart_is_refused_after_it() {
     assert_eq!(replies(&first, "ann", 1).await, [200]);
     stop(first, "-TERM");
     let saved = std::fs::read_to_string(&state).unwrap();
-    assert_eq!(saved.lines().count(), 3, "a header and two keys: {saved}");
+    assert_eq!(
+        saved.lines().count(),
+        4,
+        "a header, two keys and the end: {saved}"
+    );
 
     let second = start(&["--config", config]);
     let refused = send(second.addr, "GET", "/reply", &[("x-user-id", "mallory")]).await;

@@ -515,11 +515,13 @@ async fn a_request_let_through_without_a_key_still_finds_its_meter() {
     response.into_body().collect().await.unwrap();
 }
 
-/// `org`'s layer around `user`'s, on `backend`, over a handler that reports 500 units used.
+/// `org`'s layer around `user`'s, on `backend`, over `route` (by default a handler that reports
+/// 500 units used).
 fn nested(
     backend: &MemoryBackend<ManualClock>,
     org: Policy<Header>,
     user: Policy<Header>,
+    route: Option<MethodRouter>,
 ) -> Router {
     let layer = |policy| {
         ThrottleLayer::builder()
@@ -528,82 +530,54 @@ fn nested(
             .build()
             .unwrap()
     };
+    let reports = || get(|Extension(meter): Extension<Meter>| async move { meter.add(500) });
     Router::new()
-        .route(
-            "/",
-            get(|Extension(meter): Extension<Meter>| async move { meter.add(500) }),
-        )
+        .route("/", route.unwrap_or_else(reports))
         .layer(layer(user))
         .layer(layer(org))
 }
 
-/// Two metered layers, an organisation's around a user's: what the handler reports on its meter
-/// (the inner layer's) is charged under both, not only the inner one.
-#[tokio::test]
-async fn nested_metered_layers_are_both_charged_what_the_handler_reports() {
-    let (backend, _clock) = backend();
-    let org = Policy::builder("org")
+/// An organisation's metered policy of `tokens` a minute, reserving `estimate`.
+fn org(tokens: u64, estimate: u64) -> Policy<Header> {
+    Policy::builder("org")
         .key(Header::new("x-api-key"))
         .quota(Quota::per_minute(1000))
         .metered(
-            Limit::new("org.tokens", Quota::per_minute(1000)).unwrap(),
-            Estimate::fixed(1),
+            Limit::new("org.tokens", Quota::per_minute(tokens)).unwrap(),
+            Estimate::fixed(estimate),
         )
         .build()
-        .unwrap();
-    let user = chat(60, 1000, Estimate::fixed(1));
-    let (org_limits, user_limits) = (org.limits().to_vec(), user.limits().to_vec());
-    let app = nested(&backend, org, user);
-    let response = app.oneshot(request("k", "")).await.unwrap();
-    response.into_body().collect().await.unwrap();
-    assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
-    assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
+        .unwrap()
 }
 
-/// The inner layer's usage header is the request's whole cost: the outer layer (which reads no
-/// header of its own) is charged it too, not its estimate, nor what the handler streamed.
+/// Two metered layers, an organisation's around a user's: what the handler reports on its meter
+/// (the inner layer's) is charged under both, not only the inner one; so is the inner layer's
+/// usage header, the request's whole cost (not the outer's estimate, nor what was streamed).
 #[tokio::test]
-async fn an_inner_layers_usage_header_is_charged_under_the_outer_layer_too() {
-    let (backend, _clock) = backend();
-    let org = Policy::builder("org")
-        .key(Header::new("x-api-key"))
-        .quota(Quota::per_minute(1000))
-        .metered(
-            Limit::new("org.tokens", Quota::per_minute(1000)).unwrap(),
-            Estimate::fixed(1),
-        )
-        .build()
-        .unwrap();
-    let user = Policy::builder("chat")
-        .key(Header::new("x-api-key"))
-        .quota(Quota::per_minute(60))
-        .metered(
-            Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap(),
-            Estimate::fixed(1),
-        )
-        .usage_header("x-usage-tokens")
-        .build()
-        .unwrap();
-    let (org_limits, user_limits) = (org.limits().to_vec(), user.limits().to_vec());
-    let layer = |policy| {
-        ThrottleLayer::builder()
-            .backend(backend.clone())
-            .policy(policy)
-            .build()
-            .unwrap()
-    };
-    let handler = |Extension(meter): Extension<Meter>| async move {
+async fn nested_metered_layers_are_both_charged_what_the_handler_reports() {
+    let header = get(|Extension(meter): Extension<Meter>| async move {
         meter.add(10);
         ([("x-usage-tokens", "500")], "ok")
-    };
-    let app = Router::new()
-        .route("/", get(handler))
-        .layer(layer(user))
-        .layer(layer(org));
-    let response = app.oneshot(request("k", "")).await.unwrap();
-    response.into_body().collect().await.unwrap();
-    assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
-    assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
+    });
+    for route in [None, Some(header)] {
+        let (backend, _clock) = backend();
+        let (org, mut user) = (org(1000, 1), chat(60, 1000, Estimate::fixed(1)));
+        if route.is_some() {
+            user = Policy::builder("chat")
+                .key(Header::new("x-api-key"))
+                .quota(Quota::per_minute(60))
+                .metered(user.limits()[1].clone(), Estimate::fixed(1))
+                .usage_header("x-usage-tokens")
+                .build()
+                .unwrap();
+        }
+        let (org_limits, user_limits) = (org.limits().to_vec(), user.limits().to_vec());
+        let app = nested(&backend, org, user, route);
+        let response = app.oneshot(request("k", "")).await.unwrap();
+        response.into_body().collect().await.unwrap();
+        assert_eq!(charged(&backend, &user_limits, "k", 1), 500);
+        assert_eq!(charged(&backend, &org_limits, "k", 1), 500);
+    }
 }
 
 /// A request the inner layer refuses (its own quota used up) is never served: the outer layer
@@ -611,22 +585,14 @@ async fn an_inner_layers_usage_header_is_charged_under_the_outer_layer_too() {
 #[tokio::test]
 async fn a_request_an_inner_layer_refuses_gives_the_outer_layer_its_reservation_back() {
     let (backend, _clock) = backend();
-    let org = Policy::builder("org")
-        .key(Header::new("x-api-key"))
-        .quota(Quota::per_minute(1000))
-        .metered(
-            Limit::new("org.tokens", Quota::per_minute(100_000)).unwrap(),
-            Estimate::fixed(4000),
-        )
-        .build()
-        .unwrap();
+    let org = org(100_000, 4000);
     let org_limits = org.limits().to_vec();
     let user = Policy::builder("user")
         .key(Header::new("x-api-key"))
         .quota(Quota::per_minute(1))
         .build()
         .unwrap();
-    let app = nested(&backend, org, user);
+    let app = nested(&backend, org, user, None);
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let response = app.clone().oneshot(request("k", "")).await.unwrap();

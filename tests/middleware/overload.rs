@@ -789,18 +789,20 @@ async fn requests_abandoned_before_the_answer_teach_the_gate_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         "slow"
     };
-    let app = Router::new().route("/", get(slow)).layer(layer.clone());
+    let app = Router::new()
+        .route("/", get(slow))
+        .route("/never", get(std::future::pending::<&str>))
+        .layer(layer.clone());
     let gate = layer.overload().unwrap();
     // Longer than an interval (25 ms at the least) of requests dropped after 2 ms.
     let abandon = || async {
         let until = std::time::Instant::now() + Duration::from_millis(300);
         while std::time::Instant::now() < until {
             let batch = (0..10).map(|_| {
-                tokio::time::timeout(Duration::from_millis(2), app.clone().oneshot(get_("/")))
+                let request = app.clone().oneshot(get_("/never"));
+                tokio::time::timeout(Duration::from_millis(2), request)
             });
-            for abandoned in futures_util::future::join_all(batch).await {
-                assert!(abandoned.is_err(), "answered within 2 ms");
-            }
+            futures_util::future::join_all(batch).await;
         }
         assert_eq!(gate.in_flight(), 0);
     };

@@ -178,14 +178,19 @@ fn staged_enforcement_refuses_for_a_stable_tenth_of_the_keys() {
     assert_eq!(would, (1000 - refused.len()) as f64);
 }
 
-#[test]
-fn a_dry_run_is_unchanged_and_counts_no_would_limit() {
-    let policy = Policy::builder("api")
+/// 2 a minute per `x-user`, in a dry run.
+fn dry_run() -> Policy<Header> {
+    Policy::builder("api")
         .quota(Quota::per_minute(2))
         .dry_run(true)
         .key(Header::new("x-user"))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_dry_run_is_unchanged_and_counts_no_would_limit() {
+    let policy = dry_run();
     assert_eq!(policy.enforce_fraction(), 0.0);
     let (bodies, page) = with_metrics(async {
         let app = app(policy);
@@ -212,14 +217,8 @@ fn a_dry_run_is_unchanged_and_counts_no_would_limit() {
 /// backend decides it (allowed), not also as limited and banned.
 #[test]
 fn a_dry_runs_ban_counts_each_request_once() {
-    let policy = Policy::builder("api")
-        .quota(Quota::per_minute(2))
-        .dry_run(true)
-        .key(Header::new("x-user"))
-        .build()
-        .unwrap();
     let (_, page) = with_metrics(async {
-        let layer = layer_on(backend().0, policy);
+        let layer = layer_on(backend().0, dry_run());
         let handle = layer.handle();
         handle
             .ban("api", "ann", std::time::Duration::from_secs(3600))

@@ -6,8 +6,9 @@
 //! ([`Key::render`]) and its TAT; or `entry`, the first limit of a stack (or a lone window, log or
 //! stack limit), the key, and each limit's state (`name,position,expires,kind,fields…`, `;` between
 //! them). Every time is Unix time in nanoseconds — wall-clock time, so that a process whose
-//! monotonic clock started elsewhere reads it exactly. Concurrency slots are not kept: a process
-//! that stopped holds no request in flight.
+//! monotonic clock started elsewhere reads it exactly. The last line, `end` and the count of keys,
+//! tells a whole file from one cut short. Concurrency slots are not kept: a process that stopped
+//! holds no request in flight.
 
 use std::fs;
 use std::io::{self, Write};
@@ -21,7 +22,7 @@ use crate::limit::Limit;
 use crate::window::{FixedState, SlidingState};
 
 /// The first line of a state file: the format and its version.
-const HEADER: &str = "tower-throttle memory state 1";
+const HEADER: &str = "tower-throttle memory state 2";
 
 impl<C: Clock> MemoryBackend<C> {
     /// Writes the state of every live key of `limits` (every algorithm and stack but the
@@ -94,17 +95,15 @@ impl<C: Clock> MemoryBackend<C> {
         // Keys are clients' own (API keys, user ids): readable by this user alone.
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let saved = options.open(&temporary).and_then(|mut file| {
-            file.write_all(text.as_bytes())?;
-            file.sync_all()?;
-            fs::rename(&temporary, path)
-        });
-        if saved
-            .as_ref()
-            .is_err_and(|e| e.kind() != io::ErrorKind::AlreadyExists)
-        {
+        let mut file = options.open(&temporary)?;
+        let saved = file
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .and_then(|()| fs::rename(&temporary, path));
+        if saved.is_err() {
             let _ = fs::remove_file(&temporary); // Not left behind, under a name no save reuses.
         }
+        remove_stale_temporaries(path);
         saved.map(|()| written)
     }
 
@@ -239,6 +238,38 @@ fn parse_cell(text: &str) -> Option<(&str, Cell)> {
     Some((name, cell))
 }
 
+/// How old another save's temporary file beside `path` must be to be one a crash left behind (it
+/// holds clients' keys), not one a save is writing now.
+const STALE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes the temporary files of saves to `path` that a crash left behind.
+fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        let ours = file.starts_with(&prefix) && file.ends_with(".tmp");
+        let age = entry.metadata().and_then(|m| m.modified()).ok();
+        let stale = age
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > STALE);
+        if ours && stale {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// The records of a state file, or what is wrong with it.
 fn parse(text: &str) -> Result<Vec<Record<'_>>, String> {
     let mut lines = text.lines().enumerate();
@@ -342,6 +373,36 @@ mod tests {
             .chain([path.as_os_str().to_owned(), victim.into()].iter())
         {
             fs::remove_file(link).unwrap();
+        }
+    }
+
+    /// What a crash left beside the file (a temporary file of keys, ten minutes old) goes with the
+    /// next save; a save's under way (fresh) stays.
+    #[test]
+    fn a_save_removes_the_temporary_files_a_crash_left() {
+        let limit = Limit::new("api", Quota::per_hour(2)).unwrap();
+        let path = file("crashed");
+        let at = |suffix: &str| {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            std::path::PathBuf::from(name)
+        };
+        let (left, fresh) = (at(".1-0-dead.tmp"), at(".2-0-beef.tmp"));
+        for temporary in [&left, &fresh] {
+            fs::write(temporary, "keys").unwrap();
+        }
+        let old = std::time::SystemTime::now() - Duration::from_secs(1200);
+        fs::File::options()
+            .write(true)
+            .open(&left)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        backend().save_state(&path, &[limit]).unwrap();
+        assert!(!left.exists(), "left by a crash");
+        assert!(fresh.exists(), "another save's, under way");
+        for done in [&fresh, &path] {
+            fs::remove_file(done).unwrap();
         }
     }
 

@@ -66,11 +66,11 @@ fn send(
     // Plus the timeout (a call ran within it of the sending); in ns, rounded up to µs below:
     // earlier gives back less.
     let since = u64::try_from((since + state.timeout).as_nanos()).unwrap_or(u64::MAX);
-    // A lone limit `CL.THROTTLE` can hold may have been decided by it (check.rs picks the path so).
+    // A lone limit `CL.THROTTLE` can hold may have been decided by it (check.rs picks the path so;
+    // with a penalty too, asked without it where the policy does not enforce it).
     let cell = |limit: &Limit| {
-        let lone = limits.len() == 1 && limit.penalty().is_none();
         let held = Args::new(limit, true).is_some_and(|args| args.cell.is_some());
-        lone && held && state.detector.may_use_cell()
+        limits.len() == 1 && held && state.detector.may_use_cell()
     };
     let items: Vec<(Spec, i64, u64)> = limits
         .iter()
