@@ -815,6 +815,20 @@ async fn requests_abandoned_before_the_answer_teach_the_gate_nothing() {
     abandon().await;
     let latency = gate.latency();
     assert!(latency >= Duration::from_millis(50), "{latency:?}");
+    // But requests abandoned after longer than that say the service is at least that slow (a
+    // service drowning while its clients time out).
+    for _ in 0..20 {
+        let batch = (0..10).map(|_| {
+            let request = app.clone().oneshot(get_("/never"));
+            tokio::time::timeout(Duration::from_millis(300), request)
+        });
+        futures_util::future::join_all(batch).await;
+        if gate.latency() >= Duration::from_millis(150) {
+            break;
+        }
+    }
+    let latency = gate.latency();
+    assert!(latency >= Duration::from_millis(150), "{latency:?}");
 }
 
 /// A router whose `path` answers in about a millisecond.
