@@ -222,7 +222,7 @@ impl AdaptiveLimit {
     ) -> Option<u32> {
         let end = self.end.load(Ordering::Relaxed);
         // A clock gone back before the interval began resynchronizes instead of stalling.
-        let resync = now_nanos < self.start.load(Ordering::Relaxed);
+        let resync = self.gone_back(now_nanos);
         let cut_at = self.cut_at.load(Ordering::Relaxed);
         if cut_at == u64::MAX && in_flight <= self.current() {
             self.cut_at.store(now_nanos, Ordering::Relaxed);
@@ -253,13 +253,20 @@ impl AdaptiveLimit {
         self.close(&mut state, now_nanos)
     }
 
+    /// Whether `now` lies more than an interval before the current one began: a clock gone back
+    /// (a restored VM, a reset test clock). Less is a request that read the clock just before
+    /// another closed the interval, which must not undo that close (a cut's stale requests).
+    fn gone_back(&self, now: u64) -> bool {
+        now.saturating_add(INTERVAL.as_nanos() as u64) < self.start.load(Ordering::Relaxed)
+    }
+
     /// Closes the interval (its closer holds the state): the limit adapted to its samples.
     fn close(&self, state: &mut State, now: u64) -> Option<u32> {
         let interval = INTERVAL.as_nanos() as u64;
         let word = self.samples.load(Ordering::Relaxed);
         let count = word >> SUM_BITS;
         let end = self.end.load(Ordering::Relaxed);
-        let resync = now < self.start.load(Ordering::Relaxed);
+        let resync = self.gone_back(now);
         let early = count >= MAX_SAMPLES;
         if !(now >= end || resync || early) {
             return None; // Another thread closed it meanwhile.

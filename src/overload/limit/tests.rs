@@ -267,6 +267,22 @@ fn a_clock_gone_back_does_not_stall_the_limit() {
     }
 }
 
+/// A request that read the clock just before another closed an interval with a cut, and records
+/// after it, is no clock gone back: the requests from before the cut stay stale, and their drops
+/// cut the limit no further.
+#[test]
+fn a_clock_read_just_before_a_cut_is_no_clock_gone_back() {
+    let l = limit(Overload::aimd(), 1, 100, 100);
+    l.record(30 * MS, 30 * MS, true, 100);
+    let cut = l.current();
+    assert!(cut < 100, "a drop cuts: {cut}");
+    l.record(30 * MS - 1, 30 * MS - 1, false, 99);
+    for in_flight in (79..99).rev() {
+        l.record(60 * MS, 60 * MS, true, in_flight);
+    }
+    assert_eq!(l.current(), cut);
+}
+
 /// At a very high rate an interval closes on its sample count, not its end; and the typical
 /// latency it measured is what a shed request's `Retry-After` is derived from.
 #[test]
