@@ -290,8 +290,10 @@ impl Gate {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
+                    // Counted up and down, never set: a set from each thread's reading, racing
+                    // another's, could leave a count that no longer holds while idle.
                     #[cfg(feature = "metrics")]
-                    self.metrics().in_flight.set(f64::from(total + 1));
+                    self.metrics().in_flight.increment(1.0);
                     return true;
                 }
                 Err(now_word) => word = now_word,
@@ -312,7 +314,9 @@ impl Gate {
     /// A request of `partition` admitted at `started` ended at `now` (`dropped`: it failed): no
     /// longer in flight, and its latency adapts the limit.
     pub fn finish(&self, partition: usize, started: u64, now: u64, dropped: bool) {
-        let in_flight = self.release(partition);
+        let Some(in_flight) = self.release(partition) else {
+            return; // Not admitted (a caller's mistake): nothing to end, nothing to learn.
+        };
         self.sample(started, now, dropped, in_flight);
     }
 
@@ -328,14 +332,13 @@ impl Gate {
             if let Some(limit) = _changed {
                 metrics.limit.set(f64::from(limit));
             }
-            metrics
-                .in_flight
-                .set(f64::from(in_flight.saturating_sub(1)));
+            metrics.in_flight.decrement(1.0);
         }
     }
 
-    /// Counts a request out of flight, with no sample; returns how many were in flight before.
-    fn release(&self, partition: usize) -> u32 {
+    /// Counts a request out of flight, with no sample; returns how many were in flight before
+    /// (`None`: none in its partition, nothing to count out).
+    fn release(&self, partition: usize) -> Option<u32> {
         let partition = partition.min(self.partitions.len() - 1);
         let one = 1 << (16 * partition);
         // Never below 0: a `finish` without its `try_admit` (a caller's mistake) would borrow
@@ -345,7 +348,8 @@ impl Gate {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |word| {
                 (count_of(word, partition) > 0).then(|| word - one)
             });
-        total_of(before.unwrap_or_else(|word| word), self.partitions.len())
+        let before = before.ok()?;
+        Some(total_of(before, self.partitions.len()))
     }
 
     /// Whether the service is under pressure at `now`: a request was shed within the last
@@ -457,7 +461,7 @@ impl Drop for InFlight {
         } else {
             // No sample, but the count the gauge shows moves all the same.
             #[cfg(feature = "metrics")]
-            (self.gate.metrics().in_flight).set(f64::from(in_flight.saturating_sub(1)));
+            self.gate.metrics().in_flight.decrement(1.0);
         }
     }
 }

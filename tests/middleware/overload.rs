@@ -557,6 +557,38 @@ fn the_in_flight_gauge_follows_the_requests() {
     assert_eq!(gauge(&run(true)), 1.0);
 }
 
+/// Requests that begin and end on many threads at once leave the gauge at what is in flight (0),
+/// not at a count one thread read before another's end (each wrote what it read).
+#[test]
+fn the_in_flight_gauge_reads_none_once_every_thread_is_done() {
+    use crate::support::sample_or_zero;
+    use tower_throttle::overload::Gate;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let page = recorder.handle();
+    let gate = Arc::new(Gate::new(&fixed(64)).unwrap());
+    // The gate's gauges are made at its first admission, on this recorder.
+    metrics::with_local_recorder(&recorder, || {
+        assert!(gate.try_admit(0, 0));
+        gate.finish(0, 0, 1, false);
+    });
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000 {
+                    if gate.try_admit(0, i) {
+                        gate.finish(0, i, i + 1, false);
+                    }
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(gate.in_flight(), 0);
+    let gauge = sample_or_zero(&page.render(), "throttle_overload_in_flight");
+    assert_eq!(gauge, 0.0);
+}
+
 /// A request the gate admitted and its quota refused is out of flight on the gauge too (it stayed
 /// at 1 after a 429, with nothing in flight).
 #[test]
