@@ -1,5 +1,6 @@
 //! [`Decision`]: the answer of a backend, with the meaning of `CL.THROTTLE`'s reply.
 
+use std::cmp::Reverse;
 use std::time::Duration;
 
 /// Whether a request is admitted, and the state of its key afterwards.
@@ -89,9 +90,10 @@ impl Decision {
     /// Several decisions taken together (a [stack of quotas](crate::PolicyBuilder::quotas)), as
     /// one: admitted when every one admits; otherwise the rejecting decision that waits longest
     /// (never, if one can never pass) and the fewest remaining. `None` for no decisions.
+    ///
+    /// Its limit and remaining are [the binding decision](Self::binding)'s.
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
-        let tightest = decisions.iter().min_by_key(|d| d.remaining)?;
-        let mut out = *tightest;
+        let mut out = *Self::binding(decisions)?;
         out.allowed = decisions.iter().all(|d| d.allowed);
         out.reset_after = decisions.iter().map(|d| d.reset_after).max()?;
         out.banned = decisions.iter().any(|d| d.banned);
@@ -107,6 +109,19 @@ impl Decision {
                 .try_fold(Duration::ZERO, |wait, retry| retry.map(|r| wait.max(r)))
         };
         Some(out)
+    }
+
+    /// The decision that binds among `decisions`, one per limit of a stack: of a refusal, the
+    /// refusing limit whose wait is longest (never passing first), the fewest remaining of equals;
+    /// of an admission, the fewest remaining, the latest reset of equals. (An admitting limit's
+    /// remaining is in its own units: a request refused for tokens is no request short of its
+    /// requests limit, however few that has left.)
+    pub(crate) fn binding(decisions: &[Decision]) -> Option<&Decision> {
+        let waits = |d: &&Decision| (d.retry_after.is_none(), d.retry_after, Reverse(d.remaining));
+        match decisions.iter().filter(|d| !d.allowed).max_by_key(waits) {
+            Some(refusing) => Some(refusing),
+            None => (decisions.iter()).min_by_key(|d| (d.remaining, Reverse(d.reset_after))),
+        }
     }
 
     /// `retry_after` in whole seconds for a `Retry-After` header: rounded **up**, and at least 1,
@@ -150,6 +165,30 @@ mod tests {
         let never = Decision::limited(10, 10, None, s(0));
         assert_eq!(Decision::combine(&[no, never]).unwrap().retry_after, None);
         assert_eq!(Decision::combine(&[]), None);
+    }
+
+    #[test]
+    fn a_refusal_shows_the_limit_that_refused_and_waits_longest() {
+        let ms = Duration::from_millis;
+        // A metered stack: the tokens refuse; the requests limit, with more left in its own
+        // units' count, admitted.
+        let requests = Decision::allowed(60, 59, ms(1_000));
+        let tokens = Decision::limited(100_000, 300, Some(ms(12_000)), ms(60_000));
+        let c = Decision::combine(&[requests, tokens]).unwrap();
+        assert_eq!(
+            (c.limit, c.remaining, c.retry_after),
+            (100_000, 300, Some(ms(12_000)))
+        );
+        // Both refuse at 0: the one that waits longest, not the first.
+        let second = Decision::limited(2, 0, Some(ms(400)), ms(900));
+        let minute = Decision::limited(3, 0, Some(ms(19_400)), ms(59_400));
+        assert_eq!(Decision::combine(&[second, minute]).unwrap().limit, 3);
+        let never = Decision::limited(5, 5, None, ms(0));
+        assert_eq!(Decision::binding(&[minute, never]), Some(&never));
+        // Both admit with none left: the one whose next admission is later.
+        let second = Decision::allowed(2, 0, ms(900));
+        let minute = Decision::allowed(3, 0, ms(59_400));
+        assert_eq!(Decision::combine(&[second, minute]).unwrap().limit, 3);
     }
 
     #[test]

@@ -208,11 +208,10 @@ impl RateHeaders {
             let ratelimit = options
                 .ratelimit
                 .then(|| write_ratelimit(names, decisions, &mut buf));
-            // One quota's three numbers: the one `combined`'s limit and remaining are (its reset is
-            // the whole stack's, which may be another quota's).
-            let tightest = (decisions.iter())
-                .find(|d| (d.limit, d.remaining) == (combined.limit, combined.remaining));
-            let reset = tightest.unwrap_or(combined).reset_after_secs();
+            // One quota's three numbers: the binding one's, whose limit and remaining `combined`'s
+            // are (its reset is the whole stack's, which may be another quota's).
+            let binding = Decision::binding(decisions).unwrap_or(combined);
+            let reset = binding.reset_after_secs();
             let (digits, ends) = LegacyDigits::write([combined.limit, combined.remaining, reset]);
             // The values of one response go into the thread's block together (header_block.rs).
             match ratelimit {
@@ -514,6 +513,25 @@ mod tests {
         // The legacy three describe one quota: the per-second one's reset, not the day's.
         assert_eq!(map[&X_RATELIMIT_LIMIT], "10");
         assert_eq!(map[&X_RATELIMIT_RESET], "1");
+        // Refused by the day's quota: its three numbers, whose reset is no earlier than the retry.
+        let second = Decision::limited(
+            10,
+            0,
+            Some(Duration::from_millis(400)),
+            Duration::from_secs(1),
+        );
+        let day = Decision::limited(
+            1000,
+            0,
+            Some(Duration::from_secs(20)),
+            Duration::from_secs(86),
+        );
+        let both = Decision::combine(&[second, day]).unwrap();
+        let h = RateHeaders::new(LEGACY_TOO, &names, &field, &[second, day], &both);
+        let mut map = HeaderMap::new();
+        h.apply(&mut map);
+        assert_eq!(map[&X_RATELIMIT_LIMIT], "1000");
+        assert_eq!(map[&X_RATELIMIT_RESET], "86");
         let conn = crate::limit::Algorithm::Concurrency;
         let conn = Limit::with_algorithm("dl", conn, Quota::per_second(2)).unwrap();
         assert_eq!(policy_field(&[conn]), r#""dl";q=2"#);

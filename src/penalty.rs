@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::BuildError;
 use crate::key::Key;
+use crate::observe::{sampled, OncePerSecond};
 
 /// A key that is limited `after` times within `within` of its first rejection is banned for `ban`
 /// (Rack::Attack's Allow2Ban counting): every request of it is answered 429 with `Retry-After` = the
@@ -100,6 +101,8 @@ const CAPACITY: usize = 100_000;
 pub(crate) struct PenaltyBox {
     penalty: Penalty,
     entries: Mutex<Entries>,
+    /// Logs a full box at most once a second.
+    full: OncePerSecond,
 }
 
 #[derive(Default)]
@@ -124,6 +127,7 @@ impl PenaltyBox {
         PenaltyBox {
             penalty,
             entries: Mutex::default(),
+            full: OncePerSecond::default(),
         }
     }
 
@@ -163,20 +167,26 @@ impl PenaltyBox {
         let Penalty { after, within, ban } = self.penalty;
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.map.len() >= CAPACITY && !entries.map.contains_key(key) {
-            if entries.next_prune.is_none_or(|t| now >= t) {
-                entries.map.retain(|_, e| {
-                    e.banned_until.is_some_and(|u| u > now) || now - e.first < within
-                });
-                entries.next_prune = Some(now + PRUNE_EVERY);
+            // Between two scans of a full box, a fresh key's rejection is no strike.
+            if entries.next_prune.is_some_and(|t| now < t) {
+                return None;
             }
+            entries.next_prune = Some(now + PRUNE_EVERY);
+            entries
+                .map
+                .retain(|_, e| e.banned_until.is_some_and(|u| u > now) || now - e.first < within);
             if entries.map.len() >= CAPACITY {
-                tracing::warn!(
-                    "penalty box full of live strikes; forgetting those that are not bans"
-                );
                 entries
                     .map
                     .retain(|_, e| e.banned_until.is_some_and(|u| u > now));
-                if entries.map.len() >= CAPACITY {
+                let bans = entries.map.len();
+                sampled!(
+                    self.full,
+                    warn,
+                    (bans,),
+                    "penalty box full; strikes that are no ban forgotten"
+                );
+                if bans >= CAPACITY {
                     return None;
                 }
             }
@@ -319,14 +329,17 @@ mod tests {
         fill(&b, (0..CAPACITY / 2).map(|i| format!("b{i}")), ms(20));
         fill(&b, (1..CAPACITY / 2).map(|i| format!("c{i}")), ms(55));
         assert_eq!(b.entries.lock().unwrap().map.len(), CAPACITY);
-        // At 60 ms, within PRUNE_EVERY of the last scan: no scan that would keep the live half;
-        // the full box forgets every strike, c1's with them.
+        // At 60 ms, within PRUNE_EVERY of the last scan: no scan (a flood of fresh keys scans a
+        // full box ten times a second at most), and the fresh key is not tracked; the strikes
+        // in the box count on.
         assert_eq!(b.strike_at(&Key::from("n2"), ms(60)), None);
-        assert_eq!(
-            b.strike_at(&Key::from("c1"), ms(61)),
-            None,
-            "c1's strike forgotten"
-        );
+        assert_eq!(b.entries.lock().unwrap().map.len(), CAPACITY, "not scanned");
+        let c1 = Key::from("c1");
+        assert_eq!(b.strike_at(&c1, ms(61)), Some(Duration::from_secs(60)));
+        // At 111 ms, scanned again: every strike has expired; c1's ban stays.
+        assert_eq!(b.strike_at(&Key::from("n3"), ms(111)), None);
+        assert_eq!(b.entries.lock().unwrap().map.len(), 2);
+        assert!(b.banned_at(&c1, ms(111)).is_some());
     }
 
     #[test]
