@@ -821,11 +821,28 @@ fn period_label(period: Duration) -> String {
 
 impl<K> PolicyBuilder<K> {
     /// The features of `compat::EXCLUDED` this policy uses.
+    /// Whether an option of the policy's own quotas is set (what a metered limit alone ignores).
+    fn has_quota_options(&self) -> bool {
+        let o = &self.opts;
+        let options = [o.penalty.is_some(), o.budget.is_some(), o.delay.is_some()];
+        let more = [
+            o.lease.is_some(),
+            o.calendar.is_some(),
+            o.window_start != WindowStart::Aligned,
+        ];
+        o.algorithm != Algorithm::Gcra || options.into_iter().chain(more).any(|set| set)
+    }
+
     fn features(&self) -> Vec<compat::Feature> {
         let extras = &self.opts.extras;
         use compat::Feature::*;
         [
             (Metered, extras.metered.limit.is_some()),
+            (
+                MeteredAlone,
+                extras.metered.limit.is_some() && self.opts.quotas.is_empty(),
+            ),
+            (QuotaOptions, self.has_quota_options()),
             (QuotaFrom, extras.quotas.quota_from.is_some()),
             (Resolver, extras.quotas.resolver.is_some()),
             (CountOnly, extras.outcome.is_set()),

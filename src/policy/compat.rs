@@ -9,6 +9,11 @@ use crate::error::BuildError;
 pub(crate) enum Feature {
     /// A metered limit (`PolicyBuilder::metered`).
     Metered,
+    /// A metered limit and no quota of the policy's own.
+    MeteredAlone,
+    /// An option of the policy's own quotas: an algorithm but GCRA, a penalty, a budget, a
+    /// delay, a lease, a calendar or each key's own window start.
+    QuotaOptions,
     /// `quota_from`: a per-customer quota from a closure.
     QuotaFrom,
     /// `quota_resolver`: a per-customer quota from a resolver.
@@ -48,6 +53,7 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     (Metered, Resolver, "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet"),
     (Metered, CountOnly, "a metered limit settles its cost after the response; count_only and refund_on cannot be used with it"),
     (Metered, Delay, "a metered limit cannot be used with delay mode (a request that waits holds its reservation)"),
+    (MeteredAlone, QuotaOptions, "a metered limit alone takes no algorithm, penalty, budget, delay, lease, calendar or window start; they are options of the policy's own quota (quota, or count in a configuration)"),
     (QuotaFrom, Resolver, "quota_from and quota_resolver both choose the quota; use one"),
     (CountOnly, Concurrency, "count_only and refund_on need a rate (a concurrency slot is given back anyway when its request ends)"),
     (CountOnly, Budget, "count_only and refund_on cannot be used with a budget (a slice's units were charged when granted, so a refund could give back more than was taken)"),
@@ -85,6 +91,7 @@ mod tests {
         let listed = [
             (KeysApart, Tiers), (KeysApart, Penalty), (KeysApart, Budget), (Metered, Tiers),
             (Metered, QuotaFrom), (Metered, Resolver), (Metered, CountOnly), (Metered, Delay),
+            (MeteredAlone, QuotaOptions),
             (QuotaFrom, Resolver), (CountOnly, Concurrency), (CountOnly, Budget),
             (CountOnly, Shadow), (KeysApart, QuotaFrom), (KeysApart, Resolver),
             (KeysApart, CountOnly), (KeysApart, Metered), (KeysApart, Concurrency),

@@ -2,6 +2,7 @@
 //! (a policy alone is checked by its builder, `compat.rs`).
 
 use std::collections::hash_map::{Entry, HashMap};
+use std::collections::HashSet;
 
 use http::Method;
 
@@ -95,6 +96,18 @@ pub(crate) fn check_table<B: Backend>(
                 .map(|l| (l, vec![l.name()])),
         )
         .collect();
+    // An operator's override keeps a key's state under `<policy>.override` (per_customer.rs):
+    // a limit of that name would share it.
+    let overrides: HashSet<String> = (policies.iter())
+        .map(|p| format!("{}.override", p.name))
+        .collect();
+    if let Some((limit, _)) = limits.iter().find(|(l, _)| overrides.contains(l.name())) {
+        return Err(BuildError::Invalid(format!(
+            "the limit name {:?} is where the overrides of policy {:?} keep their state; rename              the policy or tier",
+            limit.name(),
+            limit.name().trim_end_matches(".override")
+        )));
+    }
     // The first limit of each name: a table of many policies builds in linear time.
     let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
     for entry in &limits {

@@ -89,6 +89,22 @@ fn the_guide_metered_route_is_valid() {
     assert_eq!(policies[0].limits().len(), 1);
     assert_eq!(policies[0].limits()[0].name(), "t.tokens");
     assert_eq!(policies[0].limits()[0].max_debt(), 5);
+    // The options of a quota of the route's own are refused there, not dropped.
+    for option in [
+        "penalty = { after = 3, within = \"1m\", ban = \"1h\" }",
+        "budget = true",
+        "calendar = \"day\"",
+        "algorithm = \"concurrency\"",
+    ] {
+        let refused = match Config::from_toml(&format!("{tokens_only}\n{option}")) {
+            Ok(config) => config.policies().map(|_| ()).unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            refused.contains("a metered limit alone takes no"),
+            "{option}: {refused}"
+        );
+    }
 }
 
 /// The overload page's configuration builds as written: the gate, its partitions by tier, and a

@@ -636,4 +636,18 @@ async fn a_layer_refuses_one_name_with_two_quotas() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("can never apply"), "{err}");
+    // Nor a limit named where another policy's overrides keep their state.
+    let owner = Policy::builder("api")
+        .quota(Quota::per_minute(1000))
+        .key(Global)
+        .route("/a");
+    let owner = owner.build().unwrap();
+    let err = ThrottleLayer::builder()
+        .policies([owner, global_policy("api.override", Quota::per_minute(10))])
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("overrides of policy \"api\""),
+        "{err}"
+    );
 }
