@@ -103,7 +103,8 @@ impl Route {
 
     /// The raw (still percent-encoded) value of the parameter `name` in the request's path, if the
     /// path is this route. Inside axum's `Router::nest`, a path that still carries the nest's
-    /// prefix is matched without it.
+    /// prefix is matched without it, and a route written whole (`/api/orders/{id}`) is matched
+    /// with it.
     pub(crate) fn param<'r, B>(&self, request: &'r Request<B>, name: &str) -> Option<&'r str> {
         let path = request.uri().path();
         if let Ok(found) = self.router.at(path) {
@@ -111,9 +112,23 @@ impl Route {
         }
         #[cfg(feature = "axum")]
         if let Some(nested) = request.extensions().get::<axum::extract::NestedPath>() {
-            let rest = path.strip_prefix(nested.as_str().trim_end_matches('/'))?;
-            if let Ok(found) = self.router.at(rest) {
-                return found.params.get(name);
+            let prefix = nested.as_str().trim_end_matches('/');
+            if let Some(rest) = path.strip_prefix(prefix) {
+                return self.router.at(rest).ok()?.params.get(name);
+            }
+            // axum strips the prefix before the nested router's layers: the path is put back
+            // under it, unless the prefix has parameters, whose values are gone with it.
+            if !prefix.contains('{') {
+                let whole = format!("{prefix}{path}");
+                let found = self.router.at(&whole).ok()?;
+                let value = found.params.get(name)?;
+                // The value is in the prefix or in the request's path (borrowed from the
+                // request, not from `whole`); one across both is none.
+                let at = value.as_ptr() as usize - whole.as_ptr() as usize;
+                return match at.checked_sub(prefix.len()) {
+                    Some(at) => path.get(at..at + value.len()),
+                    None => prefix.get(at..at + value.len()),
+                };
             }
         }
         None
