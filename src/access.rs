@@ -236,6 +236,8 @@ pub use self::redis_sync::RedisAccessSync;
 
 #[cfg(feature = "redis")]
 mod redis_sync {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use redis::aio::ConnectionLike;
@@ -263,6 +265,8 @@ mod redis_sync {
     pub struct RedisAccessSync {
         prefix: String,
         every: Duration,
+        /// The members skipped at the last read: each is logged once, when first read.
+        skipped: Arc<Mutex<HashSet<String>>>,
     }
 
     impl RedisAccessSync {
@@ -271,6 +275,7 @@ mod redis_sync {
             RedisAccessSync {
                 prefix: prefix.into(),
                 every: Duration::from_secs(1),
+                skipped: Arc::default(),
             }
         }
 
@@ -301,22 +306,32 @@ mod redis_sync {
                 .query_async(conn)
                 .await
                 .map_err(|e| BackendError::with_source("cannot read the access lists", e))?;
-            let nets = |members: Vec<Vec<u8>>| {
-                members
+            let mut skipped = HashSet::new();
+            let mut before = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            let mut nets = |members: Vec<Vec<u8>>| {
+                let parsed = members
                     .iter()
-                    .filter_map(|m| {
-                        let text = String::from_utf8_lossy(m);
-                        net(&text)
-                            .inspect_err(|e| tracing::warn!(%e, "skipping an access-list entry"))
-                            .ok()
+                    .map(|m| String::from_utf8_lossy(m).into_owned());
+                parsed
+                    .filter_map(|text| match net(&text) {
+                        Ok(net) => Some(net),
+                        Err(e) => {
+                            if !before.contains(&text) {
+                                tracing::warn!(%e, "skipping an access-list entry");
+                            }
+                            skipped.insert(text);
+                            None
+                        }
                     })
                     .collect()
             };
+            let (allow_nets, deny_nets) = (nets(allow_nets), nets(deny_nets));
+            *before = skipped;
             let keys =
                 |members: Vec<Vec<u8>>| members.iter().flat_map(|m| super::keys_named(m)).collect();
             lists.set_remote(Entries {
-                allow_nets: nets(allow_nets),
-                deny_nets: nets(deny_nets),
+                allow_nets,
+                deny_nets,
                 allow_keys: keys(allow_keys),
                 deny_keys: keys(deny_keys),
             });

@@ -24,6 +24,11 @@ impl Backoff {
         self.first
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn most(&self) -> Duration {
+        self.most
+    }
+
     /// The next wait: from half to all of the step (processes that failed together, as at a
     /// Redis restart, do not all try again at once), then the step doubles.
     pub(crate) fn wait(&mut self) -> Duration {

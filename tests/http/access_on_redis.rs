@@ -4,12 +4,13 @@ use crate::support::redis as redis_support;
 
 use std::time::Duration;
 
-use crate::support::failover::wait_until;
+use crate::support::failover::{wait_until, Logs};
 use tower_throttle::ops::{AccessList, RedisAccessSync};
 
 /// Every process mirrors the same Redis sets: an operator's SADD reaches a running layer.
 #[tokio::test]
 async fn redis_sets_are_mirrored_into_running_layers() {
+    let (logs, _guard) = Logs::capture();
     let server = redis_support::RedisServer::start();
     let lists = AccessList::new();
     let client = redis::Client::open(server.url()).unwrap();
@@ -42,6 +43,14 @@ async fn redis_sets_are_mirrored_into_running_layers() {
     )
     .await;
     assert_eq!(statuses(&app, "192.0.2.1:1", "k", 1).await, [403]);
+    // The member that is no network is logged once, not at every read (ten more here).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        logs.count("skipping an access-list entry"),
+        1,
+        "{:?}",
+        logs.lines()
+    );
     server.cli(&["SREM", "{acl}:deny:key", "k"]);
     // A denied request spends nothing: "k" still has one of its two.
     wait_until(Duration::from_secs(10), "the deny stayed", || async {

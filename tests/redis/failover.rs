@@ -271,6 +271,40 @@ async fn a_demoted_primary_at_the_same_address_is_left_until_it_is_primary_again
     assert!(logs.lines().len() <= 6, "{:?}", logs.lines());
 }
 
+/// A replica whose `ROLE` is forbidden takes the connection and its set-up, then refuses every
+/// decision (`READONLY`): each connection is lost as soon as made. They are made again at a
+/// growing pace, not as fast as the server takes them, with a bounded number of log lines.
+#[tokio::test]
+async fn a_replica_that_hides_its_role_is_no_storm_of_connections() {
+    let (logs, _guard) = Logs::capture();
+    let (_primary, replica) = pair().await;
+    cli(replica.port(), &["ACL", "SETUSER", "default", "-role"]).await;
+    let accepted = || async {
+        let stats = cli(replica.port(), &["INFO", "stats"]).await;
+        let line = stats
+            .lines()
+            .find(|l| l.starts_with("total_connections_received:"));
+        line.and_then(|l| l.split(':').nth(1)?.trim().parse::<u64>().ok())
+            .expect("INFO stats names its connections")
+    };
+    let before = accepted().await;
+    let backend = backend_on(&replica.url()).build().unwrap();
+    let load = Load::start(&backend, &steady(), 2, Duration::from_millis(2));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let samples = load.finish().await;
+    // Our own `cli` calls are three connections; the backend's reconnections go at 100 ms, then
+    // 200, 400...: about six in three seconds (hundreds a second before).
+    let made = accepted().await - before;
+    println!(
+        "[hidden-role] {made} connections, {} calls, {} log lines",
+        samples.len(),
+        logs.lines().len()
+    );
+    assert!(made <= 20, "{made} connections in 3 s");
+    assert!(logs.lines().len() <= 20, "{:?}", logs.lines());
+    assert!(!backend.health().is_healthy());
+}
+
 /// The primary killed, the replica promoted and the address switched to it.
 #[tokio::test]
 async fn a_killed_primary_behind_a_moving_address() {

@@ -15,7 +15,7 @@ use redis::{Client, ConnectionInfo, IntoConnectionInfo};
 use super::conn::connection::{cluster_client, one_server, RedisConnection, Target};
 use super::conn::lazy_cluster::LazyCluster;
 use super::conn::reconnect::{connect_once, spawn_cluster_keeper, spawn_keeper};
-use super::conn::server::{configuration_error, SingleServer, Source};
+use super::conn::server::{configuration_error, start_budget, SingleServer, Source};
 use super::conn::set_up::{in_service, set_up};
 use super::resets::{self, Listen};
 use super::state::{RedisState, Settings};
@@ -373,7 +373,7 @@ impl Settings {
 
     /// How long connecting at start-up may take (once): ten timeouts, at least a second.
     fn start_budget(&self) -> Duration {
-        self.timeout.saturating_mul(10).max(Duration::from_secs(1))
+        start_budget(self.timeout)
     }
 
     /// A Cluster or a user's connection manager, connected and set up (set_up.rs).

@@ -16,8 +16,8 @@ use redis::{RedisError, Role};
 use super::connection::RedisConnection;
 use super::lazy_cluster::LazyCluster;
 use super::server::{
-    attempt_budget, configuration_error, is_not_primary, open, within, AttemptError, SingleServer,
-    Source,
+    attempt_budget, configuration_error, is_not_primary, open, start_budget, within, AttemptError,
+    SingleServer, Source,
 };
 use super::set_up::{in_service, set_up};
 use crate::backend::redis::health::attempts::{Attempts, Misconfigured};
@@ -33,6 +33,8 @@ const CONNECTING: Backoff = Backoff::new(Duration::from_millis(50), Duration::fr
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+/// The wait before reconnecting after a connection that lived less than its most (5 s).
+const SHORT_LIVED: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Attempts after a configuration error go on this slowly: someone has to fix something first.
 const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
 /// A replica where the primary should be is a failover under way this long; then a misconfiguration.
@@ -99,6 +101,7 @@ pub(crate) fn spawn_keeper(
 ) {
     spawn(async move {
         let mut first = !connected;
+        let (mut connected_at, mut short_lived) = (Instant::now(), SHORT_LIVED);
         loop {
             // Connected: wait until the connection is dropped, or the backend is.
             let mut since_sentinels = Instant::now();
@@ -142,6 +145,13 @@ pub(crate) fn spawn_keeper(
                 if let Some(strong) = state.upgrade() {
                     strong.breaker.recorder.disconnected();
                 }
+                // A connection lost as soon as it was made (a server that takes the set-up and
+                // refuses every decision: a replica whose `ROLE` is forbidden) is a failed
+                // attempt: the next waits, longer each time, no storm of connections and lines.
+                match connected_at.elapsed() < SHORT_LIVED.most() {
+                    true => tokio::time::sleep(short_lived.wait()).await,
+                    false => short_lived = SHORT_LIVED,
+                }
             }
             let mut keep = (source, server.clone());
             let connected = connect_with_backoff(
@@ -158,6 +168,7 @@ pub(crate) fn spawn_keeper(
                 server.close();
                 return;
             };
+            connected_at = Instant::now();
             if let Some(strong) = state.upgrade() {
                 let path = path_name(strong.detector.active_path());
                 tracing::info!(
@@ -309,7 +320,7 @@ fn attempt_cluster(
     state: Arc<RedisState>,
 ) -> Attempt<'_, ClusterConnection> {
     Box::pin(async move {
-        let budget = attempt_budget(state.timeout);
+        let budget = start_budget(state.timeout);
         let attempt = async {
             let conn = formed(client, &lazy.target).await?;
             let cluster = Some(Ok(conn.clone()));

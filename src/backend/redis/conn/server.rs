@@ -476,6 +476,13 @@ pub(crate) async fn open(
 
 /// How long one connection attempt (resolve, connect, check, set up) may take: five timeouts,
 /// 250 ms to 5 s (a remote TLS handshake takes round trips; requests fail fast meanwhile).
+/// What connecting and setting up may take at the start, or in one attempt at a Cluster (two
+/// Cluster connections and a script load a call: some twenty round trips): ten timeouts, at least
+/// a second.
+pub(crate) fn start_budget(timeout: Duration) -> Duration {
+    timeout.saturating_mul(10).max(Duration::from_secs(1))
+}
+
 pub(crate) fn attempt_budget(timeout: Duration) -> Duration {
     timeout
         .saturating_mul(5)

@@ -191,9 +191,8 @@ impl RedisState {
             if let (true, Some((lease, count)), Some(token)) =
                 (decision.allowed, lease, decision.lease)
             {
-                state
-                    .leases
-                    .hold(state_key, token, quantity.min(count), lease);
+                let held = (state_key, token, quantity.min(count));
+                state.leases.hold(held, lease, sent);
                 return Ok(decision);
             }
             // Under a penalty box only a ban: every other rejection must reach Redis to strike.

@@ -59,14 +59,24 @@ impl Leases {
         }
     }
 
-    /// Extends a request's leases every third of the lease until [`release`](Self::release).
-    pub(crate) fn hold(self: &Arc<Self>, key: String, token: u64, quantity: u64, lease: Duration) {
+    /// Extends a request's leases every third of the lease, counted from when the check that
+    /// took them was `sent` (the lease runs from then, not from its answer), until
+    /// [`release`](Self::release).
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        (key, token, quantity): (String, u64, u64),
+        lease: Duration,
+        sent: Instant,
+    ) {
         let weak = Arc::downgrade(self);
         let lease_us = lease.as_micros().max(1) as u64;
-        let every = (lease / 3).max(Duration::from_millis(10));
+        let every = (lease / 3).max(Duration::from_millis(1));
+        let mut next = tokio::time::Instant::from_std(sent);
         let Some(task) = spawn(async move {
             loop {
-                tokio::time::sleep(every).await;
+                // A renewal due before the answer came goes at once, and once.
+                next = (next + every).max(tokio::time::Instant::now());
+                tokio::time::sleep_until(next).await;
                 let Some(leases) = weak.upgrade() else {
                     return;
                 };

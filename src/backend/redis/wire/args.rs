@@ -180,7 +180,17 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
     }
     // redis-cell counts what remains in whole microseconds of the interval: under one, it divides
     // by zero and says i64::MAX remain.
-    if cell_interval < 1_000 {
+    // Where the microseconds it drops are more than a thousandth of the interval, what it
+    // says remains is that far off (1.67 µs read as 1: 13 of a limit of 10).
+    if cell_interval < 1_000 || (cell_interval < 1_000_000 && !cell_interval.is_multiple_of(1_000))
+    {
+        return None;
+    }
+    // It sets a key's expiry in whole milliseconds, truncated: a key whose TAT is less than one
+    // ahead is gone at the next, and its next request finds the whole burst. Under 10 ms of
+    // tolerance that is most of a flood's requests; at 10 ms, a tenth of the burst at most.
+    let tolerance = cell_interval * (u128::from(quota.max_burst()) + 1);
+    if tolerance < 10_000_000 {
         return None;
     }
     Some(CellArgs {
@@ -462,10 +472,20 @@ mod tests {
         ] {
             assert_eq!(cell(quota), Some(sent), "{quota:?}");
         }
-        // An interval under a microsecond is not CL.THROTTLE's.
-        for quota in [Quota::per_second(2_000_000), Quota::per_second(4_000_000)] {
+        // An interval under a microsecond, or not of whole microseconds under a millisecond, is
+        // not CL.THROTTLE's (it would count what remains in whole microseconds), nor a tolerance
+        // under 10 ms (it would expire keys up to a millisecond early).
+        for quota in [
+            Quota::per_second(2_000_000),
+            Quota::per_second(4_000_000),
+            Quota::per_second(600_000),
+            Quota::per_second(10_000).with_max_burst(4),
+            Quota::per_second(1_000).with_max_burst(8),
+        ] {
             assert_eq!(cell(quota), None, "{quota:?}");
         }
         assert!(cell(Quota::per_second(1_000_000)).is_some());
+        assert!(cell(Quota::per_second(1_000).with_max_burst(9)).is_some());
+        assert!(cell(Quota::per_minute(7)).is_some());
     }
 }

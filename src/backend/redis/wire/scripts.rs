@@ -148,7 +148,8 @@ pub(crate) fn limits_decisions(
 pub(crate) fn from_reply(reply: [i64; 5], unit: impl Fn(u64) -> Duration) -> Decision {
     let [limited, limit, remaining, retry_after, reset_after] = reply;
     let limit = limit.max(0) as u64;
-    let remaining = remaining.max(0) as u64;
+    // Never more than the limit (CL.THROTTLE's count of whole microseconds could say so).
+    let remaining = (remaining.max(0) as u64).min(limit);
     let reset_after = unit(reset_after.max(0) as u64);
     if limited == 0 {
         Decision::allowed(limit, remaining, reset_after)
