@@ -12,8 +12,10 @@
 //! ```
 //!
 //! The upstream is a stand-in served by the example itself (on another port), answering as an
-//! OpenAI-compatible API does; point `UPSTREAM` at a real one. The guide's page "Limiting tokens
-//! for an LLM API" (`tower_throttle::guide::llm_tokens`) walks through it.
+//! OpenAI-compatible API does; `UPSTREAM=http://127.0.0.1:8000/v1/chat/completions` points the
+//! proxy at another over plain HTTP (a local model server: vLLM, Ollama, llama.cpp), passing on
+//! the request's `Authorization`. The guide's page "Limiting tokens for an LLM API"
+//! (`tower_throttle::guide::llm_tokens`) walks through it.
 
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{Request, State};
@@ -44,12 +46,18 @@ struct Upstream {
 
 #[tokio::main]
 async fn main() {
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/v1/chat/completions",
-        upstream.local_addr().unwrap()
-    );
-    tokio::spawn(async move { axum::serve(upstream, fake_llm()).await.unwrap() });
+    let url = match std::env::var("UPSTREAM") {
+        Ok(url) => url,
+        Err(_) => {
+            let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!(
+                "http://{}/v1/chat/completions",
+                upstream.local_addr().unwrap()
+            );
+            tokio::spawn(async move { axum::serve(upstream, fake_llm()).await.unwrap() });
+            url
+        }
+    };
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000")
         .await
@@ -113,13 +121,18 @@ async fn forward(
     Extension(meter): Extension<Meter>,
     request: Request,
 ) -> Response {
+    let authorization_sent = request.headers().get(header::AUTHORIZATION).cloned();
     let Ok(body) = to_bytes(request.into_body(), MAX_BODY).await else {
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
-    let call = axum::http::Request::post(&upstream.url)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body))
-        .expect("a valid request");
+    let mut call =
+        axum::http::Request::post(&upstream.url).header(header::CONTENT_TYPE, "application/json");
+    if let Some(authorization) = authorization_sent {
+        call = call.header(header::AUTHORIZATION, authorization);
+    }
+    let Ok(call) = call.body(Full::new(body)) else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
     let answer = match upstream.client.request(call).await {
         Ok(answer) => answer,
         // Nothing reported: the reservation stands.
