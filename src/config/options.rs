@@ -168,8 +168,8 @@ fn key(route: &RouteConfig, client_ip: &ClientIp, builder: Builder) -> Result<Bu
     let (v6, v4) = (route.ipv6_prefix, route.ipv4_prefix);
     // The prefixes group the route's addresses, and those of a quota keyed by one of its own.
     let quota_ips = (route.own_quota().quotas.iter().flatten())
-        .filter_map(|q| q.key.as_deref()?.parse().ok())
-        .any(|key: KeySpec| matches!(key, KeySpec::PeerIp(_) | KeySpec::ClientIp(_)));
+        .filter_map(|q| q.key.as_ref())
+        .any(|key| matches!(key, KeySpec::PeerIp(_) | KeySpec::ClientIp(_)));
     if !grouped(route, &mut key)? && !quota_ips && (v6.is_some() || v4.is_some()) {
         let setting = if v6.is_some() {
             "ipv6_prefix"
@@ -247,9 +247,9 @@ fn quota_keys(
         .filter(|q| !q.shadow)
         .map(|q| {
             q.key
-                .as_deref()
-                .map(|spelled| {
-                    let mut key: KeySpec = spelled.parse()?;
+                .clone()
+                .map(|key| {
+                    let mut key = key.for_route(route.path.as_deref())?;
                     bind_client_ip(&mut key, client_ip);
                     grouped(route, &mut key)?;
                     Ok(set(key, on_duplicate, KeySpec::with_on_duplicate))

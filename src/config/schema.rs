@@ -385,9 +385,10 @@ pub struct QuotaConfig {
     /// Counted, never enforced ([`PolicyBuilder::shadow`](crate::PolicyBuilder::shadow)).
     #[serde(default)]
     pub shadow: bool,
-    /// Its own key, written as `key` is (default: the route's; see
+    /// Its own key, written as `key` is, an array for a composite key (default: the route's; see
     /// [`PolicyBuilder::quota_keyed`](crate::PolicyBuilder::quota_keyed)).
-    pub key: Option<String>,
+    #[serde(default, deserialize_with = "some_key_spec")]
+    pub key: Option<KeySpec>,
 }
 
 /// A tier's quotas (`[route.tiers.<name>]`): `count`/`period`/`max_burst`, or `quotas`.
@@ -539,6 +540,10 @@ pub(super) fn key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<KeySpec, D::Er
             KeySpec::composite(parts).map_err(serde::de::Error::custom)
         }
     }
+}
+
+fn some_key_spec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<KeySpec>, D::Error> {
+    key_spec(d).map(Some)
 }
 
 pub(super) fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {

@@ -331,3 +331,47 @@ quotas = [{ count = 10, period = "1m" }, { count = 2, period = "1m", key = "head
     let peeked = handle.peek("api", "acme").await.unwrap();
     assert_eq!(peeked.tiers[0].limits[1].1.remaining, 2, "{peeked:?}");
 }
+
+/// A quota's own key is written as the route's is: an array is a composite key, and a path
+/// parameter is read from the route's path.
+#[tokio::test]
+async fn a_toml_quota_key_may_be_composite_and_read_the_path() {
+    use axum::routing::get;
+    use tower_throttle::config::Config;
+    let toml = r#"
+[[route]]
+name = "api"
+path = "/teams/{team}"
+key = "header:x-user-id"
+quotas = [
+  { count = 2, period = "1m" },
+  { count = 3, period = "1m", key = ["header:x-org-id", "path:team"] },
+]
+"#;
+    let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
+    let app = axum::Router::new()
+        .route("/teams/{team}", get(|| async { "team" }))
+        .layer(layer);
+    let status = |user: &str, org: &str, team: &str| {
+        let request = http::Request::get(format!("/teams/{team}"))
+            .header("x-user-id", user)
+            .header("x-org-id", org)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let app = &app;
+        async move { crate::support::status_of(app, request).await.as_u16() }
+    };
+    // Three a minute per organisation and team, whoever asks; two per user.
+    let mut statuses = Vec::new();
+    for user in ["u1", "u2", "u3", "u4"] {
+        statuses.push(status(user, "acme", "red").await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(status("u4", "acme", "blue").await, 200, "another team");
+    assert_eq!(
+        status("u4", "other", "red").await,
+        200,
+        "another organisation"
+    );
+    assert_eq!(status("u4", "other", "red").await, 429, "u4's own two");
+}

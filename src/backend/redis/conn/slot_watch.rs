@@ -130,22 +130,29 @@ async fn nudged(
     false
 }
 
-/// Probes each open node whose wait is over (seed URLs only): `PING` on a new connection.
+/// Probes each open node whose wait is over (seed URLs only): `PING` on a new connection, all at
+/// once (a silent node's probe waits out its budget, and a live one's must not wait for it).
 async fn probe_open_nodes(nodes: Arc<ClusterNodes>, budget: Duration) {
-    for node in nodes.tripped() {
-        let Some((info, admission)) = nodes.probe(&node) else {
-            continue;
-        };
-        match tokio::time::timeout(budget, ping(info, budget)).await {
-            Ok(Ok(())) => nodes.answered(&node),
-            Ok(Err(e)) => nodes.failed(&node, true, &e),
-            Err(_) => nodes.failed(
-                &node,
-                true,
-                &format_args!("no answer to PING within {budget:?}"),
-            ),
-        }
-        drop(admission);
+    let probes: Vec<_> = (nodes.tripped().into_iter())
+        .filter_map(|node| {
+            let (info, admission) = nodes.probe(&node)?;
+            let nodes = nodes.clone();
+            crate::timer::spawn(async move {
+                match tokio::time::timeout(budget, ping(info, budget)).await {
+                    Ok(Ok(())) => nodes.answered(&node),
+                    Ok(Err(e)) => nodes.failed(&node, true, &e),
+                    Err(_) => nodes.failed(
+                        &node,
+                        true,
+                        &format_args!("no answer to PING within {budget:?}"),
+                    ),
+                }
+                drop(admission);
+            })
+        })
+        .collect();
+    for probe in probes {
+        let _ = probe.await;
     }
 }
 
