@@ -16,9 +16,7 @@ use crate::limit::validate_name;
 use crate::limit::{Algorithm, Limit};
 use crate::methods::methods_of;
 use crate::near_limit::NearRule;
-use crate::policy::extras::ExtrasBuilder;
 use crate::quota::Quota;
-use crate::rollout::RolloutBuilder;
 use crate::route::Route;
 use crate::window::{CalendarWindow, WindowStart};
 
@@ -36,6 +34,7 @@ mod condition;
 pub(crate) mod extras;
 mod keyed;
 mod limits;
+mod options;
 mod parts;
 mod spec;
 mod table;
@@ -43,6 +42,7 @@ pub(crate) mod tier;
 
 pub(crate) use compiled::CompiledPolicy;
 pub use condition::Condition;
+pub(crate) use options::Options;
 pub(crate) use parts::NO_KEY;
 pub use parts::{MissingKey, NoKey, Tier};
 pub(crate) use spec::PolicySpec;
@@ -187,38 +187,6 @@ pub struct PolicyBuilder<K> {
     keyed: bool,
     /// Everything else, which a [`key`](Self::key) call carries over whole.
     pub(crate) opts: Options,
-}
-
-/// A [`PolicyBuilder`]'s options but its key.
-#[derive(Debug, Default)]
-pub(crate) struct Options {
-    pub(crate) name: String,
-    quotas: Vec<Quota>,
-    pub(crate) algorithm: Algorithm,
-    delay: Option<Duration>,
-    lease: Option<Duration>,
-    dry_run: bool,
-    under_pressure: bool,
-    pub(crate) tiers: Vec<(String, Vec<Quota>)>,
-    tier_header: Option<String>,
-    cost: u64,
-    methods: Option<Vec<Method>>,
-    custom_methods: Option<Vec<Method>>,
-    route: Option<String>,
-    /// Every condition a request must meet ([`when`](PolicyBuilder::when)).
-    conditions: Vec<Condition>,
-    /// [`near_limit`](PolicyBuilder::near_limit)'s ratio, and whether the handler is told.
-    near_limit: Option<f64>,
-    near_limit_header: bool,
-    retry_after_jitter: Option<Duration>,
-    window_start: WindowStart,
-    calendar: Option<CalendarWindow>,
-    missing_key: MissingKey,
-    penalty: Option<Penalty>,
-    budget: Option<Budget>,
-    pub(crate) extras: ExtrasBuilder,
-    /// Its rollout options (`rollout/builder.rs`).
-    pub(crate) rollout: RolloutBuilder,
 }
 
 impl<K> PolicyBuilder<K> {
@@ -528,7 +496,7 @@ impl<K> PolicyBuilder<K> {
     /// Validates the policy.
     pub fn build(mut self) -> Result<Policy<K>, BuildError> {
         validate_name(&self.opts.name)?;
-        compat::check(&self.opts.name, &self.features())?;
+        compat::check(&self.opts.name, &compat::features(&self.opts))?;
         self.check_quota_keys()?;
         let invalid =
             |why: String| BuildError::Invalid(format!("policy {:?}: {why}", self.opts.name));
@@ -817,52 +785,6 @@ fn period_label(period: Duration) -> String {
         .find(|(size, _)| nanos.is_multiple_of(*size))
         .unwrap_or((1, "ns"));
     format!("{}{unit}", nanos / size)
-}
-
-impl<K> PolicyBuilder<K> {
-    /// The features of `compat::EXCLUDED` this policy uses.
-    /// Whether an option of the policy's own quotas is set (what a metered limit alone ignores).
-    fn has_quota_options(&self) -> bool {
-        let o = &self.opts;
-        let options = [o.penalty.is_some(), o.budget.is_some(), o.delay.is_some()];
-        let more = [
-            o.lease.is_some(),
-            o.calendar.is_some(),
-            o.window_start != WindowStart::Aligned,
-        ];
-        o.algorithm != Algorithm::Gcra || options.into_iter().chain(more).any(|set| set)
-    }
-
-    fn features(&self) -> Vec<compat::Feature> {
-        let extras = &self.opts.extras;
-        use compat::Feature::*;
-        [
-            (Metered, extras.metered.limit.is_some()),
-            (
-                MeteredAlone,
-                extras.metered.limit.is_some() && self.opts.quotas.is_empty(),
-            ),
-            (QuotaOptions, self.has_quota_options()),
-            (QuotaFrom, extras.quotas.quota_from.is_some()),
-            (Resolver, extras.quotas.resolver.is_some()),
-            (CountOnly, extras.outcome.is_set()),
-            (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
-            (Shadow, !self.opts.rollout.shadows.is_empty()),
-            (Budget, self.opts.budget.is_some()),
-            (Concurrency, self.opts.algorithm == Algorithm::Concurrency),
-            (Delay, self.opts.delay.is_some()),
-            (Tiers, !self.opts.tiers.is_empty()),
-            (Penalty, self.opts.penalty.is_some()),
-            (AsyncKey, extras.async_key.is_some()),
-            (BodyKey, extras.body_key.is_some()),
-            (DryRun, self.opts.dry_run),
-            (UnderPressure, self.opts.under_pressure),
-            (Enforce, self.opts.rollout.enforce.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(feature, used)| used.then_some(feature))
-        .collect()
-    }
 }
 
 #[cfg(test)]

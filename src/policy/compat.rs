@@ -2,7 +2,10 @@
 //! once when the policy is built, each refusal with its reason. A feature that adds a conflict adds
 //! a row here (and to the test that lists them), not a check of its own elsewhere.
 
+use super::options::Options;
 use crate::error::BuildError;
+use crate::limit::Algorithm;
+use crate::window::WindowStart;
 
 /// A feature of a policy, as far as another one can exclude it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +70,43 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     (DryRun, Enforce, "dry_run and enforce both say how many refusals are enforced; use one"),
     (DryRun, UnderPressure, "dry_run and under_pressure_only both say when refusals are enforced; use one"),
 ];
+
+/// The features of [`EXCLUDED`] a policy of these options uses.
+pub(super) fn features(o: &Options) -> Vec<Feature> {
+    let (extras, metered) = (&o.extras, o.extras.metered.limit.is_some());
+    // An option of the policy's own quotas (which a metered limit alone would not have).
+    let options = [o.penalty.is_some(), o.budget.is_some(), o.delay.is_some()];
+    let more = [
+        o.lease.is_some(),
+        o.calendar.is_some(),
+        o.window_start != WindowStart::Aligned,
+    ];
+    let quota_options =
+        o.algorithm != Algorithm::Gcra || options.into_iter().chain(more).any(|s| s);
+    [
+        (Metered, metered),
+        (MeteredAlone, metered && o.quotas.is_empty()),
+        (QuotaOptions, quota_options),
+        (QuotaFrom, extras.quotas.quota_from.is_some()),
+        (Resolver, extras.quotas.resolver.is_some()),
+        (CountOnly, extras.outcome.is_set()),
+        (KeysApart, extras.quota_keys.iter().any(Option::is_some)),
+        (Shadow, !o.rollout.shadows.is_empty()),
+        (Budget, o.budget.is_some()),
+        (Concurrency, o.algorithm == Algorithm::Concurrency),
+        (Delay, o.delay.is_some()),
+        (Tiers, !o.tiers.is_empty()),
+        (Penalty, o.penalty.is_some()),
+        (AsyncKey, extras.async_key.is_some()),
+        (BodyKey, extras.body_key.is_some()),
+        (DryRun, o.dry_run),
+        (UnderPressure, o.under_pressure),
+        (Enforce, o.rollout.enforce.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(feature, used)| used.then_some(feature))
+    .collect()
+}
 
 /// Refuses policy `policy` if it uses two features that exclude each other (`uses`: those it uses).
 pub(crate) fn check(policy: &str, uses: &[Feature]) -> Result<(), BuildError> {
