@@ -116,11 +116,16 @@ impl Decision {
     /// of an admission, the fewest remaining, the latest reset of equals. (An admitting limit's
     /// remaining is in its own units: a request refused for tokens is no request short of its
     /// requests limit, however few that has left.)
-    pub(crate) fn binding(decisions: &[Decision]) -> Option<&Decision> {
+    pub(crate) fn binding<'d, I>(decisions: I) -> Option<&'d Decision>
+    where
+        I: IntoIterator<Item = &'d Decision>,
+        I::IntoIter: Clone,
+    {
+        let decisions = decisions.into_iter();
         let waits = |d: &&Decision| (d.retry_after.is_none(), d.retry_after, Reverse(d.remaining));
-        match decisions.iter().filter(|d| !d.allowed).max_by_key(waits) {
+        match decisions.clone().filter(|d| !d.allowed).max_by_key(waits) {
             Some(refusing) => Some(refusing),
-            None => (decisions.iter()).min_by_key(|d| (d.remaining, Reverse(d.reset_after))),
+            None => decisions.min_by_key(|d| (d.remaining, Reverse(d.reset_after))),
         }
     }
 

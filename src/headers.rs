@@ -209,8 +209,11 @@ impl RateHeaders {
                 .ratelimit
                 .then(|| write_ratelimit(names, decisions, &mut buf));
             // One quota's three numbers: the binding one's, whose limit and remaining `combined`'s
-            // are (its reset is the whole stack's, which may be another quota's).
-            let binding = Decision::binding(decisions).unwrap_or(combined);
+            // are (its reset is the whole stack's, which may be another quota's). Looked for by
+            // its numbers: a ban refuses every quota after `combined` was made.
+            let same =
+                |d: &&Decision| (d.limit, d.remaining) == (combined.limit, combined.remaining);
+            let binding = Decision::binding(decisions.iter().filter(same)).unwrap_or(combined);
             let reset = binding.reset_after_secs();
             let (digits, ends) = LegacyDigits::write([combined.limit, combined.remaining, reset]);
             // The values of one response go into the thread's block together (header_block.rs).
@@ -532,6 +535,24 @@ mod tests {
         h.apply(&mut map);
         assert_eq!(map[&X_RATELIMIT_LIMIT], "1000");
         assert_eq!(map[&X_RATELIMIT_RESET], "86");
+        // The per-second quota refused and earned a ban of a minute, which refuses both: its
+        // three numbers still, the ban's reset.
+        let second = Decision::limited(
+            10,
+            0,
+            Some(Duration::from_millis(400)),
+            Duration::from_secs(1),
+        );
+        let day = Decision::allowed(1000, 0, Duration::from_secs(86));
+        let combined = Decision::combine(&[second, day]).unwrap();
+        let ban = Duration::from_secs(60);
+        let banned =
+            [second, day].map(|d| Decision::banned(d.limit, ban, d.retry_after, d.reset_after));
+        let h = RateHeaders::new(LEGACY_TOO, &names, &field, &banned, &combined);
+        let mut map = HeaderMap::new();
+        h.apply(&mut map);
+        assert_eq!(map[&X_RATELIMIT_LIMIT], "10");
+        assert_eq!(map[&X_RATELIMIT_RESET], "60");
         let conn = crate::limit::Algorithm::Concurrency;
         let conn = Limit::with_algorithm("dl", conn, Quota::per_second(2)).unwrap();
         assert_eq!(policy_field(&[conn]), r#""dl";q=2"#);

@@ -82,6 +82,9 @@ impl FromStr for Algorithm {
 /// [`Limit::with_lease`]).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
+/// The shortest lease: renewed every third of it, at most every 10 ms.
+const MIN_LEASE: Duration = Duration::from_millis(30);
+
 /// The largest `count` of a [sliding log](Algorithm::SlidingLog) or a
 /// [concurrency](Algorithm::Concurrency) limit: their state is one entry per unit (8 bytes in
 /// memory, a sorted-set member of about 100 bytes on Redis, where a request's units are also
@@ -398,15 +401,17 @@ impl Limit {
     /// How long a Redis concurrency lease lives if its process dies before releasing it (default 60
     /// s, [`DEFAULT_LEASE`]). A live process renews the leases of its requests in flight every
     /// third of this, so a shorter lease frees a dead process's slots sooner, at the cost of more
-    /// renewals. Only for [`Algorithm::Concurrency`].
+    /// renewals. At least 30 ms (renewed at most every 10 ms), at most a day. Only for
+    /// [`Algorithm::Concurrency`].
     pub fn with_lease(mut self, lease: Duration) -> Result<Self, BuildError> {
+        let most = MAX_DELAY * 24;
         match &mut self.params {
-            Params::Concurrency { lease: l, .. } if !lease.is_zero() && lease <= MAX_DELAY * 24 => {
+            Params::Concurrency { lease: l, .. } if (MIN_LEASE..=most).contains(&lease) => {
                 *l = lease;
                 Ok(self)
             }
             Params::Concurrency { .. } => {
-                Err(self.invalid("lease must be more than 0 and at most 1 day"))
+                Err(self.invalid("lease must be at least 30 ms and at most 1 day"))
             }
             _ => Err(self.invalid("a lease is only for algorithm \"concurrency\"")),
         }

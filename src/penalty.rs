@@ -94,7 +94,8 @@ impl fmt::Display for Penalty {
 
 /// Keys tracked by one in-process penalty box at most (about 80 bytes each). A full box forgets what
 /// has expired and, if still full, every strike count that is not a ban: an attack with endless fresh
-/// keys can neither grow it nor lift a ban.
+/// keys can neither grow it nor lift a ban. It does so at most every `PRUNE_EVERY`; meanwhile a
+/// fresh key's rejection is no strike.
 const CAPACITY: usize = 100_000;
 
 /// The in-process penalty box of one policy (for backends that do not keep penalties themselves).

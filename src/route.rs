@@ -113,8 +113,12 @@ impl Route {
         #[cfg(feature = "axum")]
         if let Some(nested) = request.extensions().get::<axum::extract::NestedPath>() {
             let prefix = nested.as_str().trim_end_matches('/');
-            if let Some(rest) = path.strip_prefix(prefix) {
-                return self.router.at(rest).ok()?.params.get(name);
+            // The prefix's whole segments (`/api` is not the start of `/apikeys`).
+            let rest = path
+                .strip_prefix(prefix)
+                .filter(|r| r.is_empty() || r.starts_with('/'));
+            if let Some(Ok(found)) = rest.map(|rest| self.router.at(rest)) {
+                return found.params.get(name);
             }
             // axum strips the prefix before the nested router's layers: the path is put back
             // under it, unless the prefix has parameters, whose values are gone with it.
@@ -124,7 +128,7 @@ impl Route {
                 let value = found.params.get(name)?;
                 // The value is in the prefix or in the request's path (borrowed from the
                 // request, not from `whole`); one across both is none.
-                let at = value.as_ptr() as usize - whole.as_ptr() as usize;
+                let at = (value.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
                 return match at.checked_sub(prefix.len()) {
                     Some(at) => path.get(at..at + value.len()),
                     None => prefix.get(at..at + value.len()),

@@ -220,8 +220,8 @@ pub struct TierKeyState {
 }
 
 impl TierKeyState {
-    /// The tier's limits as one state, as a request sees them: the fewest remaining, the latest
-    /// reset and retry, banned if any is.
+    /// The tier's limits as one state: the fewest remaining, the latest reset and retry, banned if
+    /// any is. (A refused request's one-quota figures are the refusing limit's, [`Decision::combine`].)
     pub fn combined(&self) -> KeyState {
         let states = self.limits.iter().map(|(_, s)| s);
         let tightest = states

@@ -166,9 +166,15 @@ fn a_lease_is_for_concurrency_limits_up_to_a_day() {
     assert_eq!(five.concurrency(), Some(2));
     let day = Duration::from_secs(24 * 3600);
     assert_eq!(conn.clone().with_lease(day).unwrap().lease(), Some(day));
-    for bad in [Duration::ZERO, day + Duration::from_nanos(1)] {
+    let least = Duration::from_millis(30);
+    assert_eq!(conn.clone().with_lease(least).unwrap().lease(), Some(least));
+    for bad in [
+        Duration::ZERO,
+        least - Duration::from_nanos(1),
+        day + Duration::from_nanos(1),
+    ] {
         let error = conn.clone().with_lease(bad).unwrap_err();
-        says(error, "lease must be more than 0 and at most 1 day");
+        says(error, "lease must be at least 30 ms and at most 1 day");
     }
     let gcra = Limit::new("limit-lease", Quota::per_second(2)).unwrap();
     assert_eq!(gcra.lease(), None);

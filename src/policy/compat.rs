@@ -74,15 +74,19 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
 /// The features of [`EXCLUDED`] a policy of these options uses.
 pub(super) fn features(o: &Options) -> Vec<Feature> {
     let (extras, metered) = (&o.extras, o.extras.metered.limit.is_some());
-    // An option of the policy's own quotas (which a metered limit alone would not have).
-    let options = [o.penalty.is_some(), o.budget.is_some(), o.delay.is_some()];
-    let more = [
+    // An option of the policy's own quotas (which a metered limit alone would not have; its
+    // shadow limits take the algorithm and windows).
+    let windows = o.algorithm != Algorithm::Gcra
+        || o.calendar.is_some()
+        || o.window_start != WindowStart::Aligned;
+    let options = [
+        o.penalty.is_some(),
+        o.budget.is_some(),
+        o.delay.is_some(),
         o.lease.is_some(),
-        o.calendar.is_some(),
-        o.window_start != WindowStart::Aligned,
     ];
     let quota_options =
-        o.algorithm != Algorithm::Gcra || options.into_iter().chain(more).any(|s| s);
+        options.into_iter().any(|set| set) || (windows && o.rollout.shadows.is_empty());
     [
         (Metered, metered),
         (MeteredAlone, metered && o.quotas.is_empty()),

@@ -103,9 +103,10 @@ pub(crate) fn check_table<B: Backend>(
         .collect();
     if let Some((limit, _)) = limits.iter().find(|(l, _)| overrides.contains(l.name())) {
         return Err(BuildError::Invalid(format!(
-            "the limit name {:?} is where the overrides of policy {:?} keep their state; rename              the policy or tier",
+            "the limit name {:?} is where the overrides of policy {:?} keep their state; rename \
+             the policy or tier",
             limit.name(),
-            limit.name().trim_end_matches(".override")
+            limit.name().strip_suffix(".override").unwrap_or_default()
         )));
     }
     // The first limit of each name: a table of many policies builds in linear time.

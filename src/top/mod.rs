@@ -5,10 +5,10 @@
 //! * **In memory** (one process): one summary of [`CAPACITY`] counters per policy and minute, the
 //!   last [`WINDOW_MINUTES`] minutes kept; a read sums them and trims to `n`.
 //! * **On Redis** (every process): each process sums its refusals locally (a summary of
-//!   [`CAPACITY`] counters per policy) and once a second sends them with one `ZINCRBY` per key into
-//!   a sorted set per policy and minute, `{<prefix>:top:<policy>}:<minute>`, trimmed to its
-//!   [`CAPACITY`] largest (`ZREMRANGEBYRANK`) and expiring after the window; a read is one `ZUNION`
-//!   of the window's sets. Redis's work is per distinct key per second, not per refusal.
+//!   [`CAPACITY`] counters per policy) and once a second adds them, in one script, into a sorted
+//!   set per policy and minute, `{<prefix>:top:<policy>}:<minute>`, of at most [`CAPACITY`] keys
+//!   (a new key takes the least counted one's place and count) and expiring after the window; a
+//!   read is one `ZUNION` of the window's sets. Redis's work is per distinct key per second, not per refusal.
 //!
 //! "The last few minutes" is the current minute and the [`WINDOW_MINUTES`]` - 1` before it (UTC
 //! minutes): between four and five minutes. Keys appear as logs show them: with

@@ -111,35 +111,43 @@ async fn send_every_second(shared: Weak<Shared>) {
     }
 }
 
+/// Adds each sum to a minute's set of at most [`CAPACITY`] keys, as the local summary does: a key
+/// new to a full set takes the place and count of its least counted, so that one refused steadily
+/// after the set filled builds its count up (a plain trim dropped it every second).
+const MERGE: &str = r"
+local set, capacity = KEYS[1], tonumber(ARGV[1])
+for i = 3, #ARGV, 2 do
+  local member, count = ARGV[i], tonumber(ARGV[i + 1])
+  if redis.call('ZSCORE', set, member) then
+    redis.call('ZINCRBY', set, count, member)
+  elseif redis.call('ZCARD', set) < capacity then
+    redis.call('ZADD', set, count, member)
+  else
+    local least = redis.call('ZPOPMIN', set)
+    redis.call('ZADD', set, tonumber(least[2]) + count, member)
+  end
+end
+redis.call('EXPIRE', set, ARGV[2])
+";
+
 impl Shared {
-    /// Sends the sums since the last send: per policy, one round trip of `ZINCRBY`s, a trim to the
-    /// largest [`CAPACITY`] and an expiry one minute past the window.
+    /// Sends the sums since the last send: per policy, one script ([`MERGE`]), which keeps the
+    /// set to [`CAPACITY`] keys and expires it one minute past the window.
     async fn send(&self) {
         let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
         let minute = unix_minute();
+        let merge = redis::Script::new(MERGE);
         for (policy, sketch) in batch {
             if sketch.counters().is_empty() {
                 continue;
             }
-            let name = set_key(&self.prefix, &policy, minute);
-            let mut pipe = redis::pipe();
+            let mut call = merge.key(set_key(&self.prefix, &policy, minute));
+            call.arg(CAPACITY).arg((WINDOW_MINUTES + 1) * 60);
             for counter in sketch.counters() {
-                pipe.cmd("ZINCRBY")
-                    .arg(&name)
-                    .arg(counter.count)
-                    .arg(show(&counter.key, &self.redactor))
-                    .ignore();
+                call.arg(show(&counter.key, &self.redactor))
+                    .arg(counter.count);
             }
-            pipe.cmd("ZREMRANGEBYRANK")
-                .arg(&name)
-                .arg(0)
-                .arg(-(CAPACITY as i64) - 1)
-                .ignore();
-            pipe.cmd("EXPIRE")
-                .arg(&name)
-                .arg((WINDOW_MINUTES + 1) * 60)
-                .ignore();
-            let sent: redis::RedisResult<()> = pipe.query_async(&mut self.conn.clone()).await;
+            let sent: redis::RedisResult<()> = call.invoke_async(&mut self.conn.clone()).await;
             if let Err(e) = sent {
                 tracing::debug!(error = %e, policy = %policy, "the top limited keys were not sent");
             }

@@ -607,24 +607,29 @@ async fn routes_in_nested_routers_match_by_full_or_nested_path() {
 async fn a_path_key_of_a_route_written_whole_is_read_inside_a_nested_router() {
     use tower_throttle::key::PathParam;
     // The layer on the router nested at "/api", its route written as the app's whole path.
-    let route = "/api/orders/{id}";
-    let policy = Policy::builder("orders")
-        .quota(Quota::per_minute(1))
-        .key(PathParam::new(route, "id").unwrap())
-        .route(route)
-        .build()
-        .unwrap();
-    let api = Router::new()
-        .route("/orders/{id}", get(|| async { "order" }))
-        .layer(ThrottleLayer::new(policy));
-    let app = Router::new().nest("/api", api);
-    let statuses = [
-        status_of(&app, request("/api/orders/1")).await,
-        status_of(&app, request("/api/orders/1")).await,
-        status_of(&app, request("/api/orders/2")).await,
-    ];
-    let [ok, limited] = [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS];
-    assert_eq!(statuses, [ok, limited, ok], "one quota per order");
+    // `/apikeys` starts with the text `/api`, not with its segment.
+    for (route, inner, path) in [
+        ("/api/orders/{id}", "/orders/{id}", "/api/orders/"),
+        ("/api/apikeys/{id}", "/apikeys/{id}", "/api/apikeys/"),
+    ] {
+        let policy = Policy::builder("orders")
+            .quota(Quota::per_minute(1))
+            .key(PathParam::new(route, "id").unwrap())
+            .route(route)
+            .build()
+            .unwrap();
+        let api = Router::new()
+            .route(inner, get(|| async { "order" }))
+            .layer(ThrottleLayer::new(policy));
+        let app = Router::new().nest("/api", api);
+        let statuses = [
+            status_of(&app, request(&format!("{path}1"))).await,
+            status_of(&app, request(&format!("{path}1"))).await,
+            status_of(&app, request(&format!("{path}2"))).await,
+        ];
+        let [ok, limited] = [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS];
+        assert_eq!(statuses, [ok, limited, ok], "one quota per {route}");
+    }
 }
 
 #[tokio::test]
@@ -671,7 +676,9 @@ async fn a_layer_refuses_one_name_with_two_quotas() {
         .build()
         .unwrap_err();
     assert!(
-        err.to_string().contains("overrides of policy \"api\""),
+        err.to_string().ends_with(
+            r#"is where the overrides of policy "api" keep their state; rename the policy or tier"#
+        ),
         "{err}"
     );
 }

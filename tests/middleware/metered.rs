@@ -605,3 +605,34 @@ async fn a_request_an_inner_layer_refuses_gives_the_outer_layer_its_reservation_
     let charged = charged(&backend, &org_limits, "k", 1);
     assert!((500..=500 + 4 * 40).contains(&charged), "{charged}");
 }
+
+/// A metered limit alone takes none of a quota's options (refused, not dropped), but its shadow
+/// limits take the policy's algorithm and windows.
+#[test]
+fn a_metered_limit_alone_refuses_a_quotas_options_but_not_its_shadows_algorithm() {
+    use tower_throttle::key::Global;
+    use tower_throttle::policy::Penalty;
+    use tower_throttle::{Algorithm, Estimate, Limit, Policy, Quota};
+    let alone = || {
+        let tokens = Limit::new("t.tokens", Quota::per_minute(1000)).unwrap();
+        Policy::builder("t")
+            .key(Global)
+            .metered(tokens, Estimate::fixed(10))
+    };
+    let penalty = Penalty::new(3, Duration::from_secs(60), Duration::from_secs(600)).unwrap();
+    let refused = alone().penalty(penalty).build().unwrap_err().to_string();
+    assert!(
+        refused.contains("a metered limit alone takes no"),
+        "{refused}"
+    );
+    let windowed = alone().algorithm(Algorithm::FixedWindow);
+    assert!(windowed.build().is_err());
+    let shadowed = alone()
+        .algorithm(Algorithm::FixedWindow)
+        .shadow(Quota::per_day(100));
+    let policy = shadowed.build().unwrap();
+    assert_eq!(
+        policy.shadow_limits()[0].algorithm(),
+        Algorithm::FixedWindow
+    );
+}

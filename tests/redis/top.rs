@@ -121,3 +121,37 @@ async fn the_top_limited_keys_on_a_cluster() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A key refused steadily after a minute's set filled is listed: it takes the least counted
+/// key's place and count (a trim to the largest 1,024 dropped its second's count every second).
+#[tokio::test]
+async fn a_key_refused_after_the_set_filled_builds_its_count_up() {
+    let server = redis_support::RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let offenders = Offenders::redis(conn, "fill");
+    // The sets are a minute's each: the whole test within one, so that no fresh set lets it in.
+    let into_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 60;
+    if into_minute > 45 {
+        tokio::time::sleep(Duration::from_secs(61 - into_minute)).await;
+    }
+    for burst in 0..1024 {
+        for _ in 0..10 {
+            offenders.record("api", &Key::from(format!("burst-{burst}")));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..5 {
+        for _ in 0..5 {
+            offenders.record("api", &Key::from("steady"));
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let top = offenders.top("api", 1024).await.unwrap();
+    let steady = top.iter().find(|t| t.key == "steady");
+    assert!(steady.is_some_and(|t| t.limited >= 25), "{:?}", &top[..5]);
+}

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -145,10 +146,12 @@ pub(crate) fn spawn_keeper(
                 if let Some(strong) = state.upgrade() {
                     strong.breaker.recorder.disconnected();
                 }
-                // A connection lost as soon as it was made (a server that takes the set-up and
-                // refuses every decision: a replica whose `ROLE` is forbidden) is a failed
-                // attempt: the next waits, longer each time, no storm of connections and lines.
-                match connected_at.elapsed() < SHORT_LIVED.most() {
+                // A connection that a server refusing writes lost as soon as it was made (it
+                // took the set-up: a replica whose `ROLE` is forbidden) is a failed attempt: the
+                // next waits, longer each time, no storm of connections and lines. (Not one that
+                // the sentinels moved, or a stall dropped.)
+                let refused = server.refused_writes.swap(false, Ordering::Relaxed);
+                match refused && connected_at.elapsed() < SHORT_LIVED.most() {
                     true => tokio::time::sleep(short_lived.wait()).await,
                     false => short_lived = SHORT_LIVED,
                 }
@@ -320,7 +323,8 @@ fn attempt_cluster(
     state: Arc<RedisState>,
 ) -> Attempt<'_, ClusterConnection> {
     Box::pin(async move {
-        let budget = start_budget(state.timeout);
+        // At most 10 s: the keeper tries again after it (a Cluster that never answers).
+        let budget = start_budget(state.timeout).min(Duration::from_secs(10));
         let attempt = async {
             let conn = formed(client, &lazy.target).await?;
             let cluster = Some(Ok(conn.clone()));

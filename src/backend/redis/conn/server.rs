@@ -9,7 +9,7 @@
 //!
 //! Here those, I/O errors and stalls drop it; reconnect.rs makes it again, calls failing meanwhile.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::Duration;
 
@@ -185,6 +185,8 @@ pub(crate) struct SingleServer {
     last_answer: AtomicU64,
     /// When the first call that timed out since then began: ms on `clock`.
     stalled_since: AtomicU64,
+    /// The last connection was dropped because the server refused writes (a replica).
+    pub(crate) refused_writes: AtomicBool,
     /// The backend's one clock (its state takes this one).
     pub(crate) clock: Clock,
     /// Wakes the task: the connection was dropped.
@@ -218,6 +220,7 @@ impl SingleServer {
             generation: AtomicU64::new(0),
             last_answer: AtomicU64::new(0),
             stalled_since: AtomicU64::new(0),
+            refused_writes: AtomicBool::new(false),
             clock: Clock::new(),
             lost: Notify::new(),
             timeout,
@@ -269,7 +272,9 @@ impl SingleServer {
         let values = match result {
             Ok(values) => values,
             Err(error) if must_reconnect(error) => {
-                return self.drop_connection(generation, &error.to_string())
+                let refused = is_not_primary(error);
+                self.refused_writes.store(refused, Ordering::Relaxed);
+                return self.drop_connection(generation, &error.to_string());
             }
             Err(error) if error.is_timeout() => return self.timed_out(),
             Err(_) => return,
@@ -281,6 +286,7 @@ impl SingleServer {
         });
         if let Some(e) = not_primary {
             let text = format!("{}: {}", e.code(), e.details().unwrap_or(""));
+            self.refused_writes.store(true, Ordering::Relaxed);
             self.drop_connection(generation, &text);
         }
     }
@@ -474,8 +480,6 @@ pub(crate) async fn open(
         .await
 }
 
-/// How long one connection attempt (resolve, connect, check, set up) may take: five timeouts,
-/// 250 ms to 5 s (a remote TLS handshake takes round trips; requests fail fast meanwhile).
 /// What connecting and setting up may take at the start, or in one attempt at a Cluster (two
 /// Cluster connections and a script load a call: some twenty round trips): ten timeouts, at least
 /// a second.
@@ -483,6 +487,8 @@ pub(crate) fn start_budget(timeout: Duration) -> Duration {
     timeout.saturating_mul(10).max(Duration::from_secs(1))
 }
 
+/// How long one connection attempt (resolve, connect, check, set up) may take: five timeouts,
+/// 250 ms to 5 s (a remote TLS handshake takes round trips; requests fail fast meanwhile).
 pub(crate) fn attempt_budget(timeout: Duration) -> Duration {
     timeout
         .saturating_mul(5)

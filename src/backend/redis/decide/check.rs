@@ -187,7 +187,7 @@ impl RedisState {
             let decision = decisions?
                 .pop()
                 .ok_or_else(|| BackendError::new("Redis returned no decision"))?;
-            // Renewed from this answer until released (a check dropped before starts nothing).
+            // Renewed from when it was sent until released (a check dropped before starts nothing).
             if let (true, Some((lease, count)), Some(token)) =
                 (decision.allowed, lease, decision.lease)
             {

@@ -70,7 +70,7 @@ impl Leases {
     ) {
         let weak = Arc::downgrade(self);
         let lease_us = lease.as_micros().max(1) as u64;
-        let every = (lease / 3).max(Duration::from_millis(1));
+        let every = (lease / 3).max(Duration::from_millis(10));
         let mut next = tokio::time::Instant::from_std(sent);
         let Some(task) = spawn(async move {
             loop {

@@ -109,7 +109,9 @@ impl Args {
             tolerance: params.tolerance(),
             ceiling: params.ceiling(),
             limit: params.limit(),
-            cell: (cell && !delayed).then(|| cell_args(limit)).flatten(),
+            cell: (cell && !delayed && cell_counts_exactly(limit))
+                .then(|| cell_args(limit))
+                .flatten(),
         })
     }
 
@@ -180,17 +182,7 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
     }
     // redis-cell counts what remains in whole microseconds of the interval: under one, it divides
     // by zero and says i64::MAX remain.
-    // Where the microseconds it drops are more than a thousandth of the interval, what it
-    // says remains is that far off (1.67 µs read as 1: 13 of a limit of 10).
-    if cell_interval < 1_000 || (cell_interval < 1_000_000 && !cell_interval.is_multiple_of(1_000))
-    {
-        return None;
-    }
-    // It sets a key's expiry in whole milliseconds, truncated: a key whose TAT is less than one
-    // ahead is gone at the next, and its next request finds the whole burst. Under 10 ms of
-    // tolerance that is most of a flood's requests; at 10 ms, a tenth of the burst at most.
-    let tolerance = cell_interval * (u128::from(quota.max_burst()) + 1);
-    if tolerance < 10_000_000 {
+    if cell_interval < 1_000 {
         return None;
     }
     Some(CellArgs {
@@ -198,6 +190,24 @@ fn cell_args(limit: &Limit) -> Option<CellArgs> {
         count: scaled_count as u64,
         period_secs: secs as u64,
     })
+}
+
+/// Whether `CL.THROTTLE` counts the limit as exactly as Lua does; Lua takes the others in every
+/// mode.
+fn cell_counts_exactly(limit: &Limit) -> bool {
+    let Some(params) = limit.gcra() else {
+        return false;
+    };
+    let interval = params.emission_interval();
+    // It counts what remains in whole microseconds of the interval: where those it drops are more
+    // than a thousandth of it, what it says remains is that far off (1.67 µs read as 1: 13 of a
+    // limit of 10).
+    let whole_us = interval >= 1_000_000 || interval.is_multiple_of(1_000);
+    // It sets a key's expiry in whole milliseconds, truncated: a key whose TAT is less than one
+    // ahead is gone at the next, and its next request finds the whole burst. Under 10 ms of
+    // tolerance that is most of a flood's requests; at 10 ms, a tenth of the burst at most.
+    let tolerance = u128::from(interval) * (u128::from(limit.quota().max_burst()) + 1);
+    whole_us && tolerance >= 10_000_000
 }
 
 fn gcd(mut a: u128, mut b: u128) -> u128 {
@@ -396,7 +406,7 @@ pub(crate) fn validate(mode: RedisMode, limit: &Limit) -> Result<(), BuildError>
     let name = limit.name();
     // Cell takes CL.THROTTLE, but for a delayed limit (Lua in every mode).
     let cell = Args::new(limit, true).filter(|args| mode == RedisMode::Cell && !args.delayed);
-    if cell.is_some_and(|args| args.cell.is_none()) {
+    if cell.is_some() && cell_args(limit).is_none() {
         return Err(BuildError::Invalid(format!(
             "policy {name:?}: CL.THROTTLE cannot express this quota exactly (its period must be a \
              whole number of seconds at the same rate); use mode \"lua\""
@@ -423,7 +433,8 @@ mod tests {
 
     fn cell(quota: Quota) -> Option<(u64, u64, u64)> {
         let limit = Limit::new("t", quota).unwrap();
-        cell_args(&limit).map(|c| (c.max_burst, c.count, c.period_secs))
+        let args = Args::new(&limit, true).unwrap().cell;
+        args.map(|c| (c.max_burst, c.count, c.period_secs))
     }
 
     #[test]
@@ -474,7 +485,8 @@ mod tests {
         }
         // An interval under a microsecond, or not of whole microseconds under a millisecond, is
         // not CL.THROTTLE's (it would count what remains in whole microseconds), nor a tolerance
-        // under 10 ms (it would expire keys up to a millisecond early).
+        // under 10 ms (it would expire keys up to a millisecond early): Lua takes them, also in
+        // Cell mode, which refuses only a quota with no whole-second form.
         for quota in [
             Quota::per_second(2_000_000),
             Quota::per_second(4_000_000),
@@ -487,5 +499,9 @@ mod tests {
         assert!(cell(Quota::per_second(1_000_000)).is_some());
         assert!(cell(Quota::per_second(1_000).with_max_burst(9)).is_some());
         assert!(cell(Quota::per_minute(7)).is_some());
+        let inexact = Limit::new("t", Quota::per_second(10_000).with_max_burst(4)).unwrap();
+        assert!(validate(RedisMode::Cell, &inexact).is_ok());
+        let never = Limit::new("t", Quota::per_second(2_000_000)).unwrap();
+        assert!(validate(RedisMode::Cell, &never).is_err());
     }
 }
