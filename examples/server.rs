@@ -42,7 +42,7 @@ mod stream;
 #[path = "server/view.rs"]
 mod view;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -474,21 +474,35 @@ fn with_metrics(
                     .map(|p| p.name().to_owned())
                     .collect();
                 policies.dedup();
+                // Read together, within a second in all: a slow Redis does not hold the scrape
+                // (which would lose `throttle_backend_up` with it), and a count it cannot read is
+                // NaN, not the last one read.
+                let mut reads = tokio::task::JoinSet::new();
                 for policy in &policies {
-                    let Ok(counts) = offenders.count(policy).await else {
-                        continue;
-                    };
+                    let (offenders, policy) = (offenders.clone(), policy.clone());
+                    reads.spawn(async move { (offenders.count(&policy).await.ok(), policy) });
+                }
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+                let mut read = HashMap::new();
+                while let Ok(Some(Ok((counts, policy)))) =
+                    tokio::time::timeout_at(deadline, reads.join_next()).await
+                {
+                    read.insert(policy, counts);
+                }
+                for policy in &policies {
+                    let counts = read.get(policy).copied().flatten();
+                    let of = |n: fn(&_) -> u64| counts.as_ref().map_or(f64::NAN, |c| n(c) as f64);
                     for (window, n) in [
-                        ("minute", counts.minute),
-                        ("hour", counts.hour),
-                        ("day", counts.day),
+                        ("minute", of(|c| c.minute)),
+                        ("hour", of(|c| c.hour)),
+                        ("day", of(|c| c.day)),
                     ] {
                         metrics::gauge!(
                             "throttle_distinct_limited_clients",
                             "policy" => policy.clone(),
                             "window" => window
                         )
-                        .set(n as f64);
+                        .set(n);
                     }
                 }
                 let mut reported = reported.lock().unwrap_or_else(|e| e.into_inner());

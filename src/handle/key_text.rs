@@ -161,10 +161,10 @@ fn joined_parts(mut bytes: &[u8]) -> Option<usize> {
 impl KeyFromText for Composite {
     fn key_from_text(&self, text: &str) -> Result<Key, String> {
         // As shown: a rendering never holds a `|` (it is percent-encoded), and its bytes are the
-        // extractor's join of exactly as many parts.
+        // extractor's join of exactly as many parts, or a long join's digest (`#sha256:…`).
         let joined = |key: &Key| {
             key.bytes()
-                .is_some_and(|b| joined_parts(b) == Some(self.parts().len()))
+                .is_none_or(|b| joined_parts(b) == Some(self.parts().len()))
         };
         if let Some(key) = shown_bytes(text).filter(joined) {
             return Ok(key);
@@ -205,4 +205,25 @@ fn join(composite: &Composite, texts: &[&str]) -> Result<String, String> {
         let _ = write!(joined, "{}:{part};", part.len());
     }
     Ok(joined)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{Header, KeyExtractor, KeySpec};
+
+    /// A long composite key is kept as its digest, and named as logs show it.
+    #[test]
+    fn a_composite_key_kept_as_a_digest_is_named_as_shown() {
+        let header = |name: &str| KeySpec::Header(Header::new(name));
+        let composite = Composite::new([header("x-org"), header("x-user")]).unwrap();
+        let request = http::Request::get("/")
+            .header("x-org", "acme")
+            .header("x-user", "u".repeat(60))
+            .body(())
+            .unwrap();
+        let key = composite.extract(&request).unwrap();
+        assert!(key.bytes().is_none(), "a digest: {key}");
+        assert_eq!(composite.key_from_text(&key.to_string()), Ok(key));
+    }
 }

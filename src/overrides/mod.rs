@@ -56,13 +56,14 @@ impl Override {
             "unlimited" => Override::Unlimited,
             "blocked" => Override::Blocked,
             "quota" => {
-                let mut number = || words.next()?.parse::<u64>().ok();
+                let mut number = || words.next()?.parse::<u128>().ok();
                 let (count, period, max_burst) = (number()?, number()?, number()?);
-                Override::Quota(Quota::cl_throttle(
-                    max_burst,
-                    count,
-                    Duration::from_nanos(period),
-                ))
+                // A concurrency quota's period may pass 2^64 ns (585 years): it means nothing.
+                let (secs, nanos) = (period / 1_000_000_000, (period % 1_000_000_000) as u32);
+                let period = Duration::new(u64::try_from(secs).ok()?, nanos);
+                let (count, max_burst) =
+                    (u64::try_from(count).ok()?, u64::try_from(max_burst).ok()?);
+                Override::Quota(Quota::cl_throttle(max_burst, count, period))
             }
             _ => return None,
         };
@@ -124,6 +125,8 @@ mod tests {
             Override::Blocked,
             Override::Quota(Quota::per_minute(1000)),
             Override::Quota(Quota::per_second(5).with_max_burst(20)),
+            // Past 2^64 ns: a concurrency quota's period, which means nothing, may be that long.
+            Override::Quota(Quota::per_period(5, Duration::from_secs(600 * 31_557_600))),
         ] {
             assert_eq!(Override::decode(&o.encode()), Some(o));
         }
