@@ -34,7 +34,8 @@ const CONNECTING: Backoff = Backoff::new(Duration::from_millis(50), Duration::fr
 const STILL_DOWN_EVERY: Duration = Duration::from_secs(10);
 /// The task looks this often whether the backend still exists, while there is nothing to do.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
-/// The wait before reconnecting after a connection that lived less than its most (5 s).
+/// The wait before reconnecting to a server that refused writes on a connection less than its
+/// most (5 s) old, doubling each time in a row.
 const SHORT_LIVED: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// Attempts after a configuration error go on this slowly: someone has to fix something first.
 const MISCONFIGURED_BACKOFF: Duration = Duration::from_secs(5);
