@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --example overload                              # 127.0.0.1:3002
-//! oha -z 10s -c 64 'http://127.0.0.1:3002/api?work_ms=20'    # four times the capacity
+//! oha -z 10s -c 64 'http://127.0.0.1:3002/api?work_ms=20'    # eight times the workers
 //! curl -s http://127.0.0.1:3002/gate                         # the limit, in flight, shed
 //! ```
 

@@ -70,8 +70,8 @@ impl RedactionSecret {
         Self::new(value.trim()).map_err(|e| BuildError::Invalid(format!("{name}: {e}")))
     }
 
-    /// A secret made up for this process (for `redact_keys(true)` without one): pseudonyms are
-    /// stable within the process only.
+    /// A secret made up for one layer (for `redact_keys(true)` without one): pseudonyms are
+    /// stable within the layer only.
     pub(crate) fn random() -> Self {
         use std::hash::{BuildHasher as _, Hasher as _};
         // std's RandomState is seeded from the operating system's random source once per thread

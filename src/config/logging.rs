@@ -15,7 +15,7 @@ use crate::observe::RedactionSecret;
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LoggingConfig {
-    /// `true` (pseudonyms under a secret made up per process), `false` (the default: keys as they
+    /// `true` (pseudonyms under a secret made up per layer), `false` (the default: keys as they
     /// are), or `{ secret_env = "VAR" }`: pseudonyms under the secret in the environment variable
     /// `VAR` (at least 16 bytes), the same in every process that shares it.
     pub redact_keys: Option<RedactKeys>,
@@ -40,7 +40,7 @@ pub enum RedactKeys {
 }
 
 impl LoggingConfig {
-    /// Whether keys are redacted, and under which secret (`None`: one made up per process).
+    /// Whether keys are redacted, and under which secret (`None`: one made up per layer).
     pub(super) fn redaction(&self) -> Result<(bool, Option<RedactionSecret>), BuildError> {
         match &self.redact_keys {
             None | Some(RedactKeys::Flag(false)) => Ok((false, None)),

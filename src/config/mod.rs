@@ -93,7 +93,8 @@ pub struct Config {
     /// CIDRs (`"10.0.0.0/8"`, `"::1/128"`) or addresses.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
-    /// The header those proxies set: `"x-forwarded-for"` (default), `"forwarded"` or `"x-real-ip"`.
+    /// The header those proxies set: `"x-forwarded-for"` (default), `"forwarded"`, `"x-real-ip"`,
+    /// `"cf-connecting-ip"`, `"true-client-ip"` or `"fly-client-ip"`.
     pub client_ip_header: Option<String>,
     /// Allow and deny lists.
     pub access: Option<AccessConfig>,

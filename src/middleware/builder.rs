@@ -101,7 +101,7 @@ impl<K, B> ThrottleLayerBuilder<K, B> {
     /// for keys that are personal data (IP addresses, user ids, API keys). Default false.
     ///
     /// Without a secret ([`redact_keys_with`](Self::redact_keys_with)) the layer makes one up:
-    /// pseudonyms are then stable within the process only.
+    /// pseudonyms are then stable within the layer only (two layers show a key apart).
     pub fn redact_keys(mut self, redact: bool) -> Self {
         self.settings.redact_keys = redact;
         self

@@ -56,6 +56,7 @@ pub(crate) const EXCLUDED: &[(Feature, Feature, &str)] = &[
     (Metered, Resolver, "a metered limit cannot be used with per-customer quotas (quota_from, quota_resolver) yet"),
     (Metered, CountOnly, "a metered limit settles its cost after the response; count_only and refund_on cannot be used with it"),
     (Metered, Delay, "a metered limit cannot be used with delay mode (a request that waits holds its reservation)"),
+    (Metered, Budget, "a metered limit cannot be used with a leased budget yet (a slice would lease the policy's quota without the tokens)"),
     (MeteredAlone, QuotaOptions, "a metered limit alone takes no algorithm, penalty, budget, delay, lease, calendar or window start; they are options of the policy's own quota (quota, or count in a configuration)"),
     (QuotaFrom, Resolver, "quota_from and quota_resolver both choose the quota; use one"),
     (CountOnly, Concurrency, "count_only and refund_on need a rate (a concurrency slot is given back anyway when its request ends)"),
@@ -135,7 +136,7 @@ mod tests {
         let listed = [
             (KeysApart, Tiers), (KeysApart, Penalty), (KeysApart, Budget), (Metered, Tiers),
             (Metered, QuotaFrom), (Metered, Resolver), (Metered, CountOnly), (Metered, Delay),
-            (MeteredAlone, QuotaOptions),
+            (Metered, Budget), (MeteredAlone, QuotaOptions),
             (QuotaFrom, Resolver), (CountOnly, Concurrency), (CountOnly, Budget),
             (CountOnly, Shadow), (KeysApart, QuotaFrom), (KeysApart, Resolver),
             (KeysApart, CountOnly), (KeysApart, Metered), (KeysApart, Concurrency),

@@ -90,20 +90,27 @@ fn the_guide_metered_route_is_valid() {
     assert_eq!(policies[0].limits()[0].name(), "t.tokens");
     assert_eq!(policies[0].limits()[0].max_debt(), 5);
     // The options of a quota of the route's own are refused there, not dropped.
+    let refused = |toml: &str| match Config::from_toml(toml) {
+        Ok(config) => config.policies().map(|_| ()).unwrap_err().to_string(),
+        Err(e) => e.to_string(),
+    };
     for option in [
         "penalty = { after = 3, within = \"1m\", ban = \"1h\" }",
-        "budget = true",
         "calendar = \"day\"",
         "algorithm = \"concurrency\"",
     ] {
-        let refused = match Config::from_toml(&format!("{tokens_only}\n{option}")) {
-            Ok(config) => config.policies().map(|_| ()).unwrap_err().to_string(),
-            Err(e) => e.to_string(),
-        };
+        let refused = refused(&format!("{tokens_only}\n{option}"));
         assert!(
             refused.contains("a metered limit alone takes no"),
             "{option}: {refused}"
         );
+    }
+    // A leased budget, alone or beside a quota of the route's own.
+    let with_count =
+        tokens_only.replace("key = \"ip\"", "key = \"ip\"\ncount = 60\nperiod = \"1m\"");
+    for toml in [tokens_only, &with_count] {
+        let refused = refused(&format!("{toml}\nbudget = true"));
+        assert!(refused.contains("leased budget"), "{refused}");
     }
 }
 
