@@ -196,18 +196,24 @@ pub(super) fn share_used(
             tat.saturating_sub(now) as f32 / tolerance
         }
         (State::Fixed(s), Some(Scale::Window(p))) => {
-            // A count of a window that has passed no longer counts (on the key's own clock).
-            if s.window == p.fixed_window_at(unix_now + p.shift_of(key)).0 {
+            // A count of a window that has passed no longer counts (on the key's own clock); one
+            // of the next (kept by a clock ahead: a restored file) does, as `fixed_window` reads it.
+            let window = p.fixed_window_at(unix_now + p.shift_of(key)).0;
+            let next = p.fixed_window_at(p.fixed_window_end(window)).0;
+            if s.window == window || (s.window > window && s.window == next) {
                 s.count as f32 / p.limit() as f32
             } else {
                 0.0
             }
         }
         (State::Sliding(s), Some(Scale::Window(p))) => {
-            // The estimate `window::sliding_window` decides on: previous × left / period + current.
+            // The estimate `window::sliding_window` decides on: previous × left / period + current
+            // (of the next window from its start, as it reads one kept by a clock ahead).
             let period = p.period();
-            let window = unix_now / period;
-            let left = period - unix_now % period;
+            let (mut window, mut left) = (unix_now / period, period - unix_now % period);
+            if s.window == window.saturating_add(1) {
+                (window, left) = (s.window, period);
+            }
             let (current, previous) = window::SlidingState::at(Some(*s), window);
             let estimate = previous as f64 * left as f64 / period as f64 + current as f64;
             (estimate / p.limit() as f64) as f32
@@ -301,6 +307,10 @@ mod tests {
         let fixed = |window, count| State::Fixed(FixedState { window, count });
         assert_eq!(share(&fixed(10, 4), window), Some(0.4));
         assert_eq!(share(&fixed(9, 4), window), Some(0.0));
+        // The next window's count (kept by a clock ahead, a restored file) counts, as decided;
+        // one further on does not.
+        assert_eq!(share(&fixed(11, 10), window), Some(1.0));
+        assert_eq!(share(&fixed(12, 10), window), Some(0.0));
         // Sliding window: previous × left / period + current, over the limit.
         let sliding = |window, current, previous| {
             State::Sliding(SlidingState {
@@ -316,6 +326,7 @@ mod tests {
         close(share(&sliding(10, 2, 8), window), (8.0 * 0.75 + 2.0) / 10.0);
         close(share(&sliding(9, 8, 5), window), 8.0 * 0.75 / 10.0);
         close(share(&sliding(8, 8, 5), window), 0.0);
+        close(share(&sliding(11, 10, 0), window), 1.0);
         // Sliding log: the units still inside the period.
         let log = State::Log([unix - 10 * S, unix - 9 * S, unix - S].into());
         close(share(&log, window), 0.2);

@@ -45,7 +45,8 @@ impl GeneralStore {
     /// Puts back `key`'s entry under `first` (the first limit of its stack, which names the entry)
     /// from `saved` cells in Unix time, unless the store already has one (a newer state). Only
     /// `first`'s scale is noted for eviction: the stack's other limits are noted at their next new
-    /// key in the shard, and until then rank as fully used (forgotten last).
+    /// key in the shard, and until then rank as fully used (forgotten last). Whether it put one
+    /// back (not when every cell has expired).
     pub(super) fn restore(
         &self,
         first: &Limit,
@@ -53,7 +54,7 @@ impl GeneralStore {
         saved: Vec<Cell>,
         now: u64,
         origin: u64,
-    ) {
+    ) -> bool {
         let cells: Vec<Cell> = saved
             .into_iter()
             .filter_map(|c| {
@@ -76,16 +77,17 @@ impl GeneralStore {
             })
             .collect();
         let cells = match cells.len() {
-            0 => return,
+            0 => return false,
             1 => Cells::One(cells.into_iter().next().expect("one cell")),
             _ => Cells::Many(cells),
         };
         let (hash, mut shard) = self.locate(first.id(), key);
         if shard.table.find(hash, Entry::is(first.id(), key)).is_some() {
-            return;
+            return false;
         }
         // `insert` leaves out the cells that expired by `now`, and the entry if all did.
         let limits = std::slice::from_ref(first);
         self.insert(&mut shard, hash, limits, key, cells, now, origin);
+        true
     }
 }

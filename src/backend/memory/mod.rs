@@ -188,7 +188,9 @@ impl<C: Clock> MemoryBackendBuilder<C> {
 
     /// The number of shards: 1 to 1024 and at most `max_keys`, rounded down to a power of two
     /// (default: 16 per core, at least 64, and fewer when a shard would hold under 64 keys). Each
-    /// shard holds at most `max_keys / shards` keys.
+    /// shard holds at most `max_keys / shards` keys, and a full one forgets its least used eighth
+    /// to take a new key: shards of a few keys each forget a limited key as soon as new keys
+    /// land beside it.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -446,6 +448,15 @@ fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError>
             limits.len()
         )));
     }
+    // Two charges of one (limit, key) would each be decided on the state the other changes: not
+    // all or nothing.
+    let pairs = || limits.iter().map(Limit::id).zip(keys);
+    if pairs()
+        .enumerate()
+        .any(|(i, pair)| pairs().skip(i + 1).any(|other| other == pair))
+    {
+        return Err(BackendError::new("two charges name one limit and key"));
+    }
     check_stack(limits).map_err(BackendError::new)
 }
 
@@ -576,6 +587,26 @@ mod tests {
                 times[0]
             }
         }
+    }
+
+    /// Charges naming one (limit, key) twice are refused whole: decided apart, the second could
+    /// refuse after the first was recorded.
+    #[test]
+    fn charges_naming_one_limit_and_key_twice_are_an_error() {
+        let backend = MemoryBackend::new();
+        let limit = Limit::new("once", crate::quota::Quota::per_minute(1)).unwrap();
+        let (limits, keys) = (
+            [limit.clone(), limit.clone()],
+            [Key::from("k"), Key::from("k")],
+        );
+        let error = backend
+            .decide_charges(Charges::keyed(&limits, &keys, 1))
+            .unwrap_err();
+        assert!(error.to_string().contains("one limit and key"), "{error}");
+        assert!(
+            backend.decide(&limit, &Key::from("k"), 1).unwrap().allowed,
+            "nothing taken"
+        );
     }
 
     #[test]

@@ -147,10 +147,10 @@ impl<C: Clock> MemoryBackend<C> {
                             Some(Cell { limit, ..cell })
                         })
                         .collect();
-                    if cells.is_empty() {
+                    if cells.is_empty() || !stores.general.restore(first, &key, cells, now, origin)
+                    {
                         continue;
                     }
-                    stores.general.restore(first, &key, cells, now, origin);
                 }
             }
             restored += 1;
@@ -404,6 +404,33 @@ mod tests {
         for done in [&fresh, &path] {
             fs::remove_file(done).unwrap();
         }
+    }
+
+    /// A key whose window ended since it was saved is not restored, nor counted as restored.
+    #[test]
+    fn a_key_whose_window_ended_is_not_counted_as_restored() {
+        use crate::limit::Algorithm;
+        let window = Limit::with_algorithm("w", Algorithm::FixedWindow, Quota::per_second(5));
+        let window = window.unwrap();
+        let path = file("ended");
+        let saver = backend();
+        saver.decide(&window, &Key::from("ann"), 1).unwrap();
+        assert_eq!(
+            saver
+                .save_state(&path, std::slice::from_ref(&window))
+                .unwrap(),
+            1
+        );
+        std::thread::sleep(Duration::from_millis(1100));
+        let loader = backend();
+        assert_eq!(
+            loader
+                .load_state(&path, std::slice::from_ref(&window))
+                .unwrap(),
+            0
+        );
+        assert_eq!(loader.len(), 0);
+        fs::remove_file(&path).unwrap();
     }
 
     #[test]
