@@ -345,7 +345,9 @@ impl OncePerSecond {
 
 /// Backend errors are logged at warn at most once a second, the rest at debug: a Redis outage under
 /// load would otherwise write one line per request. Entering and leaving the failure policy are one
-/// line each, also at most once a second, so that a link that flaps does not flood.
+/// line each, also at most once a second, so that a link that flaps does not flood; it is left
+/// once the backend has decided with no failure for a second ([`QUIET`]), so that a backend that
+/// fails some requests (a Cluster node down, the others up) is one outage, not one a second.
 #[derive(Default)]
 pub(crate) struct ErrorLog {
     gate: OncePerSecond,
@@ -354,10 +356,22 @@ pub(crate) struct ErrorLog {
     /// Requests the failure policy answered since it took over.
     answered: AtomicU64,
     since: Mutex<Option<Instant>>,
+    /// The last failure: ms since `start`.
+    failed_ms: AtomicU64,
+    start: OnceLock<Instant>,
 }
 
+/// How long the backend decides with no failure before the failure policy is said to be done.
+const QUIET: Duration = Duration::from_secs(1);
+
 impl ErrorLog {
+    fn now_ms(&self) -> u64 {
+        let start = self.start.get_or_init(Instant::now);
+        u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
+        self.failed_ms.store(self.now_ms(), Ordering::Relaxed);
         self.answered.fetch_add(1, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::Relaxed) {
             *self.since.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
@@ -403,7 +417,10 @@ impl ErrorLog {
     /// The way back, for the layer: its count is every policy's requests, so no policy is named.
     #[cold]
     fn back(&self) {
-        if !self.failing.swap(false, Ordering::Relaxed) {
+        let quiet = self
+            .now_ms()
+            .saturating_sub(self.failed_ms.load(Ordering::Relaxed));
+        if quiet < QUIET.as_millis() as u64 || !self.failing.swap(false, Ordering::Relaxed) {
             return;
         }
         let since = self

@@ -238,6 +238,11 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
         status_of(&app, from("dave@example.com")).await;
     }
     down.store(false, Ordering::Relaxed);
+    // Back once the backend has decided with no failure for a second: not at its first decision.
+    status_of(&app, from("dave@example.com")).await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(!text.contains("backend decides again"), "{text}");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     for _ in 0..2 {
         status_of(&app, from("dave@example.com")).await;
     }
@@ -252,6 +257,24 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
     assert!(back.contains("WARN") && !back.contains("policy="), "{back}");
     assert!(back.contains("answered=5"), "{back}");
     assert_eq!(text.matches("backend decides again").count(), 1, "{text}");
+}
+
+/// A backend that fails some requests and decides others (a Cluster node down, the others up)
+/// is one outage: the failure policy takes over once, and is not said to be done at each decision.
+#[tokio::test(flavor = "current_thread")]
+async fn a_backend_failing_every_other_request_is_one_outage() {
+    let (logs, _guard) = capture();
+    let (down, layer) = flaky_layer();
+    let app = items(layer);
+    for i in 0..40 {
+        down.store(i % 2 == 0, Ordering::Relaxed);
+        status_of(&app, from("dave@example.com")).await;
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let entered = "the failure policy answers until it decides again";
+    assert_eq!(text.matches(entered).count(), 1, "{text}");
+    assert_eq!(text.matches("decides again;").count(), 0, "{text}");
 }
 
 /// A stream message the backend could not decide is logged as a failure, but the failure policy
