@@ -304,10 +304,15 @@ impl ClientIp {
             let quoting = matches!(self.header, ForwardedHeader::Forwarded);
             let (mut plain, mut quoted);
             let entries: &mut dyn Iterator<Item = &[u8]> = if quoting && line.contains(&b'"') {
-                quoted = split_unquoted(line, b',')
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev();
+                // Read left to right (quotes open there), keeping only the last MAX_HOPS: no more
+                // are walked, and a line of a hundred thousand commas allocates nothing.
+                let (mut last, mut count) = ([&line[..0]; MAX_HOPS], 0);
+                for entry in split_unquoted(line, b',') {
+                    last[count % MAX_HOPS] = entry;
+                    count += 1;
+                }
+                let kept = count.min(MAX_HOPS);
+                quoted = (1..=kept).map(move |back| last[(count - back) % MAX_HOPS]);
                 &mut quoted
             } else {
                 plain = line.rsplit(|b| *b == b',');

@@ -217,10 +217,11 @@ impl<T: Body<Data = Bytes> + Unpin> Body for Replay<T> {
         };
         let lower = hint.lower().saturating_add(held);
         let upper = hint.upper().map(|u| u.saturating_add(held));
-        hint.set_lower(lower);
+        // The upper first: `set_lower` asserts the lower is no more than the upper it finds.
         if let Some(upper) = upper {
             hint.set_upper(upper);
         }
+        hint.set_lower(lower);
         hint
     }
 }
@@ -284,6 +285,18 @@ mod tests {
         let (body, whole) = read(chunks(&[], false), 4, SECOND).await;
         assert_eq!(whole.as_deref(), Some(&b""[..]));
         assert_eq!(collect(body).await.unwrap(), b"");
+    }
+
+    /// What was read counts in the size: a client sending it on (hyper's content-length) asks.
+    #[tokio::test]
+    async fn a_replayed_body_reports_its_size() {
+        let (body, _) = read(chunks(&[b"ab", b"cd"], false), 4, SECOND).await;
+        assert_eq!(body.size_hint().exact(), Some(4));
+        // Past the cap, the rest of an exact size: all of it.
+        let exact = Full::new(Bytes::from_static(b"0123456789")).map_err(BoxError::from);
+        let (body, whole) = read(Chunks::new(exact), 3, SECOND).await;
+        assert_eq!(whole, None);
+        assert_eq!(body.size_hint().exact(), Some(10));
     }
 
     #[tokio::test]
