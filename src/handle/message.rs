@@ -44,11 +44,21 @@ pub(crate) fn unsupported(policy: &CompiledPolicy, cost: u64) -> Option<String> 
                 .into(),
         );
     }
-    let most = limits.iter().map(|l| l.max_cost()).min().unwrap_or(0);
-    if cost == 0 || cost > most {
-        return Some(format!("a message costs 1 to {most} units, not {cost}"));
+    match cost {
+        0 => too_costly(policy, cost),
+        _ => None,
     }
-    None
+}
+
+/// Why a message of `cost` cannot be checked under `policy`'s own quota, if it cannot: asked only
+/// where no override is in force (an override's quota judges the cost itself, an unlimited one
+/// or an allowed key takes any).
+pub(crate) fn too_costly(policy: &CompiledPolicy, cost: u64) -> Option<String> {
+    let most = (policy.tiers[0].limits.iter())
+        .map(|l| l.max_cost())
+        .min()
+        .unwrap_or(0);
+    (cost == 0 || cost > most).then(|| format!("a message costs 1 to {most} units, not {cost}"))
 }
 
 /// A message's steps before the backend, as a request's with its key given: the access lists by key

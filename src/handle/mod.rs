@@ -466,6 +466,12 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
             Ok(custom) => custom,
             Err(answered) => return Ok(answered),
         };
+        if let (None, Some(reason)) = (&custom, message::too_costly(compiled, cost)) {
+            return Err(HandleError::Unsupported {
+                policy: policy.to_owned(),
+                reason,
+            });
+        }
         let custom = custom.as_deref();
         let backend = &self.shared.backend;
         let decided = judge.message(backend, compiled, key, cost, custom).await;

@@ -121,8 +121,8 @@ where
     /// [lifted](Self::lift_ban). A ban comes before any override of the key, and of the bans
     /// that match a key (its own, patterns, `*`) the one that ends last holds. A ban is one of the
     /// policy's refusals: where the policy does not enforce them (a dry run, a key outside a
-    /// staged share, no pressure for a policy enforced under pressure) it is counted as
-    /// would-limit and the key keeps its quota; [`Override::Blocked`] refuses whatever the
+    /// staged share, no pressure for a policy enforced under pressure) the key keeps its quota
+    /// and its requests count as the backend decides them; [`Override::Blocked`] refuses whatever the
     /// policy's mode. Banning again replaces the end. Returns the end (a wall-clock instant, which every process reads alike).
     ///
     /// ```

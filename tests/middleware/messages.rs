@@ -323,4 +323,17 @@ async fn a_costly_message_leaves_an_override_in_force() {
         assert!(admitted <= 100, "the override no longer holds");
     }
     assert_eq!(admitted, 10);
+    // A larger override, or none at all, takes a message the policy's own quota could not.
+    let thousand = Override::Quota(Quota::per_minute(1000));
+    handle.set_override("chat", "vip", thousand).await.unwrap();
+    handle
+        .set_override("chat", "staff", Override::Unlimited)
+        .await
+        .unwrap();
+    assert!(
+        handle.check("chat", "bob", 500).await.is_err(),
+        "past the policy's quota"
+    );
+    assert!(handle.check("chat", "vip", 500).await.unwrap().allowed);
+    assert!(handle.check("chat", "staff", 500).await.unwrap().allowed);
 }
