@@ -66,7 +66,15 @@ pub type QuotaFuture = Pin<Box<dyn Future<Output = Result<Option<Quota>, BoxErro
 ///                 "enterprise" => Quota::per_second(1000),
 ///                 _ => Quota::per_second(10),
 ///             };
-///             cache.lock().unwrap().insert(key, (quota, Instant::now()));
+///             let mut cache = cache.lock().unwrap();
+///             // Bounded: every key a client makes up comes here once.
+///             if cache.len() >= 100_000 {
+///                 cache.retain(|_, (_, at)| at.elapsed() < Duration::from_secs(60));
+///                 if cache.len() >= 100_000 {
+///                     cache.clear();
+///                 }
+///             }
+///             cache.insert(key, (quota, Instant::now()));
 ///             Ok(Some(quota))
 ///         })
 ///     }

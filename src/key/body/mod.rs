@@ -161,7 +161,9 @@ pub(crate) fn units_of(text: &str) -> Option<u64> {
         return Some(units);
     }
     let number: f64 = text.parse().ok()?;
-    (number >= 0.0 && number.fract() == 0.0).then_some(number as u64) // `as` saturates
+    // Past f64's range (`1e400`) the number reads as infinite, whose fraction is NaN: the most too.
+    let whole = number == f64::INFINITY || number.fract() == 0.0;
+    (number >= 0.0 && whole).then_some(number as u64) // `as` saturates
 }
 
 #[cfg(test)]
@@ -200,6 +202,9 @@ mod tests {
             tokens.units(&json, br#"{"max_tokens":1e20}"#),
             Some(u64::MAX)
         );
+        // Past f64's range too (a header's `1e400`), not the default.
+        assert_eq!(units_of("1e400"), Some(u64::MAX));
+        assert_eq!(units_of("-1e400"), None);
     }
 
     #[test]
