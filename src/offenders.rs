@@ -52,8 +52,9 @@ pub struct Offenders {
     top: Arc<TopLimited>,
 }
 
-/// Per policy and window: the current bucket's number and its HyperLogLog.
-type Buckets = HashMap<(Box<str>, Window), (u64, Hll)>;
+/// Per policy, per window (in [`Window::ALL`]'s order): the current bucket's number and its
+/// HyperLogLog. Looked up by the policy's name, so a refusal allocates nothing.
+type Buckets = HashMap<Box<str>, [(u64, Hll); 3]>;
 
 enum Store {
     Memory(Mutex<Buckets>),
@@ -116,11 +117,15 @@ impl Offenders {
             Store::Memory(map) => {
                 let hash = hash_key(key);
                 let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-                for window in Window::ALL {
+                if !map.contains_key(policy) {
+                    let fresh = Window::ALL.map(|window| (window.bucket(now), Hll::new()));
+                    map.insert(policy.into(), fresh);
+                }
+                let Some(windows) = map.get_mut(policy) else {
+                    return;
+                };
+                for (window, entry) in Window::ALL.into_iter().zip(windows) {
                     let bucket = window.bucket(now);
-                    let entry = map
-                        .entry((policy.into(), window))
-                        .or_insert_with(|| (bucket, Hll::new()));
                     // Only ever to a later bucket: a thread that read the clock just before another
                     // moved on (or a clock stepped back) must not empty the newer one.
                     if entry.0 < bucket {
@@ -168,10 +173,11 @@ impl Offenders {
             Store::Memory(map) => {
                 let map = map.lock().unwrap_or_else(|e| e.into_inner());
                 let count = |window: Window| {
-                    map.get(&(policy.into(), window))
-                        .filter(|(bucket, _)| *bucket == window.bucket(now))
-                        .map_or(0, |(_, hll)| hll.estimate())
+                    let at = Window::ALL.iter().position(|w| *w == window)?;
+                    let (bucket, hll) = &map.get(policy)?[at];
+                    (*bucket == window.bucket(now)).then(|| hll.estimate())
                 };
+                let count = |window| count(window).unwrap_or(0);
                 Ok(OffenderCounts {
                     minute: count(Window::Minute),
                     hour: count(Window::Hour),
@@ -264,7 +270,10 @@ mod redis_store {
     #[derive(Default)]
     pub(super) struct Recent {
         minute: u64,
-        seen: HashSet<(Box<str>, Key)>,
+        /// Per policy, looked up by its name: a key seen already costs no allocation.
+        seen: HashMap<Box<str>, HashSet<Key>>,
+        /// Keys in `seen`, every policy's.
+        len: usize,
     }
 
     const RECENT_CAP: usize = 100_000;
@@ -300,19 +309,22 @@ mod redis_store {
             {
                 let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
                 let minute = Window::Minute.bucket(now);
-                if recent.minute != minute {
-                    recent.minute = minute;
-                    recent.seen.clear();
-                }
                 // So many distinct keys that this is a flood of invented ones: forgetting them
                 // costs a second write of some, while refusing to count more would leave every
-                // other policy uncounted for the rest of the minute.
-                if recent.seen.len() >= RECENT_CAP {
-                    recent.seen.clear();
+                // other policy uncounted for the rest of the minute. Dropped after the lock.
+                let mut forgotten = None;
+                if recent.minute != minute || recent.len >= RECENT_CAP {
+                    recent.minute = minute;
+                    recent.len = 0;
+                    forgotten = Some(std::mem::take(&mut recent.seen));
                 }
-                if !recent.seen.insert((policy.into(), key.clone())) {
+                if recent.seen.get(policy).is_some_and(|keys| keys.contains(key)) {
                     return; // sent already this minute
                 }
+                recent.seen.entry(policy.into()).or_default().insert(key.clone());
+                recent.len += 1;
+                drop(recent);
+                drop(forgotten);
             }
             let outbox = &self.outbox;
             {
