@@ -643,6 +643,23 @@ impl Limit {
 const CALENDAR_NOT_PER_KEY: &str = "a calendar window starts at the calendar's boundaries for \
                                     every key, so it cannot also have window_start = \"per-key\"";
 
+/// The name under which an operator's override quotas of policy `policy` keep their keys' state:
+/// `<policy>.override`; for a policy name too long for that, its start and a hash of the whole
+/// (stable across processes), never the policy's own name, whose state it would share.
+pub(crate) fn override_state_name(policy: &str) -> String {
+    let own = format!("{policy}.override");
+    if own.len() <= 64 {
+        return own;
+    }
+    // FNV-1a: the same in every process and release.
+    let hash = (policy.bytes()).fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    // Names are ASCII (`validate_name`): any cut is a character boundary.
+    let start = policy.get(..46).unwrap_or(policy);
+    format!("{start}-{:08x}.override", hash as u32)
+}
+
 pub(crate) fn validate_name(name: &str) -> Result<(), BuildError> {
     let reason = if name.is_empty() {
         "is empty"

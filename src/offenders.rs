@@ -318,10 +318,18 @@ mod redis_store {
                     recent.len = 0;
                     forgotten = Some(std::mem::take(&mut recent.seen));
                 }
-                if recent.seen.get(policy).is_some_and(|keys| keys.contains(key)) {
+                if recent
+                    .seen
+                    .get(policy)
+                    .is_some_and(|keys| keys.contains(key))
+                {
                     return; // sent already this minute
                 }
-                recent.seen.entry(policy.into()).or_default().insert(key.clone());
+                recent
+                    .seen
+                    .entry(policy.into())
+                    .or_default()
+                    .insert(key.clone());
                 recent.len += 1;
                 drop(recent);
                 drop(forgotten);

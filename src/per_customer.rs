@@ -348,12 +348,8 @@ pub(crate) enum Namespace {
     Override,
 }
 
-/// The name override quotas of policy `name` keep their state under: `<name>.override`, or the
-/// policy's own name where that would be too long for a limit's name.
+/// The name override quotas of policy `name` keep their state under
+/// ([`override_state_name`](crate::limit::override_state_name)).
 fn override_name(name: &str) -> Arc<str> {
-    let own = format!("{name}.override");
-    match crate::limit::validate_name(&own) {
-        Ok(()) => own.into(),
-        Err(_) => name.into(),
-    }
+    crate::limit::override_state_name(name).into()
 }

@@ -267,3 +267,20 @@ fn same_rules_compares_every_rule_but_the_name() {
     assert!(conn.same_rules(&conn.clone()));
     assert!(!conn.same_rules(&leased));
 }
+
+#[test]
+fn override_state_is_apart_from_the_policys_own_however_long_its_name() {
+    assert_eq!(crate::limit::override_state_name("api"), "api.override");
+    let long = "p".repeat(60);
+    let other = format!("{}q", "p".repeat(59));
+    let (a, b) = (
+        crate::limit::override_state_name(&long),
+        crate::limit::override_state_name(&other),
+    );
+    assert!(
+        a.len() <= 64 && a.ends_with(".override") && a != long,
+        "{a}"
+    );
+    assert!(crate::limit::validate_name(&a).is_ok(), "{a}");
+    assert_ne!(a, b, "two long names that start alike");
+}

@@ -2,7 +2,6 @@
 //! (a policy alone is checked by its builder, `compat.rs`).
 
 use std::collections::hash_map::{Entry, HashMap};
-use std::collections::HashSet;
 
 use http::Method;
 
@@ -98,15 +97,16 @@ pub(crate) fn check_table<B: Backend>(
         .collect();
     // An operator's override keeps a key's state under `<policy>.override` (per_customer.rs):
     // a limit of that name would share it.
-    let overrides: HashSet<String> = (policies.iter())
-        .map(|p| format!("{}.override", p.name))
+    let overrides: HashMap<String, &str> = (policies.iter())
+        .map(|p| (crate::limit::override_state_name(&p.name), &*p.name))
         .collect();
-    if let Some((limit, _)) = limits.iter().find(|(l, _)| overrides.contains(l.name())) {
+    if let Some((limit, policy)) =
+        (limits.iter()).find_map(|(l, _)| Some((l, *overrides.get(l.name())?)))
+    {
         return Err(BuildError::Invalid(format!(
-            "the limit name {:?} is where the overrides of policy {:?} keep their state; rename \
-             the policy or tier",
+            "the limit name {:?} is where the overrides of policy {policy:?} keep their state; \
+             rename the policy or tier",
             limit.name(),
-            limit.name().strip_suffix(".override").unwrap_or_default()
         )));
     }
     // The first limit of each name: a table of many policies builds in linear time.
