@@ -91,7 +91,8 @@ impl Decision {
     /// one: admitted when every one admits; otherwise the rejecting decision that waits longest
     /// (never, if one can never pass) and the fewest remaining. `None` for no decisions.
     ///
-    /// Its limit and remaining are [the binding decision](Self::binding)'s.
+    /// Its limit and remaining are the binding decision's: of a refusal, the refusing limit's that
+    /// waits longest; of an admission, the one with the fewest remaining.
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let mut out = *Self::binding(decisions)?;
         out.allowed = decisions.iter().all(|d| d.allowed);
