@@ -41,24 +41,30 @@ impl<K> Table<K> {
     }
 
     /// The names of this table's limits that `next` changes (any setting) or no longer has: what
-    /// a backend may have cached under them no longer holds ([`Backend::reloaded`]).
-    pub(crate) fn changed_in<'a>(&'a self, next: &Table<K>) -> Vec<&'a str> {
-        let next: HashMap<&str, &Limit> = next.limits().map(|l| (l.name(), l)).collect();
-        let mut changed: Vec<&str> = self
-            .limits()
+    /// a backend may have cached under them no longer holds ([`Backend::reloaded`]). The
+    /// customers' and overrides' limits too, which take the policy's algorithm and penalty.
+    pub(crate) fn changed_in(&self, next: &Table<K>) -> Vec<String> {
+        let next_limits = next.limits();
+        let next: HashMap<&str, &Limit> = next_limits.iter().map(|l| (l.name(), l)).collect();
+        let mut changed: Vec<String> = (self.limits().iter())
             .filter(|l| next.get(l.name()) != Some(l))
-            .map(|l| l.name())
+            .map(|l| l.name().to_owned())
             .collect();
         changed.sort_unstable();
         changed.dedup();
         changed
     }
 
-    fn limits(&self) -> impl Iterator<Item = &Limit> {
-        self.policies
-            .iter()
-            .flat_map(|p| &p.spec().tiers)
-            .flat_map(|t| t.limits.iter())
+    fn limits(&self) -> Vec<Limit> {
+        let of = |p: &Policy<K>| {
+            let quotas = &p.compiled().overridable.quotas;
+            let spaces = [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns));
+            let tiers = p.spec().tiers.iter().flat_map(|t| t.limits.iter().cloned());
+            tiers
+                .chain(spaces.into_iter().flatten())
+                .collect::<Vec<_>>()
+        };
+        self.policies.iter().flat_map(of).collect()
     }
 
     /// Checks `policies` against `backend` and compiles them. With `previous` (a reload), the new
@@ -124,7 +130,11 @@ mod tests {
         };
         let before = table(&[("same", 5), ("faster", 5), ("gone", 5)]);
         let after = table(&[("same", 5), ("faster", 10), ("new", 5)]);
-        assert_eq!(before.changed_in(&after), ["faster", "gone"]);
+        let overrides = ["faster.override", "gone.override"];
+        assert_eq!(
+            before.changed_in(&after),
+            ["faster", overrides[0], "gone", overrides[1]]
+        );
         let again = table(&[("same", 5), ("faster", 5), ("gone", 5)]);
         assert!(before.changed_in(&again).is_empty(), "the same table again");
     }

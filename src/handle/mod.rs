@@ -594,6 +594,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         }
         self.shared.table.store(table);
         if !changed.is_empty() {
+            let changed: Vec<&str> = changed.iter().map(String::as_str).collect();
             self.shared.backend.reloaded(&changed);
         }
         Ok(())
