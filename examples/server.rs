@@ -484,10 +484,12 @@ fn with_metrics(
                 }
                 let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
                 let mut read = HashMap::new();
-                while let Ok(Some(Ok((counts, policy)))) =
+                while let Ok(Some(done)) =
                     tokio::time::timeout_at(deadline, reads.join_next()).await
                 {
-                    read.insert(policy, counts);
+                    if let Ok((counts, policy)) = done {
+                        read.insert(policy, counts);
+                    }
                 }
                 for policy in &policies {
                     let counts = read.get(policy).copied().flatten();

@@ -370,10 +370,28 @@ impl ErrorLog {
         u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Takes over where `previous` (the log of the table a reload replaces) stands: an outage is
+    /// one across reloads, said once when it starts and once when it ends.
+    pub(crate) fn carry_over(&self, previous: &ErrorLog) {
+        let start = *previous.start.get_or_init(Instant::now);
+        let _ = self.start.set(start);
+        let failed = previous.failed_ms.load(Ordering::Relaxed);
+        self.failed_ms.store(failed, Ordering::Relaxed);
+        let answered = previous.answered.load(Ordering::Relaxed);
+        self.answered.store(answered, Ordering::Relaxed);
+        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = *previous
+            .since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let failing = previous.failing.load(Ordering::Acquire);
+        self.failing.store(failing, Ordering::Release);
+    }
+
     pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
         self.failed_ms.store(self.now_ms(), Ordering::Relaxed);
         self.answered.fetch_add(1, Ordering::Relaxed);
-        if !self.failing.swap(true, Ordering::Relaxed) {
+        // Release: a thread that reads `failing` set reads this failure's time too.
+        if !self.failing.swap(true, Ordering::Release) {
             *self.since.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
             if self.gate.open().is_none() {
                 tracing::debug!(policy, %error, on_error, "rate-limit backend failed again");
@@ -409,7 +427,7 @@ impl ErrorLog {
     /// Logs, once, that the failure policy no longer answers; one load when it was not answering.
     #[inline]
     pub(crate) fn decided(&self) {
-        if self.failing.load(Ordering::Relaxed) {
+        if self.failing.load(Ordering::Acquire) {
             self.back();
         }
     }
@@ -428,7 +446,11 @@ impl ErrorLog {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let after = since.map(|s| s.elapsed()).unwrap_or_default();
+        // Up to the last failure, not to this decision (which may come long after).
+        let quiet = Duration::from_millis(quiet);
+        let after = since
+            .map(|s| s.elapsed().saturating_sub(quiet))
+            .unwrap_or_default();
         let answered = self.answered.swap(0, Ordering::Relaxed);
         if self.back_gate.open().is_none() {
             tracing::debug!(answered, "rate-limit backend decides again");
@@ -516,6 +538,23 @@ fn log_decision(policy: &str, key: ShownKey<'_>, decision: &Decision, delay: Dur
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reload during an outage takes it over: the new table's log is failing, with its count,
+    /// and is not back at its first decision.
+    #[test]
+    fn an_outage_is_one_across_a_reload() {
+        let before = ErrorLog::default();
+        before.record("api", &BackendError::new("down"), "allow");
+        let after = ErrorLog::default();
+        after.carry_over(&before);
+        assert!(after.failing.load(Ordering::Relaxed));
+        assert_eq!(after.answered.load(Ordering::Relaxed), 1);
+        after.decided();
+        assert!(
+            after.failing.load(Ordering::Relaxed),
+            "back within the quiet second"
+        );
+    }
 
     #[test]
     fn redacted_keys_are_stable_pseudonyms_under_one_secret_only() {

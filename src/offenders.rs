@@ -325,11 +325,10 @@ mod redis_store {
                 {
                     return; // sent already this minute
                 }
-                recent
-                    .seen
-                    .entry(policy.into())
-                    .or_default()
-                    .insert(key.clone());
+                match recent.seen.get_mut(policy) {
+                    Some(keys) => keys.insert(key.clone()),
+                    None => (recent.seen.entry(policy.into()).or_default()).insert(key.clone()),
+                };
                 recent.len += 1;
                 drop(recent);
                 drop(forgotten);

@@ -9,7 +9,7 @@ use crate::observe::RedactionSecret;
 ///
 /// ```toml
 /// [logging]
-/// redact_keys = { secret_env = "THROTTLE_KEY_SECRET" }   # or true: a secret per process
+/// redact_keys = { secret_env = "THROTTLE_KEY_SECRET" }   # or true: a secret per layer
 /// ```
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -23,7 +23,8 @@ impl<B: Backend> ThrottleHandle<KeySpec, B> {
     /// from) only in what a reload can apply, reloads its routes and returns it (keep it as the
     /// next `running`). A file that does not parse, an invalid route, or a change that needs a
     /// restart (`[backend]`, `listen`, the header options, `decision_extension`, the failure
-    /// policy, `[access]`, `[logging]`, `[admin]`, `[server]`, and `trusted_proxies` / `client_ip_header` while `[access]` uses them)
+    /// policy, `[access]`, `[overload]`, `[logging]`, `[admin]`, `[server]`, and
+    /// `trusted_proxies` / `client_ip_header` while `[access]` uses them)
     /// is an `Err` naming it, and the running policies stay in force.
     ///
     /// ```

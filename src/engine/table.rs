@@ -45,24 +45,30 @@ impl<K> Table<K> {
     /// customers' and overrides' limits too, which take the policy's algorithm and penalty.
     pub(crate) fn changed_in(&self, next: &Table<K>) -> Vec<String> {
         let next_limits = next.limits();
-        let next: HashMap<&str, &Limit> = next_limits.iter().map(|l| (l.name(), l)).collect();
+        let next: HashMap<(u8, &str), &Limit> = (next_limits.iter())
+            .map(|(kind, l)| ((*kind, l.name()), l))
+            .collect();
         let mut changed: Vec<String> = (self.limits().iter())
-            .filter(|l| next.get(l.name()) != Some(l))
-            .map(|l| l.name().to_owned())
+            .filter(|(kind, l)| next.get(&(*kind, l.name())) != Some(&l))
+            .map(|(_, l)| l.name().to_owned())
             .collect();
         changed.sort_unstable();
         changed.dedup();
         changed
     }
 
-    fn limits(&self) -> Vec<Limit> {
+    /// Every limit the backend keeps state under, each compared with its own kind's: 0 for a
+    /// tier's or a shadow, 1 for the customers' (which may share a tier limit's name, without its
+    /// budget), 2 for the overrides'.
+    fn limits(&self) -> Vec<(u8, Limit)> {
         let of = |p: &Policy<K>| {
             let quotas = &p.compiled().overridable.quotas;
             let spaces = [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns));
-            let tiers = p.spec().tiers.iter().flat_map(|t| t.limits.iter().cloned());
-            tiers
-                .chain(spaces.into_iter().flatten())
-                .collect::<Vec<_>>()
+            let spaces = (1..).zip(spaces).filter_map(|(kind, l)| Some((kind, l?)));
+            let spec = p.spec();
+            let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
+            let own = tiers.chain(spec.shadow_limits()).map(|l| (0, l.clone()));
+            own.chain(spaces).collect::<Vec<_>>()
         };
         self.policies.iter().flat_map(of).collect()
     }
@@ -82,6 +88,7 @@ impl<K> Table<K> {
         let mut judge = Judge::new(settings);
         if let Some(previous) = previous {
             judge.fallback.carry_over(&previous.judge.fallback);
+            judge.errors.carry_over(&previous.judge.errors);
         }
         let old = previous.map_or(&[][..], |t| &t.policies[..]);
         let keeps_penalties = backend.keeps_penalties();
@@ -137,5 +144,17 @@ mod tests {
         );
         let again = table(&[("same", 5), ("faster", 5), ("gone", 5)]);
         assert!(before.changed_in(&again).is_empty(), "the same table again");
+        // A leased budget and quotas per customer, whose limit has the policy's name without the
+        // budget: unchanged, each compared with its own.
+        let budgeted = || {
+            let policy = Policy::builder("plans")
+                .key(PeerIp::new())
+                .quota(Quota::per_second(5));
+            let policy = policy.budget(crate::budget::Budget::default());
+            let policy = policy.quota_from(|_: &http::request::Parts, _: &crate::key::Key| None);
+            let policies: Box<[Policy<PeerIp>]> = Box::new([policy.build().unwrap()]);
+            Table::build(&backend, policies, Settings::default(), None).unwrap()
+        };
+        assert!(budgeted().changed_in(&budgeted()).is_empty());
     }
 }

@@ -53,11 +53,10 @@ pub(crate) struct AwaitingVerdict<S, ReqBody> {
 }
 
 pin_project! {
-    /// A request waiting for its turn (delay mode), then for its service to be ready.
+    /// A request waiting for its turn (delay mode), then for its service to be ready; or only
+    /// for that (an admitted request whose service was not readied: it waited for its body).
     struct Delayed<S, ReqBody> {
-        #[pin]
-        sleep: tokio::time::Sleep,
-        slept: bool,
+        sleep: Option<Pin<Box<tokio::time::Sleep>>>,
         service: S,
         request: Option<Request<ReqBody>>,
         headers: Option<RateHeaders>,
@@ -96,8 +95,9 @@ pin_project! {
         // The extended path: a boxed future makes the verdict; the readied service waits beside it.
         Preparing {
             prepare: Preparing,
-            // The body, unless the policy reads it (then `Prepared` brings it back).
-            rest: Option<(S, Option<ReqBody>)>,
+            // The body, unless the policy reads it (then `Prepared` brings it back), and whether
+            // the service was readied (not for a wait the client sets the length of).
+            rest: Option<(S, Option<ReqBody>, bool)>,
             in_flight: Option<InFlight>,
         },
         Delaying {
@@ -205,13 +205,18 @@ where
         Self::calling(future, Some(fields), None, None)
     }
 
-    /// `prepare` makes the verdict, then `service` (readied) is called with the request rebuilt
-    /// (`body`: `None` while the policy reads it, and `prepare` gives it back).
-    pub(crate) fn preparing(prepare: Preparing, service: S, body: Option<ReqBody>) -> Self {
+    /// `prepare` makes the verdict, then `service` (readied, if `readied`; else it is readied
+    /// then) is called with the request rebuilt (`body`: `None` while the policy reads it, and
+    /// `prepare` gives it back).
+    pub(crate) fn preparing(
+        prepare: Preparing,
+        (service, readied): (S, bool),
+        body: Option<ReqBody>,
+    ) -> Self {
         ResponseFuture {
             state: State::Preparing {
                 prepare,
-                rest: Some((service, body)),
+                rest: Some((service, body, readied)),
                 in_flight: None,
             },
         }
@@ -241,6 +246,22 @@ where
     pub(crate) fn carry_out(
         verdict: Verdict,
         service: &mut S,
+        request: Request<ReqBody>,
+        release: Option<Release>,
+        outcome: Option<Box<OutcomeGuard>>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        Self::carry_out_as(verdict, (service, true), request, release, outcome)
+    }
+
+    /// [`carry_out`](Self::carry_out), `readied` saying whether `service` was (else it is readied
+    /// before the call).
+    #[inline]
+    fn carry_out_as(
+        verdict: Verdict,
+        (service, readied): (&mut S, bool),
         mut request: Request<ReqBody>,
         release: Option<Release>,
         outcome: Option<Box<OutcomeGuard>>,
@@ -272,7 +293,7 @@ where
             (Some(owner), Some(release)) => Some(ConcurrencySlot::new(release, owner)),
             _ => None,
         };
-        if delay.is_zero() {
+        if delay.is_zero() && readied {
             Self::calling(service.call(request), headers, slot, outcome)
         } else {
             // A request that waits must not hold what readying reserved (a permit of an inner
@@ -280,10 +301,12 @@ where
             // service readied until its next request (a `Buffer`'s worker): the readied service
             // is dropped, the caller gets a fresh clone (readied again before its next call, as
             // always), and another clone readies after the wait.
-            drop(take_readied(service));
+            if readied {
+                drop(take_readied(service));
+            }
+            let sleep = (!delay.is_zero()).then(|| Box::pin(tokio::time::sleep(delay)));
             let delayed = Delayed {
-                sleep: tokio::time::sleep(delay),
-                slept: false,
+                sleep,
                 service: service.clone(),
                 request: Some(request),
                 headers,
@@ -301,7 +324,7 @@ where
     /// (`kept` aside, or read for the policy and given back).
     pub(crate) fn carry_out_prepared(
         prepared: Prepared,
-        service: &mut S,
+        (service, readied): (&mut S, bool),
         kept: Option<ReqBody>,
     ) -> Self
     where
@@ -320,7 +343,7 @@ where
         match kept.or(read) {
             Some(body) => {
                 let request = Request::from_parts(parts, body);
-                Self::carry_out(verdict, service, request, release, outcome)
+                Self::carry_out_as(verdict, (service, readied), request, release, outcome)
             }
             // Cannot happen (a body is read only as its own type); answered, not a panic.
             None => Self::refused(body_lost()),
@@ -413,11 +436,11 @@ where
     #[inline(never)]
     fn prepared(
         prepared: Prepared,
-        (mut service, kept): (S, Option<ReqBody>),
+        (mut service, kept, readied): (S, Option<ReqBody>, bool),
         in_flight: Option<InFlight>,
     ) -> State<S, ReqBody, D> {
         let in_flight = called(in_flight);
-        let carried = Self::carry_out_prepared(prepared, &mut service, kept);
+        let carried = Self::carry_out_prepared(prepared, (&mut service, readied), kept);
         carried.counted(in_flight).state
     }
 
@@ -471,9 +494,9 @@ where
                 }
                 StateProj::Delaying { delayed } => {
                     let delayed = delayed.as_mut().project();
-                    if !*delayed.slept {
-                        ready!(delayed.sleep.poll(cx));
-                        *delayed.slept = true;
+                    if let Some(sleep) = delayed.sleep {
+                        ready!(sleep.as_mut().poll(cx));
+                        *delayed.sleep = None;
                     }
                     if let Err(e) = ready!(delayed.service.poll_ready(cx)) {
                         if let Some(slot) = delayed.slot {

@@ -332,10 +332,14 @@ where
         && let KeyAhead::Read(key) = key
     {
         return match scope.decide_now(key, parts) {
-            Ok(prepared) => ResponseFuture::carry_out_prepared(prepared, inner, body),
-            Err(waiting) => ResponseFuture::preparing(waiting, take_readied(inner), body),
+            Ok(prepared) => ResponseFuture::carry_out_prepared(prepared, (inner, true), body),
+            Err(waiting) => ResponseFuture::preparing(waiting, (take_readied(inner), true), body),
         };
     }
+    // A wait the client sets the length of (its body, an async key, a resolver): what readying
+    // reserved (a permit of an inner concurrency limit) is not held through it, as through a
+    // delay; the service is readied once admitted.
+    drop(take_readied(inner));
     let prepare = prepare(scope, (key, ahead), parts);
-    ResponseFuture::preparing(Box::pin(prepare), take_readied(inner), body)
+    ResponseFuture::preparing(Box::pin(prepare), (inner.clone(), false), body)
 }

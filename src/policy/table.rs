@@ -97,9 +97,20 @@ pub(crate) fn check_table<B: Backend>(
         .collect();
     // An operator's override keeps a key's state under `<policy>.override` (per_customer.rs):
     // a limit of that name would share it.
-    let overrides: HashMap<String, &str> = (policies.iter())
-        .map(|p| (crate::limit::override_state_name(&p.name), &*p.name))
-        .collect();
+    let mut overrides: HashMap<String, &str> = HashMap::new();
+    for policy in policies {
+        let name = crate::limit::override_state_name(&policy.name);
+        match overrides.insert(name, &policy.name) {
+            Some(other) if other != &*policy.name => {
+                return Err(BuildError::Invalid(format!(
+                    "policies {other:?} and {:?} would keep their overrides' state under one \
+                     name; shorten one",
+                    policy.name
+                )));
+            }
+            _ => {}
+        }
+    }
     if let Some((limit, policy)) =
         (limits.iter()).find_map(|(l, _)| Some((l, *overrides.get(l.name())?)))
     {
@@ -226,6 +237,29 @@ mod tests {
     use crate::key::PeerIp;
     use crate::policy::Policy;
     use crate::quota::Quota;
+
+    /// A long policy name's overrides keep their state under its start and a hash: a policy of
+    /// that very name, or a limit, is refused.
+    #[test]
+    fn no_two_policies_keep_their_overrides_under_one_name() {
+        let long = "p".repeat(60);
+        let hashed = crate::limit::override_state_name(&long);
+        let short = hashed.strip_suffix(".override").unwrap().to_owned();
+        let policy = |name: &str, route: &str| {
+            let policy = Policy::builder(name).key(crate::key::Global).route(route);
+            policy.quota(Quota::per_second(5)).build().unwrap()
+        };
+        let (a, b) = (policy(&long, "/a"), policy(&short, "/b"));
+        let backend = crate::backend::MemoryBackend::new();
+        let error = check_table(&backend, &[a.spec(), b.spec()], None).unwrap_err();
+        assert!(error.to_string().contains("under one name"), "{error}");
+        let c = policy(&hashed, "/c");
+        let error = check_table(&backend, &[a.spec(), c.spec()], None).unwrap_err();
+        assert!(
+            error.to_string().contains("where the overrides of policy"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn a_policy_hidden_by_an_earlier_one_is_an_error() {

@@ -147,3 +147,51 @@ fn body_settings_that_cannot_work_are_errors() {
         "form:email"
     );
 }
+
+/// A body that never sends a byte.
+struct Stalled;
+
+impl http_body::Body for Stalled {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// A request whose body the policy reads waits as long as its client makes it: it does not hold
+/// what readying the inner service reserved (a permit of a concurrency limit) meanwhile, as a
+/// delayed request does not; it is readied once admitted.
+#[tokio::test]
+async fn a_request_reading_its_body_holds_no_permit_of_the_inner_service() {
+    use tower::{Service, ServiceBuilder};
+    let mut service = ServiceBuilder::new()
+        .layer(ThrottleLayer::new(login_policy()))
+        .concurrency_limit(1)
+        .service_fn(|_: Request<axum::body::Body>| async {
+            Ok::<_, Infallible>(Response::new(axum::body::Body::from("ok")))
+        });
+    let stalled = Request::post("/login")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::new(Stalled))
+        .unwrap();
+    let waiting = tokio::spawn(service.ready().await.unwrap().call(stalled));
+    tokio::task::yield_now().await;
+    let ready = tokio::time::timeout(std::time::Duration::from_millis(500), service.ready()).await;
+    let bob = Request::post("/login")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"username":"bob"}"#))
+        .unwrap();
+    let served = ready
+        .expect("the permit is held")
+        .unwrap()
+        .call(bob)
+        .await
+        .unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    waiting.abort();
+}

@@ -199,8 +199,9 @@ pub(super) fn share_used(
             // A count of a window that has passed no longer counts (on the key's own clock); one
             // of the next (kept by a clock ahead: a restored file) does, as `fixed_window` reads it.
             let window = p.fixed_window_at(unix_now + p.shift_of(key)).0;
-            let next = p.fixed_window_at(p.fixed_window_end(window)).0;
-            if s.window == window || (s.window > window && s.window == next) {
+            // The next window looked for only past this one (a calendar's is reckoned then).
+            let next = || p.fixed_window_at(p.fixed_window_end(window)).0;
+            if s.window == window || (s.window > window && s.window == next()) {
                 s.count as f32 / p.limit() as f32
             } else {
                 0.0

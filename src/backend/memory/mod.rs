@@ -448,6 +448,7 @@ fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError>
             limits.len()
         )));
     }
+    check_stack(limits).map_err(BackendError::new)?;
     // Two charges of one (limit, key) would each be decided on the state the other changes: not
     // all or nothing.
     let pairs = || limits.iter().map(Limit::id).zip(keys);
@@ -457,7 +458,7 @@ fn check_keyed_stack(limits: &[Limit], keys: &[Key]) -> Result<(), BackendError>
     {
         return Err(BackendError::new("two charges name one limit and key"));
     }
-    check_stack(limits).map_err(BackendError::new)
+    Ok(())
 }
 
 /// One limit of any algorithm, or a stack that [`check_stack`] accepts.
