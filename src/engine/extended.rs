@@ -21,7 +21,7 @@ use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
 use crate::engine::steps;
-use crate::engine::verdict::{Admitted, Judge, RequestContext, Verdict};
+use crate::engine::verdict::{not_one_per_limit, Admitted, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
 use crate::key::ahead::{BodyAhead, KeyAhead, Missing};
 use crate::key::body::read::ErasedBody;
@@ -319,6 +319,12 @@ where
         // shorter limit does not forfeit its longer one's). A failed backend took nothing; the
         // local limiter that decides in its stead (`OnBackendError::Local`) is adjusted instead,
         // as long as it keeps the key.
+        // An answer of the wrong length is a failure (the judge's too), before anything is taken
+        // as given back: the local limiter decides it, and is adjusted.
+        let answer = answer.and_then(|all| match all.len() == charges.limits().len() {
+            true => Ok(all),
+            false => Err(not_one_per_limit(all.len(), charges.limits().len())),
+        });
         let local = answer.is_err() && judge.fallback.is_local();
         // And the decisions, for what is given back: a GCRA gives a busy key's units back whole.
         let (mut counts_for, admitted) = match &answer {

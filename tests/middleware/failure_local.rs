@@ -147,6 +147,49 @@ async fn the_local_limiter_takes_refunds_and_settlements() {
     assert_eq!(passed(&chat, &[key; 3]).await, 3);
 }
 
+/// A backend that answers one decision whatever it is asked: for a stack, a failure.
+#[derive(Clone)]
+struct Short;
+
+impl Backend for Short {
+    type Future = Ready<Result<Decisions, BackendError>>;
+
+    fn check(&self, _: Charges<'_>) -> Self::Future {
+        let one = tower_throttle::Decision::allowed(1, 0, std::time::Duration::ZERO);
+        ready(Ok(Decisions::Many(vec![one])))
+    }
+
+    fn validate(&self, _: &[Limit], _: Uses) -> Result<(), BuildError> {
+        Ok(())
+    }
+}
+
+/// An answer of the wrong length is a failure the local limiter decides, and what it took is
+/// settled there (it was settled on the backend, and the local limiter kept each estimate).
+#[tokio::test]
+async fn a_malformed_answer_is_settled_where_the_local_limiter_took_it() {
+    let tokens = Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap();
+    let metered = Policy::builder("chat")
+        .key(Header::new("x-api-key"))
+        .quota(Quota::per_minute(100))
+        .metered(tokens, Estimate::fixed(600))
+        .build()
+        .unwrap();
+    let layer = ThrottleLayer::builder()
+        .backend(Short)
+        .policy(metered)
+        .on_backend_error(OnBackendError::Local)
+        .build()
+        .unwrap();
+    let used_ten = |axum::Extension(meter): axum::Extension<tower_throttle::Meter>| async move {
+        meter.add(10);
+        "ok"
+    };
+    let chat = Router::new().route("/", get(used_ten)).layer(layer);
+    let key: &[(&str, &str)] = &[("x-api-key", "k")];
+    assert_eq!(passed(&chat, &[key; 3]).await, 3);
+}
+
 /// A request the local limiter refused, let through by a dry run, took nothing there: its response
 /// that does not count gives nothing back (it would undo another request's count). One it admitted
 /// is given back, dry run or not.
