@@ -486,24 +486,35 @@ where
     ) -> Result<QuotaAhead, Verdict> {
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
+        let override_tier = |quota| {
+            let validate = |limit: &_| self.shared.validate_one(limit);
+            extras.override_tier(quota, rules.cost, validate)
+        };
         match in_force {
             InForce::Override(Override::Quota(quota)) => {
-                let validate = |limit: &_| self.shared.validate_one(limit);
-                let tier = extras.override_tier(quota, rules.cost, validate);
-                Ok(QuotaAhead::Given(tier))
+                Ok(QuotaAhead::Given(override_tier(quota)))
             }
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
             InForce::Override(Override::Blocked) => {
                 Err(judge.forbidden(Some(rules), Some(key), request))
             }
             InForce::Banned(rest) => {
-                let tier = &rules.tiers[rules.tier_in(request.headers, request.extensions)];
+                let overrides = &self.shared.overrides;
+                let under = overrides.both(rules.name(), key, SystemTime::now()).0;
+                // The refusal shows the quota the key has under the ban: an override's, as the
+                // penalty box's ban shows it.
+                let custom = match under {
+                    Some(Override::Quota(quota)) => override_tier(quota),
+                    _ => None,
+                };
+                let own = || &rules.tiers[rules.tier_in(request.headers, request.extensions)];
+                let tier = custom.as_deref().unwrap_or_else(own);
                 let cx = RequestContext::at(rules, tier, key, request, judge.pressed_for(rules));
                 if let Some(refusal) = judge.banned_for(cx, rest) {
                     return Err(refusal);
                 }
-                let overrides = &self.shared.overrides;
-                match overrides.both(rules.name(), key, SystemTime::now()).0 {
+                match under {
+                    Some(Override::Quota(_)) => Ok(QuotaAhead::Given(custom)),
                     Some(under) => self.overridden(key, parts, InForce::Override(under)),
                     None => Ok(QuotaAhead::Own),
                 }

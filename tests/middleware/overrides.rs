@@ -259,3 +259,34 @@ async fn a_reset_forgets_an_override_quotas_count_after_the_override_is_removed(
     handle.set_override("api", "acme", two).await.unwrap();
     assert_eq!(crate::shared::overrides::passed(&app, "acme", 3).await, 2);
 }
+
+/// A timed ban's 429 shows the quota the key has under it: its override's, as the penalty box's
+/// ban shows it (it showed the policy's own).
+#[tokio::test]
+async fn a_ban_shows_the_keys_override_quota() {
+    use tower::ServiceExt;
+    use tower_throttle::config::Config;
+    use tower_throttle::ops::Override;
+    use tower_throttle::Quota;
+
+    let toml = "[[route]]\nname = \"api\"\nkey = \"header:x-user\"\ncount = 60\nperiod = \"1m\"\n";
+    let layer = Config::from_toml(toml).unwrap().memory_layer().unwrap();
+    let handle = layer.handle();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer);
+    let big = Override::Quota(Quota::per_minute(6000));
+    handle.set_override("api", "acme", big).await.unwrap();
+    handle
+        .ban("api", "acme", std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let request = http::Request::get("/").header("x-user", "acme");
+    let response = app
+        .oneshot(request.body(axum::body::Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    let policy = response.headers()["ratelimit-policy"].to_str().unwrap();
+    assert!(policy.contains("q=6000"), "{policy}");
+}
