@@ -85,6 +85,8 @@ declare -A TESTS=(
   # What the judge hands to the features it steps through: the penalty box's strike, delay mode's
   # wait (a tier's), the decision handlers see.
   [src/penalty.rs]="--lib --test middleware -- $SKIP_SLOW"
+  # A stack's decisions as one (a refusal's figures, the legacy headers'): its tests and headers'.
+  [src/decision.rs]="--lib -- $SKIP_SLOW"
   [src/policy/tier.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/policy_decision.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/refusal/respond.rs]="--lib --test middleware -- $SKIP_SLOW"
@@ -117,7 +119,7 @@ FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.r
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
   src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/overrides/ipv6.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
-  src/penalty.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
+  src/penalty.rs src/decision.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs
   src/backend/redis/health/told.rs)
 

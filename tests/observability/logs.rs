@@ -263,18 +263,30 @@ async fn the_failure_policy_logs_when_it_takes_over_and_when_the_backend_is_back
 /// is one outage: the failure policy takes over once, and is not said to be done at each decision.
 #[tokio::test(flavor = "current_thread")]
 async fn a_backend_failing_every_other_request_is_one_outage() {
-    let (logs, _guard) = capture();
-    let (down, layer) = flaky_layer();
-    let app = items(layer);
-    for i in 0..40 {
-        down.store(i % 2 == 0, Ordering::Relaxed);
-        status_of(&app, from("dave@example.com")).await;
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    // A run in which the machine stalled a second between two requests proves nothing (the
+    // backend was quiet that long): tried again, three times at most.
+    for _ in 0..3 {
+        let (logs, _guard) = capture();
+        let (down, layer) = flaky_layer();
+        let app = items(layer);
+        let (mut last, mut longest) = (std::time::Instant::now(), std::time::Duration::ZERO);
+        for i in 0..40 {
+            down.store(i % 2 == 0, Ordering::Relaxed);
+            status_of(&app, from("dave@example.com")).await;
+            longest = longest.max(last.elapsed());
+            last = std::time::Instant::now();
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        if longest >= std::time::Duration::from_millis(900) {
+            continue;
+        }
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        let entered = "the failure policy answers until it decides again";
+        assert_eq!(text.matches(entered).count(), 1, "{text}");
+        assert_eq!(text.matches("decides again;").count(), 0, "{text}");
+        return;
     }
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let entered = "the failure policy answers until it decides again";
-    assert_eq!(text.matches(entered).count(), 1, "{text}");
-    assert_eq!(text.matches("decides again;").count(), 0, "{text}");
+    panic!("the machine stalled a second in each of three runs");
 }
 
 /// A stream message the backend could not decide is logged as a failure, but the failure policy
