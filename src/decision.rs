@@ -198,6 +198,16 @@ mod tests {
     }
 
     #[test]
+    fn a_ban_refuses_for_its_rest_or_the_limits_own_retry_if_later() {
+        let s = Duration::from_secs;
+        let ban = Decision::banned(10, s(60), Some(s(5)), s(8));
+        assert!(ban.banned && !ban.allowed);
+        assert_eq!((ban.retry_after, ban.reset_after, ban.remaining), (Some(s(60)), s(60), 0));
+        let later = Decision::banned(10, s(60), Some(s(90)), s(8));
+        assert_eq!(later.retry_after, Some(s(90)));
+    }
+
+    #[test]
     fn retry_after_rounds_up_and_is_never_zero() {
         let d = |ms| Decision::limited(5, 0, Some(Duration::from_millis(ms)), Duration::ZERO);
         assert_eq!(d(0).retry_after_secs(), 1);
