@@ -202,7 +202,10 @@ mod tests {
         let s = Duration::from_secs;
         let ban = Decision::banned(10, s(60), Some(s(5)), s(8));
         assert!(ban.banned && !ban.allowed);
-        assert_eq!((ban.retry_after, ban.reset_after, ban.remaining), (Some(s(60)), s(60), 0));
+        assert_eq!(
+            (ban.retry_after, ban.reset_after, ban.remaining),
+            (Some(s(60)), s(60), 0)
+        );
         let later = Decision::banned(10, s(60), Some(s(90)), s(8));
         assert_eq!(later.retry_after, Some(s(90)));
     }

@@ -125,6 +125,12 @@ async fn the_local_limiter_takes_refunds_and_settlements() {
     let user: &[(&str, &str)] = &[("x-user-id", "ann")];
     assert_eq!(passed(&app(vec![counted]), &[user; 5]).await, 5);
 
+    assert_eq!(metered_chat_passes(Down).await, 3);
+}
+
+/// How many of three requests pass on `backend` (under `OnBackendError::Local`), each using 10
+/// tokens of an estimate of 600 a minute's 1,000: all three, where each is settled.
+async fn metered_chat_passes<B: Backend>(backend: B) -> usize {
     let tokens = Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap();
     let metered = Policy::builder("chat")
         .key(Header::new("x-api-key"))
@@ -133,7 +139,7 @@ async fn the_local_limiter_takes_refunds_and_settlements() {
         .build()
         .unwrap();
     let layer = ThrottleLayer::builder()
-        .backend(Down)
+        .backend(backend)
         .policy(metered)
         .on_backend_error(OnBackendError::Local)
         .build()
@@ -144,7 +150,7 @@ async fn the_local_limiter_takes_refunds_and_settlements() {
     };
     let chat = Router::new().route("/", get(used_ten)).layer(layer);
     let key: &[(&str, &str)] = &[("x-api-key", "k")];
-    assert_eq!(passed(&chat, &[key; 3]).await, 3);
+    passed(&chat, &[key; 3]).await
 }
 
 /// A backend that answers one decision whatever it is asked: for a stack, a failure.
@@ -168,26 +174,7 @@ impl Backend for Short {
 /// settled there (it was settled on the backend, and the local limiter kept each estimate).
 #[tokio::test]
 async fn a_malformed_answer_is_settled_where_the_local_limiter_took_it() {
-    let tokens = Limit::new("chat.tokens", Quota::per_minute(1000)).unwrap();
-    let metered = Policy::builder("chat")
-        .key(Header::new("x-api-key"))
-        .quota(Quota::per_minute(100))
-        .metered(tokens, Estimate::fixed(600))
-        .build()
-        .unwrap();
-    let layer = ThrottleLayer::builder()
-        .backend(Short)
-        .policy(metered)
-        .on_backend_error(OnBackendError::Local)
-        .build()
-        .unwrap();
-    let used_ten = |axum::Extension(meter): axum::Extension<tower_throttle::Meter>| async move {
-        meter.add(10);
-        "ok"
-    };
-    let chat = Router::new().route("/", get(used_ten)).layer(layer);
-    let key: &[(&str, &str)] = &[("x-api-key", "k")];
-    assert_eq!(passed(&chat, &[key; 3]).await, 3);
+    assert_eq!(metered_chat_passes(Short).await, 3);
 }
 
 /// A request the local limiter refused, let through by a dry run, took nothing there: its response
