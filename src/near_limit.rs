@@ -106,17 +106,22 @@ impl NearRule {
 #[derive(Default)]
 pub(crate) struct NearReport {
     hook: OncePerSecond,
+    #[cfg(feature = "metrics")]
+    counters: crate::observe::LimitCounters,
 }
 
 impl NearReport {
     pub(crate) fn count(&self, policy: &str, limit: &str) {
         #[cfg(feature = "metrics")]
-        metrics::counter!(
-            "throttle_requests_near_limit_total",
-            "policy" => policy.to_owned(),
-            "limit" => limit.to_owned()
-        )
-        .increment(1);
+        self.counters
+            .of(limit, || {
+                metrics::counter!(
+                    "throttle_requests_near_limit_total",
+                    "policy" => policy.to_owned(),
+                    "limit" => limit.to_owned()
+                )
+            })
+            .increment(1);
         tracing::debug!(policy = %policy, limit = %limit, "request near its limit");
     }
 

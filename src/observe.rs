@@ -302,6 +302,30 @@ impl Reporter {
     }
 }
 
+/// One policy's counters of one metric, per limit, made once each: a request counted on one
+/// allocates nothing (a label's `String`s and the registry's lookup, each time, otherwise).
+#[cfg(feature = "metrics")]
+#[derive(Default)]
+pub(crate) struct LimitCounters(Mutex<Vec<(Box<str>, metrics::Counter)>>);
+
+#[cfg(feature = "metrics")]
+impl LimitCounters {
+    /// The counter of `limit`, made by `make` the first time.
+    pub(crate) fn of(
+        &self,
+        limit: &str,
+        make: impl FnOnce() -> metrics::Counter,
+    ) -> metrics::Counter {
+        let mut counters = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, counter)) = counters.iter().find(|(name, _)| &**name == limit) {
+            return counter.clone();
+        }
+        let counter = make();
+        counters.push((limit.into(), counter.clone()));
+        counter
+    }
+}
+
 /// A line logged at `$level` (info, warn) through `$gate` (a [`OncePerSecond`]) with `suppressed`,
 /// how many it held back since the last; at debug while it is shut. `$fields` end with a comma.
 macro_rules! sampled {

@@ -167,17 +167,22 @@ pub(crate) enum Unenforced {
 #[derive(Default)]
 pub(crate) struct WouldLimit {
     log: OncePerSecond,
+    #[cfg(feature = "metrics")]
+    counters: crate::observe::LimitCounters,
 }
 
 impl WouldLimit {
     pub(crate) fn record(&self, policy: &str, limit: &str, key: ShownKey<'_>, why: Unenforced) {
         #[cfg(feature = "metrics")]
-        metrics::counter!(
-            "throttle_requests_would_limit_total",
-            "policy" => policy.to_owned(),
-            "limit" => limit.to_owned()
-        )
-        .increment(1);
+        self.counters
+            .of(limit, || {
+                metrics::counter!(
+                    "throttle_requests_would_limit_total",
+                    "policy" => policy.to_owned(),
+                    "limit" => limit.to_owned()
+                )
+            })
+            .increment(1);
         let message = match why {
             Unenforced::Shadow => "request would be limited (shadow limit)",
             Unenforced::Staged => "request would be limited (not enforced for this key yet)",
