@@ -9,6 +9,7 @@ use crate::backend::{Backend, Uses};
 use crate::error::BuildError;
 use crate::limit::Limit;
 use crate::overload::{Gate, PartitionBy};
+use crate::per_customer::Namespace;
 use crate::policy::spec::PolicySpec;
 use crate::route::Route;
 
@@ -119,6 +120,28 @@ pub(crate) fn check_table<B: Backend>(
              rename the policy or tier",
             limit.name(),
         )));
+    }
+    // Per-customer quotas keep theirs under the policy's own name: another policy's limit of that
+    // name (`plans.paid`: policy `plans`'s tier `paid`) would share it.
+    let customers = (policies.iter()).filter(|p| {
+        (p.extras.as_ref()).is_some_and(|e| e.quotas.namespace(Namespace::Customer).is_some())
+    });
+    for customer in customers {
+        let others = policies.iter().filter(|p| p.name != customer.name);
+        let limits = others.flat_map(|p| {
+            p.tiers
+                .iter()
+                .flat_map(|t| t.limits.iter())
+                .chain(p.shadow_limits())
+        });
+        if let Some(limit) = limits.into_iter().find(|l| l.name() == &*customer.name) {
+            return Err(BuildError::Invalid(format!(
+                "the limit name {:?} is where the per-customer quotas of policy {:?} keep their \
+                 state; rename the policy or tier",
+                limit.name(),
+                customer.name
+            )));
+        }
     }
     // The first limit of each name: a table of many policies builds in linear time.
     let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
@@ -257,6 +280,28 @@ mod tests {
         let error = check_table(&backend, &[a.spec(), c.spec()], None).unwrap_err();
         assert!(
             error.to_string().contains("where the overrides of policy"),
+            "{error}"
+        );
+    }
+
+    /// Per-customer quotas keep their state under their policy's name: another policy's limit of
+    /// that name (a tier's) is refused.
+    #[test]
+    fn no_limit_shares_the_name_per_customer_quotas_keep_their_state_under() {
+        let plans = Policy::builder("plans").key(crate::key::Global).route("/a");
+        let plans = plans
+            .quota(Quota::per_second(5))
+            .tier("paid", [Quota::per_second(50)]);
+        let paid = Policy::builder("plans.paid")
+            .key(crate::key::Global)
+            .route("/b");
+        let paid = paid.quotas([Quota::per_second(5), Quota::per_hour(100)]);
+        let paid = paid.quota_from(|_: &http::request::Parts, _: &crate::key::Key| None);
+        let (plans, paid) = (plans.build().unwrap(), paid.build().unwrap());
+        let backend = crate::backend::MemoryBackend::new();
+        let error = check_table(&backend, &[plans.spec(), paid.spec()], None).unwrap_err();
+        assert!(
+            error.to_string().contains("per-customer quotas of policy"),
             "{error}"
         );
     }
