@@ -87,6 +87,8 @@ declare -A TESTS=(
   [src/penalty.rs]="--lib --test middleware -- $SKIP_SLOW"
   # A stack's decisions as one (a refusal's figures, the legacy headers'): its tests and headers'.
   [src/decision.rs]="--lib -- $SKIP_SLOW"
+  # A policy's route and a path key's parameter (inside axum's nested routers too).
+  [src/route.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/policy/tier.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/policy_decision.rs]="--lib --test middleware -- $SKIP_SLOW"
   [src/refusal/respond.rs]="--lib --test middleware -- $SKIP_SLOW"

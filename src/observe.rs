@@ -394,23 +394,6 @@ impl ErrorLog {
         u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Takes over where `previous` (the log of the table a reload replaces) stands: an outage is
-    /// one across reloads, said once when it starts and once when it ends.
-    pub(crate) fn carry_over(&self, previous: &ErrorLog) {
-        let start = *previous.start.get_or_init(Instant::now);
-        let _ = self.start.set(start);
-        let failed = previous.failed_ms.load(Ordering::Relaxed);
-        self.failed_ms.store(failed, Ordering::Relaxed);
-        let answered = previous.answered.load(Ordering::Relaxed);
-        self.answered.store(answered, Ordering::Relaxed);
-        *self.since.lock().unwrap_or_else(PoisonError::into_inner) = *previous
-            .since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let failing = previous.failing.load(Ordering::Acquire);
-        self.failing.store(failing, Ordering::Release);
-    }
-
     pub(crate) fn record(&self, policy: &str, error: &BackendError, on_error: &'static str) {
         self.failed_ms.store(self.now_ms(), Ordering::Relaxed);
         self.answered.fetch_add(1, Ordering::Relaxed);
@@ -562,23 +545,6 @@ fn log_decision(policy: &str, key: ShownKey<'_>, decision: &Decision, delay: Dur
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A reload during an outage takes it over: the new table's log is failing, with its count,
-    /// and is not back at its first decision.
-    #[test]
-    fn an_outage_is_one_across_a_reload() {
-        let before = ErrorLog::default();
-        before.record("api", &BackendError::new("down"), "allow");
-        let after = ErrorLog::default();
-        after.carry_over(&before);
-        assert!(after.failing.load(Ordering::Relaxed));
-        assert_eq!(after.answered.load(Ordering::Relaxed), 1);
-        after.decided();
-        assert!(
-            after.failing.load(Ordering::Relaxed),
-            "back within the quiet second"
-        );
-    }
 
     #[test]
     fn redacted_keys_are_stable_pseudonyms_under_one_secret_only() {

@@ -121,10 +121,13 @@ where
     /// Whether the request waits for nothing but the backend: then [`Self::decide_now`] decides it,
     /// with no future boxed unless the backend is remote.
     pub(crate) fn waits_for_backend_only(&self, key: &KeyAhead, body: Option<&BodyAhead>) -> bool {
-        matches!(key, KeyAhead::Read(_))
-            && body.is_none()
-            && !self.extras.quotas.resolves()
-            && self.extras.shadows.is_empty()
+        !self.client_waits(key, body) && self.extras.shadows.is_empty()
+    }
+
+    /// Whether the request waits for something its client sets the length of: its body, an async
+    /// key (which may read it), a quota resolver.
+    pub(crate) fn client_waits(&self, key: &KeyAhead, body: Option<&BodyAhead>) -> bool {
+        !matches!(key, KeyAhead::Read(_)) || body.is_some() || self.extras.quotas.resolves()
     }
 
     /// The steps at once: `Ok` with the verdict, or `Err` with the future that awaits it remotely.

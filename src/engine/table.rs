@@ -88,7 +88,7 @@ impl<K> Table<K> {
         let mut judge = Judge::new(settings);
         if let Some(previous) = previous {
             judge.fallback.carry_over(&previous.judge.fallback);
-            judge.errors.carry_over(&previous.judge.errors);
+            judge.errors = previous.judge.errors.clone();
         }
         let old = previous.map_or(&[][..], |t| &t.policies[..]);
         let keeps_penalties = backend.keeps_penalties();
@@ -156,5 +156,10 @@ mod tests {
             Table::build(&backend, policies, Settings::default(), None).unwrap()
         };
         assert!(budgeted().changed_in(&budgeted()).is_empty());
+        // The failure policy's log is the one before the reload: an outage is one across it.
+        let before = budgeted();
+        let policies: Box<[Policy<PeerIp>]> = before.policies.clone();
+        let after = Table::build(&backend, policies, Settings::default(), Some(&before)).unwrap();
+        assert!(Arc::ptr_eq(&before.judge.errors, &after.judge.errors));
     }
 }

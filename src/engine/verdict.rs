@@ -4,6 +4,7 @@
 //! returns a [`Verdict`]; the service and the response future carry it out. The refusals'
 //! responses are made in `refusal/respond.rs`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -119,7 +120,9 @@ pub(crate) struct Judge {
     pub(crate) settings: Settings,
     /// The failure policy, with its local limiter.
     pub(crate) fallback: Fallback,
-    pub(crate) errors: ErrorLog,
+    /// Shared with the judge of the table a reload puts in: an outage is one across reloads,
+    /// whichever table's requests fail.
+    pub(crate) errors: Arc<ErrorLog>,
     /// Keys in logs as pseudonyms, when the layer redacts them.
     pub(crate) redactor: Option<Redactor>,
 }
@@ -143,7 +146,7 @@ impl Judge {
                 secret.unwrap_or_else(RedactionSecret::random).hmac()
             }),
             settings,
-            errors: ErrorLog::default(),
+            errors: Arc::default(),
         }
     }
 
@@ -232,7 +235,7 @@ impl Judge {
             lease: d.lease.unwrap_or(0),
         };
         match answer {
-            Ok(Decisions::One(decision)) => {
+            Ok(Decisions::One(decision)) if tier.limits.len() == 1 => {
                 let slot = from_backend(&decision);
                 self.decided(cx, &mut [decision], true, slot)
             }
@@ -240,8 +243,8 @@ impl Judge {
                 let slot = from_backend(&decisions[0]);
                 self.decided(cx, &mut decisions, true, slot)
             }
-            Ok(Decisions::Many(decisions)) => {
-                let error = not_one_per_limit(decisions.len(), tier.limits.len());
+            Ok(other) => {
+                let error = not_one_per_limit(other.len(), tier.limits.len());
                 self.failed(cx, charges, error)
             }
             Err(error) => self.failed(cx, charges, error),

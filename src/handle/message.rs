@@ -92,9 +92,20 @@ pub(crate) fn before_backend<K, B: Backend>(
     let in_force = match overrides.find(policy.name(), key, now) {
         Some(InForce::Banned(rest)) => {
             let pressed = judge.pressed_for(policy);
-            match judge.message_banned(policy, &policy.tiers[0], key, (rest, pressed)) {
+            // The refusal shows the quota the key has under the ban (its override's), as a
+            // request's does.
+            let under = overrides.both(policy.name(), key, now).0;
+            let custom = match under {
+                Some(Override::Quota(quota)) => {
+                    let validate = |l: &_| shared.validate_one(l);
+                    policy.overridable.override_tier(quota, 0, validate)
+                }
+                _ => None,
+            };
+            let tier = custom.as_deref().unwrap_or(&policy.tiers[0]);
+            match judge.message_banned(policy, tier, key, (rest, pressed)) {
                 Some(refused) => return Err(refused),
-                None => overrides.both(policy.name(), key, now).0,
+                None => under,
             }
         }
         Some(InForce::Override(in_force)) => Some(in_force),

@@ -56,7 +56,8 @@ pin_project! {
     /// A request waiting for its turn (delay mode), then for its service to be ready; or only
     /// for that (an admitted request whose service was not readied: it waited for its body).
     struct Delayed<S, ReqBody> {
-        sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
         service: S,
         request: Option<Request<ReqBody>>,
         headers: Option<RateHeaders>,
@@ -304,7 +305,7 @@ where
             if readied {
                 drop(take_readied(service));
             }
-            let sleep = (!delay.is_zero()).then(|| Box::pin(tokio::time::sleep(delay)));
+            let sleep = (!delay.is_zero()).then(|| tokio::time::sleep(delay));
             let delayed = Delayed {
                 sleep,
                 service: service.clone(),
@@ -493,10 +494,10 @@ where
                     Self::prepared(prepared, rest, in_flight.take())
                 }
                 StateProj::Delaying { delayed } => {
-                    let delayed = delayed.as_mut().project();
-                    if let Some(sleep) = delayed.sleep {
-                        ready!(sleep.as_mut().poll(cx));
-                        *delayed.sleep = None;
+                    let mut delayed = delayed.as_mut().project();
+                    if let Some(sleep) = delayed.sleep.as_mut().as_pin_mut() {
+                        ready!(sleep.poll(cx));
+                        delayed.sleep.set(None);
                     }
                     if let Err(e) = ready!(delayed.service.poll_ready(cx)) {
                         if let Some(slot) = delayed.slot {

@@ -338,8 +338,15 @@ where
     }
     // A wait the client sets the length of (its body, an async key, a resolver): what readying
     // reserved (a permit of an inner concurrency limit) is not held through it, as through a
-    // delay; the service is readied once admitted.
-    drop(take_readied(inner));
+    // delay; the service is readied once admitted. (Shadow limits alone wait for the backend.)
+    let client_waits = scope.client_waits(&key, ahead.as_ref());
+    let service = match client_waits {
+        true => {
+            drop(take_readied(inner));
+            inner.clone()
+        }
+        false => take_readied(inner),
+    };
     let prepare = prepare(scope, (key, ahead), parts);
-    ResponseFuture::preparing(Box::pin(prepare), (inner.clone(), false), body)
+    ResponseFuture::preparing(Box::pin(prepare), (service, !client_waits), body)
 }

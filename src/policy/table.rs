@@ -122,26 +122,31 @@ pub(crate) fn check_table<B: Backend>(
         )));
     }
     // Per-customer quotas keep theirs under the policy's own name: another policy's limit of that
-    // name (`plans.paid`: policy `plans`'s tier `paid`) would share it.
-    let customers = (policies.iter()).filter(|p| {
-        (p.extras.as_ref()).is_some_and(|e| e.quotas.namespace(Namespace::Customer).is_some())
-    });
-    for customer in customers {
-        let others = policies.iter().filter(|p| p.name != customer.name);
-        let limits = others.flat_map(|p| {
-            p.tiers
-                .iter()
-                .flat_map(|t| t.limits.iter())
-                .chain(p.shadow_limits())
-        });
-        if let Some(limit) = limits.into_iter().find(|l| l.name() == &*customer.name) {
-            return Err(BuildError::Invalid(format!(
-                "the limit name {:?} is where the per-customer quotas of policy {:?} keep their \
-                 state; rename the policy or tier",
-                limit.name(),
-                customer.name
-            )));
-        }
+    // name (`plans.paid`: policy `plans`'s tier `paid`) would share it, as would the overrides of
+    // a policy whose state goes under it (policy `x.override` choosing quotas, policy `x`).
+    let customers: HashMap<&str, ()> = (policies.iter())
+        .filter(|p| {
+            let extras = p.extras.as_ref();
+            extras.is_some_and(|e| e.quotas.namespace(Namespace::Customer).is_some())
+        })
+        .map(|p| (&*p.name, ()))
+        .collect();
+    let of_others = |policy: &PolicySpec| -> Option<String> {
+        let own = policy.tiers.iter().flat_map(|t| t.limits.iter());
+        let named = own.chain(policy.shadow_limits()).map(Limit::name);
+        let name = named
+            .filter(|n| *n != &*policy.name)
+            .find(|n| customers.contains_key(n));
+        let overridden = (overrides.get(&*policy.name))
+            .filter(|owner| **owner != &*policy.name && customers.contains_key(&*policy.name));
+        name.or(overridden.map(|_| &*policy.name))
+            .map(str::to_owned)
+    };
+    if let Some(name) = policies.iter().find_map(|p| of_others(p)) {
+        return Err(BuildError::Invalid(format!(
+            "the limit name {name:?} is where the per-customer quotas of policy {name:?} keep \
+             their state; rename the policy or tier"
+        )));
     }
     // The first limit of each name: a table of many policies builds in linear time.
     let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
@@ -292,13 +297,24 @@ mod tests {
         let plans = plans
             .quota(Quota::per_second(5))
             .tier("paid", [Quota::per_second(50)]);
-        let paid = Policy::builder("plans.paid")
-            .key(crate::key::Global)
-            .route("/b");
-        let paid = paid.quotas([Quota::per_second(5), Quota::per_hour(100)]);
-        let paid = paid.quota_from(|_: &http::request::Parts, _: &crate::key::Key| None);
-        let (plans, paid) = (plans.build().unwrap(), paid.build().unwrap());
+        let paid_named = |name: &str| {
+            let paid = Policy::builder(name).key(crate::key::Global).route("/b");
+            let paid = paid.quotas([Quota::per_second(5), Quota::per_hour(100)]);
+            let paid = paid.quota_from(|_: &http::request::Parts, _: &crate::key::Key| None);
+            paid.build().unwrap()
+        };
+        let (plans, paid) = (plans.build().unwrap(), paid_named("plans.paid"));
         let backend = crate::backend::MemoryBackend::new();
+        // Nor where another policy's overrides keep theirs.
+        let x = Policy::builder("x").key(crate::key::Global).route("/x");
+        let x = x.quota(Quota::per_second(5)).build().unwrap();
+        let error = check_table(&backend, &[x.spec(), paid_named("x.override").spec()], None);
+        assert!(error
+            .unwrap_err()
+            .to_string()
+            .contains("per-customer quotas"));
+        // Beside a policy it shares nothing with, a policy choosing quotas is fine.
+        check_table(&backend, &[x.spec(), paid.spec()], None).unwrap();
         let error = check_table(&backend, &[plans.spec(), paid.spec()], None).unwrap_err();
         assert!(
             error.to_string().contains("per-customer quotas of policy"),

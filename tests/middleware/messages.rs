@@ -337,3 +337,20 @@ async fn a_costly_message_leaves_an_override_in_force() {
     assert!(handle.check("chat", "vip", 500).await.unwrap().allowed);
     assert!(handle.check("chat", "staff", 500).await.unwrap().allowed);
 }
+
+/// A message of a banned key is refused with the quota the key has under the ban: its
+/// override's, as a request's refusal shows it.
+#[tokio::test]
+async fn a_banned_message_shows_the_keys_override_quota() {
+    use tower_throttle::ops::Override;
+    let handle = layer(chat().build().unwrap()).handle();
+    let raised = Override::Quota(Quota::per_hour(1000));
+    handle.set_override("chat", "vip", raised).await.unwrap();
+    handle
+        .ban("chat", "vip", std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let refused = handle.check("chat", "vip", 1).await.unwrap();
+    assert!(!refused.allowed && refused.banned, "{refused:?}");
+    assert_eq!(refused.limit, 1000);
+}
