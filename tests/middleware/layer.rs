@@ -630,6 +630,22 @@ async fn a_path_key_of_a_route_written_whole_is_read_inside_a_nested_router() {
         let [ok, limited] = [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS];
         assert_eq!(statuses, [ok, limited, ok], "one quota per {route}");
     }
+    // A key whose parameter stands where the nest has its literal prefix reads the prefix (a
+    // policy of every route, keyed by a path of its own).
+    let section = PathParam::new("/{section}/orders/{id}", "section").unwrap();
+    let policy = Policy::builder("sections")
+        .quota(Quota::per_minute(1))
+        .key(section);
+    let api = Router::new()
+        .route("/orders/{id}", get(|| async { "order" }))
+        .layer(ThrottleLayer::new(policy.build().unwrap()));
+    let app = Router::new().nest("/api", api);
+    let first = status_of(&app, request("/api/orders/1")).await;
+    let second = status_of(&app, request("/api/orders/2")).await;
+    assert_eq!(
+        (first, second),
+        (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS)
+    );
 }
 
 #[tokio::test]
