@@ -636,9 +636,11 @@ async fn a_path_key_of_a_route_written_whole_is_read_inside_a_nested_router() {
     let policy = Policy::builder("sections")
         .quota(Quota::per_minute(1))
         .key(section);
+    let layer = ThrottleLayer::new(policy.build().unwrap());
+    let handle = layer.handle();
     let api = Router::new()
         .route("/orders/{id}", get(|| async { "order" }))
-        .layer(ThrottleLayer::new(policy.build().unwrap()));
+        .layer(layer);
     let app = Router::new().nest("/api", api);
     let first = status_of(&app, request("/api/orders/1")).await;
     let second = status_of(&app, request("/api/orders/2")).await;
@@ -646,6 +648,9 @@ async fn a_path_key_of_a_route_written_whole_is_read_inside_a_nested_router() {
         (first, second),
         (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS)
     );
+    let state = handle.peek_key("sections", &"api".into()).await.unwrap();
+    let remaining = state.tiers[0].combined().remaining;
+    assert_eq!(remaining, 0, "the key is the prefix's section");
 }
 
 #[tokio::test]
