@@ -96,58 +96,7 @@ pub(crate) fn check_table<B: Backend>(
                 .map(|l| (l, vec![l.name()])),
         )
         .collect();
-    // An operator's override keeps a key's state under `<policy>.override` (per_customer.rs):
-    // a limit of that name would share it.
-    let mut overrides: HashMap<String, &str> = HashMap::new();
-    for policy in policies {
-        let name = crate::limit::override_state_name(&policy.name);
-        match overrides.insert(name, &policy.name) {
-            Some(other) if other != &*policy.name => {
-                return Err(BuildError::Invalid(format!(
-                    "policies {other:?} and {:?} would keep their overrides' state under one \
-                     name; shorten one",
-                    policy.name
-                )));
-            }
-            _ => {}
-        }
-    }
-    if let Some((limit, policy)) =
-        (limits.iter()).find_map(|(l, _)| Some((l, *overrides.get(l.name())?)))
-    {
-        return Err(BuildError::Invalid(format!(
-            "the limit name {:?} is where the overrides of policy {policy:?} keep their state; \
-             rename the policy or tier",
-            limit.name(),
-        )));
-    }
-    // Per-customer quotas keep theirs under the policy's own name: another policy's limit of that
-    // name (`plans.paid`: policy `plans`'s tier `paid`) would share it, as would the overrides of
-    // a policy whose state goes under it (policy `x.override` choosing quotas, policy `x`).
-    let customers: HashMap<&str, ()> = (policies.iter())
-        .filter(|p| {
-            let extras = p.extras.as_ref();
-            extras.is_some_and(|e| e.quotas.namespace(Namespace::Customer).is_some())
-        })
-        .map(|p| (&*p.name, ()))
-        .collect();
-    let of_others = |policy: &PolicySpec| -> Option<String> {
-        let own = policy.tiers.iter().flat_map(|t| t.limits.iter());
-        let named = own.chain(policy.shadow_limits()).map(Limit::name);
-        let name = named
-            .filter(|n| *n != &*policy.name)
-            .find(|n| customers.contains_key(n));
-        let overridden = (overrides.get(&*policy.name))
-            .filter(|owner| **owner != &*policy.name && customers.contains_key(&*policy.name));
-        name.or(overridden.map(|_| &*policy.name))
-            .map(str::to_owned)
-    };
-    if let Some(name) = policies.iter().find_map(|p| of_others(p)) {
-        return Err(BuildError::Invalid(format!(
-            "the limit name {name:?} is where the per-customer quotas of policy {name:?} keep \
-             their state; rename the policy or tier"
-        )));
-    }
+    check_state_names(policies)?;
     // The first limit of each name: a table of many policies builds in linear time.
     let mut first_named: HashMap<&str, &(&Limit, Vec<&str>)> = HashMap::new();
     for entry in &limits {
@@ -183,6 +132,67 @@ pub(crate) fn check_table<B: Backend>(
         }
     }
     check_reachable(policies)
+}
+
+/// Refuses a table in which two policies would keep state under one name: where a policy's
+/// overrides keep it (`<policy>.override`, `per_customer.rs`) and its per-customer quotas (its own
+/// name), against every other policy's of those and its limits (`plans.paid`: policy `plans`'s
+/// tier `paid`, and policy `plans.paid` choosing quotas). Policies of one name (one a method) share
+/// theirs on purpose.
+fn check_state_names(policies: &[&PolicySpec]) -> Result<(), BuildError> {
+    let chooses = |p: &PolicySpec| {
+        let extras = p.extras.as_ref();
+        extras.is_some_and(|e| e.quotas.namespace(Namespace::Customer).is_some())
+    };
+    // Each name kept: its policy, and whether it is the customers' (else the overrides').
+    let mut kept: HashMap<String, (&str, bool)> = HashMap::new();
+    for policy in policies {
+        let own = Some(crate::limit::override_state_name(&policy.name));
+        let customers = chooses(policy).then(|| policy.name.to_string());
+        for (name, customer) in [(own, false), (customers, true)] {
+            let Some(name) = name else { continue };
+            match kept.insert(name.clone(), (&policy.name, customer)) {
+                Some((other, false)) if other != &*policy.name && !customer => {
+                    return Err(BuildError::Invalid(format!(
+                        "policies {other:?} and {:?} would keep their overrides' state under one \
+                         name; shorten one",
+                        policy.name
+                    )));
+                }
+                // A policy's customers' state where another's overrides or customers keep theirs.
+                Some((other, _)) if other != &*policy.name => {
+                    let owner = if customer { &*policy.name } else { other };
+                    return Err(taken(&name, owner, true));
+                }
+                _ => {}
+            }
+        }
+    }
+    for policy in policies {
+        let limits = policy.tiers.iter().flat_map(|t| t.limits.iter());
+        for limit in limits.chain(policy.shadow_limits()) {
+            if let Some((owner, customer)) = kept.get(limit.name())
+                && *owner != &*policy.name
+            {
+                return Err(taken(limit.name(), owner, *customer));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The error of a limit named where `owner`'s overrides (or, if `customer`, its per-customer
+/// quotas) keep their state.
+fn taken(name: &str, owner: &str, customer: bool) -> BuildError {
+    let whose = if customer {
+        "per-customer quotas"
+    } else {
+        "overrides"
+    };
+    BuildError::Invalid(format!(
+        "the limit name {name:?} is where the {whose} of policy {owner:?} keep their state; \
+         rename the policy or tier"
+    ))
 }
 
 /// Refuses a list of policies in which one can never apply: the first policy whose route and
