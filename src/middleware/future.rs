@@ -8,49 +8,23 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::backend::Decisions;
 use crate::engine::extended::{Prepared, Preparing};
 use crate::engine::slot::{ConcurrencySlot, Release};
 use crate::engine::verdict::{Admitted, Verdict};
-use crate::engine::verdict::{Judge, RequestContext};
-use crate::error::BackendError;
 use crate::headers::RateHeaders;
-use crate::key::Key;
 use crate::middleware::body::ThrottleBody;
 use crate::near_limit;
 use crate::outcome::OutcomeGuard;
 use crate::overload::InFlight;
-use crate::policy::CompiledPolicy;
-
-/// What carrying out the verdict of a remote decision needs once it arrives.
-pub(crate) struct AwaitingVerdict<S, ReqBody> {
-    /// The service that `poll_ready` readied, called once (and only if) the request is admitted.
-    pub(crate) service: S,
-    pub(crate) request: Request<ReqBody>,
-    pub(crate) judge: Arc<Judge>,
-    pub(crate) policy: Arc<CompiledPolicy>,
-    pub(crate) tier: usize,
-    /// For the local limiter of `OnBackendError::Local`, the penalty box and the reports.
-    pub(crate) key: Key,
-    /// When the backend was asked (only to report its latency).
-    pub(crate) started: Option<Instant>,
-    /// [`RequestContext::pressed`] as the request was asked.
-    pub(crate) pressed: bool,
-    /// For a concurrency limit: how to give the slot back.
-    pub(crate) release: Option<Release>,
-    /// Its count in flight through the overload gate, if the layer has one.
-    pub(crate) in_flight: Option<InFlight>,
-}
 
 pin_project! {
     /// A request waiting for its turn (delay mode), then for its service to be ready; or only
@@ -73,13 +47,16 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S, ReqBody, D>,
+        state: State<S, ReqBody>,
+        // The backend's future, boxed in `Preparing` while it is awaited: a type parameter still,
+        // as the public type has always had it.
+        decision: PhantomData<fn() -> D>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqBody, D>
+    enum State<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
@@ -89,11 +66,8 @@ pin_project! {
             #[pin]
             future: S::Future,
         },
-        Checking {
-            check: D,
-            awaiting: Option<AwaitingVerdict<S, ReqBody>>,
-        },
-        // The extended path: a boxed future makes the verdict; the readied service waits beside it.
+        // A boxed future makes the verdict (a remote decision, or the extended path's steps);
+        // the readied service waits beside it.
         Preparing {
             prepare: Preparing,
             // The body, unless the policy reads it (then `Prepared` brings it back), and whether
@@ -122,12 +96,15 @@ impl<S, ReqBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>>,
 {
+    fn of(state: State<S, ReqBody>) -> Self {
+        let decision = PhantomData;
+        ResponseFuture { state, decision }
+    }
+
     /// The inner service's answer, with nothing added.
     #[inline(always)]
     pub(crate) fn unlimited(future: S::Future) -> Self {
-        ResponseFuture {
-            state: State::Passing { future },
-        }
+        Self::of(State::Passing { future })
     }
 
     /// This future, counting the request in flight through the overload gate until its response
@@ -137,9 +114,7 @@ where
     #[inline(never)]
     pub(crate) fn holding(self, mut in_flight: InFlight) -> Self {
         // Until the service is called, the count learns nothing if the client goes away.
-        if let State::Delaying { .. } | State::Checking { .. } | State::Preparing { .. } =
-            self.state
-        {
+        if let State::Delaying { .. } | State::Preparing { .. } = self.state {
             in_flight.waiting();
         }
         let state = match self.state {
@@ -174,31 +149,13 @@ where
             // Held until the decision (or the body) has come: the service's call restarts its
             // clock, so that the gate learns the service's latency, not the backend's or the
             // client's.
-            State::Checking {
-                check,
-                mut awaiting,
-            } => {
-                if let Some(awaiting) = &mut awaiting {
-                    awaiting.in_flight = Some(in_flight);
-                }
-                State::Checking { check, awaiting }
-            }
             State::Preparing { prepare, rest, .. } => State::Preparing {
                 prepare,
                 rest,
                 in_flight: Some(in_flight),
             },
         };
-        ResponseFuture { state }
-    }
-
-    /// This future, carried out after the request waited for its decision or its body, counted
-    /// in flight if `in_flight`, whose clock restarted as the service was called.
-    fn counted(self, in_flight: Option<InFlight>) -> Self {
-        match in_flight {
-            Some(in_flight) => self.holding(in_flight),
-            None => self,
-        }
+        Self::of(state)
     }
 
     /// The inner service's answer to a request that holds nothing: only `fields` go on it.
@@ -214,53 +171,25 @@ where
         (service, readied): (S, bool),
         body: Option<ReqBody>,
     ) -> Self {
-        ResponseFuture {
-            state: State::Preparing {
-                prepare,
-                rest: Some((service, body, readied)),
-                in_flight: None,
-            },
-        }
+        Self::of(State::Preparing {
+            prepare,
+            rest: Some((service, body, readied)),
+            in_flight: None,
+        })
     }
 
     /// An answer the layer made itself (a refusal).
     pub(crate) fn refused(response: Response<Bytes>) -> Self {
-        ResponseFuture {
-            state: State::Ready {
-                response: Some(response),
-            },
-        }
+        Self::of(State::Ready {
+            response: Some(response),
+        })
     }
 
-    /// A request waiting for a remote decision.
-    pub(crate) fn checking(check: D, awaiting: AwaitingVerdict<S, ReqBody>) -> Self {
-        ResponseFuture {
-            state: State::Checking {
-                check,
-                awaiting: Some(awaiting),
-            },
-        }
-    }
-
-    /// Carries out `verdict`: a refusal is answered; an admitted request calls `service` (readied)
-    /// at once or after its delay, and holds its slot and outcome guard until its response ends.
-    pub(crate) fn carry_out(
-        verdict: Verdict,
-        service: &mut S,
-        request: Request<ReqBody>,
-        release: Option<Release>,
-        outcome: Option<Box<OutcomeGuard>>,
-    ) -> Self
-    where
-        S: Clone,
-    {
-        Self::carry_out_as(verdict, (service, true), request, release, outcome)
-    }
-
-    /// [`carry_out`](Self::carry_out), `readied` saying whether `service` was (else it is readied
-    /// before the call).
+    /// Carries out `verdict`: a refusal is answered; an admitted request calls `service` (readied,
+    /// if `readied`; else it is readied before the call) at once or after its delay, and holds its
+    /// slot and outcome guard until its response ends.
     #[inline]
-    fn carry_out_as(
+    pub(crate) fn carry_out(
         verdict: Verdict,
         (service, readied): (&mut S, bool),
         mut request: Request<ReqBody>,
@@ -315,9 +244,7 @@ where
                 outcome,
             };
             let delayed = Box::pin(delayed);
-            ResponseFuture {
-                state: State::Delaying { delayed },
-            }
+            Self::of(State::Delaying { delayed })
         }
     }
 
@@ -344,7 +271,7 @@ where
         match kept.or(read) {
             Some(body) => {
                 let request = Request::from_parts(parts, body);
-                Self::carry_out_as(verdict, (service, readied), request, release, outcome)
+                Self::carry_out(verdict, (service, readied), request, release, outcome)
             }
             // Cannot happen (a body is read only as its own type); answered, not a panic.
             None => Self::refused(body_lost()),
@@ -361,14 +288,12 @@ where
         if headers.is_none() && slot.is_none() && outcome.is_none() {
             return Self::unlimited(future);
         }
-        ResponseFuture {
-            state: State::Calling {
-                future,
-                headers,
-                slot,
-                outcome,
-            },
-        }
+        Self::of(State::Calling {
+            future,
+            headers,
+            slot,
+            outcome,
+        })
     }
 }
 
@@ -377,14 +302,6 @@ where
 pub(crate) fn take_readied<S: Clone>(inner: &mut S) -> S {
     let fresh = inner.clone();
     std::mem::replace(inner, fresh)
-}
-
-/// A count in flight whose request's service is called now: its latency is measured from here.
-fn called(mut in_flight: Option<InFlight>) -> Option<InFlight> {
-    if let Some(in_flight) = &mut in_flight {
-        in_flight.called();
-    }
-    in_flight
 }
 
 /// The answer to a request whose body the layer read and could not give back (never expected).
@@ -401,7 +318,6 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Passing { .. } => "passing",
-            State::Checking { .. } => "checking",
             State::Preparing { .. } => "preparing",
             State::Delaying { .. } => "delaying",
             State::Calling { .. } => "calling",
@@ -417,7 +333,6 @@ impl<S, ReqBody, ResBody, D> Future for ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ReqBody: 'static,
-    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
     type Output = Result<Response<ThrottleBody<ResBody>>, S::Error>;
 
@@ -430,7 +345,6 @@ impl<S, ReqBody, ResBody, D> ResponseFuture<S, ReqBody, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ReqBody: 'static,
-    D: Future<Output = Result<Decisions, BackendError>> + Unpin,
 {
     /// The state after the extended path's verdict. Never inlined: kept out of `poll`, the fast
     /// path's `poll` stays small enough to be inlined into its caller.
@@ -439,10 +353,17 @@ where
         prepared: Prepared,
         (mut service, kept, readied): (S, Option<ReqBody>, bool),
         in_flight: Option<InFlight>,
-    ) -> State<S, ReqBody, D> {
-        let in_flight = called(in_flight);
+    ) -> State<S, ReqBody> {
+        // Counted from the service's call: the gate learns its latency, not the wait's.
+        let in_flight = in_flight.map(|mut in_flight| {
+            in_flight.called();
+            in_flight
+        });
         let carried = Self::carry_out_prepared(prepared, (&mut service, readied), kept);
-        carried.counted(in_flight).state
+        match in_flight {
+            Some(in_flight) => carried.holding(in_flight).state,
+            None => carried.state,
+        }
     }
 
     /// The future's `poll`, with the body made by `plain` of the inner body as it came (nothing
@@ -461,28 +382,6 @@ where
                 StateProj::Passing { future } => {
                     let response = ready!(future.poll(cx))?;
                     return Poll::Ready(Ok(response.map(plain)));
-                }
-                StateProj::Checking { check, awaiting } => {
-                    let answer = ready!(Pin::new(check).poll(cx));
-                    let mut awaiting = awaiting
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    let context = RequestContext::new(
-                        &awaiting.policy,
-                        awaiting.tier,
-                        &awaiting.key,
-                        &awaiting.request,
-                        awaiting.pressed,
-                    );
-                    let (judge, asked) = (&awaiting.judge, awaiting.started);
-                    let verdict = judge.verdict(context, context.charges(), asked, answer);
-                    // The readied `service` is dropped here if the request waits (see carry_out).
-                    let service = &mut awaiting.service;
-                    let (request, release) = (awaiting.request, awaiting.release);
-                    let in_flight = called(awaiting.in_flight);
-                    Self::carry_out(verdict, service, request, release, None)
-                        .counted(in_flight)
-                        .state
                 }
                 StateProj::Preparing {
                     prepare,

@@ -17,7 +17,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::{Backend, Charges, Decisions};
-use crate::engine::extended::{prepare, Scope};
+use crate::engine::extended::{prepare, Prepared, Scope};
 use crate::engine::shared::{releaser, Shared};
 use crate::engine::steps;
 use crate::engine::table::Table;
@@ -28,7 +28,7 @@ use crate::key::ahead::{BodyAhead, KeyAhead};
 use crate::key::{Key, KeyExtractor};
 use crate::limit::Algorithm;
 use crate::middleware::body::ThrottleBody;
-use crate::middleware::future::{take_readied, AwaitingVerdict, ResponseFuture};
+use crate::middleware::future::{take_readied, ResponseFuture};
 use crate::near_limit;
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::policy::extras::PolicyExtras;
@@ -147,7 +147,7 @@ where
         // No policy applies: only the access lists may answer.
         let head = RequestRef::of(&request);
         return match steps::access(shared, judge, None, None, head) {
-            Some(verdict) => ResponseFuture::carry_out(verdict, inner, request, None, None),
+            Some(verdict) => ResponseFuture::carry_out(verdict, (inner, true), request, None, None),
             None => ResponseFuture::unlimited(inner.call(request)),
         };
     };
@@ -170,7 +170,7 @@ where
                 },
                 Err(verdict) => verdict,
             };
-            return ResponseFuture::carry_out(verdict, inner, request, None, None);
+            return ResponseFuture::carry_out(verdict, (inner, true), request, None, None);
         }
     };
     // 7-9: the backend, the verdict, carrying it out. The request is moved once, into the
@@ -264,29 +264,31 @@ where
             let verdict = judge.verdict(context, context.charges(), started, answer);
             let charged = (&policy.tiers[tier], policy.cost);
             let release = steps::release_of(&verdict, shared, judge, charged, &key);
-            return ResponseFuture::carry_out(verdict, inner, request, release, None);
+            return ResponseFuture::carry_out(verdict, (inner, true), request, release, None);
         }
     };
-    // The decision is remote: the readied service goes with the request (`AwaitingVerdict`).
+    // The decision is remote: the response future waits for it as for the extended path's, with
+    // the readied service beside it.
     let limit = &policy.tiers[tier].limits[0];
     let release = (limit.algorithm() == Algorithm::Concurrency)
         .then(|| releaser(shared, judge, limit, policy.cost, key.clone()));
-    let service = take_readied(inner);
-    ResponseFuture::checking(
-        check,
-        AwaitingVerdict {
-            service,
-            request,
-            judge: judge.clone(),
-            policy: policy.clone(),
-            tier,
-            key,
-            started,
-            pressed,
+    let (judge, policy) = (judge.clone(), policy.clone());
+    let (parts, body) = request.into_parts();
+    let prepare = async move {
+        let answer = check.await;
+        let request = RequestRef::of_parts(&parts);
+        let context = RequestContext::at(&policy, &policy.tiers[tier], &key, request, pressed);
+        let verdict = judge.verdict(context, context.charges(), started, answer);
+        let (outcome, body) = (None, None);
+        Prepared {
+            parts,
+            verdict,
             release,
-            in_flight: None,
-        },
-    )
+            outcome,
+            body,
+        }
+    };
+    ResponseFuture::preparing(Box::pin(prepare), (take_readied(inner), true), Some(body))
 }
 
 /// The extended path for a request that `policy` (with `extras`) applies to.

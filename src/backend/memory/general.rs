@@ -192,35 +192,6 @@ impl GeneralStore {
         }
     }
 
-    /// Gives back `quantity` units that `limits` admitted for `key` at most `since` ago (with
-    /// their decisions, if known); what each algorithm gives back is told on
-    /// [`Adjustment::Refund`](crate::backend::Adjustment::Refund).
-    pub(super) fn refund<C: Clock>(
-        &self,
-        limits: &[Limit],
-        key: &Key,
-        (quantity, since, admitted): (u64, u64, &[Decision]),
-        clock: &C,
-    ) {
-        let Some(first) = limits.first() else {
-            return;
-        };
-        let (hash, mut shard) = self.locate(first.id(), key);
-        let now = shard.now(clock);
-        let unix_now = now.saturating_add(clock.unix_origin_nanos());
-        let Ok(mut occupied) = shard.table.find_entry(hash, Entry::is(first.id(), key)) else {
-            return;
-        };
-        let cells = &mut occupied.get_mut().cells;
-        for (position, limit) in limits.iter().enumerate() {
-            if let Some(cell) = cells.find_mut(limit.id(), position as u8) {
-                let at = (now, unix_now);
-                let reset = admitted.get(position).map(|d| d.reset_after);
-                refund_state(&mut cell.state, (limit, key), at, (quantity, since, reset));
-            }
-        }
-    }
-
     /// Settles a metered request's cost on `key`'s entry under `limits`: `deltas[i]` units more (or
     /// fewer) under each GCRA limit ([`gcra::settle`](crate::gcra::settle)), fewer under a window
     /// (as a refund). A charge may make the entry (a reservation of 0 left none).

@@ -504,28 +504,19 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                         .release(limit, key, charges.quantity(i), lease);
                 }
             }
+            // A settlement of `-quantity` under every limit, as on Redis.
             Adjustment::Refund { since, admitted } => {
-                let quantity = charges.quantity(0);
-                match (limits, limits.first().and_then(Limit::gcra)) {
-                    ([], _) => {}
-                    // A settlement of `-quantity` (gcra::settle): the TAT moves back by as
-                    // many emission intervals less the time they may have drained (a later
-                    // request that found the bucket idle, `max(tat, now)`, absorbed it): less,
-                    // never more, than the request took (and with no decision since, exactly).
-                    ([limit], Some(params)) => {
-                        let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
-                        let reset = admitted.first().map(|d| d.reset_after);
-                        let since = gcra::drain_bound(nanos(since), reset, quantity, params);
-                        let (gcra, clock) = (&stores.gcra, &stores.clock);
-                        gcra.settle(params, limit.id(), key, back, since, clock);
-                    }
-                    _ => stores.general.refund(
-                        limits,
-                        key,
-                        (quantity, nanos(since), admitted),
-                        &stores.clock,
-                    ),
-                }
+                let back = i64::try_from(charges.quantity(0)).map_or(i64::MIN, |q| -q);
+                let deltas = [back; MAX_STACKED_QUOTAS];
+                let deltas = deltas.get(..limits.len()).unwrap_or(&[]);
+                self.adjust(
+                    charges,
+                    Adjustment::Settle {
+                        deltas,
+                        since,
+                        admitted,
+                    },
+                );
             }
             Adjustment::Settle {
                 deltas,
@@ -539,6 +530,10 @@ impl<C: Clock> Backend for MemoryBackend<C> {
                     return;
                 }
                 match (limits, limits[0].gcra()) {
+                    // A give-back moves the TAT back by as many emission intervals less the time
+                    // they may have drained (a later request that found the bucket idle,
+                    // `max(tat, now)`, absorbed it): less, never more, than the request took
+                    // (and with no decision since, exactly).
                     ([limit], Some(params)) => {
                         let units = deltas[0].unsigned_abs();
                         let reset = admitted.first().map(|d| d.reset_after);
