@@ -12,6 +12,7 @@ use crate::backend::memory::state_file::AsMemory;
 use crate::backend::redis::{RedisBackend, RedisBackendBuilder, RedisMode};
 use crate::backend::Backend;
 use crate::backend::{MemoryBackend, MemoryBackendBuilder};
+use crate::engine::table::kept_limits;
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
 use crate::error::BuildError;
@@ -19,7 +20,6 @@ use crate::limit::Limit;
 use crate::middleware::ThrottleLayer;
 #[cfg(feature = "redis")]
 use crate::offenders::Offenders;
-use crate::per_customer::Namespace;
 use crate::policy::Policy;
 #[cfg(feature = "redis")]
 use std::time::Duration;
@@ -114,22 +114,9 @@ fn writable(path: &std::path::Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
-/// Every limit of `policies`: every tier's, the shadow limits (counted by the backend too), and
-/// those a customer's or an override's quota counts under (one each: state is found by name).
+/// Every limit of `policies` that a key's state is kept under.
 fn limits_of<K>(policies: &[Policy<K>]) -> Vec<Limit> {
-    policies
-        .iter()
-        .flat_map(|p| {
-            let spec = p.spec();
-            let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
-            let quotas = &p.compiled().overridable.quotas;
-            let chosen = [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns));
-            tiers
-                .chain(spec.shadow_limits())
-                .cloned()
-                .chain(chosen.into_iter().flatten())
-        })
-        .collect()
+    kept_limits(policies).into_iter().map(|(_, l)| l).collect()
 }
 
 #[cfg(feature = "redis")]

@@ -489,13 +489,10 @@ where
     ) -> Result<QuotaAhead, Verdict> {
         let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
         let request = RequestRef::of_parts(parts);
-        let override_tier = |quota| {
-            let validate = |limit: &_| self.shared.validate_one(limit);
-            extras.override_tier(quota, rules.cost, validate)
-        };
+        let override_tier = |under| self.shared.override_tier(extras, under, rules.cost);
         match in_force {
-            InForce::Override(Override::Quota(quota)) => {
-                Ok(QuotaAhead::Given(override_tier(quota)))
+            InForce::Override(quota @ Override::Quota(_)) => {
+                Ok(QuotaAhead::Given(override_tier(Some(quota))))
             }
             InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
             InForce::Override(Override::Blocked) => {
@@ -506,10 +503,7 @@ where
                 let under = overrides.both(rules.name(), key, SystemTime::now()).0;
                 // The refusal shows the quota the key has under the ban: an override's, as the
                 // penalty box's ban shows it.
-                let custom = match under {
-                    Some(Override::Quota(quota)) => override_tier(quota),
-                    _ => None,
-                };
+                let custom = override_tier(under);
                 let own = || &rules.tiers[rules.tier_in(request.headers, request.extensions)];
                 let tier = custom.as_deref().unwrap_or_else(own);
                 let cx = RequestContext::at(rules, tier, key, request, judge.pressed_for(rules));

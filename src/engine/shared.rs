@@ -16,6 +16,9 @@ use crate::error::BuildError;
 use crate::key::Key;
 use crate::limit::Limit;
 use crate::overrides::cache::Overrides;
+use crate::overrides::Override;
+use crate::policy::extras::PolicyExtras;
+use crate::policy::CompiledTier;
 
 /// What every service of one layer shares, and what a reload builds the next table with.
 pub(crate) struct Shared<K, B> {
@@ -49,6 +52,25 @@ impl<K, B> Shared<K, B> {
     {
         self.backend
             .validate(std::slice::from_ref(limit), Uses::NOTHING_MORE)
+    }
+
+    /// The tier a key's override `under` gives it in `extras`' policy: an override's quota, if the
+    /// policy and the backend take it (else the key keeps the policy's own quota).
+    pub(crate) fn override_tier(
+        &self,
+        extras: &PolicyExtras,
+        under: Option<Override>,
+        cost: u64,
+    ) -> Option<Arc<CompiledTier>>
+    where
+        B: Backend,
+    {
+        match under {
+            Some(Override::Quota(quota)) => {
+                extras.override_tier(quota, cost, |l| self.validate_one(l))
+            }
+            _ => None,
+        }
     }
 }
 

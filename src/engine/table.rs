@@ -44,33 +44,17 @@ impl<K> Table<K> {
     /// a backend may have cached under them no longer holds ([`Backend::reloaded`]). The
     /// customers' and overrides' limits too, which take the policy's algorithm and penalty.
     pub(crate) fn changed_in(&self, next: &Table<K>) -> Vec<String> {
-        let next_limits = next.limits();
+        let next_limits = kept_limits(&next.policies);
         let next: HashMap<(u8, &str), &Limit> = (next_limits.iter())
             .map(|(kind, l)| ((*kind, l.name()), l))
             .collect();
-        let mut changed: Vec<String> = (self.limits().iter())
+        let mut changed: Vec<String> = (kept_limits(&self.policies).iter())
             .filter(|(kind, l)| next.get(&(*kind, l.name())) != Some(&l))
             .map(|(_, l)| l.name().to_owned())
             .collect();
         changed.sort_unstable();
         changed.dedup();
         changed
-    }
-
-    /// Every limit the backend keeps state under, each compared with its own kind's: 0 for a
-    /// tier's or a shadow, 1 for the customers' (which may share a tier limit's name, without its
-    /// budget), 2 for the overrides'.
-    fn limits(&self) -> Vec<(u8, Limit)> {
-        let of = |p: &Policy<K>| {
-            let quotas = &p.compiled().overridable.quotas;
-            let spaces = [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns));
-            let spaces = (1..).zip(spaces).filter_map(|(kind, l)| Some((kind, l?)));
-            let spec = p.spec();
-            let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
-            let own = tiers.chain(spec.shadow_limits()).map(|l| (0, l.clone()));
-            own.chain(spaces).collect::<Vec<_>>()
-        };
-        self.policies.iter().flat_map(of).collect()
     }
 
     /// Checks `policies` against `backend` and compiles them. With `previous` (a reload), the new
@@ -109,6 +93,23 @@ impl<K> Table<K> {
             strips_near,
         })
     }
+}
+
+/// Every limit of `policies` the backend keeps state under (state is found by name), each with its
+/// kind, to be compared with its own kind's: 0 for a tier's or a shadow (counted by the backend
+/// too), 1 for the customers' (which may share a tier limit's name, without its budget), 2 for the
+/// overrides'.
+pub(crate) fn kept_limits<K>(policies: &[Policy<K>]) -> Vec<(u8, Limit)> {
+    let of = |p: &Policy<K>| {
+        let quotas = &p.compiled().overridable.quotas;
+        let spaces = [Namespace::Customer, Namespace::Override].map(|ns| quotas.namespace(ns));
+        let spaces = (1..).zip(spaces).filter_map(|(kind, l)| Some((kind, l?)));
+        let spec = p.spec();
+        let tiers = spec.tiers.iter().flat_map(|t| t.limits.iter());
+        let own = tiers.chain(spec.shadow_limits()).map(|l| (0, l.clone()));
+        own.chain(spaces).collect::<Vec<_>>()
+    };
+    policies.iter().flat_map(of).collect()
 }
 
 #[cfg(test)]

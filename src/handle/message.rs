@@ -95,13 +95,7 @@ pub(crate) fn before_backend<K, B: Backend>(
             // The refusal shows the quota the key has under the ban (its override's), as a
             // request's does.
             let under = overrides.both(policy.name(), key, now).0;
-            let custom = match under {
-                Some(Override::Quota(quota)) => {
-                    let validate = |l: &_| shared.validate_one(l);
-                    policy.overridable.override_tier(quota, 0, validate)
-                }
-                _ => None,
-            };
+            let custom = shared.override_tier(&policy.overridable, under, 0);
             let tier = custom.as_deref().unwrap_or(&policy.tiers[0]);
             match judge.message_banned(policy, tier, key, (rest, pressed)) {
                 Some(refused) => return Err(refused),
@@ -118,13 +112,10 @@ pub(crate) fn before_backend<K, B: Backend>(
             crate::observe::forbidden();
             Err(blocked)
         }
-        Some(Override::Quota(quota)) => {
-            let validate = |l: &_| shared.validate_one(l);
-            // Whatever the cost: one past the override's quota is refused for good there, not
-            // checked against the policy's more generous quota. A quota the backend cannot enforce
-            // falls back to the policy's (logged), as for a request.
-            Ok(policy.overridable.override_tier(quota, 0, validate))
-        }
+        // Whatever the cost: one past the override's quota is refused for good there, not checked
+        // against the policy's more generous quota. A quota the backend cannot enforce falls back
+        // to the policy's (logged), as for a request.
+        quota => Ok(shared.override_tier(&policy.overridable, quota, 0)),
     }
 }
 

@@ -299,13 +299,7 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
         let now = SystemTime::now();
         let (override_in_force, timed_ban) = self.shared.overrides.both(rules.name(), key, now);
         let mut tiers = Vec::with_capacity(rules.tiers.len() + 1);
-        let custom = match override_in_force {
-            Some(Override::Quota(quota)) => {
-                let validate = |l: &_| self.shared.validate_one(l);
-                rules.overridable.override_tier(quota, rules.cost, validate)
-            }
-            _ => None,
-        };
+        let custom = (self.shared).override_tier(&rules.overridable, override_in_force, rules.cost);
         // Each limit's state by name, with the ban of the layer's penalty box.
         let shown = |(limit, mut state): (&Limit, KeyState)| {
             // Delay mode: what is left of the quota, as the fields say, not of the delay's room.

@@ -325,9 +325,11 @@ impl Backend for RedisBackend {
             return; // Quotas with keys of their own are neither refunded nor settled.
         };
         match adjustment {
+            // A settlement of `-quantity` under every limit.
             Adjustment::Refund { since, admitted } => {
-                let quantity = charges.quantity(0);
-                refund::refund(&self.state, limits, key, quantity, (since, admitted));
+                let back = i64::try_from(charges.quantity(0)).map_or(i64::MIN, |q| -q);
+                let deltas = vec![back; limits.len()];
+                refund::settle(&self.state, limits, key, &deltas, (since, admitted));
             }
             Adjustment::Settle {
                 deltas,

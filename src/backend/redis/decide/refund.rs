@@ -1,6 +1,6 @@
 //! Settling after the response, on a spawned task: one atomic `settle.lua` call gives back a
-//! request's units under each limit ([`refund`]: counting by outcome), or charges or gives back a
-//! metered request's real cost ([`settle`]).
+//! request's units under each limit (counting by outcome), or charges or gives back a metered
+//! request's real cost ([`settle`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,29 +13,17 @@ use crate::gcra::{self, GcraParams};
 use crate::key::Key;
 use crate::limit::Limit;
 
-/// Gives back `quantity` units of `limits` for `key`: [`settle`] with `-quantity` under each.
-pub(crate) fn refund(
-    state: &Arc<RedisState>,
-    limits: &[Limit],
-    key: &Key,
-    quantity: u64,
-    since: Since<'_>,
-) {
-    if quantity == 0 {
-        return;
-    }
-    let back = i64::try_from(quantity).map_or(i64::MIN, |q| -q);
-    send(state, limits, key, |_| back, since);
-}
-
-/// Settles `deltas[i]` units under `limits[i]` for `key`: negative gives back as a refund does,
-/// positive charges a metered GCRA limit (into debt, up to its cap), 0 leaves the limit alone.
+/// Settles `deltas[i]` units under `limits[i]` for `key`: negative gives back (a refund), positive
+/// charges a metered GCRA limit (into debt, up to its cap), 0 leaves the limit alone. One
+/// `settle.lua` call on a spawned task, under the timeout, never retried (a late refund could give
+/// back more than was taken, a late charge fall after its debt): one that fails is lost. `since`:
+/// an upper bound on the time since the admission, and each limit's decision then (if known).
 pub(crate) fn settle(
     state: &Arc<RedisState>,
     limits: &[Limit],
     key: &Key,
     deltas: &[i64],
-    since: Since<'_>,
+    (since, admitted): (Duration, &[Decision]),
 ) {
     if deltas.len() != limits.len() {
         tracing::debug!(
@@ -45,21 +33,7 @@ pub(crate) fn settle(
         );
         return;
     }
-    send(state, limits, key, |i| deltas[i], since);
-}
-
-/// An upper bound on the time since the admission, and each limit's decision then (if known).
-type Since<'a> = (Duration, &'a [Decision]);
-
-/// One `settle.lua` call on a spawned task, under the timeout, never retried (a late refund could
-/// give back more than was taken, a late charge fall after its debt): one that fails is lost.
-fn send(
-    state: &Arc<RedisState>,
-    limits: &[Limit],
-    key: &Key,
-    delta: impl Fn(usize) -> i64,
-    (since, admitted): Since<'_>,
-) {
+    let delta = |i: usize| deltas[i];
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
