@@ -75,20 +75,11 @@ const MAX_SHARDS: usize = 1024;
 /// up to twice that in spare capacity), never more than `count` of them.
 ///
 /// Entries are dropped when their state expires (the end of the window that still counts, the
-/// newest logged unit's `period`, the TAT), by the same amortized sweeps as the GCRA table, and a
-/// concurrency entry as soon as its last request is
-/// [released](crate::backend::Adjustment::Release). The general map has its own cap of `max_keys`
-/// entries (so the two stores together hold at most twice that): when a shard is full, it forgets
-/// about an eighth of its entries, those that use the smallest share of their limit, as the GCRA
-/// table does: the count in the current fixed window, the sliding window's weighted estimate or the
-/// sliding log's live units over the limit's `count`, a GCRA limit's TAT ahead of now over its
-/// tolerance, and for a stack the largest share over its limits. A client being limited uses its
-/// whole limit, so it is forgotten last, even if its state expires before a lighter client's (every
-/// fixed-window entry of one window expires together): only with keys that use their whole limit
-/// too, in table order, so resetting it this way costs whole limits of requests on an eighth of a
-/// shard's keys a round. It never forgets an entry with requests in
-/// flight, since that would admit more than the limit: a shard full of them grows past the cap, by
-/// at most the number of keys with requests in flight.
+/// newest logged unit's `period`, the TAT), by the same sweeps as the GCRA table, and a concurrency
+/// entry as soon as its last request is [released](crate::backend::Adjustment::Release). The
+/// general map has a cap of `max_keys` entries of its own, and forgets as the GCRA table does, by
+/// the share of its limit an entry uses (for a stack, its most used limit's): a client being
+/// limited last, an entry with requests in flight never (a shard full of them grows past the cap).
 ///
 /// Clones share the same state, so one backend can serve several layers.
 ///

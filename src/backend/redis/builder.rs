@@ -371,23 +371,14 @@ impl Settings {
         )
     }
 
-    /// How long connecting at start-up may take (once): ten timeouts, at least a second.
-    fn start_budget(&self) -> Duration {
-        start_budget(self.timeout)
-    }
-
     /// A Cluster or a user's connection manager, connected and set up (set_up.rs).
     async fn open_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
-        let budget = self.start_budget();
+        let budget = start_budget(self.timeout);
         let name = self.name.to_string();
         let connecting = async {
-            let (client, described) = match target {
-                Target::Manager(manager) => return Ok(RedisConnection::Single(manager)),
-                Target::ClusterConnection(connection) => {
-                    return Ok(RedisConnection::cluster_of(connection))
-                }
-                Target::Urls(urls) => (cluster_client(&urls, self.timeout)?, redact_urls(&urls)),
-                Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
+            let (client, described) = match cluster_parts(target, self.timeout)? {
+                Ok(parts) => parts,
+                Err(given) => return Ok(given),
             };
             let failed = |e| match configuration_error(&e, &described, "connect") {
                 Some(message) => BackendError::new(message),
@@ -416,13 +407,9 @@ impl Settings {
 
     /// A Cluster, connected by a background task, or a connection given as it is.
     fn lazy_other(self, target: Target) -> Result<Arc<RedisState>, BackendError> {
-        let (client, described) = match target {
-            Target::Manager(manager) => return Ok(self.state_on(RedisConnection::Single(manager))),
-            Target::ClusterConnection(connection) => {
-                return Ok(self.state_on(RedisConnection::cluster_of(connection)))
-            }
-            Target::Urls(urls) => (cluster_client(&urls, self.timeout)?, redact_urls(&urls)),
-            Target::ClusterClient(client) => (*client, "a Cluster client".to_owned()),
+        let (client, described) = match cluster_parts(target, self.timeout)? {
+            Ok(parts) => parts,
+            Err(given) => return Ok(self.state_on(given)),
         };
         let lazy = Arc::new(LazyCluster::new(described));
         let state = self.state_on(RedisConnection::Cluster(lazy.clone()));
@@ -464,7 +451,7 @@ impl Validated {
         let seed = self.seed();
         let settings = self.settings;
         let nodes = self.listen;
-        let budget = settings.start_budget();
+        let budget = start_budget(settings.timeout);
         let state = match self.start {
             Start::Server(mut source) => {
                 let (state, server) = settings.server_state(&source);
@@ -491,6 +478,20 @@ impl Validated {
             _ => None,
         }
     }
+}
+
+/// A Cluster's client and how logs name it; or the connection a target gives as it is (a user's
+/// connection manager or Cluster connection).
+fn cluster_parts(
+    target: Target,
+    timeout: Duration,
+) -> Result<Result<(ClusterClient, String), RedisConnection>, BackendError> {
+    Ok(match target {
+        Target::Manager(manager) => Err(RedisConnection::Single(manager)),
+        Target::ClusterConnection(connection) => Err(RedisConnection::cluster_of(connection)),
+        Target::Urls(urls) => Ok((cluster_client(&urls, timeout)?, redact_urls(&urls))),
+        Target::ClusterClient(client) => Ok((*client, "a Cluster client".to_owned())),
+    })
 }
 
 /// What both starts do last: with seed URLs, a Cluster's open nodes probed on connections of
