@@ -358,9 +358,15 @@ impl Backend for RedisBackend {
 
     // Peeks and resets on the keys the charges are decided on (admin.rs).
     fn peek(&self, charges: Charges<'_>) -> PeekFuture {
+        let limits = charges.limits();
         match (charges.keys(), charges.same_key()) {
-            (Some(keys), _) => self.state.peek_keyed(charges.limits(), keys),
-            (None, Some(key)) => self.state.peek(charges.limits(), key),
+            // The keys `check_keyed` decides, or `check`'s.
+            (Some(keys), _) => {
+                (self.state).peek(limits, || self.state.keyed_call(limits, keys, 0, 0))
+            }
+            (None, Some(key)) => {
+                (self.state).peek(limits, || self.state.limits_call(limits, key, 0, None, 0))
+            }
             (None, None) => decide::check::failed("no key to peek at"),
         }
     }

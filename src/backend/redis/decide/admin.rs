@@ -79,14 +79,10 @@ fn peek_source() -> String {
 }
 
 impl RedisState {
-    /// [`Backend::peek`](crate::Backend::peek): one read-only script call.
-    pub(crate) fn peek(self: &Arc<Self>, limits: &[Limit], key: &Key) -> PeekFuture {
-        self.peek_call(limits, || self.limits_call(limits, key, 0, None, 0))
-    }
-
-    /// The peek script on `call`'s keys: each limit's state for a quantity of 0 and of 1, and the
-    /// ban of its penalty box if it has one.
-    fn peek_call(
+    /// [`Backend::peek`](crate::Backend::peek): one read-only call of the peek script on `call`'s
+    /// keys (one slot): each limit's state for a quantity of 0 and of 1, and the ban of its penalty
+    /// box if it has one.
+    pub(crate) fn peek(
         self: &Arc<Self>,
         limits: &[Limit],
         call: impl FnOnce() -> Result<LimitsCall, String>,
@@ -133,12 +129,6 @@ impl RedisState {
                 .map(|(now, next)| key_state(now, next, ban))
                 .collect())
         })
-    }
-
-    /// [`Backend::peek`](crate::Backend::peek) of charges with keys of their own: the peek script
-    /// on the keys [`check_keyed`](Self::check_keyed) decides (one slot: one call).
-    pub(crate) fn peek_keyed(self: &Arc<Self>, limits: &[Limit], keys: &[Key]) -> PeekFuture {
-        self.peek_call(limits, || self.keyed_call(limits, keys, 0, 0))
     }
 
     /// [`Backend::reset`](crate::Backend::reset) of charges with keys of their own: one `DEL` of

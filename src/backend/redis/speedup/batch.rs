@@ -376,8 +376,10 @@ impl Batcher {
                         (Err(e), Job::Limits(call)) if left_mid_script(&e) => {
                             let (mut conn, timeout) = (conn.clone(), self.timeout);
                             tokio::spawn(async move {
-                                let answer = scripts::limits_within(&mut conn, &call, timeout);
-                                let _ = to.send(answer.await.map(Reply::Limits));
+                                let answer = scripts::limits(&mut conn, &call);
+                                let answer = tokio::time::timeout(timeout, answer).await;
+                                let answer = answer.unwrap_or_else(|_| Err(timed_out()));
+                                let _ = to.send(answer.map(Reply::Limits));
                             });
                         }
                         (answer, _) => drop(to.send(answer)),

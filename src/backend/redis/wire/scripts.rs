@@ -10,7 +10,7 @@ use super::args::{Args, CellArgs};
 use super::limits_call::LimitsCall;
 use super::lua;
 use crate::backend::redis::conn::connection::RedisConnection;
-use crate::backend::redis::conn::redirect::{timed_out, unexpected};
+use crate::backend::redis::conn::redirect::unexpected;
 use crate::decision::Decision;
 
 // Each script, built once per process: see its header (lua.rs says which file that is).
@@ -99,16 +99,6 @@ pub(crate) async fn limits(
     invocation.key(call.keys()).arg(call.args());
     let reply: Vec<i64> = invocation.invoke_async(conn).await?;
     limits_decisions(call, &reply)
-}
-
-/// [`limits`] within `timeout`.
-pub(crate) async fn limits_within(
-    conn: &mut RedisConnection,
-    call: &LimitsCall,
-    timeout: Duration,
-) -> Result<Vec<Decision>, RedisError> {
-    let decided = tokio::time::timeout(timeout, limits(conn, call)).await;
-    decided.unwrap_or_else(|_| Err(timed_out()))
 }
 
 /// A batch item's failure, from the error's text in its reply (limits_batch.lua): the error
