@@ -397,11 +397,7 @@ fn not_connected() -> RedisError {
 /// Whether `error` means the connection leads nowhere useful: the server gone, read-only, without a
 /// primary or loading (a timeout only once the connection is silent: `timed_out`).
 fn must_reconnect(error: &RedisError) -> bool {
-    !error.is_timeout()
-        && (error.is_io_error()
-            || error.is_connection_dropped()
-            || error.is_connection_refusal()
-            || is_not_primary(error))
+    !error.is_timeout() && (is_unreachable(error) || error.is_connection_refusal())
 }
 
 /// Whether `error` says Redis cannot answer here for now — the link lost or silent, or the node
