@@ -293,8 +293,7 @@ impl Calendar {
     /// The bounds of the window holding this process's clock (the Redis backend sends them).
     #[cfg(feature = "redis")]
     pub(crate) fn bounds_now(&self) -> Bounds {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        self.bounds_at(now.map_or(0, |d| d.as_secs()))
+        self.bounds_at(crate::clock::unix_secs())
     }
 
     /// The bounds of the window holding `unix_secs`: the last ones computed when they hold it,

@@ -27,6 +27,11 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The Unix time now, in whole seconds (0 before the epoch).
+pub(crate) fn unix_secs() -> u64 {
+    unix_now() / 1_000_000_000
+}
+
 /// The process's monotonic clock ([`Instant`]), with its origin when the clock was created.
 #[derive(Clone, Copy, Debug)]
 pub struct SystemClock {

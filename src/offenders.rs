@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::BackendError;
 use crate::key::Key;
@@ -94,12 +93,6 @@ impl Window {
     }
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 impl Offenders {
     /// Counts kept in this process: one 4 KiB HyperLogLog per policy and window.
     pub fn in_memory() -> Self {
@@ -112,7 +105,7 @@ impl Offenders {
     /// Records that `key` was limited by `policy`.
     pub fn record(&self, policy: &str, key: &Key) {
         self.top.record(policy, key);
-        let now = unix_now();
+        let now = crate::clock::unix_secs();
         match &*self.store {
             Store::Memory(map) => {
                 let hash = hash_key(key);
@@ -168,7 +161,7 @@ impl Offenders {
 
     /// The counts of `policy` now.
     pub async fn count(&self, policy: &str) -> Result<OffenderCounts, BackendError> {
-        let now = unix_now();
+        let now = crate::clock::unix_secs();
         match &*self.store {
             Store::Memory(map) => {
                 let map = map.lock().unwrap_or_else(|e| e.into_inner());

@@ -22,7 +22,5 @@ pub(super) fn show(key: &Key, redactor: &OnceLock<Redactor>) -> String {
 }
 
 pub(super) fn unix_minute() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 60)
+    crate::clock::unix_secs() / 60
 }
