@@ -55,6 +55,9 @@ declare -A TESTS=(
   # service.rs runs those steps for a request (`Throttle::call`): the same tests as steps.rs, the
   # allocation test too, as the plain admission it builds no verdict for is what that test counts.
   [src/middleware/service.rs]="--lib --test middleware --test observability --test alloc -- $SKIP_SLOW"
+  # Carrying a verdict out (after a remote decision, a delay, a body read): the layer's tests,
+  # the overload gate's counts in flight, the admitted path's allocations.
+  [src/middleware/future.rs]="--lib --test middleware --test observability --test overload --test alloc -- $SKIP_SLOW"
   [src/rollout/mod.rs]="--lib --test middleware --test observability -- $SKIP_SLOW"
   # A stream message's check (ThrottleHandle::check): its pre-checks and the judge's steps it
   # shares with a request, through the handle in the middleware binary.
@@ -119,7 +122,7 @@ declare -A TESTS=(
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
-  src/middleware/service.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
+  src/middleware/service.rs src/middleware/future.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/overrides/ipv6.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
   src/penalty.rs src/decision.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs
