@@ -58,20 +58,24 @@ struct Lists {
     remote: Entries,
 }
 
+/// The allow list ([`ALLOW`]) and the deny list ([`DENY`]).
 #[derive(Default, Clone)]
-pub(crate) struct Entries {
-    allow_nets: Vec<IpNet>,
-    deny_nets: Vec<IpNet>,
-    allow_keys: HashSet<Key>,
-    deny_keys: HashSet<Key>,
+pub(crate) struct Entries([List; 2]);
+
+const ALLOW: usize = 0;
+const DENY: usize = 1;
+
+#[derive(Default, Clone)]
+pub(crate) struct List {
+    nets: Vec<IpNet>,
+    keys: HashSet<Key>,
 }
 
 impl Entries {
     fn is_empty(&self) -> bool {
-        self.allow_nets.is_empty()
-            && self.deny_nets.is_empty()
-            && self.allow_keys.is_empty()
-            && self.deny_keys.is_empty()
+        self.0
+            .iter()
+            .all(|l| l.nets.is_empty() && l.keys.is_empty())
     }
 }
 
@@ -86,61 +90,49 @@ impl AccessList {
         f(&mut lists.local);
     }
 
-    /// Allows a network (`"10.0.0.0/8"`) or an address.
-    pub fn allow_network(&self, cidr: &str) -> Result<(), InvalidCidr> {
+    fn add_network(&self, list: usize, cidr: &str) -> Result<(), InvalidCidr> {
         let n = net(cidr)?;
         self.edit(|e| {
-            if !e.allow_nets.contains(&n) {
-                e.allow_nets.push(n);
+            if !e.0[list].nets.contains(&n) {
+                e.0[list].nets.push(n);
             }
         });
         Ok(())
     }
 
+    /// Allows a network (`"10.0.0.0/8"`) or an address.
+    pub fn allow_network(&self, cidr: &str) -> Result<(), InvalidCidr> {
+        self.add_network(ALLOW, cidr)
+    }
+
     /// Denies a network or an address.
     pub fn deny_network(&self, cidr: &str) -> Result<(), InvalidCidr> {
-        let n = net(cidr)?;
-        self.edit(|e| {
-            if !e.deny_nets.contains(&n) {
-                e.deny_nets.push(n);
-            }
-        });
-        Ok(())
+        self.add_network(DENY, cidr)
     }
 
     /// Takes a network off both lists.
     pub fn remove_network(&self, cidr: &str) -> Result<(), InvalidCidr> {
         let n = net(cidr)?;
-        self.edit(|e| {
-            e.allow_nets.retain(|x| *x != n);
-            e.deny_nets.retain(|x| *x != n);
-        });
+        self.edit(|e| e.0.iter_mut().for_each(|l| l.nets.retain(|x| *x != n)));
         Ok(())
     }
 
     /// Allows a key (a user id, an API key: what a policy's key extractor returns).
     pub fn allow_key(&self, key: impl Into<Key>) {
         let key = key.into();
-        self.edit(|e| {
-            e.allow_keys.insert(key);
-        });
+        self.edit(|e| _ = e.0[ALLOW].keys.insert(key));
     }
 
     /// Denies a key.
     pub fn deny_key(&self, key: impl Into<Key>) {
         let key = key.into();
-        self.edit(|e| {
-            e.deny_keys.insert(key);
-        });
+        self.edit(|e| _ = e.0[DENY].keys.insert(key));
     }
 
     /// Takes a key off both lists.
     pub fn remove_key(&self, key: impl Into<Key>) {
         let key = key.into();
-        self.edit(|e| {
-            e.allow_keys.remove(&key);
-            e.deny_keys.remove(&key);
-        });
+        self.edit(|e| e.0.iter_mut().for_each(|l| _ = l.keys.remove(&key)));
     }
 
     /// What the lists say of a request from `ip` whose policy key is `key`.
@@ -148,15 +140,15 @@ impl AccessList {
         let lists = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let ip = ip.map(|ip| ip.to_canonical());
         let parts = [&lists.local, &lists.remote];
-        let on = |nets: fn(&Entries) -> &Vec<IpNet>, keys: fn(&Entries) -> &HashSet<Key>| {
-            parts.iter().any(|e| {
-                ip.is_some_and(|ip| nets(e).iter().any(|n| n.contains(&ip)))
-                    || key.is_some_and(|k| keys(e).contains(k))
+        let on = |list: usize| {
+            parts.iter().map(|e| &e.0[list]).any(|l| {
+                ip.is_some_and(|ip| l.nets.iter().any(|n| n.contains(&ip)))
+                    || key.is_some_and(|k| l.keys.contains(k))
             })
         };
-        if on(|e| &e.allow_nets, |e| &e.allow_keys) {
+        if on(ALLOW) {
             Access::Allow
-        } else if on(|e| &e.deny_nets, |e| &e.deny_keys) {
+        } else if on(DENY) {
             Access::Deny
         } else {
             Access::Limit
@@ -180,10 +172,8 @@ impl fmt::Debug for AccessList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lists = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let count = |e: &Entries| {
-            (
-                e.allow_nets.len() + e.allow_keys.len(),
-                e.deny_nets.len() + e.deny_keys.len(),
-            )
+            let [allow, deny] = e.0.each_ref().map(|l| l.nets.len() + l.keys.len());
+            (allow, deny)
         };
         f.debug_struct("AccessList")
             .field("local (allow, deny)", &count(&lists.local))
@@ -242,7 +232,7 @@ mod redis_sync {
 
     use redis::aio::ConnectionLike;
 
-    use super::{net, AccessList, Entries};
+    use super::{net, AccessList, Entries, List};
     use crate::backend::redis::connection::RedisConnection;
     use crate::error::BackendError;
 
@@ -329,12 +319,16 @@ mod redis_sync {
             *before = skipped;
             let keys =
                 |members: Vec<Vec<u8>>| members.iter().flat_map(|m| super::keys_named(m)).collect();
-            lists.set_remote(Entries {
-                allow_nets,
-                deny_nets,
-                allow_keys: keys(allow_keys),
-                deny_keys: keys(deny_keys),
-            });
+            lists.set_remote(Entries([
+                List {
+                    nets: allow_nets,
+                    keys: keys(allow_keys),
+                },
+                List {
+                    nets: deny_nets,
+                    keys: keys(deny_keys),
+                },
+            ]));
             Ok(())
         }
 
@@ -423,10 +417,8 @@ mod tests {
         let lists = AccessList::new();
         assert!(lists.is_empty());
         lists.allow_key("vip");
-        let remote = Entries {
-            deny_keys: [Key::from("bad"), Key::from("vip")].into_iter().collect(),
-            ..Entries::default()
-        };
+        let mut remote = Entries::default();
+        remote.0[DENY].keys = [Key::from("bad"), Key::from("vip")].into_iter().collect();
         lists.set_remote(remote);
         assert_eq!(lists.check(None, Some(&Key::from("bad"))), Access::Deny);
         assert_eq!(lists.check(None, Some(&Key::from("vip"))), Access::Allow);
