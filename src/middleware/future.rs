@@ -466,3 +466,57 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body_util::{BodyExt, Empty};
+    use tower::service_fn;
+
+    use super::*;
+
+    type Inner = tower::util::ServiceFn<
+        fn(Request<()>) -> std::future::Ready<Result<Response<Empty<Bytes>>, Infallible>>,
+    >;
+    type Future = ResponseFuture<Inner, (), std::future::Pending<()>>;
+
+    fn service() -> Inner {
+        service_fn(|_| std::future::ready(Ok(Response::new(Empty::new()))))
+    }
+
+    /// A verdict whose body was read and not given back (never expected) is answered 500, with
+    /// the inner service never called, not a panic.
+    #[tokio::test]
+    async fn a_request_whose_body_is_lost_is_answered_500() {
+        let (parts, ()) = Request::new(()).into_parts();
+        let verdict = Verdict::Admit(Admitted::unlimited());
+        let (release, outcome, body) = (None, None, None);
+        let prepared = Prepared {
+            parts,
+            verdict,
+            release,
+            outcome,
+            body,
+        };
+        let future: Future =
+            ResponseFuture::carry_out_prepared(prepared, (&mut service(), true), None);
+        assert_eq!(
+            format!("{future:?}"),
+            r#"ResponseFuture { state: "ready" }"#
+        );
+        let response = future.await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&text[..], b"request body lost\n");
+    }
+
+    #[test]
+    fn its_debug_names_its_state() {
+        let future: Future = ResponseFuture::unlimited(service().call(Request::new(())));
+        assert_eq!(
+            format!("{future:?}"),
+            r#"ResponseFuture { state: "passing" }"#
+        );
+    }
+}
