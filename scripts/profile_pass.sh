@@ -9,6 +9,8 @@
 #   bash scripts/profile_pass.sh                                   # bare throttle-mem-pass governor-pass
 #   N=20000 TOP=25 bash scripts/profile_pass.sh bare throttle-mem-pass-noheaders
 #   BIN=/tmp/base-server bash scripts/profile_pass.sh throttle-mem-pass   # another build of the server
+#   AT=ef42591 bash scripts/profile_pass.sh throttle-mem-pass   # that commit's server, built side by
+#       # side (kept in target/profile-at/); run again without AT for this tree's
 #   FILES=1 N=2000 TOP=0 bash scripts/profile_pass.sh throttle-mem-pass throttle-mem-deny
 #       # also the files of src/ each request runs code of (scripts/request_files.py), from a
 #       # build with line tables (target/lines/; the counts differ a little from the default build)
@@ -34,7 +36,21 @@ OUT=$ROOT/target/profile
 say() { printf 'profile_pass.sh: %s\n' "$*" >&2; }
 command -v valgrind >/dev/null 2>&1 || { say "needs valgrind (Debian: apt-get install valgrind)"; exit 1; }
 OHA=$(command -v oha || echo "$ROOT/target/tools/oha/bin/oha")
-if [[ -z ${BIN:-} && -n ${FILES:-} ]]; then
+if [[ -z ${BIN:-} && -n ${AT:-} ]]; then
+  # Another commit's server, built side by side: its tree in a worktree, into the same target dir
+  # (the dependencies are built once), the binary kept as target/profile-at/<commit>.
+  commit=$(git rev-parse --short "$AT")
+  BIN=$ROOT/target/profile-at/$commit
+  if [[ ! -x $BIN ]]; then
+    say "building loadtest/ of $commit (release, in target/profile-at/tree)"
+    rm -rf "$ROOT/target/profile-at/tree" && git worktree prune
+    git worktree add -f --detach "$ROOT/target/profile-at/tree" "$commit" >/dev/null 2>&1
+    (cd "$ROOT/target/profile-at/tree/loadtest" && CARGO_TARGET_DIR=$ROOT/target \
+      cargo build --release --locked --ignore-rust-version -q --bin loadtest-server)
+    cp "$ROOT/target/release/loadtest-server" "$BIN"
+    rm -rf "$ROOT/target/profile-at/tree" && git worktree prune
+  fi
+elif [[ -z ${BIN:-} && -n ${FILES:-} ]]; then
   say "building loadtest/ (release, with line tables)"
   (cd loadtest && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_TARGET_DIR=$ROOT/target/lines \
     cargo build --release --locked --ignore-rust-version -q --bin loadtest-server)
