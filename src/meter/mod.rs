@@ -28,6 +28,9 @@ use crate::error::BuildError;
 use crate::key::BodyField;
 use crate::limit::{Algorithm, Limit};
 
+/// Whether this process has made a [`Meter`]: until it has, no request carries one.
+static ANY_MADE: AtomicBool = AtomicBool::new(false);
+
 /// What a metered request really cost, as its handler reports it: a request extension the
 /// middleware inserts for every request a [metered](crate::PolicyBuilder::metered) policy lets
 /// through (a handler behind routes of other policies too should take `Option<Extension<Meter>>`).
@@ -79,6 +82,7 @@ impl Meter {
     /// A meter for a request inside another metered layer, whose meter (`outer`) is told what
     /// the handler reports here.
     pub(crate) fn within(estimate: u64, outer: Option<Meter>) -> Self {
+        ANY_MADE.store(true, Ordering::Relaxed);
         Meter {
             state: Arc::new(MeterState {
                 estimate,
@@ -353,6 +357,10 @@ impl MeteredBuilder {
 /// nothing, and gives its reservation back (its [`Meter`] is in the request's extensions), unless
 /// usage was reported already (a retry's earlier attempt, served, shares the meter).
 pub(crate) fn unserved(extensions: &http::Extensions) {
+    // Every refusal comes here, and most processes meter nothing: no lookup in the extensions.
+    if !ANY_MADE.load(Ordering::Relaxed) {
+        return;
+    }
     if let Some(meter) = extensions.get::<Meter>().filter(|m| m.used().is_none()) {
         meter.set(0);
     }
