@@ -356,6 +356,7 @@ impl MeteredBuilder {
 /// A request a layer answers itself (a refusal), never served: an outer layer that metered it used
 /// nothing, and gives its reservation back (its [`Meter`] is in the request's extensions), unless
 /// usage was reported already (a retry's earlier attempt, served, shares the meter).
+#[inline]
 pub(crate) fn unserved(extensions: &http::Extensions) {
     // Every refusal comes here, and most processes meter nothing: no lookup in the extensions.
     if !ANY_MADE.load(Ordering::Relaxed) {

@@ -97,10 +97,16 @@ impl PolicySpec {
         self.route.as_ref().map(Route::pattern)
     }
 
-    // Inlined: every request asks it of each policy until one matches, and most policies match
-    // every request (no methods, route or condition).
+    // Inlined, the commonest answer only: every request asks it of each policy until one
+    // matches, and most policies match every request (no methods, route or condition).
     #[inline]
     pub(crate) fn applies_to<B>(&self, request: &Request<B>) -> bool {
+        let everywhere = self.methods.is_none() && self.route.is_none();
+        (everywhere && self.conditions.is_empty()) || self.selects(request)
+    }
+
+    #[inline(never)]
+    fn selects<B>(&self, request: &Request<B>) -> bool {
         if let Some(methods) = &self.methods
             && !methods.contains(request.method())
         {
