@@ -46,7 +46,7 @@ def test_files(src):
         for name in names:
             if not name.endswith(".rs"):
                 continue
-            path = os.path.join(root, name)
+            path = os.path.normpath(os.path.join(root, name))
             stem = name[:-3]
             # Where a file's child modules live: beside it for lib.rs and mod.rs, else in its folder.
             home = root if stem in ("lib", "mod", "main") else os.path.join(root, stem)
@@ -59,8 +59,8 @@ def test_files(src):
                     # `#[path]` is relative to the declaring file's folder.
                     found.add(os.path.normpath(os.path.join(root, named.group(1))))
                 else:
-                    found.add(os.path.join(home, module + ".rs"))
-                    found.add(os.path.join(home, module, "mod.rs"))
+                    found.add(os.path.normpath(os.path.join(home, module + ".rs")))
+                    found.add(os.path.normpath(os.path.join(home, module, "mod.rs")))
     return found
 
 
@@ -99,7 +99,7 @@ def count(src):
         for name in names:
             if not name.endswith((".rs", ".lua")):
                 continue
-            path = os.path.join(root, name)
+            path = os.path.normpath(os.path.join(root, name))
             rel = os.path.relpath(path, src).split(os.sep)
             part = rel[0] if len(rel) > 1 else rel[0]
             row = per.setdefault(part, dict.fromkeys(KINDS, 0))
