@@ -204,20 +204,23 @@ where
     let mut decided = backend.check(Charges::stack(limits, key, policy.cost));
     let mut noop = Context::from_waker(Waker::noop());
     let asked = match Pin::new(&mut decided).poll(&mut noop) {
-        // One limit (the commonest policy): a plain admission wraps no answer for a stack.
-        Poll::Ready(Ok(Decisions::One(decision))) => {
-            let context = RequestContext::new(policy, tier, key, request, pressed);
-            if judge.admitted_plainly(context, &decision) {
-                judge.backend_answered(policy, started, true);
-                if !judge.sends_fields() {
-                    return Ask::Passed;
+        // Matched by reference, so that any other answer moves on whole (a `Decision` bound by
+        // value is a copy, and the answer left behind would be dropped: a call on every 429).
+        Poll::Ready(answer) => {
+            // One limit (the commonest policy): a plain admission wraps no answer for a stack.
+            if let Ok(Decisions::One(decision)) = &answer {
+                let context = RequestContext::new(policy, tier, key, request, pressed);
+                if judge.admitted_plainly(context, decision) {
+                    judge.backend_answered(policy, started, true);
+                    if !judge.sends_fields() {
+                        return Ask::Passed;
+                    }
+                    let fields = judge.fields(context.tier, slice::from_ref(decision), decision);
+                    return Ask::Admitted(fields);
                 }
-                let fields = judge.fields(context.tier, slice::from_ref(&decision), &decision);
-                return Ask::Admitted(fields);
             }
-            Asked::Answered(Ok(Decisions::One(decision)))
+            Asked::Answered(answer)
         }
-        Poll::Ready(answer) => Asked::Answered(answer),
         Poll::Pending => Asked::Pending(decided),
     };
     Ask::Other(asked, started, pressed)
