@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, StatusCode};
 
+use crate::backend::{AdjustLater, CLOCK_MARGIN};
 use crate::meter::MeterGuard;
 
 pub(crate) type StatusFilter = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
@@ -47,15 +48,6 @@ impl fmt::Debug for OutcomeRule {
     }
 }
 
-/// Added to the time measured since the backend was asked, so that `since` bounds the time between
-/// the admission and the backend reading its clock for the refund, a moment after the measure
-/// (the Redis backend adds its timeout too: the network may hold a call that long). Too much only
-/// gives back less; too little could give back a unit of a window that has ended.
-pub(crate) const CLOCK_MARGIN: Duration = Duration::from_millis(10);
-
-/// Gives a request's units back to the backend; `since` bounds the time since it was admitted.
-pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
-
 /// An admitted request whose response decides whether it counts. Settled once, with the response's
 /// status. A request whose response never comes (the inner service fails, or the response future is
 /// dropped: the client went away) counts, whatever the rules say: otherwise a client could send
@@ -65,7 +57,8 @@ pub(crate) type Refund = Box<dyn FnOnce(Duration) + Send + Sync>;
 /// may say what it cost, and its body then takes the guard along until it ends.
 pub(crate) struct OutcomeGuard {
     rule: Arc<OutcomeRule>,
-    refund: Option<Refund>,
+    /// Gives the request's units back (called with `None`).
+    refund: Option<AdjustLater>,
     /// When the backend was asked: the admission came after.
     asked: Instant,
     /// How long the request's units count in the backend (the longest `reset_after` of its
@@ -78,7 +71,7 @@ pub(crate) struct OutcomeGuard {
 impl OutcomeGuard {
     pub(crate) fn new(
         rule: Arc<OutcomeRule>,
-        refund: Refund,
+        refund: AdjustLater,
         asked: Instant,
         counts_for: Duration,
     ) -> Self {
@@ -116,7 +109,7 @@ impl OutcomeGuard {
         {
             let since = self.asked.elapsed() + CLOCK_MARGIN;
             if since < self.counts_for {
-                refund(since);
+                refund(None, since);
             }
         }
         let meter = self.meter.take()?;
@@ -185,7 +178,8 @@ mod tests {
     fn refunds(rule: &OutcomeRule, status: Option<u16>) -> u32 {
         let refunds = Arc::new(AtomicU32::new(0));
         let seen = refunds.clone();
-        let refund: Refund = Box::new(move |_| {
+        let refund: AdjustLater = Box::new(move |deltas, _| {
+            assert!(deltas.is_none(), "a refund, not a settlement");
             seen.fetch_add(1, Ordering::SeqCst);
         });
         let guard = OutcomeGuard::new(

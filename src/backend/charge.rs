@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::limit::Limit;
+use crate::limit::{Limit, MAX_STACKED_QUOTAS};
 
 /// The charges a request makes, decided together and atomically by
 /// [`Backend::check`](crate::Backend::check): the request passes only if every charge is
@@ -206,6 +206,19 @@ impl Deref for Decisions {
         }
     }
 }
+
+/// Adjusts, after its response, what an admitted request was charged: gives it back (`None`: the
+/// response does not count) or settles each charge's delta (`Some`: a metered cost), `since`
+/// bounding the time since the admission. Made by the engine, which knows where the units were
+/// taken (the backend, or the local limiter in its stead); called by the feature that decides.
+pub(crate) type AdjustLater =
+    Box<dyn FnOnce(Option<&[i64; MAX_STACKED_QUOTAS]>, Duration) + Send + Sync>;
+
+/// Added to the time measured since the backend was asked, so that `since` bounds the time between
+/// the admission and the backend reading its clock for the adjustment, a moment after the measure
+/// (the Redis backend adds its timeout too: the network may hold a call that long). Too much only
+/// gives back less; too little could give back a unit of a window that has ended.
+pub(crate) const CLOCK_MARGIN: Duration = Duration::from_millis(10);
 
 /// What changes charges already admitted, after the response
 /// ([`Backend::adjust`](crate::Backend::adjust)): never refused, never blocking.

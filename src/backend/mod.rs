@@ -33,6 +33,7 @@ pub use records::{OnRecordsChange, Records, RecordsFuture};
 
 mod charge;
 
+pub(crate) use charge::{AdjustLater, CLOCK_MARGIN};
 pub use charge::{Adjustment, Charges, Decisions, Uses};
 
 mod api;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::request::Parts;
 
-use crate::backend::{Adjustment, Backend, Charges, Decisions};
+use crate::backend::{AdjustLater, Adjustment, Backend, Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
@@ -27,9 +27,9 @@ use crate::key::ahead::{BodyAhead, KeyAhead, Missing};
 use crate::key::body::read::ErasedBody;
 use crate::key::Key;
 use crate::limit::MAX_STACKED_QUOTAS;
-use crate::meter::{Meter, MeterGuard, Settle};
+use crate::meter::{Meter, MeterGuard};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
-use crate::outcome::{OutcomeGuard, Refund, CLOCK_MARGIN};
+use crate::outcome::OutcomeGuard;
 use crate::overrides::{InForce, Override};
 use crate::per_customer::Namespace;
 use crate::policy::extras::PolicyExtras;
@@ -285,9 +285,7 @@ where
         let key = &asking.key;
         match (&extras.metered, asking.estimate) {
             (Some(metered), Some(estimate)) => {
-                *quantities = [rules.cost; MAX_STACKED_QUOTAS];
-                quantities[metered.position] = estimate;
-                Charges::stack(limits, key, 0).with_quantities(&quantities[..limits.len()])
+                metered.charges((limits, key), (rules.cost, estimate), quantities)
             }
             _ => match asking
                 .limit_keys
@@ -369,15 +367,13 @@ where
             local,
             admitted,
         };
-        let mut prepared = self.settle_later((tier, custom), key.clone(), &taken, verdict, parts);
-        if let (Some(estimate), Verdict::Admit(_)) = (estimate, &prepared.verdict) {
-            // The handler's meter, whether or not the backend took the reservation (it failed and
-            // the layer let the request through): the handler reports on it either way.
-            let meter = within_outer(&prepared.parts, estimate);
-            prepared.outcome = self
-                .metered(key, &taken, meter.clone())
-                .map(|guard| Box::new(OutcomeGuard::metered(guard)));
-            prepared.parts.extensions.insert(meter);
+        let charged = custom.as_deref().unwrap_or(&rules.tiers[tier]);
+        let release = steps::release_of(&verdict, &self.shared, judge, (charged, rules.cost), &key);
+        let mut prepared = answered(parts, verdict);
+        prepared.release = release;
+        if let Verdict::Admit(_) = prepared.verdict {
+            let parts = &mut prepared.parts;
+            prepared.outcome = self.settle_later(parts, &taken, (tier, custom), key, estimate);
         }
         prepared
     }
@@ -389,91 +385,71 @@ where
         quotas.custom_tier(Namespace::Customer, quota, self.policy.cost, validate)
     }
 
-    /// The guard that settles a metered request's cost, if the backend took its reservation.
-    fn metered(&self, key: Key, taken: &Taken, meter: Meter) -> Option<MeterGuard> {
-        let rule = self.extras.metered.as_ref()?;
-        taken.counts_for?;
-        let (adjust, policy) = (self.adjuster(taken.local), self.policy.clone());
-        let (position, admitted) = (rule.position, taken.admitted.clone());
-        let settle: Settle = Box::new(move |delta, since| {
-            // Metered policies have one tier and no per-customer quota.
-            let limits = &policy.tiers[0].limits;
-            let mut deltas = [0i64; MAX_STACKED_QUOTAS];
-            deltas[position] = delta;
-            let since = since + CLOCK_MARGIN;
-            let deltas = &deltas[..limits.len()];
-            adjust(
-                Charges::stack(limits, &key, 0),
-                Adjustment::Settle {
-                    deltas,
-                    since,
-                    admitted: &admitted,
-                },
-            );
-        });
-        Some(MeterGuard::new(meter, rule, settle, taken.asked))
+    /// What settles an admitted request after its response: its handler's meter (a metered
+    /// policy, whether or not the backend took the reservation: the handler reports on it either
+    /// way), and the guard that settles its cost, or gives its units back if the response does not
+    /// count, when the backend (or the local limiter in its stead) took them.
+    fn settle_later(
+        &self,
+        parts: &mut Parts,
+        taken: &Taken,
+        (tier, custom): (usize, Option<Arc<CompiledTier>>),
+        key: Key,
+        estimate: Option<u64>,
+    ) -> Option<Box<OutcomeGuard>> {
+        let meter = estimate.map(|estimate| Meter::for_request(parts, estimate));
+        let guard = match (meter, &self.extras.metered, &self.extras.outcome) {
+            (Some(meter), Some(rule), _) => Ok((meter, rule)),
+            (_, _, Some(rule)) => Err(rule),
+            _ => return None,
+        };
+        let counts_for = taken.counts_for?;
+        let adjust = self.adjust_later(taken, (tier, custom), key);
+        Some(Box::new(match guard {
+            Ok((meter, rule)) => {
+                OutcomeGuard::metered(MeterGuard::new(meter, rule, adjust, taken.asked))
+            }
+            Err(rule) => OutcomeGuard::new(rule.clone(), adjust, taken.asked, counts_for),
+        }))
     }
 
-    /// Where what an admitted request took is adjusted after its response: the backend, or the
-    /// local limiter that decided it in the backend's stead (`local`).
-    fn adjuster(
+    /// Adjusts what an admitted request took, after its response, where it was taken: the backend,
+    /// or the local limiter that decided in its stead (`taken.local`).
+    fn adjust_later(
         &self,
-        local: bool,
-    ) -> impl Fn(Charges<'_>, Adjustment<'_>) + Send + Sync + 'static {
+        taken: &Taken,
+        (tier, custom): (usize, Option<Arc<CompiledTier>>),
+        key: Key,
+    ) -> AdjustLater {
         // Only the one it adjusts is kept (each clone is a count every core writes).
-        let to = match local {
+        let to = match taken.local {
             true => Err(self.judge.clone()),
             false => Ok(self.shared.clone()),
         };
-        move |charges: Charges<'_>, adjustment: Adjustment<'_>| match &to {
-            Ok(shared) => shared.backend.adjust(charges, adjustment),
-            Err(judge) => judge.fallback.adjust(charges, adjustment),
-        }
-    }
-
-    /// The slot's release, and the guard that gives the units back if the response does not count.
-    fn settle_later(
-        &self,
-        (tier, custom): (usize, Option<Arc<CompiledTier>>),
-        key: Key,
-        taken: &Taken,
-        verdict: Verdict,
-        parts: Parts,
-    ) -> Prepared {
-        let (shared, judge, policy) = (&self.shared, &self.judge, &self.policy);
-        let extras = &self.extras;
-        let refundable = match &verdict {
-            Verdict::Admit(_) => taken.counts_for,
-            Verdict::Reject(_) => None,
-        };
-        let charged = custom.as_deref().unwrap_or(&policy.tiers[tier]);
-        let release = steps::release_of(&verdict, shared, judge, (charged, policy.cost), &key);
-        let outcome = match (refundable, &extras.outcome) {
-            (Some(counts_for), Some(rule)) => {
-                let (adjust, policy) = (self.adjuster(taken.local), policy.clone());
-                let admitted = taken.admitted.clone();
-                let refund: Refund = Box::new(move |since| {
-                    let limits = &custom.as_deref().unwrap_or(&policy.tiers[tier]).limits;
+        let (policy, admitted) = (self.policy.clone(), taken.admitted.clone());
+        Box::new(move |deltas, since| {
+            let limits = &custom.as_deref().unwrap_or(&policy.tiers[tier]).limits;
+            let admitted = &admitted;
+            let (charges, adjustment) = match deltas {
+                None => {
                     let charges = Charges::stack(limits, &key, policy.cost);
-                    let admitted = &admitted;
-                    adjust(charges, Adjustment::Refund { since, admitted });
-                });
-                Some(Box::new(OutcomeGuard::new(
-                    rule.clone(),
-                    refund,
-                    taken.asked,
-                    counts_for,
-                )))
+                    (charges, Adjustment::Refund { since, admitted })
+                }
+                Some(deltas) => {
+                    let deltas = &deltas[..limits.len()];
+                    let settle = Adjustment::Settle {
+                        deltas,
+                        since,
+                        admitted,
+                    };
+                    (Charges::stack(limits, &key, 0), settle)
+                }
+            };
+            match &to {
+                Ok(shared) => shared.backend.adjust(charges, adjustment),
+                Err(judge) => judge.fallback.adjust(charges, adjustment),
             }
-            _ => None,
-        };
-        Prepared {
-            parts,
-            verdict,
-            release,
-            outcome,
-            body: None,
-        }
+        })
     }
 
     /// What an override or timed ban in force makes of a request: `Ok` with how it comes by its
@@ -535,16 +511,9 @@ struct Taken {
 /// its handler still finds a [`Meter`], on which nothing is settled (nothing was reserved).
 fn with_meter(mut prepared: Prepared, extras: &PolicyExtras) -> Prepared {
     if let (Some(_), Verdict::Admit(_)) = (&extras.metered, &prepared.verdict) {
-        let meter = within_outer(&prepared.parts, 0);
-        prepared.parts.extensions.insert(meter);
+        Meter::for_request(&mut prepared.parts, 0);
     }
     prepared
-}
-
-/// The handler's meter of `estimate` units; inside another metered layer, reporting to its meter
-/// too (which it would otherwise replace).
-fn within_outer(parts: &Parts, estimate: u64) -> Meter {
-    Meter::within(estimate, parts.extensions.get::<Meter>().cloned())
 }
 
 /// Answered before the backend (a refusal, or let through unlimited).

@@ -19,14 +19,15 @@ mod builder;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
 
+use crate::backend::{AdjustLater, Charges, CLOCK_MARGIN};
 use crate::error::BuildError;
-use crate::key::BodyField;
-use crate::limit::{Algorithm, Limit};
+use crate::key::{BodyField, Key};
+use crate::limit::{Algorithm, Limit, MAX_STACKED_QUOTAS};
 
 /// Whether this process has made a [`Meter`]: until it has, no request carries one.
 static ANY_MADE: AtomicBool = AtomicBool::new(false);
@@ -92,6 +93,14 @@ impl Meter {
                 outer,
             }),
         }
+    }
+
+    /// The handler's meter for a request of `parts` that reserved `estimate` units, put in its
+    /// extensions; inside another metered layer, reporting to its meter too (which it replaces).
+    pub(crate) fn for_request(parts: &mut Parts, estimate: u64) -> Self {
+        let meter = Self::within(estimate, parts.extensions.get::<Meter>().cloned());
+        parts.extensions.insert(meter.clone());
+        meter
     }
 
     /// Reports `units` more used (saturating).
@@ -283,6 +292,19 @@ impl MeterRule {
         };
         units.min(self.most)
     }
+
+    /// What a request of a stack of `limits` is charged: its `estimate` under the metered limit,
+    /// `cost` under the others (`quantities`: room for one per limit).
+    pub(crate) fn charges<'a>(
+        &self,
+        (limits, key): (&'a [Limit], &'a Key),
+        (cost, estimate): (u64, u64),
+        quantities: &'a mut [u64; MAX_STACKED_QUOTAS],
+    ) -> Charges<'a> {
+        *quantities = [cost; MAX_STACKED_QUOTAS];
+        quantities[self.position] = estimate;
+        Charges::stack(limits, key, 0).with_quantities(&quantities[..limits.len()])
+    }
 }
 
 fn number(headers: &HeaderMap, name: &str) -> Option<u64> {
@@ -367,25 +389,24 @@ pub(crate) fn unserved(extensions: &http::Extensions) {
     }
 }
 
-/// Settles a metered request's cost: called once with the actual cost less the reservation and
-/// the time since the backend was asked.
-pub(crate) type Settle = Box<dyn FnOnce(i64, Duration) + Send + Sync>;
-
 /// A metered request on its way out: settled once, when its response body ends or is dropped
 /// (or its response never comes), with what its [`Meter`] or usage header says it cost.
 pub(crate) struct MeterGuard {
     meter: Meter,
     usage_header: Option<HeaderName>,
-    settle: Option<Settle>,
+    /// The metered limit's place in its stack, and what settles each limit's delta there.
+    position: usize,
+    settle: Option<AdjustLater>,
     /// When the backend was asked: the reservation came after.
     asked: Instant,
 }
 
 impl MeterGuard {
-    pub(crate) fn new(meter: Meter, rule: &MeterRule, settle: Settle, asked: Instant) -> Self {
+    pub(crate) fn new(meter: Meter, rule: &MeterRule, settle: AdjustLater, asked: Instant) -> Self {
         MeterGuard {
             meter,
             usage_header: rule.usage_header.clone(),
+            position: rule.position,
             settle: Some(settle),
             asked,
         }
@@ -413,7 +434,9 @@ impl Drop for MeterGuard {
         let delta = (i128::from(used) - i128::from(estimate))
             .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         if delta != 0 {
-            settle(delta, self.asked.elapsed());
+            let mut deltas = [0; MAX_STACKED_QUOTAS];
+            deltas[self.position] = delta;
+            settle(Some(&deltas), self.asked.elapsed() + CLOCK_MARGIN);
         }
     }
 }
@@ -431,18 +454,24 @@ impl fmt::Debug for MeterGuard {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+    use std::time::Duration;
 
     fn guarded(estimate: u64, usage: Option<&str>) -> (Meter, MeterGuard, Arc<Mutex<Vec<i64>>>) {
         let settled = Arc::new(Mutex::new(Vec::new()));
         let seen = settled.clone();
         let rule = MeterRule {
-            position: 0,
+            position: 1,
             estimate: Estimate::fixed(estimate),
             most: 1000,
             usage_header: usage.map(|h| HeaderName::try_from(h).unwrap()),
         };
         let meter = Meter::new(estimate);
-        let settle: Settle = Box::new(move |delta, _| seen.lock().unwrap().push(delta));
+        // Settled on the metered limit's place in the stack (second), nothing on the others.
+        let settle: AdjustLater = Box::new(move |deltas, _| {
+            let deltas = deltas.expect("a settlement, not a refund");
+            assert!(deltas.iter().enumerate().all(|(i, d)| i == 1 || *d == 0));
+            seen.lock().unwrap().push(deltas[1]);
+        });
         let guard = MeterGuard::new(meter.clone(), &rule, settle, Instant::now());
         (meter, guard, settled)
     }
