@@ -12,7 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use http::request::Parts;
 
@@ -20,7 +20,7 @@ use crate::backend::{AdjustLater, Adjustment, Backend, Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
 use crate::engine::slot::Release;
-use crate::engine::steps;
+use crate::engine::steps::{self, Overridden};
 use crate::engine::verdict::{not_one_per_limit, Admitted, Judge, RequestContext, Verdict};
 use crate::error::BackendError;
 use crate::key::ahead::{BodyAhead, KeyAhead, Missing};
@@ -30,7 +30,6 @@ use crate::limit::MAX_STACKED_QUOTAS;
 use crate::meter::{Meter, MeterGuard};
 use crate::observe::{RequestRef, MEASURE_LATENCY};
 use crate::outcome::OutcomeGuard;
-use crate::overrides::{InForce, Override};
 use crate::per_customer::Namespace;
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier};
@@ -220,14 +219,23 @@ where
                 return Err(answered(parts, verdict));
             }
         };
-        let quota = match shared.overrides.find(rules.name(), &key, SystemTime::now()) {
-            None => QuotaAhead::Own,
-            Some(in_force) => match self.overridden(&key, &parts, in_force) {
-                Ok(quota) => quota,
-                Err(verdict) => return Err(with_meter(answered(parts, verdict), extras)),
-            },
+        let request = RequestRef::of_parts(&parts);
+        let own = || &rules.tiers[rules.tier_in(request.headers, request.extensions)];
+        let banned = |tier: &_, rest| {
+            let cx = RequestContext::at(rules, tier, &key, request, judge.pressed_for(rules));
+            judge.banned_for(cx, rest)
         };
-        Ok((key, parts, limit_keys, quota))
+        let verdict =
+            match steps::overridden(shared, (rules, extras, rules.cost), &key, own, banned) {
+                Overridden::Own => return Ok((key, parts, limit_keys, QuotaAhead::Own)),
+                Overridden::Quota(custom) => {
+                    return Ok((key, parts, limit_keys, QuotaAhead::Given(custom)));
+                }
+                Overridden::Unlimited => Verdict::Admit(Admitted::unlimited()),
+                Overridden::Blocked => judge.forbidden(Some(rules), Some(&key), request),
+                Overridden::Banned(verdict) => verdict,
+            };
+        Err(with_meter(answered(parts, verdict), extras))
     }
 
     /// Steps 5 and 6, and the metered estimate (from the parts and `whole` body); `Err`: banned.
@@ -450,49 +458,6 @@ where
                 Err(judge) => judge.fallback.adjust(charges, adjustment),
             }
         })
-    }
-
-    /// What an override or timed ban in force makes of a request: `Ok` with how it comes by its
-    /// quota (`Given(None)`: the policy's own, as for a quota override on a metered policy, which
-    /// cannot take one); a ban the policy does not enforce (a dry run, a key outside a staged
-    /// share) leaves the key the quota it has without it.
-    #[allow(clippy::result_large_err)] // as `steps::keyed`'s
-    fn overridden(
-        &self,
-        key: &Key,
-        parts: &Parts,
-        in_force: InForce,
-    ) -> Result<QuotaAhead, Verdict> {
-        let (judge, rules, extras) = (&self.judge, &*self.policy, &self.extras);
-        let request = RequestRef::of_parts(parts);
-        let override_tier = |under| self.shared.override_tier(extras, under, rules.cost);
-        match in_force {
-            InForce::Override(quota @ Override::Quota(_)) => {
-                Ok(QuotaAhead::Given(override_tier(Some(quota))))
-            }
-            InForce::Override(Override::Unlimited) => Err(Verdict::Admit(Admitted::unlimited())),
-            InForce::Override(Override::Blocked) => {
-                Err(judge.forbidden(Some(rules), Some(key), request))
-            }
-            InForce::Banned(rest) => {
-                let overrides = &self.shared.overrides;
-                let under = overrides.both(rules.name(), key, SystemTime::now()).0;
-                // The refusal shows the quota the key has under the ban: an override's, as the
-                // penalty box's ban shows it.
-                let custom = override_tier(under);
-                let own = || &rules.tiers[rules.tier_in(request.headers, request.extensions)];
-                let tier = custom.as_deref().unwrap_or_else(own);
-                let cx = RequestContext::at(rules, tier, key, request, judge.pressed_for(rules));
-                if let Some(refusal) = judge.banned_for(cx, rest) {
-                    return Err(refusal);
-                }
-                match under {
-                    Some(Override::Quota(_)) => Ok(QuotaAhead::Given(custom)),
-                    Some(under) => self.overridden(key, parts, InForce::Override(under)),
-                    None => Ok(QuotaAhead::Own),
-                }
-            }
-        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! 2. the key: the policy's extractor, at once (`Throttle::call`) or awaited (an async key, on the
 //!    extended path);
 //! 3. [`access`]: the allow and deny lists, before any limit;
-//! 4. [`without_key`]: a request its policy found no key in;
+//! 4. [`without_key`]: a request its policy found no key in; then [`overridden`], an operator's
+//!    override or timed ban on the key (the extended path and a stream message);
 //! 5. the quota: the policy's tier ([`tier_unless_banned`]), or a customer's own quota resolved on
 //!    the extended path (a tier of its own);
 //! 6. the ban: [`Judge::banned`], before the backend is asked;
@@ -24,6 +25,7 @@
 //! the whole request and its parts both give.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -38,6 +40,7 @@ use crate::key::ahead::Missing;
 use crate::key::{Key, KeyExtractor};
 use crate::observe::RequestRef;
 use crate::overload::{Gate, InFlight, PartitionBy};
+use crate::overrides::{InForce, Override};
 use crate::policy::extras::PolicyExtras;
 use crate::policy::{CompiledPolicy, CompiledTier, Policy};
 
@@ -155,6 +158,58 @@ pub(crate) fn keyed<K, B>(
         return Err(verdict);
     }
     key.map_err(|missing| without_key(judge, policy, missing, request))
+}
+
+/// What an operator's override or timed ban in force on a key makes of it ([`overridden`]).
+pub(crate) enum Overridden<R> {
+    /// None in force: the quota the key has without one.
+    Own,
+    /// An override's quota (`None`: one the policy or the backend cannot take: its own).
+    Quota(Option<Arc<CompiledTier>>),
+    /// Let through unlimited.
+    Unlimited,
+    /// Refused as a deny list refuses.
+    Blocked,
+    /// Refused for a timed ban.
+    Banned(R),
+}
+
+/// Step 4b, after the access lists and the key, for a request and a stream message alike: the
+/// override or timed ban in force on `key` under `policy` (`extras`: the quotas it overrides with,
+/// for charges of `cost`). A ban is refused by `banned`, given the tier the key has under it (its
+/// override's quota, else `own`'s, as the penalty box's ban shows it) and its rest; `None` where
+/// the policy does not enforce it (a dry run, a key outside a staged share): then the key keeps
+/// what it has without the ban.
+pub(crate) fn overridden<'t, K, B: Backend, R>(
+    shared: &Shared<K, B>,
+    (policy, extras, cost): (&'t CompiledPolicy, &PolicyExtras, u64),
+    key: &Key,
+    own: impl FnOnce() -> &'t CompiledTier,
+    banned: impl FnOnce(&CompiledTier, Duration) -> Option<R>,
+) -> Overridden<R> {
+    let (overrides, now) = (&shared.overrides, SystemTime::now());
+    let under = match overrides.find(policy.name(), key, now) {
+        None => return Overridden::Own,
+        Some(InForce::Override(under)) => Some(under),
+        Some(InForce::Banned(rest)) => {
+            let under = overrides.both(policy.name(), key, now).0;
+            let custom = shared.override_tier(extras, under, cost);
+            let tier = match custom.as_deref() {
+                Some(tier) => tier,
+                None => own(),
+            };
+            if let Some(refusal) = banned(tier, rest) {
+                return Overridden::Banned(refusal);
+            }
+            under
+        }
+    };
+    match under {
+        None => Overridden::Own,
+        Some(Override::Unlimited) => Overridden::Unlimited,
+        Some(Override::Blocked) => Overridden::Blocked,
+        quota => Overridden::Quota(shared.override_tier(extras, quota, cost)),
+    }
 }
 
 /// Steps 5 and 6, as both paths run them once the quota is known (`custom`: a customer's, in place

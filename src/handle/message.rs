@@ -2,18 +2,18 @@
 //! request, with no request to answer: the handler gets the [`Decision`].
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::access::Access;
 
 use crate::backend::{Backend, Charges, Decisions};
 use crate::decision::Decision;
 use crate::engine::shared::Shared;
+use crate::engine::steps::{self, Overridden};
 use crate::engine::verdict::{not_one_per_limit, Judge};
 use crate::error::BackendError;
 use crate::key::Key;
 use crate::limit::Algorithm;
-use crate::overrides::{InForce, Override};
 use crate::policy::{CompiledPolicy, CompiledTier};
 use crate::rollout::shadows::with_shadows;
 
@@ -88,34 +88,23 @@ pub(crate) fn before_backend<K, B: Backend>(
         }
         Some(Access::Limit) | None => {}
     }
-    let (overrides, now) = (&shared.overrides, SystemTime::now());
-    let in_force = match overrides.find(policy.name(), key, now) {
-        Some(InForce::Banned(rest)) => {
-            let pressed = judge.pressed_for(policy);
-            // The refusal shows the quota the key has under the ban (its override's), as a
-            // request's does.
-            let under = overrides.both(policy.name(), key, now).0;
-            let custom = shared.override_tier(&policy.overridable, under, 0);
-            let tier = custom.as_deref().unwrap_or(&policy.tiers[0]);
-            match judge.message_banned(policy, tier, key, (rest, pressed)) {
-                Some(refused) => return Err(refused),
-                None => under,
-            }
-        }
-        Some(InForce::Override(in_force)) => Some(in_force),
-        None => None,
+    let own = || &policy.tiers[0];
+    let banned = |tier: &_, rest| {
+        let pressed = judge.pressed_for(policy);
+        judge.message_banned(policy, tier, key, (rest, pressed))
     };
-    match in_force {
-        None => Ok(None),
-        Some(Override::Unlimited) => Err(unlimited),
-        Some(Override::Blocked) => {
+    // Whatever the cost: one past an override's quota is refused for good there, not checked
+    // against the policy's more generous quota. A quota the backend cannot enforce falls back to
+    // the policy's (logged), as for a request.
+    match steps::overridden(shared, (policy, &policy.overridable, 0), key, own, banned) {
+        Overridden::Own => Ok(None),
+        Overridden::Quota(custom) => Ok(custom),
+        Overridden::Unlimited => Err(unlimited),
+        Overridden::Blocked => {
             crate::observe::forbidden();
             Err(blocked)
         }
-        // Whatever the cost: one past the override's quota is refused for good there, not checked
-        // against the policy's more generous quota. A quota the backend cannot enforce falls back
-        // to the policy's (logged), as for a request.
-        quota => Ok(shared.override_tier(&policy.overridable, quota, 0)),
+        Overridden::Banned(refused) => Err(refused),
     }
 }
 
