@@ -62,6 +62,8 @@ declare -A TESTS=(
   # A stream message's check (ThrottleHandle::check): its pre-checks and the judge's steps it
   # shares with a request, through the handle in the middleware binary.
   [src/handle/message.rs]="--lib --test middleware -- $SKIP_SLOW"
+  # Counting by outcome: a response's status decides whether the request's units are given back.
+  [src/outcome.rs]="--lib --test middleware -- $SKIP_SLOW"
   # What the last round added to a request's path, each covered by the unit tests beside it: a
   # policy's conditions (host, header, query), the JSON reader of a body key, and the overrides and
   # timed bans in force (read, refreshed and listened for through a test's own shared records).
@@ -122,7 +124,7 @@ declare -A TESTS=(
 FILES=(src/gcra.rs src/window.rs src/quota.rs src/headers.rs src/key/client_ip.rs src/limit.rs
   src/backend/memory/gcra_table.rs src/backend/memory/general.rs src/backend/memory/general_shard.rs
   src/backend/memory/entries.rs src/meter/mod.rs src/engine/verdict.rs src/engine/steps.rs
-  src/middleware/service.rs src/middleware/future.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
+  src/middleware/service.rs src/middleware/future.rs src/engine/extended.rs src/near_limit.rs src/rollout/mod.rs src/handle/message.rs src/outcome.rs src/policy/condition.rs src/key/sources.rs src/key/body/json.rs
   src/overrides/cache.rs src/overrides/ipv6.rs src/backend/charge.rs src/policy/compat.rs src/calendar.rs
   src/penalty.rs src/decision.rs src/policy/tier.rs src/policy_decision.rs src/refusal/respond.rs src/key/ahead.rs src/failure/mod.rs src/failure/verdict.rs src/policy/extras.rs
   src/overload/gate.rs src/overload/options.rs src/overload/limit.rs src/overload/limit/little.rs
