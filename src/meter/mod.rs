@@ -11,8 +11,8 @@
 //! mid-stream is charged what was reported until then.
 //!
 //! The whole feature lives here but for its TOML glue (`config/metered.rs`): the builder's options
-//! (`builder.rs`), the meter and its settlement (here); the engine reserves the estimate and hands
-//! the guard on (`engine/extended.rs`).
+//! (`builder.rs`); the reservation's charges, the meter and its settlement (here). The engine asks
+//! the backend and says where the settlement goes (`engine/extended.rs`).
 
 mod builder;
 
