@@ -89,10 +89,8 @@ pub(crate) fn before_backend<K, B: Backend>(
         Some(Access::Limit) | None => {}
     }
     let own = || &policy.tiers[0];
-    let banned = |tier: &_, rest| {
-        let pressed = judge.pressed_for(policy);
-        judge.message_banned(policy, tier, key, (rest, pressed))
-    };
+    let pressed = || judge.pressed_for(policy);
+    let banned = |tier: &_, rest| judge.message_banned(policy, tier, key, (rest, pressed()));
     // Whatever the cost: one past an override's quota is refused for good there, not checked
     // against the policy's more generous quota. A quota the backend cannot enforce falls back to
     // the policy's (logged), as for a request.
