@@ -160,7 +160,8 @@ pub(crate) fn keyed<K, B>(
     key.map_err(|missing| without_key(judge, policy, missing, request))
 }
 
-/// What an operator's override or timed ban in force on a key makes of it ([`overridden`]).
+/// What an operator's override or timed ban in force on a key makes of it ([`overridden`]) (a
+/// stream message's access lists answer in its terms too).
 pub(crate) enum Overridden<R> {
     /// None in force: the quota the key has without one.
     Own,

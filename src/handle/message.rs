@@ -76,25 +76,25 @@ pub(crate) fn before_backend<K, B: Backend>(
     let unlimited = Decision::allowed(limit, limit, Duration::ZERO);
     let mut blocked = Decision::banned(limit, Duration::ZERO, None, Duration::ZERO);
     blocked.retry_after = None;
-    match shared
-        .access
-        .as_ref()
-        .map(|(lists, _)| lists.check(key.ip(), Some(key)))
-    {
-        Some(Access::Allow) => return Err(unlimited),
-        Some(Access::Deny) => {
-            crate::observe::forbidden();
-            return Err(blocked);
-        }
-        Some(Access::Limit) | None => {}
-    }
     let own = || &policy.tiers[0];
     let pressed = || judge.pressed_for(policy);
     let banned = |tier: &_, rest| judge.message_banned(policy, tier, key, (rest, pressed()));
-    // Whatever the cost: one past an override's quota is refused for good there, not checked
-    // against the policy's more generous quota. A quota the backend cannot enforce falls back to
-    // the policy's (logged), as for a request.
-    match steps::overridden(shared, (policy, &policy.overridable, 0), key, own, banned) {
+    // The lists first: an allowed key is let through and a denied one refused, as an override
+    // would. Then, whatever the cost: one past an override's quota is refused for good there, not
+    // checked against the policy's more generous quota. A quota the backend cannot enforce falls
+    // back to the policy's (logged), as for a request.
+    let access = shared
+        .access
+        .as_ref()
+        .map(|(lists, _)| lists.check(key.ip(), Some(key)));
+    let before = match access {
+        Some(Access::Allow) => Overridden::Unlimited,
+        Some(Access::Deny) => Overridden::Blocked,
+        Some(Access::Limit) | None => {
+            steps::overridden(shared, (policy, &policy.overridable, 0), key, own, banned)
+        }
+    };
+    match before {
         Overridden::Own => Ok(None),
         Overridden::Quota(custom) => Ok(custom),
         Overridden::Unlimited => Err(unlimited),
