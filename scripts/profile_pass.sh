@@ -37,17 +37,19 @@ say() { printf 'profile_pass.sh: %s\n' "$*" >&2; }
 command -v valgrind >/dev/null 2>&1 || { say "needs valgrind (Debian: apt-get install valgrind)"; exit 1; }
 OHA=$(command -v oha || echo "$ROOT/target/tools/oha/bin/oha")
 if [[ -z ${BIN:-} && -n ${AT:-} ]]; then
-  # Another commit's server, built side by side: its tree in a worktree, into the same target dir
-  # (the dependencies are built once), the binary kept as target/profile-at/<commit>.
+  # Another commit's server, built side by side: its tree in a worktree, into a target dir of its
+  # own (target/profile-at/target: its dependencies are built once there, and this tree's
+  # target/release/loadtest-server is never the other commit's), the binary kept as
+  # target/profile-at/<commit>.
   commit=$(git rev-parse --short "$AT")
   BIN=$ROOT/target/profile-at/$commit
   if [[ ! -x $BIN ]]; then
     say "building loadtest/ of $commit (release, in target/profile-at/tree)"
     rm -rf "$ROOT/target/profile-at/tree" && git worktree prune
     git worktree add -f --detach "$ROOT/target/profile-at/tree" "$commit" >/dev/null 2>&1
-    (cd "$ROOT/target/profile-at/tree/loadtest" && CARGO_TARGET_DIR=$ROOT/target \
+    (cd "$ROOT/target/profile-at/tree/loadtest" && CARGO_TARGET_DIR=$ROOT/target/profile-at/target \
       cargo build --release --locked --ignore-rust-version -q --bin loadtest-server)
-    cp "$ROOT/target/release/loadtest-server" "$BIN"
+    cp "$ROOT/target/profile-at/target/release/loadtest-server" "$BIN"
     rm -rf "$ROOT/target/profile-at/tree" && git worktree prune
   fi
 elif [[ -z ${BIN:-} && -n ${FILES:-} ]]; then
