@@ -661,6 +661,7 @@ mod tests {
         }
         assert_eq!(o.find("other", &Key::from("x"), now), None);
         assert!(o.touches("api") && !o.touches("other"));
+        assert!(o.holds("api") && !o.holds("other"));
         assert_eq!(o.overrides_of("api").len(), 5);
         // An address's pattern matches its rendering.
         put(&o, "overrides:ip", &[field("!10.0.*", Override::Blocked)]);
@@ -691,7 +692,7 @@ mod tests {
         let mut fields = vec![ban("mallory", ended)];
         fields.extend((0..MAX_PATTERNS).map(|i| ban(&format!("p{i}_*"), ended)));
         put(&o, "bans:api", &fields);
-        assert!(!o.touches("api"));
+        assert!(!o.touches("api") && !o.holds("api"));
         assert!(o.has_room("api", true, "more_*"));
         // Running when read, ended since: no room taken either. (A second for the table to be
         // built and read: a loaded machine's debug build takes a while for 10,000.)
@@ -708,7 +709,10 @@ mod tests {
             "bans:api",
             &[ban("mallory", ended), ban("eve", in_a_minute())],
         );
-        assert!(o.touches("api"));
+        assert!(
+            o.touches("api") && o.holds("api"),
+            "a running ban alone holds the policy"
+        );
         assert_eq!(o.bans_of("api", SystemTime::now()).len(), 1);
     }
 
