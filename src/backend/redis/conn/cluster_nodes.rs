@@ -165,7 +165,7 @@ impl ClusterNodes {
 
     /// A call (or a probe) got an answer from `node`: closes its breaker, says so once.
     pub(crate) fn answered(&self, node: &Node) {
-        node.circuit.stamp_answer();
+        node.circuit.stamp_answer(node.circuit.now_ms());
         if node.circuit.answered() {
             if let Some(flaps) = node.told.transition(Instant::now()) {
                 say(node, false, flaps);

@@ -54,16 +54,14 @@ impl RedisState {
         };
         // A key known to be limited stays limited, whether Redis answers or not.
         let redis_key = redis_key(&self.prefix, limit.name(), key);
+        // One reading of the clock: the deny cache's now, and when the call was sent.
+        let sent = Instant::now();
         // Before the budget: a denied hot key costs no slice bookkeeping and asks for no slice.
-        if let Some(denied) = self.deny.as_ref().and_then(|d| {
-            d.get(
-                &redis_key,
-                quantity,
-                args.interval,
-                args.tolerance,
-                Instant::now(),
-            )
-        }) {
+        if let Some(denied) = self
+            .deny
+            .as_ref()
+            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance, sent))
+        {
             return Box::pin(std::future::ready(Ok(denied)));
         }
         // A leased budget: admitted from this process's slice, or a slice to fetch (budget.rs).
@@ -84,7 +82,6 @@ impl RedisState {
         // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
         let node = self.breaker.node_for(&redis_key);
         guarded_on(&self.breaker, node, self.timeout, async move {
-            let sent = Instant::now();
             let Answer {
                 decision,
                 whole_seconds,
@@ -154,14 +151,14 @@ impl RedisState {
             _ => None,
         };
         let state_key = state_key(&self.prefix, limit, key);
+        let sent = Instant::now();
         if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref())
-            && let Some(denied) = deny.get(&state_key, quantity, period, count, Instant::now())
+            && let Some(denied) = deny.get(&state_key, quantity, period, count, sent)
         {
             return Box::pin(std::future::ready(Ok(denied)));
         }
         let penalty = limit.penalty().is_some();
         let state = self.clone();
-        let sent = Instant::now();
         // Only a decision the deny cache may keep needs its generation (one more hash of the key).
         let deny = fingerprint.and(self.deny.as_ref());
         let generation = deny.map_or(0, |d| d.generation(&state_key));

@@ -52,14 +52,17 @@ impl Breaker {
     }
 
     /// One call's outcome, recorded once for the recorder, this breaker and a Cluster node's
-    /// (`node`: the call's, which began at `started` on the node's circuit's clock).
+    /// (`node`: the call's). `started`: as the call began, the node's clock (a Cluster), else the
+    /// circuit's [`last_answer`](Circuit::last_answer).
     fn record(&self, outcome: Outcome, node: Option<&Node>, was_probe: bool, started: u64) {
+        // One clock reading for the recorder and the circuit (every breaker reads the same clock).
+        let now = self.circuit.now_ms();
         // A call out of time opens a breaker only if its server answered nothing since the call
         // began (slow, not dead: only this call fails), on one server as on a Cluster's node.
         let slow =
             |circuit: &Circuit| outcome.timed_out && !was_probe && circuit.answered_since(started);
         if outcome.answered {
-            self.answered();
+            self.answered_at(now);
         } else {
             // Said once (not by the calls under way); with a reconnecting server, by its task.
             let opens = self.nodes.is_none() && !slow(&self.circuit);
@@ -78,15 +81,20 @@ impl Breaker {
                 (Some(e), false) => nodes.failed(node, was_probe, e),
             }
         }
-        self.recorder.record(outcome.answered, outcome.error);
+        self.recorder.record(outcome.answered, outcome.error, now);
     }
 
     /// Redis answered.
     pub(crate) fn answered(&self) {
+        self.answered_at(self.circuit.now_ms());
+    }
+
+    /// Redis answered at `now` (a reading of the backend's clock).
+    fn answered_at(&self, now: u64) {
         if self.nodes.is_some() {
             return;
         }
-        self.circuit.stamp_answer();
+        self.circuit.stamp_answer(now);
         // With a reconnecting server, its task says so (once per reconnection).
         if self.circuit.answered() && self.server.is_none() {
             tracing::info!("Redis answers again; rate-limit decisions come from Redis");
@@ -148,8 +156,12 @@ where
     let call: Pin<Box<dyn Future<Output = Result<T, RedisError>> + Send>> = Box::pin(call);
     Box::pin(async move {
         let was_probe = matches!(admission, Admission::Probe(_));
-        // Every breaker of a backend reads the same clock.
-        let started = breaker.circuit.now_ms();
+        // What an answer after this call's start is told by: one server's last answer (any later
+        // one moves it: no clock reading), a Cluster node's clock (its TRYAGAIN record is a time).
+        let started = match &node {
+            Some(node) => node.circuit.now_ms(),
+            None => breaker.circuit.last_answer(),
+        };
         let outcome = tokio::time::timeout(timeout, call).await;
         // Out of time after the node answered TRYAGAIN (its record: whichever task sent it).
         let tried_again = node.as_ref().is_some_and(|n| n.tried_again_since(started))

@@ -94,18 +94,25 @@ impl Circuit {
         self.clock.now_ms()
     }
 
-    /// A call got an answer now (stored only in a new millisecond: busy callers mostly read).
-    pub(crate) fn stamp_answer(&self) {
-        let now = self.now_ms();
+    /// A call got an answer at `now` (a [`now_ms`](Self::now_ms) reading; stored only in a new
+    /// millisecond: busy callers mostly read).
+    pub(crate) fn stamp_answer(&self, now: u64) {
         if self.last_answer.load(Ordering::Relaxed) < now {
             self.last_answer.fetch_max(now, Ordering::Relaxed);
         }
     }
 
-    /// Whether some call got an answer after `started` (a [`now_ms`](Self::now_ms) reading): a call
-    /// that timed out meanwhile met a slow node, not a dead one.
+    /// Whether some call got an answer after `started` (a [`now_ms`](Self::now_ms) reading, or
+    /// [`last_answer`](Self::last_answer) read as the call began): a call that timed out meanwhile
+    /// met a slow node, not a dead one.
     pub(crate) fn answered_since(&self, started: u64) -> bool {
         self.last_answer.load(Ordering::Relaxed) > started
+    }
+
+    /// The last answer's stamp: read as a call begins, any answer after it moves it on (a stamp
+    /// is a new millisecond), so [`answered_since`](Self::answered_since) needs no clock reading.
+    pub(crate) fn last_answer(&self) -> u64 {
+        self.last_answer.load(Ordering::Relaxed)
     }
 
     /// Whether the circuit was opened and no call has got through since (open or half-open).
@@ -218,7 +225,7 @@ mod tests {
         assert!(!circuit.answered_since(started + 1), "not after itself");
         // A stamp never moves the time back.
         circuit.last_answer.store(u64::MAX - 1, Ordering::Relaxed);
-        circuit.stamp_answer();
+        circuit.stamp_answer(circuit.now_ms());
         assert_eq!(circuit.last_answer.load(Ordering::Relaxed), u64::MAX - 1);
     }
 

@@ -83,10 +83,10 @@ impl Recorder {
         failing
     }
 
-    /// One call's outcome: whether Redis answered (an error reply included), and its error.
-    pub(crate) fn record(&self, answered: bool, error: Option<String>) {
+    /// One call's outcome at `now` (a [`Clock::now_ms`] reading): whether Redis answered (an error
+    /// reply included), and its error.
+    pub(crate) fn record(&self, answered: bool, error: Option<String>, now: u64) {
         if answered {
-            let now = self.clock.now_ms();
             if self.last_answer.load(Ordering::Relaxed) != now {
                 self.last_answer.store(now, Ordering::Relaxed);
             }
@@ -110,8 +110,7 @@ impl Recorder {
             None => {}
             Some(text) => {
                 let mut current = self.error.lock().unwrap_or_else(|e| e.into_inner());
-                self.last_failure_ms
-                    .store(self.clock.now_ms(), Ordering::Relaxed);
+                self.last_failure_ms.store(now, Ordering::Relaxed);
                 // Not logged: the layer logs failed decisions, the reconnecting task the
                 // transitions.
                 if !self.failing.swap(true, Ordering::AcqRel) {
@@ -216,16 +215,16 @@ mod tests {
         let failing = Recorder::new(RedisMode::Lua, "test", Clock::new());
         assert_eq!(failing.current(), None);
         let oom = "OOM command not allowed when used memory > 'maxmemory'";
-        failing.record(true, Some(oom.to_owned()));
+        failing.record(true, Some(oom.to_owned()), failing.clock.now_ms());
         let (error, _) = failing.current().unwrap();
         assert!(error.starts_with("OOM"), "{error}");
         let answered = failing.reachability().0 && !failing.lost();
         assert!(answered, "an error reply is an answer");
         // The error now, not the first one.
-        failing.record(false, Some("timed out".to_owned()));
+        failing.record(false, Some("timed out".to_owned()), failing.clock.now_ms());
         assert_eq!(failing.current().unwrap().0, "timed out");
         assert!(failing.lost());
-        failing.record(true, None);
+        failing.record(true, None, failing.clock.now_ms());
         assert_eq!(failing.current(), None);
         assert!(!failing.wants_probe());
         assert_eq!(failing.path_name(), "lua");
