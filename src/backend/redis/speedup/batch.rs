@@ -10,19 +10,23 @@
 //!
 //! A *lane* queues the waiting checks. One that finds its lane idle leaves at once; the others
 //! leave with the next batch: when a batch in flight answers, once [`Lane::full`] (at once when
-//! [`MAX_BATCH`] wait, however many are in flight: [`Lane::due`]), or at the end of the *window*
-//! (the timeout / 20, at most 5 ms) after the first of them queued. So a check waits
-//! at most the window and one round trip, never for the batch ahead of it: on a slow link (a round
-//! trip of 45 ms, a timeout of 100 ms) that took two round trips and timed out (issue 50); where
-//! Redis answers within the window, the window never ends a wait. A batch runs on a task of its
-//! own; each check keeps its timeout and breaker (it waits inside `guarded`). One server has a lane
-//! per kind of call; a Cluster one per key (a migrating slot's keys may be split between nodes; one
-//! key never is): a lane may then hold both kinds, one call per run.
+//! [`MAX_BATCH`] wait, however many are in flight: [`Lane::due`]), or when the *window* of a batch
+//! in flight ends (the timeout / 20, at most 5 ms, from its sending) before it answers; a check
+//! that finds no batch's window open leaves at once. So a check waits at most the window and one
+//! round trip, never for the batch ahead of it: on a slow link (a round trip of 45 ms, a timeout
+//! of 100 ms) that took two round trips and timed out (issue 50); where Redis answers within the
+//! window, the window never ends a wait. A batch runs on a task of its own, whose one timer is its
+//! window's, then its timeout's; each check keeps its timeout and breaker (it waits inside
+//! `guarded`). One server has a lane per kind of call; a Cluster one per key (a migrating slot's
+//! keys may be split between nodes; one key never is): a lane may then hold both kinds, one call
+//! per run.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::mem;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
@@ -80,9 +84,9 @@ struct Lane {
     flying: usize,
     /// Checks in the batch that answered last.
     last_size: usize,
-    /// Batches taken so far: a window's timer ends the wait of the checks queued when it was set
-    /// only if none has left since.
-    taken: u64,
+    /// Batches in flight whose window has not ended: while one is open, the checks waiting leave
+    /// by its end at the latest.
+    open_windows: usize,
 }
 
 impl Lane {
@@ -94,20 +98,21 @@ impl Lane {
         self.waiting.len() >= self.flying.max(self.last_size)
     }
 
-    /// Whether a check just queued sends the waiting checks now: none in flight, a full batch
-    /// behind fewer than [`IN_FLIGHT`], or a batch of [`MAX_BATCH`] however many are in flight:
-    /// two batches a round trip would cap a lane (25,600 checks a second at 10 ms).
+    /// Whether a check just queued sends the waiting checks now: no batch in flight with its window
+    /// open (none in flight, or those in flight slower than the window), a full batch behind
+    /// fewer than [`IN_FLIGHT`], or a batch of [`MAX_BATCH`] however many are in flight: two
+    /// batches a round trip would cap a lane (25,600 checks a second at 10 ms).
     fn due(&self) -> bool {
-        self.in_flight == 0
+        self.open_windows == 0
             || (self.in_flight < IN_FLIGHT && self.full())
             || self.waiting.len() >= MAX_BATCH
     }
 
-    /// The next batch: what waits, up to [`MAX_BATCH`], counted in flight.
+    /// The next batch: what waits, up to [`MAX_BATCH`], counted in flight, its window open.
     fn take(&mut self) -> Vec<Waiter> {
         let take = self.waiting.len().min(MAX_BATCH);
         self.in_flight += 1;
-        self.taken += 1;
+        self.open_windows += 1;
         self.flying += take;
         if take == self.waiting.len() {
             mem::take(&mut self.waiting)
@@ -116,43 +121,25 @@ impl Lane {
         }
     }
 
-    /// After a take: `Some(taken)` when checks are left waiting (more than [`MAX_BATCH`]), whose
-    /// wait a window must end.
-    fn rest(&self) -> Option<u64> {
-        (!self.waiting.is_empty()).then_some(self.taken)
+    /// A batch's window ended before its answer: the checks waiting leave now (a check queues
+    /// only while some window is open, so none waits past a window's end).
+    fn window_ended(&mut self) -> Option<Vec<Waiter>> {
+        self.open_windows = self.open_windows.saturating_sub(1);
+        (!self.waiting.is_empty()).then(|| self.take())
     }
 
-    /// A batch of `size` checks answered (or failed) and its task ends.
-    fn ended(&mut self, size: usize) {
+    /// A batch of `size` checks answered (or failed; `window_open`: within its window) and its
+    /// task ends.
+    fn ended(&mut self, size: usize, window_open: bool) {
+        if window_open {
+            self.open_windows = self.open_windows.saturating_sub(1);
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
         self.flying = if self.in_flight == 0 {
             0
         } else {
             self.flying.saturating_sub(size)
         };
-    }
-}
-
-/// The window of the checks queued behind the first one, held by it ([`Batcher::within_window`]):
-/// dropped with the check (its client gone before its answer or the window's end), the window is
-/// handed to a task, or the others would wait for the batches ahead (round trips on a slow link).
-struct WindowHeld<'a> {
-    batcher: &'a Arc<Batcher>,
-    runtime: &'a tokio::runtime::Handle,
-    lane_name: &'a str,
-    taken: u64,
-    /// When the window ends: the task ends it then, not a window after the drop.
-    ends: tokio::time::Instant,
-}
-
-impl Drop for WindowHeld<'_> {
-    fn drop(&mut self) {
-        let (batcher, lane_name, taken) = (self.batcher, self.lane_name, self.taken);
-        let lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
-        // A batch took them already: nothing to end.
-        let open = lanes.get(lane_name).is_some_and(|lane| lane.taken == taken);
-        drop(lanes);
-        open.then(|| batcher.set_window(self.runtime, (lane_name, taken), Some(self.ends)));
     }
 }
 
@@ -238,28 +225,12 @@ impl Batcher {
                 None => lanes.entry(lane_name.into()).or_default(),
             };
             lane.waiting.push(waiter);
-            if lane.due() {
-                Ok((lane.take(), lane.rest()))
-            } else {
-                // The first to queue sets the window of those that queue after it.
-                Err((lane.waiting.len() == 1).then_some(lane.taken))
-            }
+            lane.due().then(|| lane.take())
         };
-        let window = match leaving {
-            Ok(batch) => {
-                self.launch(&runtime, lane_name, batch);
-                None
-            }
-            Err(window) => window,
-        };
-        let answered = match window {
-            None => receiver.await,
-            Some(taken) => {
-                self.within_window(&runtime, lane_name, taken, receiver)
-                    .await
-            }
-        };
-        match answered {
+        if let Some(batch) = leaving {
+            self.launch(&runtime, lane_name, batch);
+        }
+        match receiver.await {
             Ok(answer) => answer,
             // The batch's task ended without answering: its runtime is shutting down.
             Err(_) => Err(RedisError::from((
@@ -269,86 +240,57 @@ impl Batcher {
         }
     }
 
-    /// The first check to queue behind a batch in flight waits for its answer, and ends the wait
-    /// of the checks queued with it when the window ends first (unless a batch took them: the
-    /// lane's `taken` moved on from `taken`). Held by the check itself ([`WindowHeld`]): a timer,
-    /// and no task, on the common path where a batch answers within the window.
-    async fn within_window(
-        self: &Arc<Self>,
-        runtime: &tokio::runtime::Handle,
-        lane_name: &str,
-        taken: u64,
-        mut receiver: oneshot::Receiver<Result<Reply, RedisError>>,
-    ) -> Result<Result<Reply, RedisError>, oneshot::error::RecvError> {
-        let ends = tokio::time::Instant::now() + self.window;
-        let mut window = std::pin::pin!(tokio::time::sleep_until(ends));
-        let mut held = Some(WindowHeld {
-            batcher: self,
-            runtime,
-            lane_name,
-            taken,
-            ends,
-        });
-        std::future::poll_fn(|cx| {
-            if let std::task::Poll::Ready(answer) = std::pin::Pin::new(&mut receiver).poll(cx) {
-                mem::forget(held.take());
-                return std::task::Poll::Ready(answer);
-            }
-            if held.is_some() && window.as_mut().poll(cx).is_ready() {
-                mem::forget(held.take());
-                self.end_window(runtime, lane_name, taken);
-            }
-            std::task::Poll::Pending
-        })
-        .await
-    }
-
-    /// Sends the checks queued on `lane_name` since `taken` at once, unless a batch took them.
-    fn end_window(self: &Arc<Self>, runtime: &tokio::runtime::Handle, lane_name: &str, taken: u64) {
-        let batch = {
-            let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
-            match lanes.get_mut(lane_name) {
-                Some(lane) if lane.taken == taken && !lane.waiting.is_empty() => {
-                    (lane.take(), lane.rest())
-                }
-                _ => return,
-            }
-        };
-        self.launch(runtime, lane_name, batch);
-    }
-
-    /// Sends `batch` (just taken) on a task of its own; a window ends the wait of the checks it
-    /// left waiting (`rest`: [`Lane::rest`]).
+    /// Sends `batch` (just taken) on a task of its own.
     fn launch(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
         lane_name: &str,
-        (batch, rest): (Vec<Waiter>, Option<u64>),
+        batch: Vec<Waiter>,
     ) {
-        if let Some(taken) = rest {
-            self.set_window(runtime, (lane_name, taken), None);
-        }
         let batcher = self.clone();
         let lane_name: Box<str> = lane_name.into();
         runtime.spawn(async move { batcher.run(lane_name, batch).await });
     }
 
-    /// Ends the wait of the checks queuing on `lane_name` when the window `ends` (`None`: a
-    /// window from now; those left behind a full batch, whose first check is in that batch),
-    /// unless a batch took them.
-    fn set_window(
+    /// `batch`'s answers within the timeout, or its timeout's; if they have not come when its
+    /// window ends, the checks waiting on `lane_name` leave then (`window_open` turns false). One
+    /// timer: the window's, reset to the timeout's.
+    async fn send_timed(
         self: &Arc<Self>,
-        runtime: &tokio::runtime::Handle,
-        (lane_name, taken): (&str, u64),
-        ends: Option<tokio::time::Instant>,
-    ) {
-        let ends = ends.unwrap_or_else(|| tokio::time::Instant::now() + self.window);
-        let batcher = self.clone();
-        let lane_name: Box<str> = lane_name.into();
-        runtime.spawn(async move {
-            tokio::time::sleep_until(ends).await;
-            batcher.end_window(&tokio::runtime::Handle::current(), &lane_name, taken);
-        });
+        conn: &mut RedisConnection,
+        lane_name: &str,
+        batch: &[Waiter],
+        window_open: &mut bool,
+    ) -> Vec<Result<Reply, RedisError>> {
+        let sent_at = tokio::time::Instant::now();
+        let mut sent = pin!(send(conn, batch));
+        let mut timer = pin!(tokio::time::sleep_until(sent_at + self.window));
+        let answers = std::future::poll_fn(|cx| {
+            if let Poll::Ready(answers) = sent.as_mut().poll(cx) {
+                return Poll::Ready(Some(answers));
+            }
+            while timer.as_mut().poll(cx).is_ready() {
+                if !*window_open {
+                    return Poll::Ready(None);
+                }
+                *window_open = false;
+                self.window_ended(lane_name);
+                timer.as_mut().reset(sent_at + self.timeout);
+            }
+            Poll::Pending
+        })
+        .await;
+        answers.unwrap_or_else(|| batch.iter().map(|_| Err(timed_out())).collect())
+    }
+
+    /// A batch on `lane_name` did not answer within its window: the checks waiting leave now.
+    fn window_ended(self: &Arc<Self>, lane_name: &str) {
+        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        let batch = lanes.get_mut(lane_name).and_then(Lane::window_ended);
+        drop(lanes);
+        if let Some(batch) = batch {
+            self.launch(&tokio::runtime::Handle::current(), lane_name, batch);
+        }
     }
 
     /// Sends `batch`, then the batches that queued on `lane_name` meanwhile, until it is empty.
@@ -359,15 +301,17 @@ impl Batcher {
             batcher: Some(self.clone()),
             lane: lane_name.clone(),
             size: batch.len(),
+            window_open: true,
         };
         loop {
             // A check gone before its batch left (timed out, its client left) takes nothing.
             let size = batch.len();
             batch.retain(|w| !w.answer.is_closed());
             if !batch.is_empty() {
-                let sent = tokio::time::timeout(self.timeout, send(&mut conn, &batch)).await;
-                let answers =
-                    sent.unwrap_or_else(|_| batch.iter().map(|_| Err(timed_out())).collect());
+                let window_open = &mut unfinished.window_open;
+                let answers = self
+                    .send_timed(&mut conn, &lane_name, &batch, window_open)
+                    .await;
                 for (Waiter { job, answer: to }, answer) in batch.drain(..).zip(answers) {
                     match (answer, job) {
                         // Its key left its migrating slot as the batch ran (before the item
@@ -392,9 +336,10 @@ impl Batcher {
                 return;
             };
             lane.last_size = size;
-            lane.ended(size);
-            // The next batch leaves now if none is in flight or it is full; else when one answers.
-            if lane.waiting.is_empty() || (lane.in_flight > 0 && !lane.full()) {
+            lane.ended(size, unfinished.window_open);
+            // The next batch leaves now if no window is open (none in flight, or slower than the
+            // window) or it is full; else when one answers or a window ends.
+            if lane.waiting.is_empty() || (lane.open_windows > 0 && !lane.full()) {
                 if lane.in_flight == 0 && self.per_key {
                     lanes.remove(&*lane_name);
                 }
@@ -402,12 +347,7 @@ impl Batcher {
                 return;
             }
             batch = lane.take();
-            unfinished.size = batch.len();
-            if let Some(taken) = lane.rest() {
-                drop(lanes);
-                let runtime = tokio::runtime::Handle::current();
-                self.set_window(&runtime, (&lane_name, taken), None);
-            }
+            (unfinished.size, unfinished.window_open) = (batch.len(), true);
         }
     }
 }
@@ -419,6 +359,8 @@ struct Unfinished {
     lane: Box<str>,
     /// Checks in the task's batch.
     size: usize,
+    /// Whether the batch's window is still open.
+    window_open: bool,
 }
 
 impl Drop for Unfinished {
@@ -428,7 +370,7 @@ impl Drop for Unfinished {
         };
         let mut lanes = batcher.lanes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(lane) = lanes.get_mut(&*self.lane) {
-            lane.ended(self.size);
+            lane.ended(self.size, self.window_open);
             if lane.in_flight == 0 {
                 lane.waiting.clear();
                 if batcher.per_key {

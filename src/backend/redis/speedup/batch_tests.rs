@@ -1,5 +1,5 @@
-//! When a lane's next batch leaves ([`Lane::full`]), what the lane counts in flight, and when a
-//! window must end a wait ([`Lane::rest`]).
+//! When a lane's next batch leaves ([`Lane::full`], [`Lane::due`]), what the lane counts in
+//! flight, and what a window's end sends ([`Lane::window_ended`]).
 
 use tokio::sync::oneshot;
 
@@ -46,7 +46,7 @@ fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
     // The first answers; a batch of 25 had answered last: the next waits for the larger of the
     // one in flight (10) and that (25), as the callers of a batch come back together.
     lane.last_size = 25;
-    lane.ended(10);
+    lane.ended(10, true);
     assert_eq!((lane.in_flight, lane.flying), (1, 10));
     lane.waiting = waiting(24);
     assert!(!lane.full());
@@ -79,17 +79,38 @@ fn a_lane_with_nothing_in_flight_counts_no_check_in_flight() {
     assert_eq!((batch.len(), lane.waiting.len()), (MAX_BATCH, 5));
     // A task that ends with a size it no longer matches (dropped half-way) cannot leave the lane
     // counting checks in flight once no batch is.
-    lane.ended(1);
-    assert_eq!((lane.in_flight, lane.flying), (0, 0));
+    lane.ended(1, true);
+    assert_eq!((lane.in_flight, lane.flying, lane.open_windows), (0, 0, 0));
 }
 
 #[test]
-fn each_take_is_counted_and_what_it_leaves_needs_a_window() {
+fn a_check_waits_only_behind_a_batch_whose_window_is_open() {
+    let mut lane = lane(4);
+    lane.take();
+    assert_eq!((lane.in_flight, lane.open_windows), (1, 1));
+    lane.waiting = waiting(1);
+    assert!(!lane.due(), "behind a larger batch within its window");
+    // Its window ends before its answer: the check waiting leaves, its own window open.
+    let sent = lane.window_ended().expect("the waiting check leaves");
+    assert_eq!(sent.len(), 1);
+    assert_eq!((lane.in_flight, lane.open_windows), (2, 1));
+    // Both slower than the window: a check leaves at once, however many are in flight.
+    assert!(lane.window_ended().is_none(), "nothing waits");
+    lane.waiting = waiting(1);
+    assert!(lane.due(), "no window open");
+    // A batch that answers within its window closes it; one whose window ended closes none.
+    lane.ended(1, false);
+    assert_eq!((lane.in_flight, lane.open_windows), (1, 0));
+    lane.take();
+    lane.ended(1, true);
+    assert_eq!((lane.in_flight, lane.open_windows), (1, 0));
+}
+
+#[test]
+fn the_checks_left_behind_a_full_batch_leave_by_its_window() {
     let mut lane = lane(MAX_BATCH + 1);
-    assert_eq!(lane.taken, 0);
     lane.take();
-    // One check left behind a full batch: a window must end its wait (taken 1 when set).
-    assert_eq!((lane.taken, lane.rest()), (1, Some(1)));
-    lane.take();
-    assert_eq!((lane.taken, lane.rest()), (2, None));
+    assert_eq!(lane.waiting.len(), 1);
+    assert!(!lane.due(), "behind a full batch within its window");
+    assert_eq!(lane.window_ended().map(|b| b.len()), Some(1));
 }
