@@ -679,6 +679,11 @@ mod tests {
         let v6 = |text: &str| Key::from_ip(text.parse().unwrap());
         assert!(o.find("ip", &v6("2001:db8::7"), now).is_some());
         assert!(o.find("ip", &v6("2001:db8:1::7"), now).is_none());
+        // A pattern cut inside an escape names no bytes: it is an address's, and a byte-string
+        // key is never matched by its rendering ("user 42" renders as `user%2042`).
+        put(&o, "overrides:cut", &[field("user%2*", Override::Blocked)]);
+        assert_eq!(o.find("cut", &Key::from("user 42"), now), None);
+        put(&o, "overrides:cut", &[]);
         put(&o, "overrides:api", &[]);
         put(&o, "overrides:ip", &[]);
         assert!(!o.touches("api") && !o.any.load(Ordering::Relaxed));
