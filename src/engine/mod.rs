@@ -1,12 +1,14 @@
 //! The decision engine: what the layer decides for a request, apart from tower's plumbing
 //! (`middleware/`), around one [`CompiledPolicy`](crate::policy::CompiledPolicy) per policy of the
-//! table in force. An admitted in-memory request runs code of `middleware/service.rs`, [`steps`],
-//! [`verdict`], `middleware/future.rs` and `middleware/body.rs`, and a few instructions each of
-//! [`shared`], `observe.rs`, `policy/spec.rs`, the fields' files and one-line accessors (callgrind
-//! on a build with line tables:
+//! table in force. An admitted in-memory request runs code of `middleware/service.rs`, [`verdict`],
+//! `middleware/future.rs`, `middleware/body.rs` and the fields' `headers.rs` and
+//! `header_block.rs`, and a few instructions each of [`steps`], [`shared`], `observe.rs`,
+//! `decision.rs`, `limit.rs`, `policy/spec.rs` and `overrides/cache.rs` (inlined accessors;
+//! callgrind on a build with line tables:
 //! `FILES=1 bash scripts/profile_pass.sh throttle-mem-pass throttle-mem-deny`). A 429 adds
-//! `refusal/respond.rs`; the extended path [`extended`] and the feature's own file; an overload
-//! gate `overload/` and [`slot`]; a failed backend `failure/`. The backend is asked in one shape, a
+//! `refusal/respond.rs`, the counting in `observe.rs` and [`steps`]; the extended path
+//! [`extended`], `policy/extras.rs` and the feature's own file (`outcome.rs` for a count-only
+//! limit); an overload gate `overload/` and [`slot`]; a failed backend `failure/`. The backend is asked in one shape, a
 //! list of [`Charges`](crate::backend::Charges), whatever the policy. Each file uses only files
 //! listed after it (`scripts/import_cycles.py` checks it):
 //!
