@@ -40,9 +40,12 @@ fn the_next_batch_waits_until_it_is_as_large_as_the_one_in_flight() {
     lane.waiting = waiting(9);
     assert!(!lane.full(), "9 waiting while 10 are in flight");
     lane.waiting = waiting(10);
-    assert!(lane.full());
+    assert!(lane.full() && lane.due());
     let second = lane.take();
     assert_eq!((second.len(), lane.in_flight, lane.flying), (10, 2, 20));
+    // Full, but two batches in flight within their windows: it waits for one of them.
+    lane.waiting = waiting(20);
+    assert!(lane.full() && !lane.due());
     // The first answers; a batch of 25 had answered last: the next waits for the larger of the
     // one in flight (10) and that (25), as the callers of a batch come back together.
     lane.last_size = 25;
