@@ -19,7 +19,7 @@
 #
 # The Redis variants (throttle-cell-pass, redis-cell-peer-pass, ...) need REDIS_URL (a redis-server
 # with redis-cell loaded; REDIS_TIMEOUT_MS=5000 for the slow run); their counts are the server's own
-# work, not Redis's.
+# work, not Redis's, printed with the round trips to Redis (a coalesced variant's batches).
 #
 # Needs valgrind (Debian: apt-get install valgrind). The N requests are sent by oha (`-n N`) when it
 # is installed (on PATH or in target/tools/oha, where scripts/loadgen.sh puts it), else by python3's
@@ -137,4 +137,24 @@ for v in "${VARIANTS[@]}"; do
     awk -v n="$N" -v top="$TOP" '/file:function/ {table = 1; next} table && /^ *[0-9,]+ / && shown < top {
       x = $1; gsub(",", "", x); $1 = ""; printf "  %8.0f %s\n", x / n, substr($0, 1, 150); shown++ }'
   if [[ -n ${FILES:-} ]]; then python3 scripts/request_files.py "$dump" "$N" "$ROOT/src"; fi
+  # A coalesced variant's count moves with the batches its run happened to make (a batch costs
+  # thousands of instructions): the round trips to Redis (calls of the connection's
+  # req_packed_command(s)) say how many, so that two runs compare at their batch sizes.
+  if [[ -n ${REDIS_URL:-} ]]; then
+    python3 - "$dump" "$N" <<'PY'
+import re, sys
+names, callee, trips = {}, None, 0
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"c?fn=\((\d+)\)(?: (.*))?$", line)
+    if m:
+        if m.group(2):
+            names[m.group(1)] = m.group(2)
+        callee = m.group(1) if line.startswith("cfn=") else None
+    elif line.startswith("calls=") and callee is not None:
+        if "RedisConnection as redis::aio::ConnectionLike>::req_packed_command" in names.get(callee, ""):
+            trips += int(line.split()[0][6:])
+n = int(sys.argv[2])
+print(f"  Redis round trips: {trips} ({trips / n:.3f} a request, {n / max(trips, 1):.1f} requests a trip)")
+PY
+  fi
 done
