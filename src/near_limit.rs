@@ -114,14 +114,7 @@ impl NearReport {
     pub(crate) fn count(&self, policy: &str, limit: &str) {
         #[cfg(feature = "metrics")]
         self.counters
-            .of(limit, || {
-                metrics::counter!(
-                    "throttle_requests_near_limit_total",
-                    "policy" => policy.to_owned(),
-                    "limit" => limit.to_owned()
-                )
-            })
-            .increment(1);
+            .increment("throttle_requests_near_limit_total", policy, limit);
         tracing::debug!(policy = %policy, limit = %limit, "request near its limit");
     }
 

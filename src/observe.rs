@@ -310,19 +310,16 @@ pub(crate) struct LimitCounters(Mutex<Vec<(Box<str>, metrics::Counter)>>);
 
 #[cfg(feature = "metrics")]
 impl LimitCounters {
-    /// The counter of `limit`, made by `make` the first time.
-    pub(crate) fn of(
-        &self,
-        limit: &str,
-        make: impl FnOnce() -> metrics::Counter,
-    ) -> metrics::Counter {
+    /// Adds one to the counter `name` of `policy`'s `limit`, made the first time.
+    pub(crate) fn increment(&self, name: &'static str, policy: &str, limit: &str) {
         let mut counters = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, counter)) = counters.iter().find(|(name, _)| &**name == limit) {
-            return counter.clone();
+        if let Some((_, counter)) = counters.iter().find(|(known, _)| &**known == limit) {
+            return counter.increment(1);
         }
-        let counter = make();
-        counters.push((limit.into(), counter.clone()));
-        counter
+        let labels = [("policy", policy.to_owned()), ("limit", limit.to_owned())];
+        let counter = metrics::counter!(name, &labels);
+        counter.increment(1);
+        counters.push((limit.into(), counter));
     }
 }
 

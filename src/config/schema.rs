@@ -559,22 +559,17 @@ pub(super) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
     })
 }
 
-pub(super) fn on_backend_error<'de, D: Deserializer<'de>>(
+pub(super) fn some_on_backend_error<'de, D: Deserializer<'de>>(
     d: D,
-) -> Result<OnBackendError, D::Error> {
+) -> Result<Option<OnBackendError>, D::Error> {
     let choices = [
         ("allow", OnBackendError::Allow),
         ("deny", OnBackendError::Deny),
         ("local", OnBackendError::Local),
     ];
     let value = String::deserialize(d)?;
-    one_of("on_backend_error", Some(&value), &choices).map_err(serde::de::Error::custom)
-}
-
-pub(super) fn some_on_backend_error<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<OnBackendError>, D::Error> {
-    on_backend_error(d).map(Some)
+    let choice = one_of("on_backend_error", Some(&value), &choices);
+    choice.map(Some).map_err(serde::de::Error::custom)
 }
 
 /// The `[overload]` table: the layer's overload gate (see [`Overload`](crate::overload::Overload)).

@@ -4,8 +4,6 @@
 //! A leaf, like tower's `OwnedSemaphorePermit`: the response future holds the slot until the inner
 //! service answers, then the response body until the body ends. It knows nothing of either.
 
-use std::fmt;
-
 use crate::overload::InFlight;
 
 /// Who gave a request its concurrency slot, and so who takes it back.
@@ -98,11 +96,5 @@ impl Drop for ConcurrencySlot {
             }
             Some(Held::Counted(_)) | None => {}
         }
-    }
-}
-
-impl fmt::Debug for ConcurrencySlot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ConcurrencySlot")
     }
 }

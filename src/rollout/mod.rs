@@ -175,14 +175,7 @@ impl WouldLimit {
     pub(crate) fn record(&self, policy: &str, limit: &str, key: ShownKey<'_>, why: Unenforced) {
         #[cfg(feature = "metrics")]
         self.counters
-            .of(limit, || {
-                metrics::counter!(
-                    "throttle_requests_would_limit_total",
-                    "policy" => policy.to_owned(),
-                    "limit" => limit.to_owned()
-                )
-            })
-            .increment(1);
+            .increment("throttle_requests_would_limit_total", policy, limit);
         let message = match why {
             Unenforced::Shadow => "request would be limited (shadow limit)",
             Unenforced::Staged => "request would be limited (not enforced for this key yet)",
