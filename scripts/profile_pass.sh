@@ -131,8 +131,11 @@ for v in "${VARIANTS[@]}"; do
   # dump command; the file written at exit holds what came after.
   dump=$file.1
   total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-  printf '%s: %s instructions per request (%s requests answered %s)\n' "$v" \
-    "$(awk -v t="$total" -v n="$N" 'BEGIN {printf "%.0f", t / n}')" "$answered" "$statuses"
+  # The client is named: oha's and python's requests cost the server different instructions, so
+  # two counts compare only when one client sent both.
+  client=python; [[ -x $OHA ]] && client=oha
+  printf '%s: %s instructions per request (%s requests answered %s, sent by %s)\n' "$v" \
+    "$(awk -v t="$total" -v n="$N" 'BEGIN {printf "%.0f", t / n}')" "$answered" "$statuses" "$client"
   callgrind_annotate --threshold=100 "$dump" 2>/dev/null |
     awk -v n="$N" -v top="$TOP" '/file:function/ {table = 1; next} table && /^ *[0-9,]+ / && shown < top {
       x = $1; gsub(",", "", x); $1 = ""; printf "  %8.0f %s\n", x / n, substr($0, 1, 150); shown++ }'
