@@ -57,13 +57,13 @@ impl RedisState {
         // One reading of the clock: the deny cache's now, and when the call was sent.
         let sent = Instant::now();
         // Before the budget: a denied hot key costs no slice bookkeeping and asks for no slice.
-        if let Some(denied) = self
-            .deny
-            .as_ref()
-            .and_then(|d| d.get(&redis_key, quantity, args.interval, args.tolerance, sent))
-        {
-            return Box::pin(std::future::ready(Ok(denied)));
-        }
+        let deny = self.deny.as_ref();
+        let cached = deny.map(|d| d.get(&redis_key, quantity, args.interval, args.tolerance, sent));
+        let generation = match cached {
+            Some(Ok(denied)) => return Box::pin(std::future::ready(Ok(denied))),
+            Some(Err(generation)) => generation,
+            None => 0,
+        };
         // A leased budget: admitted from this process's slice, or a slice to fetch (budget.rs).
         let fetch = match limit.budget() {
             Some(budget) => match self.budgets.local(&redis_key, budget, args.limit, quantity) {
@@ -78,7 +78,6 @@ impl RedisState {
             None => None,
         };
         let state = self.clone();
-        let generation = self.deny.as_ref().map_or(0, |d| d.generation(&redis_key));
         // The call owns its key; the breaker (a Cluster node's, by the slot) is picked first.
         let node = self.breaker.node_for(&redis_key);
         guarded_on(&self.breaker, node, self.timeout, async move {
@@ -152,16 +151,17 @@ impl RedisState {
         };
         let state_key = state_key(&self.prefix, limit, key);
         let sent = Instant::now();
-        if let (Some((period, count)), Some(deny)) = (fingerprint, self.deny.as_ref())
-            && let Some(denied) = deny.get(&state_key, quantity, period, count, sent)
-        {
-            return Box::pin(std::future::ready(Ok(denied)));
-        }
+        // Only a decision the deny cache may keep needs its generation.
+        let deny = fingerprint.zip(self.deny.as_ref());
+        let cached =
+            deny.map(|((period, count), d)| d.get(&state_key, quantity, period, count, sent));
+        let generation = match cached {
+            Some(Ok(denied)) => return Box::pin(std::future::ready(Ok(denied))),
+            Some(Err(generation)) => generation,
+            None => 0,
+        };
         let penalty = limit.penalty().is_some();
         let state = self.clone();
-        // Only a decision the deny cache may keep needs its generation (one more hash of the key).
-        let deny = fingerprint.and(self.deny.as_ref());
-        let generation = deny.map_or(0, |d| d.generation(&state_key));
         let token = self.leases.next_token();
         let call = self.limits_call(std::slice::from_ref(limit), key, quantity, None, token);
         let decided = self.send_limits(call);

@@ -75,22 +75,13 @@ impl DenyCache {
         }
     }
 
-    /// The generation of `key`'s shard to give [`insert`](Self::insert): read before the call to
-    /// Redis is sent.
-    pub(crate) fn generation(&self, key: &str) -> u64 {
-        self.slot(key).generation.load(Ordering::Acquire)
-    }
-
     fn slot(&self, key: &str) -> &Slot {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        lock(&self.slot(key).shard)
-    }
-
     /// The cached rejection of `key` for `quantity` units under this quota at `now`, aged, if it
-    /// holds.
+    /// holds; else the generation of the key's shard, read before the call to Redis is sent, to
+    /// give [`insert`](Self::insert) (from the one hash of the key).
     pub(crate) fn get(
         &self,
         key: &str,
@@ -98,17 +89,21 @@ impl DenyCache {
         interval: u64,
         tolerance: u64,
         now: Instant,
-    ) -> Option<Decision> {
-        let mut shard = self.shard(key);
-        let entry = shard.map.get(key)?;
+    ) -> Result<Decision, u64> {
+        let slot = self.slot(key);
+        let generation = slot.generation.load(Ordering::Acquire);
+        let mut shard = lock(&slot.shard);
+        let Some(entry) = shard.map.get(key) else {
+            return Err(generation);
+        };
         if now >= entry.until {
             shard.map.remove(key);
-            return None;
+            return Err(generation);
         }
         if quantity != entry.quantity || interval != entry.interval || tolerance != entry.tolerance
         {
             // Another cost may fit (or never); another quota reads the state its own way.
-            return None;
+            return Err(generation);
         }
         let elapsed = now - entry.at;
         let d = &entry.decision;
@@ -119,7 +114,7 @@ impl DenyCache {
             d.reset_after.saturating_sub(elapsed),
         );
         aged.banned = d.banned;
-        Some(aged)
+        Ok(aged)
     }
 
     /// Forgets the rejection of `key`: it was reset, or given units back (another process may hold
@@ -262,20 +257,17 @@ mod tests {
         assert_eq!(d.retry_after, Some(Duration::from_millis(380)), "aged");
         assert_eq!(d.reset_after, Duration::from_millis(980), "aged");
         assert_eq!((d.limit, d.remaining), (5, 1));
-        assert!(get("k", 2, at(499)).is_some());
-        assert!(get("k", 2, at(500)).is_none(), "retry time");
+        assert!(get("k", 2, at(499)).is_ok());
+        assert!(get("k", 2, at(500)).is_err(), "retry time");
         cache.insert("k", 2, rejection(2, 1, 1100, false), now, 0);
-        assert!(get("k", 1, now).is_none(), "fewer units may fit");
+        assert!(get("k", 1, now).is_err(), "fewer units may fit");
         assert!(
-            get("k", 3, now).is_none(),
+            get("k", 3, now).is_err(),
             "more units wait longer, or forever"
         );
-        assert!(cache.get("k", 2, 2 * I, TAU, now).is_none(), "another rate");
-        assert!(
-            cache.get("k", 2, I, 2 * TAU, now).is_none(),
-            "another quota"
-        );
-        assert!(get("other", 2, now).is_none());
+        assert!(cache.get("k", 2, 2 * I, TAU, now).is_err(), "another rate");
+        assert!(cache.get("k", 2, I, 2 * TAU, now).is_err(), "another quota");
+        assert!(get("other", 2, now).is_err());
     }
 
     #[test]
@@ -290,10 +282,10 @@ mod tests {
         cache.insert("k", 3, r, now, 0);
         let held = get("k", 3, now + Duration::from_millis(299));
         assert_eq!(held.unwrap().remaining, 1);
-        assert!(get("k", 3, now + Duration::from_millis(300)).is_none());
+        assert!(get("k", 3, now + Duration::from_millis(300)).is_err());
         // From CL.THROTTLE the numbers are not exact enough to age: not held at all.
         cache.insert("c", 3, rejection(3, 1, 2900, true), now, 0);
-        assert!(get("c", 3, now).is_none());
+        assert!(get("c", 3, now).is_err());
     }
 
     #[test]
@@ -302,12 +294,12 @@ mod tests {
         let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         let now = Instant::now();
         cache.insert("old", 1, limited(300), now, 0);
-        assert!(get("old", 1, now + Duration::from_secs(1)).is_none());
-        assert!(get("old", 1, now).is_none(), "an expired entry is dropped");
+        assert!(get("old", 1, now + Duration::from_secs(1)).is_err());
+        assert!(get("old", 1, now).is_err(), "an expired entry is dropped");
         let mut never = limited(300);
         never.decision.retry_after = None;
         cache.insert("never", 9, never, now, 0);
-        assert!(get("never", 9, now).is_none());
+        assert!(get("never", 9, now).is_err());
     }
 
     #[test]
@@ -315,27 +307,33 @@ mod tests {
         let cache = DenyCache::new();
         let get = |key: &str, units, at| cache.get(key, units, I, TAU, at);
         let now = Instant::now();
-        let sent = cache.generation("k");
+        let sent = cache.get("k", 1, I, TAU, now).unwrap_err();
         cache.forget("k"); // a reset heard while Redis was deciding
         cache.insert("k", 1, limited(60_000), now, sent);
-        assert!(get("k", 1, now).is_none());
+        assert!(get("k", 1, now).is_err());
         // A forget of every key counts too.
-        let sent = cache.generation("k");
+        let sent = cache.get("k", 1, I, TAU, now).unwrap_err();
         cache.forget_prefix("");
         cache.insert("k", 1, limited(60_000), now, sent);
-        assert!(get("k", 1, now).is_none());
-        cache.insert("k", 1, limited(60_000), now, cache.generation("k"));
-        assert!(get("k", 1, now).is_some());
+        assert!(get("k", 1, now).is_err());
+        cache.insert(
+            "k",
+            1,
+            limited(60_000),
+            now,
+            cache.get("k", 1, I, TAU, now).unwrap_err(),
+        );
+        assert!(get("k", 1, now).is_ok());
         // A forget of a key in another shard does not (a refund there on every response would
         // keep every rejection out).
         let other = (0..)
             .map(|i| format!("o{i}"))
             .find(|o| !std::ptr::eq(cache.slot(o), cache.slot("j")));
         let other = other.unwrap();
-        let sent = cache.generation("j");
+        let sent = cache.get("j", 1, I, TAU, now).unwrap_err();
         cache.forget(&other);
         cache.insert("j", 1, limited(60_000), now, sent);
-        assert!(get("j", 1, now).is_some());
+        assert!(get("j", 1, now).is_ok());
     }
 
     #[test]
