@@ -14,6 +14,8 @@
 # Run the variant `bare` too: both builds serve it with the same code, so its ratios are the noise.
 # WORKERS=N: N tokio workers per server on CPUs 0..N-1, the load (N wrk threads, 32 connections per
 # worker) on CPUs N..2N-1, as in scripts/loadtest.sh.
+# REDIS_URL=redis://127.0.0.1:6379/: a Redis variant (throttle-lua-pass, ...), both servers on that
+# Redis (a pass variant's quota never limits, so their shared keys do not change the answers).
 set -euo pipefail
 ROUNDS=${ROUNDS:-21}; DURATION=${DURATION:-2}; VARIANT=${1:-throttle-mem-pass}
 WORKERS=${WORKERS:-1}
@@ -22,6 +24,7 @@ if ((WORKERS == 1)); then SERVER_CPU=0 LOAD_CPU=1; else SERVER_CPU=0-$((WORKERS 
 export LOADGEN_THREADS=$WORKERS
 # Only with more than one worker, so that a baseline built before --workers existed still runs.
 WORKER_ARGS=(); ((WORKERS == 1)) || WORKER_ARGS=(--workers "$WORKERS")
+[[ -z ${REDIS_URL:-} ]] || WORKER_ARGS+=(--redis "$REDIS_URL")
 BASE=${BASE:?BASE=path of the baseline loadtest-server}; NEW=${NEW:?NEW=path of the new loadtest-server}
 # shellcheck source=scripts/loadgen.sh
 source "$(dirname "$0")/loadgen.sh"; loadgen_pick
