@@ -15,7 +15,7 @@
 # WORKERS=N: N tokio workers per server on CPUs 0..N-1, the load (N wrk threads, 32 connections per
 # worker) on CPUs N..2N-1, as in scripts/loadtest.sh.
 # REDIS_URL=redis://127.0.0.1:6379/: a Redis variant (throttle-lua-pass, ...), both servers on that
-# Redis (a pass variant's quota never limits, so their shared keys do not change the answers).
+# Redis (each keeps its keys under a prefix of its own: lt<pid>).
 set -euo pipefail
 ROUNDS=${ROUNDS:-21}; DURATION=${DURATION:-2}; VARIANT=${1:-throttle-mem-pass}
 WORKERS=${WORKERS:-1}
