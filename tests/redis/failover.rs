@@ -333,7 +333,7 @@ async fn a_killed_primary_behind_a_moving_address() {
 }
 
 /// Redis stalls (`CLIENT PAUSE`) long enough for calls to time out and the breaker to open, then
-/// recovers while no request comes: the background probe (`PING`) closes the breaker, so a burst
+/// recovers while no request comes: the background probe (a decision) closes the breaker, so a burst
 /// of requests right after is decided on Redis, not spent finding out that Redis is back (with
 /// only the breaker's own probe, one of them would go through and the others fail fast).
 #[tokio::test]
@@ -370,6 +370,42 @@ async fn the_probe_finds_redis_again_before_the_next_requests() {
         logs.lines()
     );
     assert_eq!(decided, 20, "{results:?}");
+}
+
+/// Redis holds writes (`CLIENT PAUSE .. WRITE`, as `FAILOVER` does) and answers everything else:
+/// the breaker stays open while decisions cannot run, and closes once they can. The background
+/// probe asks a decision, not a `PING`: here a `PING` would wait behind the held call on the same
+/// connection anyway, but a proxy in front of Redis may answer one itself.
+#[tokio::test]
+async fn held_writes_keep_the_breaker_open_until_decisions_run() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let backend = backend_on(&server.url()).connect().await.unwrap();
+    let (limit, key) = (steady(), "held".into());
+    assert!(backend.check_one(&limit, &key, 1).await.is_ok());
+
+    cli(server.port(), &["CLIENT", "PAUSE", "3000", "WRITE"]).await;
+    let held = backend.check_one(&limit, &key, 1).await;
+    assert!(held.is_err(), "{held:?}");
+    // Sampled well within the second after which a silent connection is made again (whose
+    // set-up, answered, closes the breaker as a reconnect does).
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(cli(server.port(), &["PING"]).await, "PONG");
+        let health = backend.health();
+        let lines = logs.lines();
+        assert!(
+            health.breaker_open,
+            "closed while writes are held: {health} {lines:?}"
+        );
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "the probe never closed the breaker",
+        || async { backend.health().is_healthy() },
+    )
+    .await;
+    assert!(backend.check_one(&limit, &key, 1).await.is_ok());
 }
 
 /// Runs the futures concurrently (each was admitted by the breaker when it was made).

@@ -291,17 +291,6 @@ impl SingleServer {
         }
     }
 
-    pub(crate) async fn ping(&self) -> bool {
-        let cmd = redis::cmd("PING");
-        let ping = self.command(&cmd);
-        matches!(
-            tokio::time::timeout(self.timeout, ping).await,
-            Ok(Ok(Value::SimpleString(_)
-                | Value::BulkString(_)
-                | Value::Okay))
-        )
-    }
-
     /// With Sentinel, asks which server is the primary (every second): a different answer drops the
     /// connection, as an old primary may take writes for seconds before its demotion, then lose them.
     /// The answer is one sentinel's, which may lag the others (a failover it has not seen, a

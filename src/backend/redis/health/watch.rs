@@ -26,8 +26,6 @@ const MEMORY_RETRY: Duration = Duration::from_secs(1);
 pub(crate) fn spawn(state: &Arc<RedisState>) {
     let weak = Arc::downgrade(state);
     crate::timer::spawn(async move {
-        let probe = Limit::new("health-probe", Quota::per_second(1)).expect("a valid quota");
-        let key = Key::from("probe");
         let mut next_memory = Instant::now();
         // Every second until a read succeeds; then every 30 s, whatever the outcome.
         let mut read_once = false;
@@ -39,9 +37,7 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
                 return;
             };
             if state.breaker.recorder.wants_probe() {
-                // 0 units on a key of its own: the script runs (refused when Redis is full, as
-                // the real ones) but writes nothing; recorded like any decision.
-                let _ = state.check(&probe, &key, 0).await;
+                state.probe().await;
             }
             if Instant::now() >= next_memory {
                 read_once |= read_memory(&state).await.is_ok();
@@ -54,6 +50,17 @@ pub(crate) fn spawn(state: &Arc<RedisState>) {
             }
         }
     });
+}
+
+impl RedisState {
+    /// Asks Redis a decision of 0 units on a key of its own: the script runs (refused when Redis
+    /// is full, held while Redis holds writes, as the real ones) but writes nothing; recorded like
+    /// any decision, so its answer closes the breaker. Not a `PING`, which Redis answers while it
+    /// holds writes (on a connection with no write waiting) and a proxy may answer itself.
+    pub(crate) async fn probe(self: &Arc<Self>) {
+        let probe = Limit::new("health-probe", Quota::per_second(1)).expect("a valid quota");
+        let _ = self.check(&probe, &Key::from("probe"), 0).await;
+    }
 }
 
 /// Reads the policy and the evictions, counts the new evictions, and logs (see the module docs).
