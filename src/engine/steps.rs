@@ -191,11 +191,9 @@ pub(crate) fn overridden<'t, K, B: Backend, R>(
     banned: impl FnOnce(&CompiledTier, Duration) -> Option<R>,
 ) -> Overridden<R> {
     let (overrides, now) = (&shared.overrides, SystemTime::now());
-    // A ban that refuses nothing (its policy's bans are not enforced) leaves the override's
-    // tier, made once for the ban's judgement.
-    let (under, made) = match overrides.find(policy.name(), key, now) {
+    let under = match overrides.find(policy.name(), key, now) {
         None => return Overridden::Own,
-        Some(InForce::Override(under)) => (Some(under), None),
+        Some(InForce::Override(under)) => Some(under),
         Some(InForce::Banned(rest)) => {
             let under = overrides.both(policy.name(), key, now).0;
             let custom = shared.override_tier(extras, under, cost);
@@ -206,16 +204,14 @@ pub(crate) fn overridden<'t, K, B: Backend, R>(
             if let Some(refusal) = banned(tier, rest) {
                 return Overridden::Banned(refusal);
             }
-            (under, Some(custom))
+            under
         }
     };
     match under {
         None => Overridden::Own,
         Some(Override::Unlimited) => Overridden::Unlimited,
         Some(Override::Blocked) => Overridden::Blocked,
-        quota => {
-            Overridden::Quota(made.unwrap_or_else(|| shared.override_tier(extras, quota, cost)))
-        }
+        quota => Overridden::Quota(shared.override_tier(extras, quota, cost)),
     }
 }
 
