@@ -70,15 +70,22 @@ pub async fn require_token(
 /// cross-site POST needs no preflight, and `/reload?clear_overrides=true` takes no body.
 pub async fn same_machine_only(request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let host_ok = text(header::HOST.as_str()).is_none_or(is_loopback);
-    let origin_ok = text(header::ORIGIN.as_str()).is_none_or(|origin| {
+    // Every value of the header passes: one that is not text (no browser sends such bytes) or a
+    // second line fails closed, as a missing header passes.
+    let all = |name: &str, ok: fn(&str) -> bool| {
+        let mut values = headers.get_all(name).iter();
+        values.all(|v| v.to_str().is_ok_and(ok))
+    };
+    let host_ok = all(header::HOST.as_str(), is_loopback);
+    let origin_ok = all(header::ORIGIN.as_str(), |origin| {
         let host = origin
             .strip_prefix("http://")
             .or(origin.strip_prefix("https://"));
         host.is_some_and(is_loopback)
     });
-    let site_ok = text("sec-fetch-site").is_none_or(|site| site != "cross-site");
+    let site_ok = all("sec-fetch-site", |site| {
+        !site.eq_ignore_ascii_case("cross-site")
+    });
     if host_ok && origin_ok && site_ok {
         return next.run(request).await;
     }
@@ -91,14 +98,23 @@ pub async fn same_machine_only(request: Request, next: Next) -> Response {
         .into_response()
 }
 
-/// Whether `authority` (`host[:port]`) names this machine: `localhost`, 127.0.0.0/8 or `[::1]`.
+/// Whether `authority` (`host[:port]`) names this machine: `localhost`, 127.0.0.0/8 or `[::1]`,
+/// and nothing after it but a port (`localhost:80@evil.example` names another host).
 fn is_loopback(authority: &str) -> bool {
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => authority.split(':').next().unwrap_or(""),
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').unwrap_or(("", "?")),
+        None => {
+            let host = authority.split(':').next().unwrap_or("");
+            (host, &authority[host.len()..])
+        }
     };
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    let port_ok = port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    port_ok
+        && (host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback()))
 }

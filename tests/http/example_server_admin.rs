@@ -233,6 +233,15 @@ async fn a_tokenless_admin_listener_refuses_what_a_web_page_sends() {
         &[("origin", "null")],
         &[("sec-fetch-site", "cross-site")],
         &[("host", "evil.example:80")],
+        // Fail closed: bytes no browser sends, a host after the port, a second line.
+        &[("host", "évil.example")],
+        &[("origin", "http://évil.example")],
+        &[("origin", "http://localhost:80@evil.example")],
+        &[("sec-fetch-site", "Cross-Site")],
+        &[
+            ("origin", "http://localhost"),
+            ("origin", "http://evil.example"),
+        ],
     ] {
         let reply = send(admin, "POST", "/reload?clear_overrides=true", headers).await;
         assert_eq!(reply.status, 403, "{headers:?}: {}", reply.body);
