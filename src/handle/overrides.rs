@@ -151,13 +151,16 @@ where
         K: KeyFromText,
     {
         let field = self.field_of(policy, key)?;
-        // Representable, and as the records keep it (milliseconds in 64 bits).
+        // At most a quota's longest period (2^62 ns: its `Retry-After` fits every client's
+        // integers), and as the records keep it (milliseconds in 64 bits).
+        let longest = Duration::from_nanos(1 << 62);
         let until = SystemTime::now()
             .checked_add(duration)
-            .filter(|until| !duration.is_zero() && decode_until(&encode_until(*until)).is_some())
+            .filter(|_| !duration.is_zero() && duration <= longest)
+            .filter(|until| decode_until(&encode_until(*until)).is_some())
             .ok_or_else(|| {
                 let why =
-                    format!("a ban lasts more than 0 and a representable time, not {duration:?}");
+                    format!("a ban lasts more than 0 and at most 146 years, not {duration:?}");
                 invalid(policy, why)
             })?;
         self.write(policy, true, &field, Some(&encode_until(until)))

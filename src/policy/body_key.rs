@@ -50,16 +50,16 @@ impl<K> PolicyBuilder<K> {
     }
 
     /// The most bytes of a request body the policy reads for its [body key](Self::body_key) or a
-    /// metered [estimate from the body](crate::Estimate::body) (default 16 KiB): a larger body has
-    /// no key (it is still handed on whole). Each request in flight holds at most this much (and
-    /// the one frame that crossed it).
+    /// metered [estimate from the body](crate::Estimate::body) (default 16 KiB, at most 1 GiB): a
+    /// larger body has no key (it is still handed on whole). Each request in flight holds at most
+    /// this much (and the one frame that crossed it).
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.opts.extras.max_body = Some(bytes);
         self
     }
 
-    /// How long the body may take to arrive, up to [`max_body`](Self::max_body) (default 2 s): a
-    /// slower one has no key (the rest of it still goes to the inner service).
+    /// How long the body may take to arrive, up to [`max_body`](Self::max_body) (default 2 s, at
+    /// most 1 hour): a slower one has no key (the rest of it still goes to the inner service).
     pub fn body_timeout(mut self, timeout: Duration) -> Self {
         self.opts.extras.body_timeout = Some(timeout);
         self

@@ -115,11 +115,13 @@ impl ExtrasBuilder {
             }
             return Ok(None);
         }
-        if self.max_body == Some(0) {
-            return Err("max_body must be at least 1 byte".into());
+        // A body is held whole while it is read: beyond these, a setting is a slip, not a key read.
+        if self.max_body.is_some_and(|max| max == 0 || max > 1 << 30) {
+            return Err("max_body must be at least 1 byte and at most 1 GiB".into());
         }
-        if self.body_timeout.is_some_and(|t| t.is_zero()) {
-            return Err("body_timeout must be more than 0".into());
+        let hour = Duration::from_secs(3600);
+        if self.body_timeout.is_some_and(|t| t.is_zero() || t > hour) {
+            return Err("body_timeout must be more than 0 and at most 1 hour".into());
         }
         Ok(Some(BodyRule {
             key: self.body_key.clone(),

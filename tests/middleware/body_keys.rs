@@ -116,6 +116,10 @@ fn body_settings_that_cannot_work_are_errors() {
             .body_timeout(std::time::Duration::ZERO)
     )
     .contains("body_timeout must be more than 0"));
+    let hours = std::time::Duration::from_secs(3601);
+    assert!(build(base().body_key(field()).body_timeout(hours)).contains("at most 1 hour"));
+    let gib = (1 << 30) + 1;
+    assert!(build(base().body_key(field()).max_body(gib)).contains("at most 1 GiB"));
     assert!(build(base().key(KeySpec::Global).max_body(10)).contains("nothing reads the body"));
     let async_key = tower_throttle::key::AsyncKey::new(|_| async { None });
     assert!(build(base().body_key(field()).async_key(async_key)).contains("use one"));

@@ -150,6 +150,9 @@ pub async fn overrides_and_bans_apply<B: Backend>(backend: B) {
         .await
         .is_err());
     assert!(handle.ban("api", "a", Duration::ZERO).await.is_err());
+    let ages = Duration::from_secs(500_000 * 365 * 86_400);
+    let longer = handle.ban("api", "a", ages).await.unwrap_err().to_string();
+    assert!(longer.contains("at most 146 years"), "{longer}");
     let zero = Override::Quota(Quota::per_minute(0));
     assert!(handle.set_override("api", "a", zero).await.is_err());
     assert_eq!(handle.overrides("api").unwrap().len(), 4);
