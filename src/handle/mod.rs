@@ -529,7 +529,8 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// existing state under the new quota: the GCRA's state is a time (the backlog of the key's
     /// TAT), so one request at 2 an hour (half an hour of backlog) counts as two at 4 an hour, and
     /// a backlog beyond the new tolerance counts as a full bucket (rebased); a window's count
-    /// counts as it is (one above the new limit as full). On the memory backend, a stack's limits
+    /// counts as it is (one above the new limit as full). A changed algorithm starts the policy's
+    /// keys afresh: one algorithm's state means nothing to another. On the memory backend, a stack's limits
     /// count together, apart from the same limits alone: a quota added to or taken from a policy
     /// starts its others' keys afresh (Redis keeps each limit's apart). The layer's penalty boxes
     /// (strikes and bans, when the backend does not keep them) carry over for policies whose name
