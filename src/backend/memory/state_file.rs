@@ -111,8 +111,10 @@ impl<C: Clock> MemoryBackend<C> {
     /// it had (for a lone GCRA limit the later of it and what this backend holds, so a key never
     /// gains; for the others, only a key this backend has not seen yet). Keys of limits not in
     /// `limits` are dropped (a stack's, of those of its limits that are gone), and so are keys that
-    /// refilled since. Returns how many keys it restored. A file that is not a state file, or is
-    /// damaged anywhere, is an error and restores nothing.
+    /// refilled since. Returns how many keys it restored, no more than it holds (a backend whose
+    /// [`max_keys`](super::MemoryBackendBuilder::max_keys) is below the file's keys keeps its
+    /// cap). A file that is not a state file, or is damaged anywhere, is an error and restores
+    /// nothing.
     pub fn load_state(&self, path: impl AsRef<Path>, limits: &[Limit]) -> io::Result<usize> {
         let text = fs::read_to_string(path)?;
         let records =
@@ -155,7 +157,8 @@ impl<C: Clock> MemoryBackend<C> {
             }
             restored += 1;
         }
-        Ok(restored)
+        // A backend holding fewer keys than the file forgot the older ones as it restored.
+        Ok(restored.min(self.len()))
     }
 }
 
@@ -337,6 +340,29 @@ mod tests {
 
     fn file(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("throttle-{name}-{}.state", std::process::id()))
+    }
+
+    /// A backend capped below the file's keys keeps its cap, and counts no more keys restored
+    /// than it holds.
+    #[test]
+    fn a_capped_backend_restores_no_more_than_it_holds() {
+        let limit = Limit::new("hourly", Quota::per_hour(10)).unwrap();
+        let before = backend();
+        for i in 0..1000 {
+            before
+                .decide(&limit, &Key::from(format!("k{i}")), 1)
+                .unwrap();
+        }
+        let path = file("capped");
+        assert_eq!(before.save_state(&path, &[limit.clone()]).unwrap(), 1000);
+        let after = MemoryBackend::builder().max_keys(16).build().unwrap();
+        let restored = after.load_state(&path, &[limit]).unwrap();
+        let held = after.len();
+        assert!(
+            restored <= held && held <= 16,
+            "{restored} restored, {held} held"
+        );
+        fs::remove_file(&path).unwrap();
     }
 
     /// A file (or link) already at a name a save could pick for its temporary file is never
