@@ -354,7 +354,12 @@ mod tests {
                 .unwrap();
         }
         let path = file("capped");
-        assert_eq!(before.save_state(&path, &[limit.clone()]).unwrap(), 1000);
+        assert_eq!(
+            before
+                .save_state(&path, std::slice::from_ref(&limit))
+                .unwrap(),
+            1000
+        );
         let after = MemoryBackend::builder().max_keys(16).build().unwrap();
         let restored = after.load_state(&path, &[limit]).unwrap();
         let held = after.len();
