@@ -530,11 +530,12 @@ impl<K, B: Backend> ThrottleHandle<K, B> {
     /// TAT), so one request at 2 an hour (half an hour of backlog) counts as two at 4 an hour, and
     /// a backlog beyond the new tolerance counts as a full bucket (rebased); a window's count
     /// counts as it is (one above the new limit as full). A changed algorithm starts the policy's
-    /// keys afresh: one algorithm's state means nothing to another. On the memory backend, a stack's limits
-    /// count together, apart from the same limits alone: a quota added to or taken from a policy
-    /// starts its others' keys afresh (Redis keeps each limit's apart). The layer's penalty boxes
-    /// (strikes and bans, when the backend does not keep them) carry over for policies whose name
-    /// and penalty are unchanged, and the local limiter of `OnBackendError::Local` keeps its keys.
+    /// keys afresh: one algorithm's state means nothing to another. On the memory backend, a
+    /// stack's limits count together, apart from the same limits alone: a quota added to or taken
+    /// from a policy starts its others' keys afresh (Redis keeps each limit's apart). The layer's
+    /// penalty boxes (strikes and bans, when the backend does not keep them) carry over for
+    /// policies whose name and penalty are unchanged, and the local limiter of
+    /// `OnBackendError::Local` keeps its keys.
     /// The backend is told which limits changed or went ([`Backend::reloaded`]): the Redis backend
     /// drops the decisions it cached under them, in every process sharing the Redis.
     ///

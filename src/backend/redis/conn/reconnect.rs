@@ -108,8 +108,8 @@ pub(crate) fn spawn_keeper(
             // Connected: wait until the connection is dropped, or the backend is.
             let mut since_sentinels = Instant::now();
             while server.connected() {
-                // Breaker open on a live connection (calls timed out): probe it often, with a decision
-                // (`RedisState::probe`), as often as the breaker lets one through.
+                // Breaker open on a live connection (calls timed out): probe it often, with a
+                // decision (`RedisState::probe`), as often as the breaker lets one through.
                 let tripped = state.upgrade().is_some_and(|s| s.breaker.tripped());
                 let wait = if tripped {
                     CONNECTING.first()
