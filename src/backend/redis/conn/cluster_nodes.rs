@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use redis::{ConnectionAddr, ConnectionInfo, Value};
+use redis::{ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::sync::Notify;
 
 use crate::backend::redis::health::circuit::{Admission, Circuit};
@@ -47,6 +47,14 @@ impl Node {
     /// retried until the timeout, was answered every try, so it opens no breaker (breaker.rs).
     pub(crate) fn tried_again_since(&self, started: u64) -> bool {
         self.tried_again.load(Ordering::Relaxed) >= started
+    }
+
+    /// Whether a redirection (`error`: `MOVED`, `ASK`) names this node.
+    pub(crate) fn named_by(&self, error: &RedisError) -> bool {
+        let named = error
+            .redirect_node()
+            .and_then(|(address, _)| address.rsplit_once(':'));
+        named.is_some_and(|(host, port)| self.host == host && port.parse() == Ok(self.port))
     }
 
     /// A call met `error` on the node now.

@@ -189,7 +189,7 @@ where
                 } else {
                     // An error reply (OOM, NOPERM...) still proves Redis is there.
                     Outcome {
-                        slot_not_served: slot_not_served(&e),
+                        slot_not_served: slot_not_served(&e, node.as_deref()),
                         ..Outcome::answered(error)
                     }
                 };
@@ -250,13 +250,17 @@ impl Outcome {
     }
 }
 
-/// Whether a Cluster's reply says the key's slot is not served: a `MOVED` left after redirect.rs (a
-/// dead primary), or `CLUSTERDOWN`; not `ASK` nor `TRYAGAIN` (a slot between two live nodes).
-fn slot_not_served(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::ClusterDown)
-    )
+/// Whether a Cluster's reply says the key's slot is not served: `CLUSTERDOWN`, or a `MOVED` left
+/// after redirect.rs to `node` itself, the slot's owner by the backend's map (an owner redis-rs
+/// cannot reach: a dead primary). A `MOVED` to another node says the node asked answered, its map
+/// read before a move (a reshard): the call fails alone. Not `ASK` nor `TRYAGAIN` (a slot between
+/// two live nodes).
+fn slot_not_served(e: &RedisError, node: Option<&Node>) -> bool {
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ClusterDown) => true,
+        ErrorKind::Server(ServerErrorKind::Moved) => node.is_none_or(|node| node.named_by(e)),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +305,49 @@ mod tests {
         );
         silent.await.unwrap_err();
         assert!(breaker.tripped(), "nothing answered while the call waited");
+    }
+
+    /// A `MOVED` to another node than the one the backend's map names (a reshard: redis-rs read
+    /// its map on a node that had not heard of the move) fails the call alone; one to the map's
+    /// owner itself (a dead primary that redis-rs cannot reach) opens the owner's breaker.
+    #[tokio::test]
+    async fn a_moved_elsewhere_leaves_the_nodes_breaker_closed() {
+        let clock = Clock::new();
+        let nodes = Arc::new(ClusterNodes::new(Duration::from_secs(1), "test", clock));
+        nodes.install(vec![
+            (("10.0.0.7".into(), 7001), vec![(0, 8191)]),
+            (("10.0.0.8".into(), 7002), vec![(8192, 16383)]),
+        ]);
+        let breaker = breaker(Some(nodes.clone()), clock);
+        let key = "throttle:api:{k}";
+        let slot = crate::backend::redis::conn::cluster_nodes::slot_of(b"k");
+        let owner = nodes.for_key(key).unwrap();
+        let other = if owner.address.ends_with(":7001") {
+            "10.0.0.8:7002"
+        } else {
+            "10.0.0.7:7001"
+        };
+        let moved = |to: &str| {
+            let reply = format!("-MOVED {slot} {to}\r\n");
+            let value = redis::parse_redis_value(reply.as_bytes()).unwrap();
+            value.extract_error().unwrap_err()
+        };
+        let elsewhere = moved(other);
+        let call = guarded(&breaker, key, Duration::from_secs(1), async move {
+            Err::<(), _>(elsewhere)
+        });
+        assert!(call.await.is_err());
+        assert!(nodes.tripped().is_empty(), "a MOVED elsewhere opened it");
+        let to_owner = moved(&owner.address);
+        let call = guarded(&breaker, key, Duration::from_secs(1), async move {
+            Err::<(), _>(to_owner)
+        });
+        assert!(call.await.is_err());
+        assert_eq!(
+            nodes.tripped().len(),
+            1,
+            "a MOVED to the owner left it closed"
+        );
     }
 
     /// A timeout after the key's node answered `TRYAGAIN` (to any task) is the migrating slot's:
